@@ -1,0 +1,51 @@
+"""RLX: a source-to-source ML compiler for tensor programs.
+
+>>> import rlx
+>>> g = rlx.Graph("double")
+>>> x = g.input("x", [3])
+>>> g.set_outputs([g.add_(x, x)])
+>>> rlx.reference.run(g, {"x": rlx.np.arange(3, dtype="float32")})[0].tolist()
+[0.0, 2.0, 4.0]
+"""
+
+import numpy as np
+
+from rlx import reference
+from rlx.config import Config
+from rlx.errors import (
+    ArtifactError,
+    BuildError,
+    CacheError,
+    CudaError,
+    ExecutionError,
+    IRError,
+    RlxError,
+    ShapeError,
+)
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Graph
+from rlx.ir.lir import LirModule
+from rlx.ir.shape import Dim, Shape
+from rlx.opt.memplan import plan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArtifactError",
+    "BuildError",
+    "CacheError",
+    "Config",
+    "CudaError",
+    "DType",
+    "Dim",
+    "ExecutionError",
+    "Graph",
+    "IRError",
+    "LirModule",
+    "RlxError",
+    "Shape",
+    "ShapeError",
+    "np",
+    "plan",
+    "reference",
+]

@@ -1,0 +1,114 @@
+"""RLX configuration: the `RLX_*` environment variables, read into one frozen object.
+
+`Config.from_env()` reads the environment each time it is called, so tests and
+programs can change variables between compiles; code that wants different
+settings passes `dataclasses.replace(config, ...)` explicitly.
+
+| variable | meaning | default |
+| --- | --- | --- |
+| RLX_CACHE | 0 disables the AOT cache | 1 |
+| RLX_CACHE_DIR | writable cache root | per-user cache dir |
+| RLX_CACHE_PATH | read-only cache layers, `:`-separated | none |
+| RLX_CACHE_MAX_BYTES | LRU bound of the writable root | 4 GiB |
+| RLX_CACHE_LOCK_TIMEOUT | seconds to wait for another process's build | 600 |
+| RLX_NUM_THREADS | threads for OpenMP and BLAS together | all cores |
+| RLX_BLAS | `openblas32` (scipy-openblas32), `system`, a path to a BLAS .so, or `none` | openblas32 |
+| RLX_OPT_LEVEL | optimizer level 0-3 | 2 |
+| RLX_DEBUG | 1 verifies the graph after every pass | 0 |
+| RLX_SANITIZE | `address` builds with AddressSanitizer | none |
+| RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
+| CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlx.errors import RlxError
+
+
+def _int(env: Mapping[str, str], key: str, default: int, lo: int = 0) -> int:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RlxError(f"{key} must be an integer, got {raw!r}") from None
+    if value < lo:
+        raise RlxError(f"{key} must be >= {lo}, got {value}")
+    return value
+
+
+def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise RlxError(f"{key} must be 0 or 1, got {raw!r}")
+
+
+def default_cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("rlx", appauthor=False))
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every tunable setting of RLX. Build one with `Config.from_env()`."""
+
+    cache_enabled: bool = True
+    cache_dir: Path | None = None
+    cache_path: tuple[Path, ...] = ()
+    cache_max_bytes: int = 4 << 30
+    cache_lock_timeout: float = 600.0
+    num_threads: int = 0  # 0 = all cores
+    blas: str = "openblas32"
+    opt_level: int = 2
+    debug: bool = False
+    sanitize: str = ""
+    cpu_target: str = "native"
+    cc: str = "cc"
+    nvcc: str = "nvcc"
+
+    @staticmethod
+    def from_env(env: Mapping[str, str] | None = None) -> Config:
+        env = os.environ if env is None else env
+        cache_dir = env.get("RLX_CACHE_DIR", "").strip()
+        layers = tuple(Path(p) for p in env.get("RLX_CACHE_PATH", "").split(":") if p.strip())
+        sanitize = env.get("RLX_SANITIZE", "").strip()
+        if sanitize not in ("", "address", "undefined", "address,undefined"):
+            raise RlxError(f"RLX_SANITIZE must be 'address' or 'undefined', got {sanitize!r}")
+        opt = _int(env, "RLX_OPT_LEVEL", 2)
+        if opt > 3:
+            raise RlxError(f"RLX_OPT_LEVEL must be 0..3, got {opt}")
+        return Config(
+            cache_enabled=_flag(env, "RLX_CACHE", True),
+            cache_dir=Path(cache_dir) if cache_dir else None,
+            cache_path=layers,
+            cache_max_bytes=_int(env, "RLX_CACHE_MAX_BYTES", 4 << 30),
+            cache_lock_timeout=float(_int(env, "RLX_CACHE_LOCK_TIMEOUT", 600)),
+            num_threads=_int(env, "RLX_NUM_THREADS", 0),
+            blas=env.get("RLX_BLAS", "").strip() or "openblas32",
+            opt_level=opt,
+            debug=_flag(env, "RLX_DEBUG", False),
+            sanitize=sanitize,
+            cpu_target=env.get("RLX_CPU_TARGET", "").strip() or "native",
+            cc=env.get("CC", "").strip() or "cc",
+            nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
+        )
+
+    @property
+    def cache_root(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir()
+
+    @property
+    def threads(self) -> int:
+        return self.num_threads or (os.cpu_count() or 1)

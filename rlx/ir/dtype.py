@@ -1,0 +1,118 @@
+"""Element types of tensors, with their numpy storage and C spelling."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from rlx.errors import IRError
+
+
+class DType(enum.Enum):
+    """Element type of a tensor.
+
+    >>> DType.F32.itemsize, DType.BF16.itemsize
+    (4, 2)
+    >>> DType.parse("f16") is DType.F16
+    True
+    """
+
+    F32 = "f32"
+    F16 = "f16"
+    BF16 = "bf16"
+    F64 = "f64"
+    I8 = "i8"
+    I32 = "i32"
+    I64 = "i64"
+    U8 = "u8"
+    BOOL = "bool"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def np(self) -> np.dtype:
+        """The numpy dtype used to *store* this type (bf16 is stored as uint16 bits)."""
+        return np.dtype(_NUMPY[self])
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.F32, DType.F16, DType.BF16, DType.F64)
+
+    @property
+    def is_int(self) -> bool:
+        return self in (DType.I8, DType.I32, DType.I64, DType.U8)
+
+    @property
+    def c_type(self) -> str:
+        """C storage type in generated CPU code."""
+        return _C_TYPE[self]
+
+    @staticmethod
+    def parse(value: DType | str | np.dtype | type) -> DType:
+        """Accept a DType, its short name ("f32"), or a numpy dtype."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, str):
+            key = value.strip().lower()
+            aliases = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+                       "int8": "i8", "int32": "i32", "int64": "i64", "uint8": "u8", "bool_": "bool"}
+            key = aliases.get(key, key)
+            for dt in DType:
+                if dt.value == key:
+                    return dt
+            raise IRError(f"unknown dtype {value!r}; expected one of {[d.value for d in DType]}")
+        try:
+            npd = np.dtype(value)
+        except TypeError as exc:
+            raise IRError(f"unknown dtype {value!r}") from exc
+        for dt, name in _NUMPY.items():
+            if dt is not DType.BF16 and np.dtype(name) == npd:
+                return dt
+        raise IRError(f"numpy dtype {npd} has no RLX equivalent")
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8, DType.I8: 1,
+             DType.I32: 4, DType.I64: 8, DType.U8: 1, DType.BOOL: 1}
+_NUMPY = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "uint16", DType.F64: "float64",
+          DType.I8: "int8", DType.I32: "int32", DType.I64: "int64", DType.U8: "uint8",
+          DType.BOOL: "bool"}
+_C_TYPE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.F64: "double",
+           DType.I8: "int8_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
+           DType.BOOL: "uint8_t"}
+
+F32, F16, BF16, F64 = DType.F32, DType.F16, DType.BF16, DType.F64
+I8, I32, I64, U8, BOOL = DType.I8, DType.I32, DType.I64, DType.U8, DType.BOOL
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Widen bf16 bit patterns (uint16) to float32 exactly."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """Round float32 values to bf16 bit patterns (round to nearest even, NaN kept NaN)."""
+    v = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((v + 0x7FFF + ((v >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if np.any(nan):
+        rounded = np.where(nan, np.uint16(0x7FC0), rounded)
+    return rounded
+
+
+def round_to_dtype(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """Round float32 values to the precision of `dtype`, returned as float32.
+
+    The reference computes narrow float types in float32 and rounds at every op
+    boundary, which is what the backends do.
+    """
+    if dtype is DType.F16:
+        return np.asarray(values, dtype=np.float32).astype(np.float16).astype(np.float32)
+    if dtype is DType.BF16:
+        return bf16_to_f32(f32_to_bf16(values))
+    return values

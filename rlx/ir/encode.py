@@ -1,0 +1,187 @@
+"""JSON-compatible encoding of IR values (dims, shapes, ops).
+
+Shared by graph serialization and the canonical LIR form: one encoding, so
+what is saved and what is hashed cannot drift apart. Decoding validates
+everything it reads and raises `IRError` on anything unexpected.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from rlx.errors import IRError
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.shape import Dim, Shape
+
+JSON = Any
+
+
+def dim_to_json(d: Dim) -> JSON:
+    if d.is_static:
+        return d.coeff
+    return {"coeff": d.coeff, "symbols": [[n, b] for n, b in d.symbols]}
+
+
+def dim_from_json(v: JSON) -> Dim:
+    if isinstance(v, bool):
+        raise IRError(f"bad dimension {v!r}")
+    if isinstance(v, int):
+        return Dim(v)
+    if isinstance(v, dict) and set(v) == {"coeff", "symbols"} and isinstance(v["symbols"], list):
+        d = Dim.of(v["coeff"])
+        for sym in v["symbols"]:
+            if not (isinstance(sym, list) and len(sym) == 2):
+                raise IRError(f"bad dynamic dimension symbol {sym!r}")
+            d = d * Dim.dynamic(sym[0], sym[1])
+        return d
+    raise IRError(f"bad dimension {v!r}")
+
+
+def shape_to_json(s: Shape) -> JSON:
+    return {"dtype": s.dtype.value, "dims": [dim_to_json(d) for d in s.dims]}
+
+
+def shape_from_json(v: JSON) -> Shape:
+    if not isinstance(v, dict) or set(v) != {"dtype", "dims"} or not isinstance(v["dims"], list):
+        raise IRError(f"bad shape {_short(v)}")
+    if not isinstance(v["dtype"], str):
+        raise IRError(f"bad dtype {v['dtype']!r}")
+    if len(v["dims"]) > 16:
+        raise IRError(f"shape rank {len(v['dims'])} exceeds 16")
+    return Shape(tuple(dim_from_json(d) for d in v["dims"]), DType.parse(v["dtype"]))
+
+
+def _value_to_json(v: Any) -> JSON:
+    if isinstance(v, O.Op):
+        return op_to_json(v)
+    if isinstance(v, O.RegionStep):
+        return {"op": op_to_json(v.op), "args": list(v.args)}
+    if isinstance(v, Shape):
+        return shape_to_json(v)
+    if isinstance(v, Dim):
+        return dim_to_json(v)
+    if isinstance(v, DType):
+        return v.value
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode("ascii")
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return {"float": repr(v)}
+        return v
+    if isinstance(v, (tuple, list)):
+        return [_value_to_json(x) for x in v]
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    raise IRError(f"cannot encode attribute value {v!r}")
+
+
+def op_to_json(op: O.Op) -> JSON:
+    """`{"op": kind, **attrs}` with attributes in field order."""
+    out: dict[str, JSON] = {"op": op.kind}
+    for f in dataclasses.fields(op):
+        out[f.name] = _value_to_json(getattr(op, f.name))
+    return out
+
+
+def _decode(hint: Any, v: JSON, where: str, registry: Mapping[str, type]) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _decode(a, v, where, registry)
+            except IRError as exc:
+                errors.append(str(exc))
+        raise IRError(f"{where}: {_short(v)} matches none of the allowed types ({'; '.join(errors)})")
+    if origin is tuple:
+        if not isinstance(v, list):
+            raise IRError(f"{where}: expected a list, got {_short(v)}")
+        if len(v) > 1_000_000:
+            raise IRError(f"{where}: list too long")
+        item = args[0] if args else Any
+        return tuple(_decode(item, x, where, registry) for x in v)
+    if hint is Shape:
+        return shape_from_json(v)
+    if hint is Dim:
+        return dim_from_json(v)
+    if hint is DType:
+        if not isinstance(v, str):
+            raise IRError(f"{where}: dtype must be a string, got {_short(v)}")
+        return DType.parse(v)
+    if hint is bytes:
+        if not isinstance(v, str):
+            raise IRError(f"{where}: expected base64 text")
+        try:
+            return base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise IRError(f"{where}: bad base64 data") from exc
+    if hint is float:
+        if isinstance(v, dict) and set(v) == {"float"} and v["float"] in ("nan", "inf", "-inf"):
+            return float(v["float"])
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise IRError(f"{where}: expected a number, got {_short(v)}")
+        return float(v)
+    if hint is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise IRError(f"{where}: expected an integer, got {_short(v)}")
+        return v
+    if hint is bool:
+        if not isinstance(v, bool):
+            raise IRError(f"{where}: expected true/false, got {_short(v)}")
+        return v
+    if hint is str:
+        if not isinstance(v, str):
+            raise IRError(f"{where}: expected a string, got {_short(v)}")
+        return v
+    if hint is O.RegionStep:
+        if not isinstance(v, dict) or set(v) != {"op", "args"}:
+            raise IRError(f"{where}: bad region step {_short(v)}")
+        return O.RegionStep(op_from_json(v["op"], registry), _decode(tuple[int, ...], v["args"], where, registry))
+    if hint is Any:
+        return v
+    raise IRError(f"{where}: cannot decode attribute of type {hint}")
+
+
+def op_from_json(v: JSON, registry: Mapping[str, type] | None = None) -> O.Op:
+    """Rebuild an op; unknown kinds or attributes raise `IRError`."""
+    registry = registry or O.OPS
+    if not isinstance(v, dict) or not isinstance(v.get("op"), str):
+        raise IRError(f"bad op {_short(v)}: expected an object with an 'op' string")
+    kind = v["op"]
+    cls = registry.get(kind)
+    if cls is None:
+        raise IRError(f"unknown op {kind!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(v) - set(fields) - {"op"}
+    if unknown:
+        raise IRError(f"op {kind!r} has unknown attributes {sorted(unknown)}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in v:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise IRError(f"op {kind!r} is missing attribute {name!r}")
+            continue
+        kwargs[name] = _decode(hints[name], v[name], f"op {kind!r} attribute {name!r}", registry)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise IRError(f"op {kind!r}: {exc}") from None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,317 @@
+"""MIR: a graph of primitive and fused ops with inferred shapes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx.errors import IRError, ShapeError
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.shape import Dim, DimLike, Shape, check_symbol_bounds
+
+NodeId = int
+
+
+@dataclass(frozen=True)
+class Node:
+    """One value of the graph: `op` applied to the values `inputs`."""
+
+    id: NodeId
+    op: O.Op
+    inputs: tuple[NodeId, ...]
+    shape: Shape
+    name: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.op.kind
+
+    @property
+    def label(self) -> str:
+        return f"%{self.id}" + (f" ({self.name})" if self.name else "")
+
+
+class Graph:
+    """A MIR graph, built op by op with shapes inferred as it goes.
+
+    Node ids are dense and in topological order (an op can only use values
+    that already exist). Builder methods return the new node's id.
+
+    >>> g = Graph("mlp")
+    >>> x = g.input("x", [4, 8])
+    >>> w = g.param("w", [8, 16])
+    >>> y = g.activation("gelu", g.matmul(x, w))
+    >>> g.set_outputs([y])
+    >>> str(g.node(y).shape)
+    'f32[4,16]'
+    """
+
+    #: The IR stage this class holds, and the ops it accepts (HIR extends both).
+    stage = "mir"
+    op_registry: dict[str, type[O.Op]] = O.OPS
+
+    def __init__(self, name: str = "graph") -> None:
+        if not isinstance(name, str):
+            raise IRError(f"graph name must be a string, got {name!r}")
+        self.name = name
+        self.nodes: list[Node] = []
+        self.outputs: list[NodeId] = []
+        self.output_names: list[str] = []
+
+    # ── core ───────────────────────────────────────────────────────────
+
+    def add(self, op: O.Op, inputs: Sequence[NodeId] = (), name: str = "") -> NodeId:
+        """Append `op` applied to `inputs`, inferring its shape; returns the new id."""
+        node_id = len(self.nodes)
+        if not isinstance(op, O.Op) or self.op_registry.get(op.kind) is not type(op):
+            raise IRError(f"node %{node_id}: {op!r} is not a {self.stage.upper()} op")
+        if not isinstance(name, str):
+            raise IRError(f"node %{node_id}: name must be a string, got {name!r}")
+        ins = tuple(inputs)
+        for i in ins:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < node_id:
+                raise IRError(f"node %{node_id} ({op.kind}): input {i!r} does not name an earlier node")
+        try:
+            if op.kind not in O.LEAF_KINDS:
+                op.check_arity(len(ins))
+            elif ins:
+                raise IRError(f"{op.kind} takes no inputs")
+            shape = op.infer([self.nodes[i].shape for i in ins])
+        except IRError as exc:
+            label = f"%{node_id}" + (f" ({name})" if name else "")
+            raise type(exc)(f"node {label} {op.kind}: {exc}") from None
+        self.nodes.append(Node(node_id, op, ins, shape, name))
+        return node_id
+
+    def node(self, node_id: NodeId) -> Node:
+        try:
+            return self.nodes[node_id]
+        except (IndexError, TypeError):
+            raise IRError(f"graph {self.name!r} has no node {node_id!r}") from None
+
+    def shape(self, node_id: NodeId) -> Shape:
+        return self.node(node_id).shape
+
+    def set_outputs(self, outputs: Sequence[NodeId] | dict[str, NodeId], names: Sequence[str] | None = None) -> None:
+        """Mark graph outputs, given as ids (named out0, out1…) or a name → id dict."""
+        if isinstance(outputs, dict):
+            names, ids = list(outputs.keys()), list(outputs.values())
+        else:
+            ids = list(outputs)
+            names = list(names) if names is not None else [f"out{i}" for i in range(len(ids))]
+        if not ids:
+            raise IRError(f"graph {self.name!r} needs at least one output")
+        if len(names) != len(ids):
+            raise IRError(f"{len(ids)} outputs but {len(names)} output names")
+        for n in names:
+            if not isinstance(n, str) or not n:
+                raise IRError(f"output names must be non-empty strings, got {n!r}")
+        if len(set(names)) != len(names):
+            raise IRError(f"duplicate output names: {names}")
+        for i in ids:
+            self.node(i)
+        self.outputs, self.output_names = ids, names
+
+    # ── queries ────────────────────────────────────────────────────────
+
+    def inputs(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "input"]
+
+    def params(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "param"]
+
+    def symbols(self) -> dict[str, int]:
+        """Dynamic dimension names and their upper bounds, in first-seen order."""
+        return check_symbol_bounds(n.shape for n in self.nodes)
+
+    def users(self) -> dict[NodeId, list[NodeId]]:
+        out: dict[NodeId, list[NodeId]] = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                out[i].append(n.id)
+        return out
+
+    def topological_order(self) -> list[NodeId]:
+        """Node ids in an order where every node follows its inputs (ids are already one)."""
+        return [n.id for n in self.nodes]
+
+    def verify(self) -> None:
+        """Re-check every invariant: ids, references, shapes, names, outputs."""
+        seen_inputs: set[str] = set()
+        seen_params: set[str] = set()
+        for idx, n in enumerate(self.nodes):
+            if n.id != idx:
+                raise IRError(f"node at position {idx} has id {n.id}")
+            for i in n.inputs:
+                if not 0 <= i < idx:
+                    raise IRError(f"node {n.label} {n.kind} uses %{i}, which is not an earlier node")
+            try:
+                if n.kind not in O.LEAF_KINDS:
+                    n.op.check_arity(len(n.inputs))
+                shape = n.op.infer([self.nodes[i].shape for i in n.inputs])
+            except IRError as exc:
+                raise type(exc)(f"node {n.label} {n.kind}: {exc}") from None
+            if shape != n.shape:
+                raise ShapeError(f"node {n.label} {n.kind}: recorded shape {n.shape} but inputs give {shape}")
+            if n.kind in ("input", "param"):
+                seen = seen_inputs if n.kind == "input" else seen_params
+                if n.op.name in seen:
+                    raise IRError(f"duplicate {n.kind} name {n.op.name!r}")
+                seen.add(n.op.name)
+        overlap = seen_inputs & seen_params
+        if overlap:
+            raise IRError(f"names used for both inputs and params: {sorted(overlap)}")
+        if not self.outputs:
+            raise IRError(f"graph {self.name!r} has no outputs")
+        for o in self.outputs:
+            if not 0 <= o < len(self.nodes):
+                raise IRError(f"output %{o} does not exist")
+        self.symbols()
+
+    def copy(self) -> Graph:
+        g = type(self)(self.name)
+        g.nodes = list(self.nodes)
+        g.outputs = list(self.outputs)
+        g.output_names = list(self.output_names)
+        return g
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __str__(self) -> str:
+        lines = [f"graph {self.name} {{"]
+        for n in self.nodes:
+            args = ", ".join(f"%{i}" for i in n.inputs)
+            op = n.op
+            if isinstance(op, (O.Input, O.Param)):
+                desc = f"{op.kind} {op.name!r}" + (f" layout={list(op.layout)}" if getattr(op, "layout", None) else "")
+            else:
+                desc = op.describe()
+            note = f"  # {n.name}" if n.name else ""
+            lines.append(f"  %{n.id}: {n.shape} = {desc}({args}){note}")
+        outs = ", ".join(f"{name}=%{o}" for name, o in zip(self.output_names, self.outputs))
+        lines.append(f"  return {outs}")
+        lines.append("}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    # ── builders: leaves ───────────────────────────────────────────────
+
+    def input(self, name: str, dims: Iterable[DimLike] | Shape, dtype: DType | str = DType.F32) -> NodeId:
+        _check_name("input", name)
+        return self.add(O.Input(name, _shape(dims, dtype)), name=name)
+
+    def param(self, name: str, dims: Iterable[DimLike] | Shape, dtype: DType | str = DType.F32) -> NodeId:
+        _check_name("param", name)
+        return self.add(O.Param(name, _shape(dims, dtype)), name=name)
+
+    def constant(self, value: np.ndarray | float | int, dtype: DType | str | None = None) -> NodeId:
+        arr = np.asarray(value)
+        if dtype is None:
+            dt = DType.F32 if arr.dtype.kind == "f" else DType.parse(arr.dtype)
+        else:
+            dt = DType.parse(dtype)
+        return self.add(O.Constant.from_array(arr.astype(dt.np) if dt is not DType.BF16 else arr, dt))
+
+    # ── builders: elementwise ─────────────────────────────────────────
+
+    def activation(self, fn: str, x: NodeId) -> NodeId:
+        return self.add(O.Activation(fn), [x])
+
+    def binary(self, fn: str, a: NodeId, b: NodeId) -> NodeId:
+        return self.add(O.Binary(fn), [a, b])
+
+    def add_(self, a: NodeId, b: NodeId) -> NodeId:
+        return self.binary("add", a, b)
+
+    def sub(self, a: NodeId, b: NodeId) -> NodeId:
+        return self.binary("sub", a, b)
+
+    def mul(self, a: NodeId, b: NodeId) -> NodeId:
+        return self.binary("mul", a, b)
+
+    def div(self, a: NodeId, b: NodeId) -> NodeId:
+        return self.binary("div", a, b)
+
+    def compare(self, fn: str, a: NodeId, b: NodeId) -> NodeId:
+        return self.add(O.Compare(fn), [a, b])
+
+    def where(self, cond: NodeId, a: NodeId, b: NodeId) -> NodeId:
+        return self.add(O.Where(), [cond, a, b])
+
+    def cast(self, x: NodeId, dtype: DType | str) -> NodeId:
+        return self.add(O.Cast(DType.parse(dtype)), [x])
+
+    # ── builders: compute ─────────────────────────────────────────────
+
+    def matmul(self, a: NodeId, b: NodeId) -> NodeId:
+        return self.add(O.MatMul(), [a, b])
+
+    def reduce(self, fn: str, x: NodeId, axes: Iterable[int] = (), keep_dim: bool = False) -> NodeId:
+        return self.add(O.Reduce(fn, tuple(axes), bool(keep_dim)), [x])
+
+    def softmax(self, x: NodeId, axis: int = -1) -> NodeId:
+        return self.add(O.Softmax(axis), [x])
+
+    def layer_norm(self, x: NodeId, gamma: NodeId, beta: NodeId, eps: float = 1e-5) -> NodeId:
+        return self.add(O.LayerNorm(float(eps)), [x, gamma, beta])
+
+    def rms_norm(self, x: NodeId, gamma: NodeId, eps: float = 1e-6) -> NodeId:
+        return self.add(O.RmsNorm(float(eps)), [x, gamma])
+
+    # ── builders: shape ───────────────────────────────────────────────
+
+    def reshape(self, x: NodeId, shape: Iterable[DimLike]) -> NodeId:
+        return self.add(O.Reshape(tuple(shape)), [x])
+
+    def transpose(self, x: NodeId, perm: Iterable[int]) -> NodeId:
+        return self.add(O.Transpose(tuple(perm)), [x])
+
+    def narrow(self, x: NodeId, axis: int, start: int, length: int) -> NodeId:
+        return self.add(O.Narrow(axis, start, length), [x])
+
+    def concat(self, xs: Sequence[NodeId], axis: int) -> NodeId:
+        return self.add(O.Concat(axis), list(xs))
+
+    def expand(self, x: NodeId, shape: Iterable[DimLike]) -> NodeId:
+        return self.add(O.Expand(tuple(Dim.of(d) for d in shape)), [x])
+
+    def gather(self, table: NodeId, indices: NodeId, axis: int = 0) -> NodeId:
+        return self.add(O.Gather(axis), [table, indices])
+
+    # ── builders: transformer blocks ──────────────────────────────────
+
+    def attention(self, q: NodeId, k: NodeId, v: NodeId, *, num_heads: int, head_dim: int,
+                  mask: str = "none", mask_input: NodeId | None = None, scale: float | None = None,
+                  num_kv_heads: int | None = None) -> NodeId:
+        ins = [q, k, v] + ([mask_input] if mask_input is not None else [])
+        return self.add(O.Attention(num_heads, head_dim, mask, scale, num_kv_heads), ins)
+
+    def rope(self, x: NodeId, cos: NodeId, sin: NodeId, *, head_dim: int, n_rot: int | None = None,
+             variant: str = "neox") -> NodeId:
+        return self.add(O.Rope(head_dim, n_rot, variant), [x, cos, sin])
+
+
+def _check_name(kind: str, name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise IRError(f"{kind} name must be a non-empty string, got {name!r}")
+    if len(name) > 256:
+        raise IRError(f"{kind} name is longer than 256 characters")
+
+
+def _shape(dims: Iterable[DimLike] | Shape, dtype: DType | str) -> Shape:
+    if isinstance(dims, Shape):
+        return dims
+    try:
+        return Shape.of(list(dims), dtype)
+    except TypeError:
+        raise ShapeError(f"dims must be a sequence of ints or Dims, got {dims!r}") from None
+
+
+def numel_static(shape: Shape) -> int:
+    return math.prod(shape.static_dims)

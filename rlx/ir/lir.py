@@ -1,0 +1,143 @@
+"""LIR: the optimized MIR plus its schedule, buffer plan and IO manifest.
+
+The LIR is what backends render and what the AOT cache is keyed by: its
+canonical serialization covers structure, attributes, constants, names and
+the buffer plan, never parameter values, and does not depend on node ids,
+hash seeds or dict order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rlx.ir.encode import op_to_json, shape_to_json
+from rlx.ir.graph import Graph, NodeId
+from rlx.ir.shape import Shape
+
+LIR_FORMAT_VERSION = 1
+
+#: Buffer storage classes. "view" shares storage with another node's buffer.
+STORAGES = ("input", "param", "const", "output", "arena", "view")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """Where one node's value lives while the program runs.
+
+    - input / param / const / output: `slot` indexes the IO list of that kind.
+    - arena: `offset` is the byte offset in the arena.
+    - view: `source` is the node whose storage this aliases, `offset` bytes in.
+    `nbytes` is the size at the dynamic dims' upper bounds.
+    """
+
+    storage: str
+    nbytes: int
+    slot: int = -1
+    offset: int = 0
+    source: NodeId = -1
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One entry of the IO manifest. For params `shape` is what `set_param` takes."""
+
+    name: str
+    node: NodeId
+    shape: Shape
+    layout: tuple[int, ...] | None = None
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "dtype": self.shape.dtype.value, "shape": [str(d) for d in self.shape.dims]}
+        if self.layout is not None:
+            out["layout"] = list(self.layout)
+        return out
+
+
+@dataclass(frozen=True)
+class LirModule:
+    """A planned program: what a backend needs to emit code with zero run-time allocation."""
+
+    name: str
+    graph: Graph
+    schedule: tuple[NodeId, ...]
+    buffers: Mapping[NodeId, Buffer]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    params: tuple[TensorSpec, ...]
+    constants: tuple[NodeId, ...]
+    symbols: tuple[tuple[str, int], ...]
+    arena_bytes: int
+    naive_bytes: int
+    #: (output slot, node) pairs whose value must be copied into the output at the end.
+    output_copies: tuple[tuple[int, NodeId], ...] = ()
+
+    @property
+    def reuse_ratio(self) -> float:
+        return self.naive_bytes / self.arena_bytes if self.arena_bytes else 1.0
+
+    def canonical(self) -> str:
+        """Deterministic JSON text of everything that determines generated code."""
+        order = {nid: i for i, nid in enumerate(n.id for n in self.graph.nodes)}
+
+        def ref(nid: NodeId) -> int:
+            return order[nid]
+
+        nodes = []
+        for n in self.graph.nodes:
+            b = self.buffers[n.id]
+            nodes.append({
+                "op": op_to_json(n.op),
+                "in": [ref(i) for i in n.inputs],
+                "shape": shape_to_json(n.shape),
+                "name": n.name,
+                "buf": [b.storage, b.nbytes, b.slot, b.offset, ref(b.source) if b.source >= 0 else -1],
+            })
+        doc = {
+            "format": LIR_FORMAT_VERSION,
+            "name": self.name,
+            "nodes": nodes,
+            "schedule": [ref(i) for i in self.schedule],
+            "inputs": [[s.name, ref(s.node)] for s in self.inputs],
+            "outputs": [[s.name, ref(s.node)] for s in self.outputs],
+            "params": [[s.name, ref(s.node)] for s in self.params],
+            "constants": [ref(c) for c in self.constants],
+            "symbols": [list(s) for s in self.symbols],
+            "arena": self.arena_bytes,
+            "copies": [[k, ref(n)] for k, n in self.output_copies],
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+    def hash(self) -> str:
+        """sha256 of the canonical form: the LIR hash that keys the AOT cache."""
+        return hashlib.sha256(self.canonical().encode("ascii")).hexdigest()
+
+    def manifest(self) -> dict:
+        """The IO manifest embedded in every built library (see the C ABI)."""
+        return {
+            "name": self.name,
+            "inputs": [s.to_json() for s in self.inputs],
+            "outputs": [s.to_json() for s in self.outputs],
+            "params": [s.to_json() for s in self.params],
+            "symbols": [{"name": n, "max": m} for n, m in self.symbols],
+            "arena_bytes": self.arena_bytes,
+        }
+
+    def inspect(self) -> str:
+        """Readable dump: the graph, then each node's buffer, then the arena summary."""
+        lines = [str(self.graph), "", f"buffer plan for {self.name}:"]
+        for n in self.graph.nodes:
+            b = self.buffers[n.id]
+            if b.storage == "arena":
+                where = f"arena[{b.offset}:{b.offset + b.nbytes}]"
+            elif b.storage == "view":
+                where = f"view of %{b.source} +{b.offset}"
+            else:
+                where = f"{b.storage}[{b.slot}]"
+            lines.append(f"  %{n.id:<4} {n.kind:<26} {n.shape!s:<28} {where}")
+        syms = ", ".join(f"{n}<={m}" for n, m in self.symbols) or "none"
+        lines.append(f"arena: {self.arena_bytes} bytes (naive {self.naive_bytes}, reuse x{self.reuse_ratio:.2f}); "
+                     f"dynamic dims: {syms}")
+        return "\n".join(lines)

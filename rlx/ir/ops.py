@@ -1,0 +1,719 @@
+"""The MIR op set: frozen dataclasses with shape and dtype inference.
+
+Every op knows its arity and infers its output `Shape` from its input shapes;
+inference raises `ShapeError` describing the problem, and `Graph` prefixes the
+node it was building. Semantics of every op are written once, in
+`rlx/reference.py`; the docstrings here say what the attributes mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+import numpy as np
+
+from rlx.errors import IRError, ShapeError
+from rlx.ir.dtype import DType
+from rlx.ir.shape import Dim, Shape, broadcast_dims, normalize_axis, product
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "exp", "log", "sqrt",
+               "rsqrt", "neg", "abs", "sin", "cos")
+BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "pow")
+COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
+REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
+MASK_KINDS = ("none", "causal", "padding", "bias")
+ROPE_VARIANTS = ("neox", "interleaved")
+
+OPS: dict[str, type[Op]] = {}
+
+
+def _fmt(shapes: Sequence[Shape]) -> str:
+    return ", ".join(str(s) for s in shapes)
+
+
+@dataclass(frozen=True)
+class Op:
+    """Base of every op. Subclasses set `kind` and `arity` (min, max inputs)."""
+
+    kind: ClassVar[str] = ""
+    arity: ClassVar[tuple[int, int]] = (0, 0)
+    elementwise: ClassVar[bool] = False
+    #: Where subclasses register by `kind`: MIR ops in OPS; HIR blocks use their own.
+    registry: ClassVar[dict[str, type[Op]]] = OPS
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind and "kind" in cls.__dict__:
+            if cls.kind in cls.registry and cls.registry[cls.kind] is not cls:
+                raise TypeError(f"op kind {cls.kind!r} registered twice")
+            cls.registry[cls.kind] = cls
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def check_arity(self, n: int) -> None:
+        lo, hi = self.arity
+        if not lo <= n <= hi:
+            want = str(lo) if lo == hi else f"{lo}..{hi}"
+            raise IRError(f"{self.kind} takes {want} inputs, got {n}")
+
+    def attrs(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def describe(self) -> str:
+        parts = []
+        for k, v in self.attrs().items():
+            if k == "data" or v is None:
+                continue
+            parts.append(f"{k}={_attr_text(v)}")
+        return f"{self.kind}[{', '.join(parts)}]" if parts else self.kind
+
+
+def _attr_text(v: object) -> str:
+    if isinstance(v, tuple):
+        return "(" + ",".join(_attr_text(x) for x in v) + ")"
+    return str(v)
+
+
+def _same_float_dtype(kind: str, shapes: Sequence[Shape]) -> DType:
+    dtypes = {s.dtype for s in shapes}
+    if len(dtypes) != 1:
+        raise ShapeError(f"{kind} needs inputs of one dtype, got {_fmt(shapes)}")
+    return shapes[0].dtype
+
+
+def _require_float(kind: str, shape: Shape) -> None:
+    if not shape.dtype.is_float:
+        raise ShapeError(f"{kind} needs a floating-point input, got {shape}")
+
+
+# ── leaves ──────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Input(Op):
+    """A graph input, fed by the caller at run time."""
+
+    kind: ClassVar[str] = "input"
+    name: str
+    shape: Shape
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        return self.shape
+
+
+@dataclass(frozen=True)
+class Param(Op):
+    """A weight, set once with `set_param` and resident between runs.
+
+    `layout` (set by the layout pass) is a permutation applied to the user's
+    array at `set_param` time; `shape` is then the stored (permuted) shape.
+    """
+
+    kind: ClassVar[str] = "param"
+    name: str
+    shape: Shape
+    layout: tuple[int, ...] | None = None
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if self.layout is not None and sorted(self.layout) != list(range(self.shape.rank)):
+            raise ShapeError(f"param layout {self.layout} is not a permutation of rank {self.shape.rank}")
+        if not self.shape.is_static:
+            raise ShapeError(f"param {self.name!r} must have a static shape, got {self.shape}")
+        return self.shape
+
+    @property
+    def user_shape(self) -> Shape:
+        """The shape the user passes to `set_param` (before `layout`)."""
+        if self.layout is None:
+            return self.shape
+        inverse = [0] * len(self.layout)
+        for i, p in enumerate(self.layout):
+            inverse[p] = i
+        return self.shape.with_dims(self.shape.dims[i] for i in inverse)
+
+
+@dataclass(frozen=True)
+class Constant(Op):
+    """A constant tensor baked into the program (row-major bytes of `shape`)."""
+
+    kind: ClassVar[str] = "constant"
+    data: bytes
+    shape: Shape
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if not self.shape.is_static:
+            raise ShapeError(f"constant must have a static shape, got {self.shape}")
+        if len(self.data) != self.shape.max_nbytes:
+            raise ShapeError(f"constant holds {len(self.data)} bytes but {self.shape} needs {self.shape.max_nbytes}")
+        return self.shape
+
+    @staticmethod
+    def from_array(array: np.ndarray, dtype: DType | None = None) -> Constant:
+        arr = np.asarray(array)
+        dt = dtype or DType.parse(arr.dtype)
+        stored = np.ascontiguousarray(arr, dtype=dt.np)
+        return Constant(stored.tobytes(), Shape.of(stored.shape, dt))
+
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.data, dtype=self.shape.dtype.np).reshape(self.shape.static_dims).copy()
+
+    def describe(self) -> str:
+        arr = self.array()
+        if arr.size <= 4:
+            return f"constant[{arr.tolist()}]"
+        return f"constant[{arr.size} values]"
+
+
+# ── elementwise ─────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Activation(Op):
+    """Unary elementwise function `fn` (one of ACTIVATIONS)."""
+
+    kind: ClassVar[str] = "activation"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    elementwise: ClassVar[bool] = True
+    fn: str
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if self.fn not in ACTIVATIONS:
+            raise ShapeError(f"unknown activation {self.fn!r}; expected one of {ACTIVATIONS}")
+        if self.fn not in ("neg", "abs", "relu"):
+            _require_float(f"activation {self.fn}", inputs[0])
+        elif inputs[0].dtype is DType.BOOL:
+            raise ShapeError(f"activation {self.fn} does not accept bool input")
+        return inputs[0]
+
+
+@dataclass(frozen=True)
+class Binary(Op):
+    """Binary elementwise `fn` (one of BINARY_OPS) with numpy broadcasting."""
+
+    kind: ClassVar[str] = "binary"
+    arity: ClassVar[tuple[int, int]] = (2, 2)
+    elementwise: ClassVar[bool] = True
+    fn: str
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if self.fn not in BINARY_OPS:
+            raise ShapeError(f"unknown binary op {self.fn!r}; expected one of {BINARY_OPS}")
+        dtype = _same_float_dtype(f"binary {self.fn}", inputs)
+        if dtype is DType.BOOL:
+            raise ShapeError(f"binary {self.fn} does not accept bool inputs")
+        return Shape(broadcast_dims(inputs[0].dims, inputs[1].dims), dtype)
+
+
+@dataclass(frozen=True)
+class Compare(Op):
+    """Elementwise comparison `fn` (one of COMPARE_OPS), broadcasting, bool result."""
+
+    kind: ClassVar[str] = "compare"
+    arity: ClassVar[tuple[int, int]] = (2, 2)
+    elementwise: ClassVar[bool] = True
+    fn: str
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if self.fn not in COMPARE_OPS:
+            raise ShapeError(f"unknown comparison {self.fn!r}; expected one of {COMPARE_OPS}")
+        _same_float_dtype(f"compare {self.fn}", inputs)
+        return Shape(broadcast_dims(inputs[0].dims, inputs[1].dims), DType.BOOL)
+
+
+@dataclass(frozen=True)
+class Where(Op):
+    """`cond ? a : b`, broadcasting all three; `cond` is bool."""
+
+    kind: ClassVar[str] = "where"
+    arity: ClassVar[tuple[int, int]] = (3, 3)
+    elementwise: ClassVar[bool] = True
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        cond, a, b = inputs
+        if cond.dtype is not DType.BOOL:
+            raise ShapeError(f"where needs a bool condition, got {cond}")
+        dtype = _same_float_dtype("where", [a, b])
+        return Shape(broadcast_dims(cond.dims, a.dims, b.dims), dtype)
+
+
+@dataclass(frozen=True)
+class Cast(Op):
+    """Convert to `dtype` (float→int truncates toward zero; →bool is `!= 0`)."""
+
+    kind: ClassVar[str] = "cast"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    elementwise: ClassVar[bool] = True
+    dtype: DType
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        return inputs[0].with_dtype(DType.parse(self.dtype))
+
+
+# ── linear algebra and normalization ────────────────────────────────────
+
+
+def _matmul_dims(kind: str, a: Shape, b: Shape) -> tuple[Dim, ...]:
+    if a.rank < 2 or b.rank < 2:
+        raise ShapeError(f"{kind} needs rank >= 2 operands, got {a} @ {b}")
+    if a.dims[-1] != b.dims[-2]:
+        raise ShapeError(f"{kind} inner dims differ: {a} @ {b} ({a.dims[-1]} vs {b.dims[-2]})")
+    try:
+        batch = broadcast_dims(a.dims[:-2], b.dims[:-2])
+    except ShapeError as exc:
+        raise ShapeError(f"{kind} batch dims do not broadcast: {a} @ {b}") from exc
+    return (*batch, a.dims[-2], b.dims[-1])
+
+
+@dataclass(frozen=True)
+class MatMul(Op):
+    """Batched matrix product `a[..., M, K] @ b[..., K, N]`, batch dims broadcast."""
+
+    kind: ClassVar[str] = "matmul"
+    arity: ClassVar[tuple[int, int]] = (2, 2)
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        a, b = inputs
+        dtype = _same_float_dtype("matmul", inputs)
+        _require_float("matmul", a)
+        return Shape(_matmul_dims("matmul", a, b), dtype)
+
+
+@dataclass(frozen=True)
+class Reduce(Op):
+    """Reduce `fn` over `axes` (empty = all axes), keeping them as 1 if `keep_dim`."""
+
+    kind: ClassVar[str] = "reduce"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    fn: str
+    axes: tuple[int, ...]
+    keep_dim: bool = False
+
+    def normalized_axes(self, rank: int) -> tuple[int, ...]:
+        if not self.axes:
+            return tuple(range(rank))
+        axes = tuple(sorted({normalize_axis(a, rank, "reduce axis") for a in self.axes}))
+        if len(axes) != len(self.axes):
+            raise ShapeError(f"reduce axes {self.axes} repeat an axis")
+        return axes
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if self.fn not in REDUCE_OPS:
+            raise ShapeError(f"unknown reduction {self.fn!r}; expected one of {REDUCE_OPS}")
+        x = inputs[0]
+        if x.dtype is DType.BOOL:
+            raise ShapeError("reduce does not accept bool input")
+        axes = self.normalized_axes(x.rank)
+        dims = [Dim(1) if i in axes else d for i, d in enumerate(x.dims)] if self.keep_dim else \
+            [d for i, d in enumerate(x.dims) if i not in axes]
+        return x.with_dims(dims)
+
+
+@dataclass(frozen=True)
+class Softmax(Op):
+    """Numerically stable softmax along `axis`."""
+
+    kind: ClassVar[str] = "softmax"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    axis: int = -1
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        _require_float("softmax", inputs[0])
+        normalize_axis(self.axis, inputs[0].rank, "softmax axis")
+        return inputs[0]
+
+
+def _check_norm_params(kind: str, x: Shape, params: Sequence[Shape]) -> None:
+    _require_float(kind, x)
+    if x.rank < 1:
+        raise ShapeError(f"{kind} needs rank >= 1 input, got {x}")
+    for p in params:
+        if p.dims != (x.dims[-1],) or p.dtype != x.dtype:
+            raise ShapeError(f"{kind} parameter must be {x.dtype}[{x.dims[-1]}], got {p} for input {x}")
+
+
+@dataclass(frozen=True)
+class LayerNorm(Op):
+    """`(x - mean) / sqrt(var + eps) * gamma + beta` over the last axis. Inputs x, gamma, beta."""
+
+    kind: ClassVar[str] = "layer_norm"
+    arity: ClassVar[tuple[int, int]] = (3, 3)
+    eps: float = 1e-5
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        _check_norm_params("layer_norm", inputs[0], inputs[1:])
+        return inputs[0]
+
+
+@dataclass(frozen=True)
+class RmsNorm(Op):
+    """`x / sqrt(mean(x^2) + eps) * gamma` over the last axis. Inputs x, gamma."""
+
+    kind: ClassVar[str] = "rms_norm"
+    arity: ClassVar[tuple[int, int]] = (2, 2)
+    eps: float = 1e-6
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        _check_norm_params("rms_norm", inputs[0], inputs[1:])
+        return inputs[0]
+
+
+# ── shape ops ───────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Reshape(Op):
+    """Reshape to `shape` (ints, Dims, at most one -1), element count preserved."""
+
+    kind: ClassVar[str] = "reshape"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    shape: tuple[Dim | int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shape, tuple):
+            raise IRError(f"reshape shape must be a tuple, got {self.shape!r}")
+        norm = tuple(d if isinstance(d, int) and not isinstance(d, bool) and d == -1 else Dim.of(d) for d in self.shape)
+        object.__setattr__(self, "shape", norm)
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x = inputs[0]
+        wildcard = [i for i, d in enumerate(self.shape) if isinstance(d, int) and d == -1]
+        if len(wildcard) > 1:
+            raise ShapeError(f"reshape of {x} to {list(map(str, self.shape))}: at most one -1 allowed")
+        known = [Dim.of(d) for d in self.shape if not (isinstance(d, int) and d == -1)]
+        total = x.numel
+        if wildcard:
+            rest = total.divide(product(known))
+            if rest is None:
+                raise ShapeError(f"cannot reshape {x} to [{','.join(map(str, self.shape))}]: {total} elements "
+                                 f"not divisible by {product(known)}")
+            dims = list(known)
+            dims.insert(wildcard[0], rest)
+        else:
+            dims = known
+            if product(dims) != total:
+                raise ShapeError(f"cannot reshape {x} ({total} elements) to "
+                                 f"[{','.join(map(str, dims))}] ({product(dims)} elements)")
+        return x.with_dims(dims)
+
+
+@dataclass(frozen=True)
+class Transpose(Op):
+    """Permute axes: output axis i is input axis `perm[i]`."""
+
+    kind: ClassVar[str] = "transpose"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    perm: tuple[int, ...]
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x = inputs[0]
+        if sorted(self.perm) != list(range(x.rank)):
+            raise ShapeError(f"transpose perm {list(self.perm)} is not a permutation of rank {x.rank} ({x})")
+        return x.with_dims(x.dims[p] for p in self.perm)
+
+
+@dataclass(frozen=True)
+class Narrow(Op):
+    """Slice `length` elements starting at `start` along static axis `axis`."""
+
+    kind: ClassVar[str] = "narrow"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    axis: int
+    start: int
+    length: int
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x = inputs[0]
+        axis = normalize_axis(self.axis, x.rank, "narrow axis")
+        dim = x.dims[axis]
+        if not dim.is_static:
+            raise ShapeError(f"narrow along dynamic axis {axis} of {x} is not supported")
+        if self.start < 0 or self.length < 0 or self.start + self.length > dim.value:
+            end = self.start + self.length
+            raise ShapeError(f"narrow [{self.start}, {end}) is out of range for axis {axis} of {x}")
+        dims = list(x.dims)
+        dims[axis] = Dim(self.length)
+        return x.with_dims(dims)
+
+
+@dataclass(frozen=True)
+class Concat(Op):
+    """Concatenate inputs along `axis` (static along that axis)."""
+
+    kind: ClassVar[str] = "concat"
+    arity: ClassVar[tuple[int, int]] = (1, 1024)
+    axis: int
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        first = inputs[0]
+        axis = normalize_axis(self.axis, first.rank, "concat axis")
+        total = 0
+        for s in inputs:
+            if s.rank != first.rank or s.dtype != first.dtype:
+                raise ShapeError(f"concat inputs differ in rank or dtype: {_fmt(inputs)}")
+            for i, (a, b) in enumerate(zip(s.dims, first.dims)):
+                if i != axis and a != b:
+                    raise ShapeError(f"concat inputs differ on axis {i}: {_fmt(inputs)}")
+            if not s.dims[axis].is_static:
+                raise ShapeError(f"concat along dynamic axis {axis} is not supported: {_fmt(inputs)}")
+            total += s.dims[axis].value
+        dims = list(first.dims)
+        dims[axis] = Dim(total)
+        return first.with_dims(dims)
+
+
+@dataclass(frozen=True)
+class Expand(Op):
+    """Broadcast to `shape` (numpy `broadcast_to` rules)."""
+
+    kind: ClassVar[str] = "expand"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    shape: tuple[Dim, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shape, tuple):
+            raise IRError(f"expand shape must be a tuple, got {self.shape!r}")
+        object.__setattr__(self, "shape", tuple(Dim.of(d) for d in self.shape))
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x = inputs[0]
+        target = tuple(Dim.of(d) for d in self.shape)
+        if len(target) < x.rank:
+            raise ShapeError(f"cannot expand {x} to fewer dims {[str(d) for d in target]}")
+        for xd, td in zip(reversed(x.dims), reversed(target)):
+            if xd != td and xd != 1:
+                raise ShapeError(f"cannot expand {x} to [{','.join(map(str, target))}]")
+        return x.with_dims(target)
+
+
+@dataclass(frozen=True)
+class Gather(Op):
+    """`table.take(indices, axis)`: indices are i32/i64; out-of-range index is a run-time error."""
+
+    kind: ClassVar[str] = "gather"
+    arity: ClassVar[tuple[int, int]] = (2, 2)
+    axis: int = 0
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        table, idx = inputs
+        if idx.dtype not in (DType.I32, DType.I64):
+            raise ShapeError(f"gather indices must be i32 or i64, got {idx}")
+        axis = normalize_axis(self.axis, table.rank, "gather axis")
+        return table.with_dims(table.dims[:axis] + idx.dims + table.dims[axis + 1:])
+
+
+# ── transformer blocks ──────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Attention(Op):
+    """Multi-head scaled dot-product attention.
+
+    Inputs: q `[B, Sq, H*D]`, k and v `[B, Skv, Hkv*D]`, and for mask
+    "padding" a `[B, Skv]` tensor (nonzero = attend), for "bias" an additive
+    tensor broadcastable to `[B, H, Sq, Skv]`. "causal" lets query i see keys
+    `j <= i + Skv - Sq` (so decode with Sq=1 sees the whole cache). `scale`
+    defaults to `1/sqrt(D)`. `num_kv_heads` < `num_heads` is grouped-query.
+    Output `[B, Sq, H*D]`.
+    """
+
+    kind: ClassVar[str] = "attention"
+    arity: ClassVar[tuple[int, int]] = (3, 4)
+    num_heads: int
+    head_dim: int
+    mask: str = "none"
+    scale: float | None = None
+    num_kv_heads: int | None = None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if self.mask not in MASK_KINDS:
+            raise ShapeError(f"unknown attention mask {self.mask!r}; expected one of {MASK_KINDS}")
+        needs_mask = self.mask in ("padding", "bias")
+        if len(inputs) != (4 if needs_mask else 3):
+            want = 4 if needs_mask else 3
+            raise ShapeError(f"attention with mask={self.mask!r} takes {want} inputs, got {len(inputs)}")
+        if self.num_heads < 1 or self.head_dim < 1 or self.kv_heads < 1 or self.num_heads % self.kv_heads:
+            raise ShapeError(f"attention heads invalid: num_heads={self.num_heads}, kv_heads={self.kv_heads}, "
+                             f"head_dim={self.head_dim}")
+        q, k, v = inputs[:3]
+        _same_float_dtype("attention", [q, k, v])
+        for name, s, heads in (("q", q, self.num_heads), ("k", k, self.kv_heads), ("v", v, self.kv_heads)):
+            if s.rank != 3 or s.dims[2] != heads * self.head_dim:
+                raise ShapeError(f"attention {name} must be [batch, seq, {heads}*{self.head_dim}], got {s}")
+        if k.dims[:2] != v.dims[:2] or q.dims[0] != k.dims[0]:
+            raise ShapeError(f"attention q/k/v batch or kv length disagree: q={q}, k={k}, v={v}")
+        if self.mask == "padding":
+            m = inputs[3]
+            if m.dims != (q.dims[0], k.dims[1]):
+                raise ShapeError(f"attention padding mask must be [{q.dims[0]},{k.dims[1]}], got {m}")
+        if self.mask == "bias":
+            m = inputs[3]
+            if m.rank > 4:
+                raise ShapeError(f"attention bias must broadcast to [B,H,Sq,Skv], got {m}")
+            target = (q.dims[0], Dim(self.num_heads), q.dims[1], k.dims[1])
+            if broadcast_dims(m.dims, target) != target:
+                raise ShapeError(f"attention bias {m} does not broadcast to [{','.join(map(str, target))}]")
+            if m.dtype != q.dtype:
+                raise ShapeError(f"attention bias dtype {m.dtype} differs from q {q.dtype}")
+        return q
+
+
+@dataclass(frozen=True)
+class Rope(Op):
+    """Rotary position embedding on the first `n_rot` dims of every head.
+
+    Inputs: x `[B, S, H*head_dim]`, cos and sin `[S, n_rot/2]`. "neox" pairs
+    dim i with i + n_rot/2; "interleaved" pairs 2i with 2i+1.
+    """
+
+    kind: ClassVar[str] = "rope"
+    arity: ClassVar[tuple[int, int]] = (3, 3)
+    head_dim: int
+    n_rot: int | None = None
+    variant: str = "neox"
+
+    @property
+    def rot(self) -> int:
+        return self.n_rot or self.head_dim
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x, cos, sin = inputs
+        if self.variant not in ROPE_VARIANTS:
+            raise ShapeError(f"unknown rope variant {self.variant!r}; expected one of {ROPE_VARIANTS}")
+        if self.rot % 2 or not 0 < self.rot <= self.head_dim:
+            raise ShapeError(f"rope n_rot={self.rot} must be even and within head_dim={self.head_dim}")
+        _require_float("rope", x)
+        if x.rank != 3 or not x.dims[2].is_static or x.dims[2].value % self.head_dim:
+            raise ShapeError(f"rope input must be [batch, seq, heads*{self.head_dim}], got {x}")
+        for name, t in (("cos", cos), ("sin", sin)):
+            if t.dims != (x.dims[1], Dim(self.rot // 2)) or t.dtype != x.dtype:
+                raise ShapeError(f"rope {name} must be {x.dtype}[{x.dims[1]},{self.rot // 2}], got {t}")
+        return x
+
+
+# ── fused ops (produced by the optimizer, implemented by every backend) ──
+
+
+@dataclass(frozen=True)
+class FusedMatMulBiasAct(Op):
+    """`act(a @ b + bias)`; inputs a, b and an optional bias `[N]`; `activation` may be None."""
+
+    kind: ClassVar[str] = "fused_matmul_bias_act"
+    arity: ClassVar[tuple[int, int]] = (2, 3)
+    activation: str | None = None
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        a, b = inputs[:2]
+        dtype = _same_float_dtype("fused_matmul_bias_act", inputs)
+        dims = _matmul_dims("fused_matmul_bias_act", a, b)
+        if len(inputs) == 3 and inputs[2].dims != (dims[-1],):
+            raise ShapeError(f"fused_matmul_bias_act bias must be [{dims[-1]}], got {inputs[2]}")
+        if self.activation is not None and self.activation not in ACTIVATIONS:
+            raise ShapeError(f"unknown activation {self.activation!r}")
+        return Shape(dims, dtype)
+
+
+@dataclass(frozen=True)
+class FusedResidualLayerNorm(Op):
+    """`layer_norm(x + residual [+ bias], gamma, beta)`. Inputs x, residual, [bias], gamma, beta."""
+
+    kind: ClassVar[str] = "fused_residual_layer_norm"
+    arity: ClassVar[tuple[int, int]] = (4, 5)
+    eps: float = 1e-5
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x, res = inputs[:2]
+        if x != res:
+            raise ShapeError(f"residual must match input exactly: {x} vs {res}")
+        _check_norm_params("fused_residual_layer_norm", x, inputs[2:])
+        return x
+
+
+@dataclass(frozen=True)
+class FusedResidualRmsNorm(Op):
+    """`rms_norm(x + residual [+ bias], gamma)`. Inputs x, residual, [bias], gamma."""
+
+    kind: ClassVar[str] = "fused_residual_rms_norm"
+    arity: ClassVar[tuple[int, int]] = (3, 4)
+    eps: float = 1e-6
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x, res = inputs[:2]
+        if x != res:
+            raise ShapeError(f"residual must match input exactly: {x} vs {res}")
+        _check_norm_params("fused_residual_rms_norm", x, inputs[2:])
+        return x
+
+
+@dataclass(frozen=True)
+class FusedSwiGLU(Op):
+    """`silu(x @ w_gate) * (x @ w_up)`. Inputs x, w_gate, w_up."""
+
+    kind: ClassVar[str] = "fused_swiglu"
+    arity: ClassVar[tuple[int, int]] = (3, 3)
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x, wg, wu = inputs
+        _same_float_dtype("fused_swiglu", inputs)
+        if wg != wu:
+            raise ShapeError(f"fused_swiglu gate and up weights differ: {wg} vs {wu}")
+        return Shape(_matmul_dims("fused_swiglu", x, wg), x.dtype)
+
+
+@dataclass(frozen=True)
+class RegionStep:
+    """One instruction of an ElementwiseRegion: `op` applied to `args`.
+
+    `args` index the region's value list: region inputs first (0..n_in-1),
+    then the results of earlier steps in order.
+    """
+
+    op: Op
+    args: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ElementwiseRegion(Op):
+    """A tree of elementwise ops evaluated in one loop nest; the last step is the result."""
+
+    kind: ClassVar[str] = "elementwise_region"
+    arity: ClassVar[tuple[int, int]] = (1, 64)
+    steps: tuple[RegionStep, ...] = field(default_factory=tuple)
+
+    def step_shapes(self, inputs: Sequence[Shape]) -> list[Shape]:
+        values = list(inputs)
+        for i, step in enumerate(self.steps):
+            if not step.op.elementwise:
+                raise ShapeError(f"region step {i} is {step.op.kind}, which is not elementwise")
+            for a in step.args:
+                if not 0 <= a < len(values):
+                    raise ShapeError(f"region step {i} reads value {a}, which is not defined yet")
+            step.op.check_arity(len(step.args))
+            values.append(step.op.infer([values[a] for a in step.args]))
+        return values
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if not self.steps:
+            raise ShapeError("elementwise_region has no steps")
+        return self.step_shapes(inputs)[-1]
+
+    def describe(self) -> str:
+        return "elementwise_region[" + "; ".join(
+            f"v{i}={s.op.describe()}({','.join(f'v{a}' for a in s.args)})" for i, s in enumerate(self.steps)
+        ) + "]"
+
+
+LEAF_KINDS = frozenset({"input", "param", "constant"})
+#: Ops whose output may share storage with their first input (no data movement).
+VIEW_KINDS = frozenset({"reshape"})

@@ -1,0 +1,1 @@
+"""Optimizer passes, the pass pipeline and the memory planner."""

@@ -1,0 +1,375 @@
+"""The oracle: a numpy interpreter of every MIR op, fused ops included.
+
+`run(graph, inputs, params)` evaluates a graph and returns its outputs. This
+file is where the meaning of each op is written down; every backend is tested
+against it. Floating-point values are computed in float64 and rounded to the
+node's dtype after every op (so f16/bf16 graphs see the rounding a backend
+does at op boundaries); integers keep their type; bool is numpy bool.
+
+Conventions at the boundary: arrays use `DType.np`, except bf16, which is
+exchanged as float32 holding bf16-representable values.
+
+>>> import numpy as np
+>>> from rlx.ir.graph import Graph
+>>> g = Graph("demo")
+>>> x = g.input("x", [2])
+>>> g.set_outputs([g.activation("relu", x)])
+>>> run(g, {"x": np.array([-1.0, 2.0], np.float32)})[0].tolist()
+[0.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from rlx.errors import ExecutionError
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType, bf16_to_f32, round_to_dtype
+from rlx.ir.graph import Graph, Node
+from rlx.ir.shape import Shape
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+ACTIVATION_FNS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "gelu": _gelu,
+    "gelu_tanh": _gelu_tanh,
+    "silu": lambda x: x * _sigmoid(x),
+    "relu": lambda x: np.maximum(x, 0),  # NaN propagates
+    "sigmoid": _sigmoid,
+    "tanh": np.tanh,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "neg": np.negative,
+    "abs": np.abs,
+    "sin": np.sin,
+    "cos": np.cos,
+}
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.any(b == 0):
+        raise ExecutionError("integer division by zero")
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) ^ (b < 0), -q, q)
+
+
+def _binary(fn: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    is_int = a.dtype.kind in "iu"
+    if fn == "add":
+        return a + b
+    if fn == "sub":
+        return a - b
+    if fn == "mul":
+        return a * b
+    if fn == "div":
+        return _int_div(a, b) if is_int else a / b
+    if fn == "max":
+        return np.maximum(a, b)  # NaN propagates
+    if fn == "min":
+        return np.minimum(a, b)
+    if fn == "pow":
+        return np.power(a, b)
+    raise ExecutionError(f"unknown binary op {fn!r}")
+
+
+_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+            "gt": np.greater, "ge": np.greater_equal}
+
+
+def _compute_type(dtype: DType) -> np.dtype:
+    return np.dtype(np.float64) if dtype.is_float else dtype.np
+
+
+def _finish(value: np.ndarray, dtype: DType) -> np.ndarray:
+    """Round a computed value to the precision of `dtype`, in the compute type."""
+    if dtype.is_float:
+        v = np.asarray(value, dtype=np.float64)
+        if dtype in (DType.F32, DType.F16, DType.BF16):
+            v = round_to_dtype(v.astype(np.float32), dtype).astype(np.float64)
+        return v
+    return np.asarray(value).astype(dtype.np)
+
+
+def cast_value(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """Cast semantics shared by every backend: truncation toward zero, `!= 0` for bool."""
+    if dtype is DType.BOOL:
+        return x != 0
+    if dtype.is_float:
+        return _finish(x.astype(np.float64), dtype)
+    if x.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            return np.trunc(x).astype(dtype.np)
+    return x.astype(dtype.np)
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def _rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * gamma
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, op: O.Attention) -> np.ndarray:
+    """Reference attention on `[B, S, H*D]` tensors (see `ops.Attention`)."""
+    b, sq, _ = q.shape
+    skv = k.shape[1]
+    h, hkv, d = op.num_heads, op.kv_heads, op.head_dim
+    qh = q.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
+    kh = k.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3)
+    vh = v.reshape(b, skv, hkv, d).transpose(0, 2, 1, 3)
+    if hkv != h:
+        kh = np.repeat(kh, h // hkv, axis=1)
+        vh = np.repeat(vh, h // hkv, axis=1)
+    scores = (qh @ kh.transpose(0, 1, 3, 2)) * op.softmax_scale
+    if op.mask == "causal":
+        i = np.arange(sq)[:, None]
+        j = np.arange(skv)[None, :]
+        scores = np.where(j <= i + (skv - sq), scores, -np.inf)
+    elif op.mask == "padding":
+        keep = (np.asarray(mask) != 0)[:, None, None, :]
+        scores = np.where(keep, scores, -np.inf)
+    elif op.mask == "bias":
+        scores = scores + mask
+    m = np.max(scores, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)  # a fully masked row yields zeros, not NaN
+    e = np.exp(scores - m)
+    s = np.sum(e, axis=-1, keepdims=True)
+    probs = np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)
+    out = probs @ vh
+    return out.transpose(0, 2, 1, 3).reshape(b, sq, h * d)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, op: O.Rope) -> np.ndarray:
+    """Reference rotary embedding on `[B, S, H*head_dim]` (see `ops.Rope`)."""
+    b, s, hd_total = x.shape
+    hd, rot = op.head_dim, op.rot
+    xh = x.reshape(b, s, hd_total // hd, hd).copy()
+    c = cos[None, :, None, :]
+    sn = sin[None, :, None, :]
+    half = rot // 2
+    if op.variant == "neox":
+        x1 = xh[..., :half].copy()
+        x2 = xh[..., half:rot].copy()
+        xh[..., :half] = x1 * c - x2 * sn
+        xh[..., half:rot] = x2 * c + x1 * sn
+    else:
+        x1 = xh[..., 0:rot:2].copy()
+        x2 = xh[..., 1:rot:2].copy()
+        xh[..., 0:rot:2] = x1 * c - x2 * sn
+        xh[..., 1:rot:2] = x2 * c + x1 * sn
+    return xh.reshape(b, s, hd_total)
+
+
+def _gather(table: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
+    n = table.shape[axis]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        bad = idx[(idx < 0) | (idx >= n)].flat[0]
+        raise ExecutionError(f"gather index {int(bad)} is out of range [0, {n})")
+    return np.take(table, idx.astype(np.int64), axis=axis)
+
+
+def evaluate(op: O.Op, args: list[np.ndarray], shape: Shape, symbols: Mapping[str, int] | None = None) -> np.ndarray:
+    """Evaluate one non-leaf op on computed arguments; the result has `shape`'s dtype.
+
+    `symbols` gives the values of dynamic dims (needed by reshape and expand).
+    """
+    dtype = shape.dtype
+    if isinstance(op, O.Activation):
+        x = args[0]
+        with np.errstate(all="ignore"):
+            return _finish(ACTIVATION_FNS[op.fn](x), dtype)
+    if isinstance(op, O.Binary):
+        with np.errstate(all="ignore"):
+            return _finish(_binary(op.fn, args[0], args[1]), dtype)
+    if isinstance(op, O.Compare):
+        return _COMPARE[op.fn](args[0], args[1])
+    if isinstance(op, O.Where):
+        return _finish(np.where(args[0], args[1], args[2]), dtype)
+    if isinstance(op, O.Cast):
+        return cast_value(args[0], op.dtype)
+    if isinstance(op, O.MatMul):
+        return _finish(np.matmul(args[0], args[1]), dtype)
+    if isinstance(op, O.Reduce):
+        x = args[0]
+        axes = op.normalized_axes(x.ndim)
+        fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[op.fn]
+        if x.size == 0 and op.fn in ("max", "min"):
+            raise ExecutionError(f"reduce {op.fn} over an empty axis")
+        return _finish(fn(x, axis=axes, keepdims=op.keep_dim), dtype)
+    if isinstance(op, O.Softmax):
+        return _finish(_softmax(args[0], op.axis), dtype)
+    if isinstance(op, O.LayerNorm):
+        return _finish(_layer_norm(args[0], args[1], args[2], op.eps), dtype)
+    if isinstance(op, O.RmsNorm):
+        return _finish(_rms_norm(args[0], args[1], op.eps), dtype)
+    if isinstance(op, O.Reshape):
+        return args[0].reshape(shape.concrete(dict(symbols or {})))
+    if isinstance(op, O.Transpose):
+        return np.ascontiguousarray(args[0].transpose(op.perm))
+    if isinstance(op, O.Narrow):
+        x = args[0]
+        sl = [slice(None)] * x.ndim
+        sl[op.axis % x.ndim] = slice(op.start, op.start + op.length)
+        return x[tuple(sl)].copy()
+    if isinstance(op, O.Concat):
+        return np.concatenate(args, axis=op.axis)
+    if isinstance(op, O.Expand):
+        return np.broadcast_to(args[0], shape.concrete(dict(symbols or {}))).copy()
+    if isinstance(op, O.Gather):
+        return _gather(args[0], args[1], op.axis % args[0].ndim)
+    if isinstance(op, O.Attention):
+        return _finish(attention(args[0], args[1], args[2], args[3] if len(args) > 3 else None, op), dtype)
+    if isinstance(op, O.Rope):
+        return _finish(rope(args[0], args[1], args[2], op), dtype)
+    if isinstance(op, O.FusedMatMulBiasAct):
+        y = np.matmul(args[0], args[1])
+        if len(args) == 3:
+            y = y + args[2]
+        if op.activation:
+            with np.errstate(all="ignore"):
+                y = ACTIVATION_FNS[op.activation](y)
+        return _finish(y, dtype)
+    if isinstance(op, O.FusedResidualLayerNorm):
+        x = args[0] + args[1] + (args[2] if len(args) == 5 else 0.0)
+        return _finish(_layer_norm(x, args[-2], args[-1], op.eps), dtype)
+    if isinstance(op, O.FusedResidualRmsNorm):
+        x = args[0] + args[1] + (args[2] if len(args) == 4 else 0.0)
+        return _finish(_rms_norm(x, args[-1], op.eps), dtype)
+    if isinstance(op, O.FusedSwiGLU):
+        gate = np.matmul(args[0], args[1])
+        up = np.matmul(args[0], args[2])
+        return _finish(ACTIVATION_FNS["silu"](gate) * up, dtype)
+    if isinstance(op, O.ElementwiseRegion):
+        return _region(op, args, symbols)
+    raise ExecutionError(f"reference has no semantics for op {op.kind!r}")
+
+
+def _region(op: O.ElementwiseRegion, args: list[np.ndarray], symbols: Mapping[str, int] | None) -> np.ndarray:
+    shapes = [Shape.of(a.shape, _dtype_of(a)) for a in args]
+    step_shapes = op.step_shapes(shapes)
+    values = list(args)
+    for i, step in enumerate(op.steps):
+        values.append(evaluate(step.op, [values[a] for a in step.args], step_shapes[len(args) + i], symbols))
+    return values[-1]
+
+
+def _dtype_of(a: np.ndarray) -> DType:
+    return DType.F64 if a.dtype == np.float64 else DType.parse(a.dtype)
+
+
+def bind_symbols(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """Deduce dynamic dim values from input arrays, checking shapes and bounds."""
+    values: dict[str, int] = {}
+    for node in graph.inputs():
+        spec = node.op.shape
+        arr = inputs[node.op.name]
+        if arr.ndim != spec.rank:
+            raise ExecutionError(f"input {node.op.name!r} must have rank {spec.rank} ({spec}), got shape {arr.shape}")
+        for axis, (dim, size) in enumerate(zip(spec.dims, arr.shape)):
+            if dim.is_static:
+                if size != dim.value:
+                    raise ExecutionError(f"input {node.op.name!r} axis {axis} must be {dim.value} ({spec}), got {size}")
+                continue
+            if len(dim.symbols) == 1 and dim.coeff == 1:
+                name, bound = dim.symbols[0]
+                if size > bound:
+                    raise ExecutionError(f"input {node.op.name!r} axis {axis}: {name}={size} exceeds its bound {bound}")
+                if values.setdefault(name, size) != size:
+                    raise ExecutionError(f"input {node.op.name!r} axis {axis}: {name} is {size} here but "
+                                         f"{values[name]} in another input")
+    for node in graph.inputs():
+        spec = node.op.shape
+        for axis, (dim, size) in enumerate(zip(spec.dims, inputs[node.op.name].shape)):
+            if not dim.is_static:
+                missing = [n for n in dim.symbol_names if n not in values]
+                if missing:
+                    raise ExecutionError(f"cannot deduce dynamic dims {missing} from the inputs")
+                want = dim.evaluate(values)
+                if want != size:
+                    raise ExecutionError(f"input {node.op.name!r} axis {axis} must be {dim}={want}, got {size}")
+    return values
+
+
+def to_compute(arr: np.ndarray, dtype: DType) -> np.ndarray:
+    """Convert a boundary array to the reference's compute representation."""
+    if dtype.is_float:
+        return _finish(np.asarray(arr, dtype=np.float64), dtype)
+    return np.asarray(arr).astype(dtype.np)
+
+
+def to_boundary(value: np.ndarray, dtype: DType) -> np.ndarray:
+    """Convert a compute value to the array a caller receives."""
+    if dtype is DType.BF16:
+        return np.asarray(value, dtype=np.float32)
+    return np.ascontiguousarray(value, dtype=dtype.np)
+
+
+def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None,
+        params: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """Evaluate `graph`; params are given in their user layout (before any `layout`)."""
+    inputs = dict(inputs or {})
+    params = dict(params or {})
+    arrays = {k: np.asarray(v) for k, v in inputs.items()}
+    expected = {n.op.name for n in graph.inputs()}
+    missing = expected - set(arrays)
+    if missing:
+        raise ExecutionError(f"missing inputs: {sorted(missing)}")
+    extra = set(arrays) - expected
+    if extra:
+        raise ExecutionError(f"unknown inputs: {sorted(extra)} (graph takes {sorted(expected)})")
+    symbols = bind_symbols(graph, arrays)
+    values: dict[int, np.ndarray] = {}
+    for node in graph.nodes:
+        values[node.id] = _eval_node(node, values, arrays, params, symbols)
+    return [to_boundary(values[o], graph.node(o).shape.dtype) for o in graph.outputs]
+
+
+def _eval_node(node: Node, values: dict[int, np.ndarray], inputs: Mapping[str, np.ndarray],
+               params: Mapping[str, np.ndarray], symbols: Mapping[str, int]) -> np.ndarray:
+    op = node.op
+    if isinstance(op, O.Input):
+        return to_compute(inputs[op.name], op.shape.dtype)
+    if isinstance(op, O.Param):
+        if op.name not in params:
+            raise ExecutionError(f"param {op.name!r} was not given")
+        arr = np.asarray(params[op.name])
+        user = op.user_shape
+        if arr.shape != user.static_dims:
+            raise ExecutionError(f"param {op.name!r} must have shape {user.static_dims}, got {arr.shape}")
+        if op.layout is not None:
+            arr = arr.transpose(op.layout)
+        return to_compute(np.ascontiguousarray(arr), op.shape.dtype)
+    if isinstance(op, O.Constant):
+        arr = op.array()
+        if op.shape.dtype is DType.BF16:
+            arr = bf16_to_f32(arr)
+        return to_compute(arr, op.shape.dtype)
+    return evaluate(op, [values[i] for i in node.inputs], node.shape, symbols)
