@@ -24,9 +24,15 @@ from rlx.errors import (
 )
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
+from rlx.ir.hir import HirModule
 from rlx.ir.lir import LirModule
+from rlx.ir.module import GraphModule
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.memplan import plan
+from rlx.opt.pipeline import optimize
+from rlx.runtime.compiled import CompiledGraph
+from rlx.runtime.session import Device, Session
+from rlx.trace import TracedTensor, Tracer, trace
 
 __version__ = "0.1.0"
 
@@ -34,18 +40,27 @@ __all__ = [
     "ArtifactError",
     "BuildError",
     "CacheError",
+    "CompiledGraph",
     "Config",
     "CudaError",
     "DType",
+    "Device",
     "Dim",
     "ExecutionError",
     "Graph",
+    "GraphModule",
+    "HirModule",
     "IRError",
     "LirModule",
     "RlxError",
     "Shape",
+    "Session",
     "ShapeError",
+    "TracedTensor",
+    "Tracer",
     "np",
+    "optimize",
     "plan",
     "reference",
+    "trace",
 ]

@@ -21,7 +21,7 @@ exchanged as float32 holding bf16-representable values.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -87,6 +87,8 @@ def _binary(fn: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if fn == "min":
         return np.minimum(a, b)
     if fn == "pow":
+        if is_int and np.any(b < 0):
+            raise ExecutionError("integer pow with a negative exponent")
         return np.power(a, b)
     raise ExecutionError(f"unknown binary op {fn!r}")
 
@@ -196,10 +198,16 @@ def _gather(table: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
     return np.take(table, idx.astype(np.int64), axis=axis)
 
 
-def evaluate(op: O.Op, args: list[np.ndarray], shape: Shape, symbols: Mapping[str, int] | None = None) -> np.ndarray:
+def evaluate(op: O.Op, args: list[np.ndarray], shape: Shape, symbols: Mapping[str, int] | None = None,
+             in_shapes: Sequence[Shape] | None = None) -> np.ndarray:
     """Evaluate one non-leaf op on computed arguments; the result has `shape`'s dtype.
 
     `symbols` gives the values of dynamic dims (needed by reshape and expand).
+    `in_shapes` are the declared shapes of `args`: float values are computed
+    in float64, so their declared dtype (f32, f16, bf16) cannot be read from
+    the arrays; an elementwise region needs it to round every step as the
+    unfused ops would. Without it, float args are taken to have the result's
+    float dtype (f32 if the result is not a float).
     """
     dtype = shape.dtype
     if isinstance(op, O.Activation):
@@ -221,7 +229,7 @@ def evaluate(op: O.Op, args: list[np.ndarray], shape: Shape, symbols: Mapping[st
         x = args[0]
         axes = op.normalized_axes(x.ndim)
         fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[op.fn]
-        if x.size == 0 and op.fn in ("max", "min"):
+        if op.fn in ("max", "min") and any(x.shape[a] == 0 for a in axes):
             raise ExecutionError(f"reduce {op.fn} over an empty axis")
         return _finish(fn(x, axis=axes, keepdims=op.keep_dim), dtype)
     if isinstance(op, O.Softmax):
@@ -268,21 +276,23 @@ def evaluate(op: O.Op, args: list[np.ndarray], shape: Shape, symbols: Mapping[st
         up = np.matmul(args[0], args[2])
         return _finish(ACTIVATION_FNS["silu"](gate) * up, dtype)
     if isinstance(op, O.ElementwiseRegion):
-        return _region(op, args, symbols)
+        return _region(op, args, shape, symbols, in_shapes)
     raise ExecutionError(f"reference has no semantics for op {op.kind!r}")
 
 
-def _region(op: O.ElementwiseRegion, args: list[np.ndarray], symbols: Mapping[str, int] | None) -> np.ndarray:
-    shapes = [Shape.of(a.shape, _dtype_of(a)) for a in args]
+def _region(op: O.ElementwiseRegion, args: list[np.ndarray], shape: Shape, symbols: Mapping[str, int] | None,
+            in_shapes: Sequence[Shape] | None) -> np.ndarray:
+    if in_shapes is not None:
+        dtypes = [s.dtype for s in in_shapes]
+    else:
+        float_dt = shape.dtype if shape.dtype.is_float else DType.F32
+        dtypes = [float_dt if a.dtype.kind == "f" else DType.parse(a.dtype) for a in args]
+    shapes = [Shape.of(a.shape, dt) for a, dt in zip(args, dtypes)]
     step_shapes = op.step_shapes(shapes)
     values = list(args)
     for i, step in enumerate(op.steps):
         values.append(evaluate(step.op, [values[a] for a in step.args], step_shapes[len(args) + i], symbols))
     return values[-1]
-
-
-def _dtype_of(a: np.ndarray) -> DType:
-    return DType.F64 if a.dtype == np.float64 else DType.parse(a.dtype)
 
 
 def bind_symbols(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, int]:
@@ -329,7 +339,8 @@ def to_boundary(value: np.ndarray, dtype: DType) -> np.ndarray:
     """Convert a compute value to the array a caller receives."""
     if dtype is DType.BF16:
         return np.asarray(value, dtype=np.float32)
-    return np.ascontiguousarray(value, dtype=dtype.np)
+    # reshape: ascontiguousarray turns a 0-d value into shape (1,).
+    return np.ascontiguousarray(value, dtype=dtype.np).reshape(np.shape(value))
 
 
 def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None,
@@ -348,12 +359,14 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None,
     symbols = bind_symbols(graph, arrays)
     values: dict[int, np.ndarray] = {}
     for node in graph.nodes:
-        values[node.id] = _eval_node(node, values, arrays, params, symbols)
+        in_shapes = [graph.node(i).shape for i in node.inputs]
+        values[node.id] = _eval_node(node, values, arrays, params, symbols, in_shapes)
     return [to_boundary(values[o], graph.node(o).shape.dtype) for o in graph.outputs]
 
 
 def _eval_node(node: Node, values: dict[int, np.ndarray], inputs: Mapping[str, np.ndarray],
-               params: Mapping[str, np.ndarray], symbols: Mapping[str, int]) -> np.ndarray:
+               params: Mapping[str, np.ndarray], symbols: Mapping[str, int],
+               in_shapes: list[Shape] | None = None) -> np.ndarray:
     op = node.op
     if isinstance(op, O.Input):
         return to_compute(inputs[op.name], op.shape.dtype)
@@ -366,10 +379,10 @@ def _eval_node(node: Node, values: dict[int, np.ndarray], inputs: Mapping[str, n
             raise ExecutionError(f"param {op.name!r} must have shape {user.static_dims}, got {arr.shape}")
         if op.layout is not None:
             arr = arr.transpose(op.layout)
-        return to_compute(np.ascontiguousarray(arr), op.shape.dtype)
+        return to_compute(np.ascontiguousarray(arr).reshape(arr.shape), op.shape.dtype)
     if isinstance(op, O.Constant):
         arr = op.array()
         if op.shape.dtype is DType.BF16:
             arr = bf16_to_f32(arr)
         return to_compute(arr, op.shape.dtype)
-    return evaluate(op, [values[i] for i in node.inputs], node.shape, symbols)
+    return evaluate(op, [values[i] for i in node.inputs], node.shape, symbols, in_shapes)

@@ -97,7 +97,8 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 def f32_to_bf16(values: np.ndarray) -> np.ndarray:
     """Round float32 values to bf16 bit patterns (round to nearest even, NaN kept NaN)."""
-    v = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    # reshape: ascontiguousarray turns a 0-d value into shape (1,).
+    v = np.ascontiguousarray(values, dtype=np.float32).reshape(np.shape(values)).view(np.uint32)
     rounded = ((v + 0x7FFF + ((v >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(values)
     if np.any(nan):
@@ -112,7 +113,8 @@ def round_to_dtype(values: np.ndarray, dtype: DType) -> np.ndarray:
     boundary, which is what the backends do.
     """
     if dtype is DType.F16:
-        return np.asarray(values, dtype=np.float32).astype(np.float16).astype(np.float32)
+        with np.errstate(over="ignore"):  # overflow to inf is the defined result, not a warning
+            return np.asarray(values, dtype=np.float32).astype(np.float16).astype(np.float32)
     if dtype is DType.BF16:
         return bf16_to_f32(f32_to_bf16(values))
     return values

@@ -30,12 +30,19 @@ def dim_to_json(d: Dim) -> JSON:
     return {"coeff": d.coeff, "symbols": [[n, b] for n, b in d.symbols]}
 
 
+#: Most symbols one encoded dim may multiply (rank 16 x a few symbols each); bounds decoding work.
+MAX_DIM_SYMBOLS = 64
+_DTYPE_NAMES = {d.value: d for d in DType}
+
+
 def dim_from_json(v: JSON) -> Dim:
     if isinstance(v, bool):
         raise IRError(f"bad dimension {v!r}")
     if isinstance(v, int):
         return Dim(v)
     if isinstance(v, dict) and set(v) == {"coeff", "symbols"} and isinstance(v["symbols"], list):
+        if not 1 <= len(v["symbols"]) <= MAX_DIM_SYMBOLS:
+            raise IRError(f"dynamic dimension needs 1..{MAX_DIM_SYMBOLS} symbols, got {len(v['symbols'])}")
         d = Dim.of(v["coeff"])
         for sym in v["symbols"]:
             if not (isinstance(sym, list) and len(sym) == 2):
@@ -52,11 +59,16 @@ def shape_to_json(s: Shape) -> JSON:
 def shape_from_json(v: JSON) -> Shape:
     if not isinstance(v, dict) or set(v) != {"dtype", "dims"} or not isinstance(v["dims"], list):
         raise IRError(f"bad shape {_short(v)}")
-    if not isinstance(v["dtype"], str):
-        raise IRError(f"bad dtype {v['dtype']!r}")
     if len(v["dims"]) > 16:
         raise IRError(f"shape rank {len(v['dims'])} exceeds 16")
-    return Shape(tuple(dim_from_json(d) for d in v["dims"]), DType.parse(v["dtype"]))
+    return Shape(tuple(dim_from_json(d) for d in v["dims"]), _dtype_from_json(v["dtype"], "shape"))
+
+
+def _dtype_from_json(v: JSON, where: str) -> DType:
+    # Exact canonical names only: DType.parse's aliases would make two spellings of one document.
+    if not isinstance(v, str) or v not in _DTYPE_NAMES:
+        raise IRError(f"{where}: bad dtype {_short(v)}; expected one of {sorted(_DTYPE_NAMES)}")
+    return _DTYPE_NAMES[v]
 
 
 def _value_to_json(v: Any) -> JSON:
@@ -118,9 +130,7 @@ def _decode(hint: Any, v: JSON, where: str, registry: Mapping[str, type]) -> Any
     if hint is Dim:
         return dim_from_json(v)
     if hint is DType:
-        if not isinstance(v, str):
-            raise IRError(f"{where}: dtype must be a string, got {_short(v)}")
-        return DType.parse(v)
+        return _dtype_from_json(v, where)
     if hint is bytes:
         if not isinstance(v, str):
             raise IRError(f"{where}: expected base64 text")
@@ -133,7 +143,10 @@ def _decode(hint: Any, v: JSON, where: str, registry: Mapping[str, type]) -> Any
             return float(v["float"])
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise IRError(f"{where}: expected a number, got {_short(v)}")
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:
+            raise IRError(f"{where}: number {_short(v)} is out of float range") from None
     if hint is int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise IRError(f"{where}: expected an integer, got {_short(v)}")
@@ -149,6 +162,11 @@ def _decode(hint: Any, v: JSON, where: str, registry: Mapping[str, type]) -> Any
     if hint is O.RegionStep:
         if not isinstance(v, dict) or set(v) != {"op", "args"}:
             raise IRError(f"{where}: bad region step {_short(v)}")
+        # Checked before decoding: a region nested in a step would otherwise recurse without bound.
+        step_kind = v["op"].get("op") if isinstance(v["op"], dict) else None
+        step_cls = registry.get(step_kind) if isinstance(step_kind, str) else None
+        if step_cls is not None and not step_cls.elementwise:
+            raise IRError(f"{where}: region step op {step_kind!r} is not elementwise")
         return O.RegionStep(op_from_json(v["op"], registry), _decode(tuple[int, ...], v["args"], where, registry))
     if hint is Any:
         return v

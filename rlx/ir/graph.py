@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
-from rlx.ir.dtype import DType
+from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.shape import Dim, DimLike, Shape, check_symbol_bounds
 
 NodeId = int
@@ -88,10 +89,10 @@ class Graph:
         return node_id
 
     def node(self, node_id: NodeId) -> Node:
-        try:
-            return self.nodes[node_id]
-        except (IndexError, TypeError):
-            raise IRError(f"graph {self.name!r} has no node {node_id!r}") from None
+        # Reject negatives and bools explicitly: list indexing would accept them.
+        if isinstance(node_id, bool) or not isinstance(node_id, int) or not 0 <= node_id < len(self.nodes):
+            raise IRError(f"graph {self.name!r} has no node {node_id!r}")
+        return self.nodes[node_id]
 
     def shape(self, node_id: NodeId) -> Shape:
         return self.node(node_id).shape
@@ -182,6 +183,40 @@ class Graph:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    # ── serialization (rlx/ir/serialize.py; imported lazily: it imports this module) ──
+
+    def to_json(self) -> str:
+        """This graph as a versioned JSON document (see `rlx.ir.serialize`).
+
+        >>> g = Graph("id")
+        >>> g.set_outputs([g.input("x", [2])])
+        >>> str(Graph.from_json(g.to_json())) == str(g)
+        True
+        """
+        from rlx.ir import serialize
+
+        return serialize.to_json(self)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Graph:
+        """Rebuild a graph from `to_json` text; the stage picks the class. Bad input raises `IRError`."""
+        from rlx.ir import serialize
+
+        return serialize.from_json(text, cls)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write `to_json()` to `path` atomically."""
+        from rlx.ir import serialize
+
+        serialize.save(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Graph:
+        """Read a graph written by `save`."""
+        from rlx.ir import serialize
+
+        return serialize.load(path, cls)
+
     def __str__(self) -> str:
         lines = [f"graph {self.name} {{"]
         for n in self.nodes:
@@ -211,12 +246,14 @@ class Graph:
         return self.add(O.Param(name, _shape(dims, dtype)), name=name)
 
     def constant(self, value: np.ndarray | float | int, dtype: DType | str | None = None) -> NodeId:
+        """A constant tensor; float values are rounded to `dtype` (bf16 included)."""
         arr = np.asarray(value)
         if dtype is None:
             dt = DType.F32 if arr.dtype.kind == "f" else DType.parse(arr.dtype)
         else:
             dt = DType.parse(dtype)
-        return self.add(O.Constant.from_array(arr.astype(dt.np) if dt is not DType.BF16 else arr, dt))
+        stored = f32_to_bf16(arr.astype(np.float32)) if dt is DType.BF16 else arr.astype(dt.np)
+        return self.add(O.Constant.from_array(stored, dt))
 
     # ── builders: elementwise ─────────────────────────────────────────
 

@@ -90,6 +90,11 @@ def _require_float(kind: str, shape: Shape) -> None:
         raise ShapeError(f"{kind} needs a floating-point input, got {shape}")
 
 
+def _check_eps(kind: str, eps: float) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ShapeError(f"{kind} eps must be a finite number >= 0, got {eps!r}")
+
+
 # ── leaves ──────────────────────────────────────────────────────────────
 
 
@@ -155,7 +160,8 @@ class Constant(Op):
     def from_array(array: np.ndarray, dtype: DType | None = None) -> Constant:
         arr = np.asarray(array)
         dt = dtype or DType.parse(arr.dtype)
-        stored = np.ascontiguousarray(arr, dtype=dt.np)
+        # reshape: ascontiguousarray turns a 0-d scalar into shape (1,).
+        stored = np.ascontiguousarray(arr, dtype=dt.np).reshape(arr.shape)
         return Constant(stored.tobytes(), Shape.of(stored.shape, dt))
 
     def array(self) -> np.ndarray:
@@ -344,6 +350,7 @@ class LayerNorm(Op):
     eps: float = 1e-5
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
+        _check_eps("layer_norm", self.eps)
         _check_norm_params("layer_norm", inputs[0], inputs[1:])
         return inputs[0]
 
@@ -357,6 +364,7 @@ class RmsNorm(Op):
     eps: float = 1e-6
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
+        _check_eps("rms_norm", self.eps)
         _check_norm_params("rms_norm", inputs[0], inputs[1:])
         return inputs[0]
 
@@ -530,7 +538,8 @@ class Attention(Op):
 
     @property
     def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_heads
+        # `is None`, not `or`: num_kv_heads=0 must be rejected, not read as "same as num_heads".
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     @property
     def softmax_scale(self) -> float:
@@ -546,6 +555,9 @@ class Attention(Op):
         if self.num_heads < 1 or self.head_dim < 1 or self.kv_heads < 1 or self.num_heads % self.kv_heads:
             raise ShapeError(f"attention heads invalid: num_heads={self.num_heads}, kv_heads={self.kv_heads}, "
                              f"head_dim={self.head_dim}")
+        if self.scale is not None and (isinstance(self.scale, bool) or not isinstance(self.scale, (int, float))
+                                       or not math.isfinite(self.scale)):
+            raise ShapeError(f"attention scale must be a finite number, got {self.scale!r}")
         q, k, v = inputs[:3]
         _same_float_dtype("attention", [q, k, v])
         for name, s, heads in (("q", q, self.num_heads), ("k", k, self.kv_heads), ("v", v, self.kv_heads)):
@@ -585,7 +597,7 @@ class Rope(Op):
 
     @property
     def rot(self) -> int:
-        return self.n_rot or self.head_dim
+        return self.head_dim if self.n_rot is None else self.n_rot
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         x, cos, sin = inputs
@@ -616,6 +628,7 @@ class FusedMatMulBiasAct(Op):
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         a, b = inputs[:2]
         dtype = _same_float_dtype("fused_matmul_bias_act", inputs)
+        _require_float("fused_matmul_bias_act", a)
         dims = _matmul_dims("fused_matmul_bias_act", a, b)
         if len(inputs) == 3 and inputs[2].dims != (dims[-1],):
             raise ShapeError(f"fused_matmul_bias_act bias must be [{dims[-1]}], got {inputs[2]}")
@@ -634,6 +647,7 @@ class FusedResidualLayerNorm(Op):
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         x, res = inputs[:2]
+        _check_eps("fused_residual_layer_norm", self.eps)
         if x != res:
             raise ShapeError(f"residual must match input exactly: {x} vs {res}")
         _check_norm_params("fused_residual_layer_norm", x, inputs[2:])
@@ -650,6 +664,7 @@ class FusedResidualRmsNorm(Op):
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         x, res = inputs[:2]
+        _check_eps("fused_residual_rms_norm", self.eps)
         if x != res:
             raise ShapeError(f"residual must match input exactly: {x} vs {res}")
         _check_norm_params("fused_residual_rms_norm", x, inputs[2:])
@@ -666,6 +681,7 @@ class FusedSwiGLU(Op):
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         x, wg, wu = inputs
         _same_float_dtype("fused_swiglu", inputs)
+        _require_float("fused_swiglu", x)
         if wg != wu:
             raise ShapeError(f"fused_swiglu gate and up weights differ: {wg} vs {wu}")
         return Shape(_matmul_dims("fused_swiglu", x, wg), x.dtype)

@@ -205,9 +205,9 @@ class Shape:
 def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise ShapeError(f"{what} must be an int, got {axis!r}")
-    if not -rank <= axis < max(rank, 1):
+    if not -rank <= axis < rank:  # a rank-0 tensor has no axis at all
         raise ShapeError(f"{what} {axis} is out of range for rank {rank}")
-    return axis % rank if rank else 0
+    return axis % rank
 
 
 def broadcast_dims(*dim_lists: tuple[Dim, ...]) -> tuple[Dim, ...]:

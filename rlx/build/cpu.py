@@ -1,0 +1,109 @@
+"""Build one LIR module into a CPU shared object, through the AOT cache.
+
+`cpu_key_components(lir, toolchain)` lists everything that determines the
+built library (the cache key's components); `build_cpu(lir, config)` renders
+the C file, compiles it inside the cache's private work directory and returns
+the cache entry.
+
+>>> from rlx.config import Config
+>>> from rlx.ir.graph import Graph
+>>> from rlx.opt.memplan import plan
+>>> g = Graph("k")
+>>> g.set_outputs([g.activation("neg", g.input("x", [2]))])
+>>> comps = cpu_key_components(plan(g), detect_toolchain(Config(blas="none")))
+>>> sorted(comps)
+['blas', 'codegen_version', 'compiler', 'flags', 'lir', 'target', 'target_options', 'templates']
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlx.build.cache import AotCache, cache_key
+from rlx.build.isa import describe as describe_isa
+from rlx.build.toolchain import Toolchain, detect_toolchain
+from rlx.codegen.c import ABI_VERSION, CODEGEN_VERSION, CTarget, render_c
+from rlx.config import Config
+from rlx.ir.lir import LirModule
+from rlx.templates_path import templates_dir
+
+
+def templates_digest(target: str = "cpu") -> str:
+    """sha256 over every file under templates/<target> (names and contents)."""
+    root = templates_dir() / target
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def c_target(toolchain: Toolchain) -> CTarget:
+    return CTarget(blas=toolchain.blas.enabled, blas_prefix=toolchain.blas.prefix,
+                   blas_threads=toolchain.blas.has_thread_api, openmp=toolchain.openmp)
+
+
+def cpu_key_components(lir: LirModule, toolchain: Toolchain) -> dict[str, str]:
+    """Every input of the CPU build, as strings: the AOT cache key is a digest of these."""
+    return {
+        "lir": lir.hash(),
+        "target": "cpu",
+        "target_options": f"isa={toolchain.isa} isa_digest={toolchain.isa_identity} "
+                          f"openmp={toolchain.openmp} sanitize={toolchain.sanitize or 'none'}",
+        "compiler": toolchain.compiler_identity(),
+        "flags": " ".join((*toolchain.flags, *toolchain.link_flags)),
+        "templates": templates_digest("cpu"),
+        "blas": toolchain.blas.identity(),
+        "codegen_version": f"{CODEGEN_VERSION} abi={ABI_VERSION}",
+    }
+
+
+def cpu_manifest(lir: LirModule, toolchain: Toolchain, key: str, cpu_target: str) -> dict:
+    """LirModule.manifest() plus what the builder knows: ABI, target, ISA record, BLAS, key."""
+    m = lir.manifest()
+    isa = describe_isa(cpu_target)
+    isa.update({"march": toolchain.isa, "flags": list(toolchain.isa_flags)})
+    m.update({"abi_version": ABI_VERSION, "target": "cpu", "isa": isa, "key": key,
+              "blas": toolchain.blas.provider, "codegen_version": CODEGEN_VERSION})
+    return m
+
+
+def render_source(lir: LirModule, config: Config | None = None, toolchain: Toolchain | None = None) -> str:
+    """The C source `build_cpu` would compile for `lir` (manifest and key included)."""
+    config = config or Config.from_env()
+    toolchain = toolchain or detect_toolchain(config)
+    key = cache_key(cpu_key_components(lir, toolchain))
+    return render_c(lir, c_target(toolchain), cpu_manifest(lir, toolchain, key, config.cpu_target))
+
+
+@dataclass(frozen=True)
+class CpuBuild:
+    """Result of `build_cpu`: where the library is and what went into it."""
+
+    library: Path
+    source: Path
+    key: str
+    hit: bool
+    components: dict[str, str]
+    toolchain: Toolchain
+
+
+def build_cpu(lir: LirModule, config: Config | None = None, toolchain: Toolchain | None = None) -> CpuBuild:
+    """Render, compile (or find in the AOT cache) the CPU library for `lir`."""
+    config = config or Config.from_env()
+    toolchain = toolchain or detect_toolchain(config)
+    components = cpu_key_components(lir, toolchain)
+    key = cache_key(components)
+
+    def build(workdir: Path) -> None:
+        source = workdir / "model.c"
+        text = render_c(lir, c_target(toolchain), cpu_manifest(lir, toolchain, key, config.cpu_target))
+        source.write_text(text)
+        toolchain.compile(source, workdir / "model.so")
+
+    entry = AotCache(config).get_or_build(components, build)
+    return CpuBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain)

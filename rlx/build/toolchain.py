@@ -1,0 +1,267 @@
+"""C toolchain discovery: the compiler, its flags, OpenMP and the BLAS provider.
+
+Everything here is probed once per process and cached, because each probe
+runs the compiler. The resulting `Toolchain` is an immutable description of
+how to turn one generated C file into a shared object; its `identity()` feeds
+the AOT cache key, so a different compiler, flag set, ISA or BLAS never
+reuses a stale library.
+
+BLAS providers (`Config.blas` / `RLX_BLAS`):
+
+- ``openblas32`` (default): the `scipy-openblas32` wheel. Its symbols carry a
+  ``scipy_`` prefix (``scipy_cblas_sgemm``); if the wheel is missing, RLX
+  falls back to its own blocked C GEMM.
+- ``system``: a system library found by linking ``-lopenblas``, ``-lcblas`` or
+  ``-lblas``; a `BuildError` if none links.
+- a path to a BLAS shared object exporting ``cblas_sgemm`` (optionally
+  prefixed like scipy-openblas).
+- ``none``: the built-in C GEMM (correct, slower).
+
+Only 32-bit-integer (LP64) BLAS builds are supported: generated code declares
+``cblas_sgemm`` with ``int`` dimensions.
+
+>>> from rlx.config import Config
+>>> tc = detect_toolchain(Config(blas="none"))
+>>> tc.blas.provider, "-fPIC" in tc.flags
+('none', True)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlx.config import Config
+from rlx.errors import BuildError
+
+#: Flags every CPU build uses. -fwrapv gives integer ops numpy's wrap-around semantics;
+#: -fno-math-errno lets sqrt and friends inline and vectorize without changing results.
+BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
+              "-fvisibility=hidden", "-Wno-unknown-pragmas")
+_TARGET_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_PROBE_TIMEOUT = 60
+
+
+@dataclass(frozen=True)
+class Blas:
+    """How generated code reaches sgemm (or that it does not)."""
+
+    provider: str  # openblas32 | system | path | none
+    prefix: str = ""  # symbol prefix: "scipy_" for scipy-openblas32
+    include_dirs: tuple[str, ...] = ()
+    link_args: tuple[str, ...] = ()
+    library: str = ""  # full path of the shared library, when known
+    version: str = ""
+    has_thread_api: bool = False  # exports <prefix>openblas_set_num_threads
+
+    @property
+    def enabled(self) -> bool:
+        return self.provider != "none"
+
+    def identity(self) -> str:
+        return f"{self.provider} {self.version} {self.library} prefix={self.prefix!r} threads={self.has_thread_api}"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A resolved C compiler plus every flag needed to build one generated file."""
+
+    cc: str  # resolved absolute path
+    cc_version: str  # first line of `cc --version`
+    cc_version_text: str  # the whole `--version` output (cache identity)
+    isa: str  # what the code targets, e.g. "native:znver4" or "x86-64-v3"
+    isa_flags: tuple[str, ...]
+    isa_identity: str  # digest of the target options the compiler resolved
+    openmp_flags: tuple[str, ...]
+    sanitize: str
+    blas: Blas
+
+    @property
+    def openmp(self) -> bool:
+        return bool(self.openmp_flags)
+
+    @property
+    def sanitize_flags(self) -> tuple[str, ...]:
+        if not self.sanitize:
+            return ()
+        return (f"-fsanitize={self.sanitize}", "-fno-omit-frame-pointer", "-g")
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The complete flag list before the source and output paths."""
+        return (*BASE_FLAGS, *self.isa_flags, *self.openmp_flags, *self.sanitize_flags,
+                *(f"-I{d}" for d in self.blas.include_dirs))
+
+    @property
+    def link_flags(self) -> tuple[str, ...]:
+        return (*self.blas.link_args, "-lm")
+
+    def compiler_identity(self) -> str:
+        return f"{self.cc}\n{self.cc_version_text}"
+
+    def command(self, source: Path, output: Path) -> list[str]:
+        return [self.cc, *self.flags, "-o", str(output), str(source), *self.link_flags]
+
+    def compile(self, source: Path, output: Path) -> None:
+        """Build `source` into the shared object `output`; BuildError with the compiler's message."""
+        cmd = self.command(source, output)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except FileNotFoundError:
+            raise BuildError(f"C compiler {self.cc!r} disappeared; source kept at {source}") from None
+        except subprocess.TimeoutExpired:
+            raise BuildError(f"C compiler timed out after 600 s building {source}") from None
+        if proc.returncode != 0 or not output.exists():
+            message = (proc.stderr or proc.stdout).strip()
+            if len(message) > 8000:
+                message = message[:8000] + "\n... (truncated)"
+            raise BuildError(f"C compiler failed (exit {proc.returncode}) on {source}:\n{message}\n"
+                             f"command: {' '.join(cmd)}")
+
+
+def detect_toolchain(config: Config | None = None) -> Toolchain:
+    """Resolve the toolchain `config` asks for (cached per process per setting)."""
+    config = config or Config.from_env()
+    return _detect(config.cc, config.blas, config.cpu_target, config.sanitize)
+
+
+@functools.lru_cache(maxsize=16)
+def _detect(cc: str, blas: str, cpu_target: str, sanitize: str) -> Toolchain:
+    path, version_text = find_compiler(cc)
+    isa, isa_flags, isa_identity = _isa(path, cpu_target)
+    return Toolchain(
+        cc=path,
+        cc_version=version_text.splitlines()[0] if version_text else "",
+        cc_version_text=version_text,
+        isa=isa,
+        isa_flags=isa_flags,
+        isa_identity=isa_identity,
+        openmp_flags=_openmp_flags(path),
+        sanitize=sanitize,
+        blas=_blas(path, blas),
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def find_compiler(cc: str) -> tuple[str, str]:
+    """(resolved path, `--version` text) of the C compiler named `cc` (a name or a path)."""
+    found = shutil.which(cc)
+    if found is None:
+        raise BuildError(f"C compiler {cc!r} not found (set CC or Config.cc to a working compiler)")
+    resolved = os.path.realpath(found)
+    try:
+        proc = subprocess.run([resolved, "--version"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"C compiler {resolved!r} cannot be run: {exc}") from None
+    if proc.returncode != 0:
+        raise BuildError(f"`{resolved} --version` failed: {proc.stderr.strip()}")
+    return resolved, proc.stdout.strip()
+
+
+def _probe(cc: str, source: str, flags: list[str], link: bool = True) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory(prefix="rlx-probe-") as tmp:
+        src = Path(tmp) / "probe.c"
+        src.write_text(source)
+        out = Path(tmp) / ("probe" if link else "probe.o")
+        cmd = [cc, *flags, "-o", str(out), str(src)] if link else [cc, *flags, "-c", "-o", str(out), str(src)]
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=_PROBE_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return subprocess.CompletedProcess(cmd, 1, "", str(exc))
+
+
+def _openmp_flags(cc: str) -> tuple[str, ...]:
+    src = "#include <omp.h>\nint main(void){int n=0;\n#pragma omp parallel reduction(+:n)\nn+=1;\nreturn n>0?0:1;}\n"
+    if _probe(cc, src, ["-fopenmp"]).returncode == 0:
+        return ("-fopenmp",)
+    return ()
+
+
+def _isa(cc: str, target: str) -> tuple[str, tuple[str, ...], str]:
+    if not _TARGET_RE.match(target):
+        raise BuildError(f"RLX_CPU_TARGET {target!r} is not a valid -march value")
+    flags = ("-march=native",) if target == "native" else (f"-march={target}", "-mtune=generic")
+    try:
+        proc = subprocess.run([cc, *flags, "-Q", "--help=target"], capture_output=True, text=True,
+                              timeout=_PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        proc = subprocess.CompletedProcess([], 1, "", "")
+    if proc.returncode != 0:
+        # Compilers without -Q --help=target (clang): still check that the flag is accepted.
+        check = _probe(cc, "int rlx_probe(void){return 0;}\n", [*flags], link=False)
+        if check.returncode != 0:
+            raise BuildError(f"C compiler rejects {' '.join(flags)}: {check.stderr.strip()}")
+        return target, flags, hashlib.sha256(" ".join(flags).encode()).hexdigest()
+    resolved = target
+    if target == "native":
+        m = re.search(r"^\s*-march=\s*(\S+)", proc.stdout, re.MULTILINE)
+        resolved = f"native:{m.group(1)}" if m else "native"
+    return resolved, flags, hashlib.sha256(proc.stdout.encode()).hexdigest()
+
+
+def _blas(cc: str, setting: str) -> Blas:
+    setting = setting.strip()
+    if setting in ("none", ""):
+        return Blas("none")
+    if setting in ("openblas32", "scipy-openblas32", "scipy_openblas32"):
+        try:
+            import scipy_openblas32 as sob
+        except ImportError:
+            return Blas("none")
+        lib_dir = sob.get_lib_dir()
+        lib_file = os.path.join(lib_dir, sob.get_library(fullname=True))
+        prefix = _pkg_prefix(sob) or "scipy_"
+        return Blas(
+            provider="openblas32",
+            prefix=prefix,
+            include_dirs=(),
+            link_args=(lib_file, f"-Wl,-rpath,{lib_dir}"),
+            library=os.path.realpath(lib_file),
+            version=getattr(sob, "__version__", ""),
+            has_thread_api=_has_symbol(lib_file, f"{prefix}openblas_set_num_threads"),
+        )
+    if setting == "system":
+        for lib in ("openblas", "cblas", "blas"):
+            src = ("void cblas_sgemm(int,int,int,int,int,int,float,const float*,int,const float*,int,"
+                   "float,float*,int);\nint main(void){float a=1,b=1,c=0;"
+                   "cblas_sgemm(101,111,111,1,1,1,1.f,&a,1,&b,1,0.f,&c,1);return c==1.f?0:1;}\n")
+            if _probe(cc, src, [f"-l{lib}"]).returncode == 0:
+                threads_src = "void openblas_set_num_threads(int);\nint main(void){openblas_set_num_threads(1);return 0;}\n"
+                has_threads = _probe(cc, threads_src, [f"-l{lib}"]).returncode == 0
+                return Blas("system", "", (), (f"-l{lib}",), f"-l{lib}", "", has_threads)
+        raise BuildError("RLX_BLAS=system but no system CBLAS links (tried -lopenblas, -lcblas, -lblas); "
+                         "install OpenBLAS or set RLX_BLAS=openblas32 / none")
+    path = Path(setting).expanduser()
+    if not path.is_file():
+        raise BuildError(f"RLX_BLAS={setting!r} is neither openblas32, system, none nor an existing library file")
+    real = os.path.realpath(path)
+    for prefix in ("", "scipy_"):
+        if _has_symbol(real, f"{prefix}cblas_sgemm"):
+            return Blas("path", prefix, (), (real, f"-Wl,-rpath,{os.path.dirname(real)}"), real, "",
+                        _has_symbol(real, f"{prefix}openblas_set_num_threads"))
+    raise BuildError(f"BLAS library {real} exports no cblas_sgemm")
+
+
+def _pkg_prefix(sob: object) -> str:
+    try:
+        text = sob.get_pkg_config()  # type: ignore[attr-defined]
+    except Exception:
+        return ""
+    m = re.search(r"-DBLAS_SYMBOL_PREFIX=(\w+)", text)
+    return m.group(1) if m else ""
+
+
+def _has_symbol(library: str, symbol: str) -> bool:
+    try:
+        lib = ctypes.CDLL(library)
+    except OSError:
+        return False
+    return hasattr(lib, symbol)

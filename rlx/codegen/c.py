@@ -1,0 +1,737 @@
+"""LIR → template context for the CPU backend, and the rendering of one C file.
+
+`c_context(lir, target, manifest)` is a pure function: it decides, for every
+scheduled node, which kernel template renders it and with which C expressions
+(pointers, dims as expressions of the run-time `sym[]` array, strides), and
+returns plain data. All C text lives in `templates/cpu/`; this module only
+supplies identifiers, numbers and arithmetic expressions.
+
+Names from the graph never reach C as code: nodes, inputs and params are
+referred to by index, names appear only inside comments (after `comment()`
+strips everything that could end a comment) and inside string literals
+(after `c_string()` escapes them).
+
+>>> from rlx.ir.graph import Graph
+>>> from rlx.opt.memplan import plan
+>>> g = Graph("demo")
+>>> x = g.input("x", [4, 8])
+>>> g.set_outputs([g.activation("relu", x)])
+>>> src = render_c(plan(g), CTarget(), {"name": "demo"})
+>>> "rlx_run" in src and "relu" in src
+True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from rlx.errors import BuildError
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node, NodeId
+from rlx.ir.lir import LirModule
+from rlx.ir.shape import Dim, Shape, product
+from rlx.templates_path import templates_dir
+
+#: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
+CODEGEN_VERSION = "cpu-1"
+#: Version of the exported C ABI (rlx_abi_version()).
+ABI_VERSION = 1
+#: Elementwise work (elements) below which a loop runs on the calling thread only.
+GRAIN = 1 << 15
+#: Query rows per attention task; one task's score tile is ATTN_QBLOCK x Skv floats.
+ATTN_QBLOCK = 32
+_INT32_MAX = (1 << 31) - 1
+
+_COMPUTE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
+            DType.I8: "int8_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
+            DType.BOOL: "uint8_t"}
+_COMMENT_BAD = re.compile(r"[^A-Za-z0-9_.,:;()\[\]<>=+\- #%@!?'^~|&{}$]")
+
+
+@dataclass(frozen=True)
+class CTarget:
+    """What the generated code may assume about the build (from the Toolchain)."""
+
+    blas: bool = False
+    blas_prefix: str = ""
+    blas_threads: bool = False
+    openmp: bool = True
+
+
+def comment(text: object, limit: int = 96) -> str:
+    """Text safe inside a C block comment: no `*`, `/`, backslash, newline or non-printables.
+
+    >>> comment("evil */ system(\\"rm\\"); /*\\n")
+    'evil ?? system(?rm?); ???'
+    """
+    s = _COMMENT_BAD.sub("?", str(text))
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def c_string(text: str) -> str:
+    """A C string literal holding `text` exactly (printable ASCII, everything else escaped).
+
+    >>> c_string('a"b\\\\c\\n')
+    '"a\\\\"b\\\\\\\\c\\\\n"'
+    """
+    out = ['"']
+    for ch in text.encode("utf-8"):
+        c = chr(ch)
+        if c == '"':
+            out.append('\\"')
+        elif c == "\\":
+            out.append("\\\\")
+        elif c == "\n":
+            out.append("\\n")
+        elif 32 <= ch < 127 and c != "?":  # '?' escaped so no trigraph can form
+            out.append(c)
+        else:
+            out.append(f"\\{ch:03o}")
+    out.append('"')
+    return "".join(out)
+
+
+def c_string_lines(text: str, width: int = 100) -> list[str]:
+    """`text` as a sequence of adjacent string literals of bounded width."""
+    chunks = [text[i:i + width] for i in range(0, len(text), width)] or [""]
+    return [c_string(c) for c in chunks]
+
+
+def _float_literal(v: float) -> str:
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    return repr(float(v))
+
+
+class _Planner:
+    """Turns one LirModule into the template context (used only by `c_context`)."""
+
+    def __init__(self, lir: LirModule, target: CTarget) -> None:
+        self.lir = lir
+        self.target = target
+        self.graph = lir.graph
+        self.sym_index = {name: i for i, (name, _) in enumerate(lir.symbols)}
+        self.param_offsets: dict[int, int] = {}
+        self.scratch_per_thread = 0  # bytes each thread may use (attention tiles)
+        self.scratch_shared = 0  # bytes used outside parallel regions (swiglu blocks)
+        self.absorbed: dict[NodeId, NodeId] = {}
+
+    # ── expressions ────────────────────────────────────────────────────
+
+    def dim(self, d: Dim) -> str:
+        coeff = f"{d.coeff}LL" if d.coeff > _INT32_MAX else str(d.coeff)
+        if d.is_static:
+            return coeff
+        terms = [f"sym[{self.sym_index[name]}]" for name, _ in d.symbols]
+        if d.coeff != 1:
+            terms.insert(0, coeff)
+        return terms[0] if len(terms) == 1 else "(" + "*".join(terms) + ")"
+
+    def numel(self, dims: Sequence[Dim]) -> str:
+        return self.dim(product(dims))
+
+    def base(self, nid: NodeId) -> str:
+        """C expression (char *) of where node `nid`'s value starts."""
+        b = self.lir.buffers[nid]
+        if b.storage == "input":
+            return f"((const char *)in[{b.slot}])"
+        if b.storage == "output":
+            return f"((char *)out[{b.slot}])"
+        if b.storage == "param":
+            return f"(ctx->params + {self.param_offsets[b.slot]})"
+        if b.storage == "const":
+            return f"((const char *)rlx_const_{b.slot})"
+        if b.storage == "arena":
+            return f"(ctx->arena + {b.offset})" if b.offset else "ctx->arena"
+        if b.storage == "view":
+            src = self.base(b.source)
+            return f"({src} + {b.offset})" if b.offset else src
+        raise BuildError(f"node %{nid}: unknown storage {b.storage!r}")
+
+    def read_only(self, nid: NodeId) -> bool:
+        root = nid
+        while self.lir.buffers[root].storage == "view":
+            root = self.lir.buffers[root].source
+        return self.lir.buffers[root].storage in ("input", "param", "const")
+
+    def ptr(self, nid: NodeId, const: bool = True) -> str:
+        ctype = self.node(nid).shape.dtype.c_type
+        qual = "const " if const else ""
+        return f"(({qual}{ctype} *){self.base(nid)})"
+
+    def node(self, nid: NodeId) -> Node:
+        return self.graph.node(nid)
+
+    # ── helpers ────────────────────────────────────────────────────────
+
+    def require(self, node: Node, dtypes: Sequence[DType], what: str = "") -> None:
+        for i in node.inputs:
+            dt = self.node(i).shape.dtype
+            if dt not in dtypes and not (what == "mask" and i == node.inputs[-1]):
+                names = "/".join(d.value for d in dtypes)
+                raise BuildError(f"the CPU backend does not support {node.kind} on {dt} (node {node.label}); "
+                                 f"it takes {names} — insert a cast")
+
+    def header(self, node: Node) -> str:
+        name = f" ({comment(node.name, 60)})" if node.name else ""
+        return comment(f"%{node.id} {node.op.describe()}", 80) + name + " : " + comment(str(node.shape), 60)
+
+    # ── schedule ───────────────────────────────────────────────────────
+
+    def plan_params(self) -> tuple[list[dict], int]:
+        params = []
+        offset = 0
+        for slot, spec in enumerate(self.lir.params):
+            node = self.node(spec.node)
+            stored = node.shape
+            nbytes = stored.max_nbytes
+            self.param_offsets[slot] = offset
+            user_dims = spec.shape.static_dims
+            layout = spec.layout or tuple(range(len(user_dims)))
+            user_strides = [math.prod(user_dims[i + 1:]) for i in range(len(user_dims))]
+            permuted = spec.layout is not None and list(spec.layout) != list(range(len(user_dims)))
+            params.append({
+                "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
+                "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
+                "permuted": permuted, "rank": max(len(user_dims), 1), "elsize": stored.dtype.itemsize,
+                "dims": list(stored.static_dims) or [1],
+                "src_strides": [user_strides[p] for p in layout] or [0],
+            })
+            offset += (nbytes + 63) // 64 * 64
+        return params, offset
+
+    def plan_constants(self) -> list[dict]:
+        out = []
+        for slot, nid in enumerate(self.lir.constants):
+            data = self.node(nid).op.data
+            rows = [", ".join(f"0x{b:02x}" for b in data[i:i + 24]) for i in range(0, len(data), 24)]
+            out.append({"slot": slot, "nbytes": max(len(data), 1), "rows": rows or ["0"],
+                        "comment": comment(str(self.node(nid).shape))})
+        return out
+
+    def find_absorbed_transposes(self) -> None:
+        """Transposes of the last two axes feeding only GEMM operands become BLAS transpose flags."""
+        users = self.graph.users()
+        outputs = set(self.graph.outputs)
+        for n in self.graph.nodes:
+            if not isinstance(n.op, O.Transpose) or n.id in outputs:
+                continue
+            r = n.shape.rank
+            if r < 2 or tuple(n.op.perm) != (*range(r - 2), r - 1, r - 2) or n.shape.dtype is not DType.F32:
+                continue
+            us = users[n.id]
+            if us and all(self._gemm_operand_slot(self.node(u), n.id) for u in us):
+                self.absorbed[n.id] = n.inputs[0]
+
+    def _gemm_operand_slot(self, user: Node, nid: NodeId) -> bool:
+        if isinstance(user.op, (O.MatMul, O.FusedMatMulBiasAct)):
+            slots = [i for i, x in enumerate(user.inputs) if x == nid]
+            return all(s < 2 for s in slots)
+        if isinstance(user.op, O.FusedSwiGLU):
+            return all(i in (1, 2) for i, x in enumerate(user.inputs) if x == nid)
+        return False
+
+    def kernels(self) -> list[dict]:
+        out = []
+        for nid in self.lir.schedule:
+            node = self.node(nid)
+            if self.lir.buffers[nid].storage == "view":
+                out.append({"kind": "view", "fn": "", "id": nid, "header": self.header(node),
+                            "note": f"aliases %{self.lir.buffers[nid].source}"})
+                continue
+            if nid in self.absorbed:
+                out.append({"kind": "view", "fn": "", "id": nid, "header": self.header(node),
+                            "note": "folded into the GEMMs that read it (BLAS transpose flag)"})
+                continue
+            k = self.kernel(node)
+            k.setdefault("id", nid)
+            k.setdefault("fn", f"rlx_op_{nid}")
+            k.setdefault("header", self.header(node))
+            k.setdefault("label", c_string(f"%{nid} {node.kind}" + (f" ({node.name[:60]})" if node.name else "")))
+            out.append(k)
+        return out
+
+    def kernel(self, node: Node) -> dict:
+        op = node.op
+        if isinstance(op, (O.Activation, O.Binary, O.Compare, O.Where, O.Cast, O.Expand, O.ElementwiseRegion)):
+            return self.elementwise(node)
+        if isinstance(op, (O.MatMul, O.FusedMatMulBiasAct)):
+            return self.gemm(node)
+        if isinstance(op, O.FusedSwiGLU):
+            return self.swiglu(node)
+        if isinstance(op, O.Reduce):
+            return self.reduce(node)
+        if isinstance(op, O.Softmax):
+            return self.softmax(node)
+        if isinstance(op, (O.LayerNorm, O.RmsNorm, O.FusedResidualLayerNorm, O.FusedResidualRmsNorm)):
+            return self.norm(node)
+        if isinstance(op, O.Transpose):
+            return self.transpose(node)
+        if isinstance(op, O.Narrow):
+            return self.narrow(node)
+        if isinstance(op, O.Concat):
+            return self.concat(node)
+        if isinstance(op, O.Reshape):
+            return self.copy(node)
+        if isinstance(op, O.Gather):
+            return self.gather(node)
+        if isinstance(op, O.Attention):
+            return self.attention(node)
+        if isinstance(op, O.Rope):
+            return self.rope(node)
+        raise BuildError(f"the CPU backend has no kernel for {op.kind} (node {node.label})")
+
+    # ── elementwise ────────────────────────────────────────────────────
+
+    def elementwise(self, node: Node) -> dict:
+        op = node.op
+        in_shapes = [self.node(i).shape for i in node.inputs]
+        if isinstance(op, O.ElementwiseRegion):
+            steps = list(op.steps)
+            shapes = op.step_shapes(in_shapes)
+        elif isinstance(op, O.Expand):
+            steps = [None]
+            shapes = [*in_shapes, node.shape]
+        else:
+            steps = [O.RegionStep(op, tuple(range(len(node.inputs))))]
+            shapes = [*in_shapes, node.shape]
+        n_in = len(node.inputs)
+        out_dims = node.shape.dims
+        rank = len(out_dims)
+
+        # Which output axes each input broadcasts along (input dims are right-aligned).
+        bcast: list[list[bool]] = []
+        for s in in_shapes:
+            pad = rank - s.rank
+            bcast.append([k < pad or (s.dims[k - pad] == 1 and out_dims[k] != 1) for k in range(rank)])
+        # Collapse: drop static size-1 axes, merge neighbours every input treats alike.
+        groups: list[tuple[Dim, list[bool]]] = []
+        for k in range(rank):
+            if out_dims[k] == 1:
+                continue
+            flags = [b[k] for b in bcast]
+            if groups and groups[-1][1] == flags:
+                groups[-1] = (groups[-1][0] * out_dims[k], flags)
+            else:
+                groups.append((out_dims[k], flags))
+        dims = [g[0] for g in groups]
+        strides: list[list[str]] = []  # per input, per collapsed axis
+        for j in range(n_in):
+            st: list[str] = []
+            acc = Dim(1)
+            for g in reversed(range(len(groups))):
+                if groups[g][1][j]:
+                    st.append("0")
+                else:
+                    st.append(self.dim(acc))
+                    acc = acc * groups[g][0]
+            strides.append(list(reversed(st)))
+
+        inputs = []
+        for j, i in enumerate(node.inputs):
+            dt = in_shapes[j].dtype
+            inner = strides[j][-1] if dims else "0"
+            inputs.append({"ptr": self.ptr(i), "dtype": dt.value, "var": f"v{j}", "ctype": _COMPUTE[dt],
+                           "stype": dt.c_type,
+                           "strides": strides[j], "inner": inner,
+                           "scalar": all(s == "0" for s in strides[j])})
+        step_ctx = []
+        checks = False
+        for si, step in enumerate(steps):
+            dt = shapes[n_in + si].dtype
+            var = f"v{n_in + si}"
+            if step is None:  # expand: a plain copy of the broadcast input
+                step_ctx.append({"var": var, "kind": "copy", "fn": "", "args": ["v0"], "dtype": dt.value,
+                                 "ctype": _COMPUTE[dt], "arg_ctype": _COMPUTE[dt], "arg_dtype": dt.value})
+                continue
+            arg_dts = [shapes[a].dtype for a in step.args]
+            sop = step.op
+            fn = getattr(sop, "fn", "")
+            if isinstance(sop, O.Cast):
+                fn = DType.parse(sop.dtype).value
+            if isinstance(sop, O.Binary) and fn in ("div", "pow") and dt.is_int:
+                checks = True
+            step_ctx.append({"var": var, "kind": sop.kind, "fn": fn, "args": [f"v{a}" for a in step.args],
+                             "dtype": dt.value, "ctype": _COMPUTE[dt], "arg_ctype": _COMPUTE[arg_dts[-1]],
+                             "arg_dtype": arg_dts[-1].value})
+        out_dt = node.shape.dtype
+        return {
+            "kind": "elementwise",
+            "rank": len(dims),
+            "dims": [self.dim(d) for d in dims],
+            "outer_dims": [self.dim(d) for d in dims[:-1]],
+            "total": self.numel(dims) if dims else "1",
+            "inner": self.dim(dims[-1]) if dims else "1",
+            "rows": self.numel(dims[:-1]) if len(dims) > 1 else "1",
+            "inputs": inputs,
+            "steps": step_ctx,
+            "result": step_ctx[-1]["var"],
+            "out": self.ptr(node.id, const=False),
+            "out_dtype": out_dt.value,
+            "out_stype": out_dt.c_type,
+            "checks": checks,
+            "grain": GRAIN,
+        }
+
+    # ── GEMM family ────────────────────────────────────────────────────
+
+    def gemm_operand(self, nid: NodeId) -> tuple[str, bool]:
+        """(pointer, transposed) for a GEMM operand, seeing through absorbed transposes."""
+        if nid in self.absorbed:
+            return self.ptr(self.absorbed[nid]), True
+        return self.ptr(nid), False
+
+    def _check_gemm_dims(self, node: Node, *dims: Dim) -> None:
+        for d in dims:
+            if d.max > _INT32_MAX:
+                raise BuildError(f"node {node.label}: GEMM dimension {d} (max {d.max}) exceeds the 32-bit BLAS limit")
+
+    def _batch(self, a: Shape, b: Shape, out: Shape) -> dict:
+        """Batch loop of a batched GEMM: per-operand element strides of the broadcast batch axes."""
+        batch = out.dims[:-2]
+        nb = len(batch)
+
+        def batch_strides(s: Shape) -> list[str]:
+            mat = s.dims[-2] * s.dims[-1]
+            pad = nb - (s.rank - 2)
+            st: list[str] = []
+            acc = mat
+            for k in reversed(range(nb)):
+                if k < pad or (s.dims[k - pad] == 1 and batch[k] != 1):
+                    st.append("0")
+                else:
+                    st.append(self.dim(acc))
+                    acc = acc * s.dims[k - pad]
+            return list(reversed(st))
+
+        return {"dims": [self.dim(d) for d in batch], "count": self.numel(batch) if batch else "1",
+                "a_strides": batch_strides(a), "b_strides": batch_strides(b), "rank": nb}
+
+    def gemm(self, node: Node) -> dict:
+        self.require(node, [DType.F32])
+        a_id, b_id = node.inputs[:2]
+        a, b = self.node(a_id).shape, self.node(b_id).shape
+        out = node.shape
+        m, k, n = out.dims[-2], a.dims[-1], out.dims[-1]
+        self._check_gemm_dims(node, m * product(out.dims[:-2]), k, n)
+        a_ptr, ta = self.gemm_operand(a_id)
+        b_ptr, tb = self.gemm_operand(b_id)
+        bias = self.ptr(node.inputs[2]) if len(node.inputs) == 3 else ""
+        act = getattr(node.op, "activation", None) or ""
+        # A 2-D right operand with an unbroadcast left batch folds the batch into M: one GEMM.
+        fold = b.rank == 2 and not ta
+        batch = self._batch(a, b, out)
+        rows = self.dim(product(out.dims[:-1])) if fold else self.dim(m)
+        return {
+            "kind": "gemm", "m": rows, "n": self.dim(n), "k": self.dim(k),
+            "a": a_ptr, "b": b_ptr, "c": self.ptr(node.id, const=False), "ta": ta, "tb": tb,
+            "lda": self.dim(m if ta else k), "ldb": self.dim(k if tb else n),
+            "batch": batch, "fold": fold or batch["rank"] == 0,
+            "bias": bias, "act": act, "epilogue": bool(bias or act),
+            "mat_c": self.dim(m * n), "block": 0, "grain": GRAIN,
+        }
+
+    def swiglu(self, node: Node) -> dict:
+        self.require(node, [DType.F32])
+        x_id, g_id, u_id = node.inputs
+        x, wg = self.node(x_id).shape, self.node(g_id).shape
+        out = node.shape
+        m, k, n = out.dims[-2], x.dims[-1], out.dims[-1]
+        self._check_gemm_dims(node, m * product(out.dims[:-2]), k, n)
+        g_ptr, tg = self.gemm_operand(g_id)
+        u_ptr, tu = self.gemm_operand(u_id)
+        fold = wg.rank == 2
+        rows_dim = product(out.dims[:-1]) if fold else m
+        block = max(8, min(256, (1 << 17) // max(n.max, 1)))
+        block = min(block, rows_dim.max)
+        self.scratch_shared = max(self.scratch_shared, block * n.max * 4)
+        return {
+            "kind": "swiglu", "m": self.dim(rows_dim), "n": self.dim(n), "k": self.dim(k),
+            "x": self.ptr(x_id), "wg": g_ptr, "wu": u_ptr, "tg": tg, "tu": tu,
+            "ldg": self.dim(k if tg else n), "ldu": self.dim(k if tu else n),
+            "c": self.ptr(node.id, const=False), "block": block,
+            "batch": self._batch(x, wg, out), "fold": fold or len(out.dims) == 2,
+            "mat_c": self.dim(m * n), "grain": GRAIN,
+        }
+
+    # ── reductions and normalization ───────────────────────────────────
+
+    def reduce(self, node: Node) -> dict:
+        op: O.Reduce = node.op  # type: ignore[assignment]
+        x = self.node(node.inputs[0]).shape
+        axes = set(op.normalized_axes(x.rank))
+        # Collapse into alternating kept/reduced groups, dropping static 1s.
+        groups: list[tuple[Dim, bool]] = []
+        for i, d in enumerate(x.dims):
+            if d == 1:
+                continue
+            red = i in axes
+            if groups and groups[-1][1] == red:
+                groups[-1] = (groups[-1][0] * d, red)
+            else:
+                groups.append((d, red))
+        pattern = "".join("R" if r else "K" for _, r in groups)
+        # Generic fallback for patterns other than [K] R [K]: reduced groups and kept groups with strides.
+        strides: list[Dim] = []
+        acc = Dim(1)
+        for d, _ in reversed(groups):
+            strides.append(acc)
+            acc = acc * d
+        strides.reverse()
+        kept = [(self.dim(d), self.dim(s)) for (d, r), s in zip(groups, strides) if not r]
+        red = [(self.dim(d), self.dim(s)) for (d, r), s in zip(groups, strides) if r]
+        simple = pattern in ("", "R", "KR", "RK", "KRK", "K")
+        outer = inner = "1"
+        count = "1"
+        if simple:
+            idx = pattern.find("R")
+            if idx >= 0:
+                outer = self.numel([d for d, _ in groups[:idx]]) if idx > 0 else "1"
+                count = self.dim(groups[idx][0])
+                inner = self.numel([d for d, _ in groups[idx + 1:]]) if idx + 1 < len(groups) else "1"
+            else:
+                outer = self.numel([d for d, _ in groups]) if groups else "1"
+        red_count = self.numel([d for d, r in groups if r]) if any(r for _, r in groups) else "1"
+        dt = x.dtype
+        acc_type = "double" if dt.is_float else ("int64_t" if op.fn in ("sum", "prod") else _COMPUTE[dt])
+        if op.fn == "mean":
+            acc_type = "double"
+        if op.fn in ("max", "min"):
+            acc_type = _COMPUTE[dt]
+        return {
+            "kind": "reduce", "fn": op.fn, "simple": simple, "outer": outer, "inner": inner, "count": count,
+            "kept": kept, "red": red, "red_count": red_count, "out_count": self.numel(node.shape.dims),
+            "x": self.ptr(node.inputs[0]), "y": self.ptr(node.id, const=False), "dtype": dt.value,
+            "ctype": _COMPUTE[dt], "stype": dt.c_type, "acc": acc_type, "is_float": dt.is_float, "grain": GRAIN,
+        }
+
+    def softmax(self, node: Node) -> dict:
+        self.require(node, [DType.F32])
+        x = node.shape
+        axis = node.op.axis % x.rank
+        return {"kind": "softmax", "outer": self.numel(x.dims[:axis]), "n": self.dim(x.dims[axis]),
+                "inner": self.numel(x.dims[axis + 1:]), "x": self.ptr(node.inputs[0]),
+                "y": self.ptr(node.id, const=False), "grain": GRAIN}
+
+    def norm(self, node: Node) -> dict:
+        self.require(node, [DType.F32])
+        op = node.op
+        rms = isinstance(op, (O.RmsNorm, O.FusedResidualRmsNorm))
+        fused = isinstance(op, (O.FusedResidualLayerNorm, O.FusedResidualRmsNorm))
+        ins = list(node.inputs)
+        n_params = 1 if rms else 2
+        gamma = self.ptr(ins[-n_params])
+        beta = self.ptr(ins[-1]) if not rms else ""
+        residual = self.ptr(ins[1]) if fused else ""
+        bias = self.ptr(ins[2]) if fused and len(ins) == 2 + 1 + n_params else ""
+        x = node.shape
+        return {"kind": "norm", "rms": rms, "x": self.ptr(ins[0]), "residual": residual, "bias": bias,
+                "gamma": gamma, "beta": beta, "y": self.ptr(node.id, const=False),
+                "rows": self.numel(x.dims[:-1]), "n": self.dim(x.dims[-1]), "eps": _float_literal(op.eps),
+                "grain": GRAIN}
+
+    # ── data movement ──────────────────────────────────────────────────
+
+    def copy(self, node: Node) -> dict:
+        return {"kind": "copy", "src": self.base(node.inputs[0]), "dst": self.base(node.id),
+                "nbytes": f"({self.numel(node.shape.dims)}*{node.shape.dtype.itemsize})"}
+
+    def transpose(self, node: Node) -> dict:
+        x = self.node(node.inputs[0]).shape
+        perm = list(node.op.perm)
+        # Drop static size-1 axes, then merge output neighbours that are neighbours in the input too.
+        keep = [p for p in perm if x.dims[p] != 1]
+        groups: list[list[int]] = []
+        for p in keep:
+            if groups and groups[-1][-1] + 1 == p:
+                groups[-1].append(p)
+            else:
+                groups.append([p])
+        in_order = sorted(groups, key=lambda g: g[0])
+        in_stride: dict[int, Dim] = {}
+        acc = Dim(1)
+        for g in reversed(in_order):
+            in_stride[g[0]] = acc
+            acc = acc * product(x.dims[p] for p in g)
+        dims = [product(x.dims[p] for p in g) for g in groups]
+        strides = [in_stride[g[0]] for g in groups]
+        esize = x.dtype.itemsize
+        if not dims:
+            dims, strides = [Dim(1)], [Dim(1)]
+        return {"kind": "transpose", "rank": len(dims), "dims": [self.dim(d) for d in dims],
+                "strides": [self.dim(s) for s in strides], "rows": self.numel(dims[:-1]) if len(dims) > 1 else "1",
+                "inner": self.dim(dims[-1]), "ctype": _elem_type(esize),
+                "x": f"((const {_elem_type(esize)} *){self.base(node.inputs[0])})",
+                "y": f"(({_elem_type(esize)} *){self.base(node.id)})", "grain": GRAIN,
+                "tile2d": len(dims) == 2 or (len(dims) == 3 and strides[0] != Dim(1) and
+                                              strides[2] != Dim(1))}
+
+    def narrow(self, node: Node) -> dict:
+        op: O.Narrow = node.op  # type: ignore[assignment]
+        x = self.node(node.inputs[0]).shape
+        axis = op.axis % x.rank
+        inner = product(x.dims[axis + 1:])
+        size = x.dtype.itemsize
+        return {"kind": "narrow", "outer": self.numel(x.dims[:axis]),
+                "src_row": f"({self.dim(x.dims[axis] * inner)}*{size})",
+                "dst_row": f"({self.dim(inner * op.length)}*{size})",
+                "start": f"({self.dim(inner * op.start)}*{size})",
+                "src": self.base(node.inputs[0]), "dst": self.base(node.id)}
+
+    def concat(self, node: Node) -> dict:
+        axis = node.op.axis % node.shape.rank
+        size = node.shape.dtype.itemsize
+        out_row = product(node.shape.dims[axis:])
+        parts = []
+        offset = Dim(0)
+        for i in node.inputs:
+            s = self.node(i).shape
+            row = product(s.dims[axis:])
+            parts.append({"src": self.base(i), "row": f"({self.dim(row)}*{size})",
+                          "offset": f"({self.dim(offset)}*{size})" if offset.coeff else "0"})
+            offset = _add_rows(offset, row)
+        return {"kind": "concat", "outer": self.numel(node.shape.dims[:axis]),
+                "dst_row": f"({self.dim(out_row)}*{size})", "parts": parts, "dst": self.base(node.id)}
+
+    def gather(self, node: Node) -> dict:
+        table_id, idx_id = node.inputs
+        table, idx = self.node(table_id).shape, self.node(idx_id).shape
+        axis = node.op.axis % table.rank
+        size = table.dtype.itemsize
+        return {"kind": "gather", "outer": self.numel(table.dims[:axis]), "n": self.dim(table.dims[axis]),
+                "count": self.numel(idx.dims), "inner_bytes": f"({self.numel(table.dims[axis + 1:])}*{size})",
+                "table": self.base(table_id), "idx": self.ptr(idx_id), "idx_type": idx.dtype.c_type,
+                "dst": self.base(node.id), "grain": GRAIN}
+
+    # ── transformer blocks ─────────────────────────────────────────────
+
+    def attention(self, node: Node) -> dict:
+        op: O.Attention = node.op  # type: ignore[assignment]
+        self.require(node, [DType.F32], what="mask")
+        q, k = self.node(node.inputs[0]).shape, self.node(node.inputs[1]).shape
+        h, hkv, d = op.num_heads, op.kv_heads, op.head_dim
+        skv_max = k.dims[1].max
+        self.scratch_per_thread = max(self.scratch_per_thread, ATTN_QBLOCK * skv_max * 4 + 64)
+        mask: dict[str, Any] = {"kind": op.mask}
+        if op.mask == "padding":
+            m_id = node.inputs[3]
+            mask.update(ptr=self.ptr(m_id), ctype=self.node(m_id).shape.dtype.c_type)
+        elif op.mask == "bias":
+            m_id = node.inputs[3]
+            ms = self.node(m_id).shape
+            if ms.dtype is not DType.F32:
+                raise BuildError(f"the CPU backend needs an f32 attention bias (node {node.label}), got {ms.dtype}")
+            target = (q.dims[0], Dim(h), q.dims[1], k.dims[1])
+            pad = 4 - ms.rank
+            st: list[str] = []
+            acc = Dim(1)
+            for ax in reversed(range(4)):
+                if ax < pad or (ms.dims[ax - pad] == 1 and target[ax] != 1):
+                    st.append("0")
+                else:
+                    st.append(self.dim(acc))
+                    acc = acc * ms.dims[ax - pad]
+            st.reverse()
+            mask.update(ptr=self.ptr(m_id), strides=st)
+        return {"kind": "attention", "q": self.ptr(node.inputs[0]), "k": self.ptr(node.inputs[1]),
+                "v": self.ptr(node.inputs[2]), "o": self.ptr(node.id, const=False),
+                "batch": self.dim(q.dims[0]), "sq": self.dim(q.dims[1]), "skv": self.dim(k.dims[1]),
+                "heads": h, "kv_heads": hkv, "group": h // hkv, "hd": d, "scale": _float_literal(op.softmax_scale),
+                "mask": mask, "qblock": ATTN_QBLOCK}
+
+    def rope(self, node: Node) -> dict:
+        op: O.Rope = node.op  # type: ignore[assignment]
+        self.require(node, [DType.F32])
+        x = node.shape
+        return {"kind": "rope", "x": self.ptr(node.inputs[0]), "cos": self.ptr(node.inputs[1]),
+                "sin": self.ptr(node.inputs[2]), "y": self.ptr(node.id, const=False),
+                "batch": self.dim(x.dims[0]), "seq": self.dim(x.dims[1]), "width": x.dims[2].value,
+                "hd": op.head_dim, "half": op.rot // 2, "rot": op.rot, "neox": op.variant == "neox",
+                "grain": GRAIN}
+
+
+def _add_rows(offset: Dim, row: Dim) -> Dim:
+    """offset + row where both are multiples of the same symbolic factor (concat rows share trailing dims)."""
+    if offset.coeff == 0:
+        return row
+    if offset.symbols != row.symbols:
+        raise BuildError("concat rows with different dynamic factors")
+    return Dim(offset.coeff + row.coeff, offset.symbols)
+
+
+def _elem_type(size: int) -> str:
+    return {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}[size]
+
+
+def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
+    """The template context for `lir` (pure: same inputs, same context)."""
+    p = _Planner(lir, target)
+    params, params_bytes = p.plan_params()
+    p.find_absorbed_transposes()
+    kernels = p.kernels()
+    copies = []
+    for slot, nid in lir.output_copies:
+        shape = p.node(nid).shape
+        copies.append({"slot": slot, "src": p.base(nid),
+                       "nbytes": f"({p.numel(shape.dims)}*{shape.dtype.itemsize})"})
+    manifest_text = json.dumps(manifest, sort_keys=True, ensure_ascii=True, allow_nan=False)
+    return {
+        "name": comment(lir.name, 80),
+        "lir_hash": lir.hash(),
+        "abi_version": ABI_VERSION,
+        "codegen_version": CODEGEN_VERSION,
+        "target": target,
+        "symbols": [{"index": i, "name": c_string(n), "max": m, "comment": comment(n)}
+                    for i, (n, m) in enumerate(lir.symbols)],
+        "inputs": [{"slot": i, "name": c_string(s.name), "comment": comment(s.name, 60),
+                    "shape": comment(str(s.shape), 60)} for i, s in enumerate(lir.inputs)],
+        "outputs": [{"slot": i, "name": c_string(s.name), "comment": comment(s.name, 60),
+                     "shape": comment(str(s.shape), 60)} for i, s in enumerate(lir.outputs)],
+        "params": params,
+        "params_bytes": params_bytes,
+        "constants": p.plan_constants(),
+        "arena_bytes": lir.arena_bytes,
+        "scratch_per_thread": (p.scratch_per_thread + 63) // 64 * 64,
+        "scratch_shared": (p.scratch_shared + 63) // 64 * 64,
+        "kernels": kernels,
+        "copies": copies,
+        "manifest": c_string_lines(manifest_text),
+    }
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir() / "cpu")),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    return env
+
+
+def render(lir: LirModule, config: Any = None) -> str:
+    """The C source RLX would build for `lir` with `config` (toolchain probed, key filled in)."""
+    from rlx.build.cpu import render_source
+
+    return render_source(lir, config)
+
+
+def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
+    """The complete C source of `lir` (one translation unit exporting the RLX C ABI)."""
+    ctx = c_context(lir, target, manifest)
+    try:
+        return _environment().get_template("model.c.j2").render(**ctx)
+    except jinja2.TemplateError as exc:
+        raise BuildError(f"rendering the CPU template failed: {type(exc).__name__}: {exc}") from exc

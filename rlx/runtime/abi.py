@@ -1,0 +1,31 @@
+"""The one cffi declaration of the RLX C ABI, shared by every generated library.
+
+It mirrors `templates/cpu/rlx.h`; `ABI_VERSION` must equal what libraries
+report from `rlx_abi_version()`.
+
+>>> ffi.sizeof("int64_t")
+8
+"""
+
+from __future__ import annotations
+
+import cffi
+
+from rlx.codegen.c import ABI_VERSION
+
+CDEF = """
+int32_t     rlx_abi_version(void);
+const char *rlx_manifest(void);
+void       *rlx_create(void);
+void        rlx_destroy(void *ctx);
+void       *rlx_clone(void *ctx);
+int32_t     rlx_set_param(void *ctx, int32_t index, const void *data, int64_t nbytes);
+int32_t     rlx_run(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
+const char *rlx_last_error(void *ctx);
+int32_t     rlx_set_num_threads(void *ctx, int32_t n);
+"""
+
+ffi = cffi.FFI()
+ffi.cdef(CDEF)
+
+__all__ = ["ABI_VERSION", "CDEF", "ffi"]

@@ -1,0 +1,113 @@
+"""Load a generated library: dlopen through cffi, check the ABI, parse the manifest.
+
+>>> from rlx.runtime.loader import parse_dim
+>>> parse_dim("4*seq"), parse_dim("384")
+((4, ('seq',)), (384, ()))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlx.errors import ArtifactError
+from rlx.ir.dtype import DType
+from rlx.runtime.abi import ABI_VERSION, ffi
+
+
+def parse_dim(text: str) -> tuple[int, tuple[str, ...]]:
+    """A manifest dim ("384", "seq", "4*seq*batch") as (coefficient, symbol names)."""
+    coeff = 1
+    names: list[str] = []
+    for part in str(text).split("*"):
+        part = part.strip()
+        if part.isdigit():
+            coeff *= int(part)
+        elif part.isidentifier():
+            names.append(part)
+        else:
+            raise ArtifactError(f"malformed dimension {text!r} in manifest")
+    return coeff, tuple(names)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One manifest entry: name, dtype and dims as (coefficient, symbols) pairs."""
+
+    name: str
+    dtype: DType
+    dims: tuple[tuple[int, tuple[str, ...]], ...]
+    layout: tuple[int, ...] | None = None
+
+    @staticmethod
+    def from_json(doc: Any, what: str) -> TensorInfo:
+        if not isinstance(doc, dict) or not isinstance(doc.get("name"), str) or not isinstance(doc.get("shape"), list):
+            raise ArtifactError(f"malformed {what} entry in manifest: {doc!r}")
+        try:
+            dtype = DType.parse(doc["dtype"])
+        except Exception as exc:
+            raise ArtifactError(f"bad dtype in manifest {what} {doc['name']!r}: {exc}") from None
+        layout = tuple(doc["layout"]) if doc.get("layout") is not None else None
+        return TensorInfo(doc["name"], dtype, tuple(parse_dim(d) for d in doc["shape"]), layout)
+
+    def concrete(self, symbols: dict[str, int]) -> tuple[int, ...]:
+        out = []
+        for coeff, names in self.dims:
+            v = coeff
+            for n in names:
+                v *= symbols[n]
+            out.append(v)
+        return tuple(out)
+
+    def describe(self) -> str:
+        parts = []
+        for coeff, names in self.dims:
+            factors = ([str(coeff)] if coeff != 1 or not names else []) + list(names)
+            parts.append("*".join(factors))
+        return f"{self.dtype}[{','.join(parts)}]"
+
+
+@dataclass(frozen=True)
+class Library:
+    """A loaded generated library and its parsed manifest."""
+
+    path: Path
+    lib: Any
+    manifest: dict
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    params: tuple[TensorInfo, ...]
+    symbols: tuple[tuple[str, int], ...]
+
+
+def load_library(path: str | os.PathLike[str]) -> Library:
+    """dlopen `path` (ABI mode), verify its ABI version and read its manifest."""
+    path = Path(path)
+    try:
+        lib = ffi.dlopen(str(path.resolve()))
+    except OSError as exc:
+        raise ArtifactError(f"cannot load {path}: {exc}") from None
+    try:
+        version = lib.rlx_abi_version()
+        raw = lib.rlx_manifest()
+    except AttributeError as exc:
+        raise ArtifactError(f"{path} is not an RLX library: {exc}") from None
+    if version != ABI_VERSION:
+        raise ArtifactError(f"{path} was built for RLX ABI {version}, this RLX speaks ABI {ABI_VERSION}")
+    try:
+        manifest = json.loads(ffi.string(raw).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path} has a malformed manifest: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{path} has a malformed manifest (not an object)")
+    try:
+        symbols = tuple((s["name"], int(s["max"])) for s in manifest.get("symbols", []))
+        inputs = tuple(TensorInfo.from_json(d, "input") for d in manifest["inputs"])
+        outputs = tuple(TensorInfo.from_json(d, "output") for d in manifest["outputs"])
+        params = tuple(TensorInfo.from_json(d, "param") for d in manifest["params"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{path} has a malformed manifest: {exc!r}") from None
+    return Library(path, lib, manifest, inputs, outputs, params, symbols)

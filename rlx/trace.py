@@ -1,0 +1,536 @@
+"""Tracing: build a MIR graph by writing ordinary Python on traced tensors.
+
+`trace(name, fn)` calls `fn` with a `Tracer`; the tensors it hands out
+(`TracedTensor`) record every operation into the graph instead of computing
+anything. Operators and methods infer shapes immediately, so a shape mistake
+raises `ShapeError` at the line that made it, naming the shapes involved.
+
+A `TracedTensor` is an immutable handle to one graph value: reuse it as often
+as you like (``x * x``), keep it in lists or dicts. Every operator or method
+call adds exactly one node, plus one constant node the first time a given
+scalar appears with a given dtype. Python numbers (and numpy arrays) mixed
+with tensors become constants of the tensor's dtype: ``2 * x`` on an f16 `x`
+multiplies by an f16 constant 2.
+
+>>> import numpy as np
+>>> from rlx import reference
+>>> def mlp(t):
+...     x = t.input("x", [2, 3])
+...     w = t.param("w", [3, 4])
+...     return (x @ w + 1).relu()
+>>> g = trace("mlp", mlp)
+>>> print(g)
+graph mlp {
+  %0: f32[2,3] = input 'x'()  # x
+  %1: f32[3,4] = param 'w'()  # w
+  %2: f32[2,4] = matmul(%0, %1)
+  %3: f32[] = constant[1.0]()
+  %4: f32[2,4] = binary[fn=add](%2, %3)
+  %5: f32[2,4] = activation[fn=relu](%4)
+  return out0=%5
+}
+>>> reference.run(g, {"x": np.ones((2, 3), np.float32)}, {"w": np.ones((3, 4), np.float32)})[0][0].tolist()
+[4.0, 4.0, 4.0, 4.0]
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from rlx.errors import IRError, ShapeError
+from rlx.ir.dtype import DType, f32_to_bf16
+from rlx.ir.graph import Graph, Node, NodeId
+from rlx.ir.shape import Dim, DimLike, Shape, normalize_axis
+
+Operand = Union["TracedTensor", int, float, np.ndarray, np.generic]
+TraceOutputs = Union["TracedTensor", Sequence["TracedTensor"], Mapping[str, "TracedTensor"]]
+
+
+class Tracer:
+    """Records operations into one MIR graph; handed to the function given to `trace`.
+
+    Leaves are made here (`input`, `param`, `constant`); so are the ops that
+    take several tensors on an equal footing (`concat`, `where`, `attention`…).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._graph = Graph(name)
+        self._open = True
+        self._scalars: dict[tuple[DType, bytes], NodeId] = {}
+
+    @property
+    def name(self) -> str:
+        return self._graph.name
+
+    @property
+    def graph(self) -> Graph:
+        """The graph recorded so far (read it; build through the tracer)."""
+        return self._graph
+
+    # ── leaves ────────────────────────────────────────────────────────
+
+    def input(self, name: str, dims: Iterable[DimLike] | Shape, dtype: DType | str = DType.F32) -> TracedTensor:
+        """A graph input; dims may hold `Dim.dynamic(...)` symbols."""
+        return self._emit(f"input {name!r}", [], lambda g: g.input(name, dims, dtype))
+
+    def param(self, name: str, dims: Iterable[DimLike] | Shape, dtype: DType | str = DType.F32) -> TracedTensor:
+        """A weight (static shape), set on the compiled graph with `set_param`."""
+        return self._emit(f"param {name!r}", [], lambda g: g.param(name, dims, dtype))
+
+    def constant(self, value: np.ndarray | float | int, dtype: DType | str | None = None) -> TracedTensor:
+        """A constant baked into the program; floats default to f32.
+
+        bf16 values are given as ordinary numbers and rounded to bf16.
+        """
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf":
+            raise IRError(f"constant must be numeric, got {arr.dtype} value {value!r}")
+        dt = DType.parse(dtype) if dtype is not None else (DType.F32 if arr.dtype.kind == "f" else None)
+        if dt is None:
+            dt = DType.parse(arr.dtype)
+        return self._wrap(self._constant_id(arr, dt, cache=False))
+
+    # ── multi-operand ops ─────────────────────────────────────────────
+
+    def matmul(self, a: TracedTensor, b: Operand) -> TracedTensor:
+        return a.matmul(b)
+
+    def softmax(self, x: TracedTensor, axis: int = -1) -> TracedTensor:
+        return x.softmax(axis)
+
+    def layer_norm(self, x: TracedTensor, gamma: Operand, beta: Operand, eps: float = 1e-5) -> TracedTensor:
+        return x.layer_norm(gamma, beta, eps)
+
+    def rms_norm(self, x: TracedTensor, gamma: Operand, eps: float = 1e-6) -> TracedTensor:
+        return x.rms_norm(gamma, eps)
+
+    def gather(self, table: TracedTensor, indices: TracedTensor, axis: int = 0) -> TracedTensor:
+        """``table.take(indices, axis)`` (embedding lookup); indices are i32/i64."""
+        ops = [self._own(table), self._own(indices)]
+        return self._emit("gather", ops, lambda g: g.gather(table.id, indices.id, axis))
+
+    def concat(self, xs: Sequence[TracedTensor], axis: int) -> TracedTensor:
+        ops = [self._own(x) for x in xs]
+        return self._emit("concat", ops, lambda g: g.concat([x.id for x in ops], axis))
+
+    def where(self, cond: TracedTensor, a: Operand, b: Operand) -> TracedTensor:
+        """``cond ? a : b``; scalar branches take the other branch's dtype."""
+        self._own(cond)
+        if not isinstance(a, TracedTensor) and not isinstance(b, TracedTensor):
+            raise IRError("where needs at least one tensor branch to decide the dtype")
+        ta = a if isinstance(a, TracedTensor) else self._coerce(a, b.dtype)
+        tb = b if isinstance(b, TracedTensor) else self._coerce(b, ta.dtype)
+        ops = [cond, self._own(ta), self._own(tb)]
+        return self._emit("where", ops, lambda g: g.where(cond.id, ta.id, tb.id))
+
+    def attention(self, q: TracedTensor, k: TracedTensor, v: TracedTensor, *, num_heads: int, head_dim: int,
+                  mask: str = "none", mask_input: TracedTensor | None = None, scale: float | None = None,
+                  num_kv_heads: int | None = None) -> TracedTensor:
+        """Multi-head attention over ``[B, S, H*D]`` tensors (see `rlx.ir.ops.Attention`)."""
+        ops = [self._own(t) for t in (q, k, v, *([mask_input] if mask_input is not None else []))]
+        return self._emit("attention", ops, lambda g: g.attention(
+            q.id, k.id, v.id, num_heads=num_heads, head_dim=head_dim, mask=mask,
+            mask_input=mask_input.id if mask_input is not None else None, scale=scale, num_kv_heads=num_kv_heads))
+
+    def rope(self, x: TracedTensor, cos: TracedTensor, sin: TracedTensor, *, head_dim: int,
+             n_rot: int | None = None, variant: str = "neox") -> TracedTensor:
+        """Rotary embedding of ``[B, S, H*head_dim]`` with ``[S, n_rot/2]`` tables (see `rlx.ir.ops.Rope`)."""
+        ops = [self._own(t) for t in (x, cos, sin)]
+        return self._emit("rope", ops, lambda g: g.rope(x.id, cos.id, sin.id, head_dim=head_dim, n_rot=n_rot,
+                                                        variant=variant))
+
+    # ── internals ─────────────────────────────────────────────────────
+
+    def _wrap(self, node_id: NodeId) -> TracedTensor:
+        return TracedTensor(self, node_id)
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise IRError(f"trace {self.name!r} has finished; its tensors can no longer record operations")
+
+    def _own(self, t: object) -> TracedTensor:
+        """`t` as a tensor of this trace, or a clear error."""
+        if not isinstance(t, TracedTensor):
+            raise IRError(f"expected a TracedTensor, got {type(t).__name__} {t!r}")
+        if t.tracer is not self:
+            raise IRError(f"tensor %{t.id} belongs to trace {t.tracer.name!r}, not {self.name!r}: "
+                          f"tensors of two traces cannot be mixed")
+        return t
+
+    def _emit(self, what: str, operands: Sequence[TracedTensor], build: Callable[[Graph], NodeId]) -> TracedTensor:
+        """Add one node through `build`; shape errors name the operation and its operand shapes."""
+        self._check_open()
+        try:
+            node_id = build(self._graph)
+        except IRError as exc:
+            shapes = ", ".join(str(o.node.shape) for o in operands)
+            raise type(exc)(f"{what}({shapes}): {exc}") from None
+        return self._wrap(node_id)
+
+    def _coerce(self, value: object, dtype: DType) -> TracedTensor:
+        """A tensor of this trace, or a constant of `dtype` made from a Python/numpy value."""
+        if isinstance(value, TracedTensor):
+            return self._own(value)
+        if isinstance(value, bool) or not isinstance(value, (numbers.Number, np.ndarray, np.generic)):
+            raise IRError(f"cannot use {type(value).__name__} {value!r} as a tensor operand")
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "iuf":
+            raise IRError(f"cannot use {arr.dtype} value {value!r} as a tensor operand")
+        return self._wrap(self._constant_id(arr, dtype, cache=arr.ndim == 0))
+
+    def _constant_id(self, arr: np.ndarray, dtype: DType, cache: bool) -> NodeId:
+        self._check_open()
+        if dtype is DType.BF16:
+            stored = f32_to_bf16(arr.astype(np.float32)).reshape(arr.shape)
+        else:
+            with np.errstate(all="ignore"):
+                stored = arr.astype(dtype.np)
+            if dtype.is_float:
+                if np.any(np.isfinite(arr) & ~np.isfinite(stored)):
+                    raise ShapeError(f"value {_short(arr)} overflows {dtype}")
+            elif not np.array_equal(stored, arr):
+                raise ShapeError(f"value {_short(arr)} is not exactly representable as {dtype}")
+        key = (dtype, stored.tobytes())
+        if cache and key in self._scalars:
+            return self._scalars[key]
+        node_id = self._graph.constant(stored, dtype)
+        if cache:
+            self._scalars[key] = node_id
+        return node_id
+
+
+def _activation(fn: str) -> Callable[[TracedTensor], TracedTensor]:
+    def method(self: TracedTensor) -> TracedTensor:
+        return self._unary(fn)
+
+    method.__name__ = fn
+    method.__doc__ = f"Elementwise `{fn}` (MIR activation)."
+    return method
+
+
+@dataclass(frozen=True, eq=False)
+class TracedTensor:
+    """A value in a graph being traced. Immutable; `==` is identity (use `.eq()` for elementwise).
+
+    >>> g = trace("t", lambda t: t.input("x", [2, 3]).t().unsqueeze(0))
+    >>> str(g.shape(g.outputs[0]))
+    'f32[1,3,2]'
+    """
+
+    tracer: Tracer
+    id: NodeId
+
+    #: Make numpy defer to our reflected operators (``np.float32(2) * x``).
+    __array_ufunc__ = None
+
+    # ── introspection ────────────────────────────────────────────────
+
+    @property
+    def node(self) -> Node:
+        return self.tracer.graph.node(self.id)
+
+    @property
+    def shape(self) -> tuple[int | Dim, ...]:
+        """Static dims as ints, dynamic dims as `Dim`."""
+        return tuple(d.value if d.is_static else d for d in self.node.shape.dims)
+
+    @property
+    def dtype(self) -> DType:
+        return self.node.shape.dtype
+
+    @property
+    def rank(self) -> int:
+        return self.node.shape.rank
+
+    ndim = rank
+
+    def __repr__(self) -> str:
+        return f"TracedTensor(%{self.id}: {self.node.shape}, trace={self.tracer.name!r})"
+
+    def __bool__(self) -> bool:
+        raise IRError(f"{self!r} has no value while tracing: Python control flow cannot depend on tensor values")
+
+    # ── plumbing ──────────────────────────────────────────────────────
+
+    def _emit(self, what: str, operands: Sequence[TracedTensor], build: Callable[[Graph], NodeId]) -> TracedTensor:
+        return self.tracer._emit(what, operands, build)
+
+    def _unary(self, fn: str) -> TracedTensor:
+        return self._emit(fn, [self], lambda g: g.activation(fn, self.id))
+
+    def _binary(self, fn: str, symbol: str, other: object, reverse: bool = False) -> TracedTensor:
+        if isinstance(other, TracedTensor):
+            o = self.tracer._own(other)
+        elif isinstance(other, bool) or not isinstance(other, (numbers.Number, np.ndarray, np.generic)):
+            return NotImplemented
+        else:
+            o = self.tracer._coerce(other, self.dtype)
+        a, b = (o, self) if reverse else (self, o)
+        return self._emit(symbol, [a, b], lambda g: g.binary(fn, a.id, b.id))
+
+    def _compare(self, fn: str, other: object) -> TracedTensor:
+        o = self.tracer._coerce(other, self.dtype)
+        return self._emit(fn, [self, o], lambda g: g.compare(fn, self.id, o.id))
+
+    # ── arithmetic operators ──────────────────────────────────────────
+
+    def __add__(self, other: Operand) -> TracedTensor:
+        return self._binary("add", "+", other)
+
+    def __radd__(self, other: Operand) -> TracedTensor:
+        return self._binary("add", "+", other, reverse=True)
+
+    def __sub__(self, other: Operand) -> TracedTensor:
+        return self._binary("sub", "-", other)
+
+    def __rsub__(self, other: Operand) -> TracedTensor:
+        return self._binary("sub", "-", other, reverse=True)
+
+    def __mul__(self, other: Operand) -> TracedTensor:
+        return self._binary("mul", "*", other)
+
+    def __rmul__(self, other: Operand) -> TracedTensor:
+        return self._binary("mul", "*", other, reverse=True)
+
+    def __truediv__(self, other: Operand) -> TracedTensor:
+        return self._binary("div", "/", other)
+
+    def __rtruediv__(self, other: Operand) -> TracedTensor:
+        return self._binary("div", "/", other, reverse=True)
+
+    def __pow__(self, other: Operand) -> TracedTensor:
+        return self._binary("pow", "**", other)
+
+    def __rpow__(self, other: Operand) -> TracedTensor:
+        return self._binary("pow", "**", other, reverse=True)
+
+    def __neg__(self) -> TracedTensor:
+        return self._unary("neg")
+
+    def __abs__(self) -> TracedTensor:
+        return self._unary("abs")
+
+    def __matmul__(self, other: Operand) -> TracedTensor:
+        if not isinstance(other, (TracedTensor, np.ndarray)):
+            return NotImplemented
+        return self.matmul(other)
+
+    def __rmatmul__(self, other: Operand) -> TracedTensor:
+        if not isinstance(other, np.ndarray):
+            return NotImplemented
+        o = self.tracer._coerce(other, self.dtype)
+        return o.matmul(self)
+
+    def __lt__(self, other: Operand) -> TracedTensor:
+        return self._compare("lt", other)
+
+    def __le__(self, other: Operand) -> TracedTensor:
+        return self._compare("le", other)
+
+    def __gt__(self, other: Operand) -> TracedTensor:
+        return self._compare("gt", other)
+
+    def __ge__(self, other: Operand) -> TracedTensor:
+        return self._compare("ge", other)
+
+    def eq(self, other: Operand) -> TracedTensor:
+        """Elementwise ``==`` (bool result)."""
+        return self._compare("eq", other)
+
+    def ne(self, other: Operand) -> TracedTensor:
+        """Elementwise ``!=`` (bool result)."""
+        return self._compare("ne", other)
+
+    def maximum(self, other: Operand) -> TracedTensor:
+        """Elementwise max with broadcasting."""
+        return self._binary("max", "maximum", other)
+
+    def minimum(self, other: Operand) -> TracedTensor:
+        """Elementwise min with broadcasting."""
+        return self._binary("min", "minimum", other)
+
+    # ── elementwise functions ─────────────────────────────────────────
+
+    gelu = _activation("gelu")
+    gelu_tanh = _activation("gelu_tanh")
+    silu = _activation("silu")
+    relu = _activation("relu")
+    sigmoid = _activation("sigmoid")
+    tanh = _activation("tanh")
+    exp = _activation("exp")
+    log = _activation("log")
+    sqrt = _activation("sqrt")
+    rsqrt = _activation("rsqrt")
+    neg = _activation("neg")
+    abs = _activation("abs")
+    sin = _activation("sin")
+    cos = _activation("cos")
+
+    def cast(self, dtype: DType | str) -> TracedTensor:
+        """Convert to `dtype`."""
+        return self._emit(f"cast to {dtype}", [self], lambda g: g.cast(self.id, dtype))
+
+    to = cast
+
+    # ── compute ───────────────────────────────────────────────────────
+
+    def matmul(self, other: Operand) -> TracedTensor:
+        """Batched ``self @ other``; batch dims broadcast."""
+        o = self.tracer._coerce(other, self.dtype)
+        return self._emit("matmul", [self, o], lambda g: g.matmul(self.id, o.id))
+
+    mm = matmul
+
+    def softmax(self, axis: int = -1) -> TracedTensor:
+        return self._emit("softmax", [self], lambda g: g.softmax(self.id, axis))
+
+    def layer_norm(self, gamma: Operand, beta: Operand, eps: float = 1e-5) -> TracedTensor:
+        ga, be = self.tracer._coerce(gamma, self.dtype), self.tracer._coerce(beta, self.dtype)
+        return self._emit("layer_norm", [self, ga, be], lambda g: g.layer_norm(self.id, ga.id, be.id, eps))
+
+    def rms_norm(self, gamma: Operand, eps: float = 1e-6) -> TracedTensor:
+        ga = self.tracer._coerce(gamma, self.dtype)
+        return self._emit("rms_norm", [self, ga], lambda g: g.rms_norm(self.id, ga.id, eps))
+
+    def _reduce(self, fn: str, axis: int | Sequence[int] | None, keepdim: bool) -> TracedTensor:
+        axes = () if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
+        return self._emit(fn, [self], lambda g: g.reduce(fn, self.id, axes, keepdim))
+
+    def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> TracedTensor:
+        """Sum over `axis` (an int, several, or None for all)."""
+        return self._reduce("sum", axis, keepdim)
+
+    def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> TracedTensor:
+        return self._reduce("mean", axis, keepdim)
+
+    def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> TracedTensor:
+        """Reduction; for the elementwise max of two tensors use `maximum`."""
+        return self._reduce("max", axis, keepdim)
+
+    def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> TracedTensor:
+        return self._reduce("min", axis, keepdim)
+
+    def prod(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> TracedTensor:
+        return self._reduce("prod", axis, keepdim)
+
+    # ── shape ─────────────────────────────────────────────────────────
+
+    def reshape(self, *shape: DimLike | Sequence[DimLike]) -> TracedTensor:
+        """``reshape(2, -1)`` or ``reshape([2, -1])``; dims may be `Dim`s, one may be -1."""
+        dims = _varargs(shape)
+        return self._emit(f"reshape to {_dims_text(dims)}", [self], lambda g: g.reshape(self.id, dims))
+
+    def permute(self, *perm: int | Sequence[int]) -> TracedTensor:
+        """Reorder axes: output axis i is input axis ``perm[i]``."""
+        p = _varargs(perm)
+        return self._emit(f"permute {list(p)}", [self], lambda g: g.transpose(self.id, p))
+
+    def transpose(self, *args: int | Sequence[int]) -> TracedTensor:
+        """``transpose(a, b)`` swaps two axes; ``transpose([p0, p1, …])`` is `permute`."""
+        if len(args) == 2 and all(isinstance(a, int) for a in args):
+            shape = self.node.shape
+            try:
+                a, b = (normalize_axis(x, shape.rank, "transpose axis") for x in args)
+            except ShapeError as exc:
+                raise ShapeError(f"transpose{args}({shape}): {exc}") from None
+            perm = list(range(shape.rank))
+            perm[a], perm[b] = perm[b], perm[a]
+            return self.permute(perm)
+        if len(args) == 1 and not isinstance(args[0], int):
+            return self.permute(args[0])
+        raise IRError(f"transpose takes two axes to swap or one permutation, got {args!r}; "
+                      f"use permute for a full permutation")
+
+    def t(self) -> TracedTensor:
+        """Swap the last two axes."""
+        if self.rank < 2:
+            raise ShapeError(f"t() needs rank >= 2, got {self.node.shape}")
+        return self.transpose(-2, -1)
+
+    def unsqueeze(self, axis: int) -> TracedTensor:
+        """Insert a size-1 axis at `axis` (negative counts from the end of the result)."""
+        dims = list(self.node.shape.dims)
+        try:
+            pos = normalize_axis(axis, len(dims) + 1, "unsqueeze axis")
+        except ShapeError as exc:
+            raise ShapeError(f"unsqueeze({self.node.shape}): {exc}") from None
+        dims.insert(pos, Dim(1))
+        return self._emit(f"unsqueeze({axis})", [self], lambda g: g.reshape(self.id, dims))
+
+    def squeeze(self, axis: int | None = None) -> TracedTensor:
+        """Drop the size-1 axis `axis`, or every size-1 axis when `axis` is None."""
+        s = self.node.shape
+        if axis is None:
+            dims = [d for d in s.dims if d != 1]
+        else:
+            try:
+                pos = normalize_axis(axis, s.rank, "squeeze axis")
+            except ShapeError as exc:
+                raise ShapeError(f"squeeze({s}): {exc}") from None
+            if s.dims[pos] != 1:
+                raise ShapeError(f"squeeze({s}): axis {axis} has size {s.dims[pos]}, not 1")
+            dims = [d for i, d in enumerate(s.dims) if i != pos]
+        return self._emit(f"squeeze({axis})", [self], lambda g: g.reshape(self.id, dims))
+
+    def narrow(self, axis: int, start: int, length: int) -> TracedTensor:
+        """``length`` elements from ``start`` along static axis `axis`."""
+        return self._emit(f"narrow(axis={axis}, start={start}, length={length})", [self],
+                          lambda g: g.narrow(self.id, axis, start, length))
+
+    def expand(self, *shape: DimLike | Sequence[DimLike]) -> TracedTensor:
+        """Broadcast to `shape` (numpy `broadcast_to` rules)."""
+        dims = _varargs(shape)
+        return self._emit(f"expand to {_dims_text(dims)}", [self], lambda g: g.expand(self.id, dims))
+
+
+def _varargs(args: tuple) -> tuple:
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def _short(arr: np.ndarray) -> str:
+    text = repr(arr.tolist())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dims_text(dims: Sequence[object]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def trace(name: str, fn: Callable[[Tracer], TraceOutputs]) -> Graph:
+    """Run `fn(tracer)` and return the recorded, verified MIR graph.
+
+    `fn` returns the outputs: one tensor (named out0), a list/tuple (out0,
+    out1…) or a dict name → tensor. The trace is closed afterwards: its
+    tensors can no longer record operations.
+    """
+    tracer = Tracer(name)
+    try:
+        result = fn(tracer)
+        if isinstance(result, TracedTensor):
+            outputs: dict[str, TracedTensor] | list[TracedTensor] = [result]
+        elif isinstance(result, Mapping):
+            outputs = dict(result)
+        elif isinstance(result, (list, tuple)):
+            outputs = list(result)
+        else:
+            raise IRError(f"trace {name!r}: the function must return a TracedTensor or a list/tuple/dict of them, "
+                          f"got {type(result).__name__}")
+        values = outputs.values() if isinstance(outputs, dict) else outputs
+        for t in values:
+            tracer._own(t)
+    finally:
+        tracer._open = False
+    graph = tracer.graph
+    if isinstance(outputs, dict):
+        graph.set_outputs({k: t.id for k, t in outputs.items()})
+    else:
+        graph.set_outputs([t.id for t in outputs])
+    graph.verify()
+    return graph

@@ -1,0 +1,80 @@
+/*
+ * rlx.h — the C ABI every RLX-generated library exports (ABI version 1).
+ *
+ * One header serves every graph: the graph-specific facts (input, output and
+ * param names, dtypes, shapes, dynamic dims and their bounds) are in the JSON
+ * text returned by rlx_manifest(). Indices below are positions in the
+ * manifest's "inputs", "outputs", "params" and "symbols" lists.
+ *
+ * Typical use from C (no Python needed):
+ *
+ *     void *ctx = rlx_create();                       // NULL: out of memory
+ *     rlx_set_param(ctx, 0, w, sizeof w);             // every param, once
+ *     int64_t sym[1] = {seq_len};                     // dynamic dims, manifest order
+ *     const void *in[1] = {x};  void *out[1] = {y};
+ *     if (rlx_run(ctx, sym, in, out) != 0)
+ *         fprintf(stderr, "%s\n", rlx_last_error(ctx));
+ *     rlx_destroy(ctx);
+ *
+ * Data layout: every tensor is dense, row-major, in its declared dtype
+ * (bf16 and f16 as their 16-bit patterns, bool as one byte 0/1). Params are
+ * passed in the layout the user declared; the library applies any internal
+ * re-layout (manifest "layout") while copying.
+ *
+ * Threads: a context is not thread-safe; use one context per thread
+ * (rlx_clone). Computation inside rlx_run is parallelized with OpenMP and the
+ * BLAS library using the same thread count (rlx_set_num_threads).
+ */
+#ifndef RLX_H
+#define RLX_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RLX_ABI_VERSION 1
+
+/* ABI version the library was generated for (compare with RLX_ABI_VERSION). */
+int32_t rlx_abi_version(void);
+
+/* JSON manifest: name, inputs, outputs, params (name, dtype, shape, layout),
+ * symbols (name, max), arena_bytes, abi_version, target, isa, key. Static storage. */
+const char *rlx_manifest(void);
+
+/* A new execution context: arena, param storage, scratch. NULL on failure. */
+void *rlx_create(void);
+
+/* Frees a context (NULL is ignored). */
+void rlx_destroy(void *ctx);
+
+/* A new context sharing nothing with ctx, with ctx's params and thread count
+ * copied. NULL on failure. */
+void *rlx_clone(void *ctx);
+
+/* Copy param `index` from `data` (user layout, declared dtype, exactly
+ * `nbytes` bytes). Returns 0, or nonzero with a message in rlx_last_error. */
+int32_t rlx_set_param(void *ctx, int32_t index, const void *data, int64_t nbytes);
+
+/* Run the graph. `symbols` holds the values of the dynamic dims (each in
+ * 1..max) in manifest order (may be NULL when there are none); `inputs` and
+ * `outputs` hold one pointer per manifest entry; outputs are written in place
+ * and must not overlap inputs. Never allocates. Returns 0, or nonzero with a
+ * message in rlx_last_error (bad symbol, NULL pointer, unset param, gather
+ * index out of range, integer division by zero). */
+int32_t rlx_run(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
+
+/* Message of the last failed call on ctx ("" if none). Valid until the next call. */
+const char *rlx_last_error(void *ctx);
+
+/* Threads used by rlx_run for both OpenMP loops and BLAS. n < 1 selects the
+ * OpenMP default (OMP_NUM_THREADS or all cores). Returns the count now in
+ * effect, or -1 if scratch space for n threads could not be allocated. */
+int32_t rlx_set_num_threads(void *ctx, int32_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RLX_H */

@@ -1,0 +1,52 @@
+"""Shared helpers for CPU backend tests: compile a graph, run it, compare with the reference."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+import rlx
+from rlx.config import Config
+from rlx.runtime.compiled import CompiledGraph
+from rlx.runtime.session import Session
+
+#: One float32 rounding (unit roundoff 2^-24): the reference rounds every f32 op once.
+U32 = 2.0 ** -24
+
+
+def session(**changes: object) -> Session:
+    import dataclasses
+
+    return Session(rlx.Device.CPU, dataclasses.replace(Config.from_env(), **changes))
+
+
+def compile_graph(g: rlx.Graph, params: Mapping[str, np.ndarray] | None = None, *, opt_level: int = 0,
+                  **config: object) -> CompiledGraph:
+    """Compile `g` as written (opt_level 0 unless asked) and set its params."""
+    cg = session(**config).compile(g, opt_level=opt_level)
+    for name, value in (params or {}).items():
+        cg.set_param(name, value)
+    return cg
+
+
+def check(g: rlx.Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray] | None = None, *,
+          rtol: float, atol: float, cg: CompiledGraph | None = None, opt_level: int = 0) -> list[np.ndarray]:
+    """Run `g` compiled and through the reference; every output must agree within rtol/atol."""
+    cg = cg or compile_graph(g, params, opt_level=opt_level)
+    got = cg.run(dict(inputs))
+    want = rlx.reference.run(g, dict(inputs), dict(params or {}))
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape, f"output {i}: shape {a.shape} vs reference {b.shape}"
+        assert a.dtype == b.dtype, f"output {i}: dtype {a.dtype} vs reference {b.dtype}"
+        if a.dtype.kind in "biu":
+            np.testing.assert_array_equal(a, b, err_msg=f"output {i} ({g.output_names[i]})")
+        else:
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"output {i} ({g.output_names[i]})")
+    return got
+
+
+def gemm_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """Forward error bound of an f32 dot-product accumulation: k * u * (|a| @ |b|) (Higham, Thm 3.5)."""
+    return (k + 2) * U32 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))

@@ -1,0 +1,268 @@
+"""The LIR hash: stable across processes and constructions, sensitive to everything that shapes the code."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx.ir import ops as O
+from rlx.ir.graph import Graph
+from rlx.ir.lir import LirModule
+from rlx.ir.shape import Dim
+from rlx.opt.memplan import plan
+from rlx.opt.pipeline import optimize
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def program(hidden: int = 16, seq_max: int = 32) -> Graph:
+    """A small encoder layer: dynamic dims, constants, transposed params, fusions, views."""
+    g = Graph("encoder")
+    b, s = Dim.dynamic("batch", max=4), Dim.dynamic("seq", max=seq_max)
+    x = g.input("x", [b, s, hidden])
+    mask = g.input("mask", [b, s])
+    w = {k: g.param(f"{k}.weight", [hidden, hidden]) for k in ("q", "k", "v", "o")}
+    bias = {k: g.param(f"{k}.bias", [hidden]) for k in ("q", "k", "v", "o")}
+    qkv = [g.add_(g.matmul(x, g.transpose(w[k], [1, 0])), bias[k]) for k in ("q", "k", "v")]
+    a = g.attention(*qkv, num_heads=2, head_dim=hidden // 2, mask="padding", mask_input=mask)
+    h = g.add_(g.add_(g.matmul(a, g.transpose(w["o"], [1, 0])), bias["o"]), x)
+    h = g.layer_norm(h, g.param("ln.weight", [hidden]), g.param("ln.bias", [hidden]), eps=1e-12)
+    scale = g.constant(np.linspace(0.5, 1.5, hidden).astype(np.float32))
+    y = g.activation("tanh", g.mul(g.activation("gelu", h), scale))
+    g.set_outputs({"hidden": y, "flat": g.reshape(y, [b * s, hidden])})
+    return g
+
+
+def program_lir() -> LirModule:
+    return plan(optimize(program(), 2))
+
+
+# ── stability ──────────────────────────────────────────────────────────
+
+
+def test_stable_across_constructions() -> None:
+    a, b = program_lir(), program_lir()
+    assert a is not b and a.graph is not b.graph
+    assert a.canonical() == b.canonical() and a.hash() == b.hash()
+    assert len(a.hash()) == 64 and int(a.hash(), 16) >= 0
+
+
+def test_stable_across_serialization_round_trip() -> None:
+    g = optimize(program(), 2)
+    assert plan(Graph.from_json(g.to_json())).hash() == plan(g).hash()
+
+
+@pytest.mark.parametrize("seed", ["0", "4242"])
+def test_stable_across_processes(seed: str) -> None:
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('lir_case', {str(Path(__file__))!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "print(m.program_lir().hash())\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == program_lir().hash()
+
+
+def test_canonical_is_plain_sorted_json() -> None:
+    text = program_lir().canonical()
+    assert text.isascii()
+    doc = json.loads(text)
+    assert json.dumps(doc, sort_keys=True, separators=(",", ":")) == text
+    assert doc["symbols"] == [["batch", 4], ["seq", 32]]
+
+
+def test_manifest_describes_the_abi() -> None:
+    m = program_lir().manifest()
+    assert [i["name"] for i in m["inputs"]] == ["x", "mask"]
+    assert [o["name"] for o in m["outputs"]] == ["hidden", "flat"]
+    q = next(p for p in m["params"] if p["name"] == "q.weight")
+    assert q["shape"] == ["16", "16"] and q["layout"] == [1, 0]  # user layout, pre-transposed once
+    assert m["symbols"] == [{"name": "batch", "max": 4}, {"name": "seq", "max": 32}]
+
+
+# ── sensitivity ────────────────────────────────────────────────────────
+
+Build = Callable[[Graph, object], None]
+
+
+def _one(fn: str = "neg", dims: list = (4,), dtype: str = "f32") -> Build:
+    return lambda g, v: g.set_outputs([g.activation(fn, g.input("x", list(dims), dtype))])
+
+
+def _build_attention() -> Build:
+    base = {"num_heads": 2, "head_dim": 4, "mask": "none", "scale": None, "num_kv_heads": None}
+
+    def build(g: Graph, v: object) -> None:
+        kw = dict(base)
+        kw.update(v)  # type: ignore[arg-type]
+        q = g.input("q", [1, 3, 8])
+        kv_width = kw["head_dim"] * (kw["num_kv_heads"] or kw["num_heads"])
+        k, val = g.input("k", [1, 3, kv_width]), g.input("v", [1, 3, kv_width])
+        g.set_outputs([g.attention(q, k, val, **kw)])
+
+    return build
+
+
+def _build_rope(g: Graph, v: object) -> None:
+    kw = {"head_dim": 8, "n_rot": 4, "variant": "neox"}
+    kw.update(v)  # type: ignore[arg-type]
+    rot = kw["n_rot"] or kw["head_dim"]
+    x = g.input("x", [1, 3, 8])
+    cos, sin = g.input("cos", [3, rot // 2]), g.input("sin", [3, rot // 2])
+    g.set_outputs([g.rope(x, cos, sin, **kw)])
+
+
+def _sq(build: Callable[[Graph, int, object], int]) -> Build:
+    """Apply an op to a 4x4 input (square, so most attribute changes keep the shape)."""
+    def inner(g: Graph, v: object) -> None:
+        g.set_outputs([build(g, g.input("x", [4, 4]), v)])
+    return inner
+
+
+def _region(g: Graph, v: object) -> None:
+    x, y = g.input("x", [4]), g.input("y", [4])
+    g.set_outputs([g.add(O.ElementwiseRegion(v), [x, y])])
+
+
+def _fused(op_of: Callable[[object], O.Op], n_inputs: int, shapes: list[list[int]]) -> Build:
+    def build(g: Graph, v: object) -> None:
+        ins = [g.input(f"i{k}", shapes[k]) for k in range(n_inputs)]
+        g.set_outputs([g.add(op_of(v), ins)])
+    return build
+
+
+def _outputs(g: Graph, v: object) -> None:
+    x = g.input("x", [4])
+    a, b = g.activation("neg", x), g.activation("exp", x)
+    g.set_outputs(v(a, b))  # type: ignore[operator]
+
+
+def _node_name(g: Graph, v: object) -> None:
+    x = g.input("x", [4])
+    g.set_outputs([g.add(O.Activation("neg"), [x], name=v)])  # type: ignore[arg-type]
+
+
+def _graph_name(g: Graph, v: object) -> None:
+    g.name = v  # type: ignore[assignment]
+    _one()(g, None)
+
+
+def _param_layout(g: Graph, v: object) -> None:
+    x = g.input("x", [3, 4])
+    p = g.add(O.Param("w", g.shape(x).with_dims([4, 4]), v), name="w")  # type: ignore[arg-type]
+    g.set_outputs([g.matmul(x, p)])
+
+
+def _dyn(name: str, bound: int) -> Build:
+    return lambda g, v: _one(dims=[Dim.dynamic(name, max=bound), 4])(g, v)
+
+
+R = O.RegionStep
+# (what, op kind and field covered or None, builder, value a, value b)
+CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
+    ("input name", ("input", "name"), lambda g, v: g.set_outputs([g.input(v, [4])]), "x", "y"),
+    ("input dims", ("input", "shape"), lambda g, v: _one(dims=v)(g, None), [4], [5]),
+    ("input dtype", None, lambda g, v: _one(fn="neg", dtype=v)(g, None), "f32", "f16"),
+    ("dynamic bound", None, lambda g, v: _dyn("n", v)(g, None), 8, 16),
+    ("dynamic name", None, lambda g, v: _dyn(v, 8)(g, None), "n", "m"),
+    ("param name", ("param", "name"), lambda g, v: g.set_outputs([g.add_(g.input("x", [4]), g.param(v, [4]))]),
+     "p", "q"),
+    ("param shape", ("param", "shape"),
+     lambda g, v: g.set_outputs([g.add_(g.input("x", [4]), g.param("p", [v]))]), 4, 1),
+    ("param layout", ("param", "layout"), _param_layout, None, (1, 0)),
+    ("constant data", ("constant", "data"),
+     lambda g, v: g.set_outputs([g.add_(g.input("x", [4]), g.constant(np.full(4, v, np.float32)))]), 1.0, 2.0),
+    ("constant -0.0", None,
+     lambda g, v: g.set_outputs([g.add_(g.input("x", [4]), g.constant(np.float32(v)))]), 0.0, -0.0),
+    ("constant shape", ("constant", "shape"),
+     lambda g, v: g.set_outputs([g.add_(g.input("x", [2, 2]), g.constant(np.ones(v, np.float32)))]), [2, 2], [1, 2, 2]),
+    ("activation", ("activation", "fn"), lambda g, v: _one(fn=v)(g, None), "gelu", "gelu_tanh"),
+    ("binary", ("binary", "fn"), _sq(lambda g, x, v: g.binary(v, x, x)), "add", "mul"),
+    ("compare", ("compare", "fn"), _sq(lambda g, x, v: g.compare(v, x, x)), "lt", "le"),
+    ("cast", ("cast", "dtype"), _sq(lambda g, x, v: g.cast(x, v)), "f16", "bf16"),
+    ("reduce fn", ("reduce", "fn"), _sq(lambda g, x, v: g.reduce(v, x, [1])), "sum", "mean"),
+    ("reduce axes", ("reduce", "axes"), _sq(lambda g, x, v: g.reduce("sum", x, v)), [0], [1]),
+    ("reduce keep_dim", ("reduce", "keep_dim"), _sq(lambda g, x, v: g.reduce("sum", x, [0, 1], v)), False, True),
+    ("softmax", ("softmax", "axis"), _sq(lambda g, x, v: g.softmax(x, v)), -1, 0),
+    ("layer_norm", ("layer_norm", "eps"),
+     _sq(lambda g, x, v: g.layer_norm(x, g.param("a", [4]), g.param("b", [4]), eps=v)), 1e-5, 1e-6),
+    ("rms_norm", ("rms_norm", "eps"), _sq(lambda g, x, v: g.rms_norm(x, g.param("a", [4]), eps=v)), 1e-5, 1e-6),
+    ("reshape", ("reshape", "shape"), _sq(lambda g, x, v: g.reshape(x, v)), [2, 8], [8, 2]),
+    ("reshape -1", None, _sq(lambda g, x, v: g.reshape(x, v)), [2, 8], [2, -1]),
+    ("transpose", ("transpose", "perm"), lambda g, v: g.set_outputs([g.transpose(g.input("x", [4, 4, 4]), v)]),
+     [1, 0, 2], [0, 2, 1]),
+    ("narrow axis", ("narrow", "axis"), _sq(lambda g, x, v: g.narrow(x, v, 1, 2)), 0, 1),
+    ("narrow start", ("narrow", "start"), _sq(lambda g, x, v: g.narrow(x, 0, v, 2)), 0, 1),
+    ("narrow length", ("narrow", "length"), _sq(lambda g, x, v: g.narrow(x, 0, 0, v)), 2, 3),
+    ("concat", ("concat", "axis"), _sq(lambda g, x, v: g.transpose(g.concat([x, x], v), [0, 1])
+                                       if v == 0 else g.concat([x, x], v)), 0, 1),
+    ("expand", ("expand", "shape"), lambda g, v: g.set_outputs([g.expand(g.input("x", [1, 4]), v)]),
+     [3, 4], [2, 3, 4]),
+    ("gather", ("gather", "axis"), lambda g, v: g.set_outputs([g.gather(g.input("t", [4, 4]),
+                                                                         g.input("i", [2], "i32"), v)]), 0, 1),
+    ("attention num_heads", ("attention", "num_heads"), _build_attention(),
+     {"num_heads": 2, "head_dim": 4}, {"num_heads": 4, "head_dim": 2}),
+    ("attention head_dim", ("attention", "head_dim"), _build_attention(),
+     {"num_heads": 2, "head_dim": 4, "num_kv_heads": 1}, {"num_heads": 4, "head_dim": 2, "num_kv_heads": 2}),
+    ("attention mask", ("attention", "mask"), _build_attention(), {"mask": "none"}, {"mask": "causal"}),
+    ("attention scale", ("attention", "scale"), _build_attention(), {"scale": None}, {"scale": 0.5}),
+    ("attention kv heads", ("attention", "num_kv_heads"), _build_attention(),
+     {"num_kv_heads": None}, {"num_kv_heads": 2}),
+    ("rope head_dim", ("rope", "head_dim"), _build_rope, {"head_dim": 8}, {"head_dim": 4}),
+    ("rope n_rot", ("rope", "n_rot"), _build_rope, {"n_rot": 8}, {"n_rot": None, "head_dim": 8}),
+    ("rope variant", ("rope", "variant"), _build_rope, {"variant": "neox"}, {"variant": "interleaved"}),
+    ("fused matmul act", ("fused_matmul_bias_act", "activation"),
+     _fused(lambda v: O.FusedMatMulBiasAct(v), 3, [[2, 4], [4, 4], [4]]), None, "gelu"),
+    ("fused residual ln", ("fused_residual_layer_norm", "eps"),
+     _fused(lambda v: O.FusedResidualLayerNorm(v), 4, [[2, 4], [2, 4], [4], [4]]), 1e-5, 1e-12),
+    ("fused residual rms", ("fused_residual_rms_norm", "eps"),
+     _fused(lambda v: O.FusedResidualRmsNorm(v), 3, [[2, 4], [2, 4], [4]]), 1e-5, 1e-6),
+    ("region op", ("elementwise_region", "steps"), _region,
+     (R(O.Binary("add"), (0, 1)), R(O.Activation("relu"), (2,))),
+     (R(O.Binary("add"), (0, 1)), R(O.Activation("tanh"), (2,)))),
+    ("region args", None, _region, (R(O.Binary("sub"), (0, 1)),), (R(O.Binary("sub"), (1, 0)),)),
+    ("node name", None, _node_name, "", "h"),
+    ("graph name", None, _graph_name, "a", "b"),
+    ("output names", None, lambda g, v: _outputs(g, lambda a, b: dict(zip(v, [a, b]))), ["p", "q"], ["q", "p"]),
+    ("output order", None, _outputs, lambda a, b: [a, b], lambda a, b: [b, a]),
+    ("output duplicated", None, _outputs, lambda a, b: [a, b], lambda a, b: [a, b, a]),
+]
+
+
+def _lir(build: Build, v: object) -> LirModule:
+    g = Graph("case")
+    build(g, v)
+    return plan(g)
+
+
+@pytest.mark.parametrize("what,field,build,a,b", CASES, ids=[c[0] for c in CASES])
+def test_hash_sensitive_to(what: str, field: object, build: Build, a: object, b: object) -> None:
+    la, la2, lb = _lir(build, a), _lir(build, a), _lir(build, b)
+    assert la.hash() == la2.hash(), f"{what}: unstable"
+    assert la.hash() != lb.hash(), f"{what}: {a!r} and {b!r} hash the same"
+
+
+def test_cases_cover_every_op_attribute() -> None:
+    covered = {c[1] for c in CASES if c[1] is not None}
+    every = {(kind, f.name) for kind, cls in O.OPS.items() for f in dataclasses.fields(cls)}
+    assert every - covered == set()
+
+
+def test_hash_sensitive_to_the_buffer_plan() -> None:
+    lir = program_lir()
+    arena = next(n for n, b in lir.buffers.items() if b.storage == "arena")
+    moved = dict(lir.buffers)
+    moved[arena] = dataclasses.replace(moved[arena], offset=moved[arena].offset + 64)
+    assert dataclasses.replace(lir, buffers=moved).hash() != lir.hash()
+    assert dataclasses.replace(lir, arena_bytes=lir.arena_bytes + 64).hash() != lir.hash()

@@ -1,0 +1,393 @@
+"""Shape and dtype inference of every MIR op, and the errors it raises."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from rlx.errors import IRError, ShapeError
+from rlx.ir import ops as O
+from rlx.ir.graph import Graph
+from rlx.ir.shape import Dim, Shape
+
+SEQ = Dim.dynamic("seq", max=64)
+BATCH = Dim.dynamic("batch", max=4)
+_SYMS = {"seq": SEQ, "batch": BATCH}
+
+
+def sh(spec: str) -> Shape:
+    """'f32[2,seq,3]' → Shape; names 'seq' and 'batch' are dynamic, '2*seq' a product."""
+    dtype, _, rest = spec.partition("[")
+    dims = []
+    for tok in filter(None, rest.rstrip("]").split(",")):
+        d = Dim(1)
+        for factor in tok.split("*"):
+            d = d * (_SYMS[factor] if factor in _SYMS else Dim(int(factor)))
+        dims.append(d)
+    return Shape.of(dims, dtype)
+
+
+def infer(op: O.Op, *specs: str) -> Shape:
+    """Build a graph feeding `op` from inputs of the given shapes; return the inferred shape."""
+    g = Graph("t")
+    ids = [g.input(f"i{k}", sh(s)) for k, s in enumerate(specs)]
+    return g.shape(g.add(op, ids, name="probe"))
+
+
+# (op, input shapes, expected output shape)
+VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
+    # leaves are checked in test_leaves; everything else here
+    (O.Activation("gelu"), ("f32[2,3]",), "f32[2,3]"),
+    (O.Activation("silu"), ("bf16[seq,8]",), "bf16[seq,8]"),
+    (O.Activation("relu"), ("i32[4]",), "i32[4]"),  # relu/neg/abs accept integers
+    (O.Activation("neg"), ("i8[4]",), "i8[4]"),
+    (O.Activation("abs"), ("f16[]",), "f16[]"),
+    (O.Binary("add"), ("f32[2,3]", "f32[3]"), "f32[2,3]"),
+    (O.Binary("mul"), ("f32[batch,1,8]", "f32[seq,1]"), "f32[batch,seq,8]"),
+    (O.Binary("div"), ("i64[4,1]", "i64[1,5]"), "i64[4,5]"),
+    (O.Binary("pow"), ("f32[]", "f32[2]"), "f32[2]"),
+    (O.Binary("max"), ("f16[seq,2]", "f16[seq,2]"), "f16[seq,2]"),
+    (O.Compare("lt"), ("f32[2,3]", "f32[1]"), "bool[2,3]"),
+    (O.Compare("eq"), ("bool[seq]", "bool[seq]"), "bool[seq]"),
+    (O.Where(), ("bool[2,1]", "f32[3]", "f32[2,3]"), "f32[2,3]"),
+    (O.Where(), ("bool[seq]", "i32[]", "i32[]"), "i32[seq]"),
+    (O.Cast(O.DType.BF16), ("f32[2,seq]",), "bf16[2,seq]"),
+    (O.Cast(O.DType.BOOL), ("i32[3]",), "bool[3]"),
+    (O.MatMul(), ("f32[4,8]", "f32[8,16]"), "f32[4,16]"),
+    (O.MatMul(), ("f32[batch,seq,8]", "f32[8,3]"), "f32[batch,seq,3]"),
+    (O.MatMul(), ("f32[2,1,4,8]", "f32[5,8,3]"), "f32[2,5,4,3]"),
+    (O.MatMul(), ("f16[seq,seq]", "f16[seq,4]"), "f16[seq,4]"),
+    (O.Reduce("sum", (1,)), ("f32[2,3,4]",), "f32[2,4]"),
+    (O.Reduce("mean", (-1, 0), True), ("f32[2,3,4]",), "f32[1,3,1]"),
+    (O.Reduce("max", ()), ("f32[2,seq]",), "f32[]"),
+    (O.Reduce("prod", (), True), ("i32[2,3]",), "i32[1,1]"),
+    (O.Reduce("min", (1,)), ("f32[batch,seq]",), "f32[batch]"),
+    (O.Softmax(), ("f32[2,seq]",), "f32[2,seq]"),
+    (O.Softmax(0), ("bf16[5]",), "bf16[5]"),
+    (O.LayerNorm(1e-5), ("f32[seq,8]", "f32[8]", "f32[8]"), "f32[seq,8]"),
+    (O.RmsNorm(1e-6), ("f16[2,3,8]", "f16[8]"), "f16[2,3,8]"),
+    (O.Reshape((6,)), ("f32[2,3]",), "f32[6]"),
+    (O.Reshape((-1, 4)), ("f32[2,3,4]",), "f32[6,4]"),
+    (O.Reshape((BATCH * SEQ, 8)), ("f32[batch,seq,8]",), "f32[batch*seq,8]"),
+    (O.Reshape((BATCH, -1, 2)), ("f32[batch,seq,8]",), "f32[batch,4*seq,2]"),
+    (O.Reshape(()), ("f32[1,1]",), "f32[]"),
+    (O.Transpose((1, 0)), ("f32[2,3]",), "f32[3,2]"),
+    (O.Transpose((0, 2, 1, 3)), ("f32[batch,seq,4,8]",), "f32[batch,4,seq,8]"),
+    (O.Narrow(1, 2, 3), ("f32[seq,8]",), "f32[seq,3]"),
+    (O.Narrow(-1, 0, 0), ("f32[2,8]",), "f32[2,0]"),
+    (O.Concat(1), ("f32[seq,2]", "f32[seq,3]"), "f32[seq,5]"),
+    (O.Concat(-1), ("i32[4]",), "i32[4]"),
+    (O.Expand((2, 3)), ("f32[1,3]",), "f32[2,3]"),
+    (O.Expand((BATCH, SEQ, 4)), ("f32[4]",), "f32[batch,seq,4]"),
+    (O.Gather(0), ("f32[100,8]", "i32[seq]"), "f32[seq,8]"),
+    (O.Gather(1), ("f32[2,100,8]", "i64[3,4]"), "f32[2,3,4,8]"),
+    (O.Attention(4, 8), ("f32[2,seq,32]", "f32[2,seq,32]", "f32[2,seq,32]"), "f32[2,seq,32]"),
+    (O.Attention(4, 8, "causal", num_kv_heads=2), ("f16[1,3,32]", "f16[1,7,16]", "f16[1,7,16]"), "f16[1,3,32]"),
+    (O.Attention(2, 4, "padding"), ("f32[2,3,8]", "f32[2,5,8]", "f32[2,5,8]", "i32[2,5]"), "f32[2,3,8]"),
+    (O.Attention(2, 4, "bias"), ("f32[2,3,8]", "f32[2,5,8]", "f32[2,5,8]", "f32[3,5]"), "f32[2,3,8]"),
+    (O.Attention(2, 4, "bias"), ("f32[2,3,8]", "f32[2,5,8]", "f32[2,5,8]", "f32[2,2,1,5]"), "f32[2,3,8]"),
+    (O.Attention(2, 4, scale=0.5), ("bf16[1,1,8]", "bf16[1,9,8]", "bf16[1,9,8]"), "bf16[1,1,8]"),
+    (O.Rope(8), ("f32[2,seq,32]", "f32[seq,4]", "f32[seq,4]"), "f32[2,seq,32]"),
+    (O.Rope(8, 4, "interleaved"), ("f16[1,5,16]", "f16[5,2]", "f16[5,2]"), "f16[1,5,16]"),
+    (O.FusedMatMulBiasAct(), ("f32[seq,8]", "f32[8,4]"), "f32[seq,4]"),
+    (O.FusedMatMulBiasAct("gelu"), ("f32[2,3,8]", "f32[8,4]", "f32[4]"), "f32[2,3,4]"),
+    (O.FusedResidualLayerNorm(), ("f32[seq,8]", "f32[seq,8]", "f32[8]", "f32[8]"), "f32[seq,8]"),
+    (O.FusedResidualLayerNorm(), ("f32[2,8]", "f32[2,8]", "f32[8]", "f32[8]", "f32[8]"), "f32[2,8]"),
+    (O.FusedResidualRmsNorm(), ("bf16[seq,8]", "bf16[seq,8]", "bf16[8]"), "bf16[seq,8]"),
+    (O.FusedResidualRmsNorm(), ("f32[2,8]", "f32[2,8]", "f32[8]", "f32[8]"), "f32[2,8]"),
+    (O.FusedSwiGLU(), ("f32[seq,8]", "f32[8,16]", "f32[8,16]"), "f32[seq,16]"),
+    (O.ElementwiseRegion((O.RegionStep(O.Binary("mul"), (0, 1)), O.RegionStep(O.Activation("silu"), (2,)))),
+     ("f32[seq,1]", "f32[4]"), "f32[seq,4]"),
+    (O.ElementwiseRegion((O.RegionStep(O.Compare("gt"), (0, 1)), O.RegionStep(O.Where(), (2, 0, 1)),
+                          O.RegionStep(O.Cast(O.DType.F16), (3,)))), ("f32[3]", "f32[3]"), "f16[3]"),
+]
+
+
+@pytest.mark.parametrize(("op", "specs", "want"), VALID, ids=[f"{c[0].kind}-{i}" for i, c in enumerate(VALID)])
+def test_infer(op: O.Op, specs: tuple[str, ...], want: str) -> None:
+    assert infer(op, *specs) == sh(want)
+
+
+# (op, input shapes, exception, message pattern)
+ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
+    (O.Activation("swish"), ("f32[2]",), ShapeError, "unknown activation 'swish'"),
+    (O.Activation("exp"), ("i32[2]",), ShapeError, "needs a floating-point input"),
+    (O.Activation("neg"), ("bool[2]",), ShapeError, "does not accept bool"),
+    (O.Activation("relu"), ("f32[2]", "f32[2]"), IRError, "activation takes 1 inputs, got 2"),
+    (O.Binary("mod"), ("f32[2]", "f32[2]"), ShapeError, "unknown binary op 'mod'"),
+    (O.Binary("add"), ("f32[2,3]", "f32[2]"), ShapeError, r"cannot broadcast shapes \[2,3\] vs \[2\]"),
+    (O.Binary("add"), ("f32[seq]", "f32[4]"), ShapeError, "cannot broadcast"),
+    (O.Binary("add"), ("f32[2]", "f16[2]"), ShapeError, "needs inputs of one dtype"),
+    (O.Binary("add"), ("bool[2]", "bool[2]"), ShapeError, "does not accept bool"),
+    (O.Binary("add"), ("f32[2]",), IRError, "binary takes 2 inputs, got 1"),
+    (O.Compare("approx"), ("f32[2]", "f32[2]"), ShapeError, "unknown comparison"),
+    (O.Compare("lt"), ("f32[2]", "i32[2]"), ShapeError, "one dtype"),
+    (O.Compare("lt"), ("f32[2]", "f32[3]"), ShapeError, "cannot broadcast"),
+    (O.Where(), ("f32[2]", "f32[2]", "f32[2]"), ShapeError, "bool condition"),
+    (O.Where(), ("bool[2]", "f32[2]", "f16[2]"), ShapeError, "one dtype"),
+    (O.Where(), ("bool[3]", "f32[2]", "f32[2]"), ShapeError, "cannot broadcast"),
+    (O.Cast(O.DType.F32), (), IRError, "cast takes 1 inputs, got 0"),
+    (O.MatMul(), ("f32[4,8]", "f32[7,16]"), ShapeError, r"inner dims differ: f32\[4,8\] @ f32\[7,16\]"),
+    (O.MatMul(), ("f32[8]", "f32[8,2]"), ShapeError, "rank >= 2"),
+    (O.MatMul(), ("f32[2,4,8]", "f32[3,8,2]"), ShapeError, "batch dims do not broadcast"),
+    (O.MatMul(), ("i32[2,2]", "i32[2,2]"), ShapeError, "floating-point"),
+    (O.MatMul(), ("f32[2,2]", "f16[2,2]"), ShapeError, "one dtype"),
+    (O.MatMul(), ("f32[seq,8]", "f32[seq,8]"), ShapeError, "inner dims differ"),
+    (O.Reduce("median", ()), ("f32[2]",), ShapeError, "unknown reduction"),
+    (O.Reduce("sum", (2,)), ("f32[2,3]",), ShapeError, "reduce axis 2 is out of range for rank 2"),
+    (O.Reduce("sum", (0, -2)), ("f32[2,3]",), ShapeError, "repeat an axis"),
+    (O.Reduce("sum", (0,)), ("f32[]",), ShapeError, "out of range for rank 0"),
+    (O.Reduce("sum", ()), ("bool[2]",), ShapeError, "bool"),
+    (O.Softmax(2), ("f32[2,3]",), ShapeError, "softmax axis 2 is out of range"),
+    (O.Softmax(), ("i32[3]",), ShapeError, "floating-point"),
+    (O.Softmax(0), ("f32[]",), ShapeError, "rank 0"),
+    (O.LayerNorm(), ("f32[2,8]", "f32[4]", "f32[8]"), ShapeError, r"parameter must be f32\[8\], got f32\[4\]"),
+    (O.LayerNorm(), ("f32[2,8]", "f16[8]", "f16[8]"), ShapeError, "parameter must be f32"),
+    (O.LayerNorm(), ("f32[]", "f32[1]", "f32[1]"), ShapeError, "rank >= 1"),
+    (O.LayerNorm(), ("i32[2,8]", "i32[8]", "i32[8]"), ShapeError, "floating-point"),
+    (O.LayerNorm(float("nan")), ("f32[2,8]", "f32[8]", "f32[8]"), ShapeError, "eps must be a finite number"),
+    (O.LayerNorm(-1.0), ("f32[2,8]", "f32[8]", "f32[8]"), ShapeError, "eps must be a finite number >= 0"),
+    (O.LayerNorm(), ("f32[2,8]", "f32[8]"), IRError, "layer_norm takes 3 inputs, got 2"),
+    (O.RmsNorm(), ("f32[2,8]", "f32[2,8]"), ShapeError, "parameter must be"),
+    (O.RmsNorm(math.inf), ("f32[2,8]", "f32[8]"), ShapeError, "eps must be a finite"),
+    (O.Reshape((5,)), ("f32[2,3]",), ShapeError, r"cannot reshape f32\[2,3\] \(6 elements\) to \[5\]"),
+    (O.Reshape((-1, -1)), ("f32[2,3]",), ShapeError, "at most one -1"),
+    (O.Reshape((-1, 4)), ("f32[2,3]",), ShapeError, "not divisible by 4"),
+    (O.Reshape((SEQ, 8)), ("f32[batch,seq,8]",), ShapeError, "cannot reshape"),
+    (O.Reshape((-1, 8)), ("f32[seq,4]",), ShapeError, "not divisible"),
+    (O.Reshape((1,) * 17), ("f32[1]",), IRError, "rank 17"),
+    (O.Transpose((0, 0)), ("f32[2,3]",), ShapeError, r"perm \[0, 0\] is not a permutation of rank 2"),
+    (O.Transpose((1, 0)), ("f32[2,3,4]",), ShapeError, "not a permutation of rank 3"),
+    (O.Narrow(0, 1, 3), ("f32[3,2]",), ShapeError, r"narrow \[1, 4\) is out of range for axis 0"),
+    (O.Narrow(0, -1, 1), ("f32[3,2]",), ShapeError, "out of range"),
+    (O.Narrow(0, 0, 1), ("f32[seq,2]",), ShapeError, "dynamic axis"),
+    (O.Narrow(2, 0, 1), ("f32[3,2]",), ShapeError, "narrow axis 2 is out of range"),
+    (O.Narrow(0, 0, 1), ("f32[]",), ShapeError, "rank 0"),
+    (O.Concat(0), ("f32[2,3]", "f32[2,4]"), ShapeError, "differ on axis 1"),
+    (O.Concat(0), ("f32[2,3]", "f16[2,3]"), ShapeError, "differ in rank or dtype"),
+    (O.Concat(0), ("f32[2,3]", "f32[2]"), ShapeError, "differ in rank or dtype"),
+    (O.Concat(0), ("f32[seq,3]", "f32[2,3]"), ShapeError, "dynamic axis"),
+    (O.Concat(0), ("f32[]",), ShapeError, "rank 0"),
+    (O.Concat(0), (), IRError, r"concat takes 1\.\.1024 inputs, got 0"),
+    (O.Expand((3,)), ("f32[2]",), ShapeError, r"cannot expand f32\[2\] to \[3\]"),
+    (O.Expand((3,)), ("f32[2,3]",), ShapeError, "fewer dims"),
+    (O.Expand((SEQ,)), ("f32[4]",), ShapeError, "cannot expand"),
+    (O.Gather(0), ("f32[10,4]", "f32[3]"), ShapeError, "indices must be i32 or i64"),
+    (O.Gather(2), ("f32[10,4]", "i32[3]"), ShapeError, "gather axis 2 is out of range"),
+    (O.Gather(0), ("f32[]", "i32[3]"), ShapeError, "rank 0"),
+    (O.Attention(4, 8, "sliding"), ("f32[1,2,32]",) * 3, ShapeError, "unknown attention mask 'sliding'"),
+    (O.Attention(4, 8), ("f32[1,2,32]",) * 2, IRError, r"attention takes 3\.\.4 inputs, got 2"),
+    (O.Attention(4, 8, "padding"), ("f32[1,2,32]",) * 3, ShapeError, "mask='padding' takes 4 inputs, got 3"),
+    (O.Attention(4, 8), ("f32[1,2,32]",) * 3 + ("f32[1,2]",), ShapeError, "mask='none' takes 3 inputs, got 4"),
+    (O.Attention(4, 8, num_kv_heads=3), ("f32[1,2,32]", "f32[1,2,24]", "f32[1,2,24]"), ShapeError,
+     "heads invalid"),
+    (O.Attention(4, 8, num_kv_heads=0), ("f32[1,2,32]",) * 3, ShapeError, "heads invalid"),
+    (O.Attention(0, 8), ("f32[1,2,32]",) * 3, ShapeError, "heads invalid"),
+    (O.Attention(4, 8), ("f32[1,2,30]",) * 3, ShapeError, r"q must be \[batch, seq, 4\*8\]"),
+    (O.Attention(4, 8), ("f32[2,32]",) * 3, ShapeError, "q must be"),
+    (O.Attention(4, 8, num_kv_heads=2), ("f32[1,2,32]",) * 3, ShapeError, r"k must be \[batch, seq, 2\*8\]"),
+    (O.Attention(4, 8), ("f32[1,2,32]", "f32[1,3,32]", "f32[1,4,32]"), ShapeError, "kv length disagree"),
+    (O.Attention(4, 8), ("f32[1,2,32]", "f32[2,3,32]", "f32[2,3,32]"), ShapeError, "batch or kv length"),
+    (O.Attention(4, 8), ("f32[1,2,32]", "f16[1,2,32]", "f16[1,2,32]"), ShapeError, "one dtype"),
+    (O.Attention(2, 4, "padding"), ("f32[2,3,8]", "f32[2,5,8]", "f32[2,5,8]", "i32[2,3]"), ShapeError,
+     r"padding mask must be \[2,5\]"),
+    (O.Attention(2, 4, "bias"), ("f32[2,3,8]", "f32[2,5,8]", "f32[2,5,8]", "f32[4,5]"), ShapeError,
+     "cannot broadcast"),
+    (O.Attention(2, 4, "bias"), ("f32[2,3,8]", "f32[2,5,8]", "f32[2,5,8]", "f32[1,2,2,3,5]"), ShapeError,
+     "must broadcast to"),
+    (O.Attention(2, 4, "bias"), ("f32[1,3,8]", "f32[1,5,8]", "f32[1,5,8]", "f32[2,1,1,5]"), ShapeError,
+     "does not broadcast to"),  # the bias may not widen the output
+    (O.Attention(2, 4, "bias"), ("f32[2,3,8]", "f32[2,5,8]", "f32[2,5,8]", "f16[3,5]"), ShapeError,
+     "bias dtype f16 differs"),
+    (O.Attention(2, 4, scale=math.nan), ("f32[1,2,8]",) * 3, ShapeError, "scale must be a finite"),
+    (O.Rope(8, variant="yarn"), ("f32[1,2,16]", "f32[2,4]", "f32[2,4]"), ShapeError, "unknown rope variant"),
+    (O.Rope(8, 3), ("f32[1,2,16]", "f32[2,1]", "f32[2,1]"), ShapeError, "n_rot=3 must be even"),
+    (O.Rope(8, 10), ("f32[1,2,16]", "f32[2,5]", "f32[2,5]"), ShapeError, "within head_dim=8"),
+    (O.Rope(8, 0), ("f32[1,2,16]", "f32[2,0]", "f32[2,0]"), ShapeError, "n_rot=0"),
+    (O.Rope(8), ("f32[1,2,12]", "f32[2,4]", "f32[2,4]"), ShapeError, r"rope input must be \[batch, seq, heads\*8\]"),
+    (O.Rope(8), ("f32[2,16]", "f32[2,4]", "f32[2,4]"), ShapeError, "rope input must be"),
+    (O.Rope(8), ("f32[1,2,16]", "f32[3,4]", "f32[2,4]"), ShapeError, r"rope cos must be f32\[2,4\]"),
+    (O.Rope(8), ("f32[1,2,16]", "f32[2,4]", "f16[2,4]"), ShapeError, "rope sin must be"),
+    (O.Rope(8), ("i32[1,2,16]", "i32[2,4]", "i32[2,4]"), ShapeError, "floating-point"),
+    (O.FusedMatMulBiasAct(), ("f32[2,8]", "f32[4,8]"), ShapeError, "inner dims differ"),
+    (O.FusedMatMulBiasAct(), ("f32[2,8]", "f32[8,4]", "f32[2,4]"), ShapeError, r"bias must be \[4\]"),
+    (O.FusedMatMulBiasAct("swish"), ("f32[2,8]", "f32[8,4]"), ShapeError, "unknown activation"),
+    (O.FusedMatMulBiasAct(), ("i32[2,8]", "i32[8,4]"), ShapeError, "floating-point"),
+    (O.FusedMatMulBiasAct(), ("f32[2,8]", "f32[8,4]", "f16[4]"), ShapeError, "one dtype"),
+    (O.FusedResidualLayerNorm(), ("f32[2,8]", "f32[1,8]", "f32[8]", "f32[8]"), ShapeError,
+     "residual must match input exactly"),
+    (O.FusedResidualLayerNorm(), ("f32[2,8]", "f32[2,8]", "f32[8]", "f32[4]"), ShapeError, "parameter must be"),
+    (O.FusedResidualLayerNorm(-1.0), ("f32[2,8]", "f32[2,8]", "f32[8]", "f32[8]"), ShapeError, "eps"),
+    (O.FusedResidualRmsNorm(), ("f32[2,8]", "f16[2,8]", "f32[8]"), ShapeError, "residual must match"),
+    (O.FusedResidualRmsNorm(), ("f32[2,8]", "f32[2,8]"), IRError, r"takes 3\.\.4 inputs, got 2"),
+    (O.FusedResidualRmsNorm(math.nan), ("f32[2,8]", "f32[2,8]", "f32[8]"), ShapeError, "eps"),
+    (O.FusedSwiGLU(), ("f32[2,8]", "f32[8,16]", "f32[8,8]"), ShapeError, "gate and up weights differ"),
+    (O.FusedSwiGLU(), ("f32[2,4]", "f32[8,16]", "f32[8,16]"), ShapeError, "inner dims differ"),
+    (O.FusedSwiGLU(), ("i32[2,8]", "i32[8,16]", "i32[8,16]"), ShapeError, "floating-point"),
+    (O.ElementwiseRegion(()), ("f32[2]",), ShapeError, "has no steps"),
+    (O.ElementwiseRegion((O.RegionStep(O.MatMul(), (0, 0)),)), ("f32[2,2]",), ShapeError,
+     "step 0 is matmul, which is not elementwise"),
+    (O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0, 1)),)), ("f32[2]",), ShapeError,
+     "step 0 reads value 1, which is not defined yet"),
+    (O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0,)),)), ("f32[2]",), IRError, "binary takes 2 inputs"),
+    (O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0, 1)),)), ("f32[2]", "f32[3]"), ShapeError,
+     "cannot broadcast"),
+]
+
+
+@pytest.mark.parametrize(("op", "specs", "exc", "pattern"), ERRORS,
+                         ids=[f"{c[0].kind}-{i}" for i, c in enumerate(ERRORS)])
+def test_infer_errors_name_node_and_problem(op: O.Op, specs: tuple[str, ...], exc: type, pattern: str) -> None:
+    with pytest.raises(exc, match=pattern) as info:
+        infer(op, *specs)
+    # Graph prefixes the node being built: its id, its name and its op kind.
+    assert str(info.value).startswith(f"node %{len(specs)} (probe) {op.kind}: ")
+
+
+def test_every_op_is_covered() -> None:
+    covered_valid = {op.kind for op, _, _ in VALID} | O.LEAF_KINDS
+    covered_errors = {op.kind for op, _, _, _ in ERRORS} | O.LEAF_KINDS
+    assert set(O.OPS) - covered_valid == set()
+    assert set(O.OPS) - covered_errors == set()
+
+
+def test_leaves() -> None:
+    g = Graph("leaves")
+    x = g.input("x", [BATCH, 4], "f16")
+    w = g.param("w", [4, 2], "bf16")
+    c = g.constant(np.arange(6, dtype=np.int32).reshape(2, 3))
+    f = g.constant(1.5)
+    assert g.shape(x) == Shape.of([BATCH, 4], "f16")
+    assert g.shape(w) == Shape.of([4, 2], "bf16")
+    assert g.shape(c) == Shape.of([2, 3], "i32")
+    assert g.shape(f) == Shape.of([], "f32")
+    assert g.node(c).op.array().tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert g.node(c).op.describe() == "constant[6 values]"
+    assert g.node(f).op.describe() == "constant[1.5]"
+
+
+def test_param_layout() -> None:
+    p = O.Param("w", Shape.of([4, 2]), layout=(1, 0))
+    assert p.infer([]) == Shape.of([4, 2])
+    assert p.user_shape == Shape.of([2, 4])
+    p3 = O.Param("w", Shape.of([2, 3, 4]), layout=(2, 0, 1))
+    # stored axis i is user axis layout[i]: user dims are (3, 4, 2)
+    assert p3.user_shape.static_dims == (3, 4, 2)
+    assert np.zeros((3, 4, 2)).transpose(p3.layout).shape == (2, 3, 4)
+
+
+@pytest.mark.parametrize(("op", "pattern"), [
+    (O.Param("w", Shape.of([4, 2]), layout=(0, 0)), "not a permutation"),
+    (O.Param("w", Shape.of([SEQ, 2])), "static shape"),
+    (O.Constant(b"\x00" * 7, Shape.of([2], "f32")), "holds 7 bytes but f32\\[2\\] needs 8"),
+    (O.Constant(b"", Shape.of([SEQ], "f32")), "static shape"),
+])
+def test_leaf_errors(op: O.Op, pattern: str) -> None:
+    with pytest.raises(ShapeError, match=pattern):
+        Graph().add(op)
+
+
+def test_graph_structural_errors() -> None:
+    g = Graph("g")
+    x = g.input("x", [2])
+    with pytest.raises(IRError, match="node %1: name must be a string"):
+        g.add(O.Activation("relu"), [x], name=3)  # type: ignore[arg-type]
+    with pytest.raises(IRError, match=r"node %1 \(activation\): input 5 does not name an earlier node"):
+        g.add(O.Activation("relu"), [5])
+    with pytest.raises(IRError, match="input -1 does not name"):
+        g.add(O.Activation("relu"), [-1])
+    with pytest.raises(IRError, match="input True does not name"):
+        g.add(O.Activation("relu"), [True])
+    with pytest.raises(IRError, match="input takes no inputs"):
+        g.add(O.Input("y", Shape.of([2])), [x])
+    with pytest.raises(IRError, match="is not a MIR op"):
+        g.add("relu", [x])  # type: ignore[arg-type]
+    with pytest.raises(IRError, match="has no node -1"):
+        g.node(-1)
+    with pytest.raises(IRError, match="has no node True"):
+        g.node(True)  # type: ignore[arg-type]
+    with pytest.raises(IRError, match="has no node -1"):
+        g.set_outputs([-1])
+    with pytest.raises(IRError, match="needs at least one output"):
+        g.set_outputs([])
+    with pytest.raises(IRError, match="duplicate output names"):
+        g.set_outputs([x, x], ["a", "a"])
+    assert len(g) == 1  # failed adds leave the graph unchanged
+
+
+def test_op_that_is_not_registered_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Local(O.Op):
+        registry: ClassVar[dict] = {}
+        kind: ClassVar[str] = "local"
+        arity: ClassVar[tuple[int, int]] = (1, 1)
+
+        def infer(self, inputs: list[Shape]) -> Shape:
+            return inputs[0]
+
+    g = Graph()
+    x = g.input("x", [2])
+    with pytest.raises(IRError, match="not a MIR op"):
+        g.add(Local(), [x])
+    assert "local" not in O.OPS
+
+
+def test_verify_catches_tampering() -> None:
+    g = Graph("g")
+    x = g.input("x", [2, 3])
+    y = g.activation("relu", x)
+    g.set_outputs([y])
+    g.verify()
+    bad = g.copy()
+    bad.nodes[1] = replace(bad.nodes[1], shape=Shape.of([3, 2]))
+    with pytest.raises(ShapeError, match=r"node %1 activation: recorded shape f32\[3,2\] but inputs give f32\[2,3\]"):
+        bad.verify()
+    dup = g.copy()
+    dup.add(O.Input("x", Shape.of([1])))
+    with pytest.raises(IRError, match="duplicate input name 'x'"):
+        dup.verify()
+    clash = g.copy()
+    clash.param("x", [1])
+    with pytest.raises(IRError, match="both inputs and params"):
+        clash.verify()
+    bounds = g.copy()
+    bounds.input("a", [Dim.dynamic("n", max=4)])
+    bounds.input("b", [Dim.dynamic("n", max=8)])
+    with pytest.raises(IRError, match="two bounds"):
+        bounds.verify()
+
+
+def test_describe_and_str() -> None:
+    assert O.Reduce("sum", (0, 1), True).describe() == "reduce[fn=sum, axes=(0,1), keep_dim=True]"
+    assert O.MatMul().describe() == "matmul"
+    assert O.Attention(4, 8).describe() == "attention[num_heads=4, head_dim=8, mask=none]"
+    region = O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0, 1)), O.RegionStep(O.Activation("relu"), (2,))))
+    assert region.describe() == "elementwise_region[v0=binary[fn=add](v0,v1); v1=activation[fn=relu](v2)]"
+    g = Graph("s")
+    x = g.input("x", [SEQ, 2])
+    g.set_outputs({"y": g.softmax(x)})
+    assert str(g) == ("graph s {\n  %0: f32[seq,2] = input 'x'()  # x\n"
+                      "  %1: f32[seq,2] = softmax[axis=-1](%0)\n  return y=%1\n}")
+
+
+def test_attention_and_rope_properties() -> None:
+    a = O.Attention(8, 64, num_kv_heads=2)
+    assert a.kv_heads == 2 and a.softmax_scale == pytest.approx(1 / 8)
+    assert O.Attention(8, 64).kv_heads == 8
+    assert O.Attention(8, 64, scale=0.25).softmax_scale == 0.25
+    assert O.Rope(64).rot == 64 and O.Rope(64, 32).rot == 32
+
+
+def test_op_registry_is_complete_and_unique() -> None:
+    kinds = [cls.kind for cls in O.OPS.values()]
+    assert len(kinds) == len(set(kinds))
+    assert all(O.OPS[k].kind == k for k in O.OPS)
+    with pytest.raises(TypeError, match="registered twice"):
+
+        @dataclass(frozen=True)
+        class Again(O.Op):  # registering it is the point
+            kind: ClassVar[str] = "matmul"

@@ -1,0 +1,688 @@
+"""JSON round trips of graphs, and hostile documents that must raise IRError."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlx.errors import IRError
+from rlx.ir import ops as O
+from rlx.ir import serialize
+from rlx.ir.graph import Graph
+from rlx.ir.shape import Dim, Shape
+
+SEQ = Dim.dynamic("seq", max=32)
+BATCH = Dim.dynamic("batch", max=4)
+
+
+def assert_same(a: Graph, b: Graph) -> None:
+    assert type(a) is type(b)
+    assert a.name == b.name
+    assert a.nodes == b.nodes  # ids, ops (attributes, constant bytes), inputs, shapes, names
+    assert a.outputs == b.outputs and a.output_names == b.output_names
+    assert str(a) == str(b)
+
+
+def round_trip(g: Graph) -> Graph:
+    text = g.to_json()
+    back = Graph.from_json(text)
+    assert_same(g, back)
+    assert back.to_json() == text  # the encoding is canonical: writing again gives the same text
+    return back
+
+
+def every_op_graph() -> Graph:
+    """One graph that uses every MIR op kind, with dynamic dims, several dtypes and odd names."""
+    g = Graph("every-op \"quoted\" ünïcode")
+    x = g.input("x", [BATCH, SEQ, 16])
+    ids = g.input("ids", [BATCH, SEQ], "i32")
+    pad = g.input("pad", [BATCH, SEQ], "bool")
+    w = g.param("w", [16, 16])
+    wt = g.add(O.Param("wt", Shape.of([16, 16]), layout=(1, 0)), name="wt")
+    gamma = g.param("gamma", [16])
+    beta = g.param("beta", [16])
+    table = g.param("table", [50, 16])
+    cos = g.input("cos", [SEQ, 2])
+    sin = g.input("sin", [SEQ, 2])
+    half = g.constant(np.float32(0.5))
+    bf = g.constant(np.array([1.0, -2.5, 3.25], np.float32), "bf16")
+    g.constant(np.arange(6, dtype=np.int64).reshape(2, 3))
+    emb = g.gather(table, ids)
+    h = g.add_(x, emb)
+    h = g.activation("gelu", g.mul(h, half))
+    m = g.matmul(h, w)
+    sc = g.where(g.compare("gt", m, half), m, h)
+    ln = g.layer_norm(sc, gamma, beta, eps=1e-12)
+    rn = g.rms_norm(ln, gamma, eps=3e-7)
+    att = g.attention(rn, rn, rn, num_heads=4, head_dim=4, mask="padding", mask_input=pad, scale=0.3)
+    gq = g.attention(att, g.narrow(att, 2, 0, 8), g.narrow(att, 2, 8, 8), num_heads=4, head_dim=4,
+                     mask="causal", num_kv_heads=2)
+    ro = g.rope(gq, cos, sin, head_dim=4, variant="interleaved")
+    flat = g.reshape(ro, [BATCH * SEQ, -1])
+    tr = g.transpose(g.reshape(flat, [BATCH, SEQ, 4, 4]), [0, 2, 1, 3])
+    red = g.reduce("mean", tr, [-1], keep_dim=True)
+    sm = g.softmax(red, axis=1)
+    ex = g.expand(g.reduce("max", sm, [1, 3]), [3, BATCH, SEQ])
+    cat = g.concat([bf, g.cast(g.reduce("sum", ex, [1, 2]), "bf16")], axis=0)
+    f1 = g.add(O.FusedMatMulBiasAct("silu"), [x, wt, gamma], name="fused \u2603")
+    f2 = g.add(O.FusedResidualLayerNorm(2e-5), [f1, x, gamma, gamma, beta])
+    f3 = g.add(O.FusedResidualRmsNorm(), [f2, x, gamma])
+    f4 = g.add(O.FusedSwiGLU(), [f3, w, wt])
+    region = O.ElementwiseRegion((
+        O.RegionStep(O.Binary("sub"), (0, 1)),
+        O.RegionStep(O.Compare("lt"), (2, 1)),
+        O.RegionStep(O.Where(), (3, 2, 0)),
+        O.RegionStep(O.Activation("tanh"), (4,)),
+        O.RegionStep(O.Cast(O.DType.F16), (5,)),
+    ))
+    reg = g.add(region, [f4, x], name="region")
+    g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m})
+    return g
+
+
+def test_every_op_round_trips() -> None:
+    g = every_op_graph()
+    assert {n.kind for n in g.nodes} == set(O.OPS)  # the fixture really covers the op set
+    round_trip(g)
+
+
+def test_document_layout() -> None:
+    g = Graph("doc")
+    x = g.input("x", [SEQ, 2])
+    g.set_outputs([g.activation("relu", x)])
+    text = g.to_json()
+    doc = json.loads(text)
+    assert doc["format"] == "rlx-graph" and doc["version"] == 1 and doc["stage"] == "mir"
+    assert doc["name"] == "doc" and doc["outputs"] == [1] and doc["output_names"] == ["out0"]
+    assert doc["nodes"][1] == {"id": 1, "op": {"op": "activation", "fn": "relu"}, "inputs": [0], "name": "",
+                               "shape": {"dtype": "f32", "dims": [{"coeff": 1, "symbols": [["seq", 32]]}, 2]}}
+    assert text.count("\n") == len(g.nodes) + 2  # one node per line
+    assert "NaN" not in text
+
+
+def test_non_finite_and_odd_floats_round_trip() -> None:
+    g = Graph("floats")
+    x = g.input("x", [1, 2, 8])
+    gm = g.param("g", [8])
+    y = g.rms_norm(x, gm, eps=5e-324)  # the smallest subnormal survives the trip exactly
+    z = g.attention(y, y, y, num_heads=2, head_dim=4, scale=-0.1 + 0.30000000000000004)
+    c = g.constant(np.array([np.nan, np.inf, -np.inf, -0.0], np.float32))
+    g.set_outputs([z, c])
+    back = round_trip(g)
+    assert back.node(y).op.eps == 5e-324
+    data = back.node(c).op.array()
+    assert np.isnan(data[0]) and data[1] == np.inf and data[2] == -np.inf and np.signbit(data[3])
+
+
+def test_hostile_names_are_plain_data() -> None:
+    g = Graph("*/ #include <x> \"; \\ \n\t\x00")
+    x = g.input("x\"); system(\"rm -rf /\"); //", [2])
+    y = g.add(O.Activation("relu"), [x], name="\ud800 lone surrogate, \U0001f600 and \u2028")
+    g.set_outputs({"out \"1\"": y})
+    text = g.to_json()
+    assert text.isascii()  # everything outside ASCII is escaped
+    round_trip(g)
+
+
+def test_save_and_load(tmp_path) -> None:
+    g = every_op_graph()
+    path = tmp_path / "g.rlx.json"
+    g.save(path)
+    assert_same(g, Graph.load(path))
+    assert_same(g, Graph.load(str(path)))
+    assert [p.name for p in tmp_path.iterdir()] == ["g.rlx.json"]  # no temp file left behind
+    g2 = Graph("other")
+    g2.set_outputs([g2.input("y", [1])])
+    g2.save(path)  # overwrites atomically
+    assert_same(g2, Graph.load(path))
+
+
+def test_load_errors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Graph.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(IRError, match=r"bad\.json: graph document is not valid UTF-8"):
+        Graph.load(bad)
+    big = tmp_path / "big.json"
+    big.write_text(" " * 100 + "{}")
+    with pytest.raises(IRError, match="102 bytes, over the limit of 64"):
+        serialize.load(big, max_bytes=64)  # refused from its size, before reading
+
+
+def test_save_refuses_unloadable_graphs(tmp_path) -> None:
+    g = Graph("no outputs")
+    g.input("x", [2])
+    with pytest.raises(IRError, match="no outputs"):
+        g.to_json()
+    long = Graph("n" * (serialize.MAX_NAME_CHARS + 1))
+    long.set_outputs([long.input("x", [2])])
+    with pytest.raises(IRError, match="graph name is 1025 characters long"):
+        long.to_json()
+    with pytest.raises(IRError):
+        long.save(tmp_path / "x.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ── HIR ─────────────────────────────────────────────────────────────────
+
+_LOCAL_BLOCKS: dict[str, type[O.Op]] = {}
+
+
+@dataclass(frozen=True)
+class _Double(O.Op):
+    """A stand-in HIR block (registered in its own registry, like real blocks)."""
+
+    registry: ClassVar[dict[str, type[O.Op]]] = _LOCAL_BLOCKS
+    kind: ClassVar[str] = "test.double"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    factor: int = 2
+
+    def infer(self, inputs: list[Shape]) -> Shape:
+        return inputs[0]
+
+
+class _LocalHir(Graph):
+    stage = "hir"
+    op_registry: ClassVar[dict[str, type[O.Op]]] = {**O.OPS, **_LOCAL_BLOCKS}
+
+
+def test_local_hir_subclass_round_trips() -> None:
+    h = _LocalHir("hir")
+    x = h.input("x", [2])
+    h.set_outputs([h.add(_Double(3), [h.activation("relu", x)])])
+    text = h.to_json()
+    assert json.loads(text)["stage"] == "hir"
+    back = _LocalHir.from_json(text)
+    assert_same(h, back)
+    # A MIR graph refuses the block, and the HIR class refuses a MIR document.
+    with pytest.raises(IRError, match=r"unknown op 'test\.double'"):
+        Graph.from_json(text.replace('"stage": "hir"', '"stage": "mir"'))
+    mir = Graph("m")
+    mir.set_outputs([mir.input("x", [1])])
+    with pytest.raises(IRError, match="holds a mir graph but _LocalHir"):
+        _LocalHir.from_json(mir.to_json())
+
+
+def test_hir_module_round_trips() -> None:
+    hir = pytest.importorskip("rlx.ir.hir")
+    h = hir.HirModule("block")
+    x = h.input("x", [BATCH, SEQ, 8])
+    w = h.param("w", [16, 8])
+    y = h.linear(x, w, activation="gelu", transpose_weight=True, name="proj")
+    h.set_outputs([h.activation("relu", y)])
+    text = h.to_json()
+    for loaded in (Graph.from_json(text), hir.HirModule.from_json(text)):  # the stage picks the class
+        assert_same(h, loaded)
+        assert isinstance(loaded, hir.HirModule)
+    mir = h.lower_to_mir()
+    assert type(Graph.from_json(mir.to_json())) is Graph
+    with pytest.raises(IRError, match="holds a mir graph"):
+        hir.HirModule.from_json(mir.to_json())
+
+
+# ── property: random valid graphs round-trip exactly ────────────────────
+
+FLOAT_DTYPES = ("f32", "f16", "bf16", "f64")
+_names = st.text(max_size=12)
+_dims = st.sampled_from([Dim(1), Dim(2), Dim(3), Dim(4), SEQ, BATCH])
+
+
+def _pick(draw: Any, g: Graph, pred: Callable[[Shape], bool] = lambda s: True) -> int:
+    candidates = [n.id for n in g.nodes if pred(n.shape)]
+    if not candidates:
+        raise IRError("no candidate")
+    return draw(st.sampled_from(candidates))
+
+
+def _is_float(s: Shape) -> bool:
+    return s.dtype.is_float
+
+
+def _param_like(g: Graph, dims: tuple, dtype: str) -> int:
+    return g.param(f"p{len(g.nodes)}", list(dims), dtype)
+
+
+def _mk_unary(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, _is_float)
+    g.add(O.Activation(draw(st.sampled_from(O.ACTIVATIONS))), [x], name=draw(_names))
+
+
+def _mk_binary(draw: Any, g: Graph) -> None:
+    a = _pick(draw, g, lambda s: s.dtype.value != "bool")
+    dtype = g.shape(a).dtype
+    b = _pick(draw, g, lambda s: s.dtype == dtype)
+    kind = draw(st.sampled_from(["binary", "compare"]))
+    op = O.Binary(draw(st.sampled_from(O.BINARY_OPS))) if kind == "binary" else \
+        O.Compare(draw(st.sampled_from(O.COMPARE_OPS)))
+    g.add(op, [a, b])
+
+
+def _mk_where(draw: Any, g: Graph) -> None:
+    a = _pick(draw, g, _is_float)
+    cond = g.compare("lt", a, a)
+    g.where(cond, a, a)
+
+
+def _mk_cast(draw: Any, g: Graph) -> None:
+    g.cast(_pick(draw, g), draw(st.sampled_from(list(O.DType))))
+
+
+def _mk_matmul(draw: Any, g: Graph) -> None:
+    a = _pick(draw, g, lambda s: s.dtype.is_float and s.rank >= 2)
+    sa = g.shape(a)
+    w = _param_like(g, (sa.dims[-1], draw(st.integers(1, 5))), sa.dtype.value)
+    kind = draw(st.sampled_from(["matmul", "fused", "fused_bias", "swiglu"]))
+    if kind == "matmul":
+        g.matmul(a, w)
+    elif kind == "fused":
+        g.add(O.FusedMatMulBiasAct(draw(st.none() | st.sampled_from(O.ACTIVATIONS))), [a, w])
+    elif kind == "fused_bias":
+        bias = _param_like(g, (g.shape(w).dims[1],), sa.dtype.value)
+        g.add(O.FusedMatMulBiasAct(draw(st.none() | st.sampled_from(O.ACTIVATIONS))), [a, w, bias])
+    else:
+        w2 = _param_like(g, g.shape(w).dims, sa.dtype.value)
+        g.add(O.FusedSwiGLU(), [a, w, w2])
+
+
+def _mk_reduce(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype.value != "bool")
+    rank = g.shape(x).rank
+    axes = draw(st.lists(st.integers(-rank, rank - 1), max_size=rank, unique_by=lambda a: a % rank)) if rank else []
+    g.reduce(draw(st.sampled_from(O.REDUCE_OPS)), x, axes, draw(st.booleans()))
+
+
+def _mk_softmax(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype.is_float and s.rank >= 1)
+    g.softmax(x, draw(st.integers(-g.shape(x).rank, g.shape(x).rank - 1)))
+
+
+def _mk_norm(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype.is_float and s.rank >= 1)
+    s = g.shape(x)
+    gm = _param_like(g, (s.dims[-1],), s.dtype.value)
+    eps = draw(st.floats(0, 1, allow_nan=False, allow_infinity=False))
+    kind = draw(st.integers(0, 3))
+    if kind == 0:
+        g.layer_norm(x, gm, gm, eps)
+    elif kind == 1:
+        g.rms_norm(x, gm, eps)
+    elif kind == 2:
+        g.add(O.FusedResidualLayerNorm(eps), [x, x, gm, gm] + ([gm] if draw(st.booleans()) else []))
+    else:
+        g.add(O.FusedResidualRmsNorm(eps), [x, x, gm] + ([gm] if draw(st.booleans()) else []))
+
+
+def _mk_shape_op(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.rank >= 1)
+    s = g.shape(x)
+    kind = draw(st.integers(0, 5))
+    if kind == 0:
+        g.reshape(x, [-1])
+    elif kind == 1:
+        g.reshape(x, [1, *s.dims, 1])
+    elif kind == 2:
+        g.transpose(x, draw(st.permutations(range(s.rank))))
+    elif kind == 3:
+        axes = [i for i, d in enumerate(s.dims) if d.is_static and d.value >= 1]
+        if not axes:
+            raise IRError("no static axis")
+        axis = draw(st.sampled_from(axes))
+        start = draw(st.integers(0, s.dims[axis].value - 1))
+        g.narrow(x, axis, start, draw(st.integers(0, s.dims[axis].value - start)))
+    elif kind == 4:
+        axes = [i for i, d in enumerate(s.dims) if d.is_static]
+        if not axes:
+            raise IRError("no static axis")
+        g.concat([x] * draw(st.integers(1, 3)), draw(st.sampled_from(axes)))
+    else:
+        g.expand(x, [draw(_dims), *(d if d != 1 else draw(_dims) for d in s.dims)])
+
+
+def _mk_gather(draw: Any, g: Graph) -> None:
+    table = _param_like(g, (draw(st.integers(1, 9)), draw(st.integers(1, 4))), draw(st.sampled_from(FLOAT_DTYPES)))
+    idx = _pick(draw, g, lambda s: s.dtype.value in ("i32", "i64"))
+    g.gather(table, idx, draw(st.sampled_from([0, 1, -1])))
+
+
+def _mk_constant(draw: Any, g: Graph) -> None:
+    dtype = draw(st.sampled_from(list(O.DType)))
+    shape = draw(st.lists(st.integers(0, 3), max_size=3))
+    n = int(np.prod(shape)) if shape else 1
+    raw = draw(st.binary(min_size=n * dtype.itemsize, max_size=n * dtype.itemsize))
+    g.add(O.Constant(raw, Shape.of(shape, dtype)), name=draw(_names))
+
+
+def _mk_attention(draw: Any, g: Graph) -> None:
+    heads, kv = draw(st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2)]))
+    d = draw(st.sampled_from([1, 2, 4]))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    sq, skv = draw(_dims), draw(_dims)
+    q = g.input(f"q{len(g.nodes)}", [2, sq, heads * d], dtype)
+    k = g.input(f"k{len(g.nodes)}", [2, skv, kv * d], dtype)
+    mask = draw(st.sampled_from(O.MASK_KINDS))
+    ins = [q, k, k]
+    if mask == "padding":
+        ins.append(g.input(f"m{len(g.nodes)}", [2, skv], draw(st.sampled_from(["bool", "i32", dtype]))))
+    elif mask == "bias":
+        ins.append(g.input(f"b{len(g.nodes)}", [sq, skv], dtype))
+    scale = draw(st.none() | st.floats(-4, 4, allow_nan=False))
+    g.add(O.Attention(heads, d, mask, scale, kv if kv != heads or draw(st.booleans()) else None), ins)
+
+
+def _mk_rope(draw: Any, g: Graph) -> None:
+    hd = draw(st.sampled_from([2, 4, 8]))
+    n_rot = draw(st.none() | st.sampled_from([r for r in (2, 4, 8) if r <= hd]))
+    rot = n_rot or hd
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    s = draw(_dims)
+    x = g.input(f"r{len(g.nodes)}", [1, s, hd * draw(st.integers(1, 3))], dtype)
+    c = g.input(f"c{len(g.nodes)}", [s, rot // 2], dtype)
+    g.rope(x, c, c, head_dim=hd, n_rot=n_rot, variant=draw(st.sampled_from(O.ROPE_VARIANTS)))
+
+
+def _mk_region(draw: Any, g: Graph) -> None:
+    a = _pick(draw, g, _is_float)
+    dtype = g.shape(a).dtype
+    b = _pick(draw, g, lambda s: s.dtype == dtype)
+    steps = [O.RegionStep(O.Binary(draw(st.sampled_from(O.BINARY_OPS))), (0, 1))]
+    for _ in range(draw(st.integers(0, 3))):
+        last = len(steps) + 1
+        steps.append(O.RegionStep(O.Activation(draw(st.sampled_from(O.ACTIVATIONS))), (last,)))
+    g.add(O.ElementwiseRegion(tuple(steps)), [a, b])
+
+
+MAKERS = [_mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
+          _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_region]
+
+
+@st.composite
+def graphs(draw: Any) -> Graph:
+    g = Graph(draw(_names))
+    for k in range(draw(st.integers(1, 3))):
+        dims = draw(st.lists(_dims, min_size=1, max_size=3))
+        g.input(f"x{k}", dims, draw(st.sampled_from([*FLOAT_DTYPES, "i32", "i64"])))
+    if draw(st.booleans()):
+        g.add(O.Param("lp", Shape.of([2, 3, 4]), layout=tuple(draw(st.permutations(range(3))))), name="lp")
+    for _ in range(draw(st.integers(0, 10))):
+        # A choice that does not fit the graph drawn so far raises; a failed add leaves the graph as it
+        # was (helper params already added stay, and are still valid nodes).
+        with contextlib.suppress(IRError):
+            draw(st.sampled_from(MAKERS))(draw, g)
+    outs = draw(st.lists(st.sampled_from(range(len(g.nodes))), min_size=1, max_size=3))
+    g.set_outputs(outs, [f"o{i}" for i in range(len(outs))])
+    return g
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs())
+def test_random_graphs_round_trip(g: Graph) -> None:
+    g.verify()
+    round_trip(g)
+
+
+def test_generator_reaches_every_op() -> None:
+    """Guard for the property test: its generator can produce every op kind."""
+    seen: set[str] = set()
+
+    @settings(max_examples=300, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(graphs())
+    def collect(g: Graph) -> None:
+        seen.update(n.kind for n in g.nodes)
+
+    collect()
+    assert set(O.OPS) - seen == set()
+
+
+# ── hostile documents ───────────────────────────────────────────────────
+
+
+def base_doc() -> dict[str, Any]:
+    g = Graph("base")
+    x = g.input("x", [SEQ, 4])
+    gm = g.param("g", [4])
+    c = g.constant(np.ones(4, np.float32))
+    y = g.rms_norm(g.add_(x, c), gm)
+    r = g.reduce("sum", y, [1])
+    g.set_outputs([y, r], ["y", "r"])
+    return json.loads(g.to_json())
+
+
+def mutate(fn: Callable[[dict[str, Any]], None]) -> str:
+    doc = copy.deepcopy(base_doc())
+    fn(doc)
+    return json.dumps(doc)
+
+
+def _set(path: tuple, value: Any) -> Callable[[dict[str, Any]], None]:
+    def apply(doc: dict[str, Any]) -> None:
+        target = doc
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return apply
+
+
+def _delete(path: tuple) -> Callable[[dict[str, Any]], None]:
+    def apply(doc: dict[str, Any]) -> None:
+        target = doc
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+    return apply
+
+
+def _const_with(shape: dict[str, Any], data: bytes) -> Callable[[dict[str, Any]], None]:
+    def apply(doc: dict[str, Any]) -> None:
+        doc["nodes"][2]["op"] = {"op": "constant", "data": base64.b64encode(data).decode(), "shape": shape}
+        doc["nodes"][2]["shape"] = shape
+    return apply
+
+
+def _region_in_region(doc: dict[str, Any]) -> None:
+    inner: dict[str, Any] = {"op": "activation", "fn": "relu"}
+    for _ in range(300):
+        inner = {"op": "elementwise_region", "steps": [{"op": inner, "args": [0]}]}
+    doc["nodes"][3]["op"] = inner
+
+
+def _many_symbols(doc: dict[str, Any]) -> None:
+    doc["nodes"][0]["op"]["shape"]["dims"][0] = {"coeff": 1, "symbols": [["s", 1]] * 100_000}
+
+
+def _extra_node(node: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    return lambda doc: doc["nodes"].append(node)
+
+
+F32_4 = {"dtype": "f32", "dims": [4]}
+HOSTILE: list[tuple[str, str | bytes | Callable[[], str], str]] = [
+    # not JSON, or not an object
+    ("empty", "", "not valid JSON"),
+    ("truncated", '{"format": "rlx-graph", "version": 1', "not valid JSON"),
+    ("trailing data", lambda: json.dumps(base_doc()) + " []", "not valid JSON"),
+    ("invalid utf-8", b'{"name": "\xff"}', "not valid UTF-8"),
+    ("array", "[]", "must be a JSON object"),
+    ("number", "3", "must be a JSON object"),
+    ("NaN literal", lambda: json.dumps(base_doc()).replace('"eps": 1e-06', '"eps": NaN'), "contains NaN"),
+    ("Infinity literal", '{"format": Infinity}', "contains Infinity"),
+    ("duplicate key", '{"format": "rlx-graph", "format": "rlx-graph"}', "repeats the key 'format'"),
+    ("deep nesting", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("deep nesting inside an op",
+     lambda: json.dumps(base_doc()).replace('"fn": "sum"', '"fn": ' + "[" * 50_000 + "]" * 50_000),
+     "nested too deeply"),
+    ("huge integer literal", '{"version": ' + "9" * 5000 + "}", "not valid JSON"),
+    ("too many values", "[" + "0," * serialize.MAX_JSON_VALUES + "0]", "JSON values, over the limit"),
+    ("ten million nodes", '{"nodes": [' + "{}," * 10_000_000 + "{}]}", "over the limit"),
+    ("too many nodes", lambda: mutate(_set(("nodes",), [0] * (serialize.MAX_NODES + 1))), "200001 nodes"),
+    # header
+    ("wrong format", lambda: mutate(_set(("format",), "rlx-lir")), "not an rlx graph document"),
+    ("missing format", lambda: mutate(_delete(("format",))), "not an rlx graph document"),
+    ("newer version", lambda: mutate(_set(("version",), 2)), "version 2; this rlx reads version 1"),
+    ("string version", lambda: mutate(_set(("version",), "1")), "version must be an integer"),
+    ("bool version", lambda: mutate(_set(("version",), True)), "version must be an integer"),
+    ("float version", lambda: mutate(_set(("version",), 1.0)), "version must be an integer"),
+    ("unknown stage", lambda: mutate(_set(("stage",), "lir")), "stage must be one of"),
+    ("stage not a string", lambda: mutate(_set(("stage",), ["mir"])), "stage must be one of"),
+    ("unknown top-level key", lambda: mutate(_set(("extra",), 1)), "unknown keys 'extra'"),
+    ("missing nodes", lambda: mutate(_delete(("nodes",))), r"missing \['nodes'\]"),
+    ("nodes not a list", lambda: mutate(_set(("nodes",), {})), "'nodes' must be a list"),
+    ("graph name not a string", lambda: mutate(_set(("name",), 5)), "graph name must be a string"),
+    ("graph name null", lambda: mutate(_set(("name",), None)), "graph name must be a string"),
+    ("graph name too long", lambda: mutate(_set(("name",), "x" * 5000)), "5000 characters long"),
+    # nodes
+    ("node not an object", lambda: mutate(_set(("nodes", 1), [1])), r"node %1: expected a JSON object"),
+    ("node missing shape", lambda: mutate(_delete(("nodes", 1, "shape"))), r"node %1: missing \['shape'\]"),
+    ("node extra key", lambda: mutate(_set(("nodes", 1, "device"), "gpu")), r"node %1: unknown keys"),
+    ("node id string", lambda: mutate(_set(("nodes", 1, "id"), "1")), "id must be an integer"),
+    ("node id bool", lambda: mutate(_set(("nodes", 1, "id"), True)), "id must be an integer"),
+    ("duplicate node id", lambda: mutate(_set(("nodes", 1, "id"), 0)), "duplicate node id 0"),
+    ("out-of-order node id", lambda: mutate(_set(("nodes", 1, "id"), 7)), "out-of-order node id 7"),
+    ("node name not a string", lambda: mutate(_set(("nodes", 3, "name"), 3)), r"node %3 name must be a string"),
+    ("node name too long", lambda: mutate(_set(("nodes", 3, "name"), "n" * 2000)), "over the limit of 1024"),
+    ("input name not a string", lambda: mutate(_set(("nodes", 0, "op", "name"), 7)), "expected a string"),
+    ("input name too long", lambda: mutate(_set(("nodes", 0, "op", "name"), "i" * 2000)), "input name is 2000"),
+    ("forward reference", lambda: mutate(_set(("nodes", 3, "inputs"), [0, 4])), "input %4 is not an earlier node"),
+    ("self reference (cycle)", lambda: mutate(_set(("nodes", 3, "inputs"), [3, 2])), "input %3 is not an earlier"),
+    ("negative reference", lambda: mutate(_set(("nodes", 3, "inputs"), [-1, 2])), "input %-1 is not an earlier"),
+    ("bool reference", lambda: mutate(_set(("nodes", 3, "inputs"), [True, 2])), "input True is not a node id"),
+    ("inputs not a list", lambda: mutate(_set(("nodes", 3, "inputs"), "0,2")), "inputs must be a list"),
+    ("leaf with inputs", lambda: mutate(_set(("nodes", 1, "inputs"), [0])), "param takes no inputs"),
+    ("wrong arity", lambda: mutate(_set(("nodes", 3, "inputs"), [0])), "binary takes 2 inputs, got 1"),
+    # ops and attributes
+    ("unknown op", lambda: mutate(_set(("nodes", 3, "op"), {"op": "conv2d"})), r"node %3: unknown op 'conv2d'"),
+    ("op not an object", lambda: mutate(_set(("nodes", 3, "op"), "binary")), "expected an object"),
+    ("op kind not a string", lambda: mutate(_set(("nodes", 3, "op", "op"), 4)), "expected an object with an 'op'"),
+    ("unknown attribute", lambda: mutate(_set(("nodes", 3, "op", "alpha"), 1)), r"unknown attributes \['alpha'\]"),
+    ("missing attribute", lambda: mutate(_delete(("nodes", 3, "op", "fn"))), "missing attribute 'fn'"),
+    ("attribute wrong type", lambda: mutate(_set(("nodes", 3, "op", "fn"), 1)), "expected a string"),
+    ("unknown binary fn", lambda: mutate(_set(("nodes", 3, "op", "fn"), "xor")), "unknown binary op 'xor'"),
+    ("axes not a list", lambda: mutate(_set(("nodes", 5, "op", "axes"), 1)), "expected a list"),
+    ("axes of strings", lambda: mutate(_set(("nodes", 5, "op", "axes"), ["1"])), "expected an integer"),
+    ("axis float", lambda: mutate(_set(("nodes", 5, "op", "axes"), [1.0])), "expected an integer"),
+    ("keep_dim int", lambda: mutate(_set(("nodes", 5, "op", "keep_dim"), 1)), "expected true/false"),
+    ("axis out of range", lambda: mutate(_set(("nodes", 5, "op", "axes"), [5])), "out of range"),
+    ("eps as string", lambda: mutate(_set(("nodes", 4, "op", "eps"), "1e-6")), "expected a number"),
+    ("eps NaN object", lambda: mutate(_set(("nodes", 4, "op", "eps"), {"float": "nan"})), "eps must be a finite"),
+    ("eps bad float object", lambda: mutate(_set(("nodes", 4, "op", "eps"), {"float": "1"})), "expected a number"),
+    ("eps overflows to inf", lambda: json.dumps(base_doc()).replace('"eps": 1e-06', '"eps": 1e400'),
+     "eps must be a finite"),
+    ("eps giant int", lambda: mutate(_set(("nodes", 4, "op", "eps"), 10**400)), "out of float range"),
+    ("nested region", lambda: mutate(_region_in_region), "is not elementwise"),
+    ("region steps not a list", lambda: mutate(_set(("nodes", 3, "op"), {"op": "elementwise_region", "steps": 3})),
+     "expected a list"),
+    ("region step reads the future",
+     lambda: mutate(_set(("nodes", 3, "op"), {"op": "elementwise_region", "steps": [
+         {"op": {"op": "binary", "fn": "add"}, "args": [0, 7]}]})), "reads value 7"),
+    ("region step with extra key",
+     lambda: mutate(_set(("nodes", 3, "op"), {"op": "elementwise_region", "steps": [
+         {"op": {"op": "binary", "fn": "add"}, "args": [0, 1], "x": 1}]})), "bad region step"),
+    ("param layout invalid", lambda: mutate(_set(("nodes", 1, "op", "layout"), [0, 0])), "not a permutation"),
+    ("attention heads as strings",
+     lambda: mutate(_set(("nodes", 3, "op"), {"op": "attention", "num_heads": "1", "head_dim": 4})),
+     "expected an integer"),
+    ("concat of too many inputs", lambda: mutate(_extra_node(
+        {"id": 6, "op": {"op": "concat", "axis": 0}, "inputs": [2] * 2000, "name": "", "shape": F32_4})),
+     r"concat takes 1\.\.1024 inputs, got 2000"),
+    # shapes, dims and sizes
+    ("stored shape differs", lambda: mutate(_set(("nodes", 5, "shape", "dims"), [3])), "stored shape f32\\[3\\]"),
+    ("stored dtype differs", lambda: mutate(_set(("nodes", 5, "shape", "dtype"), "f16")), "stored shape f16"),
+    ("dtype alias", lambda: mutate(_set(("nodes", 0, "op", "shape", "dtype"), "float32")), "bad dtype 'float32'"),
+    ("dtype unknown", lambda: mutate(_set(("nodes", 0, "op", "shape", "dtype"), "f8")), "bad dtype 'f8'"),
+    ("dtype not a string", lambda: mutate(_set(("nodes", 0, "op", "shape", "dtype"), 4)), "bad dtype 4"),
+    ("shape not an object", lambda: mutate(_set(("nodes", 0, "op", "shape"), [4])), "bad shape"),
+    ("shape extra key", lambda: mutate(_set(("nodes", 0, "op", "shape", "layout"), "nchw")), "bad shape"),
+    ("float dim", lambda: mutate(_set(("nodes", 1, "op", "shape", "dims"), [1e15])),
+     r"bad dimension 1000000000000000\.0"),
+    ("huge dim", lambda: mutate(_set(("nodes", 1, "op", "shape", "dims"), [10**15])), "absurdly large"),
+    ("huge product", lambda: mutate(_set(("nodes", 1, "op", "shape", "dims"), [1 << 30, 1 << 30])),
+     "more than 1099511627776 elements"),
+    ("negative dim", lambda: mutate(_set(("nodes", 1, "op", "shape", "dims"), [-4])), ">= 0"),
+    ("bool dim", lambda: mutate(_set(("nodes", 1, "op", "shape", "dims"), [True])), "bad dimension True"),
+    ("rank 17", lambda: mutate(_set(("nodes", 1, "op", "shape", "dims"), [1] * 17)), "rank 17 exceeds 16"),
+    ("rank 10000", lambda: mutate(_set(("nodes", 1, "op", "shape", "dims"), [1] * 10_000)), "exceeds 16"),
+    ("bad symbol name", lambda: mutate(_set(("nodes", 0, "op", "shape", "dims", 0, "symbols"), [["a-b", 4]])),
+     "must be an identifier"),
+    ("zero symbol bound", lambda: mutate(_set(("nodes", 0, "op", "shape", "dims", 0, "symbols"), [["s", 0]])),
+     "upper bound >= 1"),
+    ("huge symbol bound", lambda: mutate(_set(("nodes", 0, "op", "shape", "dims", 0, "symbols"), [["s", 1 << 50]])),
+     "upper bound"),
+    ("symbol not a pair", lambda: mutate(_set(("nodes", 0, "op", "shape", "dims", 0, "symbols"), [["s"]])),
+     "bad dynamic dimension symbol"),
+    ("no symbols", lambda: mutate(_set(("nodes", 0, "op", "shape", "dims", 0, "symbols"), [])), "needs 1..64 symbols"),
+    ("100k symbols", lambda: mutate(_many_symbols), "needs 1..64 symbols"),
+    ("one symbol, two bounds", lambda: mutate(_extra_node(
+        {"id": 6, "op": {"op": "input", "name": "z", "shape": {"dtype": "f32", "dims": [
+            {"coeff": 1, "symbols": [["seq", 7]]}]}}, "inputs": [], "name": "",
+         "shape": {"dtype": "f32", "dims": [{"coeff": 1, "symbols": [["seq", 7]]}]}})), "two bounds"),
+    ("duplicate input name", lambda: mutate(_extra_node(
+        {"id": 6, "op": {"op": "input", "name": "x", "shape": F32_4}, "inputs": [], "name": "", "shape": F32_4})),
+     "duplicate input name 'x'"),
+    ("constant bytes short", lambda: mutate(_const_with(F32_4, b"\x00" * 15)),
+     r"holds 15 bytes but f32\[4\] needs 16"),
+    ("constant claims a terabyte", lambda: mutate(_const_with({"dtype": "f32", "dims": [1 << 20, 1 << 20]}, b"")),
+     "holds 0 bytes"),
+    ("constant bad base64", lambda: mutate(_set(("nodes", 2, "op", "data"), "!!not base64!!")), "bad base64"),
+    ("constant data not text", lambda: mutate(_set(("nodes", 2, "op", "data"), [0, 0])), "expected base64 text"),
+    ("dynamic constant", lambda: mutate(_const_with(
+        {"dtype": "f32", "dims": [{"coeff": 1, "symbols": [["seq", 32]]}]}, b"")), "static shape"),
+    # outputs
+    ("fewer outputs than names", lambda: mutate(_set(("outputs",), [4])), "1 outputs but 2 output names"),
+    ("no outputs at all", lambda: mutate(lambda d: d.update(outputs=[], output_names=[])), "at least one output"),
+    ("dangling output", lambda: mutate(_set(("outputs",), [4, 99])), "output 99 does not name a node"),
+    ("negative output", lambda: mutate(_set(("outputs",), [4, -1])), "output -1 does not name a node"),
+    ("bool output", lambda: mutate(_set(("outputs",), [4, True])), "output True does not name a node"),
+    ("output as string", lambda: mutate(_set(("outputs",), [4, "5"])), "output '5' does not name a node"),
+    ("outputs not a list", lambda: mutate(_set(("outputs",), 4)), "must be lists"),
+    ("output names mismatch", lambda: mutate(_set(("output_names",), ["y"])), "2 outputs but 1 output names"),
+    ("output name not a string", lambda: mutate(_set(("output_names",), ["y", 1])), "output name must be a string"),
+    ("empty output name", lambda: mutate(_set(("output_names",), ["y", ""])), "non-empty strings"),
+    ("duplicate output names", lambda: mutate(_set(("output_names",), ["y", "y"])), "duplicate output names"),
+]
+
+
+@pytest.mark.parametrize(("doc", "pattern"), [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
+def test_hostile_documents_raise_irerror(doc: str | bytes | Callable[[], str], pattern: str) -> None:
+    text = doc() if callable(doc) else doc
+    with pytest.raises(IRError, match=pattern):
+        Graph.from_json(text)
+
+
+def test_base_document_is_valid() -> None:
+    """The hostile table mutates this document: unmutated, it must load."""
+    doc = base_doc()
+    assert [n["op"]["op"] for n in doc["nodes"]] == ["input", "param", "constant", "binary", "rms_norm", "reduce"]
+    Graph.from_json(json.dumps(doc))
+
+
+def test_size_limit() -> None:
+    text = json.dumps(base_doc())
+    with pytest.raises(IRError, match=f"{len(text)} characters, over the limit of 100"):
+        serialize.from_json(text, max_bytes=100)
+    with pytest.raises(IRError, match="bytes, over the limit of 100"):
+        serialize.from_json(text.encode(), max_bytes=100)
+    assert len(serialize.from_json(text.encode()).nodes) == 6  # bytes are accepted too
+
+
+def test_wrong_argument_type() -> None:
+    with pytest.raises(IRError, match="must be str or bytes, got int"):
+        Graph.from_json(123)  # type: ignore[arg-type]
+
+
+def test_large_claims_load_without_allocating() -> None:
+    """A terabyte-sized *input* is only a declaration: it loads, and nothing is allocated for it."""
+    g = Graph("big")
+    x = g.input("x", [1 << 20, 1 << 20])
+    g.set_outputs([g.reshape(x, [-1])])
+    back = round_trip(g)
+    assert back.shape(1).max_numel == 1 << 40
