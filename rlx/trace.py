@@ -45,6 +45,7 @@ import numpy as np
 from rlx.errors import IRError, ShapeError
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
+from rlx.ir.ops import Constant
 from rlx.ir.shape import Dim, DimLike, Shape, normalize_axis
 
 Operand = Union["TracedTensor", int, float, np.ndarray, np.generic]
@@ -198,7 +199,7 @@ class Tracer:
         key = (dtype, stored.tobytes())
         if cache and key in self._scalars:
             return self._scalars[key]
-        node_id = self._graph.constant(stored, dtype)
+        node_id = self._graph.add(Constant.from_array(stored, dtype))  # already stored as `dtype`
         if cache:
             self._scalars[key] = node_id
         return node_id

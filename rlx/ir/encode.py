@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -98,9 +99,19 @@ def _value_to_json(v: Any) -> JSON:
 def op_to_json(op: O.Op) -> JSON:
     """`{"op": kind, **attrs}` with attributes in field order."""
     out: dict[str, JSON] = {"op": op.kind}
+    float_fields = _float_fields(type(op))
     for f in dataclasses.fields(op):
-        out[f.name] = _value_to_json(getattr(op, f.name))
+        value = getattr(op, f.name)
+        if f.name in float_fields and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # scale=1 and scale=1.0 are one program, so one encoding
+        out[f.name] = _value_to_json(value)
     return out
+
+
+@functools.cache
+def _float_fields(cls: type) -> frozenset[str]:
+    hints = typing.get_type_hints(cls)
+    return frozenset(name for name, hint in hints.items() if hint is float or float in typing.get_args(hint))
 
 
 def _decode(hint: Any, v: JSON, where: str, registry: Mapping[str, type]) -> Any:
