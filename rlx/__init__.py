@@ -10,7 +10,8 @@
 
 import numpy as np
 
-from rlx import reference
+from rlx import cache, reference
+from rlx.build.artifact import load
 from rlx.config import Config
 from rlx.errors import (
     ArtifactError,
@@ -58,6 +59,8 @@ __all__ = [
     "ShapeError",
     "TracedTensor",
     "Tracer",
+    "cache",
+    "load",
     "np",
     "optimize",
     "plan",

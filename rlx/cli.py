@@ -95,11 +95,6 @@ def load_graph(path: Path) -> Any:
     return serialize.load(path)
 
 
-def _mir(graph: Any) -> Any:
-    lower = getattr(graph, "lower_to_mir", None)
-    return lower() if callable(lower) else graph
-
-
 def _config(args: argparse.Namespace) -> Any:
     from rlx.config import Config
 
@@ -116,11 +111,9 @@ def _session(args: argparse.Namespace) -> Any:
     from rlx.runtime.session import Device, Session
 
     target = getattr(args, "target", "cpu") or "cpu"
-    try:
-        device = Device[target.upper()]
-    except KeyError:
-        raise UsageError(f"unknown target {target!r}") from None
-    return Session(device, config=_config(args))
+    if target not in {d.value for d in Device}:
+        raise RlxError(f"target {target!r} is not available in this build of RLX")
+    return Session(Device.parse(target), config=_config(args))
 
 
 def compile_graph(args: argparse.Namespace, graph: Any) -> Any:
@@ -137,12 +130,15 @@ def _load_weights(path: Path) -> dict[str, Any]:
     return load_safetensors(path)
 
 
-def _set_weights(compiled: Any, weights: dict[str, Any], *, strict: bool) -> None:
-    names = [p["name"] for p in compiled.manifest["params"]]
-    unknown = sorted(set(weights) - set(names))
-    if strict and unknown:
-        raise RlxError(f"weights file has tensors the graph does not use: {', '.join(unknown[:5])}"
-                       + (" ..." if len(unknown) > 5 else ""))
+def _set_weights(compiled: Any, weights: dict[str, Any]) -> None:
+    names = compiled.param_names
+    unused = sorted(set(weights) - set(names))
+    missing = [n for n in names if n not in weights]
+    if unused:
+        print(f"note: {len(unused)} tensor(s) in the weights file are not params of the graph "
+              f"(e.g. {unused[0]!r})", file=sys.stderr)
+    if missing:
+        print(f"note: {len(missing)} param(s) are not in the weights file (e.g. {missing[0]!r})", file=sys.stderr)
     for name in names:
         if name in weights:
             compiled.set_param(name, weights[name])
@@ -155,11 +151,11 @@ def open_target(args: argparse.Namespace, path: Path) -> Any:
     if _is_artifact(path):
         from rlx.build.artifact import load
 
-        compiled = load(path)
+        compiled = load(path, num_threads=getattr(args, "num_threads", None))
     else:
         compiled = compile_graph(args, load_graph(path))
     if getattr(args, "weights", None):
-        _set_weights(compiled, _load_weights(Path(args.weights)), strict=False)
+        _set_weights(compiled, _load_weights(Path(args.weights)))
     return compiled
 
 
@@ -183,20 +179,17 @@ def _parse_inputs(items: Sequence[str]) -> dict[str, Any]:
 
 
 def _dims(spec: dict, symbols: dict[str, int]) -> list[int]:
-    return [int(text) if text.isdigit() else _eval_dim(text, symbols) for text in spec["shape"]]
+    from rlx.runtime.loader import parse_dim
 
-
-def _eval_dim(text: str, symbols: dict[str, int]) -> int:
-    """Evaluate a manifest dim like `seq`, `2*seq` or `batch*seq` with the given symbol values."""
-    value = 1
-    for factor in text.replace(" ", "").split("*"):
-        if factor.isdigit():
-            value *= int(factor)
-        elif factor in symbols:
-            value *= symbols[factor]
-        else:
-            raise RlxError(f"cannot size dimension {text!r}: unknown symbol {factor!r}")
-    return value
+    dims = []
+    for text in spec["shape"]:
+        coeff, names = parse_dim(text)
+        for name in names:
+            if name not in symbols:
+                raise RlxError(f"cannot size dimension {text!r} of {spec['name']!r}: unknown symbol {name!r}")
+            coeff *= symbols[name]
+        dims.append(coeff)
+    return dims
 
 
 def synthetic_inputs(manifest: dict, symbols: dict[str, int] | None = None, seed: int = 0) -> dict[str, Any]:
@@ -257,7 +250,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
     weights = False
     if args.weights:
-        _set_weights(compiled, _load_weights(Path(args.weights)), strict=True)
+        _set_weights(compiled, _load_weights(Path(args.weights)))
         weights = True
     info = sys.stderr if args.emit_source and not args.output else sys.stdout
     how = "cache hit" if compiled.cache_hit else "built"
@@ -311,28 +304,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _optimize(graph: Any, config: Any) -> dict[str, Any]:
-    """Lower, optimize (with the pipeline's report when it exists) and plan."""
+    """Lower, optimize (with the pipeline's per-pass report) and plan: what `compile` builds."""
     from rlx.opt.memplan import plan
+    from rlx.opt.pipeline import optimize_with_report
+    from rlx.runtime.session import to_mir
 
-    mir = _mir(graph)
-    report = "(no optimizer pipeline in this rlx: showing the unoptimized graph)"
-    try:
-        from rlx.opt import pipeline
-    except ImportError:
-        pipeline = None
-    if pipeline is not None:
-        result = pipeline.optimize(mir, level=config.opt_level)
-        mir = getattr(result, "graph", result)
-        if hasattr(result, "report"):
-            rep = result.report
-            report = rep() if callable(rep) else str(rep)
-    return {"mir": mir, "lir": plan(mir), "report": report}
+    mir, report = optimize_with_report(to_mir(graph), config.opt_level, debug=config.debug)
+    return {"mir": mir, "lir": plan(mir), "report": report.summary()}
 
 
 def _render_source(args: argparse.Namespace, lir: Any) -> str:
-    from rlx.codegen import c as codegen_c
+    from rlx.build.cpu import render_source
 
-    return codegen_c.render(lir, _config(args))
+    if getattr(args, "target", "cpu") != "cpu":
+        raise RlxError(f"--stage source is available for the cpu target only, not {args.target!r}")
+    return render_source(lir, _config(args))
 
 
 def format_manifest(m: dict) -> str:
@@ -368,10 +354,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--reps must be >= 1, got {args.reps}")
     compiled = open_target(args, Path(args.path))
     manifest = compiled.manifest
-    if not args.weights:
-        for name, arr in synthetic_params(manifest).items():
-            if not getattr(compiled, "param_is_set", lambda n: False)(name):
-                compiled.set_param(name, arr)
+    already = compiled.param_arrays()
+    for name, arr in synthetic_params(manifest).items():
+        if name not in already:
+            compiled.set_param(name, arr)
     inputs = _parse_inputs(args.input) or synthetic_inputs(manifest)
     compiled.run(inputs)  # warm-up: page in the arena and code, spin up threads
     times = []
@@ -430,8 +416,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _cache_components(args: argparse.Namespace, graph: Any) -> dict:
+    from rlx.build.cpu import cpu_key_components
+    from rlx.build.toolchain import detect_toolchain
+
     session = _session(args)
-    return session.cache_components(graph)
+    if session.device.value != "cpu":
+        raise RlxError(f"cache explain for the {session.device.value} target is not supported")
+    return cpu_key_components(session.lower(graph), detect_toolchain(session.config))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

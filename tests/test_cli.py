@@ -167,3 +167,146 @@ def test_synthetic_inputs_follow_the_manifest():
     assert inputs["x"].shape == (4, 4) and inputs["x"].dtype == np.float32
     assert set(np.unique(inputs["ids"])) <= {0, 1}
     assert json.dumps(manifest)  # unchanged, still plain data
+
+
+# ── end to end through the CPU backend ────────────────────────────────────
+
+
+@pytest.fixture
+def project(tmp_path: Path, cache_root: Path) -> dict[str, Path]:
+    from safetensors.numpy import save_file
+
+    graph = tiny_graph(tmp_path / "g.json")
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10 - 0.5
+    save_file({"w": w}, str(tmp_path / "w.safetensors"))
+    x = np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4)
+    np.save(tmp_path / "x.npy", x)
+    return {"graph": graph, "weights": tmp_path / "w.safetensors", "x": tmp_path / "x.npy", "dir": tmp_path}
+
+
+def _expected(project: dict[str, Path]) -> np.ndarray:
+    from safetensors.numpy import load_file
+
+    from rlx import reference
+    from rlx.ir import serialize
+
+    g = serialize.load(project["graph"])
+    return reference.run(g, {"x": np.load(project["x"])}, load_file(str(project["weights"])))[0]
+
+
+def test_compile_to_artifact_then_run_it(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    art = project["dir"] / "art"
+    assert main(["compile", str(project["graph"]), "-o", str(art), "--weights", str(project["weights"])]) == 0
+    out = capsys.readouterr().out
+    assert "built" in out and f"artifact written to {art}" in out
+    assert {"model.so", "model.c", "rlx.h", "manifest.json", "weights.safetensors"} <= {p.name for p in art.iterdir()}
+    npz = project["dir"] / "o.npz"
+    assert main(["run", str(art), "--input", f"x={project['x']}", "--output", str(npz)]) == 0
+    # One small f32 matmul: the C kernel and numpy may sum in a different order.
+    np.testing.assert_allclose(np.load(npz)["out0"], _expected(project), rtol=1e-6, atol=1e-6)
+    assert main(["compile", str(project["graph"])]) == 0
+    assert "cache hit" in capsys.readouterr().out
+
+
+def test_run_a_graph_directly(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    npz = project["dir"] / "o.npz"
+    argv = ["run", str(project["graph"]), "--input", f"x={project['x']}", "--weights", str(project["weights"])]
+    assert main([*argv, "--output", str(npz)]) == 0
+    np.testing.assert_allclose(np.load(npz)["out0"], _expected(project), rtol=1e-6, atol=1e-6)
+    assert main(argv) == 0
+    assert "out0: float32[5, 3]" in capsys.readouterr().out
+
+
+def test_run_with_a_wrong_input_is_one_line_exit_1(project: dict[str, Path]):
+    proc = rlxc("run", str(project["graph"]), "--input", f"y={project['x']}", "--weights", str(project["weights"]),
+                env={"RLX_CACHE_DIR": os.environ["RLX_CACHE_DIR"]})
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "unknown inputs ['y']" in proc.stderr
+
+
+def test_emit_source_prints_c(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    assert main(["compile", str(project["graph"]), "--emit-source"]) == 0
+    captured = capsys.readouterr()
+    assert "rlx_run" in captured.out and "rlx_abi_version" in captured.out
+    assert "key" in captured.err  # the summary moves to stderr so stdout is pure C
+
+
+def test_inspect_stages(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    g = str(project["graph"])
+    assert main(["inspect", g]) == 0
+    assert "fused_matmul_bias_act" in capsys.readouterr().out  # default: the optimized MIR
+    assert main(["inspect", g, "--stage", "mir", "--opt-level", "0"]) == 0
+    assert "fused_matmul_bias_act" not in capsys.readouterr().out
+    assert main(["inspect", g, "--stage", "lir", "--passes"]) == 0
+    out = capsys.readouterr().out
+    assert "optimize level 2" in out and "fuse_matmul_epilogue" in out and "buffer plan for tiny" in out
+    assert main(["inspect", g, "--stage", "source"]) == 0
+    assert "rlx_run" in capsys.readouterr().out
+    assert main(["inspect", g, "--stage", "hir"]) == 2  # a MIR document has no HIR stage
+    art = project["dir"] / "art"
+    assert main(["compile", g, "-o", str(art)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(art)]) == 0
+    out = capsys.readouterr().out
+    assert "artifact tiny" in out and "dynamic dims: n<=8" in out
+    assert main(["inspect", str(art), "--stage", "source"]) == 0
+    assert "rlx_run" in capsys.readouterr().out
+
+
+def test_inspect_hir_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    from rlx.ir import serialize
+    from rlx.models.bert import BertConfig, bert_hir
+
+    cfg = BertConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16,
+                     max_position_embeddings=8)
+    path = tmp_path / "hir.json"
+    serialize.save(bert_hir(cfg, max_batch=2, max_seq=8), path)
+    assert main(["inspect", str(path), "--stage", "hir"]) == 0
+    assert "attention" in capsys.readouterr().out
+
+
+def test_bench_reports_median_min_max(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    assert main(["bench", str(project["graph"]), "--reps", "3"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "3 calls" in line and "median" in line and "min" in line and "max" in line
+
+
+def test_cache_explain_a_graph(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    g = str(project["graph"])
+    assert main(["compile", g]) == 0
+    assert main(["cache", "explain", g]) == 0
+    assert "a hit" in capsys.readouterr().out.splitlines()[-1]
+    # At -O0 the matmul is not fused: a different LIR, everything else equal.
+    assert main(["cache", "explain", g, "--opt-level", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "differs in 1 component(s)" in out and "lir: wanted" in out
+
+
+class _FakeTty:
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+    def flush(self) -> None:
+        pass
+
+
+def test_progress_only_on_a_terminal():
+    import threading
+
+    from rlx.cli import progress
+
+    for tty in (True, False):
+        stream = _FakeTty(tty)
+        started = threading.Event()
+        with progress("compiling bert", stream):
+            started.wait(0.8)  # long enough for the spinner's first frames
+        if tty:
+            assert "compiling bert" in stream.text and stream.text.endswith("\r\033[K")
+        else:
+            assert stream.text == ""

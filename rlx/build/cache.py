@@ -361,7 +361,10 @@ class AotCache:
         check_private(d, "cache entry")
         meta = _read_meta(d, key)
         so = d / LIBRARY
+        if not so.is_file():
+            raise _Corrupt(f"{LIBRARY} is missing")
         check_private(so, "cached library")
+        check_private(d / META, "cache metadata")
         want = meta["files"][LIBRARY]
         try:
             size = so.stat().st_size
@@ -446,6 +449,47 @@ class AotCache:
             shutil.rmtree(work, ignore_errors=True)
             raise
         return CacheEntry(key=key, dir=work, hit=False, meta=meta, layer="temp")
+
+    # ── small memos ──
+
+    def memo(self, namespace: str, fingerprint: Mapping[str, Any], compute: Callable[[], Any]) -> Any:
+        """A JSON value computed once per `fingerprint` and kept under `<root>/memo/<namespace>/`.
+
+        For expensive probes whose result is a pure function of cheap facts
+        (e.g. compiler path, size and mtime -> its `--version` text and flags),
+        so a fresh process can skip them. A missing, unreadable or foreign memo
+        is recomputed; with the cache disabled `compute()` runs every time.
+        """
+        if not namespace.isidentifier():
+            raise CacheError(f"memo namespace must be an identifier, got {namespace!r}")
+        if not self.enabled:
+            return compute()
+        digest = cache_key(fingerprint)
+        path = self.root / "memo" / namespace / f"{digest}.json"
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(doc, dict) and doc.get("fingerprint") == digest and "value" in doc:
+                check_private(path, "cache memo")
+                return doc["value"]
+        except (OSError, ValueError):
+            pass
+        value = compute()
+        try:
+            text = json.dumps({"fingerprint": digest, "value": value}, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise CacheError(f"memo {namespace!r}: value is not JSON: {exc}") from None
+        self._ensure_root()
+        _mkdir_private(path.parent.parent)
+        _mkdir_private(path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".memo.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return value
 
     # ── maintenance ──
 

@@ -62,6 +62,11 @@ def cpu_key_components(lir: LirModule, toolchain: Toolchain) -> dict[str, str]:
     }
 
 
+def components_key(components: dict[str, str]) -> str:
+    """The AOT cache key of `components` (the same digest `rlx.build.cache.cache_key` computes)."""
+    return cache_key(components)
+
+
 def cpu_manifest(lir: LirModule, toolchain: Toolchain, key: str, cpu_target: str) -> dict:
     """LirModule.manifest() plus what the builder knows: ABI, target, ISA record, BLAS, key."""
     m = lir.manifest()

@@ -45,7 +45,7 @@ from rlx.errors import BuildError
 #: Flags every CPU build uses. -fwrapv gives integer ops numpy's wrap-around semantics;
 #: -fno-math-errno lets sqrt and friends inline and vectorize without changing results.
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
-              "-fvisibility=hidden", "-Wno-unknown-pragmas")
+              "-fvisibility=hidden", "-Wno-unknown-pragmas", "-Werror=implicit-function-declaration")
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 _PROBE_TIMEOUT = 60
 
@@ -234,7 +234,8 @@ def _blas(cc: str, setting: str) -> Blas:
                    "float,float*,int);\nint main(void){float a=1,b=1,c=0;"
                    "cblas_sgemm(101,111,111,1,1,1,1.f,&a,1,&b,1,0.f,&c,1);return c==1.f?0:1;}\n")
             if _probe(cc, src, [f"-l{lib}"]).returncode == 0:
-                threads_src = "void openblas_set_num_threads(int);\nint main(void){openblas_set_num_threads(1);return 0;}\n"
+                threads_src = ("void openblas_set_num_threads(int);\n"
+                               "int main(void){openblas_set_num_threads(1);return 0;}\n")
                 has_threads = _probe(cc, threads_src, [f"-l{lib}"]).returncode == 0
                 return Blas("system", "", (), (f"-l{lib}",), f"-l{lib}", "", has_threads)
         raise BuildError("RLX_BLAS=system but no system CBLAS links (tried -lopenblas, -lcblas, -lblas); "

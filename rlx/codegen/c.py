@@ -246,16 +246,16 @@ class _Planner:
         for nid in self.lir.schedule:
             node = self.node(nid)
             if self.lir.buffers[nid].storage == "view":
-                out.append({"kind": "view", "fn": "", "id": nid, "header": self.header(node),
+                out.append({"kind": "view", "func": "", "id": nid, "header": self.header(node),
                             "note": f"aliases %{self.lir.buffers[nid].source}"})
                 continue
             if nid in self.absorbed:
-                out.append({"kind": "view", "fn": "", "id": nid, "header": self.header(node),
+                out.append({"kind": "view", "func": "", "id": nid, "header": self.header(node),
                             "note": "folded into the GEMMs that read it (BLAS transpose flag)"})
                 continue
             k = self.kernel(node)
             k.setdefault("id", nid)
-            k.setdefault("fn", f"rlx_op_{nid}")
+            k.setdefault("func", f"rlx_op_{nid}")
             k.setdefault("header", self.header(node))
             k.setdefault("label", c_string(f"%{nid} {node.kind}" + (f" ({node.name[:60]})" if node.name else "")))
             out.append(k)

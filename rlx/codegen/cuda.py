@@ -183,6 +183,7 @@ class _Planner:
         self.param_dev: dict[int, int] = {}
         self.const_dev: dict[int, int] = {}
         self.arena_off = 0
+        self.params_end = 0
         self.scratch_bytes = 0
         self.uses_lt = False
         self.uses_flag = False
@@ -282,6 +283,7 @@ class _Planner:
                 user_strides = dense_strides(user_dims)
                 entry["nd"] = self.nd(list(stored.dims), [user_strides[p] for p in layout], dense_strides(stored.dims))
             params.append(entry)
+        self.params_end = self.regions.total
         for slot, nid in enumerate(self.lir.constants):
             node = self.node(nid)
             arr = node.op.array()
@@ -297,7 +299,8 @@ class _Planner:
             abi = spec.shape.dtype
             dev = self.dev_dtype(abi)
             staging = self.regions.alloc("inputs", spec.shape.max_numel * abi.itemsize)
-            self.in_dev[slot] = staging if dev is abi else self.regions.alloc("inputs", spec.shape.max_numel * dev.itemsize)
+            self.in_dev[slot] = (staging if dev is abi
+                                 else self.regions.alloc("inputs", spec.shape.max_numel * dev.itemsize))
             inputs.append({"index": slot, "name_c": c_string(spec.name), "name_comment": comment(spec.name, 80),
                            "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "convert": dev is not abi,
                            "staging_off": staging, "dev_off": self.in_dev[slot], "numel": self.numel(spec.shape.dims),
@@ -306,7 +309,8 @@ class _Planner:
             abi = spec.shape.dtype
             dev = self.dev_dtype(abi)
             self.out_dev[slot] = self.regions.alloc("outputs", spec.shape.max_numel * dev.itemsize)
-            staging = self.out_dev[slot] if dev is abi else self.regions.alloc("outputs", spec.shape.max_numel * abi.itemsize)
+            staging = (self.out_dev[slot] if dev is abi
+                       else self.regions.alloc("outputs", spec.shape.max_numel * abi.itemsize))
             outputs.append({"index": slot, "name_c": c_string(spec.name), "name_comment": comment(spec.name, 80),
                             "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "convert": dev is not abi,
                             "staging_off": staging, "dev_off": self.out_dev[slot],
@@ -641,7 +645,7 @@ class _Planner:
 
     def attention(self, node: Node) -> dict:
         op = node.op
-        q, k, v = (self.node(i).shape for i in node.inputs[:3])
+        q, k = (self.node(i).shape for i in node.inputs[:2])
         dt = self.ddt(node.id)
         t = _CTYPE[dt]
         D, H, Hkv = op.head_dim, op.num_heads, op.kv_heads
@@ -701,6 +705,7 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "nsym": len(lir.symbols),
         "symbols": [{"name_c": c_string(n), "max": m} for n, m in lir.symbols],
         "total_bytes": p.regions.total,
+        "params_bytes": p.params_end,
         "regions": p.regions.summary(),
         "off": {"arena": p.arena_off, "scratch": scratch, "workspace": workspace, "flag": flag},
         "workspace_bytes": workspace_bytes,

@@ -112,9 +112,9 @@ class _Runner:
         self.params = {n: params[n] for n in names}
         self.compiled = None
         if device != "reference":
-            from rlx.runtime.session import Device, Session
+            from rlx.runtime.session import Session
 
-            self.compiled = Session(Device[device.upper()]).compile(graph)
+            self.compiled = Session(device).compile(graph)
             for name, arr in self.params.items():
                 self.compiled.set_param(name, arr)
 

@@ -62,6 +62,8 @@ class CompiledGraph:
         self._outputs = {t.name: i for i, t in enumerate(library.outputs)}
         self._params = {t.name: i for i, t in enumerate(library.params)}
         self._param_set = list(_param_set) if _param_set is not None else [False] * len(library.params)
+        # The arrays handed to rlx_set_param (references, not copies), for save(weights=True).
+        self._param_values: dict[str, np.ndarray] = {}
         self._handles: dict[str, np.ndarray] = {}
         self._bounds = dict(library.symbols)
         self._sym_order = [name for name, _ in library.symbols]
@@ -142,7 +144,7 @@ class CompiledGraph:
         dt = DType.parse(dtype)
         want = info.concrete({})
         if isinstance(data, np.ndarray):
-            arr = np.ascontiguousarray(data)
+            arr = _contiguous(data)
             if arr.dtype != dt.np:
                 raise ExecutionError(f"param {name!r}: array is {arr.dtype} but dtype={dt} was given")
         else:
@@ -159,7 +161,7 @@ class CompiledGraph:
             raise ExecutionError(f"param {name!r} must have shape {want}, got {arr.shape}")
         arr = arr.reshape(want)
         if dt is info.dtype:
-            self._set_param_raw(idx, info, np.ascontiguousarray(arr))
+            self._set_param_raw(idx, info, arr)
             return
         if dt is DType.BF16:
             arr = bf16_to_f32(arr)
@@ -172,11 +174,12 @@ class CompiledGraph:
         return idx, self._library.params[idx]
 
     def _set_param_raw(self, idx: int, info: TensorInfo, arr: np.ndarray) -> None:
-        arr = np.ascontiguousarray(arr)
+        arr = _contiguous(arr)
         rc = self._lib.rlx_set_param(self._ctx, idx, ffi.from_buffer(arr), arr.nbytes)
         if rc != 0:
             raise ExecutionError(self._error(f"set_param({info.name!r})"))
         self._param_set[idx] = True
+        self._param_values[info.name] = arr
 
     # ── handles ────────────────────────────────────────────────────────
 
@@ -316,20 +319,45 @@ class CompiledGraph:
         raw = self._lib.rlx_clone(self._ctx)
         if raw == ffi.NULL:
             raise ExecutionError("rlx_clone failed (out of memory?)")
-        return CompiledGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
+        twin = CompiledGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
                              num_threads=self._threads, _ctx=raw, _param_set=self._param_set)
+        twin._param_values = dict(self._param_values)
+        return twin
+
+    # ── artifacts ──────────────────────────────────────────────────────
+
+    def param_arrays(self) -> dict[str, np.ndarray]:
+        """The params set so far, by name, as passed to the library (declared dtype, bf16 as uint16 bits)."""
+        return dict(self._param_values)
+
+    def save(self, directory: str | Path, *, weights: bool | Mapping[str, Any] = False) -> Path:
+        """Write a relocatable artifact directory (model.so, manifest.json, rlx.h, source, optional weights).
+
+        See `rlx.build.artifact`; load it with `rlx.load(directory)`.
+        """
+        from rlx.build.artifact import save
+
+        return save(self, directory, weights=weights)
 
 
 def _fmt_syms(values: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items()) or "no dynamic dims"
 
 
+def _contiguous(arr: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    """C-contiguous `arr` (converted to `dtype`), keeping 0-d arrays 0-d (np.ascontiguousarray does not)."""
+    arr = np.asarray(arr, dtype=dtype)
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
 def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
     if not isinstance(value, np.ndarray):
         try:
             if dtype is DType.BF16:
                 return f32_to_bf16(np.asarray(value, dtype=np.float32))
-            return np.ascontiguousarray(np.asarray(value, dtype=dtype.np))
+            return _contiguous(value, dtype.np)
         except (TypeError, ValueError) as exc:
             raise ExecutionError(f"input {name!r}: cannot convert {type(value).__name__} to {dtype}: {exc}") from None
     if dtype is DType.BF16:
@@ -337,9 +365,9 @@ def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
             raise ExecutionError(f"input {name!r} is bf16: pass float32 values (got {value.dtype})")
         return f32_to_bf16(value)
     if value.dtype == dtype.np:
-        return np.ascontiguousarray(value)
+        return _contiguous(value)
     if np.can_cast(value.dtype, dtype.np, casting="safe"):
-        return np.ascontiguousarray(value, dtype=dtype.np)
+        return _contiguous(value, dtype.np)
     raise ExecutionError(f"input {name!r} is {value.dtype} but the graph takes {dtype}; converting would lose "
                          f"information, so cast it explicitly (e.g. .astype(np.{dtype.np}))")
 
@@ -350,10 +378,10 @@ def _to_param_dtype(name: str, arr: np.ndarray, dtype: DType) -> np.ndarray:
             raise ExecutionError(f"param {name!r} is {dtype}; got a {arr.dtype} array")
         if dtype is DType.BF16:
             return f32_to_bf16(arr.astype(np.float32))
-        return np.ascontiguousarray(arr, dtype=dtype.np)
+        return _contiguous(arr, dtype.np)
     if arr.dtype.kind not in "iub":
         raise ExecutionError(f"param {name!r} is {dtype}; got a {arr.dtype} array")
-    out = np.ascontiguousarray(arr, dtype=dtype.np)
+    out = _contiguous(arr, dtype.np)
     if not np.array_equal(out.astype(arr.dtype), arr):
         raise ExecutionError(f"param {name!r}: values do not fit in {dtype}")
     return out

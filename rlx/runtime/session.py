@@ -49,9 +49,18 @@ class Device(enum.Enum):
 class Session:
     """Compiles graphs for one device with one configuration."""
 
-    def __init__(self, device: Device | str = Device.CPU, config: Config | None = None) -> None:
+    def __init__(self, device: Device | str = Device.CPU, config: Config | None = None, *,
+                 precision: str = "f32", target: str | None = None) -> None:
         self.device = Device.parse(device)
         self.config = config if config is not None else Config.from_env()
+        # CUDA only: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation);
+        # `target` ("cuda:sm_90") picks the arch instead of the visible GPU's.
+        if precision not in ("f32", "f16", "bf16"):
+            raise RlxError(f"precision must be 'f32', 'f16' or 'bf16', got {precision!r}")
+        if self.device is not Device.CUDA and (precision != "f32" or target is not None):
+            raise RlxError("precision and target apply to Device.CUDA only")
+        self.precision = precision
+        self.target = target
 
     def __repr__(self) -> str:
         return f"Session({self.device.name})"
@@ -75,7 +84,9 @@ class Session:
             raise RlxError(f"opt_level must be 0..3, got {opt_level!r}")
         lir = self.lower(graph, opt_level=opt_level)
         if self.device is Device.CUDA:
-            raise RlxError("Device.CUDA: the CUDA backend is not available in this build of RLX")
+            from rlx.runtime.cuda_device import compile_cuda
+
+            return compile_cuda(lir, self.config, precision=self.precision, arch=self.target)
         from rlx.build.cpu import build_cpu
 
         threads = num_threads if num_threads is not None else self.config.num_threads

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import filelock
+import numpy as np
 import pytest
 
 from rlx.build.cache import AotCache, CacheWarning, cache_key, file_sha256
@@ -192,7 +193,7 @@ def _flip_bit(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_bit], ids=["truncated", "bit-flipped"])
+@pytest.mark.parametrize("damage", [_truncate, _flip_bit, Path.unlink], ids=["truncated", "bit-flipped", "deleted"])
 def test_corrupt_library_is_quarantined_and_rebuilt(root: Path, tmp_path: Path, damage):
     cache = make_cache(root)
     counter = tmp_path / "builds"
@@ -355,3 +356,90 @@ def test_clear_removes_entries(root: Path):
         cache.get_or_build(worker.components(v), worker.make_build(v))
     assert cache.clear() == 2
     assert cache.entries() == [] and cache.total_bytes() == 0
+
+
+def test_memo_computes_once_per_fingerprint(root: Path):
+    cache = make_cache(root)
+    calls = []
+
+    def probe() -> dict:
+        calls.append(1)
+        return {"version": "cc 1.0", "flags": ["-O2"]}
+
+    assert cache.memo("toolchain", {"cc": "/usr/bin/cc", "mtime": 1}, probe) == probe()
+    calls.clear()
+    assert make_cache(root).memo("toolchain", {"cc": "/usr/bin/cc", "mtime": 1}, probe)["version"] == "cc 1.0"
+    assert calls == []  # a fresh cache object (a fresh process) reads the memo
+    make_cache(root).memo("toolchain", {"cc": "/usr/bin/cc", "mtime": 2}, probe)
+    assert calls == [1]  # another fingerprint recomputes
+    memo_file = sorted((root / "memo" / "toolchain").iterdir())[0]
+    memo_file.write_text("{broken")
+    calls.clear()
+    make_cache(root).memo("toolchain", {"cc": "/usr/bin/cc", "mtime": 1}, probe)
+    make_cache(root).memo("toolchain", {"cc": "/usr/bin/cc", "mtime": 2}, probe)
+    assert len(calls) == 1  # only the damaged memo was recomputed
+    with pytest.raises(CacheError, match="identifier"):
+        cache.memo("../escape", {}, probe)
+
+
+# ── with the real CPU backend ─────────────────────────────────────────────
+
+
+def _mlp_graph():
+    import rlx
+
+    g = rlx.Graph("mlp")
+    x = g.input("x", [rlx.Dim.dynamic("n", max=8), 4])
+    w = g.param("w", [4, 3])
+    g.set_outputs([g.activation("relu", g.matmul(x, w))])
+    return g
+
+
+def test_cpu_backend_hits_and_misses(root: Path):
+    import dataclasses
+
+    import rlx
+    from rlx.build.cpu import cpu_key_components
+    from rlx.build.toolchain import detect_toolchain
+
+    g = _mlp_graph()
+    config = Config(cache_dir=root)
+    first = rlx.Session(config=config).compile(g)
+    again = rlx.Session(config=config).compile(g)
+    assert not first.cache_hit and again.cache_hit and again.key == first.key
+    assert not rlx.Session(config=dataclasses.replace(config, opt_level=0)).compile(g).cache_hit  # another LIR
+    no_blas = dataclasses.replace(config, blas="none")
+    session = rlx.Session(config=no_blas)
+    wanted = cpu_key_components(session.lower(g), detect_toolchain(no_blas))
+    ex = AotCache(config).explain(wanted)
+    assert not ex.hit and ex.nearest == first.key
+    assert {d.component for d in ex.differences} == {"blas", "flags"}
+    assert not session.compile(g).cache_hit
+
+
+def test_eight_processes_compile_one_graph_once(root: Path, tmp_path: Path):
+    from rlx import reference
+    from rlx.ir import serialize
+
+    graph = _mlp_graph()
+    path = tmp_path / "mlp.json"
+    serialize.save(graph, path)
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    ready.mkdir()
+    procs = [_spawn(root, "--graph", str(path), "--ready", str(ready), "--go", str(go)) for _ in range(8)]
+    deadline = time.monotonic() + 120
+    while len(list(ready.iterdir())) < 8 and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.01)
+    go.touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    assert sorted(r["hit"] for r in results) == [False] + [True] * 7
+    assert len(AotCache(Config(cache_dir=root)).entries()) == 1
+    data = worker.graph_inputs()
+    want = reference.run(graph, {"x": data["x"]}, {"w": data["w"]})[0]
+    for r in results:
+        # One f32 matmul of length 4: C and numpy may sum in another order.
+        np.testing.assert_allclose(np.array(r["value"], dtype=np.float32), want, rtol=1e-6, atol=1e-6)

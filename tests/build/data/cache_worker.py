@@ -76,6 +76,24 @@ def call_value(library: Path) -> int:
     return int(lib.rlx_test_value())
 
 
+def graph_inputs() -> dict:
+    """Fixed params and inputs for the graph `run_graph` compiles (see tests/build/test_cache.py)."""
+    import numpy as np
+
+    return {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3),
+            "x": np.linspace(-2, 2, 20, dtype=np.float32).reshape(5, 4)}
+
+
+def run_graph(graph_path: Path, root: Path) -> dict:
+    import rlx
+    from rlx.ir import serialize
+
+    compiled = rlx.Session(config=Config(cache_dir=root, cache_lock_timeout=120)).compile(serialize.load(graph_path))
+    data = graph_inputs()
+    compiled.set_param("w", data["w"])
+    return {"hit": compiled.cache_hit, "key": compiled.key, "value": compiled.run(x=data["x"])[0].tolist()}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
@@ -85,6 +103,7 @@ def main() -> int:
     p.add_argument("--kill", action="store_true")
     p.add_argument("--ready", help="directory in which to announce readiness")
     p.add_argument("--go", help="file whose appearance starts the work")
+    p.add_argument("--graph", help="compile this graph .json with the CPU backend instead of trivial.c")
     a = p.parse_args()
     if a.ready:
         (Path(a.ready) / str(os.getpid())).touch()
@@ -94,6 +113,9 @@ def main() -> int:
                 print("never got the go signal", file=sys.stderr)
                 return 3
             time.sleep(0.005)
+    if a.graph:
+        print(json.dumps(run_graph(Path(a.graph), Path(a.root))))
+        return 0
     cache = AotCache(Config(cache_dir=Path(a.root), cache_lock_timeout=120))
     build = make_build(a.value, Path(a.counter) if a.counter else None, a.sleep, a.kill)
     entry = cache.get_or_build(components(a.value), build)

@@ -50,3 +50,14 @@ def check(g: rlx.Graph, inputs: Mapping[str, np.ndarray], params: Mapping[str, n
 def gemm_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     """Forward error bound of an f32 dot-product accumulation: k * u * (|a| @ |b|) (Higham, Thm 3.5)."""
     return (k + 2) * U32 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)))
+
+
+def assert_within(got: np.ndarray, want: np.ndarray, bound: np.ndarray | float, what: str = "") -> None:
+    """|got - want| <= bound elementwise, with a readable report of the worst element."""
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    excess = err - bound
+    if np.any(excess > 0) or np.any(np.isnan(got) != np.isnan(want)):
+        i = np.unravel_index(np.nanargmax(excess), excess.shape)
+        b = bound[i] if isinstance(bound, np.ndarray) else bound
+        raise AssertionError(f"{what}: {int(np.sum(excess > 0))} elements exceed the bound; worst at {i}: "
+                             f"got {got[i]!r}, want {want[i]!r}, |err| {err[i]:.3g} > bound {b:.3g}")

@@ -1,0 +1,200 @@
+"""The AOT cache: cold compile vs warm compile vs loading an artifact, each in a FRESH process.
+
+    python benchmarks/cache.py [--runs N] [--no-torch]
+
+The graph is a 6-layer BERT-shaped encoder (hidden 384, 12 heads, FFN 1536,
+GELU, padding-mask attention; batch <= 8, seq <= 128) from `rlx.models.bert`.
+Everything runs against a private, initially empty cache root, so "cold" is
+really cold and the user's cache is never touched.
+
+Measured inside each fresh Python process (the interpreter start and
+`import rlx` are reported separately, since every Python program pays them):
+
+- cold `Session().compile(graph)`: optimize, plan, render C, run the C compiler, dlopen;
+- warm `compile()` (a new process finds the library in the cache), end to end,
+  and its parts measured step by step in another fresh process: toolchain
+  probe (runs `cc`), lowering (optimizer + memory planner), cache lookup +
+  dlopen + context creation;
+- `rlx.load(artifact)`: the relocatable artifact directory, no compiler involved;
+- peers, where PyTorch is installed: the first call of a `torch.compile`d
+  version of the same encoder (plain-torch BERT, `rlx.models.torch_bert`) with
+  a cold and a warm Inductor cache, and the first eager call.
+
+Medians over `--runs` fresh processes (cold compiles run once: a second run
+would not be cold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HIDDEN, HEADS, FFN, LAYERS, VOCAB = 384, 12, 1536, 6, 30522
+MAX_BATCH, MAX_SEQ = 8, 128
+TARGET_WARM_MS = 50.0
+
+# The code each fresh process runs. It prints one JSON line of timings (milliseconds).
+CHILD = r'''
+import json, sys, time
+t0 = time.perf_counter()
+mode, graph_path, art = sys.argv[1], sys.argv[2], sys.argv[3]
+out = {}
+if mode in ("compile", "parts", "load"):
+    import rlx
+    from rlx.ir import serialize
+    t1 = time.perf_counter()
+    out["import_ms"] = (t1 - t0) * 1e3
+    if mode == "load":
+        t = time.perf_counter()
+        cg = rlx.load(art)
+        out["load_ms"] = (time.perf_counter() - t) * 1e3
+    else:
+        graph = serialize.load(graph_path)
+        out["graph_json_ms"] = (time.perf_counter() - t1) * 1e3
+        if mode == "compile":
+            t = time.perf_counter()
+            cg = rlx.Session().compile(graph)
+            out["compile_ms"] = (time.perf_counter() - t) * 1e3
+            out["hit"] = cg.cache_hit
+        else:
+            from rlx.build.cpu import build_cpu
+            from rlx.build.toolchain import detect_toolchain
+            from rlx.runtime.compiled import CompiledGraph
+            from rlx.runtime.loader import load_library
+            session = rlx.Session()
+            t = time.perf_counter(); tc = detect_toolchain(session.config)
+            out["toolchain_ms"] = (time.perf_counter() - t) * 1e3
+            t = time.perf_counter(); lir = session.lower(graph)
+            out["lower_ms"] = (time.perf_counter() - t) * 1e3
+            t = time.perf_counter(); built = build_cpu(lir, session.config, tc)
+            out["cache_lookup_ms"] = (time.perf_counter() - t) * 1e3
+            t = time.perf_counter(); lib = load_library(built.library)
+            out["dlopen_ms"] = (time.perf_counter() - t) * 1e3
+            t = time.perf_counter(); CompiledGraph(lib, source=built.source, key=built.key)
+            out["create_ms"] = (time.perf_counter() - t) * 1e3
+            out["hit"] = built.hit
+else:
+    import numpy as np, torch
+    from rlx.models.bert import BertConfig, random_weights
+    from rlx.models.torch_bert import TorchBert
+    out["import_ms"] = (time.perf_counter() - t0) * 1e3
+    cfg = BertConfig(**json.loads(graph_path))
+    module = TorchBert(cfg, random_weights(cfg)).module(pooled=False)
+    ids = torch.ones((2, 16), dtype=torch.int64)
+    mask = torch.ones((2, 16), dtype=torch.int64)
+    fn = torch.compile(module) if mode == "torch_compile" else module
+    with torch.inference_mode():
+        t = time.perf_counter()
+        fn(ids, mask)
+        out["first_call_ms"] = (time.perf_counter() - t) * 1e3
+print(json.dumps(out))
+'''
+
+
+def child(mode: str, graph: str, art: str, env: dict[str, str]) -> dict:
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode, graph, art], capture_output=True, text=True,
+                          env=env, timeout=900)
+    wall = (time.perf_counter() - t) * 1e3
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} child failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_ms"] = wall
+    return result
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=5, help="fresh processes per warm measurement (default 5)")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
+    args = p.parse_args()
+
+    sys.path.insert(0, str(REPO))
+    from rlx.ir import serialize
+    from rlx.models.bert import BertConfig, build_bert
+
+    cfg = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS, intermediate_size=FFN)
+    graph = build_bert(BertConfig(**cfg), max_batch=MAX_BATCH, max_seq=MAX_SEQ, output="tokens", name="bert6")
+
+    with tempfile.TemporaryDirectory(prefix="rlx-bench-cache-") as tmp:
+        root = Path(tmp)
+        graph_path = root / "bert6.json"
+        serialize.save(graph, graph_path)
+        art = root / "artifact"
+        env = {**os.environ, "PYTHONPATH": str(REPO), "RLX_CACHE_DIR": str(root / "cache"),
+               "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
+        env.pop("RLX_CACHE_PATH", None)
+        env.pop("RLX_CACHE", None)
+
+        cold = child("compile", str(graph_path), str(art), env)
+        assert not cold["hit"], "the private cache root was not empty"
+        warm = [child("compile", str(graph_path), str(art), env) for _ in range(args.runs)]
+        assert all(r["hit"] for r in warm)
+        parts = [child("parts", str(graph_path), str(art), env) for _ in range(args.runs)]
+
+        import rlx
+
+        rlx.Session(config=rlx.Config(cache_dir=root / "cache")).compile(graph).save(art)
+        loads = [child("load", str(graph_path), str(art), env) for _ in range(args.runs)]
+
+        torch_rows: dict[str, list[dict]] = {}
+        torch_note = ""
+        if args.no_torch:
+            torch_note = "skipped (--no-torch)"
+        else:
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                torch_note = "skipped (PyTorch not installed)"
+            else:
+                spec = json.dumps(cfg)
+                torch_rows["cold"] = [child("torch_compile", spec, "", env)]
+                torch_rows["warm"] = [child("torch_compile", spec, "", env) for _ in range(max(1, args.runs // 2))]
+                torch_rows["eager"] = [child("torch_eager", spec, "", env) for _ in range(max(1, args.runs // 2))]
+
+    warm_ms = median(warm, "compile_ms")
+    print(f"6-layer BERT-shaped graph (hidden {HIDDEN}, {HEADS} heads, FFN {FFN}, GELU, padding mask), "
+          f"batch<={MAX_BATCH} seq<={MAX_SEQ}: {len(graph.nodes)} MIR nodes")
+    print(f"fresh processes; medians of {args.runs} runs unless marked (1 run). Times in ms.\n")
+    rows = [
+        ("rlx cold compile() (1 run)", cold["compile_ms"], "optimize, plan, render C, cc, dlopen"),
+        ("rlx warm compile()", warm_ms,
+         f"target <= {TARGET_WARM_MS:.0f} ms: {'met' if warm_ms <= TARGET_WARM_MS else 'NOT met'}"),
+        ("  toolchain probe", median(parts, "toolchain_ms"), "runs cc --version / -Q --help=target / OpenMP"),
+        ("  lower (optimize + plan)", median(parts, "lower_ms"), ""),
+        ("  cache lookup (key, verify)", median(parts, "cache_lookup_ms"), "sha256 of the .so included"),
+        ("  dlopen + manifest", median(parts, "dlopen_ms"), ""),
+        ("  rlx_create (arena, params)", median(parts, "create_ms"), ""),
+        ("rlx.load(artifact)", median(loads, "load_ms"), "no compiler, no optimizer"),
+        ("  (python start + import rlx)", median(warm, "import_ms"), "paid by every Python program"),
+        ("  (whole warm process)", median(warm, "process_ms"), "interpreter start to exit"),
+    ]
+    if torch_rows:
+        rows += [
+            ("torch.compile 1st call, cold (1 run)", torch_rows["cold"][0]["first_call_ms"],
+             "empty Inductor cache"),
+            ("torch.compile 1st call, warm", median(torch_rows["warm"], "first_call_ms"), "Inductor cache filled"),
+            ("torch eager 1st call", median(torch_rows["eager"], "first_call_ms"), "no compilation"),
+            ("  (python start + import torch)", median(torch_rows["warm"], "import_ms"), ""),
+        ]
+    for label, ms, note in rows:
+        print(f"{label:<40} {ms:10.1f}   {note}")
+    if torch_note:
+        print(f"{'torch.compile':<40} {torch_note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

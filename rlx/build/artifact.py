@@ -1,0 +1,332 @@
+"""Relocatable artifacts: a directory that loads in a new process without a compiler.
+
+`save(compiled, dir)` (also `CompiledGraph.save(dir)`) writes:
+
+| file | what |
+| --- | --- |
+| `model.so` | the built library (the C ABI of `rlx.h`) |
+| `model.c` | the generated source it was built from |
+| `rlx.h` | the ABI header, for C programs that dlopen or link the library |
+| `manifest.json` | ABI version, inputs, outputs, params, dynamic dims and bounds, target, ISA, key, checksums |
+| `weights.safetensors` | optional: the params that were set (`save(dir, weights=True)`) |
+
+`load(dir)` (also `rlx.load`) checks the manifest's format and ABI version,
+the target, that this CPU has every instruction-set feature the library may
+use (a clear `ArtifactError` instead of SIGILL), and the library's checksum;
+then it dlopens the library and sets the params from `weights.safetensors`
+when present. It never runs or probes a compiler.
+
+>>> import tempfile, numpy as np, rlx
+>>> g = rlx.Graph("scale")
+>>> x = g.input("x", [3])
+>>> g.set_outputs([g.mul(x, g.param("a", [3]))])
+>>> cg = rlx.Session().compile(g)
+>>> cg.set_param("a", np.array([1, 2, 3], np.float32))
+>>> with tempfile.TemporaryDirectory() as d:
+...     _ = cg.save(d, weights=True)
+...     again = load(d)
+...     again.run(x=np.ones(3, np.float32))[0].tolist()
+[1.0, 2.0, 3.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlx.build.cache import META, file_sha256
+from rlx.build.isa import check_cpu
+from rlx.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from rlx.runtime.compiled import CompiledGraph
+
+FORMAT = "rlx-artifact"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+LIBRARY = "model.so"
+SOURCE = "model.c"
+HEADER = "rlx.h"
+WEIGHTS = "weights.safetensors"
+#: Targets this build of RLX can load artifacts for.
+LOADABLE_TARGETS = ("cpu",)
+
+
+# ── save ─────────────────────────────────────────────────────────────────
+
+
+def save(compiled: CompiledGraph, directory: str | os.PathLike[str], *,
+         weights: bool | Mapping[str, Any] = False) -> Path:
+    """Write `compiled` as an artifact into `directory` (created if needed); returns its path.
+
+    `weights=True` saves the params that were set on `compiled`; a mapping
+    saves those arrays instead (names must be params of the graph). Files
+    are replaced one by one and `manifest.json` is written last, so a reader
+    never sees a manifest describing files that are not there yet.
+    """
+    out = Path(directory)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ArtifactError(f"cannot create artifact directory {out}: {exc.strerror}") from None
+    lib_manifest = compiled.manifest
+    target = str(lib_manifest.get("target", "cpu"))
+    tensors = _weights_to_save(compiled, weights)
+
+    files: dict[str, dict] = {}
+    _install_copy(Path(compiled.library_path), out / LIBRARY, mode=0o755)
+    source = compiled.source_path
+    if source is not None and Path(source).is_file():
+        _install_copy(Path(source), out / SOURCE)
+    else:
+        _remove(out / SOURCE)
+    header = _header_path(target)
+    _install_copy(header, out / HEADER)
+    if tensors:
+        _write_safetensors(tensors, out / WEIGHTS, key=compiled.key)
+    else:
+        _remove(out / WEIGHTS)  # never leave a previous save's weights behind
+    for name in (LIBRARY, SOURCE, HEADER, WEIGHTS):
+        path = out / name
+        if path.is_file():
+            files[name] = {"sha256": file_sha256(path), "size": path.stat().st_size}
+
+    from rlx import __version__
+
+    manifest = {
+        **lib_manifest,
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "key": compiled.key or lib_manifest.get("key", ""),
+        "components": _cache_components(Path(compiled.library_path), compiled.key),
+        "files": files,
+        "weights": sorted(tensors),
+        "rlx_version": __version__,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    _atomic_write(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def _weights_to_save(compiled: CompiledGraph, weights: bool | Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """{param name: (declared dtype, storage-dtype array)} to write."""
+    import numpy as np
+
+    from rlx.ir.dtype import DType, f32_to_bf16
+
+    specs = {p["name"]: p for p in compiled.manifest["params"]}
+    if weights is False or weights is None:
+        return {}
+    if weights is True:
+        arrays = compiled.param_arrays()
+        if not arrays and specs:
+            raise ArtifactError("save(weights=True): no params have been set on this compiled graph")
+        return {name: (specs[name]["dtype"], arr) for name, arr in arrays.items()}
+    if not isinstance(weights, Mapping):
+        raise ArtifactError(f"weights must be True, False or a dict of arrays, got {type(weights).__name__}")
+    out = {}
+    for name, value in weights.items():
+        if name not in specs:
+            raise ArtifactError(f"weights has {name!r}, which is not a param of the graph "
+                                f"(params: {sorted(specs)[:8]}{' ...' if len(specs) > 8 else ''})")
+        dt = DType.parse(specs[name]["dtype"])
+        arr = np.asarray(value)
+        arr = f32_to_bf16(arr.astype(np.float32)) if dt is DType.BF16 else np.ascontiguousarray(arr, dtype=dt.np)
+        out[name] = (dt.value, arr)
+    return out
+
+
+def _write_safetensors(tensors: Mapping[str, tuple[str, Any]], path: Path, key: str) -> None:
+    import numpy as np
+    from safetensors import TensorSpec, serialize_file
+
+    specs = {}
+    keep = []
+    for name, (dtype, arr) in sorted(tensors.items()):
+        a = np.ascontiguousarray(arr)
+        if a.dtype.byteorder == ">":
+            a = a.byteswap().view(a.dtype.newbyteorder("<"))
+        keep.append(a)
+        # numpy has no bfloat16: bf16 params are held as uint16 bit patterns and stored as BF16.
+        st_dtype = "bfloat16" if dtype == "bf16" else a.dtype.name
+        specs[name] = TensorSpec(dtype=st_dtype, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        serialize_file(specs, str(tmp), metadata={"format": "rlx-weights", "key": key})
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except Exception as exc:
+        _remove(tmp)
+        raise ArtifactError(f"cannot write {path}: {exc}") from None
+    finally:
+        del keep
+
+
+def _header_path(target: str) -> Path:
+    from rlx.templates_path import templates_dir
+
+    header = templates_dir() / ("cpu" if target not in ("cuda", "metal") else target) / HEADER
+    if not header.is_file():
+        header = templates_dir() / "cpu" / HEADER
+    if not header.is_file():
+        raise ArtifactError(f"the ABI header {HEADER} is missing from the RLX templates ({header})")
+    return header
+
+
+def _cache_components(library: Path, key: str) -> dict:
+    """The key components recorded by the cache entry the library came from (empty when unknown)."""
+    try:
+        meta = json.loads((library.parent / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(meta, dict) or meta.get("key") != key or not isinstance(meta.get("components"), dict):
+        return {}
+    return meta["components"]
+
+
+def _install_copy(src: Path, dest: Path, mode: int = 0o644) -> None:
+    # Copy then rename: a process that has the old model.so mapped keeps its inode intact.
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, mode)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        _remove(tmp)
+        raise ArtifactError(f"cannot write {dest}: {exc.strerror or exc}") from None
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(Path(tmp))
+        raise ArtifactError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+# ── load ─────────────────────────────────────────────────────────────────
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict:
+    """The artifact's manifest.json, checked for format and required fields."""
+    d = Path(directory)
+    path = d / MANIFEST
+    if not d.is_dir():
+        raise ArtifactError(f"{d} is not an artifact directory")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(f"{d} is not an RLX artifact: it has no {MANIFEST}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ArtifactError(f"{path} is unreadable: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path} is not an RLX artifact manifest")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{path} has artifact format version {version!r}; this RLX reads version {FORMAT_VERSION}")
+    for field in ("abi_version", "target", "inputs", "outputs", "params", "files"):
+        if field not in manifest:
+            raise ArtifactError(f"{path} lacks {field!r}")
+    return manifest
+
+
+def check_loadable(manifest: dict, directory: Path) -> None:
+    """Every check `load` makes before touching the library: ABI, target, CPU features, checksum."""
+    from rlx.runtime.abi import ABI_VERSION
+
+    if manifest["abi_version"] != ABI_VERSION:
+        raise ArtifactError(f"artifact {directory} uses RLX ABI {manifest['abi_version']}; this RLX speaks ABI "
+                            f"{ABI_VERSION}: rebuild it with this version (rlxc compile)")
+    target = manifest["target"]
+    if target not in LOADABLE_TARGETS:
+        raise ArtifactError(f"artifact {directory} targets {target!r}; this RLX loads {', '.join(LOADABLE_TARGETS)} "
+                            "artifacts")
+    isa = manifest.get("isa")
+    if isinstance(isa, dict):
+        check_cpu(isa, what=f"artifact {directory}")
+    want = manifest["files"].get(LIBRARY)
+    lib = directory / LIBRARY
+    if not isinstance(want, dict) or not lib.is_file():
+        raise ArtifactError(f"artifact {directory} has no {LIBRARY}")
+    if lib.stat().st_size != want.get("size") or file_sha256(lib) != want.get("sha256"):
+        raise ArtifactError(f"{lib} does not match the checksum in {MANIFEST} (truncated or modified copy?)")
+
+
+def _preload_blas(manifest: dict) -> None:
+    """Make the BLAS library the artifact links against resolvable even if its recorded path moved.
+
+    The dynamic linker matches an already-loaded library by soname, so loading
+    this environment's scipy-openblas32 globally first satisfies the artifact's
+    dependency wherever that package lives now.
+    """
+    if manifest.get("blas") != "openblas32":
+        return
+    try:
+        import ctypes
+
+        import scipy_openblas32 as sob
+
+        ctypes.CDLL(os.path.join(sob.get_lib_dir(), sob.get_library(fullname=True)), mode=ctypes.RTLD_GLOBAL)
+    except (ImportError, OSError, AttributeError):
+        pass  # the recorded runpath may still work; a failure shows up as a clear dlopen error
+
+
+def load(directory: str | os.PathLike[str], *, num_threads: int | None = None) -> CompiledGraph:
+    """Load the artifact in `directory` as a ready-to-run `CompiledGraph` (weights set when saved).
+
+    Raises ArtifactError when the artifact cannot run here (other ABI, target,
+    CPU without the features it was built for, damaged library).
+    """
+    d = Path(directory)
+    manifest = read_manifest(d)
+    check_loadable(manifest, d)
+    _preload_blas(manifest)
+    from rlx.runtime.compiled import CompiledGraph
+    from rlx.runtime.loader import load_library
+
+    library = load_library(d / LIBRARY)
+    if library.manifest.get("key") != manifest.get("key"):
+        raise ArtifactError(f"{d / LIBRARY} does not belong to {d / MANIFEST} (their keys differ; was another "
+                            "library loaded from this path earlier in this process? dlopen reuses it)")
+    source = d / SOURCE
+    compiled = CompiledGraph(library, source=source if source.is_file() else None, key=manifest["key"],
+                             cache_hit=True, num_threads=num_threads)
+    weights = d / WEIGHTS
+    if weights.is_file():
+        _load_weights(compiled, weights, manifest)
+    return compiled
+
+
+def _load_weights(compiled: CompiledGraph, path: Path, manifest: dict) -> None:
+    from rlx.models.weights import load_safetensors
+
+    want = manifest["files"].get(WEIGHTS)
+    if isinstance(want, dict) and path.stat().st_size != want.get("size"):
+        raise ArtifactError(f"{path} is {path.stat().st_size} bytes, {MANIFEST} says {want.get('size')} "
+                            "(truncated or replaced?)")
+    tensors = load_safetensors(path)
+    params = set(compiled.param_names)
+    unknown = sorted(set(tensors) - params)
+    if unknown:
+        raise ArtifactError(f"{path} holds tensors that are not params of the graph: {unknown[:5]}")
+    for name, arr in tensors.items():
+        compiled.set_param(name, arr)
+
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "check_loadable", "load", "read_manifest", "save"]

@@ -1,0 +1,274 @@
+"""The CUDA toolchain (nvcc, the GPU arch, cuBLASLt) and the build of one `.cu` through the AOT cache.
+
+- `find_nvcc(name)`: the resolved nvcc and its `--version` text (CUDA version parsed from it).
+- `detect_arch(target)`: `-arch` from an explicit target (`"cuda:sm_90"`, `"sm_90"`, `"90"`) or, without one, from
+  the visible GPU's compute capability (`nvidia-smi`). No GPU and no target is a `BuildError` naming both ways out.
+- `find_cublas(nvcc)`: include and library directories of cuBLASLt: the toolkit's own, or the `nvidia-cublas`
+  wheel's (`nvidia/cublas/include`, `nvidia/cublas/lib`). Without them the generated code uses its built-in GEMM.
+- `build_cuda(lir, config, target)`: render, `nvcc -shared`, cache. The key folds in the LIR hash, the CUDA
+  version and compiler identity, the arch, precision and GEMM provider, every flag and every template's digest.
+
+>>> normalize_arch("cuda:sm_90"), normalize_arch("8.6"), normalize_arch("sm_90a")
+('sm_90', 'sm_86', 'sm_90a')
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rlx.build.cache import AotCache
+from rlx.build.cpu import components_key, templates_digest
+from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION, CudaTarget, render_cuda
+from rlx.config import Config
+from rlx.errors import BuildError
+from rlx.ir.lir import LirModule
+
+#: Flags of every build. -x cu: the cache names every source model.c; it is CUDA C++.
+BASE_FLAGS = ("-x", "cu", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
+              "-diag-suppress=177,550")
+_ARCH_RE = re.compile(r"^(?:cuda:)?(?:sm_|compute_)?(\d{2,3})(a?)$")
+_CAP_RE = re.compile(r"^(\d+)\.(\d+)$")
+_PROBE_TIMEOUT = 60
+
+
+def normalize_arch(target: str) -> str:
+    """`sm_XY` from "cuda:sm_90", "sm_90", "90", "9.0" (an `a` suffix is kept: sm_90a)."""
+    text = str(target).strip().lower()
+    m = _CAP_RE.match(text.removeprefix("cuda:"))
+    if m:
+        return f"sm_{m.group(1)}{m.group(2)}"
+    m = _ARCH_RE.match(text)
+    if not m:
+        raise BuildError(f"CUDA target {target!r} is not an arch like 'cuda:sm_90' or 'sm_90'")
+    return f"sm_{m.group(1)}{m.group(2)}"
+
+
+@functools.lru_cache(maxsize=8)
+def find_nvcc(name: str = "nvcc") -> tuple[str, str]:
+    """(resolved path, `--version` text) of nvcc; looks on PATH, then CUDA_HOME and /usr/local/cuda."""
+    found = shutil.which(name)
+    if found is None and os.sep not in name:
+        for root in (os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"):
+            cand = os.path.join(root, "bin", name) if root else ""
+            if cand and os.access(cand, os.X_OK):
+                found = cand
+                break
+    if found is None:
+        raise BuildError(f"nvcc ({name!r}) not found: install the CUDA toolkit or set RLX_NVCC to nvcc's path")
+    resolved = os.path.realpath(found)
+    try:
+        proc = subprocess.run([resolved, "--version"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"nvcc {resolved!r} cannot be run: {exc}") from None
+    if proc.returncode != 0:
+        raise BuildError(f"`{resolved} --version` failed: {proc.stderr.strip()}")
+    return resolved, proc.stdout.strip()
+
+
+def cuda_version(version_text: str) -> str:
+    """'13.0' from nvcc's `--version` text ('' when it says no release)."""
+    m = re.search(r"release (\d+\.\d+)", version_text)
+    return m.group(1) if m else ""
+
+
+def visible_gpu_arch() -> str | None:
+    """The first visible GPU's arch (sm_XY) according to nvidia-smi, or None when there is none."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=_PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines or not _CAP_RE.match(lines[0]):
+        return None
+    return normalize_arch(lines[0])
+
+
+def detect_arch(target: str | None = None) -> str:
+    """The `-arch` to build for: `target` if given, else the visible GPU's; BuildError if neither."""
+    if target:
+        return normalize_arch(target)
+    arch = visible_gpu_arch()
+    if arch is None:
+        raise BuildError("no NVIDIA GPU is visible (nvidia-smi found none) to choose -arch from; "
+                         "pass an explicit target such as 'cuda:sm_90' to cross-compile")
+    return arch
+
+
+def _wheel_dirs(sub: str) -> list[Path]:
+    """`nvidia/*/<sub>` directories of installed NVIDIA wheels (nvidia-cublas: `cublas/` to CUDA 12, `cu13/` after)."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    return sorted(d for r in roots for d in Path(r).glob(f"*/{sub}") if d.is_dir())
+
+
+@dataclass(frozen=True)
+class Cublas:
+    """Where cuBLASLt's header and library are (empty when not found)."""
+
+    include_dir: str = ""
+    lib_dir: str = ""
+    library: str = ""  # the file linked against
+
+    @property
+    def found(self) -> bool:
+        return bool(self.include_dir and self.library)
+
+    @property
+    def link_args(self) -> tuple[str, ...]:
+        if not self.found:
+            return ()
+        return (f"-L{self.lib_dir}", f"-l:{os.path.basename(self.library)}", f"-Xlinker=-rpath,{self.lib_dir}")
+
+    def identity(self) -> str:
+        return f"cublasLt {self.library} include={self.include_dir}" if self.found else "none"
+
+
+@functools.lru_cache(maxsize=8)
+def find_cublas(nvcc: str) -> Cublas:
+    """cuBLASLt next to nvcc (the toolkit) or from the nvidia-cublas wheel; `Cublas()` when absent."""
+    toolkit = Path(nvcc).resolve().parent.parent
+    includes = [toolkit / "include", Path("/usr/local/cuda/include"), Path("/usr/include"), *_wheel_dirs("include")]
+    libs = [toolkit / "lib64", toolkit / "lib", Path("/usr/local/cuda/lib64"), Path("/usr/lib/x86_64-linux-gnu"),
+            *_wheel_dirs("lib")]
+    inc = next((str(d) for d in includes if (d / "cublasLt.h").is_file()), "")
+    for d in libs:
+        cands = sorted(glob.glob(str(d / "libcublasLt.so*")), key=len)
+        if cands:
+            return Cublas(inc, str(d), cands[0]) if inc else Cublas()
+    return Cublas()
+
+
+@dataclass(frozen=True)
+class NvccToolchain:
+    """A resolved nvcc plus everything needed to build one generated .cu for one arch."""
+
+    nvcc: str
+    version_text: str
+    arch: str
+    cublas: Cublas
+
+    @property
+    def cuda_version(self) -> str:
+        return cuda_version(self.version_text)
+
+    @property
+    def arch_flags(self) -> tuple[str, ...]:
+        num = self.arch.removeprefix("sm_")
+        return (f"-gencode=arch=compute_{num},code=sm_{num}",)
+
+    def flags(self, gemm: str) -> tuple[str, ...]:
+        inc = (f"-I{self.cublas.include_dir}",) if gemm == "cublaslt" and self.cublas.found else ()
+        return (*BASE_FLAGS, *self.arch_flags, *inc)
+
+    def link_flags(self, gemm: str) -> tuple[str, ...]:
+        return self.cublas.link_args if gemm == "cublaslt" else ()
+
+    def identity(self) -> str:
+        return f"{self.nvcc}\n{self.version_text}"
+
+    def command(self, source: Path, output: Path, gemm: str, compile_only: bool = False) -> list[str]:
+        if compile_only:
+            flags = [f for f in self.flags(gemm) if f != "-shared"]
+            return [self.nvcc, *flags, "-c", "-o", str(output), str(source)]
+        return [self.nvcc, *self.flags(gemm), "-o", str(output), str(source), *self.link_flags(gemm)]
+
+    def compile(self, source: Path, output: Path, gemm: str, compile_only: bool = False) -> None:
+        """Build `source` into `output`; BuildError with nvcc's message (source path kept)."""
+        cmd = self.command(source, output, gemm, compile_only)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        except FileNotFoundError:
+            raise BuildError(f"nvcc {self.nvcc!r} disappeared; source kept at {source}") from None
+        except subprocess.TimeoutExpired:
+            raise BuildError(f"nvcc timed out after 900 s building {source}") from None
+        if proc.returncode != 0 or not output.exists():
+            message = (proc.stderr or proc.stdout).strip()
+            if len(message) > 8000:
+                message = message[:8000] + "\n... (truncated)"
+            raise BuildError(f"nvcc failed (exit {proc.returncode}) on {source}:\n{message}\ncommand: {' '.join(cmd)}")
+
+
+def detect_nvcc_toolchain(config: Config | None = None, target: str | None = None) -> NvccToolchain:
+    """nvcc from `config.nvcc`, the arch from `target` or the visible GPU, cuBLASLt if present."""
+    config = config or Config.from_env()
+    nvcc, text = find_nvcc(config.nvcc)
+    return NvccToolchain(nvcc, text, detect_arch(target), find_cublas(nvcc))
+
+
+def resolve_target(toolchain: NvccToolchain, target: CudaTarget) -> CudaTarget:
+    """`target` with the toolchain's arch, and the built-in GEMM when cuBLASLt is not installed."""
+    gemm = target.gemm if (target.gemm != "cublaslt" or toolchain.cublas.found) else "builtin"
+    return replace(target, arch=toolchain.arch, gemm=gemm)
+
+
+def cuda_key_components(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget) -> dict[str, str]:
+    """Every input of the CUDA build, as strings: the AOT cache key is a digest of these."""
+    return {
+        "lir": lir.hash(),
+        "target": "cuda",
+        "target_options": f"{target.identity()} cuda={toolchain.cuda_version}",
+        "compiler": toolchain.identity(),
+        "flags": " ".join((*toolchain.flags(target.gemm), *toolchain.link_flags(target.gemm))),
+        "templates": templates_digest("cuda"),
+        "blas": toolchain.cublas.identity() if target.gemm == "cublaslt" else "builtin",
+        "codegen_version": f"{CODEGEN_VERSION} abi={ABI_VERSION}",
+    }
+
+
+def cuda_manifest(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, key: str) -> dict:
+    """LirModule.manifest() plus what the builder knows: ABI, target, arch, precision, GEMM, key."""
+    m = lir.manifest()
+    m.update({"abi_version": ABI_VERSION, "target": "cuda", "arch": target.arch, "key": key,
+              "precision": target.precision.value, "gemm": target.gemm, "cuda_version": toolchain.cuda_version,
+              "codegen_version": CODEGEN_VERSION})
+    return m
+
+
+@dataclass(frozen=True)
+class CudaBuild:
+    """Result of `build_cuda`: where the library is and what went into it."""
+
+    library: Path
+    source: Path
+    key: str
+    hit: bool
+    components: dict[str, str]
+    toolchain: NvccToolchain
+    target: CudaTarget
+    seconds: float
+
+
+def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget | None = None,
+               arch: str | None = None, toolchain: NvccToolchain | None = None) -> CudaBuild:
+    """Render, nvcc-compile (or find in the AOT cache) the CUDA library for `lir`."""
+    config = config or Config.from_env()
+    toolchain = toolchain or detect_nvcc_toolchain(config, arch)
+    target = resolve_target(toolchain, target or CudaTarget())
+    components = cuda_key_components(lir, toolchain, target)
+    key = components_key(components)
+
+    def build(workdir: Path) -> None:
+        source = workdir / "model.c"
+        source.write_text(render_cuda(lir, target, cuda_manifest(lir, toolchain, target, key)))
+        toolchain.compile(source, workdir / "model.so", target.gemm)
+
+    start = time.perf_counter()
+    entry = AotCache(config).get_or_build(components, build)
+    return CudaBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain,
+                     target, time.perf_counter() - start)

@@ -1,0 +1,296 @@
+"""Running CUDA libraries from Python: `CudaGraph` and a minimal owned device buffer, `DeviceArray`.
+
+`CudaGraph` is a `CompiledGraph` whose library is a generated `.cu`: `run` takes and returns host numpy
+arrays (the library copies in and out), `run_device` takes any object exposing `__cuda_array_interface__`
+(PyTorch, CuPy, Numba, `DeviceArray`) without a host round trip and returns `DeviceArray`s (or writes into
+the device outputs given). CUDA failures (no device, out of memory, a failed launch, cuBLASLt) raise
+`rlx.CudaError`; other mistakes raise `ExecutionError`.
+
+The extra exports a CUDA library has beyond the common ABI are declared here (see templates/cuda/rlx_cuda.h):
+`rlx_run_device`, `rlx_cuda_malloc`, `rlx_cuda_free`, `rlx_cuda_memcpy`, `rlx_cuda_stream_sync`.
+
+>>> typestr(np.dtype(np.float32)), typestr(np.dtype(np.int64))
+('<f4', '<i8')
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import cffi
+import numpy as np
+
+from rlx.errors import CudaError, ExecutionError
+from rlx.ir.dtype import DType
+from rlx.runtime.abi import ffi
+from rlx.runtime.compiled import CompiledGraph
+from rlx.runtime.loader import Library, TensorInfo, load_library
+
+CUDA_CDEF = """
+int32_t     rlx_run_device(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
+void       *rlx_cuda_malloc(int64_t nbytes);
+void        rlx_cuda_free(void *p);
+int32_t     rlx_cuda_memcpy(void *dst, const void *src, int64_t nbytes, int32_t kind);
+int32_t     rlx_cuda_stream_sync(uint64_t stream);
+const char *rlx_last_error(void *ctx);
+"""
+cuda_ffi = cffi.FFI()
+cuda_ffi.cdef(CUDA_CDEF)
+
+#: Return code of a CUDA library when CUDA or cuBLASLt failed (as opposed to a bad argument).
+RC_CUDA = -2
+_H2D, _D2H, _D2D = 0, 1, 2
+_LOCK = threading.Lock()
+_LIBS: dict[str, Any] = {}
+
+
+def typestr(dtype: np.dtype) -> str:
+    """The `__array_interface__` type string of a numpy dtype (little-endian)."""
+    return np.dtype(dtype).newbyteorder("<").str
+
+
+def _cuda_lib(path: Path) -> Any:
+    """The CUDA extras of the library at `path`, opened once per process through `cuda_ffi`."""
+    key = str(Path(path).resolve())
+    with _LOCK:
+        if key not in _LIBS:
+            _LIBS[key] = cuda_ffi.dlopen(key)
+        return _LIBS[key]
+
+
+def _global_error(lib: Any) -> str:
+    return cuda_ffi.string(lib.rlx_last_error(cuda_ffi.NULL)).decode("utf-8", "replace")
+
+
+class DeviceArray:
+    """A dense device buffer owned by RLX (freed when collected), exposing `__cuda_array_interface__`.
+
+    Made by `CudaGraph.run_device` for its outputs, or from host data with `CudaGraph.to_device`. bf16
+    tensors are held as their uint16 bit patterns (numpy has no bf16).
+    """
+
+    def __init__(self, lib: Any, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self._lib = lib
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        raw = lib.rlx_cuda_malloc(self.nbytes)
+        if raw == cuda_ffi.NULL:
+            raise CudaError(_global_error(lib) or f"cudaMalloc of {self.nbytes} bytes failed")
+        self._ptr = cuda_ffi.gc(raw, lib.rlx_cuda_free)
+
+    @property
+    def ptr(self) -> int:
+        return int(cuda_ffi.cast("uintptr_t", self._ptr))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": typestr(self.dtype), "data": (self.ptr, False), "version": 3,
+                "strides": None, "stream": None}
+
+    def copy_from_host(self, array: np.ndarray) -> None:
+        arr = np.ascontiguousarray(array, dtype=self.dtype)
+        if arr.shape != self.shape:
+            raise ExecutionError(f"copy_from_host: shape {arr.shape} differs from the device array's {self.shape}")
+        if self._lib.rlx_cuda_memcpy(self._ptr, cuda_ffi.from_buffer(arr), self.nbytes, _H2D) != 0:
+            raise CudaError(_global_error(self._lib))
+
+    def numpy(self) -> np.ndarray:
+        """A host copy."""
+        out = np.empty(self.shape, self.dtype)
+        if self._lib.rlx_cuda_memcpy(cuda_ffi.from_buffer(out, require_writable=True), self._ptr, self.nbytes,
+                                     _D2H) != 0:
+            raise CudaError(_global_error(self._lib))
+        return out
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype})"
+
+
+class _DeviceView:
+    """What `run_device` needs from a `__cuda_array_interface__` object: pointer, shape, dtype, stream."""
+
+    def __init__(self, name: str, obj: Any, info: TensorInfo, writable: bool) -> None:
+        try:
+            cai = obj.__cuda_array_interface__
+        except AttributeError:
+            raise ExecutionError(f"{name!r}: expected an object with __cuda_array_interface__ (a device array), "
+                                 f"got {type(obj).__name__}") from None
+        if not isinstance(cai, Mapping) or "shape" not in cai or "typestr" not in cai or "data" not in cai:
+            raise ExecutionError(f"{name!r}: malformed __cuda_array_interface__")
+        self.shape = tuple(int(s) for s in cai["shape"])
+        self.ndim = len(self.shape)
+        try:
+            dtype = np.dtype(cai["typestr"])
+        except TypeError:
+            raise ExecutionError(f"{name!r}: unknown typestr {cai['typestr']!r}") from None
+        if dtype != info.dtype.np:
+            raise ExecutionError(f"{name!r} is {dtype} on the device but the graph takes {info.dtype} "
+                                 f"({info.dtype.np}); convert it on the device first")
+        strides = cai.get("strides")
+        if strides is not None:
+            dense, acc = [], dtype.itemsize
+            for s in reversed(self.shape):
+                dense.append(acc)
+                acc *= s
+            if any(sz > 1 and st != want for sz, st, want in zip(self.shape, strides, reversed(dense))):
+                raise ExecutionError(f"{name!r} is not C-contiguous on the device; make it contiguous first")
+        ptr, readonly = cai["data"]
+        if writable and readonly:
+            raise ExecutionError(f"{name!r} is read-only")
+        if ptr == 0 and math.prod(self.shape) > 0:
+            raise ExecutionError(f"{name!r} has a NULL device pointer")
+        self.ptr = int(ptr)
+        self.stream = cai.get("stream")
+        self.obj = obj
+
+
+class CudaGraph(CompiledGraph):
+    """A compiled graph on an NVIDIA GPU (see the module docstring)."""
+
+    def __init__(self, library: Library, *, build_seconds: float = 0.0, **kw: Any) -> None:
+        self._cuda = _cuda_lib(library.path)
+        raw = kw.pop("_ctx", None)
+        if raw is None:
+            raw = library.lib.rlx_create()
+            if raw == ffi.NULL:
+                msg = ffi.string(library.lib.rlx_last_error(ffi.NULL)).decode("utf-8", "replace")
+                raise CudaError(f"cannot start {library.path.name}: {msg or 'rlx_create failed'}")
+        super().__init__(library, _ctx=raw, **kw)
+        self.build_seconds = build_seconds
+        self._dev_in = cuda_ffi.new("void *[]", max(len(library.inputs), 1))
+        self._dev_out = cuda_ffi.new("void *[]", max(len(library.outputs), 1))
+        self._dev_sym = cuda_ffi.new("int64_t[]", max(len(library.symbols), 1))
+
+    @property
+    def precision(self) -> str:
+        return str(self._library.manifest.get("precision", "f32"))
+
+    def _raise(self, rc: int, what: str) -> None:
+        msg = self._error(what)
+        raise CudaError(msg) if rc == RC_CUDA else ExecutionError(msg)
+
+    def _set_param_raw(self, idx: int, info: TensorInfo, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr)
+        rc = self._lib.rlx_set_param(self._ctx, idx, ffi.from_buffer(arr), arr.nbytes)
+        if rc != 0:
+            self._raise(rc, f"set_param({info.name!r})")
+        self._param_set[idx] = True
+
+    def _call(self, symbols: dict[str, int], inputs: Any, outputs: Any) -> None:
+        unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]
+        if unset:
+            raise ExecutionError(f"params never set: {unset}")
+        for i, name in enumerate(self._sym_order):
+            self._sym[i] = symbols[name]
+        keep = []
+        for i, arr in enumerate(inputs):
+            keep.append(ffi.from_buffer(arr))
+            self._in[i] = keep[-1]
+        for i, arr in enumerate(outputs):
+            keep.append(ffi.from_buffer(arr, require_writable=True))
+            self._out[i] = keep[-1]
+        rc = self._lib.rlx_run(self._ctx, self._sym, self._in, self._out)
+        del keep
+        if rc != 0:
+            self._raise(rc, "run")
+
+    def to_device(self, array: Any, dtype: DType | str | None = None) -> DeviceArray:
+        """A `DeviceArray` holding a copy of host data (bf16 given as float32 is stored as bf16 bits)."""
+        arr = np.asarray(array)
+        if dtype is not None and DType.parse(dtype) is DType.BF16:
+            from rlx.ir.dtype import f32_to_bf16
+
+            arr = f32_to_bf16(arr.astype(np.float32))
+        elif dtype is not None:
+            arr = arr.astype(DType.parse(dtype).np)
+        out = DeviceArray(self._cuda, arr.shape, arr.dtype)
+        out.copy_from_host(arr)
+        return out
+
+    def run_device(self, inputs: Mapping[str, Any] | None = None, outputs: Mapping[str, Any] | None = None,
+                   **kw: Any) -> list[Any]:
+        """Run on device-resident inputs (any `__cuda_array_interface__` object, used in place).
+
+        Outputs are written into the device arrays given in `outputs` (by name), or into new
+        `DeviceArray`s; the list of output objects is returned. Returns once the outputs are written.
+        """
+        given: dict[str, Any] = dict(inputs or {})
+        for k, v in kw.items():
+            if k in given:
+                raise ExecutionError(f"input {k!r} given both in the dict and as a keyword")
+            given[k] = v
+        lib = self._library
+        unknown = [k for k in given if k not in self._inputs]
+        if unknown:
+            raise ExecutionError(f"unknown inputs {unknown}; the graph's inputs are {self.input_names}")
+        missing = [t.name for t in lib.inputs if t.name not in given]
+        if missing:
+            raise ExecutionError(f"missing inputs {missing}")
+        views = [_DeviceView(t.name, given[t.name], t, writable=False) for t in lib.inputs]
+        symbols = self._bind_symbols(views)  # checks ranks, shapes and bounds like `run`
+        outs_given = dict(outputs or {})
+        bad = [k for k in outs_given if k not in self._outputs]
+        if bad:
+            raise ExecutionError(f"unknown outputs {bad}; the graph's outputs are {self.output_names}")
+        out_objs: list[Any] = []
+        out_views: list[_DeviceView] = []
+        for t in lib.outputs:
+            obj = outs_given.get(t.name)
+            if obj is None:
+                obj = DeviceArray(self._cuda, t.concrete(symbols), t.dtype.np)
+            view = _DeviceView(t.name, obj, t, writable=True)
+            if view.shape != t.concrete(symbols):
+                raise ExecutionError(f"output {t.name!r} must have shape {t.concrete(symbols)}, got {view.shape}")
+            out_objs.append(obj)
+            out_views.append(view)
+        unset = [t.name for t, ok in zip(lib.params, self._param_set) if not ok]
+        if unset:
+            raise ExecutionError(f"params never set: {unset}")
+        for v in views:
+            if v.stream not in (None, 1):
+                rc = self._cuda.rlx_cuda_stream_sync(int(v.stream))
+                if rc != 0:
+                    raise CudaError(_global_error(self._cuda))
+        for i, name in enumerate(self._sym_order):
+            self._dev_sym[i] = symbols[name]
+        for i, v in enumerate(views):
+            self._dev_in[i] = cuda_ffi.cast("void *", v.ptr)
+        for i, v in enumerate(out_views):
+            self._dev_out[i] = cuda_ffi.cast("void *", v.ptr)
+        ctx = cuda_ffi.cast("void *", int(ffi.cast("uintptr_t", self._ctx)))
+        rc = self._cuda.rlx_run_device(ctx, self._dev_sym, self._dev_in, self._dev_out)
+        if rc != 0:
+            self._raise(rc, "run_device")
+        return out_objs
+
+    def clone(self) -> CudaGraph:
+        """A fresh context on the same library with the params copied on the device."""
+        raw = self._lib.rlx_clone(self._ctx)
+        if raw == ffi.NULL:
+            raise CudaError(f"rlx_clone failed: {_global_error(self._cuda) or 'out of device memory?'}")
+        return CudaGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
+                         _ctx=raw, _param_set=self._param_set, build_seconds=self.build_seconds)
+
+
+def compile_cuda(lir: Any, config: Any, *, precision: DType | str = DType.F32, arch: str | None = None,
+                 gemm: str = "cublaslt") -> CudaGraph:
+    """Build (through the AOT cache) and load the CUDA library of an LIR module."""
+    from rlx.build.cuda import build_cuda
+    from rlx.codegen.cuda import CudaTarget
+
+    built = build_cuda(lir, config, CudaTarget(precision=DType.parse(precision), gemm=gemm), arch=arch)
+    library = load_library(built.library)
+    return CudaGraph(library, source=built.source, key=built.key, cache_hit=built.hit,
+                     build_seconds=built.seconds)
+
+
+__all__ = ["CUDA_CDEF", "CudaGraph", "DeviceArray", "compile_cuda", "cuda_ffi", "typestr"]

@@ -1,0 +1,402 @@
+"""Graphs exercising every MIR and fused op the CUDA backend implements, with random feeds.
+
+Shared by tests/gpu (parity on a GPU) and tests/codegen/test_cuda_compile.py (nvcc, no GPU).
+Each case is built by a function returning `Case`; feeds are lists so that graphs with dynamic dims
+run at several sizes (one library, several captured CUDA Graphs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlx.ir import ops as O
+from rlx.ir.graph import Graph
+from rlx.ir.shape import Dim
+
+
+@dataclass
+class Case:
+    name: str
+    graph: Graph
+    feeds: list[dict[str, np.ndarray]]
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    #: False for cases whose values do not survive f16/bf16 storage meaningfully (integer-exact logic).
+    lowp: bool = True
+
+
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _f32(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+CASES: dict[str, Callable[[], Case]] = {}
+
+
+def case(fn: Callable[[], Case]) -> Callable[[], Case]:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+@case
+def activations() -> Case:
+    g = Graph("activations")
+    x = g.input("x", [3, 257])
+    pos = g.input("pos", [3, 257])
+    outs = [g.activation(fn, x) for fn in ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "neg", "abs",
+                                          "sin", "cos", "exp")]
+    outs += [g.activation(fn, pos) for fn in ("log", "sqrt", "rsqrt")]
+    g.set_outputs(outs)
+    r = _rng(1)
+    return Case("activations", g, [{"x": _f32(r, 3, 257, scale=2.0),
+                                    "pos": np.abs(_f32(r, 3, 257)) + np.float32(0.1)}])
+
+
+@case
+def binary_broadcast() -> Case:
+    g = Graph("binary_broadcast")
+    seq = Dim.dynamic("seq", max=40)
+    a = g.input("a", [2, seq, 6])
+    b = g.input("b", [6])
+    c = g.input("c", [2, 1, 6])
+    d = g.input("d", [2, seq, 1])
+    outs = [g.binary(fn, a, b) for fn in ("add", "sub", "mul", "div", "max", "min")]
+    outs.append(g.binary("add", g.mul(a, c), d))
+    outs.append(g.binary("pow", g.activation("abs", a), c))
+    g.set_outputs(outs)
+    r = _rng(2)
+    feeds = []
+    for s in (7, 40, 1):
+        feeds.append({"a": _f32(r, 2, s, 6), "b": _f32(r, 6) + np.float32(3.0), "c": _f32(r, 2, 1, 6),
+                      "d": _f32(r, 2, s, 1)})
+    return Case("binary_broadcast", g, feeds)
+
+
+@case
+def compare_where_cast() -> Case:
+    g = Graph("compare_where_cast")
+    a = g.input("a", [4, 33])
+    b = g.input("b", [33])
+    outs = [g.compare(fn, a, b) for fn in ("eq", "ne", "lt", "le", "gt", "ge")]
+    outs.append(g.where(g.compare("gt", a, b), a, b))
+    outs.append(g.cast(g.mul(a, g.constant(np.float32(10.0))), "i32"))
+    outs.append(g.cast(a, "bool"))
+    outs.append(g.cast(g.cast(a, "f16"), "f32"))
+    g.set_outputs(outs)
+    r = _rng(3)
+    a_v = _f32(r, 4, 33)
+    a_v[0, :5] = 0.0
+    b_v = a_v[1].copy()  # exact ties for eq / le / ge
+    return Case("compare_where_cast", g, [{"a": a_v, "b": b_v}], lowp=False)
+
+
+@case
+def integer_ops() -> Case:
+    g = Graph("integer_ops")
+    a = g.input("a", [5, 9], "i32")
+    b = g.input("b", [9], "i32")
+    c = g.input("c", [5, 9], "i64")
+    outs = [g.binary(fn, a, b) for fn in ("add", "sub", "mul", "div", "max", "min")]
+    outs.append(g.activation("neg", c))
+    outs.append(g.activation("abs", c))
+    outs.append(g.reduce("sum", c, [1]))
+    outs.append(g.reduce("max", a, [0]))
+    outs.append(g.cast(a, "f32"))
+    g.set_outputs(outs)
+    r = _rng(4)
+    b_v = r.integers(-9, 10, size=9).astype(np.int32)
+    b_v[b_v == 0] = 3
+    return Case("integer_ops", g, [{"a": r.integers(-100, 100, size=(5, 9)).astype(np.int32), "b": b_v,
+                                    "c": r.integers(-1000, 1000, size=(5, 9)).astype(np.int64)}], lowp=False)
+
+
+@case
+def region() -> Case:
+    g = Graph("region")
+    x = g.input("x", [4, Dim.dynamic("n", max=300)])
+    y = g.input("y", [4, 1])
+    steps = (O.RegionStep(O.Binary("mul"), (0, 1)), O.RegionStep(O.Activation("gelu"), (2,)),
+             O.RegionStep(O.Binary("add"), (3, 0)), O.RegionStep(O.Activation("tanh"), (4,)))
+    g.set_outputs([g.add(O.ElementwiseRegion(steps=steps), [x, y])])
+    r = _rng(5)
+    return Case("region", g, [{"x": _f32(r, 4, n), "y": _f32(r, 4, 1)} for n in (300, 17)])
+
+
+@case
+def matmuls() -> Case:
+    g = Graph("matmuls")
+    seq = Dim.dynamic("seq", max=70)
+    x = g.input("x", [3, seq, 48])
+    w = g.param("w", [48, 40])
+    bx = g.input("bx", [3, 40, 24])
+    a4 = g.input("a4", [2, 1, 5, 7])
+    b4 = g.input("b4", [1, 3, 7, 6])
+    h = g.matmul(x, w)
+    outs = [h, g.matmul(h, bx), g.matmul(a4, b4)]
+    bias = g.param("bias", [40])
+    for act in (None, "relu", "gelu", "gelu_tanh", "silu"):
+        outs.append(g.add(O.FusedMatMulBiasAct(act), [x, w, bias]))
+    outs.append(g.add(O.FusedMatMulBiasAct("gelu_tanh"), [x, w]))
+    g.set_outputs(outs)
+    r = _rng(6)
+    params = {"w": _f32(r, 48, 40, scale=0.2), "bias": _f32(r, 40)}
+    feeds = [{"x": _f32(r, 3, s, 48), "bx": _f32(r, 3, 40, 24, scale=0.2), "a4": _f32(r, 2, 1, 5, 7),
+              "b4": _f32(r, 1, 3, 7, 6)} for s in (70, 5)]
+    return Case("matmuls", g, feeds, params)
+
+
+@case
+def swiglu() -> Case:
+    g = Graph("swiglu")
+    x = g.input("x", [2, Dim.dynamic("seq", max=33), 64])
+    wg = g.param("wg", [64, 96])
+    wu = g.param("wu", [64, 96])
+    g.set_outputs([g.add(O.FusedSwiGLU(), [x, wg, wu])])
+    r = _rng(7)
+    return Case("swiglu", g, [{"x": _f32(r, 2, s, 64)} for s in (33, 3)],
+                {"wg": _f32(r, 64, 96, scale=0.2), "wu": _f32(r, 64, 96, scale=0.2)})
+
+
+@case
+def reductions() -> Case:
+    g = Graph("reductions")
+    x = g.input("x", [3, Dim.dynamic("s", max=50), 20])
+    outs = []
+    for fn in ("sum", "mean", "max", "min"):
+        outs.append(g.reduce(fn, x, [2]))
+        outs.append(g.reduce(fn, x, [1], keep_dim=True))
+        outs.append(g.reduce(fn, x, [0, 2]))
+    outs.append(g.reduce("sum", x, []))
+    small = g.input("small", [4, 6])
+    outs.append(g.reduce("prod", small, [1]))
+    g.set_outputs(outs)
+    r = _rng(8)
+    return Case("reductions", g, [{"x": _f32(r, 3, s, 20), "small": np.float32(1.0) + _f32(r, 4, 6, scale=0.1)}
+                                  for s in (50, 9)])
+
+
+@case
+def softmaxes() -> Case:
+    g = Graph("softmaxes")
+    x = g.input("x", [2, 3, Dim.dynamic("n", max=3000)])
+    y = g.input("y", [4, 37, 5])
+    g.set_outputs([g.softmax(x, -1), g.softmax(y, 1), g.softmax(y, -1)])
+    r = _rng(9)
+    return Case("softmaxes", g, [{"x": _f32(r, 2, 3, n, scale=3.0), "y": _f32(r, 4, 37, 5, scale=3.0)}
+                                 for n in (3000, 100, 700)])
+
+
+@case
+def norms() -> Case:
+    g = Graph("norms")
+    outs = []
+    feed: dict[str, np.ndarray] = {}
+    params: dict[str, np.ndarray] = {}
+    r = _rng(10)
+    for n in (384, 1000, 9000):
+        x = g.input(f"x{n}", [3, n])
+        res = g.input(f"r{n}", [3, n])
+        gamma = g.param(f"g{n}", [n])
+        beta = g.param(f"b{n}", [n])
+        bias = g.param(f"c{n}", [n])
+        outs.append(g.layer_norm(x, gamma, beta, eps=1e-5))
+        outs.append(g.rms_norm(x, gamma, eps=1e-6))
+        outs.append(g.add(O.FusedResidualLayerNorm(1e-12), [x, res, gamma, beta]))
+        outs.append(g.add(O.FusedResidualLayerNorm(1e-5), [x, res, bias, gamma, beta]))
+        outs.append(g.add(O.FusedResidualRmsNorm(1e-6), [x, res, gamma]))
+        outs.append(g.add(O.FusedResidualRmsNorm(1e-6), [x, res, bias, gamma]))
+        feed[f"x{n}"] = _f32(r, 3, n) + np.float32(0.5)
+        feed[f"r{n}"] = _f32(r, 3, n)
+        params.update({f"g{n}": np.float32(1.0) + _f32(r, n, scale=0.1), f"b{n}": _f32(r, n, scale=0.1),
+                       f"c{n}": _f32(r, n, scale=0.1)})
+    g.set_outputs(outs)
+    return Case("norms", g, [feed], params)
+
+
+@case
+def movement() -> Case:
+    g = Graph("movement")
+    seq = Dim.dynamic("seq", max=20)
+    x = g.input("x", [2, seq, 3, 8])
+    y = g.input("y", [2, seq, 5])
+    z = g.input("z", [1, 5])
+    outs = [g.transpose(x, [0, 2, 1, 3]), g.transpose(x, [3, 1, 0, 2]), g.narrow(x, 3, 2, 4),
+            g.narrow(y, 2, 1, 3), g.concat([y, g.narrow(y, 2, 0, 2), y], axis=2),
+            g.expand(z, [2, seq, 5]), g.reshape(g.transpose(y, [0, 2, 1]), [2, -1])]
+    g.set_outputs(outs)
+    r = _rng(11)
+    return Case("movement", g, [{"x": _f32(r, 2, s, 3, 8), "y": _f32(r, 2, s, 5), "z": _f32(r, 1, 5)}
+                                for s in (20, 3)])
+
+
+@case
+def gathers() -> Case:
+    g = Graph("gathers")
+    seq = Dim.dynamic("seq", max=16)
+    table = g.param("table", [50, 12])
+    ids = g.input("ids", [2, seq], "i64")
+    ids32 = g.input("ids32", [3], "i32")
+    t2 = g.input("t2", [4, 7, 3])
+    g.set_outputs([g.gather(table, ids), g.gather(t2, ids32, axis=1)])
+    r = _rng(12)
+    return Case("gathers", g, [{"ids": r.integers(0, 50, size=(2, s)).astype(np.int64),
+                                "ids32": np.array([6, 0, 3], np.int32), "t2": _f32(r, 4, 7, 3)} for s in (16, 5)],
+                {"table": _f32(r, 50, 12)})
+
+
+def _attention_case(name: str, *, heads: int, kv_heads: int, head_dim: int, mask: str, sq: list[int],
+                    skv: list[int] | None = None, batch: int = 2, seed: int = 0) -> Case:
+    g = Graph(name)
+    s_q = Dim.dynamic("sq", max=max(sq))
+    s_kv = Dim.dynamic("skv", max=max(skv)) if skv is not None else s_q
+    q = g.input("q", [batch, s_q, heads * head_dim])
+    k = g.input("k", [batch, s_kv, kv_heads * head_dim])
+    v = g.input("v", [batch, s_kv, kv_heads * head_dim])
+    m = None
+    if mask == "padding":
+        m = g.input("m", [batch, s_kv], "i64")
+    elif mask == "bias":
+        m = g.input("m", [batch, 1, 1, s_kv])
+    out = g.attention(q, k, v, num_heads=heads, head_dim=head_dim, mask=mask, mask_input=m,
+                      num_kv_heads=kv_heads if kv_heads != heads else None)
+    g.set_outputs([out])
+    r = _rng(seed)
+    feeds = []
+    for i, lq in enumerate(sq):
+        lk = skv[i] if skv is not None else lq
+        f = {"q": _f32(r, batch, lq, heads * head_dim), "k": _f32(r, batch, lk, kv_heads * head_dim),
+             "v": _f32(r, batch, lk, kv_heads * head_dim)}
+        if mask == "padding":
+            mv = np.ones((batch, lk), np.int64)
+            mv[0, max(1, lk // 2):] = 0
+            if batch > 1 and lk > 1:
+                mv[1, :] = 0  # a fully masked row yields zeros
+            f["m"] = mv
+        elif mask == "bias":
+            f["m"] = _f32(r, batch, 1, 1, lk)
+        feeds.append(f)
+    return Case(name, g, feeds)
+
+
+@case
+def attention_plain() -> Case:
+    return _attention_case("attention_plain", heads=4, kv_heads=4, head_dim=32, mask="none", sq=[130, 7], seed=13)
+
+
+@case
+def attention_causal_gqa() -> Case:
+    return _attention_case("attention_causal_gqa", heads=8, kv_heads=2, head_dim=64, mask="causal", sq=[77, 64],
+                           seed=14)
+
+
+@case
+def attention_padding() -> Case:
+    return _attention_case("attention_padding", heads=12, kv_heads=12, head_dim=32, mask="padding", sq=[128, 19],
+                           seed=15)
+
+
+@case
+def attention_bias_d80() -> Case:
+    return _attention_case("attention_bias_d80", heads=2, kv_heads=2, head_dim=80, mask="bias", sq=[45, 3], seed=16)
+
+
+@case
+def attention_decode() -> Case:
+    return _attention_case("attention_decode", heads=8, kv_heads=4, head_dim=128, mask="causal", sq=[1, 1, 5],
+                           skv=[1000, 3, 1000], batch=2, seed=17)
+
+
+@case
+def rope() -> Case:
+    g = Graph("rope")
+    seq = Dim.dynamic("seq", max=24)
+    x = g.input("x", [2, seq, 4 * 16])
+    cos = g.input("cos", [seq, 6])
+    sin = g.input("sin", [seq, 6])
+    g.set_outputs([g.rope(x, cos, sin, head_dim=16, n_rot=12, variant="neox"),
+                   g.rope(x, cos, sin, head_dim=16, n_rot=12, variant="interleaved")])
+    r = _rng(18)
+    feeds = []
+    for s in (24, 5):
+        ang = np.arange(s)[:, None] * (1.0 / 100 ** (np.arange(6) / 6))[None, :]
+        feeds.append({"x": _f32(r, 2, s, 64), "cos": np.cos(ang).astype(np.float32),
+                      "sin": np.sin(ang).astype(np.float32)})
+    return Case("rope", g, feeds)
+
+
+@case
+def outputs_of_leaves() -> Case:
+    g = Graph("outputs_of_leaves")
+    x = g.input("x", [3, 4])
+    w = g.param("w", [4])
+    c = g.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+    g.set_outputs([x, w, c, g.reshape(x, [12]), g.narrow(x, 0, 1, 1)])
+    r = _rng(19)
+    return Case("outputs_of_leaves", g, [{"x": _f32(r, 3, 4)}], {"w": _f32(r, 4)})
+
+
+@case
+def half_graph() -> Case:
+    """A graph declared in f16 / bf16 (not the session precision): rounding at op boundaries like the reference."""
+    g = Graph("half_graph")
+    x = g.input("x", [8, 64], "f16")
+    w = g.param("w", [64, 32], "f16")
+    y = g.input("y", [8, 32], "bf16")
+    h = g.activation("gelu", g.matmul(x, w))
+    g.set_outputs([h, g.softmax(y, -1), g.cast(h, "bf16")])
+    r = _rng(20)
+    return Case("half_graph", g, [{"x": _f32(r, 8, 64).astype(np.float16), "y": _f32(r, 8, 32)}],
+                {"w": _f32(r, 64, 32, scale=0.2)}, lowp=False)
+
+
+def minilm_like(batch: int = 2, seq: int = 16, layers: int = 1) -> Case:
+    """A BERT layer stack at MiniLM's width, built from MIR ops (no model package needed)."""
+    g = Graph("minilm_like")
+    b = Dim.dynamic("batch", max=max(batch, 4))
+    s = Dim.dynamic("seq", max=max(seq, 32))
+    h, heads, inter = 384, 12, 1536
+    x = g.input("x", [b, s, h])
+    mask = g.input("mask", [b, s], "i64")
+    r = _rng(21)
+    params: dict[str, np.ndarray] = {}
+
+    def p(name: str, shape: list[int], scale: float = 0.05, one: bool = False) -> int:
+        params[name] = (np.float32(1.0) if one else np.float32(0.0)) + _f32(r, *shape, scale=scale)
+        return g.param(name, shape)
+
+    for i in range(layers):
+        q = g.add(O.FusedMatMulBiasAct(None), [x, p(f"q{i}", [h, h]), p(f"qb{i}", [h])])
+        k = g.add(O.FusedMatMulBiasAct(None), [x, p(f"k{i}", [h, h]), p(f"kb{i}", [h])])
+        v = g.add(O.FusedMatMulBiasAct(None), [x, p(f"v{i}", [h, h]), p(f"vb{i}", [h])])
+        a = g.attention(q, k, v, num_heads=heads, head_dim=h // heads, mask="padding", mask_input=mask)
+        o = g.add(O.FusedMatMulBiasAct(None), [a, p(f"o{i}", [h, h]), p(f"ob{i}", [h])])
+        x = g.add(O.FusedResidualLayerNorm(1e-12), [o, x, p(f"g1{i}", [h], 0.1, True), p(f"b1{i}", [h], 0.1)])
+        f = g.add(O.FusedMatMulBiasAct("gelu"), [x, p(f"f1{i}", [h, inter]), p(f"fb1{i}", [inter])])
+        f = g.add(O.FusedMatMulBiasAct(None), [f, p(f"f2{i}", [inter, h], 0.03), p(f"fb2{i}", [h])])
+        x = g.add(O.FusedResidualLayerNorm(1e-12), [f, x, p(f"g2{i}", [h], 0.1, True), p(f"b2{i}", [h], 0.1)])
+    g.set_outputs([x])
+    mv = np.ones((batch, seq), np.int64)
+    mv[-1, seq // 2:] = 0
+    return Case("minilm_like", g, [{"x": _f32(r, batch, seq, h), "mask": mv}], params)
+
+
+CASES["minilm_like"] = minilm_like
+
+
+def scale_of(arr: np.ndarray) -> float:
+    a = np.asarray(arr, dtype=np.float64)
+    return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
+
+
+def rel_l2(out: np.ndarray, ref: np.ndarray) -> float:
+    o = np.asarray(out, dtype=np.float64)
+    f = np.asarray(ref, dtype=np.float64)
+    den = math.sqrt(float(np.sum(f * f)))
+    num = math.sqrt(float(np.sum((o - f) ** 2)))
+    return num / den if den > 0 else num

@@ -1,0 +1,262 @@
+"""The Python runtime: Session.compile, CompiledGraph's API and every way to call it wrongly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from cpu_helpers import compile_graph, session
+
+import rlx
+from rlx.ir import ops as O
+from rlx.ir.shape import Shape
+
+
+def _mlp(seq_max: int = 16) -> rlx.Graph:
+    seq = rlx.Dim.dynamic("seq", max=seq_max)
+    g = rlx.Graph("mlp")
+    x = g.input("x", [2, seq, 8])
+    w = g.param("w", [8, 4])
+    b = g.param("b", [4])
+    g.set_outputs({"y": g.activation("gelu", g.add_(g.matmul(x, w), b)), "s": g.reduce("sum", x, [2])})
+    return g
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    rng = np.random.default_rng(7)
+    params = {"w": rng.standard_normal((8, 4)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
+    g = _mlp()
+    return g, compile_graph(g, params, opt_level=2), params
+
+
+def test_run_dict_keywords_and_lists(mlp):
+    g, cg, params = mlp
+    x = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32)
+    want = rlx.reference.run(g, {"x": x}, params)
+    for got in (cg.run({"x": x}), cg.run(x=x), cg.run(x=x.tolist())):
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-6)
+    with pytest.raises(rlx.ExecutionError, match="both in the dict and as a keyword"):
+        cg.run({"x": x}, x=x)
+
+
+@pytest.mark.parametrize(("feed", "message"), [
+    ({}, r"missing inputs \['x'\]"),
+    ({"x": np.zeros((2, 3, 8), np.float32), "z": 1}, r"unknown inputs \['z'\]"),
+    ({"x": np.zeros((2, 3), np.float32)}, "must have rank 3"),
+    ({"x": np.zeros((3, 3, 8), np.float32)}, r"must have shape \(2, 3, 8\)"),
+    ({"x": np.zeros((2, 3, 9), np.float32)}, r"must have shape \(2, 3, 8\)"),
+    ({"x": np.zeros((2, 17, 8), np.float32)}, "seq=17 is outside 1..16"),
+    ({"x": np.zeros((2, 0, 8), np.float32)}, "seq=0 is outside 1..16"),
+    ({"x": np.zeros((2, 3, 8), np.float64)}, "float64 but the graph takes f32; converting would lose"),
+    ({"x": np.zeros((2, 3, 8), np.complex64)}, "complex64 but the graph takes f32"),
+])
+def test_bad_inputs_raise_before_calling_c(mlp, feed, message):
+    _, cg, _ = mlp
+    with pytest.raises(rlx.ExecutionError, match=message):
+        cg.run(feed)
+
+
+def test_lossless_input_casts_are_accepted():
+    g = rlx.Graph("idx")
+    table = g.param("t", [10, 2])
+    ids = g.input("ids", [3], "i64")
+    h = g.input("h", [3])
+    g.set_outputs([g.gather(table, ids), g.mul(h, h)])
+    cg = compile_graph(g, {"t": np.arange(20, dtype=np.float32).reshape(10, 2)})
+    out = cg.run(ids=np.array([1, 2, 3], np.int32), h=np.array([1, 2, 3], np.float16))
+    assert out[0][:, 0].tolist() == [2, 4, 6] and out[1].tolist() == [1, 4, 9]
+    with pytest.raises(rlx.ExecutionError, match="int64 but the graph takes i32"):
+        g2 = rlx.Graph("i32")
+        g2.set_outputs([g2.activation("neg", g2.input("i", [2], "i32"))])
+        compile_graph(g2).run(i=np.array([1, 2], np.int64))
+
+
+def test_params_must_be_set_and_well_formed():
+    g = _mlp()
+    cg = compile_graph(g)
+    x = np.zeros((2, 3, 8), np.float32)
+    with pytest.raises(rlx.ExecutionError, match=r"params never set: \['w', 'b'\]"):
+        cg.run(x=x)
+    with pytest.raises(rlx.ExecutionError, match="unknown param 'nope'"):
+        cg.set_param("nope", np.zeros(4))
+    with pytest.raises(rlx.ExecutionError, match=r"param 'w' must have shape \(8, 4\)"):
+        cg.set_param("w", np.zeros((4, 8)))
+    with pytest.raises(rlx.ExecutionError, match="param 'w' is f32; got a <U1 array"):
+        cg.set_param("w", np.full((8, 4), "a"))
+    cg.set_param("w", np.ones((8, 4), np.float64))  # any float dtype: converted once
+    cg.set_param("b", np.zeros(4, np.float16))
+    assert cg.run(x=np.ones((2, 3, 8), np.float32))[0].shape == (2, 3, 4)
+
+
+def test_param_layout_is_applied_by_the_library(rng):
+    """A param stored transposed (layout pass) still takes the user's layout in set_param."""
+    g = rlx.Graph("layout")
+    x = g.input("x", [3, 5])
+    w = g.add(O.Param("w", Shape.of([4, 5]), layout=(1, 0)), name="w")  # stored [N, K]; user passes [K, N]
+    g.set_outputs([g.matmul(x, g.transpose(w, [1, 0]))])
+    user_w = rng.standard_normal((5, 4)).astype(np.float32)
+    cg = compile_graph(g, {"w": user_w})
+    assert cg.manifest["params"][0]["shape"] == ["5", "4"] and cg.manifest["params"][0]["layout"] == [1, 0]
+    xv = rng.standard_normal((3, 5)).astype(np.float32)
+    np.testing.assert_allclose(cg.run(x=xv)[0], xv @ user_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cg.run(x=xv)[0], rlx.reference.run(g, {"x": xv}, {"w": user_w})[0], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_set_param_typed_and_16_bit_params(rng):
+    g = rlx.Graph("typed")
+    x = g.input("x", [4])
+    a = g.param("a", [4])
+    hb = g.param("hb", [4], "bf16")
+    g.set_outputs([g.mul(x, a), g.mul(g.cast(x, "bf16"), hb)])
+    cg = compile_graph(g)
+    vals = np.array([1.5, -2.0, 0.25, 3.0], np.float32)
+    cg.set_param_typed("a", vals.astype(np.float16).tobytes(), "f16")
+    cg.set_param_typed("hb", rlx.ir.dtype.f32_to_bf16(vals), "bf16")
+    out = cg.run(x=np.ones(4, np.float32))
+    assert out[0].tolist() == vals.tolist() and out[1].tolist() == vals.tolist() and out[1].dtype == np.float32
+    cg.set_param("hb", vals.astype(np.float64))
+    assert cg.run(x=np.ones(4, np.float32))[1].tolist() == vals.tolist()
+    with pytest.raises(rlx.ExecutionError, match="needs 8 bytes of f16, got 6"):
+        cg.set_param_typed("a", b"\0" * 6, "f16")
+    with pytest.raises(rlx.ExecutionError, match="array is float32 but dtype=f16"):
+        cg.set_param_typed("a", vals, "f16")
+
+
+def test_int_param_values_must_fit():
+    g = rlx.Graph("intp")
+    p = g.param("p", [2], "i8")
+    g.set_outputs([g.activation("neg", p)])
+    cg = compile_graph(g)
+    with pytest.raises(rlx.ExecutionError, match="do not fit in i8"):
+        cg.set_param("p", np.array([1, 300]))
+    cg.set_param("p", np.array([1, -3]))
+    assert cg.run()[0].tolist() == [-1, 3]
+
+
+def test_run_slots_writes_in_place(mlp):
+    g, cg, params = mlp
+    x = np.random.default_rng(1).standard_normal((2, 6, 8)).astype(np.float32)
+    y = np.empty((2, 6, 4), np.float32)
+    s = np.empty((2, 6), np.float32)
+    assert cg.run_slots([x], [y, s]) is None
+    want = rlx.reference.run(g, {"x": x}, params)
+    np.testing.assert_allclose(y, want[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(rlx.ExecutionError, match="takes 1 inputs and 2 outputs"):
+        cg.run_slots([x], [y])
+    with pytest.raises(rlx.ExecutionError, match="must be float32"):
+        cg.run_slots([x.astype(np.float64)], [y, s])
+    with pytest.raises(rlx.ExecutionError, match="must be C-contiguous"):
+        cg.run_slots([np.asfortranarray(x)], [y, s])
+    with pytest.raises(rlx.ExecutionError, match=r"output 'y' must have shape \(2, 6, 4\)"):
+        cg.run_slots([x], [np.empty((2, 5, 4), np.float32), s])
+    ro = np.empty((2, 6, 4), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(rlx.ExecutionError, match="read-only"):
+        cg.run_slots([x], [ro, s])
+    with pytest.raises(rlx.ExecutionError, match="overlaps input 'x'"):
+        cg.run_slots([x], [y, x.reshape(-1)[:12].reshape(2, 6)])
+
+
+def test_handles_persist_across_runs():
+    """A KV-cache style loop: the cache input stays bound; run_slots writes the next cache into it."""
+    g = rlx.Graph("kv")
+    cache = g.input("cache", [4])
+    x = g.input("x", [4])
+    g.set_outputs({"next": g.add_(cache, x), "twice": g.mul(cache, g.constant(np.float32(2.0)))})
+    cg = compile_graph(g)
+    state = np.zeros(4, np.float32)
+    cg.bind_handle("cache", state)
+    ones = np.ones(4, np.float32)
+    assert cg.run(x=ones)[0].tolist() == [1, 1, 1, 1]
+    nxt = np.empty(4, np.float32)
+    twice = np.empty(4, np.float32)
+    for _ in range(3):
+        cg.run_slots([cg.read_handle("cache"), ones], [nxt, twice])
+        cg.bind_handle("cache", nxt.copy())
+    assert cg.read_handle("cache").tolist() == [3, 3, 3, 3]
+    assert cg.run(x=ones)[1].tolist() == [6, 6, 6, 6]
+    assert cg.run(x=ones, cache=np.zeros(4, np.float32))[0].tolist() == [1, 1, 1, 1]  # explicit input wins
+    with pytest.raises(rlx.ExecutionError, match="unknown input 'nope'"):
+        cg.bind_handle("nope", ones)
+    cg.unbind_handle("cache")
+    with pytest.raises(rlx.ExecutionError, match="no handle is bound"):
+        cg.read_handle("cache")
+    with pytest.raises(rlx.ExecutionError, match=r"missing inputs \['cache'\]"):
+        cg.run(x=ones)
+
+
+def test_clone_is_independent(mlp):
+    _, cg, params = mlp
+    twin = cg.clone()
+    x = np.ones((2, 2, 8), np.float32)
+    np.testing.assert_array_equal(twin.run(x=x)[0], cg.run(x=x)[0])
+    twin.set_param("b", params["b"] + 1)
+    assert not np.allclose(twin.run(x=x)[0], cg.run(x=x)[0])
+    assert twin.num_threads == cg.num_threads
+
+
+def test_thread_counts_agree(rng):
+    g = rlx.Graph("threads")
+    x = g.input("x", [256, 300])
+    w = g.param("w", [300, 200])
+    g.set_outputs([g.softmax(g.activation("silu", g.matmul(x, w)))])
+    w_v = rng.standard_normal((300, 200)).astype(np.float32) * 0.05
+    xv = rng.standard_normal((256, 300)).astype(np.float32)
+    one = compile_graph(g, {"w": w_v})
+    one.num_threads = 1
+    two = one.clone()
+    two.num_threads = 2
+    assert (one.num_threads, two.num_threads) == (1, 2)
+    np.testing.assert_allclose(one.run(x=xv)[0], two.run(x=xv)[0], rtol=1e-5, atol=1e-9)
+    cfg = session(num_threads=1).compile(g)
+    assert cfg.num_threads == 1
+    with pytest.raises(rlx.ExecutionError, match="must be an int"):
+        one.num_threads = "2"
+
+
+def test_manifest_source_and_cache_hit(mlp):
+    g, cg, _ = mlp
+    m = cg.manifest
+    assert m["abi_version"] == 1 and m["target"] == "cpu" and m["key"] == cg.key
+    assert m["isa"]["cpu_target"] == "native" and m["symbols"] == [{"name": "seq", "max": 16}]
+    assert [p["name"] for p in m["params"]] == ["w", "b"]
+    again = compile_graph(g, opt_level=2)
+    assert again.cache_hit and again.key == cg.key
+    src = cg.source
+    assert src is not None and "rlx_run" in src and "sym[0]" in src
+    assert "CompiledGraph('mlp'" in repr(cg)
+
+
+def test_session_accepts_hir_modules_and_rejects_junk():
+    m = rlx.GraphModule.define("lin", lambda h: h.linear(h.input("x", [2, 3]), h.param("w", [3, 2]),
+                                                        activation="relu"))
+    for obj in (m, m.lower(), m.lower("lir")):
+        cg = rlx.Session().compile(obj)
+        cg.set_param("w", np.ones((3, 2), np.float32))
+        assert cg.run(x=np.ones((2, 3), np.float32))[0].tolist() == [[3, 3], [3, 3]]
+    with pytest.raises(rlx.IRError, match="cannot compile a str"):
+        rlx.Session().compile("graph")
+    with pytest.raises(rlx.RlxError, match="unknown device"):
+        rlx.Session("tpu")
+    with pytest.raises(rlx.RlxError, match=r"opt_level must be 0\.\.3"):
+        rlx.Session().compile(m, opt_level=7)
+
+
+def test_compiler_errors_are_build_errors(tmp_path):
+    g = rlx.Graph("cc")
+    g.set_outputs([g.activation("neg", g.input("x", [2]))])
+    cfg = dataclasses.replace(rlx.Config.from_env(), cc=str(tmp_path / "no-such-cc"))
+    with pytest.raises(rlx.BuildError, match="not found"):
+        rlx.Session(config=cfg).compile(g)
+    fake = tmp_path / "fakecc"
+    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fakecc 1.0; exit 0; fi\n"
+                    "echo 'model.c:1:1: error: this compiler refuses everything' >&2; exit 1\n")
+    fake.chmod(0o755)
+    cfg = dataclasses.replace(rlx.Config.from_env(), cc=str(fake), cache_dir=tmp_path / "cache")
+    with pytest.raises(rlx.BuildError, match="refuses everything") as info:
+        rlx.Session(config=cfg).compile(g)
+    assert "model.c" in str(info.value)
