@@ -13,7 +13,8 @@ Two blocks, float32, the same data for every peer, all in this one process:
   makes ~12 passes over memory; rlx fuses the chain into one loop nest.
 
 Peers run round-robin (one timed sample of each per round) so background load hits them
-alike; the median sample is reported. Nothing is installed: a missing peer is skipped.
+alike, with a pause before each sample so the previous peer's spinning thread pool has gone
+idle; the median sample is reported. Nothing is installed: a missing peer is skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def _sigmoid_np(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+SETTLE_SECONDS = 0.25
+
+
 def _timed(fn: Callable[[], object], min_seconds: float = 0.05) -> float:
     """Seconds per call of fn, from one sample of enough back-to-back calls to last min_seconds."""
     n = 1
@@ -56,6 +60,9 @@ def round_robin(peers: dict[str, Callable[[], object]], rounds: int) -> dict[str
     samples: dict[str, list[float]] = {k: [] for k in peers}
     for _ in range(rounds):
         for name, fn in peers.items():
+            # Let the previous peer's thread pool go idle: OpenBLAS workers spin ~0.1 s after a call
+            # and would steal the cores from whoever runs next.
+            time.sleep(SETTLE_SECONDS)
             samples[name].append(_timed(fn))
     return {k: statistics.median(v) for k, v in samples.items()}
 
@@ -75,11 +82,12 @@ def blas_sgemm(threads: int) -> Callable[..., None] | None:
     ffi.cdef(f"void {p}cblas_sgemm(int, int, int, int, int, int, float, const float *, int, const float *, int, "
              f"float, float *, int);" + (f"void {p}openblas_set_num_threads(int);" if blas.has_thread_api else ""))
     lib = ffi.dlopen(blas.library)
-    if blas.has_thread_api:
-        getattr(lib, f"{p}openblas_set_num_threads")(threads)
+    set_threads = getattr(lib, f"{p}openblas_set_num_threads") if blas.has_thread_api else (lambda n: None)
     sgemm = getattr(lib, f"{p}cblas_sgemm")
 
     def run(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+        # rlx pins this (process-wide) BLAS to one thread while it runs; the peak uses them all
+        set_threads(threads)
         m, k = a.shape
         n = b.shape[1]
         sgemm(101, 111, 111, m, n, k, 1.0, ffi.from_buffer("float[]", a), k, ffi.from_buffer("float[]", b), n,

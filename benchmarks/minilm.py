@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 sentence embeddings on CPU: rlx vs PyTorch eager, torch.compile and ONNX Runtime.
 
-    python benchmarks/minilm.py [--threads N] [--rounds R] [--cases 1x16,8x128,32x128] [--peers ...]
+    python benchmarks/minilm.py [--threads N] [--rounds R] [--passes P] [--cases 1x16,8x128,32x128] [--peers ...]
 
 Every peer runs the same computation (BERT encoder + masked mean pooling + L2
 normalization, float32) from the same weights on the same token batch with the
@@ -9,10 +9,12 @@ BERT written from the same weights (`rlx.models.torch_bert`); ONNX Runtime
 runs that model exported with `torch.onnx.export`, with ORT's default graph
 optimizations, and additionally after ORT's BERT fusion optimizer
 (`onnxruntime.transformers`, fused Attention / SkipLayerNorm / BiasGelu) when
-that module is available. Peers run round-robin (one call of each per round)
-so that load from other processes hits them alike; the median of the rounds
-is reported. Nothing is installed: a peer whose package is missing is listed
-as skipped. The BLAS sgemm peak is measured with the OpenBLAS that rlx links
+that module is available. Each peer lives in its own worker process, so no
+idle thread pool of another engine (OpenMP, OpenBLAS, ORT spin-waiting)
+competes for the cores, and the peers take turns in interleaved blocks of runs
+(`--passes`), so load from other processes on the machine is spread over all
+of them; the median of all timed runs is reported. Nothing is installed: a peer whose package is missing
+is listed as skipped. The BLAS sgemm peak is measured with the OpenBLAS that rlx links
 (scipy-openblas32), on the thread count used for every peer.
 """
 
@@ -76,124 +78,160 @@ def sgemm_peak(threads: int, seconds: float = 1.0) -> tuple[float, str]:
     return best, scipy_openblas32.get_openblas_config()
 
 
-# ── peers ─────────────────────────────────────────────────────────────
+# ── peers (each built and timed inside its own worker process) ─────────
+
+PEERS = ("rlx", "torch", "torch.compile", "onnxruntime", "onnxruntime-fused")
 
 
-def rlx_peer(model_dir: Path, max_batch: int, max_seq: int) -> Runner:
+def _rlx(config: object, weights: dict, cases: list) -> Runner:
     from rlx.models import SentenceEmbedder
     from rlx.models.bert import bert_inputs
 
-    emb = SentenceEmbedder.from_pretrained(model_dir, device="cpu", max_seq=max_seq, max_batch=max_batch)
+    emb = SentenceEmbedder(config, weights, None, device="cpu", max_seq=max(s for _, s in cases),
+                           max_batch=max(b for b, _ in cases))
     runner = emb.runner("embeddings")
+    return lambda ids, mask: runner.run(bert_inputs(ids, mask))[0]
+
+
+def _torch(config: object, weights: dict, threads: int, compiled: bool) -> Runner:
+    import torch
+
+    from rlx.models.torch_bert import TorchBert
+
+    torch.set_num_threads(threads)
+    module = TorchBert(config, weights).module()
+    fn = torch.compile(module, dynamic=False) if compiled else module
 
     def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return runner.run(bert_inputs(ids, mask))[0]
+        with torch.inference_mode():
+            return fn(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
 
     return run
 
 
-def torch_peers(torch_bert: object, threads: int, wanted: set[str]) -> dict[str, Runner | str]:
-    import torch
-
-    torch.set_num_threads(threads)
-    module = torch_bert.module()
-    out: dict[str, Runner | str] = {}
-
-    def make(fn: Callable) -> Runner:
-        def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-            with torch.inference_mode():
-                return fn(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-
-        return run
-
-    if "torch" in wanted:
-        out["torch eager"] = make(module)
-    if "torch.compile" in wanted:
-        try:
-            compiled = torch.compile(module, dynamic=False)
-            out["torch.compile"] = make(compiled)
-        except Exception as exc:  # report, don't hide: the table says why the peer is missing
-            out["torch.compile"] = f"skipped: {type(exc).__name__}: {exc}"
-    return out
-
-
-def ort_peers(torch_bert: object, threads: int, workdir: Path, config: object) -> dict[str, Runner | str]:
+def _onnxruntime(config: object, weights: dict, threads: int, fused: bool) -> Runner:
     import onnxruntime as ort
     import torch
 
+    from rlx.models.torch_bert import TorchBert
+
+    workdir = Path(tempfile.mkdtemp(prefix="rlx-bench-"))
     path = workdir / "minilm.onnx"
     ids, mask = token_batch(2, 16, config.vocab_size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(torch_bert.module(), (torch.from_numpy(ids), torch.from_numpy(mask)), str(path),
-                          input_names=["input_ids", "attention_mask"], output_names=["embeddings"],
+        torch.onnx.export(TorchBert(config, weights).module(), (torch.from_numpy(ids), torch.from_numpy(mask)),
+                          str(path), input_names=["input_ids", "attention_mask"], output_names=["embeddings"],
                           dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
                           opset_version=17, dynamo=False)
-    models = {"onnxruntime": path}
-    try:
+    if fused:
+        # ORT's offline BERT optimizer: fused Attention, SkipLayerNormalization, BiasGelu.
         from onnxruntime.transformers import optimizer
 
-        fused = optimizer.optimize_model(str(path), model_type="bert", num_heads=config.num_heads,
+        model = optimizer.optimize_model(str(path), model_type="bert", num_heads=config.num_heads,
                                          hidden_size=config.hidden_size)
-        stats = fused.get_fused_operator_statistics()
-        fused_path = workdir / "minilm_fused.onnx"
-        fused.save_model_to_file(str(fused_path))
-        models[f"onnxruntime fused (Attention x{stats.get('Attention', 0)})"] = fused_path
-    except Exception as exc:
-        models["onnxruntime fused"] = f"skipped: {type(exc).__name__}: {exc}"
-    out: dict[str, Runner | str] = {}
-    for name, p in models.items():
-        if isinstance(p, str):
-            out[name] = p
-            continue
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        sess = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
-
-        def run(ids: np.ndarray, mask: np.ndarray, sess=sess) -> np.ndarray:
-            return sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
-
-        out[name] = run
-    return out
+        if model.get_fused_operator_statistics().get("Attention", 0) != config.num_layers:
+            raise RuntimeError(f"ORT fused {model.get_fused_operator_statistics()}, not every attention layer")
+        path = workdir / "minilm_fused.onnx"
+        model.save_model_to_file(str(path))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return lambda ids, mask: sess.run(None, {"input_ids": ids, "attention_mask": mask})[0]
 
 
-# ── measurement ───────────────────────────────────────────────────────
+def _make_peer(name: str, model_dir: Path, threads: int, cases: list) -> Runner:
+    from rlx.models import bert as B
+
+    config = B.load_config(model_dir)
+    weights = B.load_weights(model_dir, config)
+    if name == "rlx":
+        return _rlx(config, weights, cases)
+    if name in ("torch", "torch.compile"):
+        return _torch(config, weights, threads, compiled=name == "torch.compile")
+    return _onnxruntime(config, weights, threads, fused=name == "onnxruntime-fused")
 
 
-def measure(peers: dict[str, Runner], ids: np.ndarray, mask: np.ndarray, rounds: int,
-            budget_s: float) -> dict[str, list[float]]:
-    """Round-robin timing: each round calls every peer once; stops at `rounds` or the time budget."""
-    for run in peers.values():  # warm-up: compilation of shapes, thread pools, first-touch of buffers
-        run(ids, mask)
-        run(ids, mask)
-    samples: dict[str, list[float]] = {name: [] for name in peers}
-    end = time.perf_counter() + budget_s
-    for r in range(rounds):
-        for name, run in peers.items():
-            t0 = time.perf_counter()
+def peer_worker(conn: object, name: str, model_dir: str, threads: int, cases: list) -> None:
+    """Worker process of one peer: build it, then serve `("time", case, n)` requests until `None`.
+
+    Replies are `{"error": ...}` or `{"setup_s": ...}` once, then per request the
+    `n` timings and the peer's output on that batch.
+    """
+    from rlx.models import bert as B
+
+    vocab = B.load_config(model_dir).vocab_size
+    t0 = time.perf_counter()
+    try:
+        run = _make_peer(name, Path(model_dir), threads, cases)
+        for batch, seq in cases:  # warm-up: shape compilation, thread pools, first touch of buffers
+            ids, mask = token_batch(batch, seq, vocab)
             run(ids, mask)
-            samples[name].append(time.perf_counter() - t0)
-        if r >= 4 and time.perf_counter() > end:
-            break
-    return samples
+            run(ids, mask)
+    except ImportError as exc:
+        conn.send({"error": f"skipped ({exc.name or exc} is not installed)"})
+        return
+    except Exception as exc:  # the table says why a peer is missing rather than hiding it
+        conn.send({"error": f"failed: {type(exc).__name__}: {str(exc)[:300]}"})
+        return
+    conn.send({"setup_s": time.perf_counter() - t0})
+    while (msg := conn.recv()) is not None:
+        _, (batch, seq), n = msg
+        ids, mask = token_batch(batch, seq, vocab)
+        out = run(ids, mask)
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter()
+            run(ids, mask)
+            samples.append(time.perf_counter() - t)
+        conn.send((samples, np.asarray(out)))
+
+
+class Peer:
+    """A peer living in its own process, so no other engine's thread pool competes while it runs."""
+
+    def __init__(self, name: str, model_dir: Path, threads: int, cases: list) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.name = name
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=peer_worker, args=(child, name, str(model_dir), threads, cases), daemon=True)
+        self.proc.start()
+        reply = self.conn.recv() if self.conn.poll(900) else {"error": "failed: no reply within 900 s"}
+        self.error = reply.get("error")
+        self.setup_s = reply.get("setup_s", 0.0)
+        if self.error:
+            self.close()
+
+    def time(self, case: tuple[int, int], n: int) -> tuple[list[float], np.ndarray]:
+        self.conn.send(("time", case, n))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        if self.proc.is_alive() and not self.error:
+            self.conn.send(None)
+        self.proc.join(30)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=int(os.environ.get("RLX_NUM_THREADS") or os.cpu_count() or 1))
-    ap.add_argument("--rounds", type=int, default=30, help="timed rounds per case (default 30)")
-    ap.add_argument("--budget", type=float, default=20.0, help="seconds per case before stopping early (default 20)")
+    ap.add_argument("--rounds", type=int, default=30, help="timed runs per case and peer (default 30)")
+    ap.add_argument("--passes", type=int, default=5, help="interleaved passes the rounds are split into (default 5)")
     ap.add_argument("--cases", default="1x16,8x128,32x128", help="batch x seq list (default 1x16,8x128,32x128)")
-    ap.add_argument("--peers", default="rlx,torch,torch.compile,onnxruntime",
-                    help="comma list of rlx, torch, torch.compile, onnxruntime")
+    ap.add_argument("--peers", default=",".join(PEERS), help=f"comma list of {', '.join(PEERS)}")
     ap.add_argument("--model", default=None, help="BERT directory (default: the packaged all-MiniLM-L6-v2)")
     args = ap.parse_args(argv)
     cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
-    wanted = set(args.peers.split(","))
-    # One thread count for everyone: rlx reads RLX_NUM_THREADS when it compiles; OpenMP/BLAS pools
-    # of the other peers are set through their own APIs below.
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        ap.error(f"unknown peers {sorted(unknown)}; choose from {PEERS}")
+    # One thread count for everyone, inherited by the worker processes: rlx reads RLX_NUM_THREADS,
+    # torch and ONNX Runtime get it through their APIs.
     os.environ["RLX_NUM_THREADS"] = str(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
@@ -202,69 +240,56 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = Path(args.model) if args.model else default_model_dir()
     config = B.load_config(model_dir)
-    weights = B.load_weights(model_dir, config)
-    max_batch = max(b for b, _ in cases)
-    max_seq = max(s for _, s in cases)
-
     peak, blas = sgemm_peak(args.threads)
     print(f"model: {model_dir}")
-    print(f"threads: {args.threads} (of {os.cpu_count()} cores)   BLAS: {blas}")
-    print(f"BLAS sgemm peak (best of 1024^3, 4096x1536x384, 4096x384x1536): {peak:.1f} GFLOP/s")
+    print(f"threads: {args.threads} (of {os.cpu_count()} cores); each peer in its own process, "
+          f"{args.passes} interleaved passes")
+    print(f"BLAS: {blas}" + (f" (OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']})"
+                             if os.environ.get("OPENBLAS_CORETYPE") else ""))
 
-    peers: dict[str, Runner] = {}
-    notes: list[str] = []
-    if "rlx" in wanted:
-        t0 = time.perf_counter()
-        peers["rlx"] = rlx_peer(model_dir, max_batch, max_seq)
-        notes.append(f"rlx: compile or cache load {time.perf_counter() - t0:.1f} s")
-    tb = None
-    try:
-        import torch  # noqa: F401
-
-        from rlx.models.torch_bert import TorchBert
-
-        tb = TorchBert(config, weights)
-    except ImportError:
-        notes.append("torch peers: skipped (torch is not installed)")
-    tmp = tempfile.TemporaryDirectory()
-    extra: dict[str, Runner | str] = {}
-    if tb is not None:
-        extra.update(torch_peers(tb, args.threads, wanted))
-        if "onnxruntime" in wanted:
-            try:
-                extra.update(ort_peers(tb, args.threads, Path(tmp.name), config))
-            except ImportError as exc:
-                notes.append(f"onnxruntime: skipped ({exc.name} is not installed)")
-    for name, v in extra.items():
-        if isinstance(v, str):
-            notes.append(f"{name}: {v}")
-        else:
-            peers[name] = v
-    for n in notes:
-        print(n)
-    if not peers:
+    live: list[Peer] = []
+    for name in peers:
+        peer = Peer(name, model_dir, args.threads, cases)
+        print(f"{name}: {peer.error}" if peer.error else f"{name}: set up in {peer.setup_s:.1f} s")
+        if not peer.error:
+            live.append(peer)
+    if not live:
         print("no peer could run")
         return 1
-
-    for batch, seq in cases:
-        ids, mask = token_batch(batch, seq, config.vocab_size)
-        outs = {name: run(ids, mask) for name, run in peers.items()}
-        base_name = "torch eager" if "torch eager" in outs else next(iter(outs))
-        samples = measure(peers, ids, mask, args.rounds, args.budget)
-        med = {name: statistics.median(v) for name, v in samples.items()}
+    # Interleaved blocks: every pass gives each peer a block of runs, so load from other processes on the
+    # machine is spread over all peers; a pause lets the previous peer's spinning threads go to sleep.
+    results: dict[str, dict] = {p.name: {c: ([], None) for c in cases} for p in live}
+    per_block = max(1, -(-args.rounds // args.passes))
+    for case in cases:
+        for _ in range(args.passes):
+            for peer in live:
+                time.sleep(0.3)
+                samples, out = peer.time(case, per_block)
+                results[peer.name][case][0].extend(samples)
+                results[peer.name][case] = (results[peer.name][case][0], out)
+    for peer in live:
+        peer.close()
+    # Measured again after the peers: the best of both is the peak (a burst of load elsewhere lowers one).
+    peak = max(peak, sgemm_peak(args.threads)[0])
+    print(f"BLAS sgemm peak (best of 1024^3, 4096x1536x384, 4096x384x1536, before and after): {peak:.1f} GFLOP/s")
+    base_name = "torch" if "torch" in results else next(iter(results))
+    for case in cases:
+        batch, seq = case
         flops = config.flops(batch, seq)
+        med = {name: statistics.median(r[case][0]) for name, r in results.items()}
         print()
-        n_rounds = len(next(iter(samples.values())))
-        print(f"batch {batch} x seq {seq}: {flops / 1e9:.2f} GFLOP per call, {n_rounds} rounds")
-        print(f"  {'peer':<38} {'median ms':>10} {'vs rlx':>8} {'GFLOP/s':>9} {'% peak':>7} {'max|diff|':>10}")
-        for name in peers:
+        print(f"batch {batch} x seq {seq}: {flops / 1e9:.2f} GFLOP per call")
+        head = ("peer", "median ms", "runs", "vs rlx", "GFLOP/s", "% peak", "max|diff|")
+        print("  {:<18} {:>10} {:>5} {:>8} {:>9} {:>7} {:>10}".format(*head))
+        for name, r in results.items():
             ratio = f"{med[name] / med['rlx']:.2f}x" if "rlx" in med else "-"
             gf = flops / med[name] / 1e9
-            diff = float(np.abs(outs[name] - outs[base_name]).max())
-            print(f"  {name:<38} {med[name] * 1e3:>10.2f} {ratio:>8} {gf:>9.1f} {100 * gf / peak:>6.1f}% {diff:>10.2e}")
+            diff = float(np.abs(r[case][1] - results[base_name][case][1]).max())
+            print(f"  {name:<18} {med[name] * 1e3:>10.2f} {len(r[case][0]):>5} {ratio:>8} {gf:>9.1f} "
+                  f"{100 * gf / peak:>6.1f}% {diff:>10.2e}")
     print()
-    print(f"'vs rlx' = peer median / rlx median (> 1: rlx is faster); max|diff| against {base_name}'s embeddings")
-    tmp.cleanup()
+    print(f"'vs rlx' = peer median / rlx median (> 1: rlx is faster); max|diff| = largest difference from "
+          f"{base_name}'s embeddings")
     return 0
 
 

@@ -47,6 +47,24 @@ def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.nda
     return ids, mask
 
 
+def profile(fns: dict, prec: str, case: str, iters: int = 20) -> None:
+    """Per-kernel device time of each peer over `iters` calls (CUPTI sees kernels of every library)."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for name, fn in fns.items():
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_time_total > 0]
+        total = sum(e.device_time_total for e in events) / iters
+        print(f"--- profile {name} {prec} {case}: {total / 1e3:.3f} ms of kernels per call")
+        for e in sorted(events, key=lambda e: -e.device_time_total)[:14]:
+            print(f"    {e.device_time_total / iters:9.1f} us  x{e.count // iters:<3d} {e.key[:110]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=50)
@@ -54,6 +72,7 @@ def main() -> int:
     ap.add_argument("--precisions", default="f32,f16")
     ap.add_argument("--peers", default="rlx,rlx_host,eager,compile")
     ap.add_argument("--weights", default="random")
+    ap.add_argument("--profile", default="", help="BxS[,BxS]: print per-kernel CUDA time of each peer there")
     args = ap.parse_args()
 
     import torch
@@ -138,6 +157,8 @@ def main() -> int:
                         t0 = time.perf_counter()
                         fn()
                         times[k].append(time.perf_counter() - t0)
+                if f"{batch}x{seq}" in args.profile.split(","):
+                    profile(fns, prec, f"{batch}x{seq}")
             med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
             rows.append((prec, batch, seq, med, cos))
             print(f"  {prec} {batch}x{seq}: " + "  ".join(f"{k} {v:.3f} ms" for k, v in med.items())

@@ -6,6 +6,7 @@ the C file, compiles it inside the cache's private work directory and returns
 the cache entry.
 
 >>> from rlx.config import Config
+from rlx.errors import BuildError
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
 >>> g = Graph("k")
@@ -18,6 +19,8 @@ the cache entry.
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from rlx.build.isa import describe as describe_isa
 from rlx.build.toolchain import Toolchain, detect_toolchain
 from rlx.codegen.c import ABI_VERSION, CODEGEN_VERSION, CTarget, render_c
 from rlx.config import Config
+from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
 from rlx.templates_path import templates_dir
 
@@ -108,7 +112,14 @@ def build_cpu(lir: LirModule, config: Config | None = None, toolchain: Toolchain
         source = workdir / "model.c"
         text = render_c(lir, c_target(toolchain), cpu_manifest(lir, toolchain, key, config.cpu_target))
         source.write_text(text)
-        toolchain.compile(source, workdir / "model.so")
+        try:
+            toolchain.compile(source, workdir / "model.so")
+        except BuildError as exc:
+            # the cache discards its work dir on failure: keep the source where the message points
+            fd, kept = tempfile.mkstemp(prefix=f"rlx-failed-{key[:12]}-", suffix=".c")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            raise BuildError(f"{str(exc).replace(str(source), kept)}\n(generated source kept at {kept})") from None
 
     entry = AotCache(config).get_or_build(components, build)
     return CpuBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain)

@@ -29,6 +29,7 @@ Only 32-bit-integer (LP64) BLAS builds are supported: generated code declares
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import os
@@ -43,8 +44,9 @@ from rlx.config import Config
 from rlx.errors import BuildError
 
 #: Flags every CPU build uses. -fwrapv gives integer ops numpy's wrap-around semantics;
-#: -fno-math-errno lets sqrt and friends inline and vectorize without changing results.
-BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
+#: -fno-math-errno and -fno-trapping-math let math calls inline and float selects vectorize
+#: without changing any result (generated code never reads errno or floating-point traps).
+BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno", "-fno-trapping-math",
               "-fvisibility=hidden", "-Wno-unknown-pragmas", "-Werror=implicit-function-declaration")
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 _PROBE_TIMEOUT = 60
@@ -128,12 +130,87 @@ class Toolchain:
 
 
 def detect_toolchain(config: Config | None = None) -> Toolchain:
-    """Resolve the toolchain `config` asks for (cached per process per setting)."""
+    """Resolve the toolchain `config` asks for.
+
+    Probing runs the compiler several times (~0.1 s), so the result is cached per
+    process and, with the AOT cache enabled, memoized in the cache keyed by the
+    compiler's and BLAS's path, size and mtime, the CPU and the settings: a fresh
+    process reuses it without running anything.
+    """
     config = config or Config.from_env()
-    return _detect(config.cc, config.blas, config.cpu_target, config.sanitize)
+    root = str(config.cache_root) if config.cache_enabled else ""
+    return _detect_cached(config.cc, config.blas, config.cpu_target, config.sanitize, root)
+
+
+#: Bumped when the probes or the Toolchain fields change (invalidates memoized probes).
+PROBE_VERSION = 1
 
 
 @functools.lru_cache(maxsize=16)
+def _detect_cached(cc: str, blas: str, cpu_target: str, sanitize: str, cache_root: str) -> Toolchain:
+    if not cache_root:
+        return _detect(cc, blas, cpu_target, sanitize)
+    from rlx.build.cache import AotCache
+
+    fingerprint = _fingerprint(cc, blas, cpu_target, sanitize)
+    if fingerprint is None:
+        return _detect(cc, blas, cpu_target, sanitize)
+    cache = AotCache(Config(cache_dir=Path(cache_root)))
+    doc = cache.memo("toolchain", fingerprint, lambda: _to_json(_detect(cc, blas, cpu_target, sanitize)))
+    try:
+        return _from_json(doc)
+    except (KeyError, TypeError, ValueError):
+        return _detect(cc, blas, cpu_target, sanitize)
+
+
+def _fingerprint(cc: str, blas: str, cpu_target: str, sanitize: str) -> dict | None:
+    """Cheap facts that determine every probe result, or None when they cannot be read."""
+    found = shutil.which(cc)
+    if found is None:
+        return None
+    files = [os.path.realpath(found)]
+    if blas.strip() not in ("none", "", "system"):
+        try:
+            if Path(blas).expanduser().is_file():
+                files.append(os.path.realpath(Path(blas).expanduser()))
+            else:
+                import scipy_openblas32 as sob
+
+                files.append(os.path.join(sob.get_lib_dir(), sob.get_library(fullname=True)))
+        except (ImportError, OSError, IndexError):
+            files.append("no-openblas32")
+    stats = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            stats.append([f, st.st_size, st.st_mtime_ns])
+        except OSError:
+            stats.append([f, -1, -1])
+    cpu = ""
+    if cpu_target == "native":
+        try:
+            cpu = hashlib.sha256(Path("/proc/cpuinfo").read_bytes().split(b"\n\n")[0]).hexdigest()
+        except OSError:
+            return None  # no way to tell CPUs apart: probe every time
+    return {"probe": PROBE_VERSION, "cc": cc, "blas": blas, "cpu_target": cpu_target, "sanitize": sanitize,
+            "files": stats, "cpu": cpu, "path": os.environ.get("PATH", "")}
+
+
+def _to_json(tc: Toolchain) -> dict:
+    return dataclasses.asdict(tc)
+
+
+def _from_json(doc: dict) -> Toolchain:
+    blas = dict(doc["blas"])
+    for k in ("include_dirs", "link_args"):
+        blas[k] = tuple(blas[k])
+    fields = dict(doc)
+    fields["blas"] = Blas(**blas)
+    for k in ("isa_flags", "openmp_flags"):
+        fields[k] = tuple(fields[k])
+    return Toolchain(**fields)
+
+
 def _detect(cc: str, blas: str, cpu_target: str, sanitize: str) -> Toolchain:
     path, version_text = find_compiler(cc)
     isa, isa_flags, isa_identity = _isa(path, cpu_target)

@@ -452,8 +452,9 @@ class _Planner:
         u_ptr, tu = self.gemm_operand(u_id)
         fold = wg.rank == 2
         rows_dim = product(out.dims[:-1]) if fold else m
-        block = max(8, min(256, (1 << 17) // max(n.max, 1)))
-        block = min(block, rows_dim.max)
+        # rows per step: the up-projection block (block x N floats of scratch) stays within ~1 MiB
+        block = max(16, min(512, (1 << 18) // max(n.max, 1)))
+        block = max(1, min(block, rows_dim.max))
         self.scratch_shared = max(self.scratch_shared, block * n.max * 4)
         return {
             "kind": "swiglu", "m": self.dim(rows_dim), "n": self.dim(n), "k": self.dim(k),
@@ -572,9 +573,7 @@ class _Planner:
                 "strides": [self.dim(s) for s in strides], "rows": self.numel(dims[:-1]) if len(dims) > 1 else "1",
                 "inner": self.dim(dims[-1]), "ctype": _elem_type(esize),
                 "x": f"((const {_elem_type(esize)} *){self.base(node.inputs[0])})",
-                "y": f"(({_elem_type(esize)} *){self.base(node.id)})", "grain": GRAIN,
-                "tile2d": len(dims) == 2 or (len(dims) == 3 and strides[0] != Dim(1) and
-                                              strides[2] != Dim(1))}
+                "y": f"(({_elem_type(esize)} *){self.base(node.id)})", "grain": GRAIN}
 
     def narrow(self, node: Node) -> dict:
         op: O.Narrow = node.op  # type: ignore[assignment]

@@ -100,17 +100,21 @@ class CudaTarget:
     gemm: str = "cublaslt"
     #: Fuse `gelu_tanh` into cuBLASLt's GELU epilogue (its GELU is the tanh form).
     lt_gelu_epilogue: bool = True
+    #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
+    attn_bk: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
         if self.precision not in PRECISIONS:
             raise BuildError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {self.precision}")
+        if self.attn_bk not in (0, 64, 128):
+            raise BuildError(f"attn_bk must be 0, 64 or 128, got {self.attn_bk!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
 
     def identity(self) -> str:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
-                f"lt_gelu={int(self.lt_gelu_epilogue)}")
+                f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}")
 
 
 @dataclass
@@ -189,6 +193,15 @@ class _Planner:
         self.uses_flag = False
         self.smem_attrs: dict[str, str] = {}
         self.region_kernels: list[dict] = []
+        #: Horizontal GEMM groups (see `find_gemm_groups`): leader node -> members, member -> leader.
+        self.groups: dict[NodeId, list[NodeId]] = {}
+        self.group_of: dict[NodeId, NodeId] = {}
+        #: Nodes whose value is a column slice of a wider row-major buffer: node -> row stride (elements).
+        self.row_stride: dict[NodeId, int] = {}
+        self.strided_off: dict[NodeId, int] = {}
+        #: Params stored as a column slice of a combined weight: slot -> (offset, row stride).
+        self.param_slice: dict[int, tuple[int, int]] = {}
+        self.qkv_bytes = 0
 
     # ── types and expressions ──────────────────────────────────────────
 
@@ -221,6 +234,8 @@ class _Planner:
 
     def offset(self, nid: NodeId) -> int:
         """Byte offset of node `nid`'s first element in the device allocation."""
+        if nid in self.strided_off:
+            return self.strided_off[nid]
         b = self.lir.buffers[nid]
         if b.storage == "input":
             return self.in_dev[b.slot]
@@ -262,15 +277,20 @@ class _Planner:
     def plan_memory_io(self) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
         params, constants, inputs, outputs = [], [], [], []
         staging_need = 0
+        self.plan_gemm_groups()
         for slot, spec in enumerate(self.lir.params):
             node = self.node(spec.node)
             abi, dev = node.shape.dtype, self.dev_dtype(node.shape.dtype)
             stored = node.shape
-            self.param_dev[slot] = self.regions.alloc("params", stored.max_numel * dev.itemsize)
+            if slot in self.param_slice:
+                self.param_dev[slot] = self.param_slice[slot][0]
+            else:
+                self.param_dev[slot] = self.regions.alloc("params", stored.max_numel * dev.itemsize)
             user_dims = list(spec.shape.dims)
             layout = list(spec.layout) if spec.layout is not None else list(range(len(user_dims)))
             permuted = layout != list(range(len(user_dims)))
-            direct = not permuted and abi is dev
+            row = self.param_slice.get(slot, (0, 0))[1]
+            direct = not permuted and abi is dev and not row
             entry = {
                 "index": slot, "name_c": c_string(spec.name), "name_comment": comment(spec.name, 80),
                 "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "abi_nbytes": spec.shape.max_nbytes,
@@ -281,9 +301,13 @@ class _Planner:
             if not direct:
                 staging_need = max(staging_need, spec.shape.max_nbytes)
                 user_strides = dense_strides(user_dims)
-                entry["nd"] = self.nd(list(stored.dims), [user_strides[p] for p in layout], dense_strides(stored.dims))
+                out_strides = dense_strides(stored.dims)
+                if row:  # a column slice of a combined [K, sum(N)] weight
+                    out_strides = [Dim(row), Dim(1)]
+                entry["nd"] = self.nd(list(stored.dims), [user_strides[p] for p in layout], out_strides)
             params.append(entry)
         self.params_end = self.regions.total
+        self.fix_qkv_region()
         for slot, nid in enumerate(self.lir.constants):
             node = self.node(nid)
             arr = node.op.array()
@@ -319,6 +343,108 @@ class _Planner:
         self.arena_off = self.regions.alloc("arena", max(self.lir.arena_bytes, staging_need))
         return params, constants, inputs, outputs
 
+    def find_gemm_groups(self) -> list[list[NodeId]]:
+        """GEMMs that read the same activation with their own weights, feeding only attention (Q, K, V).
+
+        They run as one GEMM against a combined [K, sum(N)] weight (each param is stored as a column slice
+        of it, written so at set_param); their outputs are column slices of one [M, sum(N)] buffer, which
+        the attention kernels read through row strides. One launch instead of three, and a wider GEMM.
+        """
+        if self.target.gemm != "cublaslt":
+            return []
+        users = self.graph.users()
+        outputs = set(self.graph.outputs)
+        buckets: dict[tuple, list[NodeId]] = {}
+        for nid in self.lir.schedule:
+            n = self.node(nid)
+            if not isinstance(n.op, (O.MatMul, O.FusedMatMulBiasAct)) or nid in outputs:
+                continue
+            if self.ddt(nid) not in _CUDA_TYPE or self.lir.buffers[nid].storage != "arena":
+                continue
+            a, w = n.inputs[0], n.inputs[1]
+            bias = n.inputs[2] if len(n.inputs) == 3 else None
+            ok = self.node(w).kind == "param" and self.node(w).shape.rank == 2 and users[w] == [nid]
+            ok = ok and (bias is None or (self.node(bias).kind == "param" and users[bias] == [nid]))
+            ok = ok and bool(users[nid]) and all(
+                isinstance(self.node(u).op, O.Attention) and nid in self.node(u).inputs[:3]
+                and nid not in self.node(u).inputs[3:] for u in users[nid])
+            if not ok:
+                continue
+            act = getattr(n.op, "activation", None)
+            key = (a, act, bias is not None, self.node(w).shape.dims[0], self.ddt(nid))
+            buckets.setdefault(key, []).append(nid)
+        return [members for members in buckets.values() if len(members) >= 2]
+
+    def plan_gemm_groups(self) -> None:
+        position = {nid: i for i, nid in enumerate(self.lir.schedule)}
+        users = self.graph.users()
+        pool: list[tuple[int, int, int]] = []  # (offset, nbytes, last schedule position using it)
+        for members in self.find_gemm_groups():
+            first = self.node(members[0])
+            dt = self.ddt(members[0])
+            K = self.node(first.inputs[1]).shape.dims[0].value
+            widths = [self.node(self.node(m).inputs[1]).shape.dims[1].value for m in members]
+            total = sum(widths)
+            w_base = self.regions.alloc("params", K * total * dt.itemsize)
+            has_bias = len(first.inputs) == 3
+            b_base = self.regions.alloc("params", total * dt.itemsize) if has_bias else 0
+            rows = first.shape.max_numel // widths[0]
+            need = rows * total * dt.itemsize
+            start = position[members[0]]
+            last = max(position[u] for m in members for u in users[m])
+            slot = next((i for i, (_, nb, end) in enumerate(pool) if nb >= need and end < start), None)
+            if slot is None:  # offsets relative to the qkv region, placed after the params (see fix_qkv_region)
+                pool.append((self.qkv_bytes, need, last))
+                self.qkv_bytes += (need + _ALIGN - 1) // _ALIGN * _ALIGN
+                slot = len(pool) - 1
+            else:
+                pool[slot] = (pool[slot][0], pool[slot][1], last)
+            c_base = pool[slot][0]
+            col = 0
+            for m, width in zip(members, widths):
+                node = self.node(m)
+                self.param_slice[self.lir.buffers[node.inputs[1]].slot] = (w_base + col * dt.itemsize, total)
+                if has_bias:
+                    self.param_slice[self.lir.buffers[node.inputs[2]].slot] = (b_base + col * dt.itemsize, 0)
+                self.strided_off[m] = c_base + col * dt.itemsize
+                self.row_stride[m] = total
+                self.group_of[m] = members[0]
+                col += width
+            self.groups[members[0]] = members
+
+    def fix_qkv_region(self) -> None:
+        """Allocate the group output buffers (after the params, so rlx_clone copies params only)."""
+        if not self.groups:
+            return
+        base = self.regions.alloc("qkv", self.qkv_bytes)
+        for m in self.strided_off:
+            self.strided_off[m] += base
+
+    def grouped_gemm(self, node: Node) -> dict:
+        members = self.groups[node.id]
+        dt = self.ddt(node.id)
+        t = _CTYPE[dt]
+        a = self.node(node.inputs[0]).shape
+        total = self.row_stride[node.id]
+        has_bias = len(node.inputs) == 3
+        act = getattr(node.op, "activation", None)
+        fuse_act = act == "relu" or (act == "gelu_tanh" and self.target.lt_gelu_epilogue)
+        w_ptr = f"RLX_P({t}, {self.param_dev[self.lir.buffers[node.inputs[1]].slot]})"
+        b_ptr = f"RLX_P({t}, {self.param_dev[self.lir.buffers[node.inputs[2]].slot]})" if has_bias else "nullptr"
+        c_ptr = f"RLX_P({t}, {self.offset(node.id)})"
+        self.uses_lt = True
+        g = {"t": t, "a": self.ptr(node.inputs[0]), "b": w_ptr, "c": c_ptr, "m": self.numel(a.dims[:-1]),
+             "n": f"(int64_t){total}", "k": self.dim(a.dims[-1]), "batch": "(int64_t)1", "mode": "lt",
+             "cuda_type": _CUDA_TYPE[dt], "sa": "(int64_t)0", "sb": "(int64_t)0",
+             "lt_bias": b_ptr if has_bias else "NULL", "lt_act": _act(act if fuse_act else None),
+             "post_act": _act(act) if (act is not None and not fuse_act) else None, "post_bias_on": "false",
+             "post_bias": "nullptr", "post_vec": 0, "full_act": _act(act), "full_bias_on": str(has_bias).lower(),
+             "full_bias": b_ptr}
+        names = ", ".join(f"%{m}" for m in members)
+        return {**self.base(node), "kind": "gemm", "gemm": g,
+                "comment": comment(f"%{node.id} and its siblings {names}: one GEMM against their combined "
+                                   f"[K, {total}] weight; each output is a column slice (row stride {total})", 160)}
+
     def nd(self, dims: list[Dim], istride: list[Dim | None], ostride: list[Dim | None]) -> dict:
         cdims, (cis, cos) = collapse(dims, istride, ostride)
         if not cdims:
@@ -335,12 +461,18 @@ class _Planner:
         op = node.op
         if self.lir.buffers[nid].storage == "view":
             return {**self.base(node), "kind": "view"}
+        if nid in self.groups:
+            return self.grouped_gemm(node)
+        if nid in self.group_of:
+            return {**self.base(node), "kind": "none",
+                    "comment": comment(f"%{nid}: computed by the combined GEMM of %{self.group_of[nid]}")}
         if op.elementwise or isinstance(op, O.ElementwiseRegion):
             return self.region(node)
         if isinstance(op, (O.MatMul, O.FusedMatMulBiasAct)):
             bias = node.inputs[2] if len(node.inputs) == 3 else None
             act = op.activation if isinstance(op, O.FusedMatMulBiasAct) else None
-            g = self.gemm(node.inputs[0], node.inputs[1], self.ptr(nid), node.shape, bias, act)
+            g = self.gemm(node.inputs[0], node.inputs[1], self.ptr(nid), node.shape, bias, act,
+                          self.offset(nid))
             return {**self.base(node), "kind": "gemm", "gemm": g}
         if isinstance(op, O.FusedSwiGLU):
             return self.swiglu(node)
@@ -492,6 +624,7 @@ class _Planner:
         axis = node.op.axis % table.rank
         self.uses_flag = True
         return {**self.base(node), "kind": "gather", "t": self.ctype(node.id), "it": _CTYPE[idx.dtype],
+                "idx": self.idx_type(table, idx, node.shape),
                 "table": self.ptr(node.inputs[0]), "index": self.ptr(node.inputs[1]), "out": self.ptr(node.id),
                 "outer": self.numel(table.dims[:axis]), "rows": self.dim(table.dims[axis]),
                 "nidx": self.numel(idx.dims), "inner": self.numel(table.dims[axis + 1:])}
@@ -535,8 +668,18 @@ class _Planner:
         gamma = ins[-n_params]
         beta = None if rms else ins[-1]
         none = "nullptr"
+        vec = 16 // self.ddt(node.id).itemsize
+        ptrs = [i for i in (ins[0], res, bias, gamma, beta, node.id) if i is not None]
+        cpt = 0
+        if n % vec == 0 and all(self.offset(i) % 16 == 0 for i in ptrs):
+            chunks = n // vec
+            tpr = 32 if chunks <= 32 * 4 else min(1024, 1 << max(5, math.ceil(math.log2(-(-chunks // 4)))))
+            cpt = -(-chunks // tpr)
+        if cpt == 0 or cpt > 8:
+            vec = cpt = 0
         return {**self.base(node), "kind": "norm", "t": self.ctype(node.id), "a": self.acc_type(node.id),
-                "tpr": tpr, "vpt": vpt, "rms": str(rms).lower(), "res_on": str(res is not None).lower(),
+                "tpr": tpr, "vpt": vpt, "vec": vec, "cpt": cpt, "rms": str(rms).lower(),
+                "res_on": str(res is not None).lower(),
                 "bias_on": str(bias is not None).lower(), "x": self.ptr(ins[0]),
                 "res": self.ptr(res) if res is not None else none, "bias": self.ptr(bias) if bias is not None else none,
                 "gamma": self.ptr(gamma), "beta": self.ptr(beta) if beta is not None else none,
@@ -577,7 +720,7 @@ class _Planner:
     # matrix products ────────────────────────────────────────────────────
 
     def gemm(self, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, bias: NodeId | None,
-             act: str | None) -> dict:
+             act: str | None, out_off: int | None = None) -> dict:
         a, b = self.node(a_id).shape, self.node(b_id).shape
         dt = self.ddt(a_id)
         M, K, N = a.dims[-2], a.dims[-1], b.dims[-1]
@@ -611,11 +754,16 @@ class _Planner:
             fuse_bias = fold and bias is not None
             post_act = act if (act is not None and not fuse_act) else None
             post_bias = bias is not None and not fuse_bias
+            vec = 16 // dt.itemsize
+            aligned = out_off is not None and out_off % 16 == 0 and (
+                bias is None or self.offset(bias) % 16 == 0)
+            post_vec = vec if (aligned and N.is_static and N.value % vec == 0) else 0
             g.update(mode="lt", cuda_type=_CUDA_TYPE[dt], sa=self.dim(sa) if sa is not None else "(int64_t)0",
                      sb=self.dim(sb) if sb is not None else "(int64_t)0",
                      lt_bias=g["bias"] if fuse_bias else "NULL", lt_act=_act(act if fuse_act else None),
                      post_act=_act(post_act) if (post_act is not None or post_bias) else None,
-                     post_bias_on=str(post_bias).lower(), post_bias=g["bias"] if post_bias else "nullptr")
+                     post_bias_on=str(post_bias).lower(), post_bias=g["bias"] if post_bias else "nullptr",
+                     post_vec=post_vec)
             return g
         g["mode"] = "tiled"
         if strided is not None:
@@ -659,15 +807,26 @@ class _Planner:
             bs = [self.dim(s) if d != 1 else "(int64_t)0" for d, s in zip(mdims, mstr)]
         mma = dt in (DType.F16, DType.BF16) and D % 16 == 0 and D <= 128
         offs = [self.offset(i) for i in node.inputs[:3]] + [self.offset(node.id)]
-        vec = D % 8 == 0 and all(o % 16 == 0 for o in offs)
+        q_id, k_id, v_id = node.inputs[:3]
+        q_rs = self.row_stride.get(q_id, H * D)
+        k_rs = self.row_stride.get(k_id, Hkv * D)
+        v_rs = self.row_stride.get(v_id, Hkv * D)
+        vec = D % 8 == 0 and all(o % 16 == 0 for o in offs) and all(r % 8 == 0 for r in (q_rs, k_rs, v_rs))
         mask = _MASK[op.mask]
+        # keys per tile: a whole 128-token sequence in one step when the registers allow it
+        bk = self.target.attn_bk or (128 if D <= 64 else 64)
+        if D > 64:
+            bk = 64
         if mma:
-            self.smem_attrs[f"rlx_attn_mma<{t}, {mt}, {D}, {mask}, {str(vec).lower()}>"] = f"RlxMmaSmem<{D}>::total"
+            for nw in (1, 4):
+                self.smem_attrs[f"rlx_attn_fa<{t}, {mt}, {D}, {mask}, {str(vec).lower()}, {nw}, {bk}>"] = \
+                    f"RlxFaSmem<{D}, {nw}, {bk}>::total"
         else:
             self.smem_attrs[f"rlx_attn_rows<{t}, {mt}, {D}, {mask}>"] = f"rlx_attn_rows_smem<{t}, {D}>()"
         self.scratch_bytes = max(self.scratch_bytes, q.dims[0].max * H * ATTN_MAX_SPLITS * (D + 2) * 4)
         return {**self.base(node), "kind": "attention", "t": t, "mt": mt, "D": D, "H": H, "Hkv": Hkv,
-                "mask": mask, "mma": mma, "vec": str(vec).lower(), "B": self.dim(q.dims[0]),
+                "mask": mask, "mma": mma, "bk": bk, "vec": str(vec).lower(), "B": self.dim(q.dims[0]),
+                "q_rs": q_rs, "k_rs": k_rs, "v_rs": v_rs,
                 "Sq": self.dim(q.dims[1]), "Skv": self.dim(k.dims[1]), "scale": _float_c(op.softmax_scale),
                 "bs": bs, "q": self.ptr(node.inputs[0]), "k": self.ptr(node.inputs[1]),
                 "v": self.ptr(node.inputs[2]), "m": self.ptr(mask_id) if mask_id is not None else "nullptr",

@@ -73,8 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
     sentences = list(args.sentences) or list(DEMO_SENTENCES)
     try:
-        if args.repeat < 1:
-            raise RlxError(f"--repeat must be >= 1, got {args.repeat}")
+        for flag, value in (("--repeat", args.repeat), ("--max-seq", args.max_seq), ("--max-batch", args.max_batch)):
+            if value < 1:
+                raise RlxError(f"{flag} must be >= 1, got {value}")
         return _run(args, sentences)
     except RlxError as exc:
         print(f"rlxc embed: error: {exc}", file=sys.stderr)

@@ -725,8 +725,10 @@ class ElementwiseRegion(Op):
         return self.step_shapes(inputs)[-1]
 
     def describe(self) -> str:
+        # Values are numbered as the steps index them: inputs first, then step results.
+        n_in = 1 + max((a - i for i, s in enumerate(self.steps) for a in s.args), default=-1)
         return "elementwise_region[" + "; ".join(
-            f"v{i}={s.op.describe()}({','.join(f'v{a}' for a in s.args)})" for i, s in enumerate(self.steps)
+            f"v{n_in + i}={s.op.describe()}({','.join(f'v{a}' for a in s.args)})" for i, s in enumerate(self.steps)
         ) + "]"
 
 

@@ -16,6 +16,7 @@ The extra exports a CUDA library has beyond the common ABI are declared here (se
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,6 +46,8 @@ cuda_ffi.cdef(CUDA_CDEF)
 RC_CUDA = -2
 _H2D, _D2H, _D2D = 0, 1, 2
 _LOCK = threading.Lock()
+_TORCH_STREAM = "torch-current-stream"
+_TORCH_NP: dict[Any, np.dtype] = {}
 _LIBS: dict[str, Any] = {}
 
 
@@ -119,6 +122,8 @@ class _DeviceView:
     """What `run_device` needs from a `__cuda_array_interface__` object: pointer, shape, dtype, stream."""
 
     def __init__(self, name: str, obj: Any, info: TensorInfo, writable: bool) -> None:
+        if type(obj).__module__.startswith("torch") and self._from_torch(name, obj, info):
+            return
         try:
             cai = obj.__cuda_array_interface__
         except AttributeError:
@@ -153,6 +158,29 @@ class _DeviceView:
         self.obj = obj
 
 
+    def _from_torch(self, name: str, t: Any, info: TensorInfo) -> bool:
+        """Fast path for torch tensors (their `__cuda_array_interface__` costs ~10 us each): same checks."""
+        try:
+            if not t.is_cuda:
+                return False
+            dtype = _TORCH_NP.get(t.dtype)
+            if dtype is None:
+                dtype = _TORCH_NP[t.dtype] = np.dtype(str(t.dtype).removeprefix("torch."))
+        except (AttributeError, TypeError):
+            return False  # bf16 and friends: let the interface decide
+        if dtype != info.dtype.np:
+            raise ExecutionError(f"{name!r} is {dtype} on the device but the graph takes {info.dtype} "
+                                 f"({info.dtype.np}); convert it on the device first")
+        if not t.is_contiguous():
+            raise ExecutionError(f"{name!r} is not C-contiguous on the device; make it contiguous first")
+        self.shape = tuple(t.shape)
+        self.ndim = len(self.shape)
+        self.ptr = int(t.data_ptr())
+        self.stream = _TORCH_STREAM  # torch's current stream, looked up once per run
+        self.obj = t
+        return True
+
+
 class CudaGraph(CompiledGraph):
     """A compiled graph on an NVIDIA GPU (see the module docstring)."""
 
@@ -169,6 +197,7 @@ class CudaGraph(CompiledGraph):
         self._dev_in = cuda_ffi.new("void *[]", max(len(library.inputs), 1))
         self._dev_out = cuda_ffi.new("void *[]", max(len(library.outputs), 1))
         self._dev_sym = cuda_ffi.new("int64_t[]", max(len(library.symbols), 1))
+        self._dev_ctx = cuda_ffi.cast("void *", int(ffi.cast("uintptr_t", self._ctx)))
 
     @property
     def precision(self) -> str:
@@ -255,19 +284,20 @@ class CudaGraph(CompiledGraph):
         unset = [t.name for t, ok in zip(lib.params, self._param_set) if not ok]
         if unset:
             raise ExecutionError(f"params never set: {unset}")
-        for v in views:
-            if v.stream not in (None, 1):
-                rc = self._cuda.rlx_cuda_stream_sync(int(v.stream))
-                if rc != 0:
-                    raise CudaError(_global_error(self._cuda))
+        streams = {v.stream for v in views} - {None, 1}
+        if _TORCH_STREAM in streams:
+            streams.discard(_TORCH_STREAM)
+            streams.add(sys.modules["torch"].cuda.current_stream().cuda_stream)
+        for stream in streams - {0}:  # 0 is torch's legacy default stream, which the library's stream waits for
+            if self._cuda.rlx_cuda_stream_sync(int(stream)) != 0:
+                raise CudaError(_global_error(self._cuda))
         for i, name in enumerate(self._sym_order):
             self._dev_sym[i] = symbols[name]
         for i, v in enumerate(views):
             self._dev_in[i] = cuda_ffi.cast("void *", v.ptr)
         for i, v in enumerate(out_views):
             self._dev_out[i] = cuda_ffi.cast("void *", v.ptr)
-        ctx = cuda_ffi.cast("void *", int(ffi.cast("uintptr_t", self._ctx)))
-        rc = self._cuda.rlx_run_device(ctx, self._dev_sym, self._dev_in, self._dev_out)
+        rc = self._cuda.rlx_run_device(self._dev_ctx, self._dev_sym, self._dev_in, self._dev_out)
         if rc != 0:
             self._raise(rc, "run_device")
         return out_objs
@@ -282,12 +312,15 @@ class CudaGraph(CompiledGraph):
 
 
 def compile_cuda(lir: Any, config: Any, *, precision: DType | str = DType.F32, arch: str | None = None,
-                 gemm: str = "cublaslt") -> CudaGraph:
-    """Build (through the AOT cache) and load the CUDA library of an LIR module."""
+                 gemm: str = "cublaslt", **target_options: Any) -> CudaGraph:
+    """Build (through the AOT cache) and load the CUDA library of an LIR module.
+
+    `target_options` are further `CudaTarget` fields (e.g. `attn_bk=64`)."""
     from rlx.build.cuda import build_cuda
     from rlx.codegen.cuda import CudaTarget
 
-    built = build_cuda(lir, config, CudaTarget(precision=DType.parse(precision), gemm=gemm), arch=arch)
+    target = CudaTarget(precision=DType.parse(precision), gemm=gemm, **target_options)
+    built = build_cuda(lir, config, target, arch=arch)
     library = load_library(built.library)
     return CudaGraph(library, source=built.source, key=built.key, cache_hit=built.hit,
                      build_seconds=built.seconds)

@@ -157,3 +157,13 @@ def test_unknown_precision_is_a_build_error() -> None:
         CudaTarget(precision=DType.F64)
     with pytest.raises(BuildError, match="gemm"):
         CudaTarget(gemm="cutlass")
+
+
+def test_qkv_gemms_run_as_one_wide_gemm() -> None:
+    """Q, K and V projections of one activation become one cuBLASLt call whose column slices feed attention."""
+    case = cases.CASES["minilm_like"]()
+    src = render_cuda(plan(case.graph), CudaTarget(precision=DType.F16), {"name": "m"})
+    assert src.count("rlx_lt_matmul(c, ") == 4  # q/k/v combined, output projection, two FFN GEMMs
+    assert "combined [K, 1152] weight" in src and "p.q_rs = 1152; p.kv_rs = 1152; p.v_rs = 1152;" in src
+    builtin = render_cuda(plan(case.graph), CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "m"})
+    assert builtin.count("rlx_gemm_tiled<") >= 6 and "combined" not in builtin

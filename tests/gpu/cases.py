@@ -199,7 +199,7 @@ def norms() -> Case:
     feed: dict[str, np.ndarray] = {}
     params: dict[str, np.ndarray] = {}
     r = _rng(10)
-    for n in (384, 1000, 9000):
+    for n in (99, 384, 1000, 9000):
         x = g.input(f"x{n}", [3, n])
         res = g.input(f"r{n}", [3, n])
         gamma = g.param(f"g{n}", [n])
@@ -383,7 +383,10 @@ def minilm_like(batch: int = 2, seq: int = 16, layers: int = 1) -> Case:
     g.set_outputs([x])
     mv = np.ones((batch, seq), np.int64)
     mv[-1, seq // 2:] = 0
-    return Case("minilm_like", g, [{"x": _f32(r, batch, seq, h), "mask": mv}], params)
+    feeds = [{"x": _f32(r, batch, seq, h), "mask": mv},
+             {"x": _f32(r, 1, 1, h), "mask": np.ones((1, 1), np.int64)},  # q_len 1: the decode kernel
+             {"x": _f32(r, 3, 29, h), "mask": np.ones((3, 29), np.int64)}]  # > 16 rows: 4-warp blocks
+    return Case("minilm_like", g, feeds, params)
 
 
 CASES["minilm_like"] = minilm_like

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -253,10 +256,17 @@ def test_compiler_errors_are_build_errors(tmp_path):
     with pytest.raises(rlx.BuildError, match="not found"):
         rlx.Session(config=cfg).compile(g)
     fake = tmp_path / "fakecc"
-    fake.write_text("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fakecc 1.0; exit 0; fi\n"
-                    "echo 'model.c:1:1: error: this compiler refuses everything' >&2; exit 1\n")
+    real = shutil.which("cc")
+    if real is None:
+        pytest.skip("no C compiler")
+    # a compiler that passes every probe but rejects the generated model.c
+    fake.write_text(f"#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in *model.c) "
+                    f"echo 'model.c:1:1: error: this compiler refuses everything' >&2; exit 1;; esac; done\n"
+                    f"exec {real} \"$@\"\n")
     fake.chmod(0o755)
     cfg = dataclasses.replace(rlx.Config.from_env(), cc=str(fake), cache_dir=tmp_path / "cache")
     with pytest.raises(rlx.BuildError, match="refuses everything") as info:
         rlx.Session(config=cfg).compile(g)
-    assert "model.c" in str(info.value)
+    kept = re.search(r"generated source kept at (\S+\.c)", str(info.value)).group(1)
+    assert "rlx_run" in Path(kept).read_text()
+    Path(kept).unlink()
