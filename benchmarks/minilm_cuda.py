@@ -4,10 +4,12 @@
                                      [--peers rlx,rlx_host,eager,compile] [--weights random|DIR]
 
 Every peer runs the same computation (BERT encoder + masked mean pooling + L2 normalization) from the
-same weights on the same token batch, in this one process, on device-resident inputs: rlx through
-`run_device` on torch tensors (zero-copy in, one device output), PyTorch through the plain-torch BERT
-of `rlx.models.torch_bert` moved to the GPU (eager, and `torch.compile` default mode). `rlx_host` is
-rlx's `run` from numpy (host copies in and out included). Each call is timed on the host and includes
+same weights on the same token batch, in this one process, on device-resident inputs. rlx peers:
+`rlx` runs through `bind_device` (torch tensors checked once, then each call is one C call: the
+static-buffer serving loop), `rlx_device` through `run_device` (the same, re-validating its arguments
+in Python every call), `rlx_host` through `run` from numpy (host copies in and out included). PyTorch
+runs the plain-torch BERT of `rlx.models.torch_bert` moved to the GPU (eager, and `torch.compile`
+default mode), reading the same torch tensors. Each call is timed on the host and includes
 the device synchronization (rlx's run returns after its stream synchronizes; the torch peers are
 followed by `torch.cuda.synchronize()`). Peers run round-robin, one call each per round; the median is
 reported, and ratios are peer time / rlx time (> 1: rlx is faster). f32 runs without TF32 in both.
@@ -70,7 +72,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--cases", default="1x16,8x128,128x128")
     ap.add_argument("--precisions", default="f32,f16")
-    ap.add_argument("--peers", default="rlx,rlx_host,eager,compile")
+    ap.add_argument("--peers", default="rlx,rlx_device,rlx_host,eager,compile")
     ap.add_argument("--weights", default="random")
     ap.add_argument("--profile", default="", help="BxS[,BxS]: print per-kernel CUDA time of each peer there")
     args = ap.parse_args()
@@ -132,7 +134,10 @@ def main() -> int:
             t_ids, t_mask = dfeed["input_ids"], dfeed["attention_mask"]
             fns = {}
             if "rlx" in peers:
-                fns["rlx"] = lambda dfeed=dfeed, out=out, cg=cg: cg.run_device(dfeed, outputs={"embeddings": out})
+                fns["rlx"] = cg.bind_device(dfeed, outputs={"embeddings": out})
+            if "rlx_device" in peers:
+                fns["rlx_device"] = lambda dfeed=dfeed, out=out, cg=cg: cg.run_device(dfeed,
+                                                                                    outputs={"embeddings": out})
             if "rlx_host" in peers:
                 fns["rlx_host"] = lambda feed=feed, cg=cg: cg.run(feed)
             with torch.inference_mode():
@@ -164,7 +169,7 @@ def main() -> int:
             print(f"  {prec} {batch}x{seq}: " + "  ".join(f"{k} {v:.3f} ms" for k, v in med.items())
                   + f"  min cos(rlx, torch f32) {cos:.6f}")
 
-    names = [p for p in ("rlx", "rlx_host", "eager", "compile") if p in peers]
+    names = [p for p in ("rlx", "rlx_device", "rlx_host", "eager", "compile") if p in peers]
     print()
     print("| precision | batch x seq | " + " | ".join(f"{n} ms" for n in names)
           + " | eager/rlx | compile/rlx | rlx/compile | min cos vs torch f32 |")

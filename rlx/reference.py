@@ -31,15 +31,18 @@ from rlx.ir.dtype import DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
 from rlx.ir.shape import Shape
 
-_erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
+    # 0.5 * x * (1 + erf(x/√2)) written with erfc so the negative tail does not cancel.
+    return 0.5 * x * _erfc(-x / math.sqrt(2.0)).astype(np.float64)
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    # 0.5 * (1 + tanh(u)) == sigmoid(2u), which keeps precision where tanh(u) is near -1.
+    u = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)
+    return x * _sigmoid(2.0 * u)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -6,12 +6,12 @@ the C file, compiles it inside the cache's private work directory and returns
 the cache entry.
 
 >>> from rlx.config import Config
-from rlx.errors import BuildError
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
 >>> g = Graph("k")
 >>> g.set_outputs([g.activation("neg", g.input("x", [2]))])
->>> comps = cpu_key_components(plan(g), detect_toolchain(Config(blas="none")))
+>>> tc = detect_toolchain(Config(blas="none", cache_enabled=False))
+>>> comps = cpu_key_components(plan(g), tc)
 >>> sorted(comps)
 ['blas', 'codegen_version', 'compiler', 'flags', 'lir', 'target', 'target_options', 'templates']
 """

@@ -21,7 +21,7 @@ Only 32-bit-integer (LP64) BLAS builds are supported: generated code declares
 ``cblas_sgemm`` with ``int`` dimensions.
 
 >>> from rlx.config import Config
->>> tc = detect_toolchain(Config(blas="none"))
+>>> tc = detect_toolchain(Config(blas="none", cache_enabled=False))
 >>> tc.blas.provider, "-fPIC" in tc.flags
 ('none', True)
 """

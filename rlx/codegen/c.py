@@ -47,7 +47,7 @@ ABI_VERSION = 1
 #: Elementwise work (elements) below which a loop runs on the calling thread only.
 GRAIN = 1 << 15
 #: Query rows per attention task; one task's score tile is ATTN_QBLOCK x Skv floats.
-ATTN_QBLOCK = 32
+ATTN_QBLOCK = 64
 _INT32_MAX = (1 << 31) - 1
 
 _COMPUTE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",

@@ -24,7 +24,7 @@ A CompiledGraph is not thread-safe; give each thread its own `clone()`.
 >>> x = g.input("x", [3])
 >>> a = g.param("a", [3])
 >>> g.set_outputs([g.add_(g.mul(a, x), x)])
->>> cg = rlx.Session(config=rlx.Config(blas="none")).compile(g)
+>>> cg = rlx.Session().compile(g)
 >>> cg.set_param("a", np.array([1, 2, 3], np.float32))
 >>> cg.run(x=np.ones(3, np.float32))[0].tolist()
 [2.0, 3.0, 4.0]

@@ -194,9 +194,6 @@ class CudaGraph(CompiledGraph):
                 raise CudaError(f"cannot start {library.path.name}: {msg or 'rlx_create failed'}")
         super().__init__(library, _ctx=raw, **kw)
         self.build_seconds = build_seconds
-        self._dev_in = cuda_ffi.new("void *[]", max(len(library.inputs), 1))
-        self._dev_out = cuda_ffi.new("void *[]", max(len(library.outputs), 1))
-        self._dev_sym = cuda_ffi.new("int64_t[]", max(len(library.symbols), 1))
         self._dev_ctx = cuda_ffi.cast("void *", int(ffi.cast("uintptr_t", self._ctx)))
 
     @property
@@ -252,6 +249,19 @@ class CudaGraph(CompiledGraph):
         Outputs are written into the device arrays given in `outputs` (by name), or into new
         `DeviceArray`s; the list of output objects is returned. Returns once the outputs are written.
         """
+        call = self._prepare_device(inputs, outputs, kw)
+        return call()
+
+    def bind_device(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None) -> Any:
+        """Check device buffers once; return a function running the graph on them (a static-buffer loop).
+
+        The returned callable takes no arguments, returns the output objects, and re-reads the buffers'
+        current contents on each call (write new inputs into them in place between calls).
+        """
+        return self._prepare_device(inputs, outputs, {})
+
+    def _prepare_device(self, inputs: Mapping[str, Any] | None, outputs: Mapping[str, Any] | None,
+                        kw: Mapping[str, Any]) -> Any:
         given: dict[str, Any] = dict(inputs or {})
         for k, v in kw.items():
             if k in given:
@@ -288,19 +298,24 @@ class CudaGraph(CompiledGraph):
         if _TORCH_STREAM in streams:
             streams.discard(_TORCH_STREAM)
             streams.add(sys.modules["torch"].cuda.current_stream().cuda_stream)
-        for stream in streams - {0}:  # 0 is torch's legacy default stream, which the library's stream waits for
-            if self._cuda.rlx_cuda_stream_sync(int(stream)) != 0:
-                raise CudaError(_global_error(self._cuda))
-        for i, name in enumerate(self._sym_order):
-            self._dev_sym[i] = symbols[name]
-        for i, v in enumerate(views):
-            self._dev_in[i] = cuda_ffi.cast("void *", v.ptr)
-        for i, v in enumerate(out_views):
-            self._dev_out[i] = cuda_ffi.cast("void *", v.ptr)
-        rc = self._cuda.rlx_run_device(self._dev_ctx, self._dev_sym, self._dev_in, self._dev_out)
-        if rc != 0:
-            self._raise(rc, "run_device")
-        return out_objs
+        streams.discard(0)  # torch's legacy default stream, which the library's stream already waits for
+        sym = cuda_ffi.new("int64_t[]", [symbols[n] for n in self._sym_order] or [0])
+        ins = cuda_ffi.new("void *[]", [cuda_ffi.cast("void *", v.ptr) for v in views] or [cuda_ffi.NULL])
+        outs = cuda_ffi.new("void *[]", [cuda_ffi.cast("void *", v.ptr) for v in out_views])
+        keep = (views, out_views)
+        cuda, ctx = self._cuda, self._dev_ctx
+
+        def call() -> list[Any]:
+            for stream in streams:
+                if cuda.rlx_cuda_stream_sync(int(stream)) != 0:
+                    raise CudaError(_global_error(cuda))
+            rc = cuda.rlx_run_device(ctx, sym, ins, outs)
+            if rc != 0:
+                self._raise(rc, "run_device")
+            return out_objs
+
+        call.keep = keep  # type: ignore[attr-defined]  # the buffers' owners live as long as the callable
+        return call
 
     def clone(self) -> CudaGraph:
         """A fresh context on the same library with the params copied on the device."""

@@ -22,8 +22,11 @@
  * re-layout (manifest "layout") while copying.
  *
  * Threads: a context is not thread-safe; use one context per thread
- * (rlx_clone). Computation inside rlx_run is parallelized with OpenMP and the
- * BLAS library using the same thread count (rlx_set_num_threads).
+ * (rlx_clone); contexts may run concurrently. Inside rlx_run all parallelism
+ * is OpenMP (rlx_set_num_threads): each thread of a GEMM calls the BLAS
+ * single-threaded on its own block, so the library sets its BLAS to one
+ * thread (process-wide, for that BLAS library only) instead of letting two
+ * thread pools compete for the cores.
  */
 #ifndef RLX_H
 #define RLX_H

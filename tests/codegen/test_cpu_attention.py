@@ -27,7 +27,7 @@ def _qkv(rng, b, sq, skv, h, hkv, d):
 
 @pytest.mark.parametrize("mask", ["none", "causal", "padding", "bias"])
 def test_attention_masks(rng, mask):
-    b, sq, skv, h, d = 2, 37, 37, 4, 16  # 37 rows: a full query block of 32 and a partial one
+    b, sq, skv, h, d = 2, 70, 70, 4, 16  # 70 rows: a full query block of 64 and a partial one
     g = rlx.Graph(f"attn_{mask}")
     q = g.input("q", [b, sq, h * d])
     k = g.input("k", [b, skv, h * d])
@@ -37,7 +37,7 @@ def test_attention_masks(rng, mask):
     if mask == "padding":
         m = g.input("m", [b, skv], "i32")
         mv = np.ones((b, skv), np.int32)
-        mv[0, 30:] = 0
+        mv[0, 50:] = 0
         mv[1, :] = 0  # a fully padded sequence: its rows must be zeros, not NaN
         feed["m"] = mv
     elif mask == "bias":

@@ -150,4 +150,5 @@ def test_swiglu_batched_weights(rng):
                                                                        ("wu", (2, 8, 5)))}
     got = compile_graph(g).run(feed)[0]
     want = _ref(g, feed, {})[0]
+    # K = 8 on unit normals: each GEMM is within 10u|x||w| ~ 3e-6 of exact; silu(g)*u stays < 1e-5
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

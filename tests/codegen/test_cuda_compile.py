@@ -73,7 +73,7 @@ def test_low_precision_compiles(toolchain: NvccToolchain, name: str, precision: 
 
 def test_cublaslt_variant_compiles(toolchain: NvccToolchain, tmp_path: Path) -> None:
     if not toolchain.cublas.found:
-        pytest.skip("cublasLt.h not found (install the nvidia-cublas wheel: pip install 'rlx[cuda]')")
+        pytest.skip("cublasLt.h not found (the toolkit lacks it; pip install 'rlx[cuda]' adds the nvidia-cublas wheel)")
     src = _compile(toolchain, cases.CASES["matmuls"]().graph, CudaTarget(gemm="cublaslt"), tmp_path)
     assert "cublasLtMatmul(" in src and "CUBLASLT_EPILOGUE_GELU_BIAS" in src
 

@@ -180,6 +180,16 @@ def test_run_device_zero_copy_and_clone() -> None:
         check(o, r, case.graph.node(n).shape.dtype, "f32", "clone")
     with pytest.raises(ExecutionError, match="__cuda_array_interface__"):
         cg.run_device({k: v for k, v in feed.items()})
+    # a bound runner re-reads its buffers on every call
+    out = cg.to_device(np.zeros_like(refs[0]))
+    run = cg.bind_device(dev, outputs={cg.output_names[0]: out})
+    run()
+    check(out.numpy(), refs[0], DType.F32, "f32", "bind_device")
+    feed2 = {k: v * np.float32(2.0) for k, v in feed.items()}
+    for k, v in feed2.items():
+        dev[k].copy_from_host(v)
+    run()
+    check(out.numpy(), reference.run(case.graph, feed2, case.params)[0], DType.F32, "f32", "bind_device again")
 
 
 def test_run_device_accepts_torch_tensors() -> None:

@@ -1,0 +1,56 @@
+/*
+ * rlx_cuda.h — what an RLX library generated for NVIDIA GPUs (Session(Device.CUDA)) exports.
+ *
+ * It implements the common RLX C ABI of templates/cpu/rlx.h (same names, same meaning, same manifest),
+ * with these CUDA specifics, then adds the functions below.
+ *
+ *   rlx_create      one cudaMalloc for everything (params, constants, IO staging, the arena, scratch,
+ *                   the cuBLASLt workspace) on the current device, a stream, a cuBLASLt handle. NULL on
+ *                   failure (no device, out of device memory, built for another GPU arch); the reason
+ *                   is then in rlx_last_error(NULL).
+ *   rlx_set_param   host data in the declared dtype and user layout; converted on the device once to the
+ *                   compute precision (manifest "precision") and to the internal layout.
+ *   rlx_run         host buffers: copies inputs in, replays the CUDA Graph captured for these dynamic-dim
+ *                   values (the first run with new values runs eagerly, reporting errors per node, then
+ *                   captures), copies outputs out, synchronizes. Symbols may be 0..max.
+ *   rlx_clone       a new context with the params copied device to device.
+ *   rlx_set_num_threads  no effect on a GPU program; returns 1.
+ *
+ * Return codes: 0 success, -1 a bad argument (message in rlx_last_error), -2 a CUDA or cuBLASLt failure
+ * (launch failure, out of memory, ...). After an error that corrupts the CUDA context (an illegal
+ * address, say) the context refuses further work; the process keeps running.
+ *
+ * A context is not thread-safe; it owns one stream, created with default flags so that it orders
+ * itself after work on the legacy default stream (PyTorch's default).
+ */
+#ifndef RLX_CUDA_H
+#define RLX_CUDA_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Like rlx_run, but inputs and outputs are device pointers on the context's device (dense, declared
+ * dtypes). Inputs are read, and outputs written, on the context's stream; the call returns once the
+ * outputs are written. A caller producing inputs on another stream must synchronize it first
+ * (rlx_cuda_stream_sync). */
+int32_t rlx_run_device(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
+
+/* Device memory for callers without a CUDA library of their own. NULL on failure (rlx_last_error(NULL)). */
+void   *rlx_cuda_malloc(int64_t nbytes);
+void    rlx_cuda_free(void *p);
+
+/* Synchronous copy; kind 0 host->device, 1 device->host, 2 device->device. 0 or -2. */
+int32_t rlx_cuda_memcpy(void *dst, const void *src, int64_t nbytes, int32_t kind);
+
+/* Wait for a stream: a cudaStream_t, or 2 for the per-thread default stream
+ * (the "stream" entry of __cuda_array_interface__). 0 or -2. */
+int32_t rlx_cuda_stream_sync(uint64_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RLX_CUDA_H */
