@@ -53,8 +53,12 @@ def c_target(toolchain: Toolchain) -> CTarget:
 
 def cpu_key_components(lir: LirModule, toolchain: Toolchain) -> dict[str, str]:
     """Every input of the CPU build, as strings: the AOT cache key is a digest of these."""
+    return {"lir": lir.hash(), **cpu_toolchain_components(toolchain)}
+
+
+def cpu_toolchain_components(toolchain: Toolchain) -> dict[str, str]:
+    """The key components that do not depend on the program: target, compiler, flags, templates, BLAS."""
     return {
-        "lir": lir.hash(),
         "target": "cpu",
         "target_options": f"isa={toolchain.isa} isa_digest={toolchain.isa_identity} "
                           f"openmp={toolchain.openmp} sanitize={toolchain.sanitize or 'none'}",

@@ -41,13 +41,16 @@ from rlx.ir.shape import Dim, Shape, product
 from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
-CODEGEN_VERSION = "cpu-1"
+CODEGEN_VERSION = "cpu-2"
 #: Version of the exported C ABI (rlx_abi_version()).
 ABI_VERSION = 1
 #: Elementwise work (elements) below which a loop runs on the calling thread only.
 GRAIN = 1 << 15
 #: Query rows per attention task; one task's score tile is ATTN_QBLOCK x Skv floats.
 ATTN_QBLOCK = 64
+#: Panel width param storage is padded to for packed GEMM operands (the widest kernel's NR;
+#: narrower kernels fit in the same bytes, so storage does not depend on the ISA).
+PACK_NR_MAX = 32
 _INT32_MAX = (1 << 31) - 1
 
 _COMPUTE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
@@ -125,6 +128,10 @@ class _Planner:
         self.scratch_per_thread = 0  # bytes each thread may use (attention tiles)
         self.scratch_shared = 0  # bytes used outside parallel regions (swiglu blocks)
         self.absorbed: dict[NodeId, NodeId] = {}
+        # param node -> True when GEMMs read it transposed; these params are stored packed
+        self.packed: dict[NodeId, bool] = {}
+        self.packed_mat: dict[NodeId, int] = {}  # floats of packed storage per K x N matrix
+        self.gemm_acts: set[str] = set()  # activations fused into packed GEMMs
 
     # ── expressions ────────────────────────────────────────────────────
 
@@ -200,14 +207,27 @@ class _Planner:
             layout = spec.layout or tuple(range(len(user_dims)))
             user_strides = [math.prod(user_dims[i + 1:]) for i in range(len(user_dims))]
             permuted = spec.layout is not None and list(spec.layout) != list(range(len(user_dims)))
+            dims = list(stored.static_dims)
+            src_strides = [user_strides[p] for p in layout]
+            storage = nbytes
+            mode, note = ("permute", " (re-laid out on set)") if permuted else ("copy", "")
+            if spec.node in self.packed:
+                # dims/strides of the GEMM's right operand B[..., K, N] (the param, or its transpose)
+                if self.packed[spec.node]:
+                    dims[-2], dims[-1] = dims[-1], dims[-2]
+                    src_strides[-2], src_strides[-1] = src_strides[-1], src_strides[-2]
+                k, n = dims[-2], dims[-1]
+                mat = k * -(-n // PACK_NR_MAX) * PACK_NR_MAX
+                self.packed_mat[spec.node] = mat
+                storage = math.prod(dims[:-2]) * mat * stored.dtype.itemsize
+                mode, note = "pack", " (packed for the GEMM kernel on set)"
             params.append({
                 "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
                 "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
-                "permuted": permuted, "rank": max(len(user_dims), 1), "elsize": stored.dtype.itemsize,
-                "dims": list(stored.static_dims) or [1],
-                "src_strides": [user_strides[p] for p in layout] or [0],
+                "mode": mode, "note": note, "rank": max(len(user_dims), 1), "elsize": stored.dtype.itemsize,
+                "dims": dims or [1], "src_strides": src_strides or [0],
             })
-            offset += (nbytes + 63) // 64 * 64
+            offset += (storage + 63) // 64 * 64
         return params, offset
 
     def plan_constants(self) -> list[dict]:
@@ -232,6 +252,39 @@ class _Planner:
             us = users[n.id]
             if us and all(self._gemm_operand_slot(self.node(u), n.id) for u in us):
                 self.absorbed[n.id] = n.inputs[0]
+
+    def find_packed_params(self) -> None:
+        """f32 params read only as the right operand of matmuls get RLX's packed GEMM layout.
+
+        Every reader must be a MatMul / FusedMatMulBiasAct taking the param (directly, or through
+        a transpose folded into the GEMM) as B and nothing else, all in the same orientation:
+        the stored bytes then only ever serve the packed kernel.
+        """
+        users = self.graph.users()
+        outputs = set(self.graph.outputs)
+        for spec in self.lir.params:
+            nid = spec.node
+            shape = self.node(nid).shape
+            if shape.dtype is not DType.F32 or shape.rank < 2 or nid in outputs or not users[nid]:
+                continue
+            uses: list[tuple[NodeId, NodeId]] = []  # (gemm, operand it reads)
+            orientations = set()
+            for u in users[nid]:
+                if u in self.absorbed:
+                    orientations.add(True)
+                    uses.extend((uu, u) for uu in users[u])
+                else:
+                    orientations.add(False)
+                    uses.append((u, nid))
+            if len(orientations) == 1 and all(self._packable_use(self.node(g), x) for g, x in uses):
+                self.packed[nid] = orientations.pop()
+
+    def _packable_use(self, user: Node, nid: NodeId) -> bool:
+        if not isinstance(user.op, (O.MatMul, O.FusedMatMulBiasAct)):
+            return False
+        if [i for i, x in enumerate(user.inputs) if x == nid] != [1]:
+            return False
+        return user.inputs[0] not in self.absorbed and self.node(user.inputs[0]).shape.dtype is DType.F32
 
     def _gemm_operand_slot(self, user: Node, nid: NodeId) -> bool:
         if isinstance(user.op, (O.MatMul, O.FusedMatMulBiasAct)):
@@ -396,13 +449,16 @@ class _Planner:
             if d.max > _INT32_MAX:
                 raise BuildError(f"node {node.label}: GEMM dimension {d} (max {d.max}) exceeds the 32-bit BLAS limit")
 
-    def _batch(self, a: Shape, b: Shape, out: Shape) -> dict:
-        """Batch loop of a batched GEMM: per-operand element strides of the broadcast batch axes."""
+    def _batch(self, a: Shape, b: Shape, out: Shape, b_mat: int | None = None) -> dict:
+        """Batch loop of a batched GEMM: per-operand element strides of the broadcast batch axes.
+
+        `b_mat`: floats per matrix of b when it is stored packed (padded), not K * N.
+        """
         batch = out.dims[:-2]
         nb = len(batch)
 
-        def batch_strides(s: Shape) -> list[str]:
-            mat = s.dims[-2] * s.dims[-1]
+        def batch_strides(s: Shape, packed: int | None = None) -> list[str]:
+            mat = Dim(packed) if packed is not None else s.dims[-2] * s.dims[-1]
             pad = nb - (s.rank - 2)
             st: list[str] = []
             acc = mat
@@ -415,7 +471,7 @@ class _Planner:
             return list(reversed(st))
 
         return {"dims": [self.dim(d) for d in batch], "count": self.numel(batch) if batch else "1",
-                "a_strides": batch_strides(a), "b_strides": batch_strides(b), "rank": nb}
+                "a_strides": batch_strides(a), "b_strides": batch_strides(b, b_mat), "rank": nb}
 
     def gemm(self, node: Node) -> dict:
         self.require(node, [DType.F32])
@@ -428,6 +484,9 @@ class _Planner:
         b_ptr, tb = self.gemm_operand(b_id)
         bias = self.ptr(node.inputs[2]) if len(node.inputs) == 3 else ""
         act = getattr(node.op, "activation", None) or ""
+        b_param = self.absorbed.get(b_id, b_id)
+        if b_param in self.packed:
+            return self.pgemm(node, a, b, b_param, a_ptr, bias, act)
         # A 2-D right operand with an unbroadcast left batch folds the batch into M: one GEMM.
         fold = b.rank == 2 and not ta
         batch = self._batch(a, b, out)
@@ -439,6 +498,21 @@ class _Planner:
             "batch": batch, "fold": fold or batch["rank"] == 0,
             "bias": bias, "act": act, "epilogue": bool(bias or act),
             "mat_c": self.dim(m * n), "block": 0, "grain": GRAIN,
+        }
+
+    def pgemm(self, node: Node, a: Shape, b: Shape, b_param: NodeId, a_ptr: str, bias: str, act: str) -> dict:
+        """A GEMM whose right operand is a packed param (see find_packed_params)."""
+        out = node.shape
+        m, k, n = out.dims[-2], a.dims[-1], out.dims[-1]
+        fold = b.rank == 2
+        if act:
+            self.gemm_acts.add(act)
+        return {
+            "kind": "pgemm", "m": self.dim(product(out.dims[:-1]) if fold else m), "n": self.dim(n),
+            "k": self.dim(k), "lda": self.dim(k), "a": a_ptr, "b": self.ptr(b_param),
+            "c": self.ptr(node.id, const=False), "bias": bias, "fold": fold,
+            "batch": self._batch(a, b, out, self.packed_mat[b_param]), "mat_c": self.dim(m * n),
+            "epi": f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE",
         }
 
     def swiglu(self, node: Node) -> dict:
@@ -675,8 +749,9 @@ def _elem_type(size: int) -> str:
 def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
     """The template context for `lir` (pure: same inputs, same context)."""
     p = _Planner(lir, target)
-    params, params_bytes = p.plan_params()
     p.find_absorbed_transposes()
+    p.find_packed_params()
+    params, params_bytes = p.plan_params()
     kernels = p.kernels()
     copies = []
     for slot, nid in lir.output_copies:
@@ -703,6 +778,7 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "scratch_per_thread": (p.scratch_per_thread + 63) // 64 * 64,
         "scratch_shared": (p.scratch_shared + 63) // 64 * 64,
         "kernels": kernels,
+        "gemm_acts": sorted(p.gemm_acts),
         "copies": copies,
         "manifest": c_string_lines(manifest_text),
     }

@@ -366,7 +366,7 @@ def test_describe_and_str() -> None:
     assert O.MatMul().describe() == "matmul"
     assert O.Attention(4, 8).describe() == "attention[num_heads=4, head_dim=8, mask=none]"
     region = O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0, 1)), O.RegionStep(O.Activation("relu"), (2,))))
-    assert region.describe() == "elementwise_region[v0=binary[fn=add](v0,v1); v1=activation[fn=relu](v2)]"
+    assert region.describe() == "elementwise_region[v2=binary[fn=add](v0,v1); v3=activation[fn=relu](v2)]"
     g = Graph("s")
     x = g.input("x", [SEQ, 2])
     g.set_outputs({"y": g.softmax(x)})
