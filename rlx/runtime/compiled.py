@@ -177,7 +177,7 @@ class CompiledGraph:
         arr = _contiguous(arr)
         rc = self._lib.rlx_set_param(self._ctx, idx, ffi.from_buffer(arr), arr.nbytes)
         if rc != 0:
-            raise ExecutionError(self._error(f"set_param({info.name!r})"))
+            self._raise(rc, f"set_param({info.name!r})")
         self._param_set[idx] = True
         self._param_values[info.name] = arr
 
@@ -306,7 +306,11 @@ class CompiledGraph:
         rc = self._lib.rlx_run(self._ctx, self._sym, self._in, self._out)
         del keep
         if rc != 0:
-            raise ExecutionError(self._error("run"))
+            self._raise(rc, "run")
+
+    def _raise(self, rc: int, what: str) -> None:
+        """Turn a nonzero return code into an exception (backends map their own codes)."""
+        raise ExecutionError(self._error(what))
 
     def _error(self, what: str) -> str:
         msg = ffi.string(self._lib.rlx_last_error(self._ctx)).decode("utf-8", "replace")

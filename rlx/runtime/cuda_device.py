@@ -204,31 +204,6 @@ class CudaGraph(CompiledGraph):
         msg = self._error(what)
         raise CudaError(msg) if rc == RC_CUDA else ExecutionError(msg)
 
-    def _set_param_raw(self, idx: int, info: TensorInfo, arr: np.ndarray) -> None:
-        arr = np.ascontiguousarray(arr)
-        rc = self._lib.rlx_set_param(self._ctx, idx, ffi.from_buffer(arr), arr.nbytes)
-        if rc != 0:
-            self._raise(rc, f"set_param({info.name!r})")
-        self._param_set[idx] = True
-
-    def _call(self, symbols: dict[str, int], inputs: Any, outputs: Any) -> None:
-        unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]
-        if unset:
-            raise ExecutionError(f"params never set: {unset}")
-        for i, name in enumerate(self._sym_order):
-            self._sym[i] = symbols[name]
-        keep = []
-        for i, arr in enumerate(inputs):
-            keep.append(ffi.from_buffer(arr))
-            self._in[i] = keep[-1]
-        for i, arr in enumerate(outputs):
-            keep.append(ffi.from_buffer(arr, require_writable=True))
-            self._out[i] = keep[-1]
-        rc = self._lib.rlx_run(self._ctx, self._sym, self._in, self._out)
-        del keep
-        if rc != 0:
-            self._raise(rc, "run")
-
     def to_device(self, array: Any, dtype: DType | str | None = None) -> DeviceArray:
         """A `DeviceArray` holding a copy of host data (bf16 given as float32 is stored as bf16 bits)."""
         arr = np.asarray(array)
