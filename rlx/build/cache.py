@@ -68,6 +68,13 @@ log = logging.getLogger("rlx.cache")
 CACHE_FORMAT = 1
 LIBRARY = "model.so"
 SOURCE = "model.c"
+#: The generated source an entry keeps: C for the CPU backend, CUDA C++ for the CUDA one.
+SOURCES = (SOURCE, "model.cu")
+
+
+def source_in(d: Path) -> Path | None:
+    """The generated source kept in entry directory `d`, or None."""
+    return next((d / name for name in SOURCES if (d / name).is_file()), None)
 META = "meta.json"
 LAST_USE = "last_use"
 
@@ -151,7 +158,7 @@ class CacheEntry:
 
     @property
     def source(self) -> Path:
-        return self.dir / SOURCE
+        return source_in(self.dir) or self.dir / SOURCE
 
     @property
     def components(self) -> dict:
@@ -374,8 +381,8 @@ class AotCache:
                 raise _Corrupt(f"{LIBRARY} sha256 does not match meta.json")
         except OSError as exc:
             raise _Corrupt(f"cannot read {LIBRARY}: {exc.strerror}") from None
-        if not (d / SOURCE).is_file():
-            raise _Corrupt(f"{SOURCE} is missing")
+        if source_in(d) is None:
+            raise _Corrupt(f"the generated source ({' or '.join(SOURCES)}) is missing")
         if layer == "root":
             # LRU stamp: one utime per hit, no directory scan.
             with contextlib.suppress(OSError):
@@ -710,9 +717,10 @@ def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], 
     t0 = time.time()
     build(work)
     elapsed = time.time() - t0
-    for name in (SOURCE, LIBRARY):
-        if not (work / name).is_file():
-            raise BuildError(f"the build for cache entry {key} did not produce {name} in {work}")
+    if source_in(work) is None:
+        raise BuildError(f"the build for cache entry {key} did not produce {' or '.join(SOURCES)} in {work}")
+    if not (work / LIBRARY).is_file():
+        raise BuildError(f"the build for cache entry {key} did not produce {LIBRARY} in {work}")
     files = {}
     for path in sorted(p for p in work.rglob("*") if p.is_file() and not p.is_symlink()):
         rel = path.relative_to(work).as_posix()

@@ -32,8 +32,8 @@ from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
 
-#: Flags of every build. -x cu: the cache names every source model.c; it is CUDA C++.
-BASE_FLAGS = ("-x", "cu", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
+#: Flags of every build.
+BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
               "-diag-suppress=177,550")
 _ARCH_RE = re.compile(r"^(?:cuda:)?(?:sm_|compute_)?(\d{2,3})(a?)$")
 _CAP_RE = re.compile(r"^(\d+)\.(\d+)$")
@@ -264,7 +264,7 @@ def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget 
     key = components_key(components)
 
     def build(workdir: Path) -> None:
-        source = workdir / "model.c"
+        source = workdir / "model.cu"
         source.write_text(render_cuda(lir, target, cuda_manifest(lir, toolchain, target, key)))
         toolchain.compile(source, workdir / "model.so", target.gemm)
 

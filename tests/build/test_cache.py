@@ -99,6 +99,19 @@ def test_entry_layout_meta_and_permissions(root: Path):
     assert not any((root / "tmp").iterdir())  # the private build dir was renamed into place
 
 
+def test_cuda_entries_keep_their_source_as_model_cu(root: Path):
+    cache = make_cache(root)
+    c_build = worker.make_build(4)
+
+    def cuda_like_build(workdir: Path) -> None:
+        c_build(workdir)
+        (workdir / "model.c").rename(workdir / "model.cu")
+
+    entry = cache.get_or_build(worker.components(4), cuda_like_build)
+    assert entry.source == entry.dir / "model.cu" and entry.source.is_file()
+    assert cache.lookup(entry.key).source == entry.source  # verified as a whole entry, not as "missing model.c"
+
+
 def test_hit_stamps_last_use(root: Path):
     cache = make_cache(root)
     entry = cache.get_or_build(worker.components(1), worker.make_build(1))
