@@ -1,14 +1,22 @@
-"""CPU op blocks: rlx vs numpy vs PyTorch (when installed), and rlx vs the raw BLAS sgemm peak.
+"""CPU op blocks: rlx vs numpy vs PyTorch (when installed), against measured GEMM peaks.
 
     python benchmarks/cpu_ops.py [--threads N] [--rounds R] [--tokens T]
 
-Two blocks, float32, the same data for every peer, all in this one process:
+First the two GEMM peaks everything is compared with, measured in this run on the same
+thread count (best GFLOP/s over 1024^3, 4096x1536x384 and 4096x384x1536):
+
+- BLAS sgemm: the OpenBLAS rlx links, called directly through cffi (OPENBLAS_CORETYPE, if
+  set, decides its kernels; the environment is left as the user set it).
+- rlx GEMM: RLX's own packed-weight GEMM (x @ W with W a param, packed at set_param), run
+  through a compiled graph, so it includes rlx_run's own overhead.
+
+Then two blocks, float32, the same data for every peer, all in this one process:
 
 - mlp: a transformer FFN, y = gelu_tanh(x @ W1 + b1) @ W2 + b2 + x, with x [T, 384],
-  W1 [384, 1536], W2 [1536, 384]. Its FLOPs are the two GEMMs. The "sgemm peak" is the
-  same two GEMMs (no bias, no activation, no residual) called directly through cffi on the
-  OpenBLAS rlx links, with the same thread count: the best any implementation built on
-  that BLAS can do. rlx should reach >= 85% of it.
+  W1 [384, 1536], W2 [1536, 384]. Its FLOPs are the two GEMMs. "sgemm pair" is the same two
+  GEMMs (no bias, activation or residual) called directly on the BLAS, the best any
+  implementation built on that BLAS can do; "rlx GEMM pair" is the same two GEMMs through
+  rlx's packed GEMM. rlx's time is reported as a % of each.
 - eltwise: y = gelu_tanh(x * a + b) * sigmoid(x) + x over [T, 1536] with a, b rows. numpy
   makes ~12 passes over memory; rlx fuses the chain into one loop nest.
 
@@ -96,6 +104,45 @@ def blas_sgemm(threads: int) -> Callable[..., None] | None:
     return run
 
 
+PEAK_SHAPES = ((1024, 1024, 1024), (4096, 1536, 384), (4096, 384, 1536))
+
+
+def _best_time(fn: Callable[[], object], seconds: float) -> float:
+    fn()
+    best = float("inf")
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        best = min(best, _timed(fn, min_seconds=0.02))
+    return best
+
+
+def gemm_peaks(threads: int, seconds: float = 1.0) -> dict[str, float]:
+    """Best GFLOP/s over PEAK_SHAPES of the BLAS sgemm and of rlx's packed GEMM (C = A @ W, W a param)."""
+    import rlx
+
+    sgemm = blas_sgemm(threads)
+    peaks = {"BLAS sgemm": 0.0, "rlx GEMM": 0.0}
+    rng = np.random.default_rng(2)
+    for m, n, k in PEAK_SHAPES:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((k, n)).astype(np.float32)
+        c = np.empty((m, n), np.float32)
+        flops = 2.0 * m * n * k
+        if sgemm is not None:
+            t = _best_time(lambda a=a, w=w, c=c: sgemm(a, w, c), seconds)
+            peaks["BLAS sgemm"] = max(peaks["BLAS sgemm"], flops / t / 1e9)
+        g = rlx.Graph(f"gemm_{m}x{n}x{k}")
+        g.set_outputs([g.matmul(g.input("a", [m, k]), g.param("w", [k, n]))])
+        cg = rlx.Session(config=_config(threads)).compile(g)
+        cg.set_param("w", w)
+        cg.run_slots([a], [c])
+        np.testing.assert_allclose(c[:2, :2], a[:2] @ w[:, :2], rtol=1e-3, atol=1e-3)
+        t = _best_time(lambda cg=cg, a=a, c=c: cg.run_slots([a], [c]), seconds)
+        peaks["rlx GEMM"] = max(peaks["rlx GEMM"], flops / t / 1e9)
+        time.sleep(SETTLE_SECONDS)
+    return peaks
+
+
 def mlp_block(tokens: int, threads: int, rounds: int, torch: object | None) -> None:
     import rlx
 
@@ -131,20 +178,27 @@ def mlp_block(tokens: int, threads: int, rounds: int, torch: object | None) -> N
 
         peers["torch"] = torch_mlp
     sgemm = blas_sgemm(threads)
+    hbuf = np.empty((tokens, f), np.float32)
+    ybuf = np.empty((tokens, d), np.float32)
     if sgemm is not None:
-        hbuf = np.empty((tokens, f), np.float32)
-        ybuf = np.empty((tokens, d), np.float32)
 
-        def peak() -> None:
+        def blas_pair() -> None:
             sgemm(x, w1, hbuf)
             sgemm(hbuf, w2, ybuf)
 
-        peers["sgemm peak"] = peak
+        peers["sgemm pair"] = blas_pair
+    pair = rlx.Graph("gemm_pair")
+    pi = pair.input("x", [tokens, d])
+    pair.set_outputs([pair.matmul(pair.matmul(pi, pair.param("w1", [d, f])), pair.param("w2", [f, d]))])
+    pair_cg = rlx.Session(config=_config(threads)).compile(pair)
+    pair_cg.set_param("w1", w1)
+    pair_cg.set_param("w2", w2)
+    peers["rlx GEMM pair"] = lambda: pair_cg.run_slots([x], [ybuf])
     times = round_robin(peers, rounds)
     flops = 4.0 * tokens * d * f
     print(f"\nmlp block  x[{tokens},{d}] -> {f} -> {d}  ({flops / 1e9:.2f} GFLOP, rlx max |err| vs reference "
           f"{err:.1e})")
-    _report(times, flops, base="rlx", peak="sgemm peak")
+    _report(times, flops, base="rlx", peaks=("sgemm pair", "rlx GEMM pair"))
 
 
 def eltwise_block(tokens: int, threads: int, rounds: int, torch: object | None) -> None:
@@ -183,13 +237,14 @@ def eltwise_block(tokens: int, threads: int, rounds: int, torch: object | None) 
     _report(times, None, base="rlx")
 
 
-def _report(times: dict[str, float], flops: float | None, base: str, peak: str | None = None) -> None:
+def _report(times: dict[str, float], flops: float | None, base: str, peaks: tuple[str, ...] = ()) -> None:
     for name, t in sorted(times.items(), key=lambda kv: kv[1]):
-        line = f"  {name:<11} {t * 1e3:8.3f} ms   x{t / times[base]:5.2f} of rlx time"
+        line = f"  {name:<14} {t * 1e3:8.3f} ms   x{t / times[base]:5.2f} of rlx time"
         if flops:
             line += f"   {flops / t / 1e9:7.1f} GFLOP/s"
-        if peak and peak in times and name != peak:
-            line += f"   {times[peak] / t * 100:5.1f}% of sgemm peak"
+        for peak in peaks:
+            if peak in times and name != peak:
+                line += f"   {times[peak] / t * 100:5.1f}% of {peak}"
         print(line)
 
 
@@ -214,7 +269,11 @@ def main() -> None:
     except ImportError:
         torch = None
     print(f"threads {args.threads}, rounds {args.rounds}, torch "
-          f"{torch.__version__ if torch else 'not installed (skipped)'}")
+          f"{torch.__version__ if torch else 'not installed (skipped)'}"
+          + (f", OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}" if os.environ.get("OPENBLAS_CORETYPE") else ""))
+    peaks = gemm_peaks(args.threads)
+    print("GEMM peaks, GFLOP/s (best of " + ", ".join("x".join(map(str, s)) for s in PEAK_SHAPES) + "): "
+          + ", ".join(f"{k} {v:.1f}" if v else f"{k} n/a (no BLAS)" for k, v in peaks.items()))
     mlp_block(args.tokens, args.threads, args.rounds, torch)
     eltwise_block(args.tokens, args.threads, args.rounds, torch)
 

@@ -217,7 +217,7 @@ class _Planner:
                     dims[-2], dims[-1] = dims[-1], dims[-2]
                     src_strides[-2], src_strides[-1] = src_strides[-1], src_strides[-2]
                 k, n = dims[-2], dims[-1]
-                mat = k * -(-n // PACK_NR_MAX) * PACK_NR_MAX
+                mat = k * _round_up(n, PACK_NR_MAX)
                 self.packed_mat[spec.node] = mat
                 storage = math.prod(dims[:-2]) * mat * stored.dtype.itemsize
                 mode, note = "pack", " (packed for the GEMM kernel on set)"
@@ -694,7 +694,12 @@ class _Planner:
         q, k = self.node(node.inputs[0]).shape, self.node(node.inputs[1]).shape
         h, hkv, d = op.num_heads, op.kv_heads, op.head_dim
         skv_max = k.dims[1].max
-        self.scratch_per_thread = max(self.scratch_per_thread, ATTN_QBLOCK * skv_max * 4 + 64)
+        # per thread: the score tile, K^T and V of one head in panels padded to PACK_NR_MAX, a mask row
+        kp_offset = _align64(ATTN_QBLOCK * skv_max * 4)
+        vp_offset = kp_offset + _align64(d * _round_up(skv_max, PACK_NR_MAX) * 4)
+        row_offset = vp_offset + _align64(skv_max * _round_up(d, PACK_NR_MAX) * 4)
+        scratch = row_offset + _align64(skv_max * 4)
+        self.scratch_per_thread = max(self.scratch_per_thread, scratch)
         mask: dict[str, Any] = {"kind": op.mask}
         if op.mask == "padding":
             m_id = node.inputs[3]
@@ -720,7 +725,8 @@ class _Planner:
                 "v": self.ptr(node.inputs[2]), "o": self.ptr(node.id, const=False),
                 "batch": self.dim(q.dims[0]), "sq": self.dim(q.dims[1]), "skv": self.dim(k.dims[1]),
                 "heads": h, "kv_heads": hkv, "group": h // hkv, "hd": d, "scale": _float_literal(op.softmax_scale),
-                "mask": mask, "qblock": ATTN_QBLOCK}
+                "mask": mask, "qblock": ATTN_QBLOCK, "kp_offset": kp_offset, "vp_offset": vp_offset,
+                "row_offset": row_offset}
 
     def rope(self, node: Node) -> dict:
         op: O.Rope = node.op  # type: ignore[assignment]
@@ -740,6 +746,14 @@ def _add_rows(offset: Dim, row: Dim) -> Dim:
     if offset.symbols != row.symbols:
         raise BuildError("concat rows with different dynamic factors")
     return Dim(offset.coeff + row.coeff, offset.symbols)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _align64(nbytes: int) -> int:
+    return _round_up(nbytes, 64)
 
 
 def _elem_type(size: int) -> str:

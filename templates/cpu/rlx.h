@@ -19,11 +19,15 @@
  * Data layout: every tensor is dense, row-major, in its declared dtype
  * (bf16 and f16 as their 16-bit patterns, bool as one byte 0/1). Params are
  * passed in the layout the user declared; the library applies any internal
- * re-layout (manifest "layout") while copying.
+ * re-layout (manifest "layout") while copying, and stores weights that only
+ * feed matrix products packed for its own GEMM kernel (which kernel depends
+ * on the instruction set the library was built for). Param storage is private:
+ * set a param again to change it.
  *
  * Threads: a context is not thread-safe; use one context per thread
  * (rlx_clone); contexts may run concurrently. Inside rlx_run all parallelism
- * is OpenMP (rlx_set_num_threads): each thread of a GEMM calls the BLAS
+ * is OpenMP (rlx_set_num_threads): products with a packed weight run on the
+ * library's own kernel, and every other GEMM thread calls the BLAS
  * single-threaded on its own block, so the library sets its BLAS to one
  * thread (process-wide, for that BLAS library only) instead of letting two
  * thread pools compete for the cores.

@@ -228,3 +228,30 @@ def test_set_param_checks_size(rng):
     cg = compile_graph(g)
     with pytest.raises(rlx.errors.ExecutionError, match="shape"):
         cg.set_param("w", np.zeros((10, 8), np.float32))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mask", ["causal", "padding"])
+def test_attention_on_packed_kernel(rng, target, mask):
+    """Fused attention packs each (batch, kv head)'s K^T and V for the kernel when >= 8 query rows share
+    them: head_dim 48 and Skv 75 leave partial panels; grouped-query heads (6 over 2) share one packing.
+    Tolerance as in test_cpu_attention: rtol 1e-5 + atol 2e-6 on unit-normal inputs."""
+    from cpu_helpers import check
+
+    b, sq, skv, h, hkv, d = 2, 70, 75, 6, 2, 48
+    g = rlx.Graph(f"attn_packed_{mask}")
+    q = g.input("q", [b, sq, h * d])
+    k = g.input("k", [b, skv, hkv * d])
+    v = g.input("v", [b, skv, hkv * d])
+    feed = {"q": rng.standard_normal((b, sq, h * d)).astype(np.float32),
+            "k": rng.standard_normal((b, skv, hkv * d)).astype(np.float32),
+            "v": rng.standard_normal((b, skv, hkv * d)).astype(np.float32)}
+    m = None
+    if mask == "padding":
+        m = g.input("m", [b, skv], "i64")
+        mv = np.ones((b, skv), np.int64)
+        mv[0, 40:] = 0
+        feed["m"] = mv
+    g.set_outputs([g.attention(q, k, v, num_heads=h, head_dim=d, num_kv_heads=hkv, mask=mask, mask_input=m)])
+    cg = compile_graph(g, cpu_target=_target(target))
+    check(g, feed, rtol=1e-5, atol=2e-6, cg=cg)
