@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rlx.build.cache import AotCache
 from rlx.build.cpu import components_key, templates_digest
+from rlx.build.toolchain import version_text
 from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION, CudaTarget, render_cuda
 from rlx.config import Config
 from rlx.errors import BuildError
@@ -65,13 +66,7 @@ def find_nvcc(name: str = "nvcc") -> tuple[str, str]:
     if found is None:
         raise BuildError(f"nvcc ({name!r}) not found: install the CUDA toolkit or set RLX_NVCC to nvcc's path")
     resolved = os.path.realpath(found)
-    try:
-        proc = subprocess.run([resolved, "--version"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BuildError(f"nvcc {resolved!r} cannot be run: {exc}") from None
-    if proc.returncode != 0:
-        raise BuildError(f"`{resolved} --version` failed: {proc.stderr.strip()}")
-    return resolved, proc.stdout.strip()
+    return resolved, version_text(resolved, "nvcc", _PROBE_TIMEOUT)
 
 
 def cuda_version(version_text: str) -> str:

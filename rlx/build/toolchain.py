@@ -234,13 +234,18 @@ def find_compiler(cc: str) -> tuple[str, str]:
     if found is None:
         raise BuildError(f"C compiler {cc!r} not found (set CC or Config.cc to a working compiler)")
     resolved = os.path.realpath(found)
+    return resolved, version_text(resolved, "C compiler")
+
+
+def version_text(resolved: str, what: str, timeout: float = _PROBE_TIMEOUT) -> str:
+    """`resolved --version` output: part of a compiler's identity in the cache key."""
     try:
-        proc = subprocess.run([resolved, "--version"], capture_output=True, text=True, timeout=_PROBE_TIMEOUT)
+        proc = subprocess.run([resolved, "--version"], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BuildError(f"C compiler {resolved!r} cannot be run: {exc}") from None
+        raise BuildError(f"{what} {resolved!r} cannot be run: {exc}") from None
     if proc.returncode != 0:
         raise BuildError(f"`{resolved} --version` failed: {proc.stderr.strip()}")
-    return resolved, proc.stdout.strip()
+    return proc.stdout.strip()
 
 
 def _probe(cc: str, source: str, flags: list[str], link: bool = True) -> subprocess.CompletedProcess[str]:

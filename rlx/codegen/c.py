@@ -32,6 +32,7 @@ from typing import Any
 
 import jinja2
 
+from rlx.codegen.common import dim_expr
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
@@ -41,7 +42,7 @@ from rlx.ir.shape import Dim, Shape, product
 from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
-CODEGEN_VERSION = "cpu-2"
+CODEGEN_VERSION = "cpu-3"
 #: Version of the exported C ABI (rlx_abi_version()).
 ABI_VERSION = 1
 #: Elementwise work (elements) below which a loop runs on the calling thread only.
@@ -108,6 +109,10 @@ def c_string_lines(text: str, width: int = 100) -> list[str]:
     return [c_string(c) for c in chunks]
 
 
+def _c_int(value: int) -> str:
+    return f"{value}LL" if value > _INT32_MAX else str(value)
+
+
 def _float_literal(v: float) -> str:
     if math.isnan(v):
         return "NAN"
@@ -136,13 +141,7 @@ class _Planner:
     # ── expressions ────────────────────────────────────────────────────
 
     def dim(self, d: Dim) -> str:
-        coeff = f"{d.coeff}LL" if d.coeff > _INT32_MAX else str(d.coeff)
-        if d.is_static:
-            return coeff
-        terms = [f"sym[{self.sym_index[name]}]" for name, _ in d.symbols]
-        if d.coeff != 1:
-            terms.insert(0, coeff)
-        return terms[0] if len(terms) == 1 else "(" + "*".join(terms) + ")"
+        return dim_expr(d, self.sym_index, _c_int)
 
     def numel(self, dims: Sequence[Dim]) -> str:
         return self.dim(product(dims))

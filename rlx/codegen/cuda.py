@@ -36,6 +36,7 @@ import jinja2
 import numpy as np
 
 from rlx.codegen.c import c_string, c_string_lines, comment
+from rlx.codegen.common import dim_expr
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType, f32_to_bf16
@@ -82,6 +83,10 @@ def category(dt: DType) -> str:
 
 def _act(fn: str | None) -> str:
     return "RLX_ACT_NONE" if fn is None else "RLX_ACT_" + fn.upper()
+
+
+def _int64_literal(value: int) -> str:
+    return f"(int64_t){value}" if value <= _INT32_LIMIT else f"(int64_t){value}LL"
 
 
 def _float_c(v: float) -> str:
@@ -221,13 +226,7 @@ class _Planner:
         """C int64 expression of a dim: `S[k]` on the host, `sy.v[k]` in kernels; None is a zero stride."""
         if d is None:
             return "(int64_t)0"
-        coeff = f"(int64_t){d.coeff}" if d.coeff <= _INT32_LIMIT else f"(int64_t){d.coeff}LL"
-        if d.is_static:
-            return coeff
-        terms = [f"{sym}[{self.sym_index[name]}]" for name, _ in d.symbols]
-        if d.coeff != 1:
-            terms.insert(0, coeff)
-        return terms[0] if len(terms) == 1 else "(" + " * ".join(terms) + ")"
+        return dim_expr(d, self.sym_index, _int64_literal, sym)
 
     def numel(self, dims: Sequence[Dim]) -> str:
         return self.dim(product(dims))
