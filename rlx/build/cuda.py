@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rlx.build.cache import AotCache
 from rlx.build.cpu import components_key, templates_digest
-from rlx.build.toolchain import version_text
+from rlx.build.toolchain import run_compiler, version_text
 from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION, CudaTarget, render_cuda
 from rlx.config import Config
 from rlx.errors import BuildError
@@ -185,18 +185,7 @@ class NvccToolchain:
 
     def compile(self, source: Path, output: Path, gemm: str, compile_only: bool = False) -> None:
         """Build `source` into `output`; BuildError with nvcc's message (source path kept)."""
-        cmd = self.command(source, output, gemm, compile_only)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        except FileNotFoundError:
-            raise BuildError(f"nvcc {self.nvcc!r} disappeared; source kept at {source}") from None
-        except subprocess.TimeoutExpired:
-            raise BuildError(f"nvcc timed out after 900 s building {source}") from None
-        if proc.returncode != 0 or not output.exists():
-            message = (proc.stderr or proc.stdout).strip()
-            if len(message) > 8000:
-                message = message[:8000] + "\n... (truncated)"
-            raise BuildError(f"nvcc failed (exit {proc.returncode}) on {source}:\n{message}\ncommand: {' '.join(cmd)}")
+        run_compiler(self.command(source, output, gemm, compile_only), source, output, "nvcc", timeout=900)
 
 
 def detect_nvcc_toolchain(config: Config | None = None, target: str | None = None) -> NvccToolchain:

@@ -114,19 +114,7 @@ class Toolchain:
 
     def compile(self, source: Path, output: Path) -> None:
         """Build `source` into the shared object `output`; BuildError with the compiler's message."""
-        cmd = self.command(source, output)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except FileNotFoundError:
-            raise BuildError(f"C compiler {self.cc!r} disappeared; source kept at {source}") from None
-        except subprocess.TimeoutExpired:
-            raise BuildError(f"C compiler timed out after 600 s building {source}") from None
-        if proc.returncode != 0 or not output.exists():
-            message = (proc.stderr or proc.stdout).strip()
-            if len(message) > 8000:
-                message = message[:8000] + "\n... (truncated)"
-            raise BuildError(f"C compiler failed (exit {proc.returncode}) on {source}:\n{message}\n"
-                             f"command: {' '.join(cmd)}")
+        run_compiler(self.command(source, output), source, output, "C compiler", timeout=600)
 
 
 def detect_toolchain(config: Config | None = None) -> Toolchain:
@@ -235,6 +223,22 @@ def find_compiler(cc: str) -> tuple[str, str]:
         raise BuildError(f"C compiler {cc!r} not found (set CC or Config.cc to a working compiler)")
     resolved = os.path.realpath(found)
     return resolved, version_text(resolved, "C compiler")
+
+
+def run_compiler(cmd: list[str], source: Path, output: Path, what: str, timeout: float) -> None:
+    """Run one compiler command; BuildError with the compiler's own message and the command."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise BuildError(f"{what} {cmd[0]!r} disappeared; source kept at {source}") from None
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"{what} timed out after {timeout:.0f} s building {source}") from None
+    if proc.returncode != 0 or not output.exists():
+        message = (proc.stderr or proc.stdout).strip()
+        if len(message) > 8000:
+            message = message[:8000] + "\n... (truncated)"
+        raise BuildError(f"{what} failed (exit {proc.returncode}) on {source}:\n{message}\n"
+                         f"command: {' '.join(cmd)}")
 
 
 def version_text(resolved: str, what: str, timeout: float = _PROBE_TIMEOUT) -> str:
