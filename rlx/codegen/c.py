@@ -80,6 +80,12 @@ def comment(text: object, limit: int = 96) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+def node_header(node: Node, width: int) -> str:
+    """The comment text that heads a node's generated code: id, op, debug name, shape (all sanitized)."""
+    name = f" ({comment(node.name, 60)})" if node.name else ""
+    return comment(f"%{node.id} {node.op.describe()}", width) + name + " : " + comment(str(node.shape), 60)
+
+
 def c_string(text: str) -> str:
     """A C string literal holding `text` exactly (printable ASCII, everything else escaped).
 
@@ -189,8 +195,7 @@ class _Planner:
                                  f"it takes {names} — insert a cast")
 
     def header(self, node: Node) -> str:
-        name = f" ({comment(node.name, 60)})" if node.name else ""
-        return comment(f"%{node.id} {node.op.describe()}", 80) + name + " : " + comment(str(node.shape), 60)
+        return node_header(node, 80)
 
     # ── schedule ───────────────────────────────────────────────────────
 

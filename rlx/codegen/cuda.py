@@ -35,7 +35,7 @@ from typing import Any
 import jinja2
 import numpy as np
 
-from rlx.codegen.c import c_string, c_string_lines, comment
+from rlx.codegen.c import c_string, c_string_lines, comment, node_header
 from rlx.codegen.common import dim_expr
 from rlx.errors import BuildError
 from rlx.ir import ops as O
@@ -261,8 +261,7 @@ class _Planner:
         return c_string(text[:160])
 
     def header(self, node: Node) -> str:
-        name = f" ({comment(node.name, 60)})" if node.name else ""
-        return comment(f"%{node.id} {node.op.describe()}", 90) + name + " : " + comment(str(node.shape), 60)
+        return node_header(node, 90)
 
     def idx_type(self, *shapes: Shape) -> str:
         biggest = max((s.max_numel for s in shapes), default=0)
