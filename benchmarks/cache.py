@@ -65,8 +65,8 @@ if mode in ("compile", "parts", "load"):
             out["compile_ms"] = (time.perf_counter() - t) * 1e3
             out["hit"] = cg.cache_hit
         else:
-            from rlx.build.cpu import build_cpu
-            from rlx.build.toolchain import detect_toolchain
+            from rlx.toolchain.cpu import build_cpu
+            from rlx.toolchain.compiler import detect_toolchain
             from rlx.runtime.compiled import CompiledGraph
             from rlx.runtime.loader import load_library
             session = rlx.Session()

@@ -79,7 +79,7 @@ def blas_sgemm(threads: int) -> Callable[..., None] | None:
     """C = A @ B through the BLAS rlx links (cffi, no Python-side copies), or None without one."""
     import cffi
 
-    from rlx.build.toolchain import detect_toolchain
+    from rlx.toolchain.compiler import detect_toolchain
     from rlx.config import Config
 
     blas = detect_toolchain(Config.from_env()).blas

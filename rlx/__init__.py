@@ -11,7 +11,7 @@
 import numpy as np
 
 from rlx import cache, reference
-from rlx.build.artifact import load
+from rlx.toolchain.artifact import load
 from rlx.config import Config
 from rlx.errors import (
     ArtifactError,

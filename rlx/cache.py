@@ -1,11 +1,11 @@
-"""`rlx.cache`: the AOT cache's public face (see `rlx.build.cache` for the design).
+"""`rlx.cache`: the AOT cache's public face (see `rlx.toolchain.cache` for the design).
 
 >>> import rlx.cache
 >>> "hits" in rlx.cache.stats()
 True
 """
 
-from rlx.build.cache import (
+from rlx.toolchain.cache import (
     AotCache,
     CacheEntry,
     CacheWarning,

@@ -149,7 +149,7 @@ def open_target(args: argparse.Namespace, path: Path) -> Any:
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
     if _is_artifact(path):
-        from rlx.build.artifact import load
+        from rlx.toolchain.artifact import load
 
         compiled = load(path, num_threads=getattr(args, "num_threads", None))
     else:
@@ -256,7 +256,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     how = "cache hit" if compiled.cache_hit else "built"
     print(f"{graph.name}: key {compiled.key} ({how}, {elapsed * 1000:.0f} ms)", file=info)
     if args.output:
-        from rlx.build.artifact import save
+        from rlx.toolchain.artifact import save
 
         out = save(compiled, Path(args.output), weights=weights)
         print(f"artifact written to {out}", file=info)
@@ -274,7 +274,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
     if _is_artifact(path):
-        from rlx.build.artifact import read_manifest
+        from rlx.toolchain.artifact import read_manifest
 
         manifest = read_manifest(path)
         if args.stage == "source":
@@ -314,7 +314,7 @@ def _optimize(graph: Any, config: Any) -> dict[str, Any]:
 
 
 def _render_source(args: argparse.Namespace, lir: Any) -> str:
-    from rlx.build.cpu import render_source
+    from rlx.toolchain.cpu import render_source
 
     if getattr(args, "target", "cpu") != "cpu":
         raise RlxError(f"--stage source is available for the cpu target only, not {args.target!r}")
@@ -372,7 +372,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from rlx.build.cache import AotCache
+    from rlx.toolchain.cache import AotCache
 
     cache = AotCache(_config(args))
     action = args.action
@@ -416,8 +416,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _cache_components(args: argparse.Namespace, graph: Any) -> dict:
-    from rlx.build.cpu import cpu_key_components
-    from rlx.build.toolchain import detect_toolchain
+    from rlx.toolchain.cpu import cpu_key_components
+    from rlx.toolchain.compiler import detect_toolchain
 
     session = _session(args)
     if session.device.value != "cpu":
@@ -426,7 +426,7 @@ def _cache_components(args: argparse.Namespace, graph: Any) -> dict:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from rlx.build.cache import AotCache, check_private
+    from rlx.toolchain.cache import AotCache, check_private
 
     config = _config(args)
     ok = True
@@ -435,7 +435,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"{label:<12} {text}")
 
     try:
-        from rlx.build.toolchain import detect_toolchain
+        from rlx.toolchain.compiler import detect_toolchain
 
         tc = detect_toolchain(config)
         line("compiler", f"{tc.cc} ({tc.cc_version})")

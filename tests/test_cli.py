@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx.build.cache import AotCache
+from rlx.toolchain.cache import AotCache
 from rlx.cli import main, synthetic_inputs
 from rlx.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "tests" / "build" / "data"
+DATA = REPO / "tests" / "toolchain" / "data"
 
 _spec = importlib.util.spec_from_file_location("rlx_cache_worker_cli", DATA / "cache_worker.py")
 worker = importlib.util.module_from_spec(_spec)

@@ -816,7 +816,7 @@ def _environment() -> jinja2.Environment:
 
 def render(lir: LirModule, config: Any = None) -> str:
     """The C source RLX would build for `lir` with `config` (toolchain probed, key filled in)."""
-    from rlx.build.cpu import render_source
+    from rlx.toolchain.cpu import render_source
 
     return render_source(lir, config)
 

@@ -337,9 +337,9 @@ class CompiledGraph:
     def save(self, directory: str | Path, *, weights: bool | Mapping[str, Any] = False) -> Path:
         """Write a relocatable artifact directory (model.so, manifest.json, rlx.h, source, optional weights).
 
-        See `rlx.build.artifact`; load it with `rlx.load(directory)`.
+        See `rlx.toolchain.artifact`; load it with `rlx.load(directory)`.
         """
-        from rlx.build.artifact import save
+        from rlx.toolchain.artifact import save
 
         return save(self, directory, weights=weights)
 

@@ -105,9 +105,9 @@ class Session:
         The optimizer is a pure function of that fingerprint, so the key it maps to
         is the key a full compile would compute.
         """
-        from rlx.build.cache import AotCache
-        from rlx.build.cpu import build_cpu, cpu_toolchain_components
-        from rlx.build.toolchain import detect_toolchain
+        from rlx.toolchain.cache import AotCache
+        from rlx.toolchain.cpu import build_cpu, cpu_toolchain_components
+        from rlx.toolchain.compiler import detect_toolchain
 
         config = self.config
         if isinstance(graph, LirModule) or getattr(graph, "stage", None) == "lir":
@@ -168,7 +168,7 @@ def compiler_source_digest() -> str:
     """
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for sub in ("ir", "opt", "codegen", "build"):
+    for sub in ("ir", "opt", "codegen", "toolchain"):
         for path in sorted((root / sub).glob("*.py")):
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     h.update((root / "reference.py").read_bytes())

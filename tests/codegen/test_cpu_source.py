@@ -13,8 +13,8 @@ import pytest
 from cpu_helpers import compile_graph
 
 import rlx
-from rlx.build.cpu import c_target
-from rlx.build.toolchain import detect_toolchain
+from rlx.toolchain.cpu import c_target
+from rlx.toolchain.compiler import detect_toolchain
 from rlx.codegen.c import c_context, c_string, comment, render_c
 from rlx.opt.memplan import plan
 from rlx.runtime.abi import ffi

@@ -10,8 +10,8 @@ import pytest
 from cpu_helpers import compile_graph
 
 import rlx
-from rlx.build.cpu import cpu_key_components
-from rlx.build.toolchain import detect_toolchain
+from rlx.toolchain.cpu import cpu_key_components
+from rlx.toolchain.compiler import detect_toolchain
 from rlx.config import Config
 from rlx.opt.memplan import plan
 

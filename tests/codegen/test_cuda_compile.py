@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlx.build.cuda import NvccToolchain, find_cublas, find_nvcc, normalize_arch, visible_gpu_arch
+from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc, normalize_arch, visible_gpu_arch
 from rlx.codegen.cuda import CudaTarget, cuda_context, render_cuda
 from rlx.errors import BuildError, CudaError
 from rlx.ir.dtype import DType

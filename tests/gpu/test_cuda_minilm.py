@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlx import reference
-from rlx.build.cuda import visible_gpu_arch
+from rlx.toolchain.cuda import visible_gpu_arch
 from rlx.models.bert import BertConfig, bert_inputs, build_bert, random_weights
 from rlx.runtime.session import Device, Session
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from rlx import reference
-from rlx.build.cuda import visible_gpu_arch
+from rlx.toolchain.cuda import visible_gpu_arch
 from rlx.errors import CudaError, ExecutionError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
@@ -102,7 +102,7 @@ def test_minilm_like_layer_stack_optimized(precision: str) -> None:
 
 
 def test_builtin_gemm_matches_reference() -> None:
-    from rlx.build.cuda import build_cuda
+    from rlx.toolchain.cuda import build_cuda
     from rlx.codegen.cuda import CudaTarget
     from rlx.opt.memplan import plan
     from rlx.runtime.cuda_device import CudaGraph

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlx.build.cache import AotCache
-from rlx.build.cpu import components_key, templates_digest
-from rlx.build.toolchain import run_compiler, version_text
+from rlx.toolchain.cache import AotCache
+from rlx.toolchain.cpu import components_key, templates_digest
+from rlx.toolchain.compiler import run_compiler, version_text
 from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION, CudaTarget, render_cuda
 from rlx.config import Config
 from rlx.errors import BuildError

@@ -138,7 +138,7 @@ PROBE_VERSION = 1
 def _detect_cached(cc: str, blas: str, cpu_target: str, sanitize: str, cache_root: str) -> Toolchain:
     if not cache_root:
         return _detect(cc, blas, cpu_target, sanitize)
-    from rlx.build.cache import AotCache
+    from rlx.toolchain.cache import AotCache
 
     fingerprint = _fingerprint(cc, blas, cpu_target, sanitize)
     if fingerprint is None:

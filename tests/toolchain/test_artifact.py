@@ -14,7 +14,7 @@ import pytest
 
 import rlx
 from rlx import reference
-from rlx.build.artifact import load, read_manifest
+from rlx.toolchain.artifact import load, read_manifest
 from rlx.config import Config
 from rlx.errors import ArtifactError
 from rlx.models.bert import BertConfig, bert_inputs, build_bert, random_weights
@@ -113,7 +113,7 @@ def test_load_in_a_process_without_a_compiler(bert, tmp_path: Path):
         "cg = rlx.load(art)\n"
         "inputs = {n: np.load(f'{d}/{n}.npy') for n in cg.input_names}\n"
         "np.save(f'{d}/out.npy', cg.run(inputs)[0])\n"
-        "assert 'rlx.build.toolchain' not in sys.modules, 'loading probed the toolchain'\n"
+        "assert 'rlx.toolchain.compiler' not in sys.modules, 'loading probed the toolchain'\n"
     )
     empty = tmp_path / "empty-bin"
     empty.mkdir()
@@ -178,7 +178,7 @@ def test_not_an_artifact(tmp_path: Path):
 
 
 def test_plain_c_program_reproduces_python_outputs(bert, tmp_path: Path):
-    """tests/build/data/run_artifact.c dlopens the artifact through rlx.h; no Python runs the model."""
+    """tests/toolchain/data/run_artifact.c dlopens the artifact through rlx.h; no Python runs the model."""
     _, compiled, _, inputs = bert
     out = compiled.save(tmp_path / "art")
     exe = tmp_path / "run_artifact"

@@ -15,7 +15,7 @@ import filelock
 import numpy as np
 import pytest
 
-from rlx.build.cache import AotCache, CacheWarning, cache_key, file_sha256
+from rlx.toolchain.cache import AotCache, CacheWarning, cache_key, file_sha256
 from rlx.config import Config
 from rlx.errors import BuildError, CacheError
 
@@ -412,8 +412,8 @@ def test_cpu_backend_hits_and_misses(root: Path):
     import dataclasses
 
     import rlx
-    from rlx.build.cpu import cpu_key_components
-    from rlx.build.toolchain import detect_toolchain
+    from rlx.toolchain.cpu import cpu_key_components
+    from rlx.toolchain.compiler import detect_toolchain
 
     g = _mlp_graph()
     config = Config(cache_dir=root)

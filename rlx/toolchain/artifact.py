@@ -41,8 +41,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlx.build.cache import META, file_sha256
-from rlx.build.isa import check_cpu
+from rlx.toolchain.cache import META, file_sha256
+from rlx.toolchain.isa import check_cpu
 from rlx.errors import ArtifactError
 
 if TYPE_CHECKING:

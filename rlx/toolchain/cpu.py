@@ -24,9 +24,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlx.build.cache import AotCache, cache_key
-from rlx.build.isa import describe as describe_isa
-from rlx.build.toolchain import Toolchain, detect_toolchain
+from rlx.toolchain.cache import AotCache, cache_key
+from rlx.toolchain.isa import describe as describe_isa
+from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.codegen.c import ABI_VERSION, CODEGEN_VERSION, CTarget, render_c
 from rlx.config import Config
 from rlx.errors import BuildError
@@ -71,7 +71,7 @@ def cpu_toolchain_components(toolchain: Toolchain) -> dict[str, str]:
 
 
 def components_key(components: dict[str, str]) -> str:
-    """The AOT cache key of `components` (the same digest `rlx.build.cache.cache_key` computes)."""
+    """The AOT cache key of `components` (the same digest `rlx.toolchain.cache.cache_key` computes)."""
     return cache_key(components)
 
 

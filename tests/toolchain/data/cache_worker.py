@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlx.build.cache import AotCache
+from rlx.toolchain.cache import AotCache
 from rlx.config import Config
 from rlx.errors import BuildError
 
@@ -77,7 +77,7 @@ def call_value(library: Path) -> int:
 
 
 def graph_inputs() -> dict:
-    """Fixed params and inputs for the graph `run_graph` compiles (see tests/build/test_cache.py)."""
+    """Fixed params and inputs for the graph `run_graph` compiles (see tests/toolchain/test_cache.py)."""
     import numpy as np
 
     return {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3),
