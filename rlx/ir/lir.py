@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rlx.ir.decisions import Decision, decisions_to_json
 from rlx.ir.encode import op_to_json, shape_to_json
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.shape import Shape
@@ -73,6 +74,13 @@ class LirModule:
     naive_bytes: int
     #: (output slot, node) pairs whose value must be copied into the output at the end.
     output_copies: tuple[tuple[int, NodeId], ...] = ()
+    #: The backend this LIR was lowered for ("" before `rlx.opt.lowering.lower_for`), and its decisions.
+    backend: str = ""
+    decisions: tuple[Decision, ...] = ()
+
+    def decided(self, kind: type[Decision]) -> list:
+        """The decisions of one type, in order."""
+        return [d for d in self.decisions if isinstance(d, kind)]
 
     @property
     def reuse_ratio(self) -> float:
@@ -107,6 +115,8 @@ class LirModule:
             "symbols": [list(s) for s in self.symbols],
             "arena": self.arena_bytes,
             "copies": [[k, ref(n)] for k, n in self.output_copies],
+            "backend": self.backend,
+            "decisions": decisions_to_json(self.decisions, ref),
         }
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
@@ -137,6 +147,11 @@ class LirModule:
             else:
                 where = f"{b.storage}[{b.slot}]"
             lines.append(f"  %{n.id:<4} {n.kind:<26} {n.shape!s:<28} {where}")
+        if self.backend:
+            lines.append(f"lowering decisions for {self.backend}:")
+            lines.extend(f"  {d.describe()}" for d in self.decisions)
+            if not self.decisions:
+                lines.append("  none")
         syms = ", ".join(f"{n}<={m}" for n, m in self.symbols) or "none"
         lines.append(f"arena: {self.arena_bytes} bytes (naive {self.naive_bytes}, reuse x{self.reuse_ratio:.2f}); "
                      f"dynamic dims: {syms}")

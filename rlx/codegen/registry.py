@@ -1,0 +1,159 @@
+"""The rule registry: `(op kind, backend) → rule`, and what each rule returns.
+
+A backend is a table of rules. A rule takes the backend's emitter (which
+knows pointers, dims and the LIR's decisions) and one scheduled node, and
+returns a `Kernel`: a frozen record naming the template macro that renders
+the node, the fixed kernel headers that code needs, and the macro's
+arguments. Codegen never branches on op types: it looks the rule up here.
+
+A rule may cover only some variants of its op (an activation function, a
+dtype): `accepts(op, in_dtypes, out_dtype)` answers that before any build,
+so `supports(graph, backend)` and `first_unsupported_op` report a missing
+combination without rendering anything.
+
+>>> from rlx.ir.graph import Graph
+>>> g = Graph("demo")
+>>> x = g.input("x", [4])
+>>> g.set_outputs([g.activation("relu", x)])
+>>> import rlx.codegen.c  # registers the CPU rules
+>>> supports(g, "cpu")
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Graph, Node, NodeId
+
+#: Backends that may register rules (a new backend adds its name here and a rules module).
+BACKENDS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The code of one scheduled node: `macro(args)` from `template`, needing `headers`.
+
+    `args` is the rule's own frozen dataclass (or a read-only mapping) of C
+    expressions and numbers; `headers` are fixed kernel headers (paths under
+    the backend's templates directory) included once, only when some kernel
+    of the graph needs them.
+    """
+
+    node: NodeId
+    macro: str
+    template: str
+    args: Any
+    headers: tuple[str, ...] = ()
+    header: str = ""
+    func: str = ""
+    label: str = ""
+    #: Per-thread / shared scratch bytes the kernel uses (the backend sizes its scratch to the maximum).
+    scratch_per_thread: int = 0
+    scratch_shared: int = 0
+
+
+Accepts = Callable[[O.Op, tuple[DType, ...], DType], str | None]
+
+
+def accepts_all(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    """The default `accepts`: every variant and dtype the op's inference allows."""
+    return None
+
+
+def float32_only(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    """`accepts` for kernels written for f32 data only."""
+    bad = sorted({d.value for d in (*in_dtypes, out_dtype) if d is not DType.F32})
+    return f"takes f32 only, got {'/'.join(bad)}" if bad else None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one backend renders one op kind."""
+
+    kind: str
+    backend: str
+    emit: Callable[[Any, Node], Kernel]
+    #: Returns None when the op variant and dtypes are supported, else the reason they are not.
+    accepts: Accepts = accepts_all
+
+
+@dataclass
+class RuleTable:
+    """The rules of one backend, by op kind."""
+
+    backend: str
+    rules: dict[str, Rule] = field(default_factory=dict)
+
+    def register(self, *kinds: str, accepts: Accepts = accepts_all) -> Callable[[Callable], Callable]:
+        """Decorator: `emit` renders every op kind in `kinds` on this backend."""
+
+        def wrap(emit: Callable[[Any, Node], Kernel]) -> Callable[[Any, Node], Kernel]:
+            for kind in kinds:
+                if kind in self.rules:
+                    raise TypeError(f"{self.backend} already has a rule for {kind!r}")
+                if kind not in O.OPS:
+                    raise TypeError(f"no MIR op kind {kind!r} to register a {self.backend} rule for")
+                self.rules[kind] = Rule(kind, self.backend, emit, accepts)
+            return emit
+
+        return wrap
+
+    def rule(self, kind: str) -> Rule | None:
+        return self.rules.get(kind)
+
+    def why_not(self, graph: Graph, node: Node) -> str | None:
+        """None when this backend can render `node`, else the reason it cannot."""
+        rule = self.rules.get(node.kind)
+        if rule is None:
+            return f"the {self.backend} backend has no rule for {node.kind}"
+        in_dtypes = tuple(graph.node(i).shape.dtype for i in node.inputs)
+        reason = rule.accepts(node.op, in_dtypes, node.shape.dtype)
+        return None if reason is None else f"the {self.backend} backend's {node.kind} rule {reason}"
+
+
+_TABLES: dict[str, RuleTable] = {}
+
+
+def table(backend: str) -> RuleTable:
+    """The rule table of `backend` (created empty on first use; rules modules fill it at import)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    return _TABLES.setdefault(backend, RuleTable(backend))
+
+
+def _load_rules(backend: str) -> RuleTable:
+    # The rules of a backend register when its codegen module is imported.
+    if backend == "cpu":
+        import rlx.codegen.c  # noqa: F401
+    elif backend == "cuda":
+        import rlx.codegen.cuda  # noqa: F401
+    return table(backend)
+
+
+def first_unsupported_op(graph: Graph, backend: str) -> tuple[Node, str] | None:
+    """The first scheduled node `backend` cannot render, with the reason; None when all are supported."""
+    rules = _load_rules(backend)
+    for node in graph.nodes:
+        if node.kind in O.LEAF_KINDS:
+            continue
+        reason = rules.why_not(graph, node)
+        if reason is not None:
+            return node, reason
+    return None
+
+
+def supports(graph: Graph, backend: str) -> bool:
+    """True when every op of `graph` (as the backend will see it) has a rule accepting it."""
+    return first_unsupported_op(graph, backend) is None
+
+
+def support_table(backends: Iterable[str] = BACKENDS) -> Mapping[str, Mapping[str, bool]]:
+    """op kind → backend → has a rule (the `rlxc inspect --support` table)."""
+    tables = {b: _load_rules(b) for b in backends}
+    return {kind: {b: kind in t.rules for b, t in tables.items()}
+            for kind in sorted(O.OPS) if kind not in O.LEAF_KINDS}

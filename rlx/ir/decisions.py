@@ -1,0 +1,92 @@
+"""Backend lowering decisions recorded in the LIR.
+
+Passes in `rlx/opt/lowering.py` decide, per backend, how params are stored,
+which transposes fold into GEMMs, which GEMMs run together; each decision is
+a frozen record here. They are part of the LIR: hashed into its canonical
+form, printed by `LirModule.inspect()` (`rlxc inspect --stage lir`), and the
+only place a backend's codegen reads such choices from — codegen decides
+nothing on its own.
+
+>>> PackedParam(node=3, transposed=False).describe()
+'%3 param stored packed for the GEMM kernel (K x N panels)'
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Base of every decision: a `kind` tag, JSON for the hash, one readable line."""
+
+    kind: ClassVar[str] = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}
+
+    def describe(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def nodes(self) -> tuple[int, ...]:
+        """Node ids this decision mentions (renumbered by the canonical form)."""
+        return ()
+
+
+@dataclass(frozen=True)
+class AbsorbedTranspose(Decision):
+    """A transpose of the last two axes read only by GEMMs: they read `source` with a transpose flag."""
+
+    kind: ClassVar[str] = "absorbed_transpose"
+    node: int
+    source: int
+
+    def describe(self) -> str:
+        return f"%{self.node} transpose folded into the GEMMs that read it (they read %{self.source} transposed)"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node, self.source)
+
+
+@dataclass(frozen=True)
+class PackedParam(Decision):
+    """A param read only as the right GEMM operand, stored in the packed-panel layout at `set_param`.
+
+    `transposed`: the GEMMs read the param's transpose (through an absorbed transpose).
+    """
+
+    kind: ClassVar[str] = "packed_param"
+    node: int
+    transposed: bool
+
+    def describe(self) -> str:
+        orient = "N x K, transposed" if self.transposed else "K x N"
+        return f"%{self.node} param stored packed for the GEMM kernel ({orient} panels)"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
+def decisions_to_json(decisions: tuple[Decision, ...], ref: Any) -> list[dict[str, Any]]:
+    """Canonical JSON of `decisions` with node ids mapped through `ref` (for the LIR hash)."""
+    out = []
+    for d in decisions:
+        doc = d.to_json()
+        for key, value in list(doc.items()):
+            if key in _NODE_FIELDS.get(d.kind, ()):
+                doc[key] = [ref(v) for v in value] if isinstance(value, (list, tuple)) else ref(value)
+        out.append(doc)
+    return out
+
+
+#: Which fields of each decision kind hold node ids (renumbered in the canonical form).
+_NODE_FIELDS: dict[str, tuple[str, ...]] = {
+    "absorbed_transpose": ("node", "source"),
+    "packed_param": ("node",),
+}
+
+
+def register_node_fields(kind: str, fields: tuple[str, ...]) -> None:
+    """Declare the node-id fields of a decision kind defined elsewhere (e.g. by a backend's passes)."""
+    _NODE_FIELDS[kind] = fields

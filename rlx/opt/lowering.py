@@ -1,0 +1,134 @@
+"""Backend lowering passes: LIR → LIR with the backend's decisions recorded.
+
+`lower_for(lir, backend)` runs the decision passes of one backend and returns
+the LIR that backend renders. Each pass is a pure function of the LIR; what
+it decides is a `rlx.ir.decisions` record, visible in
+`LirModule.inspect()` and covered by the LIR hash.
+
+CPU decisions:
+
+- `absorb_transposes`: a transpose of the last two axes whose every reader is
+  a GEMM operand becomes a transpose flag of those GEMMs (no copy).
+- `pack_params`: an f32 param read only as the right operand of GEMMs, all in
+  one orientation, is stored in RLX's packed-panel layout at `set_param`.
+
+>>> from rlx.ir.graph import Graph
+>>> from rlx.opt.memplan import plan
+>>> g = Graph("mlp")
+>>> x = g.input("x", [4, 8])
+>>> w = g.param("w", [8, 16])
+>>> g.set_outputs([g.matmul(x, w)])
+>>> lir = lower_for(plan(g), "cpu")
+>>> [d.describe() for d in lir.decisions]
+['%1 param stored packed for the GEMM kernel (K x N panels)']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from rlx.ir import ops as O
+from rlx.ir.decisions import AbsorbedTranspose, Decision, PackedParam
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node, NodeId
+from rlx.ir.lir import LirModule
+
+LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
+
+_GEMM_KINDS = (O.MatMul, O.FusedMatMulBiasAct)
+
+
+def _gemm_operand_slot(user: Node, nid: NodeId) -> bool:
+    """True when `user` reads `nid` only as a GEMM operand (A or B)."""
+    if isinstance(user.op, _GEMM_KINDS):
+        return all(i < 2 for i, x in enumerate(user.inputs) if x == nid)
+    if isinstance(user.op, O.FusedSwiGLU):
+        return all(i in (1, 2) for i, x in enumerate(user.inputs) if x == nid)
+    return False
+
+
+def absorb_transposes(lir: LirModule) -> tuple[Decision, ...]:
+    """Transposes of the last two (f32) axes feeding only GEMM operands become transpose flags."""
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    out: list[Decision] = []
+    for n in graph.nodes:
+        if not isinstance(n.op, O.Transpose) or n.id in outputs:
+            continue
+        r = n.shape.rank
+        if r < 2 or tuple(n.op.perm) != (*range(r - 2), r - 1, r - 2) or n.shape.dtype is not DType.F32:
+            continue
+        if lir.buffers[n.id].storage == "view":
+            continue
+        us = users[n.id]
+        if us and all(_gemm_operand_slot(graph.node(u), n.id) for u in us):
+            out.append(AbsorbedTranspose(n.id, n.inputs[0]))
+    return tuple(out)
+
+
+def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decision, ...]:
+    """f32 params read only as the right operand of GEMMs (one orientation) get the packed layout.
+
+    Every reader must be a MatMul / FusedMatMulBiasAct taking the param (directly,
+    or through an absorbed transpose) as B and nothing else: the stored bytes then
+    only ever serve the packed kernel.
+    """
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+
+    def packable_use(user: Node, nid: NodeId) -> bool:
+        if not isinstance(user.op, _GEMM_KINDS):
+            return False
+        if [i for i, x in enumerate(user.inputs) if x == nid] != [1]:
+            return False
+        return user.inputs[0] not in absorbed and graph.node(user.inputs[0]).shape.dtype is DType.F32
+
+    out: list[Decision] = []
+    for spec in lir.params:
+        nid = spec.node
+        shape = graph.node(nid).shape
+        if shape.dtype is not DType.F32 or shape.rank < 2 or nid in outputs or not users[nid]:
+            continue
+        uses: list[tuple[NodeId, NodeId]] = []  # (gemm, the operand it reads)
+        orientations = set()
+        for u in users[nid]:
+            if u in absorbed:
+                orientations.add(True)
+                uses.extend((uu, u) for uu in users[u])
+            else:
+                orientations.add(False)
+                uses.append((u, nid))
+        if len(orientations) == 1 and all(packable_use(graph.node(g), x) for g, x in uses):
+            out.append(PackedParam(nid, orientations.pop()))
+    return tuple(out)
+
+
+def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
+    absorbed = absorb_transposes(lir)
+    sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
+    return (*absorbed, *pack_params(lir, sources))
+
+
+def _cuda_decisions(lir: LirModule) -> tuple[Decision, ...]:
+    return ()
+
+
+#: The decision passes of each backend.
+LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": _cuda_decisions}
+
+
+def lower_for(lir: LirModule, backend: str, **options: object) -> LirModule:
+    """`lir` with `backend`'s decisions recorded (idempotent: an LIR lowered for `backend` is returned as is)."""
+    if lir.backend == backend:
+        return lir
+    if lir.backend:
+        raise ValueError(f"this LIR was lowered for {lir.backend!r}, not {backend!r}: plan the graph again")
+    try:
+        decide = LOWERINGS[backend]
+    except KeyError:
+        raise ValueError(f"no lowering passes for backend {backend!r}; expected one of {sorted(LOWERINGS)}") from None
+    decisions = decide(lir, **options) if options else decide(lir)
+    return dataclasses.replace(lir, backend=backend, decisions=tuple(decisions))
