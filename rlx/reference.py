@@ -30,6 +30,7 @@ from rlx.ir import ops as O
 from rlx.ir.dtype import DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
 from rlx.ir.shape import Shape
+from rlx.ir.view import movement_view
 
 _erfc = np.frompyfunc(math.erfc, 1, 1)
 
@@ -201,6 +202,23 @@ def _gather(table: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
     return np.take(table, idx.astype(np.int64), axis=axis)
 
 
+#: How the reference evaluates each op type: `fn(op, args, shape, symbols, in_shapes) -> value`.
+EVALUATORS: dict[type[O.Op], Callable[..., np.ndarray]] = {}
+
+
+def evaluates(*op_types: type[O.Op]) -> Callable[[Callable[..., np.ndarray]], Callable[..., np.ndarray]]:
+    """Decorator registering the reference semantics of `op_types` (one entry per op, no dispatch chain)."""
+
+    def wrap(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        for t in op_types:
+            if t in EVALUATORS:
+                raise TypeError(f"reference semantics of {t.kind!r} registered twice")
+            EVALUATORS[t] = fn
+        return fn
+
+    return wrap
+
+
 def evaluate(op: O.Op, args: list[np.ndarray], shape: Shape, symbols: Mapping[str, int] | None = None,
              in_shapes: Sequence[Shape] | None = None) -> np.ndarray:
     """Evaluate one non-leaf op on computed arguments; the result has `shape`'s dtype.
@@ -212,75 +230,144 @@ def evaluate(op: O.Op, args: list[np.ndarray], shape: Shape, symbols: Mapping[st
     unfused ops would. Without it, float args are taken to have the result's
     float dtype (f32 if the result is not a float).
     """
-    dtype = shape.dtype
-    if isinstance(op, O.Activation):
-        x = args[0]
+    fn = EVALUATORS.get(type(op))
+    if fn is None:
+        raise ExecutionError(f"reference has no semantics for op {op.kind!r}")
+    return fn(op, args, shape, dict(symbols or {}), in_shapes)
+
+
+@evaluates(O.Activation)
+def _eval_activation(op: O.Activation, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return _finish(ACTIVATION_FNS[op.fn](args[0]), shape.dtype)
+
+
+@evaluates(O.Binary)
+def _eval_binary(op: O.Binary, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return _finish(_binary(op.fn, args[0], args[1]), shape.dtype)
+
+
+@evaluates(O.Compare)
+def _eval_compare(op: O.Compare, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _COMPARE[op.fn](args[0], args[1])
+
+
+@evaluates(O.Where)
+def _eval_where(op: O.Where, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(np.where(args[0], args[1], args[2]), shape.dtype)
+
+
+@evaluates(O.Cast)
+def _eval_cast(op: O.Cast, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return cast_value(args[0], op.dtype)
+
+
+@evaluates(O.MatMul)
+def _eval_matmul(op: O.MatMul, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(np.matmul(args[0], args[1]), shape.dtype)
+
+
+_REDUCERS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+
+
+@evaluates(O.Reduce)
+def _eval_reduce(op: O.Reduce, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    x = args[0]
+    axes = op.normalized_axes(x.ndim)
+    if op.fn in ("max", "min") and any(x.shape[a] == 0 for a in axes):
+        raise ExecutionError(f"reduce {op.fn} over an empty axis")
+    return _finish(_REDUCERS[op.fn](x, axis=axes, keepdims=op.keep_dim), shape.dtype)
+
+
+@evaluates(O.Softmax)
+def _eval_softmax(op: O.Softmax, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(_softmax(args[0], op.axis), shape.dtype)
+
+
+@evaluates(O.LayerNorm)
+def _eval_layer_norm(op: O.LayerNorm, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(_layer_norm(args[0], args[1], args[2], op.eps), shape.dtype)
+
+
+@evaluates(O.RmsNorm)
+def _eval_rms_norm(op: O.RmsNorm, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(_rms_norm(args[0], args[1], op.eps), shape.dtype)
+
+
+@evaluates(O.Reshape)
+def _eval_reshape(op: O.Reshape, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return args[0].reshape(shape.concrete(symbols))
+
+
+@evaluates(O.Transpose, O.Narrow, O.Expand)
+def _eval_strided(op: O.Op, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    # Pure data movement: read the input through the op's View (the same View the backends use).
+    x = np.ascontiguousarray(args[0])
+    view = movement_view(op, Shape.of(x.shape, DType.F64), shape, symbols)
+    dims, strides, offset = view.numpy_strides(x.itemsize, {})
+    flat = x.reshape(-1)
+    base = flat[offset // x.itemsize:] if x.size else flat
+    return np.lib.stride_tricks.as_strided(base, dims, strides, writeable=False).copy()
+
+
+@evaluates(O.Concat)
+def _eval_concat(op: O.Concat, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return np.concatenate(args, axis=op.axis)
+
+
+@evaluates(O.Gather)
+def _eval_gather(op: O.Gather, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _gather(args[0], args[1], op.axis % args[0].ndim)
+
+
+@evaluates(O.Attention)
+def _eval_attention(op: O.Attention, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(attention(args[0], args[1], args[2], args[3] if len(args) > 3 else None, op), shape.dtype)
+
+
+@evaluates(O.Rope)
+def _eval_rope(op: O.Rope, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(rope(args[0], args[1], args[2], op), shape.dtype)
+
+
+@evaluates(O.FusedMatMulBiasAct)
+def _eval_fused_gemm(op: O.FusedMatMulBiasAct, args: list, shape: Shape, symbols: dict,
+                     in_shapes: object) -> np.ndarray:
+    y = np.matmul(args[0], args[1])
+    if len(args) == 3:
+        y = y + args[2]
+    if op.activation:
         with np.errstate(all="ignore"):
-            return _finish(ACTIVATION_FNS[op.fn](x), dtype)
-    if isinstance(op, O.Binary):
-        with np.errstate(all="ignore"):
-            return _finish(_binary(op.fn, args[0], args[1]), dtype)
-    if isinstance(op, O.Compare):
-        return _COMPARE[op.fn](args[0], args[1])
-    if isinstance(op, O.Where):
-        return _finish(np.where(args[0], args[1], args[2]), dtype)
-    if isinstance(op, O.Cast):
-        return cast_value(args[0], op.dtype)
-    if isinstance(op, O.MatMul):
-        return _finish(np.matmul(args[0], args[1]), dtype)
-    if isinstance(op, O.Reduce):
-        x = args[0]
-        axes = op.normalized_axes(x.ndim)
-        fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[op.fn]
-        if op.fn in ("max", "min") and any(x.shape[a] == 0 for a in axes):
-            raise ExecutionError(f"reduce {op.fn} over an empty axis")
-        return _finish(fn(x, axis=axes, keepdims=op.keep_dim), dtype)
-    if isinstance(op, O.Softmax):
-        return _finish(_softmax(args[0], op.axis), dtype)
-    if isinstance(op, O.LayerNorm):
-        return _finish(_layer_norm(args[0], args[1], args[2], op.eps), dtype)
-    if isinstance(op, O.RmsNorm):
-        return _finish(_rms_norm(args[0], args[1], op.eps), dtype)
-    if isinstance(op, O.Reshape):
-        return args[0].reshape(shape.concrete(dict(symbols or {})))
-    if isinstance(op, O.Transpose):
-        return np.ascontiguousarray(args[0].transpose(op.perm))
-    if isinstance(op, O.Narrow):
-        x = args[0]
-        sl = [slice(None)] * x.ndim
-        sl[op.axis % x.ndim] = slice(op.start, op.start + op.length)
-        return x[tuple(sl)].copy()
-    if isinstance(op, O.Concat):
-        return np.concatenate(args, axis=op.axis)
-    if isinstance(op, O.Expand):
-        return np.broadcast_to(args[0], shape.concrete(dict(symbols or {}))).copy()
-    if isinstance(op, O.Gather):
-        return _gather(args[0], args[1], op.axis % args[0].ndim)
-    if isinstance(op, O.Attention):
-        return _finish(attention(args[0], args[1], args[2], args[3] if len(args) > 3 else None, op), dtype)
-    if isinstance(op, O.Rope):
-        return _finish(rope(args[0], args[1], args[2], op), dtype)
-    if isinstance(op, O.FusedMatMulBiasAct):
-        y = np.matmul(args[0], args[1])
-        if len(args) == 3:
-            y = y + args[2]
-        if op.activation:
-            with np.errstate(all="ignore"):
-                y = ACTIVATION_FNS[op.activation](y)
-        return _finish(y, dtype)
-    if isinstance(op, O.FusedResidualLayerNorm):
-        x = args[0] + args[1] + (args[2] if len(args) == 5 else 0.0)
-        return _finish(_layer_norm(x, args[-2], args[-1], op.eps), dtype)
-    if isinstance(op, O.FusedResidualRmsNorm):
-        x = args[0] + args[1] + (args[2] if len(args) == 4 else 0.0)
-        return _finish(_rms_norm(x, args[-1], op.eps), dtype)
-    if isinstance(op, O.FusedSwiGLU):
-        gate = np.matmul(args[0], args[1])
-        up = np.matmul(args[0], args[2])
-        return _finish(ACTIVATION_FNS["silu"](gate) * up, dtype)
-    if isinstance(op, O.ElementwiseRegion):
-        return _region(op, args, shape, symbols, in_shapes)
-    raise ExecutionError(f"reference has no semantics for op {op.kind!r}")
+            y = ACTIVATION_FNS[op.activation](y)
+    return _finish(y, shape.dtype)
+
+
+@evaluates(O.FusedResidualLayerNorm)
+def _eval_fused_res_ln(op: O.FusedResidualLayerNorm, args: list, shape: Shape, symbols: dict,
+                       in_shapes: object) -> np.ndarray:
+    x = args[0] + args[1] + (args[2] if len(args) == 5 else 0.0)
+    return _finish(_layer_norm(x, args[-2], args[-1], op.eps), shape.dtype)
+
+
+@evaluates(O.FusedResidualRmsNorm)
+def _eval_fused_res_rms(op: O.FusedResidualRmsNorm, args: list, shape: Shape, symbols: dict,
+                        in_shapes: object) -> np.ndarray:
+    x = args[0] + args[1] + (args[2] if len(args) == 4 else 0.0)
+    return _finish(_rms_norm(x, args[-1], op.eps), shape.dtype)
+
+
+@evaluates(O.FusedSwiGLU)
+def _eval_fused_swiglu(op: O.FusedSwiGLU, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    gate = np.matmul(args[0], args[1])
+    up = np.matmul(args[0], args[2])
+    return _finish(ACTIVATION_FNS["silu"](gate) * up, shape.dtype)
+
+
+@evaluates(O.ElementwiseRegion)
+def _eval_region(op: O.ElementwiseRegion, args: list, shape: Shape, symbols: dict,
+                 in_shapes: Sequence[Shape] | None) -> np.ndarray:
+    return _region(op, args, shape, symbols, in_shapes)
 
 
 def _region(op: O.ElementwiseRegion, args: list[np.ndarray], shape: Shape, symbols: Mapping[str, int] | None,
@@ -367,25 +454,39 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None,
     return [to_boundary(values[o], graph.node(o).shape.dtype) for o in graph.outputs]
 
 
+def _eval_input(op: O.Input, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]) -> np.ndarray:
+    return to_compute(inputs[op.name], op.shape.dtype)
+
+
+def _eval_param(op: O.Param, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]) -> np.ndarray:
+    if op.name not in params:
+        raise ExecutionError(f"param {op.name!r} was not given")
+    arr = np.asarray(params[op.name])
+    user = op.user_shape
+    if arr.shape != user.static_dims:
+        raise ExecutionError(f"param {op.name!r} must have shape {user.static_dims}, got {arr.shape}")
+    if op.layout is not None:
+        arr = arr.transpose(op.layout)
+    return to_compute(np.ascontiguousarray(arr).reshape(arr.shape), op.shape.dtype)
+
+
+def _eval_constant(op: O.Constant, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]) -> np.ndarray:
+    arr = op.array()
+    if op.shape.dtype is DType.BF16:
+        arr = bf16_to_f32(arr)
+    return to_compute(arr, op.shape.dtype)
+
+
+#: Leaves read their value from the caller (inputs, params) or the op itself (constants).
+LEAVES: dict[type[O.Op], Callable[..., np.ndarray]] = {
+    O.Input: _eval_input, O.Param: _eval_param, O.Constant: _eval_constant,
+}
+
+
 def _eval_node(node: Node, values: dict[int, np.ndarray], inputs: Mapping[str, np.ndarray],
                params: Mapping[str, np.ndarray], symbols: Mapping[str, int],
                in_shapes: list[Shape] | None = None) -> np.ndarray:
-    op = node.op
-    if isinstance(op, O.Input):
-        return to_compute(inputs[op.name], op.shape.dtype)
-    if isinstance(op, O.Param):
-        if op.name not in params:
-            raise ExecutionError(f"param {op.name!r} was not given")
-        arr = np.asarray(params[op.name])
-        user = op.user_shape
-        if arr.shape != user.static_dims:
-            raise ExecutionError(f"param {op.name!r} must have shape {user.static_dims}, got {arr.shape}")
-        if op.layout is not None:
-            arr = arr.transpose(op.layout)
-        return to_compute(np.ascontiguousarray(arr).reshape(arr.shape), op.shape.dtype)
-    if isinstance(op, O.Constant):
-        arr = op.array()
-        if op.shape.dtype is DType.BF16:
-            arr = bf16_to_f32(arr)
-        return to_compute(arr, op.shape.dtype)
-    return evaluate(op, [values[i] for i in node.inputs], node.shape, symbols, in_shapes)
+    leaf = LEAVES.get(type(node.op))
+    if leaf is not None:
+        return leaf(node.op, inputs, params)
+    return evaluate(node.op, [values[i] for i in node.inputs], node.shape, symbols, in_shapes)

@@ -22,11 +22,12 @@ expressions with `rlx.codegen.common.dim_expr`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rlx.errors import ShapeError
-from rlx.ir.shape import Dim, product
+from rlx.ir.shape import Dim, Shape, product
 
 
 def dense_strides(dims: Sequence[Dim]) -> tuple[Dim, ...]:
@@ -129,3 +130,40 @@ def collapse(dims: Sequence[Dim], *views: View) -> tuple[list[Dim], list[View]]:
             del out_dims[k + 1]
         k -= 1
     return out_dims, [View(tuple(out_dims), tuple(s), v.offset) for s, v in zip(strides, views)]
+
+
+def _transpose_view(op: Any, base: View, out_dims: tuple[Dim, ...]) -> View:
+    return base.permute(op.perm)
+
+
+def _narrow_view(op: Any, base: View, out_dims: tuple[Dim, ...]) -> View:
+    axis = op.axis % base.rank
+    dims = list(base.dims)
+    dims[axis] = Dim(op.length)
+    return View(tuple(dims), base.strides, base.strides[axis] * op.start)
+
+
+def _expand_view(op: Any, base: View, out_dims: tuple[Dim, ...]) -> View:
+    return base.broadcast_to(out_dims)
+
+
+#: op kind → the View of its dense input that reads as its output.
+MOVEMENT_VIEWS: dict[str, Callable[[Any, View, tuple[Dim, ...]], View]] = {
+    "transpose": _transpose_view,
+    "narrow": _narrow_view,
+    "expand": _expand_view,
+}
+
+
+def movement_view(op: Any, x: Shape, out: Shape, symbols: dict[str, int] | None = None) -> View:
+    """The View of a dense input `x` that reads as the output of data-movement `op`.
+
+    Transpose permutes strides, narrow moves the offset along its axis, expand
+    broadcasts (stride 0). The reference and every backend read movement ops
+    through this one function; with `symbols`, `out` is evaluated at those values.
+    """
+    rule = MOVEMENT_VIEWS.get(op.kind)
+    if rule is None:
+        raise ShapeError(f"{op.kind!r} is not a data-movement op")
+    out_dims = out.dims if symbols is None else tuple(Dim(v) for v in out.concrete(symbols))
+    return rule(op, View.dense(x.dims), out_dims)
