@@ -26,19 +26,23 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import jinja2
 
 from rlx.codegen.common import dim_expr
+from rlx.codegen.registry import Kernel, float32_only, table
 from rlx.errors import BuildError
 from rlx.ir import ops as O
+from rlx.ir.decisions import AbsorbedTranspose, PackedParam
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
+from rlx.opt.lowering import lower_for
 from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
@@ -138,9 +142,9 @@ class _Planner:
         self.param_offsets: dict[int, int] = {}
         self.scratch_per_thread = 0  # bytes each thread may use (attention tiles)
         self.scratch_shared = 0  # bytes used outside parallel regions (swiglu blocks)
-        self.absorbed: dict[NodeId, NodeId] = {}
-        # param node -> True when GEMMs read it transposed; these params are stored packed
-        self.packed: dict[NodeId, bool] = {}
+        # The LIR's decisions (rlx.opt.lowering): transposes folded into GEMMs, params stored packed.
+        self.absorbed: dict[NodeId, NodeId] = {d.node: d.source for d in lir.decided(AbsorbedTranspose)}
+        self.packed: dict[NodeId, bool] = {d.node: d.transposed for d in lir.decided(PackedParam)}
         self.packed_mat: dict[NodeId, int] = {}  # floats of packed storage per K x N matrix
         self.gemm_acts: set[str] = set()  # activations fused into packed GEMMs
 
@@ -185,14 +189,6 @@ class _Planner:
         return self.graph.node(nid)
 
     # ── helpers ────────────────────────────────────────────────────────
-
-    def require(self, node: Node, dtypes: Sequence[DType], what: str = "") -> None:
-        for i in node.inputs:
-            dt = self.node(i).shape.dtype
-            if dt not in dtypes and not (what == "mask" and i == node.inputs[-1]):
-                names = "/".join(d.value for d in dtypes)
-                raise BuildError(f"the CPU backend does not support {node.kind} on {dt} (node {node.label}); "
-                                 f"it takes {names} — insert a cast")
 
     def header(self, node: Node) -> str:
         return node_header(node, 80)
@@ -243,110 +239,36 @@ class _Planner:
                         "comment": comment(str(self.node(nid).shape))})
         return out
 
-    def find_absorbed_transposes(self) -> None:
-        """Transposes of the last two axes feeding only GEMM operands become BLAS transpose flags."""
-        users = self.graph.users()
-        outputs = set(self.graph.outputs)
-        for n in self.graph.nodes:
-            if not isinstance(n.op, O.Transpose) or n.id in outputs:
-                continue
-            r = n.shape.rank
-            if r < 2 or tuple(n.op.perm) != (*range(r - 2), r - 1, r - 2) or n.shape.dtype is not DType.F32:
-                continue
-            us = users[n.id]
-            if us and all(self._gemm_operand_slot(self.node(u), n.id) for u in us):
-                self.absorbed[n.id] = n.inputs[0]
-
-    def find_packed_params(self) -> None:
-        """f32 params read only as the right operand of matmuls get RLX's packed GEMM layout.
-
-        Every reader must be a MatMul / FusedMatMulBiasAct taking the param (directly, or through
-        a transpose folded into the GEMM) as B and nothing else, all in the same orientation:
-        the stored bytes then only ever serve the packed kernel.
-        """
-        users = self.graph.users()
-        outputs = set(self.graph.outputs)
-        for spec in self.lir.params:
-            nid = spec.node
-            shape = self.node(nid).shape
-            if shape.dtype is not DType.F32 or shape.rank < 2 or nid in outputs or not users[nid]:
-                continue
-            uses: list[tuple[NodeId, NodeId]] = []  # (gemm, operand it reads)
-            orientations = set()
-            for u in users[nid]:
-                if u in self.absorbed:
-                    orientations.add(True)
-                    uses.extend((uu, u) for uu in users[u])
-                else:
-                    orientations.add(False)
-                    uses.append((u, nid))
-            if len(orientations) == 1 and all(self._packable_use(self.node(g), x) for g, x in uses):
-                self.packed[nid] = orientations.pop()
-
-    def _packable_use(self, user: Node, nid: NodeId) -> bool:
-        if not isinstance(user.op, (O.MatMul, O.FusedMatMulBiasAct)):
-            return False
-        if [i for i, x in enumerate(user.inputs) if x == nid] != [1]:
-            return False
-        return user.inputs[0] not in self.absorbed and self.node(user.inputs[0]).shape.dtype is DType.F32
-
-    def _gemm_operand_slot(self, user: Node, nid: NodeId) -> bool:
-        if isinstance(user.op, (O.MatMul, O.FusedMatMulBiasAct)):
-            slots = [i for i, x in enumerate(user.inputs) if x == nid]
-            return all(s < 2 for s in slots)
-        if isinstance(user.op, O.FusedSwiGLU):
-            return all(i in (1, 2) for i, x in enumerate(user.inputs) if x == nid)
-        return False
-
-    def kernels(self) -> list[dict]:
+    def kernels(self) -> list[Kernel]:
+        """One Kernel record per scheduled node, from the CPU rule table."""
         out = []
         for nid in self.lir.schedule:
             node = self.node(nid)
+            note = None
             if self.lir.buffers[nid].storage == "view":
-                out.append({"kind": "view", "func": "", "id": nid, "header": self.header(node),
-                            "note": f"aliases %{self.lir.buffers[nid].source}"})
+                note = f"aliases %{self.lir.buffers[nid].source}"
+            elif nid in self.absorbed:
+                note = "folded into the GEMMs that read it (BLAS transpose flag)"
+            if note is not None:
+                out.append(Kernel(nid, "", "", {"note": note}, header=self.header(node)))
                 continue
-            if nid in self.absorbed:
-                out.append({"kind": "view", "func": "", "id": nid, "header": self.header(node),
-                            "note": "folded into the GEMMs that read it (BLAS transpose flag)"})
-                continue
-            k = self.kernel(node)
-            k.setdefault("id", nid)
-            k.setdefault("func", f"rlx_op_{nid}")
-            k.setdefault("header", self.header(node))
-            k.setdefault("label", c_string(f"%{nid} {node.kind}" + (f" ({node.name[:60]})" if node.name else "")))
-            out.append(k)
+            reason = CPU.why_not(self.graph, node)
+            if reason is not None:
+                raise BuildError(f"{reason} (node {node.label}) — insert a cast")
+            kernel = CPU.rule(node.kind).emit(self, node)
+            self.scratch_per_thread = max(self.scratch_per_thread, kernel.scratch_per_thread)
+            self.scratch_shared = max(self.scratch_shared, kernel.scratch_shared)
+            out.append(kernel)
         return out
 
-    def kernel(self, node: Node) -> dict:
-        op = node.op
-        if isinstance(op, (O.Activation, O.Binary, O.Compare, O.Where, O.Cast, O.Expand, O.ElementwiseRegion)):
-            return self.elementwise(node)
-        if isinstance(op, (O.MatMul, O.FusedMatMulBiasAct)):
-            return self.gemm(node)
-        if isinstance(op, O.FusedSwiGLU):
-            return self.swiglu(node)
-        if isinstance(op, O.Reduce):
-            return self.reduce(node)
-        if isinstance(op, O.Softmax):
-            return self.softmax(node)
-        if isinstance(op, (O.LayerNorm, O.RmsNorm, O.FusedResidualLayerNorm, O.FusedResidualRmsNorm)):
-            return self.norm(node)
-        if isinstance(op, O.Transpose):
-            return self.transpose(node)
-        if isinstance(op, O.Narrow):
-            return self.narrow(node)
-        if isinstance(op, O.Concat):
-            return self.concat(node)
-        if isinstance(op, O.Reshape):
-            return self.copy(node)
-        if isinstance(op, O.Gather):
-            return self.gather(node)
-        if isinstance(op, O.Attention):
-            return self.attention(node)
-        if isinstance(op, O.Rope):
-            return self.rope(node)
-        raise BuildError(f"the CPU backend has no kernel for {op.kind} (node {node.label})")
+    def kernel(self, node: Node, macro: str, template: str, args: dict, *, headers: tuple[str, ...] = (),
+               scratch_per_thread: int = 0, scratch_shared: int = 0) -> Kernel:
+        """The Kernel record of `node`: `macro` from `template` renders `args` (read-only to templates)."""
+        label = c_string(f"%{node.id} {node.kind}" + (f" ({node.name[:60]})" if node.name else ""))
+        args = MappingProxyType({**args, "label": label})
+        return Kernel(node.id, macro, template, args, headers=headers, header=self.header(node),
+                      func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch_per_thread,
+                      scratch_shared=scratch_shared)
 
     # ── elementwise ────────────────────────────────────────────────────
 
@@ -478,7 +400,6 @@ class _Planner:
                 "a_strides": batch_strides(a), "b_strides": batch_strides(b, b_mat), "rank": nb}
 
     def gemm(self, node: Node) -> dict:
-        self.require(node, [DType.F32])
         a_id, b_id = node.inputs[:2]
         a, b = self.node(a_id).shape, self.node(b_id).shape
         out = node.shape
@@ -520,7 +441,6 @@ class _Planner:
         }
 
     def swiglu(self, node: Node) -> dict:
-        self.require(node, [DType.F32])
         x_id, g_id, u_id = node.inputs
         x, wg = self.node(x_id).shape, self.node(g_id).shape
         out = node.shape
@@ -595,7 +515,6 @@ class _Planner:
         }
 
     def softmax(self, node: Node) -> dict:
-        self.require(node, [DType.F32])
         x = node.shape
         axis = node.op.axis % x.rank
         return {"kind": "softmax", "outer": self.numel(x.dims[:axis]), "n": self.dim(x.dims[axis]),
@@ -603,7 +522,6 @@ class _Planner:
                 "y": self.ptr(node.id, const=False), "grain": GRAIN}
 
     def norm(self, node: Node) -> dict:
-        self.require(node, [DType.F32])
         op = node.op
         rms = isinstance(op, (O.RmsNorm, O.FusedResidualRmsNorm))
         fused = isinstance(op, (O.FusedResidualLayerNorm, O.FusedResidualRmsNorm))
@@ -694,7 +612,6 @@ class _Planner:
 
     def attention(self, node: Node) -> dict:
         op: O.Attention = node.op  # type: ignore[assignment]
-        self.require(node, [DType.F32], what="mask")
         q, k = self.node(node.inputs[0]).shape, self.node(node.inputs[1]).shape
         h, hkv, d = op.num_heads, op.kv_heads, op.head_dim
         skv_max = k.dims[1].max
@@ -734,13 +651,70 @@ class _Planner:
 
     def rope(self, node: Node) -> dict:
         op: O.Rope = node.op  # type: ignore[assignment]
-        self.require(node, [DType.F32])
         x = node.shape
         return {"kind": "rope", "x": self.ptr(node.inputs[0]), "cos": self.ptr(node.inputs[1]),
                 "sin": self.ptr(node.inputs[2]), "y": self.ptr(node.id, const=False),
                 "batch": self.dim(x.dims[0]), "seq": self.dim(x.dims[1]), "width": x.dims[2].value,
                 "hd": op.head_dim, "half": op.rot // 2, "rot": op.rot, "neox": op.variant == "neox",
                 "grain": GRAIN}
+
+
+# ── the CPU rule table ─────────────────────────────────────────────────────
+
+CPU = table("cpu")
+
+#: Template file of each kernel macro, and the fixed kernel headers its code calls into.
+MACRO_TEMPLATES = {
+    "elementwise": "elementwise.c.j2", "gemm": "gemm.c.j2", "pgemm": "gemm.c.j2", "swiglu": "gemm.c.j2",
+    "norm": "norm.c.j2", "softmax": "norm.c.j2", "reduce": "reduce.c.j2", "copy": "movement.c.j2",
+    "transpose": "movement.c.j2", "narrow": "movement.c.j2", "concat": "movement.c.j2",
+    "gather": "movement.c.j2", "attention": "attention.c.j2", "rope": "attention.c.j2",
+}
+MACRO_HEADERS = {
+    "pgemm": ("kernels/packed_gemm.h",),
+    "attention": ("kernels/packed_gemm.h", "kernels/attention.h"),
+}
+#: Headers every generated file includes (small inline helpers; the ABI uses copy and gemm).
+BASE_HEADERS = ("kernels/threads.h", "kernels/half.h", "kernels/scalar.h", "kernels/copy.h", "kernels/gemm.h")
+
+
+def _emit_with(method: str) -> Callable[[_Planner, Node], Kernel]:
+    """A rule that renders a node with the planner method `method` (which names its macro in "kind")."""
+
+    def emit(em: _Planner, node: Node) -> Kernel:
+        args = getattr(em, method)(node)
+        macro = args["kind"]
+        return em.kernel(node, macro, MACRO_TEMPLATES[macro], args, headers=MACRO_HEADERS.get(macro, ()))
+
+    emit.__name__ = f"emit_{method}"
+    return emit
+
+
+def _attention_dtypes(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    # q, k, v by position (they may be one node): f32; a padding mask may be any dtype, a bias is f32.
+    data = in_dtypes[:3] + (in_dtypes[3:] if getattr(op, "mask", "") == "bias" else ())
+    return float32_only(op, data, out_dtype)
+
+
+def _no_bool(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    return "on bool" if DType.BOOL in in_dtypes else None
+
+
+CPU.register("activation", "binary", "compare", "where", "cast", "expand", "elementwise_region")(
+    _emit_with("elementwise"))
+CPU.register("matmul", "fused_matmul_bias_act", accepts=float32_only)(_emit_with("gemm"))
+CPU.register("fused_swiglu", accepts=float32_only)(_emit_with("swiglu"))
+CPU.register("reduce", accepts=_no_bool)(_emit_with("reduce"))
+CPU.register("softmax", accepts=float32_only)(_emit_with("softmax"))
+CPU.register("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm",
+             accepts=float32_only)(_emit_with("norm"))
+CPU.register("transpose")(_emit_with("transpose"))
+CPU.register("narrow")(_emit_with("narrow"))
+CPU.register("concat")(_emit_with("concat"))
+CPU.register("reshape")(_emit_with("copy"))
+CPU.register("gather")(_emit_with("gather"))
+CPU.register("attention", accepts=_attention_dtypes)(_emit_with("attention"))
+CPU.register("rope", accepts=float32_only)(_emit_with("rope"))
 
 
 def _add_rows(offset: Dim, row: Dim) -> Dim:
@@ -766,11 +740,11 @@ def _elem_type(size: int) -> str:
 
 def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
     """The template context for `lir` (pure: same inputs, same context)."""
+    lir = lower_for(lir, "cpu")
     p = _Planner(lir, target)
-    p.find_absorbed_transposes()
-    p.find_packed_params()
     params, params_bytes = p.plan_params()
     kernels = p.kernels()
+    headers = list(dict.fromkeys(h for k in kernels for h in k.headers if h not in BASE_HEADERS))
     copies = []
     for slot, nid in lir.output_copies:
         shape = p.node(nid).shape
@@ -796,6 +770,8 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "scratch_per_thread": (p.scratch_per_thread + 63) // 64 * 64,
         "scratch_shared": (p.scratch_shared + 63) // 64 * 64,
         "kernels": kernels,
+        "base_headers": BASE_HEADERS,
+        "headers": headers,
         "gemm_acts": sorted(p.gemm_acts),
         "copies": copies,
         "manifest": c_string_lines(manifest_text),
@@ -812,13 +788,6 @@ def _environment() -> jinja2.Environment:
         autoescape=False,
     )
     return env
-
-
-def render(lir: LirModule, config: Any = None) -> str:
-    """The C source RLX would build for `lir` with `config` (toolchain probed, key filled in)."""
-    from rlx.toolchain.cpu import render_source
-
-    return render_source(lir, config)
 
 
 def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:

@@ -68,7 +68,7 @@ def accepts_all(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str
 def float32_only(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
     """`accepts` for kernels written for f32 data only."""
     bad = sorted({d.value for d in (*in_dtypes, out_dtype) if d is not DType.F32})
-    return f"takes f32 only, got {'/'.join(bad)}" if bad else None
+    return f"on {'/'.join(bad)}; it takes f32" if bad else None
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Rule:
     kind: str
     backend: str
     emit: Callable[[Any, Node], Kernel]
-    #: Returns None when the op variant and dtypes are supported, else the reason they are not.
+    #: None when the op variant and dtypes are supported, else what is not ("on f16; it takes f32").
     accepts: Accepts = accepts_all
 
 
@@ -109,11 +109,12 @@ class RuleTable:
     def why_not(self, graph: Graph, node: Node) -> str | None:
         """None when this backend can render `node`, else the reason it cannot."""
         rule = self.rules.get(node.kind)
+        name = self.backend.upper()
         if rule is None:
-            return f"the {self.backend} backend has no rule for {node.kind}"
+            return f"the {name} backend has no rule for {node.kind}"
         in_dtypes = tuple(graph.node(i).shape.dtype for i in node.inputs)
         reason = rule.accepts(node.op, in_dtypes, node.shape.dtype)
-        return None if reason is None else f"the {self.backend} backend's {node.kind} rule {reason}"
+        return None if reason is None else f"the {name} backend does not support {node.kind} {reason}"
 
 
 _TABLES: dict[str, RuleTable] = {}

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from rlx.config import Config
 from rlx.errors import BuildError
+from rlx.templates_path import templates_dir
 
 #: Flags every CPU build uses. -fwrapv gives integer ops numpy's wrap-around semantics;
 #: -fno-math-errno and -fno-trapping-math let math calls inline and float selects vectorize
@@ -99,8 +100,9 @@ class Toolchain:
     @property
     def flags(self) -> tuple[str, ...]:
         """The complete flag list before the source and output paths."""
+        # -I: generated files #include the fixed kernel headers they need (templates/cpu/kernels/).
         return (*BASE_FLAGS, *self.isa_flags, *self.openmp_flags, *self.sanitize_flags,
-                *(f"-I{d}" for d in self.blas.include_dirs))
+                f"-I{templates_dir() / 'cpu'}", *(f"-I{d}" for d in self.blas.include_dirs))
 
     @property
     def link_flags(self) -> tuple[str, ...]:

@@ -1,3 +1,13 @@
+/* Fused attention building blocks on the packed GEMM kernel (needs kernels/packed_gemm.h).
+ * A fixed RLX kernel header: no template code; included by generated files that need it. */
+#ifndef RLX_KERNELS_ATTENTION_H
+#define RLX_KERNELS_ATTENTION_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
 
 /* ── attention building blocks: scores and weighted sums on the packed kernel ──
  *
@@ -164,3 +174,5 @@ static float rlx_softmax_row(float *restrict s, int64_t jn, int64_t jb, float sc
         s[j] = 0.0f;
     return (float)(1.0 / sum);
 }
+
+#endif /* RLX_KERNELS_ATTENTION_H */

@@ -1,3 +1,13 @@
+/* RLX's packed-panel GEMM for params (needs kernels/gemm.h and kernels/threads.h).
+ * A fixed RLX kernel header: no template code; included by generated files that need it. */
+#ifndef RLX_KERNELS_PACKED_GEMM_H
+#define RLX_KERNELS_PACKED_GEMM_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
 
 /* ── RLX's own GEMM for weights: C = A @ B with B a param packed at set time ──
  *
@@ -34,33 +44,9 @@
 #define RLX_NR 16
 #endif
 
-/* Activations fused into packed GEMMs of this graph (0: none). */
-enum {
-    RLX_EPI_NONE = 0,
-{% for act in gemm_acts %}
-    RLX_EPI_{{ act | upper }} = {{ loop.index }},
-{% endfor %}
-};
-
-/* act(C) on an mr x nc block of C, right after the block's last multiply-add. */
-static inline void rlx_epilogue_act(float *restrict C, int64_t ldc, int64_t mr, int64_t nc, int act)
-{
-    switch (act) {
-{% for act in gemm_acts %}
-    case RLX_EPI_{{ act | upper }}:
-        for (int64_t i = 0; i < mr; i++) {
-            float *restrict row = C + i * ldc;
-            #pragma omp simd
-            for (int64_t j = 0; j < nc; j++)
-                row[j] = rlx_{{ act }}_f(row[j]);
-        }
-        break;
-{% endfor %}
-    default:
-        (void)C; (void)ldc; (void)mr; (void)nc;
-        break;
-    }
-}
+/* act(C) on an mr x nc block of C, right after the block's last multiply-add. The generated
+ * file defines it (one case per activation its GEMMs fuse) before including this header. */
+static inline void rlx_epilogue_act(float *restrict C, int64_t ldc, int64_t mr, int64_t nc, int act);
 
 #ifdef RLX_NR
 
@@ -341,3 +327,5 @@ static void rlx_pack_param(float *dst, const float *src, int nbatch_axes, const 
         rlx_pack_b(dst + b * stride, src + off, K, N, strides[nbatch_axes], strides[nbatch_axes + 1]);
     }
 }
+
+#endif /* RLX_KERNELS_PACKED_GEMM_H */

@@ -1,0 +1,141 @@
+/* The execution context's life cycle and the param-loading half of the RLX C ABI (rlx.h).
+ * A fixed RLX kernel header: no template code. The generated file includes it after defining
+ * rlx_ctx, the RLX_N_* sizes and the rlx_params / name tables it reads. */
+#ifndef RLX_KERNELS_CONTEXT_H
+#define RLX_KERNELS_CONTEXT_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Fresh 64-byte aligned memory, deliberately not zeroed: every buffer is written before it is
+ * read (rlx_run refuses to start until every param is set), and leaving the pages untouched
+ * keeps rlx_create from faulting in the whole arena and param storage up front. Blocks of
+ * 2 MiB and more are huge-page aligned and advised as such (fewer TLB misses while weights
+ * stream through the GEMMs); the advice is a hint the kernel may ignore. */
+static int rlx_alloc(char **out, size_t bytes)
+{
+    const size_t huge = (size_t)2 << 20;
+    const size_t align = bytes >= huge ? huge : RLX_ALIGN;
+    const size_t n = bytes ? (bytes + align - 1) / align * align : RLX_ALIGN;
+    void *p = NULL;
+    if (posix_memalign(&p, align, n) != 0)
+        return 1;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (align == huge)
+        (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
+    *out = (char *)p;
+    return 0;
+}
+
+static int rlx_reserve_scratch(rlx_ctx *ctx, int threads)
+{
+    if (RLX_SCRATCH_SHARED + RLX_SCRATCH_PER_THREAD == 0 || threads <= ctx->scratch_threads)
+        return 0;
+    char *fresh = NULL;
+    if (rlx_alloc(&fresh, (size_t)RLX_SCRATCH_SHARED + (size_t)threads * RLX_SCRATCH_PER_THREAD))
+        return 1;
+    free(ctx->scratch);
+    ctx->scratch = fresh;
+    ctx->scratch_threads = threads;
+    return 0;
+}
+
+RLX_EXPORT const char *rlx_manifest(void) { return rlx_manifest_text; }
+
+RLX_EXPORT void rlx_destroy(void *vctx)
+{
+    rlx_ctx *ctx = (rlx_ctx *)vctx;
+    if (!ctx)
+        return;
+    free(ctx->arena);
+    free(ctx->params);
+    free(ctx->scratch);
+    free(ctx);
+}
+
+RLX_EXPORT void *rlx_create(void)
+{
+    rlx_ctx *ctx = (rlx_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx)
+        return NULL;
+    ctx->nthreads = rlx_default_threads();
+    if (ctx->nthreads < 1)
+        ctx->nthreads = 1;
+    if (rlx_alloc(&ctx->arena, RLX_ARENA_BYTES) || rlx_alloc(&ctx->params, RLX_PARAMS_BYTES) ||
+        rlx_reserve_scratch(ctx, ctx->nthreads)) {
+        rlx_destroy(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+RLX_EXPORT void *rlx_clone(void *vsrc)
+{
+    const rlx_ctx *src = (const rlx_ctx *)vsrc;
+    if (!src)
+        return NULL;
+    rlx_ctx *ctx = (rlx_ctx *)rlx_create();
+    if (!ctx)
+        return NULL;
+    if (rlx_reserve_scratch(ctx, src->nthreads)) {
+        rlx_destroy(ctx);
+        return NULL;
+    }
+    ctx->nthreads = src->nthreads;
+    memcpy(ctx->params, src->params, RLX_PARAMS_BYTES);
+    memcpy(ctx->param_set, src->param_set, sizeof ctx->param_set);
+    return ctx;
+}
+
+RLX_EXPORT const char *rlx_last_error(void *vctx)
+{
+    return vctx ? ((rlx_ctx *)vctx)->err : "null context";
+}
+
+RLX_EXPORT int32_t rlx_set_num_threads(void *vctx, int32_t n)
+{
+    rlx_ctx *ctx = (rlx_ctx *)vctx;
+    if (!ctx)
+        return -1;
+    if (n < 1)
+        n = rlx_default_threads();
+    if (n < 1)
+        n = 1;
+    if (rlx_reserve_scratch(ctx, n)) {
+        rlx_fail(ctx, "cannot allocate scratch space for %d threads", (int)n);
+        return -1;
+    }
+    ctx->nthreads = n;
+    return n;
+}
+
+RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, int64_t nbytes)
+{
+    rlx_ctx *ctx = (rlx_ctx *)vctx;
+    if (!ctx)
+        return 1;
+    ctx->err[0] = 0;
+    if (index < 0 || index >= RLX_N_PARAMS)
+        return rlx_fail(ctx, "param index %d is out of range (the graph has %d params)", (int)index, RLX_N_PARAMS);
+    const rlx_param_info *p = &rlx_params[index];
+    if (!data)
+        return rlx_fail(ctx, "param '%s': data is NULL", p->name);
+    if (nbytes != p->nbytes)
+        return rlx_fail(ctx, "param '%s' takes %lld bytes, got %lld", p->name, (long long)p->nbytes,
+                        (long long)nbytes);
+#ifdef RLX_KERNELS_PACKED_GEMM_H
+    if (p->mode == RLX_PARAM_PACK)
+        rlx_pack_param((float *)(ctx->params + p->offset), (const float *)data, p->rank - 2, p->dims, p->src_strides);
+    else
+#endif
+    if (p->mode == RLX_PARAM_PERMUTE)
+        rlx_permute_copy(ctx->params + p->offset, (const char *)data, p->rank, p->dims, p->src_strides, p->elsize);
+    else
+        memcpy(ctx->params + p->offset, data, (size_t)nbytes);
+    ctx->param_set[index] = 1;
+    return 0;
+}
+
+#endif /* RLX_KERNELS_CONTEXT_H */
