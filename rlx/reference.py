@@ -66,6 +66,8 @@ ACTIVATION_FNS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "abs": np.abs,
     "sin": np.sin,
     "cos": np.cos,
+    # log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|).
+    "softplus": lambda x: np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x))),
 }
 
 

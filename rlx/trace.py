@@ -360,6 +360,7 @@ class TracedTensor:
     gelu = _activation("gelu")
     gelu_tanh = _activation("gelu_tanh")
     silu = _activation("silu")
+    softplus = _activation("softplus")
     relu = _activation("relu")
     sigmoid = _activation("sigmoid")
     tanh = _activation("tanh")

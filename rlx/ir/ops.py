@@ -20,7 +20,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.shape import Dim, Shape, broadcast_dims, normalize_axis, product
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "exp", "log", "sqrt",
-               "rsqrt", "neg", "abs", "sin", "cos")
+               "rsqrt", "neg", "abs", "sin", "cos", "softplus")
 BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "pow")
 COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")

@@ -162,6 +162,9 @@ static inline double rlx_sigmoid_d(double x)
     const double e = exp(-fabs(x));
     return x >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
 }
+/* log(1 + e^x) as max(x, 0) + log1p(e^-|x|): no overflow for large x, no cancellation for small. */
+static inline float rlx_softplus_f(float x) { return (x > 0.0f ? x : 0.0f) + log1pf(rlx_expf(-fabsf(x))); }
+static inline double rlx_softplus_d(double x) { return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x))); }
 static inline float rlx_silu_f(float x) { return x * rlx_sigmoid_f(x); }
 static inline double rlx_silu_d(double x) { return x * rlx_sigmoid_d(x); }
 /* tanh-approximated gelu, using (1 + tanh(u)) / 2 = sigmoid(2u) to avoid cancellation. u is

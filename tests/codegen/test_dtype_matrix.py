@@ -1,0 +1,98 @@
+"""Every op × every dtype on both backends is either right or refused before any C runs.
+
+For each (op, dtype) the IR accepts: if the backend's rule table says it is supported, the
+CPU build must match the reference (one compiled graph per dtype holding every supported op;
+also run under AddressSanitizer in a child process) and the CUDA renderer must render it;
+if not, compiling must raise BuildError from the rule check — never build, never run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rlx
+from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.registry import first_unsupported_op
+from rlx.ir.dtype import DType
+from rlx.opt.memplan import plan
+
+from .dtype_matrix import DTYPES, build_one, cases, check_supported
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
+def test_supported_ops_match_the_reference_on_cpu(dtype):
+    checked = check_supported(dtype)
+    if dtype is DType.F32:  # f32 is the CPU backend's full op set
+        assert {"matmul", "attention:self", "rope", "fused_swiglu", "activation:softplus"} <= set(checked)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
+def test_unsupported_ops_are_refused_before_any_build(dtype, monkeypatch):
+    from rlx.toolchain import compiler
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the C compiler ran for a graph the rule table refuses")
+
+    monkeypatch.setattr(compiler, "run_compiler", no_compiler)
+    refused = 0
+    for label, build in cases(dtype):
+        g = build_one(dtype, build)
+        if g is None:
+            continue
+        unsupported = first_unsupported_op(g, "cpu")
+        if unsupported is None:
+            continue
+        refused += 1
+        node, reason = unsupported
+        with pytest.raises(rlx.BuildError, match=f"does not support {node.kind}|has no rule for {node.kind}"):
+            rlx.Session().compile(g, opt_level=0)
+    if dtype is DType.F16:
+        assert refused > 0  # the f16 self-attention, GEMMs and norms are refused, not miscompiled
+
+
+def test_f16_self_attention_is_refused_not_miscompiled():
+    g = rlx.Graph("att16")
+    x = g.input("x", [1, 4, 8], "f16")
+    g.set_outputs([g.attention(x, x, x, num_heads=2, head_dim=4)])
+    with pytest.raises(rlx.BuildError, match="does not support attention on f16"):
+        rlx.Session().compile(g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.value)
+def test_cuda_renders_what_its_rules_accept(dtype):
+    for label, build in cases(dtype):
+        g = build_one(dtype, build)
+        if g is None:
+            continue
+        lir = plan(g)
+        if first_unsupported_op(g, "cuda") is None:
+            assert "rlx_run" in render_cuda(lir, CudaTarget(gemm="builtin"), {"name": g.name}), label
+        else:
+            with pytest.raises(rlx.BuildError):
+                render_cuda(lir, CudaTarget(gemm="builtin"), {"name": g.name})
+
+
+def test_dtype_matrix_is_asan_clean(tmp_path):
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("no C compiler")
+    libasan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not libasan or not Path(libasan).is_absolute() or not Path(libasan).exists():
+        pytest.skip("the C compiler has no libasan")
+    env = dict(os.environ)
+    env.update({
+        "RLX_SANITIZE": "address", "LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+        "RLX_CACHE_DIR": os.environ.get("RLX_CACHE_DIR", str(tmp_path / "cache")),
+        "PYTHONPATH": str(HERE.parents[1]) + os.pathsep + str(HERE) + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    proc = subprocess.run([sys.executable, str(HERE / "dtype_matrix.py")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and "MATRIX-OK" in proc.stdout, proc.stderr[-6000:]
