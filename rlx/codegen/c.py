@@ -42,6 +42,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
+from rlx.ir.view import View, collapse, dense_strides, movement_view
 from rlx.opt.lowering import lower_for
 from rlx.templates_path import templates_dir
 
@@ -286,35 +287,12 @@ class _Planner:
             shapes = [*in_shapes, node.shape]
         n_in = len(node.inputs)
         out_dims = node.shape.dims
-        rank = len(out_dims)
 
-        # Which output axes each input broadcasts along (input dims are right-aligned).
-        bcast: list[list[bool]] = []
-        for s in in_shapes:
-            pad = rank - s.rank
-            bcast.append([k < pad or (s.dims[k - pad] == 1 and out_dims[k] != 1) for k in range(rank)])
-        # Collapse: drop static size-1 axes, merge neighbours every input treats alike.
-        groups: list[tuple[Dim, list[bool]]] = []
-        for k in range(rank):
-            if out_dims[k] == 1:
-                continue
-            flags = [b[k] for b in bcast]
-            if groups and groups[-1][1] == flags:
-                groups[-1] = (groups[-1][0] * out_dims[k], flags)
-            else:
-                groups.append((out_dims[k], flags))
-        dims = [g[0] for g in groups]
-        strides: list[list[str]] = []  # per input, per collapsed axis
-        for j in range(n_in):
-            st: list[str] = []
-            acc = Dim(1)
-            for g in reversed(range(len(groups))):
-                if groups[g][1][j]:
-                    st.append("0")
-                else:
-                    st.append(self.dim(acc))
-                    acc = acc * groups[g][0]
-            strides.append(list(reversed(st)))
+        # Each input read as the output's shape (broadcast axes have stride 0), then the loop nest
+        # collapsed to as few axes as every input allows.
+        views = [View.dense(sh.dims).broadcast_to(out_dims) for sh in in_shapes]
+        dims, collapsed = collapse(out_dims, *views)
+        strides = [[self.dim(st) for st in v.strides] for v in collapsed]
 
         inputs = []
         for j, i in enumerate(node.inputs):
@@ -384,17 +362,11 @@ class _Planner:
         nb = len(batch)
 
         def batch_strides(s: Shape, packed: int | None = None) -> list[str]:
+            # The operand's batch axes (matrices of `mat` elements) read as the output's batch.
             mat = Dim(packed) if packed is not None else s.dims[-2] * s.dims[-1]
-            pad = nb - (s.rank - 2)
-            st: list[str] = []
-            acc = mat
-            for k in reversed(range(nb)):
-                if k < pad or (s.dims[k - pad] == 1 and batch[k] != 1):
-                    st.append("0")
-                else:
-                    st.append(self.dim(acc))
-                    acc = acc * s.dims[k - pad]
-            return list(reversed(st))
+            own = s.dims[:-2]
+            view = View(own, tuple(st * mat for st in dense_strides(own))).broadcast_to(batch)
+            return [self.dim(st) for st in view.strides]
 
         return {"dims": [self.dim(d) for d in batch], "count": self.numel(batch) if batch else "1",
                 "a_strides": batch_strides(a), "b_strides": batch_strides(b, b_mat), "rank": nb}
@@ -481,12 +453,7 @@ class _Planner:
                 groups.append((d, red))
         pattern = "".join("R" if r else "K" for _, r in groups)
         # Generic fallback for patterns other than [K] R [K]: reduced groups and kept groups with strides.
-        strides: list[Dim] = []
-        acc = Dim(1)
-        for d, _ in reversed(groups):
-            strides.append(acc)
-            acc = acc * d
-        strides.reverse()
+        strides = dense_strides([d for d, _ in groups])
         kept = [(self.dim(d), self.dim(s)) for (d, r), s in zip(groups, strides) if not r]
         red = [(self.dim(d), self.dim(s)) for (d, r), s in zip(groups, strides) if r]
         simple = pattern in ("", "R", "KR", "RK", "KRK", "K")
@@ -545,23 +512,11 @@ class _Planner:
 
     def transpose(self, node: Node) -> dict:
         x = self.node(node.inputs[0]).shape
-        perm = list(node.op.perm)
-        # Drop static size-1 axes, then merge output neighbours that are neighbours in the input too.
-        keep = [p for p in perm if x.dims[p] != 1]
-        groups: list[list[int]] = []
-        for p in keep:
-            if groups and groups[-1][-1] + 1 == p:
-                groups[-1].append(p)
-            else:
-                groups.append([p])
-        in_order = sorted(groups, key=lambda g: g[0])
-        in_stride: dict[int, Dim] = {}
-        acc = Dim(1)
-        for g in reversed(in_order):
-            in_stride[g[0]] = acc
-            acc = acc * product(x.dims[p] for p in g)
-        dims = [product(x.dims[p] for p in g) for g in groups]
-        strides = [in_stride[g[0]] for g in groups]
+        # The input read through the transpose's View; output axes that are neighbours in the
+        # input too merge (collapse), size-1 axes drop.
+        view = movement_view(node.op, x, node.shape)
+        dims, (read,) = collapse(node.shape.dims, view)
+        strides = list(read.strides)
         esize = x.dtype.itemsize
         if not dims:
             dims, strides = [Dim(1)], [Dim(1)]
@@ -631,16 +586,7 @@ class _Planner:
             if ms.dtype is not DType.F32:
                 raise BuildError(f"the CPU backend needs an f32 attention bias (node {node.label}), got {ms.dtype}")
             target = (q.dims[0], Dim(h), q.dims[1], k.dims[1])
-            pad = 4 - ms.rank
-            st: list[str] = []
-            acc = Dim(1)
-            for ax in reversed(range(4)):
-                if ax < pad or (ms.dims[ax - pad] == 1 and target[ax] != 1):
-                    st.append("0")
-                else:
-                    st.append(self.dim(acc))
-                    acc = acc * ms.dims[ax - pad]
-            st.reverse()
+            st = [self.dim(d) for d in View.dense(ms.dims).broadcast_to(target).strides]
             mask.update(ptr=self.ptr(m_id), strides=st)
         return {"kind": "attention", "q": self.ptr(node.inputs[0]), "k": self.ptr(node.inputs[1]),
                 "v": self.ptr(node.inputs[2]), "o": self.ptr(node.id, const=False),
