@@ -1,0 +1,102 @@
+"""Decomposition: an op a backend has no rule for becomes primitives it does have.
+
+`decompose(graph, supported)` rewrites every node for which `supported(graph, node)`
+is False and a decomposition exists (`DECOMPOSITIONS`, keyed by op kind and, for
+activations, function): `gelu_tanh`, `silu`, `softplus`, `sigmoid` into
+exp/tanh/arithmetic, `rms_norm` into mean/rsqrt/mul. The driver passes the backend's
+rule check as `supported`, so this layer needs no knowledge of backends; what is
+left unsupported is reported by the driver before any build.
+
+>>> from rlx.ir.graph import Graph
+>>> g = Graph("d")
+>>> x = g.input("x", [4])
+>>> g.set_outputs([g.activation("softplus", x)])
+>>> out = decompose(g, lambda graph, node: node.kind != "activation" or node.op.fn != "softplus")
+>>> sorted({n.kind for n in out.nodes})
+['activation', 'binary', 'constant', 'input']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from rlx.ir import ops as O
+from rlx.ir.graph import Graph, Node, NodeId
+from rlx.opt.rewrite import Rewriter, require_mir
+
+#: Builds the replacement of one node in `g` from its (already rewritten) inputs; returns the result id.
+Decomposition = Callable[[Graph, Node, list[NodeId]], NodeId]
+
+
+def _const(g: Graph, node: Node, value: float) -> NodeId:
+    return g.constant(float(value), node.shape.dtype)
+
+
+def _silu(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
+    (x,) = args
+    return g.add(O.Binary("mul"), [x, _sigmoid(g, node, args)])
+
+
+def _sigmoid(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
+    (x,) = args
+    one = _const(g, node, 1.0)
+    e = g.activation("exp", g.activation("neg", x))
+    return g.add(O.Binary("div"), [one, g.add(O.Binary("add"), [one, e])])
+
+
+def _gelu_tanh(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
+    # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    (x,) = args
+    cube = g.add(O.Binary("mul"), [x, g.add(O.Binary("mul"), [x, x])])
+    inner = g.add(O.Binary("add"), [x, g.add(O.Binary("mul"), [_const(g, node, 0.044715), cube])])
+    t = g.activation("tanh", g.add(O.Binary("mul"), [_const(g, node, float(np.sqrt(2.0 / np.pi))), inner]))
+    half_x = g.add(O.Binary("mul"), [_const(g, node, 0.5), x])
+    return g.add(O.Binary("mul"), [half_x, g.add(O.Binary("add"), [_const(g, node, 1.0), t])])
+
+
+def _softplus(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
+    # max(x, 0) + log(1 + exp(-|x|)): the overflow-free form the reference defines.
+    (x,) = args
+    pos = g.add(O.Binary("max"), [x, _const(g, node, 0.0)])
+    tail = g.activation("exp", g.activation("neg", g.activation("abs", x)))
+    return g.add(O.Binary("add"), [pos, g.activation("log", g.add(O.Binary("add"), [_const(g, node, 1.0), tail]))])
+
+
+def _rms_norm(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
+    x, gamma = args
+    ms = g.add(O.Reduce("mean", (-1,), keep_dim=True), [g.add(O.Binary("mul"), [x, x])])
+    inv = g.activation("rsqrt", g.add(O.Binary("add"), [ms, _const(g, node, float(node.op.eps))]))
+    return g.add(O.Binary("mul"), [g.add(O.Binary("mul"), [x, inv]), gamma])
+
+
+#: (op kind, activation fn or "") → decomposition into primitives.
+DECOMPOSITIONS: dict[tuple[str, str], Decomposition] = {
+    ("activation", "silu"): _silu,
+    ("activation", "sigmoid"): _sigmoid,
+    ("activation", "gelu_tanh"): _gelu_tanh,
+    ("activation", "softplus"): _softplus,
+    ("rms_norm", ""): _rms_norm,
+}
+
+
+def decomposition_key(node: Node) -> tuple[str, str]:
+    return node.kind, getattr(node.op, "fn", "") if node.kind == "activation" else ""
+
+
+def decompose(graph: Graph, supported: Callable[[Graph, Node], bool]) -> Graph:
+    """`graph` with every unsupported node that has a decomposition replaced by primitives."""
+    require_mir(graph, "decompose")
+    todo = [n for n in graph.nodes if n.kind not in O.LEAF_KINDS and not supported(graph, n)
+            and decomposition_key(n) in DECOMPOSITIONS]
+    if not todo:
+        return graph
+    rewrite = {n.id for n in todo}
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        if node.id in rewrite:
+            rw.alias(node, DECOMPOSITIONS[decomposition_key(node)](rw.dst, node, rw.args(node)))
+        else:
+            rw.copy(node)
+    return rw.finish()

@@ -1,0 +1,43 @@
+"""Decompositions: each replacement equals the op it replaces, on the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx
+from rlx.opt.decompose import DECOMPOSITIONS, decompose
+
+
+def _graph(kind: str, fn: str, dtype: str) -> rlx.Graph:
+    g = rlx.Graph("d")
+    x = g.input("x", [3, 16], dtype)
+    if kind == "rms_norm":
+        g.set_outputs([g.rms_norm(x, g.param("g", [16], dtype), eps=1e-5)])
+    else:
+        g.set_outputs([g.activation(fn, x)])
+    return g
+
+
+@pytest.mark.parametrize("key", sorted(DECOMPOSITIONS), ids=lambda k: ":".join(filter(None, k)))
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_decomposition_matches_the_op(key, dtype):
+    kind, fn = key
+    g = _graph(kind, fn, dtype)
+    out = decompose(g, lambda graph, node: (node.kind, getattr(node.op, "fn", "")) != (kind, fn)
+                    and not (kind == "rms_norm" and node.kind == "rms_norm"))
+    assert kind not in {n.kind for n in out.nodes} or kind == "activation"
+    assert all(getattr(n.op, "fn", None) != fn for n in out.nodes if fn)
+    rng = np.random.default_rng(0)
+    np_dtype = {"f32": np.float32, "f64": np.float64}[dtype]
+    feed = {"x": (rng.standard_normal((3, 16)) * 4).astype(np_dtype)}
+    params = {"g": rng.standard_normal(16).astype(np_dtype)} if kind == "rms_norm" else {}
+    want = rlx.reference.run(g, feed, params)[0]
+    got = rlx.reference.run(out, feed, params)[0]
+    # Several rounded ops instead of one: a few ulps of the dtype.
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "f32" else 1e-12, atol=1e-6 if dtype == "f32" else 1e-14)
+
+
+def test_supported_ops_are_left_alone():
+    g = _graph("activation", "silu", "f32")
+    assert decompose(g, lambda graph, node: True) is g
