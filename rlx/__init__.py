@@ -11,7 +11,6 @@
 import numpy as np
 
 from rlx import cache, reference
-from rlx.toolchain.artifact import load
 from rlx.config import Config
 from rlx.errors import (
     ArtifactError,
@@ -31,6 +30,7 @@ from rlx.ir.module import GraphModule
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
+from rlx.runtime.artifact import load
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.session import Device, Session
 from rlx.trace import TracedTensor, Tracer, trace

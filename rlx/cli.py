@@ -149,7 +149,7 @@ def open_target(args: argparse.Namespace, path: Path) -> Any:
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
     if _is_artifact(path):
-        from rlx.toolchain.artifact import load
+        from rlx.runtime.artifact import load
 
         compiled = load(path, num_threads=getattr(args, "num_threads", None))
     else:
@@ -256,7 +256,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     how = "cache hit" if compiled.cache_hit else "built"
     print(f"{graph.name}: key {compiled.key} ({how}, {elapsed * 1000:.0f} ms)", file=info)
     if args.output:
-        from rlx.toolchain.artifact import save
+        from rlx.runtime.artifact import save
 
         out = save(compiled, Path(args.output), weights=weights)
         print(f"artifact written to {out}", file=info)
@@ -274,7 +274,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
     if _is_artifact(path):
-        from rlx.toolchain.artifact import read_manifest
+        from rlx.runtime.artifact import read_manifest
 
         manifest = read_manifest(path)
         if args.stage == "source":

@@ -15,7 +15,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_BLAS | `openblas32` (scipy-openblas32), `system`, a path to a BLAS .so, or `none` | openblas32 |
 | RLX_OPT_LEVEL | optimizer level 0-3 | 2 |
 | RLX_DEBUG | 1 verifies the graph after every pass | 0 |
-| RLX_SANITIZE | `address` builds with AddressSanitizer | none |
+| RLX_SANITIZE | `address` (AddressSanitizer), `undefined` or `thread` (ThreadSanitizer) builds | none |
 | RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
 """
@@ -84,8 +84,8 @@ class Config:
         cache_dir = env.get("RLX_CACHE_DIR", "").strip()
         layers = tuple(Path(p) for p in env.get("RLX_CACHE_PATH", "").split(":") if p.strip())
         sanitize = env.get("RLX_SANITIZE", "").strip()
-        if sanitize not in ("", "address", "undefined", "address,undefined"):
-            raise RlxError(f"RLX_SANITIZE must be 'address' or 'undefined', got {sanitize!r}")
+        if sanitize not in ("", "address", "undefined", "address,undefined", "thread"):
+            raise RlxError(f"RLX_SANITIZE must be 'address', 'undefined' or 'thread', got {sanitize!r}")
         opt = _int(env, "RLX_OPT_LEVEL", 2)
         if opt > 3:
             raise RlxError(f"RLX_OPT_LEVEL must be 0..3, got {opt}")

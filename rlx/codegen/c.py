@@ -33,6 +33,7 @@ from typing import Any
 
 import jinja2
 
+from rlx.abi_version import ABI_VERSION
 from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, float32_only, table
 from rlx.errors import BuildError
@@ -48,8 +49,6 @@ from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cpu-3"
-#: Version of the exported C ABI (rlx_abi_version()).
-ABI_VERSION = 1
 #: Elementwise work (elements) below which a loop runs on the calling thread only.
 GRAIN = 1 << 15
 #: Query rows per attention task; one task's score tile is ATTN_QBLOCK x Skv floats.

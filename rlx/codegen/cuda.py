@@ -35,6 +35,7 @@ from typing import Any
 import jinja2
 import numpy as np
 
+from rlx.abi_version import ABI_VERSION
 from rlx.codegen.c import c_string, c_string_lines, comment, node_header
 from rlx.codegen.common import dim_expr
 from rlx.errors import BuildError
@@ -47,8 +48,6 @@ from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cuda-1"
-#: The C ABI version these libraries export (the same ABI as the CPU backend).
-ABI_VERSION = 1
 PRECISIONS = (DType.F32, DType.F16, DType.BF16)
 GEMM_MODES = ("cublaslt", "builtin")
 #: cuBLASLt workspace (Hopper kernels want up to 32 MiB).

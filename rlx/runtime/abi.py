@@ -1,7 +1,7 @@
 """The one cffi declaration of the RLX C ABI, shared by every generated library.
 
-It mirrors `templates/cpu/rlx.h`; `ABI_VERSION` must equal what libraries
-report from `rlx_abi_version()`.
+It mirrors `templates/cpu/rlx.h`; `ABI_VERSION` (from `rlx.abi_version`, shared with the
+code generators) must equal what libraries report from `rlx_abi_version()`.
 
 >>> ffi.sizeof("int64_t")
 8
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import cffi
 
-from rlx.codegen.c import ABI_VERSION
+from rlx.abi_version import ABI_VERSION
 
 CDEF = """
 int32_t     rlx_abi_version(void);

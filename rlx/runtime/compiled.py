@@ -1,4 +1,4 @@
-"""`CompiledGraph`: a loaded library plus one execution context, driven from Python.
+"""`CompiledGraph`: a loaded library plus a pool of execution contexts, driven from Python.
 
 Everything a run needs is checked here before C is called (names, shapes,
 dtypes, dynamic dims against their bounds, params set), so mistakes become
@@ -6,18 +6,27 @@ dtypes, dynamic dims against their bounds, params set), so mistakes become
 pointers and params and reports run-time failures (e.g. a gather index out of
 range) through `rlx_last_error`.
 
-Input dtypes: an ndarray must have the declared dtype or one numpy casts to
-it *safely* (lossless: int32 → int64 indices, float16 → float32, bool → any);
-anything lossy (float64 → float32, int64 → int32) is refused — cast it
-yourself. Plain Python lists and scalars carry no dtype and are converted to
-the declared dtype. bf16 tensors are exchanged as float32 arrays (rounded to
-bf16 on the way in), as in `rlx.reference`.
+Dtypes, for run inputs and params alike: an ndarray must have the declared
+dtype or one numpy casts to it *safely* (lossless: int32 → int64 indices,
+float16 → float32, bool → any); anything lossy (float64 → float32, int64 →
+int32) is refused — cast it yourself, or pass ``cast=True`` to `set_param`,
+which converts and refuses values that would overflow (or, for int params,
+not fit). Plain Python lists and scalars carry no dtype and are converted to
+the declared dtype (for params with the same overflow check). bf16 tensors
+are exchanged as float32 arrays (rounded to bf16 on the way in), as in
+`rlx.reference`.
 
-Params: `set_param` accepts any float array for a float param and converts
-it once, to the declared dtype (this may round: it is a weight load, not a
-run-time input); int params take integer arrays whose values fit.
-
-A CompiledGraph is not thread-safe; give each thread its own `clone()`.
+Threads: `run` and `run_slots` may be called from any number of threads at
+once. Each call checks an execution context (arena, scratch, error text) out
+of a pool, runs with the GIL released, and returns it; contexts are cloned
+from the first one when concurrent calls need them, at most `max_contexts`
+(default: the CPU count) exist, and calls beyond that wait for a free one.
+Each context holds its own copy of the params (`rlx_clone` copies them), so
+the pool costs one param copy per context that concurrency ever needed.
+`set_param` and setting `num_threads` wait for the runs in flight, keep new
+ones out while they work, and apply to every later run. Each run also uses
+`num_threads` OpenMP threads: with many concurrent callers, lower it (e.g.
+to 1) so callers × threads stays near the core count.
 
 >>> import numpy as np, rlx
 >>> g = rlx.Graph("axpy")
@@ -32,7 +41,10 @@ A CompiledGraph is not thread-safe; give each thread its own `clone()`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +56,160 @@ from rlx.runtime.abi import ffi
 from rlx.runtime.loader import Library, TensorInfo
 
 
+class _Context:
+    """One C execution context and the argument arrays `rlx_run` is called with on it."""
+
+    __slots__ = ("ins", "outs", "ptr", "sym")
+
+    def __init__(self, ptr: Any, n_symbols: int, n_inputs: int, n_outputs: int) -> None:
+        self.ptr = ptr
+        self.sym = ffi.new("int64_t[]", max(n_symbols, 1))
+        self.ins = ffi.new("void *[]", max(n_inputs, 1))
+        self.outs = ffi.new("void *[]", max(n_outputs, 1))
+
+
+class _ContextPool:
+    """Execution contexts handed out one per concurrent call, plus a writer lock over all of them.
+
+    `checkout` lends an idle context (cloning a new one from the primary while
+    fewer than `limit` exist, waiting otherwise); `exclusive` waits until no
+    call holds a context and keeps new calls out meanwhile (writers go first,
+    so a stream of runs cannot starve `set_param`); `shared` holds writers off
+    without taking a context. The primary context is never dropped.
+    """
+
+    def __init__(self, primary: _Context, make: Callable[[], _Context], limit: int) -> None:
+        self.primary = primary
+        self._make = make
+        self._limit = limit
+        self._idle = [primary]  # LIFO: a lone caller keeps getting the same warm context
+        self._size = 1  # contexts in existence (idle + lent + being cloned)
+        self._busy = 0  # calls holding a context or a shared hold
+        self._writing = False
+        self._writers_waiting = 0
+        self._cond = threading.Condition()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @limit.setter
+    def limit(self, n: int) -> None:
+        with self._cond:
+            self._limit = n
+            while self._size > n and len(self._idle) > 1:
+                victim = next(c for c in self._idle if c is not self.primary)
+                self._idle.remove(victim)
+                self._size -= 1
+            self._cond.notify_all()
+
+    def contexts(self) -> list[_Context]:
+        """Every context; call only inside `exclusive`, when all of them are idle."""
+        return list(self._idle)
+
+    def drop_clones(self) -> None:
+        """Forget every context but the primary (inside `exclusive`); they are re-cloned when needed."""
+        self._idle = [self.primary]
+        self._size = 1
+
+    @contextlib.contextmanager
+    def checkout(self) -> Iterator[_Context]:
+        with self._cond:
+            while self._writing or self._writers_waiting or (not self._idle and self._size >= self._limit):
+                self._cond.wait()
+            self._busy += 1
+            ctx = self._idle.pop() if self._idle else None
+            if ctx is None:
+                self._size += 1
+        if ctx is None:
+            try:
+                ctx = self._make()  # outside the lock: copies the params; writers are held off by _busy
+            except BaseException:
+                with self._cond:
+                    self._size -= 1
+                    self._busy -= 1
+                    self._cond.notify_all()
+                raise
+        try:
+            yield ctx
+        finally:
+            with self._cond:
+                self._busy -= 1
+                if ctx is self.primary or self._size <= self._limit:
+                    self._idle.append(ctx)
+                else:
+                    self._size -= 1  # the limit was lowered while it was out
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing or self._writers_waiting:
+                self._cond.wait()
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writing or self._busy:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+def default_max_contexts(library: Library) -> int:
+    """The pool bound a CompiledGraph gets unless told otherwise: the CPU count (1 for non-CPU targets)."""
+    if str(library.manifest.get("target", "cpu")) != "cpu":
+        return 1  # device contexts hold device memory; runs on them are serialized
+    return os.cpu_count() or 1
+
+
 class CompiledGraph:
-    """A compiled graph ready to run: params set once, then `run` many times."""
+    """A compiled graph ready to run: params set once, then `run` many times, from any threads.
+
+    >>> import numpy as np, rlx
+    >>> from concurrent.futures import ThreadPoolExecutor
+    >>> g = rlx.Graph("rowsum")
+    >>> x = g.input("x", [rlx.Dim.dynamic("n", max=8), 4])
+    >>> g.set_outputs([g.reduce("sum", g.mul(x, g.param("w", [4])), [1])])
+    >>> cg = rlx.Session().compile(g, num_threads=1)
+    >>> cg.set_param("w", np.arange(4, dtype=np.float32))
+    >>> with ThreadPoolExecutor(4) as pool:
+    ...     outs = list(pool.map(lambda n: cg.run(x=np.ones((n, 4), np.float32))[0], range(1, 9)))
+    >>> [o.tolist() for o in outs[:3]]
+    [[6.0], [6.0, 6.0], [6.0, 6.0, 6.0]]
+    >>> 1 <= cg.num_contexts <= cg.max_contexts
+    True
+    """
 
     def __init__(self, library: Library, *, source: Path | None = None, key: str = "", cache_hit: bool = False,
-                 num_threads: int | None = None, _ctx: Any = None, _param_set: list[bool] | None = None) -> None:
+                 num_threads: int | None = None, max_contexts: int | None = None, _ctx: Any = None,
+                 _param_set: list[bool] | None = None) -> None:
         self._library = library
         self._lib = library.lib
         raw = _ctx if _ctx is not None else self._lib.rlx_create()
         if raw == ffi.NULL:
             raise ExecutionError(f"rlx_create failed for {library.path} (out of memory?)")
-        self._ctx = ffi.gc(raw, self._lib.rlx_destroy)
+        self._ctx = ffi.gc(raw, self._lib.rlx_destroy)  # the primary context: params are set here
         self._source_path = source
         self.key = key or str(library.manifest.get("key", ""))
         self.cache_hit = cache_hit
@@ -67,11 +222,21 @@ class CompiledGraph:
         self._handles: dict[str, np.ndarray] = {}
         self._bounds = dict(library.symbols)
         self._sym_order = [name for name, _ in library.symbols]
-        self._sym = ffi.new("int64_t[]", max(len(library.symbols), 1))
-        self._in = ffi.new("void *[]", max(len(library.inputs), 1))
-        self._out = ffi.new("void *[]", max(len(library.outputs), 1))
+        limit = default_max_contexts(library) if max_contexts is None else _check_max_contexts(max_contexts)
+        self._pool = _ContextPool(self._wrap(self._ctx), self._clone_context, limit)
         self._threads = 0
         self.num_threads = num_threads if num_threads is not None else 0
+
+    def _wrap(self, ptr: Any) -> _Context:
+        lib = self._library
+        return _Context(ptr, len(lib.symbols), len(lib.inputs), len(lib.outputs))
+
+    def _clone_context(self) -> _Context:
+        """A new pooled context cloned from the primary (params and thread count copied)."""
+        raw = self._lib.rlx_clone(self._ctx)
+        if raw == ffi.NULL:
+            raise ExecutionError(f"rlx_clone failed for {self._library.path} (out of memory?); lower max_contexts")
+        return self._wrap(ffi.gc(raw, self._lib.rlx_destroy))
 
     # ── introspection ──────────────────────────────────────────────────
 
@@ -110,17 +275,51 @@ class CompiledGraph:
 
     @property
     def num_threads(self) -> int:
-        """Threads used by OpenMP loops and BLAS together (set it to change; < 1 means the default)."""
+        """Threads each run uses for OpenMP loops and BLAS together (set it to change; < 1 means the default).
+
+        Setting it waits for the runs in flight and applies to every pooled context.
+        """
         return self._threads
 
     @num_threads.setter
     def num_threads(self, n: int) -> None:
         if isinstance(n, bool) or not isinstance(n, int):
             raise ExecutionError(f"num_threads must be an int, got {n!r}")
-        got = self._lib.rlx_set_num_threads(self._ctx, n)
-        if got < 0:
-            raise ExecutionError(self._error(f"set_num_threads({n})"))
-        self._threads = int(got)
+        with self._pool.exclusive():
+            got = -1
+            for ctx in self._pool.contexts():  # the primary first
+                got = self._lib.rlx_set_num_threads(ctx.ptr, n)
+                if got < 0:
+                    msg = self._error(f"set_num_threads({n})", ctx)
+                    self._pool.drop_clones()  # clones of a consistent primary come back on demand
+                    raise ExecutionError(msg)
+            self._threads = int(got)
+
+    @property
+    def max_contexts(self) -> int:
+        """Most execution contexts (concurrent runs) this graph keeps; more callers wait for one.
+
+        Default: the CPU count (1 for non-CPU targets). Each context holds its own
+        arena, scratch and copy of the params. Lowering it drops idle contexts.
+
+        >>> import rlx
+        >>> g = rlx.Graph("neg")
+        >>> g.set_outputs([g.activation("neg", g.input("x", [2]))])
+        >>> cg = rlx.Session().compile(g)
+        >>> cg.max_contexts = 2
+        >>> cg.max_contexts, cg.num_contexts
+        (2, 1)
+        """
+        return self._pool.limit
+
+    @max_contexts.setter
+    def max_contexts(self, n: int) -> None:
+        self._pool.limit = _check_max_contexts(n)
+
+    @property
+    def num_contexts(self) -> int:
+        """Execution contexts created so far (1 until runs overlap)."""
+        return self._pool.size
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{t.name}: {t.describe()}" for t in self._library.inputs)
@@ -129,17 +328,46 @@ class CompiledGraph:
 
     # ── params ─────────────────────────────────────────────────────────
 
-    def set_param(self, name: str, array: Any) -> None:
-        """Copy a weight in (user layout); float params accept any float dtype, converted once."""
+    def set_param(self, name: str, array: Any, *, cast: bool = False) -> None:
+        """Copy a weight in (user layout, declared shape).
+
+        The dtype rules of `run` apply: the declared dtype, or one numpy casts to
+        it safely (float16 → f32, int8 → i32, ...); bf16 params take float32
+        values. Anything lossy (float64 → f32, int64 → i32) raises an
+        `ExecutionError` unless `cast=True`, which converts and still refuses
+        values that overflow the param's dtype (or, for ints, do not fit).
+        Waits for runs in flight; every later run, on any thread, sees the new value.
+
+        >>> import numpy as np, rlx
+        >>> g = rlx.Graph("scale")
+        >>> g.set_outputs([g.mul(g.input("x", [2]), g.param("a", [2]))])
+        >>> cg = rlx.Session().compile(g)
+        >>> cg.set_param("a", np.array([2.0, 3.0]))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rlx.errors.ExecutionError: param 'a' is f32 but got a float64 array; converting would lose information...
+        >>> cg.set_param("a", np.array([2.0, 3.0]), cast=True)
+        >>> cg.run(x=np.ones(2, np.float32))[0].tolist()
+        [2.0, 3.0]
+        >>> cg.set_param("a", np.array([1e40, 1.0]), cast=True)
+        Traceback (most recent call last):
+        ...
+        rlx.errors.ExecutionError: param 'a': value 1e+40 overflows f32
+        """
         idx, info = self._param(name)
-        arr = np.asarray(array)
         want = info.concrete({})
+        # An array's shape is checked before its dtype, a list's once it is an array.
+        arr = array if isinstance(array, np.ndarray) else _to_param_dtype(name, array, info.dtype, cast=cast)
         if arr.shape != want:
             raise ExecutionError(f"param {name!r} must have shape {want} ({info.describe()}), got {arr.shape}")
-        self._set_param_raw(idx, info, _to_param_dtype(name, arr, info.dtype))
+        self._set_param_raw(idx, info, _to_param_dtype(name, arr, info.dtype, cast=cast) if arr is array else arr)
 
-    def set_param_typed(self, name: str, data: Any, dtype: DType | str) -> None:
-        """Set a param from raw bytes (or an array) holding values of `dtype` (bf16 as uint16 bits)."""
+    def set_param_typed(self, name: str, data: Any, dtype: DType | str, *, cast: bool = False) -> None:
+        """Set a param from raw bytes (or an array) holding values of `dtype` (bf16 as uint16 bits).
+
+        When `dtype` is not the param's own, the values are converted under
+        `set_param`'s rules (lossless, or `cast=True`).
+        """
         idx, info = self._param(name)
         dt = DType.parse(dtype)
         want = info.concrete({})
@@ -165,7 +393,7 @@ class CompiledGraph:
             return
         if dt is DType.BF16:
             arr = bf16_to_f32(arr)
-        self._set_param_raw(idx, info, _to_param_dtype(name, arr, info.dtype))
+        self._set_param_raw(idx, info, _to_param_dtype(name, arr, info.dtype, cast=cast))
 
     def _param(self, name: str) -> tuple[int, TensorInfo]:
         if name not in self._params:
@@ -175,11 +403,14 @@ class CompiledGraph:
 
     def _set_param_raw(self, idx: int, info: TensorInfo, arr: np.ndarray) -> None:
         arr = _contiguous(arr)
-        rc = self._lib.rlx_set_param(self._ctx, idx, ffi.from_buffer(arr), arr.nbytes)
-        if rc != 0:
-            self._raise(rc, f"set_param({info.name!r})")
-        self._param_set[idx] = True
-        self._param_values[info.name] = arr
+        with self._pool.exclusive():
+            rc = self._lib.rlx_set_param(self._ctx, idx, ffi.from_buffer(arr), arr.nbytes)
+            if rc != 0:
+                self._raise(rc, f"set_param({info.name!r})")
+            # Clones hold copies of the old params: drop them; later overlapping runs clone afresh.
+            self._pool.drop_clones()
+            self._param_set[idx] = True
+            self._param_values[info.name] = arr
 
     # ── handles ────────────────────────────────────────────────────────
 
@@ -189,6 +420,13 @@ class CompiledGraph:
         An array that already has the declared dtype and is C-contiguous is used in
         place (so writing into it, e.g. through `run_slots` outputs, updates the
         handle); anything else is converted once into a private copy.
+
+        Handles belong to the CompiledGraph, not to an execution context: every
+        pooled context, hence every concurrent run, reads the same bound array,
+        and a run uses the binding current when it starts (binding or unbinding
+        never disturbs a run in flight). Writing into a bound array (e.g. as a
+        `run_slots` output) while other threads' runs read it is a data race:
+        order such runs yourself.
         """
         if name not in self._inputs:
             raise ExecutionError(f"bind_handle: unknown input {name!r}; the graph's inputs are {self.input_names}")
@@ -199,19 +437,23 @@ class CompiledGraph:
 
     def read_handle(self, name: str) -> np.ndarray:
         """A copy of the current contents of the bound handle `name`."""
-        if name not in self._handles:
+        value = self._handles.get(name)
+        if value is None:
             raise ExecutionError(f"no handle is bound as {name!r} (bound: {sorted(self._handles)})")
         info = self._library.inputs[self._inputs[name]]
-        value = self._handles[name]
         return bf16_to_f32(value) if info.dtype is DType.BF16 else value.copy()
 
     def unbind_handle(self, name: str) -> None:
+        """Forget the handle bound as `name` (runs already started keep using it)."""
         self._handles.pop(name, None)
 
     # ── running ────────────────────────────────────────────────────────
 
     def run(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> list[np.ndarray]:
-        """Run with named inputs (a dict and/or keywords); returns the outputs as new arrays."""
+        """Run with named inputs (a dict and/or keywords); returns the outputs as new arrays.
+
+        Safe to call from several threads at once (see the module docstring).
+        """
         given: dict[str, Any] = dict(inputs or {})
         for k, v in kw.items():
             if k in given:
@@ -220,14 +462,15 @@ class CompiledGraph:
         unknown = [k for k in given if k not in self._inputs]
         if unknown:
             raise ExecutionError(f"unknown inputs {unknown}; the graph's inputs are {self.input_names}")
+        handles = dict(self._handles)  # one consistent view, whatever other threads bind meanwhile
         arrays: list[np.ndarray] = []
         for info in self._library.inputs:
             if info.name in given:
                 arrays.append(_to_input_dtype(info.name, given[info.name], info.dtype))
-            elif info.name in self._handles:
-                arrays.append(self._handles[info.name])
+            elif info.name in handles:
+                arrays.append(handles[info.name])
             else:
-                missing = [t.name for t in self._library.inputs if t.name not in given and t.name not in self._handles]
+                missing = [t.name for t in self._library.inputs if t.name not in given and t.name not in handles]
                 raise ExecutionError(f"missing inputs {missing}")
         symbols = self._bind_symbols(arrays)
         outs = [np.empty(t.concrete(symbols), dtype=t.dtype.np) for t in self._library.outputs]
@@ -239,6 +482,8 @@ class CompiledGraph:
 
         Arrays must already have the storage dtype (`DType.np`; bf16 as uint16 bits), be
         C-contiguous, and outputs must be writable, correctly shaped and not overlap inputs.
+        Concurrent calls each take their own pooled context, so they may share inputs
+        but must each write to their own output arrays.
         """
         lib = self._library
         if len(inputs) != len(lib.inputs) or len(outputs) != len(lib.outputs):
@@ -289,43 +534,53 @@ class CompiledGraph:
         return values
 
     def _call(self, symbols: dict[str, int], inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]
-        if unset:
-            raise ExecutionError(f"params never set: {unset}")
-        for i, name in enumerate(self._sym_order):
-            self._sym[i] = symbols[name]
-        keep = []
-        for i, arr in enumerate(inputs):
-            buf = ffi.from_buffer(arr)
-            keep.append(buf)
-            self._in[i] = buf
-        for i, arr in enumerate(outputs):
-            buf = ffi.from_buffer(arr, require_writable=True)
-            keep.append(buf)
-            self._out[i] = buf
-        rc = self._lib.rlx_run(self._ctx, self._sym, self._in, self._out)
+        keep = [ffi.from_buffer(arr) for arr in inputs]
+        keep += [ffi.from_buffer(arr, require_writable=True) for arr in outputs]
+        n_in = len(inputs)
+        with self._pool.checkout() as ctx:
+            unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]
+            if unset:
+                raise ExecutionError(f"params never set: {unset}")
+            for i, name in enumerate(self._sym_order):
+                ctx.sym[i] = symbols[name]
+            for i, buf in enumerate(keep):
+                if i < n_in:
+                    ctx.ins[i] = buf
+                else:
+                    ctx.outs[i - n_in] = buf
+            rc = self._lib.rlx_run(ctx.ptr, ctx.sym, ctx.ins, ctx.outs)  # releases the GIL
+            if rc != 0:
+                if ctx is self._pool.primary:
+                    self._raise(rc, "run")  # the subclass hook maps return codes; reads the primary's error
+                raise ExecutionError(self._error("run", ctx))  # read before the context goes back
         del keep
-        if rc != 0:
-            self._raise(rc, "run")
 
     def _raise(self, rc: int, what: str) -> None:
-        """Turn a nonzero return code into an exception (backends map their own codes)."""
+        """Turn a nonzero return code on the primary context into an exception (backends map their own codes)."""
         raise ExecutionError(self._error(what))
 
-    def _error(self, what: str) -> str:
-        msg = ffi.string(self._lib.rlx_last_error(self._ctx)).decode("utf-8", "replace")
+    def _error(self, what: str, ctx: _Context | None = None) -> str:
+        ptr = self._ctx if ctx is None else ctx.ptr
+        msg = ffi.string(self._lib.rlx_last_error(ptr)).decode("utf-8", "replace")
         return f"{what} failed in {self._library.manifest.get('name', '?')!r}: {msg or 'unknown error'}"
 
     # ── copies ─────────────────────────────────────────────────────────
 
     def clone(self) -> CompiledGraph:
-        """A fresh context on the same library, with params and thread count copied (handles are not)."""
-        raw = self._lib.rlx_clone(self._ctx)
+        """An independent CompiledGraph on the same library, with params, thread count and pool bound copied.
+
+        Handles are not copied. Not needed for threading (`run` is thread-safe);
+        useful to change params on one copy only.
+        """
+        with self._pool.shared():
+            raw = self._lib.rlx_clone(self._ctx)
+            param_set, values = list(self._param_set), dict(self._param_values)
         if raw == ffi.NULL:
             raise ExecutionError("rlx_clone failed (out of memory?)")
         twin = CompiledGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
-                             num_threads=self._threads, _ctx=raw, _param_set=self._param_set)
-        twin._param_values = dict(self._param_values)
+                             num_threads=self._threads, max_contexts=self.max_contexts, _ctx=raw,
+                             _param_set=param_set)
+        twin._param_values = values
         return twin
 
     # ── artifacts ──────────────────────────────────────────────────────
@@ -335,13 +590,19 @@ class CompiledGraph:
         return dict(self._param_values)
 
     def save(self, directory: str | Path, *, weights: bool | Mapping[str, Any] = False) -> Path:
-        """Write a relocatable artifact directory (model.so, manifest.json, rlx.h, source, optional weights).
+        """Write a relocatable artifact directory (model.so and its BLAS, manifest.json, rlx.h, source, weights).
 
-        See `rlx.toolchain.artifact`; load it with `rlx.load(directory)`.
+        See `rlx.runtime.artifact`; load it with `rlx.load(directory)`.
         """
-        from rlx.toolchain.artifact import save
+        from rlx.runtime.artifact import save
 
         return save(self, directory, weights=weights)
+
+
+def _check_max_contexts(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ExecutionError(f"max_contexts must be an int >= 1, got {n!r}")
+    return n
 
 
 def _fmt_syms(values: Mapping[str, int]) -> str:
@@ -376,19 +637,47 @@ def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
                          f"information, so cast it explicitly (e.g. .astype(np.{dtype.np}))")
 
 
-def _to_param_dtype(name: str, arr: np.ndarray, dtype: DType) -> np.ndarray:
-    if dtype.is_float:
-        if arr.dtype.kind not in "fiub":
-            raise ExecutionError(f"param {name!r} is {dtype}; got a {arr.dtype} array")
-        if dtype is DType.BF16:
-            return f32_to_bf16(arr.astype(np.float32))
-        return _contiguous(arr, dtype.np)
-    if arr.dtype.kind not in "iub":
+def _to_param_dtype(name: str, value: Any, dtype: DType, *, cast: bool = False) -> np.ndarray:
+    """`value` as a contiguous array of the param's storage dtype (bf16 as uint16 bits).
+
+    The rules of `_to_input_dtype` (declared dtype or a safe cast; bf16 takes
+    float32), except that `cast=True` allows lossy conversions that keep every
+    value representable: no finite float becoming inf, no integer out of range.
+    Lists and scalars have no dtype of their own and are converted that way.
+    """
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise ExecutionError(f"param {name!r}: cannot convert {type(value).__name__} to {dtype}: {exc}") from None
+        cast = True
+    if arr.dtype.kind not in ("fiub" if dtype.is_float else "iub"):
         raise ExecutionError(f"param {name!r} is {dtype}; got a {arr.dtype} array")
-    out = _contiguous(arr, dtype.np)
-    if not np.array_equal(out.astype(arr.dtype), arr):
-        raise ExecutionError(f"param {name!r}: values do not fit in {dtype}")
-    return out
+    storage = np.dtype(np.float32) if dtype is DType.BF16 else np.dtype(dtype.np)
+    if arr.dtype == storage or (dtype is not DType.BF16 and np.can_cast(arr.dtype, storage, casting="safe")):
+        out = _contiguous(arr, storage)
+    elif not cast:
+        raise ExecutionError(f"param {name!r} is {dtype} but got a {arr.dtype} array; converting would lose "
+                             f"information, so cast it explicitly (e.g. .astype(np.{storage})) or pass cast=True")
+    elif storage.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = _contiguous(arr, storage)
+        overflow = np.isinf(out) & np.isfinite(arr)
+        if overflow.any():
+            bad = arr.reshape(-1)[int(np.argmax(overflow.reshape(-1)))]
+            raise ExecutionError(f"param {name!r}: value {bad} overflows {dtype}")
+    else:
+        if arr.size:
+            lo, hi = (0, 1) if storage.kind == "b" else (int(np.iinfo(storage).min), int(np.iinfo(storage).max))
+            if int(arr.min()) < lo or int(arr.max()) > hi:
+                raise ExecutionError(f"param {name!r}: values do not fit in {dtype} (range {lo}..{hi}, got "
+                                     f"{int(arr.min())}..{int(arr.max())})")
+        out = _contiguous(arr, storage)
+    return f32_to_bf16(out) if dtype is DType.BF16 else out
 
 
 def _check_exact(arr: Any, info: TensorInfo, what: str) -> None:

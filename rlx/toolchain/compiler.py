@@ -133,7 +133,7 @@ def detect_toolchain(config: Config | None = None) -> Toolchain:
 
 
 #: Bumped when the probes or the Toolchain fields change (invalidates memoized probes).
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 
 @functools.lru_cache(maxsize=16)
@@ -311,7 +311,7 @@ def _blas(cc: str, setting: str) -> Blas:
             provider="openblas32",
             prefix=prefix,
             include_dirs=(),
-            link_args=(lib_file, f"-Wl,-rpath,{lib_dir}"),
+            link_args=(lib_file, *_runpath(lib_dir)),
             library=os.path.realpath(lib_file),
             version=getattr(sob, "__version__", ""),
             has_thread_api=_has_symbol(lib_file, f"{prefix}openblas_set_num_threads"),
@@ -334,9 +334,21 @@ def _blas(cc: str, setting: str) -> Blas:
     real = os.path.realpath(path)
     for prefix in ("", "scipy_"):
         if _has_symbol(real, f"{prefix}cblas_sgemm"):
-            return Blas("path", prefix, (), (real, f"-Wl,-rpath,{os.path.dirname(real)}"), real, "",
+            return Blas("path", prefix, (), (real, *_runpath(os.path.dirname(real))), real, "",
                         _has_symbol(real, f"{prefix}openblas_set_num_threads"))
     raise BuildError(f"BLAS library {real} exports no cblas_sgemm")
+
+
+def _runpath(lib_dir: str) -> tuple[str, ...]:
+    """Link flags giving a library the RUNPATH `$ORIGIN:lib_dir`.
+
+    `lib_dir` (where the BLAS lives at build time) serves libraries in the
+    cache; `$ORIGIN` (the library's own directory, searched first) lets a saved
+    artifact carry its own copy of the BLAS next to model.so
+    (`rlx.runtime.artifact.save` copies it), so the artifact still loads
+    once moved to a machine without this environment.
+    """
+    return ("-Wl,-rpath,$ORIGIN", f"-Wl,-rpath,{lib_dir}")
 
 
 def _pkg_prefix(sob: object) -> str:

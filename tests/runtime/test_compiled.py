@@ -89,8 +89,10 @@ def test_params_must_be_set_and_well_formed():
         cg.set_param("w", np.zeros((4, 8)))
     with pytest.raises(rlx.ExecutionError, match="param 'w' is f32; got a <U1 array"):
         cg.set_param("w", np.full((8, 4), "a"))
-    cg.set_param("w", np.ones((8, 4), np.float64))  # any float dtype: converted once
-    cg.set_param("b", np.zeros(4, np.float16))
+    with pytest.raises(rlx.ExecutionError, match="param 'w' is f32 but got a float64 array; converting would lose"):
+        cg.set_param("w", np.ones((8, 4), np.float64))
+    cg.set_param("w", np.ones((8, 4), np.float64), cast=True)  # explicit: converted once
+    cg.set_param("b", np.zeros(4, np.float16))  # lossless: accepted as is
     assert cg.run(x=np.ones((2, 3, 8), np.float32))[0].shape == (2, 3, 4)
 
 
@@ -121,7 +123,11 @@ def test_set_param_typed_and_16_bit_params(rng):
     cg.set_param_typed("hb", rlx.ir.dtype.f32_to_bf16(vals), "bf16")
     out = cg.run(x=np.ones(4, np.float32))
     assert out[0].tolist() == vals.tolist() and out[1].tolist() == vals.tolist() and out[1].dtype == np.float32
-    cg.set_param("hb", vals.astype(np.float64))
+    with pytest.raises(rlx.ExecutionError, match="param 'hb' is bf16 but got a float64 array"):
+        cg.set_param("hb", vals.astype(np.float64))
+    cg.set_param("hb", vals)  # bf16 params take float32 values, like bf16 inputs
+    assert cg.run(x=np.ones(4, np.float32))[1].tolist() == vals.tolist()
+    cg.set_param("hb", vals.astype(np.float64), cast=True)
     assert cg.run(x=np.ones(4, np.float32))[1].tolist() == vals.tolist()
     with pytest.raises(rlx.ExecutionError, match="needs 8 bytes of f16, got 6"):
         cg.set_param_typed("a", b"\0" * 6, "f16")
@@ -134,10 +140,16 @@ def test_int_param_values_must_fit():
     p = g.param("p", [2], "i8")
     g.set_outputs([g.activation("neg", p)])
     cg = compile_graph(g)
+    with pytest.raises(rlx.ExecutionError, match="param 'p' is i8 but got a int64 array; converting would lose"):
+        cg.set_param("p", np.array([1, -3], np.int64))
+    with pytest.raises(rlx.ExecutionError, match=r"do not fit in i8 \(range -128..127, got 1..300\)"):
+        cg.set_param("p", np.array([1, 300]), cast=True)
     with pytest.raises(rlx.ExecutionError, match="do not fit in i8"):
-        cg.set_param("p", np.array([1, 300]))
-    cg.set_param("p", np.array([1, -3]))
+        cg.set_param("p", [1, 300])  # a list has no dtype: converted, but only if the values fit
+    cg.set_param("p", np.array([1, -3]), cast=True)
     assert cg.run()[0].tolist() == [-1, 3]
+    cg.set_param("p", np.array([2, -4], np.int8))
+    assert cg.run()[0].tolist() == [-2, 4]
 
 
 def test_run_slots_writes_in_place(mlp):

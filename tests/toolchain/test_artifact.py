@@ -14,10 +14,10 @@ import pytest
 
 import rlx
 from rlx import reference
-from rlx.toolchain.artifact import load, read_manifest
 from rlx.config import Config
 from rlx.errors import ArtifactError
 from rlx.models.bert import BertConfig, bert_inputs, build_bert, random_weights
+from rlx.runtime.artifact import load, read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
@@ -52,8 +52,10 @@ def _reference(graph, weights, inputs) -> np.ndarray:
 def test_save_writes_the_documented_files(bert, tmp_path: Path):
     _, compiled, _, _ = bert
     out = compiled.save(tmp_path / "art")
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.c", "model.so", "rlx.h"]
     m = read_manifest(out)
+    blas = ["libscipy_openblas.so"] if m["blas"] == "openblas32" else []
+    assert m["bundled_libraries"] == blas
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", "model.c", "model.so", "rlx.h", *blas])
     assert m["abi_version"] == 1 and m["target"] == "cpu" and m["key"] == compiled.key
     assert [i["name"] for i in m["inputs"]] == compiled.input_names
     assert [p["name"] for p in m["params"]] == compiled.param_names
@@ -89,16 +91,22 @@ def test_bf16_and_f16_params_round_trip(tmp_path: Path):
     g.set_outputs([g.add_(g.matmul(x, g.cast(w, "f32")), g.cast(b, "f32"))])
     compiled = rlx.Session(config=Config(cache_dir=tmp_path / "cache")).compile(g)
     compiled.set_param("w", np.array([[1.5, 2], [3, 4], [5, 6.25]], np.float32))
-    compiled.set_param("b", np.array([0.5, 1], np.float32))
+    compiled.set_param("b", np.array([0.5, 1], np.float16))
     out = compiled.save(tmp_path / "art", weights=True)
     x_val = np.arange(6, dtype=np.float32).reshape(2, 3)
     assert np.array_equal(load(out).run(x=x_val)[0], compiled.run(x=x_val)[0])
 
 
 def test_explicit_weights_mapping_is_checked(bert, tmp_path: Path):
-    _, compiled, _, _ = bert
+    _, compiled, weights, _ = bert
     with pytest.raises(ArtifactError, match="not a param"):
         compiled.save(tmp_path / "art", weights={"no.such.param": np.zeros(3)})
+    name = compiled.param_names[0]
+    # The dtype rules of set_param: no silent float64 -> f32 (1e40 would become inf).
+    with pytest.raises(ArtifactError, match=f"param '{name}' is f32 but got a float64 array"):
+        compiled.save(tmp_path / "art", weights={name: weights[name].astype(np.float64)})
+    with pytest.raises(ArtifactError, match="must have shape"):
+        compiled.save(tmp_path / "art", weights={name: weights[name].reshape(-1)})
 
 
 def test_load_in_a_process_without_a_compiler(bert, tmp_path: Path):
@@ -177,32 +185,101 @@ def test_not_an_artifact(tmp_path: Path):
         load(tmp_path / "missing")
 
 
-def test_plain_c_program_reproduces_python_outputs(bert, tmp_path: Path):
-    """tests/toolchain/data/run_artifact.c dlopens the artifact through rlx.h; no Python runs the model."""
-    _, compiled, _, inputs = bert
-    out = compiled.save(tmp_path / "art")
+def _build_c_consumer(out: Path, tmp_path: Path) -> Path:
+    """tests/toolchain/data/run_artifact.c, built against the artifact's rlx.h."""
     exe = tmp_path / "run_artifact"
     build = subprocess.run([CC, "-std=c11", "-D_GNU_SOURCE", "-O1", "-Wall", "-Werror", f"-I{out}",
                             str(DATA / "run_artifact.c"), "-o", str(exe), "-ldl"],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
+    return exe
+
+
+def _write_plan(compiled, inputs, out: Path, work: Path) -> list[np.ndarray]:
+    """The run_artifact plan (library, symbols, params, inputs, outputs) in `work`; returns the expected outputs."""
     m = read_manifest(out)
     symbols = {"batch": inputs["input_ids"].shape[0], "seq": inputs["input_ids"].shape[1]}
     lines = [f"library {out / 'model.so'}",
              "symbols " + " ".join([str(len(m["symbols"]))] + [str(symbols[s["name"]]) for s in m["symbols"]])]
     for i, (name, arr) in enumerate(compiled.param_arrays().items()):
         assert compiled.param_names[i] == name
-        arr.tofile(tmp_path / f"p{i}.bin")
-        lines.append(f"param {i} {tmp_path / f'p{i}.bin'}")
+        arr.tofile(work / f"p{i}.bin")
+        lines.append(f"param {i} {work / f'p{i}.bin'}")
     for spec in m["inputs"]:
-        np.ascontiguousarray(inputs[spec["name"]]).tofile(tmp_path / f"in_{spec['name']}.bin")
-        lines.append(f"input {tmp_path / ('in_' + spec['name'] + '.bin')}")
+        np.ascontiguousarray(inputs[spec["name"]]).tofile(work / f"in_{spec['name']}.bin")
+        lines.append(f"input {work / ('in_' + spec['name'] + '.bin')}")
     expected = compiled.run(inputs)
     for spec, arr in zip(m["outputs"], expected):
-        lines.append(f"output {tmp_path / ('out_' + spec['name'] + '.bin')} {arr.nbytes}")
-    (tmp_path / "plan.txt").write_text("\n".join(lines) + "\n")
+        lines.append(f"output {work / ('out_' + spec['name'] + '.bin')} {arr.nbytes}")
+    (work / "plan.txt").write_text("\n".join(lines) + "\n")
+    return expected
+
+
+def _check_outputs(out: Path, work: Path, expected: list[np.ndarray]) -> None:
+    for spec, arr in zip(read_manifest(out)["outputs"], expected):
+        got = np.fromfile(work / f"out_{spec['name']}.bin", dtype=arr.dtype).reshape(arr.shape)
+        assert np.array_equal(got, arr)
+
+
+def test_plain_c_program_reproduces_python_outputs(bert, tmp_path: Path):
+    """tests/toolchain/data/run_artifact.c dlopens the artifact through rlx.h; no Python runs the model."""
+    _, compiled, _, inputs = bert
+    out = compiled.save(tmp_path / "art")
+    exe = _build_c_consumer(out, tmp_path)
+    expected = _write_plan(compiled, inputs, out, tmp_path)
     proc = subprocess.run([str(exe), str(tmp_path / "plan.txt")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    for spec, arr in zip(m["outputs"], expected):
-        got = np.fromfile(tmp_path / f"out_{spec['name']}.bin", dtype=arr.dtype).reshape(arr.shape)
-        assert np.array_equal(got, arr)
+    _check_outputs(out, tmp_path, expected)
+
+
+def test_moved_artifact_runs_from_c_on_its_own_copy_of_the_blas(bert, tmp_path: Path):
+    """The directory, moved elsewhere, runs from plain C in a bare environment, and the dynamic
+    linker takes the BLAS from the artifact (model.so's $ORIGIN RUNPATH), never from the venv."""
+    _, compiled, _, inputs = bert
+    saved = compiled.save(tmp_path / "build" / "art")
+    m = read_manifest(saved)
+    if m["blas"] != "openblas32":
+        pytest.skip("built without scipy-openblas32: nothing to bundle")
+    out = tmp_path / "elsewhere" / "deployed"
+    out.parent.mkdir()
+    shutil.move(saved, out)
+    work = tmp_path / "work"
+    work.mkdir()
+    exe = _build_c_consumer(out, work)
+    expected = _write_plan(compiled, inputs, out, work)
+    import scipy_openblas32
+
+    venv_blas_dir = os.path.realpath(scipy_openblas32.get_lib_dir())
+    # A fresh environment: no LD_LIBRARY_PATH, no LD_PRELOAD, no Python; LD_DEBUG reports every lookup.
+    env = {"PATH": "/usr/bin:/bin", "LD_DEBUG": "libs", "LD_DEBUG_OUTPUT": str(work / "ld")}
+    proc = subprocess.run([str(exe), str(work / "plan.txt")], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    _check_outputs(out, work, expected)
+    trace = "".join(p.read_text() for p in work.glob("ld.*"))
+    assert f"calling init: {out / 'libscipy_openblas.so'}" in trace, trace[-3000:]
+    lines = trace.splitlines()
+    loaded = [line for line in lines if "calling init:" in line]
+    blas_lookups = [line for line in lines if "trying file=" in line and "libscipy_openblas" in line]
+    assert blas_lookups and not any(venv_blas_dir in line for line in loaded + blas_lookups), trace[-3000:]
+    # And a copy without the bundled BLAS is refused by load() before dlopen, with a clear message.
+    (out / "libscipy_openblas.so").unlink()
+    with pytest.raises(ArtifactError, match=r"lacks its copy of libscipy_openblas\.so"):
+        load(out)
+
+
+def test_loading_imports_no_code_generator(bert, tmp_path: Path):
+    """rlx.load needs neither jinja2 nor any rlx.codegen module (checked in a fresh interpreter)."""
+    _, compiled, _, _ = bert
+    out = compiled.save(tmp_path / "art", weights=True)
+    script = (
+        "import sys, numpy as np, rlx\n"
+        f"cg = rlx.load({str(out)!r})\n"
+        "ids = np.array([[2, 7, 3]], np.int64)\n"
+        "cg.run(input_ids=ids, attention_mask=np.ones_like(ids), position_ids=np.arange(3))\n"
+        "bad = sorted(m for m in sys.modules if m == 'jinja2' or m.startswith(('jinja2.', 'rlx.codegen')))\n"
+        "assert not bad, bad\n"
+        "print('CLEAN')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RLX_CACHE_DIR": str(tmp_path / "unused-cache")}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "CLEAN" in proc.stdout, proc.stderr[-3000:]

@@ -4,17 +4,24 @@
 
 | file | what |
 | --- | --- |
-| `model.so` | the built library (the C ABI of `rlx.h`) |
+| `model.so` | the built library (the C ABI of `rlx.h`); its RUNPATH starts with `$ORIGIN` |
+| `libscipy_openblas.so` | the BLAS model.so links against, copied from the build environment |
 | `model.c` | the generated source it was built from |
 | `rlx.h` | the ABI header, for C programs that dlopen or link the library |
 | `manifest.json` | ABI version, inputs, outputs, params, dynamic dims and bounds, target, ISA, key, checksums |
 | `weights.safetensors` | optional: the params that were set (`save(dir, weights=True)`) |
 
+Bundled libraries are the ones model.so finds through its build-time
+RUNPATH (the BLAS wheel's directory); model.so also carries `$ORIGIN` in
+front of that RUNPATH, so wherever the directory is moved, the copy beside
+it is the one the dynamic linker loads, from Python or from plain C.
+
 `load(dir)` (also `rlx.load`) checks the manifest's format and ABI version,
 the target, that this CPU has every instruction-set feature the library may
 use (a clear `ArtifactError` instead of SIGILL), and the library's checksum;
 then it dlopens the library and sets the params from `weights.safetensors`
-when present. It never runs or probes a compiler.
+when present. It never runs or probes a compiler, and imports neither the
+code generators nor jinja2.
 
 >>> import tempfile, numpy as np, rlx
 >>> g = rlx.Graph("scale")
@@ -35,15 +42,17 @@ import contextlib
 import json
 import os
 import shutil
+import struct
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlx.errors import ArtifactError
 from rlx.toolchain.cache import META, file_sha256
 from rlx.toolchain.isa import check_cpu
-from rlx.errors import ArtifactError
 
 if TYPE_CHECKING:
     from rlx.runtime.compiled import CompiledGraph
@@ -82,6 +91,7 @@ def save(compiled: CompiledGraph, directory: str | os.PathLike[str], *,
 
     files: dict[str, dict] = {}
     _install_copy(Path(compiled.library_path), out / LIBRARY, mode=0o755)
+    bundled = _bundle_libraries(Path(compiled.library_path), out)
     source = compiled.source_path
     if source is not None and Path(source).is_file():
         _install_copy(Path(source), out / SOURCE)
@@ -93,7 +103,7 @@ def save(compiled: CompiledGraph, directory: str | os.PathLike[str], *,
         _write_safetensors(tensors, out / WEIGHTS, key=compiled.key)
     else:
         _remove(out / WEIGHTS)  # never leave a previous save's weights behind
-    for name in (LIBRARY, SOURCE, HEADER, WEIGHTS):
+    for name in (LIBRARY, *bundled, SOURCE, HEADER, WEIGHTS):
         path = out / name
         if path.is_file():
             files[name] = {"sha256": file_sha256(path), "size": path.stat().st_size}
@@ -108,6 +118,7 @@ def save(compiled: CompiledGraph, directory: str | os.PathLike[str], *,
         "components": _cache_components(Path(compiled.library_path), compiled.key),
         "files": files,
         "weights": sorted(tensors),
+        "bundled_libraries": bundled,
         "rlx_version": __version__,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -117,9 +128,7 @@ def save(compiled: CompiledGraph, directory: str | os.PathLike[str], *,
 
 def _weights_to_save(compiled: CompiledGraph, weights: bool | Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
     """{param name: (declared dtype, storage-dtype array)} to write."""
-    import numpy as np
-
-    from rlx.ir.dtype import DType, f32_to_bf16
+    from rlx.ir.dtype import DType
 
     specs = {p["name"]: p for p in compiled.manifest["params"]}
     if weights is False or weights is None:
@@ -131,14 +140,22 @@ def _weights_to_save(compiled: CompiledGraph, weights: bool | Mapping[str, Any])
         return {name: (specs[name]["dtype"], arr) for name, arr in arrays.items()}
     if not isinstance(weights, Mapping):
         raise ArtifactError(f"weights must be True, False or a dict of arrays, got {type(weights).__name__}")
+    from rlx.errors import ExecutionError
+    from rlx.runtime.compiled import _to_param_dtype
+
     out = {}
     for name, value in weights.items():
         if name not in specs:
             raise ArtifactError(f"weights has {name!r}, which is not a param of the graph "
                                 f"(params: {sorted(specs)[:8]}{' ...' if len(specs) > 8 else ''})")
         dt = DType.parse(specs[name]["dtype"])
-        arr = np.asarray(value)
-        arr = f32_to_bf16(arr.astype(np.float32)) if dt is DType.BF16 else np.ascontiguousarray(arr, dtype=dt.np)
+        try:  # the dtype rules of set_param: lossless conversions only
+            arr = _to_param_dtype(name, value, dt)
+        except ExecutionError as exc:
+            raise ArtifactError(f"weights: {exc}") from None
+        want = tuple(int(d) for d in specs[name]["shape"])
+        if arr.shape != want:
+            raise ArtifactError(f"weights: param {name!r} must have shape {want}, got {arr.shape}")
         out[name] = (dt.value, arr)
     return out
 
@@ -167,6 +184,79 @@ def _write_safetensors(tensors: Mapping[str, tuple[str, Any]], path: Path, key: 
         raise ArtifactError(f"cannot write {path}: {exc}") from None
     finally:
         del keep
+
+
+def _bundle_libraries(library: Path, out: Path) -> list[str]:
+    """Copy next to the artifact's model.so the shared libraries it finds through its build-time RUNPATH.
+
+    Those are the environment-specific ones (the BLAS wheel's); system libraries
+    (libc, libm, libgomp) are found through the system paths and stay out.
+    Returns the names copied (each a DT_NEEDED name, so `$ORIGIN` resolves it).
+    """
+    try:
+        needed, runpath = elf_dependencies(library)
+    except (OSError, ValueError):
+        return []  # not an ELF library (or unreadable): nothing we know how to bundle
+    dirs = [d for d in runpath if "$ORIGIN" not in d and "${ORIGIN}" not in d]
+    bundled = []
+    for name in needed:
+        found = next((Path(d) / name for d in dirs if (Path(d) / name).is_file()), None)
+        if found is None or name in (LIBRARY, SOURCE, HEADER, WEIGHTS, MANIFEST):
+            continue
+        _install_copy(found.resolve(), out / name, mode=0o755)
+        bundled.append(name)
+    if bundled and not any("ORIGIN" in d for d in runpath):
+        warnings.warn(f"{library} has no $ORIGIN in its RUNPATH (built by an older RLX?): the copied "
+                      f"{', '.join(bundled)} will not be used; the artifact needs {', '.join(dirs)}",
+                      stacklevel=3)
+    return bundled
+
+
+def elf_dependencies(path: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
+    """(DT_NEEDED names, RUNPATH or RPATH directories) of a 64-bit little-endian ELF shared object.
+
+    Read from the dynamic segment, as the dynamic linker does (no readelf, no patchelf).
+    ValueError for anything else.
+
+    >>> import sys
+    >>> needed, runpath = elf_dependencies(sys.executable)
+    >>> "libc.so.6" in needed
+    True
+    """
+    data = Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path} is not a 64-bit little-endian ELF file")
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads: list[tuple[int, int, int]] = []
+    dynamic = None
+    for i in range(phnum):
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        if p_type == 1:  # PT_LOAD
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:  # PT_DYNAMIC
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None:
+        return [], []
+    entries: list[tuple[int, int]] = []
+    for off in range(dynamic[0], dynamic[0] + dynamic[1], 16):
+        tag, val = struct.unpack_from("<qQ", data, off)
+        if tag == 0:  # DT_NULL
+            break
+        entries.append((tag, val))
+    strtab_vaddr = next((v for t, v in entries if t == 5), None)  # DT_STRTAB
+    strtab = next((off + strtab_vaddr - va for va, off, size in loads
+                   if strtab_vaddr is not None and va <= strtab_vaddr < va + size), None)
+    if strtab is None:
+        raise ValueError(f"{path}: the dynamic string table is not in a loaded segment")
+
+    def string(index: int) -> str:
+        end = data.index(b"\0", strtab + index)
+        return data[strtab + index:end].decode("utf-8", "replace")
+
+    needed = [string(v) for t, v in entries if t == 1]  # DT_NEEDED
+    paths = [string(v) for t, v in entries if t == 29] or [string(v) for t, v in entries if t == 15]  # RUNPATH, RPATH
+    return needed, [d for p in paths for d in p.split(":") if d]
 
 
 def _header_path(target: str) -> Path:
@@ -266,6 +356,11 @@ def check_loadable(manifest: dict, directory: Path) -> None:
         raise ArtifactError(f"artifact {directory} has no {LIBRARY}")
     if lib.stat().st_size != want.get("size") or file_sha256(lib) != want.get("sha256"):
         raise ArtifactError(f"{lib} does not match the checksum in {MANIFEST} (truncated or modified copy?)")
+    for name in manifest.get("bundled_libraries", []):
+        info, path = manifest["files"].get(name), directory / name
+        if not isinstance(info, dict) or not path.is_file() or path.stat().st_size != info.get("size"):
+            raise ArtifactError(f"artifact {directory} lacks its copy of {name} (or it was truncated): "
+                                "copy the whole directory")
 
 
 def _preload_blas(manifest: dict) -> None:
@@ -275,8 +370,8 @@ def _preload_blas(manifest: dict) -> None:
     this environment's scipy-openblas32 globally first satisfies the artifact's
     dependency wherever that package lives now.
     """
-    if manifest.get("blas") != "openblas32":
-        return
+    if manifest.get("blas") != "openblas32" or manifest.get("bundled_libraries"):
+        return  # no BLAS, or the artifact carries its own (found through model.so's $ORIGIN RUNPATH)
     try:
         import ctypes
 
@@ -313,20 +408,35 @@ def load(directory: str | os.PathLike[str], *, num_threads: int | None = None) -
     return compiled
 
 
+#: safetensors dtype names → RLX dtypes (the ones `save` writes).
+_ST_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64", "I8": "i8", "I32": "i32", "I64": "i64",
+              "U8": "u8", "BOOL": "bool"}
+
+
 def _load_weights(compiled: CompiledGraph, path: Path, manifest: dict) -> None:
-    from rlx.models.weights import load_safetensors
+    """Set the params from the artifact's safetensors file, bit for bit (bf16 as stored)."""
+    from safetensors import SafetensorError, deserialize
 
     want = manifest["files"].get(WEIGHTS)
     if isinstance(want, dict) and path.stat().st_size != want.get("size"):
         raise ArtifactError(f"{path} is {path.stat().st_size} bytes, {MANIFEST} says {want.get('size')} "
                             "(truncated or replaced?)")
-    tensors = load_safetensors(path)
-    params = set(compiled.param_names)
-    unknown = sorted(set(tensors) - params)
+    try:
+        tensors = deserialize(path.read_bytes())
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot read {path}: {exc}") from None
+    shapes = {p["name"]: tuple(int(d) for d in p["shape"]) for p in manifest["params"]}
+    unknown = sorted(name for name, _ in tensors if name not in shapes)
     if unknown:
         raise ArtifactError(f"{path} holds tensors that are not params of the graph: {unknown[:5]}")
-    for name, arr in tensors.items():
-        compiled.set_param(name, arr)
+    for name, info in tensors:
+        dtype = _ST_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ArtifactError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        if tuple(info["shape"]) != shapes[name]:
+            raise ArtifactError(f"{path}: tensor {name!r} has shape {tuple(info['shape'])}, the param is "
+                                f"{shapes[name]}")
+        compiled.set_param_typed(name, info["data"], dtype)
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "check_loadable", "load", "read_manifest", "save"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "check_loadable", "elf_dependencies", "load", "read_manifest", "save"]

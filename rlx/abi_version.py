@@ -1,0 +1,15 @@
+"""The version of RLX's exported C ABI (`rlx_abi_version()`, `RLX_ABI_VERSION` in rlx.h).
+
+It lives in a module of its own at the bottom of the layer order, importing
+nothing, so the code generators (which write it into every library) and the
+runtime (which checks it when loading one) share the number without the
+runtime importing a code generator.
+
+>>> from rlx.abi_version import ABI_VERSION
+>>> ABI_VERSION
+1
+"""
+
+ABI_VERSION = 1
+
+__all__ = ["ABI_VERSION"]
