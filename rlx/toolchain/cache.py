@@ -503,7 +503,7 @@ class AotCache:
                 for k, v in deltas.items():
                     totals[k] = totals.get(k, 0) + v
                 totals["build_seconds"] = round(float(totals.get("build_seconds", 0.0)), 4)
-                totals.setdefault("since", time.time())
+                totals["since"] = totals.get("since") or time.time()
                 fd, tmp = tempfile.mkstemp(prefix=".stats.", dir=self.root)
                 try:
                     with os.fdopen(fd, "w", encoding="utf-8") as f:
