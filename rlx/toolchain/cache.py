@@ -704,6 +704,11 @@ class AotCache:
             return {"tmp": 0, "quarantine": 0, "evicted": 0}
         check_private(self.root, "cache root")
         removed_tmp = self._clean_stale_tmp(stale_seconds)
+        # Temp files of a stats.json update whose process died between writing and renaming.
+        for tmp in self.root.glob(".stats.*"):
+            with contextlib.suppress(OSError):
+                if time.time() - tmp.lstat().st_mtime >= self.stale_seconds:
+                    tmp.unlink()
         removed_q = 0
         qdir = self.root / "quarantine"
         if qdir.is_dir():
