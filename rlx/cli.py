@@ -1,20 +1,28 @@
 """`rlxc`: the RLX command-line compiler.
 
-    rlxc compile GRAPH.json -o DIR          build a graph into a relocatable artifact
-    rlxc inspect GRAPH.json|DIR --stage lir show a stage of the pipeline
-    rlxc run DIR --input x=x.npy            run an artifact or graph on .npy inputs
-    rlxc bench DIR --reps 50                time calls (median, min, max)
+    rlxc compile GRAPH.json|MODEL.onnx -o DIR   build a graph into a relocatable artifact
+    rlxc inspect GRAPH.json|DIR --stage lir     show a stage of the pipeline
+    rlxc run DIR --input x=x.npy                run an artifact or graph on .npy inputs
+    rlxc bench DIR --reps 50                    time calls (median, min, max)
     rlxc cache ls|stat|verify|gc|clear|explain
-    rlxc doctor                             what this machine has: compiler, OpenMP, BLAS, GPUs, cache
-    rlxc embed "a sentence" "another"       the sentence-embedding example
+    rlxc doctor                                 what this machine has: compiler, OpenMP, BLAS, GPUs, cache
+    rlxc embed "a sentence" "another"           the sentence-embedding example
+    rlxc --version                              rlx, python and compiler versions
+
+Commands that compile take `-O0`..`-O3`, `--target cpu|cpu:avx2|cpu:avx512|cuda|cuda:sm_90`,
+`-v` (the cc/nvcc command lines and per-stage timings on stderr) and `-q` (no progress on stderr).
+Every option either takes effect or is refused with exit status 2: none is silently ignored.
 
 Exit status: 0 success, 1 a build or runtime failure, 2 a usage error.
-Errors are one line on stderr; `--debug` shows the traceback.
+Errors are one line on stderr; `--debug` shows the traceback. A closed output
+pipe (`rlxc cache ls | head -1`) ends rlxc quietly with status 0.
 
 >>> import contextlib, io
 >>> with contextlib.redirect_stderr(io.StringIO()):
 ...     main(["run", "no-such-artifact", "--input", "x"])
 2
+>>> parse_target("cpu:avx2").cpu_target, parse_target("cuda:sm_90").arch
+('x86-64-v3', 'sm_90')
 """
 
 from __future__ import annotations
@@ -22,59 +30,158 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
+import re
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlx.errors import RlxError
+from rlx.errors import ExecutionError, RlxError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(Exception):
-    """A command line that names nothing valid: exit status 2."""
+    """A command line that names nothing valid, or options that do not go together: exit status 2."""
 
 
-# ── progress on a terminal ────────────────────────────────────────────────
+# ── targets ───────────────────────────────────────────────────────────────
+
+#: `cpu:NAME` shorthands for the x86-64 psABI levels the packed GEMM kernels are written for.
+CPU_LEVELS = {"avx2": "x86-64-v3", "avx512": "x86-64-v4", "native": "native"}
+_MARCH_RE = re.compile(r"^[a-z0-9_.+-]{1,64}$")
+_SM_RE = re.compile(r"^(?:sm_)?(\d{2,3})(a?)$")
+TARGET_HELP = "cpu (default), cpu:avx2, cpu:avx512, cpu:MARCH, cuda, cuda:sm_XY (e.g. cuda:sm_90)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A parsed `--target`: the device and, optionally, the instruction set or GPU arch to build for."""
+
+    device: str = "cpu"  # "cpu" | "cuda"
+    cpu_target: str | None = None  # a -march value ("x86-64-v3"); None: RLX_CPU_TARGET (default native)
+    arch: str | None = None  # "sm_90"; None: the visible GPU's arch
+    text: str = "cpu"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_target(text: str) -> Target:
+    """`--target` text to a Target; `argparse.ArgumentTypeError` (exit 2) for anything this build cannot do."""
+    spec = text.strip().lower()
+    device, sep, variant = spec.partition(":")
+    if device == "metal":
+        raise argparse.ArgumentTypeError("the Metal backend is not available in this build")
+    if sep and not variant:
+        raise argparse.ArgumentTypeError(f"{text!r} names no variant after ':'; expected {TARGET_HELP}")
+    if device == "cpu":
+        if not variant:
+            return Target("cpu", None, None, "cpu")
+        level = CPU_LEVELS.get(variant, variant)
+        if not _MARCH_RE.match(level):
+            raise argparse.ArgumentTypeError(f"{text!r}: {variant!r} is not an instruction-set name; "
+                                             f"expected {TARGET_HELP}")
+        return Target("cpu", level, None, spec)
+    if device == "cuda":
+        if not variant:
+            return Target("cuda", None, None, "cuda")
+        m = _SM_RE.match(variant)
+        if not m:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a GPU arch like cuda:sm_90")
+        arch = f"sm_{m.group(1)}{m.group(2)}"
+        return Target("cuda", None, arch, f"cuda:{arch}")
+    raise argparse.ArgumentTypeError(f"unknown target {text!r}; expected {TARGET_HELP}")
+
+
+# ── output on stderr: progress and -v ─────────────────────────────────────
+
+#: Seconds a compile runs before progress shows: cache hits finish sooner and print nothing.
+PROGRESS_DELAY = 0.5
+
+
+def _err(text: str, stream: Any = None) -> None:
+    """One line on stderr; a closed stderr is not worth failing a compile for."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr if stream is None else stream, flush=True)
 
 
 @contextlib.contextmanager
-def progress(label: str, stream: Any = None) -> Iterator[None]:
-    """Show `label` with a spinner and the elapsed time on stderr while the body runs (TTY only)."""
+def progress(label: str, stream: Any = None, *, delay: float | None = None, enabled: bool = True) -> Iterator[None]:
+    """Progress for the body on stderr once it has run `delay` seconds.
+
+    On a terminal: a spinner with the elapsed time, erased at the end. Elsewhere (a log, a pipe):
+    "LABEL... " and, when the body ends, "done in 1.2 s" (or "failed after 1.2 s") on the same line.
+    """
     stream = sys.stderr if stream is None else stream
-    if not (hasattr(stream, "isatty") and stream.isatty()):
+    delay = PROGRESS_DELAY if delay is None else delay
+    if not enabled:
         yield
         return
+    tty = bool(getattr(stream, "isatty", None) and stream.isatty())
     done = threading.Event()
+    lock = threading.Lock()
+    shown = False
     start = time.monotonic()
 
-    def spin() -> None:
+    def write(text: str) -> None:
+        nonlocal shown
+        with contextlib.suppress(OSError, ValueError):
+            stream.write(text)
+            stream.flush()
+            shown = True
+
+    def show() -> None:
+        if done.wait(delay):
+            return
+        if not tty:
+            with lock:
+                if not done.is_set():
+                    write(f"{label}... ")
+            return
         frames = "|/-\\"
         i = 0
-        # Only after a short delay: fast (cached) compiles should not flicker.
-        if done.wait(0.3):
-            return
-        while not done.wait(0.1):
-            stream.write(f"\r{label} {frames[i % 4]} {time.monotonic() - start:5.1f}s")
-            stream.flush()
+        while not done.is_set():
+            with lock:
+                if done.is_set():
+                    break
+                write(f"\r{label} {frames[i % 4]} {time.monotonic() - start:5.1f}s")
             i += 1
+            done.wait(0.1)
 
-    thread = threading.Thread(target=spin, daemon=True)
+    thread = threading.Thread(target=show, daemon=True)
     thread.start()
+    ok = False
     try:
         yield
+        ok = True
     finally:
-        done.set()
+        with lock:
+            done.set()
         thread.join()
-        if time.monotonic() - start >= 0.3:
-            stream.write("\r\033[K")
-            stream.flush()
+        if shown:
+            elapsed = time.monotonic() - start
+            with contextlib.suppress(OSError, ValueError):
+                if tty:
+                    stream.write("\r\033[K")
+                else:
+                    stream.write(f"done in {elapsed:.1f} s\n" if ok else f"failed after {elapsed:.1f} s\n")
+                stream.flush()
+
+
+def _verbose(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "verbose", False))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:9.1f} ms"
 
 
 # ── loading things named on the command line ──────────────────────────────
@@ -84,6 +191,14 @@ def _is_artifact(path: Path) -> bool:
     return path.is_dir()
 
 
+@dataclasses.dataclass
+class Model:
+    """A graph named on the command line and the params that came with it (ONNX initializers)."""
+
+    graph: Any
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
 def load_graph(path: Path) -> Any:
     """A graph from its JSON document (MIR or HIR)."""
     from rlx.ir import serialize
@@ -91,8 +206,48 @@ def load_graph(path: Path) -> Any:
     if not path.exists():
         raise UsageError(f"{path}: no such file")
     if path.is_dir():
-        raise UsageError(f"{path} is a directory; expected a graph .json file")
+        raise UsageError(f"{path} is a directory; expected a graph .json or .onnx file")
     return serialize.load(path)
+
+
+def load_model(args: argparse.Namespace, path: Path) -> Model:
+    """The graph (and ONNX weights) of a `.json` graph document or an `.onnx` model."""
+    max_dims = _parse_max_dims(getattr(args, "max_dim", None) or [])
+    if path.suffix.lower() == ".onnx":
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file")
+        return _load_onnx(path, max_dims)
+    if max_dims:
+        raise UsageError("--max-dim applies to .onnx models; a graph .json already fixes its dims' bounds")
+    return Model(load_graph(path))
+
+
+def _parse_max_dims(items: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        try:
+            n = int(value)
+        except ValueError:
+            n = 0
+        if not sep or not name or n < 1:
+            raise UsageError(f"--max-dim takes NAME=N with N a positive integer, got {item!r}")
+        if name in out:
+            raise UsageError(f"--max-dim {name} given twice")
+        out[name] = n
+    return out
+
+
+def _load_onnx(path: Path, max_dims: dict[str, int]) -> Model:
+    try:
+        from rlx.frontends.onnx import from_onnx  # imported here: the onnx package is optional
+    except ImportError as exc:
+        if exc.name in ("rlx.frontends", "rlx.frontends.onnx"):
+            raise RlxError(f"{path}: this build of RLX has no ONNX frontend (rlx.frontends.onnx)") from None
+        raise RlxError(f"{path}: reading ONNX needs the {exc.name or 'onnx'!r} package (pip install onnx)") from None
+    imported = from_onnx(path, max_dims=max_dims or None)
+    return Model(imported.graph, dict(imported.params or {}))
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -104,22 +259,97 @@ def _config(args: argparse.Namespace) -> Any:
         changes["opt_level"] = args.opt_level
     if getattr(args, "num_threads", None) is not None:
         changes["num_threads"] = args.num_threads
+    target = getattr(args, "target", None)
+    if target is not None and target.cpu_target:
+        changes["cpu_target"] = target.cpu_target
     return dataclasses.replace(config, **changes) if changes else config
 
 
-def _session(args: argparse.Namespace) -> Any:
-    from rlx.runtime.session import Device, Session
+def _target(args: argparse.Namespace) -> Target:
+    return getattr(args, "target", None) or Target()
 
-    target = getattr(args, "target", "cpu") or "cpu"
-    if target not in {d.value for d in Device}:
-        raise RlxError(f"target {target!r} is not available in this build of RLX")
-    return Session(Device.parse(target), config=_config(args))
+
+def _session(args: argparse.Namespace) -> Any:
+    import rlx
+
+    target = _target(args)
+    if target.device == "cuda":
+        return rlx.Session(rlx.Device.CUDA, config=_config(args), target=target.arch)
+    return rlx.Session(rlx.Device.CPU, config=_config(args))
 
 
 def compile_graph(args: argparse.Namespace, graph: Any) -> Any:
     session = _session(args)
-    with progress(f"compiling {graph.name}"):
+    if _verbose(args):
+        return _compile_verbose(args, session, graph)
+    with progress(f"compiling {getattr(graph, 'name', 'graph')}", enabled=not getattr(args, "quiet", False)):
         return session.compile(graph)
+
+
+def _compile_verbose(args: argparse.Namespace, session: Any, graph: Any) -> Any:
+    """Compile stage by stage, printing each stage's time and the exact compiler command lines.
+
+    The stages run one by one here (a plain compile may skip lower/optimize/plan through the
+    compile index); the LIR is then built as is, so the library is the one a plain compile loads.
+    """
+    from rlx.toolchain.compiler import observe_commands
+
+    config = session.config
+    cache = "cache disabled" if not config.cache_enabled else f"cache {config.cache_root}"
+    _err(f"rlxc: compiling {graph.name} for {_target(args)} at -O{config.opt_level} ({cache})")
+    t0 = time.perf_counter()
+    lir = _lower_optimize_plan(graph, config, verbose=True)["lir"]
+    commands: list[tuple[float, float]] = []
+
+    def observe(cmd: list[str], started: float, seconds: float | None) -> None:
+        if seconds is None:
+            _err(f"rlxc: $ {shlex.join(cmd)}")
+        else:
+            commands.append((started, seconds))
+
+    if session.device.value == "cpu":
+        # Probed once per process (and memoized in the cache): time it apart from rendering.
+        from rlx.toolchain.compiler import detect_toolchain
+
+        t1 = time.perf_counter()
+        detect_toolchain(config)
+        _err(f"rlxc:   toolchain{_ms(time.perf_counter() - t1)}")
+    start = time.perf_counter()
+    with observe_commands(observe):
+        compiled = session.compile(lir)
+    end = time.perf_counter()
+    if commands:
+        first = min(s for s, _ in commands)
+        last = max(s + d for s, d in commands)
+        tool = "nvcc" if session.device.value == "cuda" else "cc"
+        _err(f"rlxc:   render   {_ms(first - start)}")
+        _err(f"rlxc:   build    {_ms(sum(d for _, d in commands))}  ({tool})")
+        _err(f"rlxc:   load     {_ms(end - last)}  (publish in the cache, dlopen)")
+    else:
+        _err(f"rlxc:   render   {'-':>9}     (cache hit: nothing to render)")
+        _err(f"rlxc:   build    {'-':>9}     (cache hit {compiled.key[:16]}: nothing to build)")
+        _err(f"rlxc:   load     {_ms(end - start)}  (cache lookup, checksum, dlopen)")
+    _err(f"rlxc:   total    {_ms(end - t0)}")
+    return compiled
+
+
+def _lower_optimize_plan(graph: Any, config: Any, *, verbose: bool = False) -> dict[str, Any]:
+    """Lower, optimize (with the pipeline's per-pass report) and plan: the LIR `compile` builds."""
+    from rlx.opt.memplan import plan
+    from rlx.opt.pipeline import optimize_with_report
+    from rlx.runtime.session import to_mir
+
+    t0 = time.perf_counter()
+    mir = to_mir(graph)
+    t1 = time.perf_counter()
+    optimized, report = optimize_with_report(mir, config.opt_level, debug=config.debug)
+    t2 = time.perf_counter()
+    lir = plan(optimized)
+    t3 = time.perf_counter()
+    if verbose:
+        for stage, seconds in (("lower", t1 - t0), ("optimize", t2 - t1), ("plan", t3 - t2)):
+            _err(f"rlxc:   {stage:<8} {_ms(seconds)}")
+    return {"mir": optimized, "lir": lir, "report": report.summary()}
 
 
 def _load_weights(path: Path) -> dict[str, Any]:
@@ -130,30 +360,49 @@ def _load_weights(path: Path) -> dict[str, Any]:
     return load_safetensors(path)
 
 
-def _set_weights(compiled: Any, weights: dict[str, Any]) -> None:
+def _set_weights(compiled: Any, weights: dict[str, Any], source: str = "the weights file") -> None:
     names = compiled.param_names
     unused = sorted(set(weights) - set(names))
     missing = [n for n in names if n not in weights]
     if unused:
-        print(f"note: {len(unused)} tensor(s) in the weights file are not params of the graph "
-              f"(e.g. {unused[0]!r})", file=sys.stderr)
+        _err(f"note: {len(unused)} tensor(s) in {source} are not params of the graph (e.g. {unused[0]!r})")
     if missing:
-        print(f"note: {len(missing)} param(s) are not in the weights file (e.g. {missing[0]!r})", file=sys.stderr)
+        _err(f"note: {len(missing)} param(s) are not in {source} (e.g. {missing[0]!r})")
     for name in names:
         if name in weights:
             compiled.set_param(name, weights[name])
+
+
+def _reject_for_artifact(args: argparse.Namespace, path: Path) -> None:
+    """Options that only shape a compile: refused for an artifact, which is already built."""
+    given = [flag for flag, value in (("-O/--opt-level", getattr(args, "opt_level", None)),
+                                      ("--target", getattr(args, "target", None)),
+                                      ("--max-dim", getattr(args, "max_dim", None) or None))
+             if value is not None]
+    if given:
+        raise UsageError(f"{path} is a built artifact; {', '.join(given)} only apply when compiling a graph "
+                         ".json or .onnx file")
 
 
 def open_target(args: argparse.Namespace, path: Path) -> Any:
     """A CompiledGraph for an artifact directory or a graph file (compiled through the cache)."""
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
+    params: dict[str, Any] = {}
     if _is_artifact(path):
+        _reject_for_artifact(args, path)
         from rlx.runtime.artifact import load
 
+        t0 = time.perf_counter()
         compiled = load(path, num_threads=getattr(args, "num_threads", None))
+        if _verbose(args):
+            _err(f"rlxc: loaded artifact {path} (key {compiled.key[:16]}) in {(time.perf_counter() - t0) * 1e3:.1f} ms")
     else:
-        compiled = compile_graph(args, load_graph(path))
+        model = load_model(args, path)
+        compiled = compile_graph(args, model.graph)
+        params = model.params
+    if params:
+        _set_weights(compiled, params, f"{path.name}'s initializers")
     if getattr(args, "weights", None):
         _set_weights(compiled, _load_weights(Path(args.weights)))
     return compiled
@@ -244,24 +493,34 @@ def synthetic_params(manifest: dict, seed: int = 1) -> dict[str, Any]:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    graph = load_graph(Path(args.graph))
+    path = Path(args.graph)
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory (an artifact is already compiled); expected a graph .json or .onnx")
+    if args.weights and not args.output:
+        raise UsageError("--weights needs -o DIR: the weights are saved into the artifact "
+                         "(to run a graph with weights: rlxc run GRAPH --weights W.safetensors)")
+    model = load_model(args, path)
     t0 = time.perf_counter()
-    compiled = compile_graph(args, graph)
+    compiled = compile_graph(args, model.graph)
     elapsed = time.perf_counter() - t0
-    weights = False
+    weights = dict(model.params)
+    if model.params:
+        _set_weights(compiled, model.params, f"{path.name}'s initializers")
     if args.weights:
-        _set_weights(compiled, _load_weights(Path(args.weights)))
-        weights = True
+        file_weights = _load_weights(Path(args.weights))
+        _set_weights(compiled, file_weights)
+        weights.update(file_weights)
     info = sys.stderr if args.emit_source and not args.output else sys.stdout
     how = "cache hit" if compiled.cache_hit else "built"
-    print(f"{graph.name}: key {compiled.key} ({how}, {elapsed * 1000:.0f} ms)", file=info)
+    print(f"{model.graph.name}: key {compiled.key} ({how}, {elapsed * 1000:.0f} ms)", file=info)
     if args.output:
         from rlx.runtime.artifact import save
 
-        out = save(compiled, Path(args.output), weights=weights)
-        print(f"artifact written to {out}", file=info)
+        out = save(compiled, Path(args.output), weights=bool(weights))
+        print(f"artifact written to {out}" + (f" (with {len(weights)} weight tensor(s))" if weights else ""),
+              file=info)
         if args.emit_source:
-            print(f"source: {out / 'model.c'}", file=info)
+            print(f"source: {out / Path(compiled.source_path).name}", file=info)
     elif args.emit_source:
         sys.stdout.write(Path(compiled.source_path).read_text())
     else:
@@ -269,56 +528,70 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+ARTIFACT_STAGES = ("manifest", "source")
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
     if _is_artifact(path):
+        _reject_for_artifact(args, path)
+        if args.passes or args.verbose:
+            raise UsageError(f"{path} is a built artifact; {'--passes' if args.passes else '-v'} needs the graph "
+                             ".json it was compiled from (an artifact has no pipeline stages to show)")
+        stage = args.stage or "manifest"
+        if stage not in ARTIFACT_STAGES:
+            raise UsageError(f"an artifact holds the built program only (--stage manifest or source); "
+                             f"--stage {stage} needs the graph .json")
         from rlx.runtime.artifact import read_manifest
 
         manifest = read_manifest(path)
-        if args.stage == "source":
-            sys.stdout.write((path / "model.c").read_text())
-        elif args.stage in (None, "lir"):
-            print(format_manifest(manifest))
+        if stage == "source":
+            source = next((path / n for n in ("model.c", "model.cu") if (path / n).is_file()), None)
+            if source is None:
+                raise RlxError(f"{path} holds no generated source (model.c)")
+            sys.stdout.write(source.read_text())
         else:
-            raise UsageError(f"an artifact holds the built program only; --stage {args.stage} needs the graph .json")
+            print(format_manifest(manifest))
         return EXIT_OK
-    graph = load_graph(path)
     stage = args.stage or "mir"
+    if stage == "manifest":
+        raise UsageError("--stage manifest is for an artifact directory; for a graph use --stage lir")
+    target = _target(args)
+    if args.target is not None and stage != "source":
+        raise UsageError(f"--target changes only --stage source (the {stage.upper()} is the same for every target)")
+    if target.device != "cpu":
+        raise UsageError(f"--stage source renders C for the cpu target; for {target} use "
+                         f"`rlxc compile GRAPH --target {target} --emit-source`")
+    model = load_model(args, path)
+    graph = model.graph
+    if stage == "hir" and getattr(graph, "stage", "mir") != "hir":
+        raise UsageError(f"{path} holds a MIR graph; it has no HIR stage")
+    if stage == "hir" and args.opt_level is not None and not args.passes:
+        raise UsageError("-O changes the optimized stages (mir, lir, source); the HIR comes before the optimizer")
+    config = _config(args)
+    if _verbose(args):
+        _err(f"rlxc: {graph.name} at -O{config.opt_level}")
     if args.passes or stage in ("mir", "lir", "source"):
-        result = _optimize(graph, _config(args))
+        result = _lower_optimize_plan(graph, config, verbose=_verbose(args))
     if args.passes:
         print(result["report"])
     if stage == "hir":
-        if getattr(graph, "stage", "mir") != "hir":
-            raise UsageError(f"{path} holds a MIR graph; it has no HIR stage")
         print(graph)
     elif stage == "mir":
         print(result["mir"])
     elif stage == "lir":
         print(result["lir"].inspect())
     else:
-        print(_render_source(args, result["lir"]))
+        from rlx.toolchain.cpu import render_source
+
+        t0 = time.perf_counter()
+        text = render_source(result["lir"], config)
+        if _verbose(args):
+            _err(f"rlxc:   render   {_ms(time.perf_counter() - t0)}")
+        print(text)
     return EXIT_OK
-
-
-def _optimize(graph: Any, config: Any) -> dict[str, Any]:
-    """Lower, optimize (with the pipeline's per-pass report) and plan: what `compile` builds."""
-    from rlx.opt.memplan import plan
-    from rlx.opt.pipeline import optimize_with_report
-    from rlx.runtime.session import to_mir
-
-    mir, report = optimize_with_report(to_mir(graph), config.opt_level, debug=config.debug)
-    return {"mir": mir, "lir": plan(mir), "report": report.summary()}
-
-
-def _render_source(args: argparse.Namespace, lir: Any) -> str:
-    from rlx.toolchain.cpu import render_source
-
-    if getattr(args, "target", "cpu") != "cpu":
-        raise RlxError(f"--stage source is available for the cpu target only, not {args.target!r}")
-    return render_source(lir, _config(args))
 
 
 def format_manifest(m: dict) -> str:
@@ -336,8 +609,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     inputs = _parse_inputs(args.input)
-    compiled = open_target(args, Path(args.path))
-    outputs = compiled.run(inputs)
+    path = Path(args.path)
+    compiled = open_target(args, path)
+    t0 = time.perf_counter()
+    try:
+        outputs = compiled.run(inputs)
+    except ExecutionError as exc:
+        if "never set" not in str(exc):
+            raise
+        # The runtime names the unset params; say how to set them from the command line.
+        how = ("pass --weights W.safetensors, or save weights into the artifact "
+               "(rlxc compile GRAPH -o DIR --weights W.safetensors)") if _is_artifact(path) \
+            else "pass --weights W.safetensors"
+        raise ExecutionError(f"{_one_line(exc)}; {how}") from None
+    if _verbose(args):
+        _err(f"rlxc: run {(time.perf_counter() - t0) * 1e3:.2f} ms")
     names = [s["name"] for s in compiled.manifest["outputs"]]
     if args.output:
         np.savez(args.output, **dict(zip(names, outputs)))
@@ -371,29 +657,56 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"
+
+
+def _entry_target(components: dict) -> str:
+    """'cpu native:znver4' or 'cuda sm_90 f16' from an entry's key components."""
+    options = dict(part.split("=", 1) for part in str(components.get("target_options", "")).split() if "=" in part)
+    target = str(components.get("target", "?"))
+    if target == "cpu" and "isa" in options:
+        return f"cpu {options['isa']}"
+    if target == "cuda" and "arch" in options:
+        return f"cuda {options['arch']} {options.get('precision', '')}".strip()
+    return target
+
+
+def _when(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "?"
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from rlx.toolchain.cache import AotCache
 
-    cache = AotCache(_config(args))
     action = args.action
+    _check_cache_flags(args)
+    cache = AotCache(_config(args))
     if action == "ls":
-        rows = cache.entries()
-        for e in sorted(rows, key=lambda e: -e.last_use):
-            comps = e.components
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_use)) if e.last_use else "?"
-            where = "" if e.layer == "root" else f"  [layer {e.layer}]"
-            label = comps.get("name") or comps.get("graph") or str(comps.get("lir", ""))[:12]
-            print(f"{e.key[:16]}  {e.bytes / 1024:9.1f} KiB  {when}  {comps.get('target', '')}  {label}{where}")
-        print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'} in {cache.root}", file=sys.stderr)
+        rows = sorted(cache.entries(), key=lambda e: -e.last_use)
+        if rows:
+            print(f"{'KEY':<12}  {'GRAPH':<24}  {'TARGET':<22}  {'SIZE':>10}  LAST USE")
+        for e in rows:
+            where = "" if e.layer == "root" else f"  [read-only layer {e.layer}]"
+            print(f"{e.key[:12]}  {e.name or '-':<24}  {_entry_target(e.components):<22}  {_size(e.bytes):>10}  "
+                  f"{_when(e.last_use)}{where}")
+        total = sum(e.bytes for e in rows)
+        _err(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {_size(total)}, in {cache.root}")
     elif action == "stat":
         for k, v in cache.stat().items():
+            if k == "since":
+                v = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v)) if v else "never"
             print(f"{k}: {v}")
     elif action == "verify":
         problems = cache.verify(repair=not args.no_repair)
         for key, problem in problems:
             print(f"{key[:16]}: {problem}")
         n = len(cache.entries(layers=False))
-        print(f"{len(problems)} problem(s) in {n + len(problems)} entr{'y' if n == 1 else 'ies'}", file=sys.stderr)
+        _err(f"{len(problems)} problem(s) in {n + len(problems)} entr{'y' if n == 1 else 'ies'}")
         return EXIT_FAIL if problems else EXIT_OK
     elif action == "gc":
         done = cache.gc(stale_seconds=args.stale_seconds)
@@ -402,12 +715,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
     elif action == "clear":
         print(f"removed {cache.clear()} entr(ies) from {cache.root}")
     elif action == "explain":
-        if not args.what:
-            raise UsageError("cache explain needs a KEY (or prefix) or a GRAPH.json")
         target = Path(args.what)
-        if target.suffix == ".json" or target.is_file():
-            what = _cache_components(args, load_graph(target))
+        if target.suffix in (".json", ".onnx") or target.is_file():
+            what: Any = _cache_components(args, load_model(args, target).graph)
         else:
+            if args.opt_level is not None or args.target is not None or args.max_dim:
+                raise UsageError("-O, --target and --max-dim apply to `cache explain GRAPH`; a key already "
+                                 "names one build")
             what = args.what
         ex = cache.explain(what)
         print(ex)
@@ -415,13 +729,31 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_cache_flags(args: argparse.Namespace) -> None:
+    """Each `cache` option belongs to one action: anything else is refused, not ignored."""
+    action = args.action
+    if args.what is not None and action != "explain":
+        raise UsageError(f"cache {action} takes no argument (got {args.what!r}); only `cache explain` does")
+    if action == "explain" and not args.what:
+        raise UsageError("cache explain needs a KEY (or prefix) or a GRAPH.json")
+    if args.no_repair and action != "verify":
+        raise UsageError("--no-repair applies to `cache verify`")
+    if args.stale_seconds is not None and action != "gc":
+        raise UsageError("--stale-seconds applies to `cache gc`")
+    if action != "explain":
+        given = [f for f, v in (("-O/--opt-level", args.opt_level), ("--target", args.target),
+                                ("--max-dim", args.max_dim or None)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} apply to `cache explain GRAPH` only")
+
+
 def _cache_components(args: argparse.Namespace, graph: Any) -> dict:
-    from rlx.toolchain.cpu import cpu_key_components
     from rlx.toolchain.compiler import detect_toolchain
+    from rlx.toolchain.cpu import cpu_key_components
 
     session = _session(args)
     if session.device.value != "cpu":
-        raise RlxError(f"cache explain for the {session.device.value} target is not supported")
+        raise UsageError(f"cache explain for the {session.device.value} target is not supported")
     return cpu_key_components(session.lower(graph), detect_toolchain(session.config))
 
 
@@ -497,62 +829,127 @@ def cmd_embed(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
+def version_text() -> str:
+    """`rlxc --version`: the rlx version, the Python running it and the compilers builds would use."""
+    import platform
+
+    from rlx import __version__
+
+    lines = [f"rlxc (rlx) {__version__}",
+             f"python   {platform.python_version()} ({platform.python_implementation()}, {sys.executable})"]
+    try:
+        from rlx.config import Config
+        from rlx.toolchain.compiler import find_compiler
+
+        config = Config.from_env()
+        cc, text = find_compiler(config.cc)
+        lines.append(f"cc       {cc} ({text.splitlines()[0] if text else '?'})")
+    except RlxError as exc:
+        lines.append(f"cc       not usable: {_one_line(exc)}")
+        config = None
+    nvcc = shutil.which(config.nvcc if config is not None else "nvcc")
+    lines.append(f"nvcc     {nvcc} ({_first_line([nvcc, '--version'], last=True)})" if nvcc else "nvcc     not found")
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    """--version: computed only when asked (it runs the compiler), then exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit(0)
+
+
 # ── argument parsing ──────────────────────────────────────────────────────
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlxc", description="RLX: compile tensor graphs to one C/CUDA file, cached.")
+    p.add_argument("--version", action=_VersionAction, help="print the rlx, python and compiler versions")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def common(q: argparse.ArgumentParser, *, compiles: bool) -> None:
+        # SUPPRESS: a subcommand's default must not overwrite `rlxc --debug COMMAND`'s value.
+        q.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
+        if compiles:
+            talk = q.add_mutually_exclusive_group()
+            talk.add_argument("-v", "--verbose", action="store_true",
+                              help="print the cc/nvcc command lines and per-stage timings on stderr")
+            talk.add_argument("-q", "--quiet", action="store_true", help="no progress output on stderr")
 
     def threads(q: argparse.ArgumentParser) -> None:
         q.add_argument("--num-threads", type=int, metavar="N", help="threads for OpenMP and BLAS (default: all)")
 
     def opt(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--opt-level", type=int, choices=range(4), metavar="{0-3}", help="optimizer level (default 2)")
+        q.add_argument("-O", "--opt-level", dest="opt_level", type=int, choices=range(4), metavar="{0-3}",
+                       help="optimizer level: -O0 .. -O3 (default 2, or RLX_OPT_LEVEL)")
 
     def target(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--target", choices=("cpu", "cuda", "metal"), default="cpu", help="backend (default cpu)")
+        q.add_argument("--target", type=parse_target, default=None, metavar="TARGET",
+                       help=f"what to build for: {TARGET_HELP}")
 
-    q = sub.add_parser("compile", help="compile a graph .json (into an artifact dir with -o)",
-                       description="Compile GRAPH.json through the AOT cache; -o writes a relocatable artifact.")
-    q.add_argument("graph", metavar="GRAPH.json")
+    def max_dim(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--max-dim", action="append", default=[], metavar="NAME=N",
+                       help="ONNX models: upper bound of the dynamic dim NAME (repeatable)")
+
+    q = sub.add_parser("compile", help="compile a graph .json or .onnx model (into an artifact dir with -o)",
+                       description="Compile GRAPH.json or MODEL.onnx through the AOT cache; -o writes a relocatable "
+                                   "artifact (an ONNX model's weights go into it).")
+    q.add_argument("graph", metavar="GRAPH.json|MODEL.onnx")
     q.add_argument("-o", "--output", metavar="DIR", help="write the artifact (model.so, manifest.json, rlx.h) here")
     target(q)
     opt(q)
+    max_dim(q)
     q.add_argument("--emit-source", action="store_true",
                    help="print the generated source (its path with -o)")
-    q.add_argument("--weights", metavar="W.safetensors", help="parameters to set (and save with -o)")
-    threads(q)
+    q.add_argument("--weights", metavar="W.safetensors", help="parameters to save into the artifact (needs -o)")
+    common(q, compiles=True)
     q.set_defaults(func=cmd_compile)
 
     q = sub.add_parser("inspect", help="show a stage of the pipeline for a graph or artifact",
-                       description="Print the HIR, optimized MIR, LIR (buffer plan) or generated source.")
-    q.add_argument("path", metavar="GRAPH.json|DIR")
-    q.add_argument("--stage", choices=("hir", "mir", "lir", "source"), help="stage to print (default mir)")
-    q.add_argument("--passes", action="store_true", help="print the optimizer's per-pass report")
+                       description="Print the HIR, optimized MIR, LIR (buffer plan) or generated source of a graph; "
+                                   "the manifest or source of an artifact.")
+    q.add_argument("path", metavar="GRAPH.json|MODEL.onnx|DIR")
+    q.add_argument("--stage", choices=("hir", "mir", "lir", "source", "manifest"),
+                   help="stage to print (default: mir for a graph, manifest for an artifact)")
+    q.add_argument("--passes", action="store_true", help="print the optimizer's per-pass report (graphs only)")
     target(q)
     opt(q)
+    max_dim(q)
+    q.add_argument("-v", "--verbose", action="store_true", help="per-stage timings on stderr")
+    q.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     q.set_defaults(func=cmd_inspect)
 
     q = sub.add_parser("run", help="run an artifact or graph on .npy inputs",
                        description="Run once; print the outputs or save them with --output.")
-    q.add_argument("path", metavar="DIR|GRAPH.json")
+    q.add_argument("path", metavar="DIR|GRAPH.json|MODEL.onnx")
     q.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input (repeatable)")
     q.add_argument("--output", metavar="OUT.npz", help="save the outputs here")
     q.add_argument("--weights", metavar="W.safetensors", help="parameters to set before running")
     target(q)
+    opt(q)
+    max_dim(q)
     threads(q)
+    common(q, compiles=True)
     q.set_defaults(func=cmd_run)
 
     q = sub.add_parser("bench", help="time calls of an artifact or graph",
                        description="Time REPS calls (random inputs at the dynamic dims' bounds unless --input).")
-    q.add_argument("path", metavar="DIR|GRAPH.json")
+    q.add_argument("path", metavar="DIR|GRAPH.json|MODEL.onnx")
     q.add_argument("--reps", type=int, default=20, help="timed calls (default 20)")
     q.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input (repeatable)")
     q.add_argument("--weights", metavar="W.safetensors", help="parameters (default: small random values)")
     target(q)
+    opt(q)
+    max_dim(q)
     threads(q)
+    common(q, compiles=True)
     q.set_defaults(func=cmd_bench)
 
     q = sub.add_parser("cache", help="list, check and clean the AOT cache",
@@ -564,10 +961,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gc: age after which a dead build's temp dir is removed (default 600)")
     target(q)
     opt(q)
+    max_dim(q)
+    common(q, compiles=False)
     q.set_defaults(func=cmd_cache)
 
     q = sub.add_parser("doctor", help="report compiler, OpenMP, BLAS, nvcc, GPUs and cache health",
                        description="Check what this machine offers RLX.")
+    common(q, compiles=False)
     q.set_defaults(func=cmd_doctor)
 
     sub.add_parser("embed", help="sentence embeddings example (rlxc embed --help)", add_help=False)
@@ -576,33 +976,54 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `rlxc`; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        status = _main(list(sys.argv[1:] if argv is None else argv))
+        # Flush here, not at interpreter exit, so a reader that closed the pipe is handled below.
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # `rlxc ... | head -1`: the reader has what it wanted. Point stdout at /dev/null so the
+        # interpreter's final flush does not report the pipe again, and exit quietly with success.
+        _silence_stdout()
+        return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _main(argv: list[str]) -> int:
     debug = "--debug" in argv[: argv.index("embed")] if "embed" in argv else "--debug" in argv
     words = [a for a in argv if a != "--debug"]
     if words and words[0] == "embed":
         return _guard(lambda: cmd_embed(words[1:]), debug, "embed")
     try:
         args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help (0) or a usage error (2): return the status instead of exiting
+    except SystemExit as exc:  # --help/--version (0) or a usage error (2): return the status instead of exiting
         return int(exc.code or 0)
     return _guard(lambda: args.func(args), args.debug, args.command)
 
 
-def _guard(fn: Any, debug: bool, command: str) -> int:
+def _guard(fn: Callable[[], Any], debug: bool, command: str) -> int:
     try:
         return int(fn() or 0)
+    except BrokenPipeError:
+        raise  # not a failure of the command: main() ends quietly
     except UsageError as exc:
         if debug:
             raise
-        print(f"rlxc {command}: error: {exc}", file=sys.stderr)
+        _err(f"rlxc {command}: error: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("rlxc: interrupted", file=sys.stderr)
+        _err("rlxc: interrupted")
         return 130
     except (RlxError, OSError, ValueError) as exc:
         if debug:
             raise
-        print(f"rlxc {command}: error: {_one_line(exc)}", file=sys.stderr)
+        _err(f"rlxc {command}: error: {_one_line(exc)}")
         return EXIT_FAIL
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx.toolchain.cache import AotCache
-from rlx.cli import main, synthetic_inputs
+from rlx.cli import main, parse_target, synthetic_inputs
 from rlx.config import Config
+from rlx.toolchain.cache import AotCache
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "toolchain" / "data"
@@ -117,7 +121,8 @@ def test_cache_ls_stat_verify_gc_clear(cache_root: Path, capsys: pytest.CaptureF
     entries = _fill(cache_root, (1, 2))
     assert main(["cache", "ls"]) == 0
     out = capsys.readouterr().out
-    assert all(e.key[:16] in out for e in entries)
+    assert out.splitlines()[0].split() == ["KEY", "GRAPH", "TARGET", "SIZE", "LAST", "USE"]
+    assert all(e.key[:12] in out for e in entries)
     assert main(["cache", "stat"]) == 0
     stat = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
     assert stat["entries"] == "2" and stat["root"] == str(cache_root)
@@ -221,7 +226,10 @@ def test_run_with_a_wrong_input_is_one_line_exit_1(project: dict[str, Path]):
     proc = rlxc("run", str(project["graph"]), "--input", f"y={project['x']}", "--weights", str(project["weights"]),
                 env={"RLX_CACHE_DIR": os.environ["RLX_CACHE_DIR"]})
     assert proc.returncode == 1
-    assert proc.stderr.count("\n") == 1 and "unknown inputs ['y']" in proc.stderr
+    # A cold compile may print one progress line first ("compiling tiny... done in 1.0 s"): the error is one line.
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "unknown inputs ['y']" in errors[0], proc.stderr
+    assert proc.stderr.splitlines()[-1] == errors[0] and "Traceback" not in proc.stderr
 
 
 def test_emit_source_prints_c(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
@@ -263,6 +271,11 @@ def test_inspect_hir_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     serialize.save(bert_hir(cfg, max_batch=2, max_seq=8), path)
     assert main(["inspect", str(path), "--stage", "hir"]) == 0
     assert "attention" in capsys.readouterr().out
+    assert main(["inspect", str(path), "--stage", "hir", "-O1"]) == 2  # the HIR comes before the optimizer
+    assert "before the optimizer" in capsys.readouterr().err
+    assert main(["inspect", str(path), "--stage", "mir", "-v"]) == 0  # an HIR graph lowers, then optimizes
+    err = capsys.readouterr().err
+    assert all(re.search(rf"rlxc:   {s}\s+\d+\.\d ms", err) for s in ("lower", "optimize", "plan")), err
 
 
 def test_bench_reports_median_min_max(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
@@ -282,7 +295,11 @@ def test_cache_explain_a_graph(project: dict[str, Path], capsys: pytest.CaptureF
     assert "differs in 1 component(s)" in out and "lir: wanted" in out
 
 
-class _FakeTty:
+
+# ── progress, -v, targets, flags that must not be ignored ─────────────────
+
+
+class _FakeStream:
     def __init__(self, tty: bool) -> None:
         self.tty, self.text = tty, ""
 
@@ -296,17 +313,320 @@ class _FakeTty:
         pass
 
 
-def test_progress_only_on_a_terminal():
-    import threading
+def test_progress_spinner_on_a_terminal_plain_line_elsewhere():
+    import time
 
     from rlx.cli import progress
 
-    for tty in (True, False):
-        stream = _FakeTty(tty)
-        started = threading.Event()
-        with progress("compiling bert", stream):
-            started.wait(0.8)  # long enough for the spinner's first frames
-        if tty:
-            assert "compiling bert" in stream.text and stream.text.endswith("\r\033[K")
-        else:
-            assert stream.text == ""
+    tty, log = _FakeStream(True), _FakeStream(False)
+    for stream in (tty, log):
+        with progress("compiling bert", stream, delay=0.05):
+            time.sleep(0.4)  # long enough for the spinner's first frames
+    assert "\rcompiling bert |" in tty.text and tty.text.endswith("\r\033[K")
+    assert re.fullmatch(r"compiling bert\.\.\. done in \d+\.\d s\n", log.text), log.text
+
+
+def test_progress_says_nothing_for_fast_work_and_reports_failure():
+    import time
+
+    from rlx.cli import progress
+
+    fast = _FakeStream(False)
+    with progress("compiling tiny", fast, delay=5.0):
+        pass
+    assert fast.text == ""
+    failed = _FakeStream(False)
+    with pytest.raises(RuntimeError), progress("compiling tiny", failed, delay=0.01):
+        time.sleep(0.2)
+        raise RuntimeError("cc died")
+    assert re.fullmatch(r"compiling tiny\.\.\. failed after \d+\.\d s\n", failed.text), failed.text
+
+
+def test_version_names_rlx_python_and_compiler(cache_root: Path):
+    import platform
+
+    import rlx
+
+    proc = rlxc("--version")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"rlxc (rlx) {rlx.__version__}"
+    assert lines[1].startswith(f"python   {platform.python_version()}")
+    assert lines[2].startswith("cc       /") and lines[3].startswith("nvcc     ")
+
+
+def test_parse_target_forms():
+    assert parse_target("cpu") == parse_target("CPU")
+    assert parse_target("cpu").cpu_target is None and parse_target("cpu:native").cpu_target == "native"
+    assert parse_target("cpu:avx2").cpu_target == "x86-64-v3"
+    assert parse_target("cpu:avx512").cpu_target == "x86-64-v4"
+    assert parse_target("cpu:x86-64-v2").cpu_target == "x86-64-v2"
+    assert (parse_target("cuda").device, parse_target("cuda").arch) == ("cuda", None)
+    assert parse_target("cuda:sm_90").arch == "sm_90" and parse_target("cuda:90a").arch == "sm_90a"
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("metal", "the Metal backend is not available in this build"),
+    ("metal:m2", "the Metal backend is not available in this build"),
+    ("tpu", "unknown target 'tpu'"),
+    ("cuda:sm_9x", "expected a GPU arch like cuda:sm_90"),
+    ("cpu:", "names no variant"),
+])
+def test_bad_targets_exit_2_with_the_reason(target: str, message: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]):
+    graph = tiny_graph(tmp_path / "g.json")
+    assert main(["compile", str(graph), "--target", target]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_does_not_offer_metal(capsys: pytest.CaptureFixture[str]):
+    for command in ("compile", "run", "bench", "inspect"):
+        assert main([command, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert "metal" not in out.lower() and "cuda:sm_XY" in out and "-O {0-3}" in out
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="cpu:avx2 is an x86-64 level")
+def test_cpu_isa_target_reaches_the_compiler(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    assert main(["compile", str(project["graph"]), "--target", "cpu:avx2", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "-march=x86-64-v3" in err
+    assert main(["cache", "ls"]) == 0
+    assert "cpu x86-64-v3" in capsys.readouterr().out
+
+
+def test_verbose_prints_command_lines_and_stage_timings(project: dict[str, Path],
+                                                        capsys: pytest.CaptureFixture[str]):
+    g = str(project["graph"])
+    assert main(["compile", g, "-v", "-O1"]) == 0
+    err = capsys.readouterr().err
+    assert "compiling tiny for cpu at -O1" in err
+    for stage in ("lower", "optimize", "plan", "toolchain", "render", "build", "load", "total"):
+        assert re.search(rf"^rlxc:   {stage}\s+\d+\.\d ms", err, re.MULTILINE), (stage, err)
+    (command,) = [line for line in err.splitlines() if line.startswith("rlxc: $ ")]
+    assert "-shared" in command and "model.c" in command and "model.so" in command
+    assert main(["compile", g, "-v", "-O1"]) == 0  # built: now a cache hit, nothing run
+    err = capsys.readouterr().err
+    assert "rlxc: $" not in err and "cache hit" in err and re.search(r"load\s+\d+\.\d ms", err)
+
+
+def test_verbose_and_quiet_exclude_each_other(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    assert main(["compile", str(project["graph"]), "-v", "-q"]) == 2
+    assert "not allowed with" in capsys.readouterr().err
+
+
+def test_opt_level_short_form(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    g = str(project["graph"])
+    assert main(["inspect", g, "-O0"]) == 0
+    assert "fused_matmul_bias_act" not in capsys.readouterr().out
+    assert main(["inspect", g, "-O", "2"]) == 0
+    assert "fused_matmul_bias_act" in capsys.readouterr().out
+    assert main(["inspect", g, "-O4"]) == 2
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["inspect", "{art}", "--passes"], "--passes needs the graph .json"),
+    (["inspect", "{art}", "-O1"], "-O/--opt-level only apply when compiling"),
+    (["inspect", "{art}", "--stage", "lir"], "--stage lir needs the graph .json"),
+    (["inspect", "{art}", "-v"], "-v needs the graph .json"),
+    (["inspect", "{graph}", "--stage", "manifest"], "--stage manifest is for an artifact"),
+    (["inspect", "{graph}", "--target", "cpu:avx2"], "--target changes only --stage source"),
+    (["inspect", "{graph}", "--stage", "source", "--target", "cuda:sm_90"], "--emit-source"),
+    (["run", "{art}", "-O3", "--input", "x={x}"], "only apply when compiling"),
+    (["bench", "{art}", "--target", "cpu:avx2"], "--target only apply when compiling"),
+    (["compile", "{graph}", "--weights", "{weights}"], "--weights needs -o DIR"),
+    (["compile", "{graph}", "--num-threads", "2"], "unrecognized arguments: --num-threads"),
+    (["compile", "{graph}", "--max-dim", "n=4"], "--max-dim applies to .onnx models"),
+    (["compile", "{art}"], "is a directory"),
+    (["cache", "ls", "extra"], "cache ls takes no argument"),
+    (["cache", "ls", "--no-repair"], "--no-repair applies to `cache verify`"),
+    (["cache", "verify", "--stale-seconds", "5"], "--stale-seconds applies to `cache gc`"),
+    (["cache", "stat", "-O2"], "apply to `cache explain GRAPH` only"),
+    (["cache", "explain", "abc123", "-O1"], "a key already names one build"),
+])
+def test_flags_that_would_do_nothing_are_refused(argv: list[str], message: str, project: dict[str, Path],
+                                                 capsys: pytest.CaptureFixture[str]):
+    art = project["dir"] / "art"
+    assert main(["compile", str(project["graph"]), "-o", str(art), "-q"]) == 0
+    capsys.readouterr()
+    names = {"art": art, "graph": project["graph"], "x": project["x"], "weights": project["weights"]}
+    assert main([a.format(**names) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_unset_params_hint_at_weights(project: dict[str, Path], capsys: pytest.CaptureFixture[str]):
+    art = project["dir"] / "art"
+    assert main(["compile", str(project["graph"]), "-o", str(art)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(art), "--input", f"x={project['x']}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "never set" in err and "'w'" in err and "--weights W.safetensors" in err and "rlxc compile" in err
+    assert main(["run", str(project["graph"]), "--input", f"x={project['x']}"]) == 1
+    assert "never set" in (err := capsys.readouterr().err) and "pass --weights W.safetensors" in err
+
+
+def test_closed_pipe_ends_quietly(tmp_path: Path, cache_root: Path):
+    from rlx.ir.graph import Graph
+
+    # A source of several hundred KiB: far more than a pipe buffer, so rlxc writes after `head` has exited.
+    g = Graph("chain")
+    x = g.input("x", [4])
+    y = x
+    for i in range(400):
+        y = g.activation("relu" if i % 2 else "gelu", g.add_(y, x))
+    g.set_outputs([y])
+    path = tmp_path / "chain.json"
+    g.save(path)
+    script = (f"{shlex.quote(sys.executable)} -m rlx.cli inspect {shlex.quote(str(path))} --stage source -O0 "
+              "| head -1; echo \"rlxc exit ${PIPESTATUS[0]}\" >&2")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout == "/*\n"
+    assert proc.stderr == "rlxc exit 0\n", proc.stderr
+
+
+# ── cache ls / stat across processes ──────────────────────────────────────
+
+
+def test_cache_ls_names_graphs_targets_sizes_and_last_use(project: dict[str, Path],
+                                                          capsys: pytest.CaptureFixture[str]):
+    assert main(["compile", str(project["graph"]), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["cache", "ls"]) == 0
+    captured = capsys.readouterr()
+    (row,) = captured.out.splitlines()[1:]
+    _key, name, device, isa, size, unit, day, _clock = row.split()
+    assert name == "tiny" and device == "cpu" and isa.startswith(("native", "x86-64"))
+    assert float(size) > 0 and unit in ("KiB", "MiB") and re.fullmatch(r"\d{4}-\d\d-\d\d", day)
+    assert "1 entry" in captured.err
+
+
+def test_cache_stat_counts_every_process(project: dict[str, Path]):
+    env = {"RLX_CACHE_DIR": os.environ["RLX_CACHE_DIR"]}
+    g = str(project["graph"])
+    first, second = rlxc("compile", g, env=env), rlxc("compile", g, env=env)
+    assert first.returncode == 0 and "(built," in first.stdout, first.stderr
+    assert second.returncode == 0 and "(cache hit," in second.stdout, second.stderr
+    stat = rlxc("cache", "stat", env=env)
+    values = dict(line.split(": ", 1) for line in stat.stdout.splitlines())
+    assert (values["builds"], values["misses"], values["hits"]) == ("1", "1", "1"), stat.stdout
+    assert values["since"] != "never"
+    assert len((Path(os.environ["RLX_CACHE_DIR"]) / "stats.json").read_bytes()) < 1024
+
+
+def test_concurrent_processes_never_lose_a_count(cache_root: Path):
+    _fill(cache_root, (7,))
+    before = AotCache(Config(cache_dir=cache_root)).stat()["hits"]
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('w', {str(DATA / 'cache_worker.py')!r})\n"
+            "w = importlib.util.module_from_spec(spec); spec.loader.exec_module(w)\n"
+            "from rlx.config import Config\nfrom rlx.toolchain.cache import AotCache\n"
+            f"cache = AotCache(Config(cache_dir={str(cache_root)!r}))\n"
+            "for _ in range(40):\n    assert cache.get_or_build(w.components(7), w.make_build(7)).hit\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    assert AotCache(Config(cache_dir=cache_root)).stat()["hits"] - before == 80
+
+
+# ── ONNX models ───────────────────────────────────────────────────────────
+
+
+def test_onnx_model_compiles_with_its_weights_through_from_onnx(project: dict[str, Path],
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]):
+    """The CLI side of `rlxc compile MODEL.onnx`, against a stand-in with `rlx.from_onnx`'s signature."""
+    import types
+
+    from safetensors.numpy import load_file
+
+    from rlx.ir import serialize
+
+    calls = []
+
+    def from_onnx(path_or_model: object, *, max_dims: dict[str, int] | None = None,
+                  name: str | None = None) -> types.SimpleNamespace:
+        calls.append((Path(str(path_or_model)), max_dims))
+        return types.SimpleNamespace(graph=serialize.load(project["graph"]),
+                                     params=load_file(str(project["weights"])))
+
+    fake = types.ModuleType("rlx.frontends.onnx")
+    fake.from_onnx = from_onnx  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rlx.frontends", types.ModuleType("rlx.frontends"))
+    monkeypatch.setitem(sys.modules, "rlx.frontends.onnx", fake)
+    model = project["dir"] / "m.onnx"
+    model.write_bytes(b"stand-in")
+    art = project["dir"] / "art"
+    assert main(["compile", str(model), "-o", str(art), "--max-dim", "n=8", "-q"]) == 0
+    assert "with 1 weight tensor(s)" in capsys.readouterr().out
+    assert calls == [(model, {"n": 8})]
+    assert (art / "weights.safetensors").is_file()
+    npz = project["dir"] / "o.npz"
+    assert main(["run", str(art), "--input", f"x={project['x']}", "--output", str(npz)]) == 0
+    np.testing.assert_allclose(np.load(npz)["out0"], _expected(project), rtol=1e-6, atol=1e-6)
+    assert main(["compile", str(model), "--max-dim", "n"]) == 2
+    assert "--max-dim takes NAME=N" in capsys.readouterr().err
+
+
+# Skip only while rlx.frontends.onnx is landing in parallel (another branch): the lead removes this
+# skipif at merge, after which the test must run.
+@pytest.mark.skipif(importlib.util.find_spec("rlx.frontends") is None
+                    or importlib.util.find_spec("rlx.frontends.onnx") is None,
+                    reason="rlx.frontends.onnx lands in a parallel branch (remove this skip at merge)")
+def test_real_onnx_model_end_to_end(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = (np.arange(12, dtype=np.float32).reshape(4, 3) / 10 - 0.5)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "tiny_onnx",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+        initializer=[numpy_helper.from_array(w, "w")])
+    path = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4)
+    np.save(tmp_path / "x.npy", x)
+    art = tmp_path / "art"
+    assert main(["compile", str(path), "-o", str(art), "--max-dim", "n=8", "-q"]) == 0
+    npz = tmp_path / "o.npz"
+    assert main(["run", str(art), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(npz)]) == 0
+    (y,) = np.load(npz).values()
+    np.testing.assert_allclose(y, np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
+
+
+# ── examples/ end to end ──────────────────────────────────────────────────
+
+
+def test_examples_walkthrough(tmp_path: Path, cache_root: Path):
+    """README's walkthrough: trace + save JSON, rlxc compile, rlxc run, then the C consumer on the artifact."""
+    env = {"RLX_CACHE_DIR": str(cache_root)}
+    made = subprocess.run([sys.executable, str(REPO / "examples" / "mlp.py"), str(tmp_path)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert made.returncode == 0, made.stderr
+    expected = np.load(tmp_path / "expected.npy")
+    art = tmp_path / "mlp_artifact"
+    built = rlxc("compile", str(tmp_path / "mlp.json"), "-o", str(art), "--weights", str(tmp_path / "mlp.safetensors"),
+                 env=env)
+    assert built.returncode == 0 and "with 4 weight tensor(s)" in built.stdout, built.stderr
+    ran = rlxc("run", str(art), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "y.npz"), env=env)
+    assert ran.returncode == 0, ran.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], expected, rtol=1e-5, atol=1e-6)
+
+    cc = shutil.which(os.environ.get("CC") or "cc")
+    assert cc is not None, "a C compiler is a requirement of RLX itself"
+    consumer = tmp_path / "consumer"
+    build = subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(consumer),
+                            str(REPO / "examples" / "consumer.c"), "-I", str(art), "-L", str(art), "-l:model.so",
+                            f"-Wl,-rpath,{art}"], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(consumer), str(art), str(tmp_path / "x.npy")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = [[float(v) for v in line.split("=")[1].split()] for line in out.stdout.splitlines()]
+    np.testing.assert_allclose(np.array(rows, np.float32), expected, rtol=1e-5, atol=1e-6)
+    # The C ABI's checks reach the consumer: a missing artifact is a message and exit 1, not a crash.
+    bad = subprocess.run([str(consumer), str(tmp_path / "nowhere"), str(tmp_path / "x.npy")], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "cannot open" in bad.stderr

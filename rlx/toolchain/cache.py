@@ -49,6 +49,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -80,11 +81,16 @@ LAST_USE = "last_use"
 
 _KEY_CHARS = frozenset("0123456789abcdef")
 
-# Process-wide counters for `stats()`: observability only, they never change behaviour.
+# Counters for `stats()`: observability only, they never change behaviour. `_COUNTERS` counts this
+# process; `<root>/stats.json` (STATS) accumulates every process's counts for that root, so `rlxc cache stat`
+# reports what the cache has done, not what the rlxc process itself did (nothing).
 _COUNTERS: dict[str, float] = {
     "hits": 0, "layer_hits": 0, "misses": 0, "builds": 0, "build_seconds": 0.0,
     "lock_waits": 0, "quarantined": 0, "evicted": 0,
 }
+STATS = "stats.json"
+#: Seconds to wait for another process's update of stats.json before dropping this update (counts are advisory).
+_STATS_LOCK_TIMEOUT = 2.0
 _TEMP_BUILDS: list[Path] = []
 
 
@@ -176,6 +182,7 @@ class EntryInfo:
     created: float
     last_use: float
     components: dict = field(compare=False, repr=False)
+    name: str = ""  # the graph's name: meta.json "info", else the generated source's header ("" if unknown)
 
 
 @dataclass(frozen=True)
@@ -319,22 +326,32 @@ class AotCache:
         for layer in self.layers:
             entry = self._try_layer(layer, key)
             if entry is not None:
+                self._count(hits=1, layer_hits=1)
                 return entry
         try:
-            return self._verified(key, self.root, layer="root", hit=True)
+            entry = self._verified(key, self.root, layer="root", hit=True)
         except _Corrupt:
             return None
+        if entry is not None:
+            # The compile index finds entries through lookup(): count those hits too (a miss is
+            # counted by the get_or_build that follows it).
+            self._count(hits=1)
+        return entry
 
-    def get_or_build(self, components: Mapping[str, Any], build: Callable[[Path], None]) -> CacheEntry:
-        """Return the entry for `components`, building it with `build(workdir)` if no process has yet."""
+    def get_or_build(self, components: Mapping[str, Any], build: Callable[[Path], None], *,
+                     info: Mapping[str, Any] | None = None) -> CacheEntry:
+        """Return the entry for `components`, building it with `build(workdir)` if no process has yet.
+
+        `info` (e.g. {"name": graph name}) is recorded in a new entry's meta.json for `rlxc cache ls`;
+        it is not part of the key.
+        """
         key = cache_key(components)
         if not self.enabled:
-            return self._build_uncached(key, components, build)
+            return self._build_uncached(key, components, build, info)
         for layer in self.layers:
             entry = self._try_layer(layer, key)
             if entry is not None:
-                _COUNTERS["hits"] += 1
-                _COUNTERS["layer_hits"] += 1
+                self._count(hits=1, layer_hits=1)
                 log.debug("cache hit %s in read-only layer %s", key, layer)
                 return entry
         try:
@@ -342,10 +359,10 @@ class AotCache:
         except _Corrupt:
             entry = None
         if entry is not None:
-            _COUNTERS["hits"] += 1
+            self._count(hits=1)
             log.debug("cache hit %s", key)
             return entry
-        return self._locked_build(key, components, build)
+        return self._locked_build(key, components, build, info)
 
     def _try_layer(self, layer: Path, key: str) -> CacheEntry | None:
         try:
@@ -389,7 +406,8 @@ class AotCache:
                 os.utime(d / LAST_USE)
         return CacheEntry(key=key, dir=d, hit=hit, meta=meta, layer=layer)
 
-    def _locked_build(self, key: str, components: Mapping[str, Any], build: Callable[[Path], None]) -> CacheEntry:
+    def _locked_build(self, key: str, components: Mapping[str, Any], build: Callable[[Path], None],
+                      info: Mapping[str, Any] | None = None) -> CacheEntry:
         import filelock
 
         self._ensure_root()
@@ -397,7 +415,7 @@ class AotCache:
         try:
             lock.acquire(timeout=0)
         except filelock.Timeout:
-            _COUNTERS["lock_waits"] += 1
+            self._count(lock_waits=1)
             log.debug("cache entry %s is being built by another process; waiting", key)
             timeout = max(self.config.cache_lock_timeout, 0.0)
             try:
@@ -408,12 +426,12 @@ class AotCache:
                     f"(lock {self._lock_path(key)}); raise RLX_CACHE_LOCK_TIMEOUT or look for a stuck rlx process"
                 ) from None
         try:
-            return self._build_holding_lock(key, components, build)
+            return self._build_holding_lock(key, components, build, info)
         finally:
             lock.release()
 
     def _build_holding_lock(self, key: str, components: Mapping[str, Any],
-                            build: Callable[[Path], None]) -> CacheEntry:
+                            build: Callable[[Path], None], info: Mapping[str, Any] | None = None) -> CacheEntry:
         final = self.entry_dir(key)
         try:
             entry = self._verified(key, self.root, layer="root", hit=True)
@@ -421,14 +439,15 @@ class AotCache:
             self._quarantine(final, str(exc))
             entry = None
         if entry is not None:  # built by the process we waited for
-            _COUNTERS["hits"] += 1
+            self._count(hits=1)
             log.debug("cache hit %s (built by another process)", key)
             return entry
-        _COUNTERS["misses"] += 1
+        self._count(misses=1)
         self._clean_stale_tmp()
         work = Path(tempfile.mkdtemp(prefix=f"{key}.{os.getpid()}.", dir=self.root / "tmp"))
         try:
-            meta = _run_build(key, components, build, work)
+            meta = _run_build(key, components, build, work, info)
+            self._count(builds=1, build_seconds=meta["build_seconds"])
             (work / LAST_USE).touch()
             _mkdir_private(final.parent)
             check_private(final.parent, "cache directory")
@@ -444,18 +463,75 @@ class AotCache:
         self.evict(protect=(key,))
         return entry
 
-    def _build_uncached(self, key: str, components: Mapping[str, Any], build: Callable[[Path], None]) -> CacheEntry:
-        _COUNTERS["misses"] += 1
+    def _build_uncached(self, key: str, components: Mapping[str, Any], build: Callable[[Path], None],
+                        info: Mapping[str, Any] | None = None) -> CacheEntry:
+        self._count(misses=1)
         work = Path(tempfile.mkdtemp(prefix="rlx-build-"))
         if not _TEMP_BUILDS:
             atexit.register(_remove_temp_builds)
         _TEMP_BUILDS.append(work)
         try:
-            meta = _run_build(key, components, build, work)
+            meta = _run_build(key, components, build, work, info)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
+        self._count(builds=1, build_seconds=meta["build_seconds"])
         return CacheEntry(key=key, dir=work, hit=False, meta=meta, layer="temp")
+
+    # ── counters ──
+
+    def _count(self, **deltas: float) -> None:
+        """Add to this process's counters and to the root's persisted ones (`<root>/stats.json`).
+
+        The file is tiny (a dozen numbers) and rewritten atomically under a file lock, so concurrent
+        processes never lose an update or leave half a file. Counting must never break a compile: a lock
+        held too long or an unwritable root drops the persisted update (the process counters still count).
+        """
+        for k, v in deltas.items():
+            _COUNTERS[k] += v
+        if not self.enabled:
+            return
+        import filelock
+
+        path = self.root / STATS
+        try:
+            if not self.root.is_dir():
+                return
+            _mkdir_private(self.root / "locks")
+            with filelock.FileLock(self.root / "locks" / "stats.lock").acquire(timeout=_STATS_LOCK_TIMEOUT):
+                totals = self.persisted_counters()
+                for k, v in deltas.items():
+                    totals[k] = totals.get(k, 0) + v
+                totals["build_seconds"] = round(float(totals.get("build_seconds", 0.0)), 4)
+                totals["since"] = totals.get("since") or time.time()
+                fd, tmp = tempfile.mkstemp(prefix=".stats.", dir=self.root)
+                try:
+                    with os.fdopen(fd, "w", encoding="utf-8") as f:
+                        json.dump(totals, f, sort_keys=True)
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+        except (OSError, filelock.Timeout) as exc:
+            log.debug("cache counters not persisted: %s", exc)
+
+    def persisted_counters(self) -> dict[str, float]:
+        """Counters summed over every process that used this root (zeros when none has yet).
+
+        `since` is when counting started (0 when never).
+        """
+        out: dict[str, float] = {k: (0.0 if isinstance(v, float) else 0) for k, v in _COUNTERS.items()}
+        out["since"] = 0.0
+        try:
+            doc = json.loads((self.root / STATS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return out
+        if isinstance(doc, dict):
+            for k, v in doc.items():
+                if k in out and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[k] = v
+        return out
 
     # ── small memos ──
 
@@ -508,7 +584,7 @@ class AotCache:
             os.rename(d, dest)
         except OSError as exc:
             raise CacheError(f"cannot quarantine corrupt cache entry {d}: {exc.strerror}") from None
-        _COUNTERS["quarantined"] += 1
+        self._count(quarantined=1)
         warnings.warn(f"RLX cache: entry {d.name} is corrupt ({reason}); moved to {dest} and rebuilding",
                       CacheWarning, stacklevel=5)
         return dest
@@ -586,7 +662,7 @@ class AotCache:
                 continue
             total -= info.bytes
             evicted.append(info.key)
-            _COUNTERS["evicted"] += 1
+            self._count(evicted=1)
             log.debug("cache evicted %s (%d bytes)", info.key, info.bytes)
         return evicted
 
@@ -628,6 +704,11 @@ class AotCache:
             return {"tmp": 0, "quarantine": 0, "evicted": 0}
         check_private(self.root, "cache root")
         removed_tmp = self._clean_stale_tmp(stale_seconds)
+        # Temp files of a stats.json update whose process died between writing and renaming.
+        for tmp in self.root.glob(".stats.*"):
+            with contextlib.suppress(OSError):
+                if time.time() - tmp.lstat().st_mtime >= self.stale_seconds:
+                    tmp.unlink()
         removed_q = 0
         qdir = self.root / "quarantine"
         if qdir.is_dir():
@@ -692,7 +773,10 @@ class AotCache:
         return Explanation(key=key, hit=False, nearest=best[2].key, differences=tuple(best[3]))
 
     def stat(self) -> dict[str, Any]:
-        """On-disk summary of the root and layers, plus this process's counters."""
+        """On-disk summary of the root and layers, plus the counters of every process that used the root.
+
+        With the cache disabled there is no root to keep counts in: the counters are this process's.
+        """
         infos = self.entries(layers=False)
         qdir = self.root / "quarantine"
         tmp = self.root / "tmp"
@@ -706,14 +790,16 @@ class AotCache:
             "layer_entries": sum(len(list(_entry_dirs(p))) for p in self.layers),
             "quarantined_on_disk": len(list(qdir.iterdir())) if qdir.is_dir() else 0,
             "tmp_dirs": len(list(tmp.iterdir())) if tmp.is_dir() else 0,
-            **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in _COUNTERS.items()},
+            **{k: (round(v, 3) if isinstance(v, float) else v)
+               for k, v in (self.persisted_counters() if self.enabled else {**_COUNTERS, "since": 0.0}).items()},
         }
 
 
 # ── helpers ──────────────────────────────────────────────────────────────
 
 
-def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], None], work: Path) -> dict:
+def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], None], work: Path,
+               info: Mapping[str, Any] | None = None) -> dict:
     t0 = time.time()
     build(work)
     elapsed = time.time() - t0
@@ -731,8 +817,6 @@ def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], 
         files[rel] = {"sha256": file_sha256(path), "size": path.stat().st_size}
     for sub in (p for p in work.rglob("*") if p.is_dir()):
         os.chmod(sub, stat.S_IMODE(sub.stat().st_mode) & ~0o022)
-    _COUNTERS["builds"] += 1
-    _COUNTERS["build_seconds"] += elapsed
     from rlx import __version__
 
     meta = {
@@ -746,6 +830,8 @@ def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], 
         "build_seconds": round(elapsed, 4),
         "rlx_version": __version__,
     }
+    if info:
+        meta["info"] = {str(k): v for k, v in info.items() if isinstance(v, (str, int, float, bool))}
     text = json.dumps(meta, indent=1, sort_keys=True)
     (work / META).write_text(text + "\n", encoding="utf-8")
     os.chmod(work / META, 0o644)
@@ -787,11 +873,15 @@ def _entry_dirs(base: Path) -> Iterator[Path]:
 
 
 def _info(d: Path, layer: str) -> EntryInfo:
+    name = ""
     try:
         meta = json.loads((d / META).read_text(encoding="utf-8"))
         components = meta.get("components", {}) if isinstance(meta, dict) else {}
         created = float(meta.get("created", 0.0))
         nbytes = int(meta.get("bytes", 0))
+        info = meta.get("info")
+        if isinstance(info, dict) and isinstance(info.get("name"), str):
+            name = info["name"]
     except (OSError, ValueError, TypeError, AttributeError):
         components, created, nbytes = {}, 0.0, 0
     if not nbytes:
@@ -801,7 +891,25 @@ def _info(d: Path, layer: str) -> EntryInfo:
     except OSError:
         last_use = created
     return EntryInfo(key=d.name, dir=d, layer=layer, bytes=nbytes, created=created, last_use=last_use,
-                     components=components if isinstance(components, dict) else {})
+                     components=components if isinstance(components, dict) else {}, name=name or _source_name(d))
+
+
+# The generated sources name their graph in the header comment: "* graph  : NAME" (C) and
+# 'for graph "NAME"' (CUDA). Entries built before meta.json recorded "info" are named from there.
+_SOURCE_NAME_RE = re.compile(rb'^\s*\*\s*graph\s*:\s*(\S+)|for graph "([^"\n]{1,200})"', re.MULTILINE)
+
+
+def _source_name(d: Path) -> str:
+    source = source_in(d)
+    if source is None:
+        return ""
+    try:
+        with open(source, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return ""
+    m = _SOURCE_NAME_RE.search(head)
+    return (m.group(1) or m.group(2)).decode("utf-8", "replace") if m else ""
 
 
 def _fsync_path(path: Path) -> None:
@@ -831,7 +939,7 @@ def _remove_temp_builds() -> None:
 
 
 def stats(config: Config | None = None) -> dict[str, Any]:
-    """Counters of this process (hits, misses, builds, ...) and the size of the cache on disk.
+    """Counters (hits, misses, builds, ...) of every process that used the cache root, and its size on disk.
 
     >>> sorted(k for k in stats() if k in ("hits", "misses", "builds", "bytes"))
     ['builds', 'bytes', 'hits', 'misses']

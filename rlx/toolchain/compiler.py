@@ -28,6 +28,7 @@ Only 32-bit-integer (LP64) BLAS builds are supported: generated code declares
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -37,6 +38,8 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,14 +230,43 @@ def find_compiler(cc: str) -> tuple[str, str]:
     return resolved, version_text(resolved, "C compiler")
 
 
+#: A compiler-command observer: `fn(cmd, started, seconds)`, called with seconds=None just before the
+#: command runs and with its wall time after it ends (failed or not). `started` is `time.perf_counter()`.
+CommandObserver = Callable[[list[str], float, "float | None"], None]
+_OBSERVERS: list[CommandObserver] = []
+
+
+@contextlib.contextmanager
+def observe_commands(fn: CommandObserver) -> Iterator[None]:
+    """Call `fn` around every cc/nvcc build command run inside the block (`rlxc -v` prints them).
+
+    Observability only: an observer never changes a build, and one that raises is ignored.
+    """
+    _OBSERVERS.append(fn)
+    try:
+        yield
+    finally:
+        _OBSERVERS.remove(fn)
+
+
+def _notify(cmd: list[str], started: float, seconds: float | None) -> None:
+    for fn in list(_OBSERVERS):
+        with contextlib.suppress(Exception):
+            fn(list(cmd), started, seconds)
+
+
 def run_compiler(cmd: list[str], source: Path, output: Path, what: str, timeout: float) -> None:
     """Run one compiler command; BuildError with the compiler's own message and the command."""
+    started = time.perf_counter()
+    _notify(cmd, started, None)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise BuildError(f"{what} {cmd[0]!r} disappeared; source kept at {source}") from None
     except subprocess.TimeoutExpired:
         raise BuildError(f"{what} timed out after {timeout:.0f} s building {source}") from None
+    finally:
+        _notify(cmd, started, time.perf_counter() - started)
     if proc.returncode != 0 or not output.exists():
         message = (proc.stderr or proc.stdout).strip()
         if len(message) > 8000:
