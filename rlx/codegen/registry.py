@@ -130,7 +130,7 @@ def table(backend: str) -> RuleTable:
 def _load_rules(backend: str) -> RuleTable:
     # The rules of a backend register when its codegen module is imported.
     if backend == "cpu":
-        import rlx.codegen.c  # noqa: F401
+        import rlx.codegen.c
     elif backend == "cuda":
         import rlx.codegen.cuda  # noqa: F401
     return table(backend)

@@ -46,7 +46,7 @@ class View:
 
     dims: tuple[Dim, ...]
     strides: tuple[Dim, ...]
-    offset: Dim = Dim(0)
+    offset: Dim = Dim(0)  # noqa: RUF009 - Dim is a frozen (immutable) value
 
     def __post_init__(self) -> None:
         if len(self.dims) != len(self.strides):

@@ -106,8 +106,8 @@ class Session:
         is the key a full compile would compute.
         """
         from rlx.toolchain.cache import AotCache
-        from rlx.toolchain.cpu import build_cpu, cpu_toolchain_components
         from rlx.toolchain.compiler import detect_toolchain
+        from rlx.toolchain.cpu import build_cpu, cpu_toolchain_components
 
         config = self.config
         if isinstance(graph, LirModule) or getattr(graph, "stage", None) == "lir":

@@ -24,14 +24,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlx.toolchain.cache import AotCache, cache_key
-from rlx.toolchain.isa import describe as describe_isa
-from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.codegen.c import ABI_VERSION, CODEGEN_VERSION, CTarget, render_c
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
 from rlx.templates_path import templates_dir
+from rlx.toolchain.cache import AotCache, cache_key
+from rlx.toolchain.compiler import Toolchain, detect_toolchain
+from rlx.toolchain.isa import describe as describe_isa
 
 
 def templates_digest(target: str = "cpu") -> str:

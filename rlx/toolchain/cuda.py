@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlx.toolchain.cache import AotCache
-from rlx.toolchain.cpu import components_key, templates_digest
-from rlx.toolchain.compiler import run_compiler, version_text
 from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION, CudaTarget, render_cuda
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
+from rlx.toolchain.cache import AotCache
+from rlx.toolchain.compiler import run_compiler, version_text
+from rlx.toolchain.cpu import components_key, templates_digest
 
 #: Flags of every build.
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",

@@ -43,7 +43,7 @@ def test_unsupported_ops_are_refused_before_any_build(dtype, monkeypatch):
 
     monkeypatch.setattr(compiler, "run_compiler", no_compiler)
     refused = 0
-    for label, build in cases(dtype):
+    for _label, build in cases(dtype):
         g = build_one(dtype, build)
         if g is None:
             continue
@@ -51,7 +51,7 @@ def test_unsupported_ops_are_refused_before_any_build(dtype, monkeypatch):
         if unsupported is None:
             continue
         refused += 1
-        node, reason = unsupported
+        node, _reason = unsupported
         with pytest.raises(rlx.BuildError, match=f"does not support {node.kind}|has no rule for {node.kind}"):
             rlx.Session().compile(g, opt_level=0)
     if dtype is DType.F16:

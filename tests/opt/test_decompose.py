@@ -35,7 +35,8 @@ def test_decomposition_matches_the_op(key, dtype):
     want = rlx.reference.run(g, feed, params)[0]
     got = rlx.reference.run(out, feed, params)[0]
     # Several rounded ops instead of one: a few ulps of the dtype.
-    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "f32" else 1e-12, atol=1e-6 if dtype == "f32" else 1e-14)
+    rtol, atol = (1e-5, 1e-6) if dtype == "f32" else (1e-12, 1e-14)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
 
 
 def test_supported_ops_are_left_alone():
