@@ -282,6 +282,8 @@ def _find_erf_gelus(onnx: Any, nodes: Sequence[_Node], initializers: Mapping[str
             final, replaced = m1, [erf, add]
         else:
             continue
+        if consumers.get(erf.inputs[0]) == [erf] and erf.inputs[0] not in exported:
+            replaced.append(producer[erf.inputs[0]])  # x / sqrt(2) has no other use
         found.outputs[final.index] = x
         found.skipped.update(n.index for n in replaced)
         found.erfs.add(erf.index)
