@@ -13,7 +13,8 @@ and a model file, e.g. from ``python examples/make_onnx.py model.onnx``)::
     for name, value in params.items():
         compiled.set_param(name, value)
     ids = np.array([[2, 7, 9, 3]], np.int64)
-    outputs = compiled.run(input_ids=ids, attention_mask=np.ones_like(ids))
+    hidden, pooled = compiled.run(input_ids=ids, attention_mask=np.ones_like(ids),
+                                  position_ids=np.arange(4, dtype=np.int64))
 
 How the model maps onto RLX:
 
@@ -87,6 +88,8 @@ def from_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto, *,
     ``dim_param`` name; `name` names the graph (default: the ONNX graph's name).
     Raises `IRError` for malformed or unsupported models.
     """
+    if max_dims is not None and not isinstance(max_dims, Mapping):
+        raise TypeError(f"max_dims must map dynamic axis names to bounds, got {type(max_dims).__name__}")
     onnx = _onnx()
     proto = _load(onnx, model)
     _check_opset(proto)
