@@ -37,6 +37,16 @@ from rlx.trace import TracedTensor, Tracer, trace
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # rlx.from_onnx is looked up lazily so `import rlx` stays free of the frontends (and of onnx).
+    if name == "from_onnx":
+        from rlx.frontends.onnx import from_onnx
+
+        return from_onnx
+    raise AttributeError(f"module 'rlx' has no attribute {name!r}")
+
+
 __all__ = [
     "ArtifactError",
     "BuildError",
@@ -60,6 +70,7 @@ __all__ = [
     "TracedTensor",
     "Tracer",
     "cache",
+    "from_onnx",
     "load",
     "np",
     "optimize",
