@@ -569,13 +569,8 @@ def test_onnx_model_compiles_with_its_weights_through_from_onnx(project: dict[st
     assert "--max-dim takes NAME=N" in capsys.readouterr().err
 
 
-# Skip only while rlx.frontends.onnx is landing in parallel (another branch): the lead removes this
-# skipif at merge, after which the test must run.
-@pytest.mark.skipif(importlib.util.find_spec("rlx.frontends") is None
-                    or importlib.util.find_spec("rlx.frontends.onnx") is None,
-                    reason="rlx.frontends.onnx lands in a parallel branch (remove this skip at merge)")
 def test_real_onnx_model_end_to_end(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]):
-    import onnx
+    onnx = pytest.importorskip("onnx")  # an optional dependency (the `onnx` extra; installed by `dev`)
     from onnx import TensorProto, helper, numpy_helper
 
     w = (np.arange(12, dtype=np.float32).reshape(4, 3) / 10 - 0.5)
