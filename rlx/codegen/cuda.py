@@ -319,8 +319,6 @@ def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
 
 def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
     """The template context for `lir`: plain data (numbers, identifiers, C expressions) and the kernels."""
-    import rlx.codegen.cuda_rules  # noqa: F401  (registers the CUDA rules)
-
     lir = lower_cuda(lir, target)
     e = CudaEmitter(lir, target)
     lay = e.layout
@@ -394,3 +392,7 @@ def render_cuda(lir: LirModule, target: CudaTarget, manifest: dict) -> str:
             "cuda/kernels/cublaslt.cuh"))
     except jinja2.TemplateError as exc:
         raise BuildError(f"rendering the CUDA template failed: {type(exc).__name__}: {exc}") from exc
+
+
+# The rules register in table("cuda") when this module is imported (they use the emitter defined above).
+import rlx.codegen.cuda_rules  # noqa: E402, F401
