@@ -316,6 +316,7 @@ class Attention(Launch):
 
 
 def _kernel(node: Node, macro: str, args: Launch, *headers: str, func: str = "") -> Kernel:
+    # (cuBLASLt GEMMs name the GEMM header too: its bias/activation kernels run unfused epilogues and K == 0)
     return Kernel(node.id, macro, OPS, args, headers=headers, header=args.comment, func=func, label=node.label)
 
 
@@ -642,11 +643,6 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
                     bdims=tuple((e.dim(d), e.dim(x), e.dim(y)) for d, x, y in zip(bd, ca.strides, cb.strides)))
 
 
-def _gemm_headers(g: GemmCall) -> tuple[str, ...]:
-    # cuBLASLt calls still need the bias/activation epilogue kernels (K == 0, unfused epilogues)
-    return (GEMM,)
-
-
 def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
     """The leader of a QKV group: one cuBLASLt GEMM against the combined weight (see `GemmGroup`)."""
     g = e.groups[node.id]
@@ -680,7 +676,7 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
     g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
-    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", gemm=g), *_gemm_headers(g))
+    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", gemm=g), GEMM)
 
 
 @rules.register("fused_swiglu", accepts=_floats_only)
