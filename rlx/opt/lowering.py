@@ -33,6 +33,7 @@ from rlx.ir.decisions import AbsorbedTranspose, Decision, PackedParam
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.opt.lowering_cuda import cuda_decisions
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
 
@@ -112,12 +113,8 @@ def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     return (*absorbed, *pack_params(lir, sources))
 
 
-def _cuda_decisions(lir: LirModule) -> tuple[Decision, ...]:
-    return ()
-
-
-#: The decision passes of each backend.
-LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": _cuda_decisions}
+#: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout).
+LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": cuda_decisions}
 
 
 def lower_for(lir: LirModule, backend: str, **options: object) -> LirModule:

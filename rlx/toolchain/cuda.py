@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION, CudaTarget, render_cuda
+from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION, CudaTarget, lower_cuda, render_cuda
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
@@ -244,6 +244,7 @@ def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget 
     config = config or Config.from_env()
     toolchain = toolchain or detect_nvcc_toolchain(config, arch)
     target = resolve_target(toolchain, target or CudaTarget())
+    lir = lower_cuda(lir, target)  # the CUDA decisions are part of the LIR the cache key hashes
     components = cuda_key_components(lir, toolchain, target)
     key = components_key(components)
 

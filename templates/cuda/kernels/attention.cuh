@@ -281,7 +281,7 @@ __global__ void rlx_attn_combine(const float *__restrict__ part, T *__restrict__
  * accumulators directly as the A operand of P V (the C fragment layout of two n-tiles is the A fragment layout),
  * and rescales O in registers. Shared memory holds only the Q, K and V tiles (V read transposed by ldmatrix). NW warps per block (1 for short
  * query blocks, 4 otherwise). */
-{% raw %}
+
 template <typename T> struct RlxMma;
 template <> struct RlxMma<__half> {
     static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -308,7 +308,7 @@ template <> struct RlxMma<rlx_bf16> {
     }
 };
 
-{% endraw %}
+
 template <int D, int NW, int BK> struct RlxFaSmem {
     static constexpr int LDK = D + 8; /* halves per Q/K/V row: conflict-free fragment and ldmatrix loads */
     static constexpr size_t q_off = 0;
@@ -319,10 +319,10 @@ template <int D, int NW, int BK> struct RlxFaSmem {
 };
 
 /* B operand of P V straight from row-major V in shared memory: two 8x8 tiles, transposed by ldmatrix. */
-{% raw %}__device__ __forceinline__ void rlx_ldmatrix_x2_trans(uint32_t &r0, uint32_t &r1, const void *row) {
+__device__ __forceinline__ void rlx_ldmatrix_x2_trans(uint32_t &r0, uint32_t &r1, const void *row) {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(a));
-}{% endraw %}
+}
 
 template <typename T>
 __device__ __forceinline__ uint32_t rlx_ld32(const T *p) { return *reinterpret_cast<const uint32_t *>(p); }

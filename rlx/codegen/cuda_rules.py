@@ -1,0 +1,730 @@
+"""The CUDA rules: one per MIR op kind, each returning a `Kernel` with typed launch arguments.
+
+A rule reads one scheduled node and the `CudaEmitter` (pointers, dims, the
+LIR's decisions) and returns `Kernel(node, macro, template, args, headers)`:
+`templates/cuda/ops.cu.j2`'s macro `macro` renders the launch from `args` (a
+frozen dataclass below), and `headers` name the fixed device code under
+`templates/cuda/kernels/` that the launch needs (included once, only when
+used). A macro `<macro>_device`, when the kernel has a `func`, renders the
+graph-specific device function (elementwise regions).
+
+>>> from rlx.codegen.registry import table
+>>> sorted(table("cuda").rules)[:3]
+['activation', 'attention', 'binary']
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rlx.codegen.c import comment
+from rlx.codegen.cuda import _CTYPE, _CUDA_TYPE, _VTYPE, CudaEmitter, NdArgs, _act, _float_c, category
+from rlx.codegen.registry import Kernel, table
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node, NodeId
+from rlx.ir.shape import Dim, Shape, product
+from rlx.ir.view import View, collapse
+from rlx.opt.lowering_cuda import gemm_batching
+
+OPS = "cuda/ops.cu.j2"
+COPY, GATHER, ROPE = "cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh"
+ROWS, ATTENTION, GEMM = "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh"
+
+_RED = {"sum": "RLX_RED_SUM", "mean": "RLX_RED_MEAN", "max": "RLX_RED_MAX", "min": "RLX_RED_MIN",
+        "prod": "RLX_RED_PROD"}
+_MASK = {"none": "RLX_MASK_NONE", "causal": "RLX_MASK_CAUSAL", "padding": "RLX_MASK_PADDING",
+         "bias": "RLX_MASK_BIAS"}
+_FLOATS = (DType.F32, DType.F16, DType.BF16, DType.F64)
+_INTS = (DType.I8, DType.I32, DType.I64, DType.U8)
+rules = table("cuda")
+
+
+# ── launch arguments ─────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """What every launch has: its comment line and the C string naming it in errors.
+
+    `uses_flag`: the kernel may raise the device error flag (the run then clears and reads it);
+    `uses_lt`: it calls cuBLASLt; `smem_attrs`: (kernel, bytes) whose dynamic shared memory limit
+    `rlx_create` raises.
+    """
+
+    comment: str
+    what: str
+    uses_flag: bool = False
+    uses_lt: bool = False
+    smem_attrs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoWork(Launch):
+    """A view, or a QKV sibling computed by its group's GEMM."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memcpy(Launch):
+    src: str
+    dst: str
+    nbytes: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CopyNd(Launch):
+    src: str
+    dst: str
+    ti: str
+    to: str
+    idx: str
+    n: str
+    nd: NdArgs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Copies(Launch):
+    pieces: tuple[CopyNd, ...]
+
+
+@dataclass(frozen=True)
+class RegionLoad:
+    ctype: str
+    vtype: str
+    cat: str
+    ptr: str
+    index: str
+
+
+@dataclass(frozen=True)
+class RegionStep:
+    var: str
+    vtype: str
+    kind: str
+    fn: str
+    args: tuple[str, ...]
+    #: Integer arguments (integer division and power have their own helpers).
+    integer: bool
+    to: str
+
+
+@dataclass(frozen=True)
+class RegionOut:
+    ctype: str
+    cat: str
+
+
+@dataclass(frozen=True)
+class RegionKernel:
+    """The device function of one elementwise region: loads, steps in registers, one store."""
+
+    name: str
+    comment: str
+    idx: str
+    out: RegionOut
+    ins: tuple[RegionLoad, ...]
+    steps: tuple[RegionStep, ...]
+    result: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Region(Launch):
+    kernel: str
+    idx: str
+    n: str
+    out: str
+    ins: tuple[str, ...]
+    device: RegionKernel
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gather(Launch):
+    t: str
+    it: str
+    idx: str
+    table: str
+    index: str
+    out: str
+    outer: str
+    rows: str
+    nidx: str
+    inner: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rope(Launch):
+    t: str
+    neox: str
+    x: str
+    cos: str
+    sin: str
+    out: str
+    rows: str
+    seq: str
+    heads: int
+    hd: int
+    rot: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Norm(Launch):
+    t: str
+    a: str
+    tpr: int
+    vpt: int
+    vec: int
+    cpt: int
+    rms: str
+    res_on: str
+    bias_on: str
+    x: str
+    res: str
+    bias: str
+    gamma: str
+    beta: str
+    out: str
+    rows: str
+    n: int
+    eps: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoftmaxRows(Launch):
+    t: str
+    a: str
+    x: str
+    out: str
+    tpr: int
+    vpt: int
+    rows: str
+    n: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoftmaxCols(Launch):
+    t: str
+    a: str
+    x: str
+    out: str
+    outer: str
+    n: str
+    inner: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReduceRows(Launch):
+    t: str
+    fn: str
+    x: str
+    out: str
+    tpr: int
+    rows: str
+    nred: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReduceGeneric(Launch):
+    t: str
+    fn: str
+    x: str
+    out: str
+    nout: str
+    nred: str
+    kept: tuple[tuple[str, str], ...]
+    red: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmCall:
+    """One GEMM C = act(A B + bias): on cuBLASLt (`mode == "lt"`) or the built-in tiled kernel.
+
+    `full_*`: the node's whole epilogue (applied after a memset when K == 0); `lt_*`: what cuBLASLt's epilogue
+    fuses; `post_*`: what a separate bias/activation kernel applies after it (None: nothing).
+    """
+
+    t: str
+    a: str
+    b: str
+    c: str
+    m: str
+    n: str
+    k: str
+    batch: str
+    mode: str
+    act: str
+    bias_on: str
+    bias: str
+    full_act: str
+    full_bias_on: str
+    full_bias: str
+    folded: bool = False
+    # cuBLASLt
+    cuda_type: str = ""
+    sa: str = "(int64_t)0"
+    sb: str = "(int64_t)0"
+    lt_bias: str = "NULL"
+    lt_act: str = "RLX_ACT_NONE"
+    post_act: str | None = None
+    post_bias_on: str = "false"
+    post_bias: str = "nullptr"
+    post_vec: int = 0
+    # built-in: (dim, A stride, B stride) per collapsed batch dim
+    bdims: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm(Launch):
+    gemm: GemmCall
+
+
+@dataclass(frozen=True, kw_only=True)
+class Swiglu(Launch):
+    t: str
+    gate: GemmCall
+    up: GemmCall
+    out: str
+    upbuf: str
+    n: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attention(Launch):
+    t: str
+    mt: str
+    D: int
+    H: int
+    Hkv: int
+    mask: str
+    mma: bool
+    bk: int
+    vec: str
+    B: str
+    q_rs: int
+    k_rs: int
+    v_rs: int
+    Sq: str
+    Skv: str
+    scale: str
+    bs: tuple[str, str, str, str]
+    q: str
+    k: str
+    v: str
+    m: str
+    out: str
+
+
+def _kernel(node: Node, macro: str, args: Launch, *headers: str, func: str = "") -> Kernel:
+    # (cuBLASLt GEMMs name the GEMM header too: its bias/activation kernels run unfused epilogues and K == 0)
+    return Kernel(node.id, macro, OPS, args, headers=headers, header=args.comment, func=func, label=node.label)
+
+
+# ── accepts: which variants each rule takes ───────────────────────────────────
+
+
+def _dtypes_in(allowed: tuple[DType, ...], what: str) -> Any:
+    def accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+        bad = sorted({d.value for d in (*in_dtypes, out_dtype) if d not in allowed})
+        return f"takes {what} data only, got {'/'.join(bad)}" if bad else None
+    return accepts
+
+
+_floats_only = _dtypes_in(_FLOATS, "floating-point")
+
+
+def _gather_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    return None if in_dtypes[1] in _INTS else f"takes integer indices only, got {in_dtypes[1].value}"
+
+
+def _attention_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    reason = _floats_only(op, in_dtypes[:3], out_dtype)  # the mask may be of any dtype
+    if reason is None and op.mask not in _MASK:  # type: ignore[attr-defined]
+        reason = f"has no mask mode {op.mask!r}"  # type: ignore[attr-defined]
+    return reason
+
+
+def _reduce_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    return None if op.fn in _RED else f"has no reduction {op.fn!r}"  # type: ignore[attr-defined]
+
+
+# ── elementwise ───────────────────────────────────────────────────────────────
+
+
+def _bcast_index(e: CudaEmitter, in_dims: tuple[Dim, ...], out_dims: tuple[Dim, ...], idx: str) -> str:
+    """Index into an input of `in_dims` for flat output index `i` (numpy broadcasting).
+
+    Output axes group into runs that the input either walks (its broadcast strides are nonzero) or repeats;
+    each walked run contributes `(i / ostride % size) * istride`.
+    """
+    view = View.dense(in_dims).broadcast_to(out_dims)
+    if (Dim(1),) * (len(out_dims) - len(in_dims)) + tuple(in_dims) == tuple(out_dims):
+        return "i"
+    if all(d == 1 for d in in_dims):
+        return "0"
+    out_strides = View.dense(out_dims).strides
+    groups: list[tuple[bool, list[int]]] = []
+    for k, d in enumerate(out_dims):
+        if d == 1:
+            continue
+        bcast = view.is_broadcast(k)
+        if groups and groups[-1][0] == bcast:
+            groups[-1][1].append(k)
+        else:
+            groups.append((bcast, [k]))
+    terms = []
+    for gi, (bcast, ks) in enumerate(groups):
+        if bcast:
+            continue
+        size = product(out_dims[k] for k in ks)
+        ostride, istride = out_strides[ks[-1]], view.strides[ks[-1]]
+        term = "i" if ostride == 1 else f"(i / ({idx}){e.dim(ostride, 'sy.v')})"
+        if gi > 0:
+            term = f"({term} % ({idx}){e.dim(size, 'sy.v')})"
+        if istride != 1:
+            term = f"{term} * ({idx}){e.dim(istride, 'sy.v')}"
+        terms.append(term)
+    return " + ".join(terms) if terms else "0"
+
+
+@rules.register("activation", "binary", "compare", "where", "cast", "elementwise_region")
+def region(e: CudaEmitter, node: Node) -> Kernel:
+    """Elementwise ops (alone, or fused into a region): one generated kernel, values in registers."""
+    op = node.op
+    if isinstance(op, O.ElementwiseRegion):
+        reg = op
+    else:
+        reg = O.ElementwiseRegion(steps=(O.RegionStep(op, tuple(range(len(node.inputs)))),))
+    in_shapes = [e.node(i).shape for i in node.inputs]
+    values = reg.step_shapes(in_shapes)
+    idx = e.idx_type(node.shape, *in_shapes)
+    ins = tuple(RegionLoad(e.ctype(i), _VTYPE[s.dtype], category(s.dtype), f"in{j}",
+                           _bcast_index(e, tuple(s.dims), tuple(node.shape.dims), idx))
+                for j, (i, s) in enumerate(zip(node.inputs, in_shapes)))
+    steps = []
+    n_in = len(node.inputs)
+    uses_flag = False
+    for k, step in enumerate(reg.steps):
+        out = values[n_in + k]
+        arg_dtypes = [values[a].dtype for a in step.args]
+        integer = bool(arg_dtypes) and category(arg_dtypes[0]) == "int"
+        fn = getattr(step.op, "fn", "")
+        uses_flag = uses_flag or (integer and fn == "div")  # integer division by zero raises the flag
+        steps.append(RegionStep(f"v{n_in + k}", _VTYPE[out.dtype], step.op.kind, fn,
+                                tuple(f"v{a}" for a in step.args), integer, out.dtype.value))
+    name = f"rlx_region_{node.id}"
+    device = RegionKernel(name, e.header(node), idx, RegionOut(e.ctype(node.id), category(node.shape.dtype)),
+                          ins, tuple(steps), f"v{len(values) - 1}")
+    return _kernel(node, "block_region", Region(
+        **e.base(node), uses_flag=uses_flag, kernel=name, idx=idx, n=e.numel(node.shape.dims),
+        out=e.ptr(node.id), ins=tuple(e.ptr(i) for i in node.inputs), device=device), func=name)
+
+
+# ── data movement ─────────────────────────────────────────────────────────────
+
+
+def _copy(e: CudaEmitter, node: Node, src: str, dst: str, dims: tuple[Dim, ...], src_view: View, dst_view: View,
+          shapes: tuple[Shape, ...]) -> CopyNd:
+    t = e.ctype(node.id)
+    return CopyNd(**e.base(node), src=src, dst=dst, ti=t, to=t, idx=e.idx_type(*shapes), n=e.numel(dims),
+                  nd=e.nd(dims, src_view, dst_view))
+
+
+@rules.register("transpose")
+def transpose(e: CudaEmitter, node: Node) -> Kernel:
+    src = e.node(node.inputs[0]).shape
+    dims = tuple(node.shape.dims)
+    args = _copy(e, node, e.ptr(node.inputs[0]), e.ptr(node.id), dims, View.dense(src.dims).permute(node.op.perm),
+                 View.dense(dims), (src, node.shape))
+    return _kernel(node, "block_copy_nd", args, COPY)
+
+
+@rules.register("expand")
+def expand(e: CudaEmitter, node: Node) -> Kernel:
+    src = e.node(node.inputs[0]).shape
+    dims = tuple(node.shape.dims)
+    args = _copy(e, node, e.ptr(node.inputs[0]), e.ptr(node.id), dims, View.dense(src.dims).broadcast_to(dims),
+                 View.dense(dims), (src, node.shape))
+    return _kernel(node, "block_copy_nd", args, COPY)
+
+
+@rules.register("narrow")
+def narrow(e: CudaEmitter, node: Node) -> Kernel:
+    src = e.node(node.inputs[0]).shape
+    axis = node.op.axis % src.rank
+    dims = tuple(node.shape.dims)
+    # the source's strides over the narrowed dims; the start goes into the pointer
+    window = View(dims, View.dense(src.dims).strides)
+    start = f"({e.ptr(node.inputs[0])} + {node.op.start} * {e.dim(window.strides[axis])})"
+    args = _copy(e, node, start, e.ptr(node.id), dims, window, View.dense(dims), (src, node.shape))
+    return _kernel(node, "block_copy_nd", args, COPY)
+
+
+@rules.register("reshape")
+def reshape(e: CudaEmitter, node: Node) -> Kernel:
+    """A reshape that is not a view of its input (e.g. of an output): a dense copy."""
+    src = e.node(node.inputs[0]).shape
+    dims = tuple(node.shape.dims)
+    dense = View.dense(dims)
+    args = _copy(e, node, e.ptr(node.inputs[0]), e.ptr(node.id), dims, dense, dense, (src, node.shape))
+    return _kernel(node, "block_copy_nd", args, COPY)
+
+
+@rules.register("concat")
+def concat(e: CudaEmitter, node: Node) -> Kernel:
+    axis = node.op.axis % node.shape.rank
+    out = View.dense(node.shape.dims)
+    pieces = []
+    start = 0
+    for i in node.inputs:
+        s = e.node(i).shape
+        dst = f"({e.ptr(node.id)} + {start} * {e.dim(out.strides[axis])})"
+        pieces.append(_copy(e, node, e.ptr(i), dst, tuple(s.dims), View.dense(s.dims),
+                            View(tuple(s.dims), out.strides), (s, node.shape)))
+        start += s.dims[axis].value
+    return _kernel(node, "block_copies", Copies(**e.base(node), pieces=tuple(pieces)), COPY)
+
+
+@rules.register("gather", accepts=_gather_accepts)
+def gather(e: CudaEmitter, node: Node) -> Kernel:
+    table_, idx = (e.node(i).shape for i in node.inputs)
+    axis = node.op.axis % table_.rank
+    args = Gather(**e.base(node), uses_flag=True, t=e.ctype(node.id), it=_CTYPE[idx.dtype],
+                  idx=e.idx_type(table_, idx, node.shape), table=e.ptr(node.inputs[0]), index=e.ptr(node.inputs[1]),
+                  out=e.ptr(node.id), outer=e.numel(table_.dims[:axis]), rows=e.dim(table_.dims[axis]),
+                  nidx=e.numel(idx.dims), inner=e.numel(table_.dims[axis + 1:]))
+    return _kernel(node, "block_gather", args, GATHER)
+
+
+@rules.register("rope", accepts=_floats_only)
+def rope(e: CudaEmitter, node: Node) -> Kernel:
+    x = node.shape
+    op = node.op
+    hd = op.head_dim
+    args = Rope(**e.base(node), t=e.ctype(node.id), neox=str(op.variant == "neox").lower(),
+                x=e.ptr(node.inputs[0]), cos=e.ptr(node.inputs[1]), sin=e.ptr(node.inputs[2]), out=e.ptr(node.id),
+                rows=e.numel(x.dims[:2]), seq=e.dim(x.dims[1]), heads=x.dims[2].value // hd, hd=hd, rot=op.rot)
+    return _kernel(node, "block_rope", args, ROPE)
+
+
+# ── rows: norms, softmax, reductions ──────────────────────────────────────────
+
+
+def row_config(nmax: int) -> tuple[int, int]:
+    """(threads per row, values cached per thread; 0 = stream the row) for rows of up to nmax elements."""
+    if nmax <= 512:
+        return 32, max(1, -(-nmax // 32))
+    for tpr in (64, 128, 256, 512, 1024):
+        if -(-nmax // tpr) <= 8:
+            return tpr, -(-nmax // tpr)
+    return 1024, 0
+
+
+def _acc(e: CudaEmitter, nid: NodeId) -> str:
+    return "double" if e.ddt(nid) is DType.F64 else "float"
+
+
+@rules.register("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm",
+                accepts=_floats_only)
+def norm(e: CudaEmitter, node: Node) -> Kernel:
+    op = node.op
+    x = node.shape
+    n = x.dims[-1].value
+    tpr, vpt = row_config(n)
+    ins = list(node.inputs)
+    rms = isinstance(op, (O.RmsNorm, O.FusedResidualRmsNorm))
+    fused = isinstance(op, (O.FusedResidualLayerNorm, O.FusedResidualRmsNorm))
+    res = ins[1] if fused else None
+    n_params = 1 if rms else 2
+    bias = ins[2] if fused and len(ins) == 2 + 1 + n_params else None
+    gamma = ins[-n_params]
+    beta = None if rms else ins[-1]
+    vec = 16 // e.ddt(node.id).itemsize
+    ptrs = [i for i in (ins[0], res, bias, gamma, beta, node.id) if i is not None]
+    cpt = 0
+    # 16-byte vector loads when the row splits into whole vectors and every pointer is aligned
+    if n % vec == 0 and all(e.offset(i) % 16 == 0 for i in ptrs):
+        chunks = n // vec
+        tpr = 32 if chunks <= 32 * 4 else min(1024, 1 << max(5, math.ceil(math.log2(-(-chunks // 4)))))
+        cpt = -(-chunks // tpr)
+    if cpt == 0 or cpt > 8:
+        vec = cpt = 0
+    none = "nullptr"
+    args = Norm(**e.base(node), t=e.ctype(node.id), a=_acc(e, node.id), tpr=tpr, vpt=vpt, vec=vec, cpt=cpt,
+                rms=str(rms).lower(), res_on=str(res is not None).lower(), bias_on=str(bias is not None).lower(),
+                x=e.ptr(ins[0]), res=e.ptr(res) if res is not None else none,
+                bias=e.ptr(bias) if bias is not None else none, gamma=e.ptr(gamma),
+                beta=e.ptr(beta) if beta is not None else none, out=e.ptr(node.id), rows=e.numel(x.dims[:-1]),
+                n=n, eps=_float_c(op.eps))
+    return _kernel(node, "block_norm", args, ROWS)
+
+
+@rules.register("softmax", accepts=_floats_only)
+def softmax(e: CudaEmitter, node: Node) -> Kernel:
+    x = node.shape
+    axis = node.op.axis % x.rank
+    common = dict(**e.base(node), t=e.ctype(node.id), a=_acc(e, node.id), x=e.ptr(node.inputs[0]),
+                  out=e.ptr(node.id))
+    if axis == x.rank - 1:
+        tpr, vpt = row_config(x.dims[-1].max)
+        return _kernel(node, "block_softmax_rows", SoftmaxRows(**common, tpr=tpr, vpt=vpt,
+                                                               rows=e.numel(x.dims[:-1]), n=e.dim(x.dims[-1])), ROWS)
+    return _kernel(node, "block_softmax_cols", SoftmaxCols(**common, outer=e.numel(x.dims[:axis]),
+                                                           n=e.dim(x.dims[axis]),
+                                                           inner=e.numel(x.dims[axis + 1:])), ROWS)
+
+
+@rules.register("reduce", accepts=_reduce_accepts)
+def reduce(e: CudaEmitter, node: Node) -> Kernel:
+    op = node.op
+    x = e.node(node.inputs[0]).shape
+    axes = op.normalized_axes(x.rank)
+    common = dict(**e.base(node), t=e.ctype(node.id), fn=_RED[op.fn], x=e.ptr(node.inputs[0]), out=e.ptr(node.id))
+    kept = [k for k in range(x.rank) if k not in axes]
+    red_dims = [x.dims[k] for k in axes]
+    nred = e.numel(red_dims)
+    if tuple(axes) == tuple(range(x.rank - len(axes), x.rank)):
+        tpr = 32 if product(red_dims).max <= 2048 else 256
+        return _kernel(node, "block_reduce_rows", ReduceRows(**common, tpr=tpr,
+                                                             rows=e.numel([x.dims[k] for k in kept]), nred=nred), ROWS)
+    dense = View.dense(x.dims)
+    kd, (kv,) = collapse([x.dims[k] for k in kept], dense.permute(kept))
+    rd, (rv,) = collapse(red_dims, dense.permute(axes))
+    return _kernel(node, "block_reduce_generic", ReduceGeneric(
+        **common, nout=e.numel(kd), nred=nred, kept=tuple((e.dim(d), e.dim(s)) for d, s in zip(kd, kv.strides)),
+        red=tuple((e.dim(d), e.dim(s)) for d, s in zip(rd, rv.strides))), ROWS)
+
+
+# ── matrix products ───────────────────────────────────────────────────────────
+
+
+def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, bias: NodeId | None,
+          act: str | None, out_off: int | None = None) -> GemmCall:
+    a, b = e.node(a_id).shape, e.node(b_id).shape
+    dt = e.ddt(a_id)
+    M, K, N = a.dims[-2], a.dims[-1], b.dims[-1]
+    ob = list(out.dims[:-2])
+    t = _CTYPE[dt]
+    bias_ptr = e.ptr(bias) if bias is not None else "nullptr"
+    common: dict[str, Any] = dict(t=t, a=e.ptr(a_id), b=e.ptr(b_id), c=out_ptr, k=e.dim(K), n=e.dim(N),
+                                  act=_act(act), bias_on=str(bias is not None).lower(), bias=bias_ptr,
+                                  full_act=_act(act), full_bias_on=str(bias is not None).lower(), full_bias=bias_ptr)
+    batching = gemm_batching(a, b, out)
+    if batching is not None and batching.folded:
+        # One B for every batch: fold the batch into M (A and C are contiguous).
+        common.update(m=e.numel([*ob, M]), batch="(int64_t)1", folded=True)
+    else:
+        common.update(m=e.dim(M), batch=e.numel(ob), folded=False)
+    if e.target.gemm == "cublaslt" and dt in _CUDA_TYPE and batching is not None:
+        fold = batching.folded
+        fuse_act = fold and (act == "relu" or (act == "gelu_tanh" and e.target.lt_gelu_epilogue))
+        fuse_bias = fold and bias is not None
+        post_act = act if (act is not None and not fuse_act) else None
+        post_bias = bias is not None and not fuse_bias
+        vec = 16 // dt.itemsize
+        aligned = out_off is not None and out_off % 16 == 0 and (bias is None or e.offset(bias) % 16 == 0)
+        return GemmCall(**common, mode="lt", cuda_type=_CUDA_TYPE[dt], sa=e.dim(batching.a_stride),
+                        sb=e.dim(batching.b_stride), lt_bias=bias_ptr if fuse_bias else "NULL",
+                        lt_act=_act(act if fuse_act else None),
+                        post_act=_act(post_act) if (post_act is not None or post_bias) else None,
+                        post_bias_on=str(post_bias).lower(), post_bias=bias_ptr if post_bias else "nullptr",
+                        post_vec=vec if (aligned and N.is_static and N.value % vec == 0) else 0)
+    if batching is not None:
+        bdims = () if batching.folded else ((common["batch"], e.dim(batching.a_stride), e.dim(batching.b_stride)),)
+        return GemmCall(**common, mode="tiled", bdims=bdims)
+    # an irregular batch broadcast: walk the batch dims with per-operand strides (0 where broadcast)
+    mk, kn = M * K, K * N
+    av = View.dense(a.dims[:-2]).broadcast_to(ob)
+    bv = View.dense(b.dims[:-2]).broadcast_to(ob)
+    av = View(av.dims, tuple(s * mk for s in av.strides))
+    bv = View(bv.dims, tuple(s * kn for s in bv.strides))
+    bd, (ca, cb) = collapse(ob, av, bv)
+    return GemmCall(**common, mode="tiled",
+                    bdims=tuple((e.dim(d), e.dim(x), e.dim(y)) for d, x, y in zip(bd, ca.strides, cb.strides)))
+
+
+def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
+    """The leader of a QKV group: one cuBLASLt GEMM against the combined weight (see `GemmGroup`)."""
+    g = e.groups[node.id]
+    dt = e.ddt(node.id)
+    t = _CTYPE[dt]
+    a = e.node(node.inputs[0]).shape
+    total = g.row_stride
+    has_bias = g.bias_offset >= 0
+    act = getattr(node.op, "activation", None)
+    fuse_act = act == "relu" or (act == "gelu_tanh" and e.target.lt_gelu_epilogue)
+    w_ptr = f"RLX_P({t}, {g.weight_offset})"
+    b_ptr = f"RLX_P({t}, {g.bias_offset})" if has_bias else "nullptr"
+    call = GemmCall(t=t, a=e.ptr(node.inputs[0]), b=w_ptr, c=f"RLX_P({t}, {g.out_offset})",
+                    m=e.numel(a.dims[:-1]), n=f"(int64_t){total}", k=e.dim(a.dims[-1]), batch="(int64_t)1",
+                    mode="lt", act=_act(act), bias_on=str(has_bias).lower(), bias=b_ptr,
+                    cuda_type=_CUDA_TYPE[dt], lt_bias=b_ptr if has_bias else "NULL",
+                    lt_act=_act(act if fuse_act else None),
+                    post_act=_act(act) if (act is not None and not fuse_act) else None,
+                    full_act=_act(act), full_bias_on=str(has_bias).lower(), full_bias=b_ptr, folded=True)
+    names = ", ".join(f"%{m}" for m in g.members)
+    args = Gemm(**{**e.base(node), "comment": comment(
+        f"%{node.id} and its siblings {names}: one GEMM against their combined [K, {total}] weight; each output "
+        f"is a column slice (row stride {total})", 160)}, uses_lt=True, gemm=call)
+    return _kernel(node, "block_gemm", args, GEMM)
+
+
+@rules.register("matmul", "fused_matmul_bias_act", accepts=_floats_only)
+def matmul(e: CudaEmitter, node: Node) -> Kernel:
+    if node.id in e.groups:
+        return _grouped_gemm(e, node)
+    bias = node.inputs[2] if len(node.inputs) == 3 else None
+    act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
+    g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
+    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", gemm=g), GEMM)
+
+
+@rules.register("fused_swiglu", accepts=_floats_only)
+def swiglu(e: CudaEmitter, node: Node) -> Kernel:
+    """silu(x Wg) * (x Wu): the up product goes to scratch (sized by the lowering), then one combine kernel."""
+    x, wg, wu = node.inputs
+    upbuf = f"RLX_P({e.ctype(node.id)}, RLX_OFF_SCRATCH)"
+    gate = _gemm(e, x, wg, e.ptr(node.id), node.shape, None, None)
+    up = _gemm(e, x, wu, upbuf, node.shape, None, None)
+    args = Swiglu(**e.base(node), uses_lt=gate.mode == "lt", t=e.ctype(node.id), gate=gate, up=up,
+                  out=e.ptr(node.id), upbuf=upbuf, n=e.numel(node.shape.dims))
+    return _kernel(node, "block_swiglu", args, GEMM)
+
+
+# ── attention ─────────────────────────────────────────────────────────────────
+
+
+@rules.register("attention", accepts=_attention_accepts)
+def attention(e: CudaEmitter, node: Node) -> Kernel:
+    op = node.op
+    q, k = (e.node(i).shape for i in node.inputs[:2])
+    dt = e.ddt(node.id)
+    t = _CTYPE[dt]
+    D, H, Hkv = op.head_dim, op.num_heads, op.kv_heads
+    mask_id = node.inputs[3] if len(node.inputs) > 3 else None
+    mt = e.ctype(mask_id) if mask_id is not None else "uint8_t"
+    bs = ("(int64_t)0",) * 4
+    if op.mask == "bias" and mask_id is not None:
+        m = e.node(mask_id).shape
+        # the bias read as [B, H, Sq, Skv]: missing and size-1 axes broadcast (stride 0)
+        mdims = [Dim(1)] * (4 - m.rank) + list(m.dims)
+        bs = tuple(e.dim(s) for s in View.dense(m.dims).broadcast_to(mdims).strides)
+    mma = dt in (DType.F16, DType.BF16) and D % 16 == 0 and D <= 128
+    offs = [e.offset(i) for i in node.inputs[:3]] + [e.offset(node.id)]
+    q_id, k_id, v_id = node.inputs[:3]
+    q_rs, k_rs, v_rs = e.row_stride(q_id, H * D), e.row_stride(k_id, Hkv * D), e.row_stride(v_id, Hkv * D)
+    vec = D % 8 == 0 and all(o % 16 == 0 for o in offs) and all(r % 8 == 0 for r in (q_rs, k_rs, v_rs))
+    mask = _MASK[op.mask]
+    # keys per tile: 64 measured faster than 128 on an H100 for BERT shapes (more blocks resident per SM)
+    bk = 64 if D > 64 else (e.target.attn_bk or 64)
+    if mma:
+        smem = tuple((f"rlx_attn_fa<{t}, {mt}, {D}, {mask}, {str(vec).lower()}, {nw}, {bk}>",
+                      f"RlxFaSmem<{D}, {nw}, {bk}>::total") for nw in (1, 4))
+    else:
+        smem = ((f"rlx_attn_rows<{t}, {mt}, {D}, {mask}>", f"rlx_attn_rows_smem<{t}, {D}>()"),)
+    args = Attention(**e.base(node), smem_attrs=smem, t=t, mt=mt, D=D, H=H, Hkv=Hkv, mask=mask, mma=mma, bk=bk,
+                     vec=str(vec).lower(), B=e.dim(q.dims[0]), q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, Sq=e.dim(q.dims[1]),
+                     Skv=e.dim(k.dims[1]), scale=_float_c(op.softmax_scale), bs=bs, q=e.ptr(q_id), k=e.ptr(k_id),
+                     v=e.ptr(v_id), m=e.ptr(mask_id) if mask_id is not None else "nullptr", out=e.ptr(node.id))
+    return _kernel(node, "block_attention", args, ATTENTION)
+

@@ -1,0 +1,124 @@
+"""Decisions of the CUDA lowering (`rlx/opt/lowering_cuda.py`), recorded in the LIR.
+
+The CUDA codegen reads these and nothing else about where bytes live on the
+device or which GEMMs run together: the whole program lives in one
+`cudaMalloc` whose byte layout is a `DeviceLayout`, and Q/K/V projections of
+one activation may run as a single `GemmGroup`.
+
+>>> g = GemmGroup(members=(3, 5), widths=(64, 64), k=32, weight_offset=0, bias_offset=-1, out_offset=8192)
+>>> g.describe()[:72]
+'%3 %5 run as one GEMM against a combined [32, 128] weight at byte 0; the'
+>>> g.row_stride, g.column(5)
+(128, 64)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rlx.ir.decisions import Decision, register_node_fields
+
+
+@dataclass(frozen=True)
+class GemmGroup(Decision):
+    """GEMMs reading one activation with their own [K, N_i] weights, run as one GEMM of [K, sum(N_i)].
+
+    Each member's weight (and bias) param is stored as a column slice of the
+    combined one (`weight_offset`, `bias_offset` are byte offsets of the
+    combined tensors; -1: no bias); member i's output is the column slice
+    starting `sum(widths[:i])` columns into the [M, sum(widths)] buffer at
+    `out_offset`.
+    """
+
+    kind: ClassVar[str] = "cuda_gemm_group"
+    members: tuple[int, ...]
+    widths: tuple[int, ...]
+    k: int
+    weight_offset: int
+    bias_offset: int
+    out_offset: int
+
+    @property
+    def row_stride(self) -> int:
+        return sum(self.widths)
+
+    def column(self, member: int) -> int:
+        """First column of `member`'s slice."""
+        i = self.members.index(member)
+        return sum(self.widths[:i])
+
+    def describe(self) -> str:
+        names = " ".join(f"%{m}" for m in self.members)
+        return (f"{names} run as one GEMM against a combined [{self.k}, {self.row_stride}] weight at byte "
+                f"{self.weight_offset}; their outputs are column slices (row stride {self.row_stride}) of one "
+                f"buffer at byte {self.out_offset}")
+
+    def nodes(self) -> tuple[int, ...]:
+        return self.members
+
+
+@dataclass(frozen=True)
+class ParamPlacement:
+    """Where param slot i lives: byte `offset`, stored with `row_stride` (0: dense) and `staged` at set_param
+    (uploaded to the arena, then permuted / converted / scattered on the device)."""
+
+    offset: int
+    row_stride: int = 0
+    staged: bool = False
+
+
+@dataclass(frozen=True)
+class Staged:
+    """An input or output: `dev` holds it in the device dtype, `staging` in the ABI dtype (equal: no conversion)."""
+
+    dev: int
+    staging: int
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class DeviceLayout(Decision):
+    """The byte layout of the one device allocation, in allocation order.
+
+    params (then the QKV group outputs, so `rlx_clone` copies `params_end` bytes of params only), constants,
+    inputs and outputs (with their ABI-dtype staging copies), the arena (also set_param's staging area),
+    scratch (SwiGLU's up projection, split-KV attention partials), the cuBLASLt workspace, the error flag.
+    `precision` and `gemm` are the options it was planned for (codegen refuses another target).
+    """
+
+    kind: ClassVar[str] = "cuda_device_layout"
+    precision: str
+    gemm: str
+    total: int
+    params_end: int
+    regions: tuple[Region, ...]
+    params: tuple[ParamPlacement, ...]
+    constants: tuple[int, ...]
+    inputs: tuple[Staged, ...]
+    outputs: tuple[Staged, ...]
+    arena: int
+    scratch: int
+    workspace: int
+    workspace_bytes: int
+    flag: int
+
+    @property
+    def uses_lt(self) -> bool:
+        """True when some GEMM runs on cuBLASLt (only then is there a workspace)."""
+        return self.workspace_bytes > 0
+
+    def describe(self) -> str:
+        spans = ", ".join(f"{r.name} {r.offset}+{r.nbytes}" for r in self.regions)
+        return (f"device memory ({self.precision}, gemm {self.gemm}): one allocation of {self.total} bytes: "
+                f"{spans}")
+
+
+register_node_fields(GemmGroup.kind, ("members",))
+register_node_fields(DeviceLayout.kind, ())

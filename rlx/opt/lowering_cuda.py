@@ -1,0 +1,288 @@
+"""CUDA lowering passes: which GEMMs run together, and the byte layout of the one device allocation.
+
+`cuda_decisions(lir, precision=..., gemm=...)` is `LOWERINGS["cuda"]`: it
+returns `GemmGroup` records (Q/K/V projections of one activation run as a
+single cuBLASLt GEMM) and one `DeviceLayout`. The CUDA codegen only reads
+them. Both depend on the compute precision (f32 tensors are stored in it on
+the device) and on the GEMM provider (groups and the cuBLASLt workspace exist
+only with cuBLASLt), so those are options of the lowering.
+
+>>> from rlx.ir.graph import Graph
+>>> from rlx.opt.memplan import plan
+>>> from rlx.opt.lowering import lower_for
+>>> g = Graph("demo")
+>>> x = g.input("x", [4, 8])
+>>> g.set_outputs([g.activation("relu", x)])
+>>> lir = lower_for(plan(g), "cuda", precision="f16", gemm="builtin")
+>>> layout = lir.decisions[0]
+>>> layout.inputs  # the f32 input is staged at 0, converted into its f16 copy at 256
+(Staged(dev=256, staging=0),)
+>>> layout.total, layout.uses_lt
+(1280, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx.ir import ops as O
+from rlx.ir.decisions import Decision
+from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup, ParamPlacement, Region, Staged
+from rlx.ir.dtype import DType, f32_to_bf16
+from rlx.ir.graph import Graph, Node, NodeId
+from rlx.ir.lir import LirModule
+from rlx.ir.shape import Dim, Shape
+
+PRECISIONS = (DType.F32, DType.F16, DType.BF16)
+GEMM_MODES = ("cublaslt", "builtin")
+#: Data types cuBLASLt runs (the others use the built-in tiled GEMM).
+LT_DTYPES = (DType.F32, DType.F16, DType.BF16)
+#: cuBLASLt workspace (Hopper kernels want up to 32 MiB).
+LT_WORKSPACE = 32 << 20
+#: Most KV splits of the decode attention path (its partials live in the scratch region).
+ATTN_MAX_SPLITS = 64
+#: Alignment of every span of the device allocation.
+ALIGN = 256
+
+_GEMM_OPS = (O.MatMul, O.FusedMatMulBiasAct)
+
+
+def device_dtype(dt: DType, precision: DType) -> DType:
+    """f32 tensors are stored and computed in the session precision; other dtypes as declared."""
+    return precision if dt is DType.F32 else dt
+
+
+@dataclass(frozen=True)
+class GemmBatching:
+    """How a batched GEMM's operands walk the batch when it is regular enough for a strided-batched call.
+
+    `folded`: one B for every batch, so the batch folds into M. Otherwise `a_stride` / `b_stride` are the
+    element strides between batches (None: the operand is shared by every batch).
+    """
+
+    folded: bool
+    a_stride: Dim | None
+    b_stride: Dim | None
+
+
+def gemm_batching(a: Shape, b: Shape, out: Shape) -> GemmBatching | None:
+    """The strided-batched form of `a @ b -> out`, or None when the batch broadcast is irregular."""
+    M, K, N = a.dims[-2], a.dims[-1], b.dims[-1]
+    ob = list(out.dims[:-2])
+    ab = [Dim(1)] * (len(ob) - (a.rank - 2)) + list(a.dims[:-2])
+    bb = [Dim(1)] * (len(ob) - (b.rank - 2)) + list(b.dims[:-2])
+    if all(d == 1 for d in bb) and ab == ob:
+        return GemmBatching(True, None, None)
+    if ab == ob and bb == ob:
+        return GemmBatching(False, M * K, K * N)
+    if all(d == 1 for d in ab) and bb == ob:
+        return GemmBatching(False, None, K * N)
+    return None
+
+
+def runs_on_lt(gemm: str, dt: DType, a: Shape, b: Shape, out: Shape) -> bool:
+    """True when a GEMM of these operands (device dtype `dt`) runs on cuBLASLt."""
+    return gemm == "cublaslt" and dt in LT_DTYPES and gemm_batching(a, b, out) is not None
+
+
+def constant_bytes(node: Node, dev: DType) -> bytes:
+    """The device bytes of a constant stored in `dev`."""
+    arr = node.op.array()
+    if dev is not node.shape.dtype:
+        arr = arr.astype(np.float16) if dev is DType.F16 else f32_to_bf16(arr.astype(np.float32))
+    return np.ascontiguousarray(arr).tobytes()
+
+
+def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
+    """Scratch bytes one node's kernels use (the scratch region is sized to the largest)."""
+    if isinstance(node.op, O.FusedSwiGLU):  # the up projection, before it is combined with the gate
+        return node.shape.max_numel * device_dtype(node.shape.dtype, precision).itemsize
+    if isinstance(node.op, O.Attention):  # split-KV decode partials: per (batch, head, split) D values + max + sum
+        q = graph.node(node.inputs[0]).shape
+        return q.dims[0].max * node.op.num_heads * ATTN_MAX_SPLITS * (node.op.head_dim + 2) * 4
+    return 0
+
+
+def find_gemm_groups(lir: LirModule, precision: DType, gemm: str) -> list[list[NodeId]]:
+    """GEMMs that read the same activation with their own weights, feeding only attention (Q, K, V).
+
+    They run as one GEMM against a combined [K, sum(N)] weight (each param is stored as a column slice
+    of it, written so at set_param); their outputs are column slices of one [M, sum(N)] buffer, which
+    the attention kernels read through row strides. One launch instead of three, and a wider GEMM.
+    """
+    if gemm != "cublaslt":
+        return []
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    buckets: dict[tuple, list[NodeId]] = {}
+    for nid in lir.schedule:
+        n = graph.node(nid)
+        if not isinstance(n.op, _GEMM_OPS) or nid in outputs:
+            continue
+        dt = device_dtype(n.shape.dtype, precision)
+        if dt not in LT_DTYPES or lir.buffers[nid].storage != "arena":
+            continue
+        a, w = n.inputs[0], n.inputs[1]
+        bias = n.inputs[2] if len(n.inputs) == 3 else None
+        wn = graph.node(w)
+        ok = wn.kind == "param" and wn.shape.rank == 2 and users[w] == [nid]
+        ok = ok and (bias is None or (graph.node(bias).kind == "param" and users[bias] == [nid]))
+        ok = ok and bool(users[nid]) and all(
+            isinstance(graph.node(u).op, O.Attention) and nid in graph.node(u).inputs[:3]
+            and nid not in graph.node(u).inputs[3:] for u in users[nid])
+        if not ok:
+            continue
+        act = getattr(n.op, "activation", None)
+        key = (a, act, bias is not None, wn.shape.dims[0], dt)
+        buckets.setdefault(key, []).append(nid)
+    return [members for members in buckets.values() if len(members) >= 2]
+
+
+class _Allocator:
+    """Bump allocation of aligned spans, remembering which region each belongs to."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.spans: list[tuple[str, int, int]] = []
+
+    def alloc(self, region: str, nbytes: int) -> int:
+        offset = (self.total + ALIGN - 1) // ALIGN * ALIGN
+        self.total = offset + max(int(nbytes), 0)
+        self.spans.append((region, offset, int(nbytes)))
+        return offset
+
+    def regions(self) -> tuple[Region, ...]:
+        out: dict[str, list[int]] = {}
+        for name, offset, nbytes in self.spans:
+            if name not in out:
+                out[name] = [offset, 0]
+            out[name][1] = offset + nbytes - out[name][0]
+        return tuple(Region(k, v[0], v[1]) for k, v in out.items())
+
+
+def _uses_lt(lir: LirModule, precision: DType, gemm: str, groups: Sequence[Sequence[NodeId]]) -> bool:
+    if gemm != "cublaslt":
+        return False
+    if groups:
+        return True
+    graph = lir.graph
+    for nid in lir.schedule:
+        n = graph.node(nid)
+        if lir.buffers[nid].storage == "view":
+            continue
+        if isinstance(n.op, (*_GEMM_OPS, O.FusedSwiGLU)):
+            x, w = n.inputs[0], n.inputs[1]  # (SwiGLU: x and the gate weight; the up GEMM has the same shapes)
+            dt = device_dtype(graph.node(x).shape.dtype, precision)
+            if runs_on_lt(gemm, dt, graph.node(x).shape, graph.node(w).shape, n.shape):
+                return True
+    return False
+
+
+def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, ...]:
+    """The QKV groups and the device layout (their weights and outputs are part of the layout)."""
+    graph = lir.graph
+    mem = _Allocator()
+    position = {nid: i for i, nid in enumerate(lir.schedule)}
+    users = graph.users()
+
+    # QKV groups first: their combined weights open the params region; their outputs share a pool of
+    # buffers (a group's buffer is reused once every reader of an earlier group has run).
+    grouped = find_gemm_groups(lir, precision, gemm)
+    param_slice: dict[int, tuple[int, int]] = {}  # param slot -> (byte offset, row stride)
+    pool: list[tuple[int, int, int]] = []  # (offset in the qkv region, nbytes, last schedule position)
+    qkv_bytes = 0
+    pending: list[tuple[list[NodeId], list[int], int, int, int, int]] = []
+    for members in grouped:
+        first = graph.node(members[0])
+        dt = device_dtype(first.shape.dtype, precision)
+        K = graph.node(first.inputs[1]).shape.dims[0].value
+        widths = [graph.node(graph.node(m).inputs[1]).shape.dims[1].value for m in members]
+        total = sum(widths)
+        w_base = mem.alloc("params", K * total * dt.itemsize)
+        has_bias = len(first.inputs) == 3
+        b_base = mem.alloc("params", total * dt.itemsize) if has_bias else -1
+        need = first.shape.max_numel // widths[0] * total * dt.itemsize
+        start = position[members[0]]
+        last = max(position[u] for m in members for u in users[m])
+        slot = next((i for i, (_, nb, end) in enumerate(pool) if nb >= need and end < start), None)
+        if slot is None:
+            pool.append((qkv_bytes, need, last))
+            qkv_bytes += (need + ALIGN - 1) // ALIGN * ALIGN
+            slot = len(pool) - 1
+        else:
+            pool[slot] = (pool[slot][0], pool[slot][1], last)
+        col = 0
+        for m, width in zip(members, widths):
+            node = graph.node(m)
+            param_slice[lir.buffers[node.inputs[1]].slot] = (w_base + col * dt.itemsize, total)
+            if has_bias:
+                param_slice[lir.buffers[node.inputs[2]].slot] = (b_base + col * dt.itemsize, 0)
+            col += width
+        pending.append((members, widths, K, w_base, b_base, pool[slot][0]))
+
+    params: list[ParamPlacement] = []
+    staging_need = 0
+    for slot, spec in enumerate(lir.params):
+        node = graph.node(spec.node)
+        abi, dev = node.shape.dtype, device_dtype(node.shape.dtype, precision)
+        offset, row = param_slice.get(slot, (-1, 0))
+        if offset < 0:
+            offset = mem.alloc("params", node.shape.max_numel * dev.itemsize)
+        layout = list(spec.layout) if spec.layout is not None else list(range(spec.shape.rank))
+        staged = layout != list(range(spec.shape.rank)) or abi is not dev or bool(row)
+        if staged:
+            staging_need = max(staging_need, spec.shape.max_nbytes)
+        params.append(ParamPlacement(offset, row, staged))
+    params_end = mem.total
+    # the group outputs sit after the params so that rlx_clone copies params only
+    qkv = mem.alloc("qkv", qkv_bytes) if grouped else 0
+    groups = [GemmGroup(tuple(m), tuple(w), k, wo, bo, qkv + co) for m, w, k, wo, bo, co in pending]
+
+    constants = tuple(mem.alloc("constants", len(constant_bytes(graph.node(nid), device_dtype(
+        graph.node(nid).shape.dtype, precision)))) for nid in lir.constants)
+    inputs: list[Staged] = []
+    for spec in lir.inputs:
+        abi = spec.shape.dtype
+        dev = device_dtype(abi, precision)
+        staging = mem.alloc("inputs", spec.shape.max_numel * abi.itemsize)
+        inputs.append(Staged(staging if dev is abi else mem.alloc("inputs", spec.shape.max_numel * dev.itemsize),
+                             staging))
+    outputs: list[Staged] = []
+    for spec in lir.outputs:
+        abi = spec.shape.dtype
+        dev = device_dtype(abi, precision)
+        dev_off = mem.alloc("outputs", spec.shape.max_numel * dev.itemsize)
+        outputs.append(Staged(dev_off, dev_off if dev is abi else mem.alloc("outputs", spec.shape.max_numel
+                                                                            * abi.itemsize)))
+    # the arena doubles as the staging area of set_param (no run is in flight then)
+    arena = mem.alloc("arena", max(lir.arena_bytes, staging_need))
+    scratch = mem.alloc("scratch", max((scratch_need(graph, graph.node(nid), precision) for nid in lir.schedule
+                                        if lir.buffers[nid].storage != "view"), default=0))
+    workspace_bytes = LT_WORKSPACE if _uses_lt(lir, precision, gemm, grouped) else 0
+    workspace = mem.alloc("workspace", workspace_bytes)
+    flag = mem.alloc("flag", ALIGN)
+    layout = DeviceLayout(precision=precision.value, gemm=gemm, total=mem.total, params_end=params_end,
+                          regions=mem.regions(), params=tuple(params), constants=constants, inputs=tuple(inputs),
+                          outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
+                          workspace_bytes=workspace_bytes, flag=flag)
+    return (*groups, layout)
+
+
+def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
+                   **_target: object) -> tuple[Decision, ...]:
+    """`LOWERINGS["cuda"]`: the GEMM groups and device layout for this precision and GEMM provider.
+
+    Other target options (arch, epilogue fusion, tile sizes) do not change any decision and are ignored.
+    """
+    precision = DType.parse(precision)
+    if precision not in PRECISIONS:
+        raise ValueError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {precision}")
+    if gemm not in GEMM_MODES:
+        raise ValueError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {gemm!r}")
+    return plan_device(lir, precision, gemm)
+
+

@@ -1,0 +1,109 @@
+"""The CUDA rule table and lowering decisions (no nvcc, no GPU: rendering only)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlx.codegen.cuda import CudaTarget, cuda_context, lower_cuda, render_cuda
+from rlx.codegen.registry import first_unsupported_op, support_table, supports, table
+from rlx.errors import BuildError
+from rlx.ir import ops as O
+from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Graph
+from rlx.opt.lowering import lower_for
+from rlx.opt.memplan import plan
+
+_spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")
+cases = sys.modules.get("rlx_cuda_cases")
+if cases is None:
+    cases = importlib.util.module_from_spec(_spec)
+    sys.modules["rlx_cuda_cases"] = cases
+    _spec.loader.exec_module(cases)
+
+
+def _relu_graph() -> Graph:
+    g = Graph("relu")
+    g.set_outputs([g.activation("relu", g.input("x", [4, 8]))])
+    return g
+
+
+def test_every_reference_op_kind_has_a_cuda_rule_or_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each MIR op kind the reference evaluates is rendered by a CUDA rule, or refused before any build."""
+    graphs = {name: make().graph for name, make in cases.CASES.items()}
+    used = {n.kind for g in graphs.values() for n in g.nodes}
+    kinds = {k for k in O.OPS if k not in O.LEAF_KINDS}
+    assert kinds <= used, f"tests/gpu/cases.py exercises no graph with {sorted(kinds - used)}"
+    rules = table("cuda")
+    for name, g in graphs.items():
+        missing = sorted({n.kind for n in g.nodes if n.kind in kinds and rules.rule(n.kind) is None})
+        found = first_unsupported_op(g, "cuda")
+        if missing:
+            assert found is not None and found[0].kind in missing, name
+        else:
+            assert found is None, f"{name}: {found and found[1]}"
+    assert all(row["cuda"] for row in support_table(["cuda"]).values())
+    # the mechanism: a kind without a rule is named before rendering anything
+    monkeypatch.delitem(rules.rules, "softmax")
+    node, reason = first_unsupported_op(graphs["softmaxes"], "cuda")
+    assert node.kind == "softmax" and "no rule for softmax" in reason
+    with pytest.raises(BuildError, match="no rule for softmax"):
+        render_cuda(plan(graphs["softmaxes"]), CudaTarget(gemm="builtin"), {})
+
+
+def test_accepts_reports_variants_before_rendering() -> None:
+    g = Graph("gather_float_index")
+    t = g.input("t", [8, 4])
+    i = g.input("i", [3], dtype=DType.I32)
+    g.set_outputs([g.gather(t, i, axis=0)])
+    assert supports(g, "cuda")
+    rule = table("cuda").rule("gather")
+    assert rule.accepts(g.nodes[-1].op, (DType.F32, DType.F32), DType.F32) == "takes integer indices only, got f32"
+    att = table("cuda").rule("attention")
+    assert "floating-point" in att.accepts(O.Attention(num_heads=1, head_dim=4), (DType.I32,) * 3, DType.I32)
+
+
+def test_kernels_carry_typed_frozen_args() -> None:
+    ctx = cuda_context(plan(cases.CASES["minilm_like"]().graph), CudaTarget(precision=DType.F16), {})
+    macros = set()
+    for k in ctx["kernels"]:
+        assert dataclasses.is_dataclass(k.args) and type(k.args).__dataclass_params__.frozen
+        assert k.template == "cuda/ops.cu.j2"
+        macros.add(k.macro)
+    assert {"block_gemm", "block_attention", "block_norm", "block_none"} <= macros
+
+
+def test_qkv_groups_and_layout_are_lir_decisions() -> None:
+    lir = plan(cases.CASES["minilm_like"]().graph)
+    f16 = lower_for(lir, "cuda", precision=DType.F16, gemm="cublaslt")
+    (group,) = f16.decided(GemmGroup)
+    assert len(group.members) == 3 and group.row_stride == 1152
+    (layout,) = f16.decided(DeviceLayout)
+    assert layout.uses_lt and [r.name for r in layout.regions][:2] == ["params", "qkv"]
+    text = f16.inspect()
+    assert "lowering decisions for cuda:" in text and "combined [384, 1152] weight" in text
+    assert "device memory (f16, gemm cublaslt)" in text
+    # decisions are hashed: another precision or GEMM provider is another LIR
+    builtin = lower_for(lir, "cuda", precision=DType.F16, gemm="builtin")
+    assert not builtin.decided(GemmGroup) and not builtin.decided(DeviceLayout)[0].uses_lt
+    assert len({f16.hash(), builtin.hash(), lower_for(lir, "cuda").hash(), lir.hash()}) == 4
+    # codegen renders only the LIR it was lowered for
+    with pytest.raises(BuildError, match="lowered for precision=f16"):
+        render_cuda(f16, CudaTarget(precision=DType.F32), {})
+    assert lower_cuda(f16, CudaTarget(precision=DType.F16)) is f16
+
+
+def test_fixed_kernels_are_included_only_when_used() -> None:
+    relu = render_cuda(plan(_relu_graph()), CudaTarget(gemm="builtin"), {"name": "r"})
+    for fixed in ("rlx_copy_nd", "rlx_gemm_tiled", "rlx_attn_fa", "rlx_norm", "rlx_gather", "rlx_rope", "cublasLt"):
+        assert fixed not in relu, fixed
+    # f16 storage converts the f32 input and output at the boundary: the copy kernels come in, nothing else
+    relu16 = render_cuda(plan(_relu_graph()), CudaTarget(gemm="builtin", precision=DType.F16), {"name": "r"})
+    assert "rlx_convert<" in relu16 and "rlx_gemm_tiled" not in relu16
+    attn = render_cuda(plan(cases.CASES["attention_plain"]().graph), CudaTarget(gemm="builtin"), {"name": "a"})
+    assert "void __launch_bounds__(128) rlx_attn_decode(" in attn and "rlx_gemm_tiled" not in attn
