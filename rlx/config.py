@@ -17,7 +17,18 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_DEBUG | 1 verifies the graph after every pass | 0 |
 | RLX_SANITIZE | `address` (AddressSanitizer), `undefined` or `thread` (ThreadSanitizer) builds | none |
 | RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
+| RLX_OMP_WAIT | how idle OpenMP threads wait: `passive`, `active`, a spin count, or `default` (see below) | passive |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
+
+RLX_OMP_WAIT applies once per process, just before the first generated
+library is loaded (that load is what brings in the OpenMP runtime, which
+reads its settings then): `passive` sets OMP_WAIT_POLICY=PASSIVE (idle
+threads sleep at once, so a busy process elsewhere on the machine slows a run
+in proportion instead of making its threads spin against a descheduled peer),
+`active` sets OMP_WAIT_POLICY=ACTIVE, a number N sets GOMP_SPINCOUNT=N (spin
+that long, then sleep; libgomp only), and `default` leaves the OpenMP
+runtime's own default. If OMP_WAIT_POLICY or GOMP_SPINCOUNT is already set,
+RLX leaves both alone.
 """
 
 from __future__ import annotations
@@ -54,6 +65,26 @@ def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
     raise RlxError(f"{key} must be 0 or 1, got {raw!r}")
 
 
+def _omp_wait(env: Mapping[str, str]) -> str:
+    raw = env.get("RLX_OMP_WAIT", "").strip().lower() or "passive"
+    if raw in ("passive", "active", "default") or (raw.isdigit() and len(raw) <= 12):
+        return raw
+    raise RlxError(f"RLX_OMP_WAIT must be passive, active, default or a spin count, got {raw!r}")
+
+
+def omp_environment(omp_wait: str) -> dict[str, str]:
+    """The OpenMP variables `omp_wait` (Config.omp_wait) stands for.
+
+    >>> omp_environment("passive"), omp_environment("2000"), omp_environment("default")
+    ({'OMP_WAIT_POLICY': 'PASSIVE'}, {'GOMP_SPINCOUNT': '2000'}, {})
+    """
+    if omp_wait in ("passive", "active"):
+        return {"OMP_WAIT_POLICY": omp_wait.upper()}
+    if omp_wait.isdigit():
+        return {"GOMP_SPINCOUNT": omp_wait}
+    return {}
+
+
 def default_cache_dir() -> Path:
     import platformdirs
 
@@ -75,6 +106,7 @@ class Config:
     debug: bool = False
     sanitize: str = ""
     cpu_target: str = "native"
+    omp_wait: str = "passive"
     cc: str = "cc"
     nvcc: str = "nvcc"
 
@@ -101,6 +133,7 @@ class Config:
             debug=_flag(env, "RLX_DEBUG", False),
             sanitize=sanitize,
             cpu_target=env.get("RLX_CPU_TARGET", "").strip() or "native",
+            omp_wait=_omp_wait(env),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
         )

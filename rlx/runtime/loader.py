@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,11 +84,49 @@ class Library:
     symbols: tuple[tuple[str, int], ...]
 
 
+#: The OpenMP runtime reads its settings once, when it is loaded: the variables must be set before that.
+_OMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+_omp_lock = threading.Lock()
+_omp_done = False
+
+
+def configure_openmp(omp_wait: str | None = None) -> dict[str, str]:
+    """Put RLX's OpenMP wait policy (`RLX_OMP_WAIT`, see `rlx.config`) into the environment, once.
+
+    Called by `load_library` before its first dlopen: a generated library needs
+    libgomp, so that first load is what loads libgomp and makes it read
+    OMP_WAIT_POLICY / GOMP_SPINCOUNT. A user's own setting of either wins.
+    Returns the variables set (empty when nothing was changed).
+
+    >>> import os
+    >>> configure_openmp() == {} or os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
+    True
+    """
+    global _omp_done
+    with _omp_lock:
+        if _omp_done:
+            return {}
+        _omp_done = True
+        if any(v in os.environ for v in _OMP_VARIABLES):
+            return {}
+        from rlx.config import Config, omp_environment
+
+        wanted = omp_environment(omp_wait if omp_wait is not None else Config.from_env().omp_wait)
+        os.environ.update(wanted)  # putenv: visible to the C runtime's getenv
+        return wanted
+
+
 def load_library(path: str | os.PathLike[str]) -> Library:
-    """dlopen `path` (ABI mode), verify its ABI version and read its manifest."""
+    """dlopen `path` (ABI mode), verify its ABI version and read its manifest.
+
+    The library is never unmapped (RTLD_NODELETE): OpenMP threads that are still
+    spinning in it or its libgomp when the interpreter exits must not find the
+    code gone.
+    """
     path = Path(path)
+    configure_openmp()
     try:
-        lib = ffi.dlopen(str(path.resolve()))
+        lib = ffi.dlopen(str(path.resolve()), ffi.RTLD_NOW | ffi.RTLD_LOCAL | ffi.RTLD_NODELETE)
     except OSError as exc:
         raise ArtifactError(f"cannot load {path}: {exc}") from None
     try:

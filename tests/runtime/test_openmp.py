@@ -1,0 +1,90 @@
+"""The OpenMP wait policy (RLX_OMP_WAIT): set before libgomp loads, read by libgomp, never over a user's own
+setting; and libraries stay mapped so spinning OpenMP threads survive interpreter exit."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rlx.config import Config, omp_environment
+from rlx.errors import RlxError
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent("""
+    import os, numpy as np, rlx
+    def gomp_loaded():
+        return any("libgomp" in line for line in open("/proc/self/maps"))
+    before = gomp_loaded()
+    g = rlx.Graph("omp_policy")
+    x = g.input("x", [256, 128])
+    g.set_outputs([g.softmax(g.matmul(x, g.param("w", [128, 128])))])
+    cg = rlx.Session().compile(g, num_threads=2)
+    cg.set_param("w", np.ones((128, 128), np.float32))
+    for _ in range(5):
+        cg.run(x=np.ones((256, 128), np.float32))
+    print("GOMP_BEFORE_LOAD", before, "AFTER", gomp_loaded())
+    print("ENV", os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"))
+""")
+
+
+def _child(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "RLX_OMP_WAIT")}
+    full.update({"PYTHONPATH": str(REPO), "OMP_DISPLAY_ENV": "VERBOSE",
+                 "RLX_CACHE_DIR": os.environ.get("RLX_CACHE_DIR", str(tmp_path / "cache")), **env})
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=full, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _spincount(proc: subprocess.CompletedProcess[str]) -> str:
+    m = re.search(r"GOMP_SPINCOUNT = '(\d+)'", proc.stderr)
+    if m is None:
+        pytest.skip("the OpenMP runtime is not libgomp (no GOMP_SPINCOUNT in OMP_DISPLAY_ENV)")
+    return m.group(1)
+
+
+def test_config_knob():
+    assert Config.from_env({}).omp_wait == "passive"
+    assert Config.from_env({"RLX_OMP_WAIT": " Default "}).omp_wait == "default"
+    assert Config.from_env({"RLX_OMP_WAIT": "2000"}).omp_wait == "2000"
+    with pytest.raises(RlxError, match="RLX_OMP_WAIT must be passive, active, default or a spin count"):
+        Config.from_env({"RLX_OMP_WAIT": "sleepy"})
+    assert omp_environment("active") == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_libgomp_loads_with_the_passive_policy(tmp_path):
+    proc = _child(tmp_path)
+    # libgomp arrives with the first generated library, after RLX set the variable: it read PASSIVE.
+    assert "GOMP_BEFORE_LOAD False AFTER True" in proc.stdout
+    assert "ENV PASSIVE None" in proc.stdout
+    assert _spincount(proc) == "0"
+
+
+@pytest.mark.parametrize(("env", "spin", "seen"), [
+    ({"RLX_OMP_WAIT": "default"}, "300000", "ENV None None"),  # libgomp's own default
+    ({"RLX_OMP_WAIT": "5000"}, "5000", "ENV None 5000"),
+    ({"GOMP_SPINCOUNT": "77"}, "77", "ENV None 77"),  # the user's setting wins
+    ({"OMP_WAIT_POLICY": "active", "RLX_OMP_WAIT": "passive"}, None, "ENV active None"),
+])
+def test_other_policies_and_user_settings(tmp_path, env, spin, seen):
+    proc = _child(tmp_path, **env)
+    assert seen in proc.stdout
+    if spin is not None:
+        assert _spincount(proc) == spin
+    else:
+        assert "OMP_WAIT_POLICY = 'ACTIVE'" in proc.stderr
+
+
+def test_exit_while_openmp_threads_spin(tmp_path):
+    """With spinning (ACTIVE) threads still inside libgomp, interpreter exit used to unmap the library
+    under them (SIGSEGV); libraries are loaded RTLD_NODELETE now."""
+    for _ in range(2):
+        proc = _child(tmp_path, OMP_WAIT_POLICY="ACTIVE")
+        assert proc.returncode == 0
