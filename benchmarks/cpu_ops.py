@@ -79,8 +79,8 @@ def blas_sgemm(threads: int) -> Callable[..., None] | None:
     """C = A @ B through the BLAS rlx links (cffi, no Python-side copies), or None without one."""
     import cffi
 
-    from rlx.toolchain.compiler import detect_toolchain
     from rlx.config import Config
+    from rlx.toolchain.compiler import detect_toolchain
 
     blas = detect_toolchain(Config.from_env()).blas
     if not blas.enabled or not blas.library or not os.path.exists(blas.library):

@@ -108,7 +108,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _session(args: argparse.Namespace) -> Any:
-    from rlx.runtime.session import Device, Session
+    from rlx.driver import Device, Session
 
     target = getattr(args, "target", "cpu") or "cpu"
     if target not in {d.value for d in Device}:
@@ -305,9 +305,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _optimize(graph: Any, config: Any) -> dict[str, Any]:
     """Lower, optimize (with the pipeline's per-pass report) and plan: what `compile` builds."""
+    from rlx.driver import to_mir
     from rlx.opt.memplan import plan
     from rlx.opt.pipeline import optimize_with_report
-    from rlx.runtime.session import to_mir
 
     mir, report = optimize_with_report(to_mir(graph), config.opt_level, debug=config.debug)
     return {"mir": mir, "lir": plan(mir), "report": report.summary()}
@@ -416,8 +416,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _cache_components(args: argparse.Namespace, graph: Any) -> dict:
-    from rlx.toolchain.cpu import cpu_key_components
     from rlx.toolchain.compiler import detect_toolchain
+    from rlx.toolchain.cpu import cpu_key_components
 
     session = _session(args)
     if session.device.value != "cpu":

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx.toolchain.cache import AotCache
 from rlx.cli import main, synthetic_inputs
 from rlx.config import Config
+from rlx.toolchain.cache import AotCache
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "toolchain" / "data"

@@ -306,8 +306,8 @@ def compile_cuda(lir: Any, config: Any, *, precision: DType | str = DType.F32, a
     """Build (through the AOT cache) and load the CUDA library of an LIR module.
 
     `target_options` are further `CudaTarget` fields (e.g. `attn_bk=64`)."""
-    from rlx.toolchain.cuda import build_cuda
     from rlx.codegen.cuda import CudaTarget
+    from rlx.toolchain.cuda import build_cuda
 
     target = CudaTarget(precision=DType.parse(precision), gemm=gemm, **target_options)
     built = build_cuda(lir, config, target, arch=arch)

@@ -733,7 +733,7 @@ def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], 
         os.chmod(sub, stat.S_IMODE(sub.stat().st_mode) & ~0o022)
     _COUNTERS["builds"] += 1
     _COUNTERS["build_seconds"] += elapsed
-    from rlx import __version__
+    from rlx.version import __version__
 
     meta = {
         "format": CACHE_FORMAT,

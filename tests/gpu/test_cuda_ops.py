@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from rlx import reference
-from rlx.toolchain.cuda import visible_gpu_arch
+from rlx.driver import Device, Session
 from rlx.errors import CudaError, ExecutionError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
-from rlx.runtime.session import Device, Session
+from rlx.toolchain.cuda import visible_gpu_arch
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent / "cases.py")
 cases = importlib.util.module_from_spec(_spec)
@@ -102,11 +102,11 @@ def test_minilm_like_layer_stack_optimized(precision: str) -> None:
 
 
 def test_builtin_gemm_matches_reference() -> None:
-    from rlx.toolchain.cuda import build_cuda
     from rlx.codegen.cuda import CudaTarget
     from rlx.opt.memplan import plan
     from rlx.runtime.cuda_device import CudaGraph
     from rlx.runtime.loader import load_library
+    from rlx.toolchain.cuda import build_cuda
 
     case = cases.CASES["matmuls"]()
     built = build_cuda(plan(case.graph), target=CudaTarget(gemm="builtin"))

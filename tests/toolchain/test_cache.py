@@ -15,9 +15,9 @@ import filelock
 import numpy as np
 import pytest
 
-from rlx.toolchain.cache import AotCache, CacheWarning, cache_key, file_sha256
 from rlx.config import Config
 from rlx.errors import BuildError, CacheError
+from rlx.toolchain.cache import AotCache, CacheWarning, cache_key, file_sha256
 
 DATA = Path(__file__).resolve().parent / "data"
 REPO = Path(__file__).resolve().parents[2]
@@ -412,8 +412,8 @@ def test_cpu_backend_hits_and_misses(root: Path):
     import dataclasses
 
     import rlx
-    from rlx.toolchain.cpu import cpu_key_components
     from rlx.toolchain.compiler import detect_toolchain
+    from rlx.toolchain.cpu import cpu_key_components
 
     g = _mlp_graph()
     config = Config(cache_dir=root)

@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-from rlx.toolchain.cache import AotCache
 from rlx.config import Config
 from rlx.errors import BuildError
+from rlx.toolchain.cache import AotCache
 
 DATA = Path(__file__).resolve().parent
 C_FILE = DATA / "trivial.c"
