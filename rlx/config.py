@@ -18,7 +18,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_SANITIZE | `address` builds with AddressSanitizer | none |
 | RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
-| RLX_TEMPLATES_DIR | a templates directory (`cpu/`, `cuda/`) to render from instead of the installed one (`rlx.templates_path`) | the installed templates |
+| RLX_TEMPLATES_DIR | templates (`cpu/`, `cuda/`) to render from (`rlx.templates_path`) | the installed ones |
 """
 
 from __future__ import annotations

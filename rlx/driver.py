@@ -33,13 +33,14 @@ That is not so after a monkeypatch (`rlx.codegen.c.GRAIN = 4096` in a test or
 a tuning script): no file changed. So the index is used only while the
 compiler's modules are *pristine* (`compiler_is_pristine`): the driver keeps,
 for every loaded module of those packages, the objects its globals (and its
-classes' attributes) were bound to when the module came from its file: at
-`rlx.driver`'s import for the modules `import rlx` loads, and right after a
-full compile for the modules that compile loaded. A rebound name (a patched
-constant, function or method) or a compiler module the driver did not see
-load (the user imported it first, and may have patched it) makes the process
-non-pristine: it neither reads nor writes the index, and every compile
-renders and keys by the rendered source, which sees the patch. Comparing
+classes' attributes) were bound to when the module came from its file: at the
+end of `import rlx` for the modules it loads, and after each compile that
+began pristine for the modules that compile loaded (toolchain, codegen). A
+rebound name (a patched constant, function or method) or a compiler module
+the driver did not see load (the user imported it first, and may have
+patched it) makes the process non-pristine: it neither reads nor writes the
+index, and every compile renders and keys by the rendered source, which sees
+the patch. Comparing
 objects by identity (holding references, so ids are never reused) costs well
 under a millisecond and needs no import of codegen.
 """
@@ -66,13 +67,6 @@ from rlx.opt.memplan import plan
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.loader import load_library
 from rlx.templates_path import templates_dir
-
-# The toolchain modules are imported here, not in the functions that use them, so that they load with
-# rlx.driver and are recorded as pristine with it (see the module docstring). They load no codegen.
-from rlx.toolchain.cache import AotCache
-from rlx.toolchain.compiler import detect_toolchain
-from rlx.toolchain.cpu import build_cpu, cpu_toolchain_components
-from rlx.toolchain.cuda import build_cuda, cuda_toolchain_components, detect_nvcc_toolchain
 
 #: Bumped when the compile index's fingerprint or value changes shape.
 INDEX_FORMAT = 2
@@ -145,16 +139,20 @@ class Session:
         """
         if opt_level is not None and not (isinstance(opt_level, int) and 0 <= opt_level <= 3):
             raise RlxError(f"opt_level must be 0..3, got {opt_level!r}")
-        with _trusting_own_loads():
+        with _trusting_own_loads() as pristine:
             if self.device is Device.CUDA:
-                return self._compile_cuda(graph, opt_level)
-            library_path, source, key, hit = self._build_cpu(graph, opt_level)
+                return self._compile_cuda(graph, opt_level, pristine)
+            library_path, source, key, hit = self._build_cpu(graph, opt_level, pristine)
         threads = num_threads if num_threads is not None else self.config.num_threads
         return CompiledGraph(load_library(library_path), source=source, key=key, cache_hit=hit,
                              num_threads=threads or 0)
 
-    def _build_cpu(self, graph: Any, opt_level: int | None) -> tuple[Path, Path, str, bool]:
+    def _build_cpu(self, graph: Any, opt_level: int | None, pristine: bool) -> tuple[Path, Path, str, bool]:
         """The CPU library for `graph`: (library, source, key, cache hit), through the compile index."""
+        # Imported here: loading a program never needs the toolchain (tests/toolchain/test_artifact.py).
+        from rlx.toolchain.compiler import detect_toolchain
+        from rlx.toolchain.cpu import build_cpu, cpu_toolchain_components
+
         config = self.config
         if _is_lir(graph):
             built = build_cpu(self.lower(graph), config)
@@ -167,11 +165,12 @@ class Session:
             built = build_cpu(lower_to_lir(mir, level, debug=config.debug), config, toolchain)
             return built.library, built.source, built.key, built.hit, built.components["source"]
 
-        return _through_index(config, mir, level, cpu_toolchain_components(toolchain), compile_fully)[:4]
+        return _through_index(config, mir, level, cpu_toolchain_components(toolchain), compile_fully, pristine)[:4]
 
-    def _compile_cuda(self, graph: Any, opt_level: int | None) -> CompiledGraph:
+    def _compile_cuda(self, graph: Any, opt_level: int | None, pristine: bool) -> CompiledGraph:
         """The CUDA library for `graph`, through the compile index, loaded as a `CudaGraph`."""
         from rlx.runtime.cuda_device import CudaGraph, compile_cuda
+        from rlx.toolchain.cuda import build_cuda, cuda_toolchain_components, detect_nvcc_toolchain
 
         config = self.config
         if _is_lir(graph):
@@ -194,7 +193,7 @@ class Session:
         # (cuBLASLt GEMM, resolved against the toolchain in the components).
         request = {**cuda_toolchain_components(toolchain, "cublaslt"),
                    "request": f"precision={self.precision} arch={toolchain.arch} cuda={toolchain.cuda_version}"}
-        library, source, key, hit, _ = _through_index(config, mir, level, request, compile_fully)
+        library, source, key, hit, _ = _through_index(config, mir, level, request, compile_fully, pristine)
         return CudaGraph(load_library(library), source=source, key=key, cache_hit=hit, build_seconds=seconds)
 
 
@@ -203,15 +202,19 @@ def _is_lir(graph: Any) -> bool:
 
 
 def _through_index(config: Config, mir: Graph, level: int, toolchain_components: dict[str, str],
-                   compile_fully: Callable[[], tuple[Path, Path, str, bool, str]]
+                   compile_fully: Callable[[], tuple[Path, Path, str, bool, str]], pristine: bool
                    ) -> tuple[Path, Path, str, bool, str]:
     """(library, source, key, hit, source digest) of `mir`: from the compile index when it can be trusted.
 
-    `compile_fully` optimizes, plans, renders and builds (keyed by the rendered source). See the module
-    docstring for when the index is trusted; an indexed key whose entry was evicted is built again.
+    `compile_fully` optimizes, plans, renders and builds (keyed by the rendered source). `pristine`:
+    the compiler modules were pristine when this compile began (see the module docstring); modules
+    this compile has loaded since came from their files. An indexed key whose entry was evicted is
+    built again.
     """
+    from rlx.toolchain.cache import AotCache
+
     cache = AotCache(config)
-    if not (cache.enabled and compiler_is_pristine()):
+    if not (cache.enabled and pristine):
         return compile_fully()
     full: list[tuple[Path, Path, str, bool, str]] = []
 
@@ -332,13 +335,14 @@ def _trust_modules_loaded_since(before: set[str]) -> None:
 
 
 @contextlib.contextmanager
-def _trusting_own_loads() -> Iterator[None]:
-    """Around a compile: compiler modules it loads (codegen, on a cold compile) come from their files,
-    so they are recorded as pristine, provided the process was pristine when it started."""
+def _trusting_own_loads() -> Iterator[bool]:
+    """Around a compile: yields whether the process is pristine now. Compiler modules the compile
+    loads (the toolchain, and codegen on a cold compile) come from their files, so they are
+    recorded as pristine afterwards, provided the process was pristine when it started."""
     pristine = compiler_is_pristine()
     before = _loaded_compiler_modules()
     try:
-        yield
+        yield pristine
     finally:
         if pristine:
             _trust_modules_loaded_since(before)

@@ -1,4 +1,4 @@
-"""Where the Jinja templates live: `RLX_TEMPLATES_DIR`, else inside the installed package, else the repo's templates/."""
+"""Where the Jinja templates live: `RLX_TEMPLATES_DIR`, the installed package, or the repo's templates/."""
 
 from __future__ import annotations
 
