@@ -79,8 +79,8 @@ def main() -> int:
 
     import torch
 
+    from rlx.driver import Device, Session
     from rlx.models.torch_bert import TorchBert
-    from rlx.runtime.session import Device, Session
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -10,8 +10,9 @@
 
 import numpy as np
 
-from rlx import cache, reference
+from rlx import cache, driver, reference
 from rlx.config import Config
+from rlx.driver import Device, Session
 from rlx.errors import (
     ArtifactError,
     BuildError,
@@ -32,10 +33,12 @@ from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
 from rlx.runtime.artifact import load
 from rlx.runtime.compiled import CompiledGraph
-from rlx.runtime.session import Device, Session
 from rlx.trace import TracedTensor, Tracer, trace
+from rlx.version import __version__
 
-__version__ = "0.1.0"
+# Last: everything above loaded from its files and no user code has run yet (any `import rlx.x`
+# runs this file first), so the driver's compile index may trust these modules as they are now.
+driver.record_pristine_modules()
 
 
 def __getattr__(name: str) -> object:
@@ -48,6 +51,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "__version__",
     "ArtifactError",
     "BuildError",
     "CacheError",

@@ -335,9 +335,9 @@ def _compile_verbose(args: argparse.Namespace, session: Any, graph: Any) -> Any:
 
 def _lower_optimize_plan(graph: Any, config: Any, *, verbose: bool = False) -> dict[str, Any]:
     """Lower, optimize (with the pipeline's per-pass report) and plan: the LIR `compile` builds."""
+    from rlx.driver import to_mir
     from rlx.opt.memplan import plan
     from rlx.opt.pipeline import optimize_with_report
-    from rlx.runtime.session import to_mir
 
     t0 = time.perf_counter()
     mir = to_mir(graph)

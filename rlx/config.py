@@ -18,6 +18,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_SANITIZE | `address` (AddressSanitizer), `undefined` or `thread` (ThreadSanitizer) builds | none |
 | RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
 | RLX_OMP_WAIT | how idle OpenMP threads wait: `passive`, `active`, a spin count, or `default` (see below) | passive |
+| RLX_TEMPLATES_DIR | templates (`cpu/`, `cuda/`) to render from (`rlx.templates_path`) | the installed ones |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
 
 RLX_OMP_WAIT applies once per process, just before the first generated

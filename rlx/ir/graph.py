@@ -11,6 +11,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import serialize
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.shape import Dim, DimLike, Shape, check_symbol_bounds
 
@@ -36,6 +37,7 @@ class Node:
         return f"%{self.id}" + (f" ({self.name})" if self.name else "")
 
 
+@serialize.register
 class Graph:
     """A MIR graph, built op by op with shapes inferred as it goes.
 
@@ -183,7 +185,7 @@ class Graph:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    # ── serialization (rlx/ir/serialize.py; imported lazily: it imports this module) ──
+    # ── serialization (rlx/ir/serialize.py: it sits below this module and finds Graph by its stage) ──
 
     def to_json(self) -> str:
         """This graph as a versioned JSON document (see `rlx.ir.serialize`).
@@ -193,28 +195,20 @@ class Graph:
         >>> str(Graph.from_json(g.to_json())) == str(g)
         True
         """
-        from rlx.ir import serialize
-
         return serialize.to_json(self)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Graph:
         """Rebuild a graph from `to_json` text; the stage picks the class. Bad input raises `IRError`."""
-        from rlx.ir import serialize
-
         return serialize.from_json(text, cls)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `to_json()` to `path` atomically."""
-        from rlx.ir import serialize
-
         serialize.save(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Graph:
         """Read a graph written by `save`."""
-        from rlx.ir import serialize
-
         return serialize.load(path, cls)
 
     def __str__(self) -> str:

@@ -52,6 +52,7 @@ from typing import ClassVar
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import serialize
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.shape import Shape
 
@@ -284,6 +285,7 @@ def _opt_float(v: float | None) -> float | None:
     return None if v is None else float(v)
 
 
+@serialize.register
 class HirModule(Graph):
     """A graph of HIR blocks and MIR ops; `lower_to_mir()` turns it into a MIR `Graph`.
 

@@ -26,6 +26,21 @@ from rlx.ir.lir import LirModule
 
 STAGES = ("hir", "mir", "lir")
 
+#: MIR -> LIR: `fn(graph, level)` optimizes at `level` (None: RLX_OPT_LEVEL) and plans memory.
+LirLowering = Callable[[Graph, int | None], LirModule]
+
+# The optimizer and planner sit above the IR (rlx.opt imports rlx.ir), so GraphModule cannot import
+# them without a cycle. The layer that owns the pipeline, rlx.driver, registers the lowering when it
+# is imported (`import rlx` always imports it); Session.lower uses the same function, so
+# `GraphModule.plan()` and `Session.compile()` always agree on the LIR. A dict, mutated in place,
+# rather than a rebound global: the driver watches module globals for monkeypatches.
+_LIR_LOWERING: dict[str, LirLowering] = {}
+
+
+def register_lir_lowering(fn: LirLowering) -> None:
+    """Install the MIR -> LIR lowering `GraphModule.lower(to="lir")` calls (done by `rlx.driver`)."""
+    _LIR_LOWERING["lir"] = fn
+
 Outputs = NodeId | Sequence[NodeId] | Mapping[str, NodeId] | None
 
 
@@ -165,7 +180,8 @@ class GraphModule:
         """A module at stage `to` ('mir' or 'lir'); this one is unchanged.
 
         Reaching LIR runs the optimizer (`rlx.opt.pipeline.optimize`) at `level`
-        (None: RLX_OPT_LEVEL, default 2) and then the memory planner (`rlx.opt.memplan.plan`).
+        (None: RLX_OPT_LEVEL, default 2) and then the memory planner (`rlx.opt.memplan.plan`),
+        through the lowering `rlx.driver` registers (see `register_lir_lowering`).
         Lowering to the current stage returns `self`.
         """
         if to not in STAGES:
@@ -206,8 +222,7 @@ class GraphModule:
 
 
 def _plan(graph: Graph, level: int | None) -> LirModule:
-    # Imported here: the optimizer imports the IR, and most IR users never plan.
-    from rlx.opt.memplan import plan
-    from rlx.opt.pipeline import optimize
-
-    return plan(optimize(graph, level=level))
+    lowering = _LIR_LOWERING.get("lir")
+    if lowering is None:
+        raise IRError("lowering to LIR needs the optimizer, which rlx.driver registers: import rlx (or rlx.driver)")
+    return lowering(graph, level)

@@ -46,12 +46,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from rlx.errors import IRError
+from rlx.ir import ops as O
 from rlx.ir.encode import op_from_json, op_to_json, shape_from_json, shape_to_json
-from rlx.ir.graph import Graph
 
 FORMAT = "rlx-graph"
 VERSION = 1
@@ -61,8 +62,49 @@ MAX_JSON_VALUES = 4_000_000
 MAX_NODES = 200_000
 MAX_NAME_CHARS = 1024
 
+class Graph(Protocol):
+    """What this module needs of a graph: `rlx.ir.graph.Graph` and `HirModule` are such graphs.
+
+    This module sits below rlx.ir.graph (Graph's to_json/from_json call it), so it never imports
+    the graph classes: it builds the class registered for a document's stage (`register`).
+    """
+
+    stage: ClassVar[str]
+    op_registry: ClassVar[dict[str, type[O.Op]]]
+    name: str
+    nodes: list[Any]
+    outputs: list[int]
+    output_names: list[str]
+
+    def __init__(self, name: str) -> None: ...
+    def add(self, op: O.Op, inputs: Sequence[int] = (), name: str = "") -> int: ...
+    def set_outputs(self, outputs: Sequence[int], names: Sequence[str] | None = None) -> None: ...
+    def verify(self) -> None: ...
+
+
+#: The graph class of each stage ("mir": Graph, "hir": HirModule). The classes register themselves
+#: (`register`, called where they are defined), which keeps this module free of imports of them.
+_CLASSES: dict[str, type[Graph]] = {}
+
 _TOP_KEYS = ("format", "version", "stage", "name", "nodes", "outputs", "output_names")
 _NODE_KEYS = ("id", "op", "inputs", "name", "shape")
+
+
+G = TypeVar("G", bound=Graph)
+
+
+def register(cls: type[G]) -> type[G]:
+    """Record `cls` as the class documents of stage `cls.stage` load into (usable as a class decorator)."""
+    _CLASSES[cls.stage] = cls
+    return cls
+
+
+def _stage_class(stage: str) -> type[Graph]:
+    try:
+        return _CLASSES[stage]
+    except KeyError:
+        raise IRError(f"cannot load a {stage} document: no graph class is registered for that stage "
+                      f"(import the module defining it, e.g. rlx.ir.hir)") from None
 
 
 # ── writing ─────────────────────────────────────────────────────────────
@@ -171,7 +213,7 @@ def parse(text: str | bytes, *, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
 def from_document(doc: Any, expected: type[Graph] | None = None) -> Graph:
     """Rebuild a graph from a parsed document (see the module docstring for its form)."""
     try:
-        return _build(doc, expected or Graph)
+        return _build(doc, expected or _stage_class("mir"))
     except RecursionError:
         raise IRError("graph document is nested too deeply") from None
 
@@ -250,16 +292,10 @@ def _graph_class(stage: Any, expected: type[Graph]) -> type[Graph]:
         raise IRError(f"graph document stage must be one of {STAGES}, got {_short(stage)}")
     if expected.stage == stage:
         return expected
-    if expected is not Graph:
+    if expected is not _stage_class("mir"):
         raise IRError(f"document holds a {stage} graph but {expected.__name__} "
                       f"(stage {expected.stage!r}) was asked for")
-    if stage == "mir":
-        return Graph
-    try:
-        from rlx.ir.hir import HirModule
-    except ImportError as exc:
-        raise IRError(f"cannot load a hir document: {exc}") from None
-    return HirModule
+    return _stage_class(stage)
 
 
 def _check_keys(where: str, obj: dict, keys: tuple[str, ...]) -> None:

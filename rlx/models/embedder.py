@@ -112,7 +112,7 @@ class _Runner:
         self.params = {n: params[n] for n in names}
         self.compiled = None
         if device != "reference":
-            from rlx.runtime.session import Session
+            from rlx.driver import Session
 
             self.compiled = Session(device).compile(graph)
             for name, arr in self.params.items():

@@ -817,7 +817,9 @@ def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], 
         files[rel] = {"sha256": file_sha256(path), "size": path.stat().st_size}
     for sub in (p for p in work.rglob("*") if p.is_dir()):
         os.chmod(sub, stat.S_IMODE(sub.stat().st_mode) & ~0o022)
-    from rlx import __version__
+    _COUNTERS["builds"] += 1
+    _COUNTERS["build_seconds"] += elapsed
+    from rlx.version import __version__
 
     meta = {
         "format": CACHE_FORMAT,

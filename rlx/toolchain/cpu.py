@@ -1,19 +1,32 @@
 """Build one LIR module into a CPU shared object, through the AOT cache.
 
-`cpu_key_components(lir, toolchain)` lists everything that determines the
-built library (the cache key's components); `build_cpu(lir, config)` renders
-the C file, compiles it inside the cache's private work directory and returns
-the cache entry.
+The cache key of a built object is a digest of what produced it: the sha256 of
+the C source it was compiled from, the compiler's identity, flags, ISA, BLAS
+(and the LIR hash, which names the program in `rlxc cache explain`). So a
+change anywhere in codegen, its templates or its tunables changes the key:
+there is no hand-bumped version to forget. The source embeds its own key (in
+the manifest `rlx_manifest()` returns), so the digest is taken of the source
+rendered with an empty key (`KEY_PENDING`); the compiled file is that same
+render with the key filled in, and nothing else differs.
+
+`cpu_key_components(lir, toolchain)` renders and lists the components;
+`build_cpu(lir, config)` renders, keys, and on a miss compiles inside the
+cache's private work directory. Codegen (and jinja2) are imported only when a
+source is rendered: `rlx.driver`'s warm path uses `cpu_toolchain_components`
+without loading them.
 
 >>> from rlx.config import Config
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
 >>> g = Graph("k")
 >>> g.set_outputs([g.activation("neg", g.input("x", [2]))])
->>> tc = detect_toolchain(Config(blas="none", cache_enabled=False))
->>> comps = cpu_key_components(plan(g), tc)
+>>> config = Config(blas="none", cache_enabled=False)
+>>> tc = detect_toolchain(config)
+>>> comps = cpu_key_components(plan(g), tc, config)
 >>> sorted(comps)
-['blas', 'codegen_version', 'compiler', 'flags', 'lir', 'target', 'target_options', 'templates']
+['blas', 'compiler', 'flags', 'lir', 'source', 'target', 'target_options']
+>>> comps["source"] == source_digest(render_source(plan(g), config, tc, key=KEY_PENDING))
+True
 """
 
 from __future__ import annotations
@@ -23,8 +36,8 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlx.codegen.c import ABI_VERSION, CODEGEN_VERSION, CTarget, render_c
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
@@ -32,6 +45,12 @@ from rlx.templates_path import templates_dir
 from rlx.toolchain.cache import AotCache, cache_key
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.toolchain.isa import describe as describe_isa
+
+if TYPE_CHECKING:
+    from rlx.codegen.c import CTarget
+
+#: The manifest's "key" while the source digest is taken (the key depends on that digest).
+KEY_PENDING = ""
 
 
 def templates_digest(target: str = "cpu") -> str:
@@ -46,27 +65,42 @@ def templates_digest(target: str = "cpu") -> str:
     return h.hexdigest()
 
 
+def source_digest(text: str) -> str:
+    """sha256 of a rendered source (the "source" key component)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def c_target(toolchain: Toolchain) -> CTarget:
+    from rlx.codegen.c import CTarget
+
     return CTarget(blas=toolchain.blas.enabled, blas_prefix=toolchain.blas.prefix,
                    blas_threads=toolchain.blas.has_thread_api, openmp=toolchain.openmp)
 
 
-def cpu_key_components(lir: LirModule, toolchain: Toolchain) -> dict[str, str]:
-    """Every input of the CPU build, as strings: the AOT cache key is a digest of these."""
-    return {"lir": lir.hash(), **cpu_toolchain_components(toolchain)}
+def cpu_key_components(lir: LirModule, toolchain: Toolchain, config: Config | None = None, *,
+                       pending_source: str | None = None) -> dict[str, str]:
+    """Every input of the CPU build, as strings: the AOT cache key is a digest of these.
+
+    `pending_source` is the source rendered with `KEY_PENDING` when the caller has it already
+    (rendered here otherwise).
+    """
+    if pending_source is None:
+        pending_source = render_source(lir, config, toolchain, key=KEY_PENDING)
+    return {"lir": lir.hash(), "source": source_digest(pending_source), **cpu_toolchain_components(toolchain)}
 
 
 def cpu_toolchain_components(toolchain: Toolchain) -> dict[str, str]:
-    """The key components that do not depend on the program: target, compiler, flags, templates, BLAS."""
+    """The key components that do not depend on the program: target, compiler, flags, BLAS.
+
+    Cheap (no rendering, no codegen import): the driver's compile index is keyed by these too.
+    """
     return {
         "target": "cpu",
         "target_options": f"isa={toolchain.isa} isa_digest={toolchain.isa_identity} "
                           f"openmp={toolchain.openmp} sanitize={toolchain.sanitize or 'none'}",
         "compiler": toolchain.compiler_identity(),
         "flags": " ".join((*toolchain.flags, *toolchain.link_flags)),
-        "templates": templates_digest("cpu"),
         "blas": toolchain.blas.identity(),
-        "codegen_version": f"{CODEGEN_VERSION} abi={ABI_VERSION}",
     }
 
 
@@ -77,6 +111,8 @@ def components_key(components: dict[str, str]) -> str:
 
 def cpu_manifest(lir: LirModule, toolchain: Toolchain, key: str, cpu_target: str) -> dict:
     """LirModule.manifest() plus what the builder knows: ABI, target, ISA record, BLAS, key."""
+    from rlx.codegen.c import ABI_VERSION, CODEGEN_VERSION
+
     m = lir.manifest()
     isa = describe_isa(cpu_target)
     isa.update({"march": toolchain.isa, "flags": list(toolchain.isa_flags)})
@@ -85,17 +121,26 @@ def cpu_manifest(lir: LirModule, toolchain: Toolchain, key: str, cpu_target: str
     return m
 
 
-def render_source(lir: LirModule, config: Config | None = None, toolchain: Toolchain | None = None) -> str:
-    """The C source `build_cpu` would compile for `lir` (manifest and key included)."""
+def render_source(lir: LirModule, config: Config | None = None, toolchain: Toolchain | None = None, *,
+                  key: str | None = None) -> str:
+    """The C source `build_cpu` would compile for `lir` (manifest and key included).
+
+    `key` fills the manifest's key instead of the one the source's digest gives (`KEY_PENDING`: the
+    source that digest is taken of).
+    """
+    from rlx.codegen.c import render_c
+
     config = config or Config.from_env()
     toolchain = toolchain or detect_toolchain(config)
-    key = cache_key(cpu_key_components(lir, toolchain))
+    if key is None:
+        key = cache_key(cpu_key_components(lir, toolchain, config))
     return render_c(lir, c_target(toolchain), cpu_manifest(lir, toolchain, key, config.cpu_target))
 
 
 @dataclass(frozen=True)
 class CpuBuild:
-    """Result of `build_cpu`: where the library is and what went into it."""
+    """Result of `build_cpu`: where the library is and what went into it (`components["source"]`:
+    the digest of the source rendered with `KEY_PENDING`)."""
 
     library: Path
     source: Path
@@ -109,12 +154,14 @@ def build_cpu(lir: LirModule, config: Config | None = None, toolchain: Toolchain
     """Render, compile (or find in the AOT cache) the CPU library for `lir`."""
     config = config or Config.from_env()
     toolchain = toolchain or detect_toolchain(config)
-    components = cpu_key_components(lir, toolchain)
+    pending = render_source(lir, config, toolchain, key=KEY_PENDING)
+    components = cpu_key_components(lir, toolchain, config, pending_source=pending)
     key = cache_key(components)
 
     def build(workdir: Path) -> None:
         source = workdir / "model.c"
-        text = render_c(lir, c_target(toolchain), cpu_manifest(lir, toolchain, key, config.cpu_target))
+        # Rendered again with the key: only on a miss, where the C compiler's seconds dwarf it.
+        text = render_source(lir, config, toolchain, key=key)
         source.write_text(text)
         try:
             toolchain.compile(source, workdir / "model.so")

@@ -5,8 +5,10 @@
   the visible GPU's compute capability (`nvidia-smi`). No GPU and no target is a `BuildError` naming both ways out.
 - `find_cublas(nvcc)`: include and library directories of cuBLASLt: the toolkit's own, or the `nvidia-cublas`
   wheel's (`nvidia/cublas/include`, `nvidia/cublas/lib`). Without them the generated code uses its built-in GEMM.
-- `build_cuda(lir, config, target)`: render, `nvcc -shared`, cache. The key folds in the LIR hash, the CUDA
-  version and compiler identity, the arch, precision and GEMM provider, every flag and every template's digest.
+- `build_cuda(lir, config, target)`: render, `nvcc -shared`, cache. The key folds in the sha256 of the rendered
+  `.cu` (taken with the manifest's key empty, as for the CPU: see `rlx.toolchain.cpu`), the LIR hash, the CUDA
+  version and compiler identity, the arch, precision and GEMM provider and every flag. Codegen is imported
+  only to render, so `cuda_toolchain_components` (the driver's warm path) does not load it.
 
 >>> normalize_arch("cuda:sm_90"), normalize_arch("8.6"), normalize_arch("sm_90a")
 ('sm_90', 'sm_86', 'sm_90a')
@@ -24,14 +26,17 @@ import subprocess
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION, CudaTarget, lower_cuda, render_cuda
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
 from rlx.toolchain.cache import AotCache
 from rlx.toolchain.compiler import run_compiler, version_text
-from rlx.toolchain.cpu import components_key, templates_digest
+from rlx.toolchain.cpu import KEY_PENDING, components_key, source_digest
+
+if TYPE_CHECKING:
+    from rlx.codegen.cuda import CudaTarget
 
 #: Flags of every build.
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
@@ -197,26 +202,55 @@ def detect_nvcc_toolchain(config: Config | None = None, target: str | None = Non
 
 def resolve_target(toolchain: NvccToolchain, target: CudaTarget) -> CudaTarget:
     """`target` with the toolchain's arch, and the built-in GEMM when cuBLASLt is not installed."""
-    gemm = target.gemm if (target.gemm != "cublaslt" or toolchain.cublas.found) else "builtin"
-    return replace(target, arch=toolchain.arch, gemm=gemm)
+    return replace(target, arch=toolchain.arch, gemm=resolve_gemm(toolchain, target.gemm))
 
 
-def cuda_key_components(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget) -> dict[str, str]:
-    """Every input of the CUDA build, as strings: the AOT cache key is a digest of these."""
+def resolve_gemm(toolchain: NvccToolchain, gemm: str) -> str:
+    """The GEMM provider a build uses: the built-in one when cuBLASLt is asked for but not installed."""
+    return gemm if (gemm != "cublaslt" or toolchain.cublas.found) else "builtin"
+
+
+def cuda_toolchain_components(toolchain: NvccToolchain, gemm: str) -> dict[str, str]:
+    """The key components that do not depend on the program: nvcc, CUDA version, arch, flags, cuBLASLt.
+
+    Cheap (no rendering, no codegen import): the driver's compile index is keyed by these too.
+    """
+    gemm = resolve_gemm(toolchain, gemm)
+    return {
+        "target": "cuda",
+        "compiler": toolchain.identity(),
+        "flags": " ".join((*toolchain.flags(gemm), *toolchain.link_flags(gemm))),
+        "blas": toolchain.cublas.identity() if gemm == "cublaslt" else "builtin",
+    }
+
+
+def cuda_key_components(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, *,
+                        pending_source: str | None = None) -> dict[str, str]:
+    """Every input of the CUDA build, as strings: the AOT cache key is a digest of these.
+
+    `pending_source` is the `.cu` rendered with `KEY_PENDING` when the caller has it already.
+    """
+    if pending_source is None:
+        pending_source = render_cuda_source(lir, toolchain, target, KEY_PENDING)
     return {
         "lir": lir.hash(),
-        "target": "cuda",
+        "source": source_digest(pending_source),
         "target_options": f"{target.identity()} cuda={toolchain.cuda_version}",
-        "compiler": toolchain.identity(),
-        "flags": " ".join((*toolchain.flags(target.gemm), *toolchain.link_flags(target.gemm))),
-        "templates": templates_digest("cuda"),
-        "blas": toolchain.cublas.identity() if target.gemm == "cublaslt" else "builtin",
-        "codegen_version": f"{CODEGEN_VERSION} abi={ABI_VERSION}",
+        **cuda_toolchain_components(toolchain, target.gemm),
     }
+
+
+def render_cuda_source(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, key: str) -> str:
+    """The `.cu` of `lir` for `target` with `key` in its manifest (`target` resolved: `resolve_target`)."""
+    from rlx.codegen.cuda import render_cuda
+
+    return render_cuda(lir, target, cuda_manifest(lir, toolchain, target, key))
 
 
 def cuda_manifest(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, key: str) -> dict:
     """LirModule.manifest() plus what the builder knows: ABI, target, arch, precision, GEMM, key."""
+    from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION
+
     m = lir.manifest()
     m.update({"abi_version": ABI_VERSION, "target": "cuda", "arch": target.arch, "key": key,
               "precision": target.precision.value, "gemm": target.gemm, "cuda_version": toolchain.cuda_version,
@@ -243,17 +277,25 @@ def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget 
     """Render, nvcc-compile (or find in the AOT cache) the CUDA library for `lir`."""
     config = config or Config.from_env()
     toolchain = toolchain or detect_nvcc_toolchain(config, arch)
-    target = resolve_target(toolchain, target or CudaTarget())
+    if target is None:
+        from rlx.codegen.cuda import CudaTarget
+
+        target = CudaTarget()
+    target = resolve_target(toolchain, target)
+    from rlx.codegen.cuda import lower_cuda
+
     lir = lower_cuda(lir, target)  # the CUDA decisions are part of the LIR the cache key hashes
-    components = cuda_key_components(lir, toolchain, target)
+    start = time.perf_counter()
+    pending = render_cuda_source(lir, toolchain, target, KEY_PENDING)
+    components = cuda_key_components(lir, toolchain, target, pending_source=pending)
     key = components_key(components)
 
     def build(workdir: Path) -> None:
         source = workdir / "model.cu"
-        source.write_text(render_cuda(lir, target, cuda_manifest(lir, toolchain, target, key)))
+        # Rendered again with the key: only on a miss, where nvcc's seconds dwarf it.
+        source.write_text(render_cuda_source(lir, toolchain, target, key))
         toolchain.compile(source, workdir / "model.so", target.gemm)
 
-    start = time.perf_counter()
     entry = AotCache(config).get_or_build(components, build)
     return CudaBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain,
                      target, time.perf_counter() - start)

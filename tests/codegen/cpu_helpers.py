@@ -8,8 +8,8 @@ import numpy as np
 
 import rlx
 from rlx.config import Config
+from rlx.driver import Session
 from rlx.runtime.compiled import CompiledGraph
-from rlx.runtime.session import Session
 
 #: One float32 rounding (unit roundoff 2^-24): the reference rounds every f32 op once.
 U32 = 2.0 ** -24

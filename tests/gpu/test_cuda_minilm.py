@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from rlx import reference
+from rlx.driver import Device, Session
 from rlx.models.bert import BertConfig, bert_inputs, build_bert, random_weights
-from rlx.runtime.session import Device, Session
 from rlx.toolchain.cuda import visible_gpu_arch
 
 pytestmark = [pytest.mark.cuda,

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from rlx import reference
+from rlx.driver import Device, Session
 from rlx.errors import CudaError, ExecutionError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
-from rlx.runtime.session import Device, Session
 from rlx.toolchain.cuda import visible_gpu_arch
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent / "cases.py")

@@ -1,0 +1,374 @@
+"""The driver: `Session`, the entry point that compiles graphs for a device.
+
+It is the one layer that sees the whole pipeline (IR → `rlx.opt` → `rlx.codegen`
+→ `rlx.toolchain` → `rlx.runtime`): lower to MIR (for HIR / GraphModule inputs),
+optimize, plan memory (LIR), render one C or CUDA file, build it through the
+AOT cache, dlopen it, wrap it in a `CompiledGraph`. It also registers the
+MIR → LIR lowering `rlx.ir.module.GraphModule.plan()` uses (the IR sits below
+the optimizer and cannot import it).
+
+>>> import numpy as np, rlx
+>>> g = rlx.Graph("mlp")
+>>> x = g.input("x", [2, 4])
+>>> w = g.param("w", [4, 3])
+>>> g.set_outputs([g.activation("relu", g.matmul(x, w))])
+>>> cg = Session(Device.CPU).compile(g)
+>>> cg.set_param("w", np.eye(4, 3, dtype=np.float32))
+>>> cg.run(x=np.array([[1, -2, 3, 4], [0, 1, 0, 0]], np.float32))[0].tolist()
+[[1.0, 0.0, 3.0], [0.0, 1.0, 0.0]]
+
+The warm path (the compile index)
+---------------------------------
+A fresh process compiling a graph that was built before skips optimizing,
+planning and rendering (and never imports `rlx.codegen` or jinja2): the
+compile index (`AotCache.memo("compile_index", ...)`) maps a fingerprint of
+the input MIR, the opt level, the toolchain and `compiler_source_digest()`
+(every file of rlx.ir, rlx.opt, rlx.codegen, rlx.toolchain, rlx/reference.py
+and every template) to the object key, whose entry is then verified as on any
+hit. The objects' keys themselves come from the rendered source
+(`rlx.toolchain.cpu`), so a full compile is right by construction; the index
+is right as long as the code that runs is the code whose files were digested.
+
+That is not so after a monkeypatch (`rlx.codegen.c.GRAIN = 4096` in a test or
+a tuning script): no file changed. So the index is used only while the
+compiler's modules are *pristine* (`compiler_is_pristine`): the driver keeps,
+for every loaded module of those packages, the objects its globals (and its
+classes' attributes) were bound to when the module came from its file: at the
+end of `import rlx` for the modules it loads, and after each compile that
+began pristine for the modules that compile loaded (toolchain, codegen). A
+rebound name (a patched constant, function or method) or a compiler module
+the driver did not see load (the user imported it first, and may have
+patched it) makes the process non-pristine: it neither reads nor writes the
+index, and every compile renders and keys by the rendered source, which sees
+the patch. Comparing
+objects by identity (holding references, so ids are never reused) costs well
+under a millisecond and needs no import of codegen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import hashlib
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rlx.config import Config
+from rlx.errors import IRError, RlxError
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Graph
+from rlx.ir.lir import LirModule
+from rlx.ir.module import register_lir_lowering
+from rlx.opt import pipeline
+from rlx.opt.memplan import plan
+from rlx.runtime.compiled import CompiledGraph
+from rlx.runtime.loader import load_library
+from rlx.templates_path import templates_dir
+
+#: Bumped when the compile index's fingerprint or value changes shape.
+INDEX_FORMAT = 2
+#: The packages (and modules) whose code turns a graph into a built object: digested for the
+#: compile index's fingerprint and watched for monkeypatches.
+COMPILER_PACKAGES = ("rlx.ir", "rlx.opt", "rlx.codegen", "rlx.toolchain")
+COMPILER_MODULES = ("rlx.reference",)
+
+
+class Device(enum.Enum):
+    """Where a compiled graph runs."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+    @staticmethod
+    def parse(value: Device | str) -> Device:
+        if isinstance(value, Device):
+            return value
+        try:
+            return Device(str(value).strip().lower())
+        except ValueError:
+            raise RlxError(f"unknown device {value!r}; expected one of {[d.value for d in Device]}") from None
+
+
+def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None = None) -> LirModule:
+    """MIR → LIR: optimize at `level` (None: RLX_OPT_LEVEL), then plan memory.
+
+    `pipeline.optimize` is looked up at call time, so a patched optimizer is the one that runs
+    (and, being a rebound name, takes the compile index out of play: see the module docstring).
+    """
+    return plan(pipeline.optimize(graph, level=level, debug=debug))
+
+
+register_lir_lowering(lower_to_lir)
+
+
+class Session:
+    """Compiles graphs for one device with one configuration."""
+
+    def __init__(self, device: Device | str = Device.CPU, config: Config | None = None, *,
+                 precision: str = "f32", target: str | None = None) -> None:
+        self.device = Device.parse(device)
+        self.config = config if config is not None else Config.from_env()
+        # CUDA only: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation);
+        # `target` ("cuda:sm_90") picks the arch instead of the visible GPU's.
+        if precision not in ("f32", "f16", "bf16"):
+            raise RlxError(f"precision must be 'f32', 'f16' or 'bf16', got {precision!r}")
+        if self.device is not Device.CUDA and (precision != "f32" or target is not None):
+            raise RlxError("precision and target apply to Device.CUDA only")
+        self.precision = precision
+        self.target = target
+
+    def __repr__(self) -> str:
+        return f"Session({self.device.name})"
+
+    def lower(self, graph: Any, *, opt_level: int | None = None) -> LirModule:
+        """The LIR that `compile` would build: MIR, optimized, memory-planned."""
+        if isinstance(graph, LirModule):
+            return graph
+        if getattr(graph, "stage", None) == "lir" and isinstance(getattr(graph, "lir", None), LirModule):
+            return graph.lir
+        level = self.config.opt_level if opt_level is None else opt_level
+        return lower_to_lir(to_mir(graph), level, debug=self.config.debug)
+
+    def compile(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> CompiledGraph:
+        """Compile a Graph (MIR), HirModule, GraphModule or LirModule into a ready-to-run `CompiledGraph`.
+
+        An LirModule (or a GraphModule at the LIR stage) is built as is, without optimizing again.
+        """
+        if opt_level is not None and not (isinstance(opt_level, int) and 0 <= opt_level <= 3):
+            raise RlxError(f"opt_level must be 0..3, got {opt_level!r}")
+        with _trusting_own_loads() as pristine:
+            if self.device is Device.CUDA:
+                return self._compile_cuda(graph, opt_level, pristine)
+            library_path, source, key, hit = self._build_cpu(graph, opt_level, pristine)
+        threads = num_threads if num_threads is not None else self.config.num_threads
+        return CompiledGraph(load_library(library_path), source=source, key=key, cache_hit=hit,
+                             num_threads=threads or 0)
+
+    def _build_cpu(self, graph: Any, opt_level: int | None, pristine: bool) -> tuple[Path, Path, str, bool]:
+        """The CPU library for `graph`: (library, source, key, cache hit), through the compile index."""
+        # Imported here: loading a program never needs the toolchain (tests/toolchain/test_artifact.py).
+        from rlx.toolchain.compiler import detect_toolchain
+        from rlx.toolchain.cpu import build_cpu, cpu_toolchain_components
+
+        config = self.config
+        if _is_lir(graph):
+            built = build_cpu(self.lower(graph), config)
+            return built.library, built.source, built.key, built.hit
+        mir = to_mir(graph)
+        level = config.opt_level if opt_level is None else opt_level
+        toolchain = detect_toolchain(config)
+
+        def compile_fully() -> tuple[Path, Path, str, bool, str]:
+            built = build_cpu(lower_to_lir(mir, level, debug=config.debug), config, toolchain)
+            return built.library, built.source, built.key, built.hit, built.components["source"]
+
+        return _through_index(config, mir, level, cpu_toolchain_components(toolchain), compile_fully, pristine)[:4]
+
+    def _compile_cuda(self, graph: Any, opt_level: int | None, pristine: bool) -> CompiledGraph:
+        """The CUDA library for `graph`, through the compile index, loaded as a `CudaGraph`."""
+        from rlx.runtime.cuda_device import CudaGraph, compile_cuda
+        from rlx.toolchain.cuda import build_cuda, cuda_toolchain_components, detect_nvcc_toolchain
+
+        config = self.config
+        if _is_lir(graph):
+            return compile_cuda(self.lower(graph), config, precision=self.precision, arch=self.target)
+        mir = to_mir(graph)
+        level = config.opt_level if opt_level is None else opt_level
+        toolchain = detect_nvcc_toolchain(config, self.target)
+        seconds = 0.0
+
+        def compile_fully() -> tuple[Path, Path, str, bool, str]:
+            nonlocal seconds
+            from rlx.codegen.cuda import CudaTarget  # only when rendering: the warm path never loads codegen
+
+            target = CudaTarget(precision=DType.parse(self.precision))
+            built = build_cuda(lower_to_lir(mir, level, debug=config.debug), config, target, toolchain=toolchain)
+            seconds = built.seconds
+            return built.library, built.source, built.key, built.hit, built.components["source"]
+
+        # What the build is asked for beyond the toolchain: the precision and CudaTarget's defaults
+        # (cuBLASLt GEMM, resolved against the toolchain in the components).
+        request = {**cuda_toolchain_components(toolchain, "cublaslt"),
+                   "request": f"precision={self.precision} arch={toolchain.arch} cuda={toolchain.cuda_version}"}
+        library, source, key, hit, _ = _through_index(config, mir, level, request, compile_fully, pristine)
+        return CudaGraph(load_library(library), source=source, key=key, cache_hit=hit, build_seconds=seconds)
+
+
+def _is_lir(graph: Any) -> bool:
+    return isinstance(graph, LirModule) or getattr(graph, "stage", None) == "lir"
+
+
+def _through_index(config: Config, mir: Graph, level: int, toolchain_components: dict[str, str],
+                   compile_fully: Callable[[], tuple[Path, Path, str, bool, str]], pristine: bool
+                   ) -> tuple[Path, Path, str, bool, str]:
+    """(library, source, key, hit, source digest) of `mir`: from the compile index when it can be trusted.
+
+    `compile_fully` optimizes, plans, renders and builds (keyed by the rendered source). `pristine`:
+    the compiler modules were pristine when this compile began (see the module docstring); modules
+    this compile has loaded since came from their files. An indexed key whose entry was evicted is
+    built again.
+    """
+    from rlx.toolchain.cache import AotCache
+
+    cache = AotCache(config)
+    if not (cache.enabled and pristine):
+        return compile_fully()
+    full: list[tuple[Path, Path, str, bool, str]] = []
+
+    def index_value() -> dict[str, str]:
+        result = compile_fully()
+        full.append(result)
+        return {"key": result[2], "source": result[4]}
+
+    fingerprint = {
+        "index_format": str(INDEX_FORMAT),
+        "graph": hashlib.sha256(mir.to_json().encode()).hexdigest(),
+        "opt_level": str(level),
+        "compiler_source": compiler_source_digest(),
+        **toolchain_components,
+    }
+    value = cache.memo("compile_index", fingerprint, index_value)
+    if full:
+        return full[0]
+    if isinstance(value, dict) and isinstance(value.get("key"), str):
+        entry = cache.lookup(value["key"])
+        # The entry's recorded source digest must be the one the index promised (the key covers it;
+        # this guards against a hand-edited or foreign index file).
+        if entry is not None and entry.components.get("source") == value.get("source"):
+            return Path(entry.library), Path(entry.source), entry.key, True, str(value["source"])
+    return compile_fully()  # indexed but evicted or damaged: build it again (same key: same source)
+
+
+def to_mir(graph: Any) -> Graph:
+    """Accept a MIR Graph, an HIR module (lowered here) or a GraphModule at the HIR/MIR stage."""
+    stage = getattr(graph, "stage", None)
+    if isinstance(graph, Graph):
+        if stage in (None, "mir"):
+            return graph
+        if callable(getattr(graph, "lower_to_mir", None)):
+            return graph.lower_to_mir()
+    elif stage in ("hir", "mir") and callable(getattr(graph, "lower", None)):
+        module = graph.lower("mir") if stage == "hir" else graph
+        out = module.graph
+        if isinstance(out, Graph):
+            return out
+    raise IRError(f"cannot compile a {type(graph).__name__}: expected a MIR Graph, an HirModule or a GraphModule")
+
+
+# ── what the compile index's fingerprint covers ─────────────────────────────────────────────────
+
+
+def _compiler_files() -> Iterator[tuple[str, Path]]:
+    """(label, path) of every file whose content decides what a graph compiles to."""
+    root = Path(__file__).resolve().parent
+    for package in COMPILER_PACKAGES:
+        sub = package.removeprefix("rlx.").replace(".", "/")
+        for path in sorted((root / sub).rglob("*.py")):
+            yield f"py:{path.relative_to(root).as_posix()}", path
+    for module in COMPILER_MODULES:
+        yield f"py:{module.removeprefix('rlx.')}.py", root / f"{module.removeprefix('rlx.')}.py"
+    templates = templates_dir()
+    for path in sorted(p for p in templates.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        yield f"template:{path.relative_to(templates).as_posix()}", path
+
+
+_digest_memo: dict[tuple, str] = {}
+
+
+def compiler_source_digest() -> str:
+    """sha256 of the Python source and templates that turn a graph into a built object.
+
+    Covers rlx.ir, rlx.opt, rlx.codegen, rlx.toolchain, rlx/reference.py and every file of the
+    templates directory (`RLX_TEMPLATES_DIR` honoured). Part of the compile-index fingerprint, so
+    changed compiler code or templates never map an old graph fingerprint to an object built by
+    the old code. Files are re-read only when a path, size or mtime changed (a few dozen stats).
+    """
+    files = list(_compiler_files())
+    signature = tuple((label, st.st_size, st.st_mtime_ns) for label, st in ((lb, p.stat()) for lb, p in files))
+    cached = _digest_memo.get(signature)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    for label, path in files:
+        h.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
+    _digest_memo.clear()
+    _digest_memo[signature] = h.hexdigest()
+    return _digest_memo[signature]
+
+
+# ── is the running compiler the one on disk? (see the module docstring) ────────────────────────
+
+#: module name -> (module object, {name: object bound when it came from its file}).
+_pristine_state: dict[str, tuple[ModuleType, dict[str, object]]] = {}
+
+
+def _is_compiler_module(name: str) -> bool:
+    return name in COMPILER_MODULES or any(name == p or name.startswith(p + ".") for p in COMPILER_PACKAGES)
+
+
+def _loaded_compiler_modules() -> set[str]:
+    return {name for name in list(sys.modules) if _is_compiler_module(name)}
+
+
+def _bindings(module: ModuleType) -> dict[str, object]:
+    """Every global of `module`, and every attribute of the classes it defines (methods patched on a class)."""
+    out: dict[str, object] = {}
+    for name, value in list(vars(module).items()):
+        if isinstance(value, ModuleType):
+            continue  # a package gains an attribute per submodule that loads; submodules are watched themselves
+        out[name] = value
+        if isinstance(value, type) and value.__module__ == module.__name__:
+            for attr, member in list(vars(value).items()):
+                out[f"{name}.{attr}"] = member
+    return out
+
+
+def _trust_modules_loaded_since(before: set[str]) -> None:
+    """Record the modules loaded since `before` (by this process's own compile, so from their files)."""
+    for name in _loaded_compiler_modules() - before:
+        module = sys.modules.get(name)
+        if module is not None:
+            _pristine_state[name] = (module, _bindings(module))
+
+
+@contextlib.contextmanager
+def _trusting_own_loads() -> Iterator[bool]:
+    """Around a compile: yields whether the process is pristine now. Compiler modules the compile
+    loads (the toolchain, and codegen on a cold compile) come from their files, so they are
+    recorded as pristine afterwards, provided the process was pristine when it started."""
+    pristine = compiler_is_pristine()
+    before = _loaded_compiler_modules()
+    try:
+        yield pristine
+    finally:
+        if pristine:
+            _trust_modules_loaded_since(before)
+
+
+def compiler_is_pristine() -> bool:
+    """True while every loaded compiler module is bound as it was when it came from its file."""
+    for name in _loaded_compiler_modules():
+        module = sys.modules.get(name)
+        recorded = _pristine_state.get(name)
+        if module is None or recorded is None or recorded[0] is not module:
+            return False
+        now = _bindings(module)
+        then = recorded[1]
+        if now.keys() != then.keys() or any(now[k] is not v for k, v in then.items()):
+            return False
+    return True
+
+
+def record_pristine_modules() -> None:
+    """Record every loaded compiler module as pristine.
+
+    Called once, at the end of rlx/__init__.py: any `import rlx.x` runs that file first, so the
+    modules `import rlx` loads (IR, optimizer, toolchain) cannot have been patched yet.
+    """
+    _trust_modules_loaded_since(set())
+
+
+__all__ = ["Device", "Session", "compiler_is_pristine", "compiler_source_digest", "lower_to_lir", "to_mir"]
