@@ -31,7 +31,7 @@ from rlx.ir.module import GraphModule
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
-from rlx.runtime.artifact import load
+from rlx.runtime.artifact_load import load
 from rlx.runtime.compiled import CompiledGraph
 from rlx.trace import TracedTensor, Tracer, trace
 from rlx.version import __version__

@@ -391,7 +391,7 @@ def open_target(args: argparse.Namespace, path: Path) -> Any:
     params: dict[str, Any] = {}
     if _is_artifact(path):
         _reject_for_artifact(args, path)
-        from rlx.runtime.artifact import load
+        from rlx.runtime.artifact_load import load
 
         t0 = time.perf_counter()
         compiled = load(path, num_threads=getattr(args, "num_threads", None))

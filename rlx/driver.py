@@ -92,13 +92,29 @@ class Device(enum.Enum):
             raise RlxError(f"unknown device {value!r}; expected one of {[d.value for d in Device]}") from None
 
 
-def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None = None) -> LirModule:
-    """MIR → LIR: optimize at `level` (None: RLX_OPT_LEVEL), then plan memory.
+def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None = None,
+                 backend: str | None = None) -> LirModule:
+    """MIR → LIR: optimize at `level` (None: RLX_OPT_LEVEL), decompose for `backend`, then plan memory.
 
-    `pipeline.optimize` is looked up at call time, so a patched optimizer is the one that runs
-    (and, being a rebound name, takes the compile index out of play: see the module docstring).
+    With `backend`, ops that backend has no rule for are decomposed into primitives it has
+    (`rlx.opt.decompose`). `pipeline.optimize` is looked up at call time, so a patched optimizer
+    is the one that runs (and, being a rebound name, takes the compile index out of play: see
+    the module docstring).
     """
-    return plan(pipeline.optimize(graph, level=level, debug=debug))
+    mir = pipeline.optimize(graph, level=level, debug=debug)
+    if backend is not None:
+        from rlx.opt.decompose import decompose
+
+        rules = _rules(backend)
+        mir = decompose(mir, lambda g, node: rules.why_not(g, node) is None)
+    return plan(mir)
+
+
+def _rules(backend: str) -> Any:
+    """The rule table of `backend`, with its rules registered (imports that backend's codegen)."""
+    from rlx.codegen import backends
+
+    return backends.load_rules(backend)
 
 
 register_lir_lowering(lower_to_lir)
@@ -132,6 +148,28 @@ class Session:
         level = self.config.opt_level if opt_level is None else opt_level
         return lower_to_lir(to_mir(graph), level, debug=self.config.debug)
 
+    def first_unsupported_op(self, graph: Any, *, opt_level: int | None = None) -> tuple[Any, str] | None:
+        """The first node this session's backend cannot run (after optimizing and decomposing), with why.
+
+        >>> import rlx
+        >>> g = rlx.Graph("s")
+        >>> g.set_outputs([g.activation("softplus", g.input("x", [4]))])
+        >>> rlx.Session().first_unsupported_op(g) is None
+        True
+        """
+        from rlx.codegen.backends import first_unsupported_op
+
+        backend = self.device.value
+        if _is_lir(graph):
+            return first_unsupported_op(self.lower(graph).graph, backend)
+        level = self.config.opt_level if opt_level is None else opt_level
+        lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=backend)
+        return first_unsupported_op(lir.graph, backend)
+
+    def supports(self, graph: Any, *, opt_level: int | None = None) -> bool:
+        """True when every op of `graph` runs on this session's device (checked before any build)."""
+        return self.first_unsupported_op(graph, opt_level=opt_level) is None
+
     def compile(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> CompiledGraph:
         """Compile a Graph (MIR), HirModule, GraphModule or LirModule into a ready-to-run `CompiledGraph`.
 
@@ -162,7 +200,7 @@ class Session:
         toolchain = detect_toolchain(config)
 
         def compile_fully() -> tuple[Path, Path, str, bool, str]:
-            built = build_cpu(lower_to_lir(mir, level, debug=config.debug), config, toolchain)
+            built = build_cpu(lower_to_lir(mir, level, debug=config.debug, backend="cpu"), config, toolchain)
             return built.library, built.source, built.key, built.hit, built.components["source"]
 
         return _through_index(config, mir, level, cpu_toolchain_components(toolchain), compile_fully, pristine)[:4]
@@ -185,7 +223,8 @@ class Session:
             from rlx.codegen.cuda import CudaTarget  # only when rendering: the warm path never loads codegen
 
             target = CudaTarget(precision=DType.parse(self.precision))
-            built = build_cuda(lower_to_lir(mir, level, debug=config.debug), config, target, toolchain=toolchain)
+            lir = lower_to_lir(mir, level, debug=config.debug, backend="cuda")
+            built = build_cuda(lir, config, target, toolchain=toolchain)
             seconds = built.seconds
             return built.library, built.source, built.key, built.hit, built.components["source"]
 

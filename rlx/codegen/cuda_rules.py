@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx.codegen.c import comment
-from rlx.codegen.cuda import _CTYPE, _CUDA_TYPE, _VTYPE, CudaEmitter, NdArgs, _act, _float_c, category
+from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, _VTYPE, CudaEmitter, Launch, NdArgs, _act, _float_c, category
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
@@ -43,34 +43,6 @@ rules = table("cuda")
 
 
 # ── launch arguments ─────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True, kw_only=True)
-class Launch:
-    """What every launch has: its comment line and the C string naming it in errors.
-
-    `uses_flag`: the kernel may raise the device error flag (the run then clears and reads it);
-    `uses_lt`: it calls cuBLASLt; `smem_attrs`: (kernel, bytes) whose dynamic shared memory limit
-    `rlx_create` raises.
-    """
-
-    comment: str
-    what: str
-    uses_flag: bool = False
-    uses_lt: bool = False
-    smem_attrs: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class NoWork(Launch):
-    """A view, or a QKV sibling computed by its group's GEMM."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Memcpy(Launch):
-    src: str
-    dst: str
-    nbytes: str
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,14 +15,14 @@ combination without rendering anything.
 >>> g = Graph("demo")
 >>> x = g.input("x", [4])
 >>> g.set_outputs([g.activation("relu", x)])
->>> import rlx.codegen.c  # registers the CPU rules
+>>> from rlx.codegen.backends import supports  # imports every backend's rules
 >>> supports(g, "cpu")
 True
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,36 +125,3 @@ def table(backend: str) -> RuleTable:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     return _TABLES.setdefault(backend, RuleTable(backend))
-
-
-def _load_rules(backend: str) -> RuleTable:
-    # The rules of a backend register when its codegen module is imported.
-    if backend == "cpu":
-        import rlx.codegen.c
-    elif backend == "cuda":
-        import rlx.codegen.cuda  # noqa: F401
-    return table(backend)
-
-
-def first_unsupported_op(graph: Graph, backend: str) -> tuple[Node, str] | None:
-    """The first scheduled node `backend` cannot render, with the reason; None when all are supported."""
-    rules = _load_rules(backend)
-    for node in graph.nodes:
-        if node.kind in O.LEAF_KINDS:
-            continue
-        reason = rules.why_not(graph, node)
-        if reason is not None:
-            return node, reason
-    return None
-
-
-def supports(graph: Graph, backend: str) -> bool:
-    """True when every op of `graph` (as the backend will see it) has a rule accepting it."""
-    return first_unsupported_op(graph, backend) is None
-
-
-def support_table(backends: Iterable[str] = BACKENDS) -> Mapping[str, Mapping[str, bool]]:
-    """op kind → backend → has a rule (the `rlxc inspect --support` table)."""
-    tables = {b: _load_rules(b) for b in backends}
-    return {kind: {b: kind in t.rules for b, t in tables.items()}
-            for kind in sorted(O.OPS) if kind not in O.LEAF_KINDS}

@@ -48,14 +48,11 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlx.errors import ArtifactError
 from rlx.toolchain.cache import META, file_sha256
 from rlx.toolchain.isa import check_cpu
-
-if TYPE_CHECKING:
-    from rlx.runtime.compiled import CompiledGraph
 
 FORMAT = "rlx-artifact"
 FORMAT_VERSION = 1
@@ -71,7 +68,7 @@ LOADABLE_TARGETS = ("cpu",)
 # ── save ─────────────────────────────────────────────────────────────────
 
 
-def save(compiled: CompiledGraph, directory: str | os.PathLike[str], *,
+def save(compiled: Any, directory: str | os.PathLike[str], *,
          weights: bool | Mapping[str, Any] = False) -> Path:
     """Write `compiled` as an artifact into `directory` (created if needed); returns its path.
 
@@ -108,7 +105,7 @@ def save(compiled: CompiledGraph, directory: str | os.PathLike[str], *,
         if path.is_file():
             files[name] = {"sha256": file_sha256(path), "size": path.stat().st_size}
 
-    from rlx import __version__
+    from rlx.version import __version__
 
     manifest = {
         **lib_manifest,
@@ -126,7 +123,7 @@ def save(compiled: CompiledGraph, directory: str | os.PathLike[str], *,
     return out
 
 
-def _weights_to_save(compiled: CompiledGraph, weights: bool | Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+def _weights_to_save(compiled: Any, weights: bool | Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
     """{param name: (declared dtype, storage-dtype array)} to write."""
     from rlx.ir.dtype import DType
 
@@ -141,7 +138,7 @@ def _weights_to_save(compiled: CompiledGraph, weights: bool | Mapping[str, Any])
     if not isinstance(weights, Mapping):
         raise ArtifactError(f"weights must be True, False or a dict of arrays, got {type(weights).__name__}")
     from rlx.errors import ExecutionError
-    from rlx.runtime.compiled import _to_param_dtype
+    from rlx.runtime.conversions import _to_param_dtype
 
     out = {}
     for name, value in weights.items():
@@ -382,61 +379,3 @@ def _preload_blas(manifest: dict) -> None:
         pass  # the recorded runpath may still work; a failure shows up as a clear dlopen error
 
 
-def load(directory: str | os.PathLike[str], *, num_threads: int | None = None) -> CompiledGraph:
-    """Load the artifact in `directory` as a ready-to-run `CompiledGraph` (weights set when saved).
-
-    Raises ArtifactError when the artifact cannot run here (other ABI, target,
-    CPU without the features it was built for, damaged library).
-    """
-    d = Path(directory)
-    manifest = read_manifest(d)
-    check_loadable(manifest, d)
-    _preload_blas(manifest)
-    from rlx.runtime.compiled import CompiledGraph
-    from rlx.runtime.loader import load_library
-
-    library = load_library(d / LIBRARY)
-    if library.manifest.get("key") != manifest.get("key"):
-        raise ArtifactError(f"{d / LIBRARY} does not belong to {d / MANIFEST} (their keys differ; was another "
-                            "library loaded from this path earlier in this process? dlopen reuses it)")
-    source = d / SOURCE
-    compiled = CompiledGraph(library, source=source if source.is_file() else None, key=manifest["key"],
-                             cache_hit=True, num_threads=num_threads)
-    weights = d / WEIGHTS
-    if weights.is_file():
-        _load_weights(compiled, weights, manifest)
-    return compiled
-
-
-#: safetensors dtype names → RLX dtypes (the ones `save` writes).
-_ST_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64", "I8": "i8", "I32": "i32", "I64": "i64",
-              "U8": "u8", "BOOL": "bool"}
-
-
-def _load_weights(compiled: CompiledGraph, path: Path, manifest: dict) -> None:
-    """Set the params from the artifact's safetensors file, bit for bit (bf16 as stored)."""
-    from safetensors import SafetensorError, deserialize
-
-    want = manifest["files"].get(WEIGHTS)
-    if isinstance(want, dict) and path.stat().st_size != want.get("size"):
-        raise ArtifactError(f"{path} is {path.stat().st_size} bytes, {MANIFEST} says {want.get('size')} "
-                            "(truncated or replaced?)")
-    try:
-        tensors = deserialize(path.read_bytes())
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot read {path}: {exc}") from None
-    shapes = {p["name"]: tuple(int(d) for d in p["shape"]) for p in manifest["params"]}
-    unknown = sorted(name for name, _ in tensors if name not in shapes)
-    if unknown:
-        raise ArtifactError(f"{path} holds tensors that are not params of the graph: {unknown[:5]}")
-    for name, info in tensors:
-        dtype = _ST_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise ArtifactError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-        if tuple(info["shape"]) != shapes[name]:
-            raise ArtifactError(f"{path}: tensor {name!r} has shape {tuple(info['shape'])}, the param is "
-                                f"{shapes[name]}")
-        compiled.set_param_typed(name, info["data"], dtype)
-
-
-__all__ = ["FORMAT", "FORMAT_VERSION", "check_loadable", "elf_dependencies", "load", "read_manifest", "save"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 import rlx
-from rlx.codegen.registry import first_unsupported_op
+from rlx.codegen.backends import first_unsupported_op
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType

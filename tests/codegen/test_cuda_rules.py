@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rlx.codegen.backends import first_unsupported_op, support_table, supports, table
 from rlx.codegen.cuda import CudaTarget, cuda_context, lower_cuda, render_cuda
-from rlx.codegen.registry import first_unsupported_op, support_table, supports, table
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup

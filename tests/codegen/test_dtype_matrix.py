@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import rlx
+from rlx.codegen.backends import first_unsupported_op
 from rlx.codegen.cuda import CudaTarget, render_cuda
-from rlx.codegen.registry import first_unsupported_op
 from rlx.ir.dtype import DType
 from rlx.opt.memplan import plan
 

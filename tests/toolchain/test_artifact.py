@@ -17,7 +17,7 @@ from rlx import reference
 from rlx.config import Config
 from rlx.errors import ArtifactError
 from rlx.models.bert import BertConfig, bert_inputs, build_bert, random_weights
-from rlx.runtime.artifact import load, read_manifest
+from rlx.runtime.artifact_load import load, read_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"

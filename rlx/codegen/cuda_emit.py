@@ -1,0 +1,419 @@
+"""LIR → template context for the CUDA backend, and the rendering of one .cu file.
+
+`cuda_context(lir, target, manifest)` lowers the LIR for CUDA (QKV GEMM groups
+and the device byte layout are decisions of `rlx.opt.lowering_cuda`, recorded
+in the LIR), then asks the rule of each scheduled node's op kind
+(`rlx.codegen.cuda_rules`, registered in `table("cuda")`) for its `Kernel`:
+the template macro that launches it and that macro's typed arguments. Device
+pointers are one base plus a static offset (the whole program lives in a
+single `cudaMalloc`), dims are expressions of the run-time symbol values
+(`S[k]` on the host, `sy.v[k]` inside generated kernels). All CUDA text lives
+in `templates/cuda/`; this module supplies identifiers, numbers and index
+arithmetic only.
+
+Precision: tensors declared f32 are *stored and computed* in the session
+precision (f32, f16 or bf16) on the device, with f32 accumulation
+everywhere; the C ABI keeps the declared dtypes, so inputs, outputs and
+params cross the boundary as f32 and are converted on the device (params
+once, at `rlx_set_param`).
+
+The backend's entry point, which registers the rules too, is `rlx.codegen.cuda`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jinja2
+
+from rlx.abi_version import ABI_VERSION
+from rlx.codegen.c import c_string, c_string_lines, comment, node_header
+from rlx.codegen.common import dim_expr
+from rlx.codegen.registry import Kernel, table
+from rlx.errors import BuildError
+from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node, NodeId
+from rlx.ir.lir import LirModule
+from rlx.ir.shape import Dim, Shape, product
+from rlx.ir.view import View, collapse
+from rlx.opt.lowering import lower_for
+from rlx.opt.lowering_cuda import ATTN_MAX_SPLITS, GEMM_MODES, LT_DTYPES, PRECISIONS, constant_bytes, device_dtype
+from rlx.templates_path import templates_dir
+
+#: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
+CODEGEN_VERSION = "cuda-2"
+_INT32_LIMIT = (1 << 31) - 1
+#: Fixed device code, in the order it appears in the .cu (each file only when some kernel names it).
+KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
+                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh")
+#: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
+COPY_HEADER = "cuda/kernels/copy.cuh"
+
+_CTYPE = {DType.F32: "float", DType.F16: "__half", DType.BF16: "rlx_bf16", DType.F64: "double",
+          DType.I8: "int8_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
+          DType.BOOL: "uint8_t"}
+_VTYPE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
+          DType.I8: "int8_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
+          DType.BOOL: "bool"}
+_CUDA_TYPE = {DType.F32: "CUDA_R_32F", DType.F16: "CUDA_R_16F", DType.BF16: "CUDA_R_16BF"}
+assert set(_CUDA_TYPE) == set(LT_DTYPES)
+
+
+def category(dt: DType) -> str:
+    """How generated code treats values of `dt`: float, double, int or bool."""
+    if dt in (DType.F32, DType.F16, DType.BF16):
+        return "float"
+    if dt is DType.F64:
+        return "double"
+    return "bool" if dt is DType.BOOL else "int"
+
+
+def _act(fn: str | None) -> str:
+    return "RLX_ACT_NONE" if fn is None else "RLX_ACT_" + fn.upper()
+
+
+def _int64_literal(value: int) -> str:
+    return f"(int64_t){value}" if value <= _INT32_LIMIT else f"(int64_t){value}LL"
+
+
+def _float_c(v: float) -> str:
+    if not math.isfinite(v):
+        raise BuildError(f"non-finite attribute {v!r} cannot be compiled")
+    text = repr(float(v))
+    return text if ("e" in text or "." in text) else text + ".0"
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """What the generated .cu assumes: GPU arch, compute precision, GEMM provider."""
+
+    arch: str = "sm_90"
+    precision: DType = DType.F32
+    gemm: str = "cublaslt"
+    #: Fuse `gelu_tanh` into cuBLASLt's GELU epilogue (its GELU is the tanh form).
+    lt_gelu_epilogue: bool = True
+    #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
+    attn_bk: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", DType.parse(self.precision))
+        if self.precision not in PRECISIONS:
+            raise BuildError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {self.precision}")
+        if self.attn_bk not in (0, 64, 128):
+            raise BuildError(f"attn_bk must be 0, 64 or 128, got {self.attn_bk!r}")
+        if self.gemm not in GEMM_MODES:
+            raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
+
+    def identity(self) -> str:
+        return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
+                f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}")
+
+
+@dataclass(frozen=True)
+class NdArgs:
+    """An `RlxNd` iteration space: collapsed dims with input / output element strides (C expressions)."""
+
+    rank: int
+    dims: tuple[str, ...]
+    istride: tuple[str, ...]
+    ostride: tuple[str, ...]
+
+
+
+# ── launch arguments shared by every rule ─────────────────────────────────────
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """What every launch has: its comment line and the C string naming it in errors.
+
+    `uses_flag`: the kernel may raise the device error flag (the run then clears and reads it);
+    `uses_lt`: it calls cuBLASLt; `smem_attrs`: (kernel, bytes) whose dynamic shared memory limit
+    `rlx_create` raises.
+    """
+
+    comment: str
+    what: str
+    uses_flag: bool = False
+    uses_lt: bool = False
+    smem_attrs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoWork(Launch):
+    """A view, or a QKV sibling computed by its group's GEMM."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memcpy(Launch):
+    src: str
+    dst: str
+    nbytes: str
+
+
+class CudaEmitter:
+    """What the CUDA rules see: C expressions for pointers and dims of one lowered LIR.
+
+    Every choice of where bytes live comes from the LIR's `DeviceLayout` and `GemmGroup` decisions; the
+    rules (`rlx.codegen.cuda_rules`) choose kernels and their arguments from the node and this emitter.
+    """
+
+    def __init__(self, lir: LirModule, target: CudaTarget) -> None:
+        self.lir = lir
+        self.target = target
+        self.graph = lir.graph
+        self.sym_index = {name: i for i, (name, _) in enumerate(lir.symbols)}
+        layouts = lir.decided(DeviceLayout)
+        if len(layouts) != 1:
+            raise BuildError("the LIR has no CUDA device layout: lower it with lower_for(lir, 'cuda', ...)")
+        self.layout: DeviceLayout = layouts[0]
+        if (self.layout.precision, self.layout.gemm) != (target.precision.value, target.gemm):
+            raise BuildError(f"the LIR was lowered for precision={self.layout.precision} gemm={self.layout.gemm}, "
+                             f"not for {target.identity()}: plan the graph again")
+        #: Each QKV group by its leader (the member scheduled first), and by every member.
+        self.groups: dict[NodeId, GemmGroup] = {}
+        self.group_of: dict[NodeId, GemmGroup] = {}
+        for g in lir.decided(GemmGroup):
+            self.groups[g.members[0]] = g
+            for m in g.members:
+                self.group_of[m] = g
+
+    # ── types and expressions ──────────────────────────────────────────
+
+    def dev_dtype(self, dt: DType) -> DType:
+        return device_dtype(dt, self.target.precision)
+
+    def node(self, nid: NodeId) -> Node:
+        return self.graph.node(nid)
+
+    def ddt(self, nid: NodeId) -> DType:
+        return self.dev_dtype(self.node(nid).shape.dtype)
+
+    def ctype(self, nid: NodeId) -> str:
+        return _CTYPE[self.ddt(nid)]
+
+    def dim(self, d: Dim | None, sym: str = "S") -> str:
+        """C int64 expression of a dim: `S[k]` on the host, `sy.v[k]` in kernels; None is a zero stride."""
+        if d is None:
+            return "(int64_t)0"
+        return dim_expr(d, self.sym_index, _int64_literal, sym)
+
+    def numel(self, dims: Sequence[Dim]) -> str:
+        return self.dim(product(dims))
+
+    def row_stride(self, nid: NodeId, dense: int) -> int:
+        """Elements between rows of `nid`: a QKV group member is a column slice of the group's wide output."""
+        g = self.group_of.get(nid)
+        return g.row_stride if g is not None else dense
+
+    def offset(self, nid: NodeId) -> int:
+        """Byte offset of node `nid`'s first element in the device allocation."""
+        g = self.group_of.get(nid)
+        if g is not None:
+            return g.out_offset + g.column(nid) * self.ddt(nid).itemsize
+        b = self.lir.buffers[nid]
+        lay = self.layout
+        if b.storage == "input":
+            return lay.inputs[b.slot].dev
+        if b.storage == "output":
+            return lay.outputs[b.slot].dev
+        if b.storage == "param":
+            return lay.params[b.slot].offset
+        if b.storage == "const":
+            return lay.constants[b.slot]
+        if b.storage == "arena":
+            return lay.arena + b.offset
+        if b.storage == "view":
+            # The planner's view offset is in bytes of the declared dtype; the device may store it narrower.
+            src = self.node(b.source).shape.dtype
+            elems = b.offset // src.itemsize
+            return self.offset(b.source) + elems * self.dev_dtype(src).itemsize
+        raise BuildError(f"node %{nid}: unknown storage {b.storage!r}")
+
+    def ptr(self, nid: NodeId) -> str:
+        return f"RLX_P({self.ctype(nid)}, {self.offset(nid)})"
+
+    def what(self, node: Node) -> str:
+        text = f"node %{node.id} ({node.kind}" + (f" {node.name}" if node.name else "") + ")"
+        return c_string(text[:160])
+
+    def header(self, node: Node) -> str:
+        return node_header(node, 90)
+
+    def idx_type(self, *shapes: Shape) -> str:
+        biggest = max((s.max_numel for s in shapes), default=0)
+        return "int32_t" if biggest <= _INT32_LIMIT else "int64_t"
+
+    def base(self, node: Node) -> dict[str, str]:
+        """The fields every launch has: its comment line and the C string naming it in errors."""
+        return {"comment": self.header(node), "what": self.what(node)}
+
+    def nd(self, dims: Sequence[Dim], src: View, dst: View) -> NdArgs:
+        """The collapsed iteration space copying `src` to `dst` (both viewed over `dims`)."""
+        cdims, (cs, cd) = collapse(list(dims), src, dst)
+        if not cdims:
+            return NdArgs(1, ("(int64_t)1",), ("(int64_t)0",), ("(int64_t)0",))
+        if len(cdims) > 16:
+            raise BuildError(f"iteration space of rank {len(cdims)} exceeds 16")
+        return NdArgs(len(cdims), tuple(self.dim(d) for d in cdims), tuple(self.dim(s) for s in cs.strides),
+                      tuple(self.dim(s) for s in cd.strides))
+
+    # ── one kernel per scheduled node ──────────────────────────────────
+
+    def kernel(self, nid: NodeId) -> Kernel:
+        """The `Kernel` of one scheduled node: its op kind's rule, or no work for views and QKV siblings."""
+
+        node = self.node(nid)
+        if self.lir.buffers[nid].storage == "view":
+            return Kernel(nid, "block_view", _OPS_TEMPLATE, NoWork(**self.base(node)))
+        g = self.group_of.get(nid)
+        if g is not None and g.members[0] != nid:
+            return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(
+                comment=comment(f"%{nid}: computed by the combined GEMM of %{g.members[0]}"), what=""))
+        rules = table("cuda")
+        reason = rules.why_not(self.graph, node)
+        if reason is not None:
+            raise BuildError(f"{reason} (node {node.label})")
+        return rules.rule(node.kind).emit(self, node)
+
+    def output_copy(self, slot: int, nid: NodeId) -> Kernel:
+
+        node = self.node(nid)
+        nbytes = f"{self.numel(node.shape.dims)} * {self.ddt(nid).itemsize}"
+        return Kernel(nid, "block_memcpy", _OPS_TEMPLATE, Memcpy(
+            comment=comment(f"output {slot} is %{nid}: copy it"), what=c_string(f"copying output {slot}"),
+            src=f"RLX_P(char, {self.offset(nid)})", dst=f"RLX_P(char, {self.layout.outputs[slot].dev})",
+            nbytes=nbytes))
+
+
+_OPS_TEMPLATE = "cuda/ops.cu.j2"
+
+
+def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """Template data of params, constants, inputs and outputs: how each crosses the C ABI."""
+    lir, lay = emitter.lir, emitter.layout
+    params, constants, inputs, outputs = [], [], [], []
+    for slot, spec in enumerate(lir.params):
+        node = emitter.node(spec.node)
+        abi, dev = node.shape.dtype, emitter.dev_dtype(node.shape.dtype)
+        stored = node.shape
+        place = lay.params[slot]
+        entry = {
+            "index": slot, "name_c": c_string(spec.name), "name_comment": comment(spec.name, 80),
+            "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "abi_nbytes": spec.shape.max_nbytes,
+            "dev_off": place.offset, "direct": not place.staged, "numel": stored.max_numel,
+            "user_dims": comment(str(list(spec.shape.static_dims))),
+            "dev_dims": comment(str(list(stored.static_dims))),
+        }
+        if place.staged:
+            layout = list(spec.layout) if spec.layout is not None else list(range(spec.shape.rank))
+            # the user's dense tensor, read in the stored axis order
+            src = View.dense(spec.shape.dims).permute(layout)
+            dst = (View(tuple(stored.dims), (Dim(place.row_stride), Dim(1))) if place.row_stride
+                   else View.dense(stored.dims))  # a column slice of a combined [K, sum(N)] weight
+            entry["nd"] = emitter.nd(stored.dims, src, dst)
+        params.append(entry)
+    for slot, nid in enumerate(lir.constants):
+        node = emitter.node(nid)
+        data = constant_bytes(node, emitter.dev_dtype(node.shape.dtype))
+        rows = [", ".join(str(b) for b in data[i:i + 32]) for i in range(0, len(data), 32)]
+        constants.append({"index": slot, "nbytes": len(data), "dev_off": lay.constants[slot],
+                          "bytes_c": (",\n    ".join(rows)) if rows else "0"})
+    for slots, specs, out in ((lay.inputs, lir.inputs, inputs), (lay.outputs, lir.outputs, outputs)):
+        for slot, spec in enumerate(specs):
+            abi = spec.shape.dtype
+            dev = emitter.dev_dtype(abi)
+            out.append({"index": slot, "name_c": c_string(spec.name), "name_comment": comment(spec.name, 80),
+                        "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "convert": dev is not abi,
+                        "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
+                        "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize})
+    return params, constants, inputs, outputs
+
+
+def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
+    """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash)."""
+    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm)
+
+
+def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
+    """The template context for `lir`: plain data (numbers, identifiers, C expressions) and the kernels."""
+    lir = lower_cuda(lir, target)
+    e = CudaEmitter(lir, target)
+    lay = e.layout
+    params, constants, inputs, outputs = _boundary(e)
+    kernels = [e.kernel(nid) for nid in lir.schedule]
+    kernels += [e.output_copy(slot, nid) for slot, nid in lir.output_copies]
+    if any(k.args.uses_lt for k in kernels) and not lay.uses_lt:
+        raise BuildError("a GEMM runs on cuBLASLt but the device layout has no workspace for it")
+    used = {h for k in kernels for h in k.headers}
+    if any(p.get("nd") for p in params) or any(x["convert"] for x in (*inputs, *outputs)):
+        used.add(COPY_HEADER)
+    unknown = used - set(KERNEL_HEADERS)
+    if unknown:
+        raise BuildError(f"kernels name unknown headers {sorted(unknown)}")
+    smem: dict[str, str] = {}
+    for k in kernels:
+        smem.update(k.args.smem_attrs)
+    manifest_text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    syms = ", ".join(f"{n}<={m}" for n, m in lir.symbols) or "none"
+    return {
+        "name_comment": comment(lir.name, 80),
+        "precision": target.precision.value,
+        "gemm": target.gemm if lay.uses_lt else "builtin",
+        "arch": comment(target.arch, 20),
+        "abi_version": ABI_VERSION,
+        "symbols_comment": comment(syms, 120),
+        "nsym": len(lir.symbols),
+        "symbols": [{"name_c": c_string(n), "max": m} for n, m in lir.symbols],
+        "total_bytes": lay.total,
+        "params_bytes": lay.params_end,
+        "regions": [{"name": r.name, "offset": r.offset, "nbytes": r.nbytes} for r in lay.regions],
+        "off": {"arena": lay.arena, "scratch": lay.scratch, "workspace": lay.workspace, "flag": lay.flag},
+        "workspace_bytes": lay.workspace_bytes,
+        "attn_max_splits": ATTN_MAX_SPLITS,
+        "uses_flag": any(k.args.uses_flag for k in kernels),
+        "params": params,
+        "constants": constants,
+        "inputs": inputs,
+        "outputs": outputs,
+        "kernels": kernels,
+        "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
+        "smem_attrs": [{"kernel": k, "bytes": v} for k, v in smem.items()],
+        "manifest_c": "\n    ".join(c_string_lines(manifest_text)),
+    }
+
+
+_HEADER_TEXT: dict[str, str] = {}
+
+
+def _header_text(name: str) -> str:
+    # Plain CUDA (inline asm braces would read as Jinja): inserted verbatim, never parsed as a template.
+    if name not in _HEADER_TEXT:
+        _HEADER_TEXT[name] = (templates_dir() / name).read_text()
+    return _HEADER_TEXT[name]
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render_cuda(lir: LirModule, target: CudaTarget, manifest: dict) -> str:
+    """The complete CUDA source of `lir` (one translation unit exporting the RLX C ABI)."""
+    ctx = cuda_context(lir, target, manifest)
+    try:
+        return _environment().get_template("cuda/model.cu.j2").render(**ctx, cublaslt=_header_text(
+            "cuda/kernels/cublaslt.cuh"))
+    except jinja2.TemplateError as exc:
+        raise BuildError(f"rendering the CUDA template failed: {type(exc).__name__}: {exc}") from exc
+
+
+# The rules register in table("cuda") when this module is imported (they use the emitter defined above).

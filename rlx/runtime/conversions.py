@@ -1,0 +1,84 @@
+"""The dtype rules at the boundary: what `run` and `set_param` accept and how they convert.
+
+Shared by `CompiledGraph` and the artifact writer, so both apply the same rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rlx.errors import ExecutionError
+from rlx.ir.dtype import DType, f32_to_bf16
+
+
+def _contiguous(arr: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    """C-contiguous `arr` (converted to `dtype`), keeping 0-d arrays 0-d (np.ascontiguousarray does not)."""
+    arr = np.asarray(arr, dtype=dtype)
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        try:
+            if dtype is DType.BF16:
+                return f32_to_bf16(np.asarray(value, dtype=np.float32))
+            return _contiguous(value, dtype.np)
+        except (TypeError, ValueError) as exc:
+            raise ExecutionError(f"input {name!r}: cannot convert {type(value).__name__} to {dtype}: {exc}") from None
+    if dtype is DType.BF16:
+        if value.dtype != np.float32:
+            raise ExecutionError(f"input {name!r} is bf16: pass float32 values (got {value.dtype})")
+        return f32_to_bf16(value)
+    if value.dtype == dtype.np:
+        return _contiguous(value)
+    if np.can_cast(value.dtype, dtype.np, casting="safe"):
+        return _contiguous(value, dtype.np)
+    raise ExecutionError(f"input {name!r} is {value.dtype} but the graph takes {dtype}; converting would lose "
+                         f"information, so cast it explicitly (e.g. .astype(np.{dtype.np}))")
+
+
+def _to_param_dtype(name: str, value: Any, dtype: DType, *, cast: bool = False) -> np.ndarray:
+    """`value` as a contiguous array of the param's storage dtype (bf16 as uint16 bits).
+
+    The rules of `_to_input_dtype` (declared dtype or a safe cast; bf16 takes
+    float32), except that `cast=True` allows lossy conversions that keep every
+    value representable: no finite float becoming inf, no integer out of range.
+    Lists and scalars have no dtype of their own and are converted that way.
+    """
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise ExecutionError(f"param {name!r}: cannot convert {type(value).__name__} to {dtype}: {exc}") from None
+        cast = True
+    if arr.dtype.kind not in ("fiub" if dtype.is_float else "iub"):
+        raise ExecutionError(f"param {name!r} is {dtype}; got a {arr.dtype} array")
+    storage = np.dtype(np.float32) if dtype is DType.BF16 else np.dtype(dtype.np)
+    if arr.dtype == storage or (dtype is not DType.BF16 and np.can_cast(arr.dtype, storage, casting="safe")):
+        out = _contiguous(arr, storage)
+    elif not cast:
+        raise ExecutionError(f"param {name!r} is {dtype} but got a {arr.dtype} array; converting would lose "
+                             f"information, so cast it explicitly (e.g. .astype(np.{storage})) or pass cast=True")
+    elif storage.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = _contiguous(arr, storage)
+        overflow = np.isinf(out) & np.isfinite(arr)
+        if overflow.any():
+            bad = arr.reshape(-1)[int(np.argmax(overflow.reshape(-1)))]
+            raise ExecutionError(f"param {name!r}: value {bad} overflows {dtype}")
+    else:
+        if arr.size:
+            lo, hi = (0, 1) if storage.kind == "b" else (int(np.iinfo(storage).min), int(np.iinfo(storage).max))
+            if int(arr.min()) < lo or int(arr.max()) > hi:
+                raise ExecutionError(f"param {name!r}: values do not fit in {dtype} (range {lo}..{hi}, got "
+                                     f"{int(arr.min())}..{int(arr.max())})")
+        out = _contiguous(arr, storage)
+    return f32_to_bf16(out) if dtype is DType.BF16 else out
