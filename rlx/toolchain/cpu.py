@@ -2,9 +2,10 @@
 
 The cache key of a built object is a digest of what produced it: the sha256 of
 the C source it was compiled from, the compiler's identity, flags, ISA, BLAS
-(and the LIR hash, which names the program in `rlxc cache explain`). So a
-change anywhere in codegen, its templates or its tunables changes the key:
-there is no hand-bumped version to forget. The source embeds its own key (in
+(and the LIR hash and the templates' digest, which name the program and a
+template change in `rlxc cache explain`). So a change anywhere in codegen,
+its templates or its tunables changes the key: there is no hand-bumped
+version to forget. The source embeds its own key (in
 the manifest `rlx_manifest()` returns), so the digest is taken of the source
 rendered with an empty key (`KEY_PENDING`); the compiled file is that same
 render with the key filled in, and nothing else differs.
@@ -24,7 +25,7 @@ without loading them.
 >>> tc = detect_toolchain(config)
 >>> comps = cpu_key_components(plan(g), tc, config)
 >>> sorted(comps)
-['blas', 'compiler', 'flags', 'lir', 'source', 'target', 'target_options']
+['blas', 'compiler', 'flags', 'lir', 'source', 'target', 'target_options', 'templates']
 >>> comps["source"] == source_digest(render_source(plan(g), config, tc, key=KEY_PENDING))
 True
 """
@@ -90,7 +91,7 @@ def cpu_key_components(lir: LirModule, toolchain: Toolchain, config: Config | No
 
 
 def cpu_toolchain_components(toolchain: Toolchain) -> dict[str, str]:
-    """The key components that do not depend on the program: target, compiler, flags, BLAS.
+    """The key components that do not depend on the program: target, compiler, flags, templates, BLAS.
 
     Cheap (no rendering, no codegen import): the driver's compile index is keyed by these too.
     """
@@ -100,6 +101,8 @@ def cpu_toolchain_components(toolchain: Toolchain) -> dict[str, str]:
                           f"openmp={toolchain.openmp} sanitize={toolchain.sanitize or 'none'}",
         "compiler": toolchain.compiler_identity(),
         "flags": " ".join((*toolchain.flags, *toolchain.link_flags)),
+        # Redundant with "source" for the compiled file, but names a template change in `cache explain`.
+        "templates": templates_digest("cpu"),
         "blas": toolchain.blas.identity(),
     }
 

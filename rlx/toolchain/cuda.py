@@ -33,7 +33,7 @@ from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
 from rlx.toolchain.cache import AotCache
 from rlx.toolchain.compiler import run_compiler, version_text
-from rlx.toolchain.cpu import KEY_PENDING, components_key, source_digest
+from rlx.toolchain.cpu import KEY_PENDING, components_key, source_digest, templates_digest
 
 if TYPE_CHECKING:
     from rlx.codegen.cuda import CudaTarget
@@ -211,7 +211,7 @@ def resolve_gemm(toolchain: NvccToolchain, gemm: str) -> str:
 
 
 def cuda_toolchain_components(toolchain: NvccToolchain, gemm: str) -> dict[str, str]:
-    """The key components that do not depend on the program: nvcc, CUDA version, arch, flags, cuBLASLt.
+    """The key components that do not depend on the program: nvcc, arch, flags, templates, cuBLASLt.
 
     Cheap (no rendering, no codegen import): the driver's compile index is keyed by these too.
     """
@@ -220,6 +220,8 @@ def cuda_toolchain_components(toolchain: NvccToolchain, gemm: str) -> dict[str, 
         "target": "cuda",
         "compiler": toolchain.identity(),
         "flags": " ".join((*toolchain.flags(gemm), *toolchain.link_flags(gemm))),
+        # Redundant with "source" for the compiled file, but names a template change in `cache explain`.
+        "templates": templates_digest("cuda"),
         "blas": toolchain.cublas.identity() if gemm == "cublaslt" else "builtin",
     }
 
