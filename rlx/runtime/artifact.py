@@ -31,7 +31,7 @@ code generators nor jinja2.
 >>> cg.set_param("a", np.array([1, 2, 3], np.float32))
 >>> with tempfile.TemporaryDirectory() as d:
 ...     _ = cg.save(d, weights=True)
-...     again = load(d)
+...     again = rlx.load(d)
 ...     again.run(x=np.ones(3, np.float32))[0].tolist()
 [1.0, 2.0, 3.0]
 """
