@@ -531,7 +531,29 @@ def cmd_compile(args: argparse.Namespace) -> int:
 ARTIFACT_STAGES = ("manifest", "source")
 
 
+def _print_support(args: argparse.Namespace) -> int:
+    """`inspect --support`: which backend has a rule for each op kind (and, with a graph, what blocks it)."""
+    from rlx.codegen.backends import first_unsupported_op, support_table
+
+    if args.path is None:
+        rows = support_table()
+        backends = sorted(next(iter(rows.values())))
+        print(f"{'op':<28}" + "".join(f"{b:>6}" for b in backends))
+        for kind, has in rows.items():
+            print(f"{kind:<28}" + "".join(f"{'yes' if has[b] else '-':>6}" for b in backends))
+        return EXIT_OK
+    graph = load_graph(Path(args.path))
+    for backend in ("cpu", "cuda"):
+        found = first_unsupported_op(graph, backend)
+        print(f"{backend}: " + ("every op supported" if found is None else f"{found[1]} (node {found[0].label})"))
+    return EXIT_OK
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.support:
+        return _print_support(args)
+    if args.path is None:
+        raise UsageError("inspect needs a GRAPH.json, MODEL.onnx or artifact DIR (or --support alone)")
     path = Path(args.path)
     if not path.exists():
         raise UsageError(f"{path}: no such file or directory")
@@ -915,7 +937,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("inspect", help="show a stage of the pipeline for a graph or artifact",
                        description="Print the HIR, optimized MIR, LIR (buffer plan) or generated source of a graph; "
                                    "the manifest or source of an artifact.")
-    q.add_argument("path", metavar="GRAPH.json|MODEL.onnx|DIR")
+    q.add_argument("path", metavar="GRAPH.json|MODEL.onnx|DIR", nargs="?")
+    q.add_argument("--support", action="store_true",
+                   help="print the op x backend support table (with a graph: its first unsupported op per backend)")
     q.add_argument("--stage", choices=("hir", "mir", "lir", "source", "manifest"),
                    help="stage to print (default: mir for a graph, manifest for an artifact)")
     q.add_argument("--passes", action="store_true", help="print the optimizer's per-pass report (graphs only)")

@@ -626,3 +626,16 @@ def test_examples_walkthrough(tmp_path: Path, cache_root: Path):
     bad = subprocess.run([str(consumer), str(tmp_path / "nowhere"), str(tmp_path / "x.npy")], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 1 and "cannot open" in bad.stderr
+
+
+def test_inspect_support_prints_the_op_backend_table(capsys: pytest.CaptureFixture[str]):
+    assert main(["inspect", "--support"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
+    assert out.split()[1:3] == ["cpu", "cuda"]
+    assert rows["matmul"] == ["yes", "yes"] and rows["attention"] == ["yes", "yes"]
+    assert "input" not in rows  # leaves need no rule
+
+
+def test_inspect_without_a_path_or_support_is_a_usage_error():
+    assert main(["inspect"]) == 2
