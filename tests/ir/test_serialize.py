@@ -435,7 +435,7 @@ def test_generator_reaches_every_op() -> None:
     """Guard for the property test: its generator can produce every op kind."""
     seen: set[str] = set()
 
-    @settings(max_examples=300, deadline=None, database=None,
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(graphs())
     def collect(g: Graph) -> None:
