@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 import rlx
 from rlx.config import Config
 from rlx.driver import Session
 from rlx.runtime.compiled import CompiledGraph
+
+REPO = Path(__file__).resolve().parents[2]
 
 #: One float32 rounding (unit roundoff 2^-24): the reference rounds every f32 op once.
 U32 = 2.0 ** -24
@@ -61,3 +68,25 @@ def assert_within(got: np.ndarray, want: np.ndarray, bound: np.ndarray | float, 
         b = bound[i] if isinstance(bound, np.ndarray) else bound
         raise AssertionError(f"{what}: {int(np.sum(excess > 0))} elements exceed the bound; worst at {i}: "
                              f"got {got[i]!r}, want {want[i]!r}, |err| {err[i]:.3g} > bound {b:.3g}")
+
+
+def sanitizer_env(kind: str, tmp_path: Path, options: dict[str, str], *extra_paths: Path) -> dict[str, str]:
+    """The environment of a child Python whose generated libraries build with `-fsanitize=kind`.
+
+    The sanitizer runtime must be the first library loaded, so it is preloaded; skips (the only
+    reason being a missing optional tool) when there is no C compiler or it lacks that runtime.
+    `options` are the sanitizer's `*_OPTIONS` variables; `extra_paths` go on PYTHONPATH after the repo.
+    """
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("no C compiler")
+    runtime = {"address": "libasan.so", "thread": "libtsan.so"}[kind]
+    lib = subprocess.run([cc, f"-print-file-name={runtime}"], capture_output=True, text=True).stdout.strip()
+    if not lib or not Path(lib).is_absolute() or not Path(lib).exists():
+        pytest.skip(f"the C compiler has no {runtime}")
+    env = dict(os.environ)
+    paths = [str(REPO), *map(str, extra_paths), env.get("PYTHONPATH", "")]
+    env.update({"RLX_SANITIZE": kind, "LD_PRELOAD": lib, **options,
+                "RLX_CACHE_DIR": os.environ.get("RLX_CACHE_DIR", str(tmp_path / "cache")),
+                "PYTHONPATH": os.pathsep.join(paths)})
+    return env

@@ -8,14 +8,13 @@ if not, compiling must raise BuildError from the rule check — never build, nev
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cpu_helpers import sanitizer_env
 
 import rlx
 from rlx.codegen.backends import first_unsupported_op
@@ -98,18 +97,7 @@ def test_cuda_renders_what_its_rules_accept(dtype):
 
 
 def test_dtype_matrix_is_asan_clean(tmp_path):
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        pytest.skip("no C compiler")
-    libasan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    if not libasan or not Path(libasan).is_absolute() or not Path(libasan).exists():
-        pytest.skip("the C compiler has no libasan")
-    env = dict(os.environ)
-    env.update({
-        "RLX_SANITIZE": "address", "LD_PRELOAD": libasan, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-        "RLX_CACHE_DIR": os.environ.get("RLX_CACHE_DIR", str(tmp_path / "cache")),
-        "PYTHONPATH": str(HERE.parents[1]) + os.pathsep + str(HERE) + os.pathsep + env.get("PYTHONPATH", ""),
-    })
+    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
     proc = subprocess.run([sys.executable, str(HERE / "dtype_matrix.py")], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0 and "MATRIX-OK" in proc.stdout, proc.stderr[-6000:]

@@ -4,14 +4,11 @@ library loaded). Any out-of-bounds access aborts the child with an ASan report."
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-import pytest
+from cpu_helpers import sanitizer_env
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, rlx
@@ -70,19 +67,6 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_generated_code_is_asan_clean(tmp_path):
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        pytest.skip("no C compiler")
-    libasan = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    if not libasan or not Path(libasan).is_absolute() or not Path(libasan).exists():
-        pytest.skip("the C compiler has no libasan")
-    env = dict(os.environ)
-    env.update({
-        "RLX_SANITIZE": "address",
-        "LD_PRELOAD": libasan,
-        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-        "RLX_CACHE_DIR": os.environ.get("RLX_CACHE_DIR", str(tmp_path / "cache")),
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", ""),
-    })
+    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"})
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "ASAN-CLEAN" in proc.stdout, proc.stderr[-6000:]

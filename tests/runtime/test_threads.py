@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
-from cpu_helpers import session
+from cpu_helpers import sanitizer_env, session
 
 import rlx
 from rlx.ir import ops as O
@@ -296,21 +294,8 @@ def test_pooled_runs_are_threadsanitizer_clean(tmp_path):
     The same script sharing one context between two threads (the bug the pool fixes) is the
     control: TSan must report that race, or the clean run would prove nothing.
     """
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        pytest.skip("no C compiler")
-    libtsan = subprocess.run([cc, "-print-file-name=libtsan.so"], capture_output=True, text=True).stdout.strip()
-    if not libtsan or not Path(libtsan).is_absolute() or not Path(libtsan).exists():
-        pytest.skip("the C compiler has no libtsan")
-    env = dict(os.environ)
-    env.update({
-        "RLX_SANITIZE": "thread",
-        "LD_PRELOAD": libtsan,
-        # Only the generated library is instrumented; the interpreter, numpy and BLAS are not.
-        "TSAN_OPTIONS": "report_signal_unsafe=0:halt_on_error=0:exitcode=66",
-        "RLX_CACHE_DIR": os.environ.get("RLX_CACHE_DIR", str(tmp_path / "cache")),
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", ""),
-    })
+    # Only the generated library is instrumented; the interpreter, numpy and BLAS are not.
+    env = sanitizer_env("thread", tmp_path, {"TSAN_OPTIONS": "report_signal_unsafe=0:halt_on_error=0:exitcode=66"})
     runs = {}
     for mode in ("pooled", "shared"):
         runs[mode] = subprocess.run([sys.executable, "-c", TSAN_SCRIPT, mode], env=env, capture_output=True,
