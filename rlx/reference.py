@@ -180,8 +180,9 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, op: O.Rope) -> np.ndar
     b, s, hd_total = x.shape
     hd, rot = op.head_dim, op.rot
     xh = x.reshape(b, s, hd_total // hd, hd).copy()
-    c = cos[None, :, None, :]
-    sn = sin[None, :, None, :]
+    # [S, half] tables serve every row; [B, S, half] ones are per row
+    c = cos[..., None, :] if cos.ndim == 3 else cos[None, :, None, :]
+    sn = sin[..., None, :] if sin.ndim == 3 else sin[None, :, None, :]
     half = rot // 2
     if op.variant == "neox":
         x1 = xh[..., :half].copy()
@@ -328,6 +329,33 @@ def _eval_attention(op: O.Attention, args: list, shape: Shape, symbols: dict, in
     return _finish(attention(args[0], args[1], args[2], args[3] if len(args) > 3 else None, op), shape.dtype)
 
 
+def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                     positions: np.ndarray, op: O.CachedAttention) -> np.ndarray:
+    """Reference `ops.CachedAttention`: writes k, v into the caches (in place), then attends causally."""
+    b, s, _ = q.shape
+    capacity = k_cache.shape[1]
+    out = np.empty((b, s, op.num_heads * op.head_dim))
+    plain = O.Attention(op.num_heads, op.head_dim, "causal", op.scale, op.num_kv_heads)
+    for row in range(b):
+        p = int(positions[row])
+        if p < 0 or p + s > capacity:
+            raise ExecutionError(f"cached_attention: row {row} at position {p} + {s} new tokens exceeds the "
+                                 f"cache capacity {capacity}")
+        k_cache[row, p:p + s] = k[row]
+        v_cache[row, p:p + s] = v[row]
+        # the cache holds what the compiled code stores (the cache dtype), then attention reads it back
+        kc = np.asarray(k_cache[row:row + 1, :p + s], dtype=np.float64)
+        vc = np.asarray(v_cache[row:row + 1, :p + s], dtype=np.float64)
+        out[row] = attention(q[row:row + 1], kc, vc, None, plain)[0]
+    return out
+
+
+@evaluates(O.CachedAttention)
+def _eval_cached_attention(op: O.CachedAttention, args: list, shape: Shape, symbols: dict,
+                           in_shapes: object) -> np.ndarray:
+    return _finish(cached_attention(*args, op), shape.dtype)
+
+
 @evaluates(O.Rope)
 def _eval_rope(op: O.Rope, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
     return _finish(rope(args[0], args[1], args[2], op), shape.dtype)
@@ -457,6 +485,13 @@ def run(graph: Graph, inputs: Mapping[str, np.ndarray] | None = None,
 
 
 def _eval_input(op: O.Input, inputs: Mapping[str, np.ndarray], params: Mapping[str, np.ndarray]) -> np.ndarray:
+    if op.state:  # the caller's own buffer: ops update it in place, as compiled code does
+        arr = inputs[op.name]
+        if not (isinstance(arr, np.ndarray) and arr.dtype == op.shape.dtype.np and arr.flags.c_contiguous
+                and arr.flags.writeable and arr.shape == op.shape.static_dims):
+            raise ExecutionError(f"state {op.name!r} must be a writeable C-contiguous {op.shape.dtype} array of "
+                                 f"shape {op.shape.static_dims}")
+        return arr
     return to_compute(inputs[op.name], op.shape.dtype)
 
 

@@ -601,7 +601,7 @@ class _Planner:
                 "sin": self.ptr(node.inputs[2]), "y": self.ptr(node.id, const=False),
                 "batch": self.dim(x.dims[0]), "seq": self.dim(x.dims[1]), "width": x.dims[2].value,
                 "hd": op.head_dim, "half": op.rot // 2, "rot": op.rot, "neox": op.variant == "neox",
-                "grain": GRAIN}
+                "per_row": self.node(node.inputs[1]).shape.rank == 3, "grain": GRAIN}
 
 
 # ── the CPU rule table ─────────────────────────────────────────────────────
@@ -742,3 +742,7 @@ def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
         return _environment().get_template("model.c.j2").render(**ctx)
     except jinja2.TemplateError as exc:
         raise BuildError(f"rendering the CPU template failed: {type(exc).__name__}: {exc}") from exc
+
+
+# Rules kept in their own modules register into the CPU table when this module loads.
+from rlx.codegen import c_decoder  # noqa: E402,F401

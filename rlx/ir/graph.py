@@ -235,6 +235,11 @@ class Graph:
         _check_name("input", name)
         return self.add(O.Input(name, _shape(dims, dtype)), name=name)
 
+    def state(self, name: str, dims: Iterable[DimLike] | Shape, dtype: DType | str = DType.F32) -> NodeId:
+        """A persistent input the caller owns and ops update in place (a KV cache); static shape."""
+        _check_name("input", name)
+        return self.add(O.Input(name, _shape(dims, dtype), state=True), name=name)
+
     def param(self, name: str, dims: Iterable[DimLike] | Shape, dtype: DType | str = DType.F32) -> NodeId:
         _check_name("param", name)
         return self.add(O.Param(name, _shape(dims, dtype)), name=name)
@@ -322,6 +327,13 @@ class Graph:
                   num_kv_heads: int | None = None) -> NodeId:
         ins = [q, k, v] + ([mask_input] if mask_input is not None else [])
         return self.add(O.Attention(num_heads, head_dim, mask, scale, num_kv_heads), ins)
+
+    def cached_attention(self, q: NodeId, k: NodeId, v: NodeId, k_cache: NodeId, v_cache: NodeId,
+                         positions: NodeId, *, num_heads: int, head_dim: int, num_kv_heads: int | None = None,
+                         scale: float | None = None) -> NodeId:
+        """Causal attention of q over the caches after appending k, v at `positions` (`ops.CachedAttention`)."""
+        return self.add(O.CachedAttention(num_heads, head_dim, num_kv_heads, scale),
+                        [q, k, v, k_cache, v_cache, positions])
 
     def rope(self, x: NodeId, cos: NodeId, sin: NodeId, *, head_dim: int, n_rot: int | None = None,
              variant: str = "neox") -> NodeId:

@@ -49,11 +49,15 @@ class TensorSpec:
     node: NodeId
     shape: Shape
     layout: tuple[int, ...] | None = None
+    #: A state input: caller-owned, updated in place by the run (never copied).
+    state: bool = False
 
     def to_json(self) -> dict:
         out = {"name": self.name, "dtype": self.shape.dtype.value, "shape": [str(d) for d in self.shape.dims]}
         if self.layout is not None:
             out["layout"] = list(self.layout)
+        if self.state:
+            out["state"] = True
         return out
 
 

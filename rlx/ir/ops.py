@@ -100,13 +100,21 @@ def _check_eps(kind: str, eps: float) -> None:
 
 @dataclass(frozen=True)
 class Input(Op):
-    """A graph input, fed by the caller at run time."""
+    """A graph input, fed by the caller at run time.
+
+    A `state` input is a persistent buffer the caller owns and passes on every
+    run (a KV cache): ops such as `CachedAttention` update it in place, so it
+    must have a static shape and the runtime never copies it.
+    """
 
     kind: ClassVar[str] = "input"
     name: str
     shape: Shape
+    state: bool = False
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if self.state and not self.shape.is_static:
+            raise ShapeError(f"state input {self.name!r} must have a static shape, got {self.shape}")
         return self.shape
 
 
@@ -585,8 +593,10 @@ class Attention(Op):
 class Rope(Op):
     """Rotary position embedding on the first `n_rot` dims of every head.
 
-    Inputs: x `[B, S, H*head_dim]`, cos and sin `[S, n_rot/2]`. "neox" pairs
-    dim i with i + n_rot/2; "interleaved" pairs 2i with 2i+1.
+    Inputs: x `[B, S, H*head_dim]`, cos and sin `[S, n_rot/2]` (one table for
+    every batch row) or `[B, S, n_rot/2]` (per row: sequences at different
+    positions, as in batched decoding). "neox" pairs dim i with i + n_rot/2;
+    "interleaved" pairs 2i with 2i+1.
     """
 
     kind: ClassVar[str] = "rope"
@@ -608,10 +618,69 @@ class Rope(Op):
         _require_float("rope", x)
         if x.rank != 3 or not x.dims[2].is_static or x.dims[2].value % self.head_dim:
             raise ShapeError(f"rope input must be [batch, seq, heads*{self.head_dim}], got {x}")
+        if cos.dims != sin.dims:
+            raise ShapeError(f"rope cos {cos} and sin {sin} differ")
         for name, t in (("cos", cos), ("sin", sin)):
-            if t.dims != (x.dims[1], Dim(self.rot // 2)) or t.dtype != x.dtype:
-                raise ShapeError(f"rope {name} must be {x.dtype}[{x.dims[1]},{self.rot // 2}], got {t}")
+            if t.dims not in ((x.dims[1], Dim(self.rot // 2)), (x.dims[0], x.dims[1], Dim(self.rot // 2))) \
+                    or t.dtype != x.dtype:
+                raise ShapeError(f"rope {name} must be {x.dtype}[{x.dims[1]},{self.rot // 2}] or "
+                                 f"{x.dtype}[{x.dims[0]},{x.dims[1]},{self.rot // 2}], got {t}")
         return x
+
+
+@dataclass(frozen=True)
+class CachedAttention(Op):
+    """Causal grouped-query attention over a KV cache, appending to it.
+
+    Inputs: q `[B, S, H*D]`; this step's k and v `[B, S, Hkv*D]`; the caches
+    k_cache and v_cache, state inputs `[Bmax, T, Hkv*D]` (B <= Bmax, T the
+    context capacity); positions, i32 `[B]`: how many tokens each row already
+    holds. Row b's new keys and values are written to cache rows
+    `[pos_b, pos_b + S)` (in place: the caches are updated by the run), then
+    query s of row b attends to keys `0 .. pos_b + s`. Rows of a batch may sit
+    at different positions; `pos_b + S > T` is a run-time error. Output
+    `[B, S, H*D]`.
+    """
+
+    kind: ClassVar[str] = "cached_attention"
+    arity: ClassVar[tuple[int, int]] = (6, 6)
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int | None = None
+    scale: float | None = None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        if self.num_heads < 1 or self.head_dim < 1 or self.kv_heads < 1 or self.num_heads % self.kv_heads:
+            raise ShapeError(f"cached_attention heads invalid: num_heads={self.num_heads}, "
+                             f"kv_heads={self.kv_heads}, head_dim={self.head_dim}")
+        if self.scale is not None and (isinstance(self.scale, bool) or not isinstance(self.scale, (int, float))
+                                       or not math.isfinite(self.scale)):
+            raise ShapeError(f"cached_attention scale must be a finite number, got {self.scale!r}")
+        q, k, v, kc, vc, pos = inputs
+        _same_float_dtype("cached_attention", [q, k, v, kc, vc])
+        kw = self.kv_heads * self.head_dim
+        if q.rank != 3 or q.dims[2] != self.num_heads * self.head_dim:
+            raise ShapeError(f"cached_attention q must be [batch, seq, {self.num_heads}*{self.head_dim}], got {q}")
+        for name, s in (("k", k), ("v", v)):
+            if s.dims != (q.dims[0], q.dims[1], Dim(kw)):
+                raise ShapeError(f"cached_attention {name} must be [{q.dims[0]},{q.dims[1]},{kw}], got {s}")
+        if kc.dims != vc.dims or kc.rank != 3 or not kc.is_static or kc.dims[2] != kw:
+            raise ShapeError(f"cached_attention caches must be static [max_batch, capacity, {kw}] and alike, "
+                             f"got k_cache={kc}, v_cache={vc}")
+        if q.dims[0].max > kc.dims[0].value or q.dims[1].max > kc.dims[1].value:
+            raise ShapeError(f"cached_attention batch/seq bounds {q.dims[0]},{q.dims[1]} exceed the cache "
+                             f"{kc.dims[0]}x{kc.dims[1]}")
+        if pos.dtype is not DType.I32 or pos.dims != (q.dims[0],):
+            raise ShapeError(f"cached_attention positions must be i32[{q.dims[0]}], got {pos}")
+        return q
 
 
 # ── fused ops (produced by the optimizer, implemented by every backend) ──

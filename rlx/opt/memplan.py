@@ -74,7 +74,7 @@ def plan(graph: Graph) -> LirModule:
     position = {nid: i for i, nid in enumerate(schedule)}
     buffers: dict[NodeId, Buffer] = {}
 
-    inputs = tuple(TensorSpec(n.op.name, n.id, n.shape) for n in graph.inputs())
+    inputs = tuple(TensorSpec(n.op.name, n.id, n.shape, state=n.op.state) for n in graph.inputs())
     params = tuple(TensorSpec(n.op.name, n.id, n.op.user_shape, n.op.layout) for n in graph.params())
     constants = tuple(n.id for n in nodes if n.kind == "constant")
     for slot, s in enumerate(inputs):

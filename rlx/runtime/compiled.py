@@ -466,7 +466,15 @@ class CompiledGraph:
         handles = dict(self._handles)  # one consistent view, whatever other threads bind meanwhile
         arrays: list[np.ndarray] = []
         for info in self._library.inputs:
-            if info.name in given:
+            if info.name in given and info.state:
+                arr = given[info.name]
+                want = info.concrete({})
+                if not (isinstance(arr, np.ndarray) and arr.dtype == info.dtype.np and arr.shape == want
+                        and arr.flags.c_contiguous and arr.flags.writeable):
+                    raise ExecutionError(f"state input {info.name!r} must be a writeable C-contiguous "
+                                         f"{info.dtype.np} array of shape {want}: the run updates it in place")
+                arrays.append(arr)
+            elif info.name in given:
                 arrays.append(_to_input_dtype(info.name, given[info.name], info.dtype))
             elif info.name in handles:
                 arrays.append(handles[info.name])

@@ -42,6 +42,8 @@ class TensorInfo:
     dtype: DType
     dims: tuple[tuple[int, tuple[str, ...]], ...]
     layout: tuple[int, ...] | None = None
+    #: A state input (a KV cache): the run updates the caller's array in place, so it is never copied.
+    state: bool = False
 
     @staticmethod
     def from_json(doc: Any, what: str) -> TensorInfo:
@@ -52,7 +54,8 @@ class TensorInfo:
         except Exception as exc:
             raise ArtifactError(f"bad dtype in manifest {what} {doc['name']!r}: {exc}") from None
         layout = tuple(doc["layout"]) if doc.get("layout") is not None else None
-        return TensorInfo(doc["name"], dtype, tuple(parse_dim(d) for d in doc["shape"]), layout)
+        return TensorInfo(doc["name"], dtype, tuple(parse_dim(d) for d in doc["shape"]), layout,
+                          state=doc.get("state") is True)
 
     def concrete(self, symbols: dict[str, int]) -> tuple[int, ...]:
         out = []

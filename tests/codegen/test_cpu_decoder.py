@@ -1,0 +1,105 @@
+"""CPU `cached_attention`: appends to caller-owned KV caches in place and attends causally over them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cpu_helpers import compile_graph
+
+import rlx
+from rlx.errors import ExecutionError, ShapeError
+from rlx.reference import run as reference_run
+
+H, KV, D, CAPACITY, MAX_BATCH = 4, 2, 16, 40, 2
+
+
+def _graph(scale: float | None = None) -> rlx.Graph:
+    g = rlx.Graph("kv_attention")
+    seq, batch = rlx.Dim.dynamic("seq", 16), rlx.Dim.dynamic("batch", MAX_BATCH)
+    q = g.input("q", [batch, seq, H * D])
+    k = g.input("k", [batch, seq, KV * D])
+    v = g.input("v", [batch, seq, KV * D])
+    kc = g.state("k_cache", [MAX_BATCH, CAPACITY, KV * D])
+    vc = g.state("v_cache", [MAX_BATCH, CAPACITY, KV * D])
+    pos = g.input("pos", [batch], "i32")
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=H, head_dim=D, num_kv_heads=KV,
+                                      scale=scale)])
+    return g
+
+
+def _step(rng: np.random.Generator, batch: int, seq: int) -> dict[str, np.ndarray]:
+    return {"q": rng.standard_normal((batch, seq, H * D)).astype(np.float32),
+            "k": rng.standard_normal((batch, seq, KV * D)).astype(np.float32),
+            "v": rng.standard_normal((batch, seq, KV * D)).astype(np.float32)}
+
+
+def _caches() -> tuple[np.ndarray, np.ndarray]:
+    return (np.zeros((MAX_BATCH, CAPACITY, KV * D), np.float32), np.zeros((MAX_BATCH, CAPACITY, KV * D), np.float32))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_prefill_then_decode_matches_reference_and_updates_cache(batch: int) -> None:
+    g = _graph()
+    cg = compile_graph(g)
+    rng = np.random.default_rng(batch)
+    kc, vc = _caches()
+    rk, rv = _caches()
+    # rows at different positions: batched decoding of sequences of different lengths
+    pos = np.array([0, 3][:batch], np.int32)
+    for seq in (5, 1, 1, 9, 1, 16):
+        ins = {**_step(rng, batch, seq), "pos": pos}
+        out = cg.run({**ins, "k_cache": kc, "v_cache": vc})[0]
+        want = reference_run(g, {**ins, "k_cache": rk, "v_cache": rv})[0]
+        # softmax over <= 40 keys of 16-term dot products: a few f32 roundings
+        np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
+        np.testing.assert_array_equal(kc, rk)
+        np.testing.assert_array_equal(vc, rv)
+        pos = pos + seq
+    assert kc[0, :int(pos[0])].any() and not kc[0, int(pos[0]):].any()
+
+
+def test_decode_equals_attention_over_the_whole_sequence() -> None:
+    """Token by token through the cache == one causal attention over all tokens (the cache is right)."""
+    rng = np.random.default_rng(7)
+    steps = _step(rng, 1, 12)
+    cg = compile_graph(_graph())
+    kc, vc = _caches()
+    outs = [cg.run({name: a[:, t:t + 1] for name, a in steps.items()} | {
+        "pos": np.array([t], np.int32), "k_cache": kc, "v_cache": vc})[0] for t in range(12)]
+    full = rlx.Graph("full")
+    q, k, v = (full.input(n, [1, 12, w * D]) for n, w in (("q", H), ("k", KV), ("v", KV)))
+    full.set_outputs([full.attention(q, k, v, num_heads=H, head_dim=D, num_kv_heads=KV, mask="causal")])
+    want = reference_run(full, steps)[0]
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), want, rtol=2e-5, atol=2e-6)
+
+
+def test_overflowing_the_cache_is_a_clear_error() -> None:
+    cg = compile_graph(_graph())
+    kc, vc = _caches()
+    ins = {**_step(np.random.default_rng(0), 1, 4), "k_cache": kc, "v_cache": vc}
+    with pytest.raises(ExecutionError, match="exceeds the cache capacity 40"):
+        cg.run({**ins, "pos": np.array([CAPACITY - 3], np.int32)})
+    with pytest.raises(ExecutionError, match="exceeds the cache capacity"):
+        cg.run({**ins, "pos": np.array([-1], np.int32)})
+    assert not kc.any()  # nothing was written
+
+
+def test_state_inputs_are_never_copied() -> None:
+    cg = compile_graph(_graph())
+    kc, vc = _caches()
+    ins = {**_step(np.random.default_rng(0), 1, 1), "pos": np.array([0], np.int32)}
+    for bad in (kc.astype(np.float64), kc[:, ::-1], np.zeros((1, CAPACITY, KV * D), np.float32)):
+        with pytest.raises(ExecutionError, match="state input 'k_cache'"):
+            cg.run({**ins, "k_cache": bad, "v_cache": vc})
+
+
+def test_bad_shapes_are_refused() -> None:
+    g = rlx.Graph("bad")
+    q = g.input("q", [1, 4, H * D])
+    k = g.input("k", [1, 4, KV * D])
+    kc = g.state("kc", [1, 2, KV * D])  # capacity 2 < seq 4
+    pos = g.input("pos", [1], "i32")
+    with pytest.raises(ShapeError, match="exceed the cache"):
+        g.cached_attention(q, k, k, kc, kc, pos, num_heads=H, head_dim=D, num_kv_heads=KV)
+    with pytest.raises(ShapeError, match="static shape"):
+        g.state("dyn", [rlx.Dim.dynamic("n", 4)])
