@@ -15,7 +15,7 @@ from rlx.models.decoder_config import DecoderConfig
 from rlx.models.llama import random_specs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_numpy import llama_logits  # noqa: E402
+from llama_numpy import llama_logits
 
 CONFIG = DecoderConfig(arch="llama", vocab_size=96, hidden_size=48, num_layers=2, num_heads=6, num_kv_heads=2,
                        head_dim=8, ffn_size=80, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
@@ -107,7 +107,7 @@ def test_bad_input_is_refused(lm: CausalLM) -> None:
         lm.logits([3, 96])
     with pytest.raises(ExecutionError, match=r"\[0, 96\)"):
         lm.generate([-1])
-    with pytest.raises(RlxError, match="1..3 prompts"):
+    with pytest.raises(RlxError, match=r"1\.\.3 prompts"):
         lm.generate_batch([[3]] * 4)
     with pytest.raises(RlxError, match="temperature"):
         lm.generate([3], temperature=-1)
