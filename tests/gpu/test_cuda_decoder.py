@@ -15,7 +15,7 @@ from rlx.models.llama import random_specs
 from rlx.toolchain.cuda import visible_gpu_arch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from llama_numpy import llama_logits  # noqa: E402
+from llama_numpy import llama_logits
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(visible_gpu_arch() is None, reason="no NVIDIA GPU visible (nvidia-smi)")]
