@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.c import CPU, GRAIN, PACK_NR_MAX, c_string, node_header
+from rlx.codegen.cpu_base import CPU, GRAIN, PACK_NR_MAX, c_string, node_header
 from rlx.codegen.registry import Kernel
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType

@@ -230,7 +230,7 @@ class CausalLM:
                 raise RlxError("this model has no tokenizer: pass token ids")
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
             ids = self.tokenizer.encode(text)
-            if not ids and self.config.bos_id is not None:
+            if not ids and self.config.bos_id >= 0:
                 ids = [self.config.bos_id]
         else:
             ids = [int(t) for t in prompt]
@@ -289,7 +289,7 @@ class CausalLM:
     def _stop_ids(self) -> frozenset[int]:
         if self.tokenizer is not None and getattr(self.tokenizer, "stop_ids", None):
             return frozenset(self.tokenizer.stop_ids)
-        return frozenset({self.config.eos_id} if self.config.eos_id is not None else ())
+        return frozenset({self.config.eos_id} if self.config.eos_id >= 0 else ())
 
     def _steps(self, prompts: list[list[int]], max_new: int, sampler: Sampler, stop_ids: frozenset[int],
                reasons: list[str]) -> Iterator[list[int | None]]:
