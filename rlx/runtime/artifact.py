@@ -9,7 +9,7 @@
 | `model.c` / `model.cu` | the generated source it was built from (`.cu` for the CUDA target) |
 | `rlx.h` | the ABI header, for C programs that dlopen or link the library |
 | `rlx_cuda.h` | CUDA: the exports a CUDA library adds (`rlx_run_device`, device memory) |
-| `manifest.json` | ABI version, inputs, outputs, params, dynamic dims and bounds, target, ISA or GPU arch, key, checksums |
+| `manifest.json` | ABI version, IO, params, dynamic dims and bounds, target, ISA or GPU arch, key, checksums |
 | `weights.safetensors` | optional: the params that were set (`save(dir, weights=True)`) |
 
 A CUDA artifact records the GPU arch it was built for (`"arch": "sm_90"`) and its GEMM provider; it
@@ -410,10 +410,10 @@ def check_gpu_arch(built: Any, device: str | None, *, what: str = "artifact") ->
     major.minor (an sm_90 GPU; nvidia-smi reports no suffix).
 
     >>> check_gpu_arch("sm_80", "sm_86")
-    >>> check_gpu_arch("sm_90", "sm_80")
+    >>> check_gpu_arch("sm_90", "sm_80")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    rlx.errors.ArtifactError: artifact was built for sm_90 GPUs; this machine's GPU is sm_80, which cannot run it: rebuild it here (Session(Device.CUDA).compile, or rlxc compile --target cuda)
+    rlx.errors.ArtifactError: artifact was built for sm_90 GPUs; this machine's GPU is sm_80, which cannot run it: ...
     """
     b = _SM_RE.match(str(built)) if isinstance(built, str) else None
     if b is None:

@@ -95,4 +95,5 @@ def _load_weights(compiled: CompiledGraph, path: Path, manifest: dict) -> None:
         compiled.set_param_typed(name, info["data"], dtype)
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "check_gpu_arch", "check_loadable", "elf_dependencies", "load", "read_manifest", "save"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "check_gpu_arch", "check_loadable", "elf_dependencies", "load",
+           "read_manifest", "save"]

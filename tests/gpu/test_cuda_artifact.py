@@ -1,0 +1,89 @@
+"""CUDA artifacts on a GPU: compile, save with weights, `rlx.load` (a `CudaGraph`), run, and the plain-C
+consumer (examples/consumer_cuda.c) on the same artifact. The checks that need no GPU (manifest, arch refusal)
+are tests/runtime/test_cuda_artifact.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlx
+from rlx import reference
+from rlx.driver import Device, Session
+from rlx.runtime.artifact_load import read_manifest
+from rlx.runtime.cuda_device import CudaGraph
+from rlx.toolchain.cuda import visible_gpu_arch
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(visible_gpu_arch() is None, reason="no NVIDIA GPU visible (nvidia-smi)")]
+
+REPO = Path(__file__).resolve().parents[2]
+CC = shutil.which(os.environ.get("CC") or "cc")
+
+
+def mlp(t: rlx.Tracer) -> dict[str, rlx.TracedTensor]:
+    """examples/mlp.py's model (the one examples/consumer_cuda.c knows): x[batch, 4] -> y[batch, 3]."""
+    x = t.input("x", [rlx.Dim.dynamic("batch", max=64), 4])
+    w1, b1 = t.param("w1", [4, 16]), t.param("b1", [16])
+    w2, b2 = t.param("w2", [16, 3]), t.param("b2", [3])
+    return {"y": ((x @ w1 + b1).gelu()) @ w2 + b2}
+
+
+@pytest.fixture(scope="module")
+def model() -> tuple:
+    graph = rlx.trace("mlp", mlp)
+    rng = np.random.default_rng(7)
+    weights = {"w1": rng.standard_normal((4, 16)).astype(np.float32) / 2,
+               "b1": rng.standard_normal(16).astype(np.float32),
+               "w2": rng.standard_normal((16, 3)).astype(np.float32) / 4,
+               "b2": rng.standard_normal(3).astype(np.float32)}
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    return graph, weights, x, reference.run(graph, {"x": x}, weights)[0]
+
+
+@pytest.mark.parametrize("precision", ["f32", "f16"])
+def test_save_load_run_round_trip(model: tuple, tmp_path: Path, precision: str) -> None:
+    graph, weights, x, want = model
+    cg = Session(Device.CUDA, precision=precision).compile(graph)
+    for k, v in weights.items():
+        cg.set_param(k, v)
+    before = cg.run(x=x)[0]
+    out = cg.save(tmp_path / "art", weights=True)
+    m = read_manifest(out)
+    assert m["target"] == "cuda" and m["arch"] == visible_gpu_arch() and m["precision"] == precision
+    assert {"model.so", "model.cu", "rlx.h", "rlx_cuda.h", "weights.safetensors"} <= set(m["files"])
+    moved = tmp_path / "moved"
+    shutil.move(out, moved)
+    again = rlx.load(moved)
+    assert isinstance(again, CudaGraph) and again.precision == precision
+    got = again.run(x=x)[0]
+    np.testing.assert_array_equal(got, before)  # the same library, the same weights: the same bits
+    tol = 1e-5 if precision == "f32" else 3e-3
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    dev = again.run_device(x=again.to_device(x))[0].numpy()
+    np.testing.assert_array_equal(dev, got)
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+def test_plain_c_consumer_runs_the_cuda_artifact(model: tuple, tmp_path: Path) -> None:
+    graph, weights, x, want = model
+    cg = Session(Device.CUDA).compile(graph)
+    for k, v in weights.items():
+        cg.set_param(k, v)
+    art = cg.save(tmp_path / "art", weights=True)
+    exe = tmp_path / "consumer_cuda"
+    build = subprocess.run([CC, "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+                            str(REPO / "examples" / "consumer_cuda.c"), "-I", str(art), "-L", str(art),
+                            "-l:model.so", f"-Wl,-rpath,{art}"], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    np.save(tmp_path / "x.npy", x)
+    proc = subprocess.run([str(exe), str(art), str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = np.array([[float(v) for v in line.split("=")[1].split()] for line in proc.stdout.splitlines()], np.float32)
+    np.testing.assert_array_equal(rows, cg.run(x=x)[0])  # %.9g prints a float32 exactly
+    np.testing.assert_allclose(rows, want, rtol=1e-5, atol=1e-5)
