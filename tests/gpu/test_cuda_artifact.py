@@ -63,8 +63,10 @@ def test_save_load_run_round_trip(model: tuple, tmp_path: Path, precision: str) 
     assert isinstance(again, CudaGraph) and again.precision == precision
     got = again.run(x=x)[0]
     np.testing.assert_array_equal(got, before)  # the same library, the same weights: the same bits
-    tol = 1e-5 if precision == "f32" else 3e-3
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    if precision == "f32":
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    else:  # f16 storage, f32 accumulation: a few units of f16 rounding (4.9e-4) relative to the output
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 4e-3
     dev = again.run_device(x=again.to_device(x))[0].numpy()
     np.testing.assert_array_equal(dev, got)
 
