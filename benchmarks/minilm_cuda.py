@@ -94,16 +94,21 @@ def print_profile(name: str, prec: str, case: str, events: list, iters: int = 20
         print(f"    {e.device_time_total / iters:9.1f} us  x{e.count // iters:<3d} {e.key[:110]}")
 
 
-def call_torch(outs: dict, name: str, module, ids, mask, ctx=None) -> None:
-    """One call of a torch peer, its output kept (for the cosine check), then a device synchronization."""
+def call_torch(module, ids, mask, ctx=None):
+    """One call of a torch peer, then a device synchronization; returns its output.
+
+    A CUDA-graph peer's output lives in memory the next replay of any such peer overwrites: the
+    caller clones it before calling another peer.
+    """
     import torch
 
     if ctx is None:
-        outs[name] = module(ids, mask)
+        out = module(ids, mask)
     else:
         with ctx():
-            outs[name] = module(ids, mask)
+            out = module(ids, mask)
     torch.cuda.synchronize()
+    return out
 
 
 def ort_session(module, t_ids, t_mask, path: Path):
@@ -201,10 +206,9 @@ def main() -> int:
                                                                                     outputs={"embeddings": out})
             if "rlx_host" in peers:
                 fns["rlx_host"] = lambda feed=feed, cg=cg: cg.run(feed)
-            outs: dict[str, object] = {}
             with torch.inference_mode():
-                def torch_peer(name, m, ctx=None, outs=outs, a=t_ids, b=t_mask):
-                    return functools.partial(call_torch, outs, name, m, a, b, ctx)
+                def torch_peer(name, m, ctx=None, a=t_ids, b=t_mask):
+                    return functools.partial(call_torch, m, a, b, ctx)
 
                 if "eager" in peers:
                     fns["eager"] = torch_peer("eager", eager)
@@ -244,8 +248,7 @@ def main() -> int:
                         ort_out = torch.empty((batch, cfg.hidden_size), dtype=tdtype, device=dev)
                         binding.bind_output("embeddings", "cuda", 0, np.float32 if prec == "f32" else np.float16,
                                             tuple(ort_out.shape), ort_out.data_ptr())
-                        outs["ort"] = ort_out
-                        fns["ort"] = lambda s=sess, b=binding: s.run_with_iobinding(b)
+                        fns["ort"] = lambda s=sess, b=binding, o=ort_out: (s.run_with_iobinding(b), o)[1]
                 # correctness: every peer vs torch float32 eager (same weights, same tokens)
                 want = ref32(t_ids, t_mask).float()
                 cg.run_device(dfeed, outputs={"embeddings": out})
@@ -253,8 +256,10 @@ def main() -> int:
                     fn()
                     fn()
                 cos = {"rlx": torch.nn.functional.cosine_similarity(out, want, dim=1).min().item()}
-                for name, o in outs.items():
-                    cos[name] = torch.nn.functional.cosine_similarity(o.float(), want, dim=1).min().item()
+                for name, fn in fns.items():
+                    if not name.startswith("rlx"):  # each torch / ORT peer's output, cloned at once
+                        got = fn().float().clone()
+                        cos[name] = torch.nn.functional.cosine_similarity(got, want, dim=1).min().item()
                 times: dict[str, list[float]] = {k: [] for k in fns}
                 for _ in range(args.rounds):
                     for k, fn in fns.items():
