@@ -63,15 +63,6 @@ def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.nda
     return ids, mask
 
 
-def model_flops(cfg: BertConfig, batch: int, seq: int) -> float:
-    """FLOPs of one forward (2 per multiply-add): the encoder's GEMMs plus attention's QK^T and PV."""
-    h, f, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-    tokens = batch * seq
-    gemms = tokens * (4 * 2 * h * h + 2 * 2 * h * f)  # q, k, v, output projection; the two FFN GEMMs
-    attention = batch * 2 * 2 * seq * seq * h
-    return float(layers * (gemms + attention))
-
-
 def kernel_ms(fn, iters: int = 20) -> tuple[float, list]:
     """(ms of GPU kernels per call, the profiler's per-kernel averages): CUPTI sees every library's kernels."""
     import torch
@@ -272,7 +263,7 @@ def main() -> int:
                     if f"{batch}x{seq}" in args.profile.split(","):
                         print_profile(k, prec, f"{batch}x{seq}", events)
             med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-            flops = model_flops(cfg, batch, seq)
+            flops = float(cfg.flops(batch, seq))
             rows.append((prec, batch, seq, med, kern, cos, flops))
             print(f"  {prec} {batch}x{seq} ({flops / 1e9:.1f} GFLOP): "
                   + "  ".join(f"{k} {v:.3f}/{kern[k]:.3f} ms" for k, v in med.items()) + "  (wall/kernel)")

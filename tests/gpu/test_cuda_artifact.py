@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -89,3 +90,37 @@ def test_plain_c_consumer_runs_the_cuda_artifact(model: tuple, tmp_path: Path) -
     rows = np.array([[float(v) for v in line.split("=")[1].split()] for line in proc.stdout.splitlines()], np.float32)
     np.testing.assert_array_equal(rows, cg.run(x=x)[0])  # %.9g prints a float32 exactly
     np.testing.assert_allclose(rows, want, rtol=1e-5, atol=1e-5)
+
+
+def _python(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter with this checkout first on the path, as a user runs rlxc."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "RLX_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.mark.skipif(CC is None, reason="needs a C compiler")
+def test_readme_cuda_walkthrough(tmp_path: Path) -> None:
+    """README's GPU steps: examples/mlp.py, rlxc compile --target cuda, rlxc run, then examples/consumer_cuda.c."""
+    cache = tmp_path / "cache"
+    made = _python(str(REPO / "examples" / "mlp.py"), str(tmp_path), cache=cache)
+    assert made.returncode == 0, made.stderr
+    expected = np.load(tmp_path / "expected.npy")
+    art = tmp_path / "art_cuda"
+    built = _python("-m", "rlx.cli", "compile", str(tmp_path / "mlp.json"), "-o", str(art), "--target", "cuda",
+                    "--weights", str(tmp_path / "mlp.safetensors"), cache=cache)
+    assert built.returncode == 0 and "with 4 weight tensor(s)" in built.stdout, built.stderr
+    assert read_manifest(art)["arch"] == visible_gpu_arch()
+    ran = _python("-m", "rlx.cli", "run", str(art), "--input", f"x={tmp_path / 'x.npy'}", "--output",
+                  str(tmp_path / "y.npz"), cache=cache)
+    assert ran.returncode == 0, ran.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], expected, rtol=1e-5, atol=1e-6)
+    exe = tmp_path / "consumer_cuda"
+    build = subprocess.run([CC, "-O2", "-o", str(exe), str(REPO / "examples" / "consumer_cuda.c"), "-I", str(art),
+                            "-L", str(art), "-l:model.so", f"-Wl,-rpath,{art}"], capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(exe), str(art), str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [[float(v) for v in line.split("=")[1].split()] for line in out.stdout.splitlines()]
+    np.testing.assert_allclose(np.array(rows, np.float32), expected, rtol=1e-5, atol=1e-6)
