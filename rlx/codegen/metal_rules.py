@@ -553,7 +553,8 @@ def attention(e: MetalEmitter, node: Node) -> Kernel:
                      t=e.mtype(node.id), mt=e.mtype(mask_id) if mask_id is not None else "uchar", D=op.head_dim,
                      H=op.num_heads, Hkv=op.kv_heads, mask=_MASK[op.mask], Sq=e.dim(q.dims[1]), Skv=e.dim(k.dims[1]),
                      scale=float_literal(op.softmax_scale), bs=bs, q=q_ptr, k=e.ptr(node.inputs[1]),
-                     v=e.ptr(node.inputs[2]), m=e.ptr(mask_id) if mask_id is not None else q_ptr,
+                     v=e.ptr(node.inputs[2]),
+                     m=e.ptr(mask_id) if mask_id is not None else f"RLX_P(uchar, {e.offset(node.inputs[0])})",
                      out=e.ptr(node.id))
     return _kernel(node, "block_attention", args, ATTENTION)
 
