@@ -114,6 +114,9 @@ class MetalGraph:
         want = info.concrete({})
         if tuple(arr.shape) != want:
             raise ExecutionError(f"param {name!r} must have shape {want}, got {tuple(arr.shape)}")
+        if info.layout is not None:
+            # stored in the layout the graph chose (e.g. a transposed weight): stored = user.transpose(layout)
+            arr = np.transpose(arr, info.layout)
         self._write(int(self._layout["params"][slot]), arr)
         self._set.add(name)
 
