@@ -23,7 +23,7 @@ def load_rules(backend: str) -> RuleTable:
     if backend == "cpu":
         import rlx.codegen.c
     elif backend == "cuda":
-        import rlx.codegen.cuda  # noqa: F401
+        import rlx.codegen.cuda
     elif backend == "metal":
         import rlx.codegen.metal  # noqa: F401
     return table(backend)

@@ -35,7 +35,7 @@ from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
-from rlx.ir.shape import Dim, Shape, product
+from rlx.ir.shape import Dim, product
 from rlx.ir.view import View, collapse
 
 ROWS, GEMM, ATTENTION = "metal/kernels/rows.metal", "metal/kernels/gemm.metal", "metal/kernels/attention.metal"

@@ -105,11 +105,10 @@ class MetalGraph:
 
     def set_param(self, name: str, array: Any, *, cast: bool = False) -> None:
         """Copy a param's values into the program buffer (bf16 params take float32 values)."""
-        for slot, info in enumerate(self._params):
-            if info.name == name:
-                break
-        else:
+        slot = next((k for k, t in enumerate(self._params) if t.name == name), None)
+        if slot is None:
             raise ExecutionError(f"unknown param {name!r}; the graph's params are {self.param_names}")
+        info = self._params[slot]
         arr = _to_param_dtype(name, array, info.dtype, cast=cast)
         want = info.concrete({})
         if tuple(arr.shape) != want:

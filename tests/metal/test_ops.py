@@ -55,7 +55,7 @@ def test_every_supported_op_matches_the_reference(dtype):
 def test_f64_and_cached_attention_are_refused_before_any_build():
     g = rlx.Graph("f64")
     g.set_outputs([g.activation("relu", g.input("x", [4], "f64"))])
-    node, reason = first_unsupported_op(g, "metal")
+    _node, reason = first_unsupported_op(g, "metal")
     assert "no 64-bit float" in reason
     with pytest.raises(rlx.BuildError, match="no 64-bit float"):
         emulate(g)
