@@ -20,6 +20,7 @@ The backend's entry point, which registers the rules too, is `rlx.codegen.metal`
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -335,7 +336,9 @@ def _header_text(name: str) -> str:
     return _HEADER_TEXT[name]
 
 
+@functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
+    # One environment per process: its templates compile once (the loader reloads a file that changed).
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,

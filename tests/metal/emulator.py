@@ -40,9 +40,8 @@ def have_compiler() -> bool:
     return shutil.which(CXX) is not None
 
 
-def harness(program: MetalProgram) -> str:
-    """C++ that includes the generated source and exports a dispatcher over its kernels (manifest order)."""
-    names = [d["kernel"] for d in program.manifest["dispatches"]]
+def harness(names: Sequence[str]) -> str:
+    """C++ that includes model.metal and exports a dispatcher over the kernels `names` (by index)."""
     lines = ['#include "model.metal"', ""]
     for i, name in enumerate(names):
         lines.append(f"static void rlx_emu_body{i}(unsigned char *mem, const long *sym, const rlx_emu::Position &p)"
@@ -55,6 +54,7 @@ def harness(program: MetalProgram) -> str:
         "    return rlx_emu::dispatch(rlx_emu_bodies[k], mem, sym, grid, threads, sync);",
         "}",
         'extern "C" const char *rlx_emu_error(void) { return rlx_emu::g_error; }',
+        'extern "C" void rlx_emu_clear_error(void) { rlx_emu::g_error[0] = 0; }',
         "",
     ]
     return "\n".join(lines)
@@ -62,14 +62,20 @@ def harness(program: MetalProgram) -> str:
 
 def build(program: MetalProgram) -> Path:
     """The emulator library of `program` (compiled once per source)."""
-    key = hashlib.sha256((program.source + SHIM.read_text() + harness(program) + " ".join(FLAGS)).encode())
+    return build_source(program.source, [d["kernel"] for d in program.manifest["dispatches"]])
+
+
+def build_source(source: str, names: Sequence[str]) -> Path:
+    """The emulator library of a .metal `source` whose kernels `names` are dispatched by index."""
+    glue = harness(names)
+    key = hashlib.sha256((source + SHIM.read_text() + glue + " ".join(FLAGS)).encode())
     root = Path(os.environ.get("RLX_CACHE_DIR", Path.home() / ".cache" / "rlx")) / "metal-emu" / key.hexdigest()[:32]
     lib = root / "model.so"
     if lib.exists():
         return lib
     root.mkdir(parents=True, exist_ok=True)
-    (root / "model.metal").write_text(program.source)
-    (root / "harness.cpp").write_text(harness(program))
+    (root / "model.metal").write_text(source)
+    (root / "harness.cpp").write_text(glue)
     tmp = root / f"model.{os.getpid()}.so"
     cmd = [CXX, *FLAGS, "-I", str(SHIM.parent), "-I", str(root), str(root / "harness.cpp"), "-o", str(tmp)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -98,8 +104,17 @@ class EmulatorRunner:
                                             sym.ctypes.data_as(ctypes.c_void_p), grid, threads, int(launch.sync))
             self.launched.append(launch)
             if rc:
-                raise rlx.ExecutionError(f"emulated kernel {launch.name} failed: "
-                                         f"{self._lib.rlx_emu_error().decode()}")
+                message = self._lib.rlx_emu_error().decode()
+                self.clear_error()
+                raise rlx.ExecutionError(f"emulated kernel {launch.name} failed: {message}")
+
+    def clear_error(self) -> None:
+        self._lib.rlx_emu_clear_error()
+
+
+def reset_error(runner: EmulatorRunner) -> None:
+    """Clear the emulator's sticky error (after a test provoked one on purpose)."""
+    runner.clear_error()
 
 
 def render(graph: object, opt_level: int = 0, target: MetalTarget | None = None) -> MetalProgram:
