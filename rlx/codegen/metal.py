@@ -1,8 +1,9 @@
 """The Metal backend: `render_metal(lir, target, manifest)` renders one .metal file and its dispatch manifest.
 
 This module is the backend's entry point: the emitter and template context live in
-`rlx.codegen.metal_emit`, the per-op rules in `rlx.codegen.metal_rules` (registered in
-`table("metal")` when imported here), so importing `rlx.codegen.metal` gives a ready backend.
+`rlx.codegen.metal_emit`, the per-op rules in `rlx.codegen.metal_rules` and, for GGUF-quantized
+weights, `rlx.codegen.metal_quant` (registered in `table("metal")` when imported here), so importing
+`rlx.codegen.metal` gives a ready backend.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -18,7 +19,7 @@ True
 
 from __future__ import annotations
 
-from rlx.codegen import metal_rules
+from rlx.codegen import metal_quant, metal_rules
 from rlx.codegen.metal_emit import (
     CODEGEN_VERSION,
     MSL_VERSION,
@@ -32,4 +33,4 @@ from rlx.codegen.metal_emit import (
 )
 
 __all__ = ["CODEGEN_VERSION", "MSL_VERSION", "Dispatch", "MetalEmitter", "MetalProgram", "MetalTarget",
-           "lower_metal", "metal_context", "metal_rules", "render_metal"]
+           "lower_metal", "metal_context", "metal_quant", "metal_rules", "render_metal"]

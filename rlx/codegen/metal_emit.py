@@ -47,7 +47,7 @@ CODEGEN_VERSION = "metal-1"
 MSL_VERSION = "3.1"
 #: Fixed kernel code, in the order it appears in the .metal (each only when some kernel needs it).
 KERNEL_HEADERS = ("metal/kernels/copy.metal", "metal/kernels/rows.metal", "metal/kernels/gemm.metal",
-                  "metal/kernels/attention.metal")
+                  "metal/kernels/attention.metal", "metal/kernels/quant.metal")
 _INT32_LIMIT = (1 << 31) - 1
 
 #: Storage types in device memory (bool is one byte; MSL has no 64-bit float).

@@ -50,6 +50,21 @@ def test_every_op_renders_msl_only(dtype):
             assert 32 <= t <= 1024 and (not d["sync"] or t % 32 == 0), label
 
 
+def test_quantized_ops_render_msl_only():
+    from rlx.ir.quant import QUANT_FORMATS, row_bytes
+
+    g = rlx.Graph("q")
+    x = g.input("x", [2, 256])
+    outs = []
+    for fmt in QUANT_FORMATS:
+        w = g.param(f"w_{fmt}", [4, row_bytes(fmt, 256)], "u8")
+        outs += [g.dequantize(w, quant=fmt), g.dequant_matmul(x, w, quant=fmt)]
+    g.set_outputs(outs)
+    code = _strip_comments(_render(g).source)
+    for pattern in NOT_MSL:
+        assert not re.search(pattern, code), pattern
+
+
 def test_source_is_commented_with_the_ops_and_dims_are_symbols():
     seq = rlx.Dim.dynamic("seq", max=64)
     g = rlx.Graph("dyn")
