@@ -558,3 +558,44 @@ def attention(e: MetalEmitter, node: Node) -> Kernel:
                      out=e.ptr(node.id))
     return _kernel(node, "block_attention", args, ATTENTION)
 
+
+
+@dataclass(frozen=True, kw_only=True)
+class CachedAttention(MetalArgs):
+    append: str
+    name: str
+    t: str
+    D: int
+    H: int
+    Hkv: int
+    n: str
+    S: str
+    T: int
+    scale: str
+    q: str
+    k: str
+    v: str
+    kc: str
+    vc: str
+    pos: str
+    flag: str
+    out: str
+
+
+@rules.register("cached_attention", accepts=_attention_accepts)
+def cached_attention(e: MetalEmitter, node: Node) -> Kernel:
+    """Two launches: this step's k and v appended to the caches (in place), then the flash-style attention
+    of every query over its row's cache prefix (one simdgroup per query row and head)."""
+    op = node.op
+    q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
+    q, k, kc = e.node(q_id).shape, e.node(k_id).shape, e.node(kc_id).shape
+    append, name = e.kernel_name(node, "_append"), e.kernel_name(node)
+    n = product(k.dims)
+    grid = (GridAxis(q.dims[1]), GridAxis(Dim(op.num_heads)), GridAxis(q.dims[0]))
+    args = CachedAttention(comment=e.header(node), launches=(*_one_d(e, append, n),
+                                                             Dispatch(name, grid, (32, 1, 1), True)),
+                           append=append, name=name, t=e.mtype(node.id), D=op.head_dim, H=op.num_heads,
+                           Hkv=op.kv_heads, n=e.dim(n), S=e.dim(q.dims[1]), T=kc.dims[1].value,
+                           scale=float_literal(op.softmax_scale), q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id),
+                           kc=e.ptr(kc_id), vc=e.ptr(vc_id), pos=e.ptr(pos_id), flag=e.flag(), out=e.ptr(node.id))
+    return _kernel(node, "block_cached_attention", args, ATTENTION)

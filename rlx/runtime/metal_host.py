@@ -31,7 +31,8 @@ from rlx.runtime.conversions import _to_input_dtype, _to_param_dtype
 from rlx.runtime.loader import TensorInfo
 
 #: What the error flag's value means (set by kernels; checked after every run).
-FLAG_ERRORS = {1: "gather index out of range", 2: "integer division by zero"}
+FLAG_ERRORS = {1: "gather index out of range", 2: "integer division by zero",
+               3: "cached_attention: a row's position plus its new tokens exceeds the cache capacity"}
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,16 @@ class MetalGraph:
                                      f"got {tuple(arr.shape)}")
         return values
 
+    @staticmethod
+    def _state(info: TensorInfo, arr: Any) -> np.ndarray:
+        """A state input (a KV cache) as given: the caller's own array, updated by the run."""
+        want = info.concrete({})
+        if not (isinstance(arr, np.ndarray) and arr.dtype == info.dtype.np and arr.shape == want
+                and arr.flags.c_contiguous and arr.flags.writeable):
+            raise ExecutionError(f"state input {info.name!r} must be a writeable C-contiguous {info.dtype.np} array "
+                                 f"of shape {want}: the run updates it in place")
+        return arr
+
     def launches(self, symbols: Mapping[str, int]) -> list[Launch]:
         """The dispatches of one run with these dynamic dim values (empty grids dropped)."""
         out = []
@@ -164,7 +175,8 @@ class MetalGraph:
         unset = [n for n in self.param_names if n not in self._set]
         if unset:
             raise ExecutionError(f"params not set: {unset}")
-        arrays = [_to_input_dtype(t.name, given[t.name], t.dtype) for t in self._inputs]
+        arrays = [self._state(t, given[t.name]) if t.state else _to_input_dtype(t.name, given[t.name], t.dtype)
+                  for t in self._inputs]
         values = self._bind(arrays)
         for slot, arr in enumerate(arrays):
             self._write(int(self._layout["inputs"][slot]), arr)
@@ -174,6 +186,10 @@ class MetalGraph:
         sym = np.array([values[n] for n, _ in self._symbols] or [0], dtype=np.int64)
         self._runner.run(self.launches(values), sym)
         code = int(mem[flag:flag + 4].view(np.int32)[0])
+        for slot, (arr, info) in enumerate(zip(arrays, self._inputs)):
+            if info.state:  # the run updated it in the program buffer: the caller's array gets the new values
+                off = int(self._layout["inputs"][slot])
+                arr.reshape(-1).view(np.uint8)[:] = mem[off:off + arr.nbytes]
         if code:
             raise ExecutionError(f"the Metal program failed: {FLAG_ERRORS.get(code, f'error flag {code}')}")
         outs = []

@@ -52,20 +52,42 @@ def test_every_supported_op_matches_the_reference(dtype):
         assert {label for label, _ in cases(dtype)} <= set(outputs)
 
 
-def test_f64_and_cached_attention_are_refused_before_any_build():
+def test_f64_is_refused_before_any_build():
     g = rlx.Graph("f64")
     g.set_outputs([g.activation("relu", g.input("x", [4], "f64"))])
     _node, reason = first_unsupported_op(g, "metal")
     assert "no 64-bit float" in reason
     with pytest.raises(rlx.BuildError, match="no 64-bit float"):
         emulate(g)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_cached_attention_appends_in_place_and_attends(dtype):
+    """Prefill then decode steps over a KV cache (rows at different positions, GQA), caches updated in place."""
+    seq = rlx.Dim.dynamic("seq", max=4)
     g = rlx.Graph("kv")
-    q = g.input("q", [1, 2, 8])
-    kc = g.state("kc", [1, 4, 8])
-    vc = g.state("vc", [1, 4, 8])
-    pos = g.input("pos", [1], "i32")
-    g.set_outputs([g.cached_attention(q, q, q, kc, vc, pos, num_heads=2, head_dim=4)])
-    assert "has no rule for cached_attention" in first_unsupported_op(g, "metal")[1]
+    q = g.input("q", [2, seq, 16], dtype)
+    k = g.input("k", [2, seq, 8], dtype)
+    v = g.input("v", [2, seq, 8], dtype)
+    kc, vc = g.state("kc", [2, 8, 8], dtype), g.state("vc", [2, 8, 8], dtype)
+    pos = g.input("pos", [2], "i32")
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=4, head_dim=4, num_kv_heads=2)])
+    m = emulate(g)
+    rng = np.random.default_rng(2)
+    np_dt = np.float16 if dtype == "f16" else np.float32
+    caches = [np.zeros((2, 8, 8), np_dt) for _ in range(2)]
+    ref_caches = [c.copy() for c in caches]
+    for positions, s in (([0, 2], 3), ([3, 5], 1), ([4, 6], 2)):
+        feed = {name: rng.standard_normal((2, s, w)).astype(np_dt) for name, w in (("q", 16), ("k", 8), ("v", 8))}
+        feed["pos"] = np.array(positions, np.int32)
+        got = m.run({**feed, "kc": caches[0], "vc": caches[1]})[0]
+        want = rlx.reference.run(g, {**feed, "kc": ref_caches[0], "vc": ref_caches[1]}, {})[0]
+        rtol = 2e-3 if dtype == "f16" else 2e-5
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-3 if dtype == "f16" else 1e-6)
+        np.testing.assert_array_equal(caches[0], ref_caches[0])
+        np.testing.assert_array_equal(caches[1], ref_caches[1])
+    with pytest.raises(rlx.ExecutionError, match="exceeds the cache capacity"):
+        m.run({**feed, "pos": np.array([7, 0], np.int32), "kc": caches[0], "vc": caches[1]})
 
 
 def test_larger_shapes_dynamic_dims_and_every_variant():

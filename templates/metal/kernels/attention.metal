@@ -4,7 +4,9 @@
  * running max / sum rescale the accumulator as keys stream by. A fully masked row gives zeros (as the
  * reference does). GQA: query head h reads kv head h / (H / Hkv). */
 
-enum { RLX_MASK_NONE = 0, RLX_MASK_CAUSAL, RLX_MASK_PADDING, RLX_MASK_BIAS };
+/* CACHED (cached_attention): k and v are KV caches of Skv rows per batch row; `mask` holds each batch
+ * row's position p, and query i sees keys 0 .. p + i. */
+enum { RLX_MASK_NONE = 0, RLX_MASK_CAUSAL, RLX_MASK_PADDING, RLX_MASK_BIAS, RLX_MASK_CACHED };
 
 template <typename T, typename MT, int D, int H, int HKV, int MASK>
 inline void rlx_attention_row(device const T *q, device const T *k, device const T *v, device const MT *mask,
@@ -22,6 +24,10 @@ inline void rlx_attention_row(device const T *q, device const T *k, device const
     }
     long last = Skv;
     if (MASK == RLX_MASK_CAUSAL) last = i + (Skv - Sq) + 1 < Skv ? i + (Skv - Sq) + 1 : Skv;  /* j <= i + Skv - Sq */
+    if (MASK == RLX_MASK_CACHED) {
+        const long p = long(mask[b]);
+        last = p < 0 ? 0 : (p + i + 1 < Skv ? p + i + 1 : Skv);  /* out of range: the append raised the flag */
+    }
     float m = -INFINITY, l = 0.0f;
     for (long j = 0; j < last; ++j) {
         if (MASK == RLX_MASK_PADDING && mask[b * Skv + j] == MT(0)) continue;
@@ -49,4 +55,20 @@ inline void rlx_attention_row(device const T *q, device const T *k, device const
         const int d = int(lane) + 32 * t;
         if (d < D) orow[d] = rlx_to<T>(l > 0.0f ? acc[t] / l : 0.0f);
     }
+}
+
+/* cached_attention's append: element e of this step's k (or v) [B, S, W] goes to cache row
+ * positions[b] + s; a position outside [0, T - S] sets the error flag (3) and writes nothing. */
+template <typename T>
+inline void rlx_cache_append(device const T *k, device const T *v, device T *kc, device T *vc, device const int *pos,
+                             device int *flag, long e, long S, long T_cap, int W)
+{
+    const long b = e / (S * W), s = (e / W) % S, c = e % W;
+    const long p = long(pos[b]);
+    if (p < 0 || p + S > T_cap) {
+        *flag = 3;
+        return;
+    }
+    kc[(b * T_cap + p + s) * W + c] = k[e];
+    vc[(b * T_cap + p + s) * W + c] = v[e];
 }
