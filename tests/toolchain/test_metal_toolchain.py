@@ -52,3 +52,32 @@ def test_rlxc_compile_inspect_doctor_target_metal(tmp_path, capsys):
     assert "#include <metal_stdlib>" in out and "simd_sum" in out
     main(["doctor"])
     assert any(line.startswith("metal ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_metallib_build_commands_with_a_stand_in_toolchain(tmp_path):
+    """The macOS build step's commands (source → .air → .metallib), run against stand-in executables that
+    record their arguments: what `xcrun metal` would be asked, checked where there is no Xcode."""
+    log = tmp_path / "calls.txt"
+    tools = {}
+    for name in ("metal", "metallib"):
+        exe = tmp_path / name
+        # the stand-in appends its argv to the log and creates the file after -o
+        exe.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nwhile [ $# -gt 1 ]; do [ "$1" = -o ] && : > "$2"; '
+                       f"shift; done\n")
+        exe.chmod(0o755)
+        tools[name] = str(exe)
+    from rlx.toolchain.metal import MetalToolchain, write_metal
+
+    tc = MetalToolchain(tools["metal"], tools["metallib"], "stand-in 1.0")
+    built = write_metal(lower_to_lir(_graph(), 2, backend="metal"), tmp_path / "out", toolchain=tc)
+    assert built.metallib is not None and built.metallib.is_file()
+    compile_line, link_line = log.read_text().splitlines()
+    assert compile_line.startswith("metal -std=metal3.1 -fno-fast-math -c ") and compile_line.endswith("model.air")
+    assert link_line.startswith("metallib ") and link_line.endswith("model.metallib")
+    assert built.components["toolchain"] == "metal stand-in 1.0"
+
+
+def test_rlxc_emit_source_for_metal(tmp_path, capsys):
+    save(_graph(), tmp_path / "g.json")
+    assert main(["compile", str(tmp_path / "g.json"), "--target", "metal", "--emit-source"]) == 0
+    assert "kernel void rlx_k" in capsys.readouterr().out
