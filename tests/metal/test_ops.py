@@ -156,3 +156,23 @@ def test_run_time_errors_are_exceptions():
         m.run(ids=np.array([0, 1], np.int32))
     with pytest.raises(rlx.ExecutionError, match="unknown param"):
         m.set_param("nope", np.zeros(2))
+    with pytest.raises(rlx.ExecutionError, match="must have shape"):
+        m.set_param("t", np.zeros((2, 4), np.float32))
+    with pytest.raises(rlx.ExecutionError, match="missing inputs"):
+        m.run({})
+
+
+def test_dynamic_dims_are_bound_and_checked():
+    seq = rlx.Dim.dynamic("seq", max=6)
+    g = rlx.Graph("dyn")
+    a, b = g.input("a", [seq, 3]), g.input("b", [seq, 3])
+    g.set_outputs([g.add(O.Binary("mul"), [a, b])])
+    m = emulate(g)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(m.run(a=x, b=x)[0], x * x)
+    with pytest.raises(rlx.ExecutionError, match="seq=7 is outside 1..6"):
+        m.run(a=np.zeros((7, 3), np.float32), b=np.zeros((7, 3), np.float32))
+    with pytest.raises(rlx.ExecutionError, match="seq is 2 here but 4"):
+        m.run(a=x, b=x[:2])
+    with pytest.raises(rlx.ExecutionError, match="must have rank 2"):
+        m.run(a=x.reshape(-1), b=x)
