@@ -67,6 +67,9 @@ class MetalDeviceRunner:
             raise RlxError(f"cannot allocate a Metal buffer of {total} bytes")
         self.memory = np.frombuffer(self._buffer.contents().as_buffer(max(total, 16)), dtype=np.uint8)
         self._sym_view = np.frombuffer(self._sym.contents().as_buffer(8 * max(n_symbols, 1)), dtype=np.int64)
+        if not (self.memory.flags.writeable and self._sym_view.flags.writeable):
+            raise RlxError("PyObjC gave a read-only view of the Metal buffer (objc.varlist.as_buffer); "
+                           "this PyObjC version cannot run RLX's Metal programs")
         self._queue = device.newCommandQueue()
 
     def run(self, launches: Sequence[Launch], symbols: np.ndarray) -> None:
