@@ -42,7 +42,8 @@ def _metal():  # type: ignore[no-untyped-def]
 class MetalDeviceRunner:
     """The program buffer on the system's default Metal device, and the pipelines of its kernels."""
 
-    def __init__(self, metallib: Path, total: int, kernels: Sequence[str], n_symbols: int) -> None:
+    def __init__(self, metallib: Path, total: int, kernels: Sequence[tuple[str, int]], n_symbols: int) -> None:
+        """`kernels`: (name, threads per threadgroup) of every dispatch."""
         Metal, Foundation = _metal()
         self._Metal = Metal
         device = Metal.MTLCreateSystemDefaultDevice()
@@ -52,13 +53,18 @@ class MetalDeviceRunner:
         if library is None:
             raise ArtifactError(f"cannot load {metallib}: {error}")
         self._pipelines = {}
-        for name in dict.fromkeys(kernels):
+        for name, threads in kernels:
+            if name in self._pipelines:
+                continue
             fn = library.newFunctionWithName_(name)
             if fn is None:
                 raise ArtifactError(f"{metallib} has no kernel {name!r}")
             pipeline, error = device.newComputePipelineStateWithFunction_error_(fn, None)
             if pipeline is None:
                 raise ArtifactError(f"cannot build the pipeline of {name!r}: {error}")
+            if pipeline.maxTotalThreadsPerThreadgroup() < threads:
+                raise ArtifactError(f"kernel {name!r} runs {threads} threads per threadgroup; this GPU allows "
+                                    f"{pipeline.maxTotalThreadsPerThreadgroup()} for it")
             self._pipelines[name] = pipeline
         shared = Metal.MTLResourceStorageModeShared
         self._buffer = device.newBufferWithLength_options_(max(total, 16), shared)
@@ -98,6 +104,7 @@ def load_metal(directory: str | Path) -> MetalGraph:
     if not metallib.is_file():
         raise ArtifactError(f"{d} has no model.metallib (built where there is no Metal toolchain?)")
     runner = MetalDeviceRunner(metallib, int(manifest["layout"]["total"]),
-                               [x["kernel"] for x in manifest["dispatches"]], len(manifest["symbols"]))
+                               [(x["kernel"], int(np.prod(x["threads"]))) for x in manifest["dispatches"]],
+                               len(manifest["symbols"]))
     source = (d / "model.metal").read_text() if (d / "model.metal").is_file() else None
     return MetalGraph(manifest, runner, source=source)
