@@ -20,7 +20,9 @@ from rlx.errors import BuildError
 
 #: C/C++ that compiles as C++ in the emulator but is not MSL (or would mean host code in a kernel file).
 NOT_MSL = [r"\bdouble\b", r"\bstatic\b", r"\bstd::", r"\bprintf\b", r"\bmalloc\b", r"\bnew\b", r"\bdelete\b",
-           r"\bgoto\b", r"\bthrow\b", r"\btry\b", r"__", r"#include <(?!metal_stdlib>)", r"\bvirtual\b"]
+           r"\bgoto\b", r"\bthrow\b", r"\btry\b", r"__", r"#include <(?!metal_stdlib>)", r"\bvirtual\b",
+           # C++17 (the emulator's dialect) beyond MSL's C++14 base
+           r"\bif constexpr\b", r"\bauto\s*\[", r"\binline\s+constexpr\b", r"\binline\s+\w+\s+\w+\s*="]
 
 
 def _render(g: rlx.Graph, level: int = 0):  # type: ignore[no-untyped-def]

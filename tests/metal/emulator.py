@@ -32,7 +32,7 @@ from rlx.runtime.metal_host import Launch, MetalGraph
 HERE = Path(__file__).resolve().parent
 SHIM = HERE / "include" / "metal_stdlib"
 CXX = os.environ.get("CXX", "g++")
-FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-Wno-attributes", "-Wno-unused-parameter",
+FLAGS = ("-std=c++14", "-pedantic-errors", "-O1", "-shared", "-fPIC", "-Wno-attributes", "-Wno-unused-parameter",
          "-fno-strict-aliasing")
 
 
