@@ -9,11 +9,14 @@ types as control (3) are registered as special tokens and user-defined ones (4) 
 added tokens, so `"<|im_start|>"` in text is one id, as with llama.cpp's
 `parse_special`. Decoding does not clean up spaces: `decode(encode(s)) == s`.
 
->>> from rlx.models.gguf import find_smollm2_gguf
->>> path = find_smollm2_gguf()
->>> tok = GgufTokenizer.from_gguf(path) if path else None
->>> tok.encode("Hello world! 123") if tok else [19556, 905, 17, 216, 33, 34, 35]
-[19556, 905, 17, 216, 33, 34, 35]
+>>> tokens = byte_level_alphabet() + ["Ġh", "Ġhi", "<|end|>"]   # ids 0-255 are the bytes
+>>> tok = GgufTokenizer.from_metadata({
+...     "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": tokens,
+...     "tokenizer.ggml.merges": ["Ġ h", "Ġh i"], "tokenizer.ggml.token_type": [1] * 258 + [3],
+...     "tokenizer.ggml.eos_token_id": 258})
+>>> ids = tok.encode("a hi<|end|>")
+>>> ids, tok.decode(ids), tok.decode(ids, skip_special=True), sorted(tok.stop_ids)
+([97, 257, 258], 'a hi<|end|>', 'a hi', [258])
 """
 
 from __future__ import annotations
@@ -67,21 +70,35 @@ END_OF_GENERATION_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>
 
 
 @cache
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, reversed: printable stand-in character -> byte.
-
-    Bytes that are printable Latin-1 stand for themselves; the others (controls, space, ...)
-    are mapped, in byte order, to U+0100 onwards ("Ġ" is the space, "Ċ" the newline).
-    """
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
+def _alphabet() -> tuple[str, ...]:
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    out, extra = [], 0
     for b in range(256):
         if b in keep:
-            table[chr(b)] = b
+            out.append(chr(b))
         else:
-            table[chr(256 + extra)] = b
+            out.append(chr(256 + extra))
             extra += 1
-    return table
+    return tuple(out)
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte 0..255.
+
+    Printable Latin-1 bytes stand for themselves; the others (controls, space, ...) map, in byte
+    order, to U+0100 onwards ("Ġ" is the space, "Ċ" the newline).
+
+    >>> a = byte_level_alphabet()
+    >>> a[ord("A")], a[ord(" ")], a[ord("\\n")]
+    ('A', 'Ġ', 'Ċ')
+    """
+    return list(_alphabet())
+
+
+@cache
+def _byte_decoder() -> dict[str, int]:
+    """Stand-in character -> byte."""
+    return {c: b for b, c in enumerate(_alphabet())}
 
 
 class IncrementalDecoder:

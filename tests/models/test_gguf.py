@@ -251,7 +251,8 @@ def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
     writer = gguf.GGUFWriter(str(p), "llama")
     for k, v in config_metadata(TINY).items():
         if k != "general.architecture":
-            writer.add_key_value(k, v, gguf.GGUFValueType.FLOAT32 if isinstance(v, float) else gguf.GGUFValueType.UINT32)
+            vtype = gguf.GGUFValueType.FLOAT32 if isinstance(v, float) else gguf.GGUFValueType.UINT32
+            writer.add_key_value(k, v, vtype)
     for n, a in w.items():
         if n == name:
             writer.add_tensor(n, data, raw_dtype=gguf.GGMLQuantizationType.Q5_0)
@@ -276,11 +277,11 @@ def test_wrong_architecture(tmp_path):
 def test_missing_key_missing_tensor_wrong_shape(tmp_path):
     md = config_metadata(TINY)
     del md["llama.context_length"]
-    with pytest.raises(ArtifactError, match="lacks the metadata key 'llama.context_length'"):
+    with pytest.raises(ArtifactError, match=r"lacks the metadata key 'llama\.context_length'"):
         read_gguf(_write(tmp_path, metadata=md, name="a.gguf"))
     w = _weights(TINY)
     del w["blk.0.ffn_gate.weight"]
-    with pytest.raises(ArtifactError, match="lacks tensor 'blk.0.ffn_gate.weight'"):
+    with pytest.raises(ArtifactError, match=r"lacks tensor 'blk\.0\.ffn_gate\.weight'"):
         read_gguf(_write(tmp_path, tensors=w, name="b.gguf"))
     w = _weights(TINY)
     w["blk.0.attn_k.weight"] = np.zeros((64, 64), np.float32)
@@ -325,6 +326,6 @@ def test_layer_index_and_tensor_lookup(tmp_path):
     m = read_gguf(_write(tmp_path))
     with pytest.raises(ArtifactError, match="layer 1 out of range"):
         m.layer(1)
-    with pytest.raises(ArtifactError, match="no tensor 'output.weight'"):
+    with pytest.raises(ArtifactError, match=r"no tensor 'output\.weight'"):
         m.tensor("output.weight")
     assert m.tensor("output_norm.weight").shape == (64,)
