@@ -105,9 +105,12 @@ LAYER_TENSORS = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.w
 LAYER_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GgufTensor:
-    """One tensor of a GGUF file, still in its stored format (see the module docstring for layouts)."""
+    """One tensor of a GGUF file, still in its stored format (see the module docstring for layouts).
+
+    Compared by identity (`data` is an array, whose `==` is elementwise).
+    """
 
     name: str
     ggml_type: str

@@ -22,6 +22,7 @@ added tokens, so `"<|im_start|>"` in text is one id, as with llama.cpp's
 from __future__ import annotations
 
 import codecs
+import datetime
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
@@ -145,7 +146,7 @@ class GgufTokenizer:
         if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m for m in merges):
             raise ArtifactError(f"{source}: tokenizer.ggml.merges must be a list of 'left right' strings")
         types = metadata.get("tokenizer.ggml.token_type", [TOKEN_NORMAL] * len(tokens))
-        if not isinstance(types, list) or len(types) != len(tokens):
+        if not isinstance(types, list) or len(types) != len(tokens) or not all(type(t) is int for t in types):
             raise ArtifactError(f"{source}: tokenizer.ggml.token_type must list one type per token "
                                 f"({len(tokens)} tokens)")
         pre = metadata.get("tokenizer.ggml.pre", "default")
@@ -180,6 +181,8 @@ class GgufTokenizer:
         self.special_ids: frozenset[int] = frozenset(i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL)
         self._tok = self._build(merges, family)
         self._bytes = [self._spell(i) for i in range(self.vocab_size)]
+        # Bytes with no token of their own: BPE would silently drop them, so encode() refuses such text.
+        self._missing_bytes = frozenset(b for b, c in enumerate(_alphabet()) if c not in by_text)
 
     def _build(self, merges: list[str], family: str) -> Any:
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -233,6 +236,9 @@ class GgufTokenizer:
             ids = self._tok.encode(text, add_special_tokens=False).ids
         except Exception as exc:  # e.g. a lone surrogate cannot cross into Rust
             raise ExecutionError(f"cannot encode text: {exc}") from None
+        if self._missing_bytes and not self._missing_bytes.isdisjoint(text.encode("utf-8")):
+            lost = sorted(self._missing_bytes.intersection(text.encode("utf-8")))
+            raise ExecutionError(f"{self.source}: the vocabulary has no token for byte(s) {lost} of this text")
         bos = self.add_bos if add_bos is None else add_bos
         if bos:
             if self.bos_id < 0:
@@ -325,6 +331,8 @@ def _compile_template(source: str) -> Any:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
     env.globals["raise_exception"] = raise_exception
+    # Llama 3.x templates print today's date.
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     try:
         return env.from_string(source)
     except Exception as exc:  # jinja2.TemplateSyntaxError and friends

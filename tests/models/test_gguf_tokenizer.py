@@ -271,3 +271,10 @@ def test_bad_calls():
         t.encode("x", add_bos=True)
     assert t.encode("") == [] and t.decode([]) == "" and list(t.decode_stream([])) == []
     assert t.decode(np.array([104, 105])) == "hi"
+    # A byte with no token would vanish from the ids: refused instead.
+    md = _md()
+    md["tokenizer.ggml.tokens"][65] = "<unused>"  # no token for "A"
+    t = GgufTokenizer.from_metadata(md)
+    assert t.encode("fine") == [102, 105, 110, 101]
+    with pytest.raises(ExecutionError, match=r"no token for byte\(s\) \[65\]"):
+        t.encode("An A")
