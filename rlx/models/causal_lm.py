@@ -73,7 +73,10 @@ class Generation:
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """One generated token and the text it completes (may be "" inside a multi-byte character)."""
+    """One generated token and the text it completes (may be "" inside a multi-byte character).
+
+    The last event of a stream may carry token_id -1: the text of bytes left undecoded at the end.
+    """
 
     token_id: int
     text: str
@@ -252,6 +255,10 @@ class CausalLM:
             yield StreamEvent(token, piece)
             if stop and any(s in text for s in stop):
                 return
+        if decoder is not None:
+            rest = decoder.flush()  # bytes of an unfinished character at the end
+            if rest:
+                yield StreamEvent(-1, rest)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
