@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from rlx.models.causal_lm import CausalLM
-from rlx.models.gguf import find_smollm2_gguf, read_gguf
+from rlx.models.gguf import find_smollm2_gguf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_numpy import llama_logits  # noqa: E402
+from llama_numpy import llama_logits
 
 GGUF = find_smollm2_gguf()
 pytestmark = [pytest.mark.slow,
