@@ -123,6 +123,20 @@ def _build_rope(g: Graph, v: object) -> None:
     g.set_outputs([g.rope(x, cos, sin, **kw)])
 
 
+def _build_quant(kind: str) -> Build:
+    """dequant_matmul / dequantize of a [4, 32] weight in format v (row bytes follow the format)."""
+    from rlx.ir.quant import row_bytes
+
+    def build(g: Graph, v: object) -> None:
+        w = g.param("w", [4, row_bytes(str(v), 32)], "u8")
+        if kind == "dequant_matmul":
+            g.set_outputs([g.dequant_matmul(g.input("x", [2, 32]), w, quant=str(v))])
+        else:
+            g.set_outputs([g.dequantize(w, quant=str(v))])
+
+    return build
+
+
 def _sq(build: Callable[[Graph, int, object], int]) -> Build:
     """Apply an op to a 4x4 input (square, so most attribute changes keep the shape)."""
     def inner(g: Graph, v: object) -> None:
@@ -222,6 +236,8 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("rope head_dim", ("rope", "head_dim"), _build_rope, {"head_dim": 8}, {"head_dim": 4}),
     ("rope n_rot", ("rope", "n_rot"), _build_rope, {"n_rot": 8}, {"n_rot": None, "head_dim": 8}),
     ("rope variant", ("rope", "variant"), _build_rope, {"variant": "neox"}, {"variant": "interleaved"}),
+    ("dequant_matmul quant", ("dequant_matmul", "quant"), _build_quant("dequant_matmul"), "q4_0", "q5_0"),
+    ("dequantize quant", ("dequantize", "quant"), _build_quant("dequantize"), "q4_0", "q5_0"),
     ("fused matmul act", ("fused_matmul_bias_act", "activation"),
      _fused(lambda v: O.FusedMatMulBiasAct(v), 3, [[2, 4], [4, 4], [4]]), None, "gelu"),
     ("fused residual ln", ("fused_residual_layer_norm", "eps"),

@@ -1,0 +1,161 @@
+"""CPU `dequant_matmul` / `dequantize` on GGUF blocks, against the reference (and under ASan).
+
+Run as a script (`python test_cpu_quant.py`) it checks a few formats and row counts and prints
+QUANT-OK: the ASan test runs it that way in a child process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cpu_helpers import U32, assert_within, compile_graph, sanitizer_env  # noqa: E402
+
+import rlx  # noqa: E402
+from rlx.errors import BuildError, ShapeError  # noqa: E402
+from rlx.ir import quant as Q  # noqa: E402
+from rlx.reference import run as reference_run  # noqa: E402
+
+FORMATS = sorted(Q.QUANT_FORMATS)
+ROWS = (1, 3, 17, 64)  # GEMV (<= 4 rows) and dequantized panels + GEMM (more)
+N = 37  # odd: a partial panel and an odd split over the threads
+
+
+def _graph(fmt: str, k: int, n: int = N, max_m: int = 64) -> rlx.Graph:
+    g = rlx.Graph(f"qmm_{fmt}")
+    m = rlx.Dim.dynamic("m", max_m)
+    x = g.input("x", [m, k])
+    w = g.param("w", [n, Q.row_bytes(fmt, k)], "u8")
+    g.set_outputs({"y": g.dequant_matmul(x, w, quant=fmt)})
+    return g
+
+
+def _magnitude(raw: np.ndarray, fmt: str, k: int) -> np.ndarray:
+    """|each term| of every weight value: |d*q| + |m| for the affine formats, else |w|.
+
+    The GEMV kernels sum x*q per block and add m * sum(x) apart (as llama.cpp does), so their
+    rounding error scales with these terms, not with |d*q + m|, which may cancel.
+    """
+    f = Q.QUANT_FORMATS[fmt]
+    blocks = raw.copy().reshape(-1, f.block_bytes)
+    if fmt in ("q4_1", "q5_1", "q4_k"):
+        blocks[:, 1] &= 0x7F  # d >= 0
+        if fmt == "q4_k":
+            blocks[:, 3] |= 0x80  # value = d*sc*q - dmin*m: dmin <= 0 makes both terms add
+        else:
+            blocks[:, 3] &= 0x7F  # m >= 0
+        return Q.dequantize(blocks.reshape(raw.shape), fmt, k)
+    return np.abs(Q.dequantize(raw, fmt, k))
+
+
+def check_format(fmt: str, rows: tuple[int, ...] = ROWS, seed: int = 0) -> None:
+    """dequant_matmul in `fmt` for each row count in `rows`, within the f32 dot-product bound."""
+    rng = np.random.default_rng(seed)
+    k = 2 * Q.QUANT_FORMATS[fmt].block_size if Q.QUANT_FORMATS[fmt].block_size == 256 else 96
+    raw = Q.random_blocks(rng, N, k, fmt)
+    g = _graph(fmt, k)
+    cg = compile_graph(g, {"w": raw})
+    mag = _magnitude(raw, fmt, k).astype(np.float64)
+    for m in rows:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        got = cg.run({"x": x})[0]
+        want = reference_run(g, {"x": x}, {"w": raw})[0]
+        # an f32 accumulation of k products (Higham 3.5) plus the reference's own final rounding
+        bound = (k + 4) * U32 * (np.abs(x.astype(np.float64)) @ mag.T)
+        assert_within(got, want, bound, f"{fmt} dequant_matmul, {m} rows")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequant_matmul_matches_reference(fmt: str) -> None:
+    check_format(fmt)
+
+
+def test_batched_rows_and_real_quantizer() -> None:
+    """x with two leading axes, weights from the gguf quantizer, the SmolLM2 FFN width (1536 = 48 blocks)."""
+    pytest.importorskip("gguf")
+    rng = np.random.default_rng(5)
+    k, n = 1536, 9
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    raw = Q.quantize(w, "q4_1")
+    g = rlx.Graph("batched")
+    b, s = rlx.Dim.dynamic("b", 2), rlx.Dim.dynamic("s", 8)
+    x = g.input("x", [b, s, k])
+    g.set_outputs([g.dequant_matmul(x, g.param("w", [n, Q.row_bytes("q4_1", k)], "u8"), quant="q4_1")])
+    cg = compile_graph(g, {"w": raw}, opt_level=2)
+    mag = _magnitude(raw, "q4_1", k).astype(np.float64)
+    for shape in ((1, 1), (2, 2), (2, 7)):  # 1 and 4 rows: GEMV; 14 rows: panels
+        xv = rng.standard_normal((*shape, k)).astype(np.float32)
+        got = cg.run({"x": xv})[0]
+        want = reference_run(g, {"x": xv}, {"w": raw})[0]
+        assert got.shape == (*shape, n)
+        assert_within(got, want, (k + 4) * U32 * (np.abs(xv.astype(np.float64)) @ mag.T), f"rows {shape}")
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1", "q4_k", "q6_k"])
+def test_dequantize_rows_is_exact(fmt: str) -> None:
+    """Gathered rows of blocks dequantized in C equal GGUF's dequantization bit for bit."""
+    rng = np.random.default_rng(3)
+    k = Q.QUANT_FORMATS[fmt].block_size * (1 if fmt.endswith("_k") else 3)
+    table = Q.random_blocks(rng, 11, k, fmt)
+    g = rlx.Graph("deq")
+    ids = g.input("ids", [rlx.Dim.dynamic("n", 16)], "i32")
+    g.set_outputs([g.dequantize(g.gather(g.param("t", [11, Q.row_bytes(fmt, k)], "u8"), ids), quant=fmt)])
+    cg = compile_graph(g, {"t": table})
+    idx = np.array([10, 0, 3, 3, 7], np.int32)
+    got = cg.run({"ids": idx})[0]
+    np.testing.assert_array_equal(got.view(np.uint32), Q.dequantize(table[idx], fmt, k).view(np.uint32))
+
+
+def test_bad_shapes_and_inputs_raise() -> None:
+    g = rlx.Graph("bad")
+    x = g.input("x", [2, 64])
+    with pytest.raises(ShapeError, match="u8"):
+        g.dequant_matmul(x, g.param("w", [5, 40]), quant="q4_1")  # f32 weight
+    cg = compile_graph(_graph("q8_0", 64, n=3, max_m=4), {"w": np.zeros((3, 68), np.uint8)})
+    with pytest.raises(rlx.RlxError):
+        cg.run({"x": np.zeros((5, 64), np.float32)})  # beyond the dynamic bound
+    with pytest.raises(rlx.RlxError):
+        cg.set_param("w", np.zeros((3, 67), np.uint8))
+
+
+def test_unsupported_format_is_refused_before_any_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx.codegen import c_quant
+
+    monkeypatch.delitem(c_quant.FORMAT_IDS, "q5_1")
+    with pytest.raises(BuildError, match="dequant_matmul in format 'q5_1'"):
+        compile_graph(_graph("q5_1", 64))
+
+
+def test_is_asan_clean(tmp_path: Path) -> None:
+    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
+    proc = subprocess.run([sys.executable, str(Path(__file__))], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "QUANT-OK" in proc.stdout, proc.stderr[-6000:]
+
+
+def asan_check() -> None:
+    """One build holding the SIMD GEMV (q4_1), the generic GEMV (q4_k) and the panel path of both."""
+    rng = np.random.default_rng(7)
+    k, n = 256, 19
+    g = rlx.Graph("asan")
+    x = g.input("x", [rlx.Dim.dynamic("m", 32), k])
+    raws = {f: Q.random_blocks(rng, n, k, f) for f in ("q4_1", "q4_k")}
+    g.set_outputs({f: g.dequant_matmul(x, g.param(f, [n, Q.row_bytes(f, k)], "u8"), quant=f) for f in raws})
+    cg = compile_graph(g, raws)
+    for m in (1, 4, 17):
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        for got, want, f in zip(cg.run({"x": xv}), reference_run(g, {"x": xv}, raws), raws):
+            mag = _magnitude(raws[f], f, k).astype(np.float64)
+            assert_within(got, want, (k + 4) * U32 * (np.abs(xv.astype(np.float64)) @ mag.T), f"{f}, {m} rows")
+
+
+if __name__ == "__main__":
+    asan_check()
+    print("QUANT-OK")
