@@ -194,6 +194,28 @@ def dequantize(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> np.ndarray
     return out.reshape(*lead, cols)
 
 
+def abs_terms(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> np.ndarray:
+    """|d * q| + |m| for every value of the affine formats (q4_1, q5_1, q4_k), |value| otherwise.
+
+    Kernels that sum x * q per block and add m * sum(x) apart round in proportion to these
+    terms, not to |d * q + m| (which may cancel): error bounds of such products use them.
+
+    >>> raw = np.zeros((1, 20), np.uint8); raw[0, 1] = 0x3C; raw[0, 3] = 0xBC  # d = 1, m = -1
+    >>> float(dequantize(raw, "q4_1", 32)[0, 0]), float(abs_terms(raw, "q4_1", 32)[0, 0])
+    (-1.0, 1.0)
+    """
+    f = fmt if isinstance(fmt, QuantFormat) else quant_format(fmt)
+    if f.name not in ("q4_1", "q5_1", "q4_k"):
+        return np.abs(dequantize(raw, f, cols))
+    blocks = np.array(raw, dtype=np.uint8).reshape(-1, f.block_bytes)
+    blocks[:, 1] &= 0x7F  # d >= 0 (the sign bit of the little-endian half)
+    if f.name == "q4_k":
+        blocks[:, 3] |= 0x80  # value = d*sc*q - dmin*m: dmin <= 0 makes both terms add
+    else:
+        blocks[:, 3] &= 0x7F  # m >= 0
+    return dequantize(blocks.reshape(np.shape(raw)), f, cols)
+
+
 def _gguf_type(f: QuantFormat):  # type: ignore[no-untyped-def]
     from gguf import GGMLQuantizationType
 

@@ -37,24 +37,6 @@ def _graph(fmt: str, k: int, n: int = N, max_m: int = 64) -> rlx.Graph:
     return g
 
 
-def _magnitude(raw: np.ndarray, fmt: str, k: int) -> np.ndarray:
-    """|each term| of every weight value: |d*q| + |m| for the affine formats, else |w|.
-
-    The GEMV kernels sum x*q per block and add m * sum(x) apart (as llama.cpp does), so their
-    rounding error scales with these terms, not with |d*q + m|, which may cancel.
-    """
-    f = Q.QUANT_FORMATS[fmt]
-    blocks = raw.copy().reshape(-1, f.block_bytes)
-    if fmt in ("q4_1", "q5_1", "q4_k"):
-        blocks[:, 1] &= 0x7F  # d >= 0
-        if fmt == "q4_k":
-            blocks[:, 3] |= 0x80  # value = d*sc*q - dmin*m: dmin <= 0 makes both terms add
-        else:
-            blocks[:, 3] &= 0x7F  # m >= 0
-        return Q.dequantize(blocks.reshape(raw.shape), fmt, k)
-    return np.abs(Q.dequantize(raw, fmt, k))
-
-
 def check_format(fmt: str, rows: tuple[int, ...] = ROWS, seed: int = 0) -> None:
     """dequant_matmul in `fmt` for each row count in `rows`, within the f32 dot-product bound."""
     rng = np.random.default_rng(seed)
@@ -62,7 +44,7 @@ def check_format(fmt: str, rows: tuple[int, ...] = ROWS, seed: int = 0) -> None:
     raw = Q.random_blocks(rng, N, k, fmt)
     g = _graph(fmt, k)
     cg = compile_graph(g, {"w": raw})
-    mag = _magnitude(raw, fmt, k).astype(np.float64)
+    mag = Q.abs_terms(raw, fmt, k).astype(np.float64)
     for m in rows:
         x = rng.standard_normal((m, k)).astype(np.float32)
         got = cg.run({"x": x})[0]
@@ -89,7 +71,7 @@ def test_batched_rows_and_real_quantizer() -> None:
     x = g.input("x", [b, s, k])
     g.set_outputs([g.dequant_matmul(x, g.param("w", [n, Q.row_bytes("q4_1", k)], "u8"), quant="q4_1")])
     cg = compile_graph(g, {"w": raw}, opt_level=2)
-    mag = _magnitude(raw, "q4_1", k).astype(np.float64)
+    mag = Q.abs_terms(raw, "q4_1", k).astype(np.float64)
     for shape in ((1, 1), (2, 2), (2, 7)):  # 1 and 4 rows: GEMV; 14 rows: panels
         xv = rng.standard_normal((*shape, k)).astype(np.float32)
         got = cg.run({"x": xv})[0]
@@ -152,7 +134,7 @@ def asan_check() -> None:
     for m in (1, 4, 17):
         xv = rng.standard_normal((m, k)).astype(np.float32)
         for got, want, f in zip(cg.run({"x": xv}), reference_run(g, {"x": xv}, raws), raws):
-            mag = _magnitude(raws[f], f, k).astype(np.float64)
+            mag = Q.abs_terms(raws[f], f, k).astype(np.float64)
             assert_within(got, want, (k + 4) * U32 * (np.abs(xv.astype(np.float64)) @ mag.T), f"{f}, {m} rows")
 
 
