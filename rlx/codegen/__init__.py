@@ -2,5 +2,5 @@
 
 # CPU rules kept in their own modules register into table("cpu") here, so that importing any
 # codegen module (the toolchain imports rlx.codegen.c directly) leaves the table complete; doing
-# it from c.py would make an import cycle (c_quant builds on c's emitter helpers).
-from rlx.codegen import c_quant  # noqa: F401
+# it from c.py would make an import cycle (these modules build on c's emitter helpers).
+from rlx.codegen import c_decoder, c_quant  # noqa: F401

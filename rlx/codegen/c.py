@@ -743,6 +743,3 @@ def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
     except jinja2.TemplateError as exc:
         raise BuildError(f"rendering the CPU template failed: {type(exc).__name__}: {exc}") from exc
 
-
-# Rules kept in their own modules register into the CPU table when this module loads.
-from rlx.codegen import c_decoder  # noqa: E402,F401
