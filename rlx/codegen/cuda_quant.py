@@ -77,6 +77,8 @@ class Dequantize(Launch):
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
     if getattr(op, "quant", None) not in FORMAT_IDS:
         return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
+    if getattr(op, "act", "f32") != "f32":
+        return f"with act={op.act!r}: its int8 activations run on the CPU only"  # type: ignore[attr-defined]
     return None
 
 

@@ -95,6 +95,72 @@ def test_dequantize_rows_is_exact(fmt: str) -> None:
     np.testing.assert_array_equal(got.view(np.uint32), Q.dequantize(table[idx], fmt, k).view(np.uint32))
 
 
+def q8_bound(x: np.ndarray, raw: np.ndarray, fmt: str, k: int, want: np.ndarray) -> np.ndarray:
+    """Rounding bound of an act="q8" product: the integer block dots are exact, so only the f32 scale
+    products and the sum over nb blocks (plus the min terms) round: (nb + 4) u sum|terms|, + u|y| for the
+    reference's own rounding. Terms use |q| so either split of q4_0's offset (q - 8) is covered."""
+    qx, dx = Q.quantize_act_q8(x)
+    qw, dw, mw = Q.weight_ints(raw, fmt, k)
+    if fmt == "q4_0":
+        qw, cw = qw + 8, 8 * np.abs(dw)
+    else:
+        cw = np.abs(mw)
+    ax = np.abs(qx.reshape(x.shape[0], -1, 32).astype(np.float64))
+    dots = np.einsum("mbi,nbi->mnb", ax, np.abs(qw).astype(np.float64))
+    sx = np.abs(dx * ax.sum(-1))
+    t = (dots * np.abs(dw[None] * dx[:, None]) + cw[None] * sx[:, None]).sum(-1)
+    return (k // 32 + 4) * U32 * t + U32 * np.abs(want)
+
+
+def _q8_graph(fmt: str, k: int, n: int) -> rlx.Graph:
+    g = rlx.Graph(f"q8act_{fmt}")
+    x = g.input("x", [rlx.Dim.dynamic("m", 64), k])
+    g.set_outputs([g.dequant_matmul(x, g.param("w", [n, Q.row_bytes(fmt, k)], "u8"), quant=fmt, act="q8")])
+    return g
+
+
+@pytest.mark.parametrize("fmt", list(Q.Q8_ACT_FORMATS))
+def test_int8_activations_match_their_reference(fmt: str) -> None:
+    """act="q8": the kernels quantize X exactly as the reference does (one differing int8 value would
+    cost ~|dw * dx|, far above the bound), then integer block dot products."""
+    rng = np.random.default_rng(11)
+    k = 96
+    raw = Q.random_blocks(rng, N, k, fmt)
+    g = _q8_graph(fmt, k, N)
+    cg = compile_graph(g, {"w": raw})
+    for m in ROWS:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[0, :32] = 0.0  # an all-zero block: scale 0
+        got, want = cg.run({"x": x})[0], reference_run(g, {"x": x}, {"w": raw})[0]
+        assert_within(got, want, q8_bound(x, raw, fmt, k, want), f"{fmt} act=q8, {m} rows")
+
+
+@pytest.mark.parametrize("cpu_target", ["x86-64-v3", "x86-64"])
+def test_avx2_and_scalar_builds(cpu_target: str) -> None:
+    """The AVX2 and the portable C paths (this machine builds AVX-512 by default)."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86-64 ISA levels")
+    rng = np.random.default_rng(12)
+    k, n = 64, 21
+    g = rlx.Graph("isa")
+    x = g.input("x", [rlx.Dim.dynamic("m", 16), k])
+    raws = {f: Q.random_blocks(rng, n, k, f) for f in ("q4_1", "q8_0", "q5_0")}
+    ws = {f: g.param(f, [n, r.shape[1]], "u8") for f, r in raws.items()}
+    g.set_outputs({**{f: g.dequant_matmul(x, ws[f], quant=f) for f in raws},
+                   "q8": g.dequant_matmul(x, ws["q8_0"], quant="q8_0", act="q8")})
+    cg = compile_graph(g, raws, cpu_target=cpu_target)
+    for m in (2, 9):
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        got = dict(zip(g.output_names, cg.run({"x": xv})))
+        want = dict(zip(g.output_names, reference_run(g, {"x": xv}, raws)))
+        for f in raws:
+            bound = (k + 4) * U32 * (np.abs(xv.astype(np.float64)) @ Q.abs_terms(raws[f], f, k).astype(np.float64).T)
+            assert_within(got[f], want[f], bound, f"{cpu_target} {f}, {m} rows")
+        assert_within(got["q8"], want["q8"], q8_bound(xv, raws["q8_0"], "q8_0", k, want["q8"]), f"{cpu_target} q8")
+
+
 def test_bad_shapes_and_inputs_raise() -> None:
     g = rlx.Graph("bad")
     x = g.input("x", [2, 64])
@@ -123,19 +189,24 @@ def test_is_asan_clean(tmp_path: Path) -> None:
 
 
 def asan_check() -> None:
-    """One build holding the SIMD GEMV (q4_1), the generic GEMV (q4_k) and the panel path of both."""
+    """One build holding the SIMD GEMV (q4_1), the generic GEMV (q4_k), the panel path of both and act=q8."""
     rng = np.random.default_rng(7)
     k, n = 256, 19
     g = rlx.Graph("asan")
     x = g.input("x", [rlx.Dim.dynamic("m", 32), k])
     raws = {f: Q.random_blocks(rng, n, k, f) for f in ("q4_1", "q4_k")}
-    g.set_outputs({f: g.dequant_matmul(x, g.param(f, [n, Q.row_bytes(f, k)], "u8"), quant=f) for f in raws})
+    ws = {f: g.param(f, [n, Q.row_bytes(f, k)], "u8") for f in raws}
+    g.set_outputs({**{f: g.dequant_matmul(x, ws[f], quant=f) for f in raws},
+                   "q8": g.dequant_matmul(x, ws["q4_1"], quant="q4_1", act="q8")})
     cg = compile_graph(g, raws)
     for m in (1, 4, 17):
         xv = rng.standard_normal((m, k)).astype(np.float32)
-        for got, want, f in zip(cg.run({"x": xv}), reference_run(g, {"x": xv}, raws), raws):
+        got = dict(zip(g.output_names, cg.run({"x": xv})))
+        want = dict(zip(g.output_names, reference_run(g, {"x": xv}, raws)))
+        for f in raws:
             mag = Q.abs_terms(raws[f], f, k).astype(np.float64)
-            assert_within(got, want, (k + 4) * U32 * (np.abs(xv.astype(np.float64)) @ mag.T), f"{f}, {m} rows")
+            assert_within(got[f], want[f], (k + 4) * U32 * (np.abs(xv.astype(np.float64)) @ mag.T), f"{f}, {m} rows")
+        assert_within(got["q8"], want["q8"], q8_bound(xv, raws["q4_1"], "q4_1", k, want["q8"]), f"q8, {m} rows")
 
 
 if __name__ == "__main__":

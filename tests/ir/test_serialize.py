@@ -401,7 +401,8 @@ def _mk_quant(draw: Any, g: Graph) -> None:
     k = QUANT_FORMATS[fmt].block_size * draw(st.integers(1, 2))
     w = g.param(f"q{len(g.nodes)}", [draw(st.integers(1, 5)), row_bytes(fmt, k)], "u8")
     if draw(st.booleans()):
-        g.dequant_matmul(g.input(f"qx{len(g.nodes)}", [draw(_dims), k]), w, quant=fmt)
+        act = draw(st.sampled_from(["f32", "q8"])) if fmt in ("q8_0", "q4_0", "q4_1") else "f32"
+        g.dequant_matmul(g.input(f"qx{len(g.nodes)}", [draw(_dims), k]), w, quant=fmt, act=act)
     else:
         g.dequantize(w, quant=fmt)
 
