@@ -171,56 +171,69 @@ static void rlx_q_block_sums(int64_t M, int64_t K, const float *restrict X, floa
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
 #define RLX_QSIMD 1
+/* Block b of row w into the accumulators (acc: sum(x * q) * d per lane, macc: q4_1's m * sum(x)). */
+static inline __attribute__((always_inline)) void rlx_qblk_simd(const int fmt, const int mr, int64_t b, int64_t nb,
+        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, __m512 *acc,
+        float *macc)
+{
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const uint8_t *blk = w + b * qb;
+    __m512 q0, q1;
+    float m = 0.0f;
+    if (fmt == RLX_Q8_0) {
+        const __m128i r0 = _mm_loadu_si128((const __m128i *)(blk + 2));
+        const __m128i r1 = _mm_loadu_si128((const __m128i *)(blk + 18));
+        q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r0));
+        q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r1));
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
+        __m512i l = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low4));
+        __m512i h = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+        if (fmt == RLX_Q4_0) {
+            l = _mm512_sub_epi32(l, _mm512_set1_epi32(8));
+            h = _mm512_sub_epi32(h, _mm512_set1_epi32(8));
+        }
+        q0 = _mm512_cvtepi32_ps(l);
+        q1 = _mm512_cvtepi32_ps(h);
+        if (fmt == RLX_Q4_1)
+            m = rlx_q_half(blk + 2);
+    }
+    const __m512 d = _mm512_set1_ps(rlx_q_half(blk));
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            const float *x = X + i * K + b * 32;
+            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), q0);
+            p = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), q1, p);
+            acc[i] = _mm512_fmadd_ps(d, p, acc[i]);
+            if (fmt == RLX_Q4_1)
+                macc[i] += m * xs[i * nb + b];
+        }
+}
+
 /* q8_0 / q4_0 / q4_1 row n against mr rows of X: the block's 32 values are unpacked into two
- * zmm registers of floats once and used for every row. */
+ * zmm registers of floats once and used for every row. Even and odd blocks go to separate
+ * accumulators: two dependency chains, so one row (decode) is not bound by the FMA latency. */
 static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
         const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
 {
-    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    __m512 acc[RLX_QGEMV_MAX_M];
-    float macc[RLX_QGEMV_MAX_M];
+    __m512 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
+    float macc[RLX_QGEMV_MAX_M], macc2[RLX_QGEMV_MAX_M];
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr) {
-            acc[i] = _mm512_setzero_ps();
-            macc[i] = 0.0f;
+            acc[i] = acc2[i] = _mm512_setzero_ps();
+            macc[i] = macc2[i] = 0.0f;
         }
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * qb;
-        __m512 q0, q1;
-        float m = 0.0f;
-        if (fmt == RLX_Q8_0) {
-            const __m128i r0 = _mm_loadu_si128((const __m128i *)(blk + 2));
-            const __m128i r1 = _mm_loadu_si128((const __m128i *)(blk + 18));
-            q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r0));
-            q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r1));
-        } else {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
-            __m512i l = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low4));
-            __m512i h = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-            if (fmt == RLX_Q4_0) {
-                l = _mm512_sub_epi32(l, _mm512_set1_epi32(8));
-                h = _mm512_sub_epi32(h, _mm512_set1_epi32(8));
-            }
-            q0 = _mm512_cvtepi32_ps(l);
-            q1 = _mm512_cvtepi32_ps(h);
-            if (fmt == RLX_Q4_1)
-                m = rlx_q_half(blk + 2);
-        }
-        const __m512 d = _mm512_set1_ps(rlx_q_half(blk));
-        for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
-            if (i < mr) {
-                const float *x = X + i * K + b * 32;
-                __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), q0);
-                p = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), q1, p);
-                acc[i] = _mm512_fmadd_ps(d, p, acc[i]);
-                if (fmt == RLX_Q4_1)
-                    macc[i] += m * xs[i * nb + b];
-            }
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        rlx_qblk_simd(fmt, mr, b, nb, X, K, xs, w, acc, macc);
+        rlx_qblk_simd(fmt, mr, b + 1, nb, X, K, xs, w, acc2, macc2);
     }
+    if (b < nb)
+        rlx_qblk_simd(fmt, mr, b, nb, X, K, xs, w, acc, macc);
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr)
-            out[i] = _mm512_reduce_add_ps(acc[i]) + macc[i];
+            out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], acc2[i])) + (macc[i] + macc2[i]);
 }
 #elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
 #define RLX_QSIMD 1
@@ -401,50 +414,67 @@ static inline float rlx_q8_hsum(__m256 v)
 }
 #endif
 
-/* out[i] = row w (nb blocks) . activation rows i < mr (quantized: Xq rows of K, block scales xd, xs). */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+/* Block b of row w into the accumulators: the integer dot product scaled by dw * dx per lane (acc),
+ * the min term (sacc). */
+static inline __attribute__((always_inline)) void rlx_q8blk(const int fmt, const int mr, int64_t b, int64_t nb,
+        const int8_t *restrict Xq, int64_t K, const float *restrict xd, const float *restrict xs,
+        const uint8_t *restrict w, __m256 *acc, float *sacc)
+{
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const uint8_t *blk = w + b * qb;
+    const float dw = rlx_q_half(blk);
+    /* the min term's weight factor: q4_1's m, q4_0's -8 * d (exact: a power of two) */
+    const float cw = fmt == RLX_Q4_1 ? rlx_q_half(blk + 2) : -8.0f * dw;
+    __m256i wq;
+    if (fmt == RLX_Q8_0) {
+        wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
+        wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+    }
+    /* u8 x s8: q8_0's signed weights as |w| with their sign moved onto the activations */
+    const __m256i u = fmt == RLX_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(Xq + i * K + b * 32));
+            const __m256i s = fmt == RLX_Q8_0 ? _mm256_sign_epi8(xq, wq) : xq;
+            const __m256i dot = RLX_DPBUSD(_mm256_setzero_si256(), u, s);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xd[i * nb + b]), acc[i]);
+            if (fmt != RLX_Q8_0)
+                sacc[i] += cw * xs[i * nb + b];
+        }
+}
+#endif
+
+/* out[i] = row w (nb blocks) . activation rows i < mr (quantized: Xq rows of K, block scales xd, xs);
+ * even and odd blocks in separate accumulators (two dependency chains). */
 static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const int mr, int64_t nb,
         const int8_t *restrict Xq, int64_t K, const float *restrict xd, const float *restrict xs,
         const uint8_t *restrict w, float *out)
 {
-    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    float sacc[RLX_QGEMV_MAX_M];
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
-    __m256 acc[RLX_QGEMV_MAX_M];
+    __m256 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
+    float sacc[RLX_QGEMV_MAX_M], sacc2[RLX_QGEMV_MAX_M];
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr) {
-            acc[i] = _mm256_setzero_ps();
-            sacc[i] = 0.0f;
+            acc[i] = acc2[i] = _mm256_setzero_ps();
+            sacc[i] = sacc2[i] = 0.0f;
         }
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * qb;
-        const float dw = rlx_q_half(blk);
-        /* the min term's weight factor: q4_1's m, q4_0's -8 * d (exact: a power of two) */
-        const float cw = fmt == RLX_Q4_1 ? rlx_q_half(blk + 2) : -8.0f * dw;
-        __m256i wq;
-        if (fmt == RLX_Q8_0) {
-            wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        } else {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
-            wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
-        }
-        /* u8 x s8: q8_0's signed weights as |w| with their sign moved onto the activations */
-        const __m256i u = fmt == RLX_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
-        for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
-            if (i < mr) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)(Xq + i * K + b * 32));
-                const __m256i s = fmt == RLX_Q8_0 ? _mm256_sign_epi8(xq, wq) : xq;
-                const __m256i dot = RLX_DPBUSD(_mm256_setzero_si256(), u, s);
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xd[i * nb + b]), acc[i]);
-                if (fmt != RLX_Q8_0)
-                    sacc[i] += cw * xs[i * nb + b];
-            }
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        rlx_q8blk(fmt, mr, b, nb, Xq, K, xd, xs, w, acc, sacc);
+        rlx_q8blk(fmt, mr, b + 1, nb, Xq, K, xd, xs, w, acc2, sacc2);
     }
+    if (b < nb)
+        rlx_q8blk(fmt, mr, b, nb, Xq, K, xd, xs, w, acc, sacc);
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr)
-            out[i] = rlx_q8_hsum(acc[i]) + sacc[i];
+            out[i] = rlx_q8_hsum(_mm256_add_ps(acc[i], acc2[i])) + (sacc[i] + sacc2[i]);
 #else
-    float facc[RLX_QGEMV_MAX_M];
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    float facc[RLX_QGEMV_MAX_M], sacc[RLX_QGEMV_MAX_M];
     for (int i = 0; i < mr; i++)
         facc[i] = sacc[i] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
