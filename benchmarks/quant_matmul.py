@@ -7,7 +7,9 @@ Y[M, N] = X[M, K] @ W^T for SmolLM2-135M's weight shapes (N x K: 576x576 attenti
 block format, at M = 1 (decode: a GEMV, bound by reading the weight) and M = 256 (prefill:
 a GEMM, bound by arithmetic). Peers, all in this process on the same data:
 
-- rlx q: `dequant_matmul` on the raw blocks (the kernels read the 4/8-bit blocks);
+- rlx q: `dequant_matmul` on the raw blocks (the kernels read the 4/8-bit blocks), f32 activations;
+- rlx q act8: the same with `act="q8"` (activations quantized to int8 per 32-block, integer block
+  products with VNNI, as llama.cpp computes these matmuls);
 - rlx f32: rlx's own packed f32 GEMM on the dequantized weight (a param, packed at set time);
 - numpy f32: `x @ Wd.T` on the dequantized weight (numpy's BLAS).
 
@@ -72,7 +74,8 @@ def main() -> None:
     session = Session(rlx.Device.CPU, dataclasses.replace(Config.from_env(), num_threads=args.threads))
     rng = np.random.default_rng(0)
     print(f"threads {args.threads}, rounds {args.rounds}, numpy {np.__version__}")
-    print(f"{'format':<6} {'N x K':>11} {'M':>4}  {'peer':<10} {'time':>10} {'GB/s':>7} {'GFLOP/s':>8}  ratio")
+    print(f"{'format':<6} {'N x K':>11} {'M':>4}  {'peer':<10} {'time':>10} {'GB/s':>7} {'GFLOP/s':>8}  "
+          "ratio (peer time / rlx q time)")
     for fmt in args.formats.split(","):
         for n, k in SHAPES:
             w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
@@ -84,6 +87,11 @@ def main() -> None:
             gq.set_outputs([gq.dequant_matmul(xq, gq.param("w", [n, raw.shape[1]], "u8"), quant=fmt)])
             cq = session.compile(gq)
             cq.set_param("w", raw)
+            g8 = rlx.Graph("q8")
+            x8 = g8.input("x", [m_dim, k])
+            g8.set_outputs([g8.dequant_matmul(x8, g8.param("w", [n, raw.shape[1]], "u8"), quant=fmt, act="q8")])
+            c8 = session.compile(g8)
+            c8.set_param("w", raw)
             gf = rlx.Graph("f")
             xf = gf.input("x", [m_dim, k])
             gf.set_outputs([gf.matmul(xf, gf.param("w", [k, n]))])
@@ -95,14 +103,14 @@ def main() -> None:
                 got, want = cq.run({"x": x})[0], x.astype(np.float64) @ wd.T.astype(np.float64)
                 assert np.allclose(got, want, rtol=1e-3, atol=1e-3), "rlx dequant_matmul disagrees"
                 feeds = {"x": x}
-                peers = {"rlx q": lambda c=cq, f=feeds: c.run(f), "rlx f32": lambda c=cf, f=feeds: c.run(f),
-                         "numpy f32": lambda a=x, b=wdt: a @ b}
+                peers = {"rlx q": lambda c=cq, f=feeds: c.run(f), "rlx q act8": lambda c=c8, f=feeds: c.run(f),
+                         "rlx f32": lambda c=cf, f=feeds: c.run(f), "numpy f32": lambda a=x, b=wdt: a @ b}
                 times = round_robin(peers, args.rounds)
-                wbytes = {"rlx q": raw.nbytes, "rlx f32": wd.nbytes, "numpy f32": wd.nbytes}
+                wbytes = {"rlx q": raw.nbytes, "rlx q act8": raw.nbytes, "rlx f32": wd.nbytes, "numpy f32": wd.nbytes}
                 for name, t in times.items():
-                    ratio = "" if name == "rlx q" else f"rlx q is {t / times['rlx q']:5.2f}x faster"
+                    ratio = "" if name == "rlx q" else f"{t / times['rlx q']:5.2f}"
                     print(f"{fmt:<6} {f'{n}x{k}':>11} {m:>4}  {name:<10} {t * 1e3:8.3f}ms "
-                          f"{wbytes[name] / t / 1e9:7.1f} {2 * m * n * k / t / 1e9:8.1f}  {ratio}")
+                          f"{wbytes[name] / t / 1e9:7.2f} {2 * m * n * k / t / 1e9:8.1f}  {ratio}")
 
 
 if __name__ == "__main__":

@@ -78,3 +78,13 @@ def test_unknown_format_is_refused_before_rendering(monkeypatch: pytest.MonkeyPa
     monkeypatch.delitem(cuda_quant.FORMAT_IDS, "q6_k")
     node, reason = first_unsupported_op(g, "cuda")
     assert node.kind == "dequant_matmul" and "'q6_k'" in reason
+
+
+def test_int8_activations_are_refused_on_cuda() -> None:
+    from rlx.codegen.backends import first_unsupported_op
+
+    g = rlx.Graph("q8act")
+    x = g.input("x", [2, 64])
+    g.set_outputs([g.dequant_matmul(x, g.param("w", [3, 68], "u8"), quant="q8_0", act="q8")])
+    node, reason = first_unsupported_op(g, "cuda")
+    assert node.kind == "dequant_matmul" and "CPU only" in reason
