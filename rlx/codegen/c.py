@@ -33,6 +33,7 @@ from typing import Any
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
+from rlx.codegen.c_share import share_kernels
 from rlx.codegen.common import dim_expr
 from rlx.codegen.cpu_base import (
     ATTN_QBLOCK,
@@ -698,8 +699,3 @@ def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
         raise BuildError(f"rendering the CPU template failed: {type(exc).__name__}: {exc}") from exc
     # repeated layers: one function per distinct kernel, not one per node (compile time)
     return share_kernels(source)
-
-
-# Rules kept in their own modules register into the CPU table when this module loads.
-from rlx.codegen import c_decoder, c_quant  # noqa: E402,F401
-from rlx.codegen.c_share import share_kernels  # noqa: E402

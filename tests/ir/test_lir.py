@@ -133,15 +133,17 @@ def _build_cached_attention(g: Graph, v: object) -> None:
     g.set_outputs([g.cached_attention(q, k, val, kc, vc, g.input("pos", [1], "i32"), **kw)])
 
 
-def _build_quant(dequantize: bool) -> Build:
-    def build(g: Graph, v: object) -> None:
-        from rlx.ir.quant import row_bytes
+def _build_quant(kind: str) -> Build:
+    """dequant_matmul / dequantize of a [4, 32] weight in format v (row bytes follow the format)."""
+    from rlx.ir.quant import row_bytes
 
-        w = g.param("w", [4, row_bytes(v, 32)], "u8")  # type: ignore[arg-type]
-        if dequantize:
-            g.set_outputs([g.dequantize(w, quant=v)])  # type: ignore[arg-type]
+    def build(g: Graph, v: object) -> None:
+        w = g.param("w", [4, row_bytes(str(v), 32)], "u8")
+        if kind == "dequant_matmul":
+            g.set_outputs([g.dequant_matmul(g.input("x", [2, 32]), w, quant=str(v))])
         else:
-            g.set_outputs([g.dequant_matmul(g.input("x", [2, 32]), w, quant=v)])  # type: ignore[arg-type]
+            g.set_outputs([g.dequantize(w, quant=str(v))])
+
     return build
 
 
@@ -252,11 +254,14 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
      {"num_kv_heads": 1}, {"num_kv_heads": 2}),
     ("cached_attention scale", ("cached_attention", "scale"), _build_cached_attention,
      {"scale": None}, {"scale": 0.5}),
-    ("dequant_matmul quant", ("dequant_matmul", "quant"), _build_quant(False), "q4_0", "q8_0"),
-    ("dequantize quant", ("dequantize", "quant"), _build_quant(True), "q4_1", "q4_0"),
     ("rope head_dim", ("rope", "head_dim"), _build_rope, {"head_dim": 8}, {"head_dim": 4}),
     ("rope n_rot", ("rope", "n_rot"), _build_rope, {"n_rot": 8}, {"n_rot": None, "head_dim": 8}),
     ("rope variant", ("rope", "variant"), _build_rope, {"variant": "neox"}, {"variant": "interleaved"}),
+    ("dequant_matmul quant", ("dequant_matmul", "quant"), _build_quant("dequant_matmul"), "q4_0", "q5_0"),
+    ("dequantize quant", ("dequantize", "quant"), _build_quant("dequantize"), "q4_0", "q5_0"),
+    ("dequant_matmul act", ("dequant_matmul", "act"),
+     lambda g, v: g.set_outputs([g.dequant_matmul(g.input("x", [2, 32]), g.param("w", [4, 18], "u8"),
+                                                  quant="q4_0", act=v)]), "f32", "q8"),
     ("fused matmul act", ("fused_matmul_bias_act", "activation"),
      _fused(lambda v: O.FusedMatMulBiasAct(v), 3, [[2, 4], [4, 4], [4]]), None, "gelu"),
     ("fused residual ln", ("fused_residual_layer_norm", "eps"),
