@@ -103,12 +103,14 @@ class CausalLM:
 
     `max_context` is the KV cache capacity per sequence (prompt plus generated tokens);
     `max_batch` the most sequences generated together; `prefill_chunk` the most prompt tokens
-    one step feeds (longer prompts go through in chunks).
+    one step feeds (longer prompts go through in chunks). On CUDA, `precision="f16"` stores
+    activations, caches and float weights in half precision (quantized weights stay in their blocks).
     """
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
-                 max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None) -> None:
+                 max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
+                 precision: str = "f32") -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -128,7 +130,8 @@ class CausalLM:
         if device != "reference":
             from rlx.driver import Session
 
-            self._compiled = Session(device).compile(self.graph)
+            # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU takes f32
+            self._compiled = Session(device, precision=precision).compile(self.graph)
             for name, arr in self._params.items():
                 self._compiled.set_param(name, arr)
             if threads is not None:
