@@ -48,6 +48,7 @@ under a millisecond and needs no import of codegen.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import hashlib
 import sys
@@ -124,9 +125,14 @@ class Session:
     """Compiles graphs for one device with one configuration."""
 
     def __init__(self, device: Device | str = Device.CPU, config: Config | None = None, *,
-                 precision: str = "f32", target: str | None = None) -> None:
+                 precision: str = "f32", target: str | None = None, profile: bool | None = None,
+                 check_nans: bool | None = None) -> None:
         self.device = Device.parse(device)
         self.config = config if config is not None else Config.from_env()
+        # Build variants (each its own cache key): None keeps the config's (RLX_PROFILE / RLX_CHECK_NANS).
+        variant = {k: bool(v) for k, v in (("profile", profile), ("check_nans", check_nans)) if v is not None}
+        if variant:
+            self.config = dataclasses.replace(self.config, **variant)
         # CUDA only: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation);
         # `target` ("cuda:sm_90") picks the arch instead of the visible GPU's.
         if precision not in ("f32", "f16", "bf16"):
@@ -203,7 +209,8 @@ class Session:
             built = build_cpu(lower_to_lir(mir, level, debug=config.debug, backend="cpu"), config, toolchain)
             return built.library, built.source, built.key, built.hit, built.components["source"]
 
-        return _through_index(config, mir, level, cpu_toolchain_components(toolchain), compile_fully, pristine)[:4]
+        return _through_index(config, mir, level, cpu_toolchain_components(toolchain, config), compile_fully,
+                              pristine)[:4]
 
     def _compile_cuda(self, graph: Any, opt_level: int | None, pristine: bool) -> CompiledGraph:
         """The CUDA library for `graph`, through the compile index, loaded as a `CudaGraph`."""

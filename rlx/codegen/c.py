@@ -34,6 +34,7 @@ from typing import Any
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
+from rlx.codegen.c_observe import observe_context
 from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, float32_only, table
 from rlx.errors import BuildError
@@ -72,6 +73,9 @@ class CTarget:
     blas_prefix: str = ""
     blas_threads: bool = False
     openmp: bool = True
+    #: Build variants (rlx.codegen.c_observe): time spans per kernel and thread / NaN-inf checks.
+    profile: bool = False
+    check_nans: bool = False
 
 
 def comment(text: object, limit: int = 96) -> str:
@@ -720,6 +724,7 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "gemm_acts": sorted(p.gemm_acts),
         "copies": copies,
         "manifest": c_string_lines(manifest_text),
+        **observe_context(p, kernels, target),
     }
 
 
