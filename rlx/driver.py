@@ -67,6 +67,7 @@ from rlx.opt import pipeline
 from rlx.opt.memplan import plan
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.loader import load_library
+from rlx.runtime.memory import MemoryEstimate, estimate_lir
 from rlx.templates_path import templates_dir
 
 #: Bumped when the compile index's fingerprint or value changes shape.
@@ -175,6 +176,33 @@ class Session:
     def supports(self, graph: Any, *, opt_level: int | None = None) -> bool:
         """True when every op of `graph` runs on this session's device (checked before any build)."""
         return self.first_unsupported_op(graph, opt_level=opt_level) is None
+
+    def estimate(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> MemoryEstimate:
+        """The bytes one execution context of `graph` will allocate, without building it.
+
+        Optimizes, decomposes and plans exactly as `compile` does and sizes params and scratch the
+        way the CPU code generator will (no C is rendered or compiled); `num_threads` (default: the
+        config's) sizes the per-thread scratch. State (KV cache) and IO bytes are reported apart.
+
+        >>> import rlx
+        >>> g = rlx.Graph("m")
+        >>> x = g.input("x", [rlx.Dim.dynamic("n", max=16), 64])
+        >>> g.set_outputs([g.activation("relu", g.matmul(x, g.param("w", [64, 64])))])
+        >>> est = rlx.Session().estimate(g)
+        >>> est.params, est.inputs
+        (16384, 4096)
+        """
+        if self.device is not Device.CPU:
+            raise RlxError("Session.estimate covers the CPU backend (the CUDA backend plans device memory itself)")
+        from rlx.codegen.c_observe import memory_plan
+
+        if _is_lir(graph):
+            lir = self.lower(graph)
+        else:
+            level = self.config.opt_level if opt_level is None else opt_level
+            lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend="cpu")
+        return estimate_lir(memory_plan(lir, profile=self.config.profile),
+                            num_threads if num_threads is not None else self.config.threads)
 
     def compile(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> CompiledGraph:
         """Compile a Graph (MIR), HirModule, GraphModule or LirModule into a ready-to-run `CompiledGraph`.
