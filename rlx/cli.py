@@ -729,6 +729,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from rlx.report import write_report
+
+    path = Path(args.graph)
+    if _is_artifact(path):
+        raise UsageError(f"{path} is a built artifact; the report needs the graph .json or .onnx it came from")
+    if args.trace and not Path(args.trace).is_file():
+        raise UsageError(f"{args.trace}: no such trace file")
+    graph = load_model(args, path).graph
+    out = write_report(graph, args.output, config=_config(args), trace=args.trace)
+    print(f"report written to {out}")
+    return EXIT_OK
+
+
 def _size(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
@@ -1042,6 +1056,18 @@ def build_parser() -> argparse.ArgumentParser:
     threads(q)
     common(q, compiles=True)
     q.set_defaults(func=cmd_bench)
+
+    q = sub.add_parser("report", help="write a self-contained HTML report of what the compiler did to a graph",
+                       description="One HTML page (no network): the graph at HIR, MIR and LIR with fusion groups "
+                                   "outlined, each node linked to its generated C, the memory plan as buffer "
+                                   "lifetimes, and per-op kernel time with --trace (from bench --profile --trace).")
+    q.add_argument("graph", metavar="GRAPH.json|MODEL.onnx")
+    q.add_argument("-o", "--output", metavar="REPORT.html", required=True, help="where to write the page")
+    q.add_argument("--trace", metavar="TRACE.json", help="a chrome trace of this graph (rlxc bench --profile --trace)")
+    opt(q)
+    max_dim(q)
+    q.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
+    q.set_defaults(func=cmd_report)
 
     q = sub.add_parser("cache", help="list, check and clean the AOT cache",
                        description="ls | stat | verify | gc | clear | explain KEY-or-GRAPH.json")
