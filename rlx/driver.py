@@ -194,7 +194,7 @@ class Session:
         """
         if self.device is not Device.CPU:
             raise RlxError("Session.estimate covers the CPU backend (the CUDA backend plans device memory itself)")
-        from rlx.codegen.c_observe import memory_plan
+        from rlx.codegen.c import memory_plan
 
         if _is_lir(graph):
             lir = self.lower(graph)

@@ -34,8 +34,8 @@ from typing import Any
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
-from rlx.codegen.c_observe import observe_context
-from rlx.codegen.common import dim_expr
+from rlx.codegen.c_observe import PROFILE_RING_BYTES, observe_context
+from rlx.codegen.common import c_string, c_string_lines, dim_expr
 from rlx.codegen.registry import Kernel, float32_only, table
 from rlx.errors import BuildError
 from rlx.ir import ops as O
@@ -92,35 +92,6 @@ def node_header(node: Node, width: int) -> str:
     """The comment text that heads a node's generated code: id, op, debug name, shape (all sanitized)."""
     name = f" ({comment(node.name, 60)})" if node.name else ""
     return comment(f"%{node.id} {node.op.describe()}", width) + name + " : " + comment(str(node.shape), 60)
-
-
-def c_string(text: str) -> str:
-    """A C string literal holding `text` exactly (printable ASCII, everything else escaped).
-
-    >>> c_string('a"b\\\\c\\n')
-    '"a\\\\"b\\\\\\\\c\\\\n"'
-    """
-    out = ['"']
-    for ch in text.encode("utf-8"):
-        c = chr(ch)
-        if c == '"':
-            out.append('\\"')
-        elif c == "\\":
-            out.append("\\\\")
-        elif c == "\n":
-            out.append("\\n")
-        elif 32 <= ch < 127 and c != "?":  # '?' escaped so no trigraph can form
-            out.append(c)
-        else:
-            out.append(f"\\{ch:03o}")
-    out.append('"')
-    return "".join(out)
-
-
-def c_string_lines(text: str, width: int = 100) -> list[str]:
-    """`text` as a sequence of adjacent string literals of bounded width."""
-    chunks = [text[i:i + width] for i in range(0, len(text), width)] or [""]
-    return [c_string(c) for c in chunks]
 
 
 def _c_int(value: int) -> str:
@@ -725,6 +696,29 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "copies": copies,
         "manifest": c_string_lines(manifest_text),
         **observe_context(p, kernels, target),
+    }
+
+
+def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
+    """What the CPU code generator sizes for `lir` (no rendering): arena, params, scratch, the context
+    record, and what the caller owns (state, inputs, outputs), every dynamic dim at its bound.
+
+    A leaf of kind "state" (persistent buffers such as a KV cache) counts as state, as does an
+    input marked `state`.
+    """
+    ctx = c_context(lir, CTarget(), {})
+    graph = lir.graph
+    n_params = len(lir.params)
+    # typedef struct rlx_ctx (prelude.c.j2): three pointers, two int32, param_set[N + 1], err[512],
+    # padded to 8; a profiled build adds the span ring.
+    record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8 + (PROFILE_RING_BYTES if profile else 0)
+    state_inputs = {s.node for s in lir.inputs if s.state}
+    state = sum(n.shape.max_nbytes for n in graph.nodes if n.kind == "state" or n.id in state_inputs)
+    return {
+        "arena": ctx["arena_bytes"], "params": ctx["params_bytes"], "scratch_shared": ctx["scratch_shared"],
+        "scratch_per_thread": ctx["scratch_per_thread"], "context": record, "state": state,
+        "inputs": sum(graph.node(s.node).shape.max_nbytes for s in lir.inputs if s.node not in state_inputs),
+        "outputs": sum(graph.node(s.node).shape.max_nbytes for s in lir.outputs),
     }
 
 

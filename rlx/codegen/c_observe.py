@@ -26,6 +26,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from rlx.codegen.common import c_string, c_string_lines
 from rlx.ir.cost import Poly, node_cost
 from rlx.ir.dtype import DType
 
@@ -33,6 +34,8 @@ from rlx.ir.dtype import DType
 SPAN_FIELDS = ("t0", "t1", "kernel", "thread", "run", "flops", "bytes")
 #: The reduction clause a profiled parallel region carries (declared in kernels/profile.h).
 OMP_PROF_CLAUSE = " reduction(rlx_prof:rlx_ts)"
+#: sizeof the span ring of a profiled context (kernels/profile.h: two int64, RLX_PROF_CAP spans of 48 B).
+PROFILE_RING_BYTES = 16 + (1 << 14) * 48
 _CHECKED = {DType.F32: "f32", DType.F64: "f64", DType.F16: "f16", DType.BF16: "bf16"}
 _VALUE = {"f32": "(double)((const float *){ptr})[rlx_bad]", "f64": "((const double *){ptr})[rlx_bad]",
           "f16": "(double)rlx_h2f(((const uint16_t *){ptr})[rlx_bad])",
@@ -51,8 +54,6 @@ def _poly_expr(poly: Poly, sym_index: dict[str, int]) -> str:
 
 def observe_context(em: Any, kernels: Sequence[Any], target: Any) -> dict:
     """The template data of the observed variants (`target.profile` / `target.check_nans`)."""
-    from rlx.codegen.c import c_string, c_string_lines
-
     profile, check = bool(getattr(target, "profile", False)), bool(getattr(target, "check_nans", False))
     observed: dict[str, dict] = {}
     table = []
@@ -78,33 +79,4 @@ def observe_context(em: Any, kernels: Sequence[Any], target: Any) -> dict:
             "omp_prof": OMP_PROF_CLAUSE if profile else "", "profile_info": c_string_lines(info)}
 
 
-__all__ = ["OMP_PROF_CLAUSE", "SPAN_FIELDS", "observe_context"]
-
-
-#: sizeof the profile span ring in a profiled context (kernels/profile.h: two int64 + RLX_PROF_CAP spans of 48 B).
-PROFILE_RING_BYTES = 16 + (1 << 14) * 48
-
-
-def memory_plan(lir: Any, *, profile: bool = False) -> dict[str, int]:
-    """What the CPU code generator sizes for `lir` (no rendering): arena, params, scratch, the context
-    record, and what the caller owns (state, inputs, outputs), every dynamic dim at its bound.
-
-    A leaf of kind "state" (persistent buffers such as a KV cache) counts as state, as does an
-    input marked `state`.
-    """
-    from rlx.codegen.c import CTarget, c_context
-
-    ctx = c_context(lir, CTarget(), {})
-    graph = lir.graph
-    n_params = len(lir.params)
-    # typedef struct rlx_ctx (prelude.c.j2): three pointers, two int32, param_set[N + 1], err[512],
-    # padded to 8; a profiled build adds the span ring.
-    record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8 + (PROFILE_RING_BYTES if profile else 0)
-    state_inputs = {s.node for s in lir.inputs if s.state}
-    state = sum(n.shape.max_nbytes for n in graph.nodes if n.kind == "state" or n.id in state_inputs)
-    return {
-        "arena": ctx["arena_bytes"], "params": ctx["params_bytes"], "scratch_shared": ctx["scratch_shared"],
-        "scratch_per_thread": ctx["scratch_per_thread"], "context": record, "state": state,
-        "inputs": sum(graph.node(s.node).shape.max_nbytes for s in lir.inputs if s.node not in state_inputs),
-        "outputs": sum(graph.node(s.node).shape.max_nbytes for s in lir.outputs),
-    }
+__all__ = ["OMP_PROF_CLAUSE", "PROFILE_RING_BYTES", "SPAN_FIELDS", "observe_context"]
