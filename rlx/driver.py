@@ -246,8 +246,12 @@ class Session:
         from rlx.toolchain.cuda import build_cuda, cuda_toolchain_components, detect_nvcc_toolchain
 
         config = self.config
+        if config.check_nans:
+            raise RlxError("check_nans (RLX_CHECK_NANS) covers the CPU backend; run the graph on Device.CPU "
+                           "with check_nans=True to find the op that makes a NaN")
         if _is_lir(graph):
-            return compile_cuda(self.lower(graph), config, precision=self.precision, arch=self.target)
+            return compile_cuda(self.lower(graph), config, precision=self.precision, arch=self.target,
+                                profile=config.profile)
         mir = to_mir(graph)
         level = config.opt_level if opt_level is None else opt_level
         toolchain = detect_nvcc_toolchain(config, self.target)
@@ -257,7 +261,7 @@ class Session:
             nonlocal seconds
             from rlx.codegen.cuda import CudaTarget  # only when rendering: the warm path never loads codegen
 
-            target = CudaTarget(precision=DType.parse(self.precision))
+            target = CudaTarget(precision=DType.parse(self.precision), profile=config.profile)
             lir = lower_to_lir(mir, level, debug=config.debug, backend="cuda")
             built = build_cuda(lir, config, target, toolchain=toolchain)
             seconds = built.seconds
@@ -266,7 +270,8 @@ class Session:
         # What the build is asked for beyond the toolchain: the precision and CudaTarget's defaults
         # (cuBLASLt GEMM, resolved against the toolchain in the components).
         request = {**cuda_toolchain_components(toolchain, "cublaslt"),
-                   "request": f"precision={self.precision} arch={toolchain.arch} cuda={toolchain.cuda_version}"}
+                   "request": f"precision={self.precision} arch={toolchain.arch} cuda={toolchain.cuda_version}"
+                              + (" profile=1" if config.profile else "")}
         library, source, key, hit, _ = _through_index(config, mir, level, request, compile_fully, pristine)
         return CudaGraph(load_library(library), source=source, key=key, cache_hit=hit, build_seconds=seconds)
 

@@ -42,13 +42,17 @@ _VALUE = {"f32": "(double)((const float *){ptr})[rlx_bad]", "f64": "((const doub
           "bf16": "(double)rlx_bf2f(((const uint16_t *){ptr})[rlx_bad])"}
 
 
-def _poly_expr(poly: Poly, sym_index: dict[str, int]) -> str:
-    """C double expression of a cost polynomial over `sym[]`."""
+def cost_expr(poly: Poly, sym_index: dict[str, int], sym: str = "sym") -> str:
+    """C double expression of a cost polynomial over the run's dims array `sym`.
+
+    >>> cost_expr(((6, ("n",)), (2, ())), {"n": 0})
+    '6.0 * (double)sym[0] + 2.0'
+    """
     if not poly:
         return "0.0"
     terms = []
     for coeff, syms in poly:
-        terms.append(" * ".join([f"{float(coeff)!r}", *(f"(double)sym[{sym_index[s]}]" for s in syms)]))
+        terms.append(" * ".join([f"{float(coeff)!r}", *(f"(double){sym}[{sym_index[s]}]" for s in syms)]))
     return " + ".join(terms)
 
 
@@ -61,8 +65,8 @@ def observe_context(em: Any, kernels: Sequence[Any], target: Any) -> dict:
         for index, k in enumerate(kk for kk in kernels if kk.macro):
             node = em.node(k.node)
             cost = node_cost(em.graph, node)
-            entry: dict[str, Any] = {"index": index, "flops": _poly_expr(cost.flops, em.sym_index),
-                                     "bytes": _poly_expr(cost.bytes, em.sym_index), "nan": None}
+            entry: dict[str, Any] = {"index": index, "flops": cost_expr(cost.flops, em.sym_index),
+                                     "bytes": cost_expr(cost.bytes, em.sym_index), "nan": None}
             dt = _CHECKED.get(node.shape.dtype)
             if check and dt is not None:
                 ptr = em.base(node.id)
@@ -79,4 +83,4 @@ def observe_context(em: Any, kernels: Sequence[Any], target: Any) -> dict:
             "omp_prof": OMP_PROF_CLAUSE if profile else "", "profile_info": c_string_lines(info)}
 
 
-__all__ = ["OMP_PROF_CLAUSE", "PROFILE_RING_BYTES", "SPAN_FIELDS", "observe_context"]
+__all__ = ["OMP_PROF_CLAUSE", "PROFILE_RING_BYTES", "SPAN_FIELDS", "cost_expr", "observe_context"]
