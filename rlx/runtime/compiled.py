@@ -580,6 +580,12 @@ class CompiledGraph:
 
         Keys: arena, params, scratch (for the threads reserved so far), context (the record
         itself), total. Each pooled context holds as much again. Compare `Session.estimate`.
+
+        >>> import rlx
+        >>> g = rlx.Graph("m")
+        >>> g.set_outputs([g.activation("relu", g.matmul(g.input("x", [8, 64]), g.param("w", [64, 64])))])
+        >>> rlx.Session().compile(g, num_threads=1).memory()["total"] == rlx.Session().estimate(g, num_threads=1).total
+        True
         """
         out = ffi.new("int64_t[4]")
         try:
