@@ -26,7 +26,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rlx.codegen.common import c_string, c_string_lines
+from rlx.codegen.cpu_base import c_string, c_string_lines
 from rlx.ir.cost import Poly, node_cost
 from rlx.ir.dtype import DType
 

@@ -24,32 +24,3 @@ def dim_expr(d: Dim, sym_index: Mapping[str, int], literal: Callable[[int], str]
     if d.coeff != 1:
         terms.insert(0, literal(d.coeff))
     return terms[0] if len(terms) == 1 else "(" + " * ".join(terms) + ")"
-
-
-def c_string(text: str) -> str:
-    """A C string literal holding `text` exactly (printable ASCII, everything else escaped).
-
-    >>> c_string('a"b\\\\c\\n')
-    '"a\\\\"b\\\\\\\\c\\\\n"'
-    """
-    out = ['"']
-    for ch in text.encode("utf-8"):
-        c = chr(ch)
-        if c == '"':
-            out.append('\\"')
-        elif c == "\\":
-            out.append("\\\\")
-        elif c == "\n":
-            out.append("\\n")
-        elif 32 <= ch < 127 and c != "?":  # '?' escaped so no trigraph can form
-            out.append(c)
-        else:
-            out.append(f"\\{ch:03o}")
-    out.append('"')
-    return "".join(out)
-
-
-def c_string_lines(text: str, width: int = 100) -> list[str]:
-    """`text` as a sequence of adjacent string literals of bounded width."""
-    chunks = [text[i:i + width] for i in range(0, len(text), width)] or [""]
-    return [c_string(c) for c in chunks]
