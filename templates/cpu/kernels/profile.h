@@ -29,6 +29,7 @@ typedef struct {
 typedef struct {
     int64_t next;   /* spans ever recorded; slot = next % RLX_PROF_CAP */
     int64_t runs;   /* runs started on this context */
+    int64_t current; /* the kernel rlx_run is in: kernel bodies read it, so nodes can share one body */
     rlx_prof_span spans[RLX_PROF_CAP];
 } rlx_prof_ring;
 
