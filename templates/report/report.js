@@ -207,6 +207,8 @@
   data.stages.forEach(function (stage) { drawGraph(stage, addView(stage.name)); });
   drawMemory(addView("Memory"));
   drawSource(addView("Source"));
-  show(data.stages[data.stages.length - 1].name);
+  /* #HIR, #MIR, #LIR, #Memory or #Source in the address opens that view; the LIR otherwise */
+  var wanted = decodeURIComponent(location.hash.slice(1));
+  show(panes[wanted] ? wanted : data.stages[data.stages.length - 1].name);
   document.body.setAttribute("data-rendered", "yes");
 })();
