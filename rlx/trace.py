@@ -145,6 +145,35 @@ class Tracer:
         return self._emit("rope", ops, lambda g: g.rope(x.id, cos.id, sin.id, head_dim=head_dim, n_rot=n_rot,
                                                         variant=variant))
 
+    # ── state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──────
+
+    def selective_scan(self, x: TracedTensor, delta: TracedTensor, A: TracedTensor, B: TracedTensor,
+                       C: TracedTensor) -> TracedTensor:
+        """Mamba's selective scan: x, delta ``[b,s,h]``, A ``[h,n]``, B, C ``[b,s,n]`` → ``[b,s,h]``.
+
+        >>> g = trace("ssm", lambda t: t.selective_scan(t.input("x", [1, 4, 8]), t.input("dt", [1, 4, 8]),
+        ...     t.param("A", [8, 16]), t.input("B", [1, 4, 16]), t.input("C", [1, 4, 16])))
+        >>> str(g.node(g.outputs[0]).shape)
+        'f32[1,4,8]'
+        """
+        ops = [self._own(t) for t in (x, delta, A, B, C)]
+        return self._emit("selective_scan", ops, lambda g: g.selective_scan(*(o.id for o in ops)))
+
+    def gated_delta_net(self, q: TracedTensor, k: TracedTensor, v: TracedTensor, g: TracedTensor,
+                        beta: TracedTensor, *, state: TracedTensor | None = None,
+                        scale: float | None = None) -> TracedTensor:
+        """Gated delta rule over q, k, v ``[b,s,h,n]`` and g, beta ``[b,s,h]``; `state` ``[b,h,n,n]`` carries."""
+        ops = [self._own(t) for t in (q, k, v, g, beta, *([state] if state is not None else []))]
+        return self._emit("gated_delta_net", ops, lambda gr: gr.gated_delta_net(
+            q.id, k.id, v.id, g.id, beta.id, state=state.id if state is not None else None, scale=scale))
+
+    def depthwise_conv1d_causal(self, x: TracedTensor, weight: TracedTensor,
+                                left_pad: TracedTensor | None = None) -> TracedTensor:
+        """Causal depthwise conv1d of x ``[b,s,c]`` with weight ``[c,k]`` (and the previous k-1 rows)."""
+        ops = [self._own(t) for t in (x, weight, *([left_pad] if left_pad is not None else []))]
+        return self._emit("depthwise_conv1d_causal", ops, lambda g: g.depthwise_conv1d_causal(
+            x.id, weight.id, left_pad.id if left_pad is not None else None))
+
     # ── internals ─────────────────────────────────────────────────────
 
     def _wrap(self, node_id: NodeId) -> TracedTensor:

@@ -11,6 +11,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_ssm as S
 from rlx.ir import serialize
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.shape import Dim, DimLike, Shape, check_symbol_bounds
@@ -338,6 +339,42 @@ class Graph:
     def rope(self, x: NodeId, cos: NodeId, sin: NodeId, *, head_dim: int, n_rot: int | None = None,
              variant: str = "neox") -> NodeId:
         return self.add(O.Rope(head_dim, n_rot, variant), [x, cos, sin])
+
+
+    # ── builders: state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──
+
+    def selective_scan(self, x: NodeId, delta: NodeId, a: NodeId, b: NodeId, c: NodeId) -> NodeId:
+        """Mamba's selective scan over x, delta `[b,s,h]`, A `[h,n]`, B, C `[b,s,n]` (`ops_ssm.SelectiveScan`)."""
+        n = self.shape(a).dims[-1] if self.shape(a).rank == 2 else Dim(0)
+        if not n.is_static:
+            raise ShapeError(f"selective_scan A must have a static state size, got {self.shape(a)}")
+        return self.add(S.SelectiveScan(n.value), [x, delta, a, b, c])
+
+    def gated_delta_net(self, q: NodeId, k: NodeId, v: NodeId, g: NodeId, beta: NodeId, *,
+                        state: NodeId | None = None, scale: float | None = None) -> NodeId:
+        """Gated delta rule over q, k, v `[b,s,h,n]`, g, beta `[b,s,h]` (`ops_ssm.GatedDeltaNet`).
+
+        With `state` (a `[b,h,n,n]` state input) the recurrence starts from it and
+        leaves the final state there (the `gated_delta_net_carry` form).
+        """
+        qs = self.shape(q)
+        if qs.rank != 4 or not qs.dims[3].is_static:
+            raise ShapeError(f"gated_delta_net q must be [batch, seq, heads, n] with a static n, got {qs}")
+        ins = [q, k, v, g, beta] + ([state] if state is not None else [])
+        return self.add(S.GatedDeltaNet(qs.dims[3].value, state is not None, scale), ins)
+
+    def gated_delta_net_carry(self, q: NodeId, k: NodeId, v: NodeId, g: NodeId, beta: NodeId, state: NodeId, *,
+                              scale: float | None = None) -> NodeId:
+        """`gated_delta_net` threading `state` `[b,h,n,n]` (read, then updated in place) for decode."""
+        return self.gated_delta_net(q, k, v, g, beta, state=state, scale=scale)
+
+    def depthwise_conv1d_causal(self, x: NodeId, weight: NodeId, left_pad: NodeId | None = None) -> NodeId:
+        """Causal depthwise conv of x `[b,s,c]` with weight `[c,k]` (`ops_ssm.DepthwiseConv1dCausal`)."""
+        ws = self.shape(weight)
+        if ws.rank != 2 or not ws.dims[1].is_static:
+            raise ShapeError(f"depthwise_conv1d_causal weight must be [channels, kernel_size], got {ws}")
+        ins = [x, weight] + ([left_pad] if left_pad is not None else [])
+        return self.add(S.DepthwiseConv1dCausal(ws.dims[1].value), ins)
 
 
 def _check_name(kind: str, name: object) -> None:
