@@ -168,6 +168,24 @@ def _dyn(name: str, bound: int) -> Build:
     return lambda g, v: _one(dims=[Dim.dynamic(name, max=bound), 4])(g, v)
 
 
+def _ssm(g: Graph, v: object) -> None:
+    x = g.input("x", [1, 3, 4])
+    a, bc = g.input("a", [4, v]), g.input("bc", [1, 3, v])
+    g.set_outputs([g.selective_scan(x, x, a, bc, bc)])
+
+
+def _gdn(g: Graph, v: object) -> None:
+    kw = dict(v)  # type: ignore[call-overload]
+    n = kw.pop("n", 4)
+    q, gb = g.input("q", [1, 3, 2, n]), g.input("gb", [1, 3, 2])
+    state = g.input("s", [1, 2, n, n]) if kw.pop("carry", False) else None
+    g.set_outputs([g.gated_delta_net(q, q, q, gb, gb, state=state, **kw)])
+
+
+def _conv(g: Graph, v: object) -> None:
+    g.set_outputs([g.depthwise_conv1d_causal(g.input("x", [1, 3, 4]), g.input("w", [4, v]))])
+
+
 R = O.RegionStep
 # (what, op kind and field covered or None, builder, value a, value b)
 CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
@@ -219,6 +237,11 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("attention scale", ("attention", "scale"), _build_attention(), {"scale": None}, {"scale": 0.5}),
     ("attention kv heads", ("attention", "num_kv_heads"), _build_attention(),
      {"num_kv_heads": None}, {"num_kv_heads": 2}),
+    ("selective_scan state_size", ("selective_scan", "state_size"), _ssm, 4, 8),
+    ("gated_delta_net state_size", ("gated_delta_net", "state_size"), _gdn, {"n": 4}, {"n": 8}),
+    ("gated_delta_net carry", ("gated_delta_net", "carry_state"), _gdn, {}, {"carry": True}),
+    ("gated_delta_net scale", ("gated_delta_net", "scale"), _gdn, {}, {"scale": 0.5}),
+    ("conv kernel_size", ("depthwise_conv1d_causal", "kernel_size"), _conv, 3, 4),
     ("rope head_dim", ("rope", "head_dim"), _build_rope, {"head_dim": 8}, {"head_dim": 4}),
     ("rope n_rot", ("rope", "n_rot"), _build_rope, {"n_rot": 8}, {"n_rot": None, "head_dim": 8}),
     ("rope variant", ("rope", "variant"), _build_rope, {"variant": "neox"}, {"variant": "interleaved"}),

@@ -11,6 +11,7 @@ import pytest
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_ssm as S
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim, Shape
 
@@ -104,6 +105,13 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
      ("f32[seq,1]", "f32[4]"), "f32[seq,4]"),
     (O.ElementwiseRegion((O.RegionStep(O.Compare("gt"), (0, 1)), O.RegionStep(O.Where(), (2, 0, 1)),
                           O.RegionStep(O.Cast(O.DType.F16), (3,)))), ("f32[3]", "f32[3]"), "f16[3]"),
+    (S.SelectiveScan(16), ("f32[2,seq,8]", "f32[2,seq,8]", "f32[8,16]", "f32[2,seq,16]", "f32[2,seq,16]"),
+     "f32[2,seq,8]"),
+    (S.GatedDeltaNet(4), ("f32[1,seq,2,4]",) * 3 + ("f32[1,seq,2]",) * 2, "f32[1,seq,2,4]"),
+    (S.GatedDeltaNet(4, True, 0.5), ("f32[1,seq,2,4]",) * 3 + ("f32[1,seq,2]",) * 2 + ("f32[1,2,4,4]",),
+     "f32[1,seq,2,4]"),
+    (S.DepthwiseConv1dCausal(3), ("f32[2,seq,8]", "f32[8,3]"), "f32[2,seq,8]"),
+    (S.DepthwiseConv1dCausal(3), ("f32[2,seq,8]", "f32[8,3]", "f32[2,2,8]"), "f32[2,seq,8]"),
 ]
 
 
@@ -236,6 +244,12 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0,)),)), ("f32[2]",), IRError, "binary takes 2 inputs"),
     (O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0, 1)),)), ("f32[2]", "f32[3]"), ShapeError,
      "cannot broadcast"),
+    (S.SelectiveScan(16), ("f32[2,4,8]", "f32[2,4,8]", "f32[8,4]", "f32[2,4,16]", "f32[2,4,16]"), ShapeError,
+     r"A must be \[8,16\]"),
+    (S.SelectiveScan(0), ("f32[2,4,8]",) * 2 + ("f32[8,0]",) + ("f32[2,4,0]",) * 2, ShapeError, "state_size"),
+    (S.GatedDeltaNet(4), ("f32[1,3,2,4]",) * 3 + ("f32[1,3,2]",) * 3, ShapeError, "takes 5 inputs, got 6"),
+    (S.GatedDeltaNet(4, scale=math.inf), ("f32[1,3,2,4]",) * 3 + ("f32[1,3,2]",) * 2, ShapeError, "scale"),
+    (S.DepthwiseConv1dCausal(3), ("f32[2,5,8]", "f32[8,4]"), ShapeError, r"weight must be \[8,3\]"),
 ]
 
 

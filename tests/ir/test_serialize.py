@@ -86,7 +86,12 @@ def every_op_graph() -> Graph:
         O.RegionStep(O.Cast(O.DType.F16), (5,)),
     ))
     reg = g.add(region, [f4, x], name="region")
-    g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m})
+    h4 = g.reshape(x, [BATCH, SEQ, 4, 4])
+    s4 = g.reduce("mean", h4, [-1])
+    gdn = g.gated_delta_net(h4, h4, h4, s4, s4, scale=0.25)
+    conv = g.depthwise_conv1d_causal(x, g.param("cw", [16, 4]))
+    ssm = g.selective_scan(conv, conv, g.param("A", [16, 8]), g.narrow(x, 2, 0, 8), g.narrow(x, 2, 8, 8))
+    g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm})
     return g
 
 
