@@ -1,0 +1,203 @@
+"""Composite ops written in primitives, for differentiation.
+
+Autodiff differentiates primitives only (`rlx.opt.ad_rules`); every composite
+op kind has an entry here that rebuilds it from primitives inside the
+gradient graph: norms, attention, the fused ops, elementwise regions and the
+SSM layers (whose recurrence is unrolled over a static sequence length: the
+loop-carried backward of a dynamic length needs `scan`, see the README).
+The rebuilt forward computes exactly what the reference defines for the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from rlx.errors import IRError
+from rlx.ir import ops as O
+from rlx.ir.graph import Graph, Node, NodeId
+from rlx.ir.shape import Dim
+from rlx.opt.ad_rules import const
+
+Expansion = Callable[[Graph, Node, list[NodeId]], NodeId]
+EXPANSIONS: dict[str, Expansion] = {}
+
+
+def expands(*kinds: str) -> Callable[[Expansion], Expansion]:
+    def wrap(fn: Expansion) -> Expansion:
+        for k in kinds:
+            EXPANSIONS[k] = fn
+        return fn
+
+    return wrap
+
+
+def _static(node: Node, dim: Dim, what: str) -> int:
+    if not dim.is_static:
+        raise IRError(f"autodiff: {node.kind} needs a static {what} to be differentiated, got {dim}")
+    return dim.value
+
+
+def _layer_norm(g: Graph, x: NodeId, gamma: NodeId, beta: NodeId, eps: float) -> NodeId:
+    dt = g.shape(x).dtype
+    mean = g.reduce("mean", x, [-1], keep_dim=True)
+    xc = g.sub(x, mean)
+    var = g.reduce("mean", g.mul(xc, xc), [-1], keep_dim=True)
+    inv = g.activation("rsqrt", g.add_(var, const(g, eps, dt)))
+    return g.add_(g.mul(g.mul(xc, inv), gamma), beta)
+
+
+def _rms_norm(g: Graph, x: NodeId, gamma: NodeId, eps: float) -> NodeId:
+    dt = g.shape(x).dtype
+    ms = g.reduce("mean", g.mul(x, x), [-1], keep_dim=True)
+    return g.mul(g.mul(x, g.activation("rsqrt", g.add_(ms, const(g, eps, dt)))), gamma)
+
+
+@expands("layer_norm")
+def _x_layer_norm(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    return _layer_norm(g, a[0], a[1], a[2], node.op.eps)  # type: ignore[attr-defined]
+
+
+@expands("rms_norm")
+def _x_rms_norm(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    return _rms_norm(g, a[0], a[1], node.op.eps)  # type: ignore[attr-defined]
+
+
+@expands("fused_residual_layer_norm", "fused_residual_rms_norm")
+def _x_fused_res(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    rms = node.kind == "fused_residual_rms_norm"
+    n_params = 1 if rms else 2
+    x = g.add_(a[0], a[1])
+    if len(a) == 2 + 1 + n_params:
+        x = g.add_(x, a[2])
+    eps = node.op.eps  # type: ignore[attr-defined]
+    return _rms_norm(g, x, a[-1], eps) if rms else _layer_norm(g, x, a[-2], a[-1], eps)
+
+
+@expands("fused_matmul_bias_act")
+def _x_fused_gemm(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    y = g.matmul(a[0], a[1])
+    if len(a) == 3:
+        y = g.add_(y, a[2])
+    act = node.op.activation  # type: ignore[attr-defined]
+    return g.activation(act, y) if act else y
+
+
+@expands("fused_swiglu")
+def _x_swiglu(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    return g.mul(g.activation("silu", g.matmul(a[0], a[1])), g.matmul(a[0], a[2]))
+
+
+@expands("elementwise_region")
+def _x_region(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    values = list(a)
+    for step in node.op.steps:  # type: ignore[attr-defined]
+        values.append(g.add(step.op, [values[i] for i in step.args]))
+    return values[-1]
+
+
+def _heads(g: Graph, x: NodeId, heads: int, hd: int) -> NodeId:
+    b, s, _ = g.shape(x).dims
+    return g.transpose(g.reshape(x, [b, s, Dim(heads), Dim(hd)]), [0, 2, 1, 3])  # [B, H, S, D]
+
+
+@expands("attention")
+def _x_attention(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    op: O.Attention = node.op  # type: ignore[assignment]
+    q, k, v = a[:3]
+    h, hkv, d = op.num_heads, op.kv_heads, op.head_dim
+    dt = node.shape.dtype
+    qh, kh, vh = _heads(g, q, h, d), _heads(g, k, hkv, d), _heads(g, v, hkv, d)
+    if hkv != h:  # grouped-query: every kv head serves h/hkv query heads
+        b, _, skv, _ = g.shape(kh).dims
+        grp = h // hkv
+
+        def widen(t: NodeId) -> NodeId:
+            t5 = g.reshape(t, [b, Dim(hkv), Dim(1), skv, Dim(d)])
+            return g.reshape(g.expand(t5, [b, Dim(hkv), Dim(grp), skv, Dim(d)]), [b, Dim(h), skv, Dim(d)])
+
+        kh, vh = widen(kh), widen(vh)
+    scores = g.mul(g.matmul(qh, g.transpose(kh, [0, 1, 3, 2])), const(g, op.softmax_scale, dt))
+    if op.mask == "causal":
+        sq = _static(node, g.shape(q).dims[1], "query length")
+        skv = _static(node, g.shape(k).dims[1], "key length")
+        keep = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + (skv - sq)
+        scores = g.where(g.constant(keep), scores, const(g, -np.inf, dt))
+    elif op.mask == "padding":
+        b, skv = g.shape(a[3]).dims
+        m = g.reshape(a[3], [b, Dim(1), Dim(1), skv])
+        keep = g.compare("ne", m, g.constant(np.zeros((), g.shape(a[3]).dtype.np), g.shape(a[3]).dtype))
+        scores = g.where(keep, scores, const(g, -np.inf, dt))
+    elif op.mask == "bias":
+        scores = g.add_(scores, a[3])
+    o = g.matmul(g.softmax(scores, -1), vh)  # [B, H, Sq, D]
+    b, _, sq, _ = g.shape(o).dims
+    return g.reshape(g.transpose(o, [0, 2, 1, 3]), [b, sq, Dim(h * d)])
+
+
+def _step(g: Graph, x: NodeId, t: int, dims: list[Dim]) -> NodeId:
+    """Row t of the sequence axis (axis 1) of x, reshaped to `dims`."""
+    return g.reshape(g.narrow(x, 1, t, 1), dims)
+
+
+@expands("selective_scan")
+def _x_selective_scan(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    x, delta, A, B, C = a
+    b, s, h = g.shape(x).dims
+    n = Dim(node.op.state_size)  # type: ignore[attr-defined]
+    seq = _static(node, s, "sequence length")
+    state = None
+    ys = []
+    for t in range(seq):
+        dt_t = _step(g, delta, t, [b, h, Dim(1)])
+        x_t = _step(g, x, t, [b, h, Dim(1)])
+        b_t = _step(g, B, t, [b, Dim(1), n])
+        c_t = _step(g, C, t, [b, Dim(1), n])
+        inject = g.mul(g.mul(dt_t, x_t), b_t)  # [b, h, n]
+        state = inject if state is None else g.add_(g.mul(g.activation("exp", g.mul(dt_t, A)), state), inject)
+        ys.append(g.reshape(g.reduce("sum", g.mul(state, c_t), [-1]), [b, Dim(1), h]))
+    return ys[0] if len(ys) == 1 else g.concat(ys, 1)
+
+
+@expands("gated_delta_net")
+def _x_gdn(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    op = node.op
+    q, k, v, gate, beta = a[:5]
+    b, s, h, n = g.shape(q).dims
+    dt = node.shape.dtype
+    seq = _static(node, s, "sequence length")
+    state = a[5] if op.carry_state else g.expand(const(g, 0.0, dt), [b, h, n, n])  # type: ignore[attr-defined]
+    scale = const(g, op.q_scale, dt)  # type: ignore[attr-defined]
+    outs = []
+    for t in range(seq):
+        q_t, k_t, v_t = (_step(g, z, t, [b, h, n]) for z in (q, k, v))
+        decay = g.activation("exp", _step(g, gate, t, [b, h, Dim(1), Dim(1)]))
+        state = g.mul(state, decay)
+        k_col = g.reshape(k_t, [b, h, n, Dim(1)])
+        kv = g.reduce("sum", g.mul(state, k_col), [2])  # S^T k: [b, h, n]
+        u = g.mul(_step(g, beta, t, [b, h, Dim(1)]), g.sub(v_t, kv))
+        state = g.add_(state, g.mul(k_col, g.reshape(u, [b, h, Dim(1), n])))
+        qs = g.reshape(g.mul(q_t, scale), [b, h, n, Dim(1)])
+        outs.append(g.reshape(g.reduce("sum", g.mul(state, qs), [2]), [b, Dim(1), h, n]))
+    return outs[0] if len(outs) == 1 else g.concat(outs, 1)
+
+
+@expands("depthwise_conv1d_causal")
+def _x_dwconv(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    x, w = a[:2]
+    b, s, c = g.shape(x).dims
+    ksz = node.op.kernel_size  # type: ignore[attr-defined]
+    seq = _static(node, s, "sequence length")
+    dt = node.shape.dtype
+    if ksz > 1:
+        pad = a[2] if len(a) > 2 else g.expand(const(g, 0.0, dt), [b, Dim(ksz - 1), c])
+        xp = g.concat([pad, x], 1)
+    else:
+        xp = x
+    y = None
+    for j in range(ksz):
+        wj = g.reshape(g.narrow(w, 1, j, 1), [Dim(1), Dim(1), c])
+        term = g.mul(wj, g.narrow(xp, 1, j, seq))
+        y = term if y is None else g.add_(y, term)
+    return y
