@@ -20,6 +20,7 @@ exchanged as float32 holding bf16-representable values.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from rlx.errors import ExecutionError
 from rlx.ir import ops as O
+from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir.dtype import DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
@@ -456,6 +458,48 @@ def _eval_gated_delta_net(op: S.GatedDeltaNet, args: list, shape: Shape, symbols
 def _eval_dwconv(op: S.DepthwiseConv1dCausal, args: list, shape: Shape, symbols: dict,
                  in_shapes: object) -> np.ndarray:
     return _finish(depthwise_conv1d_causal(args[0], args[1], args[2] if len(args) > 2 else None), shape.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def body_graph(body: L.Body) -> Graph:
+    """The graph of a scan / custom_fn body (cached: bodies are immutable values)."""
+    return Graph.from_body(body)
+
+
+def eval_body(body: L.Body, args: Sequence[np.ndarray], symbols: Mapping[str, int]) -> list[np.ndarray]:
+    """Evaluate a body on compute-typed values (inputs in declaration order); returns its outputs."""
+    g = body_graph(body)
+    values: dict[int, np.ndarray] = {}
+    feed = iter(args)
+    for node in g.nodes:
+        if isinstance(node.op, O.Input):
+            values[node.id] = next(feed)
+        elif isinstance(node.op, O.Constant):
+            values[node.id] = _eval_constant(node.op, {}, {})
+        else:
+            values[node.id] = evaluate(node.op, [values[i] for i in node.inputs], node.shape, symbols,
+                                       [g.node(i).shape for i in node.inputs])
+    return [values[o] for o in g.outputs]
+
+
+@evaluates(L.Scan)
+def _eval_scan(op: L.Scan, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    carry = args[0]
+    bcasts = args[1:1 + op.num_bcast]
+    xs = args[1 + op.num_bcast:]
+    length = op.length.evaluate(symbols)
+    steps = range(length - 1, -1, -1) if op.reverse else range(length)
+    traj = np.empty((length, *np.shape(carry)), dtype=np.asarray(carry).dtype) if op.save_trajectory else None
+    for t in steps:
+        (carry,) = eval_body(op.body, [carry, *bcasts, *(x[t] for x in xs)], symbols)
+        if traj is not None:
+            traj[t] = carry
+    return traj if traj is not None else carry
+
+
+@evaluates(L.CustomFn)
+def _eval_custom_fn(op: L.CustomFn, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return eval_body(op.fwd, args, symbols)[0]
 
 
 @evaluates(O.ElementwiseRegion)

@@ -11,6 +11,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir import serialize
 from rlx.ir.dtype import DType, f32_to_bf16
@@ -340,6 +341,49 @@ class Graph:
              variant: str = "neox") -> NodeId:
         return self.add(O.Rope(head_dim, n_rot, variant), [x, cos, sin])
 
+
+    # ── sub-graphs: scan and custom_fn bodies (rlx/ir/ops_scan.py) ──────
+
+    def as_body(self) -> L.Body:
+        """This graph as a frozen `Body` value (the attribute a scan or custom_fn holds)."""
+        self.verify()
+        return L.Body(self.name, tuple(L.BodyNode(n.op, n.inputs, n.shape, n.name) for n in self.nodes),
+                      tuple(self.outputs), tuple(self.output_names))
+
+    @classmethod
+    def from_body(cls, body: L.Body) -> Graph:
+        """The graph a `Body` holds (rebuilt through `add`, so every shape is inferred again)."""
+        g = cls(body.name)
+        for n in body.nodes:
+            g.add(n.op, n.inputs, name=n.name)
+        g.set_outputs(list(body.outputs), list(body.output_names) or None)
+        return g
+
+    def scan(self, body: Graph, init: NodeId, *, xs: Sequence[NodeId] = (), bcasts: Sequence[NodeId] = (),
+             length: DimLike | None = None, save_trajectory: bool = False, reverse: bool = False,
+             num_checkpoints: int = 0) -> NodeId:
+        """A loop running `body` (carry, *bcasts, *xs rows) -> carry `length` times (`ops_scan.Scan`).
+
+        `length` defaults to the leading dim of the first xs. Returns the final carry,
+        or the stacked carries `[length, *carry]` with `save_trajectory`.
+        """
+        if length is None:
+            if not xs:
+                raise IRError("scan needs a length when it has no xs")
+            length = self.shape(xs[0]).dims[0]
+        op = L.Scan(body.as_body(), Dim.of(length), len(bcasts), len(xs), bool(save_trajectory), bool(reverse),
+                    int(num_checkpoints))
+        return self.add(op, [init, *bcasts, *xs])
+
+    def scan_checkpointed(self, body: Graph, init: NodeId, *, num_checkpoints: int, **kw: object) -> NodeId:
+        """`scan` whose reverse-mode derivative keeps `num_checkpoints` carries and recomputes the rest."""
+        return self.scan(body, init, num_checkpoints=num_checkpoints, **kw)  # type: ignore[arg-type]
+
+    def custom_fn(self, inputs: Sequence[NodeId], fwd: Graph, *, vjp: Graph | None = None,
+                  jvp: Graph | None = None) -> NodeId:
+        """`fwd` applied to `inputs`, with optional derivative bodies (`ops_scan.CustomFn`)."""
+        return self.add(L.CustomFn(fwd.as_body(), vjp.as_body() if vjp is not None else None,
+                                   jvp.as_body() if jvp is not None else None), list(inputs))
 
     # ── builders: state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──
 
