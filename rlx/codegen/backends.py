@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rlx.codegen import c, c_ssm, cuda  # noqa: F401  (c_ssm: its rules register on import)
+from rlx.codegen import c, c_scan, c_ssm, cuda  # noqa: F401  (c_scan, c_ssm: rules register on import)
 from rlx.codegen.registry import BACKENDS, RuleTable, table
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node
@@ -22,6 +22,7 @@ def load_rules(backend: str) -> RuleTable:
     # The rules of a backend register when its codegen module is imported.
     if backend == "cpu":
         import rlx.codegen.c
+        import rlx.codegen.c_scan
         import rlx.codegen.c_ssm  # noqa: F401
     elif backend == "cuda":
         import rlx.codegen.cuda  # noqa: F401
