@@ -240,3 +240,7 @@ def jacfwd(graph: Graph, wrt: str, output: int | str = 0) -> Graph:
     jac = cols[0] if n == 1 else g.concat(cols, os_.rank)
     jac = g.reshape(jac, list(os_.dims) + list(ws.dims))
     return _finish(g, single, env, [(_unique(f"jac_{wrt}", _names(single)), jac)])
+
+
+# The rules of the ops holding bodies (scan, custom_fn) build on vjp/jvp above; they register on import.
+from rlx.opt import ad_scan  # noqa: E402,F401
