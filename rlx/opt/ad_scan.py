@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from rlx.errors import IRError
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops_scan import CustomFn, Scan
@@ -121,8 +123,9 @@ def _vjp_scan(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId)
     if need_rows:
         # row t holds the state after step t of the reverse sweep: its x part is d x_t; row 0 (forward
         # order) ends the reverse sweep and holds the final carry and bcast sums
-        final = g.reshape(g.narrow(res_b, 0, 0, 1), [-1]) if not op.reverse else \
-            g.reshape(g.narrow(res_b, 0, _last(op), 1), [-1])
+        # row 0 by a gather (a narrow cannot cut a dynamic axis)
+        row = 0 if not op.reverse else _last(op)
+        final = g.reshape(g.gather(res_b, g.constant(np.array([row], np.int32)), 0), [-1])
         d_rows = unpack(g, res_b, packed_shapes, [op.length])[1 + len(b_idx):]
     else:
         final, d_rows = res_b, []
