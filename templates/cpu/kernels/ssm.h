@@ -23,7 +23,7 @@
  * x, dt: [B, S, H]; A: [H, N]; Bm, Cm: [B, S, N]; y: [B, S, H].
  *   s[h, :] = exp(dt[t, h] * A[h, :]) * s[h, :] + dt[t, h] * x[t, h] * Bm[t, :]
  *   y[t, h] = <s[h, :], Cm[t, :]>                                                    */
-static void rlx_selective_scan_f32(const float *restrict x, const float *restrict dt, const float *restrict A,
+static inline __attribute__((always_inline)) void rlx_selective_scan_f32(const float *restrict x, const float *restrict dt, const float *restrict A,
                                    const float *restrict Bm, const float *restrict Cm, float *restrict y,
                                    int64_t B, int64_t S, int64_t H, int64_t N, int nthreads)
 {
@@ -49,7 +49,7 @@ static void rlx_selective_scan_f32(const float *restrict x, const float *restric
                 float acc = 0.0f;
                 #pragma omp simd reduction(+:acc)
                 for (int64_t n = 0; n < N; n++) {
-                    const float v = expf(d * a[n]) * s[n] + dx * bt[n];
+                    const float v = rlx_expf(d * a[n]) * s[n] + dx * bt[n];  /* rlx_expf vectorizes (kernels/scalar.h) */
                     s[n] = v;
                     acc += v * ct[n];
                 }
@@ -63,7 +63,7 @@ static void rlx_selective_scan_f32(const float *restrict x, const float *restric
  * q, k, v, o: [B, S, H, N]; g, beta: [B, S, H]; state0 (may be NULL: zeros) and state1 (may be NULL:
  * not kept): [B, H, N, N], S[i, j] with i the key index and j the value index. Per step:
  *   S *= exp(g);  u = beta * (v - S^T k);  S += k u^T;  o = S^T (scale * q)                    */
-static void rlx_gated_delta_net_f32(const float *restrict q, const float *restrict k, const float *restrict v,
+static inline __attribute__((always_inline)) void rlx_gated_delta_net_f32(const float *restrict q, const float *restrict k, const float *restrict v,
                                     const float *restrict g, const float *restrict beta,
                                     const float *state0, float *state1, float *restrict o,
                                     int64_t B, int64_t S, int64_t H, int64_t N, float scale, int nthreads)
@@ -84,7 +84,7 @@ static void rlx_gated_delta_net_f32(const float *restrict q, const float *restri
             const int64_t goff = (b * S + t) * H + h;
             const float *restrict qt = q + off, *restrict kt = k + off, *restrict vt = v + off;
             float *restrict ot = o + off;
-            const float decay = expf(g[goff]), bt = beta[goff];
+            const float decay = rlx_expf(g[goff]), bt = beta[goff];
             /* pass 1: decay the state and read S^T k from it */
             for (int64_t j = 0; j < N; j++)
                 u[j] = 0.0f;
