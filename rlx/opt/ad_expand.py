@@ -3,8 +3,9 @@
 Autodiff differentiates primitives only (`rlx.opt.ad_rules`); every composite
 op kind has an entry here that rebuilds it from primitives inside the
 gradient graph: norms, attention, the fused ops, elementwise regions and the
-SSM layers (whose recurrence is unrolled over a static sequence length: the
-loop-carried backward of a dynamic length needs `scan`, see the README).
+SSM layers (selective_scan and gated_delta_net become a `scan` over time, so their
+derivatives run as loops and allow a dynamic sequence length; the causal conv
+is unrolled over its kernel taps and needs a static one).
 The rebuilt forward computes exactly what the reference defines for the op.
 """
 
@@ -141,46 +142,55 @@ def _step(g: Graph, x: NodeId, t: int, dims: list[Dim]) -> NodeId:
     return g.reshape(g.narrow(x, 1, t, 1), dims)
 
 
+def _time_major(g: Graph, x: NodeId) -> NodeId:
+    """`[b, s, ...]` → `[s, b, ...]` (the loop runs over the leading axis of its xs)."""
+    r = g.shape(x).rank
+    return g.transpose(x, [1, 0, *range(2, r)])
+
+
 @expands("selective_scan")
 def _x_selective_scan(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    """The recurrence as a `scan` over time (state [b, h, n]); y read from its trajectory."""
     x, delta, A, B, C = a
     b, s, h = g.shape(x).dims
     n = Dim(node.op.state_size)  # type: ignore[attr-defined]
-    seq = _static(node, s, "sequence length")
-    state = None
-    ys = []
-    for t in range(seq):
-        dt_t = _step(g, delta, t, [b, h, Dim(1)])
-        x_t = _step(g, x, t, [b, h, Dim(1)])
-        b_t = _step(g, B, t, [b, Dim(1), n])
-        c_t = _step(g, C, t, [b, Dim(1), n])
-        inject = g.mul(g.mul(dt_t, x_t), b_t)  # [b, h, n]
-        state = inject if state is None else g.add_(g.mul(g.activation("exp", g.mul(dt_t, A)), state), inject)
-        ys.append(g.reshape(g.reduce("sum", g.mul(state, c_t), [-1]), [b, Dim(1), h]))
-    return ys[0] if len(ys) == 1 else g.concat(ys, 1)
+    dt = node.shape.dtype
+    body = Graph("selective_scan_step")
+    st = body.input("state", [b, h, n], dt)
+    a_in = body.input("A", [h, n], dt)
+    dt_t, x_t = body.input("dt", [b, h], dt), body.input("x", [b, h], dt)
+    b_t = body.input("B", [b, n], dt)
+    d3 = body.reshape(dt_t, [b, h, Dim(1)])
+    inject = body.mul(body.reshape(body.mul(dt_t, x_t), [b, h, Dim(1)]), body.reshape(b_t, [b, Dim(1), n]))
+    body.set_outputs([body.add_(body.mul(body.activation("exp", body.mul(d3, a_in)), st), inject)])
+    zero = g.expand(const(g, 0.0, dt), [b, h, n])
+    traj = g.scan(body, zero, bcasts=[A], xs=[_time_major(g, delta), _time_major(g, x), _time_major(g, B)],
+                  save_trajectory=True)  # [s, b, h, n]
+    c4 = g.reshape(_time_major(g, C), [s, b, Dim(1), n])
+    return _time_major(g, g.reduce("sum", g.mul(traj, c4), [-1]))
 
 
 @expands("gated_delta_net")
 def _x_gdn(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
+    """The gated delta rule as a `scan` over time (state [b, h, n, n]); o read from its trajectory."""
     op = node.op
     q, k, v, gate, beta = a[:5]
     b, s, h, n = g.shape(q).dims
     dt = node.shape.dtype
-    seq = _static(node, s, "sequence length")
-    state = a[5] if op.carry_state else g.expand(const(g, 0.0, dt), [b, h, n, n])  # type: ignore[attr-defined]
-    scale = const(g, op.q_scale, dt)  # type: ignore[attr-defined]
-    outs = []
-    for t in range(seq):
-        q_t, k_t, v_t = (_step(g, z, t, [b, h, n]) for z in (q, k, v))
-        decay = g.activation("exp", _step(g, gate, t, [b, h, Dim(1), Dim(1)]))
-        state = g.mul(state, decay)
-        k_col = g.reshape(k_t, [b, h, n, Dim(1)])
-        kv = g.reduce("sum", g.mul(state, k_col), [2])  # S^T k: [b, h, n]
-        u = g.mul(_step(g, beta, t, [b, h, Dim(1)]), g.sub(v_t, kv))
-        state = g.add_(state, g.mul(k_col, g.reshape(u, [b, h, Dim(1), n])))
-        qs = g.reshape(g.mul(q_t, scale), [b, h, n, Dim(1)])
-        outs.append(g.reshape(g.reduce("sum", g.mul(state, qs), [2]), [b, Dim(1), h, n]))
-    return outs[0] if len(outs) == 1 else g.concat(outs, 1)
+    one = Dim(1)
+    body = Graph("gated_delta_step")
+    st = body.input("state", [b, h, n, n], dt)
+    k_t, v_t = body.input("k", [b, h, n], dt), body.input("v", [b, h, n], dt)
+    g_t, beta_t = body.input("g", [b, h], dt), body.input("beta", [b, h], dt)
+    st = body.mul(st, body.reshape(body.activation("exp", g_t), [b, h, one, one]))
+    k_col = body.reshape(k_t, [b, h, n, one])
+    kv = body.reduce("sum", body.mul(st, k_col), [2])  # S^T k
+    u = body.mul(body.reshape(beta_t, [b, h, one]), body.sub(v_t, kv))
+    body.set_outputs([body.add_(st, body.mul(k_col, body.reshape(u, [b, h, one, n])))])
+    init = a[5] if op.carry_state else g.expand(const(g, 0.0, dt), [b, h, n, n])  # type: ignore[attr-defined]
+    traj = g.scan(body, init, xs=[_time_major(g, z) for z in (k, v, gate, beta)], save_trajectory=True)
+    qs = g.mul(g.reshape(_time_major(g, q), [s, b, h, n, one]), const(g, op.q_scale, dt))  # type: ignore
+    return _time_major(g, g.reduce("sum", g.mul(traj, qs), [3]))  # [b, s, h, n]
 
 
 @expands("depthwise_conv1d_causal")

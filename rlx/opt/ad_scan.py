@@ -95,7 +95,8 @@ def _vjp_scan(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId)
     names = [n.op.name for n in body.inputs()]
     body_vjp = vjp(body, wrt=[names[0]] + [names[1 + i] for i in b_idx] + [names[1 + nb + i] for i in x_idx])
     c_in = _pairs_trajectory(g, op, args)  # [L, 2C]
-    pair_rows = g.narrow(c_in, 1, 0, _numel(carry, "the carry"))  # c_t of every step: [L, C]
+    pair_rows = g.reshape(g.narrow(c_in, 1, 0, _numel(carry, "the carry")),
+                          [op.length, *carry.dims])  # c_t of every step: [L, *carry]
 
     # the backward body: carry packs (d c_{t+1}, sum of d b, d x_t); xs are c_t, the xs rows, d traj row
     bb = Graph(f"{body.name}_bwd")

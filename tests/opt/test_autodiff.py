@@ -315,3 +315,47 @@ def test_against_torch_autograd() -> None:
     loss.backward()
     for k in ("w1", "w2", "ga", "be", "x"):
         np.testing.assert_allclose(got[f"grad_{k}"], tp[k].grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_ssm_gradients_compile_with_a_dynamic_sequence_length() -> None:
+    """selective_scan / gated_delta_net differentiate as loops (scan), so the sequence may be dynamic."""
+    s = rlx.Dim.dynamic("s", 16)
+
+    def fn(t):
+        x, dt = t.input("x", [2, s, 3]), t.input("dt", [2, s, 3])
+        b, c = t.input("B", [2, s, 4]), t.input("C", [2, s, 4])
+        y = t.selective_scan(x, dt.softplus(), -(t.param("A_log", [3, 4]).exp()), b, c)
+        q = t.input("q", [2, s, 2, 4])
+        o = t.gated_delta_net(q, q, q, -(t.input("g", [2, s, 2]).softplus()), t.input("beta", [2, s, 2]).sigmoid())
+        return {"loss": (y * y).mean() + (o * o).mean()}
+
+    dg = rlx.grad(rlx.trace("ssm_loss", fn), wrt=["A_log", "x", "q"])
+    rng = np.random.default_rng(6)
+    params = {"A_log": rng.standard_normal((3, 4)).astype(np.float32) * 0.3}
+    cg = compile_graph(dg, params, opt_level=2)
+    for n in (1, 9):
+        ins = {"x": rng.standard_normal((2, n, 3)), "dt": rng.standard_normal((2, n, 3)) - 1,
+               "B": rng.standard_normal((2, n, 4)), "C": rng.standard_normal((2, n, 4)),
+               "q": rng.standard_normal((2, n, 2, 4)) * 0.5, "g": rng.standard_normal((2, n, 2)),
+               "beta": rng.standard_normal((2, n, 2))}
+        check(dg, {k: v.astype(np.float32) for k, v in ins.items()}, params, rtol=2e-4, atol=2e-5, cg=cg)
+
+
+def test_against_jax_grad() -> None:
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+    g = _mlp_loss("f64")
+    ins, params = _mlp_feeds(np.random.default_rng(2), np.float64)
+    dg = rlx.grad(g)
+    got = dict(zip(dg.output_names, run(dg, ins, params)))
+
+    def loss(p, x, y):
+        h = jax.nn.gelu(x @ p["w1"], approximate=False)
+        mu = h.mean(-1, keepdims=True)
+        h = (h - mu) / jnp.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * p["ga"] + p["be"]
+        return -(jax.nn.log_softmax(h @ p["w2"], -1) * y).sum() / 8.0
+
+    want = jax.grad(loss)(params, ins["x"], ins["y"])
+    for k in params:
+        np.testing.assert_allclose(got[f"grad_{k}"], np.asarray(want[k]), rtol=1e-9, atol=1e-12)
