@@ -205,7 +205,8 @@ def main() -> None:
     ssm_shapes = [(1, 256, 64, 16)] if args.quick else [(1, 1024, 256, 16), (4, 512, 128, 16), (8, 64, 64, 16)]
     for b, s, h, n in ssm_shapes:
         f = {"x": rng.standard_normal((b, s, h)), "dt": rng.uniform(0.01, 0.2, (b, s, h)),
-             "a": -rng.uniform(0.5, 2, (h, n)), "b": rng.standard_normal((b, s, n)), "c": rng.standard_normal((b, s, n))}
+             "a": -rng.uniform(0.5, 2, (h, n)), "b": rng.standard_normal((b, s, n)),
+             "c": rng.standard_normal((b, s, n))}
         f = {k: v.astype(np.float32) for k, v in f.items()}
         peers: dict[str, Callable[[], object]] = {"numpy": lambda f=f: ssm_numpy(**f)}
         if jax:

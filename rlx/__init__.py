@@ -29,8 +29,8 @@ from rlx.ir.hir import HirModule
 from rlx.ir.lir import LirModule
 from rlx.ir.module import GraphModule
 from rlx.ir.shape import Dim, Shape
-from rlx.opt.memplan import plan
 from rlx.opt.autodiff import grad, jacfwd, jvp, vjp
+from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
 from rlx.runtime.artifact_load import load
 from rlx.runtime.compiled import CompiledGraph

@@ -23,7 +23,7 @@ def load_rules(backend: str) -> RuleTable:
     if backend == "cpu":
         import rlx.codegen.c
         import rlx.codegen.c_scan
-        import rlx.codegen.c_ssm  # noqa: F401
+        import rlx.codegen.c_ssm
     elif backend == "cuda":
         import rlx.codegen.cuda  # noqa: F401
     return table(backend)

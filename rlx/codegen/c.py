@@ -746,4 +746,3 @@ def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
 
 # Rules kept in their own modules register into the CPU table when this module loads.
 from rlx.codegen import c_decoder  # noqa: E402,F401
-from rlx.codegen import c_scan, c_ssm  # noqa: E402,F401

@@ -19,8 +19,8 @@ from typing import Any
 
 from rlx.errors import IRError
 from rlx.ir import ops as O
-from rlx.ir.ops_scan import Body, BodyNode
 from rlx.ir.dtype import DType
+from rlx.ir.ops_scan import Body, BodyNode
 from rlx.ir.shape import Dim, Shape
 
 JSON = Any

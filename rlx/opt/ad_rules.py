@@ -231,7 +231,7 @@ def _jvp_cast(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: list[Ct
 
 def _mT(g: Graph, x: NodeId) -> NodeId:
     r = g.shape(x).rank
-    return g.transpose(x, list(range(r - 2)) + [r - 1, r - 2])
+    return g.transpose(x, [*list(range(r - 2)), r - 1, r - 2])
 
 
 @rule(VJP, "matmul")
@@ -402,9 +402,9 @@ def _vjp_gather(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeI
     rest = [d for i, d in enumerate(ts.dims) if i != axis]
     ct2 = g.reshape(ctp, [-1] + ([int(np.prod([d.value for d in rest]))] if rest else [1]))
     d = g.matmul(_mT(g, onehot), ct2)  # [n, prod(rest)]
-    d = g.reshape(d, [Dim(n)] + rest)
+    d = g.reshape(d, [Dim(n), *rest])
     if axis:
-        back = list(range(1, axis + 1)) + [0] + list(range(axis + 1, ts.rank))
+        back = [*list(range(1, axis + 1)), 0, *list(range(axis + 1, ts.rank))]
         d = g.transpose(d, back)
     return [d, None]
 
@@ -430,7 +430,7 @@ for _kind in ("reshape", "transpose", "expand", "narrow", "concat", "gather"):
 @rule(VJP, "rope")
 def _vjp_rope(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId) -> list[Ct]:
     # a rotation per pair: its transpose is the rotation by -angle (cos, -sin); the tables are constants
-    x, cos, sin = args
+    _x, cos, sin = args
     return [g.add(node.op, [ct, cos, g.activation("neg", sin)]), None, None]
 
 

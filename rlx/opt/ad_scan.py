@@ -22,6 +22,7 @@ trajectory, so the memory plan holds K carries plus one segment's trajectory
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -30,6 +31,7 @@ from rlx.errors import IRError
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops_scan import CustomFn, Scan
 from rlx.ir.shape import Dim, Shape
+from rlx.opt.ad_core import jvp, vjp
 from rlx.opt.ad_expand import EXPANSIONS
 from rlx.opt.ad_rules import JVP, VJP, Ct, fill, zeros
 from rlx.opt.bodies import inline_body
@@ -80,8 +82,6 @@ def _pairs_trajectory(g: Graph, op: Scan, args: list[NodeId]) -> NodeId:
 
 
 def _vjp_scan(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId) -> list[Ct]:
-    from rlx.opt.autodiff import vjp
-
     op: Scan = node.op  # type: ignore[assignment]
     body, shapes = _body_parts(op)
     nb, nx = op.num_bcast, op.num_xs
@@ -146,14 +146,12 @@ def _last(op: Scan) -> int:
 
 
 def _jvp_scan(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: list[Ct]) -> Ct:
-    from rlx.opt.autodiff import jvp
-
     op: Scan = node.op  # type: ignore[assignment]
     body, shapes = _body_parts(op)
     names = [n.op.name for n in body.inputs()]
     nb = op.num_bcast
     active = [i for i, t in enumerate(ts) if t is not None and shapes[i].dtype.is_float]
-    wrt = sorted(set([0] + active))
+    wrt = sorted(set([0, *active]))
     jb = jvp(body, wrt=[names[i] for i in wrt])
     carry = shapes[0]
     fb = Graph(f"{body.name}_jvp")
@@ -206,7 +204,7 @@ def expand_checkpointed(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
     k = op.num_checkpoints
     bounds = [length * s // k for s in range(k + 1)]
     nb = op.num_bcast
-    segs = list(zip(bounds[:-1], bounds[1:]))
+    segs = list(itertools.pairwise(bounds))
     if op.reverse:
         segs = segs[::-1]
     carry = args[0]
@@ -223,8 +221,6 @@ def _vjp_custom_fn(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: No
     op: CustomFn = node.op  # type: ignore[assignment]
     if op.vjp is not None:
         return list(inline_body(g, op.vjp, [*args, out, ct]))
-    from rlx.opt.autodiff import vjp
-
     fwd = Graph.from_body(op.fwd)
     names = [n.op.name for n in fwd.inputs()]
     floats = [n.shape.dtype.is_float for n in fwd.inputs()]
@@ -239,8 +235,6 @@ def _jvp_custom_fn(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: li
     tangents = [t if t is not None else zeros(g, a) for t, a in zip(ts, args)]
     if op.jvp is not None:
         return inline_body(g, op.jvp, [*args, *tangents])[0]
-    from rlx.opt.autodiff import jvp
-
     fwd = Graph.from_body(op.fwd)
     names = [n.op.name for n in fwd.inputs()]
     floats = [n.shape.dtype.is_float for n in fwd.inputs()]

@@ -10,6 +10,7 @@ autodiff, which runs before optimization.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
@@ -58,11 +59,9 @@ def map_bodies(graph: Graph, fn) -> Graph:
     return rw.finish()
 
 
-def optimize_bodies(graph: Graph) -> Graph:
-    """Every scan body optimized by the full pipeline; custom functions inlined."""
-    from rlx.opt.pipeline import optimize  # the pipeline runs this pass
-
+def optimize_bodies(graph: Graph, optimize: Callable[[Graph], Graph]) -> Graph:
+    """Every scan body optimized by `optimize` (the pipeline passes its own); custom functions inlined."""
     require_mir(graph, "optimize_bodies")
     if not any(isinstance(n.op, (Scan, CustomFn)) for n in graph.nodes):
         return graph.copy()
-    return map_bodies(inline_custom_fns(graph), lambda body: optimize(body, level=2, debug=False))
+    return map_bodies(inline_custom_fns(graph), optimize)

@@ -16,6 +16,7 @@ from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import Buffer, LirModule, TensorSpec
 from rlx.ir.ops_scan import Scan
+from rlx.opt.scan_body import carry_slot_bytes, step_graph
 
 ALIGN = 64
 
@@ -132,11 +133,11 @@ def plan(graph: Graph) -> LirModule:
     # workspace live only at their own step, keyed by the negated node id (-1 - id).
     for n in nodes:
         if isinstance(n.op, Scan):
-            from rlx.opt.scan_body import workspace_bytes
-
-            carry = nodes[n.inputs[0]].shape.max_nbytes
+            # two carry slots (this step's and the next), then the body's own arena
+            slot = carry_slot_bytes(n.op, nodes[n.inputs[0]].shape.max_nbytes)
+            body_arena = plan(step_graph(n.op.body)).arena_bytes
             pos = position[n.id]
-            requests.append((-1 - n.id, _align(workspace_bytes(n.op, carry)), pos, pos))
+            requests.append((-1 - n.id, 2 * slot + _align(body_arena), pos, pos))
     naive = sum(size for _, size, _, _ in requests)
 
     placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end

@@ -33,8 +33,13 @@ from rlx.opt.simplify import simplify
 Pass = Callable[[Graph], Graph]
 
 #: Every pass by name.
+def _bodies(graph: Graph) -> Graph:
+    """Pass "bodies": scan bodies through the full pipeline (recursively), custom_fn inlined."""
+    return optimize_bodies(graph, lambda body: optimize(body, level=2, debug=False))
+
+
 PASSES: dict[str, Pass] = {
-    "bodies": optimize_bodies,
+    "bodies": _bodies,
     "fold": fold,
     "simplify": simplify,
     "cse": cse,

@@ -37,10 +37,3 @@ def step_graph(body: Body) -> Graph:
 def carry_slot_bytes(op: Scan, carry_nbytes: int) -> int:
     """Bytes of one carry slot in the workspace (the workspace holds two: this step's and the next)."""
     return _align(max(carry_nbytes, 1))
-
-
-def workspace_bytes(op: Scan, carry_nbytes: int) -> int:
-    """Arena bytes a scan node uses while it runs: two carry slots, then the body's own arena."""
-    from rlx.opt.memplan import plan  # memplan imports this module
-
-    return 2 * carry_slot_bytes(op, carry_nbytes) + _align(plan(step_graph(op.body)).arena_bytes)

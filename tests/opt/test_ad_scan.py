@@ -14,7 +14,7 @@ from rlx.opt.memplan import plan
 from rlx.reference import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
-from cpu_helpers import check  # noqa: E402
+from cpu_helpers import check
 
 F = "f64"
 EPS = 1e-6
@@ -72,7 +72,7 @@ def test_checkpointed_backward_arena_grows_like_sqrt_length() -> None:
     """Peak arena of the gradient graph: ~length for full backward, ~sqrt(length) with sqrt(length) checkpoints."""
     sizes = {}
     for length in (16, 64, 256):
-        k = int(round(length ** 0.5))
+        k = round(length ** 0.5)
         full = plan(rlx.optimize(rlx.grad(_scan_graph(length, dtype="f32", c=64, loss=True), wrt=["c0", "w"])))
         ck = plan(rlx.optimize(rlx.grad(_scan_graph(length, dtype="f32", c=64, loss=True, checkpoints=k),
                                         wrt=["c0", "w"])))

@@ -23,7 +23,7 @@ from rlx.ir import ops as O
 from rlx.reference import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
-from cpu_helpers import check, compile_graph  # noqa: E402
+from cpu_helpers import check, compile_graph
 
 F = "f64"
 EPS = 1e-6
@@ -251,7 +251,7 @@ def test_grad_of_a_loss_matches_finite_differences_elementwise() -> None:
     dg = rlx.grad(g, wrt=["w2", "x"])
     assert dg.output_names == ["loss", "grad_w2", "grad_x"]
     ins, params = _mlp_feeds(np.random.default_rng(0), np.float64)
-    loss, gw2, gx = run(dg, ins, params)
+    _loss, gw2, gx = run(dg, ins, params)
     for name, got in (("w2", gw2), ("x", gx)):
         src = params if name in params else ins
         for idx in [(0, 0), (3, 1), (5, 2)]:
