@@ -745,4 +745,4 @@ def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
 
 
 # Rules kept in their own modules register into the CPU table when this module loads.
-from rlx.codegen import c_decoder  # noqa: E402,F401
+from rlx.codegen import c_decoder, c_quant  # noqa: E402,F401

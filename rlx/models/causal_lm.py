@@ -157,7 +157,9 @@ class CausalLM:
         arrays = {}
         for node in self.graph.inputs():
             if node.op.state:
-                arrays[node.op.name] = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
+                zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
+                # on a GPU the cache lives in device memory: a step never copies it over the bus
+                arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
         return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context)
 
     # ── one step ──────────────────────────────────────────────────────
@@ -191,6 +193,10 @@ class CausalLM:
             from rlx import reference
 
             return reference.run(self.graph, feed, self._params)[0]
+        if self.device == "cuda":
+            on_device = {name: value if not isinstance(value, np.ndarray) else self._compiled.to_device(value)
+                         for name, value in feed.items()}
+            return self._compiled.run_device(on_device)[0].numpy()
         return self._compiled.run(dict(feed))[0]
 
     # ── logits ────────────────────────────────────────────────────────
