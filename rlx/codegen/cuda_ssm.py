@@ -98,7 +98,7 @@ def selective_scan(e: CudaEmitter, node: Node) -> Kernel:
 def gated_delta_net(e: CudaEmitter, node: Node) -> Kernel:
     op: S.GatedDeltaNet = node.op  # type: ignore[assignment]
     q, k, v, g, beta = node.inputs[:5]
-    bsz, seq, h, n = node.shape.dims
+    bsz, seq, h, _n = node.shape.dims
     state_in = state_out = "nullptr"
     if op.carry_state:
         sid = node.inputs[5]
