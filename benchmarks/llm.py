@@ -106,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause", type=float, default=1.0, help="seconds between peer blocks")
     p.add_argument("--peers", default="rlx,llama.cpp")
     args = p.parse_args(argv)
-    from rlx.models.gguf_tokenizer import GgufTokenizer
-
     from rlx.models.gguf import find_smollm2_gguf
+    from rlx.models.gguf_tokenizer import GgufTokenizer
 
     path = args.model or find_smollm2_gguf()
     if path is None:
