@@ -25,3 +25,11 @@ def test_mlp_loss_falls_with_adam_and_sgd() -> None:
         first, last = losses[0], np.mean(losses[-10:])
         assert last < 0.5 * first, f"{optimizer}: loss {first:.3f} -> {last:.3f}\n{out.getvalue()}"
         assert "ms/step" in out.getvalue()
+
+
+def test_rlxc_train_runs(capsys) -> None:
+    from rlx.cli import main
+
+    assert main(["train", "--steps", "5", "--print-every", "5", "--batch", "8"]) == 0
+    assert "ms/step" in capsys.readouterr().out
+    assert main(["train", "--model", "nope"]) == 2
