@@ -94,7 +94,7 @@ def every_op_graph() -> Graph:
     body = Graph("step")
     bc, bx = body.input("c", [16]), body.input("x", [16])
     body.set_outputs([body.activation("tanh", body.add_(bc, bx))])
-    row = g.reshape(g.narrow(g.reshape(x, [BATCH * SEQ, 16]), 0, 0, 1), [16])
+    row = g.reduce("mean", g.reshape(x, [BATCH * SEQ, 16]), [0])
     scan = g.scan(body, row, xs=[g.reshape(x, [BATCH * SEQ, 16])], save_trajectory=True, reverse=True)
     sq = Graph("sq")
     sx = sq.input("x", [16])
