@@ -169,8 +169,9 @@ def train_step_graph(task: Task, batch: int, optimizer: str = "adam") -> Graph:
 
 
 def train(task: Task, *, steps: int, batch: int = 64, lr: float = 0.01, optimizer: str = "adam", seed: int = 0,
-          print_every: int = 50, out=sys.stdout) -> list[float]:
-    """Run `steps` compiled training steps; returns the loss of every step."""
+          print_every: int = 50, out=None) -> list[float]:
+    """Run `steps` compiled training steps; returns the loss of every step (printed to `out`, default stdout)."""
+    out = out if out is not None else sys.stdout
     rng = np.random.default_rng(seed)
     graph = train_step_graph(task, batch, optimizer)
     step_fn = rlx.Session().compile(graph)

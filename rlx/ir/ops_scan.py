@@ -59,10 +59,15 @@ class Body:
     def output_shapes(self) -> list[Shape]:
         return [self.nodes[o].shape for o in self.outputs]
 
-    def verify(self, depth: int = 0) -> None:
+    def depth(self) -> int:
+        """How many bodies deep this one nests (1: it holds no op with a body)."""
+        inner = [b for n in self.nodes for b in _bodies_of(n.op)]
+        return 1 + max((b.depth() for b in inner), default=0)
+
+    def verify(self) -> None:
         """Re-infer every shape (bodies are checked when a graph holding them is built or loaded)."""
-        if depth > MAX_BODY_DEPTH:
-            raise ShapeError(f"bodies nested deeper than {MAX_BODY_DEPTH}")
+        if self.depth() > MAX_BODY_DEPTH:
+            raise ShapeError(f"body {self.name!r} nests bodies deeper than {MAX_BODY_DEPTH}")
         if not self.outputs:
             raise ShapeError(f"body {self.name!r} has no outputs")
         for idx, n in enumerate(self.nodes):
@@ -85,6 +90,10 @@ class Body:
 
     def __str__(self) -> str:
         return f"body {self.name}[{len(self.nodes)} nodes]"
+
+
+def _bodies_of(op: Op) -> list[Body]:
+    return [v for v in (getattr(op, f, None) for f in ("body", "fwd", "vjp", "jvp")) if isinstance(v, Body)]
 
 
 def _check_int(kind: str, name: str, v: object, lo: int) -> None:

@@ -115,3 +115,18 @@ def test_bad_scans_raise_clear_errors() -> None:
     ok.set_outputs([ok.add_(ok.input("c", [3]), ok.input("x", [3]))])
     with pytest.raises(ShapeError, match=r"xs 0 must be \[4,3\]"):
         g.scan(ok, g.input("c2", [3]), xs=[g.input("xs", [4, 2])], length=4)
+
+
+def test_bodies_nested_too_deep_are_refused() -> None:
+    from rlx.ir.ops_scan import MAX_BODY_DEPTH
+
+    body = rlx.Graph("b1")
+    body.set_outputs([body.activation("neg", body.input("c", [2]))])
+    for depth in range(1, MAX_BODY_DEPTH + 1):  # `body` nests `depth` bodies deep
+        outer = rlx.Graph(f"b{depth + 1}")
+        c = outer.input("c", [2])
+        outer.set_outputs([outer.scan(body, c, length=2)])
+        body = outer
+    g = rlx.Graph("top")
+    with pytest.raises(ShapeError, match="nests bodies deeper"):
+        g.scan(body, g.input("c", [2]), length=2)
