@@ -33,6 +33,7 @@ from rlx.ir import ops_ssm as S
 from rlx.ir.dtype import DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
 from rlx.ir.quant import dequantize as dequantize_blocks
+from rlx.ir.quant import q8_act_terms
 from rlx.ir.shape import Shape
 from rlx.ir.view import movement_view
 
@@ -280,7 +281,11 @@ def _eval_dequant_matmul(op: O.DequantMatMul, args: list, shape: Shape, symbols:
                          in_shapes: object) -> np.ndarray:
     # the weight dequantized exactly as GGUF defines its blocks, then an f64 product
     x, raw = args
-    w = dequantize_blocks(np.asarray(raw, dtype=np.uint8), op.quant, x.shape[-1])
+    k = x.shape[-1]
+    if op.act == "q8":  # x quantized to int8 per 32-block first (llama.cpp's activations)
+        dots, mins = q8_act_terms(x.astype(np.float32), np.asarray(raw, dtype=np.uint8), op.quant, k)
+        return _finish((dots + mins).sum(axis=-1).reshape(*x.shape[:-1], raw.shape[0]), shape.dtype)
+    w = dequantize_blocks(np.asarray(raw, dtype=np.uint8), op.quant, k)
     return _finish(np.matmul(x, w.astype(np.float64).T), shape.dtype)
 
 

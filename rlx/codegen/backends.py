@@ -9,23 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rlx.codegen import c, c_scan, c_ssm, cuda  # noqa: F401  (c_scan, c_ssm: rules register on import)
+from rlx.codegen import c, cuda, metal
 from rlx.codegen.registry import BACKENDS, RuleTable, table
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node
 
 #: The module that registers each backend's rules (imported above, so the tables are full).
-RULE_MODULES = {"cpu": c, "cuda": cuda}
+RULE_MODULES = {"cpu": c, "cuda": cuda, "metal": metal}
 
 
 def load_rules(backend: str) -> RuleTable:
     # The rules of a backend register when its codegen module is imported.
     if backend == "cpu":
         import rlx.codegen.c
-        import rlx.codegen.c_scan
-        import rlx.codegen.c_ssm
     elif backend == "cuda":
-        import rlx.codegen.cuda  # noqa: F401
+        import rlx.codegen.cuda
+    elif backend == "metal":
+        import rlx.codegen.metal  # noqa: F401
     return table(backend)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.c import CPU, c_string, node_header
+from rlx.codegen.cpu_base import CPU, c_string, node_header
 from rlx.codegen.registry import Kernel, float32_only
 from rlx.ir import ops as O
 from rlx.ir import ops_ssm as S

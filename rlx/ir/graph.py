@@ -290,9 +290,9 @@ class Graph:
     def matmul(self, a: NodeId, b: NodeId) -> NodeId:
         return self.add(O.MatMul(), [a, b])
 
-    def dequant_matmul(self, x: NodeId, w: NodeId, *, quant: str) -> NodeId:
+    def dequant_matmul(self, x: NodeId, w: NodeId, *, quant: str, act: str = "f32") -> NodeId:
         """x @ dequant(w).T for raw GGUF blocks w u8 `[N, row_bytes]` (`ops.DequantMatMul`)."""
-        return self.add(O.DequantMatMul(quant.lower() if isinstance(quant, str) else quant), [x, w])
+        return self.add(O.DequantMatMul(quant.lower() if isinstance(quant, str) else quant, act), [x, w])
 
     def dequantize(self, x: NodeId, *, quant: str) -> NodeId:
         """Rows of raw GGUF blocks → f32 (`ops.Dequantize`)."""

@@ -73,7 +73,10 @@ class Generation:
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """One generated token and the text it completes (may be "" inside a multi-byte character)."""
+    """One generated token and the text it completes (may be "" inside a multi-byte character).
+
+    The last event of a stream may carry token_id -1: the text of bytes left undecoded at the end.
+    """
 
     token_id: int
     text: str
@@ -100,12 +103,14 @@ class CausalLM:
 
     `max_context` is the KV cache capacity per sequence (prompt plus generated tokens);
     `max_batch` the most sequences generated together; `prefill_chunk` the most prompt tokens
-    one step feeds (longer prompts go through in chunks).
+    one step feeds (longer prompts go through in chunks). On CUDA, `precision="f16"` stores
+    activations, caches and float weights in half precision (quantized weights stay in their blocks).
     """
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
-                 max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None) -> None:
+                 max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
+                 precision: str = "f32") -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -125,7 +130,8 @@ class CausalLM:
         if device != "reference":
             from rlx.driver import Session
 
-            self._compiled = Session(device).compile(self.graph)
+            # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU takes f32
+            self._compiled = Session(device, precision=precision).compile(self.graph)
             for name, arr in self._params.items():
                 self._compiled.set_param(name, arr)
             if threads is not None:
@@ -230,7 +236,7 @@ class CausalLM:
                 raise RlxError("this model has no tokenizer: pass token ids")
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
             ids = self.tokenizer.encode(text)
-            if not ids and self.config.bos_id is not None:
+            if not ids and self.config.bos_id >= 0:
                 ids = [self.config.bos_id]
         else:
             ids = [int(t) for t in prompt]
@@ -252,6 +258,10 @@ class CausalLM:
             yield StreamEvent(token, piece)
             if stop and any(s in text for s in stop):
                 return
+        if decoder is not None:
+            rest = decoder.flush()  # bytes of an unfinished character at the end
+            if rest:
+                yield StreamEvent(-1, rest)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -289,7 +299,7 @@ class CausalLM:
     def _stop_ids(self) -> frozenset[int]:
         if self.tokenizer is not None and getattr(self.tokenizer, "stop_ids", None):
             return frozenset(self.tokenizer.stop_ids)
-        return frozenset({self.config.eos_id} if self.config.eos_id is not None else ())
+        return frozenset({self.config.eos_id} if self.config.eos_id >= 0 else ())
 
     def _steps(self, prompts: list[list[int]], max_new: int, sampler: Sampler, stop_ids: frozenset[int],
                reasons: list[str]) -> Iterator[list[int | None]]:

@@ -37,6 +37,7 @@ True
 from __future__ import annotations
 
 import importlib.util
+import math
 import mmap
 import struct
 from collections.abc import Mapping
@@ -104,9 +105,12 @@ LAYER_TENSORS = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.w
 LAYER_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GgufTensor:
-    """One tensor of a GGUF file, still in its stored format (see the module docstring for layouts)."""
+    """One tensor of a GGUF file, still in its stored format (see the module docstring for layouts).
+
+    Compared by identity (`data` is an array, whose `==` is elementwise).
+    """
 
     name: str
     ggml_type: str
@@ -298,7 +302,7 @@ def _tensor(p: Path, buf: mmap.mmap, info: _TensorInfo, data_offset: int, alignm
     if info.offset % alignment:
         raise ArtifactError(f"GGUF file {p}: tensor {info.name!r} ({t.name}) data offset {info.offset} is not "
                             f"aligned to {alignment}")
-    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    rows = math.prod(shape[:-1])  # Python ints: a corrupt dim cannot overflow into a negative size
     row_bytes = info.ne[0] // t.block_size * t.block_bytes
     start, nbytes = data_offset + info.offset, rows * row_bytes
     if start + nbytes > len(buf):

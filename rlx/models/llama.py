@@ -212,6 +212,7 @@ def rope_tables(positions: np.ndarray, seq: int, config: DecoderConfig) -> tuple
     half = config.n_rot // 2
     inv_freq = config.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / config.n_rot)
     pos = np.asarray(positions, dtype=np.float64)[:, None] + np.arange(seq, dtype=np.float64)[None, :]
+    pos = pos / config.rope_scale  # linear position scaling
     angles = pos[:, :, None] * inv_freq[None, None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 

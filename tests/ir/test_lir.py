@@ -16,7 +16,7 @@ import pytest
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
-from rlx.ir.shape import Dim
+from rlx.ir.shape import Dim, Shape
 from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
 
@@ -121,6 +121,30 @@ def _build_rope(g: Graph, v: object) -> None:
     x = g.input("x", [1, 3, 8])
     cos, sin = g.input("cos", [3, rot // 2]), g.input("sin", [3, rot // 2])
     g.set_outputs([g.rope(x, cos, sin, **kw)])
+
+
+def _build_cached_attention(g: Graph, v: object) -> None:
+    kw = {"num_heads": 2, "head_dim": 4, "num_kv_heads": 1, "scale": None}
+    kw.update(v)  # type: ignore[arg-type]
+    kv_width = kw["head_dim"] * (kw["num_kv_heads"] or kw["num_heads"])
+    q = g.input("q", [1, 3, kw["num_heads"] * kw["head_dim"]])
+    k, val = g.input("k", [1, 3, kv_width]), g.input("v", [1, 3, kv_width])
+    kc, vc = g.state("kc", [1, 8, kv_width]), g.state("vc", [1, 8, kv_width])
+    g.set_outputs([g.cached_attention(q, k, val, kc, vc, g.input("pos", [1], "i32"), **kw)])
+
+
+def _build_quant(kind: str) -> Build:
+    """dequant_matmul / dequantize of a [4, 32] weight in format v (row bytes follow the format)."""
+    from rlx.ir.quant import row_bytes
+
+    def build(g: Graph, v: object) -> None:
+        w = g.param("w", [4, row_bytes(str(v), 32)], "u8")
+        if kind == "dequant_matmul":
+            g.set_outputs([g.dequant_matmul(g.input("x", [2, 32]), w, quant=str(v))])
+        else:
+            g.set_outputs([g.dequantize(w, quant=str(v))])
+
+    return build
 
 
 def _sq(build: Callable[[Graph, int, object], int]) -> Build:
@@ -289,9 +313,25 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("custom_fn fwd", ("custom_fn", "fwd"), _cfn, {}, {"fn": "exp"}),
     ("custom_fn vjp", ("custom_fn", "vjp"), _cfn, {}, {"vjp": True}),
     ("custom_fn jvp", ("custom_fn", "jvp"), _cfn, {}, {"jvp": True}),
+    ("input state", ("input", "state"),
+     lambda g, v: g.set_outputs([g.activation("neg", g.add(O.Input("s", Shape.of([4]), state=v), name="s"))]),
+     False, True),
+    ("cached_attention num_heads", ("cached_attention", "num_heads"), _build_cached_attention,
+     {"num_heads": 2}, {"num_heads": 4}),
+    ("cached_attention head_dim", ("cached_attention", "head_dim"), _build_cached_attention,
+     {"head_dim": 4}, {"head_dim": 8}),
+    ("cached_attention kv heads", ("cached_attention", "num_kv_heads"), _build_cached_attention,
+     {"num_kv_heads": 1}, {"num_kv_heads": 2}),
+    ("cached_attention scale", ("cached_attention", "scale"), _build_cached_attention,
+     {"scale": None}, {"scale": 0.5}),
     ("rope head_dim", ("rope", "head_dim"), _build_rope, {"head_dim": 8}, {"head_dim": 4}),
     ("rope n_rot", ("rope", "n_rot"), _build_rope, {"n_rot": 8}, {"n_rot": None, "head_dim": 8}),
     ("rope variant", ("rope", "variant"), _build_rope, {"variant": "neox"}, {"variant": "interleaved"}),
+    ("dequant_matmul quant", ("dequant_matmul", "quant"), _build_quant("dequant_matmul"), "q4_0", "q5_0"),
+    ("dequantize quant", ("dequantize", "quant"), _build_quant("dequantize"), "q4_0", "q5_0"),
+    ("dequant_matmul act", ("dequant_matmul", "act"),
+     lambda g, v: g.set_outputs([g.dequant_matmul(g.input("x", [2, 32]), g.param("w", [4, 18], "u8"),
+                                                  quant="q4_0", act=v)]), "f32", "q8"),
     ("fused matmul act", ("fused_matmul_bias_act", "activation"),
      _fused(lambda v: O.FusedMatMulBiasAct(v), 3, [[2, 4], [4, 4], [4]]), None, "gelu"),
     ("fused residual ln", ("fused_residual_layer_norm", "eps"),

@@ -86,6 +86,9 @@ def every_op_graph() -> Graph:
         O.RegionStep(O.Cast(O.DType.F16), (5,)),
     ))
     reg = g.add(region, [f4, x], name="region")
+    q4 = g.param("q4", [3, 20], "u8")  # three q4_1 rows of 32 values
+    g.dequant_matmul(g.input("qx", [SEQ, 32]), q4, quant="q4_1")
+    g.dequantize(g.gather(g.param("q8", [7, 34], "u8"), ids), quant="q8_0")
     h4 = g.reshape(x, [BATCH, SEQ, 4, 4])
     s4 = g.reduce("mean", h4, [-1])
     gdn = g.gated_delta_net(h4, h4, h4, s4, s4, scale=0.25)
@@ -412,6 +415,19 @@ def _mk_rope(draw: Any, g: Graph) -> None:
     g.rope(x, c, c, head_dim=hd, n_rot=n_rot, variant=draw(st.sampled_from(O.ROPE_VARIANTS)))
 
 
+def _mk_quant(draw: Any, g: Graph) -> None:
+    from rlx.ir.quant import QUANT_FORMATS, row_bytes
+
+    fmt = draw(st.sampled_from(sorted(QUANT_FORMATS)))
+    k = QUANT_FORMATS[fmt].block_size * draw(st.integers(1, 2))
+    w = g.param(f"q{len(g.nodes)}", [draw(st.integers(1, 5)), row_bytes(fmt, k)], "u8")
+    if draw(st.booleans()):
+        act = draw(st.sampled_from(["f32", "q8"])) if fmt in ("q8_0", "q4_0", "q4_1") else "f32"
+        g.dequant_matmul(g.input(f"qx{len(g.nodes)}", [draw(_dims), k]), w, quant=fmt, act=act)
+    else:
+        g.dequantize(w, quant=fmt)
+
+
 def _mk_region(draw: Any, g: Graph) -> None:
     a = _pick(draw, g, _is_float)
     dtype = g.shape(a).dtype
@@ -458,7 +474,8 @@ def _mk_scan(draw: Any, g: Graph) -> None:
 
 
 MAKERS = [_mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
-          _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_region, _mk_ssm, _mk_scan]
+          _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region, _mk_ssm,
+          _mk_scan]
 
 
 @st.composite
