@@ -124,9 +124,9 @@ def _vjp_scan(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId)
     if need_rows:
         # row t holds the state after step t of the reverse sweep: its x part is d x_t; row 0 (forward
         # order) ends the reverse sweep and holds the final carry and bcast sums
-        # row 0 by a gather (a narrow cannot cut a dynamic axis)
-        row = 0 if not op.reverse else _last(op)
-        final = g.reshape(g.gather(res_b, g.constant(np.array([row], np.int32)), 0), [-1])
+        # row 0 (or row length-1) by a gather: a narrow cannot cut a dynamic axis
+        final = g.reshape(g.gather(res_b, _last_row(g, op) if op.reverse else g.constant(np.array([0], np.int32)),
+                                   0), [-1])
         d_rows = unpack(g, res_b, packed_shapes, [op.length])[1 + len(b_idx):]
     else:
         final, d_rows = res_b, []
@@ -139,10 +139,13 @@ def _vjp_scan(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId)
     return out_cts
 
 
-def _last(op: Scan) -> int:
-    if not op.length.is_static:
-        raise IRError("autodiff: a reversed scan with xs gradients needs a static length")
-    return op.length.value - 1
+def _last_row(g: Graph, op: Scan) -> NodeId:
+    """i32 `[length - 1]`, also for a dynamic length (counted as a sum of ones over it)."""
+    if op.length.is_static:
+        return g.constant(np.array([op.length.value - 1], np.int32))
+    one = g.constant(np.float32(1.0))
+    count = g.reduce("sum", g.expand(one, [op.length]), [0], keep_dim=True)  # [1], exact below 2^24
+    return g.cast(g.sub(count, one), "i32")
 
 
 def _jvp_scan(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: list[Ct]) -> Ct:

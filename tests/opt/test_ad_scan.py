@@ -157,3 +157,8 @@ def test_against_jax_lax_scan_and_custom_vjp() -> None:
     x = np.array([-2.0, -0.1, 0.0, 0.2, 3.0])
     want = jax.grad(lambda x: jnp.sum(clip(2 * x) ** 2))(x)
     np.testing.assert_allclose(run(rlx.grad(_clip_graph(True)), {"x": x})[1], np.asarray(want), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [{"reverse": True}, {"reverse": True, "trajectory": True}, {}])
+def test_scan_derivatives_with_a_dynamic_length(kw: dict) -> None:
+    _fd_check(_scan_graph(rlx.Dim.dynamic("L", 8), **kw), _feeds(np.random.default_rng(7), 5))
