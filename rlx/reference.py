@@ -445,10 +445,14 @@ def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, 
     return o, s
 
 
-def depthwise_conv1d_causal(x: np.ndarray, w: np.ndarray, left_pad: np.ndarray | None) -> np.ndarray:
+def depthwise_conv1d_causal(x: np.ndarray, w: np.ndarray, left_pad: np.ndarray | None,
+                            reverse: bool = False) -> np.ndarray:
     """Reference `ops_ssm.DepthwiseConv1dCausal`."""
     bsz, seq, ch = x.shape
     ksz = w.shape[1]
+    if reverse:  # y[t] = sum_j w[:, j] x[t + k-1 - j], zeros past the end
+        xp = np.concatenate([x, np.zeros((bsz, ksz - 1, ch))], axis=1)
+        return sum(w[None, None, :, j] * xp[:, ksz - 1 - j:ksz - 1 - j + seq] for j in range(ksz))
     pad = np.zeros((bsz, ksz - 1, ch)) if left_pad is None else left_pad
     xp = np.concatenate([pad, x], axis=1)
     y = np.zeros((bsz, seq, ch))
@@ -478,7 +482,8 @@ def _eval_gated_delta_net(op: S.GatedDeltaNet, args: list, shape: Shape, symbols
 @evaluates(S.DepthwiseConv1dCausal)
 def _eval_dwconv(op: S.DepthwiseConv1dCausal, args: list, shape: Shape, symbols: dict,
                  in_shapes: object) -> np.ndarray:
-    return _finish(depthwise_conv1d_causal(args[0], args[1], args[2] if len(args) > 2 else None), shape.dtype)
+    return _finish(depthwise_conv1d_causal(args[0], args[1], args[2] if len(args) > 2 else None, op.reverse),
+                   shape.dtype)
 
 
 @functools.lru_cache(maxsize=256)

@@ -72,6 +72,7 @@ class DwConvArgs:
     seq: str
     channels: str
     ksize: int
+    reverse: bool
 
 
 def _kernel(node: Node, macro: str, args: object) -> Kernel:
@@ -120,7 +121,7 @@ def emit_dwconv(em, node: Node) -> Kernel:
     bsz, seq, ch = node.shape.dims
     pad = em.ptr(node.inputs[2]) if len(node.inputs) > 2 else "NULL"
     args = DwConvArgs(x=em.ptr(x), w=em.ptr(w), pad=pad, y=em.ptr(node.id, const=False), batch=em.dim(bsz),
-                      seq=em.dim(seq), channels=em.dim(ch), ksize=node.op.kernel_size)
+                      seq=em.dim(seq), channels=em.dim(ch), ksize=node.op.kernel_size, reverse=node.op.reverse)
     return _kernel(node, "dwconv1d_causal", args)
 
 

@@ -70,6 +70,7 @@ class DwConvLaunch(Launch):
     seq: str
     channels: str
     ksize: int
+    reverse: bool
 
 
 def _accepts(limit: int | None):
@@ -122,7 +123,7 @@ def dwconv(e: CudaEmitter, node: Node) -> Kernel:
     pad = e.ptr(node.inputs[2]) if len(node.inputs) > 2 else "nullptr"
     args = DwConvLaunch(**e.base(node), t=e.ctype(node.id), x=e.ptr(x), w=e.ptr(w), pad=pad, y=e.ptr(node.id),
                         batch=e.dim(bsz), seq=e.dim(seq), channels=e.dim(ch),
-                        ksize=node.op.kernel_size)  # type: ignore[attr-defined]
+                        ksize=node.op.kernel_size, reverse=node.op.reverse)  # type: ignore[attr-defined]
     return Kernel(node.id, "block_dwconv1d_causal", TEMPLATE, args, headers=(HEADER,), header=args.comment,
                   label=node.label)
 

@@ -420,13 +420,14 @@ class Graph:
         """`gated_delta_net` threading `state` `[b,h,n,n]` (read, then updated in place) for decode."""
         return self.gated_delta_net(q, k, v, g, beta, state=state, scale=scale)
 
-    def depthwise_conv1d_causal(self, x: NodeId, weight: NodeId, left_pad: NodeId | None = None) -> NodeId:
+    def depthwise_conv1d_causal(self, x: NodeId, weight: NodeId, left_pad: NodeId | None = None, *,
+                                reverse: bool = False) -> NodeId:
         """Causal depthwise conv of x `[b,s,c]` with weight `[c,k]` (`ops_ssm.DepthwiseConv1dCausal`)."""
         ws = self.shape(weight)
         if ws.rank != 2 or not ws.dims[1].is_static:
             raise ShapeError(f"depthwise_conv1d_causal weight must be [channels, kernel_size], got {ws}")
         ins = [x, weight] + ([left_pad] if left_pad is not None else [])
-        return self.add(S.DepthwiseConv1dCausal(ws.dims[1].value), ins)
+        return self.add(S.DepthwiseConv1dCausal(ws.dims[1].value, bool(reverse)), ins)
 
 
 def _check_name(kind: str, name: object) -> None:

@@ -120,11 +120,15 @@ class DepthwiseConv1dCausal(Op):
 
     ``y[b, t, c] = sum_j weight[c, j] * xp[b, t + j, c]`` where `xp` is
     `left_pad` (or k-1 zeros) followed by x: output t sees inputs t-k+1 .. t.
+    With `reverse` (the transpose, which the derivative uses) output t sees
+    inputs t .. t+k-1 instead: ``y[t] = sum_j weight[c, j] * x[t + k-1 - j]``,
+    zeros past the end, and takes no left pad.
     """
 
     kind: ClassVar[str] = "depthwise_conv1d_causal"
     arity: ClassVar[tuple[int, int]] = (2, 3)
     kernel_size: int
+    reverse: bool = False
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         _positive("depthwise_conv1d_causal", "kernel_size", self.kernel_size)
@@ -134,6 +138,8 @@ class DepthwiseConv1dCausal(Op):
         if x.rank != 3:
             raise ShapeError(f"depthwise_conv1d_causal x must be [batch, seq, channels], got {x}")
         _want("depthwise_conv1d_causal", "weight", w, (x.dims[2], Dim(self.kernel_size)))
+        if len(inputs) == 3 and self.reverse:
+            raise ShapeError("depthwise_conv1d_causal with reverse=True takes no left_pad")
         if len(inputs) == 3:
             _want("depthwise_conv1d_causal", "left_pad", inputs[2],
                   (x.dims[0], Dim(self.kernel_size - 1), x.dims[2]))

@@ -5,7 +5,7 @@ op kind has an entry here that rebuilds it from primitives inside the
 gradient graph: norms, attention, the fused ops, elementwise regions and the
 SSM layers (selective_scan and gated_delta_net become a `scan` over time, so their
 derivatives run as loops and allow a dynamic sequence length; the causal conv
-is unrolled over its kernel taps and needs a static one).
+has its own rules in `ad_rules`, through its transpose).
 The rebuilt forward computes exactly what the reference defines for the op.
 """
 
@@ -191,23 +191,3 @@ def _x_gdn(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
     traj = g.scan(body, init, xs=[_time_major(g, z) for z in (k, v, gate, beta)], save_trajectory=True)
     qs = g.mul(g.reshape(_time_major(g, q), [s, b, h, n, one]), const(g, op.q_scale, dt))  # type: ignore
     return _time_major(g, g.reduce("sum", g.mul(traj, qs), [3]))  # [b, s, h, n]
-
-
-@expands("depthwise_conv1d_causal")
-def _x_dwconv(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
-    x, w = a[:2]
-    b, s, c = g.shape(x).dims
-    ksz = node.op.kernel_size  # type: ignore[attr-defined]
-    seq = _static(node, s, "sequence length")
-    dt = node.shape.dtype
-    if ksz > 1:
-        pad = a[2] if len(a) > 2 else g.expand(const(g, 0.0, dt), [b, Dim(ksz - 1), c])
-        xp = g.concat([pad, x], 1)
-    else:
-        xp = x
-    y = None
-    for j in range(ksz):
-        wj = g.reshape(g.narrow(w, 1, j, 1), [Dim(1), Dim(1), c])
-        term = g.mul(wj, g.narrow(xp, 1, j, seq))
-        y = term if y is None else g.add_(y, term)
-    return y

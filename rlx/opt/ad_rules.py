@@ -15,6 +15,7 @@ with respect to each input (`_partials`), from which both modes follow.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -437,3 +438,62 @@ def _vjp_rope(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId)
 @rule(JVP, "rope")
 def _jvp_rope(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: list[Ct]) -> Ct:
     return None if ts[0] is None else g.add(node.op, [ts[0], args[1], args[2]])
+
+
+# ── causal depthwise conv (bilinear in its input and weight) ────────────
+
+
+def _conv(g: Graph, node: Node, x: NodeId, w: NodeId, pad: NodeId | None, reverse: bool) -> NodeId:
+    op = dataclasses.replace(node.op, reverse=reverse)
+    return g.add(op, [x, w] + ([pad] if pad is not None else []))
+
+
+@rule(VJP, "depthwise_conv1d_causal")
+def _vjp_dwconv(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId) -> list[Ct]:
+    x, w = args[:2]
+    pad = args[2] if len(args) > 2 else None
+    rev = node.op.reverse  # type: ignore[attr-defined]
+    ksz = node.op.kernel_size  # type: ignore[attr-defined]
+    ws = g.shape(w)
+    ch = ws.dims[0].value
+    dt = node.shape.dtype
+    # d x: the transposed conv (causal <-> anti-causal) of the cotangent
+    dx = _conv(g, node, ct, w, None, not rev)
+    # d w[:, j] = sum over batch and time of ct * (x shifted as tap j reads it): a conv with a one-hot kernel
+    cols = []
+    for j in range(ksz):
+        onehot = np.zeros((ch, ksz))
+        onehot[:, j] = 1.0
+        tap = _conv(g, node, x, g.constant(onehot, dt), pad, rev)
+        cols.append(g.reshape(g.reduce("sum", g.mul(ct, tap), [0, 1]), [Dim(ch), Dim(1)]))
+    dw = cols[0] if ksz == 1 else g.concat(cols, 1)
+    dpad = None
+    if pad is not None:
+        # pad row r feeds outputs t = 0..r through tap r - t: d pad[r] = sum_t w[:, r - t] * ct[t]
+        # (ct rows gathered at fixed indices: this needs seq >= k-1 at run time, else a gather error)
+        rows = []
+        itype = np.int32
+        for r in range(ksz - 1):
+            acc = None
+            for t in range(r + 1):
+                ct_t = g.gather(ct, g.constant(np.array([t], itype)), 1)  # [b, 1, c]
+                term = g.mul(ct_t, g.reshape(g.narrow(w, 1, r - t, 1), [Dim(1), Dim(1), Dim(ch)]))
+                acc = term if acc is None else g.add_(acc, term)
+            rows.append(acc)
+        dpad = rows[0] if len(rows) == 1 else g.concat(rows, 1)
+    return [dx, dw] + ([dpad] if pad is not None else [])
+
+
+@rule(JVP, "depthwise_conv1d_causal")
+def _jvp_dwconv(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: list[Ct]) -> Ct:
+    x, w = args[:2]
+    pad = args[2] if len(args) > 2 else None
+    rev = node.op.reverse  # type: ignore[attr-defined]
+    acc: Ct = None
+    if ts[0] is not None or (pad is not None and ts[2] is not None):
+        tx = ts[0] if ts[0] is not None else zeros(g, x)
+        tpad = None if pad is None else (ts[2] if ts[2] is not None else zeros(g, pad))
+        acc = _conv(g, node, tx, w, tpad, rev)
+    if ts[1] is not None:
+        acc = add(g, acc, _conv(g, node, x, ts[1], pad, rev))
+    return acc

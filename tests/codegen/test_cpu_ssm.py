@@ -273,3 +273,22 @@ def test_state_too_large_for_the_cpu_kernel_is_refused_before_building() -> None
     assert "state_size 192 > 128" in rlx.Session().first_unsupported_op(g)[1]
     with pytest.raises(BuildError, match="state_size 192"):
         compile_graph(g)
+
+
+def test_reverse_conv_is_the_transpose() -> None:
+    """<conv(x), y> == <x, conv_reverse(y)>: the anti-causal form the derivative uses, compiled and reference."""
+    seq = rlx.Dim.dynamic("seq", MAXS)
+    g = rlx.Graph("rconv")
+    y = g.input("y", [2, seq, 5])
+    g.set_outputs([g.depthwise_conv1d_causal(y, g.param("w", [5, 3]), reverse=True)])
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    cg = compile_graph(g, {"w": w})
+    for s in (1, 2, 9):
+        x = rng.standard_normal((2, s, 5))
+        yy = rng.standard_normal((2, s, 5)).astype(np.float32)
+        got = check(g, {"y": yy}, {"w": w}, rtol=1e-5, atol=1e-5, cg=cg)[0]
+        lhs = float(np.sum(torch_causal_conv1d(x, w.astype(np.float64)) * yy))
+        assert abs(lhs - float(np.sum(x * got))) < 1e-4 * max(1.0, abs(lhs))
+    with pytest.raises(ShapeError, match="takes no left_pad"):
+        g.depthwise_conv1d_causal(y, g.param("w2", [5, 3]), g.input("p", [2, 2, 5]), reverse=True)

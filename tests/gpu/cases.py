@@ -448,7 +448,8 @@ def ssm_ops() -> Case:
     w, pad = g.input("w", [24, 4]), g.input("pad", [2, 3, 24])
     g.set_outputs({"ssm": g.selective_scan(x, dt, a, bm, cm), "gdn": g.gated_delta_net(q, k, v, gate, beta),
                    "gdn_carry": g.gated_delta_net_carry(q, k, v, gate, beta, s0),
-                   "conv": g.depthwise_conv1d_causal(x, w), "conv_pad": g.depthwise_conv1d_causal(x, w, pad)})
+                   "conv": g.depthwise_conv1d_causal(x, w), "conv_pad": g.depthwise_conv1d_causal(x, w, pad),
+                   "conv_rev": g.depthwise_conv1d_causal(x, w, reverse=True)})
     r = _rng(31)
     feeds = []
     for s in (40, 1):

@@ -207,7 +207,8 @@ def _gdn(g: Graph, v: object) -> None:
 
 
 def _conv(g: Graph, v: object) -> None:
-    g.set_outputs([g.depthwise_conv1d_causal(g.input("x", [1, 3, 4]), g.input("w", [4, v]))])
+    ksize, reverse = v if isinstance(v, tuple) else (v, False)
+    g.set_outputs([g.depthwise_conv1d_causal(g.input("x", [1, 3, 4]), g.input("w", [4, ksize]), reverse=reverse)])
 
 
 def _scan(g: Graph, v: object) -> None:
@@ -303,6 +304,7 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("gated_delta_net carry", ("gated_delta_net", "carry_state"), _gdn, {}, {"carry": True}),
     ("gated_delta_net scale", ("gated_delta_net", "scale"), _gdn, {}, {"scale": 0.5}),
     ("conv kernel_size", ("depthwise_conv1d_causal", "kernel_size"), _conv, 3, 4),
+    ("conv reverse", ("depthwise_conv1d_causal", "reverse"), _conv, (3, False), (3, True)),
     ("scan body", ("scan", "body"), _scan, {}, {"fn": "exp"}),
     ("scan length", ("scan", "length"), _scan, {}, {"length": 7}),
     ("scan bcasts", ("scan", "num_bcast"), _scan, {}, {"bcast": True}),

@@ -216,10 +216,10 @@ def test_gated_delta_net(carry: bool) -> None:
     check_derivatives(build)
 
 
-@pytest.mark.parametrize("pad", [False, True])
-def test_depthwise_conv(pad: bool) -> None:
+@pytest.mark.parametrize(("pad", "reverse"), [(False, False), (True, False), (False, True)])
+def test_depthwise_conv(pad: bool, reverse: bool) -> None:
     check_derivatives(lambda g: g.depthwise_conv1d_causal(x(g, "x", (2, 5, 3)), g.param("w", [3, 3], F),
-                                                          x(g, "p", (2, 2, 3)) if pad else None))
+                                                          x(g, "p", (2, 2, 3)) if pad else None, reverse=reverse))
 
 
 # ── API behaviour ───────────────────────────────────────────────────────
@@ -295,8 +295,8 @@ def test_errors_are_clear() -> None:
         rlx.grad(g2)
     g3 = rlx.Graph("dyn")
     s = rlx.Dim.dynamic("s", 8)
-    g3.set_outputs([g3.depthwise_conv1d_causal(g3.input("x", [1, s, 2]), g3.param("w", [2, 3]))])
-    with pytest.raises(IRError, match="static sequence length"):
+    g3.set_outputs([g3.attention(*(g3.input(n, [1, s, 4]) for n in "qkv"), num_heads=1, head_dim=4, mask="causal")])
+    with pytest.raises(IRError, match="static query length"):
         rlx.vjp(g3)
 
 
@@ -318,20 +318,23 @@ def test_against_torch_autograd() -> None:
 
 
 def test_ssm_gradients_compile_with_a_dynamic_sequence_length() -> None:
-    """selective_scan / gated_delta_net differentiate as loops (scan), so the sequence may be dynamic."""
+    """selective_scan / gated_delta_net differentiate as loops (scan) and the conv through its transpose, so the
+    sequence may be dynamic."""
     s = rlx.Dim.dynamic("s", 16)
 
     def fn(t):
         x, dt = t.input("x", [2, s, 3]), t.input("dt", [2, s, 3])
         b, c = t.input("B", [2, s, 4]), t.input("C", [2, s, 4])
+        x = t.depthwise_conv1d_causal(x, t.param("cw", [3, 4]))
         y = t.selective_scan(x, dt.softplus(), -(t.param("A_log", [3, 4]).exp()), b, c)
         q = t.input("q", [2, s, 2, 4])
         o = t.gated_delta_net(q, q, q, -(t.input("g", [2, s, 2]).softplus()), t.input("beta", [2, s, 2]).sigmoid())
         return {"loss": (y * y).mean() + (o * o).mean()}
 
-    dg = rlx.grad(rlx.trace("ssm_loss", fn), wrt=["A_log", "x", "q"])
+    dg = rlx.grad(rlx.trace("ssm_loss", fn), wrt=["A_log", "cw", "x", "q"])
     rng = np.random.default_rng(6)
-    params = {"A_log": rng.standard_normal((3, 4)).astype(np.float32) * 0.3}
+    params = {"A_log": rng.standard_normal((3, 4)).astype(np.float32) * 0.3,
+              "cw": rng.standard_normal((3, 4)).astype(np.float32) * 0.5}
     cg = compile_graph(dg, params, opt_level=2)
     for n in (1, 9):
         ins = {"x": rng.standard_normal((2, n, 3)), "dt": rng.standard_normal((2, n, 3)) - 1,

@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
         return {"y": y, "o": o, "traj": traj, "loss": (y * y).mean() + (o * o).mean() + (traj * traj).mean()}
 
     g = rlx.trace("asan_ssm", model)
-    dg = rlx.grad(g, wrt=["A", "q", "c0"], output="loss")  # the conv is not on the path: its vjp needs a static seq
+    dg = rlx.grad(g, wrt=["A", "w", "x", "q", "c0"], output="loss")
     params = {"w": rng.standard_normal((20, 4)).astype(np.float32),
               "A": -np.abs(rng.standard_normal((20, 16))).astype(np.float32)}
     for graph in (g, dg):

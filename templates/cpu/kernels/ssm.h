@@ -153,9 +153,11 @@ static inline __attribute__((always_inline)) void rlx_gated_delta_net_f32(
 
 /* Causal depthwise conv1d (ops_ssm.DepthwiseConv1dCausal), f32.
  * x, y: [B, S, C]; w: [C, K]; pad (may be NULL: zeros): [B, K-1, C].
- *   y[b, t, c] = sum_j w[c, j] * xp[b, t + j, c],  xp = pad ++ x along the sequence */
+ *   y[b, t, c] = sum_j w[c, j] * xp[b, t + j, c],  xp = pad ++ x along the sequence
+ *   reverse:     sum_j w[c, j] * x[b, t + K-1 - j, c], zero past the end (the transpose) */
 static void rlx_dwconv1d_causal_f32(const float *restrict x, const float *restrict w, const float *restrict pad,
-                                    float *restrict y, int64_t B, int64_t S, int64_t C, int64_t K, int nthreads)
+                                    float *restrict y, int64_t B, int64_t S, int64_t C, int64_t K, int reverse,
+                                    int nthreads)
 {
     #pragma omp parallel for num_threads(nthreads) schedule(static) if(B * S * C * K >= (1 << 15))
     for (int64_t r = 0; r < B * S; r++) {
@@ -164,8 +166,12 @@ static void rlx_dwconv1d_causal_f32(const float *restrict x, const float *restri
         for (int64_t c = 0; c < C; c++)
             yr[c] = 0.0f;
         for (int64_t j = 0; j < K; j++) {
-            const int64_t src = t + j - (K - 1);  /* < 0: a row of the left pad */
+            /* causal: tap j reads row t + j - (K-1) (< 0: a row of the left pad);
+             * reverse (the transpose): row t + (K-1) - j (>= S: zero) */
+            const int64_t src = reverse ? t + (K - 1) - j : t + j - (K - 1);
             const float *restrict xr;
+            if (reverse && src >= S)
+                continue;
             if (src >= 0)
                 xr = x + (b * S + src) * C;
             else if (pad)

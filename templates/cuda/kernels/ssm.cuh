@@ -89,13 +89,15 @@ __global__ void rlx_gated_delta_net(const T *__restrict__ q, const T *__restrict
 
 template <typename T>
 __global__ void rlx_dwconv1d_causal(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ pad,
-                                    T *__restrict__ y, int64_t B, int64_t S, int64_t C, int K) {
+                                    T *__restrict__ y, int64_t B, int64_t S, int64_t C, int K, int reverse) {
     const int64_t n = B * S * C;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t c = i % C, t = (i / C) % S, b = i / (C * S);
         float acc = 0.0f;
         for (int j = 0; j < K; ++j) {
-            const int64_t src = t + j - (K - 1);
+            const int64_t src = reverse ? t + (K - 1) - j : t + j - (K - 1);
+            if (reverse && src >= S)
+                continue;
             if (src >= 0)
                 acc += rlx_f(w[c * K + j]) * rlx_f(x[(b * S + src) * C + c]);
             else if (pad)
