@@ -89,6 +89,9 @@ def every_op_graph() -> Graph:
     q4 = g.param("q4", [3, 20], "u8")  # three q4_1 rows of 32 values
     g.dequant_matmul(g.input("qx", [SEQ, 32]), q4, quant="q4_1")
     g.dequantize(g.gather(g.param("q8", [7, 34], "u8"), ids), quant="q8_0")
+    kc, vc = g.state("k_cache", [4, 40, 8]), g.state("v_cache", [4, 40, 8])
+    g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), kc, vc,
+                       g.input("positions", [BATCH], "i32"), num_heads=4, head_dim=4, num_kv_heads=2, scale=0.5)
     h4 = g.reshape(x, [BATCH, SEQ, 4, 4])
     s4 = g.reduce("mean", h4, [-1])
     gdn = g.gated_delta_net(h4, h4, h4, s4, s4, scale=0.25)
@@ -415,6 +418,19 @@ def _mk_rope(draw: Any, g: Graph) -> None:
     g.rope(x, c, c, head_dim=hd, n_rot=n_rot, variant=draw(st.sampled_from(O.ROPE_VARIANTS)))
 
 
+def _mk_cached_attention(draw: Any, g: Graph) -> None:
+    d, kv = draw(st.sampled_from([2, 4])), draw(st.sampled_from([1, 2]))
+    heads = kv * draw(st.sampled_from([1, 2]))
+    b, s = draw(_dims), draw(_dims)
+    n = len(g.nodes)
+    q = g.input(f"aq{n}", [b, s, heads * d])
+    k, v = g.input(f"ak{n}", [b, s, kv * d]), g.input(f"av{n}", [b, s, kv * d])
+    caches = [g.state(f"{which}{n}", [b.max, s.max + draw(st.integers(0, 8)), kv * d]) for which in ("kc", "vc")]
+    g.cached_attention(q, k, v, caches[0], caches[0] if draw(st.booleans()) else caches[1],
+                       g.input(f"ap{n}", [b], "i32"), num_heads=heads, head_dim=d, num_kv_heads=kv,
+                       scale=draw(st.none() | st.floats(0.1, 2)))
+
+
 def _mk_quant(draw: Any, g: Graph) -> None:
     from rlx.ir.quant import QUANT_FORMATS, row_bytes
 
@@ -474,8 +490,8 @@ def _mk_scan(draw: Any, g: Graph) -> None:
 
 
 MAKERS = [_mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
-          _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region, _mk_ssm,
-          _mk_scan]
+          _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region,
+          _mk_cached_attention, _mk_ssm, _mk_scan]
 
 
 @st.composite
