@@ -7,6 +7,10 @@ Two ops, float32, the same data for every peer, all in this one process:
 - selective_scan (Mamba S6): x, delta [b, s, h], A [h, n], B, C [b, s, n].
 - gated_delta_net (Qwen3-Next / Kimi-Linear): q, k, v [b, s, h, n], g, beta [b, s, h];
   s = 1 is the decode step.
+- a training step of the Mamba-style classifier of `rlx.examples.train` (in-projection,
+  causal conv, selective scan, pooling, cross-entropy, gradients and an Adam update): rlx's
+  one compiled step graph (`rlx.grad`, the scan differentiated as a reverse loop) vs the same
+  model in JAX (`jax.value_and_grad` + Adam, one `jit`); the first step's losses are compared.
 
 The peers implement the same recurrence the way their users write it without a custom
 kernel: JAX with `jax.lax.scan` under `jit`; PyTorch with a Python loop over time (eager, and
@@ -177,6 +181,74 @@ def bench(name: str, rlx_fn, peers: dict[str, Callable[[], object]], rounds: int
     sys.stdout.flush()
 
 
+def train_block(jax, threads: int, rounds: int, batch: int = 64) -> None:
+    """One Adam step of the Mamba-style classifier: rlx's compiled step graph vs jax.jit(value_and_grad)."""
+    import dataclasses
+
+    import rlx
+    from rlx.config import Config
+    from rlx.examples import train as T
+
+    task = T.TASKS["mamba"]
+    rng = np.random.default_rng(0)
+    weights = task.init(rng)
+    x, labels = task.data(rng, batch)
+    y = np.eye(task.classes, dtype=np.float32)[labels]
+    graph = T.train_step_graph(task, batch, "adam")
+    cg = rlx.Session(config=dataclasses.replace(Config.from_env(), num_threads=threads)).compile(graph)
+    moments = {f"{k}_{n}": np.zeros_like(w) for n, w in weights.items() for k in ("m", "v")}
+    feeds = {"x": x, "y": y, **weights, **moments, "lr": np.array([0.01], np.float32),
+             "bc1": np.array([0.1], np.float32), "bc2": np.array([0.001], np.float32)}
+    rlx_step = lambda: cg.run(feeds)  # noqa: E731
+    peers: dict[str, Callable[[], object]] = {}
+    if jax is not None:
+        jnp = jax.numpy
+
+        def loss_fn(w, x, y):
+            u = x @ w["w_in"]
+            k = w["conv"].shape[1]
+            s = u.shape[1]
+            up = jnp.pad(u, ((0, 0), (k - 1, 0), (0, 0)))
+            u = jax.nn.silu(sum(w["conv"][:, j] * up[:, j:j + s] for j in range(k)))
+            dt = jax.nn.softplus(u @ w["w_dt"] + w["b_dt"])
+            a = -jnp.exp(w["a_log"])
+            bm, cm = u @ w["w_b"], u @ w["w_c"]
+
+            def step(st, inp):
+                ut, dtt, bt, ct = inp
+                st = jnp.exp(dtt[..., None] * a) * st + (dtt * ut)[..., None] * bt[:, None, :]
+                return st, jnp.einsum("bhn,bn->bh", st, ct)
+
+            st0 = jnp.zeros((u.shape[0], u.shape[2], a.shape[1]), u.dtype)
+            _, ys = jax.lax.scan(step, st0, tuple(z.swapaxes(0, 1) for z in (u, dt, bm, cm)))
+            yy = ys.swapaxes(0, 1) + u * w["d"]
+            logits = yy.mean(1) @ w["w_out"]
+            return -(jax.nn.log_softmax(logits, -1) * y).sum() / x.shape[0]
+
+        @jax.jit
+        def jax_step(w, m, v, x, y):
+            loss, g = jax.value_and_grad(loss_fn)(w, x, y)
+            b1, b2 = T.ADAM_BETAS
+            m = jax.tree_util.tree_map(lambda mm, gg: b1 * mm + (1 - b1) * gg, m, g)
+            v = jax.tree_util.tree_map(lambda vv, gg: b2 * vv + (1 - b2) * gg * gg, v, g)
+            w = jax.tree_util.tree_map(lambda ww, mm, vv: ww - 0.01 * (mm / 0.1) / (jnp.sqrt(vv / 0.001) + T.ADAM_EPS),
+                                       w, m, v)
+            return loss, w, m, v
+
+        jw = {k: jnp.asarray(v) for k, v in weights.items()}
+        jz = {k: jnp.zeros_like(v) for k, v in jw.items()}
+        jx, jy = jnp.asarray(x), jnp.asarray(y)
+        want = float(jax_step(jw, jz, jz, jx, jy)[0])
+        got = float(rlx_step()[0].reshape(()))
+        if abs(got - want) > 1e-4 * max(1.0, abs(want)):
+            raise SystemExit(f"train step: rlx loss {got} but jax {want}")
+        peers["jax.jit"] = lambda: jax.block_until_ready(jax_step(jw, jz, jz, jx, jy))
+    times = round_robin({"rlx": rlx_step, **peers}, rounds)
+    print(f"mamba-style train step (Adam) b={batch} s={T.SEQ} channels={T.CH} n={T.STATE}")
+    for pname, t in sorted(times.items(), key=lambda kv: kv[1]):
+        print(f"  {pname:<14} {t * 1e3:9.3f} ms   x{t / times['rlx']:6.2f} of rlx time")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -240,6 +312,7 @@ def main() -> None:
         bench(f"gated_delta_net b={b} s={s} h={h} n={n}",
               rlx_op(lambda g, i: g.gated_delta_net(i["q"], i["k"], i["v"], i["g"], i["beta"]), f, args.threads),
               peers, args.rounds, 8.0 * b * s * h * n * n)
+    train_block(jax, args.threads, args.rounds)
 
 
 if __name__ == "__main__":
