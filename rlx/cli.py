@@ -7,6 +7,7 @@
     rlxc cache ls|stat|verify|gc|clear|explain
     rlxc doctor                                 what this machine has: compiler, OpenMP, BLAS, GPUs, cache
     rlxc embed "a sentence" "another"           the sentence-embedding example
+    rlxc train --model mlp --steps 300          train a small model (loss, grads, Adam in one graph)
     rlxc --version                              rlx, python and compiler versions
 
 Commands that compile take `-O0`..`-O3`, `--target cpu|cpu:avx2|cpu:avx512|cuda|cuda:sm_90`,
@@ -950,6 +951,16 @@ def cmd_embed(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
+def cmd_train(argv: list[str]) -> int:
+    from rlx.examples import train
+
+    try:
+        train.main(argv)
+        return 0
+    except SystemExit as exc:  # its argparse: --help or a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
 def cmd_generate(argv: list[str]) -> int:
     from rlx.examples import generate
 
@@ -1124,6 +1135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("embed", help="sentence embeddings example (rlxc embed --help)", add_help=False)
     sub.add_parser("generate", help="generate text with a GGUF decoder LLM (rlxc generate --help)", add_help=False)
+    sub.add_parser("train", help="train a small model, one compiled step graph (rlxc train --help)", add_help=False)
     return p
 
 
@@ -1148,7 +1160,7 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
-_EXAMPLES = {"embed": cmd_embed, "generate": cmd_generate}
+_EXAMPLES = {"embed": cmd_embed, "generate": cmd_generate, "train": cmd_train}
 
 
 def _main(argv: list[str]) -> int:

@@ -11,6 +11,8 @@ import pytest
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_scan as L
+from rlx.ir import ops_ssm as S
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim, Shape
 
@@ -29,6 +31,14 @@ def sh(spec: str) -> Shape:
             d = d * (_SYMS[factor] if factor in _SYMS else Dim(int(factor)))
         dims.append(d)
     return Shape.of(dims, dtype)
+
+
+def _body(*specs: str, fn: str = "tanh", out: int = 0) -> L.Body:
+    """A body whose inputs have `specs` and whose one output is `fn(input[out] + input[-1])`."""
+    b = Graph("body")
+    ins = [b.input(f"i{k}", sh(sp)) for k, sp in enumerate(specs)]
+    b.set_outputs([b.activation(fn, b.add_(ins[out], ins[-1]))])
+    return b.as_body()
 
 
 def infer(op: O.Op, *specs: str) -> Shape:
@@ -111,6 +121,17 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
      ("f32[seq,1]", "f32[4]"), "f32[seq,4]"),
     (O.ElementwiseRegion((O.RegionStep(O.Compare("gt"), (0, 1)), O.RegionStep(O.Where(), (2, 0, 1)),
                           O.RegionStep(O.Cast(O.DType.F16), (3,)))), ("f32[3]", "f32[3]"), "f16[3]"),
+    (S.SelectiveScan(16), ("f32[2,seq,8]", "f32[2,seq,8]", "f32[8,16]", "f32[2,seq,16]", "f32[2,seq,16]"),
+     "f32[2,seq,8]"),
+    (S.GatedDeltaNet(4), ("f32[1,seq,2,4]",) * 3 + ("f32[1,seq,2]",) * 2, "f32[1,seq,2,4]"),
+    (S.GatedDeltaNet(4, True, 0.5), ("f32[1,seq,2,4]",) * 3 + ("f32[1,seq,2]",) * 2 + ("f32[1,2,4,4]",),
+     "f32[1,seq,2,4]"),
+    (S.DepthwiseConv1dCausal(3), ("f32[2,seq,8]", "f32[8,3]"), "f32[2,seq,8]"),
+    (S.DepthwiseConv1dCausal(3), ("f32[2,seq,8]", "f32[8,3]", "f32[2,2,8]"), "f32[2,seq,8]"),
+    (L.Scan(_body("f32[3]", "f32[3]"), SEQ, 0, 1), ("f32[3]", "f32[seq,3]"), "f32[3]"),
+    (L.Scan(_body("f32[3]", "f32[3]", "f32[3]"), SEQ, 1, 1, save_trajectory=True),
+     ("f32[3]", "f32[3]", "f32[seq,3]"), "f32[seq,3]"),
+    (L.CustomFn(_body("f32[2]", "f32[2]")), ("f32[2]", "f32[2]"), "f32[2]"),
 ]
 
 
@@ -264,6 +285,17 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0,)),)), ("f32[2]",), IRError, "binary takes 2 inputs"),
     (O.ElementwiseRegion((O.RegionStep(O.Binary("add"), (0, 1)),)), ("f32[2]", "f32[3]"), ShapeError,
      "cannot broadcast"),
+    (S.SelectiveScan(16), ("f32[2,4,8]", "f32[2,4,8]", "f32[8,4]", "f32[2,4,16]", "f32[2,4,16]"), ShapeError,
+     r"A must be \[8,16\]"),
+    (S.SelectiveScan(0), ("f32[2,4,8]",) * 2 + ("f32[8,0]",) + ("f32[2,4,0]",) * 2, ShapeError, "state_size"),
+    (S.GatedDeltaNet(4), ("f32[1,3,2,4]",) * 3 + ("f32[1,3,2]",) * 3, ShapeError, "takes 5 inputs, got 6"),
+    (S.GatedDeltaNet(4, scale=math.inf), ("f32[1,3,2,4]",) * 3 + ("f32[1,3,2]",) * 2, ShapeError, "scale"),
+    (S.DepthwiseConv1dCausal(3), ("f32[2,5,8]", "f32[8,4]"), ShapeError, r"weight must be \[8,3\]"),
+    (L.Scan(_body("f32[3]", "f32[3]"), Dim(4), 0, 1), ("f32[3]", "f32[5,3]"), ShapeError, r"xs 0 must be \[4,3\]"),
+    (L.Scan(_body("f32[3]", "f32[3]"), Dim(4), 0, 0), ("f32[3]",), ShapeError, "body takes 2 inputs"),
+    (L.Scan(_body("f32[3]", "f32[3]"), SEQ, 0, 1, num_checkpoints=2), ("f32[3]", "f32[seq,3]"), ShapeError,
+     "needs a static length"),
+    (L.CustomFn(_body("f32[2]", "f32[2]")), ("f32[2]", "f32[3]"), ShapeError, "custom_fn fwd takes"),
 ]
 
 
