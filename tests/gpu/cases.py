@@ -373,6 +373,25 @@ def kv_attention() -> Case:
 
 
 @case
+def quant() -> Case:
+    """dequant_matmul on q4_1 blocks (GEMV and tiled prefill sizes) and dequantize of gathered q8_0 rows."""
+    from rlx.ir.quant import random_blocks, row_bytes
+
+    g = Graph("quant")
+    tokens = Dim.dynamic("tokens", max=40)
+    x = g.input("x", [tokens, 64])
+    w = g.param("w", [5, row_bytes("q4_1", 64)], "u8")
+    table = g.param("table", [7, row_bytes("q8_0", 64)], "u8")
+    ids = g.input("ids", [3], "i32")
+    g.set_outputs([g.dequant_matmul(x, w, quant="q4_1"), g.dequantize(g.gather(table, ids), quant="q8_0")])
+    r = _rng(40)
+    feeds = [{"x": _f32(r, n, 64), "ids": np.array(i, np.int32)} for n, i in ((1, [0, 6, 3]), (40, [2, 2, 5]))]
+    params = {"w": random_blocks(r, 5, 64, "q4_1"), "table": random_blocks(r, 7, 64, "q8_0")}
+    # f32 only here: tests/gpu/test_cuda_quant.py bounds the half-precision error per format
+    return Case("quant", g, feeds, params, lowp=False)
+
+
+@case
 def outputs_of_leaves() -> Case:
     g = Graph("outputs_of_leaves")
     x = g.input("x", [3, 4])
