@@ -413,7 +413,7 @@ def half_graph() -> Case:
     g.set_outputs([h, g.softmax(y, -1), g.cast(h, "bf16")])
     r = _rng(20)
     return Case("half_graph", g, [{"x": _f32(r, 8, 64).astype(np.float16), "y": _f32(r, 8, 32)}],
-                {"w": _f32(r, 64, 32, scale=0.2)}, lowp=False)
+                {"w": _f32(r, 64, 32, scale=0.2).astype(np.float16)}, lowp=False)
 
 
 def minilm_like(batch: int = 2, seq: int = 16, layers: int = 1) -> Case:
