@@ -103,11 +103,19 @@ def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None =
     """
     mir = pipeline.optimize(graph, level=level, debug=debug)
     if backend is not None:
-        from rlx.opt.decompose import decompose
-
-        rules = _rules(backend)
-        mir = decompose(mir, lambda g, node: rules.why_not(g, node) is None)
+        mir = legalize_for(mir, backend)
     return plan(mir)
+
+
+def legalize_for(mir: Graph, backend: str) -> Graph:
+    """`mir` as `backend` can build it: f16/bf16 ops it lacks run in f32 between casts
+    (`rlx.opt.legalize`), ops it has no rule for decompose into primitives (`rlx.opt.decompose`)."""
+    from rlx.opt.decompose import decompose
+    from rlx.opt.legalize import legalize
+
+    rules = _rules(backend)
+    mir = legalize(mir, rules.accepts)
+    return decompose(mir, lambda g, node: rules.why_not(g, node) is None)
 
 
 def _rules(backend: str) -> Any:
@@ -127,12 +135,14 @@ class Session:
                  precision: str = "f32", target: str | None = None) -> None:
         self.device = Device.parse(device)
         self.config = config if config is not None else Config.from_env()
-        # CUDA only: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation);
-        # `target` ("cuda:sm_90") picks the arch instead of the visible GPU's.
+        # CUDA: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation).
+        # CPU: f32 params are stored in `precision` (half the bytes; set_param rounds once) and
+        # widened to f32 where read, so every op computes in f32 (rlx.opt.precision).
+        # `target` ("cuda:sm_90", CUDA only) picks the arch instead of the visible GPU's.
         if precision not in ("f32", "f16", "bf16"):
             raise RlxError(f"precision must be 'f32', 'f16' or 'bf16', got {precision!r}")
-        if self.device is not Device.CUDA and (precision != "f32" or target is not None):
-            raise RlxError("precision and target apply to Device.CUDA only")
+        if self.device is not Device.CUDA and target is not None:
+            raise RlxError("target applies to Device.CUDA only")
         self.precision = precision
         self.target = target
 
@@ -146,7 +156,16 @@ class Session:
         if getattr(graph, "stage", None) == "lir" and isinstance(getattr(graph, "lir", None), LirModule):
             return graph.lir
         level = self.config.opt_level if opt_level is None else opt_level
-        return lower_to_lir(to_mir(graph), level, debug=self.config.debug)
+        return lower_to_lir(self._mir(graph), level, debug=self.config.debug, backend=self.device.value)
+
+    def _mir(self, graph: Any) -> Graph:
+        """`graph` as MIR, with its params stored in this session's precision on the CPU."""
+        mir = to_mir(graph)
+        if self.device is Device.CPU and self.precision != "f32":
+            from rlx.opt.precision import store_params_in
+
+            mir = store_params_in(mir, self.precision)
+        return mir
 
     def first_unsupported_op(self, graph: Any, *, opt_level: int | None = None) -> tuple[Any, str] | None:
         """The first node this session's backend cannot run (after optimizing and decomposing), with why.
@@ -163,7 +182,7 @@ class Session:
         if _is_lir(graph):
             return first_unsupported_op(self.lower(graph).graph, backend)
         level = self.config.opt_level if opt_level is None else opt_level
-        lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=backend)
+        lir = lower_to_lir(self._mir(graph), level, debug=self.config.debug, backend=backend)
         return first_unsupported_op(lir.graph, backend)
 
     def supports(self, graph: Any, *, opt_level: int | None = None) -> bool:
@@ -195,7 +214,7 @@ class Session:
         if _is_lir(graph):
             built = build_cpu(self.lower(graph), config)
             return built.library, built.source, built.key, built.hit
-        mir = to_mir(graph)
+        mir = self._mir(graph)
         level = config.opt_level if opt_level is None else opt_level
         toolchain = detect_toolchain(config)
 
