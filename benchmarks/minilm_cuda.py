@@ -1,18 +1,31 @@
-"""all-MiniLM-L6-v2-shaped sentence embeddings on an NVIDIA GPU: rlx vs PyTorch eager and torch.compile.
+"""all-MiniLM-L6-v2-shaped sentence embeddings on an NVIDIA GPU: rlx vs PyTorch (eager, SDPA, torch.compile).
 
     python benchmarks/minilm_cuda.py [--rounds R] [--cases 1x16,8x128,128x128] [--precisions f32,f16]
-                                     [--peers rlx,rlx_host,eager,compile] [--weights random|DIR]
+                                     [--peers rlx,eager,sdpa,sdpa_flash,compile_ro,compile_ma,ort]
+                                     [--weights random|DIR] [--profile BxS]
 
 Every peer runs the same computation (BERT encoder + masked mean pooling + L2 normalization) from the
-same weights on the same token batch, in this one process, on device-resident inputs. rlx peers:
-`rlx` runs through `bind_device` (torch tensors checked once, then each call is one C call: the
-static-buffer serving loop), `rlx_device` through `run_device` (the same, re-validating its arguments
-in Python every call), `rlx_host` through `run` from numpy (host copies in and out included). PyTorch
-runs the plain-torch BERT of `rlx.models.torch_bert` moved to the GPU (eager, and `torch.compile`
-default mode), reading the same torch tensors. Each call is timed on the host and includes
-the device synchronization (rlx's run returns after its stream synchronizes; the torch peers are
-followed by `torch.cuda.synchronize()`). Peers run round-robin, one call each per round; the median is
-reported, and ratios are peer time / rlx time (> 1: rlx is faster). f32 runs without TF32 in both.
+same weights on the same token batch, in this one process, on device-resident inputs. Peers:
+
+| peer | what |
+| --- | --- |
+| `rlx` | `bind_device` (torch tensors checked once, then each call is one C call replaying a CUDA graph) |
+| `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
+| `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
+| `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
+| `sdpa_flash` | SDPA restricted to the flash backend; flash takes no mask, so only cases without padding run it |
+| `compile` | `torch.compile` default mode (SDPA attention), no CUDA graphs: mostly Python launch overhead |
+| `compile_ro` | `torch.compile(mode="reduce-overhead")`: Inductor kernels replayed as CUDA graphs |
+| `compile_ma` | `torch.compile(mode="max-autotune")`: autotuned GEMM templates, CUDA graphs |
+| `ort` | ONNX Runtime, CUDA execution provider, the model exported in the precision (needs onnxruntime-gpu) |
+
+Two times per peer and case: host wall time per call (median over rounds, including the device
+synchronization: rlx's run returns after its stream synchronizes; torch peers are followed by
+`torch.cuda.synchronize()`), and kernel time per call: the sum of the GPU kernel durations that CUPTI
+records (`torch.profiler`, every library's kernels, CUDA-graph replays included) over 20 calls. % of
+peak is the model's FLOPs (GEMMs and attention's two products, 2 per multiply-add) over kernel time,
+against `--peak` TFLOP/s (H100 SXM dense f16/bf16 with f32 accumulation: 989.5). Peers run round-robin,
+one call each per round; ratios are peer time / rlx time (> 1: rlx is faster). f32 runs without TF32.
 
 Weights: random weights of MiniLM-L6's shape by default (seeded), or a HF model directory.
 Also reported: rlx's cold build time (empty cache: lower, optimize, render, nvcc) and warm load time
@@ -22,6 +35,7 @@ Also reported: rlx's cold build time (empty cache: lower, optimize, render, nvcc
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -49,22 +63,61 @@ def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.nda
     return ids, mask
 
 
-def profile(fns: dict, prec: str, case: str, iters: int = 20) -> None:
-    """Per-kernel device time of each peer over `iters` calls (CUPTI sees kernels of every library)."""
+def kernel_ms(fn, iters: int = 20) -> tuple[float, list]:
+    """(ms of GPU kernels per call, the profiler's per-kernel averages): CUPTI sees every library's kernels."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    for name, fn in fns.items():
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                fn()
-            torch.cuda.synchronize()
-        events = [e for e in prof.key_averages() if e.device_time_total > 0]
-        total = sum(e.device_time_total for e in events) / iters
-        print(f"--- profile {name} {prec} {case}: {total / 1e3:.3f} ms of kernels per call")
-        for e in sorted(events, key=lambda e: -e.device_time_total)[:14]:
-            print(f"    {e.device_time_total / iters:9.1f} us  x{e.count // iters:<3d} {e.key[:110]}")
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    return sum(e.device_time_total for e in events) / iters / 1e3, events
+
+
+def print_profile(name: str, prec: str, case: str, events: list, iters: int = 20) -> None:
+    total = sum(e.device_time_total for e in events) / iters
+    print(f"--- profile {name} {prec} {case}: {total / 1e3:.3f} ms of kernels per call")
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:14]:
+        print(f"    {e.device_time_total / iters:9.1f} us  x{e.count // iters:<3d} {e.key[:110]}")
+
+
+def call_torch(module, ids, mask, ctx=None):
+    """One call of a torch peer, then a device synchronization; returns its output.
+
+    A CUDA-graph peer's output lives in memory the next replay of any such peer overwrites: the
+    caller clones it before calling another peer.
+    """
+    import torch
+
+    if ctx is None:
+        out = module(ids, mask)
+    else:
+        with ctx():
+            out = module(ids, mask)
+    torch.cuda.synchronize()
+    return out
+
+
+def ort_session(module, t_ids, t_mask, path: Path):
+    """An ONNX Runtime session on the CUDA execution provider, or the reason there is none."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None, "onnxruntime is not installed"
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return None, "this onnxruntime has no CUDAExecutionProvider (onnxruntime-gpu is not installed)"
+    import torch
+
+    torch.onnx.export(module, (t_ids, t_mask), str(path), input_names=["input_ids", "attention_mask"],
+                      output_names=["embeddings"], opset_version=17, dynamo=False)
+    sess = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider"])
+    if sess.get_providers()[0] != "CUDAExecutionProvider":
+        return None, f"onnxruntime fell back to {sess.get_providers()}"
+    return sess, ""
 
 
 def main() -> int:
@@ -72,8 +125,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--cases", default="1x16,8x128,128x128")
     ap.add_argument("--precisions", default="f32,f16")
-    ap.add_argument("--peers", default="rlx,rlx_device,rlx_host,eager,compile")
+    ap.add_argument("--peers", default="rlx,eager,sdpa,sdpa_flash,compile_ro,compile_ma,ort")
     ap.add_argument("--weights", default="random")
+    ap.add_argument("--peak", type=float, default=989.5, help="dense f16 TFLOP/s of the GPU, for %% of peak")
     ap.add_argument("--profile", default="", help="BxS[,BxS]: print per-kernel CUDA time of each peer there")
     args = ap.parse_args()
 
@@ -115,15 +169,18 @@ def main() -> int:
         upload = time.perf_counter() - t0
         assert cg.cache_hit
         print(f"rlx {prec}: cold build {cold:.2f} s (render + nvcc + cache publish {nvcc_s:.2f} s of it), "
-              f"warm load {warm * 1e3:.1f} ms (cache hit), weight upload {upload * 1e3:.1f} ms")
+              f"warm load {warm * 1e3:.1f} ms (cache hit), weight upload {upload * 1e3:.1f} ms, "
+              f"GEMM {cg.manifest.get('gemm')}, arch {cg.manifest.get('arch')}")
         builds[prec] = cg
 
     tb = TorchBert(cfg, weights)
+    compile_modes = {"compile": None, "compile_ro": "reduce-overhead", "compile_ma": "max-autotune"}
     rows = []
     for prec in precisions:
         tdtype = torch.float32 if prec == "f32" else torch.float16
-        module = tb.module(pooled=True).to(dev, tdtype)
-        compiled = torch.compile(module, dynamic=False) if "compile" in peers else None
+        eager = tb.module(pooled=True).to(dev, tdtype)
+        sdpa = tb.module(pooled=True, attention="sdpa").to(dev, tdtype)
+        unmasked = tb.module(pooled=True, attention="sdpa_unmasked").to(dev, tdtype)
         ref32 = tb.module(pooled=True).to(dev, torch.float32)
         cg = builds[prec]
         for batch, seq in cases:
@@ -132,7 +189,7 @@ def main() -> int:
             dfeed = {k: torch.from_numpy(v).to(dev) for k, v in feed.items()}
             out = torch.empty((batch, cfg.hidden_size), dtype=torch.float32, device=dev)
             t_ids, t_mask = dfeed["input_ids"], dfeed["attention_mask"]
-            fns = {}
+            fns, notes = {}, []
             if "rlx" in peers:
                 fns["rlx"] = cg.bind_device(dfeed, outputs={"embeddings": out})
             if "rlx_device" in peers:
@@ -141,46 +198,96 @@ def main() -> int:
             if "rlx_host" in peers:
                 fns["rlx_host"] = lambda feed=feed, cg=cg: cg.run(feed)
             with torch.inference_mode():
+                def torch_peer(name, m, ctx=None, a=t_ids, b=t_mask):
+                    return functools.partial(call_torch, m, a, b, ctx)
+
                 if "eager" in peers:
-                    fns["eager"] = lambda m=module, a=t_ids, b=t_mask: (m(a, b), torch.cuda.synchronize())
-                if compiled is not None:
+                    fns["eager"] = torch_peer("eager", eager)
+                if "sdpa" in peers:
+                    fns["sdpa"] = torch_peer("sdpa", sdpa)
+                if "sdpa_flash" in peers:
+                    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                    if prec == "f32":
+                        notes.append("sdpa_flash: flash attention has no f32 kernel")
+                    elif not mask.all():
+                        notes.append("sdpa_flash: flash takes no mask and this batch is padded")
+                    else:
+                        fns["sdpa_flash"] = torch_peer("sdpa_flash", unmasked,
+                                                       lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION]))
+                for name, mode in compile_modes.items():
+                    if name not in peers:
+                        continue
+                    torch._dynamo.reset()
+                    compiled = torch.compile(sdpa, mode=mode, dynamic=False)
                     t0 = time.perf_counter()
-                    compiled(t_ids, t_mask)
+                    for _ in range(3):  # reduce-overhead records its CUDA graph on a later call
+                        compiled(t_ids, t_mask)
                     torch.cuda.synchronize()
-                    print(f"torch.compile {prec} {batch}x{seq}: first call {time.perf_counter() - t0:.1f} s")
-                    fns["compile"] = lambda m=compiled, a=t_ids, b=t_mask: (m(a, b), torch.cuda.synchronize())
-                # correctness: rlx vs torch float32 eager (same weights, same tokens)
+                    print(f"torch.compile({mode or 'default'}) {prec} {batch}x{seq}: first calls "
+                          f"{time.perf_counter() - t0:.1f} s")
+                    fns[name] = torch_peer(name, compiled)
+                if "ort" in peers:
+                    sess, why = ort_session(sdpa if prec != "f32" else eager, t_ids, t_mask,
+                                            Path(cold_dir) / f"minilm_{prec}_{batch}x{seq}.onnx")
+                    if sess is None:
+                        notes.append(f"ort: {why}")
+                    else:
+                        binding = sess.io_binding()
+                        for nm, t in (("input_ids", t_ids), ("attention_mask", t_mask)):
+                            binding.bind_input(nm, "cuda", 0, np.int64, tuple(t.shape), t.data_ptr())
+                        ort_out = torch.empty((batch, cfg.hidden_size), dtype=tdtype, device=dev)
+                        binding.bind_output("embeddings", "cuda", 0, np.float32 if prec == "f32" else np.float16,
+                                            tuple(ort_out.shape), ort_out.data_ptr())
+                        fns["ort"] = lambda s=sess, b=binding, o=ort_out: (s.run_with_iobinding(b), o)[1]
+                # correctness: every peer vs torch float32 eager (same weights, same tokens)
                 want = ref32(t_ids, t_mask).float()
                 cg.run_device(dfeed, outputs={"embeddings": out})
-                cos = torch.nn.functional.cosine_similarity(out, want, dim=1).min().item()
                 for fn in fns.values():
                     fn()
                     fn()
+                cos = {"rlx": torch.nn.functional.cosine_similarity(out, want, dim=1).min().item()}
+                for name, fn in fns.items():
+                    if not name.startswith("rlx"):  # each torch / ORT peer's output, cloned at once
+                        got = fn().float().clone()
+                        cos[name] = torch.nn.functional.cosine_similarity(got, want, dim=1).min().item()
                 times: dict[str, list[float]] = {k: [] for k in fns}
                 for _ in range(args.rounds):
                     for k, fn in fns.items():
                         t0 = time.perf_counter()
                         fn()
                         times[k].append(time.perf_counter() - t0)
-                if f"{batch}x{seq}" in args.profile.split(","):
-                    profile(fns, prec, f"{batch}x{seq}")
+                kern: dict[str, float] = {}
+                for k, fn in fns.items():
+                    kern[k], events = kernel_ms(fn)
+                    if f"{batch}x{seq}" in args.profile.split(","):
+                        print_profile(k, prec, f"{batch}x{seq}", events)
             med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-            rows.append((prec, batch, seq, med, cos))
-            print(f"  {prec} {batch}x{seq}: " + "  ".join(f"{k} {v:.3f} ms" for k, v in med.items())
-                  + f"  min cos(rlx, torch f32) {cos:.6f}")
+            flops = float(cfg.flops(batch, seq))
+            rows.append((prec, batch, seq, med, kern, cos, flops))
+            print(f"  {prec} {batch}x{seq} ({flops / 1e9:.1f} GFLOP): "
+                  + "  ".join(f"{k} {v:.3f}/{kern[k]:.3f} ms" for k, v in med.items()) + "  (wall/kernel)")
+            print("    min cos vs torch f32: " + "  ".join(f"{k} {v:.6f}" for k, v in cos.items()))
+            for n in notes:
+                print(f"    skipped {n}")
+            torch._dynamo.reset()
 
-    names = [p for p in ("rlx", "rlx_device", "rlx_host", "eager", "compile") if p in peers]
+    names = [p for p in ("rlx", "rlx_device", "rlx_host", "eager", "sdpa", "sdpa_flash", "compile", "compile_ro",
+                         "compile_ma", "ort") if p in peers]
     print()
-    print("| precision | batch x seq | " + " | ".join(f"{n} ms" for n in names)
-          + " | eager/rlx | compile/rlx | rlx/compile | min cos vs torch f32 |")
-    print("|---|---|" + "---|" * (len(names) + 4))
-    for prec, batch, seq, med, cos in rows:
-        r = med.get("rlx")
-        eg = f"{med['eager'] / r:.2f}" if r and "eager" in med else "-"
-        cp = f"{med['compile'] / r:.2f}" if r and "compile" in med else "-"
-        rc = f"{r / med['compile']:.2f}" if r and "compile" in med else "-"
-        print(f"| {prec} | {batch}x{seq} | " + " | ".join(f"{med[n]:.3f}" for n in names)
-              + f" | {eg} | {cp} | {rc} | {cos:.6f} |")
+    print(f"Wall: host ms per call (median of {args.rounds}); kernel: ms of GPU kernels per call (CUPTI); "
+          f"% peak: FLOPs / kernel time / {args.peak:g} TFLOP/s; x: peer / rlx (> 1: rlx faster).")
+    print("| prec | batch x seq | peer | wall ms | kernel ms | % f16 peak | wall x | kernel x | min cos |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for prec, batch, seq, med, kern, cos, flops in rows:
+        for n in names:
+            if n not in med:
+                continue
+            pct = flops / (kern[n] * 1e-3) / (args.peak * 1e12) * 100
+            wx = f"{med[n] / med['rlx']:.2f}" if "rlx" in med else "-"
+            kx = f"{kern[n] / kern['rlx']:.2f}" if "rlx" in kern else "-"
+            c = f"{cos[n]:.6f}" if n in cos else "-"
+            print(f"| {prec} | {batch}x{seq} | {n} | {med[n]:.3f} | {kern[n]:.3f} | {pct:.1f} | {wx} | {kx} | {c} |")
     return 0
 
 

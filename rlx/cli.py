@@ -58,14 +58,14 @@ class UsageError(Exception):
 CPU_LEVELS = {"avx2": "x86-64-v3", "avx512": "x86-64-v4", "native": "native"}
 _MARCH_RE = re.compile(r"^[a-z0-9_.+-]{1,64}$")
 _SM_RE = re.compile(r"^(?:sm_)?(\d{2,3})(a?)$")
-TARGET_HELP = "cpu (default), cpu:avx2, cpu:avx512, cpu:MARCH, cuda, cuda:sm_XY (e.g. cuda:sm_90)"
+TARGET_HELP = "cpu (default), cpu:avx2, cpu:avx512, cpu:MARCH, cuda, cuda:sm_XY (e.g. cuda:sm_90), metal"
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
     """A parsed `--target`: the device and, optionally, the instruction set or GPU arch to build for."""
 
-    device: str = "cpu"  # "cpu" | "cuda"
+    device: str = "cpu"  # "cpu" | "cuda" | "metal"
     cpu_target: str | None = None  # a -march value ("x86-64-v3"); None: RLX_CPU_TARGET (default native)
     arch: str | None = None  # "sm_90"; None: the visible GPU's arch
     text: str = "cpu"
@@ -79,7 +79,9 @@ def parse_target(text: str) -> Target:
     spec = text.strip().lower()
     device, sep, variant = spec.partition(":")
     if device == "metal":
-        raise argparse.ArgumentTypeError("the Metal backend is not available in this build")
+        if sep:
+            raise argparse.ArgumentTypeError(f"{text!r}: the metal target has no variants; expected 'metal'")
+        return Target("metal", None, None, "metal")
     if sep and not variant:
         raise argparse.ArgumentTypeError(f"{text!r} names no variant after ':'; expected {TARGET_HELP}")
     if device == "cpu":
@@ -275,6 +277,8 @@ def _session(args: argparse.Namespace) -> Any:
     target = _target(args)
     if target.device == "cuda":
         return rlx.Session(rlx.Device.CUDA, config=_config(args), target=target.arch)
+    if target.device == "metal":
+        return rlx.Session(rlx.Device.METAL, config=_config(args))
     return rlx.Session(rlx.Device.CPU, config=_config(args))
 
 
@@ -502,6 +506,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         raise UsageError("--weights needs -o DIR: the weights are saved into the artifact "
                          "(to run a graph with weights: rlxc run GRAPH --weights W.safetensors)")
     model = load_model(args, path)
+    if _target(args).device == "metal":
+        return _compile_metal(args, model)
     t0 = time.perf_counter()
     compiled = compile_graph(args, model.graph)
     elapsed = time.perf_counter() - t0
@@ -530,6 +536,28 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _compile_metal(args: argparse.Namespace, model: Any) -> int:
+    """`compile --target metal`: the .metal source and its manifest (+ the .metallib where xcrun has Metal)."""
+    from rlx.driver import lower_to_lir, to_mir
+    from rlx.toolchain.metal import build_metal, write_metal
+
+    if args.weights or model.params:
+        raise UsageError("--target metal writes the program only (model.metal, manifest.json); weights are set "
+                         "at run time with MetalGraph.set_param")
+    config = _config(args)
+    lir = lower_to_lir(to_mir(model.graph), config.opt_level, debug=config.debug, backend="metal")
+    built = write_metal(lir, Path(args.output)) if args.output else build_metal(lir, config)
+    info = sys.stderr if args.emit_source and not args.output else sys.stdout
+    print(f"{model.graph.name}: key {built.key} (metal)", file=info)
+    if args.emit_source and not args.output:
+        sys.stdout.write(built.source.read_text())
+    else:
+        print(f"source: {built.source}\nmanifest: {built.manifest}", file=info)
+        print(f"metallib: {built.metallib}" if built.metallib is not None else
+              "metallib: not built (no Metal toolchain here: xcrun metal is macOS only)", file=info)
+    return EXIT_OK
+
+
 ARTIFACT_STAGES = ("manifest", "source")
 
 
@@ -545,7 +573,7 @@ def _print_support(args: argparse.Namespace) -> int:
             print(f"{kind:<28}" + "".join(f"{'yes' if has[b] else '-':>6}" for b in backends))
         return EXIT_OK
     graph = load_graph(Path(args.path))
-    for backend in ("cpu", "cuda"):
+    for backend in ("cpu", "cuda", "metal"):
         found = first_unsupported_op(graph, backend)
         print(f"{backend}: " + ("every op supported" if found is None else f"{found[1]} (node {found[0].label})"))
     return EXIT_OK
@@ -585,8 +613,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     target = _target(args)
     if args.target is not None and stage != "source":
         raise UsageError(f"--target changes only --stage source (the {stage.upper()} is the same for every target)")
-    if target.device != "cpu":
-        raise UsageError(f"--stage source renders C for the cpu target; for {target} use "
+    if target.device == "cuda":
+        raise UsageError(f"--stage source renders C or Metal (--target metal); for {target} use "
                          f"`rlxc compile GRAPH --target {target} --emit-source`")
     model = load_model(args, path)
     graph = model.graph
@@ -607,6 +635,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(result["mir"])
     elif stage == "lir":
         print(result["lir"].inspect())
+    elif target.device == "metal":
+        from rlx.codegen.metal import MetalTarget, render_metal
+
+        print(render_metal(result["lir"], MetalTarget(), result["lir"].manifest()).source)
     else:
         from rlx.toolchain.cpu import render_source
 
@@ -808,6 +840,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         line("nvcc", f"{nvcc} ({_first_line([nvcc, '--version'], last=True)})")
     else:
         line("nvcc", "not found (CUDA target unavailable)")
+    from rlx.toolchain.metal import metal_toolchain_report
+
+    line("metal", metal_toolchain_report().removeprefix("metal: "))
     smi = shutil.which("nvidia-smi")
     gpus = _first_line([smi, "-L"], all_lines=True) if smi else ""
     line("gpus", gpus.replace("\n", "; ") if gpus else "none found")
@@ -849,6 +884,15 @@ def cmd_embed(argv: list[str]) -> int:
 
     try:
         return int(embed.main(argv) or 0)
+    except SystemExit as exc:  # its argparse: --help or a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def cmd_generate(argv: list[str]) -> int:
+    from rlx.examples import generate
+
+    try:
+        return int(generate.main(argv) or 0)
     except SystemExit as exc:  # its argparse: --help or a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
@@ -997,6 +1041,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_doctor)
 
     sub.add_parser("embed", help="sentence embeddings example (rlxc embed --help)", add_help=False)
+    sub.add_parser("generate", help="generate text with a GGUF decoder LLM (rlxc generate --help)", add_help=False)
     return p
 
 
@@ -1021,11 +1066,16 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
+_EXAMPLES = {"embed": cmd_embed, "generate": cmd_generate}
+
+
 def _main(argv: list[str]) -> int:
-    debug = "--debug" in argv[: argv.index("embed")] if "embed" in argv else "--debug" in argv
+    # embed and generate parse their own arguments; --debug before the command still applies
+    command = next((a for a in argv if a in _EXAMPLES), None)
+    debug = "--debug" in argv[: argv.index(command)] if command else "--debug" in argv
     words = [a for a in argv if a != "--debug"]
-    if words and words[0] == "embed":
-        return _guard(lambda: cmd_embed(words[1:]), debug, "embed")
+    if words and words[0] in _EXAMPLES:
+        return _guard(lambda: _EXAMPLES[words[0]](words[1:]), debug, words[0])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help/--version (0) or a usage error (2): return the status instead of exiting

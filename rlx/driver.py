@@ -57,7 +57,7 @@ from types import ModuleType
 from typing import Any
 
 from rlx.config import Config
-from rlx.errors import IRError, RlxError
+from rlx.errors import BuildError, IRError, RlxError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
@@ -81,6 +81,8 @@ class Device(enum.Enum):
 
     CPU = "cpu"
     CUDA = "cuda"
+    #: Apple GPUs: the .metal source renders and is checked everywhere; it builds and runs on macOS only.
+    METAL = "metal"
 
     @staticmethod
     def parse(value: Device | str) -> Device:
@@ -199,6 +201,8 @@ class Session:
         with _trusting_own_loads() as pristine:
             if self.device is Device.CUDA:
                 return self._compile_cuda(graph, opt_level, pristine)
+            if self.device is Device.METAL:
+                return self._compile_metal(graph, opt_level)
             library_path, source, key, hit = self._build_cpu(graph, opt_level, pristine)
         threads = num_threads if num_threads is not None else self.config.num_threads
         return CompiledGraph(load_library(library_path), source=source, key=key, cache_hit=hit,
@@ -253,6 +257,23 @@ class Session:
                    "request": f"precision={self.precision} arch={toolchain.arch} cuda={toolchain.cuda_version}"}
         library, source, key, hit, _ = _through_index(config, mir, level, request, compile_fully, pristine)
         return CudaGraph(load_library(library), source=source, key=key, cache_hit=hit, build_seconds=seconds)
+
+
+    def _compile_metal(self, graph: Any, opt_level: int | None) -> Any:
+        """The Metal program for `graph` (macOS: `xcrun metal` into the cache, run through PyObjC)."""
+        from rlx.toolchain.metal import build_metal
+
+        config = self.config
+        level = config.opt_level if opt_level is None else opt_level
+        lir = self.lower(graph) if _is_lir(graph) else lower_to_lir(to_mir(graph), level, debug=config.debug,
+                                                                    backend="metal")
+        built = build_metal(lir, config)
+        if built.metallib is None:
+            raise BuildError(f"no Metal toolchain here (xcrun metal is macOS only): the Metal source is at "
+                             f"{built.source}; `rlxc doctor` says what is missing")
+        from rlx.runtime.metal_device import load_metal
+
+        return load_metal(built.dir)
 
 
 def _is_lir(graph: Any) -> bool:

@@ -30,6 +30,7 @@ from rlx.errors import ExecutionError
 from rlx.ir import ops as O
 from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
+from rlx.ir.quant import dequantize as dequantize_blocks
 from rlx.ir.shape import Shape
 from rlx.ir.view import movement_view
 
@@ -270,6 +271,21 @@ def _eval_cast(op: O.Cast, args: list, shape: Shape, symbols: dict, in_shapes: o
 @evaluates(O.MatMul)
 def _eval_matmul(op: O.MatMul, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
     return _finish(np.matmul(args[0], args[1]), shape.dtype)
+
+
+@evaluates(O.DequantMatMul)
+def _eval_dequant_matmul(op: O.DequantMatMul, args: list, shape: Shape, symbols: dict,
+                         in_shapes: object) -> np.ndarray:
+    # the weight dequantized exactly as GGUF defines its blocks, then an f64 product
+    x, raw = args
+    w = dequantize_blocks(np.asarray(raw, dtype=np.uint8), op.quant, x.shape[-1])
+    return _finish(np.matmul(x, w.astype(np.float64).T), shape.dtype)
+
+
+@evaluates(O.Dequantize)
+def _eval_dequantize(op: O.Dequantize, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(dequantize_blocks(np.asarray(args[0], dtype=np.uint8), op.quant, shape.dims[-1].value),
+                   shape.dtype)
 
 
 _REDUCERS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}

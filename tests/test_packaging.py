@@ -14,5 +14,14 @@ def test_every_subpackage_ships_in_the_wheel() -> None:
     on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "rlx").rglob("__init__.py")}
     assert on_disk <= listed, f"add to [tool.setuptools] packages: {sorted(on_disk - listed)}"
     assert config["package-dir"]["rlx.templates"] == "templates"
-    for target in ("cpu", "cuda"):
+    for target in ("cpu", "cuda", "metal"):
         assert any((REPO / "templates" / target).iterdir()), f"templates/{target} is empty"
+    # every template file is matched by a package-data pattern (the Metal kernels included)
+    import fnmatch
+
+    patterns = config["package-data"]["rlx.templates"]
+    for path in (REPO / "templates").rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            rel = path.relative_to(REPO / "templates").as_posix()
+            assert any(fnmatch.fnmatch(rel, p) and rel.count("/") == p.count("/") for p in patterns), \
+                f"{rel} is not shipped: add its directory to [tool.setuptools.package-data]"

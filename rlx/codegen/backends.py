@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rlx.codegen import c, cuda
+from rlx.codegen import c, cuda, metal
 from rlx.codegen.registry import BACKENDS, RuleTable, table
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node
 
 #: The module that registers each backend's rules (imported above, so the tables are full).
-RULE_MODULES = {"cpu": c, "cuda": cuda}
+RULE_MODULES = {"cpu": c, "cuda": cuda, "metal": metal}
 
 
 def load_rules(backend: str) -> RuleTable:
@@ -23,7 +23,9 @@ def load_rules(backend: str) -> RuleTable:
     if backend == "cpu":
         import rlx.codegen.c
     elif backend == "cuda":
-        import rlx.codegen.cuda  # noqa: F401
+        import rlx.codegen.cuda
+    elif backend == "metal":
+        import rlx.codegen.metal  # noqa: F401
     return table(backend)
 
 

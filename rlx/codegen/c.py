@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, is_dataclass, replace
 from types import MappingProxyType
@@ -35,7 +34,17 @@ import jinja2
 
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.common import dim_expr
-from rlx.codegen.registry import Kernel, float32_only, table
+from rlx.codegen.cpu_base import (
+    ATTN_QBLOCK,
+    CPU,
+    GRAIN,
+    PACK_NR_MAX,
+    c_string,
+    c_string_lines,
+    comment,
+    node_header,
+)
+from rlx.codegen.registry import Kernel, float32_only
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions import AbsorbedTranspose, PackedParam
@@ -49,19 +58,11 @@ from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cpu-3"
-#: Elementwise work (elements) below which a loop runs on the calling thread only.
-GRAIN = 1 << 15
-#: Query rows per attention task; one task's score tile is ATTN_QBLOCK x Skv floats.
-ATTN_QBLOCK = 64
-#: Panel width param storage is padded to for packed GEMM operands (the widest kernel's NR;
-#: narrower kernels fit in the same bytes, so storage does not depend on the ISA).
-PACK_NR_MAX = 32
 _INT32_MAX = (1 << 31) - 1
 
 _COMPUTE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
             DType.I8: "int8_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
             DType.BOOL: "uint8_t"}
-_COMMENT_BAD = re.compile(r"[^A-Za-z0-9_.,:;()\[\]<>=+\- #%@!?'^~|&{}$]")
 
 
 @dataclass(frozen=True)
@@ -415,51 +416,6 @@ class RopeArgs(CpuArgs):
     #: cos/sin tables per batch row ([batch, seq, rot/2]) rather than shared ([seq, rot/2]).
     per_row: bool
     grain: int
-
-
-def comment(text: object, limit: int = 96) -> str:
-    """Text safe inside a C block comment: no `*`, `/`, backslash, newline or non-printables.
-
-    >>> comment("evil */ system(\\"rm\\"); /*\\n")
-    'evil ?? system(?rm?); ???'
-    """
-    s = _COMMENT_BAD.sub("?", str(text))
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def node_header(node: Node, width: int) -> str:
-    """The comment text that heads a node's generated code: id, op, debug name, shape (all sanitized)."""
-    name = f" ({comment(node.name, 60)})" if node.name else ""
-    return comment(f"%{node.id} {node.op.describe()}", width) + name + " : " + comment(str(node.shape), 60)
-
-
-def c_string(text: str) -> str:
-    """A C string literal holding `text` exactly (printable ASCII, everything else escaped).
-
-    >>> c_string('a"b\\\\c\\n')
-    '"a\\\\"b\\\\\\\\c\\\\n"'
-    """
-    out = ['"']
-    for ch in text.encode("utf-8"):
-        c = chr(ch)
-        if c == '"':
-            out.append('\\"')
-        elif c == "\\":
-            out.append("\\\\")
-        elif c == "\n":
-            out.append("\\n")
-        elif 32 <= ch < 127 and c != "?":  # '?' escaped so no trigraph can form
-            out.append(c)
-        else:
-            out.append(f"\\{ch:03o}")
-    out.append('"')
-    return "".join(out)
-
-
-def c_string_lines(text: str, width: int = 100) -> list[str]:
-    """`text` as a sequence of adjacent string literals of bounded width."""
-    chunks = [text[i:i + width] for i in range(0, len(text), width)] or [""]
-    return [c_string(c) for c in chunks]
 
 
 def _c_int(value: int) -> str:
@@ -956,8 +912,6 @@ class _Planner:
 
 # ── the CPU rule table ─────────────────────────────────────────────────────
 
-CPU = table("cpu")
-
 #: Template file of each kernel macro, and the fixed kernel headers its code calls into.
 MACRO_TEMPLATES = {
     "elementwise": "elementwise.c.j2", "gemm": "gemm.c.j2", "pgemm": "gemm.c.j2", "swiglu": "gemm.c.j2",
@@ -1089,10 +1043,13 @@ def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
     """The complete C source of `lir` (one translation unit exporting the RLX C ABI)."""
     ctx = c_context(lir, target, manifest)
     try:
-        return _environment().get_template("model.c.j2").render(**ctx)
+        source = _environment().get_template("model.c.j2").render(**ctx)
     except jinja2.TemplateError as exc:
         raise BuildError(f"rendering the CPU template failed: {type(exc).__name__}: {exc}") from exc
+    # repeated layers: one function per distinct kernel, not one per node (compile time)
+    return share_kernels(source)
 
 
 # Rules kept in their own modules register into the CPU table when this module loads.
-from rlx.codegen import c_decoder  # noqa: E402,F401
+from rlx.codegen import c_decoder, c_quant  # noqa: E402,F401
+from rlx.codegen.c_share import share_kernels  # noqa: E402

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.c import ATTN_QBLOCK, CPU, PACK_NR_MAX, c_string, node_header
+from rlx.codegen.cpu_base import ATTN_QBLOCK, CPU, PACK_NR_MAX, c_string, node_header
 from rlx.codegen.registry import Kernel, float32_only
 from rlx.ir import ops as O
 from rlx.ir.graph import Node

@@ -49,7 +49,8 @@ CODEGEN_VERSION = "cuda-2"
 _INT32_LIMIT = (1 << 31) - 1
 #: Fixed device code, in the order it appears in the .cu (each file only when some kernel names it).
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
-                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh")
+                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh",
+                  "cuda/kernels/kv_attention.cuh")
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
 COPY_HEADER = "cuda/kernels/copy.cuh"
 
@@ -330,7 +331,8 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
             out.append({"index": slot, "name_c": c_string(spec.name), "name_comment": comment(spec.name, 80),
                         "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "convert": dev is not abi,
                         "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
-                        "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize})
+                        "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize,
+                        "state": getattr(spec, "state", False)})
     return params, constants, inputs, outputs
 
 

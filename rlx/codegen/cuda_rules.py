@@ -475,7 +475,10 @@ def rope(e: CudaEmitter, node: Node) -> Kernel:
     hd = op.head_dim
     args = Rope(**e.base(node), t=e.ctype(node.id), neox=str(op.variant == "neox").lower(),
                 x=e.ptr(node.inputs[0]), cos=e.ptr(node.inputs[1]), sin=e.ptr(node.inputs[2]), out=e.ptr(node.id),
-                rows=e.numel(x.dims[:2]), seq=e.dim(x.dims[1]), heads=x.dims[2].value // hd, hd=hd, rot=op.rot)
+                # per-row tables ([B, S, rot/2]) are indexed by the flat row: "seq" is then every row
+                rows=e.numel(x.dims[:2]),
+                seq=e.numel(x.dims[:2]) if e.node(node.inputs[1]).shape.rank == 3 else e.dim(x.dims[1]),
+                heads=x.dims[2].value // hd, hd=hd, rot=op.rot)
     return _kernel(node, "block_rope", args, ROPE)
 
 

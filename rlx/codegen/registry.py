@@ -31,7 +31,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, Node, NodeId
 
 #: Backends that may register rules (a new backend adds its name here and a rules module).
-BACKENDS = ("cpu", "cuda")
+BACKENDS = ("cpu", "cuda", "metal")
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,14 @@ class Graph:
     def matmul(self, a: NodeId, b: NodeId) -> NodeId:
         return self.add(O.MatMul(), [a, b])
 
+    def dequant_matmul(self, x: NodeId, w: NodeId, *, quant: str) -> NodeId:
+        """x @ dequant(w).T for raw GGUF blocks w u8 `[N, row_bytes]` (`ops.DequantMatMul`)."""
+        return self.add(O.DequantMatMul(quant.lower() if isinstance(quant, str) else quant), [x, w])
+
+    def dequantize(self, x: NodeId, *, quant: str) -> NodeId:
+        """Rows of raw GGUF blocks → f32 (`ops.Dequantize`)."""
+        return self.add(O.Dequantize(quant.lower() if isinstance(quant, str) else quant), [x])
+
     def reduce(self, fn: str, x: NodeId, axes: Iterable[int] = (), keep_dim: bool = False) -> NodeId:
         return self.add(O.Reduce(fn, tuple(axes), bool(keep_dim)), [x])
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir.dtype import DType
+from rlx.ir.quant import QUANT_FORMATS, QuantFormat
 from rlx.ir.shape import Dim, Shape, broadcast_dims, normalize_axis, product
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "exp", "log", "sqrt",
@@ -294,6 +295,72 @@ class MatMul(Op):
         dtype = _same_float_dtype("matmul", inputs)
         _require_float("matmul", a)
         return Shape(_matmul_dims("matmul", a, b), dtype)
+
+
+def _quant_format(kind: str, quant: str) -> QuantFormat:
+    fmt = QUANT_FORMATS.get(quant) if isinstance(quant, str) else None
+    if fmt is None:
+        raise ShapeError(f"{kind}: unknown quantization {quant!r}; expected one of {sorted(QUANT_FORMATS)}")
+    return fmt
+
+
+def _quant_rows(kind: str, fmt: QuantFormat, w: Shape) -> int:
+    """Values per row of raw blocks `w` (u8 `[..., row_bytes]`, static row width)."""
+    if w.dtype is not DType.U8:
+        raise ShapeError(f"{kind} weight must hold raw {fmt.name} blocks as u8, got {w}")
+    last = w.dims[-1] if w.rank else None
+    if last is None or not last.is_static or last.value % fmt.block_bytes:
+        raise ShapeError(f"{kind}: rows of {fmt.name} blocks must be a static multiple of {fmt.block_bytes} "
+                         f"bytes, got {w}")
+    return last.value // fmt.block_bytes * fmt.block_size
+
+
+@dataclass(frozen=True)
+class DequantMatMul(Op):
+    """`x @ dequant(w).T` with w a matrix stored in a GGUF block format (`rlx.ir.quant`).
+
+    Inputs: x f32 `[..., K]`; w u8 `[N, row_bytes(quant, K)]`, the raw blocks of
+    an `[N, K]` weight in GGUF's row-major layout (a param, typically). Output
+    f32 `[..., N]`. `quant` names the block format ("q4_1", "q8_0", ...).
+    """
+
+    kind: ClassVar[str] = "dequant_matmul"
+    arity: ClassVar[tuple[int, int]] = (2, 2)
+    quant: str
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x, w = inputs
+        fmt = _quant_format("dequant_matmul", self.quant)
+        if x.dtype is not DType.F32 or x.rank < 1:
+            raise ShapeError(f"dequant_matmul input must be f32 [..., K], got {x}")
+        k = x.dims[-1]
+        if not k.is_static or k.value % fmt.block_size:
+            raise ShapeError(f"dequant_matmul: K={k} must be a static multiple of the {fmt.name} block size "
+                             f"{fmt.block_size} (input {x})")
+        if w.rank != 2 or not w.is_static:
+            raise ShapeError(f"dequant_matmul weight must be a static u8 [N, row_bytes] matrix, got {w}")
+        want = k.value // fmt.block_size * fmt.block_bytes
+        if w.dtype is not DType.U8 or w.dims[1].value != want:
+            raise ShapeError(f"dequant_matmul: {fmt.name} rows of K={k.value} values take {want} bytes, "
+                             f"so the weight must be u8[N, {want}], got {w}")
+        return x.with_dims((*x.dims[:-1], w.dims[0]))
+
+
+@dataclass(frozen=True)
+class Dequantize(Op):
+    """Rows of GGUF blocks → f32: u8 `[..., row_bytes]` → f32 `[..., cols]` (e.g. gathered embedding rows)."""
+
+    kind: ClassVar[str] = "dequantize"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    quant: str
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x = inputs[0]
+        fmt = _quant_format("dequantize", self.quant)
+        if x.rank < 1:
+            raise ShapeError(f"dequantize needs rows of blocks [..., row_bytes], got {x}")
+        cols = _quant_rows("dequantize", fmt, x)
+        return Shape((*x.dims[:-1], Dim(cols)), DType.F32)
 
 
 @dataclass(frozen=True)

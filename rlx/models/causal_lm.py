@@ -73,7 +73,10 @@ class Generation:
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """One generated token and the text it completes (may be "" inside a multi-byte character)."""
+    """One generated token and the text it completes (may be "" inside a multi-byte character).
+
+    The last event of a stream may carry token_id -1: the text of bytes left undecoded at the end.
+    """
 
     token_id: int
     text: str
@@ -157,7 +160,9 @@ class CausalLM:
         arrays = {}
         for node in self.graph.inputs():
             if node.op.state:
-                arrays[node.op.name] = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
+                zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
+                # on a GPU the cache lives in device memory: a step never copies it over the bus
+                arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
         return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context)
 
     # ── one step ──────────────────────────────────────────────────────
@@ -191,6 +196,10 @@ class CausalLM:
             from rlx import reference
 
             return reference.run(self.graph, feed, self._params)[0]
+        if self.device == "cuda":
+            on_device = {name: value if not isinstance(value, np.ndarray) else self._compiled.to_device(value)
+                         for name, value in feed.items()}
+            return self._compiled.run_device(on_device)[0].numpy()
         return self._compiled.run(dict(feed))[0]
 
     # ── logits ────────────────────────────────────────────────────────
@@ -224,7 +233,7 @@ class CausalLM:
                 raise RlxError("this model has no tokenizer: pass token ids")
             text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
             ids = self.tokenizer.encode(text)
-            if not ids and self.config.bos_id is not None:
+            if not ids and self.config.bos_id >= 0:
                 ids = [self.config.bos_id]
         else:
             ids = [int(t) for t in prompt]
@@ -246,6 +255,10 @@ class CausalLM:
             yield StreamEvent(token, piece)
             if stop and any(s in text for s in stop):
                 return
+        if decoder is not None:
+            rest = decoder.flush()  # bytes of an unfinished character at the end
+            if rest:
+                yield StreamEvent(-1, rest)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -283,7 +296,7 @@ class CausalLM:
     def _stop_ids(self) -> frozenset[int]:
         if self.tokenizer is not None and getattr(self.tokenizer, "stop_ids", None):
             return frozenset(self.tokenizer.stop_ids)
-        return frozenset({self.config.eos_id} if self.config.eos_id is not None else ())
+        return frozenset({self.config.eos_id} if self.config.eos_id >= 0 else ())
 
     def _steps(self, prompts: list[list[int]], max_new: int, sampler: Sampler, stop_ids: frozenset[int],
                reasons: list[str]) -> Iterator[list[int | None]]:

@@ -1,12 +1,44 @@
-"""Hyper-parameters of a LLaMA-family decoder (provisional: replaced by the GGUF reader's version)."""
+"""The hyper-parameters of a LLaMA-family decoder (LLaMA, Mistral-style, SmolLM, Qwen2).
+
+One frozen record that every later stage (graph builder, KV cache, RoPE tables,
+generation) reads, whatever file it came from. `rlx.models.gguf.read_gguf`
+fills it from a GGUF file's metadata; it can also be built by hand for a test.
+
+>>> cfg = DecoderConfig(arch="llama", vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
+...                     num_kv_heads=2, head_dim=16, ffn_size=128)
+>>> cfg.q_size, cfg.kv_size, cfg.group_size, cfg.n_rot
+(64, 32, 2, 16)
+>>> cfg.rope_variant
+'interleaved'
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from rlx.errors import ArtifactError
+
+#: How RoPE pairs the values of a head. "interleaved" rotates adjacent pairs (x[2i], x[2i+1]) —
+#: llama.cpp's NORM rope type, used by `llama` (LLaMA, Mistral, SmolLM files, whose converter
+#: permutes the q/k rows to match). "neox" rotates (x[i], x[i + n_rot/2]) — llama.cpp's NEOX
+#: type, used by `qwen2`.
+ROPE_VARIANTS = ("interleaved", "neox")
+
+#: llama.cpp's rope type per supported GGUF architecture (`llama_model_rope_type`).
+ARCH_ROPE_VARIANT = {"llama": "interleaved", "qwen2": "neox"}
 
 
 @dataclass(frozen=True)
 class DecoderConfig:
+    """A pre-norm decoder: RMSNorm, GQA attention with RoPE, SwiGLU FFN, optional tied output head.
+
+    `head_dim` may differ from `hidden_size / num_heads` (Mistral-Nemo style files say so with
+    `attention.key_length`); `n_rot` is how many leading dims of each head RoPE rotates (all of
+    them for every supported architecture, but files state it). `rope_scale` is linear position
+    scaling (positions are divided by it). `qkv_bias` is True where q/k/v projections carry a
+    bias (Qwen2). `bos_id`/`eos_id` are -1 when the file names none.
+    """
+
     arch: str
     vocab_size: int
     hidden_size: int
@@ -15,11 +47,68 @@ class DecoderConfig:
     num_kv_heads: int
     head_dim: int
     ffn_size: int
-    rms_eps: float
-    rope_base: float
-    rope_variant: str
-    n_rot: int
-    context_length: int
-    tie_embeddings: bool
-    bos_id: int | None = None
-    eos_id: int | None = None
+    rms_eps: float = 1e-5
+    rope_base: float = 10000.0
+    rope_variant: str = ""
+    n_rot: int = 0
+    context_length: int = 2048
+    tie_embeddings: bool = False
+    bos_id: int = -1
+    eos_id: int = -1
+    qkv_bias: bool = False
+    rope_scale: float = 1.0
+    #: Model file name or other free text; not part of equality (two files of one shape compare equal).
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arch, str) or not self.arch:
+            raise ArtifactError(f"decoder config arch must be a non-empty string, got {self.arch!r}")
+        # Fill the defaults that depend on other fields (frozen: through object.__setattr__).
+        if self.rope_variant == "":
+            if self.arch not in ARCH_ROPE_VARIANT:
+                raise ArtifactError(f"decoder config: no default RoPE variant for arch {self.arch!r}; "
+                                    f"pass rope_variant= one of {ROPE_VARIANTS}")
+            object.__setattr__(self, "rope_variant", ARCH_ROPE_VARIANT[self.arch])
+        if self.n_rot == 0 and isinstance(self.head_dim, int):
+            object.__setattr__(self, "n_rot", self.head_dim)
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "ffn_size", "n_rot", "context_length"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ArtifactError(f"decoder config {name} must be a positive int, got {v!r}")
+        for name in ("bos_id", "eos_id"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not -1 <= v < self.vocab_size:
+                raise ArtifactError(f"decoder config {name} must be -1 (none) or a token id below vocab_size "
+                                    f"{self.vocab_size}, got {v!r}")
+        for name in ("rms_eps", "rope_base", "rope_scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0 or v != v or v == float("inf"):
+                raise ArtifactError(f"decoder config {name} must be a positive finite number, got {v!r}")
+        for name in ("tie_embeddings", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArtifactError(f"decoder config {name} must be a bool, got {getattr(self, name)!r}")
+        if self.rope_variant not in ROPE_VARIANTS:
+            raise ArtifactError(f"decoder config rope_variant must be one of {ROPE_VARIANTS}, "
+                                f"got {self.rope_variant!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ArtifactError(f"decoder config num_heads {self.num_heads} is not a multiple of "
+                                f"num_kv_heads {self.num_kv_heads} (grouped-query attention needs whole groups)")
+        if self.n_rot > self.head_dim or self.n_rot % 2:
+            raise ArtifactError(f"decoder config n_rot {self.n_rot} must be even and at most head_dim "
+                                f"{self.head_dim}")
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection's output (num_heads * head_dim)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the key (and value) projection's output (num_kv_heads * head_dim)."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def group_size(self) -> int:
+        """Query heads sharing one KV head."""
+        return self.num_heads // self.num_kv_heads

@@ -87,13 +87,23 @@ def _spec(specs: Mapping[str, WeightSpec], name: str, shape: tuple[int, ...]) ->
     return spec
 
 
+def _param(g: Graph, name: str, dims: list[int], dtype: str) -> NodeId:
+    """The param `name`, created once: tied embeddings read one quantized table twice."""
+    for node in g.params():
+        if node.op.name == name:
+            if list(node.shape.static_dims) != dims or node.shape.dtype.value != dtype:
+                raise IRError(f"param {name!r} is used as {node.shape} and as {dtype}{dims}")
+            return node.id
+    return g.param(name, dims, dtype)
+
+
 def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_out: int, n_in: int) -> NodeId:
     """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized."""
     spec = _spec(specs, name, (n_out, n_in))
     if spec.quantized:
         from rlx.ir.quant import row_bytes
 
-        w = g.param(name, [n_out, row_bytes(spec.ggml_type, n_in)], "u8")
+        w = _param(g, name, [n_out, row_bytes(spec.ggml_type, n_in)], "u8")
         return g.dequant_matmul(x, w, quant=spec.ggml_type)
     # f32 weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
     w = g.param(name, [n_in, n_out])
@@ -113,8 +123,8 @@ def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config
     if spec.quantized:
         from rlx.ir.quant import row_bytes
 
-        table = g.param("token_embd.weight", [config.vocab_size, row_bytes(spec.ggml_type, config.hidden_size)],
-                        "u8")
+        table = _param(g, "token_embd.weight", [config.vocab_size, row_bytes(spec.ggml_type, config.hidden_size)],
+                       "u8")
         return g.dequantize(g.gather(table, tokens), quant=spec.ggml_type)
     table = g.param("token_embd.weight.rows", [config.vocab_size, config.hidden_size])
     return g.gather(table, tokens)
@@ -202,6 +212,7 @@ def rope_tables(positions: np.ndarray, seq: int, config: DecoderConfig) -> tuple
     half = config.n_rot // 2
     inv_freq = config.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / config.n_rot)
     pos = np.asarray(positions, dtype=np.float64)[:, None] + np.arange(seq, dtype=np.float64)[None, :]
+    pos = pos / config.rope_scale  # linear position scaling
     angles = pos[:, :, None] * inv_freq[None, None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 

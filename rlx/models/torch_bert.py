@@ -39,8 +39,8 @@ class TorchBert:
         self.cfg = config
         self.w = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in weights.items()}
 
-    def module(self, pooled: bool = True):
-        """An `nn.Module` running `forward` (for torch.compile / torch.onnx.export)."""
+    def module(self, pooled: bool = True, attention: str = "matmul"):
+        """An `nn.Module` running `forward` (for torch.compile / torch.onnx.export); `attention` as in `forward`."""
         torch = _torch()
         outer = self
 
@@ -54,12 +54,20 @@ class TorchBert:
 
             def forward(self, input_ids, attention_mask):
                 w = {n: getattr(self, f"w{i}") for i, n in enumerate(self.names)}
-                return outer.forward(input_ids, attention_mask, pooled=pooled, weights=w)
+                return outer.forward(input_ids, attention_mask, pooled=pooled, weights=w, attention=attention)
 
         return _Module().eval()
 
-    def forward(self, input_ids, attention_mask, pooled: bool = True, weights=None):
-        """Hidden states `[B, S, H]`, or L2-normalized mean-pooled embeddings `[B, H]` if `pooled`."""
+    def forward(self, input_ids, attention_mask, pooled: bool = True, weights=None, attention: str = "matmul"):
+        """Hidden states `[B, S, H]`, or L2-normalized mean-pooled embeddings `[B, H]` if `pooled`.
+
+        `attention`: "matmul" (matmul, softmax, matmul: HF BertModel's ops), "sdpa"
+        (`F.scaled_dot_product_attention` with the padding mask as an additive bias: PyTorch picks its
+        fused kernel) or "sdpa_unmasked" (no mask at all, so the flash backend qualifies: the same
+        function only when `attention_mask` is all ones, which the caller must ensure).
+        """
+        if attention not in ("matmul", "sdpa", "sdpa_unmasked"):
+            raise ValueError(f"attention must be 'matmul', 'sdpa' or 'sdpa_unmasked', got {attention!r}")
         torch = _torch()
         F = torch.nn.functional
         w = weights if weights is not None else self.w
@@ -96,8 +104,12 @@ class TorchBert:
             q = heads(lin(x, p + "attention.self.query"))
             k = heads(lin(x, p + "attention.self.key"))
             v = heads(lin(x, p + "attention.self.value"))
-            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hd) + bias
-            ctx = torch.matmul(torch.softmax(scores, dim=-1), v).permute(0, 2, 1, 3).contiguous().view(b, s, h)
+            if attention == "matmul":
+                scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(hd) + bias
+                ctx = torch.matmul(torch.softmax(scores, dim=-1), v)
+            else:
+                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias if attention == "sdpa" else None)
+            ctx = ctx.permute(0, 2, 1, 3).contiguous().view(b, s, h)
             x = ln(lin(ctx, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
             y = lin(act(lin(x, p + "intermediate.dense")), p + "output.dense")
             x = ln(y + x, p + "output.LayerNorm")

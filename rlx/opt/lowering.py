@@ -34,6 +34,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.opt.lowering_cuda import cuda_decisions
+from rlx.opt.lowering_metal import metal_decisions
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
 
@@ -144,8 +145,8 @@ def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     return (*absorbed, *pack_params(lir, sources))
 
 
-#: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout).
-LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": cuda_decisions}
+#: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout; Metal's: its one buffer).
+LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": cuda_decisions, "metal": metal_decisions}
 
 
 def lower_for(lir: LirModule, backend: str, **options: object) -> LirModule:

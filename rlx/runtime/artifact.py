@@ -5,11 +5,16 @@
 | file | what |
 | --- | --- |
 | `model.so` | the built library (the C ABI of `rlx.h`); its RUNPATH starts with `$ORIGIN` |
-| `libscipy_openblas.so` | the BLAS model.so links against, copied from the build environment |
-| `model.c` | the generated source it was built from |
+| `libscipy_openblas.so` | CPU: the BLAS model.so links against, copied from the build environment |
+| `model.c` / `model.cu` | the generated source it was built from (`.cu` for the CUDA target) |
 | `rlx.h` | the ABI header, for C programs that dlopen or link the library |
-| `manifest.json` | ABI version, inputs, outputs, params, dynamic dims and bounds, target, ISA, key, checksums |
+| `rlx_cuda.h` | CUDA: the exports a CUDA library adds (`rlx_run_device`, device memory) |
+| `manifest.json` | ABI version, IO, params, dynamic dims and bounds, target, ISA or GPU arch, key, checksums |
 | `weights.safetensors` | optional: the params that were set (`save(dir, weights=True)`) |
+
+A CUDA artifact records the GPU arch it was built for (`"arch": "sm_90"`) and its GEMM provider; it
+does not bundle cuBLASLt (hundreds of MB, installed with the CUDA toolkit or the `nvidia-cublas`
+wheel): `load` makes the installed one resolvable, as it does for the CPU BLAS.
 
 Bundled libraries are the ones model.so finds through its build-time
 RUNPATH (the BLAS wheel's directory); model.so also carries `$ORIGIN` in
@@ -18,7 +23,8 @@ it is the one the dynamic linker loads, from Python or from plain C.
 
 `load(dir)` (also `rlx.load`) checks the manifest's format and ABI version,
 the target, that this CPU has every instruction-set feature the library may
-use (a clear `ArtifactError` instead of SIGILL), and the library's checksum;
+use (a clear `ArtifactError` instead of SIGILL) — for a CUDA artifact, that
+the visible GPU can run code built for the recorded arch — and the library's checksum;
 then it dlopens the library and sets the params from `weights.safetensors`
 when present. It never runs or probes a compiler, and imports neither the
 code generators nor jinja2.
@@ -41,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -59,10 +66,14 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
 SOURCE = "model.c"
+CUDA_SOURCE = "model.cu"
 HEADER = "rlx.h"
+CUDA_HEADER = "rlx_cuda.h"
 WEIGHTS = "weights.safetensors"
 #: Targets this build of RLX can load artifacts for.
-LOADABLE_TARGETS = ("cpu",)
+LOADABLE_TARGETS = ("cpu", "cuda")
+#: Every file name an artifact may hold besides the manifest (never overwritten by a bundled library).
+_OWN_FILES = (LIBRARY, SOURCE, CUDA_SOURCE, HEADER, CUDA_HEADER, WEIGHTS, MANIFEST)
 
 
 # ── save ─────────────────────────────────────────────────────────────────
@@ -77,30 +88,55 @@ def save(compiled: Any, directory: str | os.PathLike[str], *,
     are replaced one by one and `manifest.json` is written last, so a reader
     never sees a manifest describing files that are not there yet.
     """
-    out = Path(directory)
+    tensors = _weights_to_save(compiled, weights)
+    return _write(out_dir=Path(directory), lib_manifest=compiled.manifest, library=Path(compiled.library_path),
+                  source=compiled.source_path, key=compiled.key, tensors=tensors)
+
+
+def save_library(library: str | os.PathLike[str], directory: str | os.PathLike[str], *,
+                 source: str | os.PathLike[str] | None = None) -> Path:
+    """Write an artifact (without weights) from a built library that this process need not run.
+
+    For libraries built but not started here: a CUDA library cross-compiled for an arch
+    (`rlx.toolchain.cuda.build_cuda(..., arch="sm_90")`) on a machine without that GPU.
+    """
+    from rlx.runtime.loader import load_library
+
+    lib = load_library(library)
+    return _write(out_dir=Path(directory), lib_manifest=lib.manifest, library=Path(library),
+                  source=Path(source) if source is not None else None, key=str(lib.manifest.get("key", "")),
+                  tensors={})
+
+
+def _write(*, out_dir: Path, lib_manifest: Mapping[str, Any], library: Path, source: Path | None, key: str,
+           tensors: dict[str, tuple[str, Any]]) -> Path:
+    """The files of an artifact, then its manifest (last)."""
+    out = out_dir
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ArtifactError(f"cannot create artifact directory {out}: {exc.strerror}") from None
-    lib_manifest = compiled.manifest
     target = str(lib_manifest.get("target", "cpu"))
-    tensors = _weights_to_save(compiled, weights)
 
     files: dict[str, dict] = {}
-    _install_copy(Path(compiled.library_path), out / LIBRARY, mode=0o755)
-    bundled = _bundle_libraries(Path(compiled.library_path), out)
-    source = compiled.source_path
+    _install_copy(library, out / LIBRARY, mode=0o755)
+    # cuBLASLt (the CUDA target's only dynamic dependency) is too large to copy: load finds the installed one.
+    bundled = _bundle_libraries(library, out) if target == "cpu" else []
+    source_name = CUDA_SOURCE if target == "cuda" else SOURCE
+    for name in (SOURCE, CUDA_SOURCE):
+        _remove(out / name)  # a previous save for the other target leaves nothing behind
     if source is not None and Path(source).is_file():
-        _install_copy(Path(source), out / SOURCE)
+        _install_copy(Path(source), out / source_name)
+    _install_copy(_header_path("cpu"), out / HEADER)  # the common ABI, every target
+    if target == "cuda":
+        _install_copy(_header_path("cuda", CUDA_HEADER), out / CUDA_HEADER)
     else:
-        _remove(out / SOURCE)
-    header = _header_path(target)
-    _install_copy(header, out / HEADER)
+        _remove(out / CUDA_HEADER)
     if tensors:
-        _write_safetensors(tensors, out / WEIGHTS, key=compiled.key)
+        _write_safetensors(tensors, out / WEIGHTS, key=key)
     else:
         _remove(out / WEIGHTS)  # never leave a previous save's weights behind
-    for name in (LIBRARY, *bundled, SOURCE, HEADER, WEIGHTS):
+    for name in (LIBRARY, *bundled, SOURCE, CUDA_SOURCE, HEADER, CUDA_HEADER, WEIGHTS):
         path = out / name
         if path.is_file():
             files[name] = {"sha256": file_sha256(path), "size": path.stat().st_size}
@@ -111,8 +147,8 @@ def save(compiled: Any, directory: str | os.PathLike[str], *,
         **lib_manifest,
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "key": compiled.key or lib_manifest.get("key", ""),
-        "components": _cache_components(Path(compiled.library_path), compiled.key),
+        "key": key or lib_manifest.get("key", ""),
+        "components": _cache_components(library, key),
         "files": files,
         "weights": sorted(tensors),
         "bundled_libraries": bundled,
@@ -198,7 +234,7 @@ def _bundle_libraries(library: Path, out: Path) -> list[str]:
     bundled = []
     for name in needed:
         found = next((Path(d) / name for d in dirs if (Path(d) / name).is_file()), None)
-        if found is None or name in (LIBRARY, SOURCE, HEADER, WEIGHTS, MANIFEST):
+        if found is None or name in _OWN_FILES:
             continue
         _install_copy(found.resolve(), out / name, mode=0o755)
         bundled.append(name)
@@ -256,14 +292,13 @@ def elf_dependencies(path: str | os.PathLike[str]) -> tuple[list[str], list[str]
     return needed, [d for p in paths for d in p.split(":") if d]
 
 
-def _header_path(target: str) -> Path:
+def _header_path(target: str, name: str = HEADER) -> Path:
+    """A C header of the RLX templates: `rlx.h` (the common ABI, in templates/cpu) or a target's own."""
     from rlx.templates_path import templates_dir
 
-    header = templates_dir() / ("cpu" if target not in ("cuda", "metal") else target) / HEADER
+    header = templates_dir() / target / name
     if not header.is_file():
-        header = templates_dir() / "cpu" / HEADER
-    if not header.is_file():
-        raise ArtifactError(f"the ABI header {HEADER} is missing from the RLX templates ({header})")
+        raise ArtifactError(f"the ABI header {target}/{name} is missing from the RLX templates ({header})")
     return header
 
 
@@ -347,6 +382,10 @@ def check_loadable(manifest: dict, directory: Path) -> None:
     isa = manifest.get("isa")
     if isinstance(isa, dict):
         check_cpu(isa, what=f"artifact {directory}")
+    if target == "cuda":
+        from rlx.toolchain.cuda import visible_gpu_arch  # nvidia-smi: only for CUDA artifacts
+
+        check_gpu_arch(manifest.get("arch"), visible_gpu_arch(), what=f"artifact {directory}")
     want = manifest["files"].get(LIBRARY)
     lib = directory / LIBRARY
     if not isinstance(want, dict) or not lib.is_file():
@@ -358,6 +397,57 @@ def check_loadable(manifest: dict, directory: Path) -> None:
         if not isinstance(info, dict) or not path.is_file() or path.stat().st_size != info.get("size"):
             raise ArtifactError(f"artifact {directory} lacks its copy of {name} (or it was truncated): "
                                 "copy the whole directory")
+
+
+_SM_RE = re.compile(r"^sm_(\d+)(\d)(a?)$")
+
+
+def check_gpu_arch(built: Any, device: str | None, *, what: str = "artifact") -> None:
+    """ArtifactError unless a GPU of arch `device` (sm_XY, None: no GPU) runs machine code built for `built`.
+
+    RLX builds machine code only (no PTX), so the GPU must be the arch built for, or a later minor
+    revision of the same major (sm_86 runs sm_80 code); an `a` build (sm_90a) runs only on its own
+    major.minor (an sm_90 GPU; nvidia-smi reports no suffix).
+
+    >>> check_gpu_arch("sm_80", "sm_86")
+    >>> check_gpu_arch("sm_90", "sm_80")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rlx.errors.ArtifactError: artifact was built for sm_90 GPUs; this machine's GPU is sm_80, which cannot run it: ...
+    """
+    b = _SM_RE.match(str(built)) if isinstance(built, str) else None
+    if b is None:
+        raise ArtifactError(f"{what} records no valid GPU arch ({built!r}) in its manifest")
+    rebuild = "rebuild it here (Session(Device.CUDA).compile, or rlxc compile --target cuda)"
+    if device is None:
+        raise ArtifactError(f"{what} was built for {built} GPUs; no NVIDIA GPU is visible here (nvidia-smi "
+                            "found none)")
+    d = _SM_RE.match(device)
+    runs = d is not None and d.group(1) == b.group(1) and (
+        d.group(2) == b.group(2) if b.group(3) else int(d.group(2)) >= int(b.group(2)))
+    if not runs:
+        raise ArtifactError(f"{what} was built for {built} GPUs; this machine's GPU is {device}, which cannot "
+                            f"run it: {rebuild}")
+
+
+def _preload_cublas(manifest: dict) -> None:
+    """Make the installed cuBLASLt resolvable for a CUDA artifact built against another copy of it.
+
+    Like `_preload_blas`: a library loaded globally first satisfies model.so's dependency by soname,
+    wherever model.so's recorded RUNPATH pointed at build time.
+    """
+    if manifest.get("target") != "cuda" or manifest.get("gemm") != "cublaslt":
+        return
+    try:
+        import ctypes
+
+        from rlx.toolchain.cuda import find_cublas_library
+
+        path = find_cublas_library()
+        if path:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        pass  # the recorded runpath may still work; a failure shows up as a clear dlopen error
 
 
 def _preload_blas(manifest: dict) -> None:

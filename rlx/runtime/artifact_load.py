@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlx.errors import ArtifactError
 from rlx.runtime.artifact import (
+    CUDA_SOURCE,
     FORMAT,
     FORMAT_VERSION,
     LIBRARY,
@@ -19,6 +20,8 @@ from rlx.runtime.artifact import (
     SOURCE,
     WEIGHTS,
     _preload_blas,
+    _preload_cublas,
+    check_gpu_arch,
     check_loadable,
     elf_dependencies,
     read_manifest,
@@ -31,22 +34,30 @@ def load(directory: str | os.PathLike[str], *, num_threads: int | None = None) -
     """Load the artifact in `directory` as a ready-to-run `CompiledGraph` (weights set when saved).
 
     Raises ArtifactError when the artifact cannot run here (other ABI, target,
-    CPU without the features it was built for, damaged library).
+    CPU without the features it was built for, a GPU of another arch, damaged library).
+    A CUDA artifact loads as a `CudaGraph` (params uploaded to the device; `run_device` works).
     """
     d = Path(directory)
     manifest = read_manifest(d)
     check_loadable(manifest, d)
     _preload_blas(manifest)
-    from rlx.runtime.compiled import CompiledGraph
+    _preload_cublas(manifest)
     from rlx.runtime.loader import load_library
 
     library = load_library(d / LIBRARY)
     if library.manifest.get("key") != manifest.get("key"):
         raise ArtifactError(f"{d / LIBRARY} does not belong to {d / MANIFEST} (their keys differ; was another "
                             "library loaded from this path earlier in this process? dlopen reuses it)")
-    source = d / SOURCE
-    compiled = CompiledGraph(library, source=source if source.is_file() else None, key=manifest["key"],
-                             cache_hit=True, num_threads=num_threads)
+    source = d / (CUDA_SOURCE if manifest["target"] == "cuda" else SOURCE)
+    source_path = source if source.is_file() else None
+    compiled: CompiledGraph
+    if manifest["target"] == "cuda":
+        from rlx.runtime.cuda_device import CudaGraph
+
+        compiled = CudaGraph(library, source=source_path, key=manifest["key"], cache_hit=True)
+    else:
+        compiled = CompiledGraph(library, source=source_path, key=manifest["key"], cache_hit=True,
+                                 num_threads=num_threads)
     weights = d / WEIGHTS
     if weights.is_file():
         _load_weights(compiled, weights, manifest)
@@ -84,4 +95,5 @@ def _load_weights(compiled: CompiledGraph, path: Path, manifest: dict) -> None:
         compiled.set_param_typed(name, info["data"], dtype)
 
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "check_loadable", "elf_dependencies", "load", "read_manifest", "save"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "check_gpu_arch", "check_loadable", "elf_dependencies", "load",
+           "read_manifest", "save"]

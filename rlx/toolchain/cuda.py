@@ -81,13 +81,24 @@ def cuda_version(version_text: str) -> str:
 
 
 def visible_gpu_arch() -> str | None:
-    """The first visible GPU's arch (sm_XY) according to nvidia-smi, or None when there is none."""
+    """The arch (sm_XY) of the GPU a CUDA program starts on (device 0), by nvidia-smi; None when there is none.
+
+    Device 0 is the first GPU of `CUDA_VISIBLE_DEVICES` when that is set (an index or a GPU UUID; empty
+    or -1 hides every GPU), else the first GPU nvidia-smi lists.
+    """
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
+    select: list[str] = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        first = visible.split(",")[0].strip()
+        if not first or first.startswith("-"):
+            return None
+        select = ["-i", first]
     try:
-        proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=_PROBE_TIMEOUT)
+        proc = subprocess.run([smi, *select, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=_PROBE_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
@@ -152,6 +163,20 @@ def find_cublas(nvcc: str) -> Cublas:
         if cands:
             return Cublas(inc, str(d), cands[0]) if inc else Cublas()
     return Cublas()
+
+
+def find_cublas_library() -> str:
+    """The installed libcublasLt (the `nvidia-cublas` wheel's, else the CUDA toolkit's), '' when none.
+
+    No nvcc needed: loading a CUDA artifact uses this to resolve the cuBLASLt its library links against.
+    """
+    roots = [*_wheel_dirs("lib"), Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64",
+             Path("/usr/local/cuda/lib64"), Path("/usr/lib/x86_64-linux-gnu")]
+    for d in roots:
+        cands = sorted(glob.glob(str(d / "libcublasLt.so.*")), key=len)
+        if cands:
+            return cands[0]
+    return ""
 
 
 @dataclass(frozen=True)

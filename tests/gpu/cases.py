@@ -331,6 +331,48 @@ def rope() -> Case:
 
 
 @case
+def rope_per_row() -> Case:
+    g = Graph("rope_per_row")
+    batch, seq = Dim.dynamic("batch", max=3), Dim.dynamic("seq", max=8)
+    x = g.input("x", [batch, seq, 3 * 8])
+    cos = g.input("cos", [batch, seq, 4])
+    sin = g.input("sin", [batch, seq, 4])
+    g.set_outputs([g.rope(x, cos, sin, head_dim=8, variant="interleaved")])
+    r = _rng(31)
+    feeds = []
+    for b, s in ((3, 8), (2, 1)):
+        ang = (np.arange(b)[:, None, None] * 7 + np.arange(s)[None, :, None]) * (0.5 ** np.arange(4))
+        feeds.append({"x": _f32(r, b, s, 24), "cos": np.cos(ang).astype(np.float32),
+                      "sin": np.sin(ang).astype(np.float32)})
+    return Case("rope_per_row", g, feeds)
+
+
+@case
+def kv_attention() -> Case:
+    """cached_attention: rows at different positions, prefill then decode steps through one cache."""
+    g = Graph("kv_attention")
+    batch, seq = Dim.dynamic("batch", max=2), Dim.dynamic("seq", max=16)
+    heads, kv_heads, hd, cap = 4, 2, 64, 48
+    q = g.input("q", [batch, seq, heads * hd])
+    k = g.input("k", [batch, seq, kv_heads * hd])
+    v = g.input("v", [batch, seq, kv_heads * hd])
+    kc = g.state("k_cache", [2, cap, kv_heads * hd])
+    vc = g.state("v_cache", [2, cap, kv_heads * hd])
+    pos = g.input("pos", [batch], "i32")
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=heads, head_dim=hd, num_kv_heads=kv_heads)])
+    r = _rng(32)
+    feeds = []
+    caches = (np.zeros((2, cap, kv_heads * hd), np.float32), np.zeros((2, cap, kv_heads * hd), np.float32))
+    at = np.array([0, 5], np.int32)
+    for s in (16, 1, 3):  # the same cache arrays every feed: each step appends after the last
+        feeds.append({"q": _f32(r, 2, s, heads * hd), "k": _f32(r, 2, s, kv_heads * hd),
+                      "v": _f32(r, 2, s, kv_heads * hd), "pos": at.copy(), "k_cache": caches[0],
+                      "v_cache": caches[1]})
+        at = at + s
+    return Case("kv_attention", g, feeds)
+
+
+@case
 def outputs_of_leaves() -> Case:
     g = Graph("outputs_of_leaves")
     x = g.input("x", [3, 4])

@@ -16,7 +16,7 @@ import pytest
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
-from rlx.ir.shape import Dim
+from rlx.ir.shape import Dim, Shape
 from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
 
@@ -123,6 +123,28 @@ def _build_rope(g: Graph, v: object) -> None:
     g.set_outputs([g.rope(x, cos, sin, **kw)])
 
 
+def _build_cached_attention(g: Graph, v: object) -> None:
+    kw = {"num_heads": 2, "head_dim": 4, "num_kv_heads": 1, "scale": None}
+    kw.update(v)  # type: ignore[arg-type]
+    kv_width = kw["head_dim"] * (kw["num_kv_heads"] or kw["num_heads"])
+    q = g.input("q", [1, 3, kw["num_heads"] * kw["head_dim"]])
+    k, val = g.input("k", [1, 3, kv_width]), g.input("v", [1, 3, kv_width])
+    kc, vc = g.state("kc", [1, 8, kv_width]), g.state("vc", [1, 8, kv_width])
+    g.set_outputs([g.cached_attention(q, k, val, kc, vc, g.input("pos", [1], "i32"), **kw)])
+
+
+def _build_quant(dequantize: bool) -> Build:
+    def build(g: Graph, v: object) -> None:
+        from rlx.ir.quant import row_bytes
+
+        w = g.param("w", [4, row_bytes(v, 32)], "u8")  # type: ignore[arg-type]
+        if dequantize:
+            g.set_outputs([g.dequantize(w, quant=v)])  # type: ignore[arg-type]
+        else:
+            g.set_outputs([g.dequant_matmul(g.input("x", [2, 32]), w, quant=v)])  # type: ignore[arg-type]
+    return build
+
+
 def _sq(build: Callable[[Graph, int, object], int]) -> Build:
     """Apply an op to a 4x4 input (square, so most attribute changes keep the shape)."""
     def inner(g: Graph, v: object) -> None:
@@ -219,6 +241,19 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("attention scale", ("attention", "scale"), _build_attention(), {"scale": None}, {"scale": 0.5}),
     ("attention kv heads", ("attention", "num_kv_heads"), _build_attention(),
      {"num_kv_heads": None}, {"num_kv_heads": 2}),
+    ("input state", ("input", "state"),
+     lambda g, v: g.set_outputs([g.activation("neg", g.add(O.Input("s", Shape.of([4]), state=v), name="s"))]),
+     False, True),
+    ("cached_attention num_heads", ("cached_attention", "num_heads"), _build_cached_attention,
+     {"num_heads": 2}, {"num_heads": 4}),
+    ("cached_attention head_dim", ("cached_attention", "head_dim"), _build_cached_attention,
+     {"head_dim": 4}, {"head_dim": 8}),
+    ("cached_attention kv heads", ("cached_attention", "num_kv_heads"), _build_cached_attention,
+     {"num_kv_heads": 1}, {"num_kv_heads": 2}),
+    ("cached_attention scale", ("cached_attention", "scale"), _build_cached_attention,
+     {"scale": None}, {"scale": 0.5}),
+    ("dequant_matmul quant", ("dequant_matmul", "quant"), _build_quant(False), "q4_0", "q8_0"),
+    ("dequantize quant", ("dequantize", "quant"), _build_quant(True), "q4_1", "q4_0"),
     ("rope head_dim", ("rope", "head_dim"), _build_rope, {"head_dim": 8}, {"head_dim": 4}),
     ("rope n_rot", ("rope", "n_rot"), _build_rope, {"n_rot": 8}, {"n_rot": None, "head_dim": 8}),
     ("rope variant", ("rope", "variant"), _build_rope, {"variant": "neox"}, {"variant": "interleaved"}),

@@ -169,6 +169,25 @@ def test_torch_forward_matches_reference(rng):
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_torch_sdpa_attention_matches_reference(rng):
+    """The benchmark's SDPA peers compute the same function: with the mask, and unmasked on an unpadded batch."""
+    torch = pytest.importorskip("torch")
+    from rlx.models.torch_bert import TorchBert
+
+    tb = TorchBert(CFG, W)
+    ids, mask = _batch(rng, [6, 9, 4])
+    want = reference.run(B.build_bert(CFG, max_batch=4, max_seq=16), B.bert_inputs(ids, mask), W)[0]
+    t_ids, t_mask = torch.as_tensor(ids), torch.as_tensor(mask)
+    with torch.inference_mode():
+        np.testing.assert_allclose(tb.forward(t_ids, t_mask, attention="sdpa").numpy(), want, atol=1e-5)
+        full = np.ones_like(mask)
+        want_full = reference.run(B.build_bert(CFG, max_batch=4, max_seq=16), B.bert_inputs(ids, full), W)[0]
+        got = tb.forward(t_ids, torch.as_tensor(full), attention="sdpa_unmasked").numpy()
+    np.testing.assert_allclose(got, want_full, atol=1e-5)
+    with pytest.raises(ValueError, match="attention must be"):
+        tb.forward(t_ids, t_mask, attention="flash")
+
+
 def test_flops_count():
     h, f = CFG.hidden_size, CFG.intermediate_size
     assert CFG.flops(1, 1) == CFG.num_layers * (2 * h * (4 * h + 2 * f) + 4 * h)

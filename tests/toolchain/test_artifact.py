@@ -148,7 +148,8 @@ def _edit_manifest(out: Path, **changes) -> None:
     ({"isa": {"features": ["sse2", "rlx_imaginary_simd"]}}, "rlx_imaginary_simd, which this CPU lacks"),
     ({"isa": {"arch": "riscv128"}}, "built for riscv128"),
     ({"abi_version": 999}, "ABI 999"),
-    ({"target": "cuda"}, "targets 'cuda'"),
+    ({"target": "metal"}, "targets 'metal'"),
+    ({"target": "cuda"}, "records no valid GPU arch"),  # a CUDA manifest must name its arch
     ({"format_version": 7}, "format version 7"),
     ({"format": "something-else"}, "not an RLX artifact"),
 ])

@@ -1,0 +1,70 @@
+"""What every CPU codegen module shares: the CPU rule table, tuning constants, C text helpers.
+
+`rlx.codegen.c` (the planner and the core rules) and the rule modules kept apart
+(`c_decoder`, `c_quant`, ...) import from here, never from each other, so the
+codegen layer has no import cycle.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rlx.codegen.registry import table
+from rlx.ir.graph import Node
+
+#: The CPU backend's rules (filled when rlx.codegen.c and its rule modules load).
+CPU = table("cpu")
+
+#: Elementwise work (elements) below which a loop runs on the calling thread only.
+GRAIN = 1 << 15
+#: Query rows per attention task; one task's score tile is ATTN_QBLOCK x Skv floats.
+ATTN_QBLOCK = 64
+#: Panel width param storage is padded to for packed GEMM operands (the widest kernel's NR;
+#: narrower kernels fit in the same bytes, so storage does not depend on the ISA).
+PACK_NR_MAX = 32
+_COMMENT_BAD = re.compile(r"[^A-Za-z0-9_.,:;()\[\]<>=+\- #%@!?'^~|&{}$]")
+
+
+def comment(text: object, limit: int = 96) -> str:
+    """Text safe inside a C block comment: no `*`, `/`, backslash, newline or non-printables.
+
+    >>> comment("evil */ system(\\"rm\\"); /*\\n")
+    'evil ?? system(?rm?); ???'
+    """
+    s = _COMMENT_BAD.sub("?", str(text))
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def node_header(node: Node, width: int) -> str:
+    """The comment text that heads a node's generated code: id, op, debug name, shape (all sanitized)."""
+    name = f" ({comment(node.name, 60)})" if node.name else ""
+    return comment(f"%{node.id} {node.op.describe()}", width) + name + " : " + comment(str(node.shape), 60)
+
+
+def c_string(text: str) -> str:
+    """A C string literal holding `text` exactly (printable ASCII, everything else escaped).
+
+    >>> c_string('a"b\\\\c\\n')
+    '"a\\\\"b\\\\\\\\c\\\\n"'
+    """
+    out = ['"']
+    for ch in text.encode("utf-8"):
+        c = chr(ch)
+        if c == '"':
+            out.append('\\"')
+        elif c == "\\":
+            out.append("\\\\")
+        elif c == "\n":
+            out.append("\\n")
+        elif 32 <= ch < 127 and c != "?":  # '?' escaped so no trigraph can form
+            out.append(c)
+        else:
+            out.append(f"\\{ch:03o}")
+    out.append('"')
+    return "".join(out)
+
+
+def c_string_lines(text: str, width: int = 100) -> list[str]:
+    """`text` as a sequence of adjacent string literals of bounded width."""
+    chunks = [text[i:i + width] for i in range(0, len(text), width)] or [""]
+    return [c_string(c) for c in chunks]

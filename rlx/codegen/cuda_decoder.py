@@ -1,0 +1,73 @@
+"""CUDA rules for decoder ops: attention over a KV cache (`cached_attention`).
+
+Registered into the CUDA rule table when `rlx.codegen.cuda` is imported. The caches are
+state inputs: the run stages them on the device like any input and copies them back to
+the caller's buffer afterwards (`templates/cuda/model.cu.j2`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlx.codegen.cuda_emit import CudaEmitter, Launch, _float_c
+from rlx.codegen.registry import Kernel, table
+from rlx.errors import BuildError
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node
+
+TEMPLATE = "cuda/decoder.cu.j2"
+HEADER = "cuda/kernels/kv_attention.cuh"
+#: The largest head dim the attend kernel spreads over one block's threads.
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvAttention(Launch):
+    t: str
+    q: str
+    k: str
+    v: str
+    k_cache: str
+    v_cache: str
+    positions: str
+    out: str
+    batch: str
+    sq: str
+    capacity: int
+    kw: int
+    heads: int
+    kv_heads: int
+    hd: int
+    scale: str
+    threads: int
+    smem: int
+
+
+def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    floats = (DType.F32, DType.F16, DType.BF16)
+    bad = sorted({d.value for d in (*in_dtypes[:5], out_dtype) if d not in floats})
+    return f"on {', '.join(bad)}; it takes f32, f16 or bf16" if bad else None
+
+
+def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
+    op: O.CachedAttention = node.op  # type: ignore[assignment]
+    if op.head_dim > MAX_HEAD_DIM:
+        raise BuildError(f"cached_attention head_dim {op.head_dim} exceeds {MAX_HEAD_DIM} on CUDA (node {node.label})")
+    q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
+    q = e.node(q_id).shape
+    capacity = e.node(kc_id).shape.dims[1].value
+    threads = 128 if op.head_dim <= 128 else 256
+    smem = (op.head_dim + threads + capacity) * 4
+    t = e.ctype(node.id)
+    args = KvAttention(**e.base(node), uses_flag=True,
+                       smem_attrs=((f"rlx_kv_attend<{t}, {op.head_dim}>", str(smem)),),
+                       t=t, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id), v_cache=e.ptr(vc_id),
+                       positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]), sq=e.dim(q.dims[1]),
+                       capacity=capacity, kw=op.kv_heads * op.head_dim, heads=op.num_heads, kv_heads=op.kv_heads,
+                       hd=op.head_dim, scale=_float_c(op.softmax_scale), threads=threads, smem=smem)
+    return Kernel(node.id, "block_kv_attention", TEMPLATE, args, headers=(HEADER,), header=args.comment,
+                  label=node.label)
+
+
+table("cuda").register("cached_attention", accepts=_accepts)(kv_attention)

