@@ -4,10 +4,11 @@
 (so the compiled program holds half the bytes, and `set_param` rounds the
 user's float32 values once, to nearest even) and widens it to f32 where it is
 read (an exact cast), so every op still computes in f32 with f32
-accumulation. It is what `Session(Device.CPU, precision="bf16")` runs before
-optimizing.
+accumulation. Lookups into a param (`gather`, `narrow`: embedding tables)
+pick their rows from the narrow table and widen only those. It is what
+`Session(Device.CPU, precision="bf16")` runs before optimizing.
 
->>> from rlx.ir.graph import Graph
+>>> from rlx.ir.graph import Graph, NodeId
 >>> from rlx.ir.dtype import DType
 >>> g = Graph("p")
 >>> g.set_outputs([g.matmul(g.input("x", [2, 4]), g.param("w", [4, 3]))])
@@ -23,7 +24,7 @@ import dataclasses
 from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
-from rlx.ir.graph import Graph
+from rlx.ir.graph import Graph, NodeId
 from rlx.opt.rewrite import Rewriter, require_mir
 
 #: Storage precisions a session may ask for.
@@ -39,11 +40,30 @@ def store_params_in(graph: Graph, dtype: DType | str) -> Graph:
     if dt is DType.F32 or not any(n.shape.dtype is DType.F32 for n in graph.params()):
         return graph
     rw = Rewriter(graph)
+    stored: dict[NodeId, NodeId] = {}  # source param -> its narrow param in the new graph
+    widened: dict[NodeId, NodeId] = {}  # source param -> its f32 cast (made once, where first needed)
+
+    def wide(old: NodeId) -> NodeId:
+        if old not in widened:
+            widened[old] = rw.dst.add(O.Cast(DType.F32), [stored[old]], name=f"{graph.node(old).op.name} as f32")
+        return widened[old]
+
     for node in graph.nodes:
         op = node.op
         if isinstance(op, O.Param) and op.shape.dtype is DType.F32:
-            stored = rw.dst.add(dataclasses.replace(op, shape=op.shape.with_dtype(dt)), [], name=node.name)
-            rw.alias(node, rw.dst.add(O.Cast(DType.F32), [stored], name=f"{op.name} as f32"))
+            stored[node.id] = rw.dst.add(dataclasses.replace(op, shape=op.shape.with_dtype(dt)), [], name=node.name)
+        elif node.kind in _PICKS and node.inputs[0] in stored:
+            # an embedding lookup: pick the rows from the narrow table, widen only those
+            picked = rw.dst.add(op, [stored[node.inputs[0]], *map(rw.arg, node.inputs[1:])], name=node.name)
+            rw.alias(node, rw.dst.add(O.Cast(DType.F32), [picked]))
         else:
-            rw.copy(node)
+            args = [wide(i) if i in stored else rw.arg(i) for i in node.inputs]
+            rw.emit(node, op, args)
+    for old in graph.outputs:
+        if old in stored:
+            rw.alias(graph.node(old), wide(old))
     return rw.finish()
+
+
+#: Ops that select part of a param (rows of an embedding table): they read it narrow.
+_PICKS = ("gather", "narrow")

@@ -46,3 +46,22 @@ def test_cpu_session_precision_matches_the_reference_on_rounded_weights(precisio
     # the meaning: the f32 graph on the weights rounded once to the precision
     want = rlx.reference.run(g, {"x": x}, {k: v.astype(narrow).astype(np.float32) for k, v in weights.items()})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_lookups_read_the_narrow_table_and_widen_only_their_rows():
+    g = rlx.Graph("emb")
+    table = g.param("table", [100, 8])
+    rows = g.gather(table, g.input("ids", [3], "i64"))
+    g.set_outputs([g.add_(rows, g.reshape(g.narrow(table, 0, 0, 1), [8])), table])
+    out = store_params_in(g, "bf16")
+    kinds = {n.kind: n for n in out.nodes}
+    assert out.node(kinds["gather"].inputs[0]).kind == "param" and kinds["gather"].shape.dtype is DType.BF16
+    assert out.node(kinds["narrow"].inputs[0]).kind == "param"
+    assert out.node(out.outputs[1]).kind == "cast"  # the table as an output: widened
+    rng = np.random.default_rng(1)
+    t = rng.uniform(-1, 1, (100, 8)).astype(np.float32)
+    ids = np.array([3, 99, 0])
+    want = rlx.reference.run(g, {"ids": ids}, {"table": t.astype(BFLOAT16).astype(np.float32)})
+    got = rlx.reference.run(out, {"ids": ids}, {"table": t})
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
