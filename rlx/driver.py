@@ -143,6 +143,8 @@ class Session:
         # `target` ("cuda:sm_90", CUDA only) picks the arch instead of the visible GPU's.
         if precision not in ("f32", "f16", "bf16"):
             raise RlxError(f"precision must be 'f32', 'f16' or 'bf16', got {precision!r}")
+        if self.device not in (Device.CPU, Device.CUDA) and precision != "f32":
+            raise RlxError("precision applies to Device.CPU and Device.CUDA only")
         if self.device is not Device.CUDA and target is not None:
             raise RlxError("target applies to Device.CUDA only")
         self.precision = precision
