@@ -95,15 +95,21 @@ class Device(enum.Enum):
 
 
 def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None = None,
-                 backend: str | None = None) -> LirModule:
+                 backend: str | None = None, params_in: str = "f32") -> LirModule:
     """MIR → LIR: optimize at `level` (None: RLX_OPT_LEVEL), decompose for `backend`, then plan memory.
 
     With `backend`, ops that backend has no rule for are decomposed into primitives it has
-    (`rlx.opt.decompose`). `pipeline.optimize` is looked up at call time, so a patched optimizer
-    is the one that runs (and, being a rebound name, takes the compile index out of play: see
-    the module docstring).
+    (`rlx.opt.decompose`). `params_in` ("bf16", "f16"): f32 params are stored in that precision
+    and widened where read (`rlx.opt.precision`), after optimizing, so the layout pass has
+    already folded weight transposes into the params and no transpose runs per call.
+    `pipeline.optimize` is looked up at call time, so a patched optimizer is the one that runs
+    (and, being a rebound name, takes the compile index out of play: see the module docstring).
     """
     mir = pipeline.optimize(graph, level=level, debug=debug)
+    if params_in != "f32":
+        from rlx.opt.precision import store_params_in
+
+        mir = store_params_in(mir, params_in)
     if backend is not None:
         mir = legalize_for(mir, backend)
     return plan(mir)
@@ -160,16 +166,13 @@ class Session:
         if getattr(graph, "stage", None) == "lir" and isinstance(getattr(graph, "lir", None), LirModule):
             return graph.lir
         level = self.config.opt_level if opt_level is None else opt_level
-        return lower_to_lir(self._mir(graph), level, debug=self.config.debug, backend=self.device.value)
+        return lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=self.device.value,
+                            params_in=self._params_in)
 
-    def _mir(self, graph: Any) -> Graph:
-        """`graph` as MIR, with its params stored in this session's precision on the CPU."""
-        mir = to_mir(graph)
-        if self.device is Device.CPU and self.precision != "f32":
-            from rlx.opt.precision import store_params_in
-
-            mir = store_params_in(mir, self.precision)
-        return mir
+    @property
+    def _params_in(self) -> str:
+        """The precision f32 params are stored in on this device (the CPU's reading of `precision`)."""
+        return self.precision if self.device is Device.CPU else "f32"
 
     def first_unsupported_op(self, graph: Any, *, opt_level: int | None = None) -> tuple[Any, str] | None:
         """The first node this session's backend cannot run (after optimizing and decomposing), with why.
@@ -186,7 +189,7 @@ class Session:
         if _is_lir(graph):
             return first_unsupported_op(self.lower(graph).graph, backend)
         level = self.config.opt_level if opt_level is None else opt_level
-        lir = lower_to_lir(self._mir(graph), level, debug=self.config.debug, backend=backend)
+        lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=backend, params_in=self._params_in)
         return first_unsupported_op(lir.graph, backend)
 
     def supports(self, graph: Any, *, opt_level: int | None = None) -> bool:
@@ -220,15 +223,19 @@ class Session:
         if _is_lir(graph):
             built = build_cpu(self.lower(graph), config)
             return built.library, built.source, built.key, built.hit
-        mir = self._mir(graph)
+        mir = to_mir(graph)
         level = config.opt_level if opt_level is None else opt_level
         toolchain = detect_toolchain(config)
+        params_in = self._params_in
 
         def compile_fully() -> tuple[Path, Path, str, bool, str]:
-            built = build_cpu(lower_to_lir(mir, level, debug=config.debug, backend="cpu"), config, toolchain)
+            lir = lower_to_lir(mir, level, debug=config.debug, backend="cpu", params_in=params_in)
+            built = build_cpu(lir, config, toolchain)
             return built.library, built.source, built.key, built.hit, built.components["source"]
 
-        return _through_index(config, mir, level, cpu_toolchain_components(toolchain), compile_fully, pristine)[:4]
+        # the params' precision is part of what is asked for (f32 keys stay as they were)
+        request = {**cpu_toolchain_components(toolchain), **({"params_in": params_in} if params_in != "f32" else {})}
+        return _through_index(config, mir, level, request, compile_fully, pristine)[:4]
 
     def _compile_cuda(self, graph: Any, opt_level: int | None, pristine: bool) -> CompiledGraph:
         """The CUDA library for `graph`, through the compile index, loaded as a `CudaGraph`."""
