@@ -59,6 +59,10 @@ class DequantMatMulArgs:
     block_sums: bool
     wrow_offset: int
     xsum_offset: int
+    #: "f32", or "q8": X quantized to int8 blocks in the shared scratch (then block scales at xd, xs).
+    act: str = "f32"
+    xd_offset: int = 0
+    xs_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,14 +102,20 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     wrow_offset = _align64(k * PACK_NR_MAX * 4)
     xsum_offset = wrow_offset + _align64(k * 4)
     scratch = xsum_offset + _align64(GEMV_MAX_M * (k // 32) * 4)
+    # act="q8": the quantized activations (int8 rows, then two floats per block) are shared by the threads
+    rows_max = product(x.dims[:-1]).max
+    xd_offset = _align64(rows_max * k)
+    xs_offset = xd_offset + _align64(rows_max * (k // 32) * 4)
+    shared = xs_offset + _align64(rows_max * (k // 32) * 4) if op.act == "q8" else 0
     label = _label(node)
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
         m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=op.quant,
         fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, block_sums=fmt.name == "q4_1",
-        wrow_offset=wrow_offset, xsum_offset=xsum_offset)
+        wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xd_offset=xd_offset, xs_offset=xs_offset)
     return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
-                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
+                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=0 if op.act == "q8" else scratch,
+                  scratch_shared=shared)
 
 
 def emit_dequantize(em, node: Node) -> Kernel:
@@ -127,6 +137,8 @@ def _quant_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
     # the op's inference already fixes f32 activations and u8 blocks; the format needs a kernel
     if getattr(op, "quant", None) not in FORMAT_IDS:
         return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
+    if getattr(op, "act", "f32") not in ("f32", "q8"):
+        return f"with activations {op.act!r}"  # type: ignore[attr-defined]
     if out_dtype is not DType.F32:
         return f"with a {out_dtype.value} result; it makes f32"
     return None

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir.dtype import DType
-from rlx.ir.quant import QUANT_FORMATS, QuantFormat
+from rlx.ir.quant import Q8_ACT_FORMATS, QUANT_FORMATS, QuantFormat
 from rlx.ir.shape import Dim, Shape, broadcast_dims, normalize_axis, product
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "exp", "log", "sqrt",
@@ -27,6 +27,8 @@ COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 MASK_KINDS = ("none", "causal", "padding", "bias")
 ROPE_VARIANTS = ("neox", "interleaved")
+#: How dequant_matmul takes its activations: exactly, or quantized to int8 per 32-block.
+ACT_MODES = ("f32", "q8")
 
 OPS: dict[str, type[Op]] = {}
 
@@ -322,15 +324,25 @@ class DequantMatMul(Op):
     Inputs: x f32 `[..., K]`; w u8 `[N, row_bytes(quant, K)]`, the raw blocks of
     an `[N, K]` weight in GGUF's row-major layout (a param, typically). Output
     f32 `[..., N]`. `quant` names the block format ("q4_1", "q8_0", ...).
+
+    `act` is how x enters the product: "f32" exactly; "q8" quantized first to
+    int8 per block of 32 values, as llama.cpp does (`rlx.ir.quant.quantize_act_q8`:
+    scale max|x|/127, round half to even), so the block products are integer
+    dot products. "q8" is defined for q8_0, q4_0 and q4_1 weights.
     """
 
     kind: ClassVar[str] = "dequant_matmul"
     arity: ClassVar[tuple[int, int]] = (2, 2)
     quant: str
+    act: str = "f32"
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         x, w = inputs
         fmt = _quant_format("dequant_matmul", self.quant)
+        if self.act not in ACT_MODES:
+            raise ShapeError(f"dequant_matmul: unknown activation mode {self.act!r}; expected one of {ACT_MODES}")
+        if self.act == "q8" and fmt.name not in Q8_ACT_FORMATS:
+            raise ShapeError(f"dequant_matmul: act='q8' takes {'/'.join(Q8_ACT_FORMATS)} weights, not {fmt.name}")
         if x.dtype is not DType.F32 or x.rank < 1:
             raise ShapeError(f"dequant_matmul input must be f32 [..., K], got {x}")
         k = x.dims[-1]
@@ -685,13 +697,13 @@ class Rope(Op):
         _require_float("rope", x)
         if x.rank != 3 or not x.dims[2].is_static or x.dims[2].value % self.head_dim:
             raise ShapeError(f"rope input must be [batch, seq, heads*{self.head_dim}], got {x}")
-        if cos.dims != sin.dims:
-            raise ShapeError(f"rope cos {cos} and sin {sin} differ")
         for name, t in (("cos", cos), ("sin", sin)):
             if t.dims not in ((x.dims[1], Dim(self.rot // 2)), (x.dims[0], x.dims[1], Dim(self.rot // 2))) \
                     or t.dtype != x.dtype:
                 raise ShapeError(f"rope {name} must be {x.dtype}[{x.dims[1]},{self.rot // 2}] or "
                                  f"{x.dtype}[{x.dims[0]},{x.dims[1]},{self.rot // 2}], got {t}")
+        if cos.dims != sin.dims:
+            raise ShapeError(f"rope cos {cos} and sin {sin} differ (one per-row, one shared)")
         return x
 
 

@@ -194,6 +194,87 @@ def dequantize(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> np.ndarray
     return out.reshape(*lead, cols)
 
 
+def abs_terms(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> np.ndarray:
+    """|d * q| + |m| for every value of the affine formats (q4_1, q5_1, q4_k), |value| otherwise.
+
+    Kernels that sum x * q per block and add m * sum(x) apart round in proportion to these
+    terms, not to |d * q + m| (which may cancel): error bounds of such products use them.
+
+    >>> raw = np.zeros((1, 20), np.uint8); raw[0, 1] = 0x3C; raw[0, 3] = 0xBC  # d = 1, m = -1
+    >>> float(dequantize(raw, "q4_1", 32)[0, 0]), float(abs_terms(raw, "q4_1", 32)[0, 0])
+    (-1.0, 1.0)
+    """
+    f = fmt if isinstance(fmt, QuantFormat) else quant_format(fmt)
+    if f.name not in ("q4_1", "q5_1", "q4_k"):
+        return np.abs(dequantize(raw, f, cols))
+    blocks = np.array(raw, dtype=np.uint8).reshape(-1, f.block_bytes)
+    blocks[:, 1] &= 0x7F  # d >= 0 (the sign bit of the little-endian half)
+    if f.name == "q4_k":
+        blocks[:, 3] |= 0x80  # value = d*sc*q - dmin*m: dmin <= 0 makes both terms add
+    else:
+        blocks[:, 3] &= 0x7F  # m >= 0
+    return dequantize(blocks.reshape(np.shape(raw)), f, cols)
+
+
+#: Weight formats `dequant_matmul(act="q8")` takes (integer block dot products with int8 activations).
+Q8_ACT_FORMATS = ("q8_0", "q4_0", "q4_1")
+
+
+def quantize_act_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Activations `[..., K]` → (int8 `[..., K]`, f32 scales `[..., K/32]`), per block of 32 values.
+
+    d = max|x| / 127 (f32), q = rint(x * (1/d)) (round half to even; 0 where d = 0): the
+    activation quantization of `dequant_matmul(act="q8")`, the same in every kernel.
+
+    >>> q, d = quantize_act_q8(np.arange(32, dtype=np.float32))
+    >>> int(q[-1]), float(d[0]) == np.float32(31) / np.float32(127)
+    (127, True)
+    """
+    xf = np.asarray(x, dtype=np.float32)
+    if xf.shape[-1] % 32:
+        raise IRError(f"q8 activations need a last axis that is a multiple of 32, got {xf.shape}")
+    xb = xf.reshape(*xf.shape[:-1], -1, 32)
+    d = (np.abs(xb).max(axis=-1) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xb * inv[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(xf.shape), d
+
+
+def weight_ints(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A q8_0 / q4_0 / q4_1 matrix as (integers `[N, nb, 32]`, d `[N, nb]`, m `[N, nb]`): value = d * q + m."""
+    f = fmt if isinstance(fmt, QuantFormat) else quant_format(fmt)
+    if f.name not in Q8_ACT_FORMATS:
+        raise IRError(f"{f.name} has no integer form here; expected one of {Q8_ACT_FORMATS}")
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, cols // 32, f.block_bytes)
+    d = np.ascontiguousarray(b[..., 0:2]).view("<f2")[..., 0].astype(np.float32)
+    m = np.zeros_like(d)
+    if f.name == "q8_0":
+        q = b[..., 2:34].view(np.int8).astype(np.int32)
+    elif f.name == "q4_0":
+        q = np.concatenate([b[..., 2:18] & 0x0F, b[..., 2:18] >> 4], axis=-1).astype(np.int32) - 8
+    else:
+        m = np.ascontiguousarray(b[..., 2:4]).view("<f2")[..., 0].astype(np.float32)
+        q = np.concatenate([b[..., 4:20] & 0x0F, b[..., 4:20] >> 4], axis=-1).astype(np.int32)
+    return q, d, m
+
+
+def q8_act_terms(x: np.ndarray, raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """The per-block terms of `x @ dequant(w).T` with x quantized by `quantize_act_q8`, float64 `[M, N, nb]`.
+
+    Returns (integer-dot terms `dot(qw, qx) * (dw * dx)`, min terms `mw * (dx * sum(qx))`); their sum
+    over blocks is the product (`dw * dx` and `dx * sum(qx)` are f32 products, as the kernels form them).
+    """
+    qx, dx = quantize_act_q8(np.asarray(x, dtype=np.float32).reshape(-1, cols))
+    qw, dw, mw = weight_ints(raw, fmt, cols)
+    qx = qx.reshape(qx.shape[0], -1, 32).astype(np.int32)
+    dots = np.einsum("mbi,nbi->mnb", qx, qw).astype(np.float64)  # exact: |dot| <= 32 * 128 * 127
+    scale = (dw[None, :, :] * dx[:, None, :]).astype(np.float32).astype(np.float64)
+    sx = (dx * qx.sum(axis=-1).astype(np.float32)).astype(np.float32)
+    mins = mw[None, :, :].astype(np.float64) * sx[:, None, :].astype(np.float64)
+    return dots * scale, mins
+
+
 def _gguf_type(f: QuantFormat):  # type: ignore[no-untyped-def]
     from gguf import GGMLQuantizationType
 

@@ -96,8 +96,30 @@ def constant_bytes(node: Node, dev: DType) -> bytes:
     return np.ascontiguousarray(arr).tobytes()
 
 
+#: Most scratch bytes a prefill `dequant_matmul` holds dequantized weight in (larger weights go in column tiles).
+QUANT_TILE_BYTES = 16 << 20
+
+
+def quant_tile(n: int, k: int, itemsize: int) -> int:
+    """Weight rows one prefill `dequant_matmul` step dequantizes: all N when they fit QUANT_TILE_BYTES,
+    else a multiple of 64 rows that does."""
+    if n * k * itemsize <= QUANT_TILE_BYTES:
+        return n
+    return max(64, QUANT_TILE_BYTES // (k * itemsize) // 64 * 64)
+
+
 def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
     """Scratch bytes one node's kernels use (the scratch region is sized to the largest)."""
+    if isinstance(node.op, O.DequantMatMul):  # a dequantized weight tile [K, tile], and its product when N is split
+        x = graph.node(node.inputs[0]).shape
+        k, n = x.dims[-1].value, node.shape.dims[-1].value
+        size = device_dtype(node.shape.dtype, precision).itemsize
+        tile = quant_tile(n, k, size)
+        rows = 1
+        for d in x.dims[:-1]:
+            rows *= d.max
+        product_bytes = rows * tile * size if tile < n else 0
+        return -(-k * tile * size // ALIGN) * ALIGN + product_bytes
     if isinstance(node.op, O.FusedSwiGLU):  # the up projection, before it is combined with the gate
         return node.shape.max_numel * device_dtype(node.shape.dtype, precision).itemsize
     if isinstance(node.op, O.Attention):  # split-KV decode partials: per (batch, head, split) D values + max + sum
@@ -174,6 +196,8 @@ def _uses_lt(lir: LirModule, precision: DType, gemm: str, groups: Sequence[Seque
         n = graph.node(nid)
         if lir.buffers[nid].storage == "view":
             continue
+        if isinstance(n.op, O.DequantMatMul) and device_dtype(n.shape.dtype, precision) in LT_DTYPES:
+            return True  # its prefill path multiplies dequantized tiles on cuBLASLt
         if isinstance(n.op, (*_GEMM_OPS, O.FusedSwiGLU)):
             x, w = n.inputs[0], n.inputs[1]  # (SwiGLU: x and the gate weight; the up GEMM has the same shapes)
             dt = device_dtype(graph.node(x).shape.dtype, precision)

@@ -170,7 +170,7 @@ def test_dynamic_dims_are_bound_and_checked():
     m = emulate(g)
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     np.testing.assert_array_equal(m.run(a=x, b=x)[0], x * x)
-    with pytest.raises(rlx.ExecutionError, match="seq=7 is outside 1..6"):
+    with pytest.raises(rlx.ExecutionError, match=r"seq=7 is outside 1\.\.6"):
         m.run(a=np.zeros((7, 3), np.float32), b=np.zeros((7, 3), np.float32))
     with pytest.raises(rlx.ExecutionError, match="seq is 2 here but 4"):
         m.run(a=x, b=x[:2])

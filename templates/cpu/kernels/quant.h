@@ -23,6 +23,7 @@
 #ifndef RLX_KERNELS_QUANT_H
 #define RLX_KERNELS_QUANT_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -170,56 +171,69 @@ static void rlx_q_block_sums(int64_t M, int64_t K, const float *restrict X, floa
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
 #define RLX_QSIMD 1
+/* Block b of row w into the accumulators (acc: sum(x * q) * d per lane, macc: q4_1's m * sum(x)). */
+static inline __attribute__((always_inline)) void rlx_qblk_simd(const int fmt, const int mr, int64_t b, int64_t nb,
+        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, __m512 *acc,
+        float *macc)
+{
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const uint8_t *blk = w + b * qb;
+    __m512 q0, q1;
+    float m = 0.0f;
+    if (fmt == RLX_Q8_0) {
+        const __m128i r0 = _mm_loadu_si128((const __m128i *)(blk + 2));
+        const __m128i r1 = _mm_loadu_si128((const __m128i *)(blk + 18));
+        q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r0));
+        q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r1));
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
+        __m512i l = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low4));
+        __m512i h = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+        if (fmt == RLX_Q4_0) {
+            l = _mm512_sub_epi32(l, _mm512_set1_epi32(8));
+            h = _mm512_sub_epi32(h, _mm512_set1_epi32(8));
+        }
+        q0 = _mm512_cvtepi32_ps(l);
+        q1 = _mm512_cvtepi32_ps(h);
+        if (fmt == RLX_Q4_1)
+            m = rlx_q_half(blk + 2);
+    }
+    const __m512 d = _mm512_set1_ps(rlx_q_half(blk));
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            const float *x = X + i * K + b * 32;
+            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), q0);
+            p = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), q1, p);
+            acc[i] = _mm512_fmadd_ps(d, p, acc[i]);
+            if (fmt == RLX_Q4_1)
+                macc[i] += m * xs[i * nb + b];
+        }
+}
+
 /* q8_0 / q4_0 / q4_1 row n against mr rows of X: the block's 32 values are unpacked into two
- * zmm registers of floats once and used for every row. */
+ * zmm registers of floats once and used for every row. Even and odd blocks go to separate
+ * accumulators: two dependency chains, so one row (decode) is not bound by the FMA latency. */
 static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
         const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
 {
-    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    __m512 acc[RLX_QGEMV_MAX_M];
-    float macc[RLX_QGEMV_MAX_M];
+    __m512 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
+    float macc[RLX_QGEMV_MAX_M], macc2[RLX_QGEMV_MAX_M];
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr) {
-            acc[i] = _mm512_setzero_ps();
-            macc[i] = 0.0f;
+            acc[i] = acc2[i] = _mm512_setzero_ps();
+            macc[i] = macc2[i] = 0.0f;
         }
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * qb;
-        __m512 q0, q1;
-        float m = 0.0f;
-        if (fmt == RLX_Q8_0) {
-            const __m128i r0 = _mm_loadu_si128((const __m128i *)(blk + 2));
-            const __m128i r1 = _mm_loadu_si128((const __m128i *)(blk + 18));
-            q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r0));
-            q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r1));
-        } else {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
-            __m512i l = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low4));
-            __m512i h = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-            if (fmt == RLX_Q4_0) {
-                l = _mm512_sub_epi32(l, _mm512_set1_epi32(8));
-                h = _mm512_sub_epi32(h, _mm512_set1_epi32(8));
-            }
-            q0 = _mm512_cvtepi32_ps(l);
-            q1 = _mm512_cvtepi32_ps(h);
-            if (fmt == RLX_Q4_1)
-                m = rlx_q_half(blk + 2);
-        }
-        const __m512 d = _mm512_set1_ps(rlx_q_half(blk));
-        for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
-            if (i < mr) {
-                const float *x = X + i * K + b * 32;
-                __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), q0);
-                p = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), q1, p);
-                acc[i] = _mm512_fmadd_ps(d, p, acc[i]);
-                if (fmt == RLX_Q4_1)
-                    macc[i] += m * xs[i * nb + b];
-            }
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        rlx_qblk_simd(fmt, mr, b, nb, X, K, xs, w, acc, macc);
+        rlx_qblk_simd(fmt, mr, b + 1, nb, X, K, xs, w, acc2, macc2);
     }
+    if (b < nb)
+        rlx_qblk_simd(fmt, mr, b, nb, X, K, xs, w, acc, macc);
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr)
-            out[i] = _mm512_reduce_add_ps(acc[i]) + macc[i];
+            out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], acc2[i])) + (macc[i] + macc2[i]);
 }
 #elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
 #define RLX_QSIMD 1
@@ -349,6 +363,176 @@ static inline __attribute__((always_inline)) void rlx_qgemm_panels(const int fmt
                 panel[k * ld + j] = j < nr ? wrow[k] : 0.0f;
         }
         rlx_pgemm(M, nr, K, X, K, panel, Y + j0, N, NULL, RLX_EPI_NONE, 0, rlx_pgemm_tiles(M, nr));
+    }
+}
+
+/* ── int8 activations (dequant_matmul act="q8"), as llama.cpp multiplies its quantized weights ──
+ *
+ * X is quantized once per call, per block of 32 values: d = max|x| / 127, q = rint(x / d) (round half
+ * to even), exactly as rlx.ir.quant.quantize_act_q8. A block of the product is then the integer dot
+ * product of the weight's 4/8-bit values with q (vpdpbusd with AVX-512 VNNI, pmaddubsw with AVX2),
+ * scaled by dw * dx; q4_1's min adds m * (dx * sum q), q4_0's offset -8 subtracts 8 * dw * (dx * sum q). */
+
+/* Xq (int8 [M, K]), xd = block scales, xs = scale * sum of the block's q ([M, K/32] each). */
+static void rlx_q8_quantize_rows(int64_t M, int64_t K, const float *restrict X, int8_t *restrict Xq,
+                                 float *restrict xd, float *restrict xs)
+{
+    const int64_t nb = K / 32;
+    for (int64_t r = 0; r < M * nb; r++) {
+        const float *restrict x = X + r * 32;  /* rows are dense, so block r of the flat array */
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            float v = nearbyintf(x[j] * id);
+            v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+            Xq[r * 32 + j] = (int8_t)v;
+            sum += (int)v;
+        }
+        xd[r] = d;
+        xs[r] = d * (float)sum;
+    }
+}
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define RLX_DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(__AVXVNNI__)
+#define RLX_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#else  /* pairs of u8 x s8 products fit int16 here: |w| <= 128 and |q| <= 127 */
+#define RLX_DPBUSD(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), \
+                                                                         _mm256_set1_epi16(1)))
+#endif
+static inline float rlx_q8_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+/* Block b of row w into the accumulators: the integer dot product scaled by dw * dx per lane (acc),
+ * the min term (sacc). */
+static inline __attribute__((always_inline)) void rlx_q8blk(const int fmt, const int mr, int64_t b, int64_t nb,
+        const int8_t *restrict Xq, int64_t K, const float *restrict xd, const float *restrict xs,
+        const uint8_t *restrict w, __m256 *acc, float *sacc)
+{
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const uint8_t *blk = w + b * qb;
+    const float dw = rlx_q_half(blk);
+    /* the min term's weight factor: q4_1's m, q4_0's -8 * d (exact: a power of two) */
+    const float cw = fmt == RLX_Q4_1 ? rlx_q_half(blk + 2) : -8.0f * dw;
+    __m256i wq;
+    if (fmt == RLX_Q8_0) {
+        wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
+        wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+    }
+    /* u8 x s8: q8_0's signed weights as |w| with their sign moved onto the activations */
+    const __m256i u = fmt == RLX_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(Xq + i * K + b * 32));
+            const __m256i s = fmt == RLX_Q8_0 ? _mm256_sign_epi8(xq, wq) : xq;
+            const __m256i dot = RLX_DPBUSD(_mm256_setzero_si256(), u, s);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xd[i * nb + b]), acc[i]);
+            if (fmt != RLX_Q8_0)
+                sacc[i] += cw * xs[i * nb + b];
+        }
+}
+#endif
+
+/* out[i] = row w (nb blocks) . activation rows i < mr (quantized: Xq rows of K, block scales xd, xs);
+ * even and odd blocks in separate accumulators (two dependency chains). */
+static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const int mr, int64_t nb,
+        const int8_t *restrict Xq, int64_t K, const float *restrict xd, const float *restrict xs,
+        const uint8_t *restrict w, float *out)
+{
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+    __m256 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
+    float sacc[RLX_QGEMV_MAX_M], sacc2[RLX_QGEMV_MAX_M];
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            acc[i] = acc2[i] = _mm256_setzero_ps();
+            sacc[i] = sacc2[i] = 0.0f;
+        }
+    int64_t b = 0;
+    for (; b + 1 < nb; b += 2) {
+        rlx_q8blk(fmt, mr, b, nb, Xq, K, xd, xs, w, acc, sacc);
+        rlx_q8blk(fmt, mr, b + 1, nb, Xq, K, xd, xs, w, acc2, sacc2);
+    }
+    if (b < nb)
+        rlx_q8blk(fmt, mr, b, nb, Xq, K, xd, xs, w, acc, sacc);
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr)
+            out[i] = rlx_q8_hsum(_mm256_add_ps(acc[i], acc2[i])) + (sacc[i] + sacc2[i]);
+#else
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    float facc[RLX_QGEMV_MAX_M], sacc[RLX_QGEMV_MAX_M];
+    for (int i = 0; i < mr; i++)
+        facc[i] = sacc[i] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * qb;
+        const float dw = rlx_q_half(blk);
+        const float cw = fmt == RLX_Q4_1 ? rlx_q_half(blk + 2) : -8.0f * dw;
+        int wq[32];
+        for (int j = 0; j < 16; j++) {
+            if (fmt == RLX_Q8_0) {
+                wq[j] = (int8_t)blk[2 + j];
+                wq[j + 16] = (int8_t)blk[18 + j];
+            } else {
+                const uint8_t byte = blk[(fmt == RLX_Q4_1 ? 4 : 2) + j];
+                wq[j] = byte & 0x0F;
+                wq[j + 16] = byte >> 4;
+            }
+        }
+        for (int i = 0; i < mr; i++) {
+            const int8_t *xq = Xq + i * K + b * 32;
+            int dot = 0;
+            for (int j = 0; j < 32; j++)
+                dot += wq[j] * xq[j];
+            facc[i] += (float)dot * (dw * xd[i * nb + b]);
+            if (fmt != RLX_Q8_0)
+                sacc[i] += cw * xs[i * nb + b];
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        out[i] = facc[i] + sacc[i];
+#endif
+}
+
+/* Y[:, n0:n1] with int8 activations: blocks of up to RLX_Q8_ROWS rows of Xq stay in L1 while the
+ * thread's weight rows pass by, four rows of Xq at a time per weight row. */
+#define RLX_Q8_ROWS 32
+static inline __attribute__((always_inline)) void rlx_q8gemm(const int fmt, int64_t M, int64_t N, int64_t K,
+        const int8_t *Xq, const float *xd, const float *xs, const uint8_t *W, int64_t rb, float *Y,
+        int64_t n0, int64_t n1)
+{
+    const int64_t nb = K / 32;
+    float out[RLX_QGEMV_MAX_M];
+    for (int64_t r0 = 0; r0 < M; r0 += RLX_Q8_ROWS) {
+        const int64_t r1 = r0 + RLX_Q8_ROWS < M ? r0 + RLX_Q8_ROWS : M;
+        for (int64_t n = n0; n < n1; n++) {
+            for (int64_t i = r0; i < r1; i += RLX_QGEMV_MAX_M) {
+                const int64_t mr = r1 - i < RLX_QGEMV_MAX_M ? r1 - i : RLX_QGEMV_MAX_M;
+                const int8_t *xq = Xq + i * K;
+                const float *d = xd + i * nb, *s = xs + i * nb;
+                switch (mr) {
+                case 4: rlx_q8dot(fmt, 4, nb, xq, K, d, s, W + n * rb, out); break;
+                case 3: rlx_q8dot(fmt, 3, nb, xq, K, d, s, W + n * rb, out); break;
+                case 2: rlx_q8dot(fmt, 2, nb, xq, K, d, s, W + n * rb, out); break;
+                default: rlx_q8dot(fmt, 1, nb, xq, K, d, s, W + n * rb, out); break;
+                }
+                for (int64_t j = 0; j < mr; j++)
+                    Y[(i + j) * N + n] = out[j];
+            }
+        }
     }
 }
 

@@ -1,0 +1,143 @@
+"""A SmolLM2-135M-shaped decoder on an NVIDIA GPU: RLX (Q4_1 blocks) against PyTorch/transformers (f16).
+
+    python benchmarks/llm_cuda.py [--prompt-tokens 32] [--new-tokens 128] [--rounds 3] [--precision f16]
+                                  [--peers rlx,hf_eager,hf_static]
+
+The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 576, 9/3 heads,
+FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
+like the real file, transformers as an f16 `LlamaForCausalLM` (the GGUF loaded dequantized to f16 is
+what it would run). Batch 1, greedy. RLX: one prefill step of the prompt, then one step per token
+(KV cache on the device, argmax of the returned logits on the host). transformers: `generate` with
+its dynamic cache (eager) and with `cache_implementation="static"` (which compiles the decode step
+with torch.compile), timed after a warm-up that includes compilation. Tokens/s = new tokens / time
+of the whole generation (prefill included) for every peer, plus RLX's decode-only rate.
+Timings only: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHAPE = dict(arch="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+             head_dim=64, ffn_size=1536, rms_eps=1e-5, rope_base=100000.0, rope_variant="interleaved", n_rot=64,
+             context_length=2048, tie_embeddings=True, bos_id=1, eos_id=2)
+
+
+def rlx_tensors(config, seed: int = 0) -> dict:
+    from rlx.ir.quant import random_blocks
+    from rlx.models.llama import WeightSpec, random_specs
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, spec in random_specs(config).items():
+        if len(spec.shape) == 1:
+            out[name] = (spec, np.ones(spec.shape, np.float32))
+            continue
+        fmt = "q8_0" if name == "token_embd.weight" else "q4_1"
+        out[name] = (WeightSpec(fmt, spec.shape), random_blocks(rng, spec.shape[0], spec.shape[1], fmt, scale=0.02))
+    return out
+
+
+def bench_rlx(args, config) -> dict[str, float]:
+    from rlx.models.causal_lm import CausalLM
+
+    t0 = time.perf_counter()
+    lm = CausalLM(config, rlx_tensors(config), device="cuda", precision=args.precision,
+                  max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
+    build = time.perf_counter() - t0
+    prompt = np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens))
+
+    cache = lm.new_cache()
+
+    def once() -> tuple[float, float]:
+        cache.reset()
+        t0 = time.perf_counter()
+        token = int(lm.step(prompt, cache, [args.prompt_tokens - 1])[0].argmax())
+        t1 = time.perf_counter()
+        for _ in range(args.new_tokens - 1):
+            token = int(lm.step(np.array([[token]]), cache, [0])[0].argmax())
+        t2 = time.perf_counter()
+        return t2 - t0, t2 - t1
+
+    once()  # warm-up: CUDA graphs captured for the prefill and decode shapes
+    totals, decodes = zip(*(once() for _ in range(args.rounds)))
+    return {"build_s": build, "total": statistics.median(totals), "decode": statistics.median(decodes)}
+
+
+def bench_hf(args, config, static: bool) -> dict[str, float]:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf = LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+                     intermediate_size=config.ffn_size, num_hidden_layers=config.num_layers,
+                     num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+                     head_dim=config.head_dim, rms_norm_eps=config.rms_eps, rope_theta=config.rope_base,
+                     max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(hf).to(device="cuda", dtype=torch.float16).eval()
+    ids = torch.randint(3, config.vocab_size, (1, args.prompt_tokens), device="cuda")
+    kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+              pad_token_id=0)
+    if static:
+        kw["cache_implementation"] = "static"
+
+    def once() -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    once()
+    once()  # warm-up (static: torch.compile of the decode step)
+    warm = time.perf_counter() - t0
+    return {"build_s": warm, "total": statistics.median(once() for _ in range(args.rounds))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--precision", default="f16")
+    p.add_argument("--peers", default="rlx,hf_eager,hf_static")
+    p.add_argument("--pause", type=float, default=1.0)
+    args = p.parse_args(argv)
+    from rlx.models.decoder_config import DecoderConfig
+
+    config = DecoderConfig(**SHAPE)
+    results = {}
+    for peer in args.peers.split(","):
+        time.sleep(args.pause)
+        try:
+            if peer == "rlx":
+                results[peer] = bench_rlx(args, config)
+            else:
+                results[peer] = bench_hf(args, config, static=peer == "hf_static")
+        except ImportError as exc:
+            print(f"skipping {peer}: {exc}")
+    print(f"SmolLM2-135M-shaped decoder, batch 1, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
+          f"{args.rounds} rounds (medians); rlx precision {args.precision}")
+    print(f"{'peer':<10} {'warm-up s':>9} {'total ms':>9} {'tokens/s':>9} {'decode tok/s':>13}")
+    for peer, r in results.items():
+        dec = f"{(args.new_tokens - 1) / r['decode']:13.1f}" if "decode" in r else f"{'':>13}"
+        print(f"{peer:<10} {r['build_s']:9.2f} {r['total'] * 1e3:9.1f} {args.new_tokens / r['total']:9.1f} {dec}")
+    if "rlx" in results:
+        for peer in results:
+            if peer != "rlx":
+                print(f"rlx / {peer}: {results[peer]['total'] / results['rlx']['total']:.2f}x tokens/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""CUDA rules for GGUF-quantized weights: `dequant_matmul` and `dequantize`.
+
+Registered in `table("cuda")` when `rlx.codegen.cuda` is imported. The kernels
+(`templates/cuda/kernels/quant.cuh`) read the blocks directly: a warp-per-row
+GEMV for decode (few rows of activations), and for prefill tiles of the weight
+dequantized into the compute type in scratch, multiplied on cuBLASLt (tensor
+cores in f16 / bf16 sessions) or the built-in tiled GEMM.
+
+>>> import rlx
+>>> from rlx.ir.quant import row_bytes
+>>> g = rlx.Graph("q")
+>>> x = g.input("x", [1, 64])
+>>> w = g.param("w", [8, row_bytes("q4_1", 64)], "u8")
+>>> g.set_outputs([g.dequant_matmul(x, w, quant="q4_1")])
+>>> from rlx.codegen.backends import supports
+>>> supports(g, "cuda")
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch
+from rlx.codegen.registry import Kernel, table
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node
+from rlx.ir.quant import quant_format
+from rlx.opt.lowering_cuda import LT_DTYPES, quant_tile
+
+TEMPLATE = "cuda/quant.cu.j2"
+QUANT, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/gemm.cuh"
+#: The format ids of kernels/quant.cuh.
+FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
+              "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
+rules = table("cuda")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DequantMatMul(Launch):
+    """Launch arguments of `block_dequant_matmul`: pointers, sizes, the format and the prefill tiling."""
+
+    t: str
+    fmt: str
+    qk: int
+    qb: int
+    x: str
+    w: str
+    y: str
+    m: str
+    n: int
+    k: int
+    row_bytes: int
+    tile: int
+    #: Byte offset (from the scratch region) of a split product's [M, tile] buffer.
+    ctmp_off: int
+    lt: bool
+    cuda_type: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dequantize(Launch):
+    """Launch arguments of `block_dequantize`."""
+
+    t: str
+    fmt: str
+    qk: int
+    qb: int
+    x: str
+    y: str
+    rows: str
+    k: int
+    row_bytes: int
+
+
+def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    if getattr(op, "quant", None) not in FORMAT_IDS:
+        return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
+    if getattr(op, "act", "f32") != "f32":
+        return f"with act={op.act!r}: its int8 activations run on the CPU only"  # type: ignore[attr-defined]
+    return None
+
+
+@rules.register("dequant_matmul", accepts=_accepts)
+def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
+    op: O.DequantMatMul = node.op  # type: ignore[assignment]
+    x_id, w_id = node.inputs
+    x, w = e.node(x_id).shape, e.node(w_id).shape
+    fmt = quant_format(op.quant)
+    dt = e.ddt(node.id)
+    k, n = x.dims[-1].value, w.dims[0].value
+    tile = quant_tile(n, k, dt.itemsize)
+    lt = e.target.gemm == "cublaslt" and dt in LT_DTYPES
+    ctmp_off = -(-k * tile * dt.itemsize // 256) * 256  # after the weight tile (lowering_cuda.scratch_need)
+    args = DequantMatMul(**e.base(node), uses_lt=lt, t=_CTYPE[dt], fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size,
+                         qb=fmt.block_bytes, x=e.ptr(x_id), w=e.ptr(w_id), y=e.ptr(node.id),
+                         m=e.numel(x.dims[:-1]), n=n, k=k, row_bytes=w.dims[1].value, tile=tile, ctmp_off=ctmp_off,
+                         lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""))
+    return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args, headers=(QUANT, GEMM), header=args.comment,
+                  label=node.label)
+
+
+@rules.register("dequantize", accepts=_accepts)
+def dequantize(e: CudaEmitter, node: Node) -> Kernel:
+    op: O.Dequantize = node.op  # type: ignore[assignment]
+    x = e.node(node.inputs[0]).shape
+    fmt = quant_format(op.quant)
+    args = Dequantize(**e.base(node), t=e.ctype(node.id), fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size,
+                      qb=fmt.block_bytes, x=e.ptr(node.inputs[0]), y=e.ptr(node.id),
+                      rows=e.numel(x.dims[:-1]), k=node.shape.dims[-1].value,
+                      row_bytes=x.dims[-1].value)
+    return Kernel(node.id, "block_dequantize", TEMPLATE, args, headers=(QUANT,), header=args.comment,
+                  label=node.label)

@@ -1,0 +1,191 @@
+/* ── Weights in GGUF block formats (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k) ─────────────────────────
+ * A weight W[N, K] is stored as GGUF does: row n is K / QK blocks of QB bytes (rlx/ir/quant.py documents every
+ * layout). Every block, and every field inside one, starts at an even byte offset (QB and the header fields are
+ * even), so 16-bit loads are always aligned; formats whose QB is a multiple of 4 use 32-bit loads.
+ *
+ * Kernels work on 32-value sub-blocks (a whole block of the 32-value formats, an eighth of a k-quant block):
+ *   rlx_qgemv       decode, M <= RLX_QGEMV_MAX_M rows of X: one warp per weight row, lanes take consecutive
+ *                   sub-blocks (a warp reads a contiguous run of the row), each sub-block dequantized in registers
+ *                   and dotted with every row of X; f32 accumulation, one warp-shuffle sum per output.
+ *   rlx_qdequant_t  prefill: a tile of weight rows dequantized into a [K, nt] matrix of the compute type (the
+ *                   right operand of a row-major GEMM), then cuBLASLt (tensor cores in f16/bf16) or the built-in
+ *                   tiled GEMM multiplies it; rlx_q_put_cols places a tile's columns when N is split.
+ *   rlx_qdequant_rows  rows of blocks to values (a gathered embedding row).
+ * Dequantization is GGUF's float arithmetic (d * q + m has an exact product, so a fused multiply-add rounds it
+ * the same way). */
+
+enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX_Q4_K = 5, RLX_Q6_K = 6 };
+#define RLX_QGEMV_MAX_M 4
+#define RLX_QGEMV_WARPS 4
+
+__device__ __forceinline__ float rlx_q_half(const uint8_t *p) {
+    return __half2float(__ushort_as_half(*(const unsigned short *)p));
+}
+
+__device__ __forceinline__ uint32_t rlx_q_u32(const uint8_t *p) { return *(const uint32_t *)p; }
+
+__device__ __forceinline__ uint32_t rlx_q_u32_2(const uint8_t *p) {  /* 2-byte aligned 32-bit word */
+    const unsigned short *h = (const unsigned short *)p;
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+/* v[0..31] = values 32*sub .. 32*sub+31 of the block at `b`. */
+template <int FMT>
+__device__ __forceinline__ void rlx_q_sub(const uint8_t *__restrict__ b, int sub, float v[32]) {
+    if (FMT == RLX_Q8_0) {
+        const float d = rlx_q_half(b);
+        const unsigned short *q = (const unsigned short *)(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const unsigned short u = q[j];
+            v[2 * j] = (float)(int8_t)(u & 0xFF) * d;
+            v[2 * j + 1] = (float)(int8_t)(u >> 8) * d;
+        }
+    } else if (FMT == RLX_Q4_0 || FMT == RLX_Q4_1) {
+        const float d = rlx_q_half(b);
+        const float m = FMT == RLX_Q4_1 ? rlx_q_half(b + 2) : 0.0f;
+        const uint8_t *qs = b + (FMT == RLX_Q4_1 ? 4 : 2);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t u = FMT == RLX_Q4_1 ? rlx_q_u32(qs + 4 * j) : rlx_q_u32_2(qs + 4 * j);
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const int byte = (u >> (8 * t)) & 0xFF;
+                if (FMT == RLX_Q4_1) {
+                    v[4 * j + t] = d * (float)(byte & 0x0F) + m;
+                    v[4 * j + t + 16] = d * (float)(byte >> 4) + m;
+                } else {
+                    v[4 * j + t] = d * (float)((byte & 0x0F) - 8);
+                    v[4 * j + t + 16] = d * (float)((byte >> 4) - 8);
+                }
+            }
+        }
+    } else if (FMT == RLX_Q5_0 || FMT == RLX_Q5_1) {
+        const int one = FMT == RLX_Q5_1;
+        const float d = rlx_q_half(b);
+        const float m = one ? rlx_q_half(b + 2) : 0.0f;
+        const uint32_t qh = one ? rlx_q_u32(b + 4) : rlx_q_u32_2(b + 2);
+        const uint8_t *qs = b + (one ? 8 : 6);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t u = one ? rlx_q_u32(qs + 4 * j) : rlx_q_u32_2(qs + 4 * j);
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const int i = 4 * j + t, byte = (u >> (8 * t)) & 0xFF;
+                const int lo = (byte & 0x0F) | (int)((qh >> i) & 1u) << 4;
+                const int hi = (byte >> 4) | (int)((qh >> (i + 16)) & 1u) << 4;
+                if (one) {
+                    v[i] = d * (float)lo + m;
+                    v[i + 16] = d * (float)hi + m;
+                } else {
+                    v[i] = d * (float)(lo - 16);
+                    v[i + 16] = d * (float)(hi - 16);
+                }
+            }
+        }
+    } else if (FMT == RLX_Q4_K) {
+        /* sub-block j: the low (j even) or high (j odd) nibbles of the 32 bytes at 16 + 32 * (j / 2) */
+        const float d = rlx_q_half(b), dmin = rlx_q_half(b + 2);
+        const uint8_t *s = b + 4;
+        const int j = sub;
+        const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        const int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        const float ds = d * (float)sc, dm = dmin * (float)mn;
+        const uint8_t *qs = b + 16 + 32 * (j / 2);
+        const int shift = (j & 1) * 4;
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            const uint32_t u = rlx_q_u32(qs + 4 * w);
+#pragma unroll
+            for (int t = 0; t < 4; t++)
+                v[4 * w + t] = ds * (float)((u >> (8 * t + shift)) & 0x0F) - dm;
+        }
+    } else {  /* RLX_Q6_K: sub-block s is group g = s % 4 of half s / 4 */
+        const int half = sub / 4, g = sub % 4;
+        const float d = rlx_q_half(b + 208);
+        const uint8_t *ql = b + 64 * half + (g & 1) * 32, *qh = b + 128 + 32 * half;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * half);
+        const int nib = (g >> 1) * 4, hs = 2 * g;
+        const float d0 = d * (float)sc[2 * g], d1 = d * (float)sc[2 * g + 1];
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int q = (((ql[l] >> nib) & 0x0F) | (((qh[l] >> hs) & 3) << 4)) - 32;
+            v[l] = (l < 16 ? d0 : d1) * (float)q;
+        }
+    }
+}
+
+/* Y[m, n] = X[m, :] . W[n, :] for m < MR: one warp per weight row. */
+template <typename T, int FMT, int QK, int QB, int MR>
+__global__ void __launch_bounds__(32 * RLX_QGEMV_WARPS)
+rlx_qgemv(const T *__restrict__ X, const uint8_t *__restrict__ W, T *__restrict__ Y, int64_t N, int64_t K,
+          int64_t RB) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * RLX_QGEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= N)
+        return;  /* the whole warp: n is per warp */
+    const uint8_t *row = W + n * RB;
+    const int64_t nsub = K / 32;
+    float acc[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+        acc[m] = 0.0f;
+    for (int64_t s = lane; s < nsub; s += 32) {
+        float v[32];
+        rlx_q_sub<FMT>(row + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            const T *x = X + m * K + s * 32;
+            float p = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                p = fmaf(rlx_f(x[i]), v[i], p);
+            acc[m] += p;
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        float a = acc[m];
+        for (int o = 16; o > 0; o >>= 1)
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0)
+            Y[m * N + n] = rlx_to<T>(a);
+    }
+}
+
+/* Wt[k, j] = W[j, k] for the nt rows of W at `W` (a [K, nt] row-major matrix): one thread per (row, sub-block),
+ * consecutive threads on consecutive rows so the stores of a warp are contiguous. */
+template <typename T, int FMT, int QK, int QB>
+__global__ void rlx_qdequant_t(const uint8_t *__restrict__ W, int64_t RB, int64_t K, int64_t nt, T *__restrict__ Wt) {
+    const int64_t nsub = K / 32, total = nt * nsub;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = i % nt, s = i / nt;
+        float v[32];
+        rlx_q_sub<FMT>(W + j * RB + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+#pragma unroll
+        for (int t = 0; t < 32; t++)
+            Wt[(s * 32 + t) * nt + j] = rlx_to<T>(v[t]);
+    }
+}
+
+/* Y[r, :] = the values of row r of blocks (rows of RB bytes, K values). */
+template <typename T, int FMT, int QK, int QB>
+__global__ void rlx_qdequant_rows(const uint8_t *__restrict__ X, int64_t RB, int64_t K, int64_t rows,
+                                  T *__restrict__ Y) {
+    const int64_t nsub = K / 32, total = rows * nsub;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / nsub, s = i % nsub;
+        float v[32];
+        rlx_q_sub<FMT>(X + r * RB + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+#pragma unroll
+        for (int t = 0; t < 32; t++)
+            Y[r * K + s * 32 + t] = rlx_to<T>(v[t]);
+    }
+}
+
+/* Y[m, 0:nt] (row stride N) = C[m, 0:nt] (dense): one tile of a product whose N was split. */
+template <typename T>
+__global__ void rlx_q_put_cols(const T *__restrict__ C, T *__restrict__ Y, int64_t M, int64_t nt, int64_t N) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < M * nt; i += (int64_t)gridDim.x * blockDim.x)
+        Y[(i / nt) * N + i % nt] = C[i];
+}

@@ -1,0 +1,90 @@
+"""Compile-only checks of the CUDA quantized-weight rules (nvcc, no GPU): every format, every precision.
+
+The numerical checks run on a GPU in tests/gpu/test_cuda_quant.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import rlx
+from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.errors import BuildError
+from rlx.ir import quant as Q
+from rlx.ir.dtype import DType
+from rlx.opt.memplan import plan
+from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
+
+
+@pytest.fixture(scope="module")
+def toolchain() -> NvccToolchain:
+    try:
+        path, text = find_nvcc("nvcc")
+    except BuildError:
+        pytest.skip("nvcc is not installed")
+    return NvccToolchain(path, text, "sm_90", find_cublas(path))
+
+
+def every_format_graph(n: int = 19) -> rlx.Graph:
+    """One dequant_matmul per format on a shared activation, and a dequantized embedding gather."""
+    g = rlx.Graph("quant_formats")
+    m = rlx.Dim.dynamic("m", 64)
+    x = g.input("x", [m, 256])
+    outs = {f: g.dequant_matmul(x, g.param(f, [n, Q.row_bytes(f, 256)], "u8"), quant=f)
+            for f in sorted(Q.QUANT_FORMATS)}
+    table = g.param("emb", [7, Q.row_bytes("q8_0", 256)], "u8")
+    outs["emb"] = g.dequantize(g.gather(table, g.input("ids", [m], "i32")), quant="q8_0")
+    g.set_outputs(outs)
+    return g
+
+
+def _compile(tc: NvccToolchain, g: rlx.Graph, target: CudaTarget, tmp_path: Path) -> str:
+    src = render_cuda(plan(g), target, {"name": g.name})
+    path = tmp_path / f"{g.name}_{target.precision.value}_{target.gemm}.cu"
+    path.write_text(src)
+    tc.compile(path, path.with_suffix(".o"), target.gemm, compile_only=True)
+    return src
+
+
+@pytest.mark.parametrize("precision", ["f32", "f16"])  # bf16 renders the same code with another type
+def test_every_format_compiles(toolchain: NvccToolchain, precision: str, tmp_path: Path) -> None:
+    src = _compile(toolchain, every_format_graph(), CudaTarget(precision=DType.parse(precision), gemm="builtin"),
+                   tmp_path)
+    for fid in ("RLX_Q8_0", "RLX_Q4_0", "RLX_Q4_1", "RLX_Q5_0", "RLX_Q5_1", "RLX_Q4_K", "RLX_Q6_K"):
+        assert f"rlx_qgemv<{'float' if precision == 'f32' else ('__half' if precision == 'f16' else 'rlx_bf16')}, " \
+               f"{fid}" in src
+    assert "rlx_gemm_tiled<" in src and "rlx_qdequant_rows<" in src
+
+
+def test_cublaslt_prefill_and_split_weight_compile(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """A vocabulary-sized weight is dequantized in column tiles (bounded scratch) and multiplied on cuBLASLt."""
+    g = rlx.Graph("quant_lt")
+    x = g.input("x", [rlx.Dim.dynamic("m", 256), 576])
+    g.set_outputs([g.dequant_matmul(x, g.param("w", [49152, Q.row_bytes("q8_0", 576)], "u8"), quant="q8_0")])
+    src = render_cuda(plan(g), CudaTarget(precision=DType.F16), {"name": g.name})
+    assert "rlx_lt_matmul(c, CUDA_R_16F" in src and "rlx_q_put_cols<__half>" in src
+    if not toolchain.cublas.found:
+        pytest.skip("cublasLt.h not found (pip install 'rlx[cuda]' adds the nvidia-cublas wheel)")
+    _compile(toolchain, g, CudaTarget(precision=DType.F16), tmp_path)
+
+
+def test_unknown_format_is_refused_before_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx.codegen import cuda_quant
+    from rlx.codegen.backends import first_unsupported_op
+
+    g = every_format_graph()
+    monkeypatch.delitem(cuda_quant.FORMAT_IDS, "q6_k")
+    node, reason = first_unsupported_op(g, "cuda")
+    assert node.kind == "dequant_matmul" and "'q6_k'" in reason
+
+
+def test_int8_activations_are_refused_on_cuda() -> None:
+    from rlx.codegen.backends import first_unsupported_op
+
+    g = rlx.Graph("q8act")
+    x = g.input("x", [2, 64])
+    g.set_outputs([g.dequant_matmul(x, g.param("w", [3, 68], "u8"), quant="q8_0", act="q8")])
+    node, reason = first_unsupported_op(g, "cuda")
+    assert node.kind == "dequant_matmul" and "CPU only" in reason
