@@ -1,12 +1,22 @@
 """all-MiniLM-L6-v2 sentence embeddings on CPU: rlx vs PyTorch eager, torch.compile and ONNX Runtime.
 
     python benchmarks/minilm.py [--threads N] [--rounds R] [--passes P] [--cases 1x16,8x128,32x128] [--peers ...]
+                                [--precision f32,bf16,f16,int8]
+
+`--precision` adds rlx peers computing with weights stored in bf16 / f16
+(`Session(Device.CPU, precision=...)`: f32 compute on the widened weights) and
+int8 (dynamic quantization; reported as not available where this rlx lacks
+it), and with int8 the ONNX Runtime peer `onnxruntime-int8`: the same ONNX
+model after `onnxruntime.quantization.quantize_dynamic` (int8 weights,
+activations quantized at run time).
 
 Every peer runs the same computation (BERT encoder + masked mean pooling + L2
 normalization, float32) from the same weights on the same token batch with the
 same thread count, in this one process. The PyTorch peers run a plain-torch
 BERT written from the same weights (`rlx.models.torch_bert`); ONNX Runtime
-runs that model exported with `torch.onnx.export`, with ORT's default graph
+runs that model exported with `torch.onnx.export` (without PyTorch: built
+from the same weights with `onnx.helper` by `benchmarks/minilm_onnx.py` and
+checked against `rlx.reference` before timing), with ORT's default graph
 optimizations, and additionally after ORT's BERT fusion optimizer
 (`onnxruntime.transformers`, fused Attention / SkipLayerNorm / BiasGelu) when
 that module is available. Each peer lives in its own worker process, so no
@@ -80,15 +90,19 @@ def sgemm_peak(threads: int, seconds: float = 1.0) -> tuple[float, str]:
 
 # ── peers (each built and timed inside its own worker process) ─────────
 
-PEERS = ("rlx", "torch", "torch.compile", "onnxruntime", "onnxruntime-fused")
+PEERS = ("rlx", "rlx-bf16", "rlx-f16", "rlx-int8", "torch", "torch.compile", "onnxruntime", "onnxruntime-int8",
+         "onnxruntime-fused")
+PRECISIONS = ("f32", "bf16", "f16", "int8")
 
 
-def _rlx(config: object, weights: dict, cases: list) -> Runner:
+def _rlx(config: object, weights: dict, cases: list, precision: str = "f32") -> Runner:
     from rlx.models import SentenceEmbedder
     from rlx.models.bert import bert_inputs
 
+    if precision == "int8":
+        raise RuntimeError("dynamic int8 is not implemented in this rlx yet")
     emb = SentenceEmbedder(config, weights, None, device="cpu", max_seq=max(s for _, s in cases),
-                           max_batch=max(b for b, _ in cases))
+                           max_batch=max(b for b, _ in cases), precision=precision)
     runner = emb.runner("embeddings")
     return lambda ids, mask: runner.run(bert_inputs(ids, mask))[0]
 
@@ -109,14 +123,19 @@ def _torch(config: object, weights: dict, threads: int, compiled: bool) -> Runne
     return run
 
 
-def _onnxruntime(config: object, weights: dict, threads: int, fused: bool) -> Runner:
-    import onnxruntime as ort
-    import torch
+def _export_onnx(config: object, weights: dict, path: Path) -> Path:
+    """The embedder as ONNX: exported from the plain-torch BERT, or without PyTorch built from the weights."""
+    try:
+        import torch
+    except ImportError:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from minilm_onnx import check_against_reference, save_bert_onnx
 
+        save_bert_onnx(config, weights, path)
+        check_against_reference(path, config, weights)  # it must compute what rlx computes
+        return path
     from rlx.models.torch_bert import TorchBert
 
-    workdir = Path(tempfile.mkdtemp(prefix="rlx-bench-"))
-    path = workdir / "minilm.onnx"
     ids, mask = token_batch(2, 16, config.vocab_size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -124,6 +143,21 @@ def _onnxruntime(config: object, weights: dict, threads: int, fused: bool) -> Ru
                           str(path), input_names=["input_ids", "attention_mask"], output_names=["embeddings"],
                           dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
                           opset_version=17, dynamo=False)
+    return path
+
+
+def _onnxruntime(config: object, weights: dict, threads: int, fused: bool, int8: bool = False) -> Runner:
+    import onnxruntime as ort
+
+    workdir = Path(tempfile.mkdtemp(prefix="rlx-bench-"))
+    path = _export_onnx(config, weights, workdir / "minilm.onnx")
+    if int8:
+        # what ORT users reach for first: int8 weights, activations quantized per tensor at run time
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        qpath = workdir / "minilm_int8.onnx"
+        quantize_dynamic(str(path), str(qpath), weight_type=QuantType.QInt8)
+        path = qpath
     if fused:
         # ORT's offline BERT optimizer: fused Attention, SkipLayerNormalization, BiasGelu.
         from onnxruntime.transformers import optimizer
@@ -147,11 +181,11 @@ def _make_peer(name: str, model_dir: Path, threads: int, cases: list) -> Runner:
 
     config = B.load_config(model_dir)
     weights = B.load_weights(model_dir, config)
-    if name == "rlx":
-        return _rlx(config, weights, cases)
+    if name == "rlx" or name.startswith("rlx-"):
+        return _rlx(config, weights, cases, precision=name.partition("-")[2] or "f32")
     if name in ("torch", "torch.compile"):
         return _torch(config, weights, threads, compiled=name == "torch.compile")
-    return _onnxruntime(config, weights, threads, fused=name == "onnxruntime-fused")
+    return _onnxruntime(config, weights, threads, fused=name == "onnxruntime-fused", int8=name == "onnxruntime-int8")
 
 
 def peer_worker(conn: object, name: str, model_dir: str, threads: int, cases: list) -> None:
@@ -222,11 +256,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=30, help="timed runs per case and peer (default 30)")
     ap.add_argument("--passes", type=int, default=5, help="interleaved passes the rounds are split into (default 5)")
     ap.add_argument("--cases", default="1x16,8x128,32x128", help="batch x seq list (default 1x16,8x128,32x128)")
-    ap.add_argument("--peers", default=",".join(PEERS), help=f"comma list of {', '.join(PEERS)}")
+    ap.add_argument("--peers", default=None, help=f"comma list of {', '.join(PEERS)} (default: rlx at each "
+                    "--precision, torch, torch.compile, onnxruntime, onnxruntime-int8 with int8, onnxruntime-fused)")
+    ap.add_argument("--precision", default="f32", help=f"comma list of {', '.join(PRECISIONS)} for rlx (default f32)")
     ap.add_argument("--model", default=None, help="BERT directory (default: the packaged all-MiniLM-L6-v2)")
     args = ap.parse_args(argv)
     cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
-    peers = [p for p in args.peers.split(",") if p]
+    precisions = [p for p in args.precision.split(",") if p]
+    if set(precisions) - set(PRECISIONS):
+        ap.error(f"unknown precisions {sorted(set(precisions) - set(PRECISIONS))}; choose from {PRECISIONS}")
+    if args.peers is None:
+        peers = [("rlx" if p == "f32" else f"rlx-{p}") for p in precisions]
+        peers += ["torch", "torch.compile", "onnxruntime"] + (["onnxruntime-int8"] if "int8" in precisions else [])
+        peers += ["onnxruntime-fused"]
+    else:
+        peers = [p for p in args.peers.split(",") if p]
     unknown = set(peers) - set(PEERS)
     if unknown:
         ap.error(f"unknown peers {sorted(unknown)}; choose from {PEERS}")

@@ -342,7 +342,7 @@ def _compile_verbose(args: argparse.Namespace, session: Any, graph: Any) -> Any:
 
 def _lower_optimize_plan(graph: Any, config: Any, *, verbose: bool = False) -> dict[str, Any]:
     """Lower, optimize (with the pipeline's per-pass report) and plan: the LIR `compile` builds."""
-    from rlx.driver import to_mir
+    from rlx.driver import legalize_for, to_mir
     from rlx.opt.memplan import plan
     from rlx.opt.pipeline import optimize_with_report
 
@@ -350,6 +350,8 @@ def _lower_optimize_plan(graph: Any, config: Any, *, verbose: bool = False) -> d
     mir = to_mir(graph)
     t1 = time.perf_counter()
     optimized, report = optimize_with_report(mir, config.opt_level, debug=config.debug)
+    # as the CPU build sees it: f16/bf16 ops it lacks run in f32 between casts (named "legalize ...")
+    optimized = legalize_for(optimized, "cpu")
     t2 = time.perf_counter()
     lir = plan(optimized)
     t3 = time.perf_counter()

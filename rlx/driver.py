@@ -97,21 +97,35 @@ class Device(enum.Enum):
 
 
 def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None = None,
-                 backend: str | None = None) -> LirModule:
+                 backend: str | None = None, params_in: str = "f32") -> LirModule:
     """MIR → LIR: optimize at `level` (None: RLX_OPT_LEVEL), decompose for `backend`, then plan memory.
 
     With `backend`, ops that backend has no rule for are decomposed into primitives it has
-    (`rlx.opt.decompose`). `pipeline.optimize` is looked up at call time, so a patched optimizer
-    is the one that runs (and, being a rebound name, takes the compile index out of play: see
-    the module docstring).
+    (`rlx.opt.decompose`). `params_in` ("bf16", "f16"): f32 params are stored in that precision
+    and widened where read (`rlx.opt.precision`), after optimizing, so the layout pass has
+    already folded weight transposes into the params and no transpose runs per call.
+    `pipeline.optimize` is looked up at call time, so a patched optimizer is the one that runs
+    (and, being a rebound name, takes the compile index out of play: see the module docstring).
     """
     mir = pipeline.optimize(graph, level=level, debug=debug)
-    if backend is not None:
-        from rlx.opt.decompose import decompose
+    if params_in != "f32":
+        from rlx.opt.precision import store_params_in
 
-        rules = _rules(backend)
-        mir = decompose(mir, lambda g, node: rules.why_not(g, node) is None)
+        mir = store_params_in(mir, params_in)
+    if backend is not None:
+        mir = legalize_for(mir, backend)
     return plan(mir)
+
+
+def legalize_for(mir: Graph, backend: str) -> Graph:
+    """`mir` as `backend` can build it: f16/bf16 ops it lacks run in f32 between casts
+    (`rlx.opt.legalize`), ops it has no rule for decompose into primitives (`rlx.opt.decompose`)."""
+    from rlx.opt.decompose import decompose
+    from rlx.opt.legalize import legalize
+
+    rules = _rules(backend)
+    mir = legalize(mir, rules.accepts)
+    return decompose(mir, lambda g, node: rules.why_not(g, node) is None)
 
 
 def _rules(backend: str) -> Any:
@@ -136,12 +150,16 @@ class Session:
         variant = {k: bool(v) for k, v in (("profile", profile), ("check_nans", check_nans)) if v is not None}
         if variant:
             self.config = dataclasses.replace(self.config, **variant)
-        # CUDA only: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation);
-        # `target` ("cuda:sm_90") picks the arch instead of the visible GPU's.
+        # CUDA: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation).
+        # CPU: f32 params are stored in `precision` (half the bytes; set_param rounds once) and
+        # widened to f32 where read, so every op computes in f32 (rlx.opt.precision).
+        # `target` ("cuda:sm_90", CUDA only) picks the arch instead of the visible GPU's.
         if precision not in ("f32", "f16", "bf16"):
             raise RlxError(f"precision must be 'f32', 'f16' or 'bf16', got {precision!r}")
-        if self.device is not Device.CUDA and (precision != "f32" or target is not None):
-            raise RlxError("precision and target apply to Device.CUDA only")
+        if self.device not in (Device.CPU, Device.CUDA) and precision != "f32":
+            raise RlxError("precision applies to Device.CPU and Device.CUDA only")
+        if self.device is not Device.CUDA and target is not None:
+            raise RlxError("target applies to Device.CUDA only")
         self.precision = precision
         self.target = target
 
@@ -155,7 +173,13 @@ class Session:
         if getattr(graph, "stage", None) == "lir" and isinstance(getattr(graph, "lir", None), LirModule):
             return graph.lir
         level = self.config.opt_level if opt_level is None else opt_level
-        return lower_to_lir(to_mir(graph), level, debug=self.config.debug)
+        return lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=self.device.value,
+                            params_in=self._params_in)
+
+    @property
+    def _params_in(self) -> str:
+        """The precision f32 params are stored in on this device (the CPU's reading of `precision`)."""
+        return self.precision if self.device is Device.CPU else "f32"
 
     def first_unsupported_op(self, graph: Any, *, opt_level: int | None = None) -> tuple[Any, str] | None:
         """The first node this session's backend cannot run (after optimizing and decomposing), with why.
@@ -172,7 +196,7 @@ class Session:
         if _is_lir(graph):
             return first_unsupported_op(self.lower(graph).graph, backend)
         level = self.config.opt_level if opt_level is None else opt_level
-        lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=backend)
+        lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=backend, params_in=self._params_in)
         return first_unsupported_op(lir.graph, backend)
 
     def supports(self, graph: Any, *, opt_level: int | None = None) -> bool:
@@ -236,13 +260,17 @@ class Session:
         mir = to_mir(graph)
         level = config.opt_level if opt_level is None else opt_level
         toolchain = detect_toolchain(config)
+        params_in = self._params_in
 
         def compile_fully() -> tuple[Path, Path, str, bool, str]:
-            built = build_cpu(lower_to_lir(mir, level, debug=config.debug, backend="cpu"), config, toolchain)
+            lir = lower_to_lir(mir, level, debug=config.debug, backend="cpu", params_in=params_in)
+            built = build_cpu(lir, config, toolchain)
             return built.library, built.source, built.key, built.hit, built.components["source"]
 
-        return _through_index(config, mir, level, cpu_toolchain_components(toolchain, config), compile_fully,
-                              pristine)[:4]
+        # the params' precision is part of what is asked for (f32 keys stay as they were)
+        request = {**cpu_toolchain_components(toolchain, config),
+                   **({"params_in": params_in} if params_in != "f32" else {})}
+        return _through_index(config, mir, level, request, compile_fully, pristine)[:4]
 
     def _compile_cuda(self, graph: Any, opt_level: int | None, pristine: bool) -> CompiledGraph:
         """The CUDA library for `graph`, through the compile index, loaded as a `CudaGraph`."""

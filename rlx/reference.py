@@ -7,7 +7,8 @@ node's dtype after every op (so f16/bf16 graphs see the rounding a backend
 does at op boundaries); integers keep their type; bool is numpy bool.
 
 Conventions at the boundary: arrays use `DType.np`, except bf16, which is
-exchanged as float32 holding bf16-representable values.
+exchanged as numpy bfloat16 (`ml_dtypes`); bf16 inputs may also be float32
+holding bf16-representable values.
 
 >>> import numpy as np
 >>> from rlx.ir.graph import Graph
@@ -30,7 +31,7 @@ from rlx.errors import ExecutionError
 from rlx.ir import ops as O
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
-from rlx.ir.dtype import DType, bf16_to_f32, round_to_dtype
+from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
 from rlx.ir.quant import dequantize as dequantize_blocks
 from rlx.ir.quant import q8_act_terms
@@ -591,8 +592,8 @@ def to_compute(arr: np.ndarray, dtype: DType) -> np.ndarray:
 
 def to_boundary(value: np.ndarray, dtype: DType) -> np.ndarray:
     """Convert a compute value to the array a caller receives."""
-    if dtype is DType.BF16:
-        return np.asarray(value, dtype=np.float32)
+    if dtype is DType.BF16:  # values are bf16-representable already: exact
+        return np.asarray(value, dtype=np.float32).astype(BFLOAT16)
     # reshape: ascontiguousarray turns a 0-d value into shape (1,).
     return np.ascontiguousarray(value, dtype=dtype.np).reshape(np.shape(value))
 

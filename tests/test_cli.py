@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import rlx
 from rlx.cli import main, parse_target, synthetic_inputs
 from rlx.config import Config
 from rlx.toolchain.cache import AotCache
@@ -639,6 +640,16 @@ def test_inspect_support_prints_the_op_backend_table(capsys: pytest.CaptureFixtu
 
 def test_inspect_without_a_path_or_support_is_a_usage_error():
     assert main(["inspect"]) == 2
+
+
+def test_inspect_lir_shows_the_legalizing_casts(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    g = rlx.Graph("half")
+    g.set_outputs([g.softmax(g.input("x", [2, 8], "bf16"))])
+    path = tmp_path / "half.json"
+    g.save(path)
+    assert main(["inspect", str(path), "--stage", "lir"]) == 0
+    out = capsys.readouterr().out
+    assert "# legalize bf16->f32 for softmax %1" in out and "# legalize f32->bf16 after softmax %1" in out
 
 
 # ── observing: bench --profile, inspect --memory, report ──────────────────

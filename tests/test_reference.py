@@ -18,7 +18,7 @@ import pytest
 from rlx import reference
 from rlx.errors import ExecutionError
 from rlx.ir import ops as O
-from rlx.ir.dtype import DType, bf16_to_f32, f32_to_bf16
+from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, f32_to_bf16
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim, Shape
 
@@ -129,7 +129,7 @@ def test_cast() -> None:
     assert run_op(O.Cast(DType.BOOL), x).tolist() == [True, True, False, True, True]
     assert run_op(O.Cast(DType.F32), np.array([True, False])).tolist() == [1.0, 0.0]
     out = run_op(O.Cast(DType.BF16), np.array([1.0 + 2**-9, 3.0], np.float32))
-    assert out.dtype == np.float32 and out.tolist() == [1.0, 3.0]  # bf16 boundary arrays are float32
+    assert out.dtype == BFLOAT16 and out.tolist() == [1.0, 3.0]  # bf16 boundary arrays are bfloat16 (ml_dtypes)
     out = run_op(O.Cast(DType.F16), np.array([1.0 + 2**-9, 70000.0], np.float32))
     assert out.dtype == np.float16 and out.tolist() == [1.0 + 2**-9, math.inf]
     assert run_op(O.Cast(DType.I8), np.array([300], np.int32)).tolist() == [44]  # wraps like C
@@ -464,7 +464,7 @@ def test_bf16_and_f16_round_at_every_op() -> None:
     one_plus = np.array([1.0], np.float32)
     tiny = np.array([2.0**-9], np.float32)  # below half a bf16 ulp at 1.0, above half an f16 ulp
     bf = run_op(O.Binary("add"), one_plus, tiny, dtypes=["bf16", "bf16"])
-    assert bf.dtype == np.float32 and bf.tolist() == [1.0]
+    assert bf.dtype == BFLOAT16 and bf.tolist() == [1.0]
     hf = run_op(O.Binary("add"), one_plus.astype(np.float16), tiny.astype(np.float16))
     assert hf.dtype == np.float16 and hf.tolist() == [1.0 + 2**-9]
     # rounding between ops: (1 + t) + t in bf16 stays 1; in f32 it is 1 + 2t

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, is_dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 
@@ -78,6 +78,349 @@ class CTarget:
     #: Build variants (rlx.codegen.c_observe): time spans per kernel and thread / NaN-inf checks.
     profile: bool = False
     check_nans: bool = False
+
+
+# ── kernel arguments: one frozen dataclass per macro ──────────────────────
+#
+# Every field is a C expression (str), a number, or a flag; the macro named by
+# `macro` in the class's template renders them. `label` (a C string literal
+# naming the node, for run-time error messages) is filled in by
+# `_Planner.kernel`.
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuArgs:
+    """Base of every CPU kernel's arguments: the node's label as a C string literal."""
+
+    macro: ClassVar[str] = ""
+    label: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoteArgs(CpuArgs):
+    """A scheduled node that renders no code (a view, a transpose folded into its GEMMs)."""
+
+    note: str
+
+
+@dataclass(frozen=True)
+class EwInput:
+    """One input of an elementwise loop nest: its pointer and per-axis strides (elements)."""
+
+    ptr: str
+    dtype: str
+    var: str
+    ctype: str
+    stype: str
+    strides: tuple[str, ...]
+    inner: str
+    #: Every stride is 0: the input is one scalar.
+    scalar: bool
+
+
+@dataclass(frozen=True)
+class EwStep:
+    """One computed value of an elementwise region: `var = kind/fn(args)` in `ctype`."""
+
+    var: str
+    kind: str
+    fn: str
+    args: tuple[str, ...]
+    dtype: str
+    ctype: str
+    arg_ctype: str
+    arg_dtype: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElementwiseArgs(CpuArgs):
+    """An elementwise op or fused region over collapsed axes (macro `elementwise`)."""
+
+    macro: ClassVar[str] = "elementwise"
+    rank: int
+    dims: tuple[str, ...]
+    outer_dims: tuple[str, ...]
+    total: str
+    inner: str
+    rows: str
+    inputs: tuple[EwInput, ...]
+    steps: tuple[EwStep, ...]
+    result: str
+    out: str
+    out_dtype: str
+    out_stype: str
+    #: Integer division/power present: the loop records bad divisors and the kernel fails.
+    checks: bool
+    grain: int
+
+
+@dataclass(frozen=True)
+class GemmBatch:
+    """The batch loop of a batched GEMM: dims and per-operand element strides (0 = broadcast)."""
+
+    dims: tuple[str, ...]
+    count: str
+    a_strides: tuple[str, ...]
+    b_strides: tuple[str, ...]
+    rank: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmArgs(CpuArgs):
+    """C = op(A) @ op(B) (+ bias, activation) through sgemm (macro `gemm`)."""
+
+    macro: ClassVar[str] = "gemm"
+    m: str
+    n: str
+    k: str
+    a: str
+    b: str
+    c: str
+    ta: bool
+    tb: bool
+    lda: str
+    ldb: str
+    batch: GemmBatch
+    #: One GEMM over all rows (no batch loop).
+    fold: bool
+    bias: str
+    act: str
+    epilogue: bool
+    mat_c: str
+    block: int
+    grain: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PgemmArgs(CpuArgs):
+    """C = A @ B with B a param stored in packed panels; epilogue fused (macro `pgemm`)."""
+
+    macro: ClassVar[str] = "pgemm"
+    m: str
+    n: str
+    k: str
+    lda: str
+    a: str
+    b: str
+    c: str
+    bias: str
+    fold: bool
+    batch: GemmBatch
+    mat_c: str
+    #: The epilogue enum constant (RLX_EPI_NONE, RLX_EPI_GELU, ...).
+    epi: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwigluArgs(CpuArgs):
+    """silu(x @ Wg) * (x @ Wu), blocked over rows (macro `swiglu`)."""
+
+    macro: ClassVar[str] = "swiglu"
+    m: str
+    n: str
+    k: str
+    x: str
+    wg: str
+    wu: str
+    tg: bool
+    tu: bool
+    ldg: str
+    ldu: str
+    c: str
+    #: Rows per step (the up-projection block lives in shared scratch).
+    block: int
+    batch: GemmBatch
+    fold: bool
+    mat_c: str
+    grain: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReduceArgs(CpuArgs):
+    """A reduction over kept/reduced axis groups (macro `reduce`)."""
+
+    macro: ClassVar[str] = "reduce"
+    fn: str
+    #: The pattern is [K] R [K]: outer x count x inner loops; else the generic kept/red strides.
+    simple: bool
+    outer: str
+    inner: str
+    count: str
+    kept: tuple[tuple[str, str], ...]
+    red: tuple[tuple[str, str], ...]
+    red_count: str
+    out_count: str
+    x: str
+    y: str
+    dtype: str
+    ctype: str
+    stype: str
+    acc: str
+    is_float: bool
+    grain: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoftmaxArgs(CpuArgs):
+    """Softmax over one axis of an [outer, n, inner] view (macro `softmax`)."""
+
+    macro: ClassVar[str] = "softmax"
+    outer: str
+    n: str
+    inner: str
+    x: str
+    y: str
+    grain: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class NormArgs(CpuArgs):
+    """LayerNorm / RMSNorm over rows, optionally after a fused residual (+ bias) add (macro `norm`)."""
+
+    macro: ClassVar[str] = "norm"
+    rms: bool
+    x: str
+    #: Empty when absent.
+    residual: str
+    bias: str
+    gamma: str
+    beta: str
+    y: str
+    rows: str
+    n: str
+    eps: str
+    grain: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CopyArgs(CpuArgs):
+    """A byte copy (reshape of a node that is not a view; macro `copy`)."""
+
+    macro: ClassVar[str] = "copy"
+    src: str
+    dst: str
+    nbytes: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransposeArgs(CpuArgs):
+    """A strided gather of the input into dense output order (macro `transpose`)."""
+
+    macro: ClassVar[str] = "transpose"
+    rank: int
+    dims: tuple[str, ...]
+    strides: tuple[str, ...]
+    rows: str
+    inner: str
+    ctype: str
+    x: str
+    y: str
+    grain: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class NarrowArgs(CpuArgs):
+    """A slice along one axis: `outer` row copies, byte offsets (macro `narrow`)."""
+
+    macro: ClassVar[str] = "narrow"
+    outer: str
+    src_row: str
+    dst_row: str
+    start: str
+    src: str
+    dst: str
+
+
+@dataclass(frozen=True)
+class ConcatPart:
+    """One input of a concat: its base, row bytes and byte offset in the output row."""
+
+    src: str
+    row: str
+    offset: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConcatArgs(CpuArgs):
+    """Concatenation along one axis (macro `concat`)."""
+
+    macro: ClassVar[str] = "concat"
+    outer: str
+    dst_row: str
+    parts: tuple[ConcatPart, ...]
+    dst: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatherArgs(CpuArgs):
+    """Rows of a table selected by an index tensor, indices bounds-checked (macro `gather`)."""
+
+    macro: ClassVar[str] = "gather"
+    outer: str
+    n: str
+    count: str
+    inner_bytes: str
+    table: str
+    idx: str
+    idx_type: str
+    dst: str
+    grain: int
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """The attention mask: kind, and for padding/bias masks its pointer (and type or strides)."""
+
+    kind: str
+    ptr: str = ""
+    ctype: str = ""
+    strides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionArgs(CpuArgs):
+    """Multi-head (grouped-query) attention in query blocks (macro `attention`)."""
+
+    macro: ClassVar[str] = "attention"
+    q: str
+    k: str
+    v: str
+    o: str
+    batch: str
+    sq: str
+    skv: str
+    heads: int
+    kv_heads: int
+    group: int
+    hd: int
+    scale: str
+    mask: AttentionMask
+    qblock: int
+    #: Byte offsets in the per-thread scratch: packed K^T, packed V, the mask row.
+    kp_offset: int
+    vp_offset: int
+    row_offset: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RopeArgs(CpuArgs):
+    """Rotary position embedding over [batch, seq, width] (macro `rope`)."""
+
+    macro: ClassVar[str] = "rope"
+    x: str
+    cos: str
+    sin: str
+    y: str
+    batch: str
+    seq: str
+    width: int
+    hd: int
+    half: int
+    rot: int
+    neox: bool
+    #: cos/sin tables per batch row ([batch, seq, rot/2]) rather than shared ([seq, rot/2]).
+    per_row: bool
+    grain: int
 
 
 def _c_int(value: int) -> str:
@@ -211,7 +554,7 @@ class _Planner:
             elif nid in self.absorbed:
                 note = "folded into the GEMMs that read it (BLAS transpose flag)"
             if note is not None:
-                out.append(Kernel(nid, "", "", {"note": note}, header=self.header(node)))
+                out.append(Kernel(nid, "", "", NoteArgs(note=note), header=self.header(node)))
                 continue
             reason = CPU.why_not(self.graph, node)
             if reason is not None:
@@ -222,18 +565,25 @@ class _Planner:
             out.append(kernel)
         return out
 
-    def kernel(self, node: Node, macro: str, template: str, args: dict, *, headers: tuple[str, ...] = (),
-               scratch_per_thread: int = 0, scratch_shared: int = 0) -> Kernel:
-        """The Kernel record of `node`: `macro` from `template` renders `args` (read-only to templates)."""
+    def kernel(self, node: Node, macro: str, template: str, args: CpuArgs | Mapping[str, Any], *,
+               headers: tuple[str, ...] = (), scratch_per_thread: int = 0, scratch_shared: int = 0) -> Kernel:
+        """The Kernel record of `node`: `macro` from `template` renders `args` with the node's label.
+
+        `args` is the rule's frozen dataclass (a `CpuArgs`); a plain mapping is still accepted
+        and handed to the template read-only.
+        """
         label = c_string(f"%{node.id} {node.kind}" + (f" ({node.name[:60]})" if node.name else ""))
-        args = MappingProxyType({**args, "label": label})
+        if is_dataclass(args):
+            args = replace(args, label=label)
+        else:
+            args = MappingProxyType({**args, "label": label})
         return Kernel(node.id, macro, template, args, headers=headers, header=self.header(node),
                       func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch_per_thread,
                       scratch_shared=scratch_shared)
 
     # ── elementwise ────────────────────────────────────────────────────
 
-    def elementwise(self, node: Node) -> dict:
+    def elementwise(self, node: Node) -> ElementwiseArgs:
         op = node.op
         in_shapes = [self.node(i).shape for i in node.inputs]
         if isinstance(op, O.ElementwiseRegion):
@@ -258,18 +608,17 @@ class _Planner:
         for j, i in enumerate(node.inputs):
             dt = in_shapes[j].dtype
             inner = strides[j][-1] if dims else "0"
-            inputs.append({"ptr": self.ptr(i), "dtype": dt.value, "var": f"v{j}", "ctype": _COMPUTE[dt],
-                           "stype": dt.c_type,
-                           "strides": strides[j], "inner": inner,
-                           "scalar": all(s == "0" for s in strides[j])})
+            inputs.append(EwInput(ptr=self.ptr(i), dtype=dt.value, var=f"v{j}", ctype=_COMPUTE[dt],
+                                  stype=dt.c_type, strides=tuple(strides[j]), inner=inner,
+                                  scalar=all(s == "0" for s in strides[j])))
         step_ctx = []
         checks = False
         for si, step in enumerate(steps):
             dt = shapes[n_in + si].dtype
             var = f"v{n_in + si}"
             if step is None:  # expand: a plain copy of the broadcast input
-                step_ctx.append({"var": var, "kind": "copy", "fn": "", "args": ["v0"], "dtype": dt.value,
-                                 "ctype": _COMPUTE[dt], "arg_ctype": _COMPUTE[dt], "arg_dtype": dt.value})
+                step_ctx.append(EwStep(var=var, kind="copy", fn="", args=("v0",), dtype=dt.value,
+                                       ctype=_COMPUTE[dt], arg_ctype=_COMPUTE[dt], arg_dtype=dt.value))
                 continue
             arg_dts = [shapes[a].dtype for a in step.args]
             sop = step.op
@@ -278,27 +627,26 @@ class _Planner:
                 fn = DType.parse(sop.dtype).value
             if isinstance(sop, O.Binary) and fn in ("div", "pow") and dt.is_int:
                 checks = True
-            step_ctx.append({"var": var, "kind": sop.kind, "fn": fn, "args": [f"v{a}" for a in step.args],
-                             "dtype": dt.value, "ctype": _COMPUTE[dt], "arg_ctype": _COMPUTE[arg_dts[-1]],
-                             "arg_dtype": arg_dts[-1].value})
+            step_ctx.append(EwStep(var=var, kind=sop.kind, fn=fn, args=tuple(f"v{a}" for a in step.args),
+                                   dtype=dt.value, ctype=_COMPUTE[dt], arg_ctype=_COMPUTE[arg_dts[-1]],
+                                   arg_dtype=arg_dts[-1].value))
         out_dt = node.shape.dtype
-        return {
-            "kind": "elementwise",
-            "rank": len(dims),
-            "dims": [self.dim(d) for d in dims],
-            "outer_dims": [self.dim(d) for d in dims[:-1]],
-            "total": self.numel(dims) if dims else "1",
-            "inner": self.dim(dims[-1]) if dims else "1",
-            "rows": self.numel(dims[:-1]) if len(dims) > 1 else "1",
-            "inputs": inputs,
-            "steps": step_ctx,
-            "result": step_ctx[-1]["var"],
-            "out": self.ptr(node.id, const=False),
-            "out_dtype": out_dt.value,
-            "out_stype": out_dt.c_type,
-            "checks": checks,
-            "grain": GRAIN,
-        }
+        return ElementwiseArgs(
+            rank=len(dims),
+            dims=tuple(self.dim(d) for d in dims),
+            outer_dims=tuple(self.dim(d) for d in dims[:-1]),
+            total=self.numel(dims) if dims else "1",
+            inner=self.dim(dims[-1]) if dims else "1",
+            rows=self.numel(dims[:-1]) if len(dims) > 1 else "1",
+            inputs=tuple(inputs),
+            steps=tuple(step_ctx),
+            result=step_ctx[-1].var,
+            out=self.ptr(node.id, const=False),
+            out_dtype=out_dt.value,
+            out_stype=out_dt.c_type,
+            checks=checks,
+            grain=GRAIN,
+        )
 
     # ── GEMM family ────────────────────────────────────────────────────
 
@@ -313,7 +661,7 @@ class _Planner:
             if d.max > _INT32_MAX:
                 raise BuildError(f"node {node.label}: GEMM dimension {d} (max {d.max}) exceeds the 32-bit BLAS limit")
 
-    def _batch(self, a: Shape, b: Shape, out: Shape, b_mat: int | None = None) -> dict:
+    def _batch(self, a: Shape, b: Shape, out: Shape, b_mat: int | None = None) -> GemmBatch:
         """Batch loop of a batched GEMM: per-operand element strides of the broadcast batch axes.
 
         `b_mat`: floats per matrix of b when it is stored packed (padded), not K * N.
@@ -321,17 +669,17 @@ class _Planner:
         batch = out.dims[:-2]
         nb = len(batch)
 
-        def batch_strides(s: Shape, packed: int | None = None) -> list[str]:
+        def batch_strides(s: Shape, packed: int | None = None) -> tuple[str, ...]:
             # The operand's batch axes (matrices of `mat` elements) read as the output's batch.
             mat = Dim(packed) if packed is not None else s.dims[-2] * s.dims[-1]
             own = s.dims[:-2]
             view = View(own, tuple(st * mat for st in dense_strides(own))).broadcast_to(batch)
-            return [self.dim(st) for st in view.strides]
+            return tuple(self.dim(st) for st in view.strides)
 
-        return {"dims": [self.dim(d) for d in batch], "count": self.numel(batch) if batch else "1",
-                "a_strides": batch_strides(a), "b_strides": batch_strides(b, b_mat), "rank": nb}
+        return GemmBatch(dims=tuple(self.dim(d) for d in batch), count=self.numel(batch) if batch else "1",
+                         a_strides=batch_strides(a), b_strides=batch_strides(b, b_mat), rank=nb)
 
-    def gemm(self, node: Node) -> dict:
+    def gemm(self, node: Node) -> GemmArgs | PgemmArgs:
         a_id, b_id = node.inputs[:2]
         a, b = self.node(a_id).shape, self.node(b_id).shape
         out = node.shape
@@ -348,31 +696,32 @@ class _Planner:
         fold = b.rank == 2 and not ta
         batch = self._batch(a, b, out)
         rows = self.dim(product(out.dims[:-1])) if fold else self.dim(m)
-        return {
-            "kind": "gemm", "m": rows, "n": self.dim(n), "k": self.dim(k),
-            "a": a_ptr, "b": b_ptr, "c": self.ptr(node.id, const=False), "ta": ta, "tb": tb,
-            "lda": self.dim(m if ta else k), "ldb": self.dim(k if tb else n),
-            "batch": batch, "fold": fold or batch["rank"] == 0,
-            "bias": bias, "act": act, "epilogue": bool(bias or act),
-            "mat_c": self.dim(m * n), "block": 0, "grain": GRAIN,
-        }
+        return GemmArgs(
+            m=rows, n=self.dim(n), k=self.dim(k),
+            a=a_ptr, b=b_ptr, c=self.ptr(node.id, const=False), ta=ta, tb=tb,
+            lda=self.dim(m if ta else k), ldb=self.dim(k if tb else n),
+            batch=batch, fold=fold or batch.rank == 0,
+            bias=bias, act=act, epilogue=bool(bias or act),
+            mat_c=self.dim(m * n), block=0, grain=GRAIN,
+        )
 
-    def pgemm(self, node: Node, a: Shape, b: Shape, b_param: NodeId, a_ptr: str, bias: str, act: str) -> dict:
+    def pgemm(self, node: Node, a: Shape, b: Shape, b_param: NodeId, a_ptr: str, bias: str,
+              act: str) -> PgemmArgs:
         """A GEMM whose right operand is a packed param (see find_packed_params)."""
         out = node.shape
         m, k, n = out.dims[-2], a.dims[-1], out.dims[-1]
         fold = b.rank == 2
         if act:
             self.gemm_acts.add(act)
-        return {
-            "kind": "pgemm", "m": self.dim(product(out.dims[:-1]) if fold else m), "n": self.dim(n),
-            "k": self.dim(k), "lda": self.dim(k), "a": a_ptr, "b": self.ptr(b_param),
-            "c": self.ptr(node.id, const=False), "bias": bias, "fold": fold,
-            "batch": self._batch(a, b, out, self.packed_mat[b_param]), "mat_c": self.dim(m * n),
-            "epi": f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE",
-        }
+        return PgemmArgs(
+            m=self.dim(product(out.dims[:-1]) if fold else m), n=self.dim(n),
+            k=self.dim(k), lda=self.dim(k), a=a_ptr, b=self.ptr(b_param),
+            c=self.ptr(node.id, const=False), bias=bias, fold=fold,
+            batch=self._batch(a, b, out, self.packed_mat[b_param]), mat_c=self.dim(m * n),
+            epi=f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE",
+        )
 
-    def swiglu(self, node: Node) -> dict:
+    def swiglu(self, node: Node) -> SwigluArgs:
         x_id, g_id, u_id = node.inputs
         x, wg = self.node(x_id).shape, self.node(g_id).shape
         out = node.shape
@@ -386,18 +735,18 @@ class _Planner:
         block = max(16, min(512, (1 << 18) // max(n.max, 1)))
         block = max(1, min(block, rows_dim.max))
         self.scratch_shared = max(self.scratch_shared, block * n.max * 4)
-        return {
-            "kind": "swiglu", "m": self.dim(rows_dim), "n": self.dim(n), "k": self.dim(k),
-            "x": self.ptr(x_id), "wg": g_ptr, "wu": u_ptr, "tg": tg, "tu": tu,
-            "ldg": self.dim(k if tg else n), "ldu": self.dim(k if tu else n),
-            "c": self.ptr(node.id, const=False), "block": block,
-            "batch": self._batch(x, wg, out), "fold": fold or len(out.dims) == 2,
-            "mat_c": self.dim(m * n), "grain": GRAIN,
-        }
+        return SwigluArgs(
+            m=self.dim(rows_dim), n=self.dim(n), k=self.dim(k),
+            x=self.ptr(x_id), wg=g_ptr, wu=u_ptr, tg=tg, tu=tu,
+            ldg=self.dim(k if tg else n), ldu=self.dim(k if tu else n),
+            c=self.ptr(node.id, const=False), block=block,
+            batch=self._batch(x, wg, out), fold=fold or len(out.dims) == 2,
+            mat_c=self.dim(m * n), grain=GRAIN,
+        )
 
     # ── reductions and normalization ───────────────────────────────────
 
-    def reduce(self, node: Node) -> dict:
+    def reduce(self, node: Node) -> ReduceArgs:
         op: O.Reduce = node.op  # type: ignore[assignment]
         x = self.node(node.inputs[0]).shape
         axes = set(op.normalized_axes(x.rank))
@@ -414,8 +763,8 @@ class _Planner:
         pattern = "".join("R" if r else "K" for _, r in groups)
         # Generic fallback for patterns other than [K] R [K]: reduced groups and kept groups with strides.
         strides = dense_strides([d for d, _ in groups])
-        kept = [(self.dim(d), self.dim(s)) for (d, r), s in zip(groups, strides) if not r]
-        red = [(self.dim(d), self.dim(s)) for (d, r), s in zip(groups, strides) if r]
+        kept = tuple((self.dim(d), self.dim(s)) for (d, r), s in zip(groups, strides) if not r)
+        red = tuple((self.dim(d), self.dim(s)) for (d, r), s in zip(groups, strides) if r)
         simple = pattern in ("", "R", "KR", "RK", "KRK", "K")
         outer = inner = "1"
         count = "1"
@@ -434,21 +783,21 @@ class _Planner:
             acc_type = "double"
         if op.fn in ("max", "min"):
             acc_type = _COMPUTE[dt]
-        return {
-            "kind": "reduce", "fn": op.fn, "simple": simple, "outer": outer, "inner": inner, "count": count,
-            "kept": kept, "red": red, "red_count": red_count, "out_count": self.numel(node.shape.dims),
-            "x": self.ptr(node.inputs[0]), "y": self.ptr(node.id, const=False), "dtype": dt.value,
-            "ctype": _COMPUTE[dt], "stype": dt.c_type, "acc": acc_type, "is_float": dt.is_float, "grain": GRAIN,
-        }
+        return ReduceArgs(
+            fn=op.fn, simple=simple, outer=outer, inner=inner, count=count,
+            kept=kept, red=red, red_count=red_count, out_count=self.numel(node.shape.dims),
+            x=self.ptr(node.inputs[0]), y=self.ptr(node.id, const=False), dtype=dt.value,
+            ctype=_COMPUTE[dt], stype=dt.c_type, acc=acc_type, is_float=dt.is_float, grain=GRAIN,
+        )
 
-    def softmax(self, node: Node) -> dict:
+    def softmax(self, node: Node) -> SoftmaxArgs:
         x = node.shape
         axis = node.op.axis % x.rank
-        return {"kind": "softmax", "outer": self.numel(x.dims[:axis]), "n": self.dim(x.dims[axis]),
-                "inner": self.numel(x.dims[axis + 1:]), "x": self.ptr(node.inputs[0]),
-                "y": self.ptr(node.id, const=False), "grain": GRAIN}
+        return SoftmaxArgs(outer=self.numel(x.dims[:axis]), n=self.dim(x.dims[axis]),
+                           inner=self.numel(x.dims[axis + 1:]), x=self.ptr(node.inputs[0]),
+                           y=self.ptr(node.id, const=False), grain=GRAIN)
 
-    def norm(self, node: Node) -> dict:
+    def norm(self, node: Node) -> NormArgs:
         op = node.op
         rms = isinstance(op, (O.RmsNorm, O.FusedResidualRmsNorm))
         fused = isinstance(op, (O.FusedResidualLayerNorm, O.FusedResidualRmsNorm))
@@ -459,18 +808,18 @@ class _Planner:
         residual = self.ptr(ins[1]) if fused else ""
         bias = self.ptr(ins[2]) if fused and len(ins) == 2 + 1 + n_params else ""
         x = node.shape
-        return {"kind": "norm", "rms": rms, "x": self.ptr(ins[0]), "residual": residual, "bias": bias,
-                "gamma": gamma, "beta": beta, "y": self.ptr(node.id, const=False),
-                "rows": self.numel(x.dims[:-1]), "n": self.dim(x.dims[-1]), "eps": _float_literal(op.eps),
-                "grain": GRAIN}
+        return NormArgs(rms=rms, x=self.ptr(ins[0]), residual=residual, bias=bias,
+                        gamma=gamma, beta=beta, y=self.ptr(node.id, const=False),
+                        rows=self.numel(x.dims[:-1]), n=self.dim(x.dims[-1]), eps=_float_literal(op.eps),
+                        grain=GRAIN)
 
     # ── data movement ──────────────────────────────────────────────────
 
-    def copy(self, node: Node) -> dict:
-        return {"kind": "copy", "src": self.base(node.inputs[0]), "dst": self.base(node.id),
-                "nbytes": f"({self.numel(node.shape.dims)}*{node.shape.dtype.itemsize})"}
+    def copy(self, node: Node) -> CopyArgs:
+        return CopyArgs(src=self.base(node.inputs[0]), dst=self.base(node.id),
+                        nbytes=f"({self.numel(node.shape.dims)}*{node.shape.dtype.itemsize})")
 
-    def transpose(self, node: Node) -> dict:
+    def transpose(self, node: Node) -> TransposeArgs:
         x = self.node(node.inputs[0]).shape
         # The input read through the transpose's View; output axes that are neighbours in the
         # input too merge (collapse), size-1 axes drop.
@@ -480,25 +829,26 @@ class _Planner:
         esize = x.dtype.itemsize
         if not dims:
             dims, strides = [Dim(1)], [Dim(1)]
-        return {"kind": "transpose", "rank": len(dims), "dims": [self.dim(d) for d in dims],
-                "strides": [self.dim(s) for s in strides], "rows": self.numel(dims[:-1]) if len(dims) > 1 else "1",
-                "inner": self.dim(dims[-1]), "ctype": _elem_type(esize),
-                "x": f"((const {_elem_type(esize)} *){self.base(node.inputs[0])})",
-                "y": f"(({_elem_type(esize)} *){self.base(node.id)})", "grain": GRAIN}
+        return TransposeArgs(rank=len(dims), dims=tuple(self.dim(d) for d in dims),
+                             strides=tuple(self.dim(s) for s in strides),
+                             rows=self.numel(dims[:-1]) if len(dims) > 1 else "1",
+                             inner=self.dim(dims[-1]), ctype=_elem_type(esize),
+                             x=f"((const {_elem_type(esize)} *){self.base(node.inputs[0])})",
+                             y=f"(({_elem_type(esize)} *){self.base(node.id)})", grain=GRAIN)
 
-    def narrow(self, node: Node) -> dict:
+    def narrow(self, node: Node) -> NarrowArgs:
         op: O.Narrow = node.op  # type: ignore[assignment]
         x = self.node(node.inputs[0]).shape
         axis = op.axis % x.rank
         inner = product(x.dims[axis + 1:])
         size = x.dtype.itemsize
-        return {"kind": "narrow", "outer": self.numel(x.dims[:axis]),
-                "src_row": f"({self.dim(x.dims[axis] * inner)}*{size})",
-                "dst_row": f"({self.dim(inner * op.length)}*{size})",
-                "start": f"({self.dim(inner * op.start)}*{size})",
-                "src": self.base(node.inputs[0]), "dst": self.base(node.id)}
+        return NarrowArgs(outer=self.numel(x.dims[:axis]),
+                          src_row=f"({self.dim(x.dims[axis] * inner)}*{size})",
+                          dst_row=f"({self.dim(inner * op.length)}*{size})",
+                          start=f"({self.dim(inner * op.start)}*{size})",
+                          src=self.base(node.inputs[0]), dst=self.base(node.id))
 
-    def concat(self, node: Node) -> dict:
+    def concat(self, node: Node) -> ConcatArgs:
         axis = node.op.axis % node.shape.rank
         size = node.shape.dtype.itemsize
         out_row = product(node.shape.dims[axis:])
@@ -507,25 +857,25 @@ class _Planner:
         for i in node.inputs:
             s = self.node(i).shape
             row = product(s.dims[axis:])
-            parts.append({"src": self.base(i), "row": f"({self.dim(row)}*{size})",
-                          "offset": f"({self.dim(offset)}*{size})" if offset.coeff else "0"})
+            parts.append(ConcatPart(src=self.base(i), row=f"({self.dim(row)}*{size})",
+                                    offset=f"({self.dim(offset)}*{size})" if offset.coeff else "0"))
             offset = _add_rows(offset, row)
-        return {"kind": "concat", "outer": self.numel(node.shape.dims[:axis]),
-                "dst_row": f"({self.dim(out_row)}*{size})", "parts": parts, "dst": self.base(node.id)}
+        return ConcatArgs(outer=self.numel(node.shape.dims[:axis]),
+                          dst_row=f"({self.dim(out_row)}*{size})", parts=tuple(parts), dst=self.base(node.id))
 
-    def gather(self, node: Node) -> dict:
+    def gather(self, node: Node) -> GatherArgs:
         table_id, idx_id = node.inputs
         table, idx = self.node(table_id).shape, self.node(idx_id).shape
         axis = node.op.axis % table.rank
         size = table.dtype.itemsize
-        return {"kind": "gather", "outer": self.numel(table.dims[:axis]), "n": self.dim(table.dims[axis]),
-                "count": self.numel(idx.dims), "inner_bytes": f"({self.numel(table.dims[axis + 1:])}*{size})",
-                "table": self.base(table_id), "idx": self.ptr(idx_id), "idx_type": idx.dtype.c_type,
-                "dst": self.base(node.id), "grain": GRAIN}
+        return GatherArgs(outer=self.numel(table.dims[:axis]), n=self.dim(table.dims[axis]),
+                          count=self.numel(idx.dims), inner_bytes=f"({self.numel(table.dims[axis + 1:])}*{size})",
+                          table=self.base(table_id), idx=self.ptr(idx_id), idx_type=idx.dtype.c_type,
+                          dst=self.base(node.id), grain=GRAIN)
 
     # ── transformer blocks ─────────────────────────────────────────────
 
-    def attention(self, node: Node) -> dict:
+    def attention(self, node: Node) -> AttentionArgs:
         op: O.Attention = node.op  # type: ignore[assignment]
         q, k = self.node(node.inputs[0]).shape, self.node(node.inputs[1]).shape
         h, hkv, d = op.num_heads, op.kv_heads, op.head_dim
@@ -536,33 +886,33 @@ class _Planner:
         row_offset = vp_offset + _align64(skv_max * _round_up(d, PACK_NR_MAX) * 4)
         scratch = row_offset + _align64(skv_max * 4)
         self.scratch_per_thread = max(self.scratch_per_thread, scratch)
-        mask: dict[str, Any] = {"kind": op.mask}
+        mask = AttentionMask(op.mask)
         if op.mask == "padding":
             m_id = node.inputs[3]
-            mask.update(ptr=self.ptr(m_id), ctype=self.node(m_id).shape.dtype.c_type)
+            mask = AttentionMask(op.mask, ptr=self.ptr(m_id), ctype=self.node(m_id).shape.dtype.c_type)
         elif op.mask == "bias":
             m_id = node.inputs[3]
             ms = self.node(m_id).shape
             if ms.dtype is not DType.F32:
                 raise BuildError(f"the CPU backend needs an f32 attention bias (node {node.label}), got {ms.dtype}")
             target = (q.dims[0], Dim(h), q.dims[1], k.dims[1])
-            st = [self.dim(d) for d in View.dense(ms.dims).broadcast_to(target).strides]
-            mask.update(ptr=self.ptr(m_id), strides=st)
-        return {"kind": "attention", "q": self.ptr(node.inputs[0]), "k": self.ptr(node.inputs[1]),
-                "v": self.ptr(node.inputs[2]), "o": self.ptr(node.id, const=False),
-                "batch": self.dim(q.dims[0]), "sq": self.dim(q.dims[1]), "skv": self.dim(k.dims[1]),
-                "heads": h, "kv_heads": hkv, "group": h // hkv, "hd": d, "scale": _float_literal(op.softmax_scale),
-                "mask": mask, "qblock": ATTN_QBLOCK, "kp_offset": kp_offset, "vp_offset": vp_offset,
-                "row_offset": row_offset}
+            st = tuple(self.dim(d) for d in View.dense(ms.dims).broadcast_to(target).strides)
+            mask = AttentionMask(op.mask, ptr=self.ptr(m_id), strides=st)
+        return AttentionArgs(q=self.ptr(node.inputs[0]), k=self.ptr(node.inputs[1]),
+                             v=self.ptr(node.inputs[2]), o=self.ptr(node.id, const=False),
+                             batch=self.dim(q.dims[0]), sq=self.dim(q.dims[1]), skv=self.dim(k.dims[1]),
+                             heads=h, kv_heads=hkv, group=h // hkv, hd=d, scale=_float_literal(op.softmax_scale),
+                             mask=mask, qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
+                             row_offset=row_offset)
 
-    def rope(self, node: Node) -> dict:
+    def rope(self, node: Node) -> RopeArgs:
         op: O.Rope = node.op  # type: ignore[assignment]
         x = node.shape
-        return {"kind": "rope", "x": self.ptr(node.inputs[0]), "cos": self.ptr(node.inputs[1]),
-                "sin": self.ptr(node.inputs[2]), "y": self.ptr(node.id, const=False),
-                "batch": self.dim(x.dims[0]), "seq": self.dim(x.dims[1]), "width": x.dims[2].value,
-                "hd": op.head_dim, "half": op.rot // 2, "rot": op.rot, "neox": op.variant == "neox",
-                "per_row": self.node(node.inputs[1]).shape.rank == 3, "grain": GRAIN}
+        return RopeArgs(x=self.ptr(node.inputs[0]), cos=self.ptr(node.inputs[1]),
+                        sin=self.ptr(node.inputs[2]), y=self.ptr(node.id, const=False),
+                        batch=self.dim(x.dims[0]), seq=self.dim(x.dims[1]), width=x.dims[2].value,
+                        hd=op.head_dim, half=op.rot // 2, rot=op.rot, neox=op.variant == "neox",
+                        per_row=self.node(node.inputs[1]).shape.rank == 3, grain=GRAIN)
 
 
 # ── the CPU rule table ─────────────────────────────────────────────────────
@@ -583,11 +933,11 @@ BASE_HEADERS = ("kernels/threads.h", "kernels/half.h", "kernels/scalar.h", "kern
 
 
 def _emit_with(method: str) -> Callable[[_Planner, Node], Kernel]:
-    """A rule that renders a node with the planner method `method` (which names its macro in "kind")."""
+    """A rule that renders a node with the planner method `method` (its result's class names the macro)."""
 
     def emit(em: _Planner, node: Node) -> Kernel:
-        args = getattr(em, method)(node)
-        macro = args["kind"]
+        args: CpuArgs = getattr(em, method)(node)
+        macro = args.macro
         return em.kernel(node, macro, MACRO_TEMPLATES[macro], args, headers=MACRO_HEADERS.get(macro, ()))
 
     emit.__name__ = f"emit_{method}"

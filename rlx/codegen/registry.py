@@ -108,6 +108,11 @@ class RuleTable:
     def rule(self, kind: str) -> Rule | None:
         return self.rules.get(kind)
 
+    def accepts(self, node: Node, in_dtypes: tuple[DType, ...], out_dtype: DType) -> bool:
+        """True when this backend has a rule for `node` taking these dtypes (legalization asks this)."""
+        rule = self.rules.get(node.kind)
+        return rule is not None and rule.accepts(node.op, in_dtypes, out_dtype) is None
+
     def why_not(self, graph: Graph, node: Node) -> str | None:
         """None when this backend can render `node`, else the reason it cannot."""
         rule = self.rules.get(node.kind)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+import ml_dtypes
 import numpy as np
 
 from rlx.errors import IRError
@@ -68,6 +69,8 @@ class DType(enum.Enum):
             npd = np.dtype(value)
         except TypeError as exc:
             raise IRError(f"unknown dtype {value!r}") from exc
+        if npd == BFLOAT16:
+            return DType.BF16
         for dt, name in _NUMPY.items():
             if dt is not DType.BF16 and np.dtype(name) == npd:
                 return dt
@@ -87,7 +90,26 @@ _C_TYPE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DT
            DType.BOOL: "uint8_t"}
 
 F32, F16, BF16, F64 = DType.F32, DType.F16, DType.BF16, DType.F64
+#: numpy's bfloat16 (the `ml_dtypes` package): what bf16 arrays are at the Python boundary.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 I8, I32, I64, U8, BOOL = DType.I8, DType.I32, DType.I64, DType.U8, DType.BOOL
+
+
+def bits_to_bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) as a bfloat16 array (the same bytes, no copy).
+
+    >>> bits_to_bfloat16(np.array([0x3F80, 0xC000], np.uint16)).astype(np.float32).tolist()
+    [1.0, -2.0]
+    """
+    return np.asarray(bits, dtype=np.uint16).view(BFLOAT16)
+
+
+def bfloat16_to_bits(values: np.ndarray) -> np.ndarray:
+    """A bfloat16 array's bit patterns (uint16), contiguous, no rounding."""
+    arr = np.asarray(values)
+    if arr.dtype != BFLOAT16:
+        raise IRError(f"expected a bfloat16 array, got {arr.dtype}")
+    return np.ascontiguousarray(arr).reshape(arr.shape).view(np.uint16)
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:

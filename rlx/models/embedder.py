@@ -105,7 +105,7 @@ def _pooling_mode(cfg: Mapping[str, object]) -> str:
 class _Runner:
     """One graph on one device, params set; `run(inputs)` returns the outputs."""
 
-    def __init__(self, graph: Graph, params: Mapping[str, np.ndarray], device: str) -> None:
+    def __init__(self, graph: Graph, params: Mapping[str, np.ndarray], device: str, precision: str = "f32") -> None:
         self.device = device
         self.graph = graph
         names = [n.op.name for n in graph.params()]
@@ -114,7 +114,7 @@ class _Runner:
         if device != "reference":
             from rlx.driver import Session
 
-            self.compiled = Session(device).compile(graph)
+            self.compiled = Session(device, precision=precision).compile(graph)
             for name, arr in self.params.items():
                 self.compiled.set_param(name, arr)
 
@@ -135,11 +135,13 @@ class SentenceEmbedder:
     token batches. Batches of more than `max_batch` sentences are split.
     The tokenizer's own padding and truncation settings are replaced (padding
     per batch to the longest sentence, truncation to `truncate_to`).
+    `precision` ("f32", "bf16", "f16") is the compiled graphs' weight storage
+    (`Session(..., precision=...)`; the CPU computes in f32 on the widened weights).
     """
 
     def __init__(self, config: B.BertConfig, weights: Mapping[str, np.ndarray], tokenizer: object | None = None, *,
                  device: str = "cpu", max_seq: int = 256, max_batch: int = 32,
-                 sentence: SentenceConfig | None = None) -> None:
+                 sentence: SentenceConfig | None = None, precision: str = "f32") -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_seq", max_seq), ("max_batch", max_batch)):
@@ -151,6 +153,7 @@ class SentenceEmbedder:
         self.config = config
         self.weights = W.check_tensors(weights, config.param_shapes(), source="weights")
         self.device = device
+        self.precision = precision  # the compiled graphs' weight storage (Session's precision)
         self.max_seq = max_seq
         self.max_batch = max_batch
         self.sentence = sentence or SentenceConfig()
@@ -161,14 +164,14 @@ class SentenceEmbedder:
 
     @staticmethod
     def from_pretrained(path: str | Path | None = None, device: str = "cpu", max_seq: int = 256,
-                        max_batch: int = 32) -> SentenceEmbedder:
+                        max_batch: int = 32, precision: str = "f32") -> SentenceEmbedder:
         """Load a model directory (None = the packaged all-MiniLM-L6-v2): config, weights, tokenizer."""
         d = Path(path) if path is not None else default_model_dir()
         config = B.load_config(d)
         weights = B.load_weights(d, config)
         sentence = read_sentence_config(d)
         return SentenceEmbedder(config, weights, load_tokenizer(d), device=device, max_seq=max_seq,
-                                max_batch=max_batch, sentence=sentence)
+                                max_batch=max_batch, sentence=sentence, precision=precision)
 
     @property
     def dim(self) -> int:
@@ -184,7 +187,7 @@ class SentenceEmbedder:
     def runner(self, output: str) -> _Runner:
         """The compiled graph for `output`, compiled (through the AOT cache) on first use."""
         if output not in self._runners:
-            self._runners[output] = _Runner(self.graph(output), self.weights, self.device)
+            self._runners[output] = _Runner(self.graph(output), self.weights, self.device, self.precision)
         return self._runners[output]
 
     # ── tokens ────────────────────────────────────────────────────────

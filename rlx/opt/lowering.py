@@ -65,9 +65,40 @@ def absorb_transposes(lir: LirModule) -> tuple[Decision, ...]:
         if lir.buffers[n.id].storage == "view":
             continue
         us = users[n.id]
-        if us and all(_gemm_operand_slot(graph.node(u), n.id) for u in us):
+        if us and all(_gemm_operand_slot(graph.node(u), n.id) for u in us) and _lives_until(lir, n, us):
             out.append(AbsorbedTranspose(n.id, n.inputs[0]))
     return tuple(out)
+
+
+def _root_span(lir: LirModule, nid: NodeId) -> tuple[int, int] | None:
+    """The arena bytes holding `nid`'s value (its root buffer, seeing through views); None if not in the arena."""
+    b = lir.buffers[nid]
+    while b.storage == "view":
+        b = lir.buffers[b.source]
+    return (b.offset, b.offset + b.nbytes) if b.storage == "arena" else None
+
+
+def _lives_until(lir: LirModule, transpose: Node, readers: list[NodeId]) -> bool:
+    """True when the transpose's source still holds its value when the last GEMM reads it.
+
+    The memory plan ends the source's life at the transpose; absorbed, the GEMMs read the
+    source instead, so no node scheduled up to the last of them may write over its bytes
+    (an arena source, e.g. a weight widened from bf16 by a cast, can be reused at once).
+    """
+    span = _root_span(lir, transpose.inputs[0])
+    if span is None:
+        return True  # inputs, params, constants and outputs are never reused
+    pos = {nid: i for i, nid in enumerate(lir.schedule)}
+    if transpose.id not in pos or any(u not in pos for u in readers):
+        return False
+    lo, hi = span
+    for nid in lir.schedule[pos[transpose.id] + 1: max(pos[u] for u in readers) + 1]:
+        if lir.buffers[nid].storage == "view":
+            continue
+        other = _root_span(lir, nid)
+        if other is not None and other[0] < hi and lo < other[1]:
+            return False
+    return True
 
 
 def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decision, ...]:

@@ -13,8 +13,9 @@ int32) is refused — cast it yourself, or pass ``cast=True`` to `set_param`,
 which converts and refuses values that would overflow (or, for int params,
 not fit). Plain Python lists and scalars carry no dtype and are converted to
 the declared dtype (for params with the same overflow check). bf16 tensors
-are exchanged as float32 arrays (rounded to bf16 on the way in), as in
-`rlx.reference`.
+are exchanged as numpy bfloat16 arrays (`ml_dtypes`), bit for bit both ways;
+bf16 inputs and params also take float32 values (rounded to bf16 on the way
+in), as in `rlx.reference`.
 
 Threads: `run` and `run_slots` may be called from any number of threads at
 once. Each call checks an execution context (arena, scratch, error text) out
@@ -51,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import ExecutionError
-from rlx.ir.dtype import DType, bf16_to_f32
+from rlx.ir.dtype import DType, bf16_to_f32, bits_to_bfloat16
 from rlx.runtime.abi import ffi
 from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype
 from rlx.runtime.loader import Library, TensorInfo
@@ -442,7 +443,7 @@ class CompiledGraph:
         if value is None:
             raise ExecutionError(f"no handle is bound as {name!r} (bound: {sorted(self._handles)})")
         info = self._library.inputs[self._inputs[name]]
-        return bf16_to_f32(value) if info.dtype is DType.BF16 else value.copy()
+        return bits_to_bfloat16(value.copy()) if info.dtype is DType.BF16 else value.copy()
 
     def unbind_handle(self, name: str) -> None:
         """Forget the handle bound as `name` (runs already started keep using it)."""
@@ -484,7 +485,7 @@ class CompiledGraph:
         symbols = self._bind_symbols(arrays)
         outs = [np.empty(t.concrete(symbols), dtype=t.dtype.np) for t in self._library.outputs]
         self._call(symbols, arrays, outs)
-        return [bf16_to_f32(o) if t.dtype is DType.BF16 else o for o, t in zip(outs, self._library.outputs)]
+        return [bits_to_bfloat16(o) if t.dtype is DType.BF16 else o for o, t in zip(outs, self._library.outputs)]
 
     def run_slots(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         """Run with positional inputs, writing into caller-provided output arrays (no allocation).

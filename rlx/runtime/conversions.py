@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import ExecutionError
-from rlx.ir.dtype import DType, f32_to_bf16
+from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, bfloat16_to_bits, f32_to_bf16
 
 
 def _contiguous(arr: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
@@ -30,9 +30,13 @@ def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
         except (TypeError, ValueError) as exc:
             raise ExecutionError(f"input {name!r}: cannot convert {type(value).__name__} to {dtype}: {exc}") from None
     if dtype is DType.BF16:
+        if value.dtype == BFLOAT16:  # a real bf16 array: its bits, exactly
+            return bfloat16_to_bits(value)
         if value.dtype != np.float32:
-            raise ExecutionError(f"input {name!r} is bf16: pass float32 values (got {value.dtype})")
+            raise ExecutionError(f"input {name!r} is bf16: pass bfloat16 or float32 values (got {value.dtype})")
         return f32_to_bf16(value)
+    if value.dtype == BFLOAT16 and dtype in (DType.F32, DType.F64):  # widening bf16 is exact
+        return _contiguous(bf16_to_f32(bfloat16_to_bits(value)), dtype.np)
     if value.dtype == dtype.np:
         return _contiguous(value)
     if np.can_cast(value.dtype, dtype.np, casting="safe"):
@@ -51,6 +55,10 @@ def _to_param_dtype(name: str, value: Any, dtype: DType, *, cast: bool = False) 
     """
     if isinstance(value, np.generic):
         value = np.asarray(value)
+    if isinstance(value, np.ndarray) and value.dtype == BFLOAT16:
+        if dtype is DType.BF16:  # a real bf16 array: stored bit for bit
+            return bfloat16_to_bits(value)
+        value = bf16_to_f32(bfloat16_to_bits(value))  # exact; the f32 rules below decide the rest
     if isinstance(value, np.ndarray):
         arr = value
     else:

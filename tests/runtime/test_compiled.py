@@ -13,6 +13,7 @@ from cpu_helpers import compile_graph, session
 
 import rlx
 from rlx.ir import ops as O
+from rlx.ir.dtype import BFLOAT16
 from rlx.ir.shape import Shape
 
 
@@ -122,7 +123,8 @@ def test_set_param_typed_and_16_bit_params(rng):
     cg.set_param_typed("a", vals.astype(np.float16).tobytes(), "f16")
     cg.set_param_typed("hb", rlx.ir.dtype.f32_to_bf16(vals), "bf16")
     out = cg.run(x=np.ones(4, np.float32))
-    assert out[0].tolist() == vals.tolist() and out[1].tolist() == vals.tolist() and out[1].dtype == np.float32
+    # bf16 outputs come back as real bf16 arrays (ml_dtypes), not widened
+    assert out[0].tolist() == vals.tolist() and out[1].tolist() == vals.tolist() and out[1].dtype == BFLOAT16
     with pytest.raises(rlx.ExecutionError, match="param 'hb' is bf16 but got a float64 array"):
         cg.set_param("hb", vals.astype(np.float64))
     cg.set_param("hb", vals)  # bf16 params take float32 values, like bf16 inputs
@@ -309,3 +311,28 @@ def test_clones_run_concurrently_from_python_threads(rng):
     for i in range(3):
         for a, b in zip(got[i], want):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_bf16_round_trips_bit_exact_through_run_and_set_param():
+    # every one of the 65536 bf16 bit patterns (NaN payloads, -0, subnormals, inf) in and back out
+    g = rlx.Graph("bf16_io")
+    x = g.input("x", [256, 256], "bf16")
+    w = g.param("w", [256, 256], "bf16")
+    g.set_outputs([g.reshape(x, [65536]), g.reshape(w, [65536])])
+    cg = compile_graph(g)
+    bits = np.arange(65536, dtype=np.uint16).reshape(256, 256)
+    values = bits.view(BFLOAT16)
+    cg.set_param("w", values)
+    got_x, got_w = cg.run(x=values)
+    assert got_x.dtype == BFLOAT16 and got_w.dtype == BFLOAT16
+    assert np.array_equal(got_x.view(np.uint16), bits.reshape(-1))
+    assert np.array_equal(got_w.view(np.uint16), bits.reshape(-1))
+    # f32 values are still accepted for bf16 (rounded to nearest even), and bf16 widens into f32 exactly
+    cg.set_param("w", np.full((256, 256), 1.0 + 2.0 ** -9, np.float32))  # a tie: rounds to even (1.0)
+    assert np.all(cg.run(x=values)[1].astype(np.float32) == 1.0)
+    g32 = rlx.Graph("widen")
+    g32.set_outputs([g32.mul(g32.input("x", [4]), g32.param("a", [4]))])
+    cg32 = compile_graph(g32)
+    half = np.array([1.5, -2.0, 0.25, 3.0], BFLOAT16)
+    cg32.set_param("a", half)
+    assert cg32.run(x=half)[0].tolist() == [2.25, 4.0, 0.0625, 9.0]

@@ -184,8 +184,11 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
 }
 #endif
 
-/* One instance of the tile per row count (and with / without prefetch), each compiled for
- * exactly that many rows. */
+/* Instances of the tile for a few row counts only (RLX_MR, 8, 4, 2, 1 — or 6, 4, 2, 1 for AVX2),
+ * each compiled for exactly that many rows; other counts run as a sum of them (11 = 8 + 2 + 1)
+ * over disjoint rows of C, which computes every element exactly as one 11-row tile would.
+ * Every instance is a fully unrolled AVX kernel: instantiating all twelve doubled the compile
+ * time of a one-matmul program for rows that only the last tile of a GEMM ever has. */
 #define RLX_KERNEL_CASE(R)                                                                     \
     case R:                                                                                    \
         if (prefetch)                                                                          \
@@ -197,22 +200,24 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
 static void rlx_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t lda, const float *Bp, float *C,
                        int64_t ldc, int64_t nr, const float *bias, int accumulate)
 {
-    switch (mr) {
+    while (mr > 0) {
+        const int64_t r = mr >= RLX_MR ? RLX_MR : mr >= 8 ? 8 : mr >= 4 ? 4 : mr >= 2 ? 2 : 1;
+        switch (r) {
 #if RLX_MR == 12
-    RLX_KERNEL_CASE(12)
-    RLX_KERNEL_CASE(11)
-    RLX_KERNEL_CASE(10)
-    RLX_KERNEL_CASE(9)
-    RLX_KERNEL_CASE(8)
-    RLX_KERNEL_CASE(7)
+        RLX_KERNEL_CASE(12)
+        RLX_KERNEL_CASE(8)
+#else
+        RLX_KERNEL_CASE(6)
 #endif
-    RLX_KERNEL_CASE(6)
-    RLX_KERNEL_CASE(5)
-    RLX_KERNEL_CASE(4)
-    RLX_KERNEL_CASE(3)
-    RLX_KERNEL_CASE(2)
-    default:
-    RLX_KERNEL_CASE(1)
+        RLX_KERNEL_CASE(4)
+        RLX_KERNEL_CASE(2)
+        default:
+        RLX_KERNEL_CASE(1)
+        }
+        A += r * lda;
+        C += r * ldc;
+        mr -= r;
+        prefetch = 0;  /* the first piece brought the panel in */
     }
 }
 #undef RLX_KERNEL_CASE

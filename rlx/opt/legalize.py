@@ -1,0 +1,88 @@
+"""Legalization: where a backend lacks a dtype for an op, compute it in f32 between casts.
+
+`legalize(graph, accepts)` rewrites every node whose backend rule refuses its
+dtypes but would accept them with every f16/bf16 input widened to f32: the
+narrow inputs are cast to f32 (exact), the op runs in f32, and its result is
+cast back to the node's dtype (one rounding, as the reference rounds once per
+op). The inserted casts are ordinary graph nodes named after the op they
+serve (`legalize bf16->f32 for matmul %7`), so `rlxc inspect --stage lir`
+shows them; a value cast once is reused by every op that needs it.
+
+`accepts(node, in_dtypes, out_dtype)` is the backend's rule check (the
+driver passes the rule table's, so this layer knows no backend); nodes it
+accepts as they are, or refuses even in f32, are left alone (the driver then
+decomposes or reports them).
+
+>>> from rlx.ir.graph import Graph
+>>> g = Graph("l")
+>>> x = g.input("x", [2, 4], "bf16")
+>>> g.set_outputs([g.softmax(x)])
+>>> f32_only = lambda node, ins, out: all(d.value == "f32" for d in (*ins, out))
+>>> out = legalize(g, f32_only)
+>>> [n.kind for n in out.nodes]
+['input', 'cast', 'softmax', 'cast']
+>>> out.node(out.outputs[0]).shape.dtype.value
+'bf16'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Graph, Node, NodeId
+from rlx.opt.rewrite import Rewriter, require_mir
+
+#: The backend's answer for one node with the given dtypes: True when it has a kernel for them.
+Accepts = Callable[[Node, tuple[DType, ...], DType], bool]
+
+#: Float types a backend may lack, widened to f32 (exactly) for the ops that lack them.
+NARROW = (DType.F16, DType.BF16)
+
+
+def _widened(dtypes: tuple[DType, ...]) -> tuple[DType, ...]:
+    return tuple(DType.F32 if d in NARROW else d for d in dtypes)
+
+
+def needs_legalizing(graph: Graph, node: Node, accepts: Accepts) -> bool:
+    """True when `accepts` refuses `node` as typed but takes it with f16/bf16 widened to f32."""
+    if node.kind in O.LEAF_KINDS:
+        return False
+    ins = tuple(graph.node(i).shape.dtype for i in node.inputs)
+    out = node.shape.dtype
+    if out not in NARROW and not any(d in NARROW for d in ins):
+        return False
+    if accepts(node, ins, out):
+        return False
+    return accepts(node, _widened(ins), DType.F32 if out in NARROW else out)
+
+
+def legalize(graph: Graph, accepts: Accepts) -> Graph:
+    """`graph` with every f16/bf16 node the backend lacks computed in f32 between casts."""
+    require_mir(graph, "legalize")
+    todo = {n.id for n in graph.nodes if needs_legalizing(graph, n, accepts)}
+    if not todo:
+        return graph
+    rw = Rewriter(graph)
+    widened: dict[NodeId, NodeId] = {}  # new id of a narrow value -> its f32 cast (shared by readers)
+    for node in graph.nodes:
+        if node.id not in todo:
+            rw.copy(node)
+            continue
+        args = []
+        for old in node.inputs:
+            new = rw.arg(old)
+            dt = graph.node(old).shape.dtype
+            if dt in NARROW:
+                if new not in widened:
+                    widened[new] = rw.dst.add(O.Cast(DType.F32), [new],
+                                              name=f"legalize {dt.value}->f32 for {node.kind} %{node.id}")
+                new = widened[new]
+            args.append(new)
+        result = rw.dst.add(node.op, args, name=node.name)
+        want = node.shape.dtype
+        if rw.new(result).shape.dtype is not want:
+            result = rw.dst.add(O.Cast(want), [result], name=f"legalize f32->{want.value} after {node.kind} %{node.id}")
+        rw.alias(node, result)
+    return rw.finish()

@@ -1,0 +1,69 @@
+"""Weights in a narrower precision: f32 params stored as f16/bf16, read back as f32.
+
+`store_params_in(graph, dtype)` declares every f32 param of `graph` as `dtype`
+(so the compiled program holds half the bytes, and `set_param` rounds the
+user's float32 values once, to nearest even) and widens it to f32 where it is
+read (an exact cast), so every op still computes in f32 with f32
+accumulation. Lookups into a param (`gather`, `narrow`: embedding tables)
+pick their rows from the narrow table and widen only those. It is what
+`Session(Device.CPU, precision="bf16")` runs before optimizing.
+
+>>> from rlx.ir.graph import Graph, NodeId
+>>> from rlx.ir.dtype import DType
+>>> g = Graph("p")
+>>> g.set_outputs([g.matmul(g.input("x", [2, 4]), g.param("w", [4, 3]))])
+>>> out = store_params_in(g, DType.BF16)
+>>> [(n.kind, n.shape.dtype.value) for n in out.nodes]
+[('input', 'f32'), ('param', 'bf16'), ('cast', 'f32'), ('matmul', 'f32')]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlx.errors import IRError
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Graph, NodeId
+from rlx.opt.rewrite import Rewriter, require_mir
+
+#: Storage precisions a session may ask for.
+PRECISIONS = (DType.F32, DType.F16, DType.BF16)
+
+
+def store_params_in(graph: Graph, dtype: DType | str) -> Graph:
+    """`graph` with its f32 params stored as `dtype` and widened to f32 where read."""
+    require_mir(graph, "store_params_in")
+    dt = DType.parse(dtype)
+    if dt not in PRECISIONS:
+        raise IRError(f"params can be stored in {[d.value for d in PRECISIONS]}, not {dt.value}")
+    if dt is DType.F32 or not any(n.shape.dtype is DType.F32 for n in graph.params()):
+        return graph
+    rw = Rewriter(graph)
+    stored: dict[NodeId, NodeId] = {}  # source param -> its narrow param in the new graph
+    widened: dict[NodeId, NodeId] = {}  # source param -> its f32 cast (made once, where first needed)
+
+    def wide(old: NodeId) -> NodeId:
+        if old not in widened:
+            widened[old] = rw.dst.add(O.Cast(DType.F32), [stored[old]], name=f"{graph.node(old).op.name} as f32")
+        return widened[old]
+
+    for node in graph.nodes:
+        op = node.op
+        if isinstance(op, O.Param) and op.shape.dtype is DType.F32:
+            stored[node.id] = rw.dst.add(dataclasses.replace(op, shape=op.shape.with_dtype(dt)), [], name=node.name)
+        elif node.kind in _PICKS and node.inputs[0] in stored:
+            # an embedding lookup: pick the rows from the narrow table, widen only those
+            picked = rw.dst.add(op, [stored[node.inputs[0]], *map(rw.arg, node.inputs[1:])], name=node.name)
+            rw.alias(node, rw.dst.add(O.Cast(DType.F32), [picked]))
+        else:
+            args = [wide(i) if i in stored else rw.arg(i) for i in node.inputs]
+            rw.emit(node, op, args)
+    for old in graph.outputs:
+        if old in stored:
+            rw.alias(graph.node(old), wide(old))
+    return rw.finish()
+
+
+#: Ops that select part of a param (rows of an embedding table): they read it narrow.
+_PICKS = ("gather", "narrow")

@@ -1,0 +1,67 @@
+"""Params stored in a narrower precision: half the bytes, f32 compute, one rounding of the weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx
+from rlx.ir.dtype import BFLOAT16, DType
+from rlx.opt.precision import store_params_in
+
+
+def _mlp() -> rlx.Graph:
+    g = rlx.Graph("mlp")
+    x = g.input("x", [rlx.Dim.dynamic("b", max=4), 16])
+    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [16, 32])), g.param("b1", [32])))
+    g.set_outputs([g.matmul(h, g.param("w2", [32, 8]))])
+    return g
+
+
+def test_params_become_narrow_and_are_widened_where_read():
+    out = store_params_in(_mlp(), "bf16")
+    params = list(out.params())
+    assert [p.shape.dtype for p in params] == [DType.BF16] * 3
+    users = out.users()
+    for p in params:
+        assert [out.node(u).kind for u in users[p.id]] == ["cast"]
+    assert store_params_in(_mlp(), "f32").params()[0].shape.dtype is DType.F32
+    with pytest.raises(rlx.IRError, match="not i8"):
+        store_params_in(_mlp(), "i8")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_cpu_session_precision_matches_the_reference_on_rounded_weights(precision):
+    rng = np.random.default_rng(0)
+    g = _mlp()
+    weights = {"w1": rng.uniform(-1, 1, (16, 32)), "b1": rng.uniform(-1, 1, 32), "w2": rng.uniform(-1, 1, (32, 8))}
+    weights = {k: v.astype(np.float32) for k, v in weights.items()}
+    narrow = BFLOAT16 if precision == "bf16" else np.float16
+    cg = rlx.Session(rlx.Device.CPU, precision=precision).compile(g)
+    assert cg.manifest["params"][0]["dtype"] == precision  # stored in the session's precision
+    for k, v in weights.items():
+        cg.set_param(k, v.astype(narrow))
+    x = rng.uniform(-1, 1, (3, 16)).astype(np.float32)
+    got = cg.run(x=x)[0]
+    # the meaning: the f32 graph on the weights rounded once to the precision
+    want = rlx.reference.run(g, {"x": x}, {k: v.astype(narrow).astype(np.float32) for k, v in weights.items()})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_lookups_read_the_narrow_table_and_widen_only_their_rows():
+    g = rlx.Graph("emb")
+    table = g.param("table", [100, 8])
+    rows = g.gather(table, g.input("ids", [3], "i64"))
+    g.set_outputs([g.add_(rows, g.reshape(g.narrow(table, 0, 0, 1), [8])), table])
+    out = store_params_in(g, "bf16")
+    kinds = {n.kind: n for n in out.nodes}
+    assert out.node(kinds["gather"].inputs[0]).kind == "param" and kinds["gather"].shape.dtype is DType.BF16
+    assert out.node(kinds["narrow"].inputs[0]).kind == "param"
+    assert out.node(out.outputs[1]).kind == "cast"  # the table as an output: widened
+    rng = np.random.default_rng(1)
+    t = rng.uniform(-1, 1, (100, 8)).astype(np.float32)
+    ids = np.array([3, 99, 0])
+    want = rlx.reference.run(g, {"ids": ids}, {"table": t.astype(BFLOAT16).astype(np.float32)})
+    got = rlx.reference.run(out, {"ids": ids}, {"table": t})
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
