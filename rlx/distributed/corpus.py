@@ -10,7 +10,7 @@ pandas, DuckDB and Spark read it as one table):
 
 | file | what |
 | --- | --- |
-| `shard-00000.parquet`, ... | columns `id` (int64 line/row number, or the `id_field` as string), `embedding` (fixed-size list of float32) |
+| `shard-00000.parquet`, ... | `id` (int64 record number, or `id_field` as string), `embedding` (f32 list) |
 | `_job.json` | the job: input (path, size, mtime), text/id fields, shard size, model key — written first |
 | `_manifest.json` | written last, when every shard is there: shards, rows, embedding size |
 

@@ -31,7 +31,7 @@ from rlx.distributed.corpus import CorpusError, Shard
 def _ray() -> Any:
     try:
         import ray
-        import ray.data  # noqa: F401 - Ray Data is the part used here
+        import ray.data
     except ModuleNotFoundError:
         raise CorpusError("Ray is not installed: pip install 'rlx[ray]'") from None
     return ray
