@@ -8,7 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-WORDS = ["a", "man", "woman", "child", "eats", "reads", "rides", "carries", "food", "bread", "horse", "bike", "book", "baby", "the", "on", "in", "with", "quickly", "slowly", "red", "blue", "big", "small"]
+WORDS = [
+    "a", "man", "woman", "child", "eats", "reads", "rides", "carries", "food", "bread", "horse", "bike",
+    "book", "baby", "the", "on", "in", "with", "quickly", "slowly", "red", "blue", "big", "small",
+]
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
