@@ -100,7 +100,10 @@ def ray_executor(bundle: str | os.PathLike[str], *, address: str | None = None, 
         shard_col = np.concatenate([np.full(len(s.texts), s.index, np.int64) for s in todo.values()])
         pos_col = np.concatenate([np.arange(len(s.texts), dtype=np.int64) for s in todo.values()])
         text_col = [t for s in todo.values() for t in s.texts]
-        ds = ray.data.from_arrow(pa.table({"shard": shard_col, "pos": pos_col, "text": text_col}))
+        table = pa.table({"shard": shard_col, "pos": pos_col, "text": text_col})
+        # Several blocks, so every actor gets work (one block is one task for one actor).
+        block = max(batch_size, -(-len(table) // (4 * workers)))
+        ds = ray.data.from_arrow([table.slice(i, block) for i in range(0, len(table), block)])
         out = embed_dataset(ds, files, batch_size=batch_size, workers=workers, num_threads=num_threads)
         results: dict[int, np.ndarray] = {}
         filled: dict[int, int] = {}

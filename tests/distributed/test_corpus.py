@@ -136,6 +136,18 @@ def test_bad_corpora_raise_clear_errors(tmp_path, model):
         _run(model, pqf, tmp_path / "o5", shard_size=0, text_field="body")
 
 
+def test_bundle_load_imports_no_code_generator(bundle):
+    import subprocess
+    import sys
+
+    code = ("import sys; from rlx.distributed.bundle import BundledEmbedder; "
+            f"m = BundledEmbedder.load({str(bundle)!r}); print(m.embed(['a man']).shape); "
+            "print(sorted(k for k in sys.modules\n"
+            "             if k.startswith(('rlx.codegen', 'rlx.toolchain.compiler', 'jinja2'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["(1, 32)", "[]"]
+
+
 def test_bundle_loads_without_compiling_and_matches(bundle, embedder, model):
     texts = sentences(20, seed=5)
     assert np.array_equal(model.embed(texts), embedder.embed(texts))
