@@ -71,3 +71,20 @@ def test_corpus_on_ray_equals_local_and_resumes(cluster, bundle, tmp_path):
     ids_r, emb_r = corpus.read_embeddings(res.output)
     assert ids_r.tolist() == ids_l.tolist()
     np.testing.assert_allclose(emb_r, emb_l, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_ray_flag(cluster, model_dir, tmp_path, capsys):
+    from rlx.examples import embed
+
+    texts = sentences(200, seed=13)
+    src = tmp_path / "c.txt"
+    src.write_text("".join(t + "\n" for t in texts))
+    argv = ["--model", str(model_dir), "--max-seq", "32", "--input", str(src), "--batch-size", "8",
+            "--shard-size", "100", "--no-progress", "--workers", "2", "--ray"]
+    assert embed.main([*argv[:-1], "--output", str(tmp_path / "local")]) == 0
+    assert embed.main([*argv, "--output", str(tmp_path / "ray")]) == 0
+    assert "200 embeddings of size 32 in 2 shards (2 computed now" in capsys.readouterr().out
+    ids_l, emb_l = corpus.read_embeddings(tmp_path / "local")
+    ids_r, emb_r = corpus.read_embeddings(tmp_path / "ray")
+    assert ids_r.tolist() == ids_l.tolist() == list(range(200))
+    np.testing.assert_allclose(emb_r, emb_l, rtol=1e-5, atol=1e-6)
