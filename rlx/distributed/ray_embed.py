@@ -40,9 +40,11 @@ def _ray() -> Any:
 class EmbedActor:
     """A Ray Data actor: loads the bundle once, then embeds the `text_column` of each batch."""
 
-    def __init__(self, files: Mapping[str, bytes], text_column: str = "text", output_column: str = "embedding",
+    def __init__(self, files: Mapping[str, bytes] | Any, text_column: str = "text", output_column: str = "embedding",
                  num_threads: int | None = None) -> None:
         t0 = time.perf_counter()
+        if not isinstance(files, Mapping):  # an ObjectRef to the packed bundle (one copy in the object store)
+            files = _ray().get(files)
         self.model = BundledEmbedder.load(unpack_bundle(files), num_threads=num_threads)
         #: seconds from actor start to a loaded model (artifact dlopen, weights, tokenizer; no compile)
         self.startup_s = time.perf_counter() - t0
@@ -57,12 +59,13 @@ class EmbedActor:
         return out
 
 
-def embed_dataset(ds: Any, model: str | os.PathLike[str] | Mapping[str, bytes], *, text_column: str = "text",
+def embed_dataset(ds: Any, model: str | os.PathLike[str] | Mapping[str, bytes] | Any, *, text_column: str = "text",
                   output_column: str = "embedding", batch_size: int = 256, workers: int = 2,
                   num_cpus_per_worker: float = 1, num_threads: int | None = None) -> Any:
     """`ds` with an `output_column` of sentence embeddings, computed by `workers` actors on Ray Data.
 
-    `model` is a bundle directory (`rlx.distributed.save_bundle`) or its packed files. The result
+    `model` is a bundle directory (`rlx.distributed.save_bundle`), its packed files
+    (`pack_bundle`), or an ObjectRef to those (shared by several calls). The result
     also carries `_rlx_startup_s` (each row's actor's model-load time; drop it with `drop_columns`).
 
     Example (a running Ray; tests/distributed/test_ray_embed.py runs it)::
@@ -71,9 +74,14 @@ def embed_dataset(ds: Any, model: str | os.PathLike[str] | Mapping[str, bytes], 
         embed_dataset(ds, model="bundle_dir").take(1)[0]["embedding"].shape   # (384,) for MiniLM
     """
     ray = _ray()
-    files = dict(model) if isinstance(model, Mapping) else pack_bundle(model)
     if workers < 1:
         raise CorpusError(f"workers must be >= 1, got {workers}")
+    if isinstance(model, ray.ObjectRef):
+        files = model
+    else:
+        # Put once into the object store: captured in the actor's constructor arguments, the
+        # bundle (~110 MB for MiniLM with its BLAS) would be pickled with every actor.
+        files = ray.put(dict(model) if isinstance(model, Mapping) else pack_bundle(model))
     return ds.map_batches(EmbedActor, batch_size=batch_size, batch_format="numpy",
                           compute=ray.data.ActorPoolStrategy(size=workers),
                           fn_constructor_kwargs={"files": files, "text_column": text_column,
@@ -104,7 +112,7 @@ def ray_executor(bundle: str | os.PathLike[str], *, address: str | None = None, 
         # Several blocks, so every actor gets work (one block is one task for one actor).
         block = max(batch_size, -(-len(table) // (4 * workers)))
         ds = ray.data.from_arrow([table.slice(i, block) for i in range(0, len(table), block)])
-        out = embed_dataset(ds, files, batch_size=batch_size, workers=workers, num_threads=num_threads)
+        out = embed_dataset(ds, ray.put(files), batch_size=batch_size, workers=workers, num_threads=num_threads)
         results: dict[int, np.ndarray] = {}
         filled: dict[int, int] = {}
         for batch in out.iter_batches(batch_format="numpy", batch_size=None):
