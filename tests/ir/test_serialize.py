@@ -89,6 +89,8 @@ def every_op_graph() -> Graph:
     q4 = g.param("q4", [3, 20], "u8")  # three q4_1 rows of 32 values
     g.dequant_matmul(g.input("qx", [SEQ, 32]), q4, quant="q4_1")
     g.dequantize(g.gather(g.param("q8", [7, 34], "u8"), ids), quant="q8_0")
+    ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
+    g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
     g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m})
     return g
 
@@ -418,7 +420,15 @@ def _mk_region(draw: Any, g: Graph) -> None:
     g.add(O.ElementwiseRegion(tuple(steps)), [a, b])
 
 
-MAKERS = [_mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
+def _mk_collective(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype.value in FLOAT_DTYPES and s.rank >= 1)
+    world, axis = draw(st.integers(1, 4)), draw(st.sampled_from([0, -1]))
+    op = draw(st.sampled_from([O.AllReduce(world, draw(st.sampled_from(["sum", "max"]))),
+                               O.AllGather(world, axis), O.ReduceScatter(world, "sum", axis)]))
+    g.add(op, [x])
+
+
+MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
           _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region]
 
 
