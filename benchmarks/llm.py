@@ -75,7 +75,9 @@ class LlamaCppPeer:
         self.load_s = time.perf_counter() - t0
 
     def _last_logits(self) -> np.ndarray:
-        return np.asarray(self.llm.scores[self.llm.n_tokens - 1])
+        # the logits of the batch's last token, read in place (without logits_all llama-cpp-python
+        # keeps no copy; the argmax is then taken here as RLX's is)
+        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
 
     def prefill(self, ids: list[int]) -> tuple[float, int]:
         self.llm.reset()

@@ -55,8 +55,10 @@ def bench_rlx(args, config) -> dict[str, float]:
     build = time.perf_counter() - t0
     prompt = np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens))
 
+    cache = lm.new_cache()
+
     def once() -> tuple[float, float]:
-        cache = lm.new_cache()
+        cache.reset()
         t0 = time.perf_counter()
         token = int(lm.step(prompt, cache, [args.prompt_tokens - 1])[0].argmax())
         t1 = time.perf_counter()

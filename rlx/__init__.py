@@ -29,6 +29,7 @@ from rlx.ir.hir import HirModule
 from rlx.ir.lir import LirModule
 from rlx.ir.module import GraphModule
 from rlx.ir.shape import Dim, Shape
+from rlx.opt.autodiff import grad, jacfwd, jvp, vjp
 from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
 from rlx.runtime.artifact_load import load
@@ -51,6 +52,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "grad", "jacfwd", "jvp", "vjp",
     "__version__",
     "ArtifactError",
     "BuildError",

@@ -7,6 +7,7 @@
     rlxc cache ls|stat|verify|gc|clear|explain
     rlxc doctor                                 what this machine has: compiler, OpenMP, BLAS, GPUs, cache
     rlxc embed "a sentence" "another"           the sentence-embedding example
+    rlxc train --model mlp --steps 300          train a small model (loss, grads, Adam in one graph)
     rlxc --version                              rlx, python and compiler versions
 
 Commands that compile take `-O0`..`-O3`, `--target cpu|cpu:avx2|cpu:avx512|cuda|cuda:sm_90`,
@@ -264,6 +265,8 @@ def _config(args: argparse.Namespace) -> Any:
     target = getattr(args, "target", None)
     if target is not None and target.cpu_target:
         changes["cpu_target"] = target.cpu_target
+    if getattr(args, "profile", False):
+        changes["profile"] = True
     return dataclasses.replace(config, **changes) if changes else config
 
 
@@ -577,9 +580,39 @@ def _print_support(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print_memory(args: argparse.Namespace, path: Path) -> int:
+    """`inspect --memory`: `Session.estimate` of a graph (nothing is compiled)."""
+    import rlx
+
+    if _is_artifact(path):
+        raise UsageError(f"{path} is a built artifact; --memory estimates a graph .json or .onnx before the build")
+    if args.stage is not None or args.passes:
+        raise UsageError("--memory prints the estimate alone; drop --stage / --passes")
+    if _target(args).device != "cpu":
+        raise UsageError("--memory estimates the cpu target")
+    graph = load_model(args, path).graph
+    est = rlx.Session(rlx.Device.CPU, config=_config(args)).estimate(graph, num_threads=args.num_threads)
+    bounds = ", ".join(f"{n}<={m}" for n, m in to_symbols(graph)) or "none"
+    print(f"{graph.name}: memory of one execution context (dynamic dims at their bounds: {bounds})")
+    print(est.format())
+    return EXIT_OK
+
+
+def to_symbols(graph: Any) -> list[tuple[str, int]]:
+    from rlx.driver import to_mir
+
+    return list(to_mir(graph).symbols().items())
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     if args.support:
         return _print_support(args)
+    if args.memory:
+        if args.path is None:
+            raise UsageError("inspect --memory needs a GRAPH.json or MODEL.onnx")
+        return _print_memory(args, Path(args.path))
+    if args.num_threads is not None:
+        raise UsageError("--num-threads applies to inspect --memory only")
     if args.path is None:
         raise UsageError("inspect needs a GRAPH.json, MODEL.onnx or artifact DIR (or --support alone)")
     path = Path(args.path)
@@ -692,7 +725,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise UsageError(f"--reps must be >= 1, got {args.reps}")
+    if args.trace and not args.profile:
+        raise UsageError("--trace writes the spans of a profiled run: add --profile")
     compiled = open_target(args, Path(args.path))
+    if args.profile and not compiled.profiled:
+        raise UsageError(f"{args.path} was not built profiled; rebuild the artifact with RLX_PROFILE=1 "
+                         "(rlxc compile GRAPH -o DIR), or bench the graph .json with --profile")
     manifest = compiled.manifest
     already = compiled.param_arrays()
     for name, arr in synthetic_params(manifest).items():
@@ -708,6 +746,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
     med = statistics.median(times)
     print(f"{manifest.get('name', Path(args.path).stem)}: {args.reps} calls, per call: median {med * 1e3:.3f} ms, "
           f"min {min(times) * 1e3:.3f} ms, max {max(times) * 1e3:.3f} ms")
+    if args.profile:
+        from rlx.runtime.profile import format_top_ops, top_ops
+
+        runs = compiled.trace()
+        last = max((s.run for s in runs), default=0)
+        timed = [s for s in runs if s.run > last - args.reps]  # the timed calls, not the warm-up
+        print(f"\ntop ops over the {args.reps} timed calls (kernel time; share of all kernel time):")
+        print(format_top_ops(top_ops(timed), limit=args.top))
+        if args.trace:
+            from rlx.runtime.profile import save_chrome_trace
+
+            save_chrome_trace(timed, args.trace, name=str(manifest.get("name", "rlx")))
+            print(f"trace written to {args.trace} (open it in ui.perfetto.dev or chrome://tracing)")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rlx.report import write_report
+
+    path = Path(args.graph)
+    if _is_artifact(path):
+        raise UsageError(f"{path} is a built artifact; the report needs the graph .json or .onnx it came from")
+    if args.trace and not Path(args.trace).is_file():
+        raise UsageError(f"{args.trace}: no such trace file")
+    graph = load_model(args, path).graph
+    out = write_report(graph, args.output, config=_config(args), trace=args.trace)
+    print(f"report written to {out}")
     return EXIT_OK
 
 
@@ -886,6 +951,16 @@ def cmd_embed(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
+def cmd_train(argv: list[str]) -> int:
+    from rlx.examples import train
+
+    try:
+        train.main(argv)
+        return 0
+    except SystemExit as exc:  # its argparse: --help or a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
 def cmd_generate(argv: list[str]) -> int:
     from rlx.examples import generate
 
@@ -987,6 +1062,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--stage", choices=("hir", "mir", "lir", "source", "manifest"),
                    help="stage to print (default: mir for a graph, manifest for an artifact)")
     q.add_argument("--passes", action="store_true", help="print the optimizer's per-pass report (graphs only)")
+    q.add_argument("--memory", action="store_true",
+                   help="estimate the bytes one execution context allocates (arena, params, scratch, state), "
+                        "at the dynamic dims' bounds, without compiling")
+    q.add_argument("--num-threads", type=int, metavar="N", help="with --memory: threads to size scratch for")
     target(q)
     opt(q)
     max_dim(q)
@@ -1013,12 +1092,28 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--reps", type=int, default=20, help="timed calls (default 20)")
     q.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input (repeatable)")
     q.add_argument("--weights", metavar="W.safetensors", help="parameters (default: small random values)")
+    q.add_argument("--profile", action="store_true",
+                   help="build the profiled variant and print the top ops by time (share, FLOP/s, bytes/s)")
+    q.add_argument("--top", type=int, default=15, metavar="N", help="with --profile: ops to list (default 15)")
+    q.add_argument("--trace", metavar="TRACE.json", help="with --profile: write the chrome-trace JSON (Perfetto)")
     target(q)
     opt(q)
     max_dim(q)
     threads(q)
     common(q, compiles=True)
     q.set_defaults(func=cmd_bench)
+
+    q = sub.add_parser("report", help="write a self-contained HTML report of what the compiler did to a graph",
+                       description="One HTML page (no network): the graph at HIR, MIR and LIR with fusion groups "
+                                   "outlined, each node linked to its generated C, the memory plan as buffer "
+                                   "lifetimes, and per-op kernel time with --trace (from bench --profile --trace).")
+    q.add_argument("graph", metavar="GRAPH.json|MODEL.onnx")
+    q.add_argument("-o", "--output", metavar="REPORT.html", required=True, help="where to write the page")
+    q.add_argument("--trace", metavar="TRACE.json", help="a chrome trace of this graph (rlxc bench --profile --trace)")
+    opt(q)
+    max_dim(q)
+    q.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
+    q.set_defaults(func=cmd_report)
 
     q = sub.add_parser("cache", help="list, check and clean the AOT cache",
                        description="ls | stat | verify | gc | clear | explain KEY-or-GRAPH.json")
@@ -1040,6 +1135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("embed", help="sentence embeddings example (rlxc embed --help)", add_help=False)
     sub.add_parser("generate", help="generate text with a GGUF decoder LLM (rlxc generate --help)", add_help=False)
+    sub.add_parser("train", help="train a small model, one compiled step graph (rlxc train --help)", add_help=False)
     return p
 
 
@@ -1064,7 +1160,7 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
-_EXAMPLES = {"embed": cmd_embed, "generate": cmd_generate}
+_EXAMPLES = {"embed": cmd_embed, "generate": cmd_generate, "train": cmd_train}
 
 
 def _main(argv: list[str]) -> int:

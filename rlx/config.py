@@ -19,6 +19,8 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
 | RLX_OMP_WAIT | how idle OpenMP threads wait: `passive`, `active`, a spin count, or `default` (see below) | passive |
 | RLX_TEMPLATES_DIR | templates (`cpu/`, `cuda/`) to render from (`rlx.templates_path`) | the installed ones |
+| RLX_PROFILE | 1 builds the profiled variant: per-kernel (and per-thread) time spans (`CompiledGraph.trace`) | 0 |
+| RLX_CHECK_NANS | 1 builds the checked variant: a kernel writing NaN/inf fails the run naming its op | 0 |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
 
 RLX_OMP_WAIT applies once per process, just before the first generated
@@ -108,6 +110,9 @@ class Config:
     sanitize: str = ""
     cpu_target: str = "native"
     omp_wait: str = "passive"
+    #: Build variants (each its own cache key): record time spans / check every float output.
+    profile: bool = False
+    check_nans: bool = False
     cc: str = "cc"
     nvcc: str = "nvcc"
 
@@ -135,6 +140,8 @@ class Config:
             sanitize=sanitize,
             cpu_target=env.get("RLX_CPU_TARGET", "").strip() or "native",
             omp_wait=_omp_wait(env),
+            profile=_flag(env, "RLX_PROFILE", False),
+            check_nans=_flag(env, "RLX_CHECK_NANS", False),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
         )
@@ -142,6 +149,15 @@ class Config:
     @property
     def cache_root(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir()
+
+    @property
+    def variant(self) -> str:
+        """The build variant these settings ask for: "" (the normal build), "profile", "check_nans" or both.
+
+        >>> Config(profile=True, check_nans=True).variant
+        'profile+check_nans'
+        """
+        return "+".join(name for name, on in (("profile", self.profile), ("check_nans", self.check_nans)) if on)
 
     @property
     def threads(self) -> int:

@@ -48,6 +48,7 @@ under a millisecond and needs no import of codegen.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import hashlib
 import sys
@@ -66,6 +67,7 @@ from rlx.opt import pipeline
 from rlx.opt.memplan import plan
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.loader import load_library
+from rlx.runtime.memory import MemoryEstimate, estimate_lir
 from rlx.templates_path import templates_dir
 
 #: Bumped when the compile index's fingerprint or value changes shape.
@@ -126,9 +128,14 @@ class Session:
     """Compiles graphs for one device with one configuration."""
 
     def __init__(self, device: Device | str = Device.CPU, config: Config | None = None, *,
-                 precision: str = "f32", target: str | None = None) -> None:
+                 precision: str = "f32", target: str | None = None, profile: bool | None = None,
+                 check_nans: bool | None = None) -> None:
         self.device = Device.parse(device)
         self.config = config if config is not None else Config.from_env()
+        # Build variants (each its own cache key): None keeps the config's (RLX_PROFILE / RLX_CHECK_NANS).
+        variant = {k: bool(v) for k, v in (("profile", profile), ("check_nans", check_nans)) if v is not None}
+        if variant:
+            self.config = dataclasses.replace(self.config, **variant)
         # CUDA only: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation);
         # `target` ("cuda:sm_90") picks the arch instead of the visible GPU's.
         if precision not in ("f32", "f16", "bf16"):
@@ -172,6 +179,33 @@ class Session:
         """True when every op of `graph` runs on this session's device (checked before any build)."""
         return self.first_unsupported_op(graph, opt_level=opt_level) is None
 
+    def estimate(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> MemoryEstimate:
+        """The bytes one execution context of `graph` will allocate, without building it.
+
+        Optimizes, decomposes and plans exactly as `compile` does and sizes params and scratch the
+        way the CPU code generator will (no C is rendered or compiled); `num_threads` (default: the
+        config's) sizes the per-thread scratch. State (KV cache) and IO bytes are reported apart.
+
+        >>> import rlx
+        >>> g = rlx.Graph("m")
+        >>> x = g.input("x", [rlx.Dim.dynamic("n", max=16), 64])
+        >>> g.set_outputs([g.activation("relu", g.matmul(x, g.param("w", [64, 64])))])
+        >>> est = rlx.Session().estimate(g)
+        >>> est.params, est.inputs
+        (16384, 4096)
+        """
+        if self.device is not Device.CPU:
+            raise RlxError("Session.estimate covers the CPU backend (the CUDA backend plans device memory itself)")
+        from rlx.codegen.c import memory_plan
+
+        if _is_lir(graph):
+            lir = self.lower(graph)
+        else:
+            level = self.config.opt_level if opt_level is None else opt_level
+            lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend="cpu")
+        return estimate_lir(memory_plan(lir, profile=self.config.profile),
+                            num_threads if num_threads is not None else self.config.threads)
+
     def compile(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> CompiledGraph:
         """Compile a Graph (MIR), HirModule, GraphModule or LirModule into a ready-to-run `CompiledGraph`.
 
@@ -207,7 +241,8 @@ class Session:
             built = build_cpu(lower_to_lir(mir, level, debug=config.debug, backend="cpu"), config, toolchain)
             return built.library, built.source, built.key, built.hit, built.components["source"]
 
-        return _through_index(config, mir, level, cpu_toolchain_components(toolchain), compile_fully, pristine)[:4]
+        return _through_index(config, mir, level, cpu_toolchain_components(toolchain, config), compile_fully,
+                              pristine)[:4]
 
     def _compile_cuda(self, graph: Any, opt_level: int | None, pristine: bool) -> CompiledGraph:
         """The CUDA library for `graph`, through the compile index, loaded as a `CudaGraph`."""
@@ -215,8 +250,12 @@ class Session:
         from rlx.toolchain.cuda import build_cuda, cuda_toolchain_components, detect_nvcc_toolchain
 
         config = self.config
+        if config.check_nans:
+            raise RlxError("check_nans (RLX_CHECK_NANS) covers the CPU backend; run the graph on Device.CPU "
+                           "with check_nans=True to find the op that makes a NaN")
         if _is_lir(graph):
-            return compile_cuda(self.lower(graph), config, precision=self.precision, arch=self.target)
+            return compile_cuda(self.lower(graph), config, precision=self.precision, arch=self.target,
+                                profile=config.profile)
         mir = to_mir(graph)
         level = config.opt_level if opt_level is None else opt_level
         toolchain = detect_nvcc_toolchain(config, self.target)
@@ -226,7 +265,7 @@ class Session:
             nonlocal seconds
             from rlx.codegen.cuda import CudaTarget  # only when rendering: the warm path never loads codegen
 
-            target = CudaTarget(precision=DType.parse(self.precision))
+            target = CudaTarget(precision=DType.parse(self.precision), profile=config.profile)
             lir = lower_to_lir(mir, level, debug=config.debug, backend="cuda")
             built = build_cuda(lir, config, target, toolchain=toolchain)
             seconds = built.seconds
@@ -235,13 +274,17 @@ class Session:
         # What the build is asked for beyond the toolchain: the precision and CudaTarget's defaults
         # (cuBLASLt GEMM, resolved against the toolchain in the components).
         request = {**cuda_toolchain_components(toolchain, "cublaslt"),
-                   "request": f"precision={self.precision} arch={toolchain.arch} cuda={toolchain.cuda_version}"}
+                   "request": f"precision={self.precision} arch={toolchain.arch} cuda={toolchain.cuda_version}"
+                              + (" profile=1" if config.profile else "")}
         library, source, key, hit, _ = _through_index(config, mir, level, request, compile_fully, pristine)
         return CudaGraph(load_library(library), source=source, key=key, cache_hit=hit, build_seconds=seconds)
 
 
     def _compile_metal(self, graph: Any, opt_level: int | None) -> Any:
         """The Metal program for `graph` (macOS: `xcrun metal` into the cache, run through PyObjC)."""
+        if self.config.variant:
+            raise RlxError(f"{self.config.variant} builds cover the CPU (and, for profile, CUDA) backends, "
+                           "not Metal")
         from rlx.toolchain.metal import build_metal
 
         config = self.config

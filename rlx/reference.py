@@ -20,6 +20,7 @@ exchanged as float32 holding bf16-representable values.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -27,6 +28,8 @@ import numpy as np
 
 from rlx.errors import ExecutionError
 from rlx.ir import ops as O
+from rlx.ir import ops_scan as L
+from rlx.ir import ops_ssm as S
 from rlx.ir import transport
 from rlx.ir.dtype import DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
@@ -414,6 +417,116 @@ def _eval_fused_swiglu(op: O.FusedSwiGLU, args: list, shape: Shape, symbols: dic
     gate = np.matmul(args[0], args[1])
     up = np.matmul(args[0], args[2])
     return _finish(ACTIVATION_FNS["silu"](gate) * up, shape.dtype)
+
+
+def selective_scan(x: np.ndarray, delta: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Reference `ops_ssm.SelectiveScan`: the Mamba recurrence, one step at a time, state from zero."""
+    bsz, seq, h = x.shape
+    state = np.zeros((bsz, h, a.shape[1]))
+    y = np.empty((bsz, seq, h))
+    for t in range(seq):
+        dt = delta[:, t, :, None]  # [b, h, 1]
+        state = np.exp(dt * a[None]) * state + dt * x[:, t, :, None] * b[:, t, None, :]
+        y[:, t] = np.einsum("bhn,bn->bh", state, c[:, t])
+    return y
+
+
+def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                    state: np.ndarray | None, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Reference `ops_ssm.GatedDeltaNet`: (output `[b,s,h,n]`, final state `[b,h,n,n]`)."""
+    bsz, seq, h, n = q.shape
+    s = np.zeros((bsz, h, n, n)) if state is None else np.array(state, dtype=np.float64)
+    o = np.empty((bsz, seq, h, n))
+    for t in range(seq):
+        s = s * np.exp(g[:, t])[..., None, None]
+        kt = k[:, t]
+        u = beta[:, t, :, None] * (v[:, t] - np.einsum("bhij,bhi->bhj", s, kt))
+        s = s + kt[..., :, None] * u[..., None, :]
+        o[:, t] = np.einsum("bhij,bhi->bhj", s, q[:, t] * scale)
+    return o, s
+
+
+def depthwise_conv1d_causal(x: np.ndarray, w: np.ndarray, left_pad: np.ndarray | None,
+                            reverse: bool = False) -> np.ndarray:
+    """Reference `ops_ssm.DepthwiseConv1dCausal`."""
+    bsz, seq, ch = x.shape
+    ksz = w.shape[1]
+    if reverse:  # y[t] = sum_j w[:, j] x[t + k-1 - j], zeros past the end
+        xp = np.concatenate([x, np.zeros((bsz, ksz - 1, ch))], axis=1)
+        return sum(w[None, None, :, j] * xp[:, ksz - 1 - j:ksz - 1 - j + seq] for j in range(ksz))
+    pad = np.zeros((bsz, ksz - 1, ch)) if left_pad is None else left_pad
+    xp = np.concatenate([pad, x], axis=1)
+    y = np.zeros((bsz, seq, ch))
+    for j in range(ksz):
+        y += w[None, None, :, j] * xp[:, j:j + seq]
+    return y
+
+
+@evaluates(S.SelectiveScan)
+def _eval_selective_scan(op: S.SelectiveScan, args: list, shape: Shape, symbols: dict,
+                         in_shapes: object) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return _finish(selective_scan(*args), shape.dtype)
+
+
+@evaluates(S.GatedDeltaNet)
+def _eval_gated_delta_net(op: S.GatedDeltaNet, args: list, shape: Shape, symbols: dict,
+                          in_shapes: object) -> np.ndarray:
+    state = args[5] if op.carry_state else None
+    with np.errstate(all="ignore"):
+        o, final = gated_delta_net(*args[:5], state, op.q_scale)
+    if state is not None:  # the caller's state buffer receives the final state, as compiled code does
+        state[...] = final if state.dtype == np.float64 else final.astype(state.dtype)
+    return _finish(o, shape.dtype)
+
+
+@evaluates(S.DepthwiseConv1dCausal)
+def _eval_dwconv(op: S.DepthwiseConv1dCausal, args: list, shape: Shape, symbols: dict,
+                 in_shapes: object) -> np.ndarray:
+    return _finish(depthwise_conv1d_causal(args[0], args[1], args[2] if len(args) > 2 else None, op.reverse),
+                   shape.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def body_graph(body: L.Body) -> Graph:
+    """The graph of a scan / custom_fn body (cached: bodies are immutable values)."""
+    return Graph.from_body(body)
+
+
+def eval_body(body: L.Body, args: Sequence[np.ndarray], symbols: Mapping[str, int]) -> list[np.ndarray]:
+    """Evaluate a body on compute-typed values (inputs in declaration order); returns its outputs."""
+    g = body_graph(body)
+    values: dict[int, np.ndarray] = {}
+    feed = iter(args)
+    for node in g.nodes:
+        if isinstance(node.op, O.Input):
+            values[node.id] = next(feed)
+        elif isinstance(node.op, O.Constant):
+            values[node.id] = _eval_constant(node.op, {}, {})
+        else:
+            values[node.id] = evaluate(node.op, [values[i] for i in node.inputs], node.shape, symbols,
+                                       [g.node(i).shape for i in node.inputs])
+    return [values[o] for o in g.outputs]
+
+
+@evaluates(L.Scan)
+def _eval_scan(op: L.Scan, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    carry = args[0]
+    bcasts = args[1:1 + op.num_bcast]
+    xs = args[1 + op.num_bcast:]
+    length = op.length.evaluate(symbols)
+    steps = range(length - 1, -1, -1) if op.reverse else range(length)
+    traj = np.empty((length, *np.shape(carry)), dtype=np.asarray(carry).dtype) if op.save_trajectory else None
+    for t in steps:
+        (carry,) = eval_body(op.body, [carry, *bcasts, *(x[t] for x in xs)], symbols)
+        if traj is not None:
+            traj[t] = carry
+    return traj if traj is not None else carry
+
+
+@evaluates(L.CustomFn)
+def _eval_custom_fn(op: L.CustomFn, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return eval_body(op.fwd, args, symbols)[0]
 
 
 @evaluates(O.ElementwiseRegion)

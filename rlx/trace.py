@@ -145,6 +145,99 @@ class Tracer:
         return self._emit("rope", ops, lambda g: g.rope(x.id, cos.id, sin.id, head_dim=head_dim, n_rot=n_rot,
                                                         variant=variant))
 
+    # ── loops and custom functions (rlx/ir/ops_scan.py) ─────────────────
+
+    def scan(self, fn: Callable[..., TracedTensor], init: TracedTensor, *, xs: Sequence[TracedTensor] = (),
+             bcasts: Sequence[TracedTensor] = (), length: DimLike | None = None, trajectory: bool = False,
+             reverse: bool = False, checkpoints: int = 0) -> TracedTensor:
+        """A loop: ``carry = fn(carry, *bcasts, *rows)`` for each row t of every xs (``[length, ...]``).
+
+        `fn` is traced once into the loop body; tensors it uses from outside must be
+        passed as `bcasts`. Returns the final carry, or the stacked carries with
+        `trajectory`. `checkpoints` > 0 makes the reverse-mode derivative keep that
+        many carries and recompute the rest (`scan_checkpointed`).
+
+        >>> def f(t):
+        ...     xs = t.input("xs", [5, 3])
+        ...     return t.scan(lambda c, x: c * 0.5 + x, t.input("c0", [3]), xs=[xs])
+        >>> str(trace("s", f).node(trace("s", f).outputs[0]).shape)
+        'f32[3]'
+        """
+        carry, bs, rows = self._own(init), [self._own(b) for b in bcasts], [self._own(x) for x in xs]
+        sub = Tracer(f"{self.name}_body")
+        args = [sub.input("carry", carry.node.shape)]
+        args += [sub.input(f"bcast{i}", b.node.shape) for i, b in enumerate(bs)]
+        for i, x in enumerate(rows):
+            shape = x.node.shape
+            if shape.rank < 1:
+                raise IRError(f"scan xs {i} must have a leading length axis, got {shape}")
+            args.append(sub.input(f"x{i}", shape.with_dims(shape.dims[1:])))
+        out = fn(*args)
+        sub._own(out)
+        sub._open = False
+        body = sub.graph
+        body.set_outputs([out.id])
+        ops = [carry, *bs, *rows]
+        return self._emit("scan", ops, lambda g: g.scan(
+            body, carry.id, xs=[x.id for x in rows], bcasts=[b.id for b in bs], length=length,
+            save_trajectory=trajectory, reverse=reverse, num_checkpoints=checkpoints))
+
+    def custom_fn(self, fn: Callable[..., TracedTensor], inputs: Sequence[TracedTensor], *,
+                  vjp: Callable[..., Sequence[TracedTensor]] | None = None,
+                  jvp: Callable[..., TracedTensor] | None = None) -> TracedTensor:
+        """`fn(*inputs)` as one op whose derivatives are `vjp(*inputs, primal_output, d_output)` → one
+        cotangent per input and/or `jvp(*inputs, *tangents)` → the output tangent (JAX's custom_vjp/jvp)."""
+        ins = [self._own(t) for t in inputs]
+        shapes = [t.node.shape for t in ins]
+
+        def body(name: str, f: Callable, extra: list[tuple[str, Shape]]) -> Graph:
+            sub = Tracer(name)
+            args = [sub.input(f"in{i}", s) for i, s in enumerate(shapes)] + [sub.input(n, s) for n, s in extra]
+            res = f(*args)
+            outs = [res] if isinstance(res, TracedTensor) else list(res)
+            for o in outs:
+                sub._own(o)
+            sub._open = False
+            sub.graph.set_outputs([o.id for o in outs])
+            return sub.graph
+
+        fwd = body(f"{self.name}_fn", fn, [])
+        out_shape = fwd.node(fwd.outputs[0]).shape
+        vjp_g = body(f"{self.name}_vjp", vjp, [("primal_output", out_shape), ("d_output", out_shape)]) \
+            if vjp is not None else None
+        jvp_g = body(f"{self.name}_jvp", jvp, [(f"tangent_{i}", s) for i, s in enumerate(shapes)]) \
+            if jvp is not None else None
+        return self._emit("custom_fn", ins, lambda g: g.custom_fn([t.id for t in ins], fwd, vjp=vjp_g, jvp=jvp_g))
+
+    # ── state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──────
+
+    def selective_scan(self, x: TracedTensor, delta: TracedTensor, A: TracedTensor, B: TracedTensor,
+                       C: TracedTensor) -> TracedTensor:
+        """Mamba's selective scan: x, delta ``[b,s,h]``, A ``[h,n]``, B, C ``[b,s,n]`` → ``[b,s,h]``.
+
+        >>> g = trace("ssm", lambda t: t.selective_scan(t.input("x", [1, 4, 8]), t.input("dt", [1, 4, 8]),
+        ...     t.param("A", [8, 16]), t.input("B", [1, 4, 16]), t.input("C", [1, 4, 16])))
+        >>> str(g.node(g.outputs[0]).shape)
+        'f32[1,4,8]'
+        """
+        ops = [self._own(t) for t in (x, delta, A, B, C)]
+        return self._emit("selective_scan", ops, lambda g: g.selective_scan(*(o.id for o in ops)))
+
+    def gated_delta_net(self, q: TracedTensor, k: TracedTensor, v: TracedTensor, g: TracedTensor,
+                        beta: TracedTensor, *, state: TracedTensor | None = None,
+                        scale: float | None = None) -> TracedTensor:
+        """Gated delta rule over q, k, v ``[b,s,h,n]`` and g, beta ``[b,s,h]``; `state` ``[b,h,n,n]`` carries."""
+        ops = [self._own(t) for t in (q, k, v, g, beta, *([state] if state is not None else []))]
+        return self._emit("gated_delta_net", ops, lambda gr: gr.gated_delta_net(
+            q.id, k.id, v.id, g.id, beta.id, state=state.id if state is not None else None, scale=scale))
+
+    def depthwise_conv1d_causal(self, x: TracedTensor, weight: TracedTensor,
+                                left_pad: TracedTensor | None = None) -> TracedTensor:
+        """Causal depthwise conv1d of x ``[b,s,c]`` with weight ``[c,k]`` (and the previous k-1 rows)."""
+        ops = [self._own(t) for t in (x, weight, *([left_pad] if left_pad is not None else []))]
+        return self._emit("depthwise_conv1d_causal", ops, lambda g: g.depthwise_conv1d_causal(
+            x.id, weight.id, left_pad.id if left_pad is not None else None))
+
     # ── internals ─────────────────────────────────────────────────────
 
     def _wrap(self, node_id: NodeId) -> TracedTensor:

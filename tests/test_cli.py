@@ -27,7 +27,7 @@ _spec = importlib.util.spec_from_file_location("rlx_cache_worker_cli", DATA / "c
 worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
 
-SUBCOMMANDS = ("compile", "inspect", "run", "bench", "cache", "doctor")
+SUBCOMMANDS = ("compile", "inspect", "run", "bench", "report", "cache", "doctor")
 
 
 @pytest.fixture
@@ -639,3 +639,60 @@ def test_inspect_support_prints_the_op_backend_table(capsys: pytest.CaptureFixtu
 
 def test_inspect_without_a_path_or_support_is_a_usage_error():
     assert main(["inspect"]) == 2
+
+
+# ── observing: bench --profile, inspect --memory, report ──────────────────
+
+
+def test_bench_profile_prints_top_ops_and_writes_a_trace(tmp_path: Path, cache_root: Path,
+                                                         capsys: pytest.CaptureFixture[str]):
+    graph = tiny_graph(tmp_path / "g.json")
+    trace = tmp_path / "t.json"
+    assert main(["bench", str(graph), "--reps", "3", "--profile", "--trace", str(trace), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "top ops over the 3 timed calls" in out
+    row = next(line for line in out.splitlines() if "fused_matmul_bias_act" in line)
+    calls, _ms, share = row.split()[2:5]
+    assert calls == "3" and share == "100.0%"  # one kernel: the GEMM with its relu
+    assert "GFLOP/s" in out and "GB/s" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(1 for e in events if e["ph"] == "X" and e["tid"] == 0) == 3
+
+
+def test_bench_profile_refuses_an_unprofiled_artifact(tmp_path: Path, cache_root: Path,
+                                                      capsys: pytest.CaptureFixture[str]):
+    graph = tiny_graph(tmp_path / "g.json")
+    assert main(["compile", str(graph), "-o", str(tmp_path / "art"), "-q"]) == 0
+    assert main(["bench", str(tmp_path / "art"), "--profile"]) == 2
+    assert "not built profiled" in capsys.readouterr().err
+    assert main(["bench", str(graph), "--trace", str(tmp_path / "t.json")]) == 2
+
+
+def test_inspect_memory(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]):
+    import rlx
+    from rlx.ir import serialize
+
+    graph = tiny_graph(tmp_path / "g.json")
+    assert main(["inspect", str(graph), "--memory", "--num-threads", "2"]) == 0
+    out = capsys.readouterr().out
+    est = rlx.Session().estimate(serialize.load(graph), num_threads=2)
+    assert "dynamic dims at their bounds: n<=8" in out
+    rows = {line.split()[0]: int(line.split()[1].replace(",", "")) for line in out.splitlines()[1:]}
+    assert rows["arena"] == est.arena and rows["params"] == est.params and rows["total"] == est.total
+    assert rows["inputs"] == 8 * 4 * 4 and rows["outputs"] == 8 * 3 * 4
+    assert not list(cache_root.rglob("model.so")), "--memory compiles nothing"
+    assert main(["inspect", str(graph), "--memory", "--stage", "lir"]) == 2
+
+
+def test_report_writes_a_self_contained_page(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]):
+    graph = tiny_graph(tmp_path / "g.json")
+    trace = tmp_path / "t.json"
+    assert main(["bench", str(graph), "--reps", "2", "--profile", "--trace", str(trace), "-q"]) == 0
+    out = tmp_path / "report.html"
+    assert main(["report", str(graph), "-o", str(out), "--trace", str(trace)]) == 0
+    html = out.read_text()
+    data = json.loads(html.split('id="rlx-data">', 1)[1].split("</script>", 1)[0])
+    assert [s["name"] for s in data["stages"]] == ["MIR", "LIR"]
+    assert data["trace"]["total_us"] > 0
+    assert main(["report", str(graph)]) == 2  # -o is required
+    assert main(["report", str(graph), "-o", str(out), "--trace", str(tmp_path / "missing.json")]) == 2

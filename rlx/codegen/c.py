@@ -33,6 +33,7 @@ from typing import Any
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
+from rlx.codegen.c_observe import PROFILE_RING_BYTES, observe_context
 from rlx.codegen.c_share import share_kernels
 from rlx.codegen.common import dim_expr
 from rlx.codegen.cpu_base import (
@@ -74,6 +75,9 @@ class CTarget:
     blas_prefix: str = ""
     blas_threads: bool = False
     openmp: bool = True
+    #: Build variants (rlx.codegen.c_observe): time spans per kernel and thread / NaN-inf checks.
+    profile: bool = False
+    check_nans: bool = False
 
 
 def _c_int(value: int) -> str:
@@ -675,6 +679,30 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "gemm_acts": sorted(p.gemm_acts),
         "copies": copies,
         "manifest": c_string_lines(manifest_text),
+        **observe_context(p, kernels, target),
+    }
+
+
+def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
+    """What the CPU code generator sizes for `lir` (no rendering): arena, params, scratch, the context
+    record, and what the caller owns (state, inputs, outputs), every dynamic dim at its bound.
+
+    A leaf of kind "state" (persistent buffers such as a KV cache) counts as state, as does an
+    input marked `state`.
+    """
+    ctx = c_context(lir, CTarget(), {})
+    graph = lir.graph
+    n_params = len(lir.params)
+    # typedef struct rlx_ctx (prelude.c.j2): three pointers, two int32, param_set[N + 1], err[512],
+    # padded to 8; a profiled build adds the span ring.
+    record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8 + (PROFILE_RING_BYTES if profile else 0)
+    state_inputs = {s.node for s in lir.inputs if s.state}
+    state = sum(n.shape.max_nbytes for n in graph.nodes if n.kind == "state" or n.id in state_inputs)
+    return {
+        "arena": ctx["arena_bytes"], "params": ctx["params_bytes"], "scratch_shared": ctx["scratch_shared"],
+        "scratch_per_thread": ctx["scratch_per_thread"], "context": record, "state": state,
+        "inputs": sum(graph.node(s.node).shape.max_nbytes for s in lir.inputs if s.node not in state_inputs),
+        "outputs": sum(graph.node(s.node).shape.max_nbytes for s in lir.outputs),
     }
 
 

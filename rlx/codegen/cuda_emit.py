@@ -31,9 +31,11 @@ import jinja2
 
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.c import c_string, c_string_lines, comment, node_header
+from rlx.codegen.c_observe import cost_expr
 from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
+from rlx.ir.cost import node_cost
 from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
@@ -50,7 +52,7 @@ _INT32_LIMIT = (1 << 31) - 1
 #: Fixed device code, in the order it appears in the .cu (each file only when some kernel names it).
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh",
-                  "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh")
+                  "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh")
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
 COPY_HEADER = "cuda/kernels/copy.cuh"
 
@@ -99,6 +101,8 @@ class CudaTarget:
     lt_gelu_epilogue: bool = True
     #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
     attn_bk: int = 0
+    #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
+    profile: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -111,7 +115,7 @@ class CudaTarget:
 
     def identity(self) -> str:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
-                f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}")
+                f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else ""))
 
 
 @dataclass(frozen=True)
@@ -386,7 +390,36 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
         "smem_attrs": [{"kernel": k, "bytes": v} for k, v in smem.items()],
         "manifest_c": "\n    ".join(c_string_lines(manifest_text)),
+        **cuda_profile_context(e, kernels, target),
     }
+
+
+#: Kernel macros that launch nothing (views, members of a combined GEMM): never timed.
+_NO_WORK = ("block_view", "block_none")
+
+
+def cuda_profile_context(e: CudaEmitter, kernels: list[Kernel], target: CudaTarget) -> dict:
+    """The template data of the profiled variant: which kernels are timed (index into the span table), their
+    costs as C expressions of the run's dims `S[]`, and the kernel table `rlx_profile_info` returns."""
+    if not target.profile:
+        return {"profile": False, "prof": {}, "prof_count": 0, "profile_info": [], "profile_code": ""}
+    sym_index = {name: i for i, (name, _) in enumerate(e.lir.symbols)}
+    prof: dict[int, dict] = {}
+    table = []
+    for pos, k in enumerate(kernels):
+        if k.macro in _NO_WORK or k.macro == "block_memcpy":
+            continue
+        node = e.node(k.node)
+        cost = node_cost(e.graph, node)
+        index = len(table)
+        prof[pos] = {"index": index, "flops": cost_expr(cost.flops, sym_index, "S"),
+                     "bytes": cost_expr(cost.bytes, sym_index, "S")}
+        table.append({"index": index, "node": node.id, "kind": node.kind, "name": node.name or "",
+                      "op": node.op.describe()[:200], "shape": str(node.shape), "func": k.macro})
+    info = json.dumps({"fields": ["t0", "t1", "kernel", "thread", "run", "flops", "bytes"], "kernels": table},
+                      sort_keys=True, ensure_ascii=True)
+    return {"profile": True, "prof": prof, "prof_count": len(table),
+            "profile_info": c_string_lines(info), "profile_code": _header_text("cuda/kernels/profile.cuh")}
 
 
 _HEADER_TEXT: dict[str, str] = {}

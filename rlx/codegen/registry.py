@@ -55,6 +55,8 @@ class Kernel:
     #: Per-thread / shared scratch bytes the kernel uses (the backend sizes its scratch to the maximum).
     scratch_per_thread: int = 0
     scratch_shared: int = 0
+    #: Code defined before this kernel's function: a loop body's constants and kernels (see c_scan).
+    subprogram: Any = None
 
 
 Accepts = Callable[[O.Op, tuple[DType, ...], DType], str | None]

@@ -20,6 +20,7 @@ from typing import Any
 from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
+from rlx.ir.ops_scan import Body, BodyNode
 from rlx.ir.shape import Dim, Shape
 
 JSON = Any
@@ -77,6 +78,8 @@ def _value_to_json(v: Any) -> JSON:
         return op_to_json(v)
     if isinstance(v, O.RegionStep):
         return {"op": op_to_json(v.op), "args": list(v.args)}
+    if isinstance(v, Body):
+        return body_to_json(v)
     if isinstance(v, Shape):
         return shape_to_json(v)
     if isinstance(v, Dim):
@@ -179,9 +182,39 @@ def _decode(hint: Any, v: JSON, where: str, registry: Mapping[str, type]) -> Any
         if step_cls is not None and not step_cls.elementwise:
             raise IRError(f"{where}: region step op {step_kind!r} is not elementwise")
         return O.RegionStep(op_from_json(v["op"], registry), _decode(tuple[int, ...], v["args"], where, registry))
+    if hint is Body:
+        return body_from_json(v, where, registry)
     if hint is Any:
         return v
     raise IRError(f"{where}: cannot decode attribute of type {hint}")
+
+
+_BODY_KEYS = {"body", "nodes", "outputs", "output_names"}
+_BODY_NODE_KEYS = {"op", "in", "shape", "name"}
+
+
+def body_to_json(b: Body) -> JSON:
+    """A sub-graph attribute (scan / custom_fn body) as JSON: its nodes with ops, inputs and shapes."""
+    return {"body": b.name, "output_names": list(b.output_names), "outputs": list(b.outputs),
+            "nodes": [{"op": op_to_json(n.op), "in": list(n.inputs), "shape": shape_to_json(n.shape), "name": n.name}
+                      for n in b.nodes]}
+
+
+def body_from_json(v: JSON, where: str, registry: Mapping[str, type]) -> Body:
+    if not isinstance(v, dict) or set(v) != _BODY_KEYS or not isinstance(v["nodes"], list):
+        raise IRError(f"{where}: bad body {_short(v)}")
+    if len(v["nodes"]) > 200_000:
+        raise IRError(f"{where}: body has too many nodes")
+    nodes = []
+    for k, n in enumerate(v["nodes"]):
+        if not isinstance(n, dict) or set(n) != _BODY_NODE_KEYS or not isinstance(n["name"], str):
+            raise IRError(f"{where}: bad body node {k}: {_short(n)}")
+        nodes.append(BodyNode(op_from_json(n["op"], registry), _decode(tuple[int, ...], n["in"], where, registry),
+                              shape_from_json(n["shape"]), n["name"]))
+    if not isinstance(v["body"], str):
+        raise IRError(f"{where}: body name must be a string")
+    names = _decode(tuple[str, ...], v["output_names"], where, registry)
+    return Body(v["body"], tuple(nodes), _decode(tuple[int, ...], v["outputs"], where, registry), names)
 
 
 def op_from_json(v: JSON, registry: Mapping[str, type] | None = None) -> O.Op:

@@ -11,6 +11,8 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_scan as L
+from rlx.ir import ops_ssm as S
 from rlx.ir import serialize
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.shape import Dim, DimLike, Shape, check_symbol_bounds
@@ -346,6 +348,86 @@ class Graph:
     def rope(self, x: NodeId, cos: NodeId, sin: NodeId, *, head_dim: int, n_rot: int | None = None,
              variant: str = "neox") -> NodeId:
         return self.add(O.Rope(head_dim, n_rot, variant), [x, cos, sin])
+
+
+    # ── sub-graphs: scan and custom_fn bodies (rlx/ir/ops_scan.py) ──────
+
+    def as_body(self) -> L.Body:
+        """This graph as a frozen `Body` value (the attribute a scan or custom_fn holds)."""
+        self.verify()
+        return L.Body(self.name, tuple(L.BodyNode(n.op, n.inputs, n.shape, n.name) for n in self.nodes),
+                      tuple(self.outputs), tuple(self.output_names))
+
+    @classmethod
+    def from_body(cls, body: L.Body) -> Graph:
+        """The graph a `Body` holds (rebuilt through `add`, so every shape is inferred again)."""
+        g = cls(body.name)
+        for n in body.nodes:
+            g.add(n.op, n.inputs, name=n.name)
+        g.set_outputs(list(body.outputs), list(body.output_names) or None)
+        return g
+
+    def scan(self, body: Graph, init: NodeId, *, xs: Sequence[NodeId] = (), bcasts: Sequence[NodeId] = (),
+             length: DimLike | None = None, save_trajectory: bool = False, reverse: bool = False,
+             num_checkpoints: int = 0) -> NodeId:
+        """A loop running `body` (carry, *bcasts, *xs rows) -> carry `length` times (`ops_scan.Scan`).
+
+        `length` defaults to the leading dim of the first xs. Returns the final carry,
+        or the stacked carries `[length, *carry]` with `save_trajectory`.
+        """
+        if length is None:
+            if not xs:
+                raise IRError("scan needs a length when it has no xs")
+            length = self.shape(xs[0]).dims[0]
+        op = L.Scan(body.as_body(), Dim.of(length), len(bcasts), len(xs), bool(save_trajectory), bool(reverse),
+                    int(num_checkpoints))
+        return self.add(op, [init, *bcasts, *xs])
+
+    def scan_checkpointed(self, body: Graph, init: NodeId, *, num_checkpoints: int, **kw: object) -> NodeId:
+        """`scan` whose reverse-mode derivative keeps `num_checkpoints` carries and recomputes the rest."""
+        return self.scan(body, init, num_checkpoints=num_checkpoints, **kw)  # type: ignore[arg-type]
+
+    def custom_fn(self, inputs: Sequence[NodeId], fwd: Graph, *, vjp: Graph | None = None,
+                  jvp: Graph | None = None) -> NodeId:
+        """`fwd` applied to `inputs`, with optional derivative bodies (`ops_scan.CustomFn`)."""
+        return self.add(L.CustomFn(fwd.as_body(), vjp.as_body() if vjp is not None else None,
+                                   jvp.as_body() if jvp is not None else None), list(inputs))
+
+    # ── builders: state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──
+
+    def selective_scan(self, x: NodeId, delta: NodeId, a: NodeId, b: NodeId, c: NodeId) -> NodeId:
+        """Mamba's selective scan over x, delta `[b,s,h]`, A `[h,n]`, B, C `[b,s,n]` (`ops_ssm.SelectiveScan`)."""
+        n = self.shape(a).dims[-1] if self.shape(a).rank == 2 else Dim(0)
+        if not n.is_static:
+            raise ShapeError(f"selective_scan A must have a static state size, got {self.shape(a)}")
+        return self.add(S.SelectiveScan(n.value), [x, delta, a, b, c])
+
+    def gated_delta_net(self, q: NodeId, k: NodeId, v: NodeId, g: NodeId, beta: NodeId, *,
+                        state: NodeId | None = None, scale: float | None = None) -> NodeId:
+        """Gated delta rule over q, k, v `[b,s,h,n]`, g, beta `[b,s,h]` (`ops_ssm.GatedDeltaNet`).
+
+        With `state` (a `[b,h,n,n]` state input) the recurrence starts from it and
+        leaves the final state there (the `gated_delta_net_carry` form).
+        """
+        qs = self.shape(q)
+        if qs.rank != 4 or not qs.dims[3].is_static:
+            raise ShapeError(f"gated_delta_net q must be [batch, seq, heads, n] with a static n, got {qs}")
+        ins = [q, k, v, g, beta] + ([state] if state is not None else [])
+        return self.add(S.GatedDeltaNet(qs.dims[3].value, state is not None, scale), ins)
+
+    def gated_delta_net_carry(self, q: NodeId, k: NodeId, v: NodeId, g: NodeId, beta: NodeId, state: NodeId, *,
+                              scale: float | None = None) -> NodeId:
+        """`gated_delta_net` threading `state` `[b,h,n,n]` (read, then updated in place) for decode."""
+        return self.gated_delta_net(q, k, v, g, beta, state=state, scale=scale)
+
+    def depthwise_conv1d_causal(self, x: NodeId, weight: NodeId, left_pad: NodeId | None = None, *,
+                                reverse: bool = False) -> NodeId:
+        """Causal depthwise conv of x `[b,s,c]` with weight `[c,k]` (`ops_ssm.DepthwiseConv1dCausal`)."""
+        ws = self.shape(weight)
+        if ws.rank != 2 or not ws.dims[1].is_static:
+            raise ShapeError(f"depthwise_conv1d_causal weight must be [channels, kernel_size], got {ws}")
+        ins = [x, weight] + ([left_pad] if left_pad is not None else [])
+        return self.add(S.DepthwiseConv1dCausal(ws.dims[1].value, bool(reverse)), ins)
 
 
 def _check_name(kind: str, name: object) -> None:

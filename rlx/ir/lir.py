@@ -81,6 +81,15 @@ class LirModule:
     #: The backend this LIR was lowered for ("" before `rlx.opt.lowering.lower_for`), and its decisions.
     backend: str = ""
     decisions: tuple[Decision, ...] = ()
+    #: (node, arena offset, bytes): arena space a node uses only while it runs (a scan's carries and body).
+    workspaces: tuple[tuple[NodeId, int, int], ...] = ()
+
+    def workspace(self, nid: NodeId) -> tuple[int, int]:
+        """(arena offset, bytes) of node `nid`'s workspace."""
+        for n, off, size in self.workspaces:
+            if n == nid:
+                return off, size
+        raise KeyError(f"node %{nid} has no workspace")
 
     def decided(self, kind: type[Decision]) -> list:
         """The decisions of one type, in order."""
@@ -122,6 +131,8 @@ class LirModule:
             "backend": self.backend,
             "decisions": decisions_to_json(self.decisions, ref),
         }
+        if self.workspaces:  # only when present, so LIR hashes of graphs without scans are unchanged
+            doc["workspaces"] = [[ref(n), off, size] for n, off, size in self.workspaces]
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
     def hash(self) -> str:

@@ -698,13 +698,13 @@ class Rope(Op):
         _require_float("rope", x)
         if x.rank != 3 or not x.dims[2].is_static or x.dims[2].value % self.head_dim:
             raise ShapeError(f"rope input must be [batch, seq, heads*{self.head_dim}], got {x}")
-        if cos.dims != sin.dims:
-            raise ShapeError(f"rope cos {cos} and sin {sin} differ")
         for name, t in (("cos", cos), ("sin", sin)):
             if t.dims not in ((x.dims[1], Dim(self.rot // 2)), (x.dims[0], x.dims[1], Dim(self.rot // 2))) \
                     or t.dtype != x.dtype:
                 raise ShapeError(f"rope {name} must be {x.dtype}[{x.dims[1]},{self.rot // 2}] or "
                                  f"{x.dtype}[{x.dims[0]},{x.dims[1]},{self.rot // 2}], got {t}")
+        if cos.dims != sin.dims:
+            raise ShapeError(f"rope cos {cos} and sin {sin} differ (one per-row, one shared)")
         return x
 
 

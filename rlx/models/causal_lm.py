@@ -103,7 +103,9 @@ class CausalLM:
 
     `max_context` is the KV cache capacity per sequence (prompt plus generated tokens);
     `max_batch` the most sequences generated together; `prefill_chunk` the most prompt tokens
-    one step feeds (longer prompts go through in chunks). On CUDA, `precision="f16"` stores
+    one step feeds (longer prompts go through in chunks). `logits`, `generate` and `stream` share
+    one internal cache: use an instance from one thread at a time (the compiled graph itself is
+    thread-safe: concurrent callers can each `step` with their own `new_cache()`). On CUDA, `precision="f16"` stores
     activations, caches and float weights in half precision (quantized weights stay in their blocks).
     """
 
@@ -127,6 +129,8 @@ class CausalLM:
                                      capacity=max_context, name=f"{config.arch}_decoder")
         self._params = L.decoder_params(tensors, self.graph)
         self._compiled = None
+        self._bound: dict[Any, Any] = {}  # CUDA: device buffers bound per (cache, step shape)
+        self._cache: KvCache | None = None
         if device != "reference":
             from rlx.driver import Session
 
@@ -168,6 +172,13 @@ class CausalLM:
                 arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
         return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context)
 
+    def _own_cache(self) -> KvCache:
+        """The cache `logits` and `generate` use, emptied: allocated once (on CUDA, bound once)."""
+        if self._cache is None:
+            self._cache = self.new_cache()
+        self._cache.reset()
+        return self._cache
+
     # ── one step ──────────────────────────────────────────────────────
 
     def step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -200,17 +211,35 @@ class CausalLM:
 
             return reference.run(self.graph, feed, self._params)[0]
         if self.device == "cuda":
-            on_device = {name: value if not isinstance(value, np.ndarray) else self._compiled.to_device(value)
-                         for name, value in feed.items()}
-            return self._compiled.run_device(on_device)[0].numpy()
+            return self._run_cuda(feed)
         return self._compiled.run(dict(feed))[0]
+
+    def _run_cuda(self, feed: Mapping[str, Any]) -> np.ndarray:
+        """One step on the GPU through device buffers bound once per (cache, step shape): a decode
+        step copies its few small inputs in and the logits out, nothing is allocated, and the
+        library replays its captured CUDA graph."""
+        host = {name: value for name, value in feed.items() if isinstance(value, np.ndarray)}
+        states = tuple(id(value) for value in feed.values() if not isinstance(value, np.ndarray))
+        key = (states, tuple((name, value.shape) for name, value in host.items()))
+        bound = self._bound.get(key)
+        if bound is None:
+            # bindings of other caches, or of many prompt lengths, go (they hold device memory)
+            if len(self._bound) >= 32 or any(k[0] != states for k in self._bound):
+                self._bound.clear()
+            buffers = {name: self._compiled.to_device(value) for name, value in host.items()}
+            fn = self._compiled.bind_device({**feed, **buffers})
+            bound = self._bound[key] = (fn, buffers)
+        fn, buffers = bound
+        for name, value in host.items():
+            buffers[name].copy_from_host(value)
+        return fn()[0].numpy()
 
     # ── logits ────────────────────────────────────────────────────────
 
     def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Logits `[n, vocab]` at every position of one sequence (a fresh cache; chunked prefill)."""
         ids = self._check_ids(token_ids)
-        cache = self.new_cache()
+        cache = self._own_cache()
         parts = []
         for start in range(0, len(ids), self.prefill_chunk):
             chunk = ids[start:start + self.prefill_chunk]
@@ -312,7 +341,7 @@ class CausalLM:
         if max_new == 0:
             return
         lengths = [len(p) for p in prompts]
-        cache = self.new_cache()
+        cache = self._own_cache()
         longest = max(lengths)
         padded = np.zeros((batch, longest), dtype=np.int32)
         for b, p in enumerate(prompts):

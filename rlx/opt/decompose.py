@@ -88,6 +88,11 @@ def decomposition_key(node: Node) -> tuple[str, str]:
 def decompose(graph: Graph, supported: Callable[[Graph, Node], bool]) -> Graph:
     """`graph` with every unsupported node that has a decomposition replaced by primitives."""
     require_mir(graph, "decompose")
+    from rlx.opt.bodies import inline_custom_fn, map_bodies
+
+    DECOMPOSITIONS.setdefault(("custom_fn", ""), inline_custom_fn)
+    if any(n.kind == "scan" for n in graph.nodes):  # a loop body runs on the same backend
+        graph = map_bodies(graph, lambda body: decompose(body, supported))
     todo = [n for n in graph.nodes if n.kind not in O.LEAF_KINDS and not supported(graph, n)
             and decomposition_key(n) in DECOMPOSITIONS]
     if not todo:

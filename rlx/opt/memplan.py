@@ -15,6 +15,8 @@ from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import Buffer, LirModule, TensorSpec
+from rlx.ir.ops_scan import Scan
+from rlx.opt.scan_body import carry_slot_bytes, step_graph
 
 ALIGN = 64
 
@@ -127,6 +129,15 @@ def plan(graph: Graph) -> LirModule:
         start = position[n.id]
         end = max(last_use.get(n.id, start), start)
         requests.append((n.id, _align(max(n.shape.max_nbytes, 1)), start, end))
+    # Nodes that need arena space while they run (a scan: its carries and its body's arena) get a
+    # workspace live only at their own step, keyed by the negated node id (-1 - id).
+    for n in nodes:
+        if isinstance(n.op, Scan):
+            # two carry slots (this step's and the next), then the body's own arena
+            slot = carry_slot_bytes(n.op, nodes[n.inputs[0]].shape.max_nbytes)
+            body_arena = plan(step_graph(n.op.body)).arena_bytes
+            pos = position[n.id]
+            requests.append((-1 - n.id, 2 * slot + _align(body_arena), pos, pos))
     naive = sum(size for _, size, _, _ in requests)
 
     placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
@@ -143,8 +154,12 @@ def plan(graph: Graph) -> LirModule:
         placed.append((offset, size, start, end))
         offsets[nid] = offset
     arena = max((o + s for o, s, _, _ in placed), default=0)
-    for nid, _size, _, _ in requests:
-        buffers[nid] = Buffer("arena", nodes[nid].shape.max_nbytes, offset=offsets[nid])
+    workspaces = []
+    for nid, size, _, _ in requests:
+        if nid < 0:
+            workspaces.append((-1 - nid, offsets[nid], size))
+        else:
+            buffers[nid] = Buffer("arena", nodes[nid].shape.max_nbytes, offset=offsets[nid])
     for n in nodes:
         if n.id in view_of:
             src, off = view_of[n.id]
@@ -163,6 +178,7 @@ def plan(graph: Graph) -> LirModule:
         arena_bytes=arena,
         naive_bytes=naive,
         output_copies=tuple(copies),
+        workspaces=tuple(sorted(workspaces)),
     )
 
 

@@ -3,7 +3,7 @@
 | level | passes |
 | --- | --- |
 | 0 | verify only |
-| 1 | fold, simplify, cse, dce |
+| 1 | bodies (optimize scan bodies, inline custom_fn), fold, simplify, cse, dce |
 | 2 | level 1, then layout and the fusions (swiglu, matmul epilogue, residual norm, elementwise) |
 | 3 | same as 2 |
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from rlx.config import Config
 from rlx.errors import IRError
 from rlx.ir.graph import Graph
+from rlx.opt.bodies import optimize_bodies
 from rlx.opt.cse import cse
 from rlx.opt.dce import dce
 from rlx.opt.fold import fold
@@ -32,7 +33,13 @@ from rlx.opt.simplify import simplify
 Pass = Callable[[Graph], Graph]
 
 #: Every pass by name.
+def _bodies(graph: Graph) -> Graph:
+    """Pass "bodies": scan bodies through the full pipeline (recursively), custom_fn inlined."""
+    return optimize_bodies(graph, lambda body: optimize(body, level=2, debug=False))
+
+
 PASSES: dict[str, Pass] = {
+    "bodies": _bodies,
     "fold": fold,
     "simplify": simplify,
     "cse": cse,
@@ -41,7 +48,7 @@ PASSES: dict[str, Pass] = {
     **dict(FUSIONS),
 }
 
-_CLEANUP = ("fold", "simplify", "cse", "dce")
+_CLEANUP = ("bodies", "fold", "simplify", "cse", "dce")
 _FULL = (*_CLEANUP, "layout", *(name for name, _ in FUSIONS))
 
 #: The pipeline of each optimization level.

@@ -23,9 +23,18 @@ int32_t     rlx_set_param(void *ctx, int32_t index, const void *data, int64_t nb
 int32_t     rlx_run(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
 const char *rlx_last_error(void *ctx);
 int32_t     rlx_set_num_threads(void *ctx, int32_t n);
+int32_t     rlx_memory(void *ctx, int64_t *out);
+"""
+
+#: Exported by profiled builds only (templates/cpu/observe.c.j2); looked up when asked for.
+PROFILE_CDEF = """
+const char *rlx_profile_info(void);
+int64_t     rlx_profile_read(void *ctx, int64_t *out, int64_t max);
+void        rlx_profile_clear(void *ctx);
 """
 
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
+ffi.cdef(PROFILE_CDEF)
 
-__all__ = ["ABI_VERSION", "CDEF", "ffi"]
+__all__ = ["ABI_VERSION", "CDEF", "PROFILE_CDEF", "ffi"]

@@ -573,6 +573,71 @@ class CompiledGraph:
         msg = ffi.string(self._lib.rlx_last_error(ptr)).decode("utf-8", "replace")
         return f"{what} failed in {self._library.manifest.get('name', '?')!r}: {msg or 'unknown error'}"
 
+    # ── observing ──────────────────────────────────────────────────────
+
+    def memory(self) -> dict[str, int]:
+        """Bytes the primary execution context holds, as the library allocated them.
+
+        Keys: arena, params, scratch (for the threads reserved so far), context (the record
+        itself), total. Each pooled context holds as much again. Compare `Session.estimate`.
+
+        >>> import rlx
+        >>> g = rlx.Graph("m")
+        >>> g.set_outputs([g.activation("relu", g.matmul(g.input("x", [8, 64]), g.param("w", [64, 64])))])
+        >>> rlx.Session().compile(g, num_threads=1).memory()["total"] == rlx.Session().estimate(g, num_threads=1).total
+        True
+        """
+        out = ffi.new("int64_t[4]")
+        try:
+            fn = self._lib.rlx_memory
+        except AttributeError:
+            raise ExecutionError("this library predates rlx_memory; rebuild it") from None
+        with self._pool.shared():
+            if fn(self._ctx, out) != 0:
+                raise ExecutionError("rlx_memory failed")
+        sizes = {"arena": out[0], "params": out[1], "scratch": out[2], "context": out[3]}
+        return {**sizes, "total": sum(sizes.values())}
+
+    @property
+    def profiled(self) -> bool:
+        """True for a profiled build (`Session(profile=True)` / RLX_PROFILE=1): `trace()` works."""
+        from rlx.runtime.profile import profile_info
+
+        return profile_info(self._lib) is not None
+
+    def trace(self, *, clear: bool = False) -> list:
+        """The time spans the runs so far recorded (a profiled build only), oldest first.
+
+        One `rlx.runtime.profile.Span` per kernel per run (`thread == -1`) and one per OpenMP
+        thread of each profiled parallel region; spans of every pooled context are merged.
+        Each context keeps its last 16384 spans. `clear=True` empties the buffers after reading.
+
+        >>> import numpy as np, rlx
+        >>> g = rlx.Graph("t")
+        >>> g.set_outputs([g.activation("relu", g.input("x", [4]))])
+        >>> cg = rlx.Session(profile=True).compile(g)
+        >>> _ = cg.run(x=np.ones(4, np.float32))
+        >>> [(s.kind, s.thread) for s in cg.trace()]
+        [('activation', -1)]
+        """
+        from rlx.runtime.profile import not_profiled, profile_info, read_spans
+
+        info = profile_info(self._lib)
+        if info is None:
+            raise not_profiled(str(self._library.manifest.get("name", "?")))
+        with self._pool.exclusive():
+            spans = [s for ctx in self._pool.contexts() for s in read_spans(self._lib, ctx.ptr, info)]
+            if clear:
+                for ctx in self._pool.contexts():
+                    self._lib.rlx_profile_clear(ctx.ptr)
+        return sorted(spans, key=lambda s: (s.start_ns, s.thread))
+
+    def save_trace(self, path: str | Path) -> Path:
+        """Write `trace()` as chrome-trace JSON (open it in ui.perfetto.dev or chrome://tracing)."""
+        from rlx.runtime.profile import save_chrome_trace
+
+        return save_chrome_trace(self.trace(), path, name=str(self._library.manifest.get("name", "rlx")))
+
     # ── copies ─────────────────────────────────────────────────────────
 
     def clone(self) -> CompiledGraph:

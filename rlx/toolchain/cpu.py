@@ -71,11 +71,13 @@ def source_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def c_target(toolchain: Toolchain) -> CTarget:
+def c_target(toolchain: Toolchain, config: Config | None = None) -> CTarget:
     from rlx.codegen.c import CTarget
 
+    config = config or Config()
     return CTarget(blas=toolchain.blas.enabled, blas_prefix=toolchain.blas.prefix,
-                   blas_threads=toolchain.blas.has_thread_api, openmp=toolchain.openmp)
+                   blas_threads=toolchain.blas.has_thread_api, openmp=toolchain.openmp,
+                   profile=config.profile, check_nans=config.check_nans)
 
 
 def cpu_key_components(lir: LirModule, toolchain: Toolchain, config: Config | None = None, *,
@@ -87,15 +89,18 @@ def cpu_key_components(lir: LirModule, toolchain: Toolchain, config: Config | No
     """
     if pending_source is None:
         pending_source = render_source(lir, config, toolchain, key=KEY_PENDING)
-    return {"lir": lir.hash(), "source": source_digest(pending_source), **cpu_toolchain_components(toolchain)}
+    return {"lir": lir.hash(), "source": source_digest(pending_source),
+            **cpu_toolchain_components(toolchain, config)}
 
 
-def cpu_toolchain_components(toolchain: Toolchain) -> dict[str, str]:
-    """The key components that do not depend on the program: target, compiler, flags, templates, BLAS.
+def cpu_toolchain_components(toolchain: Toolchain, config: Config | None = None) -> dict[str, str]:
+    """The key components that do not depend on the program: target, compiler, flags, templates, BLAS,
+    and the build variant (`Config.variant`: profiled / NaN-checked builds), present only when not "".
 
     Cheap (no rendering, no codegen import): the driver's compile index is keyed by these too.
     """
-    return {
+    variant = config.variant if config is not None else ""
+    return ({"variant": variant} if variant else {}) | {
         "target": "cpu",
         "target_options": f"isa={toolchain.isa} isa_digest={toolchain.isa_identity} "
                           f"openmp={toolchain.openmp} sanitize={toolchain.sanitize or 'none'}",
@@ -137,7 +142,10 @@ def render_source(lir: LirModule, config: Config | None = None, toolchain: Toolc
     toolchain = toolchain or detect_toolchain(config)
     if key is None:
         key = cache_key(cpu_key_components(lir, toolchain, config))
-    return render_c(lir, c_target(toolchain), cpu_manifest(lir, toolchain, key, config.cpu_target))
+    manifest = cpu_manifest(lir, toolchain, key, config.cpu_target)
+    if config.variant:
+        manifest["variant"] = config.variant
+    return render_c(lir, c_target(toolchain, config), manifest)
 
 
 @dataclass(frozen=True)

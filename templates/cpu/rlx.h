@@ -80,6 +80,11 @@ const char *rlx_last_error(void *ctx);
  * effect, or -1 if scratch space for n threads could not be allocated. */
 int32_t rlx_set_num_threads(void *ctx, int32_t n);
 
+/* Bytes the context holds, as allocated: out[0] arena, out[1] params,
+ * out[2] scratch (for the threads reserved so far), out[3] the context
+ * record. Returns 0, or 1 if ctx or out is NULL. */
+int32_t rlx_memory(void *ctx, int64_t out[4]);
+
 #ifdef __cplusplus
 }
 #endif

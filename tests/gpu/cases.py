@@ -373,6 +373,25 @@ def kv_attention() -> Case:
 
 
 @case
+def quant() -> Case:
+    """dequant_matmul on q4_1 blocks (GEMV and tiled prefill sizes) and dequantize of gathered q8_0 rows."""
+    from rlx.ir.quant import random_blocks, row_bytes
+
+    g = Graph("quant")
+    tokens = Dim.dynamic("tokens", max=40)
+    x = g.input("x", [tokens, 64])
+    w = g.param("w", [5, row_bytes("q4_1", 64)], "u8")
+    table = g.param("table", [7, row_bytes("q8_0", 64)], "u8")
+    ids = g.input("ids", [3], "i32")
+    g.set_outputs([g.dequant_matmul(x, w, quant="q4_1"), g.dequantize(g.gather(table, ids), quant="q8_0")])
+    r = _rng(40)
+    feeds = [{"x": _f32(r, n, 64), "ids": np.array(i, np.int32)} for n, i in ((1, [0, 6, 3]), (40, [2, 2, 5]))]
+    params = {"w": random_blocks(r, 5, 64, "q4_1"), "table": random_blocks(r, 7, 64, "q8_0")}
+    # f32 only here: tests/gpu/test_cuda_quant.py bounds the half-precision error per format
+    return Case("quant", g, feeds, params, lowp=False)
+
+
+@case
 def outputs_of_leaves() -> Case:
     g = Graph("outputs_of_leaves")
     x = g.input("x", [3, 4])
@@ -394,7 +413,7 @@ def half_graph() -> Case:
     g.set_outputs([h, g.softmax(y, -1), g.cast(h, "bf16")])
     r = _rng(20)
     return Case("half_graph", g, [{"x": _f32(r, 8, 64).astype(np.float16), "y": _f32(r, 8, 32)}],
-                {"w": _f32(r, 64, 32, scale=0.2)}, lowp=False)
+                {"w": _f32(r, 64, 32, scale=0.2).astype(np.float16)}, lowp=False)
 
 
 def minilm_like(batch: int = 2, seq: int = 16, layers: int = 1) -> Case:
@@ -432,6 +451,34 @@ def minilm_like(batch: int = 2, seq: int = 16, layers: int = 1) -> Case:
 
 
 CASES["minilm_like"] = minilm_like
+
+
+@case
+def ssm_ops() -> Case:
+    """selective_scan, gated_delta_net (from zero and from a given state) and the causal depthwise conv."""
+    g = Graph("ssm_ops")
+    seq = Dim.dynamic("seq", max=40)
+    x, dt = g.input("x", [2, seq, 24]), g.input("dt", [2, seq, 24])
+    bm, cm = g.input("bm", [2, seq, 16]), g.input("cm", [2, seq, 16])
+    a = g.input("a", [24, 16])
+    q, k, v = (g.input(n, [2, seq, 3, 32]) for n in ("q", "k", "v"))
+    gate, beta = g.input("g", [2, seq, 3]), g.input("beta", [2, seq, 3])
+    s0 = g.input("s0", [2, 3, 32, 32])
+    w, pad = g.input("w", [24, 4]), g.input("pad", [2, 3, 24])
+    g.set_outputs({"ssm": g.selective_scan(x, dt, a, bm, cm), "gdn": g.gated_delta_net(q, k, v, gate, beta),
+                   "gdn_carry": g.gated_delta_net_carry(q, k, v, gate, beta, s0),
+                   "conv": g.depthwise_conv1d_causal(x, w), "conv_pad": g.depthwise_conv1d_causal(x, w, pad),
+                   "conv_rev": g.depthwise_conv1d_causal(x, w, reverse=True)})
+    r = _rng(31)
+    feeds = []
+    for s in (40, 1):
+        unit = lambda *shape: (lambda z: z / np.linalg.norm(z, axis=-1, keepdims=True))(_f32(r, *shape))  # noqa: E731
+        feeds.append({"x": _f32(r, 2, s, 24), "dt": np.abs(_f32(r, 2, s, 24, scale=0.2)),
+                      "bm": _f32(r, 2, s, 16), "cm": _f32(r, 2, s, 16), "a": -np.abs(_f32(r, 24, 16)) - 0.5,
+                      "q": unit(2, s, 3, 32), "k": unit(2, s, 3, 32), "v": _f32(r, 2, s, 3, 32),
+                      "g": -np.abs(_f32(r, 2, s, 3, scale=0.3)), "beta": np.abs(_f32(r, 2, s, 3, scale=0.5)),
+                      "s0": _f32(r, 2, 3, 32, 32, scale=0.1), "w": _f32(r, 24, 4), "pad": _f32(r, 2, 3, 24)})
+    return Case("ssm_ops", g, [{k: v.astype(np.float32) for k, v in f.items()} for f in feeds])
 
 
 def scale_of(arr: np.ndarray) -> float:

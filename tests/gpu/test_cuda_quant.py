@@ -55,7 +55,7 @@ def test_vocabulary_sized_weight_is_split_into_tiles(precision: str) -> None:
     """49152 x 576 q8_0 exceeds the scratch tile, so prefill runs column tiles (and places each product)."""
     rng = np.random.default_rng(9)
     k, n = 576, 49152
-    raw = Q.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), "q8_0")
+    raw = Q.random_blocks(rng, n, k, "q8_0", scale=0.002)
     g = rlx.Graph("vocab")
     x = g.input("x", [rlx.Dim.dynamic("m", 64), k])
     g.set_outputs([g.dequant_matmul(x, g.param("w", [n, raw.shape[1]], "u8"), quant="q8_0")])

@@ -192,6 +192,62 @@ def _dyn(name: str, bound: int) -> Build:
     return lambda g, v: _one(dims=[Dim.dynamic(name, max=bound), 4])(g, v)
 
 
+def _ssm(g: Graph, v: object) -> None:
+    x = g.input("x", [1, 3, 4])
+    a, bc = g.input("a", [4, v]), g.input("bc", [1, 3, v])
+    g.set_outputs([g.selective_scan(x, x, a, bc, bc)])
+
+
+def _gdn(g: Graph, v: object) -> None:
+    kw = dict(v)  # type: ignore[call-overload]
+    n = kw.pop("n", 4)
+    q, gb = g.input("q", [1, 3, 2, n]), g.input("gb", [1, 3, 2])
+    state = g.input("s", [1, 2, n, n]) if kw.pop("carry", False) else None
+    g.set_outputs([g.gated_delta_net(q, q, q, gb, gb, state=state, **kw)])
+
+
+def _conv(g: Graph, v: object) -> None:
+    ksize, reverse = v if isinstance(v, tuple) else (v, False)
+    g.set_outputs([g.depthwise_conv1d_causal(g.input("x", [1, 3, 4]), g.input("w", [4, ksize]), reverse=reverse)])
+
+
+def _scan(g: Graph, v: object) -> None:
+    kw = dict(v)  # type: ignore[call-overload]
+    fn = kw.pop("fn", "tanh")
+    body = Graph("step")
+    c, x = body.input("c", [4]), body.input("x", [4])
+    body.set_outputs([body.activation(fn, body.add_(c, x))])
+    length = kw.pop("length", 6)
+    xs = g.input("xs", [length, 4])
+    bc = [g.input("b", [4])] if kw.pop("bcast", False) else []
+    if bc:
+        body2 = Graph("step")
+        c2, b2, x2 = body2.input("c", [4]), body2.input("b", [4]), body2.input("x", [4])
+        body2.set_outputs([body2.activation(fn, body2.add_(body2.add_(c2, b2), x2))])
+        body = body2
+    if kw.pop("no_xs", False):  # the same step with x a broadcast input instead of a per-step row
+        g.set_outputs([g.scan(body, g.input("c0", [4]), bcasts=[g.input("b", [4])], length=length, **kw)])
+        return
+    g.set_outputs([g.scan(body, g.input("c0", [4]), xs=[xs], bcasts=bc, **kw)])
+
+
+def _cfn(g: Graph, v: object) -> None:
+    kw = dict(v)  # type: ignore[call-overload]
+    fwd = Graph("f")
+    fx = fwd.input("x", [4])
+    fwd.set_outputs([fwd.activation(kw.get("fn", "tanh"), fx)])
+    vjp = jvp = None
+    if kw.get("vjp"):
+        vjp = Graph("v")
+        vx, _, vd = vjp.input("x", [4]), vjp.input("primal_output", [4]), vjp.input("d_output", [4])
+        vjp.set_outputs([vjp.mul(vx, vd)])
+    if kw.get("jvp"):
+        jvp = Graph("j")
+        jx, jt = jvp.input("x", [4]), jvp.input("tangent_0", [4])
+        jvp.set_outputs([jvp.mul(jx, jt)])
+    g.set_outputs([g.custom_fn([g.input("x", [4])], fwd, vjp=vjp, jvp=jvp)])
+
+
 R = O.RegionStep
 # (what, op kind and field covered or None, builder, value a, value b)
 
@@ -248,6 +304,22 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("attention scale", ("attention", "scale"), _build_attention(), {"scale": None}, {"scale": 0.5}),
     ("attention kv heads", ("attention", "num_kv_heads"), _build_attention(),
      {"num_kv_heads": None}, {"num_kv_heads": 2}),
+    ("selective_scan state_size", ("selective_scan", "state_size"), _ssm, 4, 8),
+    ("gated_delta_net state_size", ("gated_delta_net", "state_size"), _gdn, {"n": 4}, {"n": 8}),
+    ("gated_delta_net carry", ("gated_delta_net", "carry_state"), _gdn, {}, {"carry": True}),
+    ("gated_delta_net scale", ("gated_delta_net", "scale"), _gdn, {}, {"scale": 0.5}),
+    ("conv kernel_size", ("depthwise_conv1d_causal", "kernel_size"), _conv, 3, 4),
+    ("conv reverse", ("depthwise_conv1d_causal", "reverse"), _conv, (3, False), (3, True)),
+    ("scan body", ("scan", "body"), _scan, {}, {"fn": "exp"}),
+    ("scan length", ("scan", "length"), _scan, {}, {"length": 7}),
+    ("scan bcasts", ("scan", "num_bcast"), _scan, {}, {"bcast": True}),
+    ("scan xs", ("scan", "num_xs"), _scan, {}, {"no_xs": True}),
+    ("scan trajectory", ("scan", "save_trajectory"), _scan, {}, {"save_trajectory": True}),
+    ("scan reverse", ("scan", "reverse"), _scan, {}, {"reverse": True}),
+    ("scan checkpoints", ("scan", "num_checkpoints"), _scan, {}, {"num_checkpoints": 2}),
+    ("custom_fn fwd", ("custom_fn", "fwd"), _cfn, {}, {"fn": "exp"}),
+    ("custom_fn vjp", ("custom_fn", "vjp"), _cfn, {}, {"vjp": True}),
+    ("custom_fn jvp", ("custom_fn", "jvp"), _cfn, {}, {"jvp": True}),
     ("input state", ("input", "state"),
      lambda g, v: g.set_outputs([g.activation("neg", g.add(O.Input("s", Shape.of([4]), state=v), name="s"))]),
      False, True),

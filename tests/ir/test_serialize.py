@@ -89,9 +89,33 @@ def every_op_graph() -> Graph:
     q4 = g.param("q4", [3, 20], "u8")  # three q4_1 rows of 32 values
     g.dequant_matmul(g.input("qx", [SEQ, 32]), q4, quant="q4_1")
     g.dequantize(g.gather(g.param("q8", [7, 34], "u8"), ids), quant="q8_0")
+    kc, vc = g.state("k_cache", [4, 40, 8]), g.state("v_cache", [4, 40, 8])
+    g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), kc, vc,
+                       g.input("positions", [BATCH], "i32"), num_heads=4, head_dim=4, num_kv_heads=2, scale=0.5)
+    h4 = g.reshape(x, [BATCH, SEQ, 4, 4])
+    s4 = g.reduce("mean", h4, [-1])
+    gdn = g.gated_delta_net(h4, h4, h4, s4, s4, scale=0.25)
+    conv = g.depthwise_conv1d_causal(x, g.param("cw", [16, 4]))
+    ssm = g.selective_scan(conv, conv, g.param("A", [16, 8]), g.narrow(x, 2, 0, 8), g.narrow(x, 2, 8, 8))
+    body = Graph("step")
+    bc, bx = body.input("c", [16]), body.input("x", [16])
+    body.set_outputs([body.activation("tanh", body.add_(bc, bx))])
+    row = g.reduce("mean", g.reshape(x, [BATCH * SEQ, 16]), [0])
+    scan = g.scan(body, row, xs=[g.reshape(x, [BATCH * SEQ, 16])], save_trajectory=True, reverse=True)
+    sq = Graph("sq")
+    sx = sq.input("x", [16])
+    sq.set_outputs([sq.mul(sx, sx)])
+    vj = Graph("sq_vjp")
+    vx, _, vd = vj.input("x", [16]), vj.input("primal_output", [16]), vj.input("d_output", [16])
+    vj.set_outputs([vj.mul(vj.mul(vx, vd), vj.constant(np.float32(2)))])
+    jv = Graph("sq_jvp")
+    jx, jt = jv.input("x", [16]), jv.input("tangent_0", [16])
+    jv.set_outputs([jv.mul(jv.mul(jx, jt), jv.constant(np.float32(2)))])
+    cfn = g.custom_fn([row], sq, vjp=vj, jvp=jv)
     ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
     g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
-    g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m})
+    g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm, "scan": scan,
+                   "cfn": cfn})
     return g
 
 
@@ -396,6 +420,19 @@ def _mk_rope(draw: Any, g: Graph) -> None:
     g.rope(x, c, c, head_dim=hd, n_rot=n_rot, variant=draw(st.sampled_from(O.ROPE_VARIANTS)))
 
 
+def _mk_cached_attention(draw: Any, g: Graph) -> None:
+    d, kv = draw(st.sampled_from([2, 4])), draw(st.sampled_from([1, 2]))
+    heads = kv * draw(st.sampled_from([1, 2]))
+    b, s = draw(_dims), draw(_dims)
+    n = len(g.nodes)
+    q = g.input(f"aq{n}", [b, s, heads * d])
+    k, v = g.input(f"ak{n}", [b, s, kv * d]), g.input(f"av{n}", [b, s, kv * d])
+    caches = [g.state(f"{which}{n}", [b.max, s.max + draw(st.integers(0, 8)), kv * d]) for which in ("kc", "vc")]
+    g.cached_attention(q, k, v, caches[0], caches[0] if draw(st.booleans()) else caches[1],
+                       g.input(f"ap{n}", [b], "i32"), num_heads=heads, head_dim=d, num_kv_heads=kv,
+                       scale=draw(st.none() | st.floats(0.1, 2)))
+
+
 def _mk_quant(draw: Any, g: Graph) -> None:
     from rlx.ir.quant import QUANT_FORMATS, row_bytes
 
@@ -420,6 +457,40 @@ def _mk_region(draw: Any, g: Graph) -> None:
     g.add(O.ElementwiseRegion(tuple(steps)), [a, b])
 
 
+def _mk_ssm(draw: Any, g: Graph) -> None:
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    s, n, h = draw(_dims), draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    tag = len(g.nodes)
+    kind = draw(st.integers(0, 2))
+    if kind == 0:
+        x, bc = g.input(f"sx{tag}", [2, s, h], dtype), g.input(f"sb{tag}", [2, s, n], dtype)
+        g.selective_scan(x, x, g.input(f"sa{tag}", [h, n], dtype), bc, bc)
+    elif kind == 1:
+        q, gb = g.input(f"gq{tag}", [1, s, h, n], dtype), g.input(f"gg{tag}", [1, s, h], dtype)
+        state = g.input(f"gs{tag}", [1, h, n, n], dtype) if draw(st.booleans()) else None
+        g.gated_delta_net(q, q, q, gb, gb, state=state, scale=draw(st.none() | st.floats(0.1, 2)))
+    else:
+        x = g.input(f"cx{tag}", [2, s, h], dtype)
+        pad = g.input(f"cp{tag}", [2, n - 1, h], dtype) if draw(st.booleans()) else None
+        g.depthwise_conv1d_causal(x, g.input(f"cw{tag}", [h, n], dtype), pad)
+
+
+def _mk_scan(draw: Any, g: Graph) -> None:
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    width = draw(st.integers(1, 4))
+    body = Graph(draw(_names))
+    c = body.input("c", [width], dtype)
+    x = body.input("x", [width], dtype)
+    body.set_outputs([body.activation(draw(st.sampled_from(["tanh", "neg", "exp"])), body.add_(c, x))])
+    tag = len(g.nodes)
+    init = g.input(f"si{tag}", [width], dtype)
+    if draw(st.booleans()):
+        g.scan(body, init, xs=[g.input(f"sxs{tag}", [draw(_dims), width], dtype)],
+               save_trajectory=draw(st.booleans()), reverse=draw(st.booleans()))
+    else:
+        g.custom_fn([init, init], body, vjp=None)
+
+
 def _mk_collective(draw: Any, g: Graph) -> None:
     x = _pick(draw, g, lambda s: s.dtype.value in FLOAT_DTYPES and s.rank >= 1)
     world, axis = draw(st.integers(1, 4)), draw(st.sampled_from([0, -1]))
@@ -429,7 +500,8 @@ def _mk_collective(draw: Any, g: Graph) -> None:
 
 
 MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
-          _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region]
+          _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region,
+          _mk_cached_attention, _mk_ssm, _mk_scan]
 
 
 @st.composite

@@ -41,7 +41,7 @@ def test_levels_progress() -> None:
     assert kinds(l1) == ["input", "param", "param", "transpose", "matmul", "binary", "activation"]
     assert kinds(l2) == ["input", "param", "param", "fused_matmul_bias_act"]
     assert str(l3) == str(l2)
-    assert PIPELINES[1] == ("fold", "simplify", "cse", "dce")
+    assert PIPELINES[1] == ("bodies", "fold", "simplify", "cse", "dce")
 
 
 def test_report_records_every_pass() -> None:

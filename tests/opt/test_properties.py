@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from rlx.opt.pipeline import PASSES, PIPELINES, abi, optimize
 
 EXACT_PASSES = ("fold", "simplify", "cse", "dce", "layout", "fuse_elementwise")
-ROUNDING_PASSES = ("fuse_swiglu", "fuse_matmul_epilogue", "fuse_residual_norm")
+# "bodies" runs the whole pipeline (fusions included) inside scan bodies
+ROUNDING_PASSES = ("fuse_swiglu", "fuse_matmul_epilogue", "fuse_residual_norm", "bodies")
 assert set(EXACT_PASSES + ROUNDING_PASSES) == set(PASSES)
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

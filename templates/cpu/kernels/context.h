@@ -13,11 +13,24 @@
  * keeps rlx_create from faulting in the whole arena and param storage up front. Blocks of
  * 2 MiB and more are huge-page aligned and advised as such (fewer TLB misses while weights
  * stream through the GEMMs); the advice is a hint the kernel may ignore. */
+static size_t rlx_alloc_align(size_t bytes)
+{
+    const size_t huge = (size_t)2 << 20;
+    return bytes >= huge ? huge : RLX_ALIGN;
+}
+
+/* The bytes rlx_alloc takes for a block of `bytes`. */
+static size_t rlx_alloc_size(size_t bytes)
+{
+    const size_t align = rlx_alloc_align(bytes);
+    return bytes ? (bytes + align - 1) / align * align : RLX_ALIGN;
+}
+
 static int rlx_alloc(char **out, size_t bytes)
 {
     const size_t huge = (size_t)2 << 20;
-    const size_t align = bytes >= huge ? huge : RLX_ALIGN;
-    const size_t n = bytes ? (bytes + align - 1) / align * align : RLX_ALIGN;
+    const size_t align = rlx_alloc_align(bytes);
+    const size_t n = rlx_alloc_size(bytes);
     void *p = NULL;
     if (posix_memalign(&p, align, n) != 0)
         return 1;
@@ -87,6 +100,21 @@ RLX_EXPORT void *rlx_clone(void *vsrc)
     memcpy(ctx->params, src->params, RLX_PARAMS_BYTES);
     memcpy(ctx->param_set, src->param_set, sizeof ctx->param_set);
     return ctx;
+}
+
+/* What the context holds, in bytes as allocated: out[0] arena, out[1] params, out[2] scratch (for the
+ * threads reserved so far), out[3] the context record itself. Returns 0, or 1 for a NULL argument. */
+RLX_EXPORT int32_t rlx_memory(void *vctx, int64_t *out)
+{
+    const rlx_ctx *ctx = (const rlx_ctx *)vctx;
+    if (!ctx || !out)
+        return 1;
+    const size_t scratch = (size_t)RLX_SCRATCH_SHARED + (size_t)ctx->scratch_threads * RLX_SCRATCH_PER_THREAD;
+    out[0] = (int64_t)rlx_alloc_size(RLX_ARENA_BYTES);
+    out[1] = (int64_t)rlx_alloc_size(RLX_PARAMS_BYTES);
+    out[2] = ctx->scratch ? (int64_t)rlx_alloc_size(scratch) : 0;
+    out[3] = (int64_t)sizeof *ctx;
+    return 0;
 }
 
 RLX_EXPORT const char *rlx_last_error(void *vctx)
