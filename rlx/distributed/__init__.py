@@ -5,12 +5,15 @@
 - `rlx.distributed.bundle`: `save_bundle` / `BundledEmbedder.load` — a compiled
   sentence embedder as files that load without compiling (what workers receive).
 - `rlx.distributed.ray_embed`: `embed_dataset(ds, model=...)` over Ray Data (needs `rlx[ray]`).
+- `rlx.distributed.tp`: `shard(embedder, tp=N)` (also `rlx.shard`) — Megatron-style tensor-parallel
+  BERT graphs with `all_reduce` nodes, run in the reference over the LocalTransport.
 """
 
 from __future__ import annotations
 
 from rlx.distributed.bundle import BundledEmbedder, save_bundle
 from rlx.distributed.corpus import CorpusError, embed_corpus, local_executor, read_embeddings
+from rlx.distributed.tp import shard, shard_bert
 
 
 def __getattr__(name: str) -> object:
@@ -23,4 +26,4 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = ["BundledEmbedder", "CorpusError", "embed_corpus", "embed_dataset", "local_executor",
-           "read_embeddings", "save_bundle"]
+           "read_embeddings", "save_bundle", "shard", "shard_bert"]
