@@ -172,3 +172,36 @@ def test_cli_embeds_a_corpus_and_resumes(tmp_path, model_dir, embedder, capsys):
     assert "(0 computed now, 3 from an earlier run)" in capsys.readouterr().out
     assert embed.main(["--input", str(src)]) == 2
     assert "needs both --input and --output" in capsys.readouterr().err
+
+
+def test_sigkill_between_shards_then_resume(tmp_path, bundle, model, expected):
+    """A real kill (SIGKILL, no cleanup) after two shards: the rerun keeps them and finishes the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    texts, want = expected
+    src = _write(tmp_path / "c.txt", texts, "txt")
+    out = tmp_path / "out"
+    code = f"""
+import os, signal
+from rlx.distributed import corpus
+from rlx.distributed.bundle import BundledEmbedder
+m = BundledEmbedder.load({str(bundle)!r})
+def on_shard(s):
+    if s.index == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+corpus.embed_corpus({str(src)!r}, {str(out)!r}, executor=corpus.local_executor(m), model_key=m.key, dim=m.dim,
+                    shard_size=100, progress=False, on_shard=on_shard)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(corpus.Path(corpus.__file__).parents[2]),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [corpus.JOB, "shard-00000.parquet", "shard-00001.parquet"]
+    res = _run(model, src, out, shard_size=100)
+    assert (res.computed, res.reused, res.rows) == (1, 2, N)
+    ids, emb = corpus.read_embeddings(out)
+    assert ids.tolist() == list(range(N))
+    np.testing.assert_allclose(emb, want, rtol=1e-5, atol=1e-6)
