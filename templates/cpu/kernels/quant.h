@@ -37,6 +37,17 @@ enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX
 /* Rows of X up to which the GEMV kernels run (beyond: dequantized panels and the GEMM kernel). */
 #define RLX_QGEMV_MAX_M 4
 
+/* Threads for a decode GEMV over `bytes` of weight blocks. Waking a team costs about as much as one
+ * core streaming half a megabyte of blocks, so smaller weights (every per-layer matrix of a
+ * SmolLM-sized model) run on the calling thread, and only large ones (the vocabulary projection)
+ * are split: a decode step then forks a few times instead of once per matmul. */
+#define RLX_QGEMV_BYTES_PER_THREAD ((int64_t)1 << 19)
+static inline int rlx_qgemv_threads(int nt, int64_t bytes)
+{
+    const int64_t useful = bytes / RLX_QGEMV_BYTES_PER_THREAD;
+    return useful < 1 ? 1 : (useful < nt ? (int)useful : nt);
+}
+
 /* Weight rows per prefill panel: the packed kernel's panel width (or 32 without one). */
 #ifdef RLX_NR
 #define RLX_QP RLX_NR
