@@ -48,6 +48,10 @@ def __getattr__(name: str) -> object:
         from rlx.frontends.onnx import from_onnx
 
         return from_onnx
+    if name == "shard":  # tensor parallelism (rlx.distributed.tp), lazily: it pulls in the BERT model code
+        from rlx.distributed.tp import shard
+
+        return shard
     raise AttributeError(f"module 'rlx' has no attribute {name!r}")
 
 
@@ -77,6 +81,7 @@ __all__ = [
     "Tracer",
     "cache",
     "from_onnx",
+    "shard",
     "load",
     "np",
     "optimize",

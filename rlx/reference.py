@@ -31,11 +31,12 @@ from rlx.errors import ExecutionError
 from rlx.ir import ops as O
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
+from rlx.ir import transport
 from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
 from rlx.ir.quant import dequantize as dequantize_blocks
 from rlx.ir.quant import q8_act_terms
-from rlx.ir.shape import Shape
+from rlx.ir.shape import Shape, normalize_axis
 from rlx.ir.view import movement_view
 
 _erfc = np.frompyfunc(math.erfc, 1, 1)
@@ -662,3 +663,52 @@ def _eval_node(node: Node, values: dict[int, np.ndarray], inputs: Mapping[str, n
     if leaf is not None:
         return leaf(node.op, inputs, params)
     return evaluate(node.op, [values[i] for i in node.inputs], node.shape, symbols, in_shapes)
+
+
+# ── collectives (the ranks of one run meet in rlx/ir/transport.py) ──
+
+
+@evaluates(O.AllReduce)
+def _eval_all_reduce(op: O.AllReduce, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(_rank(op.world).all_reduce(args[0], op.reduce), shape.dtype)
+
+
+@evaluates(O.AllGather)
+def _eval_all_gather(op: O.AllGather, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _rank(op.world).all_gather(args[0], normalize_axis(op.axis, args[0].ndim))
+
+
+@evaluates(O.ReduceScatter)
+def _eval_reduce_scatter(op: O.ReduceScatter, args: list, shape: Shape, symbols: dict,
+                         in_shapes: object) -> np.ndarray:
+    axis = normalize_axis(op.axis, args[0].ndim)
+    return _finish(_rank(op.world).reduce_scatter(args[0], op.reduce, axis), shape.dtype)
+
+
+def _rank(world: int) -> transport.RankHandle:
+    # A collective's value needs every rank's: the calling thread's rank within run_ranks.
+    handle = transport.current()
+    if handle.world != world:
+        raise ExecutionError(f"collective for world {world} ran among {handle.world} ranks")
+    return handle
+
+
+def run_ranks(graphs: Graph | Sequence[Graph], inputs: Sequence[Mapping[str, np.ndarray]],
+              params: Sequence[Mapping[str, np.ndarray]] | None = None) -> list[list[np.ndarray]]:
+    """Evaluate a multi-rank program: rank r runs `graphs[r]` (or the one graph) on `inputs[r]`, `params[r]`.
+
+    The ranks run as threads over a `LocalTransport` (rlx/ir/transport.py); their collective
+    ops meet there. Returns each rank's outputs, in rank order.
+
+    >>> g = Graph("sum")
+    >>> x = g.input("x", [2])
+    >>> g.set_outputs([g.add(O.AllReduce(world=2), [x])])
+    >>> [o[0].tolist() for o in run_ranks(g, [{"x": np.ones(2, np.float32)}, {"x": np.full(2, 2, np.float32)}])]
+    [[3.0, 3.0], [3.0, 3.0]]
+    """
+    world = len(inputs)
+    per_rank = [graphs] * world if isinstance(graphs, Graph) else list(graphs)
+    if len(per_rank) != world or (params is not None and len(params) != world):
+        raise ExecutionError(f"run_ranks needs one graph, input dict and param dict per rank; got {len(per_rank)} "
+                             f"graphs, {world} input dicts, {len(params) if params is not None else 0} param dicts")
+    return transport.run_ranks(world, lambda r: run(per_rank[r], inputs[r], params[r] if params else None))

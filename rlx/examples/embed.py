@@ -3,6 +3,12 @@
     python -m rlx.examples.embed "A man is eating food." "A man is riding a horse."
     rlxc embed --model path/to/bert-dir "first sentence" "second sentence"
 
+With `--input corpus.{txt,jsonl,parquet} --output out.parquet` it embeds a whole
+corpus instead (`rlx.distributed.corpus`): streamed in shards, a progress bar with
+sentences/s, embeddings and ids written as a Parquet dataset directory, resumable;
+`--ray [ADDRESS]` runs the shards on a Ray cluster (workers load the compiled
+bundle, never compile).
+
 Tokenizes with the model's `tokenizer.json`, compiles the encoder (through
 the AOT cache: the second run loads the built library), prints the
 embeddings' shape, the pairwise cosine similarity matrix and the time per
@@ -43,6 +49,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq", type=int, default=256, help="sequence bound of the compiled graph (default 256)")
     p.add_argument("--max-batch", type=int, default=32, help="batch bound of the compiled graph (default 32)")
     p.add_argument("--repeat", type=int, default=10, help="timed runs after the warm-up (default 10)")
+    c = p.add_argument_group("corpus", "embed a corpus file into Parquet (rlx.distributed.corpus)")
+    c.add_argument("--input", metavar="FILE", help="corpus: .txt (a text a line), .jsonl or .parquet")
+    c.add_argument("--output", metavar="DIR", help="output Parquet dataset directory (resumed when it exists)")
+    c.add_argument("--text-field", default="text", help="JSON field / Parquet column of the text (default text)")
+    c.add_argument("--id-field", default=None, help="field / column of the id (default: the record number)")
+    c.add_argument("--batch-size", type=int, default=None, help="sentences per run (default: --max-batch)")
+    c.add_argument("--shard-size", type=int, default=4096, help="records per output shard (default 4096)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run on Ray: a new local cluster, or the cluster at ADDRESS (needs rlx[ray])")
+    c.add_argument("--workers", type=int, default=2, help="Ray actors, one model each (default 2)")
     return p
 
 
@@ -76,10 +93,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         for flag, value in (("--repeat", args.repeat), ("--max-seq", args.max_seq), ("--max-batch", args.max_batch)):
             if value < 1:
                 raise RlxError(f"{flag} must be >= 1, got {value}")
+        if args.input is not None or args.output is not None:
+            return _run_corpus(args)
         return _run(args, sentences)
     except RlxError as exc:
         print(f"rlxc embed: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _run_corpus(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from rlx.distributed import corpus
+    from rlx.distributed.bundle import BundledEmbedder, save_bundle
+    from rlx.models.embedder import SentenceEmbedder, default_model_dir
+
+    if args.input is None or args.output is None:
+        raise RlxError("corpus embedding needs both --input and --output")
+    if args.sentences:
+        raise RlxError("give sentences or --input, not both")
+    if args.device == "reference":
+        raise RlxError("corpus embedding runs a compiled model: --device cpu or cuda")
+    batch = args.batch_size if args.batch_size is not None else args.max_batch
+    for flag, value in (("--batch-size", batch), ("--shard-size", args.shard_size), ("--workers", args.workers)):
+        if value < 1:
+            raise RlxError(f"{flag} must be >= 1, got {value}")
+    corpus.input_format(args.input)  # a bad extension fails before the model is loaded
+    model_dir = args.model if args.model is not None else default_model_dir()
+    emb = SentenceEmbedder.from_pretrained(model_dir, device=args.device, max_seq=args.max_seq, max_batch=batch)
+    with tempfile.TemporaryDirectory(prefix="rlx-bundle-") as tmp:
+        bundle = save_bundle(emb, tmp)  # compiles through the AOT cache: a second run loads
+        model = BundledEmbedder.load(bundle)
+        if args.ray is not None:
+            from rlx.distributed.ray_embed import ray_executor
+
+            executor = ray_executor(bundle, address=args.ray or None, workers=args.workers)
+        else:
+            executor = corpus.local_executor(model)
+        result = corpus.embed_corpus(args.input, args.output, executor=executor, model_key=model.key,
+                                     dim=model.dim, text_field=args.text_field, id_field=args.id_field,
+                                     shard_size=args.shard_size, progress=not args.no_progress)
+    print(f"{result.output}: {result.rows} embeddings of size {model.dim} in {result.shards} shards "
+          f"({result.computed} computed now, {result.reused} from an earlier run)")
+    return 0
 
 
 def _run(args: argparse.Namespace, sentences: list[str]) -> int:

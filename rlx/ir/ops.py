@@ -19,6 +19,7 @@ from rlx.errors import IRError, ShapeError
 from rlx.ir.dtype import DType
 from rlx.ir.quant import Q8_ACT_FORMATS, QUANT_FORMATS, QuantFormat
 from rlx.ir.shape import Dim, Shape, broadcast_dims, normalize_axis, product
+from rlx.ir.transport import COLLECTIVE_REDUCES
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "exp", "log", "sqrt",
                "rsqrt", "neg", "abs", "sin", "cos", "softplus")
@@ -878,6 +879,76 @@ class ElementwiseRegion(Op):
         return "elementwise_region[" + "; ".join(
             f"v{n_in + i}={s.op.describe()}({','.join(f'v{a}' for a in s.args)})" for i, s in enumerate(self.steps)
         ) + "]"
+
+
+# ── collectives (across ranks; rlx/ir/transport.py runs them on CPU threads) ──
+
+COLLECTIVE_DTYPES = (DType.F32, DType.F16, DType.BF16)
+
+
+def _check_collective(kind: str, x: Shape, world: int, reduce: str | None) -> None:
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ShapeError(f"{kind} world must be a positive int, got {world!r}")
+    if reduce is not None and reduce not in COLLECTIVE_REDUCES:
+        raise ShapeError(f"{kind} reduce must be one of {COLLECTIVE_REDUCES}, got {reduce!r}")
+    if x.dtype not in COLLECTIVE_DTYPES:
+        raise ShapeError(f"{kind} supports {', '.join(d.value for d in COLLECTIVE_DTYPES)}, got {x}")
+
+
+@dataclass(frozen=True)
+class AllReduce(Op):
+    """Every rank gets the elementwise `reduce` (sum/max) of all `world` ranks' inputs (same shape)."""
+
+    kind: ClassVar[str] = "all_reduce"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    world: int
+    reduce: str = "sum"
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        _check_collective(self.kind, inputs[0], self.world, self.reduce)
+        return inputs[0]
+
+
+@dataclass(frozen=True)
+class AllGather(Op):
+    """Every rank gets all ranks' inputs concatenated along `axis` (static there), in rank order."""
+
+    kind: ClassVar[str] = "all_gather"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    world: int
+    axis: int = 0
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x = inputs[0]
+        _check_collective(self.kind, x, self.world, None)
+        axis = normalize_axis(self.axis, x.rank, "all_gather axis")
+        if not x.dims[axis].is_static:
+            raise ShapeError(f"all_gather along dynamic axis {axis} is not supported: {x}")
+        dims = list(x.dims)
+        dims[axis] = Dim(x.dims[axis].value * self.world)
+        return x.with_dims(dims)
+
+
+@dataclass(frozen=True)
+class ReduceScatter(Op):
+    """Rank r gets block r (of `world` equal blocks along `axis`) of the all-reduced input."""
+
+    kind: ClassVar[str] = "reduce_scatter"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    world: int
+    reduce: str = "sum"
+    axis: int = 0
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x = inputs[0]
+        _check_collective(self.kind, x, self.world, self.reduce)
+        axis = normalize_axis(self.axis, x.rank, "reduce_scatter axis")
+        n = x.dims[axis]
+        if not n.is_static or n.value % self.world:
+            raise ShapeError(f"reduce_scatter axis {axis} must be static and divisible by world {self.world}: {x}")
+        dims = list(x.dims)
+        dims[axis] = Dim(n.value // self.world)
+        return x.with_dims(dims)
 
 
 LEAF_KINDS = frozenset({"input", "param", "constant"})

@@ -250,6 +250,11 @@ def _cfn(g: Graph, v: object) -> None:
 
 R = O.RegionStep
 # (what, op kind and field covered or None, builder, value a, value b)
+
+def _collective(make: Callable[[object], O.Op]) -> Build:
+    """A [4, 4] input through one collective op."""
+    return lambda g, v: g.set_outputs([g.add(make(v), [g.input("x", [4, 4])])])
+
 CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("input name", ("input", "name"), lambda g, v: g.set_outputs([g.input(v, [4])]), "x", "y"),
     ("input dims", ("input", "shape"), lambda g, v: _one(dims=v)(g, None), [4], [5]),
@@ -340,6 +345,14 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
      _fused(lambda v: O.FusedResidualLayerNorm(v), 4, [[2, 4], [2, 4], [4], [4]]), 1e-5, 1e-12),
     ("fused residual rms", ("fused_residual_rms_norm", "eps"),
      _fused(lambda v: O.FusedResidualRmsNorm(v), 3, [[2, 4], [2, 4], [4]]), 1e-5, 1e-6),
+    ("all_reduce world", ("all_reduce", "world"), _collective(lambda v: O.AllReduce(world=v)), 2, 4),
+    ("all_reduce reduce", ("all_reduce", "reduce"), _collective(lambda v: O.AllReduce(2, v)), "sum", "max"),
+    ("all_gather world", ("all_gather", "world"), _collective(lambda v: O.AllGather(world=v)), 2, 4),
+    ("all_gather axis", ("all_gather", "axis"), _collective(lambda v: O.AllGather(2, axis=v)), 0, 1),
+    ("reduce_scatter world", ("reduce_scatter", "world"), _collective(lambda v: O.ReduceScatter(v)), 2, 4),
+    ("reduce_scatter reduce", ("reduce_scatter", "reduce"), _collective(lambda v: O.ReduceScatter(2, v)),
+     "sum", "max"),
+    ("reduce_scatter axis", ("reduce_scatter", "axis"), _collective(lambda v: O.ReduceScatter(2, axis=v)), 0, 1),
     ("region op", ("elementwise_region", "steps"), _region,
      (R(O.Binary("add"), (0, 1)), R(O.Activation("relu"), (2,))),
      (R(O.Binary("add"), (0, 1)), R(O.Activation("tanh"), (2,)))),

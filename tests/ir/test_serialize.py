@@ -112,6 +112,8 @@ def every_op_graph() -> Graph:
     jx, jt = jv.input("x", [16]), jv.input("tangent_0", [16])
     jv.set_outputs([jv.mul(jv.mul(jx, jt), jv.constant(np.float32(2)))])
     cfn = g.custom_fn([row], sq, vjp=vj, jvp=jv)
+    ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
+    g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
     g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm, "scan": scan,
                    "cfn": cfn})
     return g
@@ -489,7 +491,15 @@ def _mk_scan(draw: Any, g: Graph) -> None:
         g.custom_fn([init, init], body, vjp=None)
 
 
-MAKERS = [_mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
+def _mk_collective(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype.value in FLOAT_DTYPES and s.rank >= 1)
+    world, axis = draw(st.integers(1, 4)), draw(st.sampled_from([0, -1]))
+    op = draw(st.sampled_from([O.AllReduce(world, draw(st.sampled_from(["sum", "max"]))),
+                               O.AllGather(world, axis), O.ReduceScatter(world, "sum", axis)]))
+    g.add(op, [x])
+
+
+MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
           _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region,
           _mk_cached_attention, _mk_ssm, _mk_scan]
 

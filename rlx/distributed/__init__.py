@@ -1,0 +1,29 @@
+"""Beyond one process: corpus embedding to Parquet, and the same on a Ray cluster.
+
+- `rlx.distributed.corpus`: `embed_corpus` streams a .txt/.jsonl/.parquet corpus in
+  shards, writes each atomically, resumes after an interruption (`rlxc embed --input`).
+- `rlx.distributed.bundle`: `save_bundle` / `BundledEmbedder.load` — a compiled
+  sentence embedder as files that load without compiling (what workers receive).
+- `rlx.distributed.ray_embed`: `embed_dataset(ds, model=...)` over Ray Data (needs `rlx[ray]`).
+- `rlx.distributed.tp`: `shard(embedder, tp=N)` (also `rlx.shard`) — Megatron-style tensor-parallel
+  BERT graphs with `all_reduce` nodes, run in the reference over the LocalTransport.
+"""
+
+from __future__ import annotations
+
+from rlx.distributed.bundle import BundledEmbedder, save_bundle
+from rlx.distributed.corpus import CorpusError, embed_corpus, local_executor, read_embeddings
+from rlx.distributed.tp import shard, shard_bert
+
+
+def __getattr__(name: str) -> object:
+    # Ray is optional: rlx.distributed.embed_dataset imports it only when asked for.
+    if name == "embed_dataset":
+        from rlx.distributed.ray_embed import embed_dataset
+
+        return embed_dataset
+    raise AttributeError(f"module 'rlx.distributed' has no attribute {name!r}")
+
+
+__all__ = ["BundledEmbedder", "CorpusError", "embed_corpus", "embed_dataset", "local_executor",
+           "read_embeddings", "save_bundle", "shard", "shard_bert"]
