@@ -227,7 +227,7 @@ def quantize_act_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     activation quantization of `dequant_matmul(act="q8")`, the same in every kernel.
 
     >>> q, d = quantize_act_q8(np.arange(32, dtype=np.float32))
-    >>> int(q[-1]), float(d[0]) == np.float32(31) / np.float32(127)
+    >>> int(q[-1]), bool(float(d[0]) == np.float32(31) / np.float32(127))
     (127, True)
     """
     xf = np.asarray(x, dtype=np.float32)

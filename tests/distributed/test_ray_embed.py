@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("ray.data")
-pytest.importorskip("pyarrow")
+from rlx.distributed import corpus, embed_dataset
+from rlx.distributed.bundle import BundledEmbedder
 
-from rlx.distributed import corpus, embed_dataset  # noqa: E402
-from rlx.distributed.bundle import BundledEmbedder  # noqa: E402
+from .conftest import sentences
 
-from .conftest import sentences  # noqa: E402
+# Collected everywhere (tests/test_collection.py); run where the optional `ray[data]` and pyarrow are.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None or importlib.util.find_spec("pyarrow") is None,
+    reason="ray[data] and pyarrow are optional (pip install 'rlx[ray]')")
+if importlib.util.find_spec("ray") is not None:
+    import ray
+    import ray.data
 
 N = 4000
 

@@ -13,12 +13,12 @@ import pytest
 
 import rlx
 
-if platform.system() != "Darwin":
-    pytest.skip("the Metal host runs on macOS only", allow_module_level=True)
-pytest.importorskip("Metal", reason="pyobjc-framework-Metal is not installed (pip install 'rlx[metal]')")
+# Collected everywhere (tests/test_collection.py); runs on macOS only.
+pytestmark = pytest.mark.skipif(platform.system() != "Darwin", reason="the Metal host runs on macOS only")
 
 
 def test_metal_session_matches_the_reference():
+    pytest.importorskip("Metal", reason="pyobjc-framework-Metal is not installed (pip install 'rlx[metal]')")
     from rlx.toolchain.metal import find_metal_toolchain
 
     if find_metal_toolchain() is None:
