@@ -24,6 +24,7 @@
 #define RLX_KERNELS_QUANT_H
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -37,14 +38,28 @@ enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX
 /* Rows of X up to which the GEMV kernels run (beyond: dequantized panels and the GEMM kernel). */
 #define RLX_QGEMV_MAX_M 4
 
-/* Threads for a decode GEMV over `bytes` of weight blocks. Waking a team costs about as much as one
- * core streaming half a megabyte of blocks, so smaller weights (every per-layer matrix of a
- * SmolLM-sized model) run on the calling thread, and only large ones (the vocabulary projection)
- * are split: a decode step then forks a few times instead of once per matmul. */
+/* Threads for a decode GEMV over `bytes` of weight blocks. With sleeping OpenMP threads (RLX's
+ * default wait policy, passive) waking a team costs about as much as one core streaming half a
+ * megabyte of blocks, so smaller weights (every per-layer matrix of a SmolLM-sized model) run on the
+ * calling thread and only large ones (the vocabulary projection) are split. With spinning threads
+ * (RLX_OMP_WAIT=active, for a dedicated machine) a fork is cheap and 32 KB per thread pays. */
 #define RLX_QGEMV_BYTES_PER_THREAD ((int64_t)1 << 19)
+#define RLX_QGEMV_BYTES_PER_SPINNING_THREAD ((int64_t)1 << 15)
+static inline int rlx_team_spins(void)
+{
+    static int cached = -1;  /* -1: not read yet; every thread computes the same value */
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *policy = getenv("OMP_WAIT_POLICY");
+        v = policy != NULL && (policy[0] == 'a' || policy[0] == 'A');
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
 static inline int rlx_qgemv_threads(int nt, int64_t bytes)
 {
-    const int64_t useful = bytes / RLX_QGEMV_BYTES_PER_THREAD;
+    const int64_t per = rlx_team_spins() ? RLX_QGEMV_BYTES_PER_SPINNING_THREAD : RLX_QGEMV_BYTES_PER_THREAD;
+    const int64_t useful = bytes / per;
     return useful < 1 ? 1 : (useful < nt ? (int)useful : nt);
 }
 
