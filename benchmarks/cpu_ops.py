@@ -30,11 +30,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
+import timing  # benchmarks/timing.py (a script's own folder is on sys.path)
 
 
 def _gelu_tanh_np(x: np.ndarray) -> np.ndarray:
@@ -48,31 +48,8 @@ def _sigmoid_np(x: np.ndarray) -> np.ndarray:
 SETTLE_SECONDS = 0.25
 
 
-def _timed(fn: Callable[[], object], min_seconds: float = 0.05) -> float:
-    """Seconds per call of fn, from one sample of enough back-to-back calls to last min_seconds."""
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = time.perf_counter() - t0
-        if dt >= min_seconds:
-            return dt / n
-        n = max(n * 2, int(n * min_seconds / max(dt, 1e-9)) + 1)
-
-
 def round_robin(peers: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    for fn in peers.values():  # warm up: first calls fault pages in and spin up thread pools
-        fn()
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in peers}
-    for _ in range(rounds):
-        for name, fn in peers.items():
-            # Let the previous peer's thread pool go idle: OpenBLAS workers spin ~0.1 s after a call
-            # and would steal the cores from whoever runs next.
-            time.sleep(SETTLE_SECONDS)
-            samples[name].append(_timed(fn))
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return timing.round_robin(peers, rounds, SETTLE_SECONDS)
 
 
 def blas_sgemm(threads: int) -> Callable[..., None] | None:
@@ -112,7 +89,7 @@ def _best_time(fn: Callable[[], object], seconds: float) -> float:
     best = float("inf")
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        best = min(best, _timed(fn, min_seconds=0.02))
+        best = min(best, timing.timed(fn, min_seconds=0.02))
     return best
 
 

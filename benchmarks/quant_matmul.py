@@ -23,40 +23,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
+import timing  # benchmarks/timing.py (a script's own folder is on sys.path)
 
 SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))  # (N, K)
 ROWS = (1, 256)
 SETTLE_SECONDS = 0.2
 
 
-def _timed(fn: Callable[[], object], min_seconds: float = 0.05) -> float:
-    """Seconds per call of fn, from one sample of enough back-to-back calls to last min_seconds."""
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = time.perf_counter() - t0
-        if dt >= min_seconds:
-            return dt / n
-        n = max(n * 2, int(n * min_seconds / max(dt, 1e-9)) + 1)
-
-
 def round_robin(peers: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    for fn in peers.values():  # warm up: page faults, thread pools
-        fn()
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in peers}
-    for _ in range(rounds):
-        for name, fn in peers.items():
-            time.sleep(SETTLE_SECONDS)
-            samples[name].append(_timed(fn))
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return timing.round_robin(peers, rounds, SETTLE_SECONDS)
 
 
 def main() -> None:

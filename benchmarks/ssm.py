@@ -27,37 +27,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
+import timing  # benchmarks/timing.py (a script's own folder is on sys.path)
 
 SETTLE_SECONDS = 0.2
 
 
-def _timed(fn: Callable[[], object], min_seconds: float = 0.05) -> float:
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = time.perf_counter() - t0
-        if dt >= min_seconds:
-            return dt / n
-        n = max(n * 2, int(n * min_seconds / max(dt, 1e-9)) + 1)
-
-
 def round_robin(peers: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    for fn in peers.values():
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in peers}
-    for _ in range(rounds):
-        for name, fn in peers.items():
-            time.sleep(SETTLE_SECONDS)
-            samples[name].append(_timed(fn))
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return timing.round_robin(peers, rounds, SETTLE_SECONDS)
 
 
 # ── numpy peers ─────────────────────────────────────────────────────────

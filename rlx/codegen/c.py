@@ -41,10 +41,12 @@ from rlx.codegen.cpu_base import (
     CPU,
     GRAIN,
     PACK_NR_MAX,
+    align64,
     c_string,
     c_string_lines,
     comment,
     node_header,
+    round_up,
 )
 from rlx.codegen.registry import Kernel, float32_only
 from rlx.errors import BuildError
@@ -521,7 +523,7 @@ class _Planner:
                     dims[-2], dims[-1] = dims[-1], dims[-2]
                     src_strides[-2], src_strides[-1] = src_strides[-1], src_strides[-2]
                 k, n = dims[-2], dims[-1]
-                mat = k * _round_up(n, PACK_NR_MAX)
+                mat = k * round_up(n, PACK_NR_MAX)
                 self.packed_mat[spec.node] = mat
                 storage = math.prod(dims[:-2]) * mat * stored.dtype.itemsize
                 mode, note = "pack", " (packed for the GEMM kernel on set)"
@@ -881,10 +883,10 @@ class _Planner:
         h, hkv, d = op.num_heads, op.kv_heads, op.head_dim
         skv_max = k.dims[1].max
         # per thread: the score tile, K^T and V of one head in panels padded to PACK_NR_MAX, a mask row
-        kp_offset = _align64(ATTN_QBLOCK * skv_max * 4)
-        vp_offset = kp_offset + _align64(d * _round_up(skv_max, PACK_NR_MAX) * 4)
-        row_offset = vp_offset + _align64(skv_max * _round_up(d, PACK_NR_MAX) * 4)
-        scratch = row_offset + _align64(skv_max * 4)
+        kp_offset = align64(ATTN_QBLOCK * skv_max * 4)
+        vp_offset = kp_offset + align64(d * round_up(skv_max, PACK_NR_MAX) * 4)
+        row_offset = vp_offset + align64(skv_max * round_up(d, PACK_NR_MAX) * 4)
+        scratch = row_offset + align64(skv_max * 4)
         self.scratch_per_thread = max(self.scratch_per_thread, scratch)
         mask = AttentionMask(op.mask)
         if op.mask == "padding":
@@ -980,12 +982,6 @@ def _add_rows(offset: Dim, row: Dim) -> Dim:
     return Dim(offset.coeff + row.coeff, offset.symbols)
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _align64(nbytes: int) -> int:
-    return _round_up(nbytes, 64)
 
 
 def _elem_type(size: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import ATTN_QBLOCK, CPU, PACK_NR_MAX, c_string, node_header
+from rlx.codegen.cpu_base import ATTN_QBLOCK, CPU, PACK_NR_MAX, align64, c_string, node_header, round_up
 from rlx.codegen.registry import Kernel, float32_only
 from rlx.ir import ops as O
 from rlx.ir.graph import Node
@@ -44,12 +44,6 @@ class KvAttentionArgs:
     vp_offset: int
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _align64(nbytes: int) -> int:
-    return _round_up(nbytes, 64)
 
 
 def emit_kv_attention(em, node: Node) -> Kernel:
@@ -59,9 +53,9 @@ def emit_kv_attention(em, node: Node) -> Kernel:
     q = em.node(q_id).shape
     capacity = em.node(kc_id).shape.dims[1].value
     # per thread: the score tile (qblock x capacity), then K^T and V of one kv head in packed panels
-    kp_offset = _align64(ATTN_QBLOCK * capacity * 4)
-    vp_offset = kp_offset + _align64(op.head_dim * _round_up(capacity, PACK_NR_MAX) * 4)
-    scratch = vp_offset + _align64(capacity * _round_up(op.head_dim, PACK_NR_MAX) * 4)
+    kp_offset = align64(ATTN_QBLOCK * capacity * 4)
+    vp_offset = kp_offset + align64(op.head_dim * round_up(capacity, PACK_NR_MAX) * 4)
+    scratch = vp_offset + align64(capacity * round_up(op.head_dim, PACK_NR_MAX) * 4)
     label = c_string(f"%{node.id} {node.kind}" + (f" ({node.name[:60]})" if node.name else ""))
     args = KvAttentionArgs(
         label=label, q=em.ptr(q_id), k=em.ptr(k_id), v=em.ptr(v_id),

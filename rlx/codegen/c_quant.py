@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import CPU, GRAIN, PACK_NR_MAX, c_string, node_header
+from rlx.codegen.cpu_base import CPU, GRAIN, PACK_NR_MAX, align64, c_string, node_header
 from rlx.codegen.registry import Kernel
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
@@ -82,9 +82,6 @@ class DequantizeArgs:
     grain: int
 
 
-def _align64(nbytes: int) -> int:
-    return -(-nbytes // 64) * 64
-
 
 def _label(node: Node) -> str:
     return c_string(f"%{node.id} {node.kind}" + (f" ({node.name[:60]})" if node.name else ""))
@@ -99,14 +96,14 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     k, n = x.dims[-1].value, w.dims[0].value
     # per thread: a prefill panel (K x the widest packed panel, 64-byte aligned for the kernel's
     # aligned loads), one dequantized weight row, then the block sums of up to GEMV_MAX_M rows of X
-    wrow_offset = _align64(k * PACK_NR_MAX * 4)
-    xsum_offset = wrow_offset + _align64(k * 4)
-    scratch = xsum_offset + _align64(GEMV_MAX_M * (k // 32) * 4)
+    wrow_offset = align64(k * PACK_NR_MAX * 4)
+    xsum_offset = wrow_offset + align64(k * 4)
+    scratch = xsum_offset + align64(GEMV_MAX_M * (k // 32) * 4)
     # act="q8": the quantized activations (int8 rows, then two floats per block) are shared by the threads
     rows_max = product(x.dims[:-1]).max
-    xd_offset = _align64(rows_max * k)
-    xs_offset = xd_offset + _align64(rows_max * (k // 32) * 4)
-    shared = xs_offset + _align64(rows_max * (k // 32) * 4) if op.act == "q8" else 0
+    xd_offset = align64(rows_max * k)
+    xs_offset = xd_offset + align64(rows_max * (k // 32) * 4)
+    shared = xs_offset + align64(rows_max * (k // 32) * 4) if op.act == "q8" else 0
     label = _label(node)
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from rlx.ir.shape import Dim
+from rlx.ir.shape import Dim, product
+from rlx.ir.view import View
 
 
 def dim_expr(d: Dim, sym_index: Mapping[str, int], literal: Callable[[int], str], sym: str = "sym") -> str:
@@ -24,3 +25,44 @@ def dim_expr(d: Dim, sym_index: Mapping[str, int], literal: Callable[[int], str]
     if d.coeff != 1:
         terms.insert(0, literal(d.coeff))
     return terms[0] if len(terms) == 1 else "(" + " * ".join(terms) + ")"
+
+
+def broadcast_index(in_dims: tuple[Dim, ...], out_dims: tuple[Dim, ...], idx: str, dim: Callable[[Dim], str]) -> str:
+    """Index expression into an input of `in_dims` for flat output index `i` (numpy broadcasting).
+
+    Output axes group into runs that the input either walks (its broadcast strides are nonzero) or
+    repeats; each walked run contributes `(i / ostride % size) * istride`. `idx` is the index type
+    the expression computes in, `dim` renders a dimension in the backend's kernel code.
+
+    >>> broadcast_index((Dim(3), Dim(1)), (Dim(3), Dim(4)), "int64_t", lambda d: str(d))
+    '(i / (int64_t)4)'
+    """
+    if (Dim(1),) * (len(out_dims) - len(in_dims)) + tuple(in_dims) == tuple(out_dims):
+        return "i"
+    if all(d == 1 for d in in_dims):
+        return "0"
+    view = View.dense(in_dims).broadcast_to(out_dims)
+    out_strides = View.dense(out_dims).strides
+    groups: list[tuple[bool, list[int]]] = []
+    for k, d in enumerate(out_dims):
+        if d == 1:
+            continue
+        bcast = view.is_broadcast(k)
+        if groups and groups[-1][0] == bcast:
+            groups[-1][1].append(k)
+        else:
+            groups.append((bcast, [k]))
+    terms = []
+    for gi, (bcast, ks) in enumerate(groups):
+        if bcast:
+            continue
+        size = product(out_dims[k] for k in ks)
+        ostride, istride = out_strides[ks[-1]], view.strides[ks[-1]]
+        term = "i" if ostride == 1 else f"(i / ({idx}){dim(ostride)})"
+        if gi > 0:
+            term = f"({term} % ({idx}){dim(size)})"
+        if istride != 1:
+            term = f"{term} * ({idx}){dim(istride)}"
+        terms.append(term)
+    return " + ".join(terms) if terms else "0"
+

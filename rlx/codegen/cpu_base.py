@@ -68,3 +68,14 @@ def c_string_lines(text: str, width: int = 100) -> list[str]:
     """`text` as a sequence of adjacent string literals of bounded width."""
     chunks = [text[i:i + width] for i in range(0, len(text), width)] or [""]
     return [c_string(c) for c in chunks]
+
+
+def round_up(n: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= n."""
+    return -(-n // multiple) * multiple
+
+
+def align64(nbytes: int) -> int:
+    """`nbytes` rounded up to a cache line (scratch regions start 64-byte aligned)."""
+    return round_up(nbytes, 64)
+

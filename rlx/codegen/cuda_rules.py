@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlx.codegen.c import comment
+from rlx.codegen.common import broadcast_index
 from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, _VTYPE, CudaEmitter, Launch, NdArgs, _act, _float_c, category
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
@@ -324,39 +325,8 @@ def _reduce_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) ->
 
 
 def _bcast_index(e: CudaEmitter, in_dims: tuple[Dim, ...], out_dims: tuple[Dim, ...], idx: str) -> str:
-    """Index into an input of `in_dims` for flat output index `i` (numpy broadcasting).
-
-    Output axes group into runs that the input either walks (its broadcast strides are nonzero) or repeats;
-    each walked run contributes `(i / ostride % size) * istride`.
-    """
-    view = View.dense(in_dims).broadcast_to(out_dims)
-    if (Dim(1),) * (len(out_dims) - len(in_dims)) + tuple(in_dims) == tuple(out_dims):
-        return "i"
-    if all(d == 1 for d in in_dims):
-        return "0"
-    out_strides = View.dense(out_dims).strides
-    groups: list[tuple[bool, list[int]]] = []
-    for k, d in enumerate(out_dims):
-        if d == 1:
-            continue
-        bcast = view.is_broadcast(k)
-        if groups and groups[-1][0] == bcast:
-            groups[-1][1].append(k)
-        else:
-            groups.append((bcast, [k]))
-    terms = []
-    for gi, (bcast, ks) in enumerate(groups):
-        if bcast:
-            continue
-        size = product(out_dims[k] for k in ks)
-        ostride, istride = out_strides[ks[-1]], view.strides[ks[-1]]
-        term = "i" if ostride == 1 else f"(i / ({idx}){e.dim(ostride, 'sy.v')})"
-        if gi > 0:
-            term = f"({term} % ({idx}){e.dim(size, 'sy.v')})"
-        if istride != 1:
-            term = f"{term} * ({idx}){e.dim(istride, 'sy.v')}"
-        terms.append(term)
-    return " + ".join(terms) if terms else "0"
+    """Index into an input of `in_dims` for flat output index `i`, dims read from the kernel's `sy.v`."""
+    return broadcast_index(in_dims, out_dims, idx, lambda d: e.dim(d, "sy.v"))
 
 
 @rules.register("activation", "binary", "compare", "where", "cast", "elementwise_region")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlx.codegen.common import broadcast_index
 from rlx.codegen.metal_emit import (
     COPY_HEADER,
     MSL_TYPE,
@@ -140,34 +141,7 @@ class Region(MetalArgs):
 
 def _bcast_index(e: MetalEmitter, in_dims: tuple[Dim, ...], out_dims: tuple[Dim, ...], idx: str) -> str:
     """Index into an input of `in_dims` for flat output index `i` (numpy broadcasting)."""
-    if (Dim(1),) * (len(out_dims) - len(in_dims)) + tuple(in_dims) == tuple(out_dims):
-        return "i"
-    if all(d == 1 for d in in_dims):
-        return "0"
-    view = View.dense(in_dims).broadcast_to(out_dims)
-    out_strides = View.dense(out_dims).strides
-    groups: list[tuple[bool, list[int]]] = []
-    for k, d in enumerate(out_dims):
-        if d == 1:
-            continue
-        bcast = view.is_broadcast(k)
-        if groups and groups[-1][0] == bcast:
-            groups[-1][1].append(k)
-        else:
-            groups.append((bcast, [k]))
-    terms = []
-    for gi, (bcast, ks) in enumerate(groups):
-        if bcast:
-            continue
-        size = product(out_dims[k] for k in ks)
-        ostride, istride = out_strides[ks[-1]], view.strides[ks[-1]]
-        term = "i" if ostride == 1 else f"(i / ({idx}){e.dim(ostride)})"
-        if gi > 0:
-            term = f"({term} % ({idx}){e.dim(size)})"
-        if istride != 1:
-            term = f"{term} * ({idx}){e.dim(istride)}"
-        terms.append(term)
-    return " + ".join(terms) if terms else "0"
+    return broadcast_index(in_dims, out_dims, idx, e.dim)
 
 
 @rules.register("activation", "binary", "compare", "where", "cast", "elementwise_region", accepts=_no_f64)

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import ArtifactError, ExecutionError
+from rlx.models.embedder import pad_batch
 
 BUNDLE_FORMAT = "rlx-embedder"
 BUNDLE_VERSION = 1
@@ -125,7 +126,7 @@ class BundledEmbedder:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         for start in range(0, len(order), self.max_batch):
             chunk = order[start:start + self.max_batch]
-            tok, mask = _pad([ids[i] for i in chunk], self.pad_id)
+            tok, mask = pad_batch([ids[i] for i in chunk], self.pad_id)
             pos = np.arange(tok.shape[1], dtype=np.int64)
             out[chunk] = self.compiled.run({"input_ids": tok, "attention_mask": mask, "position_ids": pos})[0]
             if on_batch is not None:
@@ -179,13 +180,3 @@ def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def _pad(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    longest = max(len(x) for x in ids)
-    tok = np.full((len(ids), longest), pad_id, np.int64)
-    mask = np.zeros((len(ids), longest), np.int64)
-    for row, x in enumerate(ids):
-        tok[row, :len(x)] = x
-        mask[row, :len(x)] = 1
-    return tok, mask

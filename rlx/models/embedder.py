@@ -198,7 +198,7 @@ class SentenceEmbedder:
             raise RlxError("this embedder has no tokenizer; use encode() with token ids")
         _check_sentences(sentences)
         encodings = self.tokenizer.encode_batch(list(sentences))
-        return _pad([e.ids for e in encodings], self.pad_id)
+        return pad_batch([e.ids for e in encodings], self.pad_id)
 
     @property
     def pad_id(self) -> int:
@@ -224,7 +224,7 @@ class SentenceEmbedder:
         runner = self.runner("embeddings")
         for start in range(0, len(order), self.max_batch):
             chunk = order[start:start + self.max_batch]
-            tok, mask = _pad([ids[i] for i in chunk], self.pad_id)
+            tok, mask = pad_batch([ids[i] for i in chunk], self.pad_id)
             out[chunk] = runner.run(B.bert_inputs(tok, mask))[0]
         return out
 
@@ -305,7 +305,8 @@ def _check_sentences(sentences: Sequence[str]) -> None:
             raise ExecutionError(f"sentence {i} is {type(s).__name__}, not str")
 
 
-def _pad(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def pad_batch(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids right-padded with `pad_id` to the longest row, and the attention mask (int64)."""
     longest = max(len(x) for x in ids)
     tok = np.full((len(ids), longest), pad_id, np.int64)
     mask = np.zeros((len(ids), longest), np.int64)
