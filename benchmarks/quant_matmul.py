@@ -1,6 +1,7 @@
 """Quantized matmul (GGUF blocks): rlx `dequant_matmul` vs f32 matmuls on the dequantized weight.
 
-    python benchmarks/quant_matmul.py [--threads N] [--rounds R] [--formats q4_1,q8_0]
+    python benchmarks/quant_matmul.py [--threads N] [--rounds R] [--formats q4_1,q8_0] [--rows 1,256]
+                                      [--peers "rlx q,rlx q act8,rlx f32,numpy f32"]
 
 Y[M, N] = X[M, K] @ W^T for SmolLM2-135M's weight shapes (N x K: 576x576 attention,
 1536x576 FFN up/gate, 576x1536 FFN down, 49152x576 vocabulary projection), W in a GGUF
@@ -42,7 +43,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--formats", default="q4_1,q8_0")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="rows of X (M), comma-separated")
+    ap.add_argument("--peers", default="rlx q,rlx q act8,rlx f32,numpy f32")
     args = ap.parse_args()
+    rows = tuple(int(r) for r in args.rows.split(","))
+    wanted = set(args.peers.split(","))
 
     import rlx
     from rlx.config import Config
@@ -59,7 +64,7 @@ def main() -> None:
             w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
             raw = Q.quantize(w, fmt)
             wd = Q.dequantize(raw, fmt, k)
-            m_dim = rlx.Dim.dynamic("m", max(ROWS))
+            m_dim = rlx.Dim.dynamic("m", max(rows))
             gq = rlx.Graph("q")
             xq = gq.input("x", [m_dim, k])
             gq.set_outputs([gq.dequant_matmul(xq, gq.param("w", [n, raw.shape[1]], "u8"), quant=fmt)])
@@ -76,19 +81,20 @@ def main() -> None:
             cf = session.compile(gf)
             cf.set_param("w", np.ascontiguousarray(wd.T))
             wdt = wd.T
-            for m in ROWS:
+            for m in rows:
                 x = rng.standard_normal((m, k)).astype(np.float32)
                 got, want = cq.run({"x": x})[0], x.astype(np.float64) @ wd.T.astype(np.float64)
                 assert np.allclose(got, want, rtol=1e-3, atol=1e-3), "rlx dequant_matmul disagrees"
                 feeds = {"x": x}
                 peers = {"rlx q": lambda c=cq, f=feeds: c.run(f), "rlx q act8": lambda c=c8, f=feeds: c.run(f),
                          "rlx f32": lambda c=cf, f=feeds: c.run(f), "numpy f32": lambda a=x, b=wdt: a @ b}
+                peers = {name: fn for name, fn in peers.items() if name in wanted or name == "rlx q"}
                 times = round_robin(peers, args.rounds)
                 wbytes = {"rlx q": raw.nbytes, "rlx q act8": raw.nbytes, "rlx f32": wd.nbytes, "numpy f32": wd.nbytes}
                 for name, t in times.items():
                     ratio = "" if name == "rlx q" else f"{t / times['rlx q']:5.2f}"
                     print(f"{fmt:<6} {f'{n}x{k}':>11} {m:>4}  {name:<10} {t * 1e3:8.3f}ms "
-                          f"{wbytes[name] / t / 1e9:7.2f} {2 * m * n * k / t / 1e9:8.1f}  {ratio}")
+                          f"{wbytes[name] / t / 1e9:7.2f} {2 * m * n * k / t / 1e9:8.1f}  {ratio}", flush=True)
 
 
 if __name__ == "__main__":

@@ -59,10 +59,10 @@ class DequantMatMulArgs:
     block_sums: bool
     wrow_offset: int
     xsum_offset: int
-    #: "f32", or "q8": X quantized to int8 blocks in the shared scratch (then block scales at xd, xs).
+    #: "f32", or "q8": X quantized to int8 blocks in the shared scratch (then each block's scale and
+    #: scale * sum of its int8 values, a pair of floats per block, at xds_offset).
     act: str = "f32"
-    xd_offset: int = 0
-    xs_offset: int = 0
+    xds_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -101,15 +101,14 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     scratch = xsum_offset + align64(GEMV_MAX_M * (k // 32) * 4)
     # act="q8": the quantized activations (int8 rows, then two floats per block) are shared by the threads
     rows_max = product(x.dims[:-1]).max
-    xd_offset = align64(rows_max * k)
-    xs_offset = xd_offset + align64(rows_max * (k // 32) * 4)
-    shared = xs_offset + align64(rows_max * (k // 32) * 4) if op.act == "q8" else 0
+    xds_offset = align64(rows_max * k)
+    shared = xds_offset + align64(rows_max * (k // 32) * 8) if op.act == "q8" else 0
     label = _label(node)
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
         m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=op.quant,
         fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, block_sums=fmt.name == "q4_1",
-        wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xd_offset=xd_offset, xs_offset=xs_offset)
+        wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xds_offset=xds_offset)
     return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=0 if op.act == "q8" else scratch,
                   scratch_shared=shared)

@@ -35,6 +35,9 @@ from rlx.models.decoder_config import DecoderConfig
 from rlx.models.sampling import Sampler
 
 DEVICES = ("cpu", "cuda", "reference")
+#: How each device's quantized matmuls take activations by default (`quant_act`): the CPU quantizes
+#: them to int8 blocks as llama.cpp does (VNNI block dot products; benchmarks/llm.py), others keep f32.
+DEFAULT_QUANT_ACT = {"cpu": "q8"}
 
 
 @dataclass
@@ -107,12 +110,14 @@ class CausalLM:
     one internal cache: use an instance from one thread at a time (the compiled graph itself is
     thread-safe: concurrent callers can each `step` with their own `new_cache()`). On CUDA, `precision="f16"` stores
     activations, caches and float weights in half precision (quantized weights stay in their blocks).
+    `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "q8" (int8 per
+    block of 32, as llama.cpp) or "f32"; None takes the device's default (`DEFAULT_QUANT_ACT`).
     """
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
-                 precision: str = "f32") -> None:
+                 precision: str = "f32", quant_act: str | None = None) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -125,8 +130,9 @@ class CausalLM:
         self.max_batch = max_batch
         self.prefill_chunk = min(prefill_chunk, max_context)
         specs = {name: spec for name, (spec, _) in tensors.items()}
+        self.quant_act = quant_act if quant_act is not None else DEFAULT_QUANT_ACT.get(device, "f32")
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
-                                     capacity=max_context, name=f"{config.arch}_decoder")
+                                     capacity=max_context, name=f"{config.arch}_decoder", quant_act=self.quant_act)
         self._params = L.decoder_params(tensors, self.graph)
         self._compiled = None
         self._bound: dict[Any, Any] = {}  # CUDA: device buffers bound per (cache, step shape)

@@ -97,14 +97,18 @@ def _param(g: Graph, name: str, dims: list[int], dtype: str) -> NodeId:
     return g.param(name, dims, dtype)
 
 
-def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_out: int, n_in: int) -> NodeId:
-    """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized."""
+def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_out: int, n_in: int,
+            act: str = "f32") -> NodeId:
+    """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized.
+
+    `act="q8"` quantizes x to int8 blocks first for the formats that take it (llama.cpp's
+    activations); other formats multiply f32 activations either way."""
     spec = _spec(specs, name, (n_out, n_in))
     if spec.quantized:
-        from rlx.ir.quant import row_bytes
+        from rlx.ir.quant import Q8_ACT_FORMATS, row_bytes
 
         w = _param(g, name, [n_out, row_bytes(spec.ggml_type, n_in)], "u8")
-        return g.dequant_matmul(x, w, quant=spec.ggml_type)
+        return g.dequant_matmul(x, w, quant=spec.ggml_type, act=act if spec.ggml_type in Q8_ACT_FORMATS else "f32")
     # f32 weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
     w = g.param(name, [n_in, n_out])
     return g.matmul(x, w)
@@ -131,13 +135,19 @@ def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config
 
 
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
-                  max_seq: int = 256, capacity: int = 2048, name: str = "decoder") -> Graph:
-    """One decoder step over the KV cache (see the module docstring)."""
+                  max_seq: int = 256, capacity: int = 2048, name: str = "decoder", quant_act: str = "f32") -> Graph:
+    """One decoder step over the KV cache (see the module docstring).
+
+    `quant_act` is how quantized matmuls take their activations: "f32", or "q8" (int8 per block of
+    32, as llama.cpp; for Q8_0/Q4_0/Q4_1 weights, see `dequant_matmul`)."""
     if capacity < 1 or max_seq < 1 or max_batch < 1:
         raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
+    if quant_act not in ("f32", "q8"):
+        raise IRError(f"quant_act must be 'f32' or 'q8', got {quant_act!r}")
     c = config
     hd, half = c.head_dim, c.n_rot // 2
     q_width, kv_width = c.num_heads * hd, c.num_kv_heads * hd
+    qa = quant_act
     g = Graph(name)
     batch, seq = Dim.dynamic("batch", max_batch), Dim.dynamic("seq", max_seq)
     n_rows = Dim.dynamic("n_rows", max_batch * max_seq)
@@ -149,11 +159,11 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     x = _embedding(g, tokens, specs, c)
     for layer in range(c.num_layers):
         h = g.rms_norm(x, g.param(layer_tensor(layer, "attn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size),
+        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size, qa),
                     specs, f"blk.{layer}.attn_q.bias", q_width)
-        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size),
+        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size, qa),
                     specs, f"blk.{layer}.attn_k.bias", kv_width)
-        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size),
+        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size, qa),
                     specs, f"blk.{layer}.attn_v.bias", kv_width)
         q = g.rope(q, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
         k = g.rope(k, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
@@ -162,18 +172,18 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         v_cache = g.state(v_name, [max_batch, capacity, kv_width])
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=c.num_heads, head_dim=hd,
                                num_kv_heads=c.num_kv_heads)
-        x = g.add_(x, _linear(g, a, specs, layer_tensor(layer, "attn_output"), c.hidden_size, q_width))
+        x = g.add_(x, _linear(g, a, specs, layer_tensor(layer, "attn_output"), c.hidden_size, q_width, qa))
         h = g.rms_norm(x, g.param(layer_tensor(layer, "ffn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), c.ffn_size, c.hidden_size)
-        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), c.ffn_size, c.hidden_size)
+        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), c.ffn_size, c.hidden_size, qa)
+        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), c.ffn_size, c.hidden_size, qa)
         ffn = g.mul(g.activation("silu", gate), up)
-        x = g.add_(x, _linear(g, ffn, specs, layer_tensor(layer, "ffn_down"), c.hidden_size, c.ffn_size))
+        x = g.add_(x, _linear(g, ffn, specs, layer_tensor(layer, "ffn_down"), c.hidden_size, c.ffn_size, qa))
     # logits only for the requested rows: the vocabulary projection is the largest matmul
     flat = g.reshape(x, [batch * seq, c.hidden_size])
     picked = g.gather(flat, rows)
     h = g.rms_norm(picked, g.param("output_norm.weight", [c.hidden_size]), eps=c.rms_eps)
     out_name = output_weight_name(c, specs)
-    logits = _linear(g, h, specs, out_name, c.vocab_size, c.hidden_size)
+    logits = _linear(g, h, specs, out_name, c.vocab_size, c.hidden_size, qa)
     g.set_outputs({"logits": logits})
     return g
 

@@ -120,11 +120,12 @@ def _q8_graph(fmt: str, k: int, n: int) -> rlx.Graph:
 
 
 @pytest.mark.parametrize("fmt", list(Q.Q8_ACT_FORMATS))
-def test_int8_activations_match_their_reference(fmt: str) -> None:
+@pytest.mark.parametrize("k", [96, 224])
+def test_int8_activations_match_their_reference(fmt: str, k: int) -> None:
     """act="q8": the kernels quantize X exactly as the reference does (one differing int8 value would
-    cost ~|dw * dx|, far above the bound), then integer block dot products."""
+    cost ~|dw * dx|, far above the bound), then integer block dot products. 3 and 7 blocks: the
+    AVX-512 kernel's pairs of blocks in two chains, and an odd last block."""
     rng = np.random.default_rng(11)
-    k = 96
     raw = Q.random_blocks(rng, N, k, fmt)
     g = _q8_graph(fmt, k, N)
     cg = compile_graph(g, {"w": raw})

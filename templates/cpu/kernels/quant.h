@@ -397,30 +397,203 @@ static inline __attribute__((always_inline)) void rlx_qgemm_panels(const int fmt
  * X is quantized once per call, per block of 32 values: d = max|x| / 127, q = rint(x / d) (round half
  * to even), exactly as rlx.ir.quant.quantize_act_q8. A block of the product is then the integer dot
  * product of the weight's 4/8-bit values with q (vpdpbusd with AVX-512 VNNI, pmaddubsw with AVX2),
- * scaled by dw * dx; q4_1's min adds m * (dx * sum q), q4_0's offset -8 subtracts 8 * dw * (dx * sum q). */
+ * scaled by dw * dx; q4_1's min adds m * (dx * sum q), q4_0's offset -8 subtracts 8 * dw * (dx * sum q).
+ *
+ * Layout of the quantized rows (Xq: M rows of K bytes; xds: M rows of nb (dx, dx * sum q) pairs):
+ * with AVX-512 VNNI (RLX_Q8_ZMM) one 512-bit register holds two blocks, so the bytes are stored in the
+ * order the weights unpack into: for q4_0 / q4_1, blocks 2p and 2p+1 as [2p: 0..15, 2p+1: 0..15,
+ * 2p: 16..31, 2p+1: 16..31] (the low nibbles of both blocks, then the high ones; an odd last block
+ * stays in order), and for q8_0 q + 128 as u8 (vpdpbusd multiplies u8 by s8; the weights are the
+ * signed side, and 128 * sum(w) is taken off again). Otherwise each block's 32 int8 values in order. */
 
-/* Xq (int8 [M, K]), xd = block scales, xs = scale * sum of the block's q ([M, K/32] each). */
-static void rlx_q8_quantize_rows(int64_t M, int64_t K, const float *restrict X, int8_t *restrict Xq,
-                                 float *restrict xd, float *restrict xs)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define RLX_Q8_ZMM 1
+#endif
+
+/* Where value j (0..31) of block b (of nb) sits in a row of Xq for format fmt. */
+static inline int64_t rlx_q8_pos(const int fmt, int64_t b, int64_t nb, int j)
+{
+#ifdef RLX_Q8_ZMM
+    if (fmt != RLX_Q8_0 && (b | 1) < nb)  /* a block of a complete pair */
+        return (b & ~(int64_t)1) * 32 + (j < 16 ? 0 : 32) + (b & 1) * 16 + (j & 15);
+#else
+    (void)fmt;
+    (void)nb;
+#endif
+    return b * 32 + j;
+}
+
+/* Xq (int8 [M, K], laid out as above), xds[2 * (i * nb + b)] = block scale, [... + 1] = scale * sum of
+ * the block's q. */
+static void rlx_q8_quantize_rows(const int fmt, int64_t M, int64_t K, const float *restrict X,
+                                 int8_t *restrict Xq, float *restrict xds)
 {
     const int64_t nb = K / 32;
-    for (int64_t r = 0; r < M * nb; r++) {
-        const float *restrict x = X + r * 32;  /* rows are dense, so block r of the flat array */
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++)
-            amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            float v = nearbyintf(x[j] * id);
-            v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-            Xq[r * 32 + j] = (int8_t)v;
-            sum += (int)v;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *restrict x = X + i * K + b * 32;
+            int8_t *restrict row = Xq + i * K;
+#ifdef RLX_Q8_ZMM
+            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __m512i lim = _mm512_set1_epi32(127);
+            /* cvtps rounds to nearest even (the default MXCSR mode), as nearbyintf */
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+            q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+            q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+            const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            __m128i p0 = _mm512_cvtepi32_epi8(q0), p1 = _mm512_cvtepi32_epi8(q1);
+            if (fmt == RLX_Q8_0) {  /* the u8 side of vpdpbusd: q + 128 */
+                p0 = _mm_xor_si128(p0, _mm_set1_epi8((char)0x80));
+                p1 = _mm_xor_si128(p1, _mm_set1_epi8((char)0x80));
+            }
+            _mm_storeu_si128((__m128i *)(row + rlx_q8_pos(fmt, b, nb, 0)), p0);
+            _mm_storeu_si128((__m128i *)(row + rlx_q8_pos(fmt, b, nb, 16)), p1);
+#else
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++)
+                amax = fmaxf(amax, fabsf(x[j]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                float v = nearbyintf(x[j] * id);
+                v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+                row[rlx_q8_pos(fmt, b, nb, j)] = (int8_t)v;
+                sum += (int)v;
+            }
+#endif
+            xds[2 * (i * nb + b)] = d;
+            xds[2 * (i * nb + b) + 1] = d * (float)sum;
         }
-        xd[r] = d;
-        xs[r] = d * (float)sum;
-    }
 }
+
+#ifdef RLX_Q8_ZMM
+/* Blocks b and b+1 of row w into the accumulators (see rlx_q8dot_zmm). */
+static inline __attribute__((always_inline)) void rlx_q8pair_zmm(const int fmt, const int mr, int64_t b, int64_t nb,
+        const int8_t *restrict Xq, int64_t K, const float *restrict xds, const uint8_t *restrict w, __m512 *acc,
+        __m128 *macc)
+{
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    const int qo = fmt == RLX_Q4_1 ? 4 : 2;  /* where the quants start in a block */
+    const __m512i low4 = _mm512_set1_epi8(0x0F), c128 = _mm512_set1_epi8((char)0x80);
+    /* lane -> which float of [dw0 * dx0, ., dw1 * dx1, .] scales it */
+    const __m512i spread = fmt == RLX_Q8_0
+        ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2)
+        : _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2);
+    const uint8_t *b0 = w + b * qb, *b1 = b0 + qb;
+    /* the halves [dw0, mw0, dw1, mw1] (q4_1), [dw0, dw0, dw1, dw1] (q4_0), [dw0, -, dw1, -] (q8_0) */
+    uint32_t h0, h1;
+    memcpy(&h0, b0, 4);
+    memcpy(&h1, b1, 4);
+    if (fmt != RLX_Q4_1) {
+        h0 = (h0 & 0xFFFFu) * (fmt == RLX_Q4_0 ? 0x10001u : 1u);
+        h1 = (h1 & 0xFFFFu) * (fmt == RLX_Q4_0 ? 0x10001u : 1u);
+    }
+    const __m128 dm = _mm_cvtph_ps(_mm_setr_epi32((int)h0, (int)h1, 0, 0));
+    __m512i wv;
+    if (fmt == RLX_Q8_0) {
+        wv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                                _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+    } else {
+        const __m256i r = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qo))),
+            _mm_loadu_si128((const __m128i *)(b1 + qo)), 1);
+        wv = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(r), _mm256_srli_epi16(r, 4), 1), low4);
+    }
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            const __m512i xq = _mm512_loadu_si512((const void *)(Xq + i * K + b * 32));
+            /* [dw0 * dx0, mw0 * sx0, dw1 * dx1, mw1 * sx1] (q4_0: dw * sx in the odd lanes) */
+            const __m128 s = _mm_mul_ps(dm, _mm_loadu_ps(xds + 2 * (i * nb + b)));
+            __m512i dot;
+            if (fmt == RLX_Q8_0)  /* (q + 128) . w - 128 . w */
+                dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xq, wv),
+                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wv));
+            else
+                dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xq);
+            const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[i]);
+            if (fmt != RLX_Q8_0)
+                macc[i] = _mm_add_ps(macc[i], s);
+        }
+}
+#endif
+
+#ifdef RLX_Q8_ZMM
+/* Row w (nb blocks) against activation rows i < mr, two blocks per 512-bit register: the weight's
+ * 64 values (u8 nibbles for q4_x, s8 for q8_0) meet 64 activation bytes in one vpdpbusd, whose 16
+ * int32 lanes hold 4-product partial sums of one block each (q4_x: lanes 0-3 and 8-11 block 2p,
+ * 4-7 and 12-15 block 2p+1; q8_0: 0-7 and 8-15). The lanes are scaled by their block's dw * dx
+ * (f32) and accumulated in f32; the min terms accumulate in a 4-float vector beside it. */
+static inline __attribute__((always_inline)) void rlx_q8dot_zmm(const int fmt, const int mr, int64_t nb,
+        const int8_t *restrict Xq, int64_t K, const float *restrict xds, const uint8_t *restrict w, float *out)
+{
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    const int qo = fmt == RLX_Q4_1 ? 4 : 2;  /* where the quants start in a block */
+    const __m256i low4 = _mm256_set1_epi8(0x0F), c128 = _mm256_set1_epi8((char)0x80);
+    __m512 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
+    __m128 macc[RLX_QGEMV_MAX_M];
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            acc[i] = acc2[i] = _mm512_setzero_ps();
+            macc[i] = _mm_setzero_ps();
+        }
+    int64_t b = 0;
+    for (; b + 3 < nb; b += 4) {  /* alternate pairs: two dependency chains */
+        rlx_q8pair_zmm(fmt, mr, b, nb, Xq, K, xds, w, acc, macc);
+        rlx_q8pair_zmm(fmt, mr, b + 2, nb, Xq, K, xds, w, acc2, macc);
+    }
+    if (b + 1 < nb) {
+        rlx_q8pair_zmm(fmt, mr, b, nb, Xq, K, xds, w, acc, macc);
+        b += 2;
+    }
+    float tail[RLX_QGEMV_MAX_M];
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr)
+            tail[i] = 0.0f;
+    if (b < nb) {  /* an odd last block, its activations in order */
+        const uint8_t *blk = w + b * qb;
+        const float dw = rlx_q_half(blk);
+        const float cw = fmt == RLX_Q4_1 ? rlx_q_half(blk + 2) : -8.0f * dw;
+        __m256i wq;
+        if (fmt == RLX_Q8_0) {
+            wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        } else {
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + qo));
+            wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+        }
+        for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+            if (i < mr) {
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)(Xq + i * K + b * 32));
+                __m256i dot;
+                if (fmt == RLX_Q8_0)
+                    dot = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), xq, wq),
+                                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, wq));
+                else
+                    dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xq);
+                const __m128i d4 = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
+                const __m128i d2 = _mm_add_epi32(d4, _mm_unpackhi_epi64(d4, d4));
+                const int isum = _mm_cvtsi128_si32(_mm_add_epi32(d2, _mm_shuffle_epi32(d2, 1)));
+                tail[i] = (float)isum * (dw * xds[2 * (i * nb + b)]);
+                if (fmt != RLX_Q8_0)
+                    tail[i] += cw * xds[2 * (i * nb + b) + 1];
+            }
+    }
+    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        if (i < mr) {
+            float r = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], acc2[i])) + tail[i];
+            if (fmt != RLX_Q8_0) {
+                float m4[4];
+                _mm_storeu_ps(m4, macc[i]);
+                r += fmt == RLX_Q4_1 ? m4[1] + m4[3] : -8.0f * (m4[1] + m4[3]);
+            }
+            out[i] = r;
+        }
+}
+#endif
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -438,14 +611,12 @@ static inline float rlx_q8_hsum(__m256 v)
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-#endif
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
 /* Block b of row w into the accumulators: the integer dot product scaled by dw * dx per lane (acc),
  * the min term (sacc). */
 static inline __attribute__((always_inline)) void rlx_q8blk(const int fmt, const int mr, int64_t b, int64_t nb,
-        const int8_t *restrict Xq, int64_t K, const float *restrict xd, const float *restrict xs,
-        const uint8_t *restrict w, __m256 *acc, float *sacc)
+        const int8_t *restrict Xq, int64_t K, const float *restrict xds, const uint8_t *restrict w, __m256 *acc,
+        float *sacc)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
     const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -467,20 +638,21 @@ static inline __attribute__((always_inline)) void rlx_q8blk(const int fmt, const
             const __m256i xq = _mm256_loadu_si256((const __m256i *)(Xq + i * K + b * 32));
             const __m256i s = fmt == RLX_Q8_0 ? _mm256_sign_epi8(xq, wq) : xq;
             const __m256i dot = RLX_DPBUSD(_mm256_setzero_si256(), u, s);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xd[i * nb + b]), acc[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xds[2 * (i * nb + b)]), acc[i]);
             if (fmt != RLX_Q8_0)
-                sacc[i] += cw * xs[i * nb + b];
+                sacc[i] += cw * xds[2 * (i * nb + b) + 1];
         }
 }
 #endif
 
-/* out[i] = row w (nb blocks) . activation rows i < mr (quantized: Xq rows of K, block scales xd, xs);
- * even and odd blocks in separate accumulators (two dependency chains). */
+/* out[i] = row w (nb blocks) . activation rows i < mr (quantized: Xq rows of K, block scales and sums
+ * xds); even and odd blocks in separate accumulators (two dependency chains). */
 static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const int mr, int64_t nb,
-        const int8_t *restrict Xq, int64_t K, const float *restrict xd, const float *restrict xs,
-        const uint8_t *restrict w, float *out)
+        const int8_t *restrict Xq, int64_t K, const float *restrict xds, const uint8_t *restrict w, float *out)
 {
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+#if defined(RLX_Q8_ZMM)
+    rlx_q8dot_zmm(fmt, mr, nb, Xq, K, xds, w, out);
+#elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
     __m256 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
     float sacc[RLX_QGEMV_MAX_M], sacc2[RLX_QGEMV_MAX_M];
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
@@ -490,11 +662,11 @@ static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const
         }
     int64_t b = 0;
     for (; b + 1 < nb; b += 2) {
-        rlx_q8blk(fmt, mr, b, nb, Xq, K, xd, xs, w, acc, sacc);
-        rlx_q8blk(fmt, mr, b + 1, nb, Xq, K, xd, xs, w, acc2, sacc2);
+        rlx_q8blk(fmt, mr, b, nb, Xq, K, xds, w, acc, sacc);
+        rlx_q8blk(fmt, mr, b + 1, nb, Xq, K, xds, w, acc2, sacc2);
     }
     if (b < nb)
-        rlx_q8blk(fmt, mr, b, nb, Xq, K, xd, xs, w, acc, sacc);
+        rlx_q8blk(fmt, mr, b, nb, Xq, K, xds, w, acc, sacc);
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr)
             out[i] = rlx_q8_hsum(_mm256_add_ps(acc[i], acc2[i])) + (sacc[i] + sacc2[i]);
@@ -523,9 +695,9 @@ static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const
             int dot = 0;
             for (int j = 0; j < 32; j++)
                 dot += wq[j] * xq[j];
-            facc[i] += (float)dot * (dw * xd[i * nb + b]);
+            facc[i] += (float)dot * (dw * xds[2 * (i * nb + b)]);
             if (fmt != RLX_Q8_0)
-                sacc[i] += cw * xs[i * nb + b];
+                sacc[i] += cw * xds[2 * (i * nb + b) + 1];
         }
     }
     for (int i = 0; i < mr; i++)
@@ -537,8 +709,7 @@ static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const
  * thread's weight rows pass by, four rows of Xq at a time per weight row. */
 #define RLX_Q8_ROWS 32
 static inline __attribute__((always_inline)) void rlx_q8gemm(const int fmt, int64_t M, int64_t N, int64_t K,
-        const int8_t *Xq, const float *xd, const float *xs, const uint8_t *W, int64_t rb, float *Y,
-        int64_t n0, int64_t n1)
+        const int8_t *Xq, const float *xds, const uint8_t *W, int64_t rb, float *Y, int64_t n0, int64_t n1)
 {
     const int64_t nb = K / 32;
     float out[RLX_QGEMV_MAX_M];
@@ -548,12 +719,12 @@ static inline __attribute__((always_inline)) void rlx_q8gemm(const int fmt, int6
             for (int64_t i = r0; i < r1; i += RLX_QGEMV_MAX_M) {
                 const int64_t mr = r1 - i < RLX_QGEMV_MAX_M ? r1 - i : RLX_QGEMV_MAX_M;
                 const int8_t *xq = Xq + i * K;
-                const float *d = xd + i * nb, *s = xs + i * nb;
+                const float *ds = xds + 2 * i * nb;
                 switch (mr) {
-                case 4: rlx_q8dot(fmt, 4, nb, xq, K, d, s, W + n * rb, out); break;
-                case 3: rlx_q8dot(fmt, 3, nb, xq, K, d, s, W + n * rb, out); break;
-                case 2: rlx_q8dot(fmt, 2, nb, xq, K, d, s, W + n * rb, out); break;
-                default: rlx_q8dot(fmt, 1, nb, xq, K, d, s, W + n * rb, out); break;
+                case 4: rlx_q8dot(fmt, 4, nb, xq, K, ds, W + n * rb, out); break;
+                case 3: rlx_q8dot(fmt, 3, nb, xq, K, ds, W + n * rb, out); break;
+                case 2: rlx_q8dot(fmt, 2, nb, xq, K, ds, W + n * rb, out); break;
+                default: rlx_q8dot(fmt, 1, nb, xq, K, ds, W + n * rb, out); break;
                 }
                 for (int64_t j = 0; j < mr; j++)
                     Y[(i + j) * N + n] = out[j];
