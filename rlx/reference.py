@@ -284,8 +284,8 @@ def _eval_dequant_matmul(op: O.DequantMatMul, args: list, shape: Shape, symbols:
     # the weight dequantized exactly as GGUF defines its blocks, then an f64 product
     x, raw = args
     k = x.shape[-1]
-    if op.act == "q8":  # x quantized to int8 per 32-block first (llama.cpp's activations)
-        dots, mins = q8_act_terms(x.astype(np.float32), np.asarray(raw, dtype=np.uint8), op.quant, k)
+    if op.act != "f32":  # x quantized to int8 / int16 per 32-block first (q8: llama.cpp's activations)
+        dots, mins = q8_act_terms(x.astype(np.float32), np.asarray(raw, dtype=np.uint8), op.quant, k, op.act)
         return _finish((dots + mins).sum(axis=-1).reshape(*x.shape[:-1], raw.shape[0]), shape.dtype)
     w = dequantize_blocks(np.asarray(raw, dtype=np.uint8), op.quant, k)
     return _finish(np.matmul(x, w.astype(np.float64).T), shape.dtype)

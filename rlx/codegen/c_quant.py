@@ -59,8 +59,8 @@ class DequantMatMulArgs:
     block_sums: bool
     wrow_offset: int
     xsum_offset: int
-    #: "f32", or "q8": X quantized to int8 blocks in the shared scratch (then each block's scale and
-    #: scale * sum of its int8 values, a pair of floats per block, at xds_offset).
+    #: "f32", or "q8" / "q16": X quantized to int8 / int16 blocks in the shared scratch (then each
+    #: block's scale and scale * sum of its integers, a pair of floats per block, at xds_offset).
     act: str = "f32"
     xds_offset: int = 0
 
@@ -99,10 +99,13 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     wrow_offset = align64(k * PACK_NR_MAX * 4)
     xsum_offset = wrow_offset + align64(k * 4)
     scratch = xsum_offset + align64(GEMV_MAX_M * (k // 32) * 4)
-    # act="q8": the quantized activations (int8 rows, then two floats per block) are shared by the threads
+    # act="q8"/"q16", shared by the threads: for few rows the quantized activations (rows of int8, or of
+    # int16 as two byte planes, then two floats per block); for more, the quantized values as floats
     rows_max = product(x.dims[:-1]).max
-    xds_offset = align64(rows_max * k)
-    shared = xds_offset + align64(rows_max * (k // 32) * 8) if op.act == "q8" else 0
+    gemv_rows = min(rows_max, GEMV_MAX_M)
+    xds_offset = align64(gemv_rows * k * (2 if op.act == "q16" else 1))
+    gemv_shared = xds_offset + align64(gemv_rows * (k // 32) * 8)
+    shared = max(gemv_shared, align64(rows_max * k * 4) if rows_max > GEMV_MAX_M else 0) if op.act != "f32" else 0
     label = _label(node)
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
@@ -110,7 +113,7 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
         fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, block_sums=fmt.name == "q4_1",
         wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xds_offset=xds_offset)
     return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
-                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=0 if op.act == "q8" else scratch,
+                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch,
                   scratch_shared=shared)
 
 
@@ -133,7 +136,7 @@ def _quant_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
     # the op's inference already fixes f32 activations and u8 blocks; the format needs a kernel
     if getattr(op, "quant", None) not in FORMAT_IDS:
         return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
-    if getattr(op, "act", "f32") not in ("f32", "q8"):
+    if getattr(op, "act", "f32") not in ("f32", "q8", "q16"):
         return f"with activations {op.act!r}"  # type: ignore[attr-defined]
     if out_dtype is not DType.F32:
         return f"with a {out_dtype.value} result; it makes f32"

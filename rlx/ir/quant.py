@@ -216,29 +216,45 @@ def abs_terms(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> np.ndarray:
     return dequantize(blocks.reshape(np.shape(raw)), f, cols)
 
 
-#: Weight formats `dequant_matmul(act="q8")` takes (integer block dot products with int8 activations).
+#: Weight formats `dequant_matmul(act="q8" / "q16")` takes (integer block dot products with int8 / int16
+#: activations).
 Q8_ACT_FORMATS = ("q8_0", "q4_0", "q4_1")
 
 
-def quantize_act_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Activations `[..., K]` → (int8 `[..., K]`, f32 scales `[..., K/32]`), per block of 32 values.
+#: Largest |q| of each integer activation mode of `dequant_matmul` (scale = max|x| / this).
+ACT_LEVELS = {"q8": 127, "q16": 32767}
 
-    d = max|x| / 127 (f32), q = rint(x * (1/d)) (round half to even; 0 where d = 0): the
-    activation quantization of `dequant_matmul(act="q8")`, the same in every kernel.
 
-    >>> q, d = quantize_act_q8(np.arange(32, dtype=np.float32))
+def quantize_act(x: np.ndarray, act: str = "q8") -> tuple[np.ndarray, np.ndarray]:
+    """Activations `[..., K]` → (integers `[..., K]`, f32 scales `[..., K/32]`), per block of 32 values.
+
+    d = max|x| / L (f32; L = 127 for "q8", 32767 for "q16"), q = rint(x * (1/d)) clipped to
+    [-L, L] (round half to even; 0 where d = 0): the activation quantization of
+    `dequant_matmul(act=...)`, the same in every kernel. int8 for "q8", int16 for "q16".
+
+    >>> q, d = quantize_act(np.arange(32, dtype=np.float32))
     >>> int(q[-1]), bool(float(d[0]) == np.float32(31) / np.float32(127))
     (127, True)
+    >>> int(quantize_act(np.arange(32, dtype=np.float32), "q16")[0][-1])
+    32767
     """
+    if act not in ACT_LEVELS:
+        raise IRError(f"unknown integer activation mode {act!r}; expected one of {sorted(ACT_LEVELS)}")
+    levels = np.float32(ACT_LEVELS[act])
     xf = np.asarray(x, dtype=np.float32)
     if xf.shape[-1] % 32:
-        raise IRError(f"q8 activations need a last axis that is a multiple of 32, got {xf.shape}")
+        raise IRError(f"{act} activations need a last axis that is a multiple of 32, got {xf.shape}")
     xb = xf.reshape(*xf.shape[:-1], -1, 32)
-    d = (np.abs(xb).max(axis=-1) / np.float32(127)).astype(np.float32)
+    d = (np.abs(xb).max(axis=-1) / levels).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    q = np.clip(np.rint(xb * inv[..., None]), -127, 127).astype(np.int8)
+    q = np.clip(np.rint(xb * inv[..., None]), -levels, levels).astype(np.int8 if act == "q8" else np.int16)
     return q.reshape(xf.shape), d
+
+
+def quantize_act_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize_act(x, "q8")`: int8 per block of 32, scale max|x|/127 (llama.cpp's activations)."""
+    return quantize_act(x, "q8")
 
 
 def weight_ints(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -259,16 +275,17 @@ def weight_ints(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> tuple[np.
     return q, d, m
 
 
-def q8_act_terms(x: np.ndarray, raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """The per-block terms of `x @ dequant(w).T` with x quantized by `quantize_act_q8`, float64 `[M, N, nb]`.
+def q8_act_terms(x: np.ndarray, raw: np.ndarray, fmt: str | QuantFormat, cols: int,
+                 act: str = "q8") -> tuple[np.ndarray, np.ndarray]:
+    """The per-block terms of `x @ dequant(w).T` with x quantized by `quantize_act(x, act)`, float64 `[M, N, nb]`.
 
     Returns (integer-dot terms `dot(qw, qx) * (dw * dx)`, min terms `mw * (dx * sum(qx))`); their sum
     over blocks is the product (`dw * dx` and `dx * sum(qx)` are f32 products, as the kernels form them).
     """
-    qx, dx = quantize_act_q8(np.asarray(x, dtype=np.float32).reshape(-1, cols))
+    qx, dx = quantize_act(np.asarray(x, dtype=np.float32).reshape(-1, cols), act)
     qw, dw, mw = weight_ints(raw, fmt, cols)
-    qx = qx.reshape(qx.shape[0], -1, 32).astype(np.int32)
-    dots = np.einsum("mbi,nbi->mnb", qx, qw).astype(np.float64)  # exact: |dot| <= 32 * 128 * 127
+    qx = qx.reshape(qx.shape[0], -1, 32).astype(np.int64)
+    dots = np.einsum("mbi,nbi->mnb", qx, qw).astype(np.float64)  # exact: |dot| <= 32 * 128 * 32767
     scale = (dw[None, :, :] * dx[:, None, :]).astype(np.float32).astype(np.float64)
     sx = (dx * qx.sum(axis=-1).astype(np.float32)).astype(np.float32)
     mins = mw[None, :, :].astype(np.float64) * sx[:, None, :].astype(np.float64)

@@ -41,6 +41,7 @@ import numpy as np
 
 from rlx.errors import IRError
 from rlx.ir.graph import Graph, NodeId
+from rlx.ir.ops import ACT_MODES
 from rlx.ir.shape import Dim
 from rlx.models.decoder_config import DecoderConfig
 
@@ -101,8 +102,8 @@ def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_o
             act: str = "f32") -> NodeId:
     """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized.
 
-    `act="q8"` quantizes x to int8 blocks first for the formats that take it (llama.cpp's
-    activations); other formats multiply f32 activations either way."""
+    `act` "q8"/"q16" quantizes x to int8/int16 blocks first for the formats that take it;
+    other formats multiply f32 activations either way."""
     spec = _spec(specs, name, (n_out, n_in))
     if spec.quantized:
         from rlx.ir.quant import Q8_ACT_FORMATS, row_bytes
@@ -138,12 +139,12 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", quant_act: str = "f32") -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
-    `quant_act` is how quantized matmuls take their activations: "f32", or "q8" (int8 per block of
-    32, as llama.cpp; for Q8_0/Q4_0/Q4_1 weights, see `dequant_matmul`)."""
+    `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "f32", "q8" (int8
+    per block of 32, as llama.cpp) or "q16" (int16 per block; see `dequant_matmul`)."""
     if capacity < 1 or max_seq < 1 or max_batch < 1:
         raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
-    if quant_act not in ("f32", "q8"):
-        raise IRError(f"quant_act must be 'f32' or 'q8', got {quant_act!r}")
+    if quant_act not in ACT_MODES:
+        raise IRError(f"quant_act must be one of {ACT_MODES}, got {quant_act!r}")
     c = config
     hd, half = c.head_dim, c.n_rot // 2
     q_width, kv_width = c.num_heads * hd, c.num_kv_heads * hd

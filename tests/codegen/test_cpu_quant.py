@@ -95,11 +95,11 @@ def test_dequantize_rows_is_exact(fmt: str) -> None:
     np.testing.assert_array_equal(got.view(np.uint32), Q.dequantize(table[idx], fmt, k).view(np.uint32))
 
 
-def q8_bound(x: np.ndarray, raw: np.ndarray, fmt: str, k: int, want: np.ndarray) -> np.ndarray:
-    """Rounding bound of an act="q8" product: the integer block dots are exact, so only the f32 scale
+def q8_bound(x: np.ndarray, raw: np.ndarray, fmt: str, k: int, want: np.ndarray, act: str = "q8") -> np.ndarray:
+    """Rounding bound of an act="q8"/"q16" product: the integer block dots are exact, so only the f32 scale
     products and the sum over nb blocks (plus the min terms) round: (nb + 4) u sum|terms|, + u|y| for the
     reference's own rounding. Terms use |q| so either split of q4_0's offset (q - 8) is covered."""
-    qx, dx = Q.quantize_act_q8(x)
+    qx, dx = Q.quantize_act(x, act)
     qw, dw, mw = Q.weight_ints(raw, fmt, k)
     if fmt == "q4_0":
         qw, cw = qw + 8, 8 * np.abs(dw)
@@ -112,17 +112,30 @@ def q8_bound(x: np.ndarray, raw: np.ndarray, fmt: str, k: int, want: np.ndarray)
     return (k // 32 + 4) * U32 * t + U32 * np.abs(want)
 
 
+def act_bound(x: np.ndarray, raw: np.ndarray, fmt: str, k: int, want: np.ndarray, act: str) -> np.ndarray:
+    """The bound of an integer-activation product: `q8_bound` for the GEMV rows (<= 4: integer block dot
+    products); for more rows the kernel multiplies the quantized activations, as floats q * d, with the
+    dequantized weight in f32 (the prefill GEMM): (k + 5) u sum |x' w| (the +1: rounding q * d)."""
+    if x.shape[0] <= 4:
+        return q8_bound(x, raw, fmt, k, want, act)
+    qx, dx = Q.quantize_act(x, act)
+    xr = np.abs(qx.reshape(x.shape[0], -1, 32).astype(np.float64) * dx[..., None].astype(np.float64))
+    return (k + 5) * U32 * (xr.reshape(x.shape) @ Q.abs_terms(raw, fmt, k).astype(np.float64).T) + U32 * np.abs(want)
+
+
 def _q8_graph(fmt: str, k: int, n: int) -> rlx.Graph:
+    """Both integer activation modes of one weight: outputs "q8" and "q16"."""
     g = rlx.Graph(f"q8act_{fmt}")
     x = g.input("x", [rlx.Dim.dynamic("m", 64), k])
-    g.set_outputs([g.dequant_matmul(x, g.param("w", [n, Q.row_bytes(fmt, k)], "u8"), quant=fmt, act="q8")])
+    w = g.param("w", [n, Q.row_bytes(fmt, k)], "u8")
+    g.set_outputs({act: g.dequant_matmul(x, w, quant=fmt, act=act) for act in ("q8", "q16")})
     return g
 
 
 @pytest.mark.parametrize("fmt", list(Q.Q8_ACT_FORMATS))
 @pytest.mark.parametrize("k", [96, 224])
 def test_int8_activations_match_their_reference(fmt: str, k: int) -> None:
-    """act="q8": the kernels quantize X exactly as the reference does (one differing int8 value would
+    """act="q8"/"q16": the kernels quantize X exactly as the reference does (one differing integer would
     cost ~|dw * dx|, far above the bound), then integer block dot products. 3 and 7 blocks: the
     AVX-512 kernel's pairs of blocks in two chains, and an odd last block."""
     rng = np.random.default_rng(11)
@@ -132,8 +145,29 @@ def test_int8_activations_match_their_reference(fmt: str, k: int) -> None:
     for m in ROWS:
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[0, :32] = 0.0  # an all-zero block: scale 0
-        got, want = cg.run({"x": x})[0], reference_run(g, {"x": x}, {"w": raw})[0]
-        assert_within(got, want, q8_bound(x, raw, fmt, k, want), f"{fmt} act=q8, {m} rows")
+        x[-1, -32:] *= 1e4  # a large block: q16's high bytes at their extremes
+        got = dict(zip(g.output_names, cg.run({"x": x})))
+        want = dict(zip(g.output_names, reference_run(g, {"x": x}, {"w": raw})))
+        for act in ("q8", "q16"):
+            assert_within(got[act], want[act], act_bound(x, raw, fmt, k, want[act], act), f"{fmt} act={act}, {m} rows")
+
+
+def test_int16_activations_are_close_to_exact() -> None:
+    """act="q16" against the exact f32 product: within the activations' rounding (half a step of
+    max|x| / 32767 per value), i.e. far closer than q8 (the reason it exists)."""
+    rng = np.random.default_rng(13)
+    k, n = 576, 40
+    raw = Q.quantize((rng.standard_normal((n, k)) * 0.05).astype(np.float32), "q4_1")
+    g = _q8_graph("q4_1", k, n)
+    cg = compile_graph(g, {"w": raw})
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    got = dict(zip(g.output_names, cg.run({"x": x})))
+    exact = x.astype(np.float64) @ Q.dequantize(raw, "q4_1", k).astype(np.float64).T
+    wabs = np.abs(Q.dequantize(raw, "q4_1", k).astype(np.float64))
+    step = np.repeat(np.abs(x.reshape(1, -1, 32)).max(-1), 32, axis=-1) / 32767  # per value
+    bound = 0.5 * step @ wabs.T + (k // 32 + 4) * U32 * (np.abs(x.astype(np.float64)) @ wabs.T) * 1.01
+    assert_within(got["q16"], exact, bound, "q16 vs exact")
+    assert np.abs(got["q16"] - exact).max() * 50 < np.abs(got["q8"] - exact).max()
 
 
 @pytest.mark.parametrize("cpu_target", ["x86-64-v3", "x86-64"])
@@ -150,7 +184,8 @@ def test_avx2_and_scalar_builds(cpu_target: str) -> None:
     raws = {f: Q.random_blocks(rng, n, k, f) for f in ("q4_1", "q8_0", "q5_0")}
     ws = {f: g.param(f, [n, r.shape[1]], "u8") for f, r in raws.items()}
     g.set_outputs({**{f: g.dequant_matmul(x, ws[f], quant=f) for f in raws},
-                   "q8": g.dequant_matmul(x, ws["q8_0"], quant="q8_0", act="q8")})
+                   "q8": g.dequant_matmul(x, ws["q8_0"], quant="q8_0", act="q8"),
+                   "q16": g.dequant_matmul(x, ws["q4_1"], quant="q4_1", act="q16")})
     cg = compile_graph(g, raws, cpu_target=cpu_target)
     for m in (2, 9):
         xv = rng.standard_normal((m, k)).astype(np.float32)
@@ -159,7 +194,10 @@ def test_avx2_and_scalar_builds(cpu_target: str) -> None:
         for f in raws:
             bound = (k + 4) * U32 * (np.abs(xv.astype(np.float64)) @ Q.abs_terms(raws[f], f, k).astype(np.float64).T)
             assert_within(got[f], want[f], bound, f"{cpu_target} {f}, {m} rows")
-        assert_within(got["q8"], want["q8"], q8_bound(xv, raws["q8_0"], "q8_0", k, want["q8"]), f"{cpu_target} q8")
+        assert_within(got["q8"], want["q8"], act_bound(xv, raws["q8_0"], "q8_0", k, want["q8"], "q8"),
+                      f"{cpu_target} q8")
+        assert_within(got["q16"], want["q16"], act_bound(xv, raws["q4_1"], "q4_1", k, want["q16"], "q16"),
+                      f"{cpu_target} q16")
 
 
 def test_bad_shapes_and_inputs_raise() -> None:
@@ -198,7 +236,8 @@ def asan_check() -> None:
     raws = {f: Q.random_blocks(rng, n, k, f) for f in ("q4_1", "q4_k")}
     ws = {f: g.param(f, [n, Q.row_bytes(f, k)], "u8") for f in raws}
     g.set_outputs({**{f: g.dequant_matmul(x, ws[f], quant=f) for f in raws},
-                   "q8": g.dequant_matmul(x, ws["q4_1"], quant="q4_1", act="q8")})
+                   "q8": g.dequant_matmul(x, ws["q4_1"], quant="q4_1", act="q8"),
+                   "q16": g.dequant_matmul(x, ws["q4_1"], quant="q4_1", act="q16")})
     cg = compile_graph(g, raws)
     for m in (1, 4, 17):
         xv = rng.standard_normal((m, k)).astype(np.float32)
@@ -207,7 +246,9 @@ def asan_check() -> None:
         for f in raws:
             mag = Q.abs_terms(raws[f], f, k).astype(np.float64)
             assert_within(got[f], want[f], (k + 4) * U32 * (np.abs(xv.astype(np.float64)) @ mag.T), f"{f}, {m} rows")
-        assert_within(got["q8"], want["q8"], q8_bound(xv, raws["q4_1"], "q4_1", k, want["q8"]), f"q8, {m} rows")
+        assert_within(got["q8"], want["q8"], act_bound(xv, raws["q4_1"], "q4_1", k, want["q8"], "q8"), f"q8, {m} rows")
+        assert_within(got["q16"], want["q16"], act_bound(xv, raws["q4_1"], "q4_1", k, want["q16"], "q16"),
+                      f"q16, {m} rows")
 
 
 if __name__ == "__main__":

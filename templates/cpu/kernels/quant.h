@@ -399,12 +399,18 @@ static inline __attribute__((always_inline)) void rlx_qgemm_panels(const int fmt
  * product of the weight's 4/8-bit values with q (vpdpbusd with AVX-512 VNNI, pmaddubsw with AVX2),
  * scaled by dw * dx; q4_1's min adds m * (dx * sum q), q4_0's offset -8 subtracts 8 * dw * (dx * sum q).
  *
- * Layout of the quantized rows (Xq: M rows of K bytes; xds: M rows of nb (dx, dx * sum q) pairs):
+ * act="q16" (a16 below) quantizes to int16 instead (d = max|x| / 32767) and stores each q as two byte
+ * planes, hi = q >> 8 (s8) and lo = q & 255 (u8): a block's dot product is 256 * (w . hi) + (w . lo),
+ * two int8 dot products on the same unpacked weights, so it runs at nearly int8 speed with errors
+ * 258x smaller (what the exact-math accuracy checks of the decoders need).
+ *
+ * Layout of the quantized rows (Xq: M rows of K bytes, or for q16 of 2K: the hi plane then the lo
+ * plane; xds: M rows of nb (dx, dx * sum q) pairs):
  * with AVX-512 VNNI (RLX_Q8_ZMM) one 512-bit register holds two blocks, so the bytes are stored in the
  * order the weights unpack into: for q4_0 / q4_1, blocks 2p and 2p+1 as [2p: 0..15, 2p+1: 0..15,
  * 2p: 16..31, 2p+1: 16..31] (the low nibbles of both blocks, then the high ones; an odd last block
- * stays in order), and for q8_0 q + 128 as u8 (vpdpbusd multiplies u8 by s8; the weights are the
- * signed side, and 128 * sum(w) is taken off again). Otherwise each block's 32 int8 values in order. */
+ * stays in order), and for q8_0 q + 128 as u8 (q16: hi + 128; vpdpbusd multiplies u8 by s8, the weights
+ * are the signed side, and 128 * sum(w) is taken off again). Otherwise each block's 32 values in order. */
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512VL__) && defined(__AVX512VNNI__)
@@ -424,45 +430,60 @@ static inline int64_t rlx_q8_pos(const int fmt, int64_t b, int64_t nb, int j)
     return b * 32 + j;
 }
 
-/* Xq (int8 [M, K], laid out as above), xds[2 * (i * nb + b)] = block scale, [... + 1] = scale * sum of
- * the block's q. */
-static void rlx_q8_quantize_rows(const int fmt, int64_t M, int64_t K, const float *restrict X,
+/* Xq (int8 [M, K], or for q16 (a16) [M, 2K], laid out as above), xds[2 * (i * nb + b)] = block scale,
+ * [... + 1] = scale * sum of the block's q. */
+static void rlx_q8_quantize_rows(const int fmt, const int a16, int64_t M, int64_t K, const float *restrict X,
                                  int8_t *restrict Xq, float *restrict xds)
 {
     const int64_t nb = K / 32;
+    const int lim = a16 ? 32767 : 127;
     for (int64_t i = 0; i < M; i++)
         for (int64_t b = 0; b < nb; b++) {
             const float *restrict x = X + i * K + b * 32;
-            int8_t *restrict row = Xq + i * K;
+            int8_t *restrict row = Xq + i * K * (a16 ? 2 : 1);
+            int8_t *restrict lo = row + K;  /* q16's low bytes */
+            const int64_t p0 = rlx_q8_pos(fmt, b, nb, 0), p1 = rlx_q8_pos(fmt, b, nb, 16);
 #ifdef RLX_Q8_ZMM
             const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
             const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            const __m512i lim = _mm512_set1_epi32(127);
+            const float d = amax / (float)lim, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __m512i hi = _mm512_set1_epi32(lim), nlo = _mm512_set1_epi32(-lim);
             /* cvtps rounds to nearest even (the default MXCSR mode), as nearbyintf */
             __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
             __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
-            q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
-            q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+            q0 = _mm512_max_epi32(_mm512_min_epi32(q0, hi), nlo);
+            q1 = _mm512_max_epi32(_mm512_min_epi32(q1, hi), nlo);
             const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            __m128i p0 = _mm512_cvtepi32_epi8(q0), p1 = _mm512_cvtepi32_epi8(q1);
-            if (fmt == RLX_Q8_0) {  /* the u8 side of vpdpbusd: q + 128 */
-                p0 = _mm_xor_si128(p0, _mm_set1_epi8((char)0x80));
-                p1 = _mm_xor_si128(p1, _mm_set1_epi8((char)0x80));
+            if (a16) {  /* vpmovdb truncates: the low bytes as they are, the high bytes from q >> 8 */
+                _mm_storeu_si128((__m128i *)(lo + p0), _mm512_cvtepi32_epi8(q0));
+                _mm_storeu_si128((__m128i *)(lo + p1), _mm512_cvtepi32_epi8(q1));
+                q0 = _mm512_srai_epi32(q0, 8);
+                q1 = _mm512_srai_epi32(q1, 8);
             }
-            _mm_storeu_si128((__m128i *)(row + rlx_q8_pos(fmt, b, nb, 0)), p0);
-            _mm_storeu_si128((__m128i *)(row + rlx_q8_pos(fmt, b, nb, 16)), p1);
+            __m128i s0 = _mm512_cvtepi32_epi8(q0), s1 = _mm512_cvtepi32_epi8(q1);
+            if (fmt == RLX_Q8_0) {  /* the u8 side of vpdpbusd: (high part of) q + 128 */
+                s0 = _mm_xor_si128(s0, _mm_set1_epi8((char)0x80));
+                s1 = _mm_xor_si128(s1, _mm_set1_epi8((char)0x80));
+            }
+            _mm_storeu_si128((__m128i *)(row + p0), s0);
+            _mm_storeu_si128((__m128i *)(row + p1), s1);
 #else
             float amax = 0.0f;
             for (int j = 0; j < 32; j++)
                 amax = fmaxf(amax, fabsf(x[j]));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const float d = amax / (float)lim, id = d != 0.0f ? 1.0f / d : 0.0f;
             int sum = 0;
             for (int j = 0; j < 32; j++) {
                 float v = nearbyintf(x[j] * id);
-                v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-                row[rlx_q8_pos(fmt, b, nb, j)] = (int8_t)v;
-                sum += (int)v;
+                v = v > (float)lim ? (float)lim : (v < (float)-lim ? (float)-lim : v);
+                const int q = (int)v, at = j < 16 ? (int)p0 + j : (int)p1 + j - 16;
+                if (a16) {
+                    row[at] = (int8_t)((q - (q & 255)) / 256);  /* floor(q / 256) */
+                    lo[at] = (int8_t)(uint8_t)(q & 255);
+                } else {
+                    row[at] = (int8_t)q;
+                }
+                sum += q;
             }
 #endif
             xds[2 * (i * nb + b)] = d;
@@ -470,11 +491,32 @@ static void rlx_q8_quantize_rows(const int fmt, int64_t M, int64_t K, const floa
         }
 }
 
+/* X' = the values the integer activation modes see, as floats: per block of 32, q * d with q and d
+ * as rlx_q8_quantize_rows computes them (many rows take the dequantized-panel GEMM on X', so prefill
+ * keeps f32 GEMM speed; the products are those of the quantized activations, with f32 rounding). */
+static void rlx_q_act_round_trip(const int a16, int64_t M, int64_t K, const float *restrict X, float *restrict XF)
+{
+    const float lim = a16 ? 32767.0f : 127.0f;
+    for (int64_t r = 0; r < M * (K / 32); r++) {
+        const float *restrict x = X + r * 32;  /* rows are dense, so block r of the flat array */
+        float *restrict y = XF + r * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / lim, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float v = nearbyintf(x[j] * id);
+            v = v > lim ? lim : (v < -lim ? -lim : v);
+            y[j] = v * d;
+        }
+    }
+}
+
 #ifdef RLX_Q8_ZMM
 /* Blocks b and b+1 of row w into the accumulators (see rlx_q8dot_zmm). */
-static inline __attribute__((always_inline)) void rlx_q8pair_zmm(const int fmt, const int mr, int64_t b, int64_t nb,
-        const int8_t *restrict Xq, int64_t K, const float *restrict xds, const uint8_t *restrict w, __m512 *acc,
-        __m128 *macc)
+static inline __attribute__((always_inline)) void rlx_q8pair_zmm(const int fmt, const int a16, const int mr,
+        int64_t b, int64_t nb, const int8_t *restrict Xq, int64_t K, const float *restrict xds,
+        const uint8_t *restrict w, __m512 *acc, __m128 *macc)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
     const int qo = fmt == RLX_Q4_1 ? 4 : 2;  /* where the quants start in a block */
@@ -505,7 +547,8 @@ static inline __attribute__((always_inline)) void rlx_q8pair_zmm(const int fmt, 
     }
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr) {
-            const __m512i xq = _mm512_loadu_si512((const void *)(Xq + i * K + b * 32));
+            const int8_t *xr = Xq + i * K * (a16 ? 2 : 1) + b * 32;
+            const __m512i xq = _mm512_loadu_si512((const void *)xr);
             /* [dw0 * dx0, mw0 * sx0, dw1 * dx1, mw1 * sx1] (q4_0: dw * sx in the odd lanes) */
             const __m128 s = _mm_mul_ps(dm, _mm_loadu_ps(xds + 2 * (i * nb + b)));
             __m512i dot;
@@ -514,6 +557,8 @@ static inline __attribute__((always_inline)) void rlx_q8pair_zmm(const int fmt, 
                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, wv));
             else
                 dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xq);
+            if (a16)  /* 256 * (w . hi) + (lo . w): lo is the u8 side, the weights (q4_x: 0..15) the s8 side */
+                dot = _mm512_dpbusd_epi32(_mm512_slli_epi32(dot, 8), _mm512_loadu_si512((const void *)(xr + K)), wv);
             const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[i]);
             if (fmt != RLX_Q8_0)
@@ -528,8 +573,9 @@ static inline __attribute__((always_inline)) void rlx_q8pair_zmm(const int fmt, 
  * int32 lanes hold 4-product partial sums of one block each (q4_x: lanes 0-3 and 8-11 block 2p,
  * 4-7 and 12-15 block 2p+1; q8_0: 0-7 and 8-15). The lanes are scaled by their block's dw * dx
  * (f32) and accumulated in f32; the min terms accumulate in a 4-float vector beside it. */
-static inline __attribute__((always_inline)) void rlx_q8dot_zmm(const int fmt, const int mr, int64_t nb,
-        const int8_t *restrict Xq, int64_t K, const float *restrict xds, const uint8_t *restrict w, float *out)
+static inline __attribute__((always_inline)) void rlx_q8dot_zmm(const int fmt, const int a16, const int mr,
+        int64_t nb, const int8_t *restrict Xq, int64_t K, const float *restrict xds, const uint8_t *restrict w,
+        float *out)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
     const int qo = fmt == RLX_Q4_1 ? 4 : 2;  /* where the quants start in a block */
@@ -543,11 +589,11 @@ static inline __attribute__((always_inline)) void rlx_q8dot_zmm(const int fmt, c
         }
     int64_t b = 0;
     for (; b + 3 < nb; b += 4) {  /* alternate pairs: two dependency chains */
-        rlx_q8pair_zmm(fmt, mr, b, nb, Xq, K, xds, w, acc, macc);
-        rlx_q8pair_zmm(fmt, mr, b + 2, nb, Xq, K, xds, w, acc2, macc);
+        rlx_q8pair_zmm(fmt, a16, mr, b, nb, Xq, K, xds, w, acc, macc);
+        rlx_q8pair_zmm(fmt, a16, mr, b + 2, nb, Xq, K, xds, w, acc2, macc);
     }
     if (b + 1 < nb) {
-        rlx_q8pair_zmm(fmt, mr, b, nb, Xq, K, xds, w, acc, macc);
+        rlx_q8pair_zmm(fmt, a16, mr, b, nb, Xq, K, xds, w, acc, macc);
         b += 2;
     }
     float tail[RLX_QGEMV_MAX_M];
@@ -567,13 +613,16 @@ static inline __attribute__((always_inline)) void rlx_q8dot_zmm(const int fmt, c
         }
         for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
             if (i < mr) {
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)(Xq + i * K + b * 32));
+                const int8_t *xr = Xq + i * K * (a16 ? 2 : 1) + b * 32;
+                const __m256i xq = _mm256_loadu_si256((const __m256i *)xr);
                 __m256i dot;
                 if (fmt == RLX_Q8_0)
                     dot = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), xq, wq),
                                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), c128, wq));
                 else
                     dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, xq);
+                if (a16)
+                    dot = _mm256_dpbusd_epi32(_mm256_slli_epi32(dot, 8), _mm256_loadu_si256((const __m256i *)(xr + K)), wq);
                 const __m128i d4 = _mm_add_epi32(_mm256_castsi256_si128(dot), _mm256_extracti128_si256(dot, 1));
                 const __m128i d2 = _mm_add_epi32(d4, _mm_unpackhi_epi64(d4, d4));
                 const int isum = _mm_cvtsi128_si32(_mm_add_epi32(d2, _mm_shuffle_epi32(d2, 1)));
@@ -647,12 +696,14 @@ static inline __attribute__((always_inline)) void rlx_q8blk(const int fmt, const
 
 /* out[i] = row w (nb blocks) . activation rows i < mr (quantized: Xq rows of K, block scales and sums
  * xds); even and odd blocks in separate accumulators (two dependency chains). */
-static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const int mr, int64_t nb,
+static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const int a16, const int mr, int64_t nb,
         const int8_t *restrict Xq, int64_t K, const float *restrict xds, const uint8_t *restrict w, float *out)
 {
 #if defined(RLX_Q8_ZMM)
-    rlx_q8dot_zmm(fmt, mr, nb, Xq, K, xds, w, out);
-#elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+    rlx_q8dot_zmm(fmt, a16, mr, nb, Xq, K, xds, w, out);
+#else
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+    if (!a16) {  /* q16 without AVX-512 VNNI takes the portable loop below */
     __m256 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
     float sacc[RLX_QGEMV_MAX_M], sacc2[RLX_QGEMV_MAX_M];
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
@@ -670,7 +721,9 @@ static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
         if (i < mr)
             out[i] = rlx_q8_hsum(_mm256_add_ps(acc[i], acc2[i])) + (sacc[i] + sacc2[i]);
-#else
+    return;
+    }
+#endif
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
     float facc[RLX_QGEMV_MAX_M], sacc[RLX_QGEMV_MAX_M];
     for (int i = 0; i < mr; i++)
@@ -691,10 +744,10 @@ static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const
             }
         }
         for (int i = 0; i < mr; i++) {
-            const int8_t *xq = Xq + i * K + b * 32;
+            const int8_t *xq = Xq + i * K * (a16 ? 2 : 1) + b * 32;
             int dot = 0;
             for (int j = 0; j < 32; j++)
-                dot += wq[j] * xq[j];
+                dot += wq[j] * (a16 ? (int)xq[j] * 256 + (int)(uint8_t)xq[K + j] : (int)xq[j]);
             facc[i] += (float)dot * (dw * xds[2 * (i * nb + b)]);
             if (fmt != RLX_Q8_0)
                 sacc[i] += cw * xds[2 * (i * nb + b) + 1];
@@ -708,7 +761,7 @@ static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const
 /* Y[:, n0:n1] with int8 activations: blocks of up to RLX_Q8_ROWS rows of Xq stay in L1 while the
  * thread's weight rows pass by, four rows of Xq at a time per weight row. */
 #define RLX_Q8_ROWS 32
-static inline __attribute__((always_inline)) void rlx_q8gemm(const int fmt, int64_t M, int64_t N, int64_t K,
+static inline __attribute__((always_inline)) void rlx_q8gemm(const int fmt, const int a16, int64_t M, int64_t N, int64_t K,
         const int8_t *Xq, const float *xds, const uint8_t *W, int64_t rb, float *Y, int64_t n0, int64_t n1)
 {
     const int64_t nb = K / 32;
@@ -718,13 +771,13 @@ static inline __attribute__((always_inline)) void rlx_q8gemm(const int fmt, int6
         for (int64_t n = n0; n < n1; n++) {
             for (int64_t i = r0; i < r1; i += RLX_QGEMV_MAX_M) {
                 const int64_t mr = r1 - i < RLX_QGEMV_MAX_M ? r1 - i : RLX_QGEMV_MAX_M;
-                const int8_t *xq = Xq + i * K;
+                const int8_t *xq = Xq + i * K * (a16 ? 2 : 1);
                 const float *ds = xds + 2 * i * nb;
                 switch (mr) {
-                case 4: rlx_q8dot(fmt, 4, nb, xq, K, ds, W + n * rb, out); break;
-                case 3: rlx_q8dot(fmt, 3, nb, xq, K, ds, W + n * rb, out); break;
-                case 2: rlx_q8dot(fmt, 2, nb, xq, K, ds, W + n * rb, out); break;
-                default: rlx_q8dot(fmt, 1, nb, xq, K, ds, W + n * rb, out); break;
+                case 4: rlx_q8dot(fmt, a16, 4, nb, xq, K, ds, W + n * rb, out); break;
+                case 3: rlx_q8dot(fmt, a16, 3, nb, xq, K, ds, W + n * rb, out); break;
+                case 2: rlx_q8dot(fmt, a16, 2, nb, xq, K, ds, W + n * rb, out); break;
+                default: rlx_q8dot(fmt, a16, 1, nb, xq, K, ds, W + n * rb, out); break;
                 }
                 for (int64_t j = 0; j < mr; j++)
                     Y[(i + j) * N + n] = out[j];
