@@ -3,6 +3,9 @@
     python benchmarks/llm.py [--model PATH] [--threads 2] [--prompt-tokens 256] [--new-tokens 128]
                              [--rounds 3] [--peers rlx,llama.cpp]
 
+A peer `rlx@ACT` (e.g. `--peers rlx,rlx@f32,llama.cpp`) runs RLX with `quant_act=ACT` (how its
+quantized matmuls take activations: q16, q8 or f32; plain `rlx` is the CPU default, q16).
+
 llama.cpp is `llama-cpp-python` (build it from PyPI's sdist in the benchmark's own environment:
 `pip install llama-cpp-python`; it is not an RLX dependency). Both engines load the same GGUF file
 and run batch 1 with the same thread count. Prefill is one call over a `--prompt-tokens` prompt
@@ -44,11 +47,12 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
 class RlxPeer:
     name = "rlx"
 
-    def __init__(self, path: Path, threads: int, context: int, chunk: int) -> None:
+    def __init__(self, path: Path, threads: int, context: int, chunk: int, quant_act: str | None = None) -> None:
         from rlx.models.causal_lm import CausalLM
 
         t0 = time.perf_counter()
-        self.lm = CausalLM.from_gguf(path, max_context=context, prefill_chunk=chunk, threads=threads)
+        self.lm = CausalLM.from_gguf(path, max_context=context, prefill_chunk=chunk, threads=threads,
+                                     quant_act=quant_act)
         self.load_s = time.perf_counter() - t0
         self.tokenizer = self.lm.tokenizer
 
@@ -104,8 +108,9 @@ PEERS = {"rlx": RlxPeer, "llama.cpp": LlamaCppPeer}
 
 def worker(name: str, path: str, threads: int, context: int, chunk: int, ids: list[int], new: int, conn) -> None:
     """One engine in its own process: load, warm up, then run a (prefill, decode) block per request."""
+    base, _, act = name.partition("@")
     try:
-        peer = PEERS[name](Path(path), threads, context, chunk)
+        peer = PEERS[base](Path(path), threads, context, chunk, *([act] if act else []))
     except ImportError as exc:
         conn.send(("skip", str(exc)))
         return
@@ -174,12 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         dec = statistics.median(results[name]["decode"])
         speeds[name] = (args.prompt_tokens / pre, args.new_tokens / dec)
         print(f"{name:<10} {load_s:7.2f} {pre * 1e3:11.1f} {speeds[name][0]:14.1f} {speeds[name][1]:13.1f}")
-    if "rlx" in speeds and "llama.cpp" in speeds:
-        r, c = speeds["rlx"], speeds["llama.cpp"]
-        print(f"RLX / llama.cpp: prefill {r[0] / c[0]:.2f}x, decode {r[1] / c[1]:.2f}x")
-        a, b = continuations["rlx"], continuations["llama.cpp"]
+    for name in (n for n in speeds if n.startswith("rlx") and "llama.cpp" in speeds):
+        r, c = speeds[name], speeds["llama.cpp"]
+        print(f"{name} / llama.cpp: prefill {r[0] / c[0]:.2f}x, decode {r[1] / c[1]:.2f}x")
+        a, b = continuations[name], continuations["llama.cpp"]
         same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        print(f"greedy continuations agree for the first {same} of {len(a)} tokens "
+        print(f"  greedy continuations agree for the first {same} of {len(a)} tokens "
               "(llama.cpp quantizes activations to 8 bits in its matmuls; see benchmarks/llm_agreement.py)")
     return 0
 

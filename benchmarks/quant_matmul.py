@@ -1,7 +1,7 @@
 """Quantized matmul (GGUF blocks): rlx `dequant_matmul` vs f32 matmuls on the dequantized weight.
 
     python benchmarks/quant_matmul.py [--threads N] [--rounds R] [--formats q4_1,q8_0] [--rows 1,256]
-                                      [--peers "rlx q,rlx q act8,rlx f32,numpy f32"]
+                                      [--peers "rlx q,rlx q act8,rlx q act16,rlx f32,numpy f32"]
 
 Y[M, N] = X[M, K] @ W^T for SmolLM2-135M's weight shapes (N x K: 576x576 attention,
 1536x576 FFN up/gate, 576x1536 FFN down, 49152x576 vocabulary projection), W in a GGUF
@@ -11,6 +11,8 @@ a GEMM, bound by arithmetic). Peers, all in this process on the same data:
 - rlx q: `dequant_matmul` on the raw blocks (the kernels read the 4/8-bit blocks), f32 activations;
 - rlx q act8: the same with `act="q8"` (activations quantized to int8 per 32-block, integer block
   products with VNNI, as llama.cpp computes these matmuls);
+- rlx q act16: `act="q16"` (int16 activations as two byte planes: two VNNI products per block pair;
+  the CPU decoder's default);
 - rlx f32: rlx's own packed f32 GEMM on the dequantized weight (a param, packed at set time);
 - numpy f32: `x @ Wd.T` on the dequantized weight (numpy's BLAS).
 
@@ -44,7 +46,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--formats", default="q4_1,q8_0")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="rows of X (M), comma-separated")
-    ap.add_argument("--peers", default="rlx q,rlx q act8,rlx f32,numpy f32")
+    ap.add_argument("--peers", default="rlx q,rlx q act8,rlx q act16,rlx f32,numpy f32")
     args = ap.parse_args()
     rows = tuple(int(r) for r in args.rows.split(","))
     wanted = set(args.peers.split(","))
@@ -75,6 +77,11 @@ def main() -> None:
             g8.set_outputs([g8.dequant_matmul(x8, g8.param("w", [n, raw.shape[1]], "u8"), quant=fmt, act="q8")])
             c8 = session.compile(g8)
             c8.set_param("w", raw)
+            g16 = rlx.Graph("q16")
+            x16 = g16.input("x", [m_dim, k])
+            g16.set_outputs([g16.dequant_matmul(x16, g16.param("w", [n, raw.shape[1]], "u8"), quant=fmt, act="q16")])
+            c16 = session.compile(g16)
+            c16.set_param("w", raw)
             gf = rlx.Graph("f")
             xf = gf.input("x", [m_dim, k])
             gf.set_outputs([gf.matmul(xf, gf.param("w", [k, n]))])
@@ -87,13 +94,15 @@ def main() -> None:
                 assert np.allclose(got, want, rtol=1e-3, atol=1e-3), "rlx dequant_matmul disagrees"
                 feeds = {"x": x}
                 peers = {"rlx q": lambda c=cq, f=feeds: c.run(f), "rlx q act8": lambda c=c8, f=feeds: c.run(f),
+                         "rlx q act16": lambda c=c16, f=feeds: c.run(f),
                          "rlx f32": lambda c=cf, f=feeds: c.run(f), "numpy f32": lambda a=x, b=wdt: a @ b}
                 peers = {name: fn for name, fn in peers.items() if name in wanted or name == "rlx q"}
                 times = round_robin(peers, args.rounds)
-                wbytes = {"rlx q": raw.nbytes, "rlx q act8": raw.nbytes, "rlx f32": wd.nbytes, "numpy f32": wd.nbytes}
+                wbytes = {"rlx q": raw.nbytes, "rlx q act8": raw.nbytes, "rlx q act16": raw.nbytes,
+                          "rlx f32": wd.nbytes, "numpy f32": wd.nbytes}
                 for name, t in times.items():
                     ratio = "" if name == "rlx q" else f"{t / times['rlx q']:5.2f}"
-                    print(f"{fmt:<6} {f'{n}x{k}':>11} {m:>4}  {name:<10} {t * 1e3:8.3f}ms "
+                    print(f"{fmt:<6} {f'{n}x{k}':>11} {m:>4}  {name:<11} {t * 1e3:8.3f}ms "
                           f"{wbytes[name] / t / 1e9:7.2f} {2 * m * n * k / t / 1e9:8.1f}  {ratio}", flush=True)
 
 
