@@ -111,3 +111,18 @@ def test_bad_input_is_refused(lm: CausalLM) -> None:
         lm.generate_batch([[3]] * 4)
     with pytest.raises(RlxError, match="temperature"):
         lm.generate([3], temperature=-1)
+
+
+def test_default_quant_act_follows_the_cpu_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int16 activations only where the build has AVX-512 VNNI (their kernels); f32 otherwise and off the CPU."""
+    from rlx.models.causal_lm import Q16_FEATURES, default_quant_act
+    from rlx.toolchain.isa import required_features
+
+    monkeypatch.setenv("RLX_CPU_TARGET", "x86-64-v3")  # AVX2: no VNNI kernels
+    assert default_quant_act("cpu") == "f32"
+    monkeypatch.setenv("RLX_CPU_TARGET", "native")
+    native = set(required_features("native"))
+    assert default_quant_act("cpu") == ("q16" if native.issuperset(Q16_FEATURES) else "f32")
+    assert default_quant_act("cuda") == "f32"
+    with pytest.raises(RlxError, match="quant_act"):
+        CausalLM(CONFIG, random_tensors(random_specs(CONFIG), seed=1), device="reference", quant_act="q4")
