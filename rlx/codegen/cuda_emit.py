@@ -51,7 +51,8 @@ CODEGEN_VERSION = "cuda-2"
 _INT32_LIMIT = (1 << 31) - 1
 #: Fixed device code, in the order it appears in the .cu (each file only when some kernel names it).
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
-                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh",
+                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
+                  "cuda/kernels/gemm.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh")
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
 COPY_HEADER = "cuda/kernels/copy.cuh"

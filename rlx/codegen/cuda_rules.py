@@ -33,6 +33,9 @@ from rlx.opt.lowering_cuda import gemm_batching
 OPS = "cuda/ops.cu.j2"
 COPY, GATHER, ROPE = "cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh"
 ROWS, ATTENTION, GEMM = "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh"
+ATTENTION_SHORT = "cuda/kernels/attention_short.cuh"
+#: Keys that rlx_attn_short holds in shared memory whole (encoder sequences: BERT, MiniLM).
+SHORT_KV = 128
 
 _RED = {"sum": "RLX_RED_SUM", "mean": "RLX_RED_MEAN", "max": "RLX_RED_MAX", "min": "RLX_RED_MIN",
         "prod": "RLX_RED_PROD"}
@@ -272,6 +275,8 @@ class Attention(Launch):
     mask: str
     mma: bool
     bk: int
+    #: Skv never exceeds `short_kv` (its static bound): rlx_attn_short, the whole K/V in shared memory; 0: off.
+    short_kv: int
     vec: str
     B: str
     q_rs: int
@@ -662,14 +667,20 @@ def attention(e: CudaEmitter, node: Node) -> Kernel:
     mask = _MASK[op.mask]
     # keys per tile: 64 measured faster than 128 on an H100 for BERT shapes (more blocks resident per SM)
     bk = 64 if D > 64 else (e.target.attn_bk or 64)
-    if mma:
+    # every key of a (batch, head) fits in shared memory: one cp.async batch per block, no barrier per tile
+    short_kv = SHORT_KV if (mma and vec and D <= 64 and k.dims[1].max <= SHORT_KV) else 0
+    if short_kv:
+        smem: tuple[tuple[str, str], ...] = ((f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>",
+                                              f"RlxShortSmem<{D}, {short_kv}>::total(8)"),)
+    elif mma:
         smem = tuple((f"rlx_attn_fa<{t}, {mt}, {D}, {mask}, {str(vec).lower()}, {nw}, {bk}>",
                       f"RlxFaSmem<{D}, {nw}, {bk}>::total") for nw in (1, 4))
     else:
         smem = ((f"rlx_attn_rows<{t}, {mt}, {D}, {mask}>", f"rlx_attn_rows_smem<{t}, {D}>()"),)
     args = Attention(**e.base(node), smem_attrs=smem, t=t, mt=mt, D=D, H=H, Hkv=Hkv, mask=mask, mma=mma, bk=bk,
+                     short_kv=short_kv,
                      vec=str(vec).lower(), B=e.dim(q.dims[0]), q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, Sq=e.dim(q.dims[1]),
                      Skv=e.dim(k.dims[1]), scale=_float_c(op.softmax_scale), bs=bs, q=e.ptr(q_id), k=e.ptr(k_id),
                      v=e.ptr(v_id), m=e.ptr(mask_id) if mask_id is not None else "nullptr", out=e.ptr(node.id))
-    return _kernel(node, "block_attention", args, ATTENTION)
+    return _kernel(node, "block_attention", args, ATTENTION, *((ATTENTION_SHORT,) if short_kv else ()))
 
