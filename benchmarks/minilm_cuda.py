@@ -10,6 +10,7 @@ same weights on the same token batch, in this one process, on device-resident in
 | peer | what |
 | --- | --- |
 | `rlx` | `bind_device` (torch tensors checked once, then each call is one C call replaying a CUDA graph) |
+| `rlx_mma` | `rlx` built with `fused_act_gemm=True`: the erf-GELU GEMM on rlx_gemm_mma, bias + GELU in its epilogue |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
@@ -172,6 +173,15 @@ def main() -> int:
               f"warm load {warm * 1e3:.1f} ms (cache hit), weight upload {upload * 1e3:.1f} ms, "
               f"GEMM {cg.manifest.get('gemm')}, arch {cg.manifest.get('arch')}")
         builds[prec] = cg
+        if "rlx_mma" in peers:
+            from rlx.config import Config
+            from rlx.runtime.cuda_device import compile_cuda
+
+            mma = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=prec,
+                               fused_act_gemm=True)
+            for name, value in weights.items():
+                mma.set_param(name, value)
+            builds[prec + "_mma"] = mma
 
     tb = TorchBert(cfg, weights)
     compile_modes = {"compile": None, "compile_ro": "reduce-overhead", "compile_ma": "max-autotune"}
@@ -192,6 +202,9 @@ def main() -> int:
             fns, notes = {}, []
             if "rlx" in peers:
                 fns["rlx"] = cg.bind_device(dfeed, outputs={"embeddings": out})
+            if "rlx_mma" in peers:
+                out_mma = torch.empty_like(out)
+                fns["rlx_mma"] = builds[prec + "_mma"].bind_device(dfeed, outputs={"embeddings": out_mma})
             if "rlx_device" in peers:
                 fns["rlx_device"] = lambda dfeed=dfeed, out=out, cg=cg: cg.run_device(dfeed,
                                                                                     outputs={"embeddings": out})
@@ -247,6 +260,8 @@ def main() -> int:
                     fn()
                     fn()
                 cos = {"rlx": torch.nn.functional.cosine_similarity(out, want, dim=1).min().item()}
+                if "rlx_mma" in fns:
+                    cos["rlx_mma"] = torch.nn.functional.cosine_similarity(out_mma, want, dim=1).min().item()
                 for name, fn in fns.items():
                     if not name.startswith("rlx"):  # each torch / ORT peer's output, cloned at once
                         got = fn().float().clone()
@@ -272,8 +287,8 @@ def main() -> int:
                 print(f"    skipped {n}")
             torch._dynamo.reset()
 
-    names = [p for p in ("rlx", "rlx_device", "rlx_host", "eager", "sdpa", "sdpa_flash", "compile", "compile_ro",
-                         "compile_ma", "ort") if p in peers]
+    names = [p for p in ("rlx", "rlx_mma", "rlx_device", "rlx_host", "eager", "sdpa", "sdpa_flash", "compile",
+                         "compile_ro", "compile_ma", "ort") if p in peers]
     print()
     print(f"Wall: host ms per call (median of {args.rounds}); kernel: ms of GPU kernels per call (CUPTI); "
           f"% peak: FLOPs / kernel time / {args.peak:g} TFLOP/s; x: peer / rlx (> 1: rlx faster).")

@@ -33,7 +33,10 @@ from rlx.opt.lowering_cuda import gemm_batching
 OPS = "cuda/ops.cu.j2"
 COPY, GATHER, ROPE = "cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh"
 ROWS, ATTENTION, GEMM = "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh"
-ATTENTION_SHORT = "cuda/kernels/attention_short.cuh"
+ATTENTION_SHORT, GEMM_MMA = "cuda/kernels/attention_short.cuh", "cuda/kernels/gemm_mma.cuh"
+#: rlx_gemm_mma's tile configurations (BM, BN, WARPS_M, WARPS_N), largest first: the host picks the largest
+#: whose grid covers every SM (the last one otherwise).
+MMA_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (16, 64, 1, 4))
 #: Keys that rlx_attn_short holds in shared memory whole (encoder sequences: BERT, MiniLM).
 SHORT_KV = 128
 
@@ -248,6 +251,8 @@ class GemmCall:
     post_vec: int = 0
     # built-in: (dim, A stride, B stride) per collapsed batch dim
     bdims: tuple[tuple[str, str, str], ...] = ()
+    # rlx_gemm_mma (mode "mma"): its tile configurations, largest first
+    tiles: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -568,6 +573,9 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
     if e.target.gemm == "cublaslt" and dt in _CUDA_TYPE and batching is not None:
         fold = batching.folded
         fuse_act = fold and (act == "relu" or (act == "gelu_tanh" and e.target.lt_gelu_epilogue))
+        if e.target.fused_act_gemm and act is not None and not fuse_act and _mma_fits(e, a_id, b_id, out_off, bias,
+                                                                                  batching.folded, K, N):
+            return GemmCall(**common, mode="mma", tiles=MMA_TILES)
         fuse_bias = fold and bias is not None
         post_act = act if (act is not None and not fuse_act) else None
         post_bias = bias is not None and not fuse_bias
@@ -591,6 +599,14 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
     bd, (ca, cb) = collapse(ob, av, bv)
     return GemmCall(**common, mode="tiled",
                     bdims=tuple((e.dim(d), e.dim(x), e.dim(y)) for d, x, y in zip(bd, ca.strides, cb.strides)))
+
+
+def _mma_fits(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_off: int | None, bias: NodeId | None, folded: bool,
+              K: Dim, N: Dim) -> bool:
+    """rlx_gemm_mma takes it: f16/bf16, one B for all rows, whole 16-byte chunks of K and N, aligned operands."""
+    offs = [e.offset(a_id), e.offset(b_id), out_off] + ([e.offset(bias)] if bias is not None else [])
+    return (e.ddt(a_id) in (DType.F16, DType.BF16) and folded and K.is_static and N.is_static
+            and K.value % 8 == 0 and N.value % 8 == 0 and all(o is not None and o % 16 == 0 for o in offs))
 
 
 def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
@@ -626,6 +642,10 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
     g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
+    if g.mode == "mma":
+        smem = tuple((f"rlx_gemm_mma<{g.t}, {g.act}, {g.bias_on}, {bm}, {bn}, {wm}, {wn}>",
+                      f"RlxGemmMma<{bm}, {bn}, {wm}, {wn}>::total") for bm, bn, wm, wn in g.tiles)
+        return _kernel(node, "block_gemm", Gemm(**e.base(node), smem_attrs=smem, gemm=g), GEMM, GEMM_MMA)
     return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", gemm=g), GEMM)
 
 
