@@ -12,7 +12,6 @@ from rlx.errors import BuildError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
-from rlx.opt.memplan import plan
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 
 
