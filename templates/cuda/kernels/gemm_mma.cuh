@@ -17,7 +17,9 @@ template <int BM, int BN, int WARPS_M, int WARPS_N> struct RlxGemmMma {
     static constexpr size_t a_bytes = (size_t)BM * LDA * 2, b_bytes = (size_t)BK * LDB * 2;
     static constexpr size_t stage_bytes = a_bytes + b_bytes;
     static constexpr size_t total = stage_bytes * STAGES;
+    static constexpr int LDC = BN + 8; /* the output tile, staged in the same shared memory for 16-byte stores */
     static_assert(WM % 16 == 0 && WN % 16 == 0, "a warp tile is whole m16 fragments and pairs of n8 fragments");
+    static_assert((size_t)BM * LDC * 2 <= total, "the staged output tile fits in the pipeline's buffers");
 };
 
 /* The m16n8k16 product and the f32 -> 2 x T packing, per element type. */
@@ -134,26 +136,33 @@ __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32) rlx_gemm_mma(const T *
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads(); /* every warp is done with the stages: they now hold the output tile */
 
-    /* epilogue: bias and activation on the accumulators, two adjacent columns per 32-bit store */
+    /* epilogue: bias and activation on the accumulators into shared memory (conflict-free 32-bit writes), then
+     * whole 16-byte chunks of output rows to C (coalesced) */
+    T *c_s = reinterpret_cast<T *>(rlx_smem_gemm);
 #pragma unroll
     for (int j = 0; j < G::NT; ++j) {
-        const int64_t col = n0 + wn * G::WN + j * 8 + tq * 2;
-        if (col >= N) continue; /* N % 8 == 0: col + 1 < N too */
+        const int cl = wn * G::WN + j * 8 + tq * 2;
         float b0 = 0.f, b1 = 0.f;
-        if (BIAS) {
-            b0 = (float)rlx_f(bias[col]);
-            b1 = (float)rlx_f(bias[col + 1]);
+        if (BIAS && n0 + cl < N) { /* N % 8 == 0: cl + 1 is in range too */
+            b0 = (float)rlx_f(bias[n0 + cl]);
+            b1 = (float)rlx_f(bias[n0 + cl + 1]);
         }
 #pragma unroll
         for (int i = 0; i < G::MT; ++i) {
-            const int64_t row = m0 + wm * G::WM + i * 16 + g;
-            if (row < M)
-                *reinterpret_cast<uint32_t *>(C + row * N + col) =
-                    OP::pack(rlx_act<ACT>(acc[i][j][0] + b0), rlx_act<ACT>(acc[i][j][1] + b1));
-            if (row + 8 < M)
-                *reinterpret_cast<uint32_t *>(C + (row + 8) * N + col) =
-                    OP::pack(rlx_act<ACT>(acc[i][j][2] + b0), rlx_act<ACT>(acc[i][j][3] + b1));
+            const int rl = wm * G::WM + i * 16 + g;
+            *reinterpret_cast<uint32_t *>(c_s + rl * G::LDC + cl) =
+                OP::pack(rlx_act<ACT>(acc[i][j][0] + b0), rlx_act<ACT>(acc[i][j][1] + b1));
+            *reinterpret_cast<uint32_t *>(c_s + (rl + 8) * G::LDC + cl) =
+                OP::pack(rlx_act<ACT>(acc[i][j][2] + b0), rlx_act<ACT>(acc[i][j][3] + b1));
         }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = tid; e < BM * (BN / 8); e += THREADS) {
+        const int r = e / (BN / 8), c = (e % (BN / 8)) * 8;
+        if (m0 + r < M && n0 + c < N)
+            *reinterpret_cast<int4 *>(C + (m0 + r) * N + n0 + c) = *reinterpret_cast<const int4 *>(c_s + r * G::LDC + c);
     }
 }
