@@ -11,6 +11,7 @@ same weights on the same token batch, in this one process, on device-resident in
 | --- | --- |
 | `rlx` | `bind_device` (torch tensors checked once, then each call is one C call replaying a CUDA graph) |
 | `rlx_mma` | `rlx` built with `fused_act_gemm=True`: the erf-GELU GEMM on rlx_gemm_mma, bias + GELU in its epilogue |
+| `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of rlx_attn_short |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
@@ -52,6 +53,10 @@ from rlx.models.bert import BertConfig, bert_inputs, build_bert, load_config, lo
 
 MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536,
                     max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu")
+
+
+#: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
+VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False)}
 
 
 def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -173,15 +178,16 @@ def main() -> int:
               f"warm load {warm * 1e3:.1f} ms (cache hit), weight upload {upload * 1e3:.1f} ms, "
               f"GEMM {cg.manifest.get('gemm')}, arch {cg.manifest.get('arch')}")
         builds[prec] = cg
-        if "rlx_mma" in peers:
+        for variant, options in VARIANTS.items():
+            if variant not in peers:
+                continue
             from rlx.config import Config
             from rlx.runtime.cuda_device import compile_cuda
 
-            mma = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=prec,
-                               fused_act_gemm=True)
+            vg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=prec, **options)
             for name, value in weights.items():
-                mma.set_param(name, value)
-            builds[prec + "_mma"] = mma
+                vg.set_param(name, value)
+            builds[f"{prec}_{variant}"] = vg
 
     tb = TorchBert(cfg, weights)
     compile_modes = {"compile": None, "compile_ro": "reduce-overhead", "compile_ma": "max-autotune"}
@@ -202,9 +208,12 @@ def main() -> int:
             fns, notes = {}, []
             if "rlx" in peers:
                 fns["rlx"] = cg.bind_device(dfeed, outputs={"embeddings": out})
-            if "rlx_mma" in peers:
-                out_mma = torch.empty_like(out)
-                fns["rlx_mma"] = builds[prec + "_mma"].bind_device(dfeed, outputs={"embeddings": out_mma})
+            variant_out = {}
+            for variant in VARIANTS:
+                if variant in peers:
+                    variant_out[variant] = torch.empty_like(out)
+                    fns[variant] = builds[f"{prec}_{variant}"].bind_device(
+                        dfeed, outputs={"embeddings": variant_out[variant]})
             if "rlx_device" in peers:
                 fns["rlx_device"] = lambda dfeed=dfeed, out=out, cg=cg: cg.run_device(dfeed,
                                                                                     outputs={"embeddings": out})
@@ -260,8 +269,8 @@ def main() -> int:
                     fn()
                     fn()
                 cos = {"rlx": torch.nn.functional.cosine_similarity(out, want, dim=1).min().item()}
-                if "rlx_mma" in fns:
-                    cos["rlx_mma"] = torch.nn.functional.cosine_similarity(out_mma, want, dim=1).min().item()
+                for variant, vout in variant_out.items():
+                    cos[variant] = torch.nn.functional.cosine_similarity(vout, want, dim=1).min().item()
                 for name, fn in fns.items():
                     if not name.startswith("rlx"):  # each torch / ORT peer's output, cloned at once
                         got = fn().float().clone()
@@ -287,7 +296,7 @@ def main() -> int:
                 print(f"    skipped {n}")
             torch._dynamo.reset()
 
-    names = [p for p in ("rlx", "rlx_mma", "rlx_device", "rlx_host", "eager", "sdpa", "sdpa_flash", "compile",
+    names = [p for p in ("rlx", *VARIANTS, "rlx_device", "rlx_host", "eager", "sdpa", "sdpa_flash", "compile",
                          "compile_ro", "compile_ma", "ort") if p in peers]
     print()
     print(f"Wall: host ms per call (median of {args.rounds}); kernel: ms of GPU kernels per call (CUPTI); "

@@ -103,6 +103,9 @@ class CudaTarget:
     #: f16/bf16 GEMMs whose activation cuBLASLt cannot fuse (erf GELU, SiLU, ...) run on rlx_gemm_mma, bias and
     #: activation in its epilogue, instead of cuBLASLt plus a separate bias/activation pass over the output.
     fused_act_gemm: bool = False
+    #: Attention whose keys are bounded by 128 runs rlx_attn_short (all of K/V in shared memory); False: the
+    #: tiled rlx_attn_fa, as before it existed (for comparisons).
+    short_attention: bool = True
     #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
     attn_bk: int = 0
     #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
@@ -120,7 +123,8 @@ class CudaTarget:
     def identity(self) -> str:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
                 f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else "")
-                + (" fused_act_gemm=1" if self.fused_act_gemm else ""))
+                + (" fused_act_gemm=1" if self.fused_act_gemm else "")
+                + ("" if self.short_attention else " short_attention=0"))
 
 
 @dataclass(frozen=True)

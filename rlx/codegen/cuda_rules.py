@@ -688,7 +688,7 @@ def attention(e: CudaEmitter, node: Node) -> Kernel:
     # keys per tile: 64 measured faster than 128 on an H100 for BERT shapes (more blocks resident per SM)
     bk = 64 if D > 64 else (e.target.attn_bk or 64)
     # every key of a (batch, head) fits in shared memory: one cp.async batch per block, no barrier per tile
-    short_kv = SHORT_KV if (mma and vec and D <= 64 and k.dims[1].max <= SHORT_KV) else 0
+    short_kv = SHORT_KV if (e.target.short_attention and mma and vec and D <= 64 and k.dims[1].max <= SHORT_KV) else 0
     if short_kv:
         smem: tuple[tuple[str, str], ...] = ((f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>",
                                               f"RlxShortSmem<{D}, {short_kv}>::total(8)"),)

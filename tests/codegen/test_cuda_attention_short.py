@@ -38,7 +38,9 @@ def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
     # more than 128 keys, head_dim above 64, or f32: the tiled kernels, and the header stays out
     for kw, target in ((dict(heads=4, kv_heads=4, head_dim=32, mask="none", sq=[129]), F16),
                        (dict(heads=2, kv_heads=2, head_dim=80, mask="bias", sq=[45]), F16),
-                       (dict(heads=4, kv_heads=4, head_dim=32, mask="none", sq=[64]), CudaTarget(gemm="builtin"))):
+                       (dict(heads=4, kv_heads=4, head_dim=32, mask="none", sq=[64]), CudaTarget(gemm="builtin")),
+                       (dict(heads=4, kv_heads=4, head_dim=32, mask="none", sq=[64]),
+                        CudaTarget(precision=DType.F16, gemm="builtin", short_attention=False))):
         src = _render(target, **kw)
         assert "rlx_attn_short" not in src and "RlxShortSmem" not in src
 
