@@ -12,6 +12,8 @@ import pytest
 from rlx.codegen.cuda import CudaTarget, render_cuda
 from rlx.errors import BuildError
 from rlx.ir.dtype import DType
+from rlx.ir.graph import Graph
+from rlx.ir.shape import Dim
 from rlx.opt.memplan import plan
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 
@@ -45,17 +47,42 @@ def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
         assert "rlx_attn_short" not in src and "RlxShortSmem" not in src
 
 
-def test_short_kernel_compiles_for_every_mask(tmp_path: Path) -> None:
+def _every_mask() -> Graph:
+    """One graph, four attentions: every mask mode, head dims 16 / 32 / 64, GQA, cross attention."""
+    g = Graph("short_masks")
+    sq, skv = Dim.dynamic("sq", max=100), Dim.dynamic("skv", max=128)
+    outs = []
+    for mask, d in (("padding", 32), ("causal", 64), ("bias", 16), ("none", 64)):
+        q = g.input(f"q_{mask}", [2, sq, 4 * d])
+        k = g.input(f"k_{mask}", [2, skv, 2 * d])
+        v = g.input(f"v_{mask}", [2, skv, 2 * d])
+        m = None
+        if mask == "padding":
+            m = g.input("m_padding", [2, skv], "i64")
+        elif mask == "bias":
+            m = g.input("m_bias", [2, 1, 1, skv])
+        outs.append(g.attention(q, k, v, num_heads=4, head_dim=d, mask=mask, mask_input=m, num_kv_heads=2))
+    g.set_outputs(outs)
+    return g
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_short_kernel_compiles_for_every_mask(precision: str, tmp_path: Path) -> None:
     try:
         nvcc, text = find_nvcc("nvcc")
     except BuildError:
         pytest.skip("nvcc is not installed")
-    tc = NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc))
-    for i, (mask, d, prec) in enumerate((("padding", 32, DType.F16), ("causal", 64, DType.BF16),
-                                         ("bias", 16, DType.F16), ("none", 64, DType.F16))):
-        src = _render(CudaTarget(precision=prec, gemm="builtin"), heads=4, kv_heads=2, head_dim=d, mask=mask,
-                      sq=[100, 7], skv=[128, 9])
-        assert "rlx_attn_short<" in src
-        path = tmp_path / f"short_{i}.cu"
-        path.write_text(src)
-        tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
+    src = render_cuda(plan(_every_mask()), CudaTarget(precision=DType.parse(precision), gemm="builtin"),
+                      {"name": "m"})
+    assert _launches(src) == 4
+    for mask in ("PADDING", "CAUSAL", "BIAS", "NONE"):
+        assert f"RLX_MASK_{mask}, 128><<<" in src
+    path = tmp_path / "short.cu"
+    path.write_text(src)
+    NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc)).compile(path, path.with_suffix(".o"), "builtin",
+                                                                 compile_only=True)
+
+
+def _launches(src: str) -> int:
+    start = src.index("static int rlx_forward(")
+    return src[start:src.index("\n}\n", start)].count("rlx_attn_short<")
