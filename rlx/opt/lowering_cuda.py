@@ -30,11 +30,14 @@ import numpy as np
 
 from rlx.ir import ops as O
 from rlx.ir.decisions import Decision
-from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup, ParamPlacement, Region, Staged
+from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup, ParamPlacement, Region, ScanConstants, Staged
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.ir.ops_scan import Scan
 from rlx.ir.shape import Dim, Shape
+from rlx.opt.memplan import plan
+from rlx.opt.scan_body import step_graph
 
 PRECISIONS = (DType.F32, DType.F16, DType.BF16)
 GEMM_MODES = ("cublaslt", "builtin")
@@ -206,9 +209,24 @@ def _uses_lt(lir: LirModule, precision: DType, gemm: str, groups: Sequence[Seque
     return False
 
 
+def scan_bodies(lir: LirModule) -> list[tuple[NodeId, LirModule]]:
+    """Each scheduled scan node with its body's step graph planned (what the CUDA rule renders in its loop)."""
+    return [(nid, plan(step_graph(lir.graph.node(nid).op.body))) for nid in lir.schedule
+            if isinstance(lir.graph.node(nid).op, Scan)]
+
+
+def _scratch(lir: LirModule, precision: DType) -> int:
+    """The largest scratch any kernel uses, scan bodies' kernels included (they share the region)."""
+    graph = lir.graph
+    own = max((scratch_need(graph, graph.node(nid), precision) for nid in lir.schedule
+               if lir.buffers[nid].storage != "view"), default=0)
+    return max([own, *(_scratch(body, precision) for _, body in scan_bodies(lir))])
+
+
 def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, ...]:
     """The QKV groups and the device layout (their weights and outputs are part of the layout)."""
     graph = lir.graph
+    bodies = scan_bodies(lir)
     mem = _Allocator()
     position = {nid: i for i, nid in enumerate(lir.schedule)}
     users = graph.users()
@@ -268,6 +286,13 @@ def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, 
 
     constants = tuple(mem.alloc("constants", len(constant_bytes(graph.node(nid), device_dtype(
         graph.node(nid).shape.dtype, precision)))) for nid in lir.constants)
+    # a scan body's constants sit with the graph's (its kernels are launched from the scan's loop)
+    scan_consts = []
+    for nid, body in bodies:
+        sizes = [len(constant_bytes(body.graph.node(k), device_dtype(body.graph.node(k).shape.dtype, precision)))
+                 for k in body.constants]
+        if sizes:
+            scan_consts.append(ScanConstants(nid, tuple(mem.alloc("constants", n) for n in sizes)))
     inputs: list[Staged] = []
     for spec in lir.inputs:
         abi = spec.shape.dtype
@@ -284,16 +309,16 @@ def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, 
                                                                             * abi.itemsize)))
     # the arena doubles as the staging area of set_param (no run is in flight then)
     arena = mem.alloc("arena", max(lir.arena_bytes, staging_need))
-    scratch = mem.alloc("scratch", max((scratch_need(graph, graph.node(nid), precision) for nid in lir.schedule
-                                        if lir.buffers[nid].storage != "view"), default=0))
-    workspace_bytes = LT_WORKSPACE if _uses_lt(lir, precision, gemm, grouped) else 0
+    scratch = mem.alloc("scratch", _scratch(lir, precision))
+    lt = _uses_lt(lir, precision, gemm, grouped) or any(_uses_lt(b, precision, gemm, ()) for _, b in bodies)
+    workspace_bytes = LT_WORKSPACE if lt else 0
     workspace = mem.alloc("workspace", workspace_bytes)
     flag = mem.alloc("flag", ALIGN)
     layout = DeviceLayout(precision=precision.value, gemm=gemm, total=mem.total, params_end=params_end,
                           regions=mem.regions(), params=tuple(params), constants=constants, inputs=tuple(inputs),
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag)
-    return (*groups, layout)
+    return (*groups, *scan_consts, layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",

@@ -481,6 +481,49 @@ def ssm_ops() -> Case:
     return Case("ssm_ops", g, [{k: v.astype(np.float32) for k, v in f.items()} for f in feeds])
 
 
+
+def _scan_body(rows: int, width: int) -> Graph:
+    """One RNN-like step: c' = tanh(c @ w + x) + 0.5 * relu(x) (a GEMM, a fused region, a constant)."""
+    b = Graph("step")
+    c, w, x = b.input("c", [rows, width]), b.input("w", [width, width]), b.input("x", [rows, width])
+    h = b.activation("tanh", b.add_(b.matmul(c, w), x))
+    b.set_outputs([b.add_(h, b.mul(b.activation("relu", x), b.constant(np.float32(0.5))))])
+    return b
+
+
+@case
+def scan_loop() -> Case:
+    """scan over a dynamic length: the final carry, the trajectory, a reversed trajectory, and a length of 0."""
+    g = Graph("scan_loop")
+    length = Dim.dynamic("L", max=24)
+    xs = g.input("xs", [length, 3, 16])
+    c0, w = g.input("c0", [3, 16]), g.input("w", [16, 16])
+    body = _scan_body(3, 16)
+    g.set_outputs({"final": g.scan(body, c0, xs=[xs], bcasts=[w]),
+                   "traj": g.scan(body, c0, xs=[xs], bcasts=[w], save_trajectory=True),
+                   "rev": g.scan(body, c0, xs=[xs], bcasts=[w], save_trajectory=True, reverse=True)})
+    r = _rng(41)
+    feeds = [{"xs": _f32(r, n, 3, 16), "c0": _f32(r, 3, 16), "w": _f32(r, 16, 16, scale=0.25)} for n in (24, 1, 7)]
+    return Case("scan_loop", g, feeds)
+
+
+@case
+def scan_ssm_body() -> Case:
+    """A scan whose body holds an SSM op: a causal depthwise conv over a chunk of 4 rows per step, padded by
+    the carry (2 rows), the next carry built from the chunk's last 2 rows (views feeding a region)."""
+    g = Graph("scan_ssm_body")
+    steps = Dim.dynamic("T", max=6)
+    b = Graph("chunk")
+    c, x = b.input("c", [1, 2, 8]), b.input("x", [1, 4, 8])
+    y = b.depthwise_conv1d_causal(x, b.constant(np.linspace(-1, 1, 24, dtype=np.float32).reshape(8, 3)), c)
+    b.set_outputs([b.add_(b.narrow(y, 1, 2, 2), b.activation("sigmoid", b.narrow(x, 1, 2, 2)))])
+    xs = g.input("xs", [steps, 1, 4, 8])
+    c0 = g.input("c0", [1, 2, 8])
+    g.set_outputs({"y": g.scan(b, c0, xs=[xs], save_trajectory=True)})
+    r = _rng(43)
+    feeds = [{"xs": _f32(r, n, 1, 4, 8), "c0": _f32(r, 1, 2, 8)} for n in (6, 2)]
+    return Case("scan_ssm_body", g, feeds)
+
 def scale_of(arr: np.ndarray) -> float:
     a = np.asarray(arr, dtype=np.float64)
     return float(np.sqrt(np.mean(a * a))) if a.size else 0.0
