@@ -35,6 +35,7 @@ from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.ops_scan import Scan
+from rlx.ir.ops_ssm import SelectiveScan
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.memplan import plan
 from rlx.opt.scan_body import step_graph
@@ -111,8 +112,25 @@ def quant_tile(n: int, k: int, itemsize: int) -> int:
     return max(64, QUANT_TILE_BYTES // (k * itemsize) // 64 * 64)
 
 
+#: Chunked selective scan (prefill): shortest chunk of time, warps per SM it aims for, most (row, channel,
+#: chunk) segments at once (their final states and dt sums live in the scratch region).
+SSM_MIN_CHUNK = 32
+SSM_WARPS_PER_SM = 32
+SSM_MAX_SEGMENTS = 16384
+
+
+def ssm_segments(batch: int, channels: int, seq: int) -> int:
+    """Most (row, channel, chunk) segments a chunked selective scan of these (largest) sizes holds."""
+    if seq < 2 * SSM_MIN_CHUNK:
+        return 0
+    return min(SSM_MAX_SEGMENTS, batch * channels * (seq // SSM_MIN_CHUNK))
+
+
 def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
     """Scratch bytes one node's kernels use (the scratch region is sized to the largest)."""
+    if isinstance(node.op, SelectiveScan):  # per segment: its final (then entering) state and its sum of dt
+        bsz, seq, ch = node.shape.dims
+        return ssm_segments(bsz.max, ch.max, seq.max) * (node.op.state_size + 1) * 4
     if isinstance(node.op, O.DequantMatMul):  # a dequantized weight tile [K, tile], and its product when N is split
         x = graph.node(node.inputs[0]).shape
         k, n = x.dims[-1].value, node.shape.dims[-1].value

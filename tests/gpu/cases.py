@@ -482,6 +482,40 @@ def ssm_ops() -> Case:
 
 
 
+
+@case
+def ssm_long() -> Case:
+    """Prefill lengths that take the chunked selective scan (few rows x channels, a sequence of hundreds), state
+    sizes that are not multiples of 32, gated delta rule state sizes up to 128, and a decode step."""
+    g = Graph("ssm_long")
+    seq = Dim.dynamic("seq", max=700)
+    x, dt = g.input("x", [1, seq, 6]), g.input("dt", [1, seq, 6])
+    bm, cm = g.input("bm", [1, seq, 40]), g.input("cm", [1, seq, 40])
+    a = g.input("a", [6, 40])
+    q, k, v = (g.input(n, [1, seq, 2, 128]) for n in ("q", "k", "v"))
+    q2, k2, v2 = (g.input(n, [1, seq, 3, 48]) for n in ("q2", "k2", "v2"))
+    gate, beta = g.input("g", [1, seq, 2]), g.input("beta", [1, seq, 2])
+    gate2, beta2 = g.input("g2", [1, seq, 3]), g.input("beta2", [1, seq, 3])
+    s0 = g.input("s0", [1, 3, 48, 48])
+    g.set_outputs({"ssm": g.selective_scan(x, dt, a, bm, cm), "gdn128": g.gated_delta_net(q, k, v, gate, beta),
+                   "gdn48": g.gated_delta_net_carry(q2, k2, v2, gate2, beta2, s0)})
+    r = _rng(37)
+
+    def unit(*shape: int) -> np.ndarray:
+        z = _f32(r, *shape)
+        return z / np.linalg.norm(z, axis=-1, keepdims=True)
+
+    feeds = []
+    for n in (700, 257, 1):
+        feeds.append({"x": _f32(r, 1, n, 6), "dt": np.abs(_f32(r, 1, n, 6, scale=0.05)), "bm": _f32(r, 1, n, 40),
+                      "cm": _f32(r, 1, n, 40), "a": -np.abs(_f32(r, 6, 40)) - 0.1,
+                      "q": unit(1, n, 2, 128), "k": unit(1, n, 2, 128), "v": _f32(r, 1, n, 2, 128),
+                      "g": -np.abs(_f32(r, 1, n, 2, scale=0.05)), "beta": np.abs(_f32(r, 1, n, 2, scale=0.5)),
+                      "q2": unit(1, n, 3, 48), "k2": unit(1, n, 3, 48), "v2": _f32(r, 1, n, 3, 48),
+                      "g2": -np.abs(_f32(r, 1, n, 3, scale=0.05)), "beta2": np.abs(_f32(r, 1, n, 3, scale=0.5)),
+                      "s0": _f32(r, 1, 3, 48, 48, scale=0.1)})
+    return Case("ssm_long", g, feeds)
+
 def _scan_body(rows: int, width: int) -> Graph:
     """One RNN-like step: c' = tanh(c @ w + x) + 0.5 * relu(x) (a GEMM, a fused region, a constant)."""
     b = Graph("step")

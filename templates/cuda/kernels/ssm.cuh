@@ -1,14 +1,76 @@
 /* State-space and linear-attention recurrences on the GPU (rlx/ir/ops_ssm.py), storage type T,
  * computed in float.
  *
- * rlx_selective_scan: one warp per (batch row, channel); lane l keeps states n = l, l+32, ... in
- *   registers (N <= 32 * RLX_SSM_PER_LANE) and the warp reduces <s, C_t> with shuffles each step.
- * rlx_gated_delta_net: one block per (batch row, head); the N x N state lives in shared memory,
- *   thread j owns value column j (N <= 1024 threads): S^T k and the output are column dot products,
- *   the rank-1 update touches the thread's own column, so a step needs no synchronization beyond
- *   the broadcast of k_t and q_t.
+ * selective_scan (s_t = exp(dt_t A) s_{t-1} + dt_t x_t B_t, y_t = <s_t, C_t>, per (batch row, channel)):
+ *   one warp per (batch row, channel, chunk of time); lane l keeps states n = l, l+32, ... in registers
+ *   (N <= 32 * RLX_SSM_PER_LANE) and the warp reduces <s, C_t> with shuffles each step.
+ *   - rlx_selective_scan: one chunk, the whole sequence in order (decode, or enough rows and channels to
+ *     fill the GPU).
+ *   - prefill with few rows x channels: the sequence is cut into chunks scanned in parallel in three
+ *     launches. rlx_ssm_chunk_ends scans each chunk from a zero state and keeps its final state and the
+ *     chunk's sum of dt (the chunk's decay is exp(A * sum dt)); rlx_ssm_chunk_carry walks the chunks of
+ *     each (row, channel, n) in order, replacing each chunk's final state by the state entering it; then
+ *     rlx_ssm_chunk_out scans every chunk again from its entering state and writes y. Twice the arithmetic
+ *     of one pass, but (chunks) times the parallelism.
+ * gated delta rule (per (batch row, head): S_t = exp(g_t) S_{t-1} + k_t u_t^T with
+ *   u_t = beta_t (v_t - S^T k_t) after the decay, o_t = scale * S_t^T q_t): a column j of S (one value
+ *   channel) evolves on its own, since u_t[j] and o_t[j] read column j only. rlx_gdn_columns runs one
+ *   warp per (batch row, head, column), lane l holding rows i = l, l+32, ... of its column in registers;
+ *   S^T k and S^T q are warp reductions. A block of RLX_GDN_COLS warps covers adjacent columns so that the
+ *   carried state is read and written through shared memory in whole rows (coalesced).
  * rlx_dwconv1d_causal: one thread per output element. */
 #define RLX_SSM_PER_LANE 8
+#define RLX_GDN_COLS 8
+#define RLX_GDN_MAX_N 256
+
+__device__ __forceinline__ float rlx_ssm_warp_sum(float v) {
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* Steps t0 <= t < t1 of (batch row b, channel h) from the state st; with Y, y_t is written. Returns the sum
+ * of dt over the steps. */
+template <typename T, bool Y>
+__device__ __forceinline__ float rlx_ssm_steps(const T *__restrict__ x, const T *__restrict__ dt,
+                                               const T *__restrict__ Bm, const T *__restrict__ Cm,
+                                               T *__restrict__ y, int64_t b, int64_t h, int64_t S, int64_t H,
+                                               int N, int lane, int64_t t0, int64_t t1,
+                                               float (&st)[RLX_SSM_PER_LANE], const float (&a)[RLX_SSM_PER_LANE]) {
+    float dsum = 0.0f;
+    for (int64_t t = t0; t < t1; ++t) {
+        const int64_t row = b * S + t;
+        const float d = rlx_f(dt[row * H + h]);
+        const float dx = d * rlx_f(x[row * H + h]);
+        dsum += d;
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
+            const int n = lane + 32 * i;
+            if (n < N) {
+                st[i] = __expf(d * a[i]) * st[i] + dx * rlx_f(Bm[row * N + n]);
+                if (Y)
+                    acc += st[i] * rlx_f(Cm[row * N + n]);
+            }
+        }
+        if (Y) {
+            acc = rlx_ssm_warp_sum(acc);
+            if (lane == 0)
+                y[row * H + h] = rlx_to<T>(acc);
+        }
+    }
+    return dsum;
+}
+
+template <typename T>
+__device__ __forceinline__ void rlx_ssm_load_a(const T *__restrict__ A, int64_t h, int N, int lane,
+                                               float (&a)[RLX_SSM_PER_LANE]) {
+#pragma unroll
+    for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
+        const int n = lane + 32 * i;
+        a[i] = n < N ? rlx_f(A[h * N + n]) : 0.0f;
+    }
+}
 
 template <typename T>
 __global__ void rlx_selective_scan(const T *__restrict__ x, const T *__restrict__ dt, const T *__restrict__ A,
@@ -19,72 +81,147 @@ __global__ void rlx_selective_scan(const T *__restrict__ x, const T *__restrict_
     if (warp >= B * H) return;
     const int64_t b = warp / H, h = warp % H;
     float st[RLX_SSM_PER_LANE], a[RLX_SSM_PER_LANE];
+    rlx_ssm_load_a(A, h, N, lane, a);
+#pragma unroll
+    for (int i = 0; i < RLX_SSM_PER_LANE; ++i)
+        st[i] = 0.0f;
+    rlx_ssm_steps<T, true>(x, dt, Bm, Cm, y, b, h, S, H, N, lane, 0, S, st, a);
+}
+
+/* Pass 1 of the chunked scan: warp w = (b * H + h) * nch + chunk. ends[w * N + n] = the chunk's final state
+ * from a zero start, dsum[w] = its sum of dt. */
+template <typename T>
+__global__ void rlx_ssm_chunk_ends(const T *__restrict__ x, const T *__restrict__ dt, const T *__restrict__ A,
+                                   const T *__restrict__ Bm, float *__restrict__ ends,
+                                   float *__restrict__ dsum, int64_t B, int64_t S, int64_t H, int N, int64_t nch,
+                                   int64_t len) {
+    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= B * H * nch) return;
+    const int64_t chunk = w % nch, bh = w / nch, b = bh / H, h = bh % H;
+    const int64_t t0 = chunk * len, t1 = t0 + len < S ? t0 + len : S;
+    float st[RLX_SSM_PER_LANE], a[RLX_SSM_PER_LANE];
+    rlx_ssm_load_a(A, h, N, lane, a);
+#pragma unroll
+    for (int i = 0; i < RLX_SSM_PER_LANE; ++i)
+        st[i] = 0.0f;
+    const float d = rlx_ssm_steps<T, false>(x, dt, Bm, (const T *)nullptr, (T *)nullptr, b, h, S, H, N, lane, t0, t1, st, a);
 #pragma unroll
     for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
         const int n = lane + 32 * i;
-        st[i] = 0.0f;
-        a[i] = n < N ? rlx_f(A[h * N + n]) : 0.0f;
+        if (n < N)
+            ends[w * N + n] = st[i];
     }
-    for (int64_t t = 0; t < S; ++t) {
-        const int64_t row = b * S + t;
-        const float d = rlx_f(dt[row * H + h]);
-        const float dx = d * rlx_f(x[row * H + h]);
-        float acc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
-            const int n = lane + 32 * i;
-            if (n < N) {
-                st[i] = __expf(d * a[i]) * st[i] + dx * rlx_f(Bm[row * N + n]);
-                acc += st[i] * rlx_f(Cm[row * N + n]);
-            }
-        }
-        for (int off = 16; off > 0; off >>= 1)
-            acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane == 0)
-            y[row * H + h] = rlx_to<T>(acc);
+    if (lane == 0)
+        dsum[w] = d;
+}
+
+/* Pass 2: one thread per (b, h, n) walks its chunks in order; ends[] becomes the state entering each chunk. */
+template <typename T>
+__global__ void rlx_ssm_chunk_carry(const T *__restrict__ A, float *__restrict__ ends, const float *__restrict__ dsum,
+                                    int64_t B, int64_t H, int N, int64_t nch) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= B * H * N) return;
+    const int64_t bh = i / N, h = bh % H;
+    const int n = (int)(i % N);
+    const float a = rlx_f(A[h * N + n]);
+    float carry = 0.0f;
+    for (int64_t c = 0; c < nch; ++c) {
+        const int64_t w = bh * nch + c;
+        const float local = ends[w * N + n];
+        ends[w * N + n] = carry;
+        carry = __expf(a * dsum[w]) * carry + local;
     }
 }
 
+/* Pass 3: every chunk scanned again from the state entering it, writing y. */
 template <typename T>
-__global__ void rlx_gated_delta_net(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
-                                    const T *__restrict__ g, const T *__restrict__ beta, const T *state0,
-                                    T *state1, T *__restrict__ o, int64_t S, int64_t H, int N, float scale) {
-    extern __shared__ float rlx_gdn_smem[];
-    float *st = rlx_gdn_smem;      /* N x N state, row i (key) major */
-    float *kq = st + N * N;        /* this step's k, then q * scale */
-    const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
-    const int j = threadIdx.x;
-    for (int i = 0; i < N && j < N; ++i)
-        st[i * N + j] = state0 ? rlx_f(state0[bh * N * N + i * N + j]) : 0.0f;
-    for (int64_t t = 0; t < S; ++t) {
-        const int64_t off = ((b * S + t) * H + h) * N, goff = (b * S + t) * H + h;
-        __syncthreads();
-        if (j < N) kq[j] = rlx_f(k[off + j]);
-        __syncthreads();
-        const float decay = __expf(rlx_f(g[goff])), bt = rlx_f(beta[goff]);
-        if (j < N) {
-            float kv = 0.0f;
-            for (int i = 0; i < N; ++i) {
-                st[i * N + j] *= decay;
-                kv += st[i * N + j] * kq[i];
-            }
-            const float u = bt * (rlx_f(v[off + j]) - kv);
-            for (int i = 0; i < N; ++i)
-                st[i * N + j] += kq[i] * u;
+__global__ void rlx_ssm_chunk_out(const T *__restrict__ x, const T *__restrict__ dt, const T *__restrict__ A,
+                                  const T *__restrict__ Bm, const T *__restrict__ Cm, T *__restrict__ y,
+                                  const float *__restrict__ starts, int64_t B, int64_t S, int64_t H, int N,
+                                  int64_t nch, int64_t len) {
+    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= B * H * nch) return;
+    const int64_t chunk = w % nch, bh = w / nch, b = bh / H, h = bh % H;
+    const int64_t t0 = chunk * len, t1 = t0 + len < S ? t0 + len : S;
+    float st[RLX_SSM_PER_LANE], a[RLX_SSM_PER_LANE];
+    rlx_ssm_load_a(A, h, N, lane, a);
+#pragma unroll
+    for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
+        const int n = lane + 32 * i;
+        st[i] = n < N ? starts[w * N + n] : 0.0f;
+    }
+    rlx_ssm_steps<T, true>(x, dt, Bm, Cm, y, b, h, S, H, N, lane, t0, t1, st, a);
+}
+
+/* Gated delta rule, one warp per (batch row, head, value column j); R registers of rows per lane (N <= 32 R).
+ * Block: RLX_GDN_COLS warps, columns j0 .. j0 + RLX_GDN_COLS - 1 of one (b, h). state0 (may equal state1) is
+ * the state before step 0 or null (zero); state1, when set, receives the final state. */
+template <typename T, int R>
+__global__ void __launch_bounds__(32 * RLX_GDN_COLS)
+rlx_gdn_columns(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                const T *__restrict__ g, const T *__restrict__ beta, const T *state0, T *state1,
+                T *__restrict__ o, int64_t S, int64_t H, int N, float scale) {
+    __shared__ float tile[RLX_GDN_MAX_N * RLX_GDN_COLS];  /* rows i, columns j0.. of the carried state */
+    const int64_t tiles = (N + RLX_GDN_COLS - 1) / RLX_GDN_COLS;
+    const int64_t bh = blockIdx.x / tiles, b = bh / H, h = bh % H;
+    const int j0 = (int)(blockIdx.x % tiles) * RLX_GDN_COLS;
+    const int wp = threadIdx.x / 32, lane = threadIdx.x % 32, j = j0 + wp;
+    const bool col = j < N;
+    float s[R];
+    if (state0) {
+        for (int e = threadIdx.x; e < N * RLX_GDN_COLS; e += blockDim.x) {
+            const int i = e / RLX_GDN_COLS, jj = e % RLX_GDN_COLS;
+            tile[e] = j0 + jj < N ? rlx_f(state0[(bh * N + i) * N + j0 + jj]) : 0.0f;
         }
         __syncthreads();
-        if (j < N) kq[j] = rlx_f(q[off + j]) * scale;
-        __syncthreads();
-        if (j < N) {
-            float acc = 0.0f;
-            for (int i = 0; i < N; ++i)
-                acc += st[i * N + j] * kq[i];
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = lane + 32 * r;
+        s[r] = state0 && i < N ? tile[i * RLX_GDN_COLS + wp] : 0.0f;
+    }
+    for (int64_t t = 0; t < S; ++t) {
+        const int64_t goff = (b * S + t) * H + h, off = goff * N;
+        const float decay = __expf(rlx_f(g[goff])), bt = rlx_f(beta[goff]);
+        float kk[R];
+        float kv = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = lane + 32 * r;
+            kk[r] = i < N ? rlx_f(k[off + i]) : 0.0f;
+            s[r] *= decay;
+            kv += s[r] * kk[r];
+        }
+        kv = rlx_ssm_warp_sum(kv);
+        const float u = bt * ((col ? rlx_f(v[off + j]) : 0.0f) - kv);
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = lane + 32 * r;
+            s[r] += kk[r] * u;
+            acc += s[r] * (i < N ? rlx_f(q[off + i]) * scale : 0.0f);
+        }
+        acc = rlx_ssm_warp_sum(acc);
+        if (lane == 0 && col)
             o[off + j] = rlx_to<T>(acc);
+    }
+    if (state1) {
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = lane + 32 * r;
+            if (i < N)
+                tile[i * RLX_GDN_COLS + wp] = s[r];
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < N * RLX_GDN_COLS; e += blockDim.x) {
+            const int i = e / RLX_GDN_COLS, jj = e % RLX_GDN_COLS;
+            if (j0 + jj < N)
+                state1[(bh * N + i) * N + j0 + jj] = rlx_to<T>(tile[e]);
         }
     }
-    if (state1 && j < N)
-        for (int i = 0; i < N; ++i)
-            state1[bh * N * N + i * N + j] = rlx_to<T>(st[i * N + j]);
 }
 
 template <typename T>
