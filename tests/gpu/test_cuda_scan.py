@@ -96,3 +96,23 @@ def test_gated_delta_net_state_input_is_updated_in_place_prefill_then_decode() -
         _check(out, ref, "f32", "gdn output")
         _check(s_dev, s_ref, "f32", "gdn state")
     assert not np.allclose(s_dev, s0)
+
+
+def test_mamba_training_step_runs_its_reverse_scans_on_the_gpu() -> None:
+    """One Adam step of the Mamba-style classifier (rlx.examples.train): the gradient graph holds the scans
+    autodiff made of the selective scan (a forward pair trajectory, a reverse scan over the body's vjp)."""
+    from rlx.examples import train as T
+
+    task = T.TASKS["mamba"]
+    rng = np.random.default_rng(0)
+    weights = task.init(rng)
+    x, labels = task.data(rng, 4)
+    graph = T.train_step_graph(task, 4, "adam")
+    assert any(n.kind == "scan" for n in Session(Device.CUDA).lower(graph).graph.nodes)
+    moments = {f"{k}_{n}": np.zeros_like(w) for n, w in weights.items() for k in ("m", "v")}
+    feed = {"x": x, "y": np.eye(task.classes, dtype=np.float32)[labels], **weights, **moments,
+            "lr": np.array([0.01], np.float32), "bc1": np.array([0.1], np.float32),
+            "bc2": np.array([0.001], np.float32)}
+    cg = Session(Device.CUDA).compile(graph)
+    for k, (o, r) in enumerate(zip(cg.run(feed), reference.run(graph, feed))):
+        _check(o, r, "f32", f"train step output {k} ({graph.output_names[k]})")
