@@ -527,7 +527,7 @@ def _scan_body(rows: int, width: int) -> Graph:
 
 @case
 def scan_loop() -> Case:
-    """scan over a dynamic length: the final carry, the trajectory, a reversed trajectory, and a length of 0."""
+    """scan over a dynamic length (24, 1 and 7 steps): the final carry, the trajectory, a reversed trajectory."""
     g = Graph("scan_loop")
     length = Dim.dynamic("L", max=24)
     xs = g.input("xs", [length, 3, 16])
