@@ -30,7 +30,8 @@ __device__ __forceinline__ float rlx_ssm_warp_sum(float v) {
 }
 
 /* Steps t0 <= t < t1 of (batch row b, channel h) from the state st; with Y, y_t is written. Returns the sum
- * of dt over the steps. */
+ * of dt over the steps. The next step's inputs are loaded while this step computes (the loads do not depend
+ * on the state, so their latency leaves the recurrence's critical path). */
 template <typename T, bool Y>
 __device__ __forceinline__ float rlx_ssm_steps(const T *__restrict__ x, const T *__restrict__ dt,
                                                const T *__restrict__ Bm, const T *__restrict__ Cm,
@@ -38,25 +39,50 @@ __device__ __forceinline__ float rlx_ssm_steps(const T *__restrict__ x, const T 
                                                int N, int lane, int64_t t0, int64_t t1,
                                                float (&st)[RLX_SSM_PER_LANE], const float (&a)[RLX_SSM_PER_LANE]) {
     float dsum = 0.0f;
-    for (int64_t t = t0; t < t1; ++t) {
+    if (t0 >= t1)
+        return dsum;
+    float d, xv, bv[RLX_SSM_PER_LANE], cv[RLX_SSM_PER_LANE] = {};
+    auto load = [&](int64_t t, float &d_, float &x_, float (&b_)[RLX_SSM_PER_LANE], float (&c_)[RLX_SSM_PER_LANE]) {
         const int64_t row = b * S + t;
-        const float d = rlx_f(dt[row * H + h]);
-        const float dx = d * rlx_f(x[row * H + h]);
+        d_ = rlx_f(dt[row * H + h]);
+        x_ = rlx_f(x[row * H + h]);
+#pragma unroll
+        for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
+            const int n = lane + 32 * i;
+            b_[i] = n < N ? rlx_f(Bm[row * N + n]) : 0.0f;
+            if (Y)
+                c_[i] = n < N ? rlx_f(Cm[row * N + n]) : 0.0f;
+        }
+    };
+    load(t0, d, xv, bv, cv);
+    for (int64_t t = t0; t < t1; ++t) {
+        float nd = 0.0f, nx = 0.0f, nb[RLX_SSM_PER_LANE] = {}, nc[RLX_SSM_PER_LANE] = {};
+        if (t + 1 < t1)
+            load(t + 1, nd, nx, nb, nc);
+        const float dx = d * xv;
         dsum += d;
         float acc = 0.0f;
 #pragma unroll
         for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
             const int n = lane + 32 * i;
             if (n < N) {
-                st[i] = __expf(d * a[i]) * st[i] + dx * rlx_f(Bm[row * N + n]);
+                st[i] = __expf(d * a[i]) * st[i] + dx * bv[i];
                 if (Y)
-                    acc += st[i] * rlx_f(Cm[row * N + n]);
+                    acc += st[i] * cv[i];
             }
         }
         if (Y) {
             acc = rlx_ssm_warp_sum(acc);
             if (lane == 0)
-                y[row * H + h] = rlx_to<T>(acc);
+                y[(b * S + t) * H + h] = rlx_to<T>(acc);
+        }
+        d = nd;
+        xv = nx;
+#pragma unroll
+        for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
+            bv[i] = nb[i];
+            if (Y)
+                cv[i] = nc[i];
         }
     }
     return dsum;
@@ -182,30 +208,56 @@ rlx_gdn_columns(const T *__restrict__ q, const T *__restrict__ k, const T *__res
         const int i = lane + 32 * r;
         s[r] = state0 && i < N ? tile[i * RLX_GDN_COLS + wp] : 0.0f;
     }
-    for (int64_t t = 0; t < S; ++t) {
+    /* Per step, with S' = exp(g) S: u = beta (v - S'^T k), o = scale S_t^T q = scale (S'^T q + u (k . q)).
+     * S'^T k, S'^T q and k . q are one joint warp reduction (three independent shuffle chains), and the
+     * next step's k, q, v, g, beta are loaded while this step computes. */
+    float kk[R], qq[R], vj = 0.0f, gt = 0.0f, bt = 0.0f;
+    auto load = [&](int64_t t, float (&k_)[R], float (&q_)[R], float &v_, float &g_, float &b_) {
         const int64_t goff = (b * S + t) * H + h, off = goff * N;
-        const float decay = __expf(rlx_f(g[goff])), bt = rlx_f(beta[goff]);
-        float kk[R];
-        float kv = 0.0f;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int i = lane + 32 * r;
-            kk[r] = i < N ? rlx_f(k[off + i]) : 0.0f;
+            k_[r] = i < N ? rlx_f(k[off + i]) : 0.0f;
+            q_[r] = i < N ? rlx_f(q[off + i]) : 0.0f;
+        }
+        v_ = col ? rlx_f(v[off + j]) : 0.0f;
+        g_ = rlx_f(g[goff]);
+        b_ = rlx_f(beta[goff]);
+    };
+    if (S > 0)
+        load(0, kk, qq, vj, gt, bt);
+    for (int64_t t = 0; t < S; ++t) {
+        float nk[R] = {}, nq[R] = {}, nv = 0.0f, ng = 0.0f, nb = 0.0f;
+        if (t + 1 < S)
+            load(t + 1, nk, nq, nv, ng, nb);
+        const float decay = __expf(gt);
+        float sk = 0.0f, sq = 0.0f, kq = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
             s[r] *= decay;
-            kv += s[r] * kk[r];
+            sk += s[r] * kk[r];
+            sq += s[r] * qq[r];
+            kq += kk[r] * qq[r];
         }
-        kv = rlx_ssm_warp_sum(kv);
-        const float u = bt * ((col ? rlx_f(v[off + j]) : 0.0f) - kv);
-        float acc = 0.0f;
+        for (int off = 16; off > 0; off >>= 1) {
+            sk += __shfl_xor_sync(0xffffffffu, sk, off);
+            sq += __shfl_xor_sync(0xffffffffu, sq, off);
+            kq += __shfl_xor_sync(0xffffffffu, kq, off);
+        }
+        const float u = bt * (vj - sk);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+            s[r] += kk[r] * u;
+        if (lane == 0 && col)
+            o[((b * S + t) * H + h) * N + j] = rlx_to<T>(scale * (sq + u * kq));
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const int i = lane + 32 * r;
-            s[r] += kk[r] * u;
-            acc += s[r] * (i < N ? rlx_f(q[off + i]) * scale : 0.0f);
+            kk[r] = nk[r];
+            qq[r] = nq[r];
         }
-        acc = rlx_ssm_warp_sum(acc);
-        if (lane == 0 && col)
-            o[off + j] = rlx_to<T>(acc);
+        vj = nv;
+        gt = ng;
+        bt = nb;
     }
     if (state1) {
         __syncthreads();
