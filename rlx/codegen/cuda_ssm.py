@@ -7,7 +7,10 @@ rows x channels, chunks of time scanned in parallel and joined by a pass over th
 chunks' final states (chosen at run time from the sequence length and the GPU's
 SM count; the chunk states live in the scratch region, sized by
 `rlx.opt.lowering_cuda.scratch_need`). gated_delta_net runs one warp per
-(batch row, head, value column): the state's columns evolve independently.
+(batch row, head, value column) — the state's columns evolve independently —
+or, for prefill (sequence >= GDN_CHUNK_MIN_SEQ, state size <= 64), the chunked
+WY form: every chunk's triangular system solved in parallel, then one pass
+over the chunks per (row, head, column tile) of small matrix products.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from rlx.ir import ops as O
 from rlx.ir import ops_ssm as S
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
-from rlx.opt.lowering_cuda import SSM_MIN_CHUNK, SSM_WARPS_PER_SM, ssm_segments
+from rlx.opt.lowering_cuda import GDN_CHUNK_MIN_SEQ, SSM_MIN_CHUNK, SSM_WARPS_PER_SM, gdn_segments, ssm_segments
 
 TEMPLATE = "cuda/ssm.cu.j2"
 HEADER = "cuda/kernels/ssm.cuh"
@@ -68,6 +71,9 @@ class GatedDeltaNetLaunch(Launch):
     regs: int
     cols: int
     tiles: int
+    chunk_segments: int
+    chunk_min_seq: int
+    prep_threads: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,7 +131,9 @@ def gated_delta_net(e: CudaEmitter, node: Node) -> Kernel:
                                beta=e.ptr(beta), state_in=state_in, state_out=state_out, o=e.ptr(node.id),
                                batch=e.dim(bsz), seq=e.dim(seq), heads=e.dim(h), n=op.state_size,
                                scale=_float_c(op.q_scale), regs=regs, cols=GDN_COLS,
-                               tiles=-(-op.state_size // GDN_COLS))
+                               tiles=-(-op.state_size // GDN_COLS),
+                               chunk_segments=gdn_segments(bsz.max, h.max, seq.max, op.state_size),
+                               chunk_min_seq=GDN_CHUNK_MIN_SEQ, prep_threads=-(-2 * op.state_size // 32) * 32)
     return Kernel(node.id, "block_gated_delta_net", TEMPLATE, args, headers=(HEADER,), header=args.comment,
                   label=node.label)
 

@@ -35,7 +35,7 @@ from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.ops_scan import Scan
-from rlx.ir.ops_ssm import SelectiveScan
+from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.memplan import plan
 from rlx.opt.scan_body import step_graph
@@ -126,8 +126,33 @@ def ssm_segments(batch: int, channels: int, seq: int) -> int:
     return min(SSM_MAX_SEGMENTS, batch * channels * (seq // SSM_MIN_CHUNK))
 
 
+#: Chunked gated delta rule (prefill): steps per chunk, largest state size it takes, shortest sequence it
+#: runs for, most scratch bytes its per-chunk matrices (Ut, W: C x N; M: C x C; G: C) may take.
+GDN_CHUNK = 32
+GDN_CHUNK_MAX_N = 64
+GDN_CHUNK_MIN_SEQ = 128
+GDN_SCRATCH_CAP = 64 << 20
+
+
+def gdn_segment_bytes(n: int) -> int:
+    """Scratch bytes of one (row, head, chunk) of the chunked gated delta rule."""
+    return GDN_CHUNK * (2 * n + GDN_CHUNK + 1) * 4
+
+
+def gdn_segments(batch: int, heads: int, seq: int, n: int) -> int:
+    """Most (row, head, chunk) segments the chunked gated delta rule holds at these (largest) sizes; 0: the
+    chunked form never runs (state too large, or sequences too short)."""
+    if n > GDN_CHUNK_MAX_N or seq < GDN_CHUNK_MIN_SEQ:
+        return 0
+    return min(GDN_SCRATCH_CAP // gdn_segment_bytes(n), batch * heads * -(-seq // GDN_CHUNK))
+
+
 def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
     """Scratch bytes one node's kernels use (the scratch region is sized to the largest)."""
+    if isinstance(node.op, GatedDeltaNet):  # per chunk: Ut, W, M and the running decay
+        bsz, seq, heads, _ = node.shape.dims
+        n = node.op.state_size
+        return gdn_segments(bsz.max, heads.max, seq.max, n) * gdn_segment_bytes(n)
     if isinstance(node.op, SelectiveScan):  # per segment: its final (then entering) state and its sum of dt
         bsz, seq, ch = node.shape.dims
         return ssm_segments(bsz.max, ch.max, seq.max) * (node.op.state_size + 1) * 4

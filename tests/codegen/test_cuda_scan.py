@@ -103,3 +103,12 @@ def test_a_graph_without_scans_has_no_scan_decisions() -> None:
     lir = lower_to_lir(g, 0, backend="cuda")
     assert not [d for d in plan_device(lir, DType.F32, "builtin") if isinstance(d, ScanConstants)]
     assert "for (int64_t rlx_s" not in _render(g)
+
+
+def test_chunked_ssm_paths_are_rendered_only_where_they_can_run() -> None:
+    src = _render(cases.CASES["ssm_long"]().graph, level=0)
+    # the chunked gated delta rule for state sizes <= 64 (48, 16), not for 128; each beside the column kernel
+    assert src.count("rlx_gdn_chunk_prep<") == 2 and src.count("rlx_gdn_columns<") == 3
+    assert src.count("rlx_ssm_chunk_ends<") == 1 and src.count("rlx_selective_scan<") == 1
+    short = _render(cases.CASES["ssm_ops"]().graph, level=0)  # sequences of at most 40: never chunked
+    assert "rlx_gdn_chunk_prep<" not in short and "rlx_gdn_columns<" in short

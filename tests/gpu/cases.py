@@ -485,8 +485,9 @@ def ssm_ops() -> Case:
 
 @case
 def ssm_long() -> Case:
-    """Prefill lengths that take the chunked selective scan (few rows x channels, a sequence of hundreds), state
-    sizes that are not multiples of 32, gated delta rule state sizes up to 128, and a decode step."""
+    """Prefill lengths that take the chunked selective scan (few rows x channels, a sequence of hundreds) and the
+    chunked gated delta rule (state sizes 48 with a carried state, and 16), the column kernel at state size 128,
+    state sizes that are not multiples of 32, and a decode step (the sequential / column kernels)."""
     g = Graph("ssm_long")
     seq = Dim.dynamic("seq", max=700)
     x, dt = g.input("x", [1, seq, 6]), g.input("dt", [1, seq, 6])
@@ -497,8 +498,11 @@ def ssm_long() -> Case:
     gate, beta = g.input("g", [1, seq, 2]), g.input("beta", [1, seq, 2])
     gate2, beta2 = g.input("g2", [1, seq, 3]), g.input("beta2", [1, seq, 3])
     s0 = g.input("s0", [1, 3, 48, 48])
+    q3, k3, v3 = (g.input(n, [2, seq, 2, 16]) for n in ("q3", "k3", "v3"))
+    gate3, beta3 = g.input("g3", [2, seq, 2]), g.input("beta3", [2, seq, 2])
     g.set_outputs({"ssm": g.selective_scan(x, dt, a, bm, cm), "gdn128": g.gated_delta_net(q, k, v, gate, beta),
-                   "gdn48": g.gated_delta_net_carry(q2, k2, v2, gate2, beta2, s0)})
+                   "gdn48": g.gated_delta_net_carry(q2, k2, v2, gate2, beta2, s0),
+                   "gdn16": g.gated_delta_net(q3, k3, v3, gate3, beta3)})
     r = _rng(37)
 
     def unit(*shape: int) -> np.ndarray:
@@ -513,7 +517,9 @@ def ssm_long() -> Case:
                       "g": -np.abs(_f32(r, 1, n, 2, scale=0.05)), "beta": np.abs(_f32(r, 1, n, 2, scale=0.5)),
                       "q2": unit(1, n, 3, 48), "k2": unit(1, n, 3, 48), "v2": _f32(r, 1, n, 3, 48),
                       "g2": -np.abs(_f32(r, 1, n, 3, scale=0.05)), "beta2": np.abs(_f32(r, 1, n, 3, scale=0.5)),
-                      "s0": _f32(r, 1, 3, 48, 48, scale=0.1)})
+                      "s0": _f32(r, 1, 3, 48, 48, scale=0.1),
+                      "q3": unit(2, n, 2, 16), "k3": unit(2, n, 2, 16), "v3": _f32(r, 2, n, 2, 16),
+                      "g3": -np.abs(_f32(r, 2, n, 2, scale=0.05)), "beta3": np.abs(_f32(r, 2, n, 2, scale=0.5))})
     return Case("ssm_long", g, feeds)
 
 def _scan_body(rows: int, width: int) -> Graph:

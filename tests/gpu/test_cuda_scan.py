@@ -2,8 +2,9 @@
 
 The scan cases run unoptimized (the body as written) and optimized (the body fused by the pipeline), each feed
 twice: the first run is eager, the second replays the CUDA Graph captured for that length. `ssm_long` takes the
-chunked selective scan (a sequence of hundreds over 6 channels) and the gated delta rule at state sizes 48 and
-128. Tolerances are those of tests/gpu/test_cuda_ops.py (storage precision: 2^-24, 2^-11, 2^-8).
+chunked selective scan (a sequence of hundreds over 6 channels), the chunked (WY) gated delta rule at state sizes
+48 (from a given state) and 16, the column kernel at state size 128, and all of them at decode (one step).
+Tolerances are those of tests/gpu/test_cuda_ops.py (storage precision: 2^-24, 2^-11, 2^-8).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@
  *   warp per (batch row, head, column), lane l holding rows i = l, l+32, ... of its column in registers;
  *   S^T k and S^T q are warp reductions. A block of RLX_GDN_COLS warps covers adjacent columns so that the
  *   carried state is read and written through shared memory in whole rows (coalesced).
+ *   Prefill with state size <= 64 takes the chunked (WY) form instead: rlx_gdn_chunk_prep and
+ *   rlx_gdn_chunk_state, described above them.
  * rlx_dwconv1d_causal: one thread per output element. */
 #define RLX_SSM_PER_LANE 8
 #define RLX_GDN_COLS 8
@@ -272,6 +274,176 @@ rlx_gdn_columns(const T *__restrict__ q, const T *__restrict__ k, const T *__res
             const int i = e / RLX_GDN_COLS, jj = e % RLX_GDN_COLS;
             if (j0 + jj < N)
                 state1[(bh * N + i) * N + j0 + jj] = rlx_to<T>(tile[e]);
+        }
+    }
+}
+
+/* Chunked gated delta rule for prefill (state size N <= RLX_GDN_CHUNK_MAX_N). Within a chunk of C steps
+ * (positions r, G_r = g's running sum in the chunk, S0 the state entering it) the delta rule unrolls to
+ *   (I + A) U = diag(beta) V - diag(beta e^G) K S0,  A[r][m] = beta_r e^(G_r - G_m) k_r.k_m  (m < r),
+ * so U = Ut - W S0 with Ut = (I + A)^-1 diag(beta) V and W = (I + A)^-1 diag(beta e^G) K, independent of S0
+ * (the WY / UT form). Then
+ *   o_r  = scale (e^(G_r) q_r S0 + sum_{m <= r} M[r][m] u_m),  M[r][m] = e^(G_r - G_m) q_r.k_m,
+ *   S0' = e^(G_last) S0 + sum_m e^(G_last - G_m) k_m u_m^T.
+ * rlx_gdn_chunk_prep (one block per (row, head, chunk), all chunks at once) solves for Ut and W by forward
+ * substitution (a thread per column) and forms M; rlx_gdn_chunk_state (one block per (row, head, tile of
+ * RLX_GDN_COLS value columns)) walks the chunks in order with its columns of the state in shared memory,
+ * every step a small matrix product. Per chunk the scratch holds Ut, W (C x N each), M (C x C), G (C). */
+#define RLX_GDN_CHUNK 32
+#define RLX_GDN_CHUNK_MAX_N 64
+#define RLX_GDN_KP (RLX_GDN_CHUNK_MAX_N + 1) /* padded row: no bank conflicts between rows */
+#define RLX_GDN_CP (RLX_GDN_CHUNK + 1)
+
+__device__ __forceinline__ int64_t rlx_gdn_segment(int N) {
+    return (int64_t)RLX_GDN_CHUNK * (2 * N + RLX_GDN_CHUNK + 1);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(2 * RLX_GDN_CHUNK_MAX_N)
+rlx_gdn_chunk_prep(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+                   const T *__restrict__ g, const T *__restrict__ beta, float *__restrict__ scratch, int64_t S,
+                   int64_t H, int N, int64_t nch) {
+    __shared__ float Ks[RLX_GDN_CHUNK * RLX_GDN_KP], Qs[RLX_GDN_CHUNK * RLX_GDN_KP];
+    __shared__ float As[RLX_GDN_CHUNK * RLX_GDN_CP], Gs[RLX_GDN_CHUNK], Bs[RLX_GDN_CHUNK];
+    const int64_t w = blockIdx.x, c = w % nch, bh = w / nch, b = bh / H, h = bh % H;
+    const int64_t t0 = c * RLX_GDN_CHUNK;
+    const int L = (int)(S - t0 < RLX_GDN_CHUNK ? S - t0 : RLX_GDN_CHUNK);
+    const int tid = threadIdx.x;
+    float *seg = scratch + w * rlx_gdn_segment(N);
+    float *Ut = seg, *W = seg + RLX_GDN_CHUNK * N, *M = W + RLX_GDN_CHUNK * N, *Gout = M + RLX_GDN_CHUNK * RLX_GDN_CHUNK;
+    if (tid < L) {
+        Gs[tid] = rlx_f(g[(b * S + t0 + tid) * H + h]);
+        Bs[tid] = rlx_f(beta[(b * S + t0 + tid) * H + h]);
+    }
+    for (int e = tid; e < L * N; e += blockDim.x) {
+        const int r = e / N, i = e % N;
+        const int64_t off = ((b * S + t0 + r) * H + h) * N + i;
+        Ks[r * RLX_GDN_KP + i] = rlx_f(k[off]);
+        Qs[r * RLX_GDN_KP + i] = rlx_f(q[off]);
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int r = 1; r < L; ++r)
+            Gs[r] += Gs[r - 1];
+    __syncthreads();
+    if (tid < L)
+        Gout[tid] = Gs[tid];
+    for (int e = tid; e < L * L; e += blockDim.x) {
+        const int r = e / L, m = e % L;
+        float kk = 0.0f, qk = 0.0f;
+        if (m <= r)
+            for (int i = 0; i < N; ++i) {
+                const float km = Ks[m * RLX_GDN_KP + i];
+                kk += Ks[r * RLX_GDN_KP + i] * km;
+                qk += Qs[r * RLX_GDN_KP + i] * km;
+            }
+        const float decay = m <= r ? __expf(Gs[r] - Gs[m]) : 0.0f;
+        As[r * RLX_GDN_CP + m] = m < r ? Bs[r] * decay * kk : 0.0f;
+        M[r * RLX_GDN_CHUNK + m] = decay * qk;
+    }
+    __syncthreads();
+    /* forward substitution down column `col` of [beta v | beta e^G k] */
+    const int col = tid;
+    if (col >= 2 * N)
+        return;
+    float x[RLX_GDN_CHUNK];
+#pragma unroll
+    for (int r = 0; r < RLX_GDN_CHUNK; ++r) {
+        x[r] = 0.0f;
+        if (r < L)
+            x[r] = col < N ? Bs[r] * rlx_f(v[((b * S + t0 + r) * H + h) * N + col])
+                           : Bs[r] * __expf(Gs[r]) * Ks[r * RLX_GDN_KP + col - N];
+    }
+#pragma unroll
+    for (int r = 1; r < RLX_GDN_CHUNK; ++r) {
+        float acc = x[r];
+#pragma unroll
+        for (int m = 0; m < r; ++m)
+            acc -= As[r * RLX_GDN_CP + m] * x[m];
+        x[r] = acc;  /* (rows past L hold garbage, never stored and never read by rows before L) */
+    }
+    float *dst = col < N ? Ut + col : W + (col - N);
+#pragma unroll
+    for (int r = 0; r < RLX_GDN_CHUNK; ++r)
+        if (r < L)
+            dst[r * N] = x[r];
+}
+
+template <typename T>
+__global__ void __launch_bounds__(32 * RLX_GDN_COLS)
+rlx_gdn_chunk_state(const T *__restrict__ q, const T *__restrict__ k, const float *__restrict__ scratch,
+                    const T *state0, T *state1, T *__restrict__ o, int64_t S, int64_t H, int N, int64_t nch,
+                    float scale) {
+    __shared__ float St[RLX_GDN_CHUNK_MAX_N * RLX_GDN_COLS];  /* rows i, this block's columns */
+    __shared__ float Ws[RLX_GDN_CHUNK * RLX_GDN_KP], Qs[RLX_GDN_CHUNK * RLX_GDN_KP], Ks[RLX_GDN_CHUNK * RLX_GDN_KP];
+    __shared__ float Ms[RLX_GDN_CHUNK * RLX_GDN_CP], Us[RLX_GDN_CHUNK * RLX_GDN_COLS], Gs[RLX_GDN_CHUNK],
+        Es[RLX_GDN_CHUNK];
+    const int64_t tiles = (N + RLX_GDN_COLS - 1) / RLX_GDN_COLS;
+    const int64_t bh = blockIdx.x / tiles, b = bh / H, h = bh % H;
+    const int j0 = (int)(blockIdx.x % tiles) * RLX_GDN_COLS;
+    const int tid = threadIdx.x;
+    for (int e = tid; e < N * RLX_GDN_COLS; e += blockDim.x) {
+        const int i = e / RLX_GDN_COLS, jj = e % RLX_GDN_COLS;
+        St[e] = state0 && j0 + jj < N ? rlx_f(state0[(bh * N + i) * N + j0 + jj]) : 0.0f;
+    }
+    for (int64_t c = 0; c < nch; ++c) {
+        const int64_t t0 = c * RLX_GDN_CHUNK;
+        const int L = (int)(S - t0 < RLX_GDN_CHUNK ? S - t0 : RLX_GDN_CHUNK);
+        const float *seg = scratch + (bh * nch + c) * rlx_gdn_segment(N);
+        const float *Ut = seg, *W = seg + RLX_GDN_CHUNK * N, *M = W + RLX_GDN_CHUNK * N,
+                    *G = M + RLX_GDN_CHUNK * RLX_GDN_CHUNK;
+        __syncthreads();  /* the previous chunk is done with the tiles */
+        for (int e = tid; e < L * N; e += blockDim.x) {
+            const int r = e / N, i = e % N;
+            const int64_t off = ((b * S + t0 + r) * H + h) * N + i;
+            Ws[r * RLX_GDN_KP + i] = W[r * N + i];
+            Qs[r * RLX_GDN_KP + i] = rlx_f(q[off]);
+            Ks[r * RLX_GDN_KP + i] = rlx_f(k[off]);
+        }
+        for (int e = tid; e < L * L; e += blockDim.x)
+            Ms[(e / L) * RLX_GDN_CP + e % L] = M[(e / L) * RLX_GDN_CHUNK + e % L];
+        for (int e = tid; e < L * RLX_GDN_COLS; e += blockDim.x) {
+            const int r = e / RLX_GDN_COLS, jj = e % RLX_GDN_COLS;
+            Us[e] = j0 + jj < N ? Ut[r * N + j0 + jj] : 0.0f;
+        }
+        if (tid < L)
+            Gs[tid] = G[tid];
+        __syncthreads();
+        if (tid < L)
+            Es[tid] = __expf(Gs[L - 1] - Gs[tid]);
+        const int r = tid / RLX_GDN_COLS, jj = tid % RLX_GDN_COLS;
+        const bool mine = tid < L * RLX_GDN_COLS;
+        if (mine) {  /* u_r = Ut_r - W_r S0 (this thread's element, in place) */
+            float acc = Us[tid];
+            for (int i = 0; i < N; ++i)
+                acc -= Ws[r * RLX_GDN_KP + i] * St[i * RLX_GDN_COLS + jj];
+            Us[tid] = acc;
+        }
+        __syncthreads();
+        if (mine && j0 + jj < N) {
+            float qs = 0.0f, mu = 0.0f;
+            for (int i = 0; i < N; ++i)
+                qs += Qs[r * RLX_GDN_KP + i] * St[i * RLX_GDN_COLS + jj];
+            for (int m = 0; m <= r; ++m)
+                mu += Ms[r * RLX_GDN_CP + m] * Us[m * RLX_GDN_COLS + jj];
+            o[((b * S + t0 + r) * H + h) * N + j0 + jj] = rlx_to<T>(scale * (__expf(Gs[r]) * qs + mu));
+        }
+        __syncthreads();  /* every read of S0 is done: update it */
+        const float last = __expf(Gs[L - 1]);
+        for (int e = tid; e < N * RLX_GDN_COLS; e += blockDim.x) {
+            const int i = e / RLX_GDN_COLS, cj = e % RLX_GDN_COLS;
+            float acc = last * St[e];
+            for (int m = 0; m < L; ++m)
+                acc += Es[m] * Ks[m * RLX_GDN_KP + i] * Us[m * RLX_GDN_COLS + cj];
+            St[e] = acc;
+        }
+    }
+    if (state1) {
+        __syncthreads();
+        for (int e = tid; e < N * RLX_GDN_COLS; e += blockDim.x) {
+            const int i = e / RLX_GDN_COLS, jj = e % RLX_GDN_COLS;
+            if (j0 + jj < N)
+                state1[(bh * N + i) * N + j0 + jj] = rlx_to<T>(St[e]);
         }
     }
 }
