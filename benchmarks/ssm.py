@@ -360,7 +360,7 @@ def cuda_main(args: argparse.Namespace) -> None:
         rlx_fn = rlx_cuda_op(lambda g, i: g.selective_scan(i["x"], i["dt"], i["a"], i["b"], i["c"]), tf, out)
         bench_cuda(f"selective_scan b={b} s={s} h={h} n={n}", torch, ssm_numpy(**f), rlx_fn, peers, args.rounds,
                    6.0 * b * s * h * n)
-    gdn_shapes = ([(1, 1024, 8, 64), (8, 1, 16, 64)] if args.quick else
+    gdn_shapes = ([(1, 1024, 8, 64), (2, 512, 4, 128), (8, 1, 16, 64)] if args.quick else
                   [(1, 4096, 8, 64), (1, 1024, 8, 64), (4, 256, 8, 64), (8, 1, 16, 128), (2, 512, 16, 16)])
     for b, s, h, n in gdn_shapes:
         def unit(shape):
@@ -387,7 +387,7 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="one small shape per op")
+    ap.add_argument("--quick", action="store_true", help="a few small shapes per op")
     args = ap.parse_args()
     if args.device == "cuda":
         cuda_main(args)
