@@ -7,7 +7,8 @@ The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 
 FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
 like the real file, transformers as an f16 `LlamaForCausalLM` (the GGUF loaded dequantized to f16 is
 what it would run). Batch 1, greedy. RLX: one prefill step of the prompt, then one step per token
-(KV cache resident on the device, the greedy token's argmax computed there: 4 bytes come back a step). transformers: `generate` with
+(KV cache resident on the device, the greedy token's argmax computed there: 4 bytes come back a
+step). transformers: `generate` with
 its dynamic cache (eager) and with `cache_implementation="static"` (which compiles the decode step
 with torch.compile), timed after a warm-up that includes compilation. Tokens/s = new tokens / time
 of the whole generation (prefill included) for every peer, plus RLX's decode-only rate.
