@@ -1,6 +1,6 @@
 """How closely RLX's SmolLM2 logits follow llama.cpp's, teacher-forced on llama.cpp's own greedy text.
 
-    python benchmarks/llm_agreement.py [--model PATH] [--tokens 64]
+    python benchmarks/llm_agreement.py [--model PATH] [--tokens 64] [--quant-act q16|q8|f32]
 
 For each prompt, llama.cpp (llama-cpp-python) generates greedily; both engines then score prompt +
 continuation in one pass, and the table gives the share of positions whose top-1 token agrees, the
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--quant-act", default=None, help="RLX's quant_act (default: the device's, see CausalLM)")
     args = p.parse_args(argv)
     import llama_cpp
 
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     path = args.model or find_smollm2_gguf()
     context = 64 + args.tokens + 16
-    lm = CausalLM.from_gguf(path, max_context=context, prefill_chunk=64)
+    lm = CausalLM.from_gguf(path, max_context=context, prefill_chunk=64, quant_act=args.quant_act)
+    print(f"RLX quant_act={lm.quant_act}")
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=context, logits_all=True, n_threads=2, verbose=False)
     print(f"{'prompt':<32} {'top-1':>6} {'cos mean':>9} {'cos min':>8} {'greedy prefix':>14}")
     for prompt in PROMPTS:
