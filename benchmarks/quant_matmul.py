@@ -1,6 +1,7 @@
 """Quantized matmul (GGUF blocks): rlx `dequant_matmul` vs f32 matmuls on the dequantized weight.
 
     python benchmarks/quant_matmul.py [--threads N] [--rounds R] [--formats q4_1,q8_0] [--rows 1,256]
+                                      [--clock wall|cpu]
                                       [--peers "rlx q,rlx q act8,rlx q act16,rlx f32,numpy f32"]
 
 Y[M, N] = X[M, K] @ W^T for SmolLM2-135M's weight shapes (N x K: 576x576 attention,
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -36,8 +38,8 @@ ROWS = (1, 256)
 SETTLE_SECONDS = 0.2
 
 
-def round_robin(peers: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    return timing.round_robin(peers, rounds, SETTLE_SECONDS)
+def round_robin(peers: dict[str, Callable[[], object]], rounds: int, clock: Callable[[], float]) -> dict[str, float]:
+    return timing.round_robin(peers, rounds, SETTLE_SECONDS, clock=clock)
 
 
 def main() -> None:
@@ -47,7 +49,12 @@ def main() -> None:
     ap.add_argument("--formats", default="q4_1,q8_0")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="rows of X (M), comma-separated")
     ap.add_argument("--peers", default="rlx q,rlx q act8,rlx q act16,rlx f32,numpy f32")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: this process's CPU time (with --threads 1, for a machine shared with other work)")
     args = ap.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu measures one thread's work: use it with --threads 1")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rows = tuple(int(r) for r in args.rows.split(","))
     wanted = set(args.peers.split(","))
 
@@ -58,7 +65,7 @@ def main() -> None:
 
     session = Session(rlx.Device.CPU, dataclasses.replace(Config.from_env(), num_threads=args.threads))
     rng = np.random.default_rng(0)
-    print(f"threads {args.threads}, rounds {args.rounds}, numpy {np.__version__}")
+    print(f"threads {args.threads}, rounds {args.rounds}, {args.clock} clock, numpy {np.__version__}")
     print(f"{'format':<6} {'N x K':>11} {'M':>4}  {'peer':<10} {'time':>10} {'GB/s':>7} {'GFLOP/s':>8}  "
           "ratio (peer time / rlx q time)")
     for fmt in args.formats.split(","):
@@ -97,7 +104,7 @@ def main() -> None:
                          "rlx q act16": lambda c=c16, f=feeds: c.run(f),
                          "rlx f32": lambda c=cf, f=feeds: c.run(f), "numpy f32": lambda a=x, b=wdt: a @ b}
                 peers = {name: fn for name, fn in peers.items() if name in wanted or name == "rlx q"}
-                times = round_robin(peers, args.rounds)
+                times = round_robin(peers, args.rounds, clock)
                 wbytes = {"rlx q": raw.nbytes, "rlx q act8": raw.nbytes, "rlx q act16": raw.nbytes,
                           "rlx f32": wd.nbytes, "numpy f32": wd.nbytes}
                 for name, t in times.items():

@@ -761,14 +761,22 @@ static inline __attribute__((always_inline)) void rlx_q8dot(const int fmt, const
 /* Y[:, n0:n1] with int8 activations: blocks of up to RLX_Q8_ROWS rows of Xq stay in L1 while the
  * thread's weight rows pass by, four rows of Xq at a time per weight row. */
 #define RLX_Q8_ROWS 32
+/* How far ahead of the row being multiplied the weight is prefetched, in bytes (the GEMV streams the
+ * weight once; without it a row's loads wait on DRAM: the hardware prefetcher stays behind). */
+#define RLX_Q8_PREFETCH_BYTES 4096
 static inline __attribute__((always_inline)) void rlx_q8gemm(const int fmt, const int a16, int64_t M, int64_t N, int64_t K,
         const int8_t *Xq, const float *xds, const uint8_t *W, int64_t rb, float *Y, int64_t n0, int64_t n1)
 {
-    const int64_t nb = K / 32;
+    const int64_t nb = K / 32, ahead = (RLX_Q8_PREFETCH_BYTES + rb - 1) / rb;
     float out[RLX_QGEMV_MAX_M];
     for (int64_t r0 = 0; r0 < M; r0 += RLX_Q8_ROWS) {
         const int64_t r1 = r0 + RLX_Q8_ROWS < M ? r0 + RLX_Q8_ROWS : M;
         for (int64_t n = n0; n < n1; n++) {
+#if defined(__x86_64__) || defined(__i386__)
+            if (n + ahead < n1)  /* keep DRAM busy while the integer products run */
+                for (int64_t o = 0; o < rb; o += 64)
+                    _mm_prefetch((const char *)(W + (n + ahead) * rb + o), _MM_HINT_T0);
+#endif
             for (int64_t i = r0; i < r1; i += RLX_QGEMV_MAX_M) {
                 const int64_t mr = r1 - i < RLX_QGEMV_MAX_M ? r1 - i : RLX_QGEMV_MAX_M;
                 const int8_t *xq = Xq + i * K * (a16 ? 2 : 1);
