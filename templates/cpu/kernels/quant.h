@@ -772,11 +772,9 @@ static inline __attribute__((always_inline)) void rlx_q8gemm(const int fmt, cons
     for (int64_t r0 = 0; r0 < M; r0 += RLX_Q8_ROWS) {
         const int64_t r1 = r0 + RLX_Q8_ROWS < M ? r0 + RLX_Q8_ROWS : M;
         for (int64_t n = n0; n < n1; n++) {
-#if defined(__x86_64__) || defined(__i386__)
             if (n + ahead < n1)  /* keep DRAM busy while the integer products run */
                 for (int64_t o = 0; o < rb; o += 64)
-                    _mm_prefetch((const char *)(W + (n + ahead) * rb + o), _MM_HINT_T0);
-#endif
+                    __builtin_prefetch(W + (n + ahead) * rb + o, 0, 3);
             for (int64_t i = r0; i < r1; i += RLX_QGEMV_MAX_M) {
                 const int64_t mr = r1 - i < RLX_QGEMV_MAX_M ? r1 - i : RLX_QGEMV_MAX_M;
                 const int8_t *xq = Xq + i * K * (a16 ? 2 : 1);
