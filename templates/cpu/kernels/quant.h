@@ -500,6 +500,18 @@ static void rlx_q_act_round_trip(const int a16, int64_t M, int64_t K, const floa
     for (int64_t r = 0; r < M * (K / 32); r++) {
         const float *restrict x = X + r * 32;  /* rows are dense, so block r of the flat array */
         float *restrict y = XF + r * 32;
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
+        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const float d = amax / lim, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vd = _mm512_set1_ps(d), vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(lim);
+        const __m512 lo = _mm512_set1_ps(-lim);
+        /* round to nearest even, as nearbyintf; the clamp as in rlx_q8_quantize_rows */
+        const __m512 q0 = _mm512_roundscale_ps(_mm512_mul_ps(x0, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 q1 = _mm512_roundscale_ps(_mm512_mul_ps(x1, vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_max_ps(_mm512_min_ps(q0, hi), lo), vd));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_max_ps(_mm512_min_ps(q1, hi), lo), vd));
+#else
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fmaxf(amax, fabsf(x[j]));
@@ -509,6 +521,7 @@ static void rlx_q_act_round_trip(const int a16, int64_t M, int64_t K, const floa
             v = v > lim ? lim : (v < -lim ? -lim : v);
             y[j] = v * d;
         }
+#endif
     }
 }
 
