@@ -114,12 +114,28 @@ class Toolchain:
     def compiler_identity(self) -> str:
         return f"{self.cc}\n{self.cc_version_text}"
 
-    def command(self, source: Path, output: Path) -> list[str]:
-        return [self.cc, *self.flags, "-o", str(output), str(source), *self.link_flags]
+    @property
+    def object_flags(self) -> tuple[str, ...]:
+        """`flags` for compiling one file into an object (`-c`): the same, less `-shared`."""
+        return tuple(f for f in self.flags if f != "-shared")
 
-    def compile(self, source: Path, output: Path) -> None:
-        """Build `source` into the shared object `output`; BuildError with the compiler's message."""
-        run_compiler(self.command(source, output), source, output, "C compiler", timeout=600)
+    def command(self, source: Path, output: Path, objects: tuple[Path, ...] = ()) -> list[str]:
+        return [self.cc, *self.flags, "-o", str(output), str(source), *map(str, objects), *self.link_flags]
+
+    def compile(self, source: Path, output: Path, objects: tuple[Path, ...] = ()) -> None:
+        """Build `source` (linked with `objects`, e.g. kernel units) into the shared object `output`;
+        BuildError with the compiler's message."""
+        run_compiler(self.command(source, output, objects), source, output, "C compiler", timeout=600)
+
+    def compile_object(self, source: Path, output: Path) -> None:
+        """Compile `source` into the object file `output` (position-independent, same flags)."""
+        cmd = [self.cc, *self.object_flags, "-c", "-o", str(output), str(source)]
+        run_compiler(cmd, source, output, "C compiler", timeout=600)
+
+    def link(self, objects: tuple[Path, ...], output: Path) -> None:
+        """Link `objects` into the shared object `output` (with the flags and libraries `compile` uses)."""
+        cmd = [self.cc, *self.flags, "-o", str(output), *map(str, objects), *self.link_flags]
+        run_compiler(cmd, objects[0], output, "C compiler (link)", timeout=600)
 
 
 def detect_toolchain(config: Config | None = None) -> Toolchain:

@@ -46,6 +46,7 @@ from rlx.templates_path import templates_dir
 from rlx.toolchain.cache import AotCache, cache_key
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.toolchain.isa import describe as describe_isa
+from rlx.toolchain.units import compile_program
 
 if TYPE_CHECKING:
     from rlx.codegen.c import CTarget
@@ -175,7 +176,8 @@ def build_cpu(lir: LirModule, config: Config | None = None, toolchain: Toolchain
         text = render_source(lir, config, toolchain, key=key)
         source.write_text(text)
         try:
-            toolchain.compile(source, workdir / "model.so")
+            # linked with the kernel units its headers name (compiled once per toolchain: units.py)
+            compile_program(toolchain, source, workdir / "model.so", config)
         except BuildError as exc:
             # the cache discards its work dir on failure: keep the source where the message points
             fd, kept = tempfile.mkstemp(prefix=f"rlx-failed-{key[:12]}-", suffix=".c")
