@@ -1,7 +1,7 @@
 """Kernel units: fixed kernel code compiled once per toolchain and linked into every program using it.
 
 A fixed kernel header `templates/cpu/kernels/NAME.h` may come with a translation unit
-`kernels/NAME.c` that defines the functions the header declares (e.g. `packed_tile.c`, the packed
+`kernels/NAME.c` that defines the functions the header declares (e.g. `packed_core.c`, the packed
 GEMM's unrolled AVX-512 / AVX2 micro-kernel). Such code does not depend on the graph, so it is not
 compiled again into every program: the first build that needs it compiles it with the program's
 own flags into an object kept in the AOT cache root, and every program whose source includes the
@@ -24,7 +24,7 @@ directory each time.
 
 >>> from pathlib import Path
 >>> [p.name for p in units_for('#include "kernels/packed_gemm.h"\\n')]
-['packed_tile.c']
+['packed_core.c']
 >>> units_for('#include "kernels/scalar.h"\\n')
 ()
 """

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None, reason="needs a C compiler")
 
 
-def tile_unit() -> Path:
-    return templates_dir() / "cpu" / "kernels" / "packed_tile.c"
+def core_unit() -> Path:
+    return templates_dir() / "cpu" / "kernels" / "packed_core.c"
 
 
 def mlp(name: str = "unit_mlp", k: int = 40, n: int = 48) -> rlx.Graph:
@@ -46,8 +46,8 @@ def unit_entries(root: Path) -> list[Path]:
 
 
 def test_a_program_needs_the_units_of_the_headers_it_includes_directly_or_through_another():
-    assert units_for('#include "kernels/packed_gemm.h"\n') == (tile_unit(),)  # packed_gemm.h includes packed_tile.h
-    assert units_for('#include "kernels/packed_tile.h"\n') == (tile_unit(),)
+    assert units_for('#include "kernels/packed_gemm.h"\n') == (core_unit(),)  # packed_gemm.h includes packed_core.h
+    assert units_for('#include "kernels/packed_core.h"\n') == (core_unit(),)
     assert units_for('#include "kernels/scalar.h"\n#include <immintrin.h>\n') == ()
     assert units_for("/* #include \"kernels/packed_gemm.h\" is only a comment here */\n") == ()
 
@@ -64,18 +64,18 @@ def test_a_graph_without_a_packed_gemm_links_no_unit_and_its_source_never_parses
 
 def test_the_unit_key_covers_its_text_its_headers_the_flags_and_the_compiler(tmp_path: Path, monkeypatch):
     tc = detect_toolchain(Config(cache_dir=tmp_path / "cache"))
-    base = cache_key(unit_components(tile_unit(), tc))
-    assert cache_key(unit_components(tile_unit(), tc)) == base
+    base = cache_key(unit_components(core_unit(), tc))
+    assert cache_key(unit_components(core_unit(), tc)) == base
     flags = dataclasses.replace(tc, isa_flags=(*tc.isa_flags, "-DRLX_TEST_FLAG=1"))
     compiler = dataclasses.replace(tc, cc_version_text=tc.cc_version_text + " (rebuilt)")
     isa = dataclasses.replace(tc, isa_identity="another-cpu")
-    keys = {cache_key(unit_components(tile_unit(), t)) for t in (flags, compiler, isa)}
+    keys = {cache_key(unit_components(core_unit(), t)) for t in (flags, compiler, isa)}
     assert base not in keys and len(keys) == 3
 
     copy = tmp_path / "templates"
     shutil.copytree(templates_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setenv("RLX_TEMPLATES_DIR", str(copy))
-    unit = copy / "cpu" / "kernels" / "packed_tile.c"
+    unit = copy / "cpu" / "kernels" / "packed_core.c"
     base = cache_key(unit_components(unit, tc))  # (the -I flag names the templates directory)
     # a header the unit does not include never changes its key ...
     scalar = copy / "cpu" / "kernels" / "scalar.h"
@@ -83,7 +83,7 @@ def test_the_unit_key_covers_its_text_its_headers_the_flags_and_the_compiler(tmp
     (copy / "cpu" / "kernels" / "brand_new.h").write_text("/* a header another helper added */\n")
     assert cache_key(unit_components(unit, tc)) == base
     # ... the header it includes does
-    header = copy / "cpu" / "kernels" / "packed_tile.h"
+    header = copy / "cpu" / "kernels" / "packed_core.h"
     header.write_text(header.read_text() + "\n/* edited */\n")
     edited_header = cache_key(unit_components(unit, tc))
     unit.write_text(unit.read_text() + "\n/* edited */\n")
@@ -103,7 +103,7 @@ def test_the_unit_is_compiled_once_and_linked_into_every_program(tmp_path: Path,
         stamp = obj.stat().st_mtime_ns
         second = session.compile(mlp("unit_b", k=24, n=40))
     assert unit_entries(root) == [obj] and obj.stat().st_mtime_ns == stamp
-    unit_builds = [c for c in commands if str(tile_unit()) in c]
+    unit_builds = [c for c in commands if str(core_unit()) in c]
     assert len(unit_builds) == 1 and "-c" in unit_builds[0]
     # the second program is one compiler command, linking the cached object
     assert str(obj) in commands[-1] and "-shared" in commands[-1]
@@ -137,13 +137,13 @@ def test_a_corrupt_unit_object_is_quarantined_with_a_warning_and_compiled_again(
     config = Config(cache_dir=tmp_path / "cache")
     tc = detect_toolchain(config)
     store = UnitStore(config)
-    obj = store.get(tile_unit(), tc, tmp_path)
+    obj = store.get(core_unit(), tc, tmp_path)
     good = file_sha256(obj)
     obj.chmod(0o644)
     obj.write_bytes(obj.read_bytes()[:100])  # a torn write
-    assert store.cached(tile_unit(), tc) is None
-    with pytest.warns(CacheWarning, match=r"kernel unit packed_tile\.c .* is corrupt \(unit\.o is 100 bytes"):
-        again = store.get(tile_unit(), tc, tmp_path)
+    assert store.cached(core_unit(), tc) is None
+    with pytest.warns(CacheWarning, match=r"kernel unit packed_core\.c .* is corrupt \(unit\.o is 100 bytes"):
+        again = store.get(core_unit(), tc, tmp_path)
     assert again == obj and file_sha256(again) == good
     assert next(p.name for p in (tmp_path / "cache" / "quarantine").iterdir()).startswith("unit-")
     # the same for a flipped byte (same size) and for a lost meta.json
@@ -151,19 +151,19 @@ def test_a_corrupt_unit_object_is_quarantined_with_a_warning_and_compiled_again(
     data[len(data) // 2] ^= 0xFF
     obj.write_bytes(bytes(data))
     with pytest.warns(CacheWarning, match="sha256 does not match"):
-        assert file_sha256(store.get(tile_unit(), tc, tmp_path)) == good
+        assert file_sha256(store.get(core_unit(), tc, tmp_path)) == good
     (obj.parent / "meta.json").unlink()
     with pytest.warns(CacheWarning, match="meta.json is missing"):
-        assert file_sha256(store.get(tile_unit(), tc, tmp_path)) == good
+        assert file_sha256(store.get(core_unit(), tc, tmp_path)) == good
 
 
 def test_a_failing_unit_build_is_a_build_error_naming_the_unit(tmp_path: Path, monkeypatch):
     copy = tmp_path / "templates"
     shutil.copytree(templates_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
-    unit = copy / "cpu" / "kernels" / "packed_tile.c"
+    unit = copy / "cpu" / "kernels" / "packed_core.c"
     unit.write_text(unit.read_text() + "\nthis is not C;\n")
     monkeypatch.setenv("RLX_TEMPLATES_DIR", str(copy))
-    with pytest.raises(rlx.errors.BuildError, match=r"kernel unit failed.*packed_tile\.c"):
+    with pytest.raises(rlx.errors.BuildError, match=r"kernel unit failed.*packed_core\.c"):
         rlx.Session(config=Config(cache_dir=tmp_path / "cache")).compile(mlp("unit_broken"))
     assert not unit_entries(tmp_path / "cache")
 
@@ -182,7 +182,7 @@ while not all(Path(p).exists() for p in sys.argv[3:]):  # start together
     pass
 ran = []
 with observe_commands(lambda cmd, started, seconds: seconds is None and ran.append(cmd)):
-    obj = UnitStore(config).get(templates_dir() / "cpu" / "kernels" / "packed_tile.c", tc, Path(sys.argv[1]))
+    obj = UnitStore(config).get(templates_dir() / "cpu" / "kernels" / "packed_core.c", tc, Path(sys.argv[1]))
 print(json.dumps({"object": str(obj), "compiled": len(ran)}))
 '''
 
@@ -210,7 +210,7 @@ def test_concurrent_builders_compile_the_unit_once_and_share_it(tmp_path: Path):
 def test_compile_program_links_given_units(tmp_path: Path):
     """The toolchain entry point on a hand-written program calling the unit's kernel."""
     src = tmp_path / "prog.c"
-    src.write_text('#include "kernels/packed_tile.h"\n'
+    src.write_text('#include "kernels/packed_core.h"\n'
                    "#ifdef RLX_NR\n"
                    "__attribute__((visibility(\"default\"))) void call(float *c, const float *a, const float *bp)\n"
                    "{ rlx_kernel(1, 0, 1, a, 1, bp, c, RLX_NR, RLX_NR, 0, 0); }\n"

@@ -14,7 +14,7 @@
  * A matmul whose right operand is a param (every linear layer) does not go
  * through the BLAS: rlx_set_param copies the weight into the micro-kernel's
  * panel layout once, and rlx_run multiplies with the micro-kernel rlx_kernel
- * (kernels/packed_tile.h: a kernel unit, compiled once per toolchain), applying
+ * (kernels/packed_core.h: a kernel unit, compiled once per toolchain), applying
  * bias and activation to each output tile while it is still in L1.
  *
  * Packed layout of one K x N matrix: ceil(N / RLX_NR) panels of RLX_NR
@@ -33,7 +33,7 @@
  * OpenMP threads of a GEMM take contiguous ranges of tiles, so a GEMM with few
  * rows (one short sentence) is still spread over every core by panels.
  */
-#include "kernels/packed_tile.h"
+#include "kernels/packed_core.h"
 
 /* act(C) on an mr x nc block of C, right after the block's last multiply-add. The generated
  * file defines it (one case per activation its GEMMs fuse) before including this header. */
@@ -47,31 +47,8 @@ static inline void rlx_epilogue_act(float *restrict C, int64_t ldc, int64_t mr, 
  * partial sums go through C (the bias is added with the last slice). */
 #define RLX_KC 2048
 
-/* dst <- B packed (see above), reading B[k, n] = src[k * sk + n * sn]: the strides take any
- * user layout (e.g. a PyTorch [out, in] weight read transposed) without a transpose pass. */
-static void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk, int64_t sn)
-{
-    for (int64_t p0 = 0; p0 < N; p0 += RLX_NR) {
-        const int64_t w = N - p0 < RLX_NR ? N - p0 : RLX_NR;
-        const float *restrict col = src + p0 * sn;
-        for (int64_t k = 0; k < K; k++) {
-            float *restrict out = dst + k * RLX_NR;
-            const float *restrict in = col + k * sk;
-            if (sn == 1) {
-                memcpy(out, in, (size_t)w * sizeof(float));
-            } else {
-                for (int64_t j = 0; j < w; j++)
-                    out[j] = in[j * sn];
-            }
-            for (int64_t j = w; j < RLX_NR; j++)
-                out[j] = 0.0f;
-        }
-        dst += K * RLX_NR;
-    }
-}
-
-/* rlx_kernel, the micro-kernel (C tile += A rows @ one panel), is declared in kernels/packed_tile.h
- * and compiled once per toolchain from kernels/packed_tile.c. */
+/* rlx_kernel (the micro-kernel: a C tile += rows of A @ one panel) and rlx_pack_b are declared in
+ * kernels/packed_core.h and compiled once per toolchain from kernels/packed_core.c. */
 
 /* Work units of an M x N product: tiles of RLX_MC rows x one panel, row blocks outermost. */
 static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
@@ -111,13 +88,6 @@ static void rlx_pgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
 /* Blocks handed to one rlx_sgemm1 call: rows x columns of C. */
 #define RLX_FB_ROWS 64
 #define RLX_FB_COLS 256
-
-static void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk, int64_t sn)
-{
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t n = 0; n < N; n++)
-            dst[k * N + n] = src[k * sk + n * sn];
-}
 
 static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
 {
@@ -165,23 +135,6 @@ static inline void rlx_split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi)
     *hi = n * (t + 1) / nt;
 }
 
-/* set_param for a packed param: `batch` matrices, each K x N read with strides (sk, sn) and the
- * batch axes' strides (elements of the user array), stored RLX_PACK_NR_MAX-padded apart. */
-static void rlx_pack_param(float *dst, const float *src, int nbatch_axes, const int64_t *dims, const int64_t *strides)
-{
-    const int64_t K = dims[nbatch_axes], N = dims[nbatch_axes + 1];
-    const int64_t stride = (N + RLX_PACK_NR_MAX - 1) / RLX_PACK_NR_MAX * RLX_PACK_NR_MAX * K;
-    int64_t count = 1;
-    for (int d = 0; d < nbatch_axes; d++)
-        count *= dims[d];
-    for (int64_t b = 0; b < count; b++) {
-        int64_t off = 0, rem = b;
-        for (int d = nbatch_axes - 1; d >= 0; d--) {
-            off += rem % dims[d] * strides[d];
-            rem /= dims[d];
-        }
-        rlx_pack_b(dst + b * stride, src + off, K, N, strides[nbatch_axes], strides[nbatch_axes + 1]);
-    }
-}
+/* rlx_pack_param (set_param of a packed param) is in kernels/packed_core.c too. */
 
 #endif /* RLX_KERNELS_PACKED_GEMM_H */

@@ -1,9 +1,10 @@
-/* The packed GEMM's micro-kernel (the definition of rlx_kernel, declared in kernels/packed_tile.h).
- * A kernel unit: a fixed translation unit, compiled once per compiler, flags and ISA into the RLX
- * cache and linked into every program that includes kernels/packed_tile.h. */
+/* The graph-independent core of the packed GEMM (declared in kernels/packed_core.h): packing B
+ * and the micro-kernel. A kernel unit: a fixed translation unit, compiled once per compiler, flags
+ * and ISA into the RLX cache and linked into every program that includes kernels/packed_core.h. */
 #include <stdint.h>
+#include <string.h>
 
-#include "kernels/packed_tile.h"
+#include "kernels/packed_core.h"
 
 #ifdef RLX_NR
 #include <immintrin.h>
@@ -11,6 +12,28 @@
 /* How far ahead of the kernel weights are prefetched (tuned on Zen 5: 8 KiB reaches ~50 GB/s
  * on 2 cores for MiniLM's weights at 16 rows, against ~30 GB/s from the hardware prefetcher). */
 #define RLX_PF_BYTES 8192
+
+/* Panels of RLX_NR columns, K rows each, zero-padded past N. */
+void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk, int64_t sn)
+{
+    for (int64_t p0 = 0; p0 < N; p0 += RLX_NR) {
+        const int64_t w = N - p0 < RLX_NR ? N - p0 : RLX_NR;
+        const float *restrict col = src + p0 * sn;
+        for (int64_t k = 0; k < K; k++) {
+            float *restrict out = dst + k * RLX_NR;
+            const float *restrict in = col + k * sk;
+            if (sn == 1) {
+                memcpy(out, in, (size_t)w * sizeof(float));
+            } else {
+                for (int64_t j = 0; j < w; j++)
+                    out[j] = in[j * sn];
+            }
+            for (int64_t j = w; j < RLX_NR; j++)
+                out[j] = 0.0f;
+        }
+        dst += K * RLX_NR;
+    }
+}
 
 #if RLX_NR == 32
 /* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias[0:nr]). `mr` and `prefetch` are
@@ -153,6 +176,30 @@ void rlx_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t ld
 #undef RLX_KERNEL_CASE
 
 #else
-/* No micro-kernel for this ISA: nothing is defined (ISO C wants a declaration in every file). */
-typedef int rlx_packed_tile_unit_is_empty;
+
+/* No micro-kernel: B stays row-major (the BLAS or the C GEMM multiplies it). */
+void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk, int64_t sn)
+{
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t n = 0; n < N; n++)
+            dst[k * N + n] = src[k * sk + n * sn];
+}
+
 #endif
+
+void rlx_pack_param(float *dst, const float *src, int nbatch_axes, const int64_t *dims, const int64_t *strides)
+{
+    const int64_t K = dims[nbatch_axes], N = dims[nbatch_axes + 1];
+    const int64_t stride = (N + RLX_PACK_NR_MAX - 1) / RLX_PACK_NR_MAX * RLX_PACK_NR_MAX * K;
+    int64_t count = 1;
+    for (int d = 0; d < nbatch_axes; d++)
+        count *= dims[d];
+    for (int64_t b = 0; b < count; b++) {
+        int64_t off = 0, rem = b;
+        for (int d = nbatch_axes - 1; d >= 0; d--) {
+            off += rem % dims[d] * strides[d];
+            rem /= dims[d];
+        }
+        rlx_pack_b(dst + b * stride, src + off, K, N, strides[nbatch_axes], strides[nbatch_axes + 1]);
+    }
+}
