@@ -34,9 +34,11 @@ length of the generated C file and, each in a fresh process (targets: under
 each `--runs` times (a fresh empty root per first build), with the process's
 CPU time (its own and its children's: the compiler's) beside the wall time,
 since on a shared machine wall time also counts waiting for a core. The load
-average is printed. `--mlp-only` skips the BERT part; `--compare PATH` runs
-the MLP rows for another checkout too (e.g. the tree before a change), the
-two alternating run by run, and prints both.
+average is printed. The children keep Python bytecode in a private prefix
+(written by one unmeasured import), as an installed rlx has its .pyc files.
+`--mlp-only` skips the BERT part; `--compare PATH` runs the MLP rows for
+another checkout too (e.g. the tree before a change), the two alternating run
+by run, and prints both.
 
 Medians over `--runs` fresh processes (cold compiles run once: a second run
 would not be cold).
@@ -123,6 +125,10 @@ else:
         out["first_call_ms"] = (time.perf_counter() - t) * 1e3
 print(json.dumps(out))
 '''
+
+
+# Imports every module a CPU compile loads (so their bytecode is written before anything is timed).
+WARM_IMPORTS = "import rlx, rlx.codegen.c, rlx.codegen.backends, rlx.toolchain.cpu, rlx.runtime.loader, jinja2"
 
 
 def child(mode: str, graph: str, art: str, env: dict[str, str]) -> dict:
@@ -216,9 +222,15 @@ def main() -> int:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
     with tempfile.TemporaryDirectory(prefix="rlx-bench-cache-") as tmp:
         root = Path(tmp)
-        env = {**os.environ, "RLX_CACHE_DIR": str(root / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
-        env.pop("RLX_CACHE_PATH", None)
-        env.pop("RLX_CACHE", None)
+        # Python bytecode in a private prefix, written by a first unmeasured import: an installed rlx has
+        # its .pyc files, while PYTHONDONTWRITEBYTECODE (set on some machines) would compile every module
+        # of rlx in every fresh process and count that in each compile.
+        env = {**os.environ, "RLX_CACHE_DIR": str(root / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+               "PYTHONPYCACHEPREFIX": str(root / "pycache")}
+        for name in ("RLX_CACHE_PATH", "RLX_CACHE", "PYTHONDONTWRITEBYTECODE"):
+            env.pop(name, None)
+        for repo in trees.values():
+            subprocess.run([sys.executable, "-c", WARM_IMPORTS], env={**env, "PYTHONPATH": str(repo)}, check=True)
         rows = mlp_rows(trees, root, args.runs, env)
         if not args.mlp_only:
             bert(args, root, {**env, "PYTHONPATH": str(REPO)})
