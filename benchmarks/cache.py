@@ -133,7 +133,8 @@ WARM_IMPORTS = "import rlx, rlx.codegen.c, rlx.codegen.backends, rlx.toolchain.c
 
 def child(mode: str, graph: str, art: str, env: dict[str, str]) -> dict:
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, graph, art], capture_output=True, text=True,
+    # -P: `python -c` would put the working directory first on sys.path, shadowing PYTHONPATH's rlx.
+    proc = subprocess.run([sys.executable, "-P", "-c", CHILD, mode, graph, art], capture_output=True, text=True,
                           env=env, timeout=900)
     wall = (time.perf_counter() - t) * 1e3
     if proc.returncode != 0:
@@ -230,7 +231,8 @@ def main() -> int:
         for name in ("RLX_CACHE_PATH", "RLX_CACHE", "PYTHONDONTWRITEBYTECODE"):
             env.pop(name, None)
         for repo in trees.values():
-            subprocess.run([sys.executable, "-c", WARM_IMPORTS], env={**env, "PYTHONPATH": str(repo)}, check=True)
+            subprocess.run([sys.executable, "-P", "-c", WARM_IMPORTS], env={**env, "PYTHONPATH": str(repo)},
+                           check=True)
         rows = mlp_rows(trees, root, args.runs, env)
         if not args.mlp_only:
             bert(args, root, {**env, "PYTHONPATH": str(REPO)})

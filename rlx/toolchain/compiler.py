@@ -233,7 +233,16 @@ def _from_json(doc: dict) -> Toolchain:
 
 def _detect(cc: str, blas: str, cpu_target: str, sanitize: str) -> Toolchain:
     path, version_text = find_compiler(cc)
-    isa, isa_flags, isa_identity = _isa(path, cpu_target)
+    # The probes are independent compiler runs (and a dlopen of the BLAS): run them side by side,
+    # since the very first compile on a machine waits for all of them.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlx-probe") as pool:
+        isa_probe = pool.submit(_isa, path, cpu_target)
+        openmp_probe = pool.submit(_openmp_flags, path)
+        blas_found = _blas(path, blas)
+        isa, isa_flags, isa_identity = isa_probe.result()
+        openmp_flags = openmp_probe.result()
     return Toolchain(
         cc=path,
         cc_version=version_text.splitlines()[0] if version_text else "",
@@ -241,9 +250,9 @@ def _detect(cc: str, blas: str, cpu_target: str, sanitize: str) -> Toolchain:
         isa=isa,
         isa_flags=isa_flags,
         isa_identity=isa_identity,
-        openmp_flags=_openmp_flags(path),
+        openmp_flags=openmp_flags,
         sanitize=sanitize,
-        blas=_blas(path, blas),
+        blas=blas_found,
     )
 
 
