@@ -20,6 +20,11 @@ How it stays correct with many processes and crashes:
 - temp directories of crashed builds are removed by later builds once their
   key lock is free (the OS drops a dead process's lock).
 
+The root also holds what every build shares: `units/` (compiled kernel units,
+`rlx.toolchain.units`), `templates/` (compiled Jinja templates) and `memo/`
+(toolchain probes, the compile index). They are small and not evicted;
+`clear()` removes them too.
+
 Read-only layers (`RLX_CACHE_PATH`) are searched before the writable root.
 With `RLX_CACHE=0` every request builds into a fresh temp directory.
 
@@ -724,7 +729,8 @@ class AotCache:
         return {"tmp": removed_tmp, "quarantine": removed_q, "evicted": len(evicted)}
 
     def clear(self) -> int:
-        """Delete every entry of the writable root (and the quarantine); returns the number of entries."""
+        """Delete every entry of the writable root (and the quarantine, the compiled kernel units and
+        templates); returns the number of entries."""
         if not self.root.is_dir():
             return 0
         check_private(self.root, "cache root")
@@ -737,6 +743,13 @@ class AotCache:
                 n += 1
             shutil.rmtree(trash, ignore_errors=True)
         shutil.rmtree(self.root / "quarantine", ignore_errors=True)
+        for shared in ("units", "templates"):  # renamed away first: a reader never sees half a directory
+            if (self.root / shared).is_dir():
+                _mkdir_private(self.root / "tmp")
+                trash = Path(tempfile.mkdtemp(prefix="clear.", dir=self.root / "tmp"))
+                with contextlib.suppress(OSError):
+                    os.rename(self.root / shared, trash / shared)
+                shutil.rmtree(trash, ignore_errors=True)
         return n
 
     def resolve(self, key_prefix: str) -> list[EntryInfo]:

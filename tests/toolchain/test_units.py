@@ -220,3 +220,13 @@ def test_compile_program_links_given_units(tmp_path: Path):
     linked = compile_program(tc, src, tmp_path / "prog.so", config)
     assert linked == tuple(unit_entries(tmp_path / "cache"))
     assert (tmp_path / "prog.so").is_file() and not (tmp_path / "prog.program.o").exists()
+
+
+def test_cache_clear_removes_the_units_and_compiled_templates_too(tmp_path: Path):
+    from rlx.toolchain.cache import AotCache
+
+    config = Config(cache_dir=tmp_path / "cache")
+    rlx.Session(config=config).compile(mlp("unit_clear"))
+    assert unit_entries(tmp_path / "cache") and (tmp_path / "cache" / "templates").is_dir()
+    assert AotCache(config).clear() == 1
+    assert not (tmp_path / "cache" / "units").exists() and not (tmp_path / "cache" / "templates").exists()
