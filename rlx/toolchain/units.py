@@ -177,6 +177,7 @@ class UnitStore:
         d = self.entry_dir(key)
         if not d.is_dir():
             return None
+        check_private(d.parent, "cache directory")
         check_private(d, "kernel unit entry")
         obj = d / OBJECT
         try:
@@ -188,13 +189,10 @@ class UnitStore:
             raise _Corrupt(f"{META} is missing") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise _Corrupt(f"{META} is unreadable: {exc}") from None
-        try:
-            check_private(obj, "cached kernel unit object")
-            size = obj.stat().st_size
-        except (OSError, CacheError) as exc:
-            if isinstance(exc, CacheError) and obj.exists():
-                raise
-            raise _Corrupt(f"{OBJECT} is missing") from None
+        if not obj.is_file():
+            raise _Corrupt(f"{OBJECT} is missing")
+        check_private(obj, "cached kernel unit object")  # another user's file is refused, never repaired
+        size = obj.stat().st_size
         if size != want.get("size"):
             raise _Corrupt(f"{OBJECT} is {size} bytes, {META} says {want.get('size')}")
         if file_sha256(obj) != want.get("sha256"):

@@ -230,3 +230,20 @@ def test_cache_clear_removes_the_units_and_compiled_templates_too(tmp_path: Path
     assert unit_entries(tmp_path / "cache") and (tmp_path / "cache" / "templates").is_dir()
     assert AotCache(config).clear() == 1
     assert not (tmp_path / "cache" / "units").exists() and not (tmp_path / "cache" / "templates").exists()
+
+
+def test_a_unit_object_others_can_write_is_refused_never_linked(tmp_path: Path):
+    from rlx.errors import CacheError
+
+    config = Config(cache_dir=tmp_path / "cache")
+    tc = detect_toolchain(config)
+    store = UnitStore(config)
+    obj = store.get(core_unit(), tc, tmp_path)
+    obj.chmod(0o666)
+    with pytest.raises(CacheError, match="writable by group or others"):
+        store.get(core_unit(), tc, tmp_path)
+    obj.chmod(0o644)
+    obj.unlink()  # a lost object: quarantined with its meta.json and compiled again
+    with pytest.warns(CacheWarning, match="unit.o is missing"):
+        again = store.get(core_unit(), tc, tmp_path)
+    assert file_sha256(again) == json.loads((again.parent / "meta.json").read_text())["object"]["sha256"]
