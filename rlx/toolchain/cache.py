@@ -413,19 +413,16 @@ class AotCache:
 
     def _locked_build(self, key: str, components: Mapping[str, Any], build: Callable[[Path], None],
                       info: Mapping[str, Any] | None = None) -> CacheEntry:
-        import filelock
-
         self._ensure_root()
-        lock = filelock.FileLock(self._lock_path(key))
         try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
+            release = acquire_file_lock(self._lock_path(key), 0.0)
+        except _LockTimeout:
             self._count(lock_waits=1)
             log.debug("cache entry %s is being built by another process; waiting", key)
             timeout = max(self.config.cache_lock_timeout, 0.0)
             try:
-                lock.acquire(timeout=timeout)
-            except filelock.Timeout:
+                release = acquire_file_lock(self._lock_path(key), timeout)
+            except _LockTimeout:
                 raise CacheError(
                     f"timed out after {timeout:.0f} s waiting for another process to build cache entry {key} "
                     f"(lock {self._lock_path(key)}); raise RLX_CACHE_LOCK_TIMEOUT or look for a stuck rlx process"
@@ -433,7 +430,7 @@ class AotCache:
         try:
             return self._build_holding_lock(key, components, build, info)
         finally:
-            lock.release()
+            release()
 
     def _build_holding_lock(self, key: str, components: Mapping[str, Any],
                             build: Callable[[Path], None], info: Mapping[str, Any] | None = None) -> CacheEntry:
@@ -594,8 +591,6 @@ class AotCache:
 
     def _clean_stale_tmp(self, stale_seconds: float | None = None) -> int:
         """Remove temp dirs of builds whose process died (key lock free) and that are old enough."""
-        import filelock
-
         age = self.stale_seconds if stale_seconds is None else stale_seconds
         tmp = self.root / "tmp"
         removed = 0
@@ -616,10 +611,10 @@ class AotCache:
                 removed += 1
                 continue
             try:
-                with filelock.FileLock(self._lock_path(key)).acquire(timeout=0):
+                with _brief_lock(self._lock_path(key), 0.0):
                     shutil.rmtree(child, ignore_errors=True)
                     removed += 1
-            except filelock.Timeout:
+            except (_LockTimeout, OSError):
                 continue  # its build is still running
         return removed
 
@@ -641,13 +636,12 @@ class AotCache:
         Entries in `protect`, entries used in the last `evict_grace_seconds`
         and entries whose key lock is held are kept. Returns the evicted keys.
         """
-        import filelock
-
         bound = self.config.cache_max_bytes if max_bytes is None else max_bytes
         infos = self.entries(layers=False)
         total = sum(e.bytes for e in infos)
         if total <= bound:
             return []
+        import filelock
         now = time.time()
         evicted = []
         for info in sorted(infos, key=lambda e: e.last_use):
@@ -810,31 +804,31 @@ class AotCache:
 
 
 class _LockTimeout(Exception):
-    """Internal: `_brief_lock` did not get the lock in time."""
+    """Internal: `acquire_file_lock` did not get the lock in time."""
 
 
-@contextlib.contextmanager
-def _brief_lock(path: Path, timeout: float) -> Iterator[None]:
-    """An exclusive lock on `path` for a few file operations (the stats update every hit makes).
+def acquire_file_lock(path: Path, timeout: float) -> Callable[[], None]:
+    """Lock `path` exclusively, waiting at most `timeout` seconds (0: one try); returns the release.
 
     `fcntl.flock` on the lock file, as filelock does on POSIX (so the two exclude each other), without
-    importing filelock: a warm hit would pay its import (~15 ms) for this alone. Elsewhere: filelock.
+    importing filelock, which a build or a warm hit would otherwise pay for (~15-25 ms). The OS drops
+    the lock of a process that dies. Raises `_LockTimeout`. Elsewhere than POSIX: filelock.
     """
     try:
         import fcntl
     except ImportError:  # not POSIX
         import filelock
 
+        lock = filelock.FileLock(path)
         try:
-            lock = filelock.FileLock(path).acquire(timeout=timeout)
+            lock.acquire(timeout=timeout)
         except filelock.Timeout:
-            raise _LockTimeout(str(path)) from None
-        with lock:
-            yield
-        return
+            raise _LockTimeout(f"{path} held for more than {timeout} s") from None
+        return lock.release
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + timeout
+        pause = 0.002
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -842,13 +836,29 @@ def _brief_lock(path: Path, timeout: float) -> Iterator[None]:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise _LockTimeout(f"{path} held for more than {timeout} s") from None
-                time.sleep(0.005)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+    except BaseException:
         os.close(fd)
+        raise
+
+    def release() -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    return release
+
+
+@contextlib.contextmanager
+def _brief_lock(path: Path, timeout: float) -> Iterator[None]:
+    """`acquire_file_lock` for a few file operations (the stats update every hit makes)."""
+    release = acquire_file_lock(path, timeout)
+    try:
+        yield
+    finally:
+        release()
 
 
 def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], None], work: Path,

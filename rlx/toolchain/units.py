@@ -52,7 +52,9 @@ from rlx.toolchain.cache import (
     CacheWarning,
     _fsync_dir_tree,
     _fsync_path,
+    _LockTimeout,
     _mkdir_private,
+    acquire_file_lock,
     cache_key,
     check_private,
     file_sha256,
@@ -200,15 +202,12 @@ class UnitStore:
         return obj
 
     def _locked_build(self, key: str, components: dict[str, str], unit: Path, toolchain: Toolchain) -> Path:
-        import filelock
-
         cache = self.cache
         cache._ensure_root()
-        lock = filelock.FileLock(cache._lock_path(key))
         timeout = max(cache.config.cache_lock_timeout, 0.0)
         try:
-            lock.acquire(timeout=timeout)
-        except filelock.Timeout:
+            release = acquire_file_lock(cache._lock_path(key), timeout)
+        except _LockTimeout:
             raise CacheError(f"timed out after {timeout:.0f} s waiting for another process to compile kernel "
                              f"unit {unit.name} (lock {cache._lock_path(key)}); raise RLX_CACHE_LOCK_TIMEOUT "
                              "or look for a stuck rlx process") from None
@@ -222,7 +221,7 @@ class UnitStore:
                 return found
             return self._build(key, components, unit, toolchain)
         finally:
-            lock.release()
+            release()
 
     def _build(self, key: str, components: dict[str, str], unit: Path, toolchain: Toolchain) -> Path:
         cache = self.cache
@@ -257,7 +256,8 @@ class UnitStore:
         d = self.entry_dir(key)
         qdir = self.cache.root / "quarantine"
         _mkdir_private(qdir)
-        dest = qdir / f"unit-{key}.{int(time.time())}.{os.getpid()}"
+        # a fresh directory per quarantine: the same unit may be quarantined twice within a second
+        dest = Path(tempfile.mkdtemp(prefix=f"unit-{key}.{int(time.time())}.", dir=qdir)) / "entry"
         try:
             os.rename(d, dest)
         except OSError as exc:
