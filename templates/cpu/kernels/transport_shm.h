@@ -1,0 +1,228 @@
+/* A shared-memory transport (kernels/transport.h) for N ranks of one machine: threads of one
+ * process, or processes mapping the same region (POSIX shared memory, MAP_SHARED).
+ * A fixed RLX kernel header, included by graphs with collective ops; its three functions are
+ * exported so the runtime can make a rank's transport from the library it loaded.
+ *
+ * The region: a 128-byte header (a barrier: arrivals, phase; an abort flag at byte 8), then one
+ * slot of `slot` bytes per rank. It must be zero-filled before the first rank opens it (a fresh
+ * shared-memory segment is). A collective goes in chunks of at most one slot: each rank copies
+ * its chunk into its own slot, all meet at the barrier, each rank reads every slot and reduces
+ * in rank order (every rank computes the same bits, as rlx/ir/transport.py does), and all meet
+ * again before the slots are reused.
+ *
+ * No hang: a rank waits at most `timeout_ms` for the others, then raises the abort flag and
+ * fails; a rank that sees the flag fails at once. The launcher raises it too when a rank dies. */
+#ifndef RLX_KERNELS_TRANSPORT_SHM_H
+#define RLX_KERNELS_TRANSPORT_SHM_H
+
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/transport.h"
+
+#define RLX_SHM_HEADER 128
+
+typedef struct {
+    _Atomic uint32_t arrived; /* ranks at the barrier in this phase */
+    _Atomic uint32_t phase;   /* bumped by the last rank to arrive */
+    _Atomic int32_t aborted;  /* byte 8: nonzero once any rank failed or timed out */
+} rlx_shm_header;
+
+typedef struct {
+    RlxTransport t;
+    rlx_shm_header *h;
+    char *slots;
+    int64_t slot; /* bytes per rank's slot (a multiple of 64) */
+    int64_t timeout_ms;
+    char err[256];
+} rlx_shm;
+
+static int32_t rlx_shm_fail(rlx_shm *s, const char *what)
+{
+    snprintf(s->err, sizeof s->err, "rank %d of %d: %s", (int)s->t.rank, (int)s->t.world, what);
+    return 1;
+}
+
+static int64_t rlx_shm_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Sense-by-phase barrier over the region: spin briefly (decode collectives are microseconds
+ * apart), then yield, then sleep, checking the abort flag and the deadline. */
+static int32_t rlx_shm_barrier(rlx_shm *s)
+{
+    rlx_shm_header *h = s->h;
+    const uint32_t phase = atomic_load_explicit(&h->phase, memory_order_acquire);
+    if (atomic_load_explicit(&h->aborted, memory_order_acquire))
+        return rlx_shm_fail(s, "a collective was abandoned: another rank failed");
+    if (atomic_fetch_add_explicit(&h->arrived, 1, memory_order_acq_rel) == (uint32_t)s->t.world - 1) {
+        atomic_store_explicit(&h->arrived, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->phase, 1, memory_order_release);
+        return 0;
+    }
+    int64_t deadline = -1;
+    for (uint64_t spin = 0; atomic_load_explicit(&h->phase, memory_order_acquire) == phase; spin++) {
+        if (atomic_load_explicit(&h->aborted, memory_order_acquire))
+            return rlx_shm_fail(s, "a collective was abandoned: another rank failed");
+        if (spin < 4096)
+            continue;
+        if (spin < 65536) {
+            sched_yield();
+        } else {
+            const struct timespec nap = {0, 50000};
+            nanosleep(&nap, NULL);
+        }
+        if ((spin & 255) == 0) {
+            const int64_t now = rlx_shm_now_ms();
+            if (deadline < 0)
+                deadline = now + s->timeout_ms;
+            else if (now > deadline) {
+                atomic_store_explicit(&h->aborted, 1, memory_order_release);
+                return rlx_shm_fail(s, "timed out waiting for the other ranks at a collective");
+            }
+        }
+    }
+    return 0;
+}
+
+static size_t rlx_shm_elsize(int32_t dtype)
+{
+    return dtype == RLX_DT_F32 ? 4 : (dtype == RLX_DT_F16 || dtype == RLX_DT_BF16) ? 2 : 0;
+}
+
+/* out[i] = slot_0[i] op slot_1[i] op ... in rank order (f32). */
+static void rlx_shm_reduce_f32(const rlx_shm *s, int64_t first, int64_t n, float *out, int32_t op)
+{
+    const int W = s->t.world;
+    for (int64_t i = 0; i < n; i++) {
+        float acc = ((const float *)s->slots)[first + i];
+        for (int r = 1; r < W; r++) {
+            const float v = ((const float *)(s->slots + (size_t)r * s->slot))[first + i];
+            acc = op == RLX_RED_SUM ? acc + v : (v > acc || v != v ? v : acc); /* max keeps a NaN, as np.maximum */
+        }
+        out[i] = acc;
+    }
+}
+
+static int32_t rlx_shm_check(rlx_shm *s, int32_t dtype, int32_t op, int reduces)
+{
+    if (reduces && dtype != RLX_DT_F32)
+        return rlx_shm_fail(s, "the shared-memory transport reduces f32 only");
+    if (!rlx_shm_elsize(dtype))
+        return rlx_shm_fail(s, "unknown dtype code");
+    if (reduces && op != RLX_RED_SUM && op != RLX_RED_MAX)
+        return rlx_shm_fail(s, "unknown reduction code");
+    return 0;
+}
+
+static int32_t rlx_shm_all_reduce(void *state, const void *send, void *recv, int64_t count, int32_t dtype, int32_t op)
+{
+    rlx_shm *s = (rlx_shm *)state;
+    if (rlx_shm_check(s, dtype, op, 1))
+        return 1;
+    const int64_t chunk = s->slot / 4;
+    for (int64_t off = 0; off < count; off += chunk) {
+        const int64_t n = count - off < chunk ? count - off : chunk;
+        memcpy(s->slots + (size_t)s->t.rank * s->slot, (const float *)send + off, (size_t)n * 4);
+        if (rlx_shm_barrier(s))
+            return 1;
+        rlx_shm_reduce_f32(s, 0, n, (float *)recv + off, op);
+        if (rlx_shm_barrier(s))
+            return 1;
+    }
+    return 0;
+}
+
+static int32_t rlx_shm_all_gather(void *state, const void *send, void *recv, int64_t count, int32_t dtype)
+{
+    rlx_shm *s = (rlx_shm *)state;
+    if (rlx_shm_check(s, dtype, 0, 0))
+        return 1;
+    const size_t es = rlx_shm_elsize(dtype);
+    const int64_t chunk = s->slot / (int64_t)es;
+    for (int64_t off = 0; off < count; off += chunk) {
+        const int64_t n = count - off < chunk ? count - off : chunk;
+        memcpy(s->slots + (size_t)s->t.rank * s->slot, (const char *)send + off * es, (size_t)n * es);
+        if (rlx_shm_barrier(s))
+            return 1;
+        for (int r = 0; r < s->t.world; r++)
+            memcpy((char *)recv + ((size_t)r * count + off) * es, s->slots + (size_t)r * s->slot, (size_t)n * es);
+        if (rlx_shm_barrier(s))
+            return 1;
+    }
+    return 0;
+}
+
+static int32_t rlx_shm_reduce_scatter(void *state, const void *send, void *recv, int64_t recvcount, int32_t dtype,
+                                      int32_t op)
+{
+    rlx_shm *s = (rlx_shm *)state;
+    if (rlx_shm_check(s, dtype, op, 1))
+        return 1;
+    const int W = s->t.world;
+    const int64_t chunk = s->slot / 4 / W; /* every block's share of this chunk fits one slot */
+    if (chunk < 1)
+        return rlx_shm_fail(s, "the shared-memory slot is too small for this world size");
+    for (int64_t off = 0; off < recvcount; off += chunk) {
+        const int64_t n = recvcount - off < chunk ? recvcount - off : chunk;
+        float *mine = (float *)(s->slots + (size_t)s->t.rank * s->slot);
+        for (int b = 0; b < W; b++)
+            memcpy(mine + (size_t)b * n, (const float *)send + (size_t)b * recvcount + off, (size_t)n * 4);
+        if (rlx_shm_barrier(s))
+            return 1;
+        rlx_shm_reduce_f32(s, (int64_t)s->t.rank * n, n, (float *)recv + off, op);
+        if (rlx_shm_barrier(s))
+            return 1;
+    }
+    return 0;
+}
+
+static const char *rlx_shm_last_error(void *state) { return ((rlx_shm *)state)->err; }
+
+/* Bytes of a region for `world` ranks with `slot_bytes` (rounded up to 64) each. */
+RLX_EXPORT int64_t rlx_shm_region_bytes(int32_t world, int64_t slot_bytes)
+{
+    if (world < 1 || slot_bytes < 64)
+        return -1;
+    return RLX_SHM_HEADER + (int64_t)world * ((slot_bytes + 63) / 64 * 64);
+}
+
+/* Rank `rank`'s transport over `region` (`bytes` long, shared by all `world` ranks).
+ * NULL for bad arguments or no memory. Free it with rlx_shm_transport_close. */
+RLX_EXPORT RlxTransport *rlx_shm_transport_open(void *region, int64_t bytes, int32_t rank, int32_t world,
+                                                int64_t timeout_ms)
+{
+    if (!region || world < 1 || rank < 0 || rank >= world || timeout_ms < 1 || ((uintptr_t)region & 63))
+        return NULL;
+    const int64_t slot = (bytes - RLX_SHM_HEADER) / world / 64 * 64;
+    if (slot < 64 * (int64_t)world)
+        return NULL;
+    rlx_shm *s = (rlx_shm *)calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->t.version = RLX_TRANSPORT_VERSION;
+    s->t.rank = rank;
+    s->t.world = world;
+    s->t.state = s;
+    s->t.all_reduce = rlx_shm_all_reduce;
+    s->t.all_gather = rlx_shm_all_gather;
+    s->t.reduce_scatter = rlx_shm_reduce_scatter;
+    s->t.last_error = rlx_shm_last_error;
+    s->h = (rlx_shm_header *)region;
+    s->slots = (char *)region + RLX_SHM_HEADER;
+    s->slot = slot;
+    s->timeout_ms = timeout_ms;
+    return &s->t;
+}
+
+RLX_EXPORT void rlx_shm_transport_close(RlxTransport *t) { free(t ? t->state : NULL); }
+
+#endif /* RLX_KERNELS_TRANSPORT_SHM_H */
