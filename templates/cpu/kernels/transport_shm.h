@@ -98,17 +98,18 @@ static size_t rlx_shm_elsize(int32_t dtype)
     return dtype == RLX_DT_F32 ? 4 : (dtype == RLX_DT_F16 || dtype == RLX_DT_BF16) ? 2 : 0;
 }
 
-/* out[i] = slot_0[i] op slot_1[i] op ... in rank order (f32). */
+/* out[i] = slot_0[i] op slot_1[i] op ... in rank order (f32 values; a sum accumulates in double
+ * and rounds once, as rlx.reference does, so every rank and the reference get the same bits). */
 static void rlx_shm_reduce_f32(const rlx_shm *s, int64_t first, int64_t n, float *out, int32_t op)
 {
     const int W = s->t.world;
     for (int64_t i = 0; i < n; i++) {
-        float acc = ((const float *)s->slots)[first + i];
+        double acc = ((const float *)s->slots)[first + i];
         for (int r = 1; r < W; r++) {
-            const float v = ((const float *)(s->slots + (size_t)r * s->slot))[first + i];
+            const double v = ((const float *)(s->slots + (size_t)r * s->slot))[first + i];
             acc = op == RLX_RED_SUM ? acc + v : (v > acc || v != v ? v : acc); /* max keeps a NaN, as np.maximum */
         }
-        out[i] = acc;
+        out[i] = (float)acc;
     }
 }
 
