@@ -1,0 +1,35 @@
+"""Rank functions for the launch tests: module-level, so spawned rank processes can import them."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import rlx
+from rlx.ir.ops import AllReduce
+
+
+def sum_graph(world: int) -> rlx.Graph:
+    g = rlx.Graph("launch_sum")
+    g.set_outputs([g.add(AllReduce(world=world), [g.input("x", [4])])])
+    return g
+
+
+def compiled_sum(rank) -> list[float]:
+    cg = rank.attach(rlx.Session().compile(sum_graph(rank.world), num_threads=1))
+    out = cg.run(x=np.full(4, rank.rank + 1.0, np.float32))[0]
+    out = cg.run(x=out)[0]  # a second collective on the same region
+    return out.tolist()
+
+
+def fail_on_rank_one(rank) -> list[float]:
+    if rank.rank == 1:
+        raise ValueError("rank one refuses")
+    return compiled_sum(rank)  # rank 0 waits at the collective until the launcher aborts it
+
+
+def crash_on_rank_one(rank) -> list[float]:
+    if rank.rank == 1:
+        os._exit(3)
+    return compiled_sum(rank)
