@@ -112,7 +112,7 @@ class CausalLM:
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
-                 precision: str = "f32") -> None:
+                 precision: str = "f32", tp: int = 1) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -125,8 +125,10 @@ class CausalLM:
         self.max_batch = max_batch
         self.prefill_chunk = min(prefill_chunk, max_context)
         specs = {name: spec for name, (spec, _) in tensors.items()}
+        # tp > 1: one rank of a tensor-parallel decoder (rlx.distributed.tp_decoder gives its tensors)
+        self.tp = tp
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
-                                     capacity=max_context, name=f"{config.arch}_decoder")
+                                     capacity=max_context, name=f"{config.arch}_decoder", tp=tp)
         self._params = L.decoder_params(tensors, self.graph)
         self._compiled = None
         self._bound: dict[Any, Any] = {}  # CUDA: device buffers bound per (cache, step shape)

@@ -33,3 +33,9 @@ def crash_on_rank_one(rank) -> list[float]:
     if rank.rank == 1:
         os._exit(3)
     return compiled_sum(rank)
+
+
+def decoder_rank(rank, sharded, prompt, n_new):
+    """One rank of a tensor-parallel decoder: its greedy tokens and its prompt logits."""
+    lm = sharded.load(rank, threads=1)
+    return lm.generate(prompt, n_new).token_ids, lm.logits(prompt)
