@@ -63,6 +63,7 @@ class ShardedDecoder:
     tensors: tuple[dict[str, tuple[L.WeightSpec, np.ndarray]], ...]
     #: CausalLM keyword arguments every rank uses (max_context, max_batch, prefill_chunk, threads).
     options: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = None
 
     def load(self, rank: Any, device: str = "cpu", **overrides: Any) -> Any:
         """Rank `rank.rank`'s `CausalLM` (a `rlx.distributed.Rank` from `launch`), its transport attached."""
@@ -70,7 +71,7 @@ class ShardedDecoder:
 
         if rank.world != self.tp:
             raise RlxError(f"this decoder is split over {self.tp} ranks, the launch has {rank.world}")
-        lm = CausalLM(self.config, self.tensors[rank.rank], device=device, tp=self.tp,
+        lm = CausalLM(self.config, self.tensors[rank.rank], self.tokenizer, device=device, tp=self.tp,
                       **{**self.options, **overrides})
         if lm._compiled is not None:
             rank.attach(lm._compiled)
@@ -81,11 +82,19 @@ class ShardedDecoder:
         from rlx.ir.transport import run_ranks
         from rlx.models.causal_lm import CausalLM
 
-        models = [CausalLM(self.config, t, device="reference", tp=self.tp, **self.options) for t in self.tensors]
+        models = [CausalLM(self.config, t, self.tokenizer, device="reference", tp=self.tp, **self.options)
+                  for t in self.tensors]
         return run_ranks(self.tp, lambda r: fn(models[r]))
 
 
-def shard_decoder(config: DecoderConfig, tensors: Tensors, tp: int, **options: Any) -> ShardedDecoder:
+def shard_causal_lm(lm: Any, tp: int) -> ShardedDecoder:
+    """`shard_decoder` for a `CausalLM`: its config, tensors, tokenizer and sizes."""
+    return shard_decoder(lm.config, lm.tensors, tp, tokenizer=lm.tokenizer, max_context=lm.max_context,
+                         max_batch=lm.max_batch, prefill_chunk=lm.prefill_chunk)
+
+
+def shard_decoder(config: DecoderConfig, tensors: Tensors, tp: int, *, tokenizer: Any = None,
+                  **options: Any) -> ShardedDecoder:
     """Split a decoder's GGUF-named tensors over `tp` ranks (see the module docstring)."""
     c = config
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
@@ -94,14 +103,14 @@ def shard_decoder(config: DecoderConfig, tensors: Tensors, tp: int, **options: A
         if n % tp:
             raise RlxError(f"tp={tp} does not divide the model's {what} {n}")
     ranks = tuple(_rank_tensors(c, tensors, tp, r) for r in range(tp))
-    return ShardedDecoder(c, tp, ranks, dict(options))
+    return ShardedDecoder(c, tp, ranks, dict(options), tokenizer)
 
 
 def _rank_tensors(c: DecoderConfig, tensors: Tensors, tp: int, rank: int) -> dict[str, tuple[L.WeightSpec, Any]]:
     out: dict[str, tuple[L.WeightSpec, Any]] = {}
     for name, (spec, data) in tensors.items():
         role = name.split(".")[2] if name.startswith("blk.") and name.count(".") >= 3 else ""
-        if role in COLUMN_ROLES and name.endswith(".weight") or role in BIAS_ROLES and name.endswith(".bias"):
+        if (role in COLUMN_ROLES and name.endswith(".weight")) or (role in BIAS_ROLES and name.endswith(".bias")):
             out[name] = _rows(spec, data, tp, rank, name)
         elif role in ROW_ROLES and name.endswith(".weight"):
             out[name] = _columns(spec, data, tp, rank, name)
@@ -138,4 +147,4 @@ def _columns(spec: L.WeightSpec, data: Any, tp: int, rank: int, name: str) -> tu
     return L.WeightSpec(spec.ggml_type, (n_out, k)), np.ascontiguousarray(arr[:, rank * nbytes:(rank + 1) * nbytes])
 
 
-__all__ = ["ShardedDecoder", "shard_decoder"]
+__all__ = ["ShardedDecoder", "shard_causal_lm", "shard_decoder"]

@@ -119,6 +119,7 @@ class CausalLM:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise RlxError(f"{what} must be a positive integer, got {v!r}")
         self.config = config
+        self.tensors = tensors  # the GGUF-named tensors (references): what rlx.shard splits
         self.tokenizer = tokenizer
         self.device = device
         self.max_context = max_context

@@ -39,3 +39,8 @@ def decoder_rank(rank, sharded, prompt, n_new):
     """One rank of a tensor-parallel decoder: its greedy tokens and its prompt logits."""
     lm = sharded.load(rank, threads=1)
     return lm.generate(prompt, n_new).token_ids, lm.logits(prompt)
+
+
+def encoder_rank(rank, sharded, feed):
+    """One rank of a tensor-parallel BERT encoder: its (whole) output."""
+    return sharded.load(rank, num_threads=1).run(feed)[0]

@@ -77,7 +77,7 @@ def test_refusals():
     cfg = DecoderConfig(**{**CFG.__dict__, "hidden_size": 32, "num_heads": 6, "num_kv_heads": 2,
                            "head_dim": 16, "ffn_size": 64})
     q8 = _q8(random_tensors(random_specs(cfg)))  # attn_output has 96 columns: 48 per rank cuts a block
-    with pytest.raises(RlxError, match="q8_0 .blocks of 32 values along a row.: a 48-column share"):
+    with pytest.raises(RlxError, match=r"q8_0 \(blocks of 32 values along a row\): a 48-column share"):
         shard_decoder(cfg, q8, tp=2)
 
 
@@ -86,3 +86,13 @@ class _Rank0:
 
     def attach(self, compiled):
         return compiled
+
+
+def test_rlx_shard_takes_a_causal_lm():
+    import rlx
+
+    lm = CausalLM(CFG, random_tensors(random_specs(CFG), seed=5), device="reference", **OPTIONS)
+    sharded = rlx.shard(lm, tp=2)
+    assert sharded.tp == 2 and sharded.options == {"max_context": 32, "max_batch": 1, "prefill_chunk": 8}
+    got = sharded.run_reference(lambda m: m.generate(PROMPT[:3], 3).token_ids)
+    assert got == [lm.generate(PROMPT[:3], 3).token_ids] * 2
