@@ -185,6 +185,10 @@ def _run_threads(fn: Callable, ranks: list[Rank], args: tuple, region: Any, time
 def _rank_main(fn: Callable, rk: Rank, args: tuple, out: Any) -> None:
     """A rank process: run fn, report ("ok", rank, result) or ("error", rank, message, traceback)."""
     try:
+        if rk.device == "cuda":  # one process per GPU: rank r's graphs are made on GPU r
+            from rlx.runtime.nccl import select_device
+
+            select_device(rk.rank)
         result = fn(rk, *args)
     except BaseException as exc:
         rk.abort()

@@ -33,8 +33,9 @@ int64_t     rlx_profile_read(void *ctx, int64_t *out, int64_t max);
 void        rlx_profile_clear(void *ctx);
 """
 
-#: Exported by graphs with collective ops only (templates/cpu/kernels/collectives.h, transport.h,
-#: transport_shm.h); `rlx.runtime.transport` uses them.
+#: Exported by graphs with collective ops only: on the CPU the transport (templates/cpu/kernels/
+#: collectives.h, transport.h, transport_shm.h; `rlx.runtime.transport`), on CUDA rlx_set_nccl
+#: (templates/cuda/nccl_abi.cu.j2; `rlx.runtime.nccl`).
 TRANSPORT_CDEF = """
 typedef struct RlxTransport {
     int32_t version;
@@ -51,6 +52,7 @@ int32_t       rlx_set_transport(void *ctx, const RlxTransport *t);
 int64_t       rlx_shm_region_bytes(int32_t world, int64_t slot_bytes);
 RlxTransport *rlx_shm_transport_open(void *region, int64_t bytes, int32_t rank, int32_t world, int64_t timeout_ms);
 void          rlx_shm_transport_close(RlxTransport *t);
+int32_t       rlx_set_nccl(void *ctx, const void *unique_id, int32_t rank, int32_t world);
 """
 
 ffi = cffi.FFI()

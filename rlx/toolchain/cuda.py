@@ -33,8 +33,8 @@ from rlx.errors import BuildError
 from rlx.ir.lir import LirModule
 from rlx.toolchain.cache import AotCache
 from rlx.toolchain.compiler import run_compiler, version_text
-from rlx.toolchain.nccl import Nccl, find_nccl
 from rlx.toolchain.cpu import KEY_PENDING, components_key, source_digest, templates_digest
+from rlx.toolchain.nccl import Nccl, find_nccl
 
 if TYPE_CHECKING:
     from rlx.codegen.cuda import CudaTarget

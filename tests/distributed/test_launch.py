@@ -46,3 +46,22 @@ def test_threads_failure_and_bad_arguments():
         launch(rank_fns.compiled_sum, nprocs=0)
     with pytest.raises(ExecutionError, match="unknown device 'tpu'"):
         launch(rank_fns.compiled_sum, nprocs=2, device="tpu")
+
+
+def test_cuda_launch_needs_one_gpu_per_rank():
+    from rlx.runtime.nccl import gpu_count
+
+    if gpu_count() >= 2:
+        pytest.skip("this machine has 2 GPUs: the CUDA path runs in benchmarks/tp.py")
+    with pytest.raises(ExecutionError, match=r"needs 2 GPUs; this machine has \d"):
+        launch(rank_fns.compiled_sum, nprocs=2, device="cuda")
+
+
+def test_nccl_unique_id():
+    from rlx.runtime.nccl import unique_id
+    from rlx.toolchain.nccl import find_nccl_library
+
+    if not find_nccl_library():
+        pytest.skip("NCCL is not installed (nvidia-nccl-cu12, the rlx[cuda] extra)")
+    a, b = unique_id(), unique_id()
+    assert len(a) == len(b) == 128 and a != b
