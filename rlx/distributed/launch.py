@@ -104,6 +104,17 @@ class Rank:
             self.region().abort()
 
 
+def local_ranks(world: int, *, slot_bytes: int | None = None,
+                collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> list[Rank]:
+    """`world` CPU ranks over one shared-memory region of this process, for callers that drive the
+    ranks from their own threads (a benchmark timing one step of every rank); `launch` does that
+    for a function. Each rank's runs must go on its own thread: a collective waits for the others."""
+    from rlx.runtime.transport import DEFAULT_SLOT_BYTES, ShmRegion
+
+    region = ShmRegion.local(world, slot_bytes or DEFAULT_SLOT_BYTES)
+    return [Rank(r, world, "cpu", collective_timeout_s, None, region.nbytes, None, region) for r in range(world)]
+
+
 def launch(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), device: str = "cpu",
            threads: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
            collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S, slot_bytes: int | None = None,
@@ -255,4 +266,4 @@ def _run_processes(fn: Callable, ranks: list[Rank], args: tuple, region: Any, ti
     return results
 
 
-__all__ = ["Rank", "RankError", "launch"]
+__all__ = ["Rank", "RankError", "launch", "local_ranks"]
