@@ -39,7 +39,7 @@ from rlx.abi_version import TRANSPORT_VERSION
 from rlx.errors import ExecutionError
 from rlx.runtime.abi import ffi
 
-#: Region layout of kernels/transport_shm.h: a 128-byte header (abort flag at byte 8), then slots.
+#: Region layout of kernels/transport_shm.h: a 128-byte header (abort flag at byte 8), then two sets of slots.
 HEADER_BYTES = 128
 ABORT_OFFSET = 8
 #: Bytes per rank's slot: a collective larger than this goes in chunks.
@@ -48,12 +48,13 @@ DEFAULT_TIMEOUT_S = 120.0
 
 
 def region_bytes(world: int, slot_bytes: int = DEFAULT_SLOT_BYTES) -> int:
-    """Bytes of a region for `world` ranks (the header plus one 64-byte-rounded slot per rank)."""
+    """Bytes of a region for `world` ranks: the header, then two sets (alternate collective steps) of
+    one 64-byte-rounded slot per rank (as `rlx_shm_region_bytes`)."""
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ExecutionError(f"world size must be a positive int, got {world!r}")
     if slot_bytes < 64 * world:
         raise ExecutionError(f"slot_bytes {slot_bytes} is below the minimum {64 * world} for world {world}")
-    return HEADER_BYTES + world * (-(-slot_bytes // 64) * 64)
+    return HEADER_BYTES + 2 * world * (-(-slot_bytes // 64) * 64)
 
 
 class ShmRegion:

@@ -119,7 +119,7 @@ int32_t rlx_set_transport(void *ctx, const RlxTransport *t);
 
 /* The built-in shared-memory transport, for ranks that are threads of one process or processes
  * mapping one region: rlx_shm_region_bytes(world, slot_bytes) sizes the region (zero-filled,
- * 64-byte aligned; a 128-byte header, abort flag at byte 8, then one slot per rank);
+ * 64-byte aligned; a 128-byte header, abort flag at byte 8, then two sets of one slot per rank);
  * rlx_shm_transport_open makes rank `rank`'s transport over it (NULL on bad arguments), whose
  * collectives fail after waiting `timeout_ms` for the others or once the abort flag is set. */
 int64_t rlx_shm_region_bytes(int32_t world, int64_t slot_bytes);

@@ -3,12 +3,12 @@
  * A fixed RLX kernel header, included by graphs with collective ops; its three functions are
  * exported so the runtime can make a rank's transport from the library it loaded.
  *
- * The region: a 128-byte header (a barrier: arrivals, phase; an abort flag at byte 8), then one
- * slot of `slot` bytes per rank. It must be zero-filled before the first rank opens it (a fresh
+ * The region: a 128-byte header (a barrier: arrivals, phase; an abort flag at byte 8), then two
+ * sets of one slot per rank. It must be zero-filled before the first rank opens it (a fresh
  * shared-memory segment is). A collective goes in chunks of at most one slot: each rank copies
- * its chunk into its own slot, all meet at the barrier, each rank reads every slot and reduces
- * in rank order (every rank computes the same bits, as rlx/ir/transport.py does), and all meet
- * again before the slots are reused.
+ * its chunk into its own slot, all meet at the barrier, and each rank reads every slot and reduces
+ * in rank order (every rank computes the same bits, as rlx/ir/transport.py does). Consecutive
+ * steps use alternate sets, so one barrier per step suffices (see rlx_shm_set).
  *
  * No hang: a rank waits at most `timeout_ms` for the others, then raises the abort flag and
  * fails; a rank that sees the flag fails at once. The launcher raises it too when a rank dies. */
@@ -98,15 +98,30 @@ static size_t rlx_shm_elsize(int32_t dtype)
     return dtype == RLX_DT_F32 ? 4 : (dtype == RLX_DT_F16 || dtype == RLX_DT_BF16) ? 2 : 0;
 }
 
+/* Rank r's slot in buffer set `set` (0 or 1). */
+static char *rlx_shm_slot(const rlx_shm *s, int r, int set)
+{
+    return s->slots + ((size_t)set * s->t.world + (size_t)r) * (size_t)s->slot;
+}
+
+/* The buffer set of the collective step about to start: the parity of the barrier phase, which every
+ * rank reads alike (it cannot change before all of them arrive). Two sets alternate, so one barrier
+ * per step is enough: a rank writes set p&1 only after the barrier of step p-1, which every rank
+ * reaches only once done reading step p-2 (the same set). */
+static int rlx_shm_set(const rlx_shm *s)
+{
+    return (int)(atomic_load_explicit(&s->h->phase, memory_order_acquire) & 1u);
+}
+
 /* out[i] = slot_0[i] op slot_1[i] op ... in rank order (f32 values; a sum accumulates in double
  * and rounds once, as rlx.reference does, so every rank and the reference get the same bits). */
-static void rlx_shm_reduce_f32(const rlx_shm *s, int64_t first, int64_t n, float *out, int32_t op)
+static void rlx_shm_reduce_f32(const rlx_shm *s, int set, int64_t first, int64_t n, float *out, int32_t op)
 {
     const int W = s->t.world;
     for (int64_t i = 0; i < n; i++) {
-        double acc = ((const float *)s->slots)[first + i];
+        double acc = ((const float *)rlx_shm_slot(s, 0, set))[first + i];
         for (int r = 1; r < W; r++) {
-            const double v = ((const float *)(s->slots + (size_t)r * s->slot))[first + i];
+            const double v = ((const float *)rlx_shm_slot(s, r, set))[first + i];
             acc = op == RLX_RED_SUM ? acc + v : (v > acc || v != v ? v : acc); /* max keeps a NaN, as np.maximum */
         }
         out[i] = (float)acc;
@@ -132,12 +147,11 @@ static int32_t rlx_shm_all_reduce(void *state, const void *send, void *recv, int
     const int64_t chunk = s->slot / 4;
     for (int64_t off = 0; off < count; off += chunk) {
         const int64_t n = count - off < chunk ? count - off : chunk;
-        memcpy(s->slots + (size_t)s->t.rank * s->slot, (const float *)send + off, (size_t)n * 4);
+        const int set = rlx_shm_set(s);
+        memcpy(rlx_shm_slot(s, s->t.rank, set), (const float *)send + off, (size_t)n * 4);
         if (rlx_shm_barrier(s))
             return 1;
-        rlx_shm_reduce_f32(s, 0, n, (float *)recv + off, op);
-        if (rlx_shm_barrier(s))
-            return 1;
+        rlx_shm_reduce_f32(s, set, 0, n, (float *)recv + off, op);
     }
     return 0;
 }
@@ -151,13 +165,12 @@ static int32_t rlx_shm_all_gather(void *state, const void *send, void *recv, int
     const int64_t chunk = s->slot / (int64_t)es;
     for (int64_t off = 0; off < count; off += chunk) {
         const int64_t n = count - off < chunk ? count - off : chunk;
-        memcpy(s->slots + (size_t)s->t.rank * s->slot, (const char *)send + off * es, (size_t)n * es);
+        const int set = rlx_shm_set(s);
+        memcpy(rlx_shm_slot(s, s->t.rank, set), (const char *)send + off * es, (size_t)n * es);
         if (rlx_shm_barrier(s))
             return 1;
         for (int r = 0; r < s->t.world; r++)
-            memcpy((char *)recv + ((size_t)r * count + off) * es, s->slots + (size_t)r * s->slot, (size_t)n * es);
-        if (rlx_shm_barrier(s))
-            return 1;
+            memcpy((char *)recv + ((size_t)r * count + off) * es, rlx_shm_slot(s, r, set), (size_t)n * es);
     }
     return 0;
 }
@@ -174,26 +187,25 @@ static int32_t rlx_shm_reduce_scatter(void *state, const void *send, void *recv,
         return rlx_shm_fail(s, "the shared-memory slot is too small for this world size");
     for (int64_t off = 0; off < recvcount; off += chunk) {
         const int64_t n = recvcount - off < chunk ? recvcount - off : chunk;
-        float *mine = (float *)(s->slots + (size_t)s->t.rank * s->slot);
+        const int set = rlx_shm_set(s);
+        float *mine = (float *)rlx_shm_slot(s, s->t.rank, set);
         for (int b = 0; b < W; b++)
             memcpy(mine + (size_t)b * n, (const float *)send + (size_t)b * recvcount + off, (size_t)n * 4);
         if (rlx_shm_barrier(s))
             return 1;
-        rlx_shm_reduce_f32(s, (int64_t)s->t.rank * n, n, (float *)recv + off, op);
-        if (rlx_shm_barrier(s))
-            return 1;
+        rlx_shm_reduce_f32(s, set, (int64_t)s->t.rank * n, n, (float *)recv + off, op);
     }
     return 0;
 }
 
 static const char *rlx_shm_last_error(void *state) { return ((rlx_shm *)state)->err; }
 
-/* Bytes of a region for `world` ranks with `slot_bytes` (rounded up to 64) each. */
+/* Bytes of a region for `world` ranks with `slot_bytes` (rounded up to 64) per rank and set. */
 RLX_EXPORT int64_t rlx_shm_region_bytes(int32_t world, int64_t slot_bytes)
 {
     if (world < 1 || slot_bytes < 64)
         return -1;
-    return RLX_SHM_HEADER + (int64_t)world * ((slot_bytes + 63) / 64 * 64);
+    return RLX_SHM_HEADER + 2 * (int64_t)world * ((slot_bytes + 63) / 64 * 64);
 }
 
 /* Rank `rank`'s transport over `region` (`bytes` long, shared by all `world` ranks).
@@ -203,7 +215,7 @@ RLX_EXPORT RlxTransport *rlx_shm_transport_open(void *region, int64_t bytes, int
 {
     if (!region || world < 1 || rank < 0 || rank >= world || timeout_ms < 1 || ((uintptr_t)region & 63))
         return NULL;
-    const int64_t slot = (bytes - RLX_SHM_HEADER) / world / 64 * 64;
+    const int64_t slot = (bytes - RLX_SHM_HEADER) / (2 * (int64_t)world) / 64 * 64; /* two sets of slots */
     if (slot < 64 * (int64_t)world)
         return NULL;
     rlx_shm *s = (rlx_shm *)calloc(1, sizeof *s);
