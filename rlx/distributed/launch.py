@@ -35,6 +35,7 @@ its exit code; nothing waits longer than `timeout_s`.
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import queue
 import threading
 import time
@@ -213,6 +214,12 @@ def _rank_main(fn: Callable, rk: Rank, args: tuple, out: Any) -> None:
 
 def _run_processes(fn: Callable, ranks: list[Rank], args: tuple, region: Any, timeout_s: float,
                    grace_s: float) -> list[Any]:
+    try:  # a spawned rank receives fn and args pickled: say so before starting anything
+        pickle.dumps((fn, args))
+    except Exception as exc:
+        raise ExecutionError(f"launch runs ranks as processes, which receive fn and args pickled, and they do not "
+                             f"pickle ({type(exc).__name__}: {exc}); use a module-level function, or threads=True"
+                             ) from None
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(fn, rk, args, out), name=f"rlx-rank-{rk.rank}", daemon=True)
