@@ -44,7 +44,7 @@ def test_threads_failure_and_bad_arguments():
         launch(rank_fns.fail_on_rank_one, nprocs=2, threads=True)
     with pytest.raises(ExecutionError, match="nprocs must be a positive int"):
         launch(rank_fns.compiled_sum, nprocs=0)
-    with pytest.raises(ExecutionError, match="do not pickle .* use a module-level function, or threads=True"):
+    with pytest.raises(ExecutionError, match=r"do not pickle .* use a module-level function, or threads=True"):
         launch(lambda rank: rank.rank, nprocs=2)
     with pytest.raises(ExecutionError, match="unknown device 'tpu'"):
         launch(rank_fns.compiled_sum, nprocs=2, device="tpu")
