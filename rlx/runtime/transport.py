@@ -29,8 +29,11 @@ shared-memory implementation every such library exports (`rlx_shm_transport_open
 
 from __future__ import annotations
 
+import mmap
+import os
 import struct
 from multiprocessing import shared_memory
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,16 +88,21 @@ class ShmRegion:
 
     @classmethod
     def attach(cls, name: str, world: int, nbytes: int) -> ShmRegion:
-        """The segment `name` made by `create` in another process."""
-        # track=False (3.13+) is not available on 3.11: unregister so this process's resource
-        # tracker does not unlink the launcher's segment when the rank exits.
-        shm = shared_memory.SharedMemory(name=name)
-        try:
-            from multiprocessing import resource_tracker
+        """The segment `name` made by `create` in another process (a rank maps it; the creator unlinks it).
 
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-        except Exception:  # pragma: no cover - tracker internals differ; at worst a warning at exit
-            pass
+        On Linux the segment is mapped straight from /dev/shm: `SharedMemory(name=...)` would register
+        it with the resource tracker the ranks share with the launcher (3.11 has no `track=False`), and
+        complain at exit about the buffer the transport still exports.
+        """
+        path = Path("/dev/shm") / name.lstrip("/")
+        if path.exists():
+            fd = os.open(path, os.O_RDWR)
+            try:
+                mapped = mmap.mmap(fd, nbytes)
+            finally:
+                os.close(fd)
+            return cls(memoryview(mapped), world, None, keep=mapped)
+        shm = shared_memory.SharedMemory(name=name)  # pragma: no cover - other POSIX systems
         return cls(shm.buf[:nbytes], world, shm)
 
     @property
