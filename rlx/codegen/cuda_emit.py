@@ -51,7 +51,8 @@ CODEGEN_VERSION = "cuda-2"
 _INT32_LIMIT = (1 << 31) - 1
 #: Fixed device code, in the order it appears in the .cu (each file only when some kernel names it).
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
-                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh",
+                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
+                  "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
                   "cuda/kernels/collectives.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
@@ -102,6 +103,12 @@ class CudaTarget:
     gemm: str = "cublaslt"
     #: Fuse `gelu_tanh` into cuBLASLt's GELU epilogue (its GELU is the tanh form).
     lt_gelu_epilogue: bool = True
+    #: f16/bf16 GEMMs whose activation cuBLASLt cannot fuse (erf GELU, SiLU, ...) run on rlx_gemm_mma, bias and
+    #: activation in its epilogue, instead of cuBLASLt plus a separate bias/activation pass over the output.
+    fused_act_gemm: bool = False
+    #: Attention whose keys are bounded by 128 runs rlx_attn_short (all of K/V in shared memory); False: the
+    #: tiled rlx_attn_fa, as before it existed (for comparisons).
+    short_attention: bool = True
     #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
     attn_bk: int = 0
     #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
@@ -118,7 +125,9 @@ class CudaTarget:
 
     def identity(self) -> str:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
-                f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else ""))
+                f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else "")
+                + (" fused_act_gemm=1" if self.fused_act_gemm else "")
+                + ("" if self.short_attention else " short_attention=0"))
 
 
 @dataclass(frozen=True)
