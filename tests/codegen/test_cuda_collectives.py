@@ -44,23 +44,30 @@ def test_rendered_nccl_calls():
     assert "nccl" not in render_cuda(plan(plain), CudaTarget(arch="sm_90"), {"name": "plain"}).lower()
 
 
-def test_tp_decoder_renders_for_cuda():
+def test_tp_decoder_renders_and_compiles_for_cuda(tmp_path: Path):
     from rlx.distributed.tp_decoder import shard_decoder
+    from rlx.ir.quant import quantize
     from rlx.models.causal_lm import random_tensors
     from rlx.models.decoder_config import DecoderConfig
-    from rlx.models.llama import build_decoder, random_specs
+    from rlx.models.llama import WeightSpec, build_decoder, random_specs
 
-    cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                        head_dim=8, ffn_size=64, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
-                        n_rot=8, context_length=32, tie_embeddings=True, bos_id=1, eos_id=2)
-    shard = shard_decoder(cfg, random_tensors(random_specs(cfg)), tp=2).tensors[0]
-    g = build_decoder(cfg, {n: s for n, (s, _) in shard.items()}, max_seq=4, capacity=16, tp=2)
+    cfg = DecoderConfig(arch="llama", vocab_size=128, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                        head_dim=16, ffn_size=128, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
+                        n_rot=16, context_length=32, tie_embeddings=True, bos_id=1, eos_id=2)
+    q8 = {n: (WeightSpec("q8_0", sp.shape), quantize(d, "q8_0")) if len(sp.shape) == 2 else (sp, d)
+          for n, (sp, d) in random_tensors(random_specs(cfg)).items()}
+    shard = shard_decoder(cfg, q8, tp=2).tensors[0]
+    g = build_decoder(cfg, {n: sp for n, (sp, _) in shard.items()}, max_seq=4, capacity=16, tp=2)
     assert rlx.Session("cuda").first_unsupported_op(g) is None
-    src = render_cuda(plan(g), CudaTarget(arch="sm_90"), {"name": "tp"})
+    src = render_cuda(plan(g), CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin"), {"name": "tp"})
     assert src.count("ncclAllReduce(") == 2 and src.count("ncclAllGather(") == 1  # attention, FFN; the logits
+    tc, nccl = _nvcc_and_nccl()
+    path = tmp_path / "tp_decoder.cu"
+    path.write_text(src)
+    tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True, extra=nccl.flags)
 
 
-def test_compiles_with_nvcc_and_nccl(tmp_path: Path):
+def _nvcc_and_nccl():
     try:
         nvcc, text = find_nvcc("nvcc")
     except BuildError:
@@ -68,7 +75,11 @@ def test_compiles_with_nvcc_and_nccl(tmp_path: Path):
     nccl = find_nccl()
     if not nccl.found:
         pytest.skip("NCCL headers not installed (pip install nvidia-nccl-cu12, the rlx[cuda] extra)")
-    tc = NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc))
+    return NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc)), nccl
+
+
+def test_compiles_with_nvcc_and_nccl(tmp_path: Path):
+    tc, nccl = _nvcc_and_nccl()
     src = render_cuda(plan(_graph()), CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin"),
                       {"name": "nccl_ops"})
     path = tmp_path / "nccl_ops.cu"
