@@ -127,3 +127,17 @@ def test_support_and_legalized_half():
     feeds = [{"x": np.array([1, 2, 3, 4], np.float16) * (r + 1)} for r in range(2)]
     got = run_threads(2, lambda r: cgs[r].run(feeds[r])[0])
     np.testing.assert_array_equal(got[0], reference.run_ranks(g, feeds)[0][0])
+
+
+def test_a_saved_artifact_takes_a_transport(tmp_path, rng):
+    g = _collectives_graph(2)
+    rlx.Session().compile(g, num_threads=1).save(tmp_path / "art")
+    graphs = [rlx.load(tmp_path / "art") for _ in range(2)]  # no code generator: the library's own exports
+    region = ShmRegion.local(2)
+    for r, cg in enumerate(graphs):
+        cg.num_threads = 1
+        attach_shm(cg, region, r, timeout_s=30)
+    feeds = [{"x": rng.standard_normal((6, 3, 6)).astype(np.float32)} for _ in range(2)]
+    got = run_threads(2, lambda r: graphs[r].run(feeds[r]))
+    for a, b in zip(got[1], reference.run_ranks(g, feeds)[1]):
+        np.testing.assert_array_equal(a, b)
