@@ -1,6 +1,6 @@
 """Tensor parallelism: tp=2 against tp=1 — decoder decode tokens/s and MiniLM (128, 128) latency.
 
-    python benchmarks/tp.py [--rounds 3] [--quick] [--skip-minilm] [--skip-decoder]
+    python benchmarks/tp.py [--rounds 3] [--quick] [--processes] [--skip-minilm] [--skip-decoder] [--skip-cuda]
 
 CPU: every peer runs in this process. tp=1 is one compiled graph (with 2 OpenMP threads, and with
 1); tp=2 is the sharded graph twice, one rank per thread of this process with 1 OpenMP thread each,
@@ -151,6 +151,48 @@ def bench_minilm(rounds: int, batch: int, seq: int) -> None:
     pool.shutdown()
 
 
+def _cpu_decode_rank(rank, sharded, cfg, tensors, threads: int, rounds: int, steps: int) -> list[float]:
+    """Seconds per decode step on this rank, one sample per round (tp=1 when `sharded` is None)."""
+    from rlx.models.causal_lm import CausalLM
+
+    opts = {"max_context": 128, "prefill_chunk": PROMPT}
+    lm = CausalLM(cfg, tensors, threads=threads, **opts) if sharded is None else sharded.load(rank, threads=threads)
+    step = DecodeStep(lm)
+    for _ in range(3):
+        step()
+    samples = []
+    for _ in range(rounds):
+        time.sleep(0.2)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        samples.append((time.perf_counter() - t0) / steps)
+    return samples
+
+
+def bench_decoder_processes(rounds: int, quick: bool) -> None:
+    """The same decode step with ranks as processes (`launch`): no GIL shared by the ranks, but tp=1 and
+    tp=2 then run in separate launches, alternated `rounds` times (one block each per launch)."""
+    import statistics
+
+    from rlx.distributed import launch
+    from rlx.distributed.tp_decoder import shard_decoder
+
+    cfg, tensors = decoder_model(quick)
+    sharded = shard_decoder(cfg, tensors, tp=2, max_context=128, prefill_chunk=PROMPT)
+    steps = 40 if quick else 10
+    one: list[float] = []
+    two: list[float] = []
+    for _ in range(rounds):
+        one += launch(_cpu_decode_rank, nprocs=1, args=(None, cfg, tensors, 2, 1, steps))[0]
+        per_rank = launch(_cpu_decode_rank, nprocs=2, args=(sharded, cfg, tensors, 1, 1, steps))
+        two.append(max(r[0] for r in per_rank))
+    a, b = statistics.median(one), statistics.median(two)
+    print("decoder decode, ranks as processes (separate launches alternated; medians)")
+    print(f"  tp=1 (1 process x 2 threads)  {a * 1e3:8.2f} ms/token  {1 / a:8.1f} tok/s")
+    print(f"  tp=2 (2 processes x 1 thread) {b * 1e3:8.2f} ms/token  {1 / b:8.1f} tok/s  speed x{a / b:.2f}")
+
+
 # ── CUDA: one process per GPU ──────────────────────────────────────────────
 
 
@@ -197,16 +239,21 @@ def main() -> None:
     ap.add_argument("--skip-decoder", action="store_true")
     ap.add_argument("--skip-minilm", action="store_true")
     ap.add_argument("--skip-cuda", action="store_true")
+    ap.add_argument("--processes", action="store_true", help="also the decoder with ranks as processes")
     args = ap.parse_args()
     import os
 
-    print(f"CPU cores: {os.cpu_count()}")
+    # tp=2 needs both ranks on a core at every collective: other load on the machine hurts it most
+    print(f"CPU cores: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} at the start")
     if not args.skip_decoder:
         bench_decoder(args.rounds, args.quick)
+    if args.processes and not args.skip_decoder:
+        bench_decoder_processes(args.rounds, args.quick)
     if not args.skip_minilm:
         bench_minilm(args.rounds, 8 if args.quick else 128, 128)
     if not args.skip_cuda:
         bench_cuda(args.rounds, args.quick)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
