@@ -15,13 +15,17 @@
 #ifndef RLX_KERNELS_TRANSPORT_SHM_H
 #define RLX_KERNELS_TRANSPORT_SHM_H
 
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "kernels/transport.h"
 
@@ -31,6 +35,7 @@ typedef struct {
     _Atomic uint32_t arrived; /* ranks at the barrier in this phase */
     _Atomic uint32_t phase;   /* bumped by the last rank to arrive */
     _Atomic int32_t aborted;  /* byte 8: nonzero once any rank failed or timed out */
+    _Atomic uint32_t sleepers; /* ranks blocked in the kernel waiting for the phase to move */
 } rlx_shm_header;
 
 typedef struct {
@@ -55,8 +60,34 @@ static int64_t rlx_shm_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Sense-by-phase barrier over the region: spin briefly (decode collectives are microseconds
- * apart), then yield, then sleep, checking the abort flag and the deadline. */
+/* Block until *word != seen, at most 10 ms (the caller re-checks the abort flag and its deadline).
+ * A futex on the shared page works across processes; elsewhere a short sleep stands in. */
+static void rlx_shm_sleep(_Atomic uint32_t *word, uint32_t seen)
+{
+#if defined(__linux__)
+    const struct timespec slice = {0, 10000000};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &slice, NULL, 0);
+#else
+    (void)word;
+    (void)seen;
+    const struct timespec nap = {0, 50000};
+    nanosleep(&nap, NULL);
+#endif
+}
+
+static void rlx_shm_wake(_Atomic uint32_t *word)
+{
+#if defined(__linux__)
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+#else
+    (void)word;
+#endif
+}
+
+/* Phase barrier over the region: spin briefly (when every rank has a core, decode collectives are
+ * microseconds apart), then block in the kernel until the last rank moves the phase — on a machine
+ * with more runnable threads than cores a spinning rank would hold the core the late rank needs.
+ * The abort flag and the deadline are checked between waits. */
 static int32_t rlx_shm_barrier(rlx_shm *s)
 {
     rlx_shm_header *h = s->h;
@@ -65,29 +96,29 @@ static int32_t rlx_shm_barrier(rlx_shm *s)
         return rlx_shm_fail(s, "a collective was abandoned: another rank failed");
     if (atomic_fetch_add_explicit(&h->arrived, 1, memory_order_acq_rel) == (uint32_t)s->t.world - 1) {
         atomic_store_explicit(&h->arrived, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&h->phase, 1, memory_order_release);
+        atomic_fetch_add(&h->phase, 1);  /* seq_cst: ordered against the sleepers count below */
+        if (atomic_load(&h->sleepers))
+            rlx_shm_wake(&h->phase);
         return 0;
     }
     int64_t deadline = -1;
     for (uint64_t spin = 0; atomic_load_explicit(&h->phase, memory_order_acquire) == phase; spin++) {
         if (atomic_load_explicit(&h->aborted, memory_order_acquire))
             return rlx_shm_fail(s, "a collective was abandoned: another rank failed");
-        if (spin < 4096)
+        if (spin < 2048)
             continue;
-        if (spin < 65536) {
-            sched_yield();
-        } else {
-            const struct timespec nap = {0, 50000};
-            nanosleep(&nap, NULL);
-        }
-        if ((spin & 255) == 0) {
-            const int64_t now = rlx_shm_now_ms();
-            if (deadline < 0)
-                deadline = now + s->timeout_ms;
-            else if (now > deadline) {
-                atomic_store_explicit(&h->aborted, 1, memory_order_release);
-                return rlx_shm_fail(s, "timed out waiting for the other ranks at a collective");
-            }
+        /* announce the sleep before re-reading the phase: the last rank then either sees a sleeper
+         * and wakes it, or moved the phase before this read (seq_cst both sides) */
+        atomic_fetch_add(&h->sleepers, 1);
+        if (atomic_load(&h->phase) == phase)
+            rlx_shm_sleep(&h->phase, phase);
+        atomic_fetch_sub(&h->sleepers, 1);
+        const int64_t now = rlx_shm_now_ms();
+        if (deadline < 0)
+            deadline = now + s->timeout_ms;
+        else if (now > deadline) {
+            atomic_store_explicit(&h->aborted, 1, memory_order_release);
+            return rlx_shm_fail(s, "timed out waiting for the other ranks at a collective");
         }
     }
     return 0;
