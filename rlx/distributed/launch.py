@@ -127,6 +127,8 @@ def launch(fn: Callable[..., Any], nprocs: int, *, args: Sequence[Any] = (), dev
         raise ExecutionError(f"unknown device {device!r}; expected one of {DEVICES}")
     if not callable(fn):
         raise ExecutionError(f"fn must be callable, got {type(fn).__name__}")
+    if device == "cuda" and threads:
+        raise ExecutionError("device='cuda' runs one process per GPU; threads=True is for CPU ranks")
     from rlx.runtime.transport import DEFAULT_SLOT_BYTES, ShmRegion
 
     region = nccl_id = None

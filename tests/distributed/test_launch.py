@@ -46,6 +46,8 @@ def test_threads_failure_and_bad_arguments():
         launch(rank_fns.compiled_sum, nprocs=0)
     with pytest.raises(ExecutionError, match=r"do not pickle .* use a module-level function, or threads=True"):
         launch(lambda rank: rank.rank, nprocs=2)
+    with pytest.raises(ExecutionError, match="threads=True is for CPU ranks"):
+        launch(rank_fns.compiled_sum, nprocs=2, device="cuda", threads=True)
     with pytest.raises(ExecutionError, match="unknown device 'tpu'"):
         launch(rank_fns.compiled_sum, nprocs=2, device="tpu")
 
