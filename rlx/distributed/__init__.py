@@ -17,6 +17,7 @@ from rlx.distributed.bundle import BundledEmbedder, save_bundle
 from rlx.distributed.corpus import CorpusError, embed_corpus, local_executor, read_embeddings
 from rlx.distributed.launch import Rank, RankError, launch, local_ranks
 from rlx.distributed.tp import shard, shard_bert
+from rlx.distributed.tp_decoder import shard_decoder, shard_gguf
 
 
 def __getattr__(name: str) -> object:
@@ -29,4 +30,5 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = ["BundledEmbedder", "CorpusError", "Rank", "RankError", "embed_corpus", "embed_dataset", "launch",
-           "local_executor", "local_ranks", "read_embeddings", "save_bundle", "shard", "shard_bert"]
+           "local_executor", "local_ranks", "read_embeddings", "save_bundle", "shard", "shard_bert", "shard_decoder",
+           "shard_gguf"]

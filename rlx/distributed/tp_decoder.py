@@ -56,7 +56,9 @@ ROW_ROLES = ("attn_output", "ffn_down")
 
 @dataclass(frozen=True)
 class ShardedDecoder:
-    """Rank r's tensors (`tensors[r]`) of a decoder split over `tp` ranks, and how to build its model."""
+    """A decoder split over `tp` ranks and how to build rank r's model: its tensors are `tensors[r]`,
+    or (`shard_gguf`) sliced in the rank from the GGUF file at `path`, so a rank process receives a
+    path, not the weights."""
 
     config: DecoderConfig
     tp: int
@@ -64,6 +66,24 @@ class ShardedDecoder:
     #: CausalLM keyword arguments every rank uses (max_context, max_batch, prefill_chunk, threads).
     options: dict[str, Any] = field(default_factory=dict)
     tokenizer: Any = None
+    path: str | None = None
+
+    def rank_tensors(self, rank: int) -> dict[str, tuple[L.WeightSpec, np.ndarray]]:
+        """Rank `rank`'s share of the tensors (read from `path` when the shards were not made here)."""
+        if self.tensors:
+            return self.tensors[rank]
+        from rlx.models.gguf import read_gguf
+
+        model = read_gguf(self.path)
+        return _rank_tensors(self.config, _gguf_tensors(model), self.tp, rank)
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is not None or self.path is None:
+            return self.tokenizer
+        from rlx.models.gguf import read_gguf
+        from rlx.models.gguf_tokenizer import GgufTokenizer
+
+        return GgufTokenizer.from_metadata(read_gguf(self.path).metadata)
 
     def load(self, rank: Any, device: str = "cpu", **overrides: Any) -> Any:
         """Rank `rank.rank`'s `CausalLM` (a `rlx.distributed.Rank` from `launch`), its transport attached."""
@@ -71,7 +91,7 @@ class ShardedDecoder:
 
         if rank.world != self.tp:
             raise RlxError(f"this decoder is split over {self.tp} ranks, the launch has {rank.world}")
-        lm = CausalLM(self.config, self.tensors[rank.rank], self.tokenizer, device=device, tp=self.tp,
+        lm = CausalLM(self.config, self.rank_tensors(rank.rank), self._tokenizer(), device=device, tp=self.tp,
                       **{**self.options, **overrides})
         if lm._compiled is not None:
             rank.attach(lm._compiled)
@@ -82,9 +102,25 @@ class ShardedDecoder:
         from rlx.ir.transport import run_ranks
         from rlx.models.causal_lm import CausalLM
 
-        models = [CausalLM(self.config, t, self.tokenizer, device="reference", tp=self.tp, **self.options)
-                  for t in self.tensors]
+        models = [CausalLM(self.config, self.rank_tensors(r), self._tokenizer(), device="reference", tp=self.tp,
+                           **self.options) for r in range(self.tp)]
         return run_ranks(self.tp, lambda r: fn(models[r]))
+
+
+def shard_gguf(path: str, tp: int, **options: Any) -> ShardedDecoder:
+    """Split the decoder of a GGUF file over `tp` ranks without reading its weights here: each rank
+    maps the file and slices its own share (`ShardedDecoder.load`). The split is checked now."""
+    from rlx.models.gguf import read_gguf
+
+    model = read_gguf(path)
+    options.setdefault("max_context", min(2048, model.config.context_length))
+    _check_tp(model.config, tp)
+    _rank_tensors(model.config, _gguf_tensors(model), tp, 0)  # refuses a split that cuts a block, now
+    return ShardedDecoder(model.config, tp, (), options, None, str(path))
+
+
+def _gguf_tensors(model: Any) -> dict[str, tuple[L.WeightSpec, Any]]:
+    return {name: (L.WeightSpec(t.ggml_type, tuple(t.shape)), t.data) for name, t in model.tensors.items()}
 
 
 def shard_causal_lm(lm: Any, tp: int) -> ShardedDecoder:
@@ -96,14 +132,17 @@ def shard_causal_lm(lm: Any, tp: int) -> ShardedDecoder:
 def shard_decoder(config: DecoderConfig, tensors: Tensors, tp: int, *, tokenizer: Any = None,
                   **options: Any) -> ShardedDecoder:
     """Split a decoder's GGUF-named tensors over `tp` ranks (see the module docstring)."""
-    c = config
+    _check_tp(config, tp)
+    ranks = tuple(_rank_tensors(config, tensors, tp, r) for r in range(tp))
+    return ShardedDecoder(config, tp, ranks, dict(options), tokenizer)
+
+
+def _check_tp(c: DecoderConfig, tp: Any) -> None:
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise RlxError(f"tp must be a positive int, got {tp!r}")
     for what, n in (("num_heads", c.num_heads), ("num_kv_heads", c.num_kv_heads), ("ffn_size", c.ffn_size)):
         if n % tp:
             raise RlxError(f"tp={tp} does not divide the model's {what} {n}")
-    ranks = tuple(_rank_tensors(c, tensors, tp, r) for r in range(tp))
-    return ShardedDecoder(c, tp, ranks, dict(options), tokenizer)
 
 
 def _rank_tensors(c: DecoderConfig, tensors: Tensors, tp: int, rank: int) -> dict[str, tuple[L.WeightSpec, Any]]:
@@ -147,4 +186,4 @@ def _columns(spec: L.WeightSpec, data: Any, tp: int, rank: int, name: str) -> tu
     return L.WeightSpec(spec.ggml_type, (n_out, k)), np.ascontiguousarray(arr[:, rank * nbytes:(rank + 1) * nbytes])
 
 
-__all__ = ["ShardedDecoder", "shard_causal_lm", "shard_decoder"]
+__all__ = ["ShardedDecoder", "shard_causal_lm", "shard_decoder", "shard_gguf"]

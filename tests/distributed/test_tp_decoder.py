@@ -8,7 +8,7 @@ import rank_fns
 
 from rlx.distributed import launch
 from rlx.distributed.tp import cosine
-from rlx.distributed.tp_decoder import shard_decoder
+from rlx.distributed.tp_decoder import shard_decoder, shard_gguf
 from rlx.errors import RlxError
 from rlx.ir.quant import quantize
 from rlx.models.causal_lm import CausalLM, random_tensors
@@ -118,3 +118,11 @@ def test_smollm2_q4_1_at_tp3_equals_tp1():
     for tokens, logits in launch(rank, nprocs=3, threads=True):
         assert tokens == want_tokens
         assert cosine(logits, want_logits) >= 0.9999
+    # from the file: each rank maps the GGUF and slices its own share (what a rank process receives)
+    lazy = shard_gguf(find_smollm2_gguf(), tp=3, max_context=64, prefill_chunk=16)
+    assert lazy.tensors == () and lazy.path is not None
+    for r in range(3):
+        np.testing.assert_array_equal(lazy.rank_tensors(r)["blk.1.ffn_down.weight"][1],
+                                      sharded.tensors[r]["blk.1.ffn_down.weight"][1])
+    with pytest.raises(RlxError, match="tp=2 does not divide the model's num_heads 9"):
+        shard_gguf(find_smollm2_gguf(), tp=2)
