@@ -91,7 +91,7 @@ class Rank:
         if self.device == "cuda":
             from rlx.runtime.nccl import attach_nccl
 
-            self._transports.append(attach_nccl(compiled, self.nccl_id, self.rank, self.world))
+            attach_nccl(compiled, self.nccl_id, self.rank, self.world)  # the context owns its communicator
         else:
             from rlx.runtime.transport import attach_shm
 

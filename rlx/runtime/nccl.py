@@ -80,7 +80,7 @@ def select_device(index: int) -> None:
         raise CudaError(f"could not make GPU {index}'s context current")
 
 
-def attach_nccl(graph: Any, nccl_id: bytes | None, rank: int, world: int) -> bytes:
+def attach_nccl(graph: Any, nccl_id: bytes | None, rank: int, world: int) -> None:
     """Join `graph`'s context (a CUDA graph with collectives) to the clique of `nccl_id` as `rank`."""
     if nccl_id is None or len(nccl_id) != UNIQUE_ID_BYTES:
         raise ExecutionError(f"an NCCL unique id is {UNIQUE_ID_BYTES} bytes (from the launcher)")
@@ -94,7 +94,6 @@ def attach_nccl(graph: Any, nccl_id: bytes | None, rank: int, world: int) -> byt
         idbuf = ffi.new("char[]", nccl_id)
         if set_nccl(graph._ctx, idbuf, rank, world) != 0:
             raise CudaError(graph._error("rlx_set_nccl"))
-    return nccl_id
 
 
 __all__ = ["attach_nccl", "check_gpus", "gpu_count", "select_device", "unique_id"]
