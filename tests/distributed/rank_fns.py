@@ -44,3 +44,11 @@ def decoder_rank(rank, sharded, prompt, n_new):
 def encoder_rank(rank, sharded, feed):
     """One rank of a tensor-parallel BERT encoder: its (whole) output."""
     return sharded.load(rank, num_threads=1).run(feed)[0]
+
+
+def stuck_on_rank_one(rank) -> list[float]:
+    if rank.rank == 1:
+        import time
+
+        time.sleep(60)  # neither fails nor reaches the collective
+    return compiled_sum(rank)

@@ -69,3 +69,10 @@ def test_nccl_unique_id():
         pytest.skip("NCCL is not installed (nvidia-nccl-cu12, the rlx[cuda] extra)")
     a, b = unique_id(), unique_id()
     assert len(a) == len(b) == 128 and a != b
+
+
+def test_a_stuck_rank_ends_at_the_launch_timeout():
+    t0 = time.perf_counter()
+    with pytest.raises(RankError, match=r"did not finish within 3 s"):
+        launch(rank_fns.stuck_on_rank_one, nprocs=2, timeout_s=3, grace_s=1)
+    assert time.perf_counter() - t0 < 20  # terminated, not waited for
