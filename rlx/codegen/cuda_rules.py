@@ -364,7 +364,7 @@ def region(e: CudaEmitter, node: Node) -> Kernel:
         uses_flag = uses_flag or (integer and fn == "div")  # integer division by zero raises the flag
         steps.append(RegionStep(f"v{n_in + k}", _VTYPE[out.dtype], step.op.kind, fn,
                                 tuple(f"v{a}" for a in step.args), integer, out.dtype.value))
-    name = f"rlx_region_{node.id}"
+    name = f"{e.prefix}region_{node.id}"
     device = RegionKernel(name, e.header(node), idx, RegionOut(e.ctype(node.id), category(node.shape.dtype)),
                           ins, tuple(steps), f"v{len(values) - 1}")
     return _kernel(node, "block_region", Region(
