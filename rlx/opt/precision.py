@@ -28,7 +28,7 @@ import dataclasses
 from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
-from rlx.ir.graph import Graph, NodeId
+from rlx.ir.graph import Graph, Node, NodeId
 from rlx.opt.rewrite import Rewriter, require_mir
 
 #: Storage precisions a session may ask for.

@@ -10,7 +10,6 @@ from rlx.ir.dtype import BFLOAT16, DType
 from rlx.opt.precision import store_params_in
 from rlx.toolchain.isa import cpu_flags
 
-
 #: The CPU build multiplies bf16 weights with vdpbf16ps (activations rounded to bf16) on this host.
 BF16_DOT = "avx512_bf16" in (cpu_flags() or ())
 
