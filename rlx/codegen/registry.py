@@ -89,13 +89,10 @@ class Rule:
     def check(self, op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
         """None when this rule takes `op` with these dtypes, else why not."""
         floats = {d for d in in_dtypes if d.is_float}
-        if len(floats) > 1 and self.kind in MIXED_KINDS and not self.mixed:
+        if len(floats) > 1 and self.kind in O.NARROW_WEIGHT_KINDS and not self.mixed:
             return f"on mixed {'/'.join(sorted(d.value for d in floats))} operands"
         return self.accepts(op, in_dtypes, out_dtype)
 
-
-#: Op kinds whose inference allows operands of different float dtypes (an f32 A times f16/bf16 weights).
-MIXED_KINDS = ("matmul", "fused_matmul_bias_act")
 
 
 @dataclass

@@ -967,5 +967,7 @@ class ReduceScatter(Op):
 
 
 LEAF_KINDS = frozenset({"input", "param", "constant"})
+#: GEMMs whose right operand (input 1, the weights) may be f16/bf16 under an f32 left operand.
+NARROW_WEIGHT_KINDS = frozenset({"matmul", "fused_matmul_bias_act"})
 #: Ops whose output may share storage with their first input (no data movement).
 VIEW_KINDS = frozenset({"reshape"})
