@@ -97,15 +97,16 @@ def test_native_build_matches_the_reference(dtype: str) -> None:
     _check(dtype, "native", rounds_activations=dtype == "bf16" and HAS_BF16_DOT)
 
 
-@pytest.mark.parametrize("cpu_target", ["x86-64-v4", "x86-64-v3", "x86-64"])
-def test_portable_paths_multiply_the_exact_weights(cpu_target: str) -> None:
-    # no AVX512_BF16 in these levels: bf16 panels are widened and the f32 kernel (AVX-512, AVX2) or
-    # rlx_sgemm1 (x86-64) multiplies them, f32 activations unrounded
+@pytest.mark.parametrize(("cpu_target", "dtype"), [("x86-64-v4", "bf16"), ("x86-64-v3", "bf16"), ("x86-64-v3", "f16"),
+                                                    ("x86-64", "bf16"), ("x86-64", "f16")])
+def test_portable_paths_multiply_the_exact_weights(cpu_target: str, dtype: str) -> None:
+    # no AVX512_BF16 in these levels: panels are widened (a shift for bf16, F16C or rlx_h2f for f16)
+    # and the f32 kernel (AVX-512, AVX2) or rlx_sgemm1 (x86-64) multiplies them, f32 activations unrounded
     import platform
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86-64 levels")
-    _check("bf16", cpu_target, rounds_activations=False)
+    _check(dtype, cpu_target, rounds_activations=False)
 
 
 def test_weights_are_stored_in_their_precision_and_packed() -> None:

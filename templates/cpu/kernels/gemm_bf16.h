@@ -15,7 +15,9 @@
  *   bf16 with AVX512_BF16: the rows of A a tile needs are rounded to bf16 once per thread (round to
  *     nearest even: bf16 compute), and a 12 x 32 micro-kernel multiplies pairs of k with
  *     vdpbf16ps, accumulating in f32 (each bf16 x bf16 product is exact in f32).
- *   otherwise (f16 always; bf16 without AVX512_BF16): each tile's panel is widened exactly to f32
+ *   f16 with AVX-512: the f32 12 x 32 micro-kernel, each k row of the panel widened in registers
+ *     (vcvtph2ps, exact): the f32 GEMM on the stored weights.
+ *   otherwise (f16 without AVX-512; bf16 without AVX512_BF16): each tile's panel is widened exactly to f32
  *     (F16C vcvtph2ps for f16, a 16-bit shift for bf16) into the thread's scratch, in packed_gemm.h's
  *     panel layout, and the f32 micro-kernel multiplies it; A stays f32, so the result is the f32
  *     GEMM on the stored weights. Without AVX2 the widened panel goes to rlx_sgemm1.
@@ -183,6 +185,95 @@ static void rlx_hgemm_wide_tile(int64_t i0, int64_t i1, int64_t j0, int64_t nr, 
 #endif
 }
 
+#if defined(RLX_NR) && RLX_NR == 32
+/* The AVX-512 tiles' ending (as packed_gemm.h's rlx_kernel_tile): + bias, (+ C), masked store of nr <= 32. */
+static inline __attribute__((always_inline)) void rlx_htile_store(const int mr, const __m512 *c0, const __m512 *c1,
+        float *restrict C, int64_t ldc, int64_t nr, const float *restrict bias, int accumulate)
+{
+    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1u);
+    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
+    if (bias) {
+        bias0 = _mm512_maskz_loadu_ps(m0, bias);
+        bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+    }
+    #pragma GCC unroll 12
+    for (int i = 0; i < RLX_MR; i++)
+        if (i < mr) {
+            float *row = C + i * ldc;
+            __m512 v0 = _mm512_add_ps(c0[i], bias0), v1 = _mm512_add_ps(c1[i], bias1);
+            if (accumulate) {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
+            }
+            _mm512_mask_storeu_ps(row, m0, v0);
+            _mm512_mask_storeu_ps(row + 16, m1, v1);
+        }
+}
+
+/* ── f16 on AVX-512: the f32 micro-kernel with each k row of the panel widened in registers ── */
+
+#define RLX_F16_DIRECT 1
+/* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias), the panel f16 rows of 32 (vcvtph2ps:
+ * exact), A f32: the f32 GEMM on the stored weights without a widened copy. */
+static inline __attribute__((always_inline)) void rlx_f16_tile(const int mr, const int prefetch, int64_t kc,
+        const float *restrict A, int64_t lda, const uint16_t *restrict Bp, float *restrict C, int64_t ldc,
+        int64_t nr, const float *restrict bias, int accumulate)
+{
+    __m512 c0[RLX_MR], c1[RLX_MR];
+    #pragma GCC unroll 12
+    for (int i = 0; i < RLX_MR; i++)
+        if (i < mr) {
+            c0[i] = _mm512_setzero_ps();
+            c1[i] = _mm512_setzero_ps();
+        }
+    for (int64_t k = 0; k < kc; k++) {
+        const uint16_t *row = Bp + k * RLX_HNR;
+        if (prefetch)
+            _mm_prefetch((const char *)row + RLX_PF_BYTES, _MM_HINT_T0);
+        const __m512 b0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)row));
+        const __m512 b1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(row + 16)));
+        #pragma GCC unroll 12
+        for (int i = 0; i < RLX_MR; i++)
+            if (i < mr) {
+                const __m512 a = _mm512_set1_ps(A[i * lda + k]);
+                c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
+                c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+            }
+    }
+    rlx_htile_store(mr, c0, c1, C, ldc, nr, bias, accumulate);
+}
+
+#define RLX_F16_CASE(R)                                                                        \
+    case R:                                                                                    \
+        if (prefetch)                                                                          \
+            rlx_f16_tile(R, 1, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);                  \
+        else                                                                                   \
+            rlx_f16_tile(R, 0, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);                  \
+        break;
+
+static void rlx_f16_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t lda, const uint16_t *Bp,
+                           float *C, int64_t ldc, int64_t nr, const float *bias, int accumulate)
+{
+    while (mr > 0) {
+        const int64_t r = mr >= 12 ? 12 : mr >= 8 ? 8 : mr >= 4 ? 4 : mr >= 2 ? 2 : 1;
+        switch (r) {
+        RLX_F16_CASE(12)
+        RLX_F16_CASE(8)
+        RLX_F16_CASE(4)
+        RLX_F16_CASE(2)
+        default:
+        RLX_F16_CASE(1)
+        }
+        A += r * lda;
+        C += r * ldc;
+        mr -= r;
+        prefetch = 0;
+    }
+}
+#undef RLX_F16_CASE
+#endif /* RLX_NR == 32 */
+
 /* ── the bf16 path: vdpbf16ps on bf16 pairs ────────────────────────────────────── */
 
 #ifdef RLX_BF16_DOT
@@ -234,25 +325,7 @@ static inline __attribute__((always_inline)) void rlx_bf16_tile(const int mr, co
                 c1[i] = _mm512_dpbf16_ps(c1[i], a, b1);
             }
     }
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
-    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1u);
-    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-    if (bias) {
-        bias0 = _mm512_maskz_loadu_ps(m0, bias);
-        bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-    }
-    #pragma GCC unroll 12
-    for (int i = 0; i < RLX_MR; i++)
-        if (i < mr) {
-            float *row = C + i * ldc;
-            __m512 v0 = _mm512_add_ps(c0[i], bias0), v1 = _mm512_add_ps(c1[i], bias1);
-            if (accumulate) {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
-            }
-            _mm512_mask_storeu_ps(row, m0, v0);
-            _mm512_mask_storeu_ps(row + 16, m1, v1);
-        }
+    rlx_htile_store(mr, c0, c1, C, ldc, nr, bias, accumulate);
 }
 
 /* Instances for 12, 8, 4, 2 and 1 rows (as rlx_kernel: other counts run as sums of them). */
@@ -318,6 +391,25 @@ static void rlx_hgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
                     const int64_t kc = Kp - k0 < RLX_KC ? Kp - k0 : RLX_KC;
                     rlx_bf16_kernel(mr, i == i0, kc / 2, a16 + (i - i0) * Kp + k0, Kp, panel + k0 * RLX_HNR, c, ldc,
                                     nr, k0 + kc >= Kp ? bs : NULL, k0 > 0);
+                }
+                if (act != RLX_EPI_NONE)
+                    rlx_epilogue_act(c, ldc, mr, nr, act);
+            }
+            continue;
+        }
+#endif
+#ifdef RLX_F16_DIRECT
+        if (!pairs) {
+            const float *bs = bias ? bias + j0 : NULL;
+            for (int64_t i = i0; i < i1; i += RLX_MR) {
+                const int64_t mr = i1 - i < RLX_MR ? i1 - i : RLX_MR;
+                float *c = C + i * ldc + j0;
+                if (K == 0)
+                    rlx_f16_kernel(mr, 0, 0, A, lda, panel, c, ldc, nr, bs, 0);
+                for (int64_t k0 = 0; k0 < K; k0 += RLX_KC) {
+                    const int64_t kc = K - k0 < RLX_KC ? K - k0 : RLX_KC;
+                    rlx_f16_kernel(mr, i == i0, kc, A + i * lda + k0, lda, panel + k0 * RLX_HNR, c, ldc, nr,
+                                   k0 + kc >= K ? bs : NULL, k0 > 0);
                 }
                 if (act != RLX_EPI_NONE)
                     rlx_epilogue_act(c, ldc, mr, nr, act);
