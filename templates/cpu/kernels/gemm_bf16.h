@@ -14,10 +14,11 @@
  *
  *   bf16 with AVX512_BF16: the rows of A a tile needs are rounded to bf16 once per thread (round to
  *     nearest even: bf16 compute), and a 12 x 32 micro-kernel multiplies pairs of k with
- *     vdpbf16ps, accumulating in f32 (each bf16 x bf16 product is exact in f32).
- *   f16 with AVX-512: the f32 12 x 32 micro-kernel, each k row of the panel widened in registers
- *     (vcvtph2ps, exact): the f32 GEMM on the stored weights.
- *   otherwise (f16 without AVX-512; bf16 without AVX512_BF16): each tile's panel is widened exactly to f32
+ *     vdpbf16ps, accumulating in f32 (each bf16 x bf16 product is exact in f32; the instruction
+ *     treats subnormal inputs and results as zero).
+ *   f16 with AVX-512, tiles of few rows: the f32 12 x 32 micro-kernel, each k row of the panel
+ *     widened in registers (vcvtph2ps, exact): the f32 GEMM on the stored weights.
+ *   otherwise (taller f16 tiles; bf16 without AVX512_BF16): each tile's panel is widened exactly to f32
  *     (F16C vcvtph2ps for f16, a 16-bit shift for bf16) into the thread's scratch, in packed_gemm.h's
  *     panel layout, and the f32 micro-kernel multiplies it; A stays f32, so the result is the f32
  *     GEMM on the stored weights. Without AVX2 the widened panel goes to rlx_sgemm1.
@@ -214,6 +215,11 @@ static inline __attribute__((always_inline)) void rlx_htile_store(const int mr, 
 /* ── f16 on AVX-512: the f32 micro-kernel with each k row of the panel widened in registers ── */
 
 #define RLX_F16_DIRECT 1
+/* Up to this many rows a tile widens in registers (each 12-row piece converts the panel again);
+ * taller tiles widen the panel once into scratch, then run the f32 kernel (one 16 x 384 x 1536
+ * GEMM on 2 busy Zen 4 cores: in registers 0.96-1.0x the f32 time; 1024 rows: in registers
+ * 1.17x, widened once per tile 1.07-1.10x). */
+#define RLX_F16_DIRECT_ROWS 24
 /* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias), the panel f16 rows of 32 (vcvtph2ps:
  * exact), A f32: the f32 GEMM on the stored weights without a widened copy. */
 static inline __attribute__((always_inline)) void rlx_f16_tile(const int mr, const int prefetch, int64_t kc,
@@ -399,7 +405,7 @@ static void rlx_hgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
         }
 #endif
 #ifdef RLX_F16_DIRECT
-        if (!pairs) {
+        if (!pairs && i1 - i0 <= RLX_F16_DIRECT_ROWS) {
             const float *bs = bias ? bias + j0 : NULL;
             for (int64_t i = i0; i < i1; i += RLX_MR) {
                 const int64_t mr = i1 - i < RLX_MR ? i1 - i : RLX_MR;
