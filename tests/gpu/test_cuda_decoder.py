@@ -37,3 +37,99 @@ def test_cuda_decoder_logits_and_greedy_match_cpu() -> None:
     prompts = [[5, 17, 33, 8], list(range(10, 31))]
     assert [g.token_ids for g in gpu.generate_batch(prompts, 24)] == \
         [g.token_ids for g in cpu.generate_batch(prompts, 24)]
+
+
+def _quantized_tensors(seed: int) -> dict:
+    """Weights in GGUF blocks as SmolLM2 ships them (Q4_1 layers, Q8_0 token embedding), norms in f32."""
+    from rlx.ir.quant import random_blocks
+    from rlx.models.llama import WeightSpec
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, spec in random_specs(CONFIG).items():
+        if len(spec.shape) == 1:
+            out[name] = (spec, (1.0 + 0.1 * rng.standard_normal(spec.shape)).astype(np.float32))
+        else:
+            fmt = "q8_0" if name == "token_embd.weight" else "q4_1"
+            out[name] = (WeightSpec(fmt, spec.shape), random_blocks(rng, spec.shape[0], spec.shape[1], fmt, scale=0.03))
+    return out
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _alternate(lm: CausalLM, caches: tuple, prompts: tuple, steps: int, order: tuple = (0, 1)) -> list:
+    """Step each conversation in `order` after the other (greedy); the logits of every step, per conversation."""
+    out: list = [[] for _ in prompts]
+    tokens = [0] * len(prompts)
+    for step in range(steps):
+        for conv in order:
+            feed = prompts[conv] if step == 0 else np.array([[tokens[conv]]])
+            logits = lm.step(feed, caches[conv], [feed.shape[1] - 1])[0]
+            out[conv].append(logits)
+            tokens[conv] = int(logits.argmax())
+    return out
+
+
+PROMPTS = (np.array([[3, 14, 15, 92, 65]]), np.array([[2, 71, 82, 81, 82, 84, 59, 4]]))
+
+
+def test_resident_caches_follow_their_conversations_f32() -> None:
+    """Two conversations stepped alternately on one GPU library (each cache resident in turn, written back
+    when the other comes) give the CPU's logits step for step; release_states hands back the CPU's cache."""
+    tensors = _quantized_tensors(5)
+    gpu = CausalLM(CONFIG, tensors, device="cuda", max_context=64, prefill_chunk=8)
+    cpu = CausalLM(CONFIG, tensors, device="cpu", max_context=64, prefill_chunk=8)
+    gpu_caches, cpu_caches = (gpu.new_cache(), gpu.new_cache()), (cpu.new_cache(), cpu.new_cache())
+    got = _alternate(gpu, gpu_caches, PROMPTS, 12)
+    want = _alternate(cpu, cpu_caches, PROMPTS, 12)
+    for conv in (0, 1):
+        for step, (g, w) in enumerate(zip(got[conv], want[conv])):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max(), err_msg=f"step {step}")
+    gpu._compiled.release_states()
+    for conv in (0, 1):
+        n = int(cpu_caches[conv].lengths[0])
+        for name, w in cpu_caches[conv].arrays.items():
+            g = gpu_caches[conv].arrays[name].numpy()
+            np.testing.assert_allclose(g[:, :n], w[:, :n], rtol=1e-4, atol=1e-4 * np.abs(w[:, :n]).max())
+
+
+def test_resident_caches_are_exact_in_f16() -> None:
+    """In f16 the caches go back and forth as f32 (exact for f16 values): conversations stepped alternately give
+    bit for bit the logits each gives alone."""
+    tensors = _quantized_tensors(5)
+    lm = CausalLM(CONFIG, tensors, device="cuda", precision="f16", max_context=64, prefill_chunk=8)
+    together = _alternate(lm, (lm.new_cache(), lm.new_cache()), PROMPTS, 12)
+    alone = [_alternate(lm, (lm.new_cache(),), (PROMPTS[c],), 12, order=(0,))[0] for c in (0, 1)]
+    for conv in (0, 1):
+        for step, (a, b) in enumerate(zip(together[conv], alone[conv])):
+            np.testing.assert_array_equal(a, b, err_msg=f"conversation {conv}, step {step}")
+
+
+@pytest.mark.parametrize("precision", ["f32", "f16"])
+def test_fused_decode_kernels_match_the_large_step_path(precision: str) -> None:
+    """A one-row decode step (fused GEMVs with norm / residual / SwiGLU, rope inside attention) gives the logits
+    of the same token in a five-row step, where every node runs its own kernel. In f16 both differ from the CPU's
+    f32 by their roundings (the fused kernels round less often): the fused error is no larger than the other's."""
+    tensors = _quantized_tensors(7)
+    lm = CausalLM(CONFIG, tensors, device="cuda", precision=precision, max_context=48, max_batch=5, prefill_chunk=8)
+    cpu = CausalLM(CONFIG, tensors, device="cpu", max_context=48, prefill_chunk=8)
+    one, five, ref = lm.new_cache(), lm.new_cache(), cpu.new_cache()
+    prompt = np.array([[4, 8, 15, 16, 23, 42]])
+    last = prompt.shape[1] - 1
+    lm.step(prompt, one, [last])
+    lm.step(np.repeat(prompt, 5, axis=0), five, [b * prompt.shape[1] + last for b in range(5)])
+    cpu.step(prompt, ref, [last])
+    token = 7
+    for step in range(10):
+        fused = lm.step(np.array([[token]]), one, [0])[0]
+        large = lm.step(np.full((5, 1), token), five, list(range(5)))
+        want = cpu.step(np.array([[token]]), ref, [0])[0]
+        if precision == "f32":
+            np.testing.assert_allclose(fused, large[0], rtol=1e-4, atol=1e-4 * np.abs(large[0]).max(),
+                                       err_msg=f"step {step}")
+        else:
+            assert _rel(fused, want) <= 1.5 * _rel(large[0], want) + 1e-3, \
+                f"step {step}: fused f16 error {_rel(fused, want):.2e}, large-step {_rel(large[0], want):.2e}"
+        token = int(want.argmax())
