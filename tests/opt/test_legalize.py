@@ -115,3 +115,17 @@ def test_cpu_lir_reads_half_weights_without_a_cast(dtype):
     for a, b in zip(cg.run(inputs), rlx.reference.run(g, inputs, params)):
         a, b = a.astype(np.float64), b.astype(np.float64)
         assert np.all(np.abs(a - b) <= ulp * np.abs(b) + 1e-30)
+
+
+def test_backends_without_mixed_gemms_get_the_weights_widened():
+    from rlx.codegen.backends import first_unsupported_op, load_rules
+
+    g = rlx.Graph("mixed")
+    g.set_outputs([g.matmul(g.input("x", [3, 8]), g.param("w", [8, 4], "bf16"))])
+    node, reason = first_unsupported_op(g, "cuda")
+    assert node.kind == "matmul" and "mixed bf16/f32 operands" in reason
+    assert first_unsupported_op(g, "cpu") is None  # the CPU multiplies bf16 weights
+    out = legalize(g, load_rules("cuda").accepts)
+    mm = next(n for n in out.nodes if n.kind == "matmul")
+    assert [out.node(i).kind for i in mm.inputs] == ["input", "cast"]
+    assert out.node(mm.inputs[1]).shape.dtype is DType.F32
