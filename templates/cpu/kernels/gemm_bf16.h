@@ -216,9 +216,9 @@ static inline __attribute__((always_inline)) void rlx_htile_store(const int mr, 
 
 #define RLX_F16_DIRECT 1
 /* Up to this many rows a tile widens in registers (each 12-row piece converts the panel again);
- * taller tiles widen the panel once into scratch, then run the f32 kernel (one 16 x 384 x 1536
- * GEMM on 2 busy Zen 4 cores: in registers 0.96-1.0x the f32 time; 1024 rows: in registers
- * 1.17x, widened once per tile 1.07-1.10x). */
+ * taller tiles widen the panel once into scratch, then run the f32 kernel: at 1024 rows that
+ * took ~1.1x the f32 weights' time where converting in registers took ~1.17x, at 16 rows the
+ * registers are as fast as f32 (2 Zen 4 cores; benchmarks/half_gemm.py). */
 #define RLX_F16_DIRECT_ROWS 24
 /* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias), the panel f16 rows of 32 (vcvtph2ps:
  * exact), A f32: the f32 GEMM on the stored weights without a widened copy. */
