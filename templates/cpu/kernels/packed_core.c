@@ -9,10 +9,6 @@
 #ifdef RLX_NR
 #include <immintrin.h>
 
-/* How far ahead of the kernel weights are prefetched (tuned on Zen 5: 8 KiB reaches ~50 GB/s
- * on 2 cores for MiniLM's weights at 16 rows, against ~30 GB/s from the hardware prefetcher). */
-#define RLX_PF_BYTES 8192
-
 /* Panels of RLX_NR columns, K rows each, zero-padded past N. */
 void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk, int64_t sn)
 {
