@@ -27,12 +27,14 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, is_dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
+from rlx.codegen import c_half
 from rlx.codegen.c_observe import PROFILE_RING_BYTES, observe_context
 from rlx.codegen.c_share import share_kernels
 from rlx.codegen.common import dim_expr
@@ -49,6 +51,7 @@ from rlx.codegen.cpu_base import (
     round_up,
 )
 from rlx.codegen.registry import Kernel, float32_only
+from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions import AbsorbedTranspose, PackedParam
@@ -58,7 +61,6 @@ from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse, dense_strides, movement_view
 from rlx.opt.lowering import lower_for
-from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cpu-3"
@@ -523,10 +525,13 @@ class _Planner:
                     dims[-2], dims[-1] = dims[-1], dims[-2]
                     src_strides[-2], src_strides[-1] = src_strides[-1], src_strides[-2]
                 k, n = dims[-2], dims[-1]
-                mat = k * round_up(n, PACK_NR_MAX)
+                # f16/bf16 weights keep their precision, K padded to pairs (kernels/gemm_bf16.h)
+                narrow = stored.dtype in (DType.F16, DType.BF16)
+                mat = (round_up(k, 2) if narrow else k) * round_up(n, PACK_NR_MAX)
                 self.packed_mat[spec.node] = mat
                 storage = math.prod(dims[:-2]) * mat * stored.dtype.itemsize
-                mode, note = "pack", " (packed for the GEMM kernel on set)"
+                mode = f"pack_{stored.dtype.value}" if narrow else "pack"
+                note = " (packed for the GEMM kernel on set)"
             params.append({
                 "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
                 "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
@@ -958,7 +963,9 @@ def _no_bool(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
 
 CPU.register("activation", "binary", "compare", "where", "cast", "expand", "elementwise_region")(
     _emit_with("elementwise"))
-CPU.register("matmul", "fused_matmul_bias_act", accepts=float32_only)(_emit_with("gemm"))
+# f32 GEMMs render with the planner's `gemm`; f32 activations x f16/bf16 weights with c_half's kernels
+CPU.register("matmul", "fused_matmul_bias_act", accepts=c_half.gemm_dtypes, mixed=True)(
+    c_half.gemm_rule(_emit_with("gemm")))
 CPU.register("fused_swiglu", accepts=float32_only)(_emit_with("swiglu"))
 CPU.register("reduce", accepts=_no_bool)(_emit_with("reduce"))
 CPU.register("softmax", accepts=float32_only)(_emit_with("softmax"))
@@ -1042,6 +1049,8 @@ def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
     # typedef struct rlx_ctx (prelude.c.j2): three pointers, two int32, param_set[N + 1], err[512],
     # padded to 8; a profiled build adds the span ring.
     record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8 + (PROFILE_RING_BYTES if profile else 0)
+    if "kernels/collectives.h" in ctx["headers"]:
+        record += 8  # the transport pointer (prelude.c.j2)
     state_inputs = {s.node for s in lir.inputs if s.state}
     state = sum(n.shape.max_nbytes for n in graph.nodes if n.kind == "state" or n.id in state_inputs)
     return {
@@ -1052,23 +1061,15 @@ def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
     }
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir() / "cpu")),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    return env
+def render_c(lir: LirModule, target: CTarget, manifest: dict, *, bytecode_dir: Path | None = None) -> str:
+    """The complete C source of `lir` (one translation unit exporting the RLX C ABI).
 
-
-def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
-    """The complete C source of `lir` (one translation unit exporting the RLX C ABI)."""
+    `bytecode_dir`: a private directory where compiled templates are kept between processes
+    (`rlx.codegen.template_cache`; the toolchain passes one in the AOT cache root).
+    """
     ctx = c_context(lir, target, manifest)
     try:
-        source = _environment().get_template("model.c.j2").render(**ctx)
+        source = environment("cpu", bytecode_dir).get_template("model.c.j2").render(**ctx)
     except jinja2.TemplateError as exc:
         raise BuildError(f"rendering the CPU template failed: {type(exc).__name__}: {exc}") from exc
     # repeated layers: one function per distinct kernel, not one per node (compile time)

@@ -115,8 +115,8 @@ class _Runner:
             from rlx.driver import Session
 
             self.compiled = Session(device, precision=precision).compile(graph)
-            for name, arr in self.params.items():
-                self.compiled.set_param(name, arr)
+            for name, arr in self.params.items():  # narrow precisions round the f32 weights once
+                self.compiled.set_param(name, arr, cast=precision != "f32")
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         if self.compiled is None:
@@ -136,7 +136,7 @@ class SentenceEmbedder:
     The tokenizer's own padding and truncation settings are replaced (padding
     per batch to the longest sentence, truncation to `truncate_to`).
     `precision` ("f32", "bf16", "f16") is the compiled graphs' weight storage
-    (`Session(..., precision=...)`; the CPU computes in f32 on the widened weights).
+    (`Session(..., precision=...)`; the CPU's GEMMs multiply the stored weights: `rlx.codegen.c_half`).
     """
 
     def __init__(self, config: B.BertConfig, weights: Mapping[str, np.ndarray], tokenizer: object | None = None, *,
