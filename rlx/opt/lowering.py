@@ -34,6 +34,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.opt.lowering_cuda import cuda_decisions
+from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
@@ -142,7 +143,7 @@ def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decisio
 def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
-    return (*absorbed, *pack_params(lir, sources))
+    return (*absorbed, *pack_params(lir, sources), *int8_params(lir))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout; Metal's: its one buffer).
