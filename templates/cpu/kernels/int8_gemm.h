@@ -274,7 +274,7 @@ static inline int64_t rlx_i8_scratch_bytes(int64_t K)
 }
 
 /* Thread t of nt: its share of C[M, N] = act(dynq(X[M, K]) @ W + bias), W stored (see above). */
-static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const float *X, const char *W, const float *bias, float *C,
+__attribute__((noinline, noclone)) static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const float *X, const char *W, const float *bias, float *C,
                        int act, char *scratch, int t, int nt)
 {
     const int64_t kp = rlx_i8_round4(K), kg = kp / RLX_I8_KG;
