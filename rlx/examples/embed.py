@@ -166,7 +166,8 @@ def _run(args: argparse.Namespace, sentences: list[str]) -> int:
     print(f"            BERT {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
           f"{emb.sentence.pooling} pooling{', normalized' if emb.sentence.normalize else ''}")
     quant = f", {emb.quantize} linear layers" if emb.quantize else ""
-    print(f"device:     {args.device}{quant} (load {t_load * 1e3:.0f} ms, compile or cache load {t_compile * 1e3:.0f} ms)")
+    print(f"device:     {args.device}{quant} (load {t_load * 1e3:.0f} ms, "
+          f"compile or cache load {t_compile * 1e3:.0f} ms)")
     print(f"embeddings: {out.shape} {out.dtype}")
     print()
     print("cosine similarity:")
