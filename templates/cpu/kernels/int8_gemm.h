@@ -14,7 +14,7 @@
  * Kernels, picked by the instruction set this file is compiled for:
  *   AVX-512 VNNI: 12 x 32 tiles, vpdpbusd (u8 x s8): the activations are stored as u8 = xq + 128
  *                 while they are quantized, and comp[n] takes the 128 back out in the epilogue;
- *   AVX2:         4 x 32 tiles, pmaddubsw on |xq| and sign(wq, xq) (never saturates: |xq|, |wq| <= 127),
+ *   AVX2:         2 x 32 tiles, pmaddubsw on |xq| and sign(wq, xq) (never saturates: |xq|, |wq| <= 127),
  *                 then pmaddwd into int32;
  *   otherwise:    plain C over the same layout.
  * Each thread quantizes the rows it multiplies into its own scratch (the A "packing" is the
@@ -40,7 +40,7 @@
 #elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define RLX_I8_AVX2 1
-#define RLX_I8_MR 4
+#define RLX_I8_MR 2 /* 2 x 4 ymm accumulators: the 16 ymm registers also hold B and two forms of A */
 #define RLX_I8_ABIAS 0
 #else
 #define RLX_I8_MR 4
@@ -147,25 +147,35 @@ static inline void rlx_i8_store_row(const int32_t *acc, int64_t nr, float sx, co
 
 #if defined(RLX_I8_VNNI)
 
-/* mr x 32 tile: kg groups of 4 k; A rows (u8) lda bytes apart, B one panel. */
+/* mr x 32 tile: kg groups of 4 k; A rows (u8) lda bytes apart, B one panel. The accumulators are
+ * named variables (not an array), one pair per row, so they stay in zmm registers: 24 + 2 for B
+ * + 1 broadcast of A. `mr` is a constant in every caller, so the rows past it compile away. */
+/* acc += u8 a . s8 b per int32 lane. Written as asm with an in-out operand: GCC 12 copies and
+ * spills the accumulator around every _mm512_dpbusd_epi32 in a loop like the one below. */
+#define RLX_I8_DPBUSD(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+#define RLX_I8_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, int64_t kg, const uint8_t *A, int64_t lda,
                                                                const int8_t *B, float *C, int64_t ldc, int64_t nr,
                                                                const float *sx, const float *sw, const int32_t *comp,
                                                                const float *bias)
 {
-    __m512i c0[RLX_I8_MR], c1[RLX_I8_MR];
-    for (int r = 0; r < mr; r++)
-        c0[r] = c1[r] = _mm512_setzero_si512();
+#define RLX_I8_DECL(r) __m512i c0_##r = _mm512_setzero_si512(), c1_##r = _mm512_setzero_si512();
+    RLX_I8_ROWS(RLX_I8_DECL)
+#undef RLX_I8_DECL
     for (int64_t g = 0; g < kg; g++) {
         const __m512i b0 = _mm512_loadu_si512((const void *)(B + g * 128));
         const __m512i b1 = _mm512_loadu_si512((const void *)(B + g * 128 + 64));
-        for (int r = 0; r < mr; r++) {
-            int32_t a4;
-            memcpy(&a4, A + r * lda + g * 4, 4);
-            const __m512i a = _mm512_set1_epi32(a4);
-            c0[r] = _mm512_dpbusd_epi32(c0[r], a, b0);
-            c1[r] = _mm512_dpbusd_epi32(c1[r], a, b1);
+        const uint8_t *a = A + g * 4;
+#define RLX_I8_FMA(r)                                                              \
+        if (mr > r) {                                                              \
+            int32_t a4;                                                            \
+            memcpy(&a4, a + r * lda, 4);                                           \
+            const __m512i av = _mm512_set1_epi32(a4);                              \
+            RLX_I8_DPBUSD(c0_##r, av, b0);                                         \
+            RLX_I8_DPBUSD(c1_##r, av, b1);                                         \
         }
+        RLX_I8_ROWS(RLX_I8_FMA)
+#undef RLX_I8_FMA
     }
     const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
     const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
@@ -173,16 +183,21 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, int6
     const __m512 s0 = _mm512_loadu_ps(sw), s1 = _mm512_loadu_ps(sw + 16);
     const __m512 z0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
     const __m512 z1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
-    for (int r = 0; r < mr; r++) {
-        const __m512 x = _mm512_set1_ps(sx[r]);
-        __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0[r], k0)), x);
-        __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1[r], k1)), x);
-        v0 = bias ? _mm512_fmadd_ps(v0, s0, z0) : _mm512_mul_ps(v0, s0);
-        v1 = bias ? _mm512_fmadd_ps(v1, s1, z1) : _mm512_mul_ps(v1, s1);
-        _mm512_mask_storeu_ps(C + r * ldc, m0, v0);
-        _mm512_mask_storeu_ps(C + r * ldc + 16, m1, v1);
+#define RLX_I8_STORE(r)                                                                                \
+    if (mr > r) {                                                                                      \
+        const __m512 x = _mm512_set1_ps(sx[r]);                                                        \
+        __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0_##r, k0)), x);                \
+        __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1_##r, k1)), x);                \
+        v0 = bias ? _mm512_fmadd_ps(v0, s0, z0) : _mm512_mul_ps(v0, s0);                               \
+        v1 = bias ? _mm512_fmadd_ps(v1, s1, z1) : _mm512_mul_ps(v1, s1);                               \
+        _mm512_mask_storeu_ps(C + r * ldc, m0, v0);                                                    \
+        _mm512_mask_storeu_ps(C + r * ldc + 16, m1, v1);                                               \
     }
+    RLX_I8_ROWS(RLX_I8_STORE)
+#undef RLX_I8_STORE
 }
+#undef RLX_I8_ROWS
+#undef RLX_I8_DPBUSD
 
 #elif defined(RLX_I8_AVX2)
 
@@ -248,13 +263,15 @@ static void rlx_i8_rows(int64_t mr, int64_t kg, const uint8_t *A, int64_t lda, c
                         int64_t nr, const float *sx, const float *sw, const int32_t *comp, const float *bias)
 {
     while (mr > 0) {
-        const int64_t r = mr >= RLX_I8_MR ? RLX_I8_MR : mr >= 8 ? 8 : mr >= 4 ? 4 : mr >= 2 ? 2 : 1;
+        const int64_t r = mr >= RLX_I8_MR ? RLX_I8_MR : mr >= 8 ? 8 : mr >= 4 ? 4 : mr >= 2 ? 2 : 1;  /* <= MR */
         switch (r) {
 #if RLX_I8_MR == 12
         RLX_I8_CASE(12)
         RLX_I8_CASE(8)
 #endif
+#if RLX_I8_MR >= 4
         RLX_I8_CASE(4)
+#endif
         RLX_I8_CASE(2)
         default:
         RLX_I8_CASE(1)
