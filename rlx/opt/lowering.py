@@ -11,6 +11,8 @@ CPU decisions:
   a GEMM operand becomes a transpose flag of those GEMMs (no copy).
 - `pack_params`: an f32 param read only as the right operand of GEMMs, all in
   one orientation, is stored in RLX's packed-panel layout at `set_param`.
+- `int8_params` (`rlx.opt.lowering_int8`): an f32 param read only as the weight
+  of `int8_matmul` is stored quantized to int8 at `set_param`.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
