@@ -187,3 +187,13 @@ def test_other_backends_report_it_before_any_build() -> None:
     assert supports(g, "cpu")
     assert not supports(g, "cuda")
     assert not supports(g, "metal")
+
+
+def test_artifact_keeps_the_f32_weights_and_quantizes_again_on_load(tmp_path) -> None:
+    rng = np.random.default_rng(7)
+    g = _graph([(3, 12, 5)])
+    params = {"w0": rng.standard_normal((12, 5)).astype(np.float32), "b0": rng.standard_normal(5).astype(np.float32)}
+    feed = {"x0": rng.standard_normal((3, 12)).astype(np.float32)}
+    cg = _compile(g, params, "native", 1)
+    loaded = rlx.load(cg.save(tmp_path / "art", weights=True))
+    np.testing.assert_array_equal(loaded.run(feed)[0], cg.run(feed)[0])
