@@ -72,6 +72,70 @@ def bench_rlx(args, config) -> dict[str, float]:
     return {"build_s": build, "total": statistics.median(totals), "decode": statistics.median(decodes)}
 
 
+def profile_rlx(args, config) -> None:
+    """Where a decode step's time goes: kernel times of a profiled build (eager launches, one event pair per
+    kernel), then the host-side split of one graph-replayed step (inputs in, run, logits out, argmax)."""
+    import os
+
+    from rlx.models.causal_lm import CausalLM
+    from rlx.runtime.profile import format_top_ops, top_ops
+
+    tensors = rlx_tensors(config)
+    prompt = np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens))
+    os.environ["RLX_PROFILE"] = "1"
+    try:
+        lm = CausalLM(config, tensors, device="cuda", precision=args.precision,
+                      max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
+    finally:
+        del os.environ["RLX_PROFILE"]
+    cache = lm.new_cache()
+    token = int(lm.step(prompt, cache, [args.prompt_tokens - 1])[0].argmax())
+    for _ in range(4):
+        token = int(lm.step(np.array([[token]]), cache, [0])[0].argmax())
+    lm._compiled.trace(clear=True)
+    steps = 16
+    for _ in range(steps):
+        token = int(lm.step(np.array([[token]]), cache, [0])[0].argmax())
+    spans = lm._compiled.trace()
+    kernels = [s for s in spans if s.thread < 0]
+    print(f"profiled decode: {len(kernels) / steps:.0f} kernel spans per step, "
+          f"{sum(s.duration_ns for s in kernels) / steps / 1e3:.1f} us kernel time per step")
+    by_kind: dict[str, list[float]] = {}
+    for s in kernels:
+        row = by_kind.setdefault(s.kind, [0, 0.0])
+        row[0] += 1
+        row[1] += s.duration_ns
+    print(f"{'op kind':<22} {'kernels/step':>12} {'us/step':>9}")
+    for kind, (count, ns) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
+        print(f"{kind:<22} {count / steps:>12.0f} {ns / steps / 1e3:>9.1f}")
+    print(format_top_ops(top_ops(spans), limit=8))
+
+    lm = CausalLM(config, tensors, device="cuda", precision=args.precision,
+                  max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
+    cache = lm.new_cache()
+    token = int(lm.step(prompt, cache, [args.prompt_tokens - 1])[0].argmax())
+    for _ in range(4):
+        token = int(lm.step(np.array([[token]]), cache, [0])[0].argmax())
+    fn, _buffers = next(iter(v for k, v in lm._bound.items() if dict(k[1])["tokens"] == (1, 1)))
+    n = 64
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = fn()
+    t1 = time.perf_counter()
+    for _ in range(n):
+        logits = out[0].numpy()
+    t2 = time.perf_counter()
+    for _ in range(n):
+        int(logits[0].argmax())
+    t3 = time.perf_counter()
+    for _ in range(n):
+        lm.step(np.array([[token]]), cache, [0])
+        cache.lengths[:] -= 1
+    t4 = time.perf_counter()
+    print(f"graph-replayed decode step: run {(t1 - t0) / n * 1e6:.0f} us, logits to host {(t2 - t1) / n * 1e6:.0f} us, "
+          f"argmax {(t3 - t2) / n * 1e6:.0f} us, whole lm.step {(t4 - t3) / n * 1e6:.0f} us")
+
+
 def bench_hf(args, config, static: bool) -> dict[str, float]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -112,10 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default="f16")
     p.add_argument("--peers", default="rlx,hf_eager,hf_static")
     p.add_argument("--pause", type=float, default=1.0)
+    p.add_argument("--profile", action="store_true", help="print where a decode step's time goes, then exit")
     args = p.parse_args(argv)
     from rlx.models.decoder_config import DecoderConfig
 
     config = DecoderConfig(**SHAPE)
+    if args.profile:
+        profile_rlx(args, config)
+        return 0
     results = {}
     for peer in args.peers.split(","):
         time.sleep(args.pause)

@@ -20,6 +20,9 @@ TEMPLATE = "cuda/decoder.cu.j2"
 HEADER = "cuda/kernels/kv_attention.cuh"
 #: The largest head dim the attend kernel spreads over one block's threads.
 MAX_HEAD_DIM = 256
+#: Threads (and warps) of one attend block, and the most new keys it rotates itself: RLX_KV_THREADS and
+#: RLX_KV_ROPE_ROWS in kernels/kv_attention.cuh.
+KV_THREADS, KV_WARPS, KV_ROPE_ROWS = 256, 8, 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +45,15 @@ class KvAttention(Launch):
     scale: str
     threads: int
     smem: int
+    #: DecodeRope: in steps of <= rope_rows rows the kernel rotates the raw projections itself.
+    rope_rows: int = 0
+    raw_q: str = ""
+    raw_k: str = ""
+    cos: str = ""
+    sin: str = ""
+    rot: int = 0
+    neox: str = "false"
+    per_row: int = 0
 
 
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
@@ -57,11 +69,25 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
     q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
     q = e.node(q_id).shape
     capacity = e.node(kc_id).shape.dims[1].value
-    threads = 128 if op.head_dim <= 128 else 256
-    smem = (op.head_dim + threads + capacity) * 4
+    threads = KV_THREADS
+    # the query row, reductions, partial sums, rotated new keys, scores
+    smem = (op.head_dim + KV_WARPS + KV_WARPS * op.head_dim + KV_ROPE_ROWS * op.head_dim + capacity) * 4
     t = e.ctype(node.id)
-    args = KvAttention(**e.base(node), uses_flag=True,
-                       smem_attrs=((f"rlx_kv_attend<{t}, {op.head_dim}>", str(smem)),),
+    rope: dict = {}
+    variants = [(False, False)]
+    d = e.decode_rope.get(node.id)
+    if d is not None:
+        if d.max_rows > KV_ROPE_ROWS:
+            raise BuildError(f"DecodeRope of {d.max_rows} rows exceeds the kernel's {KV_ROPE_ROWS} (node {node.label})")
+        rq = e.node(d.ropes[0])
+        neox = rq.op.variant == "neox"
+        rope = dict(rope_rows=d.max_rows, raw_q=e.ptr(rq.inputs[0]), raw_k=e.ptr(e.node(d.ropes[1]).inputs[0]),
+                    cos=e.ptr(rq.inputs[1]), sin=e.ptr(rq.inputs[2]), rot=rq.op.rot, neox=str(neox).lower(),
+                    per_row=int(e.node(rq.inputs[1]).shape.rank == 3))
+        variants.append((True, neox))
+    attrs = tuple((f"rlx_kv_attend<{t}, {op.head_dim}, {str(r).lower()}, {str(n).lower()}>", str(smem))
+                  for r, n in variants)
+    args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope,
                        t=t, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id), v_cache=e.ptr(vc_id),
                        positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]), sq=e.dim(q.dims[1]),
                        capacity=capacity, kw=op.kv_heads * op.head_dim, heads=op.num_heads, kv_heads=op.kv_heads,

@@ -36,7 +36,7 @@ from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.cost import node_cost
-from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup
+from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DeviceLayout, GemmGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -154,6 +154,16 @@ class NoWork(Launch):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LargeStepOnly(Launch):
+    """A node a fused decode GEMV absorbs: `inner` (its own kernel) runs only when `rows` > `max_rows`."""
+
+    inner: Kernel
+    rows: str
+    max_rows: int
+    by: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class Memcpy(Launch):
     src: str
     dst: str
@@ -186,6 +196,10 @@ class CudaEmitter:
             self.groups[g.members[0]] = g
             for m in g.members:
                 self.group_of[m] = g
+        #: The DecodeGemv each of its nodes (members, absorbed norm and epilogue) belongs to.
+        self.decode_gemv: dict[NodeId, DecodeGemv] = {nid: d for d in lir.decided(DecodeGemv) for nid in d.nodes()}
+        #: The DecodeRope of each attention node, and of each rope it absorbs.
+        self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
 
     # ── types and expressions ──────────────────────────────────────────
 
@@ -279,11 +293,32 @@ class CudaEmitter:
         if g is not None and g.members[0] != nid:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(
                 comment=comment(f"%{nid}: computed by the combined GEMM of %{g.members[0]}"), what=""))
+        d = self.decode_gemv.get(nid)
+        if d is not None and nid in d.members[1:]:
+            return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
+                f"%{nid}: computed with %{d.members[0]} (one fused GEMV in decode steps, its own path in larger "
+                "ones)"), what=""))
         rules = table("cuda")
         reason = rules.why_not(self.graph, node)
         if reason is not None:
             raise BuildError(f"{reason} (node {node.label})")
-        return rules.rule(node.kind).emit(self, node)
+        k = rules.rule(node.kind).emit(self, node)
+        if d is not None and nid not in d.members:
+            lead = self.node(d.members[0])
+            return self._large_step_only(k, self.node(lead.inputs[0]).shape.dims[:-1], d.max_rows,
+                                         f"done by the fused GEMV of %{lead.id}")
+        r = self.decode_rope.get(nid)
+        if r is not None and nid != r.attention:
+            return self._large_step_only(k, node.shape.dims[:-1], r.max_rows, f"done inside %{r.attention}")
+        return k
+
+    def _large_step_only(self, k: Kernel, row_dims: Sequence[Dim], max_rows: int, by: str) -> Kernel:
+        """`k` wrapped to run only in steps of more than `max_rows` rows (a decode kernel does its work)."""
+        return Kernel(k.node, "block_large_step", _OPS_TEMPLATE, LargeStepOnly(
+            comment=k.args.comment, what=k.args.what, uses_flag=k.args.uses_flag, uses_lt=k.args.uses_lt,
+            smem_attrs=k.args.smem_attrs, inner=k, rows=self.numel(row_dims), max_rows=max_rows, by=by),
+            headers=k.headers, header=k.header, func=k.func, label=k.label,
+            scratch_per_thread=k.scratch_per_thread, scratch_shared=k.scratch_shared)
 
     def output_copy(self, slot: int, nid: NodeId) -> Kernel:
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch
+from rlx.codegen.cpu_base import comment
+from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch, _float_c
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
@@ -60,6 +61,34 @@ class DequantMatMul(Launch):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DecodeGemvLaunch(Launch):
+    """Launch arguments of `block_decode_gemv` (a `DecodeGemv` group, launched at its first member)."""
+
+    t: str
+    fmt: str
+    qk: int
+    qb: int
+    #: The activation the kernel stages: the absorbed norm's input, else the members' input.
+    x: str
+    gamma: str
+    eps: str
+    norm: str
+    res: str
+    epi: int
+    m: str
+    k: int
+    row_bytes: int
+    #: Weight rows the warps walk: every member's, or the gate's with SwiGLU (row r of gate and up together).
+    rows: int
+    ws: tuple[str, ...]
+    ys: tuple[str, ...]
+    ns: tuple[int, ...]
+    max_rows: int
+    #: Each member's own path, for steps of more than max_rows rows.
+    large: tuple[DequantMatMul, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Dequantize(Launch):
     """Launch arguments of `block_dequantize`."""
 
@@ -82,8 +111,7 @@ def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
     return None
 
 
-@rules.register("dequant_matmul", accepts=_accepts)
-def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
+def _dequant_args(e: CudaEmitter, node: Node) -> DequantMatMul:
     op: O.DequantMatMul = node.op  # type: ignore[assignment]
     x_id, w_id = node.inputs
     x, w = e.node(x_id).shape, e.node(w_id).shape
@@ -93,10 +121,49 @@ def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
     tile = quant_tile(n, k, dt.itemsize)
     lt = e.target.gemm == "cublaslt" and dt in LT_DTYPES
     ctmp_off = -(-k * tile * dt.itemsize // 256) * 256  # after the weight tile (lowering_cuda.scratch_need)
-    args = DequantMatMul(**e.base(node), uses_lt=lt, t=_CTYPE[dt], fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size,
+    return DequantMatMul(**e.base(node), uses_lt=lt, t=_CTYPE[dt], fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size,
                          qb=fmt.block_bytes, x=e.ptr(x_id), w=e.ptr(w_id), y=e.ptr(node.id),
                          m=e.numel(x.dims[:-1]), n=n, k=k, row_bytes=w.dims[1].value, tile=tile, ctmp_off=ctmp_off,
                          lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""))
+
+
+def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
+    """The first member of a `DecodeGemv`: the fused launch for decode steps, every member's path otherwise."""
+    d = e.decode_gemv[node.id]
+    members = [e.node(m) for m in d.members]
+    large = tuple(_dequant_args(e, m) for m in members)
+    first = large[0]
+    x = node.inputs[0]
+    gamma, eps = "nullptr", "0.0"
+    if d.norm:
+        norm = e.node(d.norm[0])
+        x, gamma, eps = norm.inputs[0], e.ptr(norm.inputs[1]), _float_c(norm.op.eps)
+    res, epi, ys = "nullptr", 0, tuple(a.y for a in large)
+    if d.residual:
+        add = e.node(d.residual[0])
+        other = add.inputs[1] if add.inputs[0] == node.id else add.inputs[0]
+        res, epi, ys = e.ptr(other), 1, (e.ptr(add.id),)
+    elif d.swiglu:
+        epi, ys = 2, (e.ptr(d.swiglu[0]), "nullptr")  # gate and up rows together make one output
+    ns = tuple(a.n for a in large)
+    what = ", ".join(f"%{m}" for m in d.members) + "".join(
+        f" + %{n}" for n in (*d.norm, *d.residual, *d.swiglu))
+    args = DecodeGemvLaunch(
+        comment=comment(f"{what}: one fused quantized GEMV in steps of <= {d.max_rows} rows", 160),
+        what=first.what, uses_lt=any(a.lt for a in large), t=first.t, fmt=first.fmt, qk=first.qk, qb=first.qb,
+        x=e.ptr(x), gamma=gamma, eps=eps, norm="true" if d.norm else "false", res=res, epi=epi, m=first.m,
+        k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
+        ys=ys, ns=ns, max_rows=d.max_rows, large=large)
+    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=(QUANT, GEMM), header=args.comment,
+                  label=node.label)
+
+
+@rules.register("dequant_matmul", accepts=_accepts)
+def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
+    d = e.decode_gemv.get(node.id)
+    if d is not None and d.members[0] == node.id:
+        return _decode_gemv(e, node)
+    args = _dequant_args(e, node)
     return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args, headers=(QUANT, GEMM), header=args.comment,
                   label=node.label)
 

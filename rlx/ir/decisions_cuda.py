@@ -3,7 +3,10 @@
 The CUDA codegen reads these and nothing else about where bytes live on the
 device or which GEMMs run together: the whole program lives in one
 `cudaMalloc` whose byte layout is a `DeviceLayout`, and Q/K/V projections of
-one activation may run as a single `GemmGroup`.
+one activation may run as a single `GemmGroup`; quantized projections of a
+decode step, with the norm before them and the add or SwiGLU after them, as a
+single `DecodeGemv` launch, and the rotary embedding of decode queries and keys
+inside the attention kernel (`DecodeRope`).
 
 >>> g = GemmGroup(members=(3, 5), widths=(64, 64), k=32, weight_offset=0, bias_offset=-1, out_offset=8192)
 >>> g.describe()[:72]
@@ -56,6 +59,57 @@ class GemmGroup(Decision):
 
     def nodes(self) -> tuple[int, ...]:
         return self.members
+
+
+@dataclass(frozen=True)
+class DecodeGemv(Decision):
+    """Quantized GEMVs run as one launch when a step has at most `max_rows` rows of activations (decode).
+
+    `members` are `dequant_matmul` nodes reading one activation (Q/K/V, or gate/up), scheduled one after
+    another; in a decode step one kernel computes all their outputs, in a larger step each runs its own
+    path. The kernel may also absorb, in decode steps only (their kernels then run in larger steps only):
+    `norm` (0 or 1 node): the `rms_norm` that produced the activation — the kernel normalizes its input
+    itself; `residual` (0 or 1 node): an add of the one member's output and another value — the kernel
+    writes the sum into the add's output; `swiglu` (0 or 1 node): the region `silu(gate) * up` of two
+    members — the kernel writes it directly.
+    """
+
+    kind: ClassVar[str] = "cuda_decode_gemv"
+    members: tuple[int, ...]
+    max_rows: int
+    norm: tuple[int, ...] = ()
+    residual: tuple[int, ...] = ()
+    swiglu: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        names = " ".join(f"%{m}" for m in self.members)
+        extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
+        extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
+        extra += [f"with the SwiGLU epilogue (%{self.swiglu[0]})"] if self.swiglu else []
+        return (f"{names} run as one quantized GEMV when a step has <= {self.max_rows} rows"
+                + (", " + ", ".join(extra) if extra else ""))
+
+    def nodes(self) -> tuple[int, ...]:
+        return self.members + self.norm + self.residual + self.swiglu
+
+
+@dataclass(frozen=True)
+class DecodeRope(Decision):
+    """The rotary embeddings of a `cached_attention`'s queries and new keys applied inside its kernel when a step
+    has at most `max_rows` rows (decode): it reads the raw projections and the rope tables, and the two `rope`
+    nodes run their own kernels in larger steps only."""
+
+    kind: ClassVar[str] = "cuda_decode_rope"
+    attention: int
+    ropes: tuple[int, int]
+    max_rows: int
+
+    def describe(self) -> str:
+        return (f"%{self.ropes[0]} %{self.ropes[1]} (rope of the queries and keys) applied inside %{self.attention} "
+                f"when a step has <= {self.max_rows} rows")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.attention, *self.ropes)
 
 
 @dataclass(frozen=True)
@@ -121,4 +175,6 @@ class DeviceLayout(Decision):
 
 
 register_node_fields(GemmGroup.kind, ("members",))
+register_node_fields(DecodeGemv.kind, ("members", "norm", "residual", "swiglu"))
+register_node_fields(DecodeRope.kind, ("attention", "ropes"))
 register_node_fields(DeviceLayout.kind, ())

@@ -227,7 +227,9 @@ class CausalLM:
             if len(self._bound) >= 32 or any(k[0] != states for k in self._bound):
                 self._bound.clear()
             buffers = {name: self._compiled.to_device(value) for name, value in host.items()}
-            fn = self._compiled.bind_device({**feed, **buffers})
+            # the KV cache stays resident in the library between steps (written back when another cache
+            # comes, see CudaGraph.bind_device): a decode step moves none of it
+            fn = self._compiled.bind_device({**feed, **buffers}, resident_states=True)
             bound = self._bound[key] = (fn, buffers)
         fn, buffers = bound
         for name, value in host.items():

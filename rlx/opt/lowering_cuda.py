@@ -2,7 +2,10 @@
 
 `cuda_decisions(lir, precision=..., gemm=...)` is `LOWERINGS["cuda"]`: it
 returns `GemmGroup` records (Q/K/V projections of one activation run as a
-single cuBLASLt GEMM) and one `DeviceLayout`. The CUDA codegen only reads
+single cuBLASLt GEMM), `DecodeGemv` records (quantized projections of a decode
+step run as one GEMV launch with their norm and epilogue), `DecodeRope`
+records (decode queries and keys rotated inside the attention kernel) and one
+`DeviceLayout`. The CUDA codegen only reads
 them. Both depend on the compute precision (f32 tensors are stored in it on
 the device) and on the GEMM provider (groups and the cuBLASLt workspace exist
 only with cuBLASLt), so those are options of the lowering.
@@ -30,7 +33,7 @@ import numpy as np
 
 from rlx.ir import ops as O
 from rlx.ir.decisions import Decision
-from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup, ParamPlacement, Region, Staged
+from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DeviceLayout, GemmGroup, ParamPlacement, Region, Staged
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
@@ -164,6 +167,152 @@ def find_gemm_groups(lir: LirModule, precision: DType, gemm: str) -> list[list[N
     return [members for members in buckets.values() if len(members) >= 2]
 
 
+#: Most rows of activations a fused decode GEMV takes, by the largest K it stages in shared memory
+#: (each row is staged as f32 with 4 floats of padding per 32: `max_rows * K * 4.5` bytes <= 36 KiB).
+DECODE_GEMV_ROWS = ((2048, 4), (8192, 1))
+#: Most quantized projections one fused decode GEMV computes.
+DECODE_GEMV_MEMBERS = 4
+
+
+def _is_silu_times(op: O.Op) -> bool:
+    """The region `silu(v0) * v1` (either operand order of the product)."""
+    if not isinstance(op, O.ElementwiseRegion) or len(op.steps) != 2:
+        return False
+    first, second = op.steps
+    return (isinstance(first.op, O.Activation) and first.op.fn == "silu" and first.args == (0,)
+            and isinstance(second.op, O.Binary) and second.op.fn == "mul" and sorted(second.args) == [1, 2])
+
+
+def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
+    """Quantized projections that run as one GEMV launch in decode steps (see `DecodeGemv`).
+
+    Members are consecutive `dequant_matmul`s of one activation with one block format and K; the norm
+    before them, and the residual add or SwiGLU region after them, join only when scheduled right next
+    to them and read by nothing else, so running them early (or not at all) in a decode step changes no
+    value another kernel reads.
+    """
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    schedule = list(lir.schedule)
+    pos = {nid: i for i, nid in enumerate(schedule)}
+
+    def at(i: int) -> Node | None:
+        return graph.node(schedule[i]) if 0 <= i < len(schedule) else None
+
+    def sole_next(nid: NodeId, kind: type) -> Node | None:
+        """The one consumer of `nid`, when it is of `kind` and scheduled right after `nid`'s group."""
+        if nid in outputs or len(set(users[nid])) != 1:
+            return None
+        u = graph.node(users[nid][0])
+        return u if isinstance(u.op, kind) else None
+
+    def quantized(n: Node | None) -> bool:
+        return n is not None and isinstance(n.op, O.DequantMatMul) and n.op.act == "f32" \
+            and lir.buffers[n.id].storage == "arena"
+
+    found: list[DecodeGemv] = []
+    i = 0
+    while i < len(schedule):
+        lead = at(i)
+        if not quantized(lead):
+            i += 1
+            continue
+        x = lead.inputs[0]
+        k = graph.node(x).shape.dims[-1].value
+        key = (x, lead.op.quant)
+        members = [lead]
+        while len(members) < DECODE_GEMV_MEMBERS:
+            nxt = at(i + len(members))
+            if not quantized(nxt) or (nxt.inputs[0], nxt.op.quant) != key:
+                break
+            members.append(nxt)
+        i += len(members)
+        rows = next((r for kmax, r in DECODE_GEMV_ROWS if k <= kmax), 0)
+        if not rows or k % 32:
+            continue
+        ids = tuple(m.id for m in members)
+        first, last = pos[ids[0]], pos[ids[-1]]
+        norm: tuple[int, ...] = ()
+        xn = graph.node(x)
+        if (isinstance(xn.op, O.RmsNorm) and x not in outputs and pos.get(x) == first - 1
+                and sorted(set(users[x])) == sorted(ids) and lir.buffers[x].storage == "arena"
+                and graph.node(xn.inputs[1]).shape.numel == k):
+            norm = (x,)
+        residual: tuple[int, ...] = ()
+        swiglu: tuple[int, ...] = ()
+        if len(members) == 1:
+            add = sole_next(ids[0], O.Binary)
+            if (add is not None and add.op.fn == "add" and pos[add.id] == last + 1
+                    and all(graph.node(a).shape == add.shape for a in add.inputs)
+                    and add.inputs[0] != add.inputs[1] and lir.buffers[add.id].storage == "arena"):
+                residual = (add.id,)
+        elif len(members) == 2 and members[0].shape == members[1].shape:
+            region = sole_next(ids[0], O.ElementwiseRegion)
+            if (region is not None and _is_silu_times(region.op) and region.inputs == ids
+                    and sole_next(ids[1], O.ElementwiseRegion) is region and pos[region.id] == last + 1
+                    and region.shape == members[0].shape and lir.buffers[region.id].storage == "arena"):
+                swiglu = (region.id,)
+        staged = graph.node(x).inputs[0] if norm else x
+        written = residual or swiglu or ids
+        if any(_overlap(lir, staged, w) for w in written):
+            # an early write would clobber what another block still stages: keep the epilogue separate
+            residual = swiglu = ()
+            if any(_overlap(lir, staged, w) for w in ids):
+                continue
+        if len(members) > 1 or norm or residual:
+            found.append(DecodeGemv(ids, rows, norm, residual, swiglu))
+    return found
+
+
+#: Most rows a decode step may have for its attention kernel to apply the rotary embedding itself (it stages that
+#: many new keys, rotated, in shared memory).
+DECODE_ROPE_ROWS = 4
+
+
+def find_decode_ropes(lir: LirModule) -> list[DecodeRope]:
+    """`cached_attention` nodes whose query and key ropes run inside the attention kernel in decode steps.
+
+    Both ropes read the same tables, feed only this attention and are scheduled right before it, so the raw
+    projections they read are still intact when the attention reads them instead. The attention's output may
+    reuse the raw queries' buffer exactly (each block reads its query slice before it writes the same slice),
+    but no other raw input's bytes.
+    """
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    schedule = list(lir.schedule)
+    pos = {nid: i for i, nid in enumerate(schedule)}
+    found = []
+    for nid in schedule:
+        att = graph.node(nid)
+        if not isinstance(att.op, O.CachedAttention):
+            continue
+        ropes = [graph.node(att.inputs[0]), graph.node(att.inputs[1])]
+        if not all(isinstance(r.op, O.Rope) and r.id not in outputs and set(users[r.id]) == {nid}
+                   and lir.buffers[r.id].storage == "arena" for r in ropes):
+            continue
+        rq, rk = ropes
+        if (rq.inputs[1:] != rk.inputs[1:] or rq.op != rk.op or rq.op.head_dim != att.op.head_dim
+                or rq.op.rot % 2 or sorted((pos[rq.id], pos[rk.id])) != [pos[nid] - 2, pos[nid] - 1]):
+            continue
+        raw_q, raw_k = rq.inputs[0], rk.inputs[0]
+        same_q = (lir.buffers[raw_q].storage == "arena" and lir.buffers[raw_q].offset == lir.buffers[nid].offset
+                  and graph.node(raw_q).shape == att.shape)
+        if (_overlap(lir, nid, raw_q) and not same_q) or _overlap(lir, nid, raw_k):
+            continue
+        found.append(DecodeRope(nid, (rq.id, rk.id), DECODE_ROPE_ROWS))
+    return found
+
+
+def _overlap(lir: LirModule, a: NodeId, b: NodeId) -> bool:
+    """True when the arena bytes of nodes `a` and `b` intersect (other storage never aliases the arena)."""
+    ba, bb = lir.buffers[a], lir.buffers[b]
+    if ba.storage != "arena" or bb.storage != "arena":
+        return False
+    return ba.offset < bb.offset + bb.nbytes and bb.offset < ba.offset + ba.nbytes
+
+
 class _Allocator:
     """Bump allocation of aligned spans, remembering which region each belongs to."""
 
@@ -293,12 +442,12 @@ def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, 
                           regions=mem.regions(), params=tuple(params), constants=constants, inputs=tuple(inputs),
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag)
-    return (*groups, layout)
+    return (*groups, *find_decode_gemvs(lir), *find_decode_ropes(lir), layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
                    **_target: object) -> tuple[Decision, ...]:
-    """`LOWERINGS["cuda"]`: the GEMM groups and device layout for this precision and GEMM provider.
+    """`LOWERINGS["cuda"]`: the GEMM groups, decode GEMVs and device layout for this precision and GEMM provider.
 
     Other target options (arch, epilogue fusion, tile sizes) do not change any decision and are ignored.
     """

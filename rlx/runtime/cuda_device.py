@@ -33,6 +33,9 @@ from rlx.runtime.loader import Library, TensorInfo, load_library
 
 CUDA_CDEF = """
 int32_t     rlx_run_device(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
+int32_t     rlx_run_device_resident(void *ctx, const int64_t *symbols, const void *const *inputs,
+                                    void *const *outputs);
+int32_t     rlx_state_release(void *ctx);
 void       *rlx_cuda_malloc(int64_t nbytes);
 void        rlx_cuda_free(void *p);
 int32_t     rlx_cuda_memcpy(void *dst, const void *src, int64_t nbytes, int32_t kind);
@@ -194,6 +197,8 @@ class CudaGraph(CompiledGraph):
                 raise CudaError(f"cannot start {library.path.name}: {msg or 'rlx_create failed'}")
         super().__init__(library, _ctx=raw, **kw)
         self.build_seconds = build_seconds
+        #: Owners of the state inputs resident in the context (kept alive until written back).
+        self._resident: dict[int, Any] = {}
         self._dev_ctx = cuda_ffi.cast("void *", int(ffi.cast("uintptr_t", self._ctx)))
 
     @property
@@ -227,16 +232,32 @@ class CudaGraph(CompiledGraph):
         call = self._prepare_device(inputs, outputs, kw)
         return call()
 
-    def bind_device(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None) -> Any:
+    def bind_device(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None = None, *,
+                    resident_states: bool = False) -> Any:
         """Check device buffers once; return a function running the graph on them (a static-buffer loop).
 
         The returned callable takes no arguments, returns the output objects, and re-reads the buffers'
         current contents on each call (write new inputs into them in place between calls).
+
+        `resident_states=True` keeps the graph's state inputs (a KV cache) inside the context between
+        calls instead of copying them in and back on every run: a state buffer is read when a call
+        passes it for the first time and written back only when a call passes another buffer for that
+        state, or at `release_states()`. Until then its contents are stale: call `release_states()`
+        before reading or changing it from outside (the context keeps it alive meanwhile).
         """
-        return self._prepare_device(inputs, outputs, {})
+        return self._prepare_device(inputs, outputs, {}, resident=resident_states)
+
+    def release_states(self) -> None:
+        """Write every resident state input back to its buffer (see `bind_device(resident_states=True)`)."""
+        if not self._resident:
+            return
+        rc = self._cuda.rlx_state_release(self._dev_ctx)
+        if rc != 0:
+            self._raise(rc, "release_states")
+        self._resident.clear()
 
     def _prepare_device(self, inputs: Mapping[str, Any] | None, outputs: Mapping[str, Any] | None,
-                        kw: Mapping[str, Any]) -> Any:
+                        kw: Mapping[str, Any], *, resident: bool = False) -> Any:
         given: dict[str, Any] = dict(inputs or {})
         for k, v in kw.items():
             if k in given:
@@ -279,12 +300,19 @@ class CudaGraph(CompiledGraph):
         outs = cuda_ffi.new("void *[]", [cuda_ffi.cast("void *", v.ptr) for v in out_views])
         keep = (views, out_views)
         cuda, ctx = self._cuda, self._dev_ctx
+        try:
+            run = cuda.rlx_run_device_resident if resident else cuda.rlx_run_device
+        except AttributeError:
+            raise ExecutionError(f"{lib.path.name} predates resident state inputs; rebuild it with this rlx") from None
+        states = {i: v.obj for i, (t, v) in enumerate(zip(lib.inputs, views)) if t.state} if resident else {}
+        resident_now = self._resident
 
         def call() -> list[Any]:
             for stream in streams:
                 if cuda.rlx_cuda_stream_sync(int(stream)) != 0:
                     raise CudaError(_global_error(cuda))
-            rc = cuda.rlx_run_device(ctx, sym, ins, outs)
+            rc = run(ctx, sym, ins, outs)
+            resident_now.update(states)  # (on failure too: a state may have become resident before it)
             if rc != 0:
                 self._raise(rc, "run_device")
             return out_objs

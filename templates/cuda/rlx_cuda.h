@@ -38,6 +38,15 @@ extern "C" {
  * (rlx_cuda_stream_sync). */
 int32_t rlx_run_device(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
 
+/* Like rlx_run_device, but state inputs (a KV cache) stay resident in the context between runs: a state buffer
+ * is read when a run passes it for the first time, and written back when a run passes another buffer for that
+ * state or at rlx_state_release. Until then the caller must not read, write or free it. */
+int32_t rlx_run_device_resident(void *ctx, const int64_t *symbols, const void *const *inputs,
+                                void *const *outputs);
+
+/* Write every resident state back to its buffer and forget it; returns once done. 0, -1 or -2. */
+int32_t rlx_state_release(void *ctx);
+
 /* Device memory for callers without a CUDA library of their own. NULL on failure (rlx_last_error(NULL)). */
 void   *rlx_cuda_malloc(int64_t nbytes);
 void    rlx_cuda_free(void *p);

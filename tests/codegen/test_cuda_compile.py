@@ -169,3 +169,35 @@ def test_qkv_gemms_run_as_one_wide_gemm() -> None:
     assert "combined [K, 1152] weight" in src and "p.q_rs = 1152; p.kv_rs = 1152; p.v_rs = 1152;" in src
     builtin = render_cuda(plan(case.graph), CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "m"})
     assert builtin.count("rlx_gemm_tiled<") >= 6 and "combined" not in builtin
+
+
+def _tiny_decoder() -> Graph:
+    from rlx.ir.quant import row_bytes
+    from rlx.models.decoder_config import DecoderConfig
+    from rlx.models.llama import WeightSpec, build_decoder, random_specs
+
+    cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                        head_dim=16, ffn_size=96, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
+                        n_rot=16, context_length=64, tie_embeddings=True, bos_id=1, eos_id=2)
+    specs = {name: spec if len(spec.shape) == 1 else WeightSpec("q4_1", spec.shape)
+             for name, spec in random_specs(cfg).items()}
+    assert row_bytes("q4_1", 64) > 0
+    return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32)
+
+
+@pytest.mark.parametrize("precision", ["f32", "f16"])
+def test_decoder_compiles_with_resident_states(toolchain: NvccToolchain, precision: str, tmp_path: Path) -> None:
+    """A LLaMA-style decoder step (quantized GEMVs, KV-cache attention, state inputs kept resident)."""
+    gemm = "cublaslt" if toolchain.cublas.found else "builtin"
+    from rlx.driver import lower_to_lir
+
+    lir = lower_to_lir(_tiny_decoder(), 2, backend="cuda")  # optimized: SwiGLU is a region the GEMV absorbs
+    src = render_cuda(lir, CudaTarget(precision=DType.parse(precision), gemm=gemm), {"name": "decoder"})
+    path = tmp_path / f"decoder_{precision}.cu"
+    path.write_text(src)
+    toolchain.compile(path, path.with_suffix(".o"), gemm, compile_only=True)
+    assert "rlx_run_device_resident" in src and "rlx_state_release" in src
+    # per layer: Q/K/V after the norm, the output projection plus residual, gate/up with SwiGLU, down plus residual
+    assert src.count("rlx_qgemv_fused<") == 4 * 2 * 4  # 4 groups a layer, 2 layers, a launch for 1..4 rows
+    forward = src.split("static int rlx_forward")[1].split("\n}\n")[0]
+    assert "state input" not in forward  # state conversions run outside the captured program

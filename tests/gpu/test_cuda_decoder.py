@@ -37,3 +37,68 @@ def test_cuda_decoder_logits_and_greedy_match_cpu() -> None:
     prompts = [[5, 17, 33, 8], list(range(10, 31))]
     assert [g.token_ids for g in gpu.generate_batch(prompts, 24)] == \
         [g.token_ids for g in cpu.generate_batch(prompts, 24)]
+
+
+def _quantized_tensors(seed: int) -> dict:
+    """Weights in GGUF blocks as SmolLM2 ships them (Q4_1 layers, Q8_0 token embedding), norms in f32."""
+    from rlx.ir.quant import random_blocks
+    from rlx.models.llama import WeightSpec
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, spec in random_specs(CONFIG).items():
+        if len(spec.shape) == 1:
+            out[name] = (spec, (1.0 + 0.1 * rng.standard_normal(spec.shape)).astype(np.float32))
+        else:
+            fmt = "q8_0" if name == "token_embd.weight" else "q4_1"
+            out[name] = (WeightSpec(fmt, spec.shape), random_blocks(rng, spec.shape[0], spec.shape[1], fmt, scale=0.03))
+    return out
+
+
+@pytest.mark.parametrize("precision", ["f32", "f16"])
+def test_resident_caches_follow_their_conversations(precision: str) -> None:
+    """Two conversations stepped alternately on one GPU library (each cache resident in turn, written back
+    when the other comes) give the CPU's logits step for step; release_states hands back the CPU's cache."""
+    tensors = _quantized_tensors(5)
+    gpu = CausalLM(CONFIG, tensors, device="cuda", precision=precision, max_context=64, prefill_chunk=8)
+    cpu = CausalLM(CONFIG, tensors, device="cpu", max_context=64, prefill_chunk=8)
+    caches = {lm: (lm.new_cache(), lm.new_cache()) for lm in (gpu, cpu)}
+    prompts = (np.array([[3, 14, 15, 92, 65]]), np.array([[2, 71, 82, 81, 82, 84, 59, 4]]))
+    tol = 1e-4 if precision == "f32" else 2e-2
+    tokens = [None, None]
+    for step in range(12):
+        for conv in (0, 1):
+            feed = prompts[conv] if step == 0 else np.array([[tokens[conv]]])
+            row = [feed.shape[1] - 1]
+            got = gpu.step(feed, caches[gpu][conv], row)[0]
+            want = cpu.step(feed, caches[cpu][conv], row)[0]
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(),
+                                       err_msg=f"step {step}, conversation {conv}")
+            tokens[conv] = int(want.argmax())
+    gpu._compiled.release_states()
+    for conv in (0, 1):
+        n = int(caches[cpu][conv].lengths[0])
+        for name, want in caches[cpu][conv].arrays.items():
+            got = caches[gpu][conv].arrays[name].numpy()
+            np.testing.assert_allclose(got[:, :n], want[:, :n], rtol=tol, atol=tol * np.abs(want[:, :n]).max())
+
+
+@pytest.mark.parametrize("precision", ["f32", "f16"])
+def test_fused_decode_kernels_match_the_large_step_path(precision: str) -> None:
+    """A one-row decode step (fused GEMVs with norm / residual / SwiGLU, rope inside attention) gives the logits
+    of the same token in a five-row step, where every node runs its own kernel."""
+    tensors = _quantized_tensors(7)
+    lm = CausalLM(CONFIG, tensors, device="cuda", precision=precision, max_context=48, max_batch=5, prefill_chunk=8)
+    one, five = lm.new_cache(), lm.new_cache()
+    prompt = np.array([[4, 8, 15, 16, 23, 42]])
+    last = prompt.shape[1] - 1
+    lm.step(prompt, one, [last])
+    lm.step(np.repeat(prompt, 5, axis=0), five, [b * prompt.shape[1] + last for b in range(5)])
+    tol = 1e-4 if precision == "f32" else 1e-2
+    token = 7
+    for step in range(10):
+        fused = lm.step(np.array([[token]]), one, [0])[0]
+        large = lm.step(np.full((5, 1), token), five, list(range(5)))
+        for row in large:
+            np.testing.assert_allclose(fused, row, rtol=tol, atol=tol * np.abs(row).max(), err_msg=f"step {step}")
+        token = int(large[0].argmax())

@@ -189,3 +189,136 @@ __global__ void rlx_q_put_cols(const T *__restrict__ C, T *__restrict__ Y, int64
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < M * nt; i += (int64_t)gridDim.x * blockDim.x)
         Y[(i / nt) * N + i % nt] = C[i];
 }
+
+/* ── Decode steps: a group of quantized projections in one launch (rlx_qgemv_fused; see DecodeGemv) ────────
+ * Each block stages the step's MR rows of X in shared memory as f32, padded by 4 floats per 32 values so that
+ * the lanes of a warp (each on its own sub-block) read different banks with 16-byte loads. With NORM the
+ * block also computes each row's RMS and applies x / rms * gamma there: recomputing a 1-2k-value norm per
+ * block costs less than a launch. Warps then walk the weight rows of up to 4 members as rlx_qgemv does. The
+ * epilogue EPI: 0 each member's row into its output; 1 (one member) plus the residual `res` (which may be the
+ * output itself: each element is read, then written, by one lane); 2 (two members, gate and up) silu of the
+ * gate row times the up row. Accumulation in f32; the epilogue sees the unrounded products. */
+#define RLX_QFUSED_WARPS 8
+#define RLX_QFUSED_PAD 36 /* floats per staged 32-value sub-block */
+
+struct RlxQMembers {
+    const uint8_t *w[4];
+    void *y[4];
+    int64_t n[4];
+    int count;
+};
+
+template <int MR>
+__device__ __forceinline__ void rlx_qf_dot(const float *__restrict__ xs, int64_t stride, const float v[32],
+                                           float acc[MR]) {
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        const float4 *xv = (const float4 *)(xs + m * stride);
+        float p = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            const float4 a = xv[q];
+            p = fmaf(a.x, v[4 * q], p);
+            p = fmaf(a.y, v[4 * q + 1], p);
+            p = fmaf(a.z, v[4 * q + 2], p);
+            p = fmaf(a.w, v[4 * q + 3], p);
+        }
+        acc[m] += p;
+    }
+}
+
+template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI>
+__global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS)
+rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, RlxQMembers mem,
+                const T *res, int64_t K, int64_t RB, int64_t rows) {
+    extern __shared__ float4 rlx_qf_smem4[];
+    float *xs = (float *)rlx_qf_smem4;
+    __shared__ float red[RLX_QFUSED_WARPS][MR];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t nsub = K / 32, stride = nsub * RLX_QFUSED_PAD;
+    float ss[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+        ss[m] = 0.0f;
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            const float v = rlx_f(X[m * K + i]);
+            xs[m * stride + (i >> 5) * RLX_QFUSED_PAD + (i & 31)] = v;
+            ss[m] += v * v;
+        }
+    }
+    if (NORM) {
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float a = ss[m];
+            for (int o = 16; o > 0; o >>= 1)
+                a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0)
+                red[warp][m] = a;
+        }
+        __syncthreads();
+        float scale[MR];
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float t = 0.0f;
+            for (int w = 0; w < RLX_QFUSED_WARPS; w++)
+                t += red[w][m];
+            scale[m] = rsqrtf(t / (float)K + eps);
+        }
+        /* each thread rescales the values it staged itself: no barrier needed before this */
+        for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
+            const float g = rlx_f(gamma[i]);
+#pragma unroll
+            for (int m = 0; m < MR; m++)
+                xs[m * stride + (i >> 5) * RLX_QFUSED_PAD + (i & 31)] *= scale[m] * g;
+        }
+    }
+    __syncthreads();
+    for (int64_t r = (int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp; r < rows;
+         r += (int64_t)gridDim.x * RLX_QFUSED_WARPS) {
+        int j = 0;
+        int64_t n = r;
+        if (EPI != 2)
+            while (j + 1 < mem.count && n >= mem.n[j]) {
+                n -= mem.n[j];
+                ++j;
+            }
+        const uint8_t *row = mem.w[j] + n * RB;
+        const uint8_t *row2 = mem.w[EPI == 2 ? 1 : j] + n * RB;
+        float acc[MR], acc2[MR];
+#pragma unroll
+        for (int m = 0; m < MR; m++)
+            acc[m] = acc2[m] = 0.0f;
+        for (int64_t s = lane; s < nsub; s += 32) {
+            float v[32];
+            rlx_q_sub<FMT>(row + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+            rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc);
+            if (EPI == 2) {
+                rlx_q_sub<FMT>(row2 + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+                rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc2);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            for (int o = 16; o > 0; o >>= 1) {
+                acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+                if (EPI == 2)
+                    acc2[m] += __shfl_xor_sync(0xffffffffu, acc2[m], o);
+            }
+        }
+        if (lane == 0) {
+            const int64_t N = mem.n[j];
+            T *y = (T *)mem.y[EPI == 0 ? j : 0];
+#pragma unroll
+            for (int m = 0; m < MR; m++) {
+                float out = acc[m];
+                if (EPI == 1)
+                    out += rlx_f(res[m * N + n]);
+                if (EPI == 2)
+                    out = out / (1.0f + __expf(-out)) * acc2[m];
+                y[m * N + n] = rlx_to<T>(out);
+            }
+        }
+    }
+}
