@@ -290,8 +290,15 @@ static inline int64_t rlx_i8_scratch_bytes(int64_t K)
     return (RLX_I8_MC * rlx_i8_round4(K) + 63) / 64 * 64 + RLX_I8_MC * 4;
 }
 
+/* One out-of-line copy: cloned per constant shape it would multiply the compile time of a graph. */
+#if defined(__clang__)
+#define RLX_I8_NOINLINE __attribute__((noinline))
+#else
+#define RLX_I8_NOINLINE __attribute__((noinline, noclone))
+#endif
+
 /* Thread t of nt: its share of C[M, N] = act(dynq(X[M, K]) @ W + bias), W stored (see above). */
-__attribute__((noinline, noclone)) static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const float *X, const char *W, const float *bias, float *C,
+RLX_I8_NOINLINE static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const float *X, const char *W, const float *bias, float *C,
                        int act, char *scratch, int t, int nt)
 {
     const int64_t kp = rlx_i8_round4(K), kg = kp / RLX_I8_KG;
