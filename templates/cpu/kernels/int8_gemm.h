@@ -201,38 +201,54 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, int6
 
 #elif defined(RLX_I8_AVX2)
 
+/* acc += |a| * sign(b, a) over pairs of bytes, summed into int32 lanes (exact: |a|, |b| <= 127). */
+#define RLX_I8_MADD(acc, ua, a, b) \
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(b, a)), ones))
+
+/* mr (1 or 2) x 32 tile; A holds xq as s8. Named accumulators, as in the VNNI tile. */
 static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, int64_t kg, const uint8_t *A, int64_t lda,
                                                                const int8_t *B, float *C, int64_t ldc, int64_t nr,
                                                                const float *sx, const float *sw, const int32_t *comp,
                                                                const float *bias)
 {
-    __m256i acc[RLX_I8_MR][4];
     const __m256i ones = _mm256_set1_epi16(1);
-    for (int r = 0; r < mr; r++)
-        for (int j = 0; j < 4; j++)
-            acc[r][j] = _mm256_setzero_si256();
+    __m256i p0 = _mm256_setzero_si256(), p1 = p0, p2 = p0, p3 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0;
     for (int64_t g = 0; g < kg; g++) {
-        __m256i b[4];
-        for (int j = 0; j < 4; j++)
-            b[j] = _mm256_loadu_si256((const __m256i *)(B + g * 128 + j * 32));
-        for (int r = 0; r < mr; r++) {
-            int32_t a4;
-            memcpy(&a4, A + r * lda + g * 4, 4);
-            const __m256i a = _mm256_set1_epi32(a4);
-            const __m256i ua = _mm256_abs_epi8(a);
-            for (int j = 0; j < 4; j++) {
-                const __m256i p = _mm256_maddubs_epi16(ua, _mm256_sign_epi8(b[j], a));
-                acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_madd_epi16(p, ones));
-            }
+        const int8_t *b = B + g * 128;
+        const __m256i b0 = _mm256_loadu_si256((const __m256i *)b), b1 = _mm256_loadu_si256((const __m256i *)(b + 32));
+        const __m256i b2 = _mm256_loadu_si256((const __m256i *)(b + 64)), b3 = _mm256_loadu_si256((const __m256i *)(b + 96));
+        int32_t a4;
+        memcpy(&a4, A + g * 4, 4);
+        __m256i a = _mm256_set1_epi32(a4), ua = _mm256_abs_epi8(a);
+        RLX_I8_MADD(p0, ua, a, b0);
+        RLX_I8_MADD(p1, ua, a, b1);
+        RLX_I8_MADD(p2, ua, a, b2);
+        RLX_I8_MADD(p3, ua, a, b3);
+        if (mr > 1) {
+            memcpy(&a4, A + lda + g * 4, 4);
+            a = _mm256_set1_epi32(a4);
+            ua = _mm256_abs_epi8(a);
+            RLX_I8_MADD(q0, ua, a, b0);
+            RLX_I8_MADD(q1, ua, a, b1);
+            RLX_I8_MADD(q2, ua, a, b2);
+            RLX_I8_MADD(q3, ua, a, b3);
         }
     }
-    for (int r = 0; r < mr; r++) {
-        int32_t row[RLX_I8_NR];
-        for (int j = 0; j < 4; j++)
-            _mm256_storeu_si256((__m256i *)(row + 8 * j), acc[r][j]);
-        rlx_i8_store_row(row, nr, sx[r], sw, comp, bias, C + r * ldc);
+    int32_t row[RLX_I8_NR];
+    _mm256_storeu_si256((__m256i *)row, p0);
+    _mm256_storeu_si256((__m256i *)(row + 8), p1);
+    _mm256_storeu_si256((__m256i *)(row + 16), p2);
+    _mm256_storeu_si256((__m256i *)(row + 24), p3);
+    rlx_i8_store_row(row, nr, sx[0], sw, comp, bias, C);
+    if (mr > 1) {
+        _mm256_storeu_si256((__m256i *)row, q0);
+        _mm256_storeu_si256((__m256i *)(row + 8), q1);
+        _mm256_storeu_si256((__m256i *)(row + 16), q2);
+        _mm256_storeu_si256((__m256i *)(row + 24), q3);
+        rlx_i8_store_row(row, nr, sx[1], sw, comp, bias, C + ldc);
     }
 }
+#undef RLX_I8_MADD
 
 #else
 
