@@ -14,6 +14,7 @@ f32 epilogue matches the reference bit for bit too (same roundings in the same o
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,3 +198,31 @@ def test_artifact_keeps_the_f32_weights_and_quantizes_again_on_load(tmp_path) ->
     cg = _compile(g, params, "native", 1)
     loaded = rlx.load(cg.save(tmp_path / "art", weights=True))
     np.testing.assert_array_equal(loaded.run(feed)[0], cg.run(feed)[0])
+
+
+def test_under_address_sanitizer(tmp_path) -> None:
+    """Every shape (odd K, partial panels, row tails) on one and two threads, built with -fsanitize=address."""
+    import subprocess
+    import sys
+
+    from cpu_helpers import sanitizer_env
+
+    here = Path(__file__).resolve().parent
+    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, here)
+    script = (
+        "import numpy as np, rlx\n"
+        "from test_c_int8 import SHAPES, _graph\n"
+        "r = np.random.default_rng(0)\n"
+        "g = _graph(SHAPES, act='gelu')\n"
+        "x = {f'x{i}': r.standard_normal((m, k)).astype(np.float32) for i, (m, k, n) in enumerate(SHAPES)}\n"
+        "p = {f'w{i}': r.standard_normal((k, n)).astype(np.float32) for i, (m, k, n) in enumerate(SHAPES)}\n"
+        "p |= {f'b{i}': r.standard_normal(n).astype(np.float32) for i, (m, k, n) in enumerate(SHAPES)}\n"
+        "cg = rlx.Session().compile(g, num_threads=2)\n"
+        "for k, v in p.items(): cg.set_param(k, v)\n"
+        "for t in (1, 2):\n"
+        "    cg.num_threads = t\n"
+        "    for a, b in zip(cg.run(x), rlx.reference.run(g, x, p)):\n"
+        "        np.testing.assert_allclose(a, b, rtol=4e-6, atol=1e-6)\n"
+        "print('INT8-ASAN-OK')\n")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "INT8-ASAN-OK" in proc.stdout, proc.stderr[-6000:]
