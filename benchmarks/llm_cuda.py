@@ -7,7 +7,8 @@ The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 
 FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
 like the real file, transformers as an f16 `LlamaForCausalLM` (the GGUF loaded dequantized to f16 is
 what it would run). Batch 1, greedy. RLX: one prefill step of the prompt, then one step per token
-(KV cache on the device, argmax of the returned logits on the host). transformers: `generate` with
+(KV cache resident on the device, the greedy token's argmax computed there: 4 bytes come back a
+step). transformers: `generate` with
 its dynamic cache (eager) and with `cache_implementation="static"` (which compiles the decode step
 with torch.compile), timed after a warm-up that includes compilation. Tokens/s = new tokens / time
 of the whole generation (prefill included) for every peer, plus RLX's decode-only rate.
@@ -60,10 +61,10 @@ def bench_rlx(args, config) -> dict[str, float]:
     def once() -> tuple[float, float]:
         cache.reset()
         t0 = time.perf_counter()
-        token = int(lm.step(prompt, cache, [args.prompt_tokens - 1])[0].argmax())
+        token = int(lm.step_greedy(prompt, cache, [args.prompt_tokens - 1])[0])
         t1 = time.perf_counter()
         for _ in range(args.new_tokens - 1):
-            token = int(lm.step(np.array([[token]]), cache, [0])[0].argmax())
+            token = int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
         t2 = time.perf_counter()
         return t2 - t0, t2 - t1
 

@@ -10,6 +10,8 @@ same weights on the same token batch, in this one process, on device-resident in
 | peer | what |
 | --- | --- |
 | `rlx` | `bind_device` (torch tensors checked once, then each call is one C call replaying a CUDA graph) |
+| `rlx_mma` | `rlx` built with `fused_act_gemm=True`: the erf-GELU GEMM on rlx_gemm_mma, bias + GELU in its epilogue |
+| `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of rlx_attn_short |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
@@ -51,6 +53,10 @@ from rlx.models.bert import BertConfig, bert_inputs, build_bert, load_config, lo
 
 MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536,
                     max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu")
+
+
+#: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
+VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False)}
 
 
 def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -172,6 +178,16 @@ def main() -> int:
               f"warm load {warm * 1e3:.1f} ms (cache hit), weight upload {upload * 1e3:.1f} ms, "
               f"GEMM {cg.manifest.get('gemm')}, arch {cg.manifest.get('arch')}")
         builds[prec] = cg
+        for variant, options in VARIANTS.items():
+            if variant not in peers:
+                continue
+            from rlx.config import Config
+            from rlx.runtime.cuda_device import compile_cuda
+
+            vg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=prec, **options)
+            for name, value in weights.items():
+                vg.set_param(name, value)
+            builds[f"{prec}_{variant}"] = vg
 
     tb = TorchBert(cfg, weights)
     compile_modes = {"compile": None, "compile_ro": "reduce-overhead", "compile_ma": "max-autotune"}
@@ -192,6 +208,12 @@ def main() -> int:
             fns, notes = {}, []
             if "rlx" in peers:
                 fns["rlx"] = cg.bind_device(dfeed, outputs={"embeddings": out})
+            variant_out = {}
+            for variant in VARIANTS:
+                if variant in peers:
+                    variant_out[variant] = torch.empty_like(out)
+                    fns[variant] = builds[f"{prec}_{variant}"].bind_device(
+                        dfeed, outputs={"embeddings": variant_out[variant]})
             if "rlx_device" in peers:
                 fns["rlx_device"] = lambda dfeed=dfeed, out=out, cg=cg: cg.run_device(dfeed,
                                                                                     outputs={"embeddings": out})
@@ -247,6 +269,8 @@ def main() -> int:
                     fn()
                     fn()
                 cos = {"rlx": torch.nn.functional.cosine_similarity(out, want, dim=1).min().item()}
+                for variant, vout in variant_out.items():
+                    cos[variant] = torch.nn.functional.cosine_similarity(vout, want, dim=1).min().item()
                 for name, fn in fns.items():
                     if not name.startswith("rlx"):  # each torch / ORT peer's output, cloned at once
                         got = fn().float().clone()
@@ -272,8 +296,8 @@ def main() -> int:
                 print(f"    skipped {n}")
             torch._dynamo.reset()
 
-    names = [p for p in ("rlx", "rlx_device", "rlx_host", "eager", "sdpa", "sdpa_flash", "compile", "compile_ro",
-                         "compile_ma", "ort") if p in peers]
+    names = [p for p in ("rlx", *VARIANTS, "rlx_device", "rlx_host", "eager", "sdpa", "sdpa_flash", "compile",
+                         "compile_ro", "compile_ma", "ort") if p in peers]
     print()
     print(f"Wall: host ms per call (median of {args.rounds}); kernel: ms of GPU kernels per call (CUPTI); "
           f"% peak: FLOPs / kernel time / {args.peak:g} TFLOP/s; x: peer / rlx (> 1: rlx faster).")

@@ -1,6 +1,7 @@
-"""SSM layers forward on CPU: rlx vs JAX (jit) vs PyTorch (eager, torch.compile) vs numpy, where installed.
+"""SSM layers forward: rlx vs JAX (jit) vs PyTorch (eager, torch.compile) vs numpy, where installed; CPU or GPU.
 
     python benchmarks/ssm.py [--threads N] [--rounds R] [--quick]
+    python benchmarks/ssm.py --device cuda [--rounds R] [--quick]
 
 Two ops, float32, the same data for every peer, all in this one process:
 
@@ -21,6 +22,18 @@ checked against rlx's before timing.
 Peers run round-robin (one timed sample of each per round) with a pause before each sample,
 so background load hits them alike; the median is reported with the ratio to rlx
 (x > 1: the peer is slower). `--threads` pins rlx, JAX (XLA's intra-op pool) and torch alike.
+
+`--device cuda` runs the same ops on an NVIDIA GPU, every peer on device-resident float32 data (no
+TF32 anywhere): rlx's CUDA kernels (kernels/ssm.cuh: the chunked selective scan for prefill, one warp
+per (row, channel) for decode; the gated delta rule one warp per state column), called through
+`bind_device` on torch tensors (one C call replaying a captured CUDA graph); PyTorch eager and
+`torch.compile` (the step function compiled, driven by a Python loop over time: compiling the whole
+loop unrolls thousands of steps); JAX `lax.scan` under `jit`. Each call is timed to completion (torch
+synchronizes, JAX blocks, rlx returns once its stream has finished); rlx is checked against the numpy
+loop, the peers against rlx. The hand-written CUDA kernels of mamba-ssm (`selective_scan_fn`) and
+flash-linear-attention (`chunk_gated_delta_rule`) are not among the peers: the GPU machine this was
+measured on has no network, and neither can be installed there (both build against the local CUDA
+toolkit from source or need their own wheels).
 """
 
 from __future__ import annotations
@@ -229,12 +242,156 @@ def train_block(jax, threads: int, rounds: int, batch: int = 64) -> None:
         print(f"  {pname:<14} {t * 1e3:9.3f} ms   x{t / times['rlx']:6.2f} of rlx time")
 
 
+# ── GPU ─────────────────────────────────────────────────────────────────
+
+
+def torch_cuda_peers(torch):
+    """(selective scan, gated delta net) as a step function and a Python loop driving a given step."""
+
+    def ssm_step(st, a, xt, dtt, bt, ct):
+        d = dtt[..., None]
+        st = torch.exp(d * a) * st + (d * xt[..., None]) * bt[:, None, :]
+        return st, torch.einsum("bhn,bn->bh", st, ct)
+
+    def ssm_loop(step, x, dt, a, b, c):
+        st = torch.zeros(x.shape[0], x.shape[2], a.shape[1], device=x.device)
+        ys = []
+        for t in range(x.shape[1]):
+            st, y = step(st, a, x[:, t], dt[:, t], b[:, t], c[:, t])
+            ys.append(y)
+        return torch.stack(ys, 1)
+
+    def gdn_step(st, qt, kt, vt, gt, bt, scale: float):
+        st = st * torch.exp(gt)[..., None, None]
+        u = bt[..., None] * (vt - torch.einsum("bhij,bhi->bhj", st, kt))
+        st = st + kt[..., :, None] * u[..., None, :]
+        return st, torch.einsum("bhij,bhi->bhj", st, qt * scale)
+
+    def gdn_loop(step, q, k, v, g, beta):
+        n = q.shape[3]
+        st = torch.zeros(q.shape[0], q.shape[2], n, n, device=q.device)
+        os_ = []
+        for t in range(q.shape[1]):
+            st, o = step(st, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], n ** -0.5)
+            os_.append(o)
+        return torch.stack(os_, 1)
+
+    return ssm_step, ssm_loop, gdn_step, gdn_loop
+
+
+def rlx_cuda_op(build: Callable, tfeeds: dict, out) -> Callable[[], object]:
+    """rlx's CUDA build of one op, bound to device-resident torch tensors (each call: one C call)."""
+    import rlx
+
+    g = rlx.Graph("bench")
+    g.set_outputs([build(g, {k: g.input(k, list(v.shape)) for k, v in tfeeds.items()})])
+    cg = rlx.Session(rlx.Device.CUDA).compile(g)
+    run = cg.bind_device(tfeeds, outputs={cg.output_names[0]: out})
+    return lambda: (run(), out)[1]
+
+
+def bench_cuda(name: str, torch, want: np.ndarray, rlx_fn, peers: dict[str, Callable[[], object]], rounds: int,
+               flops: float) -> None:
+    got = rlx_fn().cpu().numpy()
+    err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
+    if err > 1e-3:
+        raise SystemExit(f"{name}: rlx disagrees with the numpy loop (relative error {err:.2e})")
+    for pname, fn in peers.items():
+        out = fn()
+        out = np.asarray(out.cpu().numpy() if hasattr(out, "cpu") else out)
+        err = float(np.max(np.abs(out - got)) / (np.max(np.abs(got)) + 1e-30))
+        if err > 1e-3:
+            raise SystemExit(f"{name}: peer {pname} disagrees with rlx (relative error {err:.2e})")
+
+    def synced(fn):
+        def call():
+            fn()
+            torch.cuda.synchronize()
+        return call
+
+    times = round_robin({"rlx": synced(rlx_fn), **{k: synced(f) for k, f in peers.items()}}, rounds)
+    print(f"{name}")
+    for pname, t in sorted(times.items(), key=lambda kv: kv[1]):
+        print(f"  {pname:<14} {t * 1e3:9.3f} ms   x{t / times['rlx']:8.2f} of rlx time   "
+              f"{flops / t / 1e9:8.2f} GFLOP/s")
+    sys.stdout.flush()
+
+
+def cuda_main(args: argparse.Namespace) -> None:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch and rlx
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda needs a CUDA GPU visible to PyTorch")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch._dynamo.config.cache_size_limit = 64  # one compiled step per shape
+    try:
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", "highest")  # no TF32 in the einsums
+        jax_ssm, jax_gdn = jax_peers(jax)
+        if jax.default_backend() not in ("gpu", "cuda"):
+            jax = None
+    except ImportError:
+        jax = None
+    ssm_step, ssm_loop, gdn_step, gdn_loop = torch_cuda_peers(torch)
+    c_ssm_step = torch.compile(ssm_step, fullgraph=True, dynamic=False)
+    c_gdn_step = torch.compile(gdn_step, fullgraph=True, dynamic=False)
+    dev = torch.device("cuda")
+    print(f"device {torch.cuda.get_device_name()}, rounds {args.rounds}; torch {torch.__version__}, "
+          f"jax {jax.__version__ if jax else 'not installed or no GPU (skipped)'}; mamba-ssm and "
+          f"flash-linear-attention not installed (no network on this machine)")
+    rng = np.random.default_rng(0)
+    ssm_shapes = ([(1, 2048, 64, 16), (8, 1, 1024, 16)] if args.quick else
+                  [(1, 4096, 256, 16), (1, 1024, 256, 16), (4, 512, 128, 16), (8, 64, 64, 16), (8, 1, 1024, 16)])
+    for b, s, h, n in ssm_shapes:
+        f = {"x": rng.standard_normal((b, s, h)), "dt": rng.uniform(0.01, 0.2, (b, s, h)),
+             "a": -rng.uniform(0.5, 2, (h, n)), "b": rng.standard_normal((b, s, n)),
+             "c": rng.standard_normal((b, s, n))}
+        f = {k: v.astype(np.float32) for k, v in f.items()}
+        tf = {k: torch.from_numpy(v).to(dev) for k, v in f.items()}
+        peers: dict[str, Callable[[], object]] = {
+            "torch eager": lambda tf=tf: ssm_loop(ssm_step, **tf),
+            "torch.compile": lambda tf=tf: ssm_loop(c_ssm_step, **tf)}
+        if jax:
+            jf = {k: jax.device_put(v) for k, v in f.items()}
+            peers["jax.jit"] = lambda jf=jf: jax_ssm(**jf).block_until_ready()
+        out = torch.empty((b, s, h), device=dev)
+        rlx_fn = rlx_cuda_op(lambda g, i: g.selective_scan(i["x"], i["dt"], i["a"], i["b"], i["c"]), tf, out)
+        bench_cuda(f"selective_scan b={b} s={s} h={h} n={n}", torch, ssm_numpy(**f), rlx_fn, peers, args.rounds,
+                   6.0 * b * s * h * n)
+    gdn_shapes = ([(1, 1024, 8, 64), (2, 512, 4, 128), (8, 1, 16, 64)] if args.quick else
+                  [(1, 4096, 8, 64), (1, 1024, 8, 64), (4, 256, 8, 64), (8, 1, 16, 128), (2, 512, 16, 16)])
+    for b, s, h, n in gdn_shapes:
+        def unit(shape):
+            z = rng.standard_normal(shape)
+            return z / np.linalg.norm(z, axis=-1, keepdims=True)
+
+        f = {"q": unit((b, s, h, n)), "k": unit((b, s, h, n)), "v": rng.standard_normal((b, s, h, n)),
+             "g": -rng.uniform(0.01, 0.3, (b, s, h)), "beta": rng.uniform(0.1, 1, (b, s, h))}
+        f = {k: v.astype(np.float32) for k, v in f.items()}
+        tf = {k: torch.from_numpy(v).to(dev) for k, v in f.items()}
+        peers = {"torch eager": lambda tf=tf: gdn_loop(gdn_step, **tf),
+                 "torch.compile": lambda tf=tf: gdn_loop(c_gdn_step, **tf)}
+        if jax:
+            jf = {k: jax.device_put(v) for k, v in f.items()}
+            peers["jax.jit"] = lambda jf=jf: jax_gdn(**jf).block_until_ready()
+        out = torch.empty((b, s, h, n), device=dev)
+        rlx_fn = rlx_cuda_op(lambda g, i: g.gated_delta_net(i["q"], i["k"], i["v"], i["g"], i["beta"]), tf, out)
+        bench_cuda(f"gated_delta_net b={b} s={s} h={h} n={n}", torch, gdn_numpy(**f, scale=n ** -0.5), rlx_fn,
+                   peers, args.rounds, 8.0 * b * s * h * n * n)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="one small shape per op")
+    ap.add_argument("--quick", action="store_true", help="a few small shapes per op")
     args = ap.parse_args()
+    if args.device == "cuda":
+        cuda_main(args)
+        return
     os.environ.setdefault("XLA_FLAGS", f"--xla_cpu_multi_thread_eigen={'true' if args.threads > 1 else 'false'} "
                                        f"intra_op_parallelism_threads={args.threads}")
     try:

@@ -322,6 +322,15 @@ def _eval_reduce(op: O.Reduce, args: list, shape: Shape, symbols: dict, in_shape
     return _finish(_REDUCERS[op.fn](x, axis=axes, keepdims=op.keep_dim), shape.dtype)
 
 
+@evaluates(O.ArgMax)
+def _eval_argmax(op: O.ArgMax, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    x = args[0]
+    axis = op.axis % x.ndim
+    if x.shape[axis] == 0:
+        raise ExecutionError("argmax over an empty axis")
+    return np.argmax(x, axis=axis).astype(np.int32)  # first index on ties; the first NaN wins
+
+
 @evaluates(O.Softmax)
 def _eval_softmax(op: O.Softmax, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
     return _finish(_softmax(args[0], op.axis), shape.dtype)

@@ -3,4 +3,4 @@
 # CPU rules kept in their own modules register into table("cpu") here, so that importing any
 # codegen module (the toolchain imports rlx.codegen.c directly) leaves the table complete; doing
 # it from c.py would make an import cycle (these modules build on c's emitter helpers).
-from rlx.codegen import c_decoder, c_int8, c_quant, c_scan, c_ssm  # noqa: F401
+from rlx.codegen import c_decoder, c_int8, c_quant, c_scan, c_select, c_ssm  # noqa: F401

@@ -36,14 +36,22 @@ from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.cost import node_cost
-from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DeviceLayout, GemmGroup
+from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DeviceLayout, GemmGroup, ScanConstants
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse
 from rlx.opt.lowering import lower_for
-from rlx.opt.lowering_cuda import ATTN_MAX_SPLITS, GEMM_MODES, LT_DTYPES, PRECISIONS, constant_bytes, device_dtype
+from rlx.opt.lowering_cuda import (
+    ATTN_MAX_SPLITS,
+    GEMM_MODES,
+    LT_DTYPES,
+    PRECISIONS,
+    constant_bytes,
+    device_dtype,
+    scan_bodies,
+)
 from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
@@ -51,8 +59,10 @@ CODEGEN_VERSION = "cuda-2"
 _INT32_LIMIT = (1 << 31) - 1
 #: Fixed device code, in the order it appears in the .cu (each file only when some kernel names it).
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
-                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh",
-                  "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh")
+                  "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
+                  "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh",
+                  "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
+                  "cuda/kernels/argmax.cuh")
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
 COPY_HEADER = "cuda/kernels/copy.cuh"
 
@@ -99,6 +109,12 @@ class CudaTarget:
     gemm: str = "cublaslt"
     #: Fuse `gelu_tanh` into cuBLASLt's GELU epilogue (its GELU is the tanh form).
     lt_gelu_epilogue: bool = True
+    #: f16/bf16 GEMMs whose activation cuBLASLt cannot fuse (erf GELU, SiLU, ...) run on rlx_gemm_mma, bias and
+    #: activation in its epilogue, instead of cuBLASLt plus a separate bias/activation pass over the output.
+    fused_act_gemm: bool = False
+    #: Attention whose keys are bounded by 128 runs rlx_attn_short (all of K/V in shared memory); False: the
+    #: tiled rlx_attn_fa, as before it existed (for comparisons).
+    short_attention: bool = True
     #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
     attn_bk: int = 0
     #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
@@ -115,7 +131,9 @@ class CudaTarget:
 
     def identity(self) -> str:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
-                f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else ""))
+                f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else "")
+                + (" fused_act_gemm=1" if self.fused_act_gemm else "")
+                + ("" if self.short_attention else " short_attention=0"))
 
 
 @dataclass(frozen=True)
@@ -176,6 +194,9 @@ class CudaEmitter:
     Every choice of where bytes live comes from the LIR's `DeviceLayout` and `GemmGroup` decisions; the
     rules (`rlx.codegen.cuda_rules`) choose kernels and their arguments from the node and this emitter.
     """
+
+    #: Prefix of the names this emitter's kernels define (a scan body's kernels carry the scan's).
+    prefix = "rlx_"
 
     def __init__(self, lir: LirModule, target: CudaTarget) -> None:
         self.lir = lir
@@ -357,11 +378,16 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
                    else View.dense(stored.dims))  # a column slice of a combined [K, sum(N)] weight
             entry["nd"] = emitter.nd(stored.dims, src, dst)
         params.append(entry)
-    for slot, nid in enumerate(lir.constants):
-        node = emitter.node(nid)
+    # the graph's constants, then each scan body's (placed by the lowering's ScanConstants decisions)
+    placed = [(str(slot), emitter.node(nid), lay.constants[slot]) for slot, nid in enumerate(lir.constants)]
+    body_consts = {d.node: d.offsets for d in lir.decided(ScanConstants)}
+    for scan, body in scan_bodies(lir):
+        placed += [(f"s{scan}_{slot}", body.graph.node(nid), off)
+                   for slot, (nid, off) in enumerate(zip(body.constants, body_consts.get(scan, ())))]
+    for index, node, dev_off in placed:
         data = constant_bytes(node, emitter.dev_dtype(node.shape.dtype))
         rows = [", ".join(str(b) for b in data[i:i + 32]) for i in range(0, len(data), 32)]
-        constants.append({"index": slot, "nbytes": len(data), "dev_off": lay.constants[slot],
+        constants.append({"index": index, "nbytes": len(data), "dev_off": dev_off,
                           "bytes_c": (",\n    ".join(rows)) if rows else "0"})
     for slots, specs, out in ((lay.inputs, lir.inputs, inputs), (lay.outputs, lir.outputs, outputs)):
         for slot, spec in enumerate(specs):
@@ -391,6 +417,8 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
     if any(k.args.uses_lt for k in kernels) and not lay.uses_lt:
         raise BuildError("a GEMM runs on cuBLASLt but the device layout has no workspace for it")
     used = {h for k in kernels for h in k.headers}
+    # generated device functions, a scan body's too (its kernels are launched inside the scan's loop)
+    device_kernels = [d for k in kernels for d in (k, *(k.subprogram or ())) if d.func]
     if any(p.get("nd") for p in params) or any(x["convert"] for x in (*inputs, *outputs)):
         used.add(COPY_HEADER)
     unknown = used - set(KERNEL_HEADERS)
@@ -422,6 +450,7 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "inputs": inputs,
         "outputs": outputs,
         "kernels": kernels,
+        "device_kernels": device_kernels,
         "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
         "smem_attrs": [{"kernel": k, "bytes": v} for k, v in smem.items()],
         "manifest_c": "\n    ".join(c_string_lines(manifest_text)),

@@ -33,6 +33,12 @@ from rlx.opt.lowering_cuda import gemm_batching
 OPS = "cuda/ops.cu.j2"
 COPY, GATHER, ROPE = "cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh"
 ROWS, ATTENTION, GEMM = "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh"
+ATTENTION_SHORT, GEMM_MMA = "cuda/kernels/attention_short.cuh", "cuda/kernels/gemm_mma.cuh"
+#: rlx_gemm_mma's tile configurations (BM, BN, WARPS_M, WARPS_N), largest first: the host picks the largest
+#: whose grid covers every SM (the last one otherwise).
+MMA_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (16, 64, 1, 4))
+#: Keys that rlx_attn_short holds in shared memory whole (encoder sequences: BERT, MiniLM).
+SHORT_KV = 128
 
 _RED = {"sum": "RLX_RED_SUM", "mean": "RLX_RED_MEAN", "max": "RLX_RED_MAX", "min": "RLX_RED_MIN",
         "prod": "RLX_RED_PROD"}
@@ -245,6 +251,8 @@ class GemmCall:
     post_vec: int = 0
     # built-in: (dim, A stride, B stride) per collapsed batch dim
     bdims: tuple[tuple[str, str, str], ...] = ()
+    # rlx_gemm_mma (mode "mma"): its tile configurations, largest first
+    tiles: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,6 +280,8 @@ class Attention(Launch):
     mask: str
     mma: bool
     bk: int
+    #: Skv never exceeds `short_kv` (its static bound): rlx_attn_short, the whole K/V in shared memory; 0: off.
+    short_kv: int
     vec: str
     B: str
     q_rs: int
@@ -354,7 +364,7 @@ def region(e: CudaEmitter, node: Node) -> Kernel:
         uses_flag = uses_flag or (integer and fn == "div")  # integer division by zero raises the flag
         steps.append(RegionStep(f"v{n_in + k}", _VTYPE[out.dtype], step.op.kind, fn,
                                 tuple(f"v{a}" for a in step.args), integer, out.dtype.value))
-    name = f"rlx_region_{node.id}"
+    name = f"{e.prefix}region_{node.id}"
     device = RegionKernel(name, e.header(node), idx, RegionOut(e.ctype(node.id), category(node.shape.dtype)),
                           ins, tuple(steps), f"v{len(values) - 1}")
     return _kernel(node, "block_region", Region(
@@ -563,6 +573,9 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
     if e.target.gemm == "cublaslt" and dt in _CUDA_TYPE and batching is not None:
         fold = batching.folded
         fuse_act = fold and (act == "relu" or (act == "gelu_tanh" and e.target.lt_gelu_epilogue))
+        if e.target.fused_act_gemm and act is not None and not fuse_act and _mma_fits(e, a_id, b_id, out_off, bias,
+                                                                                  batching.folded, K, N):
+            return GemmCall(**common, mode="mma", tiles=MMA_TILES)
         fuse_bias = fold and bias is not None
         post_act = act if (act is not None and not fuse_act) else None
         post_bias = bias is not None and not fuse_bias
@@ -586,6 +599,14 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
     bd, (ca, cb) = collapse(ob, av, bv)
     return GemmCall(**common, mode="tiled",
                     bdims=tuple((e.dim(d), e.dim(x), e.dim(y)) for d, x, y in zip(bd, ca.strides, cb.strides)))
+
+
+def _mma_fits(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_off: int | None, bias: NodeId | None, folded: bool,
+              K: Dim, N: Dim) -> bool:
+    """rlx_gemm_mma takes it: f16/bf16, one B for all rows, whole 16-byte chunks of K and N, aligned operands."""
+    offs = [e.offset(a_id), e.offset(b_id), out_off] + ([e.offset(bias)] if bias is not None else [])
+    return (e.ddt(a_id) in (DType.F16, DType.BF16) and folded and K.is_static and N.is_static
+            and K.value % 8 == 0 and N.value % 8 == 0 and all(o is not None and o % 16 == 0 for o in offs))
 
 
 def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
@@ -621,6 +642,10 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
     g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
+    if g.mode == "mma":
+        smem = tuple((f"rlx_gemm_mma<{g.t}, {g.act}, {g.bias_on}, {bm}, {bn}, {wm}, {wn}>",
+                      f"RlxGemmMma<{bm}, {bn}, {wm}, {wn}>::total") for bm, bn, wm, wn in g.tiles)
+        return _kernel(node, "block_gemm", Gemm(**e.base(node), smem_attrs=smem, gemm=g), GEMM, GEMM_MMA)
     return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", gemm=g), GEMM)
 
 
@@ -662,14 +687,20 @@ def attention(e: CudaEmitter, node: Node) -> Kernel:
     mask = _MASK[op.mask]
     # keys per tile: 64 measured faster than 128 on an H100 for BERT shapes (more blocks resident per SM)
     bk = 64 if D > 64 else (e.target.attn_bk or 64)
-    if mma:
+    # every key of a (batch, head) fits in shared memory: one cp.async batch per block, no barrier per tile
+    short_kv = SHORT_KV if (e.target.short_attention and mma and vec and D <= 64 and k.dims[1].max <= SHORT_KV) else 0
+    if short_kv:
+        smem: tuple[tuple[str, str], ...] = ((f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>",
+                                              f"RlxShortSmem<{D}, {short_kv}>::total(8)"),)
+    elif mma:
         smem = tuple((f"rlx_attn_fa<{t}, {mt}, {D}, {mask}, {str(vec).lower()}, {nw}, {bk}>",
                       f"RlxFaSmem<{D}, {nw}, {bk}>::total") for nw in (1, 4))
     else:
         smem = ((f"rlx_attn_rows<{t}, {mt}, {D}, {mask}>", f"rlx_attn_rows_smem<{t}, {D}>()"),)
     args = Attention(**e.base(node), smem_attrs=smem, t=t, mt=mt, D=D, H=H, Hkv=Hkv, mask=mask, mma=mma, bk=bk,
+                     short_kv=short_kv,
                      vec=str(vec).lower(), B=e.dim(q.dims[0]), q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, Sq=e.dim(q.dims[1]),
                      Skv=e.dim(k.dims[1]), scale=_float_c(op.softmax_scale), bs=bs, q=e.ptr(q_id), k=e.ptr(k_id),
                      v=e.ptr(v_id), m=e.ptr(mask_id) if mask_id is not None else "nullptr", out=e.ptr(node.id))
-    return _kernel(node, "block_attention", args, ATTENTION)
+    return _kernel(node, "block_attention", args, ATTENTION, *((ATTENTION_SHORT,) if short_kv else ()))
 

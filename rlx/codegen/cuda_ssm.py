@@ -2,8 +2,15 @@
 
 Registered into the CUDA rule table when imported (by `rlx.codegen.backends`).
 Device code: `templates/cuda/kernels/ssm.cuh`; launches: `templates/cuda/ssm.cu.j2`.
-The prefill kernels run the recurrence sequentially per (batch, head) with the
-state on chip (registers / shared memory); a chunked parallel form is future work.
+selective_scan runs one warp per (batch row, channel), or, for prefill with few
+rows x channels, chunks of time scanned in parallel and joined by a pass over the
+chunks' final states (chosen at run time from the sequence length and the GPU's
+SM count; the chunk states live in the scratch region, sized by
+`rlx.opt.lowering_cuda.scratch_need`). gated_delta_net runs one warp per
+(batch row, head, value column) — the state's columns evolve independently —
+or, for prefill (sequence >= GDN_CHUNK_MIN_SEQ, state size <= 64), the chunked
+WY form: every chunk's triangular system solved in parallel, then one pass
+over the chunks per (row, head, column tile) of small matrix products.
 """
 
 from __future__ import annotations
@@ -16,12 +23,15 @@ from rlx.ir import ops as O
 from rlx.ir import ops_ssm as S
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+from rlx.opt.lowering_cuda import GDN_CHUNK_MIN_SEQ, SSM_MIN_CHUNK, SSM_WARPS_PER_SM, gdn_segments, ssm_segments
 
 TEMPLATE = "cuda/ssm.cu.j2"
 HEADER = "cuda/kernels/ssm.cuh"
 #: State sizes the kernels hold on chip: 32 lanes x RLX_SSM_PER_LANE registers; N x N floats of shared memory.
 SSM_MAX_N = 256
-GDN_MAX_N = 64
+GDN_MAX_N = 256
+#: Value columns (warps) per block of the gated delta rule kernel (RLX_GDN_COLS in kernels/ssm.cuh).
+GDN_COLS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +47,9 @@ class SelectiveScanLaunch(Launch):
     seq: str
     channels: str
     n: int
+    min_chunk: int
+    warps_per_sm: int
+    max_segments: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +68,12 @@ class GatedDeltaNetLaunch(Launch):
     heads: str
     n: int
     scale: str
-    threads: int
-    smem: int
+    regs: int
+    cols: int
+    tiles: int
+    chunk_segments: int
+    chunk_min_seq: int
+    prep_threads: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +108,9 @@ def selective_scan(e: CudaEmitter, node: Node) -> Kernel:
     bsz, seq, h = node.shape.dims
     args = SelectiveScanLaunch(**e.base(node), t=e.ctype(node.id), x=e.ptr(x), delta=e.ptr(d), a=e.ptr(a),
                                bm=e.ptr(b), cm=e.ptr(c), y=e.ptr(node.id), batch=e.dim(bsz), seq=e.dim(seq),
-                               channels=e.dim(h), n=node.op.state_size)  # type: ignore[attr-defined]
+                               channels=e.dim(h), n=node.op.state_size,  # type: ignore[attr-defined]
+                               min_chunk=SSM_MIN_CHUNK, warps_per_sm=SSM_WARPS_PER_SM,
+                               max_segments=ssm_segments(bsz.max, h.max, seq.max))
     return Kernel(node.id, "block_selective_scan", TEMPLATE, args, headers=(HEADER,), header=args.comment,
                   label=node.label)
 
@@ -107,12 +126,14 @@ def gated_delta_net(e: CudaEmitter, node: Node) -> Kernel:
         src = e.node(sid).op
         if isinstance(src, O.Input) and src.state:  # a state input receives the final state
             state_out = e.ptr(sid)
-    threads = max(32, -(-op.state_size // 32) * 32)
+    regs = 1 << max(0, (-(-op.state_size // 32) - 1).bit_length())  # rows per lane: 1, 2, 4 or 8
     args = GatedDeltaNetLaunch(**e.base(node), t=e.ctype(node.id), q=e.ptr(q), k=e.ptr(k), v=e.ptr(v), g=e.ptr(g),
                                beta=e.ptr(beta), state_in=state_in, state_out=state_out, o=e.ptr(node.id),
                                batch=e.dim(bsz), seq=e.dim(seq), heads=e.dim(h), n=op.state_size,
-                               scale=_float_c(op.q_scale), threads=threads,
-                               smem=(op.state_size + 1) * op.state_size * 4)
+                               scale=_float_c(op.q_scale), regs=regs, cols=GDN_COLS,
+                               tiles=-(-op.state_size // GDN_COLS),
+                               chunk_segments=gdn_segments(bsz.max, h.max, seq.max, op.state_size),
+                               chunk_min_seq=GDN_CHUNK_MIN_SEQ, prep_threads=-(-2 * op.state_size // 32) * 32)
     return Kernel(node.id, "block_gated_delta_net", TEMPLATE, args, headers=(HEADER,), header=args.comment,
                   label=node.label)
 

@@ -174,7 +174,27 @@ class DeviceLayout(Decision):
                 f"{spans}")
 
 
+@dataclass(frozen=True)
+class ScanConstants(Decision):
+    """Where the constants of scan `node`'s body live on the device (byte offsets, in the body's constant order).
+
+    A body is rendered inside the scan's loop (`rlx.codegen.cuda_scan`); its constants are uploaded with the
+    graph's own at `rlx_create`, in the constants region.
+    """
+
+    kind: ClassVar[str] = "cuda_scan_constants"
+    node: int
+    offsets: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"%{self.node} scan body constants at bytes {list(self.offsets)}"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
 register_node_fields(GemmGroup.kind, ("members",))
+register_node_fields(ScanConstants.kind, ("node",))
 register_node_fields(DecodeGemv.kind, ("members", "norm", "residual", "swiglu"))
 register_node_fields(DecodeRope.kind, ("attention", "ropes"))
 register_node_fields(DeviceLayout.kind, ())

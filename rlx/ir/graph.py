@@ -307,6 +307,10 @@ class Graph:
     def reduce(self, fn: str, x: NodeId, axes: Iterable[int] = (), keep_dim: bool = False) -> NodeId:
         return self.add(O.Reduce(fn, tuple(axes), bool(keep_dim)), [x])
 
+    def argmax(self, x: NodeId, axis: int = -1) -> NodeId:
+        """i32 index of the largest value along `axis` (`ops.ArgMax`)."""
+        return self.add(O.ArgMax(int(axis)), [x])
+
     def softmax(self, x: NodeId, axis: int = -1) -> NodeId:
         return self.add(O.Softmax(axis), [x])
 

@@ -407,6 +407,25 @@ class Reduce(Op):
 
 
 @dataclass(frozen=True)
+class ArgMax(Op):
+    """Index of the largest value along `axis`, as i32, that axis dropped: the first index on ties, and a NaN
+    counts as larger than any number (numpy's `argmax`). A decoder's greedy next token reads back this, not
+    its logits."""
+
+    kind: ClassVar[str] = "argmax"
+    arity: ClassVar[tuple[int, int]] = (1, 1)
+    axis: int = -1
+
+    def infer(self, inputs: Sequence[Shape]) -> Shape:
+        x = inputs[0]
+        _require_float("argmax", x)
+        axis = normalize_axis(self.axis, x.rank, "argmax axis")
+        if x.dims[axis].max == 0:
+            raise ShapeError(f"argmax over an empty axis {axis} of {x}")
+        return Shape(tuple(d for i, d in enumerate(x.dims) if i != axis), DType.I32)
+
+
+@dataclass(frozen=True)
 class Softmax(Op):
     """Numerically stable softmax along `axis`."""
 

@@ -124,6 +124,9 @@ class CausalLM:
         self.max_context = max_context
         self.max_batch = max_batch
         self.prefill_chunk = min(prefill_chunk, max_context)
+        # the rotary tables of every cache position, computed once (a step gathers its rows)
+        cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, config)
+        self._rope_cos, self._rope_sin = cos[0], sin[0]
         specs = {name: spec for name, (spec, _) in tensors.items()}
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
                                      capacity=max_context, name=f"{config.arch}_decoder")
@@ -184,6 +187,14 @@ class CausalLM:
     def step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """Feed `tokens` `[batch, seq]` after what `cache` holds; logits `[len(rows), vocab]` of the
         flat positions `rows` (`b*seq + s`). The cache grows by `seq` tokens per row."""
+        return self._step(tokens, cache, rows, 0)
+
+    def step_greedy(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Like `step`, but returns the argmax token id of each of those rows (i64 `[len(rows)]`), computed
+        with the logits where they live: on a GPU only the ids come back to the host."""
+        return self._step(tokens, cache, rows, 1).astype(np.int64)
+
+    def _step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, output: int) -> np.ndarray:
         tokens = np.asarray(tokens)
         if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
             raise ExecutionError(f"tokens must be [batch, seq] with batch, seq >= 1, got shape {tokens.shape}")
@@ -198,23 +209,24 @@ class CausalLM:
         if int(positions.max()) + seq > cache.capacity:
             raise ExecutionError(f"the sequence would need {int(positions.max()) + seq} tokens of context; "
                                  f"max_context is {cache.capacity}")
-        cos, sin = L.rope_tables(positions, seq, self.config)
+        at = positions[:, None].astype(np.int64) + np.arange(seq)
+        cos, sin = self._rope_cos[at], self._rope_sin[at]
         feed = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": cos, "rope_sin": sin,
                 "rows": np.asarray(rows, dtype=np.int32), **cache.arrays}
-        out = self._run(feed)
+        out = self._run(feed, output)
         cache.lengths[:batch] += seq
         return out
 
-    def _run(self, feed: Mapping[str, np.ndarray]) -> np.ndarray:
+    def _run(self, feed: Mapping[str, np.ndarray], output: int) -> np.ndarray:
         if self._compiled is None:
             from rlx import reference
 
-            return reference.run(self.graph, feed, self._params)[0]
+            return reference.run(self.graph, feed, self._params)[output]
         if self.device == "cuda":
-            return self._run_cuda(feed)
-        return self._compiled.run(dict(feed))[0]
+            return self._run_cuda(feed, output)
+        return self._compiled.run(dict(feed))[output]
 
-    def _run_cuda(self, feed: Mapping[str, Any]) -> np.ndarray:
+    def _run_cuda(self, feed: Mapping[str, Any], output: int) -> np.ndarray:
         """One step on the GPU through device buffers bound once per (cache, step shape): a decode
         step copies its few small inputs in and the logits out, nothing is allocated, and the
         library replays its captured CUDA graph."""
@@ -234,7 +246,7 @@ class CausalLM:
         fn, buffers = bound
         for name, value in host.items():
             buffers[name].copy_from_host(value)
-        return fn()[0].numpy()
+        return fn()[output].numpy()  # only this output crosses the bus
 
     # ── logits ────────────────────────────────────────────────────────
 
@@ -348,7 +360,9 @@ class CausalLM:
         padded = np.zeros((batch, longest), dtype=np.int32)
         for b, p in enumerate(prompts):
             padded[b, :len(p)] = p
+        greedy = sampler.greedy
         last_logits = np.zeros((batch, self.config.vocab_size), dtype=np.float32)
+        last_ids = np.zeros(batch, dtype=np.int64)
         # prefill in chunks; rows shorter than the longest prompt are right-padded: the pad tokens land
         # in the cache after the row's real tokens and are overwritten by its first generated ones
         for start in range(0, longest, self.prefill_chunk):
@@ -356,13 +370,17 @@ class CausalLM:
             wanted = [b for b in range(batch) if start <= lengths[b] - 1 < start + seq]
             rows = [b * seq + lengths[b] - 1 - start for b in wanted]
             cache.lengths[:batch] = start
-            logits = self.step(padded[:, start:start + seq], cache, rows if rows else [0])
+            chunk = padded[:, start:start + seq]
+            picked_or_logits = (self.step_greedy if greedy else self.step)(chunk, cache, rows if rows else [0])
             for i, b in enumerate(wanted):
-                last_logits[b] = logits[i]
+                if greedy:
+                    last_ids[b] = picked_or_logits[i]
+                else:
+                    last_logits[b] = picked_or_logits[i]
         cache.lengths[:batch] = lengths
         done = [False] * batch
         for produced in range(1, max_new + 1):
-            picked = sampler.pick(last_logits)
+            picked = last_ids if greedy else sampler.pick(last_logits)
             step: list[int | None] = []
             for b in range(batch):
                 if not done[b] and int(picked[b]) in stop_ids:
@@ -376,6 +394,9 @@ class CausalLM:
                     if not done[b]:
                         reasons[b] = "context"
                 return
-            last_logits = self.step(picked[:, None], cache, np.arange(batch))
+            if greedy:
+                last_ids = self.step_greedy(picked[:, None], cache, np.arange(batch))
+            else:
+                last_logits = self.step(picked[:, None], cache, np.arange(batch))
 
 

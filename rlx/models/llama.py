@@ -15,7 +15,8 @@ one compiled library and one copy of the weights serve both. Inputs:
   for generation, so the vocabulary projection runs only where needed;
 - states `blk.N.k_cache` / `blk.N.v_cache` f32 `[max_batch, capacity, kv_heads*head_dim]`.
 
-Output `logits` f32 `[n_rows, vocab]`. Params keep the GGUF tensor names
+Outputs `logits` f32 `[n_rows, vocab]` and `next_token` i32 `[n_rows]`, the
+argmax of each row's logits (greedy decoding reads only this). Params keep the GGUF tensor names
 (`blk.0.attn_q.weight`, ...). A quantized weight stays in its GGUF blocks
 and is multiplied by `dequant_matmul` (the kernels read the 4/8-bit blocks);
 F32/F16/BF16 weights are f32 matmuls. The token embedding is gathered
@@ -174,7 +175,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     h = g.rms_norm(picked, g.param("output_norm.weight", [c.hidden_size]), eps=c.rms_eps)
     out_name = output_weight_name(c, specs)
     logits = _linear(g, h, specs, out_name, c.vocab_size, c.hidden_size)
-    g.set_outputs({"logits": logits})
+    # the greedy next token of each row, so a decode step on a GPU reads back 4 bytes a row, not the logits
+    g.set_outputs({"logits": logits, "next_token": g.argmax(logits, axis=-1)})
     return g
 
 

@@ -33,11 +33,24 @@ import numpy as np
 
 from rlx.ir import ops as O
 from rlx.ir.decisions import Decision
-from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DeviceLayout, GemmGroup, ParamPlacement, Region, Staged
+from rlx.ir.decisions_cuda import (
+    DecodeGemv,
+    DecodeRope,
+    DeviceLayout,
+    GemmGroup,
+    ParamPlacement,
+    Region,
+    ScanConstants,
+    Staged,
+)
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.ir.ops_scan import Scan
+from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
+from rlx.opt.memplan import plan
+from rlx.opt.scan_body import step_graph
 
 PRECISIONS = (DType.F32, DType.F16, DType.BF16)
 GEMM_MODES = ("cublaslt", "builtin")
@@ -111,8 +124,50 @@ def quant_tile(n: int, k: int, itemsize: int) -> int:
     return max(64, QUANT_TILE_BYTES // (k * itemsize) // 64 * 64)
 
 
+#: Chunked selective scan (prefill): shortest chunk of time, warps per SM it aims for, most (row, channel,
+#: chunk) segments at once (their final states and dt sums live in the scratch region).
+SSM_MIN_CHUNK = 32
+SSM_WARPS_PER_SM = 32
+SSM_MAX_SEGMENTS = 16384
+
+
+def ssm_segments(batch: int, channels: int, seq: int) -> int:
+    """Most (row, channel, chunk) segments a chunked selective scan of these (largest) sizes holds."""
+    if seq < 2 * SSM_MIN_CHUNK:
+        return 0
+    return min(SSM_MAX_SEGMENTS, batch * channels * (seq // SSM_MIN_CHUNK))
+
+
+#: Chunked gated delta rule (prefill): steps per chunk, largest state size it takes, shortest sequence it
+#: runs for, most scratch bytes its per-chunk matrices (Ut, W: C x N; M: C x C; G: C) may take.
+GDN_CHUNK = 32
+GDN_CHUNK_MAX_N = 64
+GDN_CHUNK_MIN_SEQ = 128
+GDN_SCRATCH_CAP = 64 << 20
+
+
+def gdn_segment_bytes(n: int) -> int:
+    """Scratch bytes of one (row, head, chunk) of the chunked gated delta rule."""
+    return GDN_CHUNK * (2 * n + GDN_CHUNK + 1) * 4
+
+
+def gdn_segments(batch: int, heads: int, seq: int, n: int) -> int:
+    """Most (row, head, chunk) segments the chunked gated delta rule holds at these (largest) sizes; 0: the
+    chunked form never runs (state too large, or sequences too short)."""
+    if n > GDN_CHUNK_MAX_N or seq < GDN_CHUNK_MIN_SEQ:
+        return 0
+    return min(GDN_SCRATCH_CAP // gdn_segment_bytes(n), batch * heads * -(-seq // GDN_CHUNK))
+
+
 def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
     """Scratch bytes one node's kernels use (the scratch region is sized to the largest)."""
+    if isinstance(node.op, GatedDeltaNet):  # per chunk: Ut, W, M and the running decay
+        bsz, seq, heads, _ = node.shape.dims
+        n = node.op.state_size
+        return gdn_segments(bsz.max, heads.max, seq.max, n) * gdn_segment_bytes(n)
+    if isinstance(node.op, SelectiveScan):  # per segment: its final (then entering) state and its sum of dt
+        bsz, seq, ch = node.shape.dims
+        return ssm_segments(bsz.max, ch.max, seq.max) * (node.op.state_size + 1) * 4
     if isinstance(node.op, O.DequantMatMul):  # a dequantized weight tile [K, tile], and its product when N is split
         x = graph.node(node.inputs[0]).shape
         k, n = x.dims[-1].value, node.shape.dims[-1].value
@@ -355,9 +410,24 @@ def _uses_lt(lir: LirModule, precision: DType, gemm: str, groups: Sequence[Seque
     return False
 
 
+def scan_bodies(lir: LirModule) -> list[tuple[NodeId, LirModule]]:
+    """Each scheduled scan node with its body's step graph planned (what the CUDA rule renders in its loop)."""
+    return [(nid, plan(step_graph(lir.graph.node(nid).op.body))) for nid in lir.schedule
+            if isinstance(lir.graph.node(nid).op, Scan)]
+
+
+def _scratch(lir: LirModule, precision: DType) -> int:
+    """The largest scratch any kernel uses, scan bodies' kernels included (they share the region)."""
+    graph = lir.graph
+    own = max((scratch_need(graph, graph.node(nid), precision) for nid in lir.schedule
+               if lir.buffers[nid].storage != "view"), default=0)
+    return max([own, *(_scratch(body, precision) for _, body in scan_bodies(lir))])
+
+
 def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, ...]:
     """The QKV groups and the device layout (their weights and outputs are part of the layout)."""
     graph = lir.graph
+    bodies = scan_bodies(lir)
     mem = _Allocator()
     position = {nid: i for i, nid in enumerate(lir.schedule)}
     users = graph.users()
@@ -417,6 +487,13 @@ def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, 
 
     constants = tuple(mem.alloc("constants", len(constant_bytes(graph.node(nid), device_dtype(
         graph.node(nid).shape.dtype, precision)))) for nid in lir.constants)
+    # a scan body's constants sit with the graph's (its kernels are launched from the scan's loop)
+    scan_consts = []
+    for nid, body in bodies:
+        sizes = [len(constant_bytes(body.graph.node(k), device_dtype(body.graph.node(k).shape.dtype, precision)))
+                 for k in body.constants]
+        if sizes:
+            scan_consts.append(ScanConstants(nid, tuple(mem.alloc("constants", n) for n in sizes)))
     inputs: list[Staged] = []
     for spec in lir.inputs:
         abi = spec.shape.dtype
@@ -433,16 +510,16 @@ def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, 
                                                                             * abi.itemsize)))
     # the arena doubles as the staging area of set_param (no run is in flight then)
     arena = mem.alloc("arena", max(lir.arena_bytes, staging_need))
-    scratch = mem.alloc("scratch", max((scratch_need(graph, graph.node(nid), precision) for nid in lir.schedule
-                                        if lir.buffers[nid].storage != "view"), default=0))
-    workspace_bytes = LT_WORKSPACE if _uses_lt(lir, precision, gemm, grouped) else 0
+    scratch = mem.alloc("scratch", _scratch(lir, precision))
+    lt = _uses_lt(lir, precision, gemm, grouped) or any(_uses_lt(b, precision, gemm, ()) for _, b in bodies)
+    workspace_bytes = LT_WORKSPACE if lt else 0
     workspace = mem.alloc("workspace", workspace_bytes)
     flag = mem.alloc("flag", ALIGN)
     layout = DeviceLayout(precision=precision.value, gemm=gemm, total=mem.total, params_end=params_end,
                           regions=mem.regions(), params=tuple(params), constants=constants, inputs=tuple(inputs),
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag)
-    return (*groups, *find_decode_gemvs(lir), *find_decode_ropes(lir), layout)
+    return (*groups, *scan_consts, *find_decode_gemvs(lir), *find_decode_ropes(lir), layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",

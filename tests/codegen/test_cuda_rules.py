@@ -33,8 +33,9 @@ def _relu_graph() -> Graph:
     return g
 
 
-#: Op kinds the CUDA backend has no rule for yet (loops over sub-graphs, dynamic int8: the CPU renders them).
-CPU_ONLY = {"scan", "custom_fn", "int8_matmul"}
+#: Op kinds the CUDA backend has no rule for (custom_fn is inlined by the "bodies" pass before any backend;
+#: dynamic int8 runs on the CPU only).
+CPU_ONLY = {"custom_fn", "int8_matmul"}
 #: Collectives run in the reference over the LocalTransport only; no backend renders them yet (the NCCL
 #: rendering is still to do), so CUDA, like the CPU, reports them before any build.
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter"}

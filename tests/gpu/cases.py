@@ -481,6 +481,89 @@ def ssm_ops() -> Case:
     return Case("ssm_ops", g, [{k: v.astype(np.float32) for k, v in f.items()} for f in feeds])
 
 
+
+
+@case
+def ssm_long() -> Case:
+    """Prefill lengths that take the chunked selective scan (few rows x channels, a sequence of hundreds) and the
+    chunked gated delta rule (state sizes 48 with a carried state, and 16), the column kernel at state size 128,
+    state sizes that are not multiples of 32, and a decode step (the sequential / column kernels)."""
+    g = Graph("ssm_long")
+    seq = Dim.dynamic("seq", max=700)
+    x, dt = g.input("x", [1, seq, 6]), g.input("dt", [1, seq, 6])
+    bm, cm = g.input("bm", [1, seq, 40]), g.input("cm", [1, seq, 40])
+    a = g.input("a", [6, 40])
+    q, k, v = (g.input(n, [1, seq, 2, 128]) for n in ("q", "k", "v"))
+    q2, k2, v2 = (g.input(n, [1, seq, 3, 48]) for n in ("q2", "k2", "v2"))
+    gate, beta = g.input("g", [1, seq, 2]), g.input("beta", [1, seq, 2])
+    gate2, beta2 = g.input("g2", [1, seq, 3]), g.input("beta2", [1, seq, 3])
+    s0 = g.input("s0", [1, 3, 48, 48])
+    q3, k3, v3 = (g.input(n, [2, seq, 2, 16]) for n in ("q3", "k3", "v3"))
+    gate3, beta3 = g.input("g3", [2, seq, 2]), g.input("beta3", [2, seq, 2])
+    g.set_outputs({"ssm": g.selective_scan(x, dt, a, bm, cm), "gdn128": g.gated_delta_net(q, k, v, gate, beta),
+                   "gdn48": g.gated_delta_net_carry(q2, k2, v2, gate2, beta2, s0),
+                   "gdn16": g.gated_delta_net(q3, k3, v3, gate3, beta3)})
+    r = _rng(37)
+
+    def unit(*shape: int) -> np.ndarray:
+        z = _f32(r, *shape)
+        return z / np.linalg.norm(z, axis=-1, keepdims=True)
+
+    feeds = []
+    for n in (700, 257, 1):
+        feeds.append({"x": _f32(r, 1, n, 6), "dt": np.abs(_f32(r, 1, n, 6, scale=0.05)), "bm": _f32(r, 1, n, 40),
+                      "cm": _f32(r, 1, n, 40), "a": -np.abs(_f32(r, 6, 40)) - 0.1,
+                      "q": unit(1, n, 2, 128), "k": unit(1, n, 2, 128), "v": _f32(r, 1, n, 2, 128),
+                      "g": -np.abs(_f32(r, 1, n, 2, scale=0.05)), "beta": np.abs(_f32(r, 1, n, 2, scale=0.5)),
+                      "q2": unit(1, n, 3, 48), "k2": unit(1, n, 3, 48), "v2": _f32(r, 1, n, 3, 48),
+                      "g2": -np.abs(_f32(r, 1, n, 3, scale=0.05)), "beta2": np.abs(_f32(r, 1, n, 3, scale=0.5)),
+                      "s0": _f32(r, 1, 3, 48, 48, scale=0.1),
+                      "q3": unit(2, n, 2, 16), "k3": unit(2, n, 2, 16), "v3": _f32(r, 2, n, 2, 16),
+                      "g3": -np.abs(_f32(r, 2, n, 2, scale=0.05)), "beta3": np.abs(_f32(r, 2, n, 2, scale=0.5))})
+    return Case("ssm_long", g, feeds)
+
+def _scan_body(rows: int, width: int) -> Graph:
+    """One RNN-like step: c' = tanh(c @ w + x) + 0.5 * relu(x) (a GEMM, a fused region, a constant)."""
+    b = Graph("step")
+    c, w, x = b.input("c", [rows, width]), b.input("w", [width, width]), b.input("x", [rows, width])
+    h = b.activation("tanh", b.add_(b.matmul(c, w), x))
+    b.set_outputs([b.add_(h, b.mul(b.activation("relu", x), b.constant(np.float32(0.5))))])
+    return b
+
+
+@case
+def scan_loop() -> Case:
+    """scan over a dynamic length (24, 1 and 7 steps): the final carry, the trajectory, a reversed trajectory."""
+    g = Graph("scan_loop")
+    length = Dim.dynamic("L", max=24)
+    xs = g.input("xs", [length, 3, 16])
+    c0, w = g.input("c0", [3, 16]), g.input("w", [16, 16])
+    body = _scan_body(3, 16)
+    g.set_outputs({"final": g.scan(body, c0, xs=[xs], bcasts=[w]),
+                   "traj": g.scan(body, c0, xs=[xs], bcasts=[w], save_trajectory=True),
+                   "rev": g.scan(body, c0, xs=[xs], bcasts=[w], save_trajectory=True, reverse=True)})
+    r = _rng(41)
+    feeds = [{"xs": _f32(r, n, 3, 16), "c0": _f32(r, 3, 16), "w": _f32(r, 16, 16, scale=0.25)} for n in (24, 1, 7)]
+    return Case("scan_loop", g, feeds)
+
+
+@case
+def scan_ssm_body() -> Case:
+    """A scan whose body holds an SSM op: a causal depthwise conv over a chunk of 4 rows per step, padded by
+    the carry (2 rows), the next carry built from the chunk's last 2 rows (views feeding a region)."""
+    g = Graph("scan_ssm_body")
+    steps = Dim.dynamic("T", max=6)
+    b = Graph("chunk")
+    c, x = b.input("c", [1, 2, 8]), b.input("x", [1, 4, 8])
+    y = b.depthwise_conv1d_causal(x, b.constant(np.linspace(-1, 1, 24, dtype=np.float32).reshape(8, 3)), c)
+    b.set_outputs([b.add_(b.narrow(y, 1, 2, 2), b.activation("sigmoid", b.narrow(x, 1, 2, 2)))])
+    xs = g.input("xs", [steps, 1, 4, 8])
+    c0 = g.input("c0", [1, 2, 8])
+    g.set_outputs({"y": g.scan(b, c0, xs=[xs], save_trajectory=True)})
+    r = _rng(43)
+    feeds = [{"xs": _f32(r, n, 1, 4, 8), "c0": _f32(r, 1, 2, 8)} for n in (6, 2)]
+    return Case("scan_ssm_body", g, feeds)
+
 def scale_of(arr: np.ndarray) -> float:
     a = np.asarray(arr, dtype=np.float64)
     return float(np.sqrt(np.mean(a * a))) if a.size else 0.0

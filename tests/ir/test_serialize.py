@@ -72,6 +72,7 @@ def every_op_graph() -> Graph:
     tr = g.transpose(g.reshape(flat, [BATCH, SEQ, 4, 4]), [0, 2, 1, 3])
     red = g.reduce("mean", tr, [-1], keep_dim=True)
     sm = g.softmax(red, axis=1)
+    g.argmax(sm, axis=0)
     ex = g.expand(g.reduce("max", sm, [1, 3]), [3, BATCH, SEQ])
     cat = g.concat([bf, g.cast(g.reduce("sum", ex, [1, 2]), "bf16")], axis=0)
     f1 = g.add(O.FusedMatMulBiasAct("silu"), [x, wt, gamma], name="fused \u2603")
@@ -334,7 +335,11 @@ def _mk_reduce(draw: Any, g: Graph) -> None:
 
 def _mk_softmax(draw: Any, g: Graph) -> None:
     x = _pick(draw, g, lambda s: s.dtype.is_float and s.rank >= 1)
-    g.softmax(x, draw(st.integers(-g.shape(x).rank, g.shape(x).rank - 1)))
+    axis = draw(st.integers(-g.shape(x).rank, g.shape(x).rank - 1))
+    if draw(st.booleans()) and g.shape(x).dims[axis].max > 0:
+        g.argmax(x, axis)
+    else:
+        g.softmax(x, axis)
 
 
 def _mk_norm(draw: Any, g: Graph) -> None:

@@ -45,6 +45,7 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t b = blockIdx.x / heads, i = blockIdx.y;
     const int h = (int)(blockIdx.x % heads), kvh = h / (heads / kv_heads);
+    rlx_pdl_wait();  /* launched early (rlx_launch_pdl): everything below reads earlier kernels' results */
     const int64_t p = (int64_t)pos[b];
     if (p < 0 || p + sq > cap) {
         if (threadIdx.x == 0) atomicOr(flag, 4);

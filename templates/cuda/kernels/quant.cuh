@@ -236,6 +236,25 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
     __shared__ float red[RLX_QFUSED_WARPS][MR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t nsub = K / 32, stride = nsub * RLX_QFUSED_PAD;
+    {
+        /* Weights are never written by a kernel: fetch this warp's first row into L2 while the kernel before
+           this one finishes (programmatic dependent launch), then wait for it. */
+        const int64_t r0 = (int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp;
+        if (r0 < rows)
+            for (int64_t off = (int64_t)lane * 128; off < RB; off += 32 * 128) {
+                int j = 0;
+                int64_t n = r0;
+                if (EPI != 2)
+                    while (j + 1 < mem.count && n >= mem.n[j]) {
+                        n -= mem.n[j];
+                        ++j;
+                    }
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[j] + n * RB + off));
+                if (EPI == 2)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[1] + n * RB + off));
+            }
+    }
+    rlx_pdl_wait();
     float ss[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++)

@@ -1,0 +1,51 @@
+/* argmax along one axis (rlx `argmax`): x viewed as [outer, n, inner] -> y [outer, inner] int32, one block of
+ * 256 threads per output value; the first index wins ties and the first NaN wins over every number (numpy). */
+template <typename A>
+__device__ __forceinline__ bool rlx_argmax_better(A v, int64_t i, A best, int64_t at) {
+    if (at < 0) return i >= 0;
+    const bool vn = isnan(v), bn = isnan(best);
+    if (vn || bn) return vn && (!bn || i < at);
+    return v > best || (v == best && i < at);
+}
+
+template <typename T, typename A>
+__global__ void __launch_bounds__(256) rlx_argmax(const T *__restrict__ x, int32_t *__restrict__ y, int64_t outer,
+                                                  int64_t n, int64_t inner) {
+    __shared__ A best_v[8];
+    __shared__ int64_t best_i[8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t t = blockIdx.x; t < outer * inner; t += gridDim.x) {
+        const T *xs = x + (t / inner) * n * inner + t % inner;
+        A best = (A)0;
+        int64_t at = -1;  /* none yet */
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            const A v = (A)rlx_f(xs[j * inner]);
+            if (rlx_argmax_better(v, j, best, at)) {
+                best = v;
+                at = j;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const A ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int64_t oi = __shfl_xor_sync(0xffffffffu, at, o);
+            if (rlx_argmax_better(ov, oi, best, at)) {
+                best = ov;
+                at = oi;
+            }
+        }
+        if (lane == 0) {
+            best_v[warp] = best;
+            best_i[warp] = at;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+                if (rlx_argmax_better(best_v[w], best_i[w], best, at)) {
+                    best = best_v[w];
+                    at = best_i[w];
+                }
+            y[t] = (int32_t)at;
+        }
+        __syncthreads();
+    }
+}

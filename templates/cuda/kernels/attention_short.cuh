@@ -1,0 +1,193 @@
+/* ── short-sequence tensor-core attention (Skv <= KMAX) ───────────────────
+ * For encoder shapes (BERT / MiniLM: at most a few hundred keys, head_dim 32 or 64) the keys of one (batch, head)
+ * fit in shared memory whole. rlx_attn_fa loads a K/V tile, computes, waits at a barrier, loads the next tile:
+ * each block pays the global-memory latency once per tile with nothing in flight. Here every load of a block
+ * (its Q rows, all of K and V, the key mask) is issued at once with cp.async, one wait and one barrier follow,
+ * and the warps then run the same FlashAttention-2 register math as rlx_attn_fa over 64-key chunks with no
+ * further barrier. A block has 1..8 warps (16 query rows each, chosen by the host from the grid size), so at
+ * large batch one block covers up to 128 queries of a head and K/V are read from L2 once per block.
+ * Needs: D a multiple of 16 (<= 64), 16-byte aligned rows (the VEC case of rlx_attn_fa), f16 or bf16.
+ * Uses RlxAttn, RlxMma, rlx_ld32, rlx_ldmatrix_x2_trans and rlx_attn_kv_end from attention.cuh. */
+
+template <int D, int KMAX> struct RlxShortSmem {
+    static constexpr int LDK = D + 8; /* halves per row: conflict-free fragment and ldmatrix loads */
+    static constexpr size_t k_off = 0;
+    static constexpr size_t v_off = k_off + (size_t)KMAX * LDK * 2;
+    static constexpr size_t m_off = v_off + (size_t)KMAX * LDK * 2;
+    static constexpr size_t q_off = m_off + (size_t)KMAX * 4;
+    /* bytes for a block of nw warps (16 query rows each) */
+    static __host__ __device__ constexpr size_t total(int nw) { return q_off + (size_t)16 * nw * LDK * 2; }
+};
+
+__device__ __forceinline__ void rlx_cp_async16(void *smem, const void *gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
+/* rows [r0, r0 + rows) of a [*, D] matrix with row stride rs into smem rows of D + 8 elements, 16 bytes per
+ * copy, asynchronously (cp.async); rows at or past rmax are zero-filled with plain stores. */
+template <typename T, int D>
+__device__ __forceinline__ void rlx_short_rows(T *dst, const T *src, int64_t rs, int64_t r0, int64_t rmax, int rows) {
+    constexpr int LD = D + 8, CHUNKS = D / 8;
+    for (int e = threadIdx.x; e < rows * CHUNKS; e += blockDim.x) {
+        const int r = e / CHUNKS, c = (e % CHUNKS) * 8;
+        T *d = dst + r * LD + c;
+        if (r0 + r < rmax) rlx_cp_async16(d, src + (r0 + r) * rs + c);
+        else *reinterpret_cast<int4 *>(d) = make_int4(0, 0, 0, 0);
+    }
+}
+
+template <typename T, typename MT, int D, int MASK, int KMAX>
+__global__ void __launch_bounds__(256, D <= 32 ? 3 : 1) rlx_attn_short(const T *__restrict__ q, const T *__restrict__ k,
+                                                                      const T *__restrict__ v, const MT *__restrict__ mask,
+                                                                      T *__restrict__ out, RlxAttn p) {
+    typedef RlxShortSmem<D, KMAX> L;
+    typedef RlxMma<T> MMA;
+    constexpr int BK = 64; /* keys per chunk of the online softmax: 32 score registers per thread */
+    static_assert(D % 16 == 0 && D <= 64 && KMAX % BK == 0, "rlx_attn_short: D % 16 == 0, D <= 64, KMAX % 64 == 0");
+    extern __shared__ __align__(128) unsigned char rlx_smem_short[];
+    T *k_s = reinterpret_cast<T *>(rlx_smem_short + L::k_off);
+    T *v_s = reinterpret_cast<T *>(rlx_smem_short + L::v_off);
+    float *madd_s = reinterpret_cast<float *>(rlx_smem_short + L::m_off);
+    T *q_s = reinterpret_cast<T *>(rlx_smem_short + L::q_off);
+
+    const int nw = blockDim.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3; /* fragment row group and column pair */
+    const int h = blockIdx.y;
+    const int64_t b = blockIdx.z;
+    const int kvh = h / (p.H / p.Hkv);
+    const int64_t q0 = (int64_t)blockIdx.x * (16 * nw);
+    const T *qb = q + b * p.Sq * p.q_rs + (int64_t)h * D;
+    const T *kb = k + b * p.Skv * p.kv_rs + (int64_t)kvh * D;
+    const T *vb = v + b * p.Skv * p.v_rs + (int64_t)kvh * D;
+
+    const int64_t qlast = q0 + 16 * nw < p.Sq ? q0 + 16 * nw : p.Sq;
+    const int64_t kv_end = rlx_attn_kv_end<MASK>(p, qlast); /* <= Skv <= KMAX */
+    const int kv_rows = (int)((kv_end + 15) / 16 * 16);     /* rows the mma loops read */
+    /* Everything the block reads, in flight at once. */
+    rlx_short_rows<T, D>(q_s, qb, p.q_rs, q0, p.Sq, 16 * nw);
+    rlx_short_rows<T, D>(k_s, kb, p.kv_rs, 0, p.Skv, kv_rows);
+    rlx_short_rows<T, D>(v_s, vb, p.v_rs, 0, p.Skv, kv_rows);
+    for (int t = threadIdx.x; t < KMAX; t += blockDim.x) {
+        bool ok = t < p.Skv;
+        if (MASK == RLX_MASK_PADDING && ok) ok = rlx_f(mask[b * p.Skv + t]) != 0;
+        madd_s[t] = ok ? 0.f : -INFINITY;
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+    __syncthreads();
+    if (q0 + warp * 16 >= p.Sq) return; /* no barrier follows */
+
+    uint32_t qa[D / 16][4];
+    const T *qw = q_s + warp * 16 * L::LDK;
+#pragma unroll
+    for (int kt = 0; kt < D / 16; ++kt) {
+        qa[kt][0] = rlx_ld32(qw + g * L::LDK + kt * 16 + tq * 2);
+        qa[kt][1] = rlx_ld32(qw + (g + 8) * L::LDK + kt * 16 + tq * 2);
+        qa[kt][2] = rlx_ld32(qw + g * L::LDK + kt * 16 + 8 + tq * 2);
+        qa[kt][3] = rlx_ld32(qw + (g + 8) * L::LDK + kt * 16 + 8 + tq * 2);
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int64_t i0 = q0 + warp * 16 + g, i1 = i0 + 8;
+    const float sl2 = p.scale * 1.4426950408889634f; /* scores in log2 units: exp2f below */
+
+    for (int j0 = 0; j0 < kv_rows; j0 += BK) {
+        const int rows = kv_rows - j0 < BK ? kv_rows - j0 : BK;
+        float s[BK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < BK / 8; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            if (nt * 8 >= rows) continue; /* past the keys: masked below */
+            const T *kr = k_s + (j0 + nt * 8 + g) * L::LDK + tq * 2;
+#pragma unroll
+            for (int kt = 0; kt < D / 16; ++kt) MMA::mma(s[nt], qa[kt], rlx_ld32(kr + kt * 16), rlx_ld32(kr + kt * 16 + 8));
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BK / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = j0 + nt * 8 + tq * 2 + e;
+                const int64_t key = col;
+                const float ad = madd_s[col];
+                float a0 = s[nt][e] * sl2 + ad, a1 = s[nt][2 + e] * sl2 + ad;
+                if (MASK == RLX_MASK_CAUSAL) {
+                    if (key > i0 + p.causal_off) a0 = -INFINITY;
+                    if (key > i1 + p.causal_off) a1 = -INFINITY;
+                }
+                if (MASK == RLX_MASK_BIAS && key < p.Skv) {
+                    const MT *bb = mask + b * p.bs_b + (int64_t)h * p.bs_h + key * p.bs_k;
+                    if (i0 < p.Sq) a0 += rlx_f(bb[i0 * p.bs_q]) * 1.4426950408889634f;
+                    if (i1 < p.Sq) a1 += rlx_f(bb[i1 * p.bs_q]) * 1.4426950408889634f;
+                }
+                s[nt][e] = a0;
+                s[nt][2 + e] = a1;
+                mx0 = rlx_max(mx0, a0);
+                mx1 = rlx_max(mx1, a1);
+            }
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mx0 = rlx_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = rlx_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        const float mn0 = rlx_max(m0, mx0), mn1 = rlx_max(m1, mx1);
+        const float al0 = (m0 == -INFINITY) ? 0.f : exp2f(m0 - mn0);
+        const float al1 = (m1 == -INFINITY) ? 0.f : exp2f(m1 - mn1);
+        float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BK / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float p0 = s[nt][e] == -INFINITY ? 0.f : exp2f(s[nt][e] - mn0);
+                const float p1 = s[nt][2 + e] == -INFINITY ? 0.f : exp2f(s[nt][2 + e] - mn1);
+                s[nt][e] = p0;
+                s[nt][2 + e] = p1;
+                sum0 += p0;
+                sum1 += p1;
+            }
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            sum0 += __shfl_xor_sync(0xffffffffu, sum0, off);
+            sum1 += __shfl_xor_sync(0xffffffffu, sum1, off);
+        }
+        l0 = l0 * al0 + sum0;
+        l1 = l1 * al1 + sum1;
+        m0 = mn0;
+        m1 = mn1;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            o[dt][0] *= al0;
+            o[dt][1] *= al0;
+            o[dt][2] *= al1;
+            o[dt][3] *= al1;
+        }
+#pragma unroll
+        for (int kc = 0; kc < BK / 16; ++kc) {
+            if (kc * 16 >= rows) break; /* their probabilities are zero */
+            uint32_t pa[4];
+            pa[0] = MMA::pack(s[2 * kc][0], s[2 * kc][1]);
+            pa[1] = MMA::pack(s[2 * kc][2], s[2 * kc][3]);
+            pa[2] = MMA::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            pa[3] = MMA::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+            const T *vrow = v_s + (j0 + kc * 16 + (lane & 15)) * L::LDK;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                uint32_t b0, b1;
+                rlx_ldmatrix_x2_trans(b0, b1, vrow + dt * 8);
+                MMA::mma(o[dt], pa, b0, b1);
+            }
+        }
+    }
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    T *ob = out + b * p.Sq * p.o_rs + (int64_t)h * D + tq * 2;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+        if (i0 < p.Sq) *reinterpret_cast<uint32_t *>(ob + i0 * p.o_rs + dt * 8) = MMA::pack(o[dt][0] * inv0, o[dt][1] * inv0);
+        if (i1 < p.Sq) *reinterpret_cast<uint32_t *>(ob + i1 * p.o_rs + dt * 8) = MMA::pack(o[dt][2] * inv1, o[dt][3] * inv1);
+    }
+}

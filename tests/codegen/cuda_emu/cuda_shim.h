@@ -1,0 +1,65 @@
+/* A CPU stand-in for the CUDA features the SSM kernels use (tests only): each block's threads run as
+ * std::threads, __syncthreads is a barrier of the block, warp shuffles exchange through a per-warp slot
+ * array between two barriers of the warp, __shared__ arrays are function statics (blocks run one at a
+ * time). Enough to check the index arithmetic and synchronization of kernels/ssm.cuh without a GPU. */
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+struct RlxDim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+inline RlxDim3 blockDim, gridDim;
+inline thread_local RlxDim3 threadIdx, blockIdx;
+inline thread_local std::barrier<> *rlx_emu_block_bar = nullptr;
+inline thread_local std::barrier<> *rlx_emu_warp_bar = nullptr;
+inline thread_local float *rlx_emu_warp_slots = nullptr;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+#define __launch_bounds__(n)
+#define __shared__ static
+
+inline void __syncthreads() { rlx_emu_block_bar->arrive_and_wait(); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __shfl_xor_sync(unsigned, float v, int off) {
+    const int lane = threadIdx.x % 32;
+    rlx_emu_warp_slots[lane] = v;
+    rlx_emu_warp_bar->arrive_and_wait();
+    const float other = rlx_emu_warp_slots[lane ^ off];
+    rlx_emu_warp_bar->arrive_and_wait();
+    return other;
+}
+inline float rlx_f(float x) { return x; }
+template <typename T> inline T rlx_to(float x) { return (T)x; }
+
+/* Run kernel(args...) over `grid` blocks of `block` threads (block a multiple of 32). */
+template <typename F> void rlx_emu_launch(unsigned grid, unsigned block, F kernel) {
+    blockDim.x = block;
+    gridDim.x = grid;
+    for (unsigned b = 0; b < grid; ++b) {
+        std::barrier<> bar(block);
+        std::vector<std::unique_ptr<std::barrier<>>> warps;
+        std::vector<float> slots(block);
+        for (unsigned w = 0; w < block / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(32));
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < block; ++t)
+            threads.emplace_back([&, t] {
+                threadIdx.x = t;
+                blockIdx.x = b;
+                rlx_emu_block_bar = &bar;
+                rlx_emu_warp_bar = warps[t / 32].get();
+                rlx_emu_warp_slots = slots.data() + (t / 32) * 32;
+                kernel();
+            });
+        for (auto &th : threads) th.join();
+    }
+}

@@ -1,0 +1,88 @@
+"""The short-KV attention kernel (rlx_attn_short): chosen from the keys' static bound, included only when used,
+and compiled by nvcc for every mask mode (no GPU needed; tests/gpu/test_cuda_attention_short.py runs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.errors import BuildError
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Graph
+from rlx.ir.shape import Dim
+from rlx.opt.memplan import plan
+from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
+
+_spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")
+cases = importlib.util.module_from_spec(_spec)
+sys.modules["rlx_cuda_cases"] = cases
+_spec.loader.exec_module(cases)
+
+F16 = CudaTarget(precision=DType.F16, gemm="builtin")
+
+
+def _render(target: CudaTarget = F16, **kw) -> str:
+    case = cases._attention_case("attn", **kw)
+    return render_cuda(plan(case.graph), target, {"name": "attn"})
+
+
+def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
+    src = _render(heads=12, kv_heads=12, head_dim=32, mask="padding", sq=[128, 3])
+    assert "rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128><<<" in src
+    # its shared-memory limit is raised once, for the largest block (8 warps)
+    assert "cudaFuncSetAttribute(rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128>" in src
+    assert "RlxShortSmem<32, 128>::total(8)" in src
+    assert "rlx_attn_fa<" not in src.split("rlx_forward")[-1]
+    # more than 128 keys, head_dim above 64, or f32: the tiled kernels, and the header stays out
+    for kw, target in ((dict(heads=4, kv_heads=4, head_dim=32, mask="none", sq=[129]), F16),
+                       (dict(heads=2, kv_heads=2, head_dim=80, mask="bias", sq=[45]), F16),
+                       (dict(heads=4, kv_heads=4, head_dim=32, mask="none", sq=[64]), CudaTarget(gemm="builtin")),
+                       (dict(heads=4, kv_heads=4, head_dim=32, mask="none", sq=[64]),
+                        CudaTarget(precision=DType.F16, gemm="builtin", short_attention=False))):
+        src = _render(target, **kw)
+        assert "rlx_attn_short" not in src and "RlxShortSmem" not in src
+
+
+def _every_mask() -> Graph:
+    """One graph, four attentions: every mask mode, head dims 16 / 32 / 64, GQA, cross attention."""
+    g = Graph("short_masks")
+    sq, skv = Dim.dynamic("sq", max=100), Dim.dynamic("skv", max=128)
+    outs = []
+    for mask, d in (("padding", 32), ("causal", 64), ("bias", 16), ("none", 64)):
+        q = g.input(f"q_{mask}", [2, sq, 4 * d])
+        k = g.input(f"k_{mask}", [2, skv, 2 * d])
+        v = g.input(f"v_{mask}", [2, skv, 2 * d])
+        m = None
+        if mask == "padding":
+            m = g.input("m_padding", [2, skv], "i64")
+        elif mask == "bias":
+            m = g.input("m_bias", [2, 1, 1, skv])
+        outs.append(g.attention(q, k, v, num_heads=4, head_dim=d, mask=mask, mask_input=m, num_kv_heads=2))
+    g.set_outputs(outs)
+    return g
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_short_kernel_compiles_for_every_mask(precision: str, tmp_path: Path) -> None:
+    try:
+        nvcc, text = find_nvcc("nvcc")
+    except BuildError:
+        pytest.skip("nvcc is not installed")
+    src = render_cuda(plan(_every_mask()), CudaTarget(precision=DType.parse(precision), gemm="builtin"),
+                      {"name": "m"})
+    assert _launches(src) == 4
+    for mask in ("PADDING", "CAUSAL", "BIAS", "NONE"):
+        assert f"RLX_MASK_{mask}, 128><<<" in src
+    path = tmp_path / "short.cu"
+    path.write_text(src)
+    NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc)).compile(path, path.with_suffix(".o"), "builtin",
+                                                                 compile_only=True)
+
+
+def _launches(src: str) -> int:
+    start = src.index("static int rlx_forward(")
+    return src[start:src.index("\n}\n", start)].count("rlx_attn_short<")

@@ -1,0 +1,59 @@
+"""rlx_attn_short (the whole K/V of a head in shared memory, for Skv <= 128) against rlx.reference on a GPU.
+
+Every f16/bf16 attention whose key count is bounded by 128 runs this kernel; these cases cover the launch
+shapes the host picks (1..8 warps per block: small grids shrink the block), several query blocks per head
+(Sq > 128 against a short KV), cross attention (Sq != Skv), GQA, head dims 16/32/64 and every mask mode.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx import reference
+from rlx.driver import Device, Session
+from rlx.toolchain.cuda import visible_gpu_arch
+
+_spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent / "cases.py")
+cases = importlib.util.module_from_spec(_spec)
+sys.modules["rlx_cuda_cases"] = cases
+_spec.loader.exec_module(cases)
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(visible_gpu_arch() is None, reason="no NVIDIA GPU visible (nvidia-smi)")]
+
+U = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+#: name -> _attention_case keywords; batch x heads x query blocks decides the warps per block (>= 264 blocks
+#: on an H100 keeps 8 warps; fewer halves them)
+SHORT = {
+    "padding_d32_8warps": dict(heads=12, kv_heads=12, head_dim=32, mask="padding", sq=[128, 100], batch=24),
+    "padding_d32_3warps": dict(heads=12, kv_heads=12, head_dim=32, mask="padding", sq=[40, 17], batch=24),
+    "none_d64_4warps": dict(heads=12, kv_heads=12, head_dim=64, mask="none", sq=[128, 65], batch=12),
+    "causal_gqa_d64": dict(heads=8, kv_heads=2, head_dim=64, mask="causal", sq=[96, 9], batch=3),
+    "bias_cross_d32": dict(heads=4, kv_heads=4, head_dim=32, mask="bias", sq=[200, 33], skv=[128, 100], batch=2),
+    "causal_cross_d16": dict(heads=6, kv_heads=3, head_dim=16, mask="causal", sq=[20, 130], skv=[128, 1], batch=2),
+}
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+@pytest.mark.parametrize("name", sorted(SHORT))
+def test_short_attention_matches_reference(name: str, precision: str) -> None:
+    case = cases._attention_case(name, seed=len(name), **SHORT[name])
+    cg = Session(Device.CUDA, precision=precision).compile(case.graph, opt_level=0)
+    assert "rlx_attn_short<" in cg.source, "the short-KV kernel was not chosen"
+    for i, feed in enumerate(case.feeds):
+        (ref,) = reference.run(case.graph, feed, {})
+        (out,) = cg.run(feed)
+        (again,) = cg.run(feed)  # the replay of the captured CUDA graph
+        o, r = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+        scale = max(cases.scale_of(r), 1e-30)
+        rtol = 20 * U[precision]
+        err = np.abs(o - r)
+        assert np.all(err <= rtol * (np.abs(r) + scale)), f"{name}[{precision}] feed {i}: max err {err.max():.3g}"
+        assert cases.rel_l2(o, r) <= 10 * U[precision], f"{name}[{precision}] feed {i}"
+        np.testing.assert_array_equal(out, again)
