@@ -512,8 +512,8 @@ def _mk_collective(draw: Any, g: Graph) -> None:
     g.add(op, [x])
 
 
-MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_reduce, _mk_softmax, _mk_norm,
-          _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_int8, _mk_region,
+MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_int8, _mk_reduce, _mk_softmax,
+          _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region,
           _mk_cached_attention, _mk_ssm, _mk_scan]
 
 
