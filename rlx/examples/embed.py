@@ -2,6 +2,7 @@
 
     python -m rlx.examples.embed "A man is eating food." "A man is riding a horse."
     rlxc embed --model path/to/bert-dir "first sentence" "second sentence"
+    rlxc embed --quantize int8 "first sentence" "second sentence"   # int8 linear layers
 
 With `--input corpus.{txt,jsonl,parquet} --output out.parquet` it embeds a whole
 corpus instead (`rlx.distributed.corpus`): streamed in shards, a progress bar with
