@@ -30,10 +30,11 @@ per (row, channel) for decode; the gated delta rule one warp per state column), 
 `torch.compile` (the step function compiled, driven by a Python loop over time: compiling the whole
 loop unrolls thousands of steps); JAX `lax.scan` under `jit`. Each call is timed to completion (torch
 synchronizes, JAX blocks, rlx returns once its stream has finished); rlx is checked against the numpy
-loop, the peers against rlx. The hand-written CUDA kernels of mamba-ssm (`selective_scan_fn`) and
-flash-linear-attention (`chunk_gated_delta_rule`) are not among the peers: the GPU machine this was
-measured on has no network, and neither can be installed there (both build against the local CUDA
-toolkit from source or need their own wheels).
+loop, the peers against rlx. Where `fla-core` (flash-linear-attention's kernels: pure Python and
+Triton, so its wheel travels to an offline GPU machine) imports, its hand-written Triton kernels join
+the gated delta rule: `chunk_gated_delta_rule` for prefill, `fused_recurrent_gated_delta_rule` for a
+decode step (they multiply in tf32, so they are checked against rlx to 2e-2, the error printed).
+mamba-ssm's `selective_scan_fn` is not a peer: its CUDA extension only builds from source.
 """
 
 from __future__ import annotations
@@ -296,12 +297,17 @@ def bench_cuda(name: str, torch, want: np.ndarray, rlx_fn, peers: dict[str, Call
     err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
     if err > 1e-3:
         raise SystemExit(f"{name}: rlx disagrees with the numpy loop (relative error {err:.2e})")
-    for pname, fn in peers.items():
+    for pname, fn in list(peers.items()):
         out = fn()
         out = np.asarray(out.cpu().numpy() if hasattr(out, "cpu") else out)
         err = float(np.max(np.abs(out - got)) / (np.max(np.abs(got)) + 1e-30))
-        if err > 1e-3:
-            raise SystemExit(f"{name}: peer {pname} disagrees with rlx (relative error {err:.2e})")
+        # flash-linear-attention's Triton kernels multiply on tensor cores (tf32) even for f32 inputs
+        tol = 2e-2 if pname.startswith("fla") else 1e-3
+        if pname.startswith("fla"):
+            print(f"  ({pname} vs rlx: relative error {err:.1e})")
+        if err > tol:
+            print(f"  {pname} disagrees with rlx (relative error {err:.2e}): not timed")
+            del peers[pname]
 
     def synced(fn):
         def call():
@@ -335,12 +341,20 @@ def cuda_main(args: argparse.Namespace) -> None:
     except ImportError:
         jax = None
     ssm_step, ssm_loop, gdn_step, gdn_loop = torch_cuda_peers(torch)
+    try:  # the hand-written Triton kernels of flash-linear-attention (fla-core), where it is installed
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+        fla = (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule)
+    except Exception as exc:  # not installed, or its Triton stack does not import here
+        print(f"flash-linear-attention not available ({type(exc).__name__}: {str(exc)[:80]})")
+        fla = None
     c_ssm_step = torch.compile(ssm_step, fullgraph=True, dynamic=False)
     c_gdn_step = torch.compile(gdn_step, fullgraph=True, dynamic=False)
     dev = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}, rounds {args.rounds}; torch {torch.__version__}, "
-          f"jax {jax.__version__ if jax else 'not installed or no GPU (skipped)'}; mamba-ssm and "
-          f"flash-linear-attention not installed (no network on this machine)")
+          f"jax {jax.__version__ if jax else 'not installed or no GPU (skipped)'}; mamba-ssm not installed "
+          f"(its CUDA extension builds from source; no network on this machine); flash-linear-attention "
+          f"{'fla-core (Triton)' if fla else 'not installed'}")
     rng = np.random.default_rng(0)
     ssm_shapes = ([(1, 2048, 64, 16), (8, 1, 1024, 16)] if args.quick else
                   [(1, 4096, 256, 16), (1, 1024, 256, 16), (4, 512, 128, 16), (8, 64, 64, 16), (8, 1, 1024, 16)])
@@ -376,6 +390,10 @@ def cuda_main(args: argparse.Namespace) -> None:
         if jax:
             jf = {k: jax.device_put(v) for k, v in f.items()}
             peers["jax.jit"] = lambda jf=jf: jax_gdn(**jf).block_until_ready()
+        if fla:  # fla: the chunked kernel for prefill, the fused recurrent one for a decode step
+            kern, label = (fla[1], "fla recurrent") if s == 1 else (fla[0], "fla chunk")
+            peers[label] = lambda tf=tf, kern=kern, n=n: kern(tf["q"], tf["k"], tf["v"], tf["g"], tf["beta"],
+                                                              scale=n ** -0.5)[0]
         out = torch.empty((b, s, h, n), device=dev)
         rlx_fn = rlx_cuda_op(lambda g, i: g.gated_delta_net(i["q"], i["k"], i["v"], i["g"], i["beta"]), tf, out)
         bench_cuda(f"gated_delta_net b={b} s={s} h={h} n={n}", torch, gdn_numpy(**f, scale=n ** -0.5), rlx_fn,

@@ -1048,6 +1048,8 @@ def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
     # typedef struct rlx_ctx (prelude.c.j2): three pointers, two int32, param_set[N + 1], err[512],
     # padded to 8; a profiled build adds the span ring.
     record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8 + (PROFILE_RING_BYTES if profile else 0)
+    if "kernels/collectives.h" in ctx["headers"]:
+        record += 8  # the transport pointer (prelude.c.j2)
     state_inputs = {s.node for s in lir.inputs if s.state}
     state = sum(n.shape.max_nbytes for n in graph.nodes if n.kind == "state" or n.id in state_inputs)
     return {

@@ -62,7 +62,9 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
-                  "cuda/kernels/argmax.cuh")
+                  "cuda/kernels/argmax.cuh", "cuda/kernels/collectives.cuh")
+#: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
+NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
 COPY_HEADER = "cuda/kernels/copy.cuh"
 
@@ -445,6 +447,7 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "workspace_bytes": lay.workspace_bytes,
         "attn_max_splits": ATTN_MAX_SPLITS,
         "uses_flag": any(k.args.uses_flag for k in kernels),
+        "nccl": NCCL_HEADER in used,
         "params": params,
         "constants": constants,
         "inputs": inputs,

@@ -36,7 +36,7 @@ from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
-from rlx.ir.shape import Dim, product
+from rlx.ir.shape import Dim, normalize_axis, product
 from rlx.ir.view import View, collapse
 
 ROWS, GEMM, ATTENTION = "metal/kernels/rows.metal", "metal/kernels/gemm.metal", "metal/kernels/attention.metal"
@@ -414,6 +414,30 @@ def reduce(e: MetalEmitter, node: Node) -> Kernel:
                   kept=tuple((e.dim(d), e.dim(s)) for d, s in zip(kd, kv.strides)),
                   red=tuple((e.dim(d), e.dim(s)) for d, s in zip(rd, rv.strides)))
     return _kernel(node, "block_reduce", args, ROWS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArgMax(MetalArgs):
+    name: str
+    t: str
+    x: str
+    out: str
+    nout: str
+    n: str
+    inner: str
+
+
+@rules.register("argmax", accepts=_no_f64)
+def argmax(e: MetalEmitter, node: Node) -> Kernel:
+    """One thread per output value, scanning its axis (x viewed as [outer, n, inner])."""
+    x = e.node(node.inputs[0]).shape
+    axis = normalize_axis(node.op.axis, x.rank, "argmax axis")
+    name = e.kernel_name(node)
+    nout = product(node.shape.dims)
+    args = ArgMax(comment=e.header(node), launches=_one_d(e, name, nout), name=name, t=e.mtype(node.inputs[0]),
+                  x=e.ptr(node.inputs[0]), out=e.ptr(node.id), nout=e.dim(nout), n=e.dim(x.dims[axis]),
+                  inner=e.numel(x.dims[axis + 1:]))
+    return _kernel(node, "block_argmax", args, ROWS)
 
 
 # ── matrix products ───────────────────────────────────────────────────────────

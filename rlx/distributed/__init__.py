@@ -5,15 +5,19 @@
 - `rlx.distributed.bundle`: `save_bundle` / `BundledEmbedder.load` — a compiled
   sentence embedder as files that load without compiling (what workers receive).
 - `rlx.distributed.ray_embed`: `embed_dataset(ds, model=...)` over Ray Data (needs `rlx[ray]`).
-- `rlx.distributed.tp`: `shard(embedder, tp=N)` (also `rlx.shard`) — Megatron-style tensor-parallel
-  BERT graphs with `all_reduce` nodes, run in the reference over the LocalTransport.
+- `rlx.distributed.tp`: `shard(model, tp=N)` (also `rlx.shard`) — Megatron-style tensor-parallel
+  BERT and LLaMA-family graphs with `all_reduce` nodes, in the reference or compiled per rank.
+- `rlx.distributed.launch`: `launch(fn, nprocs=N)` runs N ranks (processes, or threads) with a
+  transport each for their collectives (CPU shared memory; NCCL on CUDA).
 """
 
 from __future__ import annotations
 
 from rlx.distributed.bundle import BundledEmbedder, save_bundle
 from rlx.distributed.corpus import CorpusError, embed_corpus, local_executor, read_embeddings
+from rlx.distributed.launch import Rank, RankError, launch, local_ranks
 from rlx.distributed.tp import shard, shard_bert
+from rlx.distributed.tp_decoder import shard_decoder, shard_gguf
 
 
 def __getattr__(name: str) -> object:
@@ -25,5 +29,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'rlx.distributed' has no attribute {name!r}")
 
 
-__all__ = ["BundledEmbedder", "CorpusError", "embed_corpus", "embed_dataset", "local_executor",
-           "read_embeddings", "save_bundle", "shard", "shard_bert"]
+__all__ = ["BundledEmbedder", "CorpusError", "Rank", "RankError", "embed_corpus", "embed_dataset", "launch",
+           "local_executor", "local_ranks", "read_embeddings", "save_bundle", "shard", "shard_bert", "shard_decoder",
+           "shard_gguf"]

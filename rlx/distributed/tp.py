@@ -12,8 +12,8 @@ Each of the N ranks holds 1/N of every layer's attention heads and FFN columns:
 
 Embeddings, layer norms and pooling are replicated. Every rank's graph is an ordinary
 MIR graph with `all_reduce` nodes (`rlx.ir.ops.AllReduce`); `ShardedEncoder.run_reference`
-runs the N ranks as threads over the `LocalTransport` (`rlx.reference.run_ranks`). No
-backend renders `all_reduce` yet, so the sharded graphs run in the reference only.
+runs the N ranks as threads over the `LocalTransport` (`rlx.reference.run_ranks`);
+`ShardedEncoder.load(rank)` compiles rank r's graph inside `rlx.distributed.launch`.
 
 >>> from rlx.models.bert import BertConfig, random_weights, build_bert, bert_inputs
 >>> from rlx import reference
@@ -61,9 +61,29 @@ class ShardedEncoder:
         outs = reference.run_ranks(list(self.graphs), [dict(inputs)] * self.tp, list(self.weights))
         return outs[0]
 
+    def load(self, rank: Any, device: str = "cpu", num_threads: int | None = None) -> Any:
+        """Rank `rank.rank`'s compiled graph (a `rlx.distributed.Rank` from `launch`), its weights set
+        and its transport attached; every rank compiles the same graph (one cache entry)."""
+        from rlx.driver import Session
 
-def shard(embedder: Any, tp: int) -> ShardedEncoder:
-    """`shard_bert` for a `SentenceEmbedder`: its config, weights, bounds, pooling and normalization."""
+        if rank.world != self.tp:
+            raise RlxError(f"this encoder is split over {self.tp} ranks, the launch has {rank.world}")
+        compiled = Session(device).compile(self.graphs[rank.rank], num_threads=num_threads)
+        for name, arr in self.weights[rank.rank].items():
+            if name in compiled.param_names:
+                compiled.set_param(name, arr)
+        return rank.attach(compiled)
+
+
+def shard(model: Any, tp: int) -> Any:
+    """Split `model` over `tp` ranks, Megatron-style: a `SentenceEmbedder` (BERT) gives a
+    `ShardedEncoder` (`shard_bert`), a `CausalLM` (LLaMA family) a `ShardedDecoder`
+    (`rlx.distributed.tp_decoder`). Each rank then loads its share inside `rlx.distributed.launch`."""
+    if hasattr(model, "tensors") and hasattr(model, "generate"):
+        from rlx.distributed.tp_decoder import shard_causal_lm
+
+        return shard_causal_lm(model, tp)
+    embedder = model
     return shard_bert(embedder.config, embedder.weights, tp, max_batch=embedder.max_batch,
                       max_seq=embedder.max_seq, pooling=embedder.sentence.pooling,
                       normalize=embedder.sentence.normalize)

@@ -112,13 +112,14 @@ class CausalLM:
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
-                 precision: str = "f32") -> None:
+                 precision: str = "f32", tp: int = 1) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise RlxError(f"{what} must be a positive integer, got {v!r}")
         self.config = config
+        self.tensors = tensors  # the GGUF-named tensors (references): what rlx.shard splits
         self.tokenizer = tokenizer
         self.device = device
         self.max_context = max_context
@@ -128,8 +129,10 @@ class CausalLM:
         cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, config)
         self._rope_cos, self._rope_sin = cos[0], sin[0]
         specs = {name: spec for name, (spec, _) in tensors.items()}
+        # tp > 1: one rank of a tensor-parallel decoder (rlx.distributed.tp_decoder gives its tensors)
+        self.tp = tp
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
-                                     capacity=max_context, name=f"{config.arch}_decoder")
+                                     capacity=max_context, name=f"{config.arch}_decoder", tp=tp)
         self._params = L.decoder_params(tensors, self.graph)
         self._compiled = None
         self._bound: dict[Any, Any] = {}  # CUDA: device buffers bound per (cache, step shape)

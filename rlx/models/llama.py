@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlx.errors import IRError
+from rlx.ir import ops as O
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.shape import Dim
 from rlx.models.decoder_config import DecoderConfig
@@ -131,14 +132,29 @@ def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config
     return g.gather(table, tokens)
 
 
+def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
+    """A row-parallel linear's partial product summed over the `tp` ranks (itself when tp is 1)."""
+    return partial if tp == 1 else g.add(O.AllReduce(world=tp), [partial], name=name + ".all_reduce")
+
+
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
-                  max_seq: int = 256, capacity: int = 2048, name: str = "decoder") -> Graph:
-    """One decoder step over the KV cache (see the module docstring)."""
+                  max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1) -> Graph:
+    """One decoder step over the KV cache (see the module docstring).
+
+    `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
+    slices the weights): `specs` then hold that rank's shapes — 1/tp of the heads and FFN columns —
+    the attention output and FFN down projections are followed by an `all_reduce`, and a vocabulary
+    projection split by rows (`output.weight` of vocab/tp rows) by an `all_gather` of the logits.
+    """
     if capacity < 1 or max_seq < 1 or max_batch < 1:
         raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
     c = config
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or c.num_kv_heads % tp or c.ffn_size % tp:
+        raise IRError(f"tp={tp!r} must be a positive int dividing the kv heads ({c.num_kv_heads}) and the FFN "
+                      f"size ({c.ffn_size})")
     hd, half = c.head_dim, c.n_rot // 2
-    q_width, kv_width = c.num_heads * hd, c.num_kv_heads * hd
+    heads, kv_heads, ffn_size = c.num_heads // tp, c.num_kv_heads // tp, c.ffn_size // tp
+    q_width, kv_width = heads * hd, kv_heads * hd
     g = Graph(name)
     batch, seq = Dim.dynamic("batch", max_batch), Dim.dynamic("seq", max_seq)
     n_rows = Dim.dynamic("n_rows", max_batch * max_seq)
@@ -161,20 +177,27 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         k_name, v_name = cache_names(layer)
         k_cache = g.state(k_name, [max_batch, capacity, kv_width])
         v_cache = g.state(v_name, [max_batch, capacity, kv_width])
-        a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=c.num_heads, head_dim=hd,
-                               num_kv_heads=c.num_kv_heads)
-        x = g.add_(x, _linear(g, a, specs, layer_tensor(layer, "attn_output"), c.hidden_size, q_width))
+        a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,
+                               num_kv_heads=kv_heads)
+        out_name = layer_tensor(layer, "attn_output")
+        x = g.add_(x, _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width), tp, out_name))
         h = g.rms_norm(x, g.param(layer_tensor(layer, "ffn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), c.ffn_size, c.hidden_size)
-        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), c.ffn_size, c.hidden_size)
+        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size)
+        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size)
         ffn = g.mul(g.activation("silu", gate), up)
-        x = g.add_(x, _linear(g, ffn, specs, layer_tensor(layer, "ffn_down"), c.hidden_size, c.ffn_size))
+        down = layer_tensor(layer, "ffn_down")
+        x = g.add_(x, _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size), tp, down))
     # logits only for the requested rows: the vocabulary projection is the largest matmul
     flat = g.reshape(x, [batch * seq, c.hidden_size])
     picked = g.gather(flat, rows)
     h = g.rms_norm(picked, g.param("output_norm.weight", [c.hidden_size]), eps=c.rms_eps)
     out_name = output_weight_name(c, specs)
-    logits = _linear(g, h, specs, out_name, c.vocab_size, c.hidden_size)
+    vocab = c.vocab_size if tp == 1 or out_name != "output.weight" else specs[out_name].shape[0]
+    if vocab not in (c.vocab_size, c.vocab_size // tp) or vocab * tp < c.vocab_size:
+        raise IRError(f"output.weight has {vocab} rows: the vocabulary {c.vocab_size}, or its 1/{tp} share")
+    logits = _linear(g, h, specs, out_name, vocab, c.hidden_size)
+    if vocab != c.vocab_size:  # this rank's rows of the vocabulary, in rank order
+        logits = g.add(O.AllGather(world=tp, axis=1), [logits], name="output.all_gather")
     # the greedy next token of each row, so a decode step on a GPU reads back 4 bytes a row, not the logits
     g.set_outputs({"logits": logits, "next_token": g.argmax(logits, axis=-1)})
     return g

@@ -180,6 +180,12 @@ def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
         return -(-k * tile * size // ALIGN) * ALIGN + product_bytes
     if isinstance(node.op, O.FusedSwiGLU):  # the up projection, before it is combined with the gate
         return node.shape.max_numel * device_dtype(node.shape.dtype, precision).itemsize
+    if isinstance(node.op, (O.AllGather, O.ReduceScatter)):  # NCCL's rank-major layout <-> the axis
+        axis = node.op.axis % node.shape.rank
+        if axis == 0 or all(d.is_static and d.value == 1 for d in node.shape.dims[:axis]):
+            return 0
+        size = device_dtype(node.shape.dtype, precision).itemsize
+        return max(node.shape.max_numel, graph.node(node.inputs[0]).shape.max_numel) * size
     if isinstance(node.op, O.Attention):  # split-KV decode partials: per (batch, head, split) D values + max + sum
         q = graph.node(node.inputs[0]).shape
         return q.dims[0].max * node.op.num_heads * ATTN_MAX_SPLITS * (node.op.head_dim + 2) * 4

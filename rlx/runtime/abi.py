@@ -33,8 +33,31 @@ int64_t     rlx_profile_read(void *ctx, int64_t *out, int64_t max);
 void        rlx_profile_clear(void *ctx);
 """
 
+#: Exported by graphs with collective ops only: on the CPU the transport (templates/cpu/kernels/
+#: collectives.h, transport.h, transport_shm.h; `rlx.runtime.transport`), on CUDA rlx_set_nccl
+#: (templates/cuda/nccl_abi.cu.j2; `rlx.runtime.nccl`).
+TRANSPORT_CDEF = """
+typedef struct RlxTransport {
+    int32_t version;
+    int32_t rank, world;
+    int32_t reserved;
+    void *state;
+    int32_t (*all_reduce)(void *state, const void *send, void *recv, int64_t count, int32_t dtype, int32_t op);
+    int32_t (*all_gather)(void *state, const void *send, void *recv, int64_t count, int32_t dtype);
+    int32_t (*reduce_scatter)(void *state, const void *send, void *recv, int64_t recvcount, int32_t dtype,
+                              int32_t op);
+    const char *(*last_error)(void *state);
+} RlxTransport;
+int32_t       rlx_set_transport(void *ctx, const RlxTransport *t);
+int64_t       rlx_shm_region_bytes(int32_t world, int64_t slot_bytes);
+RlxTransport *rlx_shm_transport_open(void *region, int64_t bytes, int32_t rank, int32_t world, int64_t timeout_ms);
+void          rlx_shm_transport_close(RlxTransport *t);
+int32_t       rlx_set_nccl(void *ctx, const void *unique_id, int32_t rank, int32_t world);
+"""
+
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
 ffi.cdef(PROFILE_CDEF)
+ffi.cdef(TRANSPORT_CDEF)
 
-__all__ = ["ABI_VERSION", "CDEF", "PROFILE_CDEF", "ffi"]
+__all__ = ["ABI_VERSION", "CDEF", "PROFILE_CDEF", "TRANSPORT_CDEF", "ffi"]

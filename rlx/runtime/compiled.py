@@ -323,6 +323,28 @@ class CompiledGraph:
         """Execution contexts created so far (1 until runs overlap)."""
         return self._pool.size
 
+    # ── collectives (graphs with all_reduce / all_gather / reduce_scatter) ──
+
+    def set_transport(self, transport: Any) -> None:
+        """Attach this rank's transport (e.g. `rlx.runtime.transport.ShmTransport`); None detaches.
+
+        A graph with collective ops runs once per rank, and each run's collectives meet the
+        other ranks' in order, so runs of this graph become one at a time (`max_contexts` 1).
+        Only libraries of graphs with collectives take a transport.
+        """
+        try:
+            set_transport = self._lib.rlx_set_transport
+        except AttributeError:
+            raise ExecutionError(f"{self._library.manifest.get('name', '?')!r} has no collective ops, so it "
+                                 "takes no transport") from None
+        ptr = ffi.NULL if transport is None else transport.ptr
+        self._pool.limit = 1
+        with self._pool.exclusive():
+            self._pool.drop_clones()
+            if set_transport(self._ctx, ptr) != 0:
+                raise ExecutionError(self._error("set_transport"))
+            self._transport = transport  # its function table and region outlive every run
+
     def __repr__(self) -> str:
         ins = ", ".join(f"{t.name}: {t.describe()}" for t in self._library.inputs)
         outs = ", ".join(f"{t.name}: {t.describe()}" for t in self._library.outputs)

@@ -34,6 +34,7 @@ from rlx.ir.lir import LirModule
 from rlx.toolchain.cache import AotCache
 from rlx.toolchain.compiler import run_compiler, version_text
 from rlx.toolchain.cpu import KEY_PENDING, components_key, source_digest, templates_digest
+from rlx.toolchain.nccl import Nccl, find_nccl
 
 if TYPE_CHECKING:
     from rlx.codegen.cuda import CudaTarget
@@ -207,15 +208,20 @@ class NvccToolchain:
     def identity(self) -> str:
         return f"{self.nvcc}\n{self.version_text}"
 
-    def command(self, source: Path, output: Path, gemm: str, compile_only: bool = False) -> list[str]:
+    def command(self, source: Path, output: Path, gemm: str, compile_only: bool = False,
+                extra: tuple[str, ...] = (), extra_link: tuple[str, ...] = ()) -> list[str]:
+        """nvcc's command line; `extra` / `extra_link`: what one program adds (NCCL for collectives)."""
         if compile_only:
             flags = [f for f in self.flags(gemm) if f != "-shared"]
-            return [self.nvcc, *flags, "-c", "-o", str(output), str(source)]
-        return [self.nvcc, *self.flags(gemm), "-o", str(output), str(source), *self.link_flags(gemm)]
+            return [self.nvcc, *flags, *extra, "-c", "-o", str(output), str(source)]
+        return [self.nvcc, *self.flags(gemm), *extra, "-o", str(output), str(source), *self.link_flags(gemm),
+                *extra_link]
 
-    def compile(self, source: Path, output: Path, gemm: str, compile_only: bool = False) -> None:
+    def compile(self, source: Path, output: Path, gemm: str, compile_only: bool = False,
+                extra: tuple[str, ...] = (), extra_link: tuple[str, ...] = ()) -> None:
         """Build `source` into `output`; BuildError with nvcc's message (source path kept)."""
-        run_compiler(self.command(source, output, gemm, compile_only), source, output, "nvcc", timeout=900)
+        run_compiler(self.command(source, output, gemm, compile_only, extra, extra_link), source, output, "nvcc",
+                     timeout=900)
 
 
 def detect_nvcc_toolchain(config: Config | None = None, target: str | None = None) -> NvccToolchain:
@@ -285,6 +291,19 @@ def cuda_manifest(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, 
     return m
 
 
+def nccl_for(source: str) -> Nccl | None:
+    """NCCL for a rendered `.cu` that includes it (a graph with collectives), None for any other;
+    BuildError when the source needs NCCL and none is installed."""
+    if "#include <nccl.h>" not in source:
+        return None
+    nccl = find_nccl()
+    if not nccl.found:
+        raise BuildError("the graph has collective ops, which the CUDA backend renders as NCCL calls, and no NCCL "
+                         "was found (nccl.h and libnccl): pip install nvidia-nccl-cu12 (rlx[cuda]) or set "
+                         "RLX_NCCL_HOME")
+    return nccl
+
+
 @dataclass(frozen=True)
 class CudaBuild:
     """Result of `build_cuda`: where the library is and what went into it."""
@@ -315,13 +334,17 @@ def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget 
     start = time.perf_counter()
     pending = render_cuda_source(lir, toolchain, target, KEY_PENDING)
     components = cuda_key_components(lir, toolchain, target, pending_source=pending)
+    nccl = nccl_for(pending)
+    if nccl is not None:  # collectives: NCCL's header and library (only these graphs' keys name it)
+        components["nccl"] = nccl.identity()
     key = components_key(components)
 
     def build(workdir: Path) -> None:
         source = workdir / "model.cu"
         # Rendered again with the key: only on a miss, where nvcc's seconds dwarf it.
         source.write_text(render_cuda_source(lir, toolchain, target, key))
-        toolchain.compile(source, workdir / "model.so", target.gemm)
+        toolchain.compile(source, workdir / "model.so", target.gemm, extra=nccl.flags if nccl else (),
+                          extra_link=nccl.link_args if nccl else ())
 
     entry = AotCache(config).get_or_build(components, build)
     return CudaBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain,

@@ -85,6 +85,47 @@ int32_t rlx_set_num_threads(void *ctx, int32_t n);
  * record. Returns 0, or 1 if ctx or out is NULL. */
 int32_t rlx_memory(void *ctx, int64_t out[4]);
 
+/* ── collectives (only libraries of graphs with all_reduce / all_gather / reduce_scatter) ──
+ *
+ * Such a graph runs once per rank; each rank's context is given that rank's transport, a
+ * function table its collectives call. Libraries with collectives export the functions below;
+ * others do not (and are otherwise unchanged). The table (same text as kernels/transport.h): */
+#ifndef RLX_TRANSPORT_DEFINED
+#define RLX_TRANSPORT_DEFINED
+
+
+#define RLX_TRANSPORT_VERSION 1
+
+/* element types (dtype) and reductions (op) */
+enum { RLX_DT_F32 = 0, RLX_DT_F16 = 1, RLX_DT_BF16 = 2 };
+enum { RLX_RED_SUM = 0, RLX_RED_MAX = 1 };
+
+typedef struct RlxTransport {
+    int32_t version; /* RLX_TRANSPORT_VERSION */
+    int32_t rank, world;
+    int32_t reserved;
+    void *state;     /* the implementation's own, passed back to every call */
+    int32_t (*all_reduce)(void *state, const void *send, void *recv, int64_t count, int32_t dtype, int32_t op);
+    int32_t (*all_gather)(void *state, const void *send, void *recv, int64_t count, int32_t dtype);
+    int32_t (*reduce_scatter)(void *state, const void *send, void *recv, int64_t recvcount, int32_t dtype,
+                              int32_t op);
+    const char *(*last_error)(void *state);
+} RlxTransport;
+
+#endif /* RLX_TRANSPORT_DEFINED */
+
+/* Attach a transport to ctx (NULL detaches); it must outlive the runs. 0, or 1 with a message. */
+int32_t rlx_set_transport(void *ctx, const RlxTransport *t);
+
+/* The built-in shared-memory transport, for ranks that are threads of one process or processes
+ * mapping one region: rlx_shm_region_bytes(world, slot_bytes) sizes the region (zero-filled,
+ * 64-byte aligned; a 128-byte header, abort flag at byte 8, then two sets of one slot per rank);
+ * rlx_shm_transport_open makes rank `rank`'s transport over it (NULL on bad arguments), whose
+ * collectives fail after waiting `timeout_ms` for the others or once the abort flag is set. */
+int64_t rlx_shm_region_bytes(int32_t world, int64_t slot_bytes);
+RlxTransport *rlx_shm_transport_open(void *region, int64_t bytes, int32_t rank, int32_t world, int64_t timeout_ms);
+void rlx_shm_transport_close(RlxTransport *t);
+
 #ifdef __cplusplus
 }
 #endif

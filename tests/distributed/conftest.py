@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,3 +60,7 @@ def bundle(embedder, tmp_path_factory) -> Path:
     from rlx.distributed.bundle import save_bundle
 
     return save_bundle(embedder, tmp_path_factory.mktemp("bundle"))
+
+
+# rank_fns.py (the launch tests' rank functions) importable by name, here and in spawned ranks.
+sys.path.insert(0, str(Path(__file__).resolve().parent))

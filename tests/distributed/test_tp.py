@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import rank_fns
 
 import rlx
 from rlx import reference
+from rlx.distributed import launch
 from rlx.distributed.tp import cosine, shard, shard_bert
 from rlx.errors import RlxError
 from rlx.models.bert import BertConfig, bert_inputs, build_bert, random_weights
@@ -49,8 +51,8 @@ def test_layout_of_the_shards():
     np.testing.assert_array_equal(np.concatenate([w0[q], w1[q]], axis=0), W[q])
     np.testing.assert_array_equal(np.concatenate([w0[o], w1[o]], axis=1), W[o])
     np.testing.assert_array_equal(w0["encoder.layer.0.output.dense.bias"], W["encoder.layer.0.output.dense.bias"])
-    # No backend renders all_reduce yet: refused before any build.
-    assert rlx.Session("cpu").first_unsupported_op(g)[0].kind == "all_reduce"
+    # The CPU renders the all-reduces (a call into the rank's transport).
+    assert rlx.Session("cpu").first_unsupported_op(g) is None
 
 
 def test_shard_a_sentence_embedder(rng):
@@ -72,3 +74,15 @@ def test_bad_tp():
         shard_bert(CFG, W, 3, max_batch=1, max_seq=4)
     with pytest.raises(RlxError, match="tp must be a positive int"):
         shard_bert(CFG, W, 0, max_batch=1, max_seq=4)
+
+
+def test_compiled_tp2_equals_tp1(rng):
+    feed = _feed(rng)
+    one = rlx.Session().compile(build_bert(CFG, max_batch=4, max_seq=12), num_threads=1)
+    for name in one.param_names:
+        one.set_param(name, W[name])
+    want = one.run(feed)[0]
+    sharded = shard_bert(CFG, W, 2, max_batch=4, max_seq=12)
+    for got in launch(rank_fns.encoder_rank, nprocs=2, threads=True, args=(sharded, feed)):
+        assert cosine(got, want) >= 0.9999
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -220,6 +220,24 @@ def norms() -> Case:
 
 
 @case
+def argmax() -> Case:
+    """Rows of distinct small integers (exact in f16 and bf16), a tie (the first index wins) and NaNs (the
+    first NaN wins), along the last, the first and a middle axis; a dynamic row count."""
+    g = Graph("argmax")
+    rows = Dim.dynamic("rows", max=6)
+    x = g.input("x", [rows, 200])
+    y = g.input("y", [5, 33])
+    z = g.input("z", [3, 7, 5])
+    g.set_outputs([g.argmax(x), g.argmax(y, axis=0), g.argmax(z, axis=1)])
+    r = _rng(21)
+    xs = np.stack([r.permutation(200) - 100 for _ in range(5)]).astype(np.float32)
+    xs[1, 3] = xs[1, 150] = 120.0
+    xs[2, 77] = xs[2, 120] = np.nan
+    return Case("argmax", g, [{"x": xs, "y": r.permutation(165).reshape(5, 33).astype(np.float32) - 80,
+                               "z": r.permutation(105).reshape(3, 7, 5).astype(np.float32) - 50}])
+
+
+@case
 def movement() -> Case:
     g = Graph("movement")
     seq = Dim.dynamic("seq", max=20)

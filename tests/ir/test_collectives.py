@@ -97,5 +97,7 @@ def test_serializes_and_is_refused_before_any_build_where_no_backend_rule_exists
     g = _graph(O.ReduceScatter(world=2, reduce="max", axis=0), [4, 3], "bf16")
     again = serialize.from_json(serialize.to_json(g))
     assert serialize.to_json(again) == serialize.to_json(g)
-    assert not rlx.Session("cpu").supports(g)
-    assert rlx.Session("cpu").first_unsupported_op(g)[0].kind == "reduce_scatter"
+    assert rlx.Session("cpu").supports(g)  # bf16 reduced in f32 between legalizing casts
+    from rlx.codegen.backends import first_unsupported_op
+
+    assert first_unsupported_op(g, "metal")[0].kind == "reduce_scatter"  # no Metal rule yet

@@ -1,0 +1,88 @@
+"""CUDA collectives render as NCCL calls on the context's stream; compile-only with nvcc and NCCL's header.
+
+Running them needs several GPUs (`benchmarks/tp.py` on a multi-GPU machine); here the generated
+source is checked and compiled (skipped without nvcc or the `nvidia-nccl-cu12` headers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import rlx
+from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.errors import BuildError
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.opt.memplan import plan
+from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
+from rlx.toolchain.nccl import find_nccl
+
+
+def _graph() -> rlx.Graph:
+    g = rlx.Graph("nccl_ops")
+    x = g.input("x", [rlx.Dim.dynamic("rows", max=8), 16])
+    g.set_outputs([
+        g.activation("relu", g.add(O.AllReduce(world=2), [x])),
+        g.add(O.AllReduce(world=2, reduce="max"), [x]),
+        g.add(O.AllGather(world=2, axis=0), [g.input("y", [3, 16])]),
+        g.add(O.AllGather(world=2, axis=1), [x]),  # rows before the axis: through scratch
+        g.add(O.ReduceScatter(world=2, axis=1), [x]),
+    ])
+    return g
+
+
+def test_rendered_nccl_calls():
+    src = render_cuda(plan(_graph()), CudaTarget(arch="sm_90"), {"name": "nccl_ops"})
+    for call in ("ncclAllReduce(", "ncclAllGather(", "ncclReduceScatter(", "ncclMax", "rlx_set_nccl",
+                 "ncclComm_t comm;", "ncclCommDestroy(c->comm)", "cudaMemcpy2DAsync("):
+        assert call in src, call
+    assert "RLX_NCCL_COMM(c, 2," in src
+    plain = rlx.Graph("plain")
+    plain.set_outputs([plain.activation("relu", plain.input("x", [4]))])
+    assert "nccl" not in render_cuda(plan(plain), CudaTarget(arch="sm_90"), {"name": "plain"}).lower()
+
+
+def test_tp_decoder_renders_and_compiles_for_cuda(tmp_path: Path):
+    from rlx.distributed.tp_decoder import shard_decoder
+    from rlx.ir.quant import quantize
+    from rlx.models.causal_lm import random_tensors
+    from rlx.models.decoder_config import DecoderConfig
+    from rlx.models.llama import WeightSpec, build_decoder, random_specs
+
+    cfg = DecoderConfig(arch="llama", vocab_size=128, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                        head_dim=16, ffn_size=128, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
+                        n_rot=16, context_length=32, tie_embeddings=True, bos_id=1, eos_id=2)
+    q8 = {n: (WeightSpec("q8_0", sp.shape), quantize(d, "q8_0")) if len(sp.shape) == 2 else (sp, d)
+          for n, (sp, d) in random_tensors(random_specs(cfg)).items()}
+    shard = shard_decoder(cfg, q8, tp=2).tensors[0]
+    g = build_decoder(cfg, {n: sp for n, (sp, _) in shard.items()}, max_seq=4, capacity=16, tp=2)
+    assert rlx.Session("cuda").first_unsupported_op(g) is None
+    src = render_cuda(plan(g), CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin"), {"name": "tp"})
+    assert src.count("ncclAllReduce(") == 2 and src.count("ncclAllGather(") == 1  # attention, FFN; the logits
+    tc, nccl = _nvcc_and_nccl()
+    path = tmp_path / "tp_decoder.cu"
+    path.write_text(src)
+    tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True, extra=nccl.flags)
+
+
+def _nvcc_and_nccl():
+    try:
+        nvcc, text = find_nvcc("nvcc")
+    except BuildError:
+        pytest.skip("nvcc is not installed")
+    nccl = find_nccl()
+    if not nccl.found:
+        pytest.skip("NCCL headers not installed (pip install nvidia-nccl-cu12, the rlx[cuda] extra)")
+    return NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc)), nccl
+
+
+def test_compiles_with_nvcc_and_nccl(tmp_path: Path):
+    tc, nccl = _nvcc_and_nccl()
+    src = render_cuda(plan(_graph()), CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin"),
+                      {"name": "nccl_ops"})
+    path = tmp_path / "nccl_ops.cu"
+    path.write_text(src)
+    tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True, extra=nccl.flags)
+    assert path.with_suffix(".o").stat().st_size > 0

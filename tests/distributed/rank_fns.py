@@ -1,0 +1,54 @@
+"""Rank functions for the launch tests: module-level, so spawned rank processes can import them."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import rlx
+from rlx.ir.ops import AllReduce
+
+
+def sum_graph(world: int) -> rlx.Graph:
+    g = rlx.Graph("launch_sum")
+    g.set_outputs([g.add(AllReduce(world=world), [g.input("x", [4])])])
+    return g
+
+
+def compiled_sum(rank) -> list[float]:
+    cg = rank.attach(rlx.Session().compile(sum_graph(rank.world), num_threads=1))
+    out = cg.run(x=np.full(4, rank.rank + 1.0, np.float32))[0]
+    out = cg.run(x=out)[0]  # a second collective on the same region
+    return out.tolist()
+
+
+def fail_on_rank_one(rank) -> list[float]:
+    if rank.rank == 1:
+        raise ValueError("rank one refuses")
+    return compiled_sum(rank)  # rank 0 waits at the collective until the launcher aborts it
+
+
+def crash_on_rank_one(rank) -> list[float]:
+    if rank.rank == 1:
+        os._exit(3)
+    return compiled_sum(rank)
+
+
+def decoder_rank(rank, sharded, prompt, n_new):
+    """One rank of a tensor-parallel decoder: its greedy tokens and its prompt logits."""
+    lm = sharded.load(rank, threads=1)
+    return lm.generate(prompt, n_new).token_ids, lm.logits(prompt)
+
+
+def encoder_rank(rank, sharded, feed):
+    """One rank of a tensor-parallel BERT encoder: its (whole) output."""
+    return sharded.load(rank, num_threads=1).run(feed)[0]
+
+
+def stuck_on_rank_one(rank) -> list[float]:
+    if rank.rank == 1:
+        import time
+
+        time.sleep(60)  # neither fails nor reaches the collective
+    return compiled_sum(rank)
