@@ -4,7 +4,8 @@ Every kernel variant the build can pick runs: AVX-512 VNNI (a native build on a 
 AVX2 (RLX_CPU_TARGET=x86-64-v3) and the portable C path (x86-64). Shapes probe the layout and
 tiling: K not a multiple of 4 (the vpdpbusd group) nor of 16 (the quantizer's vector), N below
 and past one 32-column panel, M = 1, one row past a 12-row tile, more rows than one 48-row
-block; on one thread and on two (rows split between the threads, or panels).
+block; on one thread, and on two (rows split between the threads, or panels: in a child process
+with spinning threads, as a sleeping team runs products this small on the calling thread).
 
 The integers must match exactly: with inputs whose scales are exactly 1 (every row and column
 holds +-127 and integers) the result is the integer product itself; on random data the kernel's
@@ -82,7 +83,7 @@ def test_kernel_matches_the_reference_bit_for_bit(target: str) -> None:
         params[f"b{i}"] = rng.standard_normal(n).astype(np.float32)
     ref = rlx.reference.run(g, inputs, params)
     cg = _compile(g, params, target, 1)
-    for threads in (1, 2):  # two threads: rows split (50 rows) or panels split (the others)
+    for threads in (1, 2):  # (two threads split only bigger products: test_two_threads_under_address_sanitizer)
         cg.num_threads = threads
         got = cg.run(inputs)
         for i, want in enumerate(exact):
@@ -200,20 +201,30 @@ def test_artifact_keeps_the_f32_weights_and_quantizes_again_on_load(tmp_path) ->
     np.testing.assert_array_equal(loaded.run(feed)[0], cg.run(feed)[0])
 
 
-def test_under_address_sanitizer(tmp_path) -> None:
-    """Every shape (odd K, partial panels, row tails) on one and two threads, built with -fsanitize=address."""
+#: Products big enough to split over two spinning threads: by rows (M >= 24), by panels (few rows).
+SPLIT_SHAPES = [(100, 203, 96), (8, 256, 520)]
+
+
+def test_two_threads_under_address_sanitizer(tmp_path) -> None:
+    """Every shape on one and two threads, built with -fsanitize=address, bit for bit as the reference.
+
+    A child process with spinning OpenMP threads (RLX_OMP_WAIT=active), so that SPLIT_SHAPES really
+    split over two threads (with the default sleeping team, products this small run on one).
+    """
     import subprocess
     import sys
 
     from cpu_helpers import sanitizer_env
 
     here = Path(__file__).resolve().parent
-    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, here)
+    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+                                              "RLX_OMP_WAIT": "active"}, here)
     script = (
         "import numpy as np, rlx\n"
-        "from test_c_int8 import SHAPES, _graph\n"
+        "from test_c_int8 import SHAPES, SPLIT_SHAPES, _graph\n"
         "r = np.random.default_rng(0)\n"
-        "g = _graph(SHAPES, act='gelu')\n"
+        "SHAPES = SHAPES + SPLIT_SHAPES\n"
+        "g = _graph(SHAPES)\n"
         "x = {f'x{i}': r.standard_normal((m, k)).astype(np.float32) for i, (m, k, n) in enumerate(SHAPES)}\n"
         "p = {f'w{i}': r.standard_normal((k, n)).astype(np.float32) for i, (m, k, n) in enumerate(SHAPES)}\n"
         "p |= {f'b{i}': r.standard_normal(n).astype(np.float32) for i, (m, k, n) in enumerate(SHAPES)}\n"
@@ -222,7 +233,7 @@ def test_under_address_sanitizer(tmp_path) -> None:
         "for t in (1, 2):\n"
         "    cg.num_threads = t\n"
         "    for a, b in zip(cg.run(x), rlx.reference.run(g, x, p)):\n"
-        "        np.testing.assert_allclose(a, b, rtol=4e-6, atol=1e-6)\n"
+        "        np.testing.assert_array_equal(a, b)\n"
         "print('INT8-ASAN-OK')\n")
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "INT8-ASAN-OK" in proc.stdout, proc.stderr[-6000:]

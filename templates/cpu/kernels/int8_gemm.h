@@ -25,11 +25,13 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define RLX_I8_NR 32 /* columns per panel */
 #define RLX_I8_KG 4  /* k per int32 lane */
 #define RLX_I8_MC 48 /* rows quantized and multiplied per block (a multiple of every RLX_I8_MR) */
+#define RLX_I8_PF_BYTES 8192 /* how far ahead of the VNNI kernel weights are prefetched (as packed_gemm.h) */
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512VNNI__)
@@ -154,15 +156,19 @@ static inline void rlx_i8_store_row(const int32_t *acc, int64_t nr, float sx, co
  * spills the accumulator around every _mm512_dpbusd_epi32 in a loop like the one below. */
 #define RLX_I8_DPBUSD(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
 #define RLX_I8_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, int64_t kg, const uint8_t *A, int64_t lda,
-                                                               const int8_t *B, float *C, int64_t ldc, int64_t nr,
-                                                               const float *sx, const float *sw, const int32_t *comp,
-                                                               const float *bias)
+static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, const int prefetch, int64_t kg,
+                                                               const uint8_t *A, int64_t lda, const int8_t *B, float *C,
+                                                               int64_t ldc, int64_t nr, const float *sx, const float *sw,
+                                                               const int32_t *comp, const float *bias)
 {
 #define RLX_I8_DECL(r) __m512i c0_##r = _mm512_setzero_si512(), c1_##r = _mm512_setzero_si512();
     RLX_I8_ROWS(RLX_I8_DECL)
 #undef RLX_I8_DECL
     for (int64_t g = 0; g < kg; g++) {
+        if (prefetch) {
+            _mm_prefetch((const char *)(B + g * 128) + RLX_I8_PF_BYTES, _MM_HINT_T0);
+            _mm_prefetch((const char *)(B + g * 128) + RLX_I8_PF_BYTES + 64, _MM_HINT_T0);
+        }
         const __m512i b0 = _mm512_loadu_si512((const void *)(B + g * 128));
         const __m512i b1 = _mm512_loadu_si512((const void *)(B + g * 128 + 64));
         const uint8_t *a = A + g * 4;
@@ -206,11 +212,12 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, int6
     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(b, a)), ones))
 
 /* mr (1 or 2) x 32 tile; A holds xq as s8. Named accumulators, as in the VNNI tile. */
-static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, int64_t kg, const uint8_t *A, int64_t lda,
-                                                               const int8_t *B, float *C, int64_t ldc, int64_t nr,
-                                                               const float *sx, const float *sw, const int32_t *comp,
-                                                               const float *bias)
+static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, const int prefetch, int64_t kg,
+                                                               const uint8_t *A, int64_t lda, const int8_t *B, float *C,
+                                                               int64_t ldc, int64_t nr, const float *sx, const float *sw,
+                                                               const int32_t *comp, const float *bias)
 {
+    (void)prefetch;  /* the AVX2 and C fallbacks leave the streaming to the hardware prefetcher */
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i p0 = _mm256_setzero_si256(), p1 = p0, p2 = p0, p3 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0;
     for (int64_t g = 0; g < kg; g++) {
@@ -252,10 +259,11 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, int6
 
 #else
 
-static inline void rlx_i8_tile(const int mr, int64_t kg, const uint8_t *A, int64_t lda, const int8_t *B, float *C,
-                               int64_t ldc, int64_t nr, const float *sx, const float *sw, const int32_t *comp,
-                               const float *bias)
+static inline void rlx_i8_tile(const int mr, const int prefetch, int64_t kg, const uint8_t *A, int64_t lda,
+                               const int8_t *B, float *C, int64_t ldc, int64_t nr, const float *sx, const float *sw,
+                               const int32_t *comp, const float *bias)
 {
+    (void)prefetch;
     for (int r = 0; r < mr; r++) {
         int32_t row[RLX_I8_NR] = {0};
         const int8_t *a = (const int8_t *)(A + r * lda);
@@ -271,13 +279,19 @@ static inline void rlx_i8_tile(const int mr, int64_t kg, const uint8_t *A, int64
 
 #define RLX_I8_CASE(R)                                                                           \
     case R:                                                                                      \
-        rlx_i8_tile(R, kg, A, lda, B, C, ldc, nr, sx, sw, comp, bias);                            \
+        if (prefetch)                                                                            \
+            rlx_i8_tile(R, 1, kg, A, lda, B, C, ldc, nr, sx, sw, comp, bias);                    \
+        else                                                                                     \
+            rlx_i8_tile(R, 0, kg, A, lda, B, C, ldc, nr, sx, sw, comp, bias);                    \
         break;
 
-/* mr rows (any count) of one panel, in pieces the tile kernel has a case for. */
+/* mr rows (any count) of one panel, in pieces the tile kernel has a case for. The first piece
+ * brings the panel in from memory: it prefetches RLX_I8_PF_BYTES ahead (into the next panel at
+ * its end, which is the next this thread multiplies). */
 static void rlx_i8_rows(int64_t mr, int64_t kg, const uint8_t *A, int64_t lda, const int8_t *B, float *C, int64_t ldc,
                         int64_t nr, const float *sx, const float *sw, const int32_t *comp, const float *bias)
 {
+    int prefetch = 1;
     while (mr > 0) {
         const int64_t r = mr >= RLX_I8_MR ? RLX_I8_MR : mr >= 8 ? 8 : mr >= 4 ? 4 : mr >= 2 ? 2 : 1;  /* <= MR */
         switch (r) {
@@ -296,6 +310,7 @@ static void rlx_i8_rows(int64_t mr, int64_t kg, const uint8_t *A, int64_t lda, c
         C += r * ldc;
         sx += r;
         mr -= r;
+        prefetch = 0;
     }
 }
 #undef RLX_I8_CASE
@@ -304,6 +319,27 @@ static void rlx_i8_rows(int64_t mr, int64_t kg, const uint8_t *A, int64_t lda, c
 static inline int64_t rlx_i8_scratch_bytes(int64_t K)
 {
     return (RLX_I8_MC * rlx_i8_round4(K) + 63) / 64 * 64 + RLX_I8_MC * 4;
+}
+
+/* Threads for an M x N x K int8 product. An int8 multiply-add costs a quarter of an f32 one, while
+ * waking a sleeping OpenMP team (RLX's default wait policy, passive) costs tens of microseconds,
+ * about what one core multiplies in 8M int8 multiply-adds: below that per thread the product runs
+ * on the calling thread (every linear layer of a short sentence). With spinning threads
+ * (OMP_WAIT_POLICY=active, set by RLX_OMP_WAIT=active) a fork is cheap: 256K per thread pays.
+ * The policy is read as kernels/quant.h's rlx_team_spins reads it. */
+#define RLX_I8_MACS_PER_THREAD ((int64_t)1 << 23)
+#define RLX_I8_MACS_PER_SPINNING_THREAD ((int64_t)1 << 18)
+static inline int rlx_i8_threads(int nt, int64_t m, int64_t n, int64_t k)
+{
+    static int spins = -1; /* -1: not read yet; every thread computes the same value */
+    int v = __atomic_load_n(&spins, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *policy = getenv("OMP_WAIT_POLICY");
+        v = policy != NULL && (policy[0] == 'a' || policy[0] == 'A');
+        __atomic_store_n(&spins, v, __ATOMIC_RELAXED);
+    }
+    const int64_t useful = m * n * k / (v ? RLX_I8_MACS_PER_SPINNING_THREAD : RLX_I8_MACS_PER_THREAD);
+    return useful < 1 ? 1 : (useful < nt ? (int)useful : nt);
 }
 
 /* One out-of-line copy: cloned per constant shape it would multiply the compile time of a graph. */
