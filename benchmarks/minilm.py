@@ -4,7 +4,8 @@
                                 [--precision f32,bf16,f16,int8]
 
 `--precision` adds rlx peers computing with weights stored in bf16 / f16
-(`Session(Device.CPU, precision=...)`: f32 compute on the widened weights) and
+(`Session(Device.CPU, precision=...)`: bf16 GEMMs with vdpbf16ps where the CPU
+has AVX512_BF16, f16 weights widened into the f32 GEMM's panels) and
 int8 (`SentenceEmbedder(..., quantize="int8")`: every linear layer in int8,
 weights per output channel, activations per row at run time), and with int8
 the ONNX Runtime peer `onnxruntime-int8`: the same ONNX model after

@@ -102,8 +102,8 @@ def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None =
 
     With `backend`, ops that backend has no rule for are decomposed into primitives it has
     (`rlx.opt.decompose`). `params_in` ("bf16", "f16"): f32 params are stored in that precision
-    and widened where read (`rlx.opt.precision`), after optimizing, so the layout pass has
-    already folded weight transposes into the params and no transpose runs per call.
+    and widened where read, GEMM weights excepted (`rlx.opt.precision`), after optimizing, so the
+    layout pass has already folded weight transposes into the params and no transpose runs per call.
     `pipeline.optimize` is looked up at call time, so a patched optimizer is the one that runs
     (and, being a rebound name, takes the compile index out of play: see the module docstring).
     """
@@ -151,8 +151,8 @@ class Session:
         if variant:
             self.config = dataclasses.replace(self.config, **variant)
         # CUDA: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation).
-        # CPU: f32 params are stored in `precision` (half the bytes; set_param rounds once) and
-        # widened to f32 where read, so every op computes in f32 (rlx.opt.precision).
+        # CPU: f32 params are stored in `precision` (half the bytes; set_param rounds once); GEMMs
+        # read them as stored (rlx.codegen.c_half), other ops widen them to f32 (rlx.opt.precision).
         # `target` ("cuda:sm_90", CUDA only) picks the arch instead of the visible GPU's.
         if precision not in ("f32", "f16", "bf16"):
             raise RlxError(f"precision must be 'f32', 'f16' or 'bf16', got {precision!r}")

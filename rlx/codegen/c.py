@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
+from rlx.codegen import c_half
 from rlx.codegen.c_observe import PROFILE_RING_BYTES, observe_context
 from rlx.codegen.c_share import share_kernels
 from rlx.codegen.common import dim_expr
@@ -525,10 +526,13 @@ class _Planner:
                     dims[-2], dims[-1] = dims[-1], dims[-2]
                     src_strides[-2], src_strides[-1] = src_strides[-1], src_strides[-2]
                 k, n = dims[-2], dims[-1]
-                mat = k * round_up(n, PACK_NR_MAX)
+                # f16/bf16 weights keep their precision, K padded to pairs (kernels/gemm_bf16.h)
+                narrow = stored.dtype in (DType.F16, DType.BF16)
+                mat = (round_up(k, 2) if narrow else k) * round_up(n, PACK_NR_MAX)
                 self.packed_mat[spec.node] = mat
                 storage = math.prod(dims[:-2]) * mat * stored.dtype.itemsize
-                mode, note = "pack", " (packed for the GEMM kernel on set)"
+                mode = f"pack_{stored.dtype.value}" if narrow else "pack"
+                note = " (packed for the GEMM kernel on set)"
             elif spec.node in self.int8:
                 # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
                 storage = self.int8[spec.node].storage_bytes
@@ -964,7 +968,9 @@ def _no_bool(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
 
 CPU.register("activation", "binary", "compare", "where", "cast", "expand", "elementwise_region")(
     _emit_with("elementwise"))
-CPU.register("matmul", "fused_matmul_bias_act", accepts=float32_only)(_emit_with("gemm"))
+# f32 GEMMs render with the planner's `gemm`; f32 activations x f16/bf16 weights with c_half's kernels
+CPU.register("matmul", "fused_matmul_bias_act", accepts=c_half.gemm_dtypes, mixed=True)(
+    c_half.gemm_rule(_emit_with("gemm")))
 CPU.register("fused_swiglu", accepts=float32_only)(_emit_with("swiglu"))
 CPU.register("reduce", accepts=_no_bool)(_emit_with("reduce"))
 CPU.register("softmax", accepts=float32_only)(_emit_with("softmax"))

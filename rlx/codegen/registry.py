@@ -82,6 +82,17 @@ class Rule:
     emit: Callable[[Any, Node], Kernel]
     #: None when the op variant and dtypes are supported, else what is not ("on f16; it takes f32").
     accepts: Accepts = accepts_all
+    #: The rule renders GEMMs of mixed float operands (f32 x bf16 weights); others refuse them, so
+    #: legalization widens the narrow operand (`rlx.opt.legalize`).
+    mixed: bool = False
+
+    def check(self, op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+        """None when this rule takes `op` with these dtypes, else why not."""
+        floats = {d for d in in_dtypes if d.is_float}
+        if len(floats) > 1 and self.kind in O.NARROW_WEIGHT_KINDS and not self.mixed:
+            return f"on mixed {'/'.join(sorted(d.value for d in floats))} operands"
+        return self.accepts(op, in_dtypes, out_dtype)
+
 
 
 @dataclass
@@ -91,8 +102,9 @@ class RuleTable:
     backend: str
     rules: dict[str, Rule] = field(default_factory=dict)
 
-    def register(self, *kinds: str, accepts: Accepts = accepts_all) -> Callable[[Callable], Callable]:
-        """Decorator: `emit` renders every op kind in `kinds` on this backend."""
+    def register(self, *kinds: str, accepts: Accepts = accepts_all,
+                 mixed: bool = False) -> Callable[[Callable], Callable]:
+        """Decorator: `emit` renders every op kind in `kinds` on this backend (`mixed`: see `Rule`)."""
 
         def wrap(emit: Callable[[Any, Node], Kernel]) -> Callable[[Any, Node], Kernel]:
             for kind in kinds:
@@ -100,7 +112,7 @@ class RuleTable:
                     raise TypeError(f"{self.backend} already has a rule for {kind!r}")
                 if kind not in O.OPS:
                     raise TypeError(f"no MIR op kind {kind!r} to register a {self.backend} rule for")
-                self.rules[kind] = Rule(kind, self.backend, emit, accepts)
+                self.rules[kind] = Rule(kind, self.backend, emit, accepts, mixed)
             return emit
 
         return wrap
@@ -111,7 +123,7 @@ class RuleTable:
     def accepts(self, node: Node, in_dtypes: tuple[DType, ...], out_dtype: DType) -> bool:
         """True when this backend has a rule for `node` taking these dtypes (legalization asks this)."""
         rule = self.rules.get(node.kind)
-        return rule is not None and rule.accepts(node.op, in_dtypes, out_dtype) is None
+        return rule is not None and rule.check(node.op, in_dtypes, out_dtype) is None
 
     def why_not(self, graph: Graph, node: Node) -> str | None:
         """None when this backend can render `node`, else the reason it cannot."""
@@ -120,7 +132,7 @@ class RuleTable:
         if rule is None:
             return f"the {name} backend has no rule for {node.kind}"
         in_dtypes = tuple(graph.node(i).shape.dtype for i in node.inputs)
-        reason = rule.accepts(node.op, in_dtypes, node.shape.dtype)
+        reason = rule.check(node.op, in_dtypes, node.shape.dtype)
         return None if reason is None else f"the {name} backend does not support {node.kind} {reason}"
 
 

@@ -89,6 +89,16 @@ def _same_float_dtype(kind: str, shapes: Sequence[Shape]) -> DType:
     return shapes[0].dtype
 
 
+def _gemm_dtype(kind: str, shapes: Sequence[Shape]) -> DType:
+    """The result dtype of a GEMM: its inputs' one dtype, or f32 for an f32 left operand times
+    f16/bf16 weights (a bias then f32 or the weights' dtype): B is read exactly, the product is f32."""
+    a, b = shapes[0], shapes[1]
+    if a.dtype is DType.F32 and b.dtype in (DType.F16, DType.BF16) and all(
+            s.dtype in (DType.F32, b.dtype) for s in shapes[2:]):
+        return DType.F32
+    return _same_float_dtype(kind, shapes)
+
+
 def _require_float(kind: str, shape: Shape) -> None:
     if not shape.dtype.is_float:
         raise ShapeError(f"{kind} needs a floating-point input, got {shape}")
@@ -288,14 +298,17 @@ def _matmul_dims(kind: str, a: Shape, b: Shape) -> tuple[Dim, ...]:
 
 @dataclass(frozen=True)
 class MatMul(Op):
-    """Batched matrix product `a[..., M, K] @ b[..., K, N]`, batch dims broadcast."""
+    """Batched matrix product `a[..., M, K] @ b[..., K, N]`, batch dims broadcast.
+
+    Inputs of one float dtype, or `a` f32 with `b` f16/bf16 (weights stored narrow): then the
+    result is f32, `b` read exactly (a backend may round `a` to `b`'s type for its dot products)."""
 
     kind: ClassVar[str] = "matmul"
     arity: ClassVar[tuple[int, int]] = (2, 2)
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         a, b = inputs
-        dtype = _same_float_dtype("matmul", inputs)
+        dtype = _gemm_dtype("matmul", inputs)
         _require_float("matmul", a)
         return Shape(_matmul_dims("matmul", a, b), dtype)
 
@@ -787,7 +800,9 @@ class CachedAttention(Op):
 
 @dataclass(frozen=True)
 class FusedMatMulBiasAct(Op):
-    """`act(a @ b + bias)`; inputs a, b and an optional bias `[N]`; `activation` may be None."""
+    """`act(a @ b + bias)`; inputs a, b and an optional bias `[N]`; `activation` may be None.
+
+    Dtypes as for `MatMul` (an f32 `a` may take f16/bf16 `b`; the bias is then f32 or b's dtype)."""
 
     kind: ClassVar[str] = "fused_matmul_bias_act"
     arity: ClassVar[tuple[int, int]] = (2, 3)
@@ -795,7 +810,7 @@ class FusedMatMulBiasAct(Op):
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         a, b = inputs[:2]
-        dtype = _same_float_dtype("fused_matmul_bias_act", inputs)
+        dtype = _gemm_dtype("fused_matmul_bias_act", inputs)
         _require_float("fused_matmul_bias_act", a)
         dims = _matmul_dims("fused_matmul_bias_act", a, b)
         if len(inputs) == 3 and inputs[2].dims != (dims[-1],):
@@ -971,5 +986,7 @@ class ReduceScatter(Op):
 
 
 LEAF_KINDS = frozenset({"input", "param", "constant"})
+#: GEMMs whose right operand (input 1, the weights) may be f16/bf16 under an f32 left operand.
+NARROW_WEIGHT_KINDS = frozenset({"matmul", "fused_matmul_bias_act"})
 #: Ops whose output may share storage with their first input (no data movement).
 VIEW_KINDS = frozenset({"reshape"})

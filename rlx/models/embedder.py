@@ -117,8 +117,8 @@ class _Runner:
             from rlx.driver import Session
 
             self.compiled = Session(device, precision=precision).compile(graph)
-            for name, arr in self.params.items():
-                self.compiled.set_param(name, arr)
+            for name, arr in self.params.items():  # narrow precisions round the f32 weights once
+                self.compiled.set_param(name, arr, cast=precision != "f32")
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         if self.compiled is None:
@@ -138,7 +138,7 @@ class SentenceEmbedder:
     The tokenizer's own padding and truncation settings are replaced (padding
     per batch to the longest sentence, truncation to `truncate_to`).
     `precision` ("f32", "bf16", "f16") is the compiled graphs' weight storage
-    (`Session(..., precision=...)`; the CPU computes in f32 on the widened weights).
+    (`Session(..., precision=...)`; the CPU's GEMMs multiply the stored weights: `rlx.codegen.c_half`).
     `quantize="int8"` runs every linear layer in int8 (`rlx.quantize(graph, "int8-dynamic")`:
     weights quantized per output channel when set, activations per row at run time; CPU and
     reference only). The weights passed in stay f32.

@@ -8,6 +8,11 @@ op). The inserted casts are ordinary graph nodes named after the op they
 serve (`legalize bf16->f32 for matmul %7`), so `rlxc inspect --stage lir`
 shows them; a value cast once is reused by every op that needs it.
 
+A GEMM keeps narrow weights where the backend multiplies them as they are
+(`matmul(f32, bf16) -> f32`, `rlx.ir.ops.NARROW_WEIGHT_KINDS`): only its
+other inputs are widened, so a bf16 param stays bf16 (packed, half the bytes)
+and the result is still rounded once.
+
 `accepts(node, in_dtypes, out_dtype)` is the backend's rule check (the
 driver passes the rule table's, so this layer knows no backend); nodes it
 accepts as they are, or refuses even in f32, are left alone (the driver then
@@ -41,27 +46,40 @@ Accepts = Callable[[Node, tuple[DType, ...], DType], bool]
 NARROW = (DType.F16, DType.BF16)
 
 
-def _widened(dtypes: tuple[DType, ...]) -> tuple[DType, ...]:
-    return tuple(DType.F32 if d in NARROW else d for d in dtypes)
+def _widened(dtypes: tuple[DType, ...], keep: frozenset[int] = frozenset()) -> tuple[DType, ...]:
+    return tuple(DType.F32 if d in NARROW and i not in keep else d for i, d in enumerate(dtypes))
 
 
-def needs_legalizing(graph: Graph, node: Node, accepts: Accepts) -> bool:
-    """True when `accepts` refuses `node` as typed but takes it with f16/bf16 widened to f32."""
+def kept_narrow(graph: Graph, node: Node, accepts: Accepts) -> frozenset[int] | None:
+    """The input slots `node` keeps narrow once legalized (None: it needs no legalizing).
+
+    Empty when every f16/bf16 input is widened; {1} for a GEMM whose backend takes its narrow
+    weights under an f32 left operand."""
     if node.kind in O.LEAF_KINDS:
-        return False
+        return None
     ins = tuple(graph.node(i).shape.dtype for i in node.inputs)
     out = node.shape.dtype
     if out not in NARROW and not any(d in NARROW for d in ins):
-        return False
+        return None
     if accepts(node, ins, out):
-        return False
-    return accepts(node, _widened(ins), DType.F32 if out in NARROW else out)
+        return None
+    out_wide = DType.F32 if out in NARROW else out
+    if node.kind in O.NARROW_WEIGHT_KINDS and ins[1] in NARROW and node.inputs.count(node.inputs[1]) == 1:
+        keep = frozenset({1})
+        if accepts(node, _widened(ins, keep), out_wide):
+            return keep
+    return frozenset() if accepts(node, _widened(ins), out_wide) else None
+
+
+def needs_legalizing(graph: Graph, node: Node, accepts: Accepts) -> bool:
+    """True when `accepts` refuses `node` as typed but takes it with f16/bf16 inputs widened to f32."""
+    return kept_narrow(graph, node, accepts) is not None
 
 
 def legalize(graph: Graph, accepts: Accepts) -> Graph:
     """`graph` with every f16/bf16 node the backend lacks computed in f32 between casts."""
     require_mir(graph, "legalize")
-    todo = {n.id for n in graph.nodes if needs_legalizing(graph, n, accepts)}
+    todo = {n.id: keep for n in graph.nodes if (keep := kept_narrow(graph, n, accepts)) is not None}
     if not todo:
         return graph
     rw = Rewriter(graph)
@@ -71,10 +89,10 @@ def legalize(graph: Graph, accepts: Accepts) -> Graph:
             rw.copy(node)
             continue
         args = []
-        for old in node.inputs:
+        for slot, old in enumerate(node.inputs):
             new = rw.arg(old)
             dt = graph.node(old).shape.dtype
-            if dt in NARROW:
+            if dt in NARROW and slot not in todo[node.id]:
                 if new not in widened:
                     widened[new] = rw.dst.add(O.Cast(DType.F32), [new],
                                               name=f"legalize {dt.value}->f32 for {node.kind} %{node.id}")

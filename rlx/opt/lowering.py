@@ -10,7 +10,9 @@ CPU decisions:
 - `absorb_transposes`: a transpose of the last two axes whose every reader is
   a GEMM operand becomes a transpose flag of those GEMMs (no copy).
 - `pack_params`: an f32 param read only as the right operand of GEMMs, all in
-  one orientation, is stored in RLX's packed-panel layout at `set_param`.
+  one orientation, is stored in RLX's packed-panel layout at `set_param`; so
+  is an f16/bf16 param read only as the narrow weights of f32 GEMMs (in its
+  own precision: `templates/cpu/kernels/gemm_bf16.h`).
 - `int8_params` (`rlx.opt.lowering_int8`): an f32 param read only as the weight
   of `int8_matmul` is stored quantized to int8 at `set_param`.
 
@@ -42,6 +44,8 @@ from rlx.opt.lowering_metal import metal_decisions
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
 
 _GEMM_KINDS = (O.MatMul, O.FusedMatMulBiasAct)
+#: Param dtypes the CPU stores packed (f16/bf16 only as weights of f32 GEMMs: see pack_params).
+_PACKABLE = (DType.F32, DType.F16, DType.BF16)
 
 
 def _gemm_operand_slot(user: Node, nid: NodeId) -> bool:
@@ -105,7 +109,9 @@ def _lives_until(lir: LirModule, transpose: Node, readers: list[NodeId]) -> bool
 
 
 def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decision, ...]:
-    """f32 params read only as the right operand of GEMMs (one orientation) get the packed layout.
+    """Params read only as the right operand of GEMMs (one orientation) get the packed layout.
+
+    f32 params, or f16/bf16 ones read as the weights of f32 GEMMs (`matmul(f32, bf16)`).
 
     Every reader must be a MatMul / FusedMatMulBiasAct taking the param (directly,
     or through an absorbed transpose) as B and nothing else: the stored bytes then
@@ -126,7 +132,7 @@ def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decisio
     for spec in lir.params:
         nid = spec.node
         shape = graph.node(nid).shape
-        if shape.dtype is not DType.F32 or shape.rank < 2 or nid in outputs or not users[nid]:
+        if shape.dtype not in _PACKABLE or shape.rank < 2 or nid in outputs or not users[nid]:
             continue
         uses: list[tuple[NodeId, NodeId]] = []  # (gemm, the operand it reads)
         orientations = set()

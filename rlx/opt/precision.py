@@ -5,16 +5,20 @@
 user's float32 values once, to nearest even) and widens it to f32 where it is
 read (an exact cast), so every op still computes in f32 with f32
 accumulation. Lookups into a param (`gather`, `narrow`: embedding tables)
-pick their rows from the narrow table and widen only those. It is what
-`Session(Device.CPU, precision="bf16")` runs before optimizing.
+pick their rows from the narrow table and widen only those. A GEMM whose
+right operand is the param reads it narrow (`matmul(f32 x, bf16 w) -> f32`,
+no cast): a backend with such a kernel multiplies the stored weights (the CPU:
+`rlx.codegen.c_half`), the others get the cast back from legalization. It is
+what `Session(Device.CPU, precision="bf16")` runs after optimizing.
 
->>> from rlx.ir.graph import Graph, NodeId
+>>> from rlx.ir.graph import Graph, Node, NodeId
 >>> from rlx.ir.dtype import DType
 >>> g = Graph("p")
->>> g.set_outputs([g.matmul(g.input("x", [2, 4]), g.param("w", [4, 3]))])
+>>> x = g.input("x", [2, 4])
+>>> g.set_outputs([g.matmul(x, g.param("w", [4, 3])), g.softmax(g.param("s", [4]))])
 >>> out = store_params_in(g, DType.BF16)
 >>> [(n.kind, n.shape.dtype.value) for n in out.nodes]
-[('input', 'f32'), ('param', 'bf16'), ('cast', 'f32'), ('matmul', 'f32')]
+[('input', 'f32'), ('param', 'bf16'), ('matmul', 'f32'), ('param', 'bf16'), ('cast', 'f32'), ('softmax', 'f32')]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import dataclasses
 from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
-from rlx.ir.graph import Graph, NodeId
+from rlx.ir.graph import Graph, Node, NodeId
 from rlx.opt.rewrite import Rewriter, require_mir
 
 #: Storage precisions a session may ask for.
@@ -57,7 +61,8 @@ def store_params_in(graph: Graph, dtype: DType | str) -> Graph:
             picked = rw.dst.add(op, [stored[node.inputs[0]], *map(rw.arg, node.inputs[1:])], name=node.name)
             rw.alias(node, rw.dst.add(O.Cast(DType.F32), [picked]))
         else:
-            args = [wide(i) if i in stored else rw.arg(i) for i in node.inputs]
+            args = [stored[i] if _weight_slot(graph, node, j) and i in stored else wide(i) if i in stored
+                    else rw.arg(i) for j, i in enumerate(node.inputs)]
             rw.emit(node, op, args)
     for old in graph.outputs:
         if old in stored:
@@ -67,3 +72,13 @@ def store_params_in(graph: Graph, dtype: DType | str) -> Graph:
 
 #: Ops that select part of a param (rows of an embedding table): they read it narrow.
 _PICKS = ("gather", "narrow")
+#: GEMMs, whose right operand may be narrow when the left one is f32 (`rlx.ir.ops.MatMul`).
+_GEMMS = (O.MatMul, O.FusedMatMulBiasAct)
+
+
+def _weight_slot(graph: Graph, node: Node, slot: int) -> bool:
+    """True when input `slot` of `node` is the right operand of a GEMM with an f32 left operand
+    that reads it nowhere else (then the GEMM takes the narrow param as it is stored)."""
+    if slot != 1 or not isinstance(node.op, _GEMMS) or node.inputs.count(node.inputs[1]) != 1:
+        return False
+    return graph.node(node.inputs[0]).shape.dtype is DType.F32

@@ -171,7 +171,7 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (O.MatMul(), ("f32[8]", "f32[8,2]"), ShapeError, "rank >= 2"),
     (O.MatMul(), ("f32[2,4,8]", "f32[3,8,2]"), ShapeError, "batch dims do not broadcast"),
     (O.MatMul(), ("i32[2,2]", "i32[2,2]"), ShapeError, "floating-point"),
-    (O.MatMul(), ("f32[2,2]", "f16[2,2]"), ShapeError, "one dtype"),
+    (O.MatMul(), ("f16[2,2]", "f32[2,2]"), ShapeError, "one dtype"),
     (O.MatMul(), ("f32[seq,8]", "f32[seq,8]"), ShapeError, "inner dims differ"),
     (O.Reduce("median", ()), ("f32[2]",), ShapeError, "unknown reduction"),
     (O.Reduce("sum", (2,)), ("f32[2,3]",), ShapeError, "reduce axis 2 is out of range for rank 2"),

@@ -1,4 +1,4 @@
-"""Params stored in a narrower precision: half the bytes, f32 compute, one rounding of the weights."""
+"""Params stored in a narrower precision: half the bytes, f32 accumulation, one rounding of the weights."""
 
 from __future__ import annotations
 
@@ -8,13 +8,22 @@ import pytest
 import rlx
 from rlx.ir.dtype import BFLOAT16, DType
 from rlx.opt.precision import store_params_in
+from rlx.toolchain.isa import cpu_flags
+
+#: The CPU build multiplies bf16 weights with vdpbf16ps (activations rounded to bf16) on this host.
+BF16_DOT = "avx512_bf16" in (cpu_flags() or ())
 
 
-def _mlp() -> rlx.Graph:
+def _mlp(round_activations: bool = False) -> rlx.Graph:
+    """A two-layer MLP; `round_activations`: each GEMM's left operand rounded to bf16 first."""
     g = rlx.Graph("mlp")
+
+    def left(v):
+        return g.cast(g.cast(v, "bf16"), "f32") if round_activations else v
+
     x = g.input("x", [rlx.Dim.dynamic("b", max=4), 16])
-    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [16, 32])), g.param("b1", [32])))
-    g.set_outputs([g.matmul(h, g.param("w2", [32, 8]))])
+    h = g.activation("gelu", g.add_(g.matmul(left(x), g.param("w1", [16, 32])), g.param("b1", [32])))
+    g.set_outputs([g.matmul(left(h), g.param("w2", [32, 8]))])
     return g
 
 
@@ -23,8 +32,10 @@ def test_params_become_narrow_and_are_widened_where_read():
     params = list(out.params())
     assert [p.shape.dtype for p in params] == [DType.BF16] * 3
     users = out.users()
-    for p in params:
-        assert [out.node(u).kind for u in users[p.id]] == ["cast"]
+    # GEMM weights are read as stored (matmul(f32, bf16) -> f32); the bias is widened
+    assert {p.op.name: [out.node(u).kind for u in users[p.id]] for p in params} == {
+        "w1": ["matmul"], "b1": ["cast"], "w2": ["matmul"]}
+    assert all(out.node(u).shape.dtype is DType.F32 for p in params for u in users[p.id])
     assert store_params_in(_mlp(), "f32").params()[0].shape.dtype is DType.F32
     with pytest.raises(rlx.IRError, match="not i8"):
         store_params_in(_mlp(), "i8")
@@ -43,8 +54,10 @@ def test_cpu_session_precision_matches_the_reference_on_rounded_weights(precisio
         cg.set_param(k, v.astype(narrow))
     x = rng.uniform(-1, 1, (3, 16)).astype(np.float32)
     got = cg.run(x=x)[0]
-    # the meaning: the f32 graph on the weights rounded once to the precision
-    want = rlx.reference.run(g, {"x": x}, {k: v.astype(narrow).astype(np.float32) for k, v in weights.items()})[0]
+    # the meaning: the f32 graph on the weights rounded once to the precision, and with bf16 on a
+    # host with AVX512_BF16 each GEMM's activations rounded to bf16 too (bf16 x bf16 products, f32 sums)
+    meaning = _mlp(round_activations=precision == "bf16" and BF16_DOT)
+    want = rlx.reference.run(meaning, {"x": x}, {k: v.astype(narrow).astype(np.float32) for k, v in weights.items()})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

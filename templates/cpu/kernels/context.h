@@ -158,6 +158,12 @@ RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, in
         rlx_i8_quantize_param(ctx->params + p->offset, (const float *)data, p->dims, p->src_strides);
     else
 #endif
+#ifdef RLX_KERNELS_GEMM_BF16_H
+    if (p->mode == RLX_PARAM_PACK_BF16 || p->mode == RLX_PARAM_PACK_F16)
+        rlx_pack_param_half((uint16_t *)(ctx->params + p->offset), (const uint16_t *)data, p->rank - 2, p->dims,
+                            p->src_strides, p->mode == RLX_PARAM_PACK_BF16);
+    else
+#endif
 #ifdef RLX_KERNELS_PACKED_GEMM_H
     if (p->mode == RLX_PARAM_PACK)
         rlx_pack_param((float *)(ctx->params + p->offset), (const float *)data, p->rank - 2, p->dims, p->src_strides);
