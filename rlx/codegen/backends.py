@@ -7,25 +7,23 @@ module (which fills its table) and answers: `supports(graph, backend)`,
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Mapping
 
-from rlx.codegen import c, cuda, metal
 from rlx.codegen.registry import BACKENDS, RuleTable, table
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node
 
-#: The module that registers each backend's rules (imported above, so the tables are full).
-RULE_MODULES = {"cpu": c, "cuda": cuda, "metal": metal}
+#: The module that registers each backend's rules, imported by `load_rules` when that backend is
+#: first asked about (a CPU compile never imports the CUDA or Metal code generators: cold-build time).
+RULE_MODULES = {"cpu": "rlx.codegen.c", "cuda": "rlx.codegen.cuda", "metal": "rlx.codegen.metal"}
 
 
 def load_rules(backend: str) -> RuleTable:
-    # The rules of a backend register when its codegen module is imported.
-    if backend == "cpu":
-        import rlx.codegen.c
-    elif backend == "cuda":
-        import rlx.codegen.cuda
-    elif backend == "metal":
-        import rlx.codegen.metal  # noqa: F401
+    """The rule table of `backend`, full: the rules of a backend register when its module is imported."""
+    module = RULE_MODULES.get(backend)
+    if module is not None:
+        importlib.import_module(module)
     return table(backend)
 
 

@@ -27,6 +27,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, is_dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -50,6 +51,7 @@ from rlx.codegen.cpu_base import (
     round_up,
 )
 from rlx.codegen.registry import Kernel, float32_only
+from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions import AbsorbedTranspose, PackedParam
@@ -60,7 +62,6 @@ from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse, dense_strides, movement_view
 from rlx.opt.lowering import lower_for
-from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cpu-3"
@@ -1066,23 +1067,15 @@ def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
     }
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir() / "cpu")),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    return env
+def render_c(lir: LirModule, target: CTarget, manifest: dict, *, bytecode_dir: Path | None = None) -> str:
+    """The complete C source of `lir` (one translation unit exporting the RLX C ABI).
 
-
-def render_c(lir: LirModule, target: CTarget, manifest: dict) -> str:
-    """The complete C source of `lir` (one translation unit exporting the RLX C ABI)."""
+    `bytecode_dir`: a private directory where compiled templates are kept between processes
+    (`rlx.codegen.template_cache`; the toolchain passes one in the AOT cache root).
+    """
     ctx = c_context(lir, target, manifest)
     try:
-        source = _environment().get_template("model.c.j2").render(**ctx)
+        source = environment("cpu", bytecode_dir).get_template("model.c.j2").render(**ctx)
     except jinja2.TemplateError as exc:
         raise BuildError(f"rendering the CPU template failed: {type(exc).__name__}: {exc}") from exc
     # repeated layers: one function per distinct kernel, not one per node (compile time)

@@ -20,6 +20,11 @@ How it stays correct with many processes and crashes:
 - temp directories of crashed builds are removed by later builds once their
   key lock is free (the OS drops a dead process's lock).
 
+The root also holds what every build shares: `units/` (compiled kernel units,
+`rlx.toolchain.units`), `templates/` (compiled Jinja templates) and `memo/`
+(toolchain probes, the compile index). They are small and not evicted;
+`clear()` removes them too.
+
 Read-only layers (`RLX_CACHE_PATH`) are searched before the writable root.
 With `RLX_CACHE=0` every request builds into a fresh temp directory.
 
@@ -408,19 +413,16 @@ class AotCache:
 
     def _locked_build(self, key: str, components: Mapping[str, Any], build: Callable[[Path], None],
                       info: Mapping[str, Any] | None = None) -> CacheEntry:
-        import filelock
-
         self._ensure_root()
-        lock = filelock.FileLock(self._lock_path(key))
         try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
+            release = acquire_file_lock(self._lock_path(key), 0.0)
+        except _LockTimeout:
             self._count(lock_waits=1)
             log.debug("cache entry %s is being built by another process; waiting", key)
             timeout = max(self.config.cache_lock_timeout, 0.0)
             try:
-                lock.acquire(timeout=timeout)
-            except filelock.Timeout:
+                release = acquire_file_lock(self._lock_path(key), timeout)
+            except _LockTimeout:
                 raise CacheError(
                     f"timed out after {timeout:.0f} s waiting for another process to build cache entry {key} "
                     f"(lock {self._lock_path(key)}); raise RLX_CACHE_LOCK_TIMEOUT or look for a stuck rlx process"
@@ -428,7 +430,7 @@ class AotCache:
         try:
             return self._build_holding_lock(key, components, build, info)
         finally:
-            lock.release()
+            release()
 
     def _build_holding_lock(self, key: str, components: Mapping[str, Any],
                             build: Callable[[Path], None], info: Mapping[str, Any] | None = None) -> CacheEntry:
@@ -491,14 +493,12 @@ class AotCache:
             _COUNTERS[k] += v
         if not self.enabled:
             return
-        import filelock
-
         path = self.root / STATS
         try:
             if not self.root.is_dir():
                 return
             _mkdir_private(self.root / "locks")
-            with filelock.FileLock(self.root / "locks" / "stats.lock").acquire(timeout=_STATS_LOCK_TIMEOUT):
+            with _brief_lock(self.root / "locks" / "stats.lock", _STATS_LOCK_TIMEOUT):
                 totals = self.persisted_counters()
                 for k, v in deltas.items():
                     totals[k] = totals.get(k, 0) + v
@@ -513,7 +513,7 @@ class AotCache:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
                     raise
-        except (OSError, filelock.Timeout) as exc:
+        except (OSError, _LockTimeout) as exc:
             log.debug("cache counters not persisted: %s", exc)
 
     def persisted_counters(self) -> dict[str, float]:
@@ -591,8 +591,6 @@ class AotCache:
 
     def _clean_stale_tmp(self, stale_seconds: float | None = None) -> int:
         """Remove temp dirs of builds whose process died (key lock free) and that are old enough."""
-        import filelock
-
         age = self.stale_seconds if stale_seconds is None else stale_seconds
         tmp = self.root / "tmp"
         removed = 0
@@ -613,10 +611,10 @@ class AotCache:
                 removed += 1
                 continue
             try:
-                with filelock.FileLock(self._lock_path(key)).acquire(timeout=0):
+                with _brief_lock(self._lock_path(key), 0.0):
                     shutil.rmtree(child, ignore_errors=True)
                     removed += 1
-            except filelock.Timeout:
+            except (_LockTimeout, OSError):
                 continue  # its build is still running
         return removed
 
@@ -638,13 +636,12 @@ class AotCache:
         Entries in `protect`, entries used in the last `evict_grace_seconds`
         and entries whose key lock is held are kept. Returns the evicted keys.
         """
-        import filelock
-
         bound = self.config.cache_max_bytes if max_bytes is None else max_bytes
         infos = self.entries(layers=False)
         total = sum(e.bytes for e in infos)
         if total <= bound:
             return []
+        import filelock
         now = time.time()
         evicted = []
         for info in sorted(infos, key=lambda e: e.last_use):
@@ -724,7 +721,8 @@ class AotCache:
         return {"tmp": removed_tmp, "quarantine": removed_q, "evicted": len(evicted)}
 
     def clear(self) -> int:
-        """Delete every entry of the writable root (and the quarantine); returns the number of entries."""
+        """Delete every entry of the writable root (and the quarantine, the compiled kernel units and
+        templates); returns the number of entries."""
         if not self.root.is_dir():
             return 0
         check_private(self.root, "cache root")
@@ -737,6 +735,13 @@ class AotCache:
                 n += 1
             shutil.rmtree(trash, ignore_errors=True)
         shutil.rmtree(self.root / "quarantine", ignore_errors=True)
+        for shared in ("units", "templates"):  # renamed away first: a reader never sees half a directory
+            if (self.root / shared).is_dir():
+                _mkdir_private(self.root / "tmp")
+                trash = Path(tempfile.mkdtemp(prefix="clear.", dir=self.root / "tmp"))
+                with contextlib.suppress(OSError):
+                    os.rename(self.root / shared, trash / shared)
+                shutil.rmtree(trash, ignore_errors=True)
         return n
 
     def resolve(self, key_prefix: str) -> list[EntryInfo]:
@@ -796,6 +801,64 @@ class AotCache:
 
 
 # ── helpers ──────────────────────────────────────────────────────────────
+
+
+class _LockTimeout(Exception):
+    """Internal: `acquire_file_lock` did not get the lock in time."""
+
+
+def acquire_file_lock(path: Path, timeout: float) -> Callable[[], None]:
+    """Lock `path` exclusively, waiting at most `timeout` seconds (0: one try); returns the release.
+
+    `fcntl.flock` on the lock file, as filelock does on POSIX (so the two exclude each other), without
+    importing filelock, which a build or a warm hit would otherwise pay for (~15-25 ms). The OS drops
+    the lock of a process that dies. Raises `_LockTimeout`. Elsewhere than POSIX: filelock.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        import filelock
+
+        lock = filelock.FileLock(path)
+        try:
+            lock.acquire(timeout=timeout)
+        except filelock.Timeout:
+            raise _LockTimeout(f"{path} held for more than {timeout} s") from None
+        return lock.release
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        pause = 0.002
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise _LockTimeout(f"{path} held for more than {timeout} s") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
+    except BaseException:
+        os.close(fd)
+        raise
+
+    def release() -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    return release
+
+
+@contextlib.contextmanager
+def _brief_lock(path: Path, timeout: float) -> Iterator[None]:
+    """`acquire_file_lock` for a few file operations (the stats update every hit makes)."""
+    release = acquire_file_lock(path, timeout)
+    try:
+        yield
+    finally:
+        release()
 
 
 def _run_build(key: str, components: Mapping[str, Any], build: Callable[[Path], None], work: Path,

@@ -114,12 +114,28 @@ class Toolchain:
     def compiler_identity(self) -> str:
         return f"{self.cc}\n{self.cc_version_text}"
 
-    def command(self, source: Path, output: Path) -> list[str]:
-        return [self.cc, *self.flags, "-o", str(output), str(source), *self.link_flags]
+    @property
+    def object_flags(self) -> tuple[str, ...]:
+        """`flags` for compiling one file into an object (`-c`): the same, less `-shared`."""
+        return tuple(f for f in self.flags if f != "-shared")
 
-    def compile(self, source: Path, output: Path) -> None:
-        """Build `source` into the shared object `output`; BuildError with the compiler's message."""
-        run_compiler(self.command(source, output), source, output, "C compiler", timeout=600)
+    def command(self, source: Path, output: Path, objects: tuple[Path, ...] = ()) -> list[str]:
+        return [self.cc, *self.flags, "-o", str(output), str(source), *map(str, objects), *self.link_flags]
+
+    def compile(self, source: Path, output: Path, objects: tuple[Path, ...] = ()) -> None:
+        """Build `source` (linked with `objects`, e.g. kernel units) into the shared object `output`;
+        BuildError with the compiler's message."""
+        run_compiler(self.command(source, output, objects), source, output, "C compiler", timeout=600)
+
+    def compile_object(self, source: Path, output: Path) -> None:
+        """Compile `source` into the object file `output` (position-independent, same flags)."""
+        cmd = [self.cc, *self.object_flags, "-c", "-o", str(output), str(source)]
+        run_compiler(cmd, source, output, "C compiler", timeout=600)
+
+    def link(self, objects: tuple[Path, ...], output: Path) -> None:
+        """Link `objects` into the shared object `output` (with the flags and libraries `compile` uses)."""
+        cmd = [self.cc, *self.flags, "-o", str(output), *map(str, objects), *self.link_flags]
+        run_compiler(cmd, objects[0], output, "C compiler (link)", timeout=600)
 
 
 def detect_toolchain(config: Config | None = None) -> Toolchain:
@@ -156,6 +172,19 @@ def _detect_cached(cc: str, blas: str, cpu_target: str, sanitize: str, cache_roo
         return _detect(cc, blas, cpu_target, sanitize)
 
 
+def _openblas32_files() -> list[str]:
+    """The scipy-openblas32 wheel's libraries (what `get_library()` picks from), found without importing
+    the package (its `__init__` reads importlib.metadata: ~30 ms on every warm start)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is None or not spec.submodule_search_locations:
+        return ["no-openblas32"]
+    lib_dir = os.path.join(next(iter(spec.submodule_search_locations)), "lib")
+    found = sorted(x for x in os.listdir(lib_dir) if x.startswith("libscipy_openblas"))
+    return [os.path.join(lib_dir, x) for x in found] or ["no-openblas32"]
+
+
 def _fingerprint(cc: str, blas: str, cpu_target: str, sanitize: str) -> dict | None:
     """Cheap facts that determine every probe result, or None when they cannot be read."""
     found = shutil.which(cc)
@@ -167,9 +196,7 @@ def _fingerprint(cc: str, blas: str, cpu_target: str, sanitize: str) -> dict | N
             if Path(blas).expanduser().is_file():
                 files.append(os.path.realpath(Path(blas).expanduser()))
             else:
-                import scipy_openblas32 as sob
-
-                files.append(os.path.join(sob.get_lib_dir(), sob.get_library(fullname=True)))
+                files.extend(_openblas32_files())
         except (ImportError, OSError, IndexError):
             files.append("no-openblas32")
     stats = []
@@ -206,7 +233,16 @@ def _from_json(doc: dict) -> Toolchain:
 
 def _detect(cc: str, blas: str, cpu_target: str, sanitize: str) -> Toolchain:
     path, version_text = find_compiler(cc)
-    isa, isa_flags, isa_identity = _isa(path, cpu_target)
+    # The probes are independent compiler runs (and a dlopen of the BLAS): run them side by side,
+    # since the very first compile on a machine waits for all of them.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="rlx-probe") as pool:
+        isa_probe = pool.submit(_isa, path, cpu_target)
+        openmp_probe = pool.submit(_openmp_flags, path)
+        blas_found = _blas(path, blas)
+        isa, isa_flags, isa_identity = isa_probe.result()
+        openmp_flags = openmp_probe.result()
     return Toolchain(
         cc=path,
         cc_version=version_text.splitlines()[0] if version_text else "",
@@ -214,9 +250,9 @@ def _detect(cc: str, blas: str, cpu_target: str, sanitize: str) -> Toolchain:
         isa=isa,
         isa_flags=isa_flags,
         isa_identity=isa_identity,
-        openmp_flags=_openmp_flags(path),
+        openmp_flags=openmp_flags,
         sanitize=sanitize,
-        blas=_blas(path, blas),
+        blas=blas_found,
     )
 
 

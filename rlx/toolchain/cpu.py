@@ -40,12 +40,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlx.config import Config
-from rlx.errors import BuildError
+from rlx.errors import BuildError, CacheError
 from rlx.ir.lir import LirModule
 from rlx.templates_path import templates_dir
-from rlx.toolchain.cache import AotCache, cache_key
+from rlx.toolchain.cache import AotCache, _mkdir_private, cache_key, check_private
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.toolchain.isa import describe as describe_isa
+from rlx.toolchain.units import compile_program
 
 if TYPE_CHECKING:
     from rlx.codegen.c import CTarget
@@ -145,7 +146,26 @@ def render_source(lir: LirModule, config: Config | None = None, toolchain: Toolc
     manifest = cpu_manifest(lir, toolchain, key, config.cpu_target)
     if config.variant:
         manifest["variant"] = config.variant
-    return render_c(lir, c_target(toolchain, config), manifest)
+    return render_c(lir, c_target(toolchain, config), manifest, bytecode_dir=template_bytecode_dir(config))
+
+
+def template_bytecode_dir(config: Config) -> Path | None:
+    """The private directory of the AOT cache root where compiled Jinja templates are kept
+    (`rlx.codegen.template_cache`), or None with the cache disabled or unusable."""
+    if not config.cache_enabled:
+        return None
+    from rlx.codegen.template_cache import bytecode_tag
+
+    cache = AotCache(config)
+    path = cache.root / "templates" / bytecode_tag()
+    try:
+        cache._ensure_root()
+        _mkdir_private(path.parent)
+        _mkdir_private(path)
+        check_private(path, "compiled templates directory")
+    except (OSError, CacheError):
+        return None  # compiled in memory only: slower, never wrong
+    return path
 
 
 @dataclass(frozen=True)
@@ -175,7 +195,8 @@ def build_cpu(lir: LirModule, config: Config | None = None, toolchain: Toolchain
         text = render_source(lir, config, toolchain, key=key)
         source.write_text(text)
         try:
-            toolchain.compile(source, workdir / "model.so")
+            # linked with the kernel units its headers name (compiled once per toolchain: units.py)
+            compile_program(toolchain, source, workdir / "model.so", config)
         except BuildError as exc:
             # the cache discards its work dir on failure: keep the source where the message points
             fd, kept = tempfile.mkstemp(prefix=f"rlx-failed-{key[:12]}-", suffix=".c")

@@ -363,6 +363,21 @@ def test_stats_count_hits_misses_builds(root: Path):
     assert after["entries"] == 1 and after["bytes"] > 0 and after["root"] == str(root.absolute())
 
 
+def test_the_stats_update_waits_for_a_filelock_holder_and_gives_up_without_failing(root: Path, monkeypatch):
+    """The stats lock is a bare flock (no filelock import on a warm hit) that still excludes filelock users."""
+    from rlx.toolchain import cache as cache_mod
+
+    cache = make_cache(root)
+    cache.get_or_build(worker.components(5), worker.make_build(5))
+    before = cache.persisted_counters()["hits"]
+    monkeypatch.setattr(cache_mod, "_STATS_LOCK_TIMEOUT", 0.2)
+    with filelock.FileLock(root / "locks" / "stats.lock"):
+        assert cache.get_or_build(worker.components(5), worker.make_build(5)).hit  # the hit itself works
+        assert cache.persisted_counters()["hits"] == before  # its count was dropped, not blocked on
+    cache.get_or_build(worker.components(5), worker.make_build(5))
+    assert cache.persisted_counters()["hits"] == before + 1
+
+
 def test_clear_removes_entries(root: Path):
     cache = make_cache(root)
     for v in (1, 2):

@@ -8,6 +8,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
+#include <immintrin.h>  /* the AVX-512 softmax and scaling below */
+#endif
+
 
 /* ── attention building blocks: scores and weighted sums on the packed kernel ──
  *

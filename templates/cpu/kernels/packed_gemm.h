@@ -13,7 +13,8 @@
  *
  * A matmul whose right operand is a param (every linear layer) does not go
  * through the BLAS: rlx_set_param copies the weight into the micro-kernel's
- * panel layout once, and rlx_run multiplies with the kernel below, applying
+ * panel layout once, and rlx_run multiplies with the micro-kernel rlx_kernel
+ * (kernels/packed_core.h: a kernel unit, compiled once per toolchain), applying
  * bias and activation to each output tile while it is still in L1.
  *
  * Packed layout of one K x N matrix: ceil(N / RLX_NR) panels of RLX_NR
@@ -32,17 +33,7 @@
  * OpenMP threads of a GEMM take contiguous ranges of tiles, so a GEMM with few
  * rows (one short sentence) is still spread over every core by panels.
  */
-#define RLX_PACK_NR_MAX 32
-
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
-#include <immintrin.h>
-#define RLX_MR 12
-#define RLX_NR 32
-#elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define RLX_MR 6
-#define RLX_NR 16
-#endif
+#include "kernels/packed_core.h"
 
 /* act(C) on an mr x nc block of C, right after the block's last multiply-add. The generated
  * file defines it (one case per activation its GEMMs fuse) before including this header. */
@@ -55,172 +46,9 @@ static inline void rlx_epilogue_act(float *restrict C, int64_t ldc, int64_t mr, 
 /* Longest K one kernel call covers; beyond it the panel slice no longer sits in L2 and
  * partial sums go through C (the bias is added with the last slice). */
 #define RLX_KC 2048
-/* How far ahead of the kernel weights are prefetched (tuned on Zen 5: 8 KiB reaches ~50 GB/s
- * on 2 cores for MiniLM's weights at 16 rows, against ~30 GB/s from the hardware prefetcher). */
-#define RLX_PF_BYTES 8192
 
-/* dst <- B packed (see above), reading B[k, n] = src[k * sk + n * sn]: the strides take any
- * user layout (e.g. a PyTorch [out, in] weight read transposed) without a transpose pass. */
-static void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk, int64_t sn)
-{
-    for (int64_t p0 = 0; p0 < N; p0 += RLX_NR) {
-        const int64_t w = N - p0 < RLX_NR ? N - p0 : RLX_NR;
-        const float *restrict col = src + p0 * sn;
-        for (int64_t k = 0; k < K; k++) {
-            float *restrict out = dst + k * RLX_NR;
-            const float *restrict in = col + k * sk;
-            if (sn == 1) {
-                memcpy(out, in, (size_t)w * sizeof(float));
-            } else {
-                for (int64_t j = 0; j < w; j++)
-                    out[j] = in[j * sn];
-            }
-            for (int64_t j = w; j < RLX_NR; j++)
-                out[j] = 0.0f;
-        }
-        dst += K * RLX_NR;
-    }
-}
-
-#if RLX_NR == 32
-/* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias[0:nr]). `mr` and `prefetch` are
- * compile-time constants at every call (see rlx_kernel), so unused rows cost neither registers
- * nor FMAs. `nr` <= 32 masks the stores of the last panel; `accumulate` adds to what C holds.
- * `prefetch`: the panel comes from memory (first row group of a tile), so ask for it
- * RLX_PF_BYTES ahead; without this a short GEMM streams weights at half the DRAM bandwidth. */
-static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, const int prefetch, int64_t kc,
-        const float *restrict A, int64_t lda, const float *restrict Bp, float *restrict C, int64_t ldc, int64_t nr,
-        const float *restrict bias, int accumulate)
-{
-    __m512 c0[RLX_MR], c1[RLX_MR];
-    #pragma GCC unroll 12
-    for (int i = 0; i < RLX_MR; i++)
-        if (i < mr) {
-            c0[i] = _mm512_setzero_ps();
-            c1[i] = _mm512_setzero_ps();
-        }
-    for (int64_t k = 0; k < kc; k++) {
-        if (prefetch) {
-            _mm_prefetch((const char *)(Bp + k * RLX_NR) + RLX_PF_BYTES, _MM_HINT_T0);
-            _mm_prefetch((const char *)(Bp + k * RLX_NR) + RLX_PF_BYTES + 64, _MM_HINT_T0);
-        }
-        const __m512 b0 = _mm512_load_ps(Bp + k * RLX_NR);
-        const __m512 b1 = _mm512_load_ps(Bp + k * RLX_NR + 16);
-        #pragma GCC unroll 12
-        for (int i = 0; i < RLX_MR; i++)
-            if (i < mr) {
-                const __m512 a = _mm512_set1_ps(A[i * lda + k]);
-                c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-                c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
-            }
-    }
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
-    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1u);
-    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-    if (bias) {
-        bias0 = _mm512_maskz_loadu_ps(m0, bias);
-        bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-    }
-    #pragma GCC unroll 12
-    for (int i = 0; i < RLX_MR; i++)
-        if (i < mr) {
-            float *row = C + i * ldc;
-            __m512 v0 = _mm512_add_ps(c0[i], bias0), v1 = _mm512_add_ps(c1[i], bias1);
-            if (accumulate) {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
-            }
-            _mm512_mask_storeu_ps(row, m0, v0);
-            _mm512_mask_storeu_ps(row + 16, m1, v1);
-        }
-}
-#else
-/* The AVX2 tile: same contract as above with 6 rows and 16 columns (one cache line per k). */
-static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, const int prefetch, int64_t kc,
-        const float *restrict A, int64_t lda, const float *restrict Bp, float *restrict C, int64_t ldc, int64_t nr,
-        const float *restrict bias, int accumulate)
-{
-    __m256 c0[RLX_MR], c1[RLX_MR];
-    #pragma GCC unroll 6
-    for (int i = 0; i < RLX_MR; i++)
-        if (i < mr) {
-            c0[i] = _mm256_setzero_ps();
-            c1[i] = _mm256_setzero_ps();
-        }
-    for (int64_t k = 0; k < kc; k++) {
-        if (prefetch)
-            _mm_prefetch((const char *)(Bp + k * RLX_NR) + RLX_PF_BYTES, _MM_HINT_T0);
-        const __m256 b0 = _mm256_load_ps(Bp + k * RLX_NR);
-        const __m256 b1 = _mm256_load_ps(Bp + k * RLX_NR + 8);
-        #pragma GCC unroll 6
-        for (int i = 0; i < RLX_MR; i++)
-            if (i < mr) {
-                const __m256 a = _mm256_broadcast_ss(A + i * lda + k);
-                c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
-                c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
-            }
-    }
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const int w = nr < 16 ? (int)nr : 16;
-    const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(w), lane);
-    const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(w - 8), lane);
-    __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
-    if (bias) {
-        bias0 = _mm256_maskload_ps(bias, m0);
-        bias1 = _mm256_maskload_ps(bias + 8, m1);
-    }
-    #pragma GCC unroll 6
-    for (int i = 0; i < RLX_MR; i++)
-        if (i < mr) {
-            float *row = C + i * ldc;
-            __m256 v0 = _mm256_add_ps(c0[i], bias0), v1 = _mm256_add_ps(c1[i], bias1);
-            if (accumulate) {
-                v0 = _mm256_add_ps(v0, _mm256_maskload_ps(row, m0));
-                v1 = _mm256_add_ps(v1, _mm256_maskload_ps(row + 8, m1));
-            }
-            _mm256_maskstore_ps(row, m0, v0);
-            _mm256_maskstore_ps(row + 8, m1, v1);
-        }
-}
-#endif
-
-/* Instances of the tile for a few row counts only (RLX_MR, 8, 4, 2, 1 — or 6, 4, 2, 1 for AVX2),
- * each compiled for exactly that many rows; other counts run as a sum of them (11 = 8 + 2 + 1)
- * over disjoint rows of C, which computes every element exactly as one 11-row tile would.
- * Every instance is a fully unrolled AVX kernel: instantiating all twelve doubled the compile
- * time of a one-matmul program for rows that only the last tile of a GEMM ever has. */
-#define RLX_KERNEL_CASE(R)                                                                     \
-    case R:                                                                                    \
-        if (prefetch)                                                                          \
-            rlx_kernel_tile(R, 1, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);               \
-        else                                                                                   \
-            rlx_kernel_tile(R, 0, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);               \
-        break;
-
-static void rlx_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t lda, const float *Bp, float *C,
-                       int64_t ldc, int64_t nr, const float *bias, int accumulate)
-{
-    while (mr > 0) {
-        const int64_t r = mr >= RLX_MR ? RLX_MR : mr >= 8 ? 8 : mr >= 4 ? 4 : mr >= 2 ? 2 : 1;
-        switch (r) {
-#if RLX_MR == 12
-        RLX_KERNEL_CASE(12)
-        RLX_KERNEL_CASE(8)
-#else
-        RLX_KERNEL_CASE(6)
-#endif
-        RLX_KERNEL_CASE(4)
-        RLX_KERNEL_CASE(2)
-        default:
-        RLX_KERNEL_CASE(1)
-        }
-        A += r * lda;
-        C += r * ldc;
-        mr -= r;
-        prefetch = 0;  /* the first piece brought the panel in */
-    }
-}
-#undef RLX_KERNEL_CASE
+/* rlx_kernel (the micro-kernel: a C tile += rows of A @ one panel) and rlx_pack_b are declared in
+ * kernels/packed_core.h and compiled once per toolchain from kernels/packed_core.c. */
 
 /* Work units of an M x N product: tiles of RLX_MC rows x one panel, row blocks outermost. */
 static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
@@ -260,13 +88,6 @@ static void rlx_pgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
 /* Blocks handed to one rlx_sgemm1 call: rows x columns of C. */
 #define RLX_FB_ROWS 64
 #define RLX_FB_COLS 256
-
-static void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk, int64_t sn)
-{
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t n = 0; n < N; n++)
-            dst[k * N + n] = src[k * sk + n * sn];
-}
 
 static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
 {
@@ -314,23 +135,6 @@ static inline void rlx_split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi)
     *hi = n * (t + 1) / nt;
 }
 
-/* set_param for a packed param: `batch` matrices, each K x N read with strides (sk, sn) and the
- * batch axes' strides (elements of the user array), stored RLX_PACK_NR_MAX-padded apart. */
-static void rlx_pack_param(float *dst, const float *src, int nbatch_axes, const int64_t *dims, const int64_t *strides)
-{
-    const int64_t K = dims[nbatch_axes], N = dims[nbatch_axes + 1];
-    const int64_t stride = (N + RLX_PACK_NR_MAX - 1) / RLX_PACK_NR_MAX * RLX_PACK_NR_MAX * K;
-    int64_t count = 1;
-    for (int d = 0; d < nbatch_axes; d++)
-        count *= dims[d];
-    for (int64_t b = 0; b < count; b++) {
-        int64_t off = 0, rem = b;
-        for (int d = nbatch_axes - 1; d >= 0; d--) {
-            off += rem % dims[d] * strides[d];
-            rem /= dims[d];
-        }
-        rlx_pack_b(dst + b * stride, src + off, K, N, strides[nbatch_axes], strides[nbatch_axes + 1]);
-    }
-}
+/* rlx_pack_param (set_param of a packed param) is in kernels/packed_core.c too. */
 
 #endif /* RLX_KERNELS_PACKED_GEMM_H */

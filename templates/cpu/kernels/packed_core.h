@@ -1,0 +1,59 @@
+/* The graph-independent core of the packed GEMM: the tile shape of this instruction set, the
+ * micro-kernel and the packing of B. A fixed RLX kernel header: no template code; included through
+ * kernels/packed_gemm.h.
+ *
+ * A kernel unit: the functions declared here are defined in kernels/packed_core.c, which the
+ * toolchain compiles once per compiler, flags and ISA into the RLX cache and links into every
+ * program whose source includes this header (rlx/toolchain/units.py). A program's own file then
+ * neither parses <immintrin.h> nor optimizes the fully unrolled tiles and the packing loops again:
+ * that was most of the C compiler's time for a small graph. The unit is compiled with the
+ * program's own flags, so it is the same machine code it was as static functions of the program.
+ * Its functions are hidden: never exported from a program.
+ */
+#ifndef RLX_KERNELS_PACKED_CORE_H
+#define RLX_KERNELS_PACKED_CORE_H
+
+#include <stdint.h>
+
+/* Param storage is sized for this many columns per panel whatever the ISA, so offsets do not
+ * depend on it (see kernels/packed_gemm.h for the layout). */
+#define RLX_PACK_NR_MAX 32
+
+/* The tile (RLX_MR rows x RLX_NR columns of C) of the instruction set this file is compiled for;
+ * no RLX_NR: no micro-kernel (the packed GEMM falls back to the BLAS or the C GEMM). */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
+#define RLX_MR 12
+#define RLX_NR 32
+#elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
+#define RLX_MR 6
+#define RLX_NR 16
+#endif
+
+/* How far ahead of the kernel weights are prefetched (tuned on Zen 5: 8 KiB reaches ~50 GB/s
+ * on 2 cores for MiniLM's weights at 16 rows, against ~30 GB/s from the hardware prefetcher).
+ * Here, not in the unit: other kernels streaming packed weights (kernels/gemm_bf16.h) use it too. */
+#define RLX_PF_BYTES 8192
+
+#define RLX_CORE_FN __attribute__((visibility("hidden")))
+
+/* dst <- B[0:K, 0:N] in the packed layout of kernels/packed_gemm.h (row-major, ld = N, without a
+ * micro-kernel), reading B[k, n] = src[k * sk + n * sn]: the strides take any user layout (e.g. a
+ * PyTorch [out, in] weight read transposed) without a transpose pass. */
+RLX_CORE_FN void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk,
+                            int64_t sn);
+
+/* set_param for a packed param: `batch` matrices, each K x N read with strides (sk, sn) and the
+ * batch axes' strides (elements of the user array), stored RLX_PACK_NR_MAX-padded apart. */
+RLX_CORE_FN void rlx_pack_param(float *dst, const float *src, int nbatch_axes, const int64_t *dims,
+                                const int64_t *strides);
+
+#ifdef RLX_NR
+/* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias[0:nr]) for any mr >= 1 (rows of A and
+ * C are lda and ldc apart; the panel is kc rows of RLX_NR floats). `nr` <= RLX_NR masks the last
+ * panel's columns, `accumulate` adds to what C holds, `prefetch` streams the panel from memory
+ * ahead of use (the first row group of a tile). */
+RLX_CORE_FN void rlx_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t lda, const float *Bp,
+                            float *C, int64_t ldc, int64_t nr, const float *bias, int accumulate);
+#endif
+
+#endif /* RLX_KERNELS_PACKED_CORE_H */
