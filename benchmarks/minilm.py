@@ -6,10 +6,12 @@
 `--precision` adds rlx peers computing with weights stored in bf16 / f16
 (`Session(Device.CPU, precision=...)`: bf16 GEMMs with vdpbf16ps where the CPU
 has AVX512_BF16, f16 weights widened into the f32 GEMM's panels) and
-int8 (dynamic quantization; reported as not available where this rlx lacks
-it), and with int8 the ONNX Runtime peer `onnxruntime-int8`: the same ONNX
-model after `onnxruntime.quantization.quantize_dynamic` (int8 weights,
-activations quantized at run time).
+int8 (`SentenceEmbedder(..., quantize="int8")`: every linear layer in int8,
+weights per output channel, activations per row at run time), and with int8
+the ONNX Runtime peer `onnxruntime-int8`: the same ONNX model after
+`onnxruntime.quantization.quantize_dynamic` (int8 weights, activations
+quantized at run time); each case then also prints rlx-int8's time over
+onnxruntime-int8's.
 
 Every peer runs the same computation (BERT encoder + masked mean pooling + L2
 normalization, float32) from the same weights on the same token batch with the
@@ -100,10 +102,10 @@ def _rlx(config: object, weights: dict, cases: list, precision: str = "f32") -> 
     from rlx.models import SentenceEmbedder
     from rlx.models.bert import bert_inputs
 
-    if precision == "int8":
-        raise RuntimeError("dynamic int8 is not implemented in this rlx yet")
+    int8 = precision == "int8"
     emb = SentenceEmbedder(config, weights, None, device="cpu", max_seq=max(s for _, s in cases),
-                           max_batch=max(b for b, _ in cases), precision=precision)
+                           max_batch=max(b for b, _ in cases), precision="f32" if int8 else precision,
+                           quantize="int8" if int8 else None)
     runner = emb.runner("embeddings")
     return lambda ids, mask: runner.run(bert_inputs(ids, mask))[0]
 
@@ -332,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
             diff = float(np.abs(r[case][1] - results[base_name][case][1]).max())
             print(f"  {name:<18} {med[name] * 1e3:>10.2f} {len(r[case][0]):>5} {ratio:>8} {gf:>9.1f} "
                   f"{100 * gf / peak:>6.1f}% {diff:>10.2e}")
+        if "rlx-int8" in med and "onnxruntime-int8" in med:
+            print(f"  rlx-int8 / onnxruntime-int8 = {med['rlx-int8'] / med['onnxruntime-int8']:.2f}x (< 1: rlx faster)")
     print()
     print(f"'vs rlx' = peer median / rlx median (> 1: rlx is faster); max|diff| = largest difference from "
           f"{base_name}'s embeddings")

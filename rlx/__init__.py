@@ -32,10 +32,29 @@ from rlx.ir.shape import Dim, Shape
 from rlx.opt.autodiff import grad, jacfwd, jvp, vjp
 from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
+from rlx.opt.quantize import quantize as _quantize_mir
 from rlx.runtime.artifact_load import load
 from rlx.runtime.compiled import CompiledGraph
 from rlx.trace import TracedTensor, Tracer, trace
 from rlx.version import __version__
+
+
+def quantize(graph: object, mode: str = "int8-dynamic") -> Graph:
+    """`graph` (a MIR Graph, HirModule or GraphModule) optimized, its linear layers in int8.
+
+    `rlx.opt.quantize.quantize` on the graph's MIR: weights stay f32 params (set_param takes
+    them as before; the CPU quantizes them per output channel when set), activations are
+    quantized per row at run time.
+
+    >>> import rlx
+    >>> g = rlx.Graph("lin")
+    >>> x, w = g.input("x", [2, 8]), g.param("w", [4, 8])
+    >>> g.set_outputs([g.matmul(x, g.transpose(w, [1, 0]))])
+    >>> [n.kind for n in rlx.quantize(g, "int8-dynamic").nodes]
+    ['input', 'param', 'int8_matmul']
+    """
+    return _quantize_mir(driver.to_mir(graph), mode)
+
 
 # Last: everything above loaded from its files and no user code has run yet (any `import rlx.x`
 # runs this file first), so the driver's compile index may trust these modules as they are now.
@@ -81,6 +100,7 @@ __all__ = [
     "Tracer",
     "cache",
     "from_onnx",
+    "quantize",
     "shard",
     "load",
     "np",

@@ -29,6 +29,7 @@ import numpy as np
 
 from rlx.errors import ExecutionError
 from rlx.ir import ops as O
+from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir import transport
@@ -289,6 +290,18 @@ def _eval_dequant_matmul(op: O.DequantMatMul, args: list, shape: Shape, symbols:
         return _finish((dots + mins).sum(axis=-1).reshape(*x.shape[:-1], raw.shape[0]), shape.dtype)
     w = dequantize_blocks(np.asarray(raw, dtype=np.uint8), op.quant, k)
     return _finish(np.matmul(x, w.astype(np.float64).T), shape.dtype)
+
+
+@evaluates(Q8.Int8MatMul)
+def _eval_int8_matmul(op: Q8.Int8MatMul, args: list, shape: Shape, symbols: dict,
+                      in_shapes: object) -> np.ndarray:
+    # the kernels' exact integer arithmetic (ops_int8.int8_matmul_ref), then the activation
+    x, w = (np.asarray(a, dtype=np.float32) for a in args[:2])
+    y, _ = Q8.int8_matmul_ref(x, w, np.asarray(args[2], dtype=np.float32) if len(args) == 3 else None)
+    if op.activation:
+        with np.errstate(all="ignore"):
+            y = ACTIVATION_FNS[op.activation](y.astype(np.float64))
+    return _finish(y, shape.dtype)
 
 
 @evaluates(O.Dequantize)

@@ -55,6 +55,7 @@ from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions import AbsorbedTranspose, PackedParam
+from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -453,6 +454,7 @@ class _Planner:
         # The LIR's decisions (rlx.opt.lowering): transposes folded into GEMMs, params stored packed.
         self.absorbed: dict[NodeId, NodeId] = {d.node: d.source for d in lir.decided(AbsorbedTranspose)}
         self.packed: dict[NodeId, bool] = {d.node: d.transposed for d in lir.decided(PackedParam)}
+        self.int8: dict[NodeId, Int8Param] = {d.node: d for d in lir.decided(Int8Param)}
         self.packed_mat: dict[NodeId, int] = {}  # floats of packed storage per K x N matrix
         self.gemm_acts: set[str] = set()  # activations fused into packed GEMMs
 
@@ -532,6 +534,10 @@ class _Planner:
                 storage = math.prod(dims[:-2]) * mat * stored.dtype.itemsize
                 mode = f"pack_{stored.dtype.value}" if narrow else "pack"
                 note = " (packed for the GEMM kernel on set)"
+            elif spec.node in self.int8:
+                # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
+                storage = self.int8[spec.node].storage_bytes
+                mode, note = "int8", " (quantized to int8 per output channel on set)"
             params.append({
                 "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
                 "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),

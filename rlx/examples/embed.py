@@ -2,6 +2,7 @@
 
     python -m rlx.examples.embed "A man is eating food." "A man is riding a horse."
     rlxc embed --model path/to/bert-dir "first sentence" "second sentence"
+    rlxc embed --quantize int8 "first sentence" "second sentence"   # int8 linear layers
 
 With `--input corpus.{txt,jsonl,parquet} --output out.parquet` it embeds a whole
 corpus instead (`rlx.distributed.corpus`): streamed in shards, a progress bar with
@@ -49,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq", type=int, default=256, help="sequence bound of the compiled graph (default 256)")
     p.add_argument("--max-batch", type=int, default=32, help="batch bound of the compiled graph (default 32)")
     p.add_argument("--repeat", type=int, default=10, help="timed runs after the warm-up (default 10)")
+    p.add_argument("--quantize", choices=("int8",), default=None,
+                   help="int8: dynamic int8 linear layers (weights per channel, activations per row; CPU)")
     c = p.add_argument_group("corpus", "embed a corpus file into Parquet (rlx.distributed.corpus)")
     c.add_argument("--input", metavar="FILE", help="corpus: .txt (a text a line), .jsonl or .parquet")
     c.add_argument("--output", metavar="DIR", help="output Parquet dataset directory (resumed when it exists)")
@@ -120,7 +123,8 @@ def _run_corpus(args: argparse.Namespace) -> int:
             raise RlxError(f"{flag} must be >= 1, got {value}")
     corpus.input_format(args.input)  # a bad extension fails before the model is loaded
     model_dir = args.model if args.model is not None else default_model_dir()
-    emb = SentenceEmbedder.from_pretrained(model_dir, device=args.device, max_seq=args.max_seq, max_batch=batch)
+    emb = SentenceEmbedder.from_pretrained(model_dir, device=args.device, max_seq=args.max_seq, max_batch=batch,
+                                           quantize=args.quantize)
     with tempfile.TemporaryDirectory(prefix="rlx-bundle-") as tmp:
         bundle = save_bundle(emb, tmp)  # compiles through the AOT cache: a second run loads
         model = BundledEmbedder.load(bundle)
@@ -144,7 +148,7 @@ def _run(args: argparse.Namespace, sentences: list[str]) -> int:
     model_dir = args.model if args.model is not None else default_model_dir()
     t0 = time.perf_counter()
     emb = SentenceEmbedder.from_pretrained(model_dir, device=args.device, max_seq=args.max_seq,
-                                           max_batch=args.max_batch)
+                                           max_batch=args.max_batch, quantize=args.quantize)
     t_load = time.perf_counter() - t0
     cfg = emb.config
     t0 = time.perf_counter()
@@ -162,7 +166,9 @@ def _run(args: argparse.Namespace, sentences: list[str]) -> int:
     print(f"model:      {model_dir}")
     print(f"            BERT {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
           f"{emb.sentence.pooling} pooling{', normalized' if emb.sentence.normalize else ''}")
-    print(f"device:     {args.device} (load {t_load * 1e3:.0f} ms, compile or cache load {t_compile * 1e3:.0f} ms)")
+    quant = f", {emb.quantize} linear layers" if emb.quantize else ""
+    print(f"device:     {args.device}{quant} (load {t_load * 1e3:.0f} ms, "
+          f"compile or cache load {t_compile * 1e3:.0f} ms)")
     print(f"embeddings: {out.shape} {out.dtype}")
     print()
     print("cosine similarity:")

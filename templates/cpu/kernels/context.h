@@ -153,6 +153,11 @@ RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, in
     if (nbytes != p->nbytes)
         return rlx_fail(ctx, "param '%s' takes %lld bytes, got %lld", p->name, (long long)p->nbytes,
                         (long long)nbytes);
+#ifdef RLX_KERNELS_INT8_GEMM_H
+    if (p->mode == RLX_PARAM_INT8)  /* quantized per output channel into the int8 panels (int8_gemm) */
+        rlx_i8_quantize_param(ctx->params + p->offset, (const float *)data, p->dims, p->src_strides);
+    else
+#endif
 #ifdef RLX_KERNELS_GEMM_BF16_H
     if (p->mode == RLX_PARAM_PACK_BF16 || p->mode == RLX_PARAM_PACK_F16)
         rlx_pack_param_half((uint16_t *)(ctx->params + p->offset), (const uint16_t *)data, p->rank - 2, p->dims,
