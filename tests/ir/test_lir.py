@@ -280,6 +280,7 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("reduce axes", ("reduce", "axes"), _sq(lambda g, x, v: g.reduce("sum", x, v)), [0], [1]),
     ("reduce keep_dim", ("reduce", "keep_dim"), _sq(lambda g, x, v: g.reduce("sum", x, [0, 1], v)), False, True),
     ("softmax", ("softmax", "axis"), _sq(lambda g, x, v: g.softmax(x, v)), -1, 0),
+    ("argmax", ("argmax", "axis"), _sq(lambda g, x, v: g.argmax(x, v)), -1, 0),
     ("layer_norm", ("layer_norm", "eps"),
      _sq(lambda g, x, v: g.layer_norm(x, g.param("a", [4]), g.param("b", [4]), eps=v)), 1e-5, 1e-6),
     ("rms_norm", ("rms_norm", "eps"), _sq(lambda g, x, v: g.rms_norm(x, g.param("a", [4]), eps=v)), 1e-5, 1e-6),
