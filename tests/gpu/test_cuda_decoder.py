@@ -80,7 +80,7 @@ def test_resident_caches_follow_their_conversations_f32() -> None:
     when the other comes) give the CPU's logits step for step; release_states hands back the CPU's cache."""
     tensors = _quantized_tensors(5)
     gpu = CausalLM(CONFIG, tensors, device="cuda", max_context=64, prefill_chunk=8)
-    cpu = CausalLM(CONFIG, tensors, device="cpu", max_context=64, prefill_chunk=8)
+    cpu = CausalLM(CONFIG, tensors, device="cpu", max_context=64, prefill_chunk=8, quant_act="f32")
     gpu_caches, cpu_caches = (gpu.new_cache(), gpu.new_cache()), (cpu.new_cache(), cpu.new_cache())
     got = _alternate(gpu, gpu_caches, PROMPTS, 12)
     want = _alternate(cpu, cpu_caches, PROMPTS, 12)
@@ -114,7 +114,7 @@ def test_fused_decode_kernels_match_the_large_step_path(precision: str) -> None:
     f32 by their roundings (the fused kernels round less often): the fused error is no larger than the other's."""
     tensors = _quantized_tensors(7)
     lm = CausalLM(CONFIG, tensors, device="cuda", precision=precision, max_context=48, max_batch=5, prefill_chunk=8)
-    cpu = CausalLM(CONFIG, tensors, device="cpu", max_context=48, prefill_chunk=8)
+    cpu = CausalLM(CONFIG, tensors, device="cpu", max_context=48, prefill_chunk=8, quant_act="f32")
     one, five, ref = lm.new_cache(), lm.new_cache(), cpu.new_cache()
     prompt = np.array([[4, 8, 15, 16, 23, 42]])
     last = prompt.shape[1] - 1

@@ -1,5 +1,7 @@
 /* argmax along one axis (rlx `argmax`): x viewed as [outer, n, inner] -> y [outer, inner] int32, one block of
- * 256 threads per output value; the first index wins ties and the first NaN wins over every number (numpy). */
+ * RLX_ARGMAX_THREADS per output value (a decoder's one row of 49152 logits: 48 values a thread, loads unrolled
+ * so they overlap); the first index wins ties and the first NaN wins over every number (numpy). */
+#define RLX_ARGMAX_THREADS 1024
 template <typename A>
 __device__ __forceinline__ bool rlx_argmax_better(A v, int64_t i, A best, int64_t at) {
     if (at < 0) return i >= 0;
@@ -9,15 +11,16 @@ __device__ __forceinline__ bool rlx_argmax_better(A v, int64_t i, A best, int64_
 }
 
 template <typename T, typename A>
-__global__ void __launch_bounds__(256) rlx_argmax(const T *__restrict__ x, int32_t *__restrict__ y, int64_t outer,
+__global__ void __launch_bounds__(RLX_ARGMAX_THREADS) rlx_argmax(const T *__restrict__ x, int32_t *__restrict__ y, int64_t outer,
                                                   int64_t n, int64_t inner) {
-    __shared__ A best_v[8];
-    __shared__ int64_t best_i[8];
+    __shared__ A best_v[RLX_ARGMAX_THREADS / 32];
+    __shared__ int64_t best_i[RLX_ARGMAX_THREADS / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t t = blockIdx.x; t < outer * inner; t += gridDim.x) {
         const T *xs = x + (t / inner) * n * inner + t % inner;
         A best = (A)0;
         int64_t at = -1;  /* none yet */
+#pragma unroll 8
         for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
             const A v = (A)rlx_f(xs[j * inner]);
             if (rlx_argmax_better(v, j, best, at)) {
