@@ -10,7 +10,7 @@ graph-specific device function (elementwise regions).
 
 >>> from rlx.codegen.registry import table
 >>> sorted(table("cuda").rules)[:3]
-['activation', 'attention', 'binary']
+['activation', 'all_gather', 'all_reduce']
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ are the dispatches the host encodes for it (threadgroup size chosen per op).
 >>> from rlx.codegen.registry import table
 >>> import rlx.codegen.metal
 >>> sorted(table("metal").rules)[:3]
-['activation', 'attention', 'binary']
+['activation', 'argmax', 'attention']
 """
 
 from __future__ import annotations

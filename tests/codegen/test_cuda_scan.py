@@ -14,7 +14,6 @@ from rlx.codegen.backends import first_unsupported_op
 from rlx.codegen.cuda import CudaTarget, render_cuda
 from rlx.driver import lower_to_lir
 from rlx.errors import BuildError
-from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import ScanConstants
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
@@ -86,14 +85,14 @@ def test_nested_scans_and_unsupported_bodies_are_refused_before_any_build() -> N
     node, reason = first_unsupported_op(g, "cuda")
     assert node.kind == "scan" and "nested" in reason
 
-    body = Graph("collective")
-    c = body.input("c", [4])
-    body.set_outputs([body.add(O.AllReduce(world=2), [c])])
+    body = Graph("int8_body")  # int8_matmul runs on the CPU only
+    c, w = body.input("c", [2, 4]), body.input("w", [4, 4])
+    body.set_outputs([body.int8_matmul(c, w)])
     g = Graph("bad_body")
-    c0 = g.input("c0", [4])
-    g.set_outputs([g.scan(body, c0, length=Dim.dynamic("L", max=4))])
+    c0, w0 = g.input("c0", [2, 4]), g.input("w0", [4, 4])
+    g.set_outputs([g.scan(body, c0, bcasts=[w0], length=Dim.dynamic("L", max=4))])
     node, reason = first_unsupported_op(g, "cuda")
-    assert node.kind == "scan" and "all_reduce" in reason
+    assert node.kind == "scan" and "int8_matmul" in reason
 
 
 def test_a_graph_without_scans_has_no_scan_decisions() -> None:
