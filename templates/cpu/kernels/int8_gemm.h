@@ -326,19 +326,13 @@ static inline int64_t rlx_i8_scratch_bytes(int64_t K)
  * about what one core multiplies in 8M int8 multiply-adds: below that per thread the product runs
  * on the calling thread (every linear layer of a short sentence). With spinning threads
  * (OMP_WAIT_POLICY=active, set by RLX_OMP_WAIT=active) a fork is cheap: 256K per thread pays.
- * The policy is read as kernels/quant.h's rlx_team_spins reads it. */
+ * The policy is rlx_team_spins (kernels/threads.h). */
 #define RLX_I8_MACS_PER_THREAD ((int64_t)1 << 23)
 #define RLX_I8_MACS_PER_SPINNING_THREAD ((int64_t)1 << 18)
 static inline int rlx_i8_threads(int nt, int64_t m, int64_t n, int64_t k)
 {
-    static int spins = -1; /* -1: not read yet; every thread computes the same value */
-    int v = __atomic_load_n(&spins, __ATOMIC_RELAXED);
-    if (v < 0) {
-        const char *policy = getenv("OMP_WAIT_POLICY");
-        v = policy != NULL && (policy[0] == 'a' || policy[0] == 'A');
-        __atomic_store_n(&spins, v, __ATOMIC_RELAXED);
-    }
-    const int64_t useful = m * n * k / (v ? RLX_I8_MACS_PER_SPINNING_THREAD : RLX_I8_MACS_PER_THREAD);
+    const int64_t per = rlx_team_spins() ? RLX_I8_MACS_PER_SPINNING_THREAD : RLX_I8_MACS_PER_THREAD;
+    const int64_t useful = m * n * k / per;
     return useful < 1 ? 1 : (useful < nt ? (int)useful : nt);
 }
 

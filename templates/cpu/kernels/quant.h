@@ -45,17 +45,6 @@ enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX
  * (RLX_OMP_WAIT=active, for a dedicated machine) a fork is cheap and 32 KB per thread pays. */
 #define RLX_QGEMV_BYTES_PER_THREAD ((int64_t)1 << 19)
 #define RLX_QGEMV_BYTES_PER_SPINNING_THREAD ((int64_t)1 << 15)
-static inline int rlx_team_spins(void)
-{
-    static int cached = -1;  /* -1: not read yet; every thread computes the same value */
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v < 0) {
-        const char *policy = getenv("OMP_WAIT_POLICY");
-        v = policy != NULL && (policy[0] == 'a' || policy[0] == 'A');
-        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    }
-    return v;
-}
 static inline int rlx_qgemv_threads(int nt, int64_t bytes)
 {
     const int64_t per = rlx_team_spins() ? RLX_QGEMV_BYTES_PER_SPINNING_THREAD : RLX_QGEMV_BYTES_PER_THREAD;

@@ -208,6 +208,20 @@ struct RlxQMembers {
     int count;
 };
 
+/* Weight row r of the members' rows laid end to end: its member (returned) and its row *n in that member.
+ * With SwiGLU (EPI 2) row r is row r of both members, gate and up. */
+template <int EPI>
+__device__ __forceinline__ int rlx_qf_member(const RlxQMembers &mem, int64_t r, int64_t *n) {
+    int j = 0;
+    if (EPI != 2)
+        while (j + 1 < mem.count && r >= mem.n[j]) {
+            r -= mem.n[j];
+            ++j;
+        }
+    *n = r;
+    return j;
+}
+
 template <int MR>
 __device__ __forceinline__ void rlx_qf_dot(const float *__restrict__ xs, int64_t stride, const float v[32],
                                            float acc[MR]) {
@@ -240,19 +254,15 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
         /* Weights are never written by a kernel: fetch this warp's first row into L2 while the kernel before
            this one finishes (programmatic dependent launch), then wait for it. */
         const int64_t r0 = (int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp;
-        if (r0 < rows)
+        if (r0 < rows) {
+            int64_t n;
+            const int j = rlx_qf_member<EPI>(mem, r0, &n);
             for (int64_t off = (int64_t)lane * 128; off < RB; off += 32 * 128) {
-                int j = 0;
-                int64_t n = r0;
-                if (EPI != 2)
-                    while (j + 1 < mem.count && n >= mem.n[j]) {
-                        n -= mem.n[j];
-                        ++j;
-                    }
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[j] + n * RB + off));
                 if (EPI == 2)
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[1] + n * RB + off));
             }
+        }
     }
     rlx_pdl_wait();
     float ss[MR];
@@ -296,13 +306,8 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
     __syncthreads();
     for (int64_t r = (int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp; r < rows;
          r += (int64_t)gridDim.x * RLX_QFUSED_WARPS) {
-        int j = 0;
-        int64_t n = r;
-        if (EPI != 2)
-            while (j + 1 < mem.count && n >= mem.n[j]) {
-                n -= mem.n[j];
-                ++j;
-            }
+        int64_t n;
+        const int j = rlx_qf_member<EPI>(mem, r, &n);
         const uint8_t *row = mem.w[j] + n * RB;
         const uint8_t *row2 = mem.w[EPI == 2 ? 1 : j] + n * RB;
         float acc[MR], acc2[MR];
