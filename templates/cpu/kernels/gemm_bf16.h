@@ -187,30 +187,7 @@ static void rlx_hgemm_wide_tile(int64_t i0, int64_t i1, int64_t j0, int64_t nr, 
 }
 
 #if defined(RLX_NR) && RLX_NR == 32
-/* The AVX-512 tiles' ending (as packed_gemm.h's rlx_kernel_tile): + bias, (+ C), masked store of nr <= 32. */
-static inline __attribute__((always_inline)) void rlx_htile_store(const int mr, const __m512 *c0, const __m512 *c1,
-        float *restrict C, int64_t ldc, int64_t nr, const float *restrict bias, int accumulate)
-{
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
-    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1u);
-    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-    if (bias) {
-        bias0 = _mm512_maskz_loadu_ps(m0, bias);
-        bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-    }
-    #pragma GCC unroll 12
-    for (int i = 0; i < RLX_MR; i++)
-        if (i < mr) {
-            float *row = C + i * ldc;
-            __m512 v0 = _mm512_add_ps(c0[i], bias0), v1 = _mm512_add_ps(c1[i], bias1);
-            if (accumulate) {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
-            }
-            _mm512_mask_storeu_ps(row, m0, v0);
-            _mm512_mask_storeu_ps(row + 16, m1, v1);
-        }
-}
+#include "kernels/tile_store.h"
 
 /* ── f16 on AVX-512: the f32 micro-kernel with each k row of the panel widened in registers ── */
 
@@ -247,7 +224,7 @@ static inline __attribute__((always_inline)) void rlx_f16_tile(const int mr, con
                 c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
             }
     }
-    rlx_htile_store(mr, c0, c1, C, ldc, nr, bias, accumulate);
+    rlx_tile_store_512(mr, c0, c1, C, ldc, nr, bias, accumulate);
 }
 
 #define RLX_F16_CASE(R)                                                                        \
@@ -331,7 +308,7 @@ static inline __attribute__((always_inline)) void rlx_bf16_tile(const int mr, co
                 c1[i] = _mm512_dpbf16_ps(c1[i], a, b1);
             }
     }
-    rlx_htile_store(mr, c0, c1, C, ldc, nr, bias, accumulate);
+    rlx_tile_store_512(mr, c0, c1, C, ldc, nr, bias, accumulate);
 }
 
 /* Instances for 12, 8, 4, 2 and 1 rows (as rlx_kernel: other counts run as sums of them). */

@@ -32,6 +32,8 @@ void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64
 }
 
 #if RLX_NR == 32
+#include "kernels/tile_store.h"
+
 /* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias[0:nr]). `mr` and `prefetch` are
  * compile-time constants at every call (see rlx_kernel), so unused rows cost neither registers
  * nor FMAs. `nr` <= 32 masks the stores of the last panel; `accumulate` adds to what C holds.
@@ -63,25 +65,7 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
                 c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
             }
     }
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
-    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1u);
-    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-    if (bias) {
-        bias0 = _mm512_maskz_loadu_ps(m0, bias);
-        bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-    }
-    #pragma GCC unroll 12
-    for (int i = 0; i < RLX_MR; i++)
-        if (i < mr) {
-            float *row = C + i * ldc;
-            __m512 v0 = _mm512_add_ps(c0[i], bias0), v1 = _mm512_add_ps(c1[i], bias1);
-            if (accumulate) {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
-            }
-            _mm512_mask_storeu_ps(row, m0, v0);
-            _mm512_mask_storeu_ps(row + 16, m1, v1);
-        }
+    rlx_tile_store_512(mr, c0, c1, C, ldc, nr, bias, accumulate);
 }
 #else
 /* The AVX2 tile: same contract as above with 6 rows and 16 columns (one cache line per k). */
