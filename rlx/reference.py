@@ -30,6 +30,7 @@ import numpy as np
 from rlx.errors import ExecutionError
 from rlx.ir import ops as O
 from rlx.ir import ops_int8 as Q8
+from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir import transport
@@ -329,6 +330,13 @@ def _eval_argmax(op: O.ArgMax, args: list, shape: Shape, symbols: dict, in_shape
     if x.shape[axis] == 0:
         raise ExecutionError("argmax over an empty axis")
     return np.argmax(x, axis=axis).astype(np.int32)  # first index on ties; the first NaN wins
+
+
+@evaluates(SP.SampleTopK)
+def _eval_sample_top_k(op: SP.SampleTopK, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    temperature, top_k, top_p = (float(v) for v in np.asarray(args[2], dtype=np.float32))
+    SP.check_settings(temperature, top_k, top_p, SP.SAMPLE_TOP_K_MAX)
+    return SP.sample_rows(np.asarray(args[0]).astype(np.float32), args[1], temperature, int(top_k), top_p)
 
 
 @evaluates(O.Softmax)

@@ -12,6 +12,7 @@ import numpy as np
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir import ops_int8 as Q8
+from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir import serialize
@@ -310,6 +311,11 @@ class Graph:
     def argmax(self, x: NodeId, axis: int = -1) -> NodeId:
         """i32 index of the largest value along `axis` (`ops.ArgMax`)."""
         return self.add(O.ArgMax(int(axis)), [x])
+
+    def sample_top_k(self, logits: NodeId, u: NodeId, settings: NodeId) -> NodeId:
+        """i32 token id per row of `logits` `[rows, vocab]`, sampled with uniforms `u` `[rows]` and
+        `settings` f32 `[3]` (temperature, top_k, top_p) (`ops_sample.SampleTopK`)."""
+        return self.add(SP.SampleTopK(), [logits, u, settings])
 
     def softmax(self, x: NodeId, axis: int = -1) -> NodeId:
         return self.add(O.Softmax(axis), [x])
