@@ -334,7 +334,7 @@ def _eval_argmax(op: O.ArgMax, args: list, shape: Shape, symbols: dict, in_shape
 
 @evaluates(SP.SampleTopK)
 def _eval_sample_top_k(op: SP.SampleTopK, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
-    temperature, top_k, top_p = (float(v) for v in np.asarray(args[2], dtype=np.float32))
+    temperature, top_k, top_p = (float(v) for v in np.asarray(args[2], dtype=np.float64))
     SP.check_settings(temperature, top_k, top_p, SP.SAMPLE_TOP_K_MAX)
     return SP.sample_rows(np.asarray(args[0]).astype(np.float32), args[1], temperature, int(top_k), top_p)
 

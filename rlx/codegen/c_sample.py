@@ -45,7 +45,7 @@ class SampleArgs:
 
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
     # f16/bf16 logits are widened to f32 by legalization (exact)
-    return None if in_dtypes[0] is DType.F32 else f"on {in_dtypes[0].value} logits; it takes f32"
+    return None if in_dtypes[0] is DType.F32 else f"on {in_dtypes[0].value} logits; it takes f32 (u and settings: f64)"
 
 
 def emit_sample_top_k(em, node: Node) -> Kernel:

@@ -313,8 +313,8 @@ class Graph:
         return self.add(O.ArgMax(int(axis)), [x])
 
     def sample_top_k(self, logits: NodeId, u: NodeId, settings: NodeId) -> NodeId:
-        """i32 token id per row of `logits` `[rows, vocab]`, sampled with uniforms `u` `[rows]` and
-        `settings` f32 `[3]` (temperature, top_k, top_p) (`ops_sample.SampleTopK`)."""
+        """i32 token id per row of `logits` `[rows, vocab]`, sampled with uniforms `u` f64 `[rows]` and
+        `settings` f64 `[3]` (temperature, top_k, top_p) (`ops_sample.SampleTopK`)."""
         return self.add(SP.SampleTopK(), [logits, u, settings])
 
     def softmax(self, x: NodeId, axis: int = -1) -> NodeId:

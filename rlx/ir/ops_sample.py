@@ -2,11 +2,12 @@
 
 `sample_top_k(logits, u, settings)` picks one token per row of `logits`
 (float `[rows, vocab]`) where it lives, so a decode step reads back token ids
-instead of a whole vocabulary of logits. `u` (f32 `[rows]`, each in [0, 1))
+instead of a whole vocabulary of logits. `u` (f64 `[rows]`, each in [0, 1))
 is a uniform random number drawn on the host from a seeded generator, so the
-result is reproducible and the reference exact; `settings` (f32 `[3]`:
+result is reproducible and the reference exact; `settings` (f64 `[3]`:
 temperature, top_k, top_p) are run-time inputs, so one compiled graph serves
-every setting. The meaning (`sample_rows`, written once here and used by the
+every setting. Both are f64 because a CUDA session stores f32 tensors in its
+precision: an f16 u would round 0.9999 up to 1, and the settings would shift. The meaning (`sample_rows`, written once here and used by the
 reference, by `rlx.models.sampling.Sampler` on the host, and mirrored by the
 kernels):
 
@@ -31,11 +32,11 @@ imports it).
 
 >>> import numpy as np
 >>> x = np.array([[0.0, 2.0, 1.0, 2.0]], np.float32)
->>> sample_rows(x, np.array([0.0], np.float32), 1.0, 2, None).tolist()   # top 2: tokens 1 and 3, tied
+>>> sample_rows(x, np.array([0.0]), 1.0, 2, None).tolist()   # top 2: tokens 1 and 3, tied
 [1]
->>> sample_rows(x, np.array([0.6], np.float32), 1.0, 2, None).tolist()
+>>> sample_rows(x, np.array([0.6]), 1.0, 2, None).tolist()
 [3]
->>> sample_rows(x, np.array([0.99], np.float32), 0.0, None, None).tolist()  # temperature 0: argmax
+>>> sample_rows(x, np.array([0.99]), 0.0, None, None).tolist()  # temperature 0: argmax
 [1]
 """
 
@@ -61,8 +62,8 @@ SETTINGS = ("temperature", "top_k", "top_p")
 
 @dataclass(frozen=True)
 class SampleTopK(Op):
-    """One token id (i32) per row of `logits` `[rows, vocab]`, sampled with `u` f32 `[rows]` and
-    `settings` f32 `[3]` (temperature, top_k, top_p); see the module docstring for the exact meaning."""
+    """One token id (i32) per row of `logits` `[rows, vocab]`, sampled with `u` f64 `[rows]` and
+    `settings` f64 `[3]` (temperature, top_k, top_p); see the module docstring for the exact meaning."""
 
     kind: ClassVar[str] = "sample_top_k"
     arity: ClassVar[tuple[int, int]] = (3, 3)
@@ -73,10 +74,10 @@ class SampleTopK(Op):
             raise ShapeError(f"sample_top_k needs floating-point logits [rows, vocab], got {x}")
         if x.dims[1].max == 0:
             raise ShapeError(f"sample_top_k over an empty vocabulary: {x}")
-        if u.dtype is not DType.F32 or u.dims != (x.dims[0],):
-            raise ShapeError(f"sample_top_k needs u as f32[{x.dims[0]}] (one number per row), got {u}")
-        if settings.dtype is not DType.F32 or settings.dims != (Dim(len(SETTINGS)),):
-            raise ShapeError(f"sample_top_k needs settings as f32[{len(SETTINGS)}] {SETTINGS}, got {settings}")
+        if u.dtype is not DType.F64 or u.dims != (x.dims[0],):
+            raise ShapeError(f"sample_top_k needs u as f64[{x.dims[0]}] (one number per row), got {u}")
+        if settings.dtype is not DType.F64 or settings.dims != (Dim(len(SETTINGS)),):
+            raise ShapeError(f"sample_top_k needs settings as f64[{len(SETTINGS)}] {SETTINGS}, got {settings}")
         return Shape((x.dims[0],), DType.I32)
 
 
@@ -105,17 +106,6 @@ def check_settings(temperature: float, top_k: float | None, top_p: float | None,
         raise ExecutionError(f"sample_top_k: top_p must be in (0, 1], got {top_p!r}")
 
 
-def uniform_f32(values: np.ndarray) -> np.ndarray:
-    """Doubles in [0, 1) as f32 still in [0, 1), rounded toward zero (nearest could round up to 1).
-
-    >>> uniform_f32(np.array([0.25, 1 - 2.0 ** -30])).tolist()
-    [0.25, 0.9999999403953552]
-    """
-    v = np.asarray(values, dtype=np.float64)
-    f = v.astype(np.float32)
-    return np.where(f.astype(np.float64) > v, np.nextafter(f, np.float32(0)), f).astype(np.float32)
-
-
 def descending_order(row: np.ndarray) -> np.ndarray:
     """Indices of `row` by value, largest first, ties by the lower index, NaNs first (in index order)."""
     nan = np.isnan(row)
@@ -129,7 +119,7 @@ def sample_rows(logits: np.ndarray, u: np.ndarray, temperature: float, top_k: in
     top_k None keeps the whole vocabulary, top_p None (or 1) keeps every one of the top k."""
     check_settings(temperature, top_k, top_p)
     x = np.asarray(logits)
-    u = np.asarray(u, dtype=np.float32)
+    u = np.asarray(u, dtype=np.float64)
     if x.ndim != 2 or u.shape != (x.shape[0],):
         raise ExecutionError(f"sample_top_k: logits [rows, vocab] and u [rows], got {x.shape} and {u.shape}")
     if x.shape[1] == 0:

@@ -35,6 +35,9 @@ from rlx.models.decoder_config import DecoderConfig
 from rlx.models.sampling import Sampler
 
 DEVICES = ("cpu", "cuda", "reference")
+#: `sample_settings` of a step that does not read `sampled_token`: temperature 0 (the argmax).
+_ARGMAX_SETTINGS = np.array([0.0, 1.0, 1.0])
+_ARGMAX_SETTINGS.flags.writeable = False
 #: CPU features the integer-activation kernels of `dequant_matmul` need to pay (AVX-512 VNNI; without
 #: them act="q16" runs a portable loop slower than f32 activations).
 Q16_FEATURES = ("avx512_vnni", "avx512bw", "avx512vl")
@@ -135,7 +138,15 @@ class CausalLM:
     `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "q16" (int16 per
     block of 32), "q8" (int8, as llama.cpp) or "f32"; None takes the device's default
     (`default_quant_act`).
+
+    Sampling with a `top_k` of at most `SAMPLE_TOP_K_MAX` (256) runs in the compiled graph
+    (`sample_top_k`: each step reads back token ids only); a larger top_k, or top_p or temperature
+    without top_k, reads back the logits and samples on the host. Both give the same tokens for the
+    same seed; `device_sampling = False` forces the host path.
     """
+
+    #: Sample in the compiled graph where the settings allow it (see the class docstring).
+    device_sampling: bool = True
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
@@ -227,7 +238,15 @@ class CausalLM:
         with the logits where they live: on a GPU only the ids come back to the host."""
         return self._step(tokens, cache, rows, 1).astype(np.int64)
 
-    def _step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, output: int) -> np.ndarray:
+    def step_sample(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, u: np.ndarray,
+                    settings: np.ndarray) -> np.ndarray:
+        """Like `step`, but returns a token id sampled from each of those rows' logits (i64 `[len(rows)]`)
+        at its uniform `u` (f64 `[len(rows)]`, from `Sampler.uniforms`) with `settings` (`Sampler.settings()`:
+        top_k at most `SAMPLE_TOP_K_MAX`), computed where the logits live: on a GPU only the ids come back."""
+        return self._step(tokens, cache, rows, 2, (u, settings)).astype(np.int64)
+
+    def _step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, output: int,
+              sample: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         tokens = np.asarray(tokens)
         if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
             raise ExecutionError(f"tokens must be [batch, seq] with batch, seq >= 1, got shape {tokens.shape}")
@@ -244,8 +263,15 @@ class CausalLM:
                                  f"max_context is {cache.capacity}")
         at = positions[:, None].astype(np.int64) + np.arange(seq)
         cos, sin = self._rope_cos[at], self._rope_sin[at]
+        rows = np.asarray(rows, dtype=np.int32)
+        # the sampled_token output's inputs: given, or an argmax setting (temperature 0) when not read
+        u, settings = sample if sample is not None else (np.zeros(rows.shape), _ARGMAX_SETTINGS)
+        u, settings = np.asarray(u, dtype=np.float64), np.asarray(settings, dtype=np.float64)
+        if u.shape != rows.shape or settings.shape != _ARGMAX_SETTINGS.shape:
+            raise ExecutionError(f"sampling needs one u per row ({rows.shape}) and settings of shape "
+                                 f"{_ARGMAX_SETTINGS.shape}, got {u.shape} and {settings.shape}")
         feed = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": cos, "rope_sin": sin,
-                "rows": np.asarray(rows, dtype=np.int32), **cache.arrays}
+                "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings}
         out = self._run(feed, output)
         cache.lengths[:batch] += seq
         return out
@@ -394,6 +420,11 @@ class CausalLM:
         for b, p in enumerate(prompts):
             padded[b, :len(p)] = p
         greedy = sampler.greedy
+        # sampling in the graph: the ids come back, as for greedy; u for step t's tokens is drawn just before
+        # the run computing them, in the order the host path's `pick` draws it (same seed, same tokens)
+        on_device = not greedy and self.device_sampling and sampler.on_device
+        settings = sampler.settings()
+        u = sampler.uniforms(batch) if on_device else None
         last_logits = np.zeros((batch, self.config.vocab_size), dtype=np.float32)
         last_ids = np.zeros(batch, dtype=np.int64)
         # prefill in chunks; rows shorter than the longest prompt are right-padded: the pad tokens land
@@ -404,16 +435,21 @@ class CausalLM:
             rows = [b * seq + lengths[b] - 1 - start for b in wanted]
             cache.lengths[:batch] = start
             chunk = padded[:, start:start + seq]
-            picked_or_logits = (self.step_greedy if greedy else self.step)(chunk, cache, rows if rows else [0])
+            asked = rows if rows else [0]
+            if on_device:
+                picked_or_logits = self.step_sample(chunk, cache, asked, u[wanted] if wanted else np.zeros(1),
+                                                    settings)
+            else:
+                picked_or_logits = (self.step_greedy if greedy else self.step)(chunk, cache, asked)
             for i, b in enumerate(wanted):
-                if greedy:
+                if greedy or on_device:
                     last_ids[b] = picked_or_logits[i]
                 else:
                     last_logits[b] = picked_or_logits[i]
         cache.lengths[:batch] = lengths
         done = [False] * batch
         for produced in range(1, max_new + 1):
-            picked = last_ids if greedy else sampler.pick(last_logits)
+            picked = last_ids if greedy or on_device else sampler.pick(last_logits)
             step: list[int | None] = []
             for b in range(batch):
                 if not done[b] and int(picked[b]) in stop_ids:
@@ -429,6 +465,9 @@ class CausalLM:
                 return
             if greedy:
                 last_ids = self.step_greedy(picked[:, None], cache, np.arange(batch))
+            elif on_device:
+                last_ids = self.step_sample(picked[:, None], cache, np.arange(batch), sampler.uniforms(batch),
+                                            settings)
             else:
                 last_logits = self.step(picked[:, None], cache, np.arange(batch))
 

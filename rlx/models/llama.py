@@ -15,8 +15,11 @@ one compiled library and one copy of the weights serve both. Inputs:
   for generation, so the vocabulary projection runs only where needed;
 - states `blk.N.k_cache` / `blk.N.v_cache` f32 `[max_batch, capacity, kv_heads*head_dim]`.
 
-Outputs `logits` f32 `[n_rows, vocab]` and `next_token` i32 `[n_rows]`, the
-argmax of each row's logits (greedy decoding reads only this). Params keep the GGUF tensor names
+Outputs `logits` f32 `[n_rows, vocab]`, `next_token` i32 `[n_rows]`, the
+argmax of each row's logits (greedy decoding reads only this), and
+`sampled_token` i32 `[n_rows]`, each row's token sampled by `sample_top_k`
+with inputs `sample_u` f64 `[n_rows]` (uniforms drawn on the host) and
+`sample_settings` f64 `[3]` (temperature, top_k, top_p; `Sampler.settings`). Params keep the GGUF tensor names
 (`blk.0.attn_q.weight`, ...). A quantized weight stays in its GGUF blocks
 and is multiplied by `dequant_matmul` (the kernels read the 4/8-bit blocks);
 F32/F16/BF16 weights are f32 matmuls. The token embedding is gathered
@@ -44,6 +47,7 @@ from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.ops import ACT_MODES
+from rlx.ir.ops_sample import SETTINGS as SAMPLE_SETTINGS
 from rlx.ir.shape import Dim
 from rlx.models.decoder_config import DecoderConfig
 
@@ -210,7 +214,11 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     if vocab != c.vocab_size:  # this rank's rows of the vocabulary, in rank order
         logits = g.add(O.AllGather(world=tp, axis=1), [logits], name="output.all_gather")
     # the greedy next token of each row, so a decode step on a GPU reads back 4 bytes a row, not the logits
-    g.set_outputs({"logits": logits, "next_token": g.argmax(logits, axis=-1)})
+    next_token = g.argmax(logits, axis=-1)
+    # and a sampled one (top_k <= SAMPLE_TOP_K_MAX), for each row's uniform u and the run-time settings
+    u = g.input("sample_u", [n_rows], "f64")
+    settings = g.input("sample_settings", [len(SAMPLE_SETTINGS)], "f64")
+    g.set_outputs({"logits": logits, "next_token": next_token, "sampled_token": g.sample_top_k(logits, u, settings)})
     return g
 
 

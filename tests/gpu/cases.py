@@ -238,6 +238,30 @@ def argmax() -> Case:
 
 
 @case
+def sample_top_k() -> Case:
+    """Sampling a token per row (ops_sample): logits on a grid of 1/8 (exact in f16 and bf16, many ties), a
+    NaN row, a dynamic row count, and settings from argmax (temperature 0) through top_k at the cap with
+    top_p; u at 0 and just below 1. Token ids must equal the reference's exactly."""
+    g = Graph("sample_top_k")
+    rows = Dim.dynamic("rows", max=8)
+    x = g.input("x", [rows, 3000])
+    u = g.input("u", [rows], "f64")
+    s = g.input("s", [3], "f64")
+    g.set_outputs([g.sample_top_k(x, u, s)])
+    r = _rng(23)
+    feeds = []
+    for n, settings in ((5, (0.0, 1, 1.0)), (8, (0.8, 40, 1.0)), (3, (1.0, 256, 0.9)), (6, (2.5, 7, 0.3)),
+                        (4, (0.5, 1, 1.0)), (7, (1e-3, 200, 1e-6))):
+        xs = (r.integers(-128, 128, (n, 3000)) / 8).astype(np.float32)
+        us = r.random(n)
+        us[0], us[-1] = 0.0, np.nextafter(1.0, 0.0)
+        if n > 2:
+            xs[1, 17] = xs[1, 2900] = np.nan
+        feeds.append({"x": xs, "u": us, "s": np.array(settings, np.float64)})
+    return Case("sample_top_k", g, feeds)
+
+
+@case
 def movement() -> Case:
     g = Graph("movement")
     seq = Dim.dynamic("seq", max=20)

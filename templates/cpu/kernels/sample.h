@@ -1,5 +1,5 @@
 /* sample_top_k (rlx/ir/ops_sample.py): one token id per row of logits x [rows, n], sampled with the row's
- * uniform u in [0, 1) and the run-time settings s = (temperature, top_k, top_p).
+ * uniform u in [0, 1) (double) and the run-time settings s = (temperature, top_k, top_p) (double).
  *
  * The top k of a row (k <= RLX_SAMPLE_TOP_K_MAX; value descending, ties by the lower index, NaN above every
  * number) are kept in a binary heap whose root is the worst kept item, so one pass over the vocabulary
@@ -50,21 +50,21 @@ static void rlx_sample_sift(rlx_sample_item *h, int64_t len, int64_t at) {
 }
 
 /* NULL when the settings and every u are valid, else `msg` filled with what is wrong */
-static const char *rlx_sample_check(const float *s, const float *u, int64_t rows, char *msg, size_t cap) {
-    const float t = s[0], k = s[1], p = s[2];
-    if (!rlx_sample_finite(t) || !(t >= 0.0f))
-        snprintf(msg, cap, "temperature must be a finite number >= 0, got %g", (double)t);
-    else if (!rlx_sample_finite(k) || k != floorf(k) || !(k >= 1.0f))
-        snprintf(msg, cap, "top_k must be an integer >= 1, got %g", (double)k);
-    else if (k > (float)RLX_SAMPLE_TOP_K_MAX)
+static const char *rlx_sample_check(const double *s, const double *u, int64_t rows, char *msg, size_t cap) {
+    const double t = s[0], k = s[1], p = s[2];
+    if (!isfinite(t) || !(t >= 0.0))
+        snprintf(msg, cap, "temperature must be a finite number >= 0, got %g", t);
+    else if (!isfinite(k) || k != floor(k) || !(k >= 1.0))
+        snprintf(msg, cap, "top_k must be an integer >= 1, got %g", k);
+    else if (k > (double)RLX_SAMPLE_TOP_K_MAX)
         snprintf(msg, cap, "top_k %g is above the op's cap %d (sample on the host from the logits instead)",
-                 (double)k, RLX_SAMPLE_TOP_K_MAX);
-    else if (!(p > 0.0f && p <= 1.0f))
-        snprintf(msg, cap, "top_p must be in (0, 1], got %g", (double)p);
+                 k, RLX_SAMPLE_TOP_K_MAX);
+    else if (!(p > 0.0 && p <= 1.0))
+        snprintf(msg, cap, "top_p must be in (0, 1], got %g", p);
     else {
         for (int64_t r = 0; r < rows; r++)
-            if (!(u[r] >= 0.0f && u[r] < 1.0f)) {
-                snprintf(msg, cap, "u must be in [0, 1), got %g (row %lld)", (double)u[r], (long long)r);
+            if (!(u[r] >= 0.0 && u[r] < 1.0)) {
+                snprintf(msg, cap, "u must be in [0, 1), got %.17g (row %lld)", u[r], (long long)r);
                 return msg;
             }
         return NULL;
@@ -122,12 +122,12 @@ static int32_t rlx_sample_row_f32(const float *restrict x, int64_t n, double u, 
     return h[j].i;
 }
 
-static void rlx_sample_top_k_f32(const float *restrict x, const float *restrict u, const float *restrict s,
+static void rlx_sample_top_k_f32(const float *restrict x, const double *restrict u, const double *restrict s,
                                  int32_t *restrict y, int64_t rows, int64_t n, int nt) {
     (void)nt;
-    const double temp = (double)s[0], top_p = (double)s[2];
+    const double temp = s[0], top_p = s[2];
     const int64_t k = (int64_t)s[1];
     _Pragma("omp parallel for num_threads(nt) schedule(static) if(rows > 1 && rows * n >= 262144)")
     for (int64_t r = 0; r < rows; r++)
-        y[r] = rlx_sample_row_f32(x + r * n, n, (double)u[r], temp, k, top_p);
+        y[r] = rlx_sample_row_f32(x + r * n, n, u[r], temp, k, top_p);
 }

@@ -1,0 +1,58 @@
+"""CUDA rule for `sample_top_k`: one block per row (kernels/sample.cuh).
+
+A decoder's sampling step reads back one token id per row instead of its
+logits: the block radix-selects the row's top k (k <= `SAMPLE_TOP_K_MAX`),
+sorts those k, and samples at the row's u with the reference's double
+arithmetic. Bad settings or u raise the device error flag (the run fails
+naming the setting).
+
+>>> import rlx
+>>> g = rlx.Graph("pick")
+>>> x, u, s = g.input("x", [2, 50]), g.input("u", [2]), g.input("s", [3])
+>>> g.set_outputs([g.sample_top_k(x, u, s)])
+>>> from rlx.codegen.backends import supports
+>>> supports(g, "cuda")
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlx.codegen.cuda_emit import CudaEmitter, Launch
+from rlx.codegen.registry import Kernel, table
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node
+
+TEMPLATE = "cuda/sample.cu.j2"
+HEADER = "cuda/kernels/sample.cuh"
+#: Logit dtypes the kernel reads (converted to f32 on load); f64 is refused.
+FLOATS = (DType.F32, DType.F16, DType.BF16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleLaunch(Launch):
+    """Launch arguments of `block_sample_top_k`: logits x [rows, n], u [rows], settings s [3], ids y."""
+
+    t: str
+    x: str
+    u: str
+    s: str
+    y: str
+    rows: str
+    n: str
+
+
+def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    return None if in_dtypes[0] in FLOATS else f"on {in_dtypes[0].value} logits; it takes f32, f16 or bf16"
+
+
+@table("cuda").register("sample_top_k", accepts=_accepts)
+def sample_top_k(e: CudaEmitter, node: Node) -> Kernel:
+    x_id, u_id, s_id = node.inputs
+    x = e.node(x_id).shape
+    args = SampleLaunch(**e.base(node), uses_flag=True, t=e.ctype(x_id), x=e.ptr(x_id), u=e.ptr(u_id),
+                        s=e.ptr(s_id), y=e.ptr(node.id), rows=e.dim(x.dims[0]), n=e.dim(x.dims[1]))
+    return Kernel(node.id, "block_sample_top_k", TEMPLATE, args, headers=(HEADER,), header=args.comment,
+                  label=node.label)
