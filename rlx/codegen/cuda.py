@@ -16,8 +16,16 @@ True
 
 from __future__ import annotations
 
-from rlx.codegen import (cuda_collectives, cuda_decoder, cuda_quant, cuda_rules, cuda_sample, cuda_scan,
-                         cuda_select, cuda_ssm)
+from rlx.codegen import (
+    cuda_collectives,
+    cuda_decoder,
+    cuda_quant,
+    cuda_rules,
+    cuda_sample,
+    cuda_scan,
+    cuda_select,
+    cuda_ssm,
+)
 from rlx.codegen.cuda_emit import (
     ABI_VERSION,
     CODEGEN_VERSION,

@@ -7,9 +7,9 @@ is a uniform random number drawn on the host from a seeded generator, so the
 result is reproducible and the reference exact; `settings` (f64 `[3]`:
 temperature, top_k, top_p) are run-time inputs, so one compiled graph serves
 every setting. Both are f64 because a CUDA session stores f32 tensors in its
-precision: an f16 u would round 0.9999 up to 1, and the settings would shift. The meaning (`sample_rows`, written once here and used by the
-reference, by `rlx.models.sampling.Sampler` on the host, and mirrored by the
-kernels):
+precision: an f16 u would round 0.9999 up to 1, and the settings would shift.
+The meaning (`sample_rows`, written once here and used by the reference, by
+`rlx.models.sampling.Sampler` on the host, and mirrored by the kernels):
 
 1. order the row by value, largest first, ties by the lower index (a stable
    descending sort); a NaN counts as larger than any number (as `argmax`);

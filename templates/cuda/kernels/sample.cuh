@@ -113,12 +113,10 @@ rlx_sample_top_k(const T *__restrict__ x, const double *__restrict__ u, const do
                 const int64_t j = j0 + threadIdx.x;
                 const uint32_t key = j < n ? rlx_sample_key(rlx_f(xs[j])) : 0u;
                 const bool in = j < n && (key & mask) == prefix;
-                const unsigned active = __ballot_sync(0xffffffffu, in);
-                if (in) {
-                    const uint32_t d = (key >> shift) & 255u;
-                    const unsigned peers = __match_any_sync(active, d);
-                    if (lane == __ffs(peers) - 1) atomicAdd(&hist[d], (uint32_t)__popc(peers));
-                }
+                /* lanes with the same digit add once (their count); lanes not counting match only 256 */
+                const uint32_t d = in ? (key >> shift) & 255u : 256u;
+                const unsigned peers = __match_any_sync(0xffffffffu, d);
+                if (in && lane == __ffs(peers) - 1) atomicAdd(&hist[d], (uint32_t)__popc(peers));
             }
             __syncthreads();
             if (warp == 0) { /* lane l holds bins 255-8l .. 248-8l; the digit holding the k-th key */
