@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rlx.errors import ExecutionError, RlxError
+from rlx.ir.ops_sample import sample_rows
 from rlx.models.causal_lm import CausalLM, random_tensors
 from rlx.models.decoder_config import DecoderConfig
 from rlx.models.llama import random_specs
@@ -126,3 +127,65 @@ def test_default_quant_act_follows_the_cpu_target(monkeypatch: pytest.MonkeyPatc
     assert default_quant_act("cuda") == "f32"
     with pytest.raises(RlxError, match="quant_act"):
         CausalLM(CONFIG, random_tensors(random_specs(CONFIG), seed=1), device="reference", quant_act="q4")
+
+
+# ── sampling in the graph (sample_top_k) and on the host ───────────────────────────────────────────────
+
+
+def test_sampling_on_the_device_equals_the_host_path(lm: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """temperature 0.8, top_k 40: the graph samples and a decode step reads back token ids only; the host
+    path (logits read back, Sampler.pick) gives the same tokens for the same seed, also for a batch."""
+    calls = {"logits": 0, "sample": 0}
+    step, step_sample = lm.step, lm.step_sample
+    monkeypatch.setattr(lm, "step", lambda *a: (calls.__setitem__("logits", calls["logits"] + 1), step(*a))[1])
+    monkeypatch.setattr(lm, "step_sample",
+                        lambda *a: (calls.__setitem__("sample", calls["sample"] + 1), step_sample(*a))[1])
+    device = lm.generate([5, 6, 7], max_new_tokens=24, temperature=0.8, top_k=40, seed=3).token_ids
+    assert calls == {"logits": 0, "sample": 24}  # prefill + 23 decode steps, never the logits
+    assert device == lm.generate([5, 6, 7], max_new_tokens=24, temperature=0.8, top_k=40, seed=3).token_ids
+    assert len(set(device)) > 3
+    prompts = [[5, 17, 33, 8], list(range(10, 31)), [44]]
+    batch_device = lm.generate_batch(prompts, max_new_tokens=10, temperature=1.2, top_k=60, top_p=0.9, seed=11)
+    monkeypatch.setattr(lm, "device_sampling", False)
+    calls.update(logits=0, sample=0)
+    host = lm.generate([5, 6, 7], max_new_tokens=24, temperature=0.8, top_k=40, seed=3).token_ids
+    assert calls == {"logits": 24, "sample": 0}
+    assert host == device
+    batch_host = lm.generate_batch(prompts, max_new_tokens=10, temperature=1.2, top_k=60, top_p=0.9, seed=11)
+    assert [r.token_ids for r in batch_host] == [r.token_ids for r in batch_device]
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(None, 0.9), (300, None), (None, None)])
+def test_settings_beyond_the_op_fall_back_to_the_host(lm: CausalLM, monkeypatch: pytest.MonkeyPatch, top_k,
+                                                      top_p) -> None:
+    """top_k above SAMPLE_TOP_K_MAX (256), or top_p / temperature without top_k, sample on the host from the
+    read-back logits: reproducible, and equal to sampling those logits with the same seed's Sampler."""
+    from rlx.models.sampling import Sampler
+
+    monkeypatch.setattr(lm, "step_sample", lambda *a: pytest.fail("sampled in the graph"))
+    out = lm.generate([9, 4], max_new_tokens=6, temperature=1.1, top_k=top_k, top_p=top_p, seed=5).token_ids
+    assert out == lm.generate([9, 4], max_new_tokens=6, temperature=1.1, top_k=top_k, top_p=top_p, seed=5).token_ids
+    sampler, ids = Sampler(1.1, top_k, top_p, seed=5), [9, 4]
+    for _ in range(len(out)):
+        ids.append(int(sampler.pick(lm.logits(ids)[-1:])[0]))
+    assert ids[2:] == out
+
+
+def test_step_sample_equals_sampling_the_step_logits(lm: CausalLM) -> None:
+    u = np.array([0.0, 0.3, float(np.nextafter(1.0, 0.0))])
+    tokens = np.array([[5, 6], [7, 8], [9, 10]])
+    for settings in ([0.7, 30, 1.0], [1.5, 256, 0.8], [0.0, 1, 1.0]):
+        logits = lm.step(tokens, lm.new_cache(), [1, 3, 5])
+        ids = lm.step_sample(tokens, lm.new_cache(), [1, 3, 5], u, np.array(settings))
+        np.testing.assert_array_equal(ids, sample_rows(logits, u, settings[0], int(settings[1]), settings[2]))
+    with pytest.raises(ExecutionError, match="one u per row"):
+        lm.step_sample(tokens, lm.new_cache(), [1, 3, 5], u[:2], np.array([0.7, 30, 1.0]))
+    with pytest.raises(ExecutionError, match="top_k 300 is above the op's cap 256"):
+        lm.step_sample(tokens, lm.new_cache(), [1, 3, 5], u, np.array([0.7, 300, 1.0]))
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"top_k": 0}, "top_k"), ({"top_p": 1.5}, "top_p"),
+                                               ({"top_p": 0.0}, "top_p"), ({"temperature": -0.1}, "temperature")])
+def test_bad_sampling_settings_are_refused(lm: CausalLM, kwargs: dict, match: str) -> None:
+    with pytest.raises(RlxError, match=match):
+        lm.generate([3], max_new_tokens=2, **{"temperature": 1.0, **kwargs})
