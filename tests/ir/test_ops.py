@@ -12,6 +12,7 @@ import pytest
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir import ops_int8 as Q8
+from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir.graph import Graph
@@ -86,6 +87,7 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (O.Softmax(), ("f32[2,seq]",), "f32[2,seq]"),
     (O.ArgMax(), ("f16[2,seq,7]",), "i32[2,seq]"),
     (O.ArgMax(0), ("f32[5,3]",), "i32[3]"),
+    (SP.SampleTopK(), ("f32[batch,49]", "f64[batch]", "f64[3]"), "i32[batch]"),
     (O.Softmax(0), ("bf16[5]",), "bf16[5]"),
     (O.LayerNorm(1e-5), ("f32[seq,8]", "f32[8]", "f32[8]"), "f32[seq,8]"),
     (O.RmsNorm(1e-6), ("f16[2,3,8]", "f16[8]"), "f16[2,3,8]"),
@@ -182,6 +184,9 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (O.ArgMax(2), ("f32[2,3]",), ShapeError, "argmax axis 2 is out of range"),
     (O.ArgMax(), ("i32[3]",), ShapeError, "floating-point"),
     (O.ArgMax(), ("f32[4,0]",), ShapeError, "empty axis"),
+    (SP.SampleTopK(), ("f32[4]", "f64[4]", "f64[3]"), ShapeError, r"logits \[rows, vocab\]"),
+    (SP.SampleTopK(), ("f32[4,7]", "f32[4]", "f64[3]"), ShapeError, r"u as f64\[4\]"),
+    (SP.SampleTopK(), ("f32[4,7]", "f64[4]", "f64[2]"), ShapeError, r"settings as f64\[3\]"),
     (O.Softmax(), ("i32[3]",), ShapeError, "floating-point"),
     (O.Softmax(0), ("f32[]",), ShapeError, "rank 0"),
     (O.LayerNorm(), ("f32[2,8]", "f32[4]", "f32[8]"), ShapeError, r"parameter must be f32\[8\], got f32\[4\]"),

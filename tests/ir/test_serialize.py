@@ -73,6 +73,7 @@ def every_op_graph() -> Graph:
     red = g.reduce("mean", tr, [-1], keep_dim=True)
     sm = g.softmax(red, axis=1)
     g.argmax(sm, axis=0)
+    g.sample_top_k(g.reshape(sm, [BATCH, -1]), g.input("u", [BATCH], "f64"), g.input("knobs", [3], "f64"))
     ex = g.expand(g.reduce("max", sm, [1, 3]), [3, BATCH, SEQ])
     cat = g.concat([bf, g.cast(g.reduce("sum", ex, [1, 2]), "bf16")], axis=0)
     f1 = g.add(O.FusedMatMulBiasAct("silu"), [x, wt, gamma], name="fused \u2603")
@@ -342,6 +343,12 @@ def _mk_softmax(draw: Any, g: Graph) -> None:
         g.softmax(x, axis)
 
 
+def _mk_sample(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype.is_float and s.rank == 2 and s.dims[1].max > 0)
+    rows = g.shape(x).dims[0]
+    g.sample_top_k(x, g.input(f"u{len(g.nodes)}", [rows], "f64"), g.input(f"s{len(g.nodes)}", [3], "f64"))
+
+
 def _mk_norm(draw: Any, g: Graph) -> None:
     x = _pick(draw, g, lambda s: s.dtype.is_float and s.rank >= 1)
     s = g.shape(x)
@@ -513,8 +520,8 @@ def _mk_collective(draw: Any, g: Graph) -> None:
 
 
 MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_int8, _mk_reduce, _mk_softmax,
-          _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant, _mk_region,
-          _mk_cached_attention, _mk_ssm, _mk_scan]
+          _mk_sample, _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant,
+          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan]
 
 
 @st.composite
