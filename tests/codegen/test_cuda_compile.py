@@ -55,7 +55,7 @@ def _compile(tc: NvccToolchain, graph: Graph, target: CudaTarget, tmp_path: Path
 ALL = sorted(cases.CASES)
 #: Cases also compiled in f16 / bf16 and with cuBLASLt (each nvcc run takes seconds on a small CI machine).
 LOWP = ["matmuls", "attention_plain", "attention_decode", "norms", "minilm_like", "outputs_of_leaves", "region",
-        "ssm_ops"]
+        "ssm_ops", "sample_top_k"]
 
 
 @pytest.mark.parametrize("name", ALL)
