@@ -8,7 +8,7 @@ prefix and inverse CDF follow the reference's arithmetic, so tokens equal
 
 >>> import rlx
 >>> g = rlx.Graph("pick")
->>> x, u, s = g.input("x", [2, 50]), g.input("u", [2]), g.input("s", [3])
+>>> x, u, s = g.input("x", [2, 50]), g.input("u", [2], "f64"), g.input("s", [3], "f64")
 >>> g.set_outputs([g.sample_top_k(x, u, s)])
 >>> from rlx.codegen.backends import supports
 >>> supports(g, "cpu")

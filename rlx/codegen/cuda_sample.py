@@ -8,7 +8,7 @@ naming the setting).
 
 >>> import rlx
 >>> g = rlx.Graph("pick")
->>> x, u, s = g.input("x", [2, 50]), g.input("u", [2]), g.input("s", [3])
+>>> x, u, s = g.input("x", [2, 50]), g.input("u", [2], "f64"), g.input("s", [3], "f64")
 >>> g.set_outputs([g.sample_top_k(x, u, s)])
 >>> from rlx.codegen.backends import supports
 >>> supports(g, "cuda")
