@@ -52,8 +52,7 @@ inline uint32_t __float_as_uint(float v) {
     std::memcpy(&b, &v, sizeof(b));
     return b;
 }
-inline uint32_t atomicAdd(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-inline int atomicOr(int32_t *p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+inline uint32_t atomicAdd(uint32_t *p, uint32_t v) { return std::atomic_ref<uint32_t>(*p).fetch_add(v); }
 using std::isfinite;
 using std::isnan;
 
