@@ -104,3 +104,22 @@ def test_bad_settings_fail_the_run(compiled, s: tuple, u: float, match: str) -> 
     with pytest.raises(ExecutionError, match=match):
         cg.run(feed)
     assert cg.run({**feed, "u": np.array([0.1, 0.2]), "s": np.array([1.0, 5, 1.0])})[0].shape == (2,)  # usable
+
+
+def test_half_logits_are_widened_and_f64_refused_on_cuda() -> None:
+    """f16 logits run through legalization's exact widening on the CPU; CUDA reads f32/f16/bf16 logits and
+    refuses f64 before any build."""
+    from rlx.codegen.backends import first_unsupported_op
+
+    g = Graph("sample_f16")
+    x, u, s = g.input("x", [3, 90], "f16"), g.input("u", [3], "f64"), g.input("s", [3], "f64")
+    g.set_outputs([g.sample_top_k(x, u, s)])
+    feed = {"x": np.random.default_rng(2).standard_normal((3, 90)).astype(np.float16), "u": np.array([0.1, 0.5, 0.9]),
+            "s": np.array([0.9, 30, 0.95])}
+    np.testing.assert_array_equal(rlx.Session().compile(g).run(feed)[0], reference.run(g, feed)[0])
+    assert first_unsupported_op(g, "cuda") is None
+    g64 = Graph("sample_f64")
+    x, u, s = g64.input("x", [3, 90], "f64"), g64.input("u", [3], "f64"), g64.input("s", [3], "f64")
+    g64.set_outputs([g64.sample_top_k(x, u, s)])
+    node, reason = first_unsupported_op(g64, "cuda")
+    assert node.kind == "sample_top_k" and "f64" in reason
