@@ -74,6 +74,8 @@ class SampleTopK(Op):
             raise ShapeError(f"sample_top_k needs floating-point logits [rows, vocab], got {x}")
         if x.dims[1].max == 0:
             raise ShapeError(f"sample_top_k over an empty vocabulary: {x}")
+        if x.dims[1].max > 2**31 - 1:  # the kernels keep token ids as int32
+            raise ShapeError(f"sample_top_k over a vocabulary of more than 2**31 - 1 tokens: {x}")
         if u.dtype is not DType.F64 or u.dims != (x.dims[0],):
             raise ShapeError(f"sample_top_k needs u as f64[{x.dims[0]}] (one number per row), got {u}")
         if settings.dtype is not DType.F64 or settings.dims != (Dim(len(SETTINGS)),):

@@ -187,6 +187,7 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (SP.SampleTopK(), ("f32[4]", "f64[4]", "f64[3]"), ShapeError, r"logits \[rows, vocab\]"),
     (SP.SampleTopK(), ("f32[4,7]", "f32[4]", "f64[3]"), ShapeError, r"u as f64\[4\]"),
     (SP.SampleTopK(), ("f32[4,7]", "f64[4]", "f64[2]"), ShapeError, r"settings as f64\[3\]"),
+    (SP.SampleTopK(), ("f32[1,2147483648]", "f64[1]", "f64[3]"), ShapeError, r"more than 2\*\*31 - 1 tokens"),
     (O.Softmax(), ("i32[3]",), ShapeError, "floating-point"),
     (O.Softmax(0), ("f32[]",), ShapeError, "rank 0"),
     (O.LayerNorm(), ("f32[2,8]", "f32[4]", "f32[8]"), ShapeError, r"parameter must be f32\[8\], got f32\[4\]"),
