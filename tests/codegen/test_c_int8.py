@@ -116,6 +116,30 @@ def test_fused_activation_and_dynamic_rows() -> None:
         np.testing.assert_allclose(cg.run(feed)[0], want, rtol=4e-6, atol=1e-6)  # erf in C vs numpy: a few ulps
 
 
+@pytest.mark.parametrize("target", ["native", "x86-64-v3", "x86-64"])
+def test_fused_gelu_over_its_whole_range(target: str) -> None:
+    """GELU in the tile epilogue (rlx_i8_gelu16 on AVX-512, rlx_gelu_f otherwise) on pre-activations
+    from -30 to 30 (the bias spreads them), +-inf and NaN; odd shapes, one and two threads (SPLIT_SHAPES
+    split by rows and by panels over the spinning team)."""
+    rng = np.random.default_rng(8)
+    shapes = [(13, 67, 70), *SPLIT_SHAPES]
+    g = _graph(shapes, act="gelu")
+    inputs, params = {}, {}
+    for i, (m, k, n) in enumerate(shapes):
+        inputs[f"x{i}"] = rng.standard_normal((m, k)).astype(np.float32)
+        params[f"w{i}"] = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+        b = np.linspace(-30, 30, n).astype(np.float32)
+        b[[1, 2, 3]] = [np.inf, -np.inf, np.nan]
+        params[f"b{i}"] = b
+    want = rlx.reference.run(g, inputs, params)
+    cg = _compile(g, params, target, 2)
+    for threads in (1, 2):
+        cg.num_threads = threads
+        for i, (a, b) in enumerate(zip(cg.run(inputs), want)):
+            assert np.isposinf(a[:, 1]).all() and np.isnan(a[:, 2:4]).all()
+            np.testing.assert_allclose(a, b, rtol=4e-6, atol=1e-6, err_msg=f"shape {shapes[i]}, {threads} threads")
+
+
 def test_set_param_quantizes_each_new_weight() -> None:
     rng = np.random.default_rng(4)
     g = _graph([(4, 20, 9)], bias=False)
