@@ -140,6 +140,24 @@ def test_fused_gelu_over_its_whole_range(target: str) -> None:
             np.testing.assert_allclose(a, b, rtol=4e-6, atol=1e-6, err_msg=f"shape {shapes[i]}, {threads} threads")
 
 
+def test_few_rows_on_four_threads_share_one_quantization() -> None:
+    """Few rows (M < threads x 24): the threads split the panels and quantize the rows once, each a
+    share, with team barriers; 70 rows on 4 threads is two blocks of rows (48 + 22), 3 rows on 4
+    threads leaves a thread without rows to quantize. Bit for bit as the reference, as on 1 thread."""
+    rng = np.random.default_rng(9)
+    shapes = [(70, 201, 260), (3, 700, 1000)]
+    g = _graph(shapes)
+    inputs = {f"x{i}": rng.standard_normal((m, k)).astype(np.float32) for i, (m, k, _) in enumerate(shapes)}
+    params = {f"w{i}": rng.standard_normal((k, n)).astype(np.float32) for i, (_, k, n) in enumerate(shapes)}
+    params |= {f"b{i}": rng.standard_normal(n).astype(np.float32) for i, (_, _, n) in enumerate(shapes)}
+    want = rlx.reference.run(g, inputs, params)
+    cg = _compile(g, params, "native", 4)
+    for threads in (4, 3, 1):
+        cg.num_threads = threads
+        for a, b in zip(cg.run(inputs), want):
+            np.testing.assert_array_equal(a, b, err_msg=f"{threads} threads")
+
+
 def test_set_param_quantizes_each_new_weight() -> None:
     rng = np.random.default_rng(4)
     g = _graph([(4, 20, 9)], bias=False)

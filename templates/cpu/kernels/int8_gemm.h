@@ -23,7 +23,7 @@
  * rlx_epilogue_act after each block.
  * Each thread quantizes the rows it multiplies into its own scratch (the A "packing" is the
  * quantization), a block of RLX_I8_MC rows at a time; threads split the rows when there are
- * enough of them, else the panels (every thread then quantizes the few rows itself). */
+ * enough of them, else the panels (the few rows are then quantized once, shared by the team). */
 #ifndef RLX_KERNELS_INT8_GEMM_H
 #define RLX_KERNELS_INT8_GEMM_H
 
@@ -394,33 +394,57 @@ static inline int rlx_i8_threads(int nt, int64_t m, int64_t n, int64_t k)
 #define RLX_I8_NOINLINE __attribute__((noipa))
 #endif
 
+/* Rows [i0, i0 + mc) of X quantized into aq (kp bytes a row) and sx. */
+static inline void rlx_i8_quantize_rows(const float *X, int64_t K, int64_t kp, int64_t i0, int64_t mc, uint8_t *aq,
+                                        float *sx)
+{
+    for (int64_t r = 0; r < mc; r++)
+        rlx_i8_quantize_row(X + (i0 + r) * K, K, kp, aq + r * kp, sx + r);
+}
+
 /* Thread t of nt: its share of C[M, N] = act(dynq(X[M, K]) @ W + bias), W stored (see above);
- * `gelu` 1: GELU in the tile epilogue (then act is RLX_EPI_NONE), else `act` after each block. */
+ * `gelu` 1: GELU in the tile epilogue (then act is RLX_EPI_NONE), else `act` after each block.
+ * `team_scratch` holds one block of `per_thread` bytes per thread of the team, thread 0's first.
+ * Many rows: each thread its rows, every panel, quantized into its own scratch. Few rows (a short
+ * sentence): each thread its panels, every row; the rows are then quantized once, each thread a
+ * share of them into thread 0's scratch, with a team barrier before the multiply reads them (and
+ * after it, before the next block overwrites them): every thread calls this with the same M. */
 RLX_I8_NOINLINE static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const float *X, const char *W, const float *bias, float *C,
-                       int act, int gelu, char *scratch, int t, int nt)
+                       int act, int gelu, char *team_scratch, int64_t per_thread, int t, int nt)
 {
     const int64_t kp = rlx_i8_round4(K), kg = kp / RLX_I8_KG;
     const int64_t np = (N + RLX_I8_NR - 1) / RLX_I8_NR;
     const int8_t *panels = (const int8_t *)W;
     const float *sw = (const float *)(W + np * RLX_I8_NR * kp);
     const int32_t *comp = (const int32_t *)(sw + np * RLX_I8_NR);
+    const int by_rows = nt == 1 || M >= (int64_t)nt * RLX_I8_MC / 2 || np < nt;
+    char *scratch = team_scratch + (by_rows ? (int64_t)t * per_thread : 0);
     uint8_t *aq = (uint8_t *)scratch;
     float *sx = (float *)(scratch + (RLX_I8_MC * kp + 63) / 64 * 64);
     int64_t m0 = 0, m1 = M, p0 = 0, p1 = np;
-    if (M >= (int64_t)nt * RLX_I8_MC / 2 || np < nt)
-        rlx_split(M, t, nt, &m0, &m1); /* many rows: each thread its rows, every panel */
+    if (by_rows)
+        rlx_split(M, t, nt, &m0, &m1);
     else
-        rlx_split(np, t, nt, &p0, &p1); /* few rows: each thread its panels, every row */
+        rlx_split(np, t, nt, &p0, &p1);
     for (int64_t i0 = m0; i0 < m1; i0 += RLX_I8_MC) {
         const int64_t mc = m1 - i0 < RLX_I8_MC ? m1 - i0 : RLX_I8_MC;
-        for (int64_t r = 0; r < mc; r++)
-            rlx_i8_quantize_row(X + (i0 + r) * K, K, kp, aq + r * kp, sx + r);
+        if (by_rows) {
+            rlx_i8_quantize_rows(X, K, kp, i0, mc, aq, sx);
+        } else {
+            int64_t r0, r1;
+            rlx_split(mc, t, nt, &r0, &r1);
+            rlx_i8_quantize_rows(X, K, kp, i0 + r0, r1 - r0, aq + r0 * kp, sx + r0);
+            #pragma omp barrier
+        }
         for (int64_t p = p0; p < p1; p++) {
             const int64_t j0 = p * RLX_I8_NR, nr = N - j0 < RLX_I8_NR ? N - j0 : RLX_I8_NR;
             float *c = C + i0 * N + j0;
             rlx_i8_rows(mc, kg, aq, kp, panels + j0 * kp, c, N, nr, sx, sw + j0, comp + j0, bias ? bias + j0 : NULL, gelu);
             if (act != RLX_EPI_NONE)
                 rlx_epilogue_act(c, N, mc, nr, act);
+        }
+        if (!by_rows && i0 + RLX_I8_MC < m1) {
+            #pragma omp barrier
         }
     }
 }
