@@ -1,5 +1,5 @@
 /* Dynamic int8 GEMM: C = act(dynq(X) @ q(W) + bias), W quantized per output channel at set_param.
- * (needs kernels/threads.h and kernels/packed_gemm.h, for rlx_split and the activation epilogue).
+ * (needs kernels/threads.h, kernels/scalar.h and kernels/packed_gemm.h: rlx_split, rlx_gelu_f, the activation epilogue).
  * A fixed RLX kernel header: no template code; included by generated files that need it.
  *
  * The arithmetic is rlx.ir.ops_int8's, bit for bit in the integers:
