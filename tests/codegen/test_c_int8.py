@@ -202,6 +202,25 @@ def test_non_finite_rows_and_columns_give_nan_not_garbage() -> None:
     assert np.isfinite(np.delete(got[[0, 2]], 7, axis=1)).all()
 
 
+def test_quantizer_blocks_of_64_huge_finite_and_non_finite_values() -> None:
+    """K = 150: two blocks of 64 (the quantizer's unrolled loop), one of 16, a scalar tail. Huge finite
+    values (|x| near FLT_MAX, adjacent in one block) quantize like any others; inf, -inf or NaN in a
+    block or in the tail makes the row NaN."""
+    rng = np.random.default_rng(10)
+    g = _graph([(7, 150, 40)])
+    x = rng.standard_normal((7, 150)).astype(np.float32)
+    x[0, [3, 19, 100]] = [3e38, 3e38, -3.3e38]  # finite, but x + x overflows
+    x[1, 70] = np.inf
+    x[2, 5] = -np.inf
+    x[3, 140] = np.nan  # in the 16 block
+    x[4, 149] = np.inf  # in the scalar tail
+    params = {"w0": rng.standard_normal((150, 40)).astype(np.float32), "b0": rng.standard_normal(40).astype(np.float32)}
+    got = _compile(g, params, "native", 1).run({"x0": x})[0]
+    np.testing.assert_array_equal(got, rlx.reference.run(g, {"x0": x}, params)[0])
+    assert np.isfinite(got[[5, 6]]).all() and np.isnan(got[1:5]).all()
+    assert not np.isnan(got[0]).any()  # (its products overflow to +-inf: the scale is 3.3e38 / 127)
+
+
 def test_zero_rows_and_columns() -> None:
     g = _graph([(2, 8, 3)])
     x = np.zeros((2, 8), np.float32)

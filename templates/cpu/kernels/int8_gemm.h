@@ -108,6 +108,21 @@ static void rlx_i8_quantize_row(const float *restrict x, int64_t K, int64_t kp, 
     int64_t k = 0;
 #ifdef RLX_I8_VNNI
     __m512 vmax = _mm512_setzero_ps(), vchk = _mm512_setzero_ps();
+    /* 64 at a time on two chains each: one chain's add latency would bound the loop */
+    __m512 vmax2 = vmax, vchk2 = vchk;
+    for (; k + 64 <= K; k += 64) {
+        const __m512 v0 = _mm512_loadu_ps(x + k), v1 = _mm512_loadu_ps(x + k + 16);
+        const __m512 v2 = _mm512_loadu_ps(x + k + 32), v3 = _mm512_loadu_ps(x + k + 48);
+        vmax = _mm512_max_ps(vmax, _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        vmax2 = _mm512_max_ps(vmax2, _mm512_max_ps(_mm512_abs_ps(v2), _mm512_abs_ps(v3)));
+        /* v * 0 is 0 or NaN (never v0 + v1 first: two big finite values would overflow to inf) */
+        vchk = _mm512_add_ps(vchk, _mm512_add_ps(_mm512_mul_ps(v0, _mm512_setzero_ps()),
+                                                 _mm512_mul_ps(v1, _mm512_setzero_ps())));
+        vchk2 = _mm512_add_ps(vchk2, _mm512_add_ps(_mm512_mul_ps(v2, _mm512_setzero_ps()),
+                                                   _mm512_mul_ps(v3, _mm512_setzero_ps())));
+    }
+    vmax = _mm512_max_ps(vmax, vmax2);
+    vchk = _mm512_add_ps(vchk, vchk2);
     for (; k + 16 <= K; k += 16) {
         const __m512 v = _mm512_loadu_ps(x + k);
         vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
@@ -128,6 +143,19 @@ static void rlx_i8_quantize_row(const float *restrict x, int64_t K, int64_t kp, 
 #ifdef RLX_I8_VNNI
         const __m512 vinv = _mm512_set1_ps(inv);
         const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), off = _mm512_set1_epi32(128);
+        /* 64 at a time: the saturating packs narrow to bytes (|q| <= 127 already: |x| * (127 / max|x|)
+         * rounds to at most 127), leaving in each 128-bit lane i the dwords q0[4i:4i+4], q1[..], q2[..],
+         * q3[..]; the permutation puts them back in order, the xor adds the 128 (two's complement). */
+        const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        const __m512i bias8 = _mm512_set1_epi8((char)0x80);
+        for (; k + 64 <= K; k += 64) {
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv));
+            const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k + 16), vinv));
+            const __m512i q2 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k + 32), vinv));
+            const __m512i q3 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k + 48), vinv));
+            const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(q0, q1), _mm512_packs_epi32(q2, q3));
+            _mm512_storeu_si512((void *)(dst + k), _mm512_xor_si512(_mm512_permutexvar_epi32(order, b), bias8));
+        }
         for (; k + 16 <= K; k += 16) {
             __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv)); /* rounds to even */
             q = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), off);
