@@ -107,29 +107,26 @@ static void rlx_i8_quantize_row(const float *restrict x, int64_t K, int64_t kp, 
     float amax = 0.0f, chk = 0.0f;
     int64_t k = 0;
 #ifdef RLX_I8_VNNI
-    __m512 vmax = _mm512_setzero_ps(), vchk = _mm512_setzero_ps();
-    /* 64 at a time on two chains each: one chain's add latency would bound the loop */
-    __m512 vmax2 = vmax, vchk2 = vchk;
+    /* max |x| as integers: |x|'s bits order like its values, and NaN's above inf's, so one unsigned
+     * max finds both the scale and whether any value is not finite (bits above FLT_MAX's). */
+    const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
+    __m512i vmax = _mm512_setzero_si512(), vmax2 = vmax;  /* 64 at a time on two chains */
     for (; k + 64 <= K; k += 64) {
-        const __m512 v0 = _mm512_loadu_ps(x + k), v1 = _mm512_loadu_ps(x + k + 16);
-        const __m512 v2 = _mm512_loadu_ps(x + k + 32), v3 = _mm512_loadu_ps(x + k + 48);
-        vmax = _mm512_max_ps(vmax, _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        vmax2 = _mm512_max_ps(vmax2, _mm512_max_ps(_mm512_abs_ps(v2), _mm512_abs_ps(v3)));
-        /* v * 0 is 0 or NaN (never v0 + v1 first: two big finite values would overflow to inf) */
-        vchk = _mm512_add_ps(vchk, _mm512_add_ps(_mm512_mul_ps(v0, _mm512_setzero_ps()),
-                                                 _mm512_mul_ps(v1, _mm512_setzero_ps())));
-        vchk2 = _mm512_add_ps(vchk2, _mm512_add_ps(_mm512_mul_ps(v2, _mm512_setzero_ps()),
-                                                   _mm512_mul_ps(v3, _mm512_setzero_ps())));
+        const __m512i a0 = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k)), abs_bits);
+        const __m512i a1 = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k + 16)), abs_bits);
+        const __m512i a2 = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k + 32)), abs_bits);
+        const __m512i a3 = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k + 48)), abs_bits);
+        vmax = _mm512_max_epu32(vmax, _mm512_max_epu32(a0, a1));
+        vmax2 = _mm512_max_epu32(vmax2, _mm512_max_epu32(a2, a3));
     }
-    vmax = _mm512_max_ps(vmax, vmax2);
-    vchk = _mm512_add_ps(vchk, vchk2);
-    for (; k + 16 <= K; k += 16) {
-        const __m512 v = _mm512_loadu_ps(x + k);
-        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
-        vchk = _mm512_add_ps(vchk, _mm512_mul_ps(v, _mm512_setzero_ps()));
-    }
-    amax = _mm512_reduce_max_ps(vmax);
-    chk = _mm512_reduce_add_ps(vchk);
+    vmax = _mm512_max_epu32(vmax, vmax2);
+    for (; k + 16 <= K; k += 16)
+        vmax = _mm512_max_epu32(vmax, _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k)), abs_bits));
+    const uint32_t bits = (uint32_t)_mm512_reduce_max_epu32(vmax);
+    if (bits > 0x7f7fffffu)
+        chk = NAN;  /* an inf or NaN among them */
+    else
+        memcpy(&amax, &bits, 4);
 #endif
     for (; k < K; k++) {
         chk += x[k] * 0.0f;
