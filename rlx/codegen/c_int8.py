@@ -4,8 +4,10 @@ Registered into the CPU rule table when `rlx.codegen` is imported. The
 weight must be a param the LIR stores quantized (`Int8Param`, decided by
 `rlx.opt.lowering_int8`): `rlx_set_param` quantizes the user's f32 weight per
 output channel into int8 panels (`templates/cpu/kernels/int8_gemm.h`). At run
-time each thread quantizes its rows of activations into its scratch and runs
-the `vpdpbusd` (AVX-512 VNNI) / `pmaddubsw` (AVX2) / C tile kernel; the
+time each thread quantizes its rows of activations into its scratch (a short
+product's few rows, split by panels instead, are quantized once for the team,
+into thread 0's) and runs the `vpdpbusd` (AVX-512 VNNI) / `pmaddubsw` (AVX2) /
+C tile kernel; the
 epilogue dequantizes, adds the bias and applies the activation (GELU in the
 tile's registers, any other through the shared packed-GEMM epilogue).
 
