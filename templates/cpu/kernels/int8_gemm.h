@@ -172,8 +172,12 @@ static inline void rlx_i8_store_row(const int32_t *acc, int64_t nr, float sx, co
 {
     for (int64_t j = 0; j < nr; j++) {
         const float t = (float)(acc[j] - (RLX_I8_ABIAS ? comp[j] : 0)) * sx;
-        const float v = bias ? fmaf(t, sw[j], bias[j]) : t * sw[j];
-        c[j] = gelu ? rlx_gelu_f(v) : v;
+        c[j] = bias ? fmaf(t, sw[j], bias[j]) : t * sw[j];
+    }
+    if (gelu) {  /* a loop of its own: this one vectorizes (a select in the loop above does not) */
+        #pragma omp simd
+        for (int64_t j = 0; j < nr; j++)
+            c[j] = rlx_gelu_f(c[j]);
     }
 }
 
