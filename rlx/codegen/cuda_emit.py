@@ -399,8 +399,30 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
                         "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "convert": dev is not abi,
                         "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
                         "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize,
+                        "max_nbytes": spec.shape.max_numel * abi.itemsize,
                         "state": getattr(spec, "state", False)})
     return params, constants, inputs, outputs
+
+
+def _span(places: Sequence[tuple[int, int]]) -> dict[str, int]:
+    """The byte range [lo, lo + nbytes) covering staging copies given as (offset, largest bytes)."""
+    if not places:
+        return {"lo": 0, "nbytes": 0}
+    lo = min(off for off, _ in places)
+    return {"lo": lo, "nbytes": max(off + n for off, n in places) - lo}
+
+
+def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
+    """The span of the per-run inputs' staging copies, which a host-fed step overwrites whole: it must hold
+    nothing else (the layout places them first, back to back; the allocator never overlaps regions, so a
+    region of another kind starting inside the span would be clobbered)."""
+    span = _span([(x["staging_off"], x["max_nbytes"]) for x in inputs if not x["state"]])
+    lo, hi = span["lo"], span["lo"] + span["nbytes"]
+    for x in inputs:
+        others = {x["staging_off"], x["dev_off"]} if x["state"] else {x["dev_off"]} - {x["staging_off"]}
+        if any(lo <= off < hi for off in others):
+            raise BuildError(f"input {x['index']}'s device bytes lie inside the per-run inputs' staging span")
+    return span
 
 
 def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
@@ -452,6 +474,8 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "constants": constants,
         "inputs": inputs,
         "outputs": outputs,
+        "host_in": _host_inputs(inputs),
+        "host_out": _span([(x["staging_off"], x["max_nbytes"]) for x in outputs]),
         "kernels": kernels,
         "device_kernels": device_kernels,
         "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
