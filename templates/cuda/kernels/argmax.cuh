@@ -2,9 +2,12 @@
  * RLX_ARGMAX_THREADS per output value (a decoder's one row of 49152 logits: 48 values a thread, loads unrolled
  * so they overlap); the first index wins ties and the first NaN wins over every number (numpy). */
 #define RLX_ARGMAX_THREADS 1024
+/* Whether candidate (v, i) beats (best, at); an index < 0 is "no candidate" (a thread or warp that saw no value:
+ * with fewer values than threads), which never wins, whatever its placeholder value. */
 template <typename A>
 __device__ __forceinline__ bool rlx_argmax_better(A v, int64_t i, A best, int64_t at) {
-    if (at < 0) return i >= 0;
+    if (i < 0) return false;
+    if (at < 0) return true;
     const bool vn = isnan(v), bn = isnan(best);
     if (vn || bn) return vn && (!bn || i < at);
     return v > best || (v == best && i < at);
