@@ -266,6 +266,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
         }
     }
     rlx_pdl_wait();
+    rlx_pdl_trigger();  /* the next kernel may launch and prefetch its weights */
     float ss[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++)
@@ -376,6 +377,7 @@ rlx_qgemv_short(const T *__restrict__ X, const uint8_t *__restrict__ W, T *__res
             asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r0 * RB + off));
     }
     rlx_pdl_wait();
+    rlx_pdl_trigger();  /* the next kernel may launch and prefetch its weights */
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x)
         xs[(i >> 5) * RLX_QFUSED_PAD + (i & 31)] = rlx_f(X[i]);
     __syncthreads();
