@@ -166,6 +166,7 @@ class CausalLM:
         self._params = L.decoder_params(tensors, self.graph)
         self._compiled = None
         self._bound: dict[Any, Any] = {}  # CUDA: host-fed steps bound per (cache, output, step shape)
+        self._cuda_names: tuple[tuple[str, ...], str] | None = None  # see _run_cuda
         self._cache: KvCache | None = None
         if device != "reference":
             from rlx.driver import Session
@@ -264,9 +265,16 @@ class CausalLM:
         (`CudaGraph.bind_host_step`): the step's few small inputs go over in one pinned transfer, the KV
         cache stays resident in the library, only the output asked for comes back (4 bytes a row for the
         greedy token), and the library replays its captured CUDA graph."""
-        host = {name: value for name, value in feed.items() if isinstance(value, np.ndarray)}
-        states = tuple(id(value) for value in feed.values() if not isinstance(value, np.ndarray))
-        key = (states, output, tuple((name, value.shape) for name, value in host.items()))
+        names = self._cuda_names
+        if names is None:  # the per-step inputs, and one state that tells caches apart
+            host_names = tuple(n.op.name for n in self.graph.inputs() if not n.op.state)
+            first_state = next(n.op.name for n in self.graph.inputs() if n.op.state)
+            names = self._cuda_names = (host_names, first_state)
+        host_names, first_state = names
+        # a step walks no per-layer dict: a cache is known by its first state buffer (the binding keeps it alive,
+        # so its id stays unique) and the step shape by its few host inputs
+        states = id(feed[first_state])
+        key = (states, output, tuple(feed[n].shape for n in host_names))
         step = self._bound.get(key)
         if step is None:
             # bindings of other caches, or of many prompt lengths, go (they hold pinned and device memory)
@@ -277,8 +285,9 @@ class CausalLM:
             step = self._bound[key] = self._compiled.bind_host_step(
                 feed, outputs=[self._compiled.output_names[output]])
         else:
-            for name, value in host.items():
-                step.inputs[name][...] = value
+            inputs = step.inputs
+            for n in host_names:
+                inputs[n][...] = feed[n]
         (result,) = step().values()
         return result.copy()  # the step's buffer is reused by the next one
 
