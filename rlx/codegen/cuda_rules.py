@@ -34,6 +34,10 @@ OPS = "cuda/ops.cu.j2"
 COPY, GATHER, ROPE = "cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh"
 ROWS, ATTENTION, GEMM = "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh"
 ATTENTION_SHORT, GEMM_MMA = "cuda/kernels/attention_short.cuh", "cuda/kernels/gemm_mma.cuh"
+GEMM_SMALL = "cuda/kernels/gemm_small.cuh"
+#: rlx_gemm_small's limits (RLX_GSM_KMAX in gemm_small.cuh: its shared memory holds a K x 16 slab of B and 16
+#: rows of A, 124 KB at K = 1536).
+SMALL_GEMM_KMAX = 1536
 #: rlx_gemm_mma's tile configurations (BM, BN, WARPS_M, WARPS_N), largest first: the host picks the largest
 #: whose grid covers every SM (the last one otherwise).
 MMA_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (16, 64, 1, 4))
@@ -253,6 +257,8 @@ class GemmCall:
     bdims: tuple[tuple[str, str, str], ...] = ()
     # rlx_gemm_mma (mode "mma"): its tile configurations, largest first
     tiles: tuple[tuple[int, int, int, int], ...] = ()
+    # mode "lt": steps of at most RLX_GSM_MAX_M rows run rlx_gemm_small instead (bias and activation inside)
+    small: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -581,7 +587,9 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
         post_bias = bias is not None and not fuse_bias
         vec = 16 // dt.itemsize
         aligned = out_off is not None and out_off % 16 == 0 and (bias is None or e.offset(bias) % 16 == 0)
-        return GemmCall(**common, mode="lt", cuda_type=_CUDA_TYPE[dt], sa=e.dim(batching.a_stride),
+        small = _small_fits(e, dt, fold, K, N, [e.offset(a_id), e.offset(b_id), out_off]
+                            + ([e.offset(bias)] if bias is not None else []))
+        return GemmCall(**common, mode="lt", small=small, cuda_type=_CUDA_TYPE[dt], sa=e.dim(batching.a_stride),
                         sb=e.dim(batching.b_stride), lt_bias=bias_ptr if fuse_bias else "NULL",
                         lt_act=_act(act if fuse_act else None),
                         post_act=_act(post_act) if (post_act is not None or post_bias) else None,
@@ -599,6 +607,22 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
     bd, (ca, cb) = collapse(ob, av, bv)
     return GemmCall(**common, mode="tiled",
                     bdims=tuple((e.dim(d), e.dim(x), e.dim(y)) for d, x, y in zip(bd, ca.strides, cb.strides)))
+
+
+def _small_fits(e: CudaEmitter, dt: DType, folded: bool, K: Dim, N: Dim, offsets: list[int | None]) -> bool:
+    """rlx_gemm_small can take the few-row steps: f16/bf16 on sm_80+, one B for all rows, K whole 16-deep steps
+    (at most SMALL_GEMM_KMAX), N whole 16-byte chunks, 16-byte aligned operands (cp.async)."""
+    arch = e.target.arch.removeprefix("sm_").rstrip("a")
+    return (e.target.small_gemm and dt in (DType.F16, DType.BF16) and folded and arch.isdigit() and int(arch) >= 80
+            and K.is_static and N.is_static and K.value % 16 == 0 and 0 < K.value <= SMALL_GEMM_KMAX
+            and N.value % 8 == 0 and all(o is not None and o % 16 == 0 for o in offsets))
+
+
+def _small_attrs(g: GemmCall) -> tuple[tuple[str, str], ...]:
+    """rlx_gemm_small's dynamic shared memory limit (raised once, at rlx_create, for the largest K it takes)."""
+    if not g.small:
+        return ()
+    return ((f"rlx_gemm_small<{g.t}, {g.full_act}, {g.full_bias_on}>", "rlx_gemm_small_smem(RLX_GSM_KMAX)"),)
 
 
 def _mma_fits(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_off: int | None, bias: NodeId | None, folded: bool,
@@ -621,9 +645,12 @@ def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
     fuse_act = act == "relu" or (act == "gelu_tanh" and e.target.lt_gelu_epilogue)
     w_ptr = f"RLX_P({t}, {g.weight_offset})"
     b_ptr = f"RLX_P({t}, {g.bias_offset})" if has_bias else "nullptr"
+    small = _small_fits(e, dt, True, a.dims[-1], Dim(total),
+                        [e.offset(node.inputs[0]), g.weight_offset, g.out_offset]
+                        + ([g.bias_offset] if has_bias else []))
     call = GemmCall(t=t, a=e.ptr(node.inputs[0]), b=w_ptr, c=f"RLX_P({t}, {g.out_offset})",
                     m=e.numel(a.dims[:-1]), n=f"(int64_t){total}", k=e.dim(a.dims[-1]), batch="(int64_t)1",
-                    mode="lt", act=_act(act), bias_on=str(has_bias).lower(), bias=b_ptr,
+                    mode="lt", small=small, act=_act(act), bias_on=str(has_bias).lower(), bias=b_ptr,
                     cuda_type=_CUDA_TYPE[dt], lt_bias=b_ptr if has_bias else "NULL",
                     lt_act=_act(act if fuse_act else None),
                     post_act=_act(act) if (act is not None and not fuse_act) else None,
@@ -631,8 +658,8 @@ def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
     names = ", ".join(f"%{m}" for m in g.members)
     args = Gemm(**{**e.base(node), "comment": comment(
         f"%{node.id} and its siblings {names}: one GEMM against their combined [K, {total}] weight; each output "
-        f"is a column slice (row stride {total})", 160)}, uses_lt=True, gemm=call)
-    return _kernel(node, "block_gemm", args, GEMM)
+        f"is a column slice (row stride {total})", 160)}, uses_lt=True, smem_attrs=_small_attrs(call), gemm=call)
+    return _kernel(node, "block_gemm", args, GEMM, *((GEMM_SMALL,) if small else ()))
 
 
 @rules.register("matmul", "fused_matmul_bias_act", accepts=_floats_only)
@@ -646,7 +673,8 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
         smem = tuple((f"rlx_gemm_mma<{g.t}, {g.act}, {g.bias_on}, {bm}, {bn}, {wm}, {wn}>",
                       f"RlxGemmMma<{bm}, {bn}, {wm}, {wn}>::total") for bm, bn, wm, wn in g.tiles)
         return _kernel(node, "block_gemm", Gemm(**e.base(node), smem_attrs=smem, gemm=g), GEMM, GEMM_MMA)
-    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", gemm=g), GEMM)
+    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", smem_attrs=_small_attrs(g),
+                                            gemm=g), GEMM, *((GEMM_SMALL,) if g.small else ()))
 
 
 @rules.register("fused_swiglu", accepts=_floats_only)
