@@ -13,6 +13,8 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_mma` | `rlx` built with `fused_act_gemm=True`: the erf-GELU GEMM on rlx_gemm_mma, bias + GELU in its epilogue |
 | `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of rlx_attn_short |
 | `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
+| `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are then each kernel's own: with PDL a
+kernel's time includes its wait for the one before) |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
@@ -59,7 +61,8 @@ MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=1
 
 #: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
 VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False),
-            "rlx_nosmall": dict(small_gemm=False), "rlx_base": dict(small_gemm=False, pdl=False)}
+            "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
+            "rlx_base": dict(small_gemm=False, pdl=False)}
 
 
 def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

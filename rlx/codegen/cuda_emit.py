@@ -232,6 +232,9 @@ class CudaEmitter:
         self.decode_gemv: dict[NodeId, DecodeGemv] = {nid: d for d in lir.decided(DecodeGemv) for nid in d.nodes()}
         #: The DecodeRope of each attention node, and of each rope it absorbs.
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
+        #: Readers of each node, and each scheduled node's position (fusion checks of neighbouring kernels).
+        self.users: dict[NodeId, list[NodeId]] = self.graph.users()
+        self.position: dict[NodeId, int] = {nid: i for i, nid in enumerate(lir.schedule)}
 
     # ── types and expressions ──────────────────────────────────────────
 

@@ -16,7 +16,7 @@ graph-specific device function (elementwise regions).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rlx.codegen.c import comment
@@ -38,6 +38,8 @@ GEMM_SMALL = "cuda/kernels/gemm_small.cuh"
 #: rlx_gemm_small's limits (RLX_GSM_KMAX in gemm_small.cuh: its shared memory holds a K x 16 slab of B and 16
 #: rows of A, 124 KB at K = 1536).
 SMALL_GEMM_KMAX = 1536
+#: RLX_GSM_MAX_M: the most rows a step may have for rlx_gemm_small.
+SMALL_GEMM_MAX_M = 64
 #: rlx_gemm_mma's tile configurations (BM, BN, WARPS_M, WARPS_N), largest first: the host picks the largest
 #: whose grid covers every SM (the last one otherwise).
 MMA_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (16, 64, 1, 4))
@@ -220,6 +222,25 @@ class ReduceGeneric(Launch):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NormPrologue:
+    """The normalization whose output is a small GEMM's A, computed inside rlx_gemm_small (see `_norm_into_gemm`).
+
+    `kind`: 1 layer norm, 2 RMS norm; `cpt`: 16-byte chunks per lane of a row; pointers of the norm's input,
+    residual, gamma, beta and output (the GEMM's A, written by the blocks of column 0).
+    """
+
+    kind: int
+    res_on: str
+    cpt: int
+    x: str
+    res: str
+    gamma: str
+    beta: str
+    out: str
+    eps: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class GemmCall:
     """One GEMM C = act(A B + bias): on cuBLASLt (`mode == "lt"`) or the built-in tiled kernel.
 
@@ -259,6 +280,24 @@ class GemmCall:
     tiles: tuple[tuple[int, int, int, int], ...] = ()
     # mode "lt": steps of at most RLX_GSM_MAX_M rows run rlx_gemm_small instead (bias and activation inside)
     small: bool = False
+    # ... and compute the normalization that produces A in its prologue (None: A is read as it is)
+    prologue: NormPrologue | None = None
+
+    @property
+    def small_kernel(self) -> str:
+        """The rlx_gemm_small instance of this call."""
+        p = self.prologue
+        norm = f"{p.kind}, {p.res_on}, {p.cpt}" if p is not None else "0, false, 1"
+        return f"rlx_gemm_small<{self.t}, {self.full_act}, {self.full_bias_on}, {norm}>"
+
+    @property
+    def small_norm_args(self) -> str:
+        """rlx_gemm_small's normalization arguments (nullptrs without a prologue)."""
+        p = self.prologue
+        if p is None:
+            return f"({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, " \
+                   f"({self.t} *)nullptr, 0.0f"
+        return f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -517,7 +556,11 @@ def norm(e: CudaEmitter, node: Node) -> Kernel:
                 bias=e.ptr(bias) if bias is not None else none, gamma=e.ptr(gamma),
                 beta=e.ptr(beta) if beta is not None else none, out=e.ptr(node.id), rows=e.numel(x.dims[:-1]),
                 n=n, eps=_float_c(op.eps))
-    return _kernel(node, "block_norm", args, ROWS)
+    k = _kernel(node, "block_norm", args, ROWS)
+    lead = _norm_into_gemm(e, node)
+    if lead is None:
+        return k
+    return e._large_step_only(k, x.dims[:-1], SMALL_GEMM_MAX_M, f"done in the prologue of %{lead}'s rlx_gemm_small")
 
 
 @rules.register("softmax", accepts=_floats_only)
@@ -622,7 +665,98 @@ def _small_attrs(g: GemmCall) -> tuple[tuple[str, str], ...]:
     """rlx_gemm_small's dynamic shared memory limit (raised once, at rlx_create, for the largest K it takes)."""
     if not g.small:
         return ()
-    return ((f"rlx_gemm_small<{g.t}, {g.full_act}, {g.full_bias_on}>", "rlx_gemm_small_smem(RLX_GSM_KMAX)"),)
+    return ((g.small_kernel, "rlx_gemm_small_smem(RLX_GSM_KMAX)"),)
+
+
+#: Norm kinds a small GEMM can compute in its prologue: (rlx_gemm_small's NORM, has a residual input).
+_PROLOGUE_NORMS = {"layer_norm": (1, False), "fused_residual_layer_norm": (1, True), "rms_norm": (2, False),
+                   "fused_residual_rms_norm": (2, True)}
+_GEMM_KINDS = ("matmul", "fused_matmul_bias_act")
+
+
+def _extent(e: CudaEmitter, nid: NodeId) -> tuple[int, int]:
+    """Device bytes [start, end) that node `nid`'s values occupy at the dims' upper bounds (a QKV group: all of
+    the group's wide output)."""
+    g = e.group_of.get(nid)
+    node = e.node(nid)
+    item = e.ddt(nid).itemsize
+    if g is not None:
+        rows = product(node.shape.dims[:-1]).max
+        return g.out_offset, g.out_offset + rows * g.row_stride * item
+    start = e.offset(nid)
+    return start, start + node.shape.max_numel * item
+
+
+def _gemm_is_small(e: CudaEmitter, lead: Node) -> bool:
+    """The GEMM led by `lead` runs rlx_gemm_small in steps of few rows (the checks of `_gemm` / `_grouped_gemm`)."""
+    if e.target.gemm != "cublaslt":
+        return False
+    a = e.node(lead.inputs[0]).shape
+    dt = e.ddt(lead.inputs[0])
+    g = e.groups.get(lead.id)
+    if g is not None:
+        offs = [e.offset(lead.inputs[0]), g.weight_offset, g.out_offset] + ([g.bias_offset] if g.bias_offset >= 0
+                                                                            else [])
+        return _small_fits(e, dt, True, a.dims[-1], Dim(g.row_stride), offs)
+    b = e.node(lead.inputs[1]).shape
+    batching = gemm_batching(a, b, lead.shape)
+    bias = lead.inputs[2] if len(lead.inputs) == 3 else None
+    offs = [e.offset(lead.inputs[0]), e.offset(lead.inputs[1]), e.offset(lead.id)] + (
+        [e.offset(bias)] if bias is not None else [])
+    return (dt in _CUDA_TYPE and batching is not None
+            and _small_fits(e, dt, batching.folded, a.dims[-1], b.dims[-1], offs))
+
+
+def _norm_into_gemm(e: CudaEmitter, norm: Node) -> NodeId | None:
+    """The GEMM (its leader) whose rlx_gemm_small computes `norm` in its prologue, or None.
+
+    Taken when the norm's output is the A of a GEMM scheduled right after it (views between) that takes the small
+    path, every other reader of the norm comes after that GEMM, and the bytes the GEMM's blocks read (the norm's
+    input and residual) are not the bytes they write (its output and the norm's). The norm's own kernel then runs
+    only in steps of more than RLX_GSM_MAX_M rows, where the GEMM reads A as usual."""
+    spec = _PROLOGUE_NORMS.get(norm.kind)
+    if spec is None or not e.target.small_gemm or e.ddt(norm.id) not in (DType.F16, DType.BF16):
+        return None
+    kind, fused = spec
+    if len(norm.inputs) != 1 + int(fused) + (1 if kind == 2 else 2):
+        return None  # a norm with a bias input
+    if norm.id not in e.position or e.lir.buffers[norm.id].storage != "arena":
+        return None
+    readers = [u for u in e.users[norm.id] if e.node(u).kind in _GEMM_KINDS and e.node(u).inputs[0] == norm.id]
+    if not readers:
+        return None
+    first = min(readers, key=lambda u: e.position.get(u, 1 << 60))
+    g = e.group_of.get(first)
+    lead = g.members[0] if g is not None else first
+    members = set(g.members) if g is not None else {lead}
+    if lead not in e.position or any(u not in members and e.position.get(u, -1) <= e.position[lead]
+                                     for u in e.users[norm.id]):
+        return None
+    between = e.lir.schedule[e.position[norm.id] + 1:e.position[lead]]
+    if any(e.lir.buffers[b].storage != "view" for b in between):
+        return None
+    if not _gemm_is_small(e, e.node(lead)):
+        return None
+    reads = [_extent(e, i) for i in norm.inputs[:1 + int(fused)]]
+    writes = [_extent(e, lead), _extent(e, norm.id)]
+    if any(r0 < w1 and w0 < r1 for r0, r1 in reads for w0, w1 in writes):
+        return None
+    offs = [e.offset(i) for i in (*norm.inputs, norm.id)]
+    return lead if all(o % 16 == 0 for o in offs) else None
+
+
+def _norm_prologue(e: CudaEmitter, lead: Node) -> NormPrologue | None:
+    """The prologue of the small GEMM led by `lead` when its A's norm is fused into it (`_norm_into_gemm`)."""
+    a = e.node(lead.inputs[0])
+    if _norm_into_gemm(e, a) != lead.id:
+        return None
+    kind, fused = _PROLOGUE_NORMS[a.kind]
+    ins = list(a.inputs)
+    k = a.shape.dims[-1].value
+    return NormPrologue(kind=kind, res_on=str(fused).lower(), cpt=-(-k // 256), x=e.ptr(ins[0]),
+                        res=e.ptr(ins[1]) if fused else "nullptr", gamma=e.ptr(ins[1 + int(fused)]),
+                        beta=e.ptr(ins[-1]) if kind == 1 else "nullptr", out=e.ptr(a.id),
+                        eps=_float_c(a.op.eps))
 
 
 def _mma_fits(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_off: int | None, bias: NodeId | None, folded: bool,
@@ -655,6 +789,8 @@ def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
                     lt_act=_act(act if fuse_act else None),
                     post_act=_act(act) if (act is not None and not fuse_act) else None,
                     full_act=_act(act), full_bias_on=str(has_bias).lower(), full_bias=b_ptr, folded=True)
+    if small:
+        call = replace(call, prologue=_norm_prologue(e, node))
     names = ", ".join(f"%{m}" for m in g.members)
     args = Gemm(**{**e.base(node), "comment": comment(
         f"%{node.id} and its siblings {names}: one GEMM against their combined [K, {total}] weight; each output "
@@ -669,6 +805,8 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
     g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
+    if g.small:
+        g = replace(g, prologue=_norm_prologue(e, node))
     if g.mode == "mma":
         smem = tuple((f"rlx_gemm_mma<{g.t}, {g.act}, {g.bias_on}, {bm}, {bn}, {wm}, {wn}>",
                       f"RlxGemmMma<{bm}, {bn}, {wm}, {wn}>::total") for bm, bn, wm, wn in g.tiles)

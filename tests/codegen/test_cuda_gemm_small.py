@@ -38,8 +38,8 @@ def _forward(src: str) -> str:
 def test_half_products_of_few_rows_take_the_small_gemm() -> None:
     src = _forward(_render(_graph(), precision=DType.F16))
     # both products: the small kernel for M <= RLX_GSM_MAX_M, cuBLASLt (+ the erf-GELU pass) above
-    assert src.count("rlx_gemm_small<__half, RLX_ACT_GELU, true>") == 1
-    assert src.count("rlx_gemm_small<__half, RLX_ACT_RELU, false>") == 1
+    assert src.count("rlx_gemm_small<__half, RLX_ACT_GELU, true, 0, false, 1>") == 1
+    assert src.count("rlx_gemm_small<__half, RLX_ACT_RELU, false, 0, false, 1>") == 1
     assert src.count("M <= RLX_GSM_MAX_M") == 2 and src.count("rlx_lt_matmul(") == 2
 
 
@@ -50,6 +50,34 @@ def test_the_small_gemm_is_not_taken_where_it_cannot_run() -> None:
     assert _forward(_render(_graph(k=40), precision=DType.BF16)).count("rlx_gemm_small<") == 1
     assert "small_gemm=0" in CudaTarget(small_gemm=False).identity()
     assert "small_gemm" not in CudaTarget().identity() and "pdl" not in CudaTarget().identity()
+
+
+def _norm_graph(keep_s: bool = True) -> Graph:
+    """layer_norm(x) -> GEMM; layer_norm(s + x) -> GEMM (s kept live or not); rms_norm(o) -> GEMM."""
+    g = Graph("small_norm")
+    x = g.input("x", [Dim.dynamic("m", max=200), 64])
+    h1 = g.layer_norm(x, g.param("g1", [64]), g.param("be1", [64]), 1e-5)
+    y1 = g.activation("gelu", g.add_(g.matmul(h1, g.param("w1", [64, 128])), g.param("b1", [128])))
+    s = g.matmul(y1, g.param("w2", [128, 64]))
+    h2 = g.layer_norm(g.add_(s, x), g.param("g2", [64]), g.param("be2", [64]), 1e-5)
+    y2 = g.add_(g.matmul(h2, g.param("w3", [64, 64])), g.param("b3", [64]))
+    o = g.add_(g.add_(y2, h2), s) if keep_s else g.add_(y2, h2)
+    h3 = g.rms_norm(o, g.param("g3", [64]), 1e-6)
+    y3 = g.matmul(h3, g.param("w4", [64, 32]))
+    g.set_outputs([y1, o, y3])
+    return g
+
+
+def test_norms_before_small_gemms_move_into_their_prologue() -> None:
+    src = _forward(_render(_norm_graph(), precision=DType.F16))
+    for norm in ("1, false, 1", "1, true, 1", "2, false, 1"):  # layer norm, + residual, RMS norm
+        assert src.count(f", {norm}>, dim3(") == 1
+    # each norm's own kernel runs only in steps the small GEMM does not take
+    assert src.count("if (S[0] > 64) {  /* (a step of <= 64 rows: done in the prologue of") == 3
+    # the GEMM after the residual norm may write where the residual lived (s dies there): its blocks would race
+    racy = _forward(_render(_norm_graph(keep_s=False), precision=DType.F16))
+    assert ", 1, true, 1>, dim3(" not in racy and racy.count("done in the prologue of") == 2
+    assert "done in the prologue" not in _forward(_render(_norm_graph(), precision=DType.F16, small_gemm=False))
 
 
 def test_pdl_launches_only_kernels_that_wait() -> None:
