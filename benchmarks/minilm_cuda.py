@@ -13,8 +13,7 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_mma` | `rlx` built with `fused_act_gemm=True`: the erf-GELU GEMM on rlx_gemm_mma, bias + GELU in its epilogue |
 | `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of rlx_attn_short |
 | `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
-| `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are then each kernel's own: with PDL a
-kernel's time includes its wait for the one before) |
+| `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
@@ -28,7 +27,9 @@ kernel's time includes its wait for the one before) |
 Two times per peer and case: host wall time per call (median over rounds, including the device
 synchronization: rlx's run returns after its stream synchronizes; torch peers are followed by
 `torch.cuda.synchronize()`), and kernel time per call: the sum of the GPU kernel durations that CUPTI
-records (`torch.profiler`, every library's kernels, CUDA-graph replays included) over 20 calls. % of
+records (`torch.profiler`, every library's kernels, CUDA-graph replays included) over 20 calls (a kernel
+launched with programmatic dependent launch starts early, so its time includes its wait for the kernel before:
+then only the wall time means what it says). % of
 peak is the model's FLOPs (GEMMs and attention's two products, 2 per multiply-add) over kernel time,
 against `--peak` TFLOP/s (H100 SXM dense f16/bf16 with f32 accumulation: 989.5). Peers run round-robin,
 one call each per round; ratios are peer time / rlx time (> 1: rlx is faster). f32 runs without TF32.
