@@ -282,6 +282,8 @@ class GemmCall:
     small: bool = False
     # ... and compute the normalization that produces A in its prologue (None: A is read as it is)
     prologue: NormPrologue | None = None
+    # which operands are weights (no kernel writes them), read before the PDL wait: RLX_GSM_EARLY_* bits
+    small_early: int = 0
 
     @property
     def small_kernel(self) -> str:
@@ -291,13 +293,13 @@ class GemmCall:
         return f"rlx_gemm_small<{self.t}, {self.full_act}, {self.full_bias_on}, {norm}>"
 
     @property
-    def small_norm_args(self) -> str:
-        """rlx_gemm_small's normalization arguments (nullptrs without a prologue)."""
+    def small_extra_args(self) -> str:
+        """rlx_gemm_small's arguments after M, N, K: the normalization's (nullptrs without a prologue), `early`."""
         p = self.prologue
         if p is None:
             return f"({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, " \
-                   f"({self.t} *)nullptr, 0.0f"
-        return f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}"
+                   f"({self.t} *)nullptr, 0.0f, {self.small_early}"
+        return f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}, {self.small_early}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -745,6 +747,25 @@ def _norm_into_gemm(e: CudaEmitter, norm: Node) -> NodeId | None:
     return lead if all(o % 16 == 0 for o in offs) else None
 
 
+def _is_weight(e: CudaEmitter, nid: NodeId) -> bool:
+    """`nid`'s bytes are a param or constant (through views): no kernel writes them during a run."""
+    b = e.lir.buffers[nid]
+    while b.storage == "view":
+        b = e.lir.buffers[b.source]
+    return b.storage in ("param", "const")
+
+
+def _small_call(e: CudaEmitter, g: GemmCall, lead: Node, weight: bool, bias: NodeId | None) -> GemmCall:
+    """`g` (a small-path GEMM led by `lead`) with its norm prologue and which of its operands are weights."""
+    p = _norm_prologue(e, lead)
+    params = [bias] if bias is not None else []
+    if p is not None:  # the norm's gamma (and beta): its inputs after x (and the residual)
+        norm = e.node(lead.inputs[0])
+        params += list(norm.inputs[1 + int(_PROLOGUE_NORMS[norm.kind][1]):])
+    early = (1 if weight else 0) | (2 if all(_is_weight(e, i) for i in params) else 0)
+    return replace(g, prologue=p, small_early=early)
+
+
 def _norm_prologue(e: CudaEmitter, lead: Node) -> NormPrologue | None:
     """The prologue of the small GEMM led by `lead` when its A's norm is fused into it (`_norm_into_gemm`)."""
     a = e.node(lead.inputs[0])
@@ -790,7 +811,8 @@ def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
                     post_act=_act(act) if (act is not None and not fuse_act) else None,
                     full_act=_act(act), full_bias_on=str(has_bias).lower(), full_bias=b_ptr, folded=True)
     if small:
-        call = replace(call, prologue=_norm_prologue(e, node))
+        # the combined weight and bias are params (GemmGroup takes only those)
+        call = _small_call(e, call, node, True, None)
     names = ", ".join(f"%{m}" for m in g.members)
     args = Gemm(**{**e.base(node), "comment": comment(
         f"%{node.id} and its siblings {names}: one GEMM against their combined [K, {total}] weight; each output "
@@ -806,7 +828,7 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
     g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
     if g.small:
-        g = replace(g, prologue=_norm_prologue(e, node))
+        g = _small_call(e, g, node, _is_weight(e, node.inputs[1]), bias)
     if g.mode == "mma":
         smem = tuple((f"rlx_gemm_mma<{g.t}, {g.act}, {g.bias_on}, {bm}, {bn}, {wm}, {wn}>",
                       f"RlxGemmMma<{bm}, {bn}, {wm}, {wn}>::total") for bm, bn, wm, wn in g.tiles)

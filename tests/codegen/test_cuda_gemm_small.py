@@ -100,3 +100,16 @@ def test_nvcc_compiles_small_gemm_and_pdl(precision: DType, tmp_path) -> None:
     src = tmp_path / "small.cu"
     src.write_text(_render(_graph(), precision=precision))
     tc.compile(src, src.with_suffix(".o"), "cublaslt", compile_only=True)
+
+
+def test_only_weights_are_read_before_the_pdl_wait() -> None:
+    g = Graph("small_early")
+    x = g.input("x", [Dim.dynamic("m", max=64), 32])
+    w = g.input("w", [32, 16])  # an input, not a param: the kernel before may still be writing it
+    y = g.add_(g.matmul(x, w), g.param("b", [16]))
+    g.set_outputs([g.matmul(y, g.param("w2", [16, 16]))])
+    src = _forward(_render(g, precision=DType.F16))
+    # the first product: B after the wait, its bias before (bit 1); the second: both before (bits 0 and 1)
+    assert "(int)M, (int)N, (int)K, (__half *)nullptr, (__half *)nullptr, (__half *)nullptr, (__half *)nullptr, " \
+           "(__half *)nullptr, 0.0f, 2)" in src
+    assert src.count("0.0f, 3)") == 1

@@ -108,3 +108,16 @@ def test_small_gemm_matches_reference(precision: str) -> None:
     assert f"rlx_gemm_small<{t}, RLX_ACT_GELU, true, 0, false, 1>" in src
     # w4 (K = 1536, N = 8: one partial column tile); w3's K = 72 is not whole 16-deep steps
     assert f"rlx_gemm_small<{t}, RLX_ACT_NONE, false, 0, false, 1>" in src
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_small_gemm_of_a_computed_b(precision: str) -> None:
+    """B computed by an earlier kernel: its slab is fetched after the PDL wait (only the bias before it)."""
+    g = Graph("small_computed_b")
+    x = g.input("x", [Dim.dynamic("m", max=200), 48])
+    wb = g.activation("tanh", g.param("w", [48, 32]))
+    g.set_outputs([g.add_(g.matmul(x, wb), g.param("b", [32]))])
+    rng = np.random.default_rng(17)
+    params = {"w": rng.standard_normal((48, 32)).astype(np.float32), "b": rng.standard_normal(32).astype(np.float32)}
+    src = _check(g, precision, params, rng, 48)
+    assert "0.0f, 2)" in src

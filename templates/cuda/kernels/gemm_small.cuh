@@ -32,71 +32,88 @@ __device__ __forceinline__ void rlx_gsm_cp16(void *smem, const void *gmem, bool 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
-/* One row of the fused normalization: nx [+ nres] -> (f32 statistics) -> T, into shared memory (and nout). */
+/* The fused normalization of the rows r0, r0 + 8 (one warp; 16 rows, RLX_GSM_WARPS == 8): nx [+ nres] -> f32
+ * statistics -> T, into shared memory (and nout). Both rows' loads are in flight before the first reduction;
+ * gamma / beta (g, b: this lane's chunks) come in registers. */
 template <typename T, int NORM, bool RES, int CPT>
-__device__ __forceinline__ void rlx_gsm_norm_row(const T *__restrict__ xr, const T *__restrict__ rr,
-                                                 const T *__restrict__ gamma, const T *__restrict__ beta,
-                                                 T *__restrict__ srow, T *__restrict__ orow, int K, float eps) {
+__device__ __forceinline__ void rlx_gsm_norm_rows(const T *__restrict__ nx, const T *__restrict__ nres,
+                                                  T *__restrict__ nout, T *__restrict__ as, int LDA, int m0, int r0,
+                                                  int M, int K, float eps, const int4 (&g)[CPT],
+                                                  const int4 (&b)[CPT]) {
+    static_assert(RLX_GSM_WARPS * 2 == 16, "two rows per warp");
     const int lane = threadIdx.x & 31, nc = K / 8;
-    float v[CPT][8];
-    float s = 0.0f;
+    float v[2][CPT][8];
 #pragma unroll
-    for (int k = 0; k < CPT; ++k) {
-        const int c = lane + k * 32;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[k][e] = 0.0f;
-        if (c < nc) {
-            int4 raw = reinterpret_cast<const int4 *>(xr)[c];
-            const T *xe = reinterpret_cast<const T *>(&raw);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[k][e] = rlx_f(xe[e]);
-            if (RES) {
-                int4 rraw = reinterpret_cast<const int4 *>(rr)[c];
-                const T *re = reinterpret_cast<const T *>(&rraw);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) v[k][e] += rlx_f(re[e]);
-            }
-        }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s += NORM == 2 ? v[k][e] * v[k][e] : v[k][e];
-    }
-    float mean = 0.0f, var;
-    if (NORM == 2) {
-        var = rlx_warp_sum(s) / (float)K;
-    } else {
-        mean = rlx_warp_sum(s) / (float)K;
-        float q = 0.0f;
+    for (int j = 0; j < 2; ++j) {
+        const int m = m0 + r0 + j * RLX_GSM_WARPS;
 #pragma unroll
         for (int k = 0; k < CPT; ++k) {
-            if (lane + k * 32 < nc) {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) q += (v[k][e] - mean) * (v[k][e] - mean);
+            const int c = lane + k * 32;
+            int4 raw = make_int4(0, 0, 0, 0), rraw = make_int4(0, 0, 0, 0);
+            if (m < M && c < nc) {
+                raw = reinterpret_cast<const int4 *>(nx + (size_t)m * K)[c];
+                if (RES) rraw = reinterpret_cast<const int4 *>(nres + (size_t)m * K)[c];
             }
+            const T *xe = reinterpret_cast<const T *>(&raw);
+            const T *re = reinterpret_cast<const T *>(&rraw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[j][k][e] = RES ? rlx_f(xe[e]) + rlx_f(re[e]) : rlx_f(xe[e]);
         }
-        var = rlx_warp_sum(q) / (float)K;
     }
-    const float inv = 1.0f / sqrtf(var + eps);
 #pragma unroll
-    for (int k = 0; k < CPT; ++k) {
-        const int c = lane + k * 32;
-        if (c >= nc) continue;
-        int4 graw = reinterpret_cast<const int4 *>(gamma)[c];
-        int4 braw = make_int4(0, 0, 0, 0);
-        if (NORM != 2) braw = reinterpret_cast<const int4 *>(beta)[c];
-        const T *ge = reinterpret_cast<const T *>(&graw);
-        const T *be = reinterpret_cast<const T *>(&braw);
-        int4 oraw;
-        T *oe = reinterpret_cast<T *>(&oraw);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            float y = (v[k][e] - mean) * inv * rlx_f(ge[e]);
-            if (NORM != 2) y += rlx_f(be[e]);
-            oe[e] = rlx_to<T>(y);
+    for (int j = 0; j < 2; ++j) {
+        const int r = r0 + j * RLX_GSM_WARPS, m = m0 + r;
+        T *srow = as + (size_t)r * LDA;
+        if (m >= M) { /* rows past M: zeros for the products */
+            for (int c = lane; c < nc; c += 32) reinterpret_cast<int4 *>(srow)[c] = make_int4(0, 0, 0, 0);
+            continue;
         }
-        reinterpret_cast<int4 *>(srow)[c] = oraw;
-        if (orow) reinterpret_cast<int4 *>(orow)[c] = oraw;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < CPT; ++k)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s += NORM == 2 ? v[j][k][e] * v[j][k][e] : v[j][k][e];
+        float mean = 0.0f, var;
+        if (NORM == 2) {
+            var = rlx_warp_sum(s) / (float)K;
+        } else {
+            mean = rlx_warp_sum(s) / (float)K;
+            float q = 0.0f;
+#pragma unroll
+            for (int k = 0; k < CPT; ++k) {
+                if (lane + k * 32 < nc) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) q += (v[j][k][e] - mean) * (v[j][k][e] - mean);
+                }
+            }
+            var = rlx_warp_sum(q) / (float)K;
+        }
+        const float inv = 1.0f / sqrtf(var + eps);
+        T *orow = blockIdx.x == 0 ? nout + (size_t)m * K : nullptr; /* the blocks of column 0 store A too */
+#pragma unroll
+        for (int k = 0; k < CPT; ++k) {
+            const int c = lane + k * 32;
+            if (c >= nc) continue;
+            const T *ge = reinterpret_cast<const T *>(&g[k]);
+            const T *be = reinterpret_cast<const T *>(&b[k]);
+            int4 oraw;
+            T *oe = reinterpret_cast<T *>(&oraw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                float y = (v[j][k][e] - mean) * inv * rlx_f(ge[e]);
+                if (NORM != 2) y += rlx_f(be[e]);
+                oe[e] = rlx_to<T>(y);
+            }
+            reinterpret_cast<int4 *>(srow)[c] = oraw;
+            if (orow) reinterpret_cast<int4 *>(orow)[c] = oraw;
+        }
     }
 }
+
+/* Bit 0 of `early`: B is a weight (no kernel writes it), so its slab is fetched before the PDL wait; bit 1: so are
+ * the bias, gamma and beta, read into registers before the wait. Otherwise they are read after it. */
+#define RLX_GSM_EARLY_B 1
+#define RLX_GSM_EARLY_PARAMS 2
 
 template <typename T, int ACT, bool BIAS, int NORM, bool RES, int CPT>
 __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__restrict__ A,
@@ -106,38 +123,49 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__
                                                                      const T *__restrict__ nres,
                                                                      const T *__restrict__ ngamma,
                                                                      const T *__restrict__ nbeta, T *__restrict__ nout,
-                                                                     float eps) {
+                                                                     float eps, int early) {
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char rlx_gsm_smem[];
     constexpr int BN = RLX_GSM_BN, CH = BN / 8; /* 16-byte chunks per slab row */
+    static_assert(16 * BN == RLX_GSM_WARPS * 32, "one output of the tile per thread");
     const int LDB = BN + 8, LDA = K + 8;
     T *bs = reinterpret_cast<T *>(rlx_gsm_smem);
     T *as = bs + (size_t)K * LDB;
     float *part = reinterpret_cast<float *>(as + (size_t)16 * LDA);
-    const int tid = threadIdx.x, warp = tid >> 5;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * 16;
+    const int kc = K / 8;
+    const int orow = tid / BN, ocol = tid % BN; /* this thread's output in the epilogue */
 
-    /* the weight slab first: no kernel writes weights, so this needs no wait */
-    for (int i = tid; i < K * CH; i += blockDim.x) {
-        const int r = i / CH, col = n0 + (i % CH) * 8;
-        const bool in = col < N;
-        rlx_gsm_cp16(bs + (size_t)r * LDB + (i % CH) * 8, B + (size_t)r * N + (in ? col : 0), in);
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
+    auto fetch_b = [&]() {
+        for (int i = tid; i < K * CH; i += blockDim.x) {
+            const int r = i / CH, col = n0 + (i % CH) * 8;
+            const bool in = col < N;
+            rlx_gsm_cp16(bs + (size_t)r * LDB + (i % CH) * 8, B + (size_t)r * N + (in ? col : 0), in);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    float bias_v = 0.0f;
+    int4 g[CPT], b[CPT];
+    auto fetch_params = [&]() {
+        if (BIAS && n0 + ocol < N) bias_v = rlx_f(bias[n0 + ocol]);
+        if (NORM) {
+#pragma unroll
+            for (int k = 0; k < CPT; ++k) {
+                const int c = lane + k * 32;
+                g[k] = c < kc ? reinterpret_cast<const int4 *>(ngamma)[c] : make_int4(0, 0, 0, 0);
+                b[k] = (NORM != 2 && c < kc) ? reinterpret_cast<const int4 *>(nbeta)[c] : make_int4(0, 0, 0, 0);
+            }
+        }
+    };
+    if (early & RLX_GSM_EARLY_B) fetch_b();
+    if (early & RLX_GSM_EARLY_PARAMS) fetch_params();
     rlx_pdl_trigger();
     rlx_pdl_wait(); /* A (or the norm's input) is the previous kernels' output */
-    const int kc = K / 8;
+    if (!(early & RLX_GSM_EARLY_B)) fetch_b();
+    if (!(early & RLX_GSM_EARLY_PARAMS)) fetch_params();
     if (NORM) {
-        for (int r = warp; r < 16; r += RLX_GSM_WARPS) {
-            T *srow = as + (size_t)r * LDA;
-            if (m0 + r >= M) {
-                for (int c = tid & 31; c < kc; c += 32) reinterpret_cast<int4 *>(srow)[c] = make_int4(0, 0, 0, 0);
-                continue;
-            }
-            const size_t row = (size_t)(m0 + r) * K;
-            rlx_gsm_norm_row<T, NORM, RES, CPT>(nx + row, RES ? nres + row : nullptr, ngamma, nbeta, srow,
-                                                blockIdx.x == 0 ? nout + row : nullptr, K, eps);
-        }
+        rlx_gsm_norm_rows<T, NORM, RES, CPT>(nx, nres, nout, as, LDA, m0, warp, M, K, eps, g, b);
     } else {
         for (int i = tid; i < 16 * kc; i += blockDim.x) {
             const int r = i / kc, c8 = (i % kc) * 8;
@@ -162,15 +190,12 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__
     wmma::store_matrix_sync(part + warp * 16 * BN, acc, BN, wmma::mem_row_major);
     __syncthreads();
 
-    /* epilogue: sum the warps' partial tiles, bias, activation, one rounding */
-    for (int i = tid; i < 16 * BN; i += blockDim.x) {
-        const int r = i / BN, col = i % BN;
-        if (m0 + r >= M || n0 + col >= N) continue;
-        float y = 0.0f;
+    /* epilogue: sum the warps' partial tiles, bias, activation, one rounding (one output per thread) */
+    if (m0 + orow < M && n0 + ocol < N) {
+        float y = bias_v;
 #pragma unroll
         for (int w = 0; w < RLX_GSM_WARPS; ++w)
-            y += part[w * 16 * BN + i];
-        if (BIAS) y += rlx_f(bias[n0 + col]);
-        C[(size_t)(m0 + r) * N + n0 + col] = rlx_to<T>(rlx_act<ACT>(y));
+            y += part[w * 16 * BN + tid];
+        C[(size_t)(m0 + orow) * N + n0 + ocol] = rlx_to<T>(rlx_act<ACT>(y));
     }
 }
