@@ -722,8 +722,8 @@ def _norm_into_gemm(e: CudaEmitter, norm: Node) -> NodeId | None:
     kind, fused = spec
     if len(norm.inputs) != 1 + int(fused) + (1 if kind == 2 else 2):
         return None  # a norm with a bias input
-    if norm.id not in e.position or e.lir.buffers[norm.id].storage != "arena":
-        return None
+    if norm.id not in e.position or e.lir.buffers[norm.id].storage != "arena" or norm.id in e.decode_gemv:
+        return None  # (a norm a fused decode GEMV absorbs keeps its own step-size switch)
     readers = [u for u in e.users[norm.id] if e.node(u).kind in _GEMM_KINDS and e.node(u).inputs[0] == norm.id]
     if not readers:
         return None
