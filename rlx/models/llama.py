@@ -19,8 +19,11 @@ Outputs `logits` f32 `[n_rows, vocab]` and `next_token` i32 `[n_rows]`, the
 argmax of each row's logits (greedy decoding reads only this). Params keep the GGUF tensor names
 (`blk.0.attn_q.weight`, ...). A quantized weight stays in its GGUF blocks
 and is multiplied by `dequant_matmul` (the kernels read the 4/8-bit blocks);
-F32/F16/BF16 weights are f32 matmuls. The token embedding is gathered
-as rows; a quantized one is dequantized row by row after the gather.
+F32 weights are f32 matmuls; F16/BF16 matrices are f32 matmuls too, on weights either
+widened to f32 at load or, with `narrow_weights=True` (the CPU), kept in their stored
+precision (`matmul(f32 x, f16|bf16 w) -> f32`: half the bytes, f32 accumulation). The
+token embedding is gathered as rows (a narrow one widened after the gather); a
+quantized one is dequantized row by row after the gather.
 
 >>> from rlx.models.decoder_config import DecoderConfig
 >>> cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
@@ -42,13 +45,16 @@ import numpy as np
 
 from rlx.errors import IRError
 from rlx.ir import ops as O
+from rlx.ir.dtype import bits_to_bfloat16
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.ops import ACT_MODES
 from rlx.ir.shape import Dim
 from rlx.models.decoder_config import DecoderConfig
 
-#: GGUF types that are plain float arrays (multiplied by f32 matmuls after widening to f32).
+#: GGUF types that are plain float arrays (multiplied by f32 matmuls).
 FLOAT_TYPES = ("f32", "f16", "bf16")
+#: Float types a matrix may keep in memory under an f32 matmul (`build_decoder(narrow_weights=True)`).
+NARROW_TYPES = ("f16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,10 @@ class WeightSpec:
     @property
     def quantized(self) -> bool:
         return self.ggml_type not in FLOAT_TYPES
+
+    def float_dtype(self, narrow: bool) -> str:
+        """The param dtype of this float matrix: its own type when `narrow` keeps f16/bf16, else f32."""
+        return self.ggml_type if narrow and self.ggml_type in NARROW_TYPES and len(self.shape) == 2 else "f32"
 
 
 def layer_tensor(layer: int, role: str) -> str:
@@ -101,19 +111,20 @@ def _param(g: Graph, name: str, dims: list[int], dtype: str) -> NodeId:
 
 
 def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_out: int, n_in: int,
-            act: str = "f32") -> NodeId:
+            act: str = "f32", narrow: bool = False) -> NodeId:
     """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized.
 
     `act` "q8"/"q16" quantizes x to int8/int16 blocks first for the formats that take it;
-    other formats multiply f32 activations either way."""
+    other formats multiply f32 activations either way. `narrow`: an f16/bf16 weight stays in its
+    precision (the matmul reads it as stored)."""
     spec = _spec(specs, name, (n_out, n_in))
     if spec.quantized:
         from rlx.ir.quant import Q8_ACT_FORMATS, row_bytes
 
         w = _param(g, name, [n_out, row_bytes(spec.ggml_type, n_in)], "u8")
         return g.dequant_matmul(x, w, quant=spec.ggml_type, act=act if spec.ggml_type in Q8_ACT_FORMATS else "f32")
-    # f32 weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
-    w = g.param(name, [n_in, n_out])
+    # float weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
+    w = _param(g, name, [n_in, n_out], spec.float_dtype(narrow))
     return g.matmul(x, w)
 
 
@@ -125,7 +136,8 @@ def _biased(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, wid
     return g.add_(x, g.param(name, [width]))
 
 
-def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config: DecoderConfig) -> NodeId:
+def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config: DecoderConfig,
+               narrow: bool = False) -> NodeId:
     spec = _spec(specs, "token_embd.weight", (config.vocab_size, config.hidden_size))
     if spec.quantized:
         from rlx.ir.quant import row_bytes
@@ -133,8 +145,9 @@ def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config
         table = _param(g, "token_embd.weight", [config.vocab_size, row_bytes(spec.ggml_type, config.hidden_size)],
                        "u8")
         return g.dequantize(g.gather(table, tokens), quant=spec.ggml_type)
-    table = g.param("token_embd.weight.rows", [config.vocab_size, config.hidden_size])
-    return g.gather(table, tokens)
+    dtype = spec.float_dtype(narrow)
+    rows = g.gather(g.param("token_embd.weight.rows", [config.vocab_size, config.hidden_size], dtype), tokens)
+    return rows if dtype == "f32" else g.cast(rows, "f32")  # only the gathered rows are widened
 
 
 def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
@@ -144,7 +157,7 @@ def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
 
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1,
-                  quant_act: str = "f32") -> Graph:
+                  quant_act: str = "f32", narrow_weights: bool = False) -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
     `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
@@ -153,6 +166,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     projection split by rows (`output.weight` of vocab/tp rows) by an `all_gather` of the logits.
     `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "f32", "q8" (int8
     per block of 32, as llama.cpp) or "q16" (int16 per block; see `dequant_matmul`).
+    `narrow_weights`: F16/BF16 matrices are params of their own dtype, multiplied as stored
+    (`matmul(f32, bf16) -> f32`) — for a backend with such GEMMs (the CPU); otherwise f32 params.
     """
     if capacity < 1 or max_seq < 1 or max_batch < 1:
         raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
@@ -165,7 +180,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     hd, half = c.head_dim, c.n_rot // 2
     heads, kv_heads, ffn_size = c.num_heads // tp, c.num_kv_heads // tp, c.ffn_size // tp
     q_width, kv_width = heads * hd, kv_heads * hd
-    qa = quant_act
+    qa, nw = quant_act, narrow_weights
     g = Graph(name)
     batch, seq = Dim.dynamic("batch", max_batch), Dim.dynamic("seq", max_seq)
     n_rows = Dim.dynamic("n_rows", max_batch * max_seq)
@@ -174,14 +189,14 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     cos = g.input("rope_cos", [batch, seq, half])
     sin = g.input("rope_sin", [batch, seq, half])
     rows = g.input("rows", [n_rows], "i32")
-    x = _embedding(g, tokens, specs, c)
+    x = _embedding(g, tokens, specs, c, nw)
     for layer in range(c.num_layers):
         h = g.rms_norm(x, g.param(layer_tensor(layer, "attn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size, qa),
+        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size, qa, nw),
                     specs, f"blk.{layer}.attn_q.bias", q_width)
-        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size, qa),
+        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size, qa, nw),
                     specs, f"blk.{layer}.attn_k.bias", kv_width)
-        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size, qa),
+        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size, qa, nw),
                     specs, f"blk.{layer}.attn_v.bias", kv_width)
         q = g.rope(q, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
         k = g.rope(k, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
@@ -191,13 +206,13 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,
                                num_kv_heads=kv_heads)
         out_name = layer_tensor(layer, "attn_output")
-        x = g.add_(x, _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa), tp, out_name))
+        x = g.add_(x, _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa, nw), tp, out_name))
         h = g.rms_norm(x, g.param(layer_tensor(layer, "ffn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa)
-        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa)
+        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa, nw)
+        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa, nw)
         ffn = g.mul(g.activation("silu", gate), up)
         down = layer_tensor(layer, "ffn_down")
-        x = g.add_(x, _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size, qa), tp, down))
+        x = g.add_(x, _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size, qa, nw), tp, down))
     # logits only for the requested rows: the vocabulary projection is the largest matmul
     flat = g.reshape(x, [batch * seq, c.hidden_size])
     picked = g.gather(flat, rows)
@@ -206,7 +221,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     vocab = c.vocab_size if tp == 1 or out_name != "output.weight" else specs[out_name].shape[0]
     if vocab not in (c.vocab_size, c.vocab_size // tp) or vocab * tp < c.vocab_size:
         raise IRError(f"output.weight has {vocab} rows: the vocabulary {c.vocab_size}, or its 1/{tp} share")
-    logits = _linear(g, h, specs, out_name, vocab, c.hidden_size, qa)
+    logits = _linear(g, h, specs, out_name, vocab, c.hidden_size, qa, nw)
     if vocab != c.vocab_size:  # this rank's rows of the vocabulary, in rank order
         logits = g.add(O.AllGather(world=tp, axis=1), [logits], name="output.all_gather")
     # the greedy next token of each row, so a decode step on a GPU reads back 4 bytes a row, not the logits
@@ -215,10 +230,11 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
 
 
 def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], graph: Graph) -> dict[str, np.ndarray]:
-    """The `set_param` values of `graph` from GGUF tensors: raw blocks as-is, float weights as f32.
+    """The `set_param` values of `graph` from GGUF tensors: raw blocks as-is, float weights in the
+    dtype the graph declares (f16/bf16 as stored when it keeps them narrow, else widened to f32).
 
     Float matrices are transposed to the `[in, out]` layout the graph's matmuls take; an
-    f32 embedding table feeds its own param (`token_embd.weight.rows`).
+    embedding table feeds its own param (`token_embd.weight.rows`).
     """
     out: dict[str, np.ndarray] = {}
     for node in graph.params():
@@ -230,7 +246,10 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
         if spec.quantized:
             out[name] = np.ascontiguousarray(data, dtype=np.uint8)
             continue
-        arr = _as_f32(data, spec.ggml_type)
+        want = node.shape.dtype.value
+        if want != "f32" and want != spec.ggml_type:
+            raise IRError(f"param {name!r} is {want} but the tensor is {spec.ggml_type}")
+        arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
         if arr.ndim == 2 and not name.endswith(".rows"):
             arr = arr.T
         out[name] = np.ascontiguousarray(arr)
@@ -241,6 +260,13 @@ def _as_f32(data: np.ndarray, ggml_type: str) -> np.ndarray:
     if ggml_type == "bf16":
         return (np.asarray(data, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
     return np.asarray(data, dtype=np.float32)
+
+
+def _as_stored(data: np.ndarray, ggml_type: str) -> np.ndarray:
+    """An f16/bf16 tensor as the numpy dtype `set_param` takes for it, bit for bit (no copy)."""
+    if ggml_type == "bf16":  # GGUF's bf16 arrives as uint16 bit patterns
+        return bits_to_bfloat16(np.asarray(data, dtype=np.uint16))
+    return np.asarray(data, dtype=np.float16)
 
 
 def rope_tables(positions: np.ndarray, seq: int, config: DecoderConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -78,3 +78,23 @@ def test_lookups_read_the_narrow_table_and_widen_only_their_rows():
     got = rlx.reference.run(out, {"ids": ids}, {"table": t})
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_a_fused_swiglu_reads_its_narrow_weights_as_stored(precision):
+    """No per-call cast of a whole weight matrix: the fused SwiGLU becomes two mixed GEMMs."""
+    g = rlx.Graph("ffn")
+    x = g.input("x", [rlx.Dim.dynamic("b", max=4), 16])
+    wg, wu = g.param("wg", [16, 24]), g.param("wu", [16, 24])
+    g.set_outputs([g.mul(g.activation("silu", g.matmul(x, wg)), g.matmul(x, wu))])
+    fused = rlx.opt.pipeline.optimize(g)
+    assert "fused_swiglu" in [n.kind for n in fused.nodes]
+    out = store_params_in(fused, precision)
+    assert "cast" not in [n.kind for n in out.nodes] and "fused_swiglu" not in [n.kind for n in out.nodes]
+    assert [out.node(n.inputs[1]).shape.dtype.value for n in out.nodes if n.kind == "matmul"] == [precision] * 2
+    rng = np.random.default_rng(2)
+    narrow = BFLOAT16 if precision == "bf16" else np.float16
+    w = {k: rng.uniform(-1, 1, (16, 24)).astype(np.float32).astype(narrow).astype(np.float32) for k in ("wg", "wu")}
+    xv = rng.uniform(-1, 1, (3, 16)).astype(np.float32)
+    np.testing.assert_allclose(rlx.reference.run(out, {"x": xv}, w)[0], rlx.reference.run(g, {"x": xv}, w)[0],
+                               rtol=1e-6, atol=1e-6)
