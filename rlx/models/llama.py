@@ -68,9 +68,19 @@ class WeightSpec:
     def quantized(self) -> bool:
         return self.ggml_type not in FLOAT_TYPES
 
-    def float_dtype(self, narrow: bool) -> str:
-        """The param dtype of this float matrix: its own type when `narrow` keeps f16/bf16, else f32."""
-        return self.ggml_type if narrow and self.ggml_type in NARROW_TYPES and len(self.shape) == 2 else "f32"
+    @property
+    def float_dtype(self) -> str:
+        """The param dtype of this float matrix: its own type (f16/bf16 multiplied as stored)."""
+        return self.ggml_type if self.ggml_type in NARROW_TYPES and len(self.shape) == 2 else "f32"
+
+
+def widened(specs: Mapping[str, WeightSpec]) -> dict[str, WeightSpec]:
+    """`specs` with every F16/BF16 tensor read as f32 (`decoder_params` widens it at load).
+
+    >>> widened({"w": WeightSpec("bf16", (4, 8)), "q": WeightSpec("q8_0", (4, 32))})["w"].ggml_type
+    'f32'
+    """
+    return {n: WeightSpec("f32", s.shape) if s.ggml_type in NARROW_TYPES else s for n, s in specs.items()}
 
 
 def layer_tensor(layer: int, role: str) -> str:
@@ -111,12 +121,12 @@ def _param(g: Graph, name: str, dims: list[int], dtype: str) -> NodeId:
 
 
 def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_out: int, n_in: int,
-            act: str = "f32", narrow: bool = False) -> NodeId:
+            act: str = "f32") -> NodeId:
     """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized.
 
     `act` "q8"/"q16" quantizes x to int8/int16 blocks first for the formats that take it;
-    other formats multiply f32 activations either way. `narrow`: an f16/bf16 weight stays in its
-    precision (the matmul reads it as stored)."""
+    other formats multiply f32 activations either way. An f16/bf16 weight stays in its precision
+    (the matmul reads it as stored)."""
     spec = _spec(specs, name, (n_out, n_in))
     if spec.quantized:
         from rlx.ir.quant import Q8_ACT_FORMATS, row_bytes
@@ -124,7 +134,7 @@ def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_o
         w = _param(g, name, [n_out, row_bytes(spec.ggml_type, n_in)], "u8")
         return g.dequant_matmul(x, w, quant=spec.ggml_type, act=act if spec.ggml_type in Q8_ACT_FORMATS else "f32")
     # float weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
-    w = _param(g, name, [n_in, n_out], spec.float_dtype(narrow))
+    w = _param(g, name, [n_in, n_out], spec.float_dtype)
     return g.matmul(x, w)
 
 
@@ -136,8 +146,7 @@ def _biased(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, wid
     return g.add_(x, g.param(name, [width]))
 
 
-def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config: DecoderConfig,
-               narrow: bool = False) -> NodeId:
+def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config: DecoderConfig) -> NodeId:
     spec = _spec(specs, "token_embd.weight", (config.vocab_size, config.hidden_size))
     if spec.quantized:
         from rlx.ir.quant import row_bytes
@@ -145,7 +154,7 @@ def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config
         table = _param(g, "token_embd.weight", [config.vocab_size, row_bytes(spec.ggml_type, config.hidden_size)],
                        "u8")
         return g.dequantize(g.gather(table, tokens), quant=spec.ggml_type)
-    dtype = spec.float_dtype(narrow)
+    dtype = spec.float_dtype
     rows = g.gather(g.param("token_embd.weight.rows", [config.vocab_size, config.hidden_size], dtype), tokens)
     return rows if dtype == "f32" else g.cast(rows, "f32")  # only the gathered rows are widened
 
@@ -180,7 +189,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     hd, half = c.head_dim, c.n_rot // 2
     heads, kv_heads, ffn_size = c.num_heads // tp, c.num_kv_heads // tp, c.ffn_size // tp
     q_width, kv_width = heads * hd, kv_heads * hd
-    qa, nw = quant_act, narrow_weights
+    qa = quant_act
+    specs = specs if narrow_weights else widened(specs)
     g = Graph(name)
     batch, seq = Dim.dynamic("batch", max_batch), Dim.dynamic("seq", max_seq)
     n_rows = Dim.dynamic("n_rows", max_batch * max_seq)
@@ -189,14 +199,14 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     cos = g.input("rope_cos", [batch, seq, half])
     sin = g.input("rope_sin", [batch, seq, half])
     rows = g.input("rows", [n_rows], "i32")
-    x = _embedding(g, tokens, specs, c, nw)
+    x = _embedding(g, tokens, specs, c)
     for layer in range(c.num_layers):
         h = g.rms_norm(x, g.param(layer_tensor(layer, "attn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size, qa, nw),
+        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size, qa),
                     specs, f"blk.{layer}.attn_q.bias", q_width)
-        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size, qa, nw),
+        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size, qa),
                     specs, f"blk.{layer}.attn_k.bias", kv_width)
-        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size, qa, nw),
+        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size, qa),
                     specs, f"blk.{layer}.attn_v.bias", kv_width)
         q = g.rope(q, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
         k = g.rope(k, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
@@ -206,13 +216,13 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,
                                num_kv_heads=kv_heads)
         out_name = layer_tensor(layer, "attn_output")
-        x = g.add_(x, _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa, nw), tp, out_name))
+        x = g.add_(x, _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa), tp, out_name))
         h = g.rms_norm(x, g.param(layer_tensor(layer, "ffn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa, nw)
-        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa, nw)
+        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa)
+        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa)
         ffn = g.mul(g.activation("silu", gate), up)
         down = layer_tensor(layer, "ffn_down")
-        x = g.add_(x, _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size, qa, nw), tp, down))
+        x = g.add_(x, _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size, qa), tp, down))
     # logits only for the requested rows: the vocabulary projection is the largest matmul
     flat = g.reshape(x, [batch * seq, c.hidden_size])
     picked = g.gather(flat, rows)
@@ -221,7 +231,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     vocab = c.vocab_size if tp == 1 or out_name != "output.weight" else specs[out_name].shape[0]
     if vocab not in (c.vocab_size, c.vocab_size // tp) or vocab * tp < c.vocab_size:
         raise IRError(f"output.weight has {vocab} rows: the vocabulary {c.vocab_size}, or its 1/{tp} share")
-    logits = _linear(g, h, specs, out_name, vocab, c.hidden_size, qa, nw)
+    logits = _linear(g, h, specs, out_name, vocab, c.hidden_size, qa)
     if vocab != c.vocab_size:  # this rank's rows of the vocabulary, in rank order
         logits = g.add(O.AllGather(world=tp, axis=1), [logits], name="output.all_gather")
     # the greedy next token of each row, so a decode step on a GPU reads back 4 bytes a row, not the logits
