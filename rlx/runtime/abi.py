@@ -1,10 +1,10 @@
 """The one cffi declaration of the RLX C ABI, shared by every generated library.
 
-It mirrors `templates/cpu/rlx.h`; `ABI_VERSION` (from `rlx.abi_version`, shared with the
-code generators) must equal what libraries report from `rlx_abi_version()`. The transport
-table (`RlxTransport`) is not repeated here: its one declaration,
-`templates/cpu/kernels/transport.h`, is read at import without its preprocessor lines
-(`standalone_header` likewise inlines it into the `rlx.h` an artifact ships).
+The declarations are not repeated here: `CDEF` is `templates/cpu/rlx.h` read at import, with
+the RLX headers it includes inlined (the transport table's one declaration,
+`kernels/transport.h`; `standalone_header`, which also writes the `rlx.h` an artifact ships)
+and its preprocessor lines dropped. `ABI_VERSION` (from `rlx.abi_version`, shared with the
+code generators) must equal what libraries report from `rlx_abi_version()`.
 
 >>> ffi.sizeof("int64_t")
 8
@@ -25,12 +25,23 @@ _LOCAL_INCLUDE = re.compile(r'^#include "([^"]+)"\s*$', re.MULTILINE)
 
 
 def c_declarations(text: str) -> str:
-    """C header text without its preprocessor lines (guards, includes, defines): what cffi's cdef parses.
+    """C header text without its preprocessor lines (guards, includes, defines) and its C++-only
+    `#ifdef __cplusplus` blocks: what cffi's cdef parses.
 
-    >>> c_declarations("#ifndef X\\n#define X\\nint f(void);\\n#endif").strip()
+    >>> c_declarations("#ifndef X\\n#ifdef __cplusplus\\nextern \\"C\\" {\\n#endif\\nint f(void);\\n#endif").strip()
     'int f(void);'
     """
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    out: list[str] = []
+    in_cplusplus = False
+    for line in text.splitlines():
+        directive = line.strip()
+        if directive.startswith("#ifdef __cplusplus"):
+            in_cplusplus = True
+        elif in_cplusplus and directive.startswith("#endif"):
+            in_cplusplus = False
+        elif not in_cplusplus and not directive.startswith("#"):
+            out.append(line)
+    return "\n".join(out)
 
 
 def standalone_header(path: Path, root: Path | None = None) -> str:
@@ -46,18 +57,10 @@ def standalone_header(path: Path, root: Path | None = None) -> str:
                               path.read_text(encoding="utf-8"))
 
 
-CDEF = """
-int32_t     rlx_abi_version(void);
-const char *rlx_manifest(void);
-void       *rlx_create(void);
-void        rlx_destroy(void *ctx);
-void       *rlx_clone(void *ctx);
-int32_t     rlx_set_param(void *ctx, int32_t index, const void *data, int64_t nbytes);
-int32_t     rlx_run(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
-const char *rlx_last_error(void *ctx);
-int32_t     rlx_set_num_threads(void *ctx, int32_t n);
-int32_t     rlx_memory(void *ctx, int64_t *out);
-"""
+#: The ABI header (templates/cpu/rlx.h); every library exports its functions, except the transport's
+#: (rlx_set_transport, rlx_shm_*: graphs with collective ops only; `rlx.runtime.transport`).
+ABI_HEADER = templates_dir() / "cpu" / "rlx.h"
+CDEF = c_declarations(standalone_header(ABI_HEADER))
 
 #: Exported by profiled builds only (templates/cpu/observe.c.j2); looked up when asked for.
 PROFILE_CDEF = """
@@ -66,21 +69,14 @@ int64_t     rlx_profile_read(void *ctx, int64_t *out, int64_t max);
 void        rlx_profile_clear(void *ctx);
 """
 
-#: Exported by graphs with collective ops only: on the CPU the transport (templates/cpu/kernels/
-#: collectives.h, transport.h, transport_shm.h; `rlx.runtime.transport`), on CUDA rlx_set_nccl
-#: (templates/cuda/nccl_abi.cu.j2; `rlx.runtime.nccl`).
-TRANSPORT_TABLE = templates_dir() / "cpu" / "kernels" / "transport.h"
-TRANSPORT_CDEF = c_declarations(TRANSPORT_TABLE.read_text(encoding="utf-8")) + """
-int32_t       rlx_set_transport(void *ctx, const RlxTransport *t);
-int64_t       rlx_shm_region_bytes(int32_t world, int64_t slot_bytes);
-RlxTransport *rlx_shm_transport_open(void *region, int64_t bytes, int32_t rank, int32_t world, int64_t timeout_ms);
-void          rlx_shm_transport_close(RlxTransport *t);
-int32_t       rlx_set_nccl(void *ctx, const void *unique_id, int32_t rank, int32_t world);
+#: Exported by CUDA graphs with collective ops only (templates/cuda/nccl_abi.cu.j2; `rlx.runtime.nccl`).
+NCCL_CDEF = """
+int32_t rlx_set_nccl(void *ctx, const void *unique_id, int32_t rank, int32_t world);
 """
 
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
 ffi.cdef(PROFILE_CDEF)
-ffi.cdef(TRANSPORT_CDEF)
+ffi.cdef(NCCL_CDEF)
 
-__all__ = ["ABI_VERSION", "CDEF", "PROFILE_CDEF", "TRANSPORT_CDEF", "ffi"]
+__all__ = ["ABI_VERSION", "CDEF", "NCCL_CDEF", "PROFILE_CDEF", "ffi"]

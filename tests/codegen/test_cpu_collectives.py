@@ -109,13 +109,14 @@ def test_graphs_without_collectives_are_unchanged():
 def test_the_transport_table_is_declared_once():
     """kernels/transport.h is the one declaration: rlx.h includes it (an artifact's copy inlines it)
     and the cffi declaration is read from it."""
-    from rlx.runtime.abi import TRANSPORT_CDEF, standalone_header
+    from rlx.runtime.abi import CDEF, standalone_header
 
     table = (TEMPLATES / "kernels" / "transport.h").read_text()
     rlx_h = (TEMPLATES / "rlx.h").read_text()
     assert "typedef struct RlxTransport" not in rlx_h and '#include "kernels/transport.h"' in rlx_h
     assert table.rstrip("\n") in standalone_header(TEMPLATES / "rlx.h")
-    assert "typedef struct RlxTransport" in TRANSPORT_CDEF and "#" not in TRANSPORT_CDEF
+    assert "typedef struct RlxTransport" in CDEF and "rlx_set_transport" in CDEF
+    assert not any(line.lstrip().startswith("#") for line in CDEF.splitlines())
 
 
 def test_support_and_legalized_half():
