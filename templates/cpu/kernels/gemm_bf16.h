@@ -68,17 +68,10 @@ static void rlx_pack_param_half(uint16_t *dst, const uint16_t *src, int nbatch_a
 {
     const int64_t K = dims[nbatch_axes], N = dims[nbatch_axes + 1];
     const int64_t stride = (N + RLX_HNR - 1) / RLX_HNR * RLX_HNR * ((K + 1) & ~(int64_t)1);
-    int64_t count = 1;
-    for (int d = 0; d < nbatch_axes; d++)
-        count *= dims[d];
-    for (int64_t b = 0; b < count; b++) {
-        int64_t off = 0, rem = b;
-        for (int d = nbatch_axes - 1; d >= 0; d--) {
-            off += rem % dims[d] * strides[d];
-            rem /= dims[d];
-        }
-        rlx_pack_b_half(dst + b * stride, src + off, K, N, strides[nbatch_axes], strides[nbatch_axes + 1], pairs);
-    }
+    const int64_t count = rlx_batch_count(nbatch_axes, dims);
+    for (int64_t b = 0; b < count; b++)
+        rlx_pack_b_half(dst + b * stride, src + rlx_batch_offset(b, nbatch_axes, dims, strides), K, N,
+                        strides[nbatch_axes], strides[nbatch_axes + 1], pairs);
 }
 
 /* Work units of an M x N product: tiles of `mc` rows x one half panel, row blocks outermost. */
