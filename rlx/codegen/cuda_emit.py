@@ -526,7 +526,9 @@ def cuda_profile_context(e: CudaEmitter, kernels: list[Kernel], target: CudaTarg
     info = json.dumps({"fields": ["t0", "t1", "kernel", "thread", "run", "flops", "bytes"], "kernels": table},
                       sort_keys=True, ensure_ascii=True)
     return {"profile": True, "prof": prof, "prof_count": len(table),
-            "profile_info": c_string_lines(info), "profile_code": _header_text("cuda/kernels/profile.cuh")}
+            "profile_info": c_string_lines(info),
+            # the span ring is the CPU backend's (plain C): its text first, then the CUDA event timing
+            "profile_code": _header_text("cpu/kernels/profile_ring.h") + _header_text("cuda/kernels/profile.cuh")}
 
 
 _HEADER_TEXT: dict[str, str] = {}

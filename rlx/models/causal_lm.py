@@ -162,7 +162,7 @@ class CausalLM:
         self.quant_act = quant_act if quant_act is not None else default_quant_act(device)
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
                                      capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
-                                     quant_act=self.quant_act)
+                                     quant_act=self.quant_act, narrow_weights=device == "cpu")
         self._params = L.decoder_params(tensors, self.graph)
         self._compiled = None
         self._bound: dict[Any, Any] = {}  # CUDA: host-fed steps bound per (cache, output, step shape)
@@ -171,7 +171,8 @@ class CausalLM:
         if device != "reference":
             from rlx.driver import Session
 
-            # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU takes f32
+            # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU keeps
+            # F16/BF16 matrices as stored (narrow_weights) and multiplies them in f32 (rlx.codegen.c_half)
             self._compiled = Session(device, precision=precision).compile(self.graph)
             for name, arr in self._params.items():
                 self._compiled.set_param(name, arr)
