@@ -399,10 +399,10 @@ static inline int64_t rlx_i8_scratch_bytes(int64_t K)
 }
 
 /* Threads for an M x N x K int8 product. An int8 multiply-add costs a quarter of an f32 one, while
- * waking a sleeping OpenMP team (RLX's default wait policy, passive) costs tens of microseconds,
- * about what one core multiplies in 8M int8 multiply-adds: below that per thread the product runs
- * on the calling thread (every linear layer of a short sentence). With spinning threads
- * (OMP_WAIT_POLICY=active, set by RLX_OMP_WAIT=active) a fork is cheap: 256K per thread pays.
+ * waking a sleeping OpenMP team (RLX_OMP_WAIT=passive) costs tens of microseconds, about what one
+ * core multiplies in 8M int8 multiply-adds: below that per thread the product runs on the calling
+ * thread (every linear layer of a short sentence). With spinning threads (RLX's default bounded
+ * spin, or OMP_WAIT_POLICY=active) a fork is cheap: 256K per thread pays.
  * The policy is rlx_team_spins (kernels/threads.h). */
 #define RLX_I8_MACS_PER_THREAD ((int64_t)1 << 23)
 #define RLX_I8_MACS_PER_SPINNING_THREAD ((int64_t)1 << 18)
