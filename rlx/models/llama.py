@@ -203,6 +203,9 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     cos = g.input("rope_cos", [batch, seq, half])
     sin = g.input("rope_sin", [batch, seq, half])
     rows = g.input("rows", [n_rows], "i32")
+    # for the sampled_token output: each row's uniform and the run-time settings (per-run inputs come first)
+    sample_u = g.input("sample_u", [n_rows], "f64")
+    sample_settings = g.input("sample_settings", [len(SAMPLE_SETTINGS)], "f64")
     x = _embedding(g, tokens, specs, c)
     for layer in range(c.num_layers):
         h = g.rms_norm(x, g.param(layer_tensor(layer, "attn_norm"), [c.hidden_size]), eps=c.rms_eps)
@@ -241,9 +244,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     # the greedy next token of each row, so a decode step on a GPU reads back 4 bytes a row, not the logits
     next_token = g.argmax(logits, axis=-1)
     # and a sampled one (top_k <= SAMPLE_TOP_K_MAX), for each row's uniform u and the run-time settings
-    u = g.input("sample_u", [n_rows], "f64")
-    settings = g.input("sample_settings", [len(SAMPLE_SETTINGS)], "f64")
-    g.set_outputs({"logits": logits, "next_token": next_token, "sampled_token": g.sample_top_k(logits, u, settings)})
+    sampled = g.sample_top_k(logits, sample_u, sample_settings)
+    g.set_outputs({"logits": logits, "next_token": next_token, "sampled_token": sampled})
     return g
 
 

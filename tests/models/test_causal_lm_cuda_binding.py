@@ -37,12 +37,12 @@ class _Step:
         self.calls += 1
         run = {**{k: v.array for k, v in self.states.items()}, **{k: v.copy() for k, v in self.inputs.items()}}
         outs = reference.run(self.graph, run, self.params)  # updates the cache arrays in place, as the GPU does
-        names = ["logits", "next_token"]
+        names = ["logits", "next_token", "sampled_token"]
         return {n: outs[names.index(n)] for n in self.names}
 
 
 class _Compiled:
-    output_names = ("logits", "next_token")
+    output_names = ("logits", "next_token", "sampled_token")
 
     def __init__(self, lm: CausalLM) -> None:
         self.lm, self.bound = lm, []
@@ -86,3 +86,19 @@ def test_run_cuda_binds_once_per_cache_and_shape_and_matches_reference() -> None
     assert len(fake.bound) == 2 + 6 * 3 + 1 and fake.bound[-1].calls == 3
     assert fake.bound[-1].inputs["tokens"].tolist() == [[token]]
     assert fake.bound[-1].inputs["positions"].tolist() == [int(caches[1].lengths[0]) - 1]
+
+
+def test_run_cuda_samples_through_the_binding_with_fresh_uniforms() -> None:
+    """A sampled decode step writes its u and settings into the bound step's inputs (one binding reused):
+    the tokens equal the reference model's for the same seed, and only `sampled_token` is asked for."""
+    tensors = random_tensors(random_specs(CONFIG), seed=2, scale=2.0)
+    ref = CausalLM(CONFIG, tensors, device="reference", max_context=32, prefill_chunk=8)
+    lm = CausalLM(CONFIG, tensors, device="reference", max_context=32, prefill_chunk=8)
+    fake = _Compiled(lm)
+    lm._compiled, lm.device = fake, "cuda"
+    kw = dict(max_new_tokens=12, temperature=1.5, top_k=30, top_p=0.95, seed=4)
+    got = lm.generate([3, 9, 27], **kw).token_ids
+    assert got == ref.generate([3, 9, 27], **kw).token_ids and len(set(got)) > 3
+    assert all(s.names == ["sampled_token"] for s in fake.bound)
+    assert len(fake.bound) == 2 and fake.bound[-1].calls == len(got) - 1  # prefill, then one decode binding
+    assert fake.bound[-1].inputs["sample_settings"].tolist() == [1.5, 30.0, 0.95]
