@@ -3,7 +3,8 @@
 Registered into the CPU rule table when `rlx.codegen.c` is imported. The
 kernel appends this step's keys and values to the caller-owned cache buffers
 (state inputs) and runs causal grouped-query attention over the cache with
-the same packed-GEMM building blocks as `attention` (`kernels/attention.h`).
+the same packed-GEMM building blocks as `attention` (`kernels/attention.h`),
+or for the few query rows of a decode step plain dot products (`kernels/kv_decode.h`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rlx.ir import ops as O
 from rlx.ir.graph import Node
 
 TEMPLATE = "decoder.c.j2"
-HEADERS = ("kernels/packed_gemm.h", "kernels/attention.h")
+HEADERS = ("kernels/packed_gemm.h", "kernels/attention.h", "kernels/kv_decode.h")
 
 
 @dataclass(frozen=True)
