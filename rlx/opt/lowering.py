@@ -39,6 +39,7 @@ from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.opt.lowering_cuda import cuda_decisions
 from rlx.opt.lowering_int8 import int8_params
+from rlx.opt.lowering_quant_cpu import quant_gemv_groups
 from rlx.opt.lowering_metal import metal_decisions
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
@@ -151,7 +152,7 @@ def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decisio
 def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
-    return (*absorbed, *pack_params(lir, sources), *int8_params(lir))
+    return (*absorbed, *pack_params(lir, sources), *int8_params(lir), *quant_gemv_groups(lir))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout; Metal's: its one buffer).
