@@ -39,8 +39,8 @@ from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.opt.lowering_cuda import cuda_decisions
 from rlx.opt.lowering_int8 import int8_params
-from rlx.opt.lowering_quant_cpu import quant_gemv_groups
 from rlx.opt.lowering_metal import metal_decisions
+from rlx.opt.lowering_quant_cpu import quant_gemv_groups
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
 
