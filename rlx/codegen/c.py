@@ -581,8 +581,9 @@ class _Planner:
             if group is not None:
                 lead = self.node(group.members[0])
                 rows = self.numel(self.node(lead.inputs[0]).shape.dims[:-1])
+                # (the note names no node: the layers' copies of the body stay one shared function)
                 kernel = replace(kernel, skip_when=f"{rows} <= {group.max_rows}",
-                                 skip_note=f"computed by the decode GEMV group of %{lead.id}")
+                                 skip_note="computed by its decode GEMV group (QuantGemvGroup)")
             self.scratch_per_thread = max(self.scratch_per_thread, kernel.scratch_per_thread)
             self.scratch_shared = max(self.scratch_shared, kernel.scratch_shared)
             out.append(kernel)

@@ -148,8 +148,7 @@ def _group_args(em, node: Node) -> QuantGroupArgs | None:
         rows=tuple(em.node(m.inputs[1]).shape.dims[0].value for m in members),
         outs=tuple(em.ptr(m.id, const=False) for m in members),
         swiglu=em.ptr(group.swiglu[0], const=False) if group.swiglu else "", max_rows=group.max_rows,
-        names=" ".join(f"%{m}" for m in group.members)
-        + (f" and the SwiGLU %{group.swiglu[0]}" if group.swiglu else ""))
+        names=f"{len(members)} projections" + (" and their SwiGLU" if group.swiglu else ""))
 
 
 def emit_dequantize(em, node: Node) -> Kernel:
