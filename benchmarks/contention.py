@@ -1,14 +1,14 @@
 """MiniLM embeddings with and without a competing CPU-bound process: RLX and ONNX Runtime side by side.
 
     python benchmarks/contention.py [--threads N] [--rounds R] [--passes P] [--cases 1x16,8x128]
-                                    [--rlx-waits passive,default] [--peers rlx,onnxruntime]
+                                    [--rlx-waits 200000,passive] [--peers rlx,onnxruntime]
 
 Each peer (built by `benchmarks/minilm.py`'s helpers: RLX's `SentenceEmbedder` on the packaged
 all-MiniLM-L6-v2 weights, ONNX Runtime on the same model exported through torch) lives in its own
 process and is timed quiet, then while a busy-loop process pinned to one core competes for the CPU,
 alternating in `--passes` rounds so background load is spread over both phases and every peer.
-RLX is run once per OpenMP wait policy in `--rlx-waits` (`RLX_OMP_WAIT`: `passive` is RLX's
-default, `default` leaves libgomp's own spin-then-sleep policy, a number is a GOMP_SPINCOUNT), to
+RLX is run once per OpenMP wait policy in `--rlx-waits` (`RLX_OMP_WAIT`: a number is a GOMP_SPINCOUNT,
+RLX's default 200000; `passive` sleeps at once; `default` leaves libgomp's own spin-then-sleep policy), to
 show what the policy buys. The table gives median, p90 and max per phase, loaded/quiet of the
 medians and p90s, and the slowest loaded call over the quiet median ("worst"); a competing process
 on one of N cores should cost about N/(N-1) at most, never the 10-50x of threads spinning against a
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=30, help="timed runs per case, peer and phase (default 30)")
     ap.add_argument("--passes", type=int, default=3, help="quiet/loaded alternations the rounds are split into")
     ap.add_argument("--cases", default="1x16,8x128", help="batch x seq list (default 1x16,8x128)")
-    ap.add_argument("--rlx-waits", default="passive,default",
-                    help="RLX_OMP_WAIT values to run RLX with (default passive,default)")
+    ap.add_argument("--rlx-waits", default="200000,passive",
+                    help="RLX_OMP_WAIT values to run RLX with (default 200000,passive)")
     ap.add_argument("--peers", default="rlx,onnxruntime", help="rlx and/or onnxruntime")
     ap.add_argument("--model", default=None, help="BERT directory (default: the packaged all-MiniLM-L6-v2)")
     args = ap.parse_args(argv)

@@ -13,8 +13,8 @@ and run batch 1 with the same thread count. Prefill is one call over a `--prompt
 the previous token (the argmax is taken the same way, from the logits each engine returns).
 
 Each engine lives in its own worker process: both use OpenMP, and one process has one OpenMP
-runtime, whose wait policy RLX sets (passive, see README) before loading it; in one process
-llama.cpp's threads would inherit that policy and run ~3x slower than they do alone. The driver
+runtime, whose wait policy RLX sets (RLX_OMP_WAIT, see README) before loading it; in one process
+llama.cpp's threads would inherit that policy rather than run as they do alone. The driver
 alternates the workers' blocks with a pause between them (so one engine's threads are asleep while
 the other runs), `--rounds` times; medians are reported, and the ratios RLX / llama.cpp in speed.
 Timings only: nothing here asserts.

@@ -17,7 +17,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_DEBUG | 1 verifies the graph after every pass | 0 |
 | RLX_SANITIZE | `address` (AddressSanitizer), `undefined` or `thread` (ThreadSanitizer) builds | none |
 | RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
-| RLX_OMP_WAIT | how idle OpenMP threads wait: `passive`, `active`, a spin count, or `default` (see below) | passive |
+| RLX_OMP_WAIT | how idle OpenMP threads wait: a spin count, `passive`, `active`, or `default` (see below) | 200000 |
 | RLX_TEMPLATES_DIR | templates (`cpu/`, `cuda/`) to render from (`rlx.templates_path`) | the installed ones |
 | RLX_PROFILE | 1 builds the profiled variant: per-kernel (and per-thread) time spans (`CompiledGraph.trace`) | 0 |
 | RLX_CHECK_NANS | 1 builds the checked variant: a kernel writing NaN/inf fails the run naming its op | 0 |
@@ -25,13 +25,21 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 
 RLX_OMP_WAIT applies once per process, just before the first generated
 library is loaded (that load is what brings in the OpenMP runtime, which
-reads its settings then): `passive` sets OMP_WAIT_POLICY=PASSIVE (idle
-threads sleep at once, so a busy process elsewhere on the machine slows a run
-in proportion instead of making its threads spin against a descheduled peer),
-`active` sets OMP_WAIT_POLICY=ACTIVE, a number N sets GOMP_SPINCOUNT=N (spin
-that long, then sleep; libgomp only), and `default` leaves the OpenMP
+reads its settings then). A number N (the default, 200000) sets
+GOMP_SPINCOUNT=N: an idle thread spins that long (about a millisecond here),
+then sleeps, so the team stays awake across the kernels of one run and
+between the steps of a decode loop, and a fork costs a few microseconds
+instead of the tens a sleeping thread's wake-up costs (MiniLM at 1x16 on 2
+cores: 3.6 ms against 6.2 ms with sleeping threads), yet threads go to sleep
+soon after the last call. `passive` sets OMP_WAIT_POLICY=PASSIVE (idle
+threads sleep at once: best on a machine shared with other CPU-bound work,
+where spinning against a descheduled peer costs most; see
+benchmarks/contention.py), `active` sets OMP_WAIT_POLICY=ACTIVE (spin
+forever, a machine dedicated to RLX), and `default` leaves the OpenMP
 runtime's own default. If OMP_WAIT_POLICY or GOMP_SPINCOUNT is already set,
-RLX leaves both alone.
+RLX leaves both alone. The quantized and int8 kernels split small products
+across the team only when its threads spin (`rlx_team_spins`,
+kernels/threads.h).
 """
 
 from __future__ import annotations
@@ -68,8 +76,12 @@ def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
     raise RlxError(f"{key} must be 0 or 1, got {raw!r}")
 
 
+#: GOMP_SPINCOUNT by default: spin about a millisecond, then sleep (see the module docstring).
+DEFAULT_OMP_WAIT = "200000"
+
+
 def _omp_wait(env: Mapping[str, str]) -> str:
-    raw = env.get("RLX_OMP_WAIT", "").strip().lower() or "passive"
+    raw = env.get("RLX_OMP_WAIT", "").strip().lower() or DEFAULT_OMP_WAIT
     if raw in ("passive", "active", "default") or (raw.isdigit() and len(raw) <= 12):
         return raw
     raise RlxError(f"RLX_OMP_WAIT must be passive, active, default or a spin count, got {raw!r}")
@@ -109,7 +121,7 @@ class Config:
     debug: bool = False
     sanitize: str = ""
     cpu_target: str = "native"
-    omp_wait: str = "passive"
+    omp_wait: str = DEFAULT_OMP_WAIT
     #: Build variants (each its own cache key): record time spans / check every float output.
     profile: bool = False
     check_nans: bool = False

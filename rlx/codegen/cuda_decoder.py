@@ -54,6 +54,12 @@ class KvAttention(Launch):
     rot: int = 0
     neox: str = "false"
     per_row: int = 0
+    #: DecodeSplitKv: in steps of <= split_rows rows a query's keys split over up to max_splits blocks.
+    max_splits: int = 1
+    split_rows: int = 0
+    split_keys: int = 1
+    partials: str = "(float *)nullptr"
+    counters: str = "(int32_t *)nullptr"
 
 
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
@@ -85,9 +91,14 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                     cos=e.ptr(rq.inputs[1]), sin=e.ptr(rq.inputs[2]), rot=rq.op.rot, neox=str(neox).lower(),
                     per_row=int(e.node(rq.inputs[1]).shape.rank == 3))
         variants.append((True, neox))
+    split: dict = {}
+    ds = e.decode_split.get(node.id)
+    if ds is not None:
+        split = dict(max_splits=ds.max_splits, split_rows=ds.max_rows, split_keys=ds.split_keys,
+                     partials="RLX_P(float, RLX_OFF_SCRATCH)", counters="RLX_P(int32_t, RLX_OFF_COUNTERS)")
     attrs = tuple((f"rlx_kv_attend<{t}, {op.head_dim}, {str(r).lower()}, {str(n).lower()}>", str(smem))
                   for r, n in variants)
-    args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope,
+    args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope, **split,
                        t=t, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id), v_cache=e.ptr(vc_id),
                        positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]), sq=e.dim(q.dims[1]),
                        capacity=capacity, kw=op.kv_heads * op.head_dim, heads=op.num_heads, kv_heads=op.kv_heads,

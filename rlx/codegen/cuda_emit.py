@@ -36,7 +36,7 @@ from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.cost import node_cost
-from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DeviceLayout, GemmGroup, ScanConstants
+from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DecodeSplitKv, DeviceLayout, GemmGroup, ScanConstants
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -223,6 +223,8 @@ class CudaEmitter:
         self.decode_gemv: dict[NodeId, DecodeGemv] = {nid: d for d in lir.decided(DecodeGemv) for nid in d.nodes()}
         #: The DecodeRope of each attention node, and of each rope it absorbs.
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
+        #: The DecodeSplitKv of each attention node whose decode queries split their keys.
+        self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
 
     # ── types and expressions ──────────────────────────────────────────
 
@@ -443,7 +445,9 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "total_bytes": lay.total,
         "params_bytes": lay.params_end,
         "regions": [{"name": r.name, "offset": r.offset, "nbytes": r.nbytes} for r in lay.regions],
-        "off": {"arena": lay.arena, "scratch": lay.scratch, "workspace": lay.workspace, "flag": lay.flag},
+        "off": {"arena": lay.arena, "scratch": lay.scratch, "workspace": lay.workspace, "flag": lay.flag,
+                "counters": lay.counters},
+        "counters_bytes": lay.counters_bytes,
         "workspace_bytes": lay.workspace_bytes,
         "attn_max_splits": ATTN_MAX_SPLITS,
         "uses_flag": any(k.args.uses_flag for k in kernels),

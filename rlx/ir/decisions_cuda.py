@@ -5,8 +5,9 @@ device or which GEMMs run together: the whole program lives in one
 `cudaMalloc` whose byte layout is a `DeviceLayout`, and Q/K/V projections of
 one activation may run as a single `GemmGroup`; quantized projections of a
 decode step, with the norm before them and the add or SwiGLU after them, as a
-single `DecodeGemv` launch, and the rotary embedding of decode queries and keys
-inside the attention kernel (`DecodeRope`).
+single `DecodeGemv` launch, the rotary embedding of decode queries and keys
+inside the attention kernel (`DecodeRope`), and a decode step's keys split over
+several blocks per query (`DecodeSplitKv`).
 
 >>> g = GemmGroup(members=(3, 5), widths=(64, 64), k=32, weight_offset=0, bias_offset=-1, out_offset=8192)
 >>> g.describe()[:72]
@@ -113,6 +114,28 @@ class DecodeRope(Decision):
 
 
 @dataclass(frozen=True)
+class DecodeSplitKv(Decision):
+    """Flash-decoding for a `cached_attention`: in steps of at most `max_rows` rows (decode), a query's keys are
+    split over up to `max_splits` blocks of at least `split_keys` keys each (decided per launch from the query's
+    past), since one block per (row, head) leaves most of the GPU idle once the past is long. The blocks' partial
+    maxima, sums and outputs go to the scratch region; the last block of a query merges them, counted in the
+    `counters` region of the `DeviceLayout`."""
+
+    kind: ClassVar[str] = "cuda_decode_split_kv"
+    attention: int
+    max_splits: int
+    split_keys: int
+    max_rows: int
+
+    def describe(self) -> str:
+        return (f"%{self.attention} splits a query's keys over up to {self.max_splits} blocks of >= {self.split_keys} "
+                f"keys when a step has <= {self.max_rows} rows (partials in scratch, merged by the last block)")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.attention,)
+
+
+@dataclass(frozen=True)
 class ParamPlacement:
     """Where param slot i lives: byte `offset`, stored with `row_stride` (0: dense) and `staged` at set_param
     (uploaded to the arena, then permuted / converted / scattered on the device)."""
@@ -143,7 +166,8 @@ class DeviceLayout(Decision):
 
     params (then the QKV group outputs, so `rlx_clone` copies `params_end` bytes of params only), constants,
     inputs and outputs (with their ABI-dtype staging copies), the arena (also set_param's staging area),
-    scratch (SwiGLU's up projection, split-KV attention partials), the cuBLASLt workspace, the error flag.
+    scratch (SwiGLU's up projection, split-KV attention partials), the cuBLASLt workspace, the error flag, the
+    split attention's counters.
     `precision` and `gemm` are the options it was planned for (codegen refuses another target).
     """
 
@@ -162,6 +186,10 @@ class DeviceLayout(Decision):
     workspace: int
     workspace_bytes: int
     flag: int
+    #: Per-query block counters of split attention (`DecodeSplitKv`): zeroed once at rlx_create, and every
+    #: kernel that counts in them leaves them zero.
+    counters: int = 0
+    counters_bytes: int = 0
 
     @property
     def uses_lt(self) -> bool:
@@ -197,4 +225,5 @@ register_node_fields(GemmGroup.kind, ("members",))
 register_node_fields(ScanConstants.kind, ("node",))
 register_node_fields(DecodeGemv.kind, ("members", "norm", "residual", "swiglu"))
 register_node_fields(DecodeRope.kind, ("attention", "ropes"))
+register_node_fields(DecodeSplitKv.kind, ("attention",))
 register_node_fields(DeviceLayout.kind, ())

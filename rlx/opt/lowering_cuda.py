@@ -4,8 +4,9 @@
 returns `GemmGroup` records (Q/K/V projections of one activation run as a
 single cuBLASLt GEMM), `DecodeGemv` records (quantized projections of a decode
 step run as one GEMV launch with their norm and epilogue), `DecodeRope`
-records (decode queries and keys rotated inside the attention kernel) and one
-`DeviceLayout`. The CUDA codegen only reads
+records (decode queries and keys rotated inside the attention kernel),
+`DecodeSplitKv` records (a decode query's keys split over several blocks) and
+one `DeviceLayout`. The CUDA codegen only reads
 them. Both depend on the compute precision (f32 tensors are stored in it on
 the device) and on the GEMM provider (groups and the cuBLASLt workspace exist
 only with cuBLASLt), so those are options of the lowering.
@@ -36,6 +37,7 @@ from rlx.ir.decisions import Decision
 from rlx.ir.decisions_cuda import (
     DecodeGemv,
     DecodeRope,
+    DecodeSplitKv,
     DeviceLayout,
     GemmGroup,
     ParamPlacement,
@@ -60,6 +62,10 @@ LT_DTYPES = (DType.F32, DType.F16, DType.BF16)
 LT_WORKSPACE = 32 << 20
 #: Most KV splits of the decode attention path (its partials live in the scratch region).
 ATTN_MAX_SPLITS = 64
+#: Decode attention over a KV cache (`DecodeSplitKv`): the fewest keys one block of a split query takes, and the
+#: most rows a step may have for its queries to split (decode steps; a prefill step has blocks enough).
+KV_SPLIT_KEYS = 256
+KV_SPLIT_ROWS = 4
 #: Alignment of every span of the device allocation.
 ALIGN = 256
 
@@ -186,6 +192,9 @@ def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
             return 0
         size = device_dtype(node.shape.dtype, precision).itemsize
         return max(node.shape.max_numel, graph.node(node.inputs[0]).shape.max_numel) * size
+    if isinstance(node.op, O.CachedAttention):  # split decode partials: per (row, head, split) max, sum, D values
+        splits = kv_splits(graph.node(node.inputs[3]).shape.dims[1].value)
+        return _kv_split_rows(node) * node.op.num_heads * splits * (node.op.head_dim + 2) * 4 if splits > 1 else 0
     if isinstance(node.op, O.Attention):  # split-KV decode partials: per (batch, head, split) D values + max + sum
         q = graph.node(node.inputs[0]).shape
         return q.dims[0].max * node.op.num_heads * ATTN_MAX_SPLITS * (node.op.head_dim + 2) * 4
@@ -366,6 +375,42 @@ def find_decode_ropes(lir: LirModule) -> list[DecodeRope]:
     return found
 
 
+def kv_splits(capacity: int) -> int:
+    """The most blocks a decode query over a KV cache of `capacity` rows splits its keys over (1: never split).
+
+    >>> kv_splits(256), kv_splits(257), kv_splits(2048), kv_splits(1 << 20) == ATTN_MAX_SPLITS
+    (1, 2, 8, True)
+    """
+    return 1 if capacity <= KV_SPLIT_KEYS else min(ATTN_MAX_SPLITS, -(-capacity // KV_SPLIT_KEYS))
+
+
+def _kv_split_rows(node: Node) -> int:
+    """Most query rows (batch x seq) of a step whose `cached_attention` splits (DecodeSplitKv)."""
+    batch, seq = node.shape.dims[0].max, node.shape.dims[1].max
+    return min(KV_SPLIT_ROWS, batch * seq)
+
+
+def find_decode_splits(lir: LirModule) -> list[DecodeSplitKv]:
+    """`cached_attention` nodes whose decode queries split their keys over several blocks (caches longer than
+    one block's `KV_SPLIT_KEYS`)."""
+    found = []
+    for nid in lir.schedule:
+        node = lir.graph.node(nid)
+        if isinstance(node.op, O.CachedAttention):
+            splits = kv_splits(lir.graph.node(node.inputs[3]).shape.dims[1].value)
+            if splits > 1:
+                found.append(DecodeSplitKv(nid, splits, KV_SPLIT_KEYS, KV_SPLIT_ROWS))
+    return found
+
+
+def _counters(lir: LirModule) -> int:
+    """Bytes of per-query block counters the split attentions need (they run one at a time: one set serves all)."""
+    graph = lir.graph
+    own = max((_kv_split_rows(graph.node(d.attention)) * graph.node(d.attention).op.num_heads * 4
+               for d in find_decode_splits(lir)), default=0)
+    return max([own, *(_counters(body) for _, body in scan_bodies(lir))])
+
+
 def _overlap(lir: LirModule, a: NodeId, b: NodeId) -> bool:
     """True when the arena bytes of nodes `a` and `b` intersect (other storage never aliases the arena)."""
     ba, bb = lir.buffers[a], lir.buffers[b]
@@ -521,11 +566,15 @@ def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, 
     workspace_bytes = LT_WORKSPACE if lt else 0
     workspace = mem.alloc("workspace", workspace_bytes)
     flag = mem.alloc("flag", ALIGN)
+    counters_bytes = _counters(lir)
+    counters = mem.alloc("counters", counters_bytes) if counters_bytes else 0
     layout = DeviceLayout(precision=precision.value, gemm=gemm, total=mem.total, params_end=params_end,
                           regions=mem.regions(), params=tuple(params), constants=constants, inputs=tuple(inputs),
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
-                          workspace_bytes=workspace_bytes, flag=flag)
-    return (*groups, *scan_consts, *find_decode_gemvs(lir), *find_decode_ropes(lir), layout)
+                          workspace_bytes=workspace_bytes, flag=flag, counters=counters,
+                          counters_bytes=counters_bytes)
+    return (*groups, *scan_consts, *find_decode_gemvs(lir), *find_decode_ropes(lir), *find_decode_splits(lir),
+            layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",

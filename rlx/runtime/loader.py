@@ -102,7 +102,7 @@ def configure_openmp(omp_wait: str | None = None) -> dict[str, str]:
     Returns the variables set (empty when nothing was changed).
 
     >>> import os
-    >>> configure_openmp() == {} or os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
+    >>> configure_openmp() == {} or os.environ.get("GOMP_SPINCOUNT") == "200000"
     True
     """
     global _omp_done

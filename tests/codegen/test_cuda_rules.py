@@ -13,7 +13,7 @@ from rlx.codegen.backends import first_unsupported_op, support_table, supports, 
 from rlx.codegen.cuda import CudaTarget, cuda_context, lower_cuda, render_cuda
 from rlx.errors import BuildError
 from rlx.ir import ops as O
-from rlx.ir.decisions_cuda import DeviceLayout, GemmGroup
+from rlx.ir.decisions_cuda import DecodeSplitKv, DeviceLayout, GemmGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.opt.lowering import lower_for
@@ -108,6 +108,26 @@ def test_qkv_groups_and_layout_are_lir_decisions() -> None:
     with pytest.raises(BuildError, match="lowered for precision=f16"):
         render_cuda(f16, CudaTarget(precision=DType.F32), {})
     assert lower_cuda(f16, CudaTarget(precision=DType.F16)) is f16
+
+
+def test_split_decode_attention_is_a_lir_decision() -> None:
+    """A KV cache longer than one block's keys: decode queries split their keys (flash-decoding), visible in the
+    LIR, with partials in scratch and per-query counters in their own region, zeroed once at rlx_create."""
+    split = lower_for(plan(cases.CASES["kv_attention_split"]().graph), "cuda", precision=DType.F32, gemm="builtin")
+    (d,) = split.decided(DecodeSplitKv)
+    assert (d.max_splits, d.split_keys, d.max_rows) == (5, 256, 4)  # 1100 rows of cache
+    assert "splits a query's keys over up to 5 blocks of >= 256 keys when a step has <= 4 rows" in split.inspect()
+    (layout,) = split.decided(DeviceLayout)
+    regions = {r.name: r.nbytes for r in layout.regions}
+    assert regions["counters"] == layout.counters_bytes == 4 * 4 * 4  # 4 rows x 4 heads, int32
+    assert regions["scratch"] >= 4 * 4 * 5 * (64 + 2) * 4  # partials: rows x heads x splits x (max, sum, 64 values)
+    src = render_cuda(split, CudaTarget(gemm="builtin"), {"name": "s"})
+    assert "batch * sq <= 4 ? 5u : 1u" in src and "RLX_P(int32_t, RLX_OFF_COUNTERS)" in src
+    assert "cudaMemsetAsync(RLX_P(unsigned char, RLX_OFF_COUNTERS), 0, 64" in src
+    # a short cache never splits: no decision, no counters, the launch has one block per query
+    short = lower_for(plan(cases.CASES["kv_attention"]().graph), "cuda", precision=DType.F32, gemm="builtin")
+    assert not short.decided(DecodeSplitKv) and short.decided(DeviceLayout)[0].counters_bytes == 0
+    assert "RLX_OFF_COUNTERS)" not in render_cuda(short, CudaTarget(gemm="builtin"), {"name": "k"}).split("#define")[-1]
 
 
 def test_fixed_kernels_are_included_only_when_used() -> None:

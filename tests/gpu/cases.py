@@ -391,6 +391,30 @@ def kv_attention() -> Case:
 
 
 @case
+def kv_attention_split() -> Case:
+    """cached_attention over a long past: decode queries split their keys over several blocks (DecodeSplitKv)."""
+    g = Graph("kv_attention_split")
+    batch, seq = Dim.dynamic("batch", max=2), Dim.dynamic("seq", max=4)
+    heads, kv_heads, hd, cap = 4, 2, 64, 1100
+    q = g.input("q", [batch, seq, heads * hd])
+    k = g.input("k", [batch, seq, kv_heads * hd])
+    v = g.input("v", [batch, seq, kv_heads * hd])
+    kc = g.state("k_cache", [2, cap, kv_heads * hd])
+    vc = g.state("v_cache", [2, cap, kv_heads * hd])
+    pos = g.input("pos", [batch], "i32")
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=heads, head_dim=hd, num_kv_heads=kv_heads)])
+    r = _rng(33)
+    caches = (_f32(r, 2, cap, kv_heads * hd), _f32(r, 2, cap, kv_heads * hd))  # a long past already there
+    feeds = []
+    # decode steps (split), one across a split boundary, one of 6 rows (not split), the last cache row
+    for at, s in (([700, 1090], 1), ([257, 511], 2), ([300, 40], 3), ([1099, 256], 1)):
+        feeds.append({"q": _f32(r, 2, s, heads * hd), "k": _f32(r, 2, s, kv_heads * hd),
+                      "v": _f32(r, 2, s, kv_heads * hd), "pos": np.array(at, np.int32), "k_cache": caches[0],
+                      "v_cache": caches[1]})
+    return Case("kv_attention_split", g, feeds)
+
+
+@case
 def quant() -> Case:
     """dequant_matmul on q4_1 blocks (GEMV and tiled prefill sizes) and dequantize of gathered q8_0 rows."""
     from rlx.ir.quant import random_blocks, row_bytes

@@ -51,7 +51,8 @@ def _spincount(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_config_knob():
-    assert Config.from_env({}).omp_wait == "passive"
+    assert Config.from_env({}).omp_wait == "200000"
+    assert Config.from_env({"RLX_OMP_WAIT": "passive"}).omp_wait == "passive"
     assert Config.from_env({"RLX_OMP_WAIT": " Default "}).omp_wait == "default"
     assert Config.from_env({"RLX_OMP_WAIT": "2000"}).omp_wait == "2000"
     with pytest.raises(RlxError, match="RLX_OMP_WAIT must be passive, active, default or a spin count"):
@@ -59,17 +60,18 @@ def test_config_knob():
     assert omp_environment("active") == {"OMP_WAIT_POLICY": "ACTIVE"}
 
 
-def test_libgomp_loads_with_the_passive_policy(tmp_path):
+def test_libgomp_loads_with_the_bounded_spin_policy(tmp_path):
     proc = _child(tmp_path)
-    # libgomp arrives with the first generated library, after RLX set the variable: it read PASSIVE.
+    # libgomp arrives with the first generated library, after RLX set the variable: it read the count.
     assert "GOMP_BEFORE_LOAD False AFTER True" in proc.stdout
-    assert "ENV PASSIVE None" in proc.stdout
-    assert _spincount(proc) == "0"
+    assert "ENV None 200000" in proc.stdout
+    assert _spincount(proc) == "200000"
 
 
 @pytest.mark.parametrize(("env", "spin", "seen"), [
     ({"RLX_OMP_WAIT": "default"}, "300000", "ENV None None"),  # libgomp's own default
     ({"RLX_OMP_WAIT": "5000"}, "5000", "ENV None 5000"),
+    ({"RLX_OMP_WAIT": "passive"}, "0", "ENV PASSIVE None"),
     ({"GOMP_SPINCOUNT": "77"}, "77", "ENV None 77"),  # the user's setting wins
     ({"OMP_WAIT_POLICY": "active", "RLX_OMP_WAIT": "passive"}, None, "ENV active None"),
 ])
@@ -88,3 +90,34 @@ def test_exit_while_openmp_threads_spin(tmp_path):
     for _ in range(2):
         proc = _child(tmp_path, OMP_WAIT_POLICY="ACTIVE")
         assert proc.returncode == 0
+
+
+TEAM_SPINS_PROBE = """
+#include <stdio.h>
+#include "kernels/threads.h"
+int main(void) { printf("%d\\n", rlx_team_spins()); return 0; }
+"""
+
+
+@pytest.mark.parametrize(("env", "spins"), [
+    ({}, 1),  # the OpenMP runtime's own default spins
+    ({"GOMP_SPINCOUNT": "200000"}, 1),  # RLX's default
+    ({"GOMP_SPINCOUNT": "300k"}, 1),
+    ({"GOMP_SPINCOUNT": "infinite"}, 1),
+    ({"GOMP_SPINCOUNT": "2000"}, 0),  # asleep before the next kernel
+    ({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "200000"}, 0),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, 1),
+])
+def test_team_spins_reads_the_policy_like_libgomp(tmp_path, env, spins):
+    """The quantized and int8 kernels split small products only over a spinning team: the C helper
+    that decides it reads OMP_WAIT_POLICY and GOMP_SPINCOUNT the way libgomp does."""
+    from rlx.templates_path import templates_dir
+
+    (tmp_path / "probe.c").write_text(TEAM_SPINS_PROBE)
+    exe = tmp_path / "probe"
+    cc = os.environ.get("CC", "cc")
+    subprocess.run([cc, "-O1", "-I", str(templates_dir() / "cpu"), str(tmp_path / "probe.c"), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([str(exe)], env={**clean, **env}, check=True, capture_output=True, text=True).stdout
+    assert int(out) == spins

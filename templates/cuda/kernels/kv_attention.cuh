@@ -9,10 +9,21 @@
  * and values (cache rows pos .. pos+sq-1) are read from its k and v inputs, not from the cache, and the first
  * query's block of the first query head of each KV head appends them to the cache: no block reads a cache
  * row this launch writes, so no second launch has to come first. A position outside the cache raises flag
- * bit 4 and nothing is written. */
+ * bit 4 and nothing is written.
+ * SPLIT (flash-decoding, see DecodeSplitKv): a decode step has a block per (row, head) only, too few to fill the
+ * GPU once the past is long, so the keys 0 .. n-1 of a query are split over up to gridDim.z blocks of at least
+ * split_keys keys each (how many is decided per launch from n: a short past stays one block and writes its
+ * output directly). A block of a split query writes its running max, its sum of exponentials and its unnormalized
+ * weighted sum of values to `partials`; the last of the query's blocks to finish (a counter per (row, head) in
+ * `counters`, zero between launches: that block resets it) merges the partials into the output. */
 #define RLX_KV_THREADS 256
 #define RLX_KV_ROPE_ROWS 4
 #define RLX_KV_WARPS (RLX_KV_THREADS / 32)
+
+/* The kernel's shared scratch (dynamic shared memory); a macro so a CPU stand-in can provide it. */
+#ifndef RLX_DYNAMIC_SHARED
+#define RLX_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 /* Block-wide max (op 0) or sum (op 1) of one value per thread; every thread gets the result. */
 __device__ __forceinline__ float rlx_kv_block_reduce(float v, int op, float *red) {
@@ -35,8 +46,10 @@ __global__ void __launch_bounds__(RLX_KV_THREADS)
 rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew,
               T *__restrict__ kc, T *__restrict__ vc, const int32_t *__restrict__ pos, T *out,
               int64_t sq, int64_t cap, int heads, int kv_heads, float scale, int32_t *flag,
-              const T *__restrict__ cosb, const T *__restrict__ sinb, int rot, int per_row) {
-    extern __shared__ float rlx_kv_smem[];
+              const T *__restrict__ cosb, const T *__restrict__ sinb, int rot, int per_row,
+              float *__restrict__ partials, int32_t *__restrict__ counters, int64_t split_keys) {
+    RLX_DYNAMIC_SHARED(float, rlx_kv_smem);
+    __shared__ int last_block;
     float *qs = rlx_kv_smem;                 /* the query row: HD floats */
     float *red = qs + HD;                    /* reductions: RLX_KV_WARPS floats */
     float *part = red + RLX_KV_WARPS;        /* the warps' partial outputs: RLX_KV_WARPS * HD floats */
@@ -52,6 +65,12 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         return;
     }
     const int64_t n = p + i + 1;             /* query i sees keys 0 .. p + i */
+    /* this block's keys lo .. hi-1: the query's n keys in `active` runs of `per` (none empty) */
+    const int64_t want = (n + split_keys - 1) / split_keys, runs = want < gridDim.z ? want : (int64_t)gridDim.z;
+    const int64_t per = (n + runs - 1) / runs;
+    const int active = (int)((n + per - 1) / per), split = (int)blockIdx.z;
+    if (split >= active) return;
+    const int64_t lo = (int64_t)split * per, hi = lo + per < n ? lo + per : n;
     const int64_t kw = (int64_t)kv_heads * HD;
     const T *qrow = q + ((b * sq + i) * heads + h) * HD;
     for (int d = threadIdx.x; d < HD; d += blockDim.x)
@@ -75,7 +94,7 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         }
     }
     __syncthreads();
-    if (i == 0 && h % (heads / kv_heads) == 0) {  /* this KV head's new rows into the cache */
+    if (i == 0 && split == 0 && h % (heads / kv_heads) == 0) {  /* this KV head's new rows into the cache */
         for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x) {
             const int64_t s = e / HD, d = e % HD;
             const int64_t src = (b * sq + s) * kw + (int64_t)kvh * HD + d;
@@ -88,7 +107,7 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     const T *kb = kc + b * cap * kw + (int64_t)kvh * HD, *vb = vc + b * cap * kw + (int64_t)kvh * HD;
     const T *kn = knew + b * sq * kw + (int64_t)kvh * HD, *vn = vnew + b * sq * kw + (int64_t)kvh * HD;
     float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
         float dot = 0.0f;
         if (ROPE && j >= p) {
             const float *kr = kns + (j - p) * HD;
@@ -102,25 +121,25 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
                 dot = fmaf(qs[d], rlx_f(kr[d]), dot);
         }
         dot *= scale;
-        sc[j] = dot;
+        sc[j - lo] = dot;
         mx = fmaxf(mx, dot);
     }
     mx = rlx_kv_block_reduce(mx, 0, red);
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    for (int64_t j = threadIdx.x; j < hi - lo; j += blockDim.x) {
         const float e = __expf(sc[j] - mx);
         sc[j] = e;
         sum += e;
     }
-    const float inv = 1.0f / rlx_kv_block_reduce(sum, 1, red);  /* its barrier also publishes sc */
+    sum = rlx_kv_block_reduce(sum, 1, red);  /* its barrier also publishes sc */
     constexpr int DPL = (HD + 31) / 32;      /* head dims per lane */
     float acc[DPL];
 #pragma unroll
     for (int t = 0; t < DPL; ++t)
         acc[t] = 0.0f;
 #pragma unroll 4
-    for (int64_t j = warp; j < n; j += RLX_KV_WARPS) {
-        const float w = sc[j];
+    for (int64_t j = lo + warp; j < hi; j += RLX_KV_WARPS) {
+        const float w = sc[j - lo];
         const T *vr = j < p ? vb + j * kw : vn + (j - p) * kw;
 #pragma unroll
         for (int t = 0; t < DPL; ++t)
@@ -130,10 +149,50 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     for (int t = 0; t < DPL; ++t)
         if (lane + 32 * t < HD) part[warp * HD + lane + 32 * t] = acc[t];
     __syncthreads();
+    const int64_t row_head = (b * sq + i) * heads + h;
+    if (active == 1) {  /* the whole past in this block: the output directly */
+        const float inv = 1.0f / sum;
+        for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+            float total = 0.0f;
+            for (int w = 0; w < RLX_KV_WARPS; ++w)
+                total += part[w * HD + d];
+            out[row_head * HD + d] = rlx_to<T>(total * inv);
+        }
+        return;
+    }
+    /* split: this block's max, sum and unnormalized output, [max, sum, HD values] per (row, head, split) */
+    float *mine = partials + (row_head * gridDim.z + split) * (HD + 2);
     for (int d = threadIdx.x; d < HD; d += blockDim.x) {
         float total = 0.0f;
         for (int w = 0; w < RLX_KV_WARPS; ++w)
             total += part[w * HD + d];
-        out[((b * sq + i) * heads + h) * HD + d] = rlx_to<T>(total * inv);
+        mine[2 + d] = total;
     }
+    if (threadIdx.x == 0) {
+        mine[0] = mx;
+        mine[1] = sum;
+    }
+    __threadfence();  /* the partials are visible device-wide before the counter says so */
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last_block = atomicAdd(counters + row_head, 1) == active - 1;
+    __syncthreads();
+    if (!last_block)
+        return;
+    __threadfence();
+    const float *all = partials + row_head * gridDim.z * (HD + 2);
+    float m = -INFINITY;
+    for (int t = 0; t < active; ++t)
+        m = fmaxf(m, __ldcg(all + t * (HD + 2)));
+    float l = 0.0f;
+    for (int t = 0; t < active; ++t)
+        l += __ldcg(all + t * (HD + 2) + 1) * __expf(__ldcg(all + t * (HD + 2)) - m);
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float o = 0.0f;
+        for (int t = 0; t < active; ++t)
+            o += __ldcg(all + t * (HD + 2) + 2 + d) * __expf(__ldcg(all + t * (HD + 2)) - m);
+        out[row_head * HD + d] = rlx_to<T>(o / l);
+    }
+    if (threadIdx.x == 0)
+        counters[row_head] = 0;  /* ready for the next launch */
 }

@@ -1,11 +1,13 @@
-/* A CPU stand-in for the CUDA features the SSM kernels use (tests only): each block's threads run as
+/* A CPU stand-in for the CUDA features the SSM and KV-attention kernels use (tests only): each block's threads run as
  * std::threads, __syncthreads is a barrier of the block, warp shuffles exchange through a per-warp slot
  * array between two barriers of the warp, __shared__ arrays are function statics (blocks run one at a
- * time). Enough to check the index arithmetic and synchronization of kernels/ssm.cuh without a GPU. */
+ * time), dynamic shared memory one buffer, atomics std::atomic_ref. Enough to check the index arithmetic and
+ * synchronization of kernels/ssm.cuh and kernels/kv_attention.cuh without a GPU. */
 #pragma once
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -28,7 +30,15 @@ inline thread_local float *rlx_emu_warp_slots = nullptr;
 #define __launch_bounds__(n)
 #define __shared__ static
 
+inline std::vector<float> rlx_emu_dynamic_smem;
+#define RLX_DYNAMIC_SHARED(type, name) type *name = (type *)rlx_emu_dynamic_smem.data()
+
 inline void __syncthreads() { rlx_emu_block_bar->arrive_and_wait(); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void rlx_pdl_wait() {}
+template <typename T> inline T __ldcg(const T *p) { return *p; }
+inline int atomicAdd(int32_t *p, int v) { return std::atomic_ref<int32_t>(*p).fetch_add(v); }
+inline int atomicOr(int32_t *p, int v) { return std::atomic_ref<int32_t>(*p).fetch_or(v); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __shfl_xor_sync(unsigned, float v, int off) {
     const int lane = threadIdx.x % 32;
@@ -41,25 +51,38 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
 inline float rlx_f(float x) { return x; }
 template <typename T> inline T rlx_to(float x) { return (T)x; }
 
+/* Run kernel(args...) over a grid of blocks of `block` threads (block a multiple of 32), one block at a time, in
+ * x-fastest order, with `smem_bytes` of dynamic shared memory. */
+template <typename F> void rlx_emu_launch3(RlxDim3 grid, unsigned block, size_t smem_bytes, F kernel) {
+    blockDim.x = block;
+    gridDim = grid;
+    rlx_emu_dynamic_smem.assign((smem_bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                std::barrier<> bar(block);
+                std::vector<std::unique_ptr<std::barrier<>>> warps;
+                std::vector<float> slots(block);
+                for (unsigned w = 0; w < block / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(32));
+                std::vector<std::thread> threads;
+                for (unsigned t = 0; t < block; ++t)
+                    threads.emplace_back([&, t] {
+                        threadIdx.x = t;
+                        blockIdx.x = bx;
+                        blockIdx.y = by;
+                        blockIdx.z = bz;
+                        rlx_emu_block_bar = &bar;
+                        rlx_emu_warp_bar = warps[t / 32].get();
+                        rlx_emu_warp_slots = slots.data() + (t / 32) * 32;
+                        kernel();
+                    });
+                for (auto &th : threads) th.join();
+            }
+}
+
 /* Run kernel(args...) over `grid` blocks of `block` threads (block a multiple of 32). */
 template <typename F> void rlx_emu_launch(unsigned grid, unsigned block, F kernel) {
-    blockDim.x = block;
-    gridDim.x = grid;
-    for (unsigned b = 0; b < grid; ++b) {
-        std::barrier<> bar(block);
-        std::vector<std::unique_ptr<std::barrier<>>> warps;
-        std::vector<float> slots(block);
-        for (unsigned w = 0; w < block / 32; ++w) warps.push_back(std::make_unique<std::barrier<>>(32));
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < block; ++t)
-            threads.emplace_back([&, t] {
-                threadIdx.x = t;
-                blockIdx.x = b;
-                rlx_emu_block_bar = &bar;
-                rlx_emu_warp_bar = warps[t / 32].get();
-                rlx_emu_warp_slots = slots.data() + (t / 32) * 32;
-                kernel();
-            });
-        for (auto &th : threads) th.join();
-    }
+    RlxDim3 g;
+    g.x = grid;
+    rlx_emu_launch3(g, block, 0, kernel);
 }

@@ -1,0 +1,99 @@
+"""The CUDA decoder attention (templates/cuda/kernels/kv_attention.cuh) runs on the CPU through the CUDA shim
+(tests/codegen/cuda_emu/cuda_shim.h), against rlx.reference: queries over a long past split their keys over
+several blocks (DecodeSplitKv, flash-decoding) and the last block merges the partials; the split count comes from
+`rlx.opt.lowering_cuda.kv_splits`, the launch as templates/cuda/decoder.cu.j2 makes it. Needs g++ with C++20."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx import reference
+from rlx.ir import ops as O
+from rlx.opt.lowering_cuda import KV_SPLIT_KEYS, kv_splits
+from rlx.templates_path import templates_dir
+
+HERE = Path(__file__).resolve().parent / "cuda_emu"
+F32P = ctypes.POINTER(ctypes.c_float)
+I32P = ctypes.POINTER(ctypes.c_int32)
+HEADS, KV_HEADS, HD, CAP = 4, 2, 64, 1100
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ is not installed")
+    out = tmp_path_factory.mktemp("cuda_emu") / "kv_emu.so"
+    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-I", str(HERE),
+           "-I", str(templates_dir() / "cuda" / "kernels"), str(HERE / "kv_emu.cpp"), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 and "c++20" in proc.stderr:
+        pytest.skip("g++ lacks C++20")
+    assert proc.returncode == 0, proc.stderr
+    lib = ctypes.CDLL(str(out))
+    i64 = ctypes.c_int64
+    lib.emu_kv_attend.restype = ctypes.c_int
+    lib.emu_kv_attend.argtypes = [F32P] * 5 + [I32P, F32P, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+                                               ctypes.c_uint, i64, F32P, I32P]
+    return lib
+
+
+def _p(a: np.ndarray) -> ctypes._Pointer:
+    return a.ctypes.data_as(F32P)
+
+
+def _run(emu: ctypes.CDLL, positions: list[int], sq: int, splits: int, seed: int) -> None:
+    r = np.random.default_rng(seed)
+    batch = len(positions)
+    q = r.standard_normal((batch, sq, HEADS * HD)).astype(np.float32)
+    k, v = (r.standard_normal((batch, sq, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    kc, vc = (r.standard_normal((batch, CAP, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    pos = np.array(positions, np.int32)
+    op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS)
+    ref_kc, ref_vc = kc.copy(), vc.copy()
+    want = reference.cached_attention(q, k, v, ref_kc, ref_vc, pos, op)
+    out = np.full_like(q, np.nan)
+    rows = batch * sq
+    partials = np.full(rows * HEADS * splits * (HD + 2), np.nan, np.float32)
+    counters = np.zeros(rows * HEADS, np.int32)
+    flag = emu.emu_kv_attend(_p(q), _p(k), _p(v), _p(kc), _p(vc), pos.ctypes.data_as(I32P), _p(out), batch, sq,
+                             CAP, HEADS, KV_HEADS, op.softmax_scale, splits, KV_SPLIT_KEYS, _p(partials),
+                             counters.ctypes.data_as(I32P))
+    assert flag == 0
+    np.testing.assert_array_equal(kc, ref_kc)  # the step's keys and values appended once, at each row's position
+    np.testing.assert_array_equal(vc, ref_vc)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert not counters.any(), "the merging block leaves every counter at zero for the next launch"
+
+
+@pytest.mark.parametrize(("positions", "sq"), [
+    ([700, 1090], 1),  # 3 and 5 blocks of keys
+    ([257, 511], 2),   # queries of one row across a split boundary
+    ([0], 1),          # one key: one block, the output written directly
+    ([255], 1),        # exactly one block's keys
+    ([256], 1),        # one key more: two blocks
+    ([1099], 1),       # the last cache row
+])
+def test_split_decode_matches_reference(emu: ctypes.CDLL, positions: list[int], sq: int) -> None:
+    _run(emu, positions, sq, kv_splits(CAP), seed=sum(positions) + sq)
+
+
+def test_unsplit_launch_matches_reference(emu: ctypes.CDLL) -> None:
+    """gridDim.z == 1 (prefill steps, short caches): one block takes the whole past, as before splitting existed."""
+    _run(emu, [600, 3], 2, 1, seed=7)
+
+
+def test_more_keys_than_splits_allow(emu: ctypes.CDLL) -> None:
+    """With fewer blocks than the past wants (the split cap), each block takes more than KV_SPLIT_KEYS keys."""
+    _run(emu, [1000], 1, 2, seed=8)
+
+
+def test_split_counts() -> None:
+    assert kv_splits(CAP) == 5
+    assert kv_splits(KV_SPLIT_KEYS) == 1
