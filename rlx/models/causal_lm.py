@@ -166,6 +166,8 @@ class CausalLM:
         self._params = L.decoder_params(tensors, self.graph)
         self._compiled = None
         self._bound: dict[Any, Any] = {}  # CUDA: device buffers bound per (cache, step shape)
+        self._cpu_bound: dict[Any, Any] = {}  # CPU: runs bound once per (cache, step shape), see _run_cpu
+        self._state_names = frozenset(n.op.name for n in self.graph.inputs() if n.op.state)
         self._cache: KvCache | None = None
         if device != "reference":
             from rlx.driver import Session
@@ -257,7 +259,30 @@ class CausalLM:
             return reference.run(self.graph, feed, self._params)[output]
         if self.device == "cuda":
             return self._run_cuda(feed, output)
-        return self._compiled.run(dict(feed))[output]
+        return self._run_cpu(feed, output)
+
+    def _run_cpu(self, feed: Mapping[str, np.ndarray], output: int) -> np.ndarray:
+        """One step through a run bound once per (cache, step shape) (`CompiledGraph.bind_run`): a decode
+        step copies its few small inputs into the bound arrays and runs, with none of `run`'s per-call
+        checks of the ~60 cache arrays and no output allocation (together ~0.2 ms a step, ~2% of a
+        SmolLM2 decode step). The output is returned as a copy: the bound array is the next step's."""
+        states = tuple(id(value) for name, value in feed.items() if name in self._state_names)
+        small = {name: value for name, value in feed.items() if name not in self._state_names}
+        key = (states, tuple((name, value.shape, value.dtype.str) for name, value in small.items()))
+        bound = self._cpu_bound.get(key)
+        if bound is None:
+            if len(self._cpu_bound) >= 32 or any(k[0] != states for k in self._cpu_bound):
+                self._cpu_bound.clear()  # another cache's bindings (they keep its arrays alive)
+            outs = self._compiled.run(dict(feed))  # this step, checked as any run (and the output shapes)
+            inputs = {name: np.array(value) for name, value in small.items()}
+            outputs = [np.empty_like(o) for o in outs]
+            self._cpu_bound[key] = (self._compiled.bind_run({**feed, **inputs}, outputs), inputs, outputs)
+            return outs[output]
+        fn, inputs, outputs = bound
+        for name, value in small.items():
+            np.copyto(inputs[name], value)
+        fn()
+        return outputs[output].copy()
 
     def _run_cuda(self, feed: Mapping[str, Any], output: int) -> np.ndarray:
         """One step on the GPU through device buffers bound once per (cache, step shape): a decode
