@@ -1,7 +1,7 @@
 """A SmolLM2-135M-shaped decoder on an NVIDIA GPU: RLX (Q4_1 blocks) against PyTorch/transformers (f16).
 
     python benchmarks/llm_cuda.py [--prompt-tokens 32] [--new-tokens 128] [--rounds 3] [--precision f16]
-                                  [--peers rlx,hf_eager,hf_static]
+                                  [--peers rlx,hf_eager,hf_static] [--profile | --host-split]
 
 The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 576, 9/3 heads,
 FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
@@ -75,7 +75,7 @@ def bench_rlx(args, config) -> dict[str, float]:
 
 def profile_rlx(args, config) -> None:
     """Where a decode step's time goes: kernel times of a profiled build (eager launches, one event pair per
-    kernel), then the host-side split of one graph-replayed step (inputs in, run, logits out, argmax)."""
+    kernel), then the host-side split of one graph-replayed step (`host_split`)."""
     import os
 
     from rlx.models.causal_lm import CausalLM
@@ -110,31 +110,34 @@ def profile_rlx(args, config) -> None:
     for kind, (count, ns) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
         print(f"{kind:<22} {count / steps:>12.0f} {ns / steps / 1e3:>9.1f}")
     print(format_top_ops(top_ops(spans), limit=8))
+    host_split(args, config, tensors, prompt)
+
+
+def host_split(args, config, tensors, prompt) -> None:
+    """The host-side split of one graph-replayed greedy decode step: the bound step (inputs in, replay, token
+    out) against the whole `lm.step_greedy` (plus the Python around it)."""
+    from rlx.models.causal_lm import CausalLM
 
     lm = CausalLM(config, tensors, device="cuda", precision=args.precision,
                   max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
     cache = lm.new_cache()
-    token = int(lm.step(prompt, cache, [args.prompt_tokens - 1])[0].argmax())
+    token = int(lm.step_greedy(prompt, cache, [args.prompt_tokens - 1])[0])
     for _ in range(4):
-        token = int(lm.step(np.array([[token]]), cache, [0])[0].argmax())
-    fn, _buffers = next(iter(v for k, v in lm._bound.items() if dict(k[1])["tokens"] == (1, 1)))
+        token = int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
+    # the bound host-fed step of a one-token greedy step: inputs in (one transfer), graph replay, token out
+    step = next(v for k, v in lm._bound.items() if k[1] == 1 and dict(k[2])["tokens"] == (1, 1))
     n = 64
     t0 = time.perf_counter()
     for _ in range(n):
-        out = fn()
+        step()
     t1 = time.perf_counter()
     for _ in range(n):
-        logits = out[0].numpy()
-    t2 = time.perf_counter()
-    for _ in range(n):
-        int(logits[0].argmax())
-    t3 = time.perf_counter()
-    for _ in range(n):
-        lm.step(np.array([[token]]), cache, [0])
+        int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
         cache.lengths[:] -= 1
-    t4 = time.perf_counter()
-    print(f"graph-replayed decode step: run {(t1 - t0) / n * 1e6:.0f} us, logits to host {(t2 - t1) / n * 1e6:.0f} us, "
-          f"argmax {(t3 - t2) / n * 1e6:.0f} us, whole lm.step {(t4 - t3) / n * 1e6:.0f} us")
+    t2 = time.perf_counter()
+    run, whole = (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6
+    print(f"host-fed decode step (greedy): inputs in + graph replay + token out {run:.0f} us, "
+          f"whole lm.step_greedy {whole:.0f} us (Python around it {whole - run:.0f} us)")
 
 
 def bench_hf(args, config, static: bool) -> dict[str, float]:
@@ -178,12 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default="rlx,hf_eager,hf_static")
     p.add_argument("--pause", type=float, default=1.0)
     p.add_argument("--profile", action="store_true", help="print where a decode step's time goes, then exit")
+    p.add_argument("--host-split", action="store_true",
+                   help="print only the host-side split of a decode step (no profiled build), then exit")
     args = p.parse_args(argv)
     from rlx.models.decoder_config import DecoderConfig
 
     config = DecoderConfig(**SHAPE)
     if args.profile:
         profile_rlx(args, config)
+        return 0
+    if args.host_split:
+        host_split(args, config, rlx_tensors(config),
+                   np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens)))
         return 0
     results = {}
     for peer in args.peers.split(","):

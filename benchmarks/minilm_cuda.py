@@ -1,7 +1,7 @@
 """all-MiniLM-L6-v2-shaped sentence embeddings on an NVIDIA GPU: rlx vs PyTorch (eager, SDPA, torch.compile).
 
     python benchmarks/minilm_cuda.py [--rounds R] [--cases 1x16,8x128,128x128] [--precisions f32,f16]
-                                     [--peers rlx,eager,sdpa,sdpa_flash,compile_ro,compile_ma,ort]
+                                     [--peers rlx,rlx_base,eager,sdpa,sdpa_flash,compile_ro,compile_ma,ort]
                                      [--weights random|DIR] [--profile BxS]
 
 Every peer runs the same computation (BERT encoder + masked mean pooling + L2 normalization) from the
@@ -12,6 +12,9 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx` | `bind_device` (torch tensors checked once, then each call is one C call replaying a CUDA graph) |
 | `rlx_mma` | `rlx` built with `fused_act_gemm=True`: the erf-GELU GEMM on rlx_gemm_mma, bias + GELU in its epilogue |
 | `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of rlx_attn_short |
+| `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
+| `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
+| `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
@@ -24,7 +27,9 @@ same weights on the same token batch, in this one process, on device-resident in
 Two times per peer and case: host wall time per call (median over rounds, including the device
 synchronization: rlx's run returns after its stream synchronizes; torch peers are followed by
 `torch.cuda.synchronize()`), and kernel time per call: the sum of the GPU kernel durations that CUPTI
-records (`torch.profiler`, every library's kernels, CUDA-graph replays included) over 20 calls. % of
+records (`torch.profiler`, every library's kernels, CUDA-graph replays included) over 20 calls (a kernel
+launched with programmatic dependent launch starts early, so its time includes its wait for the kernel before:
+then only the wall time means what it says). % of
 peak is the model's FLOPs (GEMMs and attention's two products, 2 per multiply-add) over kernel time,
 against `--peak` TFLOP/s (H100 SXM dense f16/bf16 with f32 accumulation: 989.5). Peers run round-robin,
 one call each per round; ratios are peer time / rlx time (> 1: rlx is faster). f32 runs without TF32.
@@ -56,7 +61,9 @@ MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=1
 
 
 #: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
-VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False)}
+VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False),
+            "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
+            "rlx_base": dict(small_gemm=False, pdl=False)}
 
 
 def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

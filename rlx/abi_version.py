@@ -12,7 +12,7 @@ runtime importing a code generator.
 
 ABI_VERSION = 1
 #: Version of the transport function table (`RlxTransport.version`, `RLX_TRANSPORT_VERSION` in
-#: templates/cpu/kernels/transport.h and rlx.h) that graphs with collective ops take through
+#: templates/cpu/kernels/transport.h, which rlx.h includes) that graphs with collective ops take through
 #: `rlx_set_transport`. Separate from ABI_VERSION: graphs without collectives are unchanged.
 TRANSPORT_VERSION = 1
 

@@ -226,7 +226,8 @@ class Session:
             lir = self.lower(graph)
         else:
             level = self.config.opt_level if opt_level is None else opt_level
-            lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend="cpu")
+            lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend="cpu",
+                               params_in=self._params_in)
         return estimate_lir(memory_plan(lir, profile=self.config.profile),
                             num_threads if num_threads is not None else self.config.threads)
 

@@ -54,7 +54,7 @@ from rlx.codegen.registry import Kernel, float32_only
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
-from rlx.ir.decisions import AbsorbedTranspose, PackedParam
+from rlx.ir.decisions import AbsorbedTranspose, PackedParam, WidenedParam
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.dtype import DType
@@ -459,6 +459,9 @@ class _Planner:
         # nodes a decode GEMV group computes in small steps (their own kernels run in larger ones)
         self.decode_skips: dict[NodeId, QuantGemvGroup] = {
             nid: d for d in lir.decided(QuantGemvGroup) for nid in d.skipped()}
+        # f16/bf16 params stored widened at set_param: param -> the cast that reads the widened copy
+        self.widened: dict[NodeId, NodeId] = {d.node: d.cast for d in lir.decided(WidenedParam)}
+        self.widened_cast: dict[NodeId, NodeId] = {c: p for p, c in self.widened.items()}
         self.packed_mat: dict[NodeId, int] = {}  # floats of packed storage per K x N matrix
         self.gemm_acts: set[str] = set()  # activations fused into packed GEMMs
 
@@ -472,6 +475,8 @@ class _Planner:
 
     def base(self, nid: NodeId) -> str:
         """C expression (char *) of where node `nid`'s value starts."""
+        if nid in self.widened_cast:  # the cast of a widened param: the param's f32 storage
+            return self.base(self.widened_cast[nid])
         b = self.lir.buffers[nid]
         if b.storage == "input":
             return f"((const char *)in[{b.slot}])"
@@ -489,6 +494,8 @@ class _Planner:
         raise BuildError(f"node %{nid}: unknown storage {b.storage!r}")
 
     def read_only(self, nid: NodeId) -> bool:
+        if nid in self.widened_cast:
+            return True
         root = nid
         while self.lir.buffers[root].storage == "view":
             root = self.lir.buffers[root].source
@@ -542,6 +549,10 @@ class _Planner:
                 # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
                 storage = self.int8[spec.node].storage_bytes
                 mode, note = "int8", " (quantized to int8 per output channel on set)"
+            elif spec.node in self.widened:
+                # read only through one cast to f32: stored as that f32 value (exact), cast once on set
+                storage = math.prod(dims or [1]) * 4
+                mode, note = f"widen_{stored.dtype.value}", " (widened to f32 on set)"
             params.append({
                 "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
                 "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
@@ -570,6 +581,8 @@ class _Planner:
                 note = f"aliases %{self.lir.buffers[nid].source}"
             elif nid in self.absorbed:
                 note = "folded into the GEMMs that read it (BLAS transpose flag)"
+            elif nid in self.widened_cast:
+                note = f"%{self.widened_cast[nid]} widened once at set_param: its readers read that copy"
             if note is not None:
                 out.append(Kernel(nid, "", "", NoteArgs(note=note), header=self.header(node)))
                 continue

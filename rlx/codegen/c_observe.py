@@ -34,7 +34,7 @@ from rlx.ir.dtype import DType
 SPAN_FIELDS = ("t0", "t1", "kernel", "thread", "run", "flops", "bytes")
 #: The reduction clause a profiled parallel region carries (declared in kernels/profile.h).
 OMP_PROF_CLAUSE = " reduction(rlx_prof:rlx_ts)"
-#: sizeof the span ring of a profiled context (kernels/profile.h: three int64, RLX_PROF_CAP spans of 48 B).
+#: sizeof the span ring of a profiled context (kernels/profile_ring.h: three int64, RLX_PROF_CAP spans of 48 B).
 PROFILE_RING_BYTES = 24 + (1 << 14) * 48
 _CHECKED = {DType.F32: "f32", DType.F64: "f64", DType.F16: "f16", DType.BF16: "bf16"}
 _VALUE = {"f32": "(double)((const float *){ptr})[rlx_bad]", "f64": "((const double *){ptr})[rlx_bad]",

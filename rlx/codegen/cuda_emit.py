@@ -60,7 +60,7 @@ _INT32_LIMIT = (1 << 31) - 1
 #: Fixed device code, in the order it appears in the .cu (each file only when some kernel names it).
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
-                  "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh",
+                  "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
                   "cuda/kernels/argmax.cuh", "cuda/kernels/collectives.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
@@ -121,6 +121,12 @@ class CudaTarget:
     attn_bk: int = 0
     #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
     profile: bool = False
+    #: Programmatic dependent launch for rlx's own kernels (compute capability 9.0+; checked at run time): each
+    #: may start while the kernel before it drains, and waits (rlx_pdl_wait) before touching its data.
+    pdl: bool = True
+    #: f16/bf16 GEMMs of at most RLX_GSM_MAX_M rows run on rlx_gemm_small (bias and activation, erf GELU too, in
+    #: its epilogue; weights fetched before the PDL wait) instead of cuBLASLt (+ a bias/activation pass).
+    small_gemm: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -135,7 +141,8 @@ class CudaTarget:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
                 f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else "")
                 + (" fused_act_gemm=1" if self.fused_act_gemm else "")
-                + ("" if self.short_attention else " short_attention=0"))
+                + ("" if self.short_attention else " short_attention=0")
+                + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0"))
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,8 @@ class Launch:
     uses_flag: bool = False
     uses_lt: bool = False
     smem_attrs: tuple[tuple[str, str], ...] = ()
+    #: launch through rlx_launch_pdl (the kernel waits with rlx_pdl_wait before touching data): see CudaTarget.pdl
+    pdl: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,6 +234,9 @@ class CudaEmitter:
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
         self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
+        #: Readers of each node, and each scheduled node's position (fusion checks of neighbouring kernels).
+        self.users: dict[NodeId, list[NodeId]] = self.graph.users()
+        self.position: dict[NodeId, int] = {nid: i for i, nid in enumerate(lir.schedule)}
 
     # ── types and expressions ──────────────────────────────────────────
 
@@ -294,7 +306,7 @@ class CudaEmitter:
 
     def base(self, node: Node) -> dict[str, str]:
         """The fields every launch has: its comment line and the C string naming it in errors."""
-        return {"comment": self.header(node), "what": self.what(node)}
+        return {"comment": self.header(node), "what": self.what(node), "pdl": self.target.pdl}
 
     def nd(self, dims: Sequence[Dim], src: View, dst: View) -> NdArgs:
         """The collapsed iteration space copying `src` to `dst` (both viewed over `dims`)."""
@@ -401,8 +413,30 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
                         "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "convert": dev is not abi,
                         "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
                         "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize,
+                        "max_nbytes": spec.shape.max_numel * abi.itemsize,
                         "state": getattr(spec, "state", False)})
     return params, constants, inputs, outputs
+
+
+def _span(places: Sequence[tuple[int, int]]) -> dict[str, int]:
+    """The byte range [lo, lo + nbytes) covering staging copies given as (offset, largest bytes)."""
+    if not places:
+        return {"lo": 0, "nbytes": 0}
+    lo = min(off for off, _ in places)
+    return {"lo": lo, "nbytes": max(off + n for off, n in places) - lo}
+
+
+def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
+    """The span of the per-run inputs' staging copies, which a host-fed step overwrites whole: it must hold
+    nothing else (the layout places them first, back to back; the allocator never overlaps regions, so a
+    region of another kind starting inside the span would be clobbered)."""
+    span = _span([(x["staging_off"], x["max_nbytes"]) for x in inputs if not x["state"]])
+    lo, hi = span["lo"], span["lo"] + span["nbytes"]
+    for x in inputs:
+        others = {x["staging_off"], x["dev_off"]} if x["state"] else {x["dev_off"]} - {x["staging_off"]}
+        if any(lo <= off < hi for off in others):
+            raise BuildError(f"input {x['index']}'s device bytes lie inside the per-run inputs' staging span")
+    return span
 
 
 def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
@@ -456,6 +490,8 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "constants": constants,
         "inputs": inputs,
         "outputs": outputs,
+        "host_in": _host_inputs(inputs),
+        "host_out": _span([(x["staging_off"], x["max_nbytes"]) for x in outputs]),
         "kernels": kernels,
         "device_kernels": device_kernels,
         "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
@@ -490,7 +526,9 @@ def cuda_profile_context(e: CudaEmitter, kernels: list[Kernel], target: CudaTarg
     info = json.dumps({"fields": ["t0", "t1", "kernel", "thread", "run", "flops", "bytes"], "kernels": table},
                       sort_keys=True, ensure_ascii=True)
     return {"profile": True, "prof": prof, "prof_count": len(table),
-            "profile_info": c_string_lines(info), "profile_code": _header_text("cuda/kernels/profile.cuh")}
+            "profile_info": c_string_lines(info),
+            # the span ring is the CPU backend's (plain C): its text first, then the CUDA event timing
+            "profile_code": _header_text("cpu/kernels/profile_ring.h") + _header_text("cuda/kernels/profile.cuh")}
 
 
 _HEADER_TEXT: dict[str, str] = {}

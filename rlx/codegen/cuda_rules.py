@@ -16,7 +16,7 @@ graph-specific device function (elementwise regions).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rlx.codegen.c import comment
@@ -34,6 +34,12 @@ OPS = "cuda/ops.cu.j2"
 COPY, GATHER, ROPE = "cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh"
 ROWS, ATTENTION, GEMM = "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh"
 ATTENTION_SHORT, GEMM_MMA = "cuda/kernels/attention_short.cuh", "cuda/kernels/gemm_mma.cuh"
+GEMM_SMALL = "cuda/kernels/gemm_small.cuh"
+#: rlx_gemm_small's limits (RLX_GSM_KMAX in gemm_small.cuh: its shared memory holds a K x 16 slab of B and 16
+#: rows of A, 124 KB at K = 1536).
+SMALL_GEMM_KMAX = 1536
+#: RLX_GSM_MAX_M: the most rows a step may have for rlx_gemm_small.
+SMALL_GEMM_MAX_M = 64
 #: rlx_gemm_mma's tile configurations (BM, BN, WARPS_M, WARPS_N), largest first: the host picks the largest
 #: whose grid covers every SM (the last one otherwise).
 MMA_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (16, 64, 1, 4))
@@ -216,6 +222,25 @@ class ReduceGeneric(Launch):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NormPrologue:
+    """The normalization whose output is a small GEMM's A, computed inside rlx_gemm_small (see `_norm_into_gemm`).
+
+    `kind`: 1 layer norm, 2 RMS norm; `cpt`: 16-byte chunks per lane of a row; pointers of the norm's input,
+    residual, gamma, beta and output (the GEMM's A, written by the blocks of column 0).
+    """
+
+    kind: int
+    res_on: str
+    cpt: int
+    x: str
+    res: str
+    gamma: str
+    beta: str
+    out: str
+    eps: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class GemmCall:
     """One GEMM C = act(A B + bias): on cuBLASLt (`mode == "lt"`) or the built-in tiled kernel.
 
@@ -253,6 +278,28 @@ class GemmCall:
     bdims: tuple[tuple[str, str, str], ...] = ()
     # rlx_gemm_mma (mode "mma"): its tile configurations, largest first
     tiles: tuple[tuple[int, int, int, int], ...] = ()
+    # mode "lt": steps of at most RLX_GSM_MAX_M rows run rlx_gemm_small instead (bias and activation inside)
+    small: bool = False
+    # ... and compute the normalization that produces A in its prologue (None: A is read as it is)
+    prologue: NormPrologue | None = None
+    # which operands are weights (no kernel writes them), read before the PDL wait: RLX_GSM_EARLY_* bits
+    small_early: int = 0
+
+    @property
+    def small_kernel(self) -> str:
+        """The rlx_gemm_small instance of this call."""
+        p = self.prologue
+        norm = f"{p.kind}, {p.res_on}, {p.cpt}" if p is not None else "0, false, 1"
+        return f"rlx_gemm_small<{self.t}, {self.full_act}, {self.full_bias_on}, {norm}>"
+
+    @property
+    def small_extra_args(self) -> str:
+        """rlx_gemm_small's arguments after M, N, K: the normalization's (nullptrs without a prologue), `early`."""
+        p = self.prologue
+        if p is None:
+            return f"({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, " \
+                   f"({self.t} *)nullptr, 0.0f, {self.small_early}"
+        return f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}, {self.small_early}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -511,7 +558,11 @@ def norm(e: CudaEmitter, node: Node) -> Kernel:
                 bias=e.ptr(bias) if bias is not None else none, gamma=e.ptr(gamma),
                 beta=e.ptr(beta) if beta is not None else none, out=e.ptr(node.id), rows=e.numel(x.dims[:-1]),
                 n=n, eps=_float_c(op.eps))
-    return _kernel(node, "block_norm", args, ROWS)
+    k = _kernel(node, "block_norm", args, ROWS)
+    lead = _norm_into_gemm(e, node)
+    if lead is None:
+        return k
+    return e._large_step_only(k, x.dims[:-1], SMALL_GEMM_MAX_M, f"done in the prologue of %{lead}'s rlx_gemm_small")
 
 
 @rules.register("softmax", accepts=_floats_only)
@@ -581,7 +632,9 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
         post_bias = bias is not None and not fuse_bias
         vec = 16 // dt.itemsize
         aligned = out_off is not None and out_off % 16 == 0 and (bias is None or e.offset(bias) % 16 == 0)
-        return GemmCall(**common, mode="lt", cuda_type=_CUDA_TYPE[dt], sa=e.dim(batching.a_stride),
+        small = _small_fits(e, dt, fold, K, N, [e.offset(a_id), e.offset(b_id), out_off]
+                            + ([e.offset(bias)] if bias is not None else []))
+        return GemmCall(**common, mode="lt", small=small, cuda_type=_CUDA_TYPE[dt], sa=e.dim(batching.a_stride),
                         sb=e.dim(batching.b_stride), lt_bias=bias_ptr if fuse_bias else "NULL",
                         lt_act=_act(act if fuse_act else None),
                         post_act=_act(post_act) if (post_act is not None or post_bias) else None,
@@ -599,6 +652,132 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
     bd, (ca, cb) = collapse(ob, av, bv)
     return GemmCall(**common, mode="tiled",
                     bdims=tuple((e.dim(d), e.dim(x), e.dim(y)) for d, x, y in zip(bd, ca.strides, cb.strides)))
+
+
+def _small_fits(e: CudaEmitter, dt: DType, folded: bool, K: Dim, N: Dim, offsets: list[int | None]) -> bool:
+    """rlx_gemm_small can take the few-row steps: f16/bf16 on sm_80+, one B for all rows, K whole 16-deep steps
+    (at most SMALL_GEMM_KMAX), N whole 16-byte chunks, 16-byte aligned operands (cp.async)."""
+    arch = e.target.arch.removeprefix("sm_").rstrip("a")
+    return (e.target.small_gemm and dt in (DType.F16, DType.BF16) and folded and arch.isdigit() and int(arch) >= 80
+            and K.is_static and N.is_static and K.value % 16 == 0 and 0 < K.value <= SMALL_GEMM_KMAX
+            and N.value % 8 == 0 and all(o is not None and o % 16 == 0 for o in offsets))
+
+
+def _small_attrs(g: GemmCall) -> tuple[tuple[str, str], ...]:
+    """rlx_gemm_small's dynamic shared memory limit (raised once, at rlx_create, for the largest K it takes)."""
+    if not g.small:
+        return ()
+    return ((g.small_kernel, "rlx_gemm_small_smem(RLX_GSM_KMAX)"),)
+
+
+#: Norm kinds a small GEMM can compute in its prologue: (rlx_gemm_small's NORM, has a residual input).
+_PROLOGUE_NORMS = {"layer_norm": (1, False), "fused_residual_layer_norm": (1, True), "rms_norm": (2, False),
+                   "fused_residual_rms_norm": (2, True)}
+_GEMM_KINDS = ("matmul", "fused_matmul_bias_act")
+
+
+def _extent(e: CudaEmitter, nid: NodeId) -> tuple[int, int]:
+    """Device bytes [start, end) that node `nid`'s values occupy at the dims' upper bounds (a QKV group: all of
+    the group's wide output)."""
+    g = e.group_of.get(nid)
+    node = e.node(nid)
+    item = e.ddt(nid).itemsize
+    if g is not None:
+        rows = product(node.shape.dims[:-1]).max
+        return g.out_offset, g.out_offset + rows * g.row_stride * item
+    start = e.offset(nid)
+    return start, start + node.shape.max_numel * item
+
+
+def _gemm_is_small(e: CudaEmitter, lead: Node) -> bool:
+    """The GEMM led by `lead` runs rlx_gemm_small in steps of few rows (the checks of `_gemm` / `_grouped_gemm`)."""
+    if e.target.gemm != "cublaslt":
+        return False
+    a = e.node(lead.inputs[0]).shape
+    dt = e.ddt(lead.inputs[0])
+    g = e.groups.get(lead.id)
+    if g is not None:
+        offs = [e.offset(lead.inputs[0]), g.weight_offset, g.out_offset] + ([g.bias_offset] if g.bias_offset >= 0
+                                                                            else [])
+        return _small_fits(e, dt, True, a.dims[-1], Dim(g.row_stride), offs)
+    b = e.node(lead.inputs[1]).shape
+    batching = gemm_batching(a, b, lead.shape)
+    bias = lead.inputs[2] if len(lead.inputs) == 3 else None
+    offs = [e.offset(lead.inputs[0]), e.offset(lead.inputs[1]), e.offset(lead.id)] + (
+        [e.offset(bias)] if bias is not None else [])
+    return (dt in _CUDA_TYPE and batching is not None
+            and _small_fits(e, dt, batching.folded, a.dims[-1], b.dims[-1], offs))
+
+
+def _norm_into_gemm(e: CudaEmitter, norm: Node) -> NodeId | None:
+    """The GEMM (its leader) whose rlx_gemm_small computes `norm` in its prologue, or None.
+
+    Taken when the norm's output is the A of a GEMM scheduled right after it (views between) that takes the small
+    path, every other reader of the norm comes after that GEMM, and the bytes the GEMM's blocks read (the norm's
+    input and residual) are not the bytes they write (its output and the norm's). The norm's own kernel then runs
+    only in steps of more than RLX_GSM_MAX_M rows, where the GEMM reads A as usual."""
+    spec = _PROLOGUE_NORMS.get(norm.kind)
+    if spec is None or not e.target.small_gemm or e.ddt(norm.id) not in (DType.F16, DType.BF16):
+        return None
+    kind, fused = spec
+    if len(norm.inputs) != 1 + int(fused) + (1 if kind == 2 else 2):
+        return None  # a norm with a bias input
+    if norm.id not in e.position or e.lir.buffers[norm.id].storage != "arena" or norm.id in e.decode_gemv:
+        return None  # (a norm a fused decode GEMV absorbs keeps its own step-size switch)
+    readers = [u for u in e.users[norm.id] if e.node(u).kind in _GEMM_KINDS and e.node(u).inputs[0] == norm.id]
+    if not readers:
+        return None
+    first = min(readers, key=lambda u: e.position.get(u, 1 << 60))
+    g = e.group_of.get(first)
+    lead = g.members[0] if g is not None else first
+    members = set(g.members) if g is not None else {lead}
+    if lead not in e.position or any(u not in members and e.position.get(u, -1) <= e.position[lead]
+                                     for u in e.users[norm.id]):
+        return None
+    between = e.lir.schedule[e.position[norm.id] + 1:e.position[lead]]
+    if any(e.lir.buffers[b].storage != "view" for b in between):
+        return None
+    if not _gemm_is_small(e, e.node(lead)):
+        return None
+    reads = [_extent(e, i) for i in norm.inputs[:1 + int(fused)]]
+    writes = [_extent(e, lead), _extent(e, norm.id)]
+    if any(r0 < w1 and w0 < r1 for r0, r1 in reads for w0, w1 in writes):
+        return None
+    offs = [e.offset(i) for i in (*norm.inputs, norm.id)]
+    return lead if all(o % 16 == 0 for o in offs) else None
+
+
+def _is_weight(e: CudaEmitter, nid: NodeId) -> bool:
+    """`nid`'s bytes are a param or constant (through views): no kernel writes them during a run."""
+    b = e.lir.buffers[nid]
+    while b.storage == "view":
+        b = e.lir.buffers[b.source]
+    return b.storage in ("param", "const")
+
+
+def _small_call(e: CudaEmitter, g: GemmCall, lead: Node, weight: bool, bias: NodeId | None) -> GemmCall:
+    """`g` (a small-path GEMM led by `lead`) with its norm prologue and which of its operands are weights."""
+    p = _norm_prologue(e, lead)
+    params = [bias] if bias is not None else []
+    if p is not None:  # the norm's gamma (and beta): its inputs after x (and the residual)
+        norm = e.node(lead.inputs[0])
+        params += list(norm.inputs[1 + int(_PROLOGUE_NORMS[norm.kind][1]):])
+    early = (1 if weight else 0) | (2 if all(_is_weight(e, i) for i in params) else 0)
+    return replace(g, prologue=p, small_early=early)
+
+
+def _norm_prologue(e: CudaEmitter, lead: Node) -> NormPrologue | None:
+    """The prologue of the small GEMM led by `lead` when its A's norm is fused into it (`_norm_into_gemm`)."""
+    a = e.node(lead.inputs[0])
+    if _norm_into_gemm(e, a) != lead.id:
+        return None
+    kind, fused = _PROLOGUE_NORMS[a.kind]
+    ins = list(a.inputs)
+    k = a.shape.dims[-1].value
+    return NormPrologue(kind=kind, res_on=str(fused).lower(), cpt=-(-k // 256), x=e.ptr(ins[0]),
+                        res=e.ptr(ins[1]) if fused else "nullptr", gamma=e.ptr(ins[1 + int(fused)]),
+                        beta=e.ptr(ins[-1]) if kind == 1 else "nullptr", out=e.ptr(a.id),
+                        eps=_float_c(a.op.eps))
 
 
 def _mma_fits(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_off: int | None, bias: NodeId | None, folded: bool,
@@ -621,18 +800,24 @@ def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
     fuse_act = act == "relu" or (act == "gelu_tanh" and e.target.lt_gelu_epilogue)
     w_ptr = f"RLX_P({t}, {g.weight_offset})"
     b_ptr = f"RLX_P({t}, {g.bias_offset})" if has_bias else "nullptr"
+    small = _small_fits(e, dt, True, a.dims[-1], Dim(total),
+                        [e.offset(node.inputs[0]), g.weight_offset, g.out_offset]
+                        + ([g.bias_offset] if has_bias else []))
     call = GemmCall(t=t, a=e.ptr(node.inputs[0]), b=w_ptr, c=f"RLX_P({t}, {g.out_offset})",
                     m=e.numel(a.dims[:-1]), n=f"(int64_t){total}", k=e.dim(a.dims[-1]), batch="(int64_t)1",
-                    mode="lt", act=_act(act), bias_on=str(has_bias).lower(), bias=b_ptr,
+                    mode="lt", small=small, act=_act(act), bias_on=str(has_bias).lower(), bias=b_ptr,
                     cuda_type=_CUDA_TYPE[dt], lt_bias=b_ptr if has_bias else "NULL",
                     lt_act=_act(act if fuse_act else None),
                     post_act=_act(act) if (act is not None and not fuse_act) else None,
                     full_act=_act(act), full_bias_on=str(has_bias).lower(), full_bias=b_ptr, folded=True)
+    if small:
+        # the combined weight and bias are params (GemmGroup takes only those)
+        call = _small_call(e, call, node, True, None)
     names = ", ".join(f"%{m}" for m in g.members)
     args = Gemm(**{**e.base(node), "comment": comment(
         f"%{node.id} and its siblings {names}: one GEMM against their combined [K, {total}] weight; each output "
-        f"is a column slice (row stride {total})", 160)}, uses_lt=True, gemm=call)
-    return _kernel(node, "block_gemm", args, GEMM)
+        f"is a column slice (row stride {total})", 160)}, uses_lt=True, smem_attrs=_small_attrs(call), gemm=call)
+    return _kernel(node, "block_gemm", args, GEMM, *((GEMM_SMALL,) if small else ()))
 
 
 @rules.register("matmul", "fused_matmul_bias_act", accepts=_floats_only)
@@ -642,11 +827,14 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
     g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
+    if g.small:
+        g = _small_call(e, g, node, _is_weight(e, node.inputs[1]), bias)
     if g.mode == "mma":
         smem = tuple((f"rlx_gemm_mma<{g.t}, {g.act}, {g.bias_on}, {bm}, {bn}, {wm}, {wn}>",
                       f"RlxGemmMma<{bm}, {bn}, {wm}, {wn}>::total") for bm, bn, wm, wn in g.tiles)
         return _kernel(node, "block_gemm", Gemm(**e.base(node), smem_attrs=smem, gemm=g), GEMM, GEMM_MMA)
-    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", gemm=g), GEMM)
+    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", smem_attrs=_small_attrs(g),
+                                            gemm=g), GEMM, *((GEMM_SMALL,) if g.small else ()))
 
 
 @rules.register("fused_swiglu", accepts=_floats_only)

@@ -68,6 +68,24 @@ class PackedParam(Decision):
         return (self.node,)
 
 
+@dataclass(frozen=True)
+class WidenedParam(Decision):
+    """An f16/bf16 param whose only reader is one cast to f32 (a bias or norm gain of a narrow-stored
+    graph): `set_param` stores it widened (exact), and the cast reads that copy instead of running
+    on every call."""
+
+    kind: ClassVar[str] = "widened_param"
+    node: int
+    cast: int
+
+    def describe(self) -> str:
+        return (f"%{self.node} param widened to f32 once at set_param "
+                f"(%{self.cast}, its cast, reads it: no per-call cast)")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node, self.cast)
+
+
 def decisions_to_json(decisions: tuple[Decision, ...], ref: Any) -> list[dict[str, Any]]:
     """Canonical JSON of `decisions` with node ids mapped through `ref` (for the LIR hash)."""
     out = []
@@ -84,6 +102,7 @@ def decisions_to_json(decisions: tuple[Decision, ...], ref: Any) -> list[dict[st
 _NODE_FIELDS: dict[str, tuple[str, ...]] = {
     "absorbed_transpose": ("node", "source"),
     "packed_param": ("node",),
+    "widened_param": ("node", "cast"),
 }
 
 

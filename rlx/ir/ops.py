@@ -639,8 +639,42 @@ class Gather(Op):
 # ── transformer blocks ──────────────────────────────────────────────────
 
 
+class _AttentionHeads:
+    """Head counts and softmax scale of `Attention` and `CachedAttention`: one set of checks for both.
+
+    The subclass declares `num_heads`, `head_dim`, `num_kv_heads` and `scale` as dataclass fields."""
+
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int | None
+    scale: float | None
+
+    @property
+    def kv_heads(self) -> int:
+        # `is None`, not `or`: num_kv_heads=0 must be rejected, not read as "same as num_heads".
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    def _check_heads(self, kind: str) -> None:
+        """Positive head counts, query heads a multiple of the KV heads, a finite scale (if given)."""
+        if self.num_heads < 1 or self.head_dim < 1 or self.kv_heads < 1 or self.num_heads % self.kv_heads:
+            raise ShapeError(f"{kind} heads invalid: num_heads={self.num_heads}, kv_heads={self.kv_heads}, "
+                             f"head_dim={self.head_dim}")
+        if self.scale is not None and (isinstance(self.scale, bool) or not isinstance(self.scale, (int, float))
+                                       or not math.isfinite(self.scale)):
+            raise ShapeError(f"{kind} scale must be a finite number, got {self.scale!r}")
+
+    def _check_rows(self, kind: str, name: str, s: Shape, heads: int) -> None:
+        """`s` is `[batch, seq, heads*head_dim]`."""
+        if s.rank != 3 or s.dims[2] != heads * self.head_dim:
+            raise ShapeError(f"{kind} {name} must be [batch, seq, {heads}*{self.head_dim}], got {s}")
+
+
 @dataclass(frozen=True)
-class Attention(Op):
+class Attention(_AttentionHeads, Op):
     """Multi-head scaled dot-product attention.
 
     Inputs: q `[B, Sq, H*D]`, k and v `[B, Skv, Hkv*D]`, and for mask
@@ -659,15 +693,6 @@ class Attention(Op):
     scale: float | None = None
     num_kv_heads: int | None = None
 
-    @property
-    def kv_heads(self) -> int:
-        # `is None`, not `or`: num_kv_heads=0 must be rejected, not read as "same as num_heads".
-        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-    @property
-    def softmax_scale(self) -> float:
-        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
-
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         if self.mask not in MASK_KINDS:
             raise ShapeError(f"unknown attention mask {self.mask!r}; expected one of {MASK_KINDS}")
@@ -675,17 +700,11 @@ class Attention(Op):
         if len(inputs) != (4 if needs_mask else 3):
             want = 4 if needs_mask else 3
             raise ShapeError(f"attention with mask={self.mask!r} takes {want} inputs, got {len(inputs)}")
-        if self.num_heads < 1 or self.head_dim < 1 or self.kv_heads < 1 or self.num_heads % self.kv_heads:
-            raise ShapeError(f"attention heads invalid: num_heads={self.num_heads}, kv_heads={self.kv_heads}, "
-                             f"head_dim={self.head_dim}")
-        if self.scale is not None and (isinstance(self.scale, bool) or not isinstance(self.scale, (int, float))
-                                       or not math.isfinite(self.scale)):
-            raise ShapeError(f"attention scale must be a finite number, got {self.scale!r}")
+        self._check_heads("attention")
         q, k, v = inputs[:3]
         _same_float_dtype("attention", [q, k, v])
         for name, s, heads in (("q", q, self.num_heads), ("k", k, self.kv_heads), ("v", v, self.kv_heads)):
-            if s.rank != 3 or s.dims[2] != heads * self.head_dim:
-                raise ShapeError(f"attention {name} must be [batch, seq, {heads}*{self.head_dim}], got {s}")
+            self._check_rows("attention", name, s, heads)
         if k.dims[:2] != v.dims[:2] or q.dims[0] != k.dims[0]:
             raise ShapeError(f"attention q/k/v batch or kv length disagree: q={q}, k={k}, v={v}")
         if self.mask == "padding":
@@ -744,7 +763,7 @@ class Rope(Op):
 
 
 @dataclass(frozen=True)
-class CachedAttention(Op):
+class CachedAttention(_AttentionHeads, Op):
     """Causal grouped-query attention over a KV cache, appending to it.
 
     Inputs: q `[B, S, H*D]`; this step's k and v `[B, S, Hkv*D]`; the caches
@@ -764,26 +783,12 @@ class CachedAttention(Op):
     num_kv_heads: int | None = None
     scale: float | None = None
 
-    @property
-    def kv_heads(self) -> int:
-        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-    @property
-    def softmax_scale(self) -> float:
-        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
-
     def infer(self, inputs: Sequence[Shape]) -> Shape:
-        if self.num_heads < 1 or self.head_dim < 1 or self.kv_heads < 1 or self.num_heads % self.kv_heads:
-            raise ShapeError(f"cached_attention heads invalid: num_heads={self.num_heads}, "
-                             f"kv_heads={self.kv_heads}, head_dim={self.head_dim}")
-        if self.scale is not None and (isinstance(self.scale, bool) or not isinstance(self.scale, (int, float))
-                                       or not math.isfinite(self.scale)):
-            raise ShapeError(f"cached_attention scale must be a finite number, got {self.scale!r}")
+        self._check_heads("cached_attention")
         q, k, v, kc, vc, pos = inputs
         _same_float_dtype("cached_attention", [q, k, v, kc, vc])
         kw = self.kv_heads * self.head_dim
-        if q.rank != 3 or q.dims[2] != self.num_heads * self.head_dim:
-            raise ShapeError(f"cached_attention q must be [batch, seq, {self.num_heads}*{self.head_dim}], got {q}")
+        self._check_rows("cached_attention", "q", q, self.num_heads)
         for name, s in (("k", k), ("v", v)):
             if s.dims != (q.dims[0], q.dims[1], Dim(kw)):
                 raise ShapeError(f"cached_attention {name} must be [{q.dims[0]},{q.dims[1]},{kw}], got {s}")

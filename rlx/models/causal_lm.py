@@ -162,17 +162,19 @@ class CausalLM:
         self.quant_act = quant_act if quant_act is not None else default_quant_act(device)
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
                                      capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
-                                     quant_act=self.quant_act)
+                                     quant_act=self.quant_act, narrow_weights=device == "cpu")
         self._params = L.decoder_params(tensors, self.graph)
         self._compiled = None
-        self._bound: dict[Any, Any] = {}  # CUDA: device buffers bound per (cache, step shape)
+        self._bound: dict[Any, Any] = {}  # CUDA: host-fed steps bound per (cache, output, step shape)
+        self._cuda_names: tuple[tuple[str, ...], str] | None = None  # see _run_cuda
         self._cpu_bound: dict[Any, Any] = {}  # CPU: runs bound once per (cache, step shape), see _run_cpu
         self._state_names = frozenset(n.op.name for n in self.graph.inputs() if n.op.state)
         self._cache: KvCache | None = None
         if device != "reference":
             from rlx.driver import Session
 
-            # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU takes f32
+            # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU keeps
+            # F16/BF16 matrices as stored (narrow_weights) and multiplies them in f32 (rlx.codegen.c_half)
             self._compiled = Session(device, precision=precision).compile(self.graph)
             for name, arr in self._params.items():
                 self._compiled.set_param(name, arr)
@@ -285,26 +287,35 @@ class CausalLM:
         return outputs[output].copy()
 
     def _run_cuda(self, feed: Mapping[str, Any], output: int) -> np.ndarray:
-        """One step on the GPU through device buffers bound once per (cache, step shape): a decode
-        step copies its few small inputs in and the logits out, nothing is allocated, and the
-        library replays its captured CUDA graph."""
-        host = {name: value for name, value in feed.items() if isinstance(value, np.ndarray)}
-        states = tuple(id(value) for value in feed.values() if not isinstance(value, np.ndarray))
-        key = (states, tuple((name, value.shape) for name, value in host.items()))
-        bound = self._bound.get(key)
-        if bound is None:
-            # bindings of other caches, or of many prompt lengths, go (they hold device memory)
+        """One step on the GPU through a host-fed step bound once per (cache, step shape, output)
+        (`CudaGraph.bind_host_step`): the step's few small inputs go over in one pinned transfer, the KV
+        cache stays resident in the library, only the output asked for comes back (4 bytes a row for the
+        greedy token), and the library replays its captured CUDA graph."""
+        names = self._cuda_names
+        if names is None:  # the per-step inputs, and one state that tells caches apart
+            host_names = tuple(n.op.name for n in self.graph.inputs() if not n.op.state)
+            first_state = next(n.op.name for n in self.graph.inputs() if n.op.state)
+            names = self._cuda_names = (host_names, first_state)
+        host_names, first_state = names
+        # a step walks no per-layer dict: a cache is known by its first state buffer (the binding keeps it alive,
+        # so its id stays unique) and the step shape by its few host inputs
+        states = id(feed[first_state])
+        key = (states, output, tuple(feed[n].shape for n in host_names))
+        step = self._bound.get(key)
+        if step is None:
+            # bindings of other caches, or of many prompt lengths, go (they hold pinned and device memory)
             if len(self._bound) >= 32 or any(k[0] != states for k in self._bound):
                 self._bound.clear()
-            buffers = {name: self._compiled.to_device(value) for name, value in host.items()}
             # the KV cache stays resident in the library between steps (written back when another cache
             # comes, see CudaGraph.bind_device): a decode step moves none of it
-            fn = self._compiled.bind_device({**feed, **buffers}, resident_states=True)
-            bound = self._bound[key] = (fn, buffers)
-        fn, buffers = bound
-        for name, value in host.items():
-            buffers[name].copy_from_host(value)
-        return fn()[output].numpy()  # only this output crosses the bus
+            step = self._bound[key] = self._compiled.bind_host_step(
+                feed, outputs=[self._compiled.output_names[output]])
+        else:
+            inputs = step.inputs
+            for n in host_names:
+                inputs[n][...] = feed[n]
+        (result,) = step().values()
+        return result.copy()  # the step's buffer is reused by the next one
 
     # ── logits ────────────────────────────────────────────────────────
 

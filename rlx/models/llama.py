@@ -19,8 +19,11 @@ Outputs `logits` f32 `[n_rows, vocab]` and `next_token` i32 `[n_rows]`, the
 argmax of each row's logits (greedy decoding reads only this). Params keep the GGUF tensor names
 (`blk.0.attn_q.weight`, ...). A quantized weight stays in its GGUF blocks
 and is multiplied by `dequant_matmul` (the kernels read the 4/8-bit blocks);
-F32/F16/BF16 weights are f32 matmuls. The token embedding is gathered
-as rows; a quantized one is dequantized row by row after the gather.
+F32 weights are f32 matmuls; F16/BF16 matrices are f32 matmuls too, on weights either
+widened to f32 at load or, with `narrow_weights=True` (the CPU), kept in their stored
+precision (`matmul(f32 x, f16|bf16 w) -> f32`: half the bytes, f32 accumulation). The
+token embedding is gathered as rows (a narrow one widened after the gather); a
+quantized one is dequantized row by row after the gather.
 
 >>> from rlx.models.decoder_config import DecoderConfig
 >>> cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
@@ -42,13 +45,16 @@ import numpy as np
 
 from rlx.errors import IRError
 from rlx.ir import ops as O
+from rlx.ir.dtype import bits_to_bfloat16
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.ops import ACT_MODES
 from rlx.ir.shape import Dim
 from rlx.models.decoder_config import DecoderConfig
 
-#: GGUF types that are plain float arrays (multiplied by f32 matmuls after widening to f32).
+#: GGUF types that are plain float arrays (multiplied by f32 matmuls).
 FLOAT_TYPES = ("f32", "f16", "bf16")
+#: Float types a matrix may keep in memory under an f32 matmul (`build_decoder(narrow_weights=True)`).
+NARROW_TYPES = ("f16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,20 @@ class WeightSpec:
     @property
     def quantized(self) -> bool:
         return self.ggml_type not in FLOAT_TYPES
+
+    @property
+    def float_dtype(self) -> str:
+        """The param dtype of this float matrix: its own type (f16/bf16 multiplied as stored)."""
+        return self.ggml_type if self.ggml_type in NARROW_TYPES and len(self.shape) == 2 else "f32"
+
+
+def widened(specs: Mapping[str, WeightSpec]) -> dict[str, WeightSpec]:
+    """`specs` with every F16/BF16 tensor read as f32 (`decoder_params` widens it at load).
+
+    >>> widened({"w": WeightSpec("bf16", (4, 8)), "q": WeightSpec("q8_0", (4, 32))})["w"].ggml_type
+    'f32'
+    """
+    return {n: WeightSpec("f32", s.shape) if s.ggml_type in NARROW_TYPES else s for n, s in specs.items()}
 
 
 def layer_tensor(layer: int, role: str) -> str:
@@ -105,15 +125,16 @@ def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_o
     """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized.
 
     `act` "q8"/"q16" quantizes x to int8/int16 blocks first for the formats that take it;
-    other formats multiply f32 activations either way."""
+    other formats multiply f32 activations either way. An f16/bf16 weight stays in its precision
+    (the matmul reads it as stored)."""
     spec = _spec(specs, name, (n_out, n_in))
     if spec.quantized:
         from rlx.ir.quant import Q8_ACT_FORMATS, row_bytes
 
         w = _param(g, name, [n_out, row_bytes(spec.ggml_type, n_in)], "u8")
         return g.dequant_matmul(x, w, quant=spec.ggml_type, act=act if spec.ggml_type in Q8_ACT_FORMATS else "f32")
-    # f32 weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
-    w = g.param(name, [n_in, n_out])
+    # float weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
+    w = _param(g, name, [n_in, n_out], spec.float_dtype)
     return g.matmul(x, w)
 
 
@@ -133,8 +154,9 @@ def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config
         table = _param(g, "token_embd.weight", [config.vocab_size, row_bytes(spec.ggml_type, config.hidden_size)],
                        "u8")
         return g.dequantize(g.gather(table, tokens), quant=spec.ggml_type)
-    table = g.param("token_embd.weight.rows", [config.vocab_size, config.hidden_size])
-    return g.gather(table, tokens)
+    dtype = spec.float_dtype
+    rows = g.gather(g.param("token_embd.weight.rows", [config.vocab_size, config.hidden_size], dtype), tokens)
+    return rows if dtype == "f32" else g.cast(rows, "f32")  # only the gathered rows are widened
 
 
 def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
@@ -144,7 +166,7 @@ def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
 
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1,
-                  quant_act: str = "f32") -> Graph:
+                  quant_act: str = "f32", narrow_weights: bool = False) -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
     `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
@@ -153,6 +175,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     projection split by rows (`output.weight` of vocab/tp rows) by an `all_gather` of the logits.
     `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "f32", "q8" (int8
     per block of 32, as llama.cpp) or "q16" (int16 per block; see `dequant_matmul`).
+    `narrow_weights`: F16/BF16 matrices are params of their own dtype, multiplied as stored
+    (`matmul(f32, bf16) -> f32`) — for a backend with such GEMMs (the CPU); otherwise f32 params.
     """
     if capacity < 1 or max_seq < 1 or max_batch < 1:
         raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
@@ -166,6 +190,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     heads, kv_heads, ffn_size = c.num_heads // tp, c.num_kv_heads // tp, c.ffn_size // tp
     q_width, kv_width = heads * hd, kv_heads * hd
     qa = quant_act
+    specs = specs if narrow_weights else widened(specs)
     g = Graph(name)
     batch, seq = Dim.dynamic("batch", max_batch), Dim.dynamic("seq", max_seq)
     n_rows = Dim.dynamic("n_rows", max_batch * max_seq)
@@ -215,10 +240,11 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
 
 
 def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], graph: Graph) -> dict[str, np.ndarray]:
-    """The `set_param` values of `graph` from GGUF tensors: raw blocks as-is, float weights as f32.
+    """The `set_param` values of `graph` from GGUF tensors: raw blocks as-is, float weights in the
+    dtype the graph declares (f16/bf16 as stored when it keeps them narrow, else widened to f32).
 
     Float matrices are transposed to the `[in, out]` layout the graph's matmuls take; an
-    f32 embedding table feeds its own param (`token_embd.weight.rows`).
+    embedding table feeds its own param (`token_embd.weight.rows`).
     """
     out: dict[str, np.ndarray] = {}
     for node in graph.params():
@@ -230,7 +256,10 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
         if spec.quantized:
             out[name] = np.ascontiguousarray(data, dtype=np.uint8)
             continue
-        arr = _as_f32(data, spec.ggml_type)
+        want = node.shape.dtype.value
+        if want != "f32" and want != spec.ggml_type:
+            raise IRError(f"param {name!r} is {want} but the tensor is {spec.ggml_type}")
+        arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
         if arr.ndim == 2 and not name.endswith(".rows"):
             arr = arr.T
         out[name] = np.ascontiguousarray(arr)
@@ -241,6 +270,13 @@ def _as_f32(data: np.ndarray, ggml_type: str) -> np.ndarray:
     if ggml_type == "bf16":
         return (np.asarray(data, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
     return np.asarray(data, dtype=np.float32)
+
+
+def _as_stored(data: np.ndarray, ggml_type: str) -> np.ndarray:
+    """An f16/bf16 tensor as the numpy dtype `set_param` takes for it, bit for bit (no copy)."""
+    if ggml_type == "bf16":  # GGUF's bf16 arrives as uint16 bit patterns
+        return bits_to_bfloat16(np.asarray(data, dtype=np.uint16))
+    return np.asarray(data, dtype=np.float16)
 
 
 def rope_tables(positions: np.ndarray, seq: int, config: DecoderConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -106,6 +106,8 @@ def fuse_swiglu(graph: Graph) -> Graph:
             wg, wu = gate.inputs[1], upn.inputs[1]
             if graph.node(wg).shape != graph.node(wu).shape or node.shape != gate.shape or upn.shape != gate.shape:
                 continue
+            if graph.node(wg).shape.dtype != gate.shape.dtype:
+                continue  # f16/bf16 weights under f32 activations: two mixed GEMMs keep them narrow
             if not all(plan.free(i) for i in (act.id, gate.id, up)):
                 continue
             plan.fuse(node.id, O.FusedSwiGLU(), [gate.inputs[0], wg, wu], [act.id, gate.id, up])

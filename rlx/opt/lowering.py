@@ -13,6 +13,9 @@ CPU decisions:
   one orientation, is stored in RLX's packed-panel layout at `set_param`; so
   is an f16/bf16 param read only as the narrow weights of f32 GEMMs (in its
   own precision: `templates/cpu/kernels/gemm_bf16.h`).
+- `widen_params`: an f16/bf16 param read only by one cast to f32 (the bias
+  and norm vectors of a graph stored in bf16) is stored widened at
+  `set_param`; the cast reads that copy instead of running per call.
 - `int8_params` (`rlx.opt.lowering_int8`): an f32 param read only as the weight
   of `int8_matmul` is stored quantized to int8 at `set_param`.
 
@@ -33,7 +36,7 @@ import dataclasses
 from collections.abc import Callable
 
 from rlx.ir import ops as O
-from rlx.ir.decisions import AbsorbedTranspose, Decision, PackedParam
+from rlx.ir.decisions import AbsorbedTranspose, Decision, PackedParam, WidenedParam
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -149,10 +152,42 @@ def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decisio
     return tuple(out)
 
 
+def widen_params(lir: LirModule) -> tuple[Decision, ...]:
+    """f16/bf16 params read only by one cast to f32 are stored widened (the cast then costs nothing per call).
+
+    The cast must not be a graph output (an output has its own buffer) and must live in the
+    arena, so redirecting its readers to the param's storage changes no other buffer.
+
+    >>> from rlx.ir.graph import Graph
+    >>> from rlx.opt.memplan import plan
+    >>> g = Graph("b")
+    >>> b = g.cast(g.param("b", [8], "bf16"), "f32")
+    >>> g.set_outputs([g.add_(g.input("x", [2, 8]), b)])
+    >>> [d.describe() for d in widen_params(plan(g))]
+    ['%0 param widened to f32 once at set_param (%1, its cast, reads it: no per-call cast)']
+    """
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    out: list[Decision] = []
+    for spec in lir.params:
+        nid = spec.node
+        if graph.node(nid).shape.dtype not in (DType.F16, DType.BF16) or nid in outputs or len(users[nid]) != 1:
+            continue
+        if spec.layout is not None and list(spec.layout) != sorted(spec.layout):
+            continue  # re-laid out on set: kept as it is
+        cast = graph.node(users[nid][0])
+        if (isinstance(cast.op, O.Cast) and cast.shape.dtype is DType.F32 and cast.id not in outputs
+                and lir.buffers[cast.id].storage == "arena"):
+            out.append(WidenedParam(nid, cast.id))
+    return tuple(out)
+
+
 def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
-    return (*absorbed, *pack_params(lir, sources), *int8_params(lir), *quant_gemv_groups(lir))
+    return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir),
+            *quant_gemv_groups(lir))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout; Metal's: its one buffer).

@@ -545,11 +545,15 @@ def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, 
                  for k in body.constants]
         if sizes:
             scan_consts.append(ScanConstants(nid, tuple(mem.alloc("constants", n) for n in sizes)))
+    # The staging copies of the per-run (non-state) inputs come first and back to back: a host-fed step
+    # (rlx_run_host_step) fills them all with one copy of that span, which holds nothing else.
+    host_staging = {i: mem.alloc("inputs", spec.shape.max_numel * spec.shape.dtype.itemsize)
+                    for i, spec in enumerate(lir.inputs) if not getattr(spec, "state", False)}
     inputs: list[Staged] = []
-    for spec in lir.inputs:
+    for i, spec in enumerate(lir.inputs):
         abi = spec.shape.dtype
         dev = device_dtype(abi, precision)
-        staging = mem.alloc("inputs", spec.shape.max_numel * abi.itemsize)
+        staging = host_staging[i] if i in host_staging else mem.alloc("inputs", spec.shape.max_numel * abi.itemsize)
         inputs.append(Staged(staging if dev is abi else mem.alloc("inputs", spec.shape.max_numel * dev.itemsize),
                              staging))
     outputs: list[Staged] = []

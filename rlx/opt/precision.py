@@ -56,6 +56,14 @@ def store_params_in(graph: Graph, dtype: DType | str) -> Graph:
         op = node.op
         if isinstance(op, O.Param) and op.shape.dtype is DType.F32:
             stored[node.id] = rw.dst.add(dataclasses.replace(op, shape=op.shape.with_dtype(dt)), [], name=node.name)
+        elif isinstance(op, O.FusedSwiGLU) and _narrow_swiglu(graph, node, stored):
+            # no kernel multiplies f32 x by narrow weights inside the fused op: two mixed GEMMs
+            # read the weights as stored (never a per-call cast of a whole matrix)
+            x, wg, wu = node.inputs
+            gate = rw.dst.add(O.MatMul(), [rw.arg(x), stored[wg]], name=f"swiglu %{node.id} gate")
+            up = rw.dst.add(O.MatMul(), [rw.arg(x), stored[wu]], name=f"swiglu %{node.id} up")
+            rw.alias(node, rw.dst.add(O.Binary("mul"), [rw.dst.add(O.Activation("silu"), [gate]), up],
+                                      name=node.name))
         elif node.kind in _PICKS and node.inputs[0] in stored:
             # an embedding lookup: pick the rows from the narrow table, widen only those
             picked = rw.dst.add(op, [stored[node.inputs[0]], *map(rw.arg, node.inputs[1:])], name=node.name)
@@ -74,6 +82,12 @@ def store_params_in(graph: Graph, dtype: DType | str) -> Graph:
 _PICKS = ("gather", "narrow")
 #: GEMMs, whose right operand may be narrow when the left one is f32 (`rlx.ir.ops.MatMul`).
 _GEMMS = (O.MatMul, O.FusedMatMulBiasAct)
+
+
+def _narrow_swiglu(graph: Graph, node: Node, stored: dict[NodeId, NodeId]) -> bool:
+    """True when a fused SwiGLU's weights are params made narrow, under f32 activations."""
+    x, wg, wu = node.inputs
+    return wg in stored and wu in stored and graph.node(x).shape.dtype is DType.F32
 
 
 def _weight_slot(graph: Graph, node: Node, slot: int) -> bool:

@@ -1,6 +1,9 @@
 """The one cffi declaration of the RLX C ABI, shared by every generated library.
 
-It mirrors `templates/cpu/rlx.h`; `ABI_VERSION` (from `rlx.abi_version`, shared with the
+The declarations are not repeated here: `CDEF` is `templates/cpu/rlx.h` read at import, with
+the RLX headers it includes inlined (the transport table's one declaration,
+`kernels/transport.h`; `standalone_header`, which also writes the `rlx.h` an artifact ships)
+and its preprocessor lines dropped. `ABI_VERSION` (from `rlx.abi_version`, shared with the
 code generators) must equal what libraries report from `rlx_abi_version()`.
 
 >>> ffi.sizeof("int64_t")
@@ -9,22 +12,55 @@ code generators) must equal what libraries report from `rlx_abi_version()`.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import cffi
 
 from rlx.abi_version import ABI_VERSION
+from rlx.templates_path import templates_dir
 
-CDEF = """
-int32_t     rlx_abi_version(void);
-const char *rlx_manifest(void);
-void       *rlx_create(void);
-void        rlx_destroy(void *ctx);
-void       *rlx_clone(void *ctx);
-int32_t     rlx_set_param(void *ctx, int32_t index, const void *data, int64_t nbytes);
-int32_t     rlx_run(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
-const char *rlx_last_error(void *ctx);
-int32_t     rlx_set_num_threads(void *ctx, int32_t n);
-int32_t     rlx_memory(void *ctx, int64_t *out);
-"""
+#: A header's include of another RLX header (`#include "kernels/transport.h"`), relative to its target's templates.
+_LOCAL_INCLUDE = re.compile(r'^#include "([^"]+)"\s*$', re.MULTILINE)
+
+
+def c_declarations(text: str) -> str:
+    """C header text without its preprocessor lines (guards, includes, defines) and its C++-only
+    `#ifdef __cplusplus` blocks: what cffi's cdef parses.
+
+    >>> c_declarations("#ifndef X\\n#ifdef __cplusplus\\nextern \\"C\\" {\\n#endif\\nint f(void);\\n#endif").strip()
+    'int f(void);'
+    """
+    out: list[str] = []
+    in_cplusplus = False
+    for line in text.splitlines():
+        directive = line.strip()
+        if directive.startswith("#ifdef __cplusplus"):
+            in_cplusplus = True
+        elif in_cplusplus and directive.startswith("#endif"):
+            in_cplusplus = False
+        elif not in_cplusplus and not directive.startswith("#"):
+            out.append(line)
+    return "\n".join(out)
+
+
+def standalone_header(path: Path, root: Path | None = None) -> str:
+    """The text of RLX header `path` with each `#include "..."` of another RLX header (relative to
+    `root`, the target's templates directory: `path`'s own by default) replaced by that header's
+    text, so a C program needs only this file.
+
+    >>> "typedef struct RlxTransport" in standalone_header(templates_dir() / "cpu" / "rlx.h")
+    True
+    """
+    root = path.parent if root is None else root
+    return _LOCAL_INCLUDE.sub(lambda m: standalone_header(root / m.group(1), root).rstrip("\n"),
+                              path.read_text(encoding="utf-8"))
+
+
+#: The ABI header (templates/cpu/rlx.h); every library exports its functions, except the transport's
+#: (rlx_set_transport, rlx_shm_*: graphs with collective ops only; `rlx.runtime.transport`).
+ABI_HEADER = templates_dir() / "cpu" / "rlx.h"
+CDEF = c_declarations(standalone_header(ABI_HEADER))
 
 #: Exported by profiled builds only (templates/cpu/observe.c.j2); looked up when asked for.
 PROFILE_CDEF = """
@@ -33,31 +69,14 @@ int64_t     rlx_profile_read(void *ctx, int64_t *out, int64_t max);
 void        rlx_profile_clear(void *ctx);
 """
 
-#: Exported by graphs with collective ops only: on the CPU the transport (templates/cpu/kernels/
-#: collectives.h, transport.h, transport_shm.h; `rlx.runtime.transport`), on CUDA rlx_set_nccl
-#: (templates/cuda/nccl_abi.cu.j2; `rlx.runtime.nccl`).
-TRANSPORT_CDEF = """
-typedef struct RlxTransport {
-    int32_t version;
-    int32_t rank, world;
-    int32_t reserved;
-    void *state;
-    int32_t (*all_reduce)(void *state, const void *send, void *recv, int64_t count, int32_t dtype, int32_t op);
-    int32_t (*all_gather)(void *state, const void *send, void *recv, int64_t count, int32_t dtype);
-    int32_t (*reduce_scatter)(void *state, const void *send, void *recv, int64_t recvcount, int32_t dtype,
-                              int32_t op);
-    const char *(*last_error)(void *state);
-} RlxTransport;
-int32_t       rlx_set_transport(void *ctx, const RlxTransport *t);
-int64_t       rlx_shm_region_bytes(int32_t world, int64_t slot_bytes);
-RlxTransport *rlx_shm_transport_open(void *region, int64_t bytes, int32_t rank, int32_t world, int64_t timeout_ms);
-void          rlx_shm_transport_close(RlxTransport *t);
-int32_t       rlx_set_nccl(void *ctx, const void *unique_id, int32_t rank, int32_t world);
+#: Exported by CUDA graphs with collective ops only (templates/cuda/nccl_abi.cu.j2; `rlx.runtime.nccl`).
+NCCL_CDEF = """
+int32_t rlx_set_nccl(void *ctx, const void *unique_id, int32_t rank, int32_t world);
 """
 
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
 ffi.cdef(PROFILE_CDEF)
-ffi.cdef(TRANSPORT_CDEF)
+ffi.cdef(NCCL_CDEF)
 
-__all__ = ["ABI_VERSION", "CDEF", "PROFILE_CDEF", "TRANSPORT_CDEF", "ffi"]
+__all__ = ["ABI_VERSION", "CDEF", "NCCL_CDEF", "PROFILE_CDEF", "ffi"]

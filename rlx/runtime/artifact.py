@@ -127,7 +127,10 @@ def _write(*, out_dir: Path, lib_manifest: Mapping[str, Any], library: Path, sou
         _remove(out / name)  # a previous save for the other target leaves nothing behind
     if source is not None and Path(source).is_file():
         _install_copy(Path(source), out / source_name)
-    _install_copy(_header_path("cpu"), out / HEADER)  # the common ABI, every target
+    # the common ABI, every target; the RLX headers it includes inlined, so it stands alone
+    from rlx.runtime.abi import standalone_header
+
+    _atomic_write(out / HEADER, standalone_header(_header_path("cpu")))
     if target == "cuda":
         _install_copy(_header_path("cuda", CUDA_HEADER), out / CUDA_HEADER)
     else:

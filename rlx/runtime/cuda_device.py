@@ -7,7 +7,12 @@ the device outputs given). CUDA failures (no device, out of memory, a failed lau
 `rlx.CudaError`; other mistakes raise `ExecutionError`.
 
 The extra exports a CUDA library has beyond the common ABI are declared here (see templates/cuda/rlx_cuda.h):
-`rlx_run_device`, `rlx_cuda_malloc`, `rlx_cuda_free`, `rlx_cuda_memcpy`, `rlx_cuda_stream_sync`.
+`rlx_run_device`, `rlx_run_device_resident`, `rlx_run_host_step`, `rlx_state_release`, `rlx_cuda_malloc`,
+`rlx_cuda_free`, `rlx_cuda_memcpy`, `rlx_cuda_stream_sync`.
+
+`CudaGraph.bind_host_step` binds the leanest loop for a step fed from host memory (a decoder's token step):
+its small inputs go over in one pinned transfer, its state inputs stay resident on the device, and only the
+outputs asked for come back (`HostStep`).
 
 >>> typestr(np.dtype(np.float32)), typestr(np.dtype(np.int64))
 ('<f4', '<i8')
@@ -18,8 +23,9 @@ from __future__ import annotations
 import math
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import cffi
@@ -29,12 +35,15 @@ from rlx.errors import CudaError, ExecutionError
 from rlx.ir.dtype import DType
 from rlx.runtime.abi import ffi
 from rlx.runtime.compiled import CompiledGraph
+from rlx.runtime.conversions import _to_input_dtype
 from rlx.runtime.loader import Library, TensorInfo, load_library
 
 CUDA_CDEF = """
 int32_t     rlx_run_device(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
 int32_t     rlx_run_device_resident(void *ctx, const int64_t *symbols, const void *const *inputs,
                                     void *const *outputs);
+int32_t     rlx_run_host_step(void *ctx, const int64_t *symbols, const void *const *inputs,
+                              void *const *outputs);
 int32_t     rlx_state_release(void *ctx);
 void       *rlx_cuda_malloc(int64_t nbytes);
 void        rlx_cuda_free(void *p);
@@ -184,6 +193,48 @@ class _DeviceView:
         return True
 
 
+class HostStep:
+    """A step loop bound by `CudaGraph.bind_host_step`: write each step's values into `inputs` in place, call it,
+    read `outputs`.
+
+    `inputs` holds one host array per per-run (non-state) input, `outputs` one per output asked for; both are
+    fixed (read-only mappings: the library holds their addresses). A call copies the inputs in with one
+    transfer, runs the graph with the state inputs resident (see `CudaGraph.bind_device(resident_states=True)`),
+    writes the wanted outputs and returns `outputs`. Arrays are reused by the next call: copy what you keep.
+    """
+
+    def __init__(self, graph: CudaGraph, run: Any, args: tuple, inputs: dict[str, np.ndarray],
+                 outputs: dict[str, np.ndarray], states: dict[int, Any], streams: set, keep: tuple) -> None:
+        self._graph, self._run, self._args = graph, run, args
+        self.inputs: Mapping[str, np.ndarray] = MappingProxyType(inputs)
+        self.outputs: Mapping[str, np.ndarray] = MappingProxyType(outputs)
+        self._states, self._streams, self._keep = states, streams, keep
+
+    def __call__(self) -> Mapping[str, np.ndarray]:
+        graph = self._graph
+        for stream in self._streams:
+            if graph._cuda.rlx_cuda_stream_sync(int(stream)) != 0:
+                raise CudaError(_global_error(graph._cuda))
+        rc = self._run(*self._args)
+        graph._resident.update(self._states)  # (on failure too: a state may have become resident before it)
+        if rc != 0:
+            graph._raise(rc, "run_host_step")
+        return self.outputs
+
+    def __repr__(self) -> str:
+        return f"HostStep(inputs={list(self.inputs)}, outputs={list(self.outputs)})"
+
+
+def _producer_streams(views: Sequence[_DeviceView]) -> set:
+    """The streams a run must wait for: those the device inputs were produced on (torch's current one)."""
+    streams = {v.stream for v in views} - {None, 1}
+    if _TORCH_STREAM in streams:
+        streams.discard(_TORCH_STREAM)
+        streams.add(sys.modules["torch"].cuda.current_stream().cuda_stream)
+    streams.discard(0)  # torch's legacy default stream, which the library's stream already waits for
+    return streams
+
+
 class CudaGraph(CompiledGraph):
     """A compiled graph on an NVIDIA GPU (see the module docstring)."""
 
@@ -247,6 +298,69 @@ class CudaGraph(CompiledGraph):
         """
         return self._prepare_device(inputs, outputs, {}, resident=resident_states)
 
+    def bind_host_step(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None) -> HostStep:
+        """Bind a loop of steps fed from host memory: one transfer in, the wanted outputs out, states resident.
+
+        `inputs` names every input: state inputs as device buffers (kept resident in the context, exactly as
+        `bind_device(..., resident_states=True)` does: call `release_states()` before reading one), the others
+        as host data whose shapes (and so the dynamic dims) the binding keeps; their values are the first
+        step's. `outputs` names the outputs each step returns (None: all). Returns a `HostStep`: write the next
+        step's values into its `inputs` arrays in place, then call it.
+
+        On a GPU (tests/gpu/test_cuda_ops.py runs this)::
+
+            step = graph.bind_host_step({"x": np.zeros(4, np.float32), "acc": graph.to_device(acc)},
+                                        outputs=["y"])
+            step.inputs["x"][:] = next_x
+            y = step()["y"].copy()
+        """
+        given: dict[str, Any] = dict(inputs)
+        lib = self._library
+        unknown = [k for k in given if k not in self._inputs]
+        if unknown:
+            raise ExecutionError(f"unknown inputs {unknown}; the graph's inputs are {self.input_names}")
+        missing = [t.name for t in lib.inputs if t.name not in given]
+        if missing:
+            raise ExecutionError(f"missing inputs {missing}")
+        wanted = list(self.output_names) if outputs is None else list(outputs)
+        bad = [k for k in wanted if k not in self._outputs]
+        if bad or not wanted:
+            raise ExecutionError(f"outputs to return must be some of {self.output_names}, got {wanted}")
+        views: list[Any] = []
+        host: dict[str, np.ndarray] = {}
+        for t in lib.inputs:
+            value = given[t.name]
+            if t.state:
+                views.append(_DeviceView(t.name, value, t, writable=False))
+                continue
+            if hasattr(value, "__cuda_array_interface__") or type(value).__module__.startswith("torch"):
+                raise ExecutionError(f"{t.name!r}: a host-fed step takes host data for its per-run inputs, got a "
+                                     f"{type(value).__name__} (only state inputs live on the device)")
+            arr = np.array(_to_input_dtype(t.name, value, t.dtype), order="C", copy=True)  # owned and writeable
+            host[t.name] = arr
+            views.append(arr)
+        symbols = self._bind_symbols(views)  # checks ranks, shapes and bounds like `run`
+        unset = [t.name for t, ok in zip(lib.params, self._param_set) if not ok]
+        if unset:
+            raise ExecutionError(f"params never set: {unset}")
+        outs = {t.name: np.empty(t.concrete(symbols), t.dtype.np) for t in lib.outputs if t.name in wanted}
+        try:
+            run = self._cuda.rlx_run_host_step
+        except AttributeError:
+            raise ExecutionError(f"{lib.path.name} predates host-fed steps; rebuild it with this rlx") from None
+
+        def ptr(obj: Any) -> Any:
+            return cuda_ffi.cast("void *", obj.ctypes.data if isinstance(obj, np.ndarray) else obj.ptr)
+
+        sym = cuda_ffi.new("int64_t[]", [symbols[n] for n in self._sym_order] or [0])
+        ins = cuda_ffi.new("void *[]", [ptr(v) for v in views] or [cuda_ffi.NULL])
+        out_ptrs = cuda_ffi.new("void *[]", [ptr(outs[t.name]) if t.name in outs else cuda_ffi.NULL
+                                             for t in lib.outputs])
+        states = {i: v.obj for i, (t, v) in enumerate(zip(lib.inputs, views)) if t.state}
+        streams = _producer_streams([v for v in views if isinstance(v, _DeviceView)])
+        return HostStep(self, run, (self._dev_ctx, sym, ins, out_ptrs), host, outs, states, streams,
+                        keep=(views, sym, ins, out_ptrs))
+
     def release_states(self) -> None:
         """Write every resident state input back to its buffer (see `bind_device(resident_states=True)`)."""
         if not self._resident:
@@ -290,11 +404,7 @@ class CudaGraph(CompiledGraph):
         unset = [t.name for t, ok in zip(lib.params, self._param_set) if not ok]
         if unset:
             raise ExecutionError(f"params never set: {unset}")
-        streams = {v.stream for v in views} - {None, 1}
-        if _TORCH_STREAM in streams:
-            streams.discard(_TORCH_STREAM)
-            streams.add(sys.modules["torch"].cuda.current_stream().cuda_stream)
-        streams.discard(0)  # torch's legacy default stream, which the library's stream already waits for
+        streams = _producer_streams(views)
         sym = cuda_ffi.new("int64_t[]", [symbols[n] for n in self._sym_order] or [0])
         ins = cuda_ffi.new("void *[]", [cuda_ffi.cast("void *", v.ptr) for v in views] or [cuda_ffi.NULL])
         outs = cuda_ffi.new("void *[]", [cuda_ffi.cast("void *", v.ptr) for v in out_views])
@@ -344,4 +454,4 @@ def compile_cuda(lir: Any, config: Any, *, precision: DType | str = DType.F32, a
                      build_seconds=built.seconds)
 
 
-__all__ = ["CUDA_CDEF", "CudaGraph", "DeviceArray", "compile_cuda", "cuda_ffi", "typestr"]
+__all__ = ["CUDA_CDEF", "CudaGraph", "DeviceArray", "HostStep", "compile_cuda", "cuda_ffi", "typestr"]

@@ -89,30 +89,10 @@ int32_t rlx_memory(void *ctx, int64_t out[4]);
  *
  * Such a graph runs once per rank; each rank's context is given that rank's transport, a
  * function table its collectives call. Libraries with collectives export the functions below;
- * others do not (and are otherwise unchanged). The table (same text as kernels/transport.h): */
-#ifndef RLX_TRANSPORT_DEFINED
-#define RLX_TRANSPORT_DEFINED
-
-
-#define RLX_TRANSPORT_VERSION 1
-
-/* element types (dtype) and reductions (op) */
-enum { RLX_DT_F32 = 0, RLX_DT_F16 = 1, RLX_DT_BF16 = 2 };
-enum { RLX_RED_SUM = 0, RLX_RED_MAX = 1 };
-
-typedef struct RlxTransport {
-    int32_t version; /* RLX_TRANSPORT_VERSION */
-    int32_t rank, world;
-    int32_t reserved;
-    void *state;     /* the implementation's own, passed back to every call */
-    int32_t (*all_reduce)(void *state, const void *send, void *recv, int64_t count, int32_t dtype, int32_t op);
-    int32_t (*all_gather)(void *state, const void *send, void *recv, int64_t count, int32_t dtype);
-    int32_t (*reduce_scatter)(void *state, const void *send, void *recv, int64_t recvcount, int32_t dtype,
-                              int32_t op);
-    const char *(*last_error)(void *state);
-} RlxTransport;
-
-#endif /* RLX_TRANSPORT_DEFINED */
+ * others do not (and are otherwise unchanged). The table, RlxTransport, is declared once, in
+ * kernels/transport.h; an artifact's copy of this header has that file's text in place of the
+ * #include below, so it stands alone. */
+#include "kernels/transport.h"
 
 /* Attach a transport to ctx (NULL detaches); it must outlive the runs. 0, or 1 with a message. */
 int32_t rlx_set_transport(void *ctx, const RlxTransport *t);

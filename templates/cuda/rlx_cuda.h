@@ -44,6 +44,12 @@ int32_t rlx_run_device(void *ctx, const int64_t *symbols, const void *const *inp
 int32_t rlx_run_device_resident(void *ctx, const int64_t *symbols, const void *const *inputs,
                                 void *const *outputs);
 
+/* One step of a loop fed from host memory (a decoder's token step): state inputs are device pointers kept resident
+ * (as rlx_run_device_resident), the other inputs host pointers, packed into a pinned copy of their staging span
+ * (the layout keeps it contiguous) and sent in one transfer; outputs are host pointers, NULL for an output not
+ * wanted (it is not copied back). Returns once the wanted outputs are written. */
+int32_t rlx_run_host_step(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
+
 /* Write every resident state back to its buffer and forget it; returns once done. 0, -1 or -2. */
 int32_t rlx_state_release(void *ctx);
 

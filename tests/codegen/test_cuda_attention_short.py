@@ -32,7 +32,12 @@ def _render(target: CudaTarget = F16, **kw) -> str:
 
 def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
     src = _render(heads=12, kv_heads=12, head_dim=32, mask="padding", sq=[128, 3])
-    assert "rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128><<<" in src
+    # launched with programmatic dependent launch (the kernel waits before reading), or plainly without it
+    assert "rlx_launch_pdl(c->pdl, rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128>, " in src
+    no_pdl = _render(CudaTarget(precision=DType.F16, gemm="builtin", pdl=False), heads=12, kv_heads=12, head_dim=32,
+                     mask="padding", sq=[128, 3])
+    assert "rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128><<<" in no_pdl
+    assert "rlx_launch_pdl(c->pdl" not in no_pdl
     # its shared-memory limit is raised once, for the largest block (8 warps)
     assert "cudaFuncSetAttribute(rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128>" in src
     assert "RlxShortSmem<32, 128>::total(8)" in src
@@ -76,7 +81,7 @@ def test_short_kernel_compiles_for_every_mask(precision: str, tmp_path: Path) ->
                       {"name": "m"})
     assert _launches(src) == 4
     for mask in ("PADDING", "CAUSAL", "BIAS", "NONE"):
-        assert f"RLX_MASK_{mask}, 128><<<" in src
+        assert f"RLX_MASK_{mask}, 128>, " in src  # launched through rlx_launch_pdl
     path = tmp_path / "short.cu"
     path.write_text(src)
     NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc)).compile(path, path.with_suffix(".o"), "builtin",

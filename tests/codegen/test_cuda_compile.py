@@ -196,7 +196,19 @@ def test_decoder_compiles_with_resident_states(toolchain: NvccToolchain, precisi
     path = tmp_path / f"decoder_{precision}.cu"
     path.write_text(src)
     toolchain.compile(path, path.with_suffix(".o"), gemm, compile_only=True)
-    assert "rlx_run_device_resident" in src and "rlx_state_release" in src
+    assert "rlx_run_device_resident" in src and "rlx_state_release" in src and "rlx_run_host_step" in src
+    # a host-fed step copies the per-run inputs' staging span whole: it holds those five inputs and nothing else
+    from rlx.codegen.cuda_emit import lower_cuda
+
+    target = CudaTarget(precision=DType.parse(precision), gemm=gemm)
+    lay = next(d for d in lower_cuda(lir, target).decisions if d.kind == "cuda_device_layout")
+    host = [lay.inputs[i].staging for i, spec in enumerate(lir.inputs) if not spec.state]
+    assert len(host) == 5 and host == sorted(host)
+    assert f"#define RLX_HOST_IN_LO ((size_t){host[0]})" in src
+    lo, hi = host[0], host[-1] + lir.inputs[len(host) - 1].shape.max_nbytes
+    inside = [o for i, p in enumerate(lay.inputs) for o in {p.dev, p.staging}
+              if lo <= o < hi and (lir.inputs[i].state or o != p.staging)]
+    assert not inside
     # per layer: Q/K/V after the norm, the output projection plus residual, gate/up with SwiGLU, down plus residual
     assert src.count("rlx_qgemv_fused<") == 4 * 2 * 4  # 4 groups a layer, 2 layers, a launch for 1..4 rows
     forward = src.split("static int rlx_forward")[1].split("\n}\n")[0]

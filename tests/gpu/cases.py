@@ -221,8 +221,9 @@ def norms() -> Case:
 
 @case
 def argmax() -> Case:
-    """Rows of distinct small integers (exact in f16 and bf16), a tie (the first index wins) and NaNs (the
-    first NaN wins), along the last, the first and a middle axis; a dynamic row count."""
+    """Rows of distinct small integers (exact in f16 and bf16), a tie (the first index wins), NaNs (the
+    first NaN wins) and a row of negative values only, along the last, the first and a middle axis; a
+    dynamic row count."""
     g = Graph("argmax")
     rows = Dim.dynamic("rows", max=6)
     x = g.input("x", [rows, 200])
@@ -233,6 +234,7 @@ def argmax() -> Case:
     xs = np.stack([r.permutation(200) - 100 for _ in range(5)]).astype(np.float32)
     xs[1, 3] = xs[1, 150] = 120.0
     xs[2, 77] = xs[2, 120] = np.nan
+    xs[4] -= 120.0  # all negative (-220..-21, exact in bf16): threads that saw no value must not win
     return Case("argmax", g, [{"x": xs, "y": r.permutation(165).reshape(5, 33).astype(np.float32) - 80,
                                "z": r.permutation(105).reshape(3, 7, 5).astype(np.float32) - 50}])
 

@@ -53,3 +53,32 @@ def test_minilm_cuda_matches_cpu(model: tuple) -> None:
         cos = _cosines(low, cpu)
         # f16 keeps 11 bits: embeddings agree to cosine 1 - O(u^2 * depth); bf16's 8 bits give ~64x less
         assert cos.min() >= (0.9999 if precision == "f16" else 0.999), f"{precision}: cosines {cos}"
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (2, 9), (3, 21)])
+def test_minilm_short_steps_match_cpu(model: tuple, shape: tuple[int, int]) -> None:
+    """Steps of at most 64 rows: every GEMM on rlx_gemm_small, every rlx kernel launched with PDL; the same
+    embeddings as the CPU and as the build without either (cuBLASLt, plain launches)."""
+    from rlx.config import Config
+    from rlx.runtime.cuda_device import compile_cuda
+
+    graph, weights, _ = model
+    rng = np.random.default_rng(sum(shape))
+    ids = rng.integers(1000, MINILM.vocab_size, size=shape).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[-1, shape[1] // 2:] = 0 if shape[0] > 1 else 1
+    feed = bert_inputs(ids, mask)
+    cpu = _run(Session(Device.CPU), graph, weights, feed)
+    lir = Session(Device.CUDA).lower(graph)
+    for precision in ("f16", "bf16"):
+        outs = []
+        for options in ({}, {"pdl": False, "small_gemm": False}):
+            cg = compile_cuda(lir, Config.from_env(), precision=precision, **options)
+            assert ("rlx_gemm_small<" in cg.source) == (not options)
+            for k, v in weights.items():
+                cg.set_param(k, v)
+            outs.append(cg.run(feed)[0])
+            np.testing.assert_array_equal(outs[-1], cg.run(feed)[0])  # the captured graph's replay
+        for out in outs:
+            cos = _cosines(out, cpu)
+            assert cos.min() >= (0.9999 if precision == "f16" else 0.999), f"{precision} {shape}: cosines {cos}"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rlx.errors import ExecutionError, RlxError
+from rlx.models import llama as L
 from rlx.models.causal_lm import CausalLM, random_tensors
 from rlx.models.decoder_config import DecoderConfig
 from rlx.models.llama import random_specs
@@ -146,3 +147,76 @@ def test_default_quant_act_follows_the_cpu_target(monkeypatch: pytest.MonkeyPatc
     assert default_quant_act("cuda") == "f32"
     with pytest.raises(RlxError, match="quant_act"):
         CausalLM(CONFIG, random_tensors(random_specs(CONFIG), seed=1), device="reference", quant_act="q4")
+
+
+def _linear_inputs_rounded(graph):
+    """`graph` with the left operand of every matmul on a param rounded to bf16 and back: the meaning
+    of the CPU's bf16 GEMMs on a host with AVX512_BF16 (bf16 x bf16 products, f32 sums)."""
+    from rlx.ir import ops as O
+    from rlx.ir.dtype import DType
+    from rlx.opt.rewrite import Rewriter
+
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        if node.kind == "matmul" and graph.node(node.inputs[1]).kind == "param":
+            a = rw.dst.add(O.Cast(DType.BF16), [rw.arg(node.inputs[0])])
+            rw.emit(node, node.op, [rw.dst.add(O.Cast(DType.F32), [a]), rw.arg(node.inputs[1])])
+        else:
+            rw.copy(node)
+    return rw.finish()
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_f16_bf16_gguf_weights_stay_narrow(kind: str, tmp_path: Path) -> None:
+    """F16/BF16 GGUF matrices are held in their own precision on the CPU (issue 14: no widening at
+    load): half the bytes of f32, multiplied by the mixed GEMMs with f32 accumulation."""
+    from rlx.driver import Session
+    from rlx.ir.dtype import BFLOAT16
+    from rlx.models.gguf import GgufTensor, config_metadata, read_gguf, write_gguf
+    from rlx.models.llama import build_decoder
+    from rlx.toolchain.isa import cpu_flags
+
+    f32 = random_tensors(random_specs(CONFIG), seed=3, scale=2.0)
+    stored: dict = {}
+    for name, (_, data) in f32.items():
+        if data.ndim == 1:
+            stored[name] = data  # norm gains stay f32, as GGUF files keep them
+        elif kind == "f16":
+            stored[name] = data.astype(np.float16)
+        else:
+            stored[name] = GgufTensor(name, "bf16", data.shape, data.astype(BFLOAT16).view(np.uint16))
+    path = tmp_path / f"tiny-{kind}.gguf"
+    write_gguf(path, config_metadata(CONFIG), stored)
+    model = read_gguf(path)
+    tensors = {n: (L.WeightSpec(t.ggml_type, tuple(t.shape)), t.data) for n, t in model.tensors.items()}
+    lm = CausalLM(model.config, tensors, device="cpu", max_context=64, prefill_chunk=16)
+
+    # in memory: every matrix a param of its stored dtype; the params take about half of f32's bytes
+    dtypes = {p["name"]: p["dtype"] for p in lm._compiled.manifest["params"]}
+    assert {d for n, d in dtypes.items() if not n.endswith("_norm.weight")} == {kind}
+    assert {d for n, d in dtypes.items() if n.endswith("_norm.weight")} == {"f32"}
+    specs = {n: spec for n, (spec, _) in tensors.items()}
+    wide = build_decoder(CONFIG, specs, max_seq=16, capacity=64)
+    narrow_bytes, wide_bytes = lm._compiled.memory()["params"], Session("cpu").estimate(wide).params
+    # (half, plus the f32 norm gains and each packed param's padding to whole 64-byte lines)
+    assert 0.45 * wide_bytes < narrow_bytes < 0.55 * wide_bytes
+
+    ids = list(np.random.default_rng(0).integers(0, CONFIG.vocab_size, 37))  # three chunks
+    got = lm.logits(ids)
+    exact = {n: np.asarray(t.data if not isinstance(t, np.ndarray) else t) for n, t in stored.items()}
+    exact = {n: (a.view(BFLOAT16) if a.dtype == np.uint16 else a).astype(np.float32) for n, a in exact.items()}
+    want = llama_logits(CONFIG, exact, ids)
+    if kind == "f16" or "avx512_bf16" not in (cpu_flags() or ()):
+        # the weights are read exactly (widened per panel) and multiplied in f32: as the f32 model
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        np.testing.assert_array_equal(got.argmax(axis=1), want.argmax(axis=1))
+    else:
+        # vdpbf16ps rounds each GEMM's activations to bf16 (2^-8 relative): the reference with
+        # those roundings moves the logits from `want`; a rounding is a step function of values the
+        # reference computes in float64, so the two agree to the size of that effect
+        ref = CausalLM(model.config, tensors, device="reference", max_context=64, prefill_chunk=16)
+        ref.graph = _linear_inputs_rounded(ref.graph)
+        meant = ref.logits(ids)
+        effect = np.abs(meant - want).max()
+        assert 1e-5 * np.abs(want).max() < effect < 0.05 * np.abs(want).max()
+        assert np.abs(got - meant).max() <= 2 * effect

@@ -78,3 +78,60 @@ def test_lookups_read_the_narrow_table_and_widen_only_their_rows():
     got = rlx.reference.run(out, {"ids": ids}, {"table": t})
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_a_fused_swiglu_reads_its_narrow_weights_as_stored(precision):
+    """No per-call cast of a whole weight matrix: the fused SwiGLU becomes two mixed GEMMs."""
+    g = rlx.Graph("ffn")
+    x = g.input("x", [rlx.Dim.dynamic("b", max=4), 16])
+    wg, wu = g.param("wg", [16, 24]), g.param("wu", [16, 24])
+    g.set_outputs([g.mul(g.activation("silu", g.matmul(x, wg)), g.matmul(x, wu))])
+    fused = rlx.opt.pipeline.optimize(g)
+    assert "fused_swiglu" in [n.kind for n in fused.nodes]
+    out = store_params_in(fused, precision)
+    assert "cast" not in [n.kind for n in out.nodes] and "fused_swiglu" not in [n.kind for n in out.nodes]
+    assert [out.node(n.inputs[1]).shape.dtype.value for n in out.nodes if n.kind == "matmul"] == [precision] * 2
+    rng = np.random.default_rng(2)
+    narrow = BFLOAT16 if precision == "bf16" else np.float16
+    w = {k: rng.uniform(-1, 1, (16, 24)).astype(np.float32).astype(narrow).astype(np.float32) for k in ("wg", "wu")}
+    xv = rng.uniform(-1, 1, (3, 16)).astype(np.float32)
+    np.testing.assert_allclose(rlx.reference.run(out, {"x": xv}, w)[0], rlx.reference.run(g, {"x": xv}, w)[0],
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_bias_vectors_are_widened_once_at_set_param(precision, tmp_path, monkeypatch):
+    """A narrow-stored bias read only through its cast is kept as f32 from set_param on: the LIR
+    records it, the program renders no cast for it, and results are those of the per-call cast."""
+    from rlx.codegen import c
+    from rlx.driver import lower_to_lir
+    from rlx.ir.decisions import WidenedParam
+    from rlx.opt.lowering import lower_for
+
+    lir = lower_for(lower_to_lir(_mlp(), backend="cpu", params_in=precision), "cpu")
+    widened = lir.decided(WidenedParam)
+    assert [lir.graph.node(d.node).op.name for d in widened] == ["b1"]
+    assert "widened to f32 once at set_param" in lir.inspect()
+    source = c.render_c(lir, c.CTarget(), {"name": "mlp"})
+    assert f"no code: %{widened[0].node} widened once at set_param" in source
+    assert f"RLX_PARAM_WIDEN_{precision.upper()}, 2," in source  # the param table's row
+
+    rng = np.random.default_rng(3)
+    narrow = BFLOAT16 if precision == "bf16" else np.float16
+    weights = {"w1": rng.uniform(-1, 1, (16, 32)), "b1": rng.uniform(-1, 1, 32), "w2": rng.uniform(-1, 1, (32, 8))}
+    weights = {k: v.astype(np.float32).astype(narrow) for k, v in weights.items()}
+    cg = rlx.Session(rlx.Device.CPU, precision=precision).compile(_mlp())
+    for k, v in weights.items():
+        cg.set_param(k, v)
+    x = rng.uniform(-1, 1, (3, 16)).astype(np.float32)
+    # the same program with the cast run per call (the pass turned off): bit for bit the same
+    import rlx.opt.lowering as lowering
+
+    monkeypatch.setattr(lowering, "widen_params", lambda lir: ())
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path))  # a cache of its own: not the build above
+    per_call = rlx.Session(rlx.Device.CPU, precision=precision).compile(_mlp())
+    assert per_call.source is None or "widened once at set_param" not in per_call.source
+    for k, v in weights.items():
+        per_call.set_param(k, v)
+    np.testing.assert_array_equal(cg.run(x=x)[0], per_call.run(x=x)[0])

@@ -39,6 +39,17 @@ def test_estimate_matches_the_allocation(build, profile: bool):
     assert est.arena >= session.lower(graph).arena_bytes > 0
 
 
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_estimate_follows_the_session_precision(precision: str):
+    """Params stored narrow (and bias vectors widened once at set_param) are what the estimate sizes."""
+    session = rlx.Session(precision=precision)
+    est = session.estimate(mlp(), num_threads=2)
+    got = session.compile(mlp(), num_threads=2).memory()
+    for part in ("arena", "params", "scratch", "context"):
+        assert within_one_percent(getattr(est, part), got[part]), (part, est, got)
+    assert est.params < rlx.Session().estimate(mlp(), num_threads=2).params * 0.6
+
+
 def test_bert_estimate_parts():
     graph = B.build_bert(CFG, max_batch=4, max_seq=16)
     est = rlx.Session().estimate(graph, num_threads=3)

@@ -169,7 +169,13 @@ RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, in
         rlx_pack_param((float *)(ctx->params + p->offset), (const float *)data, p->rank - 2, p->dims, p->src_strides);
     else
 #endif
-    if (p->mode == RLX_PARAM_PERMUTE)
+    if (p->mode == RLX_PARAM_WIDEN_BF16 || p->mode == RLX_PARAM_WIDEN_F16) {
+        /* exact: every f16/bf16 value is an f32; the run reads this copy (no per-call cast) */
+        const uint16_t *src = (const uint16_t *)data;
+        float *dst = (float *)(ctx->params + p->offset);
+        for (int64_t i = 0; i < nbytes / 2; i++)
+            dst[i] = p->mode == RLX_PARAM_WIDEN_BF16 ? rlx_bf2f(src[i]) : rlx_h2f(src[i]);
+    } else if (p->mode == RLX_PARAM_PERMUTE)
         rlx_permute_copy(ctx->params + p->offset, (const char *)data, p->rank, p->dims, p->src_strides, p->elsize);
     else
         memcpy(ctx->params + p->offset, data, (size_t)nbytes);

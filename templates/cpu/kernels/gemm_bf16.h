@@ -68,17 +68,10 @@ static void rlx_pack_param_half(uint16_t *dst, const uint16_t *src, int nbatch_a
 {
     const int64_t K = dims[nbatch_axes], N = dims[nbatch_axes + 1];
     const int64_t stride = (N + RLX_HNR - 1) / RLX_HNR * RLX_HNR * ((K + 1) & ~(int64_t)1);
-    int64_t count = 1;
-    for (int d = 0; d < nbatch_axes; d++)
-        count *= dims[d];
-    for (int64_t b = 0; b < count; b++) {
-        int64_t off = 0, rem = b;
-        for (int d = nbatch_axes - 1; d >= 0; d--) {
-            off += rem % dims[d] * strides[d];
-            rem /= dims[d];
-        }
-        rlx_pack_b_half(dst + b * stride, src + off, K, N, strides[nbatch_axes], strides[nbatch_axes + 1], pairs);
-    }
+    const int64_t count = rlx_batch_count(nbatch_axes, dims);
+    for (int64_t b = 0; b < count; b++)
+        rlx_pack_b_half(dst + b * stride, src + rlx_batch_offset(b, nbatch_axes, dims, strides), K, N,
+                        strides[nbatch_axes], strides[nbatch_axes + 1], pairs);
 }
 
 /* Work units of an M x N product: tiles of `mc` rows x one half panel, row blocks outermost. */
@@ -149,59 +142,40 @@ static void rlx_widen_panel(float *restrict dst, const uint16_t *restrict panel,
     }
 }
 
-/* C[i0:i1, j0:j0+nr] of the tile whose panel `bw` was widened. */
-static void rlx_hgemm_wide_tile(int64_t i0, int64_t i1, int64_t j0, int64_t nr, int64_t K, const float *A, int64_t lda,
-                                const float *bw, float *C, int64_t ldc, const float *bias, int act)
-{
-#ifdef RLX_NR
-    for (int64_t s = 0; s * RLX_NR < nr; s++) {
-        const float *panel = bw + s * K * RLX_NR;
-        const int64_t js = j0 + s * RLX_NR, ns = nr - s * RLX_NR < RLX_NR ? nr - s * RLX_NR : RLX_NR;
-        const float *bs = bias ? bias + js : NULL;
-        for (int64_t i = i0; i < i1; i += RLX_MR) {
-            const int64_t mr = i1 - i < RLX_MR ? i1 - i : RLX_MR;
-            float *c = C + i * ldc + js;
-            if (K == 0)
-                rlx_kernel(mr, 0, 0, A, lda, panel, c, ldc, ns, bs, 0);
-            for (int64_t k0 = 0; k0 < K; k0 += RLX_KC) {
-                const int64_t kc = K - k0 < RLX_KC ? K - k0 : RLX_KC;
-                rlx_kernel(mr, 0, kc, A + i * lda + k0, lda, panel + k0 * RLX_NR, c, ldc, ns,
-                           k0 + kc >= K ? bs : NULL, k0 > 0);
-            }
-            if (act != RLX_EPI_NONE)
-                rlx_epilogue_act(c, ldc, mr, ns, act);
-        }
-    }
-#else
-    float *c = C + i0 * ldc + j0;
-    rlx_sgemm1(0, 0, i1 - i0, nr, K, A + i0 * lda, lda, bw, RLX_HNR, c, ldc);
-    for (int64_t i = 0; i < i1 - i0; i++) {
-        float *restrict row = c + i * ldc;
-        if (bias)
-            for (int64_t j = 0; j < nr; j++)
-                row[j] += bias[j0 + j];
-    }
-    if (act != RLX_EPI_NONE)
-        rlx_epilogue_act(c, ldc, i1 - i0, nr, act);
-#endif
-}
-
 #if defined(RLX_NR) && RLX_NR == 32
 #include "kernels/tile_store.h"
 
-/* ── f16 on AVX-512: the f32 micro-kernel with each k row of the panel widened in registers ── */
+/* ── the half micro-kernels: f16 widened in registers, bf16 pairs on vdpbf16ps ──────── */
 
 #define RLX_F16_DIRECT 1
-/* Up to this many rows a tile widens in registers (each 12-row piece converts the panel again);
+/* Up to this many rows a tile widens f16 in registers (each 12-row piece converts the panel again);
  * taller tiles widen the panel once into scratch, then run the f32 kernel: at 1024 rows that
  * took ~1.1x the f32 weights' time where converting in registers took ~1.17x, at 16 rows the
  * registers are as fast as f32 (2 Zen 4 cores; benchmarks/half_gemm.py). */
 #define RLX_F16_DIRECT_ROWS 24
-/* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias), the panel f16 rows of 32 (vcvtph2ps:
- * exact), A f32: the f32 GEMM on the stored weights without a widened copy. */
-static inline __attribute__((always_inline)) void rlx_f16_tile(const int mr, const int prefetch, int64_t kc,
-        const float *restrict A, int64_t lda, const uint16_t *restrict Bp, float *restrict C, int64_t ldc,
-        int64_t nr, const float *restrict bias, int accumulate)
+
+/* c + a * b: an f32 FMA (f16: a an f32 broadcast, b a widened f16 row), or with `bf16`
+ * vdpbf16ps (a a broadcast bf16 pair of A, b a pair row of the panel; exact products, f32 sums). */
+static inline __attribute__((always_inline)) __m512 rlx_half_madd(const int bf16, __m512 a, __m512 b, __m512 c)
+{
+#ifdef RLX_BF16_DOT
+    if (bf16)
+        return _mm512_dpbf16_ps(c, (__m512bh)a, (__m512bh)b);
+#else
+    (void)bf16;
+#endif
+    return _mm512_fmadd_ps(a, b, c);
+}
+
+/* C[0:mr, 0:nr] (+)= A[0:mr, :] @ panel (+ bias), `steps` steps of the panel: the contract of
+ * packed_gemm.h's rlx_kernel_tile.
+ *   f16 (bf16 == 0): A f32, one k per step; each panel row of 32 f16 widened (vcvtph2ps: exact),
+ *     so this is the f32 GEMM on the stored weights without a widened copy.
+ *   bf16: A bf16 rows, one pair of k per step (a 64-byte pair row of the panel, 2 x 32 values),
+ *     multiplied with vdpbf16ps. */
+static inline __attribute__((always_inline)) void rlx_half_tile(const int bf16, const int mr, const int prefetch,
+        int64_t steps, const void *restrict A, int64_t lda, const uint16_t *restrict Bp, float *restrict C,
+        int64_t ldc, int64_t nr, const float *restrict bias, int accumulate)
 {
     __m512 c0[RLX_MR], c1[RLX_MR];
     #pragma GCC unroll 12
@@ -210,56 +184,83 @@ static inline __attribute__((always_inline)) void rlx_f16_tile(const int mr, con
             c0[i] = _mm512_setzero_ps();
             c1[i] = _mm512_setzero_ps();
         }
-    for (int64_t k = 0; k < kc; k++) {
-        const uint16_t *row = Bp + k * RLX_HNR;
+    for (int64_t p = 0; p < steps; p++) {
+        const uint16_t *row = Bp + p * (bf16 ? 2 * RLX_HNR : RLX_HNR);
+        __m512 b0, b1;
         if (prefetch)
             _mm_prefetch((const char *)row + RLX_PF_BYTES, _MM_HINT_T0);
-        const __m512 b0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)row));
-        const __m512 b1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(row + 16)));
+        if (bf16) {
+            if (prefetch)
+                _mm_prefetch((const char *)row + RLX_PF_BYTES + 64, _MM_HINT_T0);
+            b0 = _mm512_castsi512_ps(_mm512_load_si512((const void *)row));
+            b1 = _mm512_castsi512_ps(_mm512_load_si512((const void *)(row + RLX_HNR)));
+        } else {
+            b0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)row));
+            b1 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(row + 16)));
+        }
         #pragma GCC unroll 12
         for (int i = 0; i < RLX_MR; i++)
             if (i < mr) {
-                const __m512 a = _mm512_set1_ps(A[i * lda + k]);
-                c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-                c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+                __m512 a;
+                if (bf16) {
+                    int32_t pair;
+                    memcpy(&pair, (const uint16_t *)A + i * lda + 2 * p, sizeof pair);
+                    a = _mm512_castsi512_ps(_mm512_set1_epi32(pair));
+                } else {
+                    a = _mm512_set1_ps(((const float *)A)[i * lda + p]);
+                }
+                c0[i] = rlx_half_madd(bf16, a, b0, c0[i]);
+                c1[i] = rlx_half_madd(bf16, a, b1, c1[i]);
             }
     }
     rlx_tile_store_512(mr, c0, c1, C, ldc, nr, bias, accumulate);
 }
 
-#define RLX_F16_CASE(R)                                                                        \
+/* mr rows as pieces of 12, 8, 4, 2 and 1 (as rlx_kernel: the tile's instances), A rows of floats
+ * (f16) or bf16 values (bf16); only the first piece prefetches (it brings the panel in). */
+static inline __attribute__((always_inline)) void rlx_half_pieces(const int bf16, int64_t mr, int prefetch,
+        int64_t steps, const void *A, int64_t lda, const uint16_t *Bp, float *C, int64_t ldc, int64_t nr,
+        const float *bias, int accumulate)
+{
+#define RLX_HALF_CASE(R)                                                                       \
     case R:                                                                                    \
         if (prefetch)                                                                          \
-            rlx_f16_tile(R, 1, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);                  \
+            rlx_half_tile(bf16, R, 1, steps, A, lda, Bp, C, ldc, nr, bias, accumulate);        \
         else                                                                                   \
-            rlx_f16_tile(R, 0, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);                  \
+            rlx_half_tile(bf16, R, 0, steps, A, lda, Bp, C, ldc, nr, bias, accumulate);        \
         break;
-
-static void rlx_f16_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t lda, const uint16_t *Bp,
-                           float *C, int64_t ldc, int64_t nr, const float *bias, int accumulate)
-{
     while (mr > 0) {
         const int64_t r = mr >= 12 ? 12 : mr >= 8 ? 8 : mr >= 4 ? 4 : mr >= 2 ? 2 : 1;
         switch (r) {
-        RLX_F16_CASE(12)
-        RLX_F16_CASE(8)
-        RLX_F16_CASE(4)
-        RLX_F16_CASE(2)
+        RLX_HALF_CASE(12)
+        RLX_HALF_CASE(8)
+        RLX_HALF_CASE(4)
+        RLX_HALF_CASE(2)
         default:
-        RLX_F16_CASE(1)
+        RLX_HALF_CASE(1)
         }
-        A += r * lda;
+        A = bf16 ? (const void *)((const uint16_t *)A + r * lda) : (const void *)((const float *)A + r * lda);
         C += r * ldc;
         mr -= r;
         prefetch = 0;
     }
+#undef RLX_HALF_CASE
 }
-#undef RLX_F16_CASE
-#endif /* RLX_NR == 32 */
 
-/* ── the bf16 path: vdpbf16ps on bf16 pairs ────────────────────────────────────── */
+static void rlx_f16_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t lda, const uint16_t *Bp,
+                           float *C, int64_t ldc, int64_t nr, const float *bias, int accumulate)
+{
+    rlx_half_pieces(0, mr, prefetch, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);
+}
 
 #ifdef RLX_BF16_DOT
+/* kp pairs of k: A the bf16 rows of rlx_round_rows_bf16. */
+static void rlx_bf16_kernel(int64_t mr, int prefetch, int64_t kp, const uint16_t *A, int64_t lda,
+                            const uint16_t *Bp, float *C, int64_t ldc, int64_t nr, const float *bias, int accumulate)
+{
+    rlx_half_pieces(1, mr, prefetch, kp, A, lda, Bp, C, ldc, nr, bias, accumulate);
+}
+
 /* rows x K of A rounded to bf16 (nearest even) into dst, ld = Kp (a zero pads an odd K). */
 static void rlx_round_rows_bf16(uint16_t *restrict dst, int64_t Kp, const float *restrict A, int64_t lda,
                                 int64_t rows, int64_t K)
@@ -276,71 +277,79 @@ static void rlx_round_rows_bf16(uint16_t *restrict dst, int64_t Kp, const float 
             d[K] = 0;
     }
 }
-
-/* C[0:mr, 0:nr] (+)= A[0:mr, 0:2kp] @ panel[0:2kp, :] (+ bias), A and the panel bf16 pairs: the
- * same contract as packed_gemm.h's rlx_kernel_tile, with pairs of k per step. */
-static inline __attribute__((always_inline)) void rlx_bf16_tile(const int mr, const int prefetch, int64_t kp,
-        const uint16_t *restrict A, int64_t lda, const uint16_t *restrict Bp, float *restrict C, int64_t ldc,
-        int64_t nr, const float *restrict bias, int accumulate)
-{
-    __m512 c0[RLX_MR], c1[RLX_MR];
-    #pragma GCC unroll 12
-    for (int i = 0; i < RLX_MR; i++)
-        if (i < mr) {
-            c0[i] = _mm512_setzero_ps();
-            c1[i] = _mm512_setzero_ps();
-        }
-    for (int64_t p = 0; p < kp; p++) {
-        const uint16_t *row = Bp + p * (2 * RLX_HNR);
-        if (prefetch) {
-            _mm_prefetch((const char *)row + RLX_PF_BYTES, _MM_HINT_T0);
-            _mm_prefetch((const char *)row + RLX_PF_BYTES + 64, _MM_HINT_T0);
-        }
-        const __m512bh b0 = (__m512bh)_mm512_load_si512((const void *)row);
-        const __m512bh b1 = (__m512bh)_mm512_load_si512((const void *)(row + RLX_HNR));
-        #pragma GCC unroll 12
-        for (int i = 0; i < RLX_MR; i++)
-            if (i < mr) {
-                int32_t pair;
-                memcpy(&pair, A + i * lda + 2 * p, sizeof pair);
-                const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
-                c0[i] = _mm512_dpbf16_ps(c0[i], a, b0);
-                c1[i] = _mm512_dpbf16_ps(c1[i], a, b1);
-            }
-    }
-    rlx_tile_store_512(mr, c0, c1, C, ldc, nr, bias, accumulate);
-}
-
-/* Instances for 12, 8, 4, 2 and 1 rows (as rlx_kernel: other counts run as sums of them). */
-#define RLX_BF16_CASE(R)                                                                       \
-    case R:                                                                                    \
-        if (prefetch)                                                                          \
-            rlx_bf16_tile(R, 1, kp, A, lda, Bp, C, ldc, nr, bias, accumulate);                 \
-        else                                                                                   \
-            rlx_bf16_tile(R, 0, kp, A, lda, Bp, C, ldc, nr, bias, accumulate);                 \
-        break;
-
-static void rlx_bf16_kernel(int64_t mr, int prefetch, int64_t kp, const uint16_t *A, int64_t lda,
-                            const uint16_t *Bp, float *C, int64_t ldc, int64_t nr, const float *bias, int accumulate)
-{
-    while (mr > 0) {
-        const int64_t r = mr >= 12 ? 12 : mr >= 8 ? 8 : mr >= 4 ? 4 : mr >= 2 ? 2 : 1;
-        switch (r) {
-        RLX_BF16_CASE(12)
-        RLX_BF16_CASE(8)
-        RLX_BF16_CASE(4)
-        RLX_BF16_CASE(2)
-        default:
-        RLX_BF16_CASE(1)
-        }
-        A += r * lda;
-        C += r * ldc;
-        mr -= r;
-        prefetch = 0;  /* the first piece brought the panel in */
-    }
-}
-#undef RLX_BF16_CASE
 #endif /* RLX_BF16_DOT */
+#endif /* RLX_NR == 32 */
+
+#ifdef RLX_NR
+/* Micro-kernels the tile loop below runs. */
+enum { RLX_HK_F32 = 0, RLX_HK_F16 = 1, RLX_HK_BF16 = 2 };
+
+/* C[i0:i1, j0:j0+nr] (+ bias[j0:], then act) of one tile: RLX_MR rows at a time, K in slices of
+ * RLX_KC (partial sums through C, the bias with the last slice) — the loop every path shares.
+ * `kind`: RLX_HK_F32, rlx_kernel on an f32 panel (RLX_NR wide, K x RLX_NR); RLX_HK_F16, the f16
+ * panel under f32 rows of A; RLX_HK_BF16, the bf16 pair panel under bf16 rows of A, K then Kp.
+ * A points at row i0 (floats, or bf16 values for RLX_HK_BF16), lda its row step. */
+static void rlx_hgemm_rows(int kind, int64_t i0, int64_t i1, int64_t j0, int64_t nr, int64_t K, const void *A,
+                           int64_t lda, const void *panel, float *C, int64_t ldc, const float *bias, int act)
+{
+    const float *bs = bias ? bias + j0 : NULL;
+    for (int64_t i = i0; i < i1; i += RLX_MR) {
+        const int64_t mr = i1 - i < RLX_MR ? i1 - i : RLX_MR;
+        float *c = C + i * ldc + j0;
+        /* the half kernels prefetch the panel on each tile's first rows; the widened one is hot already */
+        const int prefetch = kind != RLX_HK_F32 && i == i0;
+        /* K = 0 runs one empty slice: C = bias (or 0) */
+        for (int64_t k0 = 0; k0 < K || (K == 0 && k0 == 0); k0 += RLX_KC) {
+            const int64_t kc = K - k0 < RLX_KC ? K - k0 : RLX_KC;
+            const float *bk = k0 + kc >= K ? bs : NULL;
+            const int acc = k0 > 0;
+            switch (kind) {
+#ifdef RLX_BF16_DOT
+            case RLX_HK_BF16:
+                rlx_bf16_kernel(mr, prefetch && kc, kc / 2, (const uint16_t *)A + (i - i0) * lda + k0, lda,
+                                (const uint16_t *)panel + k0 * RLX_HNR, c, ldc, nr, bk, acc);
+                break;
+#endif
+#ifdef RLX_F16_DIRECT
+            case RLX_HK_F16:
+                rlx_f16_kernel(mr, prefetch && kc, kc, (const float *)A + (i - i0) * lda + k0, lda,
+                               (const uint16_t *)panel + k0 * RLX_HNR, c, ldc, nr, bk, acc);
+                break;
+#endif
+            default:
+                rlx_kernel(mr, 0, kc, (const float *)A + (i - i0) * lda + k0, lda, (const float *)panel + k0 * RLX_NR,
+                           c, ldc, nr, bk, acc);
+            }
+        }
+        if (act != RLX_EPI_NONE)
+            rlx_epilogue_act(c, ldc, mr, nr, act);
+    }
+}
+#endif /* RLX_NR */
+
+/* C[i0:i1, j0:j0+nr] of the tile whose panel `bw` was widened. */
+static void rlx_hgemm_wide_tile(int64_t i0, int64_t i1, int64_t j0, int64_t nr, int64_t K, const float *A, int64_t lda,
+                                const float *bw, float *C, int64_t ldc, const float *bias, int act)
+{
+#ifdef RLX_NR
+    for (int64_t s = 0; s * RLX_NR < nr; s++) {
+        const int64_t ns = nr - s * RLX_NR < RLX_NR ? nr - s * RLX_NR : RLX_NR;
+        rlx_hgemm_rows(RLX_HK_F32, i0, i1, j0 + s * RLX_NR, ns, K, A + i0 * lda, lda, bw + s * K * RLX_NR, C, ldc,
+                       bias, act);
+    }
+#else
+    float *c = C + i0 * ldc + j0;
+    rlx_sgemm1(0, 0, i1 - i0, nr, K, A + i0 * lda, lda, bw, RLX_HNR, c, ldc);
+    for (int64_t i = 0; i < i1 - i0; i++) {
+        float *restrict row = c + i * ldc;
+        if (bias)
+            for (int64_t j = 0; j < nr; j++)
+                row[j] += bias[j0 + j];
+    }
+    if (act != RLX_EPI_NONE)
+        rlx_epilogue_act(c, ldc, i1 - i0, nr, act);
+#endif
+}
 
 /* Tiles [t0, t1) of C[M, N] = A[M, K] @ Bh (+ bias), then act; Bh packed as above (`pairs`: bf16).
  * Scratch of the calling thread: `a16` (mc x Kp bf16, the bf16 path) and `bw` (K x 32 floats,
@@ -364,39 +373,13 @@ static void rlx_hgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
                 rlx_round_rows_bf16(a16, Kp, A + i0 * lda, lda, i1 - i0, K);
                 rounded = i0;
             }
-            const float *bs = bias ? bias + j0 : NULL;
-            for (int64_t i = i0; i < i1; i += RLX_MR) {
-                const int64_t mr = i1 - i < RLX_MR ? i1 - i : RLX_MR;
-                float *c = C + i * ldc + j0;
-                if (K == 0)
-                    rlx_bf16_kernel(mr, 0, 0, a16, Kp, panel, c, ldc, nr, bs, 0);
-                for (int64_t k0 = 0; k0 < Kp; k0 += RLX_KC) {
-                    const int64_t kc = Kp - k0 < RLX_KC ? Kp - k0 : RLX_KC;
-                    rlx_bf16_kernel(mr, i == i0, kc / 2, a16 + (i - i0) * Kp + k0, Kp, panel + k0 * RLX_HNR, c, ldc,
-                                    nr, k0 + kc >= Kp ? bs : NULL, k0 > 0);
-                }
-                if (act != RLX_EPI_NONE)
-                    rlx_epilogue_act(c, ldc, mr, nr, act);
-            }
+            rlx_hgemm_rows(RLX_HK_BF16, i0, i1, j0, nr, Kp, a16, Kp, panel, C, ldc, bias, act);
             continue;
         }
 #endif
 #ifdef RLX_F16_DIRECT
         if (!pairs && i1 - i0 <= RLX_F16_DIRECT_ROWS) {
-            const float *bs = bias ? bias + j0 : NULL;
-            for (int64_t i = i0; i < i1; i += RLX_MR) {
-                const int64_t mr = i1 - i < RLX_MR ? i1 - i : RLX_MR;
-                float *c = C + i * ldc + j0;
-                if (K == 0)
-                    rlx_f16_kernel(mr, 0, 0, A, lda, panel, c, ldc, nr, bs, 0);
-                for (int64_t k0 = 0; k0 < K; k0 += RLX_KC) {
-                    const int64_t kc = K - k0 < RLX_KC ? K - k0 : RLX_KC;
-                    rlx_f16_kernel(mr, i == i0, kc, A + i * lda + k0, lda, panel + k0 * RLX_HNR, c, ldc, nr,
-                                   k0 + kc >= K ? bs : NULL, k0 > 0);
-                }
-                if (act != RLX_EPI_NONE)
-                    rlx_epilogue_act(c, ldc, mr, nr, act);
-            }
+            rlx_hgemm_rows(RLX_HK_F16, i0, i1, j0, nr, K, A + i0 * lda, lda, panel, C, ldc, bias, act);
             continue;
         }
 #endif

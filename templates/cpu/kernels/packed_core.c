@@ -171,15 +171,8 @@ void rlx_pack_param(float *dst, const float *src, int nbatch_axes, const int64_t
 {
     const int64_t K = dims[nbatch_axes], N = dims[nbatch_axes + 1];
     const int64_t stride = (N + RLX_PACK_NR_MAX - 1) / RLX_PACK_NR_MAX * RLX_PACK_NR_MAX * K;
-    int64_t count = 1;
-    for (int d = 0; d < nbatch_axes; d++)
-        count *= dims[d];
-    for (int64_t b = 0; b < count; b++) {
-        int64_t off = 0, rem = b;
-        for (int d = nbatch_axes - 1; d >= 0; d--) {
-            off += rem % dims[d] * strides[d];
-            rem /= dims[d];
-        }
-        rlx_pack_b(dst + b * stride, src + off, K, N, strides[nbatch_axes], strides[nbatch_axes + 1]);
-    }
+    const int64_t count = rlx_batch_count(nbatch_axes, dims);
+    for (int64_t b = 0; b < count; b++)
+        rlx_pack_b(dst + b * stride, src + rlx_batch_offset(b, nbatch_axes, dims, strides), K, N,
+                   strides[nbatch_axes], strides[nbatch_axes + 1]);
 }

@@ -47,6 +47,27 @@ RLX_CORE_FN void rlx_pack_b(float *restrict dst, const float *restrict src, int6
 RLX_CORE_FN void rlx_pack_param(float *dst, const float *src, int nbatch_axes, const int64_t *dims,
                                 const int64_t *strides);
 
+/* Matrices of a batched param (the product of its `nbatch_axes` leading dims), and the element
+ * offset of matrix b in the user array (batch axes with `dims` and `strides`, the last fastest):
+ * how set_param walks a batched param into packed storage (f32 here, f16/bf16 in gemm_bf16.h). */
+static inline int64_t rlx_batch_count(int nbatch_axes, const int64_t *dims)
+{
+    int64_t count = 1;
+    for (int d = 0; d < nbatch_axes; d++)
+        count *= dims[d];
+    return count;
+}
+
+static inline int64_t rlx_batch_offset(int64_t b, int nbatch_axes, const int64_t *dims, const int64_t *strides)
+{
+    int64_t off = 0;
+    for (int d = nbatch_axes - 1; d >= 0; d--) {
+        off += b % dims[d] * strides[d];
+        b /= dims[d];
+    }
+    return off;
+}
+
 #ifdef RLX_NR
 /* C[0:mr, 0:nr] (+)= A[0:mr, 0:kc] @ panel[0:kc, :] (+ bias[0:nr]) for any mr >= 1 (rows of A and
  * C are lda and ldc apart; the panel is kc rows of RLX_NR floats). `nr` <= RLX_NR masks the last

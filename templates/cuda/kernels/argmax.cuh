@@ -1,10 +1,14 @@
 /* argmax along one axis (rlx `argmax`): x viewed as [outer, n, inner] -> y [outer, inner] int32, one block of
- * RLX_ARGMAX_THREADS per output value (a decoder's one row of 49152 logits: 48 values a thread, loads unrolled
- * so they overlap); the first index wins ties and the first NaN wins over every number (numpy). */
+ * RLX_ARGMAX_THREADS per output value (a decoder's one row of 49152 logits: 48 values a thread, in 16-byte loads
+ * where the row is contiguous and aligned, unrolled so they overlap); the first index wins ties and the first NaN
+ * wins over every number (numpy). */
 #define RLX_ARGMAX_THREADS 1024
+/* Whether candidate (v, i) beats (best, at); an index < 0 is "no candidate" (a thread or warp that saw no value:
+ * with fewer values than threads), which never wins, whatever its placeholder value. */
 template <typename A>
 __device__ __forceinline__ bool rlx_argmax_better(A v, int64_t i, A best, int64_t at) {
-    if (at < 0) return i >= 0;
+    if (i < 0) return false;
+    if (at < 0) return true;
     const bool vn = isnan(v), bn = isnan(best);
     if (vn || bn) return vn && (!bn || i < at);
     return v > best || (v == best && i < at);
@@ -20,12 +24,31 @@ __global__ void __launch_bounds__(RLX_ARGMAX_THREADS) rlx_argmax(const T *__rest
         const T *xs = x + (t / inner) * n * inner + t % inner;
         A best = (A)0;
         int64_t at = -1;  /* none yet */
+        constexpr int V = 16 / (int)sizeof(T);  /* values per 16-byte load */
+        if (inner == 1 && n % V == 0 && ((uintptr_t)xs & 15) == 0) {
+            /* a contiguous aligned row: 16-byte loads, each thread's values visited in index order */
+            const uint4 *xv = (const uint4 *)xs;
+#pragma unroll 4
+            for (int64_t q = threadIdx.x; q < n / V; q += blockDim.x) {
+                const uint4 raw = xv[q];
+                const T *e = (const T *)&raw;
+#pragma unroll
+                for (int u = 0; u < V; u++) {
+                    const A v = (A)rlx_f(e[u]);
+                    if (rlx_argmax_better(v, q * V + u, best, at)) {
+                        best = v;
+                        at = q * V + u;
+                    }
+                }
+            }
+        } else {
 #pragma unroll 8
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-            const A v = (A)rlx_f(xs[j * inner]);
-            if (rlx_argmax_better(v, j, best, at)) {
-                best = v;
-                at = j;
+            for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+                const A v = (A)rlx_f(xs[j * inner]);
+                if (rlx_argmax_better(v, j, best, at)) {
+                    best = v;
+                    at = j;
+                }
             }
         }
         for (int o = 16; o > 0; o >>= 1) {

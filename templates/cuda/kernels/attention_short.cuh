@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(256, D <= 32 ? 3 : 1) rlx_attn_short(const T *
     const int64_t qlast = q0 + 16 * nw < p.Sq ? q0 + 16 * nw : p.Sq;
     const int64_t kv_end = rlx_attn_kv_end<MASK>(p, qlast); /* <= Skv <= KMAX */
     const int kv_rows = (int)((kv_end + 15) / 16 * 16);     /* rows the mma loops read */
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     /* Everything the block reads, in flight at once. */
     rlx_short_rows<T, D>(q_s, qb, p.q_rs, q0, p.Sq, 16 * nw);
     rlx_short_rows<T, D>(k_s, kb, p.kv_rs, 0, p.Skv, kv_rows);

@@ -3,6 +3,7 @@
 template <typename T, typename I, typename IDX>
 __global__ void rlx_gather(const T *__restrict__ table, const I *__restrict__ idx, T *__restrict__ out,
                            int64_t outer64, int64_t rows64, int64_t nidx64, int64_t inner64, int32_t *flag) {
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     const IDX outer = (IDX)outer64, rows = (IDX)rows64, nidx = (IDX)nidx64, inner = (IDX)inner64;
     const IDX n = outer * nidx * inner;
     for (IDX i = (IDX)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (IDX)gridDim.x * blockDim.x) {

@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(256) rlx_gemm_tiled(const T *__restrict__ A, c
 /* In place: C = act(C [+ bias]) over rows of n; for activations no cuBLASLt epilogue computes. */
 template <typename T, int ACT, bool BIAS>
 __global__ void rlx_bias_act(T *__restrict__ c, const T *__restrict__ bias, int64_t total, int64_t n) {
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     typedef typename rlx_acc<T>::type Acc;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         Acc y = (Acc)rlx_f(c[i]);
@@ -92,6 +93,7 @@ __global__ void rlx_bias_act(T *__restrict__ c, const T *__restrict__ bias, int6
 /* The same, VEC elements (16 bytes) per access: total and n are multiples of VEC, pointers 16-byte aligned. */
 template <typename T, int ACT, bool BIAS, int VEC>
 __global__ void rlx_bias_act_vec(T *__restrict__ c, const T *__restrict__ bias, int64_t total, int64_t n) {
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     typedef typename rlx_acc<T>::type Acc;
     const int64_t nv = total / VEC;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += (int64_t)gridDim.x * blockDim.x) {

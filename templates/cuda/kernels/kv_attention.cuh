@@ -20,6 +20,11 @@
 #define RLX_KV_ROPE_ROWS 4
 #define RLX_KV_WARPS (RLX_KV_THREADS / 32)
 
+/* A hint to fetch the 128-byte line at p into L2; a macro so a CPU stand-in can drop it. */
+#ifndef RLX_KV_PREFETCH
+#define RLX_KV_PREFETCH(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
+#endif
+
 /* The kernel's shared scratch (dynamic shared memory); a macro so a CPU stand-in can provide it. */
 #ifndef RLX_DYNAMIC_SHARED
 #define RLX_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
@@ -58,7 +63,22 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t b = blockIdx.x / heads, i = blockIdx.y;
     const int h = (int)(blockIdx.x % heads), kvh = h / (heads / kv_heads);
-    rlx_pdl_wait();  /* launched early (rlx_launch_pdl): everything below reads earlier kernels' results */
+    {
+        /* Launched early (rlx_launch_pdl) while the projections run: fetch this KV head's cached rows into L2
+           (spread over a query's split blocks). Earlier steps wrote them; positions are a run input in a decoder
+           (settled: every kernel before the previous one has finished, see rlx_pdl_trigger). Only a hint: were
+           `pos` still being computed, a stale value would fetch other rows of this row's cache (clamped to it),
+           and nothing is read here. */
+        const int64_t p0 = (int64_t)pos[b], kw0 = (int64_t)kv_heads * HD;
+        const int64_t rows = p0 >= 0 && p0 <= cap ? p0 : 0;
+        for (int64_t j = (int64_t)blockIdx.z * blockDim.x + threadIdx.x; j < rows; j += (int64_t)gridDim.z * blockDim.x)
+            for (int off = 0; off < HD * (int)sizeof(T); off += 128) {
+                RLX_KV_PREFETCH((const char *)(kc + (b * cap + j) * kw0 + (int64_t)kvh * HD) + off);
+                RLX_KV_PREFETCH((const char *)(vc + (b * cap + j) * kw0 + (int64_t)kvh * HD) + off);
+            }
+    }
+    rlx_pdl_wait();  /* everything below reads earlier kernels' results */
+    rlx_pdl_trigger();
     const int64_t p = (int64_t)pos[b];
     if (p < 0 || p + sq > cap) {
         if (threadIdx.x == 0) atomicOr(flag, 4);

@@ -7,6 +7,7 @@
  *   rlx_qgemv       decode, M <= RLX_QGEMV_MAX_M rows of X: one warp per weight row, lanes take consecutive
  *                   sub-blocks (a warp reads a contiguous run of the row), each sub-block dequantized in registers
  *                   and dotted with every row of X; f32 accumulation, one warp-shuffle sum per output.
+ *   rlx_qgemv_short one row of X, K < 1024: a warp deals the sub-blocks of 16 consecutive rows to its lanes.
  *   rlx_qdequant_t  prefill: a tile of weight rows dequantized into a [K, nt] matrix of the compute type (the
  *                   right operand of a row-major GEMM), then cuBLASLt (tensor cores in f16/bf16) or the built-in
  *                   tiled GEMM multiplies it; rlx_q_put_cols places a tile's columns when N is split.
@@ -265,6 +266,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
         }
     }
     rlx_pdl_wait();
+    rlx_pdl_trigger();  /* the next kernel may launch and prefetch its weights */
     float ss[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++)
@@ -344,5 +346,58 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
                 y[m * N + n] = rlx_to<T>(out);
             }
         }
+    }
+}
+
+/* ── One row of X against short weight rows (K / 32 < 32 sub-blocks: a vocabulary projection, K = 576) ─────
+ * rlx_qgemv's warp per row would leave lanes idle (18 of 32 at K = 576) and keep few bytes in flight. Here a
+ * warp takes RLX_QSHORT_ROWS consecutive rows, which are contiguous bytes, and deals their sub-blocks to its lanes
+ * in order: every lane loads a whole sub-block per turn. X is staged once per block in shared memory as f32
+ * (padded as in rlx_qgemv_fused, so lanes on consecutive sub-blocks read different banks); each lane's sub-block
+ * dot product goes to shared memory, then one lane per row adds its row's products in sub-block order (a fixed
+ * order: results are reproducible). Launched with programmatic dependent launch: the warp's rows are fetched
+ * into L2 while the kernel before drains. */
+#define RLX_QSHORT_WARPS 8
+#define RLX_QSHORT_ROWS 16
+
+template <typename T, int FMT, int QK, int QB>
+__global__ void __launch_bounds__(32 * RLX_QSHORT_WARPS)
+rlx_qgemv_short(const T *__restrict__ X, const uint8_t *__restrict__ W, T *__restrict__ Y, int64_t N, int64_t K,
+                int64_t RB) {
+    extern __shared__ float4 rlx_qs_smem4[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nsub = (int)(K / 32);
+    float *xs = (float *)rlx_qs_smem4;                                        /* nsub * RLX_QFUSED_PAD floats */
+    float *part = xs + nsub * RLX_QFUSED_PAD + warp * RLX_QSHORT_ROWS * nsub;  /* this warp's products */
+    const int64_t step = (int64_t)gridDim.x * RLX_QSHORT_WARPS * RLX_QSHORT_ROWS;
+    int64_t r0 = ((int64_t)blockIdx.x * RLX_QSHORT_WARPS + warp) * RLX_QSHORT_ROWS;
+    if (r0 < N) {
+        const int64_t end = (N - r0 < RLX_QSHORT_ROWS ? N - r0 : RLX_QSHORT_ROWS) * RB;
+        for (int64_t off = (int64_t)lane * 128; off < end; off += 32 * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r0 * RB + off));
+    }
+    rlx_pdl_wait();
+    rlx_pdl_trigger();  /* the next kernel may launch and prefetch its weights */
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x)
+        xs[(i >> 5) * RLX_QFUSED_PAD + (i & 31)] = rlx_f(X[i]);
+    __syncthreads();
+    for (; r0 < N; r0 += step) {
+        const int rows = (int)(N - r0 < RLX_QSHORT_ROWS ? N - r0 : RLX_QSHORT_ROWS);
+        const uint8_t *chunk = W + r0 * RB;
+        for (int g = lane; g < rows * nsub; g += 32) {
+            const int r = g / nsub, s = g - r * nsub;
+            float v[32], acc[1] = {0.0f};
+            rlx_q_sub<FMT>(chunk + r * RB + (s / (QK / 32)) * QB, s % (QK / 32), v);
+            rlx_qf_dot<1>(xs + s * RLX_QFUSED_PAD, 0, v, acc);
+            part[g] = acc[0];
+        }
+        __syncwarp();
+        if (lane < rows) {
+            float a = 0.0f;
+            for (int s = 0; s < nsub; s++)
+                a += part[lane * nsub + s];
+            Y[r0 + lane] = rlx_to<T>(a);
+        }
+        __syncwarp();
     }
 }

@@ -33,6 +33,7 @@ __global__ void rlx_norm(const T *__restrict__ x, const T *__restrict__ res, con
                          const T *__restrict__ gamma, const T *__restrict__ beta, T *__restrict__ out,
                          int64_t rows, int n, A eps) {
     __shared__ A red[32];
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     const int rpb = blockDim.x / TPR;
     const int64_t row = (int64_t)blockIdx.x * rpb + threadIdx.x / TPR;
     const int t = threadIdx.x % TPR;
@@ -123,6 +124,7 @@ __global__ void rlx_norm_vec(const T *__restrict__ x, const T *__restrict__ res,
                              const T *__restrict__ gamma, const T *__restrict__ beta, T *__restrict__ out,
                              int64_t rows, int n, A eps) {
     __shared__ A red[32];
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     const int rpb = blockDim.x / TPR;
     const int64_t row = (int64_t)blockIdx.x * rpb + threadIdx.x / TPR;
     const int t = threadIdx.x % TPR;
@@ -321,6 +323,7 @@ __global__ void rlx_reduce_generic(const T *__restrict__ x, T *__restrict__ out,
 /* Reduction over trailing axes: contiguous rows of nred elements, TPR threads per row. */
 template <typename T, int FN, int TPR>
 __global__ void rlx_reduce_rows(const T *__restrict__ x, T *__restrict__ out, int64_t rows, int64_t nred) {
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     typedef typename rlx_red_acc<T>::type A;
     __shared__ A red[32];
     const int rpb = blockDim.x / TPR;

@@ -36,6 +36,8 @@ inline std::vector<float> rlx_emu_dynamic_smem;
 inline void __syncthreads() { rlx_emu_block_bar->arrive_and_wait(); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void rlx_pdl_wait() {}
+inline void rlx_pdl_trigger() {}
+#define RLX_KV_PREFETCH(p) ((void)(p))
 template <typename T> inline T __ldcg(const T *p) { return *p; }
 inline int atomicAdd(int32_t *p, int v) { return std::atomic_ref<int32_t>(*p).fetch_add(v); }
 inline int atomicOr(int32_t *p, int v) { return std::atomic_ref<int32_t>(*p).fetch_or(v); }

@@ -1,0 +1,201 @@
+/* ── small-M tensor-core GEMM, bias and activation in its epilogue (f16 / bf16) ───────────────────────────
+ * C[M,N] = act(A[M,K] B[K,N] + bias[N]) for the few rows of a short sequence (M <= RLX_GSM_MAX_M): there a
+ * library GEMM's fixed cost (and a separate bias/activation pass) outweighs the arithmetic, and the weights
+ * (B) are the bytes that matter. A block owns 16 rows and RLX_GSM_BN columns: it copies its whole K x BN slab
+ * of B into shared memory with cp.async BEFORE waiting on the kernel before it (weights are never written by a
+ * kernel, so under programmatic dependent launch that fetch overlaps the previous kernel), then its 16 x K rows
+ * of A; each of its RLX_GSM_WARPS warps multiplies every RLX_GSM_WARPS-th 16-deep step of K (WMMA 16x16x16, f32
+ * accumulators), and the warps' partial tiles are summed through shared memory in the epilogue, which adds the
+ * bias, applies the activation (erf GELU included) in f32 and rounds once.
+ * Needs K % 16 == 0, K <= RLX_GSM_KMAX, N % 8 == 0, A/B/C/bias 16-byte aligned, dense rows (A: K, B and C: N).
+ *
+ * NORM (1: layer norm, 2: RMS norm) fuses the normalization that produces A into this kernel (a norm kernel of
+ * its own would cost a launch and a dependency for 16 rows): instead of copying A, each block normalizes its 16
+ * rows of nx [+ nres] (f32 statistics, the same arithmetic as rlx_norm_vec, CPT 16-byte chunks per lane) into
+ * shared memory, and the blocks of column 0 also store them to nout (A itself, which later nodes read). */
+
+#define RLX_GSM_MAX_M 64
+#define RLX_GSM_KMAX 1536
+#define RLX_GSM_BN 16
+#define RLX_GSM_WARPS 8
+
+/* Shared memory of one block: B slab [K][BN + 8], A rows [16][K + 8] (rows padded by 16 bytes against bank
+ * conflicts), the warps' f32 partial tiles [WARPS][16][BN]. */
+__host__ __device__ constexpr size_t rlx_gemm_small_smem(int64_t K) {
+    return (size_t)K * (RLX_GSM_BN + 8) * 2 + (size_t)16 * (K + 8) * 2 + (size_t)RLX_GSM_WARPS * 16 * RLX_GSM_BN * 4;
+}
+
+/* 16 bytes global -> shared, asynchronously; zero-filled (nothing read) when !full. */
+__device__ __forceinline__ void rlx_gsm_cp16(void *smem, const void *gmem, bool full) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    const int n = full ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+
+/* The fused normalization of the rows r0, r0 + 8 (one warp; 16 rows, RLX_GSM_WARPS == 8): nx [+ nres] -> f32
+ * statistics -> T, into shared memory (and nout). Both rows' loads are in flight before the first reduction;
+ * gamma / beta (g, b: this lane's chunks) come in registers. */
+template <typename T, int NORM, bool RES, int CPT>
+__device__ __forceinline__ void rlx_gsm_norm_rows(const T *__restrict__ nx, const T *__restrict__ nres,
+                                                  T *__restrict__ nout, T *__restrict__ as, int LDA, int m0, int r0,
+                                                  int M, int K, float eps, const int4 (&g)[CPT],
+                                                  const int4 (&b)[CPT]) {
+    static_assert(RLX_GSM_WARPS * 2 == 16, "two rows per warp");
+    const int lane = threadIdx.x & 31, nc = K / 8;
+    float v[2][CPT][8];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int m = m0 + r0 + j * RLX_GSM_WARPS;
+#pragma unroll
+        for (int k = 0; k < CPT; ++k) {
+            const int c = lane + k * 32;
+            int4 raw = make_int4(0, 0, 0, 0), rraw = make_int4(0, 0, 0, 0);
+            if (m < M && c < nc) {
+                raw = reinterpret_cast<const int4 *>(nx + (size_t)m * K)[c];
+                if (RES) rraw = reinterpret_cast<const int4 *>(nres + (size_t)m * K)[c];
+            }
+            const T *xe = reinterpret_cast<const T *>(&raw);
+            const T *re = reinterpret_cast<const T *>(&rraw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[j][k][e] = RES ? rlx_f(xe[e]) + rlx_f(re[e]) : rlx_f(xe[e]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int r = r0 + j * RLX_GSM_WARPS, m = m0 + r;
+        T *srow = as + (size_t)r * LDA;
+        if (m >= M) { /* rows past M: zeros for the products */
+            for (int c = lane; c < nc; c += 32) reinterpret_cast<int4 *>(srow)[c] = make_int4(0, 0, 0, 0);
+            continue;
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < CPT; ++k)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s += NORM == 2 ? v[j][k][e] * v[j][k][e] : v[j][k][e];
+        float mean = 0.0f, var;
+        if (NORM == 2) {
+            var = rlx_warp_sum(s) / (float)K;
+        } else {
+            mean = rlx_warp_sum(s) / (float)K;
+            float q = 0.0f;
+#pragma unroll
+            for (int k = 0; k < CPT; ++k) {
+                if (lane + k * 32 < nc) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) q += (v[j][k][e] - mean) * (v[j][k][e] - mean);
+                }
+            }
+            var = rlx_warp_sum(q) / (float)K;
+        }
+        const float inv = 1.0f / sqrtf(var + eps);
+        T *orow = blockIdx.x == 0 ? nout + (size_t)m * K : nullptr; /* the blocks of column 0 store A too */
+#pragma unroll
+        for (int k = 0; k < CPT; ++k) {
+            const int c = lane + k * 32;
+            if (c >= nc) continue;
+            const T *ge = reinterpret_cast<const T *>(&g[k]);
+            const T *be = reinterpret_cast<const T *>(&b[k]);
+            int4 oraw;
+            T *oe = reinterpret_cast<T *>(&oraw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                float y = (v[j][k][e] - mean) * inv * rlx_f(ge[e]);
+                if (NORM != 2) y += rlx_f(be[e]);
+                oe[e] = rlx_to<T>(y);
+            }
+            reinterpret_cast<int4 *>(srow)[c] = oraw;
+            if (orow) reinterpret_cast<int4 *>(orow)[c] = oraw;
+        }
+    }
+}
+
+/* Bit 0 of `early`: B is a weight (no kernel writes it), so its slab is fetched before the PDL wait; bit 1: so are
+ * the bias, gamma and beta, read into registers before the wait. Otherwise they are read after it. */
+#define RLX_GSM_EARLY_B 1
+#define RLX_GSM_EARLY_PARAMS 2
+
+template <typename T, int ACT, bool BIAS, int NORM, bool RES, int CPT>
+__global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__restrict__ A,
+                                                                     const T *__restrict__ B,
+                                                                     const T *__restrict__ bias, T *__restrict__ C,
+                                                                     int M, int N, int K, const T *__restrict__ nx,
+                                                                     const T *__restrict__ nres,
+                                                                     const T *__restrict__ ngamma,
+                                                                     const T *__restrict__ nbeta, T *__restrict__ nout,
+                                                                     float eps, int early) {
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char rlx_gsm_smem[];
+    constexpr int BN = RLX_GSM_BN, CH = BN / 8; /* 16-byte chunks per slab row */
+    static_assert(16 * BN == RLX_GSM_WARPS * 32, "one output of the tile per thread");
+    const int LDB = BN + 8, LDA = K + 8;
+    T *bs = reinterpret_cast<T *>(rlx_gsm_smem);
+    T *as = bs + (size_t)K * LDB;
+    float *part = reinterpret_cast<float *>(as + (size_t)16 * LDA);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * 16;
+    const int kc = K / 8;
+    const int orow = tid / BN, ocol = tid % BN; /* this thread's output in the epilogue */
+
+    auto fetch_b = [&]() {
+        for (int i = tid; i < K * CH; i += blockDim.x) {
+            const int r = i / CH, col = n0 + (i % CH) * 8;
+            const bool in = col < N;
+            rlx_gsm_cp16(bs + (size_t)r * LDB + (i % CH) * 8, B + (size_t)r * N + (in ? col : 0), in);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    float bias_v = 0.0f;
+    int4 g[CPT], b[CPT];
+    auto fetch_params = [&]() {
+        if (BIAS && n0 + ocol < N) bias_v = rlx_f(bias[n0 + ocol]);
+        if (NORM) {
+#pragma unroll
+            for (int k = 0; k < CPT; ++k) {
+                const int c = lane + k * 32;
+                g[k] = c < kc ? reinterpret_cast<const int4 *>(ngamma)[c] : make_int4(0, 0, 0, 0);
+                b[k] = (NORM != 2 && c < kc) ? reinterpret_cast<const int4 *>(nbeta)[c] : make_int4(0, 0, 0, 0);
+            }
+        }
+    };
+    if (early & RLX_GSM_EARLY_B) fetch_b();
+    if (early & RLX_GSM_EARLY_PARAMS) fetch_params();
+    rlx_pdl_trigger();
+    rlx_pdl_wait(); /* A (or the norm's input) is the previous kernels' output */
+    if (!(early & RLX_GSM_EARLY_B)) fetch_b();
+    if (!(early & RLX_GSM_EARLY_PARAMS)) fetch_params();
+    if (NORM) {
+        rlx_gsm_norm_rows<T, NORM, RES, CPT>(nx, nres, nout, as, LDA, m0, warp, M, K, eps, g, b);
+    } else {
+        for (int i = tid; i < 16 * kc; i += blockDim.x) {
+            const int r = i / kc, c8 = (i % kc) * 8;
+            const bool in = m0 + r < M;
+            rlx_gsm_cp16(as + (size_t)r * LDA + c8, A + (size_t)(in ? m0 + r : 0) * K + c8, in);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    asm volatile("cp.async.wait_all;\n" ::);
+    __syncthreads();
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll 4
+    for (int k = warp * 16; k < K; k += RLX_GSM_WARPS * 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, as + k, LDA);
+        wmma::load_matrix_sync(fb, bs + (size_t)k * LDB, LDB);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(part + warp * 16 * BN, acc, BN, wmma::mem_row_major);
+    __syncthreads();
+
+    /* epilogue: sum the warps' partial tiles, bias, activation, one rounding (one output per thread) */
+    if (m0 + orow < M && n0 + ocol < N) {
+        float y = bias_v;
+#pragma unroll
+        for (int w = 0; w < RLX_GSM_WARPS; ++w)
+            y += part[w * 16 * BN + tid];
+        C[(size_t)(m0 + orow) * N + n0 + ocol] = rlx_to<T>(rlx_act<ACT>(y));
+    }
+}

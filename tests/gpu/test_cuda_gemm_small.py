@@ -1,0 +1,123 @@
+"""rlx_gemm_small (few-row GEMM, bias and activation in its epilogue, launched with PDL) against rlx.reference.
+
+Row counts at and around its limits (RLX_GSM_MAX_M = 64 rows; 65 rows run cuBLASLt + the activation pass), a
+partial row tile (37), partial column tiles (N = 72, 8), K = 48 / 144 / 1536 (its largest); f16 and bf16; and
+the norms it computes in its prologue (layer norm, with a residual, RMS norm), whose outputs later nodes read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlx import reference
+from rlx.config import Config
+from rlx.driver import Device, Session
+from rlx.ir.graph import Graph
+from rlx.ir.shape import Dim
+from rlx.runtime.cuda_device import compile_cuda
+from rlx.toolchain.cuda import visible_gpu_arch
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(visible_gpu_arch() is None, reason="no NVIDIA GPU visible (nvidia-smi)")]
+
+#: unit roundoff of each precision
+U = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def _graph() -> Graph:
+    """gelu(x W1 + b1) -> relu(. W2) -> . W3 + b3 -> (. W4 [1536 -> 8]): K 48 / 144 / 72 / 1536."""
+    g = Graph("small_gemm")
+    x = g.input("x", [Dim.dynamic("m", max=200), 48])
+    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [48, 144])), g.param("b1", [144])))
+    r = g.activation("relu", g.matmul(h, g.param("w2", [144, 72])))
+    o = g.add_(g.matmul(r, g.param("w3", [72, 1536])), g.param("b3", [1536]))
+    z = g.matmul(o, g.param("w4", [1536, 8]))
+    g.set_outputs([h, r, o, z])
+    return g
+
+
+def _norm_graph() -> Graph:
+    """layer_norm(x) -> GEMM; layer_norm(s + x) -> GEMM, its output read again; rms_norm(o) -> GEMM."""
+    g = Graph("small_norm")
+    x = g.input("x", [Dim.dynamic("m", max=200), 64])
+    h1 = g.layer_norm(x, g.param("g1", [64]), g.param("be1", [64]), 1e-5)
+    y1 = g.activation("gelu", g.add_(g.matmul(h1, g.param("w1", [64, 128])), g.param("b1", [128])))
+    s = g.matmul(y1, g.param("w2", [128, 64]))
+    h2 = g.layer_norm(g.add_(s, x), g.param("g2", [64]), g.param("be2", [64]), 1e-5)
+    y2 = g.add_(g.matmul(h2, g.param("w3", [64, 64])), g.param("b3", [64]))
+    o = g.add_(g.add_(y2, h2), s)  # s stays live: the GEMM after h2 cannot take its bytes
+    h3 = g.rms_norm(o, g.param("g3", [64]), 1e-6)
+    y3 = g.matmul(h3, g.param("w4", [64, 32]))
+    g.set_outputs([y1, o, y3])
+    return g
+
+
+def _build(graph: Graph, precision: str, params: dict, **options):
+    cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision, **options)
+    for name, value in params.items():
+        cg.set_param(name, value)
+    return cg
+
+
+def _check(graph: Graph, precision: str, params: dict, rng: np.random.Generator, k_in: int) -> str:
+    """Every output against the float64 reference, no worse than the build without rlx_gemm_small and PDL (cuBLASLt,
+    separate norm and activation kernels: the same storage roundings, other summation orders); returns the source."""
+    cg = _build(graph, precision, params)
+    base = _build(graph, precision, params, small_gemm=False, pdl=False)
+    u = U[precision]
+    for m in (1, 16, 37, 64, 65, 200):
+        feed = {"x": rng.standard_normal((m, k_in)).astype(np.float32)}
+        refs = reference.run(graph, feed, params)
+        outs, again, want = cg.run(feed), cg.run(feed), base.run(feed)
+        for k, (o, o2, b, r) in enumerate(zip(outs, again, want, refs)):
+            o, b, r = (np.asarray(v, np.float64) for v in (o, b, r))
+            assert np.all(np.isfinite(o)), f"m={m} output {k}: not finite"
+            np.testing.assert_array_equal(o, np.asarray(o2, np.float64))  # the captured graph's replay
+            scale = float(np.sqrt(np.mean(r * r))) or 1e-30
+            assert np.abs(o - r).max() <= 2 * np.abs(b - r).max() + 4 * u * scale, f"m={m} output {k}"
+            assert np.linalg.norm(o - r) <= 2 * np.linalg.norm(b - r) + 4 * u * np.linalg.norm(r), f"m={m} output {k}"
+    return cg.source
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_norm_prologue_matches_reference(precision: str) -> None:
+    graph = _norm_graph()
+    rng = np.random.default_rng(13)
+    shapes = {"g1": (64,), "be1": (64,), "w1": (64, 128), "b1": (128,), "w2": (128, 64), "g2": (64,), "be2": (64,),
+              "w3": (64, 64), "b3": (64,), "g3": (64,), "w4": (64, 32)}
+    params = {k: (rng.standard_normal(v) * (0.2 if len(v) == 2 else 0.5) + (1.0 if k[0] == "g" else 0.0))
+              .astype(np.float32) for k, v in shapes.items()}
+    src = _check(graph, precision, params, rng, 64)
+    for norm in ("1, false, 1", "1, true, 1", "2, false, 1"):  # layer norm, + residual, RMS norm
+        assert f", {norm}>, dim3(" in src
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_small_gemm_matches_reference(precision: str) -> None:
+    graph = _graph()
+    rng = np.random.default_rng(11)
+    params = {"w1": rng.standard_normal((48, 144)).astype(np.float32) * 0.3,
+              "b1": rng.standard_normal(144).astype(np.float32) * 0.5,
+              "w2": rng.standard_normal((144, 72)).astype(np.float32) * 0.15,
+              "w3": rng.standard_normal((72, 1536)).astype(np.float32) * 0.2,
+              "b3": rng.standard_normal(1536).astype(np.float32) * 0.5,
+              "w4": rng.standard_normal((1536, 8)).astype(np.float32) * 0.05}
+    src = _check(graph, precision, params, rng, 48)
+    t = "__half" if precision == "f16" else "rlx_bf16"
+    assert f"rlx_gemm_small<{t}, RLX_ACT_GELU, true, 0, false, 1>" in src
+    # w4 (K = 1536, N = 8: one partial column tile); w3's K = 72 is not whole 16-deep steps
+    assert f"rlx_gemm_small<{t}, RLX_ACT_NONE, false, 0, false, 1>" in src
+
+
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_small_gemm_of_a_computed_b(precision: str) -> None:
+    """B computed by an earlier kernel: its slab is fetched after the PDL wait (only the bias before it)."""
+    g = Graph("small_computed_b")
+    x = g.input("x", [Dim.dynamic("m", max=200), 48])
+    wb = g.activation("tanh", g.param("w", [48, 32]))
+    g.set_outputs([g.add_(g.matmul(x, wb), g.param("b", [32]))])
+    rng = np.random.default_rng(17)
+    params = {"w": rng.standard_normal((48, 32)).astype(np.float32), "b": rng.standard_normal(32).astype(np.float32)}
+    src = _check(g, precision, params, rng, 48)
+    assert "0.0f, 2)" in src
