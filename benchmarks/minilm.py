@@ -307,13 +307,16 @@ def main(argv: list[str] | None = None) -> int:
     # machine is spread over all peers; a pause lets the previous peer's spinning threads go to sleep.
     results: dict[str, dict] = {p.name: {c: ([], None) for c in cases} for p in live}
     per_block = max(1, -(-args.rounds // args.passes))
+    loads: dict[tuple[int, int], list[float]] = {}
     for case in cases:
+        loads[case] = [os.getloadavg()[0]]  # other processes' load: numbers are comparable only at low load
         for _ in range(args.passes):
             for peer in live:
                 time.sleep(0.3)
                 samples, out = peer.time(case, per_block)
                 results[peer.name][case][0].extend(samples)
                 results[peer.name][case] = (results[peer.name][case][0], out)
+        loads[case].append(os.getloadavg()[0])
     for peer in live:
         peer.close()
     # Measured again after the peers: the best of both is the peak (a burst of load elsewhere lowers one).
@@ -325,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         flops = config.flops(batch, seq)
         med = {name: statistics.median(r[case][0]) for name, r in results.items()}
         print()
-        print(f"batch {batch} x seq {seq}: {flops / 1e9:.2f} GFLOP per call")
+        print(f"batch {batch} x seq {seq}: {flops / 1e9:.2f} GFLOP per call (load average {loads[case][0]:.2f} "
+              f"before, {loads[case][1]:.2f} after)")
         head = ("peer", "median ms", "runs", "vs rlx", "GFLOP/s", "% peak", "max|diff|")
         print("  {:<18} {:>10} {:>5} {:>8} {:>9} {:>7} {:>10}".format(*head))
         for name, r in results.items():

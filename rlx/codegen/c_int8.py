@@ -4,9 +4,12 @@ Registered into the CPU rule table when `rlx.codegen` is imported. The
 weight must be a param the LIR stores quantized (`Int8Param`, decided by
 `rlx.opt.lowering_int8`): `rlx_set_param` quantizes the user's f32 weight per
 output channel into int8 panels (`templates/cpu/kernels/int8_gemm.h`). At run
-time each thread quantizes its rows of activations into its scratch and runs
-the `vpdpbusd` (AVX-512 VNNI) / `pmaddubsw` (AVX2) / C tile kernel; the
-epilogue dequantizes, adds the bias and applies the activation.
+time each thread quantizes its rows of activations into its scratch (a short
+product's few rows, split by panels instead, are quantized once for the team,
+into thread 0's) and runs the `vpdpbusd` (AVX-512 VNNI) / `pmaddubsw` (AVX2) /
+C tile kernel; the
+epilogue dequantizes, adds the bias and applies the activation (GELU in the
+tile's registers, any other through the shared packed-GEMM epilogue).
 
 >>> import rlx
 >>> g = rlx.Graph("q")
@@ -48,8 +51,10 @@ class Int8MatMulArgs:
     m: str
     n: int
     k: int
-    #: The epilogue enum constant (RLX_EPI_NONE, RLX_EPI_GELU, ...).
+    #: The epilogue enum constant (RLX_EPI_NONE, RLX_EPI_RELU, ...) of an activation other than gelu.
     epi: str
+    #: 1: GELU applied by the kernel's own tile epilogue (rlx_i8_gelu16 on AVX-512), else 0.
+    gelu: int = 0
 
 
 def scratch_bytes(k: int) -> int:
@@ -66,13 +71,14 @@ def emit_int8_matmul(em, node: Node) -> Kernel:
                          "only as the weight of int8_matmul nodes (it is quantized once, at set_param)")
     x = em.node(x_id).shape
     k, n = em.node(w_id).shape.static_dims
-    if op.activation:
+    gelu = op.activation == "gelu"  # the int8 kernel's own, in registers (kernels/int8_gemm.h)
+    if op.activation and not gelu:
         em.gemm_acts.add(op.activation)  # one case of the shared packed-GEMM epilogue
     label = c_string(f"%{node.id} int8_matmul" + (f" ({node.name[:60]})" if node.name else ""))
     args = Int8MatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "",
         y=em.ptr(node.id, const=False), m=em.dim(product(x.dims[:-1])), n=n, k=k,
-        epi=f"RLX_EPI_{op.activation.upper()}" if op.activation else "RLX_EPI_NONE")
+        epi=f"RLX_EPI_{op.activation.upper()}" if op.activation and not gelu else "RLX_EPI_NONE", gelu=int(gelu))
     return Kernel(node.id, "int8_matmul", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch_bytes(k))
 

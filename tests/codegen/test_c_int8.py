@@ -113,7 +113,50 @@ def test_fused_activation_and_dynamic_rows() -> None:
     for m in (1, 12, 64):
         feed = {"x": rng.standard_normal((m, 40)).astype(np.float32)}
         want = rlx.reference.run(g, feed, params)[0]
-        np.testing.assert_allclose(cg.run(feed)[0], want, rtol=4e-6, atol=1e-6)  # erf in C vs numpy: a few ulps
+        np.testing.assert_allclose(cg.run(feed)[0], want, rtol=4e-6, atol=1e-6)  # C GELU vs numpy erf (see below)
+
+
+@pytest.mark.parametrize("target", ["native", "x86-64-v3", "x86-64"])
+def test_fused_gelu_over_its_whole_range(target: str) -> None:
+    """GELU in the tile epilogue (rlx_i8_gelu16 on AVX-512, rlx_gelu_f otherwise) on pre-activations
+    from -30 to 30 (the bias spreads them), +-inf and NaN; odd shapes, one and two threads (SPLIT_SHAPES
+    split by rows and by panels over the spinning team). rlx_i8_gelu16's error is absolute (<= 4.3e-7,
+    at most 0.21x this tolerance, measured on a 1e-4 grid over [-30, 30]), rlx_gelu_f's a few ulps."""
+    rng = np.random.default_rng(8)
+    shapes = [(13, 67, 70), *SPLIT_SHAPES]
+    g = _graph(shapes, act="gelu")
+    inputs, params = {}, {}
+    for i, (m, k, n) in enumerate(shapes):
+        inputs[f"x{i}"] = rng.standard_normal((m, k)).astype(np.float32)
+        params[f"w{i}"] = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+        b = np.linspace(-30, 30, n).astype(np.float32)
+        b[[1, 2, 3]] = [np.inf, -np.inf, np.nan]
+        params[f"b{i}"] = b
+    want = rlx.reference.run(g, inputs, params)
+    cg = _compile(g, params, target, 2)
+    for threads in (1, 2):
+        cg.num_threads = threads
+        for i, (a, b) in enumerate(zip(cg.run(inputs), want)):
+            assert np.isposinf(a[:, 1]).all() and np.isnan(a[:, 2:4]).all()
+            np.testing.assert_allclose(a, b, rtol=4e-6, atol=1e-6, err_msg=f"shape {shapes[i]}, {threads} threads")
+
+
+def test_few_rows_on_four_threads_share_one_quantization() -> None:
+    """Few rows (M < threads x 24): the threads split the panels and quantize the rows once, each a
+    share, with team barriers; 70 rows on 4 threads is two blocks of rows (48 + 22), 3 rows on 4
+    threads leaves a thread without rows to quantize. Bit for bit as the reference, as on 1 thread."""
+    rng = np.random.default_rng(9)
+    shapes = [(70, 201, 260), (3, 700, 1000)]
+    g = _graph(shapes)
+    inputs = {f"x{i}": rng.standard_normal((m, k)).astype(np.float32) for i, (m, k, _) in enumerate(shapes)}
+    params = {f"w{i}": rng.standard_normal((k, n)).astype(np.float32) for i, (_, k, n) in enumerate(shapes)}
+    params |= {f"b{i}": rng.standard_normal(n).astype(np.float32) for i, (_, _, n) in enumerate(shapes)}
+    want = rlx.reference.run(g, inputs, params)
+    cg = _compile(g, params, "native", 4)
+    for threads in (4, 3, 1):
+        cg.num_threads = threads
+        for a, b in zip(cg.run(inputs), want):
+            np.testing.assert_array_equal(a, b, err_msg=f"{threads} threads")
 
 
 def test_set_param_quantizes_each_new_weight() -> None:
@@ -158,6 +201,25 @@ def test_non_finite_rows_and_columns_give_nan_not_garbage() -> None:
     np.testing.assert_array_equal(got, want)  # equal_nan is the default for assert_array_equal
     assert np.isnan(got[1]).all() and np.isnan(got[:, 7]).all()
     assert np.isfinite(np.delete(got[[0, 2]], 7, axis=1)).all()
+
+
+def test_quantizer_blocks_of_64_huge_finite_and_non_finite_values() -> None:
+    """K = 150: two blocks of 64 (the quantizer's unrolled loop), one of 16, a scalar tail. Huge finite
+    values (|x| near FLT_MAX, adjacent in one block) quantize like any others; inf, -inf or NaN in a
+    block or in the tail makes the row NaN."""
+    rng = np.random.default_rng(10)
+    g = _graph([(7, 150, 40)])
+    x = rng.standard_normal((7, 150)).astype(np.float32)
+    x[0, [3, 19, 100]] = [3e38, 3e38, -3.3e38]  # finite, but x + x overflows
+    x[1, 70] = np.inf
+    x[2, 5] = -np.inf
+    x[3, 140] = np.nan  # in the 16 block
+    x[4, 149] = np.inf  # in the scalar tail
+    params = {"w0": rng.standard_normal((150, 40)).astype(np.float32), "b0": rng.standard_normal(40).astype(np.float32)}
+    got = _compile(g, params, "native", 1).run({"x0": x})[0]
+    np.testing.assert_array_equal(got, rlx.reference.run(g, {"x0": x}, params)[0])
+    assert np.isfinite(got[[5, 6]]).all() and np.isnan(got[1:5]).all()
+    assert not np.isnan(got[0]).any()  # (its products overflow to +-inf: the scale is 3.3e38 / 127)
 
 
 def test_zero_rows_and_columns() -> None:

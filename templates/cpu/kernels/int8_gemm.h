@@ -1,5 +1,5 @@
 /* Dynamic int8 GEMM: C = act(dynq(X) @ q(W) + bias), W quantized per output channel at set_param.
- * (needs kernels/threads.h and kernels/packed_gemm.h, for rlx_split and the activation epilogue).
+ * (needs kernels/threads.h, kernels/scalar.h and kernels/packed_gemm.h: rlx_split, rlx_gelu_f, the activation epilogue).
  * A fixed RLX kernel header: no template code; included by generated files that need it.
  *
  * The arithmetic is rlx.ir.ops_int8's, bit for bit in the integers:
@@ -17,9 +17,13 @@
  *   AVX2:         2 x 32 tiles, pmaddubsw on |xq| and sign(wq, xq) (never saturates: |xq|, |wq| <= 127),
  *                 then pmaddwd into int32;
  *   otherwise:    plain C over the same layout.
+ * The epilogue dequantizes, adds the bias and, for `gelu` (the kernel's own GELU, not the graph's
+ * activation epilogue), applies GELU while the tile is still in registers: rlx_i8_gelu16 on AVX-512,
+ * rlx_gelu_f (kernels/scalar.h) in the other kernels. Other activations go through the generated
+ * rlx_epilogue_act after each block.
  * Each thread quantizes the rows it multiplies into its own scratch (the A "packing" is the
  * quantization), a block of RLX_I8_MC rows at a time; threads split the rows when there are
- * enough of them, else the panels (every thread then quantizes the few rows itself). */
+ * enough of them, else the panels (the few rows are then quantized once, shared by the team). */
 #ifndef RLX_KERNELS_INT8_GEMM_H
 #define RLX_KERNELS_INT8_GEMM_H
 
@@ -103,14 +107,26 @@ static void rlx_i8_quantize_row(const float *restrict x, int64_t K, int64_t kp, 
     float amax = 0.0f, chk = 0.0f;
     int64_t k = 0;
 #ifdef RLX_I8_VNNI
-    __m512 vmax = _mm512_setzero_ps(), vchk = _mm512_setzero_ps();
-    for (; k + 16 <= K; k += 16) {
-        const __m512 v = _mm512_loadu_ps(x + k);
-        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
-        vchk = _mm512_add_ps(vchk, _mm512_mul_ps(v, _mm512_setzero_ps()));
+    /* max |x| as integers: |x|'s bits order like its values, and NaN's above inf's, so one unsigned
+     * max finds both the scale and whether any value is not finite (bits above FLT_MAX's). */
+    const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff);
+    __m512i vmax = _mm512_setzero_si512(), vmax2 = vmax;  /* 64 at a time on two chains */
+    for (; k + 64 <= K; k += 64) {
+        const __m512i a0 = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k)), abs_bits);
+        const __m512i a1 = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k + 16)), abs_bits);
+        const __m512i a2 = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k + 32)), abs_bits);
+        const __m512i a3 = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k + 48)), abs_bits);
+        vmax = _mm512_max_epu32(vmax, _mm512_max_epu32(a0, a1));
+        vmax2 = _mm512_max_epu32(vmax2, _mm512_max_epu32(a2, a3));
     }
-    amax = _mm512_reduce_max_ps(vmax);
-    chk = _mm512_reduce_add_ps(vchk);
+    vmax = _mm512_max_epu32(vmax, vmax2);
+    for (; k + 16 <= K; k += 16)
+        vmax = _mm512_max_epu32(vmax, _mm512_and_si512(_mm512_loadu_si512((const void *)(x + k)), abs_bits));
+    const uint32_t bits = (uint32_t)_mm512_reduce_max_epu32(vmax);
+    if (bits > 0x7f7fffffu)
+        chk = NAN;  /* an inf or NaN among them */
+    else
+        memcpy(&amax, &bits, 4);
 #endif
     for (; k < K; k++) {
         chk += x[k] * 0.0f;
@@ -124,6 +140,19 @@ static void rlx_i8_quantize_row(const float *restrict x, int64_t K, int64_t kp, 
 #ifdef RLX_I8_VNNI
         const __m512 vinv = _mm512_set1_ps(inv);
         const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), off = _mm512_set1_epi32(128);
+        /* 64 at a time: the saturating packs narrow to bytes (|q| <= 127 already: |x| * (127 / max|x|)
+         * rounds to at most 127), leaving in each 128-bit lane i the dwords q0[4i:4i+4], q1[..], q2[..],
+         * q3[..]; the permutation puts them back in order, the xor adds the 128 (two's complement). */
+        const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        const __m512i bias8 = _mm512_set1_epi8((char)0x80);
+        for (; k + 64 <= K; k += 64) {
+            const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv));
+            const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k + 16), vinv));
+            const __m512i q2 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k + 32), vinv));
+            const __m512i q3 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k + 48), vinv));
+            const __m512i b = _mm512_packs_epi16(_mm512_packs_epi32(q0, q1), _mm512_packs_epi32(q2, q3));
+            _mm512_storeu_si512((void *)(dst + k), _mm512_xor_si512(_mm512_permutexvar_epi32(order, b), bias8));
+        }
         for (; k + 16 <= K; k += 16) {
             __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv)); /* rounds to even */
             q = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), off);
@@ -139,15 +168,59 @@ static void rlx_i8_quantize_row(const float *restrict x, int64_t K, int64_t kp, 
 
 /* The dequantizing epilogue of one row of a tile, scalar (tails and the portable kernel). */
 static inline void rlx_i8_store_row(const int32_t *acc, int64_t nr, float sx, const float *sw, const int32_t *comp,
-                                    const float *bias, float *restrict c)
+                                    const float *bias, float *restrict c, int gelu)
 {
     for (int64_t j = 0; j < nr; j++) {
         const float t = (float)(acc[j] - (RLX_I8_ABIAS ? comp[j] : 0)) * sx;
         c[j] = bias ? fmaf(t, sw[j], bias[j]) : t * sw[j];
     }
+    if (gelu) {  /* a loop of its own: this one vectorizes (a select in the loop above does not) */
+        #pragma omp simd
+        for (int64_t j = 0; j < nr; j++)
+            c[j] = rlx_gelu_f(c[j]);
+    }
 }
 
 #if defined(RLX_I8_VNNI)
+
+/* gelu(x) = x Phi(x) on 16 lanes, for the int8 epilogue: Phi(x) = 1 - q for x > 0, q otherwise, with
+ * q = Phi(-|x|) = erfc(z) / 2, z = |x| / sqrt2, from Abramowitz & Stegun 7.1.26:
+ *   erfc(z) ~= (a1 t + a2 t^2 + a3 t^3 + a4 t^4 + a5 t^5) exp(-z^2),  t = 1 / (1 + p z),
+ * (|error| <= 1.5e-7), exp by a Cody-Waite reduction, a degree-7 Taylor polynomial and vscalefps.
+ * About 30 vector operations, a third of rlx_gelu_f's two-range evaluation; the error is absolute,
+ * not relative: |gelu - exact| <= 4.3e-7 and <= 0.21 * (1e-6 + 4e-6 |exact|) over [-30, 30]
+ * (measured against double erfc on a 1e-4 grid), far below the int8 product's own rounding, so
+ * the negative tail (|gelu| < 1e-6 below x = -5) is accurate to absolute, not relative, precision.
+ * +inf gives +inf, -inf NaN (-inf * 0, as the reference), NaN stays NaN. */
+static inline __m512 rlx_i8_gelu16(__m512 x)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 a = _mm512_abs_ps(x);
+    const __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(a, _mm512_set1_ps(0.3275911f * 0.70710678118654752f), one));
+    __m512 p = _mm512_set1_ps(0.5f * 1.061405429f); /* the a_i halved: q = erfc / 2 */
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.5f * -1.453152027f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.5f * 1.421413741f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.5f * -0.284496736f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.5f * 0.254829592f));
+    p = _mm512_mul_ps(p, t);
+    /* exp(u), u = -x^2/2 clamped to -87 (a normal result: q is then far below any rounding of x Phi) */
+    const __m512 u = _mm512_max_ps(_mm512_mul_ps(_mm512_mul_ps(a, a), _mm512_set1_ps(-0.5f)), _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(u, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), u);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 e = _mm512_set1_ps(1.98412698412698413e-4f);
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.38888888888888889e-3f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(8.33333333333333333e-3f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(4.16666666666666667e-2f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.66666666666666667e-1f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
+    e = _mm512_fmadd_ps(e, r, one);
+    e = _mm512_fmadd_ps(e, r, one);
+    const __m512 q = _mm512_mul_ps(p, _mm512_scalef_ps(e, n));
+    const __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
+    return _mm512_mul_ps(x, _mm512_mask_sub_ps(q, pos, one, q));
+}
 
 /* mr x 32 tile: kg groups of 4 k; A rows (u8) lda bytes apart, B one panel. The accumulators are
  * named variables (not an array), one pair per row, so they stay in zmm registers: 24 + 2 for B
@@ -159,7 +232,7 @@ static inline void rlx_i8_store_row(const int32_t *acc, int64_t nr, float sx, co
 static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, const int prefetch, int64_t kg,
                                                                const uint8_t *A, int64_t lda, const int8_t *B, float *C,
                                                                int64_t ldc, int64_t nr, const float *sx, const float *sw,
-                                                               const int32_t *comp, const float *bias)
+                                                               const int32_t *comp, const float *bias, int gelu)
 {
 #define RLX_I8_DECL(r) __m512i c0_##r = _mm512_setzero_si512(), c1_##r = _mm512_setzero_si512();
     RLX_I8_ROWS(RLX_I8_DECL)
@@ -196,6 +269,10 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, cons
         __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1_##r, k1)), x);                \
         v0 = bias ? _mm512_fmadd_ps(v0, s0, z0) : _mm512_mul_ps(v0, s0);                               \
         v1 = bias ? _mm512_fmadd_ps(v1, s1, z1) : _mm512_mul_ps(v1, s1);                               \
+        if (gelu) {                                                                                    \
+            v0 = rlx_i8_gelu16(v0);                                                                    \
+            v1 = rlx_i8_gelu16(v1);                                                                    \
+        }                                                                                              \
         _mm512_mask_storeu_ps(C + r * ldc, m0, v0);                                                    \
         _mm512_mask_storeu_ps(C + r * ldc + 16, m1, v1);                                               \
     }
@@ -215,7 +292,7 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, cons
 static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, const int prefetch, int64_t kg,
                                                                const uint8_t *A, int64_t lda, const int8_t *B, float *C,
                                                                int64_t ldc, int64_t nr, const float *sx, const float *sw,
-                                                               const int32_t *comp, const float *bias)
+                                                               const int32_t *comp, const float *bias, int gelu)
 {
     (void)prefetch;  /* the AVX2 and C fallbacks leave the streaming to the hardware prefetcher */
     const __m256i ones = _mm256_set1_epi16(1);
@@ -246,13 +323,13 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, cons
     _mm256_storeu_si256((__m256i *)(row + 8), p1);
     _mm256_storeu_si256((__m256i *)(row + 16), p2);
     _mm256_storeu_si256((__m256i *)(row + 24), p3);
-    rlx_i8_store_row(row, nr, sx[0], sw, comp, bias, C);
+    rlx_i8_store_row(row, nr, sx[0], sw, comp, bias, C, gelu);
     if (mr > 1) {
         _mm256_storeu_si256((__m256i *)row, q0);
         _mm256_storeu_si256((__m256i *)(row + 8), q1);
         _mm256_storeu_si256((__m256i *)(row + 16), q2);
         _mm256_storeu_si256((__m256i *)(row + 24), q3);
-        rlx_i8_store_row(row, nr, sx[1], sw, comp, bias, C + ldc);
+        rlx_i8_store_row(row, nr, sx[1], sw, comp, bias, C + ldc, gelu);
     }
 }
 #undef RLX_I8_MADD
@@ -261,7 +338,7 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, cons
 
 static inline void rlx_i8_tile(const int mr, const int prefetch, int64_t kg, const uint8_t *A, int64_t lda,
                                const int8_t *B, float *C, int64_t ldc, int64_t nr, const float *sx, const float *sw,
-                               const int32_t *comp, const float *bias)
+                               const int32_t *comp, const float *bias, int gelu)
 {
     (void)prefetch;
     for (int r = 0; r < mr; r++) {
@@ -271,7 +348,7 @@ static inline void rlx_i8_tile(const int mr, const int prefetch, int64_t kg, con
             for (int j = 0; j < RLX_I8_NR; j++)
                 for (int q = 0; q < RLX_I8_KG; q++)
                     row[j] += (int32_t)a[g * 4 + q] * (int32_t)B[g * 128 + j * 4 + q];
-        rlx_i8_store_row(row, nr, sx[r], sw, comp, bias, C + r * ldc);
+        rlx_i8_store_row(row, nr, sx[r], sw, comp, bias, C + r * ldc, gelu);
     }
 }
 
@@ -280,16 +357,16 @@ static inline void rlx_i8_tile(const int mr, const int prefetch, int64_t kg, con
 #define RLX_I8_CASE(R)                                                                           \
     case R:                                                                                      \
         if (prefetch)                                                                            \
-            rlx_i8_tile(R, 1, kg, A, lda, B, C, ldc, nr, sx, sw, comp, bias);                    \
+            rlx_i8_tile(R, 1, kg, A, lda, B, C, ldc, nr, sx, sw, comp, bias, gelu);              \
         else                                                                                     \
-            rlx_i8_tile(R, 0, kg, A, lda, B, C, ldc, nr, sx, sw, comp, bias);                    \
+            rlx_i8_tile(R, 0, kg, A, lda, B, C, ldc, nr, sx, sw, comp, bias, gelu);              \
         break;
 
 /* mr rows (any count) of one panel, in pieces the tile kernel has a case for. The first piece
  * brings the panel in from memory: it prefetches RLX_I8_PF_BYTES ahead (into the next panel at
  * its end, which is the next this thread multiplies). */
 static void rlx_i8_rows(int64_t mr, int64_t kg, const uint8_t *A, int64_t lda, const int8_t *B, float *C, int64_t ldc,
-                        int64_t nr, const float *sx, const float *sw, const int32_t *comp, const float *bias)
+                        int64_t nr, const float *sx, const float *sw, const int32_t *comp, const float *bias, int gelu)
 {
     int prefetch = 1;
     while (mr > 0) {
@@ -322,10 +399,10 @@ static inline int64_t rlx_i8_scratch_bytes(int64_t K)
 }
 
 /* Threads for an M x N x K int8 product. An int8 multiply-add costs a quarter of an f32 one, while
- * waking a sleeping OpenMP team (RLX's default wait policy, passive) costs tens of microseconds,
- * about what one core multiplies in 8M int8 multiply-adds: below that per thread the product runs
- * on the calling thread (every linear layer of a short sentence). With spinning threads
- * (OMP_WAIT_POLICY=active, set by RLX_OMP_WAIT=active) a fork is cheap: 256K per thread pays.
+ * waking a sleeping OpenMP team (RLX_OMP_WAIT=passive) costs tens of microseconds, about what one
+ * core multiplies in 8M int8 multiply-adds: below that per thread the product runs on the calling
+ * thread (every linear layer of a short sentence). With spinning threads (RLX's default bounded
+ * spin, or OMP_WAIT_POLICY=active) a fork is cheap: 256K per thread pays.
  * The policy is rlx_team_spins (kernels/threads.h). */
 #define RLX_I8_MACS_PER_THREAD ((int64_t)1 << 23)
 #define RLX_I8_MACS_PER_SPINNING_THREAD ((int64_t)1 << 18)
@@ -336,39 +413,67 @@ static inline int rlx_i8_threads(int nt, int64_t m, int64_t n, int64_t k)
     return useful < 1 ? 1 : (useful < nt ? (int)useful : nt);
 }
 
-/* One out-of-line copy: cloned per constant shape it would multiply the compile time of a graph. */
+/* One out-of-line copy: cloned per constant shape it would multiply the compile time of a graph.
+ * GCC's noipa, not just noinline + noclone: the constants and activations its callers pass still
+ * reach the body through interprocedural propagation, and with them GCC 12 spills the 12 x 32
+ * tile's accumulators to the stack in its inner loop (a third of the multiply rate lost). */
 #if defined(__clang__)
 #define RLX_I8_NOINLINE __attribute__((noinline))
 #else
-#define RLX_I8_NOINLINE __attribute__((noinline, noclone))
+#define RLX_I8_NOINLINE __attribute__((noipa))
 #endif
 
-/* Thread t of nt: its share of C[M, N] = act(dynq(X[M, K]) @ W + bias), W stored (see above). */
+/* Rows [i0, i0 + mc) of X quantized into aq (kp bytes a row) and sx. */
+static inline void rlx_i8_quantize_rows(const float *X, int64_t K, int64_t kp, int64_t i0, int64_t mc, uint8_t *aq,
+                                        float *sx)
+{
+    for (int64_t r = 0; r < mc; r++)
+        rlx_i8_quantize_row(X + (i0 + r) * K, K, kp, aq + r * kp, sx + r);
+}
+
+/* Thread t of nt: its share of C[M, N] = act(dynq(X[M, K]) @ W + bias), W stored (see above);
+ * `gelu` 1: GELU in the tile epilogue (then act is RLX_EPI_NONE), else `act` after each block.
+ * `team_scratch` holds one block of `per_thread` bytes per thread of the team, thread 0's first.
+ * Many rows: each thread its rows, every panel, quantized into its own scratch. Few rows (a short
+ * sentence): each thread its panels, every row; the rows are then quantized once, each thread a
+ * share of them into thread 0's scratch, with a team barrier before the multiply reads them (and
+ * after it, before the next block overwrites them): every thread calls this with the same M. */
 RLX_I8_NOINLINE static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const float *X, const char *W, const float *bias, float *C,
-                       int act, char *scratch, int t, int nt)
+                       int act, int gelu, char *team_scratch, int64_t per_thread, int t, int nt)
 {
     const int64_t kp = rlx_i8_round4(K), kg = kp / RLX_I8_KG;
     const int64_t np = (N + RLX_I8_NR - 1) / RLX_I8_NR;
     const int8_t *panels = (const int8_t *)W;
     const float *sw = (const float *)(W + np * RLX_I8_NR * kp);
     const int32_t *comp = (const int32_t *)(sw + np * RLX_I8_NR);
+    const int by_rows = nt == 1 || M >= (int64_t)nt * RLX_I8_MC / 2 || np < nt;
+    char *scratch = team_scratch + (by_rows ? (int64_t)t * per_thread : 0);
     uint8_t *aq = (uint8_t *)scratch;
     float *sx = (float *)(scratch + (RLX_I8_MC * kp + 63) / 64 * 64);
     int64_t m0 = 0, m1 = M, p0 = 0, p1 = np;
-    if (M >= (int64_t)nt * RLX_I8_MC / 2 || np < nt)
-        rlx_split(M, t, nt, &m0, &m1); /* many rows: each thread its rows, every panel */
+    if (by_rows)
+        rlx_split(M, t, nt, &m0, &m1);
     else
-        rlx_split(np, t, nt, &p0, &p1); /* few rows: each thread its panels, every row */
+        rlx_split(np, t, nt, &p0, &p1);
     for (int64_t i0 = m0; i0 < m1; i0 += RLX_I8_MC) {
         const int64_t mc = m1 - i0 < RLX_I8_MC ? m1 - i0 : RLX_I8_MC;
-        for (int64_t r = 0; r < mc; r++)
-            rlx_i8_quantize_row(X + (i0 + r) * K, K, kp, aq + r * kp, sx + r);
+        if (by_rows) {
+            rlx_i8_quantize_rows(X, K, kp, i0, mc, aq, sx);
+        } else {
+            int64_t r0, r1;
+            rlx_split(mc, t, nt, &r0, &r1);
+            rlx_i8_quantize_rows(X, K, kp, i0 + r0, r1 - r0, aq + r0 * kp, sx + r0);
+            #pragma omp barrier
+        }
         for (int64_t p = p0; p < p1; p++) {
             const int64_t j0 = p * RLX_I8_NR, nr = N - j0 < RLX_I8_NR ? N - j0 : RLX_I8_NR;
             float *c = C + i0 * N + j0;
-            rlx_i8_rows(mc, kg, aq, kp, panels + j0 * kp, c, N, nr, sx, sw + j0, comp + j0, bias ? bias + j0 : NULL);
+            rlx_i8_rows(mc, kg, aq, kp, panels + j0 * kp, c, N, nr, sx, sw + j0, comp + j0, bias ? bias + j0 : NULL, gelu);
             if (act != RLX_EPI_NONE)
                 rlx_epilogue_act(c, N, mc, nr, act);
+        }
+        if (!by_rows && i0 + RLX_I8_MC < m1) {
+            #pragma omp barrier
         }
     }
 }
