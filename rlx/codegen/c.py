@@ -56,6 +56,7 @@ from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions import AbsorbedTranspose, PackedParam, WidenedParam
 from rlx.ir.decisions_int8 import Int8Param
+from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -455,6 +456,9 @@ class _Planner:
         self.absorbed: dict[NodeId, NodeId] = {d.node: d.source for d in lir.decided(AbsorbedTranspose)}
         self.packed: dict[NodeId, bool] = {d.node: d.transposed for d in lir.decided(PackedParam)}
         self.int8: dict[NodeId, Int8Param] = {d.node: d for d in lir.decided(Int8Param)}
+        # nodes a decode GEMV group computes in small steps (their own kernels run in larger ones)
+        self.decode_skips: dict[NodeId, QuantGemvGroup] = {
+            nid: d for d in lir.decided(QuantGemvGroup) for nid in d.skipped()}
         # f16/bf16 params stored widened at set_param: param -> the cast that reads the widened copy
         self.widened: dict[NodeId, NodeId] = {d.node: d.cast for d in lir.decided(WidenedParam)}
         self.widened_cast: dict[NodeId, NodeId] = {c: p for p, c in self.widened.items()}
@@ -586,6 +590,13 @@ class _Planner:
             if reason is not None:
                 raise BuildError(f"{reason} (node {node.label}) — insert a cast")
             kernel = CPU.rule(node.kind).emit(self, node)
+            group = self.decode_skips.get(nid)
+            if group is not None:
+                lead = self.node(group.members[0])
+                rows = self.numel(self.node(lead.inputs[0]).shape.dims[:-1])
+                # (the note names no node: the layers' copies of the body stay one shared function)
+                kernel = replace(kernel, skip_when=f"{rows} <= {group.max_rows}",
+                                 skip_note="computed by its decode GEMV group (QuantGemvGroup)")
             self.scratch_per_thread = max(self.scratch_per_thread, kernel.scratch_per_thread)
             self.scratch_shared = max(self.scratch_shared, kernel.scratch_shared)
             out.append(kernel)

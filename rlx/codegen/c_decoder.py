@@ -3,7 +3,8 @@
 Registered into the CPU rule table when `rlx.codegen.c` is imported. The
 kernel appends this step's keys and values to the caller-owned cache buffers
 (state inputs) and runs causal grouped-query attention over the cache with
-the same packed-GEMM building blocks as `attention` (`kernels/attention.h`).
+the same packed-GEMM building blocks as `attention` (`kernels/attention.h`),
+or for the few query rows of a decode step plain dot products (`kernels/kv_decode.h`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rlx.ir import ops as O
 from rlx.ir.graph import Node
 
 TEMPLATE = "decoder.c.j2"
-HEADERS = ("kernels/packed_gemm.h", "kernels/attention.h")
+HEADERS = ("kernels/packed_gemm.h", "kernels/attention.h", "kernels/kv_decode.h")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class KvAttentionArgs:
     qblock: int
     kp_offset: int
     vp_offset: int
+    #: Decode steps: where a thread's partial results (max, sum, weighted values per row) start.
+    part_offset: int = 0
 
 
 
@@ -56,6 +59,9 @@ def emit_kv_attention(em, node: Node) -> Kernel:
     kp_offset = align64(ATTN_QBLOCK * capacity * 4)
     vp_offset = kp_offset + align64(op.head_dim * round_up(capacity, PACK_NR_MAX) * 4)
     scratch = vp_offset + align64(capacity * round_up(op.head_dim, PACK_NR_MAX) * 4)
+    # decode steps (at most ATTN_QBLOCK query rows x heads) reuse the space of K^T and V for each batch
+    # row's partial results: up to ATTN_QBLOCK rows of head_dim + 2 floats (kernels/kv_decode.h)
+    scratch = max(scratch, kp_offset + align64(q.dims[0].max * ATTN_QBLOCK * (op.head_dim + 2) * 4))
     label = c_string(f"%{node.id} {node.kind}" + (f" ({node.name[:60]})" if node.name else ""))
     args = KvAttentionArgs(
         label=label, q=em.ptr(q_id), k=em.ptr(k_id), v=em.ptr(v_id),
@@ -64,7 +70,8 @@ def emit_kv_attention(em, node: Node) -> Kernel:
         positions=em.ptr(pos_id), o=em.ptr(node.id, const=False),
         batch=em.dim(q.dims[0]), sq=em.dim(q.dims[1]), capacity=capacity,
         heads=op.num_heads, kv_heads=op.kv_heads, group=op.num_heads // op.kv_heads, hd=op.head_dim,
-        scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset)
+        scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
+        part_offset=kp_offset)
     return Kernel(node.id, "kv_attention", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from rlx.codegen.cpu_base import CPU, GRAIN, PACK_NR_MAX, align64, c_string, node_header
 from rlx.codegen.registry import Kernel
 from rlx.ir import ops as O
+from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.quant import quant_format
@@ -33,11 +34,26 @@ from rlx.ir.shape import product
 TEMPLATE = "quant.c.j2"
 #: quant.h multiplies prefill panels with the packed-GEMM kernel (which brings the epilogue).
 HEADERS = ("kernels/packed_gemm.h", "kernels/quant.h")
+#: A decode GEMV group's pass (kernels/qgemv_group.h), for the node that leads one.
+GROUP_HEADERS = ("kernels/qgemv_group.h",)
 #: The format ids of kernels/quant.h.
 FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
 #: The most rows of X the GEMV path takes (RLX_QGEMV_MAX_M in kernels/quant.h).
 GEMV_MAX_M = 4
+
+
+@dataclass(frozen=True)
+class QuantGroupArgs:
+    """A `QuantGemvGroup` led by this node: every member's weights and outputs (C expressions)."""
+
+    weights: tuple[str, ...]
+    rows: tuple[int, ...]
+    outs: tuple[str, ...]
+    #: The SwiGLU region's output when the group writes it (then `outs` are not written), else "".
+    swiglu: str
+    max_rows: int
+    names: str
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,8 @@ class DequantMatMulArgs:
     #: block's scale and scale * sum of its integers, a pair of floats per block, at xds_offset).
     act: str = "f32"
     xds_offset: int = 0
+    #: Decode steps: the GEMV group this node leads (it computes every member), or None.
+    group: QuantGroupArgs | None = None
 
 
 @dataclass(frozen=True)
@@ -107,14 +125,30 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     gemv_shared = xds_offset + align64(gemv_rows * (k // 32) * 8)
     shared = max(gemv_shared, align64(rows_max * k * 4) if rows_max > GEMV_MAX_M else 0) if op.act != "f32" else 0
     label = _label(node)
+    group = _group_args(em, node)
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
         m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=op.quant,
         fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, block_sums=fmt.name == "q4_1",
-        wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xds_offset=xds_offset)
-    return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
+        wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xds_offset=xds_offset, group=group)
+    headers = HEADERS + (GROUP_HEADERS if group is not None else ())
+    return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=headers, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch,
                   scratch_shared=shared)
+
+
+def _group_args(em, node: Node) -> QuantGroupArgs | None:
+    """The group this node leads in decode steps (a `QuantGemvGroup` decision of the LIR), or None."""
+    group = next((d for d in em.lir.decided(QuantGemvGroup) if d.members[0] == node.id), None)
+    if group is None:
+        return None
+    members = [em.node(m) for m in group.members]
+    return QuantGroupArgs(
+        weights=tuple(em.ptr(m.inputs[1]) for m in members),
+        rows=tuple(em.node(m.inputs[1]).shape.dims[0].value for m in members),
+        outs=tuple(em.ptr(m.id, const=False) for m in members),
+        swiglu=em.ptr(group.swiglu[0], const=False) if group.swiglu else "", max_rows=group.max_rows,
+        names=f"{len(members)} projections" + (" and their SwiGLU" if group.swiglu else ""))
 
 
 def emit_dequantize(em, node: Node) -> Kernel:

@@ -57,6 +57,10 @@ class Kernel:
     scratch_shared: int = 0
     #: Code defined before this kernel's function: a loop body's constants and kernels (see c_scan).
     subprogram: Any = None
+    #: A C condition under which the node's function returns at once, and why (another kernel
+    #: computed its value in that case: a CPU `QuantGemvGroup` in decode steps).
+    skip_when: str = ""
+    skip_note: str = ""
 
 
 Accepts = Callable[[O.Op, tuple[DType, ...], DType], str | None]

@@ -43,6 +43,7 @@ from rlx.ir.lir import LirModule
 from rlx.opt.lowering_cuda import cuda_decisions
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
+from rlx.opt.lowering_quant_cpu import quant_gemv_groups
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
 
@@ -185,7 +186,8 @@ def widen_params(lir: LirModule) -> tuple[Decision, ...]:
 def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
-    return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir))
+    return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir),
+            *quant_gemv_groups(lir))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout; Metal's: its one buffer).

@@ -517,6 +517,62 @@ class CompiledGraph:
         Concurrent calls each take their own pooled context, so they may share inputs
         but must each write to their own output arrays.
         """
+        symbols = self._check_slots(inputs, outputs)
+        self._call(symbols, inputs, outputs)
+
+    def bind_run(self, inputs: Mapping[str, np.ndarray], outputs: Sequence[np.ndarray]) -> Callable[[], None]:
+        """A run over fixed arrays, checked once here: calling the result runs the graph on their current
+        contents, with no per-call checks, conversions or allocation (a decode loop refills its small
+        input arrays in place between calls, and reads the outputs it gave).
+
+        Arrays follow `run_slots`' rules (storage dtype, C-contiguous, writeable outputs that overlap no
+        input); the dynamic dims are those of these shapes. The callable keeps the arrays alive and is
+        thread-safe like `run` (each call takes a pooled context), though concurrent calls share outputs.
+
+        >>> import numpy as np, rlx
+        >>> g = rlx.Graph("t")
+        >>> g.set_outputs([g.activation("relu", g.input("x", [3]))])
+        >>> cg = rlx.Session().compile(g)
+        >>> x, y = np.array([-1, 2, -3], np.float32), np.empty(3, np.float32)
+        >>> run = cg.bind_run({"x": x}, [y])
+        >>> run(); y.tolist()
+        [0.0, 2.0, 0.0]
+        >>> x[0] = 5; run(); y.tolist()
+        [5.0, 2.0, 0.0]
+        """
+        lib = self._library
+        missing = [t.name for t in lib.inputs if t.name not in inputs]
+        if missing:
+            raise ExecutionError(f"bind_run: missing inputs {missing}")
+        arrays = [inputs[t.name] for t in lib.inputs]
+        self._check_slots(arrays, outputs)
+        symbols = self._bind_symbols(arrays)
+        sym_values = [symbols[name] for name in self._sym_order]
+        keep = [ffi.from_buffer(arr) for arr in arrays] + [ffi.from_buffer(a, require_writable=True) for a in outputs]
+        n_in = len(arrays)
+
+        def run() -> None:
+            with self._pool.checkout() as ctx:
+                if not all(self._param_set):
+                    unset = [t.name for t, ok in zip(lib.params, self._param_set) if not ok]
+                    raise ExecutionError(f"params never set: {unset}")
+                for i, v in enumerate(sym_values):
+                    ctx.sym[i] = v
+                for i, buf in enumerate(keep):
+                    if i < n_in:
+                        ctx.ins[i] = buf
+                    else:
+                        ctx.outs[i - n_in] = buf
+                rc = self._lib.rlx_run(ctx.ptr, ctx.sym, ctx.ins, ctx.outs)  # releases the GIL
+                if rc != 0:
+                    if ctx is self._pool.primary:
+                        self._raise(rc, "run")
+                    raise ExecutionError(self._error("run", ctx))
+
+        return run
+
+    def _check_slots(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> dict[str, int]:
+        """`run_slots`' checks of its arrays; the dynamic dims their shapes give."""
         lib = self._library
         if len(inputs) != len(lib.inputs) or len(outputs) != len(lib.outputs):
             raise ExecutionError(f"run_slots takes {len(lib.inputs)} inputs and {len(lib.outputs)} outputs, "
@@ -534,7 +590,7 @@ class CompiledGraph:
             for src, sinfo in zip(inputs, lib.inputs):
                 if np.may_share_memory(arr, src):
                     raise ExecutionError(f"output {info.name!r} overlaps input {sinfo.name!r}")
-        self._call(symbols, inputs, outputs)
+        return symbols
 
     def _check_rank(self, info: TensorInfo, arr: np.ndarray) -> None:
         if arr.ndim != len(info.dims):

@@ -103,3 +103,34 @@ def test_bad_shapes_are_refused() -> None:
         g.cached_attention(q, k, k, kc, kc, pos, num_heads=H, head_dim=D, num_kv_heads=KV)
     with pytest.raises(ShapeError, match="static shape"):
         g.state("dyn", [rlx.Dim.dynamic("n", 4)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_rows_over_a_long_cache_match_reference(threads: int) -> None:
+    """Steps of a few rows (the one-pass decode kernel of kernels/kv_decode.h): 3 query heads per kv
+    head, a head size no multiple of 16, rows at different depths of a cache long enough for the
+    team to split the kv heads."""
+    heads, kv, hd, capacity = 6, 2, 20, 2304
+    g = rlx.Graph("kv_decode")
+    seq, batch = rlx.Dim.dynamic("seq", 4), rlx.Dim.dynamic("batch", 2)
+    q = g.input("q", [batch, seq, heads * hd])
+    k, v = (g.input(n, [batch, seq, kv * hd]) for n in ("k", "v"))
+    kc, vc = (g.state(n, [2, capacity, kv * hd]) for n in ("k_cache", "v_cache"))
+    pos_in = g.input("pos", [batch], "i32")
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos_in, num_heads=heads, head_dim=hd, num_kv_heads=kv)])
+    cg = compile_graph(g)
+    cg.num_threads = threads
+    rng = np.random.default_rng(threads)
+    kc0, vc0 = (rng.standard_normal((2, capacity, kv * hd)).astype(np.float32) for _ in range(2))
+    caches, ref_caches = (kc0.copy(), vc0.copy()), (kc0.copy(), vc0.copy())
+    pos = np.array([2200, 0], np.int32)  # row 1 starts empty: one thread's range of its keys is empty
+    for s in (1, 2, 1, 3):
+        ins = {"q": rng.standard_normal((2, s, heads * hd)).astype(np.float32),
+               "k": rng.standard_normal((2, s, kv * hd)).astype(np.float32),
+               "v": rng.standard_normal((2, s, kv * hd)).astype(np.float32), "pos": pos}
+        out = cg.run({**ins, "k_cache": caches[0], "v_cache": caches[1]})[0]
+        want = reference_run(g, {**ins, "k_cache": ref_caches[0], "v_cache": ref_caches[1]})[0]
+        # softmax over up to 2207 keys of 20-term dot products
+        np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
+        np.testing.assert_array_equal(caches[0], ref_caches[0])
+        pos = pos + s

@@ -64,6 +64,26 @@ def test_greedy_through_the_cache_equals_rerunning_prefill(lm: CausalLM) -> None
     assert len(set(fast.token_ids)) > 3  # not a degenerate repetition
 
 
+def test_interleaved_caches_decode_as_each_alone(lm: CausalLM) -> None:
+    """Steps switching between two caches (a switch rebinds the CPU's bound run, repeated steps on one
+    cache reuse it) return the logits of each cache's own sequence, and a returned array is not
+    overwritten by later steps."""
+    a, b = lm.new_cache(), lm.new_cache()
+    seqs = {id(a): [5, 17, 33], id(b): [44, 2]}
+    for cache in (a, b):
+        lm.step(np.array([seqs[id(cache)]]), cache, [0])
+    kept = []
+    for t in range(8):
+        cache = (a, a, b, b, b, a, b, a)[t]
+        seq = seqs[id(cache)]
+        seq.append(7 + 3 * t + len(seq))
+        got = lm.step(np.array([[seq[-1]]]), cache, [0])
+        kept.append((got, got.copy(), list(seq)))
+    for got, copy, seq in kept:
+        np.testing.assert_array_equal(got, copy)
+        np.testing.assert_allclose(got[0], lm.logits(seq)[-1], rtol=1e-4, atol=1e-4)
+
+
 def test_batch_rows_at_different_lengths_match_single_runs(lm: CausalLM) -> None:
     prompts = [[5, 17, 33, 8], list(range(10, 31)), [44]]
     together = lm.generate_batch(prompts, max_new_tokens=12)

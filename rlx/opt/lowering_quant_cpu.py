@@ -1,0 +1,91 @@
+"""CPU lowering for decode steps: quantized projections of one activation as one GEMV pass.
+
+`quant_gemv_groups(lir)` records a `QuantGemvGroup` (`rlx.ir.decisions_quant`) for each run of
+`dequant_matmul` nodes with integer activations that read the same activation with the same block
+format, scheduled one after another (a decoder layer's Q/K/V, its gate/up), and absorbs the
+`silu(gate) * up` region of a gate/up pair when it is scheduled right after them and is their only
+reader. In decode steps the first member's kernel then quantizes the activation once and forks one
+team for all of them (`templates/cpu/kernels/qgemv_group.h`).
+
+Running the later members (and the SwiGLU) at the first member's slot writes their outputs early.
+That is safe here: the buffers that die between the first member and the last absorbed node are
+read only by the group itself — the activation, which the pass has quantized into scratch before
+any thread writes, and (for the SwiGLU) the gate and up outputs, which the pass never writes.
+
+>>> from rlx.ir.graph import Graph
+>>> from rlx.ir.quant import row_bytes
+>>> from rlx.opt.memplan import plan
+>>> from rlx.opt.pipeline import optimize
+>>> g = Graph("ffn")
+>>> x = g.input("x", [1, 64])
+>>> gate, up = (g.dequant_matmul(x, g.param(n, [96, row_bytes("q4_1", 64)], "u8"), quant="q4_1", act="q16")
+...             for n in ("gate", "up"))
+>>> g.set_outputs([g.mul(g.activation("silu", gate), up)])
+>>> [d.describe() for d in quant_gemv_groups(plan(optimize(g)))]
+['%2 %4 run as one quantized GEMV pass when a step has <= 4 rows, writing the SwiGLU %5']
+"""
+
+from __future__ import annotations
+
+from rlx.ir import ops as O
+from rlx.ir.decisions_quant import QuantGemvGroup
+from rlx.ir.graph import Node
+from rlx.ir.lir import LirModule
+
+#: Rows of activations up to which the pass runs (RLX_QGEMV_MAX_M of kernels/quant.h).
+DECODE_GEMV_ROWS = 4
+#: Most projections one pass computes (RLX_QGROUP_MAX of kernels/qgemv_group.h).
+DECODE_GEMV_MEMBERS = 4
+
+
+def is_silu_times(op: O.Op) -> bool:
+    """The elementwise region `silu(v0) * v1` (either operand order of the product)."""
+    if not isinstance(op, O.ElementwiseRegion) or len(op.steps) != 2:
+        return False
+    first, second = op.steps
+    return (isinstance(first.op, O.Activation) and first.op.fn == "silu" and first.args == (0,)
+            and isinstance(second.op, O.Binary) and second.op.fn == "mul" and sorted(second.args) == [1, 2])
+
+
+def quant_gemv_groups(lir: LirModule) -> tuple[QuantGemvGroup, ...]:
+    """The `QuantGemvGroup` decisions of `lir` (see the module docstring)."""
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    schedule = list(lir.schedule)
+
+    def at(i: int) -> Node | None:
+        return graph.node(schedule[i]) if 0 <= i < len(schedule) else None
+
+    def member(n: Node | None) -> bool:
+        return (n is not None and isinstance(n.op, O.DequantMatMul) and n.op.act in ("q8", "q16")
+                and lir.buffers[n.id].storage in ("arena", "output")
+                and graph.node(n.inputs[0]).shape.dims[-1].value % 32 == 0)
+
+    found: list[QuantGemvGroup] = []
+    i = 0
+    while i < len(schedule):
+        lead = at(i)
+        if not member(lead):
+            i += 1
+            continue
+        key = (lead.inputs[0], lead.op.quant, lead.op.act)
+        members = [lead]
+        while len(members) < DECODE_GEMV_MEMBERS:
+            nxt = at(i + len(members))
+            if not member(nxt) or (nxt.inputs[0], nxt.op.quant, nxt.op.act) != key:
+                break
+            members.append(nxt)
+        i += len(members)
+        ids = tuple(m.id for m in members)
+        swiglu: tuple[int, ...] = ()
+        if len(members) == 2 and members[0].shape == members[1].shape and not outputs & set(ids):
+            region = at(i)
+            if (region is not None and is_silu_times(region.op) and region.inputs == ids
+                    and all(set(users[m]) == {region.id} for m in ids) and region.shape == members[0].shape
+                    and lir.buffers[region.id].storage in ("arena", "output")):
+                swiglu = (region.id,)
+                i += 1
+        if len(members) > 1:
+            found.append(QuantGemvGroup(ids, DECODE_GEMV_ROWS, swiglu))
+    return tuple(found)
