@@ -16,12 +16,9 @@ from rlx.driver import Device, Session
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 from rlx.runtime.cuda_device import compile_cuda
-from rlx.toolchain.cuda import visible_gpu_arch
+from tests.gpu.gemm_common import GPU_ONLY, U
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(visible_gpu_arch() is None, reason="no NVIDIA GPU visible (nvidia-smi)")]
-
-U = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}
+pytestmark = GPU_ONLY
 
 
 def _graph() -> Graph:
