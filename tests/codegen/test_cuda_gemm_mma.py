@@ -10,18 +10,12 @@ import pytest
 from rlx.codegen.cuda import CudaTarget
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
-from rlx.ir.shape import Dim
-from tests.gpu.gemm_common import forward, nvcc_compiles, render
+from tests.gpu.gemm_common import forward, gemm_chain, nvcc_compiles, render
 
 
 def _graph(n: int = 136) -> Graph:
     """gelu(x W1 + b1) (cuBLASLt cannot fuse erf GELU) then relu(. W2 + b2) (cuBLASLt's epilogue can)."""
-    g = Graph("mma_rule")
-    x = g.input("x", [Dim.dynamic("m", max=512), 40])
-    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [40, n])), g.param("b1", [n])))
-    r = g.activation("relu", g.add_(g.matmul(h, g.param("w2", [n, 64])), g.param("b2", [64])))
-    g.set_outputs([r])
-    return g
+    return gemm_chain("mma_rule", 512, 40, [(n, True, "gelu"), (64, True, "relu")], every_output=False)
 
 
 def _launches(src: str, kernel: str) -> int:

@@ -10,17 +10,12 @@ from rlx.codegen.cuda import CudaTarget
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
-from tests.gpu.gemm_common import forward, norm_graph, nvcc_compiles, render
+from tests.gpu.gemm_common import forward, gemm_chain, norm_graph, nvcc_compiles, render
 
 
 def _graph(k: int = 48) -> Graph:
     """gelu(x W1 + b1) (erf GELU: cuBLASLt needs a separate pass) then relu(. W2) with K = 144, N = 64."""
-    g = Graph("small_rule")
-    x = g.input("x", [Dim.dynamic("m", max=256), k])
-    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [k, 144])), g.param("b1", [144])))
-    r = g.activation("relu", g.matmul(h, g.param("w2", [144, 64])))
-    g.set_outputs([r])
-    return g
+    return gemm_chain("small_rule", 256, k, [(144, True, "gelu"), (64, False, "relu")], every_output=False)
 
 
 def test_half_products_of_few_rows_take_the_small_gemm() -> None:

@@ -3,8 +3,10 @@ norm-prologue graph, and the render / nvcc steps of tests/codegen (which check t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rlx.codegen.cuda import CudaTarget, render_cuda
@@ -19,6 +21,31 @@ GPU_ONLY = [pytest.mark.cuda,
 
 #: unit roundoff of each precision
 U = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def gemm_chain(name: str, rows: int, k: int, layers: Sequence[tuple[int, bool, str | None]],
+               every_output: bool = True) -> Graph:
+    """x [m <= `rows`, `k`] through one GEMM per layer (n, bias, activation): x W1 (+ b1) (act), then . W2 ...
+
+    Outputs every layer's result, or only the last one's. The parameters are w1, b1, w2, ..."""
+    g = Graph(name)
+    y = g.input("x", [Dim.dynamic("m", max=rows), k])
+    outputs = []
+    for i, (n, bias, act) in enumerate(layers, 1):
+        y = g.matmul(y, g.param(f"w{i}", [k, n]))
+        if bias:
+            y = g.add_(y, g.param(f"b{i}", [n]))
+        if act is not None:
+            y = g.activation(act, y)
+        outputs.append(y)
+        k = n
+    g.set_outputs(outputs if every_output else outputs[-1:])
+    return g
+
+
+def scaled_normal(rng: np.random.Generator, shapes: dict[str, tuple[tuple[int, ...], float]]) -> dict[str, np.ndarray]:
+    """{name: standard normal float32 of `shape` times `scale`} for {name: (shape, scale)}, drawn in that order."""
+    return {name: rng.standard_normal(shape).astype(np.float32) * scale for name, (shape, scale) in shapes.items()}
 
 
 def norm_graph(keep_s: bool = True) -> Graph:

@@ -16,21 +16,15 @@ from rlx.driver import Device, Session
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 from rlx.runtime.cuda_device import compile_cuda
-from tests.gpu.gemm_common import GPU_ONLY, U, norm_graph
+from tests.gpu.gemm_common import GPU_ONLY, U, gemm_chain, norm_graph, scaled_normal
 
 pytestmark = GPU_ONLY
 
 
 def _graph() -> Graph:
     """gelu(x W1 + b1) -> relu(. W2) -> . W3 + b3 -> (. W4 [1536 -> 8]): K 48 / 144 / 72 / 1536."""
-    g = Graph("small_gemm")
-    x = g.input("x", [Dim.dynamic("m", max=200), 48])
-    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [48, 144])), g.param("b1", [144])))
-    r = g.activation("relu", g.matmul(h, g.param("w2", [144, 72])))
-    o = g.add_(g.matmul(r, g.param("w3", [72, 1536])), g.param("b3", [1536]))
-    z = g.matmul(o, g.param("w4", [1536, 8]))
-    g.set_outputs([h, r, o, z])
-    return g
+    return gemm_chain("small_gemm", 200, 48, [(144, True, "gelu"), (72, False, "relu"), (1536, True, None),
+                                              (8, False, None)])
 
 
 def _build(graph: Graph, precision: str, params: dict, **options):
@@ -77,12 +71,8 @@ def test_norm_prologue_matches_reference(precision: str) -> None:
 def test_small_gemm_matches_reference(precision: str) -> None:
     graph = _graph()
     rng = np.random.default_rng(11)
-    params = {"w1": rng.standard_normal((48, 144)).astype(np.float32) * 0.3,
-              "b1": rng.standard_normal(144).astype(np.float32) * 0.5,
-              "w2": rng.standard_normal((144, 72)).astype(np.float32) * 0.15,
-              "w3": rng.standard_normal((72, 1536)).astype(np.float32) * 0.2,
-              "b3": rng.standard_normal(1536).astype(np.float32) * 0.5,
-              "w4": rng.standard_normal((1536, 8)).astype(np.float32) * 0.05}
+    params = scaled_normal(rng, {"w1": ((48, 144), 0.3), "b1": ((144,), 0.5), "w2": ((144, 72), 0.15),
+                                 "w3": ((72, 1536), 0.2), "b3": ((1536,), 0.5), "w4": ((1536, 8), 0.05)})
     src = _check(graph, precision, params, rng, 48)
     t = "__half" if precision == "f16" else "rlx_bf16"
     assert f"rlx_gemm_small<{t}, RLX_ACT_GELU, true, 0, false, 1>" in src
