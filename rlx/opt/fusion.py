@@ -17,11 +17,12 @@ elementwise regions), then residual norms, then elementwise regions.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 
 from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
+from rlx.ir.lir import LirModule
 from rlx.opt.rewrite import Rewriter, consumers, require_mir, sole_consumer
 
 #: Most distinct inputs an ElementwiseRegion may take (ops.ElementwiseRegion.arity).
@@ -65,6 +66,24 @@ class _Plan:
             else:
                 rw.copy(node)
         return rw.finish()
+
+
+def scheduled_runs(lir: LirModule, member: Callable[[Node], bool], key: Callable[[Node], Hashable],
+                   most: int) -> Iterator[list[Node]]:
+    """Maximal runs, at most `most` long, of nodes scheduled back to back that are all `member`s with one
+    `key`: the projections of one activation that a decode lowering runs as one GEMV pass."""
+    nodes = [lir.graph.node(nid) for nid in lir.schedule]
+    i = 0
+    while i < len(nodes):
+        if not member(nodes[i]):
+            i += 1
+            continue
+        run = [nodes[i]]
+        while (len(run) < most and i + len(run) < len(nodes) and member(nodes[i + len(run)])
+               and key(nodes[i + len(run)]) == key(run[0])):
+            run.append(nodes[i + len(run)])
+        i += len(run)
+        yield run
 
 
 def is_silu_times(op: O.Op) -> bool:

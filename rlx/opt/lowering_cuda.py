@@ -51,7 +51,7 @@ from rlx.ir.lir import LirModule
 from rlx.ir.ops_scan import Scan
 from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
-from rlx.opt.fusion import is_silu_times
+from rlx.opt.fusion import is_silu_times, scheduled_runs
 from rlx.opt.memplan import plan
 from rlx.opt.scan_body import step_graph
 
@@ -259,9 +259,6 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
     schedule = list(lir.schedule)
     pos = {nid: i for i, nid in enumerate(schedule)}
 
-    def at(i: int) -> Node | None:
-        return graph.node(schedule[i]) if 0 <= i < len(schedule) else None
-
     def sole_next(nid: NodeId, kind: type) -> Node | None:
         """The one consumer of `nid`, when it is of `kind` and scheduled right after `nid`'s group."""
         if nid in outputs or len(set(users[nid])) != 1:
@@ -269,27 +266,14 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
         u = graph.node(users[nid][0])
         return u if isinstance(u.op, kind) else None
 
-    def quantized(n: Node | None) -> bool:
-        return n is not None and isinstance(n.op, O.DequantMatMul) and n.op.act == "f32" \
+    def quantized(n: Node) -> bool:
+        return isinstance(n.op, O.DequantMatMul) and n.op.act == "f32" \
             and lir.buffers[n.id].storage == "arena"
 
     found: list[DecodeGemv] = []
-    i = 0
-    while i < len(schedule):
-        lead = at(i)
-        if not quantized(lead):
-            i += 1
-            continue
-        x = lead.inputs[0]
+    for members in scheduled_runs(lir, quantized, lambda n: (n.inputs[0], n.op.quant), DECODE_GEMV_MEMBERS):
+        x = members[0].inputs[0]
         k = graph.node(x).shape.dims[-1].value
-        key = (x, lead.op.quant)
-        members = [lead]
-        while len(members) < DECODE_GEMV_MEMBERS:
-            nxt = at(i + len(members))
-            if not quantized(nxt) or (nxt.inputs[0], nxt.op.quant) != key:
-                break
-            members.append(nxt)
-        i += len(members)
         rows = next((r for kmax, r in DECODE_GEMV_ROWS if k <= kmax), 0)
         if not rows or k % 32:
             continue

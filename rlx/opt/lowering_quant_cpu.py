@@ -31,7 +31,7 @@ from rlx.ir import ops as O
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.graph import Node
 from rlx.ir.lir import LirModule
-from rlx.opt.fusion import is_silu_times
+from rlx.opt.fusion import is_silu_times, scheduled_runs
 
 #: Rows of activations up to which the pass runs (RLX_QGEMV_MAX_M of kernels/quant.h).
 DECODE_GEMV_ROWS = 4
@@ -49,35 +49,22 @@ def quant_gemv_groups(lir: LirModule) -> tuple[QuantGemvGroup, ...]:
     def at(i: int) -> Node | None:
         return graph.node(schedule[i]) if 0 <= i < len(schedule) else None
 
-    def member(n: Node | None) -> bool:
-        return (n is not None and isinstance(n.op, O.DequantMatMul) and n.op.act in ("q8", "q16")
+    def member(n: Node) -> bool:
+        return (isinstance(n.op, O.DequantMatMul) and n.op.act in ("q8", "q16")
                 and lir.buffers[n.id].storage in ("arena", "output")
                 and graph.node(n.inputs[0]).shape.dims[-1].value % 32 == 0)
 
+    pos = {nid: i for i, nid in enumerate(schedule)}
     found: list[QuantGemvGroup] = []
-    i = 0
-    while i < len(schedule):
-        lead = at(i)
-        if not member(lead):
-            i += 1
-            continue
-        key = (lead.inputs[0], lead.op.quant, lead.op.act)
-        members = [lead]
-        while len(members) < DECODE_GEMV_MEMBERS:
-            nxt = at(i + len(members))
-            if not member(nxt) or (nxt.inputs[0], nxt.op.quant, nxt.op.act) != key:
-                break
-            members.append(nxt)
-        i += len(members)
+    for members in scheduled_runs(lir, member, lambda n: (n.inputs[0], n.op.quant, n.op.act), DECODE_GEMV_MEMBERS):
         ids = tuple(m.id for m in members)
         swiglu: tuple[int, ...] = ()
         if len(members) == 2 and members[0].shape == members[1].shape and not outputs & set(ids):
-            region = at(i)
+            region = at(pos[ids[-1]] + 1)
             if (region is not None and is_silu_times(region.op) and region.inputs == ids
                     and all(set(users[m]) == {region.id} for m in ids) and region.shape == members[0].shape
                     and lir.buffers[region.id].storage in ("arena", "output")):
                 swiglu = (region.id,)
-                i += 1
         if len(members) > 1:
             found.append(QuantGemvGroup(ids, DECODE_GEMV_ROWS, swiglu))
     return tuple(found)
