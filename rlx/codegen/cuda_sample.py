@@ -7,12 +7,14 @@ arithmetic. Bad settings or u raise the device error flag (the run fails
 naming the setting).
 
 >>> import rlx
->>> g = rlx.Graph("pick")
->>> x, u, s = g.input("x", [2, 50]), g.input("u", [2], "f64"), g.input("s", [3], "f64")
->>> g.set_outputs([g.sample_top_k(x, u, s)])
 >>> from rlx.codegen.backends import supports
->>> supports(g, "cuda")
-True
+>>> def picker(logits: str) -> rlx.Graph:  # f16 / bf16 logits are read as they are, f64 is refused
+...     g = rlx.Graph("pick")
+...     x = g.input("x", [2, 50], logits)
+...     g.set_outputs([g.sample_top_k(x, g.input("u", [2], "f64"), g.input("s", [3], "f64"))])
+...     return g
+>>> supports(picker("f16"), "cuda"), supports(picker("f64"), "cuda")
+(True, False)
 """
 
 from __future__ import annotations
