@@ -67,6 +67,16 @@ class _Plan:
         return rw.finish()
 
 
+def is_silu_times(op: O.Op) -> bool:
+    """The elementwise region `silu(v0) * v1` (either operand order of the product): a SwiGLU's combine
+    once `fuse_regions` has merged its activation and product (the decode lowerings fold it into their GEMVs)."""
+    if not isinstance(op, O.ElementwiseRegion) or len(op.steps) != 2:
+        return False
+    first, second = op.steps
+    return (isinstance(first.op, O.Activation) and first.op.fn == "silu" and first.args == (0,)
+            and isinstance(second.op, O.Binary) and second.op.fn == "mul" and sorted(second.args) == [1, 2])
+
+
 def _is(node: Node, cls: type[O.Op], fn: str | None = None) -> bool:
     return isinstance(node.op, cls) and (fn is None or getattr(node.op, "fn", None) == fn)
 

@@ -51,6 +51,7 @@ from rlx.ir.lir import LirModule
 from rlx.ir.ops_scan import Scan
 from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
+from rlx.opt.fusion import is_silu_times
 from rlx.opt.memplan import plan
 from rlx.opt.scan_body import step_graph
 
@@ -244,15 +245,6 @@ DECODE_GEMV_ROWS = ((2048, 4), (8192, 1))
 DECODE_GEMV_MEMBERS = 4
 
 
-def _is_silu_times(op: O.Op) -> bool:
-    """The region `silu(v0) * v1` (either operand order of the product)."""
-    if not isinstance(op, O.ElementwiseRegion) or len(op.steps) != 2:
-        return False
-    first, second = op.steps
-    return (isinstance(first.op, O.Activation) and first.op.fn == "silu" and first.args == (0,)
-            and isinstance(second.op, O.Binary) and second.op.fn == "mul" and sorted(second.args) == [1, 2])
-
-
 def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
     """Quantized projections that run as one GEMV launch in decode steps (see `DecodeGemv`).
 
@@ -319,7 +311,7 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
                 residual = (add.id,)
         elif len(members) == 2 and members[0].shape == members[1].shape:
             region = sole_next(ids[0], O.ElementwiseRegion)
-            if (region is not None and _is_silu_times(region.op) and region.inputs == ids
+            if (region is not None and is_silu_times(region.op) and region.inputs == ids
                     and sole_next(ids[1], O.ElementwiseRegion) is region and pos[region.id] == last + 1
                     and region.shape == members[0].shape and lir.buffers[region.id].storage == "arena"):
                 swiglu = (region.id,)

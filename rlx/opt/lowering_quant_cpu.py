@@ -31,20 +31,12 @@ from rlx.ir import ops as O
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.graph import Node
 from rlx.ir.lir import LirModule
+from rlx.opt.fusion import is_silu_times
 
 #: Rows of activations up to which the pass runs (RLX_QGEMV_MAX_M of kernels/quant.h).
 DECODE_GEMV_ROWS = 4
 #: Most projections one pass computes (RLX_QGROUP_MAX of kernels/qgemv_group.h).
 DECODE_GEMV_MEMBERS = 4
-
-
-def is_silu_times(op: O.Op) -> bool:
-    """The elementwise region `silu(v0) * v1` (either operand order of the product)."""
-    if not isinstance(op, O.ElementwiseRegion) or len(op.steps) != 2:
-        return False
-    first, second = op.steps
-    return (isinstance(first.op, O.Activation) and first.op.fn == "silu" and first.args == (0,)
-            and isinstance(second.op, O.Binary) and second.op.fn == "mul" and sorted(second.args) == [1, 2])
 
 
 def quant_gemv_groups(lir: LirModule) -> tuple[QuantGemvGroup, ...]:

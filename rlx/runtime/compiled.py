@@ -552,22 +552,7 @@ class CompiledGraph:
         n_in = len(arrays)
 
         def run() -> None:
-            with self._pool.checkout() as ctx:
-                if not all(self._param_set):
-                    unset = [t.name for t, ok in zip(lib.params, self._param_set) if not ok]
-                    raise ExecutionError(f"params never set: {unset}")
-                for i, v in enumerate(sym_values):
-                    ctx.sym[i] = v
-                for i, buf in enumerate(keep):
-                    if i < n_in:
-                        ctx.ins[i] = buf
-                    else:
-                        ctx.outs[i - n_in] = buf
-                rc = self._lib.rlx_run(ctx.ptr, ctx.sym, ctx.ins, ctx.outs)  # releases the GIL
-                if rc != 0:
-                    if ctx is self._pool.primary:
-                        self._raise(rc, "run")
-                    raise ExecutionError(self._error("run", ctx))
+            self._run_buffers(sym_values, keep, n_in)
 
         return run
 
@@ -624,14 +609,18 @@ class CompiledGraph:
     def _call(self, symbols: dict[str, int], inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         keep = [ffi.from_buffer(arr) for arr in inputs]
         keep += [ffi.from_buffer(arr, require_writable=True) for arr in outputs]
-        n_in = len(inputs)
+        self._run_buffers([symbols[name] for name in self._sym_order], keep, len(inputs))
+        del keep
+
+    def _run_buffers(self, sym_values: Sequence[int], buffers: Sequence[Any], n_in: int) -> None:
+        """One `rlx_run` on a pooled context: the dynamic dims' values, then cffi buffers, inputs first."""
         with self._pool.checkout() as ctx:
-            unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]
-            if unset:
+            if not all(self._param_set):
+                unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]
                 raise ExecutionError(f"params never set: {unset}")
-            for i, name in enumerate(self._sym_order):
-                ctx.sym[i] = symbols[name]
-            for i, buf in enumerate(keep):
+            for i, v in enumerate(sym_values):
+                ctx.sym[i] = v
+            for i, buf in enumerate(buffers):
                 if i < n_in:
                     ctx.ins[i] = buf
                 else:
@@ -641,7 +630,6 @@ class CompiledGraph:
                 if ctx is self._pool.primary:
                     self._raise(rc, "run")  # the subclass hook maps return codes; reads the primary's error
                 raise ExecutionError(self._error("run", ctx))  # read before the context goes back
-        del keep
 
     def _raise(self, rc: int, what: str) -> None:
         """Turn a nonzero return code on the primary context into an exception (backends map their own codes)."""

@@ -316,12 +316,7 @@ class CudaGraph(CompiledGraph):
         """
         given: dict[str, Any] = dict(inputs)
         lib = self._library
-        unknown = [k for k in given if k not in self._inputs]
-        if unknown:
-            raise ExecutionError(f"unknown inputs {unknown}; the graph's inputs are {self.input_names}")
-        missing = [t.name for t in lib.inputs if t.name not in given]
-        if missing:
-            raise ExecutionError(f"missing inputs {missing}")
+        self._check_input_names(given)
         wanted = list(self.output_names) if outputs is None else list(outputs)
         bad = [k for k in wanted if k not in self._outputs]
         if bad or not wanted:
@@ -370,6 +365,15 @@ class CudaGraph(CompiledGraph):
             self._raise(rc, "release_states")
         self._resident.clear()
 
+    def _check_input_names(self, given: Mapping[str, Any]) -> None:
+        """Every graph input given, and nothing else."""
+        unknown = [k for k in given if k not in self._inputs]
+        if unknown:
+            raise ExecutionError(f"unknown inputs {unknown}; the graph's inputs are {self.input_names}")
+        missing = [t.name for t in self._library.inputs if t.name not in given]
+        if missing:
+            raise ExecutionError(f"missing inputs {missing}")
+
     def _prepare_device(self, inputs: Mapping[str, Any] | None, outputs: Mapping[str, Any] | None,
                         kw: Mapping[str, Any], *, resident: bool = False) -> Any:
         given: dict[str, Any] = dict(inputs or {})
@@ -378,12 +382,7 @@ class CudaGraph(CompiledGraph):
                 raise ExecutionError(f"input {k!r} given both in the dict and as a keyword")
             given[k] = v
         lib = self._library
-        unknown = [k for k in given if k not in self._inputs]
-        if unknown:
-            raise ExecutionError(f"unknown inputs {unknown}; the graph's inputs are {self.input_names}")
-        missing = [t.name for t in lib.inputs if t.name not in given]
-        if missing:
-            raise ExecutionError(f"missing inputs {missing}")
+        self._check_input_names(given)
         views = [_DeviceView(t.name, given[t.name], t, writable=False) for t in lib.inputs]
         symbols = self._bind_symbols(views)  # checks ranks, shapes and bounds like `run`
         outs_given = dict(outputs or {})

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,15 +76,22 @@ def test_groups_are_decided_in_the_lir() -> None:
     assert "writing the SwiGLU" in ffn[0].describe() and isinstance(ffn[0], QuantGemvGroup)
 
 
-def check_qkv(fmt: str, act: str, threads: int) -> None:
-    rng = np.random.default_rng(5)
-    g = _qkv_graph(fmt, act)
+def _grouped_runs(g: rlx.Graph, fmt: str, threads: int, seed: int,
+                  kernel: str) -> Iterator[tuple[int, np.ndarray, dict[str, np.ndarray], Any]]:
+    """Compile `g` on random `fmt` weights with `threads` threads, check that it calls `kernel`, then yield
+    (rows, x, weights, compiled) for each row count in ROWS (x drawn after the weights from the same generator)."""
+    rng = np.random.default_rng(seed)
     w = _weights(g, fmt, rng)
     cg = compile_graph(g, w, opt_level=2)
     cg.num_threads = threads
-    assert "rlx_qgroup_rows(" in (cg.source or "")
+    assert kernel in (cg.source or "")
     for m in ROWS:
-        x = rng.standard_normal((m, K)).astype(np.float32)
+        yield m, rng.standard_normal((m, K)).astype(np.float32), w, cg
+
+
+def check_qkv(fmt: str, act: str, threads: int) -> None:
+    g = _qkv_graph(fmt, act)
+    for m, x, w, cg in _grouped_runs(g, fmt, threads, 5, "rlx_qgroup_rows("):
         got = dict(zip(g.output_names, cg.run({"x": x})))
         want = dict(zip(g.output_names, reference_run(g, {"x": x}, w)))
         h = x * x
@@ -92,14 +101,8 @@ def check_qkv(fmt: str, act: str, threads: int) -> None:
 
 
 def check_swiglu(fmt: str, act: str, threads: int) -> None:
-    rng = np.random.default_rng(6)
     g = _swiglu_graph(fmt, act)
-    w = _weights(g, fmt, rng)
-    cg = compile_graph(g, w, opt_level=2)
-    cg.num_threads = threads
-    assert "rlx_qgroup_swiglu(" in (cg.source or "")
-    for m in ROWS:
-        x = rng.standard_normal((m, K)).astype(np.float32)
+    for m, x, w, cg in _grouped_runs(g, fmt, threads, 6, "rlx_qgroup_swiglu("):
         got = cg.run({"x": x})[0]
         want = reference_run(g, {"x": x}, w)[0]
         # gate and up as the reference computes them (the same activation quantization)

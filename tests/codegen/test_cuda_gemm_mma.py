@@ -7,50 +7,31 @@ from __future__ import annotations
 
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, render_cuda
-from rlx.errors import BuildError
+from rlx.codegen.cuda import CudaTarget
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
-from rlx.ir.shape import Dim
-from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
+from tests.gpu.gemm_common import forward, gemm_chain, nvcc_compiles, render
 
 
 def _graph(n: int = 136) -> Graph:
     """gelu(x W1 + b1) (cuBLASLt cannot fuse erf GELU) then relu(. W2 + b2) (cuBLASLt's epilogue can)."""
-    g = Graph("mma_rule")
-    x = g.input("x", [Dim.dynamic("m", max=512), 40])
-    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [40, n])), g.param("b1", [n])))
-    r = g.activation("relu", g.add_(g.matmul(h, g.param("w2", [n, 64])), g.param("b2", [64])))
-    g.set_outputs([r])
-    return g
-
-
-def _render(graph: Graph, **target) -> str:
-    from rlx.driver import lower_to_lir, to_mir
-
-    return render_cuda(lower_to_lir(to_mir(graph), 2, backend="cuda"), CudaTarget(**target), {"name": "m"})
-
-
-def _forward(src: str) -> str:
-    """The body of the generated rlx_forward (the launches of one run)."""
-    start = src.index("static int rlx_forward(")
-    return src[start:src.index("\n}\n", start)]
+    return gemm_chain("mma_rule", 512, 40, [(n, True, "gelu"), (64, True, "relu")], every_output=False)
 
 
 def _launches(src: str, kernel: str) -> int:
-    return _forward(src).count(kernel + "<")
+    return forward(src).count(kernel + "<")
 
 
 def test_only_unfusable_activations_move_to_the_mma_gemm() -> None:
-    on = _render(_graph(), precision=DType.F16, fused_act_gemm=True)
+    on = render(_graph(), precision=DType.F16, fused_act_gemm=True)
     assert _launches(on, "rlx_gemm_mma") == 3  # one GEMM, three tile configurations picked at run time
-    assert "rlx_bias_act_vec<" not in _forward(on)
-    assert _forward(on).count("rlx_lt_matmul(") == 1  # the relu product: fused by cuBLASLt's epilogue
+    assert "rlx_bias_act_vec<" not in forward(on)
+    assert forward(on).count("rlx_lt_matmul(") == 1  # the relu product: fused by cuBLASLt's epilogue
     assert "RlxGemmMma<128, 128, 2, 4>::total" in on  # its shared-memory limit is raised at create
-    off = _render(_graph(), precision=DType.F16)
+    off = render(_graph(), precision=DType.F16)
     assert "rlx_gemm_mma" not in off and "rlx_bias_act_vec<__half, RLX_ACT_GELU" in off
     # f32, or N not a whole number of 16-byte chunks: cuBLASLt and the separate pass, as before
-    for src in (_render(_graph(), fused_act_gemm=True), _render(_graph(n=132 + 2), precision=DType.F16,
+    for src in (render(_graph(), fused_act_gemm=True), render(_graph(n=132 + 2), precision=DType.F16,
                                                                  fused_act_gemm=True)):
         assert "rlx_gemm_mma" not in src
     assert "fused_act_gemm=1" in CudaTarget(fused_act_gemm=True).identity()
@@ -59,13 +40,4 @@ def test_only_unfusable_activations_move_to_the_mma_gemm() -> None:
 
 @pytest.mark.parametrize("precision", ["f16", "bf16"])
 def test_mma_gemm_compiles(precision: str, tmp_path) -> None:
-    try:
-        nvcc, text = find_nvcc("nvcc")
-    except BuildError:
-        pytest.skip("nvcc is not installed")
-    cublas = find_cublas(nvcc)
-    if not cublas.found:
-        pytest.skip("cublasLt.h not found (make install adds the nvidia-cublas wheel where nvcc is installed)")
-    path = tmp_path / "mma.cu"
-    path.write_text(_render(_graph(), precision=DType.parse(precision), fused_act_gemm=True))
-    NvccToolchain(nvcc, text, "sm_90", cublas).compile(path, path.with_suffix(".o"), "cublaslt", compile_only=True)
+    nvcc_compiles(render(_graph(), precision=DType.parse(precision), fused_act_gemm=True), tmp_path / "mma.cu")

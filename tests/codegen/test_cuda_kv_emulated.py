@@ -6,19 +6,15 @@ several blocks (DecodeSplitKv, flash-decoding) and the last block merges the par
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emu_build import build_emu
 
 from rlx import reference
 from rlx.ir import ops as O
 from rlx.opt.lowering_cuda import KV_SPLIT_KEYS, kv_splits
-from rlx.templates_path import templates_dir
 
-HERE = Path(__file__).resolve().parent / "cuda_emu"
 F32P = ctypes.POINTER(ctypes.c_float)
 I32P = ctypes.POINTER(ctypes.c_int32)
 HEADS, KV_HEADS, HD, CAP = 4, 2, 64, 1100
@@ -26,17 +22,7 @@ HEADS, KV_HEADS, HD, CAP = 4, 2, 64, 1100
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ is not installed")
-    out = tmp_path_factory.mktemp("cuda_emu") / "kv_emu.so"
-    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-I", str(HERE),
-           "-I", str(templates_dir() / "cuda" / "kernels"), str(HERE / "kv_emu.cpp"), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 and "c++20" in proc.stderr:
-        pytest.skip("g++ lacks C++20")
-    assert proc.returncode == 0, proc.stderr
-    lib = ctypes.CDLL(str(out))
+    lib = build_emu(tmp_path_factory, "kv_emu.cpp")
     i64 = ctypes.c_int64
     lib.emu_kv_attend.restype = ctypes.c_int
     lib.emu_kv_attend.argtypes = [F32P] * 5 + [I32P, F32P, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float,

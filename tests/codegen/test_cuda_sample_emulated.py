@@ -6,33 +6,19 @@ rank sort and the sampling arithmetic, with blocks of 1, 2 and 4 warps. Needs g+
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emu_build import build_emu
 
 from rlx.ir.ops_sample import SAMPLE_TOP_K_MAX, sample_rows
-from rlx.templates_path import templates_dir
 
-HERE = Path(__file__).resolve().parent / "cuda_emu"
 BELOW_1 = float(np.nextafter(1.0, 0.0))
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ is not installed")
-    out = tmp_path_factory.mktemp("cuda_emu") / "sample_emu.so"
-    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-I", str(HERE),
-           "-I", str(templates_dir() / "cuda" / "kernels"), str(HERE / "sample_emu.cpp"), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 and "c++20" in proc.stderr:
-        pytest.skip("g++ lacks C++20")
-    assert proc.returncode == 0, proc.stderr
-    lib = ctypes.CDLL(str(out))
+    lib = build_emu(tmp_path_factory, "sample_emu.cpp")
     lib.emu_sample_top_k.restype = ctypes.c_int
     lib.emu_sample_top_k.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     return lib

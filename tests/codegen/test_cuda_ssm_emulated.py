@@ -7,34 +7,20 @@ choice of templates/cuda/ssm.cu.j2 is written out in cuda_emu/ssm_emu.cpp. Needs
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_emu_build import build_emu
 
 from rlx import reference
 from rlx.opt.lowering_cuda import GDN_CHUNK_MIN_SEQ, SSM_MIN_CHUNK, SSM_WARPS_PER_SM, gdn_segments, ssm_segments
-from rlx.templates_path import templates_dir
 
-HERE = Path(__file__).resolve().parent / "cuda_emu"
 F32P = ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ is not installed")
-    out = tmp_path_factory.mktemp("cuda_emu") / "ssm_emu.so"
-    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-I", str(HERE),
-           "-I", str(templates_dir() / "cuda" / "kernels"), str(HERE / "ssm_emu.cpp"), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 and "c++20" in proc.stderr:
-        pytest.skip("g++ lacks C++20")
-    assert proc.returncode == 0, proc.stderr
-    lib = ctypes.CDLL(str(out))
+    lib = build_emu(tmp_path_factory, "ssm_emu.cpp")
     i64 = ctypes.c_int64
     lib.emu_selective_scan.restype = i64
     lib.emu_selective_scan.argtypes = [F32P] * 6 + [i64, i64, i64, ctypes.c_int, i64, i64, i64, i64, F32P]

@@ -391,12 +391,16 @@ def rope_per_row() -> Case:
     return Case("rope_per_row", g, feeds)
 
 
-@case
-def kv_attention() -> Case:
-    """cached_attention: rows at different positions, prefill then decode steps through one cache."""
-    g = Graph("kv_attention")
-    batch, seq = Dim.dynamic("batch", max=2), Dim.dynamic("seq", max=16)
-    heads, kv_heads, hd, cap = 4, 2, 64, 48
+#: the cached_attention cases' query heads, KV heads and head dim
+_KV = (4, 2, 64)
+
+
+def _kv_attention_graph(name: str, cap: int, max_seq: int) -> Graph:
+    """cached_attention (`_KV` heads) on up to 2 rows of up to `max_seq` new tokens,
+    a cache of `cap` positions for 2 rows."""
+    g = Graph(name)
+    batch, seq = Dim.dynamic("batch", max=2), Dim.dynamic("seq", max=max_seq)
+    heads, kv_heads, hd = _KV
     q = g.input("q", [batch, seq, heads * hd])
     k = g.input("k", [batch, seq, kv_heads * hd])
     v = g.input("v", [batch, seq, kv_heads * hd])
@@ -404,6 +408,14 @@ def kv_attention() -> Case:
     vc = g.state("v_cache", [2, cap, kv_heads * hd])
     pos = g.input("pos", [batch], "i32")
     g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=heads, head_dim=hd, num_kv_heads=kv_heads)])
+    return g
+
+
+@case
+def kv_attention() -> Case:
+    """cached_attention: rows at different positions, prefill then decode steps through one cache."""
+    (heads, kv_heads, hd), cap = _KV, 48
+    g = _kv_attention_graph("kv_attention", cap, 16)
     r = _rng(32)
     feeds = []
     caches = (np.zeros((2, cap, kv_heads * hd), np.float32), np.zeros((2, cap, kv_heads * hd), np.float32))
@@ -419,16 +431,8 @@ def kv_attention() -> Case:
 @case
 def kv_attention_split() -> Case:
     """cached_attention over a long past: decode queries split their keys over several blocks (DecodeSplitKv)."""
-    g = Graph("kv_attention_split")
-    batch, seq = Dim.dynamic("batch", max=2), Dim.dynamic("seq", max=4)
-    heads, kv_heads, hd, cap = 4, 2, 64, 1100
-    q = g.input("q", [batch, seq, heads * hd])
-    k = g.input("k", [batch, seq, kv_heads * hd])
-    v = g.input("v", [batch, seq, kv_heads * hd])
-    kc = g.state("k_cache", [2, cap, kv_heads * hd])
-    vc = g.state("v_cache", [2, cap, kv_heads * hd])
-    pos = g.input("pos", [batch], "i32")
-    g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=heads, head_dim=hd, num_kv_heads=kv_heads)])
+    (heads, kv_heads, hd), cap = _KV, 1100
+    g = _kv_attention_graph("kv_attention_split", cap, 4)
     r = _rng(33)
     caches = (_f32(r, 2, cap, kv_heads * hd), _f32(r, 2, cap, kv_heads * hd))  # a long past already there
     feeds = []

@@ -14,36 +14,23 @@ from rlx import reference
 from rlx.config import Config
 from rlx.driver import Device, Session
 from rlx.ir.graph import Graph
-from rlx.ir.shape import Dim
 from rlx.runtime.cuda_device import compile_cuda
-from rlx.toolchain.cuda import visible_gpu_arch
+from tests.gpu.gemm_common import GPU_ONLY, U, gemm_chain, scaled_normal
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(visible_gpu_arch() is None, reason="no NVIDIA GPU visible (nvidia-smi)")]
-
-U = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}
+pytestmark = GPU_ONLY
 
 
 def _graph() -> Graph:
     """gelu(x W1 + b1) -> silu(. W2) -> sigmoid(. W3 + b3): K 40 / 136 / 64, N 136 / 64 / 8."""
-    g = Graph("mma_gemm")
-    x = g.input("x", [Dim.dynamic("m", max=9000), 40])
-    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [40, 136])), g.param("b1", [136])))
-    s = g.activation("silu", g.matmul(h, g.param("w2", [136, 64])))
-    o = g.activation("sigmoid", g.add_(g.matmul(s, g.param("w3", [64, 8])), g.param("b3", [8])))
-    g.set_outputs([h, s, o])
-    return g
+    return gemm_chain("mma_gemm", 9000, 40, [(136, True, "gelu"), (64, False, "silu"), (8, True, "sigmoid")])
 
 
 @pytest.mark.parametrize("precision", ["f16", "bf16"])
 def test_fused_epilogue_gemm_matches_reference(precision: str) -> None:
     graph = _graph()
     rng = np.random.default_rng(7)
-    params = {"w1": rng.standard_normal((40, 136)).astype(np.float32) * 0.3,
-              "b1": rng.standard_normal(136).astype(np.float32) * 0.5,
-              "w2": rng.standard_normal((136, 64)).astype(np.float32) * 0.15,
-              "w3": rng.standard_normal((64, 8)).astype(np.float32) * 0.2,
-              "b3": rng.standard_normal(8).astype(np.float32) * 0.5}
+    params = scaled_normal(rng, {"w1": ((40, 136), 0.3), "b1": ((136,), 0.5), "w2": ((136, 64), 0.15),
+                                 "w3": ((64, 8), 0.2), "b3": ((8,), 0.5)})
     cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision,
                       fused_act_gemm=True)
     src = cg.source

@@ -16,41 +16,15 @@ from rlx.driver import Device, Session
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 from rlx.runtime.cuda_device import compile_cuda
-from rlx.toolchain.cuda import visible_gpu_arch
+from tests.gpu.gemm_common import GPU_ONLY, U, gemm_chain, norm_graph, scaled_normal
 
-pytestmark = [pytest.mark.cuda,
-              pytest.mark.skipif(visible_gpu_arch() is None, reason="no NVIDIA GPU visible (nvidia-smi)")]
-
-#: unit roundoff of each precision
-U = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}
+pytestmark = GPU_ONLY
 
 
 def _graph() -> Graph:
     """gelu(x W1 + b1) -> relu(. W2) -> . W3 + b3 -> (. W4 [1536 -> 8]): K 48 / 144 / 72 / 1536."""
-    g = Graph("small_gemm")
-    x = g.input("x", [Dim.dynamic("m", max=200), 48])
-    h = g.activation("gelu", g.add_(g.matmul(x, g.param("w1", [48, 144])), g.param("b1", [144])))
-    r = g.activation("relu", g.matmul(h, g.param("w2", [144, 72])))
-    o = g.add_(g.matmul(r, g.param("w3", [72, 1536])), g.param("b3", [1536]))
-    z = g.matmul(o, g.param("w4", [1536, 8]))
-    g.set_outputs([h, r, o, z])
-    return g
-
-
-def _norm_graph() -> Graph:
-    """layer_norm(x) -> GEMM; layer_norm(s + x) -> GEMM, its output read again; rms_norm(o) -> GEMM."""
-    g = Graph("small_norm")
-    x = g.input("x", [Dim.dynamic("m", max=200), 64])
-    h1 = g.layer_norm(x, g.param("g1", [64]), g.param("be1", [64]), 1e-5)
-    y1 = g.activation("gelu", g.add_(g.matmul(h1, g.param("w1", [64, 128])), g.param("b1", [128])))
-    s = g.matmul(y1, g.param("w2", [128, 64]))
-    h2 = g.layer_norm(g.add_(s, x), g.param("g2", [64]), g.param("be2", [64]), 1e-5)
-    y2 = g.add_(g.matmul(h2, g.param("w3", [64, 64])), g.param("b3", [64]))
-    o = g.add_(g.add_(y2, h2), s)  # s stays live: the GEMM after h2 cannot take its bytes
-    h3 = g.rms_norm(o, g.param("g3", [64]), 1e-6)
-    y3 = g.matmul(h3, g.param("w4", [64, 32]))
-    g.set_outputs([y1, o, y3])
-    return g
+    return gemm_chain("small_gemm", 200, 48, [(144, True, "gelu"), (72, False, "relu"), (1536, True, None),
+                                              (8, False, None)])
 
 
 def _build(graph: Graph, precision: str, params: dict, **options):
@@ -82,7 +56,7 @@ def _check(graph: Graph, precision: str, params: dict, rng: np.random.Generator,
 
 @pytest.mark.parametrize("precision", ["f16", "bf16"])
 def test_norm_prologue_matches_reference(precision: str) -> None:
-    graph = _norm_graph()
+    graph = norm_graph(keep_s=True)  # s stays live: the GEMM after h2 cannot take its bytes
     rng = np.random.default_rng(13)
     shapes = {"g1": (64,), "be1": (64,), "w1": (64, 128), "b1": (128,), "w2": (128, 64), "g2": (64,), "be2": (64,),
               "w3": (64, 64), "b3": (64,), "g3": (64,), "w4": (64, 32)}
@@ -97,12 +71,8 @@ def test_norm_prologue_matches_reference(precision: str) -> None:
 def test_small_gemm_matches_reference(precision: str) -> None:
     graph = _graph()
     rng = np.random.default_rng(11)
-    params = {"w1": rng.standard_normal((48, 144)).astype(np.float32) * 0.3,
-              "b1": rng.standard_normal(144).astype(np.float32) * 0.5,
-              "w2": rng.standard_normal((144, 72)).astype(np.float32) * 0.15,
-              "w3": rng.standard_normal((72, 1536)).astype(np.float32) * 0.2,
-              "b3": rng.standard_normal(1536).astype(np.float32) * 0.5,
-              "w4": rng.standard_normal((1536, 8)).astype(np.float32) * 0.05}
+    params = scaled_normal(rng, {"w1": ((48, 144), 0.3), "b1": ((144,), 0.5), "w2": ((144, 72), 0.15),
+                                 "w3": ((72, 1536), 0.2), "b3": ((1536,), 0.5), "w4": ((1536, 8), 0.05)})
     src = _check(graph, precision, params, rng, 48)
     t = "__half" if precision == "f16" else "rlx_bf16"
     assert f"rlx_gemm_small<{t}, RLX_ACT_GELU, true, 0, false, 1>" in src

@@ -87,28 +87,7 @@ static void rlx_attn_values(float *O, int64_t ldo, const float *P, int64_t ldp, 
 }
 
 #if defined(RLX_NR) && RLX_NR == 32
-/* rlx_expf on 16 lanes: the same reduction and polynomial, 2^n applied with scalef. */
-static inline __m512 rlx_exp16(__m512 x)
-{
-    const __m512 hi = _mm512_set1_ps(88.72283935546875f), lo = _mm512_set1_ps(-103.97207708f);
-    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_set1_ps(1.98412698412698413e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.38888888888888889e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.33333333333333333e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.16666666666666667e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.66666666666666667e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512 out = _mm512_scalef_ps(p, n);
-    out = _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
-    out = _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), _mm512_setzero_ps());
-    return _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  /* NaN stays NaN */
-}
+#include "vexp16.h"  /* rlx_exp16: rlx_expf on 16 lanes */
 
 static inline __mmask16 rlx_tail_mask(int64_t left)
 {
@@ -166,13 +145,7 @@ static float rlx_softmax_row(float *restrict s, int64_t jn, int64_t jb, float sc
         memset(s, 0, (size_t)jb * sizeof(float));
         return 0.0f;
     }
-    double sum = 0.0;
-    #pragma omp simd reduction(+:sum)
-    for (int64_t j = 0; j < jn; j++) {
-        const float e = rlx_expf(s[j] - mx);
-        s[j] = e;
-        sum += (double)e;
-    }
+    const double sum = rlx_exp_shifted_sum(s, jn, mx);
 #endif
     for (int64_t j = jn; j < jb; j++)
         s[j] = 0.0f;

@@ -41,6 +41,7 @@
     defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define RLX_I8_VNNI 1
+#include "vexp16.h"
 #define RLX_I8_MR 12
 #define RLX_I8_ABIAS 128 /* activations stored as u8 = xq + 128 */
 #elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
@@ -186,7 +187,7 @@ static inline void rlx_i8_store_row(const int32_t *acc, int64_t nr, float sx, co
 /* gelu(x) = x Phi(x) on 16 lanes, for the int8 epilogue: Phi(x) = 1 - q for x > 0, q otherwise, with
  * q = Phi(-|x|) = erfc(z) / 2, z = |x| / sqrt2, from Abramowitz & Stegun 7.1.26:
  *   erfc(z) ~= (a1 t + a2 t^2 + a3 t^3 + a4 t^4 + a5 t^5) exp(-z^2),  t = 1 / (1 + p z),
- * (|error| <= 1.5e-7), exp by a Cody-Waite reduction, a degree-7 Taylor polynomial and vscalefps.
+ * (|error| <= 1.5e-7), exp by rlx_exp16_in_range (kernels/vexp16.h).
  * About 30 vector operations, a third of rlx_gelu_f's two-range evaluation; the error is absolute,
  * not relative: |gelu - exact| <= 4.3e-7 and <= 0.21 * (1e-6 + 4e-6 |exact|) over [-30, 30]
  * (measured against double erfc on a 1e-4 grid), far below the int8 product's own rounding, so
@@ -205,19 +206,7 @@ static inline __m512 rlx_i8_gelu16(__m512 x)
     p = _mm512_mul_ps(p, t);
     /* exp(u), u = -x^2/2 clamped to -87 (a normal result: q is then far below any rounding of x Phi) */
     const __m512 u = _mm512_max_ps(_mm512_mul_ps(_mm512_mul_ps(a, a), _mm512_set1_ps(-0.5f)), _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(u, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), u);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 e = _mm512_set1_ps(1.98412698412698413e-4f);
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.38888888888888889e-3f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(8.33333333333333333e-3f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(4.16666666666666667e-2f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.66666666666666667e-1f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
-    e = _mm512_fmadd_ps(e, r, one);
-    e = _mm512_fmadd_ps(e, r, one);
-    const __m512 q = _mm512_mul_ps(p, _mm512_scalef_ps(e, n));
+    const __m512 q = _mm512_mul_ps(p, rlx_exp16_in_range(u));
     const __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
     return _mm512_mul_ps(x, _mm512_mask_sub_ps(q, pos, one, q));
 }

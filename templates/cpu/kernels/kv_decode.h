@@ -1,5 +1,5 @@
 /* Attention of a few query rows over the KV cache (decode steps), split over the cached keys.
- * Needs kernels/scalar.h (rlx_expf). A fixed RLX kernel header: no template code.
+ * Needs kernels/scalar.h (rlx_expf, rlx_exp_shifted_sum). A fixed RLX kernel header: no template code.
  *
  * A decode step has one query row per head, and its attention time goes into reading the cache: the
  * keys and values of every position, from DRAM (the weights streamed since the last step evicted
@@ -60,13 +60,7 @@ static inline __attribute__((always_inline)) void rlx_kv_decode_part(float *rest
             s[j] *= scale;
             m = s[j] > m ? s[j] : m;
         }
-        double l = 0.0;
-        #pragma omp simd reduction(+:l)
-        for (int64_t j = 0; j < nv; j++) {
-            const float e = rlx_expf(s[j] - m);
-            s[j] = e;
-            l += (double)e;
-        }
+        const double l = rlx_exp_shifted_sum(s, nv, m);
         for (int64_t j = nv; j < n; j++)
             s[j] = 0.0f;
         p[0] = m;

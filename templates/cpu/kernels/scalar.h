@@ -41,6 +41,19 @@ static inline float rlx_expf(float x)
     return out;
 }
 
+/* s[j] <- exp(s[j] - mx) for j < n (a softmax's numerators, in place); returns their sum in double. */
+static inline double rlx_exp_shifted_sum(float *restrict s, int64_t n, float mx)
+{
+    double sum = 0.0;
+    #pragma omp simd reduction(+:sum)
+    for (int64_t j = 0; j < n; j++) {
+        const float e = rlx_expf(s[j] - mx);
+        s[j] = e;
+        sum += (double)e;
+    }
+    return sum;
+}
+
 /* exp of a double argument, to float accuracy: range reduction in double (so a large
  * argument loses nothing), the polynomial in float. Arguments below -110 give 0. */
 static inline float rlx_exp_dtof(double a)
