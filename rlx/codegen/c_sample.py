@@ -21,31 +21,25 @@ from dataclasses import dataclass
 
 from rlx.codegen.cpu_base import CPU, c_string, node_header
 from rlx.codegen.registry import Kernel
-from rlx.ir import ops as O
+from rlx.codegen.sample_args import SampleIO, logits_accepts
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 
 TEMPLATE = "sample.c.j2"
-HEADERS = ("kernels/sample.h",)
+#: sample.h tests NaN with argmax.h's rlx_isnan_f32
+HEADERS = ("kernels/argmax.h", "kernels/sample.h")
 
 
-@dataclass(frozen=True)
-class SampleArgs:
-    """C expressions of one `sample_top_k` kernel: logits x [rows, n], u [rows], settings s [3], ids y."""
+#: f16/bf16 logits are widened to f32 by legalization (exact)
+_accepts = logits_accepts((DType.F32,), "f32 (u and settings: f64)")
 
-    x: str
-    u: str
-    s: str
-    y: str
-    rows: str
-    n: str
+
+@dataclass(frozen=True, kw_only=True)
+class SampleArgs(SampleIO):
+    """C expressions of one `sample_top_k` kernel (`SampleIO`), its error label and n as written."""
+
     label: str
     n_comment: str
-
-
-def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
-    # f16/bf16 logits are widened to f32 by legalization (exact)
-    return None if in_dtypes[0] is DType.F32 else f"on {in_dtypes[0].value} logits; it takes f32 (u and settings: f64)"
 
 
 def emit_sample_top_k(em, node: Node) -> Kernel:

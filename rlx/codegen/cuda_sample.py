@@ -7,12 +7,14 @@ arithmetic. Bad settings or u raise the device error flag (the run fails
 naming the setting).
 
 >>> import rlx
->>> g = rlx.Graph("pick")
->>> x, u, s = g.input("x", [2, 50]), g.input("u", [2], "f64"), g.input("s", [3], "f64")
->>> g.set_outputs([g.sample_top_k(x, u, s)])
 >>> from rlx.codegen.backends import supports
->>> supports(g, "cuda")
-True
+>>> def picker(logits: str) -> rlx.Graph:  # f16 / bf16 logits are read as they are, f64 is refused
+...     g = rlx.Graph("pick")
+...     x = g.input("x", [2, 50], logits)
+...     g.set_outputs([g.sample_top_k(x, g.input("u", [2], "f64"), g.input("s", [3], "f64"))])
+...     return g
+>>> supports(picker("f16"), "cuda"), supports(picker("f64"), "cuda")
+(True, False)
 """
 
 from __future__ import annotations
@@ -21,38 +23,30 @@ from dataclasses import dataclass
 
 from rlx.codegen.cuda_emit import CudaEmitter, Launch
 from rlx.codegen.registry import Kernel, table
-from rlx.ir import ops as O
+from rlx.codegen.sample_args import SampleIO, logits_accepts
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 
 TEMPLATE = "cuda/sample.cu.j2"
 HEADER = "cuda/kernels/sample.cuh"
+#: sample.cuh's argmax pass reduces with argmax.cuh's rlx_block_best
+HEADERS = ("cuda/kernels/argmax.cuh", HEADER)
 #: Logit dtypes the kernel reads (converted to f32 on load); f64 is refused.
 FLOATS = (DType.F32, DType.F16, DType.BF16)
 
 
 @dataclass(frozen=True, kw_only=True)
-class SampleLaunch(Launch):
-    """Launch arguments of `block_sample_top_k`: logits x [rows, n], u [rows], settings s [3], ids y."""
+class SampleLaunch(Launch, SampleIO):
+    """Launch arguments of `block_sample_top_k`: the operands (`SampleIO`) and the logits' C type t."""
 
     t: str
-    x: str
-    u: str
-    s: str
-    y: str
-    rows: str
-    n: str
 
 
-def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
-    return None if in_dtypes[0] in FLOATS else f"on {in_dtypes[0].value} logits; it takes f32, f16 or bf16"
-
-
-@table("cuda").register("sample_top_k", accepts=_accepts)
+@table("cuda").register("sample_top_k", accepts=logits_accepts(FLOATS, "f32, f16 or bf16"))
 def sample_top_k(e: CudaEmitter, node: Node) -> Kernel:
     x_id, u_id, s_id = node.inputs
     x = e.node(x_id).shape
     args = SampleLaunch(**e.base(node), uses_flag=True, t=e.ctype(x_id), x=e.ptr(x_id), u=e.ptr(u_id),
                         s=e.ptr(s_id), y=e.ptr(node.id), rows=e.dim(x.dims[0]), n=e.dim(x.dims[1]))
-    return Kernel(node.id, "block_sample_top_k", TEMPLATE, args, headers=(HEADER,), header=args.comment,
+    return Kernel(node.id, "block_sample_top_k", TEMPLATE, args, headers=HEADERS, header=args.comment,
                   label=node.label)

@@ -6,7 +6,8 @@
  * costs a compare per value and a sift only for the few values that enter; the heap is then sorted in
  * place. The softmax weights, their running sums and the top_p / inverse-CDF comparisons are computed in
  * double in the reference's order (sequential sums), so the token equals the numpy reference's. NaN and
- * infinity are tested on the bits: the result does not depend on floating-point compiler flags. */
+ * infinity are tested on the bits (rlx_isnan_f32 of kernels/argmax.h, included before this header): the result
+ * does not depend on floating-point compiler flags. */
 
 #define RLX_SAMPLE_TOP_K_MAX 256
 
@@ -14,12 +15,6 @@ typedef struct {
     float v;
     int32_t i;
 } rlx_sample_item;
-
-static inline int rlx_sample_nan(float v) {
-    uint32_t b;
-    memcpy(&b, &v, sizeof(b));
-    return (b & 0x7fffffffu) > 0x7f800000u;
-}
 
 static inline int rlx_sample_finite(float v) {
     uint32_t b;
@@ -29,7 +24,7 @@ static inline int rlx_sample_finite(float v) {
 
 /* a ranks before b: NaN first (lower index first among NaNs), then larger values, then the lower index */
 static inline int rlx_sample_before(rlx_sample_item a, rlx_sample_item b) {
-    const int an = rlx_sample_nan(a.v), bn = rlx_sample_nan(b.v);
+    const int an = rlx_isnan_f32(a.v), bn = rlx_isnan_f32(b.v);
     if (an || bn) return an && (!bn || a.i < b.i);
     return a.v > b.v || (a.v == b.v && a.i < b.i);
 }
@@ -77,7 +72,7 @@ static int32_t rlx_sample_row_f32(const float *restrict x, int64_t n, double u, 
     if (k > n) k = n;
     if (temp == 0.0 || k == 1) { /* the argmax: first index on ties, the first NaN wins */
         rlx_sample_item best = {x[0], 0};
-        for (int64_t j = 1; j < n && !rlx_sample_nan(best.v); j++) {
+        for (int64_t j = 1; j < n && !rlx_isnan_f32(best.v); j++) {
             const rlx_sample_item c = {x[j], (int32_t)j};
             if (rlx_sample_before(c, best)) best = c;
         }

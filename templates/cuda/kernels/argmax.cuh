@@ -14,12 +14,40 @@ __device__ __forceinline__ bool rlx_argmax_better(A v, int64_t i, A best, int64_
     return v > best || (v == best && i < at);
 }
 
+/* The block's best (value, index) from each thread's candidate (v, i), where `better(v, i, best, at)` says a
+ * candidate beats the one held (an index < 0 is "none yet"): a warp shuffle tree, then thread 0 scans the warps'
+ * winners in warp order. The result is thread 0's only; `red_v`, `red_i` are shared slots, one a warp. Shared
+ * with sample_top_k's argmax pass (kernels/sample.cuh). */
+template <typename A, typename Better>
+__device__ __forceinline__ int64_t rlx_block_best(A best, int64_t at, A *red_v, int64_t *red_i, Better better) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        const A ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int64_t oi = __shfl_xor_sync(0xffffffffu, at, o);
+        if (better(ov, oi, best, at)) {
+            best = ov;
+            at = oi;
+        }
+    }
+    if (lane == 0) {
+        red_v[warp] = best;
+        red_i[warp] = at;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            if (better(red_v[w], red_i[w], best, at)) {
+                best = red_v[w];
+                at = red_i[w];
+            }
+    return at;
+}
+
 template <typename T, typename A>
 __global__ void __launch_bounds__(RLX_ARGMAX_THREADS) rlx_argmax(const T *__restrict__ x, int32_t *__restrict__ y, int64_t outer,
                                                   int64_t n, int64_t inner) {
     __shared__ A best_v[RLX_ARGMAX_THREADS / 32];
     __shared__ int64_t best_i[RLX_ARGMAX_THREADS / 32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t t = blockIdx.x; t < outer * inner; t += gridDim.x) {
         const T *xs = x + (t / inner) * n * inner + t % inner;
         A best = (A)0;
@@ -51,27 +79,9 @@ __global__ void __launch_bounds__(RLX_ARGMAX_THREADS) rlx_argmax(const T *__rest
                 }
             }
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            const A ov = __shfl_xor_sync(0xffffffffu, best, o);
-            const int64_t oi = __shfl_xor_sync(0xffffffffu, at, o);
-            if (rlx_argmax_better(ov, oi, best, at)) {
-                best = ov;
-                at = oi;
-            }
-        }
-        if (lane == 0) {
-            best_v[warp] = best;
-            best_i[warp] = at;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
-                if (rlx_argmax_better(best_v[w], best_i[w], best, at)) {
-                    best = best_v[w];
-                    at = best_i[w];
-                }
-            y[t] = (int32_t)at;
-        }
+        at = rlx_block_best(best, at, best_v, best_i,
+                            [](A v, int64_t i, A b, int64_t a) { return rlx_argmax_better(v, i, b, a); });
+        if (threadIdx.x == 0) y[t] = (int32_t)at;
         __syncthreads();
     }
 }

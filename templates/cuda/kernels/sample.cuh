@@ -12,7 +12,7 @@
  *   3. the k candidates sorted by rank (each thread counts the candidates ranked before its own);
  *   4. weights exp((v - v0) / temperature) in double by k threads, then one thread runs the reference's
  *      sequential running sums, the top_p prefix and the inverse CDF at u (the numpy reference's arithmetic).
- * Temperature 0 (or k = 1) is one argmax pass. Bad settings or u raise flag bits 8 (temperature),
+ * Temperature 0 (or k = 1) is one argmax pass (rlx_block_best of kernels/argmax.cuh). Bad settings or u raise flag bits 8 (temperature),
  * 16 (top_k), 32 (top_p), 64 (u); the run then fails naming it. */
 #define RLX_SAMPLE_THREADS 1024
 #define RLX_SAMPLE_TOP_K_MAX 256
@@ -80,27 +80,11 @@ rlx_sample_top_k(const T *__restrict__ x, const double *__restrict__ u, const do
                     bi = j;
                 }
             }
-            for (int o = 16; o > 0; o >>= 1) {
-                const uint32_t ok = __shfl_xor_sync(0xffffffffu, bk, o);
-                const int64_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (rlx_sample_before(ok, oi, bk, bi)) {
-                    bk = ok;
-                    bi = oi;
-                }
-            }
-            if (lane == 0) {
-                red_k[warp] = bk;
-                red_i[warp] = bi;
-            }
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                for (int w = 1; w < nwarps; ++w)
-                    if (rlx_sample_before(red_k[w], red_i[w], bk, bi)) {
-                        bk = red_k[w];
-                        bi = red_i[w];
-                    }
-                y[r] = (int32_t)bi;
-            }
+            bi = rlx_block_best(bk, bi, red_k, red_i,
+                                [](uint32_t ka, int64_t ia, uint32_t kb, int64_t ib) {
+                                    return rlx_sample_before(ka, ia, kb, ib);
+                                });
+            if (threadIdx.x == 0) y[r] = (int32_t)bi;
             __syncthreads();
             continue;
         }

@@ -56,6 +56,11 @@ inline uint32_t atomicAdd(uint32_t *p, uint32_t v) { return std::atomic_ref<uint
 using std::isfinite;
 using std::isnan;
 
+/* sample.cuh's argmax pass reduces with argmax.cuh's rlx_block_best (the generated .cu has both, in this order) */
+struct uint4 { /* CUDA's vector type, named by argmax.cuh's 16-byte loads (not run here) */
+    unsigned x, y, z, w;
+};
+#include "argmax.cuh"
 #include "sample.cuh"
 
 extern "C" {
