@@ -451,12 +451,7 @@ class AotCache:
             meta = _run_build(key, components, build, work, info)
             self._count(builds=1, build_seconds=meta["build_seconds"])
             (work / LAST_USE).touch()
-            _mkdir_private(final.parent)
-            check_private(final.parent, "cache directory")
-            _fsync_dir_tree(work)
-            os.chmod(work, 0o755)
-            os.rename(work, final)
-            _fsync_path(final.parent)
+            publish_dir(work, final)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -993,6 +988,17 @@ def _fsync_dir_tree(work: Path) -> None:
         if path.is_file():
             _fsync_path(path)
     _fsync_path(work)
+
+
+def publish_dir(work: Path, final: Path) -> None:
+    """Publish the finished build directory `work` as `final` (atomic rename into a private parent):
+    its contents made durable first, readable by others, the parent's entry synced after."""
+    _mkdir_private(final.parent)
+    check_private(final.parent, "cache directory")
+    _fsync_dir_tree(work)
+    os.chmod(work, 0o755)
+    os.rename(work, final)
+    _fsync_path(final.parent)
 
 
 def _remove_temp_builds() -> None:

@@ -50,14 +50,13 @@ from rlx.templates_path import templates_dir
 from rlx.toolchain.cache import (
     AotCache,
     CacheWarning,
-    _fsync_dir_tree,
-    _fsync_path,
     _LockTimeout,
     _mkdir_private,
     acquire_file_lock,
     cache_key,
     check_private,
     file_sha256,
+    publish_dir,
 )
 from rlx.toolchain.compiler import Toolchain
 
@@ -241,12 +240,7 @@ class UnitStore:
             for path in work.iterdir():
                 os.chmod(path, 0o644)
             _mkdir_private(final.parent.parent)
-            _mkdir_private(final.parent)
-            check_private(final.parent, "cache directory")
-            _fsync_dir_tree(work)
-            os.chmod(work, 0o755)
-            os.rename(work, final)
-            _fsync_path(final.parent)
+            publish_dir(work, final)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise

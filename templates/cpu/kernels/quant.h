@@ -569,6 +569,22 @@ static inline __attribute__((always_inline)) void rlx_q8pair_zmm(const int fmt, 
 }
 #endif
 
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__)
+/* One q8_0/q4_0/q4_1 block's 32 quants as bytes (q4_x nibbles widened to u8 0..15, q8_0 as s8), its
+ * scale dw and the factor of its min term cw (q4_1's m, q4_0's -8 * dw: exact, a power of two). */
+static inline __attribute__((always_inline)) __m256i rlx_q_block_ymm(const int fmt, const uint8_t *blk, float *dw,
+                                                                     float *cw)
+{
+    *dw = rlx_q_half(blk);
+    *cw = fmt == RLX_Q4_1 ? rlx_q_half(blk + 2) : -8.0f * *dw;
+    if (fmt == RLX_Q8_0)
+        return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+}
+#endif
+
 #ifdef RLX_Q8_ZMM
 /* Row w (nb blocks) against activation rows i < mr, two blocks per 512-bit register: the weight's
  * 64 values (u8 nibbles for q4_x, s8 for q8_0) meet 64 activation bytes in one vpdpbusd, whose 16
@@ -580,8 +596,7 @@ static inline __attribute__((always_inline)) void rlx_q8dot_zmm(const int fmt, c
         float *out)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    const int qo = fmt == RLX_Q4_1 ? 4 : 2;  /* where the quants start in a block */
-    const __m256i low4 = _mm256_set1_epi8(0x0F), c128 = _mm256_set1_epi8((char)0x80);
+    const __m256i c128 = _mm256_set1_epi8((char)0x80);
     __m512 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
     __m128 macc[RLX_QGEMV_MAX_M];
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
@@ -603,16 +618,8 @@ static inline __attribute__((always_inline)) void rlx_q8dot_zmm(const int fmt, c
         if (i < mr)
             tail[i] = 0.0f;
     if (b < nb) {  /* an odd last block, its activations in order */
-        const uint8_t *blk = w + b * qb;
-        const float dw = rlx_q_half(blk);
-        const float cw = fmt == RLX_Q4_1 ? rlx_q_half(blk + 2) : -8.0f * dw;
-        __m256i wq;
-        if (fmt == RLX_Q8_0) {
-            wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        } else {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + qo));
-            wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
-        }
+        float dw, cw;
+        const __m256i wq = rlx_q_block_ymm(fmt, w + b * qb, &dw, &cw);
         for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
             if (i < mr) {
                 const int8_t *xr = Xq + i * K * (a16 ? 2 : 1) + b * 32;
@@ -670,18 +677,8 @@ static inline __attribute__((always_inline)) void rlx_q8blk(const int fmt, const
         float *sacc)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const uint8_t *blk = w + b * qb;
-    const float dw = rlx_q_half(blk);
-    /* the min term's weight factor: q4_1's m, q4_0's -8 * d (exact: a power of two) */
-    const float cw = fmt == RLX_Q4_1 ? rlx_q_half(blk + 2) : -8.0f * dw;
-    __m256i wq;
-    if (fmt == RLX_Q8_0) {
-        wq = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    } else {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
-        wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
-    }
+    float dw, cw;
+    const __m256i wq = rlx_q_block_ymm(fmt, w + b * qb, &dw, &cw);
     /* u8 x s8: q8_0's signed weights as |w| with their sign moved onto the activations */
     const __m256i u = fmt == RLX_Q8_0 ? _mm256_sign_epi8(wq, wq) : wq;
     for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
