@@ -62,7 +62,8 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
-                  "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/collectives.cuh")
+                  "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/collectives.cuh",
+                  "cuda/kernels/gemm_cutlass.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
@@ -127,6 +128,10 @@ class CudaTarget:
     #: f16/bf16 GEMMs of at most RLX_GSM_MAX_M rows run on rlx_gemm_small (bias and activation, erf GELU too, in
     #: its epilogue; weights fetched before the PDL wait) instead of cuBLASLt (+ a bias/activation pass).
     small_gemm: bool = True
+    #: f16/bf16 GEMMs (sm_90) whose activation cuBLASLt cannot fuse (erf GELU, SiLU) run on a CUTLASS sm90 kernel
+    #: (TMA + wgmma, bias and activation in its epilogue: `rlx/codegen/cuda_cutlass.py`) instead of cuBLASLt plus
+    #: a separate pass; the build turns it off where CUTLASS's headers are missing or the arch is not sm_90.
+    cutlass_gemm: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -142,7 +147,8 @@ class CudaTarget:
                 f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else "")
                 + (" fused_act_gemm=1" if self.fused_act_gemm else "")
                 + ("" if self.short_attention else " short_attention=0")
-                + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0"))
+                + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
+                + ("" if self.cutlass_gemm else " cutlass_gemm=0"))
 
 
 @dataclass(frozen=True)

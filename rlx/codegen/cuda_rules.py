@@ -21,6 +21,7 @@ from typing import Any
 
 from rlx.codegen.c import comment
 from rlx.codegen.common import broadcast_index
+from rlx.codegen.cuda_cutlass import cutlass_choice
 from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, _VTYPE, CudaEmitter, Launch, NdArgs, _act, _float_c, category
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
@@ -35,6 +36,7 @@ COPY, GATHER, ROPE = "cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/k
 ROWS, ATTENTION, GEMM = "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/gemm.cuh"
 ATTENTION_SHORT, GEMM_MMA = "cuda/kernels/attention_short.cuh", "cuda/kernels/gemm_mma.cuh"
 GEMM_SMALL = "cuda/kernels/gemm_small.cuh"
+CUTLASS_HEADER = "cuda/kernels/gemm_cutlass.cuh"
 #: rlx_gemm_small's limits (RLX_GSM_KMAX in gemm_small.cuh: its shared memory holds a K x 16 slab of B and 16
 #: rows of A, 124 KB at K = 1536).
 SMALL_GEMM_KMAX = 1536
@@ -284,6 +286,10 @@ class GemmCall:
     prologue: NormPrologue | None = None
     # which operands are weights (no kernel writes them), read before the PDL wait: RLX_GSM_EARLY_* bits
     small_early: int = 0
+    # mode "lt": the large steps run this CUTLASS sm90 launcher instead (bias + activation fused: cuda_cutlass.py)
+    cutlass_fn: str = ""
+    # the GEMM provider's choice in words (a comment in the generated source)
+    note: str = ""
 
     @property
     def small_kernel(self) -> str:
@@ -632,14 +638,20 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
         post_bias = bias is not None and not fuse_bias
         vec = 16 // dt.itemsize
         aligned = out_off is not None and out_off % 16 == 0 and (bias is None or e.offset(bias) % 16 == 0)
-        small = _small_fits(e, dt, fold, K, N, [e.offset(a_id), e.offset(b_id), out_off]
-                            + ([e.offset(bias)] if bias is not None else []))
+        offsets = [e.offset(a_id), e.offset(b_id), out_off] + ([e.offset(bias)] if bias is not None else [])
+        small = _small_fits(e, dt, fold, K, N, offsets)
+        cut = cutlass_choice(e.target.cutlass_gemm, e.target.arch, dt, post_act, fold, K, N, offsets)
+        if cut.function:
+            return GemmCall(**common, mode="lt", small=small, cuda_type=_CUDA_TYPE[dt], cutlass_fn=cut.function,
+                            note=f"CUTLASS sm90 GEMM, bias and {act} in its epilogue (cuBLASLt cannot fuse {act})")
         return GemmCall(**common, mode="lt", small=small, cuda_type=_CUDA_TYPE[dt], sa=e.dim(batching.a_stride),
                         sb=e.dim(batching.b_stride), lt_bias=bias_ptr if fuse_bias else "NULL",
                         lt_act=_act(act if fuse_act else None),
                         post_act=_act(post_act) if (post_act is not None or post_bias) else None,
                         post_bias_on=str(post_bias).lower(), post_bias=bias_ptr if post_bias else "nullptr",
-                        post_vec=vec if (aligned and N.is_static and N.value % vec == 0) else 0)
+                        post_vec=vec if (aligned and N.is_static and N.value % vec == 0) else 0,
+                        note=comment(f"cuBLASLt, then a {post_act} pass; not on CUTLASS: {cut.why}", 200)
+                        if post_act else "")
     if batching is not None:
         bdims = () if batching.folded else ((common["batch"], e.dim(batching.a_stride), e.dim(batching.b_stride)),)
         return GemmCall(**common, mode="tiled", bdims=bdims)
@@ -829,6 +841,9 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
     if g.small:
         g = _small_call(e, g, node, _is_weight(e, node.inputs[1]), bias)
+    if g.cutlass_fn:
+        return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=True, smem_attrs=_small_attrs(g), gemm=g),
+                       GEMM, CUTLASS_HEADER, *((GEMM_SMALL,) if g.small else ()))
     if g.mode == "mma":
         smem = tuple((f"rlx_gemm_mma<{g.t}, {g.act}, {g.bias_on}, {bm}, {bn}, {wm}, {wn}>",
                       f"RlxGemmMma<{bm}, {bn}, {wm}, {wn}>::total") for bm, bn, wm, wn in g.tiles)

@@ -34,6 +34,7 @@ from rlx.ir.lir import LirModule
 from rlx.toolchain.cache import AotCache
 from rlx.toolchain.compiler import run_compiler, version_text
 from rlx.toolchain.cpu import KEY_PENDING, components_key, source_digest, templates_digest
+from rlx.toolchain.cuda_units import cutlass_for, cutlass_objects, cutlass_status
 from rlx.toolchain.nccl import Nccl, find_nccl
 
 if TYPE_CHECKING:
@@ -209,19 +210,22 @@ class NvccToolchain:
         return f"{self.nvcc}\n{self.version_text}"
 
     def command(self, source: Path, output: Path, gemm: str, compile_only: bool = False,
-                extra: tuple[str, ...] = (), extra_link: tuple[str, ...] = ()) -> list[str]:
-        """nvcc's command line; `extra` / `extra_link`: what one program adds (NCCL for collectives)."""
+                extra: tuple[str, ...] = (), extra_link: tuple[str, ...] = (),
+                objects: tuple[Path, ...] = ()) -> list[str]:
+        """nvcc's command line; `extra` / `extra_link`: what one program adds (NCCL for collectives);
+        `objects`: compiled kernel units linked in (the CUTLASS GEMMs, `rlx.toolchain.cuda_units`)."""
         if compile_only:
             flags = [f for f in self.flags(gemm) if f != "-shared"]
             return [self.nvcc, *flags, *extra, "-c", "-o", str(output), str(source)]
-        return [self.nvcc, *self.flags(gemm), *extra, "-o", str(output), str(source), *self.link_flags(gemm),
-                *extra_link]
+        return [self.nvcc, *self.flags(gemm), *extra, "-o", str(output), str(source), *map(str, objects),
+                *self.link_flags(gemm), *extra_link]
 
     def compile(self, source: Path, output: Path, gemm: str, compile_only: bool = False,
-                extra: tuple[str, ...] = (), extra_link: tuple[str, ...] = ()) -> None:
+                extra: tuple[str, ...] = (), extra_link: tuple[str, ...] = (),
+                objects: tuple[Path, ...] = ()) -> None:
         """Build `source` into `output`; BuildError with nvcc's message (source path kept)."""
-        run_compiler(self.command(source, output, gemm, compile_only, extra, extra_link), source, output, "nvcc",
-                     timeout=900)
+        run_compiler(self.command(source, output, gemm, compile_only, extra, extra_link, objects), source, output,
+                     "nvcc", timeout=900)
 
 
 def detect_nvcc_toolchain(config: Config | None = None, target: str | None = None) -> NvccToolchain:
@@ -232,8 +236,26 @@ def detect_nvcc_toolchain(config: Config | None = None, target: str | None = Non
 
 
 def resolve_target(toolchain: NvccToolchain, target: CudaTarget) -> CudaTarget:
-    """`target` with the toolchain's arch, and the built-in GEMM when cuBLASLt is not installed."""
-    return replace(target, arch=toolchain.arch, gemm=resolve_gemm(toolchain, target.gemm))
+    """`target` with the toolchain's arch, the built-in GEMM when cuBLASLt is not installed, and no CUTLASS
+    GEMMs where they cannot be built (not sm_90, headers missing: `cutlass_note` says which)."""
+    gemm = resolve_gemm(toolchain, target.gemm)
+    cutlass = target.cutlass_gemm and gemm == "cublaslt" and not cutlass_status(toolchain, cutlass_for())
+    return replace(target, arch=toolchain.arch, gemm=gemm, cutlass_gemm=cutlass)
+
+
+def cutlass_identity(toolchain: NvccToolchain) -> str:
+    """The CUTLASS headers a build may link GEMM units from, or 'off: <why none>'."""
+    cutlass = cutlass_for()
+    why = cutlass_status(toolchain, cutlass)
+    return f"off: {why}" if why else cutlass.identity()
+
+
+def cutlass_note(toolchain: NvccToolchain, target: CudaTarget) -> str:
+    """What the manifest says of the CUTLASS GEMMs: 'on', 'off (not asked)' or 'off (<why it cannot be>)'."""
+    if target.cutlass_gemm:
+        return "on"
+    why = cutlass_status(toolchain, cutlass_for()) if toolchain.arch else ""
+    return f"off ({why})" if why else "off (CudaTarget(cutlass_gemm=False) or no cuBLASLt)"
 
 
 def resolve_gemm(toolchain: NvccToolchain, gemm: str) -> str:
@@ -254,6 +276,8 @@ def cuda_toolchain_components(toolchain: NvccToolchain, gemm: str) -> dict[str, 
         # Redundant with "source" for the compiled file, but names a template change in `cache explain`.
         "templates": templates_digest("cuda"),
         "blas": toolchain.cublas.identity() if gemm == "cublaslt" else "builtin",
+        # the CUTLASS GEMM units (headers found and an sm_90 build) or why not: installing the headers rebuilds
+        "cutlass": cutlass_identity(toolchain) if gemm == "cublaslt" else "off",
     }
 
 
@@ -287,7 +311,7 @@ def cuda_manifest(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, 
     m = lir.manifest()
     m.update({"abi_version": ABI_VERSION, "target": "cuda", "arch": target.arch, "key": key,
               "precision": target.precision.value, "gemm": target.gemm, "cuda_version": toolchain.cuda_version,
-              "codegen_version": CODEGEN_VERSION})
+              "codegen_version": CODEGEN_VERSION, "cutlass_gemm": cutlass_note(toolchain, target)})
     return m
 
 
@@ -342,9 +366,12 @@ def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget 
     def build(workdir: Path) -> None:
         source = workdir / "model.cu"
         # Rendered again with the key: only on a miss, where nvcc's seconds dwarf it.
-        source.write_text(render_cuda_source(lir, toolchain, target, key))
+        text = render_cuda_source(lir, toolchain, target, key)
+        source.write_text(text)
+        # the CUTLASS GEMMs it calls: compiled once per machine and configuration into the cache root
+        objects = cutlass_objects(text, toolchain, workdir, config)
         toolchain.compile(source, workdir / "model.so", target.gemm, extra=nccl.flags if nccl else (),
-                          extra_link=nccl.link_args if nccl else ())
+                          extra_link=nccl.link_args if nccl else (), objects=objects)
 
     entry = AotCache(config).get_or_build(components, build)
     return CudaBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain,

@@ -94,14 +94,13 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 #define RLX_CUTLASS_STR2(x) #x
 #define RLX_CUTLASS_STR(x) RLX_CUTLASS_STR2(x)
 
-/* The exported launcher: 0 on success; otherwise nonzero with a message in err. Enqueues on `stream` only
- * (capturable in a CUDA Graph: the TMA descriptors travel in the kernel's parameters). `workspace` (may be
- * NULL when `workspace_bytes` is 0) must hold what the kernel asks for; the tile scheduler of this
- * configuration asks for none beyond a few bytes, checked here. */
-extern "C" __attribute__((visibility("default"))) int RLX_CUTLASS_FN(const void *A, const void *B, const void *bias,
-                                                                     void *C, long long M, long long N, long long K,
-                                                                     void *workspace, size_t workspace_bytes,
-                                                                     cudaStream_t stream, char *err, size_t err_len) {
+/* The launcher (hidden: linked into one model.so, never exported from it): 0 on success; otherwise nonzero
+ * with a message in err. Enqueues on `stream` only (capturable in a CUDA Graph: the TMA descriptors travel in
+ * the kernel's parameters). `workspace` (may be NULL when `workspace_bytes` is 0) must hold what the kernel
+ * asks for (this configuration's tile scheduler asks for little or nothing; checked here). */
+extern "C" int RLX_CUTLASS_FN(const void *A, const void *B, const void *bias, void *C, long long M, long long N,
+                              long long K, void *workspace, size_t workspace_bytes, cudaStream_t stream, char *err,
+                              size_t err_len) {
     using namespace rlx_cutlass;
     auto fail = [&](const char *what) {
         if (err && err_len)

@@ -1,0 +1,210 @@
+"""CUDA kernel units: CUTLASS GEMMs compiled once per machine and configuration, linked into every program.
+
+A CUTLASS sm90 GEMM takes nvcc about a minute to instantiate (measured: ~50 s and ~3.8 GB on one core for one
+configuration), far more than a whole generated model. So the GEMM lives in its own translation unit,
+`templates/cuda/kernels/gemm_cutlass.cu`, exporting one plain C function per (element type, activation): the
+generated `.cu` calls `rlx_cutlass_gemm_<dt>_<act>(...)` (declared in `gemm_cutlass.cuh`), and the build
+compiles each configuration the source calls into an object kept in the AOT cache root (`UnitStore` of
+`rlx.toolchain.units`: keyed, locked, published atomically, checked on every use), then links it into
+`model.so`. The first model that needs a configuration pays the minute; every later build on that machine
+links the object.
+
+CUTLASS's headers come from the `nvidia-cutlass` wheel (`cutlass_library/source/include`, found without
+importing it) or `RLX_CUTLASS_DIR` (a directory holding `cutlass/cutlass.h`, e.g. a CUTLASS checkout's
+`include/`). They are an optional dependency: without them `cutlass_status` says why, and the GEMMs stay on
+cuBLASLt (plus a separate activation pass where its epilogue cannot fuse the activation).
+
+>>> units_in_source("if (rlx_cutlass_gemm_f16_gelu(a, b, ...)) return 1;")
+(('f16', 'gelu'),)
+>>> units_in_source("RLX_CUTLASS_DECL(f16_gelu)")
+()
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlx.config import Config
+from rlx.errors import BuildError
+from rlx.templates_path import templates_dir
+from rlx.toolchain.compiler import run_compiler
+
+if TYPE_CHECKING:
+    from rlx.toolchain.cuda import NvccToolchain
+
+#: The unit's source (compiled once per configuration with -D flags).
+UNIT = "cuda/kernels/gemm_cutlass.cu"
+#: Element types and activations the unit is built for: (rlx dtype name, RLX_CUTLASS_DT) and
+#: (rlx activation, RLX_ACT_* id of prelude.cuh.j2).
+DTYPES = {"f16": 1, "bf16": 2}
+ACTIVATIONS = {"gelu": 1, "silu": 3}
+#: The archs the sm90 kernels run on (wgmma, TMA multicast: compiled for sm_90a).
+ARCHS = ("sm_90", "sm_90a")
+#: nvcc flags of the unit beyond the program's (CUTLASS needs relaxed constexpr; NDEBUG drops device asserts,
+#: whose calls would serialize the wgmma pipeline).
+UNIT_FLAGS = ("-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC,-fvisibility=hidden",
+              "-diag-suppress=177,550")
+
+_CALL_RE = re.compile(r"\brlx_cutlass_gemm_(f16|bf16)_(gelu|silu)\s*\(")
+
+
+def units_in_source(source: str) -> tuple[tuple[str, str], ...]:
+    """The (dtype, activation) configurations a rendered `.cu` calls, sorted (declarations do not count)."""
+    return tuple(sorted(set(_CALL_RE.findall(source))))
+
+
+def unit_function(dtype: str, act: str) -> str:
+    """The C name of one configuration's launcher.
+
+    >>> unit_function("bf16", "silu")
+    'rlx_cutlass_gemm_bf16_silu'
+    """
+    if dtype not in DTYPES or act not in ACTIVATIONS:
+        raise BuildError(f"no CUTLASS GEMM for dtype {dtype!r} and activation {act!r} "
+                         f"(built: {sorted(DTYPES)} x {sorted(ACTIVATIONS)})")
+    return f"rlx_cutlass_gemm_{dtype}_{act}"
+
+
+@dataclass(frozen=True)
+class Cutlass:
+    """Where CUTLASS's headers are (`include_dir` holds cutlass/cutlass.h), or why there are none (`reason`)."""
+
+    include_dir: str = ""
+    version: str = ""
+    reason: str = ""
+
+    @property
+    def found(self) -> bool:
+        return bool(self.include_dir)
+
+    def identity(self) -> str:
+        """What the unit objects depend on besides the unit's text: the headers' place, version and a digest of
+        CUTLASS's version header (a different CUTLASS at the same path is another key)."""
+        if not self.found:
+            return "none"
+        head = Path(self.include_dir) / "cutlass" / "version.h"
+        digest = hashlib.sha256(head.read_bytes()).hexdigest()[:16] if head.is_file() else "?"
+        return f"cutlass {self.version or '?'} include={self.include_dir} version_h={digest}"
+
+
+def _wheel_version(package_dir: Path) -> str:
+    """The nvidia-cutlass wheel's version from its dist-info next to the package ('' when not found)."""
+    for d in sorted(package_dir.parent.glob("nvidia_cutlass-*.dist-info")):
+        return d.name.removeprefix("nvidia_cutlass-").removesuffix(".dist-info")
+    return ""
+
+
+@functools.lru_cache(maxsize=4)
+def find_cutlass(env_dir: str | None = None) -> Cutlass:
+    """CUTLASS's include directory: `RLX_CUTLASS_DIR` (passed as `env_dir`), else the nvidia-cutlass wheel's."""
+    if env_dir:
+        inc = Path(env_dir)
+        if not (inc / "cutlass" / "cutlass.h").is_file():
+            return Cutlass(reason=f"RLX_CUTLASS_DIR={env_dir} holds no cutlass/cutlass.h")
+        return Cutlass(str(inc.resolve()), "RLX_CUTLASS_DIR")
+    try:
+        spec = importlib.util.find_spec("cutlass_library")  # locates the package without importing it
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return Cutlass(reason="CUTLASS headers not found (pip install nvidia-cutlass, i.e. rlx[cuda], or set "
+                              "RLX_CUTLASS_DIR)")
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    inc = pkg / "source" / "include"
+    if not (inc / "cutlass" / "cutlass.h").is_file():
+        return Cutlass(reason=f"the nvidia-cutlass package at {pkg} has no source/include/cutlass/cutlass.h")
+    return Cutlass(str(inc.resolve()), _wheel_version(pkg))
+
+
+def cutlass_for(config: Config | None = None) -> Cutlass:
+    """`find_cutlass` with the configured override (`RLX_CUTLASS_DIR`)."""
+    del config  # the directory is an environment setting only (no Config field: one place to look)
+    return find_cutlass(os.environ.get("RLX_CUTLASS_DIR") or None)
+
+
+def cutlass_status(toolchain: NvccToolchain, cutlass: Cutlass) -> str:
+    """'' when the CUTLASS GEMMs can be built for `toolchain`, else why not (recorded in the manifest)."""
+    if toolchain.arch not in ARCHS:
+        return f"the CUTLASS GEMMs are sm_90 kernels (wgmma, TMA); this build is for {toolchain.arch}"
+    if not cutlass.found:
+        return cutlass.reason
+    return ""
+
+
+@dataclass(frozen=True)
+class CutlassUnitToolchain:
+    """nvcc compiling one CUTLASS configuration, in the shape `UnitStore` expects of a toolchain.
+
+    `object_flags` carries the -D flags of the configuration and the include directory, so each configuration
+    (and each CUTLASS) is its own unit key; `isa` the arch the unit is compiled for.
+    """
+
+    nvcc: NvccToolchain
+    cutlass: Cutlass
+    dtype: str
+    act: str
+    openmp: bool = False
+    sanitize: str = ""
+
+    @property
+    def arch(self) -> str:
+        return "sm_90a"  # the arch-specific features of sm_90 (wgmma); runs on any sm_90 GPU
+
+    @property
+    def isa(self) -> str:
+        return self.arch
+
+    @property
+    def isa_identity(self) -> str:
+        return self.cutlass.identity()
+
+    @property
+    def object_flags(self) -> tuple[str, ...]:
+        num = self.arch.removeprefix("sm_")
+        return (*UNIT_FLAGS, f"-gencode=arch=compute_{num},code=sm_{num}", f"-I{self.cutlass.include_dir}",
+                f"-DRLX_CUTLASS_DT={DTYPES[self.dtype]}", f"-DRLX_CUTLASS_ACT={ACTIVATIONS[self.act]}",
+                f"-DRLX_CUTLASS_FN={unit_function(self.dtype, self.act)}")
+
+    def compiler_identity(self) -> str:
+        return self.nvcc.identity()
+
+    def compile_object(self, source: Path, output: Path) -> None:
+        run_compiler([self.nvcc.nvcc, *self.object_flags, "-c", "-o", str(output), str(source)], source, output,
+                     "nvcc", timeout=1800)
+
+
+def unit_path() -> Path:
+    return templates_dir() / UNIT
+
+
+def cutlass_objects(source: str, toolchain: NvccToolchain, workdir: Path,
+                    config: Config | None = None) -> tuple[Path, ...]:
+    """The compiled unit objects the rendered `source` needs (built once into the AOT cache), in a stable order."""
+    wanted = units_in_source(source)
+    if not wanted:
+        return ()
+    cutlass = cutlass_for(config)
+    why = cutlass_status(toolchain, cutlass)
+    if why:
+        raise BuildError(f"the generated CUDA source calls CUTLASS GEMMs ({', '.join(unit_function(*w) for w in wanted)}) "
+                         f"but they cannot be built: {why}")
+    from rlx.toolchain.units import UnitStore
+
+    store = UnitStore(config)
+    objects = []
+    for dt, act in wanted:
+        unit_tc = CutlassUnitToolchain(toolchain, cutlass, dt, act)
+        if store.enabled:
+            objects.append(store.get(unit_path(), unit_tc, workdir))  # type: ignore[arg-type]
+        else:  # no cache: into the build's directory, one object per configuration
+            out = workdir / f"{unit_function(dt, act)}.unit.o"
+            unit_tc.compile_object(unit_path(), out)
+            objects.append(out)
+    return tuple(objects)
