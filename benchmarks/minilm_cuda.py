@@ -63,7 +63,7 @@ MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=1
 #: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
 VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False),
             "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
-            "rlx_base": dict(small_gemm=False, pdl=False)}
+            "rlx_base": dict(small_gemm=False, pdl=False), "rlx_nocutlass": dict(cutlass_gemm=False)}
 
 
 def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -903,6 +903,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     nvcc = shutil.which(config.nvcc)
     if nvcc:
         line("nvcc", f"{nvcc} ({_first_line([nvcc, '--version'], last=True)})")
+        from rlx.toolchain.cuda_units import cutlass_for
+
+        cutlass = cutlass_for()
+        line("cutlass", f"{cutlass.include_dir} ({cutlass.version}): sm_90 GEMMs with a fused erf GELU / SiLU"
+             if cutlass.found else f"none: {cutlass.reason}")
     else:
         line("nvcc", "not found (CUDA target unavailable)")
     from rlx.toolchain.metal import metal_toolchain_report

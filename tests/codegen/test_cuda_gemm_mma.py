@@ -28,7 +28,7 @@ def test_only_unfusable_activations_move_to_the_mma_gemm() -> None:
     assert "rlx_bias_act_vec<" not in forward(on)
     assert forward(on).count("rlx_lt_matmul(") == 1  # the relu product: fused by cuBLASLt's epilogue
     assert "RlxGemmMma<128, 128, 2, 4>::total" in on  # its shared-memory limit is raised at create
-    off = render(_graph(), precision=DType.F16)
+    off = render(_graph(), precision=DType.F16, cutlass_gemm=False)  # (on: the CUTLASS GEMM, test_cuda_cutlass.py)
     assert "rlx_gemm_mma" not in off and "rlx_bias_act_vec<__half, RLX_ACT_GELU" in off
     # f32, or N not a whole number of 16-byte chunks: cuBLASLt and the separate pass, as before
     for src in (render(_graph(), fused_act_gemm=True), render(_graph(n=132 + 2), precision=DType.F16,
