@@ -66,10 +66,43 @@ using LayoutD = cutlass::layout::RowMajor; /* C[M,N] */
 constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value; /* 8 elements: one 16-byte TMA unit */
 using Accum = float;
 
+#ifndef RLX_CUTLASS_CFG
+#define RLX_CUTLASS_CFG 0
+#endif
+/* Tile, cluster and schedule (clusters of two CTAs along N share, by TMA multicast, the A tile). */
+#if RLX_CUTLASS_CFG == 0
 using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_1, _2, _1>; /* two CTAs along N share (multicast) the A tile */
+using ClusterShape = Shape<_1, _2, _1>;
 using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+#elif RLX_CUTLASS_CFG == 1
+using TileShape = Shape<_128, _128, _64>;
+using ClusterShape = Shape<_1, _2, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+#elif RLX_CUTLASS_CFG == 2
+using TileShape = Shape<_256, _128, _64>;
+using ClusterShape = Shape<_1, _2, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+#elif RLX_CUTLASS_CFG == 3
+using TileShape = Shape<_64, _128, _64>;
+using ClusterShape = Shape<_1, _2, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+#elif RLX_CUTLASS_CFG == 4
+using TileShape = Shape<_128, _256, _64>;
+using ClusterShape = Shape<_2, _1, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+#elif RLX_CUTLASS_CFG == 5
+using TileShape = Shape<_128, _64, _64>;
+using ClusterShape = Shape<_1, _2, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+#else
+#error "RLX_CUTLASS_CFG: 0..5"
+#endif
 
 /* D = act(1 * acc + bias[n]); no C operand is read (ElementC void). */
 using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Act, Element, Accum, Element, Element, Accum>;
