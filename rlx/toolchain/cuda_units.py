@@ -2,8 +2,8 @@
 
 A CUTLASS sm90 GEMM takes nvcc about a minute to instantiate (measured: ~50 s and ~3.8 GB on one core for one
 configuration), far more than a whole generated model. So the GEMM lives in its own translation unit,
-`templates/cuda/kernels/gemm_cutlass.cu`, exporting one plain C function per (element type, activation): the
-generated `.cu` calls `rlx_cutlass_gemm_<dt>_<act>(...)` (declared in `gemm_cutlass.cuh`), and the build
+`templates/cuda/kernels/gemm_cutlass.cu`, defining one plain C function per (element type, activation, tile):
+the generated `.cu` calls `rlx_cutlass_gemm_<dt>_<act>_m<tile>(...)` (declared in `gemm_cutlass.cuh`), and the build
 compiles each configuration the source calls into an object kept in the AOT cache root (`UnitStore` of
 `rlx.toolchain.units`: keyed, locked, published atomically, checked on every use), then links it into
 `model.so`. The first model that needs a configuration pays the minute; every later build on that machine
@@ -14,9 +14,9 @@ importing it) or `RLX_CUTLASS_DIR` (a directory holding `cutlass/cutlass.h`, e.g
 `include/`). They are an optional dependency: without them `cutlass_status` says why, and the GEMMs stay on
 cuBLASLt (plus a separate activation pass where its epilogue cannot fuse the activation).
 
->>> units_in_source("if (rlx_cutlass_gemm_f16_gelu(a, b, ...)) return 1;")
-(('f16', 'gelu'),)
->>> units_in_source("RLX_CUTLASS_DECL(f16_gelu)")
+>>> units_in_source("rc = big ? rlx_cutlass_gemm_f16_gelu_m256(a, ...) : rlx_cutlass_gemm_f16_gelu_m128(a, ...);")
+(('f16', 'gelu', 128), ('f16', 'gelu', 256))
+>>> units_in_source("RLX_CUTLASS_DECL(f16_gelu_m128);")
 ()
 """
 
@@ -49,6 +49,8 @@ UNIT = "cuda/kernels/gemm_cutlass.cu"
 #: (rlx activation, RLX_ACT_* id of prelude.cuh.j2).
 DTYPES = {"f16": 1, "bf16": 2}
 ACTIVATIONS = {"gelu": 1, "silu": 3}
+#: The tiles' rows (x 128 columns): 256 for grids that cover the GPU twice, 128 below (gemm_cutlass.cu says why).
+TILES = (128, 256)
 #: The archs the sm90 kernels run on (wgmma, TMA multicast: compiled for sm_90a).
 ARCHS = ("sm_90", "sm_90a")
 #: nvcc flags of the unit beyond the program's (CUTLASS needs relaxed constexpr; NDEBUG drops device asserts,
@@ -56,24 +58,28 @@ ARCHS = ("sm_90", "sm_90a")
 UNIT_FLAGS = ("-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC,-fvisibility=hidden",
               "-diag-suppress=177,550")
 
-_CALL_RE = re.compile(r"\brlx_cutlass_gemm_(f16|bf16)_(gelu|silu)\s*\(")
+_CALL_RE = re.compile(r"\brlx_cutlass_gemm_(f16|bf16)_(gelu|silu)_m(128|256)\b")
+
+#: One configuration of the unit: (dtype, activation, tile rows).
+UnitConfig = tuple[str, str, int]
 
 
-def units_in_source(source: str) -> tuple[tuple[str, str], ...]:
-    """The (dtype, activation) configurations a rendered `.cu` calls, sorted (declarations do not count)."""
-    return tuple(sorted(set(_CALL_RE.findall(source))))
+def units_in_source(source: str) -> tuple[UnitConfig, ...]:
+    """The (dtype, activation, tile) configurations a rendered `.cu` names, sorted (gemm_cutlass.cuh's
+    declarations spell the names in pieces, so they do not count)."""
+    return tuple(sorted({(d, a, int(t)) for d, a, t in _CALL_RE.findall(source)}))
 
 
-def unit_function(dtype: str, act: str) -> str:
+def unit_function(dtype: str, act: str, tile: int) -> str:
     """The C name of one configuration's launcher.
 
-    >>> unit_function("bf16", "silu")
-    'rlx_cutlass_gemm_bf16_silu'
+    >>> unit_function("bf16", "silu", 256)
+    'rlx_cutlass_gemm_bf16_silu_m256'
     """
-    if dtype not in DTYPES or act not in ACTIVATIONS:
-        raise BuildError(f"no CUTLASS GEMM for dtype {dtype!r} and activation {act!r} "
-                         f"(built: {sorted(DTYPES)} x {sorted(ACTIVATIONS)})")
-    return f"rlx_cutlass_gemm_{dtype}_{act}"
+    if dtype not in DTYPES or act not in ACTIVATIONS or tile not in TILES:
+        raise BuildError(f"no CUTLASS GEMM for dtype {dtype!r}, activation {act!r}, tile {tile!r} "
+                         f"(built: {sorted(DTYPES)} x {sorted(ACTIVATIONS)} x {TILES})")
+    return f"rlx_cutlass_gemm_{dtype}_{act}_m{tile}"
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,7 @@ class CutlassUnitToolchain:
     cutlass: Cutlass
     dtype: str
     act: str
+    tile: int
     openmp: bool = False
     sanitize: str = ""
 
@@ -174,7 +181,8 @@ class CutlassUnitToolchain:
         num = self.arch.removeprefix("sm_")
         return (*UNIT_FLAGS, f"-gencode=arch=compute_{num},code=sm_{num}", f"-I{self.cutlass.include_dir}",
                 f"-DRLX_CUTLASS_DT={DTYPES[self.dtype]}", f"-DRLX_CUTLASS_ACT={ACTIVATIONS[self.act]}",
-                f"-DRLX_CUTLASS_FN={unit_function(self.dtype, self.act)}")
+                f"-DRLX_CUTLASS_TILE_M={self.tile}",
+                f"-DRLX_CUTLASS_FN={unit_function(self.dtype, self.act, self.tile)}")
 
     def compiler_identity(self) -> str:
         return self.nvcc.identity()
@@ -202,29 +210,29 @@ def cutlass_objects(source: str, toolchain: NvccToolchain, workdir: Path,
     return build_units(wanted, toolchain, cutlass, workdir, config)
 
 
-def build_units(wanted: Sequence[tuple[str, str]], toolchain: NvccToolchain, cutlass: Cutlass, workdir: Path,
+def build_units(wanted: Sequence[UnitConfig], toolchain: NvccToolchain, cutlass: Cutlass, workdir: Path,
                 config: Config | None = None) -> tuple[Path, ...]:
-    """The objects of the (dtype, activation) configurations `wanted`: from the cache, the missing ones compiled
+    """The objects of the (dtype, activation, tile) configurations `wanted`: from the cache, the missing ones compiled
     in parallel threads (one nvcc each: about a minute and 4 GB apiece), in the order of `wanted`."""
     from rlx.toolchain.units import UnitStore
 
     store = UnitStore(config)
-    objects: dict[tuple[str, str], Path] = {}
+    objects: dict[UnitConfig, Path] = {}
     errors: list[BaseException] = []
 
-    def build(dt: str, act: str) -> None:
-        unit_tc = CutlassUnitToolchain(toolchain, cutlass, dt, act)
+    def build(dt: str, act: str, tile: int) -> None:
+        unit_tc = CutlassUnitToolchain(toolchain, cutlass, dt, act, tile)
         try:
             if store.enabled:
-                objects[(dt, act)] = store.get(unit_path(), unit_tc, workdir)  # type: ignore[arg-type]
+                objects[(dt, act, tile)] = store.get(unit_path(), unit_tc, workdir)  # type: ignore[arg-type]
             else:  # no cache: into the build's directory, one object per configuration
-                out = workdir / f"{unit_function(dt, act)}.unit.o"
+                out = workdir / f"{unit_function(dt, act, tile)}.unit.o"
                 unit_tc.compile_object(unit_path(), out)
-                objects[(dt, act)] = out
+                objects[(dt, act, tile)] = out
         except BaseException as exc:  # re-raised on the calling thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=build, args=w, name=f"rlx-cutlass-{w[0]}-{w[1]}") for w in wanted]
+    threads = [threading.Thread(target=build, args=w, name=f"rlx-cutlass-{w[0]}-{w[1]}-{w[2]}") for w in wanted]
     for t in threads:
         t.start()
     for t in threads:
@@ -246,6 +254,7 @@ def prebuild(config: Config | None = None, arch: str | None = None) -> tuple[Pat
         raise BuildError(f"the CUTLASS GEMM units cannot be built: {why}")
     store_dir = Path(tempfile.mkdtemp(prefix="rlx-cutlass-"))
     try:
-        return build_units([(d, a) for d in DTYPES for a in ACTIVATIONS], toolchain, cutlass, store_dir, config)
+        return build_units([(d, a, t) for d in DTYPES for a in ACTIVATIONS for t in TILES], toolchain, cutlass,
+                           store_dir, config)
     finally:
         shutil.rmtree(store_dir, ignore_errors=True)

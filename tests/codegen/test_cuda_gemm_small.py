@@ -24,7 +24,7 @@ def test_half_products_of_few_rows_take_the_small_gemm() -> None:
     assert src.count("rlx_gemm_small<__half, RLX_ACT_GELU, true, 0, false, 1>") == 1
     assert src.count("rlx_gemm_small<__half, RLX_ACT_RELU, false, 0, false, 1>") == 1
     assert src.count("M <= RLX_GSM_MAX_M") == 2
-    assert src.count("rlx_lt_matmul(") + src.count("rlx_cutlass_gemm_f16_gelu(") == 2  # (gelu: CUTLASS above)
+    assert src.count("rlx_lt_matmul(") + src.count("rlx_cutlass_gemm_f16_gelu_m128)(") == 2  # (gelu: CUTLASS)
 
 
 def test_the_small_gemm_is_not_taken_where_it_cannot_run() -> None:

@@ -25,8 +25,15 @@ pytestmark = [*GPU_ONLY,
 
 
 def _graph() -> Graph:
-    """gelu(x W1 + b1) -> silu(. W2) -> . W3 + b3: K 64 / 136 / 72, N 136 / 72 / 24."""
-    return gemm_chain("cutlass_gemm", 9000, 64, [(136, True, "gelu"), (72, False, "silu"), (24, True, None)])
+    """gelu(x W1 + b1) -> silu(. W2) -> . W3 + b3: K 64 / 1032 / 72, N 1032 / 72 / 24.
+
+    At 9000 rows the first product's 256-row tiles cover an H100 twice (36 x 9 >= 264): the _m256 kernel; at
+    fewer rows, and for the second product, the _m128 one."""
+    return gemm_chain("cutlass_gemm", 9000, 64, [(1032, True, "gelu"), (72, False, "silu"), (24, True, None)])
+
+
+_SHAPES = {"w1": ((64, 1032), 0.25), "b1": ((1032,), 0.5), "w2": ((1032, 72), 0.05), "w3": ((72, 24), 0.2),
+           "b3": ((24,), 0.5)}
 
 
 def _check(outs, refs, again, precision: str, m: int) -> None:
@@ -44,11 +51,10 @@ def _check(outs, refs, again, precision: str, m: int) -> None:
 def test_cutlass_gemm_matches_reference(precision: str) -> None:
     graph = _graph()
     rng = np.random.default_rng(11)
-    params = scaled_normal(rng, {"w1": ((64, 136), 0.25), "b1": ((136,), 0.5), "w2": ((136, 72), 0.15),
-                                 "w3": ((72, 24), 0.2), "b3": ((24,), 0.5)})
+    params = scaled_normal(rng, _SHAPES)
     cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision)
     src = cg.source
-    assert f"rlx_cutlass_gemm_{precision}_gelu(" in src and f"rlx_cutlass_gemm_{precision}_silu(" in src
+    assert f"rlx_cutlass_gemm_{precision}_gelu_m128)(" in src and f"rlx_cutlass_gemm_{precision}_silu_m128)(" in src
     assert "rlx_bias_act_vec<" not in src  # no separate activation pass
     for name, value in params.items():
         cg.set_param(name, value)
@@ -61,10 +67,9 @@ def test_off_matches_on() -> None:
     """CudaTarget(cutlass_gemm=False): cuBLASLt and the separate pass; both builds agree with the reference."""
     graph = _graph()
     rng = np.random.default_rng(5)
-    params = scaled_normal(rng, {"w1": ((64, 136), 0.25), "b1": ((136,), 0.5), "w2": ((136, 72), 0.15),
-                                 "w3": ((72, 24), 0.2), "b3": ((24,), 0.5)})
+    params = scaled_normal(rng, _SHAPES)
     off = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision="f16", cutlass_gemm=False)
-    assert "rlx_cutlass_gemm_f16_gelu(" not in off.source and "rlx_bias_act_vec<__half, RLX_ACT_GELU" in off.source
+    assert "rlx_cutlass_gemm_" not in off.source and "rlx_bias_act_vec<__half, RLX_ACT_GELU" in off.source
     for name, value in params.items():
         off.set_param(name, value)
     feed = {"x": rng.standard_normal((3000, 64)).astype(np.float32)}

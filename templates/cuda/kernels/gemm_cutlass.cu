@@ -3,9 +3,9 @@
  * rounded once. For the products whose activation cuBLASLt's epilogue cannot fuse (erf GELU, SiLU): there,
  * cuBLASLt writes C and a second kernel reads and rewrites it; here the activation runs on the accumulators of
  * a Hopper warp-specialized kernel (TMA loads, wgmma, the cooperative schedule: two consumer warpgroups share a
- * 128 x 128 tile), so the tensor crosses device memory once.
+ * tile), so the tensor crosses device memory once.
  *
- * This file is compiled once per (element type, activation) into a cached object (rlx/toolchain/cuda_units.py)
+ * This file is compiled once per (element type, activation, tile) into a cached object (rlx/toolchain/cuda_units.py)
  * and linked into every program that uses it: CUTLASS's templates take tens of seconds to instantiate, which
  * a model build then pays once per machine and configuration. The program sees one plain C function per
  * configuration (declared in gemm_cutlass.cuh); nothing of CUTLASS crosses that boundary.
@@ -14,7 +14,8 @@
  *   RLX_CUTLASS_DT   1 = f16 (cutlass::half_t), 2 = bf16 (cutlass::bfloat16_t)
  *   RLX_CUTLASS_ACT  the RLX_ACT_* id of the activation: 1 = GELU (erf form: CUTLASS's thread::GELU),
  *                    3 = SiLU (thread::SiLu)
- *   RLX_CUTLASS_FN   the exported function's name (rlx_cutlass_gemm_<dt>_<act>)
+ *   RLX_CUTLASS_TILE_M  128 or 256: the tile's rows (below)
+ *   RLX_CUTLASS_FN   the launcher's name (rlx_cutlass_gemm_<dt>_<act>_m<tile>)
  * It needs sm_90a (wgmma and the TMA multicast are arch-specific features).
  *
  * TMA needs 16-byte aligned base addresses and row strides: K and N multiples of 8 elements; M is free (the
@@ -35,8 +36,8 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
-#if !defined(RLX_CUTLASS_DT) || !defined(RLX_CUTLASS_ACT) || !defined(RLX_CUTLASS_FN)
-#error "gemm_cutlass.cu is compiled with -DRLX_CUTLASS_DT=, -DRLX_CUTLASS_ACT= and -DRLX_CUTLASS_FN= (a kernel unit)"
+#if !defined(RLX_CUTLASS_DT) || !defined(RLX_CUTLASS_ACT) || !defined(RLX_CUTLASS_TILE_M) || !defined(RLX_CUTLASS_FN)
+#error "gemm_cutlass.cu is compiled with -DRLX_CUTLASS_DT=, _ACT=, _TILE_M= and _FN= (a kernel unit)"
 #endif
 
 namespace rlx_cutlass {
@@ -66,43 +67,22 @@ using LayoutD = cutlass::layout::RowMajor; /* C[M,N] */
 constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value; /* 8 elements: one 16-byte TMA unit */
 using Accum = float;
 
-#ifndef RLX_CUTLASS_CFG
-#define RLX_CUTLASS_CFG 0
-#endif
-/* Tile, cluster and schedule (clusters of two CTAs along N share, by TMA multicast, the A tile). */
-#if RLX_CUTLASS_CFG == 0
+/* The tile (RLX_CUTLASS_TILE_M: 128 or 256 rows by 128 columns, 64 deep), both on the cooperative schedule
+ * (two consumer warpgroups split the tile) with clusters of two CTAs along N that share the A tile by TMA
+ * multicast. Measured on an H100 (docs/perf-h100.md), bias + erf GELU at N = 1536, K = 384: 256 x 128 is 10%
+ * faster at M = 16384 (64.0 vs 71.2 us) but 34% slower at M = 1024 (13.5 vs 10.1 us, too few tiles for 132
+ * SMs), so the program calls the 256-row one only when its tiles cover the GPU twice (gemm_call in
+ * ops.cu.j2). The ping-pong schedule, 64 x 128 and 128 x 64 tiles were slower at both sizes. */
+#if RLX_CUTLASS_TILE_M == 128
 using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_1, _2, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-#elif RLX_CUTLASS_CFG == 1
-using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_1, _2, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
-#elif RLX_CUTLASS_CFG == 2
+#elif RLX_CUTLASS_TILE_M == 256
 using TileShape = Shape<_256, _128, _64>;
-using ClusterShape = Shape<_1, _2, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-#elif RLX_CUTLASS_CFG == 3
-using TileShape = Shape<_64, _128, _64>;
-using ClusterShape = Shape<_1, _2, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
-#elif RLX_CUTLASS_CFG == 4
-using TileShape = Shape<_128, _256, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-#elif RLX_CUTLASS_CFG == 5
-using TileShape = Shape<_128, _64, _64>;
-using ClusterShape = Shape<_1, _2, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 #else
-#error "RLX_CUTLASS_CFG: 0..5"
+#error "RLX_CUTLASS_TILE_M: 128 or 256"
 #endif
+using ClusterShape = Shape<_1, _2, _1>;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 
 /* D = act(1 * acc + bias[n]); no C operand is read (ElementC void). */
 using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Act, Element, Accum, Element, Element, Accum>;
