@@ -53,12 +53,14 @@ using Element = cutlass::bfloat16_t;
 #endif
 
 /* The activation, by the RLX_ACT_* id of prelude.cuh.j2 (applied to the f32 value acc + bias). */
-#if RLX_CUTLASS_ACT == 1
+#if RLX_CUTLASS_ACT == 0 /* none (bias only): not called by programs; for measuring the epilogue's cost */
+template <class T> using Act = cutlass::epilogue::thread::Identity<T>;
+#elif RLX_CUTLASS_ACT == 1
 template <class T> using Act = cutlass::epilogue::thread::GELU<T>;
 #elif RLX_CUTLASS_ACT == 3
 template <class T> using Act = cutlass::epilogue::thread::SiLu<T>;
 #else
-#error "RLX_CUTLASS_ACT: 1 (GELU, erf form) or 3 (SiLU)"
+#error "RLX_CUTLASS_ACT: 1 (GELU, erf form), 3 (SiLU) or 0 (none)"
 #endif
 
 using LayoutA = cutlass::layout::RowMajor; /* A[M,K]: K contiguous */
