@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +35,15 @@ from rlx.ir.lir import LirModule
 from rlx.toolchain.cache import AotCache
 from rlx.toolchain.compiler import run_compiler, version_text
 from rlx.toolchain.cpu import KEY_PENDING, components_key, source_digest, templates_digest
-from rlx.toolchain.cuda_units import cutlass_for, cutlass_objects, cutlass_status
+from rlx.toolchain.cuda_units import (
+    ACTIVATIONS,
+    DTYPES,
+    TILES,
+    build_units,
+    cutlass_for,
+    cutlass_objects,
+    cutlass_status,
+)
 from rlx.toolchain.nccl import Nccl, find_nccl
 
 if TYPE_CHECKING:
@@ -376,3 +385,19 @@ def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget 
     entry = AotCache(config).get_or_build(components, build)
     return CudaBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain,
                      target, time.perf_counter() - start)
+
+
+def prebuild_cutlass(config: Config | None = None, arch: str | None = None) -> tuple[Path, ...]:
+    """Compile every configuration of the unit into the AOT cache now (in parallel), e.g. while setting a machine
+    up, so that no model build waits for CUTLASS. BuildError when CUTLASS cannot be built here."""
+    toolchain = detect_nvcc_toolchain(config, arch)
+    cutlass = cutlass_for(config)
+    why = cutlass_status(toolchain, cutlass)
+    if why:
+        raise BuildError(f"the CUTLASS GEMM units cannot be built: {why}")
+    store_dir = Path(tempfile.mkdtemp(prefix="rlx-cutlass-"))
+    try:
+        return build_units([(d, a, t) for d in DTYPES for a in ACTIVATIONS for t in TILES], toolchain, cutlass,
+                           store_dir, config)
+    finally:
+        shutil.rmtree(store_dir, ignore_errors=True)

@@ -27,21 +27,25 @@ import hashlib
 import importlib.util
 import os
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.templates_path import templates_dir
 from rlx.toolchain.compiler import run_compiler
 
-if TYPE_CHECKING:
-    from rlx.toolchain.cuda import NvccToolchain
+
+class NvccToolchain(Protocol):
+    """What the units need of `rlx.toolchain.cuda.NvccToolchain` (which imports this module)."""
+
+    nvcc: str
+    arch: str
+
+    def identity(self) -> str: ...
 
 #: The unit's source (compiled once per configuration with -D flags).
 UNIT = "cuda/kernels/gemm_cutlass.cu"
@@ -240,21 +244,3 @@ def build_units(wanted: Sequence[UnitConfig], toolchain: NvccToolchain, cutlass:
     if errors:
         raise errors[0]
     return tuple(objects[w] for w in wanted)
-
-
-def prebuild(config: Config | None = None, arch: str | None = None) -> tuple[Path, ...]:
-    """Compile every configuration of the unit into the AOT cache now (in parallel), e.g. while setting a machine
-    up, so that no model build waits for CUTLASS. BuildError when CUTLASS cannot be built here."""
-    from rlx.toolchain.cuda import detect_nvcc_toolchain
-
-    toolchain = detect_nvcc_toolchain(config, arch)
-    cutlass = cutlass_for(config)
-    why = cutlass_status(toolchain, cutlass)
-    if why:
-        raise BuildError(f"the CUTLASS GEMM units cannot be built: {why}")
-    store_dir = Path(tempfile.mkdtemp(prefix="rlx-cutlass-"))
-    try:
-        return build_units([(d, a, t) for d in DTYPES for a in ACTIVATIONS for t in TILES], toolchain, cutlass,
-                           store_dir, config)
-    finally:
-        shutil.rmtree(store_dir, ignore_errors=True)
