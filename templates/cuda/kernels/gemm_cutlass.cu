@@ -72,9 +72,10 @@ using Accum = float;
 /* The tile (RLX_CUTLASS_TILE_M: 128 or 256 rows by 128 columns, 64 deep), both on the cooperative schedule
  * (two consumer warpgroups split the tile) with clusters of two CTAs along N that share the A tile by TMA
  * multicast. Measured on an H100 (docs/perf-h100.md), bias + erf GELU at N = 1536, K = 384: 256 x 128 is 10%
- * faster at M = 16384 (64.0 vs 71.2 us) but 34% slower at M = 1024 (13.5 vs 10.1 us, too few tiles for 132
- * SMs), so the program calls the 256-row one only when its tiles cover the GPU twice (gemm_call in
- * ops.cu.j2). The ping-pong schedule, 64 x 128 and 128 x 64 tiles were slower at both sizes. */
+ * faster at M = 16384 (64.0-64.4 vs 70.7-71.2 us in two runs) but slower at M = 1024 (13.4-13.5 vs
+ * 10.1-12.8 us: too few tiles for 132 SMs), so the program calls the 256-row one only when its tiles cover
+ * the GPU twice (gemm_call in ops.cu.j2). The ping-pong schedule (128 x 128, 64 x 128, 128 x 64 tiles) was
+ * slower at both sizes. */
 #if RLX_CUTLASS_TILE_M == 128
 using TileShape = Shape<_128, _128, _64>;
 #elif RLX_CUTLASS_TILE_M == 256
