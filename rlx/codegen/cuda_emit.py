@@ -117,6 +117,10 @@ class CudaTarget:
     #: Attention whose keys are bounded by 128 runs rlx_attn_short (all of K/V in shared memory); False: the
     #: tiled rlx_attn_fa, as before it existed (for comparisons).
     short_attention: bool = True
+    #: The short-KV attention runs the first kernel, rlx_attn_short, instead of rlx_attn_short2 (comparisons).
+    short_attention_v1: bool = False
+    #: Most warps per block of the short-KV kernels (1, 2, 4 or 8; 0: 8); the host halves them for small grids.
+    attn_warps: int = 0
     #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
     attn_bk: int = 0
     #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
@@ -134,6 +138,8 @@ class CudaTarget:
             raise BuildError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {self.precision}")
         if self.attn_bk not in (0, 64, 128):
             raise BuildError(f"attn_bk must be 0, 64 or 128, got {self.attn_bk!r}")
+        if self.attn_warps not in (0, 1, 2, 4, 8):
+            raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
 
@@ -142,6 +148,8 @@ class CudaTarget:
                 f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else "")
                 + (" fused_act_gemm=1" if self.fused_act_gemm else "")
                 + ("" if self.short_attention else " short_attention=0")
+                + (" short_attention_v1=1" if self.short_attention_v1 else "")
+                + (f" attn_warps={self.attn_warps}" if self.attn_warps else "")
                 + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0"))
 
 

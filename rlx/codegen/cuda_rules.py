@@ -329,6 +329,11 @@ class Attention(Launch):
     bk: int
     #: Skv never exceeds `short_kv` (its static bound): rlx_attn_short, the whole K/V in shared memory; 0: off.
     short_kv: int
+    #: The short-KV kernel's launch: its name with template arguments, its shared-memory size expression (of
+    #: the warps per block `nw`) and the most warps per block.
+    short_kern: str
+    short_smem: str
+    short_warps: int
     vec: str
     B: str
     q_rs: int
@@ -877,16 +882,22 @@ def attention(e: CudaEmitter, node: Node) -> Kernel:
     bk = 64 if D > 64 else (e.target.attn_bk or 64)
     # every key of a (batch, head) fits in shared memory: one cp.async batch per block, no barrier per tile
     short_kv = SHORT_KV if (e.target.short_attention and mma and vec and D <= 64 and k.dims[1].max <= SHORT_KV) else 0
+    short_kern, short_warps = "", e.target.attn_warps or 8
     if short_kv:
-        smem: tuple[tuple[str, str], ...] = ((f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>",
-                                              f"RlxShortSmem<{D}, {short_kv}>::total(8)"),)
+        # rlx_attn_short2 (fewer instructions per score; keys in chunks of attn_bk, by default one 128-key pass
+        # for head_dim <= 32) unless the first kernel is asked for
+        kbk = e.target.attn_bk or (128 if D <= 32 else 64)
+        short_kern = (f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>" if e.target.short_attention_v1 else
+                      f"rlx_attn_short2<{t}, {mt}, {D}, {mask}, {short_kv}, {kbk}>")
+        smem: tuple[tuple[str, str], ...] = ((short_kern, f"RlxShortSmem<{D}, {short_kv}>::total({short_warps})"),)
     elif mma:
         smem = tuple((f"rlx_attn_fa<{t}, {mt}, {D}, {mask}, {str(vec).lower()}, {nw}, {bk}>",
                       f"RlxFaSmem<{D}, {nw}, {bk}>::total") for nw in (1, 4))
     else:
         smem = ((f"rlx_attn_rows<{t}, {mt}, {D}, {mask}>", f"rlx_attn_rows_smem<{t}, {D}>()"),)
     args = Attention(**e.base(node), smem_attrs=smem, t=t, mt=mt, D=D, H=H, Hkv=Hkv, mask=mask, mma=mma, bk=bk,
-                     short_kv=short_kv,
+                     short_kv=short_kv, short_kern=short_kern, short_smem=f"RlxShortSmem<{D}, {short_kv}>::total(nw)",
+                     short_warps=short_warps,
                      vec=str(vec).lower(), B=e.dim(q.dims[0]), q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, Sq=e.dim(q.dims[1]),
                      Skv=e.dim(k.dims[1]), scale=_float_c(op.softmax_scale), bs=bs, q=e.ptr(q_id), k=e.ptr(k_id),
                      v=e.ptr(v_id), m=e.ptr(mask_id) if mask_id is not None else "nullptr", out=e.ptr(node.id))
