@@ -121,6 +121,9 @@ class CudaTarget:
     short_attention_v1: bool = False
     #: Most warps per block of the short-KV kernels (1, 2, 4 or 8; 0: 8); the host halves them for small grids.
     attn_warps: int = 0
+    #: rlx_attn_short2p: rlx_attn_short2 as a persistent grid with two shared-memory stages per block (the next
+    #: tile's loads in flight while the current one computes).
+    attn_pipe: bool = False
     #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
     attn_bk: int = 0
     #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
@@ -150,6 +153,7 @@ class CudaTarget:
                 + ("" if self.short_attention else " short_attention=0")
                 + (" short_attention_v1=1" if self.short_attention_v1 else "")
                 + (f" attn_warps={self.attn_warps}" if self.attn_warps else "")
+                + (" attn_pipe=1" if self.attn_pipe else "")
                 + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0"))
 
 

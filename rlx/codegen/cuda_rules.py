@@ -329,9 +329,10 @@ class Attention(Launch):
     bk: int
     #: Skv never exceeds `short_kv` (its static bound): rlx_attn_short, the whole K/V in shared memory; 0: off.
     short_kv: int
-    #: The short-KV kernel's launch: its name with template arguments, its shared-memory size expression (of
-    #: the warps per block `nw`) and the most warps per block.
+    #: The short-KV kernel's launch: its name with template arguments, its grid and shared-memory size (C
+    #: expressions of the warps per block `nw`) and the most warps per block.
     short_kern: str
+    short_grid: str
     short_smem: str
     short_warps: int
     vec: str
@@ -883,20 +884,28 @@ def attention(e: CudaEmitter, node: Node) -> Kernel:
     # every key of a (batch, head) fits in shared memory: one cp.async batch per block, no barrier per tile
     short_kv = SHORT_KV if (e.target.short_attention and mma and vec and D <= 64 and k.dims[1].max <= SHORT_KV) else 0
     short_kern, short_warps = "", e.target.attn_warps or 8
+    short_grid = "dim3((unsigned)((p.Sq + 16 * nw - 1) / (16 * nw)), (unsigned)p.H, (unsigned)p.B)"
+    short_smem = f"RlxShortSmem<{D}, {short_kv}>::total(nw)"
     if short_kv:
         # rlx_attn_short2 (fewer instructions per score; keys in chunks of attn_bk, by default one 128-key pass
-        # for head_dim <= 32) unless the first kernel is asked for
+        # for head_dim <= 32) unless the first kernel is asked for; attn_pipe: its persistent form
         kbk = e.target.attn_bk or (128 if D <= 32 else 64)
-        short_kern = (f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>" if e.target.short_attention_v1 else
-                      f"rlx_attn_short2<{t}, {mt}, {D}, {mask}, {short_kv}, {kbk}>")
-        smem: tuple[tuple[str, str], ...] = ((short_kern, f"RlxShortSmem<{D}, {short_kv}>::total({short_warps})"),)
+        if e.target.short_attention_v1:
+            short_kern = f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>"
+        elif e.target.attn_pipe:
+            short_kern = f"rlx_attn_short2p<{t}, {mt}, {D}, {mask}, {short_kv}, {kbk}>"
+            short_grid = f"dim3((unsigned)RlxShort2Pipe<{D}, {short_kv}, {kbk}>::grid(p, nw, c->num_sms))"
+            short_smem = f"RlxShort2Pipe<{D}, {short_kv}, {kbk}>::smem(nw)"
+        else:
+            short_kern = f"rlx_attn_short2<{t}, {mt}, {D}, {mask}, {short_kv}, {kbk}>"
+        smem: tuple[tuple[str, str], ...] = ((short_kern, short_smem.replace("(nw)", f"({short_warps})")),)
     elif mma:
         smem = tuple((f"rlx_attn_fa<{t}, {mt}, {D}, {mask}, {str(vec).lower()}, {nw}, {bk}>",
                       f"RlxFaSmem<{D}, {nw}, {bk}>::total") for nw in (1, 4))
     else:
         smem = ((f"rlx_attn_rows<{t}, {mt}, {D}, {mask}>", f"rlx_attn_rows_smem<{t}, {D}>()"),)
     args = Attention(**e.base(node), smem_attrs=smem, t=t, mt=mt, D=D, H=H, Hkv=Hkv, mask=mask, mma=mma, bk=bk,
-                     short_kv=short_kv, short_kern=short_kern, short_smem=f"RlxShortSmem<{D}, {short_kv}>::total(nw)",
+                     short_kv=short_kv, short_kern=short_kern, short_grid=short_grid, short_smem=short_smem,
                      short_warps=short_warps,
                      vec=str(vec).lower(), B=e.dim(q.dims[0]), q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, Sq=e.dim(q.dims[1]),
                      Skv=e.dim(k.dims[1]), scale=_float_c(op.softmax_scale), bs=bs, q=e.ptr(q_id), k=e.ptr(k_id),

@@ -52,6 +52,13 @@ def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
                     kv_heads=12, head_dim=32, mask="padding", sq=[128])
     assert "rlx_attn_short2<__half, int64_t, 32, RLX_MASK_PADDING, 128, 64>" in tuned
     assert "RlxShortSmem<32, 128>::total(4)" in tuned and "nw > 4 ? 4 : nw" in tuned
+    # attn_pipe: the persistent, double-buffered form (its grid from the GPU's SM count, two stages of memory)
+    pipe = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_pipe=True), heads=12, kv_heads=12,
+                   head_dim=32, mask="padding", sq=[128])
+    assert "rlx_attn_short2p<__half, int64_t, 32, RLX_MASK_PADDING, 128, 128>, " \
+           "dim3((unsigned)RlxShort2Pipe<32, 128, 128>::grid(p, nw, c->num_sms)), 32 * nw, " \
+           "RlxShort2Pipe<32, 128, 128>::smem(nw)" in pipe
+    assert "RlxShort2Pipe<32, 128, 128>::smem(8)" in pipe
     # the first kernel stays selectable
     v1 = _render(CudaTarget(precision=DType.F16, gemm="builtin", short_attention_v1=True), heads=12, kv_heads=12,
                  head_dim=32, mask="padding", sq=[128, 3])
@@ -92,7 +99,7 @@ def _every_mask() -> Graph:
 
 
 @pytest.mark.parametrize("precision,options", [("f16", {}), ("bf16", {}), ("f16", {"attn_bk": 64}),
-                                               ("f16", {"short_attention_v1": True})])
+                                               ("bf16", {"attn_pipe": True}), ("f16", {"short_attention_v1": True})])
 def test_short_kernel_compiles_for_every_mask(precision: str, options: dict, tmp_path: Path) -> None:
     try:
         nvcc, text = find_nvcc("nvcc")

@@ -434,3 +434,116 @@ rlx_attn_short2(const T *__restrict__ q, const T *__restrict__ k, const T *__res
     else if (nk == 64) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 64>(w, p);
     else rlx_short2_warp<T, MT, D, MASK, KMAX, BK, KMAX>(w, p);
 }
+
+/* ── rlx_attn_short2p: rlx_attn_short2, persistent and double-buffered ───────────────────────────────────────
+ * At 2 blocks of 8 warps per SM (the score registers of a 128-key pass), a block of rlx_attn_short2 waits for
+ * its loads with nothing to compute, and the SM's other block may be waiting too. Here a grid of as many
+ * blocks as fit at once walks the (query block, head, batch) tiles with a stride of the grid, each block
+ * with two shared-memory stages: the cp.async loads of its next tile (and that tile's key-mask values, into
+ * registers) are issued before it computes the current one, so the memory system always has a tile in flight
+ * per block. The warps' work is rlx_short2_warp, unchanged. */
+
+template <int D, int KMAX, int BK> struct RlxShort2Pipe {
+    /* bytes of one stage for nw warps (128-byte aligned) and of the block's two */
+    static __host__ __device__ constexpr size_t stage(int nw) { return (RlxShortSmem<D, KMAX>::total(nw) + 127) / 128 * 128; }
+    static __host__ __device__ constexpr size_t smem(int nw) { return 2 * stage(nw); }
+    /* blocks that fit on the GPU at once (launch bounds' blocks of 8 warps per SM, shared memory with the 1 KB
+     * the SM reserves per block, out of 227 KB), no more than the tiles */
+    static __host__ int64_t grid(const RlxAttn &p, int nw, int sms) {
+        const int64_t tiles = (p.Sq + 16 * nw - 1) / (16 * nw) * p.H * p.B;
+        int per = RlxShort2Occ<D, BK>::value * 8 / nw;
+        const int fit = (int)((size_t)227 * 1024 / (smem(nw) + 1024));
+        per = per < fit ? per : fit;
+        per = per < 1 ? 1 : per;
+        const int64_t most = (int64_t)per * sms;
+        return tiles < most ? tiles : most;
+    }
+};
+
+template <typename T, typename MT, int D, int MASK, int KMAX, int BK>
+__global__ void __launch_bounds__(256, (RlxShort2Occ<D, BK>::value))
+rlx_attn_short2p(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const MT *__restrict__ mask,
+                 T *__restrict__ out, RlxAttn p) {
+    typedef RlxShortSmem<D, KMAX> L;
+    static_assert(D % 16 == 0 && D <= 64 && (BK == 64 || BK == 128) && KMAX % BK == 0 && KMAX >= 64,
+                  "rlx_attn_short2p: D % 16 == 0, D <= 64, BK 64 or 128 dividing KMAX");
+    extern __shared__ __align__(128) unsigned char rlx_smem_short2p[];
+    const int nw = blockDim.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t stage = RlxShort2Pipe<D, KMAX, BK>::stage(nw);
+    const int64_t qblocks = (p.Sq + 16 * nw - 1) / (16 * nw);
+    const int64_t tiles = qblocks * p.H * p.B;
+    struct Tile {
+        int64_t b, q0;
+        int h, nk;
+    };
+    /* tile t: query block fastest, then head, then batch (as rlx_attn_short2's grid) */
+    auto tile_at = [&](int64_t t) -> Tile {
+        Tile tl;
+        tl.q0 = t % qblocks * (16 * nw);
+        tl.h = (int)(t / qblocks % p.H);
+        tl.b = t / qblocks / p.H;
+        const int64_t qlast = tl.q0 + 16 * nw < p.Sq ? tl.q0 + 16 * nw : p.Sq;
+        const int64_t kv_end = rlx_attn_kv_end<MASK>(p, qlast);
+        tl.nk = kv_end <= 16 ? 16 : kv_end <= 32 ? 32 : kv_end <= 64 ? 64 : KMAX;
+        return tl;
+    };
+    /* the key-mask value of thread t's key of the tile whose loads are in flight (blocks of >= KMAX threads;
+     * smaller blocks read the mask when they use it) */
+    const bool pre = blockDim.x >= KMAX;
+    MT mv = MT(0);
+    auto issue = [&](const Tile &tl, unsigned char *st) {
+        const int kvh = tl.h / (p.H / p.Hkv);
+        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::q_off), q + tl.b * p.Sq * p.q_rs + (int64_t)tl.h * D,
+                             p.q_rs, tl.q0, p.Sq, 16 * nw);
+        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::k_off), k + tl.b * p.Skv * p.kv_rs + (int64_t)kvh * D,
+                             p.kv_rs, 0, p.Skv, tl.nk);
+        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::v_off), v + tl.b * p.Skv * p.v_rs + (int64_t)kvh * D,
+                             p.v_rs, 0, p.Skv, tl.nk);
+        asm volatile("cp.async.commit_group;\n" ::);
+        if (MASK == RLX_MASK_PADDING && pre && threadIdx.x < p.Skv) mv = mask[tl.b * p.Skv + threadIdx.x];
+    };
+
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
+    int64_t t = blockIdx.x;
+    if (t >= tiles) return; /* block-uniform, before any barrier */
+    Tile cur = tile_at(t);
+    issue(cur, rlx_smem_short2p);
+    for (int i = 0;; ++i) {
+        unsigned char *st = rlx_smem_short2p + (i & 1) * stage;
+        float *madd_s = reinterpret_cast<float *>(st + L::m_off);
+        int masked = 0; /* a key the warps read is not visible */
+        for (int tk = threadIdx.x; tk < KMAX; tk += blockDim.x) {
+            bool ok = tk < p.Skv;
+            if (MASK == RLX_MASK_PADDING && ok) ok = rlx_f(pre ? mv : mask[cur.b * p.Skv + tk]) != 0;
+            madd_s[tk] = ok ? 0.f : -INFINITY;
+            masked |= !ok && tk < cur.nk;
+        }
+        const int64_t tn = t + gridDim.x;
+        Tile nxt = cur;
+        if (tn < tiles) {
+            nxt = tile_at(tn);
+            issue(nxt, rlx_smem_short2p + ((i + 1) & 1) * stage); /* the other stage: freed by the last barrier */
+        } else {
+            asm volatile("cp.async.commit_group;\n" ::); /* an empty group keeps the wait below uniform */
+        }
+        asm volatile("cp.async.wait_group 1;\n" ::); /* the current tile's loads (this thread's) have landed */
+        const bool keyed = __syncthreads_or(masked) != 0;
+        if (cur.q0 + warp * 16 < p.Sq) {
+            T *q_s = reinterpret_cast<T *>(st + L::q_off);
+            const RlxShort2Warp<T, MT> w{q_s + warp * 16 * L::LDK, reinterpret_cast<const T *>(st + L::k_off),
+                                         reinterpret_cast<const T *>(st + L::v_off), madd_s, mask,
+                                         out + cur.b * p.Sq * p.o_rs + (int64_t)cur.h * D, cur.b,
+                                         cur.q0 + warp * 16 + (lane >> 2), cur.h, keyed,
+                                         MASK == RLX_MASK_CAUSAL || MASK == RLX_MASK_BIAS || !(p.scale > 0.f)};
+            if (cur.nk == 16) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 16>(w, p);
+            else if (cur.nk == 32) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 32>(w, p);
+            else if (cur.nk == 64) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 64>(w, p);
+            else rlx_short2_warp<T, MT, D, MASK, KMAX, BK, KMAX>(w, p);
+        }
+        if (tn >= tiles) break;
+        __syncthreads(); /* this stage is refilled next iteration (the tile after next) */
+        t = tn;
+        cur = nxt;
+    }
+}
