@@ -11,7 +11,9 @@ same weights on the same token batch, in this one process, on device-resident in
 | --- | --- |
 | `rlx` | `bind_device` (torch tensors checked once, then each call is one C call replaying a CUDA graph) |
 | `rlx_mma` | `rlx` built with `fused_act_gemm=True`: the erf-GELU GEMM on rlx_gemm_mma, bias + GELU in its epilogue |
-| `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of rlx_attn_short |
+| `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of the short-KV one |
+| `rlx_short1` | `rlx` built with `short_attention_v1=True`: the first short-KV kernel, rlx_attn_short |
+| `rlx_pipe` | `rlx` built with `attn_pipe=True`: rlx_attn_short2p, the persistent double-buffered rlx_attn_short2 |
 | `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
 | `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
@@ -62,6 +64,7 @@ MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=1
 
 #: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
 VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False),
+            "rlx_short1": dict(short_attention_v1=True), "rlx_pipe": dict(attn_pipe=True),
             "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
             "rlx_base": dict(small_gemm=False, pdl=False)}
 
