@@ -12,8 +12,8 @@ Peers, all in this process on the same tensors:
 
 | peer | what |
 | --- | --- |
-| `short2` | rlx, default CudaTarget: rlx_attn_short2 (128-key pass at head_dim <= 32, 8 warps per block at most) |
-| `short2_bk64` / `short2_w4` | rlx_attn_short2 with `attn_bk=64` / `attn_warps=4` (they combine: `short2_bk64_w4`) |
+| `short2` | rlx, default CudaTarget: rlx_attn_short2 (64-key chunks, 8 warps per block at most) |
+| `short2_bk32` / `short2_w4` | rlx_attn_short2 with `attn_bk=32` / `attn_warps=4` (they combine: `short2_bk32_w4`) |
 | `short2p` | rlx with `attn_pipe=True`: rlx_attn_short2p, persistent blocks with two stages (options combine too) |
 | `short1` | rlx with `short_attention_v1=True`: the first short-KV kernel, rlx_attn_short |
 | `fa` | rlx with `short_attention=False`: the tiled rlx_attn_fa |
@@ -21,9 +21,10 @@ Peers, all in this process on the same tensors:
 | `flash` | SDPA's flash backend, which takes no mask: run without one (less work than the others) |
 
 Time per call is the sum of the kernel durations CUPTI records (`torch.profiler`) over `--iters` calls,
-divided by the calls (rlx's graph is the attention kernel alone; torch's may add a small mask kernel,
-counted too). Each rlx output is checked against torch's math backend in float32 on the same (rounded)
-inputs, over the query rows of visible keys: `max err` is the largest absolute difference.
+divided by the calls, memory copies left out (rlx's graph is the attention kernel alone, between the copies
+of its inputs into the graph's buffers and of its output out; torch's may add a small mask kernel, counted).
+Each rlx output is checked against torch's math backend in float32 on the same (rounded) inputs: `max err`
+is the largest absolute difference.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def attention_graph(batch: int, seq: int, heads: int, head_dim: int, dtype: str)
     return g
 
 
-def kernel_us(fn, iters: int) -> float:
-    """µs of GPU kernels per call of `fn` (CUPTI, every kernel)."""
+def kernel_us(fn, iters: int, show: str = "") -> float:
+    """µs of GPU kernels per call of `fn` (CUPTI, every kernel; no memory copies: `bind_device` copies the
+    inputs into the graph's own buffers and the output out, which is not attention's work)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -80,7 +82,11 @@ def kernel_us(fn, iters: int) -> float:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0) / iters
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    if show:
+        for e in sorted(events, key=lambda e: -e.device_time_total)[:4]:
+            print(f"    {show}: {e.device_time_total / iters:8.1f} us  x{e.count // iters} {e.key[:100]}")
+    return sum(e.device_time_total for e in events if not e.key.startswith(("Memcpy", "Memset"))) / iters
 
 
 def main() -> int:
@@ -165,9 +171,9 @@ def main() -> int:
             if m is not None:
                 err[name] = (got.transpose(1, 2).reshape(B, S, H * D).float() - want).abs().max().item()
         times: dict[str, list[float]] = {n: [] for n in fns}
-        for _ in range(args.repeats):
-            for n, fn in fns.items():
-                times[n].append(kernel_us(fn, args.iters))
+        for r in range(args.repeats):
+            for n, fn in fns.items():  # the first case's first block lists its kernels
+                times[n].append(kernel_us(fn, args.iters, n if r == 0 and case == cases[0][0] else ""))
         med = {n: statistics.median(t) for n, t in times.items()}
         ref = med.get("cudnn")
         for n in fns:

@@ -14,6 +14,7 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of the short-KV one |
 | `rlx_short1` | `rlx` built with `short_attention_v1=True`: the first short-KV kernel, rlx_attn_short |
 | `rlx_pipe` | `rlx` built with `attn_pipe=True`: rlx_attn_short2p, the persistent double-buffered rlx_attn_short2 |
+| `rlx_bk32` | `rlx` built with `attn_bk=32`: rlx_attn_short2 in 32-key chunks (4 blocks of 8 warps per SM) |
 | `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
 | `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
@@ -65,6 +66,7 @@ MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=1
 #: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
 VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False),
             "rlx_short1": dict(short_attention_v1=True), "rlx_pipe": dict(attn_pipe=True),
+            "rlx_bk32": dict(attn_bk=32),
             "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
             "rlx_base": dict(small_gemm=False, pdl=False)}
 

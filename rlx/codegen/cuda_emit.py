@@ -124,7 +124,8 @@ class CudaTarget:
     #: rlx_attn_short2p: rlx_attn_short2 as a persistent grid with two shared-memory stages per block (the next
     #: tile's loads in flight while the current one computes).
     attn_pipe: bool = False
-    #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
+    #: Keys per tile of the tensor-core attention kernels (64 or 128; 32 for the short-KV kernels only, the tiled
+    #: one takes 64 then); 0 picks by head_dim.
     attn_bk: int = 0
     #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
     profile: bool = False
@@ -139,8 +140,8 @@ class CudaTarget:
         object.__setattr__(self, "precision", DType.parse(self.precision))
         if self.precision not in PRECISIONS:
             raise BuildError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {self.precision}")
-        if self.attn_bk not in (0, 64, 128):
-            raise BuildError(f"attn_bk must be 0, 64 or 128, got {self.attn_bk!r}")
+        if self.attn_bk not in (0, 32, 64, 128):
+            raise BuildError(f"attn_bk must be 0, 32, 64 or 128, got {self.attn_bk!r}")
         if self.attn_warps not in (0, 1, 2, 4, 8):
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:

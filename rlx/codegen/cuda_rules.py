@@ -880,16 +880,18 @@ def attention(e: CudaEmitter, node: Node) -> Kernel:
     vec = D % 8 == 0 and all(o % 16 == 0 for o in offs) and all(r % 8 == 0 for r in (q_rs, k_rs, v_rs))
     mask = _MASK[op.mask]
     # keys per tile: 64 measured faster than 128 on an H100 for BERT shapes (more blocks resident per SM)
-    bk = 64 if D > 64 else (e.target.attn_bk or 64)
+    bk = 64 if D > 64 or e.target.attn_bk < 64 else e.target.attn_bk
     # every key of a (batch, head) fits in shared memory: one cp.async batch per block, no barrier per tile
     short_kv = SHORT_KV if (e.target.short_attention and mma and vec and D <= 64 and k.dims[1].max <= SHORT_KV) else 0
     short_kern, short_warps = "", e.target.attn_warps or 8
     short_grid = "dim3((unsigned)((p.Sq + 16 * nw - 1) / (16 * nw)), (unsigned)p.H, (unsigned)p.B)"
     short_smem = f"RlxShortSmem<{D}, {short_kv}>::total(nw)"
     if short_kv:
-        # rlx_attn_short2 (fewer instructions per score; keys in chunks of attn_bk, by default one 128-key pass
-        # for head_dim <= 32) unless the first kernel is asked for; attn_pipe: its persistent form
-        kbk = e.target.attn_bk or (128 if D <= 32 else 64)
+        # rlx_attn_short2 (fewer instructions per score) unless the first kernel is asked for; attn_pipe: its
+        # persistent form. Keys in chunks of attn_bk, by default 64 (3 blocks of 8 warps per SM at head_dim 32:
+        # measured faster on an H100 than one 128-key pass at 2 blocks per SM), except for the persistent
+        # form at head_dim <= 32: 128 (its tile state spills at 64 keys' register budget)
+        kbk = e.target.attn_bk or (128 if D <= 32 and e.target.attn_pipe else 64)
         if e.target.short_attention_v1:
             short_kern = f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>"
         elif e.target.attn_pipe:

@@ -32,9 +32,9 @@ def _render(target: CudaTarget = F16, **kw) -> str:
 
 def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
     src = _render(heads=12, kv_heads=12, head_dim=32, mask="padding", sq=[128, 3])
-    # rlx_attn_short2 by default (one 128-key pass at head_dim 32), launched with programmatic dependent launch
-    # (the kernel waits before reading), or plainly without it
-    new = "rlx_attn_short2<__half, int64_t, 32, RLX_MASK_PADDING, 128, 128>"
+    # rlx_attn_short2 by default (64-key chunks), launched with programmatic dependent launch (the kernel waits
+    # before reading), or plainly without it
+    new = "rlx_attn_short2<__half, int64_t, 32, RLX_MASK_PADDING, 128, 64>"
     assert f"rlx_launch_pdl(c->pdl, {new}, " in src
     no_pdl = _render(CudaTarget(precision=DType.F16, gemm="builtin", pdl=False), heads=12, kv_heads=12, head_dim=32,
                      mask="padding", sq=[128, 3])
@@ -48,9 +48,9 @@ def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
     # head_dim 64: 64-key chunks; attn_bk picks the chunk, attn_warps the largest block
     assert "rlx_attn_short2<__half, uint8_t, 64, RLX_MASK_NONE, 128, 64>" in _render(
         heads=4, kv_heads=4, head_dim=64, mask="none", sq=[100])
-    tuned = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_bk=64, attn_warps=4), heads=12,
+    tuned = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_bk=128, attn_warps=4), heads=12,
                     kv_heads=12, head_dim=32, mask="padding", sq=[128])
-    assert "rlx_attn_short2<__half, int64_t, 32, RLX_MASK_PADDING, 128, 64>" in tuned
+    assert "rlx_attn_short2<__half, int64_t, 32, RLX_MASK_PADDING, 128, 128>" in tuned
     assert "RlxShortSmem<32, 128>::total(4)" in tuned and "nw > 4 ? 4 : nw" in tuned
     # attn_pipe: the persistent, double-buffered form (its grid from the GPU's SM count, two stages of memory)
     pipe = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_pipe=True), heads=12, kv_heads=12,
@@ -79,6 +79,15 @@ def test_attn_warps_is_checked() -> None:
         CudaTarget(attn_warps=3)
 
 
+def test_32_key_chunks_are_for_the_short_kernels_only() -> None:
+    short = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_bk=32), heads=4, kv_heads=4, head_dim=32,
+                    mask="none", sq=[64])
+    assert "rlx_attn_short2<__half, uint8_t, 32, RLX_MASK_NONE, 128, 32>" in short
+    tiled = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_bk=32), heads=4, kv_heads=4, head_dim=32,
+                    mask="none", sq=[200])
+    assert "rlx_attn_fa<__half, uint8_t, 32, RLX_MASK_NONE, true, 4, 64>" in tiled
+
+
 def _every_mask() -> Graph:
     """One graph, four attentions: every mask mode, head dims 16 / 32 / 64, GQA, cross attention."""
     g = Graph("short_masks")
@@ -98,7 +107,7 @@ def _every_mask() -> Graph:
     return g
 
 
-@pytest.mark.parametrize("precision,options", [("f16", {}), ("bf16", {}), ("f16", {"attn_bk": 64}),
+@pytest.mark.parametrize("precision,options", [("f16", {}), ("bf16", {}), ("f16", {"attn_bk": 32}),
                                                ("bf16", {"attn_pipe": True}), ("f16", {"short_attention_v1": True})])
 def test_short_kernel_compiles_for_every_mask(precision: str, options: dict, tmp_path: Path) -> None:
     try:

@@ -233,7 +233,7 @@ __device__ __forceinline__ float rlx_ex2(float x) {
 /* Blocks per SM that the register budget is sized for (launch bounds with 256 threads): the score registers
  * grow with BK, the output and Q fragments with D. */
 template <int D, int BK> struct RlxShort2Occ {
-    static constexpr int value = D <= 32 ? (BK <= 64 ? 3 : 2) : (BK <= 64 ? 2 : 1);
+    static constexpr int value = D <= 32 ? (BK <= 32 ? 4 : BK <= 64 ? 3 : 2) : (BK <= 64 ? 2 : 1);
 };
 
 /* What one warp of rlx_attn_short2 reads besides its template arguments. */
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(256, (RlxShort2Occ<D, BK>::value))
 rlx_attn_short2(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const MT *__restrict__ mask,
                 T *__restrict__ out, RlxAttn p) {
     typedef RlxShortSmem<D, KMAX> L;
-    static_assert(D % 16 == 0 && D <= 64 && (BK == 64 || BK == 128) && KMAX % BK == 0 && KMAX >= 64,
+    static_assert(D % 16 == 0 && D <= 64 && (BK == 32 || BK == 64 || BK == 128) && KMAX % BK == 0 && KMAX >= 64,
                   "rlx_attn_short2: D % 16 == 0, D <= 64, BK 64 or 128 dividing KMAX");
     extern __shared__ __align__(128) unsigned char rlx_smem_short2[];
     T *k_s = reinterpret_cast<T *>(rlx_smem_short2 + L::k_off);
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(256, (RlxShort2Occ<D, BK>::value))
 rlx_attn_short2p(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const MT *__restrict__ mask,
                  T *__restrict__ out, RlxAttn p) {
     typedef RlxShortSmem<D, KMAX> L;
-    static_assert(D % 16 == 0 && D <= 64 && (BK == 64 || BK == 128) && KMAX % BK == 0 && KMAX >= 64,
+    static_assert(D % 16 == 0 && D <= 64 && (BK == 32 || BK == 64 || BK == 128) && KMAX % BK == 0 && KMAX >= 64,
                   "rlx_attn_short2p: D % 16 == 0, D <= 64, BK 64 or 128 dividing KMAX");
     extern __shared__ __align__(128) unsigned char rlx_smem_short2p[];
     const int nw = blockDim.x >> 5;
