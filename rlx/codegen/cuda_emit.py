@@ -36,7 +36,15 @@ from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.cost import node_cost
-from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DecodeSplitKv, DeviceLayout, GemmGroup, ScanConstants
+from rlx.ir.decisions_cuda import (
+    DecodeGemv,
+    DecodeRope,
+    DecodeSplitKv,
+    DeviceLayout,
+    GemmGroup,
+    PoolTail,
+    ScanConstants,
+)
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -62,7 +70,8 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
-                  "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/collectives.cuh")
+                  "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/collectives.cuh",
+                  "cuda/kernels/pool.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
@@ -127,6 +136,8 @@ class CudaTarget:
     #: f16/bf16 GEMMs of at most RLX_GSM_MAX_M rows run on rlx_gemm_small (bias and activation, erf GELU too, in
     #: its epilogue; weights fetched before the PDL wait) instead of cuBLASLt (+ a bias/activation pass).
     small_gemm: bool = True
+    #: A masked-mean (+ L2 normalization) pooling tail runs as one kernel (a PoolTail decision of the lowering).
+    pool_tail: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -142,7 +153,8 @@ class CudaTarget:
                 f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else "")
                 + (" fused_act_gemm=1" if self.fused_act_gemm else "")
                 + ("" if self.short_attention else " short_attention=0")
-                + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0"))
+                + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
+                + ("" if self.pool_tail else " pool_tail=0"))
 
 
 @dataclass(frozen=True)
@@ -234,6 +246,8 @@ class CudaEmitter:
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
         self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
+        #: The PoolTail each node of a pooling tail belongs to (its last node launches the one kernel).
+        self.pool_tail: dict[NodeId, PoolTail] = {n: d for d in lir.decided(PoolTail) for n in (d.out, *d.absorbed)}
         #: Readers of each node, and each scheduled node's position (fusion checks of neighbouring kernels).
         self.users: dict[NodeId, list[NodeId]] = self.graph.users()
         self.position: dict[NodeId, int] = {nid: i for i, nid in enumerate(lir.schedule)}
@@ -330,6 +344,10 @@ class CudaEmitter:
         if g is not None and g.members[0] != nid:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(
                 comment=comment(f"%{nid}: computed by the combined GEMM of %{g.members[0]}"), what=""))
+        p = self.pool_tail.get(nid)
+        if p is not None:
+            from rlx.codegen.cuda_pool import emit_pool_tail, pool_absorbed  # (it builds on this module)
+            return emit_pool_tail(self, p) if nid == p.out else pool_absorbed(p, nid)
         d = self.decode_gemv.get(nid)
         if d is not None and nid in d.members[1:]:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
@@ -405,6 +423,8 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
         rows = [", ".join(str(b) for b in data[i:i + 32]) for i in range(0, len(data), 32)]
         constants.append({"index": index, "nbytes": len(data), "dev_off": dev_off,
                           "bytes_c": (",\n    ".join(rows)) if rows else "0"})
+    # outputs a kernel writes in their ABI dtype itself (a PoolTail's): no conversion pass after the step
+    written = {d.abi_output for d in lir.decided(PoolTail) if d.abi_output >= 0}
     for slots, specs, out in ((lay.inputs, lir.inputs, inputs), (lay.outputs, lir.outputs, outputs)):
         for slot, spec in enumerate(specs):
             abi = spec.shape.dtype
@@ -414,7 +434,7 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
                         "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
                         "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize,
                         "max_nbytes": spec.shape.max_numel * abi.itemsize,
-                        "state": getattr(spec, "state", False)})
+                        "state": getattr(spec, "state", False), "written": out is outputs and slot in written})
     return params, constants, inputs, outputs
 
 
@@ -441,7 +461,7 @@ def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
 
 def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
     """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash)."""
-    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm)
+    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm, pool_tail=target.pool_tail)
 
 
 def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
