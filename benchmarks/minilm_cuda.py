@@ -15,6 +15,7 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
 | `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
+| `rlx_nopool` | `rlx` built with `pool_tail=False`: the pooling tail (masked mean, L2 norm) as ~9 kernels, not one |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
@@ -63,7 +64,7 @@ MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=1
 #: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
 VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False),
             "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
-            "rlx_base": dict(small_gemm=False, pdl=False)}
+            "rlx_base": dict(small_gemm=False, pdl=False), "rlx_nopool": dict(pool_tail=False)}
 
 
 def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

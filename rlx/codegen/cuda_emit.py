@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 
@@ -211,6 +212,11 @@ class Memcpy(Launch):
     nbytes: str
 
 
+#: The kernel of a node that a fused-kernel decision covers, by decision kind: `fn(emitter, decision, node)`
+#: (filled by the module rendering that kernel, imported with the backend: `rlx.codegen.cuda_pool`).
+DECISION_KERNELS: dict[str, Callable[[CudaEmitter, Any, NodeId], Kernel]] = {}
+
+
 class CudaEmitter:
     """What the CUDA rules see: C expressions for pointers and dims of one lowered LIR.
 
@@ -233,6 +239,9 @@ class CudaEmitter:
         if (self.layout.precision, self.layout.gemm) != (target.precision.value, target.gemm):
             raise BuildError(f"the LIR was lowered for precision={self.layout.precision} gemm={self.layout.gemm}, "
                              f"not for {target.identity()}: plan the graph again")
+        if not target.pool_tail and lir.decided(PoolTail):
+            raise BuildError(f"the LIR was lowered with pooling tails fused, not for {target.identity()}: plan the "
+                             "graph again")
         #: Each QKV group by its leader (the member scheduled first), and by every member.
         self.groups: dict[NodeId, GemmGroup] = {}
         self.group_of: dict[NodeId, GemmGroup] = {}
@@ -346,8 +355,7 @@ class CudaEmitter:
                 comment=comment(f"%{nid}: computed by the combined GEMM of %{g.members[0]}"), what=""))
         p = self.pool_tail.get(nid)
         if p is not None:
-            from rlx.codegen.cuda_pool import emit_pool_tail, pool_absorbed  # (it builds on this module)
-            return emit_pool_tail(self, p) if nid == p.out else pool_absorbed(p, nid)
+            return DECISION_KERNELS[PoolTail.kind](self, p, nid)
         d = self.decode_gemv.get(nid)
         if d is not None and nid in d.members[1:]:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(

@@ -5,8 +5,8 @@ launch (`templates/cuda/pool.cu.j2`, kernel in `templates/cuda/kernels/pool.cuh`
 renders nothing. When the decision says so, the kernel writes the graph output in its ABI dtype straight into
 the output's staging copy, and the model template skips that output's conversion pass.
 
->>> pool_vec(384, 2, 0), pool_vec(384, 2, 8), pool_vec(20, 4, 0)
-(8, 1, 1)
+>>> pool_vec(384, 2, 0), pool_vec(384, 2, 8), pool_vec(20, 4, 0), pool_vec(20, 2, 0)
+(8, 1, 4, 1)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.c import comment
-from rlx.codegen.cuda_emit import _CTYPE, _OPS_TEMPLATE, CudaEmitter, Launch, NoWork, _float_c
+from rlx.codegen.cuda_emit import _CTYPE, _OPS_TEMPLATE, DECISION_KERNELS, CudaEmitter, Launch, NoWork, _float_c
 from rlx.codegen.registry import Kernel
 from rlx.ir.decisions_cuda import PoolTail
 
@@ -76,3 +76,11 @@ def pool_absorbed(d: PoolTail, nid: int) -> Kernel:
     """What an absorbed node of tail `d` renders: nothing."""
     return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(
         comment=comment(f"%{nid}: computed inside %{d.out}'s pooling kernel"), what=""))
+
+
+def pool_kernel(e: CudaEmitter, d: PoolTail, nid: int) -> Kernel:
+    """The kernel of node `nid` of tail `d`: the launch at its last node, nothing at the others."""
+    return emit_pool_tail(e, d) if nid == d.out else pool_absorbed(d, nid)
+
+
+DECISION_KERNELS[PoolTail.kind] = pool_kernel
