@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from minilm_cuda import MINILM, VARIANTS, token_batch
+from minilm_cuda import MINILM, VARIANTS, token_batch, variant_lir
 
 from rlx.models.bert import bert_inputs, build_bert, random_weights
 
@@ -87,8 +87,8 @@ def main() -> int:
     lir = Session(Device.CUDA).lower(graph)
     print(f"device: {torch.cuda.get_device_name(0)}  case {args.case} {args.precision}")
     for name in args.variants.split(","):
-        options = {} if name == "rlx" else VARIANTS[name]
-        cg = compile_cuda(lir, Config.from_env(), precision=args.precision, **options)
+        vlir, options = (lir, {}) if name == "rlx" else variant_lir(graph, VARIANTS[name])
+        cg = compile_cuda(vlir, Config.from_env(), precision=args.precision, **options)
         for k, v in weights.items():
             cg.set_param(k, v)
         out = torch.empty((batch, MINILM.hidden_size), dtype=torch.float32, device=dev)

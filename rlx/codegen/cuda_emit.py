@@ -139,6 +139,9 @@ class CudaTarget:
     small_gemm: bool = True
     #: A masked-mean (+ L2 normalization) pooling tail runs as one kernel (a PoolTail decision of the lowering).
     pool_tail: bool = True
+    #: A run on device pointers (run_device / bind_device) whose dims and pointers are those of an earlier call
+    #: replays one CUDA graph holding its input copies, the step, the error flag's read-back and its output copies.
+    io_graph: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -155,7 +158,7 @@ class CudaTarget:
                 + (" fused_act_gemm=1" if self.fused_act_gemm else "")
                 + ("" if self.short_attention else " short_attention=0")
                 + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
-                + ("" if self.pool_tail else " pool_tail=0"))
+                + ("" if self.pool_tail else " pool_tail=0") + ("" if self.io_graph else " io_graph=0"))
 
 
 @dataclass(frozen=True)
@@ -513,6 +516,8 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "workspace_bytes": lay.workspace_bytes,
         "attn_max_splits": ATTN_MAX_SPLITS,
         "uses_flag": any(k.args.uses_flag for k in kernels),
+        # (a profiled build runs eagerly; state inputs have their own resident / write-back protocol)
+        "io_graph": target.io_graph and not target.profile and not any(x["state"] for x in inputs),
         "nccl": NCCL_HEADER in used,
         "params": params,
         "constants": constants,

@@ -92,3 +92,13 @@ def test_nvcc_compiles_the_tail(precision: DType, tmp_path: Path) -> None:
     path.write_text(src)
     NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc)).compile(path, path.with_suffix(".o"), "builtin",
                                                                   compile_only=True)
+
+
+def test_whole_run_graphs_are_rendered_where_they_apply() -> None:
+    """CudaTarget.io_graph: rlx_run_device replays copies + step + flag as one graph (tests/gpu/test_cuda_io_graph.py
+    runs it); not in a profiled build (eager runs) nor with the option off."""
+    lir = _lir(pool_graph())
+    assert "rlx_io_find(c, S, inputs, outputs)" in render_cuda(lir, CudaTarget(precision="f16"), {"name": "p"})
+    for target in (CudaTarget(precision="f16", io_graph=False), CudaTarget(precision="f16", profile=True)):
+        assert "rlx_io_find" not in render_cuda(lir, target, {"name": "p"})
+    assert "io_graph=0" in CudaTarget(io_graph=False).identity() and "io_graph" not in CudaTarget().identity()
