@@ -6,8 +6,8 @@ device or which GEMMs run together: the whole program lives in one
 one activation may run as a single `GemmGroup`; quantized projections of a
 decode step, with the norm before them and the add or SwiGLU after them, as a
 single `DecodeGemv` launch, the rotary embedding of decode queries and keys
-inside the attention kernel (`DecodeRope`), and a decode step's keys split over
-several blocks per query (`DecodeSplitKv`).
+inside the attention kernel (`DecodeRope`), a decode step's keys split over
+several blocks per query (`DecodeSplitKv`), and a sentence-embedding pooling tail as one kernel (`PoolTail`).
 
 >>> g = GemmGroup(members=(3, 5), widths=(64, 64), k=32, weight_offset=0, bias_offset=-1, out_offset=8192)
 >>> g.describe()[:72]
