@@ -29,6 +29,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     (2, 7, 36, 1, 32, False),    # scalar loads, no normalization
     (1, 5, 160, 4, 32, True),    # 40 chunks > 32 threads: each thread takes two, one group
     (3, 1, 8, 4, 64, True),      # one token per sentence
+    (1, 16, 48, 4, 256, True),   # the launch's 256 threads: 21 groups of tokens, more than the tokens
 ])
 def test_pool_tail_kernel_matches_the_reference(emu, batch, seq, hidden, vec, threads, normalize) -> None:
     feed, _ = pool_feed(batch, seq, hidden, seed=batch + seq)

@@ -39,7 +39,8 @@ def pool_graph(hidden: int = 48, *, max_batch: int = 4, max_seq: int = 24, norma
 
 
 def pool_feed(batch: int, seq: int, hidden: int = 48, seed: int = 0) -> tuple[dict, dict]:
-    """(inputs, params) for `pool_graph`: one sentence padded to half its length, one fully masked when batch > 2."""
+    """(inputs, params) for `pool_graph`: one sentence padded to half its length, one fully masked when batch > 2;
+    the params depend on `hidden` only (a build's weights serve every feed)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((batch, seq, hidden)).astype(np.float32)
     m = np.ones((batch, seq), np.float32)
@@ -47,5 +48,6 @@ def pool_feed(batch: int, seq: int, hidden: int = 48, seed: int = 0) -> tuple[di
         m[-1, seq // 2:] = 0
     if batch > 2:
         m[0, :] = 0  # no token at all: the count clamps to 1e-9, the mean is 0
-    w = (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    # the weights from their own generator: the same for every batch and sequence length of one hidden size
+    w = (np.random.default_rng(1000 + hidden).standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
     return {"x": x, "m": m}, {"w": w}
