@@ -1,7 +1,7 @@
-"""The PoolTail decision (rlx/opt/lowering_cuda_pool.py) and its kernel launch (rlx/codegen/cuda_pool.py): which
-tails run as one kernel, which are refused, what the LIR says, and that nvcc compiles the result (no GPU needed;
-tests/codegen/test_cuda_pool_emulated.py checks the kernel's numbers on the CPU, tests/gpu/test_cuda_pool.py on a
-GPU)."""
+"""The launch of a PoolTail decision (rlx/codegen/cuda_pool.py): one kernel instead of the tail's, no output
+conversion, refused by a target that turns it off, and nvcc compiles it (no GPU needed; tests/opt/
+test_lowering_cuda_pool.py checks the decision, tests/codegen/test_cuda_pool_emulated.py the kernel's numbers on the
+CPU, tests/gpu/test_cuda_pool.py on a GPU)."""
 
 from __future__ import annotations
 
@@ -12,47 +12,16 @@ import pytest
 from rlx.codegen.cuda import CudaTarget, render_cuda
 from rlx.driver import lower_to_lir, to_mir
 from rlx.errors import BuildError
-from rlx.ir.decisions_cuda import PoolTail
 from rlx.ir.dtype import DType
-from rlx.models.bert import BertConfig, build_bert
 from rlx.opt.lowering import lower_for
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 from tests.gpu.gemm_common import forward
 from tests.gpu.pool_common import pool_graph
 
-TINY_BERT = BertConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-
 
 def _lir(graph, precision: str = "f16", **options):
     return lower_for(lower_to_lir(to_mir(graph), 2, backend="cuda"), "cuda", precision=precision, gemm="cublaslt",
                      **options)
-
-
-def _tails(graph, **options) -> list[PoolTail]:
-    return _lir(graph, **options).decided(PoolTail)
-
-
-def test_bert_embeddings_tail_is_one_decision() -> None:
-    lir = _lir(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"))
-    (tail,) = lir.decided(PoolTail)
-    assert tail.normalized and tail.abi_output == 0 and len(tail.absorbed) == 9
-    assert (tail.eps_count, tail.eps_norm) == pytest.approx((1e-9, 1e-12))
-    assert "masked mean + L2 normalization of %" in lir.inspect()  # rlxc inspect --stage lir shows it
-    # the tokens output (no pooling) and CLS pooling have none
-    assert not _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="tokens"))
-    assert not _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings", pooling="cls"))
-    # the option turns it off (the LIR, and so the cache key, differ)
-    assert not _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"), pool_tail=False)
-
-
-def test_mean_only_and_refused_tails() -> None:
-    (mean,) = _tails(pool_graph(normalize=False))
-    assert not mean.normalized and mean.abi_output == 0 and len(mean.absorbed) == 5
-    # the mean is a second output: the normalization stays separate kernels, the mean is written where it lives
-    (leak,) = _tails(pool_graph(leak="mean"))
-    assert not leak.normalized and leak.abi_output == -1
-    # an intermediate read outside the tail: nothing fused
-    assert not _tails(pool_graph(leak="count")) and not _tails(pool_graph(leak="sum"))
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16", "bf16"])
@@ -92,13 +61,3 @@ def test_nvcc_compiles_the_tail(precision: DType, tmp_path: Path) -> None:
     path.write_text(src)
     NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc)).compile(path, path.with_suffix(".o"), "builtin",
                                                                   compile_only=True)
-
-
-def test_whole_run_graphs_are_rendered_where_they_apply() -> None:
-    """CudaTarget.io_graph: rlx_run_device replays copies + step + flag as one graph (tests/gpu/test_cuda_io_graph.py
-    runs it); not in a profiled build (eager runs) nor with the option off."""
-    lir = _lir(pool_graph())
-    assert "rlx_io_find(c, S, inputs, outputs)" in render_cuda(lir, CudaTarget(precision="f16"), {"name": "p"})
-    for target in (CudaTarget(precision="f16", io_graph=False), CudaTarget(precision="f16", profile=True)):
-        assert "rlx_io_find" not in render_cuda(lir, target, {"name": "p"})
-    assert "io_graph=0" in CudaTarget(io_graph=False).identity() and "io_graph" not in CudaTarget().identity()
