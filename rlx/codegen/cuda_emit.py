@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 
@@ -36,7 +37,15 @@ from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.cost import node_cost
-from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DecodeSplitKv, DeviceLayout, GemmGroup, ScanConstants
+from rlx.ir.decisions_cuda import (
+    DecodeGemv,
+    DecodeRope,
+    DecodeSplitKv,
+    DeviceLayout,
+    GemmGroup,
+    PoolTail,
+    ScanConstants,
+)
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -62,7 +71,8 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
-                  "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/collectives.cuh")
+                  "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/collectives.cuh",
+                  "cuda/kernels/pool.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
@@ -114,8 +124,8 @@ class CudaTarget:
     #: f16/bf16 GEMMs whose activation cuBLASLt cannot fuse (erf GELU, SiLU, ...) run on rlx_gemm_mma, bias and
     #: activation in its epilogue, instead of cuBLASLt plus a separate bias/activation pass over the output.
     fused_act_gemm: bool = False
-    #: Attention whose keys are bounded by 128 runs rlx_attn_short (all of K/V in shared memory); False: the
-    #: tiled rlx_attn_fa, as before it existed (for comparisons).
+    #: Attention whose keys are bounded by 128 runs a short-KV kernel (all of K/V in shared memory:
+    #: rlx_attn_short2); False: the tiled rlx_attn_fa, as before they existed (for comparisons).
     short_attention: bool = True
     #: The short-KV attention runs the first kernel, rlx_attn_short, instead of rlx_attn_short2 (comparisons).
     short_attention_v1: bool = False
@@ -135,6 +145,11 @@ class CudaTarget:
     #: f16/bf16 GEMMs of at most RLX_GSM_MAX_M rows run on rlx_gemm_small (bias and activation, erf GELU too, in
     #: its epilogue; weights fetched before the PDL wait) instead of cuBLASLt (+ a bias/activation pass).
     small_gemm: bool = True
+    #: A masked-mean (+ L2 normalization) pooling tail runs as one kernel (a PoolTail decision of the lowering).
+    pool_tail: bool = True
+    #: A run on device pointers (run_device / bind_device) whose dims and pointers are those of an earlier call
+    #: replays one CUDA graph holding its input copies, the step, the error flag's read-back and its output copies.
+    io_graph: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -155,7 +170,8 @@ class CudaTarget:
                 + (" short_attention_v1=1" if self.short_attention_v1 else "")
                 + (f" attn_warps={self.attn_warps}" if self.attn_warps else "")
                 + (" attn_pipe=1" if self.attn_pipe else "")
-                + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0"))
+                + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
+                + ("" if self.pool_tail else " pool_tail=0") + ("" if self.io_graph else " io_graph=0"))
 
 
 @dataclass(frozen=True)
@@ -212,6 +228,11 @@ class Memcpy(Launch):
     nbytes: str
 
 
+#: The kernel of a node that a fused-kernel decision covers, by decision kind: `fn(emitter, decision, node)`
+#: (filled by the module rendering that kernel, imported with the backend: `rlx.codegen.cuda_pool`).
+DECISION_KERNELS: dict[str, Callable[[CudaEmitter, Any, NodeId], Kernel]] = {}
+
+
 class CudaEmitter:
     """What the CUDA rules see: C expressions for pointers and dims of one lowered LIR.
 
@@ -234,6 +255,9 @@ class CudaEmitter:
         if (self.layout.precision, self.layout.gemm) != (target.precision.value, target.gemm):
             raise BuildError(f"the LIR was lowered for precision={self.layout.precision} gemm={self.layout.gemm}, "
                              f"not for {target.identity()}: plan the graph again")
+        if not target.pool_tail and lir.decided(PoolTail):
+            raise BuildError(f"the LIR was lowered with pooling tails fused, not for {target.identity()}: plan the "
+                             "graph again")
         #: Each QKV group by its leader (the member scheduled first), and by every member.
         self.groups: dict[NodeId, GemmGroup] = {}
         self.group_of: dict[NodeId, GemmGroup] = {}
@@ -247,6 +271,8 @@ class CudaEmitter:
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
         self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
+        #: The PoolTail each node of a pooling tail belongs to (its last node launches the one kernel).
+        self.pool_tail: dict[NodeId, PoolTail] = {n: d for d in lir.decided(PoolTail) for n in (d.out, *d.absorbed)}
         #: Readers of each node, and each scheduled node's position (fusion checks of neighbouring kernels).
         self.users: dict[NodeId, list[NodeId]] = self.graph.users()
         self.position: dict[NodeId, int] = {nid: i for i, nid in enumerate(lir.schedule)}
@@ -343,6 +369,9 @@ class CudaEmitter:
         if g is not None and g.members[0] != nid:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(
                 comment=comment(f"%{nid}: computed by the combined GEMM of %{g.members[0]}"), what=""))
+        p = self.pool_tail.get(nid)
+        if p is not None:
+            return DECISION_KERNELS[PoolTail.kind](self, p, nid)
         d = self.decode_gemv.get(nid)
         if d is not None and nid in d.members[1:]:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
@@ -418,6 +447,8 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
         rows = [", ".join(str(b) for b in data[i:i + 32]) for i in range(0, len(data), 32)]
         constants.append({"index": index, "nbytes": len(data), "dev_off": dev_off,
                           "bytes_c": (",\n    ".join(rows)) if rows else "0"})
+    # outputs a kernel writes in their ABI dtype itself (a PoolTail's): no conversion pass after the step
+    written = {d.abi_output for d in lir.decided(PoolTail) if d.abi_output >= 0}
     for slots, specs, out in ((lay.inputs, lir.inputs, inputs), (lay.outputs, lir.outputs, outputs)):
         for slot, spec in enumerate(specs):
             abi = spec.shape.dtype
@@ -427,7 +458,7 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
                         "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
                         "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize,
                         "max_nbytes": spec.shape.max_numel * abi.itemsize,
-                        "state": getattr(spec, "state", False)})
+                        "state": getattr(spec, "state", False), "written": out is outputs and slot in written})
     return params, constants, inputs, outputs
 
 
@@ -454,7 +485,7 @@ def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
 
 def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
     """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash)."""
-    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm)
+    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm, pool_tail=target.pool_tail)
 
 
 def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
@@ -498,6 +529,8 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "workspace_bytes": lay.workspace_bytes,
         "attn_max_splits": ATTN_MAX_SPLITS,
         "uses_flag": any(k.args.uses_flag for k in kernels),
+        # (a profiled build runs eagerly; state inputs have their own resident / write-back protocol)
+        "io_graph": target.io_graph and not target.profile and not any(x["state"] for x in inputs),
         "nccl": NCCL_HEADER in used,
         "params": params,
         "constants": constants,
