@@ -11,10 +11,17 @@ same weights on the same token batch, in this one process, on device-resident in
 | --- | --- |
 | `rlx` | `bind_device` (torch tensors checked once, then each call is one C call replaying a CUDA graph) |
 | `rlx_mma` | `rlx` built with `fused_act_gemm=True`: the erf-GELU GEMM on rlx_gemm_mma, bias + GELU in its epilogue |
-| `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of rlx_attn_short |
+| `rlx_fa` | `rlx` built with `short_attention=False`: the tiled attention kernel instead of the short-KV one |
+| `rlx_short1` | `rlx` built with `short_attention_v1=True`: the first short-KV kernel, rlx_attn_short |
+| `rlx_pipe` | `rlx` built with `attn_pipe=True`: rlx_attn_short2p, the persistent double-buffered rlx_attn_short2 |
+| `rlx_bk32` | `rlx` built with `attn_bk=32`: rlx_attn_short2 in 32-key chunks (4 blocks of 8 warps per SM) |
 | `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
 | `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
+| `rlx_nopool` | `rlx` built with `pool_tail=False`: the pooling tail (masked mean, L2 norm) as ~9 kernels, not one |
+| `rlx_noio` | `rlx` built with `io_graph=False`: input / output copies and the flag read as separate operations |
+| `rlx_nohold` | `rlx` planned without `hold_norm_inputs`: the LayerNorm before each FFN1 as its own kernel |
+| `rlx_before` | all three of the above (the build before them) |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
@@ -62,8 +69,24 @@ MINILM = BertConfig(vocab_size=30522, hidden_size=384, num_layers=6, num_heads=1
 
 #: rlx built with other CudaTarget options, peers of the default build (same graph, weights and tokens).
 VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention=False),
+            "rlx_short1": dict(short_attention_v1=True), "rlx_pipe": dict(attn_pipe=True),
+            "rlx_bk32": dict(attn_bk=32),
             "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
-            "rlx_base": dict(small_gemm=False, pdl=False), "rlx_nocutlass": dict(cutlass_gemm=False)}
+            "rlx_base": dict(small_gemm=False, pdl=False), "rlx_nopool": dict(pool_tail=False),
+            "rlx_nocutlass": dict(cutlass_gemm=False),
+            "rlx_noio": dict(io_graph=False), "rlx_nohold": dict(plan=dict(hold_norm_inputs=False)),
+            "rlx_before": dict(pool_tail=False, io_graph=False, plan=dict(hold_norm_inputs=False))}
+
+
+def variant_lir(graph, options: dict) -> tuple:
+    """(the LIR, the CudaTarget options) of a VARIANTS entry: its `plan` options replan the graph."""
+    from rlx.driver import Device, Session, lower_to_lir, to_mir
+
+    options = dict(options)
+    plan = options.pop("plan", None)
+    if plan is None:
+        return Session(Device.CUDA).lower(graph), options
+    return lower_to_lir(to_mir(graph), backend="cuda", **plan), options
 
 
 def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -191,7 +214,8 @@ def main() -> int:
             from rlx.config import Config
             from rlx.runtime.cuda_device import compile_cuda
 
-            vg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=prec, **options)
+            vlir, voptions = variant_lir(graph, options)
+            vg = compile_cuda(vlir, Config.from_env(), precision=prec, **voptions)
             for name, value in weights.items():
                 vg.set_param(name, value)
             builds[f"{prec}_{variant}"] = vg

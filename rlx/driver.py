@@ -97,7 +97,8 @@ class Device(enum.Enum):
 
 
 def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None = None,
-                 backend: str | None = None, params_in: str = "f32") -> LirModule:
+                 backend: str | None = None, params_in: str = "f32",
+                 hold_norm_inputs: bool | None = None) -> LirModule:
     """MIR → LIR: optimize at `level` (None: RLX_OPT_LEVEL), decompose for `backend`, then plan memory.
 
     With `backend`, ops that backend has no rule for are decomposed into primitives it has
@@ -106,6 +107,8 @@ def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None =
     layout pass has already folded weight transposes into the params and no transpose runs per call.
     `pipeline.optimize` is looked up at call time, so a patched optimizer is the one that runs
     (and, being a rebound name, takes the compile index out of play: see the module docstring).
+    `hold_norm_inputs` (None: for the CUDA backend only): `rlx.opt.memplan.plan`'s option, which lets CUDA's
+    small GEMMs compute the norm before them in their prologue.
     """
     mir = pipeline.optimize(graph, level=level, debug=debug)
     if params_in != "f32":
@@ -114,7 +117,8 @@ def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None =
         mir = store_params_in(mir, params_in)
     if backend is not None:
         mir = legalize_for(mir, backend)
-    return plan(mir)
+    hold = backend == "cuda" if hold_norm_inputs is None else hold_norm_inputs
+    return plan(mir, hold_norm_inputs=hold)
 
 
 def legalize_for(mir: Graph, backend: str) -> Graph:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 
@@ -36,7 +37,15 @@ from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.cost import node_cost
-from rlx.ir.decisions_cuda import DecodeGemv, DecodeRope, DecodeSplitKv, DeviceLayout, GemmGroup, ScanConstants
+from rlx.ir.decisions_cuda import (
+    DecodeGemv,
+    DecodeRope,
+    DecodeSplitKv,
+    DeviceLayout,
+    GemmGroup,
+    PoolTail,
+    ScanConstants,
+)
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -63,7 +72,7 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
                   "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/collectives.cuh",
-                  "cuda/kernels/gemm_cutlass.cuh")
+                  "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
@@ -115,10 +124,18 @@ class CudaTarget:
     #: f16/bf16 GEMMs whose activation cuBLASLt cannot fuse (erf GELU, SiLU, ...) run on rlx_gemm_mma, bias and
     #: activation in its epilogue, instead of cuBLASLt plus a separate bias/activation pass over the output.
     fused_act_gemm: bool = False
-    #: Attention whose keys are bounded by 128 runs rlx_attn_short (all of K/V in shared memory); False: the
-    #: tiled rlx_attn_fa, as before it existed (for comparisons).
+    #: Attention whose keys are bounded by 128 runs a short-KV kernel (all of K/V in shared memory:
+    #: rlx_attn_short2); False: the tiled rlx_attn_fa, as before they existed (for comparisons).
     short_attention: bool = True
-    #: Keys per tile of the tensor-core attention kernel (64 or 128); 0 picks by head_dim.
+    #: The short-KV attention runs the first kernel, rlx_attn_short, instead of rlx_attn_short2 (comparisons).
+    short_attention_v1: bool = False
+    #: Most warps per block of the short-KV kernels (1, 2, 4 or 8; 0: 8); the host halves them for small grids.
+    attn_warps: int = 0
+    #: rlx_attn_short2p: rlx_attn_short2 as a persistent grid with two shared-memory stages per block (the next
+    #: tile's loads in flight while the current one computes).
+    attn_pipe: bool = False
+    #: Keys per tile of the tensor-core attention kernels (64 or 128; 32 for the short-KV kernels only, the tiled
+    #: one takes 64 then); 0 picks by head_dim.
     attn_bk: int = 0
     #: The profiled variant: CUDA events around every kernel, spans read back by `CompiledGraph.trace()`.
     profile: bool = False
@@ -128,6 +145,11 @@ class CudaTarget:
     #: f16/bf16 GEMMs of at most RLX_GSM_MAX_M rows run on rlx_gemm_small (bias and activation, erf GELU too, in
     #: its epilogue; weights fetched before the PDL wait) instead of cuBLASLt (+ a bias/activation pass).
     small_gemm: bool = True
+    #: A masked-mean (+ L2 normalization) pooling tail runs as one kernel (a PoolTail decision of the lowering).
+    pool_tail: bool = True
+    #: A run on device pointers (run_device / bind_device) whose dims and pointers are those of an earlier call
+    #: replays one CUDA graph holding its input copies, the step, the error flag's read-back and its output copies.
+    io_graph: bool = True
     #: f16/bf16 GEMMs (sm_90) whose activation cuBLASLt cannot fuse (erf GELU, SiLU) run on a CUTLASS sm90 kernel
     #: (TMA + wgmma, bias and activation in its epilogue: `rlx/codegen/cuda_cutlass.py`) instead of cuBLASLt plus
     #: a separate pass; the build turns it off where CUTLASS's headers are missing or the arch is not sm_90.
@@ -137,8 +159,10 @@ class CudaTarget:
         object.__setattr__(self, "precision", DType.parse(self.precision))
         if self.precision not in PRECISIONS:
             raise BuildError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {self.precision}")
-        if self.attn_bk not in (0, 64, 128):
-            raise BuildError(f"attn_bk must be 0, 64 or 128, got {self.attn_bk!r}")
+        if self.attn_bk not in (0, 32, 64, 128):
+            raise BuildError(f"attn_bk must be 0, 32, 64 or 128, got {self.attn_bk!r}")
+        if self.attn_warps not in (0, 1, 2, 4, 8):
+            raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
 
@@ -147,7 +171,11 @@ class CudaTarget:
                 f"lt_gelu={int(self.lt_gelu_epilogue)} attn_bk={self.attn_bk}" + (" profile=1" if self.profile else "")
                 + (" fused_act_gemm=1" if self.fused_act_gemm else "")
                 + ("" if self.short_attention else " short_attention=0")
+                + (" short_attention_v1=1" if self.short_attention_v1 else "")
+                + (f" attn_warps={self.attn_warps}" if self.attn_warps else "")
+                + (" attn_pipe=1" if self.attn_pipe else "")
                 + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
+                + ("" if self.pool_tail else " pool_tail=0") + ("" if self.io_graph else " io_graph=0")
                 + ("" if self.cutlass_gemm else " cutlass_gemm=0"))
 
 
@@ -205,6 +233,11 @@ class Memcpy(Launch):
     nbytes: str
 
 
+#: The kernel of a node that a fused-kernel decision covers, by decision kind: `fn(emitter, decision, node)`
+#: (filled by the module rendering that kernel, imported with the backend: `rlx.codegen.cuda_pool`).
+DECISION_KERNELS: dict[str, Callable[[CudaEmitter, Any, NodeId], Kernel]] = {}
+
+
 class CudaEmitter:
     """What the CUDA rules see: C expressions for pointers and dims of one lowered LIR.
 
@@ -227,6 +260,9 @@ class CudaEmitter:
         if (self.layout.precision, self.layout.gemm) != (target.precision.value, target.gemm):
             raise BuildError(f"the LIR was lowered for precision={self.layout.precision} gemm={self.layout.gemm}, "
                              f"not for {target.identity()}: plan the graph again")
+        if not target.pool_tail and lir.decided(PoolTail):
+            raise BuildError(f"the LIR was lowered with pooling tails fused, not for {target.identity()}: plan the "
+                             "graph again")
         #: Each QKV group by its leader (the member scheduled first), and by every member.
         self.groups: dict[NodeId, GemmGroup] = {}
         self.group_of: dict[NodeId, GemmGroup] = {}
@@ -240,6 +276,8 @@ class CudaEmitter:
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
         self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
+        #: The PoolTail each node of a pooling tail belongs to (its last node launches the one kernel).
+        self.pool_tail: dict[NodeId, PoolTail] = {n: d for d in lir.decided(PoolTail) for n in (d.out, *d.absorbed)}
         #: Readers of each node, and each scheduled node's position (fusion checks of neighbouring kernels).
         self.users: dict[NodeId, list[NodeId]] = self.graph.users()
         self.position: dict[NodeId, int] = {nid: i for i, nid in enumerate(lir.schedule)}
@@ -336,6 +374,9 @@ class CudaEmitter:
         if g is not None and g.members[0] != nid:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(
                 comment=comment(f"%{nid}: computed by the combined GEMM of %{g.members[0]}"), what=""))
+        p = self.pool_tail.get(nid)
+        if p is not None:
+            return DECISION_KERNELS[PoolTail.kind](self, p, nid)
         d = self.decode_gemv.get(nid)
         if d is not None and nid in d.members[1:]:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
@@ -411,6 +452,8 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
         rows = [", ".join(str(b) for b in data[i:i + 32]) for i in range(0, len(data), 32)]
         constants.append({"index": index, "nbytes": len(data), "dev_off": dev_off,
                           "bytes_c": (",\n    ".join(rows)) if rows else "0"})
+    # outputs a kernel writes in their ABI dtype itself (a PoolTail's): no conversion pass after the step
+    written = {d.abi_output for d in lir.decided(PoolTail) if d.abi_output >= 0}
     for slots, specs, out in ((lay.inputs, lir.inputs, inputs), (lay.outputs, lir.outputs, outputs)):
         for slot, spec in enumerate(specs):
             abi = spec.shape.dtype
@@ -420,7 +463,7 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
                         "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
                         "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize,
                         "max_nbytes": spec.shape.max_numel * abi.itemsize,
-                        "state": getattr(spec, "state", False)})
+                        "state": getattr(spec, "state", False), "written": out is outputs and slot in written})
     return params, constants, inputs, outputs
 
 
@@ -447,7 +490,7 @@ def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
 
 def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
     """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash)."""
-    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm)
+    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm, pool_tail=target.pool_tail)
 
 
 def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
@@ -491,6 +534,8 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "workspace_bytes": lay.workspace_bytes,
         "attn_max_splits": ATTN_MAX_SPLITS,
         "uses_flag": any(k.args.uses_flag for k in kernels),
+        # (a profiled build runs eagerly; state inputs have their own resident / write-back protocol)
+        "io_graph": target.io_graph and not target.profile and not any(x["state"] for x in inputs),
         "nccl": NCCL_HEADER in used,
         "params": params,
         "constants": constants,

@@ -335,6 +335,12 @@ class Attention(Launch):
     bk: int
     #: Skv never exceeds `short_kv` (its static bound): rlx_attn_short, the whole K/V in shared memory; 0: off.
     short_kv: int
+    #: The short-KV kernel's launch: its name with template arguments, its grid and shared-memory size (C
+    #: expressions of the warps per block `nw`) and the most warps per block.
+    short_kern: str
+    short_grid: str
+    short_smem: str
+    short_warps: int
     vec: str
     B: str
     q_rs: int
@@ -889,19 +895,35 @@ def attention(e: CudaEmitter, node: Node) -> Kernel:
     vec = D % 8 == 0 and all(o % 16 == 0 for o in offs) and all(r % 8 == 0 for r in (q_rs, k_rs, v_rs))
     mask = _MASK[op.mask]
     # keys per tile: 64 measured faster than 128 on an H100 for BERT shapes (more blocks resident per SM)
-    bk = 64 if D > 64 else (e.target.attn_bk or 64)
+    bk = 64 if D > 64 or e.target.attn_bk < 64 else e.target.attn_bk
     # every key of a (batch, head) fits in shared memory: one cp.async batch per block, no barrier per tile
     short_kv = SHORT_KV if (e.target.short_attention and mma and vec and D <= 64 and k.dims[1].max <= SHORT_KV) else 0
+    short_kern, short_warps = "", e.target.attn_warps or 8
+    short_grid = "dim3((unsigned)((p.Sq + 16 * nw - 1) / (16 * nw)), (unsigned)p.H, (unsigned)p.B)"
+    short_smem = f"RlxShortSmem<{D}, {short_kv}>::total(nw)"
     if short_kv:
-        smem: tuple[tuple[str, str], ...] = ((f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>",
-                                              f"RlxShortSmem<{D}, {short_kv}>::total(8)"),)
+        # rlx_attn_short2 (fewer instructions per score) unless the first kernel is asked for; attn_pipe: its
+        # persistent form. Keys in chunks of attn_bk, by default 64 (3 blocks of 8 warps per SM at head_dim 32:
+        # measured faster on an H100 than one 128-key pass at 2 blocks per SM), except for the persistent
+        # form at head_dim <= 32: 128 (its tile state spills at 64 keys' register budget)
+        kbk = e.target.attn_bk or (128 if D <= 32 and e.target.attn_pipe else 64)
+        if e.target.short_attention_v1:
+            short_kern = f"rlx_attn_short<{t}, {mt}, {D}, {mask}, {short_kv}>"
+        elif e.target.attn_pipe:
+            short_kern = f"rlx_attn_short2p<{t}, {mt}, {D}, {mask}, {short_kv}, {kbk}>"
+            short_grid = f"dim3((unsigned)RlxShort2Pipe<{D}, {short_kv}, {kbk}>::grid(p, nw, c->num_sms))"
+            short_smem = f"RlxShort2Pipe<{D}, {short_kv}, {kbk}>::smem(nw)"
+        else:
+            short_kern = f"rlx_attn_short2<{t}, {mt}, {D}, {mask}, {short_kv}, {kbk}>"
+        smem: tuple[tuple[str, str], ...] = ((short_kern, short_smem.replace("(nw)", f"({short_warps})")),)
     elif mma:
         smem = tuple((f"rlx_attn_fa<{t}, {mt}, {D}, {mask}, {str(vec).lower()}, {nw}, {bk}>",
                       f"RlxFaSmem<{D}, {nw}, {bk}>::total") for nw in (1, 4))
     else:
         smem = ((f"rlx_attn_rows<{t}, {mt}, {D}, {mask}>", f"rlx_attn_rows_smem<{t}, {D}>()"),)
     args = Attention(**e.base(node), smem_attrs=smem, t=t, mt=mt, D=D, H=H, Hkv=Hkv, mask=mask, mma=mma, bk=bk,
-                     short_kv=short_kv,
+                     short_kv=short_kv, short_kern=short_kern, short_grid=short_grid, short_smem=short_smem,
+                     short_warps=short_warps,
                      vec=str(vec).lower(), B=e.dim(q.dims[0]), q_rs=q_rs, k_rs=k_rs, v_rs=v_rs, Sq=e.dim(q.dims[1]),
                      Skv=e.dim(k.dims[1]), scale=_float_c(op.softmax_scale), bs=bs, q=e.ptr(q_id), k=e.ptr(k_id),
                      v=e.ptr(v_id), m=e.ptr(mask_id) if mask_id is not None else "nullptr", out=e.ptr(node.id))

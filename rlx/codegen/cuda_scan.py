@@ -132,7 +132,8 @@ def emit_scan(e: CudaEmitter, node: Node) -> Kernel:
     """The host loop of a `scan` node, with its body's kernels rendered inside it."""
     op: L.Scan = node.op  # type: ignore[assignment]
     p = f"{e.prefix}s{node.id}_"
-    body_lir = lower_for(plan(step_graph(op.body)), "cuda", precision=e.target.precision, gemm=e.target.gemm)
+    body_lir = lower_for(plan(step_graph(op.body)), "cuda", precision=e.target.precision, gemm=e.target.gemm,
+                         pool_tail=False)  # (a body writes no graph output: no tail of its own)
     consts = {d.node: d.offsets for d in e.lir.decided(ScanConstants)}
     if body_lir.constants and node.id not in consts:
         raise BuildError(f"scan %{node.id}: its body's constants have no device place (lower the graph for CUDA)")

@@ -6,8 +6,8 @@ device or which GEMMs run together: the whole program lives in one
 one activation may run as a single `GemmGroup`; quantized projections of a
 decode step, with the norm before them and the add or SwiGLU after them, as a
 single `DecodeGemv` launch, the rotary embedding of decode queries and keys
-inside the attention kernel (`DecodeRope`), and a decode step's keys split over
-several blocks per query (`DecodeSplitKv`).
+inside the attention kernel (`DecodeRope`), a decode step's keys split over
+several blocks per query (`DecodeSplitKv`), and a sentence-embedding pooling tail as one kernel (`PoolTail`).
 
 >>> g = GemmGroup(members=(3, 5), widths=(64, 64), k=32, weight_offset=0, bias_offset=-1, out_offset=8192)
 >>> g.describe()[:72]
@@ -136,6 +136,35 @@ class DecodeSplitKv(Decision):
 
 
 @dataclass(frozen=True)
+class PoolTail(Decision):
+    """A sentence-embedding tail run as one kernel: the masked mean over the sequence of `hidden` ([B, S, H])
+    weighted by `mask` ([B, S]), `sum(mask * h) / max(sum(mask), eps_count)`, then (when `normalized`) divided by
+    `max(||.||_2, eps_norm)`. `absorbed` are the tail's nodes (reshapes, the [B,1,S] x [B,S,H] product, the
+    reductions and divisions), scheduled back to back: they render no code, and `out` (the last of them) is
+    written by the kernel. `abi_output` >= 0: `out` is that graph output and the kernel writes it in its ABI
+    dtype straight into the output's staging copy (no conversion pass after it); -1: into `out`'s buffer."""
+
+    kind: ClassVar[str] = "cuda_pool_tail"
+    hidden: int
+    mask: int
+    out: int
+    absorbed: tuple[int, ...]
+    normalized: bool
+    eps_count: float
+    eps_norm: float
+    abi_output: int = -1
+
+    def describe(self) -> str:
+        what = "masked mean + L2 normalization" if self.normalized else "masked mean"
+        into = f", output {self.abi_output} written in its ABI dtype" if self.abi_output >= 0 else ""
+        return (f"%{self.out} = {what} of %{self.hidden} over the sequence (mask %{self.mask}) in one kernel; "
+                f"absorbs {' '.join(f'%{n}' for n in self.absorbed)}{into}")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.hidden, self.mask, self.out, *self.absorbed)
+
+
+@dataclass(frozen=True)
 class ParamPlacement:
     """Where param slot i lives: byte `offset`, stored with `row_stride` (0: dense) and `staged` at set_param
     (uploaded to the arena, then permuted / converted / scattered on the device)."""
@@ -226,4 +255,5 @@ register_node_fields(ScanConstants.kind, ("node",))
 register_node_fields(DecodeGemv.kind, ("members", "norm", "residual", "swiglu"))
 register_node_fields(DecodeRope.kind, ("attention", "ropes"))
 register_node_fields(DecodeSplitKv.kind, ("attention",))
+register_node_fields(PoolTail.kind, ("hidden", "mask", "out", "absorbed"))
 register_node_fields(DeviceLayout.kind, ())

@@ -52,6 +52,7 @@ from rlx.ir.ops_scan import Scan
 from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.fusion import is_silu_times, scheduled_runs
+from rlx.opt.lowering_cuda_pool import find_pool_tails
 from rlx.opt.memplan import plan
 from rlx.opt.scan_body import step_graph
 
@@ -451,8 +452,9 @@ def _scratch(lir: LirModule, precision: DType) -> int:
     return max([own, *(_scratch(body, precision) for _, body in scan_bodies(lir))])
 
 
-def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, ...]:
-    """The QKV groups and the device layout (their weights and outputs are part of the layout)."""
+def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True) -> tuple[Decision, ...]:
+    """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
+    part of the layout)."""
     graph = lir.graph
     bodies = scan_bodies(lir)
     mem = _Allocator()
@@ -554,20 +556,21 @@ def plan_device(lir: LirModule, precision: DType, gemm: str) -> tuple[Decision, 
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
     return (*groups, *scan_consts, *find_decode_gemvs(lir), *find_decode_ropes(lir), *find_decode_splits(lir),
-            layout)
+            *(find_pool_tails(lir) if pool_tail else ()), layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
-                   **_target: object) -> tuple[Decision, ...]:
+                   pool_tail: bool = True, **_target: object) -> tuple[Decision, ...]:
     """`LOWERINGS["cuda"]`: the GEMM groups, decode GEMVs and device layout for this precision and GEMM provider.
 
-    Other target options (arch, epilogue fusion, tile sizes) do not change any decision and are ignored.
+    `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`). Other target options (arch,
+    epilogue fusion, tile sizes) do not change any decision and are ignored.
     """
     precision = DType.parse(precision)
     if precision not in PRECISIONS:
         raise ValueError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {precision}")
     if gemm not in GEMM_MODES:
         raise ValueError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {gemm!r}")
-    return plan_device(lir, precision, gemm)
+    return plan_device(lir, precision, gemm, pool_tail)
 
 

@@ -56,8 +56,36 @@ def _symbols(graph: Graph) -> tuple[tuple[str, int], ...]:
     return tuple((s, bounds[s]) for s in order)
 
 
-def plan(graph: Graph) -> LirModule:
+#: Normalizations a GEMM may compute in its prologue (CUDA's rlx_gemm_small): see `plan(hold_norm_inputs=...)`.
+PROLOGUE_NORM_KINDS = ("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm")
+_GEMM_KINDS = ("matmul", "fused_matmul_bias_act")
+
+
+def norm_gemm_pairs(graph: Graph, schedule: tuple[NodeId, ...], view_of: dict) -> list[tuple[NodeId, NodeId]]:
+    """(norm, GEMM) pairs where the next non-view node scheduled after a normalization is a GEMM whose A is the
+    norm's output (through views): a backend may compute the norm inside that GEMM."""
+    def root(nid: NodeId) -> NodeId:
+        while nid in view_of:
+            nid = view_of[nid][0]
+        return nid
+
+    pairs = []
+    for i, nid in enumerate(schedule):
+        if graph.node(nid).kind not in PROLOGUE_NORM_KINDS:
+            continue
+        nxt = next((q for q in schedule[i + 1:] if q not in view_of), None)
+        if nxt is not None and graph.node(nxt).kind in _GEMM_KINDS and root(graph.node(nxt).inputs[0]) == nid:
+            pairs.append((nid, nxt))
+    return pairs
+
+
+def plan(graph: Graph, *, hold_norm_inputs: bool = False) -> LirModule:
     """Plan buffers for an (optimized) graph and return its LIR.
+
+    `hold_norm_inputs`: the inputs of a normalization stay live through the GEMM scheduled right after it
+    that reads its output (`norm_gemm_pairs`), so that GEMM's output never takes their bytes and a backend may
+    run the norm inside the GEMM (CUDA: the prologue of rlx_gemm_small, whose blocks still read the norm's
+    inputs while others write the output). It costs an activation's bytes of arena where they would be reused.
 
     >>> from rlx.ir.graph import Graph
     >>> g = Graph("p")
@@ -122,6 +150,10 @@ def plan(graph: Graph) -> LirModule:
             last_use[r] = max(last_use.get(r, -1), position[n.id])
     for _, o in copies:
         last_use[root[o]] = end_of_program
+    if hold_norm_inputs:
+        for norm, gemm in norm_gemm_pairs(graph, schedule, view_of):
+            for i in nodes[norm].inputs:
+                last_use[root[i]] = max(last_use.get(root[i], -1), position[gemm])
 
     arena_nodes = [n for n in nodes if n.kind not in O.LEAF_KINDS and n.id not in view_of and n.id not in output_owner]
     requests = []

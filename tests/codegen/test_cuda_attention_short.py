@@ -32,16 +32,38 @@ def _render(target: CudaTarget = F16, **kw) -> str:
 
 def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
     src = _render(heads=12, kv_heads=12, head_dim=32, mask="padding", sq=[128, 3])
-    # launched with programmatic dependent launch (the kernel waits before reading), or plainly without it
-    assert "rlx_launch_pdl(c->pdl, rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128>, " in src
+    # rlx_attn_short2 by default (64-key chunks), launched with programmatic dependent launch (the kernel waits
+    # before reading), or plainly without it
+    new = "rlx_attn_short2<__half, int64_t, 32, RLX_MASK_PADDING, 128, 64>"
+    assert f"rlx_launch_pdl(c->pdl, {new}, " in src
     no_pdl = _render(CudaTarget(precision=DType.F16, gemm="builtin", pdl=False), heads=12, kv_heads=12, head_dim=32,
                      mask="padding", sq=[128, 3])
-    assert "rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128><<<" in no_pdl
+    assert f"{new}<<<" in no_pdl
     assert "rlx_launch_pdl(c->pdl" not in no_pdl
     # its shared-memory limit is raised once, for the largest block (8 warps)
-    assert "cudaFuncSetAttribute(rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128>" in src
+    assert f"cudaFuncSetAttribute({new}" in src
     assert "RlxShortSmem<32, 128>::total(8)" in src
     assert "rlx_attn_fa<" not in src.split("rlx_forward")[-1]
+    assert "rlx_attn_short<" not in src.split("rlx_forward")[-1]
+    # head_dim 64: 64-key chunks; attn_bk picks the chunk, attn_warps the largest block
+    assert "rlx_attn_short2<__half, uint8_t, 64, RLX_MASK_NONE, 128, 64>" in _render(
+        heads=4, kv_heads=4, head_dim=64, mask="none", sq=[100])
+    tuned = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_bk=128, attn_warps=4), heads=12,
+                    kv_heads=12, head_dim=32, mask="padding", sq=[128])
+    assert "rlx_attn_short2<__half, int64_t, 32, RLX_MASK_PADDING, 128, 128>" in tuned
+    assert "RlxShortSmem<32, 128>::total(4)" in tuned and "nw > 4 ? 4 : nw" in tuned
+    # attn_pipe: the persistent, double-buffered form (its grid from the GPU's SM count, two stages of memory)
+    pipe = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_pipe=True), heads=12, kv_heads=12,
+                   head_dim=32, mask="padding", sq=[128])
+    assert "rlx_attn_short2p<__half, int64_t, 32, RLX_MASK_PADDING, 128, 128>, " \
+           "dim3((unsigned)RlxShort2Pipe<32, 128, 128>::grid(p, nw, c->num_sms)), 32 * nw, " \
+           "RlxShort2Pipe<32, 128, 128>::smem(nw)" in pipe
+    assert "RlxShort2Pipe<32, 128, 128>::smem(8)" in pipe
+    # the first kernel stays selectable
+    v1 = _render(CudaTarget(precision=DType.F16, gemm="builtin", short_attention_v1=True), heads=12, kv_heads=12,
+                 head_dim=32, mask="padding", sq=[128, 3])
+    assert "rlx_launch_pdl(c->pdl, rlx_attn_short<__half, int64_t, 32, RLX_MASK_PADDING, 128>, " in v1
+    assert "rlx_attn_short2<" not in v1.split("rlx_forward")[-1]
     # more than 128 keys, head_dim above 64, or f32: the tiled kernels, and the header stays out
     for kw, target in ((dict(heads=4, kv_heads=4, head_dim=32, mask="none", sq=[129]), F16),
                        (dict(heads=2, kv_heads=2, head_dim=80, mask="bias", sq=[45]), F16),
@@ -50,6 +72,20 @@ def test_short_kernel_is_chosen_from_the_static_key_bound() -> None:
                         CudaTarget(precision=DType.F16, gemm="builtin", short_attention=False))):
         src = _render(target, **kw)
         assert "rlx_attn_short" not in src and "RlxShortSmem" not in src
+
+
+def test_attn_warps_is_checked() -> None:
+    with pytest.raises(BuildError, match="attn_warps"):
+        CudaTarget(attn_warps=3)
+
+
+def test_32_key_chunks_are_for_the_short_kernels_only() -> None:
+    short = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_bk=32), heads=4, kv_heads=4, head_dim=32,
+                    mask="none", sq=[64])
+    assert "rlx_attn_short2<__half, uint8_t, 32, RLX_MASK_NONE, 128, 32>" in short
+    tiled = _render(CudaTarget(precision=DType.F16, gemm="builtin", attn_bk=32), heads=4, kv_heads=4, head_dim=32,
+                    mask="none", sq=[200])
+    assert "rlx_attn_fa<__half, uint8_t, 32, RLX_MASK_NONE, true, 4, 64>" in tiled
 
 
 def _every_mask() -> Graph:
@@ -71,17 +107,18 @@ def _every_mask() -> Graph:
     return g
 
 
-@pytest.mark.parametrize("precision", ["f16", "bf16"])
-def test_short_kernel_compiles_for_every_mask(precision: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision,options", [("f16", {}), ("bf16", {}), ("f16", {"attn_bk": 32}),
+                                               ("bf16", {"attn_pipe": True}), ("f16", {"short_attention_v1": True})])
+def test_short_kernel_compiles_for_every_mask(precision: str, options: dict, tmp_path: Path) -> None:
     try:
         nvcc, text = find_nvcc("nvcc")
     except BuildError:
         pytest.skip("nvcc is not installed")
-    src = render_cuda(plan(_every_mask()), CudaTarget(precision=DType.parse(precision), gemm="builtin"),
+    src = render_cuda(plan(_every_mask()), CudaTarget(precision=DType.parse(precision), gemm="builtin", **options),
                       {"name": "m"})
     assert _launches(src) == 4
     for mask in ("PADDING", "CAUSAL", "BIAS", "NONE"):
-        assert f"RLX_MASK_{mask}, 128>, " in src  # launched through rlx_launch_pdl
+        assert f"RLX_MASK_{mask}, 128" in src
     path = tmp_path / "short.cu"
     path.write_text(src)
     NvccToolchain(nvcc, text, "sm_90", find_cublas(nvcc)).compile(path, path.with_suffix(".o"), "builtin",
@@ -90,4 +127,4 @@ def test_short_kernel_compiles_for_every_mask(precision: str, tmp_path: Path) ->
 
 def _launches(src: str) -> int:
     start = src.index("static int rlx_forward(")
-    return src[start:src.index("\n}\n", start)].count("rlx_attn_short<")
+    return src[start:src.index("\n}\n", start)].count("rlx_attn_short")

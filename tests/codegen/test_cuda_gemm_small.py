@@ -42,9 +42,13 @@ def test_norms_before_small_gemms_move_into_their_prologue() -> None:
         assert src.count(f", {norm}>, dim3(") == 1
     # each norm's own kernel runs only in steps the small GEMM does not take
     assert src.count("if (S[0] > 64) {  /* (a step of <= 64 rows: done in the prologue of") == 3
-    # the GEMM after the residual norm may write where the residual lived (s dies there): its blocks would race
-    racy = forward(render(norm_graph(keep_s=False), precision=DType.F16))
+    # planned without the hold, the GEMM after the residual norm may write where the residual lived (s dies
+    # there): its blocks would race, so the norm keeps its kernel
+    racy = forward(render(norm_graph(keep_s=False), hold=False, precision=DType.F16))
     assert ", 1, true, 1>, dim3(" not in racy and racy.count("done in the prologue of") == 2
+    # the CUDA plan holds s through that GEMM (memplan's hold_norm_inputs): the norm moves into its prologue
+    held = forward(render(norm_graph(keep_s=False), precision=DType.F16))
+    assert held.count(", 1, true, 1>, dim3(") == 1 and held.count("done in the prologue of") == 3
     assert "done in the prologue" not in forward(render(norm_graph(), precision=DType.F16, small_gemm=False))
 
 

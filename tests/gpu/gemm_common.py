@@ -67,11 +67,13 @@ def norm_graph(keep_s: bool = True) -> Graph:
     return g
 
 
-def render(graph: Graph, **target) -> str:
-    """The CUDA source of `graph` at opt level 2 for `CudaTarget(**target)`."""
+def render(graph: Graph, hold: bool | None = None, **target) -> str:
+    """The CUDA source of `graph` at opt level 2 for `CudaTarget(**target)` (`hold`: the planner's
+    hold_norm_inputs, None: as the CUDA backend plans)."""
     from rlx.driver import lower_to_lir, to_mir
 
-    return render_cuda(lower_to_lir(to_mir(graph), 2, backend="cuda"), CudaTarget(**target), {"name": "m"})
+    lir = lower_to_lir(to_mir(graph), 2, backend="cuda", hold_norm_inputs=hold)
+    return render_cuda(lir, CudaTarget(**target), {"name": "m"})
 
 
 def forward(src: str) -> str:

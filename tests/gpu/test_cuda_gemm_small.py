@@ -55,8 +55,11 @@ def _check(graph: Graph, precision: str, params: dict, rng: np.random.Generator,
 
 
 @pytest.mark.parametrize("precision", ["f16", "bf16"])
-def test_norm_prologue_matches_reference(precision: str) -> None:
-    graph = norm_graph(keep_s=True)  # s stays live: the GEMM after h2 cannot take its bytes
+@pytest.mark.parametrize("keep_s", [True, False])
+def test_norm_prologue_matches_reference(precision: str, keep_s: bool) -> None:
+    # keep_s: s stays live anyway; without it s dies at h2, and the CUDA plan holds it through the GEMM after h2
+    # (memplan's hold_norm_inputs) so that GEMM's output cannot take its bytes while its blocks read it
+    graph = norm_graph(keep_s=keep_s)
     rng = np.random.default_rng(13)
     shapes = {"g1": (64,), "be1": (64,), "w1": (64, 128), "b1": (128,), "w2": (128, 64), "g2": (64,), "be2": (64,),
               "w3": (64, 64), "b3": (64,), "g3": (64,), "w4": (64, 32)}

@@ -300,3 +300,30 @@ def test_checks_catch_an_overlapping_plan() -> None:
         check_plan(broken)
     x = np.linspace(-1, 1, 64, dtype=np.float32)
     assert not np.array_equal(execute_plan(broken, {"x": x}, {})[0], reference.run(lir.graph, {"x": x})[0])
+
+
+def test_hold_norm_inputs_keeps_them_apart_from_the_gemm_after_the_norm() -> None:
+    """memplan's hold_norm_inputs (the CUDA plan): a norm's inputs stay live through the GEMM that reads its output
+    next, so that GEMM's output never takes their bytes (rlx_gemm_small computes the norm in its prologue, its
+    blocks reading the inputs while others write); without it the planner may reuse them."""
+    from rlx.opt.memplan import norm_gemm_pairs
+    from tests.gpu.gemm_common import norm_graph
+
+    g = norm_graph(keep_s=False)
+
+    def span(lir, nid):
+        b = lir.buffers[nid]
+        return b.offset, b.offset + b.nbytes
+
+    def clash(lir, norm, gemm) -> bool:
+        w0, w1 = span(lir, gemm)
+        return any(lir.buffers[i].storage == "arena" and span(lir, i)[0] < w1 and w0 < span(lir, i)[1]
+                   for i in lir.graph.node(norm).inputs)
+
+    loose, held = plan(g), plan(g, hold_norm_inputs=True)
+    view_of = {n: (lir_b.source, lir_b.offset) for n, lir_b in held.buffers.items() if lir_b.storage == "view"}
+    pairs = norm_gemm_pairs(held.graph, held.schedule, view_of)
+    assert len(pairs) == 3  # layer norm, residual layer norm, RMS norm: each right before its GEMM
+    assert any(clash(loose, n, m) for n, m in pairs)  # the residual norm's inputs are reused by its GEMM
+    assert not any(clash(held, n, m) for n, m in pairs)
+    assert held.arena_bytes >= loose.arena_bytes

@@ -25,13 +25,15 @@ def within_one_percent(estimate: int, actual: int) -> bool:
     return abs(estimate - actual) <= 0.01 * actual
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("profile", [False, True])
 @pytest.mark.parametrize("build", [mlp, lambda: B.build_bert(CFG, max_batch=4, max_seq=16)], ids=["mlp", "bert"])
-def test_estimate_matches_the_allocation(build, profile: bool):
+def test_estimate_matches_the_allocation(build, profile: bool, threads: int):
+    """Also at fewer threads than the machine's default (the context's scratch shrinks to the count set)."""
     session = rlx.Session(profile=profile)
     graph = build()
-    est = session.estimate(graph, num_threads=2)
-    cg = session.compile(graph, num_threads=2)
+    est = session.estimate(graph, num_threads=threads)
+    cg = session.compile(graph, num_threads=threads)
     got = cg.memory()
     assert within_one_percent(est.total, got["total"]), (est, got)
     for part in ("arena", "params", "scratch", "context"):

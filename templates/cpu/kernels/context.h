@@ -42,9 +42,11 @@ static int rlx_alloc(char **out, size_t bytes)
     return 0;
 }
 
+/* Size the scratch block for exactly `threads` threads: it shrinks too, so a context set to fewer threads than
+ * rlx_create's default holds (and rlx_memory reports) what Session.estimate predicts for that count. */
 static int rlx_reserve_scratch(rlx_ctx *ctx, int threads)
 {
-    if (RLX_SCRATCH_SHARED + RLX_SCRATCH_PER_THREAD == 0 || threads <= ctx->scratch_threads)
+    if (RLX_SCRATCH_SHARED + RLX_SCRATCH_PER_THREAD == 0 || threads == ctx->scratch_threads)
         return 0;
     char *fresh = NULL;
     if (rlx_alloc(&fresh, (size_t)RLX_SCRATCH_SHARED + (size_t)threads * RLX_SCRATCH_PER_THREAD))

@@ -1,0 +1,89 @@
+/* rlx_pool_tail: a sentence-embedding tail in one kernel (the PoolTail decision, rlx/opt/lowering_cuda_pool.py).
+ *
+ *   mean[b, h] = sum_s mask[b, s] * x[b, s, h] / max(sum_s mask[b, s], eps_count)
+ *   out[b, h]  = NORM ? mean[b, h] / max(sqrt(sum_h mean[b, h]^2), eps_norm) : mean[b, h]
+ *
+ * One block per sentence b (blockDim.x = 256). The hidden row is split into chunks of VEC elements (one 16-byte
+ * load each when VEC > 1); W = min(chunks, blockDim.x) threads cover a row and G = blockDim.x / W groups of them
+ * take every G-th token, so a short sentence still spreads over the block. Partial sums (f32) meet in shared
+ * memory, G x H floats (host: rlx_pool_tail_smem). Everything is accumulated in f32 and rounded once, into OUT (the
+ * output's ABI type when the kernel writes the graph output directly, else the device type). */
+
+#ifndef RLX_DYNAMIC_SHARED
+#define RLX_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
+template <typename T, int VEC> struct rlx_pool_vec;
+template <typename T> struct rlx_pool_vec<T, 1> {
+    static __device__ __forceinline__ void add(float *acc, const T *p, float w) { acc[0] += w * rlx_cvt<float>(p[0]); }
+};
+template <typename T, int VEC> struct rlx_pool_vec {
+    static __device__ __forceinline__ void add(float *acc, const T *p, float w) {
+        const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
+        const T *v = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += w * rlx_cvt<float>(v[j]);
+    }
+};
+
+/* Block-wide sum of one float per thread (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
+__device__ __forceinline__ float rlx_pool_block_sum(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();  /* red may still be read by a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static inline size_t rlx_pool_tail_smem(int hidden, int vec, int threads) {
+    const int chunks = hidden / vec, w = chunks < threads ? chunks : threads, g = threads / w;
+    return (size_t)g * (size_t)hidden * sizeof(float) + 32 * sizeof(float);
+}
+
+template <typename T, typename M, typename OUT, int VEC, bool NORM>
+__global__ void rlx_pool_tail(const T *__restrict__ x, const M *__restrict__ mask, OUT *__restrict__ out,
+                              int64_t seq, int hidden, float eps_count, float eps_norm) {
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
+    RLX_DYNAMIC_SHARED(float, rlx_pool_sm);
+    const int chunks = hidden / VEC;
+    const int W = chunks < (int)blockDim.x ? chunks : (int)blockDim.x, G = (int)blockDim.x / W;
+    float *part = rlx_pool_sm, *red = rlx_pool_sm + (size_t)G * hidden;
+    const int64_t b = blockIdx.x;
+    const T *xb = x + b * seq * hidden;
+    const M *mb = mask + b * seq;
+    const int g = threadIdx.x / W, c0 = threadIdx.x % W;
+    /* the count, while the row loads below are in flight */
+    float cnt = 0.0f;
+    for (int64_t s = threadIdx.x; s < seq; s += blockDim.x) cnt += rlx_cvt<float>(mb[s]);
+    if (g < G) {
+        for (int c = c0; c < chunks; c += W) {
+            float acc[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
+#pragma unroll 4
+            for (int64_t s = g; s < seq; s += G) {
+                const float w = rlx_cvt<float>(mb[s]);
+                rlx_pool_vec<T, VEC>::add(acc, xb + s * hidden + (int64_t)c * VEC, w);
+            }
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) part[(size_t)g * hidden + c * VEC + j] = acc[j];
+        }
+    }
+    cnt = rlx_pool_block_sum(cnt, red);  /* (its barriers also publish `part`) */
+    const float inv = 1.0f / rlx_max(cnt, eps_count);
+    float sq = 0.0f;
+    for (int h = threadIdx.x; h < hidden; h += blockDim.x) {
+        float v = 0.0f;
+        for (int k = 0; k < G; ++k) v += part[(size_t)k * hidden + h];
+        v *= inv;
+        part[h] = v;  /* row 0 of part holds the mean (each h is read and written by one thread) */
+        sq += v * v;
+    }
+    float scale = 1.0f;
+    if (NORM) scale = 1.0f / rlx_max(sqrtf(rlx_pool_block_sum(sq, red)), eps_norm);
+    OUT *ob = out + b * hidden;
+    for (int h = threadIdx.x; h < hidden; h += blockDim.x) ob[h] = rlx_cvt<OUT>(part[h] * scale);
+}

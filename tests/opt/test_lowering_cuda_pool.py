@@ -1,0 +1,46 @@
+"""The PoolTail decision of the CUDA lowering (rlx/opt/lowering_cuda_pool.py): which sentence-embedding tails run as
+one kernel, which are refused, and what the LIR says."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlx.driver import lower_to_lir, to_mir
+from rlx.ir.decisions_cuda import PoolTail
+from rlx.models.bert import BertConfig, build_bert
+from rlx.opt.lowering import lower_for
+from tests.gpu.pool_common import pool_graph
+
+TINY_BERT = BertConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+
+
+def _lir(graph, precision: str = "f16", **options):
+    return lower_for(lower_to_lir(to_mir(graph), 2, backend="cuda"), "cuda", precision=precision, gemm="cublaslt",
+                     **options)
+
+
+def _tails(graph, **options) -> list[PoolTail]:
+    return _lir(graph, **options).decided(PoolTail)
+
+
+def test_bert_embeddings_tail_is_one_decision() -> None:
+    lir = _lir(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"))
+    (tail,) = lir.decided(PoolTail)
+    assert tail.normalized and tail.abi_output == 0 and len(tail.absorbed) == 9
+    assert (tail.eps_count, tail.eps_norm) == pytest.approx((1e-9, 1e-12))
+    assert "masked mean + L2 normalization of %" in lir.inspect()  # rlxc inspect --stage lir shows it
+    # the tokens output (no pooling) and CLS pooling have none
+    assert not _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="tokens"))
+    assert not _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings", pooling="cls"))
+    # the option turns it off (the LIR, and so the cache key, differ)
+    assert not _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"), pool_tail=False)
+
+
+def test_mean_only_and_refused_tails() -> None:
+    (mean,) = _tails(pool_graph(normalize=False))
+    assert not mean.normalized and mean.abi_output == 0 and len(mean.absorbed) == 5
+    # the mean is a second output: the normalization stays separate kernels, the mean is written where it lives
+    (leak,) = _tails(pool_graph(leak="mean"))
+    assert not leak.normalized and leak.abi_output == -1
+    # an intermediate read outside the tail: nothing fused
+    assert not _tails(pool_graph(leak="count")) and not _tails(pool_graph(leak="sum"))
