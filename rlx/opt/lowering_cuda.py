@@ -113,10 +113,25 @@ def runs_on_lt(gemm: str, dt: DType, a: Shape, b: Shape, out: Shape) -> bool:
 
 
 def constant_bytes(node: Node, dev: DType) -> bytes:
-    """The device bytes of a constant stored in `dev`."""
+    """The device bytes of a constant stored in `dev`.
+
+    Rounded to nearest, except that a nonzero value never becomes zero: one below the narrow type's smallest
+    subnormal (f16: 6e-8) is stored as that subnormal, with its sign. Such constants are guards
+    (`max(count, 1e-9)`, `max(norm, 1e-12)`); flushed to zero, a fully masked sentence would pool to 0 / 0.
+
+    >>> from rlx.ir.graph import Graph
+    >>> g = Graph("c")
+    >>> c = g.constant(np.array([1e-9, -1e-9, 0.0, 0.5], np.float32))
+    >>> np.frombuffer(constant_bytes(g.node(c), DType.F16), np.float16).tolist()
+    [5.960464477539063e-08, -5.960464477539063e-08, 0.0, 0.5]
+    """
     arr = node.op.array()
     if dev is not node.shape.dtype:
-        arr = arr.astype(np.float16) if dev is DType.F16 else f32_to_bf16(arr.astype(np.float32))
+        wide = np.asarray(arr, dtype=np.float32)
+        bits = wide.astype(np.float16).view(np.uint16) if dev is DType.F16 else f32_to_bf16(wide)
+        flushed = ((bits & 0x7FFF) == 0) & (wide != 0)
+        arr = np.where(flushed, np.where(np.signbit(wide), np.uint16(0x8001), np.uint16(0x0001)), bits)
+        arr = arr.astype(np.uint16)
     return np.ascontiguousarray(arr).tobytes()
 
 

@@ -1,0 +1,41 @@
+"""The CUDA lowering's constant storage (`constant_bytes`): narrow types round to nearest, but a nonzero guard
+constant never flushes to zero (the pooling tail's max(count, 1e-9) in f16 would otherwise divide 0 by 0)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlx.ir.dtype import DType, f32_to_bf16
+from rlx.ir.graph import Graph
+from rlx.opt.lowering_cuda import constant_bytes
+
+VALUES = np.array([1e-9, -1e-12, 0.0, -0.0, 0.5, -3.25, 65504.0, 1e-45, 2.0 ** -24], np.float32)
+
+
+def _stored(dtype: DType) -> np.ndarray:
+    g = Graph("c")
+    return np.frombuffer(constant_bytes(g.node(g.constant(VALUES)), dtype), np.uint16)
+
+
+def test_f16_keeps_tiny_guards_nonzero_and_rounds_the_rest_to_nearest() -> None:
+    got = _stored(DType.F16)
+    nearest = VALUES.astype(np.float16).view(np.uint16)
+    assert got[0] == 0x0001 and got[1] == 0x8001 and got[7] == 0x0001  # 6e-8 with the value's sign
+    keep = [2, 3, 4, 5, 6, 8]
+    np.testing.assert_array_equal(got[keep], nearest[keep])  # zeros (signed), exact values, the subnormal itself
+    assert got[3] == 0x8000
+
+
+def test_bf16_rounds_to_nearest_and_keeps_a_flushed_value_nonzero() -> None:
+    got = _stored(DType.BF16)
+    nearest = f32_to_bf16(VALUES)
+    assert got[7] == 0x0001  # 1e-45 is below bf16's smallest subnormal (9e-41)
+    np.testing.assert_array_equal(np.delete(got, 7), np.delete(nearest, 7))
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.I32])
+def test_constants_stored_as_declared_are_unchanged(dtype: DType) -> None:
+    g = Graph("c")
+    values = VALUES if dtype is DType.F32 else np.arange(5, dtype=np.int32)
+    assert constant_bytes(g.node(g.constant(values)), dtype) == values.tobytes()
