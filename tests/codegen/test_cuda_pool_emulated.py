@@ -21,6 +21,9 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.emu_pool_tail.restype = ctypes.c_int
     lib.emu_pool_tail.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int64] + [ctypes.c_int] * 4 \
         + [ctypes.c_float] * 2
+    lib.emu_pool_tail_norm.restype = ctypes.c_int
+    lib.emu_pool_tail_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 2 \
+        + [ctypes.c_int64, ctypes.c_int64] + [ctypes.c_int] * 5 + [ctypes.c_float] * 2
     return lib
 
 
@@ -42,3 +45,29 @@ def test_pool_tail_kernel_matches_the_reference(emu, batch, seq, hidden, vec, th
     np.testing.assert_allclose(out, expect, rtol=2e-6, atol=1e-7)
     if batch > 2:
         np.testing.assert_array_equal(out[0], 0.0)  # no token: the count clamps, the mean (and its norm) is 0
+
+
+@pytest.mark.parametrize(("batch", "seq", "hidden", "vec", "norm", "threads"), [
+    (3, 10, 48, 4, "layer", 256),      # more warps than tokens, a padded and an empty sentence
+    (2, 16, 48, 4, "layer_res", 128),  # the residual sum first; 4 warps take 4 tokens each
+    (1, 5, 160, 4, "rms", 64),         # 40 chunks: two per lane, the second only for 8 lanes
+    (3, 7, 36, 1, "rms_res", 256),     # scalar loads (36 chunks of 1 float)
+])
+def test_pool_tail_norm_kernel_matches_the_reference(emu, batch, seq, hidden, vec, norm, threads) -> None:
+    graph = pool_graph(hidden, dense=False, norm=norm, max_batch=4, max_seq=16)
+    feed, params = pool_feed(batch, seq, hidden, seed=batch + seq, norm=True)
+    rms = norm.startswith("rms")
+    params = {k: v for k, v in params.items() if k in ("gamma",) or (k == "beta" and not rms)}
+    expect = reference.run(graph, feed, params)[0]
+    out = np.full((batch, hidden), np.nan, np.float32)
+    x, m = np.ascontiguousarray(feed["x"]), np.ascontiguousarray(feed["m"])
+    gamma, beta = params["gamma"], params.get("beta", params["gamma"])
+    res = norm.endswith("_res")
+    eps = 1e-6 if rms else 1e-5
+    rc = emu.emu_pool_tail_norm(x.ctypes.data, x.ctypes.data if res else None, gamma.ctypes.data, beta.ctypes.data,
+                                eps, m.ctypes.data, out.ctypes.data, batch, seq, hidden, vec, 2 if rms else 1,
+                                int(res), threads, 1e-9, 1e-12)
+    assert rc == 0
+    np.testing.assert_allclose(out, expect, rtol=2e-5, atol=2e-6)
+    if batch > 2:
+        np.testing.assert_array_equal(out[0], 0.0)

@@ -38,6 +38,26 @@ __device__ __forceinline__ float rlx_pool_block_sum(float v, float *red) {
     return v;
 }
 
+/* The end of both pooling kernels: the token count summed over the block (its barriers also publish `part`), the
+ * G partial rows of `part` summed and divided by it, then (NORM) the L2 normalization; one rounding, into ob. */
+template <typename OUT, bool NORM>
+__device__ __forceinline__ void rlx_pool_finish(float *part, float *red, int G, int hidden, float cnt,
+                                                OUT *__restrict__ ob, float eps_count, float eps_norm) {
+    cnt = rlx_pool_block_sum(cnt, red);
+    const float inv = 1.0f / rlx_max(cnt, eps_count);
+    float sq = 0.0f;
+    for (int h = threadIdx.x; h < hidden; h += blockDim.x) {
+        float v = 0.0f;
+        for (int k = 0; k < G; ++k) v += part[(size_t)k * hidden + h];
+        v *= inv;
+        part[h] = v;  /* row 0 of part holds the mean (each h is read and written by one thread) */
+        sq += v * v;
+    }
+    float scale = 1.0f;
+    if (NORM) scale = 1.0f / rlx_max(sqrtf(rlx_pool_block_sum(sq, red)), eps_norm);
+    for (int h = threadIdx.x; h < hidden; h += blockDim.x) ob[h] = rlx_cvt<OUT>(part[h] * scale);
+}
+
 static inline size_t rlx_pool_tail_smem(int hidden, int vec, int threads) {
     const int chunks = hidden / vec, w = chunks < threads ? chunks : threads, g = threads / w;
     return (size_t)g * (size_t)hidden * sizeof(float) + 32 * sizeof(float);
@@ -72,18 +92,124 @@ __global__ void rlx_pool_tail(const T *__restrict__ x, const M *__restrict__ mas
             for (int j = 0; j < VEC; ++j) part[(size_t)g * hidden + c * VEC + j] = acc[j];
         }
     }
-    cnt = rlx_pool_block_sum(cnt, red);  /* (its barriers also publish `part`) */
-    const float inv = 1.0f / rlx_max(cnt, eps_count);
-    float sq = 0.0f;
-    for (int h = threadIdx.x; h < hidden; h += blockDim.x) {
-        float v = 0.0f;
-        for (int k = 0; k < G; ++k) v += part[(size_t)k * hidden + h];
-        v *= inv;
-        part[h] = v;  /* row 0 of part holds the mean (each h is read and written by one thread) */
-        sq += v * v;
+    rlx_pool_finish<OUT, NORM>(part, red, G, hidden, cnt, out + b * hidden, eps_count, eps_norm);
+}
+
+/* ── rlx_pool_tail_norm: the same tail computing the normalization that produces x in its prologue ───────────────
+ *
+ *   y[s, :] = NK == 1 ? (v - mean(v)) / sqrt(var(v) + eps) * gamma + beta : v / sqrt(mean(v^2) + eps) * gamma,
+ *   v = nx[b, s, :] (+ nres[b, s, :] when RES)
+ *
+ * y rounded to T as the norm's own kernel stores it, then pooled as rlx_pool_tail pools x. For short sentences
+ * (seq <= RLX_POOL_NORM_MAX_SEQ, the launch decides): the norm's kernel (one more dependent launch at the end of the
+ * step) then runs only for longer ones. One block per sentence; warp w normalizes the tokens w, w + nwarps, ... (one
+ * row per pass, its VEC-element chunks spread over the lanes, CPT per lane, f32 statistics) and keeps its masked
+ * sum in registers; the warps' sums meet in shared memory (nwarps x H floats: rlx_pool_tail_norm_smem). */
+
+#define RLX_POOL_NORM_MAX_SEQ 64
+
+static inline size_t rlx_pool_tail_norm_smem(int hidden, int threads) {
+    return (size_t)(threads / 32) * (size_t)hidden * sizeof(float) + 32 * sizeof(float);
+}
+
+/* VEC elements of p (16-byte aligned when VEC > 1) into f32. */
+template <typename T, int VEC>
+__device__ __forceinline__ void rlx_pool_load(float *dst, const T *__restrict__ p) {
+    if constexpr (VEC == 1) {
+        dst[0] = rlx_cvt<float>(p[0]);
+    } else {
+        const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
+        const T *v = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) dst[j] = rlx_cvt<float>(v[j]);
     }
-    float scale = 1.0f;
-    if (NORM) scale = 1.0f / rlx_max(sqrtf(rlx_pool_block_sum(sq, red)), eps_norm);
-    OUT *ob = out + b * hidden;
-    for (int h = threadIdx.x; h < hidden; h += blockDim.x) ob[h] = rlx_cvt<OUT>(part[h] * scale);
+}
+
+__device__ __forceinline__ float rlx_pool_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T, typename M, typename OUT, int VEC, bool NORM, int NK, bool RES, int CPT>
+__global__ void rlx_pool_tail_norm(const T *__restrict__ nx, const T *__restrict__ nres,
+                                   const T *__restrict__ gamma, const T *__restrict__ beta, float eps,
+                                   const M *__restrict__ mask, OUT *__restrict__ out, int64_t seq, int hidden,
+                                   float eps_count, float eps_norm) {
+    rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
+    RLX_DYNAMIC_SHARED(float, rlx_pool_sm);
+    const int chunks = hidden / VEC, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float *part = rlx_pool_sm, *red = rlx_pool_sm + (size_t)nw * hidden;
+    const int64_t b = blockIdx.x;
+    const M *mb = mask + b * seq;
+    float g[CPT][VEC], be[CPT][VEC], acc[CPT][VEC];
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        const int c = lane + k * 32;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) g[k][j] = be[k][j] = acc[k][j] = 0.0f;
+        if (c < chunks) {
+            rlx_pool_load<T, VEC>(g[k], gamma + (int64_t)c * VEC);
+            if (NK == 1) rlx_pool_load<T, VEC>(be[k], beta + (int64_t)c * VEC);
+        }
+    }
+    float cnt = 0.0f;
+    for (int64_t s = threadIdx.x; s < seq; s += blockDim.x) cnt += rlx_cvt<float>(mb[s]);
+    for (int64_t s = warp; s < seq; s += nw) {
+        const float w = rlx_cvt<float>(mb[s]);
+        const T *xr = nx + (b * seq + s) * hidden;
+        const T *rr = RES ? nres + (b * seq + s) * hidden : nullptr;
+        float v[CPT][VEC];
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < CPT; ++k) {
+            const int c = lane + k * 32;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[k][j] = 0.0f;
+            if (c < chunks) {
+                rlx_pool_load<T, VEC>(v[k], xr + (int64_t)c * VEC);
+                if (RES) {
+                    float r[VEC];
+                    rlx_pool_load<T, VEC>(r, rr + (int64_t)c * VEC);
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) v[k][j] += r[j];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) sum += NK == 2 ? v[k][j] * v[k][j] : v[k][j];
+        }
+        float mean = 0.0f, var;
+        if (NK == 2) {
+            var = rlx_pool_warp_sum(sum) / (float)hidden;
+        } else {
+            mean = rlx_pool_warp_sum(sum) / (float)hidden;
+            float q = 0.0f;
+#pragma unroll
+            for (int k = 0; k < CPT; ++k) {
+                if (lane + k * 32 < chunks) {
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) q += (v[k][j] - mean) * (v[k][j] - mean);
+                }
+            }
+            var = rlx_pool_warp_sum(q) / (float)hidden;
+        }
+        const float inv = 1.0f / sqrtf(var + eps);
+#pragma unroll
+        for (int k = 0; k < CPT; ++k) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                float y = (v[k][j] - mean) * inv * g[k][j];
+                if (NK != 2) y += be[k][j];
+                acc[k][j] += w * rlx_cvt<float>(rlx_to<T>(y)); /* rounded as the norm's kernel stores it */
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        const int c = lane + k * 32;
+        if (c < chunks) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) part[(size_t)warp * hidden + c * VEC + j] = acc[k][j];
+        }
+    }
+    rlx_pool_finish<OUT, NORM>(part, red, nw, hidden, cnt, out + b * hidden, eps_count, eps_norm);
 }

@@ -28,4 +28,29 @@ int emu_pool_tail(const float *x, const float *mask, float *out, int64_t batch, 
     return 0;
 }
 
+/* rlx_pool_tail_norm (CPT 2: at most 64 chunks of VEC elements) for f32 data: nk 1 layer norm, 2 RMS norm. */
+int emu_pool_tail_norm(const float *nx, const float *nres, const float *gamma, const float *beta, float eps,
+                       const float *mask, float *out, int64_t batch, int64_t seq, int hidden, int vec, int nk,
+                       int res, int threads, float eps_count, float eps_norm) {
+    if ((vec != 1 && vec != 4) || hidden % vec || hidden / vec > 64) return -1;
+    RlxDim3 grid;
+    grid.x = (unsigned)batch;
+    const size_t smem = rlx_pool_tail_norm_smem(hidden, threads);
+#define RLX_EMU_NORM(V, NK, RES) \
+    rlx_pool_tail_norm<float, float, float, V, true, NK, RES, 2>(nx, nres, gamma, beta, eps, mask, out, seq, hidden, \
+                                                                  eps_count, eps_norm)
+    rlx_emu_launch3(grid, (unsigned)threads, smem, [&] {
+        if (vec == 4 && nk == 1 && res) RLX_EMU_NORM(4, 1, true);
+        else if (vec == 4 && nk == 1) RLX_EMU_NORM(4, 1, false);
+        else if (vec == 4 && res) RLX_EMU_NORM(4, 2, true);
+        else if (vec == 4) RLX_EMU_NORM(4, 2, false);
+        else if (nk == 1 && res) RLX_EMU_NORM(1, 1, true);
+        else if (nk == 1) RLX_EMU_NORM(1, 1, false);
+        else if (res) RLX_EMU_NORM(1, 2, true);
+        else RLX_EMU_NORM(1, 2, false);
+    });
+#undef RLX_EMU_NORM
+    return 0;
+}
+
 }  // extern "C"
