@@ -147,6 +147,9 @@ class CudaTarget:
     small_gemm: bool = True
     #: A masked-mean (+ L2 normalization) pooling tail runs as one kernel (a PoolTail decision of the lowering).
     pool_tail: bool = True
+    #: ... and, for sentences of at most 64 tokens, computes the layer / RMS norm producing its input itself
+    #: (`PoolTail.norm`: the norm's own kernel runs only for longer sentences).
+    pool_norm: bool = True
     #: A run on device pointers (run_device / bind_device) whose dims and pointers are those of an earlier call
     #: replays one CUDA graph holding its input copies, the step, the error flag's read-back and its output copies.
     io_graph: bool = True
@@ -175,7 +178,8 @@ class CudaTarget:
                 + (f" attn_warps={self.attn_warps}" if self.attn_warps else "")
                 + (" attn_pipe=1" if self.attn_pipe else "")
                 + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
-                + ("" if self.pool_tail else " pool_tail=0") + ("" if self.io_graph else " io_graph=0")
+                + ("" if self.pool_tail else " pool_tail=0") + ("" if self.pool_norm else " pool_norm=0")
+                + ("" if self.io_graph else " io_graph=0")
                 + ("" if self.cutlass_gemm else " cutlass_gemm=0"))
 
 
@@ -263,6 +267,9 @@ class CudaEmitter:
         if not target.pool_tail and lir.decided(PoolTail):
             raise BuildError(f"the LIR was lowered with pooling tails fused, not for {target.identity()}: plan the "
                              "graph again")
+        if not target.pool_norm and any(d.norm for d in lir.decided(PoolTail)):
+            raise BuildError(f"the LIR was lowered with the norm before a pooling tail fused into it, not for "
+                             f"{target.identity()}: plan the graph again")
         #: Each QKV group by its leader (the member scheduled first), and by every member.
         self.groups: dict[NodeId, GemmGroup] = {}
         self.group_of: dict[NodeId, GemmGroup] = {}
@@ -490,7 +497,8 @@ def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
 
 def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
     """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash)."""
-    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm, pool_tail=target.pool_tail)
+    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm, pool_tail=target.pool_tail,
+                     pool_norm=target.pool_norm)
 
 
 def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:

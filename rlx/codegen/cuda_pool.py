@@ -40,12 +40,47 @@ class PoolTailArgs(Launch):
     eps_count: str
     eps_norm: str
     threads: int
+    # the norm computed in the kernel for short sentences (nk 0: none; 1 layer norm, 2 RMS norm)
+    nk: int = 0
+    nres: str = "false"
+    nvec: int = 1
+    ncpt: int = 0
+    nx: str = "nullptr"
+    nres_ptr: str = "nullptr"
+    ngamma: str = "nullptr"
+    nbeta: str = "nullptr"
+    neps: str = "0.0"
+    norm_max_seq: int = 0
+    norm_note: str = ""
 
 
 def pool_vec(hidden: int, itemsize: int, offset: int) -> int:
     """Elements per load: one 16-byte load when the rows (and the base, byte `offset`) are 16-byte aligned."""
     vec = 16 // itemsize
     return vec if hidden % vec == 0 and offset % 16 == 0 else 1
+
+
+#: A norm the kernel computes: (rlx_pool_tail_norm's NK, has a residual input).
+_NORM_KINDS = {"layer_norm": (1, False), "fused_residual_layer_norm": (1, True), "rms_norm": (2, False),
+               "fused_residual_rms_norm": (2, True)}
+
+
+def _norm_fields(e: CudaEmitter, d: PoolTail, hidden: int) -> dict:
+    """rlx_pool_tail_norm's template data for the norm `d.norm` (16-byte loads when every row and pointer allows)."""
+    if not d.norm:
+        return {}
+    norm = e.node(d.norm[0])
+    nk, res = _NORM_KINDS[norm.kind]
+    ins = list(norm.inputs)
+    dt = e.ddt(norm.id)
+    vec = min((pool_vec(hidden, dt.itemsize, e.offset(i)) for i in ins), default=1)
+    vec = min(vec, pool_vec(hidden, dt.itemsize, 0))
+    return dict(nk=nk, nres=str(res).lower(), nvec=vec, ncpt=-(-hidden // (vec * 32)), nx=e.ptr(ins[0]),
+                nres_ptr=e.ptr(ins[1]) if res else "nullptr", ngamma=e.ptr(ins[1 + int(res)]),
+                nbeta=e.ptr(ins[-1]) if nk == 1 else "nullptr", neps=_float_c(norm.op.eps),
+                norm_max_seq=d.norm_max_seq,
+                norm_note=f"short sentences: %{norm.id} ({norm.kind}) computed here from its inputs, its kernel "
+                          "skipped")
 
 
 def emit_pool_tail(e: CudaEmitter, d: PoolTail) -> Kernel:
@@ -67,7 +102,7 @@ def emit_pool_tail(e: CudaEmitter, d: PoolTail) -> Kernel:
         vec=min(pool_vec(h.value, dt.itemsize, e.offset(d.hidden)), pool_vec(h.value, dt.itemsize, 0)),
         norm=str(d.normalized).lower(), x=e.ptr(d.hidden), mask=e.ptr(d.mask), out=o_ptr, batch=e.dim(b),
         seq=e.dim(s), hidden=h.value, eps_count=_float_c(d.eps_count), eps_norm=_float_c(d.eps_norm),
-        threads=POOL_THREADS)
+        threads=POOL_THREADS, **_norm_fields(e, d, h.value))
     return Kernel(d.out, "block_pool_tail", POOL_TEMPLATE, args, headers=(POOL_HEADER,), header=args.comment,
                   label=out.label)
 

@@ -25,6 +25,7 @@ from rlx.codegen.cuda_cutlass import cutlass_choice
 from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, _VTYPE, CudaEmitter, Launch, NdArgs, _act, _float_c, category
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
+from rlx.ir.decisions_cuda import PoolTail
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.shape import Dim, Shape, product
@@ -572,9 +573,14 @@ def norm(e: CudaEmitter, node: Node) -> Kernel:
                 n=n, eps=_float_c(op.eps))
     k = _kernel(node, "block_norm", args, ROWS)
     lead = _norm_into_gemm(e, node)
-    if lead is None:
-        return k
-    return e._large_step_only(k, x.dims[:-1], SMALL_GEMM_MAX_M, f"done in the prologue of %{lead}'s rlx_gemm_small")
+    if lead is not None:
+        return e._large_step_only(k, x.dims[:-1], SMALL_GEMM_MAX_M,
+                                  f"done in the prologue of %{lead}'s rlx_gemm_small")
+    tail = next((d for d in e.lir.decided(PoolTail) if d.norm == (node.id,)), None)
+    if tail is not None:  # short sentences: the pooling kernel normalizes (rlx_pool_tail_norm), only it reads this
+        return e._large_step_only(k, x.dims[1:-1], tail.norm_max_seq,
+                                  f"sentences of <= {tail.norm_max_seq} tokens: done in %{tail.out}'s pooling kernel")
+    return k
 
 
 @rules.register("softmax", accepts=_floats_only)

@@ -142,7 +142,10 @@ class PoolTail(Decision):
     `max(||.||_2, eps_norm)`. `absorbed` are the tail's nodes (reshapes, the [B,1,S] x [B,S,H] product, the
     reductions and divisions), scheduled back to back: they render no code, and `out` (the last of them) is
     written by the kernel. `abi_output` >= 0: `out` is that graph output and the kernel writes it in its ABI
-    dtype straight into the output's staging copy (no conversion pass after it); -1: into `out`'s buffer."""
+    dtype straight into the output's staging copy (no conversion pass after it); -1: into `out`'s buffer.
+    `norm` (0 or 1 node): the layer / RMS norm that produces `hidden`, read by the tail alone: in steps whose
+    sentences have at most `norm_max_seq` tokens the kernel normalizes the norm's inputs itself and the norm's own
+    kernel does not run (one dependent launch fewer at the end of a short step)."""
 
     kind: ClassVar[str] = "cuda_pool_tail"
     hidden: int
@@ -153,15 +156,19 @@ class PoolTail(Decision):
     eps_count: float
     eps_norm: float
     abi_output: int = -1
+    norm: tuple[int, ...] = ()
+    norm_max_seq: int = 0
 
     def describe(self) -> str:
         what = "masked mean + L2 normalization" if self.normalized else "masked mean"
         into = f", output {self.abi_output} written in its ABI dtype" if self.abi_output >= 0 else ""
+        norm = (f"; normalizes %{self.norm[0]}'s inputs itself when seq <= {self.norm_max_seq} (%{self.norm[0]}'s "
+                "kernel runs only for longer sentences)" if self.norm else "")
         return (f"%{self.out} = {what} of %{self.hidden} over the sequence (mask %{self.mask}) in one kernel; "
-                f"absorbs {' '.join(f'%{n}' for n in self.absorbed)}{into}")
+                f"absorbs {' '.join(f'%{n}' for n in self.absorbed)}{into}{norm}")
 
     def nodes(self) -> tuple[int, ...]:
-        return (self.hidden, self.mask, self.out, *self.absorbed)
+        return (self.hidden, self.mask, self.out, *self.absorbed, *self.norm)
 
 
 @dataclass(frozen=True)
@@ -255,5 +262,5 @@ register_node_fields(ScanConstants.kind, ("node",))
 register_node_fields(DecodeGemv.kind, ("members", "norm", "residual", "swiglu"))
 register_node_fields(DecodeRope.kind, ("attention", "ropes"))
 register_node_fields(DecodeSplitKv.kind, ("attention",))
-register_node_fields(PoolTail.kind, ("hidden", "mask", "out", "absorbed"))
+register_node_fields(PoolTail.kind, ("hidden", "mask", "out", "absorbed", "norm"))
 register_node_fields(DeviceLayout.kind, ())

@@ -467,7 +467,8 @@ def _scratch(lir: LirModule, precision: DType) -> int:
     return max([own, *(_scratch(body, precision) for _, body in scan_bodies(lir))])
 
 
-def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True) -> tuple[Decision, ...]:
+def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
+                pool_norm: bool = True) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout)."""
     graph = lir.graph
@@ -571,14 +572,15 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
     return (*groups, *scan_consts, *find_decode_gemvs(lir), *find_decode_ropes(lir), *find_decode_splits(lir),
-            *(find_pool_tails(lir) if pool_tail else ()), layout)
+            *(find_pool_tails(lir, pool_norm) if pool_tail else ()), layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
-                   pool_tail: bool = True, **_target: object) -> tuple[Decision, ...]:
+                   pool_tail: bool = True, pool_norm: bool = True, **_target: object) -> tuple[Decision, ...]:
     """`LOWERINGS["cuda"]`: the GEMM groups, decode GEMVs and device layout for this precision and GEMM provider.
 
-    `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`). Other target options (arch,
+    `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=False` leaves the norm
+    before a tail to its own kernel (no `PoolTail.norm`). Other target options (arch,
     epilogue fusion, tile sizes) do not change any decision and are ignored.
     """
     precision = DType.parse(precision)
@@ -586,6 +588,6 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
         raise ValueError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {precision}")
     if gemm not in GEMM_MODES:
         raise ValueError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {gemm!r}")
-    return plan_device(lir, precision, gemm, pool_tail)
+    return plan_device(lir, precision, gemm, pool_tail, pool_norm)
 
 

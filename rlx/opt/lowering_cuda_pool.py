@@ -36,6 +36,14 @@ from rlx.ir.lir import LirModule
 
 #: Widest hidden size the kernel takes (its shared memory holds a few partial rows of f32 sums).
 POOL_MAX_HIDDEN = 8192
+#: The norm before a tail runs in the tail's kernel for sentences of at most this many tokens (one block per
+#: sentence normalizes every row: past this, the norm's own kernel, many blocks, is faster than the launch it saves).
+POOL_NORM_MAX_SEQ = 64
+#: ... and hidden sizes of at most this (a lane keeps its chunks of a row in registers: 32 scalar chunks at worst).
+POOL_NORM_MAX_HIDDEN = 1024
+#: Norm kinds the kernel computes: the number of inputs after x (and the residual) it takes, gamma (and beta).
+_NORMS = {"layer_norm": (False, 2), "fused_residual_layer_norm": (True, 2), "rms_norm": (False, 1),
+          "fused_residual_rms_norm": (True, 1)}
 
 
 def _scalar(graph: Graph, nid: NodeId) -> float | None:
@@ -95,7 +103,30 @@ def _row_sum(node: Node) -> bool:
             and tuple(a % 2 for a in op.axes) == (1,))
 
 
-def _match(lir: LirModule, mm: Node, users: dict[NodeId, list[NodeId]]) -> PoolTail | None:
+def _norm_before(lir: LirModule, hidden: Node, first: int, out: NodeId,
+                 users: dict[NodeId, list[NodeId]]) -> tuple[int, ...]:
+    """(the norm,) when `hidden` is a norm the tail's kernel can compute itself, else (): the tail (scheduled from
+    position `first`) is its only reader, nothing but views lies between them in the schedule (so its inputs are
+    intact when the tail runs), its inputs are dense and not the bytes the tail writes (`out`)."""
+    spec = _NORMS.get(hidden.kind)
+    graph = lir.graph
+    if (spec is None or hidden.id in graph.outputs or len(set(users[hidden.id])) != 1
+            or len(hidden.inputs) != 1 + int(spec[0]) + spec[1] or lir.buffers[hidden.id].storage != "arena"
+            or not hidden.shape.dims[-1].is_static or hidden.shape.dims[-1].value > POOL_NORM_MAX_HIDDEN):
+        return ()
+    pos = {nid: i for i, nid in enumerate(lir.schedule)}
+    if hidden.id not in pos or any(lir.buffers[n].storage != "view" for n in lir.schedule[pos[hidden.id] + 1:first]):
+        return ()
+    rows = hidden.inputs[:1 + int(spec[0])]
+    if any(graph.node(i).shape != hidden.shape for i in rows) or any(
+            graph.node(i).shape.dims != hidden.shape.dims[-1:] for i in hidden.inputs[len(rows):]):
+        return ()  # (a broadcast residual, or per-row gains)
+    if any(not _dense(lir, i) or _overlap(lir, i, out) for i in (*rows, *hidden.inputs[len(rows):])):
+        return ()
+    return (hidden.id,)
+
+
+def _match(lir: LirModule, mm: Node, users: dict[NodeId, list[NodeId]], with_norm: bool = True) -> PoolTail | None:
     """The tail whose masked sum is the product `mm`, or None."""
     graph = lir.graph
     outputs = set(graph.outputs)
@@ -160,8 +191,10 @@ def _match(lir: LirModule, mm: Node, users: dict[NodeId, list[NodeId]]) -> PoolT
         if not _dense(lir, src) or _overlap(lir, src, out.id):
             return None  # a block writes its sentence while others still read theirs
     slot = _abi_output(lir, out.id, users)
+    fused = _norm_before(lir, hidden, spots[0], out.id, users) if with_norm else ()
     return PoolTail(hidden=hidden.id, mask=mask.id, out=out.id, absorbed=tuple(absorbed),
-                    normalized=normalized, eps_count=clamp[1], eps_norm=eps_norm, abi_output=slot)
+                    normalized=normalized, eps_count=clamp[1], eps_norm=eps_norm, abi_output=slot, norm=fused,
+                    norm_max_seq=POOL_NORM_MAX_SEQ if fused else 0)
 
 
 def _abi_output(lir: LirModule, nid: NodeId, users: dict[NodeId, list[NodeId]]) -> int:
@@ -200,14 +233,15 @@ def _overlap(lir: LirModule, a: NodeId, b: NodeId) -> bool:
     return sa[1] < sb[1] + sb[2] and sb[1] < sa[1] + sa[2]
 
 
-def find_pool_tails(lir: LirModule) -> list[PoolTail]:
-    """Every masked-mean (+ L2 normalization) tail of `lir` that runs as one kernel (see the module doc)."""
+def find_pool_tails(lir: LirModule, norm: bool = True) -> list[PoolTail]:
+    """Every masked-mean (+ L2 normalization) tail of `lir` that runs as one kernel (see the module doc); with
+    `norm`, each also takes the layer / RMS norm producing its hidden states where it can (`PoolTail.norm`)."""
     graph = lir.graph
     users = graph.users()
     found = []
     for node in graph.nodes:
         if isinstance(node.op, O.MatMul):
-            tail = _match(lir, node, users)
+            tail = _match(lir, node, users, norm)
             if tail is not None:
                 found.append(tail)
     return found

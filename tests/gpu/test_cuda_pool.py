@@ -59,3 +59,23 @@ def test_pool_tail_output_through_device_pointers() -> None:
     for _ in range(3):  # replays of the captured graph
         step()
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=ATOL["f16"])
+
+
+@pytest.mark.parametrize("precision", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("norm", ["layer_res", "rms"])
+def test_the_norm_in_the_tail_matches_reference_and_its_own_kernel(precision: str, norm: str) -> None:
+    """Sentences of <= 64 tokens: rlx_pool_tail_norm normalizes the norm's inputs itself; longer ones (70): the
+    norm's kernel, then rlx_pool_tail. Both against the reference and the build with the norm as its own kernel."""
+    graph = pool_graph(hidden=48, max_batch=3, max_seq=72, norm=norm)
+    params = {k: v for k, v in pool_feed(1, 1, norm=True)[1].items() if k != "beta" or norm.startswith("layer")}
+    fused = _build(graph, precision, params)
+    plain = _build(graph, precision, params, pool_norm=False)
+    assert "rlx_pool_tail_norm<" in fused.source and "rlx_pool_tail_norm<" not in plain.source
+    for batch, seq in ((1, 16), (3, 9), (2, 64), (3, 70)):
+        feed, _ = pool_feed(batch, seq, norm=True)
+        ref = reference.run(graph, feed, params)[0]
+        got, base = fused.run(feed)[0], plain.run(feed)[0]
+        np.testing.assert_allclose(got, ref, rtol=0, atol=ATOL[precision])
+        np.testing.assert_allclose(base, ref, rtol=0, atol=ATOL[precision])
+        if batch > 2:
+            np.testing.assert_array_equal(got[0], 0.0)

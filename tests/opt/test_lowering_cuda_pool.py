@@ -44,3 +44,20 @@ def test_mean_only_and_refused_tails() -> None:
     assert not leak.normalized and leak.abi_output == -1
     # an intermediate read outside the tail: nothing fused
     assert not _tails(pool_graph(leak="count")) and not _tails(pool_graph(leak="sum"))
+
+
+def test_the_norm_before_the_tail_is_taken_with_it() -> None:
+    lir = _lir(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"))
+    (tail,) = lir.decided(PoolTail)
+    (norm,) = tail.norm
+    assert lir.graph.node(norm).kind == "fused_residual_layer_norm" and tail.hidden == norm
+    assert tail.norm_max_seq == 64 and f"normalizes %{norm}'s inputs itself when seq <= 64" in lir.inspect()
+    for kind in ("layer", "rms", "rms_res"):
+        (t,) = _tails(pool_graph(norm=kind))
+        assert t.norm == (t.hidden,)
+    # the option turns it off; a norm output read elsewhere (a second output) stays a kernel of its own
+    assert _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"), pool_norm=False)[0].norm == ()
+    (leak,) = _tails(pool_graph(norm="layer", leak="norm"))
+    assert leak.norm == () and leak.norm_max_seq == 0
+    # no norm before the tail: nothing to take
+    assert _tails(pool_graph())[0].norm == ()
