@@ -150,6 +150,9 @@ class CudaTarget:
     #: ... and, for sentences of at most 64 tokens, computes the layer / RMS norm producing its input itself
     #: (`PoolTail.norm`: the norm's own kernel runs only for longer sentences).
     pool_norm: bool = True
+    #: A row gather (embedding lookup) read by one elementwise region only is done by that region's kernel
+    #: (rlx/codegen/cuda_region_gather.py).
+    gather_region: bool = True
     #: A run on device pointers (run_device / bind_device) whose dims and pointers are those of an earlier call
     #: replays one CUDA graph holding its input copies, the step, the error flag's read-back and its output copies.
     io_graph: bool = True
@@ -179,6 +182,7 @@ class CudaTarget:
                 + (" attn_pipe=1" if self.attn_pipe else "")
                 + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
                 + ("" if self.pool_tail else " pool_tail=0") + ("" if self.pool_norm else " pool_norm=0")
+                + ("" if self.gather_region else " gather_region=0")
                 + ("" if self.io_graph else " io_graph=0")
                 + ("" if self.cutlass_gemm else " cutlass_gemm=0"))
 

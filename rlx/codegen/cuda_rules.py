@@ -22,7 +22,20 @@ from typing import Any
 from rlx.codegen.c import comment
 from rlx.codegen.common import broadcast_index
 from rlx.codegen.cuda_cutlass import cutlass_choice
-from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, _VTYPE, CudaEmitter, Launch, NdArgs, _act, _float_c, category
+from rlx.codegen.cuda_emit import (
+    _CTYPE,
+    _CUDA_TYPE,
+    _OPS_TEMPLATE,
+    _VTYPE,
+    CudaEmitter,
+    Launch,
+    NdArgs,
+    NoWork,
+    _act,
+    _float_c,
+    category,
+)
+from rlx.codegen.cuda_region_gather import GatherLoad, absorbing_region, gathered_inputs
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import PoolTail
@@ -84,6 +97,8 @@ class RegionLoad:
     cat: str
     ptr: str
     index: str
+    #: read through a gather the region does itself (rlx/codegen/cuda_region_gather.py)
+    gather: GatherLoad | None = None
 
 
 @dataclass(frozen=True)
@@ -409,13 +424,15 @@ def region(e: CudaEmitter, node: Node) -> Kernel:
         reg = O.ElementwiseRegion(steps=(O.RegionStep(op, tuple(range(len(node.inputs)))),))
     in_shapes = [e.node(i).shape for i in node.inputs]
     values = reg.step_shapes(in_shapes)
-    idx = e.idx_type(node.shape, *in_shapes)
+    tables = [e.node(e.node(i).inputs[0]).shape for i in node.inputs if e.node(i).kind == "gather"]
+    idx = e.idx_type(node.shape, *in_shapes, *tables)
+    gathered = gathered_inputs(e, node, idx)  # gathers whose lookups this kernel does (their kernels are gone)
     ins = tuple(RegionLoad(e.ctype(i), _VTYPE[s.dtype], category(s.dtype), f"in{j}",
-                           _bcast_index(e, tuple(s.dims), tuple(node.shape.dims), idx))
+                           _bcast_index(e, tuple(s.dims), tuple(node.shape.dims), idx), gathered.get(j))
                 for j, (i, s) in enumerate(zip(node.inputs, in_shapes)))
     steps = []
     n_in = len(node.inputs)
-    uses_flag = False
+    uses_flag = bool(gathered)  # (a bad index raises the flag, as rlx_gather does)
     for k, step in enumerate(reg.steps):
         out = values[n_in + k]
         arg_dtypes = [values[a].dtype for a in step.args]
@@ -425,11 +442,15 @@ def region(e: CudaEmitter, node: Node) -> Kernel:
         steps.append(RegionStep(f"v{n_in + k}", _VTYPE[out.dtype], step.op.kind, fn,
                                 tuple(f"v{a}" for a in step.args), integer, out.dtype.value))
     name = f"{e.prefix}region_{node.id}"
-    device = RegionKernel(name, e.header(node), idx, RegionOut(e.ctype(node.id), category(node.shape.dtype)),
-                          ins, tuple(steps), f"v{len(values) - 1}")
+    note = "".join(f"; in{j} = %{node.inputs[j]} (gather) looked up here" for j in sorted(gathered))
+    device = RegionKernel(name, e.header(node) + note, idx,
+                          RegionOut(e.ctype(node.id), category(node.shape.dtype)), ins, tuple(steps),
+                          f"v{len(values) - 1}")
+    ptrs = tuple(f"{gathered[j].table}, {gathered[j].index}" if j in gathered else e.ptr(i)
+                 for j, i in enumerate(node.inputs))
     return _kernel(node, "block_region", Region(
         **e.base(node), uses_flag=uses_flag, kernel=name, idx=idx, n=e.numel(node.shape.dims),
-        out=e.ptr(node.id), ins=tuple(e.ptr(i) for i in node.inputs), device=device), func=name)
+        out=e.ptr(node.id), ins=ptrs, device=device), *((GATHER,) if gathered else ()), func=name)
 
 
 # ── data movement ─────────────────────────────────────────────────────────────
@@ -499,6 +520,10 @@ def concat(e: CudaEmitter, node: Node) -> Kernel:
 
 @rules.register("gather", accepts=_gather_accepts)
 def gather(e: CudaEmitter, node: Node) -> Kernel:
+    region = absorbing_region(e, node)
+    if region is not None:
+        return Kernel(node.id, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
+            f"%{node.id}: looked up inside %{region}'s elementwise kernel (rlx_gather_at)"), what=""))
     table_, idx = (e.node(i).shape for i in node.inputs)
     axis = node.op.axis % table_.rank
     args = Gather(**e.base(node), uses_flag=True, t=e.ctype(node.id), it=_CTYPE[idx.dtype],
