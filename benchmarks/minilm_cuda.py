@@ -19,9 +19,8 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
 | `rlx_nopool` | `rlx` built with `pool_tail=False`: the pooling tail (masked mean, L2 norm) as ~9 kernels, not one |
-| `rlx_nopoolnorm` | `rlx` built with `pool_norm=False`: the last LayerNorm as its own kernel, before the pooling one |
+| `rlx_poolnorm` | `rlx` built with `pool_norm=True`: the last LayerNorm inside the pooling kernel (seq <= 64) |
 | `rlx_nogather` | `rlx` built with `gather_region=False`: the embedding lookups as gather kernels before the sum |
-| `rlx_m16b` | both of the above off (main before helper `mini16b`) |
 | `rlx_noio` | `rlx` built with `io_graph=False`: input / output copies and the flag read as separate operations |
 | `rlx_nohold` | `rlx` planned without `hold_norm_inputs`: the LayerNorm before each FFN1 as its own kernel |
 | `rlx_before` | all three of the above (the build before them) |
@@ -77,8 +76,7 @@ VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention
             "rlx_bk32": dict(attn_bk=32),
             "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
             "rlx_base": dict(small_gemm=False, pdl=False), "rlx_nopool": dict(pool_tail=False),
-            "rlx_nopoolnorm": dict(pool_norm=False), "rlx_nogather": dict(gather_region=False),
-            "rlx_m16b": dict(pool_norm=False, gather_region=False),
+            "rlx_poolnorm": dict(pool_norm=True), "rlx_nogather": dict(gather_region=False),
             "rlx_nocutlass": dict(cutlass_gemm=False),
             "rlx_noio": dict(io_graph=False), "rlx_nohold": dict(plan=dict(hold_norm_inputs=False)),
             "rlx_before": dict(pool_tail=False, io_graph=False, plan=dict(hold_norm_inputs=False)),

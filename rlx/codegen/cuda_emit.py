@@ -148,8 +148,9 @@ class CudaTarget:
     #: A masked-mean (+ L2 normalization) pooling tail runs as one kernel (a PoolTail decision of the lowering).
     pool_tail: bool = True
     #: ... and, for sentences of at most 64 tokens, computes the layer / RMS norm producing its input itself
-    #: (`PoolTail.norm`: the norm's own kernel runs only for longer sentences).
-    pool_norm: bool = True
+    #: (`PoolTail.norm`: the norm's own kernel runs only for longer sentences). Off by default: at MiniLM 1x16 on
+    #: the H100 it saved a launch but its one block per sentence took 5.2 µs, no wall gain (docs/perf-h100.md).
+    pool_norm: bool = False
     #: A row gather (embedding lookup) read by one elementwise region only is done by that region's kernel
     #: (rlx/codegen/cuda_region_gather.py).
     gather_region: bool = True
@@ -181,7 +182,7 @@ class CudaTarget:
                 + (f" attn_warps={self.attn_warps}" if self.attn_warps else "")
                 + (" attn_pipe=1" if self.attn_pipe else "")
                 + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
-                + ("" if self.pool_tail else " pool_tail=0") + ("" if self.pool_norm else " pool_norm=0")
+                + ("" if self.pool_tail else " pool_tail=0") + (" pool_norm=1" if self.pool_norm else "")
                 + ("" if self.gather_region else " gather_region=0")
                 + ("" if self.io_graph else " io_graph=0")
                 + ("" if self.cutlass_gemm else " cutlass_gemm=0"))

@@ -468,7 +468,7 @@ def _scratch(lir: LirModule, precision: DType) -> int:
 
 
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
-                pool_norm: bool = True) -> tuple[Decision, ...]:
+                pool_norm: bool = False) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout)."""
     graph = lir.graph
@@ -576,12 +576,12 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
-                   pool_tail: bool = True, pool_norm: bool = True, **_target: object) -> tuple[Decision, ...]:
+                   pool_tail: bool = True, pool_norm: bool = False, **_target: object) -> tuple[Decision, ...]:
     """`LOWERINGS["cuda"]`: the GEMM groups, decode GEMVs and device layout for this precision and GEMM provider.
 
-    `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=False` leaves the norm
-    before a tail to its own kernel (no `PoolTail.norm`). Other target options (arch,
-    epilogue fusion, tile sizes) do not change any decision and are ignored.
+    `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
+    the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
+    options (arch, epilogue fusion, tile sizes) do not change any decision and are ignored.
     """
     precision = DType.parse(precision)
     if precision not in PRECISIONS:

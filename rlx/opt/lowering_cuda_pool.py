@@ -126,7 +126,7 @@ def _norm_before(lir: LirModule, hidden: Node, first: int, out: NodeId,
     return (hidden.id,)
 
 
-def _match(lir: LirModule, mm: Node, users: dict[NodeId, list[NodeId]], with_norm: bool = True) -> PoolTail | None:
+def _match(lir: LirModule, mm: Node, users: dict[NodeId, list[NodeId]], with_norm: bool = False) -> PoolTail | None:
     """The tail whose masked sum is the product `mm`, or None."""
     graph = lir.graph
     outputs = set(graph.outputs)
@@ -233,7 +233,7 @@ def _overlap(lir: LirModule, a: NodeId, b: NodeId) -> bool:
     return sa[1] < sb[1] + sb[2] and sb[1] < sa[1] + sa[2]
 
 
-def find_pool_tails(lir: LirModule, norm: bool = True) -> list[PoolTail]:
+def find_pool_tails(lir: LirModule, norm: bool = False) -> list[PoolTail]:
     """Every masked-mean (+ L2 normalization) tail of `lir` that runs as one kernel (see the module doc); with
     `norm`, each also takes the layer / RMS norm producing its hidden states where it can (`PoolTail.norm`)."""
     graph = lir.graph

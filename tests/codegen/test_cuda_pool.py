@@ -44,22 +44,22 @@ def test_the_lowering_refuses_what_the_target_turns_off() -> None:
     lir = _lir(pool_graph())  # lowered with the tail: a target without it may not render it
     with pytest.raises(BuildError, match="lowered"):
         render_cuda(lir, CudaTarget(precision="f16", pool_tail=False), {"name": "p"})
-    lir = _lir(pool_graph(norm="layer_res"))  # lowered with the norm in the tail's kernel
+    lir = _lir(pool_graph(norm="layer_res"), pool_norm=True)  # lowered with the norm in the tail's kernel
     with pytest.raises(BuildError, match="norm before a pooling tail"):
-        render_cuda(lir, CudaTarget(precision="f16", pool_norm=False), {"name": "p"})
+        render_cuda(lir, CudaTarget(precision="f16"), {"name": "p"})
 
 
 @pytest.mark.parametrize(("norm", "nk", "res"), [("layer_res", 1, "true"), ("rms", 2, "false")])
 def test_short_sentences_run_the_norm_in_the_tail(norm: str, nk: int, res: str) -> None:
-    on = forward(render_cuda(_lir(pool_graph(norm=norm)), CudaTarget(precision="f16"), {"name": "p"}))
-    off = forward(render_cuda(_lir(pool_graph(norm=norm), pool_norm=False), CudaTarget(precision="f16",
-                                                                                       pool_norm=False), {"name": "p"}))
+    on = forward(render_cuda(_lir(pool_graph(norm=norm), pool_norm=True), CudaTarget(precision="f16", pool_norm=True),
+                             {"name": "p"}))
+    off = forward(render_cuda(_lir(pool_graph(norm=norm)), CudaTarget(precision="f16"), {"name": "p"}))
     # the tail picks the kernel by the sentence length; the norm's own kernel runs for long sentences only
     assert on.count(f"rlx_pool_tail_norm<__half, __half, float, 8, true, {nk}, {res}, 1>") == 1
     assert "if (seq <= 64) {" in on and on.count("rlx_pool_tail<__half, __half, float, 8, true>") == 1
     assert "if (S[1] > 64) {  /* (a step of <= 64 rows: sentences of <= 64 tokens: done in %" in on
     assert "rlx_pool_tail_norm<" not in off and "if (S[1] > 64)" not in off and "rlx_norm_vec<" in off
-    assert "pool_norm=0" in CudaTarget(pool_norm=False).identity() and "pool_norm" not in CudaTarget().identity()
+    assert "pool_norm=1" in CudaTarget(pool_norm=True).identity() and "pool_norm" not in CudaTarget().identity()
 
 
 @pytest.mark.parametrize("precision", [DType.F32, DType.F16, DType.BF16])
@@ -69,8 +69,8 @@ def test_nvcc_compiles_the_tail(precision: DType, tmp_path: Path) -> None:
     except BuildError:
         pytest.skip("nvcc is not installed")
     lir = lower_for(lower_to_lir(to_mir(pool_graph(hidden=36, norm="layer_res")), 2, backend="cuda"), "cuda",
-                    precision=precision, gemm="builtin")
-    src = render_cuda(lir, CudaTarget(precision=precision, gemm="builtin"), {"name": "p"})
+                    precision=precision, gemm="builtin", pool_norm=True)
+    src = render_cuda(lir, CudaTarget(precision=precision, gemm="builtin", pool_norm=True), {"name": "p"})
     vec = 4 if precision is DType.F32 else 1  # hidden 36: 16-byte loads of floats, scalar ones of 16-bit types
     assert src.count("rlx_pool_tail<") == 1 and f", {vec}, true>" in src
     assert src.count(f"rlx_pool_tail_norm<{src.split('rlx_pool_tail_norm<')[-1].split(',')[0]}") == 1

@@ -68,8 +68,8 @@ def test_the_norm_in_the_tail_matches_reference_and_its_own_kernel(precision: st
     norm's kernel, then rlx_pool_tail. Both against the reference and the build with the norm as its own kernel."""
     graph = pool_graph(hidden=48, max_batch=3, max_seq=72, norm=norm)
     params = {k: v for k, v in pool_feed(1, 1, norm=True)[1].items() if k != "beta" or norm.startswith("layer")}
-    fused = _build(graph, precision, params)
-    plain = _build(graph, precision, params, pool_norm=False)
+    fused = _build(graph, precision, params, pool_norm=True)
+    plain = _build(graph, precision, params)
     assert "rlx_pool_tail_norm<" in fused.source and "rlx_pool_tail_norm<" not in plain.source
     for batch, seq in ((1, 16), (3, 9), (2, 64), (3, 70)):
         feed, _ = pool_feed(batch, seq, norm=True)

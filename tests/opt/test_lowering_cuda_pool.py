@@ -47,17 +47,17 @@ def test_mean_only_and_refused_tails() -> None:
 
 
 def test_the_norm_before_the_tail_is_taken_with_it() -> None:
-    lir = _lir(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"))
+    lir = _lir(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"), pool_norm=True)
     (tail,) = lir.decided(PoolTail)
     (norm,) = tail.norm
     assert lir.graph.node(norm).kind == "fused_residual_layer_norm" and tail.hidden == norm
     assert tail.norm_max_seq == 64 and f"normalizes %{norm}'s inputs itself when seq <= 64" in lir.inspect()
     for kind in ("layer", "rms", "rms_res"):
-        (t,) = _tails(pool_graph(norm=kind))
+        (t,) = _tails(pool_graph(norm=kind), pool_norm=True)
         assert t.norm == (t.hidden,)
-    # the option turns it off; a norm output read elsewhere (a second output) stays a kernel of its own
-    assert _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"), pool_norm=False)[0].norm == ()
-    (leak,) = _tails(pool_graph(norm="layer", leak="norm"))
+    # off by default; a norm output read elsewhere (a second output) stays a kernel of its own
+    assert _tails(build_bert(TINY_BERT, max_batch=2, max_seq=8, output="embeddings"))[0].norm == ()
+    (leak,) = _tails(pool_graph(norm="layer", leak="norm"), pool_norm=True)
     assert leak.norm == () and leak.norm_max_seq == 0
     # no norm before the tail: nothing to take
-    assert _tails(pool_graph())[0].norm == ()
+    assert _tails(pool_graph(), pool_norm=True)[0].norm == ()
