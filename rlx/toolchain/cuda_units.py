@@ -27,8 +27,8 @@ import hashlib
 import importlib.util
 import os
 import re
-import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -217,30 +217,21 @@ def cutlass_objects(source: str, toolchain: NvccToolchain, workdir: Path,
 def build_units(wanted: Sequence[UnitConfig], toolchain: NvccToolchain, cutlass: Cutlass, workdir: Path,
                 config: Config | None = None) -> tuple[Path, ...]:
     """The objects of the (dtype, activation, tile) configurations `wanted`: from the cache, the missing ones compiled
-    in parallel threads (one nvcc each: about a minute and 4 GB apiece), in the order of `wanted`."""
+    in parallel (one nvcc each: about a minute and 4 GB apiece; at most one per CPU core), in the order of `wanted`.
+    The first failure is raised once every build has ended."""
     from rlx.toolchain.units import UnitStore
 
     store = UnitStore(config)
-    objects: dict[UnitConfig, Path] = {}
-    errors: list[BaseException] = []
 
-    def build(dt: str, act: str, tile: int) -> None:
-        unit_tc = CutlassUnitToolchain(toolchain, cutlass, dt, act, tile)
-        try:
-            if store.enabled:
-                objects[(dt, act, tile)] = store.get(unit_path(), unit_tc, workdir)  # type: ignore[arg-type]
-            else:  # no cache: into the build's directory, one object per configuration
-                out = workdir / f"{unit_function(dt, act, tile)}.unit.o"
-                unit_tc.compile_object(unit_path(), out)
-                objects[(dt, act, tile)] = out
-        except BaseException as exc:  # re-raised on the calling thread
-            errors.append(exc)
+    def build(unit: UnitConfig) -> Path:
+        unit_tc = CutlassUnitToolchain(toolchain, cutlass, *unit)
+        if store.enabled:
+            return store.get(unit_path(), unit_tc, workdir)  # type: ignore[arg-type]
+        out = workdir / f"{unit_function(*unit)}.unit.o"  # no cache: into the build's directory
+        unit_tc.compile_object(unit_path(), out)
+        return out
 
-    threads = [threading.Thread(target=build, args=w, name=f"rlx-cutlass-{w[0]}-{w[1]}-{w[2]}") for w in wanted]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return tuple(objects[w] for w in wanted)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(wanted), os.cpu_count() or 1)),
+                            thread_name_prefix="rlx-cutlass") as pool:
+        futures = [pool.submit(build, w) for w in wanted]
+    return tuple(f.result() for f in futures)

@@ -46,6 +46,27 @@ __device__ __forceinline__ int64_t rlx_attn_kv_end(const RlxAttn &p, int64_t q1)
     return e < 0 ? 0 : (e > p.Skv ? p.Skv : e);
 }
 
+/* What one block of a query-tiled kernel reads: batch b, head h, query rows [q0, qlast) (qlast <= Sq); qb, kb, vb
+ * the head's Q rows and its KV group's K and V rows; kv_end the last key (exclusive) those queries can see. */
+template <typename T>
+struct RlxAttnBlock {
+    const T *qb, *kb, *vb;
+    int64_t qlast, kv_end;
+};
+
+template <typename T, int D, int MASK>
+__device__ __forceinline__ RlxAttnBlock<T> rlx_attn_block(const RlxAttn &p, const T *q, const T *k, const T *v,
+                                                          int64_t b, int h, int64_t q0, int64_t rows) {
+    const int kvh = h / (p.H / p.Hkv);
+    RlxAttnBlock<T> blk;
+    blk.qb = q + b * p.Sq * p.q_rs + (int64_t)h * D;
+    blk.kb = k + b * p.Skv * p.kv_rs + (int64_t)kvh * D;
+    blk.vb = v + b * p.Skv * p.v_rs + (int64_t)kvh * D;
+    blk.qlast = q0 + rows < p.Sq ? q0 + rows : p.Sq;
+    blk.kv_end = rlx_attn_kv_end<MASK>(p, blk.qlast);
+    return blk;
+}
+
 #define RLX_ATTN_R 4   /* query rows per warp in rlx_attn_rows */
 #define RLX_ATTN_KT 32 /* keys per tile in rlx_attn_rows */
 
@@ -65,11 +86,9 @@ __global__ void __launch_bounds__(128) rlx_attn_rows(const T *__restrict__ q, co
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.y;
     const int64_t b = blockIdx.z;
-    const int kvh = h / (p.H / p.Hkv);
     const int64_t q0 = (int64_t)blockIdx.x * ROWS;
-    const T *qb = q + b * p.Sq * p.q_rs + (int64_t)h * D;
-    const T *kb = k + b * p.Skv * p.kv_rs + (int64_t)kvh * D;
-    const T *vb = v + b * p.Skv * p.v_rs + (int64_t)kvh * D;
+    const RlxAttnBlock<T> blk = rlx_attn_block<T, D, MASK>(p, q, k, v, b, h, q0, ROWS);
+    const T *qb = blk.qb, *kb = blk.kb, *vb = blk.vb;
 
     for (int e = threadIdx.x; e < ROWS * D; e += blockDim.x) {
         int64_t i = q0 + e / D;
@@ -85,7 +104,7 @@ __global__ void __launch_bounds__(128) rlx_attn_rows(const T *__restrict__ q, co
         for (int c = 0; c < DPL; ++c) acc[r][c] = 0;
     }
     const int64_t row0 = q0 + warp * RLX_ATTN_R;
-    const int64_t kv_end = rlx_attn_kv_end<MASK>(p, (q0 + ROWS < p.Sq ? q0 + ROWS : p.Sq));
+    const int64_t kv_end = blk.kv_end;
     for (int64_t j0 = 0; j0 < kv_end; j0 += RLX_ATTN_KT) {
         __syncthreads();
         for (int e = threadIdx.x; e < RLX_ATTN_KT * D; e += blockDim.x) {
@@ -377,14 +396,10 @@ __global__ void __launch_bounds__(NW * 32, (NW == 4 && D <= 32) ? 6 : 1) rlx_att
     const int g = lane >> 2, tq = lane & 3; /* fragment row group and column pair */
     const int h = blockIdx.y;
     const int64_t b = blockIdx.z;
-    const int kvh = h / (p.H / p.Hkv);
     const int64_t q0 = (int64_t)blockIdx.x * (16 * NW);
-    const T *qb = q + b * p.Sq * p.q_rs + (int64_t)h * D;
-    const T *kb = k + b * p.Skv * p.kv_rs + (int64_t)kvh * D;
-    const T *vb = v + b * p.Skv * p.v_rs + (int64_t)kvh * D;
-
-    const int64_t qlast = q0 + 16 * NW < p.Sq ? q0 + 16 * NW : p.Sq;
-    const int64_t kv_end = rlx_attn_kv_end<MASK>(p, qlast);
+    const RlxAttnBlock<T> blk = rlx_attn_block<T, D, MASK>(p, q, k, v, b, h, q0, 16 * NW);
+    const T *qb = blk.qb, *kb = blk.kb, *vb = blk.vb;
+    const int64_t kv_end = blk.kv_end;
     /* Rows of a tile that are read at all: keys past the end are skipped 16 at a time. */
     auto tile_rows = [&](int64_t j0) -> int {
         const int64_t left = kv_end - j0;

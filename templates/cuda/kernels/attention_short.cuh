@@ -7,7 +7,7 @@
  * further barrier. A block has 1..8 warps (16 query rows each, chosen by the host from the grid size), so at
  * large batch one block covers up to 128 queries of a head and K/V are read from L2 once per block.
  * Needs: D a multiple of 16 (<= 64), 16-byte aligned rows (the VEC case of rlx_attn_fa), f16 or bf16.
- * Uses RlxAttn, RlxMma, rlx_ld32, rlx_ldmatrix_x2_trans and rlx_attn_kv_end from attention.cuh. */
+ * Uses RlxAttn, RlxMma, rlx_ld32, rlx_ldmatrix_x2_trans and rlx_attn_block from attention.cuh. */
 
 template <int D, int KMAX> struct RlxShortSmem {
     static constexpr int LDK = D + 8; /* halves per row: conflict-free fragment and ldmatrix loads */
@@ -56,14 +56,10 @@ __global__ void __launch_bounds__(256, D <= 32 ? 3 : 1) rlx_attn_short(const T *
     const int g = lane >> 2, tq = lane & 3; /* fragment row group and column pair */
     const int h = blockIdx.y;
     const int64_t b = blockIdx.z;
-    const int kvh = h / (p.H / p.Hkv);
     const int64_t q0 = (int64_t)blockIdx.x * (16 * nw);
-    const T *qb = q + b * p.Sq * p.q_rs + (int64_t)h * D;
-    const T *kb = k + b * p.Skv * p.kv_rs + (int64_t)kvh * D;
-    const T *vb = v + b * p.Skv * p.v_rs + (int64_t)kvh * D;
-
-    const int64_t qlast = q0 + 16 * nw < p.Sq ? q0 + 16 * nw : p.Sq;
-    const int64_t kv_end = rlx_attn_kv_end<MASK>(p, qlast); /* <= Skv <= KMAX */
+    const RlxAttnBlock<T> blk = rlx_attn_block<T, D, MASK>(p, q, k, v, b, h, q0, 16 * nw);
+    const T *qb = blk.qb, *kb = blk.kb, *vb = blk.vb;
+    const int64_t kv_end = blk.kv_end; /* <= Skv <= KMAX */
     const int kv_rows = (int)((kv_end + 15) / 16 * 16);     /* rows the mma loops read */
     rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     /* Everything the block reads, in flight at once. */
@@ -401,14 +397,10 @@ rlx_attn_short2(const T *__restrict__ q, const T *__restrict__ k, const T *__res
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.y;
     const int64_t b = blockIdx.z;
-    const int kvh = h / (p.H / p.Hkv);
     const int64_t q0 = (int64_t)blockIdx.x * (16 * nw);
-    const T *qb = q + b * p.Sq * p.q_rs + (int64_t)h * D;
-    const T *kb = k + b * p.Skv * p.kv_rs + (int64_t)kvh * D;
-    const T *vb = v + b * p.Skv * p.v_rs + (int64_t)kvh * D;
-
-    const int64_t qlast = q0 + 16 * nw < p.Sq ? q0 + 16 * nw : p.Sq;
-    const int64_t kv_end = rlx_attn_kv_end<MASK>(p, qlast); /* <= Skv <= KMAX */
+    const RlxAttnBlock<T> blk = rlx_attn_block<T, D, MASK>(p, q, k, v, b, h, q0, 16 * nw);
+    const T *qb = blk.qb, *kb = blk.kb, *vb = blk.vb;
+    const int64_t kv_end = blk.kv_end; /* <= Skv <= KMAX */
     const int nk = kv_end <= 16 ? 16 : kv_end <= 32 ? 32 : kv_end <= 64 ? 64 : KMAX; /* rows the warps read */
     rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     /* Everything the block reads, in flight at once. */
@@ -483,8 +475,7 @@ rlx_attn_short2p(const T *__restrict__ q, const T *__restrict__ k, const T *__re
         tl.q0 = t % qblocks * (16 * nw);
         tl.h = (int)(t / qblocks % p.H);
         tl.b = t / qblocks / p.H;
-        const int64_t qlast = tl.q0 + 16 * nw < p.Sq ? tl.q0 + 16 * nw : p.Sq;
-        const int64_t kv_end = rlx_attn_kv_end<MASK>(p, qlast);
+        const int64_t kv_end = rlx_attn_block<T, D, MASK>(p, q, k, v, tl.b, tl.h, tl.q0, 16 * nw).kv_end;
         tl.nk = kv_end <= 16 ? 16 : kv_end <= 32 ? 32 : kv_end <= 64 ? 64 : KMAX;
         return tl;
     };
@@ -493,13 +484,10 @@ rlx_attn_short2p(const T *__restrict__ q, const T *__restrict__ k, const T *__re
     const bool pre = blockDim.x >= KMAX;
     MT mv = MT(0);
     auto issue = [&](const Tile &tl, unsigned char *st) {
-        const int kvh = tl.h / (p.H / p.Hkv);
-        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::q_off), q + tl.b * p.Sq * p.q_rs + (int64_t)tl.h * D,
-                             p.q_rs, tl.q0, p.Sq, 16 * nw);
-        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::k_off), k + tl.b * p.Skv * p.kv_rs + (int64_t)kvh * D,
-                             p.kv_rs, 0, p.Skv, tl.nk);
-        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::v_off), v + tl.b * p.Skv * p.v_rs + (int64_t)kvh * D,
-                             p.v_rs, 0, p.Skv, tl.nk);
+        const RlxAttnBlock<T> blk = rlx_attn_block<T, D, MASK>(p, q, k, v, tl.b, tl.h, tl.q0, 16 * nw);
+        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::q_off), blk.qb, p.q_rs, tl.q0, p.Sq, 16 * nw);
+        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::k_off), blk.kb, p.kv_rs, 0, p.Skv, tl.nk);
+        rlx_short_rows<T, D>(reinterpret_cast<T *>(st + L::v_off), blk.vb, p.v_rs, 0, p.Skv, tl.nk);
         asm volatile("cp.async.commit_group;\n" ::);
         if (MASK == RLX_MASK_PADDING && pre && threadIdx.x < p.Skv) mv = mask[tl.b * p.Skv + threadIdx.x];
     };
