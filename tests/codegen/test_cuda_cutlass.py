@@ -1,8 +1,8 @@
 """Which GEMMs run on the CUTLASS sm90 unit (rlx/codegen/cuda_cutlass.py), and nvcc builds it and links it.
 
 Runs without a GPU; tests/gpu/test_cuda_cutlass.py checks the numbers on one. The compile test needs nvcc,
-cublasLt.h and CUTLASS's headers (the optional nvidia-cutlass wheel, which `make install` adds where nvcc is), and takes about a
-minute of one core (one CUTLASS instantiation).
+cublasLt.h and CUTLASS's headers (the optional nvidia-cutlass wheel, which `make install` adds where nvcc is),
+and takes about a minute of one core (one CUTLASS instantiation).
 """
 
 from __future__ import annotations
