@@ -24,7 +24,7 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_noio` | `rlx` built with `io_graph=False`: input / output copies and the flag read as separate operations |
 | `rlx_nohold` | `rlx` planned without `hold_norm_inputs`: the LayerNorm before each FFN1 as its own kernel |
 | `rlx_before` | all three of the above (the build before them) |
-| `rlx_start` | `rlx_before` plus `cutlass_gemm=False, short_attention_v1=True`: main as of 2026-11-23 22:00 UTC |
+| `rlx_start` | `rlx_before` plus `cutlass_gemm=False, short_attention_v1=True, gather_region=False`: main at 22:00 UTC 2026-11-23 |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
@@ -81,7 +81,7 @@ VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention
             "rlx_noio": dict(io_graph=False), "rlx_nohold": dict(plan=dict(hold_norm_inputs=False)),
             "rlx_before": dict(pool_tail=False, io_graph=False, plan=dict(hold_norm_inputs=False)),
             "rlx_start": dict(pool_tail=False, io_graph=False, plan=dict(hold_norm_inputs=False), cutlass_gemm=False,
-                              short_attention_v1=True)}
+                              short_attention_v1=True, gather_region=False)}
 
 
 def variant_lir(graph, options: dict) -> tuple:
