@@ -23,8 +23,8 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_nogather` | `rlx` built with `gather_region=False`: the embedding lookups as gather kernels before the sum |
 | `rlx_noio` | `rlx` built with `io_graph=False`: input / output copies and the flag read as separate operations |
 | `rlx_nohold` | `rlx` planned without `hold_norm_inputs`: the LayerNorm before each FFN1 as its own kernel |
-| `rlx_before` | all three of the above (the build before them) |
-| `rlx_start` | `rlx_before` plus `cutlass_gemm=False, short_attention_v1=True, gather_region=False`: main at 22:00 UTC 2026-11-23 |
+| `rlx_before` | `rlx_nopool`, `rlx_noio` and `rlx_nohold` in one build |
+| `rlx_start` | `rlx_before`, `rlx_nocutlass`, `rlx_short1`, `rlx_nogather` in one: main at 22:00 UTC 2026-11-23 |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
