@@ -21,6 +21,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_TEMPLATES_DIR | templates (`cpu/`, `cuda/`) to render from (`rlx.templates_path`) | the installed ones |
 | RLX_PROFILE | 1 builds the profiled variant: per-kernel (and per-thread) time spans (`CompiledGraph.trace`) | 0 |
 | RLX_CHECK_NANS | 1 builds the checked variant: a kernel writing NaN/inf fails the run naming its op | 0 |
+| RLX_CUTLASS | 0: erf GELU / SiLU GEMMs on cuBLASLt + a pass, not the CUTLASS unit (~1 min to build once) | 1 |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
 
 RLX_OMP_WAIT applies once per process, just before the first generated
@@ -125,6 +126,8 @@ class Config:
     #: Build variants (each its own cache key): record time spans / check every float output.
     profile: bool = False
     check_nans: bool = False
+    #: CUDA sm_90 builds may link the CUTLASS GEMM units (`rlx.toolchain.cuda_units`); False: never.
+    cutlass: bool = True
     cc: str = "cc"
     nvcc: str = "nvcc"
 
@@ -154,6 +157,7 @@ class Config:
             omp_wait=_omp_wait(env),
             profile=_flag(env, "RLX_PROFILE", False),
             check_nans=_flag(env, "RLX_CHECK_NANS", False),
+            cutlass=_flag(env, "RLX_CUTLASS", True),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
         )

@@ -244,11 +244,14 @@ def detect_nvcc_toolchain(config: Config | None = None, target: str | None = Non
     return NvccToolchain(nvcc, text, detect_arch(target), find_cublas(nvcc))
 
 
-def resolve_target(toolchain: NvccToolchain, target: CudaTarget) -> CudaTarget:
+def resolve_target(toolchain: NvccToolchain, target: CudaTarget, config: Config | None = None) -> CudaTarget:
     """`target` with the toolchain's arch, the built-in GEMM when cuBLASLt is not installed, and no CUTLASS
-    GEMMs where they cannot be built (not sm_90, headers missing: `cutlass_note` says which)."""
+    GEMMs where `config` turns them off (RLX_CUTLASS=0) or they cannot be built (not sm_90, headers missing:
+    `cutlass_note` says which)."""
     gemm = resolve_gemm(toolchain, target.gemm)
-    cutlass = target.cutlass_gemm and gemm == "cublaslt" and not cutlass_status(toolchain, cutlass_for())
+    allowed = config is None or config.cutlass
+    cutlass = (target.cutlass_gemm and allowed and gemm == "cublaslt"
+               and not cutlass_status(toolchain, cutlass_for()))
     return replace(target, arch=toolchain.arch, gemm=gemm, cutlass_gemm=cutlass)
 
 
@@ -264,7 +267,7 @@ def cutlass_note(toolchain: NvccToolchain, target: CudaTarget) -> str:
     if target.cutlass_gemm:
         return "on"
     why = cutlass_status(toolchain, cutlass_for()) if toolchain.arch else ""
-    return f"off ({why})" if why else "off (CudaTarget(cutlass_gemm=False) or no cuBLASLt)"
+    return f"off ({why})" if why else "off (CudaTarget(cutlass_gemm=False), RLX_CUTLASS=0 or no cuBLASLt)"
 
 
 def resolve_gemm(toolchain: NvccToolchain, gemm: str) -> str:
@@ -360,7 +363,7 @@ def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget 
         from rlx.codegen.cuda import CudaTarget
 
         target = CudaTarget()
-    target = resolve_target(toolchain, target)
+    target = resolve_target(toolchain, target, config)
     from rlx.codegen.cuda import lower_cuda
 
     lir = lower_cuda(lir, target)  # the CUDA decisions are part of the LIR the cache key hashes

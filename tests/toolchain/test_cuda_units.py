@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlx.codegen.cuda import CudaTarget
+from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.toolchain.cuda import Cublas, NvccToolchain, cutlass_note, resolve_target
 from rlx.toolchain.cuda_units import (
@@ -54,6 +55,14 @@ def test_status_and_target_resolution(tmp_path) -> None:
     target = resolve_target(_nvcc("sm_80"), CudaTarget())
     assert not target.cutlass_gemm and "cutlass_gemm=0" in target.identity()
     assert "sm_90 kernels" in cutlass_note(_nvcc("sm_80"), target)
+
+
+def test_rlx_cutlass_0_turns_the_units_off(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RLX_CUTLASS_DIR", str(_fake_cutlass(tmp_path)))
+    assert resolve_target(_nvcc(), CudaTarget(), Config.from_env({})).cutlass_gemm
+    off = resolve_target(_nvcc(), CudaTarget(), Config.from_env({"RLX_CUTLASS": "0"}))
+    assert not off.cutlass_gemm and "cutlass_gemm=0" in off.identity()
+    assert "RLX_CUTLASS=0" in cutlass_note(_nvcc(), off)
 
 
 def test_unit_keys_differ_per_configuration(tmp_path) -> None:
