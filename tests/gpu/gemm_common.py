@@ -1,5 +1,6 @@
-"""What the rlx_gemm_small / rlx_gemm_mma tests share: the GPU-only marks and unit roundoffs of tests/gpu, the
-norm-prologue graph, and the render / nvcc steps of tests/codegen (which check the source without a GPU)."""
+"""What the rlx_gemm_small / rlx_gemm_mma tests share: the GPU-only marks and unit roundoffs of tests/gpu, a build
+with its params set, the norm-prologue graph, and the render / nvcc steps of tests/codegen (which check the source
+without a GPU)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,18 @@ GPU_ONLY = [pytest.mark.cuda,
 
 #: unit roundoff of each precision
 U = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def build_with_params(graph: Graph, precision: str, params: dict[str, np.ndarray], **options):
+    """`graph` compiled for the visible GPU in `precision` with CudaTarget `options`, its params set."""
+    from rlx.config import Config
+    from rlx.driver import Device, Session
+    from rlx.runtime.cuda_device import compile_cuda
+
+    cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision, **options)
+    for name, value in params.items():
+        cg.set_param(name, value)
+    return cg
 
 
 def gemm_chain(name: str, rows: int, k: int, layers: Sequence[tuple[int, bool, str | None]],

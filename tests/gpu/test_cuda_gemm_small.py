@@ -11,12 +11,9 @@ import numpy as np
 import pytest
 
 from rlx import reference
-from rlx.config import Config
-from rlx.driver import Device, Session
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
-from rlx.runtime.cuda_device import compile_cuda
-from tests.gpu.gemm_common import GPU_ONLY, U, gemm_chain, norm_graph, scaled_normal
+from tests.gpu.gemm_common import GPU_ONLY, U, build_with_params, gemm_chain, norm_graph, scaled_normal
 
 pytestmark = GPU_ONLY
 
@@ -27,18 +24,12 @@ def _graph() -> Graph:
                                               (8, False, None)])
 
 
-def _build(graph: Graph, precision: str, params: dict, **options):
-    cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision, **options)
-    for name, value in params.items():
-        cg.set_param(name, value)
-    return cg
-
 
 def _check(graph: Graph, precision: str, params: dict, rng: np.random.Generator, k_in: int) -> str:
     """Every output against the float64 reference, no worse than the build without rlx_gemm_small and PDL (cuBLASLt,
     separate norm and activation kernels: the same storage roundings, other summation orders); returns the source."""
-    cg = _build(graph, precision, params)
-    base = _build(graph, precision, params, small_gemm=False, pdl=False)
+    cg = build_with_params(graph, precision, params)
+    base = build_with_params(graph, precision, params, small_gemm=False, pdl=False)
     u = U[precision]
     for m in (1, 16, 37, 64, 65, 200):
         feed = {"x": rng.standard_normal((m, k_in)).astype(np.float32)}

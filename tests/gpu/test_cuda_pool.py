@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 
 from rlx import reference
-from rlx.config import Config
-from rlx.driver import Device, Session
-from rlx.runtime.cuda_device import compile_cuda
-from tests.gpu.gemm_common import GPU_ONLY
+from tests.gpu.gemm_common import GPU_ONLY, build_with_params
 from tests.gpu.pool_common import pool_feed, pool_graph
 
 pytestmark = GPU_ONLY
@@ -21,19 +18,12 @@ pytestmark = GPU_ONLY
 ATOL = {"f32": 1e-5, "f16": 3e-3, "bf16": 2.5e-2}
 
 
-def _build(graph, precision: str, params: dict, **options):
-    cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision, **options)
-    for k, v in params.items():
-        cg.set_param(k, v)
-    return cg
-
-
 @pytest.mark.parametrize("precision", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("normalize", [True, False])
 def test_pool_tail_matches_reference_and_unfused(precision: str, normalize: bool) -> None:
     graph = pool_graph(hidden=48, max_batch=4, max_seq=24, normalize=normalize)
-    fused = _build(graph, precision, pool_feed(1, 1)[1])
-    plain = _build(graph, precision, pool_feed(1, 1)[1], pool_tail=False)
+    fused = build_with_params(graph, precision, pool_feed(1, 1)[1])
+    plain = build_with_params(graph, precision, pool_feed(1, 1)[1], pool_tail=False)
     assert "rlx_pool_tail<" in fused.source and "rlx_pool_tail<" not in plain.source
     for batch, seq in ((1, 16), (3, 9), (4, 24)):
         feed, params = pool_feed(batch, seq)
@@ -49,7 +39,7 @@ def test_pool_tail_matches_reference_and_unfused(precision: str, normalize: bool
 def test_pool_tail_output_through_device_pointers() -> None:
     graph = pool_graph(hidden=48, max_batch=4, max_seq=24)
     feed, params = pool_feed(3, 11, seed=7)
-    cg = _build(graph, "f16", params)
+    cg = build_with_params(graph, "f16", params)
     ref = reference.run(graph, feed, params)[0]
     dev = {k: cg.to_device(v) for k, v in feed.items()}
     out = cg.to_device(np.full((3, 48), np.nan, np.float32))
@@ -68,8 +58,8 @@ def test_the_norm_in_the_tail_matches_reference_and_its_own_kernel(precision: st
     norm's kernel, then rlx_pool_tail. Both against the reference and the build with the norm as its own kernel."""
     graph = pool_graph(hidden=48, max_batch=3, max_seq=72, norm=norm)
     params = {k: v for k, v in pool_feed(1, 1, norm=True)[1].items() if k != "beta" or norm.startswith("layer")}
-    fused = _build(graph, precision, params, pool_norm=True)
-    plain = _build(graph, precision, params)
+    fused = build_with_params(graph, precision, params, pool_norm=True)
+    plain = build_with_params(graph, precision, params)
     assert "rlx_pool_tail_norm<" in fused.source and "rlx_pool_tail_norm<" not in plain.source
     for batch, seq in ((1, 16), (3, 9), (2, 64), (3, 70)):
         feed, _ = pool_feed(batch, seq, norm=True)

@@ -8,28 +8,20 @@ import numpy as np
 import pytest
 
 from rlx import reference
-from rlx.config import Config
-from rlx.driver import Device, Session
 from rlx.errors import ExecutionError
-from rlx.runtime.cuda_device import compile_cuda
-from tests.gpu.gemm_common import GPU_ONLY
+from tests.gpu.gemm_common import GPU_ONLY, build_with_params
 from tests.gpu.region_gather_common import embed_feed, embed_graph
 
 pytestmark = GPU_ONLY
 
-
-def _build(graph, precision: str, params: dict, **options):
-    cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision, **options)
-    for k, v in params.items():
-        cg.set_param(k, v)
-    return cg
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16", "bf16"])
 def test_lookups_in_the_region_match_reference_and_gather_kernels(precision: str) -> None:
     graph = embed_graph()
     params = embed_feed(1, 1)[1]
-    fused, plain = _build(graph, precision, params), _build(graph, precision, params, gather_region=False)
+    fused = build_with_params(graph, precision, params)
+    plain = build_with_params(graph, precision, params, gather_region=False)
     assert "rlx_gather_at<" in fused.source and "rlx_gather_at<" not in plain.source
     atol = {"f32": 1e-6, "f16": 2e-2, "bf16": 1e-1}[precision]
     for batch, seq in ((1, 12), (3, 5), (4, 12)):
