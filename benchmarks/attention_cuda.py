@@ -38,6 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from minilm_cuda import kernel_ms  # benchmarks/minilm_cuda.py (a script's own folder is on sys.path)
+
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 
@@ -73,16 +75,8 @@ def attention_graph(batch: int, seq: int, heads: int, head_dim: int, dtype: str)
 def kernel_us(fn, iters: int, show: str = "") -> float:
     """µs of GPU kernels per call of `fn` (CUPTI, every kernel; no memory copies: `bind_device` copies the
     inputs into the graph's own buffers and the output out, which is not attention's work)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    _, events = kernel_ms(fn, iters)
     if show:
         for e in sorted(events, key=lambda e: -e.device_time_total)[:4]:
             print(f"    {show}: {e.device_time_total / iters:8.1f} us  x{e.count // iters} {e.key[:100]}")

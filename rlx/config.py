@@ -22,6 +22,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_PROFILE | 1 builds the profiled variant: per-kernel (and per-thread) time spans (`CompiledGraph.trace`) | 0 |
 | RLX_CHECK_NANS | 1 builds the checked variant: a kernel writing NaN/inf fails the run naming its op | 0 |
 | RLX_CUTLASS | 0: erf GELU / SiLU GEMMs on cuBLASLt + a pass, not the CUTLASS unit (~1 min to build once) | 1 |
+| RLX_CUTLASS_DIR | a directory holding `cutlass/cutlass.h` (instead of the nvidia-cutlass wheel's headers) | none |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
 
 RLX_OMP_WAIT applies once per process, just before the first generated
@@ -128,6 +129,8 @@ class Config:
     check_nans: bool = False
     #: CUDA sm_90 builds may link the CUTLASS GEMM units (`rlx.toolchain.cuda_units`); False: never.
     cutlass: bool = True
+    #: CUTLASS's include directory ("": the nvidia-cutlass wheel's).
+    cutlass_dir: str = ""
     cc: str = "cc"
     nvcc: str = "nvcc"
 
@@ -158,6 +161,7 @@ class Config:
             profile=_flag(env, "RLX_PROFILE", False),
             check_nans=_flag(env, "RLX_CHECK_NANS", False),
             cutlass=_flag(env, "RLX_CUTLASS", True),
+            cutlass_dir=env.get("RLX_CUTLASS_DIR", "").strip(),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
         )

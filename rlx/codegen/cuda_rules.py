@@ -35,7 +35,7 @@ from rlx.codegen.cuda_emit import (
     _float_c,
     category,
 )
-from rlx.codegen.cuda_region_gather import GatherLoad, absorbing_region, gathered_inputs
+from rlx.codegen.cuda_region_gather import REGION_KINDS, GatherLoad, absorbing_region, gathered_inputs
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import PoolTail
@@ -414,7 +414,7 @@ def _bcast_index(e: CudaEmitter, in_dims: tuple[Dim, ...], out_dims: tuple[Dim, 
     return broadcast_index(in_dims, out_dims, idx, lambda d: e.dim(d, "sy.v"))
 
 
-@rules.register("activation", "binary", "compare", "where", "cast", "elementwise_region")
+@rules.register(*REGION_KINDS)
 def region(e: CudaEmitter, node: Node) -> Kernel:
     """Elementwise ops (alone, or fused into a region): one generated kernel, values in registers."""
     op = node.op

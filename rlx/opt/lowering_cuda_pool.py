@@ -33,6 +33,7 @@ from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import PoolTail
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.opt.rewrite import constant_values
 
 #: Widest hidden size the kernel takes (its shared memory holds a few partial rows of f32 sums).
 POOL_MAX_HIDDEN = 8192
@@ -51,7 +52,7 @@ def _scalar(graph: Graph, nid: NodeId) -> float | None:
     node = graph.node(nid)
     if not isinstance(node.op, O.Constant) or node.shape.numel != 1 or not node.shape.dtype.is_float:
         return None
-    return float(np.asarray(node.op.array()).reshape(-1)[0])
+    return float(np.asarray(constant_values(node.op)).reshape(-1)[0])  # logical values: bf16 widened
 
 
 def _clamped(graph: Graph, node: Node, sqrt: bool) -> tuple[NodeId, float] | None:

@@ -251,7 +251,7 @@ def resolve_target(toolchain: NvccToolchain, target: CudaTarget, config: Config 
     gemm = resolve_gemm(toolchain, target.gemm)
     allowed = config is None or config.cutlass
     cutlass = (target.cutlass_gemm and allowed and gemm == "cublaslt"
-               and not cutlass_status(toolchain, cutlass_for()))
+               and not cutlass_status(toolchain, cutlass_for(config)))
     return replace(target, arch=toolchain.arch, gemm=gemm, cutlass_gemm=cutlass)
 
 

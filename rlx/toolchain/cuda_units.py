@@ -138,9 +138,9 @@ def find_cutlass(env_dir: str | None = None) -> Cutlass:
 
 
 def cutlass_for(config: Config | None = None) -> Cutlass:
-    """`find_cutlass` with the configured override (`RLX_CUTLASS_DIR`)."""
-    del config  # the directory is an environment setting only (no Config field: one place to look)
-    return find_cutlass(os.environ.get("RLX_CUTLASS_DIR") or None)
+    """`find_cutlass` with the configured override (`Config.cutlass_dir`, RLX_CUTLASS_DIR; None: from the
+    environment)."""
+    return find_cutlass((config or Config.from_env()).cutlass_dir or None)
 
 
 def cutlass_status(toolchain: NvccToolchain, cutlass: Cutlass) -> str:

@@ -3,12 +3,17 @@ one kernel, which are refused, and what the LIR says."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rlx.driver import lower_to_lir, to_mir
 from rlx.ir.decisions_cuda import PoolTail
+from rlx.ir.graph import Graph
+from rlx.ir.shape import Dim
 from rlx.models.bert import BertConfig, build_bert
 from rlx.opt.lowering import lower_for
+from rlx.opt.lowering_cuda_pool import find_pool_tails
+from rlx.opt.memplan import plan
 from tests.gpu.pool_common import pool_graph
 
 TINY_BERT = BertConfig(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -61,3 +66,15 @@ def test_the_norm_before_the_tail_is_taken_with_it() -> None:
     assert leak.norm == () and leak.norm_max_seq == 0
     # no norm before the tail: nothing to take
     assert _tails(pool_graph(), pool_norm=True)[0].norm == ()
+
+
+def test_bf16_constants_are_read_as_their_values() -> None:
+    """A bf16 graph's eps constants are stored as bf16 bit patterns; the decision records their values."""
+    g = Graph("pool_bf16")
+    b, s = Dim.dynamic("b", 4), Dim.dynamic("s", 16)
+    h, m = g.input("h", [b, s, 8], dtype="bf16"), g.input("m", [b, s], dtype="bf16")
+    summed = g.reshape(g.matmul(g.reshape(m, [b, 1, s]), h), [b, 8])
+    count = g.binary("max", g.reduce("sum", m, [1], keep_dim=True), g.constant(np.float32(1e-3), dtype="bf16"))
+    g.set_outputs({"e": g.div(summed, count)})
+    (tail,) = find_pool_tails(plan(g))
+    assert tail.eps_count == pytest.approx(1e-3, rel=1e-2)  # bf16 keeps ~3 digits

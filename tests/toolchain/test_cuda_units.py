@@ -58,9 +58,10 @@ def test_status_and_target_resolution(tmp_path) -> None:
 
 
 def test_rlx_cutlass_0_turns_the_units_off(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("RLX_CUTLASS_DIR", str(_fake_cutlass(tmp_path)))
-    assert resolve_target(_nvcc(), CudaTarget(), Config.from_env({})).cutlass_gemm
-    off = resolve_target(_nvcc(), CudaTarget(), Config.from_env({"RLX_CUTLASS": "0"}))
+    headers = str(_fake_cutlass(tmp_path))
+    monkeypatch.setenv("RLX_CUTLASS_DIR", headers)  # what cutlass_note and the key components read
+    assert resolve_target(_nvcc(), CudaTarget(), Config.from_env({"RLX_CUTLASS_DIR": headers})).cutlass_gemm
+    off = resolve_target(_nvcc(), CudaTarget(), Config.from_env({"RLX_CUTLASS_DIR": headers, "RLX_CUTLASS": "0"}))
     assert not off.cutlass_gemm and "cutlass_gemm=0" in off.identity()
     assert "RLX_CUTLASS=0" in cutlass_note(_nvcc(), off)
 

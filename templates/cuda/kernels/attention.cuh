@@ -301,6 +301,19 @@ __global__ void rlx_attn_combine(const float *__restrict__ part, T *__restrict__
  * and rescales O in registers. Shared memory holds only the Q, K and V tiles (V read transposed by ldmatrix). NW warps per block (1 for short
  * query blocks, 4 otherwise). */
 
+/* Scale a warp's m16n8 output fragments (D / 8 of them) by the online softmax's correction: its row g by al0,
+ * its row g + 8 by al1 (the fragment layout of mma.sync m16n8k16). */
+template <int D>
+__device__ __forceinline__ void rlx_mma_rescale(float (&o)[D / 8][4], float al0, float al1) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][0] *= al0;
+        o[dt][1] *= al0;
+        o[dt][2] *= al1;
+        o[dt][3] *= al1;
+    }
+}
+
 template <typename T> struct RlxMma;
 template <> struct RlxMma<__half> {
     static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -495,13 +508,7 @@ __global__ void __launch_bounds__(NW * 32, (NW == 4 && D <= 32) ? 6 : 1) rlx_att
         l1 = l1 * al1 + sum1;
         m0 = mn0;
         m1 = mn1;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            o[dt][0] *= al0;
-            o[dt][1] *= al0;
-            o[dt][2] *= al1;
-            o[dt][3] *= al1;
-        }
+        rlx_mma_rescale<D>(o, al0, al1);
 #pragma unroll
         for (int kc = 0; kc < BK / 16; ++kc) {
             if (kc * 16 >= rows) break; /* their probabilities are zero */

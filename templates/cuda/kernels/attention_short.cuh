@@ -9,6 +9,13 @@
  * Needs: D a multiple of 16 (<= 64), 16-byte aligned rows (the VEC case of rlx_attn_fa), f16 or bf16.
  * Uses RlxAttn, RlxMma, rlx_ld32, rlx_ldmatrix_x2_trans and rlx_attn_block from attention.cuh. */
 
+/* The key rows rlx_attn_short2's warps read for keys [0, kv_end): the key count its warp code is compiled for
+ * (16, 32, 64 or KMAX), zero rows masked. */
+template <int KMAX>
+__device__ __forceinline__ int rlx_short_nk(int64_t kv_end) {
+    return kv_end <= 16 ? 16 : kv_end <= 32 ? 32 : kv_end <= 64 ? 64 : KMAX;
+}
+
 template <int D, int KMAX> struct RlxShortSmem {
     static constexpr int LDK = D + 8; /* halves per row: conflict-free fragment and ldmatrix loads */
     static constexpr size_t k_off = 0;
@@ -156,13 +163,7 @@ __global__ void __launch_bounds__(256, D <= 32 ? 3 : 1) rlx_attn_short(const T *
         l1 = l1 * al1 + sum1;
         m0 = mn0;
         m1 = mn1;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-            o[dt][0] *= al0;
-            o[dt][1] *= al0;
-            o[dt][2] *= al1;
-            o[dt][3] *= al1;
-        }
+        rlx_mma_rescale<D>(o, al0, al1);
 #pragma unroll
         for (int kc = 0; kc < BK / 16; ++kc) {
             if (kc * 16 >= rows) break; /* their probabilities are zero */
@@ -329,13 +330,7 @@ __device__ __forceinline__ void rlx_short2_warp(const RlxShort2Warp<T, MT> &w, c
         const float z0 = mn0 == -INFINITY ? 0.f : mn0, z1 = mn1 == -INFINITY ? 0.f : mn1;
         if (j0 > 0) { /* rescale what earlier chunks accumulated */
             const float al0 = rlx_ex2(m0 - z0), al1 = rlx_ex2(m1 - z1);
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                o[dt][0] *= al0;
-                o[dt][1] *= al0;
-                o[dt][2] *= al1;
-                o[dt][3] *= al1;
-            }
+            rlx_mma_rescale<D>(o, al0, al1);
             l[0] *= al0;
             l[1] *= al0;
             l[2] *= al1;
@@ -401,7 +396,7 @@ rlx_attn_short2(const T *__restrict__ q, const T *__restrict__ k, const T *__res
     const RlxAttnBlock<T> blk = rlx_attn_block<T, D, MASK>(p, q, k, v, b, h, q0, 16 * nw);
     const T *qb = blk.qb, *kb = blk.kb, *vb = blk.vb;
     const int64_t kv_end = blk.kv_end; /* <= Skv <= KMAX */
-    const int nk = kv_end <= 16 ? 16 : kv_end <= 32 ? 32 : kv_end <= 64 ? 64 : KMAX; /* rows the warps read */
+    const int nk = rlx_short_nk<KMAX>(kv_end); /* rows the warps read */
     rlx_pdl_trigger(); rlx_pdl_wait(); /* may start early (rlx_launch_pdl): wait before touching data */
     /* Everything the block reads, in flight at once. */
     rlx_short_rows<T, D>(q_s, qb, p.q_rs, q0, p.Sq, 16 * nw);
@@ -475,8 +470,7 @@ rlx_attn_short2p(const T *__restrict__ q, const T *__restrict__ k, const T *__re
         tl.q0 = t % qblocks * (16 * nw);
         tl.h = (int)(t / qblocks % p.H);
         tl.b = t / qblocks / p.H;
-        const int64_t kv_end = rlx_attn_block<T, D, MASK>(p, q, k, v, tl.b, tl.h, tl.q0, 16 * nw).kv_end;
-        tl.nk = kv_end <= 16 ? 16 : kv_end <= 32 ? 32 : kv_end <= 64 ? 64 : KMAX;
+        tl.nk = rlx_short_nk<KMAX>(rlx_attn_block<T, D, MASK>(p, q, k, v, tl.b, tl.h, tl.q0, 16 * nw).kv_end);
         return tl;
     };
     /* the key-mask value of thread t's key of the tile whose loads are in flight (blocks of >= KMAX threads;

@@ -28,14 +28,12 @@ template <typename T, int VEC> struct rlx_pool_vec {
 
 /* Block-wide sum of one float per thread (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
 __device__ __forceinline__ float rlx_pool_block_sum(float v, float *red) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = rlx_warp_sum(v);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();  /* red may still be read by a previous call */
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = lane < nw ? red[lane] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    return rlx_warp_sum(lane < nw ? red[lane] : 0.0f);
 }
 
 /* The end of both pooling kernels: the token count summed over the block (its barriers also publish `part`), the
@@ -125,11 +123,6 @@ __device__ __forceinline__ void rlx_pool_load(float *dst, const T *__restrict__ 
     }
 }
 
-__device__ __forceinline__ float rlx_pool_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <typename T, typename M, typename OUT, int VEC, bool NORM, int NK, bool RES, int CPT>
 __global__ void rlx_pool_tail_norm(const T *__restrict__ nx, const T *__restrict__ nres,
                                    const T *__restrict__ gamma, const T *__restrict__ beta, float eps,
@@ -179,9 +172,9 @@ __global__ void rlx_pool_tail_norm(const T *__restrict__ nx, const T *__restrict
         }
         float mean = 0.0f, var;
         if (NK == 2) {
-            var = rlx_pool_warp_sum(sum) / (float)hidden;
+            var = rlx_warp_sum(sum) / (float)hidden;
         } else {
-            mean = rlx_pool_warp_sum(sum) / (float)hidden;
+            mean = rlx_warp_sum(sum) / (float)hidden;
             float q = 0.0f;
 #pragma unroll
             for (int k = 0; k < CPT; ++k) {
@@ -190,7 +183,7 @@ __global__ void rlx_pool_tail_norm(const T *__restrict__ nx, const T *__restrict
                     for (int j = 0; j < VEC; ++j) q += (v[k][j] - mean) * (v[k][j] - mean);
                 }
             }
-            var = rlx_pool_warp_sum(q) / (float)hidden;
+            var = rlx_warp_sum(q) / (float)hidden;
         }
         const float inv = 1.0f / sqrtf(var + eps);
 #pragma unroll

@@ -25,12 +25,6 @@
 #define RLX_GDN_COLS 8
 #define RLX_GDN_MAX_N 256
 
-__device__ __forceinline__ float rlx_ssm_warp_sum(float v) {
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-
 /* Steps t0 <= t < t1 of (batch row b, channel h) from the state st; with Y, y_t is written. Returns the sum
  * of dt over the steps. The next step's inputs are loaded while this step computes (the loads do not depend
  * on the state, so their latency leaves the recurrence's critical path). */
@@ -74,7 +68,7 @@ __device__ __forceinline__ float rlx_ssm_steps(const T *__restrict__ x, const T 
             }
         }
         if (Y) {
-            acc = rlx_ssm_warp_sum(acc);
+            acc = rlx_warp_sum(acc);
             if (lane == 0)
                 y[(b * S + t) * H + h] = rlx_to<T>(acc);
         }

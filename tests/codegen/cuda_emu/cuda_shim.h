@@ -51,6 +51,11 @@ inline float __shfl_xor_sync(unsigned, float v, int off) {
     return other;
 }
 inline float rlx_f(float x) { return x; }
+/* the prelude's warp sum (templates/cuda/prelude.cuh.j2), over the emulated shuffle */
+inline float rlx_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 template <typename T> inline T rlx_to(float x) { return (T)x; }
 
 /* Run kernel(args...) over a grid of blocks of `block` threads (block a multiple of 32), one block at a time, in
