@@ -12,8 +12,10 @@
  *
  * Configuration (set by the builder on the command line):
  *   RLX_CUTLASS_DT   1 = f16 (cutlass::half_t), 2 = bf16 (cutlass::bfloat16_t)
- *   RLX_CUTLASS_ACT  the RLX_ACT_* id of the activation: 1 = GELU (erf form: CUTLASS's thread::GELU),
- *                    3 = SiLU (thread::SiLu)
+ *   RLX_CUTLASS_ACT  the RLX_ACT_* id of the activation: 1 = GELU (erf form: rlx_gelu_erfc of gelu_erfc.cuh,
+ *                    12 FP32 instructions and one ex2, within 5e-6 of the exact value), 3 = SiLU (thread::SiLu);
+ *                    0 = bias only, and -DRLX_CUTLASS_GELU_LIBM=1 with ACT 1 = CUTLASS's thread::GELU (libm
+ *                    erff): both for measuring the epilogue's cost only (benchmarks/cutlass_gemm.py)
  *   RLX_CUTLASS_TILE_M  128 or 256: the tile's rows (below)
  *   RLX_CUTLASS_FN   the launcher's name (rlx_cutlass_gemm_<dt>_<act>_m<tile>)
  * It needs sm_90a (wgmma and the TMA multicast are arch-specific features).
@@ -35,6 +37,7 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "gelu_erfc.cuh"
 
 #if !defined(RLX_CUTLASS_DT) || !defined(RLX_CUTLASS_ACT) || !defined(RLX_CUTLASS_TILE_M) || !defined(RLX_CUTLASS_FN)
 #error "gemm_cutlass.cu is compiled with -DRLX_CUTLASS_DT=, _ACT=, _TILE_M= and _FN= (a kernel unit)"
@@ -52,11 +55,31 @@ using Element = cutlass::bfloat16_t;
 #error "RLX_CUTLASS_DT: 1 (f16) or 2 (bf16)"
 #endif
 
+/* The erf GELU on the epilogue's f32 fragments (CUTLASS instantiates the functor for float and for
+ * Array<float, N>). CUTLASS's own thread::GELU calls erff: ~25 instructions more per element, and the epilogue
+ * of this schedule does not overlap the MMAs, so at K = 384 it cost a third of the kernel (docs/perf-h100.md). */
+template <class T> struct GeluErfc;
+template <> struct GeluErfc<float> {
+    static const bool kIsHeavy = true;
+    CUTLASS_HOST_DEVICE float operator()(float const &x) const { return rlx_gelu_erfc(x); }
+};
+template <int N> struct GeluErfc<cutlass::Array<float, N>> {
+    static const bool kIsHeavy = true;
+    CUTLASS_HOST_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const &x) const {
+        cutlass::Array<float, N> y;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < N; ++i) y[i] = rlx_gelu_erfc(x[i]);
+        return y;
+    }
+};
+
 /* The activation, by the RLX_ACT_* id of prelude.cuh.j2 (applied to the f32 value acc + bias). */
 #if RLX_CUTLASS_ACT == 0 /* none (bias only): not called by programs; for measuring the epilogue's cost */
 template <class T> using Act = cutlass::epilogue::thread::Identity<T>;
-#elif RLX_CUTLASS_ACT == 1
+#elif RLX_CUTLASS_ACT == 1 && defined(RLX_CUTLASS_GELU_LIBM) /* measuring only: the libm erff form */
 template <class T> using Act = cutlass::epilogue::thread::GELU<T>;
+#elif RLX_CUTLASS_ACT == 1
+template <class T> using Act = GeluErfc<T>;
 #elif RLX_CUTLASS_ACT == 3
 template <class T> using Act = cutlass::epilogue::thread::SiLu<T>;
 #else
