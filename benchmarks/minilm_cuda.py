@@ -17,7 +17,6 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_bk32` | `rlx` built with `attn_bk=32`: rlx_attn_short2 in 32-key chunks (4 blocks of 8 warps per SM) |
 | `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
 | `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
-| `rlx_pdlall` | `rlx` built with `pdl_after_library=True`: PDL also right after a cuBLASLt / CUTLASS GEMM |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
 | `rlx_nopool` | `rlx` built with `pool_tail=False`: the pooling tail (masked mean, L2 norm) as ~9 kernels, not one |
 | `rlx_poolnorm` | `rlx` built with `pool_norm=True`: the last LayerNorm inside the pooling kernel (seq <= 64) |
@@ -25,7 +24,7 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_noio` | `rlx` built with `io_graph=False`: input / output copies and the flag read as separate operations |
 | `rlx_nohold` | `rlx` planned without `hold_norm_inputs`: the LayerNorm before each FFN1 as its own kernel |
 | `rlx_before` | `rlx_nopool`, `rlx_noio` and `rlx_nohold` in one build |
-| `rlx_start` | `rlx_before`, `rlx_nocutlass`, `rlx_short1`, `rlx_nogather`, `rlx_pdlall`: main at 22:00 UTC 11-23 |
+| `rlx_start` | `rlx_before`, `rlx_nocutlass`, `rlx_short1`, `rlx_nogather` in one: main at 22:00 UTC 2026-11-23 |
 | `rlx_device` / `rlx_host` | `run_device` (re-validating its arguments every call) / `run` from numpy (host copies) |
 | `eager` | the plain-torch BERT of `rlx.models.torch_bert` (matmul, softmax, matmul attention) |
 | `sdpa` | the same with `F.scaled_dot_product_attention` and the padding mask (PyTorch picks its fused kernel) |
@@ -82,8 +81,7 @@ VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention
             "rlx_noio": dict(io_graph=False), "rlx_nohold": dict(plan=dict(hold_norm_inputs=False)),
             "rlx_before": dict(pool_tail=False, io_graph=False, plan=dict(hold_norm_inputs=False)),
             "rlx_start": dict(pool_tail=False, io_graph=False, plan=dict(hold_norm_inputs=False), cutlass_gemm=False,
-                              short_attention_v1=True, gather_region=False, pdl_after_library=True),
-            "rlx_pdlall": dict(pdl_after_library=True)}
+                              short_attention_v1=True, gather_region=False)}
 
 
 def variant_lir(graph, options: dict) -> tuple:

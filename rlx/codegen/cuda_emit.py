@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
@@ -142,10 +142,6 @@ class CudaTarget:
     #: Programmatic dependent launch for rlx's own kernels (compute capability 9.0+; checked at run time): each
     #: may start while the kernel before it drains, and waits (rlx_pdl_wait) before touching its data.
     pdl: bool = True
-    #: ... also for a kernel right after a cuBLASLt / CUTLASS GEMM. Off by default: those never trigger the early
-    #: launch, and on the H100 such launches cost MiniLM 2-4% from 128 to 16384 tokens (docs/perf-h100.md), so
-    #: `pdl_chain` launches those kernels plainly (at <= 64 tokens every GEMM is rlx_gemm_small: PDL throughout).
-    pdl_after_library: bool = False
     #: f16/bf16 GEMMs of at most RLX_GSM_MAX_M rows run on rlx_gemm_small (bias and activation, erf GELU too, in
     #: its epilogue; weights fetched before the PDL wait) instead of cuBLASLt (+ a bias/activation pass).
     small_gemm: bool = True
@@ -185,8 +181,7 @@ class CudaTarget:
                 + (" short_attention_v1=1" if self.short_attention_v1 else "")
                 + (f" attn_warps={self.attn_warps}" if self.attn_warps else "")
                 + (" attn_pipe=1" if self.attn_pipe else "")
-                + ("" if self.pdl else " pdl=0") + (" pdl_after_library=1" if self.pdl_after_library else "")
-                + ("" if self.small_gemm else " small_gemm=0")
+                + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
                 + ("" if self.pool_tail else " pool_tail=0") + (" pool_norm=1" if self.pool_norm else "")
                 + ("" if self.gather_region else " gather_region=0")
                 + ("" if self.io_graph else " io_graph=0")
@@ -223,14 +218,6 @@ class Launch:
     smem_attrs: tuple[tuple[str, str], ...] = ()
     #: launch through rlx_launch_pdl (the kernel waits with rlx_pdl_wait before touching data): see CudaTarget.pdl
     pdl: bool = False
-    #: ... programmatic when this C condition holds at run time (`pdl_chain` sets it from the launch before)
-    pdl_on: str = "c->pdl"
-
-    @property
-    def library_when(self) -> str:
-        """A C condition under which this block ends in a library kernel (cuBLASLt, CUTLASS), which never lets
-        the next kernel launch early: '' for never (rlx's own kernels)."""
-        return ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -527,7 +514,6 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
     params, constants, inputs, outputs = _boundary(e)
     kernels = [e.kernel(nid) for nid in lir.schedule]
     kernels += [e.output_copy(slot, nid) for slot, nid in lir.output_copies]
-    kernels = pdl_chain(kernels, target)
     if any(k.args.uses_lt for k in kernels) and not lay.uses_lt:
         raise BuildError("a GEMM runs on cuBLASLt but the device layout has no workspace for it")
     used = {h for k in kernels for h in k.headers}
@@ -581,32 +567,6 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
 
 #: Kernel macros that launch nothing (views, members of a combined GEMM): never timed.
 _NO_WORK = ("block_view", "block_none")
-
-
-def pdl_chain(kernels: list[Kernel], target: CudaTarget) -> list[Kernel]:
-    """`kernels` with each PDL launch made plain where the block before it may end in a library kernel
-    (`Launch.library_when`, e.g. `(S[0] * S[1]) > RLX_GSM_MAX_M` for a GEMM that takes rlx_gemm_small below):
-    the condition is in the generated launch, `rlx_launch_pdl(c->pdl && !(...), ...)`. Unless
-    `CudaTarget.pdl_after_library`."""
-    if not target.pdl or target.pdl_after_library:
-        return kernels
-    out, after = [], ""
-    for k in kernels:
-        if k.macro in _NO_WORK:
-            out.append(k)
-            continue
-        if after and isinstance(k.args, Launch):
-            k = replace(k, args=_pdl_when(k.args, "0" if after == "1" else f"c->pdl && !({after})"))
-        after = k.args.library_when if isinstance(k.args, Launch) else ""
-        out.append(k)
-    return out
-
-
-def _pdl_when(args: Launch, on: str) -> Launch:
-    """`args` launching programmatically only when `on` holds (a large-step-only kernel: its inner one)."""
-    if isinstance(args, LargeStepOnly):
-        return replace(args, inner=replace(args.inner, args=_pdl_when(args.inner.args, on)))
-    return replace(args, pdl_on=on) if args.pdl else args
 
 
 def cuda_profile_context(e: CudaEmitter, kernels: list[Kernel], target: CudaTarget) -> dict:

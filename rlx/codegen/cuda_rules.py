@@ -328,15 +328,6 @@ class GemmCall:
 class Gemm(Launch):
     gemm: GemmCall
 
-    @property
-    def library_when(self) -> str:
-        """cuBLASLt (or CUTLASS) runs in steps of more than RLX_GSM_MAX_M rows when the small kernel can take the
-        product, else always; the built-in kernels are rlx's own."""
-        g = self.gemm
-        if g.mode != "lt":
-            return ""
-        return f"({g.m}) > RLX_GSM_MAX_M" if g.small else "1"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Swiglu(Launch):

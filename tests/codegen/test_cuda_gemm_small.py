@@ -60,24 +60,6 @@ def test_pdl_launches_only_kernels_that_wait() -> None:
     assert "pdl=0" in CudaTarget(pdl=False).identity()
 
 
-def test_no_pdl_launch_right_after_a_library_gemm() -> None:
-    """The kernel after a GEMM launches programmatically only in steps where that GEMM is rlx_gemm_small
-    (cuBLASLt and CUTLASS never trigger an early launch); after a GEMM that is always cuBLASLt (small_gemm off),
-    never. pdl_after_library restores the unconditional launches."""
-    g = Graph("pdl_gate")
-    x = g.input("x", [Dim.dynamic("m", max=256), 48])
-    h = g.matmul(x, g.param("w1", [48, 64]))
-    g.set_outputs([g.activation("gelu_tanh", g.layer_norm(h, g.param("g", [64]), g.param("b", [64])))])
-    gated = forward(render(g, precision=DType.F16))
-    assert gated.count("rlx_launch_pdl(c->pdl && !((S[0]) > RLX_GSM_MAX_M), rlx_norm") == 1
-    assert gated.count("rlx_launch_pdl(c->pdl, rlx_gemm_small<") == 1  # the GEMM itself: after the input only
-    always = forward(render(g, precision=DType.F16, small_gemm=False))
-    assert always.count("rlx_launch_pdl(0, rlx_norm") == 1
-    free = forward(render(g, precision=DType.F16, pdl_after_library=True))
-    assert "c->pdl &&" not in free and "rlx_launch_pdl(0," not in free
-    assert "pdl_after_library=1" in CudaTarget(pdl_after_library=True).identity()
-
-
 @pytest.mark.parametrize("precision", [DType.F16, DType.BF16])
 def test_nvcc_compiles_small_gemm_and_pdl(precision: DType, tmp_path) -> None:
     nvcc_compiles(render(_graph(), precision=precision), tmp_path / "small.cu")
