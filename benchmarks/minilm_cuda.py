@@ -17,7 +17,6 @@ same weights on the same token batch, in this one process, on device-resident in
 | `rlx_bk32` | `rlx` built with `attn_bk=32`: rlx_attn_short2 in 32-key chunks (4 blocks of 8 warps per SM) |
 | `rlx_nosmall` | `rlx` built with `small_gemm=False`: every GEMM on cuBLASLt, also at a few rows |
 | `rlx_nopdl` | `rlx` built with `pdl=False`: plain launches (CUPTI's kernel times are each kernel's own) |
-| `rlx_gsm128` / `rlx_gsm256` | `rlx` built with `small_gemm_rows=128` / `256`: rlx_gemm_small up to that many tokens |
 | `rlx_base` | `rlx` built with `small_gemm=False, pdl=False`: no programmatic dependent launch either |
 | `rlx_nopool` | `rlx` built with `pool_tail=False`: the pooling tail (masked mean, L2 norm) as ~9 kernels, not one |
 | `rlx_poolnorm` | `rlx` built with `pool_norm=True`: the last LayerNorm inside the pooling kernel (seq <= 64) |
@@ -76,7 +75,6 @@ VARIANTS = {"rlx_mma": dict(fused_act_gemm=True), "rlx_fa": dict(short_attention
             "rlx_short1": dict(short_attention_v1=True), "rlx_pipe": dict(attn_pipe=True),
             "rlx_bk32": dict(attn_bk=32),
             "rlx_nosmall": dict(small_gemm=False), "rlx_nopdl": dict(pdl=False),
-            "rlx_gsm128": dict(small_gemm_rows=128), "rlx_gsm256": dict(small_gemm_rows=256),
             "rlx_base": dict(small_gemm=False, pdl=False), "rlx_nopool": dict(pool_tail=False),
             "rlx_poolnorm": dict(pool_norm=True), "rlx_nogather": dict(gather_region=False),
             "rlx_nocutlass": dict(cutlass_gemm=False),

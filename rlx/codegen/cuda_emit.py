@@ -145,8 +145,6 @@ class CudaTarget:
     #: f16/bf16 GEMMs of at most RLX_GSM_MAX_M rows run on rlx_gemm_small (bias and activation, erf GELU too, in
     #: its epilogue; weights fetched before the PDL wait) instead of cuBLASLt (+ a bias/activation pass).
     small_gemm: bool = True
-    #: ... in steps of at most this many rows (RLX_GSM_MAX_M: a multiple of 16; each block owns 16 rows).
-    small_gemm_rows: int = 64
     #: A masked-mean (+ L2 normalization) pooling tail runs as one kernel (a PoolTail decision of the lowering).
     pool_tail: bool = True
     #: ... and, for sentences of at most 64 tokens, computes the layer / RMS norm producing its input itself
@@ -170,8 +168,6 @@ class CudaTarget:
             raise BuildError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {self.precision}")
         if self.attn_bk not in (0, 32, 64, 128):
             raise BuildError(f"attn_bk must be 0, 32, 64 or 128, got {self.attn_bk!r}")
-        if self.small_gemm_rows % 16 or not 16 <= self.small_gemm_rows <= 1024:
-            raise BuildError(f"small_gemm_rows must be a multiple of 16 in [16, 1024], got {self.small_gemm_rows!r}")
         if self.attn_warps not in (0, 1, 2, 4, 8):
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
@@ -186,7 +182,6 @@ class CudaTarget:
                 + (f" attn_warps={self.attn_warps}" if self.attn_warps else "")
                 + (" attn_pipe=1" if self.attn_pipe else "")
                 + ("" if self.pdl else " pdl=0") + ("" if self.small_gemm else " small_gemm=0")
-                + (f" small_gemm_rows={self.small_gemm_rows}" if self.small_gemm_rows != 64 else "")
                 + ("" if self.pool_tail else " pool_tail=0") + (" pool_norm=1" if self.pool_norm else "")
                 + ("" if self.gather_region else " gather_region=0")
                 + ("" if self.io_graph else " io_graph=0")
@@ -551,7 +546,6 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "counters_bytes": lay.counters_bytes,
         "workspace_bytes": lay.workspace_bytes,
         "attn_max_splits": ATTN_MAX_SPLITS,
-        "small_gemm_rows": target.small_gemm_rows,
         "uses_flag": any(k.args.uses_flag for k in kernels),
         # (a profiled build runs eagerly; state inputs have their own resident / write-back protocol)
         "io_graph": target.io_graph and not target.profile and not any(x["state"] for x in inputs),

@@ -54,6 +54,8 @@ CUTLASS_HEADER = "cuda/kernels/gemm_cutlass.cuh"
 #: rlx_gemm_small's limits (RLX_GSM_KMAX in gemm_small.cuh: its shared memory holds a K x 16 slab of B and 16
 #: rows of A, 124 KB at K = 1536).
 SMALL_GEMM_KMAX = 1536
+#: RLX_GSM_MAX_M: the most rows a step may have for rlx_gemm_small.
+SMALL_GEMM_MAX_M = 64
 #: rlx_gemm_mma's tile configurations (BM, BN, WARPS_M, WARPS_N), largest first: the host picks the largest
 #: whose grid covers every SM (the last one otherwise).
 MMA_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (16, 64, 1, 4))
@@ -597,7 +599,7 @@ def norm(e: CudaEmitter, node: Node) -> Kernel:
     k = _kernel(node, "block_norm", args, ROWS)
     lead = _norm_into_gemm(e, node)
     if lead is not None:
-        return e._large_step_only(k, x.dims[:-1], e.target.small_gemm_rows,
+        return e._large_step_only(k, x.dims[:-1], SMALL_GEMM_MAX_M,
                                   f"done in the prologue of %{lead}'s rlx_gemm_small")
     tail = next((d for d in e.lir.decided(PoolTail) if d.norm == (node.id,)), None)
     if tail is not None:  # short sentences: the pooling kernel normalizes (rlx_pool_tail_norm), only it reads this

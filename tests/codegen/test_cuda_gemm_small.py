@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from rlx.codegen.cuda import CudaTarget
-from rlx.errors import BuildError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
@@ -51,18 +50,6 @@ def test_norms_before_small_gemms_move_into_their_prologue() -> None:
     held = forward(render(norm_graph(keep_s=False), precision=DType.F16))
     assert held.count(", 1, true, 1>, dim3(") == 1 and held.count("done in the prologue of") == 3
     assert "done in the prologue" not in forward(render(norm_graph(), precision=DType.F16, small_gemm=False))
-
-
-def test_small_gemm_rows_sets_the_limit() -> None:
-    """CudaTarget.small_gemm_rows is RLX_GSM_MAX_M of the program, and the step size above which a norm fused
-    into the small GEMM's prologue runs its own kernel."""
-    src = render(norm_graph(), precision=DType.F16, small_gemm_rows=128)
-    assert "#define RLX_GSM_MAX_M 128" in src and forward(src).count("if (S[0] > 128) {") == 3
-    assert "#define RLX_GSM_MAX_M 64" in render(norm_graph(), precision=DType.F16)
-    assert "small_gemm_rows=128" in CudaTarget(small_gemm_rows=128).identity()
-    for bad in (0, 100, 2048):
-        with pytest.raises(BuildError, match="small_gemm_rows"):
-            CudaTarget(small_gemm_rows=bad)
 
 
 def test_pdl_launches_only_kernels_that_wait() -> None:

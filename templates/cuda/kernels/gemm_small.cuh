@@ -14,9 +14,7 @@
  * rows of nx [+ nres] (f32 statistics, the same arithmetic as rlx_norm_vec, CPT 16-byte chunks per lane) into
  * shared memory, and the blocks of column 0 also store them to nout (A itself, which later nodes read). */
 
-#ifndef RLX_GSM_MAX_M /* the program defines it first (CudaTarget.small_gemm_rows) */
 #define RLX_GSM_MAX_M 64
-#endif
 #define RLX_GSM_KMAX 1536
 #define RLX_GSM_BN 16
 #define RLX_GSM_WARPS 8
