@@ -119,6 +119,18 @@ def test_builtin_gemm_matches_reference() -> None:
         check(o, r, case.graph.node(n).shape.dtype, "f32", "builtin gemm")
 
 
+def test_gelu_keeps_its_negative_tail() -> None:
+    """f32 GELU within a few ulps of the reference down to x = -12 (where 0.5 x (1 + erf) would cancel to 0)."""
+    g = Graph("gelu_tail")
+    x = g.input("x", [4001])
+    g.set_outputs([g.activation("gelu", x)])
+    feed = {"x": np.linspace(-12.0, 6.0, 4001).astype(np.float32)}
+    out = np.asarray(Session(Device.CUDA).compile(g, opt_level=0).run(feed)[0], np.float64)
+    ref = np.asarray(reference.run(g, feed)[0], np.float64)
+    keep = np.abs(ref) >= np.finfo(np.float32).tiny  # normal f32 results
+    assert np.all(np.abs(out - ref)[keep] <= 1e-5 * np.abs(ref)[keep])
+
+
 def test_errors_are_reported_and_the_process_survives() -> None:
     g = Graph("gather_err")
     t = g.param("t", [5, 3])
