@@ -44,6 +44,21 @@ __device__ __forceinline__ void rlx_short_rows(T *dst, const T *src, int64_t rs,
     }
 }
 
+/* The additive key mask of a block (0 or -inf per key, into madd_s) and whether a key the warps read (< nk) is
+ * hidden. `pre`: thread t's own key-mask value is already in `mv` (blocks of >= KMAX threads: one key each). */
+template <typename MT, int MASK, int KMAX>
+__device__ __forceinline__ int rlx_short_key_mask(float *madd_s, const MT *mask, int64_t b, int64_t Skv, int nk,
+                                                  bool pre, MT mv) {
+    int masked = 0;
+    for (int t = threadIdx.x; t < KMAX; t += blockDim.x) {
+        bool ok = t < Skv;
+        if (MASK == RLX_MASK_PADDING && ok) ok = rlx_f(pre ? mv : mask[b * Skv + t]) != 0;
+        madd_s[t] = ok ? 0.f : -INFINITY;
+        masked |= !ok && t < nk;
+    }
+    return masked;
+}
+
 template <typename T, typename MT, int D, int MASK, int KMAX>
 __global__ void __launch_bounds__(256, D <= 32 ? 3 : 1) rlx_attn_short(const T *__restrict__ q, const T *__restrict__ k,
                                                                       const T *__restrict__ v, const MT *__restrict__ mask,
@@ -73,11 +88,7 @@ __global__ void __launch_bounds__(256, D <= 32 ? 3 : 1) rlx_attn_short(const T *
     rlx_short_rows<T, D>(q_s, qb, p.q_rs, q0, p.Sq, 16 * nw);
     rlx_short_rows<T, D>(k_s, kb, p.kv_rs, 0, p.Skv, kv_rows);
     rlx_short_rows<T, D>(v_s, vb, p.v_rs, 0, p.Skv, kv_rows);
-    for (int t = threadIdx.x; t < KMAX; t += blockDim.x) {
-        bool ok = t < p.Skv;
-        if (MASK == RLX_MASK_PADDING && ok) ok = rlx_f(mask[b * p.Skv + t]) != 0;
-        madd_s[t] = ok ? 0.f : -INFINITY;
-    }
+    rlx_short_key_mask<MT, MASK, KMAX>(madd_s, mask, b, p.Skv, kv_rows, false, MT(0));
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
     if (q0 + warp * 16 >= p.Sq) return; /* no barrier follows */
@@ -375,6 +386,20 @@ __device__ __forceinline__ void rlx_short2_warp(const RlxShort2Warp<T, MT> &w, c
     }
 }
 
+/* Whether the warps take the exact softmax path (causal or bias masks, or a non-positive scale). */
+template <int MASK> __device__ __forceinline__ bool rlx_short2_exact(const RlxAttn &p) {
+    return MASK == RLX_MASK_CAUSAL || MASK == RLX_MASK_BIAS || !(p.scale > 0.f);
+}
+
+/* A warp's work, compiled for the key count it reads (16, 32, 64 or KMAX: rlx_short_nk). */
+template <typename T, typename MT, int D, int MASK, int KMAX, int BK>
+__device__ __forceinline__ void rlx_short2_run(const RlxShort2Warp<T, MT> &w, const RlxAttn &p, int nk) {
+    if (nk == 16) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 16>(w, p);
+    else if (nk == 32) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 32>(w, p);
+    else if (nk == 64) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 64>(w, p);
+    else rlx_short2_warp<T, MT, D, MASK, KMAX, BK, KMAX>(w, p);
+}
+
 template <typename T, typename MT, int D, int MASK, int KMAX, int BK>
 __global__ void __launch_bounds__(256, (RlxShort2Occ<D, BK>::value))
 rlx_attn_short2(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const MT *__restrict__ mask,
@@ -402,24 +427,15 @@ rlx_attn_short2(const T *__restrict__ q, const T *__restrict__ k, const T *__res
     rlx_short_rows<T, D>(q_s, qb, p.q_rs, q0, p.Sq, 16 * nw);
     rlx_short_rows<T, D>(k_s, kb, p.kv_rs, 0, p.Skv, nk);
     rlx_short_rows<T, D>(v_s, vb, p.v_rs, 0, p.Skv, nk);
-    int masked = 0; /* a key the warps read is not visible */
-    for (int t = threadIdx.x; t < KMAX; t += blockDim.x) {
-        bool ok = t < p.Skv;
-        if (MASK == RLX_MASK_PADDING && ok) ok = rlx_f(mask[b * p.Skv + t]) != 0;
-        madd_s[t] = ok ? 0.f : -INFINITY;
-        masked |= !ok && t < nk;
-    }
+    const int masked = rlx_short_key_mask<MT, MASK, KMAX>(madd_s, mask, b, p.Skv, nk, false, MT(0));
     asm volatile("cp.async.wait_all;\n" ::);
     const bool keyed = __syncthreads_or(masked) != 0; /* also the barrier after the loads */
     if (q0 + warp * 16 >= p.Sq) return;                 /* no barrier follows */
 
     const RlxShort2Warp<T, MT> w{q_s + warp * 16 * L::LDK, k_s, v_s, madd_s, mask,
                                  out + b * p.Sq * p.o_rs + (int64_t)h * D, b, q0 + warp * 16 + (lane >> 2), h, keyed,
-                                 MASK == RLX_MASK_CAUSAL || MASK == RLX_MASK_BIAS || !(p.scale > 0.f)};
-    if (nk == 16) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 16>(w, p);
-    else if (nk == 32) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 32>(w, p);
-    else if (nk == 64) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 64>(w, p);
-    else rlx_short2_warp<T, MT, D, MASK, KMAX, BK, KMAX>(w, p);
+                                 rlx_short2_exact<MASK>(p)};
+    rlx_short2_run<T, MT, D, MASK, KMAX, BK>(w, p, nk);
 }
 
 /* ── rlx_attn_short2p: rlx_attn_short2, persistent and double-buffered ───────────────────────────────────────
@@ -494,13 +510,7 @@ rlx_attn_short2p(const T *__restrict__ q, const T *__restrict__ k, const T *__re
     for (int i = 0;; ++i) {
         unsigned char *st = rlx_smem_short2p + (i & 1) * stage;
         float *madd_s = reinterpret_cast<float *>(st + L::m_off);
-        int masked = 0; /* a key the warps read is not visible */
-        for (int tk = threadIdx.x; tk < KMAX; tk += blockDim.x) {
-            bool ok = tk < p.Skv;
-            if (MASK == RLX_MASK_PADDING && ok) ok = rlx_f(pre ? mv : mask[cur.b * p.Skv + tk]) != 0;
-            madd_s[tk] = ok ? 0.f : -INFINITY;
-            masked |= !ok && tk < cur.nk;
-        }
+        const int masked = rlx_short_key_mask<MT, MASK, KMAX>(madd_s, mask, cur.b, p.Skv, cur.nk, pre, mv);
         const int64_t tn = t + gridDim.x;
         Tile nxt = cur;
         if (tn < tiles) {
@@ -516,12 +526,8 @@ rlx_attn_short2p(const T *__restrict__ q, const T *__restrict__ k, const T *__re
             const RlxShort2Warp<T, MT> w{q_s + warp * 16 * L::LDK, reinterpret_cast<const T *>(st + L::k_off),
                                          reinterpret_cast<const T *>(st + L::v_off), madd_s, mask,
                                          out + cur.b * p.Sq * p.o_rs + (int64_t)cur.h * D, cur.b,
-                                         cur.q0 + warp * 16 + (lane >> 2), cur.h, keyed,
-                                         MASK == RLX_MASK_CAUSAL || MASK == RLX_MASK_BIAS || !(p.scale > 0.f)};
-            if (cur.nk == 16) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 16>(w, p);
-            else if (cur.nk == 32) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 32>(w, p);
-            else if (cur.nk == 64) rlx_short2_warp<T, MT, D, MASK, KMAX, BK, 64>(w, p);
-            else rlx_short2_warp<T, MT, D, MASK, KMAX, BK, KMAX>(w, p);
+                                         cur.q0 + warp * 16 + (lane >> 2), cur.h, keyed, rlx_short2_exact<MASK>(p)};
+            rlx_short2_run<T, MT, D, MASK, KMAX, BK>(w, p, cur.nk);
         }
         if (tn >= tiles) break;
         __syncthreads(); /* this stage is refilled next iteration (the tile after next) */
