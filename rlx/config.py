@@ -17,7 +17,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_DEBUG | 1 verifies the graph after every pass | 0 |
 | RLX_SANITIZE | `address` (AddressSanitizer), `undefined` or `thread` (ThreadSanitizer) builds | none |
 | RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
-| RLX_OMP_WAIT | how idle OpenMP threads wait: a spin count, `passive`, `active`, or `default` (see below) | 200000 |
+| RLX_OMP_WAIT | idle OpenMP threads: `adaptive`, a spin count, `passive`, `active`, `default` (below) | adaptive |
 | RLX_TEMPLATES_DIR | templates (`cpu/`, `cuda/`) to render from (`rlx.templates_path`) | the installed ones |
 | RLX_PROFILE | 1 builds the profiled variant: per-kernel (and per-thread) time spans (`CompiledGraph.trace`) | 0 |
 | RLX_CHECK_NANS | 1 builds the checked variant: a kernel writing NaN/inf fails the run naming its op | 0 |
@@ -27,21 +27,23 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 
 RLX_OMP_WAIT applies once per process, just before the first generated
 library is loaded (that load is what brings in the OpenMP runtime, which
-reads its settings then). A number N (the default, 200000) sets
-GOMP_SPINCOUNT=N: an idle thread spins that long (about a millisecond here),
-then sleeps, so the team stays awake across the kernels of one run and
-between the steps of a decode loop, and a fork costs a few microseconds
-instead of the tens a sleeping thread's wake-up costs (MiniLM at 1x16 on 2
-cores: 3.6 ms against 6.2 ms with sleeping threads), yet threads go to sleep
-soon after the last call. `passive` sets OMP_WAIT_POLICY=PASSIVE (idle
-threads sleep at once: best on a machine shared with other CPU-bound work,
-where spinning against a descheduled peer costs most; see
-benchmarks/contention.py), `active` sets OMP_WAIT_POLICY=ACTIVE (spin
-forever, a machine dedicated to RLX), and `default` leaves the OpenMP
-runtime's own default. If OMP_WAIT_POLICY or GOMP_SPINCOUNT is already set,
-RLX leaves both alone. The quantized and int8 kernels split small products
-across the team only when its threads spin (`rlx_team_spins`,
-kernels/threads.h).
+reads its settings then). `adaptive` (the default) sets GOMP_SPINCOUNT=200000:
+an idle thread spins about a millisecond, then sleeps, so the team stays awake
+across the kernels of one run and between the steps of a decode loop, and a
+fork costs a few microseconds instead of the tens a sleeping thread's wake-up
+costs (MiniLM at 1x16 on 2 cores: 3.6 ms against 6.2 ms with sleeping
+threads); and the runtime sizes each run's team (`rlx.runtime.team`): when
+other processes take the cores, spinning against a descheduled partner would
+cost 30-50x, so runs use fewer threads (one on 2 cores) until a core is free
+again. A number N sets GOMP_SPINCOUNT=N with a fixed team (200000: the
+adaptive policy's spin without the governor). `passive` sets
+OMP_WAIT_POLICY=PASSIVE (idle threads sleep at once), `active` sets
+OMP_WAIT_POLICY=ACTIVE (spin forever, a machine dedicated to RLX), and
+`default` leaves the OpenMP runtime's own default; these keep the team fixed.
+If OMP_WAIT_POLICY or GOMP_SPINCOUNT is already set, RLX leaves both alone
+and keeps the team fixed. The quantized and int8 kernels split small products
+across the team only when its threads spin (the runtime passes that with
+each run: `rlx_set_team`).
 """
 
 from __future__ import annotations
@@ -78,15 +80,17 @@ def _flag(env: Mapping[str, str], key: str, default: bool) -> bool:
     raise RlxError(f"{key} must be 0 or 1, got {raw!r}")
 
 
-#: GOMP_SPINCOUNT by default: spin about a millisecond, then sleep (see the module docstring).
-DEFAULT_OMP_WAIT = "200000"
+#: Spin about a millisecond, then sleep, with the team sized to the free cores (see the module docstring).
+DEFAULT_OMP_WAIT = "adaptive"
+#: The GOMP_SPINCOUNT the adaptive policy sets.
+ADAPTIVE_SPINCOUNT = "200000"
 
 
 def _omp_wait(env: Mapping[str, str]) -> str:
     raw = env.get("RLX_OMP_WAIT", "").strip().lower() or DEFAULT_OMP_WAIT
-    if raw in ("passive", "active", "default") or (raw.isdigit() and len(raw) <= 12):
+    if raw in ("adaptive", "passive", "active", "default") or (raw.isdigit() and len(raw) <= 12):
         return raw
-    raise RlxError(f"RLX_OMP_WAIT must be passive, active, default or a spin count, got {raw!r}")
+    raise RlxError(f"RLX_OMP_WAIT must be adaptive, passive, active, default or a spin count, got {raw!r}")
 
 
 def omp_environment(omp_wait: str) -> dict[str, str]:
@@ -94,7 +98,11 @@ def omp_environment(omp_wait: str) -> dict[str, str]:
 
     >>> omp_environment("passive"), omp_environment("2000"), omp_environment("default")
     ({'OMP_WAIT_POLICY': 'PASSIVE'}, {'GOMP_SPINCOUNT': '2000'}, {})
+    >>> omp_environment("adaptive")
+    {'GOMP_SPINCOUNT': '200000'}
     """
+    if omp_wait == "adaptive":
+        return {"GOMP_SPINCOUNT": ADAPTIVE_SPINCOUNT}
     if omp_wait in ("passive", "active"):
         return {"OMP_WAIT_POLICY": omp_wait.upper()}
     if omp_wait.isdigit():

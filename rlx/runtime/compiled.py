@@ -55,16 +55,18 @@ from rlx.errors import ExecutionError
 from rlx.ir.dtype import DType, bf16_to_f32, bits_to_bfloat16
 from rlx.runtime.abi import ffi
 from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype
-from rlx.runtime.loader import Library, TensorInfo
+from rlx.runtime.loader import Library, TensorInfo, openmp_policy
+from rlx.runtime.team import TeamGovernor
 
 
 class _Context:
     """One C execution context and the argument arrays `rlx_run` is called with on it."""
 
-    __slots__ = ("ins", "outs", "ptr", "sym")
+    __slots__ = ("ins", "outs", "ptr", "sym", "team")
 
     def __init__(self, ptr: Any, n_symbols: int, n_inputs: int, n_outputs: int) -> None:
         self.ptr = ptr
+        self.team: tuple[int, bool] | None = None  # (threads, spins) last passed to rlx_set_team
         self.sym = ffi.new("int64_t[]", max(n_symbols, 1))
         self.ins = ffi.new("void *[]", max(n_inputs, 1))
         self.outs = ffi.new("void *[]", max(n_outputs, 1))
@@ -227,6 +229,10 @@ class CompiledGraph:
         limit = default_max_contexts(library) if max_contexts is None else _check_max_contexts(max_contexts)
         self._pool = _ContextPool(self._wrap(self._ctx), self._clone_context, limit)
         self._threads = 0
+        # CPU libraries size each run's OpenMP team between runs (rlx.runtime.team; RLX_OMP_WAIT).
+        self._team: TeamGovernor | None = None
+        if str(library.manifest.get("target", "cpu")) == "cpu" and hasattr(self._lib, "rlx_set_team"):
+            self._team = TeamGovernor(1, openmp_policy())
         self.num_threads = num_threads if num_threads is not None else 0
 
     def _wrap(self, ptr: Any) -> _Context:
@@ -296,6 +302,16 @@ class CompiledGraph:
                     self._pool.drop_clones()  # clones of a consistent primary come back on demand
                     raise ExecutionError(msg)
             self._threads = int(got)
+            for ctx in self._pool.contexts():
+                ctx.team = None  # rlx_set_num_threads set the team to the whole count
+            if self._team is not None:
+                self._team.resize(self._threads)
+
+    @property
+    def team(self) -> TeamGovernor | None:
+        """The governor that sizes each run's OpenMP team (CPU graphs; None elsewhere): its `threads`
+        is what the next run uses, `contended` whether other processes were found taking the cores."""
+        return self._team
 
     @property
     def max_contexts(self) -> int:
@@ -614,7 +630,23 @@ class CompiledGraph:
 
     def _run_buffers(self, sym_values: Sequence[int], buffers: Sequence[Any], n_in: int) -> None:
         """One `rlx_run` on a pooled context: the dynamic dims' values, then cffi buffers, inputs first."""
+        team = self._team
+        if team is None:
+            self._run_on_context(sym_values, buffers, n_in)
+            return
+        ticket = team.begin()
+        try:
+            self._run_on_context(sym_values, buffers, n_in, (team.threads if ticket is None else ticket[0],
+                                                              team.policy.spins))
+        finally:
+            team.end(ticket)
+
+    def _run_on_context(self, sym_values: Sequence[int], buffers: Sequence[Any], n_in: int,
+                        team: tuple[int, bool] | None = None) -> None:
         with self._pool.checkout() as ctx:
+            if team is not None and ctx.team != team:
+                self._lib.rlx_set_team(ctx.ptr, team[0], int(team[1]))
+                ctx.team = team
             if not all(self._param_set):
                 unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]
                 raise ExecutionError(f"params never set: {unset}")

@@ -17,6 +17,7 @@ from typing import Any
 from rlx.errors import ArtifactError
 from rlx.ir.dtype import DType
 from rlx.runtime.abi import ABI_VERSION, ffi
+from rlx.runtime.team import WaitPolicy, openmp_spins
 
 
 def parse_dim(text: str) -> tuple[int, tuple[str, ...]]:
@@ -90,7 +91,7 @@ class Library:
 #: The OpenMP runtime reads its settings once, when it is loaded: the variables must be set before that.
 _OMP_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 _omp_lock = threading.Lock()
-_omp_done = False
+_omp_policy: WaitPolicy | None = None
 
 
 def configure_openmp(omp_wait: str | None = None) -> dict[str, str]:
@@ -98,25 +99,47 @@ def configure_openmp(omp_wait: str | None = None) -> dict[str, str]:
 
     Called by `load_library` before its first dlopen: a generated library needs
     libgomp, so that first load is what loads libgomp and makes it read
-    OMP_WAIT_POLICY / GOMP_SPINCOUNT. A user's own setting of either wins.
-    Returns the variables set (empty when nothing was changed).
+    OMP_WAIT_POLICY / GOMP_SPINCOUNT. A user's own setting of either wins (and
+    keeps every team fixed). Returns the variables set (empty when nothing was
+    changed); `openmp_policy()` says what is in force.
 
     >>> import os
     >>> configure_openmp() == {} or os.environ.get("GOMP_SPINCOUNT") == "200000"
     True
     """
-    global _omp_done
+    global _omp_policy
     with _omp_lock:
-        if _omp_done:
-            return {}
-        _omp_done = True
-        if any(v in os.environ for v in _OMP_VARIABLES):
+        if _omp_policy is not None:
             return {}
         from rlx.config import Config, omp_environment
 
-        wanted = omp_environment(omp_wait if omp_wait is not None else Config.from_env().omp_wait)
+        users = {v: os.environ[v] for v in _OMP_VARIABLES if v in os.environ}
+        if users:
+            setting = " ".join(f"{k}={v}" for k, v in users.items())
+            _omp_policy = WaitPolicy(spins=openmp_spins(os.environ), adaptive=False,
+                                     source=f"{setting} (the user's; teams fixed)")
+            return {}
+        wait = omp_wait if omp_wait is not None else Config.from_env().omp_wait
+        wanted = omp_environment(wait)
         os.environ.update(wanted)  # putenv: visible to the C runtime's getenv
+        setting = " ".join(f"{k}={v}" for k, v in wanted.items()) or "the OpenMP runtime's default"
+        adaptive = wait == "adaptive"
+        _omp_policy = WaitPolicy(spins=openmp_spins(os.environ), adaptive=adaptive,
+                                 source=f"RLX_OMP_WAIT={wait}: {setting}"
+                                        + ("; teams shrink while other processes take the cores" if adaptive
+                                           else "; teams fixed"))
         return wanted
+
+
+def openmp_policy() -> WaitPolicy:
+    """The OpenMP wait policy of this process: fixed by the first library load (configured now if none yet).
+
+    >>> openmp_policy().spins in (True, False)
+    True
+    """
+    configure_openmp()
+    assert _omp_policy is not None
+    return _omp_policy
 
 
 def load_library(path: str | os.PathLike[str]) -> Library:

@@ -41,7 +41,7 @@
 extern "C" {
 #endif
 
-#define RLX_ABI_VERSION 1
+#define RLX_ABI_VERSION 2
 
 /* ABI version the library was generated for (compare with RLX_ABI_VERSION). */
 int32_t rlx_abi_version(void);
@@ -79,6 +79,14 @@ const char *rlx_last_error(void *ctx);
  * OpenMP default (OMP_NUM_THREADS or all cores). Returns the count now in
  * effect, or -1 if scratch space for n threads could not be allocated. */
 int32_t rlx_set_num_threads(void *ctx, int32_t n);
+
+/* The team of the next runs: `threads` (clamped to 1..the count last given to
+ * rlx_set_num_threads) and whether the OpenMP team's idle threads spin
+ * (`spins` nonzero: forks are cheap, so small products are split too; pass 0
+ * when the process runs with OMP_WAIT_POLICY=passive). Allocates nothing.
+ * RLX's Python runtime calls it between runs to shrink the team while other
+ * processes compete for the cores. Returns the count set, -1 if ctx is NULL. */
+int32_t rlx_set_team(void *ctx, int32_t threads, int32_t spins);
 
 /* Bytes the context holds, as allocated: out[0] arena, out[1] params,
  * out[2] scratch (for the threads reserved so far), out[3] the context

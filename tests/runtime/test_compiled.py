@@ -12,6 +12,7 @@ import pytest
 from cpu_helpers import compile_graph, session
 
 import rlx
+from rlx.abi_version import ABI_VERSION
 from rlx.ir import ops as O
 from rlx.ir.dtype import BFLOAT16
 from rlx.ir.shape import Shape
@@ -259,7 +260,7 @@ def test_thread_counts_agree(rng):
 def test_manifest_source_and_cache_hit(mlp):
     g, cg, _ = mlp
     m = cg.manifest
-    assert m["abi_version"] == 1 and m["target"] == "cpu" and m["key"] == cg.key
+    assert m["abi_version"] == ABI_VERSION and m["target"] == "cpu" and m["key"] == cg.key
     assert m["isa"]["cpu_target"] == "native" and m["symbols"] == [{"name": "seq", "max": 16}]
     assert [p["name"] for p in m["params"]] == ["w", "b"]
     again = compile_graph(g, opt_level=2)

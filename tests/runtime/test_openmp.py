@@ -14,6 +14,7 @@ import pytest
 
 from rlx.config import Config, omp_environment
 from rlx.errors import RlxError
+from rlx.runtime.team import openmp_spins
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,6 +32,7 @@ CHILD = textwrap.dedent("""
         cg.run(x=np.ones((256, 128), np.float32))
     print("GOMP_BEFORE_LOAD", before, "AFTER", gomp_loaded())
     print("ENV", os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"))
+    print("POLICY", cg.team.policy.spins, cg.team.policy.adaptive)
 """)
 
 
@@ -51,13 +53,15 @@ def _spincount(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_config_knob():
-    assert Config.from_env({}).omp_wait == "200000"
+    assert Config.from_env({}).omp_wait == "adaptive"
+    assert Config.from_env({"RLX_OMP_WAIT": "200000"}).omp_wait == "200000"
     assert Config.from_env({"RLX_OMP_WAIT": "passive"}).omp_wait == "passive"
     assert Config.from_env({"RLX_OMP_WAIT": " Default "}).omp_wait == "default"
     assert Config.from_env({"RLX_OMP_WAIT": "2000"}).omp_wait == "2000"
-    with pytest.raises(RlxError, match="RLX_OMP_WAIT must be passive, active, default or a spin count"):
+    with pytest.raises(RlxError, match="RLX_OMP_WAIT must be adaptive, passive, active, default or a spin count"):
         Config.from_env({"RLX_OMP_WAIT": "sleepy"})
     assert omp_environment("active") == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert omp_environment("adaptive") == {"GOMP_SPINCOUNT": "200000"}
 
 
 def test_libgomp_loads_with_the_bounded_spin_policy(tmp_path):
@@ -65,19 +69,22 @@ def test_libgomp_loads_with_the_bounded_spin_policy(tmp_path):
     # libgomp arrives with the first generated library, after RLX set the variable: it read the count.
     assert "GOMP_BEFORE_LOAD False AFTER True" in proc.stdout
     assert "ENV None 200000" in proc.stdout
+    assert "POLICY True True" in proc.stdout  # spinning, and the team sized per run (RLX_OMP_WAIT=adaptive)
     assert _spincount(proc) == "200000"
 
 
-@pytest.mark.parametrize(("env", "spin", "seen"), [
-    ({"RLX_OMP_WAIT": "default"}, "300000", "ENV None None"),  # libgomp's own default
-    ({"RLX_OMP_WAIT": "5000"}, "5000", "ENV None 5000"),
-    ({"RLX_OMP_WAIT": "passive"}, "0", "ENV PASSIVE None"),
-    ({"GOMP_SPINCOUNT": "77"}, "77", "ENV None 77"),  # the user's setting wins
-    ({"OMP_WAIT_POLICY": "active", "RLX_OMP_WAIT": "passive"}, None, "ENV active None"),
+@pytest.mark.parametrize(("env", "spin", "seen", "policy"), [
+    ({"RLX_OMP_WAIT": "default"}, "300000", "ENV None None", "POLICY True False"),  # libgomp's own default
+    ({"RLX_OMP_WAIT": "200000"}, "200000", "ENV None 200000", "POLICY True False"),  # the spin, team fixed
+    ({"RLX_OMP_WAIT": "5000"}, "5000", "ENV None 5000", "POLICY False False"),
+    ({"RLX_OMP_WAIT": "passive"}, "0", "ENV PASSIVE None", "POLICY False False"),
+    ({"GOMP_SPINCOUNT": "77"}, "77", "ENV None 77", "POLICY False False"),  # the user's setting wins
+    ({"OMP_WAIT_POLICY": "active", "RLX_OMP_WAIT": "passive"}, None, "ENV active None", "POLICY True False"),
 ])
-def test_other_policies_and_user_settings(tmp_path, env, spin, seen):
+def test_other_policies_and_user_settings(tmp_path, env, spin, seen, policy):
     proc = _child(tmp_path, **env)
     assert seen in proc.stdout
+    assert policy in proc.stdout  # what the runtime passes the kernels (rlx_set_team), and no governor
     if spin is not None:
         assert _spincount(proc) == spin
     else:
@@ -92,13 +99,6 @@ def test_exit_while_openmp_threads_spin(tmp_path):
         assert proc.returncode == 0
 
 
-TEAM_SPINS_PROBE = """
-#include <stdio.h>
-#include "kernels/threads.h"
-int main(void) { printf("%d\\n", rlx_team_spins()); return 0; }
-"""
-
-
 @pytest.mark.parametrize(("env", "spins"), [
     ({}, 1),  # the OpenMP runtime's own default spins
     ({"GOMP_SPINCOUNT": "200000"}, 1),  # RLX's default
@@ -108,16 +108,8 @@ int main(void) { printf("%d\\n", rlx_team_spins()); return 0; }
     ({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "200000"}, 0),
     ({"OMP_WAIT_POLICY": "ACTIVE"}, 1),
 ])
-def test_team_spins_reads_the_policy_like_libgomp(tmp_path, env, spins):
-    """The quantized and int8 kernels split small products only over a spinning team: the C helper
-    that decides it reads OMP_WAIT_POLICY and GOMP_SPINCOUNT the way libgomp does."""
-    from rlx.templates_path import templates_dir
-
-    (tmp_path / "probe.c").write_text(TEAM_SPINS_PROBE)
-    exe = tmp_path / "probe"
-    cc = os.environ.get("CC", "cc")
-    subprocess.run([cc, "-O1", "-I", str(templates_dir() / "cpu"), str(tmp_path / "probe.c"), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
-    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    out = subprocess.run([str(exe)], env={**clean, **env}, check=True, capture_output=True, text=True).stdout
-    assert int(out) == spins
+def test_team_spins_reads_the_policy_like_libgomp(env, spins):
+    """The quantized and int8 kernels split small products only over a spinning team: the runtime
+    decides it (and passes it with each run, rlx_set_team) reading OMP_WAIT_POLICY and GOMP_SPINCOUNT
+    the way libgomp does."""
+    assert openmp_spins(env) == bool(spins)

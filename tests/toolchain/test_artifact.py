@@ -14,6 +14,7 @@ import pytest
 
 import rlx
 from rlx import reference
+from rlx.abi_version import ABI_VERSION
 from rlx.config import Config
 from rlx.errors import ArtifactError
 from rlx.models.bert import BertConfig, bert_inputs, build_bert, random_weights
@@ -56,7 +57,7 @@ def test_save_writes_the_documented_files(bert, tmp_path: Path):
     blas = ["libscipy_openblas.so"] if m["blas"] == "openblas32" else []
     assert m["bundled_libraries"] == blas
     assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", "model.c", "model.so", "rlx.h", *blas])
-    assert m["abi_version"] == 1 and m["target"] == "cpu" and m["key"] == compiled.key
+    assert m["abi_version"] == ABI_VERSION and m["target"] == "cpu" and m["key"] == compiled.key
     assert [i["name"] for i in m["inputs"]] == compiled.input_names
     assert [p["name"] for p in m["params"]] == compiled.param_names
     assert {s["name"]: s["max"] for s in m["symbols"]} == {"batch": 4, "seq": 16}
@@ -64,7 +65,7 @@ def test_save_writes_the_documented_files(bert, tmp_path: Path):
     assert m["components"]["lir"] and m["weights"] == []
     for name, info in m["files"].items():
         assert (out / name).stat().st_size == info["size"]
-    assert "RLX_ABI_VERSION 1" in (out / "rlx.h").read_text()
+    assert f"RLX_ABI_VERSION {ABI_VERSION}" in (out / "rlx.h").read_text()
 
 
 def test_round_trip_with_weights_matches_reference(bert, tmp_path: Path):

@@ -78,6 +78,7 @@ RLX_EXPORT void *rlx_create(void)
     ctx->nthreads = rlx_default_threads();
     if (ctx->nthreads < 1)
         ctx->nthreads = 1;
+    ctx->spins = 1;
     if (rlx_alloc(&ctx->arena, RLX_ARENA_BYTES) || rlx_alloc(&ctx->params, RLX_PARAMS_BYTES) ||
         rlx_reserve_scratch(ctx, ctx->nthreads)) {
         rlx_destroy(ctx);
@@ -99,6 +100,7 @@ RLX_EXPORT void *rlx_clone(void *vsrc)
         return NULL;
     }
     ctx->nthreads = src->nthreads;
+    ctx->spins = src->spins;
     memcpy(ctx->params, src->params, RLX_PARAMS_BYTES);
     memcpy(ctx->param_set, src->param_set, sizeof ctx->param_set);
     return ctx;
@@ -139,6 +141,22 @@ RLX_EXPORT int32_t rlx_set_num_threads(void *vctx, int32_t n)
     }
     ctx->nthreads = n;
     return n;
+}
+
+/* The team of the next runs, as the runtime decides it between runs (rlx.runtime.team): `threads`
+ * (clamped to 1..the count rlx_set_num_threads reserved scratch for) and whether the idle threads of
+ * the OpenMP team spin (`spins` nonzero: forking is cheap, so small products are split too). Sets
+ * nothing else and allocates nothing, so it is cheap enough to call before any run. Returns the
+ * thread count set, or -1 for a NULL context. */
+RLX_EXPORT int32_t rlx_set_team(void *vctx, int32_t threads, int32_t spins)
+{
+    rlx_ctx *ctx = (rlx_ctx *)vctx;
+    if (!ctx)
+        return -1;
+    const int32_t most = ctx->scratch_threads > 0 ? ctx->scratch_threads : ctx->nthreads;
+    ctx->nthreads = threads < 1 ? 1 : (threads > most ? most : threads);
+    ctx->spins = spins != 0;
+    return ctx->nthreads;
 }
 
 RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, int64_t nbytes)

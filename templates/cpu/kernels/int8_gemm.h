@@ -392,12 +392,12 @@ static inline int64_t rlx_i8_scratch_bytes(int64_t K)
  * core multiplies in 8M int8 multiply-adds: below that per thread the product runs on the calling
  * thread (every linear layer of a short sentence). With spinning threads (RLX's default bounded
  * spin, or OMP_WAIT_POLICY=active) a fork is cheap: 256K per thread pays.
- * The policy is rlx_team_spins (kernels/threads.h). */
+ * `spins` is the context's wait policy (rlx_set_team: the runtime's, rlx.runtime.team). */
 #define RLX_I8_MACS_PER_THREAD ((int64_t)1 << 23)
 #define RLX_I8_MACS_PER_SPINNING_THREAD ((int64_t)1 << 18)
-static inline int rlx_i8_threads(int nt, int64_t m, int64_t n, int64_t k)
+static inline int rlx_i8_threads(int nt, int spins, int64_t m, int64_t n, int64_t k)
 {
-    const int64_t per = rlx_team_spins() ? RLX_I8_MACS_PER_SPINNING_THREAD : RLX_I8_MACS_PER_THREAD;
+    const int64_t per = spins ? RLX_I8_MACS_PER_SPINNING_THREAD : RLX_I8_MACS_PER_THREAD;
     const int64_t useful = m * n * k / per;
     return useful < 1 ? 1 : (useful < nt ? (int)useful : nt);
 }

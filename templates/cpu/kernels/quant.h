@@ -38,16 +38,16 @@ enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX
 /* Rows of X up to which the GEMV kernels run (beyond: dequantized panels and the GEMM kernel). */
 #define RLX_QGEMV_MAX_M 4
 
-/* Threads for a decode GEMV over `bytes` of weight blocks. With sleeping OpenMP threads
- * (RLX_OMP_WAIT=passive) waking a team costs about as much as one core streaming half a megabyte of
- * blocks, so smaller weights (every per-layer matrix of a SmolLM-sized model) run on the calling
+/* Threads for a decode GEMV over `bytes` of weight blocks. With sleeping OpenMP threads (`spins`
+ * 0: the context's wait policy is passive) waking a team costs about as much as one core streaming
+ * half a megabyte of blocks, so smaller weights (every per-layer matrix of a SmolLM-sized model) run on the calling
  * thread and only large ones (the vocabulary projection) are split. With spinning threads (RLX's
- * default bounded spin, or RLX_OMP_WAIT=active) a fork is cheap and 32 KB per thread pays. */
+ * default, or RLX_OMP_WAIT=active) a fork is cheap and 32 KB per thread pays. */
 #define RLX_QGEMV_BYTES_PER_THREAD ((int64_t)1 << 19)
 #define RLX_QGEMV_BYTES_PER_SPINNING_THREAD ((int64_t)1 << 15)
-static inline int rlx_qgemv_threads(int nt, int64_t bytes)
+static inline int rlx_qgemv_threads(int nt, int spins, int64_t bytes)
 {
-    const int64_t per = rlx_team_spins() ? RLX_QGEMV_BYTES_PER_SPINNING_THREAD : RLX_QGEMV_BYTES_PER_THREAD;
+    const int64_t per = spins ? RLX_QGEMV_BYTES_PER_SPINNING_THREAD : RLX_QGEMV_BYTES_PER_THREAD;
     const int64_t useful = bytes / per;
     return useful < 1 ? 1 : (useful < nt ? (int)useful : nt);
 }

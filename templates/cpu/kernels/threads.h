@@ -4,7 +4,6 @@
 #define RLX_KERNELS_THREADS_H
 
 #include <stdint.h>
-#include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -36,35 +35,8 @@ static int rlx_default_threads(void)
 #endif
 }
 
-/* Whether idle OpenMP threads spin (RLX's default: GOMP_SPINCOUNT=200000 from RLX_OMP_WAIT, or
- * OMP_WAIT_POLICY=active): then forking a team costs a few microseconds and small products split
- * across it pay; with sleeping threads (OMP_WAIT_POLICY=passive, or a spin count too short to span
- * one kernel) waking the team costs tens of microseconds. With neither variable set the OpenMP
- * runtime's own default spins (libgomp: 300000). Read once; every thread computes the same value. */
-#define RLX_SPINNING_SPINCOUNT 10000
-static inline int rlx_team_spins(void)
-{
-    static int cached = -1; /* -1: not read yet */
-    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (v < 0) {
-        const char *policy = getenv("OMP_WAIT_POLICY");
-        const char *spins = getenv("GOMP_SPINCOUNT");
-        if (policy != NULL && (policy[0] == 'a' || policy[0] == 'A'))
-            v = 1;
-        else if (policy != NULL && (policy[0] == 'p' || policy[0] == 'P'))
-            v = 0;
-        else if (spins != NULL && spins[0] != '\0') {
-            /* libgomp's syntax: "infinite"/"infinity", or a count with an optional k/M/G/T suffix */
-            char *end = NULL;
-            long long n = strtoll(spins, &end, 10);
-            if (end != NULL && (*end == 'k' || *end == 'K')) n *= 1000LL;
-            else if (end != NULL && *end != '\0' && *end != ' ' && end != spins) n = RLX_SPINNING_SPINCOUNT;
-            v = spins[0] == 'i' || spins[0] == 'I' || n >= RLX_SPINNING_SPINCOUNT;
-        } else
-            v = 1;
-        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-    }
-    return v;
-}
+/* Whether the team's idle threads spin (forks are cheap) is not read here from the environment: the
+ * runtime decides the wait policy and the team size between runs and passes both in (rlx_set_team:
+ * ctx->nthreads, ctx->spins; rlx.runtime.team). */
 
 #endif /* RLX_KERNELS_THREADS_H */

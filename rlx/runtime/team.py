@@ -1,0 +1,292 @@
+"""How many threads each run uses, decided between runs: the team governor behind `RLX_OMP_WAIT=adaptive`.
+
+Idle OpenMP threads that spin make a fork cost a few microseconds instead of the tens a sleeping
+thread's wake-up costs (MiniLM 1x16 on 2 cores: 1.7x faster than passive waiting). But when other
+processes want the cores, a spinning thread holds the core its descheduled partner needs, and every
+parallel region waits a scheduler time slice for that partner: a decode step crosses hundreds of
+regions, and runs 30-50x slower than with passive waiting. Spinning is only right while the team
+has its cores to itself.
+
+So with the default policy the runtime watches each run (`TeamGovernor`): the process's CPU time
+against the team's wall time says how much of the run its threads spent off a core, and the
+process's involuntary context switches say whether that was preemption (another runnable task took
+the core) rather than a thread sleeping on its own. A team whose threads lost, together, more than
+`LOSS_LIMIT` of a core's time to preemption is too big for the cores free now: the next runs use
+fewer threads (on 2 cores: one, which never waits for a partner). From time to time, and only while
+`/proc/loadavg`'s count of runnable tasks says a core may have come free, one run tries the bigger
+team again and keeps it if it ran undisturbed; failed tries back off (up to `MAX_BACKOFF_S`). The
+decision is passed to the generated code with each run (`rlx_set_team`: thread count and whether
+forks are cheap); the kernels never read the environment.
+
+Measuring costs two `getrusage` calls and two clock reads per run (about 5 us); runs shorter than
+`MIN_RUN_S` or overlapping another run of the same graph are not measured (their CPU time is not
+theirs alone).
+
+>>> gov = TeamGovernor(2, WaitPolicy(spins=True, adaptive=True, source="test"), load=lambda: None)
+>>> for _ in range(WARMUP_RUNS + 1):
+...     gov.observe(threads=2, wall=0.010, cpu=0.020, preempted=0)   # undisturbed: the team stays
+>>> gov.threads
+2
+>>> gov.observe(threads=2, wall=0.010, cpu=0.011, preempted=3)   # half the team's time lost to preemption
+>>> gov.threads, gov.contended
+(1, True)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+#: Runs shorter than this are not measured (a clock tick's noise would dominate).
+MIN_RUN_S = 2e-4
+#: A run whose team lost more than this many cores' worth of its time to preemption counts as contended
+#: (measured in cores, not as a fraction: a spinning team waits for its slowest thread, so one thread
+#: preempted half the time slows a team of 16 as much as a team of 2).
+LOSS_LIMIT = 0.4
+#: Smoothing of the per-run loss (weight of the newest run).
+LOSS_WEIGHT = 0.5
+#: First wait before trying a bigger team again, and its bound as failed tries double it.
+FIRST_BACKOFF_S = 0.25
+MAX_BACKOFF_S = 8.0
+#: Runs not measured after the team's bound is set: the first ones start the OpenMP threads and fault pages in.
+WARMUP_RUNS = 2
+#: Runs at the reduced size between tries (so a try is never most of a short benchmark's runs).
+MIN_RUNS_BETWEEN_TRIES = 8
+#: libgomp's spin count below which its idle threads are asleep before the next kernel starts.
+SPINNING_SPINCOUNT = 10_000
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How the process's OpenMP threads wait, fixed when the OpenMP runtime loaded.
+
+    `spins`: idle threads spin (forks are cheap); `adaptive`: RLX's governor sizes each run's team;
+    `source`: the setting it came from, for `rlxc doctor`.
+    """
+
+    spins: bool
+    adaptive: bool
+    source: str
+
+
+def openmp_spins(env: Mapping[str, str]) -> bool:
+    """Whether libgomp's idle threads spin long enough to span the gap between two kernels, read from
+    OMP_WAIT_POLICY and GOMP_SPINCOUNT the way libgomp reads them (no variable: its default spins).
+
+    >>> openmp_spins({}), openmp_spins({"GOMP_SPINCOUNT": "2000"}), openmp_spins({"GOMP_SPINCOUNT": "300k"})
+    (True, False, True)
+    >>> openmp_spins({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "200000"})
+    False
+    """
+    policy = env.get("OMP_WAIT_POLICY", "").strip()
+    if policy[:1] in ("a", "A"):
+        return True
+    if policy[:1] in ("p", "P"):
+        return False
+    spins = env.get("GOMP_SPINCOUNT", "").strip()
+    if not spins:
+        return True
+    if spins[:1] in ("i", "I"):  # "infinite" / "infinity"
+        return True
+    digits = len(spins) - len(spins.lstrip("0123456789"))
+    if digits == 0:
+        return True  # libgomp ignores a malformed count and keeps its own (spinning) default
+    count = int(spins[:digits])
+    suffix = spins[digits:].strip()[:1].lower()
+    count *= {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(suffix, SPINNING_SPINCOUNT)
+    return count >= SPINNING_SPINCOUNT
+
+
+def cpus_available() -> int:
+    """The cores this process may run on (its affinity mask; the CPU count where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class LoadAverage:
+    """The machine's count of runnable tasks right now (`/proc/loadavg`'s fourth field), or None.
+
+    Read with one `pread` of a kept-open file (about 2 us). Inside a container it may count the
+    host's tasks: the governor only uses it to skip tries that would surely fail.
+    """
+
+    def __init__(self, path: str = "/proc/loadavg") -> None:
+        try:
+            self._fd: int | None = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def __call__(self) -> int | None:
+        if self._fd is None:
+            return None
+        try:
+            fields = os.pread(self._fd, 128, 0).split()
+            return int(fields[3].split(b"/")[0])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
+def _usage() -> tuple[float, int]:
+    """(CPU seconds of every thread of the process, involuntary context switches so far)."""
+    import resource
+
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime, u.ru_nivcsw
+
+
+class TeamGovernor:
+    """Chooses the thread count of each run of one compiled graph (see the module docstring).
+
+    `threads` is what the next run uses; `begin` / `end` bracket a run and feed `observe`. With a
+    policy that is not adaptive (or one thread at most) the team is always `max_threads`.
+    """
+
+    def __init__(self, max_threads: int, policy: WaitPolicy, *, clock: Callable[[], float] = time.perf_counter,
+                 usage: Callable[[], tuple[float, int]] = _usage, load: Callable[[], int | None] | None = None,
+                 cpus: int | None = None) -> None:
+        self.policy = policy
+        self.max_threads = max(1, int(max_threads))
+        self.threads = self.max_threads
+        self.contended = False
+        #: Smoothed cores' worth of the team's time lost to preemption per run (0: undisturbed).
+        self.loss = 0.0
+        self.tries = 0
+        self.shrinks = 0
+        self._clock = clock
+        self._usage = usage
+        self._load = load if load is not None else LoadAverage()
+        self._cpus = cpus if cpus is not None else cpus_available()
+        self._backoff = FIRST_BACKOFF_S
+        self._changed_at = clock()
+        self._runs_since_change = 0
+        self._trying: int | None = None  # the smaller size to return to if the current try fails
+        self._warmup = WARMUP_RUNS
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        """Whether this governor ever changes the team (adaptive policy, more than one thread)."""
+        return self.policy.adaptive and self.max_threads > 1
+
+    def resize(self, max_threads: int) -> None:
+        """A new thread bound (the graph's `num_threads` changed): start again at full size."""
+        with self._lock:
+            self.max_threads = max(1, int(max_threads))
+            self.threads = self.max_threads
+            self.contended = False
+            self.loss = 0.0
+            self._trying = None
+            self._warmup = WARMUP_RUNS
+            self._backoff = FIRST_BACKOFF_S
+            self._changed_at = self._clock()
+            self._runs_since_change = 0
+
+    def begin(self) -> tuple[int, float, float, int] | None:
+        """Before a run: (threads, wall, cpu, switches) to pass to `end`, or None when not measured."""
+        with self._lock:
+            self._in_flight += 1
+            if not self.active or self._in_flight > 1:
+                return None
+            self._maybe_try()
+            threads = self.threads
+        cpu, switches = self._usage()
+        return threads, self._clock(), cpu, switches
+
+    def end(self, ticket: tuple[int, float, float, int] | None) -> None:
+        """After a run (also a failed one): measure it if `begin` said so."""
+        if ticket is not None:
+            wall = self._clock() - ticket[1]
+            cpu, switches = self._usage()
+        with self._lock:
+            self._in_flight -= 1
+            if ticket is not None and self._in_flight == 0:
+                self._observe(ticket[0], wall, cpu - ticket[2], switches - ticket[3])
+
+    def observe(self, *, threads: int, wall: float, cpu: float, preempted: int) -> None:
+        """Feed one run's measurement: its team size, wall and CPU seconds, involuntary switches."""
+        with self._lock:
+            self._observe(threads, wall, cpu, preempted)
+
+    # ── the decisions (called with the lock held) ──────────────────────
+
+    def _observe(self, threads: int, wall: float, cpu: float, preempted: int) -> None:
+        if not self.active or wall < MIN_RUN_S or threads != self.threads:
+            return
+        if self._warmup > 0:
+            self._warmup -= 1
+            return
+        # Time off a core counts only when something preempted the team: a thread asleep on its own
+        # (a serial stretch longer than the spin) is not contention.
+        lost = threads * min(1.0, max(0.0, 1.0 - cpu / (threads * wall))) if preempted > 0 else 0.0
+        self._runs_since_change += 1
+        if self._trying is not None:  # one run at a bigger size: keep it only if it ran undisturbed
+            fallback, self._trying = self._trying, None
+            if lost > LOSS_LIMIT:
+                self._set(fallback)
+                self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
+            else:
+                self.loss = lost
+                self.contended = threads < self.max_threads
+                self._backoff = FIRST_BACKOFF_S
+            return
+        self.loss = LOSS_WEIGHT * lost + (1 - LOSS_WEIGHT) * self.loss
+        if threads > 1 and (self.loss > LOSS_LIMIT or lost > 2 * LOSS_LIMIT):
+            # The cores the team did not get: each preempted thread got about half of its core.
+            busy = max(1, math.ceil(2 * max(lost, self.loss)))
+            self._set(max(1, threads - busy))
+            self.contended = True
+            self.shrinks += 1
+        elif threads == self.max_threads:
+            self.contended = False
+
+    def _set(self, threads: int) -> None:
+        self.threads = threads
+        self.loss = 0.0
+        self._changed_at = self._clock()
+        self._runs_since_change = 0
+
+    def _maybe_try(self) -> None:
+        """Between runs at a reduced size: try a bigger team when a core may have come free."""
+        if self.threads >= self.max_threads or self._trying is not None:
+            return
+        if self._runs_since_change < MIN_RUNS_BETWEEN_TRIES or self._clock() - self._changed_at < self._backoff:
+            return
+        want = min(self.max_threads, self.threads + max(1, self.threads // 2))
+        running = self._load()
+        if running is not None and self._backoff < MAX_BACKOFF_S:
+            # This process's team counts among the runnable tasks; the others hold the rest.
+            free = self._cpus - max(0, running - self.threads)
+            if free < want:
+                self._changed_at = self._clock()  # still busy: look again after the same wait
+                self._runs_since_change = 0
+                return
+        self.tries += 1
+        self._trying = self.threads
+        self.threads = want
+        self._changed_at = self._clock()
+        self._runs_since_change = 0
+
+    def describe(self) -> str:
+        """One line for timings and `rlxc doctor`.
+
+        >>> TeamGovernor(4, WaitPolicy(True, True, "x"), load=lambda: None).describe()
+        '4 of 4 threads, cores free'
+        """
+        state = "other processes compete for the cores" if self.contended else "cores free"
+        if not self.active:
+            state = "fixed team" if self.max_threads > 1 else "one thread"
+        return f"{self.threads} of {self.max_threads} threads, {state}"
+
+
+__all__ = ["LoadAverage", "TeamGovernor", "WaitPolicy", "cpus_available", "openmp_spins"]

@@ -1,0 +1,221 @@
+"""The team governor (rlx.runtime.team): how many threads each run uses while other processes compete.
+
+The decisions are tested on measurements fed in (a fake clock and load), so nothing here depends on
+what else this machine runs; the last tests check that the generated code takes the team it is given.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import rlx
+from rlx.runtime import team as T
+from rlx.runtime.team import TeamGovernor, WaitPolicy
+
+ADAPTIVE = WaitPolicy(spins=True, adaptive=True, source="test")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def governor(threads: int = 2, *, load: int | None = None, cpus: int = 2,
+             policy: WaitPolicy = ADAPTIVE) -> tuple[TeamGovernor, Clock]:
+    clock = Clock()
+    gov = TeamGovernor(threads, policy, clock=clock, usage=lambda: (0.0, 0), load=lambda: load, cpus=cpus)
+    return gov, clock
+
+
+def warm(gov: TeamGovernor) -> None:
+    for _ in range(T.WARMUP_RUNS):
+        gov.observe(threads=gov.threads, wall=0.01, cpu=0.0, preempted=9)  # not measured: the first runs
+
+
+def undisturbed(gov: TeamGovernor, clock: Clock, runs: int = 1, wall: float = 0.01) -> None:
+    for _ in range(runs):
+        gov.begin()  # where tries start
+        threads = gov.threads
+        clock.now += wall
+        gov.observe(threads=threads, wall=wall, cpu=threads * wall, preempted=0)
+        gov._in_flight -= 1
+
+
+def preempted(gov: TeamGovernor, clock: Clock, share: float = 0.5, runs: int = 1, wall: float = 0.01) -> None:
+    """Runs whose threads got `share` of their cores, preempted by another process."""
+    for _ in range(runs):
+        gov.begin()
+        threads = gov.threads
+        clock.now += wall
+        gov.observe(threads=threads, wall=wall, cpu=threads * wall * share, preempted=4)
+        gov._in_flight -= 1
+
+
+def test_an_undisturbed_team_keeps_every_thread():
+    gov, clock = governor(4)
+    warm(gov)
+    undisturbed(gov, clock, runs=50)
+    assert (gov.threads, gov.contended, gov.shrinks) == (4, False, 0)
+
+
+def test_preemption_shrinks_the_team_to_the_cores_left():
+    gov, clock = governor(2)
+    warm(gov)
+    preempted(gov, clock, share=0.5)
+    assert (gov.threads, gov.contended) == (1, True)
+
+    big, clock = governor(16, cpus=16)
+    warm(big)
+    preempted(big, clock, share=0.9)  # 1.6 cores' time lost: 3-4 cores taken (a preempted thread gets half)
+    assert big.contended and 11 <= big.threads <= 13
+    undisturbed(big, clock, runs=5)  # the smaller team has its cores
+    assert big.contended and 11 <= big.threads <= 13
+
+
+def test_threads_asleep_on_their_own_are_not_contention():
+    """A run whose threads sleep through a long serial stretch has CPU time well under its wall
+    time, but nothing preempted it: the team stays."""
+    gov, _ = governor(2)
+    warm(gov)
+    for _ in range(20):
+        gov.observe(threads=2, wall=0.01, cpu=0.012, preempted=0)
+    assert (gov.threads, gov.contended) == (2, False)
+
+
+def test_one_preempted_run_in_many_is_noise():
+    gov, _ = governor(2)
+    warm(gov)
+    for i in range(40):
+        share = 0.85 if i % 10 == 0 else 1.0  # a kernel thread now and then, 15% of one run
+        gov.observe(threads=2, wall=0.01, cpu=2 * 0.01 * share, preempted=1 if share < 1 else 0)
+    assert gov.threads == 2
+
+
+def test_no_try_while_the_load_says_the_cores_are_taken():
+    gov, clock = governor(2, load=3)  # this process's thread and two others, on 2 cores
+    warm(gov)
+    preempted(gov, clock)
+    assert gov.threads == 1
+    clock.now += 10 * T.FIRST_BACKOFF_S
+    preempted(gov, clock, share=0.67, runs=3 * T.MIN_RUNS_BETWEEN_TRIES)  # solo, sharing a core
+    assert (gov.threads, gov.tries) == (1, 0)
+
+
+def test_a_free_core_is_tried_and_kept():
+    gov, clock = governor(2, load=3)
+    warm(gov)
+    preempted(gov, clock)
+    assert gov.threads == 1
+    gov._load = lambda: 1  # the other processes ended: only this one runs
+    clock.now += T.FIRST_BACKOFF_S
+    undisturbed(gov, clock, runs=T.MIN_RUNS_BETWEEN_TRIES)
+    undisturbed(gov, clock)  # the try: two threads, undisturbed
+    assert (gov.threads, gov.tries, gov.contended) == (2, 1, False)
+    undisturbed(gov, clock, runs=20)
+    assert gov.threads == 2
+
+
+def test_a_failed_try_backs_off_and_doubles_the_wait():
+    gov, clock = governor(2, load=None)  # no load figure (not Linux): tries on the clock alone
+    warm(gov)
+    preempted(gov, clock)
+    waits = []
+    for _ in range(7):
+        start = clock.now
+        tries = gov.tries
+        while gov.tries == tries:
+            # solo runs, sharing a core; the run that begins the try runs with two threads and
+            # finds the other processes still there
+            preempted(gov, clock, share=0.67, wall=0.01)
+            assert gov.threads == 1
+        waits.append(clock.now - start)
+    assert waits[1] > 1.5 * waits[0] and waits[2] > 1.5 * waits[1]
+    assert T.MAX_BACKOFF_S * 0.9 <= waits[-1] <= T.MAX_BACKOFF_S + 0.2  # the wait stops growing at its bound
+
+
+def test_a_fixed_policy_never_changes_the_team():
+    for policy in (WaitPolicy(True, False, "RLX_OMP_WAIT=200000"), WaitPolicy(False, False, "passive")):
+        gov, clock = governor(2, policy=policy)
+        assert gov.begin() is None  # not even measured
+        gov._in_flight -= 1
+        preempted(gov, clock, runs=10)
+        assert gov.threads == 2 and not gov.active
+
+
+def test_overlapping_runs_are_not_measured():
+    """Process CPU time covers every thread: while two runs overlap, neither's share is known."""
+    gov, clock = governor(2)
+    usage = iter([(0.0, 0), (100.0, 99)])
+    gov._usage = lambda: next(usage)
+    first = gov.begin()
+    second = gov.begin()
+    assert first is not None and second is None
+    gov.end(second)
+    clock.now += 0.01
+    gov.end(first)  # another run ended inside it: not measured (in flight > 0 when it ended? no: measured
+    # only when it is the last one in flight, and `begin` refused the overlapping one)
+    assert gov.threads == 2 and gov._in_flight == 0
+
+
+def test_resize_starts_again_at_full_size():
+    gov, clock = governor(4, cpus=4)
+    warm(gov)
+    preempted(gov, clock, share=0.5)
+    assert gov.threads < 4
+    gov.resize(3)
+    assert (gov.threads, gov.contended, gov.max_threads) == (3, False, 3)
+
+
+def test_load_average_reads_the_runnable_count(tmp_path):
+    path = tmp_path / "loadavg"
+    path.write_text("0.42 0.23 0.10 3/88 6275\n")
+    assert T.LoadAverage(str(path))() == 3
+    assert T.LoadAverage(str(tmp_path / "missing"))() is None
+    path.write_text("garbage\n")
+    assert T.LoadAverage(str(path))() is None
+
+
+# ── the generated code takes the team it is given ──────────────────────────────────────────────
+
+
+def _profiled_graph() -> rlx.CompiledGraph:
+    g = rlx.Graph("team_probe")
+    x = g.input("x", [512, 256])
+    g.set_outputs([g.activation("gelu", g.matmul(x, g.param("w", [256, 256])))])
+    cg = rlx.Session(profile=True).compile(g, num_threads=2)
+    cg.set_param("w", np.full((256, 256), 0.01, np.float32))
+    return cg
+
+
+def test_runs_use_the_governors_team():
+    cg = _profiled_graph()
+    assert cg.team is not None and cg.team.max_threads == 2
+    x = np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32)
+    h = (x @ np.full((256, 256), 0.01, np.float32)).astype(np.float64)
+    want = h * 0.5 * (1.0 + np.vectorize(math.erf)(h / math.sqrt(2.0)))
+
+    cg.team.policy = WaitPolicy(spins=True, adaptive=False, source="test")  # hold the team where it is set
+    cg.team.threads = 2
+    (two,) = cg.run(x=x)
+    threads_two = {s.thread for s in cg.trace(clear=True) if s.thread >= 0}
+    cg.team.threads = 1
+    (one,) = cg.run(x=x)
+    threads_one = {s.thread for s in cg.trace(clear=True) if s.thread >= 0}
+    np.testing.assert_allclose(two, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(one, want, rtol=1e-4, atol=1e-5)
+    assert threads_two == {0, 1}
+    assert threads_one == {0}
+
+
+@pytest.mark.parametrize("threads", [0, -3, 99])
+def test_set_team_clamps_to_the_reserved_count(threads):
+    cg = _profiled_graph()
+    ctx = cg._pool.primary
+    got = cg._lib.rlx_set_team(ctx.ptr, threads, 1)
+    assert got == max(1, min(threads, 2))
