@@ -916,6 +916,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     smi = shutil.which("nvidia-smi")
     gpus = _first_line([smi, "-L"], all_lines=True) if smi else ""
     line("gpus", gpus.replace("\n", "; ") if gpus else "none found")
+    _doctor_threads(config, line)
     cache = AotCache(config)
     if not config.cache_enabled:
         line("cache", "disabled (RLX_CACHE=0)")
@@ -934,6 +935,29 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             ok = False
             line("cache", f"PROBLEM: {exc}")
     return EXIT_OK if ok else EXIT_FAIL
+
+
+def _doctor_threads(config: Any, line: Callable[[str, str], None]) -> None:
+    """The `threads`, `omp wait` and `load` lines of `rlxc doctor`: what a run here would use, and how busy
+    the cores are now (a spinning team on busy cores is what RLX_OMP_WAIT=adaptive guards against)."""
+    from rlx.runtime.loader import openmp_policy
+    from rlx.runtime.team import LoadAverage, cpus_available
+
+    cpus = cpus_available()
+    threads = config.num_threads or cpus
+    line("threads", f"{threads} per run (RLX_NUM_THREADS={config.num_threads or 'unset: every core'}), "
+         f"{cpus} core(s) available to this process")
+    line("omp wait", openmp_policy().source)
+    try:
+        with open("/proc/loadavg") as f:
+            load1 = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        line("load", "unknown (no /proc/loadavg)")
+        return
+    running = LoadAverage()()
+    others = max(0, (running or 1) - 1)  # this process's own thread is one of the runnable tasks
+    busy = "busy: other processes want the cores" if others >= cpus or load1 >= cpus else "quiet"
+    line("load", f"{load1:.2f} over the last minute, {others} other runnable task(s) now on {cpus} core(s): {busy}")
 
 
 def _first_line(cmd: list[str], *, last: bool = False, all_lines: bool = False) -> str:

@@ -156,6 +156,18 @@ def test_doctor_reports_toolchain_and_cache(cache_root: Path, capsys: pytest.Cap
     assert f"{cache_root}: 1 entries" in out
 
 
+def test_doctor_reports_threads_wait_policy_and_load(cache_root: Path, capsys: pytest.CaptureFixture[str]):
+    from rlx.runtime.loader import openmp_policy
+    from rlx.runtime.team import cpus_available
+
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert f"{cpus_available()} core(s) available to this process" in out
+    assert re.search(r"^threads +\d+ per run", out, re.MULTILINE)
+    assert f"omp wait     {openmp_policy().source}" in out  # the policy this process's runs use
+    assert re.search(r"^load +(\d+\.\d\d over the last minute, \d+ other runnable|unknown)", out, re.MULTILINE)
+
+
 def test_doctor_flags_an_unsafe_cache_root(cache_root: Path, capsys: pytest.CaptureFixture[str]):
     _fill(cache_root, (5,))
     os.chmod(cache_root, 0o777)
