@@ -23,8 +23,7 @@ Measuring costs two `getrusage` calls and two clock reads per run (about 5 us); 
 theirs alone).
 
 >>> gov = TeamGovernor(2, WaitPolicy(spins=True, adaptive=True, source="test"), load=lambda: None)
->>> for _ in range(WARMUP_RUNS + 1):
-...     gov.observe(threads=2, wall=0.010, cpu=0.020, preempted=0)   # undisturbed: the team stays
+>>> gov.observe(threads=2, wall=0.010, cpu=0.020, preempted=0)   # undisturbed: the team stays
 >>> gov.threads
 2
 >>> gov.observe(threads=2, wall=0.010, cpu=0.011, preempted=3)   # half the team's time lost to preemption
@@ -52,8 +51,6 @@ LOSS_WEIGHT = 0.5
 #: First wait before trying a bigger team again, and its bound as failed tries double it.
 FIRST_BACKOFF_S = 0.25
 MAX_BACKOFF_S = 8.0
-#: Runs not measured after the team's bound is set: the first ones start the OpenMP threads and fault pages in.
-WARMUP_RUNS = 2
 #: Runs at the reduced size between tries (so a try is never most of a short benchmark's runs).
 MIN_RUNS_BETWEEN_TRIES = 8
 #: libgomp's spin count below which its idle threads are asleep before the next kernel starts.
@@ -170,7 +167,6 @@ class TeamGovernor:
         self._changed_at = clock()
         self._runs_since_change = 0
         self._trying: int | None = None  # the smaller size to return to if the current try fails
-        self._warmup = WARMUP_RUNS
         self._in_flight = 0
         self._lock = threading.Lock()
 
@@ -187,7 +183,6 @@ class TeamGovernor:
             self.contended = False
             self.loss = 0.0
             self._trying = None
-            self._warmup = WARMUP_RUNS
             self._backoff = FIRST_BACKOFF_S
             self._changed_at = self._clock()
             self._runs_since_change = 0
@@ -222,9 +217,6 @@ class TeamGovernor:
 
     def _observe(self, threads: int, wall: float, cpu: float, preempted: int) -> None:
         if not self.active or wall < MIN_RUN_S or threads != self.threads:
-            return
-        if self._warmup > 0:
-            self._warmup -= 1
             return
         # Time off a core counts only when something preempted the team: a thread asleep on its own
         # (a serial stretch longer than the spin) is not contention.

@@ -33,11 +33,6 @@ def governor(threads: int = 2, *, load: int | None = None, cpus: int = 2,
     return gov, clock
 
 
-def warm(gov: TeamGovernor) -> None:
-    for _ in range(T.WARMUP_RUNS):
-        gov.observe(threads=gov.threads, wall=0.01, cpu=0.0, preempted=9)  # not measured: the first runs
-
-
 def undisturbed(gov: TeamGovernor, clock: Clock, runs: int = 1, wall: float = 0.01) -> None:
     for _ in range(runs):
         gov.begin()  # where tries start
@@ -59,19 +54,16 @@ def preempted(gov: TeamGovernor, clock: Clock, share: float = 0.5, runs: int = 1
 
 def test_an_undisturbed_team_keeps_every_thread():
     gov, clock = governor(4)
-    warm(gov)
     undisturbed(gov, clock, runs=50)
     assert (gov.threads, gov.contended, gov.shrinks) == (4, False, 0)
 
 
 def test_preemption_shrinks_the_team_to_the_cores_left():
     gov, clock = governor(2)
-    warm(gov)
     preempted(gov, clock, share=0.5)
     assert (gov.threads, gov.contended) == (1, True)
 
     big, clock = governor(16, cpus=16)
-    warm(big)
     preempted(big, clock, share=0.9)  # 1.6 cores' time lost: 3-4 cores taken (a preempted thread gets half)
     assert big.contended and 11 <= big.threads <= 13
     undisturbed(big, clock, runs=5)  # the smaller team has its cores
@@ -82,7 +74,6 @@ def test_threads_asleep_on_their_own_are_not_contention():
     """A run whose threads sleep through a long serial stretch has CPU time well under its wall
     time, but nothing preempted it: the team stays."""
     gov, _ = governor(2)
-    warm(gov)
     for _ in range(20):
         gov.observe(threads=2, wall=0.01, cpu=0.012, preempted=0)
     assert (gov.threads, gov.contended) == (2, False)
@@ -90,7 +81,6 @@ def test_threads_asleep_on_their_own_are_not_contention():
 
 def test_one_preempted_run_in_many_is_noise():
     gov, _ = governor(2)
-    warm(gov)
     for i in range(40):
         share = 0.85 if i % 10 == 0 else 1.0  # a kernel thread now and then, 15% of one run
         gov.observe(threads=2, wall=0.01, cpu=2 * 0.01 * share, preempted=1 if share < 1 else 0)
@@ -99,7 +89,6 @@ def test_one_preempted_run_in_many_is_noise():
 
 def test_no_try_while_the_load_says_the_cores_are_taken():
     gov, clock = governor(2, load=3)  # this process's thread and two others, on 2 cores
-    warm(gov)
     preempted(gov, clock)
     assert gov.threads == 1
     clock.now += 10 * T.FIRST_BACKOFF_S
@@ -109,7 +98,6 @@ def test_no_try_while_the_load_says_the_cores_are_taken():
 
 def test_a_free_core_is_tried_and_kept():
     gov, clock = governor(2, load=3)
-    warm(gov)
     preempted(gov, clock)
     assert gov.threads == 1
     gov._load = lambda: 1  # the other processes ended: only this one runs
@@ -123,7 +111,6 @@ def test_a_free_core_is_tried_and_kept():
 
 def test_a_failed_try_backs_off_and_doubles_the_wait():
     gov, clock = governor(2, load=None)  # no load figure (not Linux): tries on the clock alone
-    warm(gov)
     preempted(gov, clock)
     waits = []
     for _ in range(7):
@@ -165,7 +152,6 @@ def test_overlapping_runs_are_not_measured():
 
 def test_resize_starts_again_at_full_size():
     gov, clock = governor(4, cpus=4)
-    warm(gov)
     preempted(gov, clock, share=0.5)
     assert gov.threads < 4
     gov.resize(3)
