@@ -139,3 +139,18 @@ def test_every_variable_the_package_reads_is_in_the_readme_and_config_tables():
     assert read - readme == set(), f"add to README.md's configuration table: {sorted(read - readme)}"
     assert readme - read == set(), f"README.md's configuration table lists unread variables: {sorted(readme - read)}"
     assert config_doc == readme, f"rlx/config.py's table and README.md's differ: {sorted(config_doc ^ readme)}"
+
+
+# ── CI runs what the README says ──────────────────────────────────────────
+
+
+def test_ci_runs_the_readmes_two_commands():
+    """`.ci/run` runs the README's first two commands, the install asking for the CUDA extra (which the
+    README explains): nothing else sets up CI."""
+    text = README.read_text()
+    first_block = re.search(r"^```bash\n(.*?)^```$", text, re.M | re.S).group(1)
+    readme = [line.split("#")[0].strip() for line in first_block.splitlines() if line.startswith("make ")]
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("make ")]
+    assert readme == ["make install demo", "make test"]
+    assert ci == ["make install demo CUDA=1", "make test"]
+    assert "`make install demo CUDA=1`" in text
