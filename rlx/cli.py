@@ -916,6 +916,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     smi = shutil.which("nvidia-smi")
     gpus = _first_line([smi, "-L"], all_lines=True) if smi else ""
     line("gpus", gpus.replace("\n", "; ") if gpus else "none found")
+    line("cuda extra", cuda_extra_report())
     _doctor_threads(config, line)
     cache = AotCache(config)
     if not config.cache_enabled:
@@ -958,6 +959,42 @@ def _doctor_threads(config: Any, line: Callable[[str, str], None]) -> None:
     others = max(0, (running or 1) - 1)  # this process's own thread is one of the runnable tasks
     busy = "busy: other processes want the cores" if others >= cpus or load1 >= cpus else "quiet"
     line("load", f"{load1:.2f} over the last minute, {others} other runnable task(s) now on {cpus} core(s): {busy}")
+
+
+#: The wheels of the `cuda` extra and nvidia-cutlass, which `make install` adds beside it (--no-deps).
+CUDA_WHEELS = ("nvidia-cublas", "nvidia-nccl-cu12", "nvidia-cutlass")
+CUDA_EXTRA_HOW = ("in a checkout: make install CUDA=1; else: pip install 'rlx[cuda]' && "
+                  "pip install --no-deps 'nvidia-cutlass>=4.2'")
+
+
+def _wheel_version(dist: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cuda_extra_report(version: Callable[[str], str | None] = _wheel_version) -> str:
+    """`rlxc doctor`'s line on the CUDA wheels (cuBLASLt, NCCL, CUTLASS headers): their versions, or
+    which are missing and how to add them (`make install` adds them only where a GPU is visible).
+
+    >>> cuda_extra_report({"nvidia-cublas": "13.1", "nvidia-nccl-cu12": "2.2", "nvidia-cutlass": "4.2"}.get)
+    'installed: nvidia-cublas 13.1, nvidia-nccl-cu12 2.2, nvidia-cutlass 4.2'
+    >>> report = cuda_extra_report({"nvidia-cublas": "13.1"}.get)
+    >>> report.split(";")[0]
+    'missing nvidia-nccl-cu12, nvidia-cutlass (the CUDA target needs them for NCCL, CUTLASS GEMMs)'
+    >>> "make install CUDA=1" in report
+    True
+    """
+    found = {dist: version(dist) for dist in CUDA_WHEELS}
+    missing = [dist for dist, v in found.items() if v is None]
+    if not missing:
+        return "installed: " + ", ".join(f"{dist} {v}" for dist, v in found.items())
+    uses = {"nvidia-cublas": "cuBLASLt", "nvidia-nccl-cu12": "NCCL", "nvidia-cutlass": "CUTLASS GEMMs"}
+    return (f"missing {', '.join(missing)} (the CUDA target needs them for "
+            f"{', '.join(uses[d] for d in missing)}); add them {CUDA_EXTRA_HOW}")
 
 
 def _first_line(cmd: list[str], *, last: bool = False, all_lines: bool = False) -> str:

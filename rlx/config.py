@@ -23,6 +23,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_CHECK_NANS | 1 builds the checked variant: a kernel writing NaN/inf fails the run naming its op | 0 |
 | RLX_CUTLASS | 0: erf GELU / SiLU GEMMs on cuBLASLt + a pass, not the CUTLASS unit (~1 min to build once) | 1 |
 | RLX_CUTLASS_DIR | a directory holding `cutlass/cutlass.h` (instead of the nvidia-cutlass wheel's headers) | none |
+| RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
 
 RLX_OMP_WAIT applies once per process, just before the first generated

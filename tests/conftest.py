@@ -1,15 +1,14 @@
-"""Shared test setup: the repo's cache root, and helpers for optional peers."""
+"""Shared test setup.
+
+The suite compiles through the cache rlx uses anyway (RLX_CACHE_DIR, else the per-user default), so
+`make test` reuses what `make demo` and earlier runs built; tests about the cache itself give it a
+root of their own under tmp_path.
+"""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-os.environ.setdefault("RLX_CACHE_DIR", str(REPO / "build_cache"))
 
 
 @pytest.fixture

@@ -129,7 +129,7 @@ def find_cutlass(env_dir: str | None = None) -> Cutlass:
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return Cutlass(reason="CUTLASS headers not found (pip install --no-deps nvidia-cutlass, as make install "
-                              "does where nvcc is installed, or set RLX_CUTLASS_DIR)")
+                              "does where a GPU is visible or with CUDA=1, or set RLX_CUTLASS_DIR)")
     pkg = Path(next(iter(spec.submodule_search_locations)))
     inc = pkg / "source" / "include"
     if not (inc / "cutlass" / "cutlass.h").is_file():

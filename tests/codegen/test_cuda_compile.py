@@ -1,8 +1,8 @@
 """Compile-only checks of the CUDA backend: render a .cu for many graphs and compile it with nvcc (no GPU needed).
 
 cuBLASLt variants compile only where cublasLt.h is found (the toolkit, or the optional `nvidia-cublas` wheel, which
-`make install` adds where nvcc is installed, as on CI; or `pip install 'rlx[cuda]'`); the built-in GEMM variant
-needs nothing beyond nvcc and always runs.
+`make install` adds where a GPU is visible or with `CUDA=1`, as on CI; or `pip install 'rlx[cuda]'`); the built-in
+GEMM variant needs nothing beyond nvcc and always runs.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_low_precision_compiles(toolchain: NvccToolchain, name: str, precision: 
 
 def test_cublaslt_variant_compiles(toolchain: NvccToolchain, tmp_path: Path) -> None:
     if not toolchain.cublas.found:
-        pytest.skip("cublasLt.h not found (the toolkit lacks it; `make install` where nvcc is installed, or "
+        pytest.skip("cublasLt.h not found (the toolkit lacks it; `make install CUDA=1`, or "
                     "pip install 'rlx[cuda]', adds the nvidia-cublas wheel)")
     src = _compile(toolchain, cases.CASES["matmuls"]().graph, CudaTarget(gemm="cublaslt"), tmp_path)
     assert "cublasLtMatmul(" in src and "CUBLASLT_EPILOGUE_GELU_BIAS" in src

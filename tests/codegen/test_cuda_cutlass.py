@@ -1,7 +1,7 @@
 """Which GEMMs run on the CUTLASS sm90 unit (rlx/codegen/cuda_cutlass.py), and nvcc builds it and links it.
 
 Runs without a GPU; tests/gpu/test_cuda_cutlass.py checks the numbers on one. The compile test needs nvcc,
-cublasLt.h and CUTLASS's headers (the optional nvidia-cutlass wheel, which `make install` adds where nvcc is),
+cublasLt.h and CUTLASS's headers (the optional nvidia-cutlass wheel, which `make install CUDA=1` adds),
 and takes about a minute of one core (one CUTLASS instantiation).
 """
 
@@ -74,7 +74,7 @@ def test_compiles_and_links(tmp_path) -> None:
         pytest.skip("nvcc is not installed")
     cublas, cutlass = find_cublas(nvcc), cutlass_for()
     if not cublas.found:
-        pytest.skip("cublasLt.h not found (make install adds the nvidia-cublas wheel where nvcc is installed)")
+        pytest.skip("cublasLt.h not found (make install CUDA=1 adds the nvidia-cublas wheel)")
     if not cutlass.found:
         pytest.skip(f"{cutlass.reason}")
     tc = NvccToolchain(nvcc, text, "sm_90", cublas)

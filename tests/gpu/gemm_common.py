@@ -103,6 +103,6 @@ def nvcc_compiles(source: str, path: Path) -> None:
         pytest.skip("nvcc is not installed")
     cublas = find_cublas(nvcc)
     if not cublas.found:
-        pytest.skip("cublasLt.h not found (make install adds the nvidia-cublas wheel where nvcc is installed)")
+        pytest.skip("cublasLt.h not found (make install CUDA=1 adds the nvidia-cublas wheel)")
     path.write_text(source)
     NvccToolchain(nvcc, text, "sm_90", cublas).compile(path, path.with_suffix(".o"), "cublaslt", compile_only=True)
