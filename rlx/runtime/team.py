@@ -51,7 +51,9 @@ LOSS_WEIGHT = 0.5
 #: First wait before trying a bigger team again, and its bound as failed tries double it.
 FIRST_BACKOFF_S = 0.25
 MAX_BACKOFF_S = 8.0
-#: Runs at the reduced size between tries (so a try is never most of a short benchmark's runs).
+#: How often the load figure is read while the team is reduced.
+LOAD_CHECK_S = 0.01
+#: Runs at the reduced size between tries made without a load figure.
 MIN_RUNS_BETWEEN_TRIES = 8
 #: libgomp's spin count below which its idle threads are asleep before the next kernel starts.
 SPINNING_SPINCOUNT = 10_000
@@ -165,6 +167,9 @@ class TeamGovernor:
         self._cpus = cpus if cpus is not None else cpus_available()
         self._backoff = FIRST_BACKOFF_S
         self._changed_at = clock()
+        self._checked_at = -LOAD_CHECK_S
+        self._failed_at = -MAX_BACKOFF_S
+        self._load_missing = False
         self._runs_since_change = 0
         self._trying: int | None = None  # the smaller size to return to if the current try fails
         self._in_flight = 0
@@ -226,6 +231,7 @@ class TeamGovernor:
             fallback, self._trying = self._trying, None
             if lost > LOSS_LIMIT:
                 self._set(fallback)
+                self._failed_at = self._clock()
                 self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
             else:
                 self.loss = lost
@@ -249,24 +255,36 @@ class TeamGovernor:
         self._runs_since_change = 0
 
     def _maybe_try(self) -> None:
-        """Between runs at a reduced size: try a bigger team when a core may have come free."""
+        """Between runs at a reduced size: try a bigger team when a core may have come free.
+
+        With a load figure, a try starts as soon as it says enough cores are free (read at most every
+        `LOAD_CHECK_S`), unless a try it allowed failed within the backoff (the figure misled: a
+        container may see its host's tasks). Without one, tries follow the backoff alone.
+        """
         if self.threads >= self.max_threads or self._trying is not None:
             return
-        if self._runs_since_change < MIN_RUNS_BETWEEN_TRIES or self._clock() - self._changed_at < self._backoff:
-            return
+        now = self._clock()
         want = min(self.max_threads, self.threads + max(1, self.threads // 2))
-        running = self._load()
-        if running is not None and self._backoff < MAX_BACKOFF_S:
+        if now - self._checked_at >= LOAD_CHECK_S:
+            self._checked_at = now
+            running = self._load()
+        else:
+            running = None if self._load_missing else -1  # -1: not read this time
+        if running == -1:
+            return
+        if running is not None:
             # This process's team counts among the runnable tasks; the others hold the rest.
             free = self._cpus - max(0, running - self.threads)
-            if free < want:
-                self._changed_at = self._clock()  # still busy: look again after the same wait
-                self._runs_since_change = 0
+            if free < want or now - self._failed_at < self._backoff:
+                return
+        else:
+            self._load_missing = True
+            if self._runs_since_change < MIN_RUNS_BETWEEN_TRIES or now - self._changed_at < self._backoff:
                 return
         self.tries += 1
         self._trying = self.threads
         self.threads = want
-        self._changed_at = self._clock()
+        self._changed_at = now
         self._runs_since_change = 0
 
     def describe(self) -> str:

@@ -6,6 +6,7 @@ what else this machine runs; the last tests check that the generated code takes 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -205,3 +206,33 @@ def test_set_team_clamps_to_the_reserved_count(threads):
     ctx = cg._pool.primary
     got = cg._lib.rlx_set_team(ctx.ptr, threads, 1)
     assert got == max(1, min(threads, 2))
+
+
+def test_the_full_team_returns_at_once_when_the_load_says_the_cores_are_free():
+    """Short runs (1x16 embeddings: ~3 ms) must not spend many runs at the reduced size once the
+    other processes are gone: the first run after the load figure shows free cores tries the team."""
+    gov, clock = governor(2, load=3)
+    preempted(gov, clock, wall=0.003)
+    assert gov.threads == 1
+    preempted(gov, clock, share=0.67, runs=20, wall=0.003)
+    assert gov.tries == 0
+    gov._load = lambda: 1
+    undisturbed(gov, clock, wall=0.003)  # read the load within LOAD_CHECK_S: this very run tries
+    undisturbed(gov, clock, runs=3, wall=0.003)
+    assert (gov.threads, gov.tries) == (2, 1)
+
+
+def test_a_misleading_load_figure_backs_off():
+    """A container may see its host's task count: when the figure said "free" and the try found the
+    cores taken, the next tries wait out a growing backoff."""
+    gov, clock = governor(2, load=1)  # says free, always
+    preempted(gov, clock)
+    assert gov.threads == 1
+    starts = []
+    for _ in range(5):
+        tries = gov.tries
+        while gov.tries == tries:
+            preempted(gov, clock, share=0.67, wall=0.01)  # each try is preempted too
+        starts.append(clock.now)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps[0] >= 2 * T.FIRST_BACKOFF_S * 0.9 and gaps[1] > 1.5 * gaps[0] and gaps[2] > 1.5 * gaps[1]
