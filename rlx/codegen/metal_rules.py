@@ -34,6 +34,7 @@ from rlx.codegen.metal_emit import (
 )
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
+from rlx.ir.activation_table import activation_table
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.shape import Dim, normalize_axis, product
@@ -54,7 +55,7 @@ rules = table("metal")
 
 
 def _act(fn: str | None) -> str:
-    return "RLX_ACT_NONE" if fn is None else "RLX_ACT_" + fn.upper()
+    return activation_table().enum(fn)
 
 
 # ── accepts: which variants each rule takes ───────────────────────────────────
