@@ -10,8 +10,7 @@ names the provider and the reason) and the build links the configurations the so
 (`rlx/toolchain/cuda_units.py`).
 
 >>> from rlx.ir.dtype import DType
->>> from rlx.ir.activation_table import activation_table
-from rlx.ir.shape import Dim
+>>> from rlx.ir.shape import Dim
 >>> cutlass_choice(True, "sm_90", DType.F16, "gelu", True, Dim(384), Dim(1536), [0, 16, 32, 48]).function
 'rlx_cutlass_gemm_f16_gelu'
 >>> cutlass_choice(True, "sm_90", DType.F16, "gelu", True, Dim(384), Dim(1532), [0, 16, 32, 48]).why
