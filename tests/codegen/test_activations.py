@@ -90,7 +90,7 @@ def test_cuda_and_metal_enums_and_switches_come_from_the_table():
 
 def test_the_cutlass_unit_reads_its_ids_from_the_table():
     table = activation_table()
-    assert CUTLASS_IDS == {e.name: e.id for e in table.entries if e.cutlass}
+    assert {e.name: e.id for e in table.entries if e.cutlass} == CUTLASS_IDS
     assert activation_defines() == tuple(f"-D{table.enum(n)}={i}" for n, i in CUTLASS_IDS.items())
     unit = (templates_dir() / "cuda" / "kernels" / "gemm_cutlass.cu").read_text()
     # the unit compares RLX_CUTLASS_ACT with the ids' names only: no number kept by hand (0 = none)
