@@ -28,8 +28,8 @@ import jinja2
 from rlx.errors import BuildError, IRError
 from rlx.ir.activation_table import ActivationDef, ActivationTable, activation_table
 
-#: Call languages -> (the language a formula's calls use, the default function's suffix, literal suffix).
-_CALLS = {"c_f": ("_f", "f"), "c_d": ("_d", ""), "cuda": ("", ""), "metal": ("", "f")}
+#: Call languages (besides c_int) -> the suffix of the default function rlx_<name><suffix>.
+_CALLS = {"c_f": "_f", "c_d": "_d", "cuda": "", "metal": ""}
 #: Formula languages -> the call language and the literals' suffix.
 _BODIES = {"c_f": ("c_f", "f"), "c_d": ("c_d", ""), "cuda_f": ("cuda", "f"), "cuda_d": ("cuda", ""),
            "metal": ("metal", "f")}
@@ -138,9 +138,11 @@ class _Formula:
         if len(args) != 1:
             raise self.error(f"activation {tok} takes one argument")
         try:
-            self.acts.table.entry(tok)
+            callee = self.acts.table.entry(tok)
         except IRError as exc:
             raise self.error(f"{tok!r} is neither an activation nor a primitive (min, max)") from exc
+        if callee.formula and callee.id >= self.acts.table.entry(self.owner).id:
+            raise self.error(f"it calls {tok!r}, whose function is defined after it (table order)")
         return self.acts.rendered_call(self.call_lang, tok, args[0])
 
 
@@ -178,7 +180,7 @@ class Activations:
             raise BuildError(f"no activation language {lang!r}; expected c_int or one of {sorted(_CALLS)}")
         else:
             override = {"cuda": entry.cuda, "metal": entry.metal}.get(lang, "")
-            pattern = override or f"rlx_{fn}{_CALLS[lang][0]}(x)"
+            pattern = override or f"rlx_{fn}{_CALLS[lang]}(x)"
         call_like = re.fullmatch(r"\w+\(x\)", pattern) is not None
         atomic = call_like or (pattern.startswith("(") and pattern.endswith(")"))
         operand = arg.text if arg.atomic or call_like else f"({arg.text})"

@@ -56,7 +56,8 @@ def test_unknown_activation_and_bad_formulas_are_build_errors():
         Activations().call("cuda", "swish", "v1")
     text = (templates_dir() / TABLE).read_text()
     for formula, why in [("x * tanhh(x)", "neither an activation nor a primitive"), ("x * (x + 1", "expected"),
-                         ("x $ 2", "unexpected"), ("min(x)", "takes 2 arguments")]:
+                         ("x $ 2", "unexpected"), ("min(x)", "takes 2 arguments"),
+                         ("hardswish(x)", "defined after it"), ("mish(x)", "defined after it")]:
         acts = Activations(parse_table(text.replace("x * tanh(softplus(x))", formula)))
         with pytest.raises(BuildError, match=rf"formula of 'mish'.*{why}"):
             acts.body("c_f", "mish")
