@@ -36,10 +36,11 @@ from minilm_cuda import kernel_ms  # benchmarks/minilm_cuda.py (a script's own f
 
 from rlx.toolchain.compiler import run_compiler
 from rlx.toolchain.cuda import detect_nvcc_toolchain
-from rlx.toolchain.cuda_units import CutlassUnitToolchain, cutlass_for, cutlass_status, unit_path
+from rlx.toolchain.cuda_units import ACTIVATIONS, CutlassUnitToolchain, cutlass_for, cutlass_status, unit_path
 
-#: peer -> (RLX_CUTLASS_ACT, extra defines)
-VARIANTS = {"gelu": (1, ()), "gelu_libm": (1, ("-DRLX_CUTLASS_GELU_LIBM=1",)), "bias": (0, ())}
+#: peer -> (RLX_CUTLASS_ACT, extra defines); the ids of templates/activations.toml
+VARIANTS = {"gelu": (ACTIVATIONS["gelu"], ()), "gelu_libm": (ACTIVATIONS["gelu"], ("-DRLX_CUTLASS_GELU_LIBM=1",)),
+            "bias": (0, ())}
 TILES = (128, 256)
 SM_COUNT_TILES = 2  # a 256-row tile only when the grid covers the GPU this many times
 

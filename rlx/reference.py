@@ -77,6 +77,9 @@ ACTIVATION_FNS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "cos": np.cos,
     # log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|).
     "softplus": lambda x: np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x))),
+    "mish": lambda x: x * np.tanh(np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))),
+    # x relu6(x + 3) / 6 (MobileNetV3), as torch's hardswish: NaN propagates through x
+    "hardswish": lambda x: x * np.clip(x + 3, 0, 6) / 6,
 }
 
 

@@ -545,7 +545,8 @@ def test_activations_vs_torch(torch, rng: np.random.Generator, fn: str) -> None:
            "relu": lambda: F.relu(t), "sigmoid": lambda: torch.sigmoid(t), "tanh": lambda: torch.tanh(t),
            "exp": lambda: torch.exp(t), "log": lambda: torch.log(t), "sqrt": lambda: torch.sqrt(t),
            "rsqrt": lambda: torch.rsqrt(t), "neg": lambda: -t, "abs": lambda: torch.abs(t),
-           "sin": lambda: torch.sin(t), "cos": lambda: torch.cos(t)}[fn]().numpy()
+           "sin": lambda: torch.sin(t), "cos": lambda: torch.cos(t), "softplus": lambda: F.softplus(t),
+           "mish": lambda: F.mish(t), "hardswish": lambda: F.hardswish(t)}[fn]().numpy()
     np.testing.assert_allclose(run_op(O.Activation(fn), x), ref, rtol=1e-12, atol=1e-14)
 
 

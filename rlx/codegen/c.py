@@ -60,6 +60,7 @@ from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.ir.norms import norm_inputs
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse, dense_strides, movement_view
 from rlx.opt.lowering import lower_for
@@ -835,19 +836,12 @@ class _Planner:
                            y=self.ptr(node.id, const=False), grain=GRAIN)
 
     def norm(self, node: Node) -> NormArgs:
-        op = node.op
-        rms = isinstance(op, (O.RmsNorm, O.FusedResidualRmsNorm))
-        fused = isinstance(op, (O.FusedResidualLayerNorm, O.FusedResidualRmsNorm))
-        ins = list(node.inputs)
-        n_params = 1 if rms else 2
-        gamma = self.ptr(ins[-n_params])
-        beta = self.ptr(ins[-1]) if not rms else ""
-        residual = self.ptr(ins[1]) if fused else ""
-        bias = self.ptr(ins[2]) if fused and len(ins) == 2 + 1 + n_params else ""
+        n = norm_inputs(node)
         x = node.shape
-        return NormArgs(rms=rms, x=self.ptr(ins[0]), residual=residual, bias=bias,
-                        gamma=gamma, beta=beta, y=self.ptr(node.id, const=False),
-                        rows=self.numel(x.dims[:-1]), n=self.dim(x.dims[-1]), eps=_float_literal(op.eps),
+        return NormArgs(rms=n.rms, x=self.ptr(n.x), residual=self.ptr(n.residual) if n.residual is not None else "",
+                        bias=self.ptr(n.bias) if n.bias is not None else "", gamma=self.ptr(n.gamma),
+                        beta=self.ptr(n.beta) if n.beta is not None else "", y=self.ptr(node.id, const=False),
+                        rows=self.numel(x.dims[:-1]), n=self.dim(x.dims[-1]), eps=_float_literal(node.op.eps),
                         grain=GRAIN)
 
     # ── data movement ──────────────────────────────────────────────────

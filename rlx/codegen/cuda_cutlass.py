@@ -22,11 +22,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlx.ir.activation_table import activation_table
 from rlx.ir.dtype import DType
 from rlx.ir.shape import Dim
 
-#: Activations the unit is built for (the rest stay on cuBLASLt's epilogue or a separate pass).
-CUTLASS_ACTS = ("gelu", "silu")
+#: Activations the unit is built for (the rest stay on cuBLASLt's epilogue or a separate pass): the entries of
+#: templates/activations.toml marked `cutlass`.
+CUTLASS_ACTS = tuple(activation_table().cutlass_ids)
 #: The archs of the sm90 kernels.
 CUTLASS_ARCHS = ("sm_90", "sm_90a")
 _DT = {DType.F16: "f16", DType.BF16: "bf16"}

@@ -31,11 +31,13 @@ from typing import Any
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
+from rlx.codegen.activations import install
 from rlx.codegen.c import c_string, c_string_lines, comment, node_header
 from rlx.codegen.c_observe import cost_expr
 from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
+from rlx.ir.activation_table import activation_table
 from rlx.ir.cost import node_cost
 from rlx.ir.decisions_cuda import (
     DecodeGemv,
@@ -98,7 +100,7 @@ def category(dt: DType) -> str:
 
 
 def _act(fn: str | None) -> str:
-    return "RLX_ACT_NONE" if fn is None else "RLX_ACT_" + fn.upper()
+    return activation_table().enum(fn)
 
 
 def _int64_literal(value: int) -> str:
@@ -606,12 +608,12 @@ def _header_text(name: str) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    return install(jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
-    )
+    ))
 
 
 def render_cuda(lir: LirModule, target: CudaTarget, manifest: dict) -> str:

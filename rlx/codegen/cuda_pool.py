@@ -17,6 +17,7 @@ from rlx.codegen.c import comment
 from rlx.codegen.cuda_emit import _CTYPE, _OPS_TEMPLATE, DECISION_KERNELS, CudaEmitter, Launch, NoWork, _float_c
 from rlx.codegen.registry import Kernel
 from rlx.ir.decisions_cuda import PoolTail
+from rlx.ir.norms import norm_inputs
 
 POOL_HEADER = "cuda/kernels/pool.cuh"
 POOL_TEMPLATE = "cuda/pool.cu.j2"
@@ -60,24 +61,20 @@ def pool_vec(hidden: int, itemsize: int, offset: int) -> int:
     return vec if hidden % vec == 0 and offset % 16 == 0 else 1
 
 
-#: A norm the kernel computes: (rlx_pool_tail_norm's NK, has a residual input).
-_NORM_KINDS = {"layer_norm": (1, False), "fused_residual_layer_norm": (1, True), "rms_norm": (2, False),
-               "fused_residual_rms_norm": (2, True)}
-
-
 def _norm_fields(e: CudaEmitter, d: PoolTail, hidden: int) -> dict:
     """rlx_pool_tail_norm's template data for the norm `d.norm` (16-byte loads when every row and pointer allows)."""
     if not d.norm:
         return {}
     norm = e.node(d.norm[0])
-    nk, res = _NORM_KINDS[norm.kind]
+    roles = norm_inputs(norm)  # rlx_pool_tail_norm's NK is roles.kernel_kind
+    nk, res = roles.kernel_kind, roles.residual is not None
     ins = list(norm.inputs)
     dt = e.ddt(norm.id)
     vec = min((pool_vec(hidden, dt.itemsize, e.offset(i)) for i in ins), default=1)
     vec = min(vec, pool_vec(hidden, dt.itemsize, 0))
     return dict(nk=nk, nres=str(res).lower(), nvec=vec, ncpt=-(-hidden // (vec * 32)), nx=e.ptr(ins[0]),
-                nres_ptr=e.ptr(ins[1]) if res else "nullptr", ngamma=e.ptr(ins[1 + int(res)]),
-                nbeta=e.ptr(ins[-1]) if nk == 1 else "nullptr", neps=_float_c(norm.op.eps),
+                nres_ptr=e.ptr(roles.residual) if res else "nullptr", ngamma=e.ptr(roles.gamma),
+                nbeta=e.ptr(roles.beta) if roles.beta is not None else "nullptr", neps=_float_c(norm.op.eps),
                 norm_max_seq=d.norm_max_seq,
                 norm_note=f"short sentences: %{norm.id} ({norm.kind}) computed here from its inputs, its kernel "
                           "skipped")

@@ -36,11 +36,13 @@ from rlx.codegen.cuda_emit import (
     category,
 )
 from rlx.codegen.cuda_region_gather import REGION_KINDS, GatherLoad, absorbing_region, gathered_inputs
+from rlx.codegen.region_steps import RegionStep, as_region, region_steps
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import PoolTail
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
+from rlx.ir.norms import is_norm, norm_inputs
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse
 from rlx.opt.lowering_cuda import gemm_batching
@@ -99,18 +101,6 @@ class RegionLoad:
     index: str
     #: read through a gather the region does itself (rlx/codegen/cuda_region_gather.py)
     gather: GatherLoad | None = None
-
-
-@dataclass(frozen=True)
-class RegionStep:
-    var: str
-    vtype: str
-    kind: str
-    fn: str
-    args: tuple[str, ...]
-    #: Integer arguments (integer division and power have their own helpers).
-    integer: bool
-    to: str
 
 
 @dataclass(frozen=True)
@@ -417,11 +407,7 @@ def _bcast_index(e: CudaEmitter, in_dims: tuple[Dim, ...], out_dims: tuple[Dim, 
 @rules.register(*REGION_KINDS)
 def region(e: CudaEmitter, node: Node) -> Kernel:
     """Elementwise ops (alone, or fused into a region): one generated kernel, values in registers."""
-    op = node.op
-    if isinstance(op, O.ElementwiseRegion):
-        reg = op
-    else:
-        reg = O.ElementwiseRegion(steps=(O.RegionStep(op, tuple(range(len(node.inputs)))),))
+    reg = as_region(node)
     in_shapes = [e.node(i).shape for i in node.inputs]
     values = reg.step_shapes(in_shapes)
     tables = [e.node(e.node(i).inputs[0]).shape for i in node.inputs if e.node(i).kind == "gather"]
@@ -430,21 +416,13 @@ def region(e: CudaEmitter, node: Node) -> Kernel:
     ins = tuple(RegionLoad(e.ctype(i), _VTYPE[s.dtype], category(s.dtype), f"in{j}",
                            _bcast_index(e, tuple(s.dims), tuple(node.shape.dims), idx), gathered.get(j))
                 for j, (i, s) in enumerate(zip(node.inputs, in_shapes)))
-    steps = []
-    n_in = len(node.inputs)
-    uses_flag = bool(gathered)  # (a bad index raises the flag, as rlx_gather does)
-    for k, step in enumerate(reg.steps):
-        out = values[n_in + k]
-        arg_dtypes = [values[a].dtype for a in step.args]
-        integer = bool(arg_dtypes) and category(arg_dtypes[0]) == "int"
-        fn = getattr(step.op, "fn", "")
-        uses_flag = uses_flag or (integer and fn == "div")  # integer division by zero raises the flag
-        steps.append(RegionStep(f"v{n_in + k}", _VTYPE[out.dtype], step.op.kind, fn,
-                                tuple(f"v{a}" for a in step.args), integer, out.dtype.value))
+    steps = region_steps(reg, values, len(node.inputs), _VTYPE)
+    # a bad index raises the flag (as rlx_gather does), and so does an integer division by zero
+    uses_flag = bool(gathered) or any(s.integer and s.fn == "div" for s in steps)
     name = f"{e.prefix}region_{node.id}"
     note = "".join(f"; in{j} = %{node.inputs[j]} (gather) looked up here" for j in sorted(gathered))
     device = RegionKernel(name, e.header(node) + note, idx,
-                          RegionOut(e.ctype(node.id), category(node.shape.dtype)), ins, tuple(steps),
+                          RegionOut(e.ctype(node.id), category(node.shape.dtype)), ins, steps,
                           f"v{len(values) - 1}")
     ptrs = tuple(f"{gathered[j].table}, {gathered[j].index}" if j in gathered else e.ptr(i)
                  for j, i in enumerate(node.inputs))
@@ -571,14 +549,9 @@ def norm(e: CudaEmitter, node: Node) -> Kernel:
     x = node.shape
     n = x.dims[-1].value
     tpr, vpt = row_config(n)
+    roles = norm_inputs(node)
     ins = list(node.inputs)
-    rms = isinstance(op, (O.RmsNorm, O.FusedResidualRmsNorm))
-    fused = isinstance(op, (O.FusedResidualLayerNorm, O.FusedResidualRmsNorm))
-    res = ins[1] if fused else None
-    n_params = 1 if rms else 2
-    bias = ins[2] if fused and len(ins) == 2 + 1 + n_params else None
-    gamma = ins[-n_params]
-    beta = None if rms else ins[-1]
+    rms, res, bias, gamma, beta = roles.rms, roles.residual, roles.bias, roles.gamma, roles.beta
     vec = 16 // e.ddt(node.id).itemsize
     ptrs = [i for i in (ins[0], res, bias, gamma, beta, node.id) if i is not None]
     cpt = 0
@@ -719,9 +692,6 @@ def _small_attrs(g: GemmCall) -> tuple[tuple[str, str], ...]:
     return ((g.small_kernel, "rlx_gemm_small_smem(RLX_GSM_KMAX)"),)
 
 
-#: Norm kinds a small GEMM can compute in its prologue: (rlx_gemm_small's NORM, has a residual input).
-_PROLOGUE_NORMS = {"layer_norm": (1, False), "fused_residual_layer_norm": (1, True), "rms_norm": (2, False),
-                   "fused_residual_rms_norm": (2, True)}
 _GEMM_KINDS = ("matmul", "fused_matmul_bias_act")
 
 
@@ -765,11 +735,11 @@ def _norm_into_gemm(e: CudaEmitter, norm: Node) -> NodeId | None:
     path, every other reader of the norm comes after that GEMM, and the bytes the GEMM's blocks read (the norm's
     input and residual) are not the bytes they write (its output and the norm's). The norm's own kernel then runs
     only in steps of more than RLX_GSM_MAX_M rows, where the GEMM reads A as usual."""
-    spec = _PROLOGUE_NORMS.get(norm.kind)
-    if spec is None or not e.target.small_gemm or e.ddt(norm.id) not in (DType.F16, DType.BF16):
+    if not is_norm(norm) or not e.target.small_gemm or e.ddt(norm.id) not in (DType.F16, DType.BF16):
         return None
-    kind, fused = spec
-    if len(norm.inputs) != 1 + int(fused) + (1 if kind == 2 else 2):
+    roles = norm_inputs(norm)  # every norm kind: rlx_gemm_small's NORM is roles.kernel_kind
+    fused = roles.residual is not None
+    if roles.bias is not None:
         return None  # a norm with a bias input
     if norm.id not in e.position or e.lir.buffers[norm.id].storage != "arena" or norm.id in e.decode_gemv:
         return None  # (a norm a fused decode GEMV absorbs keeps its own step-size switch)
@@ -810,7 +780,7 @@ def _small_call(e: CudaEmitter, g: GemmCall, lead: Node, weight: bool, bias: Nod
     params = [bias] if bias is not None else []
     if p is not None:  # the norm's gamma (and beta): its inputs after x (and the residual)
         norm = e.node(lead.inputs[0])
-        params += list(norm.inputs[1 + int(_PROLOGUE_NORMS[norm.kind][1]):])
+        params += list(norm_inputs(norm).params)
     early = (1 if weight else 0) | (2 if all(_is_weight(e, i) for i in params) else 0)
     return replace(g, prologue=p, small_early=early)
 
@@ -820,12 +790,12 @@ def _norm_prologue(e: CudaEmitter, lead: Node) -> NormPrologue | None:
     a = e.node(lead.inputs[0])
     if _norm_into_gemm(e, a) != lead.id:
         return None
-    kind, fused = _PROLOGUE_NORMS[a.kind]
-    ins = list(a.inputs)
+    roles = norm_inputs(a)
+    fused = roles.residual is not None
     k = a.shape.dims[-1].value
-    return NormPrologue(kind=kind, res_on=str(fused).lower(), cpt=-(-k // 256), x=e.ptr(ins[0]),
-                        res=e.ptr(ins[1]) if fused else "nullptr", gamma=e.ptr(ins[1 + int(fused)]),
-                        beta=e.ptr(ins[-1]) if kind == 1 else "nullptr", out=e.ptr(a.id),
+    return NormPrologue(kind=roles.kernel_kind, res_on=str(fused).lower(), cpt=-(-k // 256), x=e.ptr(roles.x),
+                        res=e.ptr(roles.residual) if fused else "nullptr", gamma=e.ptr(roles.gamma),
+                        beta=e.ptr(roles.beta) if roles.beta is not None else "nullptr", out=e.ptr(a.id),
                         eps=_float_c(a.op.eps))
 
 

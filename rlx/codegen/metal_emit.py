@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
+from rlx.codegen.activations import install
 from rlx.codegen.c import comment, node_header
 from rlx.codegen.common import dim_expr
 from rlx.codegen.registry import Kernel, table
@@ -339,12 +340,12 @@ def _header_text(name: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     # One environment per process: its templates compile once (the loader reloads a file that changed).
-    return jinja2.Environment(
+    return install(jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
-    )
+    ))
 
 
 def render_metal(lir: LirModule, target: MetalTarget, manifest: dict) -> MetalProgram:

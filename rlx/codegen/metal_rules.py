@@ -32,10 +32,13 @@ from rlx.codegen.metal_emit import (
     float_literal,
     grid_1d,
 )
+from rlx.codegen.region_steps import RegionStep, as_region, region_steps
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
+from rlx.ir.activation_table import activation_table
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
+from rlx.ir.norms import norm_inputs
 from rlx.ir.shape import Dim, normalize_axis, product
 from rlx.ir.view import View, collapse
 
@@ -54,7 +57,7 @@ rules = table("metal")
 
 
 def _act(fn: str | None) -> str:
-    return "RLX_ACT_NONE" if fn is None else "RLX_ACT_" + fn.upper()
+    return activation_table().enum(fn)
 
 
 # ── accepts: which variants each rule takes ───────────────────────────────────
@@ -111,18 +114,6 @@ class RegionLoad:
     index: str
 
 
-@dataclass(frozen=True)
-class RegionStep:
-    var: str
-    vtype: str
-    kind: str
-    fn: str
-    args: tuple[str, ...]
-    #: Integer arguments (integer division and power have their own helpers).
-    integer: bool
-    to: str
-
-
 @dataclass(frozen=True, kw_only=True)
 class Region(MetalArgs):
     """One elementwise kernel: loads (broadcast indices), steps in registers, one store."""
@@ -147,28 +138,19 @@ def _bcast_index(e: MetalEmitter, in_dims: tuple[Dim, ...], out_dims: tuple[Dim,
 @rules.register("activation", "binary", "compare", "where", "cast", "elementwise_region", accepts=_no_f64)
 def region(e: MetalEmitter, node: Node) -> Kernel:
     """Elementwise ops (alone, or fused into a region): one thread per output element, values in registers."""
-    op = node.op
-    reg = op if isinstance(op, O.ElementwiseRegion) else O.ElementwiseRegion(
-        steps=(O.RegionStep(op, tuple(range(len(node.inputs)))),))
+    reg = as_region(node)
     in_shapes = [e.node(i).shape for i in node.inputs]
     values = reg.step_shapes(in_shapes)
     idx = e.idx_type(node.shape, *in_shapes)
     ins = tuple(RegionLoad(MSL_TYPE[s.dtype], VALUE_TYPE[s.dtype], category(s.dtype), e.ptr(i),
                            _bcast_index(e, tuple(s.dims), tuple(node.shape.dims), idx))
                 for i, s in zip(node.inputs, in_shapes))
-    steps = []
-    n_in = len(node.inputs)
-    for k, step in enumerate(reg.steps):
-        out = values[n_in + k]
-        arg_dtypes = [values[a].dtype for a in step.args]
-        integer = bool(arg_dtypes) and category(arg_dtypes[0]) == "int"
-        steps.append(RegionStep(f"v{n_in + k}", VALUE_TYPE[out.dtype], step.op.kind, getattr(step.op, "fn", ""),
-                                tuple(f"v{a}" for a in step.args), integer, out.dtype.value))
+    steps = region_steps(reg, values, len(node.inputs), VALUE_TYPE)
     name = e.kernel_name(node)
     n = product(node.shape.dims)
     args = Region(comment=e.header(node), launches=_one_d(e, name, n), name=name, idx=idx, n=e.dim(n),
                   out=e.ptr(node.id), out_mtype=e.mtype(node.id), out_cat=category(node.shape.dtype),
-                  flag=e.flag(), ins=ins, steps=tuple(steps), result=f"v{len(values) - 1}")
+                  flag=e.flag(), ins=ins, steps=steps, result=f"v{len(values) - 1}")
     return _kernel(node, "block_region", args)
 
 
@@ -332,15 +314,9 @@ def norm(e: MetalEmitter, node: Node) -> Kernel:
     op = node.op
     x = node.shape
     n = x.dims[-1].value
-    ins = list(node.inputs)
-    rms = isinstance(op, (O.RmsNorm, O.FusedResidualRmsNorm))
-    fused = isinstance(op, (O.FusedResidualLayerNorm, O.FusedResidualRmsNorm))
-    n_params = 1 if rms else 2
-    res = ins[1] if fused else None
-    bias = ins[2] if fused and len(ins) == 3 + n_params else None
-    gamma = ins[-n_params]
-    beta = None if rms else ins[-1]
-    x_ptr = e.ptr(ins[0])
+    roles = norm_inputs(node)
+    rms, res, bias, gamma, beta = roles.rms, roles.residual, roles.bias, roles.gamma, roles.beta
+    x_ptr = e.ptr(roles.x)
     name = e.kernel_name(node)
     tpr = row_threads(n)
     args = Norm(comment=e.header(node), launches=_row_launch(name, product(x.dims[:-1]), tpr), name=name,

@@ -36,6 +36,7 @@ from typing import Any
 import jinja2
 import jinja2.bccache
 
+from rlx.codegen.activations import install
 from rlx.templates_path import templates_dir
 
 log = logging.getLogger("rlx.codegen")
@@ -117,7 +118,7 @@ def _trusted(st: os.stat_result) -> bool:
 @functools.lru_cache(maxsize=16)
 def _environment(root: str, bytecode_dir: str) -> jinja2.Environment:
     cache = VerifiedBytecodeCache(Path(bytecode_dir)) if bytecode_dir else None
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(root), bytecode_cache=cache, **OPTIONS)
+    return install(jinja2.Environment(loader=jinja2.FileSystemLoader(root), bytecode_cache=cache, **OPTIONS))
 
 
 def environment(subdir: str = "", bytecode_dir: Path | None = None) -> jinja2.Environment:

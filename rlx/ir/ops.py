@@ -22,7 +22,7 @@ from rlx.ir.shape import Dim, Shape, broadcast_dims, normalize_axis, product
 from rlx.ir.transport import COLLECTIVE_REDUCES
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "exp", "log", "sqrt",
-               "rsqrt", "neg", "abs", "sin", "cos", "softplus")
+               "rsqrt", "neg", "abs", "sin", "cos", "softplus", "mish", "hardswish")
 BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "pow")
 COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")

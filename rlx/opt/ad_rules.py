@@ -120,6 +120,12 @@ def _act_deriv(g: Graph, fn: str, x: NodeId, y: NodeId) -> NodeId:
         return g.mul(y, g.sub(c(1.0), y))
     if fn == "softplus":
         return _sigmoid(g, x)
+    if fn == "mish":  # x tanh(sp(x)): tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2), as sp' = sigmoid
+        t = g.activation("tanh", g.activation("softplus", x))
+        return g.add_(t, g.mul(g.mul(x, _sigmoid(g, x)), g.sub(c(1.0), g.mul(t, t))))
+    if fn == "hardswish":  # 0 below -3, 1 above 3, (2x + 3) / 6 between (torch's choice at the kinks)
+        mid = g.div(g.add_(g.mul(c(2.0), x), c(3.0)), c(6.0))
+        return g.where(g.compare("lt", x, c(-3.0)), c(0.0), g.where(g.compare("gt", x, c(3.0)), c(1.0), mid))
     if fn == "silu":
         s = _sigmoid(g, x)
         return g.add_(s, g.mul(y, g.sub(c(1.0), s)))

@@ -35,6 +35,7 @@ from typing import Protocol
 
 from rlx.config import Config
 from rlx.errors import BuildError
+from rlx.ir.activation_table import activation_table
 from rlx.templates_path import templates_dir
 from rlx.toolchain.compiler import run_compiler
 
@@ -50,9 +51,9 @@ class NvccToolchain(Protocol):
 #: The unit's source (compiled once per configuration with -D flags).
 UNIT = "cuda/kernels/gemm_cutlass.cu"
 #: Element types and activations the unit is built for: (rlx dtype name, RLX_CUTLASS_DT) and
-#: (rlx activation, RLX_ACT_* id of prelude.cuh.j2).
+#: (rlx activation, its RLX_ACT_* id): the entries of templates/activations.toml marked `cutlass`.
 DTYPES = {"f16": 1, "bf16": 2}
-ACTIVATIONS = {"gelu": 1, "silu": 3}
+ACTIVATIONS = activation_table().cutlass_ids
 #: The tiles' rows (x 128 columns): 256 for grids that cover the GPU twice, 128 below (gemm_cutlass.cu says why).
 TILES = (128, 256)
 #: The archs the sm90 kernels run on (wgmma, TMA multicast: compiled for sm_90a).
@@ -62,10 +63,21 @@ ARCHS = ("sm_90", "sm_90a")
 UNIT_FLAGS = ("-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC,-fvisibility=hidden",
               "-diag-suppress=177,550")
 
-_CALL_RE = re.compile(r"\brlx_cutlass_gemm_(f16|bf16)_(gelu|silu)_m(128|256)\b")
+_CALL_RE = re.compile(rf"\brlx_cutlass_gemm_({'|'.join(DTYPES)})_({'|'.join(ACTIVATIONS)})_m(128|256)\b")
 
 #: One configuration of the unit: (dtype, activation, tile rows).
 UnitConfig = tuple[str, str, int]
+
+
+def activation_defines() -> tuple[str, ...]:
+    """-D flags giving the unit the RLX_ACT_* ids of the activations it fuses (gemm_cutlass.cu selects its
+    epilogue by comparing RLX_CUTLASS_ACT with them), from the table: never a hand-kept copy.
+
+    >>> activation_defines()
+    ('-DRLX_ACT_GELU=1', '-DRLX_ACT_SILU=3')
+    """
+    table = activation_table()
+    return tuple(f"-D{table.enum(name)}={i}" for name, i in ACTIVATIONS.items())
 
 
 def units_in_source(source: str) -> tuple[UnitConfig, ...]:
@@ -184,7 +196,8 @@ class CutlassUnitToolchain:
     def object_flags(self) -> tuple[str, ...]:
         num = self.arch.removeprefix("sm_")
         return (*UNIT_FLAGS, f"-gencode=arch=compute_{num},code=sm_{num}", f"-I{self.cutlass.include_dir}",
-                f"-DRLX_CUTLASS_DT={DTYPES[self.dtype]}", f"-DRLX_CUTLASS_ACT={ACTIVATIONS[self.act]}",
+                f"-DRLX_CUTLASS_DT={DTYPES[self.dtype]}", *activation_defines(),
+                f"-DRLX_CUTLASS_ACT={ACTIVATIONS[self.act]}",
                 f"-DRLX_CUTLASS_TILE_M={self.tile}",
                 f"-DRLX_CUTLASS_FN={unit_function(self.dtype, self.act, self.tile)}")
 

@@ -50,7 +50,7 @@ def activations() -> Case:
     x = g.input("x", [3, 257])
     pos = g.input("pos", [3, 257])
     outs = [g.activation(fn, x) for fn in ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "neg", "abs",
-                                          "sin", "cos", "exp")]
+                                          "sin", "cos", "exp", "softplus", "mish", "hardswish")]
     outs += [g.activation(fn, pos) for fn in ("log", "sqrt", "rsqrt")]
     g.set_outputs(outs)
     r = _rng(1)

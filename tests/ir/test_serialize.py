@@ -553,9 +553,9 @@ def test_generator_reaches_every_op() -> None:
     """Guard for the property test: its generator can produce every op kind."""
     seen: set[str] = set()
 
-    # 400 examples: with int8_matmul's maker, 300 left some op kind unreached depending on what else
-    # the session had imported
-    @settings(max_examples=400, deadline=None, database=None, derandomize=True,
+    # 500 examples: with int8_matmul's maker, 300 left some op kind unreached depending on what else
+    # the session had imported; with 17 activations (mish, hardswish), 400 left rms_norm unreached
+    @settings(max_examples=500, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(graphs())
     def collect(g: Graph) -> None:

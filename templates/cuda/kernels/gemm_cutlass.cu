@@ -12,10 +12,12 @@
  *
  * Configuration (set by the builder on the command line):
  *   RLX_CUTLASS_DT   1 = f16 (cutlass::half_t), 2 = bf16 (cutlass::bfloat16_t)
- *   RLX_CUTLASS_ACT  the RLX_ACT_* id of the activation: 1 = GELU (erf form: rlx_gelu_erfc of gelu_erfc.cuh,
- *                    12 FP32 instructions and one ex2, within 5e-6 of the exact value), 3 = SiLU (thread::SiLu);
- *                    0 = bias only, and -DRLX_CUTLASS_GELU_LIBM=1 with ACT 1 = CUTLASS's thread::GELU (libm
- *                    erff): both for measuring the epilogue's cost only (benchmarks/cutlass_gemm.py)
+ *   RLX_ACT_GELU, RLX_ACT_SILU  the ids of the activations this unit fuses, from templates/activations.toml
+ *                    (rlx.toolchain.cuda_units.activation_defines: the table's ids, never a copy kept here)
+ *   RLX_CUTLASS_ACT  the RLX_ACT_* id of the activation: RLX_ACT_GELU (erf form: rlx_gelu_erfc of gelu_erfc.cuh,
+ *                    12 FP32 instructions and one ex2, within 5e-6 of the exact value), RLX_ACT_SILU
+ *                    (thread::SiLu); 0 = bias only, and -DRLX_CUTLASS_GELU_LIBM=1 with RLX_ACT_GELU = CUTLASS's
+ *                    thread::GELU (libm erff): both for measuring the epilogue's cost only (benchmarks/cutlass_gemm.py)
  *   RLX_CUTLASS_TILE_M  128 or 256: the tile's rows (below)
  *   RLX_CUTLASS_FN   the launcher's name (rlx_cutlass_gemm_<dt>_<act>_m<tile>)
  * It needs sm_90a (wgmma and the TMA multicast are arch-specific features).
@@ -41,6 +43,9 @@
 
 #if !defined(RLX_CUTLASS_DT) || !defined(RLX_CUTLASS_ACT) || !defined(RLX_CUTLASS_TILE_M) || !defined(RLX_CUTLASS_FN)
 #error "gemm_cutlass.cu is compiled with -DRLX_CUTLASS_DT=, _ACT=, _TILE_M= and _FN= (a kernel unit)"
+#endif
+#if !defined(RLX_ACT_GELU) || !defined(RLX_ACT_SILU)
+#error "gemm_cutlass.cu is compiled with -DRLX_ACT_GELU= and -DRLX_ACT_SILU= (the ids of templates/activations.toml)"
 #endif
 
 namespace rlx_cutlass {
@@ -73,17 +78,17 @@ template <int N> struct GeluErfc<cutlass::Array<float, N>> {
     }
 };
 
-/* The activation, by the RLX_ACT_* id of prelude.cuh.j2 (applied to the f32 value acc + bias). */
+/* The activation, by its RLX_ACT_* id (applied to the f32 value acc + bias). */
 #if RLX_CUTLASS_ACT == 0 /* none (bias only): not called by programs; for measuring the epilogue's cost */
 template <class T> using Act = cutlass::epilogue::thread::Identity<T>;
-#elif RLX_CUTLASS_ACT == 1 && defined(RLX_CUTLASS_GELU_LIBM) /* measuring only: the libm erff form */
+#elif RLX_CUTLASS_ACT == RLX_ACT_GELU && defined(RLX_CUTLASS_GELU_LIBM) /* measuring only: the libm erff form */
 template <class T> using Act = cutlass::epilogue::thread::GELU<T>;
-#elif RLX_CUTLASS_ACT == 1
+#elif RLX_CUTLASS_ACT == RLX_ACT_GELU
 template <class T> using Act = GeluErfc<T>;
-#elif RLX_CUTLASS_ACT == 3
+#elif RLX_CUTLASS_ACT == RLX_ACT_SILU
 template <class T> using Act = cutlass::epilogue::thread::SiLu<T>;
 #else
-#error "RLX_CUTLASS_ACT: 1 (GELU, erf form), 3 (SiLU) or 0 (none)"
+#error "RLX_CUTLASS_ACT: RLX_ACT_GELU (erf form), RLX_ACT_SILU or 0 (none)"
 #endif
 
 using LayoutA = cutlass::layout::RowMajor; /* A[M,K]: K contiguous */

@@ -121,31 +121,8 @@ template <typename V> inline V rlx_ipow(V a, V b)
     return r;
 }
 
-/* The activation selected by a compile-time id (epilogues of fused kernels). */
-enum { RLX_ACT_NONE = 0, RLX_ACT_GELU, RLX_ACT_GELU_TANH, RLX_ACT_SILU, RLX_ACT_RELU, RLX_ACT_SIGMOID,
-       RLX_ACT_TANH, RLX_ACT_EXP, RLX_ACT_LOG, RLX_ACT_SQRT, RLX_ACT_RSQRT, RLX_ACT_NEG, RLX_ACT_ABS,
-       RLX_ACT_SIN, RLX_ACT_COS, RLX_ACT_SOFTPLUS };
-template <int ACT> inline float rlx_act(float x)
-{
-    switch (ACT) {
-    case RLX_ACT_GELU: return rlx_gelu(x);
-    case RLX_ACT_GELU_TANH: return rlx_gelu_tanh(x);
-    case RLX_ACT_SILU: return rlx_silu(x);
-    case RLX_ACT_SOFTPLUS: return rlx_softplus(x);
-    case RLX_ACT_RELU: return rlx_relu(x);
-    case RLX_ACT_SIGMOID: return rlx_sigmoid(x);
-    case RLX_ACT_TANH: return tanh(x);
-    case RLX_ACT_EXP: return exp(x);
-    case RLX_ACT_LOG: return log(x);
-    case RLX_ACT_SQRT: return sqrt(x);
-    case RLX_ACT_RSQRT: return rlx_rsqrt(x);
-    case RLX_ACT_NEG: return -x;
-    case RLX_ACT_ABS: return fabs(x);
-    case RLX_ACT_SIN: return sin(x);
-    case RLX_ACT_COS: return cos(x);
-    default: return x;
-    }
-}
+/* (the activations of templates/activations.toml given by a formula, their RLX_ACT_* ids and rlx_act<ACT>
+ * follow this prelude: metal/activations.metal.j2) */
 
 /* Sum / max of one value per thread over the threadgroup: simd_sum within each simdgroup, then the
  * simdgroups' partials through `scratch` (threadgroup memory, one float per simdgroup). Every thread of
