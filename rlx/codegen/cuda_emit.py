@@ -22,6 +22,7 @@ The backend's entry point, which registers the rules too, is `rlx.codegen.cuda`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -633,8 +634,15 @@ def _header_text(name: str) -> str:
 
 
 def _environment() -> jinja2.Environment:
+    return _environment_for(str(templates_dir()))
+
+
+@functools.cache
+def _environment_for(directory: str) -> jinja2.Environment:
+    # one environment per templates directory: its templates compile once per process (compiling model.cu.j2
+    # costs ~0.5 s per render; the loader still reloads a template whose file changed)
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader(directory),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
