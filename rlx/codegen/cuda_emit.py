@@ -22,6 +22,7 @@ The backend's entry point, which registers the rules too, is `rlx.codegen.cuda`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -48,6 +49,7 @@ from rlx.ir.decisions_cuda import (
     PoolTail,
     ScanConstants,
 )
+from rlx.ir.decisions_cuda_kernels import CudaKernelOptions, CutlassGemm, GatherInRegion, NormInGemm
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -154,14 +156,15 @@ class CudaTarget:
     #: the H100 it saved a launch but its one block per sentence took 5.2 µs, no wall gain (docs/perf-h100.md).
     pool_norm: bool = False
     #: A row gather (embedding lookup) read by one elementwise region only is done by that region's kernel
-    #: (rlx/codegen/cuda_region_gather.py).
+    #: (a `GatherInRegion` decision of rlx/opt/lowering_cuda_kernels.py).
     gather_region: bool = True
     #: A run on device pointers (run_device / bind_device) whose dims and pointers are those of an earlier call
     #: replays one CUDA graph holding its input copies, the step, the error flag's read-back and its output copies.
     io_graph: bool = True
     #: f16/bf16 GEMMs (sm_90) whose activation cuBLASLt cannot fuse (erf GELU, SiLU) run on a CUTLASS sm90 kernel
-    #: (TMA + wgmma, bias and activation in its epilogue: `rlx/codegen/cuda_cutlass.py`) instead of cuBLASLt plus
-    #: a separate pass; the build turns it off where CUTLASS's headers are missing or the arch is not sm_90.
+    #: (TMA + wgmma, bias and activation in its epilogue: a `CutlassGemm` decision of
+    #: rlx/opt/lowering_cuda_kernels.py) instead of cuBLASLt plus a separate pass; the build turns it off where
+    #: CUTLASS's headers are missing or the arch is not sm_90.
     cutlass_gemm: bool = True
 
     def __post_init__(self) -> None:
@@ -277,6 +280,16 @@ class CudaEmitter:
         if not target.pool_norm and any(d.norm for d in lir.decided(PoolTail)):
             raise BuildError(f"the LIR was lowered with the norm before a pooling tail fused into it, not for "
                              f"{target.identity()}: plan the graph again")
+        options = lir.decided(CudaKernelOptions)
+        if options != [kernel_options(target)]:
+            decided = options[0].describe() if options else "no kernel choices"
+            raise BuildError(f"the LIR was lowered with {decided}, not for {target.identity()}: plan the graph "
+                             "again")
+        #: The kernel choices of the lowering: each GEMM's CUTLASS verdict, gathers done by regions, norms done
+        #: in a small GEMM's prologue.
+        self.cutlass: dict[NodeId, CutlassGemm] = {d.node: d for d in lir.decided(CutlassGemm)}
+        self.gather_in_region: dict[NodeId, GatherInRegion] = {d.gather: d for d in lir.decided(GatherInRegion)}
+        self.norm_in_gemm: dict[NodeId, NormInGemm] = {d.norm: d for d in lir.decided(NormInGemm)}
         #: Each QKV group by its leader (the member scheduled first), and by every member.
         self.groups: dict[NodeId, GemmGroup] = {}
         self.group_of: dict[NodeId, GemmGroup] = {}
@@ -502,10 +515,25 @@ def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
     return span
 
 
-def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
-    """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash)."""
-    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm, pool_tail=target.pool_tail,
-                     pool_norm=target.pool_norm)
+def kernel_options(target: CudaTarget) -> CudaKernelOptions:
+    """The options of `target` the CUDA lowering's kernel choices depend on, as the LIR records them."""
+    return CudaKernelOptions(arch=target.arch, cutlass=target.cutlass_gemm, gather_region=target.gather_region,
+                             small_gemm=target.small_gemm, lt_gelu_epilogue=target.lt_gelu_epilogue,
+                             fused_act_gemm=target.fused_act_gemm)
+
+
+def lower_cuda(lir: LirModule, target: CudaTarget, scan_body: bool = False) -> LirModule:
+    """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash).
+
+    `target` is the resolved one (`rlx.toolchain.cuda.resolve_target`): its arch and whether CUTLASS is available
+    are facts of the toolchain, passed to the lowering as options like the rest. `scan_body`: `lir` is a scan's
+    body, rendered inside the scan's loop (no pooling tail; per-step pointers of unknown alignment).
+    """
+    k = kernel_options(target)
+    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm,
+                     pool_tail=target.pool_tail and not scan_body, pool_norm=target.pool_norm, arch=k.arch,
+                     cutlass_gemm=k.cutlass, gather_region=k.gather_region, small_gemm=k.small_gemm,
+                     lt_gelu_epilogue=k.lt_gelu_epilogue, fused_act_gemm=k.fused_act_gemm, scan_body=scan_body)
 
 
 def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
@@ -608,8 +636,15 @@ def _header_text(name: str) -> str:
 
 
 def _environment() -> jinja2.Environment:
+    return _environment_for(str(templates_dir()))
+
+
+@functools.cache
+def _environment_for(directory: str) -> jinja2.Environment:
+    # one environment per templates directory: its templates compile once per process (compiling model.cu.j2
+    # costs ~0.5 s per render; the loader still reloads a template whose file changed)
     return install(jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader(directory),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,

@@ -21,7 +21,6 @@ from typing import Any
 
 from rlx.codegen.c import comment
 from rlx.codegen.common import broadcast_index
-from rlx.codegen.cuda_cutlass import cutlass_choice
 from rlx.codegen.cuda_emit import (
     _CTYPE,
     _CUDA_TYPE,
@@ -38,14 +37,20 @@ from rlx.codegen.cuda_emit import (
 from rlx.codegen.cuda_region_gather import REGION_KINDS, GatherLoad, absorbing_region, gathered_inputs
 from rlx.codegen.region_steps import RegionStep, as_region, region_steps
 from rlx.codegen.registry import Kernel, table
+from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import PoolTail
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
-from rlx.ir.norms import is_norm, norm_inputs
+from rlx.ir.norms import norm_inputs
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse
 from rlx.opt.lowering_cuda import gemm_batching
+from rlx.opt.lowering_cuda_kernels import (
+    lt_fuses,
+    mma_gemm_fits,
+    small_gemm_fits,
+)
 
 OPS = "cuda/ops.cu.j2"
 COPY, GATHER, ROPE = "cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh"
@@ -53,11 +58,6 @@ ROWS, ATTENTION, GEMM = "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "
 ATTENTION_SHORT, GEMM_MMA = "cuda/kernels/attention_short.cuh", "cuda/kernels/gemm_mma.cuh"
 GEMM_SMALL = "cuda/kernels/gemm_small.cuh"
 CUTLASS_HEADER = "cuda/kernels/gemm_cutlass.cuh"
-#: rlx_gemm_small's limits (RLX_GSM_KMAX in gemm_small.cuh: its shared memory holds a K x 16 slab of B and 16
-#: rows of A, 124 KB at K = 1536).
-SMALL_GEMM_KMAX = 1536
-#: RLX_GSM_MAX_M: the most rows a step may have for rlx_gemm_small.
-SMALL_GEMM_MAX_M = 64
 #: rlx_gemm_mma's tile configurations (BM, BN, WARPS_M, WARPS_N), largest first: the host picks the largest
 #: whose grid covers every SM (the last one otherwise).
 MMA_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (16, 64, 1, 4))
@@ -231,7 +231,7 @@ class ReduceGeneric(Launch):
 
 @dataclass(frozen=True, kw_only=True)
 class NormPrologue:
-    """The normalization whose output is a small GEMM's A, computed inside rlx_gemm_small (see `_norm_into_gemm`).
+    """The normalization whose output is a small GEMM's A, computed inside rlx_gemm_small (a `NormInGemm` decision).
 
     `kind`: 1 layer norm, 2 RMS norm; `cpt`: 16-byte chunks per lane of a row; pointers of the norm's input,
     residual, gamma, beta and output (the GEMM's A, written by the blocks of column 0).
@@ -292,7 +292,8 @@ class GemmCall:
     prologue: NormPrologue | None = None
     # which operands are weights (no kernel writes them), read before the PDL wait: RLX_GSM_EARLY_* bits
     small_early: int = 0
-    # mode "lt": the large steps run this CUTLASS sm90 launcher instead (bias + activation fused: cuda_cutlass.py)
+    # mode "lt": the large steps run this CUTLASS sm90 launcher instead (bias + activation fused: a CutlassGemm
+    # decision of the lowering)
     cutlass_fn: str = ""
     # the GEMM provider's choice in words (a comment in the generated source)
     note: str = ""
@@ -570,10 +571,10 @@ def norm(e: CudaEmitter, node: Node) -> Kernel:
                 beta=e.ptr(beta) if beta is not None else none, out=e.ptr(node.id), rows=e.numel(x.dims[:-1]),
                 n=n, eps=_float_c(op.eps))
     k = _kernel(node, "block_norm", args, ROWS)
-    lead = _norm_into_gemm(e, node)
-    if lead is not None:
-        return e._large_step_only(k, x.dims[:-1], SMALL_GEMM_MAX_M,
-                                  f"done in the prologue of %{lead}'s rlx_gemm_small")
+    into = e.norm_in_gemm.get(node.id)
+    if into is not None:
+        return e._large_step_only(k, x.dims[:-1], into.max_rows,
+                                  f"done in the prologue of %{into.gemm}'s rlx_gemm_small")
     tail = next((d for d in e.lir.decided(PoolTail) if d.norm == (node.id,)), None)
     if tail is not None:  # short sentences: the pooling kernel normalizes (rlx_pool_tail_norm), only it reads this
         return e._large_step_only(k, x.dims[1:-1], tail.norm_max_seq,
@@ -621,7 +622,8 @@ def reduce(e: CudaEmitter, node: Node) -> Kernel:
 
 
 def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, bias: NodeId | None,
-          act: str | None, out_off: int | None = None) -> GemmCall:
+          act: str | None, out_off: int | None = None, gemm_id: NodeId | None = None) -> GemmCall:
+    """The call of one GEMM (`gemm_id`: its node, whose CUTLASS decision an unfused activation looks up)."""
     a, b = e.node(a_id).shape, e.node(b_id).shape
     dt = e.ddt(a_id)
     M, K, N = a.dims[-2], a.dims[-1], b.dims[-1]
@@ -639,19 +641,21 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
         common.update(m=e.dim(M), batch=e.numel(ob), folded=False)
     if e.target.gemm == "cublaslt" and dt in _CUDA_TYPE and batching is not None:
         fold = batching.folded
-        fuse_act = fold and (act == "relu" or (act == "gelu_tanh" and e.target.lt_gelu_epilogue))
-        if e.target.fused_act_gemm and act is not None and not fuse_act and _mma_fits(e, a_id, b_id, out_off, bias,
-                                                                                  batching.folded, K, N):
+        fuse_act = fold and lt_fuses(act, e.target.lt_gelu_epilogue)
+        offsets = [e.offset(a_id), e.offset(b_id), out_off] + ([e.offset(bias)] if bias is not None else [])
+        if e.target.fused_act_gemm and act is not None and not fuse_act and mma_gemm_fits(dt, fold, K, N, offsets):
             return GemmCall(**common, mode="mma", tiles=MMA_TILES)
         fuse_bias = fold and bias is not None
         post_act = act if (act is not None and not fuse_act) else None
         post_bias = bias is not None and not fuse_bias
         vec = 16 // dt.itemsize
         aligned = out_off is not None and out_off % 16 == 0 and (bias is None or e.offset(bias) % 16 == 0)
-        offsets = [e.offset(a_id), e.offset(b_id), out_off] + ([e.offset(bias)] if bias is not None else [])
         small = _small_fits(e, dt, fold, K, N, offsets)
-        cut = cutlass_choice(e.target.cutlass_gemm, e.target.arch, dt, post_act, fold, K, N, offsets)
-        if cut.function:
+        cut = e.cutlass.get(gemm_id) if gemm_id is not None and post_act is not None else None
+        if post_act is not None and cut is None:
+            raise BuildError(f"GEMM %{gemm_id}: its {post_act} has no CUTLASS decision in the LIR (lower it for "
+                             "CUDA)")
+        if cut is not None and cut.function:
             return GemmCall(**common, mode="lt", small=small, cuda_type=_CUDA_TYPE[dt], cutlass_fn=cut.function,
                             note=f"CUTLASS sm90 GEMM, bias and {act} in its epilogue (cuBLASLt cannot fuse {act})")
         return GemmCall(**common, mode="lt", small=small, cuda_type=_CUDA_TYPE[dt], sa=e.dim(batching.a_stride),
@@ -661,7 +665,7 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
                         post_bias_on=str(post_bias).lower(), post_bias=bias_ptr if post_bias else "nullptr",
                         post_vec=vec if (aligned and N.is_static and N.value % vec == 0) else 0,
                         note=comment(f"cuBLASLt, then a {post_act} pass; not on CUTLASS: {cut.why}", 200)
-                        if post_act else "")
+                        if cut is not None else "")
     if batching is not None:
         bdims = () if batching.folded else ((common["batch"], e.dim(batching.a_stride), e.dim(batching.b_stride)),)
         return GemmCall(**common, mode="tiled", bdims=bdims)
@@ -677,12 +681,8 @@ def _gemm(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_ptr: str, out: Shape, 
 
 
 def _small_fits(e: CudaEmitter, dt: DType, folded: bool, K: Dim, N: Dim, offsets: list[int | None]) -> bool:
-    """rlx_gemm_small can take the few-row steps: f16/bf16 on sm_80+, one B for all rows, K whole 16-deep steps
-    (at most SMALL_GEMM_KMAX), N whole 16-byte chunks, 16-byte aligned operands (cp.async)."""
-    arch = e.target.arch.removeprefix("sm_").rstrip("a")
-    return (e.target.small_gemm and dt in (DType.F16, DType.BF16) and folded and arch.isdigit() and int(arch) >= 80
-            and K.is_static and N.is_static and K.value % 16 == 0 and 0 < K.value <= SMALL_GEMM_KMAX
-            and N.value % 8 == 0 and all(o is not None and o % 16 == 0 for o in offsets))
+    """rlx_gemm_small can take the few-row steps (`small_gemm_fits` for this target)."""
+    return small_gemm_fits(e.target.small_gemm, e.target.arch, dt, folded, K, N, offsets)
 
 
 def _small_attrs(g: GemmCall) -> tuple[tuple[str, str], ...]:
@@ -690,80 +690,6 @@ def _small_attrs(g: GemmCall) -> tuple[tuple[str, str], ...]:
     if not g.small:
         return ()
     return ((g.small_kernel, "rlx_gemm_small_smem(RLX_GSM_KMAX)"),)
-
-
-_GEMM_KINDS = ("matmul", "fused_matmul_bias_act")
-
-
-def _extent(e: CudaEmitter, nid: NodeId) -> tuple[int, int]:
-    """Device bytes [start, end) that node `nid`'s values occupy at the dims' upper bounds (a QKV group: all of
-    the group's wide output)."""
-    g = e.group_of.get(nid)
-    node = e.node(nid)
-    item = e.ddt(nid).itemsize
-    if g is not None:
-        rows = product(node.shape.dims[:-1]).max
-        return g.out_offset, g.out_offset + rows * g.row_stride * item
-    start = e.offset(nid)
-    return start, start + node.shape.max_numel * item
-
-
-def _gemm_is_small(e: CudaEmitter, lead: Node) -> bool:
-    """The GEMM led by `lead` runs rlx_gemm_small in steps of few rows (the checks of `_gemm` / `_grouped_gemm`)."""
-    if e.target.gemm != "cublaslt":
-        return False
-    a = e.node(lead.inputs[0]).shape
-    dt = e.ddt(lead.inputs[0])
-    g = e.groups.get(lead.id)
-    if g is not None:
-        offs = [e.offset(lead.inputs[0]), g.weight_offset, g.out_offset] + ([g.bias_offset] if g.bias_offset >= 0
-                                                                            else [])
-        return _small_fits(e, dt, True, a.dims[-1], Dim(g.row_stride), offs)
-    b = e.node(lead.inputs[1]).shape
-    batching = gemm_batching(a, b, lead.shape)
-    bias = lead.inputs[2] if len(lead.inputs) == 3 else None
-    offs = [e.offset(lead.inputs[0]), e.offset(lead.inputs[1]), e.offset(lead.id)] + (
-        [e.offset(bias)] if bias is not None else [])
-    return (dt in _CUDA_TYPE and batching is not None
-            and _small_fits(e, dt, batching.folded, a.dims[-1], b.dims[-1], offs))
-
-
-def _norm_into_gemm(e: CudaEmitter, norm: Node) -> NodeId | None:
-    """The GEMM (its leader) whose rlx_gemm_small computes `norm` in its prologue, or None.
-
-    Taken when the norm's output is the A of a GEMM scheduled right after it (views between) that takes the small
-    path, every other reader of the norm comes after that GEMM, and the bytes the GEMM's blocks read (the norm's
-    input and residual) are not the bytes they write (its output and the norm's). The norm's own kernel then runs
-    only in steps of more than RLX_GSM_MAX_M rows, where the GEMM reads A as usual."""
-    if not is_norm(norm) or not e.target.small_gemm or e.ddt(norm.id) not in (DType.F16, DType.BF16):
-        return None
-    roles = norm_inputs(norm)  # every norm kind: rlx_gemm_small's NORM is roles.kernel_kind
-    fused = roles.residual is not None
-    if roles.bias is not None:
-        return None  # a norm with a bias input
-    if norm.id not in e.position or e.lir.buffers[norm.id].storage != "arena" or norm.id in e.decode_gemv:
-        return None  # (a norm a fused decode GEMV absorbs keeps its own step-size switch)
-    readers = [u for u in e.users[norm.id] if e.node(u).kind in _GEMM_KINDS and e.node(u).inputs[0] == norm.id]
-    if not readers:
-        return None
-    first = min(readers, key=lambda u: e.position.get(u, 1 << 60))
-    g = e.group_of.get(first)
-    lead = g.members[0] if g is not None else first
-    members = set(g.members) if g is not None else {lead}
-    if lead not in e.position or any(u not in members and e.position.get(u, -1) <= e.position[lead]
-                                     for u in e.users[norm.id]):
-        return None
-    between = e.lir.schedule[e.position[norm.id] + 1:e.position[lead]]
-    if any(e.lir.buffers[b].storage != "view" for b in between):
-        return None
-    if not _gemm_is_small(e, e.node(lead)):
-        return None
-    reads = [_extent(e, i) for i in norm.inputs[:1 + int(fused)]]
-    writes = [_extent(e, lead), _extent(e, norm.id)]
-    if any(r0 < w1 and w0 < r1 for r0, r1 in reads for w0, w1 in writes):
-        return None
-    offs = [e.offset(i) for i in (*norm.inputs, norm.id)]
-    return lead if all(o % 16 == 0 for o in offs) else None
 
 
 def _is_weight(e: CudaEmitter, nid: NodeId) -> bool:
@@ -786,9 +712,10 @@ def _small_call(e: CudaEmitter, g: GemmCall, lead: Node, weight: bool, bias: Nod
 
 
 def _norm_prologue(e: CudaEmitter, lead: Node) -> NormPrologue | None:
-    """The prologue of the small GEMM led by `lead` when its A's norm is fused into it (`_norm_into_gemm`)."""
+    """The prologue of the small GEMM led by `lead` when its A's norm is fused into it (a `NormInGemm` decision)."""
     a = e.node(lead.inputs[0])
-    if _norm_into_gemm(e, a) != lead.id:
+    into = e.norm_in_gemm.get(a.id)
+    if into is None or into.gemm != lead.id:
         return None
     roles = norm_inputs(a)
     fused = roles.residual is not None
@@ -797,14 +724,6 @@ def _norm_prologue(e: CudaEmitter, lead: Node) -> NormPrologue | None:
                         res=e.ptr(roles.residual) if fused else "nullptr", gamma=e.ptr(roles.gamma),
                         beta=e.ptr(roles.beta) if roles.beta is not None else "nullptr", out=e.ptr(a.id),
                         eps=_float_c(a.op.eps))
-
-
-def _mma_fits(e: CudaEmitter, a_id: NodeId, b_id: NodeId, out_off: int | None, bias: NodeId | None, folded: bool,
-              K: Dim, N: Dim) -> bool:
-    """rlx_gemm_mma takes it: f16/bf16, one B for all rows, whole 16-byte chunks of K and N, aligned operands."""
-    offs = [e.offset(a_id), e.offset(b_id), out_off] + ([e.offset(bias)] if bias is not None else [])
-    return (e.ddt(a_id) in (DType.F16, DType.BF16) and folded and K.is_static and N.is_static
-            and K.value % 8 == 0 and N.value % 8 == 0 and all(o is not None and o % 16 == 0 for o in offs))
 
 
 def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
@@ -816,7 +735,7 @@ def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
     total = g.row_stride
     has_bias = g.bias_offset >= 0
     act = getattr(node.op, "activation", None)
-    fuse_act = act == "relu" or (act == "gelu_tanh" and e.target.lt_gelu_epilogue)
+    fuse_act = lt_fuses(act, e.target.lt_gelu_epilogue)
     w_ptr = f"RLX_P({t}, {g.weight_offset})"
     b_ptr = f"RLX_P({t}, {g.bias_offset})" if has_bias else "nullptr"
     small = _small_fits(e, dt, True, a.dims[-1], Dim(total),
@@ -845,7 +764,7 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
         return _grouped_gemm(e, node)
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
-    g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id))
+    g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id), node.id)
     if g.small:
         g = _small_call(e, g, node, _is_weight(e, node.inputs[1]), bias)
     if g.cutlass_fn:

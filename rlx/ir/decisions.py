@@ -99,13 +99,26 @@ def decisions_to_json(decisions: tuple[Decision, ...], ref: Any) -> list[dict[st
 
 
 #: Which fields of each decision kind hold node ids (renumbered in the canonical form).
-_NODE_FIELDS: dict[str, tuple[str, ...]] = {
-    "absorbed_transpose": ("node", "source"),
-    "packed_param": ("node",),
-    "widened_param": ("node", "cast"),
-}
+_NODE_FIELDS: dict[str, tuple[str, ...]] = {}
+#: The record class of each decision kind (what `rlx.ir.serialize_lir` rebuilds a decision as).
+DECISION_KINDS: dict[str, type[Decision]] = {}
 
 
-def register_node_fields(kind: str, fields: tuple[str, ...]) -> None:
-    """Declare the node-id fields of a decision kind defined elsewhere (e.g. by a backend's passes)."""
-    _NODE_FIELDS[kind] = fields
+def register_decision(cls: type[Decision], node_fields: tuple[str, ...] = ()) -> type[Decision]:
+    """Declare a decision record: its class (by `cls.kind`) and which of its fields hold node ids.
+
+    Every decision kind is registered where it is defined; a kind registered twice with another class is a bug.
+    """
+    if not cls.kind:
+        raise ValueError(f"{cls.__name__} has no decision kind")
+    known = DECISION_KINDS.get(cls.kind)
+    if known is not None and known is not cls:
+        raise ValueError(f"decision kind {cls.kind!r} is taken by {known.__name__}")
+    DECISION_KINDS[cls.kind] = cls
+    _NODE_FIELDS[cls.kind] = node_fields
+    return cls
+
+
+register_decision(AbsorbedTranspose, ("node", "source"))
+register_decision(PackedParam, ("node",))
+register_decision(WidenedParam, ("node", "cast"))

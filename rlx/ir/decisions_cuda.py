@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx.ir.decisions import Decision, register_node_fields
+from rlx.ir.decisions import Decision, register_decision
 
 
 @dataclass(frozen=True)
@@ -257,10 +257,10 @@ class ScanConstants(Decision):
         return (self.node,)
 
 
-register_node_fields(GemmGroup.kind, ("members",))
-register_node_fields(ScanConstants.kind, ("node",))
-register_node_fields(DecodeGemv.kind, ("members", "norm", "residual", "swiglu"))
-register_node_fields(DecodeRope.kind, ("attention", "ropes"))
-register_node_fields(DecodeSplitKv.kind, ("attention",))
-register_node_fields(PoolTail.kind, ("hidden", "mask", "out", "absorbed", "norm"))
-register_node_fields(DeviceLayout.kind, ())
+register_decision(GemmGroup, ("members",))
+register_decision(ScanConstants, ("node",))
+register_decision(DecodeGemv, ("members", "norm", "residual", "swiglu"))
+register_decision(DecodeRope, ("attention", "ropes"))
+register_decision(DecodeSplitKv, ("attention",))
+register_decision(PoolTail, ("hidden", "mask", "out", "absorbed", "norm"))
+register_decision(DeviceLayout, ())

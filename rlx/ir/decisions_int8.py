@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx.ir.decisions import Decision, register_node_fields
+from rlx.ir.decisions import Decision, register_decision
 
 #: Columns per packed panel and rows per group (INT8_NR, INT8_KG in kernels/int8_gemm.h).
 INT8_PANEL = 32
@@ -53,4 +53,4 @@ class Int8Param(Decision):
         return (self.node,)
 
 
-register_node_fields(Int8Param.kind, ("node",))
+register_decision(Int8Param, ("node",))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx.ir.decisions import Decision, register_node_fields
+from rlx.ir.decisions import Decision, register_decision
 
 
 @dataclass(frozen=True)
@@ -39,4 +39,4 @@ class MetalLayout(Decision):
         return f"metal buffer: one allocation of {self.total} bytes: {text}"
 
 
-register_node_fields(MetalLayout.kind, ())
+register_decision(MetalLayout, ())

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rlx.ir.decisions import Decision, register_node_fields
+from rlx.ir.decisions import Decision, register_decision
 
 
 @dataclass(frozen=True)
@@ -44,4 +44,4 @@ class QuantGemvGroup(Decision):
         return self.members[1:] + self.swiglu
 
 
-register_node_fields(QuantGemvGroup.kind, ("members", "swiglu"))
+register_decision(QuantGemvGroup, ("members", "swiglu"))

@@ -189,6 +189,16 @@ def _decode(hint: Any, v: JSON, where: str, registry: Mapping[str, type]) -> Any
     raise IRError(f"{where}: cannot decode attribute of type {hint}")
 
 
+def decode_value(hint: Any, v: JSON, where: str) -> Any:
+    """A value of type `hint` (int, float, bool, str, DType, Shape, Dim, tuples of these, ...) from its JSON;
+    `IRError` naming `where` when `v` is not one.
+
+    >>> decode_value(tuple[int, ...], [1, 2], "offsets")
+    (1, 2)
+    """
+    return _decode(hint, v, where, O.OPS)
+
+
 _BODY_KEYS = {"body", "nodes", "outputs", "output_names"}
 _BODY_NODE_KEYS = {"op", "in", "shape", "name"}
 

@@ -40,7 +40,7 @@ from rlx.ir.decisions import AbsorbedTranspose, Decision, PackedParam, WidenedPa
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
-from rlx.opt.lowering_cuda import cuda_decisions
+from rlx.opt.lowering_cuda_kernels import cuda_lowering
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
 from rlx.opt.lowering_quant_cpu import quant_gemv_groups
@@ -190,8 +190,9 @@ def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
             *quant_gemv_groups(lir))
 
 
-#: The decision passes of each backend (CUDA's: GEMM groups and the device memory layout; Metal's: its one buffer).
-LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": cuda_decisions, "metal": metal_decisions}
+#: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel
+#: choices that depend on it; Metal's: its one buffer).
+LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": cuda_lowering, "metal": metal_decisions}
 
 
 def lower_for(lir: LirModule, backend: str, **options: object) -> LirModule:

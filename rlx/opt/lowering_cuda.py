@@ -1,6 +1,7 @@
 """CUDA lowering passes: which GEMMs run together, and the byte layout of the one device allocation.
 
-`cuda_decisions(lir, precision=..., gemm=...)` is `LOWERINGS["cuda"]`: it
+`cuda_decisions(lir, precision=..., gemm=...)`, the first half of `LOWERINGS["cuda"]`
+(`rlx.opt.lowering_cuda_kernels.cuda_lowering` adds the kernel choices made from its layout),
 returns `GemmGroup` records (Q/K/V projections of one activation run as a
 single cuBLASLt GEMM), `DecodeGemv` records (quantized projections of a decode
 step run as one GEMV launch with their norm and epilogue), `DecodeRope`
@@ -577,11 +578,12 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
                    pool_tail: bool = True, pool_norm: bool = False, **_target: object) -> tuple[Decision, ...]:
-    """`LOWERINGS["cuda"]`: the GEMM groups, decode GEMVs and device layout for this precision and GEMM provider.
+    """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
+    `LOWERINGS["cuda"]`).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
-    options (arch, epilogue fusion, tile sizes) do not change any decision and are ignored.
+    options (arch, epilogue fusion, tile sizes) change none of these decisions and are ignored.
     """
     precision = DType.parse(precision)
     if precision not in PRECISIONS:

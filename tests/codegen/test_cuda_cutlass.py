@@ -1,4 +1,5 @@
-"""Which GEMMs run on the CUTLASS sm90 unit (rlx/codegen/cuda_cutlass.py), and nvcc builds it and links it.
+"""Which GEMMs run on the CUTLASS sm90 unit (CutlassGemm decisions of rlx/opt/lowering_cuda_kernels.py), and nvcc
+builds it and links it.
 
 Runs without a GPU; tests/gpu/test_cuda_cutlass.py checks the numbers on one. The compile test needs nvcc,
 cublasLt.h and CUTLASS's headers (the optional nvidia-cutlass wheel, which `make install CUDA=1` adds),
@@ -12,11 +13,11 @@ import subprocess
 import pytest
 
 from rlx.codegen.cuda import CudaTarget
-from rlx.codegen.cuda_cutlass import cutlass_choice
 from rlx.errors import BuildError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
+from rlx.opt.lowering_cuda_kernels import cutlass_choice
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 from rlx.toolchain.cuda_units import CutlassUnitToolchain, cutlass_for, unit_path, units_in_source
 from tests.gpu.gemm_common import forward, gemm_chain, render
