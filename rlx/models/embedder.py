@@ -213,7 +213,7 @@ class SentenceEmbedder:
         """Token ids and attention mask `[n, longest]` (int64), truncated to `max_seq` and right-padded."""
         if self.tokenizer is None:
             raise RlxError("this embedder has no tokenizer; use encode() with token ids")
-        _check_sentences(sentences)
+        _check_sentences(sentences, "tokenize()")
         encodings = self.tokenizer.encode_batch(list(sentences))
         return pad_batch([e.ids for e in encodings], self.pad_id)
 
@@ -230,8 +230,11 @@ class SentenceEmbedder:
 
         Sentences are sorted by length and run in chunks of `max_batch`, each
         padded only to its own longest sentence; the result is in input order.
+        No sentences give an empty `[0, hidden]` array (nothing is compiled).
         """
-        _check_sentences(sentences)
+        _check_sentences(sentences, allow_empty=True)
+        if len(sentences) == 0:
+            return np.empty((0, self.dim), np.float32)
         encodings = self.tokenizer.encode_batch(list(sentences)) if self.tokenizer is not None else None
         if encodings is None:
             raise RlxError("this embedder has no tokenizer; use encode() with token ids")
@@ -312,11 +315,13 @@ def _prepare_tokenizer(tokenizer: object, max_seq: int) -> object:
     return tokenizer
 
 
-def _check_sentences(sentences: Sequence[str]) -> None:
+def _check_sentences(sentences: Sequence[str], what: str = "embed()", *, allow_empty: bool = False) -> None:
     if isinstance(sentences, str):
-        raise ExecutionError("embed() takes a list of sentences; wrap a single sentence in a list")
-    if len(sentences) == 0:
-        raise ExecutionError("embed() needs at least one sentence, got an empty list")
+        raise ExecutionError(f"{what} takes a list of sentences; wrap a single sentence in a list")
+    if not (hasattr(sentences, "__len__") and hasattr(sentences, "__iter__")):
+        raise ExecutionError(f"{what} takes a list of sentences (str), got {type(sentences).__name__}")
+    if len(sentences) == 0 and not allow_empty:
+        raise ExecutionError(f"{what} needs at least one sentence, got an empty list")
     for i, s in enumerate(sentences):
         if not isinstance(s, str):
             raise ExecutionError(f"sentence {i} is {type(s).__name__}, not str")

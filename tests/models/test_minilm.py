@@ -114,8 +114,12 @@ def test_encode_rejects_sequence_over_bound(cpu):
 
 
 def test_bad_inputs_raise_clear_errors(cpu):
+    empty = cpu.embed([])  # nothing to embed: an empty batch of the model's width
+    assert empty.shape == (0, 384) and empty.dtype == np.float32
     with pytest.raises(ExecutionError, match="at least one sentence"):
-        cpu.embed([])
+        cpu.tokenize([])
+    with pytest.raises(ExecutionError, match=r"list of sentences \(str\), got NoneType"):
+        cpu.embed(None)
     with pytest.raises(ExecutionError, match="list of sentences"):
         cpu.embed("just a string")
     with pytest.raises(ExecutionError, match="sentence 1 is int"):
