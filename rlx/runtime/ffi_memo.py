@@ -48,6 +48,37 @@ def ffi_source(cdefs: Sequence[str]) -> str:
     return out.getvalue()
 
 
+class _Library:
+    """A library dlopen'ed through a rebuilt FFI whose missing symbols raise `AttributeError`, as
+    those of a parsed `cffi.FFI`'s libraries do (callers probe optional exports that way); a rebuilt
+    FFI's own libraries raise `ffi.error`. Functions are looked up once, then read as attributes."""
+
+    def __init__(self, lib: Any, error: type[Exception]) -> None:
+        self._cffi_lib = lib
+        self._cffi_error = error
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = getattr(self._cffi_lib, name)
+        except self._cffi_error as exc:
+            raise AttributeError(str(exc)) from None
+        self.__dict__[name] = value  # a function's address does not change while the library is open
+        return value
+
+    def __dir__(self) -> list[str]:
+        return dir(self._cffi_lib)
+
+
+class _RebuiltFFI(_cffi_backend.FFI):
+    """An out-of-line FFI whose `dlopen` gives `_Library` objects."""
+
+    def dlopen(self, *args: Any) -> _Library:
+        return _Library(super().dlopen(*args), self.error)
+
+    def dlclose(self, lib: Any) -> None:
+        super().dlclose(lib._cffi_lib if isinstance(lib, _Library) else lib)
+
+
 def ffi_from_source(text: str) -> Any:
     """The FFI that `ffi_source`'s text builds, its arguments read as literals; ValueError if it is not one."""
     calls = [node.value for node in ast.parse(text).body
@@ -59,7 +90,7 @@ def ffi_from_source(text: str) -> Any:
     kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
     if len(kwargs) != len(call.keywords) or "_includes" in kwargs:
         raise ValueError("an FFI built on other FFIs")
-    return _cffi_backend.FFI(*args, **kwargs)
+    return _RebuiltFFI(*args, **kwargs)
 
 
 def load_ffi(cdefs: Sequence[str], config: Any = None) -> Any:

@@ -54,6 +54,8 @@ def test_a_library_runs_through_the_rebuilt_ffi() -> None:
     ins, outs = ffi.new("void *[]", [ffi.from_buffer(x)]), ffi.new("void *[]", [ffi.from_buffer(y)])
     assert lib.rlx_run(ctx, ffi.new("int64_t[]", [0]), ins, outs) == 0
     assert y.tolist() == [0.0, 2.0, 0.0, 4.0]
+    with pytest.raises(AttributeError, match="rlx_set_transport"):  # declared, exported by collective graphs only
+        lib.rlx_set_transport  # noqa: B018 - the lookup is what is tested
 
 
 @pytest.mark.parametrize("text", [
