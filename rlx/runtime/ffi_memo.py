@@ -6,7 +6,8 @@ the arguments of a `_cffi_backend.FFI(...)` call (its "out-of-line ABI mode": th
 bytes, the functions, structs and typedefs as tuples of literals), which builds the same FFI without
 pycparser. `load_ffi` keeps that text in the AOT cache's memo (`AotCache.memo`), keyed by the
 declarations and the cffi version, reads it back as literals (`ast.literal_eval`, never executed),
-and falls back to parsing when the cache is off or the memo is unusable.
+and falls back to parsing when the cache is off, not made yet (it is not made for this), or the
+memo is unusable.
 
 >>> ffi = load_ffi(["int32_t twice(int32_t x);"])
 >>> ffi.sizeof("int32_t"), ffi.typeof("int32_t(*)(int32_t)").kind
@@ -98,8 +99,8 @@ def load_ffi(cdefs: Sequence[str], config: Any = None) -> Any:
     from rlx.toolchain.cache import AotCache
 
     cache = AotCache(config)
-    if not cache.enabled:
-        return parse_ffi(cdefs)
+    if not cache.enabled or not cache.root.is_dir():
+        return parse_ffi(cdefs)  # no cache yet: not made just for this (loading an artifact needs none)
     text = "\0".join(cdefs)
     fingerprint = {"format": str(MEMO_FORMAT), "cffi": str(_cffi_backend.__version__),
                    "cdefs": hashlib.sha256(text.encode()).hexdigest()}

@@ -75,6 +75,9 @@ def _cache_config(root: Path) -> Config:
 def test_a_memo_is_written_once_and_a_damaged_one_is_parsed_around(tmp_path: Path) -> None:
     config = _cache_config(tmp_path / "cache")
     first = load_ffi(CDEFS, config)
+    assert not (tmp_path / "cache").exists()  # no cache is made just for the memo
+    (tmp_path / "cache").mkdir(mode=0o700)
+    assert _layout(load_ffi(CDEFS, config)) == _layout(first)
     memos = list((tmp_path / "cache" / "memo" / "cffi_abi").glob("*.json"))
     assert len(memos) == 1
     assert _layout(load_ffi(CDEFS, config)) == _layout(first)
@@ -85,6 +88,7 @@ def test_a_memo_is_written_once_and_a_damaged_one_is_parsed_around(tmp_path: Pat
 
 
 def test_a_fresh_process_with_a_warm_memo_loads_no_parser(tmp_path: Path) -> None:
+    (tmp_path / "cache").mkdir(mode=0o700)
     env = dict(os.environ, PYTHONPATH=str(REPO), RLX_CACHE_DIR=str(tmp_path / "cache"))
     code = "import sys, rlx.runtime.abi; print(sorted(m for m in sys.modules if m.startswith(('pycparser', 'cffi'))))"
     runs = [subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True,
