@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 from rlx.errors import ExecutionError
-from rlx.models.bert import BertConfig, random_weights
 from rlx.models.embedder import SentenceEmbedder
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_bert import write_model_dir
+
 REPO = Path(__file__).resolve().parents[2]
-WORDS = ["a", "man", "eats", "food", "hi", "the", "horse"]
 
 #: Prefixes of modules a warm `from_pretrained(...).embed(...)` has no use for.
 WARM_MUST_NOT_IMPORT = ("jinja2", "rlx.codegen", "rlx.opt", "rlx.reference", "rlx.frontends", "onnx",
@@ -46,27 +47,6 @@ print(json.dumps({
     "loaded": sorted(m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in forbidden)),
 }))
 '''
-
-
-def write_model_dir(d: Path) -> Path:
-    """A BERT directory as HF writes it: config.json, model.safetensors, tokenizer.json (word level)."""
-    from safetensors.numpy import save_file
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-                     max_position_embeddings=32)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "bert", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-        "intermediate_size": cfg.intermediate_size, "max_position_embeddings": cfg.max_position_embeddings}))
-    save_file({k: np.ascontiguousarray(v) for k, v in random_weights(cfg, seed=5).items()},
-              str(d / "model.safetensors"))
-    tok.save(str(d / "tokenizer.json"))
-    return d
 
 
 @pytest.fixture(scope="module")

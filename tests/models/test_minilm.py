@@ -148,7 +148,7 @@ def test_example_main_prints_similarities(cpu):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = embed.main(["--repeat", "2", "--max-batch", "8", *SENTENCES[:3]])
+        status = embed.main(["--bench", "--repeat", "2", "--max-batch", "8", *SENTENCES[:3]])
     text = out.getvalue()
     assert status == 0
     assert "embeddings: (3, 384) float32" in text
