@@ -230,7 +230,8 @@ class Session:
             lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend="cpu",
                                params_in=self._params_in)
         return estimate_lir(memory_plan(lir, profile=self.config.profile),
-                            num_threads if num_threads is not None else self.config.threads)
+                            num_threads if num_threads is not None else self.config.threads,
+                            profiled=self.config.profile)
 
     def compile(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> CompiledGraph:
         """Compile a Graph (MIR), HirModule, GraphModule or LirModule into a ready-to-run `CompiledGraph`.

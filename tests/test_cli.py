@@ -711,7 +711,8 @@ def test_bench_profile_refuses_an_unprofiled_artifact(tmp_path: Path, cache_root
     assert main(["bench", str(graph), "--trace", str(tmp_path / "t.json")]) == 2
 
 
-def test_inspect_memory(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]):
+def test_inspect_memory(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str],
+                        monkeypatch: pytest.MonkeyPatch):
     import rlx
     from rlx.ir import serialize
 
@@ -724,7 +725,13 @@ def test_inspect_memory(tmp_path: Path, cache_root: Path, capsys: pytest.Capture
     assert rows["arena"] == est.arena and rows["params"] == est.params and rows["total"] == est.total
     assert rows["inputs"] == 8 * 4 * 4 and rows["outputs"] == 8 * 3 * 4
     assert not list(cache_root.rglob("model.so")), "--memory compiles nothing"
+    assert "profiled" not in out  # a normal build's context record has no span ring
     assert main(["inspect", str(graph), "--memory", "--stage", "lir"]) == 2
+    capsys.readouterr()
+    monkeypatch.setenv("RLX_PROFILE", "1")
+    assert main(["inspect", str(graph), "--memory"]) == 0
+    context = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("context"))
+    assert context.endswith("the context record, with a profiled build's span ring")
 
 
 def test_report_writes_a_self_contained_page(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]):
