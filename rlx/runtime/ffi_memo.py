@@ -9,9 +9,12 @@ declarations and the cffi version, reads it back as literals (`ast.literal_eval`
 and falls back to parsing when the cache is off, not made yet (it is not made for this), or the
 memo is unusable.
 
->>> ffi = load_ffi(["int32_t twice(int32_t x);"])
->>> ffi.sizeof("int32_t"), ffi.typeof("int32_t(*)(int32_t)").kind
-(4, 'pointer')
+>>> ffi = load_ffi(["typedef struct { int32_t a; int64_t b; } Pair;"])
+>>> ffi.sizeof("Pair"), ffi.offsetof("Pair", "b")
+(16, 8)
+>>> rebuilt = ffi_from_source(ffi_source(["typedef struct { int32_t a; int64_t b; } Pair;"]))
+>>> rebuilt.sizeof("Pair"), rebuilt.offsetof("Pair", "b")
+(16, 8)
 """
 
 from __future__ import annotations
