@@ -36,7 +36,6 @@ True
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import sys
 import threading
 from collections.abc import Iterator
@@ -151,8 +150,11 @@ def trusting_own_loads() -> Iterator[bool]:
             record_loaded_modules(loaded_compiler_modules() - before)
 
 
-class _RecordingLoader(importlib.abc.Loader):
+class _RecordingLoader:
     """Wraps a compiler module's loader for its one load: runs it, then records the module.
+
+    (A loader and a finder need no base class from importlib.abc, whose import loads
+    importlib.resources and tempfile: `import rlx` need not.)
 
     The module's `__loader__` and `__spec__.loader` are set back to the wrapped loader before it
     runs, so nothing after the load sees the wrapper (source lookup, resources, reload).
@@ -183,7 +185,7 @@ class _RecordingLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class _RecordingFinder(importlib.abc.MetaPathFinder):
+class _RecordingFinder:
     """First on `sys.meta_path`: finds a compiler module with the finders after it, and wraps its loader."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:

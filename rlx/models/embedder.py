@@ -28,7 +28,7 @@ A tiny model built in memory (random weights, a word-level tokenizer):
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +48,16 @@ QUANTIZE_MODES = {"int8": "int8-dynamic", "int8-dynamic": "int8-dynamic"}
 
 
 def default_model_dir() -> Path:
-    """The packaged all-MiniLM-L6-v2 directory; `ArtifactError` if the wheel is not installed."""
-    try:
-        root = importlib.resources.files(MODEL_PACKAGE) / "model"
-    except ModuleNotFoundError:
+    """The packaged all-MiniLM-L6-v2 directory; `ArtifactError` if the wheel is not installed.
+
+    Found by its import spec, without importing it (nor importlib.resources: a warm start need not).
+    """
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
         raise ArtifactError(f"the default model is not installed: pip install {MODEL_PACKAGE.replace('_', '-')} "
-                            "(or pass a model directory)") from None
-    path = Path(str(root))
+                            "(or pass a model directory)")
+    path = Path(locations[0]) / "model"
     if not (path / "config.json").is_file():
         raise ArtifactError(f"{MODEL_PACKAGE} is installed but {path} holds no config.json")
     return path
