@@ -6,11 +6,23 @@
 >>> g.set_outputs([g.add_(x, x)])
 >>> rlx.reference.run(g, {"x": rlx.np.arange(3, dtype="float32")})[0].tolist()
 [0.0, 2.0, 4.0]
+
+`import rlx` loads what building a graph and a warm compile need; the optimizer's entry points,
+autodiff, the numpy reference and artifact loading load on first use (`_LAZY`).
 """
+
+# ruff: noqa: E402 - the import hook goes in before anything else loads
+# First: the hook that records compiler modules as they load from their files (the driver's compile
+# index trusts only those: see rlx.pristine), installed before any of them loads.
+from rlx import pristine as _pristine
+
+_pristine.install()
+
+import importlib
 
 import numpy as np
 
-from rlx import cache, driver, reference
+from rlx import cache, driver
 from rlx.config import Config
 from rlx.driver import Device, Session
 from rlx.errors import (
@@ -29,14 +41,26 @@ from rlx.ir.hir import HirModule
 from rlx.ir.lir import LirModule
 from rlx.ir.module import GraphModule
 from rlx.ir.shape import Dim, Shape
-from rlx.opt.autodiff import grad, jacfwd, jvp, vjp
-from rlx.opt.memplan import plan
-from rlx.opt.pipeline import optimize
-from rlx.opt.quantize import quantize as _quantize_mir
-from rlx.runtime.artifact_load import load
 from rlx.runtime.compiled import CompiledGraph
+
+# Not lazy: `rlx.trace` is also a submodule's name, which an import of that submodule would bind here.
 from rlx.trace import TracedTensor, Tracer, trace
 from rlx.version import __version__
+
+#: Public names that load on first use: name -> (module, attribute; None for the module itself).
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "grad": ("rlx.opt.autodiff", "grad"),
+    "jacfwd": ("rlx.opt.autodiff", "jacfwd"),
+    "jvp": ("rlx.opt.autodiff", "jvp"),
+    "vjp": ("rlx.opt.autodiff", "vjp"),
+    "plan": ("rlx.opt.memplan", "plan"),
+    "optimize": ("rlx.opt.pipeline", "optimize"),
+    "load": ("rlx.runtime.artifact_load", "load"),
+    "reference": ("rlx.reference", None),
+    # the frontends (and onnx) and tensor parallelism (the BERT model code) stay out of `import rlx`
+    "from_onnx": ("rlx.frontends.onnx", "from_onnx"),
+    "shard": ("rlx.distributed.tp", "shard"),
+}
 
 
 def quantize(graph: object, mode: str = "int8-dynamic") -> Graph:
@@ -53,25 +77,28 @@ def quantize(graph: object, mode: str = "int8-dynamic") -> Graph:
     >>> [n.kind for n in rlx.quantize(g, "int8-dynamic").nodes]
     ['input', 'param', 'int8_matmul']
     """
-    return _quantize_mir(driver.to_mir(graph), mode)
+    from rlx.opt.quantize import quantize as quantize_mir
+
+    return quantize_mir(driver.to_mir(graph), mode)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rlx' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 # Last: everything above loaded from its files and no user code has run yet (any `import rlx.x`
 # runs this file first), so the driver's compile index may trust these modules as they are now.
-driver.record_pristine_modules()
-
-
-def __getattr__(name: str) -> object:
-    # rlx.from_onnx is looked up lazily so `import rlx` stays free of the frontends (and of onnx).
-    if name == "from_onnx":
-        from rlx.frontends.onnx import from_onnx
-
-        return from_onnx
-    if name == "shard":  # tensor parallelism (rlx.distributed.tp), lazily: it pulls in the BERT model code
-        from rlx.distributed.tp import shard
-
-        return shard
-    raise AttributeError(f"module 'rlx' has no attribute {name!r}")
+_pristine.end_own_import()
 
 
 __all__ = [

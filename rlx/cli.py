@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlx.errors import ExecutionError, RlxError
+from rlx.errors import ExecutionError, RlxError, UnboundedDimsError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -249,7 +249,12 @@ def _load_onnx(path: Path, max_dims: dict[str, int]) -> Model:
         if exc.name in ("rlx.frontends", "rlx.frontends.onnx"):
             raise RlxError(f"{path}: this build of RLX has no ONNX frontend (rlx.frontends.onnx)") from None
         raise RlxError(f"{path}: reading ONNX needs the {exc.name or 'onnx'!r} package (pip install onnx)") from None
-    imported = from_onnx(path, max_dims=max_dims or None)
+    try:
+        imported = from_onnx(path, max_dims=max_dims or None)
+    except UnboundedDimsError as exc:  # a usage error here: the command line gives the bounds
+        named = ", ".join(f"{name!r} ({', '.join(where)})" for name, where in exc.dims.items())
+        raise UsageError(f"{path}: dynamic axes need an upper bound: {named}; pass "
+                         + " ".join(f"--max-dim {shlex.quote(f'{name}=N')}" for name in exc.dims)) from None
     return Model(imported.graph, dict(imported.params or {}))
 
 

@@ -31,30 +31,23 @@ is right as long as the code that runs is the code whose files were digested.
 
 That is not so after a monkeypatch (`rlx.codegen.c.GRAIN = 4096` in a test or
 a tuning script): no file changed. So the index is used only while the
-compiler's modules are *pristine* (`compiler_is_pristine`): the driver keeps,
-for every loaded module of those packages, the objects its globals (and its
-classes' attributes) were bound to when the module came from its file: at the
-end of `import rlx` for the modules it loads, and after each compile that
-began pristine for the modules that compile loaded (toolchain, codegen). A
-rebound name (a patched constant, function or method) or a compiler module
-the driver did not see load (the user imported it first, and may have
-patched it) makes the process non-pristine: it neither reads nor writes the
-index, and every compile renders and keys by the rendered source, which sees
-the patch. Comparing
-objects by identity (holding references, so ids are never reused) costs well
-under a millisecond and needs no import of codegen.
+compiler's modules are *pristine* (`rlx.pristine.compiler_is_pristine`): every
+loaded module of those packages is bound as it was when it came from its file,
+which an import hook records as each one loads (so the optimizer, the code
+generators and the toolchain may load lazily: a warm hit loads none of
+`rlx.opt` and `rlx.codegen`). A rebound name (a patched constant, function or
+method) or a compiler module the hook did not see load makes the process
+non-pristine: it neither reads nor writes the index, and every compile renders
+and keys by the rendered source, which sees the patch. See `rlx.pristine`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import hashlib
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from rlx.config import Config
@@ -63,8 +56,12 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
 from rlx.ir.module import register_lir_lowering
-from rlx.opt import pipeline
-from rlx.opt.memplan import plan
+from rlx.pristine import (
+    COMPILER_MODULES,
+    COMPILER_PACKAGES,
+    compiler_is_pristine,
+    trusting_own_loads,
+)
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.loader import load_library
 from rlx.runtime.memory import MemoryEstimate, estimate_lir
@@ -72,10 +69,6 @@ from rlx.templates_path import templates_dir
 
 #: Bumped when the compile index's fingerprint or value changes shape.
 INDEX_FORMAT = 2
-#: The packages (and modules) whose code turns a graph into a built object: digested for the
-#: compile index's fingerprint and watched for monkeypatches.
-COMPILER_PACKAGES = ("rlx.ir", "rlx.opt", "rlx.codegen", "rlx.toolchain")
-COMPILER_MODULES = ("rlx.reference",)
 
 
 class Device(enum.Enum):
@@ -110,6 +103,10 @@ def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None =
     `hold_norm_inputs` (None: for the CUDA backend only): `rlx.opt.memplan.plan`'s option, which lets CUDA's
     small GEMMs compute the norm before them in their prologue.
     """
+    # The optimizer and the memory planner load here, on the first lowering: a warm hit never lowers.
+    from rlx.opt import pipeline
+    from rlx.opt.memplan import plan
+
     mir = pipeline.optimize(graph, level=level, debug=debug)
     if params_in != "f32":
         from rlx.opt.precision import store_params_in
@@ -233,7 +230,8 @@ class Session:
             lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend="cpu",
                                params_in=self._params_in)
         return estimate_lir(memory_plan(lir, profile=self.config.profile),
-                            num_threads if num_threads is not None else self.config.threads)
+                            num_threads if num_threads is not None else self.config.threads,
+                            profiled=self.config.profile)
 
     def compile(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> CompiledGraph:
         """Compile a Graph (MIR), HirModule, GraphModule or LirModule into a ready-to-run `CompiledGraph`.
@@ -242,7 +240,7 @@ class Session:
         """
         if opt_level is not None and not (isinstance(opt_level, int) and 0 <= opt_level <= 3):
             raise RlxError(f"opt_level must be 0..3, got {opt_level!r}")
-        with _trusting_own_loads() as pristine:
+        with trusting_own_loads() as pristine:
             if self.device is Device.CUDA:
                 return self._compile_cuda(graph, opt_level, pristine)
             if self.device is Device.METAL:
@@ -433,78 +431,6 @@ def compiler_source_digest() -> str:
     _digest_memo.clear()
     _digest_memo[signature] = h.hexdigest()
     return _digest_memo[signature]
-
-
-# ── is the running compiler the one on disk? (see the module docstring) ────────────────────────
-
-#: module name -> (module object, {name: object bound when it came from its file}).
-_pristine_state: dict[str, tuple[ModuleType, dict[str, object]]] = {}
-
-
-def _is_compiler_module(name: str) -> bool:
-    return name in COMPILER_MODULES or any(name == p or name.startswith(p + ".") for p in COMPILER_PACKAGES)
-
-
-def _loaded_compiler_modules() -> set[str]:
-    return {name for name in list(sys.modules) if _is_compiler_module(name)}
-
-
-def _bindings(module: ModuleType) -> dict[str, object]:
-    """Every global of `module`, and every attribute of the classes it defines (methods patched on a class)."""
-    out: dict[str, object] = {}
-    for name, value in list(vars(module).items()):
-        if isinstance(value, ModuleType):
-            continue  # a package gains an attribute per submodule that loads; submodules are watched themselves
-        out[name] = value
-        if isinstance(value, type) and value.__module__ == module.__name__:
-            for attr, member in list(vars(value).items()):
-                out[f"{name}.{attr}"] = member
-    return out
-
-
-def _trust_modules_loaded_since(before: set[str]) -> None:
-    """Record the modules loaded since `before` (by this process's own compile, so from their files)."""
-    for name in _loaded_compiler_modules() - before:
-        module = sys.modules.get(name)
-        if module is not None:
-            _pristine_state[name] = (module, _bindings(module))
-
-
-@contextlib.contextmanager
-def _trusting_own_loads() -> Iterator[bool]:
-    """Around a compile: yields whether the process is pristine now. Compiler modules the compile
-    loads (the toolchain, and codegen on a cold compile) come from their files, so they are
-    recorded as pristine afterwards, provided the process was pristine when it started."""
-    pristine = compiler_is_pristine()
-    before = _loaded_compiler_modules()
-    try:
-        yield pristine
-    finally:
-        if pristine:
-            _trust_modules_loaded_since(before)
-
-
-def compiler_is_pristine() -> bool:
-    """True while every loaded compiler module is bound as it was when it came from its file."""
-    for name in _loaded_compiler_modules():
-        module = sys.modules.get(name)
-        recorded = _pristine_state.get(name)
-        if module is None or recorded is None or recorded[0] is not module:
-            return False
-        now = _bindings(module)
-        then = recorded[1]
-        if now.keys() != then.keys() or any(now[k] is not v for k, v in then.items()):
-            return False
-    return True
-
-
-def record_pristine_modules() -> None:
-    """Record every loaded compiler module as pristine.
-
-    Called once, at the end of rlx/__init__.py: any `import rlx.x` runs that file first, so the
-    modules `import rlx` loads (IR, optimizer, toolchain) cannot have been patched yet.
-    """
-    _trust_modules_loaded_since(set())
 
 
 __all__ = ["Device", "Session", "compiler_is_pristine", "compiler_source_digest", "lower_to_lir", "to_mir"]

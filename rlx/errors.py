@@ -15,6 +15,15 @@ class ShapeError(IRError):
     """Shapes or dtypes that an op cannot accept."""
 
 
+class UnboundedDimsError(IRError):
+    """An imported model's dynamic axes have no upper bound; `dims` maps each such name to where it
+    occurs ("input 'x' axis 0"), in the model's order."""
+
+    def __init__(self, message: str, dims: dict[str, list[str]]) -> None:
+        super().__init__(message)
+        self.dims = dims
+
+
 class BuildError(RlxError):
     """The system compiler (cc / nvcc) failed or could not be found."""
 

@@ -609,6 +609,30 @@ def test_real_onnx_model_end_to_end(tmp_path: Path, cache_root: Path, capsys: py
     np.testing.assert_allclose(y, np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("command", ["report", "compile", "inspect"])
+def test_unbounded_onnx_dims_are_a_usage_error_naming_each_dim_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   command: str):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    def value(name: str) -> object:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "seq len", 4])
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "y"], ["z"])], "two_inputs", [value("x"), value("y")],
+                              [value("z")])
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    extra = ["-o", str(tmp_path / "r.html")] if command == "report" else []
+    assert main([command, str(path), *extra, "--max-dim", "batch=2"]) == 2
+    err = capsys.readouterr().err
+    assert "'seq len' (input 'x' axis 1, input 'y' axis 1)" in err and "--max-dim 'seq len=N'" in err
+    assert "'batch'" not in err
+    assert main([command, str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("'batch'") == 1 and err.count("'seq len'") == 1, err
+    assert "--max-dim batch=N --max-dim 'seq len=N'" in err
+
+
 # ── examples/ end to end ──────────────────────────────────────────────────
 
 
@@ -701,7 +725,8 @@ def test_bench_profile_refuses_an_unprofiled_artifact(tmp_path: Path, cache_root
     assert main(["bench", str(graph), "--trace", str(tmp_path / "t.json")]) == 2
 
 
-def test_inspect_memory(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]):
+def test_inspect_memory(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str],
+                        monkeypatch: pytest.MonkeyPatch):
     import rlx
     from rlx.ir import serialize
 
@@ -714,7 +739,13 @@ def test_inspect_memory(tmp_path: Path, cache_root: Path, capsys: pytest.Capture
     assert rows["arena"] == est.arena and rows["params"] == est.params and rows["total"] == est.total
     assert rows["inputs"] == 8 * 4 * 4 and rows["outputs"] == 8 * 3 * 4
     assert not list(cache_root.rglob("model.so")), "--memory compiles nothing"
+    assert "profiled" not in out  # a normal build's context record has no span ring
     assert main(["inspect", str(graph), "--memory", "--stage", "lir"]) == 2
+    capsys.readouterr()
+    monkeypatch.setenv("RLX_PROFILE", "1")
+    assert main(["inspect", str(graph), "--memory"]) == 0
+    context = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("context"))
+    assert context.endswith("the context record, with a profiled build's span ring")
 
 
 def test_report_writes_a_self_contained_page(tmp_path: Path, cache_root: Path, capsys: pytest.CaptureFixture[str]):

@@ -116,6 +116,8 @@ class BundledEmbedder:
         """
         if isinstance(texts, str):
             raise ExecutionError("embed() takes a list of texts; wrap a single text in a list")
+        if not (hasattr(texts, "__len__") and hasattr(texts, "__iter__")):
+            raise ExecutionError(f"embed() takes a list of texts (str), got {type(texts).__name__}")
         for i, s in enumerate(texts):
             if not isinstance(s, str):
                 raise ExecutionError(f"text {i} is {type(s).__name__}, not str")

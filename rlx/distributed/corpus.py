@@ -328,4 +328,5 @@ def _progress(enabled: bool) -> Any:
         from tqdm import tqdm
     except ModuleNotFoundError:
         raise CorpusError("the progress bar needs tqdm: pip install 'rlx[corpus]' (or pass progress=False)") from None
-    return tqdm(unit=" sentences", unit_scale=True, dynamic_ncols=True, smoothing=0.1)
+    # unit_scale off: the count stays whole sentences ("7 sentences", not tqdm's scaled "7.00 sentences")
+    return tqdm(unit=" sentences", dynamic_ncols=True, smoothing=0.1)

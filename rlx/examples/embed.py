@@ -12,8 +12,10 @@ bundle, never compile).
 
 Tokenizes with the model's `tokenizer.json`, compiles the encoder (through
 the AOT cache: the second run loads the built library), prints the
-embeddings' shape, the pairwise cosine similarity matrix and the time per
-batch. Set `RLX_NUM_THREADS` to pin the thread count.
+embeddings' shape and the pairwise cosine similarity matrix; `--output
+vectors.npy` (or `.parquet`: id, text, embedding) writes the vectors, and
+`--bench` times the embedding (the median of `--repeat` runs after a warm-up).
+Set `RLX_NUM_THREADS` to pin the thread count.
 
 >>> import contextlib, io
 >>> with contextlib.redirect_stderr(io.StringIO()):
@@ -28,10 +30,13 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from rlx.errors import RlxError
+from rlx.examples.devices import device_missing
 
 DEMO_SENTENCES = (
     "A man is eating food.",
@@ -49,12 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "reference"))
     p.add_argument("--max-seq", type=int, default=256, help="sequence bound of the compiled graph (default 256)")
     p.add_argument("--max-batch", type=int, default=32, help="batch bound of the compiled graph (default 32)")
-    p.add_argument("--repeat", type=int, default=10, help="timed runs after the warm-up (default 10)")
+    p.add_argument("--output", metavar="FILE|DIR",
+                   help="sentences: write their vectors to FILE.npy ([n, dim] float32) or FILE.parquet (id, text, "
+                        "embedding); with --input: the output Parquet dataset directory (resumed when it exists)")
+    p.add_argument("--bench", action="store_true", help="time the embedding: --repeat runs after a warm-up")
+    p.add_argument("--repeat", type=int, default=None, help="with --bench: timed runs (default 10)")
     p.add_argument("--quantize", choices=("int8",), default=None,
                    help="int8: dynamic int8 linear layers (weights per channel, activations per row; CPU)")
     c = p.add_argument_group("corpus", "embed a corpus file into Parquet (rlx.distributed.corpus)")
     c.add_argument("--input", metavar="FILE", help="corpus: .txt (a text a line), .jsonl or .parquet")
-    c.add_argument("--output", metavar="DIR", help="output Parquet dataset directory (resumed when it exists)")
     c.add_argument("--text-field", default="text", help="JSON field / Parquet column of the text (default text)")
     c.add_argument("--id-field", default=None, help="field / column of the id (default: the record number)")
     c.add_argument("--batch-size", type=int, default=None, help="sentences per run (default: --max-batch)")
@@ -93,12 +101,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
     sentences = list(args.sentences) or list(DEMO_SENTENCES)
     try:
-        for flag, value in (("--repeat", args.repeat), ("--max-seq", args.max_seq), ("--max-batch", args.max_batch)):
+        if args.repeat is not None and not args.bench:
+            raise RlxError("--repeat sets how many runs --bench times; add --bench")
+        repeat = 10 if args.repeat is None else args.repeat
+        for flag, value in (("--repeat", repeat), ("--max-seq", args.max_seq), ("--max-batch", args.max_batch)):
             if value < 1:
                 raise RlxError(f"{flag} must be >= 1, got {value}")
-        if args.input is not None or args.output is not None:
+        missing = device_missing(args.device)
+        if missing is not None:
+            print(f"rlxc embed: error: {missing}", file=sys.stderr)
+            return 1
+        if args.input is not None:
+            if args.bench:
+                raise RlxError("--bench times the embedding of sentences; corpus embedding shows its rate in the "
+                               "progress bar")
             return _run_corpus(args)
-        return _run(args, sentences)
+        if args.output is not None:
+            vectors_format(args.output)  # a bad name or a missing pyarrow fails before the model is loaded
+        return _run(args, sentences, repeat if args.bench else 0)
     except RlxError as exc:
         print(f"rlxc embed: error: {exc}", file=sys.stderr)
         return 2
@@ -111,7 +131,7 @@ def _run_corpus(args: argparse.Namespace) -> int:
     from rlx.distributed.bundle import BundledEmbedder, save_bundle
     from rlx.models.embedder import SentenceEmbedder, default_model_dir
 
-    if args.input is None or args.output is None:
+    if args.output is None:
         raise RlxError("corpus embedding needs both --input and --output")
     if args.sentences:
         raise RlxError("give sentences or --input, not both")
@@ -142,7 +162,43 @@ def _run_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, sentences: list[str]) -> int:
+def vectors_format(path: str) -> str:
+    """"npy" or "parquet", from the name of the file `--output` writes the sentences' vectors to.
+
+    >>> vectors_format("vectors.npy")
+    'npy'
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix == ".npy":
+        return "npy"
+    if suffix == ".parquet":
+        _arrow()
+        return "parquet"
+    raise RlxError(f"--output {path}: the sentences' vectors are written to FILE.npy or FILE.parquet "
+                   "(a corpus directory needs --input)")
+
+
+def _arrow() -> tuple[Any, Any]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError:
+        raise RlxError("writing .parquet needs pyarrow: pip install 'rlx[corpus]' (or write FILE.npy)") from None
+    return pa, pq
+
+
+def write_vectors(path: str, sentences: Sequence[str], vectors: np.ndarray) -> None:
+    """The vectors as FILE.npy (`[n, dim]` float32) or FILE.parquet (columns id, text, embedding)."""
+    if vectors_format(path) == "npy":
+        np.save(path, vectors)
+        return
+    pa, pq = _arrow()
+    embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), vectors.shape[1])
+    pq.write_table(pa.table({"id": pa.array(range(len(sentences)), pa.int64()), "text": list(sentences),
+                             "embedding": embedding}), path)
+
+
+def _run(args: argparse.Namespace, sentences: list[str], repeat: int) -> int:
     from rlx.models.embedder import SentenceEmbedder, default_model_dir
 
     model_dir = args.model if args.model is not None else default_model_dir()
@@ -154,14 +210,12 @@ def _run(args: argparse.Namespace, sentences: list[str]) -> int:
     t0 = time.perf_counter()
     emb.runner("embeddings")
     t_compile = time.perf_counter() - t0
-    out = emb.embed(sentences)  # warm-up: first touch of the arena and BLAS threads
+    out = emb.embed(sentences)  # with --bench, also the warm-up: first touch of the arena and BLAS threads
     times = []
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         t0 = time.perf_counter()
         emb.embed(sentences)
         times.append(time.perf_counter() - t0)
-    ids, _ = emb.tokenize(sentences)
-    n_batches = -(-len(sentences) // emb.max_batch)
 
     print(f"model:      {model_dir}")
     print(f"            BERT {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
@@ -173,10 +227,14 @@ def _run(args: argparse.Namespace, sentences: list[str]) -> int:
     print()
     print("cosine similarity:")
     print(format_similarity(sentences, out))
-    print()
-    per_batch = statistics.median(times) / n_batches
-    print(f"time per batch: {per_batch * 1e3:.2f} ms (batch {min(len(sentences), emb.max_batch)}, "
-          f"{ids.shape[1]} tokens, median of {args.repeat}, tokenization included)")
+    if args.output is not None:
+        write_vectors(args.output, sentences, out)
+        print(f"\nwrote {out.shape[0]} vectors of size {out.shape[1]} to {args.output}")
+    if times:
+        ids, _ = emb.tokenize(sentences)
+        per_batch = statistics.median(times) / -(-len(sentences) // emb.max_batch)
+        print(f"\ntime per batch: {per_batch * 1e3:.2f} ms (batch {min(len(sentences), emb.max_batch)}, "
+              f"{ids.shape[1]} tokens, median of {repeat}, tokenization included)")
     return 0
 
 

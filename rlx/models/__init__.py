@@ -3,14 +3,40 @@
 >>> from rlx.models import BertConfig
 >>> BertConfig(vocab_size=10, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16).head_dim
 4
+
+The decoder side (`CausalLM`, the GGUF reader and tokenizer) loads on first use, so embedding
+sentences does not pay for it.
 """
 
+import importlib
+
 from rlx.models.bert import BertConfig, bert_hir, build_bert
-from rlx.models.causal_lm import CausalLM, Generation, KvCache
-from rlx.models.decoder_config import DecoderConfig
 from rlx.models.embedder import SentenceEmbedder
-from rlx.models.gguf import GgufModel, GgufTensor, read_gguf
-from rlx.models.gguf_tokenizer import GgufTokenizer
+
+#: Public names that load on first use: name -> module.
+_LAZY = {
+    "CausalLM": "rlx.models.causal_lm",
+    "Generation": "rlx.models.causal_lm",
+    "KvCache": "rlx.models.causal_lm",
+    "DecoderConfig": "rlx.models.decoder_config",
+    "GgufModel": "rlx.models.gguf",
+    "GgufTensor": "rlx.models.gguf",
+    "read_gguf": "rlx.models.gguf",
+    "GgufTokenizer": "rlx.models.gguf_tokenizer",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rlx.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = ["BertConfig", "CausalLM", "DecoderConfig", "Generation", "GgufModel", "GgufTensor", "GgufTokenizer",
            "KvCache", "SentenceEmbedder", "bert_hir", "build_bert", "read_gguf"]

@@ -110,6 +110,31 @@ class StreamEvent:
     text: str
 
 
+class TokenStream(Iterator[StreamEvent]):
+    """What `CausalLM.stream` returns: its `StreamEvent`s, then, once they are all read, why
+    generation stopped (`finish_reason`, as `Generation.finish_reason`; None until then)."""
+
+    def __init__(self, events: Iterator[StreamEvent], reasons: list[str]) -> None:
+        self._events = events
+        self._reasons = reasons  # filled by the generator as it runs
+        self._done = False
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        try:
+            return next(self._events)
+        except StopIteration:
+            self._done = True
+            raise
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"stop", "length" or "context" once the stream is exhausted, else None."""
+        return self._reasons[0] if self._done and self._reasons else None
+
+
 def random_tensors(specs: Mapping[str, L.WeightSpec], seed: int = 0,
                    scale: float = 0.5) -> dict[str, tuple[L.WeightSpec, np.ndarray]]:
     """f32 weights for `specs` (norm gains near 1), for tests and examples."""
@@ -396,19 +421,31 @@ class CausalLM:
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               stop: Sequence[str] | None = None, chat: bool = False) -> Iterator[StreamEvent]:
-        """Generate token by token, yielding each token and its text as it is produced."""
+               stop: Sequence[str] | None = None, chat: bool = False) -> TokenStream:
+        """Generate token by token, yielding each token and its text as it is produced.
+
+        Once every event is read, the stream's `finish_reason` says why it stopped: "stop" (a stop
+        token or string), "length" (`max_new_tokens`) or "context" (the KV cache, `max_context`, is full).
+        """
+        reasons: list[str] = []
+        return TokenStream(self._stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat,
+                                        reasons), reasons)
+
+    def _stream(self, prompt: str | Sequence[int], max_new_tokens: int, temperature: float, top_k: int | None,
+                top_p: float | None, seed: int | None, stop: Sequence[str] | None, chat: bool,
+                reasons: list[str]) -> Iterator[StreamEvent]:
         ids = self.encode_prompt(prompt, chat)
         sampler = Sampler(temperature, top_k, top_p, seed)
         decoder = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
         text = ""
-        for (token,) in self._steps([ids], max_new_tokens, sampler, self._stop_ids(), []):
+        for (token,) in self._steps([ids], max_new_tokens, sampler, self._stop_ids(), reasons):
             if token is None:
                 return
             piece = decoder.push(token) if decoder is not None else ""
             text += piece
             yield StreamEvent(token, piece)
             if stop and any(s in text for s in stop):
+                reasons[:] = ["stop"]
                 return
         if decoder is not None:
             rest = decoder.flush()  # bytes of an unfinished character at the end

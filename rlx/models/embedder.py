@@ -28,7 +28,7 @@ A tiny model built in memory (random weights, a word-level tokenizer):
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +48,16 @@ QUANTIZE_MODES = {"int8": "int8-dynamic", "int8-dynamic": "int8-dynamic"}
 
 
 def default_model_dir() -> Path:
-    """The packaged all-MiniLM-L6-v2 directory; `ArtifactError` if the wheel is not installed."""
-    try:
-        root = importlib.resources.files(MODEL_PACKAGE) / "model"
-    except ModuleNotFoundError:
+    """The packaged all-MiniLM-L6-v2 directory; `ArtifactError` if the wheel is not installed.
+
+    Found by its import spec, without importing it (nor importlib.resources: a warm start need not).
+    """
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
         raise ArtifactError(f"the default model is not installed: pip install {MODEL_PACKAGE.replace('_', '-')} "
-                            "(or pass a model directory)") from None
-    path = Path(str(root))
+                            "(or pass a model directory)")
+    path = Path(locations[0]) / "model"
     if not (path / "config.json").is_file():
         raise ArtifactError(f"{MODEL_PACKAGE} is installed but {path} holds no config.json")
     return path
@@ -213,7 +216,7 @@ class SentenceEmbedder:
         """Token ids and attention mask `[n, longest]` (int64), truncated to `max_seq` and right-padded."""
         if self.tokenizer is None:
             raise RlxError("this embedder has no tokenizer; use encode() with token ids")
-        _check_sentences(sentences)
+        _check_sentences(sentences, "tokenize()")
         encodings = self.tokenizer.encode_batch(list(sentences))
         return pad_batch([e.ids for e in encodings], self.pad_id)
 
@@ -230,8 +233,11 @@ class SentenceEmbedder:
 
         Sentences are sorted by length and run in chunks of `max_batch`, each
         padded only to its own longest sentence; the result is in input order.
+        No sentences give an empty `[0, hidden]` array (nothing is compiled).
         """
-        _check_sentences(sentences)
+        _check_sentences(sentences, allow_empty=True)
+        if len(sentences) == 0:
+            return np.empty((0, self.dim), np.float32)
         encodings = self.tokenizer.encode_batch(list(sentences)) if self.tokenizer is not None else None
         if encodings is None:
             raise RlxError("this embedder has no tokenizer; use encode() with token ids")
@@ -312,11 +318,13 @@ def _prepare_tokenizer(tokenizer: object, max_seq: int) -> object:
     return tokenizer
 
 
-def _check_sentences(sentences: Sequence[str]) -> None:
+def _check_sentences(sentences: Sequence[str], what: str = "embed()", *, allow_empty: bool = False) -> None:
     if isinstance(sentences, str):
-        raise ExecutionError("embed() takes a list of sentences; wrap a single sentence in a list")
-    if len(sentences) == 0:
-        raise ExecutionError("embed() needs at least one sentence, got an empty list")
+        raise ExecutionError(f"{what} takes a list of sentences; wrap a single sentence in a list")
+    if not (hasattr(sentences, "__len__") and hasattr(sentences, "__iter__")):
+        raise ExecutionError(f"{what} takes a list of sentences (str), got {type(sentences).__name__}")
+    if len(sentences) == 0 and not allow_empty:
+        raise ExecutionError(f"{what} needs at least one sentence, got an empty list")
     for i, s in enumerate(sentences):
         if not isinstance(s, str):
             raise ExecutionError(f"sentence {i} is {type(s).__name__}, not str")

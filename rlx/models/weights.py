@@ -21,6 +21,7 @@ import json
 import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,52 +72,80 @@ def find_weights(model_dir: str | Path) -> Path:
     raise ArtifactError(f"no model.safetensors in {d}")
 
 
+#: safetensors dtype names -> numpy dtypes (the format is little-endian); BF16's bits are decoded below.
+SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
+                      "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
+#: A header longer than this is not a real checkpoint's (the format's own reader caps it at 100 MB too).
+MAX_HEADER_BYTES = 100 << 20
+
+
 def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     """All tensors of one safetensors file; floating tensors become float32.
 
-    Integer tensors (such as a checkpoint's `position_ids` buffer) keep their type.
+    Integer tensors (such as a checkpoint's `position_ids` buffer) keep their type. The file is read
+    with one `readinto` and each tensor is a view of that buffer (float32 and integer tensors are not
+    copied again); the header is checked first: dtypes, shapes, and offsets inside the data.
     """
     p = Path(path)
     if not p.is_file():
         raise ArtifactError(f"missing weights file {p}")
-    from safetensors import SafetensorError, safe_open
-
-    out: dict[str, np.ndarray] = {}
-    bf16_names: list[str] = []
     try:
-        with safe_open(str(p), framework="np") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if f.get_slice(name).get_dtype() == "BF16":
-                    bf16_names.append(name)  # numpy has no bfloat16: decoded from raw bits below
-                    continue
-                out[name] = _widen(f.get_tensor(name))
-    except (SafetensorError, OSError, ValueError, TypeError) as exc:
+        with open(p, "rb") as fh:
+            header, data = _read_safetensors(fh, p.stat().st_size)
+        out: dict[str, np.ndarray] = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            out[name] = _tensor(name, info, data)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"cannot read safetensors file {p}: {exc}") from None
-    if bf16_names:
-        out.update(_read_bf16(p, bf16_names))
     return out
+
+
+def _read_safetensors(fh: Any, size: int) -> tuple[dict[str, Any], np.ndarray]:
+    """(header, data bytes) of an open safetensors file: 8-byte header size, JSON header, data."""
+    if size < 8:
+        raise ValueError(f"the file has {size} bytes, fewer than its 8-byte header size")
+    (header_len,) = struct.unpack("<Q", fh.read(8))
+    if header_len > min(size - 8, MAX_HEADER_BYTES):
+        raise ValueError(f"its header size {header_len} does not fit the file's {size} bytes")
+    header = json.loads(fh.read(header_len))
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    data = np.empty(size - 8 - header_len, np.uint8)
+    view, got = memoryview(data), 0
+    while got < data.size:
+        n = fh.readinto(view[got:])
+        if not n:
+            raise ValueError(f"the file ended after {8 + header_len + got} of {size} bytes")
+        got += n
+    return header, data
+
+
+def _tensor(name: str, info: Any, data: np.ndarray) -> np.ndarray:
+    """Tensor `name` of a safetensors header entry, a view of `data` (float32 for floating types)."""
+    if not isinstance(info, dict):
+        raise ValueError(f"tensor {name!r}: its header entry is not an object")
+    kind = info["dtype"]
+    if kind not in SAFETENSORS_DTYPES:
+        raise ValueError(f"tensor {name!r}: unsupported dtype {kind!r}")
+    dtype = np.dtype(SAFETENSORS_DTYPES[kind])
+    shape = [int(d) for d in info["shape"]]
+    start, end = (int(v) for v in info["data_offsets"])
+    count = int(np.prod(shape, dtype=np.int64))
+    if min(shape, default=0) < 0 or not 0 <= start <= end <= data.size or end - start != count * dtype.itemsize:
+        raise ValueError(f"tensor {name!r}: shape {shape} of {kind} does not match its data offsets "
+                         f"[{start}, {end}) in {data.size} bytes of data")
+    arr = data[start:end].view(dtype).reshape(shape)
+    if kind == "BF16":
+        return bf16_to_f32(arr).astype(np.float32)  # numpy has no bfloat16: decoded from the raw bits
+    return _widen(arr)
 
 
 def _widen(arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind == "f" and arr.dtype != np.float32:
         return arr.astype(np.float32)
     return arr
-
-
-def _read_bf16(path: Path, names: Iterable[str]) -> dict[str, np.ndarray]:
-    """Decode bf16 tensors straight from the file layout (8-byte header size, JSON header, data)."""
-    with open(path, "rb") as fh:
-        (header_len,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(header_len))
-        base = 8 + header_len
-        out = {}
-        for name in names:
-            info = header[name]
-            start, end = info["data_offsets"]
-            fh.seek(base + start)
-            bits = np.frombuffer(fh.read(end - start), dtype="<u2").reshape(info["shape"])
-            out[name] = bf16_to_f32(bits).astype(np.float32)
-    return out
 
 
 def strip_prefix(tensors: Mapping[str, np.ndarray], prefixes: Iterable[str]) -> dict[str, np.ndarray]:

@@ -15,9 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import cffi
-
 from rlx.abi_version import ABI_VERSION
+from rlx.runtime.ffi_memo import load_ffi
 from rlx.templates_path import templates_dir
 
 #: A header's include of another RLX header (`#include "kernels/transport.h"`), relative to its target's templates.
@@ -74,9 +73,7 @@ NCCL_CDEF = """
 int32_t rlx_set_nccl(void *ctx, const void *unique_id, int32_t rank, int32_t world);
 """
 
-ffi = cffi.FFI()
-ffi.cdef(CDEF)
-ffi.cdef(PROFILE_CDEF)
-ffi.cdef(NCCL_CDEF)
+#: Parsed once per machine (the cache's memo, `rlx.runtime.ffi_memo`), not in every process.
+ffi = load_ffi((CDEF, PROFILE_CDEF, NCCL_CDEF))
 
 __all__ = ["ABI_VERSION", "CDEF", "NCCL_CDEF", "PROFILE_CDEF", "ffi"]

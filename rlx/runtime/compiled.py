@@ -494,6 +494,12 @@ class CompiledGraph:
 
         Safe to call from several threads at once (see the module docstring).
         """
+        if inputs is not None and not isinstance(inputs, Mapping):
+            names = self.input_names
+            call = (", ".join(f"{n}=..." for n in names) if all(n.isidentifier() for n in names)
+                    else "{" + ", ".join(f"{n!r}: ..." for n in names) + "}")
+            raise TypeError(f"run() takes its inputs by name, not a positional {type(inputs).__name__}: "
+                            f"run({call}); the graph's inputs are {names}")
         given: dict[str, Any] = dict(inputs or {})
         for k, v in kw.items():
             if k in given:

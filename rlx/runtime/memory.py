@@ -36,7 +36,8 @@ def alloc_size(nbytes: int) -> int:
 class MemoryEstimate:
     """Bytes of one execution context (arena, params, scratch, context record: what `total` sums, what
     `CompiledGraph.memory()` reports after the build), and of what the caller owns (state, inputs,
-    outputs), with every dynamic dim at its bound. `threads`: the thread count scratch is sized for."""
+    outputs), with every dynamic dim at its bound. `threads`: the thread count scratch is sized for;
+    `profiled`: the estimate is of a profiled build (RLX_PROFILE), whose context record holds a span ring."""
 
     arena: int
     params: int
@@ -46,6 +47,7 @@ class MemoryEstimate:
     inputs: int
     outputs: int
     threads: int
+    profiled: bool = False
 
     @property
     def total(self) -> int:
@@ -53,14 +55,19 @@ class MemoryEstimate:
         return self.arena + self.params + self.scratch + self.context
 
     def as_dict(self) -> dict[str, int]:
-        return {**asdict(self), "total": self.total}
+        return {**{k: int(v) for k, v in asdict(self).items()}, "total": self.total}
 
     def format(self) -> str:
-        """The `rlxc inspect --memory` table."""
+        """The `rlxc inspect --memory` table.
+
+        >>> print(MemoryEstimate(0, 0, 0, 552, 0, 0, 0, threads=1).format().splitlines()[3])
+        context             552 B       552 B  the context record
+        """
+        record = "the context record, with a profiled build's span ring" if self.profiled else "the context record"
         rows = [("arena", self.arena, "intermediate values, planned at the dims' bounds"),
                 ("params", self.params, "weights as stored (packed GEMM operands padded)"),
                 ("scratch", self.scratch, f"workspace: shared block + {self.threads} thread tile(s)"),
-                ("context", self.context, "the context record (a profiled build: its span ring)"),
+                ("context", self.context, record),
                 ("total", self.total, "per execution context"),
                 ("state", self.state, "caller-owned persistent state (KV cache)"),
                 ("inputs", self.inputs, "caller-owned, at the bounds"),
@@ -76,14 +83,16 @@ def _human(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def estimate_lir(plan: dict[str, int], threads: int) -> MemoryEstimate:
-    """The allocation a context makes for a code generator's memory plan (`rlx.codegen.c_observe.memory_plan`)
-    with scratch for `threads` threads, each block rounded as `rlx_alloc` rounds it."""
+def estimate_lir(plan: dict[str, int], threads: int, *, profiled: bool = False) -> MemoryEstimate:
+    """The allocation a context makes for a code generator's memory plan (`rlx.codegen.c.memory_plan`)
+    with scratch for `threads` threads, each block rounded as `rlx_alloc` rounds it; `profiled`: the
+    plan is of a profiled build."""
     threads = max(int(threads), 1)
     scratch_bytes = plan["scratch_shared"] + threads * plan["scratch_per_thread"]
     return MemoryEstimate(arena=alloc_size(plan["arena"]), params=alloc_size(plan["params"]),
                           scratch=alloc_size(scratch_bytes) if scratch_bytes else 0, context=plan["context"],
-                          state=plan["state"], inputs=plan["inputs"], outputs=plan["outputs"], threads=threads)
+                          state=plan["state"], inputs=plan["inputs"], outputs=plan["outputs"], threads=threads,
+                          profiled=profiled)
 
 
 __all__ = ["MemoryEstimate", "alloc_size", "estimate_lir"]

@@ -52,11 +52,11 @@ import atexit
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 import time
 import warnings
@@ -68,7 +68,14 @@ from typing import Any
 from rlx.config import Config
 from rlx.errors import BuildError, CacheError
 
-log = logging.getLogger("rlx.cache")
+
+def _debug(message: str, *args: object) -> None:
+    """`logging.getLogger("rlx.cache").debug(...)`, without importing logging: a process that has not
+    imported it has configured no handler to receive the record (a warm start need not load it)."""
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.getLogger("rlx.cache").debug(message, *args)
+
 
 #: Version of the entry layout and meta.json schema.
 CACHE_FORMAT = 1
@@ -357,7 +364,7 @@ class AotCache:
             entry = self._try_layer(layer, key)
             if entry is not None:
                 self._count(hits=1, layer_hits=1)
-                log.debug("cache hit %s in read-only layer %s", key, layer)
+                _debug("cache hit %s in read-only layer %s", key, layer)
                 return entry
         try:
             entry = self._verified(key, self.root, layer="root", hit=True)
@@ -365,7 +372,7 @@ class AotCache:
             entry = None
         if entry is not None:
             self._count(hits=1)
-            log.debug("cache hit %s", key)
+            _debug("cache hit %s", key)
             return entry
         return self._locked_build(key, components, build, info)
 
@@ -418,7 +425,7 @@ class AotCache:
             release = acquire_file_lock(self._lock_path(key), 0.0)
         except _LockTimeout:
             self._count(lock_waits=1)
-            log.debug("cache entry %s is being built by another process; waiting", key)
+            _debug("cache entry %s is being built by another process; waiting", key)
             timeout = max(self.config.cache_lock_timeout, 0.0)
             try:
                 release = acquire_file_lock(self._lock_path(key), timeout)
@@ -442,7 +449,7 @@ class AotCache:
             entry = None
         if entry is not None:  # built by the process we waited for
             self._count(hits=1)
-            log.debug("cache hit %s (built by another process)", key)
+            _debug("cache hit %s (built by another process)", key)
             return entry
         self._count(misses=1)
         self._clean_stale_tmp()
@@ -455,7 +462,7 @@ class AotCache:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-        log.debug("cache build %s published in %.2f s", key, meta["build_seconds"])
+        _debug("cache build %s published in %.2f s", key, meta["build_seconds"])
         entry = CacheEntry(key=key, dir=final, hit=False, meta=meta, layer="root")
         self.evict(protect=(key,))
         return entry
@@ -509,7 +516,7 @@ class AotCache:
                         os.unlink(tmp)
                     raise
         except (OSError, _LockTimeout) as exc:
-            log.debug("cache counters not persisted: %s", exc)
+            _debug("cache counters not persisted: %s", exc)
 
     def persisted_counters(self) -> dict[str, float]:
         """Counters summed over every process that used this root (zeros when none has yet).
@@ -655,7 +662,7 @@ class AotCache:
             total -= info.bytes
             evicted.append(info.key)
             self._count(evicted=1)
-            log.debug("cache evicted %s (%d bytes)", info.key, info.bytes)
+            _debug("cache evicted %s (%d bytes)", info.key, info.bytes)
         return evicted
 
     def verify(self, *, repair: bool = True) -> list[tuple[str, str]]:

@@ -36,16 +36,19 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.templates_path import templates_dir
+
+if TYPE_CHECKING:
+    import subprocess
 
 #: Flags every CPU build uses. -fwrapv gives integer ops numpy's wrap-around semantics;
 #: -fno-math-errno and -fno-trapping-math let math calls inline and float selects vectorize
@@ -293,6 +296,8 @@ def _notify(cmd: list[str], started: float, seconds: float | None) -> None:
 
 def run_compiler(cmd: list[str], source: Path, output: Path, what: str, timeout: float) -> None:
     """Run one compiler command; BuildError with the compiler's own message and the command."""
+    import subprocess  # here: a warm start runs no compiler, and need not import subprocess
+
     started = time.perf_counter()
     _notify(cmd, started, None)
     try:
@@ -313,6 +318,8 @@ def run_compiler(cmd: list[str], source: Path, output: Path, what: str, timeout:
 
 def version_text(resolved: str, what: str, timeout: float = _PROBE_TIMEOUT) -> str:
     """`resolved --version` output: part of a compiler's identity in the cache key."""
+    import subprocess  # here: a warm start runs no compiler, and need not import subprocess
+
     try:
         proc = subprocess.run([resolved, "--version"], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -323,6 +330,8 @@ def version_text(resolved: str, what: str, timeout: float = _PROBE_TIMEOUT) -> s
 
 
 def _probe(cc: str, source: str, flags: list[str], link: bool = True) -> subprocess.CompletedProcess[str]:
+    import subprocess  # here: a warm start runs no compiler, and need not import subprocess
+
     with tempfile.TemporaryDirectory(prefix="rlx-probe-") as tmp:
         src = Path(tmp) / "probe.c"
         src.write_text(source)
@@ -345,6 +354,8 @@ def _isa(cc: str, target: str) -> tuple[str, tuple[str, ...], str]:
     if not _TARGET_RE.match(target):
         raise BuildError(f"RLX_CPU_TARGET {target!r} is not a valid -march value")
     flags = ("-march=native",) if target == "native" else (f"-march={target}", "-mtune=generic")
+    import subprocess
+
     try:
         proc = subprocess.run([cc, *flags, "-Q", "--help=target"], capture_output=True, text=True,
                               timeout=_PROBE_TIMEOUT)

@@ -87,6 +87,13 @@
       y += tallest + GAP_Y;
     });
     var svg = el("svg:svg", {width: width + 10, height: y, "class": "graph", "data-stage": stage.name});
+    /* each edge runs down from the bottom of a value's box to the top of its consumer's, ending in an
+       arrowhead (one marker per stage's SVG: ids are shared by the whole page) */
+    var arrow = "arrow-" + stage.name;
+    var marker = el("svg:marker", {id: arrow, viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 7,
+                                   markerHeight: 7, orient: "auto", markerUnits: "strokeWidth"});
+    marker.appendChild(el("svg:path", {"class": "arrowhead", d: "M0,0 L10,5 L0,10 z"}));
+    svg.appendChild(el("svg:defs")).appendChild(marker);
     var edges = el("svg:g", {"class": "edges"});
     svg.appendChild(edges);
     stage.nodes.forEach(function (n) {
@@ -95,8 +102,9 @@
         var q = pos[i];
         if (!q) return;
         var x1 = q.x + W / 2, y1 = q.y + q.h, x2 = p.x + W / 2, y2 = p.y, my = (y1 + y2) / 2;
-        edges.appendChild(el("svg:path", {"class": "edge", d: "M" + x1 + "," + y1 + " C" + x1 + "," + my + " " +
-                                                               x2 + "," + my + " " + x2 + "," + y2}));
+        edges.appendChild(el("svg:path", {"class": "edge", "marker-end": "url(#" + arrow + ")",
+                                          d: "M" + x1 + "," + y1 + " C" + x1 + "," + my + " " +
+                                             x2 + "," + my + " " + x2 + "," + y2}));
       });
     });
     stage.nodes.forEach(function (n) {
@@ -129,7 +137,8 @@
       g.addEventListener("click", function () { select(stage, n, g); });
       svg.appendChild(g);
     });
-    pane.appendChild(el("p", {"class": "legend"}, stage.name + ": " + stage.nodes.length + " nodes" +
+    pane.appendChild(el("p", {"class": "legend"}, stage.name + ": " + stage.nodes.length + " nodes, inputs at the top, " +
+      "arrows from each value to its consumers" +
       (stage.name === "LIR" ? "; dashed outlines: fusion groups" + (times ? "; red: share of kernel time" : "") : "")));
     pane.appendChild(svg);
   }

@@ -136,6 +136,22 @@ def test_bad_corpora_raise_clear_errors(tmp_path, model):
         _run(model, pqf, tmp_path / "o5", shard_size=0, text_field="body")
 
 
+def test_the_progress_bar_counts_whole_sentences(capsys):
+    pytest.importorskip("tqdm")
+    bar = corpus._progress(True)
+    bar.update(3)
+    bar.update(4)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "7 sentences" in err and "7.00" not in err
+
+
+def test_bundle_embeds_no_texts_and_names_a_bad_argument(model):
+    assert model.embed([]).shape == (0, model.dim)
+    with pytest.raises(RlxError, match=r"list of texts \(str\), got NoneType"):
+        model.embed(None)
+
+
 def test_bundle_load_imports_no_code_generator(bundle):
     import subprocess
     import sys

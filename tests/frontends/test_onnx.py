@@ -325,6 +325,17 @@ def test_dynamic_axis_bounds() -> None:
     assert str(graph.inputs()[0].op.shape) == "f32[batch,seq_len]"
 
 
+def test_an_unbounded_axis_shared_by_inputs_is_named_once() -> None:
+    from rlx.errors import UnboundedDimsError
+
+    model = _model([helper.make_node("Add", ["x", "y"], ["out"])],
+                   [_vi("x", F, ["batch", 3]), _vi("y", F, ["batch", 3])], [_vi("out", F, None)])
+    with pytest.raises(UnboundedDimsError) as err:
+        from_onnx(model)
+    assert err.value.dims == {"batch": ["input 'x' axis 0", "input 'y' axis 0"]}
+    assert str(err.value).count("'batch'") == 1
+
+
 @pytest.mark.parametrize(("nodes", "opset", "pattern"), [
     ([_const("s", [0], np.int64), _const("e", [2], np.int64), _const("a", [1], np.int64),
       _const("st", [2], np.int64), helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["out"])], 17, "steps"),

@@ -110,6 +110,18 @@ def test_generation_stops_at_the_context_limit(tensors: dict) -> None:
     assert out.finish_reason == "context" and len(out.token_ids) == 12 - 8 + 1
 
 
+def test_a_stream_says_why_it_stopped_once_exhausted(tensors: dict) -> None:
+    small = CausalLM(CONFIG, tensors, device="cpu", max_context=12, prefill_chunk=8)
+    stream = small.stream(list(range(3, 11)), max_new_tokens=50)
+    first = next(stream)
+    assert stream.finish_reason is None  # still running
+    events = [first, *stream]
+    assert stream.finish_reason == "context"
+    assert [e.token_id for e in events] == small.generate(list(range(3, 11)), max_new_tokens=50).token_ids
+    short = small.stream(list(range(3, 11)), max_new_tokens=2)
+    assert len(list(short)) == 2 and short.finish_reason == "length"
+
+
 def test_cache_reset_and_truncate(lm: CausalLM) -> None:
     cache = lm.new_cache()
     first = lm.step(np.array([[5, 6, 7, 8]]), cache, [3])

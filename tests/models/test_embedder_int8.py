@@ -81,7 +81,7 @@ def test_bad_quantize_arguments() -> None:
 def test_rlxc_embed_quantize_int8(int8_cpu) -> None:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = example.main(["--quantize", "int8", "--repeat", "1", "--max-seq", "64", "--max-batch", "8",
+        rc = example.main(["--quantize", "int8", "--max-seq", "64", "--max-batch", "8",
                            *DEMO_SENTENCES[:2]])
     assert rc == 0
     assert "int8-dynamic linear layers" in out.getvalue()

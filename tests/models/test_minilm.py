@@ -114,8 +114,12 @@ def test_encode_rejects_sequence_over_bound(cpu):
 
 
 def test_bad_inputs_raise_clear_errors(cpu):
+    empty = cpu.embed([])  # nothing to embed: an empty batch of the model's width
+    assert empty.shape == (0, 384) and empty.dtype == np.float32
     with pytest.raises(ExecutionError, match="at least one sentence"):
-        cpu.embed([])
+        cpu.tokenize([])
+    with pytest.raises(ExecutionError, match=r"list of sentences \(str\), got NoneType"):
+        cpu.embed(None)
     with pytest.raises(ExecutionError, match="list of sentences"):
         cpu.embed("just a string")
     with pytest.raises(ExecutionError, match="sentence 1 is int"):
@@ -144,7 +148,7 @@ def test_example_main_prints_similarities(cpu):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = embed.main(["--repeat", "2", "--max-batch", "8", *SENTENCES[:3]])
+        status = embed.main(["--bench", "--repeat", "2", "--max-batch", "8", *SENTENCES[:3]])
     text = out.getvalue()
     assert status == 0
     assert "embeddings: (3, 384) float32" in text

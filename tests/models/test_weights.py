@@ -165,3 +165,34 @@ def test_hf_activation_mapping():
     assert B.BertConfig.from_hf({**TINY, "hidden_act": "gelu_new"}).hidden_act == "gelu_new"
     assert B.HF_ACTIVATIONS["gelu_new"] == "gelu_tanh"
     assert B.HF_ACTIVATIONS["gelu"] == "gelu"
+
+
+def test_safetensors_read_as_the_safetensors_package_reads_it(tmp_path):
+    from safetensors.numpy import load_file
+
+    rng = np.random.default_rng(0)
+    tensors = {"w": rng.standard_normal((5, 3)).astype(np.float32), "ids": np.arange(7, dtype=np.int64),
+               "mask": np.array([1, 0, 1], np.uint8), "scalar": np.array(2.5, np.float32),
+               "empty": np.zeros((0, 4), np.float32), "h": rng.standard_normal(6).astype(np.float16)}
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    got, want = W.load_safetensors(tmp_path / "m.safetensors"), load_file(str(tmp_path / "m.safetensors"))
+    assert got.keys() == want.keys()
+    for name, arr in want.items():
+        expected = arr.astype(np.float32) if arr.dtype == np.float16 else arr  # floats widen to f32
+        assert got[name].dtype == expected.dtype and got[name].shape == expected.shape, name
+        np.testing.assert_array_equal(got[name], expected)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda raw: raw[:-3], r"tensor 'w': shape \[5, 3\] of F32 does not match its data offsets \[0, 60\) in 57 bytes"),
+    (lambda raw: (10 ** 9).to_bytes(8, "little") + raw[8:], "header size 1000000000 does not fit"),
+    (lambda raw: raw.replace(b'"data_offsets":[0,60]', b'"data_offsets":[0,64]'), r"tensor 'w'.*data offsets"),
+    (lambda raw: raw.replace(b'"F32"', b'"F8_E4M3"'), "unsupported dtype 'F8_E4M3'"),
+    (lambda raw: raw[:4], "fewer than its 8-byte header size"),
+])
+def test_a_damaged_safetensors_file_is_named(tmp_path, edit, message):
+    save_file({"w": np.zeros((5, 3), np.float32)}, str(tmp_path / "m.safetensors"))
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(edit(path.read_bytes()))
+    with pytest.raises(ArtifactError, match=rf"cannot read safetensors file .*m\.safetensors: .*{message}"):
+        W.load_safetensors(path)

@@ -132,3 +132,62 @@ def test_the_page_renders_the_graphs_in_a_browser(tmp_path: Path):
     width, height, pixels = _png_pixels(shot)
     assert (width, height) == (1280, 800)
     assert len(set(pixels)) > 16, "the screenshot is blank"
+
+
+# A DOM just big enough for report.js: elements record their tag, attributes and children; the script's
+# output is each stage's SVG as JSON (its markers, its edges' paths and markers, its nodes' boxes).
+NODE_DOM = r"""
+const fs = require("fs");
+class El {
+  constructor(tag) { this.tag = tag; this.attrs = {}; this.children = []; this.textContent = "";
+    this.classList = {add() {}, remove() {}, toggle() {}}; }
+  setAttribute(k, v) { this.attrs[k] = String(v); }
+  getAttribute(k) { return this.attrs[k]; }
+  appendChild(c) { this.children.push(c); return c; }
+  addEventListener() {}
+  walk(f) { f(this); this.children.forEach(c => c.walk(f)); }
+}
+const byId = {views: new El("section"), tabs: new El("nav"), details: new El("aside"), summary: new El("p")};
+byId["rlx-data"] = Object.assign(new El("script"), {textContent: fs.readFileSync(process.argv[2], "utf8")});
+global.document = {getElementById: id => byId[id], createElement: t => new El(t),
+                   createElementNS: (ns, t) => new El("svg:" + t), querySelectorAll: () => [], body: new El("body")};
+global.location = {hash: ""};
+eval(fs.readFileSync(process.argv[3], "utf8"));
+const out = [];
+byId.views.walk(e => {
+  if (e.tag !== "svg:svg" || !e.attrs["data-stage"]) return;
+  const stage = {name: e.attrs["data-stage"], markers: {}, edges: [], boxes: {}};
+  e.walk(x => {
+    if (x.tag === "svg:marker") stage.markers[x.attrs.id] = x.children.some(c => c.tag === "svg:path");
+    if (x.tag === "svg:path" && x.attrs["class"] === "edge") stage.edges.push([x.attrs.d, x.attrs["marker-end"]]);
+    if (x.tag === "svg:g" && x.attrs["data-id"] !== undefined) stage.boxes[x.attrs["data-id"]] = x.attrs.transform;
+  });
+  out.push(stage);
+});
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="no node binary to run the page's script")
+def test_every_graph_runs_top_down_with_an_arrowhead_on_each_edge(bert_data: dict, tmp_path: Path):
+    from rlx.templates_path import templates_dir
+
+    (tmp_path / "data.json").write_text(json.dumps(bert_data))
+    (tmp_path / "dom.js").write_text(NODE_DOM)
+    proc = subprocess.run(["node", str(tmp_path / "dom.js"), str(tmp_path / "data.json"),
+                           str(templates_dir() / "report" / "report.js")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    stages = {s["name"]: s for s in json.loads(proc.stdout)}
+    assert list(stages) == ["HIR", "MIR", "LIR"]
+    for data in bert_data["stages"]:
+        drawn = stages[data["name"]]
+        (marker,) = drawn["markers"].items()
+        assert marker[1], "the arrowhead marker has no shape"
+        assert len(drawn["edges"]) == sum(len(n["inputs"]) for n in data["nodes"])
+        for d, end in drawn["edges"]:
+            assert end == f"url(#{marker[0]})"
+            numbers = [float(v) for v in d.replace("M", " ").replace("C", " ").replace(",", " ").split()]
+            assert numbers[-1] > numbers[1], f"{data['name']}: an edge runs upwards: {d}"  # producer above consumer
+        top = {int(k): float(t.split(",")[1].rstrip(")")) for k, t in drawn["boxes"].items()}
+        for n in data["nodes"]:
+            assert all(top[i] < top[n["id"]] for i in n["inputs"]), (data["name"], n["id"])

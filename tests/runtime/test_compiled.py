@@ -47,6 +47,14 @@ def test_run_dict_keywords_and_lists(mlp):
         cg.run({"x": x}, x=x)
 
 
+@pytest.mark.parametrize("positional", [np.zeros((2, 3, 8), np.float32), [np.zeros((2, 3, 8), np.float32)]])
+def test_positional_inputs_are_a_type_error_naming_the_inputs(mlp, positional):
+    _, cg, _ = mlp
+    with pytest.raises(TypeError, match=r"by name, not a positional (ndarray|list): run\(x=\.\.\.\); "
+                                        r"the graph's inputs are \['x'\]"):
+        cg.run(positional)
+
+
 @pytest.mark.parametrize(("feed", "message"), [
     ({}, r"missing inputs \['x'\]"),
     ({"x": np.zeros((2, 3, 8), np.float32), "z": 1}, r"unknown inputs \['z'\]"),

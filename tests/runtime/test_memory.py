@@ -33,6 +33,7 @@ def test_estimate_matches_the_allocation(build, profile: bool, threads: int):
     session = rlx.Session(profile=profile)
     graph = build()
     est = session.estimate(graph, num_threads=threads)
+    assert est.profiled is profile
     cg = session.compile(graph, num_threads=threads)
     got = cg.memory()
     assert within_one_percent(est.total, got["total"]), (est, got)

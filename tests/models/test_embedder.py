@@ -1,0 +1,97 @@
+"""SentenceEmbedder on a tiny BERT directory: edge inputs of `embed`, and what a warm start loads.
+
+The warm start runs in fresh processes against a private cache: one compiles (cold), the next
+loads the built library through the compile index and embeds; that one must not import the code
+generators, the optimizer, jinja2 or any optional frontend (`WARM_MUST_NOT_IMPORT`). Module sets,
+not wall-clock times: what is imported is what costs start-up time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx.errors import ExecutionError
+from rlx.models.embedder import SentenceEmbedder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_bert import write_model_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Prefixes of modules a warm `from_pretrained(...).embed(...)` has no use for.
+WARM_MUST_NOT_IMPORT = ("jinja2", "rlx.codegen", "rlx.opt", "rlx.reference", "rlx.frontends", "onnx",
+                        "rlx.models.causal_lm", "rlx.models.gguf", "rlx.models.llama", "rlx.distributed",
+                        "rlx.report", "scipy", "torch", "pyarrow")
+
+# argv: the model directory. Prints one JSON line: the embedding, whether the library came from the
+# cache, and the loaded modules that WARM_MUST_NOT_IMPORT names.
+CHILD = r'''
+import json, sys
+from rlx.models import SentenceEmbedder
+emb = SentenceEmbedder.from_pretrained(sys.argv[1], max_seq=16, max_batch=4)
+vecs = emb.embed(["hi", "a man eats food"])
+import rlx.pristine
+forbidden = tuple(json.loads(sys.argv[2]))
+print(json.dumps({
+    "vecs": vecs.tolist(),
+    "hit": emb.runner("embeddings").compiled.cache_hit,
+    "pristine": rlx.pristine.compiler_is_pristine(),
+    "loaded": sorted(m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in forbidden)),
+}))
+'''
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_no_sentences_embed_to_an_empty_batch(model_dir: Path, device: str) -> None:
+    emb = SentenceEmbedder.from_pretrained(model_dir, device=device, max_seq=16, max_batch=4)
+    out = emb.embed([])
+    assert out.shape == (0, emb.dim) and out.dtype == np.float32
+    assert emb._runners == {}  # nothing to run, so nothing was compiled
+
+
+@pytest.mark.parametrize(("sentences", "message"), [
+    (None, r"embed\(\) takes a list of sentences \(str\), got NoneType"),
+    (3, r"embed\(\) takes a list of sentences \(str\), got int"),
+    ("hi", r"embed\(\) takes a list of sentences; wrap a single sentence in a list"),
+    (["hi", None], "sentence 1 is NoneType, not str"),
+])
+def test_bad_sentences_are_named(model_dir: Path, sentences: object, message: str) -> None:
+    emb = SentenceEmbedder.from_pretrained(model_dir, device="reference", max_seq=16, max_batch=4)
+    with pytest.raises(ExecutionError, match=message):
+        emb.embed(sentences)  # type: ignore[arg-type]
+
+
+def _fresh_process(model_dir: Path, cache: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RLX_TEMPLATES_DIR", "RLX_CACHE", "RLX_CACHE_PATH")}
+    env.update(RLX_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
+    # -P: the working directory must not shadow PYTHONPATH's rlx
+    proc = subprocess.run([sys.executable, "-P", "-c", CHILD, str(model_dir), json.dumps(WARM_MUST_NOT_IMPORT)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None, reason="needs a C compiler")
+def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cold = _fresh_process(model_dir, cache)
+    assert not cold["hit"] and "rlx.codegen.c" in cold["loaded"] and "rlx.opt.pipeline" in cold["loaded"]
+    warm = _fresh_process(model_dir, cache)
+    assert warm["hit"] and warm["pristine"]
+    assert warm["loaded"] == [], f"a warm start imported {warm['loaded']}"
+    np.testing.assert_allclose(warm["vecs"], cold["vecs"], rtol=1e-6, atol=1e-7)
+    reference = SentenceEmbedder.from_pretrained(model_dir, device="reference", max_seq=16, max_batch=4)
+    np.testing.assert_allclose(warm["vecs"], reference.embed(["hi", "a man eats food"]), rtol=1e-4, atol=1e-5)
