@@ -37,6 +37,7 @@ import numpy as np
 
 from rlx.errors import RlxError
 from rlx.examples.devices import device_missing
+from rlx.runtime.team import contention_note
 
 DEMO_SENTENCES = (
     "A man is eating food.",
@@ -234,7 +235,7 @@ def _run(args: argparse.Namespace, sentences: list[str], repeat: int) -> int:
         ids, _ = emb.tokenize(sentences)
         per_batch = statistics.median(times) / -(-len(sentences) // emb.max_batch)
         print(f"\ntime per batch: {per_batch * 1e3:.2f} ms (batch {min(len(sentences), emb.max_batch)}, "
-              f"{ids.shape[1]} tokens, median of {repeat}, tokenization included)")
+              f"{ids.shape[1]} tokens, median of {repeat}, tokenization included{contention_note(emb.team)})")
     return 0
 
 

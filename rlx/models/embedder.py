@@ -32,6 +32,7 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -203,6 +204,13 @@ class SentenceEmbedder:
         from rlx.opt.quantize import quantize
 
         return quantize(graph, self.quantize)
+
+    @property
+    def team(self) -> Any:
+        """The governor sizing the OpenMP team of the embeddings graph's CPU runs (`rlx.runtime.team`), once
+        that graph is compiled; None before, or off the CPU."""
+        runner = self._runners.get("embeddings")
+        return getattr(runner.compiled, "team", None) if runner is not None else None
 
     def runner(self, output: str) -> _Runner:
         """The compiled graph for `output`, compiled (through the AOT cache) on first use."""

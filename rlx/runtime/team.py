@@ -299,4 +299,20 @@ class TeamGovernor:
         return f"{self.threads} of {self.max_threads} threads, {state}"
 
 
-__all__ = ["LoadAverage", "TeamGovernor", "WaitPolicy", "cpus_available", "openmp_spins"]
+def contention_note(team: TeamGovernor | None) -> str:
+    """A clause for a timing line when the runs timed shared the cores with other processes, else "".
+
+    >>> gov = TeamGovernor(2, WaitPolicy(True, True, "x"), load=lambda: None)
+    >>> contention_note(gov)
+    ''
+    >>> gov.observe(threads=2, wall=0.010, cpu=0.011, preempted=3)
+    >>> contention_note(gov)
+    '; other processes took the cores: ran on 1 of 2 threads (rlxc doctor shows the load)'
+    """
+    if team is None or team.shrinks == 0:
+        return ""
+    return (f"; other processes took the cores: ran on {team.threads} of {team.max_threads} threads "
+            "(rlxc doctor shows the load)")
+
+
+__all__ = ["LoadAverage", "TeamGovernor", "WaitPolicy", "contention_note", "cpus_available", "openmp_spins"]
