@@ -13,10 +13,11 @@ strips everything that could end a comment) and inside string literals
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
+>>> from rlx.pipeline import decide  # the pipeline decides, codegen renders
 >>> g = Graph("demo")
 >>> x = g.input("x", [4, 8])
 >>> g.set_outputs([g.activation("relu", x)])
->>> src = render_c(plan(g), CTarget(), {"name": "demo"})
+>>> src = render_c(decide(plan(g), "cpu"), CTarget(), {"name": "demo"})
 >>> "rlx_run" in src and "relu" in src
 True
 """
@@ -37,7 +38,7 @@ from rlx.abi_version import ABI_VERSION
 from rlx.codegen import c_half
 from rlx.codegen.c_observe import PROFILE_RING_BYTES, observe_context
 from rlx.codegen.c_share import share_kernels
-from rlx.codegen.common import dim_expr
+from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.cpu_base import (
     ATTN_QBLOCK,
     CPU,
@@ -62,7 +63,6 @@ from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse, dense_strides, movement_view
-from rlx.opt.lowering import lower_for
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cpu-3"
@@ -1027,7 +1027,7 @@ def _elem_type(size: int) -> str:
 
 def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
     """The template context for `lir` (pure: same inputs, same context)."""
-    lir = lower_for(lir, "cpu")
+    require_decided(lir, "cpu")
     p = _Planner(lir, target)
     params, params_bytes = p.plan_params()
     kernels = p.kernels()

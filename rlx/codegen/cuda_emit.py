@@ -1,6 +1,6 @@
 """LIR → template context for the CUDA backend, and the rendering of one .cu file.
 
-`cuda_context(lir, target, manifest)` lowers the LIR for CUDA (QKV GEMM groups
+`cuda_context(lir, target, manifest)` reads the LIR decided for CUDA (QKV GEMM groups
 and the device byte layout are decisions of `rlx.opt.lowering_cuda`, recorded
 in the LIR), then asks the rule of each scheduled node's op kind
 (`rlx.codegen.cuda_rules`, registered in `table("cuda")`) for its `Kernel`:
@@ -33,7 +33,7 @@ import jinja2
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.c import c_string, c_string_lines, comment, node_header
 from rlx.codegen.c_observe import cost_expr
-from rlx.codegen.common import dim_expr
+from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.cost import node_cost
@@ -51,7 +51,6 @@ from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse
-from rlx.opt.lowering import lower_for
 from rlx.opt.lowering_cuda import (
     ATTN_MAX_SPLITS,
     GEMM_MODES,
@@ -264,7 +263,7 @@ class CudaEmitter:
         self.sym_index = {name: i for i, (name, _) in enumerate(lir.symbols)}
         layouts = lir.decided(DeviceLayout)
         if len(layouts) != 1:
-            raise BuildError("the LIR has no CUDA device layout: lower it with lower_for(lir, 'cuda', ...)")
+            raise BuildError("the LIR has no CUDA device layout: decide it with rlx.pipeline.cuda.decide_cuda")
         self.layout: DeviceLayout = layouts[0]
         if (self.layout.precision, self.layout.gemm) != (target.precision.value, target.gemm):
             raise BuildError(f"the LIR was lowered for precision={self.layout.precision} gemm={self.layout.gemm}, "
@@ -500,15 +499,9 @@ def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
     return span
 
 
-def lower_cuda(lir: LirModule, target: CudaTarget) -> LirModule:
-    """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash)."""
-    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm, pool_tail=target.pool_tail,
-                     pool_norm=target.pool_norm)
-
-
 def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
-    """The template context for `lir`: plain data (numbers, identifiers, C expressions) and the kernels."""
-    lir = lower_cuda(lir, target)
+    """The template context for a decided `lir`: plain data (numbers, identifiers, C expressions) and the kernels."""
+    require_decided(lir, "cuda")
     e = CudaEmitter(lir, target)
     lay = e.layout
     params, constants, inputs, outputs = _boundary(e)

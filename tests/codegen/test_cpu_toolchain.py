@@ -13,7 +13,7 @@ import rlx
 from rlx.config import Config
 from rlx.opt.memplan import plan
 from rlx.toolchain.compiler import detect_toolchain
-from rlx.toolchain.cpu import cpu_key_components
+from rlx.pipeline.cpu import cpu_key_components
 
 
 def _cfg(**kw: object) -> Config:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import rlx
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
+from rlx.pipeline.cuda import render_cuda
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType

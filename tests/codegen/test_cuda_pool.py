@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
+from rlx.pipeline.cuda import render_cuda
 from rlx.driver import lower_to_lir, to_mir
 from rlx.errors import BuildError
 from rlx.ir.dtype import DType

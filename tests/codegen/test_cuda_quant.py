@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import rlx
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
+from rlx.pipeline.cuda import render_cuda
 from rlx.errors import BuildError
 from rlx.ir import quant as Q
 from rlx.ir.dtype import DType

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from rlx.codegen.backends import first_unsupported_op, support_table, supports, table
-from rlx.codegen.cuda import CudaTarget, cuda_context, lower_cuda, render_cuda
+from rlx.codegen.cuda import CudaTarget
+from rlx.pipeline.cuda import cuda_context, render_cuda
+from rlx.pipeline.cuda import decide_cuda as lower_cuda
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import DecodeSplitKv, DeviceLayout, GemmGroup

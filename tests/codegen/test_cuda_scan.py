@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlx.codegen.backends import first_unsupported_op
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
+from rlx.pipeline.cuda import render_cuda
 from rlx.driver import lower_to_lir
 from rlx.errors import BuildError
 from rlx.ir.decisions_cuda import ScanConstants

@@ -19,7 +19,8 @@ from cpu_helpers import sanitizer_env
 
 import rlx
 from rlx.codegen.backends import first_unsupported_op
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
+from rlx.pipeline.cuda import render_cuda
 from rlx.ir.dtype import DType
 from rlx.opt.memplan import plan
 

@@ -14,7 +14,8 @@ from dtype_matrix import DTYPES, build_one, cases
 
 import rlx
 from rlx.codegen.backends import first_unsupported_op
-from rlx.codegen.metal import MetalTarget, render_metal
+from rlx.codegen.metal import MetalTarget
+from rlx.pipeline.metal import render_metal
 from rlx.driver import lower_to_lir
 from rlx.errors import BuildError
 

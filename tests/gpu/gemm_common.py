@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
+from rlx.pipeline.cuda import render_cuda
 from rlx.errors import BuildError
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
@@ -28,7 +29,7 @@ def build_with_params(graph: Graph, precision: str, params: dict[str, np.ndarray
     """`graph` compiled for the visible GPU in `precision` with CudaTarget `options`, its params set."""
     from rlx.config import Config
     from rlx.driver import Device, Session
-    from rlx.runtime.cuda_device import compile_cuda
+    from rlx.pipeline.cuda import compile_cuda
 
     cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision, **options)
     for name, value in params.items():

@@ -106,7 +106,7 @@ def test_builtin_gemm_matches_reference() -> None:
     from rlx.opt.memplan import plan
     from rlx.runtime.cuda_device import CudaGraph
     from rlx.runtime.loader import load_library
-    from rlx.toolchain.cuda import build_cuda
+    from rlx.pipeline.cuda import build_cuda
 
     case = cases.CASES["matmuls"]()
     built = build_cuda(plan(case.graph), target=CudaTarget(gemm="builtin"))

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 import rlx
-from rlx.codegen.metal import MetalProgram, MetalTarget, render_metal
+from rlx.codegen.metal import MetalProgram, MetalTarget
+from rlx.pipeline.metal import render_metal
 from rlx.driver import lower_to_lir, to_mir
 from rlx.runtime.metal_host import Launch, MetalGraph
 
