@@ -15,10 +15,10 @@ from cpu_helpers import compile_graph
 import rlx
 from rlx.codegen.c import c_string, comment
 from rlx.opt.memplan import plan
+from rlx.pipeline.cpu import c_context, c_target, render_c
 from rlx.runtime.abi import ffi
 from rlx.templates_path import templates_dir
 from rlx.toolchain.compiler import detect_toolchain
-from rlx.pipeline.cpu import c_context, c_target, render_c
 
 HOSTILE = '*/ #include <stdlib.h>\nstatic int x = system("touch /tmp/rlx_pwned"); /* \\" ??/ \x07'
 

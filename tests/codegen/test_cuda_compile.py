@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from rlx.codegen.cuda import CudaTarget
-from rlx.pipeline.cuda import cuda_context, render_cuda
 from rlx.driver import Device, Session
 from rlx.errors import BuildError, CudaError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 from rlx.opt.memplan import plan
+from rlx.pipeline.cuda import cuda_context, render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc, normalize_arch, visible_gpu_arch
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from rlx.codegen.cuda import CudaTarget
-from rlx.pipeline.cuda import render_cuda
 from rlx.errors import BuildError
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
+from rlx.pipeline.cuda import render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc, visible_gpu_arch
 
 #: the marks of a test module that runs on an NVIDIA GPU

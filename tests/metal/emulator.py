@@ -26,8 +26,8 @@ import numpy as np
 
 import rlx
 from rlx.codegen.metal import MetalProgram, MetalTarget
-from rlx.pipeline.metal import render_metal
 from rlx.driver import lower_to_lir, to_mir
+from rlx.pipeline.metal import render_metal
 from rlx.runtime.metal_host import Launch, MetalGraph
 
 HERE = Path(__file__).resolve().parent

@@ -9,8 +9,8 @@ import pytest
 
 import rlx
 from rlx.config import Config
-from rlx.toolchain.compiler import detect_toolchain
 from rlx.pipeline.cpu import cpu_key_components
+from rlx.toolchain.compiler import detect_toolchain
 from rlx.toolchain.cpu import cpu_toolchain_components
 
 
