@@ -1070,8 +1070,7 @@ def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
     """What the CPU code generator sizes for `lir` (no rendering): arena, params, scratch, the context
     record, and what the caller owns (state, inputs, outputs), every dynamic dim at its bound.
 
-    A leaf of kind "state" (persistent buffers such as a KV cache) counts as state, as does an
-    input marked `state`.
+    An input marked `state` (persistent buffers such as a KV cache) counts as state.
     """
     ctx = c_context(lir, CTarget(), {})
     graph = lir.graph
@@ -1082,7 +1081,7 @@ def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
     if "kernels/collectives.h" in ctx["headers"]:
         record += 8  # the transport pointer (prelude.c.j2)
     state_inputs = {s.node for s in lir.inputs if s.state}
-    state = sum(n.shape.max_nbytes for n in graph.nodes if n.kind == "state" or n.id in state_inputs)
+    state = sum(graph.node(nid).shape.max_nbytes for nid in state_inputs)
     return {
         "arena": ctx["arena_bytes"], "params": ctx["params_bytes"], "scratch_shared": ctx["scratch_shared"],
         "scratch_per_thread": ctx["scratch_per_thread"], "context": record, "state": state,

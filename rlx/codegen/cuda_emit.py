@@ -474,7 +474,7 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
                         "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
                         "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize,
                         "max_nbytes": spec.shape.max_numel * abi.itemsize,
-                        "state": getattr(spec, "state", False), "written": out is outputs and slot in written})
+                        "state": spec.state, "written": out is outputs and slot in written})
     return params, constants, inputs, outputs
 
 
