@@ -1061,9 +1061,22 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "headers": headers,
         "gemm_acts": sorted(p.gemm_acts),
         "copies": copies,
+        "context_bytes": context_record_bytes(len(lir.params), headers, target.profile),
         "manifest": c_string_lines(manifest_text),
         **observe_context(p, kernels, target),
     }
+
+
+def context_record_bytes(n_params: int, headers: Sequence[str], profile: bool) -> int:
+    """sizeof(rlx_ctx) (templates/cpu/prelude.c.j2) of a program with `n_params` params, its kernel `headers`,
+    profiled or not. The rendered source asserts it (`_Static_assert`), so a change to the record that is not
+    made here too fails every build instead of skewing `Session.estimate`."""
+    # three pointers, two int32, param_set[N + 1], err[512], padded to 8; then the transport pointer
+    # (collectives) and a profiled build's span ring
+    record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8
+    if "kernels/collectives.h" in headers:
+        record += 8
+    return record + (PROFILE_RING_BYTES if profile else 0)
 
 
 def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
@@ -1074,12 +1087,7 @@ def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
     """
     ctx = c_context(lir, CTarget(), {})
     graph = lir.graph
-    n_params = len(lir.params)
-    # typedef struct rlx_ctx (prelude.c.j2): three pointers, two int32, param_set[N + 1], err[512],
-    # padded to 8; a profiled build adds the span ring.
-    record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8 + (PROFILE_RING_BYTES if profile else 0)
-    if "kernels/collectives.h" in ctx["headers"]:
-        record += 8  # the transport pointer (prelude.c.j2)
+    record = context_record_bytes(len(lir.params), ctx["headers"], profile)
     state_inputs = {s.node for s in lir.inputs if s.state}
     state = sum(graph.node(nid).shape.max_nbytes for nid in state_inputs)
     return {

@@ -723,6 +723,7 @@ class CompiledGraph(Provenance):
                              num_threads=self._threads, max_contexts=self.max_contexts, _ctx=raw,
                              _param_set=param_set)
         twin._param_values = values
+        twin.record_build(self.source_digest, self._decided)  # the same program: the same provenance
         return twin
 
     # ── artifacts ──────────────────────────────────────────────────────

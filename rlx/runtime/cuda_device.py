@@ -434,8 +434,10 @@ class CudaGraph(CompiledGraph):
         raw = self._lib.rlx_clone(self._ctx)
         if raw == ffi.NULL:
             raise CudaError(f"rlx_clone failed: {_global_error(self._cuda) or 'out of device memory?'}")
-        return CudaGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
+        twin = CudaGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
                          _ctx=raw, _param_set=self._param_set, build_seconds=self.build_seconds)
+        twin.record_build(self.source_digest, self._decided)  # the same program: the same provenance
+        return twin
 
 
 __all__ = ["CUDA_CDEF", "CudaGraph", "DeviceArray", "HostStep", "cuda_ffi", "typestr"]
