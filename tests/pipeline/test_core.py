@@ -71,7 +71,9 @@ def test_cpu_cli_compile_and_inspect_build_what_the_session_builds(tmp_path: Pat
     serialize.save(block(), path)
     compiled = rlx.Session(rlx.Device.CPU).compile(block())
     assert compiled.lir.backend == "cpu" and compiled.lir.decisions  # the decided LIR that was rendered
-    assert compiled.source_digest == rlx.Session(rlx.Device.CPU).render(block()).digest
+    rendered = rlx.Session(rlx.Device.CPU).render(block())
+    assert compiled.source_digest == rendered.digest and rendered.lir.hash() == compiled.lir.hash()
+    assert compiled.source == rendered.with_key(compiled.key)  # the C file built is the one rendered
     assert main(["compile", str(path)]) == 0
     out = capsys.readouterr().out
     assert digest_lines(out) == [compiled.source_digest]
