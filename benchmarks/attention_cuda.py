@@ -101,7 +101,7 @@ def main() -> int:
 
     from rlx.config import Config
     from rlx.driver import Device, Session
-    from rlx.runtime.cuda_device import compile_cuda
+    from rlx.pipeline.cuda import compile_cuda
 
     H, D = args.heads, args.head_dim
     tdt = torch.float16 if args.precision == "f16" else torch.bfloat16

@@ -101,7 +101,6 @@ if mode in ("compile", "parts", "load"):
             out["hit"] = cg.cache_hit
             out["source_lines"] = len((cg.source or "").splitlines())
         else:
-            from rlx.toolchain.cpu import build_cpu
             from rlx.toolchain.compiler import detect_toolchain
             from rlx.runtime.compiled import CompiledGraph
             from rlx.runtime.loader import load_library
@@ -110,7 +109,7 @@ if mode in ("compile", "parts", "load"):
             out["toolchain_ms"] = (time.perf_counter() - t) * 1e3
             t = time.perf_counter(); lir = session.lower(graph)
             out["lower_ms"] = (time.perf_counter() - t) * 1e3
-            t = time.perf_counter(); built = build_cpu(lir, session.config, tc)
+            t = time.perf_counter(); pipe = session.pipeline(); built = pipe.build(pipe.rendered(lir))
             out["cache_lookup_ms"] = (time.perf_counter() - t) * 1e3
             t = time.perf_counter(); lib = load_library(built.library)
             out["dlopen_ms"] = (time.perf_counter() - t) * 1e3

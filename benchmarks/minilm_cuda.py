@@ -218,7 +218,7 @@ def main() -> int:
             if variant not in peers:
                 continue
             from rlx.config import Config
-            from rlx.runtime.cuda_device import compile_cuda
+            from rlx.pipeline.cuda import compile_cuda
 
             vlir, voptions = variant_lir(graph, options)
             vg = compile_cuda(vlir, Config.from_env(), precision=prec, **voptions)

@@ -76,7 +76,7 @@ def main() -> int:
 
     from rlx.config import Config
     from rlx.driver import Device, Session
-    from rlx.runtime.cuda_device import compile_cuda
+    from rlx.pipeline.cuda import compile_cuda
 
     batch, seq = (int(v) for v in args.case.split("x"))
     graph = build_bert(MINILM, max_batch=max(batch, 8), max_seq=max(seq, 128), output="embeddings")

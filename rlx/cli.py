@@ -301,8 +301,9 @@ def compile_graph(args: argparse.Namespace, graph: Any) -> Any:
 def _compile_verbose(args: argparse.Namespace, session: Any, graph: Any) -> Any:
     """Compile stage by stage, printing each stage's time and the exact compiler command lines.
 
-    The stages run one by one here (a plain compile may skip lower/optimize/plan through the
-    compile index); the LIR is then built as is, so the library is the one a plain compile loads.
+    The stages run one by one here (a plain compile may skip them through the compile index), with the
+    session's own pipeline; the decided LIR is then built as is, so the library is the one a plain
+    compile loads.
     """
     from rlx.toolchain.compiler import observe_commands
 
@@ -310,7 +311,7 @@ def _compile_verbose(args: argparse.Namespace, session: Any, graph: Any) -> Any:
     cache = "cache disabled" if not config.cache_enabled else f"cache {config.cache_root}"
     _err(f"rlxc: compiling {graph.name} for {_target(args)} at -O{config.opt_level} ({cache})")
     t0 = time.perf_counter()
-    lir = _lower_optimize_plan(graph, config, verbose=True)["lir"]
+    lir = _run_stages(session, graph, verbose=True)["lir"]
     commands: list[tuple[float, float]] = []
 
     def observe(cmd: list[str], started: float, seconds: float | None) -> None:
@@ -345,25 +346,33 @@ def _compile_verbose(args: argparse.Namespace, session: Any, graph: Any) -> Any:
     return compiled
 
 
-def _lower_optimize_plan(graph: Any, config: Any, *, verbose: bool = False) -> dict[str, Any]:
-    """Lower, optimize (with the pipeline's per-pass report) and plan: the LIR `compile` builds."""
-    from rlx.driver import legalize_for, to_mir
-    from rlx.opt.memplan import plan
+def _run_stages(session: Any, graph: Any, *, verbose: bool = False, opt_level: int | None = None) -> dict[str, Any]:
+    """The session's pipeline up to `decide`, stage by stage (the optimizer with its per-pass report):
+    the decided LIR `Session.compile` renders, for the session's target."""
+    from rlx.driver import to_mir
     from rlx.opt.pipeline import optimize_with_report
 
-    t0 = time.perf_counter()
-    mir = to_mir(graph)
-    t1 = time.perf_counter()
-    optimized, report = optimize_with_report(mir, config.opt_level, debug=config.debug)
-    # as the CPU build sees it: f16/bf16 ops it lacks run in f32 between casts (named "legalize ...")
-    optimized = legalize_for(optimized, "cpu")
-    t2 = time.perf_counter()
-    lir = plan(optimized)
-    t3 = time.perf_counter()
+    config = session.config
+    pipe = session.pipeline(opt_level)
+    times: list[tuple[str, float]] = []
+
+    def timed(stage: str, run: Any, value: Any) -> Any:
+        t = time.perf_counter()
+        out = run(value)
+        times.append((stage, time.perf_counter() - t))
+        return out
+
+    mir = timed("lower", to_mir, graph)
+    optimized, report = timed("optimize", lambda g: optimize_with_report(g, pipe.level, debug=config.debug), mir)
+    # as the target's build sees it: f16/bf16 ops it lacks run in f32 between casts (named "legalize ...")
+    for stage in ("precision", "legalize", "decompose"):
+        optimized = timed(stage, getattr(pipe, stage), optimized)
+    planned = timed("plan", pipe.plan, optimized)
+    decided = timed("decide", pipe.decide, planned)
     if verbose:
-        for stage, seconds in (("lower", t1 - t0), ("optimize", t2 - t1), ("plan", t3 - t2)):
+        for stage, seconds in times:
             _err(f"rlxc:   {stage:<8} {_ms(seconds)}")
-    return {"mir": optimized, "lir": lir, "report": report.summary()}
+    return {"mir": optimized, "lir": decided, "report": report.summary(), "pipeline": pipe}
 
 
 def _load_weights(path: Path) -> dict[str, Any]:
@@ -529,6 +538,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     info = sys.stderr if args.emit_source and not args.output else sys.stdout
     how = "cache hit" if compiled.cache_hit else "built"
     print(f"{model.graph.name}: key {compiled.key} ({how}, {elapsed * 1000:.0f} ms)", file=info)
+    print(f"source digest {compiled.source_digest}", file=info)
     if args.output:
         from rlx.runtime.artifact import save
 
@@ -545,23 +555,33 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _compile_metal(args: argparse.Namespace, model: Any) -> int:
-    """`compile --target metal`: the .metal source and its manifest (+ the .metallib where xcrun has Metal)."""
-    from rlx.driver import lower_to_lir, to_mir
-    from rlx.toolchain.metal import build_metal, write_metal
+    """`compile --target metal`: the .metal source and its manifest (+ the .metallib where xcrun has Metal),
+    through the Metal session's pipeline (what `Session(Device.METAL).compile` builds)."""
+    from rlx.toolchain.metal import write_metal
 
     if args.weights or model.params:
         raise UsageError("--target metal writes the program only (model.metal, manifest.json); weights are set "
                          "at run time with MetalGraph.set_param")
-    config = _config(args)
-    lir = lower_to_lir(to_mir(model.graph), config.opt_level, debug=config.debug, backend="metal")
-    built = write_metal(lir, Path(args.output)) if args.output else build_metal(lir, config)
+    session = _session(args)
+    pipe = session.pipeline()
+    rendered = pipe.rendered(session.lower(model.graph))
+    if args.output:
+        manifest, msl = rendered.extra
+        built = write_metal(Path(args.output), rendered.text, manifest, rendered.components, msl,
+                            toolchain=pipe.stages.toolchain)
+        metallib = built.metallib
+    else:
+        built = pipe.build(rendered)
+        metallib = built.library / "model.metallib" if (built.library / "model.metallib").is_file() else None
     info = sys.stderr if args.emit_source and not args.output else sys.stdout
     print(f"{model.graph.name}: key {built.key} (metal)", file=info)
+    print(f"source digest {rendered.digest}", file=info)
     if args.emit_source and not args.output:
-        sys.stdout.write(built.source.read_text())
+        sys.stdout.write(rendered.text)
     else:
-        print(f"source: {built.source}\nmanifest: {built.manifest}", file=info)
-        print(f"metallib: {built.metallib}" if built.metallib is not None else
+        out = Path(args.output) if args.output else built.library
+        print(f"source: {out / 'model.metal'}\nmanifest: {out / 'manifest.json'}", file=info)
+        print(f"metallib: {metallib}" if metallib is not None else
               "metallib: not built (no Metal toolchain here: xcrun metal is macOS only)", file=info)
     return EXIT_OK
 
@@ -571,7 +591,7 @@ ARTIFACT_STAGES = ("manifest", "source")
 
 def _print_support(args: argparse.Namespace) -> int:
     """`inspect --support`: which backend has a rule for each op kind (and, with a graph, what blocks it)."""
-    from rlx.codegen.backends import first_unsupported_op, support_table
+    from rlx.pipeline import first_unsupported_op, support_table
 
     if args.path is None:
         rows = support_table()
@@ -589,16 +609,13 @@ def _print_support(args: argparse.Namespace) -> int:
 
 def _print_memory(args: argparse.Namespace, path: Path) -> int:
     """`inspect --memory`: `Session.estimate` of a graph (nothing is compiled)."""
-    import rlx
 
     if _is_artifact(path):
         raise UsageError(f"{path} is a built artifact; --memory estimates a graph .json or .onnx before the build")
     if args.stage is not None or args.passes:
         raise UsageError("--memory prints the estimate alone; drop --stage / --passes")
-    if _target(args).device != "cpu":
-        raise UsageError("--memory estimates the cpu target")
     graph = load_model(args, path).graph
-    est = rlx.Session(rlx.Device.CPU, config=_config(args)).estimate(graph, num_threads=args.num_threads)
+    est = _session(args).estimate(graph, num_threads=args.num_threads)
     bounds = ", ".join(f"{n}<={m}" for n, m in to_symbols(graph)) or "none"
     print(f"{graph.name}: memory of one execution context (dynamic dims at their bounds: {bounds})")
     print(est.format())
@@ -649,11 +666,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if stage == "manifest":
         raise UsageError("--stage manifest is for an artifact directory; for a graph use --stage lir")
     target = _target(args)
-    if args.target is not None and stage != "source":
-        raise UsageError(f"--target changes only --stage source (the {stage.upper()} is the same for every target)")
-    if target.device == "cuda":
+    if args.target is not None and stage not in ("source", "lir"):
+        raise UsageError(f"--target changes only --stage source and --stage lir (the target's decisions); the "
+                         f"{stage.upper()} before them is the same for every target")
+    if target.device == "cuda" and stage == "source":
         raise UsageError(f"--stage source renders C or Metal (--target metal); for {target} use "
-                         f"`rlxc compile GRAPH --target {target} --emit-source`")
+                         f"`rlxc compile GRAPH --target {target} --emit-source` (or --stage lir for its digest)")
     model = load_model(args, path)
     graph = model.graph
     if stage == "hir" and getattr(graph, "stage", "mir") != "hir":
@@ -664,27 +682,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if _verbose(args):
         _err(f"rlxc: {graph.name} at -O{config.opt_level}")
     if args.passes or stage in ("mir", "lir", "source"):
-        result = _lower_optimize_plan(graph, config, verbose=_verbose(args))
+        result = _run_stages(_session(args), graph, verbose=_verbose(args))
     if args.passes:
         print(result["report"])
     if stage == "hir":
         print(graph)
     elif stage == "mir":
         print(result["mir"])
-    elif stage == "lir":
-        print(result["lir"].inspect())
-    elif target.device == "metal":
-        from rlx.codegen.metal import MetalTarget, render_metal
-
-        print(render_metal(result["lir"], MetalTarget(), result["lir"].manifest()).source)
     else:
-        from rlx.toolchain.cpu import render_source
-
         t0 = time.perf_counter()
-        text = render_source(result["lir"], config)
+        rendered = result["pipeline"].render(result["lir"])
         if _verbose(args):
             _err(f"rlxc:   render   {_ms(time.perf_counter() - t0)}")
-        print(text)
+        if stage == "lir":
+            # the decided LIR of the target, every decision, and the digest of the source it renders to
+            print(result["lir"].inspect())
+            print(f"source digest {rendered.digest}")
+        else:
+            from rlx.toolchain.cache import cache_key
+
+            print(rendered.with_key(cache_key(rendered.components)))  # as built: its key in the manifest
     return EXIT_OK
 
 
@@ -874,13 +891,10 @@ def _check_cache_flags(args: argparse.Namespace) -> None:
 
 
 def _cache_components(args: argparse.Namespace, graph: Any) -> dict:
-    from rlx.toolchain.compiler import detect_toolchain
-    from rlx.toolchain.cpu import cpu_key_components
-
     session = _session(args)
     if session.device.value != "cpu":
         raise UsageError(f"cache explain for the {session.device.value} target is not supported")
-    return cpu_key_components(session.lower(graph), detect_toolchain(session.config))
+    return session.render(graph).components
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

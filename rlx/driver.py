@@ -1,11 +1,12 @@
 """The driver: `Session`, the entry point that compiles graphs for a device.
 
-It is the one layer that sees the whole pipeline (IR → `rlx.opt` → `rlx.codegen`
-→ `rlx.toolchain` → `rlx.runtime`): lower to MIR (for HIR / GraphModule inputs),
-optimize, plan memory (LIR), render one C or CUDA file, build it through the
-AOT cache, dlopen it, wrap it in a `CompiledGraph`. It also registers the
-MIR → LIR lowering `rlx.ir.module.GraphModule.plan()` uses (the IR sits below
-the optimizer and cannot import it).
+It holds the pipeline (`rlx.pipeline.Pipeline`: optimize → precision → legalize
+→ decompose → plan → decide → render → build → load) and every value it gives:
+`compiled.lir` is the decided LIR that was rendered, `compiled.source_digest`
+the sha256 of the rendered source (`Session.render` stops before the build).
+It lowers HIR / GraphModule inputs to MIR, keys the compile index, and
+registers the MIR → LIR lowering `rlx.ir.module.GraphModule.plan()` uses (the
+IR sits below the optimizer and cannot import it).
 
 >>> import numpy as np, rlx
 >>> g = rlx.Graph("mlp")
@@ -20,14 +21,16 @@ the optimizer and cannot import it).
 The warm path (the compile index)
 ---------------------------------
 A fresh process compiling a graph that was built before skips optimizing,
-planning and rendering (and never imports `rlx.codegen` or jinja2): the
+planning, deciding and rendering (and never imports `rlx.codegen` or jinja2): the
 compile index (`AotCache.memo("compile_index", ...)`) maps a fingerprint of
 the input MIR, the opt level, the toolchain and `compiler_source_digest()`
-(every file of rlx.ir, rlx.opt, rlx.codegen, rlx.toolchain, rlx/reference.py
-and every template) to the object key, whose entry is then verified as on any
-hit. The objects' keys themselves come from the rendered source
-(`rlx.toolchain.cpu`), so a full compile is right by construction; the index
-is right as long as the code that runs is the code whose files were digested.
+(every file of rlx.ir, rlx.opt, rlx.codegen, rlx.pipeline, rlx.toolchain,
+rlx/reference.py and every template) to the object key and the source digest,
+whose entry is then verified as on any hit (every backend: CPU, CUDA, Metal).
+The objects' keys themselves come from the rendered source (`rlx.pipeline`),
+so a full compile is right by construction; the index is right as long as the
+code that runs is the code whose files were digested. On a hit,
+`compiled.lir` is computed on first access (`rlx.runtime.provenance`).
 
 That is not so after a monkeypatch (`rlx.codegen.c.GRAIN = 4096` in a test or
 a tuning script): no file changed. So the index is used only while the
@@ -51,24 +54,17 @@ from pathlib import Path
 from typing import Any
 
 from rlx.config import Config
-from rlx.errors import BuildError, IRError, RlxError
-from rlx.ir.dtype import DType
+from rlx.errors import IRError, RlxError
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
 from rlx.ir.module import register_lir_lowering
-from rlx.pristine import (
-    COMPILER_MODULES,
-    COMPILER_PACKAGES,
-    compiler_is_pristine,
-    trusting_own_loads,
-)
-from rlx.runtime.compiled import CompiledGraph
-from rlx.runtime.loader import load_library
-from rlx.runtime.memory import MemoryEstimate, estimate_lir
+from rlx.pipeline import Built, Pipeline, Rendered, first_unsupported_op, legalize_for, lower_to_lir, stages_for
+from rlx.pristine import COMPILER_MODULES, COMPILER_PACKAGES, compiler_is_pristine, trusting_own_loads
+from rlx.runtime.memory import MemoryEstimate
 from rlx.templates_path import templates_dir
 
 #: Bumped when the compile index's fingerprint or value changes shape.
-INDEX_FORMAT = 2
+INDEX_FORMAT = 3
 
 
 class Device(enum.Enum):
@@ -87,53 +83,6 @@ class Device(enum.Enum):
             return Device(str(value).strip().lower())
         except ValueError:
             raise RlxError(f"unknown device {value!r}; expected one of {[d.value for d in Device]}") from None
-
-
-def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None = None,
-                 backend: str | None = None, params_in: str = "f32",
-                 hold_norm_inputs: bool | None = None) -> LirModule:
-    """MIR → LIR: optimize at `level` (None: RLX_OPT_LEVEL), decompose for `backend`, then plan memory.
-
-    With `backend`, ops that backend has no rule for are decomposed into primitives it has
-    (`rlx.opt.decompose`). `params_in` ("bf16", "f16"): f32 params are stored in that precision
-    and widened where read, GEMM weights excepted (`rlx.opt.precision`), after optimizing, so the
-    layout pass has already folded weight transposes into the params and no transpose runs per call.
-    `pipeline.optimize` is looked up at call time, so a patched optimizer is the one that runs
-    (and, being a rebound name, takes the compile index out of play: see the module docstring).
-    `hold_norm_inputs` (None: for the CUDA backend only): `rlx.opt.memplan.plan`'s option, which lets CUDA's
-    small GEMMs compute the norm before them in their prologue.
-    """
-    # The optimizer and the memory planner load here, on the first lowering: a warm hit never lowers.
-    from rlx.opt import pipeline
-    from rlx.opt.memplan import plan
-
-    mir = pipeline.optimize(graph, level=level, debug=debug)
-    if params_in != "f32":
-        from rlx.opt.precision import store_params_in
-
-        mir = store_params_in(mir, params_in)
-    if backend is not None:
-        mir = legalize_for(mir, backend)
-    hold = backend == "cuda" if hold_norm_inputs is None else hold_norm_inputs
-    return plan(mir, hold_norm_inputs=hold)
-
-
-def legalize_for(mir: Graph, backend: str) -> Graph:
-    """`mir` as `backend` can build it: f16/bf16 ops it lacks run in f32 between casts
-    (`rlx.opt.legalize`), ops it has no rule for decompose into primitives (`rlx.opt.decompose`)."""
-    from rlx.opt.decompose import decompose
-    from rlx.opt.legalize import legalize
-
-    rules = _rules(backend)
-    mir = legalize(mir, rules.accepts)
-    return decompose(mir, lambda g, node: rules.why_not(g, node) is None)
-
-
-def _rules(backend: str) -> Any:
-    """The rule table of `backend`, with its rules registered (imports that backend's codegen)."""
-    from rlx.codegen import backends
-
-    return backends.load_rules(backend)
 
 
 register_lir_lowering(lower_to_lir)
@@ -167,15 +116,32 @@ class Session:
     def __repr__(self) -> str:
         return f"Session({self.device.name})"
 
+    def pipeline(self, opt_level: int | None = None, *, num_threads: int | None = None) -> Pipeline:
+        """The pipeline this session compiles with (its backend's stages, the opt level, the params' precision)."""
+        config = self.config
+        if self.device is Device.CPU:
+            stages = stages_for("cpu", config, num_threads=num_threads)
+        elif self.device is Device.CUDA:
+            stages = stages_for("cuda", config, precision=self.precision, arch=self.target)
+        else:
+            if config.variant:
+                raise RlxError(f"{config.variant} builds cover the CPU (and, for profile, CUDA) backends, "
+                               "not Metal")
+            stages = stages_for("metal", config)
+        level = config.opt_level if opt_level is None else opt_level
+        return Pipeline(stages, level, config.debug, params_in=self._params_in)
+
     def lower(self, graph: Any, *, opt_level: int | None = None) -> LirModule:
-        """The LIR that `compile` would build: MIR, optimized, memory-planned."""
+        """The LIR that `compile` would build, before the backend's decisions: MIR, optimized, memory-planned."""
         if isinstance(graph, LirModule):
             return graph
         if getattr(graph, "stage", None) == "lir" and isinstance(getattr(graph, "lir", None), LirModule):
             return graph.lir
-        level = self.config.opt_level if opt_level is None else opt_level
-        return lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=self.device.value,
-                            params_in=self._params_in)
+        return lower_to_lir(to_mir(graph), self._level(opt_level), debug=self.config.debug,
+                            backend=self.device.value, params_in=self._params_in)
+
+    def _level(self, opt_level: int | None) -> int:
+        return self.config.opt_level if opt_level is None else opt_level
 
     @property
     def _params_in(self) -> str:
@@ -191,14 +157,7 @@ class Session:
         >>> rlx.Session().first_unsupported_op(g) is None
         True
         """
-        from rlx.codegen.backends import first_unsupported_op
-
-        backend = self.device.value
-        if _is_lir(graph):
-            return first_unsupported_op(self.lower(graph).graph, backend)
-        level = self.config.opt_level if opt_level is None else opt_level
-        lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend=backend, params_in=self._params_in)
-        return first_unsupported_op(lir.graph, backend)
+        return first_unsupported_op(self.lower(graph, opt_level=opt_level).graph, self.device.value)
 
     def supports(self, graph: Any, *, opt_level: int | None = None) -> bool:
         """True when every op of `graph` runs on this session's device (checked before any build)."""
@@ -207,9 +166,10 @@ class Session:
     def estimate(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> MemoryEstimate:
         """The bytes one execution context of `graph` will allocate, without building it.
 
-        Optimizes, decomposes and plans exactly as `compile` does and sizes params and scratch the
-        way the CPU code generator will (no C is rendered or compiled); `num_threads` (default: the
-        config's) sizes the per-thread scratch. State (KV cache) and IO bytes are reported apart.
+        Runs the pipeline exactly as `compile` does up to `decide` and sizes what the backend allocates
+        from the decided plan (no source is rendered or compiled). CPU: params, arena, scratch (for
+        `num_threads`, default the config's) and the context record; CUDA and Metal: the one device
+        allocation of the decided layout. State (KV cache) and IO bytes are reported apart.
 
         >>> import rlx
         >>> g = rlx.Graph("m")
@@ -218,131 +178,56 @@ class Session:
         >>> est = rlx.Session().estimate(g)
         >>> est.params, est.inputs
         (16384, 4096)
+        >>> rlx.Session(rlx.Device.METAL).estimate(g).params
+        16384
         """
-        if self.device is not Device.CPU:
-            raise RlxError("Session.estimate covers the CPU backend (the CUDA backend plans device memory itself)")
-        from rlx.codegen.c import memory_plan
+        return self.pipeline(opt_level).estimate(self.lower(graph, opt_level=opt_level), num_threads)
 
-        if _is_lir(graph):
-            lir = self.lower(graph)
-        else:
-            level = self.config.opt_level if opt_level is None else opt_level
-            lir = lower_to_lir(to_mir(graph), level, debug=self.config.debug, backend="cpu",
-                               params_in=self._params_in)
-        return estimate_lir(memory_plan(lir, profile=self.config.profile),
-                            num_threads if num_threads is not None else self.config.threads,
-                            profiled=self.config.profile)
+    def render(self, graph: Any, *, opt_level: int | None = None) -> Rendered:
+        """Every stage of `compile` up to the build: `.lir` is the decided LIR, `.text` the source, `.digest`
+        its sha256 (`compiled.source_digest` of the same compile). Needs no device (CUDA: the toolchain)."""
+        return self.pipeline(opt_level).rendered(self.lower(graph, opt_level=opt_level))
 
-    def compile(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> CompiledGraph:
+    def compile(self, graph: Any, *, num_threads: int | None = None, opt_level: int | None = None) -> Any:
         """Compile a Graph (MIR), HirModule, GraphModule or LirModule into a ready-to-run `CompiledGraph`.
 
-        An LirModule (or a GraphModule at the LIR stage) is built as is, without optimizing again.
+        An LirModule (or a GraphModule at the LIR stage) is decided and built as is, without optimizing again.
         """
         if opt_level is not None and not (isinstance(opt_level, int) and 0 <= opt_level <= 3):
             raise RlxError(f"opt_level must be 0..3, got {opt_level!r}")
         with trusting_own_loads() as pristine:
-            if self.device is Device.CUDA:
-                return self._compile_cuda(graph, opt_level, pristine)
-            if self.device is Device.METAL:
-                return self._compile_metal(graph, opt_level)
-            library_path, source, key, hit = self._build_cpu(graph, opt_level, pristine)
-        threads = num_threads if num_threads is not None else self.config.num_threads
-        return CompiledGraph(load_library(library_path), source=source, key=key, cache_hit=hit,
-                             num_threads=threads or 0)
+            pipe = self.pipeline(opt_level, num_threads=num_threads)
+            if _is_lir(graph):
+                rendered = pipe.rendered(self.lower(graph))
+                compiled = pipe.load(pipe.build(rendered))
+                compiled.record_build(rendered.digest, rendered.lir)
+                return compiled
+            mir = to_mir(graph)
+            decided: list[LirModule] = []
 
-    def _build_cpu(self, graph: Any, opt_level: int | None, pristine: bool) -> tuple[Path, Path, str, bool]:
-        """The CPU library for `graph`: (library, source, key, cache hit), through the compile index."""
-        # Imported here: loading a program never needs the toolchain (tests/toolchain/test_artifact.py).
-        from rlx.toolchain.compiler import detect_toolchain
-        from rlx.toolchain.cpu import build_cpu, cpu_toolchain_components
+            def compile_fully() -> Built:
+                rendered = pipe.rendered(mir)
+                decided.append(rendered.lir)
+                return pipe.build(rendered)
 
-        config = self.config
-        if _is_lir(graph):
-            built = build_cpu(self.lower(graph), config)
-            return built.library, built.source, built.key, built.hit
-        mir = to_mir(graph)
-        level = config.opt_level if opt_level is None else opt_level
-        toolchain = detect_toolchain(config)
-        params_in = self._params_in
-
-        def compile_fully() -> tuple[Path, Path, str, bool, str]:
-            lir = lower_to_lir(mir, level, debug=config.debug, backend="cpu", params_in=params_in)
-            built = build_cpu(lir, config, toolchain)
-            return built.library, built.source, built.key, built.hit, built.components["source"]
-
-        # the params' precision is part of what is asked for (f32 keys stay as they were)
-        request = {**cpu_toolchain_components(toolchain, config),
-                   **({"params_in": params_in} if params_in != "f32" else {})}
-        return _through_index(config, mir, level, request, compile_fully, pristine)[:4]
-
-    def _compile_cuda(self, graph: Any, opt_level: int | None, pristine: bool) -> CompiledGraph:
-        """The CUDA library for `graph`, through the compile index, loaded as a `CudaGraph`."""
-        from rlx.runtime.cuda_device import CudaGraph, compile_cuda
-        from rlx.toolchain.cuda import build_cuda, cuda_toolchain_components, detect_nvcc_toolchain
-
-        config = self.config
-        if config.check_nans:
-            raise RlxError("check_nans (RLX_CHECK_NANS) covers the CPU backend; run the graph on Device.CPU "
-                           "with check_nans=True to find the op that makes a NaN")
-        if _is_lir(graph):
-            return compile_cuda(self.lower(graph), config, precision=self.precision, arch=self.target,
-                                profile=config.profile)
-        mir = to_mir(graph)
-        level = config.opt_level if opt_level is None else opt_level
-        toolchain = detect_nvcc_toolchain(config, self.target)
-        seconds = 0.0
-
-        def compile_fully() -> tuple[Path, Path, str, bool, str]:
-            nonlocal seconds
-            from rlx.codegen.cuda import CudaTarget  # only when rendering: the warm path never loads codegen
-
-            target = CudaTarget(precision=DType.parse(self.precision), profile=config.profile)
-            lir = lower_to_lir(mir, level, debug=config.debug, backend="cuda")
-            built = build_cuda(lir, config, target, toolchain=toolchain)
-            seconds = built.seconds
-            return built.library, built.source, built.key, built.hit, built.components["source"]
-
-        # What the build is asked for beyond the toolchain: the precision and CudaTarget's defaults
-        # (cuBLASLt GEMM, resolved against the toolchain in the components).
-        request = {**cuda_toolchain_components(toolchain, "cublaslt"),
-                   "request": f"precision={self.precision} arch={toolchain.arch} cuda={toolchain.cuda_version}"
-                              + (" profile=1" if config.profile else "")}
-        library, source, key, hit, _ = _through_index(config, mir, level, request, compile_fully, pristine)
-        return CudaGraph(load_library(library), source=source, key=key, cache_hit=hit, build_seconds=seconds)
-
-
-    def _compile_metal(self, graph: Any, opt_level: int | None) -> Any:
-        """The Metal program for `graph` (macOS: `xcrun metal` into the cache, run through PyObjC)."""
-        if self.config.variant:
-            raise RlxError(f"{self.config.variant} builds cover the CPU (and, for profile, CUDA) backends, "
-                           "not Metal")
-        from rlx.toolchain.metal import build_metal
-
-        config = self.config
-        level = config.opt_level if opt_level is None else opt_level
-        lir = self.lower(graph) if _is_lir(graph) else lower_to_lir(to_mir(graph), level, debug=config.debug,
-                                                                    backend="metal")
-        built = build_metal(lir, config)
-        if built.metallib is None:
-            raise BuildError(f"no Metal toolchain here (xcrun metal is macOS only): the Metal source is at "
-                             f"{built.source}; `rlxc doctor` says what is missing")
-        from rlx.runtime.metal_device import load_metal
-
-        return load_metal(built.dir)
+            built = _through_index(self.config, mir, self._level(opt_level), pipe, compile_fully, pristine)
+            compiled = pipe.load(built)
+        # on an index hit nothing was decided: the LIR is computed when first asked for
+        compiled.record_build(built.digest, decided[0] if decided else (lambda: pipe.decided(mir)))
+        return compiled
 
 
 def _is_lir(graph: Any) -> bool:
     return isinstance(graph, LirModule) or getattr(graph, "stage", None) == "lir"
 
 
-def _through_index(config: Config, mir: Graph, level: int, toolchain_components: dict[str, str],
-                   compile_fully: Callable[[], tuple[Path, Path, str, bool, str]], pristine: bool
-                   ) -> tuple[Path, Path, str, bool, str]:
-    """(library, source, key, hit, source digest) of `mir`: from the compile index when it can be trusted.
+def _through_index(config: Config, mir: Graph, level: int, pipe: Pipeline, compile_fully: Callable[[], Built],
+                   pristine: bool) -> Built:
+    """The built program of `mir`: from the compile index when it can be trusted.
 
-    `compile_fully` optimizes, plans, renders and builds (keyed by the rendered source). `pristine`:
+    `compile_fully` runs every stage up to the build (keyed by the rendered source). `pristine`:
     the compiler modules were pristine when this compile began (see the module docstring); modules
-    this compile has loaded since came from their files. An indexed key whose entry was evicted is
+    this compile has loaded since came from their files. An indexed key whose program was evicted is
     built again.
     """
     from rlx.toolchain.cache import AotCache
@@ -350,29 +235,29 @@ def _through_index(config: Config, mir: Graph, level: int, toolchain_components:
     cache = AotCache(config)
     if not (cache.enabled and pristine):
         return compile_fully()
-    full: list[tuple[Path, Path, str, bool, str]] = []
+    full: list[Built] = []
 
     def index_value() -> dict[str, str]:
         result = compile_fully()
         full.append(result)
-        return {"key": result[2], "source": result[4]}
+        return {"key": result.key, "source": result.digest}
 
     fingerprint = {
         "index_format": str(INDEX_FORMAT),
         "graph": hashlib.sha256(mir.to_json().encode()).hexdigest(),
         "opt_level": str(level),
         "compiler_source": compiler_source_digest(),
-        **toolchain_components,
+        **pipe.request(),
     }
     value = cache.memo("compile_index", fingerprint, index_value)
     if full:
         return full[0]
     if isinstance(value, dict) and isinstance(value.get("key"), str):
-        entry = cache.lookup(value["key"])
-        # The entry's recorded source digest must be the one the index promised (the key covers it;
+        found = pipe.find(value["key"])
+        # The program's recorded source digest must be the one the index promised (the key covers it;
         # this guards against a hand-edited or foreign index file).
-        if entry is not None and entry.components.get("source") == value.get("source"):
-            return Path(entry.library), Path(entry.source), entry.key, True, str(value["source"])
+        if found is not None and found.digest == value.get("source"):
+            return found
     return compile_fully()  # indexed but evicted or damaged: build it again (same key: same source)
 
 
@@ -433,4 +318,5 @@ def compiler_source_digest() -> str:
     return _digest_memo[signature]
 
 
-__all__ = ["Device", "Session", "compiler_is_pristine", "compiler_source_digest", "lower_to_lir", "to_mir"]
+__all__ = ["Device", "Session", "compiler_is_pristine", "compiler_source_digest", "legalize_for", "lower_to_lir",
+           "to_mir"]

@@ -44,7 +44,7 @@ from typing import Any
 
 #: The packages (and modules) whose code turns a graph into a built object: digested for the
 #: compile index's fingerprint and watched for monkeypatches.
-COMPILER_PACKAGES = ("rlx.ir", "rlx.opt", "rlx.codegen", "rlx.toolchain")
+COMPILER_PACKAGES = ("rlx.ir", "rlx.opt", "rlx.codegen", "rlx.pipeline", "rlx.toolchain")
 COMPILER_MODULES = ("rlx.reference",)
 
 #: module name -> (module object, {name: object bound when it came from its file}).

@@ -13,10 +13,11 @@ strips everything that could end a comment) and inside string literals
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
+>>> from rlx.pipeline import decide  # the pipeline decides, codegen renders
 >>> g = Graph("demo")
 >>> x = g.input("x", [4, 8])
 >>> g.set_outputs([g.activation("relu", x)])
->>> src = render_c(plan(g), CTarget(), {"name": "demo"})
+>>> src = render_c(decide(plan(g), "cpu"), CTarget(), {"name": "demo"})
 >>> "rlx_run" in src and "relu" in src
 True
 """
@@ -37,7 +38,7 @@ from rlx.abi_version import ABI_VERSION
 from rlx.codegen import c_half
 from rlx.codegen.c_observe import PROFILE_RING_BYTES, observe_context
 from rlx.codegen.c_share import share_kernels
-from rlx.codegen.common import dim_expr
+from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.cpu_base import (
     ATTN_QBLOCK,
     CPU,
@@ -63,7 +64,6 @@ from rlx.ir.lir import LirModule
 from rlx.ir.norms import norm_inputs
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse, dense_strides, movement_view
-from rlx.opt.lowering import lower_for
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cpu-3"
@@ -1021,7 +1021,7 @@ def _elem_type(size: int) -> str:
 
 def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
     """The template context for `lir` (pure: same inputs, same context)."""
-    lir = lower_for(lir, "cpu")
+    require_decided(lir, "cpu")
     p = _Planner(lir, target)
     params, params_bytes = p.plan_params()
     kernels = p.kernels()
@@ -1055,28 +1055,35 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "headers": headers,
         "gemm_acts": sorted(p.gemm_acts),
         "copies": copies,
+        "context_bytes": context_record_bytes(len(lir.params), headers, target.profile),
         "manifest": c_string_lines(manifest_text),
         **observe_context(p, kernels, target),
     }
+
+
+def context_record_bytes(n_params: int, headers: Sequence[str], profile: bool) -> int:
+    """sizeof(rlx_ctx) (templates/cpu/prelude.c.j2) of a program with `n_params` params, its kernel `headers`,
+    profiled or not. The rendered source asserts it (`_Static_assert`), so a change to the record that is not
+    made here too fails every build instead of skewing `Session.estimate`."""
+    # three pointers, two int32, param_set[N + 1], err[512], padded to 8; then the transport pointer
+    # (collectives) and a profiled build's span ring
+    record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8
+    if "kernels/collectives.h" in headers:
+        record += 8
+    return record + (PROFILE_RING_BYTES if profile else 0)
 
 
 def memory_plan(lir: LirModule, *, profile: bool = False) -> dict[str, int]:
     """What the CPU code generator sizes for `lir` (no rendering): arena, params, scratch, the context
     record, and what the caller owns (state, inputs, outputs), every dynamic dim at its bound.
 
-    A leaf of kind "state" (persistent buffers such as a KV cache) counts as state, as does an
-    input marked `state`.
+    An input marked `state` (persistent buffers such as a KV cache) counts as state.
     """
     ctx = c_context(lir, CTarget(), {})
     graph = lir.graph
-    n_params = len(lir.params)
-    # typedef struct rlx_ctx (prelude.c.j2): three pointers, two int32, param_set[N + 1], err[512],
-    # padded to 8; a profiled build adds the span ring.
-    record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8 + (PROFILE_RING_BYTES if profile else 0)
-    if "kernels/collectives.h" in ctx["headers"]:
-        record += 8  # the transport pointer (prelude.c.j2)
+    record = context_record_bytes(len(lir.params), ctx["headers"], profile)
     state_inputs = {s.node for s in lir.inputs if s.state}
-    state = sum(n.shape.max_nbytes for n in graph.nodes if n.kind == "state" or n.id in state_inputs)
+    state = sum(graph.node(nid).shape.max_nbytes for nid in state_inputs)
     return {
         "arena": ctx["arena_bytes"], "params": ctx["params_bytes"], "scratch_shared": ctx["scratch_shared"],
         "scratch_per_thread": ctx["scratch_per_thread"], "context": record, "state": state,

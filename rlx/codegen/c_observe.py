@@ -10,12 +10,14 @@ none of it is rendered.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
+>>> from rlx.pipeline import decide
 >>> from rlx.codegen.c import CTarget, render_c
 >>> g = Graph("demo")
 >>> g.set_outputs([g.activation("log", g.input("x", [4]))])
->>> "rlx_prof" in render_c(plan(g), CTarget(), {"name": "demo"})
+>>> lir = decide(plan(g), "cpu")  # what the pipeline hands codegen
+>>> "rlx_prof" in render_c(lir, CTarget(), {"name": "demo"})
 False
->>> src = render_c(plan(g), CTarget(profile=True, check_nans=True), {"name": "demo"})
+>>> src = render_c(lir, CTarget(profile=True, check_nans=True), {"name": "demo"})
 >>> "rlx_prof_record" in src and "rlx_first_nonfinite_f32" in src
 True
 """

@@ -1,7 +1,8 @@
 """CPU rule for `scan`: a C loop whose body kernels are rendered like any graph's, then called per step.
 
 The body is planned on its own (`rlx.opt.scan_body.step_graph`, the same plan
-the outer memory planner sized the workspace for) and rendered by a planner
+the outer memory planner sized the workspace for) and decided by the pipeline
+with the graph (`LirModule.bodies`), and rendered by a planner
 whose names carry the scan's prefix (`rlx_s<id>_op_<k>`, `rlx_s<id>_const_<k>`),
 defined before the scan's own function (`Kernel.subprogram`). The loop
 points the body's inputs at this step's carry, the broadcast inputs and row t
@@ -16,15 +17,14 @@ import dataclasses
 from dataclasses import dataclass
 
 from rlx.codegen.c import CTarget, _Planner
+from rlx.codegen.common import decided_body
 from rlx.codegen.cpu_base import CPU, c_string, comment, node_header
 from rlx.codegen.registry import Kernel
 from rlx.errors import BuildError
 from rlx.ir import ops_scan as L
 from rlx.ir.graph import Node
 from rlx.ir.lir import LirModule
-from rlx.opt.lowering import lower_for
-from rlx.opt.memplan import plan
-from rlx.opt.scan_body import carry_slot_bytes, step_graph
+from rlx.opt.scan_body import carry_slot_bytes
 
 TEMPLATE = "scan.c.j2"
 
@@ -83,7 +83,7 @@ def emit_scan(em: _Planner, node: Node) -> Kernel:
     """The loop of a `scan` node, with its body rendered as a subprogram."""
     op: L.Scan = node.op  # type: ignore[assignment]
     prefix = f"{getattr(em, 'prefix', 'rlx_')}s{node.id}_"
-    body_lir = lower_for(plan(step_graph(op.body)), "cpu")
+    body_lir = decided_body(em.lir, node.id)  # planned and decided with the graph (rlx.pipeline.decide)
     sub = _BodyPlanner(body_lir, em.target, prefix, em.sym_index)
     kernels = tuple(dataclasses.replace(k, func=f"{prefix}op_{k.node}") for k in sub.kernels())
     init_shape = em.node(node.inputs[0]).shape

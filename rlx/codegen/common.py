@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from rlx.errors import BuildError
+from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, product
 from rlx.ir.view import View
 
@@ -66,3 +68,20 @@ def broadcast_index(in_dims: tuple[Dim, ...], out_dims: tuple[Dim, ...], idx: st
         terms.append(term)
     return " + ".join(terms) if terms else "0"
 
+
+def require_decided(lir: LirModule, backend: str) -> LirModule:
+    """`lir`, when it carries `backend`'s decisions; a BuildError otherwise. Codegen renders what the pipeline
+    decided (`rlx.pipeline.decide`) and decides nothing itself."""
+    if lir.backend != backend:
+        found = f"decided for {lir.backend!r}" if lir.backend else "not decided"
+        raise BuildError(f"the LIR of {lir.name!r} is {found}; {backend} codegen renders a LIR decided for "
+                         f"{backend!r} (rlx.pipeline.decide, or compile through rlx.Session)")
+    return lir
+
+
+def decided_body(lir: LirModule, nid: int) -> LirModule:
+    """The decided LIR of scan node `nid`'s body, carried by the decided LIR (`LirModule.bodies`)."""
+    try:
+        return lir.body(nid)
+    except KeyError as exc:
+        raise BuildError(f"{exc.args[0]} (codegen renders the bodies the pipeline decided)") from None

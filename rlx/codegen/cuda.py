@@ -6,10 +6,11 @@ This module is the backend's entry point: the emitter and template context live 
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
+>>> from rlx.pipeline.cuda import decide_cuda  # the pipeline decides, codegen renders
 >>> g = Graph("demo")
 >>> x = g.input("x", [4, 8])
 >>> g.set_outputs([g.activation("relu", x)])
->>> src = render_cuda(plan(g), CudaTarget(), {"name": "demo"})
+>>> src = render_cuda(decide_cuda(plan(g), CudaTarget()), CudaTarget(), {"name": "demo"})
 >>> "rlx_run_device" in src and "rlx_relu" in src
 True
 """
@@ -35,10 +36,9 @@ from rlx.codegen.cuda_emit import (
     CudaEmitter,
     CudaTarget,
     cuda_context,
-    lower_cuda,
     render_cuda,
 )
 
 __all__ = ["ABI_VERSION", "CODEGEN_VERSION", "GEMM_MODES", "PRECISIONS", "CudaEmitter", "CudaTarget",
            "cuda_collectives", "cuda_decoder", "cuda_context", "cuda_pool", "cuda_quant", "cuda_rules", "cuda_sample",
-           "cuda_scan", "cuda_select", "cuda_ssm", "lower_cuda", "render_cuda"]
+           "cuda_scan", "cuda_select", "cuda_ssm", "render_cuda"]

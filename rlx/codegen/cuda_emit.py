@@ -1,6 +1,6 @@
 """LIR → template context for the CUDA backend, and the rendering of one .cu file.
 
-`cuda_context(lir, target, manifest)` lowers the LIR for CUDA (QKV GEMM groups
+`cuda_context(lir, target, manifest)` reads the LIR decided for CUDA (QKV GEMM groups
 and the device byte layout are decisions of `rlx.opt.lowering_cuda`, recorded
 in the LIR), then asks the rule of each scheduled node's op kind
 (`rlx.codegen.cuda_rules`, registered in `table("cuda")`) for its `Kernel`:
@@ -35,7 +35,7 @@ from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
 from rlx.codegen.c import c_string, c_string_lines, comment, node_header
 from rlx.codegen.c_observe import cost_expr
-from rlx.codegen.common import dim_expr
+from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.activation_table import activation_table
@@ -55,7 +55,6 @@ from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse
-from rlx.opt.lowering import lower_for
 from rlx.opt.lowering_cuda import (
     ATTN_MAX_SPLITS,
     GEMM_MODES,
@@ -252,6 +251,14 @@ class Memcpy(Launch):
 DECISION_KERNELS: dict[str, Callable[[CudaEmitter, Any, NodeId], Kernel]] = {}
 
 
+def kernel_options(target: CudaTarget) -> CudaKernelOptions:
+    """The options of `target` the CUDA lowering's kernel choices depend on, as the LIR records them (the
+    emitter checks a LIR was decided for its target)."""
+    return CudaKernelOptions(arch=target.arch, cutlass=target.cutlass_gemm, gather_region=target.gather_region,
+                             small_gemm=target.small_gemm, lt_gelu_epilogue=target.lt_gelu_epilogue,
+                             fused_act_gemm=target.fused_act_gemm)
+
+
 class CudaEmitter:
     """What the CUDA rules see: C expressions for pointers and dims of one lowered LIR.
 
@@ -269,7 +276,7 @@ class CudaEmitter:
         self.sym_index = {name: i for i, (name, _) in enumerate(lir.symbols)}
         layouts = lir.decided(DeviceLayout)
         if len(layouts) != 1:
-            raise BuildError("the LIR has no CUDA device layout: lower it with lower_for(lir, 'cuda', ...)")
+            raise BuildError("the LIR has no CUDA device layout: decide it with rlx.pipeline.cuda.decide_cuda")
         self.layout: DeviceLayout = layouts[0]
         if (self.layout.precision, self.layout.gemm) != (target.precision.value, target.gemm):
             raise BuildError(f"the LIR was lowered for precision={self.layout.precision} gemm={self.layout.gemm}, "
@@ -490,7 +497,7 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
                         "staging_off": slots[slot].staging, "dev_off": slots[slot].dev,
                         "numel": emitter.numel(spec.shape.dims), "abi_itemsize": abi.itemsize,
                         "max_nbytes": spec.shape.max_numel * abi.itemsize,
-                        "state": getattr(spec, "state", False), "written": out is outputs and slot in written})
+                        "state": spec.state, "written": out is outputs and slot in written})
     return params, constants, inputs, outputs
 
 
@@ -515,30 +522,9 @@ def _host_inputs(inputs: Sequence[dict]) -> dict[str, int]:
     return span
 
 
-def kernel_options(target: CudaTarget) -> CudaKernelOptions:
-    """The options of `target` the CUDA lowering's kernel choices depend on, as the LIR records them."""
-    return CudaKernelOptions(arch=target.arch, cutlass=target.cutlass_gemm, gather_region=target.gather_region,
-                             small_gemm=target.small_gemm, lt_gelu_epilogue=target.lt_gelu_epilogue,
-                             fused_act_gemm=target.fused_act_gemm)
-
-
-def lower_cuda(lir: LirModule, target: CudaTarget, scan_body: bool = False) -> LirModule:
-    """`lir` with the CUDA decisions for `target` (the LIR the AOT cache key must hash).
-
-    `target` is the resolved one (`rlx.toolchain.cuda.resolve_target`): its arch and whether CUTLASS is available
-    are facts of the toolchain, passed to the lowering as options like the rest. `scan_body`: `lir` is a scan's
-    body, rendered inside the scan's loop (no pooling tail; per-step pointers of unknown alignment).
-    """
-    k = kernel_options(target)
-    return lower_for(lir, "cuda", precision=target.precision, gemm=target.gemm,
-                     pool_tail=target.pool_tail and not scan_body, pool_norm=target.pool_norm, arch=k.arch,
-                     cutlass_gemm=k.cutlass, gather_region=k.gather_region, small_gemm=k.small_gemm,
-                     lt_gelu_epilogue=k.lt_gelu_epilogue, fused_act_gemm=k.fused_act_gemm, scan_body=scan_body)
-
-
 def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
-    """The template context for `lir`: plain data (numbers, identifiers, C expressions) and the kernels."""
-    lir = lower_cuda(lir, target)
+    """The template context for a decided `lir`: plain data (numbers, identifiers, C expressions) and the kernels."""
+    require_decided(lir, "cuda")
     e = CudaEmitter(lir, target)
     lay = e.layout
     params, constants, inputs, outputs = _boundary(e)

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cuda_emit import CudaEmitter, CudaTarget, Launch, lower_cuda
+from rlx.codegen.common import decided_body
+from rlx.codegen.cuda_emit import CudaEmitter, CudaTarget, Launch
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir import ops as O
@@ -32,7 +33,6 @@ from rlx.ir.decisions_cuda import ScanConstants
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
-from rlx.opt.memplan import plan
 from rlx.opt.scan_body import carry_slot_bytes, step_graph
 
 TEMPLATE = "cuda/scan.cu.j2"
@@ -131,8 +131,7 @@ def emit_scan(e: CudaEmitter, node: Node) -> Kernel:
     """The host loop of a `scan` node, with its body's kernels rendered inside it."""
     op: L.Scan = node.op  # type: ignore[assignment]
     p = f"{e.prefix}s{node.id}_"
-    # (a body writes no graph output: no pooling tail of its own; its per-step pointers are the loop's)
-    body_lir = lower_cuda(plan(step_graph(op.body)), e.target, scan_body=True)
+    body_lir = decided_body(e.lir, node.id)  # planned and decided with the graph (rlx.pipeline.decide)
     consts = {d.node: d.offsets for d in e.lir.decided(ScanConstants)}
     if body_lir.constants and node.id not in consts:
         raise BuildError(f"scan %{node.id}: its body's constants have no device place (lower the graph for CUDA)")

@@ -7,10 +7,11 @@ weights, `rlx.codegen.metal_quant` (registered in `table("metal")` when imported
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
+>>> from rlx.pipeline import decide  # the pipeline decides, codegen renders
 >>> g = Graph("demo")
 >>> x = g.input("x", [4, 8])
 >>> g.set_outputs([g.activation("relu", x)])
->>> prog = render_metal(plan(g), MetalTarget(), {"name": "demo"})
+>>> prog = render_metal(decide(plan(g), "metal"), MetalTarget(), {"name": "demo"})
 >>> "kernel void rlx_k1" in prog.source and "rlx_relu" in prog.source
 True
 >>> prog.manifest["dispatches"][0]["kernel"]
@@ -27,10 +28,9 @@ from rlx.codegen.metal_emit import (
     MetalEmitter,
     MetalProgram,
     MetalTarget,
-    lower_metal,
     metal_context,
     render_metal,
 )
 
 __all__ = ["CODEGEN_VERSION", "MSL_VERSION", "Dispatch", "MetalEmitter", "MetalProgram", "MetalTarget",
-           "lower_metal", "metal_context", "metal_quant", "metal_rules", "render_metal"]
+           "metal_context", "metal_quant", "metal_rules", "render_metal"]

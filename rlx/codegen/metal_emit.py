@@ -1,6 +1,6 @@
 """LIR → template context for the Metal backend, and the rendering of one .metal file.
 
-`render_metal(lir, target, manifest)` lowers the LIR for Metal (its one-buffer
+`render_metal(lir, target, manifest)` reads the LIR decided for Metal (its one-buffer
 `MetalLayout`, a decision of `rlx.opt.lowering_metal`), asks the rule of each
 scheduled node's op kind (`rlx.codegen.metal_rules`, registered in
 `table("metal")`) for its `Kernel`, renders `templates/metal/model.metal.j2`
@@ -30,7 +30,7 @@ import jinja2
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
 from rlx.codegen.c import comment, node_header
-from rlx.codegen.common import dim_expr
+from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.decisions_metal import MetalLayout
@@ -39,7 +39,6 @@ from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse
-from rlx.opt.lowering import lower_for
 from rlx.templates_path import templates_dir
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
@@ -170,7 +169,7 @@ class MetalEmitter:
         self.sym_index = {name: i for i, (name, _) in enumerate(lir.symbols)}
         layouts = lir.decided(MetalLayout)
         if len(layouts) != 1:
-            raise BuildError("the LIR has no Metal layout: lower it with lower_for(lir, 'metal')")
+            raise BuildError("the LIR has no Metal layout: decide it with rlx.pipeline.decide(lir, 'metal')")
         self.layout: MetalLayout = layouts[0]
 
     def node(self, nid: NodeId) -> Node:
@@ -271,11 +270,6 @@ OPS_TEMPLATE = "metal/ops.metal.j2"
 COPY_HEADER = "metal/kernels/copy.metal"
 
 
-def lower_metal(lir: LirModule) -> LirModule:
-    """`lir` with the Metal decisions (the LIR the AOT cache key must hash)."""
-    return lower_for(lir, "metal")
-
-
 @dataclass(frozen=True)
 class MetalProgram:
     """A rendered Metal program: the .metal source and the dispatch manifest the host runs it by."""
@@ -286,7 +280,7 @@ class MetalProgram:
 
 def metal_context(lir: LirModule, target: MetalTarget) -> tuple[dict, list[Dispatch]]:
     """The template context for `lir` (plain data and the kernel records) and its dispatches in order."""
-    lir = lower_metal(lir)
+    require_decided(lir, "metal")
     e = MetalEmitter(lir, target)
     kernels = [e.kernel(nid) for nid in lir.schedule]
     kernels += [e.output_copy(slot, nid) for slot, nid in lir.output_copies]
@@ -310,7 +304,7 @@ def metal_context(lir: LirModule, target: MetalTarget) -> tuple[dict, list[Dispa
 
 def program_manifest(lir: LirModule, io_manifest: dict, dispatches: Sequence[Dispatch]) -> dict:
     """What the host needs besides the source: the IO manifest, the buffer layout, constants, dispatches."""
-    lay = lower_metal(lir).decided(MetalLayout)[0]
+    lay = require_decided(lir, "metal").decided(MetalLayout)[0]
     constants = []
     for slot, nid in enumerate(lir.constants):
         # the constant's own row-major bytes in its dtype: exactly what the kernels read
@@ -350,7 +344,6 @@ def _environment() -> jinja2.Environment:
 
 def render_metal(lir: LirModule, target: MetalTarget, manifest: dict) -> MetalProgram:
     """The Metal source of `lir` (one kernel per scheduled node) and its program manifest."""
-    lir = lower_metal(lir)
     ctx, dispatches = metal_context(lir, target)
     try:
         source = _environment().get_template("metal/model.metal.j2").render(**ctx)

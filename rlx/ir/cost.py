@@ -136,7 +136,7 @@ def _nbytes(shape: Shape) -> Poly:
 def node_cost(graph: Graph, node: Node) -> Cost:
     """The cost of computing `node` once: FLOPs, and bytes read (each distinct input once) plus written."""
     flops = FLOPS.get(node.kind, _none)(graph, node)
-    if node.kind in O.LEAF_KINDS or node.kind in ("input", "param", "constant", "state"):
+    if node.kind in O.LEAF_KINDS:
         return Cost((), ())
     reads: Iterable[Poly] = (_nbytes(graph.node(i).shape) for i in dict.fromkeys(node.inputs))
     return Cost(_sum(flops), _sum(*reads, _nbytes(node.shape)))

@@ -83,6 +83,16 @@ class LirModule:
     decisions: tuple[Decision, ...] = ()
     #: (node, arena offset, bytes): arena space a node uses only while it runs (a scan's carries and body).
     workspaces: tuple[tuple[NodeId, int, int], ...] = ()
+    #: (scan node, its body's decided LIR): set with the decisions (`rlx.pipeline.decide`), so codegen renders
+    #: a loop body from the LIR alone.
+    bodies: tuple[tuple[NodeId, LirModule], ...] = ()
+
+    def body(self, nid: NodeId) -> LirModule:
+        """The decided LIR of scan node `nid`'s body (KeyError when the LIR was not decided with its bodies)."""
+        for n, body in self.bodies:
+            if n == nid:
+                return body
+        raise KeyError(f"scan %{nid} has no decided body: decide the LIR with rlx.pipeline.decide")
 
     def workspace(self, nid: NodeId) -> tuple[int, int]:
         """(arena offset, bytes) of node `nid`'s workspace."""
@@ -133,6 +143,8 @@ class LirModule:
         }
         if self.workspaces:  # only when present, so LIR hashes of graphs without scans are unchanged
             doc["workspaces"] = [[ref(n), off, size] for n, off, size in self.workspaces]
+        if self.bodies:  # likewise: only a decided LIR with scans has bodies
+            doc["bodies"] = [[ref(n), body.hash()] for n, body in self.bodies]
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
     def hash(self) -> str:
@@ -167,6 +179,9 @@ class LirModule:
             lines.extend(f"  {d.describe()}" for d in self.decisions)
             if not self.decisions:
                 lines.append("  none")
+            for nid, body in self.bodies:
+                lines.append(f"  scan %{nid} body ({len(body.schedule)} nodes, decided for {body.backend}):")
+                lines.extend(f"    {d.describe()}" for d in body.decisions)
         syms = ", ".join(f"{n}<={m}" for n, m in self.symbols) or "none"
         lines.append(f"arena: {self.arena_bytes} bytes (naive {self.naive_bytes}, reuse x{self.reuse_ratio:.2f}); "
                      f"dynamic dims: {syms}")

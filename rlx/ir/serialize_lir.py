@@ -15,7 +15,8 @@ type hint (nested records such as a `DeviceLayout`'s regions included). What a b
 LIR is what it renders from the original (`tests/codegen/test_render_roundtrip.py`): codegen reads nothing but
 the LIR and the target. Anything malformed raises `IRError`.
 
->>> from rlx.ir.graph import Graph
+>>> from rlx.ir import ops_scan as L
+from rlx.ir.graph import Graph
 >>> from rlx.opt.lowering import lower_for
 >>> from rlx.opt.memplan import plan
 >>> g = Graph("mlp")
@@ -35,6 +36,7 @@ from typing import Any
 
 from rlx.errors import IRError
 from rlx.ir import decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal, decisions_quant, serialize
+from rlx.ir import ops_scan as L
 from rlx.ir.decisions import DECISION_KINDS, Decision
 from rlx.ir.encode import decode_value, shape_from_json, shape_to_json
 from rlx.ir.graph import Graph
@@ -45,7 +47,7 @@ VERSION = 1
 #: The modules defining decision kinds: each registers its kinds when imported, and a loader must know them all.
 DECISION_MODULES = (decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal, decisions_quant)
 _KEYS = ("format", "version", "name", "graph", "schedule", "buffers", "inputs", "outputs", "params", "constants",
-         "symbols", "arena_bytes", "naive_bytes", "output_copies", "backend", "decisions", "workspaces")
+         "symbols", "arena_bytes", "naive_bytes", "output_copies", "backend", "decisions", "workspaces", "bodies")
 
 
 # ── writing ─────────────────────────────────────────────────────────────
@@ -76,6 +78,8 @@ def lir_to_document(lir: LirModule) -> dict[str, Any]:
         "output_copies": [list(c) for c in lir.output_copies], "backend": lir.backend,
         "decisions": [{"kind": d.kind, **_record_to_json(d)} for d in lir.decisions],
         "workspaces": [list(w) for w in lir.workspaces],
+        # decided scan bodies (rlx.pipeline.decide): each a LIR document of its own, under its scan's node
+        "bodies": [[nid, lir_to_document(body)] for nid, body in lir.bodies],
     }
 
 
@@ -174,6 +178,14 @@ def lir_from_document(doc: Any) -> LirModule:
     decisions = doc["decisions"]
     if not isinstance(decisions, list):
         raise IRError("LIR decisions must be a list")
+    bodies = []
+    for entry in _list(doc["bodies"], "bodies"):
+        if not (isinstance(entry, list) and len(entry) == 2):
+            raise IRError(f"LIR body {_short(entry)}: expected [scan node, LIR document]")
+        nid = decode_value(int, entry[0], "LIR body node")
+        if nid not in buffers or not isinstance(graph.node(nid).op, L.Scan):
+            raise IRError(f"LIR body of %{nid}: not a scan node of the graph")
+        bodies.append((nid, lir_from_document(entry[1])))
     return LirModule(
         name=decode_value(str, doc["name"], "LIR name"), graph=graph,
         schedule=decode_value(tuple[int, ...], doc["schedule"], "LIR schedule"), buffers=buffers,
@@ -186,7 +198,7 @@ def lir_from_document(doc: Any) -> LirModule:
         naive_bytes=decode_value(int, doc["naive_bytes"], "LIR naive_bytes"),
         output_copies=tuple((k, n) for k, n in copies), backend=decode_value(str, doc["backend"], "LIR backend"),
         decisions=tuple(_decision_from_json(d, i) for i, d in enumerate(decisions)),
-        workspaces=tuple((n, off, size) for n, off, size in workspaces))
+        workspaces=tuple((n, off, size) for n, off, size in workspaces), bodies=tuple(bodies))
 
 
 def _short(v: Any) -> str:

@@ -543,7 +543,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     # The staging copies of the per-run (non-state) inputs come first and back to back: a host-fed step
     # (rlx_run_host_step) fills them all with one copy of that span, which holds nothing else.
     host_staging = {i: mem.alloc("inputs", spec.shape.max_numel * spec.shape.dtype.itemsize)
-                    for i, spec in enumerate(lir.inputs) if not getattr(spec, "state", False)}
+                    for i, spec in enumerate(lir.inputs) if not spec.state}
     inputs: list[Staged] = []
     for i, spec in enumerate(lir.inputs):
         abi = spec.shape.dtype

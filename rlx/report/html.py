@@ -42,7 +42,7 @@ import jinja2
 from markupsafe import Markup
 
 from rlx.config import Config
-from rlx.driver import lower_to_lir, to_mir
+from rlx.driver import Device, Session, to_mir
 from rlx.errors import RlxError
 from rlx.ir import ops as O
 from rlx.ir.cost import at_bounds, node_cost
@@ -144,8 +144,7 @@ def trace_times(trace: Mapping[str, Any]) -> dict[int, float]:
 
 def build_report_data(graph: Any, *, config: Config | None = None, trace: Mapping[str, Any] | None = None) -> dict:
     """Everything the report page shows about `graph` (a HIR module or MIR graph), as JSON-able data."""
-    from rlx.opt.lowering import lower_for
-    from rlx.toolchain.cpu import render_source
+    from rlx.toolchain.cache import cache_key
 
     config = config or Config.from_env()
     stages = []
@@ -155,8 +154,10 @@ def build_report_data(graph: Any, *, config: Config | None = None, trace: Mappin
     if hir is not None:
         stages.append(_stage("HIR", hir, bounds))
     stages.append(_stage("MIR", mir, bounds))
-    lir = lower_for(lower_to_lir(mir, config.opt_level, debug=config.debug, backend="cpu"), "cpu")
-    source = render_source(lir, config)
+    # the CPU session's pipeline up to render: the decided LIR and the source a compile builds
+    rendered = Session(Device.CPU, config=config).render(mir)
+    lir = rendered.lir
+    source = rendered.with_key(cache_key(rendered.components))
     lir_stage = _stage("LIR", lir.graph, bounds)
     lines = _kernel_lines(source)
     for n in lir_stage["nodes"]:

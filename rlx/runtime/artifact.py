@@ -98,7 +98,7 @@ def save_library(library: str | os.PathLike[str], directory: str | os.PathLike[s
     """Write an artifact (without weights) from a built library that this process need not run.
 
     For libraries built but not started here: a CUDA library cross-compiled for an arch
-    (`rlx.toolchain.cuda.build_cuda(..., arch="sm_90")`) on a machine without that GPU.
+    (`rlx.pipeline.cuda.build_cuda(..., arch="sm_90")`) on a machine without that GPU.
     """
     from rlx.runtime.loader import load_library
 

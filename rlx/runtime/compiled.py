@@ -56,6 +56,7 @@ from rlx.ir.dtype import DType, bf16_to_f32, bits_to_bfloat16
 from rlx.runtime.abi import ffi
 from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype
 from rlx.runtime.loader import Library, TensorInfo, openmp_policy
+from rlx.runtime.provenance import Provenance
 from rlx.runtime.team import TeamGovernor
 
 
@@ -187,7 +188,7 @@ def default_max_contexts(library: Library) -> int:
     return os.cpu_count() or 1
 
 
-class CompiledGraph:
+class CompiledGraph(Provenance):
     """A compiled graph ready to run: params set once, then `run` many times, from any threads.
 
     >>> import numpy as np, rlx
@@ -760,6 +761,7 @@ class CompiledGraph:
                              num_threads=self._threads, max_contexts=self.max_contexts, _ctx=raw,
                              _param_set=param_set)
         twin._param_values = values
+        twin.record_build(self.source_digest, self._decided)  # the same program: the same provenance
         return twin
 
     # ── artifacts ──────────────────────────────────────────────────────

@@ -36,7 +36,7 @@ from rlx.ir.dtype import DType
 from rlx.runtime.abi import ffi
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.conversions import _to_input_dtype
-from rlx.runtime.loader import Library, TensorInfo, load_library
+from rlx.runtime.loader import Library, TensorInfo
 
 CUDA_CDEF = """
 int32_t     rlx_run_device(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
@@ -434,23 +434,10 @@ class CudaGraph(CompiledGraph):
         raw = self._lib.rlx_clone(self._ctx)
         if raw == ffi.NULL:
             raise CudaError(f"rlx_clone failed: {_global_error(self._cuda) or 'out of device memory?'}")
-        return CudaGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
+        twin = CudaGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
                          _ctx=raw, _param_set=self._param_set, build_seconds=self.build_seconds)
+        twin.record_build(self.source_digest, self._decided)  # the same program: the same provenance
+        return twin
 
 
-def compile_cuda(lir: Any, config: Any, *, precision: DType | str = DType.F32, arch: str | None = None,
-                 gemm: str = "cublaslt", **target_options: Any) -> CudaGraph:
-    """Build (through the AOT cache) and load the CUDA library of an LIR module.
-
-    `target_options` are further `CudaTarget` fields (e.g. `attn_bk=64`)."""
-    from rlx.codegen.cuda import CudaTarget
-    from rlx.toolchain.cuda import build_cuda
-
-    target = CudaTarget(precision=DType.parse(precision), gemm=gemm, **target_options)
-    built = build_cuda(lir, config, target, arch=arch)
-    library = load_library(built.library)
-    return CudaGraph(library, source=built.source, key=built.key, cache_hit=built.hit,
-                     build_seconds=built.seconds)
-
-
-__all__ = ["CUDA_CDEF", "CudaGraph", "DeviceArray", "HostStep", "compile_cuda", "cuda_ffi", "typestr"]
+__all__ = ["CUDA_CDEF", "CudaGraph", "DeviceArray", "HostStep", "cuda_ffi", "typestr"]

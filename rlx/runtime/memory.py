@@ -7,7 +7,7 @@ width), scratch (a shared block plus one tile per thread) and the context
 record itself; `rlx_alloc` rounds each block up to its alignment (64 bytes,
 or 2 MiB for blocks of 2 MiB and more). `alloc_size` mirrors that rounding, so
 an estimate is the allocation, not just the plan. State (a KV cache: state
-inputs, or leaves of kind "state") and the caller's input/output tensors are
+inputs) and the caller's input/output tensors are
 reported apart: the caller owns them.
 
 >>> alloc_size(100), alloc_size(3 << 20), alloc_size(0)

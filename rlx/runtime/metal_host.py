@@ -29,6 +29,7 @@ from rlx.errors import ArtifactError, ExecutionError
 from rlx.ir.dtype import DType, bf16_to_f32
 from rlx.runtime.conversions import _to_input_dtype, _to_param_dtype
 from rlx.runtime.loader import TensorInfo
+from rlx.runtime.provenance import Provenance
 
 #: What the error flag's value means (set by kernels; checked after every run).
 FLAG_ERRORS = {1: "gather index out of range", 2: "integer division by zero",
@@ -65,7 +66,7 @@ def grid_size(axis: Sequence[Any], symbols: Mapping[str, int]) -> int:
     return -(-n // int(div))
 
 
-class MetalGraph:
+class MetalGraph(Provenance):
     """A Metal program ready to run: `set_param(name, array)`, then `run({input: array})` → outputs."""
 
     def __init__(self, manifest: dict, runner: Runner, *, source: str | None = None) -> None:

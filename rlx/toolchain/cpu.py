@@ -1,4 +1,4 @@
-"""Build one LIR module into a CPU shared object, through the AOT cache.
+"""Build one rendered C source into a CPU shared object, through the AOT cache.
 
 The cache key of a built object is a digest of what produced it: the sha256 of
 the C source it was compiled from, the compiler's identity, flags, ISA, BLAS
@@ -10,23 +10,18 @@ the manifest `rlx_manifest()` returns), so the digest is taken of the source
 rendered with an empty key (`KEY_PENDING`); the compiled file is that same
 render with the key filled in, and nothing else differs.
 
-`cpu_key_components(lir, toolchain)` renders and lists the components;
-`build_cpu(lir, config)` renders, keys, and on a miss compiles inside the
-cache's private work directory. Codegen (and jinja2) are imported only when a
-source is rendered: `rlx.driver`'s warm path uses `cpu_toolchain_components`
-without loading them.
+The toolchain never renders: `rlx.pipeline.cpu` renders (and decides) and
+hands `build_cpu` the source (a function from the key to the text) and the key
+components (`cpu_source_components`). `cpu_toolchain_components` is what the
+driver's warm path keys the compile index by, without loading codegen.
 
 >>> from rlx.config import Config
->>> from rlx.ir.graph import Graph
->>> from rlx.opt.memplan import plan
->>> g = Graph("k")
->>> g.set_outputs([g.activation("neg", g.input("x", [2]))])
 >>> config = Config(blas="none", cache_enabled=False)
 >>> tc = detect_toolchain(config)
->>> comps = cpu_key_components(plan(g), tc, config)
+>>> comps = cpu_source_components("0" * 64, "int main(void) { return 0; }", tc, config)
 >>> sorted(comps)
 ['blas', 'compiler', 'flags', 'lir', 'source', 'target', 'target_options', 'templates']
->>> comps["source"] == source_digest(render_source(plan(g), config, tc, key=KEY_PENDING))
+>>> comps["source"] == source_digest("int main(void) { return 0; }")
 True
 """
 
@@ -35,21 +30,16 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rlx.config import Config
-from rlx.errors import BuildError, CacheError
-from rlx.ir.lir import LirModule
+from rlx.errors import BuildError
 from rlx.templates_path import templates_dir
-from rlx.toolchain.cache import AotCache, _mkdir_private, cache_key, check_private
+from rlx.toolchain.cache import AotCache, cache_key
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
-from rlx.toolchain.isa import describe as describe_isa
 from rlx.toolchain.units import compile_program
-
-if TYPE_CHECKING:
-    from rlx.codegen.c import CTarget
 
 #: The manifest's "key" while the source digest is taken (the key depends on that digest).
 KEY_PENDING = ""
@@ -72,28 +62,6 @@ def source_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def c_target(toolchain: Toolchain, config: Config | None = None) -> CTarget:
-    from rlx.codegen.c import CTarget
-
-    config = config or Config()
-    return CTarget(blas=toolchain.blas.enabled, blas_prefix=toolchain.blas.prefix,
-                   blas_threads=toolchain.blas.has_thread_api, openmp=toolchain.openmp,
-                   profile=config.profile, check_nans=config.check_nans)
-
-
-def cpu_key_components(lir: LirModule, toolchain: Toolchain, config: Config | None = None, *,
-                       pending_source: str | None = None) -> dict[str, str]:
-    """Every input of the CPU build, as strings: the AOT cache key is a digest of these.
-
-    `pending_source` is the source rendered with `KEY_PENDING` when the caller has it already
-    (rendered here otherwise).
-    """
-    if pending_source is None:
-        pending_source = render_source(lir, config, toolchain, key=KEY_PENDING)
-    return {"lir": lir.hash(), "source": source_digest(pending_source),
-            **cpu_toolchain_components(toolchain, config)}
-
-
 def cpu_toolchain_components(toolchain: Toolchain, config: Config | None = None) -> dict[str, str]:
     """The key components that do not depend on the program: target, compiler, flags, templates, BLAS,
     and the build variant (`Config.variant`: profiled / NaN-checked builds), present only when not "".
@@ -113,59 +81,20 @@ def cpu_toolchain_components(toolchain: Toolchain, config: Config | None = None)
     }
 
 
+def cpu_source_components(lir_hash: str, pending_source: str, toolchain: Toolchain,
+                          config: Config | None = None) -> dict[str, str]:
+    """Every input of the CPU build, as strings: the AOT cache key is a digest of these.
+
+    `lir_hash`: the hash of the decided LIR that was rendered; `pending_source`: the source rendered
+    with `KEY_PENDING`.
+    """
+    return {"lir": lir_hash, "source": source_digest(pending_source),
+            **cpu_toolchain_components(toolchain, config)}
+
+
 def components_key(components: dict[str, str]) -> str:
     """The AOT cache key of `components` (the same digest `rlx.toolchain.cache.cache_key` computes)."""
     return cache_key(components)
-
-
-def cpu_manifest(lir: LirModule, toolchain: Toolchain, key: str, cpu_target: str) -> dict:
-    """LirModule.manifest() plus what the builder knows: ABI, target, ISA record, BLAS, key."""
-    from rlx.codegen.c import ABI_VERSION, CODEGEN_VERSION
-
-    m = lir.manifest()
-    isa = describe_isa(cpu_target)
-    isa.update({"march": toolchain.isa, "flags": list(toolchain.isa_flags)})
-    m.update({"abi_version": ABI_VERSION, "target": "cpu", "isa": isa, "key": key,
-              "blas": toolchain.blas.provider, "codegen_version": CODEGEN_VERSION})
-    return m
-
-
-def render_source(lir: LirModule, config: Config | None = None, toolchain: Toolchain | None = None, *,
-                  key: str | None = None) -> str:
-    """The C source `build_cpu` would compile for `lir` (manifest and key included).
-
-    `key` fills the manifest's key instead of the one the source's digest gives (`KEY_PENDING`: the
-    source that digest is taken of).
-    """
-    from rlx.codegen.c import render_c
-
-    config = config or Config.from_env()
-    toolchain = toolchain or detect_toolchain(config)
-    if key is None:
-        key = cache_key(cpu_key_components(lir, toolchain, config))
-    manifest = cpu_manifest(lir, toolchain, key, config.cpu_target)
-    if config.variant:
-        manifest["variant"] = config.variant
-    return render_c(lir, c_target(toolchain, config), manifest, bytecode_dir=template_bytecode_dir(config))
-
-
-def template_bytecode_dir(config: Config) -> Path | None:
-    """The private directory of the AOT cache root where compiled Jinja templates are kept
-    (`rlx.codegen.template_cache`), or None with the cache disabled or unusable."""
-    if not config.cache_enabled:
-        return None
-    from rlx.codegen.template_cache import bytecode_tag
-
-    cache = AotCache(config)
-    path = cache.root / "templates" / bytecode_tag()
-    try:
-        cache._ensure_root()
-        _mkdir_private(path.parent)
-        _mkdir_private(path)
-        check_private(path, "compiled templates directory")
-    except (OSError, CacheError):
-        return None  # compiled in memory only: slower, never wrong
-    return path
 
 
 @dataclass(frozen=True)
@@ -181,28 +110,31 @@ class CpuBuild:
     toolchain: Toolchain
 
 
-def build_cpu(lir: LirModule, config: Config | None = None, toolchain: Toolchain | None = None) -> CpuBuild:
-    """Render, compile (or find in the AOT cache) the CPU library for `lir`."""
+def build_cpu(source: Callable[[str], str], components: dict[str, str], config: Config | None = None,
+              toolchain: Toolchain | None = None) -> CpuBuild:
+    """Compile (or find in the AOT cache) the CPU library of a rendered source.
+
+    `source(key)`: the C text with `key` in its manifest (called once, on a miss); `components`: its
+    key components (`cpu_source_components`), whose digest is the key.
+    """
     config = config or Config.from_env()
     toolchain = toolchain or detect_toolchain(config)
-    pending = render_source(lir, config, toolchain, key=KEY_PENDING)
-    components = cpu_key_components(lir, toolchain, config, pending_source=pending)
     key = cache_key(components)
 
     def build(workdir: Path) -> None:
-        source = workdir / "model.c"
+        path = workdir / "model.c"
         # Rendered again with the key: only on a miss, where the C compiler's seconds dwarf it.
-        text = render_source(lir, config, toolchain, key=key)
-        source.write_text(text)
+        text = source(key)
+        path.write_text(text)
         try:
             # linked with the kernel units its headers name (compiled once per toolchain: units.py)
-            compile_program(toolchain, source, workdir / "model.so", config)
+            compile_program(toolchain, path, workdir / "model.so", config)
         except BuildError as exc:
             # the cache discards its work dir on failure: keep the source where the message points
             fd, kept = tempfile.mkstemp(prefix=f"rlx-failed-{key[:12]}-", suffix=".c")
             with os.fdopen(fd, "w") as f:
                 f.write(text)
-            raise BuildError(f"{str(exc).replace(str(source), kept)}\n(generated source kept at {kept})") from None
+            raise BuildError(f"{str(exc).replace(str(path), kept)}\n(generated source kept at {kept})") from None
 
     entry = AotCache(config).get_or_build(components, build)
     return CpuBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain)

@@ -5,10 +5,11 @@
   the visible GPU's compute capability (`nvidia-smi`). No GPU and no target is a `BuildError` naming both ways out.
 - `find_cublas(nvcc)`: include and library directories of cuBLASLt: the toolkit's own, or the `nvidia-cublas`
   wheel's (`nvidia/cublas/include`, `nvidia/cublas/lib`). Without them the generated code uses its built-in GEMM.
-- `build_cuda(lir, config, target)`: render, `nvcc -shared`, cache. The key folds in the sha256 of the rendered
-  `.cu` (taken with the manifest's key empty, as for the CPU: see `rlx.toolchain.cpu`), the LIR hash, the CUDA
-  version and compiler identity, the arch, precision and GEMM provider and every flag. Codegen is imported
-  only to render, so `cuda_toolchain_components` (the driver's warm path) does not load it.
+- `build_cuda(source, components, config, toolchain, gemm)`: `nvcc -shared` of a rendered `.cu` (rendered by
+  `rlx.pipeline.cuda`), cached. The key folds in the sha256 of the rendered `.cu` (taken with the manifest's key
+  empty, as for the CPU: see `rlx.toolchain.cpu`), the LIR hash, the CUDA version and compiler identity, the
+  arch, precision and GEMM provider and every flag (`cuda_source_components`). The toolchain never imports
+  codegen, so `cuda_toolchain_components` (the driver's warm path) does not load it.
 
 >>> normalize_arch("cuda:sm_90"), normalize_arch("8.6"), normalize_arch("sm_90a")
 ('sm_90', 'sm_86', 'sm_90a')
@@ -25,16 +26,16 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, TypeVar
 
 from rlx.config import Config
 from rlx.errors import BuildError
-from rlx.ir.lir import LirModule
 from rlx.toolchain.cache import AotCache
 from rlx.toolchain.compiler import run_compiler, version_text
-from rlx.toolchain.cpu import KEY_PENDING, components_key, source_digest, templates_digest
+from rlx.toolchain.cpu import components_key, source_digest, templates_digest
 from rlx.toolchain.cuda_units import (
     ACTIVATIONS,
     DTYPES,
@@ -46,8 +47,9 @@ from rlx.toolchain.cuda_units import (
 )
 from rlx.toolchain.nccl import Nccl, find_nccl
 
-if TYPE_CHECKING:
-    from rlx.codegen.cuda import CudaTarget
+#: A CUDA target (`rlx.codegen.cuda.CudaTarget`: a frozen dataclass with arch, gemm, cutlass_gemm, ...), which
+#: the toolchain reads and resolves without importing codegen.
+CudaTarget = TypeVar("CudaTarget")
 
 #: Flags of every build.
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
@@ -252,7 +254,7 @@ def resolve_target(toolchain: NvccToolchain, target: CudaTarget, config: Config 
     allowed = config is None or config.cutlass
     cutlass = (target.cutlass_gemm and allowed and gemm == "cublaslt"
                and not cutlass_status(toolchain, cutlass_for(config)))
-    return replace(target, arch=toolchain.arch, gemm=gemm, cutlass_gemm=cutlass)
+    return replace(target, arch=toolchain.arch, gemm=gemm, cutlass_gemm=cutlass)  # type: ignore[type-var]
 
 
 def cutlass_identity(toolchain: NvccToolchain) -> str:
@@ -262,7 +264,7 @@ def cutlass_identity(toolchain: NvccToolchain) -> str:
     return f"off: {why}" if why else cutlass.identity()
 
 
-def cutlass_note(toolchain: NvccToolchain, target: CudaTarget) -> str:
+def cutlass_note(toolchain: NvccToolchain, target: Any) -> str:
     """What the manifest says of the CUTLASS GEMMs: 'on', 'off (not asked)' or 'off (<why it cannot be>)'."""
     if target.cutlass_gemm:
         return "on"
@@ -293,38 +295,24 @@ def cuda_toolchain_components(toolchain: NvccToolchain, gemm: str) -> dict[str, 
     }
 
 
-def cuda_key_components(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, *,
-                        pending_source: str | None = None) -> dict[str, str]:
+def cuda_source_components(lir_hash: str, pending_source: str, toolchain: NvccToolchain,
+                           target: Any) -> dict[str, str]:
     """Every input of the CUDA build, as strings: the AOT cache key is a digest of these.
 
-    `pending_source` is the `.cu` rendered with `KEY_PENDING` when the caller has it already.
+    `lir_hash`: the hash of the decided LIR that was rendered; `pending_source`: the `.cu` rendered with
+    `KEY_PENDING`; `target`: the resolved `CudaTarget` (`resolve_target`). A source that includes NCCL
+    (collectives) adds NCCL's identity (`nccl_for`).
     """
-    if pending_source is None:
-        pending_source = render_cuda_source(lir, toolchain, target, KEY_PENDING)
-    return {
-        "lir": lir.hash(),
+    components = {
+        "lir": lir_hash,
         "source": source_digest(pending_source),
         "target_options": f"{target.identity()} cuda={toolchain.cuda_version}",
         **cuda_toolchain_components(toolchain, target.gemm),
     }
-
-
-def render_cuda_source(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, key: str) -> str:
-    """The `.cu` of `lir` for `target` with `key` in its manifest (`target` resolved: `resolve_target`)."""
-    from rlx.codegen.cuda import render_cuda
-
-    return render_cuda(lir, target, cuda_manifest(lir, toolchain, target, key))
-
-
-def cuda_manifest(lir: LirModule, toolchain: NvccToolchain, target: CudaTarget, key: str) -> dict:
-    """LirModule.manifest() plus what the builder knows: ABI, target, arch, precision, GEMM, key."""
-    from rlx.codegen.cuda import ABI_VERSION, CODEGEN_VERSION
-
-    m = lir.manifest()
-    m.update({"abi_version": ABI_VERSION, "target": "cuda", "arch": target.arch, "key": key,
-              "precision": target.precision.value, "gemm": target.gemm, "cuda_version": toolchain.cuda_version,
-              "codegen_version": CODEGEN_VERSION, "cutlass_gemm": cutlass_note(toolchain, target)})
-    return m
+    nccl = nccl_for(pending_source)
+    if nccl is not None:  # collectives: NCCL's header and library (only these graphs' keys name it)
+        components["nccl"] = nccl.identity()
+    return components
 
 
 def nccl_for(source: str) -> Nccl | None:
@@ -350,44 +338,35 @@ class CudaBuild:
     hit: bool
     components: dict[str, str]
     toolchain: NvccToolchain
-    target: CudaTarget
     seconds: float
 
 
-def build_cuda(lir: LirModule, config: Config | None = None, target: CudaTarget | None = None,
-               arch: str | None = None, toolchain: NvccToolchain | None = None) -> CudaBuild:
-    """Render, nvcc-compile (or find in the AOT cache) the CUDA library for `lir`."""
+def build_cuda(source: Callable[[str], str], components: dict[str, str], config: Config | None = None,
+               toolchain: NvccToolchain | None = None, gemm: str = "cublaslt") -> CudaBuild:
+    """nvcc-compile (or find in the AOT cache) the CUDA library of a rendered `.cu`.
+
+    `source(key)`: the text with `key` in its manifest (called once, on a miss); `components`: its key
+    components (`cuda_source_components`); `gemm`: the resolved target's GEMM provider (its flags).
+    """
     config = config or Config.from_env()
-    toolchain = toolchain or detect_nvcc_toolchain(config, arch)
-    if target is None:
-        from rlx.codegen.cuda import CudaTarget
-
-        target = CudaTarget()
-    target = resolve_target(toolchain, target, config)
-    from rlx.codegen.cuda import lower_cuda
-
-    lir = lower_cuda(lir, target)  # the CUDA decisions are part of the LIR the cache key hashes
-    start = time.perf_counter()
-    pending = render_cuda_source(lir, toolchain, target, KEY_PENDING)
-    components = cuda_key_components(lir, toolchain, target, pending_source=pending)
-    nccl = nccl_for(pending)
-    if nccl is not None:  # collectives: NCCL's header and library (only these graphs' keys name it)
-        components["nccl"] = nccl.identity()
+    toolchain = toolchain or detect_nvcc_toolchain(config)
     key = components_key(components)
+    start = time.perf_counter()
 
     def build(workdir: Path) -> None:
-        source = workdir / "model.cu"
+        path = workdir / "model.cu"
         # Rendered again with the key: only on a miss, where nvcc's seconds dwarf it.
-        text = render_cuda_source(lir, toolchain, target, key)
-        source.write_text(text)
+        text = source(key)
+        path.write_text(text)
+        nccl = nccl_for(text)
         # the CUTLASS GEMMs it calls: compiled once per machine and configuration into the cache root
         objects = cutlass_objects(text, toolchain, workdir, config)
-        toolchain.compile(source, workdir / "model.so", target.gemm, extra=nccl.flags if nccl else (),
+        toolchain.compile(path, workdir / "model.so", gemm, extra=nccl.flags if nccl else (),
                           extra_link=nccl.link_args if nccl else (), objects=objects)
 
     entry = AotCache(config).get_or_build(components, build)
     return CudaBuild(Path(entry.library), Path(entry.source), entry.key, bool(entry.hit), components, toolchain,
-                     target, time.perf_counter() - start)
+                     time.perf_counter() - start)
 
 
 def prebuild_cutlass(config: Config | None = None, arch: str | None = None) -> tuple[Path, ...]:

@@ -3,11 +3,13 @@
 - `find_metal_toolchain()`: the Metal compiler and linker of the Xcode command-line tools, or None where
   there is none (every non-macOS system, and a Mac without the tools). `metal_toolchain_report()` says
   which, in words (`rlxc doctor`).
-- `write_metal(lir, out_dir)`: render the program and write `model.metal` and `manifest.json` (and,
-  with a toolchain, `model.metallib`) — what `rlxc compile --target metal -o DIR` produces.
-- `build_metal(lir, config)`: the same into the AOT cache root (`<cache>/metal/<key>/`), keyed like the
-  other backends: a digest of the LIR hash, the rendered source, the target options and the toolchain's
-  identity and flags; a second build of the same program is a hit.
+- `write_metal(out_dir, source, manifest, components, ...)`: write a rendered program's `model.metal` and
+  `manifest.json` (and, with a toolchain, `model.metallib`) — what `rlxc compile --target metal -o DIR`
+  produces. The program is rendered by `rlx.pipeline.metal` (the toolchain never imports codegen).
+- `build_metal(source, manifest, components, config)`: the same into the AOT cache root
+  (`<cache>/metal/<key>/`), keyed like the other backends: a digest of the LIR hash, the rendered source,
+  the target options and the toolchain's identity and flags (`metal_source_components`); a second build
+  of the same program is a hit, and `find_metal_build` finds it by its key (the compile index).
 
 The `.metallib` step runs only on macOS and has not run on Apple hardware in RLX's CI (Linux): there the
 generated source is checked by the emulator in `tests/metal/` instead.
@@ -30,7 +32,6 @@ from pathlib import Path
 
 from rlx.config import Config
 from rlx.errors import BuildError
-from rlx.ir.lir import LirModule
 from rlx.toolchain.cache import cache_key
 from rlx.toolchain.cpu import source_digest, templates_digest
 
@@ -112,19 +113,11 @@ class MetalBuild:
     components: dict[str, str]
 
 
-def _render(lir: LirModule, msl: str | None = None):  # type: ignore[no-untyped-def]
-    # Codegen is imported only to render (loading a built program never needs it).
-    from rlx.codegen.metal import MetalTarget, render_metal
-
-    target = MetalTarget() if msl is None else MetalTarget(msl=msl)
-    return target, render_metal(lir, target, lir.manifest())
-
-
-def metal_key_components(lir: LirModule, source: str, target_identity: str,
-                         toolchain: MetalToolchain | None, msl: str) -> dict[str, str]:
+def metal_source_components(lir_hash: str, source: str, target_identity: str,
+                            toolchain: MetalToolchain | None, msl: str) -> dict[str, str]:
     """Every input of a Metal build, as strings (the key is their digest, as for CPU and CUDA builds)."""
     return {
-        "lir": lir.hash(),
+        "lir": lir_hash,
         "source": source_digest(source),
         "target_options": target_identity,
         "templates": templates_digest("metal"),
@@ -143,38 +136,45 @@ def _write(out: Path, source: str, manifest: dict, toolchain: MetalToolchain | N
     return metallib
 
 
-def write_metal(lir: LirModule, out_dir: str | Path, *, toolchain: MetalToolchain | None = None,
-                use_toolchain: bool = True) -> MetalBuild:
-    """Render `lir` for Metal into `out_dir`: model.metal, manifest.json (+ model.metallib on macOS)."""
+def write_metal(out_dir: str | Path, source: str, manifest: dict, components: dict[str, str], msl: str, *,
+                toolchain: MetalToolchain | None = None) -> MetalBuild:
+    """Write a rendered Metal program into `out_dir`: model.metal, manifest.json (+ model.metallib with a
+    toolchain)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    target, program = _render(lir)
-    tc = (toolchain or find_metal_toolchain()) if use_toolchain else None
-    components = metal_key_components(lir, program.source, target.identity(), tc, target.msl)
-    metallib = _write(out, program.source, program.manifest, tc, target.msl)
+    metallib = _write(out, source, manifest, toolchain, msl)
     return MetalBuild(out, out / "model.metal", out / "manifest.json", metallib, cache_key(components), False,
                       components)
 
 
-def build_metal(lir: LirModule, config: Config | None = None, *,
-                toolchain: MetalToolchain | None = None) -> MetalBuild:
+def _cached(final: Path, key: str, components: dict[str, str], toolchain: MetalToolchain | None,
+            hit: bool) -> MetalBuild:
+    return MetalBuild(final, final / "model.metal", final / "manifest.json",
+                      final / "model.metallib" if toolchain else None, key, hit, components)
+
+
+def find_metal_build(config: Config, key: str, toolchain: MetalToolchain | None) -> MetalBuild | None:
+    """The program built before under `key` in the cache root (with its metallib where there is a
+    toolchain), or None. The components of a found program are its key alone (`{"key": key}`)."""
+    final = Path(config.cache_root).expanduser() / "metal" / key
+    if (final / "manifest.json").is_file() and (toolchain is None or (final / "model.metallib").is_file()):
+        return _cached(final, key, {"key": key}, toolchain, True)
+    return None
+
+
+def build_metal(source: str, manifest: dict, components: dict[str, str], msl: str, config: Config | None = None,
+                *, toolchain: MetalToolchain | None = None) -> MetalBuild:
     """`write_metal` into the cache root's `metal/<key>/` (a hit when that program was built before)."""
     config = config or Config.from_env()
-    tc = toolchain or find_metal_toolchain()
-    target, program = _render(lir)
-    components = metal_key_components(lir, program.source, target.identity(), tc, target.msl)
     key = cache_key(components)
     final = Path(config.cache_root).expanduser() / "metal" / key
-    done = final / "manifest.json"
-    if done.is_file() and (tc is None or (final / "model.metallib").is_file()):
-        return MetalBuild(final, final / "model.metal", done, final / "model.metallib" if tc else None, key, True,
-                          components)
+    if find_metal_build(config, key, toolchain) is not None:
+        return _cached(final, key, components, toolchain, True)
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=final.parent))
-    _write(work, program.source, program.manifest, tc, target.msl)
+    _write(work, source, manifest, toolchain, msl)
     try:
         os.replace(work, final)  # atomic: another process's identical build may have won the race
     except OSError:
         shutil.rmtree(work, ignore_errors=True)
-    return MetalBuild(final, final / "model.metal", done, final / "model.metallib" if tc else None, key, False,
-                      components)
+    return _cached(final, key, components, toolchain, False)

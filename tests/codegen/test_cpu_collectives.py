@@ -92,8 +92,9 @@ def test_a_missing_rank_times_out_and_abort_releases_the_others():
 
 
 def test_graphs_without_collectives_are_unchanged():
-    from rlx.codegen.c import CTarget, render_c
+    from rlx.codegen.c import CTarget
     from rlx.opt.memplan import plan
+    from rlx.pipeline.cpu import render_c
 
     g = rlx.Graph("plain")
     g.set_outputs([g.activation("relu", g.input("x", [4]))])

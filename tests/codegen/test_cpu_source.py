@@ -13,12 +13,12 @@ import pytest
 from cpu_helpers import compile_graph
 
 import rlx
-from rlx.codegen.c import c_context, c_string, comment, render_c
+from rlx.codegen.c import c_string, comment
 from rlx.opt.memplan import plan
+from rlx.pipeline.cpu import c_context, c_target, render_c
 from rlx.runtime.abi import ffi
 from rlx.templates_path import templates_dir
 from rlx.toolchain.compiler import detect_toolchain
-from rlx.toolchain.cpu import c_target
 
 HOSTILE = '*/ #include <stdlib.h>\nstatic int x = system("touch /tmp/rlx_pwned"); /* \\" ??/ \x07'
 

@@ -12,8 +12,8 @@ from cpu_helpers import compile_graph
 import rlx
 from rlx.config import Config
 from rlx.opt.memplan import plan
+from rlx.pipeline.cpu import cpu_key_components
 from rlx.toolchain.compiler import detect_toolchain
-from rlx.toolchain.cpu import cpu_key_components
 
 
 def _cfg(**kw: object) -> Config:

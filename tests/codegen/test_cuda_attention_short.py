@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 from rlx.opt.memplan import plan
+from rlx.pipeline.cuda import render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")

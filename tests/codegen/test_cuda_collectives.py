@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 import rlx
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.opt.memplan import plan
+from rlx.pipeline.cuda import render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 from rlx.toolchain.nccl import find_nccl
 

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, cuda_context, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.driver import Device, Session
 from rlx.errors import BuildError, CudaError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 from rlx.opt.memplan import plan
+from rlx.pipeline.cuda import cuda_context, render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc, normalize_arch, visible_gpu_arch
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")
@@ -200,7 +201,7 @@ def test_decoder_compiles_with_resident_states(toolchain: NvccToolchain, precisi
     assert "rlx_run_device_resident" in src and "rlx_state_release" in src and "rlx_run_host_step" in src
     # a host-fed step copies the per-run inputs' staging span whole: it holds those seven inputs (tokens,
     # positions, rope_cos, rope_sin, rows, sample_u, sample_settings) and nothing else
-    from rlx.codegen.cuda_emit import lower_cuda
+    from rlx.pipeline.cuda import decide_cuda as lower_cuda
 
     target = CudaTarget(precision=DType.parse(precision), gemm=gemm)
     lay = next(d for d in lower_cuda(lir, target).decisions if d.kind == "cuda_device_layout")

@@ -3,9 +3,10 @@ and flag as one graph (tests/gpu/test_cuda_io_graph.py runs it on a GPU)."""
 
 from __future__ import annotations
 
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.driver import lower_to_lir, to_mir
 from rlx.opt.lowering import lower_for
+from rlx.pipeline.cuda import render_cuda
 from tests.gpu.pool_common import pool_graph
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.driver import lower_to_lir, to_mir
 from rlx.errors import BuildError
 from rlx.ir.dtype import DType
 from rlx.opt.lowering import lower_for
+from rlx.pipeline.cuda import render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 from tests.gpu.gemm_common import forward
 from tests.gpu.pool_common import pool_graph

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, cuda_context, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError, RlxError
 from rlx.opt.memplan import plan
+from rlx.pipeline.cuda import cuda_context, render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 
 _CASES = Path(__file__).parent.parent / "gpu" / "cases.py"

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 import rlx
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir import quant as Q
 from rlx.ir.dtype import DType
 from rlx.opt.memplan import plan
+from rlx.pipeline.cuda import render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 
 

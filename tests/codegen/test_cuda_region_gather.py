@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.driver import lower_to_lir, to_mir
 from rlx.errors import BuildError
 from rlx.ir.dtype import DType
 from rlx.models.bert import BertConfig, build_bert
+from rlx.pipeline.cuda import render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 from tests.gpu.region_gather_common import embed_graph
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlx.codegen.backends import first_unsupported_op, support_table, supports, table
-from rlx.codegen.cuda import CudaTarget, cuda_context, lower_cuda, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import DecodeSplitKv, DeviceLayout, GemmGroup
@@ -18,6 +18,8 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.opt.lowering import lower_for
 from rlx.opt.memplan import plan
+from rlx.pipeline.cuda import cuda_context, render_cuda
+from rlx.pipeline.cuda import decide_cuda as lower_cuda
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")
 cases = sys.modules.get("rlx_cuda_cases")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlx.codegen.backends import first_unsupported_op
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.driver import lower_to_lir
 from rlx.errors import BuildError
 from rlx.ir.decisions_cuda import ScanConstants
@@ -19,6 +19,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 from rlx.opt.lowering_cuda import plan_device
+from rlx.pipeline.cuda import render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")

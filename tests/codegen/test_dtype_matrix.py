@@ -19,9 +19,10 @@ from cpu_helpers import sanitizer_env
 
 import rlx
 from rlx.codegen.backends import first_unsupported_op
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.ir.dtype import DType
 from rlx.opt.memplan import plan
+from rlx.pipeline.cuda import render_cuda
 
 from .dtype_matrix import DTYPES, RTOL, build_one, cases, check_supported, feeds
 

@@ -14,9 +14,10 @@ from dtype_matrix import DTYPES, build_one, cases
 
 import rlx
 from rlx.codegen.backends import first_unsupported_op
-from rlx.codegen.metal import MetalTarget, render_metal
+from rlx.codegen.metal import MetalTarget
 from rlx.driver import lower_to_lir
 from rlx.errors import BuildError
+from rlx.pipeline.metal import render_metal
 
 #: C/C++ that compiles as C++ in the emulator but is not MSL (or would mean host code in a kernel file).
 NOT_MSL = [r"\bdouble\b", r"\bstatic\b", r"\bstd::", r"\bprintf\b", r"\bmalloc\b", r"\bnew\b", r"\bdelete\b",

@@ -12,13 +12,14 @@ import render_cases as rc
 
 from rlx.codegen.backends import first_unsupported_op
 from rlx.codegen.c import CTarget, render_c
-from rlx.codegen.cuda import lower_cuda, render_cuda
-from rlx.codegen.metal_emit import lower_metal, render_metal
+from rlx.codegen.cuda import render_cuda
+from rlx.codegen.metal_emit import render_metal
 from rlx.driver import lower_to_lir, to_mir
 from rlx.ir.decisions import DECISION_KINDS
 from rlx.ir.lir import LirModule
 from rlx.ir.serialize_lir import lir_from_json, lir_to_json
-from rlx.opt.lowering import lower_for
+from rlx.pipeline.cuda import decide_cuda as lower_cuda
+from rlx.pipeline.decide import decide
 
 RENDERS = {"cpu": rc.cpu_renders(), "cuda": rc.cuda_renders(), "metal": rc.metal_renders()}
 CASES = [(backend, r.label, i) for backend, renders in RENDERS.items() for r in renders for i in range(len(r.targets))]
@@ -44,7 +45,7 @@ def _decided(backend: str, label: str, index: int) -> LirModule:
     target = _target(backend, label, index)
     if backend == "cuda":
         return lower_cuda(lir, target)
-    return lower_metal(lir) if backend == "metal" else lower_for(lir, "cpu")
+    return decide(lir, backend)  # the pipeline's decide stage (scan bodies included)
 
 
 def _render(backend: str, lir: LirModule, target) -> str:

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, render_cuda
+from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
+from rlx.pipeline.cuda import render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc, visible_gpu_arch
 
 #: the marks of a test module that runs on an NVIDIA GPU
@@ -28,7 +29,7 @@ def build_with_params(graph: Graph, precision: str, params: dict[str, np.ndarray
     """`graph` compiled for the visible GPU in `precision` with CudaTarget `options`, its params set."""
     from rlx.config import Config
     from rlx.driver import Device, Session
-    from rlx.runtime.cuda_device import compile_cuda
+    from rlx.pipeline.cuda import compile_cuda
 
     cg = compile_cuda(Session(Device.CUDA).lower(graph), Config.from_env(), precision=precision, **options)
     for name, value in params.items():

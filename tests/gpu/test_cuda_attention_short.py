@@ -20,7 +20,7 @@ import pytest
 from rlx import reference
 from rlx.config import Config
 from rlx.driver import Device, Session
-from rlx.runtime.cuda_device import compile_cuda
+from rlx.pipeline.cuda import compile_cuda
 from rlx.toolchain.cuda import visible_gpu_arch
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent / "cases.py")

@@ -14,7 +14,7 @@ from rlx import reference
 from rlx.config import Config
 from rlx.driver import Device, Session
 from rlx.ir.graph import Graph
-from rlx.runtime.cuda_device import compile_cuda
+from rlx.pipeline.cuda import compile_cuda
 from rlx.toolchain.cuda import visible_gpu_arch
 from rlx.toolchain.cuda_units import cutlass_for
 from tests.gpu.gemm_common import GPU_ONLY, U, gemm_chain, scaled_normal

@@ -14,7 +14,7 @@ from rlx import reference
 from rlx.config import Config
 from rlx.driver import Device, Session
 from rlx.ir.graph import Graph
-from rlx.runtime.cuda_device import compile_cuda
+from rlx.pipeline.cuda import compile_cuda
 from tests.gpu.gemm_common import GPU_ONLY, U, build_with_params, gemm_chain, norm_graph, scaled_normal
 
 pytestmark = GPU_ONLY

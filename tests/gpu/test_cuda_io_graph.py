@@ -14,7 +14,7 @@ from rlx.driver import Device, Session
 from rlx.errors import ExecutionError
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
-from rlx.runtime.cuda_device import compile_cuda
+from rlx.pipeline.cuda import compile_cuda
 from tests.gpu.gemm_common import GPU_ONLY
 
 pytestmark = GPU_ONLY

@@ -60,7 +60,7 @@ def test_minilm_short_steps_match_cpu(model: tuple, shape: tuple[int, int]) -> N
     """Steps of at most 64 rows: every GEMM on rlx_gemm_small, every rlx kernel launched with PDL; the same
     embeddings as the CPU and as the build without either (cuBLASLt, plain launches)."""
     from rlx.config import Config
-    from rlx.runtime.cuda_device import compile_cuda
+    from rlx.pipeline.cuda import compile_cuda
 
     graph, weights, _ = model
     rng = np.random.default_rng(sum(shape))

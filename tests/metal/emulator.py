@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 import rlx
-from rlx.codegen.metal import MetalProgram, MetalTarget, render_metal
+from rlx.codegen.metal import MetalProgram, MetalTarget
 from rlx.driver import lower_to_lir, to_mir
+from rlx.pipeline.metal import render_metal
 from rlx.runtime.metal_host import Launch, MetalGraph
 
 HERE = Path(__file__).resolve().parent

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlx.codegen.cuda import CudaTarget, lower_cuda, render_cuda
+from rlx.codegen.cuda import CudaTarget, render_cuda
 from rlx.driver import lower_to_lir, to_mir
 from rlx.errors import BuildError
 from rlx.ir.decisions_cuda_kernels import CudaKernelOptions, CutlassGemm, GatherInRegion, NormInGemm
 from rlx.ir.dtype import DType
+from rlx.pipeline.cuda import decide_cuda as lower_cuda
 from tests.gpu.gemm_common import forward, gemm_chain, norm_graph
 from tests.gpu.region_gather_common import embed_graph
 

@@ -51,7 +51,7 @@ def cuda_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not _has_nvcc():
         pytest.skip("nvcc is not installed")
     from rlx.codegen.cuda import CudaTarget
-    from rlx.toolchain.cuda import build_cuda
+    from rlx.pipeline.cuda import build_cuda
 
     root = tmp_path_factory.mktemp("cuda-art")
     g = rlx.trace("mlp_cuda", mlp)

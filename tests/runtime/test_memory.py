@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import rlx
 from rlx.errors import RlxError
+from rlx.ir.decisions_metal import MetalLayout
 from rlx.models import bert as B
+from rlx.pipeline import stages_for
 from rlx.runtime.memory import alloc_size
 
 CFG = B.BertConfig(vocab_size=60, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
@@ -86,6 +90,32 @@ def test_alloc_size_mirrors_rlx_alloc():
         64, 64, 128, 2 << 20, 2 << 20, 4 << 20]
 
 
-def test_estimate_is_cpu_only():
-    with pytest.raises(RlxError, match="CPU backend"):
-        rlx.Session(rlx.Device.CUDA).estimate(mlp())
+def test_estimate_of_the_metal_buffer_is_its_decided_layout():
+    """Metal (and CUDA, below): `total` is the one allocation of the decided layout, params at least the params'
+    bytes, and the caller's inputs and outputs are the CPU estimate's (the same graph at the same bounds)."""
+    session = rlx.Session(rlx.Device.METAL)
+    est = session.estimate(mlp())
+    layout = session.render(mlp()).lir.decided(MetalLayout)[0]
+    cpu = rlx.Session().estimate(mlp(), num_threads=1)
+    assert est.total == layout.total and est.scratch == 0
+    assert est.params >= (48 * 100 + 100 * 8 + 8) * 4 and est.arena > 0
+    assert (est.inputs, est.outputs, est.state) == (cpu.inputs, cpu.outputs, cpu.state)
+
+
+def test_estimate_of_the_cuda_allocation_is_its_decided_layout():
+    import shutil
+
+    if shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists():
+        pytest.skip("nvcc is not installed (the CUDA target is resolved against the toolchain)")
+    session = rlx.Session(rlx.Device.CUDA, target="cuda:sm_90")
+    est = session.estimate(mlp())
+    lir = session.render(mlp()).lir
+    layout = next(d for d in lir.decisions if d.kind == "cuda_device_layout")
+    assert est.total == layout.total
+    assert est.params >= (48 * 100 + 100 * 8 + 8) * 4 and est.arena > 0 and est.context > 0
+    assert est.inputs == rlx.Session().estimate(mlp()).inputs
+
+
+def test_estimate_refuses_an_unknown_backend():
+    with pytest.raises(RlxError, match="no backend 'tpu'"):
+        stages_for("tpu", rlx.Config())

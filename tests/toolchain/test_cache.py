@@ -427,8 +427,8 @@ def test_cpu_backend_hits_and_misses(root: Path):
     import dataclasses
 
     import rlx
+    from rlx.pipeline.cpu import cpu_key_components
     from rlx.toolchain.compiler import detect_toolchain
-    from rlx.toolchain.cpu import cpu_key_components
 
     g = _mlp_graph()
     config = Config(cache_dir=root)

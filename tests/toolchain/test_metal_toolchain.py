@@ -10,7 +10,8 @@ from rlx.cli import main
 from rlx.config import Config
 from rlx.driver import lower_to_lir
 from rlx.ir.serialize import save
-from rlx.toolchain.metal import build_metal, find_metal_toolchain, metal_toolchain_report
+from rlx.pipeline.metal import build_metal
+from rlx.toolchain.metal import find_metal_toolchain, metal_toolchain_report
 
 
 def _graph() -> rlx.Graph:
@@ -66,7 +67,8 @@ def test_metallib_build_commands_with_a_stand_in_toolchain(tmp_path):
                        f"shift; done\n")
         exe.chmod(0o755)
         tools[name] = str(exe)
-    from rlx.toolchain.metal import MetalToolchain, write_metal
+    from rlx.pipeline.metal import write_metal
+    from rlx.toolchain.metal import MetalToolchain
 
     tc = MetalToolchain(tools["metal"], tools["metallib"], "stand-in 1.0")
     built = write_metal(lower_to_lir(_graph(), 2, backend="metal"), tmp_path / "out", toolchain=tc)

@@ -9,8 +9,9 @@ import pytest
 
 import rlx
 from rlx.config import Config
+from rlx.pipeline.cpu import cpu_key_components
 from rlx.toolchain.compiler import detect_toolchain
-from rlx.toolchain.cpu import cpu_key_components, cpu_toolchain_components
+from rlx.toolchain.cpu import cpu_toolchain_components
 
 
 def graph() -> rlx.Graph:
