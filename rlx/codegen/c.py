@@ -1065,9 +1065,9 @@ def context_record_bytes(n_params: int, headers: Sequence[str], profile: bool) -
     """sizeof(rlx_ctx) (templates/cpu/prelude.c.j2) of a program with `n_params` params, its kernel `headers`,
     profiled or not. The rendered source asserts it (`_Static_assert`), so a change to the record that is not
     made here too fails every build instead of skewing `Session.estimate`."""
-    # three pointers, two int32, param_set[N + 1], err[512], padded to 8; then the transport pointer
-    # (collectives) and a profiled build's span ring
-    record = -(-(3 * 8 + 2 * 4 + n_params + 1 + 512) // 8) * 8
+    # three pointers, three int32 (nthreads, scratch_threads, spins), param_set[N + 1], err[512], padded to 8;
+    # then the transport pointer (collectives) and a profiled build's span ring
+    record = -(-(3 * 8 + 3 * 4 + n_params + 1 + 512) // 8) * 8
     if "kernels/collectives.h" in headers:
         record += 8
     return record + (PROFILE_RING_BYTES if profile else 0)
