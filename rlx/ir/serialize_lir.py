@@ -15,8 +15,7 @@ type hint (nested records such as a `DeviceLayout`'s regions included). What a b
 LIR is what it renders from the original (`tests/codegen/test_render_roundtrip.py`): codegen reads nothing but
 the LIR and the target. Anything malformed raises `IRError`.
 
->>> from rlx.ir import ops_scan as L
-from rlx.ir.graph import Graph
+>>> from rlx.ir.graph import Graph
 >>> from rlx.opt.lowering import lower_for
 >>> from rlx.opt.memplan import plan
 >>> g = Graph("mlp")

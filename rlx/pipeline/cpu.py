@@ -142,7 +142,8 @@ class CpuStages:
         from rlx.codegen.c import memory_plan
 
         return estimate_lir(memory_plan(lir, profile=self.config.profile),
-                            num_threads if num_threads is not None else self.config.threads)
+                            num_threads if num_threads is not None else self.config.threads,
+                            profiled=self.config.profile)
 
 
 def render_source(lir: LirModule, config: Config | None = None, toolchain: Toolchain | None = None, *,

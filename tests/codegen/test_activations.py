@@ -15,12 +15,14 @@ from cpu_helpers import U32, assert_within, check, compile_graph, gemm_bound
 
 import rlx
 from rlx.codegen.activations import Activations
-from rlx.codegen.cuda import CudaTarget, render_cuda
-from rlx.codegen.metal import MetalTarget, render_metal
+from rlx.codegen.cuda import CudaTarget
+from rlx.codegen.metal import MetalTarget
 from rlx.driver import lower_to_lir
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.activation_table import TABLE, activation_table, parse_table
+from rlx.pipeline.cuda import render_cuda
+from rlx.pipeline.metal import render_metal
 from rlx.templates_path import templates_dir
 from rlx.toolchain.cuda_units import ACTIVATIONS as CUTLASS_IDS
 from rlx.toolchain.cuda_units import activation_defines
