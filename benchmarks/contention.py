@@ -149,28 +149,9 @@ def decode_worker(conn: object, threads: int, random_weights: bool) -> None:
         conn.send((samples, np.array([token])))
 
 
-class DecodePeer:
-    """SmolLM2 decode steps in a worker process (the interface of `minilm.Peer`)."""
-
-    def __init__(self, threads: int, random_weights: bool) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=decode_worker, args=(child, threads, random_weights), daemon=True)
-        self.proc.start()
-        reply = self.conn.recv() if self.conn.poll(900) else {"error": "failed: no reply within 900 s"}
-        self.error = reply.get("error")
-        self.setup_s = reply.get("setup_s", 0.0)
-        if self.error:
-            self.close()
-
-    def time(self, case: object, n: int) -> tuple[list[float], np.ndarray]:
-        self.conn.send(("time", case, n))
-        return self.conn.recv()
-
-    def close(self) -> None:
-        if self.proc.is_alive() and not self.error:
-            self.conn.send(None)
-        self.proc.join(30)
+def decode_peer(threads: int, random_weights: bool) -> minilm.Peer:
+    """SmolLM2 decode steps in a worker process (`decode_worker`), timed like a MiniLM peer."""
+    return minilm.Peer("decode", Path(), threads, [], worker=decode_worker, args=(threads, random_weights))
 
 
 def _quantile(samples: list[float], q: float) -> float:
@@ -247,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                     for case in minilm_cases:
                         peers[(label, case)] = peer
             if decode and name == "rlx":
-                peer = _with_wait(wait, lambda: DecodePeer(args.threads, args.random_weights))
+                peer = _with_wait(wait, lambda: decode_peer(args.threads, args.random_weights))
                 print(f"{label} (SmolLM2 decode): {peer.error or f'set up in {peer.setup_s:.1f} s'}")
                 if not peer.error:
                     peers[(label, "decode")] = peer

@@ -229,13 +229,18 @@ def peer_worker(conn: object, name: str, model_dir: str, threads: int, cases: li
 class Peer:
     """A peer living in its own process, so no other engine's thread pool competes while it runs."""
 
-    def __init__(self, name: str, model_dir: Path, threads: int, cases: list) -> None:
+    def __init__(self, name: str, model_dir: Path, threads: int, cases: list, *,
+                 worker: Callable[..., None] | None = None, args: tuple = ()) -> None:
+        """`worker(conn, *args)` (default: `peer_worker(conn, name, model_dir, threads, cases)`) serves the
+        `("time", case, n)` requests in the new process."""
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
         self.name = name
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=peer_worker, args=(child, name, str(model_dir), threads, cases), daemon=True)
+        if worker is None:
+            worker, args = peer_worker, (name, str(model_dir), threads, cases)
+        self.proc = ctx.Process(target=worker, args=(child, *args), daemon=True)
         self.proc.start()
         reply = self.conn.recv() if self.conn.poll(900) else {"error": "failed: no reply within 900 s"}
         self.error = reply.get("error")
@@ -243,7 +248,7 @@ class Peer:
         if self.error:
             self.close()
 
-    def time(self, case: tuple[int, int], n: int) -> tuple[list[float], np.ndarray]:
+    def time(self, case: object, n: int) -> tuple[list[float], np.ndarray]:
         self.conn.send(("time", case, n))
         return self.conn.recv()
 
