@@ -46,6 +46,10 @@ MIN_RUN_S = 2e-4
 #: (measured in cores, not as a fraction: a spinning team waits for its slowest thread, so one thread
 #: preempted half the time slows a team of 16 as much as a team of 2).
 LOSS_LIMIT = 0.4
+#: Involuntary switches per second of a run below which its lost time is not counted as preemption: a
+#: contended core switches tasks every few milliseconds (hundreds a second), while on a quiet machine a
+#: long run still meets a kernel thread now and then.
+MIN_PREEMPTIONS_PER_S = 50.0
 #: Smoothing of the per-run loss (weight of the newest run).
 LOSS_WEIGHT = 0.5
 #: First wait before trying a bigger team again, and its bound as failed tries double it.
@@ -225,7 +229,8 @@ class TeamGovernor:
             return
         # Time off a core counts only when something preempted the team: a thread asleep on its own
         # (a serial stretch longer than the spin) is not contention.
-        lost = threads * min(1.0, max(0.0, 1.0 - cpu / (threads * wall))) if preempted > 0 else 0.0
+        contended = preempted >= max(1.0, wall * MIN_PREEMPTIONS_PER_S)
+        lost = threads * min(1.0, max(0.0, 1.0 - cpu / (threads * wall))) if contended else 0.0
         self._runs_since_change += 1
         if self._trying is not None:  # one run at a bigger size: keep it only if it ran undisturbed
             fallback, self._trying = self._trying, None

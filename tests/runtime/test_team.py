@@ -236,3 +236,14 @@ def test_a_misleading_load_figure_backs_off():
         starts.append(clock.now)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert gaps[0] >= 2 * T.FIRST_BACKOFF_S * 0.9 and gaps[1] > 1.5 * gaps[0] and gaps[2] > 1.5 * gaps[1]
+
+
+def test_a_long_run_meeting_a_kernel_thread_is_not_contention():
+    """A 200 ms run on a quiet machine meets a few involuntary switches (kernel threads, timers) while its
+    threads also sleep through a serial stretch: not preemption by another process."""
+    gov, _ = governor(2)
+    for _ in range(10):
+        gov.observe(threads=2, wall=0.2, cpu=0.3, preempted=3)
+    assert (gov.threads, gov.contended) == (2, False)
+    gov.observe(threads=2, wall=0.2, cpu=0.2, preempted=60)  # 300 switches a second: another process
+    assert (gov.threads, gov.contended) == (1, True)
