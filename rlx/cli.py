@@ -283,11 +283,14 @@ def _session(args: argparse.Namespace) -> Any:
     import rlx
 
     target = _target(args)
+    precision = getattr(args, "precision", None) or "f32"
     if target.device == "cuda":
-        return rlx.Session(rlx.Device.CUDA, config=_config(args), target=target.arch)
+        return rlx.Session(rlx.Device.CUDA, config=_config(args), target=target.arch, precision=precision)
     if target.device == "metal":
+        if precision != "f32":
+            raise UsageError("--precision applies to the cpu and cuda targets (Metal programs compute in f32)")
         return rlx.Session(rlx.Device.METAL, config=_config(args))
-    return rlx.Session(rlx.Device.CPU, config=_config(args))
+    return rlx.Session(rlx.Device.CPU, config=_config(args), precision=precision)
 
 
 def compile_graph(args: argparse.Namespace, graph: Any) -> Any:
@@ -1121,6 +1124,9 @@ def build_parser() -> argparse.ArgumentParser:
     def target(q: argparse.ArgumentParser) -> None:
         q.add_argument("--target", type=parse_target, default=None, metavar="TARGET",
                        help=f"what to build for: {TARGET_HELP}")
+        q.add_argument("--precision", choices=("f32", "f16", "bf16"), default=None,
+                       help="Session(precision=...): CUDA stores and computes f32 tensors in it (f32 sums); the "
+                            "CPU stores f32 weights in it (default f32)")
 
     def max_dim(q: argparse.ArgumentParser) -> None:
         q.add_argument("--max-dim", action="append", default=[], metavar="NAME=N",

@@ -157,3 +157,30 @@ def test_only_the_pipeline_decides_or_renders():
                 if name in names:
                     offenders.append(f"{rel}:{node.lineno} {name}")
     assert not offenders, offenders
+
+
+def test_cuda_inspect_of_minilm_in_f16_prints_the_kernel_decisions(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]):
+    """`rlxc inspect --stage lir --target cuda:sm_90 --precision f16` on a MiniLM-shaped encoder: the CUTLASS,
+    gather-into-region and norm-into-GEMM decisions are printed, and the digest is `Session`'s."""
+    if not has_nvcc():
+        pytest.skip("nvcc is not installed (the CUDA target is resolved against the toolchain)")
+    from rlx.models import bert as B
+    from rlx.models.embedder import SentenceEmbedder
+
+    config = B.BertConfig(vocab_size=64, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128,
+                          max_position_embeddings=32)
+    graph = SentenceEmbedder(config, B.random_weights(config), None, device="reference", max_seq=16,
+                             max_batch=2).graph("embeddings")
+    path = tmp_path / "encoder.json"
+    serialize.save(graph, path)
+    assert main(["inspect", str(path), "--stage", "lir", "--target", "cuda:sm_90", "--precision", "f16"]) == 0
+    out = capsys.readouterr().out
+    (digest,) = digest_lines(out)
+    assert digest == rlx.Session(rlx.Device.CUDA, target="cuda:sm_90", precision="f16").render(graph).digest
+    assert re.search(r"kernel choices for sm_90: CUTLASS GEMMs (on|off)", out)
+    assert re.search(r"%\d+ GEMM on (CUTLASS sm90 .*gelu in its epilogue|cuBLASLt, then a gelu pass; not on CUTLASS)",
+                     out)
+    assert re.search(r"%\d+ gather looked up inside %\d+'s elementwise kernel", out)
+    assert re.search(r"%\d+ norm computed in the prologue of %\d+'s small GEMM", out)
+    assert main(["inspect", str(path), "--stage", "lir", "--target", "metal", "--precision", "f16"]) == 2
