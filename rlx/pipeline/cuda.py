@@ -26,6 +26,7 @@ from rlx.runtime.memory import MemoryEstimate
 from rlx.toolchain.cache import AotCache
 from rlx.toolchain.cpu import KEY_PENDING
 from rlx.toolchain.cuda import (
+    CudaBuild,
     NvccToolchain,
     cuda_source_components,
     cuda_toolchain_components,
@@ -184,17 +185,10 @@ def _estimate(lir: LirModule, *, arena: int, params: int, scratch: int, context:
 
 
 @dataclass(frozen=True)
-class CudaBuilt:
-    """What `build_cuda` gives: the build stage's value and what went into it (target resolved)."""
+class CudaBuilt(CudaBuild):
+    """What `build_cuda` gives: the toolchain's build record, plus the resolved target and the decided LIR."""
 
-    library: Path
-    source: Path
-    key: str
-    hit: bool
-    components: dict[str, str]
-    toolchain: NvccToolchain
     target: Any
-    seconds: float
     lir: LirModule
 
 
@@ -211,8 +205,9 @@ def build_cuda(lir: LirModule, config: Config | None = None, target: Any = None,
     stages._target = resolve_target(stages.toolchain, target, config)
     rendered = stages.render(stages.decide(lir))
     built = stages.build(rendered)
-    return CudaBuilt(built.library, built.source, built.key, built.hit, rendered.components, stages.toolchain,
-                     stages.target, built.seconds, rendered.lir)
+    return CudaBuilt(library=built.library, source=built.source, key=built.key, hit=built.hit,
+                     components=rendered.components, toolchain=stages.toolchain, seconds=built.seconds,
+                     target=stages.target, lir=rendered.lir)
 
 
 def compile_cuda(lir: LirModule, config: Config, *, precision: DType | str = DType.F32, arch: str | None = None,

@@ -638,8 +638,9 @@ class CompiledGraph(Provenance):
     def _run_buffers(self, sym_values: Sequence[int], buffers: Sequence[Any], n_in: int) -> None:
         """One `rlx_run` on a pooled context: the dynamic dims' values, then cffi buffers, inputs first."""
         team = self._team
-        if team is None:
-            self._run_on_context(sym_values, buffers, n_in)
+        if team is None or not team.active:  # a fixed team: nothing to measure, no lock to take
+            self._run_on_context(sym_values, buffers, n_in,
+                                 None if team is None else (team.threads, team.policy.spins))
             return
         ticket = team.begin()
         try:

@@ -123,7 +123,7 @@ def _quant_group(swiglu: bool) -> Graph:
     return g
 
 
-def _tiny_decoder() -> Graph:
+def tiny_decoder() -> Graph:
     """A LLaMA-style decoder step: quantized GEMVs (fused in decode), rope inside the attention, a KV cache."""
     from rlx.models.decoder_config import DecoderConfig
     from rlx.models.llama import WeightSpec, build_decoder, random_specs
@@ -179,7 +179,7 @@ def cuda_renders() -> list[Render]:
         Render("pool_tail:norm", lambda: pool_graph(norm="layer_res"),
                (CudaTarget(precision=DType.F16, pool_norm=True), CUDA_F16)),
         Render("minilm_embed", _minilm_embed, (CUDA_F32, CUDA_F16, CUDA_BF16_SM80)),
-        Render("decoder", _tiny_decoder, (CUDA_F32, CUDA_F16)),
+        Render("decoder", tiny_decoder, (CUDA_F32, CUDA_F16)),
     ]
     return out
 
@@ -195,7 +195,7 @@ def cpu_renders() -> list[Render]:
         Render("int8", _int8, (None,)),
         Render("quant_group:qkv", lambda: _quant_group(False), (None,)),
         Render("quant_group:swiglu", lambda: _quant_group(True), (None,)),
-        Render("decoder", _tiny_decoder, (None,)),
+        Render("decoder", tiny_decoder, (None,)),
     ]
     return out
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from render_cases import tiny_decoder
 
 from rlx.codegen.cuda import CudaTarget
 from rlx.driver import Device, Session
@@ -175,16 +176,9 @@ def test_qkv_gemms_run_as_one_wide_gemm() -> None:
 
 def _tiny_decoder() -> Graph:
     from rlx.ir.quant import row_bytes
-    from rlx.models.decoder_config import DecoderConfig
-    from rlx.models.llama import WeightSpec, build_decoder, random_specs
 
-    cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                        head_dim=16, ffn_size=96, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
-                        n_rot=16, context_length=64, tie_embeddings=True, bos_id=1, eos_id=2)
-    specs = {name: spec if len(spec.shape) == 1 else WeightSpec("q4_1", spec.shape)
-             for name, spec in random_specs(cfg).items()}
     assert row_bytes("q4_1", 64) > 0
-    return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32)
+    return tiny_decoder()  # the render cases' LLaMA-style decoder step (tests/codegen/render_cases.py)
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16"])
