@@ -17,6 +17,10 @@ from rlx.ir import ops as O
 from rlx.ir.graph import Node
 
 TEMPLATE = "decoder.c.j2"
+#: The most query rows per sequence a step may have and still take the decode path, whose rows are
+#: computed independently of each other (batch-invariant): 1 + the longest speculative proposal
+#: (`rlx.models.speculative.AdaptiveK.k_max`) that verifies with exactly the one-row arithmetic.
+DECODE_ROWS = 9
 HEADERS = ("kernels/packed_gemm.h", "kernels/attention.h", "kernels/kv_decode.h")
 
 
@@ -43,8 +47,9 @@ class KvAttentionArgs:
     qblock: int
     kp_offset: int
     vp_offset: int
-    #: Decode steps: where a thread's partial results (max, sum, weighted values per row) start.
-    part_offset: int = 0
+    #: Steps of at most this many query rows per sequence run the batch-invariant decode path
+    #: (kernels/kv_decode.h): decode rows, and speculative verification of up to decode_rows - 1 tokens.
+    decode_rows: int = DECODE_ROWS
 
 
 
@@ -59,9 +64,7 @@ def emit_kv_attention(em, node: Node) -> Kernel:
     kp_offset = align64(ATTN_QBLOCK * capacity * 4)
     vp_offset = kp_offset + align64(op.head_dim * round_up(capacity, PACK_NR_MAX) * 4)
     scratch = vp_offset + align64(capacity * round_up(op.head_dim, PACK_NR_MAX) * 4)
-    # decode steps (at most ATTN_QBLOCK query rows x heads) reuse the space of K^T and V for each batch
-    # row's partial results: up to ATTN_QBLOCK rows of head_dim + 2 floats (kernels/kv_decode.h)
-    scratch = max(scratch, kp_offset + align64(q.dims[0].max * ATTN_QBLOCK * (op.head_dim + 2) * 4))
+    # decode steps use the first capacity floats of the score tile (one query row's scores)
     label = c_string(f"%{node.id} {node.kind}" + (f" ({node.name[:60]})" if node.name else ""))
     args = KvAttentionArgs(
         label=label, q=em.ptr(q_id), k=em.ptr(k_id), v=em.ptr(v_id),
@@ -70,8 +73,7 @@ def emit_kv_attention(em, node: Node) -> Kernel:
         positions=em.ptr(pos_id), o=em.ptr(node.id, const=False),
         batch=em.dim(q.dims[0]), sq=em.dim(q.dims[1]), capacity=capacity,
         heads=op.num_heads, kv_heads=op.kv_heads, group=op.num_heads // op.kv_heads, hd=op.head_dim,
-        scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
-        part_offset=kp_offset)
+        scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset)
     return Kernel(node.id, "kv_attention", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

@@ -39,8 +39,8 @@ GROUP_HEADERS = ("kernels/qgemv_group.h",)
 #: The format ids of kernels/quant.h.
 FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
-#: The most rows of X the GEMV path takes (RLX_QGEMV_MAX_M in kernels/quant.h).
-GEMV_MAX_M = 4
+#: The most rows of X the GEMV path takes (RLX_QDECODE_MAX_M in kernels/quant.h).
+GEMV_MAX_M = 16
 
 
 @dataclass(frozen=True)

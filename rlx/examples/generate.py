@@ -46,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--max-context", type=int, default=2048, help="KV cache capacity in tokens (default 2048)")
     p.add_argument("--quiet", action="store_true", help="no timing line on stderr")
+    spec = p.add_mutually_exclusive_group()
+    spec.add_argument("--speculative", choices=("prompt_lookup",), default=None,
+                      help="speculative decoding with a drafter: prompt_lookup proposes tokens that followed the "
+                           "last few tokens earlier in the prompt or output (greedy output is unchanged)")
+    spec.add_argument("--draft-model", metavar="PATH", default=None,
+                      help="speculative decoding with a smaller GGUF model sharing the tokenizer as the drafter")
     return p
 
 
@@ -72,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         t0 = time.perf_counter()
         lm = CausalLM.from_gguf(path, device=args.device, max_context=args.max_context)
+        speculative = args.speculative
+        if args.draft_model is not None:
+            speculative = CausalLM.from_gguf(args.draft_model, device=args.device, max_context=args.max_context)
         t_load = time.perf_counter() - t0
         prompt_ids = lm.encode_prompt(args.prompt, chat=args.chat)
         if not args.chat:
@@ -80,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = None
         count = 0
         stream = lm.stream(prompt_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                           top_p=args.top_p, seed=args.seed)
+                           top_p=args.top_p, seed=args.seed, speculative=speculative)
         for event in stream:
             if first is None:
                 first = time.perf_counter()
@@ -97,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode = end - first if first is not None and count > 1 else 0.0
         speed = f", {(count - 1) / decode:.1f} tokens/s decode" if decode > 0 else ""
         print(f"[{len(prompt_ids)} prompt tokens in {prefill * 1e3:.0f} ms, {count} new tokens{speed}; "
-              f"{stopped(stream.finish_reason, args, lm.max_context)}; "
+              f"{stopped(stream.finish_reason, args, lm.max_context)}; {speculation(stream.timings)}"
               f"model loaded and compiled in {t_load:.2f} s{contention_note(lm.team)}]", file=sys.stderr)
     return 0
 
@@ -121,6 +130,18 @@ def usage_problem(args: argparse.Namespace) -> str | None:
     if args.top_k is not None and args.top_k < 1:
         return f"--top-k must be >= 1, got {args.top_k}"
     return None
+
+
+def speculation(timings: dict[str, float]) -> str:
+    """The drafter's share of the timing line ("" without speculative decoding).
+
+    >>> speculation({"acceptance_rate": 0.75, "tokens_per_step": 2.5, "speculative_steps": 8.0})
+    '75% of draft tokens accepted, 2.50 tokens per step; '
+    """
+    if not timings.get("speculative_steps"):
+        return ""
+    return (f"{timings['acceptance_rate']:.0%} of draft tokens accepted, "
+            f"{timings['tokens_per_step']:.2f} tokens per step; ")
 
 
 def stopped(reason: str | None, args: argparse.Namespace, max_context: int) -> str:

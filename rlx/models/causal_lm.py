@@ -114,10 +114,13 @@ class TokenStream(Iterator[StreamEvent]):
     """What `CausalLM.stream` returns: its `StreamEvent`s, then, once they are all read, why
     generation stopped (`finish_reason`, as `Generation.finish_reason`; None until then)."""
 
-    def __init__(self, events: Iterator[StreamEvent], reasons: list[str]) -> None:
+    def __init__(self, events: Iterator[StreamEvent], reasons: list[str],
+                 timings: dict[str, float] | None = None) -> None:
         self._events = events
         self._reasons = reasons  # filled by the generator as it runs
         self._done = False
+        #: A speculative stream's counts once it ended (as `Generation.timings`); empty otherwise.
+        self.timings: dict[str, float] = timings if timings is not None else {}
 
     def __iter__(self) -> TokenStream:
         return self
@@ -135,14 +138,27 @@ class TokenStream(Iterator[StreamEvent]):
         return self._reasons[0] if self._done and self._reasons else None
 
 
+def _check_max_new(max_new_tokens: object) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise RlxError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+
+
 def random_tensors(specs: Mapping[str, L.WeightSpec], seed: int = 0,
                    scale: float = 0.5) -> dict[str, tuple[L.WeightSpec, np.ndarray]]:
-    """f32 weights for `specs` (norm gains near 1), for tests and examples."""
+    """Random weights for `specs` (norm gains near 1), for tests and examples: f32 arrays, or raw GGUF blocks
+    `[rows, row_bytes]` (random quants, block scales of the same magnitude) for quantized specs."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, spec in specs.items():
         if spec.quantized:
-            raise RlxError("random_tensors makes float weights only")
+            from rlx.ir import quant as Q
+
+            rows, cols = spec.shape
+            # random quants spread over about +-64 levels: a block scale of scale / sqrt(cols) / 64 gives
+            # the f32 weights' magnitude
+            blocks = Q.random_blocks(rng, rows, cols, spec.ggml_type, scale=scale / float(np.sqrt(cols)) / 64)
+            out[name] = (spec, blocks.reshape(rows, Q.row_bytes(spec.ggml_type, cols)))
+            continue
         if len(spec.shape) == 1:
             data = (1.0 + 0.1 * rng.standard_normal(spec.shape)).astype(np.float32)
         else:
@@ -426,26 +442,29 @@ class CausalLM:
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               stop: Sequence[str] | None = None, chat: bool = False) -> TokenStream:
+               stop: Sequence[str] | None = None, chat: bool = False, speculative: Any = None) -> TokenStream:
         """Generate token by token, yielding each token and its text as it is produced.
 
         Once every event is read, the stream's `finish_reason` says why it stopped: "stop" (a stop
         token or string), "length" (`max_new_tokens`) or "context" (the KV cache, `max_context`, is full).
+        `speculative` ("prompt_lookup", a draft `CausalLM` or a drafter) proposes tokens that one target
+        step verifies together (`rlx.models.speculative`): greedy output is unchanged, sampling keeps
+        the target's distribution.
         """
         reasons: list[str] = []
+        timings: dict[str, float] = {}
         return TokenStream(self._stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat,
-                                        reasons), reasons)
+                                        reasons, speculative, timings), reasons, timings)
 
     def _stream(self, prompt: str | Sequence[int], max_new_tokens: int, temperature: float, top_k: int | None,
                 top_p: float | None, seed: int | None, stop: Sequence[str] | None, chat: bool,
-                reasons: list[str]) -> Iterator[StreamEvent]:
+                reasons: list[str], speculative: Any = None,
+                timings: dict[str, float] | None = None) -> Iterator[StreamEvent]:
         ids = self.encode_prompt(prompt, chat)
         sampler = Sampler(temperature, top_k, top_p, seed)
         decoder = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
         text = ""
-        for (token,) in self._steps([ids], max_new_tokens, sampler, self._stop_ids(), reasons):
-            if token is None:
-                return
+        for token in self._one_sequence(ids, max_new_tokens, sampler, reasons, speculative, timings):
             piece = decoder.push(token) if decoder is not None else ""
             text += piece
             yield StreamEvent(token, piece)
@@ -459,18 +478,51 @@ class CausalLM:
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop: Sequence[str] | None = None, chat: bool = False) -> Generation:
-        """New tokens after `prompt` (greedy at temperature 0) until a stop token or string, or the limit."""
-        return self.generate_batch([prompt], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                   seed=seed, stop=stop, chat=chat)[0]
+                 stop: Sequence[str] | None = None, chat: bool = False, speculative: Any = None) -> Generation:
+        """New tokens after `prompt` (greedy at temperature 0) until a stop token or string, or the limit.
+
+        `speculative`: as in `stream`; the result's `timings` then report the drafter's acceptance
+        (`speculative_steps`, `draft_tokens`, `accepted_tokens`, `acceptance_rate`, `tokens_per_step`).
+        """
+        if speculative is None:
+            return self.generate_batch([prompt], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                       seed=seed, stop=stop, chat=chat)[0]
+        _check_max_new(max_new_tokens)
+        ids = self.encode_prompt(prompt, chat)
+        reasons: list[str] = []
+        stats: dict[str, float] = {}
+        tokens = list(self._one_sequence(ids, max_new_tokens, Sampler(temperature, top_k, top_p, seed), reasons,
+                                         speculative, stats))
+        result = self._finished(ids, tokens, reasons[0], stop)
+        result.timings.update(stats)
+        return result
+
+    def _one_sequence(self, ids: list[int], max_new: int, sampler: Sampler, reasons: list[str], speculative: Any,
+                      stats: dict[str, float] | None) -> Iterator[int]:
+        """The new tokens of one prompt, plain or speculative; `stats` receives the speculative counts."""
+        if speculative is None:
+            for (token,) in self._steps([ids], max_new, sampler, self._stop_ids(), reasons):
+                if token is None:
+                    return
+                yield token
+            return
+        from rlx.models import speculative as S
+
+        drafter = S.make_drafter(speculative, self)
+        counts = S.SpecStats()
+        try:
+            yield from S.speculative_tokens(self, ids, max_new, sampler, self._stop_ids(), reasons, drafter,
+                                            S.AdaptiveK(), counts)
+        finally:
+            if stats is not None:
+                stats.update(counts.timings())
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64, *,
                        temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                        seed: int | None = None, stop: Sequence[str] | None = None,
                        chat: bool = False) -> list[Generation]:
         """`generate` for up to `max_batch` prompts at once (each row at its own length)."""
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise RlxError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        _check_max_new(max_new_tokens)
         prompt_ids = [self.encode_prompt(p, chat) for p in prompts]
         sampler = Sampler(temperature, top_k, top_p, seed)
         stop_ids = self._stop_ids()
@@ -480,15 +532,16 @@ class CausalLM:
             for row, token in zip(produced, step):
                 if token is not None:
                     row.append(token)
-        results = []
-        for ids, tokens, reason in zip(prompt_ids, produced, reasons):
-            text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
-            if stop:
-                cut = min((text.index(s) for s in stop if s in text), default=None)
-                if cut is not None:
-                    text, reason = text[:cut], "stop"
-            results.append(Generation(tokens, text, reason, len(ids)))
-        return results
+        return [self._finished(ids, tokens, reason, stop) for ids, tokens, reason in zip(prompt_ids, produced, reasons)]
+
+    def _finished(self, ids: list[int], tokens: list[int], reason: str, stop: Sequence[str] | None) -> Generation:
+        """The `Generation` of one prompt's new tokens: their text, cut at the first stop string."""
+        text = self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+        if stop:
+            cut = min((text.index(s) for s in stop if s in text), default=None)
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+        return Generation(tokens, text, reason, len(ids))
 
     def _stop_ids(self) -> frozenset[int]:
         if self.tokenizer is not None and getattr(self.tokenizer, "stop_ids", None):

@@ -22,7 +22,7 @@ any thread writes, and (for the SwiGLU) the gate and up outputs, which the pass 
 ...             for n in ("gate", "up"))
 >>> g.set_outputs([g.mul(g.activation("silu", gate), up)])
 >>> [d.describe() for d in quant_gemv_groups(plan(optimize(g)))]
-['%2 %4 run as one quantized GEMV pass when a step has <= 4 rows, writing the SwiGLU %5']
+['%2 %4 run as one quantized GEMV pass when a step has <= 16 rows, writing the SwiGLU %5']
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from rlx.ir.graph import Node
 from rlx.ir.lir import LirModule
 from rlx.opt.fusion import is_silu_times, scheduled_runs
 
-#: Rows of activations up to which the pass runs (RLX_QGEMV_MAX_M of kernels/quant.h).
-DECODE_GEMV_ROWS = 4
+#: Rows of activations up to which the pass runs (RLX_QDECODE_MAX_M of kernels/quant.h): every decode
+#: row, and the rows of a speculative verification, take the same per-row arithmetic (batch-invariant).
+DECODE_GEMV_ROWS = 16
 #: Most projections one pass computes (RLX_QGROUP_MAX of kernels/qgemv_group.h).
 DECODE_GEMV_MEMBERS = 4
 

@@ -1,5 +1,5 @@
 """CPU decode GEMV groups (`QuantGemvGroup`, kernels/qgemv_group.h): Q/K/V-like projections of one
-activation, and gate/up with their SwiGLU, as one pass in steps of <= 4 rows, against the reference.
+activation, and gate/up with their SwiGLU, as one pass in steps of <= 16 rows, against the reference.
 
 Run as a script (`python test_c_quant_group.py`) it runs the checks with 2 threads and prints
 GROUP-OK: the spinning-team test runs it that way in a child process (the team splits small
@@ -33,13 +33,13 @@ from rlx.opt.pipeline import optimize  # noqa: E402
 from rlx.reference import run as reference_run  # noqa: E402
 
 K = 96  # 3 blocks: a pair and an odd last block
-ROWS = (1, 3, 4, 6)  # the group's pass (<= 4 rows), then every node's own kernel
+ROWS = (1, 3, 4, 6, 9, 20)  # the group's pass (<= 16 rows, 4 at a time), then every node's own kernel
 WIDTHS = (37, 13, 11)  # odd: the team's split falls inside a member
 
 
 def _qkv_graph(fmt: str, act: str) -> rlx.Graph:
     g = rlx.Graph(f"qkv_{fmt}_{act}")
-    x = g.input("x", [rlx.Dim.dynamic("m", 8), K])
+    x = g.input("x", [rlx.Dim.dynamic("m", 24), K])
     h = g.mul(x, x)  # the activation comes from a kernel, as a norm's output does
     outs = {}
     for name, n in zip("qkv", WIDTHS):
@@ -51,7 +51,7 @@ def _qkv_graph(fmt: str, act: str) -> rlx.Graph:
 
 def _swiglu_graph(fmt: str, act: str) -> rlx.Graph:
     g = rlx.Graph(f"swiglu_{fmt}_{act}")
-    x = g.input("x", [rlx.Dim.dynamic("m", 8), K])
+    x = g.input("x", [rlx.Dim.dynamic("m", 24), K])
     gate, up = (g.dequant_matmul(x, g.param(n, [WIDTHS[0], Q.row_bytes(fmt, K)], "u8"), quant=fmt, act=act)
                 for n in ("wg", "wu"))
     g.set_outputs({"y": g.mul(g.activation("silu", gate), up)})
@@ -116,7 +116,7 @@ def check_swiglu(fmt: str, act: str, threads: int) -> None:
 
 def _single(fmt: str, act: str) -> rlx.Graph:
     g = rlx.Graph("one")
-    x = g.input("x", [rlx.Dim.dynamic("m", 8), K])
+    x = g.input("x", [rlx.Dim.dynamic("m", 24), K])
     g.set_outputs([g.dequant_matmul(x, g.param("w", [WIDTHS[0], Q.row_bytes(fmt, K)], "u8"), quant=fmt, act=act)])
     return g
 

@@ -24,7 +24,7 @@ from rlx.ir import quant as Q  # noqa: E402
 from rlx.reference import run as reference_run  # noqa: E402
 
 FORMATS = sorted(Q.QUANT_FORMATS)
-ROWS = (1, 3, 17, 64)  # GEMV (<= 4 rows) and dequantized panels + GEMM (more)
+ROWS = (1, 3, 17, 64)  # GEMV (<= 16 rows) and dequantized panels + GEMM (more)
 N = 37  # odd: a partial panel and an odd split over the threads
 
 

@@ -1,23 +1,24 @@
-/* Attention of a few query rows over the KV cache (decode steps), split over the cached keys.
- * Needs kernels/scalar.h (rlx_expf, rlx_exp_shifted_sum). A fixed RLX kernel header: no template code.
+/* Attention of a few query rows over the KV cache (decode steps, speculative verification).
+ * Needs kernels/scalar.h (rlx_exp_shifted_sum). A fixed RLX kernel header: no template code.
  *
- * A decode step has one query row per head, and its attention time goes into reading the cache: the
- * keys and values of every position, from DRAM (the weights streamed since the last step evicted
- * them). So each thread takes a contiguous range of cache rows of a batch row and reads each row once,
- * for every head (the cache row holds all kv heads side by side): it computes every head's scores over
- * its range, their local softmax (max m, sum l of exp(s - m)) and the unnormalized weighted sum o of
- * its values (rlx_kv_decode_part); the ranges then merge as in split-K ("flash decoding") attention,
- * out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c with M = max_c m_c (rlx_kv_decode_merge).
+ * Batch invariance: a query row's result depends only on its own query and the cache rows it sees,
+ * never on how many rows the step has (one decode row, the k+1 rows of a speculative verification),
+ * how many sequences share the step, or how many threads run it. So each (batch row, query position,
+ * head) is one task that reads its keys in order, takes their softmax and weighted values serially
+ * (rlx_kv_decode_row); the team shares the tasks, not the keys of one task. A sequence then gets the
+ * same logits whether it decodes alone or among others, and a verification step the same as the
+ * one-row steps it replaces: greedy speculative decoding yields exactly the plain greedy tokens.
  *
- * Rows r = i * H + h: query position i (of SQ) and head h (of H; kv head h / G). A partial result is
- * HD + 2 floats per row: m, l, then o[0:HD]. */
+ * Heads of one kv head read the same cache rows; tasks are ordered head by head within a query row,
+ * so a static schedule gives each thread neighbouring heads and the G readers of a kv head's rows
+ * mostly find them in cache. */
 #ifndef RLX_KERNELS_KV_DECODE_H
 #define RLX_KERNELS_KV_DECODE_H
 
 #include <math.h>
 #include <stdint.h>
 
-/* Cache rows prefetched ahead of the one being read (they are kw floats apart). */
+/* Cache rows prefetched ahead of the one being read. */
 #define RLX_KV_PREFETCH_ROWS 4
 
 static inline __attribute__((always_inline)) void rlx_kv_prefetch(const float *row, int64_t n)
@@ -26,93 +27,43 @@ static inline __attribute__((always_inline)) void rlx_kv_prefetch(const float *r
         __builtin_prefetch(row + o, 0, 0);
 }
 
-/* The partial results of cache rows [j0, j1) of one batch row: Q its SQ query rows (QW floats apart),
- * K and V its cache (rows of kw floats), pos the cache rows it held before this step (query i sees
- * rows j <= pos + i). S: scratch of SQ * H * (j1 - j0) floats. */
-static inline __attribute__((always_inline)) void rlx_kv_decode_part(float *restrict part, float *restrict S,
-        const float *restrict Q, int64_t SQ, int64_t H, int64_t G, int64_t HD, int64_t QW,
-        const float *restrict K, const float *restrict V, int64_t kw, int64_t j0, int64_t j1, int64_t pos,
-        float scale)
+/* o[0:HD] = softmax(scale * q . K[j]) @ V over cache rows j < n (K and V: rows kw floats apart, this
+ * head's columns). s: scratch of n floats. */
+static inline __attribute__((always_inline)) void rlx_kv_decode_row(float *restrict o, float *restrict s,
+        const float *restrict q, int64_t HD, const float *restrict K, const float *restrict V, int64_t kw,
+        int64_t n, float scale)
 {
-    const int64_t n = j1 - j0, R = SQ * H;
-    for (int64_t j = j0; j < j1; j++) {  /* scores: each key row once, for every head */
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {  /* scores, in cache order */
         const float *restrict k = K + j * kw;
-        if (j + RLX_KV_PREFETCH_ROWS < j1)
-            rlx_kv_prefetch(k + RLX_KV_PREFETCH_ROWS * kw, kw);
-        for (int64_t r = 0; r < R; r++) {
-            const float *restrict q = Q + (r / H) * QW + (r % H) * HD;
-            const float *restrict kh = k + (r % H) / G * HD;
-            float acc = 0.0f;
-            #pragma omp simd reduction(+:acc)
-            for (int64_t d = 0; d < HD; d++)
-                acc += q[d] * kh[d];
-            S[r * n + (j - j0)] = acc;
-        }
-    }
-    for (int64_t r = 0; r < R; r++) {  /* local softmax: s <- exp(s * scale - m), 0 past the row's keys */
-        float *restrict s = S + r * n;
-        float *restrict p = part + r * (HD + 2);
-        const int64_t seen = pos + r / H + 1 - j0;
-        const int64_t nv = seen < 0 ? 0 : (seen < n ? seen : n);
-        float m = -INFINITY;
-        #pragma omp simd reduction(max:m)
-        for (int64_t j = 0; j < nv; j++) {
-            s[j] *= scale;
-            m = s[j] > m ? s[j] : m;
-        }
-        const double l = rlx_exp_shifted_sum(s, nv, m);
-        for (int64_t j = nv; j < n; j++)
-            s[j] = 0.0f;
-        p[0] = m;
-        p[1] = (float)l;
-        #pragma omp simd
+        if (j + RLX_KV_PREFETCH_ROWS < n)
+            rlx_kv_prefetch(k + RLX_KV_PREFETCH_ROWS * kw, HD);
+        float acc = 0.0f;
+        #pragma omp simd reduction(+:acc)
         for (int64_t d = 0; d < HD; d++)
-            p[2 + d] = 0.0f;
+            acc += q[d] * k[d];
+        s[j] = acc * scale;
+        m = s[j] > m ? s[j] : m;
     }
-    for (int64_t j = j0; j < j1; j++) {  /* o += e * v: each value row once, for every head */
-        const float *restrict v = V + j * kw;
-        if (j + RLX_KV_PREFETCH_ROWS < j1)
-            rlx_kv_prefetch(v + RLX_KV_PREFETCH_ROWS * kw, kw);
-        for (int64_t r = 0; r < R; r++) {
-            const float e = S[r * n + (j - j0)];
-            if (e == 0.0f)  /* a key past this row's position */
-                continue;
-            const float *restrict vh = v + (r % H) / G * HD;
-            float *restrict o = part + r * (HD + 2) + 2;
-            #pragma omp simd
-            for (int64_t d = 0; d < HD; d++)
-                o[d] += e * vh[d];
-        }
-    }
-}
-
-/* out[0:HD] of one row from the partial results of `parts` ranges (each `stride` floats after the last). */
-static inline __attribute__((always_inline)) void rlx_kv_decode_merge(float *restrict out,
-        const float *restrict part, int64_t stride, int parts, int64_t HD)
-{
-    float M = -INFINITY;
-    double L = 0.0;
-    for (int c = 0; c < parts; c++)
-        M = part[c * stride] > M ? part[c * stride] : M;
+    const double l = rlx_exp_shifted_sum(s, n, m);  /* s <- exp(s - m) */
     #pragma omp simd
     for (int64_t d = 0; d < HD; d++)
-        out[d] = 0.0f;
-    if (M == -INFINITY)  /* no key at all (cannot happen: a row sees at least its own) */
-        return;
-    for (int c = 0; c < parts; c++) {
-        const float *restrict p = part + c * stride;
-        if (p[0] == -INFINITY)  /* an empty range */
+        o[d] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {  /* weighted values, in cache order */
+        const float e = s[j];
+        if (j + RLX_KV_PREFETCH_ROWS < n)
+            rlx_kv_prefetch(V + (j + RLX_KV_PREFETCH_ROWS) * kw, HD);
+        if (e == 0.0f)
             continue;
-        const float w = rlx_expf(p[0] - M);
-        L += (double)w * (double)p[1];
+        const float *restrict v = V + j * kw;
         #pragma omp simd
         for (int64_t d = 0; d < HD; d++)
-            out[d] += w * p[2 + d];
+            o[d] += e * v[d];
     }
-    const float inv = (float)(1.0 / L);
+    const float inv = (float)(1.0 / l);
     #pragma omp simd
     for (int64_t d = 0; d < HD; d++)
-        out[d] *= inv;
+        o[d] *= inv;
 }
 
 #endif /* RLX_KERNELS_KV_DECODE_H */

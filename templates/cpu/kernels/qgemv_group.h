@@ -30,15 +30,15 @@ static inline __attribute__((always_inline)) void rlx_qgroup_rows(const int fmt,
 /* Rows of gate and up multiplied per chunk before the SwiGLU runs over the chunk (vectorized). */
 #define RLX_QGROUP_CHUNK 32
 
-/* out[i, n] = silu(x_i . Wg[n]) * (x_i . Wu[n]) for n in [n0, n1), i < M (<= RLX_QGEMV_MAX_M): both
- * weights' rows of a chunk into registers-sized buffers, then the product, so the gate and up
- * projections are never written out. */
+/* out[i, n] = silu(x_i . Wg[n]) * (x_i . Wu[n]) for n in [n0, n1), i < M (<= RLX_QDECODE_MAX_M): both
+ * weights' rows of a chunk into registers-sized buffers (RLX_QGEMV_MAX_M rows of X at a time), then the
+ * product, so the gate and up projections are never written out. */
 static inline __attribute__((always_inline)) void rlx_qgroup_swiglu(const int fmt, const int a16, int64_t M,
         int64_t N, int64_t K, const int8_t *Xq, const float *xds, const uint8_t *Wg, const uint8_t *Wu,
         int64_t rb, float *out, int64_t n0, int64_t n1)
 {
-    const int64_t nb = K / 32, ahead = (RLX_Q8_PREFETCH_BYTES + rb - 1) / rb;
-    float g[RLX_QGEMV_MAX_M][RLX_QGROUP_CHUNK], u[RLX_QGEMV_MAX_M][RLX_QGROUP_CHUNK];
+    const int64_t nb = K / 32, ahead = (RLX_Q8_PREFETCH_BYTES + rb - 1) / rb, xrow = K * (a16 ? 2 : 1);
+    float g[RLX_QDECODE_MAX_M][RLX_QGROUP_CHUNK], u[RLX_QDECODE_MAX_M][RLX_QGROUP_CHUNK];
     float og[RLX_QGEMV_MAX_M], ou[RLX_QGEMV_MAX_M];
     for (int64_t c0 = n0; c0 < n1; c0 += RLX_QGROUP_CHUNK) {
         const int64_t c1 = c0 + RLX_QGROUP_CHUNK < n1 ? c0 + RLX_QGROUP_CHUNK : n1;
@@ -48,19 +48,24 @@ static inline __attribute__((always_inline)) void rlx_qgroup_swiglu(const int fm
                     __builtin_prefetch(Wg + (n + ahead) * rb + o, 0, 3);
                     __builtin_prefetch(Wu + (n + ahead) * rb + o, 0, 3);
                 }
-            switch (M) {  /* one instance per row count */
-            case 4: rlx_q8dot(fmt, a16, 4, nb, Xq, K, xds, Wg + n * rb, og);
-                    rlx_q8dot(fmt, a16, 4, nb, Xq, K, xds, Wu + n * rb, ou); break;
-            case 3: rlx_q8dot(fmt, a16, 3, nb, Xq, K, xds, Wg + n * rb, og);
-                    rlx_q8dot(fmt, a16, 3, nb, Xq, K, xds, Wu + n * rb, ou); break;
-            case 2: rlx_q8dot(fmt, a16, 2, nb, Xq, K, xds, Wg + n * rb, og);
-                    rlx_q8dot(fmt, a16, 2, nb, Xq, K, xds, Wu + n * rb, ou); break;
-            default: rlx_q8dot(fmt, a16, 1, nb, Xq, K, xds, Wg + n * rb, og);
-                     rlx_q8dot(fmt, a16, 1, nb, Xq, K, xds, Wu + n * rb, ou); break;
-            }
-            for (int64_t i = 0; i < M; i++) {
-                g[i][n - c0] = og[i];
-                u[i][n - c0] = ou[i];
+            for (int64_t i0 = 0; i0 < M; i0 += RLX_QGEMV_MAX_M) {
+                const int64_t mr = M - i0 < RLX_QGEMV_MAX_M ? M - i0 : RLX_QGEMV_MAX_M;
+                const int8_t *xq = Xq + i0 * xrow;
+                const float *ds = xds + 2 * i0 * nb;
+                switch (mr) {  /* one instance per row count */
+                case 4: rlx_q8dot(fmt, a16, 4, nb, xq, K, ds, Wg + n * rb, og);
+                        rlx_q8dot(fmt, a16, 4, nb, xq, K, ds, Wu + n * rb, ou); break;
+                case 3: rlx_q8dot(fmt, a16, 3, nb, xq, K, ds, Wg + n * rb, og);
+                        rlx_q8dot(fmt, a16, 3, nb, xq, K, ds, Wu + n * rb, ou); break;
+                case 2: rlx_q8dot(fmt, a16, 2, nb, xq, K, ds, Wg + n * rb, og);
+                        rlx_q8dot(fmt, a16, 2, nb, xq, K, ds, Wu + n * rb, ou); break;
+                default: rlx_q8dot(fmt, a16, 1, nb, xq, K, ds, Wg + n * rb, og);
+                         rlx_q8dot(fmt, a16, 1, nb, xq, K, ds, Wu + n * rb, ou); break;
+                }
+                for (int64_t i = 0; i < mr; i++) {
+                    g[i0 + i][n - c0] = og[i];
+                    u[i0 + i][n - c0] = ou[i];
+                }
             }
         }
         for (int64_t i = 0; i < M; i++) {

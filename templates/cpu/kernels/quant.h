@@ -5,7 +5,7 @@
  * A weight W[N, K] is stored as GGUF does: row n is K / QK blocks of QB bytes (rlx/ir/quant.py
  * documents every layout). Y[M, N] = X[M, K] @ W^T is computed two ways:
  *
- *   few rows (decode, M <= RLX_QGEMV_MAX_M): each thread takes a range of weight rows and reads
+ *   few rows (decode, M <= RLX_QDECODE_MAX_M): each thread takes a range of weight rows and reads
  *     their blocks once, multiplying them with every row of X while the block sits in registers.
  *     For q8_0 / q4_0 / q4_1 the AVX-512 and AVX2 kernels unpack the 8/4-bit values in registers
  *     and accumulate in f32: per block sum(x * q) * d (+ m * sum(x) for q4_1, with the block sums of
@@ -35,8 +35,14 @@
 /* Format ids (the generated code passes them as constants, so every switch below folds away). */
 enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX_Q4_K = 5, RLX_Q6_K = 6 };
 
-/* Rows of X up to which the GEMV kernels run (beyond: dequantized panels and the GEMM kernel). */
+/* Rows of X one GEMV kernel call multiplies while a weight block sits in registers. */
 #define RLX_QGEMV_MAX_M 4
+/* Rows of X up to which the GEMV kernels run, RLX_QGEMV_MAX_M at a time per weight row (beyond:
+ * dequantized panels and the GEMM kernel). Every row takes the same arithmetic whatever M is, so a
+ * decode row's result does not depend on the other rows of its step (batch-invariant): a sequence
+ * decodes the same alone or among up to RLX_QDECODE_MAX_M - 1 others, and a speculative verification
+ * equals the one-row steps it replaces (rlx.opt.lowering_quant_cpu.DECODE_GEMV_ROWS). */
+#define RLX_QDECODE_MAX_M 16
 
 /* Threads for a decode GEMV over `bytes` of weight blocks. With sleeping OpenMP threads (`spins`
  * 0: the context's wait policy is passive) waking a team costs about as much as one core streaming
@@ -328,33 +334,41 @@ static inline __attribute__((always_inline)) void rlx_qdot_generic(const int fmt
     }
 }
 
-/* Y[i, n] for i < M (<= RLX_QGEMV_MAX_M), n in [n0, n1): weight rows of rb bytes. */
+/* Y[i, n] for i < M (<= RLX_QDECODE_MAX_M), n in [n0, n1): weight rows of rb bytes, each multiplied
+ * with RLX_QGEMV_MAX_M rows of X at a time while it sits in L1. */
 static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const int qk, const int qb, int64_t M,
         int64_t N, int64_t K, const float *X, const float *xs, const uint8_t *W, int64_t rb, float *Y,
         int64_t n0, int64_t n1, float *wrow)
 {
     float out[RLX_QGEMV_MAX_M];
+    const int64_t nb = K / 32;
 #ifdef RLX_QSIMD
     if (fmt == RLX_Q8_0 || fmt == RLX_Q4_0 || fmt == RLX_Q4_1) {
-        for (int64_t n = n0; n < n1; n++) {
-            switch (M) {  /* one instance per row count, so unused rows cost nothing */
-            case 4: rlx_qdot_simd(fmt, 4, K / 32, X, K, xs, W + n * rb, out); break;
-            case 3: rlx_qdot_simd(fmt, 3, K / 32, X, K, xs, W + n * rb, out); break;
-            case 2: rlx_qdot_simd(fmt, 2, K / 32, X, K, xs, W + n * rb, out); break;
-            default: rlx_qdot_simd(fmt, 1, K / 32, X, K, xs, W + n * rb, out); break;
+        for (int64_t n = n0; n < n1; n++)
+            for (int64_t i0 = 0; i0 < M; i0 += RLX_QGEMV_MAX_M) {
+                const int64_t mr = M - i0 < RLX_QGEMV_MAX_M ? M - i0 : RLX_QGEMV_MAX_M;
+                const float *Xi = X + i0 * K, *xsi = xs + i0 * nb;
+                switch (mr) {  /* one instance per row count, so unused rows cost nothing */
+                case 4: rlx_qdot_simd(fmt, 4, nb, Xi, K, xsi, W + n * rb, out); break;
+                case 3: rlx_qdot_simd(fmt, 3, nb, Xi, K, xsi, W + n * rb, out); break;
+                case 2: rlx_qdot_simd(fmt, 2, nb, Xi, K, xsi, W + n * rb, out); break;
+                default: rlx_qdot_simd(fmt, 1, nb, Xi, K, xsi, W + n * rb, out); break;
+                }
+                for (int64_t i = 0; i < mr; i++)
+                    Y[(i0 + i) * N + n] = out[i];
             }
-            for (int64_t i = 0; i < M; i++)
-                Y[i * N + n] = out[i];
-        }
         return;
     }
 #endif
     (void)xs;
-    for (int64_t n = n0; n < n1; n++) {
-        rlx_qdot_generic(fmt, qk, qb, M, X, K, W + n * rb, wrow, out);
-        for (int64_t i = 0; i < M; i++)
-            Y[i * N + n] = out[i];
-    }
+    (void)nb;
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t i0 = 0; i0 < M; i0 += RLX_QGEMV_MAX_M) {
+            const int64_t mr = M - i0 < RLX_QGEMV_MAX_M ? M - i0 : RLX_QGEMV_MAX_M;
+            rlx_qdot_generic(fmt, qk, qb, mr, X + i0 * K, K, W + n * rb, wrow, out);
+            for (int64_t i = 0; i < mr; i++)
+                Y[(i0 + i) * N + n] = out[i];
+        }
 }
 
 /* ── prefill: panels [p0, p1) of RLX_QP weight rows, dequantized then multiplied ─ */
