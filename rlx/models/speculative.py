@@ -207,7 +207,8 @@ def make_drafter(speculative: Any, target: CausalLM) -> Drafter:
         return draft
     if callable(getattr(speculative, "propose", None)):
         return speculative
-    raise RlxError(f"speculative= takes 'prompt_lookup', a draft CausalLM or a drafter, got {type(speculative).__name__}")
+    raise RlxError("speculative= takes 'prompt_lookup', a draft CausalLM or a drafter, "
+                   f"got {type(speculative).__name__}")
 
 
 def target_distribution(logits: np.ndarray, sampler: Sampler) -> np.ndarray:

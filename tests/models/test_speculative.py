@@ -174,10 +174,10 @@ def test_sampled_generation_follows_the_target_distribution(lm: CausalLM, draft:
     sampler = Sampler(**settings)
     first = target_distribution(lm.logits(prompt)[-1], sampler)
     t1 = int(np.argmax(first))  # condition on the likeliest first token: its draws are the sample
-    second = target_distribution(lm.logits(prompt + [t1])[-1], sampler)
+    second = target_distribution(lm.logits([*prompt, t1])[-1], sampler)
     joint = np.zeros((CONFIG.vocab_size, CONFIG.vocab_size))
     for t2 in np.flatnonzero(second):
-        joint[t2] = second[t2] * target_distribution(lm.logits(prompt + [t1, int(t2)])[-1], sampler)
+        joint[t2] = second[t2] * target_distribution(lm.logits([*prompt, t1, int(t2)])[-1], sampler)
     counts = np.zeros_like(joint)
     for seed in range(2500):
         out = lm.generate(prompt, 3, seed=seed, speculative=draft, **settings).token_ids
