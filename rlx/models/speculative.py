@@ -82,8 +82,9 @@ class PromptLookup:
     ([], None)
     """
 
-    max_ngram: int = 3
-    min_ngram: int = 1
+    max_ngram: int = 4
+    #: Single-token matches propose mostly noise in free text: two tokens at least.
+    min_ngram: int = 2
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
@@ -154,24 +155,41 @@ class DraftModel:
 @dataclass
 class AdaptiveK:
     """The proposal length: `k` grows by one (to `k_max`) after a step that kept every proposal, and
-    shrinks by one (to `k_min`) after a step that kept fewer than half.
+    shrinks by one (to `k_min`) after a step that kept fewer than half. A step at `k_min` that kept
+    nothing rests the drafter for a few steps (1, then 2, 4, ... up to `max_rest` while it keeps
+    failing): plain one-row steps, so text the drafter cannot predict costs no verification rows.
 
     >>> a = AdaptiveK(k=4, k_max=6); a.update(4, 4); a.k
     5
     >>> a.update(5, 1); a.k
     4
+    >>> b = AdaptiveK(k=1); b.update(1, 0); [b.proposal() for _ in range(3)]
+    [0, 1, 1]
     """
 
     k: int = 4
     k_min: int = 1
     k_max: int = 8
+    max_rest: int = 32
+    _rest: int = field(default=0, repr=False)
+    _backoff: int = field(default=1, repr=False)
+
+    def proposal(self) -> int:
+        """How many tokens to propose this step (0 while resting)."""
+        if self._rest > 0:
+            self._rest -= 1
+            return 0
+        return self.k
 
     def update(self, proposed: int, kept: int) -> None:
         if proposed == 0:
             return
         if kept == proposed:
             self.k = min(self.k + 1, self.k_max)
+            self._backoff = 1
         elif 2 * kept < proposed:
+            if kept == 0 and self.k == self.k_min:
+                self._rest, self._backoff = self._backoff, min(2 * self._backoff, self.max_rest)
             self.k = max(self.k - 1, self.k_min)
 
 
@@ -305,7 +323,7 @@ def speculative_tokens(lm: CausalLM, prompt: list[int], max_new: int, sampler: S
         if room < 0:
             reasons[:] = ["context"]
             return
-        want = min(k.k, room, lm.prefill_chunk - 1)
+        want = min(k.proposal(), room, lm.prefill_chunk - 1)
         proposed, q = drafter.propose(context, want, sampler) if want > 0 else ([], None)
         proposed = proposed[:want]
         before = int(cache.lengths[0])
