@@ -30,6 +30,7 @@ import numpy as np
 from rlx.errors import ExecutionError
 from rlx.ir import ops as O
 from rlx.ir import ops_int8 as Q8
+from rlx.ir import ops_lora as LR
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -333,6 +334,11 @@ def _eval_argmax(op: O.ArgMax, args: list, shape: Shape, symbols: dict, in_shape
     if x.shape[axis] == 0:
         raise ExecutionError("argmax over an empty axis")
     return np.argmax(x, axis=axis).astype(np.int32)  # first index on ties; the first NaN wins
+
+
+@evaluates(LR.LoraMatMul)
+def _eval_lora_matmul(op: LR.LoraMatMul, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return LR.lora_rows(*(np.asarray(a) for a in args))
 
 
 @evaluates(SP.SampleTopK)

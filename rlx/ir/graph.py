@@ -12,6 +12,7 @@ import numpy as np
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir import ops_int8 as Q8
+from rlx.ir import ops_lora as LR
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -311,6 +312,11 @@ class Graph:
     def argmax(self, x: NodeId, axis: int = -1) -> NodeId:
         """i32 index of the largest value along `axis` (`ops.ArgMax`)."""
         return self.add(O.ArgMax(int(axis)), [x])
+
+    def lora_matmul(self, x: NodeId, a: NodeId, b: NodeId, scale: NodeId, index: NodeId) -> NodeId:
+        """scale[s] * (x @ a[s]^T) @ b[s]^T per row group of `x` `[G, ..., K]`, s = `index[g]` (< 0: zeros),
+        `a` `[S, R, K]`, `b` `[S, N, R]`: one LoRA adapter slot per sequence (`ops_lora.LoraMatMul`)."""
+        return self.add(LR.LoraMatMul(), [x, a, b, scale, index])
 
     def sample_top_k(self, logits: NodeId, u: NodeId, settings: NodeId) -> NodeId:
         """i32 token id per row of `logits` `[rows, vocab]`, sampled with uniforms `u` f64 `[rows]` and

@@ -192,7 +192,8 @@ class CausalLM:
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
-                 precision: str = "f32", tp: int = 1, quant_act: str | None = None) -> None:
+                 precision: str = "f32", tp: int = 1, quant_act: str | None = None, max_adapters: int = 0,
+                 max_lora_rank: int = 16, lora_targets: Sequence[str] | None = None) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -216,7 +217,18 @@ class CausalLM:
                                      capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
                                      quant_act=self.quant_act, narrow_weights=device == "cpu")
         self._params = L.decoder_params(tensors, self.graph)
+        if isinstance(max_adapters, bool) or not isinstance(max_adapters, int) or max_adapters < 0:
+            raise RlxError(f"max_adapters must be an integer >= 0, got {max_adapters!r}")
+        if max_adapters:  # LoRA slots on the projections; their params are set by AdapterSlots below
+            from rlx.models import lora as LoRA
+
+            if tp != 1:
+                raise RlxError("LoRA adapters on a tensor-parallel decoder are not supported")
+            self.graph = LoRA.with_lora(self.graph, slots=max_adapters, rank=max_lora_rank,
+                                        roles=tuple(lora_targets) if lora_targets is not None else LoRA.ROLES)
         self._compiled = None
+        self._lora: Any = None  # the adapter slots (rlx.models.lora.AdapterSlots) when max_adapters > 0
+        self._lora_rows = np.full(max_batch, -1, np.int32)  # each row's adapter slot in the running generation
         self._bound: dict[Any, Any] = {}  # CUDA: host-fed steps bound per (cache, output, step shape)
         self._cuda_names: tuple[tuple[str, ...], str] | None = None  # see _run_cuda
         self._cpu_bound: dict[Any, Any] = {}  # CPU: runs bound once per (cache, step shape), see _step_cpu
@@ -231,6 +243,48 @@ class CausalLM:
                 self._compiled.set_param(name, arr)
             if threads is not None:
                 self._compiled.num_threads = threads
+        if max_adapters:
+            from rlx.models.lora import AdapterSlots
+
+            self._lora = AdapterSlots(self.graph, self._set_param)
+
+    def _set_param(self, name: str, value: np.ndarray) -> None:
+        if self._compiled is not None:
+            self._compiled.set_param(name, value)
+        else:
+            self._params[name] = value
+
+    # ── LoRA adapters ─────────────────────────────────────────────────
+
+    def load_adapter(self, path: str | Path, name: str) -> None:
+        """Load a PEFT LoRA adapter directory into a free slot, as `name` (`rlx.models.lora`): `generate`,
+        `stream`, `logits` and `generate_batch` then take `adapter=name`. Nothing recompiles; a bad adapter
+        (rank above `max_lora_rank`, an unknown target module, shapes that do not fit) raises before anything
+        is written."""
+        from rlx.models.lora import read_peft_adapter
+
+        if self._lora is None:
+            raise RlxError("this model has no adapter slots: build it with max_adapters > 0")
+        self._lora.load(name, read_peft_adapter(path), str(path))
+
+    def unload_adapter(self, name: str) -> None:
+        """Free the slot of adapter `name`."""
+        if self._lora is None:
+            raise RlxError("this model has no adapter slots: build it with max_adapters > 0")
+        self._lora.unload(name)
+
+    @property
+    def adapters(self) -> list[str]:
+        """The names of the loaded adapters."""
+        return sorted(self._lora.names) if self._lora is not None else []
+
+    def _use_adapters(self, names: Sequence[str | None]) -> None:
+        """Set each row's adapter for the generation that follows (None: the base model)."""
+        if self._lora is None:
+            if any(n is not None for n in names):
+                raise RlxError("this model has no adapter slots: build it with max_adapters > 0")
+            return
+        self._lora_rows[:] = self._lora.index(names, self.max_batch)
 
     @property
     def team(self) -> Any:
@@ -324,6 +378,8 @@ class CausalLM:
             cos, sin = self._rope_cos[at], self._rope_sin[at]
             feed = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": cos, "rope_sin": sin,
                     "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings}
+            if self._lora is not None:
+                feed["lora_index"] = self._lora_rows[:batch].copy()
             out = self._run(feed, output)
         cache.lengths[:batch] += seq
         return out
@@ -345,6 +401,8 @@ class CausalLM:
             small = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": self._rope_cos[at],
                      "rope_sin": self._rope_sin[at], "rows": rows, "sample_u": sample_u,
                      "sample_settings": sample_settings}
+            if self._lora is not None:
+                small["lora_index"] = self._lora_rows[:tokens.shape[0]]
             outs = self._compiled.run({**small, **cache.arrays})  # this step, checked as any run
             inputs = {name: np.array(value) for name, value in small.items()}
             outputs = [np.empty_like(o) for o in outs]
@@ -360,6 +418,8 @@ class CausalLM:
         inputs["rows"][...] = rows
         inputs["sample_u"][...] = sample_u
         inputs["sample_settings"][...] = sample_settings
+        if self._lora is not None:
+            inputs["lora_index"][...] = self._lora_rows[:tokens.shape[0]]
         fn()
         return outputs[output].copy()
 
@@ -405,9 +465,11 @@ class CausalLM:
 
     # ── logits ────────────────────────────────────────────────────────
 
-    def logits(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Logits `[n, vocab]` at every position of one sequence (a fresh cache; chunked prefill)."""
+    def logits(self, token_ids: Sequence[int] | np.ndarray, *, adapter: str | None = None) -> np.ndarray:
+        """Logits `[n, vocab]` at every position of one sequence (a fresh cache; chunked prefill), through the
+        LoRA adapter named `adapter` when given (`load_adapter`)."""
         ids = self._check_ids(token_ids)
+        self._use_adapters([adapter])
         cache = self._own_cache()
         parts = []
         for start in range(0, len(ids), self.prefill_chunk):
@@ -442,25 +504,27 @@ class CausalLM:
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               stop: Sequence[str] | None = None, chat: bool = False, speculative: Any = None) -> TokenStream:
+               stop: Sequence[str] | None = None, chat: bool = False, speculative: Any = None,
+               adapter: str | None = None) -> TokenStream:
         """Generate token by token, yielding each token and its text as it is produced.
 
         Once every event is read, the stream's `finish_reason` says why it stopped: "stop" (a stop
         token or string), "length" (`max_new_tokens`) or "context" (the KV cache, `max_context`, is full).
         `speculative` ("prompt_lookup", a draft `CausalLM` or a drafter) proposes tokens that one target
         step verifies together (`rlx.models.speculative`): greedy output is unchanged, sampling keeps
-        the target's distribution.
+        the target's distribution. `adapter`: the LoRA adapter to generate with (`load_adapter`).
         """
         reasons: list[str] = []
         timings: dict[str, float] = {}
         return TokenStream(self._stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, chat,
-                                        reasons, speculative, timings), reasons, timings)
+                                        reasons, speculative, timings, adapter), reasons, timings)
 
     def _stream(self, prompt: str | Sequence[int], max_new_tokens: int, temperature: float, top_k: int | None,
                 top_p: float | None, seed: int | None, stop: Sequence[str] | None, chat: bool,
-                reasons: list[str], speculative: Any = None,
-                timings: dict[str, float] | None = None) -> Iterator[StreamEvent]:
+                reasons: list[str], speculative: Any = None, timings: dict[str, float] | None = None,
+                adapter: str | None = None) -> Iterator[StreamEvent]:
         ids = self.encode_prompt(prompt, chat)
+        self._use_adapters([adapter])
         sampler = Sampler(temperature, top_k, top_p, seed)
         decoder = self.tokenizer.incremental_decoder() if self.tokenizer is not None else None
         text = ""
@@ -478,17 +542,20 @@ class CausalLM:
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 64, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop: Sequence[str] | None = None, chat: bool = False, speculative: Any = None) -> Generation:
+                 stop: Sequence[str] | None = None, chat: bool = False, speculative: Any = None,
+                 adapter: str | None = None) -> Generation:
         """New tokens after `prompt` (greedy at temperature 0) until a stop token or string, or the limit.
 
         `speculative`: as in `stream`; the result's `timings` then report the drafter's acceptance
         (`speculative_steps`, `draft_tokens`, `accepted_tokens`, `acceptance_rate`, `tokens_per_step`).
+        `adapter`: the LoRA adapter to generate with (`load_adapter`).
         """
         if speculative is None:
             return self.generate_batch([prompt], max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                       seed=seed, stop=stop, chat=chat)[0]
+                                       seed=seed, stop=stop, chat=chat, adapter=adapter)[0]
         _check_max_new(max_new_tokens)
         ids = self.encode_prompt(prompt, chat)
+        self._use_adapters([adapter])
         reasons: list[str] = []
         stats: dict[str, float] = {}
         tokens = list(self._one_sequence(ids, max_new_tokens, Sampler(temperature, top_k, top_p, seed), reasons,
@@ -520,10 +587,15 @@ class CausalLM:
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64, *,
                        temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                        seed: int | None = None, stop: Sequence[str] | None = None,
-                       chat: bool = False) -> list[Generation]:
-        """`generate` for up to `max_batch` prompts at once (each row at its own length)."""
+                       chat: bool = False, adapter: str | Sequence[str | None] | None = None) -> list[Generation]:
+        """`generate` for up to `max_batch` prompts at once (each row at its own length). `adapter`: one LoRA
+        adapter name for every prompt, or one name (or None, the base model) per prompt: rows of one step
+        may use different adapters."""
+        from rlx.models.lora import adapter_rows
+
         _check_max_new(max_new_tokens)
         prompt_ids = [self.encode_prompt(p, chat) for p in prompts]
+        self._use_adapters(adapter_rows(adapter, len(prompt_ids)))
         sampler = Sampler(temperature, top_k, top_p, seed)
         stop_ids = self._stop_ids()
         reasons: list[str] = []

@@ -264,6 +264,24 @@ def sample_top_k() -> Case:
 
 
 @case
+def lora_matmul() -> Case:
+    """Batched LoRA (ops_lora): row groups of a dynamic count, each with its adapter slot or none (-1), a
+    rank that is not a multiple of the warp count, K and N not multiples of the block."""
+    g = Graph("lora_matmul")
+    groups = Dim.dynamic("groups", max=6)
+    x = g.input("x", [groups, 3, 200])
+    index = g.input("index", [groups], "i32")
+    a, b, s = g.param("a", [3, 7, 200]), g.param("b", [3, 130, 7]), g.param("s", [3])
+    g.set_outputs([g.lora_matmul(x, a, b, s, index)])
+    r = _rng(29)
+    params = {"a": _f32(r, 3, 7, 200, scale=0.1), "b": _f32(r, 3, 130, 7, scale=0.1),
+              "s": np.array([0.5, 2.0, 1.25], np.float32)}
+    feeds = [{"x": _f32(r, 4, 3, 200), "index": np.array([2, -1, 0, 1], np.int32)},
+             {"x": _f32(r, 1, 3, 200), "index": np.array([1], np.int32)}]
+    return Case("lora_matmul", g, feeds, params)
+
+
+@case
 def movement() -> Case:
     g = Graph("movement")
     seq = Dim.dynamic("seq", max=20)
