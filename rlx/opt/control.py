@@ -32,8 +32,8 @@ from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops_control import Cond, WhileLoop
-from rlx.ir.ops_scan import Body
-from rlx.ir.shape import Shape
+from rlx.ir.ops_scan import Body, Scan
+from rlx.ir.shape import Dim, Shape
 from rlx.opt.bodies import inline_body
 from rlx.opt.rewrite import Rewriter, require_mir
 
@@ -156,4 +156,6 @@ def lower_while_loop(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
     if op.max_trips == 0:
         return args[0]
     step = masked_step(op, g.shape(args[0]), [g.shape(b) for b in args[1:]])
-    return g.scan(step, args[0], bcasts=args[1:], length=op.max_trips)
+    scan = Scan(step.as_body(), Dim(op.max_trips), num_bcast=len(args) - 1)
+    # named for the loop it runs, so a backend refusing scan names the while_loop
+    return g.add(scan, args, name=node.name or f"while_loop {node.label}")
