@@ -93,7 +93,7 @@ def test_while_loop_stopped_by_max_trips_is_differentiated_through_those_trips()
 def test_while_loop_forward_mode_needs_no_bound_and_reverse_mode_names_the_fix() -> None:
     g = _while_graph(max_trips=None)
     _fd_check(g, _feeds([0.3, -0.2, 0.1]), reverse=False)
-    with pytest.raises(IRError, match="reverse mode through .* while_loop needs max_trips"):
+    with pytest.raises(IRError, match=r"reverse mode through .* while_loop needs max_trips"):
         rlx.vjp(g)
 
 
