@@ -168,3 +168,16 @@ def test_metal_runs_cond_lowered_and_refuses_while_loop_naming_it() -> None:
     assert metal.supports(rlx.trace("c", cond_only))
     node, reason = metal.first_unsupported_op(rlx.trace("control", _program))
     assert "no rule for scan" in reason and "while_loop" in node.label
+
+
+def test_compiled_integer_carry_with_a_cond_in_the_loop_body() -> None:
+    def fn(t):
+        def body(c):
+            return c.tracer.cond(c.reshape([]) > 10, lambda v: v - 7, lambda v: v - 1, c)
+
+        return t.while_loop(lambda c: c.reshape([]) > 1, body, t.input("n", [1], "i32"), max_trips=5)
+
+    g = rlx.trace("countdown", fn)
+    cg = rlx.Session(rlx.Device.CPU).compile(g)
+    for start, want in ((30, 7), (9, 4), (3, 1), (1, 1)):  # 30-7-7-7-1-1; 9..4 by ones; stops at 1
+        assert check(g, {"n": np.array([start], np.int32)}, rtol=0, atol=0, cg=cg)[0].tolist() == [want]
