@@ -87,6 +87,11 @@ class LirModule:
     #: a loop body from the LIR alone.
     bodies: tuple[tuple[NodeId, LirModule], ...] = ()
 
+    def bodies_of(self, nid: NodeId) -> list[LirModule]:
+        """Every decided body LIR of node `nid`, in order (a cond's true then false branch, a while_loop's
+        cond then body; `rlx.ir.ops_control.step_bodies`)."""
+        return [body for n, body in self.bodies if n == nid]
+
     def body(self, nid: NodeId) -> LirModule:
         """The decided LIR of scan node `nid`'s body (KeyError when the LIR was not decided with its bodies)."""
         for n, body in self.bodies:

@@ -25,7 +25,7 @@ from typing import ClassVar
 from rlx.errors import IRError, ShapeError
 from rlx.ir.dtype import DType
 from rlx.ir.ops import Op
-from rlx.ir.ops_scan import Body
+from rlx.ir.ops_scan import Body, Scan
 from rlx.ir.shape import Shape
 
 #: Attributes of the control-flow ops that hold bodies (what passes over bodies rewrite).
@@ -117,3 +117,15 @@ def bodies_of(op: Op) -> dict[str, Body]:
     if not isinstance(op, (Cond, WhileLoop)):
         return {}
     return {f: getattr(op, f) for f in BODY_FIELDS if isinstance(getattr(op, f, None), Body)}
+
+
+def step_bodies(op: Op) -> tuple[Body, ...]:
+    """The bodies a backend renders for `op`, in the order `LirModule.bodies` holds them: a scan's body,
+    a cond's true and false branches, a while_loop's cond and body; () for an op without bodies."""
+    if isinstance(op, Scan):
+        return (op.body,)
+    if isinstance(op, Cond):
+        return (op.true_body, op.false_body)
+    if isinstance(op, WhileLoop):
+        return (op.cond_body, op.body)
+    return ()

@@ -14,6 +14,7 @@ import rlx
 from rlx.errors import BuildError
 from rlx.ir.graph import Graph
 from rlx.ir.ops_scan import Scan
+from rlx.ir.serialize_lir import lir_from_document, lir_to_document
 from rlx.opt.control import fold_control
 from rlx.opt.pipeline import optimize
 from rlx.pipeline import decide, lower_to_lir
@@ -138,25 +139,51 @@ def test_fold_control_leaves_graphs_without_control_flow_alone() -> None:
     assert fold_control(g) is g
 
 
-def test_the_pipeline_lowers_plans_and_decides_the_loop_body(program: Graph) -> None:
+def test_the_cpu_pipeline_plans_and_decides_every_body(program: Graph) -> None:
     lir = lower_to_lir(program, 2, backend="cpu")
+    nodes = [n for n in lir.graph.nodes if n.kind in ("cond", "while_loop")]
+    assert [n.kind for n in nodes] == ["cond", "while_loop"]  # the CPU has rules: nothing is lowered
+    workspaces = {nid: size for nid, _, size in lir.workspaces}
+    assert all(n.id in workspaces for n in nodes)  # the bodies' arena (and the loop's slots) are planned
+    decided = decide(lir, "cpu")
+    for n in nodes:  # true then false branch; cond then body
+        assert [b.backend for b in decided.bodies_of(n.id)] == ["cpu", "cpu"]
+    back = lir_from_document(lir_to_document(decided))  # the decided bodies travel with the LIR
+    assert back.hash() == decided.hash() and len(back.bodies) == 4
+
+
+def test_cuda_runs_the_loop_as_a_masked_scan(program: Graph) -> None:
+    lir = lower_to_lir(program, 2, backend="cuda")
     assert {"cond", "while_loop"}.isdisjoint(_kinds(lir.graph))
     (scan,) = [n for n in lir.graph.nodes if isinstance(n.op, Scan)]
     assert scan.op.length.value == 12 and "where" in str(Graph.from_body(scan.op.body))
-    assert scan.id in {nid for nid, _, _ in lir.workspaces}  # its carries and body arena are planned
-    decided = decide(lir, "cpu")
-    assert decided.body(scan.id).backend == "cpu"
+    assert scan.id in {nid for nid, _, _ in lir.workspaces}
 
 
-def test_unbounded_while_loop_runs_in_the_reference_and_is_refused_before_any_build() -> None:
+def test_compiled_cpu_runs_only_the_taken_branch_and_unbounded_loops() -> None:
+    def fn(t):
+        x, k = t.input("x", [4]), t.input("k", [], "i32")
+        far = t.cond(k > 0, lambda v, i: v.exp(), lambda v, i: v.tracer.gather(v, i.reshape([1]) + 100).expand([4]),
+                     x, k)  # the false branch reads index k + 100 of a 4-row table
+        grow = t.while_loop(lambda c: c.sum() < 50.0, lambda c: c * 2.0, x.abs() + 1.0)  # no max_trips
+        return {"far": far, "grow": grow}
+
+    g = rlx.trace("branches", fn)
+    cg = rlx.Session(rlx.Device.CPU).compile(g)
+    x = np.array([0.5, -1.0, 2.0, 0.0], np.float32)
+    check(g, {"x": x, "k": np.array(1, np.int32)}, rtol=1e-6, atol=0, cg=cg)
+    with pytest.raises(rlx.RlxError, match=r"gather index 99 .* out of range"):
+        cg.run({"x": x, "k": np.array(-1, np.int32)})
+
+
+def test_unbounded_while_loop_is_refused_before_any_build_on_cuda() -> None:
     def fn(t):
         return t.while_loop(lambda c: c.sum() < 50.0, lambda c: c * 2.0, t.input("x", [2]))
 
     g = rlx.trace("unbounded", fn)
     np.testing.assert_array_equal(run(g, {"x": np.array([1.0, 2.0], np.float32)})[0], [32.0, 64.0])
-    for device in (rlx.Device.CPU, rlx.Device.CUDA):
-        with pytest.raises(BuildError, match=r"while_loop has no max_trips: .* give max_trips"):
-            rlx.Session(device).lower(g)
+    with pytest.raises(BuildError, match=r"while_loop has no max_trips: .* give max_trips"):
+        rlx.Session(rlx.Device.CUDA).lower(g)
 
 
 def test_metal_runs_cond_lowered_and_refuses_while_loop_naming_it() -> None:
