@@ -251,7 +251,8 @@ class Tracer:
                    max_trips: int | None = None) -> TracedTensor:
         """``carry = body_fn(carry, *bcasts)`` from `init` while ``cond_fn(carry, *bcasts)`` (one bool)
         holds, at most `max_trips` times when given (JAX's `lax.while_loop`). The carry keeps its shape
-        and dtype. Compiled backends need `max_trips` (they run a masked loop of that many steps).
+        and dtype. CUDA needs `max_trips` (it runs a masked loop of that many steps), and so does
+        reverse-mode autodiff.
 
         >>> import numpy as np
         >>> from rlx import reference

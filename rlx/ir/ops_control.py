@@ -12,8 +12,8 @@ which is the op's value (``true_body(*operands) if pred else false_body(*operand
 and returns one bool; `body` takes ``(carry, *bcasts)`` and returns the next
 carry, with the carry's shape and dtype. The op's value is the first carry for
 which `cond_body` is false, or the carry after `max_trips` trips when that is
-given (None: unbounded, as in JAX; compiled backends need a bound, see
-rlx/opt/control.py).
+given (None: unbounded, as in JAX; the CPU runs it so, CUDA needs the bound,
+see rlx/opt/control.py).
 """
 
 from __future__ import annotations

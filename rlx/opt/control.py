@@ -10,8 +10,9 @@ constants are seen):
 Their bodies are optimized like scan bodies by pass "bodies" (rlx/opt/bodies.py: DCE, folding, fusion
 inside each body), so a value a branch computes but never returns is gone before this pass runs.
 
-Backends (`lower_cond`, `lower_while_loop`, registered as decompositions for backends that have no
-rule for the op, which is every backend today; rlx/opt/decompose.py):
+Backends: the CPU has rules (rlx/codegen/c_control.py: only the taken branch runs; a real loop, unbounded
+without `max_trips`). Elsewhere (CUDA; Metal) `lower_cond` and `lower_while_loop` run, registered as the
+decompositions of a backend without a rule for the op (rlx/opt/decompose.py):
 
 - `cond` runs both branches and selects (`where`): the value is the chosen branch's, as lax.cond's is
   under `vmap`. Both branches run, so an untaken branch costs time, and its non-finite values are
@@ -19,9 +20,9 @@ rule for the op, which is every backend today; rlx/opt/decompose.py):
 - `while_loop` with `max_trips` becomes a scan of `max_trips` steps over a masked body,
   ``carry = where(cond(carry), body(carry), carry)``: once the cond is false the carry stops changing,
   so the cond stays false and the result is the while loop's. The loop, its body's kernels and its
-  memory are then planned and rendered by the scan machinery (rlx/opt/scan_body.py, LirModule.bodies).
-  A while_loop without `max_trips` has no bound a compiled loop could be planned for, and is refused
-  with an error naming the fix.
+  memory are then planned and rendered by the scan machinery (rlx/opt/scan_body.py, LirModule.bodies;
+  Metal has no scan rule, so it refuses the loop before any build, naming it). A while_loop without
+  `max_trips` has no bound for such a scan, and is refused with an error naming the fix.
 """
 
 from __future__ import annotations

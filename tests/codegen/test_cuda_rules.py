@@ -42,8 +42,8 @@ CPU_ONLY = {"custom_fn", "int8_matmul"}
 #: Collectives render as NCCL calls (rlx/codegen/cuda_collectives.py), checked compile-only in
 #: tests/codegen/test_cuda_collectives.py: a single-GPU case run cannot give them a communicator.
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter"}
-#: Control flow has no rule on any backend: it is lowered to a select and a masked scan before any rule is
-#: asked (rlx/opt/control.py); tests/gpu/cases.py's control_flow runs the lowered form.
+#: Control flow has no CUDA rule: it is lowered to a select and a masked scan before any rule is asked
+#: (rlx/opt/control.py); tests/gpu/cases.py's control_flow runs the lowered form.
 LOWERED = {"cond", "while_loop"}
 
 
