@@ -185,7 +185,8 @@ class LirModule:
             if not self.decisions:
                 lines.append("  none")
             for nid, body in self.bodies:
-                lines.append(f"  scan %{nid} body ({len(body.schedule)} nodes, decided for {body.backend}):")
+                kind = self.graph.node(nid).kind  # scan, cond (two bodies), while_loop (two bodies)
+                lines.append(f"  {kind} %{nid} body ({len(body.schedule)} nodes, decided for {body.backend}):")
                 lines.extend(f"    {d.describe()}" for d in body.decisions)
         syms = ", ".join(f"{n}<={m}" for n, m in self.symbols) or "none"
         lines.append(f"arena: {self.arena_bytes} bytes (naive {self.naive_bytes}, reuse x{self.reuse_ratio:.2f}); "

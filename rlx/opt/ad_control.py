@@ -21,17 +21,25 @@ says so. Steps after the loop ended pass the cotangent through unchanged.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops_control import Cond, WhileLoop
 from rlx.ir.ops_scan import Body
+from rlx.ir.shape import Shape
 from rlx.opt.ad_core import jvp, vjp
 from rlx.opt.ad_rules import JVP, VJP, Ct, zeros
-from rlx.opt.ad_scan import _numel, _vjp_scan, pack, unpack
+from rlx.opt.ad_scan import pack, unpack
 from rlx.opt.bodies import inline_body
 from rlx.opt.control import masked_step
+
+
+def _numel(shape: Shape) -> int:
+    if not shape.is_static:
+        raise IRError(f"autodiff of while_loop: the carry must have a static shape, got {shape}")
+    return math.prod(shape.static_dims)
 
 
 def _canonical(body: Body) -> tuple[Graph, list[str]]:
@@ -94,7 +102,7 @@ def _jvp_while(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: list[C
 
     def step(name: str) -> tuple[Graph, NodeId, list[NodeId], list[NodeId]]:
         s = Graph(f"{op.body.name}_{name}")
-        pair = s.input("pair", [2 * _numel(carry, "the while_loop carry")], carry.dtype)
+        pair = s.input("pair", [2 * _numel(carry)], carry.dtype)
         bs = [s.input(f"bcast{i}", g.shape(b)) for i, b in enumerate(bcasts)]
         tbs = [s.input(f"t_bcast{i}", g.shape(bcasts[i])) for i in active]
         return s, pair, bs, tbs
@@ -109,7 +117,7 @@ def _jvp_while(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: list[C
     init_t = ts[0] if ts[0] is not None else zeros(g, args[0])
     loop = g.while_loop(cg, bg, pack(g, [args[0], init_t]), bcasts=[*bcasts, *(ts[1 + i] for i in active)],
                         max_trips=op.max_trips)
-    n = _numel(carry, "the while_loop carry")
+    n = _numel(carry)
     return g.reshape(g.narrow(loop, 0, n, n), list(carry.dims))
 
 
@@ -122,7 +130,7 @@ def _vjp_while(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId
         return [ct] + [None] * (len(args) - 1)
     step = masked_step(op, g.shape(args[0]), [g.shape(b) for b in args[1:]])
     scan = g.scan(step, args[0], bcasts=args[1:], length=op.max_trips)
-    return _vjp_scan(g, g.node(scan), args, scan, ct)
+    return VJP["scan"](g, g.node(scan), args, scan, ct)  # type: ignore[return-value]
 
 
 VJP["cond"] = _vjp_cond
