@@ -430,7 +430,19 @@ class Graph:
     def while_loop(self, cond_body: Graph, body: Graph, init: NodeId, *, bcasts: Sequence[NodeId] = (),
                    max_trips: int | None = None) -> NodeId:
         """`carry = body(carry, *bcasts)` from `init` while `cond_body(carry, *bcasts)` holds, at most
-        `max_trips` times when given (`ops_control.WhileLoop`)."""
+        `max_trips` times when given (`ops_control.WhileLoop`).
+
+        >>> import numpy as np
+        >>> cond, body = Graph("small"), Graph("double")
+        >>> c = cond.input("c", [2])
+        >>> cond.set_outputs([cond.compare("lt", cond.reduce("sum", c), cond.constant(np.float32(10)))])
+        >>> d = body.input("c", [2])
+        >>> body.set_outputs([body.add_(d, d)])
+        >>> g = Graph("w")
+        >>> g.set_outputs([g.while_loop(cond, body, g.input("x", [2]), max_trips=8)])
+        >>> g.node(g.outputs[0]).op.describe()
+        'while_loop[cond=4 nodes, body=2 nodes, max_trips=8]'
+        """
         return self.add(C.WhileLoop(cond_body.as_body(), body.as_body(), max_trips), [init, *bcasts])
 
     # ── builders: state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──

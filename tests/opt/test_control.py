@@ -133,6 +133,16 @@ def test_bodies_are_optimized_and_unread_operands_dropped() -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def test_an_unused_cond_is_removed() -> None:
+    def fn(t):
+        x = t.input("x", [3])
+        _unused = t.cond(x.sum() > 0, lambda v: v.exp(), lambda v: -v, x)
+        return x.abs()
+
+    g = rlx.trace("unused", fn)
+    assert "cond" in _kinds(g) and "cond" not in _kinds(optimize(g, level=1))
+
+
 def test_fold_control_leaves_graphs_without_control_flow_alone() -> None:
     g = Graph("plain")
     g.set_outputs([g.activation("exp", g.input("x", [2]))])
