@@ -125,3 +125,14 @@ def test_bad_max_trips_is_refused() -> None:
 
     with pytest.raises(ShapeError, match="max_trips must be None or an int >= 0, got -2"):
         rlx.trace("bad", fn)
+
+
+def test_branches_count_toward_the_body_depth_limit() -> None:
+    def nest(t, x, depth: int):
+        if depth == 0:
+            return x.exp()
+        return t.cond(x.sum() > 0, lambda v: nest(v.tracer, v, depth - 1), lambda v: -v, x)
+
+    rlx.trace("deep_ok", lambda t: nest(t, t.input("x", [2]), 7))
+    with pytest.raises(ShapeError, match="nests bodies deeper than 8"):
+        rlx.trace("too_deep", lambda t: nest(t, t.input("x", [2]), 9))
