@@ -29,6 +29,7 @@ import numpy as np
 
 from rlx.errors import ExecutionError
 from rlx.ir import ops as O
+from rlx.ir import ops_control as C
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_sample as SP
@@ -567,6 +568,28 @@ def _eval_scan(op: L.Scan, args: list, shape: Shape, symbols: dict, in_shapes: o
 @evaluates(L.CustomFn)
 def _eval_custom_fn(op: L.CustomFn, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
     return eval_body(op.fwd, args, symbols)[0]
+
+
+def _truth(pred: np.ndarray) -> bool:
+    return bool(np.asarray(pred).reshape(-1)[0])
+
+
+@evaluates(C.Cond)
+def _eval_cond(op: C.Cond, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    """Only the chosen branch runs (lax.cond)."""
+    return eval_body(op.true_body if _truth(args[0]) else op.false_body, args[1:], symbols)[0]
+
+
+@evaluates(C.WhileLoop)
+def _eval_while_loop(op: C.WhileLoop, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    """Trips while the cond body holds, stopping early after `max_trips` trips (lax.while_loop)."""
+    carry, bcasts = args[0], args[1:]
+    trips = 0
+    while (op.max_trips is None or trips < op.max_trips) and _truth(eval_body(op.cond_body, [carry, *bcasts],
+                                                                               symbols)[0]):
+        (carry,) = eval_body(op.body, [carry, *bcasts], symbols)
+        trips += 1
+    return carry
 
 
 @evaluates(O.ElementwiseRegion)

@@ -209,6 +209,66 @@ class Tracer:
             if jvp is not None else None
         return self._emit("custom_fn", ins, lambda g: g.custom_fn([t.id for t in ins], fwd, vjp=vjp_g, jvp=jvp_g))
 
+    # ── control flow (rlx/ir/ops_control.py) ─────────────────────────────
+
+    def _body(self, what: str, fn: Callable[..., TracedTensor], args: Sequence[tuple[str, Shape]]) -> Graph:
+        """`fn` traced into a body graph taking `args`; errors name `what` (e.g. "cond true branch")."""
+        sub = Tracer(f"{self.name}_{what.replace(' ', '_')}")
+        try:
+            out = fn(*(sub.input(n, s) for n, s in args))
+            if not isinstance(out, TracedTensor):
+                raise IRError(f"must return one TracedTensor, returned {type(out).__name__}")
+            sub._own(out)
+        except IRError as exc:
+            raise type(exc)(f"{what}: {exc}") from None
+        sub._open = False
+        sub.graph.set_outputs([out.id])
+        return sub.graph
+
+    def cond(self, pred: TracedTensor, true_fn: Callable[..., TracedTensor], false_fn: Callable[..., TracedTensor],
+             *operands: TracedTensor) -> TracedTensor:
+        """``true_fn(*operands) if pred else false_fn(*operands)`` (JAX's `lax.cond`): `pred` is one bool;
+        both functions are traced, take the operands and return the same shape and dtype. Tensors they
+        use from outside must be passed as operands.
+
+        >>> import numpy as np
+        >>> from rlx import reference
+        >>> def f(t):
+        ...     x = t.input("x", [3])
+        ...     return t.cond(x.sum() > 0, lambda v: v * 2.0, lambda v: -v, x)
+        >>> g = trace("c", f)
+        >>> reference.run(g, {"x": np.array([1.0, -2.0, 3.0], np.float32)})[0].tolist()
+        [2.0, -4.0, 6.0]
+        """
+        p, ops = self._own(pred), [self._own(o) for o in operands]
+        args = [(f"operand{i}", o.node.shape) for i, o in enumerate(ops)]
+        true_g = self._body("cond true branch", true_fn, args)
+        false_g = self._body("cond false branch", false_fn, args)
+        return self._emit("cond", [p, *ops], lambda g: g.cond(p.id, true_g, false_g, [o.id for o in ops]))
+
+    def while_loop(self, cond_fn: Callable[..., TracedTensor], body_fn: Callable[..., TracedTensor],
+                   init: TracedTensor, *, bcasts: Sequence[TracedTensor] = (),
+                   max_trips: int | None = None) -> TracedTensor:
+        """``carry = body_fn(carry, *bcasts)`` from `init` while ``cond_fn(carry, *bcasts)`` (one bool)
+        holds, at most `max_trips` times when given (JAX's `lax.while_loop`). The carry keeps its shape
+        and dtype. CUDA needs `max_trips` (it runs a masked loop of that many steps), and so does
+        reverse-mode autodiff.
+
+        >>> import numpy as np
+        >>> from rlx import reference
+        >>> def f(t):
+        ...     x = t.input("x", [2])
+        ...     return t.while_loop(lambda c: c.sum() < 100.0, lambda c: c * 3.0, x, max_trips=20)
+        >>> reference.run(trace("w", f), {"x": np.array([1.0, 2.0], np.float32)})[0].tolist()
+        [81.0, 162.0]
+        """
+        carry, bs = self._own(init), [self._own(b) for b in bcasts]
+        args = [("carry", carry.node.shape), *((f"bcast{i}", b.node.shape) for i, b in enumerate(bs))]
+        cond_g = self._body("while_loop cond", cond_fn, args)
+        body_g = self._body("while_loop body", body_fn, args)
+        return self._emit("while_loop", [carry, *bs], lambda g: g.while_loop(
+            cond_g, body_g, carry.id, bcasts=[b.id for b in bs], max_trips=max_trips))
+
     # ── state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──────
 
     def selective_scan(self, x: TracedTensor, delta: TracedTensor, A: TracedTensor, B: TracedTensor,

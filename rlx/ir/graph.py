@@ -11,6 +11,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_control as C
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_sample as SP
@@ -414,6 +415,41 @@ class Graph:
         """`fwd` applied to `inputs`, with optional derivative bodies (`ops_scan.CustomFn`)."""
         return self.add(L.CustomFn(fwd.as_body(), vjp.as_body() if vjp is not None else None,
                                    jvp.as_body() if jvp is not None else None), list(inputs))
+
+    # ── control flow (rlx/ir/ops_control.py) ──────────────────────────
+
+    def cond(self, pred: NodeId, true_body: Graph, false_body: Graph, operands: Sequence[NodeId] = ()) -> NodeId:
+        """`true_body(*operands)` if the bool `pred` holds, else `false_body(*operands)` (`ops_control.Cond`).
+
+        >>> def branch(name, fn):
+        ...     b = Graph(name)
+        ...     b.set_outputs([b.activation(fn, b.input("x", [2]))])
+        ...     return b
+        >>> g = Graph("c")
+        >>> x = g.input("x", [2])
+        >>> pred = g.compare("gt", g.reduce("sum", x), g.constant(0.0))
+        >>> str(g.shape(g.cond(pred, branch("t", "exp"), branch("f", "neg"), [x])))
+        'f32[2]'
+        """
+        return self.add(C.Cond(true_body.as_body(), false_body.as_body()), [pred, *operands])
+
+    def while_loop(self, cond_body: Graph, body: Graph, init: NodeId, *, bcasts: Sequence[NodeId] = (),
+                   max_trips: int | None = None) -> NodeId:
+        """`carry = body(carry, *bcasts)` from `init` while `cond_body(carry, *bcasts)` holds, at most
+        `max_trips` times when given (`ops_control.WhileLoop`).
+
+        >>> import numpy as np
+        >>> cond, body = Graph("small"), Graph("double")
+        >>> c = cond.input("c", [2])
+        >>> cond.set_outputs([cond.compare("lt", cond.reduce("sum", c), cond.constant(np.float32(10)))])
+        >>> d = body.input("c", [2])
+        >>> body.set_outputs([body.add_(d, d)])
+        >>> g = Graph("w")
+        >>> g.set_outputs([g.while_loop(cond, body, g.input("x", [2]), max_trips=8)])
+        >>> g.node(g.outputs[0]).op.describe()
+        'while_loop[cond=4 nodes, body=2 nodes, max_trips=8]'
+        """
+        return self.add(C.WhileLoop(cond_body.as_body(), body.as_body(), max_trips), [init, *bcasts])
 
     # ── builders: state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──
 

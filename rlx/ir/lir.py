@@ -87,6 +87,11 @@ class LirModule:
     #: a loop body from the LIR alone.
     bodies: tuple[tuple[NodeId, LirModule], ...] = ()
 
+    def bodies_of(self, nid: NodeId) -> list[LirModule]:
+        """Every decided body LIR of node `nid`, in order (a cond's true then false branch, a while_loop's
+        cond then body; `rlx.ir.ops_control.step_bodies`)."""
+        return [body for n, body in self.bodies if n == nid]
+
     def body(self, nid: NodeId) -> LirModule:
         """The decided LIR of scan node `nid`'s body (KeyError when the LIR was not decided with its bodies)."""
         for n, body in self.bodies:
@@ -180,7 +185,8 @@ class LirModule:
             if not self.decisions:
                 lines.append("  none")
             for nid, body in self.bodies:
-                lines.append(f"  scan %{nid} body ({len(body.schedule)} nodes, decided for {body.backend}):")
+                kind = self.graph.node(nid).kind  # scan, cond (two bodies), while_loop (two bodies)
+                lines.append(f"  {kind} %{nid} body ({len(body.schedule)} nodes, decided for {body.backend}):")
                 lines.extend(f"    {d.describe()}" for d in body.decisions)
         syms = ", ".join(f"{n}<={m}" for n, m in self.symbols) or "none"
         lines.append(f"arena: {self.arena_bytes} bytes (naive {self.naive_bytes}, reuse x{self.reuse_ratio:.2f}); "

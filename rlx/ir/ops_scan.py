@@ -93,7 +93,9 @@ class Body:
 
 
 def _bodies_of(op: Op) -> list[Body]:
-    return [v for v in (getattr(op, f, None) for f in ("body", "fwd", "vjp", "jvp")) if isinstance(v, Body)]
+    # scan and custom_fn fields, then control flow's (rlx/ir/ops_control.py, which builds on this module)
+    fields = ("body", "fwd", "vjp", "jvp", "true_body", "false_body", "cond_body")
+    return [v for v in (getattr(op, f, None) for f in fields) if isinstance(v, Body)]
 
 
 def _check_int(kind: str, name: str, v: object, lo: int) -> None:

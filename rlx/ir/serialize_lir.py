@@ -35,11 +35,11 @@ from typing import Any
 
 from rlx.errors import IRError
 from rlx.ir import decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal, decisions_quant, serialize
-from rlx.ir import ops_scan as L
 from rlx.ir.decisions import DECISION_KINDS, Decision
 from rlx.ir.encode import decode_value, shape_from_json, shape_to_json
 from rlx.ir.graph import Graph
 from rlx.ir.lir import STORAGES, Buffer, LirModule, TensorSpec
+from rlx.ir.ops_control import step_bodies
 
 FORMAT = "rlx-lir"
 VERSION = 1
@@ -182,8 +182,8 @@ def lir_from_document(doc: Any) -> LirModule:
         if not (isinstance(entry, list) and len(entry) == 2):
             raise IRError(f"LIR body {_short(entry)}: expected [scan node, LIR document]")
         nid = decode_value(int, entry[0], "LIR body node")
-        if nid not in buffers or not isinstance(graph.node(nid).op, L.Scan):
-            raise IRError(f"LIR body of %{nid}: not a scan node of the graph")
+        if nid not in buffers or not step_bodies(graph.node(nid).op):
+            raise IRError(f"LIR body of %{nid}: not a scan, cond or while_loop node of the graph")
         bodies.append((nid, lir_from_document(entry[1])))
     return LirModule(
         name=decode_value(str, doc["name"], "LIR name"), graph=graph,

@@ -2,7 +2,7 @@
 
 Importing this module registers every derivative rule: the primitives'
 (`rlx.opt.ad_rules`), the composite expansions (`rlx.opt.ad_expand`) and those
-of the ops holding bodies (`rlx.opt.ad_scan`), which build on the core.
+of the ops holding bodies (`rlx.opt.ad_scan`, `rlx.opt.ad_control`), which build on the core.
 
 >>> import numpy as np
 >>> from rlx.ir.graph import Graph
@@ -16,7 +16,7 @@ of the ops holding bodies (`rlx.opt.ad_scan`), which build on the core.
 
 from __future__ import annotations
 
-from rlx.opt import ad_scan  # noqa: F401  (registers the scan and custom_fn rules)
+from rlx.opt import ad_control, ad_scan  # noqa: F401  (registers the scan, custom_fn, cond, while_loop rules)
 from rlx.opt.ad_core import JACFWD_MAX_ELEMENTS, grad, jacfwd, jvp, vjp
 
 __all__ = ["JACFWD_MAX_ELEMENTS", "grad", "jacfwd", "jvp", "vjp"]

@@ -1,7 +1,8 @@
-"""Passes over sub-graph bodies: optimize every scan body, inline custom functions.
+"""Passes over sub-graph bodies: optimize every scan / cond / while_loop body, inline custom functions.
 
-`optimize_bodies` runs the full optimization pipeline on each scan body
-(recursively, since the pipeline includes this pass), so the loop runs fused,
+`optimize_bodies` runs the full optimization pipeline on each scan body and
+each control-flow body (rlx/ir/ops_control.py), recursively, since the
+pipeline includes this pass, so the loop runs fused,
 folded kernels like any graph. `inline_custom_fns` replaces every
 `custom_fn` node by its forward body: its derivative bodies matter only to
 autodiff, which runs before optimization.
@@ -14,6 +15,7 @@ from collections.abc import Callable
 
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
+from rlx.ir.ops_control import bodies_of
 from rlx.ir.ops_scan import Body, CustomFn, Scan
 from rlx.opt.rewrite import Rewriter, require_mir
 
@@ -48,12 +50,15 @@ def inline_custom_fns(graph: Graph) -> Graph:
 
 
 def map_bodies(graph: Graph, fn) -> Graph:
-    """`graph` with every scan body replaced by `fn(body graph)` (a pure rewrite)."""
+    """`graph` with every scan and control-flow body replaced by `fn(body graph)` (a pure rewrite)."""
     rw = Rewriter(graph)
     for node in graph.nodes:
         if isinstance(node.op, Scan):
             body = fn(Graph.from_body(node.op.body)).as_body()
             rw.emit(node, dataclasses.replace(node.op, body=body), rw.args(node))
+        elif bodies_of(node.op):
+            new = {f: fn(Graph.from_body(b)).as_body() for f, b in bodies_of(node.op).items()}
+            rw.emit(node, dataclasses.replace(node.op, **new), rw.args(node))
         else:
             rw.copy(node)
     return rw.finish()
@@ -62,6 +67,6 @@ def map_bodies(graph: Graph, fn) -> Graph:
 def optimize_bodies(graph: Graph, optimize: Callable[[Graph], Graph]) -> Graph:
     """Every scan body optimized by `optimize` (the pipeline passes its own); custom functions inlined."""
     require_mir(graph, "optimize_bodies")
-    if not any(isinstance(n.op, (Scan, CustomFn)) for n in graph.nodes):
+    if not any(isinstance(n.op, (Scan, CustomFn)) or bodies_of(n.op) for n in graph.nodes):
         return graph.copy()
     return map_bodies(inline_custom_fns(graph), optimize)

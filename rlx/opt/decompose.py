@@ -89,9 +89,12 @@ def decompose(graph: Graph, supported: Callable[[Graph, Node], bool]) -> Graph:
     """`graph` with every unsupported node that has a decomposition replaced by primitives."""
     require_mir(graph, "decompose")
     from rlx.opt.bodies import inline_custom_fn, map_bodies
+    from rlx.opt.control import lower_cond, lower_while_loop
 
     DECOMPOSITIONS.setdefault(("custom_fn", ""), inline_custom_fn)
-    if any(n.kind == "scan" for n in graph.nodes):  # a loop body runs on the same backend
+    DECOMPOSITIONS.setdefault(("cond", ""), lower_cond)
+    DECOMPOSITIONS.setdefault(("while_loop", ""), lower_while_loop)
+    if any(n.kind in ("scan", "cond", "while_loop") for n in graph.nodes):  # a body runs on the same backend
         graph = map_bodies(graph, lambda body: decompose(body, supported))
     todo = [n for n in graph.nodes if n.kind not in O.LEAF_KINDS and not supported(graph, n)
             and decomposition_key(n) in DECOMPOSITIONS]
@@ -104,4 +107,6 @@ def decompose(graph: Graph, supported: Callable[[Graph, Node], bool]) -> Graph:
             rw.alias(node, DECOMPOSITIONS[decomposition_key(node)](rw.dst, node, rw.args(node)))
         else:
             rw.copy(node)
-    return rw.finish()
+    out = rw.finish()
+    # lowered control flow left new nodes (inlined branches, a masked scan) that may need decomposing too
+    return decompose(out, supported) if any(n.kind in ("cond", "while_loop") for n in todo) else out

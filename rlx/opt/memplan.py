@@ -15,8 +15,9 @@ from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import Buffer, LirModule, TensorSpec
+from rlx.ir.ops_control import Cond, WhileLoop, step_bodies
 from rlx.ir.ops_scan import Scan
-from rlx.opt.scan_body import carry_slot_bytes, step_graph
+from rlx.opt.scan_body import carry_slot_bytes, control_slots_bytes, step_graph
 
 ALIGN = 64
 
@@ -170,6 +171,11 @@ def plan(graph: Graph, *, hold_norm_inputs: bool = False) -> LirModule:
             body_arena = plan(step_graph(n.op.body)).arena_bytes
             pos = position[n.id]
             requests.append((-1 - n.id, 2 * slot + _align(body_arena), pos, pos))
+        elif isinstance(n.op, (Cond, WhileLoop)):
+            # one body runs at a time, in the arena the largest needs (a loop: after its slots)
+            size = control_slots_bytes(n.op, nodes[n.inputs[0]].shape.max_nbytes) + _align(
+                max(plan(step_graph(b)).arena_bytes for b in step_bodies(n.op)))
+            requests.append((-1 - n.id, size, position[n.id], position[n.id]))
     naive = sum(size for _, size, _, _ in requests)
 
     placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end

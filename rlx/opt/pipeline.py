@@ -3,7 +3,7 @@
 | level | passes |
 | --- | --- |
 | 0 | verify only |
-| 1 | bodies (optimize scan bodies, inline custom_fn), fold, simplify, cse, dce |
+| 1 | bodies (optimize scan/cond/while bodies; inline custom_fn), fold (+ constant predicates), simplify, cse, dce|
 | 2 | level 1, then layout and the fusions (swiglu, matmul epilogue, residual norm, elementwise) |
 | 3 | same as 2 |
 
@@ -22,6 +22,7 @@ from rlx.config import Config
 from rlx.errors import IRError
 from rlx.ir.graph import Graph
 from rlx.opt.bodies import optimize_bodies
+from rlx.opt.control import fold_control
 from rlx.opt.cse import cse
 from rlx.opt.dce import dce
 from rlx.opt.fold import fold
@@ -38,9 +39,14 @@ def _bodies(graph: Graph) -> Graph:
     return optimize_bodies(graph, lambda body: optimize(body, level=2, debug=False))
 
 
+def _fold(graph: Graph) -> Graph:
+    """Pass "fold": constant subgraphs folded, then control flow on constant predicates (rlx/opt/control.py)."""
+    return fold_control(fold(graph))
+
+
 PASSES: dict[str, Pass] = {
     "bodies": _bodies,
-    "fold": fold,
+    "fold": _fold,
     "simplify": simplify,
     "cse": cse,
     "dce": dce,

@@ -1,4 +1,5 @@
-"""The graph a backend runs for one scan step, and the workspace a scan node needs.
+"""The graph a backend runs for one scan step (or one cond / while_loop body), and the workspace such a
+node needs.
 
 Shared by the memory planner (which reserves the workspace in the arena) and
 codegen (which renders the body), so both see the same body and the same plan.
@@ -37,3 +38,9 @@ def step_graph(body: Body) -> Graph:
 def carry_slot_bytes(op: Scan, carry_nbytes: int) -> int:
     """Bytes of one carry slot in the workspace (the workspace holds two: this step's and the next)."""
     return _align(max(carry_nbytes, 1))
+
+
+def control_slots_bytes(op: O.Op, carry_nbytes: int) -> int:
+    """Bytes a cond / while_loop workspace holds before its bodies' arena: none for a cond (its branch writes
+    the node's own buffer); a while_loop's two carry slots and its predicate."""
+    return 2 * _align(max(carry_nbytes, 1)) + ALIGN if op.kind == "while_loop" else 0

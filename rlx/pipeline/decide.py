@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from rlx.ir import ops_scan as L
 from rlx.ir.lir import LirModule
+from rlx.ir.ops_control import step_bodies
 
 
 def decide(lir: LirModule, backend: str, body_options: Mapping[str, object] | None = None,
@@ -36,13 +36,14 @@ def decide(lir: LirModule, backend: str, body_options: Mapping[str, object] | No
 
     decided = lower_for(lir, backend, **options)
     body_opts = dict(options if body_options is None else body_options)
-    bodies = tuple((nid, decide(plan(step_graph(lir.graph.node(nid).op.body)), backend, body_opts, **body_opts))
-                   for nid in _scans(lir))
+    bodies = tuple((nid, decide(plan(step_graph(body)), backend, body_opts, **body_opts))
+                   for nid in _scans(lir) for body in step_bodies(lir.graph.node(nid).op))
     return dataclasses.replace(decided, bodies=bodies) if bodies else decided
 
 
 def _scans(lir: LirModule) -> list[int]:
-    return [nid for nid in lir.schedule if isinstance(lir.graph.node(nid).op, L.Scan)]
+    """The scheduled nodes holding bodies a backend renders (scan, cond, while_loop)."""
+    return [nid for nid in lir.schedule if step_bodies(lir.graph.node(nid).op)]
 
 
 __all__ = ["decide"]

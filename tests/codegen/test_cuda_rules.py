@@ -20,6 +20,7 @@ from rlx.opt.lowering import lower_for
 from rlx.opt.memplan import plan
 from rlx.pipeline.cuda import cuda_context, render_cuda
 from rlx.pipeline.cuda import decide_cuda as lower_cuda
+from rlx.pipeline.front import legalize_for
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")
 cases = sys.modules.get("rlx_cuda_cases")
@@ -41,6 +42,9 @@ CPU_ONLY = {"custom_fn", "int8_matmul"}
 #: Collectives render as NCCL calls (rlx/codegen/cuda_collectives.py), checked compile-only in
 #: tests/codegen/test_cuda_collectives.py: a single-GPU case run cannot give them a communicator.
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter"}
+#: Control flow has no CUDA rule: it is lowered to a select and a masked scan before any rule is asked
+#: (rlx/opt/control.py); tests/gpu/cases.py's control_flow runs the lowered form.
+LOWERED = {"cond", "while_loop"}
 
 
 def test_every_reference_op_kind_has_a_cuda_rule_or_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,7 +65,12 @@ def test_every_reference_op_kind_has_a_cuda_rule_or_is_reported(monkeypatch: pyt
             assert found is not None and found[0].kind in missing, name
         else:
             assert found is None, f"{name}: {found and found[1]}"
-    assert all(row["cuda"] for kind, row in support_table(["cuda"]).items() if kind not in CPU_ONLY)
+    assert all(row["cuda"] for kind, row in support_table(["cuda"]).items() if kind not in CPU_ONLY | LOWERED)
+    for kind in LOWERED:  # lowered by the pipeline: the graph the CUDA rules see holds none
+        assert table("cuda").rule(kind) is None
+        lowered = legalize_for(graphs["control_flow"], "cuda")
+        assert kind in {n.kind for n in graphs["control_flow"].nodes}
+        assert kind not in {n.kind for n in lowered.nodes} and first_unsupported_op(lowered, "cuda") is None
     # the mechanism: a kind without a rule is named before rendering anything
     monkeypatch.delitem(rules.rules, "softmax")
     node, reason = first_unsupported_op(graphs["softmaxes"], "cuda")

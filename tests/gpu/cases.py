@@ -654,6 +654,33 @@ def scan_ssm_body() -> Case:
     feeds = [{"xs": _f32(r, n, 1, 4, 8), "c0": _f32(r, 1, 2, 8)} for n in (6, 2)]
     return Case("scan_ssm_body", g, feeds)
 
+@case
+def control_flow() -> Case:
+    """cond (a GEMM branch or an elementwise one, both taken over the feeds) feeding a while_loop with
+    max_trips: both lowered by the pipeline to a select and a scan of masked steps (rlx/opt/control.py)."""
+    g = Graph("control_flow")
+    x, w = g.input("x", [4, 16]), g.input("w", [16, 16])
+    t = Graph("gemm_branch")
+    tx, tw = t.input("x", [4, 16]), t.input("w", [16, 16])
+    t.set_outputs([t.activation("tanh", t.matmul(tx, tw))])
+    f = Graph("relu_branch")
+    fx, _ = f.input("x", [4, 16]), f.input("w", [16, 16])
+    f.set_outputs([f.mul(f.activation("relu", fx), f.constant(np.float32(0.5)))])
+    y = g.cond(g.compare("gt", g.reduce("sum", x), g.constant(np.float32(0))), t, f, [x, w])
+    pred = Graph("small")
+    pc = pred.input("c", [4, 16])
+    pred.set_outputs([pred.compare("lt", pred.reduce("max", pred.activation("abs", pc)),
+                                   pred.constant(np.float32(6.1)))])
+    body = Graph("grow")
+    bc = body.input("c", [4, 16])
+    body.set_outputs([body.add_(body.mul(bc, body.constant(np.float32(1.5))), body.constant(np.float32(0.25)))])
+    g.set_outputs({"y": y, "z": g.while_loop(pred, body, y, max_trips=12)})
+    r = _rng(47)
+    feeds = [{"x": np.abs(_f32(r, 4, 16)) + np.float32(0.1), "w": _f32(r, 16, 16, scale=0.25)},
+             {"x": -np.abs(_f32(r, 4, 16)) - np.float32(0.1), "w": _f32(r, 16, 16, scale=0.25)}]
+    return Case("control_flow", g, feeds, lowp=False)
+
+
 def scale_of(arr: np.ndarray) -> float:
     a = np.asarray(arr, dtype=np.float64)
     return float(np.sqrt(np.mean(a * a))) if a.size else 0.0

@@ -248,6 +248,24 @@ def _cfn(g: Graph, v: object) -> None:
     g.set_outputs([g.custom_fn([g.input("x", [4])], fwd, vjp=vjp, jvp=jvp)])
 
 
+def _control(g: Graph, v: object) -> None:
+    """A cond feeding a while_loop; `v` changes one attribute (a branch's or body's fn, max_trips)."""
+    kw = dict(v)  # type: ignore[call-overload]
+
+    def unary(name: str, fn: str) -> Graph:
+        b = Graph(name)
+        b.set_outputs([b.activation(fn, b.input("c", [4]))])
+        return b
+
+    pred = Graph("p")
+    pc = pred.input("c", [4])
+    pred.set_outputs([pred.compare(kw.get("cmp", "lt"), pred.reduce("sum", pc), pred.constant(np.float32(9)))])
+    x = g.input("x", [4])
+    y = g.cond(g.compare("gt", g.reduce("sum", x), g.constant(np.float32(0))), unary("t", kw.get("true", "tanh")),
+               unary("f", kw.get("false", "neg")), [x])
+    g.set_outputs([g.while_loop(pred, unary("b", kw.get("body", "exp")), y, max_trips=kw.get("max_trips", 8))])
+
+
 R = O.RegionStep
 # (what, op kind and field covered or None, builder, value a, value b)
 
@@ -321,6 +339,11 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("custom_fn fwd", ("custom_fn", "fwd"), _cfn, {}, {"fn": "exp"}),
     ("custom_fn vjp", ("custom_fn", "vjp"), _cfn, {}, {"vjp": True}),
     ("custom_fn jvp", ("custom_fn", "jvp"), _cfn, {}, {"jvp": True}),
+    ("cond true branch", ("cond", "true_body"), _control, {}, {"true": "exp"}),
+    ("cond false branch", ("cond", "false_body"), _control, {}, {"false": "exp"}),
+    ("while_loop cond", ("while_loop", "cond_body"), _control, {}, {"cmp": "le"}),
+    ("while_loop body", ("while_loop", "body"), _control, {}, {"body": "tanh"}),
+    ("while_loop max_trips", ("while_loop", "max_trips"), _control, {}, {"max_trips": None}),
     ("input state", ("input", "state"),
      lambda g, v: g.set_outputs([g.activation("neg", g.add(O.Input("s", Shape.of([4]), state=v), name="s"))]),
      False, True),

@@ -11,6 +11,7 @@ import pytest
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
+from rlx.ir import ops_control as C
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
@@ -40,6 +41,14 @@ def _body(*specs: str, fn: str = "tanh", out: int = 0) -> L.Body:
     b = Graph("body")
     ins = [b.input(f"i{k}", sh(sp)) for k, sp in enumerate(specs)]
     b.set_outputs([b.activation(fn, b.add_(ins[out], ins[-1]))])
+    return b.as_body()
+
+
+def _pred_body(*specs: str, fn: str = "gt") -> L.Body:
+    """A body whose inputs have `specs` and whose one output is ``compare(fn, sum(input[0]), 0)`` (a bool)."""
+    b = Graph("pred")
+    ins = [b.input(f"i{k}", sh(sp)) for k, sp in enumerate(specs)]
+    b.set_outputs([b.compare(fn, b.reduce("sum", ins[0]), b.constant(np.float32(0)))])
     return b.as_body()
 
 
@@ -142,6 +151,11 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (L.Scan(_body("f32[3]", "f32[3]", "f32[3]"), SEQ, 1, 1, save_trajectory=True),
      ("f32[3]", "f32[3]", "f32[seq,3]"), "f32[seq,3]"),
     (L.CustomFn(_body("f32[2]", "f32[2]")), ("f32[2]", "f32[2]"), "f32[2]"),
+    (C.Cond(_body("f32[3]", "f32[3]"), _body("f32[3]", "f32[3]", fn="exp")), ("bool[]", "f32[3]", "f32[3]"),
+     "f32[3]"),
+    (C.Cond(_body("f32[seq]"), _body("f32[seq]", fn="exp")), ("bool[1]", "f32[seq]"), "f32[seq]"),
+    (C.WhileLoop(_pred_body("f32[3]", "f32[3]"), _body("f32[3]", "f32[3]"), 5), ("f32[3]", "f32[3]"), "f32[3]"),
+    (C.WhileLoop(_pred_body("f32[2]", fn="lt"), _body("f32[2]")), ("f32[2]",), "f32[2]"),
 ]
 
 
@@ -323,6 +337,20 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (L.Scan(_body("f32[3]", "f32[3]"), SEQ, 0, 1, num_checkpoints=2), ("f32[3]", "f32[seq,3]"), ShapeError,
      "needs a static length"),
     (L.CustomFn(_body("f32[2]", "f32[2]")), ("f32[2]", "f32[3]"), ShapeError, "custom_fn fwd takes"),
+    (C.Cond(_body("f32[3]"), _body("f32[3]")), ("f32[]", "f32[3]"), ShapeError, "predicate must be one bool"),
+    (C.Cond(_body("f32[3]"), _body("f32[3]")), ("bool[2]", "f32[3]"), ShapeError, "predicate must be one bool"),
+    (C.Cond(_body("f32[3]"), _body("f32[4]")), ("bool[]", "f32[3]"), ShapeError,
+     r"false branch takes f32\[4\] for operand 0, but operand 0 is f32\[3\]"),
+    (C.Cond(_body("f32[3]"), _body("f32[3]", "f32[3]")), ("bool[]", "f32[3]"), ShapeError,
+     "false branch takes 2 inputs but the cond passes 1"),
+    (C.Cond(_body("f32[3]", "f32[3]"), _pred_body("f32[3]", "f32[3]")), ("bool[]", "f32[3]", "f32[3]"), ShapeError,
+     r"the true branch returns f32\[3\], the false branch bool\[\]"),
+    (C.WhileLoop(_pred_body("f32[3]"), _body("f32[3]"), -1), ("f32[3]",), ShapeError, "max_trips must be None or"),
+    (C.WhileLoop(_body("f32[3]"), _body("f32[3]")), ("f32[3]",), ShapeError, r"cond must return one bool"),
+    (C.WhileLoop(_pred_body("f32[3]"), _body("f32[3]")), ("f32[4]",), ShapeError,
+     r"cond takes f32\[3\] for the carry, but the carry is f32\[4\]"),
+    (C.WhileLoop(_pred_body("f32[3]", "f32[4]"), _body("f32[3]", "f32[4]", fn="exp", out=1)), ("f32[3]", "f32[4]"),
+     ShapeError, r"carry must keep its shape and dtype: init is f32\[3\], the body returns f32\[4\]"),
 ]
 
 

@@ -115,6 +115,12 @@ def every_op_graph() -> Graph:
     jx, jt = jv.input("x", [16]), jv.input("tangent_0", [16])
     jv.set_outputs([jv.mul(jv.mul(jx, jt), jv.constant(np.float32(2)))])
     cfn = g.custom_fn([row], sq, vjp=vj, jvp=jv)
+    pred = Graph("positive")
+    pred.set_outputs([pred.compare("gt", pred.reduce("sum", pred.input("x", [16])), pred.constant(np.float32(0)))])
+    neg = Graph("neg")
+    neg.set_outputs([neg.activation("neg", neg.input("x", [16]))])
+    cfn = g.cond(g.reshape(g.compare("lt", g.reduce("max", row), g.constant(np.float32(1))), [1]), sq, neg, [cfn])
+    cfn = g.while_loop(pred, sq, cfn, max_trips=3)
     ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
     g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
     g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm, "scan": scan,
@@ -504,11 +510,19 @@ def _mk_scan(draw: Any, g: Graph) -> None:
     body.set_outputs([body.activation(draw(st.sampled_from(["tanh", "neg", "exp"])), body.add_(c, x))])
     tag = len(g.nodes)
     init = g.input(f"si{tag}", [width], dtype)
-    if draw(st.booleans()):
+    form = draw(st.sampled_from(["scan", "custom_fn", "cond", "while_loop"]))
+    if form == "scan":
         g.scan(body, init, xs=[g.input(f"sxs{tag}", [draw(_dims), width], dtype)],
                save_trajectory=draw(st.booleans()), reverse=draw(st.booleans()))
-    else:
+    elif form == "custom_fn":
         g.custom_fn([init, init], body, vjp=None)
+    elif form == "cond":
+        g.cond(g.input(f"sp{tag}", [], "bool"), body, body, [init, init])
+    else:
+        pred = Graph("pred")
+        pc, _ = pred.input("c", [width], dtype), pred.input("x", [width], dtype)
+        pred.set_outputs([pred.compare("lt", pred.reduce("max", pc), pred.reduce("min", pc))])
+        g.while_loop(pred, body, init, bcasts=[init], max_trips=draw(st.sampled_from([None, 0, 3])))
 
 
 def _mk_collective(draw: Any, g: Graph) -> None:
