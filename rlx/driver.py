@@ -58,6 +58,7 @@ from rlx.errors import IRError, RlxError
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
 from rlx.ir.module import register_lir_lowering
+from rlx.ir.ops_user import check_current
 from rlx.pipeline import Built, Pipeline, Rendered, first_unsupported_op, legalize_for, lower_to_lir, stages_for
 from rlx.pristine import COMPILER_MODULES, COMPILER_PACKAGES, compiler_is_pristine, trusting_own_loads
 from rlx.runtime.memory import MemoryEstimate
@@ -203,6 +204,7 @@ class Session:
                 compiled.record_build(rendered.digest, rendered.lir)
                 return compiled
             mir = to_mir(graph)
+            check_current([n.op for n in mir.nodes])  # a user op's header edited since tracing: refuse
             decided: list[LirModule] = []
 
             def compile_fully() -> Built:

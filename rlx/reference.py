@@ -33,6 +33,7 @@ from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
+from rlx.ir import ops_user as U
 from rlx.ir import transport
 from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
@@ -561,6 +562,19 @@ def _eval_scan(op: L.Scan, args: list, shape: Shape, symbols: dict, in_shapes: o
 @evaluates(L.CustomFn)
 def _eval_custom_fn(op: L.CustomFn, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
     return eval_body(op.fwd, args, symbols)[0]
+
+
+@evaluates(U.UserOp)
+def _eval_user_op(op: U.UserOp, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    """The registered numpy `reference` of a user op, on its inputs in their declared dtypes (bf16 as f32)."""
+    if in_shapes is not None:
+        args = [np.asarray(a).astype(np.float32 if s.dtype is DType.BF16 else s.dtype.np)
+                for a, s in zip(args, in_shapes)]
+    value = np.asarray(U.user_op_spec(op.name).reference(*args))
+    want = shape.concrete(symbols or {})
+    if value.shape != want:
+        raise ExecutionError(f"custom op {op.name!r}: reference returned shape {value.shape}, infer says {want}")
+    return _finish(value, shape.dtype)
 
 
 @evaluates(O.ElementwiseRegion)

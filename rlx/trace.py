@@ -46,6 +46,7 @@ from rlx.errors import IRError, ShapeError
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops import Constant
+from rlx.ir.ops_user import OpSource, UserOpSpec, register_user_op, user_op_spec
 from rlx.ir.shape import Dim, DimLike, Shape, normalize_axis
 
 Operand = Union["TracedTensor", int, float, np.ndarray, np.generic]
@@ -208,6 +209,26 @@ class Tracer:
         jvp_g = body(f"{self.name}_jvp", jvp, [(f"tangent_{i}", s) for i, s in enumerate(shapes)]) \
             if jvp is not None else None
         return self._emit("custom_fn", ins, lambda g: g.custom_fn([t.id for t in ins], fwd, vjp=vjp_g, jvp=jvp_g))
+
+    def user_op(self, name: str, inputs: Sequence[TracedTensor]) -> TracedTensor:
+        """The registered user op `name` (`rlx.custom_op`) on `inputs`; its `vjp`, if any, traced for them."""
+        ins = [self._own(t) for t in inputs]
+        spec = user_op_spec(name)
+        shapes = [t.node.shape for t in ins]
+        vjp_g = None
+        if spec.vjp is not None:
+            out = spec.output_shape(shapes)
+            sub = Tracer(f"{name}_vjp")
+            args = [sub.input(f"in{i}", s) for i, s in enumerate(shapes)]
+            args += [sub.input("primal_output", out), sub.input("d_output", out)]
+            res = spec.vjp(*args)
+            outs = [res] if isinstance(res, TracedTensor) else list(res)
+            for o in outs:
+                sub._own(o)
+            sub._open = False
+            sub.graph.set_outputs([o.id for o in outs])
+            vjp_g = sub.graph
+        return self._emit(f"custom op {name!r}", ins, lambda g: g.user_op(name, [t.id for t in ins], vjp=vjp_g))
 
     # ── state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──────
 
@@ -629,3 +650,51 @@ def trace(name: str, fn: Callable[[Tracer], TraceOutputs]) -> Graph:
         graph.set_outputs([t.id for t in outputs])
     graph.verify()
     return graph
+
+
+@dataclass(frozen=True)
+class CustomOp:
+    """A registered user op (`custom_op`): call it on traced tensors to add one node.
+
+    `name` is its registration's (`rlx.ir.ops_user.USER_OPS`); a `Graph` uses it as
+    ``g.user_op(op.name, [ids])``.
+    """
+
+    name: str
+
+    def __call__(self, *inputs: TracedTensor) -> TracedTensor:
+        if not inputs or not isinstance(inputs[0], TracedTensor):
+            raise IRError(f"custom op {self.name!r} takes traced tensors, got {inputs!r}")
+        return inputs[0].tracer.user_op(self.name, inputs)
+
+    @property
+    def spec(self) -> UserOpSpec:
+        return user_op_spec(self.name)
+
+
+def custom_op(name: str, *, infer: Callable[..., object], reference: Callable[..., object],
+              cpu: object = None, cuda: object = None, metal: object = None,
+              vjp: Callable[..., object] | None = None) -> CustomOp:
+    """Register the op `name`, defined outside RLX, and return it as a callable on traced tensors.
+
+    `infer(*input_shapes)` gives the output `Shape` (or `(dims, dtype)`); `reference(*arrays)` computes it
+    in numpy; `cpu`, `cuda`, `metal` each name a header file holding that backend's function (called
+    `name`), or a `(header, function)` pair — the calling convention is in `rlx.ir.ops_user`. A backend
+    given no code refuses the op before any build (`metal=` itself is refused for now).
+    `vjp(*inputs, output, d_output)` returns one cotangent per input, written with traced ops.
+    Registering a name again replaces it.
+
+    >>> import numpy as np
+    >>> from rlx import reference
+    >>> twice = custom_op("twice_doc", infer=lambda x: x, reference=lambda x: 2 * x)
+    >>> g = trace("g", lambda t: twice(t.input("x", [2])))
+    >>> reference.run(g, {"x": np.array([1.0, 3.0], np.float32)})[0].tolist()
+    [2.0, 6.0]
+    """
+    if metal is not None:  # no Metal rule renders user ops yet: refuse here, not at a build
+        raise IRError(f"custom op {name!r}: metal= bodies are not supported yet (the Metal backend has no user_op "
+                      f"rule); register cpu= and/or cuda= code")
+    sources = tuple((backend, OpSource.of(name, backend, value))
+                    for backend, value in (("cpu", cpu), ("cuda", cuda), ("metal", metal)) if value is not None)
+    register_user_op(UserOpSpec(name, infer, reference, sources, vjp))
+    return CustomOp(name)

@@ -15,6 +15,7 @@ from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
+from rlx.ir import ops_user as U
 from rlx.ir import serialize
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.shape import Dim, DimLike, Shape, check_symbol_bounds
@@ -408,6 +409,11 @@ class Graph:
         """`fwd` applied to `inputs`, with optional derivative bodies (`ops_scan.CustomFn`)."""
         return self.add(L.CustomFn(fwd.as_body(), vjp.as_body() if vjp is not None else None,
                                    jvp.as_body() if jvp is not None else None), list(inputs))
+
+    def user_op(self, name: str, inputs: Sequence[NodeId], *, vjp: Graph | None = None) -> NodeId:
+        """The registered user op `name` (`rlx.custom_op`) applied to `inputs` (`ops_user.UserOp`)."""
+        spec = U.user_op_spec(name)
+        return self.add(U.UserOp(name, spec.digest(), vjp.as_body() if vjp is not None else None), list(inputs))
 
     # ── builders: state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──
 

@@ -636,6 +636,23 @@ def scan_ssm_body() -> Case:
     feeds = [{"xs": _f32(r, n, 1, 4, 8), "c0": _f32(r, 1, 2, 8)} for n in (6, 2)]
     return Case("scan_ssm_body", g, feeds)
 
+@case
+def user_op() -> Case:
+    """A user-defined op (examples/custom_op's swish_beta, its CUDA body) between a GEMM and an activation, over a
+    dynamic number of rows (f32 only: the example's body takes f32)."""
+    from tests.ir.user_ops import swish_beta
+
+    op = swish_beta()
+    g = Graph("user_op")
+    rows = Dim.dynamic("rows", max=64)
+    x, w, beta = g.input("x", [rows, 32]), g.input("w", [32, 32]), g.input("beta", [])
+    g.set_outputs({"y": g.activation("tanh", g.user_op(op.name, [g.matmul(x, w), beta]))})
+    r = _rng(47)
+    feeds = [{"x": _f32(r, n, 32), "w": _f32(r, 32, 32, scale=0.2), "beta": np.array(1.7, np.float32)}
+             for n in (64, 3)]
+    return Case("user_op", g, feeds, lowp=False)
+
+
 def scale_of(arr: np.ndarray) -> float:
     a = np.asarray(arr, dtype=np.float64)
     return float(np.sqrt(np.mean(a * a))) if a.size else 0.0

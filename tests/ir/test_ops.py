@@ -15,10 +15,14 @@ from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
+from rlx.ir import ops_user as U
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim, Shape
+from tests.ir.user_ops import swish_beta
 
 SEQ = Dim.dynamic("seq", max=64)
+#: The registered user op of the user_op cases.
+SWISH = swish_beta()
 BATCH = Dim.dynamic("batch", max=4)
 _SYMS = {"seq": SEQ, "batch": BATCH}
 
@@ -142,6 +146,7 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (L.Scan(_body("f32[3]", "f32[3]", "f32[3]"), SEQ, 1, 1, save_trajectory=True),
      ("f32[3]", "f32[3]", "f32[seq,3]"), "f32[seq,3]"),
     (L.CustomFn(_body("f32[2]", "f32[2]")), ("f32[2]", "f32[2]"), "f32[2]"),
+    (U.UserOp(SWISH.name, SWISH.spec.digest()), ("f32[seq,3]", "f32[]"), "f32[seq,3]"),
 ]
 
 
@@ -323,6 +328,9 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (L.Scan(_body("f32[3]", "f32[3]"), SEQ, 0, 1, num_checkpoints=2), ("f32[3]", "f32[seq,3]"), ShapeError,
      "needs a static length"),
     (L.CustomFn(_body("f32[2]", "f32[2]")), ("f32[2]", "f32[3]"), ShapeError, "custom_fn fwd takes"),
+    (U.UserOp("never_registered", "0" * 64), ("f32[2]",), IRError, "'never_registered' is not registered"),
+    (U.UserOp(SWISH.name, SWISH.spec.digest(), _body("f32[2]", "f32[]", "f32[2]", "f32[2]")), ("f32[2]", "f32[]"),
+     ShapeError, "vjp must take the 2 inputs, the output and its cotangent"),
 ]
 
 

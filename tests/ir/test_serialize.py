@@ -20,6 +20,7 @@ from rlx.ir import ops as O
 from rlx.ir import serialize
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim, Shape
+from tests.ir.user_ops import swish_beta
 
 SEQ = Dim.dynamic("seq", max=32)
 BATCH = Dim.dynamic("batch", max=4)
@@ -115,10 +116,11 @@ def every_op_graph() -> Graph:
     jx, jt = jv.input("x", [16]), jv.input("tangent_0", [16])
     jv.set_outputs([jv.mul(jv.mul(jx, jt), jv.constant(np.float32(2)))])
     cfn = g.custom_fn([row], sq, vjp=vj, jvp=jv)
+    user = g.user_op(swish_beta().name, [row, g.constant(np.float32(1.5))])
     ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
     g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
     g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm, "scan": scan,
-                   "cfn": cfn})
+                   "cfn": cfn, "user": user})
     return g
 
 
@@ -519,9 +521,14 @@ def _mk_collective(draw: Any, g: Graph) -> None:
     g.add(op, [x])
 
 
+def _mk_user_op(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype is O.DType.F32)
+    g.user_op(swish_beta().name, [x, g.input(f"beta{len(g.nodes)}", [])])
+
+
 MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_int8, _mk_reduce, _mk_softmax,
           _mk_sample, _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant,
-          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan]
+          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_user_op]
 
 
 @st.composite
