@@ -49,6 +49,7 @@ from rlx.version import __version__
 
 #: Public names that load on first use: name -> (module, attribute; None for the module itself).
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "devices": ("rlx.toolchain.devices", "devices"),
     "grad": ("rlx.opt.autodiff", "grad"),
     "jacfwd": ("rlx.opt.autodiff", "jacfwd"),
     "jvp": ("rlx.opt.autodiff", "jvp"),
@@ -128,6 +129,7 @@ __all__ = [
     "Tracer",
     "cache",
     "custom_op",
+    "devices",
     "from_onnx",
     "quantize",
     "shard",
