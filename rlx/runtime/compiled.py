@@ -45,7 +45,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -539,6 +540,23 @@ class CompiledGraph(Provenance):
         if recorder is not None:
             self._record(recorder, before, outs)
         return [bits_to_bfloat16(o) if t.dtype is DType.BF16 else o for o, t in zip(outs, self._library.outputs)]
+
+    def run_async(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> Future:
+        """`run` on this graph's worker thread: a `concurrent.futures.Future` of the outputs
+        (`rlx.runtime.pipelined`)."""
+        from rlx.runtime.pipelined import run_async
+
+        given = dict(inputs or {})
+        given.update(kw)
+        return run_async(self, given)
+
+    def pipeline(self, inputs: Iterable[Mapping[str, Any]], depth: int = 2) -> Iterator[list[np.ndarray]]:
+        """The outputs of every item of `inputs` (dicts of named inputs), in order, with preparing the next
+        items, running and reading the outputs overlapped on threads; the yielded arrays are reused once
+        the next item is asked for (`rlx.runtime.pipelined`)."""
+        from rlx.runtime.pipelined import pipeline
+
+        return pipeline(self, inputs, depth)
 
     def record_to(self, recorder: Any) -> None:
         """Write every later `run`'s inputs and outputs through `recorder` (`rlx.runtime.record.Recorder`;
