@@ -109,3 +109,21 @@ def test_a_backend_without_the_ops_code_refuses_before_any_build(monkeypatch: py
         session.compile(g)
     with pytest.raises(RlxError, match="METAL backend has no rule for user_op"):
         rlx.Session(rlx.Device.METAL).render(g)
+
+
+def test_inside_a_scan_body() -> None:
+    """The op in a loop body: the loop computes the reference (tests/codegen/test_cuda_user_op.py renders it
+    for CUDA)."""
+    op = swish_beta()
+
+    def f(t):
+        xs, c0, beta = t.input("xs", [5, 4]), t.input("c0", [4]), t.input("beta", [])
+        return t.scan(lambda c, b, x: op(c + x, b), c0, xs=[xs], bcasts=[beta])
+
+    g = rlx.trace("scan_user", f)
+    rng = np.random.default_rng(3)
+    feed = {"xs": rng.standard_normal((5, 4)).astype(np.float32), "c0": rng.standard_normal(4).astype(np.float32),
+            "beta": np.array(1.3, np.float32)}
+    (got,) = rlx.Session().compile(g).run(**feed)
+    np.testing.assert_allclose(got, reference.run(g, feed)[0], rtol=2e-5, atol=2e-6)
+    assert "user_op[swish_beta" in rlx.Session().render(g).text
