@@ -53,6 +53,20 @@ def main() -> None:
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     print("swish_beta on the CPU matches the reference:", y.shape)
 
+    # a gradient through the op (its vjp), compiled like any graph
+    def loss_of(t):
+        y = model(t)
+        return (y * y).sum()
+
+    loss = rlx.trace("swish_loss", loss_of)
+    grads = rlx.grad(loss, wrt=["w", "beta"])
+    compiled_grads = rlx.Session().compile(grads)
+    compiled_grads.set_param("w", w)
+    got = compiled_grads.run(x=x, beta=beta)
+    for g, r in zip(got, rlx.reference.run(grads, {"x": x, "beta": beta}, {"w": w})):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    print("d loss / d beta =", float(got[2]))
+
 
 if __name__ == "__main__":
     main()

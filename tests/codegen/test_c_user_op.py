@@ -127,3 +127,13 @@ def test_inside_a_scan_body() -> None:
     (got,) = rlx.Session().compile(g).run(**feed)
     np.testing.assert_allclose(got, reference.run(g, feed)[0], rtol=2e-5, atol=2e-6)
     assert "user_op[swish_beta" in rlx.Session().render(g).text
+
+
+def test_the_example_runs_as_a_script() -> None:
+    """examples/custom_op/swish_beta.py: compiled on the CPU against the reference, and a gradient through it."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "swish_beta on the CPU matches the reference: (4, 8)" in proc.stdout and "d loss / d beta =" in proc.stdout
