@@ -1048,8 +1048,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    import runpy
+
     from rlx.runtime.record import recordings, replay
 
+    for script in args.setup:  # registers what the recorded graphs need beyond RLX (rlx.custom_op)
+        runpy.run_path(script, run_name="rlx_replay_setup")
     session = _session(args)
     session.config = dataclasses.replace(session.config, record_dir=None)  # a replay records nothing itself
     ok = True
@@ -1270,6 +1274,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("path", metavar="DIR", help="the RLX_RECORD directory, or one program's recording in it")
     q.add_argument("--rtol", type=float, default=None, help="relative tolerance of float outputs (default by dtype)")
     q.add_argument("--atol", type=float, default=None, help="absolute tolerance of float outputs (default by dtype)")
+    q.add_argument("--setup", action="append", default=[], metavar="FILE.py",
+                   help="a Python file run first, e.g. registering the custom ops (rlx.custom_op) the graphs use "
+                        "(repeatable)")
     common(q, compiles=True)
     opt(q)
     target(q)

@@ -158,7 +158,7 @@ def user_op_spec(name: str) -> UserOpSpec:
     spec = USER_OPS.get(name)
     if spec is None:
         raise IRError(f"custom op {name!r} is not registered in this process: call rlx.custom_op({name!r}, ...) "
-                      f"before building, loading or compiling a graph that uses it")
+                      f"before building, loading or compiling a graph that uses it (rlxc replay: --setup FILE.py)")
     return spec
 
 

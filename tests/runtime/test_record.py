@@ -89,3 +89,22 @@ def test_replay_reports_the_first_mismatch_and_rlxc_exits_1(tmp_path: Path) -> N
 def test_not_a_recording_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(rlx.RlxError, match="holds no RLX recording"):
         recordings(tmp_path)
+
+
+def test_replaying_a_graph_with_a_custom_op_needs_its_registration(tmp_path: Path) -> None:
+    """A recorded graph holding a user op replays in a fresh rlxc once `--setup` registers the op."""
+    from tests.ir.user_ops import EXAMPLE, swish_beta
+
+    op = swish_beta()
+    g = rlx.trace("custom", lambda t: op(t.input("x", [4]), t.input("beta", [])))
+    cg = _session(tmp_path / "rec").compile(g)
+    cg.run(x=np.linspace(-1, 1, 4, dtype=np.float32), beta=np.array(0.5, np.float32))
+    setup = tmp_path / "setup.py"
+    setup.write_text(f"import runpy\nrunpy.run_path({str(EXAMPLE)!r})['register']()\n")
+    cmd = [sys.executable, "-m", "rlx.cli", "replay", str(tmp_path / "rec"), "-q"]
+    missing = subprocess.run(cmd, capture_output=True, text=True)
+    assert missing.returncode == 1 and "'swish_beta' is not registered" in missing.stderr
+    assert "--setup FILE.py" in missing.stderr
+    done = subprocess.run([*cmd, "--setup", str(setup)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "1 call(s) replayed on cpu: every output matches" in done.stdout
