@@ -1,6 +1,7 @@
 """Throughput of `compiled.pipeline` against a loop of `compiled.run`: MiniLM-L6-shaped embeddings of 8x128 batches.
 
-    python benchmarks/pipeline.py [--device cuda|cpu] [--batches 64] [--depth 2] [--rounds 3] [--precision f32]
+    python benchmarks/pipeline.py [--device cuda|cpu] [--batches 64] [--depth 2] [--runners N] [--rounds 3]
+                                  [--precision f32]
 
 Both peers do the same work per batch, in this one process, from the same random weights (MiniLM-L6's
 shape) and the same sentences:
@@ -12,8 +13,9 @@ shape) and the same sentences:
 3. reading the outputs: each batch's embeddings are copied into the result matrix.
 
 `loop` does the three one after another; `pipeline` hands the preparation to the pipeline's feeder
-thread and the run to its runner thread (`rlx.runtime.pipelined`), so the next batches are prepared while
-one runs and the caller copies the last one's outputs. Reported: batches per second of each (median over
+thread and the runs to its runner threads (`rlx.runtime.pipelined`; by default one on the CPU, two on CUDA,
+each on its own context and stream), so the next batches are prepared while one runs and the caller
+copies the last one's outputs. Reported: batches per second of each (median over
 `--rounds` rounds of `--batches` batches), the ratio pipeline / loop, and whether both computed the same
 embeddings (they must: same program, same inputs). The closing note prints the ratio.
 """
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if visible_gpu_arch() else "cpu")
     ap.add_argument("--batches", type=int, default=64)
     ap.add_argument("--depth", type=int, default=2)
+    ap.add_argument("--runners", type=int, default=None, help="runner threads (default: 1 on the CPU, 2 on CUDA)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--precision", choices=("f32", "f16", "bf16"), default="f32")
     args = ap.parse_args()
@@ -96,7 +99,7 @@ def main() -> None:
 
     def piped() -> np.ndarray:
         result = np.empty((len(batches) * BATCH, dim), np.float32)
-        stream = compiled.pipeline((tok.batch(s) for s in batches), depth=args.depth)
+        stream = compiled.pipeline((tok.batch(s) for s in batches), depth=args.depth, runners=args.runners)
         for i, (emb,) in enumerate(stream):
             result[i * BATCH:(i + 1) * BATCH] = emb
         return result
@@ -116,7 +119,8 @@ def main() -> None:
         print(f"{name:<10}{r:>12.1f}{r * BATCH:>14.0f}{1e3 / r:>11.2f}")
     print(f"same embeddings from both: {same}")
     print(f"closing note: pipeline / run loop = {rate['pipeline'] / rate['loop']:.2f}x "
-          f"({args.device}, depth {args.depth}, {args.batches} batches of {BATCH}x{SEQ})")
+          f"({args.device}, depth {args.depth}, runners {args.runners or 'default'}, {args.batches} batches of "
+          f"{BATCH}x{SEQ})")
     if not same:
         sys.exit(1)
 

@@ -550,13 +550,14 @@ class CompiledGraph(Provenance):
         given.update(kw)
         return run_async(self, given)
 
-    def pipeline(self, inputs: Iterable[Mapping[str, Any]], depth: int = 2) -> Iterator[list[np.ndarray]]:
+    def pipeline(self, inputs: Iterable[Mapping[str, Any]], depth: int = 2,
+                 runners: int | None = None) -> Iterator[list[np.ndarray]]:
         """The outputs of every item of `inputs` (dicts of named inputs), in order, with preparing the next
-        items, running and reading the outputs overlapped on threads; the yielded arrays are reused once
-        the next item is asked for (`rlx.runtime.pipelined`)."""
+        items, running (`runners` threads: default 1 on the CPU, 2 on CUDA) and reading the outputs
+        overlapped; the yielded arrays are reused once the next item is asked for (`rlx.runtime.pipelined`)."""
         from rlx.runtime.pipelined import pipeline
 
-        return pipeline(self, inputs, depth)
+        return pipeline(self, inputs, depth, runners)
 
     def record_to(self, recorder: Any) -> None:
         """Write every later `run`'s inputs and outputs through `recorder` (`rlx.runtime.record.Recorder`;

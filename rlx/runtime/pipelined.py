@@ -4,12 +4,15 @@
 `concurrent.futures.Future` of its outputs, so the caller prepares the next inputs meanwhile (the run
 releases the GIL).
 
-`pipeline(inputs_iterable, depth)` overlaps three stages on a stream of inputs, each on its own thread:
+`pipeline(inputs_iterable, depth, runners)` overlaps three stages on a stream of inputs, on threads:
 
 1. a feeder pulls the next item from `inputs_iterable` (where the caller's own preparation runs:
    tokenizing, reading, ...) and copies it into a free slot's input buffers;
-2. a runner runs the graph on a filled slot, writing its output buffers;
-3. the caller's loop receives that slot's outputs while the next items are fed and run.
+2. `runners` runner threads each run the graph on a filled slot, writing its output buffers (each run
+   takes its own pooled context: on CUDA its own stream, so two small batches share the GPU; one
+   runner on the CPU, where one run takes every core). `max_contexts` is raised to `runners` if lower
+   (a CUDA graph keeps one context by default: the second is a clone, params copied on the device);
+3. the caller's loop receives the slots' outputs, in input order, while the next items are fed and run.
 
 Up to `depth` items are in flight between the stages (fed, running, or run and not yet received),
 besides the one the caller holds. Each slot owns input and output buffers sized for the graph's largest
@@ -19,8 +22,8 @@ they hold the item's outputs until the next item is requested (copy what you kee
 order of the inputs; an error in preparing or running an item is raised in the caller's loop, and
 stopping the loop early stops the threads.
 
-On CUDA the same threads overlap the host side (preparation and the blocking run with its copies); the
-device-side overlap (CUDA streams and pinned buffers per slot) is not implemented here.
+On CUDA the threads overlap the host side (preparation, the blocking run with its copies) and, with two
+runners, two runs on their contexts' streams; pinned host buffers per slot are not implemented here.
 
 >>> import numpy as np, rlx
 >>> g = rlx.Graph("sq")
@@ -80,6 +83,7 @@ class _Slot:
         #: the shapes of the item this slot holds -> (symbol values, input views, output views, cffi buffers)
         self.views: dict[tuple, tuple[list[int], list[np.ndarray], list[np.ndarray], list[Any]]] = {}
         self.key: tuple = ()
+        self.seq = 0
         self.error: BaseException | None = None
 
     def bind(self, compiled: Any, shapes: tuple) -> None:
@@ -120,10 +124,22 @@ def _fill(compiled: Any, slot: _Slot, item: Mapping[str, Any]) -> None:
         np.copyto(view, v, casting="no")
 
 
-def pipeline(compiled: Any, items: Iterable[Mapping[str, Any]], depth: int = 2) -> Iterator[list[np.ndarray]]:
+def default_runners(compiled: Any) -> int:
+    """Runner threads by default: 1 on the CPU (one run takes every core), 2 on CUDA (two pooled contexts, two
+    streams: a small batch's kernels leave room on the GPU for the next one's)."""
+    return 2 if str(compiled.manifest.get("target", "cpu")) == "cuda" else 1
+
+
+def pipeline(compiled: Any, items: Iterable[Mapping[str, Any]], depth: int = 2,
+             runners: int | None = None) -> Iterator[list[np.ndarray]]:
     """The outputs of `compiled` on each item of `items`, in order, with the stages overlapped (module doc)."""
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ExecutionError(f"pipeline depth must be an int >= 1, got {depth!r}")
+    runners = default_runners(compiled) if runners is None else runners
+    if isinstance(runners, bool) or not isinstance(runners, int) or not 1 <= runners <= depth:
+        raise ExecutionError(f"pipeline runners must be an int in 1..depth ({depth}), got {runners!r}")
+    if compiled.max_contexts < runners:  # each runner runs on its own context (CUDA: 1 by default)
+        compiled.max_contexts = runners
     slots = [_Slot(compiled) for _ in range(depth + 1)]  # `depth` in flight and the one the caller holds
     free: queue.Queue[_Slot] = queue.Queue()
     for s in slots:
@@ -148,6 +164,7 @@ def pipeline(compiled: Any, items: Iterable[Mapping[str, Any]], depth: int = 2) 
         return False
 
     def feeder() -> None:
+        seq = 0
         try:
             for item in items:
                 if not acquire():
@@ -155,6 +172,7 @@ def pipeline(compiled: Any, items: Iterable[Mapping[str, Any]], depth: int = 2) 
                 slot = take(free)
                 if slot is None:
                     return
+                slot.seq, seq = seq, seq + 1
                 try:
                     _fill(compiled, slot, item)
                 except BaseException as exc:  # handed to the caller's loop in order
@@ -165,10 +183,11 @@ def pipeline(compiled: Any, items: Iterable[Mapping[str, Any]], depth: int = 2) 
         except BaseException as exc:  # the iterable itself failed
             slot = take(free)
             if slot is not None:
-                slot.error = exc
+                slot.seq, slot.error = seq, exc
                 fed.put(slot)
             return
-        fed.put(None)
+        for _ in range(runners):
+            fed.put(None)
 
     def runner() -> None:
         while True:
@@ -184,19 +203,30 @@ def pipeline(compiled: Any, items: Iterable[Mapping[str, Any]], depth: int = 2) 
                     slot.error = exc
             done.put(slot)
 
-    threads = [threading.Thread(target=feeder, name="rlx-pipeline-feed", daemon=True),
-               threading.Thread(target=runner, name="rlx-pipeline-run", daemon=True)]
+    threads = [threading.Thread(target=feeder, name="rlx-pipeline-feed", daemon=True)]
+    threads += [threading.Thread(target=runner, name=f"rlx-pipeline-run{i}", daemon=True) for i in range(runners)]
     for t in threads:
         t.start()
     held: _Slot | None = None
+    finished: dict[int, _Slot] = {}  # run out of order (several runners), waiting for their turn
+    ended, want = 0, 0
     try:
         while True:
             if held is not None:
                 free.put(held)
                 held = None
-            slot = take(done)
-            if slot is None:
+            while want not in finished and ended < runners:
+                slot = take(done)
+                if slot is None:
+                    if stop.is_set():
+                        return
+                    ended += 1
+                else:
+                    finished[slot.seq] = slot
+            if want not in finished:
                 return
+            slot = finished.pop(want)
+            want += 1
             ahead.release()  # received: the feeder may prepare another item while the caller reads this one
             if slot.error is not None:
                 raise slot.error

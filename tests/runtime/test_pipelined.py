@@ -41,11 +41,12 @@ def test_run_async_gives_runs_outputs(compiled) -> None:
         bad.result(timeout=60)
 
 
-@pytest.mark.parametrize("depth", [1, 3])
-def test_pipeline_outputs_in_order(compiled, depth: int) -> None:
+@pytest.mark.parametrize(("depth", "runners"), [(1, 1), (3, 1), (3, 3)])
+def test_pipeline_outputs_in_order(compiled, depth: int, runners: int) -> None:
+    """In input order, also when several runners finish out of order (each on its own pooled context)."""
     feeds = _feeds(9)
-    got = [[a.copy() for a in outs] for outs in compiled.pipeline(iter(feeds), depth=depth)]
-    assert len(got) == len(feeds)
+    got = [[a.copy() for a in outs] for outs in compiled.pipeline(iter(feeds), depth=depth, runners=runners)]
+    assert len(got) == len(feeds) and compiled.max_contexts >= runners  # a context per runner
     for outs, feed in zip(got, feeds):
         for a, b in zip(outs, compiled.run(**feed)):
             np.testing.assert_array_equal(a, b)
@@ -64,12 +65,13 @@ def test_the_feeder_prepares_ahead_while_the_caller_holds_an_item(compiled) -> N
             assert asked[2].wait(timeout=60)
 
 
-def test_errors_reach_the_callers_loop_in_order(compiled) -> None:
+@pytest.mark.parametrize("runners", [1, 2])
+def test_errors_reach_the_callers_loop_in_order(compiled, runners: int) -> None:
     feeds = _feeds(3)
     feeds[1] = {"x": np.ones((2, 7), np.float32)}
     seen = 0
     with pytest.raises(ExecutionError, match="must have shape"):
-        for _ in compiled.pipeline(feeds):
+        for _ in compiled.pipeline(feeds, runners=runners):
             seen += 1
     assert seen == 1
 
@@ -81,6 +83,8 @@ def test_errors_reach_the_callers_loop_in_order(compiled) -> None:
         list(compiled.pipeline(broken()))
     with pytest.raises(ExecutionError, match="depth must be an int >= 1"):
         next(compiled.pipeline(feeds, depth=0))
+    with pytest.raises(ExecutionError, match=r"runners must be an int in 1..depth \(2\)"):
+        next(compiled.pipeline(feeds, runners=3))
 
 
 def test_stopping_early_stops_the_threads(compiled) -> None:
