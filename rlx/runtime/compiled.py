@@ -569,7 +569,8 @@ class CompiledGraph(Provenance):
 
         def params() -> tuple[int, dict[str, tuple[np.ndarray, DType]]]:
             dtypes = {t.name: t.dtype for t in lib.params}
-            return self._params_version, {k: (a, dtypes[k]) for k, a in self._param_values.items()}
+            snapshot = list(self._param_values.items())  # one copy, whatever set_param does meanwhile
+            return self._params_version, {k: (a, dtypes[k]) for k, a in snapshot}
 
         recorder.record({t.name: (a, t.dtype) for t, a in zip(lib.inputs, inputs)},
                         {t.name: (a, t.dtype) for t, a in zip(lib.outputs, outputs)}, params)
