@@ -44,11 +44,12 @@ from rlx.ir.shape import Dim, Shape
 from rlx.runtime.compiled import CompiledGraph
 
 # Not lazy: `rlx.trace` is also a submodule's name, which an import of that submodule would bind here.
-from rlx.trace import TracedTensor, Tracer, trace
+from rlx.trace import CustomOp, TracedTensor, Tracer, custom_op, trace
 from rlx.version import __version__
 
 #: Public names that load on first use: name -> (module, attribute; None for the module itself).
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "devices": ("rlx.toolchain.devices", "devices"),
     "grad": ("rlx.opt.autodiff", "grad"),
     "jacfwd": ("rlx.opt.autodiff", "jacfwd"),
     "jvp": ("rlx.opt.autodiff", "jvp"),
@@ -110,6 +111,7 @@ __all__ = [
     "CompiledGraph",
     "Config",
     "CudaError",
+    "CustomOp",
     "DType",
     "Device",
     "Dim",
@@ -126,6 +128,8 @@ __all__ = [
     "TracedTensor",
     "Tracer",
     "cache",
+    "custom_op",
+    "devices",
     "from_onnx",
     "quantize",
     "shard",

@@ -6,6 +6,8 @@
     rlxc bench DIR --reps 50                    time calls (median, min, max)
     rlxc cache ls|stat|verify|gc|clear|explain
     rlxc doctor                                 what this machine has: compiler, OpenMP, BLAS, GPUs, cache
+    rlxc devices                                what this machine can run on: CPU ISA, GPUs, Metal
+    rlxc replay DIR --target cuda               rerun the calls RLX_RECORD=DIR recorded; the first mismatch
     rlxc embed "a sentence" "another"           the sentence-embedding example
     rlxc train --model mlp --steps 300          train a small model (loss, grads, Adam in one graph)
     rlxc --version                              rlx, python and compiler versions
@@ -1032,6 +1034,40 @@ def _first_line(cmd: list[str], *, last: bool = False, all_lines: bool = False) 
     return lines[-1] if last else lines[0]
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    import json
+
+    import rlx
+
+    found = rlx.devices()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(found) | {"targets": found.targets()}, indent=1))
+    else:
+        print(found)
+    return EXIT_OK
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    import runpy
+
+    from rlx.runtime.record import recordings, replay
+
+    for script in args.setup:  # registers what the recorded graphs need beyond RLX (rlx.custom_op)
+        runpy.run_path(script, run_name="rlx_replay_setup")
+    session = _session(args)
+    session.config = dataclasses.replace(session.config, record_dir=None)  # a replay records nothing itself
+    ok = True
+    for directory in recordings(args.path):
+        result = replay(directory, lambda graph: session.compile(graph, opt_level=args.opt_level),
+                        rtol=args.rtol, atol=args.atol)
+        if result.mismatch is not None:
+            ok = False
+            print(f"{directory}: MISMATCH on {_target(args)}: {result.mismatch}")
+        else:
+            print(f"{directory}: {result.calls} call(s) replayed on {_target(args)}: every output matches")
+    return EXIT_OK if ok else EXIT_FAIL
+
+
 def cmd_embed(argv: list[str]) -> int:
     from rlx.examples import embed
 
@@ -1225,6 +1261,26 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Check what this machine offers RLX.")
     common(q, compiles=False)
     q.set_defaults(func=cmd_doctor)
+
+    q = sub.add_parser("devices", help="what this machine can run on: CPU ISA, NVIDIA GPUs (arch, memory), Metal",
+                       description="List the devices RLX programs can run on here (rlx.devices()).")
+    q.add_argument("--json", action="store_true", help="print them as JSON")
+    common(q, compiles=False)
+    q.set_defaults(func=cmd_devices)
+
+    q = sub.add_parser("replay", help="rerun the calls RLX_RECORD recorded on a target; report the first mismatch",
+                       description="Recompile each recorded graph for --target, set its recorded params, rerun "
+                                   "every recorded call and compare the outputs (exit 1 at a mismatch).")
+    q.add_argument("path", metavar="DIR", help="the RLX_RECORD directory, or one program's recording in it")
+    q.add_argument("--rtol", type=float, default=None, help="relative tolerance of float outputs (default by dtype)")
+    q.add_argument("--atol", type=float, default=None, help="absolute tolerance of float outputs (default by dtype)")
+    q.add_argument("--setup", action="append", default=[], metavar="FILE.py",
+                   help="a Python file run first, e.g. registering the custom ops (rlx.custom_op) the graphs use "
+                        "(repeatable)")
+    common(q, compiles=True)
+    opt(q)
+    target(q)
+    q.set_defaults(func=cmd_replay)
 
     sub.add_parser("embed", help="sentence embeddings example (rlxc embed --help)", add_help=False)
     sub.add_parser("generate", help="generate text with a GGUF decoder LLM (rlxc generate --help)", add_help=False)

@@ -24,6 +24,9 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_CUTLASS | 0: erf GELU / SiLU GEMMs on cuBLASLt + a pass, not the CUTLASS unit (~1 min to build once) | 1 |
 | RLX_CUTLASS_DIR | a directory holding `cutlass/cutlass.h` (instead of the nvidia-cutlass wheel's headers) | none |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
+| RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |
+| RLX_RECORD_MAX_CALLS | calls recorded per compiled program (the first ones) | 16 |
+| RLX_RECORD_MAX_BYTES | bytes a program's recording may hold (inputs, outputs, params snapshots) | 256 MiB |
 | CC / RLX_NVCC | C compiler / nvcc | cc / nvcc on PATH |
 
 RLX_OMP_WAIT applies once per process, just before the first generated
@@ -142,6 +145,10 @@ class Config:
     cutlass_dir: str = ""
     cc: str = "cc"
     nvcc: str = "nvcc"
+    #: RLX_RECORD: where compiled graphs record their calls (None: not recorded), and the bounds.
+    record_dir: Path | None = None
+    record_max_calls: int = 16
+    record_max_bytes: int = 256 << 20
 
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None) -> Config:
@@ -173,6 +180,9 @@ class Config:
             cutlass_dir=env.get("RLX_CUTLASS_DIR", "").strip(),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
+            record_dir=Path(env["RLX_RECORD"].strip()) if env.get("RLX_RECORD", "").strip() else None,
+            record_max_calls=_int(env, "RLX_RECORD_MAX_CALLS", 16),
+            record_max_bytes=_int(env, "RLX_RECORD_MAX_BYTES", 256 << 20),
         )
 
     @property

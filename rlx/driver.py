@@ -58,6 +58,7 @@ from rlx.errors import IRError, RlxError
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
 from rlx.ir.module import register_lir_lowering
+from rlx.ir.ops_user import check_current
 from rlx.pipeline import Built, Pipeline, Rendered, first_unsupported_op, legalize_for, lower_to_lir, stages_for
 from rlx.pristine import COMPILER_MODULES, COMPILER_PACKAGES, compiler_is_pristine, trusting_own_loads
 from rlx.runtime.memory import MemoryEstimate
@@ -203,6 +204,7 @@ class Session:
                 compiled.record_build(rendered.digest, rendered.lir)
                 return compiled
             mir = to_mir(graph)
+            check_current([n.op for n in mir.nodes])  # a user op's header edited since tracing: refuse
             decided: list[LirModule] = []
 
             def compile_fully() -> Built:
@@ -214,7 +216,19 @@ class Session:
             compiled = pipe.load(built)
         # on an index hit nothing was decided: the LIR is computed when first asked for
         compiled.record_build(built.digest, decided[0] if decided else (lambda: pipe.decided(mir)))
+        if self.config.record_dir is not None and hasattr(compiled, "record_to"):
+            self._start_recording(compiled, mir, built.digest, self._level(opt_level))
         return compiled
+
+    def _start_recording(self, compiled: Any, mir: Graph, digest: str, level: int) -> None:
+        """RLX_RECORD: `compiled` records its runs for `rlxc replay` (`rlx.runtime.record`)."""
+        from rlx.runtime.record import Recorder
+
+        meta = {"device": self.device.value, "target": self.target or "", "precision": self.precision,
+                "opt_level": level, "source_digest": digest}
+        compiled.record_to(Recorder.start(self.config.record_dir, mir.to_json(), meta,
+                                          max_calls=self.config.record_max_calls,
+                                          max_bytes=self.config.record_max_bytes))
 
 
 def _is_lir(graph: Any) -> bool:

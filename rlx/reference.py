@@ -35,6 +35,7 @@ from rlx.ir import ops_lora as LR
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
+from rlx.ir import ops_user as U
 from rlx.ir import transport
 from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, round_to_dtype
 from rlx.ir.graph import Graph, Node
@@ -590,6 +591,17 @@ def _eval_while_loop(op: C.WhileLoop, args: list, shape: Shape, symbols: dict, i
         (carry,) = eval_body(op.body, [carry, *bcasts], symbols)
         trips += 1
     return carry
+@evaluates(U.UserOp)
+def _eval_user_op(op: U.UserOp, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    """The registered numpy `reference` of a user op, on its inputs in their declared dtypes (bf16 as f32)."""
+    if in_shapes is not None:
+        args = [np.asarray(a).astype(np.float32 if s.dtype is DType.BF16 else s.dtype.np)
+                for a, s in zip(args, in_shapes)]
+    value = np.asarray(U.user_op_spec(op.name).reference(*args))
+    want = shape.concrete(symbols or {})
+    if value.shape != want:
+        raise ExecutionError(f"custom op {op.name!r}: reference returned shape {value.shape}, infer says {want}")
+    return _finish(value, shape.dtype)
 
 
 @evaluates(O.ElementwiseRegion)

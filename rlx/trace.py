@@ -46,6 +46,7 @@ from rlx.errors import IRError, ShapeError
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops import Constant
+from rlx.ir.ops_user import OpSource, UserOpSpec, register_user_op, user_op_spec
 from rlx.ir.shape import Dim, DimLike, Shape, normalize_axis
 
 Operand = Union["TracedTensor", int, float, np.ndarray, np.generic]
@@ -268,6 +269,73 @@ class Tracer:
         body_g = self._body("while_loop body", body_fn, args)
         return self._emit("while_loop", [carry, *bs], lambda g: g.while_loop(
             cond_g, body_g, carry.id, bcasts=[b.id for b in bs], max_trips=max_trips))
+
+    def custom_fn_multi(self, fn: Callable[..., Sequence[TracedTensor]], inputs: Sequence[TracedTensor], *,
+                        vjp: Callable[..., Sequence[TracedTensor]] | None = None) -> tuple[TracedTensor, ...]:
+        """`fn(*inputs)` returning several outputs, with a custom VJP over all of them.
+
+        `vjp(*inputs, *outputs, *d_outputs)` returns one cotangent per input. Output k is a
+        `custom_fn` node whose body is `fn` kept to that output, and whose vjp is `vjp` with the
+        cotangents of the other outputs zero; autodiff sums the per-output VJPs, which equals `vjp`
+        on all cotangents because a VJP is linear in them. The optimizer inlines the bodies, so CSE
+        computes their shared work once.
+
+        >>> import numpy as np
+        >>> from rlx import reference
+        >>> def f(t):
+        ...     s, d = t.custom_fn_multi(lambda a, b: (a + b, a - b), [t.input("a", [2]), t.input("b", [2])])
+        ...     return [s, d]
+        >>> g = trace("sd", f)
+        >>> [o.tolist() for o in reference.run(g, {"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)})]
+        [[2.0, 2.0], [0.0, 0.0]]
+        """
+        ins = [self._own(t) for t in inputs]
+        shapes = [t.node.shape for t in ins]
+        probe = Tracer(f"{self.name}_fn")
+        outs = fn(*[probe.input(f"in{i}", s) for i, s in enumerate(shapes)])
+        outs = [outs] if isinstance(outs, TracedTensor) else list(outs)
+        if not outs:
+            raise IRError("custom_fn_multi: fn returned no outputs")
+        out_shapes = [probe._own(o).node.shape for o in outs]
+        results = []
+        for k in range(len(outs)):
+            def fwd_k(*args: TracedTensor, k: int = k) -> TracedTensor:
+                return list(fn(*args))[k]
+
+            def vjp_k(*args: TracedTensor, k: int = k) -> Sequence[TracedTensor]:
+                primal, y_k, dy_k = args[:len(ins)], args[len(ins)], args[len(ins) + 1]
+                ys = list(fn(*primal))
+                ys[k] = y_k
+                zero = [y.tracer._coerce(0, y.node.shape.dtype).expand(y.node.shape.dims) for y in ys]
+                dys = [dy_k if j == k else zero[j] for j in range(len(ys))]
+                res = vjp(*primal, *ys, *dys)
+                return [res] if isinstance(res, TracedTensor) else list(res)
+
+            out = self.custom_fn(fwd_k, ins, vjp=vjp_k if vjp is not None else None)
+            if out.node.shape != out_shapes[k]:  # pragma: no cover - fn traced twice must agree
+                raise IRError(f"custom_fn_multi: output {k} traced as {out.node.shape}, then {out_shapes[k]}")
+            results.append(out)
+        return tuple(results)
+
+    def user_op(self, name: str, inputs: Sequence[TracedTensor]) -> TracedTensor:
+        """The registered user op `name` (`rlx.custom_op`) on `inputs`; its `vjp`, if any, traced for them."""
+        ins = [self._own(t) for t in inputs]
+        spec = user_op_spec(name)
+        shapes = [t.node.shape for t in ins]
+        vjp_g = None
+        if spec.vjp is not None:
+            out = spec.output_shape(shapes)
+            sub = Tracer(f"{name}_vjp")
+            args = [sub.input(f"in{i}", s) for i, s in enumerate(shapes)]
+            args += [sub.input("primal_output", out), sub.input("d_output", out)]
+            res = spec.vjp(*args)
+            outs = [res] if isinstance(res, TracedTensor) else list(res)
+            for o in outs:
+                sub._own(o)
+            sub._open = False
+            sub.graph.set_outputs([o.id for o in outs])
+            vjp_g = sub.graph
+        return self._emit(f"custom op {name!r}", ins, lambda g: g.user_op(name, [t.id for t in ins], vjp=vjp_g))
 
     # ── state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──────
 
@@ -689,3 +757,51 @@ def trace(name: str, fn: Callable[[Tracer], TraceOutputs]) -> Graph:
         graph.set_outputs([t.id for t in outputs])
     graph.verify()
     return graph
+
+
+@dataclass(frozen=True)
+class CustomOp:
+    """A registered user op (`custom_op`): call it on traced tensors to add one node.
+
+    `name` is its registration's (`rlx.ir.ops_user.USER_OPS`); a `Graph` uses it as
+    ``g.user_op(op.name, [ids])``.
+    """
+
+    name: str
+
+    def __call__(self, *inputs: TracedTensor) -> TracedTensor:
+        if not inputs or not isinstance(inputs[0], TracedTensor):
+            raise IRError(f"custom op {self.name!r} takes traced tensors, got {inputs!r}")
+        return inputs[0].tracer.user_op(self.name, inputs)
+
+    @property
+    def spec(self) -> UserOpSpec:
+        return user_op_spec(self.name)
+
+
+def custom_op(name: str, *, infer: Callable[..., object], reference: Callable[..., object],
+              cpu: object = None, cuda: object = None, metal: object = None,
+              vjp: Callable[..., object] | None = None) -> CustomOp:
+    """Register the op `name`, defined outside RLX, and return it as a callable on traced tensors.
+
+    `infer(*input_shapes)` gives the output `Shape` (or `(dims, dtype)`); `reference(*arrays)` computes it
+    in numpy; `cpu`, `cuda`, `metal` each name a header file holding that backend's function (called
+    `name`), or a `(header, function)` pair — the calling convention is in `rlx.ir.ops_user`. A backend
+    given no code refuses the op before any build (`metal=` itself is refused for now).
+    `vjp(*inputs, output, d_output)` returns one cotangent per input, written with traced ops.
+    Registering a name again replaces it.
+
+    >>> import numpy as np
+    >>> from rlx import reference
+    >>> twice = custom_op("twice_doc", infer=lambda x: x, reference=lambda x: 2 * x)
+    >>> g = trace("g", lambda t: twice(t.input("x", [2])))
+    >>> reference.run(g, {"x": np.array([1.0, 3.0], np.float32)})[0].tolist()
+    [2.0, 6.0]
+    """
+    if metal is not None:  # no Metal rule renders user ops yet: refuse here, not at a build
+        raise IRError(f"custom op {name!r}: metal= bodies are not supported yet (the Metal backend has no user_op "
+                      f"rule); register cpu= and/or cuda= code")
+    sources = tuple((backend, OpSource.of(name, backend, value))
+                    for backend, value in (("cpu", cpu), ("cuda", cuda), ("metal", metal)) if value is not None)
+    register_user_op(UserOpSpec(name, infer, reference, sources, vjp))
+    return CustomOp(name)

@@ -13,6 +13,7 @@ import ast
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -154,3 +155,33 @@ def test_ci_runs_the_readmes_two_commands():
     assert readme == ["make install demo", "make test"]
     assert ci == ["make install demo CUDA=1", "make test"]
     assert "`make install demo CUDA=1`" in text
+
+
+def _chromium_step(tmp_path: Path, *, has_chromium: bool) -> list[str]:
+    """Run `.ci/run`'s Chromium step with a PATH of stand-ins (`apt-get`, `sudo`, `chromium` when
+    `has_chromium`) plus `id` and `env`; the apt-get command lines it ran."""
+    text = (REPO / ".ci" / "run").read_text()
+    step = re.search(r"^if ! command -v chromium.*?^fi$", text, re.M | re.S).group(0)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "apt.log"
+    stubs = {"apt-get": f'echo "$*" >> {log}\n', "sudo": 'shift; exec "$@"\n'}
+    if has_chromium:
+        stubs["chromium"] = "exit 0\n"
+    for name, body in stubs.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    for tool in ("id", "env"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    subprocess.run(["/bin/bash", "-euo", "pipefail", "-c", step], env={"PATH": str(bin_dir)}, check=True,
+                   cwd=tmp_path)
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_ci_installs_chromium_only_when_missing(tmp_path):
+    """`.ci/run` installs Debian's `chromium` non-interactively when no `chromium` is on PATH (so the report's
+    headless-browser test runs in CI), and leaves a machine that has one alone."""
+    update, install = _chromium_step(tmp_path / "missing", has_chromium=False)
+    assert update == ["update", "-q"]
+    assert install[:3] == ["install", "-y", "-q"] and install[-1] == "chromium"
+    assert _chromium_step(tmp_path / "present", has_chromium=True) == []

@@ -51,7 +51,7 @@ from rlx.codegen.cpu_base import (
     node_header,
     round_up,
 )
-from rlx.codegen.registry import Kernel, float32_only
+from rlx.codegen.registry import Kernel, float32_only, user_code_of
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
@@ -1053,6 +1053,7 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "kernels": kernels,
         "base_headers": BASE_HEADERS,
         "headers": headers,
+        "user_code": user_code_of(kernels),
         "gemm_acts": sorted(p.gemm_acts),
         "copies": copies,
         "context_bytes": context_record_bytes(len(lir.params), headers, target.profile),

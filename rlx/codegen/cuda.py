@@ -28,6 +28,7 @@ from rlx.codegen import (
     cuda_scan,
     cuda_select,
     cuda_ssm,
+    cuda_user_op,
 )
 from rlx.codegen.cuda_emit import (
     ABI_VERSION,
@@ -42,4 +43,4 @@ from rlx.codegen.cuda_emit import (
 
 __all__ = ["ABI_VERSION", "CODEGEN_VERSION", "GEMM_MODES", "PRECISIONS", "CudaEmitter", "CudaTarget",
            "cuda_collectives", "cuda_decoder", "cuda_context", "cuda_lora", "cuda_pool", "cuda_quant", "cuda_rules",
-           "cuda_sample", "cuda_scan", "cuda_select", "cuda_ssm", "render_cuda"]
+           "cuda_sample", "cuda_scan", "cuda_select", "cuda_ssm", "cuda_user_op", "render_cuda"]

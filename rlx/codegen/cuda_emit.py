@@ -36,7 +36,7 @@ from rlx.codegen.activations import install
 from rlx.codegen.c import c_string, c_string_lines, comment, node_header
 from rlx.codegen.c_observe import cost_expr
 from rlx.codegen.common import dim_expr, require_decided
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, table, user_code_of
 from rlx.errors import BuildError
 from rlx.ir.activation_table import activation_table
 from rlx.ir.cost import node_cost
@@ -75,8 +75,8 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/ssm.cuh",
                   "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/lora.cuh",
-                  "cuda/kernels/collectives.cuh",
-                  "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh")
+                  "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
+                  "cuda/kernels/user_op.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
@@ -576,6 +576,7 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "kernels": kernels,
         "device_kernels": device_kernels,
         "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
+        "user_code": user_code_of(kernels),
         "smem_attrs": [{"kernel": k, "bytes": v} for k, v in smem.items()],
         "manifest_c": "\n    ".join(c_string_lines(manifest_text)),
         **cuda_profile_context(e, kernels, target),

@@ -22,7 +22,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,25 @@ class Kernel:
     #: computed its value in that case: a CPU `QuantGemvGroup` in decode steps).
     skip_when: str = ""
     skip_note: str = ""
+    #: Code from outside RLX that the kernel calls (a user op's header, `rlx.custom_op`): (comment, text)
+    #: pairs, each placed once in the source, after the fixed kernel headers.
+    user_code: tuple[tuple[str, str], ...] = ()
+
+
+def user_code_of(kernels: Sequence[Kernel]) -> list[tuple[str, str]]:
+    """The `user_code` of `kernels` and of the loop bodies they hold (`subprogram`), each once, in order."""
+    found: dict[tuple[str, str], None] = {}
+    for k in kernels:
+        found.update(dict.fromkeys(k.user_code))
+        # one body (a scan's: an object with `kernels`), several (a cond's), or the kernels themselves
+        subs = k.subprogram if isinstance(k.subprogram, (tuple, list)) else (k.subprogram,)
+        for sub in subs:
+            inner = getattr(sub, "kernels", None)
+            if inner is None and isinstance(sub, Kernel):
+                inner = (sub,)
+            if inner:
+                found.update(dict.fromkeys(user_code_of(inner)))
+    return list(found)
 
 
 Accepts = Callable[[O.Op, tuple[DType, ...], DType], str | None]

@@ -17,6 +17,7 @@ from rlx.ir import ops_lora as LR
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
+from rlx.ir import ops_user as U
 from rlx.ir import serialize
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.shape import Dim, DimLike, Shape, check_symbol_bounds
@@ -450,6 +451,10 @@ class Graph:
         'while_loop[cond=4 nodes, body=2 nodes, max_trips=8]'
         """
         return self.add(C.WhileLoop(cond_body.as_body(), body.as_body(), max_trips), [init, *bcasts])
+    def user_op(self, name: str, inputs: Sequence[NodeId], *, vjp: Graph | None = None) -> NodeId:
+        """The registered user op `name` (`rlx.custom_op`) applied to `inputs` (`ops_user.UserOp`)."""
+        spec = U.user_op_spec(name)
+        return self.add(U.UserOp(name, spec.digest(), vjp.as_body() if vjp is not None else None), list(inputs))
 
     # ── builders: state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──
 

@@ -16,7 +16,8 @@ K segment-boundary carries, and each segment's backward recomputes its own
 trajectory, so the memory plan holds K carries plus one segment's trajectory
 (O(sqrt(length)) for K ~ sqrt(length)) instead of the whole trajectory.
 
-`custom_fn` uses its supplied `vjp` / `jvp` bodies, else derives them from `fwd`.
+`custom_fn` uses its supplied `vjp` / `jvp` bodies, else derives them from `fwd`; a user op (`rlx.custom_op`)
+has the `vjp` body traced from its registration, or no reverse-mode derivative.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from rlx.errors import IRError
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops_scan import CustomFn, Scan
+from rlx.ir.ops_user import UserOp
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.ad_core import jvp, vjp
 from rlx.opt.ad_expand import EXPANSIONS
@@ -245,8 +247,16 @@ def _jvp_custom_fn(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: li
     return inline_body(g, dj.as_body(), [*args, *(t for t, f in zip(tangents, floats) if f)])[1]
 
 
+def _vjp_user_op(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeId) -> list[Ct]:
+    op: UserOp = node.op  # type: ignore[assignment]
+    if op.vjp is None:
+        raise IRError(f"autodiff: custom op {op.name!r} ({node.label}) has no derivative: register it with vjp=")
+    return list(inline_body(g, op.vjp, [*args, out, ct]))
+
+
 VJP["scan"] = _vjp_scan
 JVP["scan"] = _jvp_scan
 VJP["custom_fn"] = _vjp_custom_fn
 JVP["custom_fn"] = _jvp_custom_fn
+VJP["user_op"] = _vjp_user_op
 EXPANSIONS["scan"] = expand_checkpointed

@@ -4,8 +4,8 @@
 each control-flow body (rlx/ir/ops_control.py), recursively, since the
 pipeline includes this pass, so the loop runs fused,
 folded kernels like any graph. `inline_custom_fns` replaces every
-`custom_fn` node by its forward body: its derivative bodies matter only to
-autodiff, which runs before optimization.
+`custom_fn` node by its forward body and drops a user op's `vjp` body: derivative
+bodies matter only to autodiff, which runs before optimization.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops_control import bodies_of
 from rlx.ir.ops_scan import Body, CustomFn, Scan
+from rlx.ir.ops_user import UserOp
 from rlx.opt.rewrite import Rewriter, require_mir
 
 
@@ -38,12 +39,14 @@ def inline_custom_fn(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
 
 
 def inline_custom_fns(graph: Graph) -> Graph:
-    """`graph` with every custom_fn node replaced by its forward body."""
+    """`graph` with every custom_fn node replaced by its forward body, and user ops without their vjp body."""
     require_mir(graph, "inline_custom_fns")
     rw = Rewriter(graph)
     for node in graph.nodes:
         if isinstance(node.op, CustomFn):
             rw.alias(node, inline_custom_fn(rw.dst, node, rw.args(node)))
+        elif isinstance(node.op, UserOp) and node.op.vjp is not None:
+            rw.emit(node, dataclasses.replace(node.op, vjp=None), rw.args(node))
         else:
             rw.copy(node)
     return rw.finish()
@@ -67,6 +70,7 @@ def map_bodies(graph: Graph, fn) -> Graph:
 def optimize_bodies(graph: Graph, optimize: Callable[[Graph], Graph]) -> Graph:
     """Every scan body optimized by `optimize` (the pipeline passes its own); custom functions inlined."""
     require_mir(graph, "optimize_bodies")
-    if not any(isinstance(n.op, (Scan, CustomFn)) or bodies_of(n.op) for n in graph.nodes):
+    if not any(isinstance(n.op, (Scan, CustomFn)) or bodies_of(n.op)
+               or (isinstance(n.op, UserOp) and n.op.vjp is not None) for n in graph.nodes):
         return graph.copy()
     return map_bodies(inline_custom_fns(graph), optimize)

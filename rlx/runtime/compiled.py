@@ -45,7 +45,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,9 @@ class CompiledGraph(Provenance):
         # The arrays handed to rlx_set_param (references, not copies), for save(weights=True).
         self._param_values: dict[str, np.ndarray] = {}
         self._handles: dict[str, np.ndarray] = {}
+        # RLX_RECORD (rlx.runtime.record): the recorder `run` writes each call to, and the params' version
+        self._recorder: Any = None
+        self._params_version = 0
         self._bounds = dict(library.symbols)
         self._sym_order = [name for name, _ in library.symbols]
         limit = default_max_contexts(library) if max_contexts is None else _check_max_contexts(max_contexts)
@@ -452,6 +456,7 @@ class CompiledGraph(Provenance):
             self._pool.drop_clones()
             self._param_set[idx] = True
             self._param_values[info.name] = arr
+            self._params_version += 1
 
     # ── handles ────────────────────────────────────────────────────────
 
@@ -529,8 +534,46 @@ class CompiledGraph(Provenance):
                 raise ExecutionError(f"missing inputs {missing}")
         symbols = self._bind_symbols(arrays)
         outs = [np.empty(t.concrete(symbols), dtype=t.dtype.np) for t in self._library.outputs]
+        recorder = self._recorder
+        before = [a.copy() for a in arrays] if recorder is not None else None  # state inputs change in place
         self._call(symbols, arrays, outs)
+        if recorder is not None:
+            self._record(recorder, before, outs)
         return [bits_to_bfloat16(o) if t.dtype is DType.BF16 else o for o, t in zip(outs, self._library.outputs)]
+
+    def run_async(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> Future:
+        """`run` on this graph's worker thread: a `concurrent.futures.Future` of the outputs
+        (`rlx.runtime.pipelined`)."""
+        from rlx.runtime.pipelined import run_async
+
+        given = dict(inputs or {})
+        given.update(kw)
+        return run_async(self, given)
+
+    def pipeline(self, inputs: Iterable[Mapping[str, Any]], depth: int = 2,
+                 runners: int | None = None) -> Iterator[list[np.ndarray]]:
+        """The outputs of every item of `inputs` (dicts of named inputs), in order, with preparing the next
+        items, running (`runners` threads: default 1 on the CPU, 2 on CUDA) and reading the outputs
+        overlapped; the yielded arrays are reused once the next item is asked for (`rlx.runtime.pipelined`)."""
+        from rlx.runtime.pipelined import pipeline
+
+        return pipeline(self, inputs, depth, runners)
+
+    def record_to(self, recorder: Any) -> None:
+        """Write every later `run`'s inputs and outputs through `recorder` (`rlx.runtime.record.Recorder`;
+        `Session.compile` sets one when RLX_RECORD is set); None stops recording."""
+        self._recorder = recorder
+
+    def _record(self, recorder: Any, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        lib = self._library
+
+        def params() -> tuple[int, dict[str, tuple[np.ndarray, DType]]]:
+            dtypes = {t.name: t.dtype for t in lib.params}
+            snapshot = list(self._param_values.items())  # one copy, whatever set_param does meanwhile
+            return self._params_version, {k: (a, dtypes[k]) for k, a in snapshot}
+
+        recorder.record({t.name: (a, t.dtype) for t, a in zip(lib.inputs, inputs)},
+                        {t.name: (a, t.dtype) for t, a in zip(lib.outputs, outputs)}, params)
 
     def run_slots(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         """Run with positional inputs, writing into caller-provided output arrays (no allocation).

@@ -679,6 +679,20 @@ def control_flow() -> Case:
     feeds = [{"x": np.abs(_f32(r, 4, 16)) + np.float32(0.1), "w": _f32(r, 16, 16, scale=0.25)},
              {"x": -np.abs(_f32(r, 4, 16)) - np.float32(0.1), "w": _f32(r, 16, 16, scale=0.25)}]
     return Case("control_flow", g, feeds, lowp=False)
+def user_op() -> Case:
+    """A user-defined op (examples/custom_op's swish_beta, its CUDA body) between a GEMM and an activation, over a
+    dynamic number of rows (f32 only: the example's body takes f32)."""
+    from tests.ir.user_ops import swish_beta
+
+    op = swish_beta()
+    g = Graph("user_op")
+    rows = Dim.dynamic("rows", max=64)
+    x, w, beta = g.input("x", [rows, 32]), g.input("w", [32, 32]), g.input("beta", [])
+    g.set_outputs({"y": g.activation("tanh", g.user_op(op.name, [g.matmul(x, w), beta]))})
+    r = _rng(47)
+    feeds = [{"x": _f32(r, n, 32), "w": _f32(r, 32, 32, scale=0.2), "beta": np.array(1.7, np.float32)}
+             for n in (64, 3)]
+    return Case("user_op", g, feeds, lowp=False)
 
 
 def scale_of(arr: np.ndarray) -> float:

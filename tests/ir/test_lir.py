@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from rlx.ir import ops as O
+from rlx.ir import ops_user as U
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
+from tests.ir.user_ops import swish_beta
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -264,6 +266,20 @@ def _control(g: Graph, v: object) -> None:
     y = g.cond(g.compare("gt", g.reduce("sum", x), g.constant(np.float32(0))), unary("t", kw.get("true", "tanh")),
                unary("f", kw.get("false", "neg")), [x])
     g.set_outputs([g.while_loop(pred, unary("b", kw.get("body", "exp")), y, max_trips=kw.get("max_trips", 8))])
+def _user(g: Graph, kw: dict) -> None:
+    """swish_beta (or a second registration of it, `name`), with a traced vjp when asked."""
+    op = swish_beta(kw.get("name", "swish_beta"))
+    vjp = None
+    if kw.get("vjp"):
+        vjp = Graph("v")
+        ins = [vjp.input(n, s) for n, s in (("x", [4]), ("beta", []), ("primal_output", [4]), ("d_output", [4]))]
+        vjp.set_outputs([vjp.mul(ins[0], ins[3]), ins[1]])
+    g.set_outputs([g.user_op(op.name, [g.input("x", [4]), g.input("beta", [])], vjp=vjp)])
+
+
+def _user_digest(g: Graph, v: str) -> None:
+    op = swish_beta()
+    g.set_outputs([g.add(U.UserOp(op.name, v), [g.input("x", [4]), g.input("beta", [])])])
 
 
 R = O.RegionStep
@@ -344,6 +360,9 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("while_loop cond", ("while_loop", "cond_body"), _control, {}, {"cmp": "le"}),
     ("while_loop body", ("while_loop", "body"), _control, {}, {"body": "tanh"}),
     ("while_loop max_trips", ("while_loop", "max_trips"), _control, {}, {"max_trips": None}),
+    ("user_op name", ("user_op", "name"), _user, {}, {"name": "swish_beta_renamed"}),
+    ("user_op digest", ("user_op", "digest"), _user_digest, "a" * 64, "b" * 64),
+    ("user_op vjp", ("user_op", "vjp"), _user, {}, {"vjp": True}),
     ("input state", ("input", "state"),
      lambda g, v: g.set_outputs([g.activation("neg", g.add(O.Input("s", Shape.of([4]), state=v), name="s"))]),
      False, True),

@@ -13,13 +13,18 @@ from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir import ops_control as C
 from rlx.ir import ops_int8 as Q8
+from rlx.ir import ops_lora as LR
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
+from rlx.ir import ops_user as U
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim, Shape
+from tests.ir.user_ops import swish_beta
 
 SEQ = Dim.dynamic("seq", max=64)
+#: The registered user op of the user_op cases.
+SWISH = swish_beta()
 BATCH = Dim.dynamic("batch", max=4)
 _SYMS = {"seq": SEQ, "batch": BATCH}
 
@@ -156,6 +161,9 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (C.Cond(_body("f32[seq]"), _body("f32[seq]", fn="exp")), ("bool[1]", "f32[seq]"), "f32[seq]"),
     (C.WhileLoop(_pred_body("f32[3]", "f32[3]"), _body("f32[3]", "f32[3]"), 5), ("f32[3]", "f32[3]"), "f32[3]"),
     (C.WhileLoop(_pred_body("f32[2]", fn="lt"), _body("f32[2]")), ("f32[2]",), "f32[2]"),
+    (U.UserOp(SWISH.name, SWISH.spec.digest()), ("f32[seq,3]", "f32[]"), "f32[seq,3]"),
+    (LR.LoraMatMul(), ("f32[batch,seq,8]", "f32[3,4,8]", "f32[3,5,4]", "f32[3]", "i32[batch]"), "f32[batch,seq,5]"),
+    (LR.LoraMatMul(), ("f32[batch,8]", "f32[1,2,8]", "f32[1,6,2]", "f32[1]", "i32[batch]"), "f32[batch,6]"),
 ]
 
 
@@ -351,6 +359,17 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
      r"cond takes f32\[3\] for the carry, but the carry is f32\[4\]"),
     (C.WhileLoop(_pred_body("f32[3]", "f32[4]"), _body("f32[3]", "f32[4]", fn="exp", out=1)), ("f32[3]", "f32[4]"),
      ShapeError, r"carry must keep its shape and dtype: init is f32\[3\], the body returns f32\[4\]"),
+    (U.UserOp("never_registered", "0" * 64), ("f32[2]",), IRError, "'never_registered' is not registered"),
+    (U.UserOp(SWISH.name, SWISH.spec.digest(), _body("f32[2]", "f32[]", "f32[2]", "f32[2]")), ("f32[2]", "f32[]"),
+     ShapeError, "vjp must take the 2 inputs, the output and its cotangent"),
+    (LR.LoraMatMul(), ("f32[2,8]", "f32[3,4,7]", "f32[3,5,4]", "f32[3]", "i32[2]"), ShapeError,
+     r"a \[slots, rank, K\] with K = 8"),
+    (LR.LoraMatMul(), ("f32[2,8]", "f32[3,4,8]", "f32[3,5,2]", "f32[3]", "i32[2]"), ShapeError,
+     r"b \[slots, N, rank\] matching"),
+    (LR.LoraMatMul(), ("f32[2,8]", "f32[3,4,8]", "f32[3,5,4]", "f32[2]", "i32[2]"), ShapeError, "one per slot"),
+    (LR.LoraMatMul(), ("f32[2,8]", "f32[3,4,8]", "f32[3,5,4]", "f32[3]", "i32[3]"), ShapeError,
+     "one slot per row group"),
+    (LR.LoraMatMul(), ("f16[2,8]", "f32[3,4,8]", "f32[3,5,4]", "f32[3]", "i32[2]"), ShapeError, "needs f32 x"),
 ]
 
 

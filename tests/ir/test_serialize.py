@@ -20,6 +20,7 @@ from rlx.ir import ops as O
 from rlx.ir import serialize
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim, Shape
+from tests.ir.user_ops import swish_beta
 
 SEQ = Dim.dynamic("seq", max=32)
 BATCH = Dim.dynamic("batch", max=4)
@@ -121,10 +122,13 @@ def every_op_graph() -> Graph:
     neg.set_outputs([neg.activation("neg", neg.input("x", [16]))])
     cfn = g.cond(g.reshape(g.compare("lt", g.reduce("max", row), g.constant(np.float32(1))), [1]), sq, neg, [cfn])
     cfn = g.while_loop(pred, sq, cfn, max_trips=3)
+    user = g.user_op(swish_beta().name, [row, g.constant(np.float32(1.5))])
+    g.lora_matmul(x, g.param("lora_a", [2, 3, 16]), g.param("lora_b", [2, 5, 3]), g.param("lora_s", [2]),
+                  g.input("lora_index", [BATCH], "i32"))
     ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
     g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
     g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm, "scan": scan,
-                   "cfn": cfn})
+                   "cfn": cfn, "user": user})
     return g
 
 
@@ -533,9 +537,23 @@ def _mk_collective(draw: Any, g: Graph) -> None:
     g.add(op, [x])
 
 
+def _mk_user_op(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype is O.DType.F32)
+    g.user_op(swish_beta().name, [x, g.input(f"beta{len(g.nodes)}", [])])
+
+
+def _mk_lora(draw: Any, g: Graph) -> None:
+    x = _pick(draw, g, lambda s: s.dtype.value == "f32" and s.rank >= 2 and s.dims[-1].is_static)
+    s = g.shape(x)
+    slots, rank, n = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    a = _param_like(g, (slots, rank, s.dims[-1].value), "f32")
+    b = _param_like(g, (slots, n, rank), "f32")
+    g.lora_matmul(x, a, b, _param_like(g, (slots,), "f32"), g.input(f"lora{len(g.nodes)}", [s.dims[0]], "i32"))
+
+
 MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_int8, _mk_reduce, _mk_softmax,
           _mk_sample, _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant,
-          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan]
+          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_user_op, _mk_lora]
 
 
 @st.composite
