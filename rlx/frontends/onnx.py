@@ -1,4 +1,4 @@
-"""Import an ONNX model (default-domain opsets 13–21) as an RLX MIR graph.
+"""Import an ONNX model (default-domain opsets 13 to the newest the installed onnx defines) as an RLX MIR graph.
 
 `from_onnx(path_or_model, max_dims=..., name=...)` reads the model with the
 `onnx` package and returns `OnnxImport(graph, params)`: a MIR `Graph` built
@@ -73,6 +73,8 @@ from rlx.frontends.onnx_importer import (
     _to_array,
     _Value,
 )
+from rlx.frontends.onnx_ops import EXTRA_HANDLERS, layer_norm_decomposed
+from rlx.frontends.onnx_opset import model_opset, version_problem
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.shape import Dim, broadcast_dims, normalize_axis
@@ -80,7 +82,9 @@ from rlx.ir.shape import Dim, broadcast_dims, normalize_axis
 if TYPE_CHECKING:
     import onnx
 
-MIN_OPSET, MAX_OPSET = 13, 21
+    from rlx.driver import Device, Session
+    from rlx.runtime import CompiledGraph
+
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_LISTED_NODES = 8
 
@@ -91,31 +95,50 @@ class OnnxImport(NamedTuple):
     graph: Graph
     params: dict[str, np.ndarray]
 
+    def compile(self, device: Device | str | Session = "cpu", **session: Any) -> CompiledGraph:
+        """Compile the graph for `device` (or with a ready `Session`) and set every param.
+
+        ``rlx.from_onnx("model.onnx", max_dims={...}).compile("cpu").run(...)`` is the one-line path;
+        `session` keywords (``precision=``, ``target=`` …) go to `rlx.Session`.
+        """
+        from rlx.driver import Session
+
+        sess = device if isinstance(device, Session) else Session(device, **session)
+        compiled = sess.compile(self.graph)
+        for name, value in self.params.items():
+            compiled.set_param(name, value)
+        return compiled
+
 
 def from_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto, *,
-              max_dims: Mapping[str, int] | None = None, name: str | None = None) -> OnnxImport:
+              max_dims: Mapping[str, int] | None = None, fixed_dims: Mapping[str, int] | None = None,
+              name: str | None = None) -> OnnxImport:
     """Import an ONNX model as `OnnxImport(graph, params)` (see the module docstring).
 
     `model` is a path to a ``.onnx`` file (external data is read from its
     directory), the serialized bytes, or an `onnx.ModelProto` whose external
     data is already loaded. `max_dims` bounds each dynamic axis by its ONNX
-    ``dim_param`` name; `name` names the graph (default: the ONNX graph's name).
+    ``dim_param`` name; `fixed_dims` instead fixes a dynamic axis to one size
+    (its shape arithmetic then folds at import: a model whose masks or
+    positions are computed from a dynamic length imports this way); `name`
+    names the graph (default: the ONNX graph's name).
     Raises `IRError` for malformed or unsupported models.
     """
     if max_dims is not None and not isinstance(max_dims, Mapping):
         raise TypeError(f"max_dims must map dynamic axis names to bounds, got {type(max_dims).__name__}")
     onnx = _onnx()
     proto = _load(onnx, model)
-    _check_opset(proto)
+    opset = model_opset(onnx, proto, _DEFAULT_DOMAINS)
     graph = proto.graph
     nodes = [_Node.of(onnx, i, n) for i, n in enumerate(graph.node)]
     initializers = {t.name: t for t in graph.initializer}
     gelus = _find_erf_gelus(onnx, nodes, initializers, [o.name for o in graph.output])
-    _check_supported(nodes, gelus)
+    _check_supported(onnx, nodes, gelus, opset)
     imp = _Importer(Graph(name if name is not None else (graph.name or "onnx")))
     for tensor in graph.initializer:
         imp.add_initializer(tensor.name, _to_array(onnx, tensor), _dtype(tensor.data_type, tensor.name))
-    imp.add_inputs([i for i in graph.input if i.name not in initializers], dict(max_dims or {}))
+    imp.add_inputs([i for i in graph.input if i.name not in initializers], dict(max_dims or {}),
+                   dict(fixed_dims or {}))
     for node in nodes:
         if node.index in gelus.skipped:
             continue
@@ -155,14 +178,6 @@ def _load(onnx: Any, model: object) -> onnx.ModelProto:
         except Exception as exc:  # protobuf decode errors, missing external-data files
             raise IRError(f"cannot read ONNX model {path}: {exc}") from None
     raise TypeError(f"from_onnx takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
-
-
-def _check_opset(proto: onnx.ModelProto) -> None:
-    versions = {o.domain: o.version for o in proto.opset_import}
-    version = next((versions[d] for d in _DEFAULT_DOMAINS if d in versions), None)
-    if version is None or not MIN_OPSET <= version <= MAX_OPSET:
-        raise IRError(f"ONNX model uses default-domain opset {version}; RLX imports opsets {MIN_OPSET}–{MAX_OPSET} "
-                      "(convert it with onnx.version_converter.convert_version(model, 17))")
 
 
 
@@ -262,9 +277,13 @@ def _erf_argument(node: _Node | None, is_scalar: Callable[[str, float], bool]) -
 # ── the unsupported-op check ────────────────────────────────────────────
 
 
-def _check_supported(nodes: Sequence[_Node], gelus: _Gelus) -> None:
+def _check_supported(onnx: Any, nodes: Sequence[_Node], gelus: _Gelus, opset: int) -> None:
     bad: dict[str, list[str]] = {}
     for n in nodes:
+        problem = version_problem(onnx, n.op_type, opset) if n.domain in _DEFAULT_DOMAINS else None
+        if problem is not None and (n.op_type in HANDLERS or n.op_type == "Erf"):
+            bad.setdefault(problem, []).append(n.label)
+            continue
         if n.domain not in _DEFAULT_DOMAINS:
             bad.setdefault(f"{n.domain}::{n.op_type}", []).append(n.label)
         elif n.op_type == "Erf":
@@ -410,12 +429,11 @@ def _softmax(imp: _Importer, node: _Node) -> list[_Value]:
 
 
 def _layer_norm(imp: _Importer, node: _Node) -> list[_Value]:
-    if any(node.outputs[1:]):
-        raise IRError("only the normalized output Y is supported, not Mean or InvStdDev")
     x = imp.tensor(node.inputs[0])
     xs = imp.g.shape(x)
-    if normalize_axis(int(node.attr("axis", -1)), xs.rank, "LayerNormalization axis") != xs.rank - 1:
-        raise IRError(f"LayerNormalization over axes {node.attr('axis')}.. of {xs}: RLX normalizes the last axis only")
+    last_axis = normalize_axis(int(node.attr("axis", -1)), xs.rank, "LayerNormalization axis") == xs.rank - 1
+    if any(node.outputs[1:]) or not last_axis:
+        return layer_norm_decomposed(imp, node)  # Mean / InvStdDev wanted, or more than the last axis
     width = xs.dims[-1]
     gamma = _vector(imp, node.inputs[1], width, "Scale")
     beta_name = node.input(2)
@@ -678,6 +696,8 @@ def _range(imp: _Importer, node: _Node) -> list[_Value]:
     if delta == 0:
         raise IRError("Range delta is 0")
     dtype = imp.value(node.inputs[0]).dtype
+    if dtype.is_float:  # computed in float64 and rounded once (Range-27's stash_type=1 for f16/bf16)
+        return [_known(np.arange(start, limit, delta, dtype=np.float64).astype(dtype.np), dtype)]
     return [_known(np.arange(start, limit, delta, dtype=dtype.np), dtype)]
 
 
@@ -759,6 +779,7 @@ HANDLERS: dict[str, Handler] = {
     "Shape": _shape,
     "ConstantOfShape": _constant_of_shape,
     "Constant": _constant,
+    **EXTRA_HANDLERS,
 }
 
 

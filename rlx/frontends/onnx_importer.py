@@ -309,7 +309,12 @@ class _Importer:
     def add_initializer(self, name: str, arr: np.ndarray, dtype: DType) -> None:
         self.values[name] = _Value(dtype, known=arr, param=name)
 
-    def add_inputs(self, inputs: Sequence[onnx.ValueInfoProto], max_dims: dict[str, int]) -> None:
+    def add_inputs(self, inputs: Sequence[onnx.ValueInfoProto], max_dims: dict[str, int],
+                   fixed_dims: dict[str, int] | None = None) -> None:
+        fixed = fixed_dims or {}
+        both = sorted(set(fixed) & set(max_dims))
+        if both:
+            raise IRError(f"dynamic axes {both} are given both a bound (max_dims) and a size (fixed_dims)")
         symbols: dict[str, str] = {}
         unbounded: dict[str, list[str]] = {}  # name -> where it occurs, each name once
         specs = []
@@ -322,6 +327,8 @@ class _Importer:
             for axis, d in enumerate(tt.shape.dim):
                 if d.HasField("dim_value"):
                     dims.append(d.dim_value)
+                elif d.HasField("dim_param") and d.dim_param in fixed:
+                    dims.append(int(fixed[d.dim_param]))
                 elif d.HasField("dim_param"):
                     dims.append(d.dim_param)
                     if d.dim_param not in max_dims:
@@ -334,10 +341,10 @@ class _Importer:
             named = ", ".join(f"{name!r} ({', '.join(where)})" for name, where in unbounded.items())
             raise UnboundedDimsError(f"dynamic axes need an upper bound: {named}; pass "
                                      "from_onnx(..., max_dims={'name': N, ...}) (rlxc: --max-dim name=N)", unbounded)
-        used = {d for _, dims, _ in specs for d in dims if isinstance(d, str)}
-        unknown = sorted(set(max_dims) - used)
+        used = {d.dim_param for i in inputs for d in i.type.tensor_type.shape.dim if d.HasField("dim_param")}
+        unknown = sorted((set(max_dims) | set(fixed)) - used)
         if unknown:
-            raise IRError(f"max_dims names {unknown}, which are not dynamic axes of the model's inputs "
+            raise IRError(f"max_dims / fixed_dims name {unknown}, which are not dynamic axes of the model's inputs "
                           f"(its dynamic axes: {sorted(used) or 'none'})")
         for name, dims, dtype in specs:
             shape = [d if isinstance(d, int) else self._symbol(d, max_dims[d], symbols) for d in dims]
