@@ -42,8 +42,8 @@ bounds depend on a dynamic axis (RLX has no dynamic-length iota or narrow:
 feed such values, e.g. position ids, as inputs); Concat along a dynamic axis;
 LayerNormalization over more than the last axis or using its Mean/InvStdDev
 outputs; ops outside the default domain. Gather indices computed at run time
-must be in ``[0, n)``: a negative one is a run-time error rather than counted
-from the end (known indices are normalized at import).
+may be negative along a static axis (counted from the end, as ONNX says); along
+a dynamic axis they must be in ``[0, n)``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ from rlx.frontends.onnx_importer import (
     _to_array,
     _Value,
 )
-from rlx.frontends.onnx_ops import EXTRA_HANDLERS, layer_norm_decomposed
+from rlx.frontends.onnx_ops import EXTRA_HANDLERS, layer_norm_decomposed, wrap_indices
 from rlx.frontends.onnx_opset import model_opset, version_problem
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, NodeId
@@ -329,8 +329,9 @@ def _binary(fn: str, np_fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> H
                 return [_known(np_fn(va.known, vb.known.astype(va.known.dtype)), va.dtype)]
         na, nb = imp.tensor(a), imp.tensor(b)
         if vb.dtype != va.dtype:  # only Pow allows an exponent of another type
-            if vb.dtype.is_float and not va.dtype.is_float:
-                raise IRError(f"{fn} of an integer base by a float exponent is not supported")
+            if vb.dtype.is_float and not va.dtype.is_float:  # Pow: int ** float, computed in float64
+                wide = imp.g.binary(fn, imp.g.cast(na, DType.F64), imp.g.cast(nb, DType.F64))
+                return [imp.emit(imp.g.cast(wide, va.dtype))]
             nb = imp.g.cast(nb, va.dtype)
         return [imp.emit(imp.g.binary(fn, na, nb))]
     return handle
@@ -473,8 +474,10 @@ def _gather(imp: _Importer, node: _Node) -> list[_Value]:
         return [_known(np.take(known_data, known_idx, axis=axis), imp.value(data).dtype)]
     if known_idx is not None:
         index = imp.g.constant(known_idx, DType.parse(known_idx.dtype))
-    else:
+    else:  # negative run-time indices count from the end of a static axis
         index = imp.tensor(idx)
+        if dims[axis].is_static and imp.g.shape(index).dtype is not DType.U8:
+            index = wrap_indices(imp, index, dims[axis].value)
     return [imp.emit(imp.g.gather(imp.tensor(data), index, axis))]
 
 
@@ -680,7 +683,10 @@ def _reduce(fn: str, np_fn: Callable[..., np.ndarray]) -> Handler:
         if imp.foldable(node):
             arr = _numeric(imp.known(x), f"input {x!r}")  # type: ignore[arg-type]
             return [_known(np_fn(arr, axis=tuple(axes), keepdims=keep), imp.value(x).dtype)]
-        return [imp.emit(imp.g.reduce(fn, imp.tensor(x), axes, keep))]
+        t = imp.tensor(x)
+        if imp.g.shape(t).dtype is DType.BOOL and fn in ("max", "min"):  # ReduceMax/Min-20: False < True
+            return [imp.emit(imp.g.cast(imp.g.reduce(fn, imp.g.cast(t, DType.I32), axes, keep), DType.BOOL))]
+        return [imp.emit(imp.g.reduce(fn, t, axes, keep))]
     return handle
 
 

@@ -34,6 +34,8 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import NodeId
 from rlx.ir.shape import Dim, normalize_axis, product
 
+__all__ = ["EXTRA_HANDLERS", "layer_norm_decomposed", "wrap_indices"]
+
 # ── helpers ─────────────────────────────────────────────────────────────
 
 
@@ -254,7 +256,10 @@ def _np_hardswish(x: np.ndarray) -> np.ndarray:
 def _flatten(imp: _Importer, node: _Node) -> list[_Value]:
     x = node.inputs[0]
     dims = imp.dims(x)
-    axis = normalize_axis(int(node.attr("axis", 1)), len(dims) + 1, "Flatten axis")
+    axis = int(node.attr("axis", 1))
+    if not -len(dims) <= axis <= len(dims):
+        raise IRError(f"Flatten axis {axis} is out of range for rank {len(dims)}")
+    axis = axis + len(dims) if axis < 0 else axis
     target = [product(dims[:axis]), product(dims[axis:])]
     known = imp.known(x)
     if imp.foldable(node) and known is not None and all(d.is_static for d in target):
@@ -373,7 +378,7 @@ def _flat_strides(dims: Sequence[int]) -> np.ndarray:
     return np.array([int(np.prod(dims[i + 1:])) for i in range(len(dims))], np.int64)
 
 
-def _wrap_indices(imp: _Importer, idx: NodeId, size: NodeId | int) -> NodeId:
+def wrap_indices(imp: _Importer, idx: NodeId, size: NodeId | int) -> NodeId:
     """Negative run-time indices counted from the end (ONNX allows [-n, n))."""
     dtype = imp.g.shape(idx).dtype
     n = _const(imp, size, dtype) if isinstance(size, int) else size
@@ -403,7 +408,7 @@ def _gather_elements(imp: _Importer, node: _Node) -> list[_Value]:
         flat = base + np.where(ind < 0, ind + shape[axis], ind) * strides[axis]
         index = _const(imp, flat, DType.I64)
     else:
-        ind = _wrap_indices(imp, imp.g.cast(imp.tensor(idx), DType.I64), shape[axis])
+        ind = wrap_indices(imp, imp.g.cast(imp.tensor(idx), DType.I64), shape[axis])
         index = imp.g.add_(imp.g.mul(ind, _const(imp, strides[axis], DType.I64)), _const(imp, base, DType.I64))
     return [imp.emit(imp.g.gather(flat_data, index, 0))]
 
@@ -449,7 +454,7 @@ def _gather_nd(imp: _Importer, node: _Node) -> list[_Value]:
         index = _const(imp, (ind * strides).sum(-1), DType.I64)
     else:
         ind = imp.g.cast(imp.tensor(idx), DType.I64)
-        ind = _wrap_indices(imp, ind, _const(imp, head, DType.I64))
+        ind = wrap_indices(imp, ind, _const(imp, head, DType.I64))
         index = imp.g.reduce("sum", imp.g.mul(ind, _const(imp, strides, DType.I64)), [len(idx_shape) - 1], False)
     return [imp.emit(imp.g.gather(flat_data, index, 0))]
 
@@ -475,7 +480,8 @@ def _scatter_nd(imp: _Importer, node: _Node) -> list[_Value]:
         return [_known(_np_scatter_nd(arr, ind.astype(np.int64), u, reduction), imp.value(data).dtype)]
     known_idx = imp.known(idx)
     if known_idx is None:
-        raise IRError("ScatterND with indices computed at run time is not supported (only known indices)")
+        raise IRError(f"the ScatterND indices ({idx!r}) must be known at import time (RLX scatters only to known "
+                      "positions), but they are computed at run time")
     if reduction != "none":
         raise IRError(f"ScatterND reduction={reduction!r} on run-time values is not supported (only 'none')")
     ind = _numeric(known_idx, f"indices {idx!r}").astype(np.int64)
@@ -636,4 +642,3 @@ EXTRA_HANDLERS: dict[str, Handler] = {
     "TopK": _topk,
 }
 
-__all__ = ["EXTRA_HANDLERS", "layer_norm_decomposed"]

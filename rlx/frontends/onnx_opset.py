@@ -2,7 +2,7 @@
 
 A model declares one default-domain opset; each node's op then has the schema
 version that opset selects (``onnx.defs.get_schema(op, opset).since_version``:
-the newest version at or below it). RLX accepts opsets 13 through the newest the
+the newest version at or below it). RLX accepts opsets up to the newest the
 installed ``onnx`` defines, and checks every node's selected version against
 `REVIEWED`: the versions of each op whose semantics the importer implements.
 Those were read against ONNX's change log (the ``onnx.defs`` schema history):
@@ -15,7 +15,10 @@ floats, what numpy's ``mod`` computes), Cast 19/24 (``saturate`` and
 ``round_mode``, which only apply to float8 targets RLX refuses anyway), Range
 27 (``stash_type`` for f16/bf16; Range is folded at import in float64, then
 rounded once). A version not in the table — a newer ``onnx`` adding one — is
-refused naming the op, the version and the versions reviewed.
+refused naming the op, the version and the versions reviewed. A model of an
+opset before 13 imports when each of its ops has a version opset 13 also
+selects (``And``-7, ``Where``-9 …); an older version (``Softmax``-11's 2-D
+coercion, ``Squeeze``-11's attribute axes) is refused the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any
 
 from rlx.errors import IRError
 
-MIN_OPSET = 13
+#: Models declaring an older opset import when each node's selected version is one `REVIEWED` lists.
+MIN_OPSET = 1
 
 #: ONNX op type → the schema versions (`since_version`) the importer implements, from the one opset 13 selects.
 REVIEWED: dict[str, tuple[int, ...]] = {
