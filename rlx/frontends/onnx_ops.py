@@ -378,10 +378,10 @@ def _flat_strides(dims: Sequence[int]) -> np.ndarray:
     return np.array([int(np.prod(dims[i + 1:])) for i in range(len(dims))], np.int64)
 
 
-def wrap_indices(imp: _Importer, idx: NodeId, size: NodeId | int) -> NodeId:
-    """Negative run-time indices counted from the end (ONNX allows [-n, n))."""
+def wrap_indices(imp: _Importer, idx: NodeId, size: int | Sequence[int]) -> NodeId:
+    """Negative run-time indices counted from the end (ONNX allows [-n, n)); `size` broadcasts against them."""
     dtype = imp.g.shape(idx).dtype
-    n = _const(imp, size, dtype) if isinstance(size, int) else size
+    n = _const(imp, size, dtype)
     return imp.g.where(imp.g.compare("lt", idx, _const(imp, 0, dtype)), imp.g.add_(idx, n), idx)
 
 
@@ -454,7 +454,7 @@ def _gather_nd(imp: _Importer, node: _Node) -> list[_Value]:
         index = _const(imp, (ind * strides).sum(-1), DType.I64)
     else:
         ind = imp.g.cast(imp.tensor(idx), DType.I64)
-        ind = wrap_indices(imp, ind, _const(imp, head, DType.I64))
+        ind = wrap_indices(imp, ind, head)
         index = imp.g.reduce("sum", imp.g.mul(ind, _const(imp, strides, DType.I64)), [len(idx_shape) - 1], False)
     return [imp.emit(imp.g.gather(flat_data, index, 0))]
 

@@ -64,9 +64,9 @@ def model_opset(onnx: Any, proto: Any, default_domains: Iterable[str]) -> int:
     version = next((versions[d] for d in default_domains if d in versions), None)
     newest = max_opset(onnx)
     if version is None or not MIN_OPSET <= version <= newest:
-        raise IRError(f"ONNX model uses default-domain opset {version}; RLX imports opsets {MIN_OPSET}–{newest} "
-                      f"(the installed onnx {onnx.__version__} defines up to {newest}; convert older models with "
-                      "onnx.version_converter.convert_version(model, 17))")
+        raise IRError(f"ONNX model uses default-domain opset {version}; RLX imports opsets up to {newest}, the "
+                      f"newest the installed onnx {onnx.__version__} defines (ops whose version predates opset 13 "
+                      "may need onnx.version_converter.convert_version(model, 17))")
     return version
 
 
