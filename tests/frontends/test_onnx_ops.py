@@ -123,3 +123,28 @@ def onnx_error() -> type[Exception]:
     from rlx.errors import IRError
 
     return IRError
+
+
+def test_integer_and_bool_dtypes_at_the_boundary(rng: np.random.Generator) -> None:
+    """int8 / uint8 / int16 / int32 / int64 / bool graph inputs and outputs, computed on and cast to."""
+    types = {"i8": (TensorProto.INT8, np.int8), "u8": (TensorProto.UINT8, np.uint8),
+             "i16": (TensorProto.INT16, np.int16), "i32": (I32, np.int32), "i64": (I64, np.int64)}
+    nodes = [helper.make_node("Abs", ["f"], ["f_abs"])]  # uint8's source: float -> uint8 of a negative is UB
+    inputs, outs, feeds = [_vi("p", BOOL, [2, 3]), _vi("f", F, [2, 3])], [], {}
+    feeds["p"] = rng.random((2, 3)) < 0.5
+    feeds["f"] = rng.uniform(-60, 60, (2, 3)).astype(np.float32)
+    for name, (onnx_type, np_type) in types.items():
+        lo = 0 if name == "u8" else -50
+        inputs += [_vi(f"a_{name}", onnx_type, [2, 3]), _vi(f"b_{name}", onnx_type, [2, 3])]
+        feeds[f"a_{name}"] = rng.integers(lo, 50, (2, 3)).astype(np_type)
+        feeds[f"b_{name}"] = rng.integers(lo, 50, (2, 3)).astype(np_type)
+        nodes += [helper.make_node("Add", [f"a_{name}", f"b_{name}"], [f"add_{name}"]),
+                  helper.make_node("Cast", [f"a_{name}"], [f"to_f32_{name}"], to=F),
+                  helper.make_node("Cast", ["f" if name != "u8" else "f_abs"], [f"from_f32_{name}"], to=onnx_type),
+                  helper.make_node("Greater", [f"a_{name}", f"b_{name}"], [f"gt_{name}"])]
+        outs += [(f"add_{name}", onnx_type), (f"to_f32_{name}", F), (f"from_f32_{name}", onnx_type),
+                 (f"gt_{name}", BOOL)]
+    nodes += [helper.make_node("Not", ["p"], ["not_p"]), helper.make_node("Where", ["p", "a_i8", "b_i8"], ["where_i8"])]
+    outs += [("not_p", BOOL), ("where_i8", TensorProto.INT8)]
+    model = _model(nodes, inputs, [_vi(n, t, None) for n, t in outs], opset=17)
+    _check(model, [feeds])
