@@ -1,6 +1,6 @@
-"""Import an ONNX model (default-domain opsets 13 to the newest the installed onnx defines) as an RLX MIR graph.
+"""Import an ONNX model (default-domain opsets up to the newest the installed onnx defines) as an RLX MIR graph.
 
-`from_onnx(path_or_model, max_dims=..., name=...)` reads the model with the
+`from_onnx(path_or_model, max_dims=..., fixed_dims=..., name=...)` reads the model with the
 `onnx` package and returns `OnnxImport(graph, params)`: a MIR `Graph` built
 with the ordinary builder API and the numpy values of the initializers that
 became params. It is a `NamedTuple`, so ``graph, params = from_onnx(...)``
@@ -16,13 +16,22 @@ and a model file, e.g. from ``python examples/make_onnx.py model.onnx``)::
     hidden, pooled = compiled.run(input_ids=ids, attention_mask=np.ones_like(ids),
                                   position_ids=np.arange(4, dtype=np.int64))
 
+or in one line, ``rlx.from_onnx("model.onnx", max_dims={...}).compile("cpu")``
+(`OnnxImport.compile`: compiled, the params set).
+
 How the model maps onto RLX:
+
+- Opsets: each node's op version is the one the model's opset selects
+  (``onnx.defs.get_schema``); versions whose semantics RLX implements are
+  listed in `rlx.frontends.onnx_opset.REVIEWED`, any other is refused, named.
 
 - Graph inputs become `Graph.input`s. A dynamic axis (a ``dim_param`` name such
   as "batch") becomes ``Dim.dynamic(name, max=max_dims[name])``; every dynamic
   axis needs a bound in `max_dims` (a missing one raises `IRError` naming the
-  axis). Names that are not identifiers are made into one (``"seq len"`` →
-  ``seq_len``); `max_dims` is keyed by the ONNX name.
+  axis), or a size in `fixed_dims` (then static: shape arithmetic built from
+  it, such as the masks and position ids torch exports compute from the
+  lengths, folds at import). Names that are not identifiers are made into one
+  (``"seq len"`` → ``seq_len``); `max_dims` is keyed by the ONNX name.
 - Initializers become params (`Graph.param`, same names) when the graph
   computes with them; `params` holds exactly those, ready for `set_param`.
   Initializers only read at import time (a Reshape target, Slice bounds…) are
@@ -37,11 +46,19 @@ How the model maps onto RLX:
 - Every unsupported op type is listed, with its node names, in one `IRError`
   before anything is built.
 
+- LayerNormalization normalizing only the last axis is the fused
+  `layer_norm`; over more axes, or with its Mean / InvStdDev outputs used, it
+  is built from reductions (`rlx.frontends.onnx_ops.layer_norm_decomposed`).
+- The ops torch exports add (And/Or/Xor, IsNaN/IsInf, Max/Min/Sum/Mean, Clip,
+  CumSum, Trilu, Tile, GatherElements/GatherND/ScatterND, ArgMax/ArgMin, TopK,
+  Mod, Sign, Flatten, Size, Dropout …) live in `rlx.frontends.onnx_ops`.
+
 Not supported: Slice with steps other than 1; Range, Slice or Split whose
 bounds depend on a dynamic axis (RLX has no dynamic-length iota or narrow:
-feed such values, e.g. position ids, as inputs); Concat along a dynamic axis;
-LayerNormalization over more than the last axis or using its Mean/InvStdDev
-outputs; ops outside the default domain. Gather indices computed at run time
+feed such values, e.g. position ids, as inputs, or use `fixed_dims`); Concat
+along a dynamic axis; TopK with K > 1 on run-time values (no sort); Mod of
+floats at run time; ScatterND with run-time indices or a reduction on run-time
+values; convolutions, pooling, Resize, Pad; ops outside the default domain. Gather indices computed at run time
 may be negative along a static axis (counted from the end, as ONNX says); along
 a dynamic axis they must be in ``[0, n)``.
 """
@@ -696,7 +713,8 @@ def _range(imp: _Importer, node: _Node) -> list[_Value]:
         arr = imp.static(node, i, what)
         if _is_dynamic(arr):
             raise IRError(f"Range {what} {arr.reshape(()).item()} is a dynamic dim: RLX has no dynamic-length range; "
-                          "feed the values (e.g. position ids) as a graph input instead")
+                          "feed the values (e.g. position ids) as a graph input instead, or fix the axis to one "
+                          "size: from_onnx(..., fixed_dims={name: N}) (rlxc --fix-dim NAME=N)")
         values.append(arr.reshape(()).item())
     start, limit, delta = values
     if delta == 0:
