@@ -278,6 +278,33 @@ def test_dynamic_axis_bounds() -> None:
     assert str(graph.inputs()[0].op.shape) == "f32[batch,seq_len]"
 
 
+def test_fixed_dims_make_an_axis_static() -> None:
+    model = _tiny([helper.make_node("Relu", ["x"], ["out"])], x_shape=["batch", "seq len"])
+    graph, _ = from_onnx(model, max_dims={"batch": 2}, fixed_dims={"seq len": 5})
+    assert str(graph.inputs()[0].op.shape) == "f32[batch,5]"
+    with pytest.raises(IRError, match=r"\['batch'\] are given both a bound"):
+        from_onnx(model, max_dims={"batch": 2, "seq len": 3}, fixed_dims={"batch": 2})
+    with pytest.raises(IRError, match=r"\['sequence'\], which are not dynamic axes"):
+        from_onnx(model, fixed_dims={"batch": 2, "seq len": 3, "sequence": 2})
+
+
+def test_each_node_is_checked_against_the_version_its_opset_selects(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx.frontends import onnx_opset
+
+    relu = [helper.make_node("Relu", ["x"], ["out"])]
+    assert from_onnx(_tiny(relu, onnx.defs.onnx_opset_version())).graph  # Relu-14 at the newest opset
+    monkeypatch.setitem(onnx_opset.REVIEWED, "Relu", (13,))  # as if Relu-14 were new and unreviewed
+    with pytest.raises(IRError, match=r"Relu-14 \(selected by opset 17\) is a version RLX has not implemented"):
+        from_onnx(_tiny(relu, 17))
+    assert from_onnx(_tiny(relu, 13)).graph
+    # an opset before 13 imports when its ops' versions are the reviewed ones (Where-9, Not-1, Equal-11 is not)
+    cond = [helper.make_node("Greater", ["x", "x"], ["g"]), helper.make_node("Not", ["g"], ["n"]),
+            helper.make_node("Where", ["n", "x", "x"], ["out"])]
+    assert from_onnx(_tiny(cond, 13)).graph
+    with pytest.raises(IRError, match=r"Greater-9 \(selected by opset 11\)"):
+        from_onnx(_tiny(cond, 11))
+
+
 def test_an_unbounded_axis_shared_by_inputs_is_named_once() -> None:
     from rlx.errors import UnboundedDimsError
 
