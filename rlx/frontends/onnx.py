@@ -56,7 +56,7 @@ How the model maps onto RLX:
 Not supported: Slice with steps other than 1; Range, Slice or Split whose
 bounds depend on a dynamic axis (RLX has no dynamic-length iota or narrow:
 feed such values, e.g. position ids, as inputs, or use `fixed_dims`); Concat
-along a dynamic axis; TopK with K > 1 on run-time values (no sort); Mod of
+along a dynamic axis; TopK with K > 64 on run-time values (no sort); Mod of
 floats at run time; ScatterND with run-time indices or a reduction on run-time
 values; convolutions, pooling, Resize, Pad; ops outside the default domain. Gather indices computed at run time
 may be negative along a static axis (counted from the end, as ONNX says); along

@@ -1,14 +1,15 @@
 """ONNX op handlers beyond the core set: what torch.onnx exports of transformers emit.
 
 Every op here is built from existing RLX ops (no new IR op): boolean logic from
-`where` / `compare`, CumSum as a masked sum, GatherElements / GatherND as a
+`where` / `compare`, CumSum as a sum over a selected square (a select, not a
+product with the mask: inf * 0 would be NaN), GatherElements / GatherND as a
 `gather` on the flattened data with computed flat indices, ScatterND (known
 indices) as a `where` over a gathered update, Tile as reshape + expand, Trilu as
-a `where` with a constant mask. Each folds in numpy when its inputs are known at
+a `where` with a constant mask, TopK as K argmax steps (K ≤ 64). Each folds in numpy when its inputs are known at
 import time (shape subgraphs, masks built from constants), so most of the mask
 arithmetic of an export never reaches the graph.
 
-What needs an op RLX lacks is refused with the reason: TopK with k > 1 on a
+What needs an op RLX lacks is refused with the reason: TopK with K > 64 on a
 run-time tensor (a sort), ScatterND with computed indices or a reduction, Mod
 of floats at run time (no trunc/floor op), GatherND with batch_dims > 0 at run
 time.
@@ -358,7 +359,7 @@ def _cumsum(imp: _Importer, node: _Node) -> list[_Value]:
     known = imp.known(x)
     if imp.foldable(node) and known is not None:
         arr = np.moveaxis(_numeric(known, f"input {x!r}"), axis, -1)
-        out = (arr[..., None, :] * mask.astype(arr.dtype)).sum(-1).astype(arr.dtype)
+        out = np.where(mask, arr[..., None, :], 0).sum(-1).astype(arr.dtype)
         return [_known(np.moveaxis(out, -1, axis), imp.value(x).dtype)]
     t = imp.tensor(x)
     dtype = imp.g.shape(t).dtype
@@ -367,7 +368,8 @@ def _cumsum(imp: _Importer, node: _Node) -> list[_Value]:
     moved = imp.g.transpose(t, perm) if axis != rank - 1 else t
     lead = [dims[i] for i in perm[:-1]]
     rows = imp.g.reshape(moved, [*lead, 1, n])
-    terms = imp.g.mul(rows, _const(imp, mask, dtype))  # [..., n, n]: row i holds the terms of out[i]
+    # [..., n, n]: row i holds the terms of out[i]; a select, not a product with the mask (inf * 0 is NaN)
+    terms = imp.g.where(_const(imp, mask, DType.BOOL), rows, _const(imp, 0, dtype))
     out = imp.g.reduce("sum", terms, [rank], False)
     if axis != rank - 1:
         out = imp.g.transpose(out, [perm.index(i) for i in range(rank)])
@@ -553,28 +555,73 @@ def _int64(imp: _Importer, node: _Node) -> DType:
     return DType.I64
 
 
+#: The largest K TopK unrolls on run-time values (one argmax and a masking per element taken).
+TOPK_MAX_K = 64
+
+
+def _np_topk_order(arr: np.ndarray, axis: int, largest: bool) -> np.ndarray:
+    """Indices sorting `arr` along `axis`, largest (or smallest) first, ties by the lower index."""
+    if not largest:
+        return np.argsort(arr, axis=axis, kind="stable")
+    n = arr.shape[axis]
+    rev = np.argsort(np.flip(arr, axis), axis=axis, kind="stable")  # ties: the higher original index first
+    return n - 1 - np.flip(rev, axis)
+
+
 def _topk(imp: _Importer, node: _Node) -> list[_Value]:
     x = node.inputs[0]
     dims = imp.dims(x)
     axis = normalize_axis(int(node.attr("axis", -1)), len(dims), "TopK axis")
     k = int(np.asarray(imp.static(node, 1, "K")).reshape(-1)[0])
-    largest, ordered = bool(node.attr("largest", 1)), bool(node.attr("sorted", 1))
+    largest = bool(node.attr("largest", 1))  # `sorted` may be 0: any order is allowed, sorted is one
+    if not dims[axis].is_static or not 0 <= k <= dims[axis].value:
+        raise IRError(f"TopK K={k} along the axis {dims[axis]}: K must be in [0, n] of a static axis")
     known = imp.known(x)
     if imp.foldable(node) and known is not None:
         arr = _numeric(known, f"input {x!r}")
-        key = -arr if largest else arr
-        order = np.argsort(key, axis=axis, kind="stable")  # ties: the lower index first
-        idx = np.take(order, np.arange(k), axis=axis)
+        idx = np.take(_np_topk_order(arr, axis, largest), np.arange(k), axis=axis)
         return [_known(np.take_along_axis(arr, idx, axis=axis), imp.value(x).dtype), _known(idx, DType.I64)]
-    if k != 1:
-        raise IRError(f"TopK with K={k} on a run-time tensor is not supported (RLX has no sort); K=1 is, and so is "
-                      "TopK on values known at import time")
-    del ordered  # one element is always sorted
-    arg = _arg_build("max" if largest else "min")(
-        imp, _Node(node.index, "ArgMax", node.domain, node.name, node.inputs[:1], node.outputs[1:2],
-                   {"axis": axis, "keepdims": 1}))
-    values = imp.g.reduce("max" if largest else "min", imp.tensor(x), [axis], True)
-    return [imp.emit(values), imp.emit(arg)]
+    if k > TOPK_MAX_K:
+        raise IRError(f"TopK with K={k} > {TOPK_MAX_K} on a run-time tensor is not supported (RLX has no sort; "
+                      "smaller K unrolls into argmax steps)")
+    if k == 0:
+        raise IRError("TopK with K=0 on a run-time tensor gives empty outputs, which RLX does not build")
+    return [imp.emit(t) for t in _topk_unrolled(imp, imp.tensor(x), axis, k, largest)]
+
+
+def _topk_unrolled(imp: _Importer, x: NodeId, axis: int, k: int, largest: bool) -> tuple[NodeId, NodeId]:
+    """TopK as K argmax steps, each taken element masked to -inf (ties: the lower index first)."""
+    g = imp.g
+    s = g.shape(x)
+    n = s.dims[axis].value
+    work = x if s.dtype.is_float else g.cast(x, DType.F64)  # exact for every int32, int64 below 2**53
+    if not largest:
+        work = g.activation("neg", work)
+    wdt = g.shape(work).dtype
+    iota = _const(imp, np.arange(n).reshape([n if i == axis else 1 for i in range(s.rank)]), DType.I64)
+    neg_inf = _const(imp, -np.inf, wdt)
+    taken = g.expand(_const(imp, False, DType.BOOL), s.dims)
+    keep_dims = [Dim(1) if i == axis else d for i, d in enumerate(s.dims)]
+    values, indices = [], []
+    for _ in range(k):
+        idx = g.reshape(g.cast(g.argmax(work, axis), DType.I64), keep_dims)
+        best = g.reduce("max", work, [axis], True)
+        # every untaken element is -inf: argmax would pick index 0 again; take the first untaken one instead
+        first_free = g.reshape(g.cast(g.argmax(g.cast(g.compare("eq", taken, _const(imp, False, DType.BOOL)),
+                                                      DType.F32), axis), DType.I64), keep_dims)
+        idx = g.where(g.compare("eq", best, neg_inf), first_free, idx)
+        hit = g.compare("eq", iota, idx)
+        values.append(best)
+        indices.append(idx)
+        work = g.where(hit, neg_inf, work)
+        taken = g.where(hit, _const(imp, True, DType.BOOL), taken)
+    value = g.concat(values, axis) if k > 1 else values[0]
+    if not largest:
+        value = g.activation("neg", value)
+    if not s.dtype.is_float:
+        value = g.cast(value, s.dtype)
+    index = g.concat(indices, axis) if k > 1 else indices[0]
+    return value, index
 
 
 # ── LayerNormalization over any trailing axes, with Mean and InvStdDev ─

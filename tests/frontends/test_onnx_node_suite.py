@@ -1,9 +1,10 @@
 """ONNX's own node test cases for every op `rlx.from_onnx` imports: none wrong, and the pass rate reached.
 
 Cases come from the installed onnx's generators (tests/frontends/onnx_node_cases.py); inputs that must be
-known at import time are frozen as initializers. With onnx 1.23: 774 cases, 540 pass (69.8%), 0 wrong; 195 of
-the 234 refusals are element types RLX has no dtype for (float8/float4/float6, int4/int2, uint16/uint32/uint64),
-the rest name their op's limit (a sort for TopK K>1, trunc/floor for float Mod, training-mode Dropout …).
+known at import time are frozen as initializers. With onnx 1.23: 774 cases, 546 pass (70.5%), 0 wrong; 195 of
+the 228 refusals are element types RLX has no dtype for (float8/float4/float6, int4/int2, uint16/uint32/uint64),
+the rest name their op's limit (trunc/floor for float Mod, ScatterND reductions on run-time values,
+training-mode Dropout, a standalone Erf …).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ pytest.importorskip("onnx")
 
 import onnx_node_cases as cases
 
-#: The pass rate reached with onnx 1.23 is 540/774; the floor leaves room for a few cases a newer onnx adds.
-PASS_RATE_FLOOR = 0.69
+#: The pass rate reached with onnx 1.23 is 546/774; the floor leaves room for a few cases a newer onnx adds.
+PASS_RATE_FLOOR = 0.70
 
 
 def test_node_cases_none_wrong_and_pass_rate() -> None:

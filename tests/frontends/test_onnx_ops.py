@@ -65,7 +65,7 @@ def test_logic_arithmetic_and_layer_norm_outputs(rng: np.random.Generator) -> No
 def test_index_and_shape_ops(rng: np.random.Generator) -> None:
     c = lambda name, v: _const(name, v, np.int64)  # noqa: E731
     nodes = [
-        c("ax1", 1), c("reps", [2, 1, 3]), c("k1", [1]), c("kneg", -1),
+        c("ax1", 1), c("reps", [2, 1, 3]), c("k1", [1]), c("k2", [2]), c("k3", [3]), c("kneg", -1),
         c("gidx", [[[0, 2], [1, 0], [2, 2]], [[1, 1], [0, 0], [2, 1]]]),
         c("ndidx", [[1, 2], [0, -1]]), c("scidx", [[1], [0]]),
         helper.make_node("Flatten", ["x"], ["flat"], axis=2),
@@ -85,18 +85,23 @@ def test_index_and_shape_ops(rng: np.random.Generator) -> None:
         helper.make_node("ArgMin", ["x"], ["argmin_last"], axis=2, keepdims=0, select_last_index=1),
         helper.make_node("ArgMax", ["xi"], ["argmax_int"], axis=2, keepdims=0),
         helper.make_node("TopK", ["x", "k1"], ["top_v", "top_i"], axis=-1),
+        helper.make_node("TopK", ["x", "k3"], ["top3_v", "top3_i"], axis=-1),  # unrolled argmax steps
+        helper.make_node("TopK", ["x", "k2"], ["low2_v", "low2_i"], axis=1, largest=0),
+        helper.make_node("TopK", ["xi", "k2"], ["top2i_v", "top2i_i"]),
         helper.make_node("Gather", ["x", "negids"], ["gather_neg"], axis=1),
         helper.make_node("Dropout", ["x"], ["dropout"]),
     ]
     outs = [("flat", F), ("flat_neg", F), ("tile", F), ("triu", F), ("tril", F), ("cumsum", F),
             ("cumsum_rev_ex", F), ("cumsum_int", I64), ("gather_el", F), ("gather_el_rt", F), ("gather_nd", F),
             ("gather_nd_rt", F), ("scatter_nd", F), ("argmax", I64), ("argmin_last", I64), ("argmax_int", I64),
-            ("top_v", F), ("top_i", I64), ("gather_neg", F), ("dropout", F)]
+            ("top_v", F), ("top_i", I64), ("top3_v", F), ("top3_i", I64), ("low2_v", F), ("low2_i", I64),
+            ("top2i_v", I64), ("top2i_i", I64), ("gather_neg", F), ("dropout", F)]
     model = _model(nodes, [_vi("x", F, [2, 3, 4]), _vi("xi", I64, [2, 3, 4]), _vi("ridx", I64, [2, 2, 4]),
                            _vi("rndidx", I64, [2, 2]), _vi("upd", F, [2, 3, 4]), _vi("negids", I64, [2])],
                    [_vi(n, t, None) for n, t in outs], opset=18)
     x = rng.standard_normal((2, 3, 4)).astype(np.float32)
-    x[1, 1, :2] = x[1, 1, 3]  # ties for ArgMin's select_last_index
+    x[1, 1, :2] = x[1, 1, 3]  # ties for ArgMin's select_last_index and TopK (the lower index first)
+    x[0, 2, :] = [-np.inf, 1.0, -np.inf, -np.inf]  # TopK K=3 past the finite values: the lower -inf index first
     feeds = {"x": x, "xi": rng.integers(-5, 6, (2, 3, 4)), "ridx": rng.integers(-3, 3, (2, 2, 4)),
              "rndidx": np.array([[1, -1], [0, 2]]), "upd": rng.standard_normal((2, 3, 4)).astype(np.float32),
              "negids": np.array([-1, 1])}
@@ -106,9 +111,9 @@ def test_index_and_shape_ops(rng: np.random.Generator) -> None:
 
 
 def test_refusals_name_their_reason() -> None:
-    x = _vi("x", F, [2, 5])
+    x = _vi("x", F, [2, 80])
     cases = [
-        ([_const("k", [2], np.int64), helper.make_node("TopK", ["x", "k"], ["out", "idx"])], "no sort"),
+        ([_const("k", [65], np.int64), helper.make_node("TopK", ["x", "k"], ["out", "idx"])], "K=65 > 64.*no sort"),
         ([helper.make_node("Mod", ["x", "x"], ["out"], fmod=1)], "no trunc or floor"),
         ([helper.make_node("Dropout", ["x", "", "t"], ["out"]), ], "training mode"),
     ]
