@@ -218,16 +218,19 @@ def load_graph(path: Path) -> Any:
 def load_model(args: argparse.Namespace, path: Path) -> Model:
     """The graph (and ONNX weights) of a `.json` graph document or an `.onnx` model."""
     max_dims = _parse_max_dims(getattr(args, "max_dim", None) or [])
+    fixed_dims = _parse_max_dims(getattr(args, "fix_dim", None) or [], "--fix-dim")
     if path.suffix.lower() == ".onnx":
         if not path.is_file():
             raise UsageError(f"{path}: no such file")
-        return _load_onnx(path, max_dims)
+        return _load_onnx(path, max_dims, fixed_dims)
     if max_dims:
         raise UsageError("--max-dim applies to .onnx models; a graph .json already fixes its dims' bounds")
+    if fixed_dims:
+        raise UsageError("--fix-dim applies to .onnx models; a graph .json already fixes its dims")
     return Model(load_graph(path))
 
 
-def _parse_max_dims(items: Sequence[str]) -> dict[str, int]:
+def _parse_max_dims(items: Sequence[str], flag: str = "--max-dim") -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -237,14 +240,14 @@ def _parse_max_dims(items: Sequence[str]) -> dict[str, int]:
         except ValueError:
             n = 0
         if not sep or not name or n < 1:
-            raise UsageError(f"--max-dim takes NAME=N with N a positive integer, got {item!r}")
+            raise UsageError(f"{flag} takes NAME=N with N a positive integer, got {item!r}")
         if name in out:
-            raise UsageError(f"--max-dim {name} given twice")
+            raise UsageError(f"{flag} {name} given twice")
         out[name] = n
     return out
 
 
-def _load_onnx(path: Path, max_dims: dict[str, int]) -> Model:
+def _load_onnx(path: Path, max_dims: dict[str, int], fixed_dims: dict[str, int] | None = None) -> Model:
     try:
         from rlx.frontends.onnx import from_onnx  # imported here: the onnx package is optional
     except ImportError as exc:
@@ -252,11 +255,13 @@ def _load_onnx(path: Path, max_dims: dict[str, int]) -> Model:
             raise RlxError(f"{path}: this build of RLX has no ONNX frontend (rlx.frontends.onnx)") from None
         raise RlxError(f"{path}: reading ONNX needs the {exc.name or 'onnx'!r} package (pip install onnx)") from None
     try:
-        imported = from_onnx(path, max_dims=max_dims or None)
+        fixed = {"fixed_dims": fixed_dims} if fixed_dims else {}
+        imported = from_onnx(path, max_dims=max_dims or None, **fixed)
     except UnboundedDimsError as exc:  # a usage error here: the command line gives the bounds
         named = ", ".join(f"{name!r} ({', '.join(where)})" for name, where in exc.dims.items())
         raise UsageError(f"{path}: dynamic axes need an upper bound: {named}; pass "
-                         + " ".join(f"--max-dim {shlex.quote(f'{name}=N')}" for name in exc.dims)) from None
+                         + " ".join(f"--max-dim {shlex.quote(f'{name}=N')}" for name in exc.dims)
+                         + " (or a size: --fix-dim NAME=N)") from None
     return Model(imported.graph, dict(imported.params or {}))
 
 
@@ -405,7 +410,8 @@ def _reject_for_artifact(args: argparse.Namespace, path: Path) -> None:
     """Options that only shape a compile: refused for an artifact, which is already built."""
     given = [flag for flag, value in (("-O/--opt-level", getattr(args, "opt_level", None)),
                                       ("--target", getattr(args, "target", None)),
-                                      ("--max-dim", getattr(args, "max_dim", None) or None))
+                                      ("--max-dim", getattr(args, "max_dim", None) or None),
+                                      ("--fix-dim", getattr(args, "fix_dim", None) or None))
              if value is not None]
     if given:
         raise UsageError(f"{path} is a built artifact; {', '.join(given)} only apply when compiling a graph "
@@ -867,7 +873,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         if target.suffix in (".json", ".onnx") or target.is_file():
             what: Any = _cache_components(args, load_model(args, target).graph)
         else:
-            if args.opt_level is not None or args.target is not None or args.max_dim:
+            if args.opt_level is not None or args.target is not None or args.max_dim or args.fix_dim:
                 raise UsageError("-O, --target and --max-dim apply to `cache explain GRAPH`; a key already "
                                  "names one build")
             what = args.what
@@ -890,7 +896,8 @@ def _check_cache_flags(args: argparse.Namespace) -> None:
         raise UsageError("--stale-seconds applies to `cache gc`")
     if action != "explain":
         given = [f for f, v in (("-O/--opt-level", args.opt_level), ("--target", args.target),
-                                ("--max-dim", args.max_dim or None)) if v is not None]
+                                ("--max-dim", args.max_dim or None), ("--fix-dim", args.fix_dim or None))
+                 if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} apply to `cache explain GRAPH` only")
 
@@ -1167,6 +1174,9 @@ def build_parser() -> argparse.ArgumentParser:
     def max_dim(q: argparse.ArgumentParser) -> None:
         q.add_argument("--max-dim", action="append", default=[], metavar="NAME=N",
                        help="ONNX models: upper bound of the dynamic dim NAME (repeatable)")
+        q.add_argument("--fix-dim", action="append", default=[], metavar="NAME=N",
+                       help="ONNX models: fix the dynamic dim NAME to N, folding the shape arithmetic that "
+                            "depends on it (torch exports' masks and positions; repeatable)")
 
     q = sub.add_parser("compile", help="compile a graph .json or .onnx model (into an artifact dir with -o)",
                        description="Compile GRAPH.json or MODEL.onnx through the AOT cache; -o writes a relocatable "

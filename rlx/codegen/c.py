@@ -70,7 +70,7 @@ CODEGEN_VERSION = "cpu-3"
 _INT32_MAX = (1 << 31) - 1
 
 _COMPUTE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
-            DType.I8: "int8_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
+            DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
             DType.BOOL: "uint8_t"}
 
 

@@ -69,7 +69,7 @@ _RED = {"sum": "RLX_RED_SUM", "mean": "RLX_RED_MEAN", "max": "RLX_RED_MAX", "min
 _MASK = {"none": "RLX_MASK_NONE", "causal": "RLX_MASK_CAUSAL", "padding": "RLX_MASK_PADDING",
          "bias": "RLX_MASK_BIAS"}
 _FLOATS = (DType.F32, DType.F16, DType.BF16, DType.F64)
-_INTS = (DType.I8, DType.I32, DType.I64, DType.U8)
+_INTS = (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8)
 rules = table("cuda")
 
 

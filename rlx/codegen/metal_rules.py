@@ -44,7 +44,7 @@ from rlx.ir.view import View, collapse
 
 ROWS, GEMM, ATTENTION = "metal/kernels/rows.metal", "metal/kernels/gemm.metal", "metal/kernels/attention.metal"
 _FLOATS = (DType.F32, DType.F16, DType.BF16)
-_INTS = (DType.I8, DType.I32, DType.I64, DType.U8)
+_INTS = (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8)
 _RED = {"sum": "RLX_RED_SUM", "mean": "RLX_RED_MEAN", "max": "RLX_RED_MAX", "min": "RLX_RED_MIN",
         "prod": "RLX_RED_PROD"}
 _MASK = {"none": "RLX_MASK_NONE", "causal": "RLX_MASK_CAUSAL", "padding": "RLX_MASK_PADDING",

@@ -1,6 +1,6 @@
-"""Import an ONNX model (default-domain opsets 13–21) as an RLX MIR graph.
+"""Import an ONNX model (default-domain opsets up to the newest the installed onnx defines) as an RLX MIR graph.
 
-`from_onnx(path_or_model, max_dims=..., name=...)` reads the model with the
+`from_onnx(path_or_model, max_dims=..., fixed_dims=..., name=...)` reads the model with the
 `onnx` package and returns `OnnxImport(graph, params)`: a MIR `Graph` built
 with the ordinary builder API and the numpy values of the initializers that
 became params. It is a `NamedTuple`, so ``graph, params = from_onnx(...)``
@@ -16,13 +16,22 @@ and a model file, e.g. from ``python examples/make_onnx.py model.onnx``)::
     hidden, pooled = compiled.run(input_ids=ids, attention_mask=np.ones_like(ids),
                                   position_ids=np.arange(4, dtype=np.int64))
 
+or in one line, ``rlx.from_onnx("model.onnx", max_dims={...}).compile("cpu")``
+(`OnnxImport.compile`: compiled, the params set).
+
 How the model maps onto RLX:
+
+- Opsets: each node's op version is the one the model's opset selects
+  (``onnx.defs.get_schema``); versions whose semantics RLX implements are
+  listed in `rlx.frontends.onnx_opset.REVIEWED`, any other is refused, named.
 
 - Graph inputs become `Graph.input`s. A dynamic axis (a ``dim_param`` name such
   as "batch") becomes ``Dim.dynamic(name, max=max_dims[name])``; every dynamic
   axis needs a bound in `max_dims` (a missing one raises `IRError` naming the
-  axis). Names that are not identifiers are made into one (``"seq len"`` →
-  ``seq_len``); `max_dims` is keyed by the ONNX name.
+  axis), or a size in `fixed_dims` (then static: shape arithmetic built from
+  it, such as the masks and position ids torch exports compute from the
+  lengths, folds at import). Names that are not identifiers are made into one
+  (``"seq len"`` → ``seq_len``); `max_dims` is keyed by the ONNX name.
 - Initializers become params (`Graph.param`, same names) when the graph
   computes with them; `params` holds exactly those, ready for `set_param`.
   Initializers only read at import time (a Reshape target, Slice bounds…) are
@@ -37,20 +46,27 @@ How the model maps onto RLX:
 - Every unsupported op type is listed, with its node names, in one `IRError`
   before anything is built.
 
+- LayerNormalization normalizing only the last axis is the fused
+  `layer_norm`; over more axes, or with its Mean / InvStdDev outputs used, it
+  is built from reductions (`rlx.frontends.onnx_ops.layer_norm_decomposed`).
+- The ops torch exports add (And/Or/Xor, IsNaN/IsInf, Max/Min/Sum/Mean, Clip,
+  CumSum, Trilu, Tile, GatherElements/GatherND/ScatterND, ArgMax/ArgMin, TopK,
+  Mod, Sign, Flatten, Size, Dropout …) live in `rlx.frontends.onnx_ops`.
+
 Not supported: Slice with steps other than 1; Range, Slice or Split whose
 bounds depend on a dynamic axis (RLX has no dynamic-length iota or narrow:
-feed such values, e.g. position ids, as inputs); Concat along a dynamic axis;
-LayerNormalization over more than the last axis or using its Mean/InvStdDev
-outputs; ops outside the default domain. Gather indices computed at run time
-must be in ``[0, n)``: a negative one is a run-time error rather than counted
-from the end (known indices are normalized at import).
+feed such values, e.g. position ids, as inputs, or use `fixed_dims`); Concat
+along a dynamic axis; TopK with K > 64 on run-time values (no sort); Mod of
+floats at run time; ScatterND with run-time indices or a reduction on run-time
+values; convolutions, pooling, Resize, Pad; ops outside the default domain. Gather indices computed at run time
+may be negative along a static axis (counted from the end, as ONNX says); along
+a dynamic axis they must be in ``[0, n)``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +74,24 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from rlx.errors import IRError, ShapeError, UnboundedDimsError
+from rlx.errors import IRError
+from rlx.frontends.onnx_importer import (
+    Handler,
+    _dtype,
+    _elementwise_dims,
+    _Importer,
+    _is_dynamic,
+    _known,
+    _Node,
+    _np_div,
+    _np_sigmoid,
+    _numeric,
+    _onnx,
+    _to_array,
+    _Value,
+)
+from rlx.frontends.onnx_ops import EXTRA_HANDLERS, layer_norm_decomposed, wrap_indices
+from rlx.frontends.onnx_opset import model_opset, version_problem
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.shape import Dim, broadcast_dims, normalize_axis
@@ -66,7 +99,9 @@ from rlx.ir.shape import Dim, broadcast_dims, normalize_axis
 if TYPE_CHECKING:
     import onnx
 
-MIN_OPSET, MAX_OPSET = 13, 21
+    from rlx.driver import Device, Session
+    from rlx.runtime import CompiledGraph
+
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_LISTED_NODES = 8
 
@@ -77,31 +112,50 @@ class OnnxImport(NamedTuple):
     graph: Graph
     params: dict[str, np.ndarray]
 
+    def compile(self, device: Device | str | Session = "cpu", **session: Any) -> CompiledGraph:
+        """Compile the graph for `device` (or with a ready `Session`) and set every param.
+
+        ``rlx.from_onnx("model.onnx", max_dims={...}).compile("cpu").run(...)`` is the one-line path;
+        `session` keywords (``precision=``, ``target=`` …) go to `rlx.Session`.
+        """
+        from rlx.driver import Session
+
+        sess = device if isinstance(device, Session) else Session(device, **session)
+        compiled = sess.compile(self.graph)
+        for name, value in self.params.items():
+            compiled.set_param(name, value)
+        return compiled
+
 
 def from_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto, *,
-              max_dims: Mapping[str, int] | None = None, name: str | None = None) -> OnnxImport:
+              max_dims: Mapping[str, int] | None = None, fixed_dims: Mapping[str, int] | None = None,
+              name: str | None = None) -> OnnxImport:
     """Import an ONNX model as `OnnxImport(graph, params)` (see the module docstring).
 
     `model` is a path to a ``.onnx`` file (external data is read from its
     directory), the serialized bytes, or an `onnx.ModelProto` whose external
     data is already loaded. `max_dims` bounds each dynamic axis by its ONNX
-    ``dim_param`` name; `name` names the graph (default: the ONNX graph's name).
+    ``dim_param`` name; `fixed_dims` instead fixes a dynamic axis to one size
+    (its shape arithmetic then folds at import: a model whose masks or
+    positions are computed from a dynamic length imports this way); `name`
+    names the graph (default: the ONNX graph's name).
     Raises `IRError` for malformed or unsupported models.
     """
     if max_dims is not None and not isinstance(max_dims, Mapping):
         raise TypeError(f"max_dims must map dynamic axis names to bounds, got {type(max_dims).__name__}")
     onnx = _onnx()
     proto = _load(onnx, model)
-    _check_opset(proto)
+    opset = model_opset(onnx, proto, _DEFAULT_DOMAINS)
     graph = proto.graph
     nodes = [_Node.of(onnx, i, n) for i, n in enumerate(graph.node)]
     initializers = {t.name: t for t in graph.initializer}
     gelus = _find_erf_gelus(onnx, nodes, initializers, [o.name for o in graph.output])
-    _check_supported(nodes, gelus)
+    _check_supported(onnx, nodes, gelus, opset)
     imp = _Importer(Graph(name if name is not None else (graph.name or "onnx")))
     for tensor in graph.initializer:
         imp.add_initializer(tensor.name, _to_array(onnx, tensor), _dtype(tensor.data_type, tensor.name))
-    imp.add_inputs([i for i in graph.input if i.name not in initializers], dict(max_dims or {}))
+    imp.add_inputs([i for i in graph.input if i.name not in initializers], dict(max_dims or {}),
+                   dict(fixed_dims or {}))
     for node in nodes:
         if node.index in gelus.skipped:
             continue
@@ -109,21 +163,13 @@ def from_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto, *,
             x = gelus.outputs[node.index]
             imp.bind(node, [imp.emit(imp.g.activation("gelu", imp.tensor(x)))])
             continue
-        imp.convert(node)
+        imp.convert(node, HANDLERS[node.op_type])
     imp.set_outputs([o.name for o in graph.output])
     return OnnxImport(imp.g, imp.params)
 
 
 # ── loading ─────────────────────────────────────────────────────────────
 
-
-def _onnx() -> Any:
-    try:
-        import onnx
-    except ImportError:
-        raise ImportError("rlx.from_onnx needs the onnx package: pip install 'rlx[onnx]' (or pip install onnx)") \
-            from None
-    return onnx
 
 
 def _load(onnx: Any, model: object) -> onnx.ModelProto:
@@ -150,68 +196,6 @@ def _load(onnx: Any, model: object) -> onnx.ModelProto:
             raise IRError(f"cannot read ONNX model {path}: {exc}") from None
     raise TypeError(f"from_onnx takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
 
-
-def _check_opset(proto: onnx.ModelProto) -> None:
-    versions = {o.domain: o.version for o in proto.opset_import}
-    version = next((versions[d] for d in _DEFAULT_DOMAINS if d in versions), None)
-    if version is None or not MIN_OPSET <= version <= MAX_OPSET:
-        raise IRError(f"ONNX model uses default-domain opset {version}; RLX imports opsets {MIN_OPSET}–{MAX_OPSET} "
-                      "(convert it with onnx.version_converter.convert_version(model, 17))")
-
-
-_ONNX_DTYPES = {1: DType.F32, 2: DType.U8, 3: DType.I8, 6: DType.I32, 7: DType.I64, 9: DType.BOOL,
-                10: DType.F16, 11: DType.F64, 16: DType.BF16}
-
-
-def _dtype(elem_type: int, what: str) -> DType:
-    dt = _ONNX_DTYPES.get(elem_type)
-    if dt is None:
-        raise IRError(f"{what} has ONNX element type {elem_type}, which RLX does not support "
-                      f"(supported: float, float16, bfloat16, double, int8, uint8, int32, int64, bool)")
-    return dt
-
-
-def _to_array(onnx: Any, tensor: onnx.TensorProto) -> np.ndarray:
-    dtype = _dtype(tensor.data_type, f"tensor {tensor.name!r}")
-    arr = onnx.numpy_helper.to_array(tensor)
-    # bf16 is exchanged as float32 holding bf16 values (see rlx.reference).
-    return _contiguous(arr, dtype)
-
-
-def _contiguous(arr: np.ndarray, dtype: DType) -> np.ndarray:
-    # reshape: ascontiguousarray turns a 0-d value into shape (1,).
-    return np.ascontiguousarray(arr, dtype=np.float32 if dtype is DType.BF16 else dtype.np).reshape(np.shape(arr))
-
-
-@dataclass(frozen=True)
-class _Node:
-    """One ONNX node, its attributes decoded; absent optional inputs are ""."""
-
-    index: int
-    op_type: str
-    domain: str
-    name: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: dict[str, Any]
-
-    @staticmethod
-    def of(onnx: Any, index: int, proto: onnx.NodeProto) -> _Node:
-        attrs = {}
-        for a in proto.attribute:
-            value = onnx.helper.get_attribute_value(a)
-            attrs[a.name] = value.decode() if isinstance(value, bytes) else value
-        return _Node(index, proto.op_type, proto.domain, proto.name, tuple(proto.input), tuple(proto.output), attrs)
-
-    @property
-    def label(self) -> str:
-        return self.name or f"#{self.index}"
-
-    def input(self, i: int) -> str | None:
-        return self.inputs[i] if i < len(self.inputs) and self.inputs[i] else None
-
-    def attr(self, key: str, default: Any = None) -> Any:
-        return self.attrs.get(key, default)
 
 
 # ── the erf-GELU pattern ────────────────────────────────────────────────
@@ -310,9 +294,13 @@ def _erf_argument(node: _Node | None, is_scalar: Callable[[str, float], bool]) -
 # ── the unsupported-op check ────────────────────────────────────────────
 
 
-def _check_supported(nodes: Sequence[_Node], gelus: _Gelus) -> None:
+def _check_supported(onnx: Any, nodes: Sequence[_Node], gelus: _Gelus, opset: int) -> None:
     bad: dict[str, list[str]] = {}
     for n in nodes:
+        problem = version_problem(onnx, n.op_type, opset) if n.domain in _DEFAULT_DOMAINS else None
+        if problem is not None and (n.op_type in HANDLERS or n.op_type == "Erf"):
+            bad.setdefault(problem, []).append(n.label)
+            continue
         if n.domain not in _DEFAULT_DOMAINS:
             bad.setdefault(f"{n.domain}::{n.op_type}", []).append(n.label)
         elif n.op_type == "Erf":
@@ -332,300 +320,7 @@ def _check_supported(nodes: Sequence[_Node], gelus: _Gelus) -> None:
                   f"Supported: {', '.join(sorted(HANDLERS))}")
 
 
-# ── values known at import time ─────────────────────────────────────────
-
-# A known integer tensor may hold dynamic dims: it is then an object array of
-# ints (static) and `Dim`s (dynamic), as `Shape` of a dynamic input produces.
-
-
-def _canon_elem(e: object) -> int | Dim:
-    if isinstance(e, Dim):
-        return e.coeff if e.is_static else e
-    if isinstance(e, (int, np.integer)) and not isinstance(e, (bool, np.bool_)):
-        return int(e)
-    raise IRError(f"expected an integer or dimension in a shape computation, got {e!r}")
-
-
-def _canon(arr: np.ndarray) -> np.ndarray:
-    """Object arrays of ints and Dims: int64 when every element is static."""
-    if arr.dtype != object:
-        return arr
-    flat = [_canon_elem(e) for e in arr.flat]
-    if all(isinstance(e, int) for e in flat):
-        return np.array(flat, dtype=np.int64).reshape(arr.shape)
-    out = np.empty(arr.shape, dtype=object)
-    for i, e in enumerate(flat):
-        out.flat[i] = e
-    return out
-
-
-def _is_dynamic(arr: np.ndarray) -> bool:
-    return arr.dtype == object
-
-
-def _numeric(arr: np.ndarray, what: str) -> np.ndarray:
-    if _is_dynamic(arr):
-        raise IRError(f"{what} = [{', '.join(map(str, arr.flat))}] depends on dynamic dims, whose values are only "
-                      "known at run time; RLX cannot compute with it as a tensor")
-    return arr
-
-
-def _dim_add(a: int | Dim, b: int | Dim) -> int | Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a + b
-    if a == 0 or b == 0:
-        return b if a == 0 else a
-    raise IRError(f"cannot add dims {a} + {b}: RLX dims are products of symbols")
-
-
-def _dim_sub(a: int | Dim, b: int | Dim) -> int | Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a - b
-    if b == 0:
-        return a
-    if a == b:
-        return 0
-    raise IRError(f"cannot subtract dims {a} - {b}: RLX dims are products of symbols")
-
-
-def _dim_mul(a: int | Dim, b: int | Dim) -> int | Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        return a * b
-    if (isinstance(a, int) and a < 0) or (isinstance(b, int) and b < 0):
-        raise IRError(f"cannot multiply dim {a} by {b}: a negative dim")
-    return Dim.of(a) * Dim.of(b)
-
-
-def _dim_div(a: int | Dim, b: int | Dim) -> int | Dim:
-    if isinstance(a, int) and isinstance(b, int):
-        if b == 0:
-            raise IRError("integer division by zero in a shape computation")
-        q = abs(a) // abs(b)
-        return -q if (a < 0) != (b < 0) else q
-    q = Dim.of(a).divide(Dim.of(b)) if not (isinstance(b, int) and b <= 0) else None
-    if q is None:
-        raise IRError(f"cannot divide dim {a} by {b} exactly")
-    return q
-
-
-def _dim_eq(a: int | Dim, b: int | Dim) -> bool:
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    if isinstance(a, Dim) and isinstance(b, Dim):
-        if a == b:
-            return True
-    else:
-        d, c = (a, b) if isinstance(a, Dim) else (b, a)
-        if c < 0 or c > d.max:
-            return False
-    raise IRError(f"cannot decide {a} == {b} at import time: it depends on the run-time value of a dynamic dim")
-
-
-_DIM_FNS: dict[str, Callable[[Any, Any], Any]] = {"add": _dim_add, "sub": _dim_sub, "mul": _dim_mul,
-                                                  "div": _dim_div, "eq": _dim_eq}
-
-
-def _elementwise_dims(fn: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    impl = _DIM_FNS.get(fn)
-    if impl is None:
-        raise IRError(f"{fn} of values that depend on dynamic dims is not supported")
-
-    def canon_call(x: object, y: object) -> object:
-        return impl(_canon_elem(x), _canon_elem(y))
-
-    out = np.frompyfunc(canon_call, 2, 1)(a.astype(object), b.astype(object))
-    out = np.asarray(out, dtype=object)
-    return out.astype(bool) if fn == "eq" else _canon(out)
-
-
-def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if np.any(b == 0):
-        raise IRError("integer division by zero in a constant computation")
-    q = np.abs(a) // np.abs(b)
-    return np.where((a < 0) ^ (b < 0), -q, q)
-
-
-def _np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return _int_div(a, b) if a.dtype.kind in "iu" else a / b
-
-
-def _np_sigmoid(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
-
-
-# ── the importer ────────────────────────────────────────────────────────
-
-
-@dataclass
-class _Value:
-    """An ONNX tensor: a graph node, a value known at import time, or both.
-
-    `param` names the initializer a known value comes from: it becomes a
-    `Graph.param` (not a constant) when the graph needs it as a tensor.
-    """
-
-    dtype: DType
-    node: NodeId | None = None
-    known: np.ndarray | None = None
-    param: str | None = None
-
-
-_IDENT_RE = re.compile(r"[^A-Za-z0-9_]")
-
-
-def _symbol_name(dim_param: str) -> str:
-    ident = _IDENT_RE.sub("_", dim_param)[:64] or "dim"
-    return ident if not ident[0].isdigit() else ("d" + ident)[:64]
-
-
-class _Importer:
-    """Holds the graph being built and the value of every ONNX tensor name seen so far."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.g = graph
-        self.values: dict[str, _Value] = {}
-        self.params: dict[str, np.ndarray] = {}
-
-    # values
-
-    def value(self, name: str) -> _Value:
-        v = self.values.get(name)
-        if v is None:
-            raise IRError(f"tensor {name!r} is used before any node, input or initializer defines it")
-        return v
-
-    def tensor(self, name: str) -> NodeId:
-        """The graph node of `name`, materializing a known value as a param or constant."""
-        v = self.value(name)
-        if v.node is None:
-            assert v.known is not None
-            if v.param is not None:
-                self.params[v.param] = v.known
-                v.node = self.g.param(v.param, v.known.shape, v.dtype)
-            else:
-                v.node = self.g.constant(_numeric(v.known, f"tensor {name!r}"), v.dtype)
-        return v.node
-
-    def known(self, name: str | None) -> np.ndarray | None:
-        return None if name is None else self.value(name).known
-
-    def static(self, node: _Node, i: int, what: str) -> np.ndarray:
-        """Input `i` of `node`, which must be known at import time."""
-        name = node.input(i)
-        if name is None:
-            raise IRError(f"the {what} input is missing")
-        arr = self.value(name).known
-        if arr is None:
-            raise IRError(f"the {what} ({name!r}) must be known at import time (a constant, an initializer or a "
-                          "computation on shapes), but it is computed at run time")
-        return arr
-
-    def ints(self, node: _Node, i: int, what: str) -> list[int | Dim]:
-        arr = self.static(node, i, what)
-        if arr.dtype != object and arr.dtype.kind not in "iu":
-            raise IRError(f"the {what} must be integers, got {arr.dtype}")
-        return [_canon_elem(e) for e in arr.reshape(-1)]
-
-    def dims(self, name: str) -> tuple[Dim, ...]:
-        v = self.value(name)
-        if v.node is not None:
-            return self.g.shape(v.node).dims
-        assert v.known is not None
-        return tuple(Dim(s) for s in v.known.shape)
-
-    def foldable(self, node: _Node) -> bool:
-        """Whether every input is known at import time and none is a float weight."""
-        for name in node.inputs:
-            if not name:
-                continue
-            v = self.value(name)
-            if v.known is None or (v.param is not None and v.dtype.is_float):
-                return False
-        return True
-
-    def emit(self, node_id: NodeId) -> _Value:
-        return _Value(self.g.shape(node_id).dtype, node=node_id)
-
-    def scalar(self, value: float, dtype: DType) -> NodeId:
-        return self.g.constant(np.array(value, dtype=np.float32 if dtype is DType.BF16 else dtype.np), dtype)
-
-    # building
-
-    def add_initializer(self, name: str, arr: np.ndarray, dtype: DType) -> None:
-        self.values[name] = _Value(dtype, known=arr, param=name)
-
-    def add_inputs(self, inputs: Sequence[onnx.ValueInfoProto], max_dims: dict[str, int]) -> None:
-        symbols: dict[str, str] = {}
-        unbounded: dict[str, list[str]] = {}  # name -> where it occurs, each name once
-        specs = []
-        for inp in inputs:
-            if not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
-                raise IRError(f"graph input {inp.name!r} must be a tensor of known rank")
-            tt = inp.type.tensor_type
-            dtype = _dtype(tt.elem_type, f"graph input {inp.name!r}")
-            dims: list[int | str] = []
-            for axis, d in enumerate(tt.shape.dim):
-                if d.HasField("dim_value"):
-                    dims.append(d.dim_value)
-                elif d.HasField("dim_param"):
-                    dims.append(d.dim_param)
-                    if d.dim_param not in max_dims:
-                        unbounded.setdefault(d.dim_param, []).append(f"input {inp.name!r} axis {axis}")
-                else:
-                    raise IRError(f"graph input {inp.name!r} axis {axis} has neither a size nor a dim_param name; "
-                                  "give it a name (onnx.tools.update_model_dims) or a fixed size")
-            specs.append((inp.name, dims, dtype))
-        if unbounded:
-            named = ", ".join(f"{name!r} ({', '.join(where)})" for name, where in unbounded.items())
-            raise UnboundedDimsError(f"dynamic axes need an upper bound: {named}; pass "
-                                     "from_onnx(..., max_dims={'name': N, ...}) (rlxc: --max-dim name=N)", unbounded)
-        used = {d for _, dims, _ in specs for d in dims if isinstance(d, str)}
-        unknown = sorted(set(max_dims) - used)
-        if unknown:
-            raise IRError(f"max_dims names {unknown}, which are not dynamic axes of the model's inputs "
-                          f"(its dynamic axes: {sorted(used) or 'none'})")
-        for name, dims, dtype in specs:
-            shape = [d if isinstance(d, int) else self._symbol(d, max_dims[d], symbols) for d in dims]
-            self.values[name] = self.emit(self.g.input(name, shape, dtype))
-
-    def _symbol(self, dim_param: str, bound: int, seen: dict[str, str]) -> Dim:
-        ident = _symbol_name(dim_param)
-        if seen.setdefault(ident, dim_param) != dim_param:
-            raise IRError(f"dynamic axes {seen[ident]!r} and {dim_param!r} both map to the RLX dim name {ident!r}")
-        return Dim.dynamic(ident, max=bound)
-
-    def convert(self, node: _Node) -> None:
-        handler = HANDLERS[node.op_type]
-        try:
-            outs = handler(self, node)
-        except (IRError, ShapeError) as exc:
-            raise type(exc)(f"ONNX node {node.label} ({node.op_type}): {exc}") from None
-        self.bind(node, outs)
-
-    def bind(self, node: _Node, outs: Sequence[_Value]) -> None:
-        names = [o for o in node.outputs if o]
-        if len(outs) < len(names):
-            raise IRError(f"ONNX node {node.label} ({node.op_type}) has {len(names)} outputs; RLX computes "
-                          f"only the first {len(outs)}")
-        for out_name, value in zip(node.outputs, outs):
-            if out_name:
-                self.values[out_name] = value
-
-    def set_outputs(self, names: Sequence[str]) -> None:
-        self.g.set_outputs({n: self.tensor(n) for n in names})
-
-
 # ── handlers: one per op type, each returning the node's output values ──
-
-Handler = Callable[[_Importer, _Node], list[_Value]]
-
-
-def _known(arr: np.ndarray, dtype: DType) -> _Value:
-    arr = _canon(np.asarray(arr))
-    if arr.dtype != object:
-        arr = _contiguous(arr, dtype)
-    return _Value(dtype, known=arr)
 
 
 def _unary(fn: str, np_fn: Callable[[np.ndarray], np.ndarray]) -> Handler:
@@ -651,8 +346,9 @@ def _binary(fn: str, np_fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> H
                 return [_known(np_fn(va.known, vb.known.astype(va.known.dtype)), va.dtype)]
         na, nb = imp.tensor(a), imp.tensor(b)
         if vb.dtype != va.dtype:  # only Pow allows an exponent of another type
-            if vb.dtype.is_float and not va.dtype.is_float:
-                raise IRError(f"{fn} of an integer base by a float exponent is not supported")
+            if vb.dtype.is_float and not va.dtype.is_float:  # Pow: int ** float, computed in float64
+                wide = imp.g.binary(fn, imp.g.cast(na, DType.F64), imp.g.cast(nb, DType.F64))
+                return [imp.emit(imp.g.cast(wide, va.dtype))]
             nb = imp.g.cast(nb, va.dtype)
         return [imp.emit(imp.g.binary(fn, na, nb))]
     return handle
@@ -751,12 +447,11 @@ def _softmax(imp: _Importer, node: _Node) -> list[_Value]:
 
 
 def _layer_norm(imp: _Importer, node: _Node) -> list[_Value]:
-    if any(node.outputs[1:]):
-        raise IRError("only the normalized output Y is supported, not Mean or InvStdDev")
     x = imp.tensor(node.inputs[0])
     xs = imp.g.shape(x)
-    if normalize_axis(int(node.attr("axis", -1)), xs.rank, "LayerNormalization axis") != xs.rank - 1:
-        raise IRError(f"LayerNormalization over axes {node.attr('axis')}.. of {xs}: RLX normalizes the last axis only")
+    last_axis = normalize_axis(int(node.attr("axis", -1)), xs.rank, "LayerNormalization axis") == xs.rank - 1
+    if any(node.outputs[1:]) or not last_axis:
+        return layer_norm_decomposed(imp, node)  # Mean / InvStdDev wanted, or more than the last axis
     width = xs.dims[-1]
     gamma = _vector(imp, node.inputs[1], width, "Scale")
     beta_name = node.input(2)
@@ -796,8 +491,10 @@ def _gather(imp: _Importer, node: _Node) -> list[_Value]:
         return [_known(np.take(known_data, known_idx, axis=axis), imp.value(data).dtype)]
     if known_idx is not None:
         index = imp.g.constant(known_idx, DType.parse(known_idx.dtype))
-    else:
+    else:  # negative run-time indices count from the end of a static axis
         index = imp.tensor(idx)
+        if dims[axis].is_static and imp.g.shape(index).dtype is not DType.U8:
+            index = wrap_indices(imp, index, dims[axis].value)
     return [imp.emit(imp.g.gather(imp.tensor(data), index, axis))]
 
 
@@ -1003,7 +700,10 @@ def _reduce(fn: str, np_fn: Callable[..., np.ndarray]) -> Handler:
         if imp.foldable(node):
             arr = _numeric(imp.known(x), f"input {x!r}")  # type: ignore[arg-type]
             return [_known(np_fn(arr, axis=tuple(axes), keepdims=keep), imp.value(x).dtype)]
-        return [imp.emit(imp.g.reduce(fn, imp.tensor(x), axes, keep))]
+        t = imp.tensor(x)
+        if imp.g.shape(t).dtype is DType.BOOL and fn in ("max", "min"):  # ReduceMax/Min-20: False < True
+            return [imp.emit(imp.g.cast(imp.g.reduce(fn, imp.g.cast(t, DType.I32), axes, keep), DType.BOOL))]
+        return [imp.emit(imp.g.reduce(fn, t, axes, keep))]
     return handle
 
 
@@ -1013,12 +713,15 @@ def _range(imp: _Importer, node: _Node) -> list[_Value]:
         arr = imp.static(node, i, what)
         if _is_dynamic(arr):
             raise IRError(f"Range {what} {arr.reshape(()).item()} is a dynamic dim: RLX has no dynamic-length range; "
-                          "feed the values (e.g. position ids) as a graph input instead")
+                          "feed the values (e.g. position ids) as a graph input instead, or fix the axis to one "
+                          "size: from_onnx(..., fixed_dims={name: N}) (rlxc --fix-dim NAME=N)")
         values.append(arr.reshape(()).item())
     start, limit, delta = values
     if delta == 0:
         raise IRError("Range delta is 0")
     dtype = imp.value(node.inputs[0]).dtype
+    if dtype.is_float:  # computed in float64 and rounded once (Range-27's stash_type=1 for f16/bf16)
+        return [_known(np.arange(start, limit, delta, dtype=np.float64).astype(dtype.np), dtype)]
     return [_known(np.arange(start, limit, delta, dtype=dtype.np), dtype)]
 
 
@@ -1100,6 +803,7 @@ HANDLERS: dict[str, Handler] = {
     "Shape": _shape,
     "ConstantOfShape": _constant_of_shape,
     "Constant": _constant,
+    **EXTRA_HANDLERS,
 }
 
 

@@ -28,6 +28,8 @@ class DType(enum.Enum):
     I64 = "i64"
     U8 = "u8"
     BOOL = "bool"
+    #: Last, so the positions of the older members (their codes anywhere they are enumerated) stay put.
+    I16 = "i16"
 
     @property
     def itemsize(self) -> int:
@@ -44,7 +46,7 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.I8, DType.I32, DType.I64, DType.U8)
+        return self in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8)
 
     @property
     def c_type(self) -> str:
@@ -59,7 +61,7 @@ class DType(enum.Enum):
         if isinstance(value, str):
             key = value.strip().lower()
             aliases = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-                       "int8": "i8", "int32": "i32", "int64": "i64", "uint8": "u8", "bool_": "bool"}
+                       "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool_": "bool"}
             key = aliases.get(key, key)
             for dt in DType:
                 if dt.value == key:
@@ -80,19 +82,19 @@ class DType(enum.Enum):
         return self.value
 
 
-_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8, DType.I8: 1,
+_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8, DType.I8: 1, DType.I16: 2,
              DType.I32: 4, DType.I64: 8, DType.U8: 1, DType.BOOL: 1}
 _NUMPY = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "uint16", DType.F64: "float64",
-          DType.I8: "int8", DType.I32: "int32", DType.I64: "int64", DType.U8: "uint8",
+          DType.I8: "int8", DType.I16: "int16", DType.I32: "int32", DType.I64: "int64", DType.U8: "uint8",
           DType.BOOL: "bool"}
 _C_TYPE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.F64: "double",
-           DType.I8: "int8_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
+           DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
            DType.BOOL: "uint8_t"}
 
 F32, F16, BF16, F64 = DType.F32, DType.F16, DType.BF16, DType.F64
 #: numpy's bfloat16 (the `ml_dtypes` package): what bf16 arrays are at the Python boundary.
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-I8, I32, I64, U8, BOOL = DType.I8, DType.I32, DType.I64, DType.U8, DType.BOOL
+I8, I16, I32, I64, U8, BOOL = DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.BOOL
 
 
 def bits_to_bfloat16(bits: np.ndarray) -> np.ndarray:

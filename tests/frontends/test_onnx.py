@@ -10,7 +10,7 @@ import inspect
 import math
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,65 +23,18 @@ from rlx.frontends.onnx import from_onnx, supported_ops
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-try:
-    import onnxruntime as ort
-except ImportError:  # the comparison with onnxruntime is skipped, nothing else
-    ort = None
-
-REPO = Path(__file__).resolve().parents[2]
-F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
-RTOL, ATOL = 1e-5, 1e-6
-
-
-def _vi(name: str, elem: int, shape: Sequence[int | str] | None) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
-
-
-def _const(name: str, value: object, dtype: type = np.float32) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, dtype), name))
-
-
-def _model(nodes: list, inputs: list, outputs: list, inits: Sequence = (), opset: int = 17) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "t", inputs, outputs,
-                              [numpy_helper.from_array(np.asarray(v), n) for n, v in inits])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = min(model.ir_version, 10)  # what the installed onnxruntime reads
-    return model
-
-
-def _ort(model: onnx.ModelProto | str, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray] | None:
-    if ort is None:
-        return None
-    src = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, dict(feeds))
-
-
-def _compare(got: Sequence[np.ndarray], want: Sequence[np.ndarray], names: Sequence[str], who: str) -> None:
-    assert len(got) == len(want)
-    for name, g, w in zip(names, got, want):
-        assert g.shape == w.shape, f"{name} vs {who}: shape {g.shape} != {w.shape}"
-        if w.dtype.kind == "f":
-            np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"{name} vs {who}")
-        else:
-            np.testing.assert_array_equal(g, w, err_msg=f"{name} vs {who}")
-
-
-def _check(model: onnx.ModelProto, feeds_list: Sequence[Mapping[str, np.ndarray]], **kw: object) -> rlx.Graph:
-    """Import, compile once, and compare compiled vs reference vs onnxruntime for every feed."""
-    graph, params = from_onnx(model, **kw)
-    compiled = rlx.Session(rlx.Device.CPU).compile(graph)
-    for name, value in params.items():
-        compiled.set_param(name, value)
-    names = [o.name for o in model.graph.output]
-    for feeds in feeds_list:
-        ref = reference.run(graph, feeds, params)
-        _compare(compiled.run(feeds), ref, names, "reference")
-        want = _ort(model, feeds)
-        if want is not None:
-            _compare(ref, want, names, "onnxruntime")
-    return graph
-
+from onnx_helpers import (  # noqa: E402
+    BOOL,
+    I64,
+    REPO,
+    F,
+    _check,
+    _compare,
+    _const,
+    _model,
+    _ort,
+    _vi,
+)
 
 # ── op groups ───────────────────────────────────────────────────────────
 
@@ -325,6 +278,33 @@ def test_dynamic_axis_bounds() -> None:
     assert str(graph.inputs()[0].op.shape) == "f32[batch,seq_len]"
 
 
+def test_fixed_dims_make_an_axis_static() -> None:
+    model = _tiny([helper.make_node("Relu", ["x"], ["out"])], x_shape=["batch", "seq len"])
+    graph, _ = from_onnx(model, max_dims={"batch": 2}, fixed_dims={"seq len": 5})
+    assert str(graph.inputs()[0].op.shape) == "f32[batch,5]"
+    with pytest.raises(IRError, match=r"\['batch'\] are given both a bound"):
+        from_onnx(model, max_dims={"batch": 2, "seq len": 3}, fixed_dims={"batch": 2})
+    with pytest.raises(IRError, match=r"\['sequence'\], which are not dynamic axes"):
+        from_onnx(model, fixed_dims={"batch": 2, "seq len": 3, "sequence": 2})
+
+
+def test_each_node_is_checked_against_the_version_its_opset_selects(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlx.frontends import onnx_opset
+
+    relu = [helper.make_node("Relu", ["x"], ["out"])]
+    assert from_onnx(_tiny(relu, onnx.defs.onnx_opset_version())).graph  # Relu-14 at the newest opset
+    monkeypatch.setitem(onnx_opset.REVIEWED, "Relu", (13,))  # as if Relu-14 were new and unreviewed
+    with pytest.raises(IRError, match=r"Relu-14 \(selected by opset 17\) is a version RLX has not implemented"):
+        from_onnx(_tiny(relu, 17))
+    assert from_onnx(_tiny(relu, 13)).graph
+    # an opset before 13 imports when its ops' versions are the reviewed ones (Where-9, Not-1, Equal-11 is not)
+    cond = [helper.make_node("Greater", ["x", "x"], ["g"]), helper.make_node("Not", ["g"], ["n"]),
+            helper.make_node("Where", ["n", "x", "x"], ["out"])]
+    assert from_onnx(_tiny(cond, 13)).graph
+    with pytest.raises(IRError, match=r"Greater-9 \(selected by opset 11\)"):
+        from_onnx(_tiny(cond, 11))
+
+
 def test_an_unbounded_axis_shared_by_inputs_is_named_once() -> None:
     from rlx.errors import UnboundedDimsError
 
@@ -342,8 +322,10 @@ def test_an_unbounded_axis_shared_by_inputs_is_named_once() -> None:
     ([helper.make_node("Shape", ["x"], ["s"]), _const("i", 1, np.int64), _const("z", 0, np.int64),
       helper.make_node("Gather", ["s", "i"], ["n"]), _const("one", 1, np.int64),
       helper.make_node("Range", ["z", "n", "one"], ["out"])], 17, "dynamic-length range"),
-    ([helper.make_node("Relu", ["x"], ["out"])], 12, "opsets 13–21"),
-    ([helper.make_node("Relu", ["x"], ["out"])], 22, "opsets 13–21"),
+    ([helper.make_node("Relu", ["x"], ["out"])], 12, "Relu-6 .selected by opset 12. is a version RLX has not"),
+    ([helper.make_node("Relu", ["x"], ["out"])], onnx.defs.onnx_opset_version() + 1,
+     f"opsets up to {onnx.defs.onnx_opset_version()}"),
+    ([helper.make_node("Gelu", ["x"], ["out"])], 17, "Gelu is not defined in opset 17"),
     ([_const("s", [5, 5], np.int64), helper.make_node("Reshape", ["x", "s"], ["out"], name="bad_reshape")], 17,
      "bad_reshape.*cannot reshape"),
 ])

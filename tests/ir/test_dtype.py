@@ -47,7 +47,7 @@ def test_parse_rejects_unknown(bad: object) -> None:
 
 def test_kind_predicates() -> None:
     assert {d for d in DType if d.is_float} == {DType.F32, DType.F16, DType.BF16, DType.F64}
-    assert {d for d in DType if d.is_int} == {DType.I8, DType.I32, DType.I64, DType.U8}
+    assert {d for d in DType if d.is_int} == {DType.I8, DType.I16, DType.I32, DType.I64, DType.U8}
     assert not DType.BOOL.is_float and not DType.BOOL.is_int
     assert DType.F32.c_type == "float" and DType.F64.c_type == "double" and DType.BF16.c_type == "uint16_t"
 

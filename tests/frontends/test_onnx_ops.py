@@ -1,0 +1,155 @@
+"""`rlx.frontends.onnx_ops`: the ops torch exports add, in two multi-output models, each compiled once
+for the CPU and checked against the reference and onnxruntime (run-time inputs, so nothing folds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlx.frontends.onnx import from_onnx
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+from onnx_helpers import _check, _const, _model, _vi  # noqa: E402
+
+F, I64, BOOL, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL, TensorProto.INT32
+
+
+def test_logic_arithmetic_and_layer_norm_outputs(rng: np.random.Generator) -> None:
+    nodes = [
+        _const("lo", -0.5), _const("hi", 0.75), _const("two", 2, np.int64),
+        helper.make_node("And", ["p", "q"], ["and"]),
+        helper.make_node("Or", ["p", "q"], ["or"]),
+        helper.make_node("Xor", ["p", "q"], ["xor"]),
+        helper.make_node("Not", ["p"], ["not"]),
+        helper.make_node("IsNaN", ["x"], ["isnan"]),
+        helper.make_node("IsInf", ["x"], ["isinf"]),
+        helper.make_node("IsInf", ["x"], ["isneginf"], detect_positive=0),
+        helper.make_node("Sign", ["x"], ["sign"]),
+        helper.make_node("Max", ["x", "y", "row"], ["max"]),
+        helper.make_node("Min", ["x", "y"], ["min"]),
+        helper.make_node("Sum", ["x", "y", "row"], ["sum"]),
+        helper.make_node("Mean", ["x", "y"], ["mean"]),
+        helper.make_node("Clip", ["y", "lo", "hi"], ["clip"]),
+        helper.make_node("Clip", ["y", "", "hi"], ["clip_hi"]),
+        helper.make_node("Mod", ["xi", "yi"], ["mod"]),
+        helper.make_node("Mod", ["xi", "yi"], ["fmod"], fmod=1),
+        helper.make_node("Reciprocal", ["y"], ["recip"]),
+        helper.make_node("LeakyRelu", ["y"], ["leaky"], alpha=0.2),
+        helper.make_node("Softplus", ["y"], ["softplus"]),
+        helper.make_node("LayerNormalization", ["y", "gamma", "beta"], ["ln", "ln_mean", "ln_inv"], epsilon=1e-3),
+        helper.make_node("LayerNormalization", ["y", "gamma2"], ["ln_all"], axis=0),
+        helper.make_node("CastLike", ["xi", "y"], ["castlike"]),
+        helper.make_node("ReduceMax", ["p"], ["any"], keepdims=0),
+    ]
+    outs = [("and", BOOL), ("or", BOOL), ("xor", BOOL), ("not", BOOL), ("isnan", BOOL), ("isinf", BOOL),
+            ("isneginf", BOOL), ("sign", F), ("max", F), ("min", F), ("sum", F), ("mean", F), ("clip", F),
+            ("clip_hi", F), ("mod", I64), ("fmod", I64), ("recip", F), ("leaky", F), ("softplus", F), ("ln", F),
+            ("ln_mean", F), ("ln_inv", F), ("ln_all", F), ("castlike", F), ("any", BOOL)]
+    model = _model(nodes, [_vi("p", BOOL, [3, 4]), _vi("q", BOOL, [3, 4]), _vi("x", F, [3, 4]), _vi("y", F, [3, 4]),
+                           _vi("row", F, [4]), _vi("xi", I64, [3, 4]), _vi("yi", I64, [3, 4])],
+                   [_vi(n, t, None) for n, t in outs],
+                   inits=[("gamma", rng.uniform(0.5, 1.5, 4).astype(np.float32)),
+                          ("beta", rng.standard_normal(4).astype(np.float32)),
+                          ("gamma2", rng.uniform(0.5, 1.5, (3, 4)).astype(np.float32))], opset=20)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    x[0, :3] = [np.nan, np.inf, -np.inf]
+    x[1, 0] = 0.0
+    feeds = {"p": rng.random((3, 4)) < 0.5, "q": rng.random((3, 4)) < 0.5, "x": x,
+             "y": rng.standard_normal((3, 4)).astype(np.float32) + 0.1,
+             "row": rng.standard_normal(4).astype(np.float32),
+             "xi": rng.integers(-9, 10, (3, 4)), "yi": rng.choice([-4, -3, 2, 5], (3, 4))}
+    _check(model, [feeds])
+
+
+def test_index_and_shape_ops(rng: np.random.Generator) -> None:
+    c = lambda name, v: _const(name, v, np.int64)  # noqa: E731
+    nodes = [
+        c("ax1", 1), c("reps", [2, 1, 3]), c("k1", [1]), c("k2", [2]), c("k3", [3]), c("kneg", -1),
+        c("gidx", [[[0, 2], [1, 0], [2, 2]], [[1, 1], [0, 0], [2, 1]]]),
+        c("ndidx", [[1, 2], [0, -1]]), c("scidx", [[1], [0]]),
+        helper.make_node("Flatten", ["x"], ["flat"], axis=2),
+        helper.make_node("Flatten", ["x"], ["flat_neg"], axis=-1),
+        helper.make_node("Tile", ["x", "reps"], ["tile"]),
+        helper.make_node("Trilu", ["x"], ["triu"]),
+        helper.make_node("Trilu", ["x", "kneg"], ["tril"], upper=0),
+        helper.make_node("CumSum", ["x", "ax1"], ["cumsum"]),
+        helper.make_node("CumSum", ["x", "ax1"], ["cumsum_rev_ex"], reverse=1, exclusive=1),
+        helper.make_node("CumSum", ["xi", "ax1"], ["cumsum_int"]),
+        helper.make_node("GatherElements", ["x", "gidx"], ["gather_el"], axis=2),
+        helper.make_node("GatherElements", ["x", "ridx"], ["gather_el_rt"], axis=1),
+        helper.make_node("GatherND", ["x", "ndidx"], ["gather_nd"]),
+        helper.make_node("GatherND", ["x", "rndidx"], ["gather_nd_rt"]),
+        helper.make_node("ScatterND", ["x", "scidx", "upd"], ["scatter_nd"]),
+        helper.make_node("ArgMax", ["x"], ["argmax"], axis=1),
+        helper.make_node("ArgMin", ["x"], ["argmin_last"], axis=2, keepdims=0, select_last_index=1),
+        helper.make_node("ArgMax", ["xi"], ["argmax_int"], axis=2, keepdims=0),
+        helper.make_node("TopK", ["x", "k1"], ["top_v", "top_i"], axis=-1),
+        helper.make_node("TopK", ["x", "k3"], ["top3_v", "top3_i"], axis=-1),  # unrolled argmax steps
+        helper.make_node("TopK", ["x", "k2"], ["low2_v", "low2_i"], axis=1, largest=0),
+        helper.make_node("TopK", ["xi", "k2"], ["top2i_v", "top2i_i"]),
+        helper.make_node("Gather", ["x", "negids"], ["gather_neg"], axis=1),
+        helper.make_node("Dropout", ["x"], ["dropout"]),
+    ]
+    outs = [("flat", F), ("flat_neg", F), ("tile", F), ("triu", F), ("tril", F), ("cumsum", F),
+            ("cumsum_rev_ex", F), ("cumsum_int", I64), ("gather_el", F), ("gather_el_rt", F), ("gather_nd", F),
+            ("gather_nd_rt", F), ("scatter_nd", F), ("argmax", I64), ("argmin_last", I64), ("argmax_int", I64),
+            ("top_v", F), ("top_i", I64), ("top3_v", F), ("top3_i", I64), ("low2_v", F), ("low2_i", I64),
+            ("top2i_v", I64), ("top2i_i", I64), ("gather_neg", F), ("dropout", F)]
+    model = _model(nodes, [_vi("x", F, [2, 3, 4]), _vi("xi", I64, [2, 3, 4]), _vi("ridx", I64, [2, 2, 4]),
+                           _vi("rndidx", I64, [2, 2]), _vi("upd", F, [2, 3, 4]), _vi("negids", I64, [2])],
+                   [_vi(n, t, None) for n, t in outs], opset=18)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    x[1, 1, :2] = x[1, 1, 3]  # ties for ArgMin's select_last_index and TopK (the lower index first)
+    x[0, 2, :] = [-np.inf, 1.0, -np.inf, -np.inf]  # TopK K=3 past the finite values: the lower -inf index first
+    feeds = {"x": x, "xi": rng.integers(-5, 6, (2, 3, 4)), "ridx": rng.integers(-3, 3, (2, 2, 4)),
+             "rndidx": np.array([[1, -1], [0, 2]]), "upd": rng.standard_normal((2, 3, 4)).astype(np.float32),
+             "negids": np.array([-1, 1])}
+    graph = _check(model, [feeds])
+    kinds = {n.kind for n in graph.nodes}
+    assert "gather" in kinds and "reduce" in kinds  # GatherElements / GatherND / CumSum ran as graph ops
+
+
+def test_refusals_name_their_reason() -> None:
+    x = _vi("x", F, [2, 80])
+    cases = [
+        ([_const("k", [65], np.int64), helper.make_node("TopK", ["x", "k"], ["out", "idx"])], "K=65 > 64.*no sort"),
+        ([helper.make_node("Mod", ["x", "x"], ["out"], fmod=1)], "no trunc or floor"),
+        ([helper.make_node("Dropout", ["x", "", "t"], ["out"]), ], "training mode"),
+    ]
+    for nodes, pattern in cases:
+        extra = [_const("t", True, np.bool_)] if "training" in pattern else []
+        model = _model(extra + nodes, [x], [_vi("out", F, None)], opset=18)
+        with pytest.raises(onnx_error(), match=pattern):
+            from_onnx(model)
+
+
+def onnx_error() -> type[Exception]:
+    from rlx.errors import IRError
+
+    return IRError
+
+
+def test_integer_and_bool_dtypes_at_the_boundary(rng: np.random.Generator) -> None:
+    """int8 / uint8 / int16 / int32 / int64 / bool graph inputs and outputs, computed on and cast to."""
+    types = {"i8": (TensorProto.INT8, np.int8), "u8": (TensorProto.UINT8, np.uint8),
+             "i16": (TensorProto.INT16, np.int16), "i32": (I32, np.int32), "i64": (I64, np.int64)}
+    nodes = [helper.make_node("Abs", ["f"], ["f_abs"])]  # uint8's source: float -> uint8 of a negative is UB
+    inputs, outs, feeds = [_vi("p", BOOL, [2, 3]), _vi("f", F, [2, 3])], [], {}
+    feeds["p"] = rng.random((2, 3)) < 0.5
+    feeds["f"] = rng.uniform(-60, 60, (2, 3)).astype(np.float32)
+    for name, (onnx_type, np_type) in types.items():
+        lo = 0 if name == "u8" else -50
+        inputs += [_vi(f"a_{name}", onnx_type, [2, 3]), _vi(f"b_{name}", onnx_type, [2, 3])]
+        feeds[f"a_{name}"] = rng.integers(lo, 50, (2, 3)).astype(np_type)
+        feeds[f"b_{name}"] = rng.integers(lo, 50, (2, 3)).astype(np_type)
+        nodes += [helper.make_node("Add", [f"a_{name}", f"b_{name}"], [f"add_{name}"]),
+                  helper.make_node("Cast", [f"a_{name}"], [f"to_f32_{name}"], to=F),
+                  helper.make_node("Cast", ["f" if name != "u8" else "f_abs"], [f"from_f32_{name}"], to=onnx_type),
+                  helper.make_node("Greater", [f"a_{name}", f"b_{name}"], [f"gt_{name}"])]
+        outs += [(f"add_{name}", onnx_type), (f"to_f32_{name}", F), (f"from_f32_{name}", onnx_type),
+                 (f"gt_{name}", BOOL)]
+    nodes += [helper.make_node("Not", ["p"], ["not_p"]), helper.make_node("Where", ["p", "a_i8", "b_i8"], ["where_i8"])]
+    outs += [("not_p", BOOL), ("where_i8", TensorProto.INT8)]
+    model = _model(nodes, inputs, [_vi(n, t, None) for n, t in outs], opset=17)
+    _check(model, [feeds])
