@@ -11,8 +11,8 @@ rule has one kernel (a warp-per-row GEMV per pair at every size), which its plan
 >>> ids, _ = g.moe_router(g.input("logits", [rlx.Dim.dynamic("t", 64), 8]), top_k=2, normalize=False)
 >>> x = g.input("x", [rlx.Dim.dynamic("t", 64), 32])
 >>> g.set_outputs([g.moe_matmul(x, ids, g.param("w", [8, 4, 32]))])
->>> [d.describe() for d in moe_plans(plan(g), "cpu")]
-['%4 moe_matmul: pairs sorted by expert, 128 at a time, one GEMM per expert group; steps of <= 16 pairs one GEMV per pair']
+>>> [(d.path, d.gemv_max_pairs, d.chunk_pairs) for d in moe_plans(plan(g), "cpu")]
+[('grouped', 16, 128)]
 """
 
 from __future__ import annotations
