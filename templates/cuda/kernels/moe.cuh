@@ -1,0 +1,129 @@
+/* ── Sparse mixture of experts (rlx/ir/ops_moe.py): the router and the expert matmul ──────────────────────────
+ * Needs kernels/quant.cuh (rlx_q_sub) for experts in GGUF block formats.
+ *   rlx_moe_topk   one thread per token: the k largest logits by insertion, largest first (ties: lower id; a
+ *                  NaN ranks above every number).
+ *   rlx_moe_gate   one thread per token: softmax over the E logits read at the chosen ids, renormalized when
+ *                  asked; a bad id gives NaN.
+ *   rlx_moe_gemv / rlx_moe_qgemv   one warp per (pair, expert row): a block of RLX_MOE_WARPS warps takes
+ *                  consecutive rows of one pair's expert, so a step reads only the chosen experts' weights
+ *                  (the MoeExpertPlan of the LIR names this path). An id outside [0, E) gives a NaN row. */
+
+#define RLX_MOE_WARPS 4
+
+template <typename T>
+__device__ __forceinline__ bool rlx_moe_before(T a, T b) {
+    const float x = rlx_f(a), y = rlx_f(b);
+    return isnan(x) ? !isnan(y) : (!isnan(y) && x > y);
+}
+
+template <typename T>
+__global__ void rlx_moe_topk(const T *__restrict__ L, int32_t *__restrict__ ids, int64_t rows, int64_t E, int k) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows)
+        return;
+    const T *l = L + t * E;
+    int32_t *o = ids + t * k;
+    int n = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const T v = l[e];
+        if (n == k && !rlx_moe_before(v, l[o[k - 1]]))
+            continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && rlx_moe_before(v, l[o[j - 1]])) {
+            o[j] = o[j - 1];
+            j--;
+        }
+        o[j] = (int32_t)e;
+    }
+}
+
+template <typename T, typename TO>
+__global__ void rlx_moe_gate(const T *__restrict__ L, const int32_t *__restrict__ ids, TO *__restrict__ G,
+                             int64_t rows, int64_t E, int k, int normalize) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows)
+        return;
+    const T *l = L + t * E;
+    float m = rlx_f(l[0]);
+    for (int64_t e = 1; e < E; e++) {
+        const float v = rlx_f(l[e]);
+        if (!isnan(m) && (isnan(v) || v > m))
+            m = v;
+    }
+    float s = 0.0f;
+    for (int64_t e = 0; e < E; e++)
+        s += expf(rlx_f(l[e]) - m);
+    float p[64], sel = 0.0f;  /* k <= 64: the rule refuses more */
+    for (int j = 0; j < k; j++) {
+        const int32_t e = ids[t * k + j];
+        p[j] = e >= 0 && e < E ? expf(rlx_f(l[e]) - m) / s : __int_as_float(0x7fc00000);
+        sel += p[j];
+    }
+    for (int j = 0; j < k; j++)
+        G[t * k + j] = rlx_to<TO>(normalize ? p[j] / sel : p[j]);
+}
+
+/* The pair and expert row of this warp; false when past the last row. */
+__device__ __forceinline__ bool rlx_moe_row(int64_t N, int64_t *pair, int64_t *n) {
+    const int64_t blocks_per_pair = (N + RLX_MOE_WARPS - 1) / RLX_MOE_WARPS;
+    *pair = (int64_t)blockIdx.x / blocks_per_pair;
+    *n = ((int64_t)blockIdx.x % blocks_per_pair) * RLX_MOE_WARPS + (threadIdx.x >> 5);
+    return *n < N;
+}
+
+/* Y[p, n] = W[ids[p], n, :] . x(p) for float weights WT. */
+template <typename T, typename WT, typename TO>
+__global__ void __launch_bounds__(32 * RLX_MOE_WARPS)
+rlx_moe_gemv(const T *__restrict__ X, int x_per_pair, const int32_t *__restrict__ ids, int top_k,
+             const WT *__restrict__ W, TO *__restrict__ Y, int64_t E, int64_t N, int64_t K) {
+    int64_t p, n;
+    if (!rlx_moe_row(N, &p, &n))
+        return;  /* the whole warp */
+    const int lane = threadIdx.x & 31;
+    const int32_t e = ids[p];
+    if (e < 0 || e >= E) {
+        if (lane == 0)
+            Y[p * N + n] = rlx_to<TO>(__int_as_float(0x7fc00000));
+        return;
+    }
+    const T *x = X + (x_per_pair ? p : p / top_k) * K;
+    const WT *w = W + ((int64_t)e * N + n) * K;
+    float a = 0.0f;
+    for (int64_t c = lane; c < K; c += 32)
+        a = fmaf(rlx_f(x[c]), rlx_f(w[c]), a);
+    for (int o = 16; o > 0; o >>= 1)
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+    if (lane == 0)
+        Y[p * N + n] = rlx_to<TO>(a);
+}
+
+/* The same for experts in a GGUF block format: rows of RB bytes, 32-value sub-blocks dealt to the lanes. */
+template <typename T, typename TO, int FMT, int QK, int QB>
+__global__ void __launch_bounds__(32 * RLX_MOE_WARPS)
+rlx_moe_qgemv(const T *__restrict__ X, int x_per_pair, const int32_t *__restrict__ ids, int top_k,
+              const uint8_t *__restrict__ W, TO *__restrict__ Y, int64_t E, int64_t N, int64_t K, int64_t RB) {
+    int64_t p, n;
+    if (!rlx_moe_row(N, &p, &n))
+        return;
+    const int lane = threadIdx.x & 31;
+    const int32_t e = ids[p];
+    if (e < 0 || e >= E) {
+        if (lane == 0)
+            Y[p * N + n] = rlx_to<TO>(__int_as_float(0x7fc00000));
+        return;
+    }
+    const T *x = X + (x_per_pair ? p : p / top_k) * K;
+    const uint8_t *row = W + ((int64_t)e * N + n) * RB;
+    float a = 0.0f;
+    for (int64_t s = lane; s < K / 32; s += 32) {
+        float v[32];
+        rlx_q_sub<FMT>(row + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            a = fmaf(rlx_f(x[s * 32 + i]), v[i], a);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+    if (lane == 0)
+        Y[p * N + n] = rlx_to<TO>(a);
+}
