@@ -3,16 +3,20 @@
 One graph holds three blocks on one input — Mixtral (renormalized top-2), Qwen3-MoE without
 `norm_topk_prob` (top-3) and Qwen3-Next (renormalized, a sigmoid-gated shared expert) — compiled once for
 the CPU with a dynamic sequence length, so a 1-token step takes the GEMV path and a 40-token step the
-grouped path of `moe_matmul`. Each output must equal transformers' within max abs <= 1e-4 x max|out|.
+grouped path of `moe_matmul`. A fourth block holds the Qwen3-MoE experts as q8_0 blocks; its transformers
+twin gets the dequantized blocks. Each output must equal transformers' within max abs <= 1e-4 x max|out|.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 import rlx
-from rlx.models.moe import MoeConfig, moe_block, param_shapes
+from rlx.ir.quant import dequantize
+from rlx.models.moe import MoeConfig, moe_block, param_shapes, quantize_experts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -30,7 +34,7 @@ def _torch_blocks() -> dict[str, tuple[object, MoeConfig]]:
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
 
     mixtral = MixtralConfig(hidden_size=HIDDEN, intermediate_size=48, num_local_experts=8, num_experts_per_tok=2)
-    qwen3 = Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=24, num_experts=16, num_experts_per_tok=3,
+    qwen3 = Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=32, num_experts=16, num_experts_per_tok=3,
                            norm_topk_prob=False)
     qwen3_next = Qwen3NextConfig(hidden_size=HIDDEN, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
                                  norm_topk_prob=True, shared_expert_intermediate_size=40)
@@ -43,6 +47,15 @@ def _torch_blocks() -> dict[str, tuple[object, MoeConfig]]:
             for p in block.parameters():
                 p.normal_(0.0, 0.3)
         block.eval()
+    # q8_0 experts: the block's twin in transformers holds the dequantized matrices
+    twin = Qwen3MoeSparseMoeBlock(qwen3)
+    twin.load_state_dict(blocks["qwen3_moe"][0].state_dict())
+    with torch.no_grad():
+        for p in (twin.experts.gate_up_proj, twin.experts.down_proj):
+            e, n, k = p.shape
+            blocks_q8 = quantize_experts(p.numpy(), "q8_0")
+            p.copy_(torch.from_numpy(dequantize(blocks_q8.reshape(e * n, -1), "q8_0", k).reshape(e, n, k)))
+    blocks["qwen3_moe_q8"] = (twin.eval(), dataclasses.replace(blocks["qwen3_moe"][1], quant="q8_0"))
     return blocks
 
 
@@ -55,8 +68,10 @@ def compiled():
     for name, (block, cfg) in blocks.items():
         outs.append(moe_block(g, x, cfg, name))
         state = dict(block.named_parameters())
-        for pname, (shape, _) in param_shapes(cfg, name).items():
+        for pname, (shape, dtype) in param_shapes(cfg, name).items():
             value = state[pname[len(name) + 1:]].detach().numpy().astype(np.float32)
+            if dtype == "u8":  # the twin holds the dequantized blocks: quantizing them again is exact
+                value = quantize_experts(value, cfg.quant)
             assert value.shape == shape
             params[pname] = value
     g.set_outputs(outs)
