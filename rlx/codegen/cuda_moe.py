@@ -2,10 +2,11 @@
 
 Registered into the CUDA rule table when imported (by `rlx.codegen.cuda`). Device code:
 `templates/cuda/kernels/moe.cuh`; launches: `templates/cuda/moe.cu.j2`. The router runs one thread per
-token; `moe_matmul` one warp per (token, expert) pair and row of that pair's expert, on the path its
-`MoeExpertPlan` decision names (the CUDA plan is "gemv" at every size: `rlx.opt.lowering_moe`), so a
-step reads only the chosen experts' weights. Experts in GGUF block formats are dequantized in registers
-(`kernels/quant.cuh`).
+token; `moe_matmul` takes the path its `MoeExpertPlan` decision names (`rlx.opt.lowering_moe`): one warp
+per (token, expert) pair and row of that pair's expert (decode, and any step of few pairs), or the pairs
+sorted by expert in the scratch region and one tiled GEMM per expert group (prefill). Either way a step
+reads only the chosen experts' weights. Experts in GGUF block formats are dequantized on chip
+(`kernels/quant.cuh`'s `rlx_q_sub`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class MoeMatMulLaunch(Launch):
     qb: int
     weights: str
     plan: str
+    grouped: bool
+    gemv_max_pairs: int
 
 
 def router(e: CudaEmitter, node: Node) -> Kernel:
@@ -92,7 +95,8 @@ def moe_matmul(e: CudaEmitter, node: Node) -> Kernel:
                            n=n, k=k, row_bytes=wshape.dims[2].value, x_per_pair=e.node(x).shape.rank == 3,
                            quant=fmt is not None, fmt=FORMAT_IDS[fmt.name] if fmt else "",
                            qk=fmt.block_size if fmt else 0, qb=fmt.block_bytes if fmt else 0,
-                           weights=fmt.name if fmt else e.ctype(w), plan=plan.describe())
+                           weights=fmt.name if fmt else e.ctype(w), plan=plan.describe(),
+                           grouped=plan.path == "grouped", gemv_max_pairs=plan.gemv_max_pairs)
     return Kernel(node.id, "block_moe_matmul", TEMPLATE, args, headers=HEADERS, header=args.comment,
                   label=node.label)
 

@@ -31,16 +31,19 @@ if cases is None:
     _spec.loader.exec_module(cases)
 
 
-def test_cuda_source_names_the_plan_and_reads_only_chosen_experts(tmp_path: Path) -> None:
+def test_cuda_source_takes_the_decided_paths_and_compiles_in_f16(tmp_path: Path) -> None:
     g = cases.CASES["moe_ops"]().graph
     target = CudaTarget(precision=DType.F16, gemm="builtin")
     lir = decide_cuda(plan(g), target)
-    plans = lir.decided(MoeExpertPlan)
-    assert [p.path for p in plans] == ["gemv"] * 5 and all(p.gemv_max_pairs == 80 for p in plans)
+    plans = lir.decided(MoeExpertPlan)  # up to 40 tokens x top-2: grouped, a GEMV per pair in steps of <= 16 pairs
+    assert [(p.path, p.gemv_max_pairs, p.chunk_pairs) for p in plans] == [("grouped", 16, 80)] * 5
     src = render_cuda(plan(g), target, {"name": g.name})
     assert src.count("rlx_moe_gemv<__half, __half, __half>") == 3  # f32 experts stored in f16, and f16 experts
+    assert src.count("rlx_moe_group_gemm<__half, __half, __half, -1, 32, 1>") == 3
     assert "rlx_moe_qgemv<__half, __half, RLX_Q8_0, 32, 34>" in src and "RLX_Q4_K, 256, 144>" in src
-    assert "moe_matmul: one GEMV per chosen (token, expert) pair (steps of <= 80 pairs)" in src
+    assert "rlx_moe_group_gemm<__half, uint8_t, __half, RLX_Q8_0, 32, 34>" in src
+    assert src.count("if (pairs > 16) {") == 5 and src.count("rlx_moe_sort<__half>") == 5
+    assert "moe_matmul: pairs sorted by expert, 80 at a time, one GEMM per expert group" in src
     try:
         path, text = find_nvcc("nvcc")
     except BuildError:

@@ -1,7 +1,8 @@
 """The CUDA MoE kernels (templates/cuda/kernels/moe.cuh) run on the CPU through the CUDA shim
 (tests/codegen/cuda_emu/cuda_shim.h), against rlx.reference: the router (top-k order, ties, both
 normalizations) and the expert matmul on f32 experts and on q8_0 / q4_1 / q4_k blocks, with one activation
-per token and one per chosen expert, and NaN rows for ids outside [0, E). Needs g++ with C++20."""
+per token and one per chosen expert, and NaN rows for ids outside [0, E), on both paths: one warp per pair and
+expert row, and pairs sorted by expert into 32-pair tiles of one tiled GEMM per group. Needs g++ with C++20."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     i64, i32 = ctypes.c_int64, ctypes.c_int
     lib.emu_moe_topk.argtypes = [F32P, I32P, i64, i64, i32]
     lib.emu_moe_gate.argtypes = [F32P, I32P, F32P, i64, i64, i32, i32]
-    lib.emu_moe_matmul.argtypes = [i32, F32P, i32, I32P, i32, ctypes.c_void_p, F32P, i64, i64, i64, i64, i64]
+    lib.emu_moe_matmul.argtypes = [i32, F32P, i32, I32P, i32, ctypes.c_void_p, F32P, i64, i64, i64, i64, i64, I32P]
     return lib
 
 
@@ -44,10 +45,13 @@ def test_router(emu: ctypes.CDLL) -> None:
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("per_pair", [False, True])
-def test_expert_matmul(emu: ctypes.CDLL, fmt: str | None, per_pair: bool) -> None:
+@pytest.mark.parametrize("per_pair, grouped", [(False, False), (True, False), (False, True), (True, True)])
+def test_expert_matmul(emu: ctypes.CDLL, fmt: str | None, per_pair: bool, grouped: bool) -> None:
     rng = np.random.default_rng(len(str(fmt)) + per_pair)
-    tokens, top_k, experts, n, k = 3, 2, 5, 6, 256
+    # grouped: 80 pairs over 2 experts, so each group spans several 32-pair tiles; 40 rows: a partial row tile
+    tokens, top_k, experts, n, k = (40, 2, 2, 40, 64) if grouped else (3, 2, 5, 6, 256)
+    if fmt == "q4_k":
+        k = 256
     if fmt is None:
         w = (rng.standard_normal((experts, n, k)) * 0.1).astype(np.float32)
         dense, rb = w.astype(np.float64), k
@@ -58,8 +62,12 @@ def test_expert_matmul(emu: ctypes.CDLL, fmt: str | None, per_pair: bool) -> Non
     ids[1, 1] = experts  # out of range: a NaN row
     x = rng.standard_normal((tokens, top_k, k) if per_pair else (tokens, k)).astype(np.float32)
     y = np.zeros((tokens, top_k, n), np.float32)
+    scratch = np.zeros(2 * (experts + 1) + tokens * top_k, np.int32) if grouped else None
     emu.emu_moe_matmul(FORMATS[fmt], x.ctypes.data_as(F32P), int(per_pair), ids.ctypes.data_as(I32P), top_k,
-                       w.ctypes.data, y.ctypes.data_as(F32P), tokens, experts, n, k, rb)
+                       w.ctypes.data, y.ctypes.data_as(F32P), tokens, experts, n, k, rb,
+                       None if scratch is None else scratch.ctypes.data_as(I32P))
+    if grouped:
+        assert np.bincount(ids[ids < experts], minlength=experts).min() > 32
     want = moe_expert_matmul(x.astype(np.float64), ids, dense)
     bad = ids >= experts
     assert np.isnan(y[bad]).all() and not np.isnan(y[~bad]).any()
