@@ -32,17 +32,28 @@ With `config.quant` the two expert tensors are u8 GGUF blocks `[E, N, row_bytes]
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
 
 from rlx.errors import IRError
+from rlx.ir.dtype import BFLOAT16
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.quant import QUANT_FORMATS, quantize, row_bytes
 from rlx.ir.shape import product
 
 #: Float dtypes the expert weights may be stored in (the router and shared expert stay f32).
 EXPERT_DTYPES = ("f32", "f16", "bf16")
+_NUMPY_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": BFLOAT16}
+#: One expert's (gate, up, down) matrices in Hugging Face checkpoints, under the block's prefix on disk
+#: (Mixtral: `model.layers.N.block_sparse_moe`; Qwen3-MoE and Qwen3-Next: `model.layers.N.mlp`), as
+#: transformers' `save_pretrained` writes them (it stacks them into `experts.gate_up_proj` / `experts.down_proj`
+#: only in memory).
+CHECKPOINT_EXPERTS = {
+    "mixtral": ("experts.{e}.w1.weight", "experts.{e}.w3.weight", "experts.{e}.w2.weight"),
+    "qwen3_moe": ("experts.{e}.gate_proj.weight", "experts.{e}.up_proj.weight", "experts.{e}.down_proj.weight"),
+}
 
 
 @dataclass(frozen=True)
@@ -145,3 +156,60 @@ def moe_block(g: Graph, x: NodeId, config: MoeConfig, prefix: str) -> NodeId:
         scale = g.activation("sigmoid", _linear_t(g, flat, params[f"{prefix}.shared_expert_gate.weight"]))
         out = g.add_(out, g.mul(scale, shared))
     return g.reshape(out, xs.dims)
+
+
+def checkpoint_params(read: Callable[[str], np.ndarray], names: Collection[str], config: MoeConfig, disk_prefix: str,
+                      prefix: str, family: str) -> dict[str, np.ndarray]:
+    """The params of `moe_block(g, x, config, prefix)` from a checkpoint's tensors under `disk_prefix`.
+
+    `read(name)` returns a checkpoint tensor (e.g. `safe_open(...).get_tensor`) of those in `names` (its
+    `keys()`); `family` is "mixtral" or
+    "qwen3_moe" (Qwen3-Next too), naming the per-expert matrices (`CHECKPOINT_EXPERTS`). Each expert's gate and
+    up matrices are stacked into `experts.gate_up_proj` `[E, 2I, H]` (gate rows first) and its down matrices
+    into `experts.down_proj` `[E, H, I]` — one copy, in `config.expert_dtype`, or GGUF blocks with
+    `config.quant`; a checkpoint that already holds the stacked tensors is read as is. The router and the
+    shared expert are returned as stored (as f32). A missing tensor or a shape that disagrees with `config`
+    raises IRError naming the tensor and the expected shape.
+    """
+    if family not in CHECKPOINT_EXPERTS:
+        raise IRError(f"no MoE checkpoint layout for {family!r}; expected one of {sorted(CHECKPOINT_EXPERTS)}")
+    h, e, i = config.hidden_size, config.num_experts, config.intermediate_size
+
+    def optional(name: str) -> np.ndarray | None:
+        full = f"{disk_prefix}.{name}"
+        return np.asarray(read(full)) if full in names else None
+
+    def checked(name: str, value: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+        if value is None:
+            raise IRError(f"the checkpoint has no tensor {disk_prefix}.{name} (expected shape {shape})")
+        if tuple(value.shape) != shape:
+            raise IRError(f"tensor {disk_prefix}.{name} has shape {tuple(value.shape)}, expected {shape} "
+                          f"from the config")
+        return value.astype(np.float32)
+
+    def stacked(name: str, parts: tuple[str, ...], rows: tuple[int, ...], cols: int) -> np.ndarray:
+        whole = optional(name)
+        if whole is not None:  # already stacked (transformers' in-memory layout)
+            return checked(name, whole, (e, sum(rows), cols))
+        out = np.empty((e, sum(rows), cols), np.float32)
+        for expert in range(e):
+            at = 0
+            for part, n in zip(parts, rows):
+                name_e = part.format(e=expert)
+                out[expert, at:at + n] = checked(name_e, optional(name_e), (n, cols))
+                at += n
+        return out
+
+    gate, up, down = CHECKPOINT_EXPERTS[family]
+    experts = {"experts.gate_up_proj": stacked("experts.gate_up_proj", (gate, up), (i, i), h),
+               "experts.down_proj": stacked("experts.down_proj", (down,), (h,), i)}
+    out = {}
+    for name, value in experts.items():
+        if config.quant is not None:
+            out[f"{prefix}.{name}"] = quantize_experts(value, config.quant)
+        else:
+            out[f"{prefix}.{name}"] = value.astype(_NUMPY_DTYPES[config.expert_dtype])
+    for name, (shape, _) in param_shapes(config, prefix).items():
+        if name not in out:
+            out[name] = checked(name[len(prefix) + 1:], optional(name[len(prefix) + 1:]), shape)
+    return out

@@ -109,3 +109,41 @@ def test_moe_config_checks():
         MoeConfig(hidden_size=8, num_experts=8, top_k=9, intermediate_size=4, normalize=True)
     with pytest.raises(rlx.errors.IRError, match="quant 'q3' is not one of"):
         MoeConfig(hidden_size=8, num_experts=8, top_k=2, intermediate_size=4, normalize=True, quant="q3")
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_checkpoint_params_stack_saved_experts(tmp_path, family):
+    """`checkpoint_params` reads a checkpoint as transformers' `save_pretrained` writes it (one tensor per expert
+    and matrix) into the stacked params `moe_block` declares, equal to the model's in-memory experts; a missing
+    or misshapen tensor is an IRError naming it."""
+    from safetensors import safe_open
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from rlx.models.moe import checkpoint_params
+
+    common = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                  vocab_size=50)
+    if family == "mixtral":
+        hf = MixtralConfig(intermediate_size=8, num_local_experts=4, num_experts_per_tok=2, **common)
+        model, cfg, disk = MixtralForCausalLM(hf), MoeConfig.mixtral(hf), "model.layers.0.block_sparse_moe"
+    else:
+        hf = Qwen3MoeConfig(intermediate_size=32, moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2,
+                            **common)
+        model, cfg, disk = Qwen3MoeForCausalLM(hf), MoeConfig.qwen3_moe(hf), "model.layers.0.mlp"
+    model.save_pretrained(tmp_path)
+    block = model.model.layers[0].mlp
+    with safe_open(str(tmp_path / "model.safetensors"), "np") as f:
+        keys = set(f.keys())
+        assert f"{disk}.experts.0.{'w1' if family == 'mixtral' else 'gate_proj'}.weight" in keys
+        params = checkpoint_params(f.get_tensor, keys, cfg, disk, "blk0", family)
+        want = {f"blk0.{k}": v.detach().numpy() for k, v in block.named_parameters()}
+        assert set(params) == set(want) == set(param_shapes(cfg, "blk0"))
+        for name, value in params.items():
+            np.testing.assert_array_equal(value, want[name], err_msg=name)
+        half = checkpoint_params(f.get_tensor, keys, dataclasses.replace(cfg, expert_dtype="f16"), disk, "b", family)
+        assert half["b.experts.down_proj"].dtype == np.float16
+        with pytest.raises(rlx.errors.IRError, match=r"no tensor .*experts\.0\..*expected shape \(8, 16\)"):
+            checkpoint_params(f.get_tensor, {k for k in keys if ".experts.0." not in k}, cfg, disk, "b", family)
+        small = dataclasses.replace(cfg, intermediate_size=4)
+        with pytest.raises(rlx.errors.IRError, match=r"has shape \(8, 16\), expected \(4, 16\) from the config"):
+            checkpoint_params(f.get_tensor, keys, small, disk, "b", family)
