@@ -92,6 +92,9 @@ def every_op_graph() -> Graph:
     g.dequant_matmul(g.input("qx", [SEQ, 32]), q4, quant="q4_1")
     g.int8_matmul(x, g.param("w8", [16, 5]), g.param("b8", [5]), activation="gelu")
     g.dequantize(g.gather(g.param("q8", [7, 34], "u8"), ids), quant="q8_0")
+    moe_x = g.input("moe_x", [SEQ, 32])
+    moe_ids, _ = g.moe_router(g.input("router_logits", [SEQ, 6]), top_k=2, normalize=True)
+    g.moe_matmul(moe_x, moe_ids, g.param("experts_q", [6, 3, 34], "u8"), quant="q8_0")
     kc, vc = g.state("k_cache", [4, 40, 8]), g.state("v_cache", [4, 40, 8])
     g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), kc, vc,
                        g.input("positions", [BATCH], "i32"), num_heads=4, head_dim=4, num_kv_heads=2, scale=0.5)
