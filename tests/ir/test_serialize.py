@@ -462,6 +462,19 @@ def _mk_quant(draw: Any, g: Graph) -> None:
         g.dequantize(w, quant=fmt)
 
 
+def _mk_moe(draw: Any, g: Graph) -> None:
+    tag, experts, t = len(g.nodes), draw(st.integers(1, 6)), draw(_dims)
+    ids, _ = g.moe_router(g.input(f"ml{tag}", [t, experts]), top_k=draw(st.integers(1, experts)),
+                          normalize=draw(st.booleans()))
+    quant = draw(st.none() | st.sampled_from(["q8_0", "q4_k"]))
+    k = 256 if quant else draw(st.integers(1, 9))
+    x = g.input(f"mx{tag}", [t, k] if draw(st.booleans()) else [t, g.shape(ids).dims[1], k])
+    rows = k if quant is None else k // 256 * {"q8_0": 272, "q4_k": 144}[quant]
+    w = g.param(f"mw{tag}", [experts, draw(st.integers(1, 5)), rows],
+                "u8" if quant else draw(st.sampled_from(["f32", "f16", "bf16"])))
+    g.moe_matmul(x, ids, w, quant=quant)
+
+
 def _mk_int8(draw: Any, g: Graph) -> None:
     k, n = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     bias = [g.param(f"b{len(g.nodes)}", [n])] if draw(st.booleans()) else []
@@ -524,7 +537,7 @@ def _mk_collective(draw: Any, g: Graph) -> None:
 
 MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_int8, _mk_reduce, _mk_softmax,
           _mk_sample, _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant,
-          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan]
+          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_moe]
 
 
 @st.composite
