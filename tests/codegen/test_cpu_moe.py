@@ -118,7 +118,10 @@ def test_decode_graph_is_gemv_and_bad_ids_give_nan():
     plans = {name: cg.lir.decided(MoeExpertPlan) for name, (_, cg) in graphs.items()}
     assert [p.path for p in plans["decode"]] == ["gemv"]
     assert [p.path for p in plans["prefill"]] == ["grouped"]
-    assert "one GEMV per chosen (token, expert) pair" in plans["decode"][0].describe()
+    # printed with the LIR (`rlxc inspect --stage lir`) and named in the generated C
+    printed = {name: cg.lir.inspect() for name, (_, cg) in graphs.items()}
+    assert "moe_matmul: one GEMV per chosen (token, expert) pair (steps of <= 16 pairs)" in printed["decode"]
+    assert "pairs sorted by expert, 64 at a time, one GEMM per expert group" in printed["prefill"]
     for name, (g, cg) in graphs.items():
         t = 1 if name == "decode" else 20  # 40 pairs: the grouped path at run time
         ids = rng.integers(0, E, size=(t, 2)).astype(np.int32)
