@@ -4,11 +4,13 @@ One graph holds the router (both normalizations) and `moe_matmul` for every expe
 f16, bf16 and each GGUF block format), with one activation per token and one per chosen expert, over a
 dynamic token count: 1 and 5 tokens take the GEMV path at run time, 100 tokens (300 pairs, two rounds
 of 256) the grouped path. A second graph, decode-shaped, is decided GEMV-only; ids outside [0, E) give
-NaN rows on both paths.
+NaN rows on both paths. Run as a script (`python test_cpu_moe.py`) it runs both paths on a few weight kinds and
+prints MOE-OK: the ASan test runs it that way in a child process.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from cpu_helpers import U32, assert_within, compile_graph  # noqa: E402
+from cpu_helpers import U32, assert_within, compile_graph, sanitizer_env  # noqa: E402
 
 import rlx  # noqa: E402
 from rlx.ir import quant as Q  # noqa: E402
@@ -133,3 +135,49 @@ def test_decode_graph_is_gemv_and_bad_ids_give_nan():
         bad = (ids < 0) | (ids >= E)
         assert np.isnan(got[bad]).all() and not np.isnan(got[~bad]).any(), name
         np.testing.assert_allclose(got[~bad], want[~bad], rtol=1e-5, atol=1e-4)
+
+
+def test_is_asan_clean(tmp_path: Path) -> None:
+    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
+    proc = subprocess.run([sys.executable, str(Path(__file__))], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and "MOE-OK" in proc.stdout, proc.stderr[-6000:]
+
+
+def asan_check() -> None:
+    """One build: the router, f32 / bf16 / q4_1 / q4_k experts, GEMV and grouped (two rounds) paths, a bad id."""
+    rng = np.random.default_rng(11)
+    e, k, n, top_k = 5, 256, 19, 2
+    g = rlx.Graph("moe_asan")
+    t = rlx.Dim.dynamic("t", 150)
+    ids, gate = g.moe_router(g.input("logits", [t, e]), top_k=top_k, normalize=False)
+    x, given = g.input("x", [t, k]), g.input("ids", [t, top_k], "i32")
+    params = {"f32": (rng.standard_normal((e, n, k)) * 0.1).astype(np.float32)}
+    params["bf16"] = params["f32"].astype(BFLOAT16)
+    for fmt in ("q4_1", "q4_k"):
+        params[fmt] = Q.random_blocks(rng, e * n, k, fmt).reshape(e, n, -1)
+    outs = [ids, gate]
+    for name, value in params.items():
+        quant = name if name in Q.QUANT_FORMATS else None
+        w = g.param(name, list(value.shape), "u8" if quant else name)
+        outs += [g.moe_matmul(x, ids, w, quant=quant), g.moe_matmul(x, given, w, quant=quant)]
+    g.set_outputs(outs)
+    cg = compile_graph(g, params)
+    for tokens in (1, 150):
+        bad = rng.integers(0, e, (tokens, top_k)).astype(np.int32)
+        bad[0, 0] = e
+        inputs = {"logits": rng.standard_normal((tokens, e)).astype(np.float32),
+                  "x": rng.standard_normal((tokens, k)).astype(np.float32), "ids": bad}
+        got, want = cg.run(inputs), reference_run(g, inputs, params)
+        for i, (a, b) in enumerate(zip(got, want)):
+            if a.dtype.kind == "f":
+                # f32 sums of 256 products whose terms reach hundreds (random blocks): 1e-5 of the largest value
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.nanmax(np.abs(b)), equal_nan=True,
+                                           err_msg=f"output {i}")
+            else:
+                np.testing.assert_array_equal(a, b)
+
+
+if __name__ == "__main__":
+    asan_check()
+    print("MOE-OK")
