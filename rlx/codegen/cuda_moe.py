@@ -26,8 +26,6 @@ from rlx.ir.quant import quant_format
 
 TEMPLATE = "cuda/moe.cu.j2"
 HEADERS = ("cuda/kernels/quant.cuh", "cuda/kernels/moe.cuh")
-#: The most experts per token the gate kernel holds (its per-thread array in kernels/moe.cuh).
-MAX_TOP_K = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,13 +99,6 @@ def moe_matmul(e: CudaEmitter, node: Node) -> Kernel:
                   label=node.label)
 
 
-def _router_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
-    top_k = getattr(op, "top_k", None)
-    if top_k is not None and top_k > MAX_TOP_K:
-        return f"with top_k {top_k} > {MAX_TOP_K}"
-    return None
-
-
 def _matmul_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
     quant = getattr(op, "quant", None)
     if quant is not None and quant not in FORMAT_IDS:
@@ -115,5 +106,5 @@ def _matmul_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) ->
     return None
 
 
-table("cuda").register("moe_topk", "moe_gate", accepts=_router_accepts)(router)
+table("cuda").register("moe_topk", "moe_gate")(router)
 table("cuda").register("moe_matmul", accepts=_matmul_accepts)(moe_matmul)

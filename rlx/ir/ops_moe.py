@@ -102,10 +102,12 @@ class MoeMatMul(Op):
     quant: str | None = None
 
     def expert_dims(self, w: Shape) -> tuple[int, int, int]:
-        """(E, N, K) of weight `w`."""
+        """(E, N, K) of weight `w`: K values per row, stored as `row_bytes` bytes of blocks when quantized."""
         e, n, last = (d.value for d in w.dims)
-        return e, n, (last // _quant_format("moe_matmul", self.quant).block_bytes
-                      * _quant_format("moe_matmul", self.quant).block_size if self.quant else last)
+        if self.quant is None:
+            return e, n, last
+        fmt = _quant_format("moe_matmul", self.quant)
+        return e, n, last // fmt.block_bytes * fmt.block_size
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         x, ids, w = inputs

@@ -53,14 +53,16 @@ __global__ void rlx_moe_gate(const T *__restrict__ L, const int32_t *__restrict_
     float s = 0.0f;
     for (int64_t e = 0; e < E; e++)
         s += expf(rlx_f(l[e]) - m);
-    float p[64], sel = 0.0f;  /* k <= 64: the rule refuses more */
+    float sel = 0.0f;  /* two passes over the chosen ids: their sum, then each weight (no per-thread array) */
     for (int j = 0; j < k; j++) {
         const int32_t e = ids[t * k + j];
-        p[j] = e >= 0 && e < E ? expf(rlx_f(l[e]) - m) / s : __int_as_float(0x7fc00000);
-        sel += p[j];
+        sel += e >= 0 && e < E ? expf(rlx_f(l[e]) - m) / s : __int_as_float(0x7fc00000);
     }
-    for (int j = 0; j < k; j++)
-        G[t * k + j] = rlx_to<TO>(normalize ? p[j] / sel : p[j]);
+    for (int j = 0; j < k; j++) {
+        const int32_t e = ids[t * k + j];
+        const float p = e >= 0 && e < E ? expf(rlx_f(l[e]) - m) / s : __int_as_float(0x7fc00000);
+        G[t * k + j] = rlx_to<TO>(normalize ? p / sel : p);
+    }
 }
 
 /* The pair and expert row of this warp; false when past the last row. */
