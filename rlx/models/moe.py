@@ -162,14 +162,14 @@ def checkpoint_params(read: Callable[[str], np.ndarray], names: Collection[str],
                       prefix: str, family: str) -> dict[str, np.ndarray]:
     """The params of `moe_block(g, x, config, prefix)` from a checkpoint's tensors under `disk_prefix`.
 
-    `read(name)` returns a checkpoint tensor (e.g. `safe_open(...).get_tensor`) of those in `names` (its
-    `keys()`); `family` is "mixtral" or
-    "qwen3_moe" (Qwen3-Next too), naming the per-expert matrices (`CHECKPOINT_EXPERTS`). Each expert's gate and
-    up matrices are stacked into `experts.gate_up_proj` `[E, 2I, H]` (gate rows first) and its down matrices
-    into `experts.down_proj` `[E, H, I]` — one copy, in `config.expert_dtype`, or GGUF blocks with
-    `config.quant`; a checkpoint that already holds the stacked tensors is read as is. The router and the
-    shared expert are returned as stored (as f32). A missing tensor or a shape that disagrees with `config`
-    raises IRError naming the tensor and the expected shape.
+    `read(name)` returns a checkpoint tensor (e.g. `safe_open(...).get_tensor`) of those in `names`
+    (its `keys()`); `family` is "mixtral" or "qwen3_moe" (Qwen3-Next too), naming the per-expert
+    matrices (`CHECKPOINT_EXPERTS`). Each expert's gate and up matrices are stacked into
+    `experts.gate_up_proj` `[E, 2I, H]` (gate rows first), its down matrices into `experts.down_proj`
+    `[E, H, I]`: one copy, in `config.expert_dtype`, or GGUF blocks with `config.quant`. A checkpoint
+    already holding the stacked tensors is read as is. The router and the shared expert are returned
+    as stored (as f32). A missing tensor, or a shape that disagrees with `config`, raises IRError
+    naming the tensor and the expected shape.
     """
     if family not in CHECKPOINT_EXPERTS:
         raise IRError(f"no MoE checkpoint layout for {family!r}; expected one of {sorted(CHECKPOINT_EXPERTS)}")
