@@ -32,6 +32,7 @@ from rlx.ir import ops as O
 from rlx.ir import ops_control as C
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
+from rlx.ir import ops_moe as MOE
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -526,6 +527,63 @@ def _eval_gated_delta_net(op: S.GatedDeltaNet, args: list, shape: Shape, symbols
 def _eval_dwconv(op: S.DepthwiseConv1dCausal, args: list, shape: Shape, symbols: dict,
                  in_shapes: object) -> np.ndarray:
     return _finish(depthwise_conv1d_causal(args[0], args[1], args[2] if len(args) > 2 else None, op.reverse),
+                   shape.dtype)
+
+
+# ── sparse mixture of experts (rlx/ir/ops_moe.py) ──
+
+
+def moe_topk_ids(logits: np.ndarray, top_k: int) -> np.ndarray:
+    """i32 ids of the `top_k` largest values of each row, largest first; ties to the lower id, NaN largest."""
+    v = np.asarray(logits, dtype=np.float64)
+    nan = np.isnan(v)
+    idx = np.broadcast_to(np.arange(v.shape[-1]), v.shape)
+    order = np.lexsort((idx, -np.where(nan, 0.0, v), ~nan), axis=-1)
+    return order[..., :top_k].astype(np.int32)
+
+
+def moe_gate_weights(logits: np.ndarray, ids: np.ndarray, normalize: bool) -> np.ndarray:
+    """softmax(logits)[ids] per row, divided by its sum over the chosen experts when `normalize`."""
+    v = np.asarray(logits, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        e = np.exp(v - v.max(axis=-1, keepdims=True))
+        p = np.take_along_axis(e / e.sum(axis=-1, keepdims=True), np.asarray(ids, dtype=np.int64), axis=-1)
+        return p / p.sum(axis=-1, keepdims=True) if normalize else p
+
+
+def moe_expert_matmul(x: np.ndarray, ids: np.ndarray, experts: np.ndarray) -> np.ndarray:
+    """`[T, k, N]`: ``experts[ids[t, s]] @ x[t(, s)]`` (experts f64 `[E, N, K]`); NaN rows for ids outside [0, E)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    t, k = ids.shape
+    xs = np.broadcast_to(x[:, None, :], (t, k, x.shape[-1])) if x.ndim == 2 else x
+    inside = (ids >= 0) & (ids < experts.shape[0])
+    w = experts[np.where(inside, ids, 0)]  # [T, k, N, K]
+    y = np.einsum("tsnk,tsk->tsn", w, xs)
+    y[~inside] = np.nan
+    return y
+
+
+@evaluates(MOE.MoeTopK)
+def _eval_moe_topk(op: MOE.MoeTopK, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return moe_topk_ids(args[0], op.top_k)
+
+
+@evaluates(MOE.MoeGate)
+def _eval_moe_gate(op: MOE.MoeGate, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    ids = np.asarray(args[1])
+    if ((ids < 0) | (ids >= args[0].shape[-1])).any():
+        raise ExecutionError(f"moe_gate: expert ids outside [0, {args[0].shape[-1]})")
+    return _finish(moe_gate_weights(args[0], ids, op.normalize), shape.dtype)
+
+
+@evaluates(MOE.MoeMatMul)
+def _eval_moe_matmul(op: MOE.MoeMatMul, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    x, ids, w = args
+    if op.quant is not None:
+        e, n, _ = w.shape
+        k = x.shape[-1]
+        w = dequantize_blocks(np.asarray(w, dtype=np.uint8).reshape(e * n, -1), op.quant, k).reshape(e, n, k)
+    return _finish(moe_expert_matmul(np.asarray(x, dtype=np.float64), ids, np.asarray(w, dtype=np.float64)),
                    shape.dtype)
 
 

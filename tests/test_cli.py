@@ -676,14 +676,16 @@ def test_inspect_support_prints_the_op_backend_table(capsys: pytest.CaptureFixtu
     assert out.split()[1:4] == ["cpu", "cuda", "metal"]
     assert rows["matmul"] == ["yes", "yes", "yes"] and rows["attention"] == ["yes", "yes", "yes"]
     # Metal has a rule for every op kind but the recurrent ones (scan and the SSM layers: CPU and CUDA
-    # only so far), dynamic int8 (CPU only), the collectives (CPU and CUDA only so far) and sample_top_k
-    # (its u and settings are f64, which MSL lacks), batched LoRA (CPU and CUDA only so far) and user-defined
-    # ops (no Metal user_op rule yet); custom_fn is inlined before codegen; cond and while_loop have CPU rules
-    # and are lowered to a select and a masked scan elsewhere (rlx/opt/control.py)
+    # only so far), dynamic int8 (CPU only), the collectives (CPU and CUDA only so far), sample_top_k
+    # (its u and settings are f64, which MSL lacks), batched LoRA and the MoE ops (CPU and CUDA only so far) and
+    # user-defined ops (no Metal user_op rule yet); custom_fn is inlined before codegen; cond and while_loop have
+    # CPU rules and are lowered to a select and a masked scan elsewhere (rlx/opt/control.py)
     assert rows["cond"] == rows["while_loop"] == ["yes", "-", "-"]
     assert {op for op, r in rows.items() if r[2] != "yes"} == {
         "custom_fn", "cond", "while_loop", "scan", "selective_scan", "gated_delta_net", "depthwise_conv1d_causal",
-        "all_reduce", "all_gather", "reduce_scatter", "int8_matmul", "sample_top_k", "lora_matmul", "user_op"}
+        "all_reduce", "all_gather", "reduce_scatter", "int8_matmul", "sample_top_k", "lora_matmul", "user_op",
+        "moe_topk", "moe_gate", "moe_matmul"}
+    assert rows["moe_matmul"] == ["yes", "yes", "-"]
     assert "input" not in rows  # leaves need no rule
 
 

@@ -9,6 +9,7 @@ from rlx.codegen import (  # noqa: F401
     c_decoder,
     c_int8,
     c_lora,
+    c_moe,
     c_quant,
     c_sample,
     c_scan,

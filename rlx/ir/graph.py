@@ -14,6 +14,7 @@ from rlx.ir import ops as O
 from rlx.ir import ops_control as C
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
+from rlx.ir import ops_moe as MOE
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -491,6 +492,21 @@ class Graph:
             raise ShapeError(f"depthwise_conv1d_causal weight must be [channels, kernel_size], got {ws}")
         ins = [x, weight] + ([left_pad] if left_pad is not None else [])
         return self.add(S.DepthwiseConv1dCausal(ws.dims[1].value, bool(reverse)), ins)
+
+
+    # ── builders: sparse mixture of experts (rlx/ir/ops_moe.py) ──
+
+    def moe_router(self, logits: NodeId, *, top_k: int, normalize: bool) -> tuple[NodeId, NodeId]:
+        """(ids i32, weights f32), each `[T, top_k]`: the `top_k` experts of each row of router logits
+        `[T, E]` and their softmax probabilities, renormalized to sum 1 when `normalize`
+        (`ops_moe.MoeTopK`, `ops_moe.MoeGate`)."""
+        ids = self.add(MOE.MoeTopK(top_k), [logits])
+        return ids, self.add(MOE.MoeGate(bool(normalize)), [logits, ids])
+
+    def moe_matmul(self, x: NodeId, ids: NodeId, w: NodeId, *, quant: str | None = None) -> NodeId:
+        """f32 `[T, top_k, N]`: expert `ids[t, s]`'s `[N, K]` matrix of w times x `[T, K]` or `[T, top_k, K]`;
+        w `[E, N, K]` float, or u8 GGUF blocks with `quant` (`ops_moe.MoeMatMul`)."""
+        return self.add(MOE.MoeMatMul(quant.lower() if isinstance(quant, str) else quant), [x, ids, w])
 
 
 def _check_name(kind: str, name: object) -> None:

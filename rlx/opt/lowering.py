@@ -43,6 +43,7 @@ from rlx.ir.lir import LirModule
 from rlx.opt.lowering_cuda_kernels import cuda_lowering
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
+from rlx.opt.lowering_moe import moe_plans
 from rlx.opt.lowering_quant_cpu import quant_gemv_groups
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
@@ -187,12 +188,16 @@ def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
     return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir),
-            *quant_gemv_groups(lir))
+            *quant_gemv_groups(lir), *moe_plans(lir, "cpu"))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel
 #: choices that depend on it; Metal's: its one buffer).
-LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": cuda_lowering, "metal": metal_decisions}
+def _cuda_decisions(lir: LirModule, **target: object) -> tuple[Decision, ...]:
+    return (*cuda_lowering(lir, **target), *moe_plans(lir, "cuda"))
+
+
+LOWERINGS: dict[str, LoweringPass] = {"cpu": _cpu_decisions, "cuda": _cuda_decisions, "metal": metal_decisions}
 
 
 def lower_for(lir: LirModule, backend: str, **options: object) -> LirModule:

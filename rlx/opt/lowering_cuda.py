@@ -49,11 +49,13 @@ from rlx.ir.decisions_cuda import (
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.ir.ops_moe import MoeMatMul
 from rlx.ir.ops_scan import Scan
 from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.fusion import is_silu_times, scheduled_runs
 from rlx.opt.lowering_cuda_pool import find_pool_tails
+from rlx.opt.lowering_moe import cuda_scratch_bytes
 from rlx.opt.memplan import plan
 from rlx.opt.scan_body import step_graph
 
@@ -202,6 +204,8 @@ def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
             rows *= d.max
         product_bytes = rows * tile * size if tile < n else 0
         return -(-k * tile * size // ALIGN) * ALIGN + product_bytes
+    if isinstance(node.op, MoeMatMul):  # the grouped path's expert starts, tiles and sorted pairs
+        return cuda_scratch_bytes(graph, node)
     if isinstance(node.op, O.FusedSwiGLU):  # the up projection, before it is combined with the gate
         return node.shape.max_numel * device_dtype(node.shape.dtype, precision).itemsize
     if isinstance(node.op, (O.AllGather, O.ReduceScatter)):  # NCCL's rank-major layout <-> the axis

@@ -29,6 +29,7 @@ from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, Node, NodeId
+from rlx.ir.ops_moe import MoeMatMul
 from rlx.opt.rewrite import Rewriter, require_mir
 
 #: Storage precisions a session may ask for.
@@ -92,7 +93,10 @@ def _narrow_swiglu(graph: Graph, node: Node, stored: dict[NodeId, NodeId]) -> bo
 
 def _weight_slot(graph: Graph, node: Node, slot: int) -> bool:
     """True when input `slot` of `node` is the right operand of a GEMM with an f32 left operand
-    that reads it nowhere else (then the GEMM takes the narrow param as it is stored)."""
+    that reads it nowhere else (then the GEMM takes the narrow param as it is stored); or the experts of a
+    `moe_matmul` (f32 x times f32 / f16 / bf16 experts: never a per-call cast of every expert)."""
+    if isinstance(node.op, MoeMatMul):
+        return slot == 2 and node.op.quant is None and node.inputs.count(node.inputs[2]) == 1
     if slot != 1 or not isinstance(node.op, _GEMMS) or node.inputs.count(node.inputs[1]) != 1:
         return False
     return graph.node(node.inputs[0]).shape.dtype is DType.F32

@@ -200,9 +200,9 @@ def cpu_renders() -> list[Render]:
     return out
 
 
-#: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling, batched LoRA, user-defined ops; a
-#: while_loop runs as a scan there).
-METAL_WITHOUT_RULES = {"lora_matmul", "sample_top_k", "scan_loop", "scan_ssm_body", "ssm_long", "ssm_ops",
+#: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling, batched LoRA, user-defined ops, MoE;
+#: a while_loop runs as a scan there).
+METAL_WITHOUT_RULES = {"lora_matmul", "moe_ops", "sample_top_k", "scan_loop", "scan_ssm_body", "ssm_long", "ssm_ops",
                        "control_flow", "user_op"}
 
 

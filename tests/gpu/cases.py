@@ -482,6 +482,35 @@ def quant() -> Case:
 
 
 @case
+def moe_ops() -> Case:
+    """The MoE router (both normalizations) and moe_matmul on f32, f16, q8_0 and q4_k experts, one activation per
+    token and one per chosen expert; 1 token and 40 (the CUDA plan: one warp per pair and expert row)."""
+    from rlx.ir.quant import random_blocks, row_bytes
+
+    g = Graph("moe_ops")
+    tokens = Dim.dynamic("tokens", max=40)
+    experts, n, k, top_k = 6, 24, 256, 2
+    logits = g.input("logits", [tokens, experts])
+    x, xk = g.input("x", [tokens, k]), g.input("xk", [tokens, top_k, k])
+    ids, gate = g.moe_router(logits, top_k=top_k, normalize=True)
+    _, raw_gate = g.moe_router(logits, top_k=top_k, normalize=False)
+    w32, w16 = g.param("w32", [experts, n, k]), g.param("w16", [experts, n, k], "f16")
+    wq8 = g.param("wq8", [experts, n, row_bytes("q8_0", k)], "u8")
+    wq4k = g.param("wq4k", [experts, n, row_bytes("q4_k", k)], "u8")
+    g.set_outputs({"ids": ids, "gate": gate, "raw_gate": raw_gate, "y32": g.moe_matmul(x, ids, w32),
+                   "y32k": g.moe_matmul(xk, ids, w32), "y16": g.moe_matmul(x, ids, w16),
+                   "yq8": g.moe_matmul(xk, ids, wq8, quant="q8_0"), "yq4k": g.moe_matmul(x, ids, wq4k, quant="q4_k")})
+    r = _rng(41)
+    feeds = [{"logits": _f32(r, t, experts), "x": _f32(r, t, k), "xk": _f32(r, t, top_k, k)} for t in (1, 40)]
+    w = _f32(r, experts, n, k, scale=0.1)
+    params = {"w32": w, "w16": w.astype(np.float16),
+              "wq8": random_blocks(r, experts * n, k, "q8_0").reshape(experts, n, -1),
+              "wq4k": random_blocks(r, experts * n, k, "q4_k").reshape(experts, n, -1)}
+    # f32 only: expert ids chosen from half-precision logits may differ from the reference's
+    return Case("moe_ops", g, feeds, params, lowp=False)
+
+
+@case
 def outputs_of_leaves() -> Case:
     g = Graph("outputs_of_leaves")
     x = g.input("x", [3, 4])

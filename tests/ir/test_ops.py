@@ -14,6 +14,7 @@ from rlx.ir import ops as O
 from rlx.ir import ops_control as C
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
+from rlx.ir import ops_moe as MOE
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -152,6 +153,10 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
      "f32[1,seq,2,4]"),
     (S.DepthwiseConv1dCausal(3), ("f32[2,seq,8]", "f32[8,3]"), "f32[2,seq,8]"),
     (S.DepthwiseConv1dCausal(3), ("f32[2,seq,8]", "f32[8,3]", "f32[2,2,8]"), "f32[2,seq,8]"),
+    (MOE.MoeTopK(2), ("f32[seq,8]",), "i32[seq,2]"),
+    (MOE.MoeGate(True), ("f32[seq,8]", "i32[seq,2]"), "f32[seq,2]"),
+    (MOE.MoeMatMul(), ("f32[seq,64]", "i32[seq,2]", "bf16[8,5,64]"), "f32[seq,2,5]"),
+    (MOE.MoeMatMul("q8_0"), ("f32[seq,2,64]", "i32[seq,2]", "u8[8,5,68]"), "f32[seq,2,5]"),
     (L.Scan(_body("f32[3]", "f32[3]"), SEQ, 0, 1), ("f32[3]", "f32[seq,3]"), "f32[3]"),
     (L.Scan(_body("f32[3]", "f32[3]", "f32[3]"), SEQ, 1, 1, save_trajectory=True),
      ("f32[3]", "f32[3]", "f32[seq,3]"), "f32[seq,3]"),
@@ -340,6 +345,10 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (S.GatedDeltaNet(4), ("f32[1,3,2,4]",) * 3 + ("f32[1,3,2]",) * 3, ShapeError, "takes 5 inputs, got 6"),
     (S.GatedDeltaNet(4, scale=math.inf), ("f32[1,3,2,4]",) * 3 + ("f32[1,3,2]",) * 2, ShapeError, "scale"),
     (S.DepthwiseConv1dCausal(3), ("f32[2,5,8]", "f32[8,4]"), ShapeError, r"weight must be \[8,3\]"),
+    (MOE.MoeTopK(9), ("f32[3,8]",), ShapeError, "top_k=9 is more than the 8 experts"),
+    (MOE.MoeGate(True), ("f32[3,8]", "f32[3,2]"), ShapeError, "ids must be i32"),
+    (MOE.MoeMatMul(), ("f32[3,64]", "i32[3,2]", "f32[8,5,32]"), ShapeError, r"must be \[experts, N, 64\]"),
+    (MOE.MoeMatMul("q4_0"), ("f32[3,64]", "i32[3,2]", "u8[8,5,40]"), ShapeError, r"u8\[experts, N, 36\]"),
     (L.Scan(_body("f32[3]", "f32[3]"), Dim(4), 0, 1), ("f32[3]", "f32[5,3]"), ShapeError, r"xs 0 must be \[4,3\]"),
     (L.Scan(_body("f32[3]", "f32[3]"), Dim(4), 0, 0), ("f32[3]",), ShapeError, "body takes 2 inputs"),
     (L.Scan(_body("f32[3]", "f32[3]"), SEQ, 0, 1, num_checkpoints=2), ("f32[3]", "f32[seq,3]"), ShapeError,

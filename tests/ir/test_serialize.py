@@ -93,6 +93,9 @@ def every_op_graph() -> Graph:
     g.dequant_matmul(g.input("qx", [SEQ, 32]), q4, quant="q4_1")
     g.int8_matmul(x, g.param("w8", [16, 5]), g.param("b8", [5]), activation="gelu")
     g.dequantize(g.gather(g.param("q8", [7, 34], "u8"), ids), quant="q8_0")
+    moe_x = g.input("moe_x", [SEQ, 32])
+    moe_ids, _ = g.moe_router(g.input("router_logits", [SEQ, 6]), top_k=2, normalize=True)
+    g.moe_matmul(moe_x, moe_ids, g.param("experts_q", [6, 3, 34], "u8"), quant="q8_0")
     kc, vc = g.state("k_cache", [4, 40, 8]), g.state("v_cache", [4, 40, 8])
     g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), kc, vc,
                        g.input("positions", [BATCH], "i32"), num_heads=4, head_dim=4, num_kv_heads=2, scale=0.5)
@@ -469,6 +472,19 @@ def _mk_quant(draw: Any, g: Graph) -> None:
         g.dequantize(w, quant=fmt)
 
 
+def _mk_moe(draw: Any, g: Graph) -> None:
+    tag, experts, t = len(g.nodes), draw(st.integers(1, 6)), draw(_dims)
+    ids, _ = g.moe_router(g.input(f"ml{tag}", [t, experts]), top_k=draw(st.integers(1, experts)),
+                          normalize=draw(st.booleans()))
+    quant = draw(st.none() | st.sampled_from(["q8_0", "q4_k"]))
+    k = 256 if quant else draw(st.integers(1, 9))
+    x = g.input(f"mx{tag}", [t, k] if draw(st.booleans()) else [t, g.shape(ids).dims[1], k])
+    rows = k if quant is None else k // 256 * {"q8_0": 272, "q4_k": 144}[quant]
+    w = g.param(f"mw{tag}", [experts, draw(st.integers(1, 5)), rows],
+                "u8" if quant else draw(st.sampled_from(["f32", "f16", "bf16"])))
+    g.moe_matmul(x, ids, w, quant=quant)
+
+
 def _mk_int8(draw: Any, g: Graph) -> None:
     k, n = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     bias = [g.param(f"b{len(g.nodes)}", [n])] if draw(st.booleans()) else []
@@ -553,7 +569,7 @@ def _mk_lora(draw: Any, g: Graph) -> None:
 
 MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_int8, _mk_reduce, _mk_softmax,
           _mk_sample, _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant,
-          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_user_op, _mk_lora]
+          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_user_op, _mk_lora, _mk_moe]
 
 
 @st.composite

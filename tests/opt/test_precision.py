@@ -135,3 +135,18 @@ def test_bias_vectors_are_widened_once_at_set_param(precision, tmp_path, monkeyp
     for k, v in weights.items():
         per_call.set_param(k, v)
     np.testing.assert_array_equal(cg.run(x=x)[0], per_call.run(x=x)[0])
+
+
+def test_moe_experts_are_read_as_stored():
+    """A `moe_matmul` reads narrow-stored experts directly (no per-call cast of every expert); the router's
+    weight, read by a GEMM, stays narrow too; block experts (u8) are left alone."""
+    from rlx.models.moe import MoeConfig, moe_block
+
+    g = rlx.Graph("moe")
+    moe_block(g, g.input("x", [2, 16]), MoeConfig(16, 4, 2, 8, True), "mlp")
+    g.set_outputs([g.nodes[-1].id])
+    out = store_params_in(g, "f16")
+    users = out.users()
+    kinds = {p.op.name: sorted({out.node(u).kind for u in users[p.id]}) for p in out.params()}
+    assert kinds["mlp.experts.gate_up_proj"] == kinds["mlp.experts.down_proj"] == ["moe_matmul"]
+    assert all(p.shape.dtype is DType.F16 for p in out.params())
