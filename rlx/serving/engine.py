@@ -161,7 +161,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._requests: dict[int, Request] = {}
-        self.step_errors = 0
+        self.step_errors = 0  # steps that raised (their requests failed)
+        self.preemptions = 0  # sequences sent back to the queue to be recomputed
 
     # ── requests ──────────────────────────────────────────────────────
 
@@ -269,6 +270,7 @@ class Engine:
                 if seq.payload.cancelled:
                     self._finish(seq, "cancelled")
             plan = self.scheduler.schedule()
+            self.preemptions += len(plan.preempted)
         if plan.decode:
             self._guarded(plan.decode, self._decode, plan.decode)
         for seq, start, n in plan.prefill:
