@@ -106,6 +106,10 @@ class CausalLMRunner:
         fed[rows, 0] = tokens
         lengths = self.cache.lengths
         before = lengths[:batch].copy()  # rows not asked for keep their length (their extra token is dropped)
+        idle = np.ones(batch, dtype=bool)
+        idle[rows] = False
+        # a free row may hold a finished sequence's full length: its throwaway token must still fit
+        lengths[:batch][idle] = np.minimum(before[idle], self.max_context - 1)
         try:
             step = self.decoder.step if logits else self.decoder.step_greedy
             out = step(fed, self.cache, rows)

@@ -128,7 +128,16 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
                 c.request.cancel()
 
     def token_text(token_id: int) -> str:
-        return tokenizer.decode([token_id]) if tokenizer is not None else str(token_id)
+        """A token as logprobs show it: its text, or "bytes:\\xNN..." when it is not whole UTF-8 (as OpenAI)."""
+        if tokenizer is None:
+            return str(token_id)
+        raw = tokenizer.token_bytes(token_id) if hasattr(tokenizer, "token_bytes") else None
+        if raw is None:
+            return tokenizer.decode([token_id])
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
     def completion_logprobs(events: list[Event]) -> dict[str, Any]:
         tokens = [e for e in events if e.token_id is not None]
@@ -139,7 +148,8 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
     def chat_logprobs(events: list[Event]) -> dict[str, Any]:
         def entry(i: int, lp: float) -> dict[str, Any]:
             text = token_text(i)
-            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+            raw = tokenizer.token_bytes(i) if hasattr(tokenizer, "token_bytes") else text.encode()
+            return {"token": text, "logprob": lp, "bytes": list(raw)}
 
         return {"content": [{**entry(e.token_id, e.logprob), "top_logprobs": [entry(i, lp) for i, lp in e.top_logprobs]}
                             for e in events if e.token_id is not None]}
