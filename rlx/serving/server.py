@@ -9,12 +9,13 @@ a client that goes away mid-stream cancels its sequences; a full queue answers 4
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -291,4 +292,12 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: st
     """Run `app` under uvicorn until SIGINT/SIGTERM (open requests finish first, then the engine drains)."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                # uvicorn re-raises the SIGTERM it caught once shut down; a drained server exits 0 instead
+                getattr(self, "_captured_signals", []).clear()
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
