@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="KV cache tokens shared by all sequences (default: max-seqs x max-context)")
     p.add_argument("--chunk", type=int, default=64, help="prefill chunk in tokens (default 64)")
+    p.add_argument("--prefix-cache-mb", type=int, default=256,
+                   help="memory for the K/V of prompt blocks reused across requests (default 256; 0: off)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -103,7 +105,8 @@ def build_app(args: argparse.Namespace) -> Any:
         d = default_model_dir() if args.embedding_model == "default" else Path(args.embedding_model)
         embedder = SentenceEmbedder.from_pretrained(d, device=args.device)
         embedding_name = "all-MiniLM-L6-v2" if args.embedding_model == "default" else d.name
-    engine = Engine(runner, token_budget=args.kv_tokens, max_waiting=args.max_queue).start()
+    engine = Engine(runner, token_budget=args.kv_tokens, max_waiting=args.max_queue,
+                    prefix_cache_bytes=args.prefix_cache_mb << 20).start()
     return create_app(engine, name, embedder=embedder, embedding_model=embedding_name, api_key=args.api_key)
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from rlx.errors import RlxError
 from rlx.models.sampling import Sampler
 from rlx.serving.kv import SlotKv
+from rlx.serving.prefix import PrefixCache
 from rlx.serving.runner import Runner
 from rlx.serving.scheduler import Plan, Scheduler, Seq, State
 from rlx.serving.text import StopText
@@ -105,6 +106,8 @@ class Observer:
 
     def tokens(self, n: int) -> None: ...
 
+    def prefix_hit(self, tokens: int) -> None: ...
+
 
 class Request:
     """A submitted request: iterate it for its `Event`s (blocking), or give `submit` a `sink` instead."""
@@ -145,17 +148,23 @@ class Engine:
 
     `token_budget`: KV tokens among all slots (default: every slot full); `max_step_tokens`: tokens one
     iteration computes (decode rows plus prefill chunks); `max_waiting`: the queue's bound (`QueueFull`
-    past it); `clock`: seconds, for first-token and inter-token times.
+    past it); `prefix_cache_bytes`: memory for the K/V of prompt blocks reused across requests
+    (`PrefixCache`; 0, or a runner that cannot copy K/V, turns it off); `clock`: seconds, for
+    first-token and inter-token times.
     """
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
-                 max_waiting: int = 256, chunk: int | None = None, observer: Observer | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
+                 observer: Observer | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
         chunk = chunk or getattr(runner, "chunk", 64)
         self.kv = SlotKv(runner.slots, runner.max_context, token_budget)
+        # prefix caching where the runner can copy K/V blocks (blocks of one prefill chunk)
+        self.prefix = (PrefixCache(chunk, prefix_cache_bytes)
+                       if prefix_cache_bytes > 0 and getattr(runner, "copies_kv", False) else None)
         self.scheduler = Scheduler(self.kv, chunk=chunk, max_step_tokens=max_step_tokens or max(chunk, runner.slots),
-                                   max_waiting=max_waiting, clock=clock)
+                                   max_waiting=max_waiting, clock=clock,
+                                   reuse=self._reuse if self.prefix is not None else None)
         self.observer = observer or Observer()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -303,8 +312,28 @@ class Engine:
         out = self.runner.prefill(seq.slot, seq.context[start:start + n], start, logits)
         with self._lock:
             self.scheduler.prefilled(seq, n)
+            if self.prefix is not None:
+                self._keep_block(seq, start, n)
             if last:
                 self._next(seq, out, logits)
+
+    def _reuse(self, seq: Seq) -> int:
+        """At admission: copy the cached blocks `seq`'s context starts with into its slot (at least its last
+        token is left to prefill, for its logits); how many tokens that is."""
+        block = self.prefix.block
+        usable = (len(seq.context) - 1) // block * block
+        blocks = self.prefix.match(seq.context[:usable]) if usable else []
+        for i, kv in enumerate(blocks):
+            self.runner.write_kv(seq.slot, i * block, kv)
+        if blocks:
+            self.observer.prefix_hit(len(blocks) * block)
+        return len(blocks) * block
+
+    def _keep_block(self, seq: Seq, start: int, n: int) -> None:
+        """After a prefill chunk: a full aligned block goes into the prefix cache."""
+        block = self.prefix.block
+        if n == block and start % block == 0:
+            self.prefix.store(seq.context, start // block, self.runner.read_kv(seq.slot, start, n))
 
     def _next(self, seq: Seq, out: np.ndarray, is_logits: bool) -> None:
         """`seq`'s next token from its step's output: sample, stream, and end it if it is done."""

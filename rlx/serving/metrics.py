@@ -35,6 +35,8 @@ class Metrics(Observer):
                                ("kv_used_slots", "rlx_kv_used_slots", "KV cache slots held by sequences")):
             Gauge(name, doc, registry=r).set_function(lambda key=key: self._stats()[key])
         self._tokens = Counter("rlx_generated_tokens", "tokens generated", registry=r)
+        self._prefix = Counter("rlx_prefix_cache_hit_tokens", "prompt tokens whose K/V came from the prefix cache",
+                               registry=r)
         Gauge("rlx_tokens_per_second", f"tokens generated a second over the last {window_s:g} s",
               registry=r).set_function(self.tokens_per_second)
         self._ttft = Histogram("rlx_time_to_first_token_seconds", "arrival to first token", registry=r,
@@ -57,6 +59,9 @@ class Metrics(Observer):
         self._tokens.inc(n)
         with self._lock:
             self._recent.append((time.monotonic(), n))
+
+    def prefix_hit(self, tokens: int) -> None:
+        self._prefix.inc(tokens)
 
     def tokens_per_second(self) -> float:
         now = time.monotonic()

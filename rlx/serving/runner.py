@@ -87,6 +87,26 @@ class CausalLMRunner:
         return cls(first, decoder)
 
     @property
+    def copies_kv(self) -> bool:
+        """Whether `read_kv`/`write_kv` work (the cache is host memory: not on CUDA)."""
+        return self.decoder.device != "cuda"
+
+    def read_kv(self, slot: int, start: int, n: int) -> dict[str, np.ndarray]:
+        """Views of `slot`'s K/V at positions start..start+n, one `[n, width]` array per cache state."""
+        return {name: a[slot, start:start + n] for name, a in self.cache.arrays.items()}
+
+    def write_kv(self, slot: int, start: int, kv: dict[str, np.ndarray]) -> None:
+        """Copy `kv` (as `read_kv` gives) into `slot` at position `start` (prefix caching)."""
+        n = 0
+        for name, a in self.cache.arrays.items():
+            block = kv[name]
+            n = block.shape[0]
+            a[slot, start:start + n] = block
+        # the slot now holds these tokens: a decode step's throwaway token for this row (see `decode`) must
+        # land after them, not on them at a stale length
+        self.cache.lengths[slot] = start + n
+
+    @property
     def config(self) -> Any:
         return self.decoder.config
 

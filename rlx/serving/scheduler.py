@@ -88,12 +88,15 @@ class Scheduler:
     """Admission, chunked prefill and preemption over a `KvStore` (see the module docstring)."""
 
     def __init__(self, kv: KvStore, *, chunk: int, max_step_tokens: int, max_waiting: int = 256,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], reuse: Callable[[Seq], int] | None = None) -> None:
         if chunk < 1 or max_step_tokens < 1 or max_waiting < 0:
             raise RlxError(f"chunk and max_step_tokens must be >= 1 and max_waiting >= 0, got {chunk}, "
                            f"{max_step_tokens}, {max_waiting}")
         self.kv, self.chunk, self.max_step_tokens, self.max_waiting = kv, chunk, max_step_tokens, max_waiting
         self.clock = clock
+        # at admission: how many context tokens are already in the new slot (a prefix cache hit; a multiple
+        # of `chunk`, below the context's length)
+        self.reuse = reuse
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # admission order: the last is the newest
         self._ids = itertools.count()
@@ -129,6 +132,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.state, seq.slot, seq.filled = State.PREFILL, slot, 0
+            if self.reuse is not None:
+                seq.filled = self.reuse(seq)
             self.running.append(seq)
             budget = self._chunk(seq, budget, prefill, decode)
         return Plan(decode, prefill, preempted)

@@ -130,3 +130,21 @@ def test_bad_requests_are_refused(tiny_runner) -> None:
         engine.submit([1, 9999], GREEDY)
     with pytest.raises(RlxError, match="max_tokens"):
         SamplingParams(max_tokens=0)
+
+
+def test_prefix_cache_skips_the_shared_prefill_and_changes_no_token(tiny_runner) -> None:
+    system = np.random.default_rng(8).integers(0, 256, 50).tolist()  # three full blocks of 16, and 2 more tokens
+    prompts = [system + tail for tail in ([1, 2, 3], [4, 5], [6], [7, 8, 9, 10])]
+    plain = Engine(tiny_runner)
+    want = [plain.generate(p, GREEDY).token_ids for p in prompts]
+    cached = Engine(tiny_runner, prefix_cache_bytes=1 << 20)
+    prefilled = []
+    for p in prompts:
+        request = cached.submit(p, GREEDY)
+        n = 0
+        while request._seq.finish_reason is None:
+            n += sum(k for _, _, k in cached.step().prefill)
+        prefilled.append(n)
+        assert [e.token_id for e in request if e.token_id is not None] == want[len(prefilled) - 1]
+    assert prefilled == [len(prompts[0])] + [len(p) - 48 for p in prompts[1:]]
+    assert cached.prefix.hits == 48 * 3 and len(cached.prefix) == 3

@@ -95,3 +95,17 @@ def test_the_queue_is_bounded_and_finish_frees_waiting_and_running() -> None:
     s.finish(b, "cancelled")  # waiting
     s.finish(a, "cancelled")  # running
     assert s.idle and s.kv.used_slots == 0 and s.kv.used_tokens == 0
+
+
+def test_a_prefix_hit_starts_prefill_after_the_reused_blocks() -> None:
+    reused = {}
+
+    def reuse(seq):
+        reused[seq.id] = 8 if seq.prompt[:8] == list(range(8)) else 0
+        return reused[seq.id]
+
+    s = Scheduler(SlotKv(slots=2, max_context=64), chunk=8, max_step_tokens=64, clock=FakeClock(), reuse=reuse)
+    hit, miss = s.add(list(range(20)), max_new=2), s.add([9] * 20, max_new=2)
+    plan = s.schedule()
+    assert [(q, start, n) for q, start, n in plan.prefill] == [(hit, 8, 8), (miss, 0, 8)]
+    assert reused == {hit.id: 8, miss.id: 0}

@@ -42,7 +42,7 @@ def embedder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_runner, embedder):
-    engine = Engine(tiny_runner, max_waiting=64).start()
+    engine = Engine(tiny_runner, max_waiting=64, prefix_cache_bytes=1 << 20).start()
     app = create_app(engine, MODEL, embedder=embedder, embedding_model="tiny-bert", api_key=KEY)
     with live_server(app) as url:
         yield url, engine
@@ -155,6 +155,17 @@ def test_embeddings_models_health_metrics(client, server, embedder) -> None:
                  "rlx_time_to_first_token_seconds_count", "rlx_inter_token_latency_seconds_count"):
         assert re.search(rf"^{name} ", text, re.M), name
     assert _metric(server[0], "rlx_time_to_first_token_seconds_count") > 0
+
+
+def test_a_repeated_prompt_reuses_its_prefix(client, server, tiny_runner) -> None:
+    prompt = "You are a terse assistant. Answer in one word: "
+    n = len(tiny_runner.tokenizer.encode(prompt + "a"))
+    assert n > 32  # full blocks of 16 tokens to reuse (the last token is always prefilled, for its logits)
+    before = _metric(server[0], "rlx_prefix_cache_hit_tokens_total")
+    first = client.completions.create(model=MODEL, prompt=prompt + "a", max_tokens=8, temperature=0)
+    second = client.completions.create(model=MODEL, prompt=prompt + "a", max_tokens=8, temperature=0)
+    assert first.choices[0].text == second.choices[0].text
+    assert _metric(server[0], "rlx_prefix_cache_hit_tokens_total") - before == (n - 1) // 16 * 16
 
 
 def test_auth(server) -> None:
