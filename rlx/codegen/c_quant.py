@@ -41,6 +41,9 @@ FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0"
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
 #: The most rows of X the GEMV path takes (RLX_QGEMV_MAX_M in kernels/quant.h).
 GEMV_MAX_M = 4
+#: The most rows of X f32-activation products run through the GEMV kernels, in groups of GEMV_MAX_M
+#: (RLX_QGEMV_BATCH_M in kernels/quant.h): the block sums of that many rows.
+GEMV_BATCH_M = 16
 
 
 @dataclass(frozen=True)
@@ -113,10 +116,10 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     fmt = quant_format(op.quant)
     k, n = x.dims[-1].value, w.dims[0].value
     # per thread: a prefill panel (K x the widest packed panel, 64-byte aligned for the kernel's
-    # aligned loads), one dequantized weight row, then the block sums of up to GEMV_MAX_M rows of X
+    # aligned loads), one dequantized weight row, then the block sums of up to GEMV_BATCH_M rows of X
     wrow_offset = align64(k * PACK_NR_MAX * 4)
     xsum_offset = wrow_offset + align64(k * 4)
-    scratch = xsum_offset + align64(GEMV_MAX_M * (k // 32) * 4)
+    scratch = xsum_offset + align64(GEMV_BATCH_M * (k // 32) * 4)
     # act="q8"/"q16", shared by the threads: for few rows the quantized activations (rows of int8, or of
     # int16 as two byte planes, then two floats per block); for more, the quantized values as floats
     rows_max = product(x.dims[:-1]).max

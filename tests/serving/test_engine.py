@@ -148,3 +148,27 @@ def test_prefix_cache_skips_the_shared_prefill_and_changes_no_token(tiny_runner)
         assert [e.token_id for e in request if e.token_id is not None] == want[len(prefilled) - 1]
     assert prefilled == [len(prompts[0])] + [len(p) - 48 for p in prompts[1:]]
     assert cached.prefix.hits == 48 * 3 and len(cached.prefix) == 3
+
+
+def test_a_decode_row_gets_the_same_logits_bit_for_bit_in_any_batch(tiny_runner) -> None:
+    """The kernels under the token test: each slot's next-token logits alone (a one-row step, or rows up to
+    it) equal, bit for bit, those of a step of all 16 rows (attention split over a fixed number of
+    cache-row ranges, quantized GEMV rows summed alike for up to 16 rows)."""
+    rng = np.random.default_rng(9)
+    for slot in range(16):  # 20 to 60 tokens: prefill chunks of 16, then decode positions of every kind
+        prompt = rng.integers(0, 256, int(rng.integers(20, 61))).tolist()
+        for start in range(0, len(prompt), 16):
+            tiny_runner.prefill(slot, prompt[start:start + 16], start, logits=False)
+    lengths = tiny_runner.cache.lengths.copy()
+    tokens = rng.integers(0, 256, 16).tolist()
+    alone = []
+    for slot in range(16):
+        tiny_runner.cache.lengths[:] = lengths
+        alone.append(tiny_runner.decode([slot], [tokens[slot]], logits=True)[0])
+    tiny_runner.cache.lengths[:] = lengths
+    together = tiny_runner.decode(list(range(16)), tokens, logits=True)
+    tiny_runner.cache.lengths[:] = lengths
+    reverse = tiny_runner.decode(list(range(15, -1, -1)), tokens[::-1], logits=True)[::-1]
+    for slot in range(16):
+        np.testing.assert_array_equal(together[slot], alone[slot])
+        np.testing.assert_array_equal(reverse[slot], alone[slot])

@@ -1,13 +1,16 @@
 """A tiny random LLaMA written as a GGUF file with a byte-level tokenizer and a ChatML chat template:
-what the serving tests load as a fast stand-in for SmolLM2 (same loader, tokenizer and chat paths)."""
+what the serving tests load as a fast stand-in for SmolLM2 (same loader, tokenizer and chat paths, and its
+matrices in Q8_0 blocks, as a quantized GGUF's: the decode kernels SmolLM2 runs)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from rlx.models.causal_lm import random_tensors
 from rlx.models.decoder_config import DecoderConfig
-from rlx.models.gguf import config_metadata, write_gguf
+from rlx.models.gguf import GgufTensor, config_metadata, write_gguf
 from rlx.models.gguf_tokenizer import byte_level_alphabet
 from rlx.models.llama import random_specs
 
@@ -22,7 +25,15 @@ CONFIG = DecoderConfig(arch="llama", vocab_size=257 + len(SPECIALS), hidden_size
 
 def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     """Write the tiny model to `path` (weights scaled so greedy decoding wanders through the bytes)."""
-    tensors = {name: data for name, (_, data) in random_tensors(random_specs(CONFIG), seed=seed, scale=2.0).items()}
+    import gguf
+
+    tensors = {}
+    for name, (_, data) in random_tensors(random_specs(CONFIG), seed=seed, scale=2.0).items():
+        if data.ndim == 2:  # Q8_0 blocks, quantized by the gguf package
+            raw = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0).view(np.uint8)
+            tensors[name] = GgufTensor(name, "q8_0", data.shape, raw)
+        else:
+            tensors[name] = data
     tokens = [*byte_level_alphabet(), "Ġt", *SPECIALS]  # one merge: " t"
     metadata = {**config_metadata(CONFIG), "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
                 "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": ["Ġ t"],

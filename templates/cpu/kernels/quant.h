@@ -35,8 +35,14 @@
 /* Format ids (the generated code passes them as constants, so every switch below folds away). */
 enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX_Q4_K = 5, RLX_Q6_K = 6 };
 
-/* Rows of X up to which the GEMV kernels run (beyond: dequantized panels and the GEMM kernel). */
+/* Rows of X one GEMV kernel call takes (its accumulators stay in registers). */
 #define RLX_QGEMV_MAX_M 4
+/* Rows of X up to which f32-activation products run the GEMV kernels, in groups of RLX_QGEMV_MAX_M rows
+ * over tiles of RLX_QGEMV_TILE_N weight rows (beyond: dequantized panels and the GEMM kernel). Each
+ * row's dot products are then summed in the same order whatever the row count: a batched decode step
+ * gives every sequence the logits it would get alone (batch-invariant decoding). */
+#define RLX_QGEMV_BATCH_M 16
+#define RLX_QGEMV_TILE_N 64
 
 /* Threads for a decode GEMV over `bytes` of weight blocks. With sleeping OpenMP threads (`spins`
  * 0: the context's wait policy is passive) waking a team costs about as much as one core streaming
