@@ -22,8 +22,9 @@ PROMPT = "The three primary colors are"
 def runner():
     from rlx.serving.runner import CausalLMRunner
 
-    # the prefiller is the CausalLM of tests/models/test_smollm2.py (same graph: a cache hit in the suite)
-    return CausalLMRunner.from_gguf(GGUF, slots=4, max_context=256, chunk=64)
+    # f32 activations, as rlxc serve's default: the batch-invariant decode kernels (on CPUs without AVX-512
+    # VNNI the prefiller is then the CausalLM of tests/models/test_smollm2.py: a cache hit in the suite)
+    return CausalLMRunner.from_gguf(GGUF, slots=4, max_context=256, chunk=64, quant_act="f32")
 
 
 @pytest.fixture(scope="module")
