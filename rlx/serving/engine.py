@@ -270,7 +270,13 @@ class Engine:
                     self._lock.wait()
                 if self.scheduler.idle and self._closing:
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as exc:  # outside a guarded part (planning, bookkeeping): fail what is in flight
+                self.step_errors += 1
+                with self._lock:
+                    for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                        self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
 
     def step(self) -> Plan:
         """One iteration: drop cancelled requests, plan, run the plan, hand out the tokens."""

@@ -172,3 +172,23 @@ def test_a_decode_row_gets_the_same_logits_bit_for_bit_in_any_batch(tiny_runner)
     for slot in range(16):
         np.testing.assert_array_equal(together[slot], alone[slot])
         np.testing.assert_array_equal(reverse[slot], alone[slot])
+
+
+def test_a_fault_outside_the_model_fails_what_is_in_flight_and_the_loop_goes_on(tiny_runner, monkeypatch) -> None:
+    engine = Engine(tiny_runner).start()
+    try:
+        real, calls = engine.scheduler.schedule, []
+
+        def failing():
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("planning fault")
+            return real()
+
+        monkeypatch.setattr(engine.scheduler, "schedule", failing)
+        with pytest.raises(RlxError, match="planning fault"):
+            engine.generate([5, 6, 7], GREEDY)
+        assert len(engine.generate([5, 6, 7], GREEDY).token_ids) > 0
+    finally:
+        engine.stop()
+    assert engine.kv.used_slots == 0
