@@ -106,15 +106,15 @@ def prefix_ttft(client, model: str, prefix_tokens: int) -> tuple[float, float, f
         system += " " + " ".join(words)
     system = system[:prefix_tokens * 4]
 
-    def ttft(question: str) -> float:
+    def ttft(question: str, with_system: bool = True) -> float:
         out: dict = {}
-        one_stream(client, model, [{"role": "system", "content": system}, {"role": "user", "content": question}],
-                   4, out)
+        messages = [{"role": "system", "content": system}] if with_system else []
+        one_stream(client, model, [*messages, {"role": "user", "content": question}], 4, out)
         return out["first"] - out["start"]
 
-    short = ttft("Hi?")  # not the same system prompt: what a tiny prompt costs
-    cold = ttft("What is this text about?")
-    warm = ttft("Summarize it in five words.")
+    short = ttft("Hi?", with_system=False)  # what a tiny prompt costs
+    cold = ttft("What is this text about?")  # the system prompt's first time: all of it prefilled
+    warm = ttft("Summarize it in five words.")  # again: its blocks from the prefix cache
     return cold, warm, short
 
 
