@@ -1094,6 +1094,15 @@ def cmd_train(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
+def cmd_serve(argv: list[str]) -> int:
+    from rlx.serving import cli as serve_cli
+
+    try:
+        return int(serve_cli.main(argv) or 0)
+    except SystemExit as exc:  # its argparse: --help or a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
 def cmd_generate(argv: list[str]) -> int:
     from rlx.examples import generate
 
@@ -1295,6 +1304,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("embed", help="sentence embeddings example (rlxc embed --help)", add_help=False)
     sub.add_parser("generate", help="generate text with a GGUF decoder LLM (rlxc generate --help)", add_help=False)
     sub.add_parser("train", help="train a small model, one compiled step graph (rlxc train --help)", add_help=False)
+    sub.add_parser("serve", help="OpenAI-compatible server for a GGUF LLM (rlxc serve --help; the serve extra)",
+                   add_help=False)
     return p
 
 
@@ -1319,7 +1330,7 @@ def _silence_stdout() -> None:
         os.close(devnull)
 
 
-_EXAMPLES = {"embed": cmd_embed, "generate": cmd_generate, "train": cmd_train}
+_EXAMPLES = {"embed": cmd_embed, "generate": cmd_generate, "train": cmd_train, "serve": cmd_serve}
 
 
 def _main(argv: list[str]) -> int:

@@ -615,6 +615,11 @@ class CausalLM:
                 text, reason = text[:cut], "stop"
         return Generation(tokens, text, reason, len(ids))
 
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The token ids that end generation: the tokenizer's stop tokens, else the config's eos."""
+        return self._stop_ids()
+
     def _stop_ids(self) -> frozenset[int]:
         if self.tokenizer is not None and getattr(self.tokenizer, "stop_ids", None):
             return frozenset(self.tokenizer.stop_ids)

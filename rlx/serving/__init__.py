@@ -1,0 +1,15 @@
+"""Serving many users: an engine with continuous batching (`Engine`), usable without HTTP, and the
+OpenAI-compatible HTTP server of `rlxc serve` (`rlx.serving.server`, needs the `serve` extra).
+
+>>> from rlx.serving import Engine, SamplingParams
+>>> SamplingParams(max_tokens=8).max_tokens
+8
+"""
+
+from rlx.serving.engine import Completion, Engine, EngineClosed, Event, Request, SamplingParams
+from rlx.serving.kv import KvStore, SlotKv
+from rlx.serving.runner import CausalLMRunner, Runner
+from rlx.serving.scheduler import Plan, QueueFull, Scheduler
+
+__all__ = ["CausalLMRunner", "Completion", "Engine", "EngineClosed", "Event", "KvStore", "Plan", "QueueFull",
+           "Request", "Runner", "SamplingParams", "Scheduler", "SlotKv"]

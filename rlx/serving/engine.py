@@ -1,0 +1,385 @@
+"""`Engine`: continuous batching over a `Runner`, streaming each request's tokens as they come.
+
+Requests are `submit`ted (from any thread) with their `SamplingParams`; a worker thread loops:
+ask the `Scheduler` for a plan, run its decode rows as one batched step and its prefill chunks,
+sample each sequence's next token with its own sampler, and hand each request its `Event`s
+(token, text, logprobs; a last one with the finish reason). A request that is cancelled, or
+whose step raised, ends alone: its slot is freed and the others go on. `step()` runs one
+iteration by hand (no thread), which is how the scheduler's tests drive it.
+
+>>> from rlx.models.decoder_config import DecoderConfig
+>>> from rlx.models.causal_lm import random_tensors
+>>> from rlx.models.llama import random_specs
+>>> from rlx.serving.runner import CausalLMRunner
+>>> cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
+...                     num_kv_heads=2, head_dim=8, ffn_size=48, n_rot=8, context_length=64, eos_id=-1)
+>>> runner = CausalLMRunner.build(cfg, random_tensors(random_specs(cfg)), device="reference", slots=2,
+...                               max_context=32, chunk=8)
+>>> with Engine(runner) as engine:
+...     done = engine.generate([5, 6, 7], SamplingParams(max_tokens=4))
+>>> len(done.token_ids), done.finish_reason
+(4, 'length')
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlx.errors import RlxError
+from rlx.models.sampling import Sampler
+from rlx.serving.kv import SlotKv
+from rlx.serving.prefix import PrefixCache
+from rlx.serving.runner import Runner
+from rlx.serving.scheduler import Plan, Scheduler, Seq, State
+from rlx.serving.text import StopText
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request generates: at most `max_tokens` new tokens, greedy at temperature 0, stop strings,
+    and `logprobs` (the chosen token's log-probability, with the `top_logprobs` best alternatives)."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise RlxError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not 0 <= self.top_logprobs <= 20:
+            raise RlxError(f"top_logprobs must be in 0..20, got {self.top_logprobs!r}")
+        Sampler(self.temperature, self.top_k, self.top_p, self.seed)  # its checks
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.temperature != 0 or self.logprobs
+
+
+@dataclass(frozen=True)
+class Event:
+    """A request's next token (`token_id`, the `text` it completes, `logprob`, `top_logprobs` as
+    (id, logprob) pairs) or, last, its end: `finish_reason` ("stop", "length", "cancelled" or "error",
+    with `error`) and any text held back until then (`token_id` None)."""
+
+    token_id: int | None
+    text: str
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Completion:
+    """What `Engine.generate` returns: every token and the text, why it ended, and token counts."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    events: list[Event] = field(default_factory=list)
+
+
+class EngineClosed(RlxError):
+    """The engine is shutting down (or shut down) and takes no new requests."""
+
+
+class Observer:
+    """What the engine reports as it runs (the server's metrics implement it); the default ignores it all."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def inter_token(self, seconds: float) -> None: ...
+
+    def tokens(self, n: int) -> None: ...
+
+    def prefix_hit(self, tokens: int) -> None: ...
+
+
+class Request:
+    """A submitted request: iterate it for its `Event`s (blocking), or give `submit` a `sink` instead."""
+
+    def __init__(self, engine: Engine, seq: Seq) -> None:
+        self._engine, self._seq = engine, seq
+        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
+
+    @property
+    def id(self) -> int:
+        return self._seq.id
+
+    def cancel(self) -> None:
+        """End this request now: its slot is freed at the next iteration (a last event says "cancelled")."""
+        self._engine.cancel(self)
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            event = self._queue.get()
+            yield event
+            if event.finish_reason is not None:
+                return
+
+
+@dataclass
+class _Job:
+    """The engine's state of one sequence (its `Seq.payload`)."""
+
+    params: SamplingParams
+    sampler: Sampler
+    text: StopText
+    sink: Callable[[Event], None]
+    cancelled: bool = False
+
+
+class Engine:
+    """Continuous batching over `runner` (see the module docstring).
+
+    `token_budget`: KV tokens among all slots (default: every slot full); `max_step_tokens`: tokens one
+    iteration computes (decode rows plus prefill chunks); `max_waiting`: the queue's bound (`QueueFull`
+    past it); `prefix_cache_bytes`: memory for the K/V of prompt blocks reused across requests
+    (`PrefixCache`; 0, or a runner that cannot copy K/V, turns it off); `clock`: seconds, for
+    first-token and inter-token times.
+    """
+
+    def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
+                 max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
+                 observer: Observer | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner = runner
+        chunk = chunk or getattr(runner, "chunk", 64)
+        self.kv = SlotKv(runner.slots, runner.max_context, token_budget)
+        # prefix caching where the runner can copy K/V blocks (blocks of one prefill chunk)
+        self.prefix = (PrefixCache(chunk, prefix_cache_bytes)
+                       if prefix_cache_bytes > 0 and getattr(runner, "copies_kv", False) else None)
+        self.scheduler = Scheduler(self.kv, chunk=chunk, max_step_tokens=max_step_tokens or max(chunk, runner.slots),
+                                   max_waiting=max_waiting, clock=clock,
+                                   reuse=self._reuse if self.prefix is not None else None)
+        self.observer = observer or Observer()
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._requests: dict[int, Request] = {}
+        self.step_errors = 0  # steps that raised (their requests failed)
+        self.preemptions = 0  # sequences sent back to the queue to be recomputed
+
+    # ── requests ──────────────────────────────────────────────────────
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams, sink: Callable[[Event], None] | None = None,
+               ) -> Request:
+        """Queue a request (token ids); its events go to `sink` (called on the engine's thread) or to the
+        returned `Request`'s iterator. `EngineClosed` while shutting down, `QueueFull` past `max_waiting`."""
+        ids = [int(t) for t in prompt]
+        if not ids or min(ids) < 0 or max(ids) >= self.runner.vocab_size:
+            raise RlxError(f"the prompt must be a non-empty list of token ids in [0, {self.runner.vocab_size})")
+        if len(ids) + params.max_tokens > self.runner.max_context:
+            raise RlxError(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) is over the "
+                           f"context of {self.runner.max_context} tokens")
+        with self._lock:
+            if self._closing:
+                raise EngineClosed("the engine is shutting down")
+            job = _Job(params, Sampler(params.temperature, params.top_k, params.top_p, params.seed),
+                       StopText(self.runner.tokenizer, params.stop), sink or (lambda e: None))
+            seq = self.scheduler.add(ids, params.max_tokens, job)
+            request = Request(self, seq)
+            if sink is None:
+                job.sink = request._queue.put
+            self._requests[seq.id] = request
+            self._lock.notify_all()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        with self._lock:
+            request._seq.payload.cancelled = True
+            self._lock.notify_all()
+
+    def generate(self, prompt: Sequence[int], params: SamplingParams) -> Completion:
+        """Submit and wait (the engine's thread must run, or another thread call `step`)."""
+        request = self.submit(prompt, params)
+        events = list(request) if self._thread is not None else self._drive(request)
+        tokens = [e.token_id for e in events if e.token_id is not None]
+        last = events[-1]
+        if last.finish_reason == "error":
+            raise RlxError(f"generation failed: {last.error}")
+        return Completion(tokens, "".join(e.text for e in events), last.finish_reason, len(prompt), events)
+
+    def _drive(self, request: Request) -> list[Event]:
+        events: list[Event] = []
+        while not events or events[-1].finish_reason is None:
+            self.step()
+            while True:
+                try:
+                    events.append(request._queue.get_nowait())
+                except queue.Empty:
+                    break
+        return events
+
+    # ── the loop ──────────────────────────────────────────────────────
+
+    def start(self) -> Engine:
+        """Run iterations on a worker thread until `stop`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="rlx-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Take no new requests; with `drain`, finish those running and waiting, else cancel them; then end
+        the worker thread."""
+        with self._lock:
+            self._closing = True
+            if not drain:
+                for request in self._requests.values():
+                    request._seq.payload.cancelled = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(drain=exc[0] is None)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def stats(self) -> dict[str, int]:
+        """Running and waiting sequences, and KV tokens used and free."""
+        with self._lock:
+            s = self.scheduler
+            return {"running": len(s.running), "waiting": len(s.waiting), "kv_used_tokens": self.kv.used_tokens,
+                    "kv_free_tokens": self.kv.free_tokens, "kv_used_slots": self.kv.used_slots}
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while self.scheduler.idle and not self._closing:
+                    self._lock.wait()
+                if self.scheduler.idle and self._closing:
+                    return
+            try:
+                self.step()
+            except Exception as exc:  # outside a guarded part (planning, bookkeeping): fail what is in flight
+                self.step_errors += 1
+                with self._lock:
+                    for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                        self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+
+    def step(self) -> Plan:
+        """One iteration: drop cancelled requests, plan, run the plan, hand out the tokens."""
+        with self._lock:
+            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                if seq.payload.cancelled:
+                    self._finish(seq, "cancelled")
+            plan = self.scheduler.schedule()
+            self.preemptions += len(plan.preempted)
+        if plan.decode:
+            self._guarded(plan.decode, self._decode, plan.decode)
+        for seq, start, n in plan.prefill:
+            if seq.state is State.PREFILL:
+                self._guarded([seq], self._prefill, seq, start, n)
+        return plan
+
+    def _guarded(self, seqs: list[Seq], fn: Callable[..., None], *args: Any) -> None:
+        """Run one part of an iteration; if it raises, its sequences end with the error, the rest go on."""
+        try:
+            fn(*args)
+        except Exception as exc:  # a fault in one step fails that step's requests only
+            self.step_errors += 1
+            message = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                for seq in seqs:
+                    self._finish(seq, "error", message)
+
+    def _decode(self, seqs: list[Seq]) -> None:
+        logits = any(s.payload.params.needs_logits for s in seqs)
+        out = self.runner.decode([s.slot for s in seqs], [s.context[-1] for s in seqs], logits)
+        with self._lock:
+            for i, seq in enumerate(seqs):
+                self.scheduler.decoded(seq)
+                self._next(seq, out[i], logits)
+
+    def _prefill(self, seq: Seq, start: int, n: int) -> None:
+        last = start + n == len(seq.context)
+        logits = last and seq.payload.params.needs_logits
+        out = self.runner.prefill(seq.slot, seq.context[start:start + n], start, logits)
+        with self._lock:
+            self.scheduler.prefilled(seq, n)
+            if self.prefix is not None:
+                self._keep_block(seq, start, n)
+            if last:
+                self._next(seq, out, logits)
+
+    def _reuse(self, seq: Seq) -> int:
+        """At admission: copy the cached blocks `seq`'s context starts with into its slot (at least its last
+        token is left to prefill, for its logits); how many tokens that is."""
+        block = self.prefix.block
+        usable = (len(seq.context) - 1) // block * block
+        blocks = self.prefix.match(seq.context[:usable]) if usable else []
+        for i, kv in enumerate(blocks):
+            self.runner.write_kv(seq.slot, i * block, kv)
+        if blocks:
+            self.observer.prefix_hit(len(blocks) * block)
+        return len(blocks) * block
+
+    def _keep_block(self, seq: Seq, start: int, n: int) -> None:
+        """After a prefill chunk: a full aligned block goes into the prefix cache."""
+        block = self.prefix.block
+        if n == block and start % block == 0:
+            self.prefix.store(seq.context, start // block, self.runner.read_kv(seq.slot, start, n))
+
+    def _next(self, seq: Seq, out: np.ndarray, is_logits: bool) -> None:
+        """`seq`'s next token from its step's output: sample, stream, and end it if it is done."""
+        job: _Job = seq.payload
+        if job.cancelled:
+            self._finish(seq, "cancelled")
+            return
+        row = np.asarray(out, dtype=np.float32) if is_logits else None
+        token = int(job.sampler.pick(row[None, :])[0]) if row is not None else int(out)
+        if token in self.runner.stop_ids:
+            self._finish(seq, "stop")
+            return
+        before = seq.last_token_at
+        self.scheduler.append(seq, token)
+        if before is None:
+            self.observer.first_token(seq.first_token_at - seq.arrival)
+        else:
+            self.observer.inter_token(seq.last_token_at - before)
+        self.observer.tokens(1)
+        logprob, top = _logprobs(row, token, job.params) if job.params.logprobs and row is not None else (None, ())
+        job.sink(Event(token, job.text.push(token), logprob, top))
+        if job.text.stopped:
+            self._finish(seq, "stop")
+        elif len(seq.generated) >= seq.max_new or len(seq.context) > self.runner.max_context:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Seq, reason: str, error: str | None = None) -> None:
+        if seq.state is State.DONE:
+            return
+        self.scheduler.finish(seq, reason)
+        request = self._requests.pop(seq.id, None)
+        job: _Job = seq.payload
+        tail = job.text.flush() if reason in ("stop", "length") else ""
+        if request is not None:
+            job.sink(Event(None, tail, finish_reason=reason, error=error))
+
+
+def _logprobs(row: np.ndarray, token: int, params: SamplingParams) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """log-softmax of the raw logits: the chosen token's, and the `top_logprobs` best (id, logprob)."""
+    x = row.astype(np.float64)
+    lse = float(x.max() + math.log(np.exp(x - x.max()).sum()))
+    top = np.argsort(-x, kind="stable")[:params.top_logprobs]
+    return float(x[token] - lse), tuple((int(i), float(x[i] - lse)) for i in top)

@@ -1,0 +1,82 @@
+"""Prefix caching: the K/V of full prompt blocks, keyed by their tokens, reused across requests (LRU).
+
+A block is `block` tokens at an aligned position (the engine's prefill chunk, so a reused prefix
+ends where a chunk would have ended, and what follows is computed exactly as without the cache).
+Its key hashes the block's tokens together with the key of the block before it, so a key names
+the whole prefix up to that block. `match` returns the longest run of cached blocks a context
+starts with; `store` keeps a block's K/V (copies of the slot's rows, one array per cache state);
+the least recently used blocks go once `max_bytes` is passed. With per-slot storage a hit copies
+the blocks into the new sequence's slot; a paged cache would share the pages instead.
+
+>>> import numpy as np
+>>> pc = PrefixCache(block=2, max_bytes=1 << 20)
+>>> pc.store([1, 2, 3, 4], 0, {"k": np.ones((2, 3), np.float32)})
+>>> pc.store([1, 2, 3, 4], 1, {"k": np.zeros((2, 3), np.float32)})
+>>> [len(b) for b in pc.match([1, 2, 3, 4, 5])], pc.match([1, 2, 9, 9, 9]) != [], pc.match([7, 2, 3])
+([1, 1], True, [])
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from rlx.errors import RlxError
+
+
+class PrefixCache:
+    """Block K/V by prefix hash, least recently used first out (see the module docstring)."""
+
+    def __init__(self, block: int, max_bytes: int) -> None:
+        if block < 1 or max_bytes < 0:
+            raise RlxError(f"block must be >= 1 and max_bytes >= 0, got {block}, {max_bytes}")
+        self.block, self.max_bytes = block, max_bytes
+        self._blocks: OrderedDict[bytes, dict[str, np.ndarray]] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0  # tokens reused
+        self.lookups = 0
+
+    def _keys(self, tokens: Sequence[int], n_blocks: int) -> list[bytes]:
+        keys, parent = [], b""
+        ids = np.asarray(tokens[:n_blocks * self.block], dtype=np.int64)
+        for i in range(n_blocks):
+            parent = hashlib.blake2b(parent + ids[i * self.block:(i + 1) * self.block].tobytes(),
+                                     digest_size=16).digest()
+            keys.append(parent)
+        return keys
+
+    def match(self, tokens: Sequence[int]) -> list[Mapping[str, np.ndarray]]:
+        """The cached blocks `tokens` starts with (each a `{state name: [block, width]}`), in order."""
+        self.lookups += 1
+        found = []
+        for key in self._keys(tokens, len(tokens) // self.block):
+            kv = self._blocks.get(key)
+            if kv is None:
+                break
+            self._blocks.move_to_end(key)
+            found.append(kv)
+        self.hits += len(found) * self.block
+        return found
+
+    def store(self, tokens: Sequence[int], index: int, kv: Mapping[str, np.ndarray]) -> None:
+        """Keep block `index` of `tokens` (its K/V `kv`, copied) unless it is cached already."""
+        if (index + 1) * self.block > len(tokens):
+            raise RlxError(f"block {index} of {self.block} tokens is not within the {len(tokens)} tokens given")
+        key = self._keys(tokens, index + 1)[-1]
+        if key in self._blocks:
+            self._blocks.move_to_end(key)
+            return
+        size = sum(a.nbytes for a in kv.values())
+        if size > self.max_bytes:
+            return
+        self._blocks[key] = {name: np.array(a) for name, a in kv.items()}
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, old = self._blocks.popitem(last=False)
+            self.bytes -= sum(a.nbytes for a in old.values())
+
+    def __len__(self) -> int:
+        return len(self._blocks)

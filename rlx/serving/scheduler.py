@@ -1,0 +1,188 @@
+"""Iteration-level scheduling: which sequences decode, which prefill a chunk, who is admitted or preempted.
+
+Every engine iteration asks `Scheduler.schedule()` for a `Plan`: one decode row for each running
+sequence whose prompt is in the cache, plus prefill chunks of admitted sequences under a token
+budget (`max_step_tokens`, a decode row costing one token). Prefill goes in chunks aligned to
+`chunk` tokens (so a sequence's chunks are the same whatever else runs: its results do not depend
+on the load). Waiting sequences are admitted first come, first served while a slot and their tokens
+fit the `KvStore`; when the running sequences' next tokens do not fit, the newest is preempted:
+its storage is freed and it goes back to the front of the queue, to be recomputed (prompt plus
+what it generated) when there is room again. The scheduler holds no model: it is tested with a
+fake clock and a `SlotKv` alone.
+
+>>> from rlx.serving.kv import SlotKv
+>>> s = Scheduler(SlotKv(slots=2, max_context=16), chunk=4, max_step_tokens=6, clock=lambda: 0.0)
+>>> a = s.add([1, 2, 3, 4, 5, 6], max_new=2)
+>>> plan = s.schedule(); [(q.id, start, n) for q, start, n in plan.prefill], plan.decode
+([(0, 0, 4)], [])
+>>> s.prefilled(a, 4); [(q.id, start, n) for q, start, n in s.schedule().prefill]
+[(0, 4, 2)]
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from rlx.errors import RlxError
+from rlx.serving.kv import KvStore
+
+
+class State(Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"  # admitted, its context partly in the cache
+    DECODE = "decode"  # its whole context but the last token in the cache
+    DONE = "done"
+
+
+@dataclass(eq=False)
+class Seq:
+    """One sequence: its prompt, what it generated, and where it stands.
+
+    `context` (prompt + generated) is what the model has seen or must see: while decoding, the
+    cache holds all of it but the last token, which the next decode row feeds; `filled` counts the
+    context tokens in the cache.
+    """
+
+    id: int
+    prompt: list[int]
+    max_new: int
+    arrival: float
+    generated: list[int] = field(default_factory=list)
+    state: State = State.WAITING
+    slot: int | None = None
+    filled: int = 0
+    preemptions: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finish_reason: str | None = None
+    payload: Any = None  # the engine's per-request state (sampler, detokenizer, sink)
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.generated
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One iteration's work: decode rows, then prefill chunks `(seq, start, n_tokens)`; who was preempted."""
+
+    decode: list[Seq]
+    prefill: list[tuple[Seq, int, int]]
+    preempted: list[Seq]
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
+
+
+class QueueFull(RlxError):
+    """More sequences waiting than the scheduler's `max_waiting`."""
+
+
+class Scheduler:
+    """Admission, chunked prefill and preemption over a `KvStore` (see the module docstring)."""
+
+    def __init__(self, kv: KvStore, *, chunk: int, max_step_tokens: int, max_waiting: int = 256,
+                 clock: Callable[[], float], reuse: Callable[[Seq], int] | None = None) -> None:
+        if chunk < 1 or max_step_tokens < 1 or max_waiting < 0:
+            raise RlxError(f"chunk and max_step_tokens must be >= 1 and max_waiting >= 0, got {chunk}, "
+                           f"{max_step_tokens}, {max_waiting}")
+        self.kv, self.chunk, self.max_step_tokens, self.max_waiting = kv, chunk, max_step_tokens, max_waiting
+        self.clock = clock
+        # at admission: how many context tokens are already in the new slot (a prefix cache hit; a multiple
+        # of `chunk`, below the context's length)
+        self.reuse = reuse
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []  # admission order: the last is the newest
+        self._ids = itertools.count()
+
+    def add(self, prompt: Sequence[int], max_new: int, payload: Any = None) -> Seq:
+        """Queue a sequence; `QueueFull` past `max_waiting` waiting ones."""
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests are already waiting (the queue holds {self.max_waiting})")
+        seq = Seq(next(self._ids), list(prompt), max_new, self.clock(), payload=payload)
+        self.waiting.append(seq)
+        return seq
+
+    def schedule(self) -> Plan:
+        preempted: list[Seq] = []
+        decode = [s for s in self.running if s.state is State.DECODE]
+        # each decoding sequence needs room for one more token; else the newest goes back to the queue
+        while decode:
+            short = next((s for s in decode if not self.kv.grow(s.slot, s.filled + 1)), None)
+            if short is None:
+                break
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+            decode = [s for s in decode if s is not victim]
+        budget = self.max_step_tokens - len(decode)
+        prefill: list[tuple[Seq, int, int]] = []
+        for seq in [s for s in self.running if s.state is State.PREFILL]:
+            budget = self._chunk(seq, budget, prefill, decode)
+        while self.waiting and budget > 0 and not preempted:
+            seq = self.waiting[0]
+            slot = self.kv.allocate(len(seq.context))
+            if slot is None:
+                break
+            self.waiting.popleft()
+            seq.state, seq.slot, seq.filled = State.PREFILL, slot, 0
+            if self.reuse is not None:
+                seq.filled = self.reuse(seq)
+            self.running.append(seq)
+            budget = self._chunk(seq, budget, prefill, decode)
+        return Plan(decode, prefill, preempted)
+
+    def _chunk(self, seq: Seq, budget: int, prefill: list[tuple[Seq, int, int]], decode: list[Seq]) -> int:
+        """Plan `seq`'s next aligned chunk if the budget allows (or nothing else runs); the budget left."""
+        n = min(self.chunk - seq.filled % self.chunk, len(seq.context) - seq.filled)
+        if n <= budget or not (decode or prefill):
+            prefill.append((seq, seq.filled, n))
+            return budget - n
+        return budget
+
+    def prefilled(self, seq: Seq, n: int) -> None:
+        """`n` more context tokens of `seq` are in the cache; once all are, it decodes."""
+        seq.filled += n
+        if seq.filled >= len(seq.context):
+            seq.state = State.DECODE
+
+    def decoded(self, seq: Seq) -> None:
+        """`seq`'s decode row ran: its last context token is now in the cache."""
+        seq.filled += 1
+
+    def append(self, seq: Seq, token: int) -> None:
+        """`seq` generated `token` (the output of its last prefill chunk or decode row)."""
+        now = self.clock()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        seq.last_token_at = now
+        seq.generated.append(token)
+
+    def finish(self, seq: Seq, reason: str) -> None:
+        """`seq` ends (stop, length, cancel, error): its storage is freed, it leaves the queue."""
+        if seq.state is State.DONE:
+            return
+        if seq.slot is not None:
+            self.kv.free(seq.slot)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.state, seq.slot, seq.finish_reason = State.DONE, None, reason
+
+    def _preempt(self, seq: Seq) -> None:
+        self.kv.free(seq.slot)
+        self.running.remove(seq)
+        seq.state, seq.slot, seq.filled = State.WAITING, None, 0
+        seq.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running

@@ -1,0 +1,303 @@
+"""The OpenAI-compatible HTTP server of `rlxc serve` (FastAPI): completions, chat, embeddings, models, health, metrics.
+
+`create_app(engine, model_name, ...)` gives the ASGI app over a running `Engine` (and optionally a
+`SentenceEmbedder`); `serve(...)` runs it under uvicorn. Requests are checked by `rlx.serving.api`
+(4xx with an OpenAI-style error body); streams are server-sent events ending in `data: [DONE]`;
+a client that goes away mid-stream cancels its sequences; a full queue answers 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from rlx.errors import RlxError
+from rlx.serving.api import ApiError, GenerationRequest, chat_request, completion_request, embedding_inputs, parse_json
+from rlx.serving.engine import Engine, EngineClosed, Event
+from rlx.serving.metrics import Metrics
+from rlx.serving.scheduler import QueueFull
+
+
+class _Choice:
+    """One choice of a request: its engine request and an asyncio queue its events land in."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.request: Any = None
+        self.events: list[Event] = []
+
+
+def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, embedding_model: str | None = None,
+               api_key: str | None = None, metrics: Metrics | None = None) -> FastAPI:
+    """The app over `engine` (started by the caller; stopped, draining, when the app shuts down)."""
+    metrics = metrics or Metrics(engine.stats)
+    if metrics is not engine.observer:
+        engine.observer = metrics
+    tokenizer = engine.runner.tokenizer
+    max_context = engine.runner.max_context
+    embed_lock = threading.Lock()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(engine.stop, True)  # uvicorn has let open requests finish
+
+    app = FastAPI(title="rlx", lifespan=lifespan)
+    app.state.engine, app.state.metrics = engine, metrics
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        metrics.requests.labels(request.url.path, str(exc.status)).inc()
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next: Any) -> Response:
+        if api_key is not None and request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                err = ApiError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key")
+                return JSONResponse(err.body(), status_code=401)
+        try:
+            return await call_next(request)
+        except Exception as exc:  # anything unexpected is a 500 with an OpenAI body, and the server goes on
+            err = ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error")
+            return JSONResponse(err.body(), status_code=500)
+
+    def check_model(name: str, known: Sequence[str | None]) -> None:
+        if name not in known:
+            raise ApiError(404, f"the model {name!r} does not exist; this server has {[k for k in known if k]}",
+                           param="model", code="model_not_found")
+
+    def prompt_ids(req: GenerationRequest) -> list[int]:
+        if req.messages is not None:
+            if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+                raise ApiError(400, f"the model {model_name!r} has no chat template", param="messages")
+            try:
+                ids = tokenizer.encode(tokenizer.apply_chat_template(req.messages))
+            except RlxError as exc:
+                raise ApiError(400, str(exc), param="messages") from None
+        elif isinstance(req.prompt, str):
+            if tokenizer is None:
+                raise ApiError(400, f"the model {model_name!r} has no tokenizer: give the prompt as token ids",
+                               param="prompt")
+            ids = tokenizer.encode(req.prompt)
+        else:
+            ids = list(req.prompt)
+            if max(ids) >= engine.runner.vocab_size:
+                raise ApiError(400, f"token ids must be below the vocabulary size {engine.runner.vocab_size}",
+                               param="prompt")
+        if not ids:
+            raise ApiError(400, "the prompt encodes to no tokens", param="prompt")
+        if len(ids) + req.params.max_tokens > max_context:
+            raise ApiError(400, f"the prompt ({len(ids)} tokens) plus max_tokens ({req.params.max_tokens}) is over "
+                                f"the context of {max_context} tokens", param="max_tokens",
+                           code="context_length_exceeded")
+        return ids
+
+    def start(req: GenerationRequest, ids: list[int]) -> list[_Choice]:
+        loop = asyncio.get_running_loop()
+        choices = [_Choice(i) for i in range(req.n)]
+        try:
+            for c in choices:
+                params = req.params
+                if req.n > 1 and params.seed is not None:  # distinct, reproducible choices
+                    params = dataclasses.replace(params, seed=params.seed + c.index)
+                c.request = engine.submit(ids, params, lambda e, q=c.queue: loop.call_soon_threadsafe(q.put_nowait, e))
+        except QueueFull as exc:
+            cancel(choices)
+            raise ApiError(429, f"the server is busy: {exc}", kind="requests", code="rate_limit_exceeded") from None
+        except EngineClosed:
+            cancel(choices)
+            raise ApiError(503, "the server is shutting down", kind="server_error") from None
+        return choices
+
+    def cancel(choices: list[_Choice]) -> None:
+        for c in choices:
+            if c.request is not None:
+                c.request.cancel()
+
+    def token_text(token_id: int) -> str:
+        """A token as logprobs show it: its text, or "bytes:\\xNN..." when it is not whole UTF-8 (as OpenAI)."""
+        if tokenizer is None:
+            return str(token_id)
+        raw = tokenizer.token_bytes(token_id) if hasattr(tokenizer, "token_bytes") else None
+        if raw is None:
+            return tokenizer.decode([token_id])
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    def completion_logprobs(events: list[Event]) -> dict[str, Any]:
+        tokens = [e for e in events if e.token_id is not None]
+        return {"tokens": [token_text(e.token_id) for e in tokens], "token_logprobs": [e.logprob for e in tokens],
+                "top_logprobs": [{token_text(i): lp for i, lp in e.top_logprobs} for e in tokens],
+                "text_offset": [sum(len(x.text) for x in tokens[:k]) for k in range(len(tokens))]}
+
+    def chat_logprobs(events: list[Event]) -> dict[str, Any]:
+        def entry(i: int, lp: float) -> dict[str, Any]:
+            text = token_text(i)
+            raw = tokenizer.token_bytes(i) if hasattr(tokenizer, "token_bytes") else text.encode()
+            return {"token": text, "logprob": lp, "bytes": list(raw)}
+
+        return {"content": [{**entry(e.token_id, e.logprob), "top_logprobs": [entry(i, lp) for i, lp in e.top_logprobs]}
+                            for e in events if e.token_id is not None]}
+
+    async def collect(choices: list[_Choice]) -> None:
+        for c in choices:
+            while not c.events or c.events[-1].finish_reason is None:
+                c.events.append(await c.queue.get())
+            last = c.events[-1]
+            if last.finish_reason == "error":
+                raise ApiError(500, f"generation failed: {last.error}", kind="server_error")
+
+    async def generate(request: Request, chat: bool) -> Response:
+        endpoint = request.url.path
+        body = parse_json(await request.body())
+        req = chat_request(body, max_context) if chat else completion_request(body, max_context)
+        check_model(req.model, [model_name])
+        ids = prompt_ids(req)
+        choices = start(req, ids)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
+        created = int(time.time())
+        head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": model_name}
+        if req.stream:
+            metrics.requests.labels(endpoint, "200").inc()
+            return StreamingResponse(stream(req, choices, head, len(ids), chat), media_type="text/event-stream")
+        try:
+            await collect(choices)
+        finally:
+            cancel([c for c in choices if not c.events or c.events[-1].finish_reason is None])
+        out = []
+        for c in choices:
+            text = "".join(e.text for e in c.events)
+            logprobs = None
+            if req.params.logprobs:
+                logprobs = chat_logprobs(c.events) if chat else completion_logprobs(c.events)
+            reason = c.events[-1].finish_reason
+            if chat:
+                out.append({"index": c.index, "message": {"role": "assistant", "content": text},
+                            "logprobs": logprobs, "finish_reason": reason})
+            else:
+                out.append({"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": reason})
+        generated = sum(sum(e.token_id is not None for e in c.events) for c in choices)
+        metrics.requests.labels(endpoint, "200").inc()
+        return JSONResponse({**head, "choices": out, "usage": _usage(len(ids), generated)})
+
+    async def stream(req: GenerationRequest, choices: list[_Choice], head: dict[str, Any], n_prompt: int,
+                     chat: bool) -> AsyncIterator[str]:
+        head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
+        pending = {asyncio.ensure_future(c.queue.get()): c for c in choices}
+        generated = 0
+        try:
+            if chat:
+                for c in choices:
+                    yield _sse({**head, "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                                     "logprobs": None, "finish_reason": None}]})
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    c = pending.pop(fut)
+                    e = fut.result()
+                    c.events.append(e)
+                    if e.finish_reason == "error":
+                        yield _sse(ApiError(500, f"generation failed: {e.error}", kind="server_error").body())
+                        continue
+                    generated += e.token_id is not None
+                    logprobs = None
+                    if req.params.logprobs and e.token_id is not None:
+                        logprobs = chat_logprobs([e]) if chat else completion_logprobs([e])
+                    if chat:
+                        delta = {"content": e.text} if e.text or e.token_id is not None else {}
+                        choice = {"index": c.index, "delta": delta, "logprobs": logprobs,
+                                  "finish_reason": e.finish_reason}
+                    else:
+                        choice = {"index": c.index, "text": e.text, "logprobs": logprobs,
+                                  "finish_reason": e.finish_reason}
+                    yield _sse({**head, "choices": [choice]})
+                    if e.finish_reason is None:
+                        pending[asyncio.ensure_future(c.queue.get())] = c
+            if req.include_usage:
+                yield _sse({**head, "choices": [], "usage": _usage(n_prompt, generated)})
+            yield "data: [DONE]\n\n"
+        finally:  # the client went away (or the stream ended): nothing left running for it
+            for fut in pending:
+                fut.cancel()
+            cancel([c for c in choices if not c.events or c.events[-1].finish_reason is None])
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        model, inputs = embedding_inputs(parse_json(await request.body()))
+        check_model(model, [embedding_model])
+
+        def run() -> tuple[Any, int]:
+            with embed_lock:
+                _, mask = embedder.tokenize(inputs)
+                return embedder.embed(inputs), int(mask.sum())
+
+        vectors, n_tokens = await asyncio.to_thread(run)
+        data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+        metrics.requests.labels(request.url.path, "200").inc()
+        return JSONResponse({"object": "list", "data": data, "model": model,
+                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        names = [model_name] + ([embedding_model] if embedder is not None else [])
+        return JSONResponse({"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "rlx"}
+                                                        for n in names]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        status = "draining" if engine.closing else "ok"
+        return JSONResponse({"status": status, **engine.stats()}, status_code=503 if engine.closing else 200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Run `app` under uvicorn until SIGINT/SIGTERM (open requests finish first, then the engine drains)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                # uvicorn re-raises the SIGTERM it caught once shut down; a drained server exits 0 instead
+                getattr(self, "_captured_signals", []).clear()
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()

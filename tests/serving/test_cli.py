@@ -1,0 +1,73 @@
+"""`rlxc serve` as a process: it serves the tiny GGUF on 127.0.0.1, and on SIGTERM stops admitting, finishes
+the stream in flight, and exits 0; without the serve extra it names `pip install 'rlx[serve]'`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from live import free_port
+
+from rlx.serving import cli
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None,
+                    reason="the serve extra is not installed")
+def test_sigterm_finishes_the_running_stream_then_exits(tiny_gguf) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rlx.cli", "serve", "--model", str(tiny_gguf.parent),
+                             "--port", str(port), "--max-seqs", "16", "--max-context", "128", "--chunk", "16",
+                             "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        models = httpx.get(url + "/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["tiny-llama"]
+        body = {"model": "tiny-llama", "prompt": "go", "max_tokens": 100, "temperature": 0, "stream": True,
+                "stop": ["never appears \u2603"]}
+        chunks = []
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            lines = (line for line in r.iter_lines() if line)
+            chunks.append(next(lines))
+            proc.send_signal(signal.SIGTERM)
+            chunks += list(lines)
+        assert chunks[-1] == "data: [DONE]"
+        last = json.loads(chunks[-2].removeprefix("data: "))
+        assert last["choices"][0]["finish_reason"] in ("length", "stop")
+        assert proc.wait(30) == 0
+        with pytest.raises(httpx.ConnectError):  # no longer admitting
+            httpx.get(url + "/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_without_the_serve_extra_it_says_what_to_install(monkeypatch, capsys) -> None:
+    real = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None if name == "fastapi" else real(name))
+    assert cli.main(["--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "pip install 'rlx[serve]'" in err and "fastapi" in err
+
+
+def test_import_rlx_serving_needs_no_fastapi() -> None:
+    code = ("import sys; sys.modules['fastapi'] = None; sys.modules['uvicorn'] = None; "
+            "import rlx, rlx.serving, rlx.cli; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
+    assert out.stdout.strip() == "ok"

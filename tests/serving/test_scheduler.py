@@ -1,0 +1,111 @@
+"""The scheduler alone, with a fake clock and a SlotKv: admission, chunked prefill under the token budget,
+preemption of the newest when KV runs out, the bounded queue, and times of first tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlx.serving.kv import SlotKv
+from rlx.serving.scheduler import QueueFull, Scheduler, State
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run(s: Scheduler, plan, token: int = 7) -> None:
+    """What the engine does with a plan: chunks land in the cache, rows produce tokens."""
+    for seq in plan.decode:
+        s.decoded(seq)
+        s.append(seq, token)
+    for seq, _, n in plan.prefill:
+        s.prefilled(seq, n)
+        if seq.state is State.DECODE:
+            s.append(seq, token)
+
+
+def test_admission_waits_for_a_free_slot() -> None:
+    clock = FakeClock()
+    s = Scheduler(SlotKv(slots=2, max_context=64), chunk=8, max_step_tokens=64, clock=clock)
+    a, b, c = (s.add([1] * 5, max_new=4) for _ in range(3))
+    plan = s.schedule()
+    assert [q for q, _, _ in plan.prefill] == [a, b] and (a.slot, b.slot) == (0, 1)
+    assert c.state is State.WAITING
+    _run(s, plan)
+    clock.now = 100.5
+    plan = s.schedule()
+    assert plan.decode == [a, b] and plan.prefill == []  # no slot for c yet
+    s.finish(a, "stop")
+    plan = s.schedule()
+    assert plan.decode == [b] and [(q, start, n) for q, start, n in plan.prefill] == [(c, 0, 5)]
+    assert c.slot == 0  # the lowest free slot: running rows stay packed
+    assert a.first_token_at == 100.0 and a.arrival == 100.0
+
+
+def test_chunked_prefill_is_aligned_and_shares_the_budget_with_decode_rows() -> None:
+    s = Scheduler(SlotKv(slots=4, max_context=64), chunk=8, max_step_tokens=10, clock=FakeClock())
+    short = s.add([1, 2], max_new=8)
+    _run(s, s.schedule())
+    assert short.state is State.DECODE
+    long = s.add(list(range(20)), max_new=4)
+    chunks = []
+    while long.state is not State.DECODE:
+        plan = s.schedule()
+        assert len(plan.decode) + sum(n for _, _, n in plan.prefill) <= 10  # the token budget
+        assert plan.decode == [short]  # decoding goes on between the chunks
+        chunks += [(start, n) for q, start, n in plan.prefill if q is long]
+        _run(s, plan)
+    assert chunks == [(0, 8), (8, 8), (16, 4)]
+
+
+def test_the_newest_is_preempted_when_kv_runs_out_and_recomputed_later() -> None:
+    s = Scheduler(SlotKv(slots=3, max_context=16, token_budget=24), chunk=16, max_step_tokens=64, clock=FakeClock())
+    old, new = s.add([1] * 10, max_new=6), s.add([2] * 10, max_new=6)
+    plan = s.schedule()
+    assert [q for q, _, _ in plan.prefill] == [old, new]  # 10 + 10 tokens of 24
+    _run(s, plan)
+    assert new.state is State.DECODE and s.kv.used_tokens == 20
+    preempted = []
+    for _ in range(4):
+        plan = s.schedule()
+        preempted += plan.preempted
+        _run(s, plan)
+    # steps grow both to 11, then 12 (24 tokens); old's 13th preempts new, whose slot old's rows take
+    assert preempted == [new] and new.state is State.WAITING and s.waiting[0] is new
+    assert old.state is State.DECODE and s.kv.used_tokens == old.filled  # new (13 tokens) does not fit again yet
+    assert new.preemptions == 1 and new.slot is None and new.filled == 0
+    generated = list(new.generated)
+    s.finish(old, "length")
+    plan = s.schedule()
+    # recompute: its prompt plus what it generated, in one chunk
+    assert [(q, start, n) for q, start, n in plan.prefill] == [(new, 0, 10 + len(generated))]
+    assert new.context == [2] * 10 + generated
+
+
+def test_the_queue_is_bounded_and_finish_frees_waiting_and_running() -> None:
+    s = Scheduler(SlotKv(slots=1, max_context=16), chunk=8, max_step_tokens=8, max_waiting=2, clock=FakeClock())
+    a, b = s.add([1], max_new=2), s.add([1], max_new=2)
+    with pytest.raises(QueueFull, match="2 requests are already waiting"):
+        s.add([1], max_new=2)
+    s.schedule()
+    s.finish(b, "cancelled")  # waiting
+    s.finish(a, "cancelled")  # running
+    assert s.idle and s.kv.used_slots == 0 and s.kv.used_tokens == 0
+
+
+def test_a_prefix_hit_starts_prefill_after_the_reused_blocks() -> None:
+    reused = {}
+
+    def reuse(seq):
+        reused[seq.id] = 8 if seq.prompt[:8] == list(range(8)) else 0
+        return reused[seq.id]
+
+    s = Scheduler(SlotKv(slots=2, max_context=64), chunk=8, max_step_tokens=64, clock=FakeClock(), reuse=reuse)
+    hit, miss = s.add(list(range(20)), max_new=2), s.add([9] * 20, max_new=2)
+    plan = s.schedule()
+    assert [(q, start, n) for q, start, n in plan.prefill] == [(hit, 8, 8), (miss, 0, 8)]
+    assert reused == {hit.id: 8, miss.id: 0}
