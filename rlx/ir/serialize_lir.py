@@ -34,7 +34,8 @@ import typing
 from typing import Any
 
 from rlx.errors import IRError
-from rlx.ir import decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal, decisions_quant, serialize
+from rlx.ir import (decisions_conv, decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal,
+                    decisions_quant, serialize)
 from rlx.ir import ops_scan as L
 from rlx.ir.decisions import DECISION_KINDS, Decision
 from rlx.ir.encode import decode_value, shape_from_json, shape_to_json
@@ -44,7 +45,8 @@ from rlx.ir.lir import STORAGES, Buffer, LirModule, TensorSpec
 FORMAT = "rlx-lir"
 VERSION = 1
 #: The modules defining decision kinds: each registers its kinds when imported, and a loader must know them all.
-DECISION_MODULES = (decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal, decisions_quant)
+DECISION_MODULES = (decisions_conv, decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal,
+                    decisions_quant)
 _KEYS = ("format", "version", "name", "graph", "schedule", "buffers", "inputs", "outputs", "params", "constants",
          "symbols", "arena_bytes", "naive_bytes", "output_copies", "backend", "decisions", "workspaces", "bodies")
 
