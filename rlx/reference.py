@@ -370,8 +370,8 @@ def _eval_pool(op: CV.Pool, args: list, shape: Shape, symbols: dict, in_shapes: 
     extra_w = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - (w + pads[1] + pads[3]))
     widths = ((0, 0), (0, 0), (pads[0], pads[2] + extra_h), (pads[1], pads[3] + extra_w))
     inside = np.pad(np.ones((h, w)), widths[2:])
-    in_pads = np.pad(np.ones((h, w)), ((pads[0], pads[2]), (pads[1], pads[3])))
-    in_pads = np.pad(in_pads, ((0, extra_h), (0, extra_w)))  # 1 on the input and its declared pads
+    # 1 on the input and its declared pads (0 past them, where a ceil_mode window may reach)
+    in_pads = np.pad(np.ones((h + pads[0] + pads[2], w + pads[1] + pads[3])), ((0, extra_h), (0, extra_w)))
     fill = -np.inf if op.fn == "max" else 0.0
     xp = np.pad(x, widths, constant_values=fill)
     acc = np.full((*x.shape[:2], oh, ow), fill)
