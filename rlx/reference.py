@@ -337,7 +337,7 @@ def _eval_conv(op: CV.Conv, args: list, shape: Shape, symbols: dict, in_shapes: 
     rank = np.asarray(args[0]).ndim - 2
     (sh, sw), (dh, dw), pads = _geometry_2d(op, rank)
     xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    n, c = x.shape[:2]
+    n = x.shape[0]
     o, cg, kh, kw = w.shape
     g = op.groups
     oh, ow = (1, shape.dims[2].value) if rank == 1 else (shape.dims[2].value, shape.dims[3].value)

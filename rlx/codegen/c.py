@@ -566,7 +566,8 @@ class _Planner:
             params.append({
                 "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
                 "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
-                "mode": mode, "note": note, "rank": 2 if spec.node in self.conv_packed else max(len(user_dims), 1), "elsize": stored.dtype.itemsize,
+                "mode": mode, "note": note, "rank": 2 if spec.node in self.conv_packed else max(len(user_dims), 1),
+                "elsize": stored.dtype.itemsize,
                 "dims": dims or [1], "src_strides": src_strides or [0],
             })
             offset += (storage + 63) // 64 * 64

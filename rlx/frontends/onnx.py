@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from rlx.errors import IRError, ShapeError, UnboundedDimsError
+from rlx.frontends.onnx_conv import CONV_HANDLERS
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.shape import Dim, broadcast_dims, normalize_axis
@@ -1101,6 +1102,7 @@ HANDLERS: dict[str, Handler] = {
     "ConstantOfShape": _constant_of_shape,
     "Constant": _constant,
 }
+HANDLERS.update({op: h for op, h in CONV_HANDLERS.items() if op not in HANDLERS})  # rlx.frontends.onnx_conv
 
 
 def supported_ops() -> list[str]:

@@ -34,8 +34,15 @@ import typing
 from typing import Any
 
 from rlx.errors import IRError
-from rlx.ir import (decisions_conv, decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal,
-                    decisions_quant, serialize)
+from rlx.ir import (
+    decisions_conv,
+    decisions_cuda,
+    decisions_cuda_kernels,
+    decisions_int8,
+    decisions_metal,
+    decisions_quant,
+    serialize,
+)
 from rlx.ir import ops_scan as L
 from rlx.ir.decisions import DECISION_KINDS, Decision
 from rlx.ir.encode import decode_value, shape_from_json, shape_to_json

@@ -1,0 +1,193 @@
+"""ONNX handlers of the convolution family, merged into `rlx.frontends.onnx.HANDLERS`.
+
+Conv (1-D / 2-D, groups, dilations, pads and every `auto_pad` mode), BatchNormalization
+(inference: folded into the preceding Conv's weight and bias at import when that conv
+has param weights, else the `batch_norm` op), MaxPool / AveragePool (1-D / 2-D,
+`ceil_mode`, `count_include_pad`), GlobalAveragePool (a mean over the spatial
+axes), and the ops around them in torch's vision exports: HardSwish, HardSigmoid,
+Flatten. Each handler takes the importer and the node, as the main table's do, and
+reads only the importer's public helpers (`tensor`, `value`, `known`, `emit`, `g`,
+`params`, `add_initializer`), so this module imports nothing from `rlx.frontends.onnx`.
+
+>>> sorted(CONV_HANDLERS)[:4]
+['AveragePool', 'BatchNormalization', 'Conv', 'Flatten']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlx.errors import IRError
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.ops_conv import Conv, pads_for_auto
+from rlx.ir.shape import Dim, product
+
+Handler = Callable[[Any, Any], list[Any]]
+
+
+def _spatial_rank(what: str, dims: tuple[Dim, ...]) -> int:
+    r = len(dims) - 2
+    if r not in (1, 2):
+        raise IRError(f"{what} over {r} spatial axes: RLX supports 1-D ([N, C, L]) and 2-D ([N, C, H, W]) inputs")
+    if not all(d.is_static for d in dims[1:]):
+        raise IRError(f"{what} needs static channel and spatial sizes (only the batch may be dynamic), got "
+                      f"[{', '.join(map(str, dims))}]")
+    return r
+
+
+def _window(node: Any, sizes: tuple[int, ...], kernel: tuple[int, ...],
+            strides: tuple[int, ...], dilations: tuple[int, ...]) -> tuple[int, ...]:
+    """The explicit pads (begins, then ends) of a window node: `pads`, or those its `auto_pad` implies."""
+    r = len(sizes)
+    auto = node.attr("auto_pad", "NOTSET") or "NOTSET"
+    if auto != "NOTSET":
+        if node.attr("pads") is not None and any(node.attr("pads")):
+            raise IRError(f"auto_pad={auto} and explicit pads {list(node.attr('pads'))} together")
+        try:
+            return pads_for_auto(auto, sizes, kernel, strides, dilations)
+        except Exception as exc:
+            raise IRError(str(exc)) from None
+    pads = tuple(int(p) for p in (node.attr("pads") or [0] * (2 * r)))
+    if len(pads) != 2 * r:
+        raise IRError(f"pads {list(pads)} must hold {2 * r} values (begins, then ends)")
+    return pads
+
+
+def _ints_attr(node: Any, key: str, r: int) -> tuple[int, ...]:
+    v = tuple(int(s) for s in (node.attr(key) or [1] * r))
+    if len(v) != r:
+        raise IRError(f"{key} {list(v)} must hold {r} values")
+    return v
+
+
+def _conv(imp: Any, node: Any) -> list[Any]:
+    x = imp.tensor(node.inputs[0])
+    w = imp.tensor(node.inputs[1])
+    bias = imp.tensor(node.input(2)) if node.input(2) is not None else None
+    xs, ws = imp.g.shape(x), imp.g.shape(w)
+    r = _spatial_rank("Conv", xs.dims)
+    if ws.rank != r + 2 or not ws.is_static:
+        raise IRError(f"Conv weight must be a static rank-{r + 2} tensor, got {ws}")
+    kernel = tuple(d.value for d in ws.dims[2:])
+    if node.attr("kernel_shape") is not None and tuple(node.attr("kernel_shape")) != kernel:
+        raise IRError(f"kernel_shape {list(node.attr('kernel_shape'))} disagrees with the weight {ws}")
+    strides, dilations = _ints_attr(node, "strides", r), _ints_attr(node, "dilations", r)
+    pads = _window(node, tuple(d.value for d in xs.dims[2:]), kernel, strides, dilations)
+    return [imp.emit(imp.g.conv(x, w, bias, strides=strides, dilations=dilations, pads=pads,
+                                groups=int(node.attr("group", 1))))]
+
+
+def _param_value(imp: Any, node_id: int) -> tuple[str, np.ndarray] | None:
+    """(name, value) of a graph node that is a param the import holds the value of."""
+    op = imp.g.node(node_id).op
+    if isinstance(op, O.Param) and op.name in imp.params:
+        return op.name, imp.params[op.name]
+    return None
+
+
+def _batch_norm(imp: Any, node: Any) -> list[Any]:
+    if int(node.attr("training_mode", 0)):
+        raise IRError("BatchNormalization with training_mode=1 (batch statistics) is not supported; export the "
+                      "model in eval mode")
+    eps = float(node.attr("epsilon", 1e-5))
+    x = imp.tensor(node.inputs[0])
+    stats = [imp.known(node.input(i)) for i in range(1, 5)]
+    folded = _fold_into_conv(imp, node, x, stats, eps) if all(s is not None for s in stats) else None
+    if folded is not None:
+        return [imp.emit(folded)]
+    scale, b, mean, var = (imp.tensor(node.inputs[i]) for i in range(1, 5))
+    return [imp.emit(imp.g.batch_norm(x, scale, b, mean, var, eps=eps))]
+
+
+def _fold_into_conv(imp: Any, node: Any, x: int, stats: list[np.ndarray], eps: float) -> int | None:
+    """A new conv computing BN(conv(...)) with folded params, when x is a conv with param weights; else None.
+
+    The original conv stays in the graph for any other reader (dead code otherwise): its value is unchanged.
+    """
+    conv = imp.g.node(x)
+    if not isinstance(conv.op, Conv) or conv.op.activation is not None or conv.shape.dtype is not DType.F32:
+        return None
+    weight = _param_value(imp, conv.inputs[1])
+    bias = _param_value(imp, conv.inputs[2]) if len(conv.inputs) == 3 else None
+    if weight is None or (len(conv.inputs) == 3 and bias is None):
+        return None
+    scale, beta, mean, var = (np.asarray(s, np.float64).reshape(-1) for s in stats)
+    w = np.asarray(weight[1], np.float64)
+    inv = scale / np.sqrt(var + eps)
+    b = np.asarray(bias[1], np.float64) if bias is not None else np.zeros(w.shape[0])
+    base = node.outputs[0]
+    names = (f"{base}::folded_weight", f"{base}::folded_bias")
+    imp.add_initializer(names[0], (w * inv.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32), DType.F32)
+    imp.add_initializer(names[1], ((b - mean) * inv + beta).astype(np.float32), DType.F32)
+    op = conv.op
+    return imp.g.conv(conv.inputs[0], imp.tensor(names[0]), imp.tensor(names[1]), strides=op.strides,
+                      dilations=op.dilations, pads=op.pads, groups=op.groups)
+
+
+def _pool(fn: str) -> Handler:
+    def handle(imp: Any, node: Any) -> list[Any]:
+        if any(node.outputs[1:]):
+            raise IRError("only the pooled output is supported, not the Indices output")
+        x = imp.tensor(node.inputs[0])
+        xs = imp.g.shape(x)
+        r = _spatial_rank(node.op_type, xs.dims)
+        kernel = tuple(int(k) for k in node.attr("kernel_shape") or ())
+        if len(kernel) != r:
+            raise IRError(f"kernel_shape {list(kernel)} must hold {r} values")
+        strides, dilations = _ints_attr(node, "strides", r), _ints_attr(node, "dilations", r)
+        if int(node.attr("storage_order", 0)):
+            raise IRError("storage_order=1 (column-major indices) is not supported")
+        pads = _window(node, tuple(d.value for d in xs.dims[2:]), kernel, strides, dilations)
+        return [imp.emit(imp.g.pool(fn, x, kernel, strides=strides, pads=pads, dilations=dilations,
+                                    ceil_mode=bool(node.attr("ceil_mode", 0)),
+                                    count_include_pad=bool(node.attr("count_include_pad", 0))))]
+    return handle
+
+
+def _global_average_pool(imp: Any, node: Any) -> list[Any]:
+    x = imp.tensor(node.inputs[0])
+    rank = imp.g.shape(x).rank
+    if rank < 3:
+        raise IRError(f"GlobalAveragePool needs [N, C, spatial...], got {imp.g.shape(x)}")
+    return [imp.emit(imp.g.reduce("mean", x, tuple(range(2, rank)), keep_dim=True))]
+
+
+def _flatten(imp: Any, node: Any) -> list[Any]:
+    x = imp.tensor(node.inputs[0])
+    dims = imp.g.shape(x).dims
+    axis = int(node.attr("axis", 1))
+    axis = axis + len(dims) if axis < 0 else axis
+    if not 0 <= axis <= len(dims):
+        raise IRError(f"Flatten axis {node.attr('axis')} is out of range for rank {len(dims)}")
+    return [imp.emit(imp.g.reshape(x, [product(dims[:axis]), product(dims[axis:])]))]
+
+
+def _hard_swish(imp: Any, node: Any) -> list[Any]:
+    return [imp.emit(imp.g.activation("hardswish", imp.tensor(node.inputs[0])))]
+
+
+def _hard_sigmoid(imp: Any, node: Any) -> list[Any]:
+    # max(0, min(1, alpha * x + beta))
+    x = imp.tensor(node.inputs[0])
+    dtype = imp.g.shape(x).dtype
+    alpha, beta = float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))
+    y = imp.g.add_(imp.g.mul(x, imp.scalar(alpha, dtype)), imp.scalar(beta, dtype))
+    y = imp.g.binary("min", y, imp.scalar(1.0, dtype))
+    return [imp.emit(imp.g.binary("max", y, imp.scalar(0.0, dtype)))]
+
+
+#: ONNX op type → handler, merged into `rlx.frontends.onnx.HANDLERS` (whose own entries win).
+CONV_HANDLERS: dict[str, Handler] = {
+    "Conv": _conv,
+    "BatchNormalization": _batch_norm,
+    "MaxPool": _pool("max"),
+    "AveragePool": _pool("avg"),
+    "GlobalAveragePool": _global_average_pool,
+    "Flatten": _flatten,
+    "HardSwish": _hard_swish,
+    "HardSigmoid": _hard_sigmoid,
+}
