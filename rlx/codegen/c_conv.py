@@ -26,33 +26,11 @@ from rlx.codegen.registry import Kernel, float32_only
 from rlx.errors import BuildError
 from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
 from rlx.ir.graph import Node
-from rlx.ir.ops_conv import Conv, Pool
+from rlx.ir.ops_conv import Conv, Pool, Window2d, window_2d
 
 TEMPLATE = "conv.c.j2"
 #: conv.h's loops; packed_gemm.h for rlx_split, rlx_pgemm and the activation epilogue.
 HEADERS = ("kernels/packed_gemm.h", "kernels/conv.h")
-
-
-@dataclass(frozen=True)
-class ConvGeometry:
-    """The 2-D window of a conv or pool (a 1-D one has h = kh = sh = dh = 1, ph = 0)."""
-
-    cg: int
-    h: int
-    w: int
-    oh: int
-    ow: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    dh: int
-    dw: int
-    ph: int
-    pw: int
-    #: end pads (pooling's average counts them with count_include_pad)
-    peh: int
-    pew: int
 
 
 @dataclass(frozen=True)
@@ -115,19 +93,7 @@ class PoolArgs:
     pew: int
 
 
-def geometry(op: Conv | Pool, x_dims: tuple[int, ...], out_dims: tuple[int, ...], kernel: tuple[int, ...],
-             channels: int) -> ConvGeometry:
-    """The window of `op` on spatial sizes `x_dims` → `out_dims`, as 2-D."""
-    rank = len(x_dims)
-    strides, dilations, pads = op.geometry(rank)
-    if rank == 1:
-        return ConvGeometry(channels, 1, x_dims[0], 1, out_dims[0], 1, kernel[0], 1, strides[0], 1, dilations[0],
-                            0, pads[0], 0, pads[1])
-    return ConvGeometry(channels, *x_dims, *out_dims, *kernel, *strides, *dilations, pads[0], pads[1], pads[2],
-                        pads[3])
-
-
-def _geom_fields(g: ConvGeometry) -> dict:
+def _geom_fields(g: Window2d) -> dict:
     return {f: getattr(g, f) for f in ("cg", "h", "w", "oh", "ow", "kh", "kw", "sh", "sw", "dh", "dw", "ph", "pw")}
 
 
@@ -139,7 +105,7 @@ def emit_conv(em, node: Node) -> Kernel:
         raise BuildError(f"%{node.id} conv has no ConvPlan in the LIR: decide the LIR for the CPU first")
     x = em.node(node.inputs[0]).shape
     o, cg, *kernel = em.node(node.inputs[1]).shape.static_dims
-    geo = geometry(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
+    geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
                    tuple(kernel), cg)
     k = cg * geo.kh * geo.kw
     og = o // op.groups
@@ -162,7 +128,7 @@ def emit_pool(em, node: Node) -> Kernel:
     """The `pool` kernel of a node: each thread takes whole channel planes."""
     op: Pool = node.op  # type: ignore[assignment]
     x = em.node(node.inputs[0]).shape
-    geo = geometry(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
+    geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
                    op.kernel, 1)
     args = PoolArgs(comment=comment(f"{op.fn} pool {op.kernel} of {x}"), x=em.ptr(node.inputs[0]),
                     y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(op.fn == "max"),

@@ -211,3 +211,36 @@ class BatchNorm(Op):
             if s.dims != (x.dims[1],) or s.dtype != x.dtype:
                 raise ShapeError(f"batch_norm {name} must be {x.dtype}[{x.dims[1]}], got {s}")
         return x
+
+
+@dataclass(frozen=True)
+class Window2d:
+    """The 2-D window of a conv or pool (a 1-D one has h = kh = sh = dh = 1, ph = 0)."""
+
+    cg: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    ph: int
+    pw: int
+    #: end pads (pooling's average counts them with count_include_pad)
+    peh: int
+    pew: int
+
+
+def window_2d(op: Conv | Pool, x_dims: tuple[int, ...], out_dims: tuple[int, ...], kernel: tuple[int, ...],
+              channels: int) -> Window2d:
+    """The window of `op` on spatial sizes `x_dims` → `out_dims`, as 2-D."""
+    rank = len(x_dims)
+    strides, dilations, pads = op.geometry(rank)
+    if rank == 1:
+        return Window2d(channels, 1, x_dims[0], 1, out_dims[0], 1, kernel[0], 1, strides[0], 1, dilations[0],
+                        0, pads[0], 0, pads[1])
+    return Window2d(channels, *x_dims, *out_dims, *kernel, *strides, *dilations, *pads)
