@@ -200,8 +200,8 @@ def cpu_renders() -> list[Render]:
     return out
 
 
-#: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling).
-METAL_WITHOUT_RULES = {"sample_top_k", "scan_loop", "scan_ssm_body", "ssm_long", "ssm_ops"}
+#: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling, convolution).
+METAL_WITHOUT_RULES = {"conv_family", "sample_top_k", "scan_loop", "scan_ssm_body", "ssm_long", "ssm_ops"}
 
 
 def metal_renders() -> list[Render]:
