@@ -39,7 +39,9 @@ class ConvArgs:
 
     comment: str
     algorithm: str
+    layout: str
     packed: bool
+    tile: int
     x: str
     wt: str
     bias: str
@@ -110,16 +112,21 @@ def emit_conv(em, node: Node) -> Kernel:
     k = cg * geo.kh * geo.kw
     og = o // op.groups
     a_bytes = align64(CONV_TILE_PIXELS * k * 4)
-    depthwise = plan.algorithm == "depthwise"
     args = ConvArgs(
         comment=comment(f"conv {plan.algorithm} on {plan.layout}: {x} * w[{o},{cg},{','.join(map(str, kernel))}] "
                         f"groups={op.groups}"),
-        algorithm=plan.algorithm, packed=plan.packed, x=em.ptr(node.inputs[0]), wt=em.ptr(node.inputs[1]),
+        algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile, x=em.ptr(node.inputs[0]),
+        wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
         **_geom_fields(geo))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
-    scratch = 0 if depthwise else a_bytes + align64(CONV_TILE_PIXELS * og * 4)
+    if plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
+        scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
+    elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
+        scratch = align64(plan.tile * k * 4)
+    else:
+        scratch = 0
     return Kernel(node.id, "conv", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

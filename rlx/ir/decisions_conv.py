@@ -27,7 +27,9 @@ from typing import ClassVar
 
 from rlx.ir.decisions import Decision, register_decision
 
-CONV_ALGORITHMS = {"implicit_gemm": "nhwc_tiles", "depthwise": "nchw"}
+#: (algorithm, layout) pairs the CPU rule renders.
+CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
+              ("depthwise", "nchw"))
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).
 CONV_TILE_PIXELS = 96
 
@@ -42,10 +44,13 @@ class ConvPlan(Decision):
     layout: str
     weight: int
     packed: bool
+    #: output pixels per tile (0: whole planes)
+    tile: int = 0
 
     def describe(self) -> str:
         store = f"weight %{self.weight} packed K x N on set" if self.packed else f"weight %{self.weight} as stored"
-        return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store})"
+        tile = f", {self.tile}-pixel tiles" if self.tile else ""
+        return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store}{tile})"
 
     def nodes(self) -> tuple[int, ...]:
         return (self.node, self.weight)

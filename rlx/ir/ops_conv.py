@@ -12,10 +12,10 @@ This module registers the ops in the MIR op set when imported (`rlx.ir.graph`
 imports it).
 
 >>> from rlx.ir.shape import Shape
->>> Conv(strides=(2, 2), pads=(1, 1, 1, 1)).infer([Shape.of([1, 3, 8, 8]), Shape.of([4, 3, 3, 3])])
-Shape(f32[1,4,4,4])
->>> pads_for_auto("SAME_UPPER", (5,), (2,), (3,), (1,))
-(1, 1)
+>>> print(Conv(strides=(2, 2), pads=(1, 1, 1, 1)).infer([Shape.of([1, 3, 8, 8]), Shape.of([4, 3, 3, 3])]))
+f32[1,4,4,4]
+>>> pads_for_auto("SAME_UPPER", (5,), (4,), (1,), (1,))
+(1, 2)
 """
 
 from __future__ import annotations

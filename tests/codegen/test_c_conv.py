@@ -76,11 +76,10 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     cg = session(cpu_target=target).compile(g)
     for name, value in params.items():
         cg.set_param(name, value)
-    plans = {d.algorithm for d in cg.lir.decided(ConvPlan)}
-    packed = [d.packed for d in cg.lir.decided(ConvPlan)]
-    assert plans == {"implicit_gemm", "depthwise"} and any(packed) and not all(packed)
+    plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
+    assert plans == {("implicit_gemm", "nchw_tiles"), ("pointwise", "nchw"), ("depthwise", "nchw")}
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
-    assert "conv: implicit_gemm on nhwc_tiles (weight %" in cg.lir.inspect()
+    assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
     assert "conv: depthwise on nchw" in cg.lir.inspect()
     for batch in (3, 1):
         feeds = _feeds(batch)
