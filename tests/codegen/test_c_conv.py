@@ -1,8 +1,8 @@
 """The CPU convolution family (`rlx/codegen/c_conv.py`, kernels/conv.h) against the numpy reference.
 
 One graph holds every variant, compiled once with a dynamic batch and run at two batch sizes:
-implicit GEMM with a packed weight (strided, padded, 1x1, 1-D), with the weight as stored
-(grouped, dilated), depthwise (strided, with hardswish fused), max / average pooling (pads,
+implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major
+tiles with the weight packed (384 channels), pointwise (1x1), depthwise (strided, with hardswish fused), max / average pooling (pads,
 ceil_mode, count_include_pad, 1-D), and batch_norm (decomposed into primitives). The packed
 micro-kernel and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
 """
@@ -38,6 +38,8 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
                           activation="relu"),
         "pointwise": g.conv(x, param("w_p", [33, 5, 1, 1])),
+        # wide: the weight packed for the micro-kernel, pixel-major tiles
+        "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),
         "grouped": g.conv(g.conv(x, param("w_e", [8, 5, 1, 1])), param("w_g", [6, 4, 3, 2]), param("b_g", [6]),
                           groups=2, dilations=(2, 3), pads=(2, 2, 2, 2), activation="gelu"),
         "depthwise": g.conv(x, param("w_d", [5, 1, 5, 5]), param("b_d", [5]), groups=5, strides=(2, 2),
@@ -77,7 +79,9 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     for name, value in params.items():
         cg.set_param(name, value)
     plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
-    assert plans == {("implicit_gemm", "nchw_tiles"), ("pointwise", "nchw"), ("depthwise", "nchw")}
+    assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
+                     ("depthwise", "nchw")}
+    assert any(d.packed for d in cg.lir.decided(ConvPlan))
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
     assert "conv: depthwise on nchw" in cg.lir.inspect()
