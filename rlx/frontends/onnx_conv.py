@@ -4,8 +4,9 @@ Conv (1-D / 2-D, groups, dilations, pads and every `auto_pad` mode), BatchNormal
 (inference: folded into the preceding Conv's weight and bias at import when that conv
 has param weights, else the `batch_norm` op), MaxPool / AveragePool (1-D / 2-D,
 `ceil_mode`, `count_include_pad`), GlobalAveragePool (a mean over the spatial
-axes), and the ops around them in torch's vision exports: HardSwish, HardSigmoid,
-Flatten. Each handler takes the importer and the node, as the main table's do, and
+axes), Pad (constant / reflect / edge, as slices and concatenations), Resize (nearest
+neighbour by integer factors, as a broadcast), and the ops around them in torch's vision
+exports: HardSwish, HardSigmoid, Flatten. Each handler takes the importer and the node, as the main table's do, and
 reads only the importer's public helpers (`tensor`, `value`, `known`, `emit`, `g`,
 `params`, `add_initializer`), so this module imports nothing from `rlx.frontends.onnx`.
 
@@ -180,6 +181,93 @@ def _hard_sigmoid(imp: Any, node: Any) -> list[Any]:
     return [imp.emit(imp.g.binary("max", y, imp.scalar(0.0, dtype)))]
 
 
+def _pad_piece(imp: Any, x: int, axis: int, width: int, at_start: bool, mode: str, value: float) -> int:
+    """The `width` values padded before (at_start) or after x along `axis`."""
+    g = imp.g
+    dims = list(g.shape(x).dims)
+    n = dims[axis].value
+    target = [*dims[:axis], Dim(width), *dims[axis + 1:]]
+    if mode == "constant":
+        fill = g.constant(np.full([1] * len(dims), value, np.float32), g.shape(x).dtype)
+        return g.expand(fill, target)
+    if mode == "edge":
+        return g.expand(g.narrow(x, axis, 0 if at_start else n - 1, 1), target)
+    # reflect: the mirror image without the edge value itself
+    if width >= n:
+        raise IRError(f"reflect padding of {width} needs more than {width} values along axis {axis}, got {n}")
+    rows = range(width, 0, -1) if at_start else range(n - 2, n - 2 - width, -1)
+    return g.concat([g.narrow(x, axis, i, 1) for i in rows], axis)
+
+
+def _pad(imp: Any, node: Any) -> list[Any]:
+    x = imp.tensor(node.inputs[0])
+    dims = imp.g.shape(x).dims
+    rank = len(dims)
+    mode = node.attr("mode", "constant") or "constant"
+    if mode not in ("constant", "reflect", "edge"):
+        raise IRError(f"Pad mode {mode!r} is not supported (constant, reflect, edge are)")
+    pads = [int(p) for p in imp.static(node, 1, "pads").reshape(-1)]
+    axes = list(range(rank))
+    if node.input(3) is not None:
+        axes = [int(a) + rank if int(a) < 0 else int(a) for a in imp.static(node, 3, "axes").reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise IRError(f"Pad has {len(pads)} pads for {len(axes)} axes")
+    value = 0.0
+    if node.input(2) is not None:
+        value = float(np.asarray(imp.static(node, 2, "constant_value")).reshape(-1)[0])
+    for axis, before, after in zip(axes, pads[:len(axes)], pads[len(axes):]):
+        if not before and not after:
+            continue
+        if not dims[axis].is_static:
+            raise IRError(f"Pad along the dynamic axis {axis} ({dims[axis]}) is not supported")
+        n = imp.g.shape(x).dims[axis].value
+        if before < 0 or after < 0:  # negative pads crop
+            lo, hi = max(0, -before), max(0, -after)
+            x = imp.g.narrow(x, axis, lo, n - lo - hi)
+            before, after = max(0, before), max(0, after)
+        parts = [_pad_piece(imp, x, axis, before, True, mode, value)] if before else []
+        parts.append(x)
+        if after:
+            parts.append(_pad_piece(imp, x, axis, after, False, mode, value))
+        x = imp.g.concat(parts, axis) if len(parts) > 1 else x
+    return [imp.emit(x)]
+
+
+#: Coordinate transforms and rounding under which nearest resizing by an integer factor repeats each value.
+_REPEATING = {("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("half_pixel", "round_prefer_ceil"),
+              ("pytorch_half_pixel", "round_prefer_floor"), ("pytorch_half_pixel", "round_prefer_ceil")}
+
+
+def _resize(imp: Any, node: Any) -> list[Any]:
+    x = imp.tensor(node.inputs[0])
+    dims = imp.g.shape(x).dims
+    mode = node.attr("mode", "nearest") or "nearest"
+    transform = node.attr("coordinate_transformation_mode", "half_pixel") or "half_pixel"
+    rounding = node.attr("nearest_mode", "round_prefer_floor") or "round_prefer_floor"
+    if mode != "nearest" or (transform, rounding) not in _REPEATING:
+        raise IRError(f"Resize mode={mode!r}, coordinate_transformation_mode={transform!r}, nearest_mode="
+                      f"{rounding!r} is not supported: RLX resizes by nearest neighbour with integer factors "
+                      "(asymmetric + floor, or half_pixel + round_prefer_floor/ceil)")
+    if node.input(3) is not None:
+        sizes = [int(v) for v in imp.static(node, 3, "sizes").reshape(-1)]
+        if any(not d.is_static or size % d.value for d, size in zip(dims, sizes)):
+            raise IRError(f"Resize to sizes {sizes}: each must be an integer multiple of the static input "
+                          f"[{', '.join(map(str, dims))}] (a dynamic axis takes scales instead)")
+        factors = [size // d.value for d, size in zip(dims, sizes)]
+    else:
+        scales = np.asarray(imp.static(node, 2, "scales"), np.float64).reshape(-1)
+        if np.any(scales != np.round(scales)) or np.any(scales < 1):
+            raise IRError(f"Resize scales {scales.tolist()} must be integers >= 1")
+        factors = [int(v) for v in scales]
+    if len(factors) != len(dims):
+        raise IRError(f"Resize has {len(factors)} factors for rank {len(dims)}")
+    # x[..., i, ...] -> [..., i, f, ...] broadcast -> merged: each value repeated f times along its axis
+    split = [e for d, f in zip(dims, factors) for e in ((d, Dim(1)) if f > 1 else (d,))]
+    wide = [e for d, f in zip(dims, factors) for e in ((d, Dim(f)) if f > 1 else (d,))]
+    y = imp.g.expand(imp.g.reshape(x, split), wide)
+    return [imp.emit(imp.g.reshape(y, [d * Dim(f) if f > 1 else d for d, f in zip(dims, factors)]))]
+
+
 #: ONNX op type → handler, merged into `rlx.frontends.onnx.HANDLERS` (whose own entries win).
 CONV_HANDLERS: dict[str, Handler] = {
     "Conv": _conv,
@@ -190,4 +278,6 @@ CONV_HANDLERS: dict[str, Handler] = {
     "Flatten": _flatten,
     "HardSwish": _hard_swish,
     "HardSigmoid": _hard_sigmoid,
+    "Pad": _pad,
+    "Resize": _resize,
 }

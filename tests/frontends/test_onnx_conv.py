@@ -93,7 +93,10 @@ def _window_model() -> tuple[bytes, list[str]]:
                 f"{prefix}_v": np.abs(w(c)) + np.float32(0.5)}
 
     inits = {"w1": w(6, 3, 3, 3), "b1": w(6), "w2": w(6, 3, 3, 3), "w3": w(4, 3, 2, 2), "wd": w(3, 1, 3, 3),
-             **stats(6, "bn1"), **stats(3, "bn2"), **stats(6, "bn3")}
+             **stats(6, "bn1"), **stats(3, "bn2"), **stats(6, "bn3"),
+             "pads_hw": np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64), "pads_crop": np.array([0, 0, -1, 2, 0, 0, 1, -2],
+                                                                                              np.int64),
+             "pad_value": np.array(0.5, np.float32), "scales": np.array([1, 1, 2, 3], np.float32)}
     bn = ["_s", "_b", "_m", "_v"]
     nodes = [
         # conv (bias) -> BN -> relu: folded at import, then the relu fused into the conv
@@ -118,9 +121,16 @@ def _window_model() -> tuple[bytes, list[str]]:
         helper.make_node("GlobalAveragePool", ["x"], ["gap"]),
         helper.make_node("HardSigmoid", ["x"], ["hsig"], alpha=0.3, beta=0.4),
         helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+        helper.make_node("Pad", ["x", "pads_hw", "pad_value"], ["pad_constant"]),
+        helper.make_node("Pad", ["x", "pads_hw"], ["pad_reflect"], mode="reflect"),
+        helper.make_node("Pad", ["x", "pads_crop"], ["pad_edge"], mode="edge"),
+        helper.make_node("Resize", ["x", "", "scales"], ["up_asym"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+        helper.make_node("Resize", ["x", "", "scales"], ["up_half"], mode="nearest"),
     ]
     outs = ["folded", "shared_bn", "shared_raw", "standalone", "same_lower", "valid", "depthwise", "maxpool",
-            "maxpool_dil", "avgpool", "avgpool_ex", "gap", "hsig", "flat"]
+            "maxpool_dil", "avgpool", "avgpool_ex", "gap", "hsig", "flat", "pad_constant", "pad_reflect", "pad_edge",
+            "up_asym", "up_half"]
     return _model(nodes, [_vi("x", ["batch", 3, 9, 8])], [_vi(o, None) for o in outs], inits), outs
 
 
@@ -144,8 +154,11 @@ def test_windows_batch_norms_and_auto_pads_equal_onnxruntime() -> None:
     (dict(op_type="Conv", kernel_shape=[3, 3]), [1, 2, 4, 4], [2, 2, 1, 1], "disagrees with the weight"),
     (dict(op_type="BatchNormalization", training_mode=1), [1, 2, 4, 4], None, "training_mode=1"),
     (dict(op_type="MaxPool", kernel_shape=[2, 2], storage_order=1), [1, 2, 4, 4], None, "storage_order"),
+    (dict(op_type="Resize", mode="linear"), [1, 2, 4, 4], None, "mode='linear'"),
+    (dict(op_type="Resize", mode="nearest"), [1, 2, 4, 4], [1, 1, 1.5, 2], "must be integers"),
+    (dict(op_type="Pad", mode="wrap"), [1, 2, 4, 4], None, "mode 'wrap'"),
 ])
-def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w_shape: list[int] | None,
+def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w_shape: list | None,
                                                pattern: str) -> None:
     op = node.pop("op_type")
     inits = {}
@@ -155,6 +168,12 @@ def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w
     elif op == "BatchNormalization":
         inits.update({n: np.ones([2], np.float32) for n in "sbmv"})
         inputs = ["x", *"sbmv"]
+    elif op == "Resize":
+        inits["scales"] = np.array(w_shape or [1, 1, 2, 2], np.float32)
+        inputs = ["x", "", "scales"]
+    elif op == "Pad":
+        inits["pads"] = np.zeros(8, np.int64)
+        inputs = ["x", "pads"]
     else:
         inputs = ["x"]
     data = _model([helper.make_node(op, inputs, ["y"], **node)], [_vi("x", x_shape)], [_vi("y", None)], inits)
@@ -163,4 +182,5 @@ def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w
 
 
 def test_conv_family_is_listed_as_supported() -> None:
-    assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool"} <= set(supported_ops())
+    assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Pad",
+            "Resize"} <= set(supported_ops())
