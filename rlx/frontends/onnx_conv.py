@@ -1,6 +1,7 @@
 """ONNX handlers of the convolution family, merged into `rlx.frontends.onnx.HANDLERS`.
 
-Conv (1-D / 2-D, groups, dilations, pads and every `auto_pad` mode), BatchNormalization
+Conv (1-D / 2-D, groups, dilations, pads and every `auto_pad` mode), ConvTranspose (as a conv over
+the input with zeros woven in, its weight flipped at import), BatchNormalization
 (inference: folded into the preceding Conv's weight and bias at import when that conv
 has param weights, else the `batch_norm` op), MaxPool / AveragePool (1-D / 2-D,
 `ceil_mode`, `count_include_pad`), GlobalAveragePool (a mean over the spatial
@@ -80,6 +81,60 @@ def _conv(imp: Any, node: Any) -> list[Any]:
     pads = _window(node, tuple(d.value for d in xs.dims[2:]), kernel, strides, dilations)
     return [imp.emit(imp.g.conv(x, w, bias, strides=strides, dilations=dilations, pads=pads,
                                 groups=int(node.attr("group", 1))))]
+
+
+def _zero_stuff(imp: Any, x: int, axis: int, stride: int) -> int:
+    """x with stride - 1 zeros between neighbours along static `axis` (length (n - 1) * stride + 1)."""
+    g = imp.g
+    dims = list(g.shape(x).dims)
+    n = dims[axis].value
+    col = g.reshape(x, [*dims[:axis + 1], Dim(1), *dims[axis + 1:]])
+    zeros = g.expand(g.constant(np.zeros([1] * (len(dims) + 1), np.float32), g.shape(x).dtype),
+                     [*dims[:axis + 1], Dim(stride - 1), *dims[axis + 1:]])
+    woven = g.reshape(g.concat([col, zeros], axis + 1), [*dims[:axis], Dim(n * stride), *dims[axis + 1:]])
+    return g.narrow(woven, axis, 0, (n - 1) * stride + 1)
+
+
+def _conv_transpose(imp: Any, node: Any) -> list[Any]:
+    """ConvTranspose as a conv: the input with zeros woven in (stride), padded by d*(k-1) - pad, convolved
+    with the weight flipped and its in/out channels swapped (per group): a new param made at import."""
+    x = imp.tensor(node.inputs[0])
+    xs = imp.g.shape(x)
+    r = _spatial_rank("ConvTranspose", xs.dims)
+    w_name = node.inputs[1]
+    w = imp.known(w_name)
+    if w is None or w.dtype == object:
+        raise IRError("ConvTranspose needs its weight known at import (an initializer): it is flipped into a conv's")
+    w = np.asarray(w, np.float32)
+    if w.ndim != r + 2:
+        raise IRError(f"ConvTranspose weight must be rank {r + 2}, got shape {list(w.shape)}")
+    if (node.attr("auto_pad", "NOTSET") or "NOTSET") != "NOTSET" or node.attr("output_shape") is not None:
+        raise IRError("ConvTranspose with auto_pad or output_shape is not supported; give pads (and output_padding)")
+    groups = int(node.attr("group", 1))
+    c, og, *kernel = w.shape
+    if c != xs.dims[1].value or c % groups:
+        raise IRError(f"ConvTranspose weight {list(w.shape)} does not match input {xs} with group={groups}")
+    strides, dilations = _ints_attr(node, "strides", r), _ints_attr(node, "dilations", r)
+    pads = tuple(int(p) for p in (node.attr("pads") or [0] * (2 * r)))
+    extra = tuple(int(p) for p in (node.attr("output_padding") or [0] * r))
+    if len(pads) != 2 * r or len(extra) != r:
+        raise IRError(f"ConvTranspose pads {list(pads)} / output_padding {list(extra)} must hold {2 * r} / {r} values")
+    conv_pads = [d * (k - 1) - p for d, k, p in zip(dilations, kernel, pads[:r])]
+    conv_pads += [d * (k - 1) - p + e for d, k, p, e in zip(dilations, kernel, pads[r:], extra)]
+    if any(p < 0 for p in conv_pads):
+        raise IRError(f"ConvTranspose pads {list(pads)} larger than dilation * (kernel - 1) are not supported")
+    # [C, O/g, *k] -> [O, C/g, *k]: per group swap the channel axes, and flip the window
+    cg = c // groups
+    flipped = w[(slice(None), slice(None), *([slice(None, None, -1)] * r))]
+    turned = flipped.reshape(groups, cg, og, *kernel).swapaxes(1, 2).reshape(groups * og, cg, *kernel)
+    name = f"{node.outputs[0]}::conv_weight"
+    imp.add_initializer(name, np.ascontiguousarray(turned), DType.F32)
+    for axis, s in enumerate(strides):
+        if s > 1:
+            x = _zero_stuff(imp, x, 2 + axis, s)
+    bias = imp.tensor(node.input(2)) if node.input(2) is not None else None
+    return [imp.emit(imp.g.conv(x, imp.tensor(name), bias, dilations=dilations, pads=tuple(conv_pads),
+                                groups=groups))]
 
 
 def _param_value(imp: Any, node_id: int) -> tuple[str, np.ndarray] | None:
@@ -271,6 +326,7 @@ def _resize(imp: Any, node: Any) -> list[Any]:
 #: ONNX op type → handler, merged into `rlx.frontends.onnx.HANDLERS` (whose own entries win).
 CONV_HANDLERS: dict[str, Handler] = {
     "Conv": _conv,
+    "ConvTranspose": _conv_transpose,
     "BatchNormalization": _batch_norm,
     "MaxPool": _pool("max"),
     "AveragePool": _pool("avg"),

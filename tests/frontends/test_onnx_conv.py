@@ -4,7 +4,8 @@ Exported by `torch.onnx.export` (the TorchScript exporter; its eval-mode export 
 norms): ResNet-18 and MobileNetV3-small (tests/frontends/conv_models.py, torchvision's architectures in
 plain torch, random weights) at 64x64, and a Whisper-like conv1d audio front end, each compiled once
 with a dynamic batch and run at two batch sizes. Hand-built models cover what those exports do not:
-BatchNormalization folded into a conv at import, a standalone one, `auto_pad` modes, pooling variants.
+BatchNormalization folded into a conv at import, a standalone one, `auto_pad` modes, pooling variants,
+Pad, Resize and ConvTranspose.
 Every output must equal onnxruntime's (f32) within 1e-4 x max |out|.
 """
 
@@ -94,9 +95,10 @@ def _window_model() -> tuple[bytes, list[str]]:
 
     inits = {"w1": w(6, 3, 3, 3), "b1": w(6), "w2": w(6, 3, 3, 3), "w3": w(4, 3, 2, 2), "wd": w(3, 1, 3, 3),
              **stats(6, "bn1"), **stats(3, "bn2"), **stats(6, "bn3"),
-             "pads_hw": np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64), "pads_crop": np.array([0, 0, -1, 2, 0, 0, 1, -2],
-                                                                                              np.int64),
-             "pad_value": np.array(0.5, np.float32), "scales": np.array([1, 1, 2, 3], np.float32)}
+             "pads_hw": np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64),
+             "pads_crop": np.array([0, 0, -1, 2, 0, 0, 1, -2], np.int64),
+             "pad_value": np.array(0.5, np.float32), "scales": np.array([1, 1, 2, 3], np.float32),
+             "wt": w(3, 4, 3, 2), "bt": w(4), "wtg": w(3, 2, 2, 3)}
     bn = ["_s", "_b", "_m", "_v"]
     nodes = [
         # conv (bias) -> BN -> relu: folded at import, then the relu fused into the conv
@@ -127,10 +129,13 @@ def _window_model() -> tuple[bytes, list[str]]:
         helper.make_node("Resize", ["x", "", "scales"], ["up_asym"], mode="nearest",
                          coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
         helper.make_node("Resize", ["x", "", "scales"], ["up_half"], mode="nearest"),
+        helper.make_node("ConvTranspose", ["x", "wt", "bt"], ["deconv"], strides=[2, 3], pads=[1, 0, 0, 1],
+                         output_padding=[1, 0]),
+        helper.make_node("ConvTranspose", ["x", "wtg"], ["deconv_grouped"], group=3, dilations=[2, 1]),
     ]
     outs = ["folded", "shared_bn", "shared_raw", "standalone", "same_lower", "valid", "depthwise", "maxpool",
             "maxpool_dil", "avgpool", "avgpool_ex", "gap", "hsig", "flat", "pad_constant", "pad_reflect", "pad_edge",
-            "up_asym", "up_half"]
+            "up_asym", "up_half", "deconv", "deconv_grouped"]
     return _model(nodes, [_vi("x", ["batch", 3, 9, 8])], [_vi(o, None) for o in outs], inits), outs
 
 
@@ -139,7 +144,7 @@ def test_windows_batch_norms_and_auto_pads_equal_onnxruntime() -> None:
     graph, _ = from_onnx(data, max_dims={"batch": 2})
     kinds = [n.kind for n in graph.nodes]
     assert kinds.count("batch_norm") == 1  # only x's: each conv's BN is folded into a copy of the conv
-    assert kinds.count("conv") == 7  # 5 convs + 2 folded copies (the first one's original is dead code)
+    assert kinds.count("conv") == 9  # 5 convs + 2 folded copies (the first one's original is dead code) + 2 deconvs
     cg = _compiled(data, max_batch=2)
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     for batch in (2, 1):
@@ -183,4 +188,4 @@ def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w
 
 def test_conv_family_is_listed_as_supported() -> None:
     assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Pad",
-            "Resize"} <= set(supported_ops())
+            "Resize", "ConvTranspose"} <= set(supported_ops())
