@@ -2,9 +2,10 @@
 
 One graph holds every variant, compiled once with a dynamic batch and run at two batch sizes:
 implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major
-tiles with the weight packed (384 channels), pointwise (1x1), depthwise (strided, with hardswish fused), max / average pooling (pads,
-ceil_mode, count_include_pad, 1-D), and batch_norm (decomposed into primitives). The packed
-micro-kernel and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
+tiles with the weight packed (384 channels), pointwise (1x1), depthwise (strided, with hardswish
+fused), max / average pooling (pads, ceil_mode, count_include_pad, 1-D), and batch_norm
+(decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an
+x86-64 build without AVX2) both run.
 """
 
 from __future__ import annotations
