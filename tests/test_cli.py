@@ -677,10 +677,12 @@ def test_inspect_support_prints_the_op_backend_table(capsys: pytest.CaptureFixtu
     assert rows["matmul"] == ["yes", "yes", "yes"] and rows["attention"] == ["yes", "yes", "yes"]
     # Metal has a rule for every op kind but the recurrent ones (scan and the SSM layers: CPU and CUDA
     # only so far), dynamic int8 (CPU only), the collectives (CPU and CUDA only so far) and sample_top_k
-    # (its u and settings are f64, which MSL lacks); custom_fn is inlined before codegen
+    # (its u and settings are f64, which MSL lacks) and the convolutions (conv, pool); custom_fn is inlined
+    # before codegen; batch_norm has no rule anywhere: the decompose stage rewrites it into primitives
     assert {op for op, r in rows.items() if r[2] != "yes"} == {
         "custom_fn", "scan", "selective_scan", "gated_delta_net", "depthwise_conv1d_causal",
-        "all_reduce", "all_gather", "reduce_scatter", "int8_matmul", "sample_top_k"}
+        "all_reduce", "all_gather", "reduce_scatter", "int8_matmul", "sample_top_k", "conv", "pool", "batch_norm"}
+    assert rows["batch_norm"] == ["-", "-", "-"] and rows["conv"] == ["yes", "yes", "-"]
     assert "input" not in rows  # leaves need no rule
 
 
