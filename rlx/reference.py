@@ -30,6 +30,7 @@ import numpy as np
 from rlx.errors import ExecutionError
 from rlx.ir import ops as O
 from rlx.ir import ops_control as C
+from rlx.ir import ops_conv as CV
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
@@ -319,6 +320,86 @@ def _eval_dequantize(op: O.Dequantize, args: list, shape: Shape, symbols: dict, 
 
 
 _REDUCERS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+
+
+def _as_2d(x: np.ndarray) -> np.ndarray:
+    """A channels-first 1-D value [N, C, L] as 2-D [N, C, 1, L]; 2-D values unchanged."""
+    return x[:, :, None, :] if x.ndim == 3 else x
+
+
+def _geometry_2d(op: CV.Conv | CV.Pool, rank: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, ...]]:
+    strides, dilations, pads = op.geometry(rank)
+    if rank == 1:
+        return (1, strides[0]), (1, dilations[0]), (0, pads[0], 0, pads[1])
+    return strides, dilations, pads
+
+
+@evaluates(CV.Conv)
+def _eval_conv(op: CV.Conv, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    # direct summation over the window in f64: out[n, o] += w[o, c, i, j] * x_padded[n, c, oh*s + i*d, ...]
+    x, w = (_as_2d(np.asarray(a, dtype=np.float64)) for a in args[:2])
+    rank = np.asarray(args[0]).ndim - 2
+    (sh, sw), (dh, dw), pads = _geometry_2d(op, rank)
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    n = x.shape[0]
+    o, cg, kh, kw = w.shape
+    g = op.groups
+    oh, ow = (1, shape.dims[2].value) if rank == 1 else (shape.dims[2].value, shape.dims[3].value)
+    xg = xp.reshape(n, g, cg, *xp.shape[2:])
+    wg = w.reshape(g, o // g, cg, kh, kw)
+    out = np.zeros((n, g, o // g, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xg[:, :, :, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
+            out += np.einsum("ngchw,goc->ngohw", patch, wg[:, :, :, i, j])
+    out = out.reshape(n, o, oh, ow)
+    if len(args) == 3:
+        out = out + np.asarray(args[2], dtype=np.float64)[None, :, None, None]
+    if op.activation:
+        with np.errstate(all="ignore"):
+            out = ACTIVATION_FNS[op.activation](out)
+    return _finish(out[:, :, 0, :] if rank == 1 else out, shape.dtype)
+
+
+@evaluates(CV.Pool)
+def _eval_pool(op: CV.Pool, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    x = _as_2d(np.asarray(args[0], dtype=np.float64))
+    rank = np.asarray(args[0]).ndim - 2
+    (sh, sw), (dh, dw), pads = _geometry_2d(op, rank)
+    kh, kw = (1, op.kernel[0]) if rank == 1 else op.kernel
+    oh, ow = (1, shape.dims[2].value) if rank == 1 else (shape.dims[2].value, shape.dims[3].value)
+    h, w = x.shape[2:]
+    # pad generously (ceil_mode windows may run past the end padding): -inf for max, 0 (and a count) for avg
+    extra_h = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pads[0] + pads[2]))
+    extra_w = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - (w + pads[1] + pads[3]))
+    widths = ((0, 0), (0, 0), (pads[0], pads[2] + extra_h), (pads[1], pads[3] + extra_w))
+    inside = np.pad(np.ones((h, w)), widths[2:])
+    # 1 on the input and its declared pads (0 past them, where a ceil_mode window may reach)
+    in_pads = np.pad(np.ones((h + pads[0] + pads[2], w + pads[1] + pads[3])), ((0, extra_h), (0, extra_w)))
+    fill = -np.inf if op.fn == "max" else 0.0
+    xp = np.pad(x, widths, constant_values=fill)
+    acc = np.full((*x.shape[:2], oh, ow), fill)
+    count = np.zeros((oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            sl = (slice(i * dh, i * dh + (oh - 1) * sh + 1, sh), slice(j * dw, j * dw + (ow - 1) * sw + 1, sw))
+            patch = xp[:, :, sl[0], sl[1]]
+            if op.fn == "max":
+                acc = np.where(np.isnan(patch) | (patch > acc), patch, acc)
+            else:
+                acc = acc + patch
+                count = count + (in_pads if op.count_include_pad else inside)[sl[0], sl[1]]
+    if op.fn == "avg":
+        acc = acc / count
+    return _finish(acc[:, :, 0, :] if rank == 1 else acc, shape.dtype)
+
+
+@evaluates(CV.BatchNorm)
+def _eval_batch_norm(op: CV.BatchNorm, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    x, scale, bias, mean, var = (np.asarray(a, dtype=np.float64) for a in args)
+    axes = (slice(None),) + (None,) * (x.ndim - 2)
+    inv = scale / np.sqrt(var + op.eps)
+    return _finish((x - mean[axes]) * inv[axes] + bias[axes], shape.dtype)
 
 
 @evaluates(O.Reduce)

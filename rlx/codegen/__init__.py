@@ -6,6 +6,7 @@
 import rlx.codegen.c_collectives  # noqa: F401  (collectives and the transport ABI)
 from rlx.codegen import (  # noqa: F401
     c_control,
+    c_conv,
     c_decoder,
     c_int8,
     c_lora,

@@ -56,6 +56,7 @@ from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions import AbsorbedTranspose, PackedParam, WidenedParam
+from rlx.ir.decisions_conv import ConvPlan
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.dtype import DType
@@ -457,6 +458,7 @@ class _Planner:
         self.absorbed: dict[NodeId, NodeId] = {d.node: d.source for d in lir.decided(AbsorbedTranspose)}
         self.packed: dict[NodeId, bool] = {d.node: d.transposed for d in lir.decided(PackedParam)}
         self.int8: dict[NodeId, Int8Param] = {d.node: d for d in lir.decided(Int8Param)}
+        self.conv_packed: set[NodeId] = {d.weight for d in lir.decided(ConvPlan) if d.packed}
         # nodes a decode GEMV group computes in small steps (their own kernels run in larger ones)
         self.decode_skips: dict[NodeId, QuantGemvGroup] = {
             nid: d for d in lir.decided(QuantGemvGroup) for nid in d.skipped()}
@@ -546,6 +548,13 @@ class _Planner:
                 storage = math.prod(dims[:-2]) * mat * stored.dtype.itemsize
                 mode = f"pack_{stored.dtype.value}" if narrow else "pack"
                 note = " (packed for the GEMM kernel on set)"
+            elif spec.node in self.conv_packed:
+                # a conv weight [O, C, *k] read as the GEMM operand [C*k, O] (its transpose), packed on set
+                k, n = math.prod(dims[1:]), dims[0]
+                dims, src_strides = [k, n], [1, k]
+                mat = k * round_up(n, PACK_NR_MAX)
+                self.packed_mat[spec.node] = mat
+                storage, mode, note = mat * 4, "pack", " (conv weight packed for the GEMM kernel on set)"
             elif spec.node in self.int8:
                 # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
                 storage = self.int8[spec.node].storage_bytes
@@ -557,7 +566,8 @@ class _Planner:
             params.append({
                 "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
                 "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
-                "mode": mode, "note": note, "rank": max(len(user_dims), 1), "elsize": stored.dtype.itemsize,
+                "mode": mode, "note": note, "rank": 2 if spec.node in self.conv_packed else max(len(user_dims), 1),
+                "elsize": stored.dtype.itemsize,
                 "dims": dims or [1], "src_strides": src_strides or [0],
             })
             offset += (storage + 63) // 64 * 64

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from rlx.codegen import (
     cuda_collectives,
+    cuda_conv,
     cuda_decoder,
     cuda_lora,
     cuda_moe,
@@ -43,5 +44,6 @@ from rlx.codegen.cuda_emit import (
 )
 
 __all__ = ["ABI_VERSION", "CODEGEN_VERSION", "GEMM_MODES", "PRECISIONS", "CudaEmitter", "CudaTarget",
-           "cuda_collectives", "cuda_decoder", "cuda_context", "cuda_lora", "cuda_moe", "cuda_pool", "cuda_quant",
-           "cuda_rules", "cuda_sample", "cuda_scan", "cuda_select", "cuda_ssm", "cuda_user_op", "render_cuda"]
+           "cuda_collectives", "cuda_conv", "cuda_decoder", "cuda_context", "cuda_lora", "cuda_moe", "cuda_pool",
+           "cuda_quant", "cuda_rules", "cuda_sample", "cuda_scan", "cuda_select", "cuda_ssm", "cuda_user_op",
+           "render_cuda"]

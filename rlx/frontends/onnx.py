@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from rlx.errors import IRError
+from rlx.frontends.onnx_conv import CONV_HANDLERS
 from rlx.frontends.onnx_importer import (
     Handler,
     _dtype,
@@ -805,6 +806,7 @@ HANDLERS: dict[str, Handler] = {
     "Constant": _constant,
     **EXTRA_HANDLERS,
 }
+HANDLERS.update({op: h for op, h in CONV_HANDLERS.items() if op not in HANDLERS})  # rlx.frontends.onnx_conv
 
 
 def supported_ops() -> list[str]:

@@ -12,6 +12,7 @@ import numpy as np
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir import ops_control as C
+from rlx.ir import ops_conv as CV
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
@@ -325,6 +326,25 @@ class Graph:
         """i32 token id per row of `logits` `[rows, vocab]`, sampled with uniforms `u` f64 `[rows]` and
         `settings` f64 `[3]` (temperature, top_k, top_p) (`ops_sample.SampleTopK`)."""
         return self.add(SP.SampleTopK(), [logits, u, settings])
+
+    def conv(self, x: NodeId, w: NodeId, bias: NodeId | None = None, *, strides: Sequence[int] = (),
+             dilations: Sequence[int] = (), pads: Sequence[int] = (), groups: int = 1,
+             activation: str | None = None) -> NodeId:
+        """act(conv(x, w) + bias), channels-first, 1-D or 2-D (`ops_conv.Conv`)."""
+        op = CV.Conv(tuple(strides), tuple(dilations), tuple(pads), groups, activation)
+        return self.add(op, [x, w] if bias is None else [x, w, bias])
+
+    def pool(self, fn: str, x: NodeId, kernel: Sequence[int], *, strides: Sequence[int] = (),
+             pads: Sequence[int] = (), dilations: Sequence[int] = (), ceil_mode: bool = False,
+             count_include_pad: bool = False) -> NodeId:
+        """Max ("max") or average ("avg") pooling of x `[N, C, *S]` (`ops_conv.Pool`)."""
+        return self.add(CV.Pool(fn, tuple(kernel), tuple(strides), tuple(pads), tuple(dilations), bool(ceil_mode),
+                                bool(count_include_pad)), [x])
+
+    def batch_norm(self, x: NodeId, scale: NodeId, bias: NodeId, mean: NodeId, var: NodeId, *,
+                   eps: float = 1e-5) -> NodeId:
+        """Inference batch normalization over axis 1 (`ops_conv.BatchNorm`)."""
+        return self.add(CV.BatchNorm(eps), [x, scale, bias, mean, var])
 
     def softmax(self, x: NodeId, axis: int = -1) -> NodeId:
         return self.add(O.Softmax(axis), [x])

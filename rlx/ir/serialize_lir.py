@@ -35,6 +35,7 @@ from typing import Any
 
 from rlx.errors import IRError
 from rlx.ir import (
+    decisions_conv,
     decisions_cuda,
     decisions_cuda_kernels,
     decisions_int8,
@@ -52,8 +53,8 @@ from rlx.ir.ops_control import step_bodies
 FORMAT = "rlx-lir"
 VERSION = 1
 #: The modules defining decision kinds: each registers its kinds when imported, and a loader must know them all.
-DECISION_MODULES = (decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal, decisions_moe,
-                    decisions_quant)
+DECISION_MODULES = (decisions_conv, decisions_cuda, decisions_cuda_kernels, decisions_int8, decisions_metal,
+                    decisions_moe, decisions_quant)
 _KEYS = ("format", "version", "name", "graph", "schedule", "buffers", "inputs", "outputs", "params", "constants",
          "symbols", "arena_bytes", "naive_bytes", "output_copies", "backend", "decisions", "workspaces", "bodies")
 

@@ -71,6 +71,16 @@ def _rms_norm(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
     return g.add(O.Binary("mul"), [g.add(O.Binary("mul"), [x, inv]), gamma])
 
 
+def _batch_norm(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
+    # (x - mean) * (scale * rsqrt(var + eps)) + bias, the [C] vectors broadcast along axis 1
+    x, scale, bias, mean, var = args
+    along_c = [node.shape.dims[1], *([1] * (node.shape.rank - 2))]
+    inv = g.activation("rsqrt", g.add(O.Binary("add"), [var, _const(g, node, float(node.op.eps))]))
+    factor = g.reshape(g.add(O.Binary("mul"), [scale, inv]), along_c)
+    centered = g.add(O.Binary("sub"), [x, g.reshape(mean, along_c)])
+    return g.add(O.Binary("add"), [g.add(O.Binary("mul"), [centered, factor]), g.reshape(bias, along_c)])
+
+
 #: (op kind, activation fn or "") → decomposition into primitives.
 DECOMPOSITIONS: dict[tuple[str, str], Decomposition] = {
     ("activation", "silu"): _silu,
@@ -78,6 +88,7 @@ DECOMPOSITIONS: dict[tuple[str, str], Decomposition] = {
     ("activation", "gelu_tanh"): _gelu_tanh,
     ("activation", "softplus"): _softplus,
     ("rms_norm", ""): _rms_norm,
+    ("batch_norm", ""): _batch_norm,
 }
 
 

@@ -16,6 +16,7 @@ elementwise regions), then residual norms, then elementwise regions.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Callable, Hashable, Iterator
 
@@ -23,6 +24,7 @@ from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.ir.ops_conv import Conv
 from rlx.opt.rewrite import Rewriter, consumers, require_mir, sole_consumer
 
 #: Most distinct inputs an ElementwiseRegion may take (ops.ElementwiseRegion.arity).
@@ -183,6 +185,28 @@ def fuse_matmul_epilogue(graph: Graph) -> Graph:
     return plan.apply()
 
 
+def fuse_conv_activation(graph: Graph) -> Graph:
+    """`act(conv(x, w[, bias]))` → conv with `activation` (applied in the conv's store).
+
+    >>> g = Graph("c")
+    >>> x, w = g.input("x", [1, 2, 4, 4]), g.param("w", [3, 2, 1, 1])
+    >>> g.set_outputs([g.activation("relu", g.conv(x, w))])
+    >>> out = fuse_conv_activation(g)
+    >>> out.node(out.outputs[0]).op.activation
+    'relu'
+    """
+    require_mir(graph, "fuse_conv_activation")
+    plan = _Plan(graph)
+    for node in graph.nodes:
+        if not isinstance(node.op, Conv) or node.op.activation is not None or not plan.free(node.id):
+            continue
+        nxt = plan.sole(node.id)
+        if nxt is None or not _is(plan.node(nxt), O.Activation) or not plan.free(nxt):
+            continue
+        plan.fuse(nxt, dataclasses.replace(node.op, activation=plan.node(nxt).op.fn), list(node.inputs), [node.id])
+    return plan.apply()
+
+
 # ── residual + norm ────────────────────────────────────────────────────
 
 
@@ -327,6 +351,7 @@ def _region_op(graph: Graph, members: list[NodeId]) -> tuple[O.ElementwiseRegion
 FUSIONS: tuple[tuple[str, Callable[[Graph], Graph]], ...] = (
     ("fuse_swiglu", fuse_swiglu),
     ("fuse_matmul_epilogue", fuse_matmul_epilogue),
+    ("fuse_conv_activation", fuse_conv_activation),
     ("fuse_residual_norm", fuse_residual_norm),
     ("fuse_elementwise", fuse_elementwise),
 )

@@ -18,6 +18,9 @@ CPU decisions:
   `set_param`; the cast reads that copy instead of running per call.
 - `int8_params` (`rlx.opt.lowering_int8`): an f32 param read only as the weight
   of `int8_matmul` is stored quantized to int8 at `set_param`.
+- `conv_plans` (`rlx.opt.lowering_conv`): each convolution's algorithm and tile
+  layout (implicit GEMM on pixel-major tiles, or depthwise on planes), and
+  whether its weight is stored packed for the GEMM micro-kernel.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -40,6 +43,7 @@ from rlx.ir.decisions import AbsorbedTranspose, Decision, PackedParam, WidenedPa
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.opt.lowering_conv import conv_plans
 from rlx.opt.lowering_cuda_kernels import cuda_lowering
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
@@ -188,7 +192,7 @@ def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
     return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir),
-            *quant_gemv_groups(lir), *moe_plans(lir, "cpu"))
+            *quant_gemv_groups(lir), *moe_plans(lir, "cpu"), *conv_plans(lir))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel

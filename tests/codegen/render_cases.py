@@ -200,10 +200,10 @@ def cpu_renders() -> list[Render]:
     return out
 
 
-#: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling, batched LoRA, user-defined ops, MoE;
-#: a while_loop runs as a scan there).
-METAL_WITHOUT_RULES = {"lora_matmul", "moe_ops", "sample_top_k", "scan_loop", "scan_ssm_body", "ssm_long", "ssm_ops",
-                       "control_flow", "user_op"}
+#: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling, batched LoRA, user-defined ops, MoE,
+#: convolution; a while_loop runs as a scan there).
+METAL_WITHOUT_RULES = {"conv_family", "lora_matmul", "moe_ops", "sample_top_k", "scan_loop", "scan_ssm_body",
+                       "ssm_long", "ssm_ops", "control_flow", "user_op"}
 
 
 def metal_renders() -> list[Render]:

@@ -182,6 +182,29 @@ def reductions() -> Case:
 
 
 @case
+def conv_family() -> Case:
+    """conv (implicit GEMM: strided, dilated, grouped, 1-D; depthwise; fused bias + activation), max / average
+    pooling; a dynamic batch."""
+    g = Graph("conv_family")
+    b = Dim.dynamic("b", max=3)
+    x = g.input("x", [b, 4, 9, 8])
+    y = g.conv(x, g.param("w1", [8, 4, 3, 3]), g.param("b1", [8]), strides=(2, 1), pads=(1, 1, 1, 1),
+               activation="relu")
+    dw = g.conv(y, g.param("wd", [8, 1, 3, 3]), pads=(2, 2, 2, 2), dilations=(2, 2), groups=8,
+                activation="hardswish")
+    grouped = g.conv(dw, g.param("wg", [6, 4, 1, 1]), groups=2)
+    pooled = g.pool("max", grouped, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1))
+    avg = g.pool("avg", grouped, (2, 3), strides=(2, 2), pads=(0, 1, 0, 1), ceil_mode=True)
+    seq = g.input("seq", [b, 5, 17])
+    audio = g.conv(seq, g.param("wa", [7, 5, 3]), g.param("ba", [7]), strides=(2,), pads=(1, 1), activation="gelu")
+    g.set_outputs([pooled, avg, audio])
+    r = _rng(31)
+    params = {"w1": _f32(r, 8, 4, 3, 3, scale=0.3), "b1": _f32(r, 8), "wd": _f32(r, 8, 1, 3, 3, scale=0.3),
+              "wg": _f32(r, 6, 4, 1, 1, scale=0.5), "wa": _f32(r, 7, 5, 3, scale=0.3), "ba": _f32(r, 7)}
+    return Case("conv_family", g, [{"x": _f32(r, n, 4, 9, 8), "seq": _f32(r, n, 5, 17)} for n in (3, 1)], params)
+
+
+@case
 def softmaxes() -> Case:
     g = Graph("softmaxes")
     x = g.input("x", [2, 3, Dim.dynamic("n", max=3000)])

@@ -12,6 +12,7 @@ import pytest
 from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir import ops_control as C
+from rlx.ir import ops_conv as CV
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
@@ -151,6 +152,15 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (S.GatedDeltaNet(4), ("f32[1,seq,2,4]",) * 3 + ("f32[1,seq,2]",) * 2, "f32[1,seq,2,4]"),
     (S.GatedDeltaNet(4, True, 0.5), ("f32[1,seq,2,4]",) * 3 + ("f32[1,seq,2]",) * 2 + ("f32[1,2,4,4]",),
      "f32[1,seq,2,4]"),
+    (CV.Conv(), ("f32[batch,3,8,8]", "f32[4,3,3,3]"), "f32[batch,4,6,6]"),
+    (CV.Conv((2, 2), (1, 1), (1, 1, 1, 1), activation="relu"), ("f32[1,3,8,8]", "f32[4,3,3,3]", "f32[4]"),
+     "f32[1,4,4,4]"),
+    (CV.Conv((1, 1), (2, 2), (2, 2, 2, 2), groups=4), ("f32[2,4,5,7]", "f32[4,1,3,3]"), "f32[2,4,5,7]"),
+    (CV.Conv((2,), (), (1, 1)), ("f16[2,5,17]", "f16[7,5,3]"), "f16[2,7,9]"),
+    (CV.Pool("max", (3, 3), (2, 2), (1, 1, 1, 1)), ("f32[batch,3,9,9]",), "f32[batch,3,5,5]"),
+    (CV.Pool("avg", (3, 2), (2, 2), (1, 1, 1, 1), ceil_mode=True), ("f32[2,3,10,9]",), "f32[2,3,6,5]"),
+    (CV.Pool("max", (3,), (2,), ceil_mode=True), ("f32[2,3,11]",), "f32[2,3,5]"),
+    (CV.BatchNorm(1e-3), ("f32[2,3,4,4]",) + ("f32[3]",) * 4, "f32[2,3,4,4]"),
     (S.DepthwiseConv1dCausal(3), ("f32[2,seq,8]", "f32[8,3]"), "f32[2,seq,8]"),
     (S.DepthwiseConv1dCausal(3), ("f32[2,seq,8]", "f32[8,3]", "f32[2,2,8]"), "f32[2,seq,8]"),
     (MOE.MoeTopK(2), ("f32[seq,8]",), "i32[seq,2]"),
@@ -344,6 +354,23 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (S.SelectiveScan(0), ("f32[2,4,8]",) * 2 + ("f32[8,0]",) + ("f32[2,4,0]",) * 2, ShapeError, "state_size"),
     (S.GatedDeltaNet(4), ("f32[1,3,2,4]",) * 3 + ("f32[1,3,2]",) * 3, ShapeError, "takes 5 inputs, got 6"),
     (S.GatedDeltaNet(4, scale=math.inf), ("f32[1,3,2,4]",) * 3 + ("f32[1,3,2]",) * 2, ShapeError, "scale"),
+    (CV.Conv(), ("f32[2,3,8]", "f32[4,3,3,3]"), ShapeError, r"weight must be a static \[O, C/groups, k\]"),
+    (CV.Conv(), ("f32[2,3,8,8,8]", "f32[4,3,3,3,3]"), ShapeError, r"input must be \[N, C, L\] or \[N, C, H, W\]"),
+    (CV.Conv(), ("f32[2,3,seq,8]", "f32[4,3,3,3]"), ShapeError, "static channels and spatial sizes"),
+    (CV.Conv(groups=2), ("f32[2,3,8,8]", "f32[4,3,3,3]"), ShapeError, "must divide both"),
+    (CV.Conv(), ("f32[2,4,8,8]", "f32[4,3,3,3]"), ShapeError, "3 channels per group"),
+    (CV.Conv(), ("f32[2,3,2,2]", "f32[4,3,3,3]"), ShapeError, "smaller than the window"),
+    (CV.Conv((0, 1)), ("f32[2,3,8,8]", "f32[4,3,3,3]"), ShapeError, "strides must be 2 int"),
+    (CV.Conv(pads=(1, 1)), ("f32[2,3,8,8]", "f32[4,3,3,3]"), ShapeError, "pads must be 4 int"),
+    (CV.Conv(), ("f32[2,3,8,8]", "f32[4,3,3,3]", "f32[3]"), ShapeError, r"bias must be \[4\]"),
+    (CV.Conv(activation="swish"), ("f32[2,3,8,8]", "f32[4,3,3,3]"), ShapeError, "unknown activation"),
+    (CV.Conv(), ("i32[2,3,8,8]", "i32[4,3,3,3]"), ShapeError, "float inputs of one dtype"),
+    (CV.Pool("sum", (2, 2)), ("f32[2,3,8,8]",), ShapeError, "unknown pooling 'sum'"),
+    (CV.Pool("max", (2,)), ("f32[2,3,8,8]",), ShapeError, "kernel must be 2 int"),
+    (CV.Pool("avg", (2, 2), dilations=(2, 2)), ("f32[2,3,8,8]",), ShapeError, "takes no dilations"),
+    (CV.Pool("max", (2, 2), pads=(2, 0, 0, 0)), ("f32[2,3,8,8]",), ShapeError, "smaller than the window"),
+    (CV.BatchNorm(), ("f32[2,3,4]", "f32[3]", "f32[3]", "f32[4]", "f32[3]"), ShapeError, r"mean must be f32\[3\]"),
+    (CV.BatchNorm(-1.0), ("f32[2,3,4]",) + ("f32[3]",) * 4, ShapeError, "eps must be"),
     (S.DepthwiseConv1dCausal(3), ("f32[2,5,8]", "f32[8,4]"), ShapeError, r"weight must be \[8,3\]"),
     (MOE.MoeTopK(9), ("f32[3,8]",), ShapeError, "top_k=9 is more than the 8 experts"),
     (MOE.MoeGate(True), ("f32[3,8]", "f32[3,2]"), ShapeError, "ids must be i32"),

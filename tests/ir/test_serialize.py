@@ -128,10 +128,15 @@ def every_op_graph() -> Graph:
     user = g.user_op(swish_beta().name, [row, g.constant(np.float32(1.5))])
     g.lora_matmul(x, g.param("lora_a", [2, 3, 16]), g.param("lora_b", [2, 5, 3]), g.param("lora_s", [2]),
                   g.input("lora_index", [BATCH], "i32"))
+    img = g.input("img", [BATCH, 2, 5, 5])
+    conv = g.conv(img, g.param("kw", [4, 1, 3, 3]), g.param("kb", [4]), strides=(2, 1), pads=(1, 1, 1, 1), groups=2,
+                  activation="relu")
+    pooled = g.pool("avg", g.batch_norm(conv, *(g.param(f"bn{n}", [4]) for n in "sbmv"), eps=1e-3), (2, 2),
+                    ceil_mode=True, count_include_pad=True)
     ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
     g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
     g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm, "scan": scan,
-                   "cfn": cfn, "user": user})
+                   "cfn": cfn, "user": user, "pooled": pooled})
     return g
 
 
@@ -545,6 +550,23 @@ def _mk_scan(draw: Any, g: Graph) -> None:
         g.while_loop(pred, body, init, bcasts=[init], max_trips=draw(st.sampled_from([None, 0, 3])))
 
 
+def _mk_conv(draw: Any, g: Graph) -> None:
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    tag, rank = len(g.nodes), draw(st.integers(1, 2))
+    c, k = draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    x = g.input(f"vx{tag}", [draw(_dims), c, *([draw(st.integers(2, 5))] * rank)], dtype)
+    kind = draw(st.integers(0, 2))
+    if kind == 0:
+        groups = draw(st.sampled_from([1, c]))
+        g.conv(x, g.param(f"vw{tag}", [2 * groups, c // groups, *([k] * rank)], dtype),
+               strides=(draw(st.integers(1, 2)),) * rank, pads=(draw(st.integers(0, 1)),) * (2 * rank), groups=groups,
+               activation=draw(st.sampled_from([None, "relu"])))
+    elif kind == 1:
+        g.pool(draw(st.sampled_from(["max", "avg"])), x, (k,) * rank, ceil_mode=draw(st.booleans()))
+    else:
+        g.batch_norm(x, *(g.param(f"v{n}{tag}", [c], dtype) for n in "sbmv"), eps=draw(st.floats(0, 0.1)))
+
+
 def _mk_collective(draw: Any, g: Graph) -> None:
     x = _pick(draw, g, lambda s: s.dtype.value in FLOAT_DTYPES and s.rank >= 1)
     world, axis = draw(st.integers(1, 4)), draw(st.sampled_from([0, -1]))
@@ -569,7 +591,7 @@ def _mk_lora(draw: Any, g: Graph) -> None:
 
 MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_int8, _mk_reduce, _mk_softmax,
           _mk_sample, _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant,
-          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_user_op, _mk_lora, _mk_moe]
+          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_user_op, _mk_lora, _mk_moe, _mk_conv]
 
 
 @st.composite

@@ -176,3 +176,14 @@ def test_dynamic_dims_are_bound_and_checked():
         m.run(a=x, b=x[:2])
     with pytest.raises(rlx.ExecutionError, match="must have rank 2"):
         m.run(a=x.reshape(-1), b=x)
+
+
+def test_convolution_is_refused_before_any_build():
+    """Metal has no conv or pool rule yet: named by the support check, refused before the emulator builds."""
+    g = rlx.Graph("conv")
+    x = g.input("x", [1, 2, 6, 6])
+    g.set_outputs([g.pool("max", g.conv(x, g.param("w", [3, 2, 3, 3])), (2, 2))])
+    node, reason = first_unsupported_op(g, "metal")
+    assert node.kind == "conv" and "no rule for conv" in reason
+    with pytest.raises(rlx.BuildError, match="no rule for conv"):
+        emulate(g)

@@ -14,6 +14,8 @@ def _graph(kind: str, fn: str, dtype: str) -> rlx.Graph:
     x = g.input("x", [3, 16], dtype)
     if kind == "rms_norm":
         g.set_outputs([g.rms_norm(x, g.param("g", [16], dtype), eps=1e-5)])
+    elif kind == "batch_norm":  # over axis 1: 16 channels
+        g.set_outputs([g.batch_norm(x, *(g.param(n, [16], dtype) for n in "sbmv"), eps=1e-3)])
     else:
         g.set_outputs([g.activation(fn, x)])
     return g
@@ -32,6 +34,9 @@ def test_decomposition_matches_the_op(key, dtype):
     np_dtype = {"f32": np.float32, "f64": np.float64}[dtype]
     feed = {"x": (rng.standard_normal((3, 16)) * 4).astype(np_dtype)}
     params = {"g": rng.standard_normal(16).astype(np_dtype)} if kind == "rms_norm" else {}
+    if kind == "batch_norm":
+        params = {n: rng.standard_normal(16).astype(np_dtype) for n in "sbm"}
+        params["v"] = (rng.random(16) + 0.5).astype(np_dtype)
     want = rlx.reference.run(g, feed, params)[0]
     got = rlx.reference.run(out, feed, params)[0]
     # Several rounded ops instead of one: a few ulps of the dtype.

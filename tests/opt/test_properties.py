@@ -17,7 +17,7 @@ from rlx.opt.pipeline import PASSES, PIPELINES, abi, optimize
 
 EXACT_PASSES = ("fold", "simplify", "cse", "dce", "layout", "fuse_elementwise")
 # "bodies" runs the whole pipeline (fusions included) inside scan bodies
-ROUNDING_PASSES = ("fuse_swiglu", "fuse_matmul_epilogue", "fuse_residual_norm", "bodies")
+ROUNDING_PASSES = ("fuse_swiglu", "fuse_matmul_epilogue", "fuse_conv_activation", "fuse_residual_norm", "bodies")
 assert set(EXACT_PASSES + ROUNDING_PASSES) == set(PASSES)
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

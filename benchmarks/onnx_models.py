@@ -1,0 +1,93 @@
+"""Vision models exported to ONNX on the CPU: rlx vs ONNX Runtime, in one process.
+
+    python benchmarks/onnx_models.py [--threads 2] [--rounds 5] [--passes 4] [--cases resnet18x1,...]
+
+Each case is a model of `tests/frontends/conv_models.py` (torchvision's ResNet-18 and
+MobileNetV3-small written in plain torch, random weights, batch-norm statistics randomized)
+exported by `torch.onnx.export` at 224x224 with a dynamic batch, then run by
+
+- onnxruntime: an `InferenceSession` with default session options (all graph optimizations,
+  its NCHWc conv kernels) and `intra_op_num_threads = --threads`;
+- rlx: `rlx.from_onnx(...)` compiled by `Session(Device.CPU)` with `num_threads = --threads`.
+
+Both peers live in this process and take turns in blocks (`--passes` blocks of `--rounds` timed
+runs each, the peers alternating, a pause between blocks so ORT's spinning threads settle); each
+block starts with one untimed run. The outputs are checked against each other before timing (max abs
+error <= 1e-4 x max |out|). Printed: the median time of every peer, and rlx's time over ORT's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "frontends"))
+
+CASES = {"resnet18x1": ("resnet18", 1), "resnet18x8": ("resnet18", 8),
+         "mobilenet_v3_smallx1": ("mobilenet_v3_small", 1)}
+
+
+def peers(model: str, batch: int, threads: int) -> tuple[dict[str, Callable[[], np.ndarray]], str]:
+    import onnxruntime as ort
+    import torch
+    from conv_models import build, export
+
+    import rlx
+
+    data = export(build(model), torch.randn(1, 3, 224, 224))
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+    graph, params = rlx.from_onnx(data, max_dims={"batch": max(batch, 8)})
+    t0 = time.perf_counter()
+    cg = rlx.Session(rlx.Device.CPU).compile(graph, num_threads=threads)
+    compile_s = time.perf_counter() - t0
+    for name, value in params.items():
+        cg.set_param(name, value)
+    runs = {"onnxruntime": lambda: sess.run(None, {"x": x})[0], "rlx": lambda: cg.run(x=x)[0]}
+    want, got = runs["onnxruntime"](), runs["rlx"]()
+    err = float(np.abs(got - want).max())
+    if err > 1e-4 * float(np.abs(want).max()):
+        raise SystemExit(f"{model} batch {batch}: rlx differs from onnxruntime by {err}")
+    return runs, f"compile {compile_s:.1f} s (cache hit if fast), max abs diff {err:.2e}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="timed runs per peer per block")
+    ap.add_argument("--passes", type=int, default=4, help="blocks per peer (peers alternate)")
+    ap.add_argument("--pause", type=float, default=0.5, help="seconds between blocks")
+    ap.add_argument("--cases", default=",".join(CASES))
+    args = ap.parse_args()
+    rows = []
+    for case in args.cases.split(","):
+        model, batch = CASES[case]
+        runs, note = peers(model, batch, args.threads)
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.passes):
+            for name, run in runs.items():
+                run()
+                for _ in range(args.rounds):
+                    t0 = time.perf_counter()
+                    run()
+                    times[name].append(time.perf_counter() - t0)
+                time.sleep(args.pause)
+        med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        rows.append((case, med["onnxruntime"], med["rlx"], med["rlx"] / med["onnxruntime"]))
+        print(f"{case}: {note}", flush=True)
+    print(f"\n{args.threads} threads, 224x224, median of {args.passes} x {args.rounds} runs per peer")
+    print(f"{'case':<24}{'onnxruntime ms':>16}{'rlx ms':>12}{'rlx / ort':>12}")
+    for case, ort_ms, rlx_ms, ratio in rows:
+        print(f"{case:<24}{ort_ms:>16.2f}{rlx_ms:>12.2f}{ratio:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""CPU lowering for convolutions: each `conv` node's algorithm, tile layout and weight storage (`ConvPlan`).
+
+See `conv_plans` for the choice: depthwise on planes, pointwise on the planes as they lie, implicit
+GEMM on channels-first tiles (BLAS), or on pixel-major tiles with the weight packed at `set_param`
+for RLX's micro-kernel (wide convolutions).
+
+>>> from rlx.ir.graph import Graph
+>>> from rlx.opt.memplan import plan
+>>> g = Graph("c")
+>>> x = g.input("x", [1, 8, 6, 6])
+>>> y = g.conv(x, g.param("w", [16, 8, 3, 3]), pads=(1, 1, 1, 1), activation="relu")
+>>> g.set_outputs([g.conv(y, g.param("w2", [512, 16, 3, 3]))])
+>>> for d in conv_plans(plan(g)):
+...     print(d.describe())
+%2 conv: implicit_gemm on nchw_tiles (weight %1 as stored, 36-pixel tiles)
+%4 conv: implicit_gemm on nhwc_tiles (weight %3 packed K x N on set, 96-pixel tiles)
+"""
+
+from __future__ import annotations
+
+import math
+
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
+from rlx.ir.dtype import DType
+from rlx.ir.lir import LirModule
+from rlx.ir.ops_conv import Conv
+
+#: Bytes of one channels-first tile of receptive fields (K x pixels floats): about half an L2.
+TILE_BYTES = 512 * 1024
+MAX_TILE_PIXELS = 1024
+
+
+def is_depthwise(groups: int, channels: int, out_channels: int) -> bool:
+    """One input and one output channel per group: the window runs directly on each plane."""
+    return groups > 1 and groups == channels == out_channels
+
+
+def is_pointwise(op: Conv, kernel: tuple[int, ...]) -> bool:
+    """A 1x1 window, stride 1, no pads: each image's planes are the GEMM operand as they lie."""
+    strides, _, pads = op.geometry(len(kernel))
+    return all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
+
+
+#: Fewest pixels per tile (or the whole plane, when smaller): each tile's product reads all of its group's
+#: weights, so narrower tiles would stream a deep layer's weights from memory once per few pixels.
+MIN_TILE_PIXELS = 128
+#: Output channels from which a conv whose weight can be packed runs on pixel-major tiles with the packed
+#: micro-kernel: its weights are then packed once at set_param instead of by the BLAS on every tile (measured
+#: on ResNet-18's last stage, 512 channels: ~15% faster; on 64-channel stages the pixel-major gather costs more
+#: than it saves).
+PACKED_MIN_CHANNELS = 384
+
+
+def tile_pixels(k: int, plane: int) -> int:
+    """Output pixels per channels-first tile of a K-deep product over planes of `plane` pixels: what fills
+    TILE_BYTES (in multiples of 16), but at least MIN_TILE_PIXELS, and at most the whole plane."""
+    fits = max(16, min(MAX_TILE_PIXELS, TILE_BYTES // (4 * k) // 16 * 16))
+    return min(plane, max(fits, MIN_TILE_PIXELS))
+
+
+def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
+    """The `ConvPlan` of every conv node of `lir`.
+
+    Depthwise convolutions run on planes; 1x1 stride-1 unpadded ones multiply the planes as they lie;
+    wide ones (PACKED_MIN_CHANNELS) with a packable weight are an implicit GEMM on pixel-major tiles
+    with the weight packed for the micro-kernel; every other one is an implicit GEMM on channels-first
+    tiles (the receptive fields of a tile of output pixels, k-major, so each kernel row reads runs of an
+    input row; the product lands in the output rows directly).
+    """
+    graph = lir.graph
+    users = graph.users()
+    params = {spec.node for spec in lir.params}
+    outputs = set(graph.outputs)
+
+    def packable(w_id: int) -> bool:  # an f32 param read only as the weight of convs
+        return (w_id in params and w_id not in outputs and graph.node(w_id).shape.dtype is DType.F32
+                and all(isinstance(graph.node(u).op, Conv)
+                        and [i for i, v in enumerate(graph.node(u).inputs) if v == w_id] == [1] for u in users[w_id]))
+
+    out = []
+    for n in graph.nodes:
+        if not isinstance(n.op, Conv):
+            continue
+        x = graph.node(n.inputs[0]).shape
+        w = graph.node(n.inputs[1]).shape
+        o, cg, *kernel = w.static_dims
+        if is_depthwise(n.op.groups, x.dims[1].value, o):
+            out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False))
+        elif is_pointwise(n.op, tuple(kernel)):
+            out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
+        elif n.op.groups == 1 and o >= PACKED_MIN_CHANNELS and packable(n.inputs[1]):
+            out.append(ConvPlan(n.id, "implicit_gemm", "nhwc_tiles", n.inputs[1], True, CONV_TILE_PIXELS))
+        else:
+            k = cg * math.prod(kernel)
+            plane = math.prod(d.value for d in n.shape.dims[2:])
+            out.append(ConvPlan(n.id, "implicit_gemm", "nchw_tiles", n.inputs[1], False, tile_pixels(k, plane)))
+    return tuple(out)

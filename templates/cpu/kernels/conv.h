@@ -1,0 +1,217 @@
+/* Convolution and pooling on channels-first planes (rlx/codegen/c_conv.py, templates/cpu/conv.c.j2).
+ * A fixed RLX kernel header: no template code; included by generated files that need it.
+ *
+ * Implicit GEMM: the output pixels of one image and group are cut into tiles of RLX_CONV_MC; a
+ * thread gathers a tile's receptive fields into a pixel-major block A[mc, Cg*KH*KW] of its scratch
+ * (k ordered c, kh, kw: ONNX's weight order), multiplies it by the weights and stores the result
+ * channels-first. The whole im2col matrix never exists; a tile's block stays in L2.
+ * 1-D convolutions are 2-D ones with H = KH = 1. */
+#ifndef RLX_KERNELS_CONV_H
+#define RLX_KERNELS_CONV_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Output pixels per implicit-GEMM tile (CONV_TILE_PIXELS in rlx/ir/decisions_conv.py): a multiple
+ * of every micro-kernel's rows (12 with AVX-512, 6 with AVX2). */
+#define RLX_CONV_MC 96
+
+typedef struct {
+    int64_t C, H, W;        /* input channels per group, input plane */
+    int64_t OH, OW;         /* output plane */
+    int64_t KH, KW, SH, SW, DH, DW, PH, PW;  /* window, strides, dilations, begin pads */
+} rlx_conv_geom;
+
+/* A[i, (c*KH + kh)*KW + kw] = x[c, oh*SH - PH + kh*DH, ow*SW - PW + kw*DW] (0 outside the plane)
+ * for the mc output pixels p0 .. p0+mc-1 (row-major over OH x OW); x is one group's [C, H, W]. */
+static void rlx_conv_gather(const float *restrict x, const rlx_conv_geom *g, int64_t p0, int64_t mc,
+                            float *restrict A)
+{
+    const int64_t K = g->C * g->KH * g->KW, HW = g->H * g->W;
+    if (g->KH == 1 && g->KW == 1 && g->SH == 1 && g->SW == 1 && g->PH == 0 && g->PW == 0
+            && g->OH == g->H && g->OW == g->W) {
+        /* pointwise: the tile is a transposed block of the planes */
+        for (int64_t c = 0; c < g->C; c++) {
+            const float *restrict xc = x + c * HW + p0;
+            for (int64_t i = 0; i < mc; i++)
+                A[i * K + c] = xc[i];
+        }
+        return;
+    }
+    int64_t oh = p0 / g->OW, ow = p0 % g->OW;
+    for (int64_t i = 0; i < mc; i++) {
+        float *restrict a = A + i * K;
+        const int64_t ih0 = oh * g->SH - g->PH, iw0 = ow * g->SW - g->PW;
+        for (int64_t c = 0; c < g->C; c++) {
+            const float *restrict xc = x + c * HW;
+            for (int64_t kh = 0; kh < g->KH; kh++) {
+                const int64_t ih = ih0 + kh * g->DH;
+                float *restrict ak = a + (c * g->KH + kh) * g->KW;
+                if (ih < 0 || ih >= g->H) {
+                    for (int64_t kw = 0; kw < g->KW; kw++)
+                        ak[kw] = 0.0f;
+                    continue;
+                }
+                const float *restrict row = xc + ih * g->W;
+                for (int64_t kw = 0; kw < g->KW; kw++) {
+                    const int64_t iw = iw0 + kw * g->DW;
+                    ak[kw] = iw >= 0 && iw < g->W ? row[iw] : 0.0f;
+                }
+            }
+        }
+        if (++ow == g->OW) {
+            ow = 0;
+            oh++;
+        }
+    }
+}
+
+/* Channels-first tiles: B[k, i] = x[c, oh*SH - PH + kh*DH, ow*SW - PW + kw*DW] (0 outside the plane) for
+ * k = (c, kh, kw) and the mc output pixels p0 .. p0+mc-1 (row-major over OH x OW); B is [K, mc]. With
+ * SW == 1 each output row's pixels read one contiguous run of an input row. */
+static void rlx_conv_gather_kmajor(const float *restrict x, const rlx_conv_geom *g, int64_t p0, int64_t mc,
+                                   float *restrict B)
+{
+    const int64_t HW = g->H * g->W;
+    for (int64_t c = 0; c < g->C; c++)
+        for (int64_t kh = 0; kh < g->KH; kh++)
+            for (int64_t kw = 0; kw < g->KW; kw++) {
+                float *restrict b = B + ((c * g->KH + kh) * g->KW + kw) * mc;
+                const float *restrict xc = x + c * HW;
+                int64_t i = 0;
+                while (i < mc) {
+                    const int64_t p = p0 + i, oh = p / g->OW, ow0 = p % g->OW;
+                    const int64_t n = g->OW - ow0 < mc - i ? g->OW - ow0 : mc - i;  /* pixels left in this row */
+                    const int64_t ih = oh * g->SH - g->PH + kh * g->DH;
+                    float *restrict bi = b + i;
+                    if (ih < 0 || ih >= g->H) {
+                        memset(bi, 0, (size_t)n * sizeof(float));
+                    } else {
+                        const float *restrict row = xc + ih * g->W;
+                        const int64_t off = kw * g->DW - g->PW;
+                        /* ow in [lo, hi) reads inside the row: 0 <= ow*SW + off < W */
+                        int64_t lo = off >= 0 ? 0 : (-off + g->SW - 1) / g->SW;
+                        int64_t hi = g->W - 1 - off < 0 ? 0 : (g->W - 1 - off) / g->SW + 1;
+                        lo = lo < ow0 ? ow0 : lo;
+                        hi = hi > ow0 + n ? ow0 + n : hi;
+                        if (hi < lo)
+                            hi = lo;
+                        for (int64_t ow = ow0; ow < lo; ow++)
+                            bi[ow - ow0] = 0.0f;
+                        if (g->SW == 1)
+                            memcpy(bi + (lo - ow0), row + lo + off, (size_t)(hi - lo) * sizeof(float));
+                        else
+                            for (int64_t ow = lo; ow < hi; ow++)
+                                bi[ow - ow0] = row[ow * g->SW + off];
+                        for (int64_t ow = hi; ow < ow0 + n; ow++)
+                            bi[ow - ow0] = 0.0f;
+                    }
+                    i += n;
+                }
+            }
+}
+
+/* Whether a conv's input plane is its own GEMM operand (1x1 window, stride 1, no pads): no gather. */
+static inline int rlx_conv_pointwise(const rlx_conv_geom *g)
+{
+    return g->KH == 1 && g->KW == 1 && g->SH == 1 && g->SW == 1 && g->PH == 0 && g->PW == 0
+        && g->OH == g->H && g->OW == g->W;
+}
+
+/* y[OH, OW] = sum over the window of w[KH, KW] * x[H, W] on one plane (depthwise), no bias. */
+static void rlx_conv_dw_plane(const float *restrict x, const float *restrict w, float *restrict y,
+                              const rlx_conv_geom *g)
+{
+    for (int64_t oh = 0; oh < g->OH; oh++) {
+        float *restrict yr = y + oh * g->OW;
+        for (int64_t ow = 0; ow < g->OW; ow++)
+            yr[ow] = 0.0f;
+        for (int64_t kh = 0; kh < g->KH; kh++) {
+            const int64_t ih = oh * g->SH - g->PH + kh * g->DH;
+            if (ih < 0 || ih >= g->H)
+                continue;
+            const float *restrict xr = x + ih * g->W;
+            for (int64_t kw = 0; kw < g->KW; kw++) {
+                const float wv = w[kh * g->KW + kw];
+                const int64_t off = kw * g->DW - g->PW;
+                /* ow range whose input column ow*SW + off lies inside [0, W) */
+                int64_t lo = off >= 0 ? 0 : (-off + g->SW - 1) / g->SW;
+                int64_t hi = g->W - 1 - off < 0 ? 0 : (g->W - 1 - off) / g->SW + 1;
+                if (hi > g->OW)
+                    hi = g->OW;
+                if (g->SW == 1) {
+                    const float *restrict xs = xr + off;
+                    #pragma omp simd
+                    for (int64_t ow = lo; ow < hi; ow++)
+                        yr[ow] += wv * xs[ow];
+                } else {
+                    for (int64_t ow = lo; ow < hi; ow++)
+                        yr[ow] += wv * xr[ow * g->SW + off];
+                }
+            }
+        }
+    }
+}
+
+/* Cells of window `o` along one axis that fall in [lo_bound, hi_bound) of input coordinates. */
+static inline int64_t rlx_pool_cells(int64_t o, int64_t S, int64_t P, int64_t K, int64_t D, int64_t lo_bound,
+                                     int64_t hi_bound)
+{
+    int64_t n = 0;
+    for (int64_t k = 0; k < K; k++) {
+        const int64_t i = o * S - P + k * D;
+        n += i >= lo_bound && i < hi_bound;
+    }
+    return n;
+}
+
+/* Max (is_max) or average pooling of one plane x[H, W] into y[OH, OW]. Padding never wins a max;
+ * an average divides by the window's cells inside the input, or (count_pad) inside the input and
+ * its declared pads (PE* are the end pads). NaN propagates through a max. The window is walked row
+ * by row over whole output rows (the inner loop runs along ow and vectorizes). */
+static void rlx_pool_plane(const float *restrict x, float *restrict y, const rlx_conv_geom *g, int64_t PEH,
+                           int64_t PEW, int is_max, int count_pad)
+{
+    for (int64_t oh = 0; oh < g->OH; oh++) {
+        float *restrict yr = y + oh * g->OW;
+        for (int64_t ow = 0; ow < g->OW; ow++)
+            yr[ow] = is_max ? -INFINITY : 0.0f;
+        for (int64_t kh = 0; kh < g->KH; kh++) {
+            const int64_t ih = oh * g->SH - g->PH + kh * g->DH;
+            if (ih < 0 || ih >= g->H)
+                continue;
+            const float *restrict xr = x + ih * g->W;
+            for (int64_t kw = 0; kw < g->KW; kw++) {
+                const int64_t off = kw * g->DW - g->PW;
+                int64_t lo = off >= 0 ? 0 : (-off + g->SW - 1) / g->SW;
+                int64_t hi = g->W - 1 - off < 0 ? 0 : (g->W - 1 - off) / g->SW + 1;
+                if (hi > g->OW)
+                    hi = g->OW;
+                if (is_max) {
+                    #pragma omp simd
+                    for (int64_t ow = lo; ow < hi; ow++) {
+                        const float v = xr[ow * g->SW + off], a = yr[ow];
+                        yr[ow] = a != a ? a : (v > a || v != v ? v : a);
+                    }
+                } else {
+                    #pragma omp simd
+                    for (int64_t ow = lo; ow < hi; ow++)
+                        yr[ow] += xr[ow * g->SW + off];
+                }
+            }
+        }
+        if (!is_max) {
+            const int64_t nh = count_pad ? rlx_pool_cells(oh, g->SH, g->PH, g->KH, g->DH, -g->PH, g->H + PEH)
+                                         : rlx_pool_cells(oh, g->SH, g->PH, g->KH, g->DH, 0, g->H);
+            for (int64_t ow = 0; ow < g->OW; ow++) {
+                const int64_t nw = count_pad ? rlx_pool_cells(ow, g->SW, g->PW, g->KW, g->DW, -g->PW, g->W + PEW)
+                                             : rlx_pool_cells(ow, g->SW, g->PW, g->KW, g->DW, 0, g->W);
+                yr[ow] /= (float)(nh * nw);
+            }
+        }
+    }
+}
+
+#endif /* RLX_KERNELS_CONV_H */

@@ -1,0 +1,110 @@
+"""The CPU convolution family (`rlx/codegen/c_conv.py`, kernels/conv.h) against the numpy reference.
+
+One graph holds every variant, compiled once with a dynamic batch and run at two batch sizes:
+implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major
+tiles with the weight packed (384 channels), pointwise (1x1), depthwise (strided, with hardswish
+fused), max / average pooling (pads, ceil_mode, count_include_pad, 1-D), and batch_norm
+(decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an
+x86-64 build without AVX2) both run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from cpu_helpers import session
+
+import rlx
+from rlx.ir.decisions_conv import ConvPlan
+
+BATCH = rlx.Dim.dynamic("b", max=3)
+
+
+def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(31)
+    g = rlx.Graph("convs")
+    params: dict[str, np.ndarray] = {}
+
+    def param(name: str, shape: list[int], positive: bool = False) -> int:
+        v = rng.standard_normal(shape).astype(np.float32) * np.float32(0.5)
+        params[name] = np.abs(v) + np.float32(0.5) if positive else v
+        return g.param(name, shape)
+
+    x = g.input("x", [BATCH, 5, 11, 10])
+    seq = g.input("seq", [BATCH, 6, 23])
+    outs = {
+        # 100+ output pixels: more than one 96-pixel tile per image
+        "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
+                          activation="relu"),
+        "pointwise": g.conv(x, param("w_p", [33, 5, 1, 1])),
+        # wide: the weight packed for the micro-kernel, pixel-major tiles
+        "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),
+        "grouped": g.conv(g.conv(x, param("w_e", [8, 5, 1, 1])), param("w_g", [6, 4, 3, 2]), param("b_g", [6]),
+                          groups=2, dilations=(2, 3), pads=(2, 2, 2, 2), activation="gelu"),
+        "depthwise": g.conv(x, param("w_d", [5, 1, 5, 5]), param("b_d", [5]), groups=5, strides=(2, 2),
+                            pads=(2, 2, 2, 2), activation="hardswish"),
+        "audio": g.conv(g.conv(seq, param("w_a1", [9, 6, 3]), param("b_a1", [9]), pads=(1, 1), activation="gelu"),
+                        param("w_a2", [9, 9, 3]), param("b_a2", [9]), strides=(2,), pads=(1, 1), activation="gelu"),
+        "maxpool": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+        "avgpool_ceil": g.pool("avg", x, (3, 2), strides=(2, 2), pads=(1, 0, 1, 1), ceil_mode=True),
+        "avgpool_pad": g.pool("avg", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=True),
+        "maxpool_1d": g.pool("max", seq, (3,), strides=(2,), ceil_mode=True),
+        "batch_norm": g.batch_norm(x, param("bn_s", [5]), param("bn_b", [5]), param("bn_m", [5]),
+                                   param("bn_v", [5], positive=True), eps=1e-3),
+    }
+    g.set_outputs(outs)
+    return g, params
+
+
+def _feeds(batch: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(batch)
+    return {"x": rng.standard_normal((batch, 5, 11, 10)).astype(np.float32),
+            "seq": rng.standard_normal((batch, 6, 23)).astype(np.float32)}
+
+
+def _targets() -> list[str]:
+    return ["native", "x86-64"] if os.uname().machine in ("x86_64", "AMD64") else ["native"]
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
+    return _graph()
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, np.ndarray]], target: str) -> None:
+    g, params = built
+    cg = session(cpu_target=target).compile(g)
+    for name, value in params.items():
+        cg.set_param(name, value)
+    plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
+    assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
+                     ("depthwise", "nchw")}
+    assert any(d.packed for d in cg.lir.decided(ConvPlan))
+    assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
+    assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
+    assert "conv: depthwise on nchw" in cg.lir.inspect()
+    for batch in (3, 1):
+        feeds = _feeds(batch)
+        got = cg.run(**feeds)
+        want = rlx.reference.run(g, feeds, params)
+        for name, a, b in zip(g.output_names, got, want):
+            assert a.shape == b.shape, name
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()), err_msg=name)
+
+
+def test_f16_conv_runs_in_f32_between_casts() -> None:
+    """The conv rule takes f32: legalization widens an f16 conv's inputs and rounds its result back."""
+    g = rlx.Graph("f16conv")
+    x = g.input("x", [2, 3, 6, 6], "f16")
+    g.set_outputs([g.conv(x, g.param("w", [4, 3, 3, 3], "f16"), pads=(1, 1, 1, 1), activation="relu")])
+    rng = np.random.default_rng(5)
+    xv, wv = (rng.standard_normal(s).astype(np.float16) for s in ((2, 3, 6, 6), (4, 3, 3, 3)))
+    cg = session().compile(g)
+    cg.set_param("w", wv)
+    got = cg.run(x=xv)[0]
+    want = rlx.reference.run(g, {"x": xv}, {"w": wv})[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-2)

@@ -1,0 +1,191 @@
+"""`rlx.frontends.onnx_conv`: convolution-family ONNX models against onnxruntime.
+
+Exported by `torch.onnx.export` (the TorchScript exporter; its eval-mode export already folds batch
+norms): ResNet-18 and MobileNetV3-small (tests/frontends/conv_models.py, torchvision's architectures in
+plain torch, random weights) at 64x64, and a Whisper-like conv1d audio front end, each compiled once
+with a dynamic batch and run at two batch sizes. Hand-built models cover what those exports do not:
+BatchNormalization folded into a conv at import, a standalone one, `auto_pad` modes, pooling variants,
+Pad, Resize and ConvTranspose.
+Every output must equal onnxruntime's (f32) within 1e-4 x max |out|.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlx
+from rlx.errors import IRError
+from rlx.frontends.onnx import from_onnx, supported_ops
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+F = TensorProto.FLOAT
+
+
+def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.shape == want.shape, what
+    err = float(np.abs(got.astype(np.float64) - want).max())
+    assert err <= 1e-4 * float(np.abs(want).max()), f"{what}: max abs error {err} vs max |out| {np.abs(want).max()}"
+
+
+def _compiled(data: bytes, max_batch: int) -> rlx.CompiledGraph:
+    graph, params = from_onnx(data, max_dims={"batch": max_batch})
+    cg = rlx.Session(rlx.Device.CPU).compile(graph)
+    for name, value in params.items():
+        cg.set_param(name, value)
+    return cg
+
+
+# ── exported models ────────────────────────────────────────────────────
+
+MODELS = {"resnet18": (3, 64, 64), "mobilenet_v3_small": (3, 64, 64), "audio": (16, 40)}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def exported(request: pytest.FixtureRequest) -> tuple[str, bytes, rlx.CompiledGraph]:
+    torch = pytest.importorskip("torch")
+    import conv_models
+
+    name = request.param
+    data = conv_models.export(conv_models.build(name), torch.randn(1, *MODELS[name]))
+    return name, data, _compiled(data, max_batch=4)
+
+
+def test_torch_exports_equal_onnxruntime(exported: tuple[str, bytes, rlx.CompiledGraph]) -> None:
+    name, data, cg = exported
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    convs = [n for n in cg.lir.graph.nodes if n.kind == "conv"]
+    assert convs and (name == "audio" or any(n.op.activation for n in convs))  # relu / hardswish fused
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, *MODELS[name])).astype(np.float32)
+        _close(cg.run(x=x)[0], sess.run(None, {"x": x})[0], f"{name} batch {batch}")
+
+
+# ── hand-built models: what the exports leave out ───────────────────────
+
+
+def _vi(name: str, shape: Sequence[int | str] | None) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, F, None if shape is None else list(shape))
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits: dict[str, np.ndarray]) -> bytes:
+    graph = helper.make_graph(nodes, "t", inputs, outputs, [numpy_helper.from_array(v, n) for n, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = min(model.ir_version, 10)  # what the installed onnxruntime reads
+    return model.SerializeToString()
+
+
+def _window_model() -> tuple[bytes, list[str]]:
+    rng = np.random.default_rng(7)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.5).astype(np.float32)
+
+    def stats(c: int, prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}_s": w(c) + 1, f"{prefix}_b": w(c), f"{prefix}_m": w(c),
+                f"{prefix}_v": np.abs(w(c)) + np.float32(0.5)}
+
+    inits = {"w1": w(6, 3, 3, 3), "b1": w(6), "w2": w(6, 3, 3, 3), "w3": w(4, 3, 2, 2), "wd": w(3, 1, 3, 3),
+             **stats(6, "bn1"), **stats(3, "bn2"), **stats(6, "bn3"),
+             "pads_hw": np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64),
+             "pads_crop": np.array([0, 0, -1, 2, 0, 0, 1, -2], np.int64),
+             "pad_value": np.array(0.5, np.float32), "scales": np.array([1, 1, 2, 3], np.float32),
+             "wt": w(3, 4, 3, 2), "bt": w(4), "wtg": w(3, 2, 2, 3)}
+    bn = ["_s", "_b", "_m", "_v"]
+    nodes = [
+        # conv (bias) -> BN -> relu: folded at import, then the relu fused into the conv
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["c1", *(f"bn1{s}" for s in bn)], ["n1"], epsilon=1e-3),
+        helper.make_node("Relu", ["n1"], ["folded"]),
+        # conv without bias -> BN, the conv's output also read elsewhere: both values stay right
+        helper.make_node("Conv", ["x", "w2"], ["c2"], auto_pad="SAME_UPPER", strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["c2", *(f"bn3{s}" for s in bn)], ["shared_bn"]),
+        helper.make_node("Sigmoid", ["c2"], ["shared_raw"]),
+        # BN on an input: the standalone batch_norm op
+        helper.make_node("BatchNormalization", ["x", *(f"bn2{s}" for s in bn)], ["standalone"], epsilon=1e-5),
+        helper.make_node("Conv", ["x", "w3"], ["same_lower"], auto_pad="SAME_LOWER", strides=[2, 1]),
+        helper.make_node("Conv", ["x", "w3"], ["valid"], auto_pad="VALID", strides=[1, 2]),
+        helper.make_node("Conv", ["x", "wd"], ["depthwise"], group=3, pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["x"], ["maxpool"], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
+        helper.make_node("MaxPool", ["x"], ["maxpool_dil"], kernel_shape=[2, 2], dilations=[2, 2], ceil_mode=1,
+                         strides=[2, 2]),
+        helper.make_node("AveragePool", ["x"], ["avgpool"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1], count_include_pad=1, ceil_mode=1),
+        helper.make_node("AveragePool", ["x"], ["avgpool_ex"], kernel_shape=[2, 3], pads=[1, 1, 0, 1]),
+        helper.make_node("GlobalAveragePool", ["x"], ["gap"]),
+        helper.make_node("HardSigmoid", ["x"], ["hsig"], alpha=0.3, beta=0.4),
+        helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+        helper.make_node("Pad", ["x", "pads_hw", "pad_value"], ["pad_constant"]),
+        helper.make_node("Pad", ["x", "pads_hw"], ["pad_reflect"], mode="reflect"),
+        helper.make_node("Pad", ["x", "pads_crop"], ["pad_edge"], mode="edge"),
+        helper.make_node("Resize", ["x", "", "scales"], ["up_asym"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+        helper.make_node("Resize", ["x", "", "scales"], ["up_half"], mode="nearest"),
+        helper.make_node("ConvTranspose", ["x", "wt", "bt"], ["deconv"], strides=[2, 3], pads=[1, 0, 0, 1],
+                         output_padding=[1, 0]),
+        helper.make_node("ConvTranspose", ["x", "wtg"], ["deconv_grouped"], group=3, dilations=[2, 1]),
+    ]
+    outs = ["folded", "shared_bn", "shared_raw", "standalone", "same_lower", "valid", "depthwise", "maxpool",
+            "maxpool_dil", "avgpool", "avgpool_ex", "gap", "hsig", "flat", "pad_constant", "pad_reflect", "pad_edge",
+            "up_asym", "up_half", "deconv", "deconv_grouped"]
+    return _model(nodes, [_vi("x", ["batch", 3, 9, 8])], [_vi(o, None) for o in outs], inits), outs
+
+
+def test_windows_batch_norms_and_auto_pads_equal_onnxruntime() -> None:
+    data, outs = _window_model()
+    graph, _ = from_onnx(data, max_dims={"batch": 2})
+    kinds = [n.kind for n in graph.nodes]
+    assert kinds.count("batch_norm") == 1  # only x's: each conv's BN is folded into a copy of the conv
+    assert kinds.count("conv") == 9  # 5 convs + 2 folded copies (the first one's original is dead code) + 2 deconvs
+    cg = _compiled(data, max_batch=2)
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch in (2, 1):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 9, 8)).astype(np.float32)
+        for name, got, want in zip(outs, cg.run(x=x), sess.run(outs, {"x": x})):
+            _close(got, want, f"{name} batch {batch}")
+
+
+@pytest.mark.parametrize(("node", "x_shape", "w_shape", "pattern"), [
+    (dict(op_type="Conv"), [1, 2, 4, 4, 4], [2, 2, 1, 1, 1], "over 3 spatial axes"),
+    (dict(op_type="Conv", auto_pad="SAME_UPPER", pads=[1, 1, 1, 1]), [1, 2, 4, 4], [2, 2, 1, 1], "together"),
+    (dict(op_type="Conv", kernel_shape=[3, 3]), [1, 2, 4, 4], [2, 2, 1, 1], "disagrees with the weight"),
+    (dict(op_type="BatchNormalization", training_mode=1), [1, 2, 4, 4], None, "training_mode=1"),
+    (dict(op_type="MaxPool", kernel_shape=[2, 2], storage_order=1), [1, 2, 4, 4], None, "storage_order"),
+    (dict(op_type="Resize", mode="linear"), [1, 2, 4, 4], None, "mode='linear'"),
+    (dict(op_type="Resize", mode="nearest"), [1, 2, 4, 4], [1, 1, 1.5, 2], "must be integers"),
+    (dict(op_type="Pad", mode="wrap"), [1, 2, 4, 4], None, "mode 'wrap'"),
+])
+def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w_shape: list | None,
+                                               pattern: str) -> None:
+    op = node.pop("op_type")
+    inits = {}
+    if op == "Conv":
+        inits["w"] = np.ones(w_shape, np.float32)
+        inputs = ["x", "w"]
+    elif op == "BatchNormalization":
+        inits.update({n: np.ones([2], np.float32) for n in "sbmv"})
+        inputs = ["x", *"sbmv"]
+    elif op == "Resize":
+        inits["scales"] = np.array(w_shape or [1, 1, 2, 2], np.float32)
+        inputs = ["x", "", "scales"]
+    elif op == "Pad":
+        inits["pads"] = np.zeros(8, np.int64)
+        inputs = ["x", "pads"]
+    else:
+        inputs = ["x"]
+    data = _model([helper.make_node(op, inputs, ["y"], **node)], [_vi("x", x_shape)], [_vi("y", None)], inits)
+    with pytest.raises(IRError, match=pattern):
+        from_onnx(data)
+
+
+def test_conv_family_is_listed_as_supported() -> None:
+    assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Pad",
+            "Resize", "ConvTranspose"} <= set(supported_ops())
