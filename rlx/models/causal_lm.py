@@ -172,6 +172,8 @@ class CausalLM:
 
     #: Sample in the compiled graph where the settings allow it (see the class docstring).
     device_sampling: bool = True
+    #: Token ids that end generation when set (a checkpoint's eos ids); else the tokenizer's or eos_id.
+    stop_ids: frozenset[int] = frozenset()
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
@@ -190,8 +192,11 @@ class CausalLM:
         self.max_batch = max_batch
         self.prefill_chunk = min(prefill_chunk, max_context)
         # the rotary tables of every cache position, computed once (a step gathers its rows)
-        cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, config)
-        self._rope_cos, self._rope_sin = cos[0], sin[0]
+        # (one pair per scheme: Gemma 3's local layers have their own, `L.rope_inputs`)
+        self._rope: dict[str, np.ndarray] = {}
+        for which, (cos_name, sin_name) in L.rope_inputs(config).items():
+            cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, config, which)
+            self._rope[cos_name], self._rope[sin_name] = cos[0], sin[0]
         specs = {name: spec for name, (spec, _) in tensors.items()}
         # tp > 1: one rank of a tensor-parallel decoder (rlx.distributed.tp_decoder gives its tensors)
         self.tp = tp
@@ -239,6 +244,40 @@ class CausalLM:
         tokenizer = GgufTokenizer.from_metadata(model.metadata)
         kw.setdefault("max_context", min(2048, model.config.context_length))
         return cls(model.config, tensors, tokenizer, **kw)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: str | None = None,
+                        quantize: str | None = None, max_batch: int = 1, context_length: int | None = None,
+                        **kw: Any) -> CausalLM:
+        """Load a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
+
+        Families: `rlx.models.hf_config.FAMILIES`. Weights are memory-mapped and kept in their stored
+        dtype (`dtype="f32"` widens them); `quantize="q8_0"` turns the matrices into Q8_0 blocks.
+        `context_length` is the KV cache capacity (default: the model's, at most 2048). With sliding-
+        window attention the capacity may not exceed the window (attention is then exactly the model's).
+        Every tensor is checked against the config before anything is compiled.
+        """
+        from rlx.models.hf_load import load_pretrained
+
+        loaded = load_pretrained(path, dtype=dtype, quantize=quantize)
+        config = loaded.config
+        window = config.sliding_window
+        if context_length is None:
+            context_length = min(2048, config.context_length, *([window] if window else []))
+        if window and context_length > window:
+            raise RlxError(f"{path}: sliding-window attention (window {window}) is supported for a KV cache of at "
+                           f"most {window} tokens; context_length={context_length} asks for more")
+        lm = cls(config, loaded.tensors, loaded.tokenizer, device=device, max_context=context_length,
+                 max_batch=max_batch, **kw)
+        lm.stop_ids = loaded.stop_ids
+        return lm
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            **extra: Any) -> str:
+        """The tokenizer's chat template rendered for `messages` (as transformers renders it)."""
+        if self.tokenizer is None:
+            raise RlxError("this model has no tokenizer (and so no chat template)")
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
 
     # ── the cache ─────────────────────────────────────────────────────
 
@@ -305,8 +344,8 @@ class CausalLM:
         if self.device == "cpu" and self._compiled is not None:
             out = self._step_cpu(tokens, positions, at, rows, cache, output, u, settings)
         else:
-            cos, sin = self._rope_cos[at], self._rope_sin[at]
-            feed = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": cos, "rope_sin": sin,
+            feed = {"tokens": tokens.astype(np.int32), "positions": positions,
+                    **{name: table[at] for name, table in self._rope.items()},
                     "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings}
             out = self._run(feed, output)
         cache.lengths[:batch] += seq
@@ -326,9 +365,9 @@ class CausalLM:
         if bound is None:
             if len(self._cpu_bound) >= 32 or any(k[0] != key[0] for k in self._cpu_bound):
                 self._cpu_bound.clear()  # another cache's bindings (they keep its arrays alive)
-            small = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": self._rope_cos[at],
-                     "rope_sin": self._rope_sin[at], "rows": rows, "sample_u": sample_u,
-                     "sample_settings": sample_settings}
+            small = {"tokens": tokens.astype(np.int32), "positions": positions,
+                     **{name: table[at] for name, table in self._rope.items()}, "rows": rows,
+                     "sample_u": sample_u, "sample_settings": sample_settings}
             outs = self._compiled.run({**small, **cache.arrays})  # this step, checked as any run
             inputs = {name: np.array(value) for name, value in small.items()}
             outputs = [np.empty_like(o) for o in outs]
@@ -339,8 +378,8 @@ class CausalLM:
         fn, inputs, outputs, _ = bound
         inputs["tokens"][...] = tokens
         inputs["positions"][...] = positions
-        np.take(self._rope_cos, at, axis=0, out=inputs["rope_cos"])
-        np.take(self._rope_sin, at, axis=0, out=inputs["rope_sin"])
+        for name, table in self._rope.items():
+            np.take(table, at, axis=0, out=inputs[name])
         inputs["rows"][...] = rows
         inputs["sample_u"][...] = sample_u
         inputs["sample_settings"][...] = sample_settings
@@ -491,6 +530,8 @@ class CausalLM:
         return results
 
     def _stop_ids(self) -> frozenset[int]:
+        if self.stop_ids:
+            return self.stop_ids
         if self.tokenizer is not None and getattr(self.tokenizer, "stop_ids", None):
             return frozenset(self.tokenizer.stop_ids)
         return frozenset({self.config.eos_id} if self.config.eos_id >= 0 else ())
