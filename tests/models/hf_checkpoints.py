@@ -87,10 +87,11 @@ def write_tokenizer(directory: Path, chat_template: str = CHATML) -> None:
 
 def save_checkpoint(model: Any, directory: Path, dtype: Any = None, **save_kw: Any) -> Path:
     """`model` saved (in `dtype` when given) with a tokenizer; returns the directory."""
+    import copy
+
     directory.mkdir(parents=True, exist_ok=True)
-    (model.to(dtype) if dtype is not None else model).save_pretrained(str(directory), **save_kw)
-    if dtype is not None:
-        model.float()
+    # a copy is cast: the caller's f32 model stays as it was
+    (copy.deepcopy(model).to(dtype) if dtype is not None else model).save_pretrained(str(directory), **save_kw)
     write_tokenizer(directory)
     return directory
 

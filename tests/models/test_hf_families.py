@@ -6,6 +6,9 @@ One compiled CPU model per family (module-scoped): f32 logits of a 1-token and a
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,7 +16,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rlx.models.causal_lm import CausalLM  # noqa: E402
-from tests.models.hf_checkpoints import (FAMILY_CONFIGS, cosine, hf_greedy, hf_logits, prompt,  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_checkpoints import (FAMILY_CONFIGS, cosine, hf_greedy, hf_logits, prompt,  # noqa: E402
                                          random_model, save_checkpoint)
 
 FAMILIES = sorted(FAMILY_CONFIGS)
