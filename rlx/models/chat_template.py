@@ -19,7 +19,7 @@ import datetime
 import json
 from collections.abc import Mapping, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, ClassVar
 
 from rlx.errors import ArtifactError, ExecutionError
 
@@ -44,7 +44,7 @@ def compile_template(source: str) -> Any:
     class Generation(Extension):
         """`{% generation %}...{% endgeneration %}`: marks assistant text (for masks); renders its body."""
 
-        tags = {"generation"}
+        tags: ClassVar[set[str]] = {"generation"}
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno
@@ -55,7 +55,7 @@ def compile_template(source: str) -> Any:
             return caller()
 
     class Namespace(jinja2.utils.Namespace):
-        def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - Jinja's own signature trick
+        def __init__(*args: Any, **kwargs: Any) -> None:
             self, rest = args[0], args[1:]
             attrs = dict(*rest, **kwargs)
             for name in attrs:

@@ -30,7 +30,8 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 #: A ChatML template (system prompt handled inline) and a Llama-2 style one (bos_token, raise_exception).
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-          "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+          "'<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 LLAMA2 = ("{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
           "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
           "{% set system_message = false %}{% endif %}"
@@ -64,7 +65,7 @@ def random_model(model_type: str, seed: int = 0, **overrides: Any) -> Any:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides)).float().eval()
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.copy_(torch.randn_like(p) * 0.1 + (0.0 if "gemma" in model_type else 1.0))
             else:

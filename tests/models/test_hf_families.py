@@ -15,11 +15,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rlx.models.causal_lm import CausalLM  # noqa: E402
+from rlx.models.causal_lm import CausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_checkpoints import (FAMILY_CONFIGS, cosine, hf_greedy, hf_logits, prompt,  # noqa: E402
-                                         random_model, save_checkpoint)
+from hf_checkpoints import FAMILY_CONFIGS, cosine, hf_greedy, hf_logits, prompt, random_model, save_checkpoint
 
 FAMILIES = sorted(FAMILY_CONFIGS)
 

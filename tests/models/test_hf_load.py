@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rlx.errors import ArtifactError, RlxError  # noqa: E402
-from rlx.models.causal_lm import CausalLM  # noqa: E402
-from rlx.models.hf_load import load_pretrained, quantize_q8_0  # noqa: E402
-from rlx.ir.quant import dequantize  # noqa: E402
+from rlx.errors import ArtifactError, RlxError
+from rlx.ir.quant import dequantize
+from rlx.models.causal_lm import CausalLM
+from rlx.models.hf_load import load_pretrained, quantize_q8_0
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_checkpoints import cosine, hf_logits, prompt, random_model, save_checkpoint  # noqa: E402
+from hf_checkpoints import cosine, hf_logits, prompt, random_model, save_checkpoint
 
 
 @pytest.fixture(scope="module")
