@@ -204,7 +204,9 @@ class CausalLM:
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
                                      capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
                                      quant_act=self.quant_act, narrow_weights=device == "cpu")
-        self._params = L.decoder_params(tensors, self.graph)
+        # the reference device runs on these arrays; a compiled model takes each param in turn (one converted
+        # tensor alive at a time: the weights are not held twice)
+        self._params = L.decoder_params(tensors, self.graph) if device == "reference" else {}
         self._compiled = None
         self._bound: dict[Any, Any] = {}  # CUDA: host-fed steps bound per (cache, output, step shape)
         self._cuda_names: tuple[tuple[str, ...], str] | None = None  # see _run_cuda
@@ -216,7 +218,7 @@ class CausalLM:
             # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU keeps
             # F16/BF16 matrices as stored (narrow_weights) and multiplies them in f32 (rlx.codegen.c_half)
             self._compiled = Session(device, precision=precision).compile(self.graph)
-            for name, arr in self._params.items():
+            for name, arr in L.iter_decoder_params(tensors, self.graph):
                 self._compiled.set_param(name, arr)
             if threads is not None:
                 self._compiled.num_threads = threads

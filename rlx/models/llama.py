@@ -41,7 +41,7 @@ quantized one is dequantized row by row after the gather.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -290,7 +290,13 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
     Float matrices are transposed to the `[in, out]` layout the graph's matmuls take; an
     embedding table feeds its own param (`token_embd.weight.rows`).
     """
-    out: dict[str, np.ndarray] = {}
+    return dict(iter_decoder_params(specs_and_data, graph))
+
+
+def iter_decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]],
+                        graph: Graph) -> Iterator[tuple[str, np.ndarray]]:
+    """`decoder_params` one param at a time: a caller that copies each into a compiled model holds one
+    converted tensor at a time, not a second copy of the whole model."""
     for node in graph.params():
         name = node.op.name
         source = name[: -len(".rows")] if name.endswith(".rows") else name
@@ -298,7 +304,7 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
             raise IRError(f"the model has no tensor {source!r}")
         spec, data = specs_and_data[source]
         if spec.quantized:
-            out[name] = np.ascontiguousarray(data, dtype=np.uint8)
+            yield name, np.ascontiguousarray(data, dtype=np.uint8)
             continue
         want = node.shape.dtype.value
         if want != "f32" and want != spec.ggml_type:
@@ -306,8 +312,7 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
         arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
         if arr.ndim == 2 and not name.endswith(".rows"):
             arr = arr.T
-        out[name] = np.ascontiguousarray(arr)
-    return out
+        yield name, np.ascontiguousarray(arr)
 
 
 def _as_f32(data: np.ndarray, ggml_type: str) -> np.ndarray:
