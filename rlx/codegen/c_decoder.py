@@ -45,6 +45,8 @@ class KvAttentionArgs:
     vp_offset: int
     #: Decode steps: where a thread's partial results (max, sum, weighted values per row) start.
     part_offset: int = 0
+    #: Sliding-window width (0: every earlier key).
+    window: int = 0
 
 
 
@@ -71,7 +73,7 @@ def emit_kv_attention(em, node: Node) -> Kernel:
         batch=em.dim(q.dims[0]), sq=em.dim(q.dims[1]), capacity=capacity,
         heads=op.num_heads, kv_heads=op.kv_heads, group=op.num_heads // op.kv_heads, hd=op.head_dim,
         scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
-        part_offset=kp_offset)
+        part_offset=kp_offset, window=op.window or 0)
     return Kernel(node.id, "kv_attention", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

@@ -255,20 +255,17 @@ class CausalLM:
 
         Families: `rlx.models.hf_config.FAMILIES`. Weights are memory-mapped and kept in their stored
         dtype (`dtype="f32"` widens them); `quantize="q8_0"` turns the matrices into Q8_0 blocks.
-        `context_length` is the KV cache capacity (default: the model's, at most 2048). With sliding-
-        window attention the capacity may not exceed the window (attention is then exactly the model's).
-        Every tensor is checked against the config before anything is compiled.
+        `context_length` is the KV cache capacity (default: the model's, at most 2048). Sliding-window
+        layers attend to their last `sliding_window` keys (`cached_attention(window=...)`: CPU and reference;
+        CUDA and Metal refuse a window smaller than the cache before any build). Every tensor is checked
+        against the config before anything is compiled.
         """
         from rlx.models.hf_load import load_pretrained
 
         loaded = load_pretrained(path, dtype=dtype, quantize=quantize)
         config = loaded.config
-        window = config.sliding_window
         if context_length is None:
-            context_length = min(2048, config.context_length, *([window] if window else []))
-        if window and context_length > window:
-            raise RlxError(f"{path}: sliding-window attention (window {window}) is supported for a KV cache of at "
-                           f"most {window} tokens; context_length={context_length} asks for more")
+            context_length = min(2048, config.context_length)
         lm = cls(config, loaded.tensors, loaded.tokenizer, device=device, max_context=context_length,
                  max_batch=max_batch, **kw)
         lm.stop_ids = loaded.stop_ids

@@ -81,8 +81,10 @@ class DecoderConfig:
     attn_scale: float | None = None
     #: logits <- cap * tanh(logits / cap) where set (Gemma's final_logit_softcapping).
     final_softcap: float | None = None
-    #: Sliding-window attention width of the config (0: none); the KV cache is capped to it.
+    #: Sliding-window attention width (0: none): a query sees the last `sliding_window` keys.
     sliding_window: int = 0
+    #: Per layer, whether it uses the sliding window; empty: every layer does (when sliding_window > 0).
+    windowed_layers: tuple[bool, ...] = ()
     #: Model file name or other free text; not part of equality (two files of one shape compare equal).
     name: str = field(default="", compare=False)
 
@@ -118,6 +120,9 @@ class DecoderConfig:
                                 or not set(self.layer_rope) <= set(LAYER_ROPE_KINDS)):
             raise ArtifactError(f"decoder config layer_rope must name one of {LAYER_ROPE_KINDS} for each of the "
                                 f"{self.num_layers} layers, got {self.layer_rope!r}")
+        if self.windowed_layers and len(self.windowed_layers) != self.num_layers:
+            raise ArtifactError(f"decoder config windowed_layers must have one flag per layer ({self.num_layers}), "
+                                f"got {self.windowed_layers!r}")
         if "local" in self.layer_rope and self.rope_local is None:
             raise ArtifactError("decoder config: layers use a local RoPE but rope_local is not given")
         if self.ffn_act not in FFN_ACTIVATIONS:
@@ -137,6 +142,12 @@ class DecoderConfig:
         if self.n_rot > self.head_dim or self.n_rot % 2:
             raise ArtifactError(f"decoder config n_rot {self.n_rot} must be even and at most head_dim "
                                 f"{self.head_dim}")
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of layer `layer` (0: full causal attention)."""
+        if not self.sliding_window or (self.windowed_layers and not self.windowed_layers[layer]):
+            return 0
+        return self.sliding_window
 
     def layer_rope_kind(self, layer: int) -> str:
         """"global", "local" or "none": which RoPE layer `layer` applies."""

@@ -194,6 +194,12 @@ def decoder_config(raw: Mapping[str, Any], source: str = "config.json") -> Decod
     partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) or 1.0)
     vocab = _int(cfg, "vocab_size", source)
     window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if cfg.get("layer_types"):  # which layers slide (the others attend to every earlier key)
+        windowed = tuple(t == "sliding_attention" for t in cfg["layer_types"])
+    elif fam.layer_rope is _gemma_layer_rope:  # older Gemma 3 configs: the local-RoPE layers slide
+        windowed = tuple(k == "local" for k in _gemma_layer_rope(cfg, layers))
+    else:
+        windowed = ()
     softcap = cfg.get("final_logit_softcapping")
     try:
         return DecoderConfig(
@@ -211,7 +217,8 @@ def decoder_config(raw: Mapping[str, Any], source: str = "config.json") -> Decod
             embed_scale=math.sqrt(hidden) if fam.gemma_scaling else 1.0,
             attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if fam.gemma_scaling else None,
             final_softcap=float(softcap) if softcap else None,
-            sliding_window=int(window or 0), name=str(cfg.get("_name_or_path", "")))
+            sliding_window=int(window or 0) if windowed != (False,) * layers else 0, windowed_layers=windowed,
+            name=str(cfg.get("_name_or_path", "")))
     except ArtifactError as exc:
         raise ArtifactError(f"{source}: {exc}") from None
 

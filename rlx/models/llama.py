@@ -240,8 +240,11 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         k_name, v_name = cache_names(layer)
         k_cache = g.state(k_name, [max_batch, capacity, kv_width])
         v_cache = g.state(v_name, [max_batch, capacity, kv_width])
+        # a window at least the cache's capacity never hides a key: plain causal attention then
+        window = c.layer_window(layer)
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,
-                               num_kv_heads=kv_heads, scale=c.attn_scale)
+                               num_kv_heads=kv_heads, scale=c.attn_scale,
+                               window=window if 0 < window < capacity else None)
         out_name = layer_tensor(layer, "attn_output")
         attn = _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa), tp, out_name)
         attn = _biased(g, attn, specs, f"blk.{layer}.attn_output.bias", c.hidden_size)

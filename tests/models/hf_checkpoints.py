@@ -1,7 +1,8 @@
 """Tiny random Hugging Face checkpoints for the tests: transformers' `from_config` + `save_pretrained`.
 
 Every family has one config (hidden 64, 2 layers, vocab 300) with its features switched on where a
-tiny model can show them (Gemma 3: a sliding and a global layer, soft-capping; SmolLM3: a NoPE layer).
+tiny model can show them (sliding windows of 24 tokens, shorter than the 40-token prompts: Mistral on
+every layer, Gemma 3 on its sliding layer beside a global one; soft-capping; SmolLM3: a NoPE layer).
 A word-level `tokenizer.json` (built with `tokenizers`) and a `tokenizer_config.json` with a chat
 template go beside the weights.
 """
@@ -22,11 +23,11 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
     "qwen2": {},
     "qwen3": {},
-    "mistral": {"sliding_window": 4096},
+    "mistral": {"sliding_window": 24},
     "phi3": {},
     "smollm3": {"no_rope_layers": [1, 0]},
     "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16,
-                    "sliding_window": 128, "final_logit_softcapping": 30.0},
+                    "sliding_window": 24, "final_logit_softcapping": 30.0},
 }
 #: A ChatML template (system prompt handled inline) and a Llama-2 style one (bos_token, raise_exception).
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "

@@ -65,10 +65,11 @@ def test_family_features_were_read(family):
         "llama": c.rope.kind == "llama3",
         "qwen2": c.qkv_bias,
         "qwen3": c.qk_norm,
-        "mistral": c.sliding_window == 4096,
+        "mistral": c.sliding_window == 24 and c.layer_window(1) == 24,
         "phi3": "blk.0.attn_q.weight" in lm.tensors,
         "smollm3": c.layer_rope == ("global", "none"),
-        "gemma3_text": (c.layer_rope == ("local", "global") and c.sandwich_norms and c.final_softcap == 30.0
+        "gemma3_text": (c.layer_rope == ("local", "global") and (c.layer_window(0), c.layer_window(1)) == (24, 0)
+                        and c.sandwich_norms and c.final_softcap == 30.0
                         and c.rope_local.base != c.rope.base and c.embed_scale == 8.0),
     }
     assert features[name], c

@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rlx.errors import ArtifactError, RlxError
+from rlx.errors import ArtifactError
 from rlx.ir.quant import dequantize
 from rlx.models.causal_lm import CausalLM
 from rlx.models.hf_load import load_pretrained, quantize_q8_0
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_checkpoints import cosine, hf_logits, prompt, random_model, save_checkpoint
+from hf_checkpoints import cosine, hf_greedy, hf_logits, prompt, random_model, save_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +86,19 @@ def test_rope_scaling_equals_transformers(rope, tmp_path):
     assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
 
 
-def test_sliding_window_caps_the_context(tmp_path):
-    directory = save_checkpoint(random_model("mistral", sliding_window=16), tmp_path / "m")
-    with pytest.raises(RlxError, match="window 16"):
-        CausalLM.from_pretrained(directory, device="reference", context_length=32)
-    assert CausalLM.from_pretrained(directory, device="reference").max_context == 16
+def test_sliding_window_on_the_reference_device(tmp_path):
+    """The windowed `cached_attention` of the reference (the oracle of the CPU kernel) equals transformers,
+    prefill and decode; a window as long as the cache is plain causal attention (no window in the graph)."""
+    model = random_model("mistral", sliding_window=7)
+    directory = save_checkpoint(model, tmp_path / "m")
+    lm = CausalLM.from_pretrained(directory, device="reference", context_length=40)
+    ids = prompt(30, seed=12)
+    assert cosine(lm.logits(ids), hf_logits(model, ids)) >= 0.99999
+    assert lm.generate(ids[:10], max_new_tokens=12).token_ids == hf_greedy(model, ids[:10], 12)
+    windows = {n.op.window for n in lm.graph.nodes if n.op.kind == "cached_attention"}
+    assert windows == {7}
+    wide = CausalLM.from_pretrained(directory, device="reference", context_length=7)
+    assert {n.op.window for n in wide.graph.nodes if n.op.kind == "cached_attention"} == {None}
 
 
 def test_text_prompts_go_through_tokenizer_json(llama):

@@ -28,11 +28,12 @@ static inline __attribute__((always_inline)) void rlx_kv_prefetch(const float *r
 
 /* The partial results of cache rows [j0, j1) of one batch row: Q its SQ query rows (QW floats apart),
  * K and V its cache (rows of kw floats), pos the cache rows it held before this step (query i sees
- * rows j <= pos + i). S: scratch of SQ * H * (j1 - j0) floats. */
+ * rows j <= pos + i; with a sliding window W > 0, only rows j > pos + i - W). S: scratch of
+ * SQ * H * (j1 - j0) floats. */
 static inline __attribute__((always_inline)) void rlx_kv_decode_part(float *restrict part, float *restrict S,
         const float *restrict Q, int64_t SQ, int64_t H, int64_t G, int64_t HD, int64_t QW,
         const float *restrict K, const float *restrict V, int64_t kw, int64_t j0, int64_t j1, int64_t pos,
-        float scale)
+        float scale, int64_t window)
 {
     const int64_t n = j1 - j0, R = SQ * H;
     for (int64_t j = j0; j < j1; j++) {  /* scores: each key row once, for every head */
@@ -54,13 +55,18 @@ static inline __attribute__((always_inline)) void rlx_kv_decode_part(float *rest
         float *restrict p = part + r * (HD + 2);
         const int64_t seen = pos + r / H + 1 - j0;
         const int64_t nv = seen < 0 ? 0 : (seen < n ? seen : n);
+        /* keys of this range before the window's first one (pos + r/H + 1 - window) get weight 0 */
+        const int64_t cut = window > 0 ? pos + r / H + 1 - window - j0 : 0;
+        const int64_t first = cut < 0 ? 0 : (cut < nv ? cut : nv);
         float m = -INFINITY;
         #pragma omp simd reduction(max:m)
-        for (int64_t j = 0; j < nv; j++) {
+        for (int64_t j = first; j < nv; j++) {
             s[j] *= scale;
             m = s[j] > m ? s[j] : m;
         }
-        const double l = rlx_exp_shifted_sum(s, nv, m);
+        const double l = rlx_exp_shifted_sum(s + first, nv - first, m);
+        for (int64_t j = 0; j < first; j++)
+            s[j] = 0.0f;
         for (int64_t j = nv; j < n; j++)
             s[j] = 0.0f;
         p[0] = m;
