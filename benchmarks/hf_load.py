@@ -5,7 +5,8 @@
 Writes the checkpoint (hidden 2048, 16 layers, 32 heads / 8 KV heads, FFN 8192, vocabulary 128256:
 about 1.24B parameters, 2.5 GB in bf16; the tensors are random rows tiled, which is all memory
 use depends on) unless `--dir` already holds one, then loads it in fresh processes and prints each
-one's peak RSS (`ru_maxrss`): `load_pretrained` alone (config, headers, every tensor mapped and
+one's peak RSS (`ru_maxrss`) and, at the end, its resident anonymous and file-backed memory
+(mapped checkpoint pages are file-backed: the kernel drops them under pressure): `load_pretrained` alone (config, headers, every tensor mapped and
 checked against the config), and with `--compile` a whole `CausalLM.from_pretrained` on the CPU
 (graph built, compiled, weights handed to the compiled model in their stored bf16, transposed once).
 Memory only: nothing here is timed or asserted. The checkpoint is deleted at the end unless `--keep`.
@@ -89,8 +90,10 @@ else:
     from rlx.models.hf_load import load_pretrained
     loaded = load_pretrained(sys.argv[1])
     what = "load_pretrained (mapped, checked)"
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith("Rss"))
+now = ", ".join(f"{k} {int(v.split()[0]) / 2**20:.2f} GiB" for k, v in status.items())
 print(f"{what}: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB, "
-      f"{time.perf_counter() - t:.1f} s")
+      f"{time.perf_counter() - t:.1f} s; at the end: {now}")
 """
 
 

@@ -8,7 +8,7 @@ stay memory-mapped views in their stored dtype unless `dtype="f32"` widens them 
 `quantize="q8_0"` turns them into Q8_0 blocks (the `dequant_matmul` kernels read those).
 
 >>> sorted(QUANTIZERS)
-['q8_0']
+['q4_k', 'q8_0']
 """
 
 from __future__ import annotations
@@ -53,8 +53,45 @@ def quantize_q8_0(values: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
+#: Q4_K: super-blocks of 256 values in 8 sub-blocks of 32, 6-bit scales and mins (the GGUF layout).
+QK_K = 256
+
+
+def quantize_q4_k(values: np.ndarray) -> np.ndarray:
+    """Q4_K blocks `[rows, cols/256*144]` of an f32 matrix: per sub-block of 32 a scale and a min offset
+    (x ~ scale * q - min, q in 0..15), both quantized to 6 bits against the super-block's f16 d / dmin.
+
+    >>> from rlx.ir.quant import dequantize
+    >>> w = np.linspace(-1, 1, 256, dtype=np.float32)[None]
+    >>> bool(np.abs(dequantize(quantize_q4_k(w), "q4_k", 256) - w).max() < 0.08)
+    True
+    """
+    rows, cols = values.shape
+    x = np.asarray(values, dtype=np.float32).reshape(-1, 8, 32)
+    n = x.shape[0]
+    mins = np.maximum(0.0, -x.min(axis=-1))  # [n, 8]: x >= -min
+    scales = (x.max(axis=-1) + mins) / 15.0
+    d = (scales.max(axis=-1) / 63.0).astype(np.float16)
+    dmin = (mins.max(axis=-1) / 63.0).astype(np.float16)
+    df, dminf = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    sc = np.clip(np.rint(np.divide(scales, df, out=np.zeros_like(scales), where=df > 0)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(np.divide(mins, dminf, out=np.zeros_like(mins), where=dminf > 0)), 0, 63).astype(np.uint8)
+    ds, dm = (df * sc)[..., None], (dminf * mn)[..., None]  # what dequantization will use
+    q = np.clip(np.rint(np.divide(x + dm, ds, out=np.zeros_like(x), where=ds > 0)), 0, 15).astype(np.uint8)
+    out = np.empty((n, 144), dtype=np.uint8)
+    out[:, 0:2] = d[:, None].view(np.uint8)
+    out[:, 2:4] = dmin[:, None].view(np.uint8)
+    # 12 scale bytes, the inverse of `rlx.ir.quant.k4_scales`
+    out[:, 4:8] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
+    out[:, 12:16] = (sc[:, 4:8] & 0x0F) | ((mn[:, 4:8] & 0x0F) << 4)
+    # 4 groups of 32 bytes: sub-block 2i in the low nibbles, 2i + 1 in the high ones
+    out[:, 16:144] = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(n, 128)
+    return out.reshape(rows, -1)
+
+
 #: quantize= values -> (quantizer of an f32 matrix, the block size its columns must divide by).
-QUANTIZERS = {"q8_0": (quantize_q8_0, Q8_BLOCK)}
+QUANTIZERS = {"q8_0": (quantize_q8_0, Q8_BLOCK), "q4_k": (quantize_q4_k, QK_K)}
 
 
 @dataclass(frozen=True)

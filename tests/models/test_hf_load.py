@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 from rlx.errors import ArtifactError
 from rlx.ir.quant import dequantize
 from rlx.models.causal_lm import CausalLM
-from rlx.models.hf_load import load_pretrained, quantize_q8_0
+from rlx.models.hf_load import load_pretrained, quantize_q4_k, quantize_q8_0
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_checkpoints import cosine, hf_greedy, hf_logits, prompt, random_model, save_checkpoint
@@ -58,6 +58,41 @@ def test_quantize_q8_0_round_trips_within_half_a_step():
     back = dequantize(quantize_q8_0(w), "q8_0", 64)
     step = np.abs(w.reshape(3, 2, 32)).max(-1, keepdims=True) / 127
     assert np.all(np.abs(back - w).reshape(3, 2, 32) <= step * 0.5 + 1e-3 * step)
+
+
+def test_quantize_q4_k_blocks_dequantize_close():
+    """The blocks read back through RLX's own Q4_K dequantizer (the kernels' layout): each value within a
+    quantization step of its sub-block, and the matrix close in direction."""
+    w = np.random.default_rng(1).standard_normal((4, 512)).astype(np.float32)
+    back = dequantize(quantize_q4_k(w), "q4_k", 512)
+    sub_blocks = w.reshape(-1, 32)
+    step = (sub_blocks.max(-1) - np.minimum(sub_blocks.min(-1), 0)) / 15
+    assert np.all(np.abs(back - w).reshape(-1, 32).max(-1) <= step * 1.05)
+    assert cosine(back, w) >= 0.995
+
+
+def test_q4_k_at_load_equals_transformers_on_the_same_blocks(tmp_path):
+    """q4_k (rows of 256: a wider llama, run by the reference, dequant_matmul's oracle) computes the model
+    whose weights are the Q4_K blocks: transformers with those dequantized weights gives the same logits."""
+    import torch
+
+    from rlx.models.hf_config import FAMILIES, tensor_names
+
+    model = random_model("llama", seed=5, hidden_size=256, intermediate_size=256, head_dim=64,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    directory = save_checkpoint(model, tmp_path / "m")
+    lm = CausalLM.from_pretrained(directory, device="reference", quantize="q4_k", context_length=16)
+    assert lm.tensors["blk.0.attn_q.weight"][0].ggml_type == "q4_k"
+    names = tensor_names(lm.config, FAMILIES["llama"])
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for ours, (spec, data) in lm.tensors.items():
+            if spec.quantized:
+                params[names[ours]].copy_(torch.from_numpy(dequantize(data, spec.ggml_type, spec.shape[1])))
+    ids = prompt(12, seed=5)
+    ours, theirs = lm.logits(ids), hf_logits(model, ids)
+    assert cosine(ours, theirs) >= 0.99999
+    assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
 
 
 def test_sharded_checkpoint_loads_like_the_single_file(llama, tmp_path):
