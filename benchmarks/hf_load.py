@@ -2,12 +2,13 @@
 
     python benchmarks/hf_load.py [--dir /tmp/rlx-hf-1b] [--dtype bf16|f16] [--compile] [--keep]
 
-Writes the checkpoint (hidden 2048, 16 layers, 32 heads / 8 KV heads, FFN 8192, vocabulary 128256:
-about 1.24B parameters, 2.5 GB in bf16; the tensors are random rows tiled, which is all memory
+Writes the checkpoint (hidden 2048, 16 layers, 32 heads / 8 KV heads, FFN 8192, vocabulary 128256,
+untied: about 1.5B parameters, 3 GiB in bf16; the tensors are random rows tiled, which is all memory
 use depends on) unless `--dir` already holds one, then loads it in fresh processes and prints each
-one's peak RSS (`ru_maxrss`) and, at the end, its resident anonymous and file-backed memory
-(mapped checkpoint pages are file-backed: the kernel drops them under pressure): `load_pretrained` alone (config, headers, every tensor mapped and
-checked against the config), and with `--compile` a whole `CausalLM.from_pretrained` on the CPU
+one's peak RSS (`ru_maxrss`) and, at the end, its resident anonymous and file-backed memory (mapped
+checkpoint pages are file-backed: the kernel drops them under pressure): `load_pretrained` alone
+(config, headers, every tensor mapped and checked against the config), and with `--compile` a whole
+`CausalLM.from_pretrained` on the CPU
 (graph built, compiled, weights handed to the compiled model in their stored bf16, transposed once).
 Memory only: nothing here is timed or asserted. The checkpoint is deleted at the end unless `--keep`.
 """

@@ -66,7 +66,7 @@ def quantize_q4_k(values: np.ndarray) -> np.ndarray:
     >>> bool(np.abs(dequantize(quantize_q4_k(w), "q4_k", 256) - w).max() < 0.08)
     True
     """
-    rows, cols = values.shape
+    rows = values.shape[0]
     x = np.asarray(values, dtype=np.float32).reshape(-1, 8, 32)
     n = x.shape[0]
     mins = np.maximum(0.0, -x.min(axis=-1))  # [n, 8]: x >= -min
