@@ -254,7 +254,7 @@ class CausalLM:
         """Load a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
 
         Families: `rlx.models.hf_config.FAMILIES`. Weights are memory-mapped and kept in their stored
-        dtype (`dtype="f32"` widens them); `quantize="q8_0"` turns the matrices into Q8_0 blocks.
+        dtype (`dtype="f32"` widens them); `quantize="q8_0"` or `"q4_k"` turns the matrices into those blocks.
         `context_length` is the KV cache capacity (default: the model's, at most 2048). Sliding-window
         layers attend to their last `sliding_window` keys (`cached_attention(window=...)`: CPU and reference;
         CUDA and Metal refuse a window smaller than the cache before any build). Every tensor is checked

@@ -5,7 +5,8 @@ safetensors (`rlx.models.hf_weights`), checks every tensor the graph needs again
 config implies — before anything is compiled — and returns the `DecoderConfig`, the tensors by
 GGUF-style name as (`WeightSpec`, data) pairs, the tokenizer (or None) and the stop ids. Matrices
 stay memory-mapped views in their stored dtype unless `dtype="f32"` widens them or
-`quantize="q8_0"` turns them into Q8_0 blocks (the `dequant_matmul` kernels read those).
+`quantize="q8_0"` / `"q4_k"` turns them into those GGUF blocks (the `dequant_matmul` kernels read them;
+a matrix whose rows are not whole blocks keeps its dtype).
 
 >>> sorted(QUANTIZERS)
 ['q4_k', 'q8_0']
