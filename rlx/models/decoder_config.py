@@ -1,8 +1,9 @@
-"""The hyper-parameters of a LLaMA-family decoder (LLaMA, Mistral-style, SmolLM, Qwen2).
+"""The hyper-parameters of a LLaMA-style decoder (LLaMA, Mistral, SmolLM, Qwen2/3, Phi-3, Gemma 3).
 
 One frozen record that every later stage (graph builder, KV cache, RoPE tables,
 generation) reads, whatever file it came from. `rlx.models.gguf.read_gguf`
-fills it from a GGUF file's metadata; it can also be built by hand for a test.
+fills it from a GGUF file's metadata, `rlx.models.hf_config.decoder_config` from
+a Hugging Face config.json; it can also be built by hand for a test.
 
 >>> cfg = DecoderConfig(arch="llama", vocab_size=100, hidden_size=64, num_layers=2, num_heads=4,
 ...                     num_kv_heads=2, head_dim=16, ffn_size=128)
