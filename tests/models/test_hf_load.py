@@ -229,3 +229,12 @@ def test_no_checkpoint_at_all(tmp_path, no_compile):
     (tmp_path / "empty" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ArtifactError, match="hidden_size must be an integer"):
         CausalLM.from_pretrained(tmp_path / "empty")
+
+
+def test_rlxc_generate_reports_a_bad_checkpoint(llama, tmp_path, capsys, no_compile):
+    from rlx.examples.generate import main
+
+    d = _copy(llama[1], tmp_path)
+    (d / "model.safetensors").unlink()
+    assert main(["--model", str(d), "w5"]) == 1
+    assert "no model.safetensors or model.safetensors.index.json in" in capsys.readouterr().err
