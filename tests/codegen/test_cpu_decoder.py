@@ -7,7 +7,7 @@ import pytest
 from cpu_helpers import compile_graph
 
 import rlx
-from rlx.errors import ExecutionError, ShapeError
+from rlx.errors import BuildError, ExecutionError, ShapeError
 from rlx.reference import run as reference_run
 
 H, KV, D, CAPACITY, MAX_BATCH = 4, 2, 16, 40, 2
@@ -170,3 +170,25 @@ def test_decode_rows_over_a_long_cache_match_reference(threads: int) -> None:
         np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
         np.testing.assert_array_equal(caches[0], ref_caches[0])
         pos = pos + s
+
+
+@pytest.mark.parametrize("backend", ["cuda", "metal"])
+def test_gpu_backends_refuse_a_window_at_render(backend: str) -> None:
+    """CUDA and Metal have no windowed kernel yet: a clear BuildError when rendering, before any build."""
+    from rlx.driver import lower_to_lir, to_mir
+
+    lir = lower_to_lir(to_mir(_graph(window=4)), 0, backend=backend)
+    if backend == "cuda":
+        from rlx.codegen.cuda import CudaTarget
+        from rlx.pipeline.cuda import render_cuda
+
+        def render() -> object:
+            return render_cuda(lir, CudaTarget(), {"name": "w"})
+    else:
+        from rlx.codegen.metal import MetalTarget
+        from rlx.pipeline.metal import render_metal
+
+        def render() -> object:
+            return render_metal(lir, MetalTarget(), lir.manifest())
+    with pytest.raises(BuildError, match=rf"sliding window \(4\) has no {'CUDA' if backend == 'cuda' else 'Metal'}"):
+        render()
