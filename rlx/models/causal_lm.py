@@ -167,7 +167,8 @@ class CausalLM:
     Sampling with a `top_k` of at most `SAMPLE_TOP_K_MAX` (256) runs in the compiled graph
     (`sample_top_k`: each step reads back token ids only); a larger top_k, or top_p or temperature
     without top_k, reads back the logits and samples on the host. Both give the same tokens for the
-    same seed; `device_sampling = False` forces the host path.
+    same seed; `device_sampling = False` forces the host path. `int8_matmuls` (CPU) compiles the decoder
+    through `rlx.quantize(..., "int8-dynamic")`: its linear layers become `int8_matmul` on f32 weights.
     """
 
     #: Sample in the compiled graph where the settings allow it (see the class docstring).
@@ -178,7 +179,8 @@ class CausalLM:
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
-                 precision: str = "f32", tp: int = 1, quant_act: str | None = None) -> None:
+                 precision: str = "f32", tp: int = 1, quant_act: str | None = None,
+                 int8_matmuls: bool = False) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -201,9 +203,15 @@ class CausalLM:
         # tp > 1: one rank of a tensor-parallel decoder (rlx.distributed.tp_decoder gives its tensors)
         self.tp = tp
         self.quant_act = quant_act if quant_act is not None else default_quant_act(device)
+        if int8_matmuls and device != "cpu":
+            raise RlxError(f"int8 matmuls (rlx.quantize 'int8-dynamic') run on the CPU only, not {device!r}")
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
                                      capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
-                                     quant_act=self.quant_act, narrow_weights=device == "cpu")
+                                     quant_act=self.quant_act, narrow_weights=device == "cpu" and not int8_matmuls)
+        if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
+            from rlx.opt.quantize import quantize as int8_dynamic
+
+            self.graph = int8_dynamic(self.graph, "int8-dynamic")
         # the reference device runs on these arrays; a compiled model takes each param in turn (one converted
         # tensor alive at a time: the weights are not held twice)
         self._params = L.decoder_params(tensors, self.graph) if device == "reference" else {}
@@ -254,7 +262,9 @@ class CausalLM:
         """Load a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
 
         Families: `rlx.models.hf_config.FAMILIES`. Weights are memory-mapped and kept in their stored
-        dtype (`dtype="f32"` widens them); `quantize="q8_0"` or `"q4_k"` turns the matrices into those blocks.
+        dtype (`dtype="f32"` widens them); `quantize="q8_0"` or `"q4_k"` turns the matrices into those blocks,
+        `"int8"` runs the linear layers as `int8_matmul` (`rlx.quantize`'s int8-dynamic: weights per output
+        channel, activations per row at run time; CPU only).
         `context_length` is the KV cache capacity (default: the model's, at most 2048). Sliding-window
         layers attend to their last `sliding_window` keys (`cached_attention(window=...)`: CPU and reference;
         CUDA and Metal refuse a window smaller than the cache before any build). Every tensor is checked
@@ -262,7 +272,10 @@ class CausalLM:
         """
         from rlx.models.hf_load import load_pretrained
 
-        loaded = load_pretrained(path, dtype=dtype, quantize=quantize)
+        int8 = quantize == "int8"  # rlx.quantize's int8-dynamic matmuls: f32 weights in, int8 per channel when set
+        if int8:
+            kw["int8_matmuls"] = True
+        loaded = load_pretrained(path, dtype="f32" if int8 else dtype, quantize=None if int8 else quantize)
         config = loaded.config
         if context_length is None:
             context_length = min(2048, config.context_length)

@@ -53,6 +53,14 @@ def test_q8_0_at_load_is_close_to_f32(llama):
     assert cosine(lm.logits(ids), hf_logits(model, ids)) >= 0.999
 
 
+def test_int8_at_load_is_close_to_f32(llama):
+    model, directory = llama
+    lm = CausalLM.from_pretrained(directory, quantize="int8", context_length=48, prefill_chunk=48)
+    assert "int8_matmul" in {n.kind for n in lm.graph.nodes}
+    ids = prompt(40, seed=10)
+    assert cosine(lm.logits(ids), hf_logits(model, ids)) >= 0.999
+
+
 def test_quantize_q8_0_round_trips_within_half_a_step():
     w = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
     back = dequantize(quantize_q8_0(w), "q8_0", 64)
