@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache capacity in tokens (default 2048, or the checkpoint's sliding window if smaller)")
+    p.add_argument("--quantize", choices=("q8_0", "q4_k", "int8"), default=None,
+                   help="quantize a Hugging Face checkpoint's matrices at load (int8: CPU only)")
     p.add_argument("--quiet", action="store_true", help="no timing line on stderr")
     return p
 
@@ -76,7 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         t0 = time.perf_counter()
         if Path(path).is_dir():
-            lm = CausalLM.from_pretrained(path, device=args.device, context_length=args.max_context)
+            lm = CausalLM.from_pretrained(path, device=args.device, context_length=args.max_context,
+                                          quantize=args.quantize)
+        elif args.quantize is not None:
+            raise RlxError("--quantize applies to a Hugging Face checkpoint directory; a GGUF file keeps its own "
+                           "quantization")
         else:
             lm = CausalLM.from_gguf(path, device=args.device, max_context=args.max_context or 2048)
         t_load = time.perf_counter() - t0
