@@ -639,7 +639,38 @@ def to_symbols(graph: Any) -> list[tuple[str, int]]:
     return list(to_mir(graph).symbols().items())
 
 
+def _print_pretrained(args: argparse.Namespace) -> int:
+    """`inspect --model DIR`: what `CausalLM.from_pretrained` reads from a checkpoint, checked, not compiled."""
+    if args.path is not None or args.stage or args.memory or args.support or args.passes:
+        raise UsageError("inspect --model DIR takes no GRAPH and no --stage/--memory/--support/--passes")
+    from rlx.models.hf_load import load_pretrained
+
+    loaded = load_pretrained(args.model)
+    print(format_pretrained(loaded))
+    return EXIT_OK
+
+
+def format_pretrained(loaded: Any) -> str:
+    """The `inspect --model` report of a `rlx.models.hf_load.Pretrained`."""
+    c = loaded.config
+    lines = [f"model_type: {c.arch}"]
+    lines += [f"  {f.name}: {getattr(c, f.name)!r}" for f in dataclasses.fields(c) if f.name not in ("arch", "name")]
+    by_dtype: dict[str, list[int]] = {}
+    for spec, data in loaded.tensors.values():
+        entry = by_dtype.setdefault(spec.ggml_type, [0, 0])
+        entry[0] += 1
+        entry[1] += int(data.nbytes)
+    lines.append(f"tensors: {len(loaded.tensors)} ("
+                 + ", ".join(f"{n} {dt}, {b / 2**20:.1f} MiB" for dt, (n, b) in sorted(by_dtype.items())) + ")")
+    lines.append(f"tokenizer: {loaded.tokenizer!r}; chat template: "
+                 f"{'yes' if loaded.tokenizer is not None and loaded.tokenizer.chat_template else 'no'}; "
+                 f"stop ids: {sorted(loaded.stop_ids)}")
+    return "\n".join(lines)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        return _print_pretrained(args)
     if args.support:
         return _print_support(args)
     if args.memory:
@@ -1214,6 +1245,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="estimate the bytes one execution context allocates (arena, params, scratch, state), "
                         "at the dynamic dims' bounds, without compiling")
     q.add_argument("--num-threads", type=int, metavar="N", help="with --memory: threads to size scratch for")
+    q.add_argument("--model", metavar="DIR", help="a Hugging Face checkpoint directory: print its family, the "
+                   "decoder config it maps to and its tensors, checked against the config (nothing is compiled)")
     target(q)
     opt(q)
     max_dim(q)

@@ -484,7 +484,8 @@ def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.nd
     b, s, _ = q.shape
     capacity = k_cache.shape[1]
     out = np.empty((b, s, op.num_heads * op.head_dim))
-    plain = O.Attention(op.num_heads, op.head_dim, "causal", op.scale, op.num_kv_heads)
+    plain = O.Attention(op.num_heads, op.head_dim, "causal" if op.window is None else "bias", op.scale,
+                        op.num_kv_heads)
     for row in range(b):
         p = int(positions[row])
         if p < 0 or p + s > capacity:
@@ -495,7 +496,11 @@ def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.nd
         # the cache holds what the compiled code stores (the cache dtype), then attention reads it back
         kc = np.asarray(k_cache[row:row + 1, :p + s], dtype=np.float64)
         vc = np.asarray(v_cache[row:row + 1, :p + s], dtype=np.float64)
-        out[row] = attention(q[row:row + 1], kc, vc, None, plain)[0]
+        bias = None
+        if op.window is not None:  # query s (at p + s) sees keys j with j <= p + s and p + s - j < window
+            at, j = p + np.arange(s)[:, None], np.arange(p + s)[None, :]
+            bias = np.where((j <= at) & (at - j < op.window), 0.0, -np.inf)
+        out[row] = attention(q[row:row + 1], kc, vc, bias, plain)[0]
     return out
 
 

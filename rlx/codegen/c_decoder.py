@@ -50,6 +50,8 @@ class KvAttentionArgs:
     #: Steps of at most this many query rows per sequence run the batch-invariant decode path
     #: (kernels/kv_decode.h): decode rows, and speculative verification of up to decode_rows - 1 tokens.
     decode_rows: int = DECODE_ROWS
+    #: Sliding-window width (0: every earlier key).
+    window: int = 0
 
 
 
@@ -73,7 +75,8 @@ def emit_kv_attention(em, node: Node) -> Kernel:
         positions=em.ptr(pos_id), o=em.ptr(node.id, const=False),
         batch=em.dim(q.dims[0]), sq=em.dim(q.dims[1]), capacity=capacity,
         heads=op.num_heads, kv_heads=op.kv_heads, group=op.num_heads // op.kv_heads, hd=op.head_dim,
-        scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset)
+        scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
+        window=op.window or 0)
     return Kernel(node.id, "kv_attention", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

@@ -70,6 +70,9 @@ def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
 
 def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
     op: O.CachedAttention = node.op  # type: ignore[assignment]
+    if op.window is not None:
+        raise BuildError(f"cached_attention with a sliding window ({op.window}) has no CUDA kernel yet "
+                         f"(node {node.label}); run this model on the CPU")
     if op.head_dim > MAX_HEAD_DIM:
         raise BuildError(f"cached_attention head_dim {op.head_dim} exceeds {MAX_HEAD_DIM} on CUDA (node {node.label})")
     q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs

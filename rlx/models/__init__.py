@@ -1,4 +1,5 @@
-"""Model builders: BERT-family encoders and the sentence embedder; LLaMA-family decoders from GGUF files.
+"""Model builders: BERT-family encoders and the sentence embedder; decoders from GGUF files and Hugging Face
+checkpoints (`CausalLM.from_gguf`, `CausalLM.from_pretrained`).
 
 >>> from rlx.models import BertConfig
 >>> BertConfig(vocab_size=10, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16).head_dim

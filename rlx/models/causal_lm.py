@@ -183,17 +183,21 @@ class CausalLM:
     Sampling with a `top_k` of at most `SAMPLE_TOP_K_MAX` (256) runs in the compiled graph
     (`sample_top_k`: each step reads back token ids only); a larger top_k, or top_p or temperature
     without top_k, reads back the logits and samples on the host. Both give the same tokens for the
-    same seed; `device_sampling = False` forces the host path.
+    same seed; `device_sampling = False` forces the host path. `int8_matmuls` (CPU) compiles the decoder
+    through `rlx.quantize(..., "int8-dynamic")`: its linear layers become `int8_matmul` on f32 weights.
     """
 
     #: Sample in the compiled graph where the settings allow it (see the class docstring).
     device_sampling: bool = True
+    #: Token ids that end generation when set (a checkpoint's eos ids); else the tokenizer's or eos_id.
+    eos_ids: frozenset[int] = frozenset()
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
-                 precision: str = "f32", tp: int = 1, quant_act: str | None = None, max_adapters: int = 0,
-                 max_lora_rank: int = 16, lora_targets: Sequence[str] | None = None) -> None:
+                 precision: str = "f32", tp: int = 1, quant_act: str | None = None,
+                 int8_matmuls: bool = False, max_adapters: int = 0, max_lora_rank: int = 16,
+                 lora_targets: Sequence[str] | None = None) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -207,25 +211,37 @@ class CausalLM:
         self.max_batch = max_batch
         self.prefill_chunk = min(prefill_chunk, max_context)
         # the rotary tables of every cache position, computed once (a step gathers its rows)
-        cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, config)
-        self._rope_cos, self._rope_sin = cos[0], sin[0]
+        # (one pair per scheme: Gemma 3's local layers have their own, `L.rope_inputs`)
+        self._rope: dict[str, np.ndarray] = {}
+        for which, (cos_name, sin_name) in L.rope_inputs(config).items():
+            cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, config, which)
+            self._rope[cos_name], self._rope[sin_name] = cos[0], sin[0]
         specs = {name: spec for name, (spec, _) in tensors.items()}
         # tp > 1: one rank of a tensor-parallel decoder (rlx.distributed.tp_decoder gives its tensors)
         self.tp = tp
         self.quant_act = quant_act if quant_act is not None else default_quant_act(device)
+        if int8_matmuls and device != "cpu":
+            raise RlxError(f"int8 matmuls (rlx.quantize 'int8-dynamic') run on the CPU only, not {device!r}")
         self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
                                      capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
-                                     quant_act=self.quant_act, narrow_weights=device == "cpu")
-        self._params = L.decoder_params(tensors, self.graph)
+                                     quant_act=self.quant_act, narrow_weights=device == "cpu" and not int8_matmuls)
+        if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
+            from rlx.opt.quantize import quantize as int8_dynamic
+
+            self.graph = int8_dynamic(self.graph, "int8-dynamic")
+        base_graph = self.graph  # its params are the checkpoint's tensors
         if isinstance(max_adapters, bool) or not isinstance(max_adapters, int) or max_adapters < 0:
             raise RlxError(f"max_adapters must be an integer >= 0, got {max_adapters!r}")
         if max_adapters:  # LoRA slots on the projections; their params are set by AdapterSlots below
             from rlx.models import lora as LoRA
 
-            if tp != 1:
-                raise RlxError("LoRA adapters on a tensor-parallel decoder are not supported")
+            if tp != 1 or int8_matmuls:
+                raise RlxError("LoRA adapters on a tensor-parallel or int8-matmul decoder are not supported")
             self.graph = LoRA.with_lora(self.graph, slots=max_adapters, rank=max_lora_rank,
                                         roles=tuple(lora_targets) if lora_targets is not None else LoRA.ROLES)
+        # the reference device runs on these arrays; a compiled model takes each param in turn (one converted
+        # tensor alive at a time: the weights are not held twice)
+        self._params = L.decoder_params(tensors, base_graph) if device == "reference" else {}
         self._compiled = None
         self._lora: Any = None  # the adapter slots (rlx.models.lora.AdapterSlots) when max_adapters > 0
         self._lora_rows = np.full(max_batch, -1, np.int32)  # each row's adapter slot in the running generation
@@ -239,7 +255,7 @@ class CausalLM:
             # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU keeps
             # F16/BF16 matrices as stored (narrow_weights) and multiplies them in f32 (rlx.codegen.c_half)
             self._compiled = Session(device, precision=precision).compile(self.graph)
-            for name, arr in self._params.items():
+            for name, arr in L.iter_decoder_params(tensors, base_graph):
                 self._compiled.set_param(name, arr)
             if threads is not None:
                 self._compiled.num_threads = threads
@@ -310,6 +326,42 @@ class CausalLM:
         kw.setdefault("max_context", min(2048, model.config.context_length))
         return cls(model.config, tensors, tokenizer, **kw)
 
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: str | None = None,
+                        quantize: str | None = None, max_batch: int = 1, context_length: int | None = None,
+                        **kw: Any) -> CausalLM:
+        """Load a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
+
+        Families: `rlx.models.hf_config.FAMILIES`. Weights are memory-mapped and kept in their stored
+        dtype (`dtype="f32"` widens them); `quantize="q8_0"` or `"q4_k"` turns the matrices into those blocks,
+        `"int8"` runs the linear layers as `int8_matmul` (`rlx.quantize`'s int8-dynamic: weights per output
+        channel, activations per row at run time; CPU only).
+        `context_length` is the KV cache capacity (default: the model's, at most 2048). Sliding-window
+        layers attend to their last `sliding_window` keys (`cached_attention(window=...)`: CPU and reference;
+        CUDA and Metal refuse a window smaller than the cache before any build). Every tensor is checked
+        against the config before anything is compiled.
+        """
+        from rlx.models.hf_load import load_pretrained
+
+        int8 = quantize == "int8"  # rlx.quantize's int8-dynamic matmuls: f32 weights in, int8 per channel when set
+        if int8:
+            kw["int8_matmuls"] = True
+        loaded = load_pretrained(path, dtype="f32" if int8 else dtype, quantize=None if int8 else quantize)
+        config = loaded.config
+        if context_length is None:
+            context_length = min(2048, config.context_length)
+        lm = cls(config, loaded.tensors, loaded.tokenizer, device=device, max_context=context_length,
+                 max_batch=max_batch, **kw)
+        lm.eos_ids = loaded.stop_ids
+        return lm
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            **extra: Any) -> str:
+        """The tokenizer's chat template rendered for `messages` (as transformers renders it)."""
+        if self.tokenizer is None:
+            raise RlxError("this model has no tokenizer (and so no chat template)")
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
+
     # ── the cache ─────────────────────────────────────────────────────
 
     def new_cache(self) -> KvCache:
@@ -375,8 +427,8 @@ class CausalLM:
         if self.device == "cpu" and self._compiled is not None:
             out = self._step_cpu(tokens, positions, at, rows, cache, output, u, settings)
         else:
-            cos, sin = self._rope_cos[at], self._rope_sin[at]
-            feed = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": cos, "rope_sin": sin,
+            feed = {"tokens": tokens.astype(np.int32), "positions": positions,
+                    **{name: table[at] for name, table in self._rope.items()},
                     "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings}
             if self._lora is not None:
                 feed["lora_index"] = self._lora_rows[:batch].copy()
@@ -398,9 +450,9 @@ class CausalLM:
         if bound is None:
             if len(self._cpu_bound) >= 32 or any(k[0] != key[0] for k in self._cpu_bound):
                 self._cpu_bound.clear()  # another cache's bindings (they keep its arrays alive)
-            small = {"tokens": tokens.astype(np.int32), "positions": positions, "rope_cos": self._rope_cos[at],
-                     "rope_sin": self._rope_sin[at], "rows": rows, "sample_u": sample_u,
-                     "sample_settings": sample_settings}
+            small = {"tokens": tokens.astype(np.int32), "positions": positions,
+                     **{name: table[at] for name, table in self._rope.items()}, "rows": rows,
+                     "sample_u": sample_u, "sample_settings": sample_settings}
             if self._lora is not None:
                 small["lora_index"] = self._lora_rows[:tokens.shape[0]]
             outs = self._compiled.run({**small, **cache.arrays})  # this step, checked as any run
@@ -413,8 +465,8 @@ class CausalLM:
         fn, inputs, outputs, _ = bound
         inputs["tokens"][...] = tokens
         inputs["positions"][...] = positions
-        np.take(self._rope_cos, at, axis=0, out=inputs["rope_cos"])
-        np.take(self._rope_sin, at, axis=0, out=inputs["rope_sin"])
+        for name, table in self._rope.items():
+            np.take(table, at, axis=0, out=inputs[name])
         inputs["rows"][...] = rows
         inputs["sample_u"][...] = sample_u
         inputs["sample_settings"][...] = sample_settings
@@ -621,6 +673,8 @@ class CausalLM:
         return self._stop_ids()
 
     def _stop_ids(self) -> frozenset[int]:
+        if self.eos_ids:
+            return self.eos_ids
         if self.tokenizer is not None and getattr(self.tokenizer, "stop_ids", None):
             return frozenset(self.tokenizer.stop_ids)
         return frozenset({self.config.eos_id} if self.config.eos_id >= 0 else ())

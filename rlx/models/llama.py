@@ -41,7 +41,7 @@ quantized one is dequantized row by row after the gather.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,6 +163,13 @@ def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config
     return rows if dtype == "f32" else g.cast(rows, "f32")  # only the gathered rows are widened
 
 
+def _head_norm(g: Graph, x: NodeId, name: str, batch: Dim, seq: Dim, heads: int, c: DecoderConfig) -> NodeId:
+    """RMSNorm of each head of x `[batch, seq, heads*head_dim]` over its head_dim values (q/k norm)."""
+    per_head = g.reshape(x, [batch, seq, heads, c.head_dim])
+    normed = g.rms_norm(per_head, g.param(name, [c.head_dim]), eps=c.rms_eps)
+    return g.reshape(normed, [batch, seq, heads * c.head_dim])
+
+
 def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
     """A row-parallel linear's partial product summed over the `tp` ranks (itself when tp is 1)."""
     return partial if tp == 1 else g.add(O.AllReduce(world=tp), [partial], name=name + ".all_reduce")
@@ -207,6 +214,13 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     sample_u = g.input("sample_u", [n_rows], "f64")
     sample_settings = g.input("sample_settings", [len(SAMPLE_SETTINGS)], "f64")
     x = _embedding(g, tokens, specs, c)
+    if c.embed_scale != 1.0:
+        x = g.mul(x, g.constant(np.float32(c.embed_scale)))
+    # RoPE tables: "global" layers read rope_cos/rope_sin, "local" ones (Gemma 3) a second pair
+    tables = {"global": (cos, sin)}
+    if "local" in c.layer_rope:
+        cos_name, sin_name = rope_inputs(c)["local"]
+        tables["local"] = (g.input(cos_name, [batch, seq, half]), g.input(sin_name, [batch, seq, half]))
     for layer in range(c.num_layers):
         h = g.rms_norm(x, g.param(layer_tensor(layer, "attn_norm"), [c.hidden_size]), eps=c.rms_eps)
         q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size, qa),
@@ -215,21 +229,41 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
                     specs, f"blk.{layer}.attn_k.bias", kv_width)
         v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size, qa),
                     specs, f"blk.{layer}.attn_v.bias", kv_width)
-        q = g.rope(q, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
-        k = g.rope(k, cos, sin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
+        if c.qk_norm:
+            q = _head_norm(g, q, layer_tensor(layer, "attn_q_norm"), batch, seq, heads, c)
+            k = _head_norm(g, k, layer_tensor(layer, "attn_k_norm"), batch, seq, kv_heads, c)
+        rope_kind = c.layer_rope_kind(layer)
+        if rope_kind != "none":
+            rcos, rsin = tables[rope_kind]
+            q = g.rope(q, rcos, rsin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
+            k = g.rope(k, rcos, rsin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
         k_name, v_name = cache_names(layer)
         k_cache = g.state(k_name, [max_batch, capacity, kv_width])
         v_cache = g.state(v_name, [max_batch, capacity, kv_width])
+        # a window at least the cache's capacity never hides a key: plain causal attention then
+        window = c.layer_window(layer)
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,
-                               num_kv_heads=kv_heads)
+                               num_kv_heads=kv_heads, scale=c.attn_scale,
+                               window=window if 0 < window < capacity else None)
         out_name = layer_tensor(layer, "attn_output")
-        x = g.add_(x, _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa), tp, out_name))
+        attn = _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa), tp, out_name)
+        attn = _biased(g, attn, specs, f"blk.{layer}.attn_output.bias", c.hidden_size)
+        if c.sandwich_norms:
+            attn = g.rms_norm(attn, g.param(layer_tensor(layer, "post_attention_norm"), [c.hidden_size]),
+                              eps=c.rms_eps)
+        x = g.add_(x, attn)
         h = g.rms_norm(x, g.param(layer_tensor(layer, "ffn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa)
-        up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa)
-        ffn = g.mul(g.activation("silu", gate), up)
+        gate = _biased(g, _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa),
+                       specs, f"blk.{layer}.ffn_gate.bias", ffn_size)
+        up = _biased(g, _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa),
+                     specs, f"blk.{layer}.ffn_up.bias", ffn_size)
+        ffn = g.mul(g.activation(c.ffn_act, gate), up)
         down = layer_tensor(layer, "ffn_down")
-        x = g.add_(x, _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size, qa), tp, down))
+        out = _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size, qa), tp, down)
+        out = _biased(g, out, specs, f"blk.{layer}.ffn_down.bias", c.hidden_size)
+        if c.sandwich_norms:
+            out = g.rms_norm(out, g.param(layer_tensor(layer, "post_ffw_norm"), [c.hidden_size]), eps=c.rms_eps)
+        x = g.add_(x, out)
     # logits only for the requested rows: the vocabulary projection is the largest matmul
     flat = g.reshape(x, [batch * seq, c.hidden_size])
     picked = g.gather(flat, rows)
@@ -241,6 +275,9 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     logits = _linear(g, h, specs, out_name, vocab, c.hidden_size, qa)
     if vocab != c.vocab_size:  # this rank's rows of the vocabulary, in rank order
         logits = g.add(O.AllGather(world=tp, axis=1), [logits], name="output.all_gather")
+    if c.final_softcap is not None:  # cap * tanh(logits / cap)
+        cap = g.constant(np.float32(c.final_softcap))
+        logits = g.mul(g.activation("tanh", g.div(logits, cap)), cap)
     # the greedy next token of each row, so a decode step on a GPU reads back 4 bytes a row, not the logits
     next_token = g.argmax(logits, axis=-1)
     # and a sampled one (top_k <= SAMPLE_TOP_K_MAX), for each row's uniform u and the run-time settings
@@ -256,7 +293,13 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
     Float matrices are transposed to the `[in, out]` layout the graph's matmuls take; an
     embedding table feeds its own param (`token_embd.weight.rows`).
     """
-    out: dict[str, np.ndarray] = {}
+    return dict(iter_decoder_params(specs_and_data, graph))
+
+
+def iter_decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]],
+                        graph: Graph) -> Iterator[tuple[str, np.ndarray]]:
+    """`decoder_params` one param at a time: a caller that copies each into a compiled model holds one
+    converted tensor at a time, not a second copy of the whole model."""
     for node in graph.params():
         name = node.op.name
         source = name[: -len(".rows")] if name.endswith(".rows") else name
@@ -264,7 +307,7 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
             raise IRError(f"the model has no tensor {source!r}")
         spec, data = specs_and_data[source]
         if spec.quantized:
-            out[name] = np.ascontiguousarray(data, dtype=np.uint8)
+            yield name, np.ascontiguousarray(data, dtype=np.uint8)
             continue
         want = node.shape.dtype.value
         if want != "f32" and want != spec.ggml_type:
@@ -272,8 +315,7 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
         arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
         if arr.ndim == 2 and not name.endswith(".rows"):
             arr = arr.T
-        out[name] = np.ascontiguousarray(arr)
-    return out
+        yield name, np.ascontiguousarray(arr)
 
 
 def _as_f32(data: np.ndarray, ggml_type: str) -> np.ndarray:
@@ -289,8 +331,24 @@ def _as_stored(data: np.ndarray, ggml_type: str) -> np.ndarray:
     return np.asarray(data, dtype=np.float16)
 
 
-def rope_tables(positions: np.ndarray, seq: int, config: DecoderConfig) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin `[batch, seq, n_rot/2]` for tokens at `positions[b] + s` (GGUF's frequencies)."""
+def rope_inputs(config: DecoderConfig) -> dict[str, tuple[str, str]]:
+    """The graph's RoPE table inputs (cos, sin) per scheme: {"global": ("rope_cos", "rope_sin"), ...}."""
+    out = {"global": ("rope_cos", "rope_sin")}
+    if "local" in config.layer_rope:
+        out["local"] = ("rope_cos_local", "rope_sin_local")
+    return out
+
+
+def rope_tables(positions: np.ndarray, seq: int, config: DecoderConfig,
+                which: str = "global") -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin `[batch, seq, n_rot/2]` for tokens at `positions[b] + s`: the config's `rope` (or
+    `rope_local` for `which="local"`) scheme where given, else GGUF's frequencies (`rope_base`, `rope_scale`)."""
+    spec = config.rope_local if which == "local" else config.rope
+    if spec is not None:
+        from rlx.models.rope import tables
+
+        pos = np.asarray(positions, dtype=np.float64)[:, None] + np.arange(seq, dtype=np.float64)[None, :]
+        return tables(spec, config.n_rot, pos)
     half = config.n_rot // 2
     inv_freq = config.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / config.n_rot)
     pos = np.asarray(positions, dtype=np.float64)[:, None] + np.arange(seq, dtype=np.float64)[None, :]

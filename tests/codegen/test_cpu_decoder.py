@@ -7,13 +7,13 @@ import pytest
 from cpu_helpers import compile_graph
 
 import rlx
-from rlx.errors import ExecutionError, ShapeError
+from rlx.errors import BuildError, ExecutionError, ShapeError
 from rlx.reference import run as reference_run
 
 H, KV, D, CAPACITY, MAX_BATCH = 4, 2, 16, 40, 2
 
 
-def _graph(scale: float | None = None) -> rlx.Graph:
+def _graph(scale: float | None = None, window: int | None = None) -> rlx.Graph:
     g = rlx.Graph("kv_attention")
     seq, batch = rlx.Dim.dynamic("seq", 16), rlx.Dim.dynamic("batch", MAX_BATCH)
     q = g.input("q", [batch, seq, H * D])
@@ -23,7 +23,7 @@ def _graph(scale: float | None = None) -> rlx.Graph:
     vc = g.state("v_cache", [MAX_BATCH, CAPACITY, KV * D])
     pos = g.input("pos", [batch], "i32")
     g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=H, head_dim=D, num_kv_heads=KV,
-                                      scale=scale)])
+                                      scale=scale, window=window)])
     return g
 
 
@@ -56,6 +56,42 @@ def test_prefill_then_decode_matches_reference_and_updates_cache(batch: int) -> 
         np.testing.assert_array_equal(vc, rv)
         pos = pos + seq
     assert kc[0, :int(pos[0])].any() and not kc[0, int(pos[0]):].any()
+
+
+@pytest.mark.parametrize("window", [1, 6])
+def test_sliding_window_matches_reference(window: int) -> None:
+    """Rows at different positions, prefill chunks longer and shorter than the window, then decode steps:
+    each query sees only its last `window` keys (the prefill path and the split decode path)."""
+    g = _graph(window=window)
+    cg = compile_graph(g)
+    rng = np.random.default_rng(window)
+    kc, vc = _caches()
+    rk, rv = _caches()
+    pos = np.array([0, 3], np.int32)
+    for seq in (9, 1, 1, 4, 1, 12, 1):
+        ins = {**_step(rng, 2, seq), "pos": pos}
+        out = cg.run({**ins, "k_cache": kc, "v_cache": vc})[0]
+        want = reference_run(g, {**ins, "k_cache": rk, "v_cache": rv})[0]
+        np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
+        pos = pos + seq
+
+
+def test_reference_window_is_a_banded_causal_mask() -> None:
+    """The oracle itself: token by token with window 4 == one attention over all tokens with a band mask."""
+    rng = np.random.default_rng(3)
+    steps = _step(rng, 1, 10)
+    g = _graph(window=4)
+    kc, vc = _caches()
+    outs = [reference_run(g, {name: a[:, t:t + 1] for name, a in steps.items()} | {
+        "pos": np.array([t], np.int32), "k_cache": kc, "v_cache": vc})[0] for t in range(10)]
+    i, j = np.arange(10)[:, None], np.arange(10)[None, :]
+    band = np.where((j <= i) & (i - j < 4), 0.0, -np.inf).astype(np.float32)
+    full = rlx.Graph("band")
+    q, k, v = (full.input(n, [1, 10, w * D]) for n, w in (("q", H), ("k", KV), ("v", KV)))
+    bias = full.input("bias", [10, 10])
+    full.set_outputs([full.attention(q, k, v, num_heads=H, head_dim=D, num_kv_heads=KV, mask="bias", mask_input=bias)])
+    want = reference_run(full, {**steps, "bias": band})[0]
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), want, rtol=1e-6, atol=1e-7)
 
 
 def test_decode_equals_attention_over_the_whole_sequence() -> None:
@@ -134,3 +170,25 @@ def test_decode_rows_over_a_long_cache_match_reference(threads: int) -> None:
         np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
         np.testing.assert_array_equal(caches[0], ref_caches[0])
         pos = pos + s
+
+
+@pytest.mark.parametrize("backend", ["cuda", "metal"])
+def test_gpu_backends_refuse_a_window_at_render(backend: str) -> None:
+    """CUDA and Metal have no windowed kernel yet: a clear BuildError when rendering, before any build."""
+    from rlx.driver import lower_to_lir, to_mir
+
+    lir = lower_to_lir(to_mir(_graph(window=4)), 0, backend=backend)
+    if backend == "cuda":
+        from rlx.codegen.cuda import CudaTarget
+        from rlx.pipeline.cuda import render_cuda
+
+        def render() -> object:
+            return render_cuda(lir, CudaTarget(), {"name": "w"})
+    else:
+        from rlx.codegen.metal import MetalTarget
+        from rlx.pipeline.metal import render_metal
+
+        def render() -> object:
+            return render_metal(lir, MetalTarget(), lir.manifest())
+    with pytest.raises(BuildError, match=rf"sliding window \(4\) has no {'CUDA' if backend == 'cuda' else 'Metal'}"):
+        render()

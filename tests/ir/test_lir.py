@@ -374,6 +374,8 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
      {"num_kv_heads": 1}, {"num_kv_heads": 2}),
     ("cached_attention scale", ("cached_attention", "scale"), _build_cached_attention,
      {"scale": None}, {"scale": 0.5}),
+    ("cached_attention window", ("cached_attention", "window"), _build_cached_attention,
+     {"window": None}, {"window": 4}),
     ("rope head_dim", ("rope", "head_dim"), _build_rope, {"head_dim": 8}, {"head_dim": 4}),
     ("rope n_rot", ("rope", "n_rot"), _build_rope, {"n_rot": 8}, {"n_rot": None, "head_dim": 8}),
     ("rope variant", ("rope", "variant"), _build_rope, {"variant": "neox"}, {"variant": "interleaved"}),
