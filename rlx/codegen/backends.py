@@ -16,7 +16,7 @@ from rlx.ir.graph import Graph, Node
 
 #: The module that registers each backend's rules, imported by `load_rules` when that backend is
 #: first asked about (a CPU compile never imports the CUDA or Metal code generators: cold-build time).
-RULE_MODULES = {"cpu": "rlx.codegen.c", "cuda": "rlx.codegen.cuda", "metal": "rlx.codegen.metal"}
+RULE_MODULES = {"cpu": "rlx.codegen.cpu.emit", "cuda": "rlx.codegen.cuda", "metal": "rlx.codegen.metal"}
 
 
 def load_rules(backend: str) -> RuleTable:

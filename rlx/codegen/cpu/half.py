@@ -13,7 +13,7 @@ renders those GEMMs without widening the weights in the graph:
 - any other narrow right operand is widened into the shared scratch per call
   and multiplied by the f32 GEMM.
 
-f32 GEMMs go to `f32_emit` (the core rule of `rlx.codegen.c`), which is how
+f32 GEMMs go to `f32_emit` (the core rule of `rlx.codegen.cpu.emit`), which is how
 this module is wired in: `c.py` registers `gemm_rule(its own emit)`.
 
 >>> from rlx.ir.graph import Graph
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from rlx.codegen.cpu_base import align64, round_up
+from rlx.codegen.cpu.base import align64, round_up
 from rlx.codegen.registry import Kernel
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType

@@ -1,7 +1,7 @@
 """CPU rules for the state-space and linear-attention ops of `rlx/ir/ops_ssm.py`.
 
 Registered into the CPU rule table when imported (by `rlx.codegen.backends` and
-`rlx.codegen.c`). Each rule binds the node's buffers and sizes into a frozen
+`rlx.codegen.cpu.emit`). Each rule binds the node's buffers and sizes into a frozen
 args record; the loops are in `templates/cpu/kernels/ssm.h`, parallel over
 batch x heads with each task's state held in a local array.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import CPU, c_string, node_header
+from rlx.codegen.cpu.base import CPU, c_string, node_header
 from rlx.codegen.registry import Kernel, float32_only
 from rlx.ir import ops as O
 from rlx.ir import ops_ssm as S

@@ -1,7 +1,7 @@
 """The CUDA backend: `render_cuda(lir, target, manifest)` renders one .cu file.
 
 This module is the backend's entry point: the emitter and template context live in
-`rlx.codegen.cuda_emit`, the per-op rules in `rlx.codegen.cuda_rules` and `rlx.codegen.cuda_quant` (registered in
+`rlx.codegen.cuda.emit`, the per-op rules in `rlx.codegen.cuda.rules` and `rlx.codegen.cuda.quant` (registered in
 `table("cuda")` when imported here), so importing `rlx.codegen.cuda` gives a ready backend.
 
 >>> from rlx.ir.graph import Graph
@@ -17,18 +17,16 @@ True
 
 from __future__ import annotations
 
-from rlx.codegen import (
-    cuda_collectives,
-    cuda_decoder,
-    cuda_pool,
-    cuda_quant,
-    cuda_rules,
-    cuda_sample,
-    cuda_scan,
-    cuda_select,
-    cuda_ssm,
-)
-from rlx.codegen.cuda_emit import (
+from rlx.codegen.cuda import collectives as cuda_collectives
+from rlx.codegen.cuda import decoder as cuda_decoder
+from rlx.codegen.cuda import pool as cuda_pool
+from rlx.codegen.cuda import quant as cuda_quant
+from rlx.codegen.cuda import rules as cuda_rules
+from rlx.codegen.cuda import sample as cuda_sample
+from rlx.codegen.cuda import scan as cuda_scan
+from rlx.codegen.cuda import select as cuda_select
+from rlx.codegen.cuda import ssm as cuda_ssm
+from rlx.codegen.cuda.emit import (
     ABI_VERSION,
     CODEGEN_VERSION,
     GEMM_MODES,

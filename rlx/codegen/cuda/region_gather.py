@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cuda_emit import _CTYPE, CudaEmitter
+from rlx.codegen.cuda.emit import _CTYPE, CudaEmitter
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.shape import product
 from rlx.opt.lowering_cuda_kernels import REGION_KINDS

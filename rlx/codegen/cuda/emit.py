@@ -3,7 +3,7 @@
 `cuda_context(lir, target, manifest)` reads the LIR decided for CUDA (QKV GEMM groups
 and the device byte layout are decisions of `rlx.opt.lowering_cuda`, recorded
 in the LIR), then asks the rule of each scheduled node's op kind
-(`rlx.codegen.cuda_rules`, registered in `table("cuda")`) for its `Kernel`:
+(`rlx.codegen.cuda.rules`, registered in `table("cuda")`) for its `Kernel`:
 the template macro that launches it and that macro's typed arguments. Device
 pointers are one base plus a static offset (the whole program lives in a
 single `cudaMalloc`), dims are expressions of the run-time symbol values
@@ -33,9 +33,9 @@ import jinja2
 
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
-from rlx.codegen.c import c_string, c_string_lines, comment, node_header
-from rlx.codegen.c_observe import cost_expr
 from rlx.codegen.common import dim_expr, require_decided
+from rlx.codegen.cpu.emit import c_string, c_string_lines, comment, node_header
+from rlx.codegen.cpu.observe import cost_expr
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.activation_table import activation_table
@@ -247,7 +247,7 @@ class Memcpy(Launch):
 
 
 #: The kernel of a node that a fused-kernel decision covers, by decision kind: `fn(emitter, decision, node)`
-#: (filled by the module rendering that kernel, imported with the backend: `rlx.codegen.cuda_pool`).
+#: (filled by the module rendering that kernel, imported with the backend: `rlx.codegen.cuda.pool`).
 DECISION_KERNELS: dict[str, Callable[[CudaEmitter, Any, NodeId], Kernel]] = {}
 
 
@@ -263,7 +263,7 @@ class CudaEmitter:
     """What the CUDA rules see: C expressions for pointers and dims of one lowered LIR.
 
     Every choice of where bytes live comes from the LIR's `DeviceLayout` and `GemmGroup` decisions; the
-    rules (`rlx.codegen.cuda_rules`) choose kernels and their arguments from the node and this emitter.
+    rules (`rlx.codegen.cuda.rules`) choose kernels and their arguments from the node and this emitter.
     """
 
     #: Prefix of the names this emitter's kernels define (a scan body's kernels carry the scan's).

@@ -11,7 +11,7 @@ none of it is rendered.
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
 >>> from rlx.pipeline import decide
->>> from rlx.codegen.c import CTarget, render_c
+>>> from rlx.codegen.cpu.emit import CTarget, render_c
 >>> g = Graph("demo")
 >>> g.set_outputs([g.activation("log", g.input("x", [4]))])
 >>> lir = decide(plan(g), "cpu")  # what the pipeline hands codegen
@@ -28,7 +28,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rlx.codegen.cpu_base import c_string, c_string_lines
+from rlx.codegen.cpu.base import c_string, c_string_lines
 from rlx.ir.cost import Poly, node_cost
 from rlx.ir.dtype import DType
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import CPU, align64, c_string, node_header, round_up
+from rlx.codegen.cpu.base import CPU, align64, c_string, node_header, round_up
 from rlx.codegen.registry import Kernel
 from rlx.errors import BuildError
 from rlx.ir.dtype import DType

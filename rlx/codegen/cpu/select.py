@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import CPU, c_string, node_header
+from rlx.codegen.cpu.base import CPU, c_string, node_header
 from rlx.codegen.registry import Kernel
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType

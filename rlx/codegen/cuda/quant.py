@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import comment
-from rlx.codegen.cuda_emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch, _float_c
+from rlx.codegen.cpu.base import comment
+from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch, _float_c
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType

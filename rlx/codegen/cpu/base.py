@@ -1,6 +1,6 @@
 """What every CPU codegen module shares: the CPU rule table, tuning constants, C text helpers.
 
-`rlx.codegen.c` (the planner and the core rules) and the rule modules kept apart
+`rlx.codegen.cpu.emit` (the planner and the core rules) and the rule modules kept apart
 (`c_decoder`, `c_quant`, ...) import from here, never from each other, so the
 codegen layer has no import cycle.
 """
@@ -12,7 +12,7 @@ import re
 from rlx.codegen.registry import table
 from rlx.ir.graph import Node
 
-#: The CPU backend's rules (filled when rlx.codegen.c and its rule modules load).
+#: The CPU backend's rules (filled when rlx.codegen.cpu.emit and its rule modules load).
 CPU = table("cpu")
 
 #: Elementwise work (elements) below which a loop runs on the calling thread only.

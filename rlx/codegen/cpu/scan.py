@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from rlx.codegen.c import CTarget, _Planner
 from rlx.codegen.common import decided_body
-from rlx.codegen.cpu_base import CPU, c_string, comment, node_header
+from rlx.codegen.cpu.base import CPU, c_string, comment, node_header
+from rlx.codegen.cpu.emit import CTarget, _Planner
 from rlx.codegen.registry import Kernel
 from rlx.errors import BuildError
 from rlx.ir import ops_scan as L

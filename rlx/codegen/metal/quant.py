@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.metal_emit import OPS_TEMPLATE, Dispatch, GridAxis, MetalArgs, MetalEmitter, grid_1d
+from rlx.codegen.metal.emit import OPS_TEMPLATE, Dispatch, GridAxis, MetalArgs, MetalEmitter, grid_1d
 from rlx.codegen.registry import Kernel, table
 from rlx.ir.graph import Node
 from rlx.ir.quant import quant_format

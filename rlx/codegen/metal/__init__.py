@@ -1,8 +1,8 @@
 """The Metal backend: `render_metal(lir, target, manifest)` renders one .metal file and its dispatch manifest.
 
 This module is the backend's entry point: the emitter and template context live in
-`rlx.codegen.metal_emit`, the per-op rules in `rlx.codegen.metal_rules` and, for GGUF-quantized
-weights, `rlx.codegen.metal_quant` (registered in `table("metal")` when imported here), so importing
+`rlx.codegen.metal.emit`, the per-op rules in `rlx.codegen.metal.rules` and, for GGUF-quantized
+weights, `rlx.codegen.metal.quant` (registered in `table("metal")` when imported here), so importing
 `rlx.codegen.metal` gives a ready backend.
 
 >>> from rlx.ir.graph import Graph
@@ -20,8 +20,9 @@ True
 
 from __future__ import annotations
 
-from rlx.codegen import metal_quant, metal_rules
-from rlx.codegen.metal_emit import (
+from rlx.codegen.metal import quant as metal_quant
+from rlx.codegen.metal import rules as metal_rules
+from rlx.codegen.metal.emit import (
     CODEGEN_VERSION,
     MSL_VERSION,
     Dispatch,

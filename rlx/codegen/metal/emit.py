@@ -2,7 +2,7 @@
 
 `render_metal(lir, target, manifest)` reads the LIR decided for Metal (its one-buffer
 `MetalLayout`, a decision of `rlx.opt.lowering_metal`), asks the rule of each
-scheduled node's op kind (`rlx.codegen.metal_rules`, registered in
+scheduled node's op kind (`rlx.codegen.metal.rules`, registered in
 `table("metal")`) for its `Kernel`, renders `templates/metal/model.metal.j2`
 and returns the Metal Shading Language source together with its *dispatch
 manifest*: the kernels of one run in order, each with its threadgroup size and
@@ -29,8 +29,8 @@ import jinja2
 
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
-from rlx.codegen.c import comment, node_header
 from rlx.codegen.common import dim_expr, require_decided
+from rlx.codegen.cpu.emit import comment, node_header
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir.decisions_metal import MetalLayout

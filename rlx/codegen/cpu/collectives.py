@@ -1,6 +1,6 @@
 """CPU rules for the collective ops (`all_reduce`, `all_gather`, `reduce_scatter`).
 
-Registered into the CPU rule table when `rlx.codegen.c` is imported. A collective
+Registered into the CPU rule table when `rlx.codegen.cpu.emit` is imported. A collective
 renders as one call into the transport the caller attached to the context
 (`rlx_set_transport`, `templates/cpu/kernels/transport.h`): the generated code
 never knows whether the other ranks are threads, processes or machines. Graphs
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import CPU, c_string, node_header
+from rlx.codegen.cpu.base import CPU, c_string, node_header
 from rlx.codegen.registry import Kernel, float32_only
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType

@@ -1,6 +1,6 @@
 """CPU rules for GGUF-quantized weights: `dequant_matmul` and `dequantize`.
 
-Registered into the CPU rule table when `rlx.codegen.c` is imported (and so
+Registered into the CPU rule table when `rlx.codegen.cpu.emit` is imported (and so
 by `rlx.codegen.backends`). The kernels (`templates/cpu/kernels/quant.h`)
 read the 4/8-bit blocks directly: a GEMV per weight row for few rows of
 activations (decode), and for more rows (prefill) panels of the weight
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import CPU, GRAIN, PACK_NR_MAX, align64, c_string, node_header
+from rlx.codegen.cpu.base import CPU, GRAIN, PACK_NR_MAX, align64, c_string, node_header
 from rlx.codegen.registry import Kernel
 from rlx.ir import ops as O
 from rlx.ir.decisions_quant import QuantGemvGroup

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cuda_emit import CudaEmitter, Launch, _float_c
+from rlx.codegen.cuda.emit import CudaEmitter, Launch, _float_c
 from rlx.codegen.registry import Kernel, table
 from rlx.ir import ops as O
 from rlx.ir import ops_ssm as S

@@ -35,11 +35,9 @@ from typing import Any, ClassVar
 import jinja2
 
 from rlx.abi_version import ABI_VERSION
-from rlx.codegen import c_half
-from rlx.codegen.c_observe import PROFILE_RING_BYTES, observe_context
-from rlx.codegen.c_share import share_kernels
 from rlx.codegen.common import dim_expr, require_decided
-from rlx.codegen.cpu_base import (
+from rlx.codegen.cpu import half as c_half
+from rlx.codegen.cpu.base import (
     ATTN_QBLOCK,
     CPU,
     GRAIN,
@@ -51,6 +49,8 @@ from rlx.codegen.cpu_base import (
     node_header,
     round_up,
 )
+from rlx.codegen.cpu.observe import PROFILE_RING_BYTES, observe_context
+from rlx.codegen.cpu.share import share_kernels
 from rlx.codegen.registry import Kernel, float32_only
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
@@ -82,7 +82,7 @@ class CTarget:
     blas_prefix: str = ""
     blas_threads: bool = False
     openmp: bool = True
-    #: Build variants (rlx.codegen.c_observe): time spans per kernel and thread / NaN-inf checks.
+    #: Build variants (rlx.codegen.cpu.observe): time spans per kernel and thread / NaN-inf checks.
     profile: bool = False
     check_nans: bool = False
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.common import decided_body
-from rlx.codegen.cuda_emit import CudaEmitter, CudaTarget, Launch
+from rlx.codegen.cuda.emit import CudaEmitter, CudaTarget, Launch
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError
 from rlx.ir import ops as O

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.common import broadcast_index
-from rlx.codegen.metal_emit import (
+from rlx.codegen.metal.emit import (
     COPY_HEADER,
     MSL_TYPE,
     OPS_TEMPLATE,

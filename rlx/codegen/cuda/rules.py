@@ -19,9 +19,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rlx.codegen.c import comment
 from rlx.codegen.common import broadcast_index
-from rlx.codegen.cuda_emit import (
+from rlx.codegen.cpu.emit import comment
+from rlx.codegen.cuda.emit import (
     _CTYPE,
     _CUDA_TYPE,
     _OPS_TEMPLATE,
@@ -34,7 +34,7 @@ from rlx.codegen.cuda_emit import (
     _float_c,
     category,
 )
-from rlx.codegen.cuda_region_gather import REGION_KINDS, GatherLoad, absorbing_region, gathered_inputs
+from rlx.codegen.cuda.region_gather import REGION_KINDS, GatherLoad, absorbing_region, gathered_inputs
 from rlx.codegen.region_steps import RegionStep, as_region, region_steps
 from rlx.codegen.registry import Kernel, table
 from rlx.errors import BuildError

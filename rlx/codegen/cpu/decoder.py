@@ -1,6 +1,6 @@
 """CPU rules for decoder ops: attention over a KV cache (`cached_attention`).
 
-Registered into the CPU rule table when `rlx.codegen.c` is imported. The
+Registered into the CPU rule table when `rlx.codegen.cpu.emit` is imported. The
 kernel appends this step's keys and values to the caller-owned cache buffers
 (state inputs) and runs causal grouped-query attention over the cache with
 the same packed-GEMM building blocks as `attention` (`kernels/attention.h`),
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu_base import ATTN_QBLOCK, CPU, PACK_NR_MAX, align64, c_string, node_header, round_up
+from rlx.codegen.cpu.base import ATTN_QBLOCK, CPU, PACK_NR_MAX, align64, c_string, node_header, round_up
 from rlx.codegen.registry import Kernel, float32_only
 from rlx.ir import ops as O
 from rlx.ir.graph import Node

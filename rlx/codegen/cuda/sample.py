@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cuda_emit import CudaEmitter, Launch
+from rlx.codegen.cuda.emit import CudaEmitter, Launch
 from rlx.codegen.registry import Kernel, table
 from rlx.codegen.sample_args import SampleIO, logits_accepts
 from rlx.ir.dtype import DType
