@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlx.codegen.backends import first_unsupported_op, support_table, supports, table
+from rlx.codegen.backends import first_unsupported_op, support_table, supports
+from rlx.codegen.backends import load_rules as table
 from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir import ops as O

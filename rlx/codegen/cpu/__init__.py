@@ -1,1 +1,23 @@
-"""The CPU backend: one C file (OpenMP + BLAS) per graph; its emitter, rules and C helpers."""
+"""The CPU backend: one C file (OpenMP + BLAS) per graph; its emitter, rules and C helpers.
+
+`emit` holds the emitter (`render_c`, `c_context`, `memory_plan`) and the core rules; each other rule
+module declares its rules in its `RULES`; `rule_table()` makes the backend's table from the modules
+listed there (the one list: a new CPU rule module is added to it).
+
+>>> sorted(rule_table().rules)[:3]
+['activation', 'all_gather', 'all_reduce']
+"""
+
+from __future__ import annotations
+
+import functools
+
+from rlx.codegen.registry import RuleTable
+
+
+@functools.cache
+def rule_table() -> RuleTable:
+    """The CPU rule table: every rule of the CPU rule modules (made once per process)."""
+    from rlx.codegen.cpu import collectives, decoder, emit, int8, quant, sample, scan, select, ssm
+
+    return RuleTable.of("cpu", (m.RULES for m in (emit, collectives, decoder, int8, quant, sample, scan, select, ssm)))

@@ -1,4 +1,4 @@
-"""What every CPU codegen module shares: the CPU rule table, tuning constants, C text helpers.
+"""What every CPU codegen module shares: tuning constants, C text helpers.
 
 `rlx.codegen.cpu.emit` (the planner and the core rules) and the rule modules kept apart
 (`c_decoder`, `c_quant`, ...) import from here, never from each other, so the
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import re
 
-from rlx.codegen.registry import table
 from rlx.ir.graph import Node
-
-#: The CPU backend's rules (filled when rlx.codegen.cpu.emit and its rule modules load).
-CPU = table("cpu")
 
 #: Elementwise work (elements) below which a loop runs on the calling thread only.
 GRAIN = 1 << 15

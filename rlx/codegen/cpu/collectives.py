@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.base import CPU, c_string, node_header
-from rlx.codegen.registry import Kernel, float32_only
+from rlx.codegen.cpu.base import c_string, node_header
+from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.shape import product
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 TEMPLATE = "collectives.c.j2"
 HEADERS = ("kernels/transport.h", "kernels/collectives.h", "kernels/transport_shm.h")
@@ -138,6 +141,6 @@ def _gather_dtypes(op: O.Op, in_dtypes: tuple, out_dtype: DType) -> str | None:
 
 
 # The shared-memory transport reduces f32 (legalization runs f16/bf16 reductions in f32).
-CPU.register("all_reduce", accepts=float32_only)(emit_all_reduce)
-CPU.register("reduce_scatter", accepts=float32_only)(emit_reduce_scatter)
-CPU.register("all_gather", accepts=_gather_dtypes)(emit_all_gather)
+RULES.register("all_reduce", accepts=float32_only)(emit_all_reduce)
+RULES.register("reduce_scatter", accepts=float32_only)(emit_reduce_scatter)
+RULES.register("all_gather", accepts=_gather_dtypes)(emit_all_gather)

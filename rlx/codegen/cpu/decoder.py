@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.base import ATTN_QBLOCK, CPU, PACK_NR_MAX, align64, c_string, node_header, round_up
-from rlx.codegen.registry import Kernel, float32_only
+from rlx.codegen.cpu.base import ATTN_QBLOCK, PACK_NR_MAX, align64, c_string, node_header, round_up
+from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.ir import ops as O
 from rlx.ir.graph import Node
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 TEMPLATE = "decoder.c.j2"
 HEADERS = ("kernels/packed_gemm.h", "kernels/attention.h", "kernels/kv_decode.h")
@@ -81,4 +84,4 @@ def _kv_attention_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
     return float32_only(op, in_dtypes[:5], out_dtype)
 
 
-CPU.register("cached_attention", accepts=_kv_attention_dtypes)(emit_kv_attention)
+RULES.register("cached_attention", accepts=_kv_attention_dtypes)(emit_kv_attention)

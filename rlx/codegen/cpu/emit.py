@@ -39,7 +39,6 @@ from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.cpu import half as c_half
 from rlx.codegen.cpu.base import (
     ATTN_QBLOCK,
-    CPU,
     GRAIN,
     PACK_NR_MAX,
     align64,
@@ -51,7 +50,7 @@ from rlx.codegen.cpu.base import (
 )
 from rlx.codegen.cpu.observe import PROFILE_RING_BYTES, observe_context
 from rlx.codegen.cpu.share import share_kernels
-from rlx.codegen.registry import Kernel, float32_only
+from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
@@ -64,6 +63,9 @@ from rlx.ir.lir import LirModule
 from rlx.ir.norms import norm_inputs
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse, dense_strides, movement_view
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cpu-3"
@@ -446,8 +448,11 @@ class _Planner:
     """Turns one LirModule into the template context (used only by `c_context`)."""
 
     def __init__(self, lir: LirModule, target: CTarget) -> None:
+        from rlx.codegen.cpu import rule_table  # the package lists the rule modules (they import this one)
+
         self.lir = lir
         self.target = target
+        self.rules = rule_table()
         self.graph = lir.graph
         self.sym_index = {name: i for i, (name, _) in enumerate(lir.symbols)}
         self.param_offsets: dict[int, int] = {}
@@ -587,10 +592,10 @@ class _Planner:
             if note is not None:
                 out.append(Kernel(nid, "", "", NoteArgs(note=note), header=self.header(node)))
                 continue
-            reason = CPU.why_not(self.graph, node)
+            reason = self.rules.why_not(self.graph, node)
             if reason is not None:
                 raise BuildError(f"{reason} (node {node.label}) — insert a cast")
-            kernel = CPU.rule(node.kind).emit(self, node)
+            kernel = self.rules.rule(node.kind).emit(self, node)
             group = self.decode_skips.get(nid)
             if group is not None:
                 lead = self.node(group.members[0])
@@ -985,23 +990,23 @@ def _no_bool(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
     return "on bool" if DType.BOOL in in_dtypes else None
 
 
-CPU.register("activation", "binary", "compare", "where", "cast", "expand", "elementwise_region")(
+RULES.register("activation", "binary", "compare", "where", "cast", "expand", "elementwise_region")(
     _emit_with("elementwise"))
 # f32 GEMMs render with the planner's `gemm`; f32 activations x f16/bf16 weights with c_half's kernels
-CPU.register("matmul", "fused_matmul_bias_act", accepts=c_half.gemm_dtypes, mixed=True)(
+RULES.register("matmul", "fused_matmul_bias_act", accepts=c_half.gemm_dtypes, mixed=True)(
     c_half.gemm_rule(_emit_with("gemm")))
-CPU.register("fused_swiglu", accepts=float32_only)(_emit_with("swiglu"))
-CPU.register("reduce", accepts=_no_bool)(_emit_with("reduce"))
-CPU.register("softmax", accepts=float32_only)(_emit_with("softmax"))
-CPU.register("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm",
+RULES.register("fused_swiglu", accepts=float32_only)(_emit_with("swiglu"))
+RULES.register("reduce", accepts=_no_bool)(_emit_with("reduce"))
+RULES.register("softmax", accepts=float32_only)(_emit_with("softmax"))
+RULES.register("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm",
              accepts=float32_only)(_emit_with("norm"))
-CPU.register("transpose")(_emit_with("transpose"))
-CPU.register("narrow")(_emit_with("narrow"))
-CPU.register("concat")(_emit_with("concat"))
-CPU.register("reshape")(_emit_with("copy"))
-CPU.register("gather")(_emit_with("gather"))
-CPU.register("attention", accepts=_attention_dtypes)(_emit_with("attention"))
-CPU.register("rope", accepts=float32_only)(_emit_with("rope"))
+RULES.register("transpose")(_emit_with("transpose"))
+RULES.register("narrow")(_emit_with("narrow"))
+RULES.register("concat")(_emit_with("concat"))
+RULES.register("reshape")(_emit_with("copy"))
+RULES.register("gather")(_emit_with("gather"))
+RULES.register("attention", accepts=_attention_dtypes)(_emit_with("attention"))
+RULES.register("rope", accepts=float32_only)(_emit_with("rope"))
 
 
 def _add_rows(offset: Dim, row: Dim) -> Dim:

@@ -24,13 +24,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.base import CPU, align64, c_string, node_header, round_up
-from rlx.codegen.registry import Kernel
+from rlx.codegen.cpu.base import align64, c_string, node_header, round_up
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.errors import BuildError
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.ops_int8 import Int8MatMul
 from rlx.ir.shape import product
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 TEMPLATE = "int8.c.j2"
 #: int8_gemm.h uses packed_gemm.h's activation epilogue and rlx_split.
@@ -88,4 +91,4 @@ def _int8_dtypes(op: Int8MatMul, in_dtypes: tuple, out_dtype: DType) -> str | No
     return f"on {'/'.join(bad)}; it takes f32 activations, weight and bias" if bad else None
 
 
-CPU.register("int8_matmul", accepts=_int8_dtypes)(emit_int8_matmul)
+RULES.register("int8_matmul", accepts=_int8_dtypes)(emit_int8_matmul)

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.base import CPU, GRAIN, PACK_NR_MAX, align64, c_string, node_header
-from rlx.codegen.registry import Kernel
+from rlx.codegen.cpu.base import GRAIN, PACK_NR_MAX, align64, c_string, node_header
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.quant import quant_format
 from rlx.ir.shape import product
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 TEMPLATE = "quant.c.j2"
 #: quant.h multiplies prefill panels with the packed-GEMM kernel (which brings the epilogue).
@@ -177,5 +180,5 @@ def _quant_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
     return None
 
 
-CPU.register("dequant_matmul", accepts=_quant_dtypes)(emit_dequant_matmul)
-CPU.register("dequantize", accepts=_quant_dtypes)(emit_dequantize)
+RULES.register("dequant_matmul", accepts=_quant_dtypes)(emit_dequant_matmul)
+RULES.register("dequantize", accepts=_quant_dtypes)(emit_dequantize)

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.base import CPU, c_string, node_header
-from rlx.codegen.registry import Kernel
+from rlx.codegen.cpu.base import c_string, node_header
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.codegen.sample_args import SampleIO, logits_accepts
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 TEMPLATE = "sample.c.j2"
 #: sample.h tests NaN with argmax.h's rlx_isnan_f32
@@ -53,4 +56,4 @@ def emit_sample_top_k(em, node: Node) -> Kernel:
                   func=f"rlx_op_{node.id}", label=label)
 
 
-CPU.register("sample_top_k", accepts=_accepts)(emit_sample_top_k)
+RULES.register("sample_top_k", accepts=_accepts)(emit_sample_top_k)

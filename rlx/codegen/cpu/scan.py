@@ -17,14 +17,17 @@ import dataclasses
 from dataclasses import dataclass
 
 from rlx.codegen.common import decided_body
-from rlx.codegen.cpu.base import CPU, c_string, comment, node_header
+from rlx.codegen.cpu.base import c_string, comment, node_header
 from rlx.codegen.cpu.emit import CTarget, _Planner
-from rlx.codegen.registry import Kernel
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.errors import BuildError
 from rlx.ir import ops_scan as L
 from rlx.ir.graph import Node
 from rlx.ir.lir import LirModule
 from rlx.opt.scan_body import carry_slot_bytes
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 TEMPLATE = "scan.c.j2"
 
@@ -113,4 +116,4 @@ def emit_scan(em: _Planner, node: Node) -> Kernel:
                   subprogram=program)
 
 
-CPU.register("scan")(emit_scan)
+RULES.register("scan")(emit_scan)

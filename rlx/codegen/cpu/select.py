@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.base import CPU, c_string, node_header
-from rlx.codegen.registry import Kernel
+from rlx.codegen.cpu.base import c_string, node_header
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.shape import normalize_axis
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 TEMPLATE = "select.c.j2"
 HEADERS = ("kernels/argmax.h",)
@@ -57,4 +60,4 @@ def emit_argmax(em, node: Node) -> Kernel:
                   func=f"rlx_op_{node.id}", label=label)
 
 
-CPU.register("argmax", accepts=_accepts)(emit_argmax)
+RULES.register("argmax", accepts=_accepts)(emit_argmax)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.base import CPU, c_string, node_header
-from rlx.codegen.registry import Kernel, float32_only
+from rlx.codegen.cpu.base import c_string, node_header
+from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.ir import ops as O
 from rlx.ir import ops_ssm as S
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
 
 TEMPLATE = "ssm.c.j2"
 HEADERS = ("kernels/ssm.h",)
@@ -135,6 +138,6 @@ def _state_limit(limit: int):
     return accepts
 
 
-CPU.register("selective_scan", accepts=_state_limit(SSM_MAX_N))(emit_selective_scan)
-CPU.register("gated_delta_net", accepts=_state_limit(GDN_MAX_N))(emit_gated_delta_net)
-CPU.register("depthwise_conv1d_causal", accepts=float32_only)(emit_dwconv)
+RULES.register("selective_scan", accepts=_state_limit(SSM_MAX_N))(emit_selective_scan)
+RULES.register("gated_delta_net", accepts=_state_limit(GDN_MAX_N))(emit_gated_delta_net)
+RULES.register("depthwise_conv1d_causal", accepts=float32_only)(emit_dwconv)

@@ -1,8 +1,8 @@
 """The CUDA backend: `render_cuda(lir, target, manifest)` renders one .cu file.
 
-This module is the backend's entry point: the emitter and template context live in
-`rlx.codegen.cuda.emit`, the per-op rules in `rlx.codegen.cuda.rules` and `rlx.codegen.cuda.quant` (registered in
-`table("cuda")` when imported here), so importing `rlx.codegen.cuda` gives a ready backend.
+The emitter and template context live in `rlx.codegen.cuda.emit`, the per-op rules in the rule
+modules listed by `rule_table()` (`rules`, `quant`, `collectives`, ...), each declaring its rules in
+its `RULES`: the one list a new CUDA rule module is added to.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -13,19 +13,17 @@ This module is the backend's entry point: the emitter and template context live 
 >>> src = render_cuda(decide_cuda(plan(g), CudaTarget()), CudaTarget(), {"name": "demo"})
 >>> "rlx_run_device" in src and "rlx_relu" in src
 True
+>>> sorted(rule_table().rules)[:3]
+['activation', 'all_gather', 'all_reduce']
 """
 
 from __future__ import annotations
 
-from rlx.codegen.cuda import collectives as cuda_collectives
-from rlx.codegen.cuda import decoder as cuda_decoder
-from rlx.codegen.cuda import pool as cuda_pool
-from rlx.codegen.cuda import quant as cuda_quant
-from rlx.codegen.cuda import rules as cuda_rules
-from rlx.codegen.cuda import sample as cuda_sample
-from rlx.codegen.cuda import scan as cuda_scan
-from rlx.codegen.cuda import select as cuda_select
-from rlx.codegen.cuda import ssm as cuda_ssm
+import functools
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
 from rlx.codegen.cuda.emit import (
     ABI_VERSION,
     CODEGEN_VERSION,
@@ -36,7 +34,25 @@ from rlx.codegen.cuda.emit import (
     cuda_context,
     render_cuda,
 )
+from rlx.codegen.registry import RuleTable
 
-__all__ = ["ABI_VERSION", "CODEGEN_VERSION", "GEMM_MODES", "PRECISIONS", "CudaEmitter", "CudaTarget",
-           "cuda_collectives", "cuda_decoder", "cuda_context", "cuda_pool", "cuda_quant", "cuda_rules", "cuda_sample",
-           "cuda_scan", "cuda_select", "cuda_ssm", "render_cuda"]
+
+@functools.cache
+def rule_table() -> RuleTable:
+    """The CUDA rule table: every rule of the CUDA rule modules (made once per process)."""
+    from rlx.codegen.cuda import collectives, decoder, quant, rules, sample, scan, select, ssm
+
+    return RuleTable.of("cuda", (m.RULES for m in (rules, quant, collectives, decoder, sample, scan, select, ssm)))
+
+
+@functools.cache
+def decision_kernels() -> Mapping[str, Callable[[CudaEmitter, Any, int], Any]]:
+    """The kernel of a node a fused-kernel decision covers, by decision kind: `fn(emitter, decision, node)`
+    (each listed module's `DECISION_KERNELS`)."""
+    from rlx.codegen.cuda import pool
+
+    return MappingProxyType({**pool.DECISION_KERNELS})
+
+
+__all__ = ["ABI_VERSION", "CODEGEN_VERSION", "GEMM_MODES", "PRECISIONS", "CudaEmitter", "CudaTarget", "cuda_context",
+           "decision_kernels", "render_cuda", "rule_table"]

@@ -13,10 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import CudaEmitter, Launch
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
 
 TEMPLATE = "cuda/collectives.cu.j2"
 HEADER = "cuda/kernels/collectives.cuh"
@@ -103,6 +106,6 @@ def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
     return f"on {', '.join(bad)}; it takes f32, f16 or bf16" if bad else None
 
 
-table("cuda").register("all_reduce", accepts=_accepts)(all_reduce)
-table("cuda").register("all_gather", accepts=_accepts)(all_gather)
-table("cuda").register("reduce_scatter", accepts=_accepts)(reduce_scatter)
+RULES.register("all_reduce", accepts=_accepts)(all_reduce)
+RULES.register("all_gather", accepts=_accepts)(all_gather)
+RULES.register("reduce_scatter", accepts=_accepts)(reduce_scatter)

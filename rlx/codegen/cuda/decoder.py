@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import CudaEmitter, Launch, _float_c
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
 
 TEMPLATE = "cuda/decoder.cu.j2"
 HEADER = "cuda/kernels/kv_attention.cuh"
@@ -107,4 +110,4 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                   label=node.label)
 
 
-table("cuda").register("cached_attention", accepts=_accepts)(kv_attention)
+RULES.register("cached_attention", accepts=_accepts)(kv_attention)

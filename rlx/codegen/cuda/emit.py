@@ -3,7 +3,7 @@
 `cuda_context(lir, target, manifest)` reads the LIR decided for CUDA (QKV GEMM groups
 and the device byte layout are decisions of `rlx.opt.lowering_cuda`, recorded
 in the LIR), then asks the rule of each scheduled node's op kind
-(`rlx.codegen.cuda.rules`, registered in `table("cuda")`) for its `Kernel`:
+(`rlx.codegen.cuda.rules` and the other rule modules, in `rlx.codegen.cuda.rule_table()`) for its `Kernel`:
 the template macro that launches it and that macro's typed arguments. Device
 pointers are one base plus a static offset (the whole program lives in a
 single `cudaMalloc`), dims are expressions of the run-time symbol values
@@ -17,7 +17,7 @@ everywhere; the C ABI keeps the declared dtypes, so inputs, outputs and
 params cross the boundary as f32 and are converted on the device (params
 once, at `rlx_set_param`).
 
-The backend's entry point, which registers the rules too, is `rlx.codegen.cuda`.
+The backend's entry point is `rlx.codegen.cuda` (its `rule_table()` lists the rule modules).
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import jinja2
 
@@ -36,7 +35,7 @@ from rlx.codegen.activations import install
 from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.cpu.emit import c_string, c_string_lines, comment, node_header
 from rlx.codegen.cpu.observe import cost_expr
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel
 from rlx.errors import BuildError
 from rlx.ir.activation_table import activation_table
 from rlx.ir.cost import node_cost
@@ -246,11 +245,6 @@ class Memcpy(Launch):
     nbytes: str
 
 
-#: The kernel of a node that a fused-kernel decision covers, by decision kind: `fn(emitter, decision, node)`
-#: (filled by the module rendering that kernel, imported with the backend: `rlx.codegen.cuda.pool`).
-DECISION_KERNELS: dict[str, Callable[[CudaEmitter, Any, NodeId], Kernel]] = {}
-
-
 def kernel_options(target: CudaTarget) -> CudaKernelOptions:
     """The options of `target` the CUDA lowering's kernel choices depend on, as the LIR records them (the
     emitter checks a LIR was decided for its target)."""
@@ -410,13 +404,17 @@ class CudaEmitter:
                 comment=comment(f"%{nid}: computed by the combined GEMM of %{g.members[0]}"), what=""))
         p = self.pool_tail.get(nid)
         if p is not None:
-            return DECISION_KERNELS[PoolTail.kind](self, p, nid)
+            from rlx.codegen.cuda import decision_kernels  # the package lists them (their modules import this one)
+
+            return decision_kernels()[PoolTail.kind](self, p, nid)
         d = self.decode_gemv.get(nid)
         if d is not None and nid in d.members[1:]:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
                 f"%{nid}: computed with %{d.members[0]} (one fused GEMV in decode steps, its own path in larger "
                 "ones)"), what=""))
-        rules = table("cuda")
+        from rlx.codegen.cuda import rule_table  # the package lists the rule modules (they import this one)
+
+        rules = rule_table()
         reason = rules.why_not(self.graph, node)
         if reason is not None:
             raise BuildError(f"{reason} (node {node.label})")
@@ -646,5 +644,3 @@ def render_cuda(lir: LirModule, target: CudaTarget, manifest: dict) -> str:
     except jinja2.TemplateError as exc:
         raise BuildError(f"rendering the CUDA template failed: {type(exc).__name__}: {exc}") from exc
 
-
-# The rules register in table("cuda") when this module is imported (they use the emitter defined above).

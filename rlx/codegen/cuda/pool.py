@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.cpu.emit import comment
-from rlx.codegen.cuda.emit import _CTYPE, _OPS_TEMPLATE, DECISION_KERNELS, CudaEmitter, Launch, NoWork, _float_c
+from rlx.codegen.cuda.emit import _CTYPE, _OPS_TEMPLATE, CudaEmitter, Launch, NoWork, _float_c
 from rlx.codegen.registry import Kernel
 from rlx.ir.decisions_cuda import PoolTail
 from rlx.ir.norms import norm_inputs
@@ -115,4 +115,5 @@ def pool_kernel(e: CudaEmitter, d: PoolTail, nid: int) -> Kernel:
     return emit_pool_tail(e, d) if nid == d.out else pool_absorbed(d, nid)
 
 
-DECISION_KERNELS[PoolTail.kind] = pool_kernel
+#: The kernel of each node a decision of this module's kind covers (`rlx.codegen.cuda.decision_kernels`).
+DECISION_KERNELS = {PoolTail.kind: pool_kernel}

@@ -1,6 +1,6 @@
 """CUDA rules for GGUF-quantized weights: `dequant_matmul` and `dequantize`.
 
-Registered in `table("cuda")` when `rlx.codegen.cuda` is imported. The kernels
+Listed in the CUDA table by `rlx.codegen.cuda.rule_table`. The kernels
 (`templates/cuda/kernels/quant.cuh`) read the blocks directly: a warp-per-row
 GEMV for decode (few rows of activations), and for prefill tiles of the weight
 dequantized into the compute type in scratch, multiplied on cuBLASLt (tensor
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from rlx.codegen.cpu.base import comment
 from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch, _float_c
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
@@ -35,7 +35,8 @@ QUANT, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/gemm.cuh"
 #: The format ids of kernels/quant.cuh.
 FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
-rules = table("cuda")
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,7 +159,7 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
                   label=node.label)
 
 
-@rules.register("dequant_matmul", accepts=_accepts)
+@RULES.register("dequant_matmul", accepts=_accepts)
 def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
     d = e.decode_gemv.get(node.id)
     if d is not None and d.members[0] == node.id:
@@ -168,7 +169,7 @@ def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
                   label=node.label)
 
 
-@rules.register("dequantize", accepts=_accepts)
+@RULES.register("dequantize", accepts=_accepts)
 def dequantize(e: CudaEmitter, node: Node) -> Kernel:
     op: O.Dequantize = node.op  # type: ignore[assignment]
     x = e.node(node.inputs[0]).shape

@@ -8,9 +8,8 @@ frozen dataclass below), and `headers` name the fixed device code under
 used). A macro `<macro>_device`, when the kernel has a `func`, renders the
 graph-specific device function (elementwise regions).
 
->>> from rlx.codegen.registry import table
->>> sorted(table("cuda").rules)[:3]
-['activation', 'all_gather', 'all_reduce']
+>>> sorted(r.kind for r in RULES.rules)[:3]
+['activation', 'attention', 'binary']
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from rlx.codegen.cuda.emit import (
 )
 from rlx.codegen.cuda.region_gather import REGION_KINDS, GatherLoad, absorbing_region, gathered_inputs
 from rlx.codegen.region_steps import RegionStep, as_region, region_steps
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import PoolTail
@@ -70,7 +69,8 @@ _MASK = {"none": "RLX_MASK_NONE", "causal": "RLX_MASK_CAUSAL", "padding": "RLX_M
          "bias": "RLX_MASK_BIAS"}
 _FLOATS = (DType.F32, DType.F16, DType.BF16, DType.F64)
 _INTS = (DType.I8, DType.I32, DType.I64, DType.U8)
-rules = table("cuda")
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
 
 
 # ── launch arguments ─────────────────────────────────────────────────────────
@@ -405,7 +405,7 @@ def _bcast_index(e: CudaEmitter, in_dims: tuple[Dim, ...], out_dims: tuple[Dim, 
     return broadcast_index(in_dims, out_dims, idx, lambda d: e.dim(d, "sy.v"))
 
 
-@rules.register(*REGION_KINDS)
+@RULES.register(*REGION_KINDS)
 def region(e: CudaEmitter, node: Node) -> Kernel:
     """Elementwise ops (alone, or fused into a region): one generated kernel, values in registers."""
     reg = as_region(node)
@@ -442,7 +442,7 @@ def _copy(e: CudaEmitter, node: Node, src: str, dst: str, dims: tuple[Dim, ...],
                   nd=e.nd(dims, src_view, dst_view))
 
 
-@rules.register("transpose")
+@RULES.register("transpose")
 def transpose(e: CudaEmitter, node: Node) -> Kernel:
     src = e.node(node.inputs[0]).shape
     dims = tuple(node.shape.dims)
@@ -451,7 +451,7 @@ def transpose(e: CudaEmitter, node: Node) -> Kernel:
     return _kernel(node, "block_copy_nd", args, COPY)
 
 
-@rules.register("expand")
+@RULES.register("expand")
 def expand(e: CudaEmitter, node: Node) -> Kernel:
     src = e.node(node.inputs[0]).shape
     dims = tuple(node.shape.dims)
@@ -460,7 +460,7 @@ def expand(e: CudaEmitter, node: Node) -> Kernel:
     return _kernel(node, "block_copy_nd", args, COPY)
 
 
-@rules.register("narrow")
+@RULES.register("narrow")
 def narrow(e: CudaEmitter, node: Node) -> Kernel:
     src = e.node(node.inputs[0]).shape
     axis = node.op.axis % src.rank
@@ -472,7 +472,7 @@ def narrow(e: CudaEmitter, node: Node) -> Kernel:
     return _kernel(node, "block_copy_nd", args, COPY)
 
 
-@rules.register("reshape")
+@RULES.register("reshape")
 def reshape(e: CudaEmitter, node: Node) -> Kernel:
     """A reshape that is not a view of its input (e.g. of an output): a dense copy."""
     src = e.node(node.inputs[0]).shape
@@ -482,7 +482,7 @@ def reshape(e: CudaEmitter, node: Node) -> Kernel:
     return _kernel(node, "block_copy_nd", args, COPY)
 
 
-@rules.register("concat")
+@RULES.register("concat")
 def concat(e: CudaEmitter, node: Node) -> Kernel:
     axis = node.op.axis % node.shape.rank
     out = View.dense(node.shape.dims)
@@ -497,7 +497,7 @@ def concat(e: CudaEmitter, node: Node) -> Kernel:
     return _kernel(node, "block_copies", Copies(**e.base(node), pieces=tuple(pieces)), COPY)
 
 
-@rules.register("gather", accepts=_gather_accepts)
+@RULES.register("gather", accepts=_gather_accepts)
 def gather(e: CudaEmitter, node: Node) -> Kernel:
     region = absorbing_region(e, node)
     if region is not None:
@@ -512,7 +512,7 @@ def gather(e: CudaEmitter, node: Node) -> Kernel:
     return _kernel(node, "block_gather", args, GATHER)
 
 
-@rules.register("rope", accepts=_floats_only)
+@RULES.register("rope", accepts=_floats_only)
 def rope(e: CudaEmitter, node: Node) -> Kernel:
     x = node.shape
     op = node.op
@@ -543,7 +543,7 @@ def _acc(e: CudaEmitter, nid: NodeId) -> str:
     return "double" if e.ddt(nid) is DType.F64 else "float"
 
 
-@rules.register("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm",
+@RULES.register("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm",
                 accepts=_floats_only)
 def norm(e: CudaEmitter, node: Node) -> Kernel:
     op = node.op
@@ -582,7 +582,7 @@ def norm(e: CudaEmitter, node: Node) -> Kernel:
     return k
 
 
-@rules.register("softmax", accepts=_floats_only)
+@RULES.register("softmax", accepts=_floats_only)
 def softmax(e: CudaEmitter, node: Node) -> Kernel:
     x = node.shape
     axis = node.op.axis % x.rank
@@ -597,7 +597,7 @@ def softmax(e: CudaEmitter, node: Node) -> Kernel:
                                                            inner=e.numel(x.dims[axis + 1:])), ROWS)
 
 
-@rules.register("reduce", accepts=_reduce_accepts)
+@RULES.register("reduce", accepts=_reduce_accepts)
 def reduce(e: CudaEmitter, node: Node) -> Kernel:
     op = node.op
     x = e.node(node.inputs[0]).shape
@@ -758,7 +758,7 @@ def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
     return _kernel(node, "block_gemm", args, GEMM, *((GEMM_SMALL,) if small else ()))
 
 
-@rules.register("matmul", "fused_matmul_bias_act", accepts=_floats_only)
+@RULES.register("matmul", "fused_matmul_bias_act", accepts=_floats_only)
 def matmul(e: CudaEmitter, node: Node) -> Kernel:
     if node.id in e.groups:
         return _grouped_gemm(e, node)
@@ -778,7 +778,7 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
                                             gemm=g), GEMM, *((GEMM_SMALL,) if g.small else ()))
 
 
-@rules.register("fused_swiglu", accepts=_floats_only)
+@RULES.register("fused_swiglu", accepts=_floats_only)
 def swiglu(e: CudaEmitter, node: Node) -> Kernel:
     """silu(x Wg) * (x Wu): the up product goes to scratch (sized by the lowering), then one combine kernel."""
     x, wg, wu = node.inputs
@@ -793,7 +793,7 @@ def swiglu(e: CudaEmitter, node: Node) -> Kernel:
 # ── attention ─────────────────────────────────────────────────────────────────
 
 
-@rules.register("attention", accepts=_attention_accepts)
+@RULES.register("attention", accepts=_attention_accepts)
 def attention(e: CudaEmitter, node: Node) -> Kernel:
     op = node.op
     q, k = (e.node(i).shape for i in node.inputs[:2])

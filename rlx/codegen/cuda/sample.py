@@ -22,10 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import CudaEmitter, Launch
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.codegen.sample_args import SampleIO, logits_accepts
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
 
 TEMPLATE = "cuda/sample.cu.j2"
 HEADER = "cuda/kernels/sample.cuh"
@@ -42,7 +45,7 @@ class SampleLaunch(Launch, SampleIO):
     t: str
 
 
-@table("cuda").register("sample_top_k", accepts=logits_accepts(FLOATS, "f32, f16 or bf16"))
+@RULES.register("sample_top_k", accepts=logits_accepts(FLOATS, "f32, f16 or bf16"))
 def sample_top_k(e: CudaEmitter, node: Node) -> Kernel:
     x_id, u_id, s_id = node.inputs
     x = e.node(x_id).shape

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from rlx.codegen.common import decided_body
 from rlx.codegen.cuda.emit import CudaEmitter, CudaTarget, Launch
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir import ops_scan as L
@@ -34,6 +34,9 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.opt.scan_body import carry_slot_bytes, step_graph
+
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
 
 TEMPLATE = "cuda/scan.cu.j2"
 #: Offset reported for a pointer chosen per step: odd, so no rule assumes it aligned for vector loads.
@@ -117,7 +120,9 @@ def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
     if body.depth() > 1:
         return "with a scan nested in its body (one loop level is rendered on CUDA)"
     g = step_graph(body)
-    rules = table("cuda")
+    from rlx.codegen.cuda import rule_table  # the table this rule is part of (asked at run time)
+
+    rules = rule_table()
     for n in g.nodes:
         if n.kind in O.LEAF_KINDS:
             continue
@@ -160,4 +165,4 @@ def emit_scan(e: CudaEmitter, node: Node) -> Kernel:
                   subprogram=body)
 
 
-table("cuda").register("scan", accepts=_accepts)(emit_scan)
+RULES.register("scan", accepts=_accepts)(emit_scan)

@@ -16,11 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import CudaEmitter, Launch
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.shape import normalize_axis
+
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
 
 TEMPLATE = "cuda/select.cu.j2"
 HEADER = "cuda/kernels/argmax.cuh"
@@ -44,7 +47,7 @@ def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
     return None if in_dtypes[0] in FLOATS else f"on {in_dtypes[0].value}; it takes floating-point input"
 
 
-@table("cuda").register("argmax", accepts=_accepts)
+@RULES.register("argmax", accepts=_accepts)
 def argmax(e: CudaEmitter, node: Node) -> Kernel:
     x_id = node.inputs[0]
     x = e.node(x_id).shape

@@ -18,12 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import CudaEmitter, Launch, _float_c
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir import ops_ssm as S
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.opt.lowering_cuda import GDN_CHUNK_MIN_SEQ, SSM_MIN_CHUNK, SSM_WARPS_PER_SM, gdn_segments, ssm_segments
+
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
 
 TEMPLATE = "cuda/ssm.cu.j2"
 HEADER = "cuda/kernels/ssm.cuh"
@@ -149,6 +152,6 @@ def dwconv(e: CudaEmitter, node: Node) -> Kernel:
                   label=node.label)
 
 
-table("cuda").register("selective_scan", accepts=_accepts(SSM_MAX_N))(selective_scan)
-table("cuda").register("gated_delta_net", accepts=_accepts(GDN_MAX_N))(gated_delta_net)
-table("cuda").register("depthwise_conv1d_causal", accepts=_accepts(None))(dwconv)
+RULES.register("selective_scan", accepts=_accepts(SSM_MAX_N))(selective_scan)
+RULES.register("gated_delta_net", accepts=_accepts(GDN_MAX_N))(gated_delta_net)
+RULES.register("depthwise_conv1d_causal", accepts=_accepts(None))(dwconv)

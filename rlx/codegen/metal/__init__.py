@@ -1,9 +1,8 @@
 """The Metal backend: `render_metal(lir, target, manifest)` renders one .metal file and its dispatch manifest.
 
-This module is the backend's entry point: the emitter and template context live in
-`rlx.codegen.metal.emit`, the per-op rules in `rlx.codegen.metal.rules` and, for GGUF-quantized
-weights, `rlx.codegen.metal.quant` (registered in `table("metal")` when imported here), so importing
-`rlx.codegen.metal` gives a ready backend.
+The emitter and template context live in `rlx.codegen.metal.emit`, the per-op rules in the rule
+modules listed by `rule_table()` (`rules`, and `quant` for GGUF-quantized weights), each declaring
+its rules in its `RULES`.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -16,12 +15,14 @@ weights, `rlx.codegen.metal.quant` (registered in `table("metal")` when imported
 True
 >>> prog.manifest["dispatches"][0]["kernel"]
 'rlx_k1'
+>>> sorted(rule_table().rules)[:3]
+['activation', 'argmax', 'attention']
 """
 
 from __future__ import annotations
 
-from rlx.codegen.metal import quant as metal_quant
-from rlx.codegen.metal import rules as metal_rules
+import functools
+
 from rlx.codegen.metal.emit import (
     CODEGEN_VERSION,
     MSL_VERSION,
@@ -32,6 +33,16 @@ from rlx.codegen.metal.emit import (
     metal_context,
     render_metal,
 )
+from rlx.codegen.registry import RuleTable
+
+
+@functools.cache
+def rule_table() -> RuleTable:
+    """The Metal rule table: every rule of the Metal rule modules (made once per process)."""
+    from rlx.codegen.metal import quant, rules
+
+    return RuleTable.of("metal", (m.RULES for m in (rules, quant)))
+
 
 __all__ = ["CODEGEN_VERSION", "MSL_VERSION", "Dispatch", "MetalEmitter", "MetalProgram", "MetalTarget",
-           "metal_context", "metal_quant", "metal_rules", "render_metal"]
+           "metal_context", "render_metal", "rule_table"]

@@ -3,7 +3,7 @@
 `render_metal(lir, target, manifest)` reads the LIR decided for Metal (its one-buffer
 `MetalLayout`, a decision of `rlx.opt.lowering_metal`), asks the rule of each
 scheduled node's op kind (`rlx.codegen.metal.rules`, registered in
-`table("metal")`) for its `Kernel`, renders `templates/metal/model.metal.j2`
+`rlx.codegen.metal.rule_table()`) for its `Kernel`, renders `templates/metal/model.metal.j2`
 and returns the Metal Shading Language source together with its *dispatch
 manifest*: the kernels of one run in order, each with its threadgroup size and
 its grid as expressions of the dynamic dims (the host evaluates them per run).
@@ -15,7 +15,7 @@ offset; dims are expressions of `sym[k]`. All MSL text lives in
 `templates/metal/`; this module supplies identifiers, numbers and index
 arithmetic only.
 
-The backend's entry point, which registers the rules too, is `rlx.codegen.metal`.
+The backend's entry point is `rlx.codegen.metal` (its `rule_table()` lists the rule modules).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
 from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.cpu.emit import comment, node_header
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel
 from rlx.errors import BuildError
 from rlx.ir.decisions_metal import MetalLayout
 from rlx.ir.dtype import DType
@@ -249,7 +249,9 @@ class MetalEmitter:
         node = self.node(nid)
         if self.lir.buffers[nid].storage == "view":
             return Kernel(nid, "block_view", OPS_TEMPLATE, NoWork(comment=self.header(node)))
-        rules = table("metal")
+        from rlx.codegen.metal import rule_table  # the package lists the rule modules (they import this one)
+
+        rules = rule_table()
         reason = rules.why_not(self.graph, node)
         if reason is not None:
             raise BuildError(f"{reason} (node {node.label})")

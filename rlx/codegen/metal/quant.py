@@ -1,6 +1,6 @@
 """Metal rules for GGUF-quantized weights: `dequantize` and `dequant_matmul`.
 
-Registered into `table("metal")` when `rlx.codegen.metal` is imported. The kernels
+Listed in the Metal table by `rlx.codegen.metal.rule_table`. The kernels
 (`templates/metal/kernels/quant.metal`) read the 4/8-bit blocks directly: `dequantize`
 is one thread per output value; `dequant_matmul` one simdgroup per output value (lanes
 stride over K dequantizing on the fly, then `simd_sum`), the shape of a decode GEMV.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.metal.emit import OPS_TEMPLATE, Dispatch, GridAxis, MetalArgs, MetalEmitter, grid_1d
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir.graph import Node
 from rlx.ir.quant import quant_format
 from rlx.ir.shape import Dim, product
@@ -30,7 +30,8 @@ QUANT = "metal/kernels/quant.metal"
 #: The format ids of kernels/quant.metal.
 FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
-rules = table("metal")
+#: This module's Metal rules (the table is made from them: `rlx.codegen.metal.rule_table`).
+RULES = RuleSet("metal")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +57,7 @@ class DequantMatMul(MetalArgs):
     row_bytes: int
 
 
-@rules.register("dequantize")
+@RULES.register("dequantize")
 def dequantize(e: MetalEmitter, node: Node) -> Kernel:
     x = e.node(node.inputs[0]).shape
     k = node.shape.dims[-1].value
@@ -70,7 +71,7 @@ def dequantize(e: MetalEmitter, node: Node) -> Kernel:
                   label=node.label)
 
 
-@rules.register("dequant_matmul")
+@RULES.register("dequant_matmul")
 def dequant_matmul(e: MetalEmitter, node: Node) -> Kernel:
     x, w = (e.node(i).shape for i in node.inputs)
     rows = product(x.dims[:-1])

@@ -7,9 +7,7 @@ function(s) from `args` (a frozen dataclass below), `headers` name the fixed
 MSL under `templates/metal/kernels/` those kernels call, and `args.launches`
 are the dispatches the host encodes for it (threadgroup size chosen per op).
 
->>> from rlx.codegen.registry import table
->>> import rlx.codegen.metal
->>> sorted(table("metal").rules)[:3]
+>>> sorted(r.kind for r in RULES.rules)[:3]
 ['activation', 'argmax', 'attention']
 """
 
@@ -33,7 +31,7 @@ from rlx.codegen.metal.emit import (
     grid_1d,
 )
 from rlx.codegen.region_steps import RegionStep, as_region, region_steps
-from rlx.codegen.registry import Kernel, table
+from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir.activation_table import activation_table
 from rlx.ir.dtype import DType
@@ -53,7 +51,8 @@ _MASK = {"none": "RLX_MASK_NONE", "causal": "RLX_MASK_CAUSAL", "padding": "RLX_M
 GEMM_TILE, GEMM_THREADS = 32, 128
 #: Attention: one simdgroup per (query row, head, batch); lanes split head_dim.
 ATTN_MAX_HEAD_DIM = 256
-rules = table("metal")
+#: This module's Metal rules (the table is made from them: `rlx.codegen.metal.rule_table`).
+RULES = RuleSet("metal")
 
 
 def _act(fn: str | None) -> str:
@@ -135,7 +134,7 @@ def _bcast_index(e: MetalEmitter, in_dims: tuple[Dim, ...], out_dims: tuple[Dim,
     return broadcast_index(in_dims, out_dims, idx, e.dim)
 
 
-@rules.register("activation", "binary", "compare", "where", "cast", "elementwise_region", accepts=_no_f64)
+@RULES.register("activation", "binary", "compare", "where", "cast", "elementwise_region", accepts=_no_f64)
 def region(e: MetalEmitter, node: Node) -> Kernel:
     """Elementwise ops (alone, or fused into a region): one thread per output element, values in registers."""
     reg = as_region(node)
@@ -169,19 +168,19 @@ def _copy_kernel(e: MetalEmitter, node: Node, src_view: View, src: str | None = 
     return _kernel(node, "block_copy_nd", args, COPY_HEADER)
 
 
-@rules.register("transpose", accepts=_no_f64)
+@RULES.register("transpose", accepts=_no_f64)
 def transpose(e: MetalEmitter, node: Node) -> Kernel:
     src = e.node(node.inputs[0]).shape
     return _copy_kernel(e, node, View.dense(src.dims).permute(node.op.perm))
 
 
-@rules.register("expand", accepts=_no_f64)
+@RULES.register("expand", accepts=_no_f64)
 def expand(e: MetalEmitter, node: Node) -> Kernel:
     src = e.node(node.inputs[0]).shape
     return _copy_kernel(e, node, View.dense(src.dims).broadcast_to(tuple(node.shape.dims)))
 
 
-@rules.register("narrow", accepts=_no_f64)
+@RULES.register("narrow", accepts=_no_f64)
 def narrow(e: MetalEmitter, node: Node) -> Kernel:
     src = e.node(node.inputs[0]).shape
     axis = node.op.axis % src.rank
@@ -190,13 +189,13 @@ def narrow(e: MetalEmitter, node: Node) -> Kernel:
     return _copy_kernel(e, node, window, start)
 
 
-@rules.register("reshape", accepts=_no_f64)
+@RULES.register("reshape", accepts=_no_f64)
 def reshape(e: MetalEmitter, node: Node) -> Kernel:
     """A reshape that is not a view of its input (e.g. of an output): a dense copy."""
     return _copy_kernel(e, node, View.dense(tuple(node.shape.dims)))
 
 
-@rules.register("concat", accepts=_no_f64)
+@RULES.register("concat", accepts=_no_f64)
 def concat(e: MetalEmitter, node: Node) -> Kernel:
     axis = node.op.axis % node.shape.rank
     out = View.dense(node.shape.dims)
@@ -228,7 +227,7 @@ class Gather(MetalArgs):
     inner: str
 
 
-@rules.register("gather", accepts=_gather_accepts)
+@RULES.register("gather", accepts=_gather_accepts)
 def gather(e: MetalEmitter, node: Node) -> Kernel:
     """One thread per output element; an index out of range sets the error flag (the host raises)."""
     table_, idx = (e.node(i).shape for i in node.inputs)
@@ -259,7 +258,7 @@ class Rope(MetalArgs):
     rot: int
 
 
-@rules.register("rope", accepts=_floats_only)
+@RULES.register("rope", accepts=_floats_only)
 def rope(e: MetalEmitter, node: Node) -> Kernel:
     """One thread per output element: rotated pairs read their partner, the rest copy through."""
     x = node.shape
@@ -307,7 +306,7 @@ class Norm(MetalArgs):
     eps: str
 
 
-@rules.register("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm",
+@RULES.register("layer_norm", "rms_norm", "fused_residual_layer_norm", "fused_residual_rms_norm",
                 accepts=_floats_only)
 def norm(e: MetalEmitter, node: Node) -> Kernel:
     """One threadgroup per row; mean and variance by simdgroup sums, then across simdgroups."""
@@ -340,7 +339,7 @@ class Softmax(MetalArgs):
     cols: str
 
 
-@rules.register("softmax", accepts=_floats_only)
+@RULES.register("softmax", accepts=_floats_only)
 def softmax(e: MetalEmitter, node: Node) -> Kernel:
     """Last axis: one threadgroup per row (simdgroup max and sum); other axes: one thread per column."""
     x = node.shape
@@ -371,7 +370,7 @@ class Reduce(MetalArgs):
     red: tuple[tuple[str, str], ...]
 
 
-@rules.register("reduce", accepts=_reduce_accepts)
+@RULES.register("reduce", accepts=_reduce_accepts)
 def reduce(e: MetalEmitter, node: Node) -> Kernel:
     """One thread per output element, walking the reduced axes (collapsed) in order."""
     op = node.op
@@ -403,7 +402,7 @@ class ArgMax(MetalArgs):
     inner: str
 
 
-@rules.register("argmax", accepts=_no_f64)
+@RULES.register("argmax", accepts=_no_f64)
 def argmax(e: MetalEmitter, node: Node) -> Kernel:
     """One thread per output value, scanning its axis (x viewed as [outer, n, inner])."""
     x = e.node(node.inputs[0]).shape
@@ -472,14 +471,14 @@ def _gemm(e: MetalEmitter, node: Node, b_id: NodeId, b2_id: NodeId | None, bias:
     return _kernel(node, "block_gemm", args, GEMM)
 
 
-@rules.register("matmul", "fused_matmul_bias_act", accepts=_floats_only)
+@RULES.register("matmul", "fused_matmul_bias_act", accepts=_floats_only)
 def matmul(e: MetalEmitter, node: Node) -> Kernel:
     bias = node.inputs[2] if len(node.inputs) == 3 else None
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
     return _gemm(e, node, node.inputs[1], None, bias, act)
 
 
-@rules.register("fused_swiglu", accepts=_floats_only)
+@RULES.register("fused_swiglu", accepts=_floats_only)
 def swiglu(e: MetalEmitter, node: Node) -> Kernel:
     """silu(x Wg) * (x Wu): both products in one kernel (two accumulator sets), combined in the epilogue."""
     return _gemm(e, node, node.inputs[1], node.inputs[2], None, None)
@@ -508,7 +507,7 @@ class Attention(MetalArgs):
     out: str
 
 
-@rules.register("attention", accepts=_attention_accepts)
+@RULES.register("attention", accepts=_attention_accepts)
 def attention(e: MetalEmitter, node: Node) -> Kernel:
     """Flash-style: one simdgroup per (query row, head, batch) streams the keys with an online softmax."""
     op = node.op
@@ -556,7 +555,7 @@ class CachedAttention(MetalArgs):
     out: str
 
 
-@rules.register("cached_attention", accepts=_attention_accepts)
+@RULES.register("cached_attention", accepts=_attention_accepts)
 def cached_attention(e: MetalEmitter, node: Node) -> Kernel:
     """Two launches: this step's k and v appended to the caches (in place), then the flash-style attention
     of every query over its row's cache prefix (one simdgroup per query row and head)."""
