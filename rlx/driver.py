@@ -32,7 +32,7 @@ so a full compile is right by construction; the index is right as long as the
 code that runs is the code whose files were digested. On a hit,
 `compiled.lir` is computed on first access (`rlx.runtime.provenance`).
 
-That is not so after a monkeypatch (`rlx.codegen.cpu.emit.GRAIN = 4096` in a test or
+That is not so after a monkeypatch (`rlx.codegen.cpu.rules.GRAIN = 4096` in a test or
 a tuning script): no file changed. So the index is used only while the
 compiler's modules are *pristine* (`rlx.pristine.compiler_is_pristine`): every
 loaded module of those packages is bound as it was when it came from its file,

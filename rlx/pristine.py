@@ -2,7 +2,7 @@
 
 The driver's compile index (`rlx.driver`, module docstring) maps a graph to an object built
 before, trusting that the code that would run is the code whose files it digested. That is not so
-after a monkeypatch (`rlx.codegen.cpu.emit.GRAIN = 4096`): no file changed. So the index is used only
+after a monkeypatch (`rlx.codegen.cpu.rules.GRAIN = 4096`): no file changed. So the index is used only
 while the compiler's modules (`COMPILER_PACKAGES`, `COMPILER_MODULES`) are *pristine*: bound as
 they were when they came from their files.
 

@@ -46,11 +46,11 @@ def test_a_module_the_user_loads_later_is_recorded_as_it_loads() -> None:
 
 def test_a_patch_of_a_lazily_loaded_module_is_seen_and_undone() -> None:
     assert pristine_states("""
-        import rlx.codegen.cpu.emit
-        grain = rlx.codegen.cpu.emit.GRAIN
-        rlx.codegen.cpu.emit.GRAIN = 4096
+        import rlx.codegen.cpu.rules
+        grain = rlx.codegen.cpu.rules.GRAIN
+        rlx.codegen.cpu.rules.GRAIN = 4096
         print(P())
-        rlx.codegen.cpu.emit.GRAIN = grain
+        rlx.codegen.cpu.rules.GRAIN = grain
         print(P())
     """) == [False, True]
 
@@ -87,7 +87,7 @@ def test_a_reloaded_module_is_recorded_again() -> None:
 
 
 def test_a_loaded_module_keeps_its_own_loader() -> None:
-    code = ("import inspect, importlib.machinery, rlx.codegen.cpu.emit as c; "
+    code = ("import inspect, importlib.machinery, rlx.codegen.cpu.rules as c; "
             "print(type(c.__loader__).__name__, type(c.__spec__.loader).__name__, "
             "'GRAIN' in inspect.getsource(c))")
     proc = subprocess.run([sys.executable, "-P", "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),

@@ -2,7 +2,7 @@
 
 Every compile runs in a fresh process (the warm path, the compile index, only matters across
 processes) against a private cache root. The graph is one elementwise op, whose C loop carries
-`rlx.codegen.cpu.emit.GRAIN` as its OpenMP threshold (`if(n >= 32768)`).
+`rlx.codegen.cpu.rules.GRAIN` as its OpenMP threshold (`if(n >= 32768)`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import json, sys
 opts = json.loads(sys.argv[1])
 import rlx
 if opts.get("grain"):
-    import rlx.codegen.cpu.emit
-    rlx.codegen.cpu.emit.GRAIN = opts["grain"]  # the monkeypatch a tuning script or a test would do
+    import rlx.codegen.cpu.rules
+    rlx.codegen.cpu.rules.GRAIN = opts["grain"]  # the monkeypatch a tuning script or a test would do
 g = rlx.Graph("stale")
 g.set_outputs([g.activation("relu", g.input("x", [4, 256]))])
 what = rlx.Session().lower(g) if opts.get("lir") else g

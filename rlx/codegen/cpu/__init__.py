@@ -1,8 +1,9 @@
 """The CPU backend: one C file (OpenMP + BLAS) per graph; its emitter, rules and C helpers.
 
-`emit` holds the emitter (`render_c`, `c_context`, `memory_plan`) and the core rules; each other rule
-module declares its rules in its `RULES`; `rule_table()` makes the backend's table from the modules
-listed there (the one list: a new CPU rule module is added to it).
+`emit` holds the emitter (`CpuEmitter`, `c_context`, `render_c`, `memory_plan`), `params` the param
+storage layout, `rules` the core rules; each rule module (`rules`, `decoder`, `quant`, ...) declares
+its rules in its `RULES`, and `rule_table()` makes the backend's table from the modules listed there
+(the one list: a new CPU rule module is added to it).
 
 >>> sorted(rule_table().rules)[:3]
 ['activation', 'all_gather', 'all_reduce']
@@ -18,6 +19,6 @@ from rlx.codegen.registry import RuleTable
 @functools.cache
 def rule_table() -> RuleTable:
     """The CPU rule table: every rule of the CPU rule modules (made once per process)."""
-    from rlx.codegen.cpu import collectives, decoder, emit, int8, quant, sample, scan, select, ssm
+    from rlx.codegen.cpu import collectives, decoder, int8, quant, rules, sample, scan, select, ssm
 
-    return RuleTable.of("cpu", (m.RULES for m in (emit, collectives, decoder, int8, quant, sample, scan, select, ssm)))
+    return RuleTable.of("cpu", (m.RULES for m in (rules, collectives, decoder, int8, quant, sample, scan, select, ssm)))

@@ -1,7 +1,7 @@
 """What every CPU codegen module shares: tuning constants, C text helpers.
 
-`rlx.codegen.cpu.emit` (the planner and the core rules) and the rule modules kept apart
-(`c_decoder`, `c_quant`, ...) import from here, never from each other, so the
+`rlx.codegen.cpu.emit` (the emitter), `rules` (the core rules) and the other rule modules
+(`decoder`, `quant`, ...) import from here; none imports a rule module, so the
 codegen layer has no import cycle.
 """
 

@@ -99,25 +99,27 @@ def gemm_dtypes(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str
     return f"on {got}; it takes f32, or f32 activations with f16/bf16 weights (and an f32 bias)"
 
 
-def gemm_rule(f32_emit: Callable[[Any, Node], Kernel]) -> Callable[[Any, Node], Kernel]:
-    """The CPU rule for matmul / fused_matmul_bias_act: `f32_emit` for f32 operands, else this module's kernels."""
+def gemm_rule(f32_emit: Callable[[Any, Node], Kernel],
+              f32_args: Callable[[Any, Node], Any]) -> Callable[[Any, Node], Kernel]:
+    """The CPU rule for matmul / fused_matmul_bias_act: `f32_emit` for f32 operands, else this module's kernels
+    (`f32_args`: the f32 GEMM's arguments, run on weights widened into scratch when they are not packed)."""
 
     def emit_gemm(em: Any, node: Node) -> Kernel:
         if em.node(node.inputs[1]).shape.dtype not in NARROW:
             return f32_emit(em, node)
-        return _emit_half(em, node)
+        return _emit_half(em, node, f32_args)
 
     return emit_gemm
 
 
-def _emit_half(em: Any, node: Node) -> Kernel:
+def _emit_half(em: Any, node: Node, f32_args: Callable[[Any, Node], Any]) -> Kernel:
     a_id, b_id = node.inputs[:2]
     a, b = em.node(a_id).shape, em.node(b_id).shape
     out = node.shape
     fmt = b.dtype.value
     if b_id in em.packed:
         m, k, n = out.dims[-2], a.dims[-1], out.dims[-1]
-        em._check_gemm_dims(node, m * product(out.dims[:-2]), k, n)
+        em.check_gemm_dims(node, m * product(out.dims[:-2]), k, n)
         act = getattr(node.op, "activation", None) or ""
         if act:
             em.gemm_acts.add(act)
@@ -131,10 +133,10 @@ def _emit_half(em: Any, node: Node) -> Kernel:
             m=em.dim(product(out.dims[:-1]) if fold else m), n=em.dim(n), k=em.dim(k), lda=em.dim(k),
             a=em.ptr(a_id), b=em.ptr(b_id), c=em.ptr(node.id, const=False),
             bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", fold=fold,
-            batch=em._batch(a, b, out, em.packed_mat[b_id]), mat_c=em.dim(m * n),
+            batch=em.gemm_batch(a, b, out, em.packed_mat[b_id]), mat_c=em.dim(m * n),
             epi=f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE", mc=HALF_MC, a16_offset=a16_offset)
         return em.kernel(node, "hgemm", TEMPLATE, args, headers=HEADERS, scratch_per_thread=scratch)
-    f32 = replace(em.gemm(node), b="((const float *)ctx->scratch)")
+    f32 = replace(f32_args(em, node), b="((const float *)ctx->scratch)")
     count = product(b.dims)
     args = GemmWidenArgs(fmt=fmt, src=em.ptr(b_id), count=em.dim(count), gemm=f32)
     return em.kernel(node, "gemm_widen", TEMPLATE, args, scratch_shared=count.max * 4)

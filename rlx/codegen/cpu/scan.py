@@ -2,7 +2,7 @@
 
 The body is planned on its own (`rlx.opt.scan_body.step_graph`, the same plan
 the outer memory planner sized the workspace for) and decided by the pipeline
-with the graph (`LirModule.bodies`), and rendered by a planner
+with the graph (`LirModule.bodies`), and rendered by an emitter
 whose names carry the scan's prefix (`rlx_s<id>_op_<k>`, `rlx_s<id>_const_<k>`),
 defined before the scan's own function (`Kernel.subprogram`). The loop
 points the body's inputs at this step's carry, the broadcast inputs and row t
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from rlx.codegen.common import decided_body
 from rlx.codegen.cpu.base import c_string, comment, node_header
-from rlx.codegen.cpu.emit import CTarget, _Planner
+from rlx.codegen.cpu.emit import CpuEmitter, CTarget
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.errors import BuildError
 from rlx.ir import ops_scan as L
@@ -32,8 +32,8 @@ RULES = RuleSet("cpu")
 TEMPLATE = "scan.c.j2"
 
 
-class _BodyPlanner(_Planner):
-    """A planner for a loop body: constants named with the loop's prefix, dims in the outer `sym[]`."""
+class _BodyEmitter(CpuEmitter):
+    """An emitter for a loop body: constants named with the loop's prefix, dims in the outer `sym[]`."""
 
     def __init__(self, lir: LirModule, target: CTarget, prefix: str, sym_index: dict[str, int]) -> None:
         super().__init__(lir, target)
@@ -82,12 +82,12 @@ class ScanArgs:
     funcs: tuple[str, ...]
 
 
-def emit_scan(em: _Planner, node: Node) -> Kernel:
+def emit_scan(em: CpuEmitter, node: Node) -> Kernel:
     """The loop of a `scan` node, with its body rendered as a subprogram."""
     op: L.Scan = node.op  # type: ignore[assignment]
     prefix = f"{getattr(em, 'prefix', 'rlx_')}s{node.id}_"
     body_lir = decided_body(em.lir, node.id)  # planned and decided with the graph (rlx.pipeline.decide)
-    sub = _BodyPlanner(body_lir, em.target, prefix, em.sym_index)
+    sub = _BodyEmitter(body_lir, em.target, prefix, em.sym_index)
     kernels = tuple(dataclasses.replace(k, func=f"{prefix}op_{k.node}") for k in sub.kernels())
     init_shape = em.node(node.inputs[0]).shape
     carry_nbytes = init_shape.max_nbytes
