@@ -28,8 +28,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from rlx.codegen.common import cost_expr
 from rlx.codegen.cpu.base import c_string, c_string_lines
-from rlx.ir.cost import Poly, node_cost
+from rlx.ir.cost import node_cost
 from rlx.ir.dtype import DType
 
 #: What each profile span field is (rlx_profile_read writes them in this order).
@@ -42,20 +43,6 @@ _CHECKED = {DType.F32: "f32", DType.F64: "f64", DType.F16: "f16", DType.BF16: "b
 _VALUE = {"f32": "(double)((const float *){ptr})[rlx_bad]", "f64": "((const double *){ptr})[rlx_bad]",
           "f16": "(double)rlx_h2f(((const uint16_t *){ptr})[rlx_bad])",
           "bf16": "(double)rlx_bf2f(((const uint16_t *){ptr})[rlx_bad])"}
-
-
-def cost_expr(poly: Poly, sym_index: dict[str, int], sym: str = "sym") -> str:
-    """C double expression of a cost polynomial over the run's dims array `sym`.
-
-    >>> cost_expr(((6, ("n",)), (2, ())), {"n": 0})
-    '6.0 * (double)sym[0] + 2.0'
-    """
-    if not poly:
-        return "0.0"
-    terms = []
-    for coeff, syms in poly:
-        terms.append(" * ".join([f"{float(coeff)!r}", *(f"(double){sym}[{sym_index[s]}]" for s in syms)]))
-    return " + ".join(terms)
 
 
 def observe_context(em: Any, kernels: Sequence[Any], target: Any) -> dict:

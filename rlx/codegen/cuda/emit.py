@@ -32,10 +32,9 @@ import jinja2
 
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
-from rlx.codegen.common import dim_expr, require_decided
-from rlx.codegen.cpu.emit import c_string, c_string_lines, comment, node_header
-from rlx.codegen.cpu.observe import cost_expr
+from rlx.codegen.common import cost_expr, dim_expr, require_decided
 from rlx.codegen.registry import Kernel
+from rlx.codegen.text import c_string, c_string_lines, comment, node_header
 from rlx.errors import BuildError
 from rlx.ir.activation_table import activation_table
 from rlx.ir.cost import node_cost

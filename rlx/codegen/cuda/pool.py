@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.emit import comment
 from rlx.codegen.cuda.emit import _CTYPE, _OPS_TEMPLATE, CudaEmitter, Launch, NoWork, _float_c
 from rlx.codegen.registry import Kernel
+from rlx.codegen.text import comment
 from rlx.ir.decisions_cuda import PoolTail
 from rlx.ir.norms import norm_inputs
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cpu.base import comment
 from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch, _float_c
 from rlx.codegen.registry import Kernel, RuleSet
+from rlx.codegen.text import comment
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node

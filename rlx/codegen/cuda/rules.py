@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rlx.codegen.common import broadcast_index
-from rlx.codegen.cpu.emit import comment
 from rlx.codegen.cuda.emit import (
     _CTYPE,
     _CUDA_TYPE,
@@ -36,6 +35,7 @@ from rlx.codegen.cuda.emit import (
 from rlx.codegen.cuda.region_gather import REGION_KINDS, GatherLoad, absorbing_region, gathered_inputs
 from rlx.codegen.region_steps import RegionStep, as_region, region_steps
 from rlx.codegen.registry import Kernel, RuleSet
+from rlx.codegen.text import comment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import PoolTail
@@ -99,7 +99,7 @@ class RegionLoad:
     cat: str
     ptr: str
     index: str
-    #: read through a gather the region does itself (rlx/codegen/cuda_region_gather.py)
+    #: read through a gather the region does itself (rlx/codegen/cuda/region_gather.py)
     gather: GatherLoad | None = None
 
 

@@ -30,8 +30,8 @@ import jinja2
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
 from rlx.codegen.common import dim_expr, require_decided
-from rlx.codegen.cpu.emit import comment, node_header
 from rlx.codegen.registry import Kernel
+from rlx.codegen.text import comment, node_header
 from rlx.errors import BuildError
 from rlx.ir.decisions_metal import MetalLayout
 from rlx.ir.dtype import DType
