@@ -39,7 +39,7 @@ def _relu_graph() -> Graph:
 #: Op kinds the CUDA backend has no rule for (custom_fn is inlined by the "bodies" pass before any backend;
 #: dynamic int8 runs on the CPU only).
 CPU_ONLY = {"custom_fn", "int8_matmul"}
-#: Collectives render as NCCL calls (rlx/codegen/cuda_collectives.py), checked compile-only in
+#: Collectives render as NCCL calls (rlx/codegen/cuda/collectives.py), checked compile-only in
 #: tests/codegen/test_cuda_collectives.py: a single-GPU case run cannot give them a communicator.
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter"}
 
