@@ -1,9 +1,10 @@
 """LIR → template context for the CPU backend, and the rendering of one C file.
 
-`c_context(lir, target, manifest)` is a pure function: it decides, for every
-scheduled node, which kernel template renders it and with which C expressions
-(pointers, dims as expressions of the run-time `sym[]` array, strides), and
-returns plain data. All C text lives in `templates/cpu/`; this module only
+`c_context(lir, target, manifest)` is a pure function: the `CpuEmitter` asks each
+scheduled node's rule (`rlx.codegen.cpu.rules` and the other rule modules, listed by
+`rlx.codegen.cpu.rule_table`) which kernel template renders it and with which C
+expressions (pointers, dims as expressions of the run-time `sym[]` array, strides),
+and returns plain data. All C text lives in `templates/cpu/`; this module only
 supplies identifiers, numbers and arithmetic expressions.
 
 Names from the graph never reach C as code: nodes, inputs and params are

@@ -1,6 +1,6 @@
 """The observed CPU build variants: what the profiled and NaN-checked sources add, as template data.
 
-`observe_context(planner, kernels, target)` returns the extra template context
+`observe_context(emitter, kernels, target)` returns the extra template context
 of `templates/cpu/observe.c.j2`: per kernel, the C expressions of its cost
 (`rlx.ir.cost`, evaluated from the run's `sym[]`) and of its output (pointer,
 element count, dtype, a printf format of its concrete shape), plus the JSON

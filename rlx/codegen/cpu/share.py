@@ -34,7 +34,7 @@ import re
 _FUNC = re.compile(
     r"^static int (rlx_op_\d+)\(rlx_ctx \*restrict ctx, const int64_t \*restrict sym, const void \*const \*in, "
     r"void \*const \*out\)\n\{\n(.*?)^\}\n", re.S | re.M)
-#: Buffer address expressions `rlx.codegen.cpu.emit._Planner.base` produces (the only per-node pointers).
+#: Buffer address expressions `rlx.codegen.cpu.emit.CpuEmitter.base` produces (the only per-node pointers).
 _POINTER = re.compile(r"\(ctx->(?:arena|params) \+ \d+\)|ctx->arena\b|\(\(const char \*\)in\[\d+\]\)"
                       r"|\(\(char \*\)out\[\d+\]\)|\(\(const char \*\)rlx_const_\d+\)")
 #: The node's label string (`"%12 matmul (name)"`), used in its error messages.
