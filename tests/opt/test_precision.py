@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import rlx
+import rlx.opt.pipeline  # the test calls rlx.opt.pipeline.optimize: imported here, not by whatever ran before
 from rlx.ir.dtype import BFLOAT16, DType
 from rlx.opt.precision import store_params_in
 from rlx.toolchain.isa import cpu_flags
