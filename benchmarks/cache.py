@@ -147,7 +147,7 @@ print(json.dumps(out))
 
 
 # Imports every module a CPU compile loads (so their bytecode is written before anything is timed).
-WARM_IMPORTS = "import rlx, rlx.codegen.c, rlx.codegen.backends, rlx.toolchain.cpu, rlx.runtime.loader, jinja2"
+WARM_IMPORTS = "import rlx, rlx.codegen.cpu.emit, rlx.codegen.backends, rlx.toolchain.cpu, rlx.runtime.loader, jinja2"
 
 
 def child(mode: str, graph: str, art: str, env: dict[str, str]) -> dict:

@@ -5,7 +5,7 @@ such a GGUF file) against the same values widened to f32 at load (what it did be
 
 A synthetic SmolLM2-135M-shaped model (hidden 576, 9/3 heads of 64, FFN 1536; `--layers` layers,
 a 8192-token vocabulary), random weights rounded to the type. Two peers per type, compiled in this
-one process: `narrow` (params of the stored type under the mixed f32 GEMMs, `rlx.codegen.c_half`)
+one process: `narrow` (params of the stored type under the mixed f32 GEMMs, `rlx.codegen.cpu.half`)
 and `f32` (the same values as f32 params). Timed round-robin with a pause between samples
 (benchmarks/timing.py): one decode step (one token after a 64-token past, the cache truncated back
 each call) and a 64-token prefill chunk. Medians, the ratio narrow / f32 in time, the params'

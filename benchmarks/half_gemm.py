@@ -2,7 +2,7 @@
 
     python benchmarks/half_gemm.py [--threads N] [--rounds R] [--rows 16,1024] [--target cpu|cpu:avx512|...]
 
-y = x @ W + b with x f32 [rows, K], W a param [K, N] stored in each precision (rlx.codegen.c_half:
+y = x @ W + b with x f32 [rows, K], W a param [K, N] stored in each precision (rlx.codegen.cpu.half:
 bf16 on vdpbf16ps where the build has AVX512_BF16, f16 widened into the f32 kernel), for the two
 FFN shapes of MiniLM (384 -> 1536 and 1536 -> 384). The peers are compiled graphs in this one
 process, timed round-robin with a pause between samples (benchmarks/timing.py); medians and the

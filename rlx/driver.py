@@ -32,7 +32,7 @@ so a full compile is right by construction; the index is right as long as the
 code that runs is the code whose files were digested. On a hit,
 `compiled.lir` is computed on first access (`rlx.runtime.provenance`).
 
-That is not so after a monkeypatch (`rlx.codegen.c.GRAIN = 4096` in a test or
+That is not so after a monkeypatch (`rlx.codegen.cpu.rules.GRAIN = 4096` in a test or
 a tuning script): no file changed. So the index is used only while the
 compiler's modules are *pristine* (`rlx.pristine.compiler_is_pristine`): every
 loaded module of those packages is bound as it was when it came from its file,
@@ -103,7 +103,7 @@ class Session:
             self.config = dataclasses.replace(self.config, **variant)
         # CUDA: f32 tensors are stored and computed in `precision` on the GPU (f32 accumulation).
         # CPU: f32 params are stored in `precision` (half the bytes; set_param rounds once); GEMMs
-        # read them as stored (rlx.codegen.c_half), other ops widen them to f32 (rlx.opt.precision).
+        # read them as stored (rlx.codegen.cpu.half), other ops widen them to f32 (rlx.opt.precision).
         # `target` ("cuda:sm_90", CUDA only) picks the arch instead of the visible GPU's.
         if precision not in ("f32", "f16", "bf16"):
             raise RlxError(f"precision must be 'f32', 'f16' or 'bf16', got {precision!r}")

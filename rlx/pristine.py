@@ -2,7 +2,7 @@
 
 The driver's compile index (`rlx.driver`, module docstring) maps a graph to an object built
 before, trusting that the code that would run is the code whose files it digested. That is not so
-after a monkeypatch (`rlx.codegen.c.GRAIN = 4096`): no file changed. So the index is used only
+after a monkeypatch (`rlx.codegen.cpu.rules.GRAIN = 4096`): no file changed. So the index is used only
 while the compiler's modules (`COMPILER_PACKAGES`, `COMPILER_MODULES`) are *pristine*: bound as
 they were when they came from their files.
 
@@ -66,7 +66,7 @@ _load = _LoadState()
 def is_compiler_module(name: str) -> bool:
     """True for the modules whose code decides what a graph compiles to.
 
-    >>> is_compiler_module("rlx.codegen.c"), is_compiler_module("rlx.models.bert")
+    >>> is_compiler_module("rlx.codegen.cpu.emit"), is_compiler_module("rlx.models.bert")
     (True, False)
     """
     return name in COMPILER_MODULES or any(name == p or name.startswith(p + ".") for p in COMPILER_PACKAGES)

@@ -52,3 +52,14 @@ def test_an_upward_import_breaks_the_layers_contract(tmp_path: Path) -> None:
     proc = lint_imports(tmp_path, "layers")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "rlx.ir.dtype -> rlx.driver" in proc.stdout
+
+
+def test_a_backend_importing_another_breaks_the_independence_contract(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "rlx", tmp_path / "rlx", ignore=shutil.ignore_patterns("__pycache__"))
+    emit = tmp_path / "rlx" / "codegen" / "metal" / "emit.py"
+    # What the backends share lives in rlx.codegen (text, common, ...): not in another backend.
+    emit.write_text(emit.read_text() + "\n\ndef _sideways():\n    from rlx.codegen.cpu.base import comment\n\n"
+                    "    return comment\n")
+    proc = lint_imports(tmp_path, "backends-independent")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "rlx.codegen.metal.emit -> rlx.codegen.cpu.base" in proc.stdout

@@ -37,7 +37,7 @@ def test_import_rlx_leaves_the_optimizer_and_code_generators_unloaded() -> None:
 def test_a_module_the_user_loads_later_is_recorded_as_it_loads() -> None:
     assert pristine_states("""
         print(P())
-        import rlx.opt.pipeline, rlx.codegen.c   # loaded by the user, after import rlx
+        import rlx.opt.pipeline, rlx.codegen.cpu.emit   # loaded by the user, after import rlx
         print(P())
         rlx.optimize                               # a lazy attribute of rlx
         print(P())
@@ -46,11 +46,11 @@ def test_a_module_the_user_loads_later_is_recorded_as_it_loads() -> None:
 
 def test_a_patch_of_a_lazily_loaded_module_is_seen_and_undone() -> None:
     assert pristine_states("""
-        import rlx.codegen.c
-        grain = rlx.codegen.c.GRAIN
-        rlx.codegen.c.GRAIN = 4096
+        import rlx.codegen.cpu.rules
+        grain = rlx.codegen.cpu.rules.GRAIN
+        rlx.codegen.cpu.rules.GRAIN = 4096
         print(P())
-        rlx.codegen.c.GRAIN = grain
+        rlx.codegen.cpu.rules.GRAIN = grain
         print(P())
     """) == [False, True]
 
@@ -87,7 +87,7 @@ def test_a_reloaded_module_is_recorded_again() -> None:
 
 
 def test_a_loaded_module_keeps_its_own_loader() -> None:
-    code = ("import inspect, importlib.machinery, rlx.codegen.c as c; "
+    code = ("import inspect, importlib.machinery, rlx.codegen.cpu.rules as c; "
             "print(type(c.__loader__).__name__, type(c.__spec__.loader).__name__, "
             "'GRAIN' in inspect.getsource(c))")
     proc = subprocess.run([sys.executable, "-P", "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -95,7 +95,7 @@ def test_a_loaded_module_keeps_its_own_loader() -> None:
     assert proc.stdout.split() == ["SourceFileLoader", "SourceFileLoader", "True"]
 
 
-@pytest.mark.parametrize("name", ["rlx.codegen.c", "rlx.opt.fold", "rlx.reference", "rlx.toolchain.cpu"])
+@pytest.mark.parametrize("name", ["rlx.codegen.cpu.emit", "rlx.opt.fold", "rlx.reference", "rlx.toolchain.cpu"])
 def test_compiler_modules_are_named_as_such(name: str) -> None:
     from rlx.pristine import is_compiler_module
 

@@ -1,7 +1,7 @@
-"""Every backend's rules loaded, and the questions asked of them before any build.
+"""Every backend's rule table, and the questions asked of them before any build.
 
-`rlx.codegen.registry` holds the tables; this module imports each backend's rules
-module (which fills its table) and answers: `supports(graph, backend)`,
+`rlx.codegen.registry` defines tables; each backend package makes its own (`rule_table()`, from the
+rule modules it lists). This module finds a backend's package and answers: `supports(graph, backend)`,
 `first_unsupported_op(graph, backend)` and the op × backend `support_table()`.
 """
 
@@ -10,21 +10,20 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping
 
-from rlx.codegen.registry import BACKENDS, RuleTable, table
+from rlx.codegen.registry import BACKENDS, RuleTable
 from rlx.ir import ops as O
 from rlx.ir.graph import Graph, Node
 
-#: The module that registers each backend's rules, imported by `load_rules` when that backend is
-#: first asked about (a CPU compile never imports the CUDA or Metal code generators: cold-build time).
-RULE_MODULES = {"cpu": "rlx.codegen.c", "cuda": "rlx.codegen.cuda", "metal": "rlx.codegen.metal"}
+#: The package of each backend, whose `rule_table()` makes its table; imported by `load_rules` when that
+#: backend is first asked about (a CPU compile never imports the CUDA or Metal code generators: cold-build time).
+BACKEND_PACKAGES = {"cpu": "rlx.codegen.cpu", "cuda": "rlx.codegen.cuda", "metal": "rlx.codegen.metal"}
 
 
 def load_rules(backend: str) -> RuleTable:
-    """The rule table of `backend`, full: the rules of a backend register when its module is imported."""
-    module = RULE_MODULES.get(backend)
-    if module is not None:
-        importlib.import_module(module)
-    return table(backend)
+    """The rule table of `backend` (`rlx.codegen.<backend>.rule_table()`)."""
+    if backend not in BACKEND_PACKAGES:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    return importlib.import_module(BACKEND_PACKAGES[backend]).rule_table()
 
 
 def first_unsupported_op(graph: Graph, backend: str) -> tuple[Node, str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from rlx.errors import BuildError
+from rlx.ir.cost import Poly
 from rlx.ir.lir import LirModule
 from rlx.ir.shape import Dim, product
 from rlx.ir.view import View
@@ -27,6 +28,20 @@ def dim_expr(d: Dim, sym_index: Mapping[str, int], literal: Callable[[int], str]
     if d.coeff != 1:
         terms.insert(0, literal(d.coeff))
     return terms[0] if len(terms) == 1 else "(" + " * ".join(terms) + ")"
+
+
+def cost_expr(poly: Poly, sym_index: dict[str, int], sym: str = "sym") -> str:
+    """C double expression of a cost polynomial over the run's dims array `sym`.
+
+    >>> cost_expr(((6, ("n",)), (2, ())), {"n": 0})
+    '6.0 * (double)sym[0] + 2.0'
+    """
+    if not poly:
+        return "0.0"
+    terms = []
+    for coeff, syms in poly:
+        terms.append(" * ".join([f"{float(coeff)!r}", *(f"(double){sym}[{sym_index[s]}]" for s in syms)]))
+    return " + ".join(terms)
 
 
 def broadcast_index(in_dims: tuple[Dim, ...], out_dims: tuple[Dim, ...], idx: str, dim: Callable[[Dim], str]) -> str:

@@ -15,14 +15,19 @@ combination without rendering anything.
 >>> g = Graph("demo")
 >>> x = g.input("x", [4])
 >>> g.set_outputs([g.activation("relu", x)])
->>> from rlx.codegen.backends import supports  # imports every backend's rules
+>>> from rlx.codegen.backends import supports  # builds the CPU table (`rlx.codegen.cpu.rule_table`)
 >>> supports(g, "cpu")
 True
+
+Rules are declared, not installed: a rule module collects its rules in a
+`RuleSet` (its `RULES`), and a backend's `RuleTable` is made from the sets of
+the modules its package lists (`rule_table()` in `rlx/codegen/<backend>/__init__.py`).
+Importing a module registers nothing anywhere.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +35,7 @@ from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, Node, NodeId
 
-#: Backends that may register rules (a new backend adds its name here and a rules module).
+#: Backends that have rule tables (a new backend adds its name here and a package `rlx.codegen.<name>`).
 BACKENDS = ("cpu", "cuda", "metal")
 
 
@@ -118,12 +123,27 @@ class Rule:
 
 
 
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+
+
 @dataclass
-class RuleTable:
-    """The rules of one backend, by op kind."""
+class RuleSet:
+    """The rules one module declares for one backend (the module's `RULES`), in declaration order.
+
+    >>> RULES = RuleSet("cpu")
+    >>> @RULES.register("softmax", accepts=float32_only)
+    ... def emit_softmax(emitter, node): ...
+    >>> [(r.kind, r.emit.__name__) for r in RULES.rules]
+    [('softmax', 'emit_softmax')]
+    """
 
     backend: str
-    rules: dict[str, Rule] = field(default_factory=dict)
+    rules: list[Rule] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_backend(self.backend)
 
     def register(self, *kinds: str, accepts: Accepts = accepts_all,
                  mixed: bool = False) -> Callable[[Callable], Callable]:
@@ -131,14 +151,43 @@ class RuleTable:
 
         def wrap(emit: Callable[[Any, Node], Kernel]) -> Callable[[Any, Node], Kernel]:
             for kind in kinds:
-                if kind in self.rules:
-                    raise TypeError(f"{self.backend} already has a rule for {kind!r}")
                 if kind not in O.OPS:
                     raise TypeError(f"no MIR op kind {kind!r} to register a {self.backend} rule for")
-                self.rules[kind] = Rule(kind, self.backend, emit, accepts, mixed)
+                self.rules.append(Rule(kind, self.backend, emit, accepts, mixed))
             return emit
 
         return wrap
+
+
+@dataclass
+class RuleTable:
+    """The rules of one backend, by op kind: made from its rule modules' sets (`RuleTable.of`)."""
+
+    backend: str
+    rules: dict[str, Rule] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, backend: str, sets: Iterable[RuleSet]) -> RuleTable:
+        """The table of `backend` holding every rule of `sets`; two rules for one op kind are an error.
+
+        >>> a, b = RuleSet("cuda"), RuleSet("cuda")
+        >>> _ = a.register("softmax")(lambda e, n: None)
+        >>> _ = b.register("softmax")(lambda e, n: None)
+        >>> RuleTable.of("cuda", [a, b])
+        Traceback (most recent call last):
+        ...
+        TypeError: cuda has two rules for 'softmax'
+        """
+        _check_backend(backend)
+        rules: dict[str, Rule] = {}
+        for rule_set in sets:
+            if rule_set.backend != backend:
+                raise TypeError(f"a {rule_set.backend} rule set in the {backend} table")
+            for rule in rule_set.rules:
+                if rule.kind in rules:
+                    raise TypeError(f"{backend} has two rules for {rule.kind!r}")
+                rules[rule.kind] = rule
+        return cls(backend, rules)
 
     def rule(self, kind: str) -> Rule | None:
         return self.rules.get(kind)
@@ -157,13 +206,3 @@ class RuleTable:
         in_dtypes = tuple(graph.node(i).shape.dtype for i in node.inputs)
         reason = rule.check(node.op, in_dtypes, node.shape.dtype)
         return None if reason is None else f"the {name} backend does not support {node.kind} {reason}"
-
-
-_TABLES: dict[str, RuleTable] = {}
-
-
-def table(backend: str) -> RuleTable:
-    """The rule table of `backend` (created empty on first use; rules modules fill it at import)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
-    return _TABLES.setdefault(backend, RuleTable(backend))

@@ -242,7 +242,7 @@ class DeviceLayout(Decision):
 class ScanConstants(Decision):
     """Where the constants of scan `node`'s body live on the device (byte offsets, in the body's constant order).
 
-    A body is rendered inside the scan's loop (`rlx.codegen.cuda_scan`); its constants are uploaded with the
+    A body is rendered inside the scan's loop (`rlx.codegen.cuda.scan`); its constants are uploaded with the
     graph's own at `rlx_create`, in the constants region.
     """
 

@@ -253,7 +253,7 @@ class CausalLM:
             from rlx.driver import Session
 
             # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU keeps
-            # F16/BF16 matrices as stored (narrow_weights) and multiplies them in f32 (rlx.codegen.c_half)
+            # F16/BF16 matrices as stored (narrow_weights) and multiplies them in f32 (rlx.codegen.cpu.half)
             self._compiled = Session(device, precision=precision).compile(self.graph)
             for name, arr in L.iter_decoder_params(tensors, base_graph):
                 self._compiled.set_param(name, arr)

@@ -142,7 +142,7 @@ class SentenceEmbedder:
     The tokenizer's own padding and truncation settings are replaced (padding
     per batch to the longest sentence, truncation to `truncate_to`).
     `precision` ("f32", "bf16", "f16") is the compiled graphs' weight storage
-    (`Session(..., precision=...)`; the CPU's GEMMs multiply the stored weights: `rlx.codegen.c_half`).
+    (`Session(..., precision=...)`; the CPU's GEMMs multiply the stored weights: `rlx.codegen.cpu.half`).
     `quantize="int8"` runs every linear layer in int8 (`rlx.quantize(graph, "int8-dynamic")`:
     weights quantized per output channel when set, activations per row at run time; CPU and
     reference only). The weights passed in stay f32.

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -54,8 +54,8 @@ from rlx.errors import RlxError
 from rlx.ir.ops_sample import descending_order
 from rlx.models.sampling import Sampler
 
-if TYPE_CHECKING:
-    from rlx.models.causal_lm import CausalLM
+#: A `rlx.models.causal_lm.CausalLM` (not imported: causal_lm imports this module).
+CausalLM = Any
 
 #: The names `speculative=` takes besides a drafter object or a draft `CausalLM`.
 DRAFTER_NAMES = ("prompt_lookup",)
@@ -212,14 +212,12 @@ class SpecStats:
 
 def make_drafter(speculative: Any, target: CausalLM) -> Drafter:
     """The drafter `speculative=` names: "prompt_lookup", a draft `CausalLM`, or a drafter object."""
-    from rlx.models.causal_lm import CausalLM
-
     if isinstance(speculative, str):
         if speculative == "prompt_lookup":
             return PromptLookup()
         raise RlxError(f"unknown speculative drafter {speculative!r}; expected one of {DRAFTER_NAMES}, "
                        "a draft CausalLM or an object with a propose(context, k, sampler) method")
-    if isinstance(speculative, CausalLM):
+    if all(callable(getattr(speculative, m, None)) for m in ("step", "new_cache")):  # a draft CausalLM
         draft = DraftModel(speculative)
         draft.check_compatible(target)
         return draft

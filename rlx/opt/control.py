@@ -10,7 +10,7 @@ constants are seen):
 Their bodies are optimized like scan bodies by pass "bodies" (rlx/opt/bodies.py: DCE, folding, fusion
 inside each body), so a value a branch computes but never returns is gone before this pass runs.
 
-Backends: the CPU has rules (rlx/codegen/c_control.py: only the taken branch runs; a real loop, unbounded
+Backends: the CPU has rules (rlx/codegen/cpu/control.py: only the taken branch runs; a real loop, unbounded
 without `max_trips`). Elsewhere (CUDA; Metal) `lower_cond` and `lower_while_loop` run, registered as the
 decompositions of a backend without a rule for the op (rlx/opt/decompose.py):
 

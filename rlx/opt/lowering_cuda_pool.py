@@ -4,7 +4,7 @@ A BERT / MiniLM embedder ends with about ten small nodes: the masked sum over th
 `[B, 1, S] x [B, S, H]` product), the mask count and its clamp, the division, then `x / max(||x||_2, eps)`
 (a square, a row sum, a sqrt and clamp, a division). At batch 1 each is a ~2 µs kernel that waits for the one
 before it, and the product is a cuBLASLt call that cannot start early. `find_pool_tails` recognizes the
-pattern in the planned LIR; `rlx.codegen.cuda_pool` renders it as one kernel (one block per sentence).
+pattern in the planned LIR; `rlx.codegen.cuda.pool` renders it as one kernel (one block per sentence).
 
 A tail is taken only when it can run later as one kernel with no other kernel observing the difference:
 its intermediate nodes are read by nothing outside the tail (and are not outputs), its nodes are scheduled

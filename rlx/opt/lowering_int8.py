@@ -3,7 +3,7 @@
 A 2-D f32 param read only by `int8_matmul` nodes, as their weight, is stored
 as int8 panels at `set_param` (`rlx.ir.decisions_int8`). A param also read by
 anything else keeps its f32 storage; the CPU rule then refuses the
-`int8_matmul` that reads it (`rlx.codegen.c_int8`).
+`int8_matmul` that reads it (`rlx.codegen.cpu.int8`).
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan

@@ -8,7 +8,7 @@ accumulation. Lookups into a param (`gather`, `narrow`: embedding tables)
 pick their rows from the narrow table and widen only those. A GEMM whose
 right operand is the param reads it narrow (`matmul(f32 x, bf16 w) -> f32`,
 no cast): a backend with such a kernel multiplies the stored weights (the CPU:
-`rlx.codegen.c_half`), the others get the cast back from legalization. It is
+`rlx.codegen.cpu.half`), the others get the cast back from legalization. It is
 what `Session(Device.CPU, precision="bf16")` runs after optimizing.
 
 >>> from rlx.ir.graph import Graph, Node, NodeId

@@ -25,8 +25,8 @@ from rlx.toolchain.isa import describe as describe_isa
 
 
 def c_target(toolchain: Toolchain, config: Config | None = None) -> Any:
-    """The `rlx.codegen.c.CTarget` of a toolchain (BLAS, OpenMP) and a configuration (build variant)."""
-    from rlx.codegen.c import CTarget
+    """The `rlx.codegen.cpu.emit.CTarget` of a toolchain (BLAS, OpenMP) and a configuration (build variant)."""
+    from rlx.codegen.cpu.emit import CTarget
 
     config = config or Config()
     return CTarget(blas=toolchain.blas.enabled, blas_prefix=toolchain.blas.prefix,
@@ -36,7 +36,7 @@ def c_target(toolchain: Toolchain, config: Config | None = None) -> Any:
 
 def cpu_manifest(lir: LirModule, toolchain: Toolchain, key: str, cpu_target: str) -> dict:
     """LirModule.manifest() plus what the builder knows: ABI, target, ISA record, BLAS, key."""
-    from rlx.codegen.c import ABI_VERSION, CODEGEN_VERSION
+    from rlx.codegen.cpu.emit import ABI_VERSION, CODEGEN_VERSION
 
     m = lir.manifest()
     isa = describe_isa(cpu_target)
@@ -67,15 +67,15 @@ def template_bytecode_dir(config: Config) -> Path | None:
 
 def render_c(lir: LirModule, target: Any, manifest: dict, *, bytecode_dir: Path | None = None) -> str:
     """The C source of `lir` for `target` (a `CTarget`): decided here (idempotent on a decided LIR), then
-    rendered by codegen (`rlx.codegen.c.render_c`, which renders a decided LIR only)."""
-    from rlx.codegen.c import render_c as render
+    rendered by codegen (`rlx.codegen.cpu.emit.render_c`, which renders a decided LIR only)."""
+    from rlx.codegen.cpu.emit import render_c as render
 
     return render(decide(lir, "cpu"), target, manifest, bytecode_dir=bytecode_dir)
 
 
 def c_context(lir: LirModule, target: Any, manifest: dict) -> dict:
     """The CPU template context of `lir`, decided here first (as `render_c`)."""
-    from rlx.codegen.c import c_context as context
+    from rlx.codegen.cpu.emit import c_context as context
 
     return context(decide(lir, "cpu"), target, manifest)
 
@@ -106,7 +106,7 @@ class CpuStages:
 
     def render(self, lir: LirModule) -> Rendered:
         """The C source of a decided LIR, with its key pending, and its key components."""
-        from rlx.codegen.c import render_c
+        from rlx.codegen.cpu.emit import render_c
 
         config, toolchain = self.config, self.toolchain
         target = c_target(toolchain, config)
@@ -139,7 +139,7 @@ class CpuStages:
 
     def estimate(self, lir: LirModule, num_threads: int | None = None) -> MemoryEstimate:
         """The bytes one context allocates for a decided LIR: the code generator's memory plan."""
-        from rlx.codegen.c import memory_plan
+        from rlx.codegen.cpu.emit import memory_plan
 
         return estimate_lir(memory_plan(lir, profile=self.config.profile),
                             num_threads if num_threads is not None else self.config.threads,

@@ -84,7 +84,7 @@ def _human(n: float) -> str:
 
 
 def estimate_lir(plan: dict[str, int], threads: int, *, profiled: bool = False) -> MemoryEstimate:
-    """The allocation a context makes for a code generator's memory plan (`rlx.codegen.c.memory_plan`)
+    """The allocation a context makes for a code generator's memory plan (`rlx.codegen.cpu.emit.memory_plan`)
     with scratch for `threads` threads, each block rounded as `rlx_alloc` rounds it; `profiled`: the
     plan is of a profiled build."""
     threads = max(int(threads), 1)

@@ -19,7 +19,7 @@ from dtype_matrix import build_one, cases
 import rlx
 from rlx.codegen.backends import first_unsupported_op
 from rlx.codegen.cuda import CudaTarget
-from rlx.codegen.metal_emit import MetalTarget
+from rlx.codegen.metal.emit import MetalTarget
 from rlx.ir import ops as O
 from rlx.ir import quant as Q
 from rlx.ir.dtype import DType

@@ -1,4 +1,4 @@
-"""The CPU convolution family (`rlx/codegen/c_conv.py`, kernels/conv.h) against the numpy reference.
+"""The CPU convolution family (`rlx/codegen/cpu/conv.py`, kernels/conv.h) against the numpy reference.
 
 One graph holds every variant, compiled once with a dynamic batch and run at two batch sizes:
 implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major

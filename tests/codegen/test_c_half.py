@@ -1,4 +1,4 @@
-"""CPU GEMMs on f16/bf16 weights (rlx.codegen.c_half, kernels/gemm_bf16.h) against the reference.
+"""CPU GEMMs on f16/bf16 weights (rlx.codegen.cpu.half, kernels/gemm_bf16.h) against the reference.
 
 Tolerances come from the dtypes. The f32 product of K terms is within (K + 2) u32 (|A| @ |B|) of the
 exact one (u32 = 2^-24; `gemm_bound`). Weights are read exactly (bf16 and f16 widen to f32 without

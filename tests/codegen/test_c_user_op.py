@@ -1,4 +1,4 @@
-"""The CPU rule of user-defined ops (rlx/codegen/c_user_op.py): the user's C function compiled into the graph's
+"""The CPU rule of user-defined ops (rlx/codegen/cpu/user_op.py): the user's C function compiled into the graph's
 one source file and run, the header's digest in the cache key (an edited header rebuilds), run-time statuses
 reported, and backends without the op's code refusing it before any build."""
 

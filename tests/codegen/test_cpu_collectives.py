@@ -92,7 +92,7 @@ def test_a_missing_rank_times_out_and_abort_releases_the_others():
 
 
 def test_graphs_without_collectives_are_unchanged():
-    from rlx.codegen.c import CTarget
+    from rlx.codegen.cpu.emit import CTarget
     from rlx.opt.memplan import plan
     from rlx.pipeline.cpu import render_c
 

@@ -213,7 +213,7 @@ def test_bad_shapes_and_inputs_raise() -> None:
 
 
 def test_unsupported_format_is_refused_before_any_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx.codegen import c_quant
+    from rlx.codegen.cpu import quant as c_quant
 
     monkeypatch.delitem(c_quant.FORMAT_IDS, "q5_1")
     with pytest.raises(BuildError, match="dequant_matmul in format 'q5_1'"):

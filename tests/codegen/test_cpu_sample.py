@@ -1,4 +1,4 @@
-"""The CPU `sample_top_k` kernel (rlx/codegen/c_sample.py, templates/cpu/kernels/sample.h) equals the
+"""The CPU `sample_top_k` kernel (rlx/codegen/cpu/sample.py, templates/cpu/kernels/sample.h) equals the
 reference token for token: random rows (hypothesis), ties, NaN and infinity, top_k 1 and at the cap,
 tiny top_p, temperature 0, u at 0 and just below 1; bad settings fail the run naming the setting."""
 

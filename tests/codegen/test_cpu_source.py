@@ -13,7 +13,7 @@ import pytest
 from cpu_helpers import compile_graph
 
 import rlx
-from rlx.codegen.c import c_string, comment
+from rlx.codegen.cpu.emit import c_string, comment
 from rlx.opt.memplan import plan
 from rlx.pipeline.cpu import c_context, c_target, render_c
 from rlx.runtime.abi import ffi

@@ -1,4 +1,4 @@
-"""The launch of a PoolTail decision (rlx/codegen/cuda_pool.py): one kernel instead of the tail's, no output
+"""The launch of a PoolTail decision (rlx/codegen/cuda/pool.py): one kernel instead of the tail's, no output
 conversion, refused by a target that turns it off, and nvcc compiles it (no GPU needed; tests/opt/
 test_lowering_cuda_pool.py checks the decision, tests/codegen/test_cuda_pool_emulated.py the kernel's numbers on the
 CPU, tests/gpu/test_cuda_pool.py on a GPU)."""

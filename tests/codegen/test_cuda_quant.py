@@ -72,8 +72,8 @@ def test_cublaslt_prefill_and_split_weight_compile(toolchain: NvccToolchain, tmp
 
 
 def test_unknown_format_is_refused_before_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlx.codegen import cuda_quant
     from rlx.codegen.backends import first_unsupported_op
+    from rlx.codegen.cuda import quant as cuda_quant
 
     g = every_format_graph()
     monkeypatch.delitem(cuda_quant.FORMAT_IDS, "q6_k")

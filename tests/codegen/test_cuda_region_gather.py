@@ -1,5 +1,5 @@
 """A row gather read by one elementwise region only is done inside the region's kernel
-(rlx/codegen/cuda_region_gather.py): what the source says, what is refused, and nvcc compiles it (no GPU needed;
+(rlx/codegen/cuda/region_gather.py): what the source says, what is refused, and nvcc compiles it (no GPU needed;
 tests/gpu/test_cuda_region_gather.py runs it)."""
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlx.codegen.backends import first_unsupported_op, support_table, supports, table
+from rlx.codegen.backends import first_unsupported_op, support_table, supports
+from rlx.codegen.backends import load_rules as table
 from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir import ops as O
@@ -40,7 +41,7 @@ def _relu_graph() -> Graph:
 #: Op kinds the CUDA backend has no rule for (custom_fn is inlined by the "bodies" pass before any backend;
 #: dynamic int8 runs on the CPU only).
 CPU_ONLY = {"custom_fn", "int8_matmul"}
-#: Collectives render as NCCL calls (rlx/codegen/cuda_collectives.py), checked compile-only in
+#: Collectives render as NCCL calls (rlx/codegen/cuda/collectives.py), checked compile-only in
 #: tests/codegen/test_cuda_collectives.py: a single-GPU case run cannot give them a communicator.
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter"}
 #: Control flow has no CUDA rule: it is lowered to a select and a masked scan before any rule is asked

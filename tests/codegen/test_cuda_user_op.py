@@ -1,4 +1,4 @@
-"""The CUDA rule of user-defined ops (rlx/codegen/cuda_user_op.py): the user's header once in the .cu, the call
+"""The CUDA rule of user-defined ops (rlx/codegen/cuda/user_op.py): the user's header once in the .cu, the call
 on the run's stream with device pointers and dtypes, loop bodies included. nvcc compiles the example's graph in
 tests/codegen/test_cuda_compile.py (case user_op) and tests/gpu runs it against the reference."""
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rlx.codegen.cuda_emit import _VTYPE as CUDA_VTYPE
-from rlx.codegen.metal_emit import VALUE_TYPE as METAL_VTYPE
+from rlx.codegen.cuda.emit import _VTYPE as CUDA_VTYPE
+from rlx.codegen.metal.emit import VALUE_TYPE as METAL_VTYPE
 from rlx.codegen.region_steps import as_region, region_steps
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType

@@ -11,9 +11,9 @@ import pytest
 import render_cases as rc
 
 from rlx.codegen.backends import first_unsupported_op
-from rlx.codegen.c import CTarget, render_c
+from rlx.codegen.cpu.emit import CTarget, render_c
 from rlx.codegen.cuda import render_cuda
-from rlx.codegen.metal_emit import render_metal
+from rlx.codegen.metal.emit import render_metal
 from rlx.driver import lower_to_lir, to_mir
 from rlx.ir.decisions import DECISION_KINDS
 from rlx.ir.lir import LirModule

@@ -1,4 +1,4 @@
-"""Row gathers done inside the elementwise region that reads them (rlx/codegen/cuda_region_gather.py) on the GPU:
+"""Row gathers done inside the elementwise region that reads them (rlx/codegen/cuda/region_gather.py) on the GPU:
 the same values as rlx.reference and as the build with gather kernels (`gather_region=False`), and a bad index
 still raises the gather's error."""
 

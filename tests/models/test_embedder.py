@@ -88,7 +88,7 @@ def _fresh_process(model_dir: Path, cache: Path) -> dict:
 def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     cold = _fresh_process(model_dir, cache)
-    assert not cold["hit"] and "rlx.codegen.c" in cold["loaded"] and "rlx.opt.pipeline" in cold["loaded"]
+    assert not cold["hit"] and "rlx.codegen.cpu.emit" in cold["loaded"] and "rlx.opt.pipeline" in cold["loaded"]
     warm = _fresh_process(model_dir, cache)
     assert warm["hit"] and warm["pristine"]
     assert warm["loaded"] == [], f"a warm start imported {warm['loaded']}"

@@ -171,7 +171,7 @@ def test_example_main_reports_bad_model_dir(tmp_path):
 
 def _linear_inputs_rounded(graph):
     """`graph` with the left operand of every GEMM on weights (a B computed from params only)
-    rounded to bf16 and back: the meaning of the CPU's bf16 GEMMs (rlx.codegen.c_half)."""
+    rounded to bf16 and back: the meaning of the CPU's bf16 GEMMs (rlx.codegen.cpu.half)."""
     from rlx.ir import ops as O
     from rlx.ir.dtype import DType
     from rlx.opt.rewrite import Rewriter

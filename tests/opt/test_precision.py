@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import rlx
+import rlx.opt.pipeline  # the test calls rlx.opt.pipeline.optimize: imported here, not by whatever ran before
 from rlx.ir.dtype import BFLOAT16, DType
 from rlx.opt.precision import store_params_in
 from rlx.toolchain.isa import cpu_flags
@@ -104,7 +105,7 @@ def test_a_fused_swiglu_reads_its_narrow_weights_as_stored(precision):
 def test_bias_vectors_are_widened_once_at_set_param(precision, tmp_path, monkeypatch):
     """A narrow-stored bias read only through its cast is kept as f32 from set_param on: the LIR
     records it, the program renders no cast for it, and results are those of the per-call cast."""
-    from rlx.codegen import c
+    from rlx.codegen.cpu import emit as c
     from rlx.driver import lower_to_lir
     from rlx.ir.decisions import WidenedParam
     from rlx.opt.lowering import lower_for

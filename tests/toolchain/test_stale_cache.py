@@ -2,7 +2,7 @@
 
 Every compile runs in a fresh process (the warm path, the compile index, only matters across
 processes) against a private cache root. The graph is one elementwise op, whose C loop carries
-`rlx.codegen.c.GRAIN` as its OpenMP threshold (`if(n >= 32768)`).
+`rlx.codegen.cpu.rules.GRAIN` as its OpenMP threshold (`if(n >= 32768)`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import json, sys
 opts = json.loads(sys.argv[1])
 import rlx
 if opts.get("grain"):
-    import rlx.codegen.c
-    rlx.codegen.c.GRAIN = opts["grain"]  # the monkeypatch a tuning script or a test would do
+    import rlx.codegen.cpu.rules
+    rlx.codegen.cpu.rules.GRAIN = opts["grain"]  # the monkeypatch a tuning script or a test would do
 g = rlx.Graph("stale")
 g.set_outputs([g.activation("relu", g.input("x", [4, 256]))])
 what = rlx.Session().lower(g) if opts.get("lir") else g
@@ -108,7 +108,7 @@ def test_a_monkeypatched_codegen_constant_is_not_served_the_old_object(cache: Pa
 
 def test_a_warm_hit_loads_neither_jinja2_nor_codegen(cache: Path) -> None:
     cold = compile_in_fresh_process(cache)
-    assert not cold["hit"] and "rlx.codegen.c" in cold["loaded"] and "jinja2" in cold["loaded"]
+    assert not cold["hit"] and "rlx.codegen.cpu.emit" in cold["loaded"] and "jinja2" in cold["loaded"]
     warm = compile_in_fresh_process(cache)
     assert warm["hit"] and warm["key"] == cold["key"]
     assert warm["loaded"] == [], f"a warm hit imported {warm['loaded']}"
@@ -123,7 +123,7 @@ def test_the_compile_index_digest_covers_every_template_and_the_compiler_package
     templates = {f"template:{p.relative_to(templates_dir()).as_posix()}"
                  for p in templates_dir().rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert templates and templates <= labels
-    for module in ("py:codegen/c.py", "py:codegen/cuda.py", "py:opt/pipeline.py", "py:ir/lir.py",
+    for module in ("py:codegen/cpu/emit.py", "py:codegen/cuda/__init__.py", "py:opt/pipeline.py", "py:ir/lir.py",
                    "py:toolchain/cpu.py", "py:reference.py"):
         assert module in labels
     before = compiler_source_digest()

@@ -1,4 +1,4 @@
-/* Convolution and pooling on channels-first planes (rlx/codegen/c_conv.py, templates/cpu/conv.c.j2).
+/* Convolution and pooling on channels-first planes (rlx/codegen/cpu/conv.py, templates/cpu/conv.c.j2).
  * A fixed RLX kernel header: no template code; included by generated files that need it.
  *
  * Implicit GEMM: the output pixels of one image and group are cut into tiles of RLX_CONV_MC; a

@@ -1,5 +1,5 @@
 /* The span ring of a profiled build, shared by the CPU backend (kernels/profile.h includes it) and the
- * CUDA backend (rlx.codegen.cuda_emit inserts this text before cuda/kernels/profile.cuh): one record
+ * CUDA backend (rlx.codegen.cuda.emit inserts this text before cuda/kernels/profile.cuh): one record
  * layout and one reader, so rlx_profile_read returns the same fields on both (rlx.runtime.profile).
  * A fixed RLX kernel header: no template code; plain C that also compiles as C++ host code.
  *

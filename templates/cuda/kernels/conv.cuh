@@ -1,4 +1,4 @@
-/* Convolution and pooling on channels-first tensors (rlx/codegen/cuda_conv.py, templates/cuda/conv.cu.j2).
+/* Convolution and pooling on channels-first tensors (rlx/codegen/cuda/conv.py, templates/cuda/conv.cu.j2).
  *
  * rlx_conv_igemm: implicit GEMM, no im2col buffer. Per group, C[pixel, o] = sum_k A[pixel, k] * W[o, k] with
  * pixel = (n, oh, ow) over the batch and k = (c, kh, kw) (ONNX's weight order). A block computes a

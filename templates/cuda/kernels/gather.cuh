@@ -23,7 +23,7 @@ __global__ void rlx_gather(const T *__restrict__ table, const I *__restrict__ id
 
 
 /* One value of table.take(idx, axis=0) viewed as [rows, inner], at flat position p of the take's output, for an
- * elementwise region that does the gather itself (rlx/codegen/cuda_region_gather.py): a bad index raises flag
+ * elementwise region that does the gather itself (rlx/codegen/cuda/region_gather.py): a bad index raises flag
  * bit 1 and reads as zero, as in rlx_gather. */
 template <typename T, typename I, typename IDX>
 __device__ __forceinline__ T rlx_gather_at(const T *__restrict__ table, const I *__restrict__ idx, IDX p, IDX rows,

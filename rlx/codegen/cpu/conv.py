@@ -1,0 +1,152 @@
+"""CPU rules for the convolution family: `conv` and `pool` (`rlx.ir.ops_conv`).
+
+Registered into the CPU rule table when `rlx.codegen` is imported. A conv is
+rendered as its LIR `ConvPlan` says (`rlx.opt.lowering_conv`): an implicit GEMM
+on pixel-major tiles gathered into per-thread scratch (the packed micro-kernel
+when the weight is stored packed, `rlx_sgemm1` otherwise), or a direct
+depthwise window on channel planes; bias and activation are applied in the
+channels-first store. Pooling runs per plane. Loops: `templates/cpu/kernels/conv.h`,
+macros: `templates/cpu/conv.c.j2`. f32 only (legalization widens f16/bf16).
+
+>>> import rlx
+>>> g = rlx.Graph("c")
+>>> x, w = g.input("x", [1, 4, 8, 8]), g.param("w", [8, 4, 3, 3])
+>>> g.set_outputs([g.pool("max", g.conv(x, w, activation="relu"), (2, 2), strides=(2, 2))])
+>>> from rlx.codegen.backends import supports
+>>> supports(g, "cpu")
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlx.codegen.cpu.base import align64, c_string, comment, node_header
+from rlx.codegen.registry import Kernel, RuleSet, float32_only
+from rlx.errors import BuildError
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
+from rlx.ir.graph import Node
+from rlx.ir.ops_conv import Conv, Pool, Window2d, window_2d
+
+#: This module's CPU rules (the table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
+
+TEMPLATE = "conv.c.j2"
+#: conv.h's loops; packed_gemm.h for rlx_split, rlx_pgemm and the activation epilogue.
+HEADERS = ("kernels/packed_gemm.h", "kernels/conv.h")
+
+
+@dataclass(frozen=True)
+class ConvArgs:
+    """C expressions and sizes of one `conv` kernel (macro `conv`)."""
+
+    comment: str
+    algorithm: str
+    layout: str
+    packed: bool
+    tile: int
+    x: str
+    wt: str
+    bias: str
+    y: str
+    n: str
+    o: int
+    og: int
+    k: int
+    groups: int
+    act: str
+    c_offset: int
+    cg: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    ph: int
+    pw: int
+
+
+@dataclass(frozen=True)
+class PoolArgs:
+    """C expressions and sizes of one `pool` kernel (macro `pool`)."""
+
+    comment: str
+    x: str
+    y: str
+    planes: str
+    is_max: int
+    count_pad: int
+    cg: int
+    h: int
+    w: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    ph: int
+    pw: int
+    peh: int
+    pew: int
+
+
+def _geom_fields(g: Window2d) -> dict:
+    return {f: getattr(g, f) for f in ("cg", "h", "w", "oh", "ow", "kh", "kw", "sh", "sw", "dh", "dw", "ph", "pw")}
+
+
+def emit_conv(em, node: Node) -> Kernel:
+    """The `conv` kernel of a node, as its `ConvPlan` decides."""
+    op: Conv = node.op  # type: ignore[assignment]
+    plan = next((d for d in em.lir.decided(ConvPlan) if d.node == node.id), None)
+    if plan is None:
+        raise BuildError(f"%{node.id} conv has no ConvPlan in the LIR: decide the LIR for the CPU first")
+    x = em.node(node.inputs[0]).shape
+    o, cg, *kernel = em.node(node.inputs[1]).shape.static_dims
+    geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
+                   tuple(kernel), cg)
+    k = cg * geo.kh * geo.kw
+    og = o // op.groups
+    a_bytes = align64(CONV_TILE_PIXELS * k * 4)
+    args = ConvArgs(
+        comment=comment(f"conv {plan.algorithm} on {plan.layout}: {x} * w[{o},{cg},{','.join(map(str, kernel))}] "
+                        f"groups={op.groups}"),
+        algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile, x=em.ptr(node.inputs[0]),
+        wt=em.ptr(node.inputs[1]),
+        bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
+        n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
+        **_geom_fields(geo))
+    label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
+    if plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
+        scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
+    elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
+        scratch = align64(plan.tile * k * 4)
+    else:
+        scratch = 0
+    return Kernel(node.id, "conv", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
+                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
+
+
+def emit_pool(em, node: Node) -> Kernel:
+    """The `pool` kernel of a node: each thread takes whole channel planes."""
+    op: Pool = node.op  # type: ignore[assignment]
+    x = em.node(node.inputs[0]).shape
+    geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
+                   op.kernel, 1)
+    args = PoolArgs(comment=comment(f"{op.fn} pool {op.kernel} of {x}"), x=em.ptr(node.inputs[0]),
+                    y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(op.fn == "max"),
+                    count_pad=int(op.count_include_pad), peh=geo.peh, pew=geo.pew, **_geom_fields(geo))
+    label = c_string(f"%{node.id} pool" + (f" ({node.name[:60]})" if node.name else ""))
+    return Kernel(node.id, "pool", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
+                  func=f"rlx_op_{node.id}", label=label)
+
+
+RULES.register("conv", accepts=float32_only)(emit_conv)
+RULES.register("pool", accepts=float32_only)(emit_pool)

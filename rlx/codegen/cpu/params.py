@@ -1,0 +1,109 @@
+"""Where each param lives in the CPU context (`ctx->params`) and how `rlx_set_param` stores it.
+
+A pure function of the decided LIR (`param_layout`): a param a GEMM reads packed (`PackedParam`)
+takes padded panels in its own precision, an `int8_matmul` weight (`Int8Param`) its int8 panels,
+a narrow param read only through one cast (`WidenedParam`) its f32 copy, and every other param its
+own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
+emitter reads offsets from it, the prelude template the per-slot records, `memory_plan` the total.
+
+>>> from rlx.ir.graph import Graph
+>>> from rlx.opt.memplan import plan
+>>> g = Graph("demo")
+>>> x = g.input("x", [2, 8])
+>>> w = g.param("w", [8, 3])
+>>> g.set_outputs([g.matmul(x, w)])
+>>> layout = param_layout(plan(g))
+>>> layout.offsets, layout.nbytes, layout.slots[0]["mode"]
+((0,), 128, 'copy')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from rlx.codegen.cpu.base import PACK_NR_MAX, c_string, comment, round_up
+from rlx.ir.decisions import PackedParam, WidenedParam
+from rlx.ir.decisions_conv import ConvPlan
+from rlx.ir.decisions_int8 import Int8Param
+from rlx.ir.dtype import DType
+from rlx.ir.graph import NodeId
+from rlx.ir.lir import LirModule
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """The param storage of one CPU program."""
+
+    #: One record per param slot for `templates/cpu/prelude.c.j2` (offset, mode, dims, source strides, ...).
+    slots: tuple[Mapping[str, Any], ...]
+    #: Byte offset of each slot in `ctx->params`.
+    offsets: tuple[int, ...]
+    #: Elements of one K x N matrix of each packed param (N padded to the widest panel, K to pairs if narrow).
+    packed_floats: Mapping[NodeId, int]
+    #: Bytes of `ctx->params`.
+    nbytes: int
+
+
+def param_layout(lir: LirModule) -> ParamLayout:
+    """The storage of every param of a decided `lir` (the CPU's decisions say which are packed, int8, widened)."""
+    packed = {d.node: d.transposed for d in lir.decided(PackedParam)}
+    int8 = {d.node: d for d in lir.decided(Int8Param)}
+    widened = {d.node for d in lir.decided(WidenedParam)}
+    conv_packed = {d.weight for d in lir.decided(ConvPlan) if d.packed}
+    slots: list[Mapping[str, Any]] = []
+    offsets: list[int] = []
+    packed_floats: dict[NodeId, int] = {}
+    offset = 0
+    for slot, spec in enumerate(lir.params):
+        stored = lir.graph.node(spec.node).shape
+        nbytes = stored.max_nbytes
+        offsets.append(offset)
+        user_dims = spec.shape.static_dims
+        layout = spec.layout or tuple(range(len(user_dims)))
+        user_strides = [math.prod(user_dims[i + 1:]) for i in range(len(user_dims))]
+        permuted = spec.layout is not None and list(spec.layout) != list(range(len(user_dims)))
+        dims = list(stored.static_dims)
+        src_strides = [user_strides[p] for p in layout]
+        storage = nbytes
+        mode, note = ("permute", " (re-laid out on set)") if permuted else ("copy", "")
+        if spec.node in packed:
+            # dims/strides of the GEMM's right operand B[..., K, N] (the param, or its transpose)
+            if packed[spec.node]:
+                dims[-2], dims[-1] = dims[-1], dims[-2]
+                src_strides[-2], src_strides[-1] = src_strides[-1], src_strides[-2]
+            k, n = dims[-2], dims[-1]
+            # f16/bf16 weights keep their precision, K padded to pairs (kernels/gemm_bf16.h)
+            narrow = stored.dtype in (DType.F16, DType.BF16)
+            mat = (round_up(k, 2) if narrow else k) * round_up(n, PACK_NR_MAX)
+            packed_floats[spec.node] = mat
+            storage = math.prod(dims[:-2]) * mat * stored.dtype.itemsize
+            mode = f"pack_{stored.dtype.value}" if narrow else "pack"
+            note = " (packed for the GEMM kernel on set)"
+        elif spec.node in conv_packed:
+            # a conv weight [O, C, *k] read as the GEMM operand [C*k, O] (its transpose), packed on set
+            k, n = math.prod(dims[1:]), dims[0]
+            dims, src_strides = [k, n], [1, k]
+            mat = k * round_up(n, PACK_NR_MAX)
+            packed_floats[spec.node] = mat
+            storage, mode, note = mat * 4, "pack", " (conv weight packed for the GEMM kernel on set)"
+        elif spec.node in int8:
+            # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
+            storage = int8[spec.node].storage_bytes
+            mode, note = "int8", " (quantized to int8 per output channel on set)"
+        elif spec.node in widened:
+            # read only through one cast to f32: stored as that f32 value (exact), cast once on set
+            storage = math.prod(dims or [1]) * 4
+            mode, note = f"widen_{stored.dtype.value}", " (widened to f32 on set)"
+        slots.append({
+            "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
+            "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
+            "mode": mode, "note": note, "rank": 2 if spec.node in conv_packed else max(len(user_dims), 1),
+            "elsize": stored.dtype.itemsize,
+            "dims": dims or [1], "src_strides": src_strides or [0],
+        })
+        offset += (storage + 63) // 64 * 64
+    return ParamLayout(tuple(slots), tuple(offsets), MappingProxyType(packed_floats), offset)

@@ -1,0 +1,184 @@
+"""CPU rules for GGUF-quantized weights: `dequant_matmul` and `dequantize`.
+
+Registered into the CPU rule table when `rlx.codegen.cpu.emit` is imported (and so
+by `rlx.codegen.backends`). The kernels (`templates/cpu/kernels/quant.h`)
+read the 4/8-bit blocks directly: a GEMV per weight row for few rows of
+activations (decode), and for more rows (prefill) panels of the weight
+dequantized into per-thread scratch and multiplied by the packed-GEMM
+micro-kernel. The format is a compile-time constant of the generated code.
+
+>>> import rlx
+>>> from rlx.ir.quant import row_bytes
+>>> g = rlx.Graph("q")
+>>> x = g.input("x", [1, 64])
+>>> w = g.param("w", [8, row_bytes("q4_1", 64)], "u8")
+>>> g.set_outputs([g.dequant_matmul(x, w, quant="q4_1")])
+>>> from rlx.codegen.backends import supports
+>>> supports(g, "cpu")
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlx.codegen.cpu.base import GRAIN, PACK_NR_MAX, align64, c_string, node_header
+from rlx.codegen.registry import Kernel, RuleSet
+from rlx.ir import ops as O
+from rlx.ir.decisions_quant import QuantGemvGroup
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node
+from rlx.ir.quant import quant_format
+from rlx.ir.shape import product
+
+#: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
+RULES = RuleSet("cpu")
+
+TEMPLATE = "quant.c.j2"
+#: quant.h multiplies prefill panels with the packed-GEMM kernel (which brings the epilogue).
+HEADERS = ("kernels/packed_gemm.h", "kernels/quant.h")
+#: A decode GEMV group's pass (kernels/qgemv_group.h), for the node that leads one.
+GROUP_HEADERS = ("kernels/qgemv_group.h",)
+#: The format ids of kernels/quant.h.
+FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
+              "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
+#: The most rows of X the GEMV path takes (RLX_QDECODE_MAX_M in kernels/quant.h).
+GEMV_MAX_M = 16
+
+
+@dataclass(frozen=True)
+class QuantGroupArgs:
+    """A `QuantGemvGroup` led by this node: every member's weights and outputs (C expressions)."""
+
+    weights: tuple[str, ...]
+    rows: tuple[int, ...]
+    outs: tuple[str, ...]
+    #: The SwiGLU region's output when the group writes it (then `outs` are not written), else "".
+    swiglu: str
+    max_rows: int
+    names: str
+
+
+@dataclass(frozen=True)
+class DequantMatMulArgs:
+    """C expressions and sizes of one `dequant_matmul` kernel (macro `dequant_matmul`)."""
+
+    label: str
+    x: str
+    w: str
+    y: str
+    m: str
+    n: int
+    k: int
+    row_bytes: int
+    quant: str
+    fmt: str
+    qk: int
+    qb: int
+    block_sums: bool
+    wrow_offset: int
+    xsum_offset: int
+    #: "f32", or "q8" / "q16": X quantized to int8 / int16 blocks in the shared scratch (then each
+    #: block's scale and scale * sum of its integers, a pair of floats per block, at xds_offset).
+    act: str = "f32"
+    xds_offset: int = 0
+    #: Decode steps: the GEMV group this node leads (it computes every member), or None.
+    group: QuantGroupArgs | None = None
+
+
+@dataclass(frozen=True)
+class DequantizeArgs:
+    """C expressions and sizes of one `dequantize` kernel (macro `dequantize`)."""
+
+    label: str
+    x: str
+    y: str
+    rows: str
+    k: int
+    row_bytes: int
+    quant: str
+    fmt: str
+    qk: int
+    qb: int
+    grain: int
+
+
+
+def _label(node: Node) -> str:
+    return c_string(f"%{node.id} {node.kind}" + (f" ({node.name[:60]})" if node.name else ""))
+
+
+def emit_dequant_matmul(em, node: Node) -> Kernel:
+    """The `dequant_matmul` kernel of a node: GEMV for few rows, dequantized panels + GEMM for many."""
+    op: O.DequantMatMul = node.op  # type: ignore[assignment]
+    x_id, w_id = node.inputs
+    x, w = em.node(x_id).shape, em.node(w_id).shape
+    fmt = quant_format(op.quant)
+    k, n = x.dims[-1].value, w.dims[0].value
+    # per thread: a prefill panel (K x the widest packed panel, 64-byte aligned for the kernel's
+    # aligned loads), one dequantized weight row, then the block sums of up to GEMV_MAX_M rows of X
+    wrow_offset = align64(k * PACK_NR_MAX * 4)
+    xsum_offset = wrow_offset + align64(k * 4)
+    scratch = xsum_offset + align64(GEMV_MAX_M * (k // 32) * 4)
+    # act="q8"/"q16", shared by the threads: for few rows the quantized activations (rows of int8, or of
+    # int16 as two byte planes, then two floats per block); for more, the quantized values as floats
+    rows_max = product(x.dims[:-1]).max
+    gemv_rows = min(rows_max, GEMV_MAX_M)
+    xds_offset = align64(gemv_rows * k * (2 if op.act == "q16" else 1))
+    gemv_shared = xds_offset + align64(gemv_rows * (k // 32) * 8)
+    shared = max(gemv_shared, align64(rows_max * k * 4) if rows_max > GEMV_MAX_M else 0) if op.act != "f32" else 0
+    label = _label(node)
+    group = _group_args(em, node)
+    args = DequantMatMulArgs(
+        label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
+        m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=op.quant,
+        fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, block_sums=fmt.name == "q4_1",
+        wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xds_offset=xds_offset, group=group)
+    headers = HEADERS + (GROUP_HEADERS if group is not None else ())
+    return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=headers, header=node_header(node, 80),
+                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch,
+                  scratch_shared=shared)
+
+
+def _group_args(em, node: Node) -> QuantGroupArgs | None:
+    """The group this node leads in decode steps (a `QuantGemvGroup` decision of the LIR), or None."""
+    group = next((d for d in em.lir.decided(QuantGemvGroup) if d.members[0] == node.id), None)
+    if group is None:
+        return None
+    members = [em.node(m) for m in group.members]
+    return QuantGroupArgs(
+        weights=tuple(em.ptr(m.inputs[1]) for m in members),
+        rows=tuple(em.node(m.inputs[1]).shape.dims[0].value for m in members),
+        outs=tuple(em.ptr(m.id, const=False) for m in members),
+        swiglu=em.ptr(group.swiglu[0], const=False) if group.swiglu else "", max_rows=group.max_rows,
+        names=f"{len(members)} projections" + (" and their SwiGLU" if group.swiglu else ""))
+
+
+def emit_dequantize(em, node: Node) -> Kernel:
+    """The `dequantize` kernel: every row of blocks to f32, exactly as GGUF."""
+    op: O.Dequantize = node.op  # type: ignore[assignment]
+    x = em.node(node.inputs[0]).shape
+    fmt = quant_format(op.quant)
+    k = node.shape.dims[-1].value
+    label = _label(node)
+    args = DequantizeArgs(
+        label=label, x=em.ptr(node.inputs[0]), y=em.ptr(node.id, const=False),
+        rows=em.dim(product(x.dims[:-1])), k=k, row_bytes=x.dims[-1].value, quant=op.quant,
+        fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, grain=GRAIN)
+    return Kernel(node.id, "dequantize", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
+                  func=f"rlx_op_{node.id}", label=label)
+
+
+def _quant_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
+    # the op's inference already fixes f32 activations and u8 blocks; the format needs a kernel
+    if getattr(op, "quant", None) not in FORMAT_IDS:
+        return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
+    if getattr(op, "act", "f32") not in ("f32", "q8", "q16"):
+        return f"with activations {op.act!r}"  # type: ignore[attr-defined]
+    if out_dtype is not DType.F32:
+        return f"with a {out_dtype.value} result; it makes f32"
+    return None
+
+
+RULES.register("dequant_matmul", accepts=_quant_dtypes)(emit_dequant_matmul)
+RULES.register("dequantize", accepts=_quant_dtypes)(emit_dequantize)

@@ -1,0 +1,182 @@
+"""CUDA rules for GGUF-quantized weights: `dequant_matmul` and `dequantize`.
+
+Listed in the CUDA table by `rlx.codegen.cuda.rule_table`. The kernels
+(`templates/cuda/kernels/quant.cuh`) read the blocks directly: a warp-per-row
+GEMV for decode (few rows of activations), and for prefill tiles of the weight
+dequantized into the compute type in scratch, multiplied on cuBLASLt (tensor
+cores in f16 / bf16 sessions) or the built-in tiled GEMM.
+
+>>> import rlx
+>>> from rlx.ir.quant import row_bytes
+>>> g = rlx.Graph("q")
+>>> x = g.input("x", [1, 64])
+>>> w = g.param("w", [8, row_bytes("q4_1", 64)], "u8")
+>>> g.set_outputs([g.dequant_matmul(x, w, quant="q4_1")])
+>>> from rlx.codegen.backends import supports
+>>> supports(g, "cuda")
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch, _float_c
+from rlx.codegen.registry import Kernel, RuleSet
+from rlx.codegen.text import comment
+from rlx.ir import ops as O
+from rlx.ir.dtype import DType
+from rlx.ir.graph import Node
+from rlx.ir.quant import quant_format
+from rlx.opt.lowering_cuda import LT_DTYPES, quant_tile
+
+TEMPLATE = "cuda/quant.cu.j2"
+QUANT, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/gemm.cuh"
+#: The format ids of kernels/quant.cuh.
+FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
+              "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
+#: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
+RULES = RuleSet("cuda")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DequantMatMul(Launch):
+    """Launch arguments of `block_dequant_matmul`: pointers, sizes, the format and the prefill tiling."""
+
+    t: str
+    fmt: str
+    qk: int
+    qb: int
+    x: str
+    w: str
+    y: str
+    m: str
+    n: int
+    k: int
+    row_bytes: int
+    tile: int
+    #: Byte offset (from the scratch region) of a split product's [M, tile] buffer.
+    ctmp_off: int
+    lt: bool
+    cuda_type: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeGemvLaunch(Launch):
+    """Launch arguments of `block_decode_gemv` (a `DecodeGemv` group, launched at its first member)."""
+
+    t: str
+    fmt: str
+    qk: int
+    qb: int
+    #: The activation the kernel stages: the absorbed norm's input, else the members' input.
+    x: str
+    gamma: str
+    eps: str
+    norm: str
+    res: str
+    epi: int
+    m: str
+    k: int
+    row_bytes: int
+    #: Weight rows the warps walk: every member's, or the gate's with SwiGLU (row r of gate and up together).
+    rows: int
+    ws: tuple[str, ...]
+    ys: tuple[str, ...]
+    ns: tuple[int, ...]
+    max_rows: int
+    #: Each member's own path, for steps of more than max_rows rows.
+    large: tuple[DequantMatMul, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dequantize(Launch):
+    """Launch arguments of `block_dequantize`."""
+
+    t: str
+    fmt: str
+    qk: int
+    qb: int
+    x: str
+    y: str
+    rows: str
+    k: int
+    row_bytes: int
+
+
+def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    if getattr(op, "quant", None) not in FORMAT_IDS:
+        return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
+    if getattr(op, "act", "f32") != "f32":
+        return f"with act={op.act!r}: its int8 activations run on the CPU only"  # type: ignore[attr-defined]
+    return None
+
+
+def _dequant_args(e: CudaEmitter, node: Node) -> DequantMatMul:
+    op: O.DequantMatMul = node.op  # type: ignore[assignment]
+    x_id, w_id = node.inputs
+    x, w = e.node(x_id).shape, e.node(w_id).shape
+    fmt = quant_format(op.quant)
+    dt = e.ddt(node.id)
+    k, n = x.dims[-1].value, w.dims[0].value
+    tile = quant_tile(n, k, dt.itemsize)
+    lt = e.target.gemm == "cublaslt" and dt in LT_DTYPES
+    ctmp_off = -(-k * tile * dt.itemsize // 256) * 256  # after the weight tile (lowering_cuda.scratch_need)
+    return DequantMatMul(**e.base(node), uses_lt=lt, t=_CTYPE[dt], fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size,
+                         qb=fmt.block_bytes, x=e.ptr(x_id), w=e.ptr(w_id), y=e.ptr(node.id),
+                         m=e.numel(x.dims[:-1]), n=n, k=k, row_bytes=w.dims[1].value, tile=tile, ctmp_off=ctmp_off,
+                         lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""))
+
+
+def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
+    """The first member of a `DecodeGemv`: the fused launch for decode steps, every member's path otherwise."""
+    d = e.decode_gemv[node.id]
+    members = [e.node(m) for m in d.members]
+    large = tuple(_dequant_args(e, m) for m in members)
+    first = large[0]
+    x = node.inputs[0]
+    gamma, eps = "nullptr", "0.0"
+    if d.norm:
+        norm = e.node(d.norm[0])
+        x, gamma, eps = norm.inputs[0], e.ptr(norm.inputs[1]), _float_c(norm.op.eps)
+    res, epi, ys = "nullptr", 0, tuple(a.y for a in large)
+    if d.residual:
+        add = e.node(d.residual[0])
+        other = add.inputs[1] if add.inputs[0] == node.id else add.inputs[0]
+        res, epi, ys = e.ptr(other), 1, (e.ptr(add.id),)
+    elif d.swiglu:
+        epi, ys = 2, (e.ptr(d.swiglu[0]), "nullptr")  # gate and up rows together make one output
+    ns = tuple(a.n for a in large)
+    what = ", ".join(f"%{m}" for m in d.members) + "".join(
+        f" + %{n}" for n in (*d.norm, *d.residual, *d.swiglu))
+    args = DecodeGemvLaunch(
+        comment=comment(f"{what}: one fused quantized GEMV in steps of <= {d.max_rows} rows", 160),
+        what=first.what, uses_lt=any(a.lt for a in large), t=first.t, fmt=first.fmt, qk=first.qk, qb=first.qb,
+        x=e.ptr(x), gamma=gamma, eps=eps, norm="true" if d.norm else "false", res=res, epi=epi, m=first.m,
+        k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
+        ys=ys, ns=ns, max_rows=d.max_rows, large=large)
+    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=(QUANT, GEMM), header=args.comment,
+                  label=node.label)
+
+
+@RULES.register("dequant_matmul", accepts=_accepts)
+def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
+    d = e.decode_gemv.get(node.id)
+    if d is not None and d.members[0] == node.id:
+        return _decode_gemv(e, node)
+    args = _dequant_args(e, node)
+    return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args, headers=(QUANT, GEMM), header=args.comment,
+                  label=node.label)
+
+
+@RULES.register("dequantize", accepts=_accepts)
+def dequantize(e: CudaEmitter, node: Node) -> Kernel:
+    op: O.Dequantize = node.op  # type: ignore[assignment]
+    x = e.node(node.inputs[0]).shape
+    fmt = quant_format(op.quant)
+    args = Dequantize(**e.base(node), t=e.ctype(node.id), fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size,
+                      qb=fmt.block_bytes, x=e.ptr(node.inputs[0]), y=e.ptr(node.id),
+                      rows=e.numel(x.dims[:-1]), k=node.shape.dims[-1].value,
+                      row_bytes=x.dims[-1].value)
+    return Kernel(node.id, "block_dequantize", TEMPLATE, args, headers=(QUANT,), header=args.comment,
+                  label=node.label)
