@@ -735,6 +735,8 @@ def _eval_while_loop(op: C.WhileLoop, args: list, shape: Shape, symbols: dict, i
         (carry,) = eval_body(op.body, [carry, *bcasts], symbols)
         trips += 1
     return carry
+
+
 @evaluates(U.UserOp)
 def _eval_user_op(op: U.UserOp, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
     """The registered numpy `reference` of a user op, on its inputs in their declared dtypes (bf16 as f32)."""

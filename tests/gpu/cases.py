@@ -731,6 +731,9 @@ def control_flow() -> Case:
     feeds = [{"x": np.abs(_f32(r, 4, 16)) + np.float32(0.1), "w": _f32(r, 16, 16, scale=0.25)},
              {"x": -np.abs(_f32(r, 4, 16)) - np.float32(0.1), "w": _f32(r, 16, 16, scale=0.25)}]
     return Case("control_flow", g, feeds, lowp=False)
+
+
+@case
 def user_op() -> Case:
     """A user-defined op (examples/custom_op's swish_beta, its CUDA body) between a GEMM and an activation, over a
     dynamic number of rows (f32 only: the example's body takes f32)."""

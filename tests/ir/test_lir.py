@@ -266,6 +266,8 @@ def _control(g: Graph, v: object) -> None:
     y = g.cond(g.compare("gt", g.reduce("sum", x), g.constant(np.float32(0))), unary("t", kw.get("true", "tanh")),
                unary("f", kw.get("false", "neg")), [x])
     g.set_outputs([g.while_loop(pred, unary("b", kw.get("body", "exp")), y, max_trips=kw.get("max_trips", 8))])
+
+
 def _user(g: Graph, kw: dict) -> None:
     """swish_beta (or a second registration of it, `name`), with a traced vjp when asked."""
     op = swish_beta(kw.get("name", "swish_beta"))
