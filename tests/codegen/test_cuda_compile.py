@@ -21,6 +21,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.shape import Dim
 from rlx.opt.memplan import plan
+from rlx.pipeline import lower_to_lir
 from rlx.pipeline.cuda import cuda_context, render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc, normalize_arch, visible_gpu_arch
 
@@ -46,8 +47,15 @@ def toolchain() -> NvccToolchain:
     return NvccToolchain(path, text, "sm_90", find_cublas(path))
 
 
+#: Op kinds that reach CUDA only through the pipeline's decompose stage (control flow: a select and a
+#: masked scan, rlx/opt/control.py); graphs with them are lowered as `Session` lowers them, at level 0.
+DECOMPOSED_FOR_CUDA = {"cond", "while_loop"}
+
+
 def _compile(tc: NvccToolchain, graph: Graph, target: CudaTarget, tmp_path: Path) -> str:
-    src = render_cuda(plan(graph), target, {"name": graph.name})
+    decomposed = any(n.kind in DECOMPOSED_FOR_CUDA for n in graph.nodes)
+    lir = lower_to_lir(graph, 0, backend="cuda") if decomposed else plan(graph)
+    src = render_cuda(lir, target, {"name": graph.name})
     path = tmp_path / f"{graph.name}_{target.precision.value}_{target.gemm}.cu"
     path.write_text(src)
     tc.compile(path, path.with_suffix(".o"), target.gemm, compile_only=True)
