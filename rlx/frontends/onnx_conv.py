@@ -12,7 +12,7 @@ reads only the importer's public helpers (`tensor`, `value`, `known`, `emit`, `g
 `params`, `add_initializer`), so this module imports nothing from `rlx.frontends.onnx`.
 
 >>> sorted(CONV_HANDLERS)[:4]
-['AveragePool', 'BatchNormalization', 'Conv', 'Flatten']
+['AveragePool', 'BatchNormalization', 'Conv', 'ConvTranspose']
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ pytest.importorskip("onnx")
 
 import onnx_node_cases as cases
 
-#: The pass rate reached with onnx 1.23 is 546/774; the floor leaves room for a few cases a newer onnx adds.
-PASS_RATE_FLOOR = 0.70
+#: The pass rate reached with onnx 1.23 is 594/888 (66.9%): 546/774 before the convolution family joined the
+#: imported ops, whose 114 cases add 48 passes and 66 refusals (Resize modes other than integer nearest,
+#: ConvTranspose with a run-time weight, 3-D pools); the floor leaves room for a few cases a newer onnx adds.
+PASS_RATE_FLOOR = 0.66
 
 
 def test_node_cases_none_wrong_and_pass_rate() -> None:
