@@ -24,6 +24,8 @@ TEMPLATE = "decoder.c.j2"
 #: computed independently of each other (batch-invariant): 1 + the longest speculative proposal
 #: (`rlx.models.speculative.AdaptiveK.k_max`) that verifies with exactly the one-row arithmetic.
 DECODE_ROWS = 9
+#: The most query heads per kv head the decode path takes (RLX_KV_MAX_GROUP in kernels/kv_decode.h).
+KV_MAX_GROUP = 64
 HEADERS = ("kernels/packed_gemm.h", "kernels/attention.h", "kernels/kv_decode.h")
 
 
@@ -79,7 +81,9 @@ def emit_kv_attention(em, node: Node) -> Kernel:
         batch=em.dim(q.dims[0]), sq=em.dim(q.dims[1]), capacity=capacity,
         heads=op.num_heads, kv_heads=op.kv_heads, group=op.num_heads // op.kv_heads, hd=op.head_dim,
         scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
-        window=op.window or 0)
+        window=op.window or 0,
+        # a decode task holds its G heads' maxima and sums on the stack (RLX_KV_MAX_GROUP in kernels/kv_decode.h)
+        decode_rows=DECODE_ROWS if op.num_heads // op.kv_heads <= KV_MAX_GROUP else 0)
     return Kernel(node.id, "kv_attention", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

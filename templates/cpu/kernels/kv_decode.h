@@ -4,14 +4,11 @@
  * Batch invariance: a query row's result depends only on its own query and the cache rows it sees,
  * never on how many rows the step has (one decode row, the k+1 rows of a speculative verification),
  * how many sequences share the step, or how many threads run it. So each (batch row, query position,
- * head) is one task that reads its keys in order, takes their softmax and weighted values serially
- * (rlx_kv_decode_row); the team shares the tasks, not the keys of one task. A sequence then gets the
- * same logits whether it decodes alone or among others, and a verification step the same as the
- * one-row steps it replaces: greedy speculative decoding yields exactly the plain greedy tokens.
- *
- * Heads of one kv head read the same cache rows; tasks are ordered head by head within a query row,
- * so a static schedule gives each thread neighbouring heads and the G readers of a kv head's rows
- * mostly find them in cache. */
+ * kv head) is one task that reads its keys in order and takes each of its G query heads' softmax and
+ * weighted values serially (rlx_kv_decode_group); the team shares the tasks, not the keys of one task.
+ * A sequence then gets the same logits whether it decodes alone or among others, and a verification
+ * step the same as the one-row steps it replaces: greedy speculative decoding yields exactly the plain
+ * greedy tokens. A task reads each cache row of its kv head once for its G heads. */
 #ifndef RLX_KERNELS_KV_DECODE_H
 #define RLX_KERNELS_KV_DECODE_H
 
@@ -20,6 +17,8 @@
 
 /* Cache rows prefetched ahead of the one being read. */
 #define RLX_KV_PREFETCH_ROWS 4
+/* The most query heads per kv head a decode task takes (c_decoder.py refuses more for the decode path). */
+#define RLX_KV_MAX_GROUP 64
 
 static inline __attribute__((always_inline)) void rlx_kv_prefetch(const float *row, int64_t n)
 {
@@ -27,43 +26,61 @@ static inline __attribute__((always_inline)) void rlx_kv_prefetch(const float *r
         __builtin_prefetch(row + o, 0, 0);
 }
 
-/* o[0:HD] = softmax(scale * q . K[j]) @ V over cache rows j < n (K and V: rows kw floats apart, this
- * head's columns). s: scratch of n floats. */
-static inline __attribute__((always_inline)) void rlx_kv_decode_row(float *restrict o, float *restrict s,
-        const float *restrict q, int64_t HD, const float *restrict K, const float *restrict V, int64_t kw,
-        int64_t n, float scale)
+/* For the G query heads of one kv head: o[g * HD:(g + 1) * HD] = softmax(scale * q_g . K[j]) @ V over
+ * cache rows j < n (q_g at q + g * HD; K and V: rows kw floats apart, this kv head's columns). Each
+ * cache row is read once for the G heads; each head's arithmetic is its own, in cache order, so a
+ * head's result is the same as computed alone. s: scratch of G * n floats. */
+static inline __attribute__((always_inline)) void rlx_kv_decode_group(float *restrict o, float *restrict s,
+        const float *restrict q, int64_t G, int64_t HD, const float *restrict K, const float *restrict V,
+        int64_t kw, int64_t n, float scale)
 {
-    float m = -INFINITY;
+    float m[RLX_KV_MAX_GROUP];
+    for (int64_t g = 0; g < G; g++)
+        m[g] = -INFINITY;
     for (int64_t j = 0; j < n; j++) {  /* scores, in cache order */
         const float *restrict k = K + j * kw;
         if (j + RLX_KV_PREFETCH_ROWS < n)
             rlx_kv_prefetch(k + RLX_KV_PREFETCH_ROWS * kw, HD);
-        float acc = 0.0f;
-        #pragma omp simd reduction(+:acc)
-        for (int64_t d = 0; d < HD; d++)
-            acc += q[d] * k[d];
-        s[j] = acc * scale;
-        m = s[j] > m ? s[j] : m;
+        for (int64_t g = 0; g < G; g++) {
+            const float *restrict qg = q + g * HD;
+            float acc = 0.0f;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t d = 0; d < HD; d++)
+                acc += qg[d] * k[d];
+            const float sc = acc * scale;
+            s[g * n + j] = sc;
+            m[g] = sc > m[g] ? sc : m[g];
+        }
     }
-    const double l = rlx_exp_shifted_sum(s, n, m);  /* s <- exp(s - m) */
-    #pragma omp simd
-    for (int64_t d = 0; d < HD; d++)
-        o[d] = 0.0f;
-    for (int64_t j = 0; j < n; j++) {  /* weighted values, in cache order */
-        const float e = s[j];
-        if (j + RLX_KV_PREFETCH_ROWS < n)
-            rlx_kv_prefetch(V + (j + RLX_KV_PREFETCH_ROWS) * kw, HD);
-        if (e == 0.0f)
-            continue;
-        const float *restrict v = V + j * kw;
+    double l[RLX_KV_MAX_GROUP];
+    for (int64_t g = 0; g < G; g++) {
+        l[g] = rlx_exp_shifted_sum(s + g * n, n, m[g]);  /* s <- exp(s - m) */
+        float *restrict og = o + g * HD;
         #pragma omp simd
         for (int64_t d = 0; d < HD; d++)
-            o[d] += e * v[d];
+            og[d] = 0.0f;
     }
-    const float inv = (float)(1.0 / l);
-    #pragma omp simd
-    for (int64_t d = 0; d < HD; d++)
-        o[d] *= inv;
+    for (int64_t j = 0; j < n; j++) {  /* weighted values, in cache order */
+        const float *restrict v = V + j * kw;
+        if (j + RLX_KV_PREFETCH_ROWS < n)
+            rlx_kv_prefetch(V + (j + RLX_KV_PREFETCH_ROWS) * kw, HD);
+        for (int64_t g = 0; g < G; g++) {
+            const float e = s[g * n + j];
+            if (e == 0.0f)
+                continue;
+            float *restrict og = o + g * HD;
+            #pragma omp simd
+            for (int64_t d = 0; d < HD; d++)
+                og[d] += e * v[d];
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        const float inv = (float)(1.0 / l[g]);
+        float *restrict og = o + g * HD;
+        #pragma omp simd
+        for (int64_t d = 0; d < HD; d++)
+            og[d] *= inv;
+    }
 }
 
 #endif /* RLX_KERNELS_KV_DECODE_H */
