@@ -135,19 +135,28 @@ def sample_rows(logits: np.ndarray, u: np.ndarray, temperature: float, top_k: in
     return out
 
 
-def _sample_row(row: np.ndarray, u: float, temperature: float, top_k: int | None, top_p: float | None) -> int:
+def kept_weights(row: np.ndarray, temperature: float, top_k: int | None,
+                 top_p: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the kept token ids, in order; their weights exp((x - x0) / T) as f64; the running sums) of a row at
+    temperature > 0: the top k, cut to the smallest prefix reaching top_p (module docstring, step 3). A row
+    whose largest value is not finite keeps its first token alone (step 4)."""
     k = row.size if top_k is None else min(int(top_k), row.size)
-    if temperature == 0 or k == 1:
-        nan = np.isnan(row)
-        return int(np.flatnonzero(nan)[0]) if nan.any() else int(np.argmax(row))
     order = descending_order(row)[:k]
     v = row[order].astype(np.float64)
-    if not math.isfinite(v[0]):
-        return int(order[0])
+    if not math.isfinite(v[0]) or k == 1:
+        return order[:1], np.ones(1), np.ones(1)
     w = np.exp((v - v[0]) / temperature)
     c = np.cumsum(w)  # sequential running sums, as the kernels add
     m = k
     if top_p is not None and top_p < 1:
         m = min(int(np.searchsorted(c, top_p * c[-1], side="left")) + 1, k)
-    j = int(np.searchsorted(c[:m], u * c[m - 1], side="right"))  # the first c_j > u * c_{m-1}
-    return int(order[min(j, m - 1)])
+    return order[:m], w[:m], c[:m]
+
+
+def _sample_row(row: np.ndarray, u: float, temperature: float, top_k: int | None, top_p: float | None) -> int:
+    if temperature == 0 or top_k == 1 or row.size == 1:
+        nan = np.isnan(row)
+        return int(np.flatnonzero(nan)[0]) if nan.any() else int(np.argmax(row))
+    order, _, c = kept_weights(row, temperature, top_k, top_p)
+    j = int(np.searchsorted(c, u * c[-1], side="right"))  # the first c_j > u * c_{m-1}
+    return int(order[min(j, order.size - 1)])

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlx.errors import RlxError
-from rlx.ir.ops_sample import descending_order
+from rlx.ir.ops_sample import kept_weights
 from rlx.models.sampling import Sampler
 
 #: A `rlx.models.causal_lm.CausalLM` (not imported: causal_lm imports this module).
@@ -232,18 +232,8 @@ def target_distribution(logits: np.ndarray, sampler: Sampler) -> np.ndarray:
     over its top-k, cut to the smallest prefix reaching top-p, renormalized (`sample_rows`' kept set)."""
     row = np.asarray(logits, dtype=np.float32)
     probs = np.zeros(row.size, dtype=np.float64)
-    k = row.size if sampler.top_k is None else min(sampler.top_k, row.size)
-    order = descending_order(row)[:k]
-    v = row[order].astype(np.float64)
-    if not np.isfinite(v[0]) or k == 1:
-        probs[order[0]] = 1.0
-        return probs
-    w = np.exp((v - v[0]) / sampler.temperature)
-    c = np.cumsum(w)
-    m = k
-    if sampler.top_p is not None and sampler.top_p < 1:
-        m = min(int(np.searchsorted(c, sampler.top_p * c[-1], side="left")) + 1, k)
-    probs[order[:m]] = w[:m] / c[m - 1]
+    order, w, c = kept_weights(row, sampler.temperature, sampler.top_k, sampler.top_p)
+    probs[order] = w / c[-1]
     return probs
 
 
