@@ -260,8 +260,9 @@ def find_gemm_groups(lir: LirModule, precision: DType, gemm: str) -> list[list[N
 
 
 #: Most rows of activations a fused decode GEMV takes, by the largest K it stages in shared memory
-#: (each row is staged as f32 with 4 floats of padding per 32: `max_rows * K * 4.5` bytes <= 36 KiB).
-DECODE_GEMV_ROWS = ((2048, 4), (8192, 1))
+#: (each row is staged as f32 with 4 floats of padding per 32: `max_rows * K * 4.5` bytes; past 48 KiB the
+#: kernel's shared-memory limit is raised, up to 72 KiB at K = 16384: three blocks still fit an SM).
+DECODE_GEMV_ROWS = ((2048, 4), (16384, 1))
 #: Most quantized projections one fused decode GEMV computes.
 DECODE_GEMV_MEMBERS = 4
 
