@@ -168,7 +168,8 @@ def host_split(args, config, tensors, prompt) -> None:
     for _ in range(4):
         token = int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
     # the bound host-fed step of a one-token greedy step: inputs in (one transfer), graph replay, token out
-    step = next(v for k, v in lm._bound.items() if k[1] == 1 and dict(k[2])["tokens"] == (1, 1))
+    tokens_at = lm._cuda_names[0].index("tokens")  # the key: (cache, output, shapes of the host inputs)
+    step = next(v for k, v in lm._bound.items() if k[2][tokens_at] == (1, 1))
     n = 64
     t0 = time.perf_counter()
     for _ in range(n):
