@@ -290,7 +290,7 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
 
     def quantized(n: Node) -> bool:
         return isinstance(n.op, O.DequantMatMul) and n.op.act == "f32" \
-            and lir.buffers[n.id].storage == "arena"
+            and lir.buffers[n.id].storage in ("arena", "output")
 
     found: list[DecodeGemv] = []
     for members in scheduled_runs(lir, quantized, lambda n: (n.inputs[0], n.op.quant), DECODE_GEMV_MEMBERS):
@@ -328,8 +328,8 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
             residual = swiglu = ()
             if any(_overlap(lir, staged, w) for w in ids):
                 continue
-        if len(members) > 1 or norm or residual:
-            found.append(DecodeGemv(ids, rows, norm, residual, swiglu))
+        # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
+        found.append(DecodeGemv(ids, rows, norm, residual, swiglu))
     return found
 
 

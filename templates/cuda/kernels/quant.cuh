@@ -210,17 +210,35 @@ struct RlxQMembers {
 };
 
 /* Weight row r of the members' rows laid end to end: its member (returned) and its row *n in that member.
- * With SwiGLU (EPI 2) row r is row r of both members, gate and up. */
+ * With SwiGLU (EPI 2) row r is row r of both members, gate and up. The members are read with constant indices
+ * only (a runtime index would copy the launch's parameter struct into local memory in every thread). */
 template <int EPI>
 __device__ __forceinline__ int rlx_qf_member(const RlxQMembers &mem, int64_t r, int64_t *n) {
     int j = 0;
-    if (EPI != 2)
-        while (j + 1 < mem.count && r >= mem.n[j]) {
-            r -= mem.n[j];
-            ++j;
+    if (EPI != 2) {
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            const int64_t ni = mem.n[i];
+            if (j == i && i + 1 < mem.count && r >= ni) {
+                r -= ni;
+                j = i + 1;
+            }
         }
+    }
     *n = r;
     return j;
+}
+
+__device__ __forceinline__ const uint8_t *rlx_qf_weights(const RlxQMembers &mem, int j) {
+    return j == 0 ? mem.w[0] : j == 1 ? mem.w[1] : j == 2 ? mem.w[2] : mem.w[3];
+}
+
+__device__ __forceinline__ void *rlx_qf_out(const RlxQMembers &mem, int j) {
+    return j == 0 ? mem.y[0] : j == 1 ? mem.y[1] : j == 2 ? mem.y[2] : mem.y[3];
+}
+
+__device__ __forceinline__ int64_t rlx_qf_rows(const RlxQMembers &mem, int j) {
+    return j == 0 ? mem.n[0] : j == 1 ? mem.n[1] : j == 2 ? mem.n[2] : mem.n[3];
 }
 
 template <int MR>
@@ -417,7 +435,7 @@ __device__ __forceinline__ void rlx_qf_row(const uint8_t *__restrict__ row, cons
 
 template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI>
 __global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS)
-rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, RlxQMembers mem,
+rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
                 const T *res, int64_t K, int64_t RB, int64_t rows) {
     extern __shared__ float4 rlx_qf_smem4[];
     float *xs = (float *)rlx_qf_smem4;
@@ -432,7 +450,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
             int64_t n;
             const int j = rlx_qf_member<EPI>(mem, r0, &n);
             for (int64_t off = (int64_t)lane * 128; off < RB; off += 32 * 128) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[j] + n * RB + off));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(rlx_qf_weights(mem, j) + n * RB + off));
                 if (EPI == 2)
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[1] + n * RB + off));
             }
@@ -497,8 +515,8 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
          r += (int64_t)gridDim.x * RLX_QFUSED_WARPS) {
         int64_t n;
         const int j = rlx_qf_member<EPI>(mem, r, &n);
-        const uint8_t *row = mem.w[j] + n * RB;
-        const uint8_t *row2 = mem.w[EPI == 2 ? 1 : j] + n * RB;
+        const uint8_t *row = rlx_qf_weights(mem, j) + n * RB;
+        const uint8_t *row2 = rlx_qf_weights(mem, EPI == 2 ? 1 : j) + n * RB;
         float acc[MR], acc2[MR];
 #pragma unroll
         for (int m = 0; m < MR; m++)
@@ -527,8 +545,8 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
             }
         }
         if (lane == 0) {
-            const int64_t N = mem.n[j];
-            T *y = (T *)mem.y[EPI == 0 ? j : 0];
+            const int64_t N = rlx_qf_rows(mem, j);
+            T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
 #pragma unroll
             for (int m = 0; m < MR; m++) {
                 float out = acc[m];
