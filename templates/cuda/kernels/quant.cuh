@@ -199,7 +199,13 @@ __global__ void rlx_q_put_cols(const T *__restrict__ C, T *__restrict__ Y, int64
  * epilogue EPI: 0 each member's row into its output; 1 (one member) plus the residual `res` (which may be the
  * output itself: each element is read, then written, by one lane); 2 (two members, gate and up) silu of the
  * gate row times the up row. Accumulation in f32; the epilogue sees the unrounded products. */
+#ifndef RLX_QFUSED_WARPS
 #define RLX_QFUSED_WARPS 8
+#endif
+/* Most blocks a fused decode GEMV launches; their warps walk the rows beyond (each block stages x once). */
+#ifndef RLX_QFUSED_GRID
+#define RLX_QFUSED_GRID 4096
+#endif
 #define RLX_QFUSED_PAD 36 /* floats per staged 32-value sub-block */
 
 struct RlxQMembers {
@@ -413,20 +419,27 @@ template <> struct RlxQUnit<RLX_Q8_0> {  /* one 32-value block: a half scale, th
     }
 };
 
+/* Units of a weight row each lane loads before it computes any of them (loads in flight per lane). */
+#ifndef RLX_QF_INFLIGHT
+#define RLX_QF_INFLIGHT 2
+#endif
+
 /* acc[m] (per lane; the caller sums the warp) += this lane's units of one weight row against staged row m. */
 template <int FMT, int MR>
 __device__ __forceinline__ void rlx_qf_row(const uint8_t *__restrict__ row, const float *__restrict__ xs,
                                            int64_t stride, int64_t K, int lane, float acc[MR]) {
     const int64_t units = RlxQUnit<FMT>::count(K);
     int64_t u = lane;
-    for (; u + 32 < units; u += 64) {
-        RlxQUnit<FMT> a, b;
-        a.load(row, u);
-        b.load(row, u + 32);
-        a.template add<MR>(xs, stride, u, acc);
-        b.template add<MR>(xs, stride, u + 32, acc);
+    for (; u + 32 * (RLX_QF_INFLIGHT - 1) < units; u += 32 * RLX_QF_INFLIGHT) {
+        RlxQUnit<FMT> a[RLX_QF_INFLIGHT];
+#pragma unroll
+        for (int i = 0; i < RLX_QF_INFLIGHT; i++)
+            a[i].load(row, u + 32 * i);
+#pragma unroll
+        for (int i = 0; i < RLX_QF_INFLIGHT; i++)
+            a[i].template add<MR>(xs, stride, u + 32 * i, acc);
     }
-    if (u < units) {
+    for (; u < units; u += 32) {
         RlxQUnit<FMT> a;
         a.load(row, u);
         a.template add<MR>(xs, stride, u, acc);
