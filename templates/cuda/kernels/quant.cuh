@@ -202,10 +202,6 @@ __global__ void rlx_q_put_cols(const T *__restrict__ C, T *__restrict__ Y, int64
 #ifndef RLX_QFUSED_WARPS
 #define RLX_QFUSED_WARPS 8
 #endif
-/* Most blocks a fused decode GEMV launches; their warps walk the rows beyond (each block stages x once). */
-#ifndef RLX_QFUSED_GRID
-#define RLX_QFUSED_GRID 4096
-#endif
 #define RLX_QFUSED_PAD 36 /* floats per staged 32-value sub-block */
 
 struct RlxQMembers {
@@ -419,6 +415,21 @@ template <> struct RlxQUnit<RLX_Q8_0> {  /* one 32-value block: a half scale, th
     }
 };
 
+/* v[0..7] = p[0..7] as floats, in one 16-byte load (f16 / bf16) or two (f32); p is 16- or 32-byte aligned. */
+__device__ __forceinline__ void rlx_load8(const float *p, float v[8]) {
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+template <typename H>
+__device__ __forceinline__ void rlx_load8(const H *p, float v[8]) {
+    const uint4 u = *(const uint4 *)p;
+    const H *h = (const H *)&u;
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        v[e] = rlx_f(h[e]);
+}
+
 /* Units of a weight row each lane loads before it computes any of them (loads in flight per lane). */
 #ifndef RLX_QF_INFLIGHT
 #define RLX_QF_INFLIGHT 2
@@ -471,16 +482,39 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
     }
     rlx_pdl_wait();
     rlx_pdl_trigger();  /* the next kernel may launch and prefetch its weights */
+    /* Staging: a thread takes chunks of 8 consecutive values (16- or 32-byte loads, every chunk's load issued
+       before any is used: the prologue costs one round trip to L2 per pass, not one per value). The loop bound
+       is the warp's first chunk, so every lane of a warp runs the same iterations (the half sums shuffle). */
+    const int64_t chunks = K / 8;
     float ss[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++)
         ss[m] = 0.0f;
-    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
+#pragma unroll 4
+    for (int64_t c0 = (int64_t)warp * 32; c0 < chunks; c0 += blockDim.x) {
+        const int64_t c = c0 + lane;
+        const bool valid = c < chunks;
+        float *dst = xs + (c >> 2) * RLX_QFUSED_PAD + (c & 3) * 8;
 #pragma unroll
         for (int m = 0; m < MR; m++) {
-            const float v = rlx_f(X[m * K + i]);
-            xs[m * stride + (i >> 5) * RLX_QFUSED_PAD + (i & 31)] = v;
-            ss[m] += v * v;
+            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (valid) {
+                rlx_load8(X + m * K + c * 8, v);
+                ((float4 *)(dst + m * stride))[0] = make_float4(v[0], v[1], v[2], v[3]);
+                ((float4 *)(dst + m * stride))[1] = make_float4(v[4], v[5], v[6], v[7]);
+            }
+            float t = 0.0f, q = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                q = fmaf(v[e], v[e], q);
+                t += v[e];
+            }
+            ss[m] += q;
+            if (!NORM && RLX_QSUMS(FMT)) {  /* chunks 2h and 2h + 1 make a half sub-block: lanes l and l ^ 1 */
+                t += __shfl_xor_sync(0xffffffffu, t, 1);
+                if (valid && !(c & 1))
+                    xs[m * stride + (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1)] = t;
+            }
         }
     }
     if (NORM) {
@@ -501,29 +535,36 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
                 t += red[w][m];
             scale[m] = rsqrtf(t / (float)K + eps);
         }
-        /* each thread rescales the values it staged itself: no barrier needed before this */
-        for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
-            const float g = rlx_f(gamma[i]);
+        /* each thread rescales the chunks it staged itself (no barrier needed before this), and sums halves */
+#pragma unroll 4
+        for (int64_t c0 = (int64_t)warp * 32; c0 < chunks; c0 += blockDim.x) {
+            const int64_t c = c0 + lane;
+            const bool valid = c < chunks;
+            float g[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (valid)
+                rlx_load8(gamma + c * 8, g);
+            float *src = xs + (c >> 2) * RLX_QFUSED_PAD + (c & 3) * 8;
 #pragma unroll
-            for (int m = 0; m < MR; m++)
-                xs[m * stride + (i >> 5) * RLX_QFUSED_PAD + (i & 31)] *= scale[m] * g;
+            for (int m = 0; m < MR; m++) {
+                float t = 0.0f;
+                if (valid) {
+                    float4 *p = (float4 *)(src + m * stride);
+                    float4 a = p[0], b = p[1];
+                    a.x *= scale[m] * g[0]; a.y *= scale[m] * g[1]; a.z *= scale[m] * g[2]; a.w *= scale[m] * g[3];
+                    b.x *= scale[m] * g[4]; b.y *= scale[m] * g[5]; b.z *= scale[m] * g[6]; b.w *= scale[m] * g[7];
+                    p[0] = a;
+                    p[1] = b;
+                    t = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+                }
+                if (RLX_QSUMS(FMT)) {
+                    t += __shfl_xor_sync(0xffffffffu, t, 1);
+                    if (valid && !(c & 1))
+                        xs[m * stride + (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1)] = t;
+                }
+            }
         }
     }
     __syncthreads();
-    if (RLX_QSUMS(FMT)) {  /* the sums of x over each half sub-block, into the padding (see rlx_qf_row) */
-        for (int64_t i = threadIdx.x; i < MR * nsub * 2; i += blockDim.x) {
-            const int64_t m = i / (nsub * 2), s = (i >> 1) % nsub;
-            const float4 *p = (const float4 *)(xs + m * stride + s * RLX_QFUSED_PAD + 16 * (i & 1));
-            float t = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float4 a = p[j];
-                t += (a.x + a.y) + (a.z + a.w);
-            }
-            xs[m * stride + s * RLX_QFUSED_PAD + 32 + (i & 1)] = t;
-        }
-        __syncthreads();
-    }
     for (int64_t r = (int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp; r < rows;
          r += (int64_t)gridDim.x * RLX_QFUSED_WARPS) {
         int64_t n;
