@@ -191,6 +191,9 @@ class CausalLM:
     device_sampling: bool = True
     #: Token ids that end generation when set (a checkpoint's eos ids); else the tokenizer's or eos_id.
     eos_ids: frozenset[int] = frozenset()
+    #: Whether q/k rows are in llama.cpp's converter order (a GGUF LLaMA: `from_gguf` sets it): PEFT adapters,
+    #: written for the Hugging Face model, have their q/k B rows reordered the same way at load.
+    gguf_qk_rows: bool = False
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
@@ -277,11 +280,14 @@ class CausalLM:
         `stream`, `logits` and `generate_batch` then take `adapter=name`. Nothing recompiles; a bad adapter
         (rank above `max_lora_rank`, an unknown target module, shapes that do not fit) raises before anything
         is written."""
-        from rlx.models.lora import read_peft_adapter
+        from rlx.models.lora import read_peft_adapter, to_gguf_rows
 
         if self._lora is None:
             raise RlxError("this model has no adapter slots: build it with max_adapters > 0")
-        self._lora.load(name, read_peft_adapter(path), str(path))
+        adapter = read_peft_adapter(path)
+        if self.gguf_qk_rows:
+            adapter = to_gguf_rows(adapter, self.config.num_heads, self.config.num_kv_heads)
+        self._lora.load(name, adapter, str(path))
 
     def unload_adapter(self, name: str) -> None:
         """Free the slot of adapter `name`."""
@@ -293,6 +299,11 @@ class CausalLM:
     def adapters(self) -> list[str]:
         """The names of the loaded adapters."""
         return sorted(self._lora.names) if self._lora is not None else []
+
+    def use_adapters(self, names: Sequence[str | None]) -> None:
+        """Set each row's LoRA adapter for the `step`s that follow (None: the base model; rows past `names`
+        too), as `generate_batch(adapter=...)` does: for callers that step the model themselves (serving)."""
+        self._use_adapters(names)
 
     def _use_adapters(self, names: Sequence[str | None]) -> None:
         """Set each row's adapter for the generation that follows (None: the base model)."""
@@ -324,7 +335,9 @@ class CausalLM:
         tensors = {name: (L.WeightSpec(t.ggml_type, tuple(t.shape)), t.data) for name, t in model.tensors.items()}
         tokenizer = GgufTokenizer.from_metadata(model.metadata)
         kw.setdefault("max_context", min(2048, model.config.context_length))
-        return cls(model.config, tensors, tokenizer, **kw)
+        lm = cls(model.config, tensors, tokenizer, **kw)
+        lm.gguf_qk_rows = model.config.rope_variant == "interleaved"  # the converter permuted q/k (llama)
+        return lm
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: str | None = None,
