@@ -252,6 +252,8 @@ class CausalLM:
         self._cuda_names: tuple[tuple[str, ...], str] | None = None  # see _run_cuda
         self._cpu_bound: dict[Any, Any] = {}  # CPU: runs bound once per (cache, step shape), see _step_cpu
         self._cache: KvCache | None = None
+        # speculative decoding's counts over every generation of this model (`speculation_stats`)
+        self._speculation = {"speculative_steps": 0, "draft_tokens": 0, "accepted_tokens": 0, "produced_tokens": 0}
         if device != "reference":
             from rlx.driver import Session
 
@@ -648,6 +650,18 @@ class CausalLM:
         finally:
             if stats is not None:
                 stats.update(counts.timings())
+            for key, n in (("speculative_steps", counts.steps), ("draft_tokens", counts.proposed),
+                           ("accepted_tokens", counts.accepted), ("produced_tokens", counts.produced)):
+                self._speculation[key] += n
+
+    @property
+    def speculation_stats(self) -> dict[str, float]:
+        """Speculative decoding's totals over this model's generations so far (`speculative=`): verify steps,
+        draft tokens proposed and accepted, tokens produced, and the acceptance rate and tokens per step."""
+        t = self._speculation
+        return {**{k: float(v) for k, v in t.items()},
+                "acceptance_rate": t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else 0.0,
+                "tokens_per_step": t["produced_tokens"] / t["speculative_steps"] if t["speculative_steps"] else 0.0}
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64, *,
                        temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
