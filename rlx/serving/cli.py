@@ -120,7 +120,14 @@ def build_app(args: argparse.Namespace) -> Any:
     from rlx.serving.server import create_app
 
     path = gguf_path(args.model)
+    if path is None:
+        from rlx.models.gguf import find_smollm2_gguf
+
+        path = find_smollm2_gguf()  # None: CausalLM.from_gguf says what to install
+    name = args.model_name or (Path(path).stem if path is not None else "")
     loras = lora_specs(args.lora)
+    if name in loras:
+        raise RlxError(f"--lora {name}=...: an adapter cannot take the served model's name {name!r}")
     lora_kw: dict[str, Any] = {}
     if loras:  # one slot per adapter, of the highest rank among them (read before compiling)
         from rlx.models.lora import read_peft_adapter
@@ -130,13 +137,8 @@ def build_app(args: argparse.Namespace) -> Any:
         lora_kw = {"max_adapters": len(loras), "max_lora_rank": rank}
     runner = CausalLMRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context, chunk=args.chunk,
                                       device=args.device, quant_act=args.quant_act, **lora_kw)
-    for name, d in loras.items():
-        runner.load_adapter(d, name)
-    if path is None:
-        from rlx.models.gguf import find_smollm2_gguf
-
-        path = find_smollm2_gguf()
-    name = args.model_name or Path(path).stem
+    for adapter, d in loras.items():
+        runner.load_adapter(d, adapter)
     embedder, embedding_name = None, None
     if args.embedding_model is not None:
         from rlx.models.embedder import SentenceEmbedder, default_model_dir

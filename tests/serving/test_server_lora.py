@@ -175,3 +175,7 @@ def test_rlxc_serve_lora_flags_load_the_adapters(tiny_gguf, adapter_dirs) -> Non
         app.state.engine.stop()
     with pytest.raises(RlxError, match="given twice"):
         build_app(_parser().parse_args(["--model", str(tiny_gguf), "--lora", "a=x", "--lora", "a=y"]))
+    with pytest.raises(RlxError, match="served model's name 'tiny-llama'"):
+        build_app(_parser().parse_args(["--model", str(tiny_gguf), "--lora", f"tiny-llama={adapter_dirs['sql']}"]))
+    with pytest.raises(RlxError, match="NAME=PATH"):
+        build_app(_parser().parse_args(["--model", str(tiny_gguf), "--lora", str(adapter_dirs["sql"])]))
