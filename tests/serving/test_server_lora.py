@@ -107,6 +107,8 @@ def test_mixed_adapters_share_decode_steps_and_each_row_equals_alone(runner, alo
     for (name, i), r in zip(order, requests):
         assert [e.token_id for e in r if e.token_id is not None] == alone[name][i].token_ids
     assert max(len(set(s)) for s in steps) == 4  # one step mixed three adapters and the base model
+    with pytest.raises(RlxError, match="no adapter named 'nope' is loaded"):
+        engine.submit(PROMPTS[0], GREEDY, adapter="nope")
 
 
 @pytest.fixture(scope="module")
