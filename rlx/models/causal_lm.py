@@ -191,6 +191,9 @@ class CausalLM:
     device_sampling: bool = True
     #: Token ids that end generation when set (a checkpoint's eos ids); else the tokenizer's or eos_id.
     eos_ids: frozenset[int] = frozenset()
+    #: Whether q/k rows are in llama.cpp's converter order (a GGUF LLaMA: `from_gguf` sets it): PEFT adapters,
+    #: written for the Hugging Face model, have their q/k B rows reordered the same way at load.
+    gguf_qk_rows: bool = False
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
@@ -249,6 +252,8 @@ class CausalLM:
         self._cuda_names: tuple[tuple[str, ...], str] | None = None  # see _run_cuda
         self._cpu_bound: dict[Any, Any] = {}  # CPU: runs bound once per (cache, step shape), see _step_cpu
         self._cache: KvCache | None = None
+        # speculative decoding's counts over every generation of this model (`speculation_stats`)
+        self._speculation = {"speculative_steps": 0, "draft_tokens": 0, "accepted_tokens": 0, "produced_tokens": 0}
         if device != "reference":
             from rlx.driver import Session
 
@@ -277,11 +282,14 @@ class CausalLM:
         `stream`, `logits` and `generate_batch` then take `adapter=name`. Nothing recompiles; a bad adapter
         (rank above `max_lora_rank`, an unknown target module, shapes that do not fit) raises before anything
         is written."""
-        from rlx.models.lora import read_peft_adapter
+        from rlx.models.lora import read_peft_adapter, to_gguf_rows
 
         if self._lora is None:
             raise RlxError("this model has no adapter slots: build it with max_adapters > 0")
-        self._lora.load(name, read_peft_adapter(path), str(path))
+        adapter = read_peft_adapter(path)
+        if self.gguf_qk_rows:
+            adapter = to_gguf_rows(adapter, self.config.num_heads, self.config.num_kv_heads)
+        self._lora.load(name, adapter, str(path))
 
     def unload_adapter(self, name: str) -> None:
         """Free the slot of adapter `name`."""
@@ -293,6 +301,11 @@ class CausalLM:
     def adapters(self) -> list[str]:
         """The names of the loaded adapters."""
         return sorted(self._lora.names) if self._lora is not None else []
+
+    def use_adapters(self, names: Sequence[str | None]) -> None:
+        """Set each row's LoRA adapter for the `step`s that follow (None: the base model; rows past `names`
+        too), as `generate_batch(adapter=...)` does: for callers that step the model themselves (serving)."""
+        self._use_adapters(names)
 
     def _use_adapters(self, names: Sequence[str | None]) -> None:
         """Set each row's adapter for the generation that follows (None: the base model)."""
@@ -324,7 +337,9 @@ class CausalLM:
         tensors = {name: (L.WeightSpec(t.ggml_type, tuple(t.shape)), t.data) for name, t in model.tensors.items()}
         tokenizer = GgufTokenizer.from_metadata(model.metadata)
         kw.setdefault("max_context", min(2048, model.config.context_length))
-        return cls(model.config, tensors, tokenizer, **kw)
+        lm = cls(model.config, tensors, tokenizer, **kw)
+        lm.gguf_qk_rows = model.config.rope_variant == "interleaved"  # the converter permuted q/k (llama)
+        return lm
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: str | None = None,
@@ -635,6 +650,18 @@ class CausalLM:
         finally:
             if stats is not None:
                 stats.update(counts.timings())
+            for key, n in (("speculative_steps", counts.steps), ("draft_tokens", counts.proposed),
+                           ("accepted_tokens", counts.accepted), ("produced_tokens", counts.produced)):
+                self._speculation[key] += n
+
+    @property
+    def speculation_stats(self) -> dict[str, float]:
+        """Speculative decoding's totals over this model's generations so far (`speculative=`): verify steps,
+        draft tokens proposed and accepted, tokens produced, and the acceptance rate and tokens per step."""
+        t = self._speculation
+        return {**{k: float(v) for k, v in t.items()},
+                "acceptance_rate": t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else 0.0,
+                "tokens_per_step": t["produced_tokens"] / t["speculative_steps"] if t["speculative_steps"] else 0.0}
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64, *,
                        temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
