@@ -119,7 +119,8 @@ static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
     return (M + RLX_FB_ROWS - 1) / RLX_FB_ROWS * ((N + RLX_FB_COLS - 1) / RLX_FB_COLS);
 }
 
-/* Thread t's tiles: an even count (the blocks' sizes differ too little here to weigh them). */
+/* Thread t's tiles: an even count of them, unweighted (these tiles are row x column blocks, both
+ * possibly short; the micro-kernel's split above is the one MiniLM's GEMMs take). */
 static inline void rlx_pgemm_split(int64_t M, int64_t N, int t, int nt, int64_t *t0, int64_t *t1)
 {
     const int64_t tiles = rlx_pgemm_tiles(M, N);
