@@ -3,11 +3,15 @@
     python benchmarks/llm_cuda.py [--shape smollm2|llama3-8b] [--weights q4_1|q4_k|q8_0|bf16]
                                   [--prompt-tokens 32] [--new-tokens 128] [--rounds 3] [--precision f16]
                                   [--peers rlx,hf_eager,hf_static] [--profile | --host-split]
+                                  [--batches 1,8,32,64]
 
 `--shape llama3-8b` is Llama-3-8B's shape (32 layers, hidden 4096, 32/8 heads, FFN 14336, vocab 128256,
 untied head); the table then also prints the bytes of weights a decode step reads and the tok/s bound
 that the GPU's memory bandwidth sets (`--hbm-tbps`, by default the datasheet figure of the GPU found:
-H100 SXM 3.35 TB/s, H200 4.8), and the GPU memory each peer holds.
+H100 SXM 3.35 TB/s, H200 4.8), and the GPU memory each peer holds. `--batches` instead times RLX's decode
+steps of B rows each (B sequences at the same length, greedy): aggregate tokens/s per B and the ms a step takes,
+beside which kernel path the step's projections took (the fused decode GEMV up to `DecodeGemv.max_rows` rows,
+the dequantize + GEMM path beyond: the switch-over the LIR records).
 
 The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 576, 9/3 heads,
 FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
@@ -114,6 +118,40 @@ def bench_rlx(args, config, tensors) -> dict[str, float]:
     gib = gpu_memory_used() - before
     return {"build_s": build, "total": statistics.median(totals), "decode": statistics.median(decodes),
             "gpu_gib": gib}
+
+
+def bench_batches(args, config, tensors, batches: list[int]) -> None:
+    """Aggregate decode tokens/s at each batch size (B rows a step)."""
+    from rlx.models.causal_lm import CausalLM
+    from rlx.opt.lowering_cuda import DECODE_GEMV_ROWS
+
+    rows = [r for kmax, r in DECODE_GEMV_ROWS if config.hidden_size <= kmax][:1]
+    switch = rows[0] if rows else 0
+    lm = CausalLM(config, tensors, device="cuda", precision=args.precision, max_batch=max(batches),
+                  max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
+    rng = np.random.default_rng(1)
+    print(f"{args.shape}-shaped decoder, {args.weights} weights, precision {args.precision}: decode steps of B rows "
+          f"after a {args.prompt_tokens}-token prompt each, {args.new_tokens} steps, {args.rounds} rounds (medians); "
+          f"fused decode GEMV up to {switch} row(s) (K = {config.hidden_size}), dequantize + GEMM beyond")
+    print(f"{'rows B':>6} {'ms/step':>9} {'tok/s':>10} {'vs B=1':>7} {'projections':>12}")
+    base = None
+    def once(b: int, cache, prompt: np.ndarray) -> float:
+        cache.reset()
+        tokens = lm.step_greedy(prompt, cache, [i * args.prompt_tokens + args.prompt_tokens - 1 for i in range(b)])
+        t0 = time.perf_counter()
+        for _ in range(args.new_tokens):
+            tokens = lm.step_greedy(tokens[:, None], cache, list(range(b)))
+        return (time.perf_counter() - t0) / args.new_tokens
+
+    for b in batches:
+        cache = lm.new_cache()
+        prompt = rng.integers(3, config.vocab_size, (b, args.prompt_tokens))
+        once(b, cache, prompt)  # captures the step's CUDA graph
+        step = statistics.median(once(b, cache, prompt) for _ in range(args.rounds))
+        rate = b / step
+        base = base or rate
+        path = "fused GEMV" if b <= switch else "GEMM"
+        print(f"{b:>6} {step * 1e3:9.3f} {rate:10.1f} {rate / base:7.2f} {path:>12}")
 
 
 def profile_rlx(args, config) -> None:
@@ -247,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default="rlx,hf_eager,hf_static")
     p.add_argument("--pause", type=float, default=1.0)
     p.add_argument("--hbm-tbps", type=float, default=0.0, help="memory bandwidth for the bound (default: by GPU)")
+    p.add_argument("--batches", default="", help="time decode steps of these row counts instead (e.g. 1,8,32,64)")
     p.add_argument("--profile", action="store_true", help="print where a decode step's time goes, then exit")
     p.add_argument("--host-split", action="store_true",
                    help="print only the host-side split of a decode step (no profiled build), then exit")
@@ -256,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     config = DecoderConfig(**SHAPES[args.shape])
     if args.profile:
         profile_rlx(args, config)
+        return 0
+    if args.batches:
+        bench_batches(args, config, rlx_tensors(config, weights=args.weights),
+                      [int(b) for b in args.batches.split(",")])
         return 0
     if args.host_split:
         host_split(args, config, rlx_tensors(config, weights=args.weights),
