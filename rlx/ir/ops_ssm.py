@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rlx.errors import ShapeError
-from rlx.ir.ops import Op, _require_float, _same_float_dtype
 from rlx.ir.dtype import DType
+from rlx.ir.ops import Op, _require_float, _same_float_dtype
 from rlx.ir.shape import Dim, Shape
 
 
