@@ -788,12 +788,12 @@ class CausalLM:
             chunk = padded[:, start:start + seq]
             asked = rows if rows else [0]
             # recurrent layers: each row's real tokens in this chunk (its padding must not reach its state)
-            valid = np.clip(np.asarray(lengths) - start, 0, seq) if self.recurrent else None
+            ragged = {"valid": np.clip(np.asarray(lengths) - start, 0, seq)} if self.recurrent else {}
             if on_device:
                 picked_or_logits = self.step_sample(chunk, cache, asked, u[wanted] if wanted else np.zeros(1),
-                                                    settings, valid=valid)
+                                                    settings, **ragged)
             else:
-                picked_or_logits = (self.step_greedy if greedy else self.step)(chunk, cache, asked, valid=valid)
+                picked_or_logits = (self.step_greedy if greedy else self.step)(chunk, cache, asked, **ragged)
             for i, b in enumerate(wanted):
                 if greedy or on_device:
                     last_ids[b] = picked_or_logits[i]
