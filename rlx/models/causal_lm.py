@@ -185,19 +185,13 @@ def random_tensors(specs: Mapping[str, L.WeightSpec], seed: int = 0,
 
 def _graph_builder(config: Any) -> Any:
     """The graph builder of a config's kind of decoder (its step interface is `rlx.models.llama.build_decoder`'s)."""
-    from rlx.models import mamba2
+    from rlx.models import mamba2, qwen3_next
 
-    builders = {DecoderConfig: L.build_decoder, mamba2.Mamba2Config: mamba2.build_mamba2}
+    builders = {DecoderConfig: L.build_decoder, mamba2.Mamba2Config: mamba2.build_mamba2,
+                qwen3_next.Qwen3NextConfig: qwen3_next.build_qwen3_next}
     if type(config) not in builders:
         raise RlxError(f"no decoder graph for a {type(config).__name__}")
     return builders[type(config)]
-
-
-def _recurrent_states(config: Any) -> list[str]:
-    """The recurrent state inputs of a recurrent config's graph."""
-    from rlx.models.mamba2 import recurrent_state_names
-
-    return recurrent_state_names(config)
 
 
 class CausalLM:
@@ -248,8 +242,10 @@ class CausalLM:
         # the rotary tables of every cache position, computed once (a step gathers its rows)
         # (one pair per scheme: Gemma 3's local layers have their own, `L.rope_inputs`)
         self._rope: dict[str, np.ndarray] = {}
-        for which, (cos_name, sin_name) in (L.rope_inputs(config) if isinstance(config, DecoderConfig) else {}).items():
-            cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, config, which)
+        # (a hybrid's attention layers read their RoPE from its `base` DecoderConfig; Mamba-2 has none)
+        rope_config = config if isinstance(config, DecoderConfig) else getattr(config, "base", None)
+        for which, (cos_name, sin_name) in (L.rope_inputs(rope_config) if rope_config is not None else {}).items():
+            cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, rope_config, which)
             self._rope[cos_name], self._rope[sin_name] = cos[0], sin[0]
         specs = {name: spec for name, (spec, _) in tensors.items()}
         # tp > 1: one rank of a tensor-parallel decoder (rlx.distributed.tp_decoder gives its tensors)
@@ -386,8 +382,11 @@ class CausalLM:
             kw["int8_matmuls"] = True
         load = load_pretrained
         config_file = Path(path) / "config.json"
-        if config_file.is_file() and load_json(config_file).get("model_type") == "mamba2":
+        model_type = load_json(config_file).get("model_type") if config_file.is_file() else None
+        if model_type == "mamba2":
             from rlx.models.hf_mamba2 import load_mamba2 as load
+        elif model_type == "qwen3_next":
+            from rlx.models.hf_qwen3_next import load_qwen3_next as load
         loaded = load(path, dtype="f32" if int8 else dtype, quantize=None if int8 else quantize)
         config = loaded.config
         if context_length is None:
@@ -414,7 +413,7 @@ class CausalLM:
                 zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
                 # on a GPU the cache lives in device memory: a step never copies it over the bus
                 arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
-        recurrent = tuple(_recurrent_states(self.config)) if self.recurrent else ()
+        recurrent = tuple(self.config.recurrent_states()) if self.recurrent else ()
         return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent)
 
     def _own_cache(self) -> KvCache:
@@ -480,6 +479,9 @@ class CausalLM:
         if int(positions.max()) + seq > cache.capacity:
             raise ExecutionError(f"the sequence would need {int(positions.max()) + seq} tokens of context; "
                                  f"max_context is {cache.capacity}")
+        if self.recurrent and batch < self.max_batch:
+            # every slot runs: the others write their (throwaway) K/V rows past their length, where it fits
+            positions = np.concatenate([positions, np.clip(cache.lengths[batch:], 0, cache.capacity - seq)])
         at = positions[:, None].astype(np.int64) + np.arange(seq)
         rows = np.asarray(rows, dtype=np.int32)
         # the sampled_token output's inputs: given, or an argmax setting (temperature 0) when not read
@@ -535,10 +537,9 @@ class CausalLM:
             return outs[output]
         fn, inputs, outputs, _ = bound
         inputs["tokens"][...] = tokens
-        if ragged:  # a recurrent model: no positions, but each row's real tokens
-            for name, value in ragged.items():
-                inputs[name][...] = value
-        else:
+        for name, value in ragged.items():  # a recurrent model's real tokens per row
+            inputs[name][...] = value
+        if "positions" in inputs:  # (Mamba-2 has none)
             inputs["positions"][...] = positions
         for name, table in self._rope.items():
             np.take(table, at, axis=0, out=inputs[name])

@@ -100,6 +100,10 @@ class Mamba2Config:
         """Rows of in_proj: z, xBC, dt."""
         return self.intermediate_size + self.conv_dim + self.num_heads
 
+    def recurrent_states(self) -> list[str]:
+        """The state inputs of the graph (`recurrent_state_names`)."""
+        return recurrent_state_names(self)
+
 
 def _json_float(v: Any) -> float:
     """A float of config.json, where transformers writes infinity as {"__float__": "Infinity"}."""
