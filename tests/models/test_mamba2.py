@@ -24,69 +24,30 @@ from rlx.errors import ArtifactError, ExecutionError, RlxError
 from rlx.models.causal_lm import CausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_checkpoints import BOS, EOS, VOCAB, cosine, hf_logits, prompt, save_checkpoint
-
-TINY = dict(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, state_size=16, n_groups=2, head_dim=16,
-            num_heads=8, expand=2, conv_kernel=4, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0,
-            tie_word_embeddings=False)
-
-
-def random_mamba2(seed: int = 0):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("mamba2", **TINY)).float().eval()
-    with torch.no_grad():  # weights large enough for peaked logits; A_log, dt_bias, D near the usual scales
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if name.endswith(("A_log", "dt_bias")) else 1.0))
-            else:
-                p.normal_(0.0, 0.2)
-    return model
+from hf_checkpoints import hf_logits, prompt, save_checkpoint
+from recurrent_checkpoints import assert_close, check_decode, random_model
 
 
 @pytest.fixture(scope="module")
 def mamba(tmp_path_factory):
-    model = random_mamba2()
+    model = random_model("mamba2")
     directory = save_checkpoint(model, tmp_path_factory.mktemp("mamba2"))
     lm = CausalLM.from_pretrained(directory, context_length=72, max_batch=2, prefill_chunk=48)
     return model, lm, directory
-
-
-def _close(ours: np.ndarray, theirs: np.ndarray, what: object) -> None:
-    err = float(np.abs(ours - theirs).max())
-    assert cosine(ours, theirs) >= 0.99999, what
-    assert err <= 1e-4 * float(np.abs(theirs).max()), (what, err)
 
 
 @pytest.mark.parametrize("length", [1, 40, 60])
 def test_logits_equal_transformers(mamba, length):
     model, lm, _ = mamba
     ids = prompt(length, seed=length)
-    _close(lm.logits(ids), hf_logits(model, ids), length)
+    assert_close(lm.logits(ids), hf_logits(model, ids), length)
 
 
 def test_greedy_decode_through_the_recurrent_cache_equals_transformers(mamba):
     """24 greedy tokens equal `generate(do_sample=False)`; every decode step's logits (one token through the
     cached conv and SSM states) equal transformers' scores for that step."""
-    import torch
-
     model, lm, _ = mamba
-    ids = prompt(12, seed=3)
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=EOS,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-    expected = out.sequences[0, len(ids):].tolist()
-    expected = expected[:expected.index(EOS)] if EOS in expected else expected
-    assert len(expected) >= 8, "the random model stopped too early to compare"
-    assert lm.generate(ids, max_new_tokens=24).token_ids == expected
-    cache = lm.new_cache()
-    logits = lm.step(np.array([ids]), cache, [len(ids) - 1])
-    for step, token in enumerate(expected):
-        _close(logits[0], out.scores[step][0].numpy(), f"decode step {step}")
-        assert int(np.argmax(logits[0])) == token
-        logits = lm.step(np.array([[token]]), cache, [0])
+    check_decode(lm, model, prompt(12, seed=3))
 
 
 def test_generate_batch_equals_each_alone(mamba):
@@ -124,13 +85,13 @@ def test_graph_equals_the_reference(mamba):
     valid, rows = np.array([8, 5]), [7, 8 + 4]
     caches = lm.new_cache(), ref.new_cache()
     got, want = (m.step(tokens, c, rows, valid=valid) for m, c in zip((lm, ref), caches))
-    _close(got, want, "prefill")
+    assert_close(got, want, "prefill")
     for name in caches[0].recurrent:
         np.testing.assert_allclose(caches[0].arrays[name], caches[1].arrays[name], rtol=1e-4, atol=1e-4)
     for c in caches:
         c.lengths[:2] = valid
     step = np.array([[3], [4]])
-    _close(lm.step(step, caches[0], [0, 1]), ref.step(step, caches[1], [0, 1]), "decode")
+    assert_close(lm.step(step, caches[0], [0, 1]), ref.step(step, caches[1], [0, 1]), "decode")
 
 
 def test_bad_checkpoints_name_the_problem(mamba, tmp_path):
