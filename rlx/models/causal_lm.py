@@ -365,8 +365,10 @@ class CausalLM:
                         **kw: Any) -> CausalLM:
         """Load a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
 
-        Families: `rlx.models.hf_config.FAMILIES`. Weights are memory-mapped and kept in their stored
-        dtype (`dtype="f32"` widens them); `quantize="q8_0"` or `"q4_k"` turns the matrices into those blocks,
+        Families: `rlx.models.hf_config.FAMILIES`, and `mamba2` and `qwen3_next` (dense-MLP configs), whose
+        recurrent layers keep their states in the cache slots (`KvCache.recurrent`; `rlx.models.hf_checkpoint`
+        picks the loader). Weights are memory-mapped and kept in their stored dtype (`dtype="f32"` widens
+        them); `quantize="q8_0"` or `"q4_k"` turns the matrices into those blocks,
         `"int8"` runs the linear layers as `int8_matmul` (`rlx.quantize`'s int8-dynamic: weights per output
         channel, activations per row at run time; CPU only).
         `context_length` is the KV cache capacity (default: the model's, at most 2048). Sliding-window
@@ -374,20 +376,12 @@ class CausalLM:
         CUDA and Metal refuse a window smaller than the cache before any build). Every tensor is checked
         against the config before anything is compiled.
         """
-        from rlx.models.hf_load import load_pretrained
-        from rlx.models.weights import load_json
+        from rlx.models.hf_checkpoint import load_checkpoint
 
         int8 = quantize == "int8"  # rlx.quantize's int8-dynamic matmuls: f32 weights in, int8 per channel when set
         if int8:
             kw["int8_matmuls"] = True
-        load = load_pretrained
-        config_file = Path(path) / "config.json"
-        model_type = load_json(config_file).get("model_type") if config_file.is_file() else None
-        if model_type == "mamba2":
-            from rlx.models.hf_mamba2 import load_mamba2 as load
-        elif model_type == "qwen3_next":
-            from rlx.models.hf_qwen3_next import load_qwen3_next as load
-        loaded = load(path, dtype="f32" if int8 else dtype, quantize=None if int8 else quantize)
+        loaded = load_checkpoint(path, dtype="f32" if int8 else dtype, quantize=None if int8 else quantize)
         config = loaded.config
         if context_length is None:
             context_length = min(2048, config.context_length)

@@ -111,3 +111,11 @@ def test_bad_checkpoints_name_the_problem(mamba, tmp_path):
     (bad / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 3}))
     with pytest.raises(ArtifactError, match=r"no tensor 'backbone\.layers\.2\.norm\.weight'"):
         CausalLM.from_pretrained(bad)
+
+
+def test_rlxc_inspect_model(mamba, capsys):
+    from rlx.cli import main
+
+    assert main(["inspect", "--model", str(mamba[2])]) == 0
+    out = capsys.readouterr().out
+    assert "model_type: mamba2" in out and "n_groups: 2" in out and "tensors: 21" in out

@@ -87,3 +87,11 @@ def test_sparse_moe_configs_are_refused_before_loading(hybrid, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**raw, "mlp_only_layers": [0]}))
     with pytest.raises(ArtifactError, match=r"sparse-MoE layers .* are not supported for qwen3_next"):
         CausalLM.from_pretrained(tmp_path)
+
+
+def test_rlxc_inspect_model(hybrid, capsys):
+    from rlx.cli import main
+
+    assert main(["inspect", "--model", str(hybrid[2])]) == 0
+    out = capsys.readouterr().out
+    assert "model_type: qwen3_next" in out and "layer_types: ('linear_attention', 'full_attention')" in out
