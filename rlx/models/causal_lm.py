@@ -695,6 +695,9 @@ class CausalLM:
                     return
                 yield token
             return
+        if self.recurrent:  # a rejected draft is undone by KvCache.truncate, which recurrent states cannot do
+            raise RlxError("speculative decoding needs a cache it can truncate; this model's recurrent layers keep "
+                           "no per-token history (generate without speculative=)")
         from rlx.models import speculative as S
 
         drafter = S.make_drafter(speculative, self)

@@ -75,6 +75,8 @@ def test_cache_reset_and_truncate_of_recurrent_states(mamba):
     assert all(not np.any(cache.arrays[name]) for name in cache.recurrent)
     with pytest.raises(ExecutionError, match="valid must give each"):
         lm.step(np.array([ids]), cache, [0], valid=[len(ids) + 1])
+    with pytest.raises(RlxError, match="speculative decoding needs a cache it can truncate"):
+        lm.generate(ids, max_new_tokens=4, speculative="prompt_lookup")
 
 
 def test_graph_equals_the_reference(mamba):
