@@ -121,3 +121,13 @@ def test_rlxc_inspect_model(mamba, capsys):
     assert main(["inspect", "--model", str(mamba[2])]) == 0
     out = capsys.readouterr().out
     assert "model_type: mamba2" in out and "n_groups: 2" in out and "tensors: 21" in out
+
+
+def test_cuda_refuses_the_carried_states_before_any_build(mamba):
+    """The CPU renders every op of the graph; CUDA names the first carried-state op it has no kernel for."""
+    from rlx.codegen.backends import first_unsupported_op
+
+    lm = mamba[1]
+    assert first_unsupported_op(lm.graph, "cpu") is None
+    node, reason = first_unsupported_op(lm.graph, "cuda")
+    assert node.kind == "depthwise_conv1d_causal" and "carried state" in reason
