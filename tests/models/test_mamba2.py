@@ -51,9 +51,10 @@ def test_greedy_decode_through_the_recurrent_cache_equals_transformers(mamba):
 
 
 def test_generate_batch_equals_each_alone(mamba):
-    """Two prompts of different lengths in one batch: the shorter one's padding never reaches its states."""
+    """Two prompts of different lengths in one batch: the shorter one's padding (all of the second prefill chunk)
+    never reaches its states."""
     _, lm, _ = mamba
-    short, long = prompt(5, seed=5), prompt(17, seed=6)
+    short, long = prompt(5, seed=5), prompt(55, seed=6)  # the long one in two prefill chunks, the short in one
     together = lm.generate_batch([short, long], max_new_tokens=10)
     assert [g.token_ids for g in together] == [lm.generate(short, max_new_tokens=10).token_ids,
                                                lm.generate(long, max_new_tokens=10).token_ids]

@@ -59,7 +59,7 @@ def test_greedy_decode_equals_transformers(hybrid):
 
 def test_generate_batch_equals_each_alone(hybrid):
     _, lm, _ = hybrid
-    short, long = prompt(5, seed=5), prompt(17, seed=6)
+    short, long = prompt(5, seed=5), prompt(55, seed=6)  # the long one in two prefill chunks, the short in one
     together = lm.generate_batch([short, long], max_new_tokens=10)
     assert [g.token_ids for g in together] == [lm.generate(short, max_new_tokens=10).token_ids,
                                                lm.generate(long, max_new_tokens=10).token_ids]
