@@ -643,9 +643,9 @@ def _print_pretrained(args: argparse.Namespace) -> int:
     """`inspect --model DIR`: what `CausalLM.from_pretrained` reads from a checkpoint, checked, not compiled."""
     if args.path is not None or args.stage or args.memory or args.support or args.passes:
         raise UsageError("inspect --model DIR takes no GRAPH and no --stage/--memory/--support/--passes")
-    from rlx.models.hf_load import load_pretrained
+    from rlx.models.hf_checkpoint import load_checkpoint
 
-    loaded = load_pretrained(args.model)
+    loaded = load_checkpoint(args.model)
     print(format_pretrained(loaded))
     return EXIT_OK
 
