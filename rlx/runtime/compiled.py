@@ -58,7 +58,7 @@ from rlx.runtime.abi import ffi
 from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype
 from rlx.runtime.loader import Library, TensorInfo, openmp_policy
 from rlx.runtime.provenance import Provenance
-from rlx.runtime.team import TeamGovernor
+from rlx.runtime.team import TeamGovernor, work_key
 
 
 class _Context:
@@ -685,10 +685,10 @@ class CompiledGraph(Provenance):
             self._run_on_context(sym_values, buffers, n_in,
                                  None if team is None else (team.threads, team.policy.spins))
             return
-        ticket = team.begin()
+        ticket = team.begin(work_key(sym_values))
         try:
             self._run_on_context(sym_values, buffers, n_in, (team.threads if ticket is None else ticket[0],
-                                                              team.policy.spins))
+                                                              team.forks_cheap))
         finally:
             team.end(ticket)
 
