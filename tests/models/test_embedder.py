@@ -1,8 +1,9 @@
 """SentenceEmbedder on a tiny BERT directory: edge inputs of `embed`, and what a warm start loads.
 
 The warm start runs in fresh processes against a private cache: one compiles (cold), the next
-loads the built library through the compile index and embeds; that one must not import the code
-generators, the optimizer, jinja2 or any optional frontend (`WARM_MUST_NOT_IMPORT`). Module sets,
+finds the built library by the graph's recipe (`Session.compile_recipe`: without building the graph)
+and embeds; that one must not import the code generators, the optimizer, jinja2 or any optional
+frontend (`WARM_MUST_NOT_IMPORT`). Module sets,
 not wall-clock times: what is imported is what costs start-up time.
 """
 
@@ -43,6 +44,7 @@ forbidden = tuple(json.loads(sys.argv[2]))
 print(json.dumps({
     "vecs": vecs.tolist(),
     "hit": emb.runner("embeddings").compiled.cache_hit,
+    "built_graph": emb.runner("embeddings")._graph is not None,
     "pristine": rlx.pristine.compiler_is_pristine(),
     "loaded": sorted(m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in forbidden)),
 }))
@@ -91,6 +93,7 @@ def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: 
     assert not cold["hit"] and "rlx.codegen.cpu.emit" in cold["loaded"] and "rlx.opt.pipeline" in cold["loaded"]
     warm = _fresh_process(model_dir, cache)
     assert warm["hit"] and warm["pristine"]
+    assert cold["built_graph"] and not warm["built_graph"], "a warm start built the graph (recipe index missed)"
     assert warm["loaded"] == [], f"a warm start imported {warm['loaded']}"
     np.testing.assert_allclose(warm["vecs"], cold["vecs"], rtol=1e-6, atol=1e-7)
     reference = SentenceEmbedder.from_pretrained(model_dir, device="reference", max_seq=16, max_batch=4)
