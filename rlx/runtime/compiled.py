@@ -46,9 +46,8 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -59,6 +58,9 @@ from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtyp
 from rlx.runtime.loader import Library, TensorInfo, openmp_policy
 from rlx.runtime.provenance import Provenance
 from rlx.runtime.team import TeamGovernor, work_key
+
+if TYPE_CHECKING:  # concurrent.futures (and logging, which it imports) load with run_async's first use
+    from concurrent.futures import Future
 
 
 class _Context:
