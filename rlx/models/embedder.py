@@ -113,10 +113,11 @@ class _Runner:
     """One graph on one device, params set; `run(inputs)` returns the outputs.
 
     Compiled through `Session.compile_recipe`: a warm start finds the built object by `recipe` (how
-    `build` makes the graph) and builds the graph only if asked for it (`graph`).
+    `build` makes the graph) and builds the graph only if asked for it (`graph`). Without a recipe,
+    `build()` is compiled as any graph.
     """
 
-    def __init__(self, build: Callable[[], Graph], recipe: Mapping[str, Any], params: Mapping[str, np.ndarray],
+    def __init__(self, build: Callable[[], Graph], recipe: Mapping[str, Any] | None, params: Mapping[str, np.ndarray],
                  device: str, precision: str = "f32") -> None:
         self.device = device
         self._build = build
@@ -127,7 +128,9 @@ class _Runner:
         else:
             from rlx.driver import Session
 
-            self.compiled = Session(device, precision=precision).compile_recipe(recipe, lambda: self.graph)
+            session = Session(device, precision=precision)
+            self.compiled = (session.compile(self.graph) if recipe is None
+                             else session.compile_recipe(recipe, lambda: self.graph))
             names = self.compiled.param_names
         self.params = {n: params[n] for n in names}
         for name, arr in self.params.items() if self.compiled is not None else ():
@@ -240,8 +243,11 @@ class SentenceEmbedder:
     def runner(self, output: str) -> _Runner:
         """The compiled graph for `output`, compiled (through the AOT cache) on first use."""
         if output not in self._runners:
-            self._runners[output] = _Runner(lambda: self.graph(output), self.recipe(output), self.weights, self.device,
-                                            self.precision)
+            # A subclass that builds its graphs its own way, and does not say how in `recipe`, is compiled by
+            # its graph (the recipe would describe ours).
+            described = type(self).graph is SentenceEmbedder.graph or type(self).recipe is not SentenceEmbedder.recipe
+            self._runners[output] = _Runner(lambda: self.graph(output), self.recipe(output) if described else None,
+                                            self.weights, self.device, self.precision)
         return self._runners[output]
 
     # ── tokens ────────────────────────────────────────────────────────

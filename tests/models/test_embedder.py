@@ -98,3 +98,22 @@ def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: 
     np.testing.assert_allclose(warm["vecs"], cold["vecs"], rtol=1e-6, atol=1e-7)
     reference = SentenceEmbedder.from_pretrained(model_dir, device="reference", max_seq=16, max_batch=4)
     np.testing.assert_allclose(warm["vecs"], reference.embed(["hi", "a man eats food"]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_subclass_building_its_own_graph_is_compiled_by_that_graph(model_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """The recipe describes SentenceEmbedder.graph: a subclass that overrides `graph` (and not `recipe`)
+    must never be served the object built for the base class's graph."""
+    monkeypatch.setenv("RLX_CACHE_DIR", str(tmp_path / "cache"))
+
+    class Scaled(SentenceEmbedder):
+        def graph(self, output: str):  # the same encoder, its pooled output doubled
+            g = super().graph(output)
+            (out,) = g.outputs
+            g.set_outputs([g.mul(out, g.constant(np.float32(2.0)))])
+            return g
+
+    base = SentenceEmbedder.from_pretrained(model_dir, max_seq=16, max_batch=4)
+    want = base.embed(["hi"])
+    scaled = Scaled(base.config, base.weights, base.tokenizer, max_seq=16, max_batch=4, sentence=base.sentence)
+    np.testing.assert_allclose(scaled.embed(["hi"]), 2 * want, rtol=1e-6, atol=1e-7)
