@@ -60,7 +60,7 @@ from rlx.errors import IRError, RlxError
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
 from rlx.ir.module import register_lir_lowering
-from rlx.ir.ops_user import check_current
+from rlx.ir.ops_user import check_current, user_ops_of
 from rlx.pipeline import Built, Pipeline, Rendered, first_unsupported_op, legalize_for, lower_to_lir, stages_for
 from rlx.pristine import COMPILER_MODULES, COMPILER_PACKAGES, compiler_is_pristine, trusting_own_loads
 from rlx.runtime.memory import MemoryEstimate
@@ -233,7 +233,8 @@ class Session:
         `rlx.models.bert`), to the object key and source digest a full compile gave; a hit loads that
         object, verified like a compile-index hit, and builds the graph only when its LIR is asked for.
         Used, like the compile index, only while the compiler's modules are pristine (and not while
-        runs are recorded, which need the graph); otherwise, and on a miss, it is `compile(build())`.
+        runs are recorded, which need the graph), and never for a graph with custom ops (their headers are
+        read by a build only); otherwise, and on a miss, it is `compile(build())`.
 
         >>> import rlx
         >>> def double() -> rlx.Graph:
@@ -262,15 +263,20 @@ class Session:
                     **pipe.request(),
                 }
                 value = _peek(cache, "recipe_index", fingerprint)
-                if isinstance(value, dict) and isinstance(value.get("key"), str):
+                if isinstance(value, dict) and isinstance(value.get("key"), str) and value.get("user_ops") is False:
                     found = pipe.find(value["key"])
                     if found is not None and found.digest == value.get("source"):
                         compiled = pipe.load(found)
                         compiled.record_build(found.digest, lambda: pipe.decided(to_mir(build())))
                         return compiled
-        compiled = self.compile(build(), num_threads=num_threads, opt_level=opt_level)
+        mir = to_mir(build())
+        compiled = self.compile(mir, num_threads=num_threads, opt_level=opt_level)
         if fingerprint is not None and compiled.key and compiled.source_digest:
-            cache.memo("recipe_index", fingerprint, lambda: {"key": compiled.key, "source": compiled.source_digest})
+            # A graph with custom ops also depends on their headers, which only a build reads (and checks):
+            # its recipe is recorded as such and never trusted.
+            user_ops = bool(user_ops_of([n.op for n in mir.nodes]))
+            cache.memo("recipe_index", fingerprint,
+                       lambda: {"key": compiled.key, "source": compiled.source_digest, "user_ops": user_ops})
         return compiled
 
     def _start_recording(self, compiled: Any, mir: Graph, digest: str, level: int) -> None:

@@ -95,3 +95,23 @@ def test_a_patched_builder_module_is_not_trusted(private_cache: Path, monkeypatc
     build = Builder()
     Session().compile_recipe(recipe, build)
     assert build.calls == 1
+
+
+def test_a_graph_with_a_custom_op_is_never_found_by_its_recipe(private_cache: Path, tmp_path: Path) -> None:
+    """A custom op's header is read by a build only: edited, the same recipe must build again."""
+    from tests.ir.user_ops import EXAMPLE, swish_beta
+
+    header = tmp_path / "swish_beta.h"
+    shutil.copy(EXAMPLE.parent / "swish_beta.h", header)
+    op = swish_beta("swish_recipe", c_header=header)
+    calls = []
+
+    def build() -> rlx.Graph:
+        calls.append(1)
+        return rlx.trace("swish_recipe", lambda t: op(t.input("x", [4]), t.input("beta", [])))
+
+    recipe = {"builder": "swish_recipe"}
+    first = Session().compile_recipe(recipe, build)
+    header.write_text(header.read_text() + "\n/* rlx recipe test: edited header */\n")
+    second = Session().compile_recipe(recipe, build)
+    assert len(calls) == 2 and second.key != first.key and "edited header" in second.source
