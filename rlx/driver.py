@@ -68,6 +68,9 @@ from rlx.templates_path import templates_dir
 
 #: Bumped when the compile index's fingerprint or value changes shape.
 INDEX_FORMAT = 3
+#: Bumped when the recipe index's fingerprint or value changes shape (a value is written once: an entry of
+#: an older shape would otherwise stay unusable).
+RECIPE_INDEX_FORMAT = 2
 
 
 class Device(enum.Enum):
@@ -256,7 +259,7 @@ class Session:
             if cache.enabled and pristine and self.config.record_dir is None:
                 pipe = self.pipeline(opt_level, num_threads=num_threads)
                 fingerprint = {
-                    "index_format": str(INDEX_FORMAT),
+                    "index_format": f"{INDEX_FORMAT}.{RECIPE_INDEX_FORMAT}",
                     "recipe": json.dumps(recipe, sort_keys=True),
                     "opt_level": str(self._level(opt_level)),
                     "compiler_source": compiler_source_digest(cache),
@@ -369,29 +372,46 @@ def to_mir(graph: Any) -> Graph:
 # ── what the compile index's fingerprint covers ─────────────────────────────────────────────────
 
 
-def _files_under(top: Path, suffix: str = "") -> list[Path]:
-    """The files under `top` whose names end with `suffix`, outside __pycache__, in `sorted(Path)` order
-    (`os.walk`: several times faster than `Path.rglob`, which a warm start pays for on every compile)."""
-    found = []
-    for folder, dirs, names in os.walk(top):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        found += [Path(folder, n) for n in names if n.endswith(suffix)]
-    return sorted(found)
+def _files_under(top: str, suffix: str = "") -> list[tuple[str, str, os.stat_result]]:
+    """(path relative to `top` in posix form, path, stat) of the files under `top` whose names end with
+    `suffix`, outside __pycache__, sorted by relative path. `os.scandir`, whose entries carry their
+    stat: a warm start lists these files on every compile, and Path objects cost several times more."""
+    found: list[tuple[str, str, os.stat_result]] = []
+    stack = [("", top)]
+    while stack:
+        prefix, folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_dir():
+                if entry.name != "__pycache__":
+                    stack.append((prefix + entry.name + "/", entry.path))
+            elif entry.name.endswith(suffix):
+                found.append((prefix + entry.name, entry.path, entry.stat()))
+    return sorted(found, key=lambda f: f[0])
+
+
+def _compiler_file_stats() -> list[tuple[str, str, os.stat_result]]:
+    """(label, path, stat) of every file whose content decides what a graph compiles to."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    files = []
+    for package in COMPILER_PACKAGES:
+        sub = package.removeprefix("rlx.").replace(".", "/")
+        files += [(f"py:{sub}/{rel}", path, st) for rel, path, st in _files_under(os.path.join(root, sub), ".py")]
+    for module in COMPILER_MODULES:
+        sub = module.removeprefix("rlx.").replace(".", "/")
+        path = os.path.join(root, f"{sub}.py")
+        files.append((f"py:{sub}.py", path, os.stat(path)))
+    files += [(f"template:{rel}", path, st) for rel, path, st in _files_under(str(templates_dir()))]
+    return files
 
 
 def _compiler_files() -> Iterator[tuple[str, Path]]:
     """(label, path) of every file whose content decides what a graph compiles to."""
-    root = Path(__file__).resolve().parent
-    for package in COMPILER_PACKAGES:
-        sub = package.removeprefix("rlx.").replace(".", "/")
-        for path in _files_under(root / sub, ".py"):
-            yield f"py:{path.relative_to(root).as_posix()}", path
-    for module in COMPILER_MODULES:
-        sub = module.removeprefix("rlx.").replace(".", "/")
-        yield f"py:{sub}.py", root / f"{sub}.py"
-    templates = templates_dir()
-    for path in _files_under(templates):
-        yield f"template:{path.relative_to(templates).as_posix()}", path
+    for label, path, _ in _compiler_file_stats():
+        yield label, Path(path)
 
 
 _digest_memo: dict[tuple, str] = {}
@@ -409,17 +429,17 @@ def compiler_source_digest(cache: Any = None) -> str:
     signature is kept in this process and, given an enabled `AotCache`, in its memo
     (`compiler_digest`), so a fresh process reads no file when nothing changed.
     """
-    files = list(_compiler_files())
-    signature = tuple((label, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-                      for label, st in ((lb, p.stat()) for lb, p in files))
+    files = _compiler_file_stats()
+    signature = tuple((label, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for label, _, st in files)
     cached = _digest_memo.get(signature)
     if cached is not None:
         return cached
 
     def digest() -> str:
         h = hashlib.sha256()
-        for label, path in files:
-            h.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
+        for label, path, _ in files:
+            with open(path, "rb") as fh:
+                h.update(label.encode() + b"\0" + fh.read() + b"\0")
         return h.hexdigest()
 
     if cache is not None and cache.enabled:
