@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import threading
 import time
 from collections import deque
@@ -162,7 +161,10 @@ def faster_team(candidate: float, incumbent: Sequence[float], margin: float = SP
     """
     if len(incumbent) < MIN_WALLS_TO_COMPARE:
         return None
-    return candidate < (1.0 - margin) * statistics.median(incumbent)
+    ordered = sorted(incumbent)  # the median (the statistics module costs a warm start decimal and fractions)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return candidate < (1.0 - margin) * median
 
 
 class LoadAverage:

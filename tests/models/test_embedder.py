@@ -30,7 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: Prefixes of modules a warm `from_pretrained(...).embed(...)` has no use for.
 WARM_MUST_NOT_IMPORT = ("jinja2", "rlx.codegen", "rlx.opt", "rlx.reference", "rlx.frontends", "onnx",
                         "rlx.models.causal_lm", "rlx.models.gguf", "rlx.models.llama", "rlx.distributed",
-                        "rlx.report", "scipy", "torch", "pyarrow")
+                        "rlx.report", "scipy", "torch", "pyarrow",
+                        # run_async's executor; the governor's median is computed without statistics
+                        "concurrent.futures", "statistics")
 
 # argv: the model directory. Prints one JSON line: the embedding, whether the library came from the
 # cache, and the loaded modules that WARM_MUST_NOT_IMPORT names.
