@@ -97,9 +97,9 @@ def kvd(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib = build_emu(tmp_path_factory, "kvd_emu.cpp")
     i64, vp = ctypes.c_int64, ctypes.c_void_p
     lib.emu_kv_decode.restype = ctypes.c_int
-    lib.emu_kv_decode.argtypes = [F32P] * 3 + [vp, vp, I32P, F32P, i64, i64, i64, ctypes.c_int, ctypes.c_int,
-                                               ctypes.c_float, i64, F32P, F32P, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                               ctypes.c_uint, i64, F32P, I32P]
+    c_int = ctypes.c_int
+    lib.emu_kv_decode.argtypes = [F32P] * 3 + [vp, vp, I32P, F32P, i64, i64, i64, c_int, c_int, ctypes.c_float, i64,
+                                               F32P, F32P, c_int, c_int, c_int, ctypes.c_uint, i64, F32P, I32P]
     return lib
 
 

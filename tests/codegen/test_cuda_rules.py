@@ -162,7 +162,8 @@ def test_grouped_decode_attention_is_a_lir_decision() -> None:
     (d8,) = few.decided(DecodeSplitKv)
     assert (d8.lanes, d8.max_splits) == (16, 8)  # f32 rows: 16 lanes; 2 x 8 SMs / 2 KV heads = 8 splits
     src = render_cuda(lir, CudaTarget(gemm="builtin", precision=DType.F16), {"name": "g"})
-    assert "rlx_kv_decode<__half, __half, 64, 2, false, false, false>, dim3((unsigned)(batch * 2), (unsigned)sq, 18u)" in src
+    decode = "rlx_kv_decode<__half, __half, 64, 2, false, false, false>, dim3((unsigned)(batch * 2), (unsigned)sq, 18u)"
+    assert decode in src
     assert "rlx_kv_attend<__half, __half, 64, false, false>, dim3((unsigned)(batch * 4), (unsigned)sq, 1u)" in src
     # a window bounds the keys a query sees, so the split; a short cache still runs the grouped kernel, unsplit
     windowed = lower_for(plan(cases.CASES["kv_attention_window"]().graph), "cuda", precision=DType.F32,
