@@ -2,6 +2,7 @@
 
     python benchmarks/llm_cuda.py [--prompt-tokens 32] [--new-tokens 128] [--rounds 3] [--precision f16]
                                   [--peers rlx,hf_eager,hf_static] [--profile | --host-split]
+                                  [--context 32,4096,16384 [--kv-dtype f16]]
 
 The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 576, 9/3 heads,
 FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
@@ -12,6 +13,9 @@ step). transformers: `generate` with
 its dynamic cache (eager) and with `cache_implementation="static"` (which compiles the decode step
 with torch.compile), timed after a warm-up that includes compilation. Tokens/s = new tokens / time
 of the whole generation (prefill included) for every peer, plus RLX's decode-only rate.
+`--context N[,N...]`: RLX only, decode tok/s after N tokens of context (a random prompt of N tokens prefilled in
+chunks of --prompt-tokens, then --new-tokens greedy steps timed), one build sized for the largest N; each row's
+ratio to the first context's rate is printed.
 Timings only: nothing here asserts.
 """
 
@@ -71,6 +75,40 @@ def bench_rlx(args, config) -> dict[str, float]:
     once()  # warm-up: CUDA graphs captured for the prefill and decode shapes
     totals, decodes = zip(*(once() for _ in range(args.rounds)))
     return {"build_s": build, "total": statistics.median(totals), "decode": statistics.median(decodes)}
+
+
+def bench_context(args, config) -> None:
+    """Decode tok/s of RLX at each context of --context (one build, a cache of the largest context)."""
+    from rlx.models.causal_lm import CausalLM
+
+    contexts = [int(c) for c in args.context.split(",")]
+    t0 = time.perf_counter()
+    lm = CausalLM(config, rlx_tensors(config), device="cuda", precision=args.precision,
+                  max_context=max(contexts) + args.new_tokens + 8, prefill_chunk=args.prompt_tokens,
+                  kv_dtype=args.kv_dtype)
+    build = time.perf_counter() - t0
+    cache = lm.new_cache()
+    rng = np.random.default_rng(1)
+    rates = []
+    for n in contexts:
+        def decode(n: int) -> float:
+            cache.reset()
+            prompt = rng.integers(3, config.vocab_size, (1, n))
+            for at in range(0, n, args.prompt_tokens):
+                chunk = prompt[:, at:at + args.prompt_tokens]
+                token = int(lm.step_greedy(chunk, cache, [chunk.shape[1] - 1])[0])
+            t1 = time.perf_counter()
+            for _ in range(args.new_tokens - 1):
+                token = int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
+            return time.perf_counter() - t1
+
+        decode(n)  # warm-up: CUDA graphs captured for this context's step shapes
+        rates.append((args.new_tokens - 1) / statistics.median(decode(n) for _ in range(args.rounds)))
+    print(f"SmolLM2-135M-shaped decoder, batch 1, rlx precision {args.precision}, KV cache {lm.kv_dtype}, "
+          f"build {build:.1f} s, {args.new_tokens} new tokens, {args.rounds} rounds (medians)")
+    print(f"{'context':>8} {'decode tok/s':>13} {'vs first':>9}")
+    for n, rate in zip(contexts, rates):
+        print(f"{n:>8} {rate:13.1f} {rate / rates[0]:9.2f}")
 
 
 def profile_rlx(args, config) -> None:
@@ -183,12 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="print where a decode step's time goes, then exit")
     p.add_argument("--host-split", action="store_true",
                    help="print only the host-side split of a decode step (no profiled build), then exit")
+    p.add_argument("--context", default="",
+                   help="comma-separated context lengths: RLX decode tok/s after each many tokens, then exit")
+    p.add_argument("--kv-dtype", default=None, help="with --context: the KV cache dtype (f32, f16, bf16)")
     args = p.parse_args(argv)
     from rlx.models.decoder_config import DecoderConfig
 
     config = DecoderConfig(**SHAPE)
     if args.profile:
         profile_rlx(args, config)
+        return 0
+    if args.context:
+        bench_context(args, config)
         return 0
     if args.host_split:
         host_split(args, config, rlx_tensors(config),
