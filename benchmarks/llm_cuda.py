@@ -104,8 +104,10 @@ def bench_context(args, config) -> None:
 
         decode(n)  # warm-up: CUDA graphs captured for this context's step shapes
         rates.append((args.new_tokens - 1) / statistics.median(decode(n) for _ in range(args.rounds)))
-    print(f"SmolLM2-135M-shaped decoder, batch 1, rlx precision {args.precision}, KV cache {lm.kv_dtype}, "
-          f"build {build:.1f} s, {args.new_tokens} new tokens, {args.rounds} rounds (medians)")
+    c = config
+    print(f"decoder of {c.num_layers} layers, hidden {c.hidden_size}, {c.num_heads}/{c.num_kv_heads} heads of "
+          f"{c.head_dim}, batch 1, rlx precision {args.precision}, KV cache {lm.kv_dtype}, build {build:.1f} s, "
+          f"{args.new_tokens} new tokens, {args.rounds} rounds (medians)")
     print(f"{'context':>8} {'decode tok/s':>13} {'vs first':>9}")
     for n, rate in zip(contexts, rates):
         print(f"{n:>8} {rate:13.1f} {rate / rates[0]:9.2f}")
