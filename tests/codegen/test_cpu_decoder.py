@@ -172,6 +172,17 @@ def test_decode_rows_over_a_long_cache_match_reference(threads: int) -> None:
         pos = pos + s
 
 
+def test_cpu_refuses_a_cache_narrower_than_the_compute() -> None:
+    """An f16 KV cache beside f32 queries runs on CUDA only: the CPU says so before any build (legalization never
+    widens a cache it would then update in place)."""
+    g = rlx.Graph("kv16")
+    q, k, v = (g.input(n, [1, 2, 16]) for n in "qkv")
+    kc, vc = (g.state(n, [1, 8, 16], "f16") for n in ("k_cache", "v_cache"))
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, g.input("pos", [1], "i32"), num_heads=2, head_dim=8)])
+    with pytest.raises(BuildError, match="with f16 KV caches beside f32 queries"):
+        rlx.Session("cpu").compile(g)
+
+
 def test_metal_refuses_a_window_at_render() -> None:
     """Metal has no windowed kernel yet: a clear BuildError when rendering, before any build."""
     from rlx.codegen.metal import MetalTarget
