@@ -182,16 +182,13 @@ def test_qkv_gemms_run_as_one_wide_gemm() -> None:
     assert builtin.count("rlx_gemm_tiled<") >= 6 and "combined" not in builtin
 
 
-@pytest.mark.parametrize(("name", "precision"), [("kv_attention_window", "bf16"), ("kv_attention_split", "f16")])
-def test_decode_attention_kernels_compile(toolchain: NvccToolchain, name: str, precision: str, tmp_path: Path) -> None:
-    """rlx_kv_decode and rlx_kv_attend in low precision: bf16 compute over an f16 cache with a sliding window, f16
-    over f16 split 18 ways (their f32 forms compile with every case above, the rotary forms in the decoder below)."""
-    target = CudaTarget(gemm="builtin", precision=DType.parse(precision))
-    src = _compile(toolchain, cases.CASES[name]().graph, target, tmp_path)
-    t = {"bf16": "rlx_bf16", "f16": "__half"}[precision]
-    window = "true" if name == "kv_attention_window" else "false"
-    assert f"rlx_kv_decode<{t}, __half, 64, 2, false, false, {window}>" in src
-    assert f"rlx_kv_attend<{t}, __half, 64, false, false>" in src
+def test_decode_attention_kernels_compile(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """rlx_kv_decode and rlx_kv_attend at bf16 compute over an f16 cache with a sliding window (their f32 forms
+    compile with every case above, the f16 and rotary forms in the decoder below)."""
+    target = CudaTarget(gemm="builtin", precision=DType.BF16)
+    src = _compile(toolchain, cases.CASES["kv_attention_window"]().graph, target, tmp_path)
+    assert "rlx_kv_decode<rlx_bf16, __half, 64, 2, false, false, true>" in src
+    assert "rlx_kv_attend<rlx_bf16, __half, 64, false, false>" in src
 
 
 def test_decoder_decode_attention_rotates_in_kernel() -> None:
