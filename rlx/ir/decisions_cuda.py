@@ -119,15 +119,34 @@ class DecodeSplitKv(Decision):
     split over up to `max_splits` blocks of at least `split_keys` keys each (decided per launch from the query's
     past), since one block per (row, head) leaves most of the GPU idle once the past is long. The blocks' partial
     maxima, sums and outputs go to the scratch region; the last block of a query merges them, counted in the
-    `counters` region of the `DeviceLayout`."""
+    `counters` region of the `DeviceLayout`.
+
+    `grouped`: decode steps run rlx_kv_decode (kernels/kv_decode.cuh): one block per (query, KV head) computes all
+    `group` query heads of its KV head (each cached K/V row read once for them), reading rows in 16-byte loads
+    (`lanes` lanes per row); `max_splits` then comes from the keys a query can see (the capacity, or the window)
+    and from `sms`, the SM count the split blocks are to fill. Otherwise (a head dim the loads cannot tile, more
+    than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head).
+
+    >>> DecodeSplitKv(7, 64, 64, 4, grouped=True, group=3, lanes=8, sms=132).describe()[:68]
+    '%7 decode steps (<= 4 rows): rlx_kv_decode, a block per (query, KV h'
+    """
 
     kind: ClassVar[str] = "cuda_decode_split_kv"
     attention: int
     max_splits: int
     split_keys: int
     max_rows: int
+    grouped: bool = False
+    group: int = 1
+    lanes: int = 0
+    sms: int = 0
 
     def describe(self) -> str:
+        if self.grouped:
+            return (f"%{self.attention} decode steps (<= {self.max_rows} rows): rlx_kv_decode, a block per (query, KV "
+                    f"head) for its {self.group} query heads, K/V rows in 16-byte loads ({self.lanes} lanes a row); "
+                    f"a query's keys split over up to {self.max_splits} blocks of >= {self.split_keys} keys "
+                    f"(sized for {self.sms} SMs; partials in scratch, merged by the last block)")
         return (f"%{self.attention} splits a query's keys over up to {self.max_splits} blocks of >= {self.split_keys} "
                 f"keys when a step has <= {self.max_rows} rows (partials in scratch, merged by the last block)")
 

@@ -774,7 +774,9 @@ class CachedAttention(_AttentionHeads, Op):
     query s of row b attends to keys `0 .. pos_b + s` — with a `window` W, only
     to the last W of them (keys j with `pos_b + s - j < W`: sliding-window
     attention). Rows of a batch may sit at different positions; `pos_b + S > T`
-    is a run-time error. Output `[B, S, H*D]`.
+    is a run-time error. Output `[B, S, H*D]`. The caches may have another float
+    dtype than q, k, v (an f16 cache beside f32 compute: values are rounded to it
+    when stored, and attention reads them back as stored).
     """
 
     kind: ClassVar[str] = "cached_attention"
@@ -791,7 +793,11 @@ class CachedAttention(_AttentionHeads, Op):
                                         or self.window < 1):
             raise ShapeError(f"cached_attention window must be None or a positive int, got {self.window!r}")
         q, k, v, kc, vc, pos = inputs
-        _same_float_dtype("cached_attention", [q, k, v, kc, vc])
+        _same_float_dtype("cached_attention", [q, k, v])
+        # the caches may be narrower than the compute (an f16/bf16 KV cache beside f32 queries)
+        if kc.dtype != vc.dtype or (kc.dtype != q.dtype and kc.dtype not in (DType.F32, DType.F16, DType.BF16)):
+            raise ShapeError(f"cached_attention caches must share one dtype, q's or f32/f16/bf16, got "
+                             f"q={q}, k_cache={kc}, v_cache={vc}")
         kw = self.kv_heads * self.head_dim
         self._check_rows("cached_attention", "q", q, self.num_heads)
         for name, s in (("k", k), ("v", v)):

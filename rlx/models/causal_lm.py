@@ -43,6 +43,16 @@ _ARGMAX_SETTINGS.flags.writeable = False
 Q16_FEATURES = ("avx512_vnni", "avx512bw", "avx512vl")
 
 
+def default_kv_dtype(device: str, precision: str) -> str:
+    """The KV cache dtype of `device` when `kv_dtype` is not given: f16 on CUDA at f16/bf16 precision (half the
+    cache's bytes per step; f16 keeps more mantissa than bf16), f32 otherwise.
+
+    >>> default_kv_dtype("cuda", "bf16"), default_kv_dtype("cuda", "f32"), default_kv_dtype("cpu", "f32")
+    ('f16', 'f32', 'f32')
+    """
+    return "f16" if device == "cuda" and precision in ("f16", "bf16") else "f32"
+
+
 def default_quant_act(device: str) -> str:
     """How `device`'s quantized matmuls take activations when `quant_act` is not given.
 
@@ -202,7 +212,9 @@ class CausalLM:
     one step feeds (longer prompts go through in chunks). `logits`, `generate` and `stream` share
     one internal cache: use an instance from one thread at a time (the compiled graph itself is
     thread-safe: concurrent callers can each `step` with their own `new_cache()`). On CUDA, `precision="f16"` stores
-    activations, caches and float weights in half precision (quantized weights stay in their blocks).
+    activations and float weights in half precision (quantized weights stay in their blocks). `kv_dtype` is the
+    KV cache's dtype: "f32", or on CUDA "f16" / "bf16" (half the bytes each decode step reads at long contexts);
+    None takes `default_kv_dtype` (f16 on CUDA at f16/bf16 precision, else f32).
     `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "q16" (int16 per
     block of 32), "q8" (int8, as llama.cpp) or "f32"; None takes the device's default
     (`default_quant_act`).
@@ -227,7 +239,7 @@ class CausalLM:
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
                  precision: str = "f32", tp: int = 1, quant_act: str | None = None,
                  int8_matmuls: bool = False, max_adapters: int = 0, max_lora_rank: int = 16,
-                 lora_targets: Sequence[str] | None = None) -> None:
+                 lora_targets: Sequence[str] | None = None, kv_dtype: str | None = None) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -256,10 +268,17 @@ class CausalLM:
         self.quant_act = quant_act if quant_act is not None else default_quant_act(device)
         if int8_matmuls and device != "cpu":
             raise RlxError(f"int8 matmuls (rlx.quantize 'int8-dynamic') run on the CPU only, not {device!r}")
-        self.graph = _graph_builder(config)(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
-                                            capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
-                                            quant_act=self.quant_act,
-                                            narrow_weights=device == "cpu" and not int8_matmuls)
+        build = _graph_builder(config)
+        llama_like = build is L.build_decoder  # the recurrent hybrids' builders keep f32 caches
+        self.kv_dtype = kv_dtype if kv_dtype is not None else (default_kv_dtype(device, precision) if llama_like
+                                                               else "f32")
+        if self.kv_dtype not in L.KV_DTYPES or (self.kv_dtype != "f32" and (device != "cuda" or not llama_like)):
+            raise RlxError(f"kv_dtype {self.kv_dtype!r} is not one {device!r} runs for a {type(config).__name__}: "
+                           f"f32 everywhere, f16 or bf16 on CUDA for LLaMA-family decoders")
+        self.graph = build(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk, capacity=max_context,
+                           name=f"{config.arch}_decoder", tp=tp, quant_act=self.quant_act,
+                           narrow_weights=device == "cpu" and not int8_matmuls,
+                           **({"kv_dtype": self.kv_dtype} if llama_like else {}))
         self._host_inputs = frozenset(n.op.name for n in self.graph.inputs() if not n.op.state)
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic
@@ -387,8 +406,8 @@ class CausalLM:
         `"int8"` runs the linear layers as `int8_matmul` (`rlx.quantize`'s int8-dynamic: weights per output
         channel, activations per row at run time; CPU only).
         `context_length` is the KV cache capacity (default: the model's, at most 2048). Sliding-window
-        layers attend to their last `sliding_window` keys (`cached_attention(window=...)`: CPU and reference;
-        CUDA and Metal refuse a window smaller than the cache before any build). Every tensor is checked
+        layers attend to their last `sliding_window` keys (`cached_attention(window=...)`: CPU, CUDA and reference;
+        Metal refuses a window smaller than the cache before any build). Every tensor is checked
         against the config before anything is compiled.
         """
         from rlx.models.hf_checkpoint import load_checkpoint
@@ -419,7 +438,7 @@ class CausalLM:
         arrays = {}
         for node in self.graph.inputs():
             if node.op.state:
-                zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
+                zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)  # (bf16: zero bits)
                 # on a GPU the cache lives in device memory: a step never copies it over the bus
                 arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
         recurrent = tuple(self.config.recurrent_states()) if self.recurrent else ()

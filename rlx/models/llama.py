@@ -13,7 +13,8 @@ one compiled library and one copy of the weights serve both. Inputs:
 - `rows` i32 `[n_rows]`: which of the `batch*seq` new tokens (flat index
   `b*seq + s`) get logits — every position for `logits`, each row's last one
   for generation, so the vocabulary projection runs only where needed;
-- states `blk.N.k_cache` / `blk.N.v_cache` f32 `[max_batch, capacity, kv_heads*head_dim]`.
+- states `blk.N.k_cache` / `blk.N.v_cache` `[max_batch, capacity, kv_heads*head_dim]`, f32 or the
+  `kv_dtype` given (f16/bf16: values rounded when stored, as CUDA keeps them).
 
 Outputs `logits` f32 `[n_rows, vocab]`, `next_token` i32 `[n_rows]`, the
 argmax of each row's logits (greedy decoding reads only this), and
@@ -175,9 +176,13 @@ def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
     return partial if tp == 1 else g.add(O.AllReduce(world=tp), [partial], name=name + ".all_reduce")
 
 
+#: Dtypes a decoder's KV cache may have (`build_decoder(kv_dtype=...)`).
+KV_DTYPES = ("f32", "f16", "bf16")
+
+
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1,
-                  quant_act: str = "f32", narrow_weights: bool = False) -> Graph:
+                  quant_act: str = "f32", narrow_weights: bool = False, kv_dtype: str = "f32") -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
     `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
@@ -188,7 +193,10 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     per block of 32, as llama.cpp) or "q16" (int16 per block; see `dequant_matmul`).
     `narrow_weights`: F16/BF16 matrices are params of their own dtype, multiplied as stored
     (`matmul(f32, bf16) -> f32`) — for a backend with such GEMMs (the CPU); otherwise f32 params.
+    `kv_dtype`: the KV cache states' dtype, "f32", "f16" or "bf16" (CUDA runs the narrow ones).
     """
+    if kv_dtype not in KV_DTYPES:
+        raise IRError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     if capacity < 1 or max_seq < 1 or max_batch < 1:
         raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
     if quant_act not in ACT_MODES:
@@ -238,8 +246,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
             q = g.rope(q, rcos, rsin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
             k = g.rope(k, rcos, rsin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
         k_name, v_name = cache_names(layer)
-        k_cache = g.state(k_name, [max_batch, capacity, kv_width])
-        v_cache = g.state(v_name, [max_batch, capacity, kv_width])
+        k_cache = g.state(k_name, [max_batch, capacity, kv_width], kv_dtype)
+        v_cache = g.state(v_name, [max_batch, capacity, kv_width], kv_dtype)
         # a window at least the cache's capacity never hides a key: plain causal attention then
         window = c.layer_window(layer)
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,

@@ -182,6 +182,24 @@ def test_qkv_gemms_run_as_one_wide_gemm() -> None:
     assert builtin.count("rlx_gemm_tiled<") >= 6 and "combined" not in builtin
 
 
+def test_decode_attention_kernels_compile(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """rlx_kv_decode and rlx_kv_attend at bf16 compute over an f16 cache with a sliding window (their f32 forms
+    compile with every case above, the f16 and rotary forms in the decoder below)."""
+    target = CudaTarget(gemm="builtin", precision=DType.BF16)
+    src = _compile(toolchain, cases.CASES["kv_attention_window"]().graph, target, tmp_path)
+    assert "rlx_kv_decode<rlx_bf16, __half, 64, 2, false, false, true>" in src
+    assert "rlx_kv_attend<rlx_bf16, __half, 64, false, false>" in src
+
+
+def test_decoder_decode_attention_rotates_in_kernel() -> None:
+    """The LLaMA-style decoder's decode steps run rlx_kv_decode with the rotary embedding inside (DecodeRope);
+    test_decoder_compiles_with_resident_states compiles it."""
+    from rlx.driver import lower_to_lir
+
+    src = render_cuda(lower_to_lir(_tiny_decoder(), 2, backend="cuda"), CudaTarget(gemm="builtin"), {"name": "d"})
+    assert "rlx_kv_decode<float, float, 16, 2, true, false, false>" in src
+
+
 def _tiny_decoder() -> Graph:
     from rlx.ir.quant import row_bytes
 

@@ -71,8 +71,9 @@ _INT32_LIMIT = (1 << 31) - 1
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
-                  "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/moe.cuh",
-                  "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/lora.cuh",
+                  "cuda/kernels/kv_attention.cuh", "cuda/kernels/kv_decode.cuh", "cuda/kernels/quant.cuh",
+                  "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
+                  "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
                   "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
@@ -164,6 +165,11 @@ class CudaTarget:
     #: rlx/opt/lowering_cuda_kernels.py) instead of cuBLASLt plus a separate pass; the build turns it off where
     #: CUTLASS's headers are missing or the arch is not sm_90.
     cutlass_gemm: bool = True
+    #: The SM count decode attention's key splits are sized for (`DecodeSplitKv`; 132: H100 / H200 SXM).
+    decode_sms: int = 132
+    #: Decode steps of `cached_attention` run rlx_kv_decode (a block per KV head for its query heads, 16-byte
+    #: K/V loads, flash-decoding splits: `DecodeSplitKv.grouped`) where it fits; False: rlx_kv_attend (comparisons).
+    kv_decode: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -175,6 +181,8 @@ class CudaTarget:
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
+        if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
+            raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
 
     def identity(self) -> str:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
@@ -188,7 +196,9 @@ class CudaTarget:
                 + ("" if self.pool_tail else " pool_tail=0") + (" pool_norm=1" if self.pool_norm else "")
                 + ("" if self.gather_region else " gather_region=0")
                 + ("" if self.io_graph else " io_graph=0")
-                + ("" if self.cutlass_gemm else " cutlass_gemm=0"))
+                + ("" if self.cutlass_gemm else " cutlass_gemm=0")
+                + ("" if self.decode_sms == 132 else f" decode_sms={self.decode_sms}")
+                + ("" if self.kv_decode else " kv_decode=0"))
 
 
 @dataclass(frozen=True)
