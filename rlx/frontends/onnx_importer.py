@@ -31,15 +31,20 @@ def _onnx() -> Any:
 
 
 
-_ONNX_DTYPES = {1: DType.F32, 2: DType.U8, 3: DType.I8, 5: DType.I16, 6: DType.I32, 7: DType.I64, 9: DType.BOOL,
-                10: DType.F16, 11: DType.F64, 16: DType.BF16}
+_ONNX_DTYPES = {1: DType.F32, 2: DType.U8, 3: DType.I8, 4: DType.U16, 5: DType.I16, 6: DType.I32, 7: DType.I64,
+                9: DType.BOOL, 10: DType.F16, 11: DType.F64, 12: DType.U32, 13: DType.U64, 16: DType.BF16}
 
 
 def _dtype(elem_type: int, what: str) -> DType:
     dt = _ONNX_DTYPES.get(elem_type)
     if dt is None:
-        raise IRError(f"{what} has ONNX element type {elem_type}, which RLX does not support "
-                      f"(supported: float, float16, bfloat16, double, int8, uint8, int16, int32, int64, bool)")
+        try:
+            name = _onnx().TensorProto.DataType.Name(elem_type)
+        except ValueError:
+            name = "unknown"
+        raise IRError(f"{what} has ONNX element type {elem_type} ({name}), which RLX does not support "
+                      f"(supported: float, float16, bfloat16, double, int8, uint8, int16, uint16, int32, uint32, "
+                      f"int64, uint64, bool)")
     return dt
 
 

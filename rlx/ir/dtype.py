@@ -30,6 +30,9 @@ class DType(enum.Enum):
     BOOL = "bool"
     #: Last, so the positions of the older members (their codes anywhere they are enumerated) stay put.
     I16 = "i16"
+    U16 = "u16"
+    U32 = "u32"
+    U64 = "u64"
 
     @property
     def itemsize(self) -> int:
@@ -46,7 +49,12 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8)
+        return self in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U16, DType.U32, DType.U64)
+
+    @property
+    def is_unsigned(self) -> bool:
+        """An unsigned integer type (no negative values; division and comparison are unsigned)."""
+        return self in (DType.U8, DType.U16, DType.U32, DType.U64)
 
     @property
     def c_type(self) -> str:
@@ -61,7 +69,8 @@ class DType(enum.Enum):
         if isinstance(value, str):
             key = value.strip().lower()
             aliases = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-                       "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool_": "bool"}
+                       "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
+                       "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool_": "bool"}
             key = aliases.get(key, key)
             for dt in DType:
                 if dt.value == key:
@@ -83,18 +92,19 @@ class DType(enum.Enum):
 
 
 _ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8, DType.I8: 1, DType.I16: 2,
-             DType.I32: 4, DType.I64: 8, DType.U8: 1, DType.BOOL: 1}
+             DType.I32: 4, DType.I64: 8, DType.U8: 1, DType.U16: 2, DType.U32: 4, DType.U64: 8, DType.BOOL: 1}
 _NUMPY = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "uint16", DType.F64: "float64",
           DType.I8: "int8", DType.I16: "int16", DType.I32: "int32", DType.I64: "int64", DType.U8: "uint8",
-          DType.BOOL: "bool"}
+          DType.U16: "uint16", DType.U32: "uint32", DType.U64: "uint64", DType.BOOL: "bool"}
 _C_TYPE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.F64: "double",
            DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
-           DType.BOOL: "uint8_t"}
+           DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "uint8_t"}
 
 F32, F16, BF16, F64 = DType.F32, DType.F16, DType.BF16, DType.F64
 #: numpy's bfloat16 (the `ml_dtypes` package): what bf16 arrays are at the Python boundary.
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 I8, I16, I32, I64, U8, BOOL = DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.BOOL
+U16, U32, U64 = DType.U16, DType.U32, DType.U64
 
 
 def bits_to_bfloat16(bits: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ RULES = RuleSet("cpu")
 
 _COMPUTE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
             DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
-            DType.BOOL: "uint8_t"}
+            DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "uint8_t"}
 
 
 # ── kernel arguments: one frozen dataclass per macro (`CpuArgs`, `rlx.codegen.cpu.emit`) ──
@@ -540,7 +540,8 @@ def reduce_args(em: CpuEmitter, node: Node) -> ReduceArgs:
             outer = em.numel([d for d, _ in groups]) if groups else "1"
     red_count = em.numel([d for d, r in groups if r]) if any(r for _, r in groups) else "1"
     dt = x.dtype
-    acc_type = "double" if dt.is_float else ("int64_t" if op.fn in ("sum", "prod") else _COMPUTE[dt])
+    wide = "uint64_t" if dt.is_unsigned else "int64_t"  # sums wrap as the numpy reference's do
+    acc_type = "double" if dt.is_float else (wide if op.fn in ("sum", "prod") else _COMPUTE[dt])
     if op.fn == "mean":
         acc_type = "double"
     if op.fn in ("max", "min"):
