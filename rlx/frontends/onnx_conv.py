@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import IRError
+from rlx.frontends.onnx_resize import resize_static
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.ops_conv import Conv, pads_for_auto
-from rlx.ir.shape import Dim, product
+from rlx.ir.shape import Dim, normalize_axis, product
 
 Handler = Callable[[Any, Any], list[Any]]
 
@@ -299,23 +300,37 @@ def _resize(imp: Any, node: Any) -> list[Any]:
     mode = node.attr("mode", "nearest") or "nearest"
     transform = node.attr("coordinate_transformation_mode", "half_pixel") or "half_pixel"
     rounding = node.attr("nearest_mode", "round_prefer_floor") or "round_prefer_floor"
+    resized = [normalize_axis(int(a), len(dims)) for a in (node.attr("axes", None) or range(len(dims)))]
+    if mode not in ("nearest", "linear", "cubic"):
+        raise IRError(f"Resize mode={mode!r} is not one of nearest, linear, cubic")
+    if all(dims[a].is_static for a in resized) and len(set(resized)) == len(resized):
+        return [imp.emit(resize_static(imp, node, x, resized, mode, transform, rounding))]
+    # a dynamic axis: nearest resizing by integer factors (each value repeated), whatever the length
     if mode != "nearest" or (transform, rounding) not in _REPEATING:
         raise IRError(f"Resize mode={mode!r}, coordinate_transformation_mode={transform!r}, nearest_mode="
                       f"{rounding!r} is not supported: RLX resizes by nearest neighbour with integer factors "
                       "(asymmetric + floor, or half_pixel + round_prefer_floor/ceil)")
+    policy = node.attr("keep_aspect_ratio_policy", "stretch") or "stretch"
+    if policy != "stretch" and node.input(3) is not None:
+        raise IRError(f"Resize keep_aspect_ratio_policy={policy!r} is not supported (only 'stretch')")
+    axes = [normalize_axis(int(a), len(dims)) for a in (node.attr("axes", None) or range(len(dims)))]
+    picked = [dims[a] for a in axes]  # the axes the scales or sizes are given for (opset 18's `axes`)
     if node.input(3) is not None:
         sizes = [int(v) for v in imp.static(node, 3, "sizes").reshape(-1)]
-        if any(not d.is_static or size % d.value for d, size in zip(dims, sizes)):
+        if any(not d.is_static or size % d.value for d, size in zip(picked, sizes)):
             raise IRError(f"Resize to sizes {sizes}: each must be an integer multiple of the static input "
-                          f"[{', '.join(map(str, dims))}] (a dynamic axis takes scales instead)")
-        factors = [size // d.value for d, size in zip(dims, sizes)]
+                          f"[{', '.join(map(str, picked))}] (a dynamic axis takes scales instead)")
+        given = [size // d.value for d, size in zip(picked, sizes)]
     else:
         scales = np.asarray(imp.static(node, 2, "scales"), np.float64).reshape(-1)
         if np.any(scales != np.round(scales)) or np.any(scales < 1):
             raise IRError(f"Resize scales {scales.tolist()} must be integers >= 1")
-        factors = [int(v) for v in scales]
-    if len(factors) != len(dims):
-        raise IRError(f"Resize has {len(factors)} factors for rank {len(dims)}")
+        given = [int(v) for v in scales]
+    if len(given) != len(axes) or len(set(axes)) != len(axes):
+        raise IRError(f"Resize has {len(given)} factors for axes {axes} of a rank-{len(dims)} input")
+    factors = [1] * len(dims)
+    for a, f in zip(axes, given):
+        factors[a] = f
     # x[..., i, ...] -> [..., i, f, ...] broadcast -> merged: each value repeated f times along its axis
     split = [e for d, f in zip(dims, factors) for e in ((d, Dim(1)) if f > 1 else (d,))]
     wide = [e for d, f in zip(dims, factors) for e in ((d, Dim(f)) if f > 1 else (d,))]

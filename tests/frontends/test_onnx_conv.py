@@ -159,8 +159,10 @@ def test_windows_batch_norms_and_auto_pads_equal_onnxruntime() -> None:
     (dict(op_type="Conv", kernel_shape=[3, 3]), [1, 2, 4, 4], [2, 2, 1, 1], "disagrees with the weight"),
     (dict(op_type="BatchNormalization", training_mode=1), [1, 2, 4, 4], None, "training_mode=1"),
     (dict(op_type="MaxPool", kernel_shape=[2, 2], storage_order=1), [1, 2, 4, 4], None, "storage_order"),
-    (dict(op_type="Resize", mode="linear"), [1, 2, 4, 4], None, "mode='linear'"),
-    (dict(op_type="Resize", mode="nearest"), [1, 2, 4, 4], [1, 1, 1.5, 2], "must be integers"),
+    # linear and cubic, and nearest by any factor, resize static axes (test_onnx_resize.py); these are refused:
+    (dict(op_type="Resize", mode="linear", antialias=1), [1, 2, 4, 4], [1, 1, 0.5, 0.5], "antialias"),
+    (dict(op_type="Resize", coordinate_transformation_mode="tf_crop_and_resize"), [1, 2, 4, 4], None,
+     "tf_crop_and_resize"),
     (dict(op_type="Pad", mode="wrap"), [1, 2, 4, 4], None, "mode 'wrap'"),
 ])
 def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w_shape: list | None,
