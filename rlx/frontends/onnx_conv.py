@@ -104,17 +104,23 @@ def _conv_transpose(imp: Any, node: Any) -> list[Any]:
     r = _spatial_rank("ConvTranspose", xs.dims)
     w_name = node.inputs[1]
     w = imp.known(w_name)
-    if w is None or w.dtype == object:
-        raise IRError("ConvTranspose needs its weight known at import (an initializer): it is flipped into a conv's")
-    w = np.asarray(w, np.float32)
-    if w.ndim != r + 2:
-        raise IRError(f"ConvTranspose weight must be rank {r + 2}, got shape {list(w.shape)}")
+    if w is not None and w.dtype != object:
+        w = np.asarray(w, np.float32)
+        w_shape = list(w.shape)
+    else:  # a run-time weight: flipped and turned by graph ops (static shape)
+        w = None
+        w_dims = imp.g.shape(imp.tensor(w_name)).dims
+        if not all(d.is_static for d in w_dims):
+            raise IRError(f"ConvTranspose needs a weight of static shape, got {list(w_dims)}")
+        w_shape = [d.value for d in w_dims]
+    if len(w_shape) != r + 2:
+        raise IRError(f"ConvTranspose weight must be rank {r + 2}, got shape {w_shape}")
     if (node.attr("auto_pad", "NOTSET") or "NOTSET") != "NOTSET" or node.attr("output_shape") is not None:
         raise IRError("ConvTranspose with auto_pad or output_shape is not supported; give pads (and output_padding)")
     groups = int(node.attr("group", 1))
-    c, og, *kernel = w.shape
+    c, og, *kernel = w_shape
     if c != xs.dims[1].value or c % groups:
-        raise IRError(f"ConvTranspose weight {list(w.shape)} does not match input {xs} with group={groups}")
+        raise IRError(f"ConvTranspose weight {w_shape} does not match input {xs} with group={groups}")
     strides, dilations = _ints_attr(node, "strides", r), _ints_attr(node, "dilations", r)
     pads = tuple(int(p) for p in (node.attr("pads") or [0] * (2 * r)))
     extra = tuple(int(p) for p in (node.attr("output_padding") or [0] * r))
@@ -126,15 +132,23 @@ def _conv_transpose(imp: Any, node: Any) -> list[Any]:
         raise IRError(f"ConvTranspose pads {list(pads)} larger than dilation * (kernel - 1) are not supported")
     # [C, O/g, *k] -> [O, C/g, *k]: per group swap the channel axes, and flip the window
     cg = c // groups
-    flipped = w[(slice(None), slice(None), *([slice(None, None, -1)] * r))]
-    turned = flipped.reshape(groups, cg, og, *kernel).swapaxes(1, 2).reshape(groups * og, cg, *kernel)
-    name = f"{node.outputs[0]}::conv_weight"
-    imp.add_initializer(name, np.ascontiguousarray(turned), DType.F32)
+    if w is not None:
+        flipped = w[(slice(None), slice(None), *([slice(None, None, -1)] * r))]
+        turned = flipped.reshape(groups, cg, og, *kernel).swapaxes(1, 2).reshape(groups * og, cg, *kernel)
+        name = f"{node.outputs[0]}::conv_weight"
+        imp.add_initializer(name, np.ascontiguousarray(turned), DType.F32)
+        weight = imp.tensor(name)
+    else:
+        g, weight = imp.g, imp.tensor(w_name)
+        for axis, k in enumerate(kernel):  # flip the window: gather each spatial axis in reverse
+            weight = g.gather(weight, g.constant(np.arange(k - 1, -1, -1), "i64"), 2 + axis)
+        weight = g.reshape(g.transpose(g.reshape(weight, [groups, cg, og, *kernel]),
+                                       [0, 2, 1, *range(3, 3 + r)]), [groups * og, cg, *kernel])
     for axis, s in enumerate(strides):
         if s > 1:
             x = _zero_stuff(imp, x, 2 + axis, s)
     bias = imp.tensor(node.input(2)) if node.input(2) is not None else None
-    return [imp.emit(imp.g.conv(x, imp.tensor(name), bias, dilations=dilations, pads=tuple(conv_pads),
+    return [imp.emit(imp.g.conv(x, weight, bias, dilations=dilations, pads=tuple(conv_pads),
                                 groups=groups))]
 
 
