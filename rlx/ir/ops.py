@@ -918,7 +918,9 @@ class ElementwiseRegion(Op):
                 if not 0 <= a < len(values):
                     raise ShapeError(f"region step {i} reads value {a}, which is not defined yet")
             step.op.check_arity(len(step.args))
-            values.append(step.op.infer([values[a] for a in step.args]))
+            args = [values[a] for a in step.args]
+            values.append(step.op.infer(args))
+            check_narrow(step.op.kind, args, values[-1])
         return values
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
@@ -1009,3 +1011,22 @@ LEAF_KINDS = frozenset({"input", "param", "constant"})
 NARROW_WEIGHT_KINDS = frozenset({"matmul", "fused_matmul_bias_act"})
 #: Ops whose output may share storage with their first input (no data movement).
 VIEW_KINDS = frozenset({"reshape"})
+#: Ops that take values of a storage-only dtype (`DType.is_narrow`: float8, int4 …): they convert (cast) or
+#: move them, never compute on them. A fused region takes them only in its cast steps.
+NARROW_KINDS = frozenset({"cast", "where", "reshape", "transpose", "narrow", "concat", "expand", "gather", "input",
+                          "param", "constant", "elementwise_region"})
+
+
+def check_narrow(kind: str, inputs: Sequence[Shape], out: Shape) -> None:
+    """Refuse an op of `kind` reading or making a storage-only dtype unless it is one of `NARROW_KINDS`.
+
+    >>> check_narrow("binary", [Shape.of([2], "f8e4m3fn")] * 2, Shape.of([2], "f8e4m3fn"))
+    Traceback (most recent call last):
+    ...
+    rlx.errors.ShapeError: binary does not take f8e4m3fn: a storage format is only cast to and from, and moved
+    """
+    if kind in NARROW_KINDS:
+        return
+    for s in (*inputs, out):
+        if s.dtype.is_narrow:
+            raise ShapeError(f"{kind} does not take {s.dtype}: a storage format is only cast to and from, and moved")

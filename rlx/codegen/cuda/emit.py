@@ -83,10 +83,12 @@ COPY_HEADER = "cuda/kernels/copy.cuh"
 
 _CTYPE = {DType.F32: "float", DType.F16: "__half", DType.BF16: "rlx_bf16", DType.F64: "double",
           DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
-          DType.BOOL: "uint8_t"}
+          DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "uint8_t",
+          **{d: "uint8_t" for d in DType if d.is_narrow}}  # storage formats: bytes a view may pass through
 _VTYPE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
           DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
-          DType.BOOL: "bool"}
+          DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "bool",
+          **{d: "uint8_t" for d in DType if d.is_narrow}}
 _CUDA_TYPE = {DType.F32: "CUDA_R_32F", DType.F16: "CUDA_R_16F", DType.BF16: "CUDA_R_16BF"}
 assert set(_CUDA_TYPE) == set(LT_DTYPES)
 
