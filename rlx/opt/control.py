@@ -171,7 +171,21 @@ def masked_step(op: WhileLoop, carry_shape: Shape, bcast_shapes: list[Shape]) ->
         pred = step.reshape(pred, [])
     nxt = inline_body(step, op.body, ins)[0]
     step.set_outputs([step.where(pred, nxt, ins[0])])
-    return step
+    return _conds_as_selects(step)
+
+
+def _conds_as_selects(graph: Graph) -> Graph:
+    """`graph` with each cond lowered to a select: a masked step is a scan body, which holds no bodies on a
+    backend that falls back to it (a cond its backend's rule took inside the loop's body comes here)."""
+    if not any(isinstance(n.op, Cond) for n in graph.nodes):
+        return graph
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        if isinstance(node.op, Cond):
+            rw.alias(node, lower_cond(rw.dst, node, rw.args(node)))
+        else:
+            rw.copy(node)
+    return rw.finish()
 
 
 def lower_while_loop(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
