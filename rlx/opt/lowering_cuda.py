@@ -50,8 +50,8 @@ from rlx.ir.decisions_cuda import (
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
-from rlx.ir.ops_moe import MoeMatMul
 from rlx.ir.ops_control import Cond, WhileLoop, step_bodies
+from rlx.ir.ops_moe import MoeMatMul
 from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
 from rlx.opt.control import parse_fallback
@@ -596,8 +596,8 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
-    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir), *find_decode_ropes(lir), *find_decode_splits(lir),
-            *(find_pool_tails(lir, pool_norm) if pool_tail else ()), layout)
+    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir), *find_decode_ropes(lir),
+            *find_decode_splits(lir), *(find_pool_tails(lir, pool_norm) if pool_tail else ()), layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",

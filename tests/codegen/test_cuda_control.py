@@ -6,12 +6,9 @@ reference: tests/gpu/test_cuda_control.py and tests/gpu/cases.py's control_flow 
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import rlx
@@ -22,15 +19,9 @@ from rlx.ir.decisions_cuda import ControlFlow
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
-from rlx.opt.bodies import inline_body
 from rlx.pipeline.cuda import decide_cuda, render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
-from tests.gpu.control_common import ROWS, guarded_cond_graph, guarded_while_graph
-
-_spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent.parent / "gpu" / "cases.py")
-cases = importlib.util.module_from_spec(_spec)
-sys.modules["rlx_cuda_cases"] = cases
-_spec.loader.exec_module(cases)
+from tests.gpu.control_common import guarded_cond_graph, guarded_while_graph, nested_while_graph
 
 
 @pytest.fixture(scope="module")
@@ -67,38 +58,16 @@ def _block(src: str, start: str) -> str:
     return src[at:at + len(start) + (nxt.start() if nxt else len(src))]
 
 
-def nested_while_graph() -> Graph:
-    """The guarded loop of tests/gpu/control_common.py bounded by 8 trips, its body's step chosen by a cond (on
-    c[0] >= 0, always true here): the rule renders one level of bodies, so this loop takes the masked-scan fallback,
-    which runs the body past the cond (gathering row ROWS, out of range, when `limit` is ROWS)."""
-    guarded = guarded_while_graph(None)
-    loop = guarded.node(guarded.outputs[0]).op
-    g = Graph("nested_while")
-    init, limit, table = g.input("c", [8]), g.input("limit", []), g.input("table", [ROWS, 8])
-    keep, back = Graph("keep"), Graph("back")  # cond(ok, next, old): the branches take (next, old)
-    kn, _ = keep.input("next", [8]), keep.input("old", [8])
-    keep.set_outputs([keep.mul(kn, keep.constant(np.float32(1.0)))])
-    _, bo = back.input("next", [8]), back.input("old", [8])
-    back.set_outputs([back.mul(bo, back.constant(np.float32(1.0)))])
-    body = Graph("add_row_if")
-    bc, bl, bt = body.input("c", [8]), body.input("limit", []), body.input("table", [ROWS, 8])
-    stepped = inline_body(body, loop.body, [bc, bl, bt])[0]
-    ok = body.compare("ge", body.reduce("sum", body.narrow(bc, 0, 0, 1)), body.constant(np.float32(0)))
-    body.set_outputs([body.cond(ok, keep, back, [stepped, bc])])
-    g.set_outputs({"c": g.while_loop(Graph.from_body(loop.cond_body), body, init, bcasts=[limit, table],
-                                     max_trips=8)})
-    return g
-
-
 def test_cond_and_while_loop_branch_on_the_device_predicate() -> None:
     """Only the taken branch's kernels run (a host branch, or IF nodes under capture); the loop is a host loop or a
     WHILE node, with no trip bound needed; the decisions say so."""
     cond_lir = _lower(guarded_cond_graph())
-    assert [d.describe() for d in cond_lir.decided(ControlFlow)] == [
-        "%{} cond runs on the device predicate (only the taken branch runs): conditional graph nodes under CUDA "
-        "Graph capture, a host read of the predicate when eager".format(cond_lir.decided(ControlFlow)[0].node)]
+    (decision,) = cond_lir.decided(ControlFlow)
+    assert cond_lir.graph.node(decision.node).kind == "cond" and decision.describe() == (
+        f"%{decision.node} cond runs on the device predicate (only the taken branch runs): conditional graph nodes "
+        "under CUDA Graph capture, a host read of the predicate when eager")
     src = render_cuda(cond_lir, TARGET, {"name": "guarded_cond"})
-    block = _block(src, "/* %{} cond[".format(cond_lir.decided(ControlFlow)[0].node))
+    block = _block(src, f"/* %{decision.node} cond[")
     eager, captured = block.split("#if RLX_CTRL_GRAPHS")
     true_eager, false_eager = eager.split("} else {  /* false branch */")
     assert "if (c->ctrl_host[0]) {  /* true branch */" in true_eager
@@ -120,7 +89,8 @@ def test_a_node_the_rule_does_not_take_falls_back_with_its_reason_in_the_lir() -
     lir = _lower(nested_while_graph())
     (d,) = lir.decided(ControlFlow)
     assert (d.op, d.how) == ("while_loop", "masked scan")
-    assert d.reason.endswith("while_loop with a scan, cond or while_loop in a body (one level of bodies is rendered on CUDA)")
+    assert d.reason.endswith("while_loop with a scan, cond or while_loop in a body (one level of bodies is "
+                             "rendered on CUDA)")
     assert lir.graph.node(d.node).kind == "scan" and "lowered to a masked scan" in d.describe()
     src = render_cuda(lir, TARGET, {"name": "nested_while"})
     assert src.count("for (int64_t rlx_s") == 1  # the masked scan's host loop; its inner cond became a select

@@ -13,6 +13,7 @@ import numpy as np
 
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
+from rlx.opt.bodies import inline_body
 
 #: Rows of the table the guarded gathers read.
 ROWS = 6
@@ -68,3 +69,26 @@ def guarded_while_feed(limit: float, seed: int = 9) -> dict[str, np.ndarray]:
     c = r.standard_normal(8).astype(np.float32)
     c[0] = 0.0
     return {"c": c, "limit": np.array(limit, np.float32), "table": table}
+
+
+def nested_while_graph() -> Graph:
+    """The guarded loop of tests/gpu/control_common.py bounded by 8 trips, its body's step chosen by a cond (on
+    c[0] >= 0, always true here): the rule renders one level of bodies, so this loop takes the masked-scan fallback,
+    which runs the body past the cond (gathering row ROWS, out of range, when `limit` is ROWS)."""
+    guarded = guarded_while_graph(None)
+    loop = guarded.node(guarded.outputs[0]).op
+    g = Graph("nested_while")
+    init, limit, table = g.input("c", [8]), g.input("limit", []), g.input("table", [ROWS, 8])
+    keep, back = Graph("keep"), Graph("back")  # cond(ok, next, old): the branches take (next, old)
+    kn, _ = keep.input("next", [8]), keep.input("old", [8])
+    keep.set_outputs([keep.mul(kn, keep.constant(np.float32(1.0)))])
+    _, bo = back.input("next", [8]), back.input("old", [8])
+    back.set_outputs([back.mul(bo, back.constant(np.float32(1.0)))])
+    body = Graph("add_row_if")
+    bc, bl, bt = body.input("c", [8]), body.input("limit", []), body.input("table", [ROWS, 8])
+    stepped = inline_body(body, loop.body, [bc, bl, bt])[0]
+    ok = body.compare("ge", body.reduce("sum", body.narrow(bc, 0, 0, 1)), body.constant(np.float32(0)))
+    body.set_outputs([body.cond(ok, keep, back, [stepped, bc])])
+    g.set_outputs({"c": g.while_loop(Graph.from_body(loop.cond_body), body, init, bcasts=[limit, table],
+                                     max_trips=8)})
+    return g

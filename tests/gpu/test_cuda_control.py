@@ -27,6 +27,7 @@ from tests.gpu.control_common import (
     guarded_cond_graph,
     guarded_while_feed,
     guarded_while_graph,
+    nested_while_graph,
 )
 
 _spec = importlib.util.spec_from_file_location("rlx_cuda_cases", Path(__file__).parent / "cases.py")
@@ -75,7 +76,6 @@ def test_the_fallback_would_have_run_the_untaken_work() -> None:
     """The control: the same loop bounded by max_trips, forced through the masked scan (a body holding a scan is
     not taken by the rule), runs the guarded body past the cond and raises; the rule's loop does not."""
     from rlx.errors import RlxError
-    from tests.codegen.test_cuda_control import nested_while_graph
 
     g = nested_while_graph()
     lir = Session(Device.CUDA).lower(g)
