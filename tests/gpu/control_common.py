@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlx.codegen.cuda import CudaTarget
+from rlx.ir.decisions_cuda import ControlFlow
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.opt.bodies import inline_body
+from rlx.pipeline import lower_to_lir
+from rlx.pipeline.cuda import decide_cuda
 
 #: Rows of the table the guarded gathers read.
 ROWS = 6
+
+
+def control_decisions(graph: Graph) -> list[ControlFlow]:
+    """How the CUDA pipeline runs `graph`'s control flow: its LIR's `ControlFlow` decisions (optimized as a session
+    optimizes, decided for f32 with the built-in GEMM: the choice depends on neither)."""
+    lir = decide_cuda(lower_to_lir(graph, 2, backend="cuda"), CudaTarget(precision=DType.F32, gemm="builtin"))
+    return lir.decided(ControlFlow)
 
 
 def guarded_cond_graph() -> Graph:

@@ -19,10 +19,10 @@ import pytest
 
 from rlx import reference
 from rlx.driver import Device, Session
-from rlx.ir.decisions_cuda import ControlFlow
 from rlx.toolchain.cuda import visible_gpu_arch
 from tests.gpu.control_common import (
     ROWS,
+    control_decisions,
     guarded_cond_feeds,
     guarded_cond_graph,
     guarded_while_feed,
@@ -51,8 +51,7 @@ def _runs(cg, graph, feed: dict, what: str) -> np.ndarray:
 def test_cond_runs_only_the_taken_branch() -> None:
     g = guarded_cond_graph()
     cg = Session(Device.CUDA).compile(g)
-    lir = Session(Device.CUDA).lower(g)
-    assert [d.how for d in lir.decided(ControlFlow)] == ["branch"]
+    assert [d.how for d in control_decisions(g)] == ["branch"]
     feeds = guarded_cond_feeds()
     # true branch: the false branch's gather reads rows 1000, -7, ... (it would raise if it ran)
     ref = _runs(cg, g, feeds[0], "true branch")
@@ -65,6 +64,7 @@ def test_cond_runs_only_the_taken_branch() -> None:
 @pytest.mark.parametrize("max_trips", [None, 8, 2])
 def test_while_loop_runs_only_the_trips_its_cond_allows(max_trips: int | None) -> None:
     g = guarded_while_graph(max_trips)
+    assert [d.how for d in control_decisions(g)] == ["loop"]
     cg = Session(Device.CUDA).compile(g)
     for limit in (0, 1, 3, ROWS, 2.5):  # ROWS: one more trip would gather row ROWS, out of range
         ref = _runs(cg, g, guarded_while_feed(limit), f"max_trips={max_trips} limit={limit}")
@@ -78,8 +78,7 @@ def test_the_fallback_would_have_run_the_untaken_work() -> None:
     from rlx.errors import RlxError
 
     g = nested_while_graph()
-    lir = Session(Device.CUDA).lower(g)
-    assert [d.how for d in lir.decided(ControlFlow)] == ["masked scan"]
+    assert [d.how for d in control_decisions(g)] == ["masked scan"]
     cg = Session(Device.CUDA).compile(g)
     with pytest.raises(RlxError, match="gather index out of range"):
         cg.run(guarded_while_feed(ROWS))
