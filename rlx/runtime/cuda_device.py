@@ -47,6 +47,7 @@ int32_t     rlx_run_host_step(void *ctx, const int64_t *symbols, const void *con
 int32_t     rlx_state_release(void *ctx);
 void       *rlx_cuda_malloc(int64_t nbytes);
 void        rlx_cuda_free(void *p);
+int32_t     rlx_cuda_graphs_captured(void *ctx);
 void       *rlx_cuda_host_alloc(int64_t nbytes);
 void        rlx_cuda_host_free(void *p);
 int32_t     rlx_cuda_memcpy(void *dst, const void *src, int64_t nbytes, int32_t kind);
@@ -287,6 +288,12 @@ class CudaGraph(CompiledGraph):
         out = DeviceArray(self._cuda, arr.shape, arr.dtype)
         out.copy_from_host(arr)
         return out
+
+    @property
+    def captured_graphs(self) -> int:
+        """How many CUDA graphs the primary context holds captured (one per set of dynamic-dim values run twice);
+        0 once a capture failed, after which its runs are eager. Read it between runs."""
+        return int(self._cuda.rlx_cuda_graphs_captured(self._dev_ctx))
 
     def host_empty(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
         """An uninitialized host array in pinned (page-locked) memory, freed with the array: the run copies it to

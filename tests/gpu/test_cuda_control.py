@@ -1,8 +1,9 @@
 """CUDA `cond` and `while_loop` on a real GPU: only the branch the device predicate picks runs, the loop runs only
 the trips its cond allows, and the values equal rlx.reference's.
 
-Each feed runs three times: the first run is eager (the host reads the predicate back and branches), the second
-captures the run as a CUDA graph (cond: two IF nodes, while_loop: a WHILE node), the third replays that graph.
+Each feed runs three times. A graph's first run is eager (the host reads the predicate back and branches) and is then
+captured as a CUDA graph (cond: two IF nodes, while_loop: a WHILE node; CUDA 12.3+), which every later run replays
+(`captured_graphs` checks the capture held: a failed one would leave the runs eager, and still right).
 The graphs (tests/gpu/control_common.py) gather out of range in exactly the work that must not run, which raises
 the device error flag ("gather index out of range") if it does: the select / masked-scan fallback that ran before
 fails these feeds, so passing them shows the untaken branch and the trips past the cond never ran.
@@ -59,6 +60,7 @@ def test_cond_runs_only_the_taken_branch() -> None:
     # false branch: its gather is in range; alternate the outcomes on the same captured graph
     _runs(cg, g, feeds[1], "false branch")
     _runs(cg, g, feeds[0], "true branch again")
+    assert cg.captured_graphs == 1, "the run with IF nodes was not captured (runs went eager: CUDA runtime < 12.3?)"
 
 
 @pytest.mark.parametrize("max_trips", [None, 8, 2])
@@ -70,6 +72,7 @@ def test_while_loop_runs_only_the_trips_its_cond_allows(max_trips: int | None) -
         ref = _runs(cg, g, guarded_while_feed(limit), f"max_trips={max_trips} limit={limit}")
         trips = min(int(np.ceil(limit)), ROWS if max_trips is None else max_trips)
         assert ref[0] == trips
+    assert cg.captured_graphs == 1, "the run with a WHILE node was not captured (runs went eager: CUDA runtime < 12.3?)"
 
 
 def test_the_fallback_would_have_run_the_untaken_work() -> None:
