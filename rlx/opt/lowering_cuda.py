@@ -36,6 +36,7 @@ import numpy as np
 from rlx.ir import ops as O
 from rlx.ir.decisions import Decision
 from rlx.ir.decisions_cuda import (
+    ControlFlow,
     DecodeGemv,
     DecodeRope,
     DecodeSplitKv,
@@ -49,10 +50,11 @@ from rlx.ir.decisions_cuda import (
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.ir.ops_control import Cond, WhileLoop, step_bodies
 from rlx.ir.ops_moe import MoeMatMul
-from rlx.ir.ops_scan import Scan
 from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
+from rlx.opt.control import parse_fallback
 from rlx.opt.fusion import is_silu_times, scheduled_runs
 from rlx.opt.lowering_cuda_pool import find_pool_tails
 from rlx.opt.lowering_moe import cuda_scratch_bytes
@@ -520,9 +522,25 @@ def _uses_lt(lir: LirModule, precision: DType, gemm: str, groups: Sequence[Seque
 
 
 def scan_bodies(lir: LirModule) -> list[tuple[NodeId, LirModule]]:
-    """Each scheduled scan node with its body's step graph planned (what the CUDA rule renders in its loop)."""
-    return [(nid, plan(step_graph(lir.graph.node(nid).op.body))) for nid in lir.schedule
-            if isinstance(lir.graph.node(nid).op, Scan)]
+    """Each scheduled node holding bodies (scan, cond, while_loop) with each body's step graph planned (what
+    the CUDA rules render in their loop or branches), a node once per body in `step_bodies` order."""
+    return [(nid, plan(step_graph(body))) for nid in lir.schedule for body in step_bodies(lir.graph.node(nid).op)]
+
+
+def control_flow(lir: LirModule) -> tuple[ControlFlow, ...]:
+    """How each cond / while_loop runs (rendered by `rlx.codegen.cuda.control`), and the fallbacks
+    `rlx.opt.control` left where the rule did not take one, with the reason (from the name it gave them)."""
+    out = []
+    for nid in lir.schedule:
+        node = lir.graph.node(nid)
+        if isinstance(node.op, Cond):
+            out.append(ControlFlow(nid, "cond", "branch"))
+        elif isinstance(node.op, WhileLoop):
+            out.append(ControlFlow(nid, "while_loop", "loop"))
+        elif (fallback := parse_fallback(node.name)) is not None:
+            kind, how, reason = fallback
+            out.append(ControlFlow(nid, kind, how, reason))
+    return tuple(out)
 
 
 def _scratch(lir: LirModule, precision: DType) -> int:
@@ -601,11 +619,12 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
         graph.node(nid).shape.dtype, precision)))) for nid in lir.constants)
     # a scan body's constants sit with the graph's (its kernels are launched from the scan's loop)
     scan_consts = []
-    for nid, body in bodies:
+    for index, (nid, body) in enumerate(bodies):
         sizes = [len(constant_bytes(body.graph.node(k), device_dtype(body.graph.node(k).shape.dtype, precision)))
                  for k in body.constants]
+        which = sum(1 for n, _ in bodies[:index] if n == nid)  # the node's body number (a cond has two)
         if sizes:
-            scan_consts.append(ScanConstants(nid, tuple(mem.alloc("constants", n) for n in sizes)))
+            scan_consts.append(ScanConstants(nid, tuple(mem.alloc("constants", n) for n in sizes), which))
     # The staging copies of the per-run (non-state) inputs come first and back to back: a host-fed step
     # (rlx_run_host_step) fills them all with one copy of that span, which holds nothing else.
     host_staging = {i: mem.alloc("inputs", spec.shape.max_numel * spec.shape.dtype.itemsize)
@@ -638,7 +657,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
-    return (*groups, *scan_consts, *find_decode_gemvs(lir), *find_decode_ropes(lir),
+    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir), *find_decode_ropes(lir),
             *find_decode_splits(lir, precision, decode_sms, kv_decode),
             *(find_pool_tails(lir, pool_norm) if pool_tail else ()), layout)
 

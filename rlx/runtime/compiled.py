@@ -543,6 +543,18 @@ class CompiledGraph(Provenance):
             self._record(recorder, before, outs)
         return [bits_to_bfloat16(o) if t.dtype is DType.BF16 else o for o, t in zip(outs, self._library.outputs)]
 
+    def host_empty(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        """An uninitialized host array for this graph's inputs or outputs (`pipeline`'s slots): plain memory here;
+        pinned on CUDA (`CudaGraph.host_empty`).
+
+        >>> import rlx
+        >>> g = rlx.Graph("h")
+        >>> g.set_outputs([g.activation("relu", g.input("x", [2]))])
+        >>> rlx.Session().compile(g).host_empty((2, 3), np.float32).shape
+        (2, 3)
+        """
+        return np.empty(tuple(shape), dtype)
+
     def run_async(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> Future:
         """`run` on this graph's worker thread: a `concurrent.futures.Future` of the outputs
         (`rlx.runtime.pipelined`)."""

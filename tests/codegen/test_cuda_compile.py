@@ -47,8 +47,8 @@ def toolchain() -> NvccToolchain:
     return NvccToolchain(path, text, "sm_90", find_cublas(path))
 
 
-#: Op kinds that reach CUDA only through the pipeline's decompose stage (control flow: a select and a
-#: masked scan, rlx/opt/control.py); graphs with them are lowered as `Session` lowers them, at level 0.
+#: Op kinds whose bodies the pipeline plans and decides (control flow, rlx/codegen/cuda/control.py); graphs with
+#: them are lowered as `Session` lowers them, at level 0.
 DECOMPOSED_FOR_CUDA = {"cond", "while_loop"}
 
 

@@ -44,9 +44,9 @@ CPU_ONLY = {"custom_fn", "int8_matmul"}
 #: Collectives render as NCCL calls (rlx/codegen/cuda/collectives.py), checked compile-only in
 #: tests/codegen/test_cuda_collectives.py: a single-GPU case run cannot give them a communicator.
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter"}
-#: Control flow has no CUDA rule: it is lowered to a select and a masked scan before any rule is asked
-#: (rlx/opt/control.py); tests/gpu/cases.py's control_flow runs the lowered form.
-LOWERED = {"cond", "while_loop"}
+#: Control flow has CUDA rules (rlx/codegen/cuda/control.py); a node they refuse is lowered to a select or a masked
+#: scan before any rule is asked (rlx/opt/control.py): tests/codegen/test_cuda_control.py checks both.
+CONTROL = {"cond", "while_loop"}
 #: Kinds no backend renders: the pipeline's decompose stage rewrites them into primitives first.
 DECOMPOSED = {"batch_norm"}
 
@@ -71,12 +71,12 @@ def test_every_reference_op_kind_has_a_cuda_rule_or_is_reported(monkeypatch: pyt
         else:
             assert found is None, f"{name}: {found and found[1]}"
     assert all(row["cuda"] for kind, row in support_table(["cuda"]).items()
-               if kind not in CPU_ONLY | LOWERED | DECOMPOSED)
-    for kind in LOWERED:  # lowered by the pipeline: the graph the CUDA rules see holds none
-        assert table("cuda").rule(kind) is None
+               if kind not in CPU_ONLY | DECOMPOSED)
+    for kind in CONTROL:  # ruled: the graph the CUDA rules see keeps them
+        assert table("cuda").rule(kind) is not None
         lowered = legalize_for(graphs["control_flow"], "cuda")
         assert kind in {n.kind for n in graphs["control_flow"].nodes}
-        assert kind not in {n.kind for n in lowered.nodes} and first_unsupported_op(lowered, "cuda") is None
+        assert kind in {n.kind for n in lowered.nodes} and first_unsupported_op(lowered, "cuda") is None
     # the mechanism: a kind without a rule is named before rendering anything
     monkeypatch.delitem(rules.rules, "softmax")
     node, reason = first_unsupported_op(graphs["softmaxes"], "cuda")

@@ -727,7 +727,7 @@ def scan_ssm_body() -> Case:
 @case
 def control_flow() -> Case:
     """cond (a GEMM branch or an elementwise one, both taken over the feeds) feeding a while_loop with
-    max_trips: both lowered by the pipeline to a select and a scan of masked steps (rlx/opt/control.py)."""
+    max_trips: both run on the device predicate (rlx/codegen/cuda/control.py)."""
     g = Graph("control_flow")
     x, w = g.input("x", [4, 16]), g.input("w", [16, 16])
     t = Graph("gemm_branch")

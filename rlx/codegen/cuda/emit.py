@@ -75,7 +75,7 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
                   "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
-                  "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh")
+                  "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh", "cuda/kernels/control.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
@@ -487,10 +487,13 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
         params.append(entry)
     # the graph's constants, then each scan body's (placed by the lowering's ScanConstants decisions)
     placed = [(str(slot), emitter.node(nid), lay.constants[slot]) for slot, nid in enumerate(lir.constants)]
-    body_consts = {d.node: d.offsets for d in lir.decided(ScanConstants)}
-    for scan, body in scan_bodies(lir):
-        placed += [(f"s{scan}_{slot}", body.graph.node(nid), off)
-                   for slot, (nid, off) in enumerate(zip(body.constants, body_consts.get(scan, ())))]
+    body_consts = {(d.node, d.body): d.offsets for d in lir.decided(ScanConstants)}
+    bodies = scan_bodies(lir)
+    for index, (scan, body) in enumerate(bodies):
+        which = sum(1 for n, _ in bodies[:index] if n == scan)  # the node's body number (a cond has two)
+        tag = f"s{scan}" if which == 0 else f"s{scan}b{which}"
+        placed += [(f"{tag}_{slot}", body.graph.node(nid), off)
+                   for slot, (nid, off) in enumerate(zip(body.constants, body_consts.get((scan, which), ())))]
     for index, node, dev_off in placed:
         data = constant_bytes(node, emitter.dev_dtype(node.shape.dtype))
         rows = [", ".join(str(b) for b in data[i:i + 32]) for i in range(0, len(data), 32)]
