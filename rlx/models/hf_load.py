@@ -221,6 +221,8 @@ def _moe_tensors(stored: Mapping[str, StoredTensor], c: DecoderConfig, fam: H.Fa
     """Every MoE layer's router (f32) and stacked experts (`_experts`), by their graph names (`moe_prefix`).
     Experts are quantized only where both their matrices' rows are whole blocks (one type for the block)."""
     out: dict[str, tuple[WeightSpec, np.ndarray]] = {}
+    if c.moe is None:
+        return out
     gate, up, down = fam.expert_names
     for layer in range(c.num_layers):
         if not c.layer_moe(layer):

@@ -348,22 +348,32 @@ def iter_decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarra
     """`decoder_params` one param at a time: a caller that copies each into a compiled model holds one
     converted tensor at a time, not a second copy of the whole model."""
     for node in graph.params():
-        name = node.op.name
-        source = name[: -len(".rows")] if name.endswith(".rows") else name
-        if source not in specs_and_data:
-            raise IRError(f"the model has no tensor {source!r}")
-        spec, data = specs_and_data[source]
-        if spec.quantized:
-            yield name, np.ascontiguousarray(data, dtype=np.uint8)
-            continue
-        want = node.shape.dtype.value
-        if want != "f32" and want != spec.ggml_type:
-            raise IRError(f"param {name!r} is {want} but the tensor is {spec.ggml_type}")
-        arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
-        # dense matrices go in as [in, out]; MoE params keep transformers' layout (moe_block folds the transposes)
-        if arr.ndim == 2 and not name.endswith(".rows") and f".{MOE_ROLE}." not in name:
-            arr = arr.T
-        yield name, np.ascontiguousarray(arr)
+        yield node.op.name, _converted(specs_and_data, node.op.name, node.shape.dtype.value)
+
+
+def decoder_param(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], graph: Graph, name: str) -> np.ndarray:
+    """The one `set_param` value of `graph`'s param `name` (as `iter_decoder_params` gives it): a compiled model
+    can keep this recipe instead of the converted array (`CompiledGraph.set_param(source=...)`)."""
+    node = next((n for n in graph.params() if n.op.name == name), None)
+    if node is None:
+        raise IRError(f"the graph has no param {name!r}")
+    return _converted(specs_and_data, name, node.shape.dtype.value)
+
+
+def _converted(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], name: str, want: str) -> np.ndarray:
+    source = name[: -len(".rows")] if name.endswith(".rows") else name
+    if source not in specs_and_data:
+        raise IRError(f"the model has no tensor {source!r}")
+    spec, data = specs_and_data[source]
+    if spec.quantized:
+        return np.ascontiguousarray(data, dtype=np.uint8)
+    if want != "f32" and want != spec.ggml_type:
+        raise IRError(f"param {name!r} is {want} but the tensor is {spec.ggml_type}")
+    arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
+    # dense matrices go in as [in, out]; MoE params keep transformers' layout (moe_block folds the transposes)
+    if arr.ndim == 2 and not name.endswith(".rows") and f".{MOE_ROLE}." not in name:
+        arr = arr.T
+    return np.ascontiguousarray(arr)
 
 
 def _as_f32(data: np.ndarray, ggml_type: str) -> np.ndarray:
