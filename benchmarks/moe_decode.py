@@ -113,11 +113,11 @@ class _TransformersDecode:
         with torch.inference_mode():
             out = self.model(torch.tensor([ids]), use_cache=True)
             token = int(out.logits[0, -1].argmax())
-            tokens, past = [token], out.past_key_values
+            tokens, cache = [token], out.cache  # transformers 5's KV cache (`past_key_values` before)
             t0 = time.perf_counter()
             for _ in range(new):
-                out = self.model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
-                token, past = int(out.logits[0, -1].argmax()), out.past_key_values
+                out = self.model(torch.tensor([[token]]), cache=cache, use_cache=True)
+                token, cache = int(out.logits[0, -1].argmax()), out.cache
                 tokens.append(token)
             return (time.perf_counter() - t0) / new, tokens
 
