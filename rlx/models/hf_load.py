@@ -7,6 +7,8 @@ GGUF-style name as (`WeightSpec`, data) pairs, the tokenizer (or None) and the s
 stay memory-mapped views in their stored dtype unless `dtype="f32"` widens them or
 `quantize="q8_0"` / `"q4_k"` turns them into those GGUF blocks (the `dequant_matmul` kernels read them;
 a matrix whose rows are not whole blocks keeps its dtype).
+Sparse MoE layers' experts (Mixtral, Qwen3-MoE) come as `StackedExperts`: the per-expert matrices, stacked
+into transformers' `[E, 2I, H]` / `[E, H, I]` tensors when read.
 
 >>> sorted(QUANTIZERS)
 ['q4_k', 'q8_0']
@@ -23,12 +25,13 @@ import numpy as np
 
 from rlx.errors import ArtifactError
 from rlx.ir.dtype import bf16_to_f32
+from rlx.ir.quant import row_bytes
 from rlx.models import hf_config as H
 from rlx.models.decoder_config import DecoderConfig
 from rlx.models.hf_tokenizer import HfTokenizer
 from rlx.models.hf_weights import StoredTensor, open_checkpoint
 from rlx.models.llama import WeightSpec, moe_prefix, moe_shapes
-from rlx.models.weights import load_json
+from rlx.models.weights import load_json, release_pages
 
 #: dtype= values: None keeps each tensor as stored, "f32" widens every float tensor at load.
 LOAD_DTYPES = (None, "f32")
@@ -185,35 +188,65 @@ def _expert_parts(stored: Mapping[str, StoredTensor], disk: str, stacked: str, p
     return [[_stored(stored, f"{disk}.{p.format(e=expert)}", (rows, k), where) for p in parts] for expert in range(e)]
 
 
+@dataclass(frozen=True, eq=False)
+class StackedExperts:
+    """An expert tensor made of a checkpoint's per-expert matrices (expert e: the rows of `parts[e]`, in order),
+    stacked each time it is read as an array (`numpy.asarray`): in the stored dtype, in f32 (`kind` "f32"), or
+    as GGUF blocks `[E, N, row_bytes]` (`kind` a `QUANTIZERS` format). A loaded model thus holds no stacked
+    copy of its experts beside the compiled model's, which reads them once (a MoE model is mostly experts).
+
+    `shape` and `dtype` are those of the array it reads as.
+    """
+
+    parts: tuple[tuple[StoredTensor, ...], ...]
+    kind: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        quantizer = QUANTIZERS[self.kind][0] if self.kind in QUANTIZERS else None
+        out = np.empty(self.shape, self.dtype)
+        for expert, row in enumerate(self.parts):
+            at = 0
+            for t in row:  # each matrix written straight into its place
+                rows = t.shape[0]
+                if quantizer is not None:
+                    out[expert, at:at + rows] = quantizer(_as_f32(t))
+                else:
+                    out[expert, at:at + rows] = _as_f32(t) if self.kind == "f32" else t.data
+                at += rows
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def release_pages(self) -> bool:
+        """Drop the mapped pages of every part from the resident set (`rlx.models.weights.release_pages`)."""
+        return any([release_pages(t.data) for row in self.parts for t in row])
+
+
 def _experts(parts: list[list[StoredTensor]] | StoredTensor, shape: tuple[int, int, int], dtype: str | None,
-             quantize: str | None) -> tuple[WeightSpec, np.ndarray]:
+             quantize: str | None) -> tuple[WeightSpec, np.ndarray | StackedExperts]:
     """The `[E, N, K]` expert tensor `moe_matmul` reads: GGUF blocks `[E, N, row_bytes]` with `quantize`,
     f32 with `dtype="f32"`, else the stored dtype. A tensor stacked on disk in its stored dtype stays a view
-    of the mapped file; per-expert matrices are stacked once, each written straight into its place."""
+    of the mapped file; per-expert matrices are a `StackedExperts`, stacked when read."""
     if isinstance(parts, StoredTensor):
         if quantize is None and dtype != "f32":
             return WeightSpec(parts.dtype, shape), parts.data
         parts = [[StoredTensor(parts.file, parts.name, parts.dtype, shape[1:], parts.data[i])] for i in range(shape[0])]
-    e, n, _ = shape
+    e, n, k = shape
     if quantize is not None:
-        quantizer, _ = QUANTIZERS[quantize]
-        first = quantizer(_as_f32(parts[0][0]))
-        out = np.empty((e, n, first.shape[1]), np.uint8)
-        kind = quantize
+        kind, out_shape, out_dtype = quantize, (e, n, row_bytes(quantize, k)), np.dtype(np.uint8)
     else:
         dtypes = {t.dtype for row in parts for t in row}
         kind = dtypes.pop() if dtype != "f32" and len(dtypes) == 1 else "f32"
-        out = np.empty(shape, np.float32 if kind == "f32" else parts[0][0].data.dtype)
-    for expert, row in enumerate(parts):
-        at = 0
-        for t in row:
-            rows = t.shape[0]
-            if quantize is not None:
-                out[expert, at:at + rows] = quantizer(_as_f32(t))
-            else:
-                out[expert, at:at + rows] = _as_f32(t) if kind == "f32" else t.data
-            at += rows
-    return WeightSpec(kind, shape), out
+        out_shape, out_dtype = shape, np.dtype(np.float32) if kind == "f32" else parts[0][0].data.dtype
+    return WeightSpec(kind, shape), StackedExperts(tuple(tuple(row) for row in parts), kind, out_shape, out_dtype)
 
 
 def _moe_tensors(stored: Mapping[str, StoredTensor], c: DecoderConfig, fam: H.Family, dtype: str | None,

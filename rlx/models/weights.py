@@ -200,13 +200,17 @@ def release_pages(data: np.ndarray) -> bool:
     faults the pages in again from the file (they are never written), so the values do not change; meanwhile
     the process's peak RSS does not count the checkpoint a second time beside the model's own copy. Returns
     whether anything was released (False for an array that is not a view of a mapped file, or where the
-    platform has no `madvise`).
+    platform has no `madvise`). An object with its own `release_pages()` (a tensor stacked from mapped parts
+    when read) is asked to release them.
 
     >>> release_pages(np.zeros(4))
     False
     """
     import mmap
 
+    own = getattr(data, "release_pages", None)  # a tensor read from mapped parts (hf_load.StackedExperts)
+    if callable(own):
+        return bool(own())
     mapped = getattr(data, "_mmap", None)
     if not isinstance(data, np.memmap) or not isinstance(mapped, mmap.mmap) or not hasattr(mapped, "madvise") \
             or data.nbytes == 0:

@@ -18,7 +18,7 @@ from rlx.errors import ArtifactError
 from rlx.ir.quant import dequantize
 from rlx.models.causal_lm import CausalLM
 from rlx.models.hf_config import decoder_config
-from rlx.models.hf_load import load_pretrained, quantize_q8_0
+from rlx.models.hf_load import StackedExperts, load_pretrained, quantize_q8_0
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_checkpoints import cosine, hf_greedy, hf_logits, prompt, random_model, save_checkpoint
@@ -62,7 +62,7 @@ def _torch_experts(model, layer: int) -> tuple[np.ndarray, np.ndarray]:
     return experts.gate_up_proj.detach().float().numpy(), experts.down_proj.detach().float().numpy()
 
 
-def test_bf16_experts_are_stacked_once_as_stored(mixtral, tmp_path):
+def test_bf16_experts_are_stacked_as_stored_when_read(mixtral, tmp_path):
     import copy
 
     import torch
@@ -72,7 +72,10 @@ def test_bf16_experts_are_stacked_once_as_stored(mixtral, tmp_path):
     model, _ = mixtral
     loaded = load_pretrained(save_checkpoint(model, tmp_path / "bf16", dtype=torch.bfloat16))
     spec, data = loaded.tensors["blk.1.ffn_moe.experts.gate_up_proj"]
-    assert (spec.ggml_type, spec.shape, data.dtype) == ("bf16", (8, 192, 64), np.uint16)
+    # no stacked copy is held: the per-expert views, stacked when read (the compiled model reads them once)
+    assert isinstance(data, StackedExperts) and not isinstance(data, np.ndarray)
+    assert (spec.ggml_type, spec.shape, data.dtype, data.shape) == ("bf16", (8, 192, 64), np.uint16, (8, 192, 64))
+    assert all(isinstance(t.data, np.memmap) for row in data.parts for t in row)
     gate_up, down = _torch_experts(copy.deepcopy(model).to(torch.bfloat16), 1)
     np.testing.assert_array_equal(bf16_to_f32(data), gate_up)
     np.testing.assert_array_equal(bf16_to_f32(loaded.tensors["blk.1.ffn_moe.experts.down_proj"][1]), down)
