@@ -22,6 +22,7 @@ True
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from rlx.errors import ExecutionError, RlxError
 from rlx.models import llama as L
 from rlx.models.decoder_config import DecoderConfig
 from rlx.models.sampling import Sampler
+from rlx.models.weights import release_pages
 
 DEVICES = ("cpu", "cuda", "reference")
 #: `sample_settings` of a step that does not read `sampled_token`: temperature 0 (the argmax).
@@ -312,8 +314,14 @@ class CausalLM:
             # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU keeps
             # F16/BF16 matrices as stored (narrow_weights) and multiplies them in f32 (rlx.codegen.cpu.half)
             self._compiled = Session(device, precision=precision).compile(self.graph)
+            # the library copies each converted (transposed) weight; it keeps a recipe, not that array, and the
+            # pages of a memory-mapped checkpoint tensor, read once, leave the resident set (a later read maps
+            # them in again): the weights are not held twice
             for name, arr in L.iter_decoder_params(tensors, base_graph):
-                self._compiled.set_param(name, arr)
+                self._compiled.set_param(name, arr, source=functools.partial(L.decoder_param, tensors, base_graph,
+                                                                              name))
+                del arr
+                release_pages(tensors[name.removesuffix(".rows")][1])
             if threads is not None:
                 self._compiled.num_threads = threads
         if max_adapters:
