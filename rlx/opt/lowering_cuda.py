@@ -215,7 +215,7 @@ def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
         size = device_dtype(node.shape.dtype, precision).itemsize
         return max(node.shape.max_numel, graph.node(node.inputs[0]).shape.max_numel) * size
     if isinstance(node.op, O.CachedAttention):  # split decode partials: per (row, head, split) max, sum, D values
-        splits = kv_splits(graph.node(node.inputs[3]).shape.dims[1].value)
+        splits = kv_splits(_capacity(graph, node))
         return _kv_split_rows(node) * node.op.num_heads * splits * (node.op.head_dim + 2) * 4 if splits > 1 else 0
     if isinstance(node.op, O.Attention):  # split-KV decode partials: per (batch, head, split) D values + max + sum
         q = graph.node(node.inputs[0]).shape
@@ -394,7 +394,7 @@ def find_decode_splits(lir: LirModule) -> list[DecodeSplitKv]:
     for nid in lir.schedule:
         node = lir.graph.node(nid)
         if isinstance(node.op, O.CachedAttention):
-            splits = kv_splits(lir.graph.node(node.inputs[3]).shape.dims[1].value)
+            splits = kv_splits(_capacity(lir.graph, node))
             if splits > 1:
                 found.append(DecodeSplitKv(nid, splits, KV_SPLIT_KEYS, KV_SPLIT_ROWS))
     return found
@@ -597,3 +597,7 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
     return plan_device(lir, precision, gemm, pool_tail, pool_norm)
 
 
+def _capacity(graph: Graph, node: Node) -> int:
+    """Tokens per row of a `cached_attention`'s cache (max_pages x page_size when paged)."""
+    table = graph.node(node.inputs[6]).shape if node.op.paged else None
+    return node.op.capacity(graph.node(node.inputs[3]).shape, table)
