@@ -40,7 +40,7 @@ def _step(rng: np.random.Generator, batch: int, seq: int) -> dict[str, np.ndarra
 
 
 def test_paged_equals_contiguous_bit_for_bit_and_the_reference(graphs) -> None:
-    g_flat, flat, g_paged, paged = graphs
+    _, flat, g_paged, paged = graphs
     rng = np.random.default_rng(0)
     # each row's pages scattered over the pool, in no order
     table = np.full((ROWS, MAX_PAGES), -1, np.int32)  # entries past a row's tokens are never read

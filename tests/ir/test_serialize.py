@@ -100,9 +100,9 @@ def every_op_graph() -> Graph:
     g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), kc, vc,
                        g.input("positions", [BATCH], "i32"), num_heads=4, head_dim=4, num_kv_heads=2, scale=0.5)
     pk, pv = g.state("k_pages", [6, 8, 8]), g.state("v_pages", [6, 8, 8])
-    g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), pk, pv, g.input("paged_positions", [BATCH], "i32"),
-                       num_heads=4, head_dim=4, num_kv_heads=2, block_table=g.input("block_table", [BATCH, 5], "i32"),
-                       page_size=8)
+    g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), pk, pv,
+                       g.input("paged_positions", [BATCH], "i32"), num_heads=4, head_dim=4, num_kv_heads=2,
+                       block_table=g.input("block_table", [BATCH, 5], "i32"), page_size=8)
     h4 = g.reshape(x, [BATCH, SEQ, 4, 4])
     s4 = g.reduce("mean", h4, [-1])
     gdn = g.gated_delta_net(h4, h4, h4, s4, s4, scale=0.25)
@@ -462,16 +462,10 @@ def _mk_cached_attention(draw: Any, g: Graph) -> None:
     n = len(g.nodes)
     q = g.input(f"aq{n}", [b, s, heads * d])
     k, v = g.input(f"ak{n}", [b, s, kv * d]), g.input(f"av{n}", [b, s, kv * d])
-    page = draw(st.none() | st.sampled_from([1, 4]))
-    table = None
-    if page is None:
-        caches = [g.state(f"{which}{n}", [b.max, s.max + draw(st.integers(0, 8)), kv * d]) for which in ("kc", "vc")]
-    else:  # the paged layout: a pool of pages and a block table covering the longest step
-        caches = [g.state(f"{which}{n}", [draw(st.integers(1, 6)), page, kv * d]) for which in ("kc", "vc")]
-        table = g.input(f"abt{n}", [b, -(-s.max // page) + draw(st.integers(0, 2))], "i32")
+    caches = [g.state(f"{which}{n}", [b.max, s.max + draw(st.integers(0, 8)), kv * d]) for which in ("kc", "vc")]
     g.cached_attention(q, k, v, caches[0], caches[0] if draw(st.booleans()) else caches[1],
                        g.input(f"ap{n}", [b], "i32"), num_heads=heads, head_dim=d, num_kv_heads=kv,
-                       scale=draw(st.none() | st.floats(0.1, 2)), block_table=table, page_size=page)
+                       scale=draw(st.none() | st.floats(0.1, 2)))
 
 
 def _mk_quant(draw: Any, g: Graph) -> None:
