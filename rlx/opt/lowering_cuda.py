@@ -353,7 +353,7 @@ def find_decode_ropes(lir: LirModule) -> list[DecodeRope]:
     found = []
     for nid in schedule:
         att = graph.node(nid)
-        if not isinstance(att.op, O.CachedAttention):
+        if not isinstance(att.op, O.CachedAttention) or att.op.paged:  # paged: a separate append copies raw keys
             continue
         ropes = [graph.node(att.inputs[0]), graph.node(att.inputs[1])]
         if not all(isinstance(r.op, O.Rope) and r.id not in outputs and set(users[r.id]) == {nid}

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from render_cases import tiny_decoder
+from render_cases import tiny_decoder, tiny_paged_decoder
 
 from rlx.codegen.cuda import CudaTarget
 from rlx.driver import Device, Session
@@ -187,6 +187,20 @@ def _tiny_decoder() -> Graph:
 
     assert row_bytes("q4_1", 64) > 0
     return tiny_decoder()  # the render cases' LLaMA-style decoder step (tests/codegen/render_cases.py)
+
+
+def test_paged_decoder_compiles(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """The decoder over a paged KV cache: the paged append kernel launched before the attention, which reads
+    through the block table (no rope inside the attention: the append copies rotated keys)."""
+    from rlx.driver import lower_to_lir
+
+    lir = lower_to_lir(tiny_paged_decoder(), 2, backend="cuda")
+    gemm = "cublaslt" if toolchain.cublas.found else "builtin"
+    src = render_cuda(lir, CudaTarget(precision=DType.F16, gemm=gemm), {"name": "paged"})
+    path = tmp_path / "paged.cu"
+    path.write_text(src)
+    toolchain.compile(path, path.with_suffix(".o"), gemm, compile_only=True)
+    assert src.count("rlx_kv_append_paged<") == 2 and "rlx_kv_attend<__half, 16, true" not in src
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16"])

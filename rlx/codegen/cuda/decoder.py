@@ -63,6 +63,13 @@ class KvAttention(Launch):
     split_keys: int = 1
     partials: str = "(float *)nullptr"
     counters: str = "(int32_t *)nullptr"
+    #: The paged layout (kernels/kv_attention.cuh, PAGED): page size (0: contiguous), block table, its width
+    #: and the pool's pages; `paged_args` the attend kernel's last four arguments.
+    paged: int = 0
+    block_table: str = ""
+    max_pages: int = 0
+    num_pages: int = 0
+    paged_args: str = "(const int32_t *)nullptr, (int64_t)1, (int64_t)0, (int64_t)0"
 
 
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
@@ -78,9 +85,17 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                          f"(node {node.label}); run this model on the CPU")
     if op.head_dim > MAX_HEAD_DIM:
         raise BuildError(f"cached_attention head_dim {op.head_dim} exceeds {MAX_HEAD_DIM} on CUDA (node {node.label})")
-    q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
+    q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs[:6]
     q = e.node(q_id).shape
-    capacity = e.node(kc_id).shape.dims[1].value
+    cache = e.node(kc_id).shape
+    table = e.node(node.inputs[6]).shape if op.paged else None
+    capacity = op.capacity(cache, table)  # per row
+    paged: dict = {}
+    if op.paged:
+        bt = e.ptr(node.inputs[6])
+        paged = dict(paged=op.page_size, block_table=bt, max_pages=table.dims[1].value, num_pages=cache.dims[0].value,
+                     paged_args=f"{bt}, (int64_t){op.page_size}, (int64_t){table.dims[1].value}, "
+                                f"(int64_t){cache.dims[0].value}")
     threads = KV_THREADS
     # the query row, reductions, partial sums, rotated new keys, scores
     smem = (op.head_dim + KV_WARPS + KV_WARPS * op.head_dim + KV_ROPE_ROWS * op.head_dim + capacity) * 4
@@ -104,7 +119,7 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                      partials="RLX_P(float, RLX_OFF_SCRATCH)", counters="RLX_P(int32_t, RLX_OFF_COUNTERS)")
     attrs = tuple((f"rlx_kv_attend<{t}, {op.head_dim}, {str(r).lower()}, {str(n).lower()}>", str(smem))
                   for r, n in variants)
-    args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope, **split,
+    args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope, **split, **paged,
                        t=t, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id), v_cache=e.ptr(vc_id),
                        positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]), sq=e.dim(q.dims[1]),
                        capacity=capacity, kw=op.kv_heads * op.head_dim, heads=op.num_heads, kv_heads=op.kv_heads,
