@@ -177,7 +177,9 @@ class PagedRunner:
         self.tokenizer = lm.tokenizer
         self.stop_ids = lm.stop_ids
         self.cache = lm.new_cache()  # the page pools; each step brings its own block tables and positions
-        self.page_bytes = sum(a[0].nbytes for a in self.cache.arrays.values())
+        # one page of every layer's K and V (what the prefix cache's byte budget counts)
+        self.page_bytes = sum(int(np.prod(n.shape.static_dims[1:])) * n.shape.dtype.itemsize
+                              for n in lm.graph.inputs() if n.op.state)
 
     @staticmethod
     def _model_args(slots: int, max_context: int, page_size: int, kv_pages: int | None,
@@ -216,6 +218,8 @@ class PagedRunner:
 
     def copy_page(self, src: int, dst: int) -> None:
         """Copy page `src`'s K/V to page `dst` in every layer (copy-on-write)."""
+        if self.lm.device == "cuda":
+            raise RlxError("copy-on-write of a KV page on CUDA is not supported (the pages live on the device)")
         for a in self.cache.arrays.values():
             a[dst] = a[src]
 
