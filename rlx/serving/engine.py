@@ -151,7 +151,8 @@ class _Job:
 class Engine:
     """Continuous batching over `runner` (see the module docstring).
 
-    `token_budget`: KV tokens among all slots (default: every slot full); `max_step_tokens`: tokens one
+    `token_budget`: KV tokens among all slots (default: every slot full; over a paged runner `kv_pages`
+    instead: the pages the engine may use, at most the runner's pool, default all); `max_step_tokens`: tokens one
     iteration computes (decode rows plus prefill chunks); `max_waiting`: the queue's bound (`QueueFull`
     past it); `prefix_cache_bytes`: memory for the K/V of prompt blocks reused across requests
     (`PrefixCache`; 0, or a runner that cannot copy K/V, turns it off); `clock`: seconds, for
@@ -160,7 +161,8 @@ class Engine:
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
-                 observer: Observer | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
+                 kv_pages: int | None = None) -> None:
         self.runner = runner
         self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
@@ -169,7 +171,7 @@ class Engine:
             paged: PagedRunner = runner  # type: ignore[assignment]
             if token_budget is not None:
                 raise RlxError("a paged runner's KV budget is its kv_pages, not token_budget")
-            self.kv = paged.kv_store(reclaim=self._reclaim)
+            self.kv = paged.kv_store(reclaim=self._reclaim, pages=kv_pages)
             # prefix caching of full pages, shared (a block is one page: the ids, kept with a reference each)
             self.prefix = (PrefixCache(paged.page_size, prefix_cache_bytes,
                                        sizeof=lambda pages: len(pages) * paged.page_bytes,

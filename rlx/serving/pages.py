@@ -81,6 +81,9 @@ class PagedKv:
                  copy_page: Callable[[int, int], None] | None = None) -> None:
         if max_context % pool.page_size:
             raise RlxError(f"max_context ({max_context}) must be a multiple of the page size ({pool.page_size})")
+        if pool.num_pages < max_context // pool.page_size:
+            raise RlxError(f"{pool.num_pages} pages of {pool.page_size} tokens cannot hold one sequence of "
+                           f"max_context {max_context} tokens")
         self.pool, self.max_seqs, self.max_context = pool, max_seqs, max_context
         self.page_size = pool.page_size
         self.reclaim, self.copy_page = reclaim, copy_page

@@ -12,7 +12,9 @@ their bytes), shared by the sequences that reuse them, and `on_evict` releases t
 >>> import numpy as np
 >>> pc = PrefixCache(block=2, max_bytes=1 << 20)
 >>> pc.store([1, 2, 3, 4], 0, {"k": np.ones((2, 3), np.float32)})
->>> pc.store([1, 2, 3, 4], 1, {"k": np.zeros((2, 3), np.float32)})
+True
+>>> pc.store([1, 2, 3, 4], 1, {"k": np.zeros((2, 3), np.float32)}), pc.store([1, 2], 0, {})
+(True, False)
 >>> [len(b) for b in pc.match([1, 2, 3, 4, 5])], pc.match([1, 2, 9, 9, 9]) != [], pc.match([7, 2, 3])
 ([1, 1], True, [])
 """

@@ -209,12 +209,15 @@ class PagedRunner:
     def config(self) -> Any:
         return self.lm.config
 
-    def kv_store(self, reclaim: Any = None) -> Any:
-        """A `PagedKv` over this model's pages (`reclaim`: frees pages when they run out, see `PagedKv`)."""
+    def kv_store(self, reclaim: Any = None, pages: int | None = None) -> Any:
+        """A `PagedKv` over this model's pages — the first `pages` of them (default all) — (`reclaim`: frees
+        pages when they run out, see `PagedKv`)."""
         from rlx.serving.pages import PagedKv, PagePool
 
-        return PagedKv(PagePool(self.kv_pages, self.page_size), self.slots, self.max_context, reclaim,
-                       self.copy_page)
+        pages = self.kv_pages if pages is None else pages
+        if not 0 < pages <= self.kv_pages:
+            raise RlxError(f"pages must be in 1..{self.kv_pages} (the model's pool), got {pages}")
+        return PagedKv(PagePool(pages, self.page_size), self.slots, self.max_context, reclaim, self.copy_page)
 
     def copy_page(self, src: int, dst: int) -> None:
         """Copy page `src`'s K/V to page `dst` in every layer (copy-on-write)."""
