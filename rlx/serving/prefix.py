@@ -44,6 +44,7 @@ class PrefixCache:
         self._blocks: OrderedDict[bytes, Any] = OrderedDict()
         self.bytes = 0
         self.hits = 0  # tokens reused
+        self.evictions = 0  # blocks dropped (least recently used first)
         self.lookups = 0
 
     def _keys(self, tokens: Sequence[int], n_blocks: int) -> list[bytes]:
@@ -93,6 +94,7 @@ class PrefixCache:
             return False
         _, old = self._blocks.popitem(last=False)
         self.bytes -= self._sizeof(old)
+        self.evictions += 1
         if self._on_evict is not None:
             self._on_evict(old)
         return True
