@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from render_cases import tiny_decoder, tiny_paged_decoder
+from render_cases import tiny_decoder
 
 from rlx.codegen.cuda import CudaTarget
 from rlx.driver import Device, Session
@@ -189,18 +189,21 @@ def _tiny_decoder() -> Graph:
     return tiny_decoder()  # the render cases' LLaMA-style decoder step (tests/codegen/render_cases.py)
 
 
-def test_paged_decoder_compiles(toolchain: NvccToolchain, tmp_path: Path) -> None:
-    """The decoder over a paged KV cache: the paged append kernel launched before the attention, which reads
-    through the block table (no rope inside the attention: the append copies rotated keys)."""
-    from rlx.driver import lower_to_lir
-
-    lir = lower_to_lir(tiny_paged_decoder(), 2, backend="cuda")
-    gemm = "cublaslt" if toolchain.cublas.found else "builtin"
-    src = render_cuda(lir, CudaTarget(precision=DType.F16, gemm=gemm), {"name": "paged"})
+def test_paged_cached_attention_compiles(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """`cached_attention` over a paged KV cache: the paged append kernel launched before the attention, which
+    reads through the block table (the whole paged decoder renders in tests/codegen/render_cases.py)."""
+    g = Graph("paged_attention")
+    seq, batch = Dim.dynamic("seq", 16), Dim.dynamic("batch", 8)
+    q, k, v = g.input("q", [batch, seq, 64]), g.input("k", [batch, seq, 32]), g.input("v", [batch, seq, 32])
+    kc, vc = g.state("k_cache", [12, 8, 32]), g.state("v_cache", [12, 8, 32])
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, g.input("pos", [batch], "i32"), num_heads=4, head_dim=16,
+                                      num_kv_heads=2, block_table=g.input("block_table", [batch, 5], "i32"),
+                                      page_size=8)])
+    src = render_cuda(plan(g), CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "paged"})
     path = tmp_path / "paged.cu"
     path.write_text(src)
-    toolchain.compile(path, path.with_suffix(".o"), gemm, compile_only=True)
-    assert src.count("rlx_kv_append_paged<") == 2 and "rlx_kv_attend<__half, 16, true" not in src
+    toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_kv_append_paged<") == 1
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16"])
