@@ -85,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{INSTALL_HINT} (missing: {', '.join(missing)})", file=sys.stderr)
         return 1
     for what, v in (("--max-seqs", args.max_seqs), ("--max-context", args.max_context), ("--chunk", args.chunk),
-                    ("--page-size", args.page_size), ("--kv-pages", args.kv_pages or 1)):
+                    ("--page-size", args.page_size),
+                    ("--kv-pages", 1 if args.kv_pages is None else args.kv_pages)):
         if v < 1:
             raise RlxError(f"{what} must be >= 1, got {v}")
     if args.kv_layout == "paged" and args.max_context % args.page_size:

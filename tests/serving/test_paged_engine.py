@@ -125,3 +125,24 @@ def test_cancel_and_a_failing_step_free_their_pages(paged_runner, monkeypatch) -
     assert events[-1].finish_reason == "error" and "injected fault" in events[-1].error
     assert engine.kv.used_pages == 0 and engine.kv.used_slots == 0
     assert len(engine.generate(_prompts(1, seed=7)[0], SamplingParams(max_tokens=8)).token_ids) == 8
+
+
+def test_copy_on_write_copies_a_shared_page_in_every_layer(paged_runner) -> None:
+    """A sequence about to write into a page another holder shares gets its own copy first (every layer's K and
+    V of that page), and the shared page is left as it was."""
+    kv = paged_runner.kv_store()
+    a = kv.allocate(20)
+    page = kv.pages(a)[0]
+    paged_runner.run(kv.tables, [(a, t, i) for i, t in enumerate(range(40, 56))], [15], logits=False)
+    before = {name: arr[page].copy() for name, arr in paged_runner.cache.arrays.items()}
+    b = kv.allocate(20)
+    kv.adopt(b, [page])
+    assert kv.writable(b, 10, 12)  # b writes into the shared page: copied first
+    mine = kv.pages(b)[0]
+    assert mine != page and kv.pool.refs[page] == 1 and kv.tables[b, 0] == mine
+    for name, arr in paged_runner.cache.arrays.items():
+        np.testing.assert_array_equal(arr[mine], before[name])
+        np.testing.assert_array_equal(arr[page], before[name])
+    kv.free(a)
+    kv.free(b)
+    assert kv.used_pages == 0 and kv.free_pages == paged_runner.kv_pages
