@@ -13,7 +13,8 @@ under three loads, alternating in `--passes` rounds so background drift is sprea
   with a build beside it, a laptop compiling), where the scheduler moves the competitors around.
 
 RLX runs once per `--rlx-waits` value (`RLX_OMP_WAIT`): `adaptive` is RLX's default (spinning
-threads, the team shrunk while other processes take the cores: rlx.runtime.team), `passive` sleeps
+threads, the team shrunk while other processes take the cores, or kept whole where probes find it
+faster on the same work, as for long GEMM-heavy calls: rlx.runtime.team), `passive` sleeps
 at once, a number is a fixed GOMP_SPINCOUNT with a fixed team (200000 was the default before the
 adaptive one). Cases: `BxS` is one MiniLM embedding call of B sentences of S tokens (RLX's
 `SentenceEmbedder` on the packaged all-MiniLM-L6-v2 weights; ONNX Runtime on the same model), and

@@ -1,7 +1,17 @@
-"""A SmolLM2-135M-shaped decoder on an NVIDIA GPU: RLX (Q4_1 blocks) against PyTorch/transformers (f16).
+"""A LLaMA-style decoder on an NVIDIA GPU: RLX (GGUF blocks or bf16) against PyTorch/transformers.
 
-    python benchmarks/llm_cuda.py [--prompt-tokens 32] [--new-tokens 128] [--rounds 3] [--precision f16]
+    python benchmarks/llm_cuda.py [--shape smollm2|llama3-8b] [--weights q4_1|q4_k|q8_0|bf16]
+                                  [--prompt-tokens 32] [--new-tokens 128] [--rounds 3] [--precision f16]
                                   [--peers rlx,hf_eager,hf_static] [--profile | --host-split]
+                                  [--batches 1,8,32,64]
+
+`--shape llama3-8b` is Llama-3-8B's shape (32 layers, hidden 4096, 32/8 heads, FFN 14336, vocab 128256,
+untied head); the table then also prints the bytes of weights a decode step reads and the tok/s bound
+that the GPU's memory bandwidth sets (`--hbm-tbps`, by default the datasheet figure of the GPU found:
+H100 SXM 3.35 TB/s, H200 4.8), and the GPU memory each peer holds. `--batches` instead times RLX's decode
+steps of B rows each (B sequences at the same length, greedy): aggregate tokens/s per B and the ms a step takes,
+beside which kernel path the step's projections took (the fused decode GEMV up to `DecodeGemv.max_rows` rows,
+the dequantize + GEMM path beyond: the switch-over the LIR records).
 
 The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 576, 9/3 heads,
 FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
@@ -27,12 +37,23 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SHAPE = dict(arch="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
-             head_dim=64, ffn_size=1536, rms_eps=1e-5, rope_base=100000.0, rope_variant="interleaved", n_rot=64,
-             context_length=2048, tie_embeddings=True, bos_id=1, eos_id=2)
+SHAPES = {
+    "smollm2": dict(arch="llama", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                    head_dim=64, ffn_size=1536, rms_eps=1e-5, rope_base=100000.0, rope_variant="interleaved",
+                    n_rot=64, context_length=2048, tie_embeddings=True, bos_id=1, eos_id=2),
+    "llama3-8b": dict(arch="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
+                      num_kv_heads=8, head_dim=128, ffn_size=14336, rms_eps=1e-5, rope_base=500000.0,
+                      rope_variant="interleaved", n_rot=128, context_length=8192, tie_embeddings=False,
+                      bos_id=128000, eos_id=128001),
+}
+SHAPE = SHAPES["smollm2"]
+#: memory bandwidth by GPU name (datasheet, SXM parts), for the bound a decode step's weight bytes set
+HBM_TBPS = {"H100": 3.35, "H200": 4.8}
 
 
-def rlx_tensors(config, seed: int = 0) -> dict:
+def rlx_tensors(config, seed: int = 0, weights: str = "q4_1") -> dict:
+    """Random weights of `config`'s shape: every matrix in `weights` (a GGUF block format, or bf16 as raw
+    bits); with a block format the token embedding is Q8_0, as in SmolLM2's file."""
     from rlx.ir.quant import random_blocks
     from rlx.models.llama import WeightSpec, random_specs
 
@@ -42,16 +63,40 @@ def rlx_tensors(config, seed: int = 0) -> dict:
         if len(spec.shape) == 1:
             out[name] = (spec, np.ones(spec.shape, np.float32))
             continue
-        fmt = "q8_0" if name == "token_embd.weight" else "q4_1"
+        if weights == "bf16":
+            bits = (rng.standard_normal(spec.shape, dtype=np.float32) * 0.02).view(np.uint32) >> 16
+            out[name] = (WeightSpec("bf16", spec.shape), bits.astype(np.uint16))
+            continue
+        fmt = "q8_0" if name == "token_embd.weight" else weights
         out[name] = (WeightSpec(fmt, spec.shape), random_blocks(rng, spec.shape[0], spec.shape[1], fmt, scale=0.02))
     return out
 
 
-def bench_rlx(args, config) -> dict[str, float]:
+def weight_bytes_per_token(tensors: dict) -> int:
+    """Bytes of weights one decode row reads: every matrix but the token embedding (one row of it is read),
+    plus the embedding when it is also the output head (tied)."""
+    total = sum(data.nbytes for name, (spec, data) in tensors.items() if name != "token_embd.weight")
+    if "output.weight" not in tensors:
+        total += tensors["token_embd.weight"][1].nbytes
+    return total
+
+
+def gpu_memory_used() -> float:
+    """GiB of the GPU's memory in use (every context on it), through PyTorch when it is installed."""
+    try:
+        import torch
+    except ImportError:
+        return float("nan")
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
+def bench_rlx(args, config, tensors) -> dict[str, float]:
     from rlx.models.causal_lm import CausalLM
 
+    before = gpu_memory_used()
     t0 = time.perf_counter()
-    lm = CausalLM(config, rlx_tensors(config), device="cuda", precision=args.precision,
+    lm = CausalLM(config, tensors, device="cuda", precision=args.precision,
                   max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
     build = time.perf_counter() - t0
     prompt = np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens))
@@ -70,7 +115,43 @@ def bench_rlx(args, config) -> dict[str, float]:
 
     once()  # warm-up: CUDA graphs captured for the prefill and decode shapes
     totals, decodes = zip(*(once() for _ in range(args.rounds)))
-    return {"build_s": build, "total": statistics.median(totals), "decode": statistics.median(decodes)}
+    gib = gpu_memory_used() - before
+    return {"build_s": build, "total": statistics.median(totals), "decode": statistics.median(decodes),
+            "gpu_gib": gib}
+
+
+def bench_batches(args, config, tensors, batches: list[int]) -> None:
+    """Aggregate decode tokens/s at each batch size (B rows a step)."""
+    from rlx.models.causal_lm import CausalLM
+    from rlx.opt.lowering_cuda import DECODE_GEMV_ROWS
+
+    rows = [r for kmax, r in DECODE_GEMV_ROWS if config.hidden_size <= kmax][:1]
+    switch = rows[0] if rows else 0
+    lm = CausalLM(config, tensors, device="cuda", precision=args.precision, max_batch=max(batches),
+                  max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
+    rng = np.random.default_rng(1)
+    print(f"{args.shape}-shaped decoder, {args.weights} weights, precision {args.precision}: decode steps of B rows "
+          f"after a {args.prompt_tokens}-token prompt each, {args.new_tokens} steps, {args.rounds} rounds (medians); "
+          f"fused decode GEMV up to {switch} row(s) (K = {config.hidden_size}), dequantize + GEMM beyond")
+    print(f"{'rows B':>6} {'ms/step':>9} {'tok/s':>10} {'vs B=1':>7} {'projections':>12}")
+    base = None
+    def once(b: int, cache, prompt: np.ndarray) -> float:
+        cache.reset()
+        tokens = lm.step_greedy(prompt, cache, [i * args.prompt_tokens + args.prompt_tokens - 1 for i in range(b)])
+        t0 = time.perf_counter()
+        for _ in range(args.new_tokens):
+            tokens = lm.step_greedy(tokens[:, None], cache, list(range(b)))
+        return (time.perf_counter() - t0) / args.new_tokens
+
+    for b in batches:
+        cache = lm.new_cache()
+        prompt = rng.integers(3, config.vocab_size, (b, args.prompt_tokens))
+        once(b, cache, prompt)  # captures the step's CUDA graph
+        step = statistics.median(once(b, cache, prompt) for _ in range(args.rounds))
+        rate = b / step
+        base = base or rate
+        path = "fused GEMV" if b <= switch else "GEMM"
+        print(f"{b:>6} {step * 1e3:9.3f} {rate:10.1f} {rate / base:7.2f} {path:>12}")
 
 
 def profile_rlx(args, config) -> None:
@@ -81,7 +162,7 @@ def profile_rlx(args, config) -> None:
     from rlx.models.causal_lm import CausalLM
     from rlx.runtime.profile import format_top_ops, top_ops
 
-    tensors = rlx_tensors(config)
+    tensors = rlx_tensors(config, weights=args.weights)
     prompt = np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens))
     os.environ["RLX_PROFILE"] = "1"
     try:
@@ -125,7 +206,8 @@ def host_split(args, config, tensors, prompt) -> None:
     for _ in range(4):
         token = int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
     # the bound host-fed step of a one-token greedy step: inputs in (one transfer), graph replay, token out
-    step = next(v for k, v in lm._bound.items() if k[1] == 1 and dict(k[2])["tokens"] == (1, 1))
+    tokens_at = lm._cuda_names[0].index("tokens")  # the key: (cache, output, shapes of the host inputs)
+    step = next(v for k, v in lm._bound.items() if k[2][tokens_at] == (1, 1))
     n = 64
     t0 = time.perf_counter()
     for _ in range(n):
@@ -148,9 +230,13 @@ def bench_hf(args, config, static: bool) -> dict[str, float]:
                      intermediate_size=config.ffn_size, num_hidden_layers=config.num_layers,
                      num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
                      head_dim=config.head_dim, rms_norm_eps=config.rms_eps, rope_theta=config.rope_base,
-                     max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+                     max_position_embeddings=config.context_length, tie_word_embeddings=config.tie_embeddings,
+                     bos_token_id=config.bos_id, eos_token_id=config.eos_id)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(hf).to(device="cuda", dtype=torch.float16).eval()
+    dtype = torch.bfloat16 if args.weights == "bf16" else torch.float16
+    before = gpu_memory_used()
+    with torch.device("cuda"):  # initialized on the GPU: an 8B model's f32 init on the host takes minutes
+        model = LlamaForCausalLM._from_config(hf, torch_dtype=dtype).eval()
     ids = torch.randint(3, config.vocab_size, (1, args.prompt_tokens), device="cuda")
     kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
               pad_token_id=0)
@@ -169,47 +255,86 @@ def bench_hf(args, config, static: bool) -> dict[str, float]:
     once()
     once()  # warm-up (static: torch.compile of the decode step)
     warm = time.perf_counter() - t0
-    return {"build_s": warm, "total": statistics.median(once() for _ in range(args.rounds))}
+    total = statistics.median(once() for _ in range(args.rounds))
+    gib = gpu_memory_used() - before
+    bytes_per_token = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                          if "embed_tokens" not in n or config.tie_embeddings)
+    return {"build_s": warm, "total": total, "gpu_gib": gib, "bytes": bytes_per_token}
+
+
+def hbm_tbps(args) -> float:
+    if args.hbm_tbps:
+        return args.hbm_tbps
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name()
+    except (ImportError, RuntimeError):
+        return float("nan")
+    return next((tbps for key, tbps in HBM_TBPS.items() if key in name), float("nan"))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
+    p.add_argument("--weights", choices=("q4_1", "q4_k", "q8_0", "bf16"), default="q4_1")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--precision", default="f16")
     p.add_argument("--peers", default="rlx,hf_eager,hf_static")
     p.add_argument("--pause", type=float, default=1.0)
+    p.add_argument("--hbm-tbps", type=float, default=0.0, help="memory bandwidth for the bound (default: by GPU)")
+    p.add_argument("--batches", default="", help="time decode steps of these row counts instead (e.g. 1,8,32,64)")
     p.add_argument("--profile", action="store_true", help="print where a decode step's time goes, then exit")
     p.add_argument("--host-split", action="store_true",
                    help="print only the host-side split of a decode step (no profiled build), then exit")
     args = p.parse_args(argv)
     from rlx.models.decoder_config import DecoderConfig
 
-    config = DecoderConfig(**SHAPE)
+    config = DecoderConfig(**SHAPES[args.shape])
     if args.profile:
         profile_rlx(args, config)
         return 0
+    if args.batches:
+        bench_batches(args, config, rlx_tensors(config, weights=args.weights),
+                      [int(b) for b in args.batches.split(",")])
+        return 0
     if args.host_split:
-        host_split(args, config, rlx_tensors(config),
+        host_split(args, config, rlx_tensors(config, weights=args.weights),
                    np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens)))
         return 0
     results = {}
+    rlx_bytes = 0
     for peer in args.peers.split(","):
         time.sleep(args.pause)
         try:
             if peer == "rlx":
-                results[peer] = bench_rlx(args, config)
+                tensors = rlx_tensors(config, weights=args.weights)
+                rlx_bytes = weight_bytes_per_token(tensors)
+                results[peer] = bench_rlx(args, config, tensors)
+                results[peer]["bytes"] = rlx_bytes
+                del tensors
             else:
                 results[peer] = bench_hf(args, config, static=peer == "hf_static")
+                import torch
+
+                torch.cuda.empty_cache()  # the model is gone: give its memory back before the next peer
         except ImportError as exc:
             print(f"skipping {peer}: {exc}")
-    print(f"SmolLM2-135M-shaped decoder, batch 1, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
-          f"{args.rounds} rounds (medians); rlx precision {args.precision}")
-    print(f"{'peer':<10} {'warm-up s':>9} {'total ms':>9} {'tokens/s':>9} {'decode tok/s':>13}")
+    tbps = hbm_tbps(args)
+    print(f"{args.shape}-shaped decoder, batch 1, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
+          f"{args.rounds} rounds (medians); rlx weights {args.weights}, precision {args.precision}; "
+          f"bound at {tbps} TB/s")
+    print(f"{'peer':<10} {'warm-up s':>9} {'GPU GiB':>8} {'total ms':>9} {'tokens/s':>9} {'decode tok/s':>13} "
+          f"{'GB/token':>9} {'bound tok/s':>11} {'of bound':>9}")
     for peer, r in results.items():
-        dec = f"{(args.new_tokens - 1) / r['decode']:13.1f}" if "decode" in r else f"{'':>13}"
-        print(f"{peer:<10} {r['build_s']:9.2f} {r['total'] * 1e3:9.1f} {args.new_tokens / r['total']:9.1f} {dec}")
+        rate = (args.new_tokens - 1) / r["decode"] if "decode" in r else args.new_tokens / r["total"]
+        dec = f"{rate:13.1f}" if "decode" in r else f"{'':>13}"
+        bound = tbps * 1e12 / r["bytes"]
+        print(f"{peer:<10} {r['build_s']:9.2f} {r['gpu_gib']:8.2f} {r['total'] * 1e3:9.1f} "
+              f"{args.new_tokens / r['total']:9.1f} {dec} {r['bytes'] / 1e9:9.2f} {bound:11.1f} "
+              f"{rate / bound:9.1%}")
     if "rlx" in results:
         for peer in results:
             if peer != "rlx":

@@ -60,35 +60,24 @@ def token_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.nda
 
 
 def sgemm_peak(threads: int, seconds: float = 1.0) -> tuple[float, str]:
-    """Best sgemm GFLOP/s of scipy-openblas32 over a few shapes (square and BERT FFN-sized)."""
-    import cffi
-    import scipy_openblas32
+    """Best sgemm GFLOP/s of the BLAS rlx links (scipy-openblas32) over a few shapes (square and BERT
+    FFN-sized), `seconds` per shape: `rlx.toolchain.peak`, the probe `rlxc doctor` runs briefly."""
+    from rlx.config import Config
+    from rlx.toolchain.compiler import detect_toolchain
+    from rlx.toolchain.peak import PEAK_SHAPES
+    from rlx.toolchain.peak import sgemm_peak as probe
 
-    ffi = cffi.FFI()
-    ffi.cdef("void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int, const float *, int,"
-             " float, float *, int); void scipy_openblas_set_num_threads(int);")
-    lib = ffi.dlopen(str(Path(scipy_openblas32.get_lib_dir()) / "libscipy_openblas.so"))
-    lib.scipy_openblas_set_num_threads(threads)
-    best = 0.0
-    for m, n, k in ((1024, 1024, 1024), (4096, 1536, 384), (4096, 384, 1536)):
-        a = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
-        b = np.random.default_rng(1).standard_normal((k, n)).astype(np.float32)
-        c = np.empty((m, n), np.float32)
-        pa, pb, pc = (ffi.cast("float *", x.ctypes.data) for x in (a, b, c))
+    blas = detect_toolchain(Config.from_env()).blas
+    peak = probe(blas, threads, seconds * len(PEAK_SHAPES))
+    if peak is None:
+        raise SystemExit("no BLAS to measure the sgemm peak with (RLX_BLAS=none)")
+    try:
+        import scipy_openblas32
 
-        def call(pa=pa, pb=pb, pc=pc, m=m, n=n, k=k) -> None:
-            lib.scipy_cblas_sgemm(101, 111, 111, m, n, k, 1.0, pa, k, pb, n, 0.0, pc, n)  # row-major, no trans
-
-        call()
-        times = []
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end or len(times) < 3:
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        np.testing.assert_allclose(c[:2, :2], a[:2] @ b[:, :2], rtol=1e-3, atol=1e-3)
-        best = max(best, 2 * m * n * k / min(times) / 1e9)
-    return best, scipy_openblas32.get_openblas_config()
+        config = scipy_openblas32.get_openblas_config() if blas.provider == "openblas32" else blas.identity()
+    except ImportError:
+        config = blas.identity()
+    return peak.gflops, config
 
 
 # ── peers (each built and timed inside its own worker process) ─────────

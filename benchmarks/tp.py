@@ -1,6 +1,7 @@
 """Tensor parallelism: tp=2 against tp=1 — decoder decode tokens/s and MiniLM (128, 128) latency.
 
     python benchmarks/tp.py [--rounds 3] [--quick] [--processes] [--skip-minilm] [--skip-decoder] [--skip-cuda]
+                            [--cuda-shape llama3-8b --weights q4_k --tp 2,4 --precision f16]
 
 CPU: every peer runs in this process. tp=1 is one compiled graph (with 2 OpenMP threads, and with
 1); tp=2 is the sharded graph twice, one rank per thread of this process with 1 OpenMP thread each,
@@ -12,7 +13,10 @@ does not keep both cores busy (decode's small GEMVs), and pays a rendezvous per 
 
 CUDA: needs 2 GPUs (one process per GPU, NCCL; `launch(device="cuda")`); with fewer it prints
 why it is skipped. There tp=1 and tp=2 cannot share a process: each launch times its own decode
-loop (same rounds and step count) and the ratio is printed with that caveat.
+loop (same rounds and step count) and the ratio is printed with that caveat. `--cuda-shape llama3-8b`
+decodes Llama-3-8B's shape (benchmarks/llm_cuda.py's random blocks, `--weights`) instead, at every tp of
+`--tp` that the visible GPUs allow; each rank makes the same random tensors itself (seeded) and keeps its
+shard, so no weights cross process boundaries.
 
 Models: a random LLaMA-style decoder (q8_0 weights; `--quick` shrinks it) and the MiniLM-L6
 architecture (hidden 384, 12 heads, 6 layers) with random weights — the speed of a shape does not
@@ -196,40 +200,69 @@ def bench_decoder_processes(rounds: int, quick: bool) -> None:
 # ── CUDA: one process per GPU ──────────────────────────────────────────────
 
 
-def _cuda_decode_rank(rank, sharded, cfg, tensors, rounds: int, steps: int) -> float:
-    """Median seconds per decode step on this rank (tp=1 when `sharded` is None)."""
+def _cuda_model(shape: str, weights: str, quick: bool):
+    if shape == "default":
+        return decoder_model(quick)
+    from llm_cuda import SHAPES, rlx_tensors
+
+    from rlx.models.decoder_config import DecoderConfig
+
+    cfg = DecoderConfig(**SHAPES[shape])
+    return cfg, rlx_tensors(cfg, weights=weights)
+
+
+def _cuda_decode_rank(rank, tp: int, shape: str, weights: str, quick: bool, precision: str, rounds: int,
+                      steps: int) -> float:
+    """Median seconds per greedy decode step on this rank (the token's argmax computed on the GPU)."""
     import statistics
 
+    from rlx.distributed.tp_decoder import shard_decoder
     from rlx.models.causal_lm import CausalLM
 
-    opts = {"max_context": 128, "prefill_chunk": PROMPT}
-    lm = CausalLM(cfg, tensors, device="cuda", **opts) if sharded is None else sharded.load(rank, device="cuda")
-    step = DecodeStep(lm)
+    cfg, tensors = _cuda_model(shape, weights, quick)
+    opts = {"max_context": 128, "prefill_chunk": PROMPT, "precision": precision}
+    if tp == 1:
+        lm = CausalLM(cfg, tensors, device="cuda", **opts)
+    else:
+        lm = shard_decoder(cfg, tensors, tp=tp, **opts).load(rank, device="cuda")
+    del tensors
+    cache = lm.new_cache()
+    prompt = np.arange(1, PROMPT + 1)[None, :] % cfg.vocab_size
+    lm.step_greedy(prompt, cache, [PROMPT - 1])
+    token = np.array([[7]])
     samples = []
-    for _ in range(rounds):
+    for _ in range(rounds + 1):  # the first round captures the step's CUDA graph
         t0 = time.perf_counter()
         for _ in range(steps):
-            step()
+            cache.lengths[:] = PROMPT
+            lm.step_greedy(token, cache, [0])
         samples.append((time.perf_counter() - t0) / steps)
-    return statistics.median(samples)
+    return statistics.median(samples[1:])
 
 
-def bench_cuda(rounds: int, quick: bool) -> None:
+def bench_cuda(rounds: int, quick: bool, shape: str = "default", weights: str = "q4_k", tps: tuple[int, ...] = (2,),
+               precision: str = "f16") -> None:
     from rlx.distributed import launch
-    from rlx.distributed.tp_decoder import shard_decoder
     from rlx.runtime.nccl import gpu_count
 
     n = gpu_count()
-    if n < 2:
-        print(f"CUDA: skipped — {n} GPU(s) visible; tp=2 runs one process per GPU and needs 2")
+    runnable = [tp for tp in tps if tp <= n]
+    if not runnable:
+        print(f"CUDA: skipped — {n} GPU(s) visible; tp={min(tps)} runs one process per GPU and needs {min(tps)}")
         return
-    cfg, tensors = decoder_model(quick)
-    sharded = shard_decoder(cfg, tensors, tp=2, max_context=128, prefill_chunk=PROMPT)
-    one = launch(_cuda_decode_rank, nprocs=1, device="cuda", args=(None, cfg, tensors, rounds, 100))[0]
-    two = max(launch(_cuda_decode_rank, nprocs=2, device="cuda", args=(sharded, cfg, tensors, rounds, 100)))
-    print("CUDA decoder decode (each launch its own processes: not interleaved in one process)")
-    print(f"  tp=1 (1 GPU)   {one * 1e3:8.3f} ms/token  {1 / one:8.1f} tok/s")
-    print(f"  tp=2 (2 GPUs)  {two * 1e3:8.3f} ms/token  {1 / two:8.1f} tok/s  speed x{one / two:.2f}")
+    args = (shape, weights, quick, precision, rounds, 100)
+    times = {1: launch(_cuda_decode_rank, nprocs=1, device="cuda", args=(1, *args))[0]}
+    for tp in runnable:
+        times[tp] = max(launch(_cuda_decode_rank, nprocs=tp, device="cuda", args=(tp, *args)))
+    what = "random q8_0 decoder" if shape == "default" else f"{shape}-shaped decoder, {weights} weights"
+    print(f"CUDA {what}, {precision}, greedy decode at {PROMPT} tokens of context "
+          "(each launch its own processes: not interleaved in one process)")
+    print(f"  {'tp':<4} {'ms/token':>9} {'tok/s':>8} {'latency vs tp=1':>16}")
+    for tp, t in times.items():
+        print(f"  {tp:<4} {t * 1e3:9.3f} {1 / t:8.1f} {t / times[1]:16.2f}")
+    skipped = [tp for tp in tps if tp > n]
+    if skipped:
+        print(f"  not run: tp={skipped} (only {n} GPUs visible)")
 
 
 def main() -> None:
@@ -239,6 +272,10 @@ def main() -> None:
     ap.add_argument("--skip-decoder", action="store_true")
     ap.add_argument("--skip-minilm", action="store_true")
     ap.add_argument("--skip-cuda", action="store_true")
+    ap.add_argument("--cuda-shape", default="default", help="default (a ~0.2B q8_0 decoder) or llm_cuda.py's shapes")
+    ap.add_argument("--weights", default="q4_k", help="block format of --cuda-shape's random weights")
+    ap.add_argument("--tp", default="2", help="tensor-parallel degrees to compare with tp=1 on CUDA (e.g. 2,4)")
+    ap.add_argument("--precision", default="f16", help="CUDA compute precision")
     ap.add_argument("--processes", action="store_true", help="also the decoder with ranks as processes")
     args = ap.parse_args()
     import os
@@ -252,7 +289,8 @@ def main() -> None:
     if not args.skip_minilm:
         bench_minilm(args.rounds, 8 if args.quick else 128, 128)
     if not args.skip_cuda:
-        bench_cuda(args.rounds, args.quick)
+        bench_cuda(args.rounds, args.quick, args.cuda_shape, args.weights,
+                   tuple(int(t) for t in args.tp.split(",")), args.precision)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -5,7 +5,7 @@
     rlxc run DIR --input x=x.npy                run an artifact or graph on .npy inputs
     rlxc bench DIR --reps 50                    time calls (median, min, max)
     rlxc cache ls|stat|verify|gc|clear|explain
-    rlxc doctor                                 what this machine has: compiler, OpenMP, BLAS, GPUs, cache
+    rlxc doctor                                 what this machine has: compiler, OpenMP, BLAS, sgemm peak, GPUs, cache
     rlxc devices                                what this machine can run on: CPU ISA, GPUs, Metal
     rlxc replay DIR --target cuda               rerun the calls RLX_RECORD=DIR recorded; the first mismatch
     rlxc embed "a sentence" "another"           the sentence-embedding example
@@ -643,9 +643,9 @@ def _print_pretrained(args: argparse.Namespace) -> int:
     """`inspect --model DIR`: what `CausalLM.from_pretrained` reads from a checkpoint, checked, not compiled."""
     if args.path is not None or args.stage or args.memory or args.support or args.passes:
         raise UsageError("inspect --model DIR takes no GRAPH and no --stage/--memory/--support/--passes")
-    from rlx.models.hf_load import load_pretrained
+    from rlx.models.hf_checkpoint import load_checkpoint
 
-    loaded = load_pretrained(args.model)
+    loaded = load_checkpoint(args.model)
     print(format_pretrained(loaded))
     return EXIT_OK
 
@@ -980,6 +980,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     line("gpus", gpus.replace("\n", "; ") if gpus else "none found")
     line("cuda extra", cuda_extra_report())
     _doctor_threads(config, line)
+    if args.peak_seconds > 0:
+        ok = _doctor_peak(config, args.peak_seconds, line) and ok
     cache = AotCache(config)
     if not config.cache_enabled:
         line("cache", "disabled (RLX_CACHE=0)")
@@ -998,6 +1000,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             ok = False
             line("cache", f"PROBLEM: {exc}")
     return EXIT_OK if ok else EXIT_FAIL
+
+
+def _doctor_peak(config: Any, seconds: float, line: Callable[[str, str], None]) -> bool:
+    """The `sgemm peak` line of `rlxc doctor`: the ceiling of compute-bound work here (the BLAS's best sgemm
+    rate on a run's thread count, a quick probe of MiniLM's FFN shapes); False when the probe failed."""
+    from rlx.runtime.team import cpus_available
+    from rlx.toolchain.compiler import detect_toolchain
+    from rlx.toolchain.peak import QUICK_SHAPES, sgemm_peak
+
+    try:
+        peak = sgemm_peak(detect_toolchain(config).blas, config.num_threads or cpus_available(), seconds,
+                          QUICK_SHAPES)
+    except (RlxError, OSError) as exc:
+        line("sgemm peak", f"PROBLEM: {exc}")
+        return False
+    line("sgemm peak", peak.describe() + f", a {seconds:g} s probe" if peak else "no BLAS to measure")
+    return True
 
 
 def _doctor_threads(config: Any, line: Callable[[str, str], None]) -> None:
@@ -1311,6 +1330,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("doctor", help="report compiler, OpenMP, BLAS, nvcc, GPUs and cache health",
                        description="Check what this machine offers RLX.")
+    q.add_argument("--peak-seconds", type=float, default=0.3, metavar="S",
+                   help="time the sgemm peak probe for S seconds (default 0.3; benchmarks/minilm.py probes "
+                        "longer and on bigger shapes; 0 skips it)")
     common(q, compiles=False)
     q.set_defaults(func=cmd_doctor)
 

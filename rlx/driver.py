@@ -49,7 +49,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-from collections.abc import Callable, Iterator
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,7 @@ from rlx.errors import IRError, RlxError
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
 from rlx.ir.module import register_lir_lowering
-from rlx.ir.ops_user import check_current
+from rlx.ir.ops_user import check_current, user_ops_of
 from rlx.pipeline import Built, Pipeline, Rendered, first_unsupported_op, legalize_for, lower_to_lir, stages_for
 from rlx.pristine import COMPILER_MODULES, COMPILER_PACKAGES, compiler_is_pristine, trusting_own_loads
 from rlx.runtime.memory import MemoryEstimate
@@ -66,6 +68,9 @@ from rlx.templates_path import templates_dir
 
 #: Bumped when the compile index's fingerprint or value changes shape.
 INDEX_FORMAT = 3
+#: Bumped when the recipe index's fingerprint or value changes shape (a value is written once: an entry of
+#: an older shape would otherwise stay unusable).
+RECIPE_INDEX_FORMAT = 2
 
 
 class Device(enum.Enum):
@@ -220,6 +225,63 @@ class Session:
             self._start_recording(compiled, mir, built.digest, self._level(opt_level))
         return compiled
 
+    def compile_recipe(self, recipe: Mapping[str, Any], build: Callable[[], Any], *, num_threads: int | None = None,
+                       opt_level: int | None = None) -> Any:
+        """`compile(build())`, found without calling `build` when the same recipe was compiled before.
+
+        `recipe` says how `build` makes its graph: a JSON-able mapping naming the builder and every
+        argument it depends on (a model's config, its bounds, its options; not the weights, which are
+        params). The recipe index (`AotCache.memo("recipe_index", ...)`) maps it, with the opt level,
+        the build request and `compiler_source_digest` (whose files include the builders, e.g.
+        `rlx.models.bert`), to the object key and source digest a full compile gave; a hit loads that
+        object, verified like a compile-index hit, and builds the graph only when its LIR is asked for.
+        Used, like the compile index, only while the compiler's modules are pristine (and not while
+        runs are recorded, which need the graph), and never for a graph with custom ops (their headers are
+        read by a build only); otherwise, and on a miss, it is `compile(build())`.
+
+        >>> import rlx
+        >>> def double() -> rlx.Graph:
+        ...     g = rlx.Graph("double_recipe")
+        ...     x = g.input("x", [2])
+        ...     g.set_outputs([g.add_(x, x)])
+        ...     return g
+        >>> cg = Session().compile_recipe({"builder": "doctest.double"}, double)
+        >>> cg.run(x=rlx.np.ones(2, rlx.np.float32))[0].tolist()
+        [2.0, 2.0]
+        """
+        if opt_level is not None and not (isinstance(opt_level, int) and 0 <= opt_level <= 3):
+            raise RlxError(f"opt_level must be 0..3, got {opt_level!r}")
+        from rlx.toolchain.cache import AotCache
+
+        with trusting_own_loads() as pristine:
+            cache = AotCache(self.config)
+            fingerprint: dict[str, str] | None = None
+            if cache.enabled and pristine and self.config.record_dir is None:
+                pipe = self.pipeline(opt_level, num_threads=num_threads)
+                fingerprint = {
+                    "index_format": f"{INDEX_FORMAT}.{RECIPE_INDEX_FORMAT}",
+                    "recipe": json.dumps(recipe, sort_keys=True),
+                    "opt_level": str(self._level(opt_level)),
+                    "compiler_source": compiler_source_digest(cache),
+                    **pipe.request(),
+                }
+                value = _peek(cache, "recipe_index", fingerprint)
+                if isinstance(value, dict) and isinstance(value.get("key"), str) and value.get("user_ops") is False:
+                    found = pipe.find(value["key"])
+                    if found is not None and found.digest == value.get("source"):
+                        compiled = pipe.load(found)
+                        compiled.record_build(found.digest, lambda: pipe.decided(to_mir(build())))
+                        return compiled
+        mir = to_mir(build())
+        compiled = self.compile(mir, num_threads=num_threads, opt_level=opt_level)
+        if fingerprint is not None and compiled.key and compiled.source_digest:
+            # A graph with custom ops also depends on their headers, which only a build reads (and checks):
+            # its recipe is recorded as such and never trusted.
+            user_ops = bool(user_ops_of([n.op for n in mir.nodes]))
+            cache.memo("recipe_index", fingerprint,
+                       lambda: {"key": compiled.key, "source": compiled.source_digest, "user_ops": user_ops})
+        return compiled
+
     def _start_recording(self, compiled: Any, mir: Graph, digest: str, level: int) -> None:
         """RLX_RECORD: `compiled` records its runs for `rlxc replay` (`rlx.runtime.record`)."""
         from rlx.runtime.record import Recorder
@@ -229,6 +291,22 @@ class Session:
         compiled.record_to(Recorder.start(self.config.record_dir, mir.to_json(), meta,
                                           max_calls=self.config.record_max_calls,
                                           max_bytes=self.config.record_max_bytes))
+
+
+class _NotIndexed(Exception):
+    pass
+
+
+def _peek(cache: Any, namespace: str, fingerprint: Mapping[str, str]) -> Any:
+    """The memo's value for `fingerprint`, or None (nothing is computed nor written)."""
+
+    def missing() -> Any:
+        raise _NotIndexed
+
+    try:
+        return cache.memo(namespace, fingerprint, missing)
+    except _NotIndexed:
+        return None
 
 
 def _is_lir(graph: Any) -> bool:
@@ -260,7 +338,7 @@ def _through_index(config: Config, mir: Graph, level: int, pipe: Pipeline, compi
         "index_format": str(INDEX_FORMAT),
         "graph": hashlib.sha256(mir.to_json().encode()).hexdigest(),
         "opt_level": str(level),
-        "compiler_source": compiler_source_digest(),
+        "compiler_source": compiler_source_digest(cache),
         **pipe.request(),
     }
     value = cache.memo("compile_index", fingerprint, index_value)
@@ -294,42 +372,83 @@ def to_mir(graph: Any) -> Graph:
 # ── what the compile index's fingerprint covers ─────────────────────────────────────────────────
 
 
-def _compiler_files() -> Iterator[tuple[str, Path]]:
-    """(label, path) of every file whose content decides what a graph compiles to."""
-    root = Path(__file__).resolve().parent
+def _files_under(top: str, suffix: str = "") -> list[tuple[str, str, os.stat_result]]:
+    """(path relative to `top` in posix form, path, stat) of the files under `top` whose names end with
+    `suffix`, outside __pycache__, sorted by relative path. `os.scandir`, whose entries carry their
+    stat: a warm start lists these files on every compile, and Path objects cost several times more."""
+    found: list[tuple[str, str, os.stat_result]] = []
+    stack = [("", top)]
+    while stack:
+        prefix, folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_dir():
+                if entry.name != "__pycache__":
+                    stack.append((prefix + entry.name + "/", entry.path))
+            elif entry.name.endswith(suffix):
+                found.append((prefix + entry.name, entry.path, entry.stat()))
+    return sorted(found, key=lambda f: f[0])
+
+
+def _compiler_file_stats() -> list[tuple[str, str, os.stat_result]]:
+    """(label, path, stat) of every file whose content decides what a graph compiles to."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    files = []
     for package in COMPILER_PACKAGES:
         sub = package.removeprefix("rlx.").replace(".", "/")
-        for path in sorted((root / sub).rglob("*.py")):
-            yield f"py:{path.relative_to(root).as_posix()}", path
+        files += [(f"py:{sub}/{rel}", path, st) for rel, path, st in _files_under(os.path.join(root, sub), ".py")]
     for module in COMPILER_MODULES:
-        yield f"py:{module.removeprefix('rlx.')}.py", root / f"{module.removeprefix('rlx.')}.py"
-    templates = templates_dir()
-    for path in sorted(p for p in templates.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        yield f"template:{path.relative_to(templates).as_posix()}", path
+        sub = module.removeprefix("rlx.").replace(".", "/")
+        path = os.path.join(root, f"{sub}.py")
+        files.append((f"py:{sub}.py", path, os.stat(path)))
+    files += [(f"template:{rel}", path, st) for rel, path, st in _files_under(str(templates_dir()))]
+    return files
+
+
+def _compiler_files() -> Iterator[tuple[str, Path]]:
+    """(label, path) of every file whose content decides what a graph compiles to."""
+    for label, path, _ in _compiler_file_stats():
+        yield label, Path(path)
 
 
 _digest_memo: dict[tuple, str] = {}
 
 
-def compiler_source_digest() -> str:
+def compiler_source_digest(cache: Any = None) -> str:
     """sha256 of the Python source and templates that turn a graph into a built object.
 
     Covers rlx.ir, rlx.opt, rlx.codegen, rlx.toolchain, rlx/reference.py and every file of the
     templates directory (`RLX_TEMPLATES_DIR` honoured). Part of the compile-index fingerprint, so
     changed compiler code or templates never map an old graph fingerprint to an object built by
-    the old code. Files are re-read only when a path, size or mtime changed (a few dozen stats).
+    the old code. Files are re-read only when the files' signature changed: each one's path, size,
+    mtime, ctime and inode (a few hundred stats). An edit changes the mtime and the ctime (which no
+    tool sets back), a replaced file (a checkout, a reinstall) its inode or ctime. The digest of a
+    signature is kept in this process and, given an enabled `AotCache`, in its memo
+    (`compiler_digest`), so a fresh process reads no file when nothing changed.
     """
-    files = list(_compiler_files())
-    signature = tuple((label, st.st_size, st.st_mtime_ns) for label, st in ((lb, p.stat()) for lb, p in files))
+    files = _compiler_file_stats()
+    signature = tuple((label, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for label, _, st in files)
     cached = _digest_memo.get(signature)
     if cached is not None:
         return cached
-    h = hashlib.sha256()
-    for label, path in files:
-        h.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        for label, path, _ in files:
+            with open(path, "rb") as fh:
+                h.update(label.encode() + b"\0" + fh.read() + b"\0")
+        return h.hexdigest()
+
+    if cache is not None and cache.enabled:
+        value = cache.memo("compiler_digest", {"files": hashlib.sha256(repr(signature).encode()).hexdigest()}, digest)
+    else:
+        value = digest()
     _digest_memo.clear()
-    _digest_memo[signature] = h.hexdigest()
-    return _digest_memo[signature]
+    _digest_memo[signature] = value
+    return value
 
 
 __all__ = ["Device", "Session", "compiler_is_pristine", "compiler_source_digest", "legalize_for", "lower_to_lir",

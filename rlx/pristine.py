@@ -45,7 +45,9 @@ from typing import Any
 #: The packages (and modules) whose code turns a graph into a built object: digested for the
 #: compile index's fingerprint and watched for monkeypatches.
 COMPILER_PACKAGES = ("rlx.ir", "rlx.opt", "rlx.codegen", "rlx.pipeline", "rlx.toolchain")
-COMPILER_MODULES = ("rlx.reference",)
+#: Modules outside those packages whose code decides a compiled graph too: the numpy reference, and the
+#: model builders whose graphs `Session.compile_recipe` finds by their arguments alone.
+COMPILER_MODULES = ("rlx.reference", "rlx.models.bert")
 
 #: module name -> (module object, {name: object bound when it came from its file}).
 _recorded: dict[str, tuple[ModuleType, dict[str, object]]] = {}

@@ -591,14 +591,20 @@ def _eval_fused_swiglu(op: O.FusedSwiGLU, args: list, shape: Shape, symbols: dic
 
 def selective_scan(x: np.ndarray, delta: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Reference `ops_ssm.SelectiveScan`: the Mamba recurrence, one step at a time, state from zero."""
+    return selective_scan_carry(x, delta, a, b, c, None)[0]
+
+
+def selective_scan_carry(x: np.ndarray, delta: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray,
+                         state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The selective scan from `state` `[b,h,n]` (None: zeros): (y `[b,s,h]`, the final state)."""
     bsz, seq, h = x.shape
-    state = np.zeros((bsz, h, a.shape[1]))
+    s = np.zeros((bsz, h, a.shape[1])) if state is None else np.array(state, dtype=np.float64)
     y = np.empty((bsz, seq, h))
     for t in range(seq):
         dt = delta[:, t, :, None]  # [b, h, 1]
-        state = np.exp(dt * a[None]) * state + dt * x[:, t, :, None] * b[:, t, None, :]
-        y[:, t] = np.einsum("bhn,bn->bh", state, c[:, t])
-    return y
+        s = np.exp(dt * a[None]) * s + dt * x[:, t, :, None] * b[:, t, None, :]
+        y[:, t] = np.einsum("bhn,bn->bh", s, c[:, t])
+    return y, s
 
 
 def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
@@ -614,6 +620,17 @@ def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, 
         s = s + kt[..., :, None] * u[..., None, :]
         o[:, t] = np.einsum("bhij,bhi->bhj", s, q[:, t] * scale)
     return o, s
+
+
+def conv_state_after(x: np.ndarray, left_pad: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The conv state after `depthwise_conv1d_causal`'s carry form: per row, the last k-1 rows of
+    (left_pad, x[:lengths[b]])."""
+    keep = left_pad.shape[1]
+    out = np.empty(left_pad.shape, dtype=np.float64)
+    for row, n in enumerate(np.asarray(lengths, dtype=np.int64)):
+        xp = np.concatenate([left_pad[row], x[row, :int(n)]], axis=0)
+        out[row] = xp[len(xp) - keep:]
+    return out
 
 
 def depthwise_conv1d_causal(x: np.ndarray, w: np.ndarray, left_pad: np.ndarray | None,
@@ -635,8 +652,12 @@ def depthwise_conv1d_causal(x: np.ndarray, w: np.ndarray, left_pad: np.ndarray |
 @evaluates(S.SelectiveScan)
 def _eval_selective_scan(op: S.SelectiveScan, args: list, shape: Shape, symbols: dict,
                          in_shapes: object) -> np.ndarray:
+    state = args[5] if op.carry_state else None
     with np.errstate(all="ignore"):
-        return _finish(selective_scan(*args), shape.dtype)
+        y, final = selective_scan_carry(*args[:5], state)
+    if state is not None:  # the caller's state buffer receives the final state, as compiled code does
+        state[...] = final if state.dtype == np.float64 else final.astype(state.dtype)
+    return _finish(y, shape.dtype)
 
 
 @evaluates(S.GatedDeltaNet)
@@ -653,8 +674,15 @@ def _eval_gated_delta_net(op: S.GatedDeltaNet, args: list, shape: Shape, symbols
 @evaluates(S.DepthwiseConv1dCausal)
 def _eval_dwconv(op: S.DepthwiseConv1dCausal, args: list, shape: Shape, symbols: dict,
                  in_shapes: object) -> np.ndarray:
-    return _finish(depthwise_conv1d_causal(args[0], args[1], args[2] if len(args) > 2 else None, op.reverse),
-                   shape.dtype)
+    y = depthwise_conv1d_causal(args[0], args[1], args[2] if len(args) > 2 else None, op.reverse)
+    if op.carry_state:  # the state buffer receives each row's last k-1 real inputs, after the outputs are read
+        pad = args[2]
+        lengths = np.asarray(args[3], dtype=np.int64)
+        if lengths.min(initial=0) < 0 or lengths.max(initial=0) > args[0].shape[1]:
+            raise ExecutionError(f"depthwise_conv1d_causal lengths must lie in [0, {args[0].shape[1]}], "
+                                 f"got {lengths.tolist()}")
+        pad[...] = conv_state_after(args[0], pad, lengths).astype(pad.dtype)
+    return _finish(y, shape.dtype)
 
 
 # ── sparse mixture of experts (rlx/ir/ops_moe.py) ──

@@ -170,6 +170,14 @@ def test_doctor_reports_threads_wait_policy_and_load(cache_root: Path, capsys: p
     assert re.search(r"^load +(\d+\.\d\d over the last minute, \d+ other runnable|unknown)", out, re.MULTILINE)
 
 
+def test_doctor_prints_the_sgemm_peak_unless_told_not_to(cache_root: Path, capsys: pytest.CaptureFixture[str]):
+    assert main(["doctor", "--peak-seconds", "0.05"]) == 0
+    (peak,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("sgemm peak")]
+    assert re.search(r"\d+\.\d GFLOP/s on .* best at \d+x\d+x\d+.*a 0.05 s probe$", peak) or "no BLAS" in peak, peak
+    assert main(["doctor", "--peak-seconds", "0"]) == 0
+    assert "sgemm peak" not in capsys.readouterr().out
+
+
 def test_doctor_flags_an_unsafe_cache_root(cache_root: Path, capsys: pytest.CaptureFixture[str]):
     _fill(cache_root, (5,))
     os.chmod(cache_root, 0o777)

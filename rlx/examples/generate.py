@@ -152,12 +152,14 @@ def usage_problem(args: argparse.Namespace) -> str | None:
 def speculation(timings: dict[str, float]) -> str:
     """The drafter's share of the timing line ("" without speculative decoding).
 
-    >>> speculation({"acceptance_rate": 0.75, "tokens_per_step": 2.5, "speculative_steps": 8.0})
-    '75% of draft tokens accepted, 2.50 tokens per step; '
+    >>> speculation({"acceptance_rate": 0.75, "tokens_per_step": 2.5, "speculative_steps": 8.0,
+    ...              "draft_tokens": 16.0, "accepted_tokens": 12.0})
+    '12 of 16 draft tokens accepted (75%), 8 verify steps, 2.50 tokens per step; '
     """
     if not timings.get("speculative_steps"):
         return ""
-    return (f"{timings['acceptance_rate']:.0%} of draft tokens accepted, "
+    return (f"{timings['accepted_tokens']:.0f} of {timings['draft_tokens']:.0f} draft tokens accepted "
+            f"({timings['acceptance_rate']:.0%}), {timings['speculative_steps']:.0f} verify steps, "
             f"{timings['tokens_per_step']:.2f} tokens per step; ")
 
 

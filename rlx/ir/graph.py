@@ -483,12 +483,17 @@ class Graph:
 
     # ── builders: state-space and linear-attention layers (rlx/ir/ops_ssm.py) ──
 
-    def selective_scan(self, x: NodeId, delta: NodeId, a: NodeId, b: NodeId, c: NodeId) -> NodeId:
-        """Mamba's selective scan over x, delta `[b,s,h]`, A `[h,n]`, B, C `[b,s,n]` (`ops_ssm.SelectiveScan`)."""
+    def selective_scan(self, x: NodeId, delta: NodeId, a: NodeId, b: NodeId, c: NodeId, *,
+                       state: NodeId | None = None) -> NodeId:
+        """Mamba's selective scan over x, delta `[b,s,h]`, A `[h,n]`, B, C `[b,s,n]` (`ops_ssm.SelectiveScan`).
+
+        With `state` (a `[b,h,n]` state input) the recurrence starts from it and leaves the final
+        state there (decode through a recurrent cache)."""
         n = self.shape(a).dims[-1] if self.shape(a).rank == 2 else Dim(0)
         if not n.is_static:
             raise ShapeError(f"selective_scan A must have a static state size, got {self.shape(a)}")
-        return self.add(S.SelectiveScan(n.value), [x, delta, a, b, c])
+        ins = [x, delta, a, b, c] + ([state] if state is not None else [])
+        return self.add(S.SelectiveScan(n.value, state is not None), ins)
 
     def gated_delta_net(self, q: NodeId, k: NodeId, v: NodeId, g: NodeId, beta: NodeId, *,
                         state: NodeId | None = None, scale: float | None = None) -> NodeId:
@@ -509,13 +514,18 @@ class Graph:
         return self.gated_delta_net(q, k, v, g, beta, state=state, scale=scale)
 
     def depthwise_conv1d_causal(self, x: NodeId, weight: NodeId, left_pad: NodeId | None = None, *,
-                                reverse: bool = False) -> NodeId:
-        """Causal depthwise conv of x `[b,s,c]` with weight `[c,k]` (`ops_ssm.DepthwiseConv1dCausal`)."""
+                                reverse: bool = False, lengths: NodeId | None = None) -> NodeId:
+        """Causal depthwise conv of x `[b,s,c]` with weight `[c,k]` (`ops_ssm.DepthwiseConv1dCausal`).
+
+        With `lengths` (i32 `[b]`) `left_pad` is a conv state: it receives each row's last k-1
+        inputs up to its length (the `carry_state` form)."""
         ws = self.shape(weight)
         if ws.rank != 2 or not ws.dims[1].is_static:
             raise ShapeError(f"depthwise_conv1d_causal weight must be [channels, kernel_size], got {ws}")
-        ins = [x, weight] + ([left_pad] if left_pad is not None else [])
-        return self.add(S.DepthwiseConv1dCausal(ws.dims[1].value, bool(reverse)), ins)
+        if lengths is not None and left_pad is None:
+            raise ShapeError("depthwise_conv1d_causal lengths need a left_pad (the conv state they update)")
+        ins = [x, weight] + ([left_pad] if left_pad is not None else []) + ([lengths] if lengths is not None else [])
+        return self.add(S.DepthwiseConv1dCausal(ws.dims[1].value, bool(reverse), lengths is not None), ins)
 
 
     # ── builders: sparse mixture of experts (rlx/ir/ops_moe.py) ──

@@ -67,26 +67,42 @@ def default_quant_act(device: str) -> str:
 
 @dataclass
 class KvCache:
-    """The per-layer K/V buffers of up to `max_batch` sequences and how many tokens each holds.
+    """The per-layer state buffers of up to `max_batch` sequences and how many tokens each holds.
 
-    `truncate(n)` forgets tokens after the first n (of every row, or of one `row`); `reset()`
-    empties the cache. Nothing is moved: attention only reads each row's first `lengths[b]`
-    entries, and the next step overwrites the rest.
+    A cache slot (row b of every array) holds one sequence: the K/V rows of its attention layers and
+    the fixed-size states of its recurrent layers (Mamba-2's conv and SSM states, named in `recurrent`),
+    which every step reads and updates in place. `truncate(n)` forgets tokens after the first n (of
+    every row, or of one `row`); `reset()` empties the cache. K/V rows are not moved: attention only
+    reads each row's first `lengths[b]` entries, and the next step overwrites the rest. A recurrent
+    state has no per-token history to cut: reset (and truncate to 0) zero it; truncating a recurrent
+    cache to 0 < n < length raises (it cannot be undone without checkpointed states).
     """
 
     arrays: dict[str, np.ndarray]
     lengths: np.ndarray
     capacity: int
+    #: The names in `arrays` of recurrent states (zeroed on reset; not truncatable).
+    recurrent: tuple[str, ...] = ()
     #: The paged layout (`CausalLM(kv_pages=...)`): each row's pages, i32 `[max_batch, capacity / page_size]`.
     block_table: np.ndarray | None = None
 
     def reset(self) -> None:
         self.lengths[:] = 0
+        for name in self.recurrent:
+            self.arrays[name][...] = 0
 
     def truncate(self, n: int, row: int | None = None) -> None:
         if not isinstance(n, (int, np.integer)) or n < 0:
             raise RlxError(f"truncate needs a token count >= 0, got {n!r}")
         rows = slice(None) if row is None else slice(row, row + 1)
+        if self.recurrent:
+            held = self.lengths[rows]
+            if n == 0:
+                for name in self.recurrent:
+                    self.arrays[name][rows] = 0
+            elif bool(np.any(held > n)):
+                raise RlxError(f"cannot truncate a recurrent cache to {n} tokens: rows hold {held.tolist()}, and its "
+                               "layers' states keep no per-token history (reset it, or truncate to 0)")
         self.lengths[rows] = np.minimum(self.lengths[rows], n)
 
 
@@ -174,6 +190,17 @@ def random_tensors(specs: Mapping[str, L.WeightSpec], seed: int = 0,
     return out
 
 
+def _graph_builder(config: Any) -> Any:
+    """The graph builder of a config's kind of decoder (its step interface is `rlx.models.llama.build_decoder`'s)."""
+    from rlx.models import mamba2, qwen3_next
+
+    builders = {DecoderConfig: L.build_decoder, mamba2.Mamba2Config: mamba2.build_mamba2,
+                qwen3_next.Qwen3NextConfig: qwen3_next.build_qwen3_next}
+    if type(config) not in builders:
+        raise RlxError(f"no decoder graph for a {type(config).__name__}")
+    return builders[type(config)]
+
+
 class CausalLM:
     """A decoder LLM: `logits`, `generate`, `stream`, and a tokenizer when loaded from GGUF.
 
@@ -198,6 +225,9 @@ class CausalLM:
     device_sampling: bool = True
     #: Token ids that end generation when set (a checkpoint's eos ids); else the tokenizer's or eos_id.
     eos_ids: frozenset[int] = frozenset()
+    #: Whether q/k rows are in llama.cpp's converter order (a GGUF LLaMA: `from_gguf` sets it): PEFT adapters,
+    #: written for the Hugging Face model, have their q/k B rows reordered the same way at load.
+    gguf_qk_rows: bool = False
 
     def __init__(self, config: DecoderConfig, tensors: Mapping[str, tuple[L.WeightSpec, np.ndarray]],
                  tokenizer: Any | None = None, *, device: str = "cpu", max_context: int = 2048,
@@ -218,11 +248,15 @@ class CausalLM:
         self.max_context = max_context
         self.max_batch = max_batch
         self.prefill_chunk = min(prefill_chunk, max_context)
+        #: Recurrent layers (Mamba-2): every step runs all `max_batch` slots, each with its count of real tokens.
+        self.recurrent = bool(getattr(config, "recurrent", False))
         # the rotary tables of every cache position, computed once (a step gathers its rows)
         # (one pair per scheme: Gemma 3's local layers have their own, `L.rope_inputs`)
         self._rope: dict[str, np.ndarray] = {}
-        for which, (cos_name, sin_name) in L.rope_inputs(config).items():
-            cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, config, which)
+        # (a hybrid's attention layers read their RoPE from its `base` DecoderConfig; Mamba-2 has none)
+        rope_config = config if isinstance(config, DecoderConfig) else getattr(config, "base", None)
+        for which, (cos_name, sin_name) in (L.rope_inputs(rope_config) if rope_config is not None else {}).items():
+            cos, sin = L.rope_tables(np.zeros(1, dtype=np.int64), max_context, rope_config, which)
             self._rope[cos_name], self._rope[sin_name] = cos[0], sin[0]
         specs = {name: spec for name, (spec, _) in tensors.items()}
         # tp > 1: one rank of a tensor-parallel decoder (rlx.distributed.tp_decoder gives its tensors)
@@ -232,12 +266,19 @@ class CausalLM:
             raise RlxError(f"int8 matmuls (rlx.quantize 'int8-dynamic') run on the CPU only, not {device!r}")
         # kv_pages: the paged KV layout (a pool of pages per layer, a block table per row; rlx.serving's engine)
         self.kv_pages, self.page_size = kv_pages, page_size if kv_pages is not None else None
-        if kv_pages is not None and max_context % page_size:
-            raise RlxError(f"max_context ({max_context}) must be a multiple of page_size ({page_size})")
-        self.graph = L.build_decoder(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
-                                     capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
-                                     quant_act=self.quant_act, narrow_weights=device == "cpu" and not int8_matmuls,
-                                     page_size=self.page_size, kv_pages=kv_pages or 0)
+        paged: dict[str, Any] = {}
+        if kv_pages is not None:
+            if type(config) is not DecoderConfig:
+                raise RlxError(f"the paged KV layout is built for attention decoders, not a {type(config).__name__} "
+                               "(its recurrent layers keep a state per sequence)")
+            if max_context % page_size:
+                raise RlxError(f"max_context ({max_context}) must be a multiple of page_size ({page_size})")
+            paged = dict(page_size=page_size, kv_pages=kv_pages)
+        self.graph = _graph_builder(config)(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
+                                            capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
+                                            quant_act=self.quant_act,
+                                            narrow_weights=device == "cpu" and not int8_matmuls, **paged)
+        self._host_inputs = frozenset(n.op.name for n in self.graph.inputs() if not n.op.state)
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic
 
@@ -262,6 +303,8 @@ class CausalLM:
         self._cuda_names: tuple[tuple[str, ...], str] | None = None  # see _run_cuda
         self._cpu_bound: dict[Any, Any] = {}  # CPU: runs bound once per (cache, step shape), see _step_cpu
         self._cache: KvCache | None = None
+        # speculative decoding's counts over every generation of this model (`speculation_stats`)
+        self._speculation = {"speculative_steps": 0, "draft_tokens": 0, "accepted_tokens": 0, "produced_tokens": 0}
         if device != "reference":
             from rlx.driver import Session
 
@@ -290,11 +333,14 @@ class CausalLM:
         `stream`, `logits` and `generate_batch` then take `adapter=name`. Nothing recompiles; a bad adapter
         (rank above `max_lora_rank`, an unknown target module, shapes that do not fit) raises before anything
         is written."""
-        from rlx.models.lora import read_peft_adapter
+        from rlx.models.lora import read_peft_adapter, to_gguf_rows
 
         if self._lora is None:
             raise RlxError("this model has no adapter slots: build it with max_adapters > 0")
-        self._lora.load(name, read_peft_adapter(path), str(path))
+        adapter = read_peft_adapter(path)
+        if self.gguf_qk_rows:
+            adapter = to_gguf_rows(adapter, self.config.num_heads, self.config.num_kv_heads)
+        self._lora.load(name, adapter, str(path))
 
     def unload_adapter(self, name: str) -> None:
         """Free the slot of adapter `name`."""
@@ -306,6 +352,11 @@ class CausalLM:
     def adapters(self) -> list[str]:
         """The names of the loaded adapters."""
         return sorted(self._lora.names) if self._lora is not None else []
+
+    def use_adapters(self, names: Sequence[str | None]) -> None:
+        """Set each row's LoRA adapter for the `step`s that follow (None: the base model; rows past `names`
+        too), as `generate_batch(adapter=...)` does: for callers that step the model themselves (serving)."""
+        self._use_adapters(names)
 
     def _use_adapters(self, names: Sequence[str | None]) -> None:
         """Set each row's adapter for the generation that follows (None: the base model)."""
@@ -337,7 +388,9 @@ class CausalLM:
         tensors = {name: (L.WeightSpec(t.ggml_type, tuple(t.shape)), t.data) for name, t in model.tensors.items()}
         tokenizer = GgufTokenizer.from_metadata(model.metadata)
         kw.setdefault("max_context", min(2048, model.config.context_length))
-        return cls(model.config, tensors, tokenizer, **kw)
+        lm = cls(model.config, tensors, tokenizer, **kw)
+        lm.gguf_qk_rows = model.config.rope_variant == "interleaved"  # the converter permuted q/k (llama)
+        return lm
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", dtype: str | None = None,
@@ -345,8 +398,10 @@ class CausalLM:
                         **kw: Any) -> CausalLM:
         """Load a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json).
 
-        Families: `rlx.models.hf_config.FAMILIES`. Weights are memory-mapped and kept in their stored
-        dtype (`dtype="f32"` widens them); `quantize="q8_0"` or `"q4_k"` turns the matrices into those blocks,
+        Families: `rlx.models.hf_config.FAMILIES`, and `mamba2` and `qwen3_next` (dense-MLP configs), whose
+        recurrent layers keep their states in the cache slots (`KvCache.recurrent`; `rlx.models.hf_checkpoint`
+        picks the loader). Weights are memory-mapped and kept in their stored dtype (`dtype="f32"` widens
+        them); `quantize="q8_0"` or `"q4_k"` turns the matrices into those blocks,
         `"int8"` runs the linear layers as `int8_matmul` (`rlx.quantize`'s int8-dynamic: weights per output
         channel, activations per row at run time; CPU only).
         `context_length` is the KV cache capacity (default: the model's, at most 2048). Sliding-window
@@ -354,12 +409,12 @@ class CausalLM:
         CUDA and Metal refuse a window smaller than the cache before any build). Every tensor is checked
         against the config before anything is compiled.
         """
-        from rlx.models.hf_load import load_pretrained
+        from rlx.models.hf_checkpoint import load_checkpoint
 
         int8 = quantize == "int8"  # rlx.quantize's int8-dynamic matmuls: f32 weights in, int8 per channel when set
         if int8:
             kw["int8_matmuls"] = True
-        loaded = load_pretrained(path, dtype="f32" if int8 else dtype, quantize=None if int8 else quantize)
+        loaded = load_checkpoint(path, dtype="f32" if int8 else dtype, quantize=None if int8 else quantize)
         config = loaded.config
         if context_length is None:
             context_length = min(2048, config.context_length)
@@ -385,13 +440,14 @@ class CausalLM:
                 zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
                 # on a GPU the cache lives in device memory: a step never copies it over the bus
                 arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
+        recurrent = tuple(self.config.recurrent_states()) if self.recurrent else ()
         table = None
         if self.kv_pages is not None:  # row b's pages b*per..: the contiguous layout's rows, when the pool holds them
             per = self.max_context // self.page_size
             table = np.full((self.max_batch, per), -1, np.int32)
             if self.kv_pages >= self.max_batch * per:
                 table[:] = np.arange(self.max_batch * per, dtype=np.int32).reshape(self.max_batch, per)
-        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, table)
+        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent, table)
 
     def _own_cache(self) -> KvCache:
         """The cache `logits` and `generate` use, emptied: allocated once (on CUDA, bound once)."""
@@ -402,25 +458,46 @@ class CausalLM:
 
     # ── one step ──────────────────────────────────────────────────────
 
-    def step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+    def step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, *,
+             valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """Feed `tokens` `[batch, seq]` after what `cache` holds; logits `[len(rows), vocab]` of the
-        flat positions `rows` (`b*seq + s`). The cache grows by `seq` tokens per row."""
-        return self._step(tokens, cache, rows, 0)
+        flat positions `rows` (`b*seq + s`). The cache grows by `seq` tokens per row. `valid` (recurrent
+        models): how many of each row's tokens are real (default all); the rest are right padding that
+        leaves the row's recurrent state as it was."""
+        return self._step(tokens, cache, rows, 0, valid=valid)
 
-    def step_greedy(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+    def step_greedy(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, *,
+                    valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """Like `step`, but returns the argmax token id of each of those rows (i64 `[len(rows)]`), computed
         with the logits where they live: on a GPU only the ids come back to the host."""
-        return self._step(tokens, cache, rows, 1).astype(np.int64)
+        return self._step(tokens, cache, rows, 1, valid=valid).astype(np.int64)
 
     def step_sample(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, u: np.ndarray,
-                    settings: np.ndarray) -> np.ndarray:
+                    settings: np.ndarray, *, valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """Like `step`, but returns a token id sampled from each of those rows' logits (i64 `[len(rows)]`)
         at its uniform `u` (f64 `[len(rows)]`, from `Sampler.uniforms`) with `settings` (`Sampler.settings()`:
         top_k at most `SAMPLE_TOP_K_MAX`), computed where the logits live: on a GPU only the ids come back."""
-        return self._step(tokens, cache, rows, 2, (u, settings)).astype(np.int64)
+        return self._step(tokens, cache, rows, 2, (u, settings), valid=valid).astype(np.int64)
+
+    def _ragged(self, tokens: np.ndarray, valid: Sequence[int] | np.ndarray | None) -> tuple[np.ndarray, dict]:
+        """A recurrent model's step: `tokens` padded to every slot, and the inputs saying which tokens are
+        real (`seq_lengths`, `seq_mask`); rows past the given ones have none (their states stay)."""
+        from rlx.models.mamba2 import LENGTHS_INPUT, MASK_INPUT
+
+        batch, seq = tokens.shape
+        lengths = np.zeros(self.max_batch, dtype=np.int32)
+        given = np.full(batch, seq) if valid is None else np.asarray(valid)
+        if given.shape != (batch,) or given.dtype.kind not in "iu" or given.min() < 0 or given.max() > seq:
+            raise ExecutionError(f"valid must give each of the {batch} rows 0..{seq} real tokens, got {valid!r}")
+        lengths[:batch] = given
+        padded = np.zeros((self.max_batch, seq), dtype=np.int32)
+        padded[:batch] = tokens
+        mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.float32)
+        return padded, {LENGTHS_INPUT: lengths, MASK_INPUT: mask}
 
     def _step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, output: int,
-              sample: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+              sample: tuple[np.ndarray, np.ndarray] | None = None, *,
+              valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         tokens = np.asarray(tokens)
         if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
             raise ExecutionError(f"tokens must be [batch, seq] with batch, seq >= 1, got shape {tokens.shape}")
@@ -435,6 +512,9 @@ class CausalLM:
         if int(positions.max()) + seq > cache.capacity:
             raise ExecutionError(f"the sequence would need {int(positions.max()) + seq} tokens of context; "
                                  f"max_context is {cache.capacity}")
+        if self.recurrent and batch < self.max_batch:
+            # every slot runs: the others write their (throwaway) K/V rows past their length, where it fits
+            positions = np.concatenate([positions, np.clip(cache.lengths[batch:], 0, cache.capacity - seq)])
         at = positions[:, None].astype(np.int64) + np.arange(seq)
         rows = np.asarray(rows, dtype=np.int32)
         # the sampled_token output's inputs: given, or an argmax setting (temperature 0) when not read
@@ -443,20 +523,26 @@ class CausalLM:
         if u.shape != rows.shape or settings.shape != _ARGMAX_SETTINGS.shape:
             raise ExecutionError(f"sampling needs one u per row ({rows.shape}) and settings of shape "
                                  f"{_ARGMAX_SETTINGS.shape}, got {u.shape} and {settings.shape}")
+        ragged: dict[str, np.ndarray] = {}
+        if self.recurrent:  # every slot runs; the rows beyond `batch` with no real tokens
+            tokens, ragged = self._ragged(tokens, valid)
+        elif valid is not None:
+            raise ExecutionError("valid (real tokens per row) is for recurrent models; this one pads by position")
         if self.device == "cpu" and self._compiled is not None:
-            out = self._step_cpu(tokens, positions, at, rows, cache, output, u, settings)
+            out = self._step_cpu(tokens, positions, at, rows, cache, output, u, settings, ragged)
         else:
             feed = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, batch),
                     **{name: table[at] for name, table in self._rope.items()},
-                    "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings}
+                    "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings, **ragged}
             if self._lora is not None:
                 feed["lora_index"] = self._lora_rows[:batch].copy()
-            out = self._run(feed, output)
+            out = self._run({k: v for k, v in feed.items() if k in self._host_inputs or k in cache.arrays}, output)
         cache.lengths[:batch] += seq
         return out
 
     def _step_cpu(self, tokens: np.ndarray, positions: np.ndarray, at: np.ndarray, rows: Sequence[int] | np.ndarray,
-                  cache: KvCache, output: int, sample_u: np.ndarray, sample_settings: np.ndarray) -> np.ndarray:
+                  cache: KvCache, output: int, sample_u: np.ndarray, sample_settings: np.ndarray,
+                  ragged: Mapping[str, np.ndarray]) -> np.ndarray:
         """One CPU step through a run bound once per (cache, step shape) (`CompiledGraph.bind_run`): the
         step writes its few small inputs into the bound arrays and runs, with none of `run`'s per-call
         checks of the ~60 cache arrays and no output allocation. Each step follows ~100 MB of weights
@@ -471,7 +557,8 @@ class CausalLM:
                 self._cpu_bound.clear()  # another cache's bindings (they keep its arrays alive)
             small = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, tokens.shape[0]),
                      **{name: table[at] for name, table in self._rope.items()}, "rows": rows,
-                     "sample_u": sample_u, "sample_settings": sample_settings}
+                     "sample_u": sample_u, "sample_settings": sample_settings, **ragged}
+            small = {name: value for name, value in small.items() if name in self._host_inputs}
             if self._lora is not None:
                 small["lora_index"] = self._lora_rows[:tokens.shape[0]]
             outs = self._compiled.run({**small, **cache.arrays})  # this step, checked as any run
@@ -483,7 +570,10 @@ class CausalLM:
             return outs[output]
         fn, inputs, outputs, _ = bound
         inputs["tokens"][...] = tokens
-        inputs["positions"][...] = positions
+        for name, value in ragged.items():  # a recurrent model's real tokens per row
+            inputs[name][...] = value
+        if "positions" in inputs:  # (Mamba-2 has none)
+            inputs["positions"][...] = positions
         if cache.block_table is not None:
             inputs["block_table"][...] = cache.block_table[:tokens.shape[0]]
         for name, table in self._rope.items():
@@ -646,6 +736,9 @@ class CausalLM:
                     return
                 yield token
             return
+        if self.recurrent:  # a rejected draft is undone by KvCache.truncate, which recurrent states cannot do
+            raise RlxError("speculative decoding needs a cache it can truncate; this model's recurrent layers keep "
+                           "no per-token history (generate without speculative=)")
         from rlx.models import speculative as S
 
         drafter = S.make_drafter(speculative, self)
@@ -656,6 +749,18 @@ class CausalLM:
         finally:
             if stats is not None:
                 stats.update(counts.timings())
+            for key, n in (("speculative_steps", counts.steps), ("draft_tokens", counts.proposed),
+                           ("accepted_tokens", counts.accepted), ("produced_tokens", counts.produced)):
+                self._speculation[key] += n
+
+    @property
+    def speculation_stats(self) -> dict[str, float]:
+        """Speculative decoding's totals over this model's generations so far (`speculative=`): verify steps,
+        draft tokens proposed and accepted, tokens produced, and the acceptance rate and tokens per step."""
+        t = self._speculation
+        return {**{k: float(v) for k, v in t.items()},
+                "acceptance_rate": t["accepted_tokens"] / t["draft_tokens"] if t["draft_tokens"] else 0.0,
+                "tokens_per_step": t["produced_tokens"] / t["speculative_steps"] if t["speculative_steps"] else 0.0}
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int = 64, *,
                        temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -733,11 +838,13 @@ class CausalLM:
             cache.lengths[:batch] = start
             chunk = padded[:, start:start + seq]
             asked = rows if rows else [0]
+            # recurrent layers: each row's real tokens in this chunk (its padding must not reach its state)
+            ragged = {"valid": np.clip(np.asarray(lengths) - start, 0, seq)} if self.recurrent else {}
             if on_device:
                 picked_or_logits = self.step_sample(chunk, cache, asked, u[wanted] if wanted else np.zeros(1),
-                                                    settings)
+                                                    settings, **ragged)
             else:
-                picked_or_logits = (self.step_greedy if greedy else self.step)(chunk, cache, asked)
+                picked_or_logits = (self.step_greedy if greedy else self.step)(chunk, cache, asked, **ragged)
             for i, b in enumerate(wanted):
                 if greedy or on_device:
                     last_ids[b] = picked_or_logits[i]

@@ -28,8 +28,9 @@ A tiny model built in memory (random weights, a word-level tokenizer):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,20 +110,38 @@ def _pooling_mode(cfg: Mapping[str, object]) -> str:
 
 
 class _Runner:
-    """One graph on one device, params set; `run(inputs)` returns the outputs."""
+    """One graph on one device, params set; `run(inputs)` returns the outputs.
 
-    def __init__(self, graph: Graph, params: Mapping[str, np.ndarray], device: str, precision: str = "f32") -> None:
+    Compiled through `Session.compile_recipe`: a warm start finds the built object by `recipe` (how
+    `build` makes the graph) and builds the graph only if asked for it (`graph`). Without a recipe,
+    `build()` is compiled as any graph.
+    """
+
+    def __init__(self, build: Callable[[], Graph], recipe: Mapping[str, Any] | None, params: Mapping[str, np.ndarray],
+                 device: str, precision: str = "f32") -> None:
         self.device = device
-        self.graph = graph
-        names = [n.op.name for n in graph.params()]
-        self.params = {n: params[n] for n in names}
+        self._build = build
+        self._graph: Graph | None = None
         self.compiled = None
-        if device != "reference":
+        if device == "reference":
+            names = [n.op.name for n in self.graph.params()]
+        else:
             from rlx.driver import Session
 
-            self.compiled = Session(device, precision=precision).compile(graph)
-            for name, arr in self.params.items():  # narrow precisions round the f32 weights once
-                self.compiled.set_param(name, arr, cast=precision != "f32")
+            session = Session(device, precision=precision)
+            self.compiled = (session.compile(self.graph) if recipe is None
+                             else session.compile_recipe(recipe, lambda: self.graph))
+            names = self.compiled.param_names
+        self.params = {n: params[n] for n in names}
+        for name, arr in self.params.items() if self.compiled is not None else ():
+            self.compiled.set_param(name, arr, cast=precision != "f32")  # narrow precisions round the weights once
+
+    @property
+    def graph(self) -> Graph:
+        """The MIR graph (built on first use: a warm start runs without it)."""
+        if self._graph is None:
+            self._graph = self._build()
+        return self._graph
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         if self.compiled is None:
@@ -196,14 +215,23 @@ class SentenceEmbedder:
 
     def graph(self, output: str) -> Graph:
         """The MIR graph behind `embed` ("embeddings") or `encode` ("tokens"), quantized when asked."""
+        recipe = self.recipe(output)
         graph = B.build_bert(self.config, max_batch=self.max_batch, max_seq=self.max_seq, output=output,
-                             pooling=self.sentence.pooling, normalize=self.sentence.normalize,
-                             name="bert_embed" if output == "embeddings" else "bert_tokens")
+                             pooling=self.sentence.pooling, normalize=self.sentence.normalize, name=recipe["name"])
         if self.quantize is None:
             return graph
         from rlx.opt.quantize import quantize
 
         return quantize(graph, self.quantize)
+
+    def recipe(self, output: str) -> dict[str, Any]:
+        """Every argument `graph(output)` depends on (`Session.compile_recipe`'s key; the weights are params,
+        set after the build, so they are not part of it)."""
+        return {"builder": "rlx.models.bert.build_bert", "config": dataclasses.asdict(self.config),
+                "max_batch": self.max_batch, "max_seq": self.max_seq, "output": output,
+                "pooling": self.sentence.pooling, "normalize": self.sentence.normalize,
+                "name": "bert_embed" if output == "embeddings" else "bert_tokens",
+                "quantize": None if self.quantize is None else str(self.quantize)}
 
     @property
     def team(self) -> Any:
@@ -215,7 +243,11 @@ class SentenceEmbedder:
     def runner(self, output: str) -> _Runner:
         """The compiled graph for `output`, compiled (through the AOT cache) on first use."""
         if output not in self._runners:
-            self._runners[output] = _Runner(self.graph(output), self.weights, self.device, self.precision)
+            # A subclass that builds its graphs its own way, and does not say how in `recipe`, is compiled by
+            # its graph (the recipe would describe ours).
+            described = type(self).graph is SentenceEmbedder.graph or type(self).recipe is not SentenceEmbedder.recipe
+            self._runners[output] = _Runner(lambda: self.graph(output), self.recipe(output) if described else None,
+                                            self.weights, self.device, self.precision)
         return self._runners[output]
 
     # ── tokens ────────────────────────────────────────────────────────

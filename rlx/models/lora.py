@@ -164,6 +164,27 @@ def read_peft_adapter(path: str | Path) -> Adapter:
     return Adapter(rank, float(scaling), weights)
 
 
+def to_gguf_rows(adapter: Adapter, num_heads: int, num_kv_heads: int) -> Adapter:
+    """`adapter` for a GGUF LLaMA: llama.cpp's converter reorders each head's q/k rows for its interleaved
+    RoPE (pairs (2i, 2i+1) instead of Hugging Face's (i, i + d/2)), so the B rows of q and k, written
+    for the Hugging Face model, move the same way (A, and every other projection, are unchanged).
+
+    >>> b = np.arange(8, dtype=np.float32)[:, None]  # one head of 8 rows, rank 1
+    >>> to_gguf_rows(Adapter(1, 1.0, {(0, "attn_q"): (np.ones((1, 4), np.float32), b)}), 1, 1
+    ...              ).weights[(0, "attn_q")][1][:, 0].tolist()
+    [0.0, 4.0, 1.0, 5.0, 2.0, 6.0, 3.0, 7.0]
+    """
+    weights = {}
+    for (layer, role), (a, b) in adapter.weights.items():
+        heads = {"attn_q": num_heads, "attn_k": num_kv_heads}.get(role)
+        if heads is not None:
+            if b.shape[0] % (2 * heads):
+                raise RlxError(f"layer {layer} {role}: {b.shape[0]} rows do not split into {heads} heads of pairs")
+            b = b.reshape(heads, 2, b.shape[0] // heads // 2, b.shape[1]).swapaxes(1, 2).reshape(b.shape)
+        weights[(layer, role)] = (a, np.ascontiguousarray(b))
+    return Adapter(adapter.rank, adapter.scaling, weights)
+
+
 class AdapterSlots:
     """The LoRA params of one compiled decoder: host copies of every slot, written through `set_param`.
 
@@ -257,4 +278,4 @@ def adapter_rows(adapter: str | Sequence[str | None] | None, count: int) -> list
 
 
 __all__ = ["INDEX_INPUT", "MODULE_ROLES", "ROLES", "SCALE_PARAM", "Adapter", "AdapterSlots", "adapter_rows",
-           "lora_param_names", "read_peft_adapter", "with_lora"]
+           "lora_param_names", "read_peft_adapter", "to_gguf_rows", "with_lora"]

@@ -151,7 +151,7 @@ def _time_major(g: Graph, x: NodeId) -> NodeId:
 @expands("selective_scan")
 def _x_selective_scan(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
     """The recurrence as a `scan` over time (state [b, h, n]); y read from its trajectory."""
-    x, delta, A, B, C = a
+    x, delta, A, B, C = a[:5]
     b, s, h = g.shape(x).dims
     n = Dim(node.op.state_size)  # type: ignore[attr-defined]
     dt = node.shape.dtype
@@ -163,8 +163,8 @@ def _x_selective_scan(g: Graph, node: Node, a: list[NodeId]) -> NodeId:
     d3 = body.reshape(dt_t, [b, h, Dim(1)])
     inject = body.mul(body.reshape(body.mul(dt_t, x_t), [b, h, Dim(1)]), body.reshape(b_t, [b, Dim(1), n]))
     body.set_outputs([body.add_(body.mul(body.activation("exp", body.mul(d3, a_in)), st), inject)])
-    zero = g.expand(const(g, 0.0, dt), [b, h, n])
-    traj = g.scan(body, zero, bcasts=[A], xs=[_time_major(g, delta), _time_major(g, x), _time_major(g, B)],
+    init = a[5] if node.op.carry_state else g.expand(const(g, 0.0, dt), [b, h, n])  # type: ignore[attr-defined]
+    traj = g.scan(body, init, bcasts=[A], xs=[_time_major(g, delta), _time_major(g, x), _time_major(g, B)],
                   save_trajectory=True)  # [s, b, h, n]
     c4 = g.reshape(_time_major(g, C), [s, b, Dim(1), n])
     return _time_major(g, g.reduce("sum", g.mul(traj, c4), [-1]))

@@ -450,7 +450,8 @@ def _jvp_rope(g: Graph, node: Node, args: list[NodeId], out: NodeId, ts: list[Ct
 
 
 def _conv(g: Graph, node: Node, x: NodeId, w: NodeId, pad: NodeId | None, reverse: bool) -> NodeId:
-    op = dataclasses.replace(node.op, reverse=reverse)
+    # the outputs alone: a carried form's state update is no part of the derivative
+    op = dataclasses.replace(node.op, reverse=reverse, carry_state=False)
     return g.add(op, [x, w] + ([pad] if pad is not None else []))
 
 
@@ -487,7 +488,7 @@ def _vjp_dwconv(g: Graph, node: Node, args: list[NodeId], out: NodeId, ct: NodeI
                 acc = term if acc is None else g.add_(acc, term)
             rows.append(acc)
         dpad = rows[0] if len(rows) == 1 else g.concat(rows, 1)
-    return [dx, dw] + ([dpad] if pad is not None else [])
+    return [dx, dw] + ([dpad] if pad is not None else []) + ([None] if len(args) > 3 else [])  # lengths: integer
 
 
 @rule(JVP, "depthwise_conv1d_causal")

@@ -260,8 +260,9 @@ def find_gemm_groups(lir: LirModule, precision: DType, gemm: str) -> list[list[N
 
 
 #: Most rows of activations a fused decode GEMV takes, by the largest K it stages in shared memory
-#: (each row is staged as f32 with 4 floats of padding per 32: `max_rows * K * 4.5` bytes <= 36 KiB).
-DECODE_GEMV_ROWS = ((2048, 4), (8192, 1))
+#: (each row is staged as f32 with 4 floats of padding per 32: `max_rows * K * 4.5` bytes; past 48 KiB the
+#: kernel's shared-memory limit is raised, up to 72 KiB at K = 16384: three blocks still fit an SM).
+DECODE_GEMV_ROWS = ((2048, 4), (16384, 1))
 #: Most quantized projections one fused decode GEMV computes.
 DECODE_GEMV_MEMBERS = 4
 
@@ -289,7 +290,7 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
 
     def quantized(n: Node) -> bool:
         return isinstance(n.op, O.DequantMatMul) and n.op.act == "f32" \
-            and lir.buffers[n.id].storage == "arena"
+            and lir.buffers[n.id].storage in ("arena", "output")
 
     found: list[DecodeGemv] = []
     for members in scheduled_runs(lir, quantized, lambda n: (n.inputs[0], n.op.quant), DECODE_GEMV_MEMBERS):
@@ -327,8 +328,8 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
             residual = swiglu = ()
             if any(_overlap(lir, staged, w) for w in ids):
                 continue
-        if len(members) > 1 or norm or residual:
-            found.append(DecodeGemv(ids, rows, norm, residual, swiglu))
+        # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
+        found.append(DecodeGemv(ids, rows, norm, residual, swiglu))
     return found
 
 

@@ -46,9 +46,8 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,7 +57,10 @@ from rlx.runtime.abi import ffi
 from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype
 from rlx.runtime.loader import Library, TensorInfo, openmp_policy
 from rlx.runtime.provenance import Provenance
-from rlx.runtime.team import TeamGovernor
+from rlx.runtime.team import TeamGovernor, work_key
+
+if TYPE_CHECKING:  # concurrent.futures (and logging, which it imports) load with run_async's first use
+    from concurrent.futures import Future
 
 
 class _Context:
@@ -685,10 +687,10 @@ class CompiledGraph(Provenance):
             self._run_on_context(sym_values, buffers, n_in,
                                  None if team is None else (team.threads, team.policy.spins))
             return
-        ticket = team.begin()
+        ticket = team.begin(work_key(sym_values))
         try:
             self._run_on_context(sym_values, buffers, n_in, (team.threads if ticket is None else ticket[0],
-                                                              team.policy.spins))
+                                                              team.forks_cheap))
         finally:
             team.end(ticket)
 

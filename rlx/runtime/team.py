@@ -14,9 +14,23 @@ the core) rather than a thread sleeping on its own. A team whose threads lost, t
 `LOSS_LIMIT` of a core's time to preemption is too big for the cores free now: the next runs use
 fewer threads (on 2 cores: one, which never waits for a partner). From time to time, and only while
 `/proc/loadavg`'s count of runnable tasks says a core may have come free, one run tries the bigger
-team again and keeps it if it ran undisturbed; failed tries back off (up to `MAX_BACKOFF_S`). The
-decision is passed to the generated code with each run (`rlx_set_team`: thread count and whether
-forks are cheap); the kernels never read the environment.
+team again and keeps it if it ran undisturbed; failed tries back off (up to `MAX_BACKOFF_S`).
+
+Fewer threads is not always faster under contention: the scheduler shares a core between runnable
+threads, so a team of one on 2 cores beside two busy processes gets a third of the machine, while a
+team of two gets half. For short runs (a decode step: hundreds of forks, each waiting for a preempted
+partner) the small team wins; for long GEMM-heavy runs (MiniLM 8x128: few, long parallel regions)
+the full team's bigger share wins. So while the cores stay contended the governor also compares the
+two sizes on the same work (`work`: the run's dynamic dims, rounded up to powers of two): after the
+backoff, one run tries the other size even though the load figure says the cores are taken (a
+`probe`), and the size whose run was faster by `SPEED_MARGIN` than the recent runs of the size in use
+(`faster_team`) is kept; while a full team kept for its speed runs, preemption does not shrink it,
+only a probe of the smaller size that runs faster does, and an undisturbed run ends the contention.
+Failed probes back off like failed tries. Under contention the kernels are also told that forks are
+not cheap, so they split only products big enough to be worth a wake-up.
+
+The decision is passed to the generated code with each run (`rlx_set_team`: thread count and
+whether forks are cheap); the kernels never read the environment.
 
 Measuring costs two `getrusage` calls and two clock reads per run (about 5 us); runs shorter than
 `MIN_RUN_S` or overlapping another run of the same graph are not measured (their CPU time is not
@@ -37,7 +51,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 #: Runs shorter than this are not measured (a clock tick's noise would dominate).
@@ -59,6 +74,15 @@ MAX_BACKOFF_S = 8.0
 LOAD_CHECK_S = 0.01
 #: Runs at the reduced size between tries made without a load figure.
 MIN_RUNS_BETWEEN_TRIES = 8
+#: Recent run times kept per (work, team size), for comparing team sizes on the same work.
+WALLS_KEPT = 5
+#: Work keys remembered (a graph with many input shapes forgets the oldest).
+MAX_WORK_KEYS = 64
+#: Under contention, a team size replaces the one in use only when its run was this much faster than the
+#: median of the recent runs of the same work at the size in use.
+SPEED_MARGIN = 0.1
+#: Runs of the same work at the size in use needed before another size is compared against it.
+MIN_WALLS_TO_COMPARE = 2
 #: libgomp's spin count below which its idle threads are asleep before the next kernel starts.
 SPINNING_SPINCOUNT = 10_000
 
@@ -112,6 +136,37 @@ def cpus_available() -> int:
         return os.cpu_count() or 1
 
 
+def work_key(sym_values: Sequence[int]) -> tuple[int, ...]:
+    """A run's dynamic dims rounded up to powers of two: runs of about the same work share a key, so
+    their times compare (a decode step's cache length grows by one a step).
+
+    >>> work_key([3, 100]), work_key([1]), work_key([])
+    ((4, 128), (1,), ())
+    """
+    return tuple(1 << max(0, int(v) - 1).bit_length() for v in sym_values)
+
+
+def faster_team(candidate: float, incumbent: Sequence[float], margin: float = SPEED_MARGIN) -> bool | None:
+    """Whether one run of `candidate` seconds at another team size beats the size in use, whose recent runs
+    of the same work took `incumbent` seconds, by `margin` of their median; None with too few runs to tell.
+
+    >>> faster_team(0.060, [0.090, 0.095, 0.088])  # MiniLM 8x128 beside busy processes: the full team's share
+    True
+    >>> faster_team(0.120, [0.007, 0.008])  # a decode step: each of its forks waits for a preempted partner
+    False
+    >>> faster_team(0.087, [0.090, 0.095])  # within the margin: noise, not a reason to change
+    False
+    >>> faster_team(0.060, [0.090]) is None
+    True
+    """
+    if len(incumbent) < MIN_WALLS_TO_COMPARE:
+        return None
+    ordered = sorted(incumbent)  # the median (the statistics module costs a warm start decimal and fractions)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return candidate < (1.0 - margin) * median
+
+
 class LoadAverage:
     """The machine's count of runnable tasks right now (`/proc/loadavg`'s fourth field), or None.
 
@@ -151,7 +206,9 @@ class TeamGovernor:
     """Chooses the thread count of each run of one compiled graph (see the module docstring).
 
     `threads` is what the next run uses; `begin` / `end` bracket a run and feed `observe`. With a
-    policy that is not adaptive (or one thread at most) the team is always `max_threads`.
+    policy that is not adaptive (or one thread at most) the team is always `max_threads`. `tries` counts
+    bigger teams tried because the load figure showed free cores (or, without one, on the clock),
+    `probes` the other size tried under contention to compare speeds.
     """
 
     def __init__(self, max_threads: int, policy: WaitPolicy, *, clock: Callable[[], float] = time.perf_counter,
@@ -164,7 +221,10 @@ class TeamGovernor:
         #: Smoothed cores' worth of the team's time lost to preemption per run (0: undisturbed).
         self.loss = 0.0
         self.tries = 0
+        self.probes = 0
         self.shrinks = 0
+        #: The full team is in use under contention because it ran faster than the reduced one.
+        self.kept_for_speed = False
         self._clock = clock
         self._usage = usage
         self._load = load if load is not None else LoadAverage()
@@ -175,7 +235,9 @@ class TeamGovernor:
         self._failed_at = -MAX_BACKOFF_S
         self._load_missing = False
         self._runs_since_change = 0
-        self._trying: int | None = None  # the smaller size to return to if the current try fails
+        self._trying: int | None = None  # the size to return to if the current try (or probe) fails
+        self._reduced: int | None = None  # the size contention shrank the team to (what a probe returns to)
+        self._walls: dict[tuple[int, ...], dict[int, deque[float]]] = {}  # work -> size -> recent run times
         self._in_flight = 0
         self._lock = threading.Lock()
 
@@ -184,30 +246,40 @@ class TeamGovernor:
         """Whether this governor ever changes the team (adaptive policy, more than one thread)."""
         return self.policy.adaptive and self.max_threads > 1
 
+    @property
+    def forks_cheap(self) -> bool:
+        """What the kernels are told with the team: idle threads spin and have their cores, so a fork costs
+        microseconds and small products are worth splitting (not while other processes take the cores)."""
+        return self.policy.spins and not self.contended
+
     def resize(self, max_threads: int) -> None:
         """A new thread bound (the graph's `num_threads` changed): start again at full size."""
         with self._lock:
             self.max_threads = max(1, int(max_threads))
             self.threads = self.max_threads
             self.contended = False
+            self.kept_for_speed = False
             self.loss = 0.0
             self._trying = None
+            self._reduced = None
+            self._walls.clear()
             self._backoff = FIRST_BACKOFF_S
             self._changed_at = self._clock()
             self._runs_since_change = 0
 
-    def begin(self) -> tuple[int, float, float, int] | None:
-        """Before a run: (threads, wall, cpu, switches) to pass to `end`, or None when not measured."""
+    def begin(self, work: tuple[int, ...] = ()) -> tuple[int, float, float, int, tuple[int, ...]] | None:
+        """Before a run of `work` (`work_key` of its dynamic dims): (threads, wall, cpu, switches, work) to
+        pass to `end`, or None when not measured."""
         with self._lock:
             self._in_flight += 1
             if not self.active or self._in_flight > 1:
                 return None
-            self._maybe_try()
+            self._maybe_try(work)
             threads = self.threads
         cpu, switches = self._usage()
-        return threads, self._clock(), cpu, switches
+        return threads, self._clock(), cpu, switches, work
 
-    def end(self, ticket: tuple[int, float, float, int] | None) -> None:
+    def end(self, ticket: tuple[int, float, float, int, tuple[int, ...]] | None) -> None:
         """After a run (also a failed one): measure it if `begin` said so."""
         if ticket is not None:
             wall = self._clock() - ticket[1]
@@ -215,16 +287,16 @@ class TeamGovernor:
         with self._lock:
             self._in_flight -= 1
             if ticket is not None and self._in_flight == 0:
-                self._observe(ticket[0], wall, cpu - ticket[2], switches - ticket[3])
+                self._observe(ticket[0], wall, cpu - ticket[2], switches - ticket[3], ticket[4])
 
-    def observe(self, *, threads: int, wall: float, cpu: float, preempted: int) -> None:
-        """Feed one run's measurement: its team size, wall and CPU seconds, involuntary switches."""
+    def observe(self, *, threads: int, wall: float, cpu: float, preempted: int, work: tuple[int, ...] = ()) -> None:
+        """Feed one run's measurement: its team size, wall and CPU seconds, involuntary switches, work key."""
         with self._lock:
-            self._observe(threads, wall, cpu, preempted)
+            self._observe(threads, wall, cpu, preempted, work)
 
     # ── the decisions (called with the lock held) ──────────────────────
 
-    def _observe(self, threads: int, wall: float, cpu: float, preempted: int) -> None:
+    def _observe(self, threads: int, wall: float, cpu: float, preempted: int, work: tuple[int, ...] = ()) -> None:
         if not self.active or wall < MIN_RUN_S or threads != self.threads:
             return
         # Time off a core counts only when something preempted the team: a thread asleep on its own
@@ -232,18 +304,36 @@ class TeamGovernor:
         contended = preempted >= max(1.0, wall * MIN_PREEMPTIONS_PER_S)
         lost = threads * min(1.0, max(0.0, 1.0 - cpu / (threads * wall))) if contended else 0.0
         self._runs_since_change += 1
-        if self._trying is not None:  # one run at a bigger size: keep it only if it ran undisturbed
+        if self._trying is not None:  # one run at another size (a try or a probe)
             fallback, self._trying = self._trying, None
-            if lost > LOSS_LIMIT:
+            faster = faster_team(wall, self._walls_of(work, fallback))
+            self._remember(work, threads, wall)
+            if threads > fallback and lost <= LOSS_LIMIT:  # a bigger team ran undisturbed: the cores are free
+                self.loss = lost
+                self.contended = threads < self.max_threads
+                self.kept_for_speed = False
+                self._backoff = FIRST_BACKOFF_S
+            elif faster:  # still contended, but this size ran the same work faster
+                self.loss = lost
+                self.contended = True
+                self.kept_for_speed = threads > fallback
+                self._reduced = fallback if threads > fallback else None
+                self._backoff = FIRST_BACKOFF_S
+            else:
                 self._set(fallback)
                 self._failed_at = self._clock()
                 self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
-            else:
-                self.loss = lost
-                self.contended = threads < self.max_threads
-                self._backoff = FIRST_BACKOFF_S
             return
+        self._remember(work, threads, wall)
         self.loss = LOSS_WEIGHT * lost + (1 - LOSS_WEIGHT) * self.loss
+        if self.kept_for_speed:
+            # Preemption does not shrink a team kept for its speed (only a faster probe does); the
+            # contention ends when the team runs undisturbed again.
+            if lost <= LOSS_LIMIT and self.loss <= LOSS_LIMIT:
+                self.kept_for_speed = False
+                self.contended = threads < self.max_threads
+                self._reduced = None
+            return
         if threads > 1 and (self.loss > LOSS_LIMIT or lost > 2 * LOSS_LIMIT):
             # The cores the team did not get: each preempted thread got about half of its core.
             busy = max(1, math.ceil(2 * max(lost, self.loss)))
@@ -253,22 +343,42 @@ class TeamGovernor:
         elif threads == self.max_threads:
             self.contended = False
 
+    def _walls_of(self, work: tuple[int, ...], threads: int) -> list[float]:
+        return list(self._walls.get(work, {}).get(threads, ()))
+
+    def _remember(self, work: tuple[int, ...], threads: int, wall: float) -> None:
+        sizes = self._walls.get(work)
+        if sizes is None:
+            if len(self._walls) >= MAX_WORK_KEYS:
+                del self._walls[next(iter(self._walls))]  # the key seen first
+            sizes = self._walls[work] = {}
+        sizes.setdefault(threads, deque(maxlen=WALLS_KEPT)).append(wall)
+
     def _set(self, threads: int) -> None:
         self.threads = threads
         self.loss = 0.0
         self._changed_at = self._clock()
         self._runs_since_change = 0
 
-    def _maybe_try(self) -> None:
+    def _maybe_try(self, work: tuple[int, ...] = ()) -> None:
         """Between runs at a reduced size: try a bigger team when a core may have come free.
 
         With a load figure, a try starts as soon as it says enough cores are free (read at most every
         `LOAD_CHECK_S`), unless a try it allowed failed within the backoff (the figure misled: a
-        container may see its host's tasks). Without one, tries follow the backoff alone.
+        container may see its host's tasks). Without one, tries follow the backoff alone. While the
+        figure says the cores are taken, a probe compares the bigger team's speed on this work, once
+        the size in use has run it `MIN_WALLS_TO_COMPARE` times and the backoff has passed; a full
+        team kept for its speed probes the reduced size the same way.
         """
-        if self.threads >= self.max_threads or self._trying is not None:
+        if self._trying is not None:
             return
         now = self._clock()
+        if self.kept_for_speed:
+            if self._reduced is not None and self._may_probe(work, now):
+                self._start_try(self._reduced, now, probe=True)
+            return
+        if self.threads >= self.max_threads:
+            return
         want = min(self.max_threads, self.threads + max(1, self.threads // 2))
         if now - self._checked_at >= LOAD_CHECK_S:
             self._checked_at = now
@@ -280,15 +390,29 @@ class TeamGovernor:
         if running is not None:
             # This process's team counts among the runnable tasks; the others hold the rest.
             free = self._cpus - max(0, running - self.threads)
-            if free < want or now - self._failed_at < self._backoff:
+            if free < want:
+                if self._may_probe(work, now):
+                    self._start_try(want, now, probe=True)
+                return
+            if now - self._failed_at < self._backoff:
                 return
         else:
             self._load_missing = True
             if self._runs_since_change < MIN_RUNS_BETWEEN_TRIES or now - self._changed_at < self._backoff:
                 return
-        self.tries += 1
+        self._start_try(want, now, probe=False)
+
+    def _may_probe(self, work: tuple[int, ...], now: float) -> bool:
+        return (len(self._walls_of(work, self.threads)) >= MIN_WALLS_TO_COMPARE
+                and now - self._changed_at >= self._backoff and now - self._failed_at >= self._backoff)
+
+    def _start_try(self, threads: int, now: float, *, probe: bool) -> None:
+        if probe:
+            self.probes += 1
+        else:
+            self.tries += 1
         self._trying = self.threads
-        self.threads = want
+        self.threads = threads
         self._changed_at = now
         self._runs_since_change = 0
 
@@ -299,6 +423,8 @@ class TeamGovernor:
         '4 of 4 threads, cores free'
         """
         state = "other processes compete for the cores" if self.contended else "cores free"
+        if self.kept_for_speed:
+            state += " (the full team still ran faster)"
         if not self.active:
             state = "fixed team" if self.max_threads > 1 else "one thread"
         return f"{self.threads} of {self.max_threads} threads, {state}"
@@ -320,4 +446,5 @@ def contention_note(team: TeamGovernor | None) -> str:
             "(rlxc doctor shows the load)")
 
 
-__all__ = ["LoadAverage", "TeamGovernor", "WaitPolicy", "contention_note", "cpus_available", "openmp_spins"]
+__all__ = ["LoadAverage", "TeamGovernor", "WaitPolicy", "contention_note", "cpus_available", "faster_team",
+           "openmp_spins", "work_key"]

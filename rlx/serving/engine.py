@@ -5,7 +5,9 @@ ask the `Scheduler` for a plan, run its decode rows as one batched step and its 
 sample each sequence's next token with its own sampler, and hand each request its `Event`s
 (token, text, logprobs; a last one with the finish reason). A request that is cancelled, or
 whose step raised, ends alone: its slot is freed and the others go on. `step()` runs one
-iteration by hand (no thread), which is how the scheduler's tests drive it.
+iteration by hand (no thread), which is how the scheduler's tests drive it. A request may name a
+LoRA adapter the runner has loaded (`submit(..., adapter=)`): a decode step then mixes rows of
+different adapters and none; the prefix cache (K/V depend on the adapter) serves base requests only.
 
 Over a paged runner (`PagedRunner`: `runner.paged`) the KV store is the runner's `PagedKv` (pages
 freed when a sequence ends), every iteration is one model call — the decode rows and the prefill
@@ -145,6 +147,7 @@ class _Job:
     sampler: Sampler
     text: StopText
     sink: Callable[[Event], None]
+    adapter: str | None = None
     cancelled: bool = False
 
 
@@ -196,9 +199,13 @@ class Engine:
     # ── requests ──────────────────────────────────────────────────────
 
     def submit(self, prompt: Sequence[int], params: SamplingParams, sink: Callable[[Event], None] | None = None,
-               ) -> Request:
+               *, adapter: str | None = None) -> Request:
         """Queue a request (token ids); its events go to `sink` (called on the engine's thread) or to the
-        returned `Request`'s iterator. `EngineClosed` while shutting down, `QueueFull` past `max_waiting`."""
+        returned `Request`'s iterator; `adapter`: a LoRA adapter of the runner's (None: the base model).
+        `EngineClosed` while shutting down, `QueueFull` past `max_waiting`."""
+        if adapter is not None and adapter not in getattr(self.runner, "adapters", ()):
+            raise RlxError(f"no adapter named {adapter!r} is loaded (loaded: "
+                           f"{sorted(getattr(self.runner, 'adapters', ()))})")
         ids = [int(t) for t in prompt]
         if not ids or min(ids) < 0 or max(ids) >= self.runner.vocab_size:
             raise RlxError(f"the prompt must be a non-empty list of token ids in [0, {self.runner.vocab_size})")
@@ -209,7 +216,7 @@ class Engine:
             if self._closing:
                 raise EngineClosed("the engine is shutting down")
             job = _Job(params, Sampler(params.temperature, params.top_k, params.top_p, params.seed),
-                       StopText(self.runner.tokenizer, params.stop), sink or (lambda e: None))
+                       StopText(self.runner.tokenizer, params.stop), sink or (lambda e: None), adapter)
             seq = self.scheduler.add(ids, params.max_tokens, job)
             request = Request(self, seq)
             if sink is None:
@@ -223,9 +230,9 @@ class Engine:
             request._seq.payload.cancelled = True
             self._lock.notify_all()
 
-    def generate(self, prompt: Sequence[int], params: SamplingParams) -> Completion:
+    def generate(self, prompt: Sequence[int], params: SamplingParams, *, adapter: str | None = None) -> Completion:
         """Submit and wait (the engine's thread must run, or another thread call `step`)."""
-        request = self.submit(prompt, params)
+        request = self.submit(prompt, params, adapter=adapter)
         events = list(request) if self._thread is not None else self._drive(request)
         tokens = [e.token_id for e in events if e.token_id is not None]
         last = events[-1]
@@ -336,7 +343,9 @@ class Engine:
 
     def _decode(self, seqs: list[Seq]) -> None:
         logits = any(s.payload.params.needs_logits for s in seqs)
-        out = self.runner.decode([s.slot for s in seqs], [s.context[-1] for s in seqs], logits)
+        adapters = [s.payload.adapter for s in seqs]
+        lora = {"adapters": adapters} if any(a is not None for a in adapters) else {}
+        out = self.runner.decode([s.slot for s in seqs], [s.context[-1] for s in seqs], logits, **lora)
         with self._lock:
             for i, seq in enumerate(seqs):
                 self.scheduler.decoded(seq)
@@ -345,7 +354,9 @@ class Engine:
     def _prefill(self, seq: Seq, start: int, n: int) -> None:
         last = start + n == len(seq.context)
         logits = last and seq.payload.params.needs_logits
-        out = self.runner.prefill(seq.slot, seq.context[start:start + n], start, logits)
+        adapter = seq.payload.adapter
+        lora = {"adapter": adapter} if adapter is not None else {}
+        out = self.runner.prefill(seq.slot, seq.context[start:start + n], start, logits, **lora)
         with self._lock:
             self.scheduler.prefilled(seq, n)
             if self.prefix is not None:
@@ -421,6 +432,8 @@ class Engine:
     def _reuse(self, seq: Seq) -> int:
         """At admission: copy the cached blocks `seq`'s context starts with into its slot (at least its last
         token is left to prefill, for its logits); how many tokens that is."""
+        if seq.payload.adapter is not None:  # its K/V are the adapter's: the cache holds the base model's
+            return 0
         block = self.prefix.block
         usable = (len(seq.context) - 1) // block * block
         blocks = self.prefix.match(seq.context[:usable]) if usable else []
@@ -433,7 +446,7 @@ class Engine:
     def _keep_block(self, seq: Seq, start: int, n: int) -> None:
         """After a prefill chunk: a full aligned block goes into the prefix cache."""
         block = self.prefix.block
-        if n == block and start % block == 0:
+        if n == block and start % block == 0 and seq.payload.adapter is None:
             self.prefix.store(seq.context, start // block, self.runner.read_kv(seq.slot, start, n))
 
     def _next(self, seq: Seq, out: np.ndarray, is_logits: bool) -> None:

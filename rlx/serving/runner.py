@@ -8,6 +8,10 @@ one row and `chunk` tokens prefills into one slot through a view of that slot's 
 cache arrays (a one-row `KvCache` sharing their memory, so nothing is copied). A decode step runs
 rows 0..the highest slot asked for; rows in between that are not decoding (free, or mid-prefill)
 compute a throwaway token whose K/V lands past their length and is overwritten later.
+
+LoRA (`max_adapters` > 0): `load_adapter` loads a PEFT adapter into both decoders' slots; `prefill`
+takes the sequence's adapter and `decode` one per slot, so one decode step mixes adapters (each row
+reads its own slot of the grouped `lora_matmul`, its arithmetic the same as alone).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class Runner(Protocol):
         (`logits`), else its argmax as a 0-d int array."""
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int], logits: bool) -> np.ndarray:
-        """Feed one token per slot after what each holds; logits `[len(slots), vocab]` or argmax ids."""
+        """Feed one token per slot after what each holds; logits `[len(slots), vocab]` or argmax ids.
+        (A runner with LoRA adapters also takes `adapter=` on `prefill` and `adapters=` on `decode`.)"""
 
 
 class CausalLMRunner:
@@ -84,7 +89,22 @@ class CausalLMRunner:
         first = CausalLM.from_gguf(path, max_context=max_context, max_batch=1, prefill_chunk=chunk, **kw)
         decoder = CausalLM(first.config, first.tensors, first.tokenizer, max_context=first.max_context,
                            max_batch=slots, prefill_chunk=1, **kw)
+        decoder.gguf_qk_rows = first.gguf_qk_rows
         return cls(first, decoder)
+
+    @property
+    def adapters(self) -> list[str]:
+        """The names of the loaded LoRA adapters."""
+        return self.decoder.adapters
+
+    def load_adapter(self, path: str | Path, name: str) -> None:
+        """Load a PEFT LoRA adapter as `name` into both decoders (`CausalLM.load_adapter`; all or nothing)."""
+        self.prefiller.load_adapter(path, name)
+        try:
+            self.decoder.load_adapter(path, name)
+        except BaseException:
+            self.prefiller.unload_adapter(name)
+            raise
 
     @property
     def copies_kv(self) -> bool:
@@ -110,7 +130,9 @@ class CausalLMRunner:
     def config(self) -> Any:
         return self.decoder.config
 
-    def prefill(self, slot: int, tokens: Sequence[int], start: int, logits: bool) -> np.ndarray:
+    def prefill(self, slot: int, tokens: Sequence[int], start: int, logits: bool,
+                adapter: str | None = None) -> np.ndarray:
+        self.prefiller.use_adapters([adapter])
         cache = self._slot_caches[slot]
         cache.lengths[0] = start
         ids = np.asarray(tokens, dtype=np.int32)[None, :]
@@ -119,9 +141,16 @@ class CausalLMRunner:
             return self.prefiller.step(ids, cache, rows)[0]
         return self.prefiller.step_greedy(ids, cache, rows)[0]
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int], logits: bool) -> np.ndarray:
+    def decode(self, slots: Sequence[int], tokens: Sequence[int], logits: bool,
+               adapters: Sequence[str | None] | None = None) -> np.ndarray:
         rows = np.asarray(slots, dtype=np.int32)
         batch = int(rows.max()) + 1
+        if adapters is not None and len(adapters) != len(slots):
+            raise RlxError(f"{len(adapters)} adapters for {len(slots)} decode rows")
+        names: list[str | None] = [None] * batch  # each row's adapter: its slot's sequence's, else the base
+        for slot, name in zip(slots, adapters or ()):
+            names[slot] = name
+        self.decoder.use_adapters(names)
         fed = np.zeros((batch, 1), dtype=np.int32)
         fed[rows, 0] = tokens
         lengths = self.cache.lengths
@@ -236,7 +265,7 @@ class PagedRunner:
         slots = np.fromiter((r[0] for r in rows), np.int64, len(rows))
         tokens = np.fromiter((r[1] for r in rows), np.int32, len(rows))[:, None]
         positions = np.fromiter((r[2] for r in rows), np.int32, len(rows))
-        cache = KvCache(self.cache.arrays, positions, self.max_context, tables[slots])
+        cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots])
         step = self.lm.step if logits else self.lm.step_greedy
         # a step whose chunks all end mid-prompt wants no row: the graph still computes one (dropped)
         want = np.asarray(outputs if len(outputs) else [len(rows) - 1], dtype=np.int32)

@@ -3,7 +3,9 @@
 `create_app(engine, model_name, ...)` gives the ASGI app over a running `Engine` (and optionally a
 `SentenceEmbedder`); `serve(...)` runs it under uvicorn. Requests are checked by `rlx.serving.api`
 (4xx with an OpenAI-style error body); streams are server-sent events ending in `data: [DONE]`;
-a client that goes away mid-stream cancels its sequences; a full queue answers 429.
+a client that goes away mid-stream cancels its sequences; a full queue answers 429. The runner's
+LoRA adapters are models of their own: a request whose `model` is an adapter's name (or
+"base:name") generates with it, and `/v1/models` lists them after the base model.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
         engine.observer = metrics
     tokenizer = engine.runner.tokenizer
     max_context = engine.runner.max_context
+    adapters = list(getattr(engine.runner, "adapters", ()))
     embed_lock = threading.Lock()
 
     @asynccontextmanager
@@ -80,6 +83,16 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
             raise ApiError(404, f"the model {name!r} does not exist; this server has {[k for k in known if k]}",
                            param="model", code="model_not_found")
 
+    def adapter_of(name: str) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model), or a 404."""
+        if name == model_name:
+            return None
+        base, _, adapter = name.rpartition(":")
+        if name in adapters or (base == model_name and adapter in adapters):
+            return name if name in adapters else adapter
+        raise ApiError(404, f"the model {name!r} does not exist; this server has {[model_name, *adapters]}",
+                       param="model", code="model_not_found")
+
     def prompt_ids(req: GenerationRequest) -> list[int]:
         if req.messages is not None:
             if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -106,7 +119,7 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
                            code="context_length_exceeded")
         return ids
 
-    def start(req: GenerationRequest, ids: list[int]) -> list[_Choice]:
+    def start(req: GenerationRequest, ids: list[int], adapter: str | None) -> list[_Choice]:
         loop = asyncio.get_running_loop()
         choices = [_Choice(i) for i in range(req.n)]
         try:
@@ -114,7 +127,8 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
                 params = req.params
                 if req.n > 1 and params.seed is not None:  # distinct, reproducible choices
                     params = dataclasses.replace(params, seed=params.seed + c.index)
-                c.request = engine.submit(ids, params, lambda e, q=c.queue: loop.call_soon_threadsafe(q.put_nowait, e))
+                c.request = engine.submit(ids, params, lambda e, q=c.queue: loop.call_soon_threadsafe(q.put_nowait, e),
+                                          adapter=adapter)
         except QueueFull as exc:
             cancel(choices)
             raise ApiError(429, f"the server is busy: {exc}", kind="requests", code="rate_limit_exceeded") from None
@@ -167,13 +181,13 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
         endpoint = request.url.path
         body = parse_json(await request.body())
         req = chat_request(body, max_context) if chat else completion_request(body, max_context)
-        check_model(req.model, [model_name])
+        adapter = adapter_of(req.model)
         ids = prompt_ids(req)
-        choices = start(req, ids)
+        choices = start(req, ids, adapter)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
         created = int(time.time())
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": model_name}
+                "model": req.model}
         if req.stream:
             metrics.requests.labels(endpoint, "200").inc()
             return StreamingResponse(stream(req, choices, head, len(ids), chat), media_type="text/event-stream")
@@ -264,9 +278,12 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
 
     @app.get("/v1/models")
     async def models() -> Response:
-        names = [model_name] + ([embedding_model] if embedder is not None else [])
-        return JSONResponse({"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "rlx"}
-                                                        for n in names]})
+        def card(name: str, **extra: str) -> dict[str, Any]:
+            return {"id": name, "object": "model", "created": 0, "owned_by": "rlx", **extra}
+
+        data = [card(model_name), *(card(a, parent=model_name) for a in adapters)]
+        data += [card(embedding_model)] if embedder is not None else []
+        return JSONResponse({"object": "list", "data": data})
 
     @app.get("/health")
     async def health() -> Response:

@@ -123,6 +123,23 @@ def _quant_group(swiglu: bool) -> Graph:
     return g
 
 
+def fused_gemvs(formats: tuple[str, ...], k: int, n: int = 40) -> Graph:
+    """Per block format, an RMSNorm feeding two quantized projections summed: one fused decode GEMV launch each
+    (norm staged in the kernel) on CUDA. K past 8192 stages more than 48 KiB of shared memory."""
+    from rlx.ir import quant as Q
+
+    g = rlx.Graph("fused_gemvs")
+    x = g.input("x", [Dim.dynamic("m", 8), k])
+    outs = {}
+    for fmt in formats:
+        h = g.rms_norm(x, g.param(f"gamma_{fmt}", [k]), eps=1e-5)
+        a, b = (g.dequant_matmul(h, g.param(f"w{i}_{fmt}", [n, Q.row_bytes(fmt, k)], "u8"), quant=fmt)
+                for i in (0, 1))
+        outs[fmt] = g.add_(a, b)
+    g.set_outputs(outs)
+    return g
+
+
 def _tiny_decoder_parts() -> tuple[Any, Any]:
     from rlx.models.decoder_config import DecoderConfig
     from rlx.models.llama import WeightSpec, random_specs

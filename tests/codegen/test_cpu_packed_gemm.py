@@ -188,6 +188,25 @@ def test_dynamic_rows_and_threads(rng):
             assert_within(got, want, bound, f"seq={s} threads={threads}")
 
 
+def test_row_balanced_tile_split(rng):
+    """Threads split the tiles by rows (rlx_pgemm_split): boundaries inside a row block, a short last
+    block, more threads than blocks; every row of C is computed once, as the reference computes it."""
+    m, k, n = 2 * 96 + 40, 24, 70  # 2 full AVX-512 row blocks (4 AVX2 ones) and a 40-row one
+    g = _linear_graph(m, k, n, "gelu")
+    params = {"w": rng.standard_normal((k, n)).astype(np.float32),
+              "b": rng.standard_normal(n).astype(np.float32)}
+    cg = compile_graph(g, params)
+    assert "rlx_pgemm_split(M, N, rlx_thread_id(), rlx_team_size(), &t0, &t1)" in cg.source
+    xv = rng.standard_normal((m, k)).astype(np.float32)
+    want = rlx.reference.run(g, {"x": xv}, params)
+    bound = gemm_bound(xv, params["w"], k)
+    for threads in (1, 2, 3, 7):
+        cg.num_threads = threads
+        got = cg.run(x=xv)
+        assert_within(got[1], want[1], bound + 1e-30, f"x @ w on {threads} threads")
+        assert_within(got[0], want[0], 1.2 * bound + 2e-6 * np.abs(want[0]) + 1e-7, f"gelu on {threads} threads")
+
+
 def test_set_param_again_and_clone(rng):
     """Setting a packed weight again replaces it everywhere; a clone keeps the packed copy."""
     g = _linear_graph(9, 30, 41, None)

@@ -142,6 +142,38 @@ def test_cpu_selective_scan_matches_reference_dynamic_seq(h: int, n: int) -> Non
         check(g, ins, params, rtol=1e-4, atol=1e-4, cg=cg)
 
 
+def test_cpu_selective_scan_carry_chunks_equal_one_pass() -> None:
+    """Prefill then decode through a state input (a recurrent cache) equals one scan of the whole sequence;
+    a step with delta 0 (a padded token) leaves the state exactly as it was."""
+    h, n = 20, 16
+    g = rlx.Graph("ssm_carry")
+    seq = rlx.Dim.dynamic("seq", MAXS)
+    x, dt = g.input("x", [2, seq, h]), g.input("dt", [2, seq, h])
+    bm, cm = g.input("B", [2, seq, n]), g.input("C", [2, seq, n])
+    g.set_outputs([g.selective_scan(x, dt, g.param("A", [h, n]), bm, cm, state=g.state("state", [2, h, n]))])
+    rng = np.random.default_rng(11)
+    full, params = _ssm_data(rng, 12, h, n)
+    cg = compile_graph(g, params)
+    f64 = {k: v.astype(np.float64) for k, v in {**full, **params}.items()}
+    want = mamba_selective_scan_ref(f64["x"].transpose(0, 2, 1), f64["dt"].transpose(0, 2, 1), f64["A"],
+                                    f64["B"].transpose(0, 2, 1), f64["C"].transpose(0, 2, 1)).transpose(0, 2, 1)
+    state, ref_state = np.zeros((2, h, n), np.float32), np.zeros((2, h, n), np.float32)
+    outs = []
+    for lo, hi in ((0, 8), (8, 9), (9, 12)):
+        step = {k: np.ascontiguousarray(v[:, lo:hi]) for k, v in full.items()}
+        got = cg.run({**step, "state": state})[0]
+        ref = reference_run(g, {**step, "state": ref_state}, params)[0]
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(state, ref_state, rtol=1e-4, atol=1e-4)
+        outs.append(got)
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), want, rtol=1e-4, atol=1e-4)
+    before = state.copy()
+    skip = {k: np.ascontiguousarray(v[:, :3]) for k, v in full.items()}
+    skip["dt"] = np.zeros_like(skip["dt"])
+    cg.run({**skip, "state": state})
+    np.testing.assert_array_equal(state, before)
+
+
 # ── gated_delta_net ────────────────────────────────────────────────────
 
 
@@ -246,6 +278,55 @@ def test_conv_with_left_pad_continues_a_sequence() -> None:
                                                    "pad": x[:, 4:7].astype(np.float32)},
                          {"w": w.astype(np.float32)})[0]
     np.testing.assert_allclose(tail, whole[:, 7:], rtol=1e-5, atol=1e-5)
+
+
+def _conv_carry_graph(c: int, k: int) -> rlx.Graph:
+    g = rlx.Graph("conv_carry")
+    x = g.input("x", [2, rlx.Dim.dynamic("seq", MAXS), c])
+    lengths = g.input("lengths", [2], "i32")
+    g.set_outputs([g.depthwise_conv1d_causal(x, g.param("w", [c, k]), g.state("conv_state", [2, k - 1, c]),
+                                             lengths=lengths)])
+    return g
+
+
+def test_cpu_conv_carry_state_keeps_each_rows_last_inputs() -> None:
+    """A ragged batch through a carried conv state: each row's outputs are the conv of its whole sequence so
+    far, and the state holds its last k-1 real inputs (a row of length 0 keeps its state; short rows shift)."""
+    c, k = 6, 4
+    g = _conv_carry_graph(c, k)
+    rng = np.random.default_rng(4)
+    params = {"w": rng.standard_normal((c, k)).astype(np.float32)}
+    cg = compile_graph(g, params)
+    state, ref_state = np.zeros((2, k - 1, c), np.float32), np.zeros((2, k - 1, c), np.float32)
+    seen: list[list[np.ndarray]] = [[], []]
+    for s, lengths in ((5, (5, 2)), (3, (0, 3)), (1, (1, 1)), (2, (2, 1))):
+        x = rng.standard_normal((2, s, c)).astype(np.float32)
+        ins = {"x": x, "lengths": np.array(lengths, np.int32)}
+        got = cg.run({**ins, "conv_state": state})[0]
+        ref = reference_run(g, {**ins, "conv_state": ref_state}, params)[0]
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(state, ref_state, rtol=1e-6, atol=1e-6)
+        for row, n in enumerate(lengths):
+            history = np.concatenate([np.zeros((0, c)), *seen[row]]) if seen[row] else np.zeros((0, c))
+            whole = torch_causal_conv1d(np.concatenate([history, x[row, :n]])[None].astype(np.float64),
+                                        params["w"].astype(np.float64))[0]
+            np.testing.assert_allclose(got[row, :n], whole[len(history):], rtol=1e-4, atol=1e-4)
+            seen[row].append(x[row, :n].astype(np.float64))
+            tail = np.concatenate([np.zeros((k - 1, c)), *seen[row]])[-(k - 1):]
+            np.testing.assert_allclose(state[row], tail, rtol=1e-6, atol=1e-6)
+
+
+def test_conv_carry_length_outside_the_step_is_an_error() -> None:
+    from rlx.errors import ExecutionError
+
+    g = _conv_carry_graph(3, 2)
+    params = {"w": np.ones((3, 2), np.float32)}
+    ins = {"x": np.ones((2, 2, 3), np.float32), "lengths": np.array([1, 3], np.int32),
+           "conv_state": np.zeros((2, 1, 3), np.float32)}
+    with pytest.raises(ExecutionError, match="row 1 has length 3"):
+        compile_graph(g, params).run(dict(ins))
+    with pytest.raises(ExecutionError, match="lengths must lie in"):
+        reference_run(g, dict(ins), params)
 
 
 # ── bad input ───────────────────────────────────────────────────────────

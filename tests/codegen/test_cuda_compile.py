@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from render_cases import tiny_decoder
+from render_cases import fused_gemvs, tiny_decoder
 
 from rlx.codegen.cuda import CudaTarget
 from rlx.driver import Device, Session
@@ -235,3 +235,21 @@ def test_decoder_compiles_with_resident_states(toolchain: NvccToolchain, precisi
     assert src.count("rlx_qgemv_fused<") == 4 * 2 * 4  # 4 groups a layer, 2 layers, a launch for 1..4 rows
     forward = src.split("static int rlx_forward")[1].split("\n}\n")[0]
     assert "state input" not in forward  # state conversions run outside the captured program
+
+
+def test_fused_decode_gemvs_of_every_fast_format_compile(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """The fused decode GEMV's byte-permute inner loops (q4_k, q4_0, q4_1, q8_0) and the general one (q6_k), with
+    K = 12288: a staged row (K / 32 sub-blocks of 36 floats) takes 54 KiB, so the kernel raises its shared-memory
+    limit past the default 48 KiB."""
+    from rlx.driver import lower_to_lir
+    from rlx.opt.lowering_cuda import find_decode_gemvs
+
+    formats = ("q4_k", "q4_0", "q4_1", "q8_0", "q6_k")
+    lir = lower_to_lir(fused_gemvs(formats, 12288), 2, backend="cuda")
+    assert len(find_decode_gemvs(lir)) == len(formats)
+    src = render_cuda(lir, CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "fused_gemvs"})
+    assert src.count("cudaFuncAttributeMaxDynamicSharedMemorySize") >= 1
+    assert "rlx_qgemv_fused<__half, RLX_Q4_K, 256, 144, 1, true, 0>" in src
+    path = tmp_path / "fused_gemvs.cu"
+    path.write_text(src)
+    toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)

@@ -52,3 +52,17 @@ def stuck_on_rank_one(rank) -> list[float]:
 
         time.sleep(60)  # neither fails nor reaches the collective
     return compiled_sum(rank)
+
+
+def cuda_decoder_rank(rank, sharded, config, tensors, options, prompt, n_new):
+    """One GPU rank (tp=1 when `sharded` is None): greedy tokens and the logits of every step, f32."""
+    from rlx.models.causal_lm import CausalLM
+
+    lm = CausalLM(config, tensors, device="cuda", **options) if sharded is None else sharded.load(rank, device="cuda")
+    cache = lm.new_cache()
+    logits = [lm.step(np.array([prompt]), cache, [len(prompt) - 1])[0]]
+    tokens = [int(logits[-1].argmax())]
+    for _ in range(n_new - 1):
+        logits.append(lm.step(np.array([[tokens[-1]]]), cache, [0])[0])
+        tokens.append(int(logits[-1].argmax()))
+    return tokens, np.stack(logits)

@@ -1,5 +1,6 @@
 """rlxc generate: bad sampling options are usage errors before any model loads, a missing GPU is said
-plainly, and the timing line says why generation stopped (the context limit included)."""
+plainly, the timing line says why generation stopped (the context limit included) and, speculating, how
+many draft tokens were proposed and accepted."""
 
 from __future__ import annotations
 
@@ -89,3 +90,32 @@ def test_the_timing_line_says_why_generation_stopped(monkeypatch: pytest.MonkeyP
     new = out.count("<")
     assert new == (8 - 4 + 1 if "--max-context" in argv else 3)  # a 4-token prompt; the cache holds 8
     assert f"{new} new tokens" in err and why in err
+
+
+def test_speculative_generation_reports_draft_tokens_proposed_and_accepted(monkeypatch: pytest.MonkeyPatch,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    """--speculative prompt_lookup on an echoing prompt: the timing line's counts are the model's totals
+    (`CausalLM.speculation_stats`), which add up each generation's `timings`."""
+    models: list[CausalLM] = []
+
+    def tiny(path: object, **kw: object) -> CausalLM:
+        models.append(CausalLM(CONFIG, random_tensors(random_specs(CONFIG), seed=1), WordTokenizer(),
+                               device="reference", max_context=kw["max_context"]))
+        return models[-1]
+
+    monkeypatch.setattr(CausalLM, "from_gguf", tiny)
+    prompt = "a b c d e a b c d e a b c"
+    assert generate.main(["--model", "unused.gguf", "-n", "12", "--speculative", "prompt_lookup", prompt]) == 0
+    err = capsys.readouterr().err
+    stats = models[0].speculation_stats
+    assert stats["draft_tokens"] > 0 and stats["produced_tokens"] == 12
+    m = re.search(r"(\d+) of (\d+) draft tokens accepted \((\d+)%\), (\d+) verify steps", err)
+    assert m is not None, err
+    assert [int(g) for g in m.groups()] == [stats["accepted_tokens"], stats["draft_tokens"],
+                                            round(100 * stats["acceptance_rate"]), stats["speculative_steps"]]
+    stream = models[0].stream(WordTokenizer().encode(prompt), 12, speculative="prompt_lookup")
+    assert len(list(stream)) == 12
+    again = stream.timings
+    after = models[0].speculation_stats
+    for key in ("speculative_steps", "draft_tokens", "accepted_tokens"):
+        assert after[key] == stats[key] + again[key]

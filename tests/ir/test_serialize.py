@@ -108,6 +108,11 @@ def every_op_graph() -> Graph:
     gdn = g.gated_delta_net(h4, h4, h4, s4, s4, scale=0.25)
     conv = g.depthwise_conv1d_causal(x, g.param("cw", [16, 4]))
     ssm = g.selective_scan(conv, conv, g.param("A", [16, 8]), g.narrow(x, 2, 0, 8), g.narrow(x, 2, 8, 8))
+    # the carried forms (a recurrent cache): conv state and scan state inputs updated in place
+    conv_c = g.depthwise_conv1d_causal(x, g.param("cw_c", [16, 4]), g.input("conv_pad", [BATCH, 3, 16]),
+                                       lengths=g.input("conv_lengths", [BATCH], "i32"))
+    g.selective_scan(conv_c, conv_c, g.param("A_c", [16, 8]), g.narrow(x, 2, 0, 8), g.narrow(x, 2, 8, 8),
+                     state=g.input("ssm_state", [BATCH, 16, 8]))
     body = Graph("step")
     bc, bx = body.input("c", [16]), body.input("x", [16])
     body.set_outputs([body.activation("tanh", body.add_(bc, bx))])

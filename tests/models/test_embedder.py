@@ -1,8 +1,9 @@
 """SentenceEmbedder on a tiny BERT directory: edge inputs of `embed`, and what a warm start loads.
 
 The warm start runs in fresh processes against a private cache: one compiles (cold), the next
-loads the built library through the compile index and embeds; that one must not import the code
-generators, the optimizer, jinja2 or any optional frontend (`WARM_MUST_NOT_IMPORT`). Module sets,
+finds the built library by the graph's recipe (`Session.compile_recipe`: without building the graph)
+and embeds; that one must not import the code generators, the optimizer, jinja2 or any optional
+frontend (`WARM_MUST_NOT_IMPORT`). Module sets,
 not wall-clock times: what is imported is what costs start-up time.
 """
 
@@ -29,7 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 #: Prefixes of modules a warm `from_pretrained(...).embed(...)` has no use for.
 WARM_MUST_NOT_IMPORT = ("jinja2", "rlx.codegen", "rlx.opt", "rlx.reference", "rlx.frontends", "onnx",
                         "rlx.models.causal_lm", "rlx.models.gguf", "rlx.models.llama", "rlx.distributed",
-                        "rlx.report", "scipy", "torch", "pyarrow")
+                        "rlx.report", "scipy", "torch", "pyarrow",
+                        # run_async's executor; the governor's median is computed without statistics
+                        "concurrent.futures", "statistics")
 
 # argv: the model directory. Prints one JSON line: the embedding, whether the library came from the
 # cache, and the loaded modules that WARM_MUST_NOT_IMPORT names.
@@ -43,6 +46,7 @@ forbidden = tuple(json.loads(sys.argv[2]))
 print(json.dumps({
     "vecs": vecs.tolist(),
     "hit": emb.runner("embeddings").compiled.cache_hit,
+    "built_graph": emb.runner("embeddings")._graph is not None,
     "pristine": rlx.pristine.compiler_is_pristine(),
     "loaded": sorted(m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in forbidden)),
 }))
@@ -91,7 +95,25 @@ def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: 
     assert not cold["hit"] and "rlx.codegen.cpu.emit" in cold["loaded"] and "rlx.opt.pipeline" in cold["loaded"]
     warm = _fresh_process(model_dir, cache)
     assert warm["hit"] and warm["pristine"]
+    assert cold["built_graph"] and not warm["built_graph"], "a warm start built the graph (recipe index missed)"
     assert warm["loaded"] == [], f"a warm start imported {warm['loaded']}"
     np.testing.assert_allclose(warm["vecs"], cold["vecs"], rtol=1e-6, atol=1e-7)
     reference = SentenceEmbedder.from_pretrained(model_dir, device="reference", max_seq=16, max_batch=4)
     np.testing.assert_allclose(warm["vecs"], reference.embed(["hi", "a man eats food"]), rtol=1e-4, atol=1e-5)
+
+
+def test_a_subclass_building_its_own_graph_is_compiled_by_that_graph(model_dir: Path) -> None:
+    """The recipe describes SentenceEmbedder.graph: a subclass that overrides `graph` (and not `recipe`)
+    must never be served the object built for the base class's graph (the base one is compiled first, so
+    its recipe is indexed)."""
+    class Scaled(SentenceEmbedder):
+        def graph(self, output: str):  # the same encoder, its pooled output doubled
+            g = super().graph(output)
+            (out,) = g.outputs
+            g.set_outputs([g.mul(out, g.constant(np.float32(2.0)))])
+            return g
+
+    base = SentenceEmbedder.from_pretrained(model_dir, max_seq=16, max_batch=4)
+    want = base.embed(["hi"])
+    scaled = Scaled(base.config, base.weights, base.tokenizer, max_seq=16, max_batch=4, sentence=base.sentence)
+    np.testing.assert_allclose(scaled.embed(["hi"]), 2 * want, rtol=1e-6, atol=1e-7)

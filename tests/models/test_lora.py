@@ -5,6 +5,7 @@ the CPU against the reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -177,6 +178,40 @@ def test_a_model_without_slots_refuses_adapters(tensors: dict, tmp_path: Path) -
         plain.load_adapter(tmp_path, "x")
     with pytest.raises(RlxError, match="max_adapters > 0"):
         plain.generate([1, 2], 2, adapter="x")
+
+
+def _converter_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter reorder of q/k rows (Hugging Face's rotate-half pairs -> adjacent pairs)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def test_a_gguf_llama_takes_a_peft_adapter_written_for_the_hugging_face_layout(tmp_path: Path) -> None:
+    """The same weights as a Hugging Face LLaMA (neox RoPE) and as its GGUF conversion (q/k rows reordered,
+    interleaved RoPE) give the same logits; with one PEFT adapter on q and k too, once the GGUF model
+    reorders the adapter's q/k B rows (`gguf_qk_rows`, which `from_gguf` sets) — and not without."""
+    hf_config = dataclasses.replace(CONFIG, rope_variant="neox")
+    hf_tensors = random_tensors(random_specs(hf_config), seed=7)
+    gguf_tensors = dict(hf_tensors)
+    for layer in range(CONFIG.num_layers):
+        for role, heads in (("attn_q", CONFIG.num_heads), ("attn_k", CONFIG.num_kv_heads)):
+            name = layer_tensor(layer, role)
+            spec, w = hf_tensors[name]
+            gguf_tensors[name] = (spec, np.ascontiguousarray(_converter_rows(w, heads)))
+    write_adapter(tmp_path, seed=4, modules=("q_proj", "k_proj", "v_proj"))
+    hf = CausalLM(hf_config, hf_tensors, device="reference", max_context=32, max_adapters=1, max_lora_rank=4)
+    gguf = CausalLM(CONFIG, gguf_tensors, device="reference", max_context=32, max_adapters=1, max_lora_rank=4)
+    ids = [3, 17, 42, 5, 88, 1, 60]
+    base = hf.logits(ids)
+    np.testing.assert_allclose(gguf.logits(ids), base, rtol=0, atol=1e-4 * np.abs(base).max())
+    hf.load_adapter(tmp_path, "a")
+    want = hf.logits(ids, adapter="a")
+    assert np.abs(want - base).max() > 1e-2 * np.abs(base).max()
+    gguf.load_adapter(tmp_path, "a")  # as written: the q/k rows in the wrong order
+    assert np.abs(gguf.logits(ids, adapter="a") - want).max() > 1e-2 * np.abs(want).max()
+    gguf.unload_adapter("a")
+    gguf.gguf_qk_rows = True
+    gguf.load_adapter(tmp_path, "a")
+    np.testing.assert_allclose(gguf.logits(ids, adapter="a"), want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
 def test_lora_matmul_on_the_cpu_equals_the_reference() -> None:

@@ -247,3 +247,73 @@ def test_a_long_run_meeting_a_kernel_thread_is_not_contention():
     assert (gov.threads, gov.contended) == (2, False)
     gov.observe(threads=2, wall=0.2, cpu=0.2, preempted=60)  # 300 switches a second: another process
     assert (gov.threads, gov.contended) == (1, True)
+
+
+# ── under contention, the faster size wins: long GEMM-heavy runs keep the full team's share ─────────────
+
+
+def timed(gov: TeamGovernor, clock: Clock, walls: dict[int, float], runs: int = 1, share: float = 0.5,
+          work: tuple[int, ...] = (8, 128)) -> list[int]:
+    """Runs beside busy processes (preempted, each thread getting `share` of a core) that take `walls[t]`
+    seconds with t threads; returns the team size of each run."""
+    sizes = []
+    for _ in range(runs):
+        gov.begin(work)
+        threads = gov.threads
+        wall = walls[threads]
+        clock.now += wall
+        gov.observe(threads=threads, wall=wall, cpu=threads * wall * share, preempted=int(wall * 1000), work=work)
+        gov._in_flight -= 1
+        sizes.append(threads)
+    return sizes
+
+
+def test_long_runs_beside_busy_processes_keep_the_full_team_that_runs_them_faster():
+    """MiniLM 8x128 on 2 cores beside two busy processes: two threads get half the machine, one a third,
+    so the full team runs faster despite its preemption; the governor keeps it (and says why)."""
+    gov, clock = governor(2, load=4)  # this process's two threads and two busy loops: no core free
+    walls = {2: 0.060, 1: 0.090}
+    timed(gov, clock, walls)
+    assert gov.threads == 1  # preemption shrank the team first
+    sizes = timed(gov, clock, walls, runs=40)
+    assert gov.threads == 2 and gov.contended and gov.kept_for_speed and gov.probes >= 1
+    assert sizes[-20:].count(2) >= 18  # the later runs use the full team (an occasional probe of one thread)
+    assert not gov.forks_cheap and "still ran faster" in gov.describe()
+
+
+def test_short_runs_beside_busy_processes_stay_at_one_thread_and_probes_back_off():
+    """A decode step: hundreds of forks, each waiting for a preempted partner; the full team is many
+    times slower, so the probes fail and space out (at most one slow run per backoff)."""
+    gov, clock = governor(2, load=4)
+    walls = {2: 0.100, 1: 0.008}
+    timed(gov, clock, walls)
+    sizes = timed(gov, clock, walls, runs=3000, work=(1, 64))  # 24 s of decoding
+    assert gov.threads == 1 and not gov.kept_for_speed
+    assert 2 <= sizes.count(2) <= 8  # probes at 0.25, 0.5, 1, 2, 4, 8 s gaps: few
+    assert gov.tries == 0  # no try: the load figure never showed a free core
+
+
+def test_a_full_team_kept_for_speed_goes_back_when_the_small_team_becomes_faster():
+    gov, clock = governor(2, load=4)
+    timed(gov, clock, {2: 0.060, 1: 0.090}, runs=40)
+    assert gov.kept_for_speed
+    timed(gov, clock, {2: 0.200, 1: 0.050}, runs=60)  # the work changed character (or the load did)
+    assert gov.threads == 1 and gov.contended and not gov.kept_for_speed
+
+
+def test_a_full_team_kept_for_speed_ends_the_contention_when_it_runs_undisturbed():
+    gov, clock = governor(2, load=4)
+    timed(gov, clock, {2: 0.060, 1: 0.090}, runs=40)
+    assert gov.kept_for_speed
+    undisturbed(gov, clock, runs=3, wall=0.03)  # the busy processes ended
+    assert (gov.threads, gov.contended, gov.kept_for_speed) == (2, False, False)
+    assert gov.forks_cheap
+
+
+def test_probes_compare_only_runs_of_the_same_work():
+    """Times of different shapes say nothing about team sizes: a probe waits for runs of its own work."""
+    gov, clock = governor(2, load=4)
+    timed(gov, clock, {2: 0.060, 1: 0.090}, work=(8, 128))
+    clock.now += 10 * T.FIRST_BACKOFF_S
+    timed(gov, clock, {2: 0.060, 1: 0.090}, work=(1, 16))  # one run of another shape: nothing to compare yet
+    assert gov.probes == 0 and gov.threads == 1

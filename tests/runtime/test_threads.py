@@ -276,10 +276,12 @@ TSAN_SCRIPT = textwrap.dedent("""
         sym = ffi.new("int64_t[]", [f.shape[0]])
         ins = ffi.new("void *[]", [ffi.from_buffer(f)])
         outp = ffi.new("void *[]", [ffi.from_buffer(o, require_writable=True) for o in outs])
-        for _ in range(20):
+        start.wait()  # both threads enter the loop together, even on a loaded machine
+        for _ in range(200):
             lib.rlx_run(ctx, sym, ins, outp)
 
     target = pooled if sys.argv[1] == "pooled" else shared
+    start = threading.Barrier(2)
     threads = [threading.Thread(target=target, args=(i,)) for i in range(4 if target is pooled else 2)]
     for t in threads: t.start()
     for t in threads: t.join()

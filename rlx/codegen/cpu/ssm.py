@@ -36,6 +36,9 @@ class SelectiveScanArgs:
     a: str
     b: str
     c: str
+    state_in: str
+    state_out: str
+    state_note: str
     y: str
     batch: str
     seq: str
@@ -65,7 +68,8 @@ class GatedDeltaNetArgs:
 
 @dataclass(frozen=True)
 class DwConvArgs:
-    """C expressions of one `depthwise_conv1d_causal` kernel; `pad` is NULL without a left pad."""
+    """C expressions of one `depthwise_conv1d_causal` kernel; `pad` is NULL without a left pad, `state_out`
+    (the carried conv state, updated in place) NULL unless the pad is a state input and `lengths` given."""
 
     x: str
     w: str
@@ -76,6 +80,9 @@ class DwConvArgs:
     channels: str
     ksize: int
     reverse: bool
+    state_out: str = "NULL"
+    lengths: str = "NULL"
+    label: str = '""'
 
 
 def _kernel(node: Node, macro: str, args: object) -> Kernel:
@@ -84,11 +91,21 @@ def _kernel(node: Node, macro: str, args: object) -> Kernel:
                   func=f"rlx_op_{node.id}", label=label)
 
 
+def _carried(em, sid: int) -> tuple[str, str, str]:
+    """(state in, state out, note) of a carried state: a caller-owned state input is updated in place."""
+    src = em.node(sid).op
+    if isinstance(src, O.Input) and src.state:
+        return em.ptr(sid), f"((float *){em.base(sid)})", ", carried in and out of the state input"
+    return em.ptr(sid), "NULL", ", starting from the given state"
+
+
 def emit_selective_scan(em, node: Node) -> Kernel:
-    """The `selective_scan` kernel of a `selective_scan` node."""
-    x, d, a, b, c = node.inputs
+    """The `selective_scan` kernel of a `selective_scan` node; a carried state input receives the final state."""
+    x, d, a, b, c = node.inputs[:5]
     bsz, seq, h = node.shape.dims
+    state_in, state_out, note = _carried(em, node.inputs[5]) if node.op.carry_state else ("NULL", "NULL", ", from zero")
     args = SelectiveScanArgs(x=em.ptr(x), delta=em.ptr(d), a=em.ptr(a), b=em.ptr(b), c=em.ptr(c),
+                             state_in=state_in, state_out=state_out, state_note=note,
                              y=em.ptr(node.id, const=False), batch=em.dim(bsz), seq=em.dim(seq),
                              channels=em.dim(h), n=node.op.state_size)
     return _kernel(node, "selective_scan", args)
@@ -99,18 +116,8 @@ def emit_gated_delta_net(em, node: Node) -> Kernel:
     op: S.GatedDeltaNet = node.op  # type: ignore[assignment]
     q, k, v, g, beta = node.inputs[:5]
     bsz, seq, h, _ = node.shape.dims
-    state_in = state_out = "NULL"
-    note = ", from zero"
-    if op.carry_state:
-        sid = node.inputs[5]
-        state_in = em.ptr(sid)
-        src = em.node(sid).op
-        if isinstance(src, O.Input) and src.state:
-            # a caller-owned state buffer (like a KV cache) is updated in place
-            state_out = f"((float *){em.base(sid)})"
-            note = ", carried in and out of the state input"
-        else:
-            note = ", starting from the given state"
+    # a caller-owned state buffer (like a KV cache) is updated in place
+    state_in, state_out, note = _carried(em, node.inputs[5]) if op.carry_state else ("NULL", "NULL", ", from zero")
     args = GatedDeltaNetArgs(q=em.ptr(q), k=em.ptr(k), v=em.ptr(v), g=em.ptr(g), beta=em.ptr(beta),
                              state_in=state_in, state_out=state_out, state_note=note,
                              o=em.ptr(node.id, const=False), batch=em.dim(bsz), seq=em.dim(seq), heads=em.dim(h),
@@ -123,8 +130,14 @@ def emit_dwconv(em, node: Node) -> Kernel:
     x, w = node.inputs[:2]
     bsz, seq, ch = node.shape.dims
     pad = em.ptr(node.inputs[2]) if len(node.inputs) > 2 else "NULL"
+    state_out = lengths = "NULL"
+    if node.op.carry_state:
+        state_out = _carried(em, node.inputs[2])[1]
+        lengths = em.ptr(node.inputs[3])
+    label = c_string(f"%{node.id} {node.kind}")
     args = DwConvArgs(x=em.ptr(x), w=em.ptr(w), pad=pad, y=em.ptr(node.id, const=False), batch=em.dim(bsz),
-                      seq=em.dim(seq), channels=em.dim(ch), ksize=node.op.kernel_size, reverse=node.op.reverse)
+                      seq=em.dim(seq), channels=em.dim(ch), ksize=node.op.kernel_size, reverse=node.op.reverse,
+                      state_out=state_out, lengths=lengths, label=label)
     return _kernel(node, "dwconv1d_causal", args)
 
 
@@ -138,6 +151,11 @@ def _state_limit(limit: int):
     return accepts
 
 
+def _dwconv_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    """f32 data; the carried form's lengths are i32 (checked by the op)."""
+    return float32_only(op, in_dtypes[:3], out_dtype)
+
+
 RULES.register("selective_scan", accepts=_state_limit(SSM_MAX_N))(emit_selective_scan)
 RULES.register("gated_delta_net", accepts=_state_limit(GDN_MAX_N))(emit_gated_delta_net)
-RULES.register("depthwise_conv1d_causal", accepts=float32_only)(emit_dwconv)
+RULES.register("depthwise_conv1d_causal", accepts=_dwconv_accepts)(emit_dwconv)

@@ -35,6 +35,8 @@ QUANT, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/gemm.cuh"
 #: The format ids of kernels/quant.cuh.
 FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
+#: Floats each staged 32-value sub-block takes in the fused decode GEMV's shared memory (RLX_QFUSED_PAD).
+QFUSED_PAD = 36
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
 RULES = RuleSet("cuda")
 
@@ -147,12 +149,18 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
     elif d.swiglu:
         epi, ys = 2, (e.ptr(d.swiglu[0]), "nullptr")  # gate and up rows together make one output
     ns = tuple(a.n for a in large)
+    norm_c = "true" if d.norm else "false"
+    # staged rows past the default 48 KiB of dynamic shared memory (K > 8192): raise the kernel's limit
+    attrs = tuple((f"rlx_qgemv_fused<{first.t}, {first.fmt}, {first.qk}, {first.qb}, {mr}, {norm_c}, {epi}>",
+                   str(smem)) for mr in range(1, d.max_rows + 1)
+                  if (smem := mr * (first.k // 32) * QFUSED_PAD * 4) > 48 * 1024)
     what = ", ".join(f"%{m}" for m in d.members) + "".join(
         f" + %{n}" for n in (*d.norm, *d.residual, *d.swiglu))
     args = DecodeGemvLaunch(
         comment=comment(f"{what}: one fused quantized GEMV in steps of <= {d.max_rows} rows", 160),
-        what=first.what, uses_lt=any(a.lt for a in large), t=first.t, fmt=first.fmt, qk=first.qk, qb=first.qb,
-        x=e.ptr(x), gamma=gamma, eps=eps, norm="true" if d.norm else "false", res=res, epi=epi, m=first.m,
+        what=first.what, uses_lt=any(a.lt for a in large), smem_attrs=attrs, t=first.t, fmt=first.fmt,
+        qk=first.qk, qb=first.qb,
+        x=e.ptr(x), gamma=gamma, eps=eps, norm=norm_c, res=res, epi=epi, m=first.m,
         k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
         ys=ys, ns=ns, max_rows=d.max_rows, large=large)
     return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=(QUANT, GEMM), header=args.comment,

@@ -95,6 +95,8 @@ class DwConvLaunch(Launch):
 
 def _accepts(limit: int | None):
     def accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+        if getattr(op, "carry_state", False) and not isinstance(op, S.GatedDeltaNet):
+            return "with a carried state (a recurrent cache: the CPU and reference devices run it)"
         floats = (DType.F32, DType.F16, DType.BF16)
         bad = sorted({d.value for d in (*in_dtypes, out_dtype) if d not in floats})
         if bad:

@@ -56,6 +56,31 @@ static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
     return (M + RLX_MC - 1) / RLX_MC * ((N + RLX_NR - 1) / RLX_NR);
 }
 
+/* The first tile at or after `w` row-panels of work (rounded to the nearest tile start), in the
+ * row-block-major order of rlx_pgemm_tiles: a full row block's tiles cost RLX_MC row-panels each,
+ * the last (short) block's M % RLX_MC. */
+static inline int64_t rlx_pgemm_tile_at(int64_t M, int64_t np, int64_t w)
+{
+    const int64_t full = M / RLX_MC, head = full * RLX_MC * np;
+    if (np == 0)
+        return 0;
+    if (w <= head)
+        return w / (RLX_MC * np) * np + (w % (RLX_MC * np) + RLX_MC / 2) / RLX_MC;
+    const int64_t last = M - full * RLX_MC;
+    return full * np + (w - head + last / 2) / last;
+}
+
+/* Thread t's tiles [t0, t1) of an M x N product, balanced by rows rather than by tile count: the
+ * short last row block's tiles are cheaper, and a split that counts them as whole tiles leaves
+ * one thread up to a block's worth of rows behind (MiniLM at 8 x 128: 1024 = 10 x 96 + 64 rows,
+ * ~6% more work for the first of 2 threads). Contiguous, covering, in order: t0(t + 1) = t1(t). */
+static inline void rlx_pgemm_split(int64_t M, int64_t N, int t, int nt, int64_t *t0, int64_t *t1)
+{
+    const int64_t np = (N + RLX_NR - 1) / RLX_NR, work = M * np;
+    *t0 = rlx_pgemm_tile_at(M, np, work * t / nt);
+    *t1 = rlx_pgemm_tile_at(M, np, work * (t + 1) / nt);
+}
+
 /* Tiles [t0, t1) of C[M, N] = A[M, K] @ packed B (+ bias), then act. K = 0 gives bias (or 0). */
 static void rlx_pgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp, float *C,
                       int64_t ldc, const float *bias, int act, int64_t t0, int64_t t1)
@@ -92,6 +117,15 @@ static void rlx_pgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
 static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
 {
     return (M + RLX_FB_ROWS - 1) / RLX_FB_ROWS * ((N + RLX_FB_COLS - 1) / RLX_FB_COLS);
+}
+
+/* Thread t's tiles: an even count of them, unweighted (these tiles are row x column blocks, both
+ * possibly short; the micro-kernel's split above is the one MiniLM's GEMMs take). */
+static inline void rlx_pgemm_split(int64_t M, int64_t N, int t, int nt, int64_t *t0, int64_t *t1)
+{
+    const int64_t tiles = rlx_pgemm_tiles(M, N);
+    *t0 = tiles * t / nt;
+    *t1 = tiles * (t + 1) / nt;
 }
 
 /* Tiles [t0, t1) (row blocks outermost): one sgemm per row block over the tiles' column span. */

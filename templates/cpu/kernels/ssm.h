@@ -26,10 +26,14 @@
  * The vector lanes run over a block of RLX_SSM_HB channels (contiguous in x, dt and y), the loop
  * over the state index n: B_t[n] and C_t[n] are broadcasts and y needs no horizontal sum. The
  * state is kept n-major ([N][HB]) next to the block's A, transposed once per task. Lanes past the
- * last channel run with dt = 0 (their state stays 0) and are not stored. */
+ * last channel run with dt = 0 (their state stays 0) and are not stored.
+ * state0 (may be NULL: zeros) is the initial state and state1 (may be NULL: not kept) receives the
+ * final one, both [B, H, N]; they may be the same buffer (a recurrent cache updated in place): a
+ * task reads its rows before the scan and writes the same rows after it. */
 static inline __attribute__((always_inline)) void rlx_selective_scan_f32(
     const float *restrict x, const float *restrict dt, const float *restrict A, const float *restrict Bm,
-    const float *restrict Cm, float *restrict y, int64_t B, int64_t S, int64_t H, int64_t N, int nthreads)
+    const float *restrict Cm, const float *state0, float *state1, float *restrict y, int64_t B, int64_t S,
+    int64_t H, int64_t N, int nthreads)
 {
     const int64_t hblocks = (H + RLX_SSM_HB - 1) / RLX_SSM_HB;
     const int64_t tasks = B * hblocks;
@@ -42,7 +46,7 @@ static inline __attribute__((always_inline)) void rlx_selective_scan_f32(
         float at[RLX_SSM_MAX_N][RLX_SSM_HB] __attribute__((aligned(64)));
         for (int64_t n = 0; n < N; n++)
             for (int64_t hh = 0; hh < RLX_SSM_HB; hh++) {
-                st[n][hh] = 0.0f;
+                st[n][hh] = state0 && hh < hn ? state0[(b * H + h0 + hh) * N + n] : 0.0f;
                 at[n][hh] = hh < hn ? A[(h0 + hh) * N + n] : 0.0f;
             }
         for (int64_t t = 0; t < S; t++) {
@@ -72,6 +76,10 @@ static inline __attribute__((always_inline)) void rlx_selective_scan_f32(
             for (int64_t hh = 0; hh < hn; hh++)
                 y[row * H + h0 + hh] = acc[hh];
         }
+        if (state1)
+            for (int64_t hh = 0; hh < hn; hh++)
+                for (int64_t n = 0; n < N; n++)
+                    state1[(b * H + h0 + hh) * N + n] = st[n][hh];
     }
 }
 
@@ -155,7 +163,7 @@ static inline __attribute__((always_inline)) void rlx_gated_delta_net_f32(
  * x, y: [B, S, C]; w: [C, K]; pad (may be NULL: zeros): [B, K-1, C].
  *   y[b, t, c] = sum_j w[c, j] * xp[b, t + j, c],  xp = pad ++ x along the sequence
  *   reverse:     sum_j w[c, j] * x[b, t + K-1 - j, c], zero past the end (the transpose) */
-static void rlx_dwconv1d_causal_f32(const float *restrict x, const float *restrict w, const float *restrict pad,
+static void rlx_dwconv1d_causal_f32(const float *restrict x, const float *restrict w, const float *pad,
                                     float *restrict y, int64_t B, int64_t S, int64_t C, int64_t K, int reverse,
                                     int nthreads)
 {
@@ -183,6 +191,35 @@ static void rlx_dwconv1d_causal_f32(const float *restrict x, const float *restri
                 yr[c] += w[c * K + j] * xr[c];
         }
     }
+}
+
+/* The conv state after a carried depthwise conv (ops_ssm.DepthwiseConv1dCausal, carry_state):
+ * state [B, K-1, C] becomes, per row, the last K-1 rows of (state, x[b, :lengths[b]]) — run after
+ * the conv read the old state. Rows are shifted in ascending order, so a kept state row is read
+ * before it is overwritten. Returns the first row whose length is outside [0, S] (-1: none; such
+ * a row is left as it was). */
+static int64_t rlx_conv_state_update_f32(const float *restrict x, float *restrict state,
+                                         const int32_t *restrict lengths, int64_t B, int64_t S, int64_t C,
+                                         int64_t K)
+{
+    int64_t bad = -1;
+    const int64_t keep = K - 1;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t len = lengths[b];
+        if (len < 0 || len > S) {
+            if (bad < 0)
+                bad = b;
+            continue;
+        }
+        float *restrict st = state + b * keep * C;
+        for (int64_t j = 0; j < keep; j++) {
+            const int64_t src = j + len; /* index into (state rows 0..keep-1, then x rows) */
+            const float *restrict from = src < keep ? st + src * C : x + (b * S + src - keep) * C;
+            if (from != st + j * C)
+                memmove(st + j * C, from, (size_t)C * sizeof(float));
+        }
+    }
+    return bad;
 }
 
 #endif /* RLX_KERNELS_SSM_H */

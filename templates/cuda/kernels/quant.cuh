@@ -199,7 +199,9 @@ __global__ void rlx_q_put_cols(const T *__restrict__ C, T *__restrict__ Y, int64
  * epilogue EPI: 0 each member's row into its output; 1 (one member) plus the residual `res` (which may be the
  * output itself: each element is read, then written, by one lane); 2 (two members, gate and up) silu of the
  * gate row times the up row. Accumulation in f32; the epilogue sees the unrounded products. */
+#ifndef RLX_QFUSED_WARPS
 #define RLX_QFUSED_WARPS 8
+#endif
 #define RLX_QFUSED_PAD 36 /* floats per staged 32-value sub-block */
 
 struct RlxQMembers {
@@ -210,17 +212,35 @@ struct RlxQMembers {
 };
 
 /* Weight row r of the members' rows laid end to end: its member (returned) and its row *n in that member.
- * With SwiGLU (EPI 2) row r is row r of both members, gate and up. */
+ * With SwiGLU (EPI 2) row r is row r of both members, gate and up. The members are read with constant indices
+ * only (a runtime index would copy the launch's parameter struct into local memory in every thread). */
 template <int EPI>
 __device__ __forceinline__ int rlx_qf_member(const RlxQMembers &mem, int64_t r, int64_t *n) {
     int j = 0;
-    if (EPI != 2)
-        while (j + 1 < mem.count && r >= mem.n[j]) {
-            r -= mem.n[j];
-            ++j;
+    if (EPI != 2) {
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            const int64_t ni = mem.n[i];
+            if (j == i && i + 1 < mem.count && r >= ni) {
+                r -= ni;
+                j = i + 1;
+            }
         }
+    }
     *n = r;
     return j;
+}
+
+__device__ __forceinline__ const uint8_t *rlx_qf_weights(const RlxQMembers &mem, int j) {
+    return j == 0 ? mem.w[0] : j == 1 ? mem.w[1] : j == 2 ? mem.w[2] : mem.w[3];
+}
+
+__device__ __forceinline__ void *rlx_qf_out(const RlxQMembers &mem, int j) {
+    return j == 0 ? mem.y[0] : j == 1 ? mem.y[1] : j == 2 ? mem.y[2] : mem.y[3];
+}
+
+__device__ __forceinline__ int64_t rlx_qf_rows(const RlxQMembers &mem, int j) {
+    return j == 0 ? mem.n[0] : j == 1 ? mem.n[1] : j == 2 ? mem.n[2] : mem.n[3];
 }
 
 template <int MR>
@@ -242,9 +262,204 @@ __device__ __forceinline__ void rlx_qf_dot(const float *__restrict__ xs, int64_t
     }
 }
 
+/* ── The decode GEMV's inner loop for q4_k, q4_0, q4_1 and q8_0 (rlx_qf_row) ───────────────────────────────
+ * Bound by memory only if it issues few instructions per weight byte: at the HBM rate a q4 weight delivers ~6e12
+ * values a second, so a loop of the general rlx_q_sub kind (an int-to-float conversion, a quarter-rate
+ * instruction, and a scale multiply per value) runs at a fraction of the bandwidth. Here
+ *   - a lane's unit of work is 16 bytes of quants (one 128-bit load; q4_k's block header is a second, shared by the
+ *     8 lanes of its block) or one whole 32-value block (q4_0, q4_1, q8_0);
+ *   - a byte b becomes the float 2^23 + b by placing it in the mantissa of 2^23 (one byte permute), and one
+ *     exact subtraction gives b, b - 8 (q4_0) or b - 128 (q8_0, whose bytes are flipped to unsigned first);
+ *   - the block's scale multiplies the dot product of x with the small integers, and the min term of q4_1 / q4_k
+ *     uses the sum of x over the same 16 values, which the staging wrote into the padding of each 32-value
+ *     sub-block (floats 32 and 33: the sums over values 0-15 and 16-31);
+ *   - each lane loads two units before it computes either, so two loads per lane are in flight.
+ * The products are the same terms as `abs_terms` documents (scale times an integer dot, plus min times a sum of x),
+ * accumulated in f32. */
+#define RLX_QFAST(FMT) ((FMT) == RLX_Q4_K || (FMT) == RLX_Q4_0 || (FMT) == RLX_Q4_1 || (FMT) == RLX_Q8_0)
+#define RLX_QSUMS(FMT) ((FMT) == RLX_Q4_K || (FMT) == RLX_Q4_1)
+
+/* p[m] += sum over the 4 * NW bytes b_i of w (each < 256): x_m[i] * (b_i - OFF). */
+template <int MR, int NW, int OFF>
+__device__ __forceinline__ void rlx_qf_bytes(const float *__restrict__ x, int64_t stride, const uint32_t *w,
+                                             float p[MR]) {
+    float v[4 * NW];
+#pragma unroll
+    for (int j = 0; j < NW; j++) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            v[4 * j + k] = __uint_as_float(__byte_perm(w[j], 0x4B000000u, 0x7540u + k)) - (8388608.0f + (float)OFF);
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        const float4 *xv = (const float4 *)(x + m * stride);
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NW; j++) {
+            const float4 t = xv[j];
+            a = fmaf(t.x, v[4 * j], a);
+            a = fmaf(t.y, v[4 * j + 1], a);
+            a = fmaf(t.z, v[4 * j + 2], a);
+            a = fmaf(t.w, v[4 * j + 3], a);
+        }
+        p[m] = a;
+    }
+}
+
+/* One unit of a weight row, loaded (load) and then dotted with the staged rows (add). */
+template <int FMT> struct RlxQUnit;
+
+template <> struct RlxQUnit<RLX_Q4_K> {  /* 16 bytes of quants: 16 values each of sub-blocks 2g and 2g + 1 */
+    uint4 hd, q;
+    static __device__ __forceinline__ int64_t count(int64_t K) { return K / 32; }
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ row, int64_t u) {
+        const uint8_t *b = row + (u >> 3) * 144;
+        hd = *(const uint4 *)b;
+        q = *(const uint4 *)(b + 16 + 16 * (u & 7));  /* group g = (u & 7) / 2, half h = u & 1 */
+    }
+    template <int MR>
+    __device__ __forceinline__ void add(const float *__restrict__ xs, int64_t stride, int64_t u, float acc[MR]) const {
+        const int g = (int)((u >> 1) & 3), h = (int)(u & 1);
+        const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
+        float ds[2], dm[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {  /* sub-block j = 2g + e: its 6-bit scale and min (GGUF's packing) */
+            const int j = 2 * g + e, jj = j & 3;
+            const uint32_t a = (hd.y >> (8 * jj)) & 0xFF, bz = (hd.z >> (8 * jj)) & 0xFF, cw = (hd.w >> (8 * jj)) & 0xFF;
+            const uint32_t sc = j < 4 ? a & 63 : (cw & 0x0F) | ((a >> 6) << 4);
+            const uint32_t mn = j < 4 ? bz & 63 : (cw >> 4) | ((bz >> 6) << 4);
+            ds[e] = d * (float)sc;
+            dm[e] = dmin * (float)mn;
+        }
+        const uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
+        const uint32_t hi[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
+                                (q.w >> 4) & 0x0F0F0F0Fu};
+        const float *x0 = xs + ((u >> 3) * 8 + 2 * g) * RLX_QFUSED_PAD + 16 * h, *x1 = x0 + RLX_QFUSED_PAD;
+        float p0[MR], p1[MR];
+        rlx_qf_bytes<MR, 4, 0>(x0, stride, lo, p0);
+        rlx_qf_bytes<MR, 4, 0>(x1, stride, hi, p1);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            const float s0 = xs[m * stride + ((u >> 3) * 8 + 2 * g) * RLX_QFUSED_PAD + 32 + h];
+            const float s1 = xs[m * stride + ((u >> 3) * 8 + 2 * g + 1) * RLX_QFUSED_PAD + 32 + h];
+            acc[m] += ds[0] * p0[m] - dm[0] * s0 + ds[1] * p1[m] - dm[1] * s1;
+        }
+    }
+};
+
+template <int FMT> struct RlxQUnit32 {  /* q4_0 / q4_1: one 32-value block */
+    uint32_t hd, q[4];
+    static __device__ __forceinline__ int64_t count(int64_t K) { return K / 32; }
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ row, int64_t u) {
+        const uint8_t *b = row + u * (FMT == RLX_Q4_1 ? 20 : 18);
+        if (FMT == RLX_Q4_1) {
+            hd = rlx_q_u32(b);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                q[j] = rlx_q_u32(b + 4 + 4 * j);
+        } else {
+            hd = *(const unsigned short *)b;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                q[j] = rlx_q_u32_2(b + 2 + 4 * j);
+        }
+    }
+    template <int MR>
+    __device__ __forceinline__ void add(const float *__restrict__ xs, int64_t stride, int64_t u, float acc[MR]) const {
+        const float d = __half2float(__ushort_as_half((unsigned short)(hd & 0xFFFF)));
+        const uint32_t lo[4] = {q[0] & 0x0F0F0F0Fu, q[1] & 0x0F0F0F0Fu, q[2] & 0x0F0F0F0Fu, q[3] & 0x0F0F0F0Fu};
+        const uint32_t hi[4] = {(q[0] >> 4) & 0x0F0F0F0Fu, (q[1] >> 4) & 0x0F0F0F0Fu, (q[2] >> 4) & 0x0F0F0F0Fu,
+                                (q[3] >> 4) & 0x0F0F0F0Fu};
+        const float *x = xs + u * RLX_QFUSED_PAD;
+        float p0[MR], p1[MR];
+        constexpr int OFF = FMT == RLX_Q4_0 ? 8 : 0;
+        rlx_qf_bytes<MR, 4, OFF>(x, stride, lo, p0);
+        rlx_qf_bytes<MR, 4, OFF>(x + 16, stride, hi, p1);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float t = d * (p0[m] + p1[m]);
+            if (FMT == RLX_Q4_1) {
+                const float mn = __half2float(__ushort_as_half((unsigned short)(hd >> 16)));
+                t = fmaf(mn, x[m * stride + 32] + x[m * stride + 33], t);
+            }
+            acc[m] += t;
+        }
+    }
+};
+template <> struct RlxQUnit<RLX_Q4_0> : RlxQUnit32<RLX_Q4_0> {};
+template <> struct RlxQUnit<RLX_Q4_1> : RlxQUnit32<RLX_Q4_1> {};
+
+template <> struct RlxQUnit<RLX_Q8_0> {  /* one 32-value block: a half scale, then 32 signed bytes */
+    uint32_t hd, q[8];
+    static __device__ __forceinline__ int64_t count(int64_t K) { return K / 32; }
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ row, int64_t u) {
+        const uint8_t *b = row + u * 34;
+        hd = *(const unsigned short *)b;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            q[j] = rlx_q_u32_2(b + 2 + 4 * j);
+    }
+    template <int MR>
+    __device__ __forceinline__ void add(const float *__restrict__ xs, int64_t stride, int64_t u, float acc[MR]) const {
+        const float d = __half2float(__ushort_as_half((unsigned short)hd));
+        uint32_t w[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            w[j] = q[j] ^ 0x80808080u;  /* int8 q as the byte q + 128 */
+        float p[MR];
+        rlx_qf_bytes<MR, 8, 128>(xs + u * RLX_QFUSED_PAD, stride, w, p);
+#pragma unroll
+        for (int m = 0; m < MR; m++)
+            acc[m] += d * p[m];
+    }
+};
+
+/* v[0..7] = p[0..7] as floats, in one 16-byte load (f16 / bf16) or two (f32); p is 16- or 32-byte aligned. */
+__device__ __forceinline__ void rlx_load8(const float *p, float v[8]) {
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+template <typename H>
+__device__ __forceinline__ void rlx_load8(const H *p, float v[8]) {
+    const uint4 u = *(const uint4 *)p;
+    const H *h = (const H *)&u;
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        v[e] = rlx_f(h[e]);
+}
+
+/* Units of a weight row each lane loads before it computes any of them (loads in flight per lane). */
+#ifndef RLX_QF_INFLIGHT
+#define RLX_QF_INFLIGHT 2
+#endif
+
+/* acc[m] (per lane; the caller sums the warp) += this lane's units of one weight row against staged row m. */
+template <int FMT, int MR>
+__device__ __forceinline__ void rlx_qf_row(const uint8_t *__restrict__ row, const float *__restrict__ xs,
+                                           int64_t stride, int64_t K, int lane, float acc[MR]) {
+    const int64_t units = RlxQUnit<FMT>::count(K);
+    int64_t u = lane;
+    for (; u + 32 * (RLX_QF_INFLIGHT - 1) < units; u += 32 * RLX_QF_INFLIGHT) {
+        RlxQUnit<FMT> a[RLX_QF_INFLIGHT];
+#pragma unroll
+        for (int i = 0; i < RLX_QF_INFLIGHT; i++)
+            a[i].load(row, u + 32 * i);
+#pragma unroll
+        for (int i = 0; i < RLX_QF_INFLIGHT; i++)
+            a[i].template add<MR>(xs, stride, u + 32 * i, acc);
+    }
+    for (; u < units; u += 32) {
+        RlxQUnit<FMT> a;
+        a.load(row, u);
+        a.template add<MR>(xs, stride, u, acc);
+    }
+}
+
 template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI>
 __global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS)
-rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, RlxQMembers mem,
+rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
                 const T *res, int64_t K, int64_t RB, int64_t rows) {
     extern __shared__ float4 rlx_qf_smem4[];
     float *xs = (float *)rlx_qf_smem4;
@@ -259,7 +474,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
             int64_t n;
             const int j = rlx_qf_member<EPI>(mem, r0, &n);
             for (int64_t off = (int64_t)lane * 128; off < RB; off += 32 * 128) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[j] + n * RB + off));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(rlx_qf_weights(mem, j) + n * RB + off));
                 if (EPI == 2)
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[1] + n * RB + off));
             }
@@ -267,16 +482,39 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
     }
     rlx_pdl_wait();
     rlx_pdl_trigger();  /* the next kernel may launch and prefetch its weights */
+    /* Staging: a thread takes chunks of 8 consecutive values (16- or 32-byte loads, every chunk's load issued
+       before any is used: the prologue costs one round trip to L2 per pass, not one per value). The loop bound
+       is the warp's first chunk, so every lane of a warp runs the same iterations (the half sums shuffle). */
+    const int64_t chunks = K / 8;
     float ss[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++)
         ss[m] = 0.0f;
-    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
+#pragma unroll 4
+    for (int64_t c0 = (int64_t)warp * 32; c0 < chunks; c0 += blockDim.x) {
+        const int64_t c = c0 + lane;
+        const bool valid = c < chunks;
+        float *dst = xs + (c >> 2) * RLX_QFUSED_PAD + (c & 3) * 8;
 #pragma unroll
         for (int m = 0; m < MR; m++) {
-            const float v = rlx_f(X[m * K + i]);
-            xs[m * stride + (i >> 5) * RLX_QFUSED_PAD + (i & 31)] = v;
-            ss[m] += v * v;
+            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (valid) {
+                rlx_load8(X + m * K + c * 8, v);
+                ((float4 *)(dst + m * stride))[0] = make_float4(v[0], v[1], v[2], v[3]);
+                ((float4 *)(dst + m * stride))[1] = make_float4(v[4], v[5], v[6], v[7]);
+            }
+            float t = 0.0f, q = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                q = fmaf(v[e], v[e], q);
+                t += v[e];
+            }
+            ss[m] += q;
+            if (!NORM && RLX_QSUMS(FMT)) {  /* chunks 2h and 2h + 1 make a half sub-block: lanes l and l ^ 1 */
+                t += __shfl_xor_sync(0xffffffffu, t, 1);
+                if (valid && !(c & 1))
+                    xs[m * stride + (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1)] = t;
+            }
         }
     }
     if (NORM) {
@@ -297,12 +535,33 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
                 t += red[w][m];
             scale[m] = rsqrtf(t / (float)K + eps);
         }
-        /* each thread rescales the values it staged itself: no barrier needed before this */
-        for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
-            const float g = rlx_f(gamma[i]);
+        /* each thread rescales the chunks it staged itself (no barrier needed before this), and sums halves */
+#pragma unroll 4
+        for (int64_t c0 = (int64_t)warp * 32; c0 < chunks; c0 += blockDim.x) {
+            const int64_t c = c0 + lane;
+            const bool valid = c < chunks;
+            float g[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (valid)
+                rlx_load8(gamma + c * 8, g);
+            float *src = xs + (c >> 2) * RLX_QFUSED_PAD + (c & 3) * 8;
 #pragma unroll
-            for (int m = 0; m < MR; m++)
-                xs[m * stride + (i >> 5) * RLX_QFUSED_PAD + (i & 31)] *= scale[m] * g;
+            for (int m = 0; m < MR; m++) {
+                float t = 0.0f;
+                if (valid) {
+                    float4 *p = (float4 *)(src + m * stride);
+                    float4 a = p[0], b = p[1];
+                    a.x *= scale[m] * g[0]; a.y *= scale[m] * g[1]; a.z *= scale[m] * g[2]; a.w *= scale[m] * g[3];
+                    b.x *= scale[m] * g[4]; b.y *= scale[m] * g[5]; b.z *= scale[m] * g[6]; b.w *= scale[m] * g[7];
+                    p[0] = a;
+                    p[1] = b;
+                    t = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+                }
+                if (RLX_QSUMS(FMT)) {
+                    t += __shfl_xor_sync(0xffffffffu, t, 1);
+                    if (valid && !(c & 1))
+                        xs[m * stride + (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1)] = t;
+                }
+            }
         }
     }
     __syncthreads();
@@ -310,19 +569,25 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
          r += (int64_t)gridDim.x * RLX_QFUSED_WARPS) {
         int64_t n;
         const int j = rlx_qf_member<EPI>(mem, r, &n);
-        const uint8_t *row = mem.w[j] + n * RB;
-        const uint8_t *row2 = mem.w[EPI == 2 ? 1 : j] + n * RB;
+        const uint8_t *row = rlx_qf_weights(mem, j) + n * RB;
+        const uint8_t *row2 = rlx_qf_weights(mem, EPI == 2 ? 1 : j) + n * RB;
         float acc[MR], acc2[MR];
 #pragma unroll
         for (int m = 0; m < MR; m++)
             acc[m] = acc2[m] = 0.0f;
-        for (int64_t s = lane; s < nsub; s += 32) {
-            float v[32];
-            rlx_q_sub<FMT>(row + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
-            rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc);
-            if (EPI == 2) {
-                rlx_q_sub<FMT>(row2 + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
-                rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc2);
+        if (RLX_QFAST(FMT)) {
+            rlx_qf_row<RLX_QFAST(FMT) ? FMT : RLX_Q8_0, MR>(row, xs, stride, K, lane, acc);
+            if (EPI == 2)
+                rlx_qf_row<RLX_QFAST(FMT) ? FMT : RLX_Q8_0, MR>(row2, xs, stride, K, lane, acc2);
+        } else {
+            for (int64_t s = lane; s < nsub; s += 32) {
+                float v[32];
+                rlx_q_sub<FMT>(row + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+                rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc);
+                if (EPI == 2) {
+                    rlx_q_sub<FMT>(row2 + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+                    rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc2);
+                }
             }
         }
 #pragma unroll
@@ -334,8 +599,8 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
             }
         }
         if (lane == 0) {
-            const int64_t N = mem.n[j];
-            T *y = (T *)mem.y[EPI == 0 ? j : 0];
+            const int64_t N = rlx_qf_rows(mem, j);
+            T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
 #pragma unroll
             for (int m = 0; m < MR; m++) {
                 float out = acc[m];

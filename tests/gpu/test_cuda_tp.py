@@ -1,0 +1,48 @@
+"""Tensor parallelism on GPUs: a decoder split over 2 GPUs (one process each, NCCL all-reduces) gives the greedy
+tokens of the same decoder on one GPU, and logits equal to f32 rounding (the all-reduce sums the two ranks'
+partial products in another order than one GPU's GEMV does)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx.distributed import launch
+from rlx.distributed.tp import cosine
+from rlx.distributed.tp_decoder import shard_decoder
+from rlx.ir.quant import quantize
+from rlx.models.causal_lm import random_tensors
+from rlx.models.decoder_config import DecoderConfig
+from rlx.models.llama import WeightSpec, random_specs
+from rlx.runtime.nccl import gpu_count
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+import rank_fns
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(gpu_count() < 2, reason="tp=2 on CUDA needs 2 visible GPUs")]
+
+CFG = DecoderConfig(arch="llama", vocab_size=4096, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                    head_dim=32, ffn_size=768, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
+                    n_rot=32, context_length=256, tie_embeddings=True, bos_id=1, eos_id=-1)
+OPTIONS = {"max_context": 64, "prefill_chunk": 16, "precision": "f32"}
+PROMPT = [3, 17, 5, 42, 8, 9, 60, 11, 2, 70, 512, 1000]
+N_NEW = 8
+
+
+def test_tp2_on_two_gpus_equals_one_gpu_f32() -> None:
+    tensors = random_tensors(random_specs(CFG), seed=4)
+    q8 = {name: (WeightSpec("q8_0", spec.shape), quantize(data, "q8_0")) if len(spec.shape) == 2 else (spec, data)
+          for name, (spec, data) in tensors.items()}
+    one_tokens, one_logits = launch(rank_fns.cuda_decoder_rank, nprocs=1, device="cuda",
+                                    args=(None, CFG, q8, OPTIONS, PROMPT, N_NEW))[0]
+    sharded = shard_decoder(CFG, q8, tp=2, **OPTIONS)
+    ranks = launch(rank_fns.cuda_decoder_rank, nprocs=2, device="cuda", args=(sharded, CFG, None, None, PROMPT, N_NEW))
+    for rank, (tokens, logits) in enumerate(ranks):  # every rank ends with the whole logits
+        assert tokens == one_tokens, f"rank {rank}"
+        for step in range(N_NEW):
+            assert cosine(logits[step], one_logits[step]) >= 0.99999, f"rank {rank} step {step}"
+        np.testing.assert_allclose(logits, one_logits, rtol=1e-4, atol=1e-4 * float(np.abs(one_logits).max()))
+    np.testing.assert_array_equal(ranks[0][1], ranks[1][1])  # the all-reduce gives both ranks the same sums
