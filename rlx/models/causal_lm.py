@@ -278,7 +278,6 @@ class CausalLM:
                                             capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
                                             quant_act=self.quant_act,
                                             narrow_weights=device == "cpu" and not int8_matmuls, **paged)
-        self._host_inputs = frozenset(n.op.name for n in self.graph.inputs() if not n.op.state)
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic
 
@@ -293,6 +292,8 @@ class CausalLM:
                 raise RlxError("LoRA adapters on a tensor-parallel or int8-matmul decoder are not supported")
             self.graph = LoRA.with_lora(self.graph, slots=max_adapters, rank=max_lora_rank,
                                         roles=tuple(lora_targets) if lora_targets is not None else LoRA.ROLES)
+        # the per-step inputs of the final graph (LoRA adds each row's adapter slot, `lora_index`)
+        self._host_inputs = frozenset(n.op.name for n in self.graph.inputs() if not n.op.state)
         # the reference device runs on these arrays; a compiled model takes each param in turn (one converted
         # tensor alive at a time: the weights are not held twice)
         self._params = L.decoder_params(tensors, base_graph) if device == "reference" else {}
