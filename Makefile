@@ -57,8 +57,11 @@ demo: cache-dir
 	$(RLXC) embed "A man is eating food." "A man is eating a piece of bread." "The girl is carrying a baby." "A man is riding a horse."
 	$(RLXC) generate --chat "What is the capital of France? Answer in one sentence." -n 48
 
+# Two workers (pytest-xdist), one test file each at a time: most of the suite's time is compiling generated C
+# and CUDA with one-threaded compilers, so two files at once keep two cores busy. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: cache-dir
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 bench: cache-dir
 	$(PYTHON) benchmarks/cpu_ops.py

@@ -3,7 +3,7 @@
     python benchmarks/llm_cuda.py [--shape smollm2|llama3-8b] [--weights q4_1|q4_k|q8_0|bf16]
                                   [--prompt-tokens 32] [--new-tokens 128] [--rounds 3] [--precision f16]
                                   [--peers rlx,hf_eager,hf_static] [--profile | --host-split]
-                                  [--batches 1,8,32,64]
+                                  [--batches 1,8,32,64] [--context 32,4096,16384 [--kv-dtype f16]]
 
 `--shape llama3-8b` is Llama-3-8B's shape (32 layers, hidden 4096, 32/8 heads, FFN 14336, vocab 128256,
 untied head); the table then also prints the bytes of weights a decode step reads and the tok/s bound
@@ -22,6 +22,9 @@ step). transformers: `generate` with
 its dynamic cache (eager) and with `cache_implementation="static"` (which compiles the decode step
 with torch.compile), timed after a warm-up that includes compilation. Tokens/s = new tokens / time
 of the whole generation (prefill included) for every peer, plus RLX's decode-only rate.
+`--context N[,N...]`: RLX only, decode tok/s after N tokens of context (a random prompt of N tokens prefilled in
+chunks of --prompt-tokens, then --new-tokens greedy steps timed), one build sized for the largest N; each row's
+ratio to the first context's rate is printed.
 Timings only: nothing here asserts.
 """
 
@@ -152,6 +155,42 @@ def bench_batches(args, config, tensors, batches: list[int]) -> None:
         base = base or rate
         path = "fused GEMV" if b <= switch else "GEMM"
         print(f"{b:>6} {step * 1e3:9.3f} {rate:10.1f} {rate / base:7.2f} {path:>12}")
+
+
+def bench_context(args, config) -> None:
+    """Decode tok/s of RLX at each context of --context (one build, a cache of the largest context)."""
+    from rlx.models.causal_lm import CausalLM
+
+    contexts = [int(c) for c in args.context.split(",")]
+    t0 = time.perf_counter()
+    lm = CausalLM(config, rlx_tensors(config, weights=args.weights), device="cuda", precision=args.precision,
+                  max_context=max(contexts) + args.new_tokens + 8, prefill_chunk=args.prompt_tokens,
+                  kv_dtype=args.kv_dtype)
+    build = time.perf_counter() - t0
+    cache = lm.new_cache()
+    rng = np.random.default_rng(1)
+    rates = []
+    for n in contexts:
+        def decode(n: int) -> float:
+            cache.reset()
+            prompt = rng.integers(3, config.vocab_size, (1, n))
+            for at in range(0, n, args.prompt_tokens):
+                chunk = prompt[:, at:at + args.prompt_tokens]
+                token = int(lm.step_greedy(chunk, cache, [chunk.shape[1] - 1])[0])
+            t1 = time.perf_counter()
+            for _ in range(args.new_tokens - 1):
+                token = int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
+            return time.perf_counter() - t1
+
+        decode(n)  # warm-up: CUDA graphs captured for this context's step shapes
+        rates.append((args.new_tokens - 1) / statistics.median(decode(n) for _ in range(args.rounds)))
+    c = config
+    print(f"decoder of {c.num_layers} layers, hidden {c.hidden_size}, {c.num_heads}/{c.num_kv_heads} heads of "
+          f"{c.head_dim}, batch 1, rlx precision {args.precision}, KV cache {lm.kv_dtype}, build {build:.1f} s, "
+          f"{args.new_tokens} new tokens, {args.rounds} rounds (medians)")
+    print(f"{'context':>8} {'decode tok/s':>13} {'vs first':>9}")
+    for n, rate in zip(contexts, rates):
+        print(f"{n:>8} {rate:13.1f} {rate / rates[0]:9.2f}")
 
 
 def profile_rlx(args, config) -> None:
@@ -289,12 +328,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="print where a decode step's time goes, then exit")
     p.add_argument("--host-split", action="store_true",
                    help="print only the host-side split of a decode step (no profiled build), then exit")
+    p.add_argument("--context", default="",
+                   help="comma-separated context lengths: RLX decode tok/s after each many tokens, then exit")
+    p.add_argument("--kv-dtype", default=None, help="with --context: the KV cache dtype (f32, f16, bf16)")
     args = p.parse_args(argv)
     from rlx.models.decoder_config import DecoderConfig
 
     config = DecoderConfig(**SHAPES[args.shape])
     if args.profile:
         profile_rlx(args, config)
+        return 0
+    if args.context:
+        bench_context(args, config)
         return 0
     if args.batches:
         bench_batches(args, config, rlx_tensors(config, weights=args.weights),

@@ -9,6 +9,19 @@ other experts from call to call and their weights come from memory, as in decodi
 GEMV-only (`MoeExpertPlan`): each call reads the chosen experts' matrices and no others, so the time
 grows with top_k and stays flat from 16 to 64 experts (4x the weights). Medians over round-robin rounds
 (benchmarks/timing.py); also the megabytes of expert weights a call reads and the model holds.
+
+    python benchmarks/moe_decode.py --peer [--threads N] [--blocks 5] [--pause 1.0] [--hidden 512] [--inter 256]
+                                    [--experts 8] [--top-k 2] [--layers 4] [--prompt-tokens 16] [--new-tokens 32]
+
+`--peer`: a whole Qwen3-MoE-shaped decoder instead (random weights from transformers' `from_config`, every
+layer sparse, renormalized top-k, saved with `save_pretrained` to a temporary directory): RLX's
+`CausalLM.from_pretrained` on that checkpoint against transformers' eager forward of the same model, in this
+process, with the same thread count. A block is one engine's prefill of `--prompt-tokens` and
+`--new-tokens` greedy decode steps through its KV cache; the engines' blocks alternate with `--pause`
+seconds between them (so one's thread pool is idle while the other runs), `--blocks` times. Printed: the
+median decode ms/token and tokens/s of each, the ratio, and whether the greedy tokens agree. (One process
+holds one OpenMP runtime, set up by RLX's RLX_OMP_WAIT policy; torch's intra-op pool shares it.)
+
 Timings only: nothing here asserts.
 """
 
@@ -18,6 +31,8 @@ import argparse
 import dataclasses
 import itertools
 import os
+import statistics
+import time
 
 import numpy as np
 import timing  # benchmarks/timing.py (a script's own folder is on sys.path)
@@ -51,6 +66,95 @@ def _block(experts: int, top_k: int, hidden: int, inter: int, quant: str | None,
     return (lambda: cg.run({"x": next(feed)})), expert_bytes
 
 
+def _checkpoint(args: argparse.Namespace, directory: str):
+    """A random Qwen3-MoE-shaped transformers model (f32, eval, eager attention), saved to `directory`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    heads = max(1, args.hidden // 64)
+    cfg = AutoConfig.for_model("qwen3_moe", hidden_size=args.hidden, num_hidden_layers=args.layers,
+                               num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=64,
+                               intermediate_size=4 * args.hidden, moe_intermediate_size=args.inter,
+                               num_experts=args.experts, num_experts_per_tok=args.top_k, norm_topk_prob=True,
+                               vocab_size=args.vocab, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,
+                               attn_implementation="eager")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    model.save_pretrained(directory)
+    return model
+
+
+class _RlxDecode:
+    def __init__(self, directory: str, args: argparse.Namespace) -> None:
+        from rlx.models.causal_lm import CausalLM
+
+        self.lm = CausalLM.from_pretrained(directory, context_length=args.prompt_tokens + args.new_tokens + 8,
+                                           prefill_chunk=args.prompt_tokens, threads=args.threads)
+
+    def block(self, ids: list[int], new: int) -> tuple[float, list[int]]:
+        """(decode seconds per token, the greedy tokens) after a prefill of `ids`."""
+        cache = self.lm.new_cache()
+        token = int(self.lm.step_greedy(np.array([ids]), cache, [len(ids) - 1])[0])
+        out = [token]
+        t0 = time.perf_counter()
+        for _ in range(new):
+            token = int(self.lm.step_greedy(np.array([[token]]), cache, [0])[0])
+            out.append(token)
+        return (time.perf_counter() - t0) / new, out
+
+
+class _TransformersDecode:
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def block(self, ids: list[int], new: int) -> tuple[float, list[int]]:
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(torch.tensor([ids]), use_cache=True)
+            token = int(out.logits[0, -1].argmax())
+            tokens, cache = [token], out.cache  # transformers 5's KV cache (`past_key_values` before)
+            t0 = time.perf_counter()
+            for _ in range(new):
+                out = self.model(torch.tensor([[token]]), cache=cache, use_cache=True)
+                token, cache = int(out.logits[0, -1].argmax()), out.cache
+                tokens.append(token)
+            return (time.perf_counter() - t0) / new, tokens
+
+
+def peer_main(args: argparse.Namespace) -> None:
+    """RLX against transformers' eager decode on one random Qwen3-MoE checkpoint (see the module docstring)."""
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    ids = [int(t) for t in np.random.default_rng(1).integers(3, args.vocab, args.prompt_tokens)]
+    with tempfile.TemporaryDirectory() as directory:
+        peers = {"transformers": _TransformersDecode(_checkpoint(args, directory)), "rlx": _RlxDecode(directory, args)}
+    for peer in peers.values():  # warm-up: weights paged in, thread pools started
+        peer.block(ids, 4)
+    samples: dict[str, list[float]] = {name: [] for name in peers}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(args.blocks):
+        for name, peer in peers.items():
+            time.sleep(args.pause)
+            seconds, tokens[name] = peer.block(ids, args.new_tokens)
+            samples[name].append(seconds)
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    print(f"Qwen3-MoE-shaped decoder, random weights (f32): hidden {args.hidden}, {args.layers} layers, "
+          f"{args.experts} experts top-{args.top_k} (expert FFN {args.inter}), vocab {args.vocab}; "
+          f"prompt {args.prompt_tokens}, {args.new_tokens} greedy decode steps, threads {args.threads}, "
+          f"medians of {args.blocks} blocks ({args.pause} s pauses)")
+    print(f"{'engine':>14} {'decode ms/token':>16} {'tokens/s':>10} {'all blocks ms/token':>30}")
+    for name, t in med.items():
+        every = " ".join(f"{s * 1e3:.2f}" for s in samples[name])
+        print(f"{name:>14} {t * 1e3:>16.3f} {1 / t:>10.1f} {every:>30}")
+    print(f"rlx speed / transformers eager: {med['transformers'] / med['rlx']:.2f}x; greedy tokens "
+          f"{'agree' if tokens['rlx'] == tokens['transformers'] else 'differ'} "
+          f"({sum(a == b for a, b in zip(tokens['rlx'], tokens['transformers']))}/{len(tokens['rlx'])} equal)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -58,7 +162,19 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--inter", type=int, default=256)
     ap.add_argument("--quant", default=None, help="expert block format (q8_0); default f32 experts")
+    ap.add_argument("--peer", action="store_true", help="a whole decoder against transformers' eager decode")
+    ap.add_argument("--experts", type=int, default=8, help="--peer: routed experts per layer")
+    ap.add_argument("--top-k", type=int, default=2, help="--peer: experts per token")
+    ap.add_argument("--layers", type=int, default=4, help="--peer: decoder layers")
+    ap.add_argument("--vocab", type=int, default=2000, help="--peer: vocabulary size")
+    ap.add_argument("--prompt-tokens", type=int, default=16, help="--peer: prompt length")
+    ap.add_argument("--new-tokens", type=int, default=32, help="--peer: greedy decode steps per block")
+    ap.add_argument("--blocks", type=int, default=5, help="--peer: blocks per engine")
+    ap.add_argument("--pause", type=float, default=1.0, help="--peer: seconds before each block")
     args = ap.parse_args()
+    if args.peer:
+        peer_main(args)
+        return
     if args.quant not in (None, "q8_0"):
         raise SystemExit("--quant takes q8_0 (or nothing for f32 experts)")
     peers, held = {}, {}

@@ -25,6 +25,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from rlx.errors import ExecutionError
@@ -134,8 +135,37 @@ def _finish(value: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(value).astype(dtype.np)
 
 
+def _to_narrow(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """ONNX's cast to a storage format: a float format rounds to nearest even and saturates (inf and finite
+    values beyond the largest become the largest, NaN stays NaN: ONNX's ``saturate=1``; float4 e2m1 has no
+    NaN: it writes one as ONNX's reference does, +NaN as -0 and -NaN as +0); an integer format
+    truncates a float toward zero and keeps the low bits (two's complement), as a fixed-point narrowing does."""
+    if dtype in _NARROW_INT_BITS:
+        bits, signed = _NARROW_INT_BITS[dtype]
+        with np.errstate(invalid="ignore"):
+            v = np.trunc(x).astype(np.int64) if x.dtype.kind == "f" else x.astype(np.int64)
+        v = v & ((1 << bits) - 1)
+        if signed:
+            v = np.where(v >= 1 << (bits - 1), v - (1 << bits), v)
+        return v.astype(dtype.np)
+    top = float(ml_dtypes.finfo(dtype.np).max)
+    v = x.astype(np.float64)
+    return np.where(np.isnan(v), v, np.clip(v, -top, top)).astype(dtype.np)
+
+
+#: numpy's types of the storage formats (ml_dtypes': float8_e5m2 says kind "f", the others "V").
+_NARROW_NUMPY = frozenset(d.np for d in DType if d.is_narrow)
+#: The integer storage formats: (bits, signed).
+_NARROW_INT_BITS = {DType.I4: (4, True), DType.U4: (4, False), DType.I2: (2, True), DType.U2: (2, False)}
+
+
 def cast_value(x: np.ndarray, dtype: DType) -> np.ndarray:
-    """Cast semantics shared by every backend: truncation toward zero, `!= 0` for bool."""
+    """Cast semantics shared by every backend: truncation toward zero, `!= 0` for bool; a storage format
+    (`DType.is_narrow`) is read exactly and written as `_to_narrow` says."""
+    if x.dtype in _NARROW_NUMPY:  # a storage format's values are exact in float64
+        x = x.astype(np.float64)
+    if dtype.is_narrow:
+        return _to_narrow(x, dtype)
     if dtype is DType.BOOL:
         return x != 0
     if dtype.is_float:
@@ -456,11 +486,14 @@ def _eval_reshape(op: O.Reshape, args: list, shape: Shape, symbols: dict, in_sha
 def _eval_strided(op: O.Op, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
     # Pure data movement: read the input through the op's View (the same View the backends use).
     x = np.ascontiguousarray(args[0])
+    stored = x.dtype
+    if stored.kind == "V" or stored in _NARROW_NUMPY:  # ml_dtypes' types: as_strided takes their bytes as uints
+        x = x.view(np.dtype(f"u{stored.itemsize}"))
     view = movement_view(op, Shape.of(x.shape, DType.F64), shape, symbols)
     dims, strides, offset = view.numpy_strides(x.itemsize, {})
     flat = x.reshape(-1)
     base = flat[offset // x.itemsize:] if x.size else flat
-    return np.lib.stride_tricks.as_strided(base, dims, strides, writeable=False).copy()
+    return np.lib.stride_tricks.as_strided(base, dims, strides, writeable=False).copy().view(stored)
 
 
 @evaluates(O.Concat)

@@ -90,6 +90,7 @@ from rlx.frontends.onnx_importer import (
     _onnx,
     _to_array,
     _Value,
+    narrow_cast,
 )
 from rlx.frontends.onnx_ops import EXTRA_HANDLERS, layer_norm_decomposed, wrap_indices
 from rlx.frontends.onnx_opset import model_opset, version_problem
@@ -386,6 +387,8 @@ def _where(imp: _Importer, node: _Node) -> list[_Value]:
 def _cast(imp: _Importer, node: _Node) -> list[_Value]:
     x = node.inputs[0]
     dtype = _dtype(node.attr("to", 0), "Cast target")
+    if dtype.is_narrow or imp.value(x).dtype.is_narrow:
+        return [imp.emit(narrow_cast(imp, x, dtype, node.attr("saturate", 1)))]
     if imp.foldable(node):
         arr = imp.known(x)
         assert arr is not None

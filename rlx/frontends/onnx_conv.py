@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import IRError
+from rlx.frontends.onnx_resize import resize_static
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.ops_conv import Conv, pads_for_auto
-from rlx.ir.shape import Dim, product
+from rlx.ir.shape import Dim, normalize_axis, product
 
 Handler = Callable[[Any, Any], list[Any]]
 
@@ -103,17 +104,23 @@ def _conv_transpose(imp: Any, node: Any) -> list[Any]:
     r = _spatial_rank("ConvTranspose", xs.dims)
     w_name = node.inputs[1]
     w = imp.known(w_name)
-    if w is None or w.dtype == object:
-        raise IRError("ConvTranspose needs its weight known at import (an initializer): it is flipped into a conv's")
-    w = np.asarray(w, np.float32)
-    if w.ndim != r + 2:
-        raise IRError(f"ConvTranspose weight must be rank {r + 2}, got shape {list(w.shape)}")
+    if w is not None and w.dtype != object:
+        w = np.asarray(w, np.float32)
+        w_shape = list(w.shape)
+    else:  # a run-time weight: flipped and turned by graph ops (static shape)
+        w = None
+        w_dims = imp.g.shape(imp.tensor(w_name)).dims
+        if not all(d.is_static for d in w_dims):
+            raise IRError(f"ConvTranspose needs a weight of static shape, got {list(w_dims)}")
+        w_shape = [d.value for d in w_dims]
+    if len(w_shape) != r + 2:
+        raise IRError(f"ConvTranspose weight must be rank {r + 2}, got shape {w_shape}")
     if (node.attr("auto_pad", "NOTSET") or "NOTSET") != "NOTSET" or node.attr("output_shape") is not None:
         raise IRError("ConvTranspose with auto_pad or output_shape is not supported; give pads (and output_padding)")
     groups = int(node.attr("group", 1))
-    c, og, *kernel = w.shape
+    c, og, *kernel = w_shape
     if c != xs.dims[1].value or c % groups:
-        raise IRError(f"ConvTranspose weight {list(w.shape)} does not match input {xs} with group={groups}")
+        raise IRError(f"ConvTranspose weight {w_shape} does not match input {xs} with group={groups}")
     strides, dilations = _ints_attr(node, "strides", r), _ints_attr(node, "dilations", r)
     pads = tuple(int(p) for p in (node.attr("pads") or [0] * (2 * r)))
     extra = tuple(int(p) for p in (node.attr("output_padding") or [0] * r))
@@ -125,15 +132,23 @@ def _conv_transpose(imp: Any, node: Any) -> list[Any]:
         raise IRError(f"ConvTranspose pads {list(pads)} larger than dilation * (kernel - 1) are not supported")
     # [C, O/g, *k] -> [O, C/g, *k]: per group swap the channel axes, and flip the window
     cg = c // groups
-    flipped = w[(slice(None), slice(None), *([slice(None, None, -1)] * r))]
-    turned = flipped.reshape(groups, cg, og, *kernel).swapaxes(1, 2).reshape(groups * og, cg, *kernel)
-    name = f"{node.outputs[0]}::conv_weight"
-    imp.add_initializer(name, np.ascontiguousarray(turned), DType.F32)
+    if w is not None:
+        flipped = w[(slice(None), slice(None), *([slice(None, None, -1)] * r))]
+        turned = flipped.reshape(groups, cg, og, *kernel).swapaxes(1, 2).reshape(groups * og, cg, *kernel)
+        name = f"{node.outputs[0]}::conv_weight"
+        imp.add_initializer(name, np.ascontiguousarray(turned), DType.F32)
+        weight = imp.tensor(name)
+    else:
+        g, weight = imp.g, imp.tensor(w_name)
+        for axis, k in enumerate(kernel):  # flip the window: gather each spatial axis in reverse
+            weight = g.gather(weight, g.constant(np.arange(k - 1, -1, -1), "i64"), 2 + axis)
+        weight = g.reshape(g.transpose(g.reshape(weight, [groups, cg, og, *kernel]),
+                                       [0, 2, 1, *range(3, 3 + r)]), [groups * og, cg, *kernel])
     for axis, s in enumerate(strides):
         if s > 1:
             x = _zero_stuff(imp, x, 2 + axis, s)
     bias = imp.tensor(node.input(2)) if node.input(2) is not None else None
-    return [imp.emit(imp.g.conv(x, imp.tensor(name), bias, dilations=dilations, pads=tuple(conv_pads),
+    return [imp.emit(imp.g.conv(x, weight, bias, dilations=dilations, pads=tuple(conv_pads),
                                 groups=groups))]
 
 
@@ -299,23 +314,37 @@ def _resize(imp: Any, node: Any) -> list[Any]:
     mode = node.attr("mode", "nearest") or "nearest"
     transform = node.attr("coordinate_transformation_mode", "half_pixel") or "half_pixel"
     rounding = node.attr("nearest_mode", "round_prefer_floor") or "round_prefer_floor"
+    resized = [normalize_axis(int(a), len(dims)) for a in (node.attr("axes", None) or range(len(dims)))]
+    if mode not in ("nearest", "linear", "cubic"):
+        raise IRError(f"Resize mode={mode!r} is not one of nearest, linear, cubic")
+    if all(dims[a].is_static for a in resized) and len(set(resized)) == len(resized):
+        return [imp.emit(resize_static(imp, node, x, resized, mode, transform, rounding))]
+    # a dynamic axis: nearest resizing by integer factors (each value repeated), whatever the length
     if mode != "nearest" or (transform, rounding) not in _REPEATING:
         raise IRError(f"Resize mode={mode!r}, coordinate_transformation_mode={transform!r}, nearest_mode="
                       f"{rounding!r} is not supported: RLX resizes by nearest neighbour with integer factors "
                       "(asymmetric + floor, or half_pixel + round_prefer_floor/ceil)")
+    policy = node.attr("keep_aspect_ratio_policy", "stretch") or "stretch"
+    if policy != "stretch" and node.input(3) is not None:
+        raise IRError(f"Resize keep_aspect_ratio_policy={policy!r} is not supported (only 'stretch')")
+    axes = [normalize_axis(int(a), len(dims)) for a in (node.attr("axes", None) or range(len(dims)))]
+    picked = [dims[a] for a in axes]  # the axes the scales or sizes are given for (opset 18's `axes`)
     if node.input(3) is not None:
         sizes = [int(v) for v in imp.static(node, 3, "sizes").reshape(-1)]
-        if any(not d.is_static or size % d.value for d, size in zip(dims, sizes)):
+        if any(not d.is_static or size % d.value for d, size in zip(picked, sizes)):
             raise IRError(f"Resize to sizes {sizes}: each must be an integer multiple of the static input "
-                          f"[{', '.join(map(str, dims))}] (a dynamic axis takes scales instead)")
-        factors = [size // d.value for d, size in zip(dims, sizes)]
+                          f"[{', '.join(map(str, picked))}] (a dynamic axis takes scales instead)")
+        given = [size // d.value for d, size in zip(picked, sizes)]
     else:
         scales = np.asarray(imp.static(node, 2, "scales"), np.float64).reshape(-1)
         if np.any(scales != np.round(scales)) or np.any(scales < 1):
             raise IRError(f"Resize scales {scales.tolist()} must be integers >= 1")
-        factors = [int(v) for v in scales]
-    if len(factors) != len(dims):
-        raise IRError(f"Resize has {len(factors)} factors for rank {len(dims)}")
+        given = [int(v) for v in scales]
+    if len(given) != len(axes) or len(set(axes)) != len(axes):
+        raise IRError(f"Resize has {len(given)} factors for axes {axes} of a rank-{len(dims)} input")
+    factors = [1] * len(dims)
+    for a, f in zip(axes, given):
+        factors[a] = f
     # x[..., i, ...] -> [..., i, f, ...] broadcast -> merged: each value repeated f times along its axis
     split = [e for d, f in zip(dims, factors) for e in ((d, Dim(1)) if f > 1 else (d,))]
     wide = [e for d, f in zip(dims, factors) for e in ((d, Dim(f)) if f > 1 else (d,))]

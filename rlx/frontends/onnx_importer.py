@@ -31,16 +31,49 @@ def _onnx() -> Any:
 
 
 
-_ONNX_DTYPES = {1: DType.F32, 2: DType.U8, 3: DType.I8, 5: DType.I16, 6: DType.I32, 7: DType.I64, 9: DType.BOOL,
-                10: DType.F16, 11: DType.F64, 16: DType.BF16}
+_ONNX_DTYPES = {1: DType.F32, 2: DType.U8, 3: DType.I8, 4: DType.U16, 5: DType.I16, 6: DType.I32, 7: DType.I64,
+                9: DType.BOOL, 10: DType.F16, 11: DType.F64, 12: DType.U32, 13: DType.U64, 16: DType.BF16,
+                17: DType.F8E4M3FN, 18: DType.F8E4M3FNUZ, 19: DType.F8E5M2, 20: DType.F8E5M2FNUZ, 21: DType.U4,
+                22: DType.I4, 23: DType.F4E2M1, 25: DType.U2, 26: DType.I2}
 
 
 def _dtype(elem_type: int, what: str) -> DType:
     dt = _ONNX_DTYPES.get(elem_type)
     if dt is None:
-        raise IRError(f"{what} has ONNX element type {elem_type}, which RLX does not support "
-                      f"(supported: float, float16, bfloat16, double, int8, uint8, int16, int32, int64, bool)")
+        try:
+            name = _onnx().TensorProto.DataType.Name(elem_type)
+        except ValueError:
+            name = "unknown"
+        raise IRError(f"{what} has ONNX element type {elem_type} ({name}), which RLX does not support "
+                      f"(supported: float, float16, bfloat16, double, int8, uint8, int16, uint16, int32, uint32, "
+                      f"int64, uint64, bool; float8 e4m3fn/e4m3fnuz/e5m2/e5m2fnuz, float4e2m1, int4, uint4, int2, "
+                      f"uint2 as storage formats)")
     return dt
+
+
+#: ONNX's Cast with saturate=0 to a float8 format: the magnitudes that round past its largest finite value
+#: (compare, bound: round to nearest even decides the tie) and the codes they become (+, -): NaN, or e5m2's inf.
+_OVERFLOW = {DType.F8E4M3FN: ("gt", 464.0, 0x7F, 0xFF), DType.F8E4M3FNUZ: ("ge", 248.0, 0x80, 0x80),
+             DType.F8E5M2: ("ge", 61440.0, 0x7C, 0xFC), DType.F8E5M2FNUZ: ("ge", 61440.0, 0x80, 0x80)}
+
+
+def narrow_cast(imp: _Importer, x: str, target: DType, saturate: object) -> NodeId:
+    """ONNX's Cast of `x` to `target` when either is a storage format (float8 …). RLX's cast saturates (ONNX's
+    default); ``saturate=0`` selects the overflow code (NaN, or e5m2's inf) where |x| rounds past the largest
+    finite value."""
+    g, source = imp.g, imp.value(x).dtype
+    y = g.cast(imp.tensor(x), target)
+    if saturate == 1 or not target.value.startswith("f") or source is DType.BOOL:  # nothing can overflow
+        return y
+    if target not in _OVERFLOW or source.is_narrow:
+        raise IRError(f"a cast from {source} to {target} with saturate={saturate} is not supported: RLX's cast "
+                      f"saturates (ONNX's default saturate=1)")
+    fn, bound, up, down = _OVERFLOW[target]
+    xt = imp.tensor(x)
+    over = g.compare(fn, g.activation("abs", xt), g.constant(np.array(bound), source))
+    codes = [g.constant(np.array(c, np.uint8).view(target.np), target) for c in (up, down)]
+    special = g.where(g.compare("lt", xt, g.constant(np.array(0), source)), codes[1], codes[0])
+    return g.where(over, special, y)
 
 
 def _to_array(onnx: Any, tensor: onnx.TensorProto) -> np.ndarray:

@@ -30,6 +30,7 @@ from rlx.frontends.onnx_importer import (
     _Node,
     _numeric,
     _Value,
+    narrow_cast,
 )
 from rlx.ir.dtype import DType
 from rlx.ir.graph import NodeId
@@ -292,6 +293,8 @@ def _dropout(imp: _Importer, node: _Node) -> list[_Value]:
 
 def _cast_like(imp: _Importer, node: _Node) -> list[_Value]:
     x, target = imp.value(node.inputs[0]), imp.value(node.inputs[1]).dtype
+    if target.is_narrow or x.dtype.is_narrow:
+        return [imp.emit(narrow_cast(imp, node.inputs[0], target, node.attr("saturate", 1)))]
     if imp.foldable(node) and x.known is not None:
         arr = _numeric(x.known, f"input {node.inputs[0]!r}")
         return [_known(arr != 0 if target is DType.BOOL else arr.astype(target.np), target)]

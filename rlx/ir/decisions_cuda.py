@@ -119,15 +119,41 @@ class DecodeSplitKv(Decision):
     split over up to `max_splits` blocks of at least `split_keys` keys each (decided per launch from the query's
     past), since one block per (row, head) leaves most of the GPU idle once the past is long. The blocks' partial
     maxima, sums and outputs go to the scratch region; the last block of a query merges them, counted in the
-    `counters` region of the `DeviceLayout`."""
+    `counters` region of the `DeviceLayout`.
+
+    `grouped`: decode steps run rlx_kv_decode (kernels/kv_decode.cuh): one block per (query, KV head) computes all
+    `group` query heads of its KV head (each cached K/V row read once for them), reading rows in 16-byte loads
+    (`lanes` lanes per row); `max_splits` then comes from the keys a query can see (the capacity, or the window)
+    and from `sms`, the SM count the split blocks are to fill. Otherwise (a head dim the loads cannot tile, more
+    than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head). `reason`, when set, says
+    why they stay on rlx_kv_attend (a paged cache); such a decision is recorded even with `max_splits` 1.
+
+    >>> DecodeSplitKv(7, 64, 64, 4, grouped=True, group=3, lanes=8, sms=132).describe()[:68]
+    '%7 decode steps (<= 4 rows): rlx_kv_decode, a block per (query, KV h'
+    """
 
     kind: ClassVar[str] = "cuda_decode_split_kv"
     attention: int
     max_splits: int
     split_keys: int
     max_rows: int
+    grouped: bool = False
+    group: int = 1
+    lanes: int = 0
+    sms: int = 0
+    reason: str = ""
 
     def describe(self) -> str:
+        if self.reason:
+            split = (f"a query's keys split over up to {self.max_splits} blocks of >= {self.split_keys} keys"
+                     if self.max_splits > 1 else "keys not split")
+            return (f"%{self.attention} decode steps (<= {self.max_rows} rows) on rlx_kv_attend, {split}: "
+                    f"{self.reason}")
+        if self.grouped:
+            return (f"%{self.attention} decode steps (<= {self.max_rows} rows): rlx_kv_decode, a block per (query, KV "
+                    f"head) for its {self.group} query heads, K/V rows in 16-byte loads ({self.lanes} lanes a row); "
+                    f"a query's keys split over up to {self.max_splits} blocks of >= {self.split_keys} keys "
+                    f"(sized for {self.sms} SMs; partials in scratch, merged by the last block)")
         return (f"%{self.attention} splits a query's keys over up to {self.max_splits} blocks of >= {self.split_keys} "
                 f"keys when a step has <= {self.max_rows} rows (partials in scratch, merged by the last block)")
 
@@ -240,25 +266,63 @@ class DeviceLayout(Decision):
 
 @dataclass(frozen=True)
 class ScanConstants(Decision):
-    """Where the constants of scan `node`'s body live on the device (byte offsets, in the body's constant order).
+    """Where the constants of `node`'s body number `body` live on the device (byte offsets, in the body's
+    constant order). The bodies of a node are `rlx.ir.ops_control.step_bodies`' (a scan's one; a cond's true
+    then false branch; a while_loop's cond then body).
 
-    A body is rendered inside the scan's loop (`rlx.codegen.cuda.scan`); its constants are uploaded with the
-    graph's own at `rlx_create`, in the constants region.
+    A body is rendered inside its node's loop or branch (`rlx.codegen.cuda.scan`, `rlx.codegen.cuda.control`);
+    its constants are uploaded with the graph's own at `rlx_create`, in the constants region.
     """
 
     kind: ClassVar[str] = "cuda_scan_constants"
     node: int
     offsets: tuple[int, ...]
+    body: int = 0
 
     def describe(self) -> str:
-        return f"%{self.node} scan body constants at bytes {list(self.offsets)}"
+        which = f" {self.body}" if self.body else ""
+        return f"%{self.node} body{which} constants at bytes {list(self.offsets)}"
 
     def nodes(self) -> tuple[int, ...]:
         return (self.node,)
 
 
+@dataclass(frozen=True)
+class ControlFlow(Decision):
+    """How `node`, a cond or a while_loop (`op`), runs on CUDA (`rlx.codegen.cuda.control`).
+
+    `how` is "branch" (a cond: only the branch its device predicate picks runs) or "loop" (a while_loop: the
+    body runs while its device predicate holds): under CUDA Graph capture as conditional graph nodes (an IF node
+    per branch, a WHILE node) whose handles a one-thread kernel sets from the predicate, so the captured graph
+    replays with the branching inside it; an eager run (the first run of each dims, or every run when capture
+    is off) reads the predicate back into pinned memory and branches on the host. `reason` is empty then.
+
+    For a node the rule could not take, `how` names the fallback of `rlx.opt.control` ("select": both branches
+    ran and a `where` chose; "masked scan": max_trips masked steps) and `reason` says why; `node` is then the
+    fallback's node (the masked scan), or -1 where none is left to point at (a select fused away).
+    """
+
+    kind: ClassVar[str] = "cuda_control_flow"
+    node: int
+    op: str
+    how: str
+    reason: str = ""
+
+    def describe(self) -> str:
+        where = f"%{self.node} " if self.node >= 0 else ""
+        if not self.reason:
+            what = "only the taken branch runs" if self.how == "branch" else "the body runs while the predicate holds"
+            return (f"{where}{self.op} runs on the device predicate ({what}): conditional graph nodes under "
+                    f"CUDA Graph capture, a host read of the predicate when eager")
+        return f"{where}{self.op} lowered to a {self.how}: {self.reason}"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,) if self.node >= 0 else ()
+
+
 register_decision(GemmGroup, ("members",))
 register_decision(ScanConstants, ("node",))
+register_decision(ControlFlow, ("node",))
 register_decision(DecodeGemv, ("members", "norm", "residual", "swiglu"))
 register_decision(DecodeRope, ("attention", "ropes"))
 register_decision(DecodeSplitKv, ("attention",))

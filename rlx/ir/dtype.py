@@ -30,6 +30,19 @@ class DType(enum.Enum):
     BOOL = "bool"
     #: Last, so the positions of the older members (their codes anywhere they are enumerated) stay put.
     I16 = "i16"
+    U16 = "u16"
+    U32 = "u32"
+    U64 = "u64"
+    #: Storage formats of 8 bits or fewer (`is_narrow`): one value per byte, as ml_dtypes holds them.
+    F8E4M3FN = "f8e4m3fn"
+    F8E4M3FNUZ = "f8e4m3fnuz"
+    F8E5M2 = "f8e5m2"
+    F8E5M2FNUZ = "f8e5m2fnuz"
+    F4E2M1 = "f4e2m1"
+    I4 = "i4"
+    U4 = "u4"
+    I2 = "i2"
+    U2 = "u2"
 
     @property
     def itemsize(self) -> int:
@@ -46,7 +59,23 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8)
+        return self in (DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U16, DType.U32, DType.U64)
+
+    @property
+    def is_unsigned(self) -> bool:
+        """An unsigned integer type (no negative values; division and comparison are unsigned)."""
+        return self in (DType.U8, DType.U16, DType.U32, DType.U64)
+
+    @property
+    def is_narrow(self) -> bool:
+        """A storage format of 8 bits or fewer (float8/float4, int4/int2): values are cast to and from it and
+        moved, never computed on (`rlx.ir.ops.NARROW_KINDS`). One value per byte, the format's bits in the
+        low bits of the byte, as numpy's `ml_dtypes` types store them.
+
+        >>> DType.F8E4M3FN.is_narrow, DType.F8E4M3FN.is_float, DType.I8.is_narrow
+        (True, False, False)
+        """
+        return self in _NARROW
 
     @property
     def c_type(self) -> str:
@@ -61,7 +90,8 @@ class DType(enum.Enum):
         if isinstance(value, str):
             key = value.strip().lower()
             aliases = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-                       "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool_": "bool"}
+                       "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
+                       "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool_": "bool"}
             key = aliases.get(key, key)
             for dt in DType:
                 if dt.value == key:
@@ -83,18 +113,28 @@ class DType(enum.Enum):
 
 
 _ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8, DType.I8: 1, DType.I16: 2,
-             DType.I32: 4, DType.I64: 8, DType.U8: 1, DType.BOOL: 1}
+             DType.I32: 4, DType.I64: 8, DType.U8: 1, DType.U16: 2, DType.U32: 4, DType.U64: 8, DType.BOOL: 1}
 _NUMPY = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "uint16", DType.F64: "float64",
           DType.I8: "int8", DType.I16: "int16", DType.I32: "int32", DType.I64: "int64", DType.U8: "uint8",
-          DType.BOOL: "bool"}
+          DType.U16: "uint16", DType.U32: "uint32", DType.U64: "uint64", DType.BOOL: "bool"}
 _C_TYPE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DType.F64: "double",
            DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
-           DType.BOOL: "uint8_t"}
+           DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "uint8_t"}
+
+_NARROW_NUMPY = {DType.F8E4M3FN: ml_dtypes.float8_e4m3fn, DType.F8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
+                 DType.F8E5M2: ml_dtypes.float8_e5m2, DType.F8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
+                 DType.F4E2M1: ml_dtypes.float4_e2m1fn, DType.I4: ml_dtypes.int4, DType.U4: ml_dtypes.uint4,
+                 DType.I2: ml_dtypes.int2, DType.U2: ml_dtypes.uint2}
+_NARROW = frozenset(_NARROW_NUMPY)
+_ITEMSIZE |= dict.fromkeys(_NARROW, 1)
+_NUMPY |= _NARROW_NUMPY
+_C_TYPE |= dict.fromkeys(_NARROW, "uint8_t")
 
 F32, F16, BF16, F64 = DType.F32, DType.F16, DType.BF16, DType.F64
 #: numpy's bfloat16 (the `ml_dtypes` package): what bf16 arrays are at the Python boundary.
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 I8, I16, I32, I64, U8, BOOL = DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.BOOL
+U16, U32, U64 = DType.U16, DType.U32, DType.U64
 
 
 def bits_to_bfloat16(bits: np.ndarray) -> np.ndarray:

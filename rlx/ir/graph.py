@@ -92,7 +92,9 @@ class Graph:
                 op.check_arity(len(ins))
             elif ins:
                 raise IRError(f"{op.kind} takes no inputs")
-            shape = op.infer([self.nodes[i].shape for i in ins])
+            in_shapes = [self.nodes[i].shape for i in ins]
+            shape = op.infer(in_shapes)
+            O.check_narrow(op.kind, in_shapes, shape)
         except IRError as exc:
             label = f"%{node_id}" + (f" ({name})" if name else "")
             raise type(exc)(f"node {label} {op.kind}: {exc}") from None

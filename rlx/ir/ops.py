@@ -774,7 +774,9 @@ class CachedAttention(_AttentionHeads, Op):
     query s of row b attends to keys `0 .. pos_b + s` — with a `window` W, only
     to the last W of them (keys j with `pos_b + s - j < W`: sliding-window
     attention). Rows of a batch may sit at different positions; `pos_b + S > T`
-    is a run-time error. Output `[B, S, H*D]`.
+    is a run-time error. Output `[B, S, H*D]`. The caches may have another float
+    dtype than q, k, v (an f16 cache beside f32 compute: values are rounded to it
+    when stored, and attention reads them back as stored).
 
     Paged layout (`page_size` P set): the caches are a pool of pages `[num_pages, P, Hkv*D]`
     shared by all rows, and a seventh input, the block table, i32 `[B, max_pages]`, names each
@@ -818,7 +820,11 @@ class CachedAttention(_AttentionHeads, Op):
             raise ShapeError("cached_attention takes a block table (a 7th input) exactly when page_size is set, "
                              f"got {len(inputs)} inputs with page_size={self.page_size}")
         q, k, v, kc, vc, pos = inputs[:6]
-        _same_float_dtype("cached_attention", [q, k, v, kc, vc])
+        _same_float_dtype("cached_attention", [q, k, v])
+        # the caches may be narrower than the compute (an f16/bf16 KV cache beside f32 queries)
+        if kc.dtype != vc.dtype or (kc.dtype != q.dtype and kc.dtype not in (DType.F32, DType.F16, DType.BF16)):
+            raise ShapeError(f"cached_attention caches must share one dtype, q's or f32/f16/bf16, got "
+                             f"q={q}, k_cache={kc}, v_cache={vc}")
         kw = self.kv_heads * self.head_dim
         self._check_rows("cached_attention", "q", q, self.num_heads)
         for name, s in (("k", k), ("v", v)):
@@ -950,7 +956,9 @@ class ElementwiseRegion(Op):
                 if not 0 <= a < len(values):
                     raise ShapeError(f"region step {i} reads value {a}, which is not defined yet")
             step.op.check_arity(len(step.args))
-            values.append(step.op.infer([values[a] for a in step.args]))
+            args = [values[a] for a in step.args]
+            values.append(step.op.infer(args))
+            check_narrow(step.op.kind, args, values[-1])
         return values
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
@@ -1041,3 +1049,22 @@ LEAF_KINDS = frozenset({"input", "param", "constant"})
 NARROW_WEIGHT_KINDS = frozenset({"matmul", "fused_matmul_bias_act"})
 #: Ops whose output may share storage with their first input (no data movement).
 VIEW_KINDS = frozenset({"reshape"})
+#: Ops that take values of a storage-only dtype (`DType.is_narrow`: float8, int4 …): they convert (cast) or
+#: move them, never compute on them. A fused region takes them only in its cast steps.
+NARROW_KINDS = frozenset({"cast", "where", "reshape", "transpose", "narrow", "concat", "expand", "gather", "input",
+                          "param", "constant", "elementwise_region"})
+
+
+def check_narrow(kind: str, inputs: Sequence[Shape], out: Shape) -> None:
+    """Refuse an op of `kind` reading or making a storage-only dtype unless it is one of `NARROW_KINDS`.
+
+    >>> check_narrow("binary", [Shape.of([2], "f8e4m3fn")] * 2, Shape.of([2], "f8e4m3fn"))
+    Traceback (most recent call last):
+    ...
+    rlx.errors.ShapeError: binary does not take f8e4m3fn: a storage format is only cast to and from, and moved
+    """
+    if kind in NARROW_KINDS:
+        return
+    for s in (*inputs, out):
+        if s.dtype.is_narrow:
+            raise ShapeError(f"{kind} does not take {s.dtype}: a storage format is only cast to and from, and moved")

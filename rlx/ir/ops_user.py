@@ -132,6 +132,9 @@ class UserOpSpec:
         for i, s in enumerate(inputs):
             if s.rank > MAX_USER_RANK:
                 raise ShapeError(f"custom op {self.name!r} input {i} has rank {s.rank} > {MAX_USER_RANK}")
+            if s.dtype not in DTYPE_CODES:
+                raise ShapeError(f"custom op {self.name!r} input {i} is {s.dtype}, which rlx_user_tensor has no "
+                                 f"code for (it takes {', '.join(d.value for d in DTYPE_CODES)})")
         out = self.infer(*inputs)
         if isinstance(out, tuple) and len(out) == 2 and not isinstance(out, Shape):
             out = Shape.of(list(out[0]), out[1])
@@ -139,6 +142,8 @@ class UserOpSpec:
             raise ShapeError(f"custom op {self.name!r}: infer must return a Shape or (dims, dtype), got {out!r}")
         if out.rank > MAX_USER_RANK:
             raise ShapeError(f"custom op {self.name!r} output has rank {out.rank} > {MAX_USER_RANK}")
+        if out.dtype not in DTYPE_CODES:
+            raise ShapeError(f"custom op {self.name!r} output is {out.dtype}, which rlx_user_tensor has no code for")
         return out
 
 

@@ -22,6 +22,7 @@ True
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from rlx.errors import ExecutionError, RlxError
 from rlx.models import llama as L
 from rlx.models.decoder_config import DecoderConfig
 from rlx.models.sampling import Sampler
+from rlx.models.weights import release_pages
 
 DEVICES = ("cpu", "cuda", "reference")
 #: `sample_settings` of a step that does not read `sampled_token`: temperature 0 (the argmax).
@@ -41,6 +43,16 @@ _ARGMAX_SETTINGS.flags.writeable = False
 #: CPU features the integer-activation kernels of `dequant_matmul` need to pay (AVX-512 VNNI; without
 #: them act="q16" runs a portable loop slower than f32 activations).
 Q16_FEATURES = ("avx512_vnni", "avx512bw", "avx512vl")
+
+
+def default_kv_dtype(device: str, precision: str) -> str:
+    """The KV cache dtype of `device` when `kv_dtype` is not given: f16 on CUDA at f16/bf16 precision (half the
+    cache's bytes per step; f16 keeps more mantissa than bf16), f32 otherwise.
+
+    >>> default_kv_dtype("cuda", "bf16"), default_kv_dtype("cuda", "f32"), default_kv_dtype("cpu", "f32")
+    ('f16', 'f32', 'f32')
+    """
+    return "f16" if device == "cuda" and precision in ("f16", "bf16") else "f32"
 
 
 def default_quant_act(device: str) -> str:
@@ -209,7 +221,9 @@ class CausalLM:
     one step feeds (longer prompts go through in chunks). `logits`, `generate` and `stream` share
     one internal cache: use an instance from one thread at a time (the compiled graph itself is
     thread-safe: concurrent callers can each `step` with their own `new_cache()`). On CUDA, `precision="f16"` stores
-    activations, caches and float weights in half precision (quantized weights stay in their blocks).
+    activations and float weights in half precision (quantized weights stay in their blocks). `kv_dtype` is the
+    KV cache's dtype: "f32", or on CUDA "f16" / "bf16" (half the bytes each decode step reads at long contexts);
+    None takes `default_kv_dtype` (f16 on CUDA at f16/bf16 precision, else f32).
     `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "q16" (int16 per
     block of 32), "q8" (int8, as llama.cpp) or "f32"; None takes the device's default
     (`default_quant_act`).
@@ -234,8 +248,8 @@ class CausalLM:
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
                  precision: str = "f32", tp: int = 1, quant_act: str | None = None,
                  int8_matmuls: bool = False, max_adapters: int = 0, max_lora_rank: int = 16,
-                 lora_targets: Sequence[str] | None = None, kv_pages: int | None = None,
-                 page_size: int = 16) -> None:
+                 lora_targets: Sequence[str] | None = None, kv_dtype: str | None = None,
+                 kv_pages: int | None = None, page_size: int = 16) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -274,10 +288,17 @@ class CausalLM:
             if max_context % page_size:
                 raise RlxError(f"max_context ({max_context}) must be a multiple of page_size ({page_size})")
             paged = dict(page_size=page_size, kv_pages=kv_pages)
-        self.graph = _graph_builder(config)(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk,
-                                            capacity=max_context, name=f"{config.arch}_decoder", tp=tp,
-                                            quant_act=self.quant_act,
-                                            narrow_weights=device == "cpu" and not int8_matmuls, **paged)
+        build = _graph_builder(config)
+        llama_like = build is L.build_decoder  # the recurrent hybrids' builders keep f32 caches
+        self.kv_dtype = kv_dtype if kv_dtype is not None else (default_kv_dtype(device, precision) if llama_like
+                                                               else "f32")
+        if self.kv_dtype not in L.KV_DTYPES or (self.kv_dtype != "f32" and (device != "cuda" or not llama_like)):
+            raise RlxError(f"kv_dtype {self.kv_dtype!r} is not one {device!r} runs for a {type(config).__name__}: "
+                           f"f32 everywhere, f16 or bf16 on CUDA for LLaMA-family decoders")
+        self.graph = build(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk, capacity=max_context,
+                           name=f"{config.arch}_decoder", tp=tp, quant_act=self.quant_act,
+                           narrow_weights=device == "cpu" and not int8_matmuls,
+                           **({"kv_dtype": self.kv_dtype} if llama_like else {}), **paged)
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic
 
@@ -312,8 +333,14 @@ class CausalLM:
             # precision: how CUDA stores f32 tensors (f16/bf16 with f32 accumulation); the CPU keeps
             # F16/BF16 matrices as stored (narrow_weights) and multiplies them in f32 (rlx.codegen.cpu.half)
             self._compiled = Session(device, precision=precision).compile(self.graph)
+            # the library copies each converted (transposed) weight; it keeps a recipe, not that array, and the
+            # pages of a memory-mapped checkpoint tensor, read once, leave the resident set (a later read maps
+            # them in again): the weights are not held twice
             for name, arr in L.iter_decoder_params(tensors, base_graph):
-                self._compiled.set_param(name, arr)
+                self._compiled.set_param(name, arr, source=functools.partial(L.decoder_param, tensors, base_graph,
+                                                                              name))
+                del arr
+                release_pages(tensors[name.removesuffix(".rows")][1])
             if threads is not None:
                 self._compiled.num_threads = threads
         if max_adapters:
@@ -406,8 +433,8 @@ class CausalLM:
         `"int8"` runs the linear layers as `int8_matmul` (`rlx.quantize`'s int8-dynamic: weights per output
         channel, activations per row at run time; CPU only).
         `context_length` is the KV cache capacity (default: the model's, at most 2048). Sliding-window
-        layers attend to their last `sliding_window` keys (`cached_attention(window=...)`: CPU and reference;
-        CUDA and Metal refuse a window smaller than the cache before any build). Every tensor is checked
+        layers attend to their last `sliding_window` keys (`cached_attention(window=...)`: CPU, CUDA and reference;
+        Metal refuses a window smaller than the cache before any build). Every tensor is checked
         against the config before anything is compiled.
         """
         from rlx.models.hf_checkpoint import load_checkpoint
@@ -438,7 +465,7 @@ class CausalLM:
         arrays = {}
         for node in self.graph.inputs():
             if node.op.state:
-                zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)
+                zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)  # (bf16: zero bits)
                 # on a GPU the cache lives in device memory: a step never copies it over the bus
                 arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
         recurrent = tuple(self.config.recurrent_states()) if self.recurrent else ()

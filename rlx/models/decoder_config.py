@@ -1,4 +1,4 @@
-"""The hyper-parameters of a LLaMA-style decoder (LLaMA, Mistral, SmolLM, Qwen2/3, Phi-3, Gemma 3).
+"""The hyper-parameters of a LLaMA-style decoder (LLaMA, Mistral, SmolLM, Qwen2/3, Phi-3, Gemma 3, Mixtral, Qwen3-MoE).
 
 One frozen record that every later stage (graph builder, KV cache, RoPE tables,
 generation) reads, whatever file it came from. `rlx.models.gguf.read_gguf`
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlx.errors import ArtifactError
+from rlx.models.moe import MoeConfig
 from rlx.models.rope import RopeSpec
 
 #: How RoPE pairs the values of a head. "interleaved" rotates adjacent pairs (x[2i], x[2i+1]) —
@@ -75,6 +76,12 @@ class DecoderConfig:
     qk_norm: bool = False
     #: Norms after attention and after the FFN too, before each residual add (Gemma 3).
     sandwich_norms: bool = False
+    #: The sparse MoE feed-forward of MoE layers (Mixtral, Qwen3-MoE; `rlx.models.moe`); None: every layer dense.
+    #: Its `quant` / `expert_dtype` are set by the graph builder from the expert tensors' types.
+    moe: MoeConfig | None = None
+    #: Per layer, whether its FFN is the MoE block (the others: the dense `ffn_size` SwiGLU, as Qwen3-MoE's
+    #: `mlp_only_layers` / `decoder_sparse_step` say); empty with `moe` set: every layer.
+    moe_layers: tuple[bool, ...] = ()
     ffn_act: str = "silu"
     #: The token embedding is multiplied by this (Gemma: sqrt(hidden_size)).
     embed_scale: float = 1.0
@@ -124,6 +131,12 @@ class DecoderConfig:
         if self.windowed_layers and len(self.windowed_layers) != self.num_layers:
             raise ArtifactError(f"decoder config windowed_layers must have one flag per layer ({self.num_layers}), "
                                 f"got {self.windowed_layers!r}")
+        if self.moe_layers and (len(self.moe_layers) != self.num_layers or self.moe is None):
+            raise ArtifactError(f"decoder config moe_layers must have one flag per layer ({self.num_layers}) and "
+                                f"come with a moe config, got {self.moe_layers!r} with moe={self.moe!r}")
+        if self.moe is not None and self.moe.hidden_size != self.hidden_size:
+            raise ArtifactError(f"decoder config moe hidden_size {self.moe.hidden_size} differs from the "
+                                f"model's {self.hidden_size}")
         if "local" in self.layer_rope and self.rope_local is None:
             raise ArtifactError("decoder config: layers use a local RoPE but rope_local is not given")
         if self.ffn_act not in FFN_ACTIVATIONS:
@@ -149,6 +162,12 @@ class DecoderConfig:
         if not self.sliding_window or (self.windowed_layers and not self.windowed_layers[layer]):
             return 0
         return self.sliding_window
+
+    def layer_moe(self, layer: int) -> bool:
+        """Whether layer `layer`'s FFN is the sparse MoE block (`moe`)."""
+        if self.moe is None:
+            return False
+        return self.moe_layers[layer] if self.moe_layers else True
 
     def layer_rope_kind(self, layer: int) -> str:
         """"global", "local" or "none": which RoPE layer `layer` applies."""

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from rlx.errors import ArtifactError
+from rlx.errors import ArtifactError, IRError
 from rlx.models.decoder_config import DecoderConfig
+from rlx.models.moe import CHECKPOINT_EXPERTS, MoeConfig
 from rlx.models.rope import RopeSpec
 
 #: Checkpoint name (inside `model.layers.N.`) of each per-layer role of a LLaMA-style decoder.
@@ -69,6 +70,14 @@ def _nope_layer_rope(cfg: Mapping[str, Any], n: int) -> tuple[str, ...]:
     return tuple("global" if f else "none" for f in flags)
 
 
+def _qwen3_moe_layers(cfg: Mapping[str, Any], n: int) -> tuple[bool, ...]:
+    """Qwen3-MoE: layer i is sparse when it is not in `mlp_only_layers` and (i + 1) is a multiple of
+    `decoder_sparse_step` (the others keep a dense MLP of `intermediate_size`)."""
+    dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return tuple(i not in dense and (i + 1) % step == 0 for i in range(n))
+
+
 @dataclass(frozen=True)
 class Family:
     """How one `model_type` loads: config defaults, features, and checkpoint names."""
@@ -91,6 +100,15 @@ class Family:
     layer_rope: Callable[[Mapping[str, Any], int], tuple[str, ...]] | None = None
     #: The config key holding the local layers' RoPE base in older (pre rope_parameters) configs.
     local_base_key: str = ""
+    #: Sparse MoE families: the block's module inside a layer (`model.layers.N.<moe_block>`; "" for a dense family),
+    #: its per-expert (gate, up, down) matrix names (`rlx.models.moe.CHECKPOINT_EXPERTS`), the config key of each
+    #: expert's FFN width, and of the top-k renormalization ("": always renormalized, as Mixtral).
+    moe_block: str = ""
+    expert_names: tuple[str, str, str] = ()
+    expert_size_key: str = "intermediate_size"
+    normalize_key: str = ""
+    #: Which layers are sparse (None: all of them).
+    moe_layers: Callable[[Mapping[str, Any], int], tuple[bool, ...]] | None = None
 
 
 FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
@@ -107,6 +125,16 @@ FAMILIES: Mapping[str, Family] = MappingProxyType({f.model_type: f for f in (
                            "tie_word_embeddings": True},
            layer_names=GEMMA_LAYER, norm_offset=1.0, qk_norm=True, sandwich_norms=True, gemma_scaling=True,
            layer_rope=_gemma_layer_rope, local_base_key="rope_local_base_freq"),
+    # routing: softmax over all experts, the top_k largest, renormalized (Mixtral always, Qwen3-MoE as
+    # norm_topk_prob says); no shared expert
+    Family("mixtral", {"rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "hidden_act": "silu", "num_experts_per_tok": 2,
+                       "num_local_experts": 8},
+           moe_block="block_sparse_moe", expert_names=CHECKPOINT_EXPERTS["mixtral"]),
+    Family("qwen3_moe", {"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "num_experts_per_tok": 8,
+                         "num_experts": 128, "moe_intermediate_size": 768, "intermediate_size": 6144,
+                         "norm_topk_prob": False, "decoder_sparse_step": 1, "use_sliding_window": False},
+           qk_norm=True, moe_block="mlp", expert_names=CHECKPOINT_EXPERTS["qwen3_moe"],
+           expert_size_key="moe_intermediate_size", normalize_key="norm_topk_prob", moe_layers=_qwen3_moe_layers),
 )})
 
 
@@ -176,6 +204,27 @@ def eos_ids(cfg: Mapping[str, Any]) -> frozenset[int]:
     return frozenset(i for i in vals if isinstance(i, int) and not isinstance(i, bool) and i >= 0)
 
 
+def _moe(cfg: Mapping[str, Any], fam: Family, hidden: int, layers: int,
+         source: str) -> tuple[MoeConfig | None, tuple[bool, ...]]:
+    """(the MoE block's config, which layers are sparse) of a MoE family; (None, ()) for a dense one."""
+    if not fam.moe_block:
+        return None, ()
+    # transformers writes Qwen3-MoE's num_experts as num_local_experts (its attribute_map): either key
+    experts = next((cfg[k] for k in ("num_local_experts", "num_experts") if cfg.get(k) is not None), 0)
+    if experts == 0:  # transformers: no experts, every layer dense
+        return None, ()
+    sparse = fam.moe_layers(cfg, layers) if fam.moe_layers else ()
+    if sparse and not any(sparse):
+        return None, ()
+    try:
+        moe = MoeConfig(hidden_size=hidden, num_experts=experts, top_k=cfg.get("num_experts_per_tok"),
+                        intermediate_size=cfg.get(fam.expert_size_key),
+                        normalize=bool(cfg.get(fam.normalize_key)) if fam.normalize_key else True)
+    except IRError as exc:
+        raise ArtifactError(f"{source}: {exc}") from None
+    return moe, sparse
+
+
 def decoder_config(raw: Mapping[str, Any], source: str = "config.json") -> DecoderConfig:
     """The `DecoderConfig` of a Hugging Face decoder's config.json (after its family's defaults)."""
     fam = family(raw, source)
@@ -201,6 +250,7 @@ def decoder_config(raw: Mapping[str, Any], source: str = "config.json") -> Decod
     else:
         windowed = ()
     softcap = cfg.get("final_logit_softcapping")
+    moe, moe_layers = _moe(cfg, fam, hidden, layers, source)
     try:
         return DecoderConfig(
             arch=fam.model_type, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
@@ -218,6 +268,7 @@ def decoder_config(raw: Mapping[str, Any], source: str = "config.json") -> Decod
             attn_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if fam.gemma_scaling else None,
             final_softcap=float(softcap) if softcap else None,
             sliding_window=int(window or 0) if windowed != (False,) * layers else 0, windowed_layers=windowed,
+            moe=moe, moe_layers=moe_layers,
             name=str(cfg.get("_name_or_path", "")))
     except ArtifactError as exc:
         raise ArtifactError(f"{source}: {exc}") from None

@@ -7,6 +7,8 @@ GGUF-style name as (`WeightSpec`, data) pairs, the tokenizer (or None) and the s
 stay memory-mapped views in their stored dtype unless `dtype="f32"` widens them or
 `quantize="q8_0"` / `"q4_k"` turns them into those GGUF blocks (the `dequant_matmul` kernels read them;
 a matrix whose rows are not whole blocks keeps its dtype).
+Sparse MoE layers' experts (Mixtral, Qwen3-MoE) come as `StackedExperts`: the per-expert matrices, stacked
+into transformers' `[E, 2I, H]` / `[E, H, I]` tensors when read.
 
 >>> sorted(QUANTIZERS)
 ['q4_k', 'q8_0']
@@ -23,12 +25,13 @@ import numpy as np
 
 from rlx.errors import ArtifactError
 from rlx.ir.dtype import bf16_to_f32
+from rlx.ir.quant import row_bytes
 from rlx.models import hf_config as H
 from rlx.models.decoder_config import DecoderConfig
 from rlx.models.hf_tokenizer import HfTokenizer
 from rlx.models.hf_weights import StoredTensor, open_checkpoint
-from rlx.models.llama import WeightSpec
-from rlx.models.weights import load_json
+from rlx.models.llama import WeightSpec, moe_prefix, moe_shapes
+from rlx.models.weights import load_json, release_pages
 
 #: dtype= values: None keeps each tensor as stored, "f32" widens every float tensor at load.
 LOAD_DTYPES = (None, "f32")
@@ -118,8 +121,12 @@ def required_shapes(c: DecoderConfig) -> dict[str, tuple[int, ...]]:
         roles |= {"attn_q_norm": (c.head_dim,), "attn_k_norm": (c.head_dim,)}
     if c.sandwich_norms:
         roles |= {"post_attention_norm": (h,), "post_ffw_norm": (h,)}
+    dense_ffn = ("ffn_gate", "ffn_up", "ffn_down")
     for layer in range(c.num_layers):
-        out |= {f"blk.{layer}.{role}.weight": shape for role, shape in roles.items()}
+        sparse = c.layer_moe(layer)  # the MoE block's tensors replace the dense FFN's
+        out |= {f"blk.{layer}.{role}.weight": shape for role, shape in roles.items()
+                if not (sparse and role in dense_ffn)}
+        out |= moe_shapes(c, layer)
         if c.qkv_bias:
             out |= {f"blk.{layer}.attn_q.bias": (q,), f"blk.{layer}.attn_k.bias": (kv,),
                     f"blk.{layer}.attn_v.bias": (kv,)}
@@ -155,6 +162,117 @@ def _split_fused(stored: dict[str, StoredTensor], c: DecoderConfig, fam: H.Famil
             rows = shapes[part][0]
             out[part] = StoredTensor(t.file, theirs, t.dtype, (rows, want[1]), t.data[start:start + rows])
             start += rows
+    return out
+
+
+def _stored(stored: Mapping[str, StoredTensor], name: str, shape: tuple[int, ...], where: Path) -> StoredTensor:
+    """Checkpoint tensor `name`, checked against the `shape` the config implies."""
+    t = stored.get(name)
+    if t is None:
+        raise ArtifactError(f"{where}: the checkpoint has no tensor {name!r}, expected shape {list(shape)} from "
+                            "config.json")
+    if t.shape != shape:
+        raise ArtifactError(f"{t.file}: tensor {name!r} has shape {list(t.shape)}, expected {list(shape)} from "
+                            "config.json")
+    return t
+
+
+def _expert_parts(stored: Mapping[str, StoredTensor], disk: str, stacked: str, parts: tuple[str, ...],
+                  shape: tuple[int, int, int], where: Path) -> list[list[StoredTensor]] | StoredTensor:
+    """One stacked expert tensor `[E, N, K]` as stored (transformers' in-memory name), or per expert the
+    checkpoint matrices whose rows make it (`parts`, e.g. gate then up), each checked."""
+    if f"{disk}.{stacked}" in stored:
+        return _stored(stored, f"{disk}.{stacked}", shape, where)
+    e, n, k = shape
+    rows = n // len(parts)
+    return [[_stored(stored, f"{disk}.{p.format(e=expert)}", (rows, k), where) for p in parts] for expert in range(e)]
+
+
+@dataclass(frozen=True, eq=False)
+class StackedExperts:
+    """An expert tensor made of a checkpoint's per-expert matrices (expert e: the rows of `parts[e]`, in order),
+    stacked each time it is read as an array (`numpy.asarray`): in the stored dtype, in f32 (`kind` "f32"), or
+    as GGUF blocks `[E, N, row_bytes]` (`kind` a `QUANTIZERS` format). A loaded model thus holds no stacked
+    copy of its experts beside the compiled model's, which reads them once (a MoE model is mostly experts).
+
+    `shape` and `dtype` are those of the array it reads as.
+    """
+
+    parts: tuple[tuple[StoredTensor, ...], ...]
+    kind: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        quantizer = QUANTIZERS[self.kind][0] if self.kind in QUANTIZERS else None
+        out = np.empty(self.shape, self.dtype)
+        for expert, row in enumerate(self.parts):
+            at = 0
+            for t in row:  # each matrix written straight into its place
+                rows = t.shape[0]
+                if quantizer is not None:
+                    out[expert, at:at + rows] = quantizer(_as_f32(t))
+                else:
+                    out[expert, at:at + rows] = _as_f32(t) if self.kind == "f32" else t.data
+                at += rows
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def release_pages(self) -> bool:
+        """Drop the mapped pages of every part from the resident set (`rlx.models.weights.release_pages`)."""
+        return any([release_pages(t.data) for row in self.parts for t in row])
+
+
+def _experts(parts: list[list[StoredTensor]] | StoredTensor, shape: tuple[int, int, int], dtype: str | None,
+             quantize: str | None) -> tuple[WeightSpec, np.ndarray | StackedExperts]:
+    """The `[E, N, K]` expert tensor `moe_matmul` reads: GGUF blocks `[E, N, row_bytes]` with `quantize`,
+    f32 with `dtype="f32"`, else the stored dtype. A tensor stacked on disk in its stored dtype stays a view
+    of the mapped file; per-expert matrices are a `StackedExperts`, stacked when read."""
+    if isinstance(parts, StoredTensor):
+        if quantize is None and dtype != "f32":
+            return WeightSpec(parts.dtype, shape), parts.data
+        parts = [[StoredTensor(parts.file, parts.name, parts.dtype, shape[1:], parts.data[i])] for i in range(shape[0])]
+    e, n, k = shape
+    if quantize is not None:
+        kind, out_shape, out_dtype = quantize, (e, n, row_bytes(quantize, k)), np.dtype(np.uint8)
+    else:
+        dtypes = {t.dtype for row in parts for t in row}
+        kind = dtypes.pop() if dtype != "f32" and len(dtypes) == 1 else "f32"
+        out_shape, out_dtype = shape, np.dtype(np.float32) if kind == "f32" else parts[0][0].data.dtype
+    return WeightSpec(kind, shape), StackedExperts(tuple(tuple(row) for row in parts), kind, out_shape, out_dtype)
+
+
+def _moe_tensors(stored: Mapping[str, StoredTensor], c: DecoderConfig, fam: H.Family, dtype: str | None,
+                 quantize: str | None, where: Path) -> dict[str, tuple[WeightSpec, np.ndarray]]:
+    """Every MoE layer's router (f32) and stacked experts (`_experts`), by their graph names (`moe_prefix`).
+    Experts are quantized only where both their matrices' rows are whole blocks (one type for the block)."""
+    out: dict[str, tuple[WeightSpec, np.ndarray]] = {}
+    if c.moe is None:
+        return out
+    gate, up, down = fam.expert_names
+    for layer in range(c.num_layers):
+        if not c.layer_moe(layer):
+            continue
+        disk, ours = f"model.layers.{layer}.{fam.moe_block}", moe_prefix(layer)
+        shapes = moe_shapes(c, layer)
+        router = _stored(stored, f"{disk}.gate.weight", shapes[f"{ours}.gate.weight"], where)
+        out[f"{ours}.gate.weight"] = WeightSpec("f32", router.shape), _as_f32(router)
+        gate_up_shape, down_shape = shapes[f"{ours}.experts.gate_up_proj"], shapes[f"{ours}.experts.down_proj"]
+        quant = quantize
+        if quant is not None and (gate_up_shape[2] % QUANTIZERS[quant][1] or down_shape[2] % QUANTIZERS[quant][1]):
+            quant = None
+        out[f"{ours}.experts.gate_up_proj"] = _experts(
+            _expert_parts(stored, disk, "experts.gate_up_proj", (gate, up), gate_up_shape, where), gate_up_shape,
+            dtype, quant)
+        out[f"{ours}.experts.down_proj"] = _experts(
+            _expert_parts(stored, disk, "experts.down_proj", (down,), down_shape, where), down_shape, dtype, quant)
     return out
 
 
@@ -194,8 +312,10 @@ def load_pretrained(path: str | Path, *, dtype: str | None = None, quantize: str
     stored_by_ours = {ours: stored[theirs] for ours, theirs in names.items() if theirs in stored}
     stored_by_ours |= _split_fused(stored, config, fam, required)
     files = sorted({t.file.name for t in stored.values()})
-    tensors: dict[str, tuple[WeightSpec, np.ndarray]] = {}
+    tensors = _moe_tensors(stored, config, fam, dtype, quantize, d)
     for ours, shape in {**required, **optional_shapes(config)}.items():
+        if ours in tensors:
+            continue
         t = stored_by_ours.get(ours)
         if t is None:
             if ours in required:

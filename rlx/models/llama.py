@@ -1,4 +1,4 @@
-"""LLaMA-family decoders (LLaMA, SmolLM, Qwen2, Mistral) as one RLX graph over a KV cache.
+"""LLaMA-family decoders (LLaMA, SmolLM, Qwen2, Mistral, and MoE ones) as one RLX graph over a KV cache.
 
 `build_decoder` returns a MIR graph that runs one step of a decoder: a chunk
 of `seq` new tokens for each of `batch` sequences, each row at its own
@@ -13,14 +13,18 @@ one compiled library and one copy of the weights serve both. Inputs:
 - `rows` i32 `[n_rows]`: which of the `batch*seq` new tokens (flat index
   `b*seq + s`) get logits — every position for `logits`, each row's last one
   for generation, so the vocabulary projection runs only where needed;
-- states `blk.N.k_cache` / `blk.N.v_cache` f32 `[max_batch, capacity, kv_heads*head_dim]`.
+- states `blk.N.k_cache` / `blk.N.v_cache` `[max_batch, capacity, kv_heads*head_dim]`, f32 or the
+  `kv_dtype` given (f16/bf16: values rounded when stored, as CUDA keeps them).
 
 Outputs `logits` f32 `[n_rows, vocab]`, `next_token` i32 `[n_rows]`, the
 argmax of each row's logits (greedy decoding reads only this), and
 `sampled_token` i32 `[n_rows]`, each row's token sampled by `sample_top_k`
 with inputs `sample_u` f64 `[n_rows]` (uniforms drawn on the host) and
 `sample_settings` f64 `[3]` (temperature, top_k, top_p; `Sampler.settings`). Params keep the GGUF tensor names
-(`blk.0.attn_q.weight`, ...). A quantized weight stays in its GGUF blocks
+(`blk.0.attn_q.weight`, ...). A layer whose FFN is a sparse mixture of experts (`DecoderConfig.layer_moe`:
+Mixtral, Qwen3-MoE) runs `rlx.models.moe.moe_block` instead of the SwiGLU, its params under
+`blk.N.ffn_moe.` (`moe_prefix`) in transformers' layout (router `[E, H]`, experts `[E, 2I, H]` and
+`[E, H, I]`, float or GGUF blocks). A quantized weight stays in its GGUF blocks
 and is multiplied by `dequant_matmul` (the kernels read the 4/8-bit blocks);
 F32 weights are f32 matmuls; F16/BF16 matrices are f32 matmuls too, on weights either
 widened to f32 at load or, with `narrow_weights=True` (the CPU), kept in their stored
@@ -41,6 +45,7 @@ quantized one is dequantized row by row after the gather.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -54,6 +59,7 @@ from rlx.ir.ops import ACT_MODES
 from rlx.ir.ops_sample import SETTINGS as SAMPLE_SETTINGS
 from rlx.ir.shape import Dim
 from rlx.models.decoder_config import DecoderConfig
+from rlx.models.moe import moe_block
 
 #: GGUF types that are plain float arrays (multiplied by f32 matmuls).
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -99,6 +105,26 @@ def output_weight_name(config: DecoderConfig, specs: Mapping[str, WeightSpec]) -
     if config.tie_embeddings or "output.weight" not in specs:
         return "token_embd.weight"
     raise IRError("the model has no output.weight and its embeddings are not tied")
+
+
+#: The FFN role of a layer's sparse MoE block: its params are `blk.N.ffn_moe.<transformers' name>`.
+MOE_ROLE = "ffn_moe"
+
+
+def moe_prefix(layer: int) -> str:
+    """The name prefix of layer `layer`'s MoE params (`blk.3.ffn_moe`)."""
+    return f"blk.{layer}.{MOE_ROLE}"
+
+
+def moe_shapes(config: DecoderConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """Name -> logical shape of layer `layer`'s MoE tensors: router `[E, H]`, experts `[E, 2I, H]`, `[E, H, I]`
+    (none for a dense layer)."""
+    m = config.moe
+    if m is None or not config.layer_moe(layer):
+        return {}
+    e, h, i = m.num_experts, m.hidden_size, m.intermediate_size
+    p = moe_prefix(layer)
+    return {f"{p}.gate.weight": (e, h), f"{p}.experts.gate_up_proj": (e, 2 * i, h), f"{p}.experts.down_proj": (e, h, i)}
 
 
 def cache_names(layer: int) -> tuple[str, str]:
@@ -163,6 +189,23 @@ def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config
     return rows if dtype == "f32" else g.cast(rows, "f32")  # only the gathered rows are widened
 
 
+def _moe_ffn(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], c: DecoderConfig, layer: int) -> NodeId:
+    """Layer `layer`'s sparse MoE block (`moe_block`), its experts in the type their tensors have."""
+    assert c.moe is not None
+    shapes = moe_shapes(c, layer)
+    router, gate_up, down = (_spec(specs, name, shape) for name, shape in shapes.items())
+    if gate_up.ggml_type != down.ggml_type:
+        raise IRError(f"layer {layer}'s experts are {gate_up.ggml_type} (gate/up) and {down.ggml_type} (down): "
+                      "both must have one type")
+    if router.quantized:
+        raise IRError(f"layer {layer}'s router {moe_prefix(layer)}.gate.weight must be a float tensor, "
+                      f"got {router.ggml_type}")
+    kind = gate_up.ggml_type
+    moe = dataclasses.replace(c.moe, quant=kind if gate_up.quantized else None,
+                              expert_dtype="f32" if gate_up.quantized or kind not in NARROW_TYPES else kind)
+    return moe_block(g, x, moe, moe_prefix(layer))
+
+
 def _head_norm(g: Graph, x: NodeId, name: str, batch: Dim, seq: Dim, heads: int, c: DecoderConfig) -> NodeId:
     """RMSNorm of each head of x `[batch, seq, heads*head_dim]` over its head_dim values (q/k norm)."""
     per_head = g.reshape(x, [batch, seq, heads, c.head_dim])
@@ -175,10 +218,14 @@ def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
     return partial if tp == 1 else g.add(O.AllReduce(world=tp), [partial], name=name + ".all_reduce")
 
 
+#: Dtypes a decoder's KV cache may have (`build_decoder(kv_dtype=...)`).
+KV_DTYPES = ("f32", "f16", "bf16")
+
+
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1,
-                  quant_act: str = "f32", narrow_weights: bool = False, page_size: int | None = None,
-                  kv_pages: int = 0) -> Graph:
+                  quant_act: str = "f32", narrow_weights: bool = False, kv_dtype: str = "f32",
+                  page_size: int | None = None, kv_pages: int = 0) -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
     `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
@@ -189,10 +236,13 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     per block of 32, as llama.cpp) or "q16" (int16 per block; see `dequant_matmul`).
     `narrow_weights`: F16/BF16 matrices are params of their own dtype, multiplied as stored
     (`matmul(f32, bf16) -> f32`) — for a backend with such GEMMs (the CPU); otherwise f32 params.
+    `kv_dtype`: the KV cache states' dtype, "f32", "f16" or "bf16" (CUDA runs the narrow ones).
     `page_size` (with `kv_pages`): the paged KV layout — each layer's caches are a pool of `kv_pages`
     pages of `page_size` tokens, and an i32 input `block_table` `[batch, capacity / page_size]` names
     each row's pages (`ops.CachedAttention`); `capacity` must then be a multiple of `page_size`.
     """
+    if kv_dtype not in KV_DTYPES:
+        raise IRError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     if capacity < 1 or max_seq < 1 or max_batch < 1:
         raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
     if page_size is not None and (page_size < 1 or capacity % page_size or kv_pages < 1):
@@ -204,6 +254,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or c.num_kv_heads % tp or c.ffn_size % tp:
         raise IRError(f"tp={tp!r} must be a positive int dividing the kv heads ({c.num_kv_heads}) and the FFN "
                       f"size ({c.ffn_size})")
+    if c.moe is not None and tp != 1:
+        raise IRError(f"a tensor-parallel (tp={tp}) decoder with MoE layers is not supported")
     hd, half = c.head_dim, c.n_rot // 2
     heads, kv_heads, ffn_size = c.num_heads // tp, c.num_kv_heads // tp, c.ffn_size // tp
     q_width, kv_width = heads * hd, kv_heads * hd
@@ -247,8 +299,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
             q = g.rope(q, rcos, rsin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
             k = g.rope(k, rcos, rsin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
         k_name, v_name = cache_names(layer)
-        k_cache = g.state(k_name, [*cache_shape, kv_width])
-        v_cache = g.state(v_name, [*cache_shape, kv_width])
+        k_cache = g.state(k_name, [*cache_shape, kv_width], kv_dtype)
+        v_cache = g.state(v_name, [*cache_shape, kv_width], kv_dtype)
         # a window at least the cache's capacity never hides a key: plain causal attention then
         window = c.layer_window(layer)
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,
@@ -263,6 +315,9 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
                               eps=c.rms_eps)
         x = g.add_(x, attn)
         h = g.rms_norm(x, g.param(layer_tensor(layer, "ffn_norm"), [c.hidden_size]), eps=c.rms_eps)
+        if c.layer_moe(layer):
+            x = g.add_(x, _moe_ffn(g, h, specs, c, layer))
+            continue
         gate = _biased(g, _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa),
                        specs, f"blk.{layer}.ffn_gate.bias", ffn_size)
         up = _biased(g, _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa),
@@ -311,21 +366,32 @@ def iter_decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarra
     """`decoder_params` one param at a time: a caller that copies each into a compiled model holds one
     converted tensor at a time, not a second copy of the whole model."""
     for node in graph.params():
-        name = node.op.name
-        source = name[: -len(".rows")] if name.endswith(".rows") else name
-        if source not in specs_and_data:
-            raise IRError(f"the model has no tensor {source!r}")
-        spec, data = specs_and_data[source]
-        if spec.quantized:
-            yield name, np.ascontiguousarray(data, dtype=np.uint8)
-            continue
-        want = node.shape.dtype.value
-        if want != "f32" and want != spec.ggml_type:
-            raise IRError(f"param {name!r} is {want} but the tensor is {spec.ggml_type}")
-        arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
-        if arr.ndim == 2 and not name.endswith(".rows"):
-            arr = arr.T
-        yield name, np.ascontiguousarray(arr)
+        yield node.op.name, _converted(specs_and_data, node.op.name, node.shape.dtype.value)
+
+
+def decoder_param(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], graph: Graph, name: str) -> np.ndarray:
+    """The one `set_param` value of `graph`'s param `name` (as `iter_decoder_params` gives it): a compiled model
+    can keep this recipe instead of the converted array (`CompiledGraph.set_param(source=...)`)."""
+    node = next((n for n in graph.params() if n.op.name == name), None)
+    if node is None:
+        raise IRError(f"the graph has no param {name!r}")
+    return _converted(specs_and_data, name, node.shape.dtype.value)
+
+
+def _converted(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], name: str, want: str) -> np.ndarray:
+    source = name[: -len(".rows")] if name.endswith(".rows") else name
+    if source not in specs_and_data:
+        raise IRError(f"the model has no tensor {source!r}")
+    spec, data = specs_and_data[source]
+    if spec.quantized:
+        return np.ascontiguousarray(data, dtype=np.uint8)
+    if want != "f32" and want != spec.ggml_type:
+        raise IRError(f"param {name!r} is {want} but the tensor is {spec.ggml_type}")
+    arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
+    # dense matrices go in as [in, out]; MoE params keep transformers' layout (moe_block folds the transposes)
+    if arr.ndim == 2 and not name.endswith(".rows") and f".{MOE_ROLE}." not in name:
+        arr = arr.T
+    return np.ascontiguousarray(arr)
 
 
 def _as_f32(data: np.ndarray, ggml_type: str) -> np.ndarray:
@@ -382,4 +448,9 @@ def random_specs(config: DecoderConfig, ggml_type: str = "f32") -> dict[str, Wei
                             ("ffn_gate", (c.ffn_size, c.hidden_size)), ("ffn_up", (c.ffn_size, c.hidden_size)),
                             ("ffn_down", (c.hidden_size, c.ffn_size))):
             specs[layer_tensor(layer, role)] = WeightSpec("f32" if len(shape) == 1 else ggml_type, shape)
+        if c.layer_moe(layer):  # the MoE block replaces the dense FFN (f32 router, experts of ggml_type)
+            for role in ("ffn_gate", "ffn_up", "ffn_down"):
+                del specs[layer_tensor(layer, role)]
+            specs |= {name: WeightSpec("f32" if name.endswith("gate.weight") else ggml_type, shape)
+                      for name, shape in moe_shapes(c, layer).items()}
     return specs

@@ -191,3 +191,33 @@ def check_tensors(tensors: Mapping[str, np.ndarray], expected: Mapping[str, tupl
             raise ArtifactError(f"{source} tensor {name!r} has dtype {arr.dtype}, expected a floating type")
         out[name] = np.ascontiguousarray(arr, dtype=np.float32)
     return out
+
+
+def release_pages(data: np.ndarray) -> bool:
+    """Drop the pages of a memory-mapped file under `data` (a `numpy.memmap` view) from this process's resident set.
+
+    For a weight that was read once, copied into a compiled model: the mapping stays valid and a later read
+    faults the pages in again from the file (they are never written), so the values do not change; meanwhile
+    the process's peak RSS does not count the checkpoint a second time beside the model's own copy. Returns
+    whether anything was released (False for an array that is not a view of a mapped file, or where the
+    platform has no `madvise`). An object with its own `release_pages()` (a tensor stacked from mapped parts
+    when read) is asked to release them.
+
+    >>> release_pages(np.zeros(4))
+    False
+    """
+    import mmap
+
+    own = getattr(data, "release_pages", None)  # a tensor read from mapped parts (hf_load.StackedExperts)
+    if callable(own):
+        return bool(own())
+    mapped = getattr(data, "_mmap", None)
+    if not isinstance(data, np.memmap) or not isinstance(mapped, mmap.mmap) or not hasattr(mapped, "madvise") \
+            or data.nbytes == 0:
+        return False
+    base = np.frombuffer(mapped, dtype=np.uint8).ctypes.data
+    start = data.ctypes.data - base
+    page = mmap.PAGESIZE
+    lo, hi = start // page * page, min(-(-(start + data.nbytes) // page) * page, len(mapped))
+    mapped.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return True

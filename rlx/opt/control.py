@@ -11,8 +11,12 @@ Their bodies are optimized like scan bodies by pass "bodies" (rlx/opt/bodies.py:
 inside each body), so a value a branch computes but never returns is gone before this pass runs.
 
 Backends: the CPU has rules (rlx/codegen/cpu/control.py: only the taken branch runs; a real loop, unbounded
-without `max_trips`). Elsewhere (CUDA; Metal) `lower_cond` and `lower_while_loop` run, registered as the
-decompositions of a backend without a rule for the op (rlx/opt/decompose.py):
+without `max_trips`), and so has CUDA (rlx/codegen/cuda/control.py: the device predicate picks the branch /
+ends the loop, as conditional graph nodes under CUDA Graph capture, a host read when eager; recorded as a
+`ControlFlow` decision). Where a backend has no rule for the op, or its rule refuses this node (CUDA: a body
+holding a scan, cond or while_loop, one level being rendered; Metal: while_loop), `lower_cond` and
+`lower_while_loop` run, registered as the decompositions of the op (rlx/opt/decompose.py), and name the node
+they leave with the backend's reason (`fallback_name`; CUDA records it as a `ControlFlow` decision):
 
 - `cond` runs both branches and selects (`where`): the value is the chosen branch's, as lax.cond's is
   under `vmap`. Both branches run, so an untaken branch costs time, and its non-finite values are
@@ -126,13 +130,35 @@ def fold_control(graph: Graph) -> Graph:
     return rw.finish()
 
 
+#: What each control op becomes where its backend's rule does not take it.
+FALLBACKS = {"cond": "select", "while_loop": "masked scan"}
+
+
+def fallback_name(node: Node, reason: str) -> str:
+    """The name of the node a fallback lowering of `node` leaves, saying why the backend's rule did not take it.
+
+    >>> parse_fallback("while_loop %3 as a masked scan: a scan in its body")
+    ('while_loop', 'masked scan', 'a scan in its body')
+    """
+    return f"{node.kind} {node.label} as a {FALLBACKS[node.kind]}: {reason}"
+
+
+def parse_fallback(name: str) -> tuple[str, str, str] | None:
+    """(op kind, fallback, reason) from a name `fallback_name` made, else None."""
+    for kind, how in FALLBACKS.items():
+        marker = f" as a {how}: "
+        if name.startswith(f"{kind} %") and marker in name:
+            return kind, how, name.split(marker, 1)[1]
+    return None
+
+
 def lower_cond(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
     """A `cond` as both branches inlined and a `where` on the predicate (see the module docstring)."""
     op: Cond = node.op  # type: ignore[assignment]
     a = inline_body(g, op.true_body, args[1:])[0]
     b = inline_body(g, op.false_body, args[1:])[0]
     pred = g.reshape(args[0], []) if g.shape(args[0]).rank else args[0]
-    return g.where(pred, a, b)
+    return g.add(O.Where(), [pred, a, b], name=node.name if parse_fallback(node.name) else "")
 
 
 def masked_step(op: WhileLoop, carry_shape: Shape, bcast_shapes: list[Shape]) -> Graph:
@@ -145,7 +171,21 @@ def masked_step(op: WhileLoop, carry_shape: Shape, bcast_shapes: list[Shape]) ->
         pred = step.reshape(pred, [])
     nxt = inline_body(step, op.body, ins)[0]
     step.set_outputs([step.where(pred, nxt, ins[0])])
-    return step
+    return _conds_as_selects(step)
+
+
+def _conds_as_selects(graph: Graph) -> Graph:
+    """`graph` with each cond lowered to a select: a masked step is a scan body, which holds no bodies on a
+    backend that falls back to it (a cond its backend's rule took inside the loop's body comes here)."""
+    if not any(isinstance(n.op, Cond) for n in graph.nodes):
+        return graph
+    rw = Rewriter(graph)
+    for node in graph.nodes:
+        if isinstance(node.op, Cond):
+            rw.alias(node, lower_cond(rw.dst, node, rw.args(node)))
+        else:
+            rw.copy(node)
+    return rw.finish()
 
 
 def lower_while_loop(g: Graph, node: Node, args: list[NodeId]) -> NodeId:

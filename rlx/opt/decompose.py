@@ -18,6 +18,7 @@ left unsupported is reported by the driver before any build.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -96,17 +97,20 @@ def decomposition_key(node: Node) -> tuple[str, str]:
     return node.kind, getattr(node.op, "fn", "") if node.kind == "activation" else ""
 
 
-def decompose(graph: Graph, supported: Callable[[Graph, Node], bool]) -> Graph:
-    """`graph` with every unsupported node that has a decomposition replaced by primitives."""
+def decompose(graph: Graph, supported: Callable[[Graph, Node], bool],
+              why_not: Callable[[Graph, Node], str | None] | None = None) -> Graph:
+    """`graph` with every unsupported node that has a decomposition replaced by primitives. `why_not` (the
+    backend's reason a node is unsupported) is handed to the control-flow fallbacks, which record it in the
+    name of the node they leave (`rlx.opt.control.fallback_name`), so the lowered program says why."""
     require_mir(graph, "decompose")
     from rlx.opt.bodies import inline_custom_fn, map_bodies
-    from rlx.opt.control import lower_cond, lower_while_loop
+    from rlx.opt.control import fallback_name, lower_cond, lower_while_loop
 
     DECOMPOSITIONS.setdefault(("custom_fn", ""), inline_custom_fn)
     DECOMPOSITIONS.setdefault(("cond", ""), lower_cond)
     DECOMPOSITIONS.setdefault(("while_loop", ""), lower_while_loop)
     if any(n.kind in ("scan", "cond", "while_loop") for n in graph.nodes):  # a body runs on the same backend
-        graph = map_bodies(graph, lambda body: decompose(body, supported))
+        graph = map_bodies(graph, lambda body: decompose(body, supported, why_not))
     todo = [n for n in graph.nodes if n.kind not in O.LEAF_KINDS and not supported(graph, n)
             and decomposition_key(n) in DECOMPOSITIONS]
     if not todo:
@@ -115,9 +119,12 @@ def decompose(graph: Graph, supported: Callable[[Graph, Node], bool]) -> Graph:
     rw = Rewriter(graph)
     for node in graph.nodes:
         if node.id in rewrite:
-            rw.alias(node, DECOMPOSITIONS[decomposition_key(node)](rw.dst, node, rw.args(node)))
+            told = node
+            if why_not is not None and node.kind in ("cond", "while_loop"):
+                told = dataclasses.replace(node, name=fallback_name(node, why_not(graph, node) or "no rule"))
+            rw.alias(node, DECOMPOSITIONS[decomposition_key(node)](rw.dst, told, rw.args(node)))
         else:
             rw.copy(node)
     out = rw.finish()
     # lowered control flow left new nodes (inlined branches, a masked scan) that may need decomposing too
-    return decompose(out, supported) if any(n.kind in ("cond", "while_loop") for n in todo) else out
+    return decompose(out, supported, why_not) if any(n.kind in ("cond", "while_loop") for n in todo) else out

@@ -13,6 +13,10 @@ A GEMM keeps narrow weights where the backend multiplies them as they are
 other inputs are widened, so a bf16 param stays bf16 (packed, half the bytes)
 and the result is still rounded once.
 
+A state input (a KV cache) is never widened: ops update it in place, and a
+widened copy would take the update instead; such a node is left to the backend
+to refuse.
+
 `accepts(node, in_dtypes, out_dtype)` is the backend's rule check (the
 driver passes the rule table's, so this layer knows no backend); nodes it
 accepts as they are, or refuses even in f32, are left alone (the driver then
@@ -64,11 +68,17 @@ def kept_narrow(graph: Graph, node: Node, accepts: Accepts) -> frozenset[int] | 
     if accepts(node, ins, out):
         return None
     out_wide = DType.F32 if out in NARROW else out
+    # narrow state inputs must stay as they are (updated in place): the widening may not touch them
+    states = frozenset(i for i, nid in enumerate(node.inputs) if ins[i] in NARROW and _is_state(graph.node(nid)))
     if node.kind in O.NARROW_WEIGHT_KINDS and ins[1] in NARROW and node.inputs.count(node.inputs[1]) == 1:
         keep = frozenset({1})
-        if accepts(node, _widened(ins, keep), out_wide):
+        if states <= keep and accepts(node, _widened(ins, keep), out_wide):
             return keep
-    return frozenset() if accepts(node, _widened(ins), out_wide) else None
+    return frozenset() if not states and accepts(node, _widened(ins), out_wide) else None
+
+
+def _is_state(node: Node) -> bool:
+    return isinstance(node.op, O.Input) and node.op.state
 
 
 def needs_legalizing(graph: Graph, node: Node, accepts: Accepts) -> bool:

@@ -36,6 +36,7 @@ import numpy as np
 from rlx.ir import ops as O
 from rlx.ir.decisions import Decision
 from rlx.ir.decisions_cuda import (
+    ControlFlow,
     DecodeGemv,
     DecodeRope,
     DecodeSplitKv,
@@ -49,10 +50,11 @@ from rlx.ir.decisions_cuda import (
 from rlx.ir.dtype import DType, f32_to_bf16
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.ir.ops_control import Cond, WhileLoop, step_bodies
 from rlx.ir.ops_moe import MoeMatMul
-from rlx.ir.ops_scan import Scan
 from rlx.ir.ops_ssm import GatedDeltaNet, SelectiveScan
 from rlx.ir.shape import Dim, Shape
+from rlx.opt.control import parse_fallback
 from rlx.opt.fusion import is_silu_times, scheduled_runs
 from rlx.opt.lowering_cuda_pool import find_pool_tails
 from rlx.opt.lowering_moe import cuda_scratch_bytes
@@ -71,6 +73,15 @@ ATTN_MAX_SPLITS = 64
 #: most rows a step may have for its queries to split (decode steps; a prefill step has blocks enough).
 KV_SPLIT_KEYS = 256
 KV_SPLIT_ROWS = 4
+#: The grouped decode kernel (rlx_kv_decode, `DecodeSplitKv.grouped`): the fewest keys of a split block, the most
+#: splits, the most query heads per KV head (its registers hold each head's state), the largest head dim, the
+#: blocks per SM its splits aim for, and the SM count assumed when the target names none (H100 / H200 SXM).
+KVD_SPLIT_KEYS = 64
+KVD_MAX_SPLITS = 128
+KVD_MAX_GROUP = 8
+KVD_MAX_HEAD_DIM = 256
+KVD_BLOCKS_PER_SM = 2
+DEFAULT_SMS = 132
 #: Alignment of every span of the device allocation.
 ALIGN = 256
 
@@ -215,7 +226,8 @@ def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
         size = device_dtype(node.shape.dtype, precision).itemsize
         return max(node.shape.max_numel, graph.node(node.inputs[0]).shape.max_numel) * size
     if isinstance(node.op, O.CachedAttention):  # split decode partials: per (row, head, split) max, sum, D values
-        splits = kv_splits(_capacity(graph, node))
+        d = decode_split_plan(graph, node, precision, sms=1 << 20)  # the most splits any SM count asks for
+        splits = d.max_splits if d is not None else 1
         return _kv_split_rows(node) * node.op.num_heads * splits * (node.op.head_dim + 2) * 4 if splits > 1 else 0
     if isinstance(node.op, O.Attention):  # split-KV decode partials: per (batch, head, split) D values + max + sum
         q = graph.node(node.inputs[0]).shape
@@ -354,7 +366,7 @@ def find_decode_ropes(lir: LirModule) -> list[DecodeRope]:
     found = []
     for nid in schedule:
         att = graph.node(nid)
-        if not isinstance(att.op, O.CachedAttention) or att.op.paged:  # paged: a separate append copies raw keys
+        if not isinstance(att.op, O.CachedAttention) or att.op.paged:  # PAGED_DECODE_REASON
             continue
         ropes = [graph.node(att.inputs[0]), graph.node(att.inputs[1])]
         if not all(isinstance(r.op, O.Rope) and r.id not in outputs and set(users[r.id]) == {nid}
@@ -388,25 +400,83 @@ def _kv_split_rows(node: Node) -> int:
     return min(KV_SPLIT_ROWS, batch * seq)
 
 
-def find_decode_splits(lir: LirModule) -> list[DecodeSplitKv]:
-    """`cached_attention` nodes whose decode queries split their keys over several blocks (caches longer than
-    one block's `KV_SPLIT_KEYS`)."""
+def visible_keys(graph: Graph, node: Node) -> int:
+    """The most keys one query of a `cached_attention` attends to: the cache's capacity, or its window."""
+    capacity = _capacity(graph, node)
+    return capacity if node.op.window is None else min(capacity, node.op.window)
+
+
+def kvd_lanes(head_dim: int, itemsize: int) -> int:
+    """Lanes reading one K/V row of the grouped decode kernel in 16-byte loads (0: the row does not tile).
+
+    >>> kvd_lanes(64, 2), kvd_lanes(128, 2), kvd_lanes(128, 4), kvd_lanes(256, 4), kvd_lanes(80, 2)
+    (8, 16, 32, 32, 0)
+    """
+    nbytes = head_dim * itemsize
+    if nbytes % 16 or head_dim > KVD_MAX_HEAD_DIM:
+        return 0
+    vectors = nbytes // 16
+    if vectors <= 32:
+        return vectors if 32 % vectors == 0 else 0
+    return 32 if vectors % 32 == 0 else 0
+
+
+def kvd_splits(keys: int, kv_heads: int, sms: int) -> int:
+    """The most blocks a grouped decode query over `keys` visible keys splits over: enough for `sms` SMs to hold
+    KVD_BLOCKS_PER_SM blocks each at batch 1 (kv_heads blocks per split), no block under KVD_SPLIT_KEYS keys.
+
+    >>> kvd_splits(32, 3, 132), kvd_splits(4096, 3, 132), kvd_splits(16384, 3, 132), kvd_splits(16384, 8, 132)
+    (1, 64, 88, 33)
+    """
+    by_keys = -(-keys // KVD_SPLIT_KEYS)
+    by_sms = -(-KVD_BLOCKS_PER_SM * sms // kv_heads)
+    return max(1, min(KVD_MAX_SPLITS, by_keys, by_sms))
+
+
+#: Why a paged `cached_attention` runs neither rlx_kv_decode nor DecodeRope (`DecodeSplitKv.reason`).
+PAGED_DECODE_REASON = ("paged caches: rlx_kv_decode reads contiguous caches, and DecodeRope's in-kernel rotation "
+                       "would bypass rlx_kv_append_paged, which stores the step's keys before any row attends; "
+                       "rlx_kv_attend runs them through the block tables")
+
+
+def decode_split_plan(graph: Graph, node: Node, precision: DType, sms: int = DEFAULT_SMS,
+                      grouped: bool = True) -> DecodeSplitKv | None:
+    """How a `cached_attention`'s decode steps run (`DecodeSplitKv`), or None: rlx_kv_attend unsplit.
+    `grouped=False` keeps them on rlx_kv_attend (split when the past is long), as before rlx_kv_decode existed."""
+    op: O.CachedAttention = node.op  # type: ignore[assignment]
+    keys = visible_keys(graph, node)
+    group = op.num_heads // op.kv_heads
+    cache = device_dtype(graph.node(node.inputs[3]).shape.dtype, precision)
+    lanes = kvd_lanes(op.head_dim, cache.itemsize)
+    if op.paged:  # recorded even unsplit: the LIR says why this decoder's decode steps are not grouped
+        return DecodeSplitKv(node.id, kv_splits(keys), KV_SPLIT_KEYS, KV_SPLIT_ROWS, reason=PAGED_DECODE_REASON)
+    if grouped and lanes and group <= KVD_MAX_GROUP:
+        return DecodeSplitKv(node.id, kvd_splits(keys, op.kv_heads, sms), KVD_SPLIT_KEYS, KV_SPLIT_ROWS,
+                             grouped=True, group=group, lanes=lanes, sms=sms)
+    splits = kv_splits(keys)
+    return DecodeSplitKv(node.id, splits, KV_SPLIT_KEYS, KV_SPLIT_ROWS) if splits > 1 else None
+
+
+def find_decode_splits(lir: LirModule, precision: DType = DType.F32, sms: int = DEFAULT_SMS,
+                       grouped: bool = True) -> list[DecodeSplitKv]:
+    """How each `cached_attention`'s decode steps run (`decode_split_plan`): the grouped kernel, or rlx_kv_attend
+    with its keys split (caches longer than one block's `KV_SPLIT_KEYS`)."""
     found = []
     for nid in lir.schedule:
         node = lir.graph.node(nid)
         if isinstance(node.op, O.CachedAttention):
-            splits = kv_splits(_capacity(lir.graph, node))
-            if splits > 1:
-                found.append(DecodeSplitKv(nid, splits, KV_SPLIT_KEYS, KV_SPLIT_ROWS))
+            d = decode_split_plan(lir.graph, node, precision, sms, grouped)
+            if d is not None:
+                found.append(d)
     return found
 
 
-def _counters(lir: LirModule) -> int:
+def _counters(lir: LirModule, precision: DType) -> int:
     """Bytes of per-query block counters the split attentions need (they run one at a time: one set serves all)."""
     graph = lir.graph
     own = max((_kv_split_rows(graph.node(d.attention)) * graph.node(d.attention).op.num_heads * 4
-               for d in find_decode_splits(lir)), default=0)
-    return max([own, *(_counters(body) for _, body in scan_bodies(lir))])
+               for d in find_decode_splits(lir, precision, 1 << 20) if d.max_splits > 1), default=0)
+    return max([own, *(_counters(body, precision) for _, body in scan_bodies(lir))])
 
 
 def _overlap(lir: LirModule, a: NodeId, b: NodeId) -> bool:
@@ -460,9 +530,25 @@ def _uses_lt(lir: LirModule, precision: DType, gemm: str, groups: Sequence[Seque
 
 
 def scan_bodies(lir: LirModule) -> list[tuple[NodeId, LirModule]]:
-    """Each scheduled scan node with its body's step graph planned (what the CUDA rule renders in its loop)."""
-    return [(nid, plan(step_graph(lir.graph.node(nid).op.body))) for nid in lir.schedule
-            if isinstance(lir.graph.node(nid).op, Scan)]
+    """Each scheduled node holding bodies (scan, cond, while_loop) with each body's step graph planned (what
+    the CUDA rules render in their loop or branches), a node once per body in `step_bodies` order."""
+    return [(nid, plan(step_graph(body))) for nid in lir.schedule for body in step_bodies(lir.graph.node(nid).op)]
+
+
+def control_flow(lir: LirModule) -> tuple[ControlFlow, ...]:
+    """How each cond / while_loop runs (rendered by `rlx.codegen.cuda.control`), and the fallbacks
+    `rlx.opt.control` left where the rule did not take one, with the reason (from the name it gave them)."""
+    out = []
+    for nid in lir.schedule:
+        node = lir.graph.node(nid)
+        if isinstance(node.op, Cond):
+            out.append(ControlFlow(nid, "cond", "branch"))
+        elif isinstance(node.op, WhileLoop):
+            out.append(ControlFlow(nid, "while_loop", "loop"))
+        elif (fallback := parse_fallback(node.name)) is not None:
+            kind, how, reason = fallback
+            out.append(ControlFlow(nid, kind, how, reason))
+    return tuple(out)
 
 
 def _scratch(lir: LirModule, precision: DType) -> int:
@@ -474,9 +560,10 @@ def _scratch(lir: LirModule, precision: DType) -> int:
 
 
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
-                pool_norm: bool = False) -> tuple[Decision, ...]:
+                pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
-    part of the layout)."""
+    part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
+    its decode steps run the grouped kernel."""
     graph = lir.graph
     bodies = scan_bodies(lir)
     mem = _Allocator()
@@ -540,11 +627,12 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
         graph.node(nid).shape.dtype, precision)))) for nid in lir.constants)
     # a scan body's constants sit with the graph's (its kernels are launched from the scan's loop)
     scan_consts = []
-    for nid, body in bodies:
+    for index, (nid, body) in enumerate(bodies):
         sizes = [len(constant_bytes(body.graph.node(k), device_dtype(body.graph.node(k).shape.dtype, precision)))
                  for k in body.constants]
+        which = sum(1 for n, _ in bodies[:index] if n == nid)  # the node's body number (a cond has two)
         if sizes:
-            scan_consts.append(ScanConstants(nid, tuple(mem.alloc("constants", n) for n in sizes)))
+            scan_consts.append(ScanConstants(nid, tuple(mem.alloc("constants", n) for n in sizes), which))
     # The staging copies of the per-run (non-state) inputs come first and back to back: a host-fed step
     # (rlx_run_host_step) fills them all with one copy of that span, which holds nothing else.
     host_staging = {i: mem.alloc("inputs", spec.shape.max_numel * spec.shape.dtype.itemsize)
@@ -570,21 +658,24 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     workspace_bytes = LT_WORKSPACE if lt else 0
     workspace = mem.alloc("workspace", workspace_bytes)
     flag = mem.alloc("flag", ALIGN)
-    counters_bytes = _counters(lir)
+    counters_bytes = _counters(lir, precision)
     counters = mem.alloc("counters", counters_bytes) if counters_bytes else 0
     layout = DeviceLayout(precision=precision.value, gemm=gemm, total=mem.total, params_end=params_end,
                           regions=mem.regions(), params=tuple(params), constants=constants, inputs=tuple(inputs),
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
-    return (*groups, *scan_consts, *find_decode_gemvs(lir), *find_decode_ropes(lir), *find_decode_splits(lir),
+    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir), *find_decode_ropes(lir),
+            *find_decode_splits(lir, precision, decode_sms, kv_decode),
             *(find_pool_tails(lir, pool_norm) if pool_tail else ()), layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
-                   pool_tail: bool = True, pool_norm: bool = False, **_target: object) -> tuple[Decision, ...]:
+                   pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
+                   kv_decode: bool = True, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
-    `LOWERINGS["cuda"]`).
+    `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
+    keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
@@ -595,7 +686,9 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
         raise ValueError(f"CUDA precision must be one of {[p.value for p in PRECISIONS]}, got {precision}")
     if gemm not in GEMM_MODES:
         raise ValueError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {gemm!r}")
-    return plan_device(lir, precision, gemm, pool_tail, pool_norm)
+    if isinstance(decode_sms, bool) or not isinstance(decode_sms, int) or decode_sms < 1:
+        raise ValueError(f"decode_sms must be a positive int (the GPU's SM count), got {decode_sms!r}")
+    return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode)
 
 
 def _capacity(graph: Graph, node: Node) -> int:

@@ -58,7 +58,8 @@ def decide_cuda(lir: LirModule, target: Any) -> LirModule:
     options = {"precision": target.precision, "gemm": target.gemm, "pool_tail": target.pool_tail,
                "pool_norm": target.pool_norm, "arch": target.arch, "cutlass_gemm": target.cutlass_gemm,
                "gather_region": target.gather_region, "small_gemm": target.small_gemm,
-               "lt_gelu_epilogue": target.lt_gelu_epilogue, "fused_act_gemm": target.fused_act_gemm}
+               "lt_gelu_epilogue": target.lt_gelu_epilogue, "fused_act_gemm": target.fused_act_gemm,
+               "decode_sms": target.decode_sms, "kv_decode": target.kv_decode}
     # a scan body writes no graph output (no pooling tail of its own); its per-step pointers are the loop's
     return decide(lir, "cuda", {**options, "pool_tail": False, "scan_body": True}, **options)
 

@@ -64,7 +64,7 @@ def decompose(mir: Graph, backend: str) -> Graph:
     from rlx.opt.decompose import decompose as decompose_graph
 
     rules = rules_of(backend)
-    return decompose_graph(mir, lambda g, node: rules.why_not(g, node) is None)
+    return decompose_graph(mir, lambda g, node: rules.why_not(g, node) is None, rules.why_not)
 
 
 def plan(mir: Graph, *, hold_norm_inputs: bool = False) -> LirModule:

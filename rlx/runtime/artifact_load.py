@@ -66,7 +66,7 @@ def load(directory: str | os.PathLike[str], *, num_threads: int | None = None) -
 
 #: safetensors dtype names → RLX dtypes (the ones `save` writes).
 _ST_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64", "I8": "i8", "I16": "i16", "I32": "i32",
-              "I64": "i64", "U8": "u8", "BOOL": "bool"}
+              "I64": "i64", "U8": "u8", "U16": "u16", "U32": "u32", "U64": "u64", "BOOL": "bool"}
 
 
 def _load_weights(compiled: CompiledGraph, path: Path, manifest: dict) -> None:

@@ -46,6 +46,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -226,7 +227,7 @@ class CompiledGraph(Provenance):
         self._params = {t.name: i for i, t in enumerate(library.params)}
         self._param_set = list(_param_set) if _param_set is not None else [False] * len(library.params)
         # The arrays handed to rlx_set_param (references, not copies), for save(weights=True).
-        self._param_values: dict[str, np.ndarray] = {}
+        self._param_values: dict[str, np.ndarray | _Recomputed] = {}
         self._handles: dict[str, np.ndarray] = {}
         # RLX_RECORD (rlx.runtime.record): the recorder `run` writes each call to, and the params' version
         self._recorder: Any = None
@@ -375,7 +376,8 @@ class CompiledGraph(Provenance):
 
     # ── params ─────────────────────────────────────────────────────────
 
-    def set_param(self, name: str, array: Any, *, cast: bool = False) -> None:
+    def set_param(self, name: str, array: Any, *, cast: bool = False,
+                  source: Callable[[], Any] | None = None) -> None:
         """Copy a weight in (user layout, declared shape).
 
         The dtype rules of `run` apply: the declared dtype, or one numpy casts to
@@ -384,6 +386,9 @@ class CompiledGraph(Provenance):
         `ExecutionError` unless `cast=True`, which converts and still refuses
         values that overflow the param's dtype (or, for ints, do not fit).
         Waits for runs in flight; every later run, on any thread, sees the new value.
+        The graph keeps a reference to the array it copied (for `param_arrays`, `save(weights=True)`,
+        recording); `source`, a function giving the same values again, is kept instead, so an array the
+        caller converted for this call (a transposed weight, say) is not held beside the library's copy.
 
         >>> import numpy as np, rlx
         >>> g = rlx.Graph("scale")
@@ -407,7 +412,8 @@ class CompiledGraph(Provenance):
         arr = array if isinstance(array, np.ndarray) else _to_param_dtype(name, array, info.dtype, cast=cast)
         if arr.shape != want:
             raise ExecutionError(f"param {name!r} must have shape {want} ({info.describe()}), got {arr.shape}")
-        self._set_param_raw(idx, info, _to_param_dtype(name, arr, info.dtype, cast=cast) if arr is array else arr)
+        kept = None if source is None else _Recomputed(name, source, info.dtype, cast)
+        self._set_param_raw(idx, info, _to_param_dtype(name, arr, info.dtype, cast=cast) if arr is array else arr, kept)
 
     def set_param_typed(self, name: str, data: Any, dtype: DType | str, *, cast: bool = False) -> None:
         """Set a param from raw bytes (or an array) holding values of `dtype` (bf16 as uint16 bits).
@@ -448,7 +454,7 @@ class CompiledGraph(Provenance):
         idx = self._params[name]
         return idx, self._library.params[idx]
 
-    def _set_param_raw(self, idx: int, info: TensorInfo, arr: np.ndarray) -> None:
+    def _set_param_raw(self, idx: int, info: TensorInfo, arr: np.ndarray, kept: _Recomputed | None = None) -> None:
         arr = _contiguous(arr)
         with self._pool.exclusive():
             rc = self._lib.rlx_set_param(self._ctx, idx, ffi.from_buffer(arr), arr.nbytes)
@@ -457,7 +463,7 @@ class CompiledGraph(Provenance):
             # Clones hold copies of the old params: drop them; later overlapping runs clone afresh.
             self._pool.drop_clones()
             self._param_set[idx] = True
-            self._param_values[info.name] = arr
+            self._param_values[info.name] = arr if kept is None else kept
             self._params_version += 1
 
     # ── handles ────────────────────────────────────────────────────────
@@ -543,6 +549,18 @@ class CompiledGraph(Provenance):
             self._record(recorder, before, outs)
         return [bits_to_bfloat16(o) if t.dtype is DType.BF16 else o for o, t in zip(outs, self._library.outputs)]
 
+    def host_empty(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        """An uninitialized host array for this graph's inputs or outputs (`pipeline`'s slots): plain memory here;
+        pinned on CUDA (`CudaGraph.host_empty`).
+
+        >>> import rlx
+        >>> g = rlx.Graph("h")
+        >>> g.set_outputs([g.activation("relu", g.input("x", [2]))])
+        >>> rlx.Session().compile(g).host_empty((2, 3), np.float32).shape
+        (2, 3)
+        """
+        return np.empty(tuple(shape), dtype)
+
     def run_async(self, inputs: Mapping[str, Any] | None = None, **kw: Any) -> Future:
         """`run` on this graph's worker thread: a `concurrent.futures.Future` of the outputs
         (`rlx.runtime.pipelined`)."""
@@ -572,7 +590,7 @@ class CompiledGraph(Provenance):
         def params() -> tuple[int, dict[str, tuple[np.ndarray, DType]]]:
             dtypes = {t.name: t.dtype for t in lib.params}
             snapshot = list(self._param_values.items())  # one copy, whatever set_param does meanwhile
-            return self._params_version, {k: (a, dtypes[k]) for k, a in snapshot}
+            return self._params_version, {k: (_value(a), dtypes[k]) for k, a in snapshot}
 
         recorder.record({t.name: (a, t.dtype) for t, a in zip(lib.inputs, inputs)},
                         {t.name: (a, t.dtype) for t, a in zip(lib.outputs, outputs)}, params)
@@ -813,8 +831,9 @@ class CompiledGraph(Provenance):
     # ── artifacts ──────────────────────────────────────────────────────
 
     def param_arrays(self) -> dict[str, np.ndarray]:
-        """The params set so far, by name, as passed to the library (declared dtype, bf16 as uint16 bits)."""
-        return dict(self._param_values)
+        """The params set so far, by name, as passed to the library (declared dtype, bf16 as uint16 bits);
+        a param set with a `source` is had again from it."""
+        return {name: _value(v) for name, v in self._param_values.items()}
 
     def save(self, directory: str | Path, *, weights: bool | Mapping[str, Any] = False) -> Path:
         """Write a relocatable artifact directory (model.so and its BLAS, manifest.json, rlx.h, source, weights).
@@ -824,6 +843,23 @@ class CompiledGraph(Provenance):
         from rlx.runtime.artifact import save
 
         return save(self, directory, weights=weights)
+
+
+@dataclass(frozen=True)
+class _Recomputed:
+    """A param's values had again on demand (`set_param(source=...)`), converted as `set_param` converted them."""
+
+    name: str
+    source: Callable[[], Any]
+    dtype: DType
+    cast: bool
+
+    def __call__(self) -> np.ndarray:
+        return _contiguous(_to_param_dtype(self.name, self.source(), self.dtype, cast=self.cast))
+
+
+def _value(kept: np.ndarray | _Recomputed) -> np.ndarray:
+    return kept() if isinstance(kept, _Recomputed) else kept
 
 
 def _check_max_contexts(n: Any) -> int:

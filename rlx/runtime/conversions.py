@@ -22,6 +22,11 @@ def _contiguous(arr: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
 def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
     if isinstance(value, np.generic):
         value = np.asarray(value)
+    if dtype.is_narrow:  # a storage format takes only its own numpy (ml_dtypes) type: no lossless source exists
+        if not (isinstance(value, np.ndarray) and value.dtype == dtype.np):
+            got = value.dtype if isinstance(value, np.ndarray) else type(value).__name__
+            raise ExecutionError(f"input {name!r} is {dtype}; got {got} (pass an array of ml_dtypes.{dtype.np.name})")
+        return _contiguous(value)
     if not isinstance(value, np.ndarray):
         try:
             if dtype is DType.BF16:
@@ -59,6 +64,11 @@ def _to_param_dtype(name: str, value: Any, dtype: DType, *, cast: bool = False) 
         if dtype is DType.BF16:  # a real bf16 array: stored bit for bit
             return bfloat16_to_bits(value)
         value = bf16_to_f32(bfloat16_to_bits(value))  # exact; the f32 rules below decide the rest
+    if dtype.is_narrow:  # a storage format takes only its own numpy (ml_dtypes) type: no lossless source exists
+        if not (isinstance(value, np.ndarray) and value.dtype == dtype.np):
+            got = value.dtype if isinstance(value, np.ndarray) else type(value).__name__
+            raise ExecutionError(f"param {name!r} is {dtype}; got {got} (pass an array of ml_dtypes.{dtype.np.name})")
+        return _contiguous(value)
     if isinstance(value, np.ndarray):
         arr = value
     else:

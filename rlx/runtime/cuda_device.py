@@ -47,6 +47,9 @@ int32_t     rlx_run_host_step(void *ctx, const int64_t *symbols, const void *con
 int32_t     rlx_state_release(void *ctx);
 void       *rlx_cuda_malloc(int64_t nbytes);
 void        rlx_cuda_free(void *p);
+int32_t     rlx_cuda_graphs_captured(void *ctx);
+void       *rlx_cuda_host_alloc(int64_t nbytes);
+void        rlx_cuda_host_free(void *p);
 int32_t     rlx_cuda_memcpy(void *dst, const void *src, int64_t nbytes, int32_t kind);
 int32_t     rlx_cuda_stream_sync(uint64_t stream);
 const char *rlx_last_error(void *ctx);
@@ -128,6 +131,19 @@ class DeviceArray:
 
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype})"
+
+
+def pinned_empty(lib: Any, shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A numpy array over `rlx_cuda_host_alloc`'d memory of library `lib`; the memory lives as long as the array
+    (its base, a cffi buffer, holds the owning pointer, which `rlx_cuda_host_free`s it when collected)."""
+    dt = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    nbytes = math.prod(shape) * dt.itemsize
+    raw = lib.rlx_cuda_host_alloc(nbytes)
+    if raw == cuda_ffi.NULL:
+        raise CudaError(_global_error(lib) or f"pinned allocation of {nbytes} bytes failed")
+    owner = cuda_ffi.gc(raw, lib.rlx_cuda_host_free)
+    return np.frombuffer(cuda_ffi.buffer(owner, max(nbytes, 1)), np.uint8, nbytes).view(dt).reshape(shape)
 
 
 class _DeviceView:
@@ -272,6 +288,17 @@ class CudaGraph(CompiledGraph):
         out = DeviceArray(self._cuda, arr.shape, arr.dtype)
         out.copy_from_host(arr)
         return out
+
+    @property
+    def captured_graphs(self) -> int:
+        """How many CUDA graphs the primary context holds captured (one per set of dynamic-dim values run twice);
+        0 once a capture failed, after which its runs are eager. Read it between runs."""
+        return int(self._cuda.rlx_cuda_graphs_captured(self._dev_ctx))
+
+    def host_empty(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        """An uninitialized host array in pinned (page-locked) memory, freed with the array: the run copies it to
+        and from the device by DMA, with no pass through the driver's pageable staging (`pipeline` slots use it)."""
+        return pinned_empty(self._cuda, shape, dtype)
 
     def run_device(self, inputs: Mapping[str, Any] | None = None, outputs: Mapping[str, Any] | None = None,
                    **kw: Any) -> list[Any]:

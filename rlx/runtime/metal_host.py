@@ -105,8 +105,9 @@ class MetalGraph(Provenance):
         raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         self._runner.memory[offset:offset + raw.size] = raw
 
-    def set_param(self, name: str, array: Any, *, cast: bool = False) -> None:
-        """Copy a param's values into the program buffer (bf16 params take float32 values)."""
+    def set_param(self, name: str, array: Any, *, cast: bool = False, source: Any = None) -> None:
+        """Copy a param's values into the program buffer (bf16 params take float32 values). Nothing of the
+        array is kept afterwards, so `source` (`CompiledGraph.set_param`'s) is not needed."""
         slot = next((k for k, t in enumerate(self._params) if t.name == name), None)
         if slot is None:
             raise ExecutionError(f"unknown param {name!r}; the graph's params are {self.param_names}")

@@ -57,6 +57,13 @@ int32_t rlx_state_release(void *ctx);
 void   *rlx_cuda_malloc(int64_t nbytes);
 void    rlx_cuda_free(void *p);
 
+/* How many CUDA graphs ctx holds captured for its runs: 0 once a capture failed (it runs eagerly since), -1 for NULL. */
+int32_t rlx_cuda_graphs_captured(void *ctx);
+
+/* Pinned (page-locked, portable) host memory, or NULL with rlx_last_error(NULL) set; freed by rlx_cuda_host_free. */
+void   *rlx_cuda_host_alloc(int64_t nbytes);
+void    rlx_cuda_host_free(void *p);
+
 /* Synchronous copy; kind 0 host->device, 1 device->host, 2 device->device. 0 or -2. */
 int32_t rlx_cuda_memcpy(void *dst, const void *src, int64_t nbytes, int32_t kind);
 

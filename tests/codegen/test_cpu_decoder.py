@@ -172,23 +172,34 @@ def test_decode_rows_over_a_long_cache_match_reference(threads: int) -> None:
         pos = pos + s
 
 
-@pytest.mark.parametrize("backend", ["cuda", "metal"])
-def test_gpu_backends_refuse_a_window_at_render(backend: str) -> None:
-    """CUDA and Metal have no windowed kernel yet: a clear BuildError when rendering, before any build."""
+def test_cpu_refuses_a_cache_narrower_than_the_compute() -> None:
+    """An f16 KV cache beside f32 queries runs on CUDA only: the CPU says so before any build (legalization never
+    widens a cache it would then update in place)."""
+    g = rlx.Graph("kv16")
+    q, k, v = (g.input(n, [1, 2, 16]) for n in "qkv")
+    kc, vc = (g.state(n, [1, 8, 16], "f16") for n in ("k_cache", "v_cache"))
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, g.input("pos", [1], "i32"), num_heads=2, head_dim=8)])
+    with pytest.raises(BuildError, match="with f16 KV caches beside f32 queries"):
+        rlx.Session("cpu").compile(g)
+
+
+def test_metal_refuses_a_window_at_render() -> None:
+    """Metal has no windowed kernel yet: a clear BuildError when rendering, before any build."""
+    from rlx.codegen.metal import MetalTarget
     from rlx.driver import lower_to_lir, to_mir
+    from rlx.pipeline.metal import render_metal
 
-    lir = lower_to_lir(to_mir(_graph(window=4)), 0, backend=backend)
-    if backend == "cuda":
-        from rlx.codegen.cuda import CudaTarget
-        from rlx.pipeline.cuda import render_cuda
+    lir = lower_to_lir(to_mir(_graph(window=4)), 0, backend="metal")
+    with pytest.raises(BuildError, match=r"sliding window \(4\) has no Metal"):
+        render_metal(lir, MetalTarget(), lir.manifest())
 
-        def render() -> object:
-            return render_cuda(lir, CudaTarget(), {"name": "w"})
-    else:
-        from rlx.codegen.metal import MetalTarget
-        from rlx.pipeline.metal import render_metal
 
-        def render() -> object:
-            return render_metal(lir, MetalTarget(), lir.manifest())
-    with pytest.raises(BuildError, match=rf"sliding window \(4\) has no {'CUDA' if backend == 'cuda' else 'Metal'}"):
-        render()
+def test_cuda_renders_a_window() -> None:
+    """CUDA runs windows (kernels/kv_attention.cuh and kv_decode.cuh; parity: tests/gpu, the emulator tests): the
+    window reaches both launches."""
+    from rlx.codegen.cuda import CudaTarget
+    from rlx.driver import lower_to_lir, to_mir
+    from rlx.pipeline.cuda import render_cuda
+
+    src = render_cuda(lower_to_lir(to_mir(_graph(window=4)), 0, backend="cuda"), CudaTarget(), {"name": "w"})
+    assert src.count("(int64_t)4, RLX_FLAG(c)") >= 2 and ", true>, dim3(" in src  # WINDOW=true rlx_kv_decode

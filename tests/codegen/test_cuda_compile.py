@@ -47,8 +47,8 @@ def toolchain() -> NvccToolchain:
     return NvccToolchain(path, text, "sm_90", find_cublas(path))
 
 
-#: Op kinds that reach CUDA only through the pipeline's decompose stage (control flow: a select and a
-#: masked scan, rlx/opt/control.py); graphs with them are lowered as `Session` lowers them, at level 0.
+#: Op kinds whose bodies the pipeline plans and decides (control flow, rlx/codegen/cuda/control.py); graphs with
+#: them are lowered as `Session` lowers them, at level 0.
 DECOMPOSED_FOR_CUDA = {"cond", "while_loop"}
 
 
@@ -182,6 +182,24 @@ def test_qkv_gemms_run_as_one_wide_gemm() -> None:
     assert builtin.count("rlx_gemm_tiled<") >= 6 and "combined" not in builtin
 
 
+def test_decode_attention_kernels_compile(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """rlx_kv_decode and rlx_kv_attend at bf16 compute over an f16 cache with a sliding window (their f32 forms
+    compile with every case above, the f16 and rotary forms in the decoder below)."""
+    target = CudaTarget(gemm="builtin", precision=DType.BF16)
+    src = _compile(toolchain, cases.CASES["kv_attention_window"]().graph, target, tmp_path)
+    assert "rlx_kv_decode<rlx_bf16, __half, 64, 2, false, false, true>" in src
+    assert "rlx_kv_attend<rlx_bf16, __half, 64, false, false>" in src
+
+
+def test_decoder_decode_attention_rotates_in_kernel() -> None:
+    """The LLaMA-style decoder's decode steps run rlx_kv_decode with the rotary embedding inside (DecodeRope);
+    test_decoder_compiles_with_resident_states compiles it."""
+    from rlx.driver import lower_to_lir
+
+    src = render_cuda(lower_to_lir(_tiny_decoder(), 2, backend="cuda"), CudaTarget(gemm="builtin"), {"name": "d"})
+    assert "rlx_kv_decode<float, float, 16, 2, true, false, false>" in src
+
+
 def _tiny_decoder() -> Graph:
     from rlx.ir.quant import row_bytes
 
@@ -189,21 +207,27 @@ def _tiny_decoder() -> Graph:
     return tiny_decoder()  # the render cases' LLaMA-style decoder step (tests/codegen/render_cases.py)
 
 
-def test_paged_cached_attention_compiles(toolchain: NvccToolchain, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kv_dtype", "window"), [("f32", None), ("f16", 6)])
+def test_paged_cached_attention_compiles(toolchain: NvccToolchain, tmp_path: Path, kv_dtype: str,
+                                         window: int | None) -> None:
     """`cached_attention` over a paged KV cache: the paged append kernel launched before the attention, which
-    reads through the block table (the whole paged decoder renders in tests/codegen/render_cases.py)."""
+    reads through the block table (the whole paged decoder renders in tests/codegen/render_cases.py); also over
+    an f16 cache with a sliding window (both kernels store the keys rounded to the cache dtype)."""
     g = Graph("paged_attention")
     seq, batch = Dim.dynamic("seq", 16), Dim.dynamic("batch", 8)
     q, k, v = g.input("q", [batch, seq, 64]), g.input("k", [batch, seq, 32]), g.input("v", [batch, seq, 32])
-    kc, vc = g.state("k_cache", [12, 8, 32]), g.state("v_cache", [12, 8, 32])
+    kc, vc = g.state("k_cache", [12, 8, 32], kv_dtype), g.state("v_cache", [12, 8, 32], kv_dtype)
     g.set_outputs([g.cached_attention(q, k, v, kc, vc, g.input("pos", [batch], "i32"), num_heads=4, head_dim=16,
                                       num_kv_heads=2, block_table=g.input("block_table", [batch, 5], "i32"),
-                                      page_size=8)])
+                                      page_size=8, window=window)])
     src = render_cuda(plan(g), CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "paged"})
     path = tmp_path / "paged.cu"
     path.write_text(src)
     toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
     assert src.count("rlx_launch_pdl(c->pdl, rlx_kv_append_paged<") == 1
+    if kv_dtype == "f16":  # f16 compute over the f16 pool, a window of 6 keys: never the grouped decode kernel
+        assert "rlx_kv_append_paged<__half, __half>" in src and "(int64_t)6, RLX_FLAG(c)" in src
+        assert "rlx_kv_decode<" not in src
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16"])
@@ -231,8 +255,9 @@ def test_decoder_compiles_with_resident_states(toolchain: NvccToolchain, precisi
     inside = [o for i, p in enumerate(lay.inputs) for o in {p.dev, p.staging}
               if lo <= o < hi and (lir.inputs[i].state or o != p.staging)]
     assert not inside
-    # per layer: Q/K/V after the norm, the output projection plus residual, gate/up with SwiGLU, down plus residual
-    assert src.count("rlx_qgemv_fused<") == 4 * 2 * 4  # 4 groups a layer, 2 layers, a launch for 1..4 rows
+    # per layer: Q/K/V after the norm, the output projection plus residual, gate/up with SwiGLU, down plus residual;
+    # then the output head after the final norm: (4 groups a layer x 2 layers + 1) x a launch for 1..4 rows
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_qgemv_fused<") == (4 * 2 + 1) * 4
     forward = src.split("static int rlx_forward")[1].split("\n}\n")[0]
     assert "state input" not in forward  # state conversions run outside the captured program
 

@@ -1,7 +1,9 @@
 """The CUDA decoder attention (templates/cuda/kernels/kv_attention.cuh) runs on the CPU through the CUDA shim
 (tests/codegen/cuda_emu/cuda_shim.h), against rlx.reference: queries over a long past split their keys over
 several blocks (DecodeSplitKv, flash-decoding) and the last block merges the partials; the split count comes from
-`rlx.opt.lowering_cuda.kv_splits`, the launch as templates/cuda/decoder.cu.j2 makes it. Needs g++ with C++20."""
+`rlx.opt.lowering_cuda.kv_splits`, the launch as templates/cuda/decoder.cu.j2 makes it. The grouped decode kernel
+(templates/cuda/kernels/kv_decode.cuh: a block per KV head for its query heads, 16-byte loads, rotary embedding,
+sliding window, f16 caches as _Float16) likewise. Needs g++ with C++20."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ from cuda_emu_build import build_emu
 
 from rlx import reference
 from rlx.ir import ops as O
-from rlx.opt.lowering_cuda import KV_SPLIT_KEYS, kv_splits
+from rlx.opt.lowering_cuda import KV_SPLIT_KEYS, KVD_SPLIT_KEYS, kv_splits, kvd_splits
 
 F32P = ctypes.POINTER(ctypes.c_float)
 I32P = ctypes.POINTER(ctypes.c_int32)
 HEADS, KV_HEADS, HD, CAP = 4, 2, 64, 1100
+#: the grouped decode tests' cache rows (fewer: each emulated block is 128 threads)
+CAP_D = 160
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     i64 = ctypes.c_int64
     lib.emu_kv_attend.restype = ctypes.c_int
     lib.emu_kv_attend.argtypes = [F32P] * 5 + [I32P, F32P, i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float,
-                                               ctypes.c_uint, i64, F32P, I32P]
+                                               ctypes.c_uint, i64, F32P, I32P, i64]
     return lib
 
 
@@ -50,7 +54,7 @@ def _run(emu: ctypes.CDLL, positions: list[int], sq: int, splits: int, seed: int
     counters = np.zeros(rows * HEADS, np.int32)
     flag = emu.emu_kv_attend(_p(q), _p(k), _p(v), _p(kc), _p(vc), pos.ctypes.data_as(I32P), _p(out), batch, sq,
                              CAP, HEADS, KV_HEADS, op.softmax_scale, splits, KV_SPLIT_KEYS, _p(partials),
-                             counters.ctypes.data_as(I32P))
+                             counters.ctypes.data_as(I32P), 0)
     assert flag == 0
     np.testing.assert_array_equal(kc, ref_kc)  # the step's keys and values appended once, at each row's position
     np.testing.assert_array_equal(vc, ref_vc)
@@ -93,13 +97,22 @@ def _paged(emu: ctypes.CDLL) -> ctypes._FuncPointer:
     f = emu.emu_kv_attend_paged
     f.restype = ctypes.c_int
     f.argtypes = [F32P] * 5 + [I32P, F32P, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_uint, i64,
-                               F32P, I32P, I32P, i64, i64, i64]
+                               F32P, I32P, I32P, i64, i64, i64, i64]
     return f
 
 
 def test_paged_layout_matches_the_reference_and_rows_read_each_others_keys(emu: ctypes.CDLL) -> None:
     """PAGED: rows over scattered pages (the split decode path for the long one), and rows 1, 2 two consecutive
     tokens of one sequence sharing its block table (row 2 reads the key row 1 appends)."""
+    _paged_case(emu, None)
+
+
+def test_paged_layout_with_a_sliding_window(emu: ctypes.CDLL) -> None:
+    """PAGED and WINDOW together: each query's last 100 keys, read through its block table (split for the long row)."""
+    _paged_case(emu, 100)
+
+
+def _paged_case(emu: ctypes.CDLL, window: int | None) -> None:
     r = np.random.default_rng(11)
     positions = np.array([290, 20, 21], np.int32)
     table = np.zeros((3, MAX_PAGES), np.int32)
@@ -109,7 +122,7 @@ def test_paged_layout_matches_the_reference_and_rows_read_each_others_keys(emu: 
     q = r.standard_normal((3, 1, HEADS * HD)).astype(np.float32)
     k, v = (r.standard_normal((3, 1, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
     kc, vc = (r.standard_normal((NUM_PAGES, PAGE, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
-    op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, page_size=PAGE)
+    op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, page_size=PAGE, window=window)
     ref_kc, ref_vc = kc.copy(), vc.copy()
     want = reference.cached_attention(q, k, v, ref_kc, ref_vc, positions, op, table)
     splits = kv_splits(PAGE * MAX_PAGES)
@@ -118,7 +131,7 @@ def test_paged_layout_matches_the_reference_and_rows_read_each_others_keys(emu: 
     counters = np.zeros(3 * HEADS, np.int32)
     flag = _paged(emu)(_p(q), _p(k), _p(v), _p(kc), _p(vc), positions.ctypes.data_as(I32P), _p(out), 3, 1, HEADS,
                        KV_HEADS, op.softmax_scale, splits, KV_SPLIT_KEYS, _p(partials), counters.ctypes.data_as(I32P),
-                       table.ctypes.data_as(I32P), PAGE, MAX_PAGES, NUM_PAGES)
+                       table.ctypes.data_as(I32P), PAGE, MAX_PAGES, NUM_PAGES, window or 0)
     assert flag == 0
     np.testing.assert_array_equal(kc, ref_kc)
     np.testing.assert_array_equal(vc, ref_vc)
@@ -133,5 +146,104 @@ def test_paged_page_outside_the_pool_raises_the_flag(emu: ctypes.CDLL) -> None:
     out, counters = np.zeros_like(q), np.zeros(HEADS, np.int32)
     flag = _paged(emu)(_p(q), _p(k), _p(k), _p(kc), _p(kc.copy()), np.zeros(1, np.int32).ctypes.data_as(I32P), _p(out),
                        1, 1, HEADS, KV_HEADS, 1.0, 1, KV_SPLIT_KEYS, _p(np.zeros(HEADS * (HD + 2), np.float32)),
-                       counters.ctypes.data_as(I32P), table.ctypes.data_as(I32P), PAGE, MAX_PAGES, NUM_PAGES)
+                       counters.ctypes.data_as(I32P), table.ctypes.data_as(I32P), PAGE, MAX_PAGES, NUM_PAGES, 0)
     assert flag == 4 and not kc.any()
+
+
+# ── rlx_kv_decode (kernels/kv_decode.cuh): the grouped decode kernel, a block per (query, KV head) ──
+
+
+@pytest.fixture(scope="module")
+def kvd(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    lib = build_emu(tmp_path_factory, "kvd_emu.cpp")
+    i64, vp = ctypes.c_int64, ctypes.c_void_p
+    lib.emu_kv_decode.restype = ctypes.c_int
+    c_int = ctypes.c_int
+    lib.emu_kv_decode.argtypes = [F32P] * 3 + [vp, vp, I32P, F32P, i64, i64, i64, c_int, c_int, ctypes.c_float, i64,
+                                               F32P, F32P, c_int, c_int, c_int, ctypes.c_uint, i64, F32P, I32P]
+    return lib
+
+
+def _decode(kvd: ctypes.CDLL, positions: list[int], sq: int, *, splits: int, window: int | None = None,
+            rope: str | None = None, rot: int = HD, cache: type = np.float32, seed: int = 0) -> None:
+    """One rlx_kv_decode launch against rlx.reference (rope: the queries and new keys rotated first, as
+    `DecodeRope` has the kernel do), the caches compared bit for bit."""
+    r = np.random.default_rng(seed)
+    batch = len(positions)
+    q = r.standard_normal((batch, sq, HEADS * HD)).astype(np.float32)
+    k, v = (r.standard_normal((batch, sq, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    kc, vc = (r.standard_normal((batch, CAP_D, KV_HEADS * HD)).astype(cache) for _ in range(2))
+    ang = r.uniform(0, 6, (sq, rot // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    pos = np.array(positions, np.int32)
+    op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, window=window)
+    rq, rk = q, k
+    if rope is not None:
+        rop = O.Rope(head_dim=HD, n_rot=rot, variant=rope)
+        rq, rk = (reference.rope(x, cos, sin, rop).astype(np.float32) for x in (q, k))
+    ref_kc, ref_vc = kc.copy(), vc.copy()
+    want = reference.cached_attention(rq, rk, v, ref_kc, ref_vc, pos, op)
+    out = np.full_like(q, np.nan)
+    partials = np.full(batch * sq * HEADS * splits * (HD + 2), np.nan, np.float32)
+    counters = np.zeros(batch * sq * KV_HEADS, np.int32)
+    flag = kvd.emu_kv_decode(_p(q), _p(k), _p(v), kc.ctypes.data, vc.ctypes.data, pos.ctypes.data_as(I32P), _p(out),
+                             batch, sq, CAP_D, HEADS, KV_HEADS, op.softmax_scale, window or 0, _p(cos), _p(sin), rot,
+                             {None: 0, "interleaved": 1, "neox": 2}[rope], int(cache is np.float16), splits,
+                             KVD_SPLIT_KEYS, _p(partials), counters.ctypes.data_as(I32P))
+    assert flag == 0
+    if rope is None:
+        np.testing.assert_array_equal(kc, ref_kc)  # the step's rows appended once, rounded to the cache dtype
+    else:  # rotated in f32 by the kernel, in f64 by the reference: equal up to the cache's rounding
+        np.testing.assert_allclose(kc.astype(np.float32), ref_kc.astype(np.float32), rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(vc, ref_vc)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+    assert not counters.any(), "the merging block leaves every counter at zero for the next launch"
+
+
+@pytest.mark.parametrize(("positions", "sq", "sms"), [
+    ([100, 150], 1, 4),   # 3 splits (4 SMs' worth) of ~50 keys, 2 of them for the shorter row
+    ([130], 2, 132),      # two queries, their blocks split differently
+    ([0], 1, 132),        # one key: one block, the output written directly
+    ([156], 4, 2),        # 4 new rows up to the last cache row, 1 split
+])
+def test_grouped_decode_matches_reference(kvd: ctypes.CDLL, positions: list[int], sq: int, sms: int) -> None:
+    _decode(kvd, positions, sq, splits=kvd_splits(CAP_D, KV_HEADS, sms), seed=sum(positions) + sq + sms)
+
+
+@pytest.mark.parametrize(("rope", "rot"), [("interleaved", HD), ("neox", 32)])
+def test_grouped_decode_rotates_queries_and_new_keys(kvd: ctypes.CDLL, rope: str, rot: int) -> None:
+    _decode(kvd, [120], 2, splits=kvd_splits(CAP_D, KV_HEADS, 132), rope=rope, rot=rot, seed=rot)
+
+
+@pytest.mark.parametrize(("positions", "window"), [([150, 30], 70), ([5], 1)])
+def test_grouped_decode_sliding_window(kvd: ctypes.CDLL, positions: list[int], window: int) -> None:
+    """Only each query's last `window` keys; the split count from the window (`visible_keys`)."""
+    _decode(kvd, positions, 1, splits=kvd_splits(window, KV_HEADS, 132), window=window, seed=window)
+
+
+def test_grouped_decode_f16_cache(kvd: ctypes.CDLL) -> None:
+    """f32 compute over an f16 cache: the new rows stored rounded, attention reading every row as stored."""
+    _decode(kvd, [140, 40], 1, splits=kvd_splits(CAP_D, KV_HEADS, 132), cache=np.float16, seed=16)
+    _decode(kvd, [90], 2, splits=kvd_splits(CAP_D, KV_HEADS, 132), rope="neox", cache=np.float16, seed=17)
+
+
+def test_attend_sliding_window(emu: ctypes.CDLL) -> None:
+    """rlx_kv_attend (prefill steps) with a window: each query's last `window` keys, split or not."""
+    r = np.random.default_rng(5)
+    for positions, sq, splits, window in (([600, 3], 2, 1, 50), ([700], 1, kv_splits(CAP), 300)):
+        batch = len(positions)
+        q = r.standard_normal((batch, sq, HEADS * HD)).astype(np.float32)
+        k, v = (r.standard_normal((batch, sq, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+        kc, vc = (r.standard_normal((batch, CAP, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+        pos = np.array(positions, np.int32)
+        op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, window=window)
+        ref_kc, ref_vc = kc.copy(), vc.copy()
+        want = reference.cached_attention(q, k, v, ref_kc, ref_vc, pos, op)
+        out = np.full_like(q, np.nan)
+        partials = np.full(batch * sq * HEADS * splits * (HD + 2), np.nan, np.float32)
+        counters = np.zeros(batch * sq * HEADS, np.int32)
+        assert emu.emu_kv_attend(_p(q), _p(k), _p(v), _p(kc), _p(vc), pos.ctypes.data_as(I32P), _p(out), batch, sq,
+                                 CAP, HEADS, KV_HEADS, op.softmax_scale, splits, KV_SPLIT_KEYS, _p(partials),
+                                 counters.ctypes.data_as(I32P), window) == 0
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(kc, ref_kc)

@@ -65,3 +65,27 @@ def test_metal_refuses_moe_before_any_build() -> None:
     assert not session.supports(g)
     with pytest.raises(BuildError, match="METAL backend has no rule for moe_topk"):
         session.render(g)
+
+
+def test_moe_decoder_step_renders_for_cuda() -> None:
+    """A whole MoE decoder step (`build_decoder` of a Qwen3-MoE-shaped config: a sparse layer with Q8_0 experts
+    beside a dense one) lowers for CUDA at the optimizing level, takes a decided expert plan per `moe_matmul`
+    and renders the MoE kernels (their nvcc build is the `moe_ops` case's, in test_cuda_compile.py: a whole
+    decoder's build would add a minute of nvcc on CI's two cores)."""
+    from rlx.models.decoder_config import DecoderConfig
+    from rlx.models.llama import WeightSpec, build_decoder, random_specs
+    from rlx.models.moe import MoeConfig
+    from rlx.pipeline import lower_to_lir
+
+    cfg = DecoderConfig(arch="qwen3_moe", vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                        head_dim=16, ffn_size=96, rope_variant="neox", context_length=64, qk_norm=True,
+                        moe=MoeConfig(hidden_size=64, num_experts=4, top_k=2, intermediate_size=32, normalize=False),
+                        moe_layers=(True, False))
+    specs = {n: WeightSpec("q8_0", s.shape) if ".experts." in n else s for n, s in random_specs(cfg).items()}
+    lir = lower_to_lir(build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32), 2, backend="cuda")
+    target = CudaTarget(precision=DType.F32, gemm="builtin")
+    assert len(decide_cuda(lir, target).decided(MoeExpertPlan)) == 2
+    src = render_cuda(lir, target, {"name": "moe_decoder"})
+    for kernel in ("rlx_moe_topk<float>", "rlx_moe_gate<float, float>", "rlx_moe_qgemv<float, float, RLX_Q8_0, 32, 34>",
+                   "rlx_moe_group_gemm<float, uint8_t, float, RLX_Q8_0, 32, 34>"):
+        assert kernel in src, kernel

@@ -44,9 +44,9 @@ CPU_ONLY = {"custom_fn", "int8_matmul"}
 #: Collectives render as NCCL calls (rlx/codegen/cuda/collectives.py), checked compile-only in
 #: tests/codegen/test_cuda_collectives.py: a single-GPU case run cannot give them a communicator.
 COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter"}
-#: Control flow has no CUDA rule: it is lowered to a select and a masked scan before any rule is asked
-#: (rlx/opt/control.py); tests/gpu/cases.py's control_flow runs the lowered form.
-LOWERED = {"cond", "while_loop"}
+#: Control flow has CUDA rules (rlx/codegen/cuda/control.py); a node they refuse is lowered to a select or a masked
+#: scan before any rule is asked (rlx/opt/control.py): tests/codegen/test_cuda_control.py checks both.
+CONTROL = {"cond", "while_loop"}
 #: Kinds no backend renders: the pipeline's decompose stage rewrites them into primitives first.
 DECOMPOSED = {"batch_norm"}
 
@@ -71,12 +71,12 @@ def test_every_reference_op_kind_has_a_cuda_rule_or_is_reported(monkeypatch: pyt
         else:
             assert found is None, f"{name}: {found and found[1]}"
     assert all(row["cuda"] for kind, row in support_table(["cuda"]).items()
-               if kind not in CPU_ONLY | LOWERED | DECOMPOSED)
-    for kind in LOWERED:  # lowered by the pipeline: the graph the CUDA rules see holds none
-        assert table("cuda").rule(kind) is None
+               if kind not in CPU_ONLY | DECOMPOSED)
+    for kind in CONTROL:  # ruled: the graph the CUDA rules see keeps them
+        assert table("cuda").rule(kind) is not None
         lowered = legalize_for(graphs["control_flow"], "cuda")
         assert kind in {n.kind for n in graphs["control_flow"].nodes}
-        assert kind not in {n.kind for n in lowered.nodes} and first_unsupported_op(lowered, "cuda") is None
+        assert kind in {n.kind for n in lowered.nodes} and first_unsupported_op(lowered, "cuda") is None
     # the mechanism: a kind without a rule is named before rendering anything
     monkeypatch.delitem(rules.rules, "softmax")
     node, reason = first_unsupported_op(graphs["softmaxes"], "cuda")
@@ -130,7 +130,8 @@ def test_qkv_groups_and_layout_are_lir_decisions() -> None:
 def test_split_decode_attention_is_a_lir_decision() -> None:
     """A KV cache longer than one block's keys: decode queries split their keys (flash-decoding), visible in the
     LIR, with partials in scratch and per-query counters in their own region, zeroed once at rlx_create."""
-    split = lower_for(plan(cases.CASES["kv_attention_split"]().graph), "cuda", precision=DType.F32, gemm="builtin")
+    split = lower_for(plan(cases.CASES["kv_attention_split"]().graph), "cuda", precision=DType.F32, gemm="builtin",
+                      kv_decode=False)  # rlx_kv_attend's own split (the grouped kernel's: the test below)
     (d,) = split.decided(DecodeSplitKv)
     assert (d.max_splits, d.split_keys, d.max_rows) == (5, 256, 4)  # 1100 rows of cache
     assert "splits a query's keys over up to 5 blocks of >= 256 keys when a step has <= 4 rows" in split.inspect()
@@ -142,9 +143,36 @@ def test_split_decode_attention_is_a_lir_decision() -> None:
     assert "batch * sq <= 4 ? 5u : 1u" in src and "RLX_P(int32_t, RLX_OFF_COUNTERS)" in src
     assert "cudaMemsetAsync(RLX_P(unsigned char, RLX_OFF_COUNTERS), 0, 64" in src
     # a short cache never splits: no decision, no counters, the launch has one block per query
-    short = lower_for(plan(cases.CASES["kv_attention"]().graph), "cuda", precision=DType.F32, gemm="builtin")
+    short = lower_for(plan(cases.CASES["kv_attention"]().graph), "cuda", precision=DType.F32, gemm="builtin",
+                      kv_decode=False)
     assert not short.decided(DecodeSplitKv) and short.decided(DeviceLayout)[0].counters_bytes == 0
     assert "RLX_OFF_COUNTERS)" not in render_cuda(short, CudaTarget(gemm="builtin"), {"name": "k"}).split("#define")[-1]
+
+
+def test_grouped_decode_attention_is_a_lir_decision() -> None:
+    """Decode steps run rlx_kv_decode: a block per (query, KV head) for its query heads, the key split sized from
+    the visible keys and the SM count (`CudaTarget.decode_sms`), recorded in the LIR; prefill steps rlx_kv_attend."""
+    graph = cases.CASES["kv_attention_split"]().graph  # 1100 cache rows, 4 heads over 2 KV heads, head dim 64
+    lir = lower_for(plan(graph), "cuda", precision=DType.F16, gemm="builtin")
+    (d,) = lir.decided(DecodeSplitKv)
+    # f16 rows of 64: 8 lanes a row; ceil(1100 / 64) = 18 splits (2 x 132 SMs / 2 KV heads would allow 132)
+    assert (d.grouped, d.group, d.lanes, d.max_splits, d.split_keys, d.sms) == (True, 2, 8, 18, 64, 132)
+    assert "rlx_kv_decode, a block per (query, KV head) for its 2 query heads" in lir.inspect()
+    few = lower_for(plan(graph), "cuda", precision=DType.F32, gemm="builtin", decode_sms=8)
+    (d8,) = few.decided(DecodeSplitKv)
+    assert (d8.lanes, d8.max_splits) == (16, 8)  # f32 rows: 16 lanes; 2 x 8 SMs / 2 KV heads = 8 splits
+    src = render_cuda(lir, CudaTarget(gemm="builtin", precision=DType.F16), {"name": "g"})
+    decode = "rlx_kv_decode<__half, __half, 64, 2, false, false, false>, dim3((unsigned)(batch * 2), (unsigned)sq, 18u)"
+    assert decode in src
+    assert "rlx_kv_attend<__half, __half, 64, false, false>, dim3((unsigned)(batch * 4), (unsigned)sq, 1u)" in src
+    # a window bounds the keys a query sees, so the split; a short cache still runs the grouped kernel, unsplit
+    windowed = lower_for(plan(cases.CASES["kv_attention_window"]().graph), "cuda", precision=DType.F32,
+                         gemm="builtin")
+    (dw,) = windowed.decided(DecodeSplitKv)
+    assert dw.grouped and dw.max_splits == 2  # window 100: ceil(100 / 64)
+    short = lower_for(plan(cases.CASES["kv_attention"]().graph), "cuda", precision=DType.F32, gemm="builtin")
+    (ds,) = short.decided(DecodeSplitKv)
+    assert ds.grouped and ds.max_splits == 1 and short.decided(DeviceLayout)[0].counters_bytes == 0
 
 
 def test_fixed_kernels_are_included_only_when_used() -> None:

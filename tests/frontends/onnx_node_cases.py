@@ -110,7 +110,11 @@ def run_case(case: object) -> Outcome:
             w, g = w.astype(np.float32), g.astype(np.float32)
         if g.shape != w.shape:
             return Outcome(name, "wrong", f"shape {g.shape} != {w.shape}")
-        if w.dtype.kind in "fc":
+        if w.dtype.kind == "V" or "float8" in w.dtype.name:  # ml_dtypes' float8/float4/int4/int2: the same
+            # type, equal values (NaN as NaN)
+            if g.dtype != w.dtype or not np.array_equal(g.astype(np.float64), w.astype(np.float64), equal_nan=True):
+                return Outcome(name, "wrong", f"{g.dtype} values differ from {w.dtype}")
+        elif w.dtype.kind in "fc":
             if not np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True):
                 return Outcome(name, "wrong", f"max abs error {np.nanmax(np.abs(g - w))}")
         elif not np.array_equal(g.astype(w.dtype), w):

@@ -159,8 +159,10 @@ def test_windows_batch_norms_and_auto_pads_equal_onnxruntime() -> None:
     (dict(op_type="Conv", kernel_shape=[3, 3]), [1, 2, 4, 4], [2, 2, 1, 1], "disagrees with the weight"),
     (dict(op_type="BatchNormalization", training_mode=1), [1, 2, 4, 4], None, "training_mode=1"),
     (dict(op_type="MaxPool", kernel_shape=[2, 2], storage_order=1), [1, 2, 4, 4], None, "storage_order"),
-    (dict(op_type="Resize", mode="linear"), [1, 2, 4, 4], None, "mode='linear'"),
-    (dict(op_type="Resize", mode="nearest"), [1, 2, 4, 4], [1, 1, 1.5, 2], "must be integers"),
+    # linear and cubic, and nearest by any factor, resize static axes (test_onnx_resize.py); these are refused:
+    (dict(op_type="Resize", mode="linear", antialias=1), [1, 2, 4, 4], [1, 1, 0.5, 0.5], "antialias"),
+    (dict(op_type="Resize", coordinate_transformation_mode="tf_crop_and_resize"), [1, 2, 4, 4], None,
+     "tf_crop_and_resize"),
     (dict(op_type="Pad", mode="wrap"), [1, 2, 4, 4], None, "mode 'wrap'"),
 ])
 def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w_shape: list | None,
@@ -189,3 +191,23 @@ def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w
 def test_conv_family_is_listed_as_supported() -> None:
     assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Pad",
             "Resize", "ConvTranspose"} <= set(supported_ops())
+
+
+def test_conv_transpose_with_a_run_time_weight_equals_onnxruntime() -> None:
+    """A ConvTranspose weight that is a graph input: flipped and turned by gathers and a transpose in the graph."""
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 1], pads=[1, 0, 0, 1], group=2,
+                              output_padding=[1, 0]),
+             helper.make_node("ConvTranspose", ["x1", "w1", "b1"], ["y1"], dilations=[2])]
+    data = _model(nodes, [_vi("x", [1, 4, 5, 4]), _vi("w", [4, 3, 3, 2]), _vi("x1", [2, 2, 7]), _vi("w1", [2, 3, 3]),
+                          _vi("b1", [3])], [_vi("y", None), _vi("y1", None)], {})
+    graph, params = from_onnx(data)
+    cg = rlx.Session(rlx.Device.CPU).compile(graph)
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((1, 4, 5, 4)), "w": rng.standard_normal((4, 3, 3, 2)),
+             "x1": rng.standard_normal((2, 2, 7)), "w1": rng.standard_normal((2, 3, 3)), "b1": rng.standard_normal(3)}
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    for name, got, ref, want in zip(("y", "y1"), cg.run(feeds), rlx.reference.run(graph, feeds, params),
+                                    sess.run(None, feeds)):
+        _close(got, want, f"{name} compiled")
+        _close(ref, want, f"{name} reference")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import rlx
+from rlx import reference
 from rlx.frontends.onnx import from_onnx
 
 onnx = pytest.importorskip("onnx")
@@ -153,3 +155,85 @@ def test_integer_and_bool_dtypes_at_the_boundary(rng: np.random.Generator) -> No
     outs += [("not_p", BOOL), ("where_i8", TensorProto.INT8)]
     model = _model(nodes, inputs, [_vi(n, t, None) for n, t in outs], opset=17)
     _check(model, [feeds])
+
+
+def test_unsigned_dtypes_compute_unsigned(rng: np.random.Generator) -> None:
+    """uint16 / uint32 / uint64: arithmetic wraps, division and comparison are unsigned (values above the
+    signed range), casts to and from float, sums; compiled for the CPU against the reference and numpy."""
+    types = {"u16": (TensorProto.UINT16, np.uint16), "u32": (TensorProto.UINT32, np.uint32),
+             "u64": (TensorProto.UINT64, np.uint64)}
+    nodes = [helper.make_node("Abs", ["f"], ["f_abs"])]  # a float -> unsigned cast of a negative value is UB
+    inputs, outs, feeds = [_vi("f", F, [2, 3])], [], {"f": rng.uniform(-60, 60, (2, 3)).astype(np.float32)}
+    for name, (onnx_type, np_type) in types.items():
+        top = np.iinfo(np_type).max
+        a = rng.integers(0, 50, (2, 3)).astype(np_type)
+        a[0] = [top, top - 7, top // 2 + 3]  # above the signed range of the same width
+        b = rng.integers(1, 50, (2, 3)).astype(np_type)
+        b[1, 0] = top  # a / top is 0 or 1, never -a
+        feeds[f"a_{name}"], feeds[f"b_{name}"] = a, b
+        inputs += [_vi(f"a_{name}", onnx_type, [2, 3]), _vi(f"b_{name}", onnx_type, [2, 3])]
+        for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Greater", "Equal"):
+            nodes.append(helper.make_node(op, [f"a_{name}", f"b_{name}"], [f"{op.lower()}_{name}"]))
+            outs.append((f"{op.lower()}_{name}", BOOL if op in ("Greater", "Equal") else onnx_type))
+        nodes += [helper.make_node("Cast", [f"a_{name}"], [f"to_f64_{name}"], to=TensorProto.DOUBLE),
+                  helper.make_node("Cast", ["f_abs"], [f"from_f32_{name}"], to=onnx_type),
+                  helper.make_node("ReduceSum", [f"a_{name}"], [f"sum_{name}"], keepdims=0),
+                  helper.make_node("ReduceMax", [f"a_{name}"], [f"rmax_{name}"], keepdims=0)]
+        outs += [(f"to_f64_{name}", TensorProto.DOUBLE), (f"from_f32_{name}", onnx_type), (f"sum_{name}", onnx_type),
+                 (f"rmax_{name}", onnx_type)]
+    model = _model(nodes, inputs, [_vi(n, t, None) for n, t in outs], opset=18)
+    graph, params = from_onnx(model)
+    compiled = rlx.Session(rlx.Device.CPU).compile(graph)
+    got, ref = compiled.run(feeds), reference.run(graph, feeds, params)
+    with np.errstate(over="ignore"):
+        want = {}
+        for name, (_, np_type) in types.items():
+            a, b = feeds[f"a_{name}"], feeds[f"b_{name}"]
+            want |= {f"add_{name}": a + b, f"sub_{name}": a - b, f"mul_{name}": a * b, f"div_{name}": a // b,
+                     f"max_{name}": np.maximum(a, b), f"min_{name}": np.minimum(a, b), f"greater_{name}": a > b,
+                     f"equal_{name}": a == b, f"to_f64_{name}": a.astype(np.float64),
+                     f"from_f32_{name}": np.abs(feeds["f"]).astype(np_type),
+                     f"sum_{name}": np.sum(a, axis=None, dtype=np_type), f"rmax_{name}": a.max()}
+    for (out, _), g, r in zip(outs, got, ref):
+        assert g.dtype == want[out].dtype and r.dtype == want[out].dtype, out
+        np.testing.assert_array_equal(g, want[out], err_msg=out)
+        np.testing.assert_array_equal(r, want[out], err_msg=out)
+
+
+def test_float8_and_int4_casts_saturating_or_not(rng: np.random.Generator) -> None:
+    """ONNX Cast/CastLike to float8 (saturate=1 and 0), float4 and int4 and back, compiled for the CPU: equal to
+    the reference bit for bit (the reference's casts are checked against ONNX's own expected outputs in the
+    node suite; onnxruntime's Python API returns no float8 arrays)."""
+    import ml_dtypes
+
+    f8 = {TensorProto.FLOAT8E4M3FN: "e4m3fn", TensorProto.FLOAT8E4M3FNUZ: "e4m3fnuz",
+          TensorProto.FLOAT8E5M2: "e5m2", TensorProto.FLOAT8E5M2FNUZ: "e5m2fnuz"}
+    nodes, outs = [], []
+    for onnx_type, name in f8.items():
+        for sat in (1, 0):
+            nodes.append(helper.make_node("Cast", ["x"], [f"{name}_{sat}"], to=onnx_type, saturate=sat))
+            outs.append((f"{name}_{sat}", onnx_type))
+        nodes.append(helper.make_node("Cast", [f"{name}_0"], [f"{name}_back"], to=F))
+        outs.append((f"{name}_back", F))
+    nodes += [helper.make_node("Cast", ["x"], ["f4"], to=TensorProto.FLOAT4E2M1),
+              helper.make_node("Cast", ["i"], ["i4"], to=TensorProto.INT4),
+              helper.make_node("CastLike", ["i4", "x"], ["i4_back"])]
+    outs += [("f4", TensorProto.FLOAT4E2M1), ("i4", TensorProto.INT4), ("i4_back", F)]
+    model = _model(nodes, [_vi("x", F, [64]), _vi("i", I32, [64])], [_vi(n, t, None) for n, t in outs], opset=23)
+    x = np.concatenate([[np.nan, np.inf, -np.inf, 464, 465, -1000, 248, 247, 61440, 61439, -70000, 0.0, -0.0],
+                        rng.standard_normal(51) * 10.0 ** rng.integers(-4, 5, 51)]).astype(np.float32)
+    feeds = {"x": x, "i": rng.integers(-20, 20, 64).astype(np.int32)}
+    graph, params = from_onnx(model)
+    got = rlx.Session(rlx.Device.CPU).compile(graph).run(feeds)
+    ref = reference.run(graph, feeds, params)
+    for k, (out, _) in enumerate(outs):
+        g, r = got[k], ref[k]
+        assert g.dtype == r.dtype, out
+        np.testing.assert_array_equal(g.view(np.uint8) if g.itemsize == 1 else g, r.view(np.uint8) if
+                                      r.itemsize == 1 else r, err_msg=out)
+    assert ref[0].dtype == ml_dtypes.float8_e4m3fn and np.isnan(ref[1].astype(np.float32)[4])  # 465 > 464: NaN
+    for k, (out, _) in enumerate(outs):  # saturate=0 is ml_dtypes' plain conversion (ONNX's reference's)
+        if out.endswith("_0"):
+            plain = x.astype(ref[k].dtype).astype(np.float64)
+            np.testing.assert_array_equal(ref[k].astype(np.float64), plain, err_msg=out)
+

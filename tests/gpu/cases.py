@@ -436,7 +436,8 @@ def rope_per_row() -> Case:
 _KV = (4, 2, 64)
 
 
-def _kv_attention_graph(name: str, cap: int, max_seq: int) -> Graph:
+def _kv_attention_graph(name: str, cap: int, max_seq: int, window: int | None = None,
+                        cache_dtype: str = "f32") -> Graph:
     """cached_attention (`_KV` heads) on up to 2 rows of up to `max_seq` new tokens,
     a cache of `cap` positions for 2 rows."""
     g = Graph(name)
@@ -445,10 +446,11 @@ def _kv_attention_graph(name: str, cap: int, max_seq: int) -> Graph:
     q = g.input("q", [batch, seq, heads * hd])
     k = g.input("k", [batch, seq, kv_heads * hd])
     v = g.input("v", [batch, seq, kv_heads * hd])
-    kc = g.state("k_cache", [2, cap, kv_heads * hd])
-    vc = g.state("v_cache", [2, cap, kv_heads * hd])
+    kc = g.state("k_cache", [2, cap, kv_heads * hd], cache_dtype)
+    vc = g.state("v_cache", [2, cap, kv_heads * hd], cache_dtype)
     pos = g.input("pos", [batch], "i32")
-    g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=heads, head_dim=hd, num_kv_heads=kv_heads)])
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, pos, num_heads=heads, head_dim=hd, num_kv_heads=kv_heads,
+                                      window=window)])
     return g
 
 
@@ -483,6 +485,22 @@ def kv_attention_split() -> Case:
                       "v": _f32(r, 2, s, kv_heads * hd), "pos": np.array(at, np.int32), "k_cache": caches[0],
                       "v_cache": caches[1]})
     return Case("kv_attention_split", g, feeds)
+
+
+@case
+def kv_attention_window() -> Case:
+    """cached_attention with a sliding window of 100 over an f16 cache (f32 queries): prefill steps (rlx_kv_attend)
+    and decode steps (rlx_kv_decode, split over the window's keys), rows inside and past the window."""
+    (heads, kv_heads, hd), cap = _KV, 600
+    g = _kv_attention_graph("kv_attention_window", cap, 4, window=100, cache_dtype="f16")
+    r = _rng(34)
+    caches = tuple(_f32(r, 2, cap, kv_heads * hd).astype(np.float16) for _ in range(2))  # a long past already there
+    feeds = []
+    for at, s in (([0, 300], 4), ([450, 590], 1), ([100, 20], 2), ([99, 5], 1)):
+        feeds.append({"q": _f32(r, 2, s, heads * hd), "k": _f32(r, 2, s, kv_heads * hd),
+                      "v": _f32(r, 2, s, kv_heads * hd), "pos": np.array(at, np.int32), "k_cache": caches[0],
+                      "v_cache": caches[1]})
+    return Case("kv_attention_window", g, feeds)
 
 
 @case
@@ -709,7 +727,7 @@ def scan_ssm_body() -> Case:
 @case
 def control_flow() -> Case:
     """cond (a GEMM branch or an elementwise one, both taken over the feeds) feeding a while_loop with
-    max_trips: both lowered by the pipeline to a select and a scan of masked steps (rlx/opt/control.py)."""
+    max_trips: both run on the device predicate (rlx/codegen/cuda/control.py)."""
     g = Graph("control_flow")
     x, w = g.input("x", [4, 16]), g.input("w", [16, 16])
     t = Graph("gemm_branch")

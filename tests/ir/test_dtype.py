@@ -27,6 +27,7 @@ def test_parse_aliases(text: str, expected: DType) -> None:
 @pytest.mark.parametrize(("np_dtype", "expected"), [
     (np.float32, DType.F32), (np.float16, DType.F16), (np.float64, DType.F64), (np.int8, DType.I8),
     (np.int32, DType.I32), (np.int64, DType.I64), (np.uint8, DType.U8), (np.bool_, DType.BOOL),
+    (np.uint32, DType.U32), (np.uint64, DType.U64),
 ])
 def test_parse_numpy(np_dtype: type, expected: DType) -> None:
     assert DType.parse(np_dtype) is expected
@@ -34,9 +35,10 @@ def test_parse_numpy(np_dtype: type, expected: DType) -> None:
 
 
 def test_uint16_is_not_silently_bf16() -> None:
-    # bf16 is *stored* as uint16, but a uint16 array is not a bf16 tensor.
-    with pytest.raises(IRError, match="uint16"):
-        DType.parse(np.uint16)
+    # bf16 is *stored* as uint16, but a uint16 array is not a bf16 tensor: it is u16 (DType.U16).
+    assert DType.parse(np.uint16) is DType.U16
+    assert DType.parse(np.dtype(np.uint16)) is not DType.BF16
+    assert DType.BF16.np == np.uint16 and DType.U16.np == np.uint16
 
 
 @pytest.mark.parametrize("bad", ["f33", "", "complex64", np.complex64, object()])
@@ -47,7 +49,9 @@ def test_parse_rejects_unknown(bad: object) -> None:
 
 def test_kind_predicates() -> None:
     assert {d for d in DType if d.is_float} == {DType.F32, DType.F16, DType.BF16, DType.F64}
-    assert {d for d in DType if d.is_int} == {DType.I8, DType.I16, DType.I32, DType.I64, DType.U8}
+    assert {d for d in DType if d.is_int} == {DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U16,
+                                              DType.U32, DType.U64}
+    assert {d for d in DType if d.is_unsigned} == {DType.U8, DType.U16, DType.U32, DType.U64}
     assert not DType.BOOL.is_float and not DType.BOOL.is_int
     assert DType.F32.c_type == "float" and DType.F64.c_type == "double" and DType.BF16.c_type == "uint16_t"
 

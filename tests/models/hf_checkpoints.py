@@ -2,7 +2,8 @@
 
 Every family has one config (hidden 64, 2 layers, vocab 300) with its features switched on where a
 tiny model can show them (sliding windows of 24 tokens, shorter than the 40-token prompts: Mistral on
-every layer, Gemma 3 on its sliding layer beside a global one; soft-capping; SmolLM3: a NoPE layer).
+every layer, Gemma 3 on its sliding layer beside a global one; soft-capping; SmolLM3: a NoPE layer;
+Mixtral and Qwen3-MoE: sparse MoE layers, Qwen3-MoE's beside a dense one).
 A word-level `tokenizer.json` (built with `tokenizers`) and a `tokenizer_config.json` with a chat
 template go beside the weights.
 """
@@ -28,6 +29,11 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "smollm3": {"no_rope_layers": [1, 0]},
     "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"], "query_pre_attn_scalar": 16,
                     "sliding_window": 24, "final_logit_softcapping": 30.0},
+    # sparse MoE: Mixtral renormalizes its top-2 of 8 experts on every layer; Qwen3-MoE (4 experts, top-2, not
+    # renormalized) has a dense MLP on layer 1 (mlp_only_layers) beside a sparse layer 0
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": False,
+                  "mlp_only_layers": [1]},
 }
 #: A ChatML template (system prompt handled inline) and a Llama-2 style one (bos_token, raise_exception).
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "

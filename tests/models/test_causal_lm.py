@@ -295,3 +295,15 @@ def test_f16_bf16_gguf_weights_stay_narrow(kind: str, tmp_path: Path) -> None:
         effect = np.abs(meant - want).max()
         assert 1e-5 * np.abs(want).max() < effect < 0.05 * np.abs(want).max()
         assert np.abs(got - meant).max() <= 2 * effect
+
+
+def test_kv_dtype_is_checked(tensors: dict) -> None:
+    """A narrow KV cache runs on CUDA only (tests/gpu/test_cuda_long_context.py); an unknown dtype is named; both
+    before any build. build_decoder declares the cache states in the dtype asked for."""
+    with pytest.raises(RlxError, match="kv_dtype 'f16' is not one 'cpu' runs"):
+        CausalLM(CONFIG, tensors, device="cpu", kv_dtype="f16")
+    with pytest.raises(RlxError, match="kv_dtype 'q8' is not one 'cuda' runs"):
+        CausalLM(CONFIG, tensors, device="cuda", kv_dtype="q8")
+    g = L.build_decoder(CONFIG, random_specs(CONFIG), max_seq=8, capacity=16, kv_dtype="f16")
+    assert {n.shape.dtype.value for n in g.inputs() if n.op.state} == {"f16"}
+    assert CausalLM(CONFIG, tensors, device="reference", max_context=16).kv_dtype == "f32"

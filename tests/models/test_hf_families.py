@@ -1,4 +1,5 @@
-"""Every dense Hugging Face family `CausalLM.from_pretrained` loads, against transformers on random checkpoints.
+"""Every Hugging Face family `CausalLM.from_pretrained` loads (dense and sparse MoE), against transformers
+on random checkpoints.
 
 One compiled CPU model per family (module-scoped): f32 logits of a 1-token and a 40-token prompt,
 24 greedy tokens through the KV cache, and `generate_batch` of two prompts of different lengths.
@@ -71,5 +72,10 @@ def test_family_features_were_read(family):
         "gemma3_text": (c.layer_rope == ("local", "global") and (c.layer_window(0), c.layer_window(1)) == (24, 0)
                         and c.sandwich_norms and c.final_softcap == 30.0
                         and c.rope_local.base != c.rope.base and c.embed_scale == 8.0),
+        "mixtral": (c.moe is not None and c.moe.num_experts == 8 and c.moe.top_k == 2 and c.moe.normalize
+                    and c.layer_moe(0) and c.layer_moe(1) and "blk.0.ffn_gate.weight" not in lm.tensors),
+        "qwen3_moe": (c.moe is not None and c.moe.num_experts == 4 and not c.moe.normalize and c.qk_norm
+                      and (c.layer_moe(0), c.layer_moe(1)) == (True, False)
+                      and "blk.1.ffn_gate.weight" in lm.tensors and "blk.0.ffn_moe.experts.down_proj" in lm.tensors),
     }
     assert features[name], c

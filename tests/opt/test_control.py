@@ -16,6 +16,8 @@ from rlx.ir.graph import Graph
 from rlx.ir.ops_scan import Scan
 from rlx.ir.serialize_lir import lir_from_document, lir_to_document
 from rlx.opt.control import fold_control
+from rlx.opt.decompose import decompose
+from rlx.opt.memplan import plan
 from rlx.opt.pipeline import optimize
 from rlx.pipeline import decide, lower_to_lir
 from rlx.reference import run
@@ -162,8 +164,10 @@ def test_the_cpu_pipeline_plans_and_decides_every_body(program: Graph) -> None:
     assert back.hash() == decided.hash() and len(back.bodies) == 4
 
 
-def test_cuda_runs_the_loop_as_a_masked_scan(program: Graph) -> None:
-    lir = lower_to_lir(program, 2, backend="cuda")
+def test_cuda_rules_take_both_and_the_fallback_runs_the_loop_as_a_masked_scan(program: Graph) -> None:
+    assert {"cond", "while_loop"} <= set(_kinds(lower_to_lir(program, 2, backend="cuda").graph))  # CUDA's rules
+    # where a backend's rule does not take them (rlx/opt/decompose.py), the fallback lowering runs
+    lir = plan(decompose(optimize(program), lambda g, n: n.kind not in ("cond", "while_loop")))
     assert {"cond", "while_loop"}.isdisjoint(_kinds(lir.graph))
     (scan,) = [n for n in lir.graph.nodes if isinstance(n.op, Scan)]
     assert scan.op.length.value == 12 and "where" in str(Graph.from_body(scan.op.body))
@@ -186,14 +190,19 @@ def test_compiled_cpu_runs_only_the_taken_branch_and_unbounded_loops() -> None:
         cg.run({"x": x, "k": np.array(-1, np.int32)})
 
 
-def test_unbounded_while_loop_is_refused_before_any_build_on_cuda() -> None:
+def test_unbounded_while_loop_needs_max_trips_only_where_cuda_falls_back_to_a_masked_scan() -> None:
     def fn(t):
         return t.while_loop(lambda c: c.sum() < 50.0, lambda c: c * 2.0, t.input("x", [2]))
 
+    def nested(t):  # a cond in the body: the CUDA rule renders one level of bodies, so the loop falls back
+        return t.while_loop(lambda c: c.sum() < 50.0, lambda c: c.tracer.cond(c.sum() > 0, lambda v: v * 2.0,
+                                                                              lambda v: v * 3.0, c), t.input("x", [2]))
+
     g = rlx.trace("unbounded", fn)
     np.testing.assert_array_equal(run(g, {"x": np.array([1.0, 2.0], np.float32)})[0], [32.0, 64.0])
+    assert "while_loop" in {n.kind for n in rlx.Session(rlx.Device.CUDA).lower(g).graph.nodes}  # a real loop
     with pytest.raises(BuildError, match=r"while_loop has no max_trips: .* give max_trips"):
-        rlx.Session(rlx.Device.CUDA).lower(g)
+        rlx.Session(rlx.Device.CUDA).lower(rlx.trace("unbounded_nested", nested))
 
 
 def test_metal_runs_cond_lowered_and_refuses_while_loop_naming_it() -> None:

@@ -129,3 +129,12 @@ def test_backends_without_mixed_gemms_get_the_weights_widened():
     mm = next(n for n in out.nodes if n.kind == "matmul")
     assert [out.node(i).kind for i in mm.inputs] == ["input", "cast"]
     assert out.node(mm.inputs[1]).shape.dtype is DType.F32
+
+
+def test_state_inputs_are_never_widened() -> None:
+    """An op updating a narrow state in place (a KV cache) is left alone: a widened copy would take the update."""
+    g = rlx.Graph("kv")
+    q, k, v = (g.input(n, [1, 2, 16]) for n in "qkv")
+    kc, vc = (g.state(n, [1, 8, 16], "f16") for n in ("k_cache", "v_cache"))
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, g.input("pos", [1], "i32"), num_heads=2, head_dim=8)])
+    assert legalize(g, lambda node, ins, out: all(d.value in ("f32", "i32") for d in (*ins, out))) is g

@@ -106,6 +106,27 @@ def test_params_must_be_set_and_well_formed():
     assert cg.run(x=np.ones((2, 3, 8), np.float32))[0].shape == (2, 3, 4)
 
 
+def test_set_param_with_a_source_keeps_no_reference_to_the_array(rng):
+    """`set_param(source=...)`: the graph keeps the recipe, not the array (a converted weight is not held twice);
+    `param_arrays` has the values again from it, converted as set_param converted the array."""
+    import weakref
+
+    g = _mlp()
+    cg = compile_graph(g)
+    w = rng.standard_normal((8, 4))  # float64: converted (cast) to f32 on the way in
+    arr = w.copy()
+    gone = weakref.ref(arr)
+    cg.set_param("w", arr, cast=True, source=lambda: w)
+    cg.set_param("b", np.zeros(4, np.float32))
+    del arr
+    assert gone() is None
+    again = cg.param_arrays()
+    assert again["w"].dtype == np.float32 and again["w"].flags.c_contiguous
+    np.testing.assert_array_equal(again["w"], w.astype(np.float32))
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    np.testing.assert_allclose(cg.run(x=x)[0], rlx.reference.run(g, {"x": x}, again)[0], rtol=1e-5, atol=1e-6)
+
+
 def test_param_layout_is_applied_by_the_library(rng):
     """A param stored transposed (layout pass) still takes the user's layout in set_param."""
     g = rlx.Graph("layout")

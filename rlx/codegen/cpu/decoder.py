@@ -104,6 +104,9 @@ def emit_kv_attention(em, node: Node) -> Kernel:
 
 def _kv_attention_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
     # q, k, v and both caches f32; the positions (and a block table) are i32 by the op's own check
+    if in_dtypes[3] != in_dtypes[0]:
+        return (f"with {in_dtypes[3].value} KV caches beside {in_dtypes[0].value} queries (caches narrower than the "
+                f"compute run on CUDA; give them f32 here)")
     return float32_only(op, in_dtypes[:5], out_dtype)
 
 

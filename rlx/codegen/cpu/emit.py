@@ -283,7 +283,8 @@ class CpuEmitter:
                          a_strides=batch_strides(a), b_strides=batch_strides(b, b_mat), rank=nb)
 
 #: Headers every generated file includes (small inline helpers; the ABI uses copy and gemm).
-BASE_HEADERS = ("kernels/threads.h", "kernels/half.h", "kernels/scalar.h", "kernels/copy.h", "kernels/gemm.h")
+BASE_HEADERS = ("kernels/threads.h", "kernels/half.h", "kernels/scalar.h", "kernels/narrow.h", "kernels/copy.h",
+                "kernels/gemm.h")
 
 
 def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:

@@ -34,7 +34,9 @@ RULES = RuleSet("cpu")
 
 _COMPUTE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
             DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
-            DType.BOOL: "uint8_t"}
+            DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "uint8_t",
+            # storage formats are carried as their bits; only a cast step reads or writes them (narrow.h)
+            **{d: "uint8_t" for d in DType if d.is_narrow}}
 
 
 # ── kernel arguments: one frozen dataclass per macro (`CpuArgs`, `rlx.codegen.cpu.emit`) ──
@@ -66,6 +68,9 @@ class EwStep:
     ctype: str
     arg_ctype: str
     arg_dtype: str
+    #: A cast step's source / target storage format (`DType.is_narrow`: "f8e4m3fn" …), else "".
+    narrow_from: str = ""
+    narrow_to: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -418,9 +423,11 @@ def elementwise_args(em: CpuEmitter, node: Node) -> ElementwiseArgs:
             fn = DType.parse(sop.dtype).value
         if isinstance(sop, O.Binary) and fn in ("div", "pow") and dt.is_int:
             checks = True
+        narrow_from = arg_dts[-1].value if arg_dts[-1].is_narrow else ""
         step_ctx.append(EwStep(var=var, kind=sop.kind, fn=fn, args=tuple(f"v{a}" for a in step.args),
                                dtype=dt.value, ctype=_COMPUTE[dt], arg_ctype=_COMPUTE[arg_dts[-1]],
-                               arg_dtype=arg_dts[-1].value))
+                               arg_dtype=arg_dts[-1].value, narrow_from=narrow_from,
+                               narrow_to=dt.value if dt.is_narrow else ""))
     out_dt = node.shape.dtype
     return ElementwiseArgs(
         rank=len(dims),
@@ -540,7 +547,8 @@ def reduce_args(em: CpuEmitter, node: Node) -> ReduceArgs:
             outer = em.numel([d for d, _ in groups]) if groups else "1"
     red_count = em.numel([d for d, r in groups if r]) if any(r for _, r in groups) else "1"
     dt = x.dtype
-    acc_type = "double" if dt.is_float else ("int64_t" if op.fn in ("sum", "prod") else _COMPUTE[dt])
+    wide = "uint64_t" if dt.is_unsigned else "int64_t"  # sums wrap as the numpy reference's do
+    acc_type = "double" if dt.is_float else (wide if op.fn in ("sum", "prod") else _COMPUTE[dt])
     if op.fn == "mean":
         acc_type = "double"
     if op.fn in ("max", "min"):

@@ -40,9 +40,23 @@ from rlx.codegen.registry import RuleTable
 @functools.cache
 def rule_table() -> RuleTable:
     """The CUDA rule table: every rule of the CUDA rule modules (made once per process)."""
-    from rlx.codegen.cuda import collectives, conv, decoder, lora, moe, quant, rules, sample, scan, select, ssm, user_op
+    from rlx.codegen.cuda import (
+        collectives,
+        control,
+        conv,
+        decoder,
+        lora,
+        moe,
+        quant,
+        rules,
+        sample,
+        scan,
+        select,
+        ssm,
+        user_op,
+    )
 
-    modules = (rules, quant, collectives, conv, decoder, lora, moe, sample, scan, select, ssm, user_op)
+    modules = (rules, quant, collectives, conv, decoder, lora, moe, sample, scan, control, select, ssm, user_op)
     return RuleTable.of("cuda", (m.RULES for m in modules))
 
 

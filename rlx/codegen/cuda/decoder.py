@@ -2,7 +2,10 @@
 
 Registered into the CUDA rule table when `rlx.codegen.cuda` is imported. The caches are
 state inputs: the run stages them on the device like any input and copies them back to
-the caller's buffer afterwards (`templates/cuda/model.cu.j2`).
+the caller's buffer afterwards (`templates/cuda/model.cu.j2`), or keeps them resident. Decode
+steps run rlx_kv_decode (kernels/kv_decode.cuh) where the lowering chose it (`DecodeSplitKv.grouped`),
+larger steps rlx_kv_attend (kernels/kv_attention.cuh). The caches may be narrower than the compute
+(f16/bf16 beside f32), and a sliding window limits each query to its last `window` keys.
 """
 
 from __future__ import annotations
@@ -21,16 +24,23 @@ RULES = RuleSet("cuda")
 
 TEMPLATE = "cuda/decoder.cu.j2"
 HEADER = "cuda/kernels/kv_attention.cuh"
+#: The grouped decode kernel (rlx_kv_decode, `DecodeSplitKv.grouped`).
+DECODE_HEADER = "cuda/kernels/kv_decode.cuh"
 #: The largest head dim the attend kernel spreads over one block's threads.
 MAX_HEAD_DIM = 256
 #: Threads (and warps) of one attend block, and the most new keys it rotates itself: RLX_KV_THREADS and
 #: RLX_KV_ROPE_ROWS in kernels/kv_attention.cuh.
 KV_THREADS, KV_WARPS, KV_ROPE_ROWS = 256, 8, 4
+#: Threads (and warps) of one rlx_kv_decode block and the most new rows of a step it stages: RLX_KVD_THREADS,
+#: RLX_KVD_WARPS and RLX_KVD_NEW_ROWS in kernels/kv_decode.cuh.
+KVD_THREADS, KVD_WARPS, KVD_NEW_ROWS = 128, 4, 4
 
 
 @dataclass(frozen=True, kw_only=True)
 class KvAttention(Launch):
     t: str
+    #: the caches' element type (the compute type t, or a narrower one)
+    kt: str
     q: str
     k: str
     v: str
@@ -48,6 +58,8 @@ class KvAttention(Launch):
     scale: str
     threads: int
     smem: int
+    #: sliding-window width (0: every earlier key)
+    window: int = 0
     #: DecodeRope: in steps of <= rope_rows rows the kernel rotates the raw projections itself.
     rope_rows: int = 0
     raw_q: str = ""
@@ -63,6 +75,12 @@ class KvAttention(Launch):
     split_keys: int = 1
     partials: str = "(float *)nullptr"
     counters: str = "(int32_t *)nullptr"
+    #: DecodeSplitKv.grouped: those steps run rlx_kv_decode (group query heads per block, dec_smem bytes of
+    #: shared memory); larger steps run rlx_kv_attend unsplit.
+    grouped: bool = False
+    group: int = 1
+    dec_smem: int = 0
+    dec_threads: int = KVD_THREADS
     #: The paged layout (kernels/kv_attention.cuh, PAGED): page size (0: contiguous), block table, its width
     #: and the pool's pages; `paged_args` the attend kernel's last four arguments.
     paged: int = 0
@@ -80,9 +98,6 @@ def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
 
 def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
     op: O.CachedAttention = node.op  # type: ignore[assignment]
-    if op.window is not None:
-        raise BuildError(f"cached_attention with a sliding window ({op.window}) has no CUDA kernel yet "
-                         f"(node {node.label}); run this model on the CPU")
     if op.head_dim > MAX_HEAD_DIM:
         raise BuildError(f"cached_attention head_dim {op.head_dim} exceeds {MAX_HEAD_DIM} on CUDA (node {node.label})")
     q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs[:6]
@@ -96,10 +111,14 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
         paged = dict(paged=op.page_size, block_table=bt, max_pages=table.dims[1].value, num_pages=cache.dims[0].value,
                      paged_args=f"{bt}, (int64_t){op.page_size}, (int64_t){table.dims[1].value}, "
                                 f"(int64_t){cache.dims[0].value}")
-    threads = KV_THREADS
+    window = op.window or 0
+    # a block's scores: at most the keys one query sees (the capacity, or the window)
+    keys = min(capacity, window) if window else capacity
+    hd = op.head_dim
     # the query row, reductions, partial sums, rotated new keys, scores
-    smem = (op.head_dim + KV_WARPS + KV_WARPS * op.head_dim + KV_ROPE_ROWS * op.head_dim + capacity) * 4
-    t = e.ctype(node.id)
+    smem = (hd + KV_WARPS + KV_WARPS * hd + KV_ROPE_ROWS * hd + keys) * 4
+    t, kt = e.ctype(node.id), e.ctype(kc_id)
+    win = str(bool(window)).lower()
     rope: dict = {}
     variants = [(False, False)]
     d = e.decode_rope.get(node.id)
@@ -113,18 +132,33 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                     per_row=int(e.node(rq.inputs[1]).shape.rank == 3))
         variants.append((True, neox))
     split: dict = {}
+    headers = (HEADER,)
+    attrs = tuple((f"rlx_kv_attend<{t}, {kt}, {hd}, {str(r).lower()}, {str(n).lower()}>", str(smem))
+                  for r, n in variants)
     ds = e.decode_split.get(node.id)
     if ds is not None:
-        split = dict(max_splits=ds.max_splits, split_rows=ds.max_rows, split_keys=ds.split_keys,
-                     partials="RLX_P(float, RLX_OFF_SCRATCH)", counters="RLX_P(int32_t, RLX_OFF_COUNTERS)")
-    attrs = tuple((f"rlx_kv_attend<{t}, {op.head_dim}, {str(r).lower()}, {str(n).lower()}>", str(smem))
-                  for r, n in variants)
+        split = dict(max_splits=ds.max_splits, split_rows=ds.max_rows, split_keys=ds.split_keys)
+        if ds.max_splits > 1:
+            split.update(partials="RLX_P(float, RLX_OFF_SCRATCH)", counters="RLX_P(int32_t, RLX_OFF_COUNTERS)")
+        if ds.grouped:
+            if op.paged:  # the lowering never plans it (decode_split_plan); rlx_kv_decode reads contiguous caches
+                raise BuildError(f"a paged cached_attention cannot run rlx_kv_decode (node {node.label})")
+            if (d is not None and d.max_rows > KVD_NEW_ROWS) or ds.max_rows > KVD_NEW_ROWS:
+                raise BuildError(f"decode steps of {ds.max_rows} rows exceed rlx_kv_decode's {KVD_NEW_ROWS} "
+                                 f"(node {node.label})")
+            # the G query rows, the step's new keys and values, the warps' states
+            dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + KVD_WARPS * ds.group * (hd + 2)) * 4
+            split.update(grouped=True, group=ds.group, dec_smem=dec_smem)
+            headers = (HEADER, DECODE_HEADER)
+            attrs += tuple((f"rlx_kv_decode<{t}, {kt}, {hd}, {ds.group}, {str(r).lower()}, {str(n).lower()}, {win}>",
+                            str(dec_smem)) for r, n in variants)
     args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope, **split, **paged,
-                       t=t, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id), v_cache=e.ptr(vc_id),
-                       positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]), sq=e.dim(q.dims[1]),
-                       capacity=capacity, kw=op.kv_heads * op.head_dim, heads=op.num_heads, kv_heads=op.kv_heads,
-                       hd=op.head_dim, scale=_float_c(op.softmax_scale), threads=threads, smem=smem)
-    return Kernel(node.id, "block_kv_attention", TEMPLATE, args, headers=(HEADER,), header=args.comment,
+                       t=t, kt=kt, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id),
+                       v_cache=e.ptr(vc_id), positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]),
+                       sq=e.dim(q.dims[1]), capacity=capacity, kw=op.kv_heads * hd, heads=op.num_heads,
+                       kv_heads=op.kv_heads, hd=hd, scale=_float_c(op.softmax_scale), threads=KV_THREADS, smem=smem,
+                       window=window)
+    return Kernel(node.id, "block_kv_attention", TEMPLATE, args, headers=headers, header=args.comment,
                   label=node.label)
 
 

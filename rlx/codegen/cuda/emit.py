@@ -71,10 +71,11 @@ _INT32_LIMIT = (1 << 31) - 1
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
-                  "cuda/kernels/kv_attention.cuh", "cuda/kernels/quant.cuh", "cuda/kernels/moe.cuh",
-                  "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh", "cuda/kernels/lora.cuh",
+                  "cuda/kernels/kv_attention.cuh", "cuda/kernels/kv_decode.cuh", "cuda/kernels/quant.cuh",
+                  "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
+                  "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
-                  "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh")
+                  "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh", "cuda/kernels/control.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
@@ -82,10 +83,12 @@ COPY_HEADER = "cuda/kernels/copy.cuh"
 
 _CTYPE = {DType.F32: "float", DType.F16: "__half", DType.BF16: "rlx_bf16", DType.F64: "double",
           DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
-          DType.BOOL: "uint8_t"}
+          DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "uint8_t",
+          **{d: "uint8_t" for d in DType if d.is_narrow}}  # storage formats: bytes a view may pass through
 _VTYPE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.F64: "double",
           DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
-          DType.BOOL: "bool"}
+          DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "bool",
+          **{d: "uint8_t" for d in DType if d.is_narrow}}
 _CUDA_TYPE = {DType.F32: "CUDA_R_32F", DType.F16: "CUDA_R_16F", DType.BF16: "CUDA_R_16BF"}
 assert set(_CUDA_TYPE) == set(LT_DTYPES)
 
@@ -164,6 +167,11 @@ class CudaTarget:
     #: rlx/opt/lowering_cuda_kernels.py) instead of cuBLASLt plus a separate pass; the build turns it off where
     #: CUTLASS's headers are missing or the arch is not sm_90.
     cutlass_gemm: bool = True
+    #: The SM count decode attention's key splits are sized for (`DecodeSplitKv`; 132: H100 / H200 SXM).
+    decode_sms: int = 132
+    #: Decode steps of `cached_attention` run rlx_kv_decode (a block per KV head for its query heads, 16-byte
+    #: K/V loads, flash-decoding splits: `DecodeSplitKv.grouped`) where it fits; False: rlx_kv_attend (comparisons).
+    kv_decode: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -175,6 +183,8 @@ class CudaTarget:
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
+        if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
+            raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
 
     def identity(self) -> str:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
@@ -188,7 +198,9 @@ class CudaTarget:
                 + ("" if self.pool_tail else " pool_tail=0") + (" pool_norm=1" if self.pool_norm else "")
                 + ("" if self.gather_region else " gather_region=0")
                 + ("" if self.io_graph else " io_graph=0")
-                + ("" if self.cutlass_gemm else " cutlass_gemm=0"))
+                + ("" if self.cutlass_gemm else " cutlass_gemm=0")
+                + ("" if self.decode_sms == 132 else f" decode_sms={self.decode_sms}")
+                + ("" if self.kv_decode else " kv_decode=0"))
 
 
 @dataclass(frozen=True)
@@ -475,10 +487,13 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
         params.append(entry)
     # the graph's constants, then each scan body's (placed by the lowering's ScanConstants decisions)
     placed = [(str(slot), emitter.node(nid), lay.constants[slot]) for slot, nid in enumerate(lir.constants)]
-    body_consts = {d.node: d.offsets for d in lir.decided(ScanConstants)}
-    for scan, body in scan_bodies(lir):
-        placed += [(f"s{scan}_{slot}", body.graph.node(nid), off)
-                   for slot, (nid, off) in enumerate(zip(body.constants, body_consts.get(scan, ())))]
+    body_consts = {(d.node, d.body): d.offsets for d in lir.decided(ScanConstants)}
+    bodies = scan_bodies(lir)
+    for index, (scan, body) in enumerate(bodies):
+        which = sum(1 for n, _ in bodies[:index] if n == scan)  # the node's body number (a cond has two)
+        tag = f"s{scan}" if which == 0 else f"s{scan}b{which}"
+        placed += [(f"{tag}_{slot}", body.graph.node(nid), off)
+                   for slot, (nid, off) in enumerate(zip(body.constants, body_consts.get((scan, which), ())))]
     for index, node, dev_off in placed:
         data = constant_bytes(node, emitter.dev_dtype(node.shape.dtype))
         rows = [", ".join(str(b) for b in data[i:i + 32]) for i in range(0, len(data), 32)]

@@ -137,7 +137,7 @@ def emit_scan(e: CudaEmitter, node: Node) -> Kernel:
     op: L.Scan = node.op  # type: ignore[assignment]
     p = f"{e.prefix}s{node.id}_"
     body_lir = decided_body(e.lir, node.id)  # planned and decided with the graph (rlx.pipeline.decide)
-    consts = {d.node: d.offsets for d in e.lir.decided(ScanConstants)}
+    consts = {d.node: d.offsets for d in e.lir.decided(ScanConstants) if d.body == 0}
     if body_lir.constants and node.id not in consts:
         raise BuildError(f"scan %{node.id}: its body's constants have no device place (lower the graph for CUDA)")
     ws, _ = e.lir.workspace(node.id)

@@ -52,10 +52,14 @@ _INT32_LIMIT = (1 << 31) - 1
 
 #: Storage types in device memory (bool is one byte; MSL has no 64-bit float).
 MSL_TYPE = {DType.F32: "float", DType.F16: "half", DType.BF16: "bfloat", DType.I8: "char", DType.I32: "int",
-            DType.I64: "long", DType.U8: "uchar", DType.BOOL: "uchar", DType.I16: "short"}
+            DType.I64: "long", DType.U8: "uchar", DType.BOOL: "uchar", DType.I16: "short",
+            DType.U16: "ushort", DType.U32: "uint", DType.U64: "ulong",
+            **{d: "uchar" for d in DType if d.is_narrow}}  # storage formats: bytes a view may pass through
 #: Types values are computed in (narrow floats in float).
 VALUE_TYPE = {DType.F32: "float", DType.F16: "float", DType.BF16: "float", DType.I8: "char", DType.I32: "int",
-              DType.I64: "long", DType.U8: "uchar", DType.BOOL: "bool", DType.I16: "short"}
+              DType.I64: "long", DType.U8: "uchar", DType.BOOL: "bool", DType.I16: "short",
+              DType.U16: "ushort", DType.U32: "uint", DType.U64: "ulong",
+              **{d: "uchar" for d in DType if d.is_narrow}}
 PRECISIONS = (DType.F32, DType.F16, DType.BF16)
 
 

@@ -578,6 +578,11 @@ def cached_attention(e: MetalEmitter, node: Node) -> Kernel:
                          "run this model on the CPU or CUDA")
     q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
     q, k, kc = e.node(q_id).shape, e.node(k_id).shape, e.node(kc_id).shape
+    if kc.dtype != q.dtype:
+        from rlx.errors import BuildError
+
+        raise BuildError(f"cached_attention with a {kc.dtype.value} cache beside {q.dtype.value} queries has no "
+                         f"Metal kernel (node {node.label}); give the caches the queries' dtype")
     append, name = e.kernel_name(node, "_append"), e.kernel_name(node)
     n = product(k.dims)
     grid = (GridAxis(q.dims[1]), GridAxis(Dim(op.num_heads)), GridAxis(q.dims[0]))

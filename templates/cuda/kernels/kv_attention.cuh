@@ -6,10 +6,12 @@
  * ROPE (decode steps, see DecodeRope): q, knew are the projections before the rotary embedding, which the
  * block applies itself to its query row and to the step's new keys (staged rotated in shared memory; at most
  * RLX_KV_ROPE_ROWS of them), from the tables cosb / sinb ([B, S, rot/2] per row, else [S, rot/2]). The step's own keys
- * and values (cache rows pos .. pos+sq-1) are read from its k and v inputs, not from the cache, and the first
+ * and values (cache rows pos .. pos+sq-1) are read from its k and v inputs (rounded to the cache dtype KT as it
+ * stores them; T is the compute dtype), not from the cache, and the first
  * query's block of the first query head of each KV head appends them to the cache: no block reads a cache
  * row this launch writes, so no second launch has to come first. A position outside the cache raises flag
  * bit 4 and nothing is written.
+ * WINDOW (sliding-window attention): window > 0 limits query i to its last `window` keys (0: every key).
  * SPLIT (flash-decoding, see DecodeSplitKv): a decode step has a block per (row, head) only, too few to fill the
  * GPU once the past is long, so the keys 0 .. n-1 of a query are split over up to gridDim.z blocks of at least
  * split_keys keys each (how many is decided per launch from n: a short past stays one block and writes its
@@ -51,11 +53,14 @@ __device__ __forceinline__ float rlx_kv_block_reduce(float v, int op, float *red
     return v;
 }
 
-template <typename T, int HD, bool ROPE, bool NEOX>
+/* x as a cache of KT stores it (the step's own keys and values are read from the inputs, as the cache will hold them). */
+template <typename KT> __device__ __forceinline__ float rlx_kv_stored(float x) { return rlx_f(rlx_to<KT>(x)); }
+
+template <typename T, typename KT, int HD, bool ROPE, bool NEOX>
 __global__ void __launch_bounds__(RLX_KV_THREADS)
 rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew,
-              T *__restrict__ kc, T *__restrict__ vc, const int32_t *__restrict__ pos, T *out,
-              int64_t sq, int64_t cap, int heads, int kv_heads, float scale, int32_t *flag,
+              KT *__restrict__ kc, KT *__restrict__ vc, const int32_t *__restrict__ pos, T *out,
+              int64_t sq, int64_t cap, int heads, int kv_heads, float scale, int64_t window, int32_t *flag,
               const T *__restrict__ cosb, const T *__restrict__ sinb, int rot, int per_row,
               float *__restrict__ partials, int32_t *__restrict__ counters, int64_t split_keys,
               const int32_t *__restrict__ bt, int64_t page, int64_t maxp, int64_t num_pages) {
@@ -78,7 +83,7 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         const int64_t p0 = (int64_t)pos[b], kw0 = (int64_t)kv_heads * HD;
         const int64_t rows = bt == nullptr && p0 >= 0 && p0 <= cap ? p0 : 0;  /* paged: no hint */
         for (int64_t j = (int64_t)blockIdx.z * blockDim.x + threadIdx.x; j < rows; j += (int64_t)gridDim.z * blockDim.x)
-            for (int off = 0; off < HD * (int)sizeof(T); off += 128) {
+            for (int off = 0; off < HD * (int)sizeof(KT); off += 128) {
                 RLX_KV_PREFETCH((const char *)(kc + (b * cap + j) * kw0 + (int64_t)kvh * HD) + off);
                 RLX_KV_PREFETCH((const char *)(vc + (b * cap + j) * kw0 + (int64_t)kvh * HD) + off);
             }
@@ -103,13 +108,15 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     auto row_at = [&](int64_t j) -> int64_t {
         return bt != nullptr ? (int64_t)bt[b * maxp + j / page] * page + j % page : b * cap + j;
     };
-    const int64_t n = p + i + 1;             /* query i sees keys 0 .. p + i */
-    /* this block's keys lo .. hi-1: the query's n keys in `active` runs of `per` (none empty) */
-    const int64_t want = (n + split_keys - 1) / split_keys, runs = want < gridDim.z ? want : (int64_t)gridDim.z;
-    const int64_t per = (n + runs - 1) / runs;
-    const int active = (int)((n + per - 1) / per), split = (int)blockIdx.z;
+    const int64_t n = p + i + 1;             /* query i sees keys 0 .. p + i (a window: the last `window` of them) */
+    const int64_t first = window > 0 && n > window ? n - window : 0, count = n - first;
+    /* this block's keys lo .. hi-1: the query's count keys in `active` runs of `per` (none empty) */
+    const int64_t want = (count + split_keys - 1) / split_keys;
+    const int64_t runs = want < gridDim.z ? want : (int64_t)gridDim.z;
+    const int64_t per = (count + runs - 1) / runs;
+    const int active = (int)((count + per - 1) / per), split = (int)blockIdx.z;
     if (split >= active) return;
-    const int64_t lo = (int64_t)split * per, hi = lo + per < n ? lo + per : n;
+    const int64_t lo = first + (int64_t)split * per, hi = lo + per < n ? lo + per : n;
     const int64_t kw = (int64_t)kv_heads * HD;
     const T *qrow = q + ((b * sq + i) * heads + h) * HD;
     for (int d = threadIdx.x; d < HD; d += blockDim.x)
@@ -138,12 +145,12 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
             const int64_t s = e / HD, d = e % HD;
             const int64_t src = (b * sq + s) * kw + (int64_t)kvh * HD + d;
             const int64_t dst = row_at(p + s) * kw + (int64_t)kvh * HD + d;
-            kc[dst] = ROPE ? rlx_to<T>(kns[e]) : knew[src];
-            vc[dst] = vnew[src];
+            kc[dst] = rlx_to<KT>(ROPE ? kns[e] : rlx_f(knew[src]));
+            vc[dst] = rlx_to<KT>(rlx_f(vnew[src]));
         }
     }
     /* key or value row j of this KV head: the cache below p, this step's input from p on */
-    const T *kb = kc + (int64_t)kvh * HD, *vb = vc + (int64_t)kvh * HD;  /* row j at row_at(j) * kw */
+    const KT *kb = kc + (int64_t)kvh * HD, *vb = vc + (int64_t)kvh * HD;  /* row j at row_at(j) * kw */
     const T *kn = knew + b * sq * kw + (int64_t)kvh * HD, *vn = vnew + b * sq * kw + (int64_t)kvh * HD;
     float mx = -INFINITY;
     for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
@@ -152,12 +159,17 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
             const float *kr = kns + (j - p) * HD;
 #pragma unroll 16
             for (int d = 0; d < HD; ++d)
-                dot = fmaf(qs[d], kr[d], dot);
-        } else {
-            const T *kr = j < p ? kb + row_at(j) * kw : kn + (j - p) * kw;
+                dot = fmaf(qs[d], rlx_kv_stored<KT>(kr[d]), dot);
+        } else if (j < p) {
+            const KT *kr = kb + row_at(j) * kw;
 #pragma unroll 16
             for (int d = 0; d < HD; ++d)
                 dot = fmaf(qs[d], rlx_f(kr[d]), dot);
+        } else {
+            const T *kr = kn + (j - p) * kw;
+#pragma unroll 16
+            for (int d = 0; d < HD; ++d)
+                dot = fmaf(qs[d], rlx_kv_stored<KT>(rlx_f(kr[d])), dot);
         }
         dot *= scale;
         sc[j - lo] = dot;
@@ -179,10 +191,17 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
 #pragma unroll 4
     for (int64_t j = lo + warp; j < hi; j += RLX_KV_WARPS) {
         const float w = sc[j - lo];
-        const T *vr = j < p ? vb + row_at(j) * kw : vn + (j - p) * kw;
+        if (j < p) {
+            const KT *vr = vb + row_at(j) * kw;
 #pragma unroll
-        for (int t = 0; t < DPL; ++t)
-            if (lane + 32 * t < HD) acc[t] = fmaf(w, rlx_f(vr[lane + 32 * t]), acc[t]);
+            for (int t = 0; t < DPL; ++t)
+                if (lane + 32 * t < HD) acc[t] = fmaf(w, rlx_f(vr[lane + 32 * t]), acc[t]);
+        } else {
+            const T *vr = vn + (j - p) * kw;
+#pragma unroll
+            for (int t = 0; t < DPL; ++t)
+                if (lane + 32 * t < HD) acc[t] = fmaf(w, rlx_kv_stored<KT>(rlx_f(vr[lane + 32 * t])), acc[t]);
+        }
     }
 #pragma unroll
     for (int t = 0; t < DPL; ++t)
@@ -236,11 +255,12 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         counters[row_head] = 0;  /* ready for the next launch */
 }
 
-/* PAGED: this step's new keys and values into their pages, one block per (row, new token), before rlx_kv_attend
- * (which checks positions and page ids, raising its flag; a row it would refuse is not written here either). */
-template <typename T>
-__global__ void rlx_kv_append_paged(const T *__restrict__ knew, const T *__restrict__ vnew, T *__restrict__ kc,
-                                    T *__restrict__ vc, const int32_t *__restrict__ pos,
+/* PAGED: this step's new keys and values into their pages (rounded to the cache dtype KT), one block per
+ * (row, new token), before rlx_kv_attend (which checks positions and page ids, raising its flag; a row it would
+ * refuse is not written here either). */
+template <typename T, typename KT>
+__global__ void rlx_kv_append_paged(const T *__restrict__ knew, const T *__restrict__ vnew, KT *__restrict__ kc,
+                                    KT *__restrict__ vc, const int32_t *__restrict__ pos,
                                     const int32_t *__restrict__ bt, int64_t sq, int64_t page, int64_t maxp,
                                     int64_t num_pages, int64_t kw) {
     rlx_pdl_wait();
@@ -254,7 +274,7 @@ __global__ void rlx_kv_append_paged(const T *__restrict__ knew, const T *__restr
             return;
     const int64_t t = p + s, dst = ((int64_t)bt[b * maxp + t / page] * page + t % page) * kw;
     for (int64_t e = threadIdx.x; e < kw; e += blockDim.x) {
-        kc[dst + e] = knew[r * kw + e];
-        vc[dst + e] = vnew[r * kw + e];
+        kc[dst + e] = rlx_to<KT>(rlx_f(knew[r * kw + e]));
+        vc[dst + e] = rlx_to<KT>(rlx_f(vnew[r * kw + e]));
     }
 }

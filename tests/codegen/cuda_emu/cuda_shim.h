@@ -2,7 +2,7 @@
  * std::threads, __syncthreads is a barrier of the block, warp shuffles exchange through a per-warp slot
  * array between two barriers of the warp, __shared__ arrays are function statics (blocks run one at a
  * time), dynamic shared memory one buffer, atomics std::atomic_ref. Enough to check the index arithmetic and
- * synchronization of kernels/ssm.cuh and kernels/kv_attention.cuh without a GPU. */
+ * synchronization of kernels/ssm.cuh, kernels/kv_attention.cuh and kernels/kv_decode.cuh without a GPU. */
 #pragma once
 #include <barrier>
 #include <cmath>
@@ -93,3 +93,10 @@ template <typename F> void rlx_emu_launch(unsigned grid, unsigned block, F kerne
     g.x = grid;
     rlx_emu_launch3(g, block, 0, kernel);
 }
+
+/* kernels/kv_decode.cuh: its 16-byte load type, and f16 caches as the compiler's _Float16 (x86-64 g++ 12+) */
+struct alignas(16) RlxEmuVec16 {
+    unsigned char bytes[16];
+};
+#define RLX_KVD_VEC16 RlxEmuVec16
+inline float rlx_f(_Float16 x) { return (float)x; }

@@ -1,0 +1,310 @@
+/* Decode attention over a KV cache (flash-decoding), the kernel of a decode step's `cached_attention` (see
+ * DecodeSplitKv with grouped=True): one block of RLX_KVD_THREADS per (row, query, KV head, split) handles all G
+ * query heads of its KV head, so each cached K/V row is read from memory once for the G heads (GQA), and a
+ * query's keys are split over up to gridDim.z blocks (the split count from the key count: a short past stays one
+ * block and writes its output directly).
+ *
+ * Inside a block a row of HD keys (or values) is read by LPR lanes with 16-byte loads (VEC elements of the cache
+ * dtype KT each); a warp takes 32 / LPR rows at a time. Each lane keeps, per query head, a running max, a running
+ * sum of exponentials and its VEC-wide slices of the weighted value sum (online softmax, f32): no score array, so
+ * shared memory does not grow with the context. The warps' states merge through shuffles, then shared memory.
+ * A split query's blocks write [max, sum, HD unnormalized values] per head to `partials`; the last of them to
+ * finish (a counter per (row, KV head) in `counters`, zero between launches: that block resets it) merges them.
+ *
+ * Keys j of query i at position p + i: the window's first key .. p + i (WINDOW: the last `window` keys only).
+ * Rows j < p come from the cache; the step's own rows (j >= p, at most RLX_KVD_NEW_ROWS of them) from the k / v
+ * inputs, staged in shared memory (ROPE: rotated there, see DecodeRope) and rounded to KT as the cache stores
+ * them. The first split of query 0 appends them to the cache: no block reads a cache row this launch writes.
+ * T is the compute dtype (q, k, v, out, rope tables), KT the cache's (f32, f16 or bf16). */
+#define RLX_KVD_THREADS 128
+#define RLX_KVD_WARPS (RLX_KVD_THREADS / 32)
+#define RLX_KVD_NEW_ROWS 4
+#define RLX_KVD_LOG2E 1.4426950408889634f
+
+#ifndef RLX_KV_PREFETCH
+#define RLX_KV_PREFETCH(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
+#endif
+#ifndef RLX_DYNAMIC_SHARED
+#define RLX_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+/* The 16-byte type of one vector load; a macro so a CPU stand-in can provide it. */
+#ifndef RLX_KVD_VEC16
+#define RLX_KVD_VEC16 uint4
+#endif
+
+/* Elements of one 16-byte load, lanes per row, rows per warp and loads per lane of a row of HD elements of KT. */
+template <typename KT, int HD> struct RlxKvdShape {
+    static constexpr int VEC = 16 / (int)sizeof(KT);
+    static constexpr int NV = HD / VEC;                      /* 16-byte vectors per row */
+    static constexpr int LPR = NV < 32 ? NV : 32;            /* lanes per row */
+    static constexpr int RPW = 32 / LPR;                     /* rows per warp */
+    static constexpr int VPL = NV / LPR;                     /* vectors per lane */
+    static constexpr int DPL = VPL * VEC;                    /* head dims per lane */
+    static_assert(HD % VEC == 0 && 32 % LPR == 0 && NV % LPR == 0, "head_dim unsupported by rlx_kv_decode");
+};
+
+/* Head dim d of vector slot v of lane `sub_lane`: a row's LPR lanes read LPR * 16 contiguous bytes per slot. */
+template <typename KT, int HD> __device__ __forceinline__ int rlx_kvd_dim(int sub_lane, int v, int e) {
+    using S = RlxKvdShape<KT, HD>;
+    return (v * S::LPR + sub_lane) * S::VEC + e;
+}
+
+/* VEC elements of KT at p (16-byte aligned) as floats. */
+template <typename KT, int VEC> __device__ __forceinline__ void rlx_kvd_load(const KT *p, float *x) {
+    const RLX_KVD_VEC16 raw = *reinterpret_cast<const RLX_KVD_VEC16 *>(p);
+    const KT *e = reinterpret_cast<const KT *>(&raw);
+#pragma unroll
+    for (int t = 0; t < VEC; ++t)
+        x[t] = rlx_f(e[t]);
+}
+
+/* exp2(a - m) with a == -inf (an empty state) giving 0 even when m is -inf too. */
+__device__ __forceinline__ float rlx_kvd_scale(float a, float m) { return a == -INFINITY ? 0.0f : exp2f(a - m); }
+
+template <typename T, typename KT, int HD, int G, bool ROPE, bool NEOX, bool WINDOW>
+__global__ void __launch_bounds__(RLX_KVD_THREADS)
+rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew, KT *__restrict__ kc,
+              KT *__restrict__ vc, const int32_t *__restrict__ pos, T *out, int64_t sq, int64_t cap, int heads,
+              int kv_heads, float scale, int64_t window, int32_t *flag, const T *__restrict__ cosb,
+              const T *__restrict__ sinb, int rot, int per_row, float *__restrict__ partials,
+              int32_t *__restrict__ counters, int64_t split_keys) {
+    using S = RlxKvdShape<KT, HD>;
+    RLX_DYNAMIC_SHARED(float, rlx_kvd_smem);
+    __shared__ int last_block;
+    float *qs = rlx_kvd_smem;                          /* the G query rows: G * HD floats */
+    float *kns = qs + G * HD;                          /* the step's new keys (rotated): RLX_KVD_NEW_ROWS * HD */
+    float *vns = kns + RLX_KVD_NEW_ROWS * HD;          /* ... and values: RLX_KVD_NEW_ROWS * HD */
+    float *wst = vns + RLX_KVD_NEW_ROWS * HD;          /* the warps' states: WARPS * G * (HD + 2) */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane / S::LPR, sl = lane % S::LPR; /* this lane's row of the warp's RPW, its place in the row */
+    const int64_t b = blockIdx.x / kv_heads, i = blockIdx.y;
+    const int kvh = (int)(blockIdx.x % kv_heads), split = (int)blockIdx.z;
+    const int64_t kw = (int64_t)kv_heads * HD;
+    const KT *kb = kc + b * cap * kw + (int64_t)kvh * HD, *vb = vc + b * cap * kw + (int64_t)kvh * HD;
+
+    /* this query's keys first .. n-1, in `active` runs of `per` (none empty); split >= active has none */
+    int64_t p = 0, first = 0, n = 0, per = 1, lo = 0, hi = 0;
+    int active = 1;
+    auto keys = [&](int64_t at) {
+        p = at;
+        n = p + i + 1;
+        first = WINDOW && n > window ? n - window : 0;
+        const int64_t count = n - first;
+        const int64_t want = (count + split_keys - 1) / split_keys;
+        const int64_t runs = want < (int64_t)gridDim.z ? want : (int64_t)gridDim.z;
+        per = (count + runs - 1) / runs;
+        active = (int)((count + per - 1) / per);
+        lo = first + (int64_t)split * per;
+        hi = lo + per < n ? lo + per : n;
+    };
+    {
+        /* Launched early (rlx_launch_pdl): fetch this block's cached rows into L2 while the projections run.
+           Positions are a run input of a decoder (settled before this launch); a stale value would only fetch
+           other rows of this row's cache (clamped to it): nothing is read here. */
+        const int64_t at = (int64_t)pos[b];
+        keys(at >= 0 && at + sq <= cap ? at : 0);
+        const int64_t cached_hi = hi < p ? hi : p;
+        for (int64_t j = lo + threadIdx.x; j < cached_hi; j += blockDim.x)
+            for (int off = 0; off < HD * (int)sizeof(KT); off += 128) {
+                RLX_KV_PREFETCH((const char *)(kb + j * kw) + off);
+                RLX_KV_PREFETCH((const char *)(vb + j * kw) + off);
+            }
+    }
+    rlx_pdl_wait();  /* everything below reads earlier kernels' results */
+    rlx_pdl_trigger();
+    const int64_t at = (int64_t)pos[b];
+    if (at < 0 || at + sq > cap) {
+        if (threadIdx.x == 0 && split == 0) atomicOr(flag, 4);
+        return;
+    }
+    keys(at);
+    if (split >= active) return;  /* the whole block: no barrier is skipped by part of it */
+
+    /* stage the G query rows and the step's new keys and values (f32), rotate them (ROPE), round the new rows to KT */
+    const int64_t row = b * sq + i;
+    const T *qrow = q + (row * heads + (int64_t)kvh * G) * HD;
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x)
+        qs[e] = rlx_f(qrow[e]);
+    for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x) {
+        const int64_t src = (b * sq + e / HD) * kw + (int64_t)kvh * HD + e % HD;
+        kns[e] = rlx_f(knew[src]);
+        vns[e] = rlx_f(rlx_to<KT>(rlx_f(vnew[src])));
+    }
+    __syncthreads();
+    if (ROPE) {
+        const int half = rot / 2;
+        for (int64_t e = threadIdx.x; e < (G + sq) * half; e += blockDim.x) {
+            const int64_t r = e / half;  /* r < G: query head r; r >= G: new key r - G */
+            const int pp = (int)(e % half);
+            const int64_t srow = r < G ? i : r - G;
+            const int64_t t = (per_row ? b * sq + srow : srow) * half + pp;
+            const float c = rlx_f(cosb[t]), sn = rlx_f(sinb[t]);
+            float *v = r < G ? qs + r * HD : kns + (r - G) * HD;
+            const int i1 = NEOX ? pp : 2 * pp, i2 = NEOX ? pp + half : 2 * pp + 1;
+            const float x1 = v[i1], x2 = v[i2];
+            v[i1] = x1 * c - x2 * sn;
+            v[i2] = x2 * c + x1 * sn;
+        }
+        __syncthreads();
+    }
+    for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x)
+        kns[e] = rlx_f(rlx_to<KT>(kns[e]));  /* as the cache holds it */
+    __syncthreads();
+    if (i == 0 && split == 0) {  /* this KV head's new rows into the cache */
+        for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x) {
+            const int64_t dst = (p + e / HD) * kw + e % HD;
+            kc[b * cap * kw + (int64_t)kvh * HD + dst] = rlx_to<KT>(kns[e]);
+            vc[b * cap * kw + (int64_t)kvh * HD + dst] = rlx_to<KT>(vns[e]);
+        }
+    }
+
+    /* this lane's slices of the G queries, scaled so that exp2 of a score is exp of the softmax's */
+    float qr[G][S::DPL];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int v = 0; v < S::VPL; ++v)
+#pragma unroll
+            for (int e = 0; e < S::VEC; ++e)
+                qr[g][v * S::VEC + e] = qs[g * HD + rlx_kvd_dim<KT, HD>(sl, v, e)] * (scale * RLX_KVD_LOG2E);
+    float m[G], l[G], acc[G][S::DPL];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < S::DPL; ++d)
+            acc[g][d] = 0.0f;
+    }
+    /* U rows per lane per step, all loaded before any is used (more bytes in flight); the trip count is
+       warp-uniform (the shuffles need every lane): a lane past hi takes no key */
+    constexpr int U = G * S::DPL <= 32 ? 4 : 2;
+    for (int64_t base = lo + (int64_t)warp * S::RPW * U; base < hi; base += (int64_t)RLX_KVD_WARPS * S::RPW * U) {
+        float kx[U][S::DPL], vx[U][S::DPL];
+        bool live[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t j = base + u * S::RPW + sub;
+            live[u] = j < hi;
+            if (live[u] && j < p) {
+#pragma unroll
+                for (int v = 0; v < S::VPL; ++v) {
+                    const int d0 = rlx_kvd_dim<KT, HD>(sl, v, 0);
+                    rlx_kvd_load<KT, S::VEC>(kb + j * kw + d0, kx[u] + v * S::VEC);
+                    rlx_kvd_load<KT, S::VEC>(vb + j * kw + d0, vx[u] + v * S::VEC);
+                }
+            } else {
+                const int64_t r = live[u] ? j - p : 0;  /* a new row (staged), or row 0 of them for a dead lane */
+#pragma unroll
+                for (int v = 0; v < S::VPL; ++v)
+#pragma unroll
+                    for (int e = 0; e < S::VEC; ++e) {
+                        const int d = rlx_kvd_dim<KT, HD>(sl, v, e);
+                        kx[u][v * S::VEC + e] = kns[r * HD + d];
+                        vx[u][v * S::VEC + e] = vns[r * HD + d];
+                    }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                float s = 0.0f;
+#pragma unroll
+                for (int d = 0; d < S::DPL; ++d)
+                    s = fmaf(qr[g][d], kx[u][d], s);
+#pragma unroll
+                for (int o = S::LPR / 2; o > 0; o >>= 1)
+                    s += __shfl_xor_sync(0xffffffffu, s, o);
+                if (live[u]) {
+                    const float mn = fmaxf(m[g], s);
+                    const float c = rlx_kvd_scale(m[g], mn), w = exp2f(s - mn);
+                    l[g] = l[g] * c + w;
+#pragma unroll
+                    for (int d = 0; d < S::DPL; ++d)
+                        acc[g][d] = fmaf(w, vx[u][d], acc[g][d] * c);
+                    m[g] = mn;
+                }
+            }
+    }
+    /* merge the warp's RPW row states (lanes with the same place in a row), then the warps' through shared memory */
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int o = S::LPR; o < 32; o <<= 1) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+            const float mn = fmaxf(m[g], mo);
+            const float c = rlx_kvd_scale(m[g], mn), co = rlx_kvd_scale(mo, mn);
+            l[g] = l[g] * c + lo2 * co;
+#pragma unroll
+            for (int d = 0; d < S::DPL; ++d) {
+                const float ao = __shfl_xor_sync(0xffffffffu, acc[g][d], o);
+                acc[g][d] = acc[g][d] * c + ao * co;
+            }
+            m[g] = mn;
+        }
+        float *ws = wst + (warp * G + g) * (HD + 2);
+        if (sub == 0) {
+#pragma unroll
+            for (int v = 0; v < S::VPL; ++v)
+#pragma unroll
+                for (int e = 0; e < S::VEC; ++e)
+                    ws[2 + rlx_kvd_dim<KT, HD>(sl, v, e)] = acc[g][v * S::VEC + e];
+            if (sl == 0) {
+                ws[0] = m[g];
+                ws[1] = l[g];
+            }
+        }
+    }
+    __syncthreads();
+    /* thread (g, d): the block's max, sum and unnormalized output of head g, dim d */
+    const bool direct = active == 1;
+    float *mine = partials + ((row * heads + (int64_t)kvh * G) * gridDim.z + split) * (HD + 2);
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        const int g = e / HD, d = e % HD;
+        float mx = -INFINITY;
+        for (int w = 0; w < RLX_KVD_WARPS; ++w)
+            mx = fmaxf(mx, wst[(w * G + g) * (HD + 2)]);
+        float sum = 0.0f, o = 0.0f;
+        for (int w = 0; w < RLX_KVD_WARPS; ++w) {
+            const float *ws = wst + (w * G + g) * (HD + 2);
+            const float c = rlx_kvd_scale(ws[0], mx);
+            sum += ws[1] * c;
+            o += ws[2 + d] * c;
+        }
+        if (direct) {
+            out[(row * heads + (int64_t)kvh * G + g) * HD + d] = rlx_to<T>(o / sum);
+        } else {
+            float *pg = mine + (int64_t)g * gridDim.z * (HD + 2);
+            pg[2 + d] = o;
+            if (d == 0) {
+                pg[0] = mx;
+                pg[1] = sum;
+            }
+        }
+    }
+    if (direct) return;
+    __threadfence();  /* the partials are visible device-wide before the counter says so */
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last_block = atomicAdd(counters + row * kv_heads + kvh, 1) == active - 1;
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        const int g = e / HD, d = e % HD;
+        const float *all = partials + (row * heads + (int64_t)kvh * G + g) * gridDim.z * (HD + 2);
+        float mx = -INFINITY;
+        for (int t = 0; t < active; ++t)
+            mx = fmaxf(mx, __ldcg(all + t * (HD + 2)));
+        float sum = 0.0f, o = 0.0f;
+        for (int t = 0; t < active; ++t) {
+            const float c = rlx_kvd_scale(__ldcg(all + t * (HD + 2)), mx);
+            sum += __ldcg(all + t * (HD + 2) + 1) * c;
+            o += __ldcg(all + t * (HD + 2) + 2 + d) * c;
+        }
+        out[(row * heads + (int64_t)kvh * G + g) * HD + d] = rlx_to<T>(o / sum);
+    }
+    if (threadIdx.x == 0)
+        counters[row * kv_heads + kvh] = 0;  /* ready for the next launch */
+}

@@ -1,0 +1,58 @@
+/* An entry point running the grouped CUDA decode attention (templates/cuda/kernels/kv_decode.cuh) on the CPU through
+ * cuda_shim.h, launched as templates/cuda/decoder.cu.j2 launches it (tests/codegen/test_cuda_kv_emulated.py):
+ * f32 compute, an f32 or f16 (_Float16) cache, head dim 64, 2 query heads per KV head. */
+#include "cuda_shim.h"
+#include "kv_decode.cuh"
+
+namespace {
+
+template <typename KT, bool ROPE, bool NEOX, bool WINDOW>
+int run(const float *q, const float *k, const float *v, void *kc, void *vc, const int32_t *pos, float *out,
+        int64_t batch, int64_t sq, int64_t cap, int heads, int kv_heads, float scale, int64_t window,
+        const float *cosb, const float *sinb, int rot, unsigned splits, int64_t split_keys, float *partials,
+        int32_t *counters) {
+    constexpr int HD = 64, G = 2;
+    int32_t flag = 0;
+    const size_t smem = (G * HD + 2 * RLX_KVD_NEW_ROWS * HD + RLX_KVD_WARPS * G * (HD + 2)) * sizeof(float);
+    RlxDim3 grid;
+    grid.x = (unsigned)(batch * kv_heads);
+    grid.y = (unsigned)sq;
+    grid.z = splits;
+    rlx_emu_launch3(grid, RLX_KVD_THREADS, smem, [&] {
+        rlx_kv_decode<float, KT, HD, G, ROPE, NEOX, WINDOW>(q, k, v, (KT *)kc, (KT *)vc, pos, out, sq, cap, heads,
+                                                            kv_heads, scale, window, &flag, cosb, sinb, rot, 0,
+                                                            partials, counters, split_keys);
+    });
+    return flag;
+}
+
+template <typename KT, bool ROPE, bool NEOX>
+int run_w(bool windowed, auto... a) {
+    return windowed ? run<KT, ROPE, NEOX, true>(a...) : run<KT, ROPE, NEOX, false>(a...);
+}
+
+}  // namespace
+
+extern "C" {
+
+/* One launch over `splits` blocks per (row, query, KV head); rope 0: none, 1: interleaved, 2: neox (tables
+ * [sq, rot/2]); f16_cache: the caches hold _Float16. Returns the error flag. */
+int emu_kv_decode(const float *q, const float *k, const float *v, void *kc, void *vc, const int32_t *pos, float *out,
+                  int64_t batch, int64_t sq, int64_t cap, int heads, int kv_heads, float scale, int64_t window,
+                  const float *cosb, const float *sinb, int rot, int rope, int f16_cache, unsigned splits,
+                  int64_t split_keys, float *partials, int32_t *counters) {
+    const bool w = window > 0;
+#define RLX_EMU_ARGS w, q, k, v, kc, vc, pos, out, batch, sq, cap, heads, kv_heads, scale, window, cosb, sinb, rot, \
+                     splits, split_keys, partials, counters
+    if (f16_cache) {
+        if (rope == 1) return run_w<_Float16, true, false>(RLX_EMU_ARGS);
+        if (rope == 2) return run_w<_Float16, true, true>(RLX_EMU_ARGS);
+        return run_w<_Float16, false, false>(RLX_EMU_ARGS);
+    }
+    if (rope == 1) return run_w<float, true, false>(RLX_EMU_ARGS);
+    if (rope == 2) return run_w<float, true, true>(RLX_EMU_ARGS);
+    return run_w<float, false, false>(RLX_EMU_ARGS);
+#undef RLX_EMU_ARGS
+}
+
+}  // extern "C"
