@@ -198,9 +198,11 @@ def _dyn(name: str, bound: int) -> Build:
 
 
 def _ssm(g: Graph, v: object) -> None:
+    n, carry = v if isinstance(v, tuple) else (v, False)
     x = g.input("x", [1, 3, 4])
-    a, bc = g.input("a", [4, v]), g.input("bc", [1, 3, v])
-    g.set_outputs([g.selective_scan(x, x, a, bc, bc)])
+    a, bc = g.input("a", [4, n]), g.input("bc", [1, 3, n])
+    state = g.input("s", [1, 4, n]) if carry else None
+    g.set_outputs([g.selective_scan(x, x, a, bc, bc, state=state)])
 
 
 def _gdn(g: Graph, v: object) -> None:
@@ -212,8 +214,13 @@ def _gdn(g: Graph, v: object) -> None:
 
 
 def _conv(g: Graph, v: object) -> None:
-    ksize, reverse = v if isinstance(v, tuple) else (v, False)
-    g.set_outputs([g.depthwise_conv1d_causal(g.input("x", [1, 3, 4]), g.input("w", [4, ksize]), reverse=reverse)])
+    ksize, reverse, carry = (*v, False)[:3] if isinstance(v, tuple) else (v, False, False)
+    x, w = g.input("x", [1, 3, 4]), g.input("w", [4, ksize])
+    if carry:  # the conv state (each row's last k-1 inputs) and each row's real length
+        pad, lengths = g.input("pad", [1, ksize - 1, 4]), g.input("len", [1], "i32")
+        g.set_outputs([g.depthwise_conv1d_causal(x, w, pad, lengths=lengths)])
+    else:
+        g.set_outputs([g.depthwise_conv1d_causal(x, w, reverse=reverse)])
 
 
 def _scan(g: Graph, v: object) -> None:
@@ -345,11 +352,13 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("attention kv heads", ("attention", "num_kv_heads"), _build_attention(),
      {"num_kv_heads": None}, {"num_kv_heads": 2}),
     ("selective_scan state_size", ("selective_scan", "state_size"), _ssm, 4, 8),
+    ("selective_scan carry", ("selective_scan", "carry_state"), _ssm, 4, (4, True)),
     ("gated_delta_net state_size", ("gated_delta_net", "state_size"), _gdn, {"n": 4}, {"n": 8}),
     ("gated_delta_net carry", ("gated_delta_net", "carry_state"), _gdn, {}, {"carry": True}),
     ("gated_delta_net scale", ("gated_delta_net", "scale"), _gdn, {}, {"scale": 0.5}),
     ("conv kernel_size", ("depthwise_conv1d_causal", "kernel_size"), _conv, 3, 4),
     ("conv reverse", ("depthwise_conv1d_causal", "reverse"), _conv, (3, False), (3, True)),
+    ("conv carry", ("depthwise_conv1d_causal", "carry_state"), _conv, (3, False), (3, False, True)),
     ("scan body", ("scan", "body"), _scan, {}, {"fn": "exp"}),
     ("scan length", ("scan", "length"), _scan, {}, {"length": 7}),
     ("scan bcasts", ("scan", "num_bcast"), _scan, {}, {"bcast": True}),

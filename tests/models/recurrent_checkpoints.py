@@ -7,9 +7,13 @@ Weights are redrawn large enough for peaked logits; A_log, dt_bias and Qwen3-Nex
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # collected alone (doctests), its sibling is importable
 from hf_checkpoints import BOS, EOS, VOCAB, cosine
 
 SHARED = dict(hidden_size=64, num_hidden_layers=2, vocab_size=VOCAB, bos_token_id=BOS, eos_token_id=EOS,
