@@ -46,7 +46,7 @@ def start_server(args: argparse.Namespace, max_seqs: int) -> tuple[subprocess.Po
 
     port = _free_port()
     cmd = [sys.executable, "-m", "rlx.cli", "serve", "--port", str(port), "--max-seqs", str(max_seqs),
-           "--max-context", str(args.max_context), "--log-level", "warning"]
+           "--max-context", str(args.max_context), "--kv-layout", args.kv_layout, "--log-level", "warning"]
     if args.model:
         cmd += ["--model", args.model]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", default="1,4,16,64", help="concurrent stream counts (default 1,4,16,64)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--max-context", type=int, default=1280)
+    p.add_argument("--kv-layout", default="paged", choices=("paged", "contiguous"), help="rlxc serve's KV layout")
     p.add_argument("--prefix-tokens", type=int, default=1000, help="system prompt of the prefix-cache run (0: skip)")
     args = p.parse_args(argv)
     import openai

@@ -512,8 +512,11 @@ def _eval_attention(op: O.Attention, args: list, shape: Shape, symbols: dict, in
 
 
 def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
-                     positions: np.ndarray, op: O.CachedAttention) -> np.ndarray:
+                     positions: np.ndarray, op: O.CachedAttention, block_table: np.ndarray | None = None,
+                     ) -> np.ndarray:
     """Reference `ops.CachedAttention`: writes k, v into the caches (in place), then attends causally."""
+    if op.paged:
+        return _paged_cached_attention(q, k, v, k_cache, v_cache, positions, op, block_table)
     b, s, _ = q.shape
     capacity = k_cache.shape[1]
     out = np.empty((b, s, op.num_heads * op.head_dim))
@@ -537,10 +540,48 @@ def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.nd
     return out
 
 
+def _paged_cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                            positions: np.ndarray, op: O.CachedAttention, block_table: np.ndarray) -> np.ndarray:
+    """The paged layout: token t of row b is page `block_table[b, t // P]`, row `t % P`. Every row's new keys
+    are written first (rows may share pages), then each row attends over its pages' rows in token order."""
+    b, s, _ = q.shape
+    page = op.page_size
+    capacity = block_table.shape[1] * page
+    num_pages = k_cache.shape[0]
+
+    def where(row: int, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pages = block_table[row, tokens // page].astype(np.int64)
+        if pages.size and (pages.min() < 0 or pages.max() >= num_pages):
+            raise ExecutionError(f"cached_attention: row {row}'s block table names a page outside the "
+                                 f"{num_pages} pages of the cache")
+        return pages, tokens % page
+
+    for row in range(b):
+        p = int(positions[row])
+        if p < 0 or p + s > capacity:
+            raise ExecutionError(f"cached_attention: row {row} at position {p} + {s} new tokens exceeds the "
+                                 f"cache capacity {capacity}")
+        pages, offsets = where(row, p + np.arange(s))
+        k_cache[pages, offsets] = k[row]
+        v_cache[pages, offsets] = v[row]
+    out = np.empty((b, s, op.num_heads * op.head_dim))
+    plain = O.CachedAttention(op.num_heads, op.head_dim, op.num_kv_heads, op.scale, op.window)
+    for row in range(b):
+        p = int(positions[row])
+        pages, offsets = where(row, np.arange(p + s))
+        # this row's tokens gathered into a contiguous one-row cache: the contiguous rule's arithmetic
+        kc = np.zeros((1, p + s, k_cache.shape[2]), k_cache.dtype)
+        vc = np.zeros_like(kc)
+        kc[0], vc[0] = k_cache[pages, offsets], v_cache[pages, offsets]
+        out[row] = cached_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], kc, vc,
+                                    np.array([p], np.int32), plain)[0]
+    return out
+
+
 @evaluates(O.CachedAttention)
 def _eval_cached_attention(op: O.CachedAttention, args: list, shape: Shape, symbols: dict,
                            in_shapes: object) -> np.ndarray:
-    return _finish(cached_attention(*args, op), shape.dtype)
+    return _finish(cached_attention(*args[:6], op, *args[6:]), shape.dtype)
 
 
 @evaluates(O.Rope)

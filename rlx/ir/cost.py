@@ -102,7 +102,9 @@ def _attention(g: Graph, n: Node) -> Poly:
 def _cached_attention(g: Graph, n: Node) -> Poly:
     q, cache = g.node(n.inputs[0]).shape, g.node(n.inputs[3]).shape
     op = n.op
-    scores = q.dims[0] * q.dims[1] * cache.dims[1] * op.num_heads  # at the cache's capacity: an upper bound
+    table = g.node(n.inputs[6]).shape if op.paged else None
+    # at the cache's capacity (a row's, when paged): an upper bound
+    scores = q.dims[0] * q.dims[1] * op.capacity(cache, table) * op.num_heads
     return _sum(_mono(scores * op.head_dim, 4), _mono(scores, 5))
 
 

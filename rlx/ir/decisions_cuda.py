@@ -125,7 +125,8 @@ class DecodeSplitKv(Decision):
     `group` query heads of its KV head (each cached K/V row read once for them), reading rows in 16-byte loads
     (`lanes` lanes per row); `max_splits` then comes from the keys a query can see (the capacity, or the window)
     and from `sms`, the SM count the split blocks are to fill. Otherwise (a head dim the loads cannot tile, more
-    than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head).
+    than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head). `reason`, when set, says
+    why they stay on rlx_kv_attend (a paged cache); such a decision is recorded even with `max_splits` 1.
 
     >>> DecodeSplitKv(7, 64, 64, 4, grouped=True, group=3, lanes=8, sms=132).describe()[:68]
     '%7 decode steps (<= 4 rows): rlx_kv_decode, a block per (query, KV h'
@@ -140,8 +141,14 @@ class DecodeSplitKv(Decision):
     group: int = 1
     lanes: int = 0
     sms: int = 0
+    reason: str = ""
 
     def describe(self) -> str:
+        if self.reason:
+            split = (f"a query's keys split over up to {self.max_splits} blocks of >= {self.split_keys} keys"
+                     if self.max_splits > 1 else "keys not split")
+            return (f"%{self.attention} decode steps (<= {self.max_rows} rows) on rlx_kv_attend, {split}: "
+                    f"{self.reason}")
         if self.grouped:
             return (f"%{self.attention} decode steps (<= {self.max_rows} rows): rlx_kv_decode, a block per (query, KV "
                     f"head) for its {self.group} query heads, K/V rows in 16-byte loads ({self.lanes} lanes a row); "

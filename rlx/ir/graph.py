@@ -387,11 +387,14 @@ class Graph:
 
     def cached_attention(self, q: NodeId, k: NodeId, v: NodeId, k_cache: NodeId, v_cache: NodeId,
                          positions: NodeId, *, num_heads: int, head_dim: int, num_kv_heads: int | None = None,
-                         scale: float | None = None, window: int | None = None) -> NodeId:
+                         scale: float | None = None, window: int | None = None,
+                         block_table: NodeId | None = None, page_size: int | None = None) -> NodeId:
         """Causal attention of q over the caches after appending k, v at `positions` (`ops.CachedAttention`;
-        `window`: sliding-window attention over the last `window` keys)."""
-        return self.add(O.CachedAttention(num_heads, head_dim, num_kv_heads, scale, window),
-                        [q, k, v, k_cache, v_cache, positions])
+        `window`: sliding-window attention over the last `window` keys; `block_table` and `page_size`: the
+        paged layout, caches `[num_pages, page_size, width]`)."""
+        extra = [block_table] if block_table is not None else []
+        return self.add(O.CachedAttention(num_heads, head_dim, num_kv_heads, scale, window, page_size),
+                        [q, k, v, k_cache, v_cache, positions, *extra])
 
     def rope(self, x: NodeId, cos: NodeId, sin: NodeId, *, head_dim: int, n_rot: int | None = None,
              variant: str = "neox") -> NodeId:

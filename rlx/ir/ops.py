@@ -777,22 +777,49 @@ class CachedAttention(_AttentionHeads, Op):
     is a run-time error. Output `[B, S, H*D]`. The caches may have another float
     dtype than q, k, v (an f16 cache beside f32 compute: values are rounded to it
     when stored, and attention reads them back as stored).
+
+    Paged layout (`page_size` P set): the caches are a pool of pages `[num_pages, P, Hkv*D]`
+    shared by all rows, and a seventh input, the block table, i32 `[B, max_pages]`, names each
+    row's pages in order: token t of row b lives in page `block_table[b, t // P]` at row `t % P`.
+    The capacity is then `max_pages * P` tokens per row; rows may share pages (a common prefix)
+    and several rows may name the same table (one sequence's prefill chunk as one-token rows: every
+    row's new keys are written before any row attends). Keys are read in the same order as in the
+    contiguous layout, so the results are the same bit for bit.
     """
 
     kind: ClassVar[str] = "cached_attention"
-    arity: ClassVar[tuple[int, int]] = (6, 6)
+    arity: ClassVar[tuple[int, int]] = (6, 7)
     num_heads: int
     head_dim: int
     num_kv_heads: int | None = None
     scale: float | None = None
     window: int | None = None
+    page_size: int | None = None
+
+    @property
+    def paged(self) -> bool:
+        return self.page_size is not None
+
+    def capacity(self, cache: Shape, block_table: Shape | None = None) -> int:
+        """Tokens per row: the cache's second dim, or max_pages x page_size when paged."""
+        if self.page_size is None:
+            return cache.dims[1].value
+        if block_table is None:
+            raise ShapeError("a paged cached_attention's capacity needs its block table")
+        return block_table.dims[1].value * self.page_size
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         self._check_heads("cached_attention")
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
                                         or self.window < 1):
             raise ShapeError(f"cached_attention window must be None or a positive int, got {self.window!r}")
-        q, k, v, kc, vc, pos = inputs
+        if self.page_size is not None and (isinstance(self.page_size, bool) or not isinstance(self.page_size, int)
+                                           or self.page_size < 1):
+            raise ShapeError(f"cached_attention page_size must be None or a positive int, got {self.page_size!r}")
+        if len(inputs) != (7 if self.paged else 6):
+            raise ShapeError("cached_attention takes a block table (a 7th input) exactly when page_size is set, "
+                             f"got {len(inputs)} inputs with page_size={self.page_size}")
+        q, k, v, kc, vc, pos = inputs[:6]
         _same_float_dtype("cached_attention", [q, k, v])
         # the caches may be narrower than the compute (an f16/bf16 KV cache beside f32 queries)
         if kc.dtype != vc.dtype or (kc.dtype != q.dtype and kc.dtype not in (DType.F32, DType.F16, DType.BF16)):
@@ -803,10 +830,21 @@ class CachedAttention(_AttentionHeads, Op):
         for name, s in (("k", k), ("v", v)):
             if s.dims != (q.dims[0], q.dims[1], Dim(kw)):
                 raise ShapeError(f"cached_attention {name} must be [{q.dims[0]},{q.dims[1]},{kw}], got {s}")
-        if kc.dims != vc.dims or kc.rank != 3 or not kc.is_static or kc.dims[2] != kw:
+        if self.paged:
+            table = inputs[6]
+            if kc.dims != vc.dims or kc.rank != 3 or not kc.is_static or kc.dims[1:] != (Dim(self.page_size), Dim(kw)):
+                raise ShapeError(f"paged cached_attention caches must be static [num_pages, {self.page_size}, {kw}] "
+                                 f"and alike, got k_cache={kc}, v_cache={vc}")
+            if table.dtype is not DType.I32 or table.rank != 2 or table.dims[0] != q.dims[0] \
+                    or not table.dims[1].is_static:
+                raise ShapeError(f"cached_attention block table must be i32[{q.dims[0]}, max_pages], got {table}")
+            if q.dims[1].max > self.capacity(kc, table):
+                raise ShapeError(f"cached_attention seq bound {q.dims[1]} exceeds the {self.capacity(kc, table)} "
+                                 "tokens a block table holds")
+        elif kc.dims != vc.dims or kc.rank != 3 or not kc.is_static or kc.dims[2] != kw:
             raise ShapeError(f"cached_attention caches must be static [max_batch, capacity, {kw}] and alike, "
                              f"got k_cache={kc}, v_cache={vc}")
-        if q.dims[0].max > kc.dims[0].value or q.dims[1].max > kc.dims[1].value:
+        elif q.dims[0].max > kc.dims[0].value or q.dims[1].max > kc.dims[1].value:
             raise ShapeError(f"cached_attention batch/seq bounds {q.dims[0]},{q.dims[1]} exceed the cache "
                              f"{kc.dims[0]}x{kc.dims[1]}")
         if pos.dtype is not DType.I32 or pos.dims != (q.dims[0],):

@@ -95,6 +95,8 @@ class KvCache:
     capacity: int
     #: The names in `arrays` of recurrent states (zeroed on reset; not truncatable).
     recurrent: tuple[str, ...] = ()
+    #: The paged layout (`CausalLM(kv_pages=...)`): each row's pages, i32 `[max_batch, capacity / page_size]`.
+    block_table: np.ndarray | None = None
 
     def reset(self) -> None:
         self.lengths[:] = 0
@@ -164,6 +166,11 @@ class TokenStream(Iterator[StreamEvent]):
     def finish_reason(self) -> str | None:
         """"stop", "length" or "context" once the stream is exhausted, else None."""
         return self._reasons[0] if self._done and self._reasons else None
+
+
+def _table(cache: KvCache, batch: int) -> dict[str, np.ndarray]:
+    """A step's block table input (the paged layout), or nothing."""
+    return {} if cache.block_table is None else {"block_table": np.ascontiguousarray(cache.block_table[:batch])}
 
 
 def _check_max_new(max_new_tokens: object) -> None:
@@ -241,7 +248,8 @@ class CausalLM:
                  max_batch: int = 1, prefill_chunk: int = 256, threads: int | None = None,
                  precision: str = "f32", tp: int = 1, quant_act: str | None = None,
                  int8_matmuls: bool = False, max_adapters: int = 0, max_lora_rank: int = 16,
-                 lora_targets: Sequence[str] | None = None, kv_dtype: str | None = None) -> None:
+                 lora_targets: Sequence[str] | None = None, kv_dtype: str | None = None,
+                 kv_pages: int | None = None, page_size: int = 16) -> None:
         if device not in DEVICES:
             raise RlxError(f"unknown device {device!r}; expected one of {DEVICES}")
         for what, v in (("max_context", max_context), ("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
@@ -270,6 +278,16 @@ class CausalLM:
         self.quant_act = quant_act if quant_act is not None else default_quant_act(device)
         if int8_matmuls and device != "cpu":
             raise RlxError(f"int8 matmuls (rlx.quantize 'int8-dynamic') run on the CPU only, not {device!r}")
+        # kv_pages: the paged KV layout (a pool of pages per layer, a block table per row; rlx.serving's engine)
+        self.kv_pages, self.page_size = kv_pages, page_size if kv_pages is not None else None
+        paged: dict[str, Any] = {}
+        if kv_pages is not None:
+            if type(config) is not DecoderConfig:
+                raise RlxError(f"the paged KV layout is built for attention decoders, not a {type(config).__name__} "
+                               "(its recurrent layers keep a state per sequence)")
+            if max_context % page_size:
+                raise RlxError(f"max_context ({max_context}) must be a multiple of page_size ({page_size})")
+            paged = dict(page_size=page_size, kv_pages=kv_pages)
         build = _graph_builder(config)
         llama_like = build is L.build_decoder  # the recurrent hybrids' builders keep f32 caches
         self.kv_dtype = kv_dtype if kv_dtype is not None else (default_kv_dtype(device, precision) if llama_like
@@ -280,7 +298,7 @@ class CausalLM:
         self.graph = build(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk, capacity=max_context,
                            name=f"{config.arch}_decoder", tp=tp, quant_act=self.quant_act,
                            narrow_weights=device == "cpu" and not int8_matmuls,
-                           **({"kv_dtype": self.kv_dtype} if llama_like else {}))
+                           **({"kv_dtype": self.kv_dtype} if llama_like else {}), **paged)
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic
 
@@ -451,7 +469,13 @@ class CausalLM:
                 # on a GPU the cache lives in device memory: a step never copies it over the bus
                 arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
         recurrent = tuple(self.config.recurrent_states()) if self.recurrent else ()
-        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent)
+        table = None
+        if self.kv_pages is not None:  # row b's pages b*per..: the contiguous layout's rows, when the pool holds them
+            per = self.max_context // self.page_size
+            table = np.full((self.max_batch, per), -1, np.int32)
+            if self.kv_pages >= self.max_batch * per:
+                table[:] = np.arange(self.max_batch * per, dtype=np.int32).reshape(self.max_batch, per)
+        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent, table)
 
     def _own_cache(self) -> KvCache:
         """The cache `logits` and `generate` use, emptied: allocated once (on CUDA, bound once)."""
@@ -535,7 +559,7 @@ class CausalLM:
         if self.device == "cpu" and self._compiled is not None:
             out = self._step_cpu(tokens, positions, at, rows, cache, output, u, settings, ragged)
         else:
-            feed = {"tokens": tokens.astype(np.int32), "positions": positions,
+            feed = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, batch),
                     **{name: table[at] for name, table in self._rope.items()},
                     "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings, **ragged}
             if self._lora is not None:
@@ -559,7 +583,7 @@ class CausalLM:
         if bound is None:
             if len(self._cpu_bound) >= 32 or any(k[0] != key[0] for k in self._cpu_bound):
                 self._cpu_bound.clear()  # another cache's bindings (they keep its arrays alive)
-            small = {"tokens": tokens.astype(np.int32), "positions": positions,
+            small = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, tokens.shape[0]),
                      **{name: table[at] for name, table in self._rope.items()}, "rows": rows,
                      "sample_u": sample_u, "sample_settings": sample_settings, **ragged}
             small = {name: value for name, value in small.items() if name in self._host_inputs}
@@ -578,6 +602,8 @@ class CausalLM:
             inputs[name][...] = value
         if "positions" in inputs:  # (Mamba-2 has none)
             inputs["positions"][...] = positions
+        if cache.block_table is not None:
+            inputs["block_table"][...] = cache.block_table[:tokens.shape[0]]
         for name, table in self._rope.items():
             np.take(table, at, axis=0, out=inputs[name])
         inputs["rows"][...] = rows

@@ -224,7 +224,8 @@ KV_DTYPES = ("f32", "f16", "bf16")
 
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1,
-                  quant_act: str = "f32", narrow_weights: bool = False, kv_dtype: str = "f32") -> Graph:
+                  quant_act: str = "f32", narrow_weights: bool = False, kv_dtype: str = "f32",
+                  page_size: int | None = None, kv_pages: int = 0) -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
     `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
@@ -236,11 +237,17 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     `narrow_weights`: F16/BF16 matrices are params of their own dtype, multiplied as stored
     (`matmul(f32, bf16) -> f32`) — for a backend with such GEMMs (the CPU); otherwise f32 params.
     `kv_dtype`: the KV cache states' dtype, "f32", "f16" or "bf16" (CUDA runs the narrow ones).
+    `page_size` (with `kv_pages`): the paged KV layout — each layer's caches are a pool of `kv_pages`
+    pages of `page_size` tokens, and an i32 input `block_table` `[batch, capacity / page_size]` names
+    each row's pages (`ops.CachedAttention`); `capacity` must then be a multiple of `page_size`.
     """
     if kv_dtype not in KV_DTYPES:
         raise IRError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
     if capacity < 1 or max_seq < 1 or max_batch < 1:
         raise IRError(f"max_batch, max_seq and capacity must be >= 1, got {max_batch}, {max_seq}, {capacity}")
+    if page_size is not None and (page_size < 1 or capacity % page_size or kv_pages < 1):
+        raise IRError(f"a paged cache needs kv_pages >= 1 and a capacity ({capacity}) that is a multiple of "
+                      f"page_size ({page_size}), got kv_pages={kv_pages}")
     if quant_act not in ACT_MODES:
         raise IRError(f"quant_act must be one of {ACT_MODES}, got {quant_act!r}")
     c = config
@@ -265,6 +272,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     # for the sampled_token output: each row's uniform and the run-time settings (per-run inputs come first)
     sample_u = g.input("sample_u", [n_rows], "f64")
     sample_settings = g.input("sample_settings", [len(SAMPLE_SETTINGS)], "f64")
+    block_table = g.input("block_table", [batch, capacity // page_size], "i32") if page_size is not None else None
+    cache_shape = [max_batch, capacity] if page_size is None else [kv_pages, page_size]
     x = _embedding(g, tokens, specs, c)
     if c.embed_scale != 1.0:
         x = g.mul(x, g.constant(np.float32(c.embed_scale)))
@@ -290,13 +299,14 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
             q = g.rope(q, rcos, rsin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
             k = g.rope(k, rcos, rsin, head_dim=hd, n_rot=c.n_rot, variant=c.rope_variant)
         k_name, v_name = cache_names(layer)
-        k_cache = g.state(k_name, [max_batch, capacity, kv_width], kv_dtype)
-        v_cache = g.state(v_name, [max_batch, capacity, kv_width], kv_dtype)
+        k_cache = g.state(k_name, [*cache_shape, kv_width], kv_dtype)
+        v_cache = g.state(v_name, [*cache_shape, kv_width], kv_dtype)
         # a window at least the cache's capacity never hides a key: plain causal attention then
         window = c.layer_window(layer)
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,
                                num_kv_heads=kv_heads, scale=c.attn_scale,
-                               window=window if 0 < window < capacity else None)
+                               window=window if 0 < window < capacity else None, block_table=block_table,
+                               page_size=page_size)
         out_name = layer_tensor(layer, "attn_output")
         attn = _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa), tp, out_name)
         attn = _biased(g, attn, specs, f"blk.{layer}.attn_output.bias", c.hidden_size)

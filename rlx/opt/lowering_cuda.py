@@ -366,7 +366,7 @@ def find_decode_ropes(lir: LirModule) -> list[DecodeRope]:
     found = []
     for nid in schedule:
         att = graph.node(nid)
-        if not isinstance(att.op, O.CachedAttention):
+        if not isinstance(att.op, O.CachedAttention) or att.op.paged:  # PAGED_DECODE_REASON
             continue
         ropes = [graph.node(att.inputs[0]), graph.node(att.inputs[1])]
         if not all(isinstance(r.op, O.Rope) and r.id not in outputs and set(users[r.id]) == {nid}
@@ -402,7 +402,7 @@ def _kv_split_rows(node: Node) -> int:
 
 def visible_keys(graph: Graph, node: Node) -> int:
     """The most keys one query of a `cached_attention` attends to: the cache's capacity, or its window."""
-    capacity = graph.node(node.inputs[3]).shape.dims[1].value
+    capacity = _capacity(graph, node)
     return capacity if node.op.window is None else min(capacity, node.op.window)
 
 
@@ -433,6 +433,12 @@ def kvd_splits(keys: int, kv_heads: int, sms: int) -> int:
     return max(1, min(KVD_MAX_SPLITS, by_keys, by_sms))
 
 
+#: Why a paged `cached_attention` runs neither rlx_kv_decode nor DecodeRope (`DecodeSplitKv.reason`).
+PAGED_DECODE_REASON = ("paged caches: rlx_kv_decode reads contiguous caches, and DecodeRope's in-kernel rotation "
+                       "would bypass rlx_kv_append_paged, which stores the step's keys before any row attends; "
+                       "rlx_kv_attend runs them through the block tables")
+
+
 def decode_split_plan(graph: Graph, node: Node, precision: DType, sms: int = DEFAULT_SMS,
                       grouped: bool = True) -> DecodeSplitKv | None:
     """How a `cached_attention`'s decode steps run (`DecodeSplitKv`), or None: rlx_kv_attend unsplit.
@@ -442,6 +448,8 @@ def decode_split_plan(graph: Graph, node: Node, precision: DType, sms: int = DEF
     group = op.num_heads // op.kv_heads
     cache = device_dtype(graph.node(node.inputs[3]).shape.dtype, precision)
     lanes = kvd_lanes(op.head_dim, cache.itemsize)
+    if op.paged:  # recorded even unsplit: the LIR says why this decoder's decode steps are not grouped
+        return DecodeSplitKv(node.id, kv_splits(keys), KV_SPLIT_KEYS, KV_SPLIT_ROWS, reason=PAGED_DECODE_REASON)
     if grouped and lanes and group <= KVD_MAX_GROUP:
         return DecodeSplitKv(node.id, kvd_splits(keys, op.kv_heads, sms), KVD_SPLIT_KEYS, KV_SPLIT_ROWS,
                              grouped=True, group=group, lanes=lanes, sms=sms)
@@ -683,3 +691,7 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
     return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode)
 
 
+def _capacity(graph: Graph, node: Node) -> int:
+    """Tokens per row of a `cached_attention`'s cache (max_pages x page_size when paged)."""
+    table = graph.node(node.inputs[6]).shape if node.op.paged else None
+    return node.op.capacity(graph.node(node.inputs[3]).shape, table)

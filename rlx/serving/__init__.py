@@ -8,8 +8,9 @@ OpenAI-compatible HTTP server of `rlxc serve` (`rlx.serving.server`, needs the `
 
 from rlx.serving.engine import Completion, Engine, EngineClosed, Event, Request, SamplingParams
 from rlx.serving.kv import KvStore, SlotKv
-from rlx.serving.runner import CausalLMRunner, Runner
+from rlx.serving.pages import PagedKv, PagePool
+from rlx.serving.runner import CausalLMRunner, PagedRunner, Runner
 from rlx.serving.scheduler import Plan, QueueFull, Scheduler
 
-__all__ = ["CausalLMRunner", "Completion", "Engine", "EngineClosed", "Event", "KvStore", "Plan", "QueueFull",
-           "Request", "Runner", "SamplingParams", "Scheduler", "SlotKv"]
+__all__ = ["CausalLMRunner", "Completion", "Engine", "EngineClosed", "Event", "KvStore", "PagePool", "PagedKv",
+           "PagedRunner", "Plan", "QueueFull", "Request", "Runner", "SamplingParams", "Scheduler", "SlotKv"]

@@ -47,9 +47,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting for a slot at most; past it, 429 (default 64)")
     p.add_argument("--max-context", type=int, default=2048, help="tokens per sequence, prompt included (default 2048)")
+    p.add_argument("--kv-layout", default="paged", choices=("paged", "contiguous"),
+                   help="paged (default): a pool of KV pages and a block table per sequence, each step one model "
+                        "call of decode rows and prefill tokens, prefix pages shared; contiguous: a cache row per "
+                        "sequence, prefill in chunks")
+    p.add_argument("--kv-pages", type=int, default=None,
+                   help="paged: KV pages shared by all sequences (default: max-seqs x max-context / page-size)")
+    p.add_argument("--page-size", type=int, default=16, help="paged: tokens per KV page (default 16)")
     p.add_argument("--kv-tokens", type=int, default=None,
-                   help="KV cache tokens shared by all sequences (default: max-seqs x max-context)")
-    p.add_argument("--chunk", type=int, default=64, help="prefill chunk in tokens (default 64)")
+                   help="contiguous: KV cache tokens shared by all sequences (default: max-seqs x max-context)")
+    p.add_argument("--chunk", type=int, default=64, help="contiguous: prefill chunk in tokens (default 64)")
     p.add_argument("--prefix-cache-mb", type=int, default=256,
                    help="memory for the K/V of prompt blocks reused across requests (default 256; 0: off)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
@@ -103,9 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"{INSTALL_HINT} (missing: {', '.join(missing)})", file=sys.stderr)
         return 1
-    for what, v in (("--max-seqs", args.max_seqs), ("--max-context", args.max_context), ("--chunk", args.chunk)):
+    for what, v in (("--max-seqs", args.max_seqs), ("--max-context", args.max_context), ("--chunk", args.chunk),
+                    ("--page-size", args.page_size),
+                    ("--kv-pages", 1 if args.kv_pages is None else args.kv_pages)):
         if v < 1:
             raise RlxError(f"{what} must be >= 1, got {v}")
+    if args.kv_layout == "paged" and args.max_context % args.page_size:
+        raise RlxError(f"--max-context ({args.max_context}) must be a multiple of --page-size ({args.page_size})")
     app = build_app(args)
     from rlx.serving.server import serve
 
@@ -116,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_app(args: argparse.Namespace) -> Any:
     """Load the models, start the engine, and make the app `main` serves."""
     from rlx.serving.engine import Engine
-    from rlx.serving.runner import CausalLMRunner
+    from rlx.serving.runner import CausalLMRunner, PagedRunner
     from rlx.serving.server import create_app
 
     path = gguf_path(args.model)
@@ -135,8 +146,16 @@ def build_app(args: argparse.Namespace) -> Any:
         ranks = {name: read_peft_adapter(d).rank for name, d in loras.items()}
         rank = args.max_lora_rank or max(ranks.values())
         lora_kw = {"max_adapters": len(loras), "max_lora_rank": rank}
-    runner = CausalLMRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context, chunk=args.chunk,
-                                      device=args.device, quant_act=args.quant_act, **lora_kw)
+    # LoRA adapters run on the contiguous layout (the paged runner has no adapter slots yet)
+    paged = args.kv_layout == "paged" and not loras
+    runner: Any
+    if paged:
+        runner = PagedRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context,
+                                       page_size=args.page_size, kv_pages=args.kv_pages, device=args.device,
+                                       quant_act=args.quant_act)
+    else:
+        runner = CausalLMRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context, chunk=args.chunk,
+                                          device=args.device, quant_act=args.quant_act, **lora_kw)
     for adapter, d in loras.items():
         runner.load_adapter(d, adapter)
     embedder, embedding_name = None, None
@@ -146,7 +165,8 @@ def build_app(args: argparse.Namespace) -> Any:
         d = default_model_dir() if args.embedding_model == "default" else Path(args.embedding_model)
         embedder = SentenceEmbedder.from_pretrained(d, device=args.device)
         embedding_name = "all-MiniLM-L6-v2" if args.embedding_model == "default" else d.name
-    engine = Engine(runner, token_budget=args.kv_tokens, max_waiting=args.max_queue,
+    engine = Engine(runner, token_budget=None if paged else args.kv_tokens,
+                    max_waiting=args.max_queue,
                     prefix_cache_bytes=args.prefix_cache_mb << 20).start()
     return create_app(engine, name, embedder=embedder, embedding_model=embedding_name, api_key=args.api_key)
 

@@ -9,6 +9,11 @@ iteration by hand (no thread), which is how the scheduler's tests drive it. A re
 LoRA adapter the runner has loaded (`submit(..., adapter=)`): a decode step then mixes rows of
 different adapters and none; the prefix cache (K/V depend on the adapter) serves base requests only.
 
+Over a paged runner (`PagedRunner`: `runner.paged`) the KV store is the runner's `PagedKv` (pages
+freed when a sequence ends), every iteration is one model call — the decode rows and the prefill
+chunks together under the step's row budget — and the prefix cache shares full pages by reference
+count instead of copying K/V (a shared page is copied only if a sequence writes into it).
+
 >>> from rlx.models.decoder_config import DecoderConfig
 >>> from rlx.models.causal_lm import random_tensors
 >>> from rlx.models.llama import random_specs
@@ -39,7 +44,7 @@ from rlx.errors import RlxError
 from rlx.models.sampling import Sampler
 from rlx.serving.kv import SlotKv
 from rlx.serving.prefix import PrefixCache
-from rlx.serving.runner import Runner
+from rlx.serving.runner import PagedRunner, Runner
 from rlx.serving.scheduler import Plan, Scheduler, Seq, State
 from rlx.serving.text import StopText
 
@@ -149,7 +154,8 @@ class _Job:
 class Engine:
     """Continuous batching over `runner` (see the module docstring).
 
-    `token_budget`: KV tokens among all slots (default: every slot full); `max_step_tokens`: tokens one
+    `token_budget`: KV tokens among all slots (default: every slot full; over a paged runner `kv_pages`
+    instead: the pages the engine may use, at most the runner's pool, default all); `max_step_tokens`: tokens one
     iteration computes (decode rows plus prefill chunks); `max_waiting`: the queue's bound (`QueueFull`
     past it); `prefix_cache_bytes`: memory for the K/V of prompt blocks reused across requests
     (`PrefixCache`; 0, or a runner that cannot copy K/V, turns it off); `clock`: seconds, for
@@ -158,16 +164,30 @@ class Engine:
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
-                 observer: Observer | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
+                 kv_pages: int | None = None) -> None:
         self.runner = runner
+        self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
-        self.kv = SlotKv(runner.slots, runner.max_context, token_budget)
-        # prefix caching where the runner can copy K/V blocks (blocks of one prefill chunk)
-        self.prefix = (PrefixCache(chunk, prefix_cache_bytes)
-                       if prefix_cache_bytes > 0 and getattr(runner, "copies_kv", False) else None)
+        self.prefix: PrefixCache | None
+        if self.paged:
+            paged: PagedRunner = runner  # type: ignore[assignment]
+            if token_budget is not None:
+                raise RlxError("a paged runner's KV budget is its kv_pages, not token_budget")
+            self.kv = paged.kv_store(reclaim=self._reclaim, pages=kv_pages)
+            # prefix caching of full pages, shared (a block is one page: the ids, kept with a reference each)
+            self.prefix = (PrefixCache(paged.page_size, prefix_cache_bytes,
+                                       sizeof=lambda pages: len(pages) * paged.page_bytes,
+                                       on_evict=self.kv.pool.release) if prefix_cache_bytes > 0 else None)
+            max_step_tokens = min(max_step_tokens or paged.max_rows, paged.max_rows)
+        else:
+            self.kv = SlotKv(runner.slots, runner.max_context, token_budget)
+            # prefix caching where the runner can copy K/V blocks (blocks of one prefill chunk)
+            self.prefix = (PrefixCache(chunk, prefix_cache_bytes)
+                           if prefix_cache_bytes > 0 and getattr(runner, "copies_kv", False) else None)
+        reuse = None if self.prefix is None else self._share if self.paged else self._reuse
         self.scheduler = Scheduler(self.kv, chunk=chunk, max_step_tokens=max_step_tokens or max(chunk, runner.slots),
-                                   max_waiting=max_waiting, clock=clock,
-                                   reuse=self._reuse if self.prefix is not None else None)
+                                   max_waiting=max_waiting, clock=clock, reuse=reuse, split_chunks=self.paged)
         self.observer = observer or Observer()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -264,11 +284,16 @@ class Engine:
         return self._closing
 
     def stats(self) -> dict[str, int]:
-        """Running and waiting sequences, and KV tokens used and free."""
+        """Running and waiting sequences, KV tokens used and free, and over a paged runner KV pages used (by
+        sequences), cached (held only by the prefix cache) and free."""
         with self._lock:
             s = self.scheduler
-            return {"running": len(s.running), "waiting": len(s.waiting), "kv_used_tokens": self.kv.used_tokens,
-                    "kv_free_tokens": self.kv.free_tokens, "kv_used_slots": self.kv.used_slots}
+            out = {"running": len(s.running), "waiting": len(s.waiting), "kv_used_tokens": self.kv.used_tokens,
+                   "kv_free_tokens": self.kv.free_tokens, "kv_used_slots": self.kv.used_slots}
+            if self.paged:
+                out.update(kv_used_pages=self.kv.used_pages, kv_cached_pages=self.kv.cached_pages,
+                           kv_free_pages=self.kv.free_pages)
+            return out
 
     def _loop(self) -> None:
         while True:
@@ -293,6 +318,11 @@ class Engine:
                     self._finish(seq, "cancelled")
             plan = self.scheduler.schedule()
             self.preemptions += len(plan.preempted)
+        if self.paged:
+            seqs = [*plan.decode, *(seq for seq, _, _ in plan.prefill)]
+            if seqs:
+                self._guarded(seqs, self._mixed, plan)
+            return plan
         if plan.decode:
             self._guarded(plan.decode, self._decode, plan.decode)
         for seq, start, n in plan.prefill:
@@ -333,6 +363,71 @@ class Engine:
                 self._keep_block(seq, start, n)
             if last:
                 self._next(seq, out, logits)
+
+    def _mixed(self, plan: Plan) -> None:
+        """A paged runner's iteration as one call: a row per decoding sequence, a row per token of each prefill
+        chunk; the output rows are the decode rows and the last row of each chunk that ends its context."""
+        rows: list[tuple[int, int, int]] = []
+        outputs: list[int] = []
+        ends: list[tuple[Seq, int]] = []  # (sequence, tokens it fed), in row order
+        for seq in plan.decode:
+            rows.append((seq.slot, seq.context[-1], seq.filled))
+            outputs.append(len(rows) - 1)
+            ends.append((seq, 1))
+        for seq, start, n in plan.prefill:
+            ctx = seq.context
+            rows.extend((seq.slot, ctx[start + i], start + i) for i in range(n))
+            if start + n == len(ctx):
+                outputs.append(len(rows) - 1)
+            ends.append((seq, n))
+        with self._lock:
+            for seq, n in ends:  # copy-on-write: no row writes into a page another holder shares
+                if not self.kv.writable(seq.slot, seq.filled, seq.filled + n):
+                    raise RlxError("no free KV page for a copy of a shared page")
+        logits = any(s.payload.params.needs_logits for s, _ in ends)
+        out = self.runner.run(self.kv.tables, rows, outputs, logits)
+        with self._lock:
+            k = 0
+            for i, (seq, n) in enumerate(ends):
+                if i < len(plan.decode):
+                    self.scheduler.decoded(seq)
+                    self._next(seq, out[k], logits)
+                    k += 1
+                    continue
+                start = seq.filled
+                self.scheduler.prefilled(seq, n)
+                if self.prefix is not None:
+                    self._keep_pages(seq, start, n)
+                if seq.state is State.DECODE:  # its prompt is in: the chunk's last row is its first token
+                    self._next(seq, out[k], logits)
+                    k += 1
+
+    def _share(self, seq: Seq) -> int:
+        """At admission (paged): the cached pages `seq`'s context starts with become its first pages, shared
+        (at least its last token is left to prefill, for its logits); how many tokens that is."""
+        page = self.prefix.block
+        usable = (len(seq.context) - 1) // page * page
+        blocks = self.prefix.match(seq.context[:usable]) if usable else []
+        if blocks:
+            self.kv.adopt(seq.slot, [p for pages in blocks for p in pages])
+            self.observer.prefix_hit(len(blocks) * page)
+        return len(blocks) * page
+
+    def _keep_pages(self, seq: Seq, start: int, n: int) -> None:
+        """After a prefill chunk (paged): each page it filled goes into the prefix cache, which holds it too."""
+        page = self.prefix.block
+        held = self.kv.pages(seq.slot)
+        for i in range(start // page, (start + n) // page):
+            if self.prefix.store(seq.context, i, (held[i],)):
+                self.kv.pool.share([held[i]])
+
+    def _reclaim(self, pages: int) -> None:
+        """Pages ran short: drop least recently used prefix pages until `pages` more are free (or none is cached)."""
+        if self.prefix is None:
+            return
+        target = self.kv.pool.free + pages
+        while self.kv.pool.free < target and self.prefix.evict():
+            pass
 
     def _reuse(self, seq: Seq) -> int:
         """At admission: copy the cached blocks `seq`'s context starts with into its slot (at least its last

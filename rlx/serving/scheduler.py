@@ -8,7 +8,9 @@ on the load). Waiting sequences are admitted first come, first served while a sl
 fit the `KvStore`; when the running sequences' next tokens do not fit, the newest is preempted:
 its storage is freed and it goes back to the front of the queue, to be recomputed (prompt plus
 what it generated) when there is room again. The scheduler holds no model: it is tested with a
-fake clock and a `SlotKv` alone.
+fake clock and a `SlotKv` alone. With `split_chunks` (a runner whose rows are computed alike in
+any step: `PagedRunner`) a chunk may be cut to what the budget leaves after the decode rows, so a
+waiting prompt makes progress in every step that has room.
 
 >>> from rlx.serving.kv import SlotKv
 >>> s = Scheduler(SlotKv(slots=2, max_context=16), chunk=4, max_step_tokens=6, clock=lambda: 0.0)
@@ -88,12 +90,14 @@ class Scheduler:
     """Admission, chunked prefill and preemption over a `KvStore` (see the module docstring)."""
 
     def __init__(self, kv: KvStore, *, chunk: int, max_step_tokens: int, max_waiting: int = 256,
-                 clock: Callable[[], float], reuse: Callable[[Seq], int] | None = None) -> None:
+                 clock: Callable[[], float], reuse: Callable[[Seq], int] | None = None,
+                 split_chunks: bool = False) -> None:
         if chunk < 1 or max_step_tokens < 1 or max_waiting < 0:
             raise RlxError(f"chunk and max_step_tokens must be >= 1 and max_waiting >= 0, got {chunk}, "
                            f"{max_step_tokens}, {max_waiting}")
         self.kv, self.chunk, self.max_step_tokens, self.max_waiting = kv, chunk, max_step_tokens, max_waiting
         self.clock = clock
+        self.split_chunks = split_chunks
         # at admission: how many context tokens are already in the new slot (a prefix cache hit; a multiple
         # of `chunk`, below the context's length)
         self.reuse = reuse
@@ -141,6 +145,8 @@ class Scheduler:
     def _chunk(self, seq: Seq, budget: int, prefill: list[tuple[Seq, int, int]], decode: list[Seq]) -> int:
         """Plan `seq`'s next aligned chunk if the budget allows (or nothing else runs); the budget left."""
         n = min(self.chunk - seq.filled % self.chunk, len(seq.context) - seq.filled)
+        if self.split_chunks and budget > 0:
+            n = min(n, budget)
         if n <= budget or not (decode or prefill):
             prefill.append((seq, seq.filled, n))
             return budget - n

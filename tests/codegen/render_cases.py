@@ -140,17 +140,33 @@ def fused_gemvs(formats: tuple[str, ...], k: int, n: int = 40) -> Graph:
     return g
 
 
-def tiny_decoder() -> Graph:
-    """A LLaMA-style decoder step: quantized GEMVs (fused in decode), rope inside the attention, a KV cache."""
+def _tiny_decoder_parts() -> tuple[Any, Any]:
     from rlx.models.decoder_config import DecoderConfig
-    from rlx.models.llama import WeightSpec, build_decoder, random_specs
+    from rlx.models.llama import WeightSpec, random_specs
 
     cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                         head_dim=16, ffn_size=96, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
                         n_rot=16, context_length=64, tie_embeddings=True, bos_id=1, eos_id=2)
     specs = {name: spec if len(spec.shape) == 1 else WeightSpec("q4_1", spec.shape)
              for name, spec in random_specs(cfg).items()}
+    return cfg, specs
+
+
+def tiny_decoder() -> Graph:
+    """A LLaMA-style decoder step: quantized GEMVs (fused in decode), rope inside the attention, a KV cache."""
+    from rlx.models.llama import build_decoder
+
+    cfg, specs = _tiny_decoder_parts()
     return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32)
+
+
+def tiny_paged_decoder() -> Graph:
+    """The tiny decoder over a paged KV cache (a pool of 12 pages of 8 tokens, a block table per row:
+    `cached_attention(page_size=8)`), in one-token rows as the serving engine runs it."""
+    from rlx.models.llama import build_decoder
+
+    cfg, specs = _tiny_decoder_parts()
+    return build_decoder(cfg, specs, max_batch=16, max_seq=1, capacity=32, page_size=8, kv_pages=12)
 
 
 def _minilm_embed() -> Graph:
@@ -197,6 +213,7 @@ def cuda_renders() -> list[Render]:
                (CudaTarget(precision=DType.F16, pool_norm=True), CUDA_F16)),
         Render("minilm_embed", _minilm_embed, (CUDA_F32, CUDA_F16, CUDA_BF16_SM80)),
         Render("decoder", tiny_decoder, (CUDA_F32, CUDA_F16)),
+        Render("decoder:paged", tiny_paged_decoder, (CUDA_F32, CUDA_F16)),
     ]
     return out
 
@@ -218,6 +235,7 @@ def cpu_renders() -> list[Render]:
         Render("quant_group:qkv", lambda: _quant_group(False), (None,)),
         Render("quant_group:swiglu", lambda: _quant_group(True), (None,)),
         Render("decoder", tiny_decoder, (None,)),
+        Render("decoder:paged", tiny_paged_decoder, (None,)),
     ]
     return out
 

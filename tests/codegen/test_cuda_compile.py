@@ -207,6 +207,29 @@ def _tiny_decoder() -> Graph:
     return tiny_decoder()  # the render cases' LLaMA-style decoder step (tests/codegen/render_cases.py)
 
 
+@pytest.mark.parametrize(("kv_dtype", "window"), [("f32", None), ("f16", 6)])
+def test_paged_cached_attention_compiles(toolchain: NvccToolchain, tmp_path: Path, kv_dtype: str,
+                                         window: int | None) -> None:
+    """`cached_attention` over a paged KV cache: the paged append kernel launched before the attention, which
+    reads through the block table (the whole paged decoder renders in tests/codegen/render_cases.py); also over
+    an f16 cache with a sliding window (both kernels store the keys rounded to the cache dtype)."""
+    g = Graph("paged_attention")
+    seq, batch = Dim.dynamic("seq", 16), Dim.dynamic("batch", 8)
+    q, k, v = g.input("q", [batch, seq, 64]), g.input("k", [batch, seq, 32]), g.input("v", [batch, seq, 32])
+    kc, vc = g.state("k_cache", [12, 8, 32], kv_dtype), g.state("v_cache", [12, 8, 32], kv_dtype)
+    g.set_outputs([g.cached_attention(q, k, v, kc, vc, g.input("pos", [batch], "i32"), num_heads=4, head_dim=16,
+                                      num_kv_heads=2, block_table=g.input("block_table", [batch, 5], "i32"),
+                                      page_size=8, window=window)])
+    src = render_cuda(plan(g), CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "paged"})
+    path = tmp_path / "paged.cu"
+    path.write_text(src)
+    toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_kv_append_paged<") == 1
+    if kv_dtype == "f16":  # f16 compute over the f16 pool, a window of 6 keys: never the grouped decode kernel
+        assert "rlx_kv_append_paged<__half, __half>" in src and "(int64_t)6, RLX_FLAG(c)" in src
+        assert "rlx_kv_decode<" not in src
+
+
 @pytest.mark.parametrize("precision", ["f32", "f16"])
 def test_decoder_compiles_with_resident_states(toolchain: NvccToolchain, precision: str, tmp_path: Path) -> None:
     """A LLaMA-style decoder step (quantized GEMVs, KV-cache attention, state inputs kept resident)."""

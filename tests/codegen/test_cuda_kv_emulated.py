@@ -89,6 +89,67 @@ def test_split_counts() -> None:
     assert kv_splits(KV_SPLIT_KEYS) == 1
 
 
+PAGE, MAX_PAGES, NUM_PAGES = 16, 20, 40  # 320 tokens a row: a decode query over more than 256 keys splits
+
+
+def _paged(emu: ctypes.CDLL) -> ctypes._FuncPointer:
+    i64 = ctypes.c_int64
+    f = emu.emu_kv_attend_paged
+    f.restype = ctypes.c_int
+    f.argtypes = [F32P] * 5 + [I32P, F32P, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_uint, i64,
+                               F32P, I32P, I32P, i64, i64, i64, i64]
+    return f
+
+
+def test_paged_layout_matches_the_reference_and_rows_read_each_others_keys(emu: ctypes.CDLL) -> None:
+    """PAGED: rows over scattered pages (the split decode path for the long one), and rows 1, 2 two consecutive
+    tokens of one sequence sharing its block table (row 2 reads the key row 1 appends)."""
+    _paged_case(emu, None)
+
+
+def test_paged_layout_with_a_sliding_window(emu: ctypes.CDLL) -> None:
+    """PAGED and WINDOW together: each query's last 100 keys, read through its block table (split for the long row)."""
+    _paged_case(emu, 100)
+
+
+def _paged_case(emu: ctypes.CDLL, window: int | None) -> None:
+    r = np.random.default_rng(11)
+    positions = np.array([290, 20, 21], np.int32)
+    table = np.zeros((3, MAX_PAGES), np.int32)
+    pages = r.permutation(NUM_PAGES).astype(np.int32)
+    table[0, :19] = pages[:19]
+    table[1:, :2] = pages[19:21]
+    q = r.standard_normal((3, 1, HEADS * HD)).astype(np.float32)
+    k, v = (r.standard_normal((3, 1, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    kc, vc = (r.standard_normal((NUM_PAGES, PAGE, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, page_size=PAGE, window=window)
+    ref_kc, ref_vc = kc.copy(), vc.copy()
+    want = reference.cached_attention(q, k, v, ref_kc, ref_vc, positions, op, table)
+    splits = kv_splits(PAGE * MAX_PAGES)
+    out = np.full_like(q, np.nan)
+    partials = np.full(3 * HEADS * splits * (HD + 2), np.nan, np.float32)
+    counters = np.zeros(3 * HEADS, np.int32)
+    flag = _paged(emu)(_p(q), _p(k), _p(v), _p(kc), _p(vc), positions.ctypes.data_as(I32P), _p(out), 3, 1, HEADS,
+                       KV_HEADS, op.softmax_scale, splits, KV_SPLIT_KEYS, _p(partials), counters.ctypes.data_as(I32P),
+                       table.ctypes.data_as(I32P), PAGE, MAX_PAGES, NUM_PAGES, window or 0)
+    assert flag == 0
+    np.testing.assert_array_equal(kc, ref_kc)
+    np.testing.assert_array_equal(vc, ref_vc)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_page_outside_the_pool_raises_the_flag(emu: ctypes.CDLL) -> None:
+    q = np.zeros((1, 1, HEADS * HD), np.float32)
+    k = np.zeros((1, 1, KV_HEADS * HD), np.float32)
+    kc = np.zeros((NUM_PAGES, PAGE, KV_HEADS * HD), np.float32)
+    table = np.full((1, MAX_PAGES), NUM_PAGES, np.int32)
+    out, counters = np.zeros_like(q), np.zeros(HEADS, np.int32)
+    flag = _paged(emu)(_p(q), _p(k), _p(k), _p(kc), _p(kc.copy()), np.zeros(1, np.int32).ctypes.data_as(I32P), _p(out),
+                       1, 1, HEADS, KV_HEADS, 1.0, 1, KV_SPLIT_KEYS, _p(np.zeros(HEADS * (HD + 2), np.float32)),
+                       counters.ctypes.data_as(I32P), table.ctypes.data_as(I32P), PAGE, MAX_PAGES, NUM_PAGES, 0)
+    assert flag == 4 and not kc.any()
+
+
 # ── rlx_kv_decode (kernels/kv_decode.cuh): the grouped decode kernel, a block per (query, KV head) ──
 
 

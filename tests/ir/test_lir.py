@@ -131,8 +131,11 @@ def _build_cached_attention(g: Graph, v: object) -> None:
     kv_width = kw["head_dim"] * (kw["num_kv_heads"] or kw["num_heads"])
     q = g.input("q", [1, 3, kw["num_heads"] * kw["head_dim"]])
     k, val = g.input("k", [1, 3, kv_width]), g.input("v", [1, 3, kv_width])
-    kc, vc = g.state("kc", [1, 8, kv_width]), g.state("vc", [1, 8, kv_width])
-    g.set_outputs([g.cached_attention(q, k, val, kc, vc, g.input("pos", [1], "i32"), **kw)])
+    page = kw.get("page_size")
+    shape = [1, 8, kv_width] if page is None else [4, page, kv_width]
+    kc, vc = g.state("kc", shape), g.state("vc", shape)
+    table = None if page is None else g.input("block_table", [1, 8 // page], "i32")
+    g.set_outputs([g.cached_attention(q, k, val, kc, vc, g.input("pos", [1], "i32"), block_table=table, **kw)])
 
 
 def _build_quant(kind: str) -> Build:
@@ -387,6 +390,8 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
      {"scale": None}, {"scale": 0.5}),
     ("cached_attention window", ("cached_attention", "window"), _build_cached_attention,
      {"window": None}, {"window": 4}),
+    ("cached_attention page_size", ("cached_attention", "page_size"), _build_cached_attention,
+     {"page_size": 4}, {"page_size": 8}),
     ("rope head_dim", ("rope", "head_dim"), _build_rope, {"head_dim": 8}, {"head_dim": 4}),
     ("rope n_rot", ("rope", "n_rot"), _build_rope, {"n_rot": 8}, {"n_rot": None, "head_dim": 8}),
     ("rope variant", ("rope", "variant"), _build_rope, {"variant": "neox"}, {"variant": "interleaved"}),

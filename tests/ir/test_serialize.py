@@ -99,6 +99,10 @@ def every_op_graph() -> Graph:
     kc, vc = g.state("k_cache", [4, 40, 8]), g.state("v_cache", [4, 40, 8])
     g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), kc, vc,
                        g.input("positions", [BATCH], "i32"), num_heads=4, head_dim=4, num_kv_heads=2, scale=0.5)
+    pk, pv = g.state("k_pages", [6, 8, 8]), g.state("v_pages", [6, 8, 8])
+    g.cached_attention(ro, g.narrow(ro, 2, 0, 8), g.narrow(ro, 2, 8, 8), pk, pv,
+                       g.input("paged_positions", [BATCH], "i32"), num_heads=4, head_dim=4, num_kv_heads=2,
+                       block_table=g.input("block_table", [BATCH, 5], "i32"), page_size=8)
     h4 = g.reshape(x, [BATCH, SEQ, 4, 4])
     s4 = g.reduce("mean", h4, [-1])
     gdn = g.gated_delta_net(h4, h4, h4, s4, s4, scale=0.25)

@@ -39,3 +39,27 @@ def test_constants_stored_as_declared_are_unchanged(dtype: DType) -> None:
     g = Graph("c")
     values = VALUES if dtype is DType.F32 else np.arange(5, dtype=np.int32)
     assert constant_bytes(g.node(g.constant(values)), dtype) == values.tobytes()
+
+
+def test_decode_rope_and_split_decisions_of_a_paged_decoder() -> None:
+    """The contiguous decoder's attention rotates its queries and keys itself (DecodeRope); a paged one's does not
+    (its keys reach the cache through the separate append kernel, rotated), and its capacity for DecodeSplitKv is
+    max_pages x page_size, not the page."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
+    from render_cases import tiny_decoder, tiny_paged_decoder
+
+    from rlx.driver import lower_to_lir
+    from rlx.opt.lowering_cuda import PAGED_DECODE_REASON, find_decode_ropes, find_decode_splits
+
+    assert len(find_decode_ropes(lower_to_lir(tiny_decoder(), 2, backend="cuda"))) == 2
+    paged = lower_to_lir(tiny_paged_decoder(), 2, backend="cuda")
+    assert find_decode_ropes(paged) == []
+    # the grouped decode kernel declined, with the reason recorded; 32 tokens a row: no split
+    splits = find_decode_splits(paged)
+    attentions = [n.id for n in paged.graph.nodes if n.kind == "cached_attention"]
+    assert sorted(d.attention for d in splits) == sorted(attentions) and attentions
+    assert all(d.max_splits == 1 and not d.grouped and d.reason == PAGED_DECODE_REASON for d in splits)
+    assert "on rlx_kv_attend, keys not split: paged caches" in splits[0].describe()

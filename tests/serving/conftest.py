@@ -27,3 +27,11 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_runner(tiny_gguf: Path) -> CausalLMRunner:
     # f32 activations: the decode kernels whose sums do not depend on the row count (see test_engine)
     return CausalLMRunner.from_gguf(tiny_gguf, slots=SLOTS, max_context=MAX_CONTEXT, chunk=CHUNK, quant_act="f32")
+
+
+@pytest.fixture(scope="session")
+def paged_runner(tiny_gguf: Path):
+    from rlx.serving.runner import PagedRunner
+
+    # pages of 16 tokens, every slot full (128 pages); steps of up to 16 one-token rows
+    return PagedRunner.from_gguf(tiny_gguf, slots=SLOTS, max_context=MAX_CONTEXT, page_size=16, quant_act="f32")

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from live import free_port
 
+from rlx.errors import RlxError
 from rlx.serving import cli
 
 
@@ -71,3 +72,14 @@ def test_import_rlx_serving_needs_no_fastapi() -> None:
             "import rlx, rlx.serving, rlx.cli; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None,
+                    reason="the serve extra is not installed")
+def test_paged_kv_options_are_checked_before_anything_loads() -> None:
+    with pytest.raises(RlxError, match=r"--max-context \(100\) must be a multiple of --page-size \(16\)"):
+        cli.main(["--max-context", "100"])
+    with pytest.raises(RlxError, match="--kv-pages must be >= 1"):
+        cli.main(["--kv-pages", "0"])
+    cli_args = cli._parser().parse_args(["--kv-layout", "contiguous", "--max-context", "100"])
+    assert cli_args.kv_layout == "contiguous" and cli_args.page_size == 16 and cli_args.kv_pages is None

@@ -62,6 +62,32 @@ def test_chunked_prefill_is_aligned_and_shares_the_budget_with_decode_rows() -> 
     assert chunks == [(0, 8), (8, 8), (16, 4)]
 
 
+def test_split_chunks_fill_the_rows_the_decode_rows_leave_over_pages() -> None:
+    """Over a paged store with `split_chunks` (a runner whose rows are computed alike in any step): a prompt
+    prefills in every step, cut to the rows three decoding sequences leave, and the pages follow the tokens."""
+    from rlx.serving.pages import PagedKv, PagePool
+
+    kv = PagedKv(PagePool(num_pages=16, page_size=4), max_seqs=4, max_context=32)
+    s = Scheduler(kv, chunk=8, max_step_tokens=8, clock=FakeClock(), split_chunks=True)
+    running = [s.add([i + 1] * 3, max_new=12) for i in range(3)]
+    first = s.schedule()
+    assert [n for _, _, n in first.prefill] == [3, 3, 2]  # the third prompt cut to the 8 rows' budget
+    while not all(q.state is State.DECODE for q in running):
+        _run(s, first)
+        first = s.schedule()
+    long = s.add(list(range(20)), max_new=4)
+    chunks = []
+    while long.state is not State.DECODE:
+        plan = s.schedule()
+        assert plan.decode == running and len(plan.decode) + sum(n for _, _, n in plan.prefill) <= 8
+        chunks += [(start, n) for q, start, n in plan.prefill if q is long]
+        _run(s, plan)
+    assert chunks == [(0, 5), (5, 3), (8, 5), (13, 3), (16, 4)]  # 8 - 3 decode rows, then up to a chunk's end
+    held = kv.pages(long.slot)
+    assert len(set(held)) == 5 and kv.tables[long.slot, :5].tolist() == held  # 20 tokens in pages of 4
+    assert kv.used_pages == 5 + sum(-(-q.filled // 4) for q in running)  # each grown to the tokens it holds
+
+
 def test_the_newest_is_preempted_when_kv_runs_out_and_recomputed_later() -> None:
     s = Scheduler(SlotKv(slots=3, max_context=16, token_budget=24), chunk=16, max_step_tokens=64, clock=FakeClock())
     old, new = s.add([1] * 10, max_new=6), s.add([2] * 10, max_new=6)

@@ -57,6 +57,13 @@ class KvAttentionArgs:
     decode_rows: int = DECODE_ROWS
     #: Sliding-window width (0: every earlier key).
     window: int = 0
+    #: The paged layout's page size (0: contiguous caches), its block table, pages per row and pool size.
+    paged: int = 0
+    block_table: str = ""
+    max_pages: int = 0
+    num_pages: int = 0
+    #: Paged prefill: where a task gathers its row's keys and values in its scratch.
+    gather_offset: int = 0
 
 
 
@@ -64,13 +71,20 @@ class KvAttentionArgs:
 def emit_kv_attention(em, node: Node) -> Kernel:
     """The `kv_attention` kernel of a `cached_attention` node."""
     op: O.CachedAttention = node.op  # type: ignore[assignment]
-    q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
+    q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs[:6]
     q = em.node(q_id).shape
-    capacity = em.node(kc_id).shape.dims[1].value
+    cache = em.node(kc_id).shape
+    table = em.node(node.inputs[6]).shape if op.paged else None
+    capacity = op.capacity(cache, table)
     # per thread: the score tile (qblock x capacity), then K^T and V of one kv head in packed panels
     kp_offset = align64(ATTN_QBLOCK * capacity * 4)
     vp_offset = kp_offset + align64(op.head_dim * round_up(capacity, PACK_NR_MAX) * 4)
     scratch = vp_offset + align64(capacity * round_up(op.head_dim, PACK_NR_MAX) * 4)
+    paged: dict = {}
+    if op.paged:  # a prefill task's row gathered from its pages: K and V of one kv head, [capacity, hd] each
+        paged = dict(paged=op.page_size, block_table=em.ptr(node.inputs[6]), max_pages=table.dims[1].value,
+                     num_pages=cache.dims[0].value, gather_offset=scratch)
+        scratch += align64(2 * capacity * op.head_dim * 4)
     # decode steps use the first capacity floats of the score tile (one query row's scores)
     label = c_string(f"%{node.id} {node.kind}" + (f" ({node.name[:60]})" if node.name else ""))
     args = KvAttentionArgs(
@@ -81,7 +95,7 @@ def emit_kv_attention(em, node: Node) -> Kernel:
         batch=em.dim(q.dims[0]), sq=em.dim(q.dims[1]), capacity=capacity,
         heads=op.num_heads, kv_heads=op.kv_heads, group=op.num_heads // op.kv_heads, hd=op.head_dim,
         scale=repr(float(op.softmax_scale)), qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
-        window=op.window or 0,
+        window=op.window or 0, **paged,
         # a decode task holds its G heads' maxima and sums on the stack (RLX_KV_MAX_GROUP in kernels/kv_decode.h)
         decode_rows=DECODE_ROWS if op.num_heads // op.kv_heads <= KV_MAX_GROUP else 0)
     return Kernel(node.id, "kv_attention", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
@@ -89,7 +103,7 @@ def emit_kv_attention(em, node: Node) -> Kernel:
 
 
 def _kv_attention_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
-    # q, k, v and both caches f32; the positions are i32 by the op's own check
+    # q, k, v and both caches f32; the positions (and a block table) are i32 by the op's own check
     if in_dtypes[3] != in_dtypes[0]:
         return (f"with {in_dtypes[3].value} KV caches beside {in_dtypes[0].value} queries (caches narrower than the "
                 f"compute run on CUDA; give them f32 here)")

@@ -81,6 +81,13 @@ class KvAttention(Launch):
     group: int = 1
     dec_smem: int = 0
     dec_threads: int = KVD_THREADS
+    #: The paged layout (kernels/kv_attention.cuh, PAGED): page size (0: contiguous), block table, its width
+    #: and the pool's pages; `paged_args` the attend kernel's last four arguments.
+    paged: int = 0
+    block_table: str = ""
+    max_pages: int = 0
+    num_pages: int = 0
+    paged_args: str = "(const int32_t *)nullptr, (int64_t)1, (int64_t)0, (int64_t)0"
 
 
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
@@ -93,9 +100,17 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
     op: O.CachedAttention = node.op  # type: ignore[assignment]
     if op.head_dim > MAX_HEAD_DIM:
         raise BuildError(f"cached_attention head_dim {op.head_dim} exceeds {MAX_HEAD_DIM} on CUDA (node {node.label})")
-    q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
+    q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs[:6]
     q = e.node(q_id).shape
-    capacity = e.node(kc_id).shape.dims[1].value
+    cache = e.node(kc_id).shape
+    table = e.node(node.inputs[6]).shape if op.paged else None
+    capacity = op.capacity(cache, table)  # per row
+    paged: dict = {}
+    if op.paged:
+        bt = e.ptr(node.inputs[6])
+        paged = dict(paged=op.page_size, block_table=bt, max_pages=table.dims[1].value, num_pages=cache.dims[0].value,
+                     paged_args=f"{bt}, (int64_t){op.page_size}, (int64_t){table.dims[1].value}, "
+                                f"(int64_t){cache.dims[0].value}")
     window = op.window or 0
     # a block's scores: at most the keys one query sees (the capacity, or the window)
     keys = min(capacity, window) if window else capacity
@@ -126,6 +141,8 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
         if ds.max_splits > 1:
             split.update(partials="RLX_P(float, RLX_OFF_SCRATCH)", counters="RLX_P(int32_t, RLX_OFF_COUNTERS)")
         if ds.grouped:
+            if op.paged:  # the lowering never plans it (decode_split_plan); rlx_kv_decode reads contiguous caches
+                raise BuildError(f"a paged cached_attention cannot run rlx_kv_decode (node {node.label})")
             if (d is not None and d.max_rows > KVD_NEW_ROWS) or ds.max_rows > KVD_NEW_ROWS:
                 raise BuildError(f"decode steps of {ds.max_rows} rows exceed rlx_kv_decode's {KVD_NEW_ROWS} "
                                  f"(node {node.label})")
@@ -135,7 +152,7 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
             headers = (HEADER, DECODE_HEADER)
             attrs += tuple((f"rlx_kv_decode<{t}, {kt}, {hd}, {ds.group}, {str(r).lower()}, {str(n).lower()}, {win}>",
                             str(dec_smem)) for r, n in variants)
-    args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope, **split,
+    args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope, **split, **paged,
                        t=t, kt=kt, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id),
                        v_cache=e.ptr(vc_id), positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]),
                        sq=e.dim(q.dims[1]), capacity=capacity, kw=op.kv_heads * hd, heads=op.num_heads,

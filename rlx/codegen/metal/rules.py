@@ -555,7 +555,13 @@ class CachedAttention(MetalArgs):
     out: str
 
 
-@RULES.register("cached_attention", accepts=_attention_accepts)
+def _cached_attention_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    if getattr(op, "paged", False):
+        return "in the paged KV layout (page_size set): Metal has no paged kernel yet; run it on the CPU or CUDA"
+    return _attention_accepts(op, in_dtypes, out_dtype)
+
+
+@RULES.register("cached_attention", accepts=_cached_attention_accepts)
 def cached_attention(e: MetalEmitter, node: Node) -> Kernel:
     """Two launches: this step's k and v appended to the caches (in place), then the flash-style attention
     of every query over its row's cache prefix (one simdgroup per query row and head)."""
@@ -565,6 +571,11 @@ def cached_attention(e: MetalEmitter, node: Node) -> Kernel:
 
         raise BuildError(f"cached_attention with a sliding window ({op.window}) has no Metal kernel yet "
                          f"(node {node.label}); run this model on the CPU")
+    if op.paged:
+        from rlx.errors import BuildError
+
+        raise BuildError(f"cached_attention in the paged KV layout has no Metal kernel yet (node {node.label}); "
+                         "run this model on the CPU or CUDA")
     q_id, k_id, v_id, kc_id, vc_id, pos_id = node.inputs
     q, k, kc = e.node(q_id).shape, e.node(k_id).shape, e.node(kc_id).shape
     if kc.dtype != q.dtype:

@@ -26,21 +26,30 @@ static inline __attribute__((always_inline)) void rlx_kv_prefetch(const float *r
         __builtin_prefetch(row + o, 0, 0);
 }
 
+/* Cache row t of a sequence: K + t * kw in the contiguous layout (pages NULL), else row t % P of page
+ * pages[t / P] of the pool K (the paged layout: pages is the sequence's block table). */
+static inline __attribute__((always_inline)) const float *rlx_kv_row(const float *K, const int32_t *pages,
+        int64_t P, int64_t t, int64_t kw)
+{
+    return pages ? K + ((int64_t)pages[t / P] * P + t % P) * kw : K + t * kw;
+}
+
 /* For the G query heads of one kv head: o[g * HD:(g + 1) * HD] = softmax(scale * q_g . K[j]) @ V over
- * cache rows j < n (q_g at q + g * HD; K and V: rows kw floats apart, this kv head's columns). Each
+ * cache rows lo + j, j < n (q_g at q + g * HD; K and V: rows kw floats apart, this kv head's columns;
+ * through the block table `pages` of P-row pages when it is not NULL, see rlx_kv_row). Each
  * cache row is read once for the G heads; each head's arithmetic is its own, in cache order, so a
- * head's result is the same as computed alone. s: scratch of G * n floats. */
+ * head's result is the same as computed alone, and the same in either layout. s: scratch of G * n floats. */
 static inline __attribute__((always_inline)) void rlx_kv_decode_group(float *restrict o, float *restrict s,
         const float *restrict q, int64_t G, int64_t HD, const float *restrict K, const float *restrict V,
-        int64_t kw, int64_t n, float scale)
+        int64_t kw, int64_t n, float scale, const int32_t *pages, int64_t P, int64_t lo)
 {
     float m[RLX_KV_MAX_GROUP];
     for (int64_t g = 0; g < G; g++)
         m[g] = -INFINITY;
     for (int64_t j = 0; j < n; j++) {  /* scores, in cache order */
-        const float *restrict k = K + j * kw;
+        const float *restrict k = rlx_kv_row(K, pages, P, lo + j, kw);
         if (j + RLX_KV_PREFETCH_ROWS < n)
-            rlx_kv_prefetch(k + RLX_KV_PREFETCH_ROWS * kw, HD);
+            rlx_kv_prefetch(rlx_kv_row(K, pages, P, lo + j + RLX_KV_PREFETCH_ROWS, kw), HD);
         for (int64_t g = 0; g < G; g++) {
             const float *restrict qg = q + g * HD;
             float acc = 0.0f;
@@ -61,9 +70,9 @@ static inline __attribute__((always_inline)) void rlx_kv_decode_group(float *res
             og[d] = 0.0f;
     }
     for (int64_t j = 0; j < n; j++) {  /* weighted values, in cache order */
-        const float *restrict v = V + j * kw;
+        const float *restrict v = rlx_kv_row(V, pages, P, lo + j, kw);
         if (j + RLX_KV_PREFETCH_ROWS < n)
-            rlx_kv_prefetch(V + (j + RLX_KV_PREFETCH_ROWS) * kw, HD);
+            rlx_kv_prefetch(rlx_kv_row(V, pages, P, lo + j + RLX_KV_PREFETCH_ROWS, kw), HD);
         for (int64_t g = 0; g < G; g++) {
             const float e = s[g * n + j];
             if (e == 0.0f)

@@ -17,7 +17,12 @@
  * split_keys keys each (how many is decided per launch from n: a short past stays one block and writes its
  * output directly). A block of a split query writes its running max, its sum of exponentials and its unnormalized
  * weighted sum of values to `partials`; the last of the query's blocks to finish (a counter per (row, head) in
- * `counters`, zero between launches: that block resets it) merges the partials into the output. */
+ * `counters`, zero between launches: that block resets it) merges the partials into the output.
+ * PAGED (bt not null): the caches are a pool of pages [num_pages, page, kv_heads*HD] and row b's token j is row
+ * j % page of page bt[b * maxp + j / page] (cap = maxp * page). Several rows of a step may be one sequence's
+ * consecutive tokens (one block table), so a row reads keys other rows of this launch append: the append is then
+ * rlx_kv_append_paged, launched before, and rlx_kv_attend reads the cache below each row's position. Keys are
+ * read in the same order as in the contiguous layout. A page id outside the pool raises flag bit 4. */
 #define RLX_KV_THREADS 256
 #define RLX_KV_ROPE_ROWS 4
 #define RLX_KV_WARPS (RLX_KV_THREADS / 32)
@@ -57,7 +62,8 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
               KT *__restrict__ kc, KT *__restrict__ vc, const int32_t *__restrict__ pos, T *out,
               int64_t sq, int64_t cap, int heads, int kv_heads, float scale, int64_t window, int32_t *flag,
               const T *__restrict__ cosb, const T *__restrict__ sinb, int rot, int per_row,
-              float *__restrict__ partials, int32_t *__restrict__ counters, int64_t split_keys) {
+              float *__restrict__ partials, int32_t *__restrict__ counters, int64_t split_keys,
+              const int32_t *__restrict__ bt, int64_t page, int64_t maxp, int64_t num_pages) {
     RLX_DYNAMIC_SHARED(float, rlx_kv_smem);
     __shared__ int last_block;
     float *qs = rlx_kv_smem;                 /* the query row: HD floats */
@@ -75,7 +81,7 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
            `pos` still being computed, a stale value would fetch other rows of this row's cache (clamped to it),
            and nothing is read here. */
         const int64_t p0 = (int64_t)pos[b], kw0 = (int64_t)kv_heads * HD;
-        const int64_t rows = p0 >= 0 && p0 <= cap ? p0 : 0;
+        const int64_t rows = bt == nullptr && p0 >= 0 && p0 <= cap ? p0 : 0;  /* paged: no hint */
         for (int64_t j = (int64_t)blockIdx.z * blockDim.x + threadIdx.x; j < rows; j += (int64_t)gridDim.z * blockDim.x)
             for (int off = 0; off < HD * (int)sizeof(KT); off += 128) {
                 RLX_KV_PREFETCH((const char *)(kc + (b * cap + j) * kw0 + (int64_t)kvh * HD) + off);
@@ -89,6 +95,19 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         if (threadIdx.x == 0) atomicOr(flag, 4);
         return;
     }
+    if (bt != nullptr) {  /* every page this row reads is in the pool */
+        bool bad = false;
+        for (int64_t c = threadIdx.x; c < (p + sq + page - 1) / page; c += blockDim.x)
+            bad = bad || bt[b * maxp + c] < 0 || bt[b * maxp + c] >= num_pages;
+        if (rlx_kv_block_reduce(bad ? 1.0f : 0.0f, 0, red) != 0.0f) {
+            if (threadIdx.x == 0) atomicOr(flag, 4);
+            return;
+        }
+    }
+    /* the cache row of token j of this batch row */
+    auto row_at = [&](int64_t j) -> int64_t {
+        return bt != nullptr ? (int64_t)bt[b * maxp + j / page] * page + j % page : b * cap + j;
+    };
     const int64_t n = p + i + 1;             /* query i sees keys 0 .. p + i (a window: the last `window` of them) */
     const int64_t first = window > 0 && n > window ? n - window : 0, count = n - first;
     /* this block's keys lo .. hi-1: the query's count keys in `active` runs of `per` (none empty) */
@@ -121,17 +140,17 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         }
     }
     __syncthreads();
-    if (i == 0 && split == 0 && h % (heads / kv_heads) == 0) {  /* this KV head's new rows into the cache */
+    if (bt == nullptr && i == 0 && split == 0 && h % (heads / kv_heads) == 0) {  /* this KV head's new rows */
         for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x) {
             const int64_t s = e / HD, d = e % HD;
             const int64_t src = (b * sq + s) * kw + (int64_t)kvh * HD + d;
-            const int64_t dst = (b * cap + p + s) * kw + (int64_t)kvh * HD + d;
+            const int64_t dst = row_at(p + s) * kw + (int64_t)kvh * HD + d;
             kc[dst] = rlx_to<KT>(ROPE ? kns[e] : rlx_f(knew[src]));
             vc[dst] = rlx_to<KT>(rlx_f(vnew[src]));
         }
     }
     /* key or value row j of this KV head: the cache below p, this step's input from p on */
-    const KT *kb = kc + b * cap * kw + (int64_t)kvh * HD, *vb = vc + b * cap * kw + (int64_t)kvh * HD;
+    const KT *kb = kc + (int64_t)kvh * HD, *vb = vc + (int64_t)kvh * HD;  /* row j at row_at(j) * kw */
     const T *kn = knew + b * sq * kw + (int64_t)kvh * HD, *vn = vnew + b * sq * kw + (int64_t)kvh * HD;
     float mx = -INFINITY;
     for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) {
@@ -142,7 +161,7 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
             for (int d = 0; d < HD; ++d)
                 dot = fmaf(qs[d], rlx_kv_stored<KT>(kr[d]), dot);
         } else if (j < p) {
-            const KT *kr = kb + j * kw;
+            const KT *kr = kb + row_at(j) * kw;
 #pragma unroll 16
             for (int d = 0; d < HD; ++d)
                 dot = fmaf(qs[d], rlx_f(kr[d]), dot);
@@ -173,7 +192,7 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     for (int64_t j = lo + warp; j < hi; j += RLX_KV_WARPS) {
         const float w = sc[j - lo];
         if (j < p) {
-            const KT *vr = vb + j * kw;
+            const KT *vr = vb + row_at(j) * kw;
 #pragma unroll
             for (int t = 0; t < DPL; ++t)
                 if (lane + 32 * t < HD) acc[t] = fmaf(w, rlx_f(vr[lane + 32 * t]), acc[t]);
@@ -234,4 +253,28 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     }
     if (threadIdx.x == 0)
         counters[row_head] = 0;  /* ready for the next launch */
+}
+
+/* PAGED: this step's new keys and values into their pages (rounded to the cache dtype KT), one block per
+ * (row, new token), before rlx_kv_attend (which checks positions and page ids, raising its flag; a row it would
+ * refuse is not written here either). */
+template <typename T, typename KT>
+__global__ void rlx_kv_append_paged(const T *__restrict__ knew, const T *__restrict__ vnew, KT *__restrict__ kc,
+                                    KT *__restrict__ vc, const int32_t *__restrict__ pos,
+                                    const int32_t *__restrict__ bt, int64_t sq, int64_t page, int64_t maxp,
+                                    int64_t num_pages, int64_t kw) {
+    rlx_pdl_wait();
+    rlx_pdl_trigger();
+    const int64_t r = blockIdx.x, b = r / sq, s = r % sq;
+    const int64_t p = (int64_t)pos[b];
+    if (p < 0 || p + sq > maxp * page)
+        return;
+    for (int64_t c = 0; c < (p + sq + page - 1) / page; ++c)
+        if (bt[b * maxp + c] < 0 || bt[b * maxp + c] >= num_pages)
+            return;
+    const int64_t t = p + s, dst = ((int64_t)bt[b * maxp + t / page] * page + t % page) * kw;
+    for (int64_t e = threadIdx.x; e < kw; e += blockDim.x) {
+        kc[dst + e] = rlx_to<KT>(rlx_f(knew[r * kw + e]));
+        vc[dst + e] = rlx_to<KT>(rlx_f(vnew[r * kw + e]));
+    }
 }
