@@ -280,18 +280,33 @@ def _as_f32(t: StoredTensor) -> np.ndarray:
     return bf16_to_f32(t.data).astype(np.float32) if t.dtype == "bf16" else np.asarray(t.data, dtype=np.float32)
 
 
+def check_load_options(dtype: str | None, quantize: str | None) -> None:
+    """The `dtype` / `quantize` arguments every checkpoint loader takes, checked once for all of them."""
+    if dtype not in LOAD_DTYPES:
+        raise ArtifactError(f"dtype must be one of {LOAD_DTYPES}, got {dtype!r}")
+    if quantize is not None and quantize not in QUANTIZERS:
+        raise ArtifactError(f"quantize must be None or one of {sorted(QUANTIZERS)}, got {quantize!r}")
+
+
+def stored_weight(t: StoredTensor, dtype: str | None, quantize: str | None, *, quantizable: bool,
+                  keep_f32: bool = False) -> tuple[WeightSpec, np.ndarray]:
+    """One checkpoint tensor as the model takes it: blocks of `quantize` where `quantizable` and its rows split
+    into whole blocks, f32 for `dtype="f32"`, vectors and `keep_f32` tensors, else as stored (f16/bf16 bits)."""
+    if quantize is not None and quantizable:
+        quantizer, block = QUANTIZERS[quantize]
+        if t.shape[1] % block == 0:
+            return WeightSpec(quantize, t.shape), quantizer(_as_f32(t))
+    if dtype == "f32" or len(t.shape) == 1 or keep_f32:
+        return WeightSpec("f32", t.shape), _as_f32(t)
+    return WeightSpec(t.dtype, t.shape), t.data
+
+
 def _prepare(name: str, t: StoredTensor, fam: H.Family, dtype: str | None,
              quantize: str | None) -> tuple[WeightSpec, np.ndarray]:
     role = name.split(".")[-2]
     if role in H.NORM_ROLES and fam.norm_offset:  # Gemma's (1 + w): added once, in f32
         return WeightSpec("f32", t.shape), _as_f32(t) + np.float32(fam.norm_offset)
-    if quantize is not None and len(t.shape) == 2:
-        quantizer, block = QUANTIZERS[quantize]
-        if t.shape[1] % block == 0:
-            return WeightSpec(quantize, t.shape), quantizer(_as_f32(t))
-    if dtype == "f32" or len(t.shape) == 1:
-        return WeightSpec("f32", t.shape), _as_f32(t)
-    return WeightSpec(t.dtype, t.shape), t.data
+    return stored_weight(t, dtype, quantize, quantizable=len(t.shape) == 2)
 
 
 def load_pretrained(path: str | Path, *, dtype: str | None = None, quantize: str | None = None) -> Pretrained:
@@ -299,10 +314,7 @@ def load_pretrained(path: str | Path, *, dtype: str | None = None, quantize: str
     d = Path(path)
     if not d.is_dir():
         raise ArtifactError(f"model directory {d} does not exist")
-    if dtype not in LOAD_DTYPES:
-        raise ArtifactError(f"dtype must be one of {LOAD_DTYPES}, got {dtype!r}")
-    if quantize is not None and quantize not in QUANTIZERS:
-        raise ArtifactError(f"quantize must be None or one of {sorted(QUANTIZERS)}, got {quantize!r}")
+    check_load_options(dtype, quantize)
     raw = load_json(d / "config.json")
     config = H.decoder_config(raw, str(d / "config.json"))
     fam = H.family(raw)

@@ -19,7 +19,7 @@ import numpy as np
 
 from rlx.errors import ArtifactError
 from rlx.models import hf_config as H
-from rlx.models.hf_load import LOAD_DTYPES, QUANTIZERS, Pretrained, _as_f32
+from rlx.models.hf_load import Pretrained, check_load_options, stored_weight
 from rlx.models.hf_tokenizer import HfTokenizer
 from rlx.models.hf_weights import StoredTensor, open_checkpoint
 from rlx.models.llama import WeightSpec
@@ -49,22 +49,14 @@ def _as_ours(ours: str, t: StoredTensor, want: tuple[int, ...]) -> StoredTensor:
 
 
 def _prepare(ours: str, t: StoredTensor, dtype: str | None, quantize: str | None) -> tuple[WeightSpec, np.ndarray]:
-    if quantize is not None and _role(ours) in QUANTIZABLE_ROLES:
-        quantizer, block = QUANTIZERS[quantize]
-        if t.shape[1] % block == 0:
-            return WeightSpec(quantize, t.shape), quantizer(_as_f32(t))
-    if dtype == "f32" or len(t.shape) == 1 or _role(ours) == "ssm_conv1d":
-        return WeightSpec("f32", t.shape), _as_f32(t)
-    return WeightSpec(t.dtype, t.shape), t.data
+    role = _role(ours)
+    return stored_weight(t, dtype, quantize, quantizable=role in QUANTIZABLE_ROLES, keep_f32=role == "ssm_conv1d")
 
 
 def load_mamba2(path: str | Path, *, dtype: str | None = None, quantize: str | None = None) -> Pretrained:
     """Read and check a Mamba-2 checkpoint directory (see the module docstring)."""
     d = Path(path)
-    if dtype not in LOAD_DTYPES:
-        raise ArtifactError(f"dtype must be one of {LOAD_DTYPES}, got {dtype!r}")
-    if quantize is not None and quantize not in QUANTIZERS:
-        raise ArtifactError(f"quantize must be None or one of {sorted(QUANTIZERS)}, got {quantize!r}")
+    check_load_options(dtype, quantize)
     raw = load_json(d / "config.json")
     config = mamba2_config(raw, str(d / "config.json"))
     stored = open_checkpoint(d)

@@ -28,7 +28,7 @@ import numpy as np
 
 from rlx.errors import ArtifactError
 from rlx.models import hf_config as H
-from rlx.models.hf_load import LOAD_DTYPES, QUANTIZERS, Pretrained, _as_f32
+from rlx.models.hf_load import Pretrained, _as_f32, check_load_options, stored_weight
 from rlx.models.hf_tokenizer import HfTokenizer
 from rlx.models.hf_weights import StoredTensor, open_checkpoint
 from rlx.models.llama import WeightSpec
@@ -132,22 +132,13 @@ def _prepare(ours: str, t: StoredTensor, dtype: str | None, quantize: str | None
     role = ours.split(".")[-2]
     if role in OFFSET_ROLES:
         return WeightSpec("f32", t.shape), _as_f32(t) + np.float32(1.0)
-    if quantize is not None and role in QUANTIZABLE_ROLES:
-        quantizer, block = QUANTIZERS[quantize]
-        if t.shape[1] % block == 0:
-            return WeightSpec(quantize, t.shape), quantizer(_as_f32(t))
-    if dtype == "f32" or len(t.shape) == 1 or role == "ssm_conv1d":
-        return WeightSpec("f32", t.shape), _as_f32(t)
-    return WeightSpec(t.dtype, t.shape), t.data
+    return stored_weight(t, dtype, quantize, quantizable=role in QUANTIZABLE_ROLES, keep_f32=role == "ssm_conv1d")
 
 
 def load_qwen3_next(path: str | Path, *, dtype: str | None = None, quantize: str | None = None) -> Pretrained:
     """Read and check a Qwen3-Next checkpoint directory (see the module docstring)."""
     d = Path(path)
-    if dtype not in LOAD_DTYPES:
-        raise ArtifactError(f"dtype must be one of {LOAD_DTYPES}, got {dtype!r}")
-    if quantize is not None and quantize not in QUANTIZERS:
-        raise ArtifactError(f"quantize must be None or one of {sorted(QUANTIZERS)}, got {quantize!r}")
+    check_load_options(dtype, quantize)
     raw = load_json(d / "config.json")
     config = qwen3_next_config(raw, str(d / "config.json"))
     stored = open_checkpoint(d)
