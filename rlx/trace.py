@@ -787,7 +787,7 @@ def custom_op(name: str, *, infer: Callable[..., object], reference: Callable[..
     `infer(*input_shapes)` gives the output `Shape` (or `(dims, dtype)`); `reference(*arrays)` computes it
     in numpy; `cpu`, `cuda`, `metal` each name a header file holding that backend's function (called
     `name`), or a `(header, function)` pair — the calling convention is in `rlx.ir.ops_user`. A backend
-    given no code refuses the op before any build (`metal=` itself is refused for now).
+    given no code refuses the op before any build.
     `vjp(*inputs, output, d_output)` returns one cotangent per input, written with traced ops.
     Registering a name again replaces it.
 
@@ -798,9 +798,6 @@ def custom_op(name: str, *, infer: Callable[..., object], reference: Callable[..
     >>> reference.run(g, {"x": np.array([1.0, 3.0], np.float32)})[0].tolist()
     [2.0, 6.0]
     """
-    if metal is not None:  # no Metal rule renders user ops yet: refuse here, not at a build
-        raise IRError(f"custom op {name!r}: metal= bodies are not supported yet (the Metal backend has no user_op "
-                      f"rule); register cpu= and/or cuda= code")
     sources = tuple((backend, OpSource.of(name, backend, value))
                     for backend, value in (("cpu", cpu), ("cuda", cuda), ("metal", metal)) if value is not None)
     register_user_op(UserOpSpec(name, infer, reference, sources, vjp))

@@ -1,8 +1,8 @@
 """A user-defined op: swish_beta(x, beta) = x * sigmoid(beta * x), registered from outside RLX.
 
-`register()` gives RLX the op's shape rule, its numpy reference, a C body (swish_beta.h) and a CUDA body
-(swish_beta.cuh), and its derivative in traced ops. Run this file to compile a graph using it on the CPU,
-check it against the reference and take a gradient through it.
+`register()` gives RLX the op's shape rule, its numpy reference, a C body (swish_beta.h), a CUDA body
+(swish_beta.cuh), a Metal body (swish_beta.metal) and its derivative in traced ops. Run this file to compile
+a graph using it on the CPU, check it against the reference and take a gradient through it.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ def _vjp(x, beta, y, dy):
 
 
 def register(name: str = "swish_beta", c_header: Path = HERE / "swish_beta.h",
-             cuda_header: Path = HERE / "swish_beta.cuh") -> rlx.CustomOp:
+             cuda_header: Path = HERE / "swish_beta.cuh", metal_header: Path = HERE / "swish_beta.metal",
+             ) -> rlx.CustomOp:
     """Register swish_beta as `name` (x: any f32 shape, beta: f32 scalar) and return it."""
-    return rlx.custom_op(name, infer=lambda x, beta: x, reference=_reference,
-                         cpu=(c_header, "swish_beta"), cuda=(cuda_header, "swish_beta_cuda"), vjp=_vjp)
+    return rlx.custom_op(name, infer=lambda x, beta: x, reference=_reference, cpu=(c_header, "swish_beta"),
+                         cuda=(cuda_header, "swish_beta_cuda"), metal=(metal_header, "swish_beta_metal"), vjp=_vjp)
 
 
 def main() -> None:

@@ -15,15 +15,20 @@ identity: editing a header and tracing again compiles anew. A graph traced
 before the edit is refused (`check_current`) rather than run with a stale program.
 
 Each backend's function follows one calling convention (the struct is in
-``templates/cpu/kernels/user_op.h`` and ``templates/cuda/kernels/user_op.cuh``)::
+``templates/cpu/kernels/user_op.h``, ``templates/cuda/kernels/user_op.cuh`` and
+``templates/metal/kernels/user_op.metal``)::
 
     int fn(const rlx_user_tensor *inputs, int32_t n_inputs, rlx_user_tensor *output, int32_t nthreads);  /* C */
     int fn(const rlx_user_tensor *inputs, int32_t n_inputs, rlx_user_tensor *output, cudaStream_t stream); /* CUDA */
+    int fn(thread const rlx_user_tensor *inputs, int n_inputs, thread const rlx_user_tensor *output,
+           long i);                                                                                     /* MSL */
 
-returning 0, or a nonzero status the run reports as an error naming the op. A
-tensor is its data pointer, dtype code (`DTYPE_CODES`), rank, element count and
-dims (row-major, contiguous). A CUDA function launches its kernels on `stream`
-(it must neither synchronize nor allocate: runs are captured as CUDA Graphs).
+returning 0, or a nonzero status the run reports as an error (naming the op
+on the CPU and CUDA). A tensor is its data pointer, dtype code (`DTYPE_CODES`),
+rank, element count and dims (row-major, contiguous). A CUDA function launches
+its kernels on `stream` (it must neither synchronize nor allocate: runs are
+captured as CUDA Graphs). An MSL function runs on the GPU, once per output
+element (one thread each): it writes output element `i`, reading any input.
 
 >>> import numpy as np
 >>> spec = UserOpSpec("twice_demo", infer=lambda x: x, reference=lambda x: 2 * x)

@@ -33,7 +33,8 @@ from rlx.runtime.provenance import Provenance
 
 #: What the error flag's value means (set by kernels; checked after every run).
 FLAG_ERRORS = {1: "gather index out of range", 2: "integer division by zero",
-               3: "cached_attention: a row's position plus its new tokens exceeds the cache capacity"}
+               3: "cached_attention: a row's position plus its new tokens exceeds the cache capacity",
+               4: "a custom op's metal= function returned a nonzero status"}
 
 
 @dataclass(frozen=True)

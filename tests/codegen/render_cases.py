@@ -240,10 +240,10 @@ def cpu_renders() -> list[Render]:
     return out
 
 
-#: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling, batched LoRA, user-defined ops, MoE,
-#: convolution, windowed attention over a narrow cache; a while_loop runs as a scan there).
+#: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling, batched LoRA, MoE, convolution,
+#: windowed attention over a narrow cache; a while_loop runs as a scan there).
 METAL_WITHOUT_RULES = {"conv_family", "lora_matmul", "moe_ops", "sample_top_k", "scan_loop", "scan_ssm_body",
-                       "ssm_long", "ssm_ops", "control_flow", "user_op", "kv_attention_window"}
+                       "ssm_long", "ssm_ops", "control_flow", "kv_attention_window"}
 
 
 def metal_renders() -> list[Render]:

@@ -38,8 +38,8 @@ def test_registration_errors_are_clear(tmp_path: Path) -> None:
         rlx.custom_op("missing_header", cpu=tmp_path / "nope.h", **ok)
     with pytest.raises(IRError, match="must be an identifier"):
         rlx.custom_op("not an identifier", **ok)
-    with pytest.raises(IRError, match="metal= bodies are not supported yet"):
-        rlx.custom_op("with_metal", metal=HEADERS / "swish_beta.h", **ok)
+    with pytest.raises(IRError, match=r"the metal header .* does not exist"):  # metal= is checked like cpu=
+        rlx.custom_op("with_metal", metal=tmp_path / "nope.metal", **ok)
     with pytest.raises(IRError, match="header path or a"):
         rlx.custom_op("bad_pair", cpu=(HEADERS / "swish_beta.h", "not a name"), **ok)
     bad = rlx.custom_op("bad_infer", infer=lambda x: "f32[2]", reference=lambda x: x)

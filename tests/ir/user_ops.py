@@ -1,6 +1,6 @@
 """The user op of the op-set fixtures and the custom_op tests: examples/custom_op's swish_beta.
 
-`swish_beta(name)` registers the example (its C and CUDA headers) under `name`; the example module is
+`swish_beta(name)` registers the example (its C, CUDA and Metal headers) under `name`; the example module is
 loaded from its file, as a user's own module would be.
 """
 
@@ -26,5 +26,5 @@ def example() -> ModuleType:
 
 
 def swish_beta(name: str = "swish_beta", **headers: Path) -> rlx.CustomOp:
-    """The example op registered as `name` (`c_header=` / `cuda_header=` replace its headers)."""
+    """The example op registered as `name` (`c_header=` / `cuda_header=` / `metal_header=` replace its headers)."""
     return example().register(name, **headers)

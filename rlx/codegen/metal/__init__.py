@@ -1,7 +1,8 @@
 """The Metal backend: `render_metal(lir, target, manifest)` renders one .metal file and its dispatch manifest.
 
 The emitter and template context live in `rlx.codegen.metal.emit`, the per-op rules in the rule
-modules listed by `rule_table()` (`rules`, and `quant` for GGUF-quantized weights), each declaring
+modules listed by `rule_table()` (`rules`, `quant` for GGUF-quantized weights and `user_op` for
+user-defined ops), each declaring
 its rules in its `RULES`.
 
 >>> from rlx.ir.graph import Graph
@@ -39,9 +40,9 @@ from rlx.codegen.registry import RuleTable
 @functools.cache
 def rule_table() -> RuleTable:
     """The Metal rule table: every rule of the Metal rule modules (made once per process)."""
-    from rlx.codegen.metal import quant, rules
+    from rlx.codegen.metal import quant, rules, user_op
 
-    return RuleTable.of("metal", (m.RULES for m in (rules, quant)))
+    return RuleTable.of("metal", (m.RULES for m in (rules, quant, user_op)))
 
 
 __all__ = ["CODEGEN_VERSION", "MSL_VERSION", "Dispatch", "MetalEmitter", "MetalProgram", "MetalTarget",

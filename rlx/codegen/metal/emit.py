@@ -30,7 +30,7 @@ import jinja2
 from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
 from rlx.codegen.common import dim_expr, require_decided
-from rlx.codegen.registry import Kernel
+from rlx.codegen.registry import Kernel, user_code_of
 from rlx.codegen.text import comment, node_header
 from rlx.errors import BuildError
 from rlx.ir.decisions_metal import MetalLayout
@@ -47,7 +47,7 @@ CODEGEN_VERSION = "metal-1"
 MSL_VERSION = "3.1"
 #: Fixed kernel code, in the order it appears in the .metal (each only when some kernel needs it).
 KERNEL_HEADERS = ("metal/kernels/copy.metal", "metal/kernels/rows.metal", "metal/kernels/gemm.metal",
-                  "metal/kernels/attention.metal", "metal/kernels/quant.metal")
+                  "metal/kernels/attention.metal", "metal/kernels/quant.metal", "metal/kernels/user_op.metal")
 _INT32_LIMIT = (1 << 31) - 1
 
 #: Storage types in device memory (bool is one byte; MSL has no 64-bit float).
@@ -304,6 +304,7 @@ def metal_context(lir: LirModule, target: MetalTarget) -> tuple[dict, list[Dispa
         "kernels": kernels,
         "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
         "prelude": _header_text("metal/kernels/prelude.metal"),
+        "user_code": user_code_of(kernels),  # user ops' headers (rlx.custom_op), each once
     }
     return ctx, [d for k in kernels for d in k.args.launches]
 
