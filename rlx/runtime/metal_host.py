@@ -33,8 +33,7 @@ from rlx.runtime.provenance import Provenance
 
 #: What the error flag's value means (set by kernels; checked after every run).
 FLAG_ERRORS = {1: "gather index out of range", 2: "integer division by zero",
-               3: "cached_attention: a row's position plus its new tokens exceeds the cache capacity",
-               4: "a custom op's metal= function returned a nonzero status"}
+               3: "cached_attention: a row's position plus its new tokens exceeds the cache capacity"}
 
 
 @dataclass(frozen=True)
@@ -194,7 +193,9 @@ class MetalGraph(Provenance):
                 off = int(self._layout["inputs"][slot])
                 arr.reshape(-1).view(np.uint8)[:] = mem[off:off + arr.nbytes]
         if code:
-            raise ExecutionError(f"the Metal program failed: {FLAG_ERRORS.get(code, f'error flag {code}')}")
+            # RLX's own flags, or the program's (a user op's nonzero status: its manifest names the op)
+            why = FLAG_ERRORS.get(code) or self.manifest.get("flag_errors", {}).get(str(code), f"error flag {code}")
+            raise ExecutionError(f"the Metal program failed: {why}")
         outs = []
         for slot, info in enumerate(self._outputs):
             shape = info.concrete(values)

@@ -1,8 +1,8 @@
 """The Metal rule of user-defined ops (rlx/codegen/metal/user_op.py), through the emulator against the reference:
 the user's MSL function (examples/custom_op/swish_beta.metal) placed once in the .metal and called per output
-element, a nonzero status failing the run, the header's digest in the cache key (an edited header renders and
-runs the new code; a graph traced before the edit is refused), and an op without metal= code refused before any
-build."""
+element, a nonzero status failing the run (naming the op), the header's digest in the cache key (an edited
+header renders and runs the new code; a graph traced before the edit is refused), and an op without metal=
+code refused before any build."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from emulator import emulate, have_compiler
 import rlx
 from rlx import reference
 from rlx.codegen.backends import first_unsupported_op
+from rlx.codegen.metal.emit import USER_OP_FLAG
 from rlx.errors import BuildError, ExecutionError
 from tests.ir.user_ops import EXAMPLE, swish_beta
 
@@ -67,8 +68,10 @@ def test_a_nonzero_status_fails_the_run() -> None:
                        metal=(HEADER, "swish_beta_metal"))
     g = rlx.trace("bad_beta", lambda t: op(t.input("x", [4]), t.input("beta", [2])))  # the body takes a scalar
     m = emulate(g)
-    with pytest.raises(ExecutionError, match="a custom op's metal= function returned a nonzero status"):
+    with pytest.raises(ExecutionError, match="user_op swish_any_beta_metal: custom op swish_any_beta_metal "
+                                             "returned a nonzero status"):
         m.run({"x": np.ones(4, np.float32), "beta": np.ones(2, np.float32)})
+    assert list(m.manifest["flag_errors"]) == [str(USER_OP_FLAG + g.outputs[0])]  # the flag names the node
 
 
 @needs_compiler

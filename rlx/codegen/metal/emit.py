@@ -49,6 +49,9 @@ MSL_VERSION = "3.1"
 KERNEL_HEADERS = ("metal/kernels/copy.metal", "metal/kernels/rows.metal", "metal/kernels/gemm.metal",
                   "metal/kernels/attention.metal", "metal/kernels/quant.metal", "metal/kernels/user_op.metal")
 _INT32_LIMIT = (1 << 31) - 1
+#: The error flag a user op's kernel sets when its function returns a nonzero status: this plus the node's id
+#: (the manifest's `flag_errors` names the op; flags below it are RLX's own, `metal_host.FLAG_ERRORS`).
+USER_OP_FLAG = 1000
 
 #: Storage types in device memory (bool is one byte; MSL has no 64-bit float).
 MSL_TYPE = {DType.F32: "float", DType.F16: "half", DType.BF16: "bfloat", DType.I8: "char", DType.I32: "int",
@@ -312,6 +315,7 @@ def metal_context(lir: LirModule, target: MetalTarget) -> tuple[dict, list[Dispa
 def program_manifest(lir: LirModule, io_manifest: dict, dispatches: Sequence[Dispatch]) -> dict:
     """What the host needs besides the source: the IO manifest, the buffer layout, constants, dispatches."""
     lay = require_decided(lir, "metal").decided(MetalLayout)[0]
+    user_ops = [(nid, lir.graph.node(nid).op) for nid in lir.schedule if lir.graph.node(nid).kind == "user_op"]
     constants = []
     for slot, nid in enumerate(lir.constants):
         # the constant's own row-major bytes in its dtype: exactly what the kernels read
@@ -325,6 +329,9 @@ def program_manifest(lir: LirModule, io_manifest: dict, dispatches: Sequence[Dis
                    "outputs": list(lay.outputs), "arena": lay.arena, "flag": lay.flag},
         "constants": constants,
         "dispatches": [d.to_json() for d in dispatches],
+        # what the error flags of user ops' kernels mean (only where the program has some)
+        **({"flag_errors": {str(USER_OP_FLAG + nid): f"user_op {op.name}: custom op {op.name} returned a nonzero "
+                                                     f"status" for nid, op in user_ops}} if user_ops else {}),
     }
 
 

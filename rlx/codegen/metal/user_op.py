@@ -4,8 +4,9 @@ The user's header is placed once in the graph's `.metal` (`Kernel.user_code`, af
 `kernels/user_op.metal` defines the tensor struct it takes). The node's kernel runs one thread per output
 element; each fills one `rlx_user_tensor` per input and one for the output (pointers into the program
 buffer, dims as expressions of the dynamic dims) and calls the function with its element's index
-(`templates/metal/user_op.metal.j2`). A nonzero status sets the run's error flag (`USER_OP_FAILED`). The
-header is read when rendered and must still have the digest the node was traced with.
+(`templates/metal/user_op.metal.j2`). A nonzero status sets the run's error flag to `USER_OP_FLAG` plus the
+node's id, which the manifest's `flag_errors` maps to a message naming the op. The header is read when
+rendered and must still have the digest the node was traced with.
 
 >>> import rlx
 >>> op = rlx.custom_op("metal_rule_doc", infer=lambda x: x, reference=lambda x: x)
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.metal.emit import Dispatch, MetalArgs, MetalEmitter, grid_1d
+from rlx.codegen.metal.emit import USER_OP_FLAG, Dispatch, MetalArgs, MetalEmitter, grid_1d
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.codegen.text import comment
 from rlx.codegen.user_ops import UserTensor, accepts_for, user_code
@@ -32,8 +33,6 @@ RULES = RuleSet("metal")
 
 TEMPLATE = "metal/user_op.metal.j2"
 HEADER = "metal/kernels/user_op.metal"
-#: The error flag's value when a user op's function returns a nonzero status (`rlx.runtime.metal_host.FLAG_ERRORS`).
-USER_OP_FAILED = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +65,7 @@ def user_op(e: MetalEmitter, node: Node) -> Kernel:
     args = UserOpKernel(comment=e.header(node), launches=(launch,), name=name, op_name=comment(op.name, 80),
                         function=function, source_comment=comment(user_op_spec(op.name).source("metal").header.name,
                                                                   160),
-                        flag=e.flag(), status_flag=USER_OP_FAILED, inputs=tuple(tensor(i) for i in node.inputs),
+                        flag=e.flag(), status_flag=USER_OP_FLAG + node.id, inputs=tuple(tensor(i) for i in node.inputs),
                         output=tensor(node.id))
     return Kernel(node.id, "block_user_op", TEMPLATE, args, headers=(HEADER,), header=args.comment,
                   label=node.label, user_code=((note, text),))
