@@ -68,7 +68,7 @@ _load = _LoadState()
 def is_compiler_module(name: str) -> bool:
     """True for the modules whose code decides what a graph compiles to.
 
-    >>> is_compiler_module("rlx.codegen.cpu.emit"), is_compiler_module("rlx.models.bert")
+    >>> is_compiler_module("rlx.codegen.cpu.emit"), is_compiler_module("rlx.models.sampling")
     (True, False)
     """
     return name in COMPILER_MODULES or any(name == p or name.startswith(p + ".") for p in COMPILER_PACKAGES)

@@ -6,8 +6,12 @@ elementwise op, so each full compile is one small C build.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -49,15 +53,39 @@ def private_cache(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cache_root
 
 
-def test_a_known_recipe_loads_its_object_without_building_the_graph(private_cache: Path) -> None:
-    build = Builder()
-    recipe = {"builder": "known", "scale": build.scale}
+KNOWN_RECIPE = textwrap.dedent("""
+    import json, numpy as np, rlx
+    from rlx.driver import Session
+    calls = []
+    def build():
+        calls.append(1)
+        g = rlx.Graph("recipe_probe")
+        x = g.input("x", [4, 8])
+        g.set_outputs([g.activation("relu", g.mul(x, g.constant(np.float32(2.0))))])
+        return g
+    recipe = {"builder": "known", "scale": 2.0}
     cold = Session().compile_recipe(recipe, build)
-    assert build.calls == 1
+    after_cold = len(calls)
     warm = Session().compile_recipe(recipe, build)
-    assert build.calls == 1 and warm.cache_hit and warm.key == cold.key
-    np.testing.assert_array_equal(warm.run(x=X)[0], np.maximum(X * 2, 0))
-    assert warm.lir is not None and build.calls == 2  # the LIR, asked for, is made from the graph then
+    after_warm = len(calls)
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
+    same = bool(np.array_equal(warm.run(x=x)[0], np.maximum(x * 2, 0)))
+    has_lir = warm.lir is not None
+    print(json.dumps([after_cold, after_warm, warm.cache_hit, warm.key == cold.key, same, has_lir, len(calls)]))
+""")
+
+
+def test_a_known_recipe_loads_its_object_without_building_the_graph(private_cache: Path) -> None:
+    """In a fresh process: the recipe index is used only while the compiler is pristine, and a test process that
+    ran other tests (monkeypatches, modules loaded meanwhile) may no longer be."""
+    out = subprocess.run([sys.executable, "-c", KNOWN_RECIPE], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "RLX_CACHE_DIR": str(private_cache)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    after_cold, after_warm, hit, same_key, same, has_lir, calls = json.loads(out.stdout.strip().splitlines()[-1])
+    assert after_cold == 1
+    assert after_warm == 1 and hit and same_key
+    assert same
+    assert has_lir and calls == 2  # the LIR, asked for, is made from the graph then
 
 
 def test_another_recipe_is_built(private_cache: Path) -> None:

@@ -9,7 +9,8 @@ nearest, by the distance for linear, Keys' cubic kernel with ``cubic_coeff_a`` f
 those positions and weights once, in float64, and emits per axis one `gather` per tap (a nearest
 resize: one gather, exact for any dtype) and the weighted sum of the taps.
 
->>> _taps(4, 8, 2.0, "nearest", "asymmetric", "floor", -0.75, False)[0][0].tolist()
+>>> index, weight = _taps(4, 8, 2.0, "nearest", "asymmetric", "floor", -0.75, False)
+>>> [int(index[int(np.argmax([w[x] for w in weight]))][x]) for x in range(8)]  # each output's one-hot tap
 [0, 0, 1, 1, 2, 2, 3, 3]
 """
 

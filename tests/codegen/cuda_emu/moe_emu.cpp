@@ -31,6 +31,26 @@ using std::isnan;
 struct float4 {
     float x, y, z, w;
 };
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+inline float __uint_as_float(uint32_t b) {
+    float v;
+    std::memcpy(&v, &b, sizeof(v));
+    return v;
+}
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  /* CUDA's default mode: 4 byte selectors */
+    const uint64_t both = (uint64_t)y << 32 | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)((both >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+}
+#define __grid_constant__
+/* moe.cuh's f32-weight loop, instantiated (never run) for the block formats' byte weights: the shim's f32 and
+   _Float16 overloads would both take a byte */
+inline float rlx_f(unsigned char x) { return (float)x; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline void __syncwarp() { rlx_emu_warp_bar->arrive_and_wait(); }
 
