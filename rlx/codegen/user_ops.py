@@ -1,5 +1,5 @@
-"""What the CPU and CUDA rules of user-defined ops (`rlx.custom_op`) share: the user's code checked against
-the node's digest, a backend's `accepts`, and the tensor struct each call fills."""
+"""What the CPU, CUDA and Metal rules of user-defined ops (`rlx.custom_op`) share: the user's code checked
+against the node's digest, a backend's `accepts`, and the tensor struct each call fills."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from rlx.codegen.text import comment
 from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
-from rlx.ir.ops_user import UserOp, user_op_spec
+from rlx.ir.ops_user import DTYPE_CODES, UserOp, user_op_spec
+from rlx.ir.shape import Shape
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,18 @@ class UserTensor:
     rank: int
     numel: str
     dims: tuple[str, ...]
+
+
+def user_tensor(emitter, ptr: str, dtype: DType, shape: Shape) -> UserTensor:
+    """The `rlx_user_tensor` initializer of a buffer at `ptr` holding `shape` in `dtype`, its sizes as the
+    backend `emitter` writes dims (`numel`, `dim`: expressions of the dynamic dims)."""
+    return UserTensor(ptr=ptr, dtype=DTYPE_CODES[dtype], rank=shape.rank, numel=emitter.numel(shape.dims),
+                      dims=tuple(emitter.dim(d) for d in shape.dims) or ("0",))
+
+
+def source_comment(op: UserOp, backend: str) -> str:
+    """A comment naming the header `op`'s `backend` code comes from."""
+    return comment(user_op_spec(op.name).source(backend).header.name, 160)
 
 
 def user_code(op: UserOp, backend: str) -> tuple[str, str, str]:
@@ -46,4 +59,4 @@ def accepts_for(backend: str):
     return accepts
 
 
-__all__ = ["UserTensor", "accepts_for", "user_code"]
+__all__ = ["UserTensor", "accepts_for", "source_comment", "user_code", "user_tensor"]

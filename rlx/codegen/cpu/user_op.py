@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from rlx.codegen.cpu.base import c_string, comment, node_header
 from rlx.codegen.registry import Kernel, RuleSet
-from rlx.codegen.user_ops import UserTensor, accepts_for, user_code
+from rlx.codegen.user_ops import UserTensor, accepts_for, source_comment, user_code, user_tensor
 from rlx.ir.graph import Node
-from rlx.ir.ops_user import DTYPE_CODES, UserOp, user_op_spec
+from rlx.ir.ops_user import UserOp
 
 #: This module's CPU rules (the table is made from them: `rlx.codegen.cpu.rule_table`).
 RULES = RuleSet("cpu")
@@ -50,12 +50,11 @@ def emit_user_op(em, node: Node) -> Kernel:
 
     def tensor(nid: int, const: bool) -> UserTensor:
         shape = em.node(nid).shape
-        return UserTensor(ptr=em.ptr(nid, const=const), dtype=DTYPE_CODES[shape.dtype], rank=shape.rank,
-                          numel=em.numel(shape.dims), dims=tuple(em.dim(d) for d in shape.dims) or ("0",))
+        return user_tensor(em, em.ptr(nid, const=const), shape.dtype, shape)
 
     label = c_string(f"%{node.id} user_op {op.name}" + (f" ({node.name[:60]})" if node.name else ""))
     args = UserOpArgs(name=comment(op.name, 80), name_c=c_string(op.name), function=function,
-                      source_comment=comment(user_op_spec(op.name).source("cpu").header.name, 160), label=label,
+                      source_comment=source_comment(op, "cpu"), label=label,
                       inputs=tuple(tensor(i, True) for i in node.inputs), output=tensor(node.id, False))
     return Kernel(node.id, "user_op", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"{getattr(em, 'prefix', 'rlx_')}op_{node.id}", label=label, user_code=((note, text),))

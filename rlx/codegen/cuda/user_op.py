@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from rlx.codegen.cuda.emit import CudaEmitter, Launch
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.codegen.text import c_string, comment
-from rlx.codegen.user_ops import UserTensor, accepts_for, user_code
+from rlx.codegen.user_ops import UserTensor, accepts_for, source_comment, user_code, user_tensor
 from rlx.ir.graph import Node
-from rlx.ir.ops_user import DTYPE_CODES, UserOp, user_op_spec
+from rlx.ir.ops_user import UserOp
 
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
 RULES = RuleSet("cuda")
@@ -50,12 +50,10 @@ def user_op(e: CudaEmitter, node: Node) -> Kernel:
     function, note, text = user_code(op, "cuda")
 
     def tensor(nid: int) -> UserTensor:
-        shape = e.node(nid).shape
-        return UserTensor(ptr=e.ptr(nid), dtype=DTYPE_CODES[e.ddt(nid)], rank=shape.rank, numel=e.numel(shape.dims),
-                          dims=tuple(e.dim(d) for d in shape.dims) or ("0",))
+        return user_tensor(e, e.ptr(nid), e.ddt(nid), e.node(nid).shape)  # the session's device dtype
 
     args = UserOpLaunch(**e.base(node), name=comment(op.name, 80), name_c=c_string(op.name), function=function,
-                        source_comment=comment(user_op_spec(op.name).source("cuda").header.name, 160),
+                        source_comment=source_comment(op, "cuda"),
                         inputs=tuple(tensor(i) for i in node.inputs), output=tensor(node.id))
     return Kernel(node.id, "user_op", TEMPLATE, args, headers=(HEADER,), header=args.comment, label=node.label,
                   user_code=((note, text),))

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from rlx.codegen.metal.emit import USER_OP_FLAG, Dispatch, MetalArgs, MetalEmitter, grid_1d
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.codegen.text import comment
-from rlx.codegen.user_ops import UserTensor, accepts_for, user_code
+from rlx.codegen.user_ops import UserTensor, accepts_for, source_comment, user_code, user_tensor
 from rlx.ir.graph import Node
-from rlx.ir.ops_user import DTYPE_CODES, UserOp, user_op_spec
+from rlx.ir.ops_user import UserOp
 from rlx.ir.shape import product
 
 #: This module's Metal rules (the table is made from them: `rlx.codegen.metal.rule_table`).
@@ -56,15 +56,13 @@ def user_op(e: MetalEmitter, node: Node) -> Kernel:
 
     def tensor(nid: int) -> UserTensor:
         shape = e.node(nid).shape
-        return UserTensor(ptr=f"rlx_mem + {e.offset(nid)}", dtype=DTYPE_CODES[shape.dtype], rank=shape.rank,
-                          numel=e.numel(shape.dims), dims=tuple(e.dim(d) for d in shape.dims) or ("0",))
+        return user_tensor(e, f"rlx_mem + {e.offset(nid)}", shape.dtype, shape)
 
     name = e.kernel_name(node)
     threads = e.target.threads
     launch = Dispatch(name, grid_1d(product(node.shape.dims), threads), (threads, 1, 1))
     args = UserOpKernel(comment=e.header(node), launches=(launch,), name=name, op_name=comment(op.name, 80),
-                        function=function, source_comment=comment(user_op_spec(op.name).source("metal").header.name,
-                                                                  160),
+                        function=function, source_comment=source_comment(op, "metal"),
                         flag=e.flag(), status_flag=USER_OP_FLAG + node.id, inputs=tuple(tensor(i) for i in node.inputs),
                         output=tensor(node.id))
     return Kernel(node.id, "block_user_op", TEMPLATE, args, headers=(HEADER,), header=args.comment,
