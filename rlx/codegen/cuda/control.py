@@ -29,7 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import CudaEmitter, Launch
-from rlx.codegen.cuda.scan import _BodyEmitter
+from rlx.codegen.cuda.scan import _BodyEmitter, bodies_why_not
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.errors import BuildError
 from rlx.ir import ops as O
@@ -37,7 +37,7 @@ from rlx.ir.decisions_cuda import ScanConstants
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.ops_control import WhileLoop, step_bodies
-from rlx.opt.scan_body import ALIGN, carry_slot_bytes, step_graph
+from rlx.opt.scan_body import ALIGN, carry_slot_bytes
 
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
 RULES = RuleSet("cuda")
@@ -77,20 +77,8 @@ class WhileLaunch(Launch):
 
 
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
-    from rlx.codegen.cuda import rule_table  # the table this rule is part of (asked at run time)
-
-    rules = rule_table()
-    for body in step_bodies(op):
-        if body.depth() > 1:
-            return "with a scan, cond or while_loop in a body (one level of bodies is rendered on CUDA)"
-        g = step_graph(body)
-        for n in g.nodes:
-            if n.kind in O.LEAF_KINDS:
-                continue
-            reason = rules.why_not(g, n)
-            if reason is not None:
-                return f"whose body it cannot run: {reason}"
-    return None
+    return bodies_why_not(step_bodies(op), "with a scan, cond or while_loop in a body (one level of bodies is "
+                                           "rendered on CUDA)")
 
 
 def _body_kernels(e: CudaEmitter, node: Node, tags: tuple[str, str], arena: int,

@@ -21,6 +21,7 @@ Nested scans are refused before any build (`why_not` names the reason).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rlx.codegen.common import decided_body
@@ -115,21 +116,27 @@ class ScanLaunch(Launch):
     body: tuple[Kernel, ...]
 
 
-def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
-    body: L.Body = op.body  # type: ignore[attr-defined]
-    if body.depth() > 1:
-        return "with a scan nested in its body (one loop level is rendered on CUDA)"
-    g = step_graph(body)
+def bodies_why_not(bodies: Iterable[L.Body], nested: str) -> str | None:
+    """Why the CUDA table cannot run a loop or branch with `bodies` (None: it can): `nested` when a body holds
+    another body (one level is rendered), else the first body node no CUDA rule takes."""
     from rlx.codegen.cuda import rule_table  # the table this rule is part of (asked at run time)
 
     rules = rule_table()
-    for n in g.nodes:
-        if n.kind in O.LEAF_KINDS:
-            continue
-        reason = rules.why_not(g, n)
-        if reason is not None:
-            return f"whose body it cannot run: {reason}"
+    for body in bodies:
+        if body.depth() > 1:
+            return nested
+        g = step_graph(body)
+        for n in g.nodes:
+            if n.kind in O.LEAF_KINDS:
+                continue
+            reason = rules.why_not(g, n)
+            if reason is not None:
+                return f"whose body it cannot run: {reason}"
     return None
+
+
+def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    return bodies_why_not((op.body,), "with a scan nested in its body (one loop level is rendered on CUDA)")  # type: ignore[attr-defined]
 
 
 def emit_scan(e: CudaEmitter, node: Node) -> Kernel:
