@@ -280,6 +280,40 @@ def _as_f32(t: StoredTensor) -> np.ndarray:
     return bf16_to_f32(t.data).astype(np.float32) if t.dtype == "bf16" else np.asarray(t.data, dtype=np.float32)
 
 
+def checked_shape(t: StoredTensor, want: tuple[int, ...]) -> StoredTensor:
+    """`t`, after checking it has the shape config.json implies."""
+    if t.shape != want:
+        raise ArtifactError(f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, expected {list(want)} "
+                            "from config.json")
+    return t
+
+
+def conv1d_as_ours(t: StoredTensor, want: tuple[int, ...]) -> StoredTensor:
+    """A depthwise conv weight stored `[conv_dim, 1, k]` as our `[k, conv_dim]` (a view)."""
+    k, conv_dim = want
+    if t.shape != (conv_dim, 1, k):
+        raise ArtifactError(f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, expected "
+                            f"{[conv_dim, 1, k]} from config.json")
+    return StoredTensor(t.file, t.name, t.dtype, want, t.data.reshape(conv_dim, k).T)
+
+
+def missing_tensor(d: Path, stored: Mapping[str, StoredTensor], name: str, shape: tuple[int, ...]) -> ArtifactError:
+    """The error for a tensor config.json implies that no file of the checkpoint holds."""
+    files = sorted({t.file.name for t in stored.values()})
+    return ArtifactError(f"{d}: the checkpoint ({', '.join(files)}) has no tensor {name!r}, expected shape "
+                         f"{list(shape)} from config.json")
+
+
+def finish_pretrained(d: Path, raw: dict, config: Any, tensors: dict) -> Pretrained:
+    """The loaded model: its stop ids (config.json's and generation_config.json's eos ids in the vocabulary)
+    and its tokenizer."""
+    stop = H.eos_ids(raw)
+    if (d / "generation_config.json").is_file():
+        stop |= H.eos_ids(load_json(d / "generation_config.json"))
+    stop = frozenset(i for i in stop if i < config.vocab_size)
+    return Pretrained(config, tensors, HfTokenizer.from_dir(d, stop), stop, raw)
+
+
 def check_load_options(dtype: str | None, quantize: str | None) -> None:
     """The `dtype` / `quantize` arguments every checkpoint loader takes, checked once for all of them."""
     if dtype not in LOAD_DTYPES:
@@ -323,7 +357,6 @@ def load_pretrained(path: str | Path, *, dtype: str | None = None, quantize: str
     required = required_shapes(config)
     stored_by_ours = {ours: stored[theirs] for ours, theirs in names.items() if theirs in stored}
     stored_by_ours |= _split_fused(stored, config, fam, required)
-    files = sorted({t.file.name for t in stored.values()})
     tensors = _moe_tensors(stored, config, fam, dtype, quantize, d)
     for ours, shape in {**required, **optional_shapes(config)}.items():
         if ours in tensors:
@@ -331,16 +364,7 @@ def load_pretrained(path: str | Path, *, dtype: str | None = None, quantize: str
         t = stored_by_ours.get(ours)
         if t is None:
             if ours in required:
-                raise ArtifactError(f"{d}: the checkpoint ({', '.join(files)}) has no tensor "
-                                    f"{names.get(ours, ours)!r}, expected shape {list(shape)} from config.json")
+                raise missing_tensor(d, stored, names.get(ours, ours), shape)
             continue
-        if t.shape != shape:
-            raise ArtifactError(f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, expected {list(shape)} "
-                                "from config.json")
-        tensors[ours] = _prepare(ours, t, fam, dtype, quantize)
-    stop = H.eos_ids(raw)
-    if (d / "generation_config.json").is_file():
-        stop |= H.eos_ids(load_json(d / "generation_config.json"))
-    stop = frozenset(i for i in stop if i < config.vocab_size)
-    tokenizer = HfTokenizer.from_dir(d, stop)
-    return Pretrained(config, tensors, tokenizer, stop, raw)
+        tensors[ours] = _prepare(ours, checked_shape(t, shape), fam, dtype, quantize)
+    return finish_pretrained(d, raw, config, tensors)

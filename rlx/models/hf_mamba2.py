@@ -17,10 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx.errors import ArtifactError
-from rlx.models import hf_config as H
-from rlx.models.hf_load import Pretrained, check_load_options, stored_weight
-from rlx.models.hf_tokenizer import HfTokenizer
+from rlx.models.hf_load import (
+    Pretrained,
+    check_load_options,
+    checked_shape,
+    conv1d_as_ours,
+    finish_pretrained,
+    missing_tensor,
+    stored_weight,
+)
 from rlx.models.hf_weights import StoredTensor, open_checkpoint
 from rlx.models.llama import WeightSpec
 from rlx.models.mamba2 import checkpoint_names, mamba2_config, tensor_shapes
@@ -37,15 +42,8 @@ def _role(name: str) -> str:
 def _as_ours(ours: str, t: StoredTensor, want: tuple[int, ...]) -> StoredTensor:
     """The checkpoint tensor in our layout: the conv weight `[conv_dim, 1, k]` as `[k, conv_dim]` (a view)."""
     if _role(ours) == "ssm_conv1d" and ours.endswith(".weight"):
-        k, conv_dim = want
-        if t.shape != (conv_dim, 1, k):
-            raise ArtifactError(f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, expected "
-                                f"{[conv_dim, 1, k]} from config.json")
-        return StoredTensor(t.file, t.name, t.dtype, want, t.data.reshape(conv_dim, k).T)
-    if t.shape != want:
-        raise ArtifactError(f"{t.file}: tensor {t.name!r} has shape {list(t.shape)}, expected {list(want)} "
-                            "from config.json")
-    return t
+        return conv1d_as_ours(t, want)
+    return checked_shape(t, want)
 
 
 def _prepare(ours: str, t: StoredTensor, dtype: str | None, quantize: str | None) -> tuple[WeightSpec, np.ndarray]:
@@ -60,17 +58,11 @@ def load_mamba2(path: str | Path, *, dtype: str | None = None, quantize: str | N
     raw = load_json(d / "config.json")
     config = mamba2_config(raw, str(d / "config.json"))
     stored = open_checkpoint(d)
-    files = sorted({t.file.name for t in stored.values()})
     names = checkpoint_names(config)
     tensors: dict[str, tuple[WeightSpec, np.ndarray]] = {}
     for ours, shape in tensor_shapes(config).items():
         theirs = names[ours]
         if theirs not in stored:
-            raise ArtifactError(f"{d}: the checkpoint ({', '.join(files)}) has no tensor {theirs!r}, expected shape "
-                                f"{list(shape)} from config.json")
+            raise missing_tensor(d, stored, theirs, shape)
         tensors[ours] = _prepare(ours, _as_ours(ours, stored[theirs], shape), dtype, quantize)
-    stop = H.eos_ids(raw)
-    if (d / "generation_config.json").is_file():
-        stop |= H.eos_ids(load_json(d / "generation_config.json"))
-    stop = frozenset(i for i in stop if i < config.vocab_size)
-    return Pretrained(config, tensors, HfTokenizer.from_dir(d, stop), stop, raw)  # type: ignore[arg-type]
+    return finish_pretrained(d, raw, config, tensors)

@@ -28,8 +28,16 @@ import numpy as np
 
 from rlx.errors import ArtifactError
 from rlx.models import hf_config as H
-from rlx.models.hf_load import Pretrained, _as_f32, check_load_options, stored_weight
-from rlx.models.hf_tokenizer import HfTokenizer
+from rlx.models.hf_load import (
+    Pretrained,
+    _as_f32,
+    check_load_options,
+    checked_shape,
+    conv1d_as_ours,
+    finish_pretrained,
+    missing_tensor,
+    stored_weight,
+)
 from rlx.models.hf_weights import StoredTensor, open_checkpoint
 from rlx.models.llama import WeightSpec
 from rlx.models.qwen3_next import LAYER_TYPES, Qwen3NextConfig, tensor_shapes
@@ -146,28 +154,15 @@ def load_qwen3_next(path: str | Path, *, dtype: str | None = None, quantize: str
     split: dict[str, StoredTensor] = {}
     for layer, kind in enumerate(config.layer_types):
         split |= _split_fused(stored, config, layer, kind, shapes)
-    files = sorted({t.file.name for t in stored.values()})
     tensors: dict[str, tuple[WeightSpec, np.ndarray]] = {}
     for ours, shape in shapes.items():
         t = split.get(ours)
         if t is None:
             theirs = _checkpoint_name(ours)
             if theirs not in stored:
-                raise ArtifactError(f"{d}: the checkpoint ({', '.join(files)}) has no tensor {theirs!r}, expected "
-                                    f"shape {list(shape)} from config.json")
+                raise missing_tensor(d, stored, theirs, shape)
             t = stored[theirs]
-            if ours.split(".")[-2] == "ssm_conv1d":  # [conv_dim, 1, k] -> [k, conv_dim] (a view)
-                k, conv_dim = shape
-                if t.shape != (conv_dim, 1, k):
-                    raise ArtifactError(f"{t.file}: tensor {theirs!r} has shape {list(t.shape)}, expected "
-                                        f"{[conv_dim, 1, k]} from config.json")
-                t = StoredTensor(t.file, t.name, t.dtype, shape, t.data.reshape(conv_dim, k).T)
-            elif t.shape != shape:
-                raise ArtifactError(f"{t.file}: tensor {theirs!r} has shape {list(t.shape)}, expected {list(shape)} "
-                                    "from config.json")
+            # the conv weight [conv_dim, 1, k] as [k, conv_dim] (a view)
+            t = conv1d_as_ours(t, shape) if ours.split(".")[-2] == "ssm_conv1d" else checked_shape(t, shape)
         tensors[ours] = _prepare(ours, t, dtype, quantize)
-    stop = H.eos_ids(raw)
-    if (d / "generation_config.json").is_file():
-        stop |= H.eos_ids(load_json(d / "generation_config.json"))
-    stop = frozenset(i for i in stop if i < config.vocab_size)
-    return Pretrained(config, tensors, HfTokenizer.from_dir(d, stop), stop, raw)  # type: ignore[arg-type]
+    return finish_pretrained(d, raw, config, tensors)
