@@ -3,10 +3,11 @@
  * our B as its first operand; a bias of length N is then a per-row vector of C^T, which is what the BIAS
  * epilogues add. f16/bf16 multiply with f32 accumulation (CUBLAS_COMPUTE_32F); f32 stays exact f32 (no TF32),
  * matching PyTorch's default. Descriptors are built per call: the run is captured once per set of dynamic
- * dims, so this host work happens only while capturing. */
+ * dims, so this host work happens only while capturing. The GEMM runs on the caller's `stream` (a
+ * conditional node's body is captured on a side stream). */
 static int rlx_lt_matmul(RlxCtx *c, cudaDataType_t dt, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t sa,
                          int64_t sb, int64_t sc, const void *A, const void *B, void *C, const void *bias, int act,
-                         const char *what) {
+                         cudaStream_t stream, const char *what) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -55,7 +56,7 @@ static int rlx_lt_matmul(RlxCtx *c, cudaDataType_t dt, int64_t M, int64_t N, int
         goto done;
     }
     RLX_LT(cublasLtMatmul(c->lt, op, &one, B, la, A, lb, &zero, C, lc, C, lc, &heur.algo,
-                          c->dev + RLX_OFF_WORKSPACE, ws, c->stream));
+                          c->dev + RLX_OFF_WORKSPACE, ws, stream));
     rc = 0;
 done:
 #undef RLX_LT
