@@ -716,7 +716,12 @@ class CompiledGraph(Provenance):
                         team: tuple[int, bool] | None = None) -> None:
         with self._pool.checkout() as ctx:
             if team is not None and ctx.team != team:
-                self._lib.rlx_set_team(ctx.ptr, team[0], int(team[1]))
+                if self._lib.rlx_set_team(ctx.ptr, team[0], int(team[1])) < team[0]:
+                    # Scratch reserved for fewer threads: the governor's oversized team (one thread more
+                    # than the cores, rlx.runtime.team) reserves its own the first time a context runs it.
+                    if self._lib.rlx_set_num_threads(ctx.ptr, team[0]) < 0:
+                        raise ExecutionError(self._error(f"set_num_threads({team[0]})", ctx))
+                    self._lib.rlx_set_team(ctx.ptr, team[0], int(team[1]))
                 ctx.team = team
             if not all(self._param_set):
                 unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]

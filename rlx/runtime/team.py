@@ -29,6 +29,16 @@ only a probe of the smaller size that runs faster does, and an undisturbed run e
 Failed probes back off like failed tries. Under contention the kernels are also told that forks are
 not cheap, so they split only products big enough to be worth a wake-up.
 
+A spinning full team is not the only big team: libgomp cuts its spin to about a hundred turns
+while it manages more threads than the process has cores (`do_spin` against `gomp_available_cpus`),
+so a team of one thread more than the cores (`oversized`) waits passively, with no restart of the
+OpenMP runtime, and gets a bigger share of the machine than passive waiting's team (on 2 cores
+beside two busy processes: three threads of five runnable tasks hold 1.2 cores, passive's two of
+four hold 1.0, one thread 0.67). It is a third size the probes compare (each probe takes the size
+tried least recently), used only under contention: while it runs, the load figure is read as for a
+reduced team, and once the cores are free the full team is tried and kept if it ran undisturbed.
+Its scratch is reserved the first time a context runs it.
+
 The decision is passed to the generated code with each run (`rlx_set_team`: thread count and
 whether forks are cheap); the kernels never read the environment.
 
@@ -220,6 +230,9 @@ class TeamGovernor:
         self.contended = False
         #: Smoothed cores' worth of the team's time lost to preemption per run (0: undisturbed).
         self.loss = 0.0
+        #: One thread more than the cores (passive waiting with a bigger share; module docstring), or None
+        #: where the team does not fill the cores or its idle threads sleep anyway.
+        self.oversized: int | None = None
         self.tries = 0
         self.probes = 0
         self.shrinks = 0
@@ -236,15 +249,21 @@ class TeamGovernor:
         self._load_missing = False
         self._runs_since_change = 0
         self._trying: int | None = None  # the size to return to if the current try (or probe) fails
-        self._reduced: int | None = None  # the size contention shrank the team to (what a probe returns to)
+        self._reduced: int | None = None  # the size contention shrank the team to (a size probes compare)
+        self._probed_at: dict[int, float] = {}  # size -> when a probe last tried it
         self._walls: dict[tuple[int, ...], dict[int, deque[float]]] = {}  # work -> size -> recent run times
         self._in_flight = 0
         self._lock = threading.Lock()
+        self._size_oversized()
 
     @property
     def active(self) -> bool:
         """Whether this governor ever changes the team (adaptive policy, more than one thread)."""
         return self.policy.adaptive and self.max_threads > 1
+
+    def _size_oversized(self) -> None:
+        fills = self.max_threads > 1 and self.max_threads >= self._cpus
+        self.oversized = self.max_threads + 1 if self.policy.spins and fills else None
 
     @property
     def forks_cheap(self) -> bool:
@@ -257,11 +276,13 @@ class TeamGovernor:
         with self._lock:
             self.max_threads = max(1, int(max_threads))
             self.threads = self.max_threads
+            self._size_oversized()
             self.contended = False
             self.kept_for_speed = False
             self.loss = 0.0
             self._trying = None
             self._reduced = None
+            self._probed_at.clear()
             self._walls.clear()
             self._backoff = FIRST_BACKOFF_S
             self._changed_at = self._clock()
@@ -308,16 +329,24 @@ class TeamGovernor:
             fallback, self._trying = self._trying, None
             faster = faster_team(wall, self._walls_of(work, fallback))
             self._remember(work, threads, wall)
-            if threads > fallback and lost <= LOSS_LIMIT:  # a bigger team ran undisturbed: the cores are free
+            # A team within the cores, bigger than a reduced one or smaller than an oversized one, that ran
+            # undisturbed: the cores are free. (A smaller team than the one in use can run undisturbed on a
+            # contended machine: one thread beside two busy loops loses a third of a core.)
+            cores_free = lost <= LOSS_LIMIT and threads <= self.max_threads and (
+                threads > fallback or fallback > self.max_threads)
+            if cores_free:
                 self.loss = lost
                 self.contended = threads < self.max_threads
                 self.kept_for_speed = False
+                if not self.contended:
+                    self._reduced = None
                 self._backoff = FIRST_BACKOFF_S
             elif faster:  # still contended, but this size ran the same work faster
                 self.loss = lost
                 self.contended = True
-                self.kept_for_speed = threads > fallback
-                self._reduced = fallback if threads > fallback else None
+                if self._reduced is None or threads < self._reduced:
+                    self._reduced = min(threads, fallback)
+                self.kept_for_speed = threads > self._reduced
                 self._backoff = FIRST_BACKOFF_S
             else:
                 self._set(fallback)
@@ -331,17 +360,21 @@ class TeamGovernor:
             # contention ends when the team runs undisturbed again.
             if lost <= LOSS_LIMIT and self.loss <= LOSS_LIMIT:
                 self.kept_for_speed = False
-                self.contended = threads < self.max_threads
+                if threads > self.max_threads:
+                    self._set(self.max_threads)
+                self.contended = self.threads < self.max_threads
                 self._reduced = None
             return
         if threads > 1 and (self.loss > LOSS_LIMIT or lost > 2 * LOSS_LIMIT):
             # The cores the team did not get: each preempted thread got about half of its core.
             busy = max(1, math.ceil(2 * max(lost, self.loss)))
-            self._set(max(1, threads - busy))
+            self._set(max(1, min(threads, self.max_threads) - busy))
+            self._reduced = self.threads
             self.contended = True
             self.shrinks += 1
         elif threads == self.max_threads:
             self.contended = False
+            self._reduced = None
 
     def _walls_of(self, work: tuple[int, ...], threads: int) -> list[float]:
         return list(self._walls.get(work, {}).get(threads, ()))
@@ -361,46 +394,54 @@ class TeamGovernor:
         self._runs_since_change = 0
 
     def _maybe_try(self, work: tuple[int, ...] = ()) -> None:
-        """Between runs at a reduced size: try a bigger team when a core may have come free.
+        """Between runs under contention: try the full team when a core may have come free, or probe
+        another size on this work.
 
-        With a load figure, a try starts as soon as it says enough cores are free (read at most every
-        `LOAD_CHECK_S`), unless a try it allowed failed within the backoff (the figure misled: a
-        container may see its host's tasks). Without one, tries follow the backoff alone. While the
-        figure says the cores are taken, a probe compares the bigger team's speed on this work, once
-        the size in use has run it `MIN_WALLS_TO_COMPARE` times and the backoff has passed; a full
-        team kept for its speed probes the reduced size the same way.
+        A reduced team (or an oversized one) reads the load figure at most every `LOAD_CHECK_S`; a try
+        starts as soon as it says enough cores are free (the next size up from a reduced team, the full
+        team from an oversized one), unless a try it allowed failed within the backoff (the figure
+        misled: a container may see its host's tasks). Without a figure, tries follow the backoff alone.
+        While the cores are taken (and always for a full team kept for its speed), a probe runs the
+        size tried least recently among the reduced, full and oversized ones, once the size in use has
+        run this work `MIN_WALLS_TO_COMPARE` times and the backoff has passed.
         """
-        if self._trying is not None:
+        if self._trying is not None or not (self.contended or self.kept_for_speed):
             return
         now = self._clock()
-        if self.kept_for_speed:
-            if self._reduced is not None and self._may_probe(work, now):
-                self._start_try(self._reduced, now, probe=True)
-            return
-        if self.threads >= self.max_threads:
-            return
-        want = min(self.max_threads, self.threads + max(1, self.threads // 2))
-        if now - self._checked_at >= LOAD_CHECK_S:
-            self._checked_at = now
-            running = self._load()
-        else:
-            running = None if self._load_missing else -1  # -1: not read this time
-        if running == -1:
-            return
-        if running is not None:
+        if self.threads != self.max_threads and not (self.kept_for_speed and self.threads < self.max_threads):
+            want = (self.max_threads if self.threads > self.max_threads
+                    else min(self.max_threads, self.threads + max(1, self.threads // 2)))
+            if now - self._checked_at >= LOAD_CHECK_S:
+                self._checked_at = now
+                running = self._load()
+            else:
+                running = None if self._load_missing else -1  # -1: not read this time
+            if running == -1:
+                return
+            if running is None:
+                self._load_missing = True
+                if self._runs_since_change >= MIN_RUNS_BETWEEN_TRIES and now - self._changed_at >= self._backoff:
+                    self._start_try(want, now, probe=False)
+                return
             # This process's team counts among the runnable tasks; the others hold the rest.
             free = self._cpus - max(0, running - self.threads)
-            if free < want:
-                if self._may_probe(work, now):
-                    self._start_try(want, now, probe=True)
+            if free >= want:
+                if now - self._failed_at >= self._backoff:
+                    self._start_try(want, now, probe=False)
                 return
-            if now - self._failed_at < self._backoff:
-                return
-        else:
-            self._load_missing = True
-            if self._runs_since_change < MIN_RUNS_BETWEEN_TRIES or now - self._changed_at < self._backoff:
-                return
-        self._start_try(want, now, probe=False)
+        if self._may_probe(work, now):
+            size = self._next_probe()
+            if size is not None:
+                self._probed_at[size] = now
+                self._start_try(size, now, probe=True)
+
+    def _next_probe(self) -> int | None:
+        """The size a probe compares next: of the reduced, full and oversized sizes other than the one in
+        use, the one probed least recently (the full team first)."""
+        sizes = [s for s in (self.max_threads, self.oversized, self._reduced) if s is not None and s != self.threads]
+        if not sizes:
+            return None
+        return min(dict.fromkeys(sizes), key=lambda s: self._probed_at.get(s, -math.inf))
 
     def _may_probe(self, work: tuple[int, ...], now: float) -> bool:
         return (len(self._walls_of(work, self.threads)) >= MIN_WALLS_TO_COMPARE
@@ -423,7 +464,9 @@ class TeamGovernor:
         '4 of 4 threads, cores free'
         """
         state = "other processes compete for the cores" if self.contended else "cores free"
-        if self.kept_for_speed:
+        if self.kept_for_speed and self.threads > self.max_threads:
+            state += " (one thread more than the cores ran faster: libgomp's threads then wait passively)"
+        elif self.kept_for_speed:
             state += " (the full team still ran faster)"
         if not self.active:
             state = "fixed team" if self.max_threads > 1 else "one thread"

@@ -146,8 +146,10 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
             if (d is not None and d.max_rows > KVD_NEW_ROWS) or ds.max_rows > KVD_NEW_ROWS:
                 raise BuildError(f"decode steps of {ds.max_rows} rows exceed rlx_kv_decode's {KVD_NEW_ROWS} "
                                  f"(node {node.label})")
-            # the G query rows, the step's new keys and values, the warps' states
-            dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + KVD_WARPS * ds.group * (hd + 2)) * 4
+            # the G query rows, the step's new keys and values, the warps' states (reused by the last block's
+            # merge for the splits' scales: G per split)
+            states = max(KVD_WARPS * ds.group * (hd + 2), ds.group * ds.max_splits)
+            dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + states) * 4
             split.update(grouped=True, group=ds.group, dec_smem=dec_smem)
             headers = (HEADER, DECODE_HEADER)
             attrs += tuple((f"rlx_kv_decode<{t}, {kt}, {hd}, {ds.group}, {str(r).lower()}, {str(n).lower()}, {win}>",

@@ -291,19 +291,41 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     __syncthreads();
     if (!last_block) return;
     __threadfence();
-    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
-        const int g = e / HD, d = e % HD;
+    /* The merge, spread over the block: a warp per query head finds the splits' common max and each split's scale
+       (lanes over splits, into shared memory: `wst` holds WARPS * G * (HD + 2) >= G * gridDim.z floats), then a
+       thread per (head, dim) sums the scaled partial outputs with independent loads. One thread walking every
+       split twice per output was the tail of a long-context step. */
+    float *cs = wst, *inv = qs;  /* scales [G][active]; 1 / sum per head (the queries are no longer needed) */
+    for (int g = warp; g < G; g += RLX_KVD_WARPS) {
         const float *all = partials + (row * heads + (int64_t)kvh * G + g) * gridDim.z * (HD + 2);
         float mx = -INFINITY;
-        for (int t = 0; t < active; ++t)
+        for (int t = lane; t < active; t += 32)
             mx = fmaxf(mx, __ldcg(all + t * (HD + 2)));
-        float sum = 0.0f, o = 0.0f;
-        for (int t = 0; t < active; ++t) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.0f;
+        for (int t = lane; t < active; t += 32) {
             const float c = rlx_kvd_scale(__ldcg(all + t * (HD + 2)), mx);
+            cs[g * active + t] = c;
             sum += __ldcg(all + t * (HD + 2) + 1) * c;
-            o += __ldcg(all + t * (HD + 2) + 2 + d) * c;
         }
-        out[(row * heads + (int64_t)kvh * G + g) * HD + d] = rlx_to<T>(o / sum);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0)
+            inv[g] = 1.0f / sum;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+        const int g = e / HD, d = e % HD;
+        const float *all = partials + (row * heads + (int64_t)kvh * G + g) * gridDim.z * (HD + 2) + 2 + d;
+        const float *c = cs + g * active;
+        float o = 0.0f;
+#pragma unroll 8
+        for (int t = 0; t < active; ++t)
+            o = fmaf(__ldcg(all + t * (HD + 2)), c[t], o);
+        out[(row * heads + (int64_t)kvh * G + g) * HD + d] = rlx_to<T>(o * inv[g]);
     }
     if (threadIdx.x == 0)
         counters[row * kv_heads + kvh] = 0;  /* ready for the next launch */
