@@ -93,6 +93,9 @@ MAX_WORK_KEYS = 64
 SPEED_MARGIN = 0.1
 #: Runs of the same work at the size in use needed before another size is compared against it.
 MIN_WALLS_TO_COMPARE = 2
+#: Runs of a work shorter than this (at the size in use) never probe the oversized team: each of its forks wakes
+#: sleeping threads (tens of microseconds), which only long runs of few parallel regions amortize.
+OVERSIZED_MIN_RUN_S = 0.010
 #: libgomp's spin count below which its idle threads are asleep before the next kernel starts.
 SPINNING_SPINCOUNT = 10_000
 
@@ -430,15 +433,17 @@ class TeamGovernor:
                     self._start_try(want, now, probe=False)
                 return
         if self._may_probe(work, now):
-            size = self._next_probe()
+            size = self._next_probe(work)
             if size is not None:
                 self._probed_at[size] = now
                 self._start_try(size, now, probe=True)
 
-    def _next_probe(self) -> int | None:
+    def _next_probe(self, work: tuple[int, ...]) -> int | None:
         """The size a probe compares next: of the reduced, full and oversized sizes other than the one in
-        use, the one probed least recently (the full team first)."""
-        sizes = [s for s in (self.max_threads, self.oversized, self._reduced) if s is not None and s != self.threads]
+        use, the one probed least recently (the full team first); the oversized one only for long runs."""
+        walls = self._walls_of(work, self.threads)
+        oversized = self.oversized if walls and min(walls) >= OVERSIZED_MIN_RUN_S else None
+        sizes = [s for s in (self.max_threads, oversized, self._reduced) if s is not None and s != self.threads]
         if not sizes:
             return None
         return min(dict.fromkeys(sizes), key=lambda s: self._probed_at.get(s, -math.inf))

@@ -380,3 +380,10 @@ def test_an_oversized_team_reserves_its_scratch_and_computes_the_same():
     assert {s.thread for s in cg.trace(clear=True) if s.thread >= 0} == {0, 1, 2}
     np.testing.assert_allclose(three, two, rtol=1e-5, atol=1e-6)
     assert cg._lib.rlx_set_team(cg._pool.primary.ptr, 3, 0) == 3  # scratch for three is reserved now
+
+
+def test_short_runs_never_probe_the_oversized_team():
+    """A 1x16 embedding (a few ms): an oversized team's forks each wake sleeping threads, so it is not tried."""
+    gov, clock = governor(2, load=5)
+    sizes = timed(gov, clock, {1: 0.004, 2: 0.009, 3: 0.002}, runs=2000, work=(1, 16))
+    assert 3 not in sizes and gov.probes >= 2
