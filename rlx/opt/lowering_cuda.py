@@ -80,7 +80,7 @@ KVD_SPLIT_KEYS = 64
 KVD_MAX_SPLITS = 128
 KVD_MAX_GROUP = 8
 KVD_MAX_HEAD_DIM = 256
-KVD_BLOCKS_PER_SM = 4
+KVD_BLOCKS_PER_SM = 2
 DEFAULT_SMS = 132
 #: Alignment of every span of the device allocation.
 ALIGN = 256
@@ -426,7 +426,7 @@ def kvd_splits(keys: int, kv_heads: int, sms: int) -> int:
     KVD_BLOCKS_PER_SM blocks each at batch 1 (kv_heads blocks per split), no block under KVD_SPLIT_KEYS keys.
 
     >>> kvd_splits(32, 3, 132), kvd_splits(4096, 3, 132), kvd_splits(16384, 3, 132), kvd_splits(16384, 8, 132)
-    (1, 64, 128, 66)
+    (1, 64, 88, 33)
     """
     by_keys = -(-keys // KVD_SPLIT_KEYS)
     by_sms = -(-KVD_BLOCKS_PER_SM * sms // kv_heads)
