@@ -135,7 +135,8 @@ def bench_batches(args, config, tensors, batches: list[int]) -> None:
     rng = np.random.default_rng(1)
     print(f"{args.shape}-shaped decoder, {args.weights} weights, precision {args.precision}: decode steps of B rows "
           f"after a {args.prompt_tokens}-token prompt each, {args.new_tokens} steps, {args.rounds} rounds (medians); "
-          f"fused decode GEMV up to {switch} row(s) (K = {config.hidden_size}), dequantize + GEMM beyond")
+          f"fused decode GEMV up to {switch} row(s) (K = {config.hidden_size}), a warp-per-row GEMV up to 8, "
+          "dequantize + GEMM beyond")
     print(f"{'rows B':>6} {'ms/step':>9} {'tok/s':>10} {'vs B=1':>7} {'projections':>12}")
     base = None
     def once(b: int, cache, prompt: np.ndarray) -> float:
@@ -153,7 +154,7 @@ def bench_batches(args, config, tensors, batches: list[int]) -> None:
         step = statistics.median(once(b, cache, prompt) for _ in range(args.rounds))
         rate = b / step
         base = base or rate
-        path = "fused GEMV" if b <= switch else "GEMM"
+        path = "fused GEMV" if b <= switch else ("GEMV" if b <= 8 else "GEMM")
         print(f"{b:>6} {step * 1e3:9.3f} {rate:10.1f} {rate / base:7.2f} {path:>12}")
 
 

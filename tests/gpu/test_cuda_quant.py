@@ -43,7 +43,7 @@ def test_dequant_matmul_matches_reference(fmt: str, precision: str) -> None:
     cg = Session(Device.CUDA, precision=precision).compile(g, opt_level=0)
     cg.set_param("w", raw)
     mag = Q.abs_terms(raw, fmt, k).astype(np.float64)
-    for m in (1, 3, 4, 17, 64, 300):  # GEMV up to 4 rows, then dequantized tiles + GEMM
+    for m in (1, 3, 4, 8, 9, 17, 64, 300):  # GEMV up to 8 rows, then dequantized tiles + GEMM
         xv = rng.standard_normal((m, k)).astype(np.float32)
         got = cg.run({"x": xv})[0]
         want = reference.run(g, {"x": xv}, {"w": raw})[0]

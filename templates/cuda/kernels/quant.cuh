@@ -16,7 +16,10 @@
  * the same way). */
 
 enum { RLX_Q8_0 = 0, RLX_Q4_0 = 1, RLX_Q4_1 = 2, RLX_Q5_0 = 3, RLX_Q5_1 = 4, RLX_Q4_K = 5, RLX_Q6_K = 6 };
-#define RLX_QGEMV_MAX_M 4
+/* Rows of X up to which decode runs rlx_qgemv (beyond: dequantized tiles + GEMM). 8, measured on an H100 with
+ * the 8B shape: 8 rows a step took 27.2 ms as dequantize + GEMM (every weight written and read again as f16),
+ * see docs/perf-h100.md. */
+#define RLX_QGEMV_MAX_M 8
 #define RLX_QGEMV_WARPS 4
 
 __device__ __forceinline__ float rlx_q_half(const uint8_t *p) {
@@ -134,13 +137,21 @@ rlx_qgemv(const T *__restrict__ X, const uint8_t *__restrict__ W, T *__restrict_
     for (int64_t s = lane; s < nsub; s += 32) {
         float v[32];
         rlx_q_sub<FMT>(row + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+        /* the sub-block's 32 values of each row of X in 16-byte loads (K is a multiple of 32 and rows of X start
+           on 16-byte boundaries, so every load is aligned) */
+        constexpr int PER = 16 / (int)sizeof(T);
 #pragma unroll
         for (int m = 0; m < MR; m++) {
-            const T *x = X + m * K + s * 32;
+            const uint4 *x = reinterpret_cast<const uint4 *>(X + m * K + s * 32);
             float p = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 32; i++)
-                p = fmaf(rlx_f(x[i]), v[i], p);
+            for (int c = 0; c < 32 / PER; c++) {
+                const uint4 raw = x[c];
+                const T *e = reinterpret_cast<const T *>(&raw);
+#pragma unroll
+                for (int t = 0; t < PER; t++)
+                    p = fmaf(rlx_f(e[t]), v[c * PER + t], p);
+            }
             acc[m] += p;
         }
     }
