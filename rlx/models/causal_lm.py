@@ -23,7 +23,7 @@ True
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,11 +97,28 @@ class KvCache:
     recurrent: tuple[str, ...] = ()
     #: The paged layout (`CausalLM(kv_pages=...)`): each row's pages, i32 `[max_batch, capacity / page_size]`.
     block_table: np.ndarray | None = None
+    #: On a GPU: writes the states a compiled graph holds resident back to `arrays` (`release_states`), which
+    #: must come before they are changed from outside.
+    release: Callable[[], None] | None = None
 
     def reset(self) -> None:
         self.lengths[:] = 0
+        self._zero_recurrent(slice(None))
+
+    def _zero_recurrent(self, rows: slice) -> None:
+        """Zero rows `rows` of every recurrent state (host arrays in place; device arrays through a host copy)."""
+        if not self.recurrent:
+            return
+        if self.release is not None:
+            self.release()
         for name in self.recurrent:
-            self.arrays[name][...] = 0
+            arr = self.arrays[name]
+            if isinstance(arr, np.ndarray):
+                arr[rows] = 0
+            else:  # a DeviceArray (rlx.runtime.cuda_device)
+                host = arr.numpy()
+                host[rows] = 0
+                arr.copy_from_host(host)
 
     def truncate(self, n: int, row: int | None = None) -> None:
         if not isinstance(n, (int, np.integer)) or n < 0:
@@ -110,8 +127,7 @@ class KvCache:
         if self.recurrent:
             held = self.lengths[rows]
             if n == 0:
-                for name in self.recurrent:
-                    self.arrays[name][rows] = 0
+                self._zero_recurrent(rows)
             elif bool(np.any(held > n)):
                 raise RlxError(f"cannot truncate a recurrent cache to {n} tokens: rows hold {held.tolist()}, and its "
                                "layers' states keep no per-token history (reset it, or truncate to 0)")
@@ -475,7 +491,8 @@ class CausalLM:
             table = np.full((self.max_batch, per), -1, np.int32)
             if self.kv_pages >= self.max_batch * per:
                 table[:] = np.arange(self.max_batch * per, dtype=np.int32).reshape(self.max_batch, per)
-        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent, table)
+        release = self._compiled.release_states if self.device == "cuda" else None
+        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent, table, release)
 
     def _own_cache(self) -> KvCache:
         """The cache `logits` and `generate` use, emptied: allocated once (on CUDA, bound once)."""

@@ -95,3 +95,13 @@ def test_rlxc_inspect_model(hybrid, capsys):
     assert main(["inspect", "--model", str(hybrid[2])]) == 0
     out = capsys.readouterr().out
     assert "model_type: qwen3_next" in out and "layer_types: ('linear_attention', 'full_attention')" in out
+
+
+def test_cpu_and_cuda_have_a_rule_for_every_op(hybrid):
+    """The CPU and CUDA render every op of the graph: the carried conv and delta-rule states, the K/V cache (the
+    GPU run: tests/gpu/test_cuda_recurrent_decoder.py)."""
+    from rlx.codegen.backends import first_unsupported_op
+
+    lm = hybrid[1]
+    assert first_unsupported_op(lm.graph, "cpu") is None
+    assert first_unsupported_op(lm.graph, "cuda") is None

@@ -20,7 +20,10 @@
  *   carried state is read and written through shared memory in whole rows (coalesced).
  *   Prefill with state size <= 64 takes the chunked (WY) form instead: rlx_gdn_chunk_prep and
  *   rlx_gdn_chunk_state, described above them.
- * rlx_dwconv1d_causal: one thread per output element. */
+ * A carried SSM state (selective_scan's carry_state: a recurrent cache) enters as state0 and leaves through
+ *   state1, in place: rlx_selective_scan's warps and rlx_ssm_chunk_carry's threads each read and write their
+ *   own entries.
+ * rlx_dwconv1d_causal: one thread per output element; its carried form then runs rlx_conv_state_update. */
 #define RLX_SSM_PER_LANE 8
 #define RLX_GDN_COLS 8
 #define RLX_GDN_MAX_N 256
@@ -94,10 +97,13 @@ __device__ __forceinline__ void rlx_ssm_load_a(const T *__restrict__ A, int64_t 
     }
 }
 
+/* The whole sequence of (batch row, channel) per warp. state0 ([B, H, N], null: zero) is the state before step
+ * 0 and state1 (null: not kept) receives the final one; they may be the same buffer (a recurrent cache updated
+ * in place): a warp reads its own N entries before its steps and writes the same entries after them. */
 template <typename T>
 __global__ void rlx_selective_scan(const T *__restrict__ x, const T *__restrict__ dt, const T *__restrict__ A,
-                                   const T *__restrict__ Bm, const T *__restrict__ Cm, T *__restrict__ y,
-                                   int64_t B, int64_t S, int64_t H, int N) {
+                                   const T *__restrict__ Bm, const T *__restrict__ Cm, const T *state0, T *state1,
+                                   T *__restrict__ y, int64_t B, int64_t S, int64_t H, int N) {
     const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (warp >= B * H) return;
@@ -105,9 +111,19 @@ __global__ void rlx_selective_scan(const T *__restrict__ x, const T *__restrict_
     float st[RLX_SSM_PER_LANE], a[RLX_SSM_PER_LANE];
     rlx_ssm_load_a(A, h, N, lane, a);
 #pragma unroll
-    for (int i = 0; i < RLX_SSM_PER_LANE; ++i)
-        st[i] = 0.0f;
+    for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
+        const int n = lane + 32 * i;
+        st[i] = state0 && n < N ? rlx_f(state0[warp * N + n]) : 0.0f;
+    }
     rlx_ssm_steps<T, true>(x, dt, Bm, Cm, y, b, h, S, H, N, lane, 0, S, st, a);
+    if (state1) {
+#pragma unroll
+        for (int i = 0; i < RLX_SSM_PER_LANE; ++i) {
+            const int n = lane + 32 * i;
+            if (n < N)
+                state1[warp * N + n] = rlx_to<T>(st[i]);
+        }
+    }
 }
 
 /* Pass 1 of the chunked scan: warp w = (b * H + h) * nch + chunk. ends[w * N + n] = the chunk's final state
@@ -138,22 +154,26 @@ __global__ void rlx_ssm_chunk_ends(const T *__restrict__ x, const T *__restrict_
         dsum[w] = d;
 }
 
-/* Pass 2: one thread per (b, h, n) walks its chunks in order; ends[] becomes the state entering each chunk. */
+/* Pass 2: one thread per (b, h, n) walks its chunks in order; ends[] becomes the state entering each chunk.
+ * The walk starts from state0 (null: zero) and leaves the final state in state1 (null: not kept); both are
+ * [B, H, N] and may be the same buffer (the thread reads its entry before it writes it). */
 template <typename T>
 __global__ void rlx_ssm_chunk_carry(const T *__restrict__ A, float *__restrict__ ends, const float *__restrict__ dsum,
-                                    int64_t B, int64_t H, int N, int64_t nch) {
+                                    const T *state0, T *state1, int64_t B, int64_t H, int N, int64_t nch) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= B * H * N) return;
     const int64_t bh = i / N, h = bh % H;
     const int n = (int)(i % N);
     const float a = rlx_f(A[h * N + n]);
-    float carry = 0.0f;
+    float carry = state0 ? rlx_f(state0[i]) : 0.0f;
     for (int64_t c = 0; c < nch; ++c) {
         const int64_t w = bh * nch + c;
         const float local = ends[w * N + n];
         ends[w * N + n] = carry;
         carry = __expf(a * dsum[w]) * carry + local;
     }
+    if (state1)
+        state1[i] = rlx_to<T>(carry);
 }
 
 /* Pass 3: every chunk scanned again from the state entering it, writing y. */
@@ -459,5 +479,27 @@ __global__ void rlx_dwconv1d_causal(const T *__restrict__ x, const T *__restrict
                 acc += rlx_f(w[c * K + j]) * rlx_f(pad[(b * (K - 1) + (K - 1) + src) * C + c]);
         }
         y[i] = rlx_to<T>(acc);
+    }
+}
+
+/* The conv state after a carried depthwise conv (ops_ssm.DepthwiseConv1dCausal, carry_state), launched after
+ * rlx_dwconv1d_causal has read the old state: state [B, K-1, C] becomes, per row b, the last K-1 rows of
+ * (state, x[b, :lengths[b]]). One thread per (b, c) shifts its column in ascending order: row j takes row
+ * j + len of that sequence, never one already overwritten. A length outside [0, S] raises flag bit 256 and
+ * leaves the row as it was. */
+template <typename T>
+__global__ void rlx_conv_state_update(const T *__restrict__ x, T *__restrict__ state, const int32_t *__restrict__ lengths,
+                                      int64_t B, int64_t S, int64_t C, int K, int32_t *flag) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < B * C; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = i / C, c = i % C, keep = K - 1, len = lengths[b];
+        if (len < 0 || len > S) {
+            if (c == 0) atomicOr(flag, 256);
+            continue;
+        }
+        T *col = state + b * keep * C + c;
+        for (int64_t j = 0; j < keep; ++j) {
+            const int64_t src = j + len; /* into (state rows 0..keep-1, then x rows 0..len-1) */
+            col[j * C] = src < keep ? col[src * C] : x[(b * S + src - keep) * C + c];
+        }
     }
 }

@@ -5,9 +5,10 @@
 
 extern "C" {
 
-/* Returns the number of chunks the scan ran in (1: the sequential kernel). */
+/* Returns the number of chunks the scan ran in (1: the sequential kernel). state0 / state1 (may be null, may be
+ * the same buffer) as the carried form's launch passes them. */
 int64_t emu_selective_scan(const float *x, const float *dt, const float *A, const float *Bm, const float *Cm,
-                           float *y, int64_t batch, int64_t seq, int64_t H, int N, int64_t num_sms,
+                           const float *state0, float *state1, float *y, int64_t batch, int64_t seq, int64_t H, int N, int64_t num_sms,
                            int64_t min_chunk, int64_t warps_per_sm, int64_t max_segments, float *scratch) {
     const int64_t bh = batch * H;
     int64_t nch = 1;
@@ -24,12 +25,12 @@ int64_t emu_selective_scan(const float *x, const float *dt, const float *A, cons
         float *ends = scratch, *dsum = ends + bh * nch * N;
         rlx_emu_launch(blocks(bh * nch * 32, 128), 128, [&] {
             rlx_ssm_chunk_ends<float>(x, dt, A, Bm, ends, dsum, batch, seq, H, N, nch, len); });
-        rlx_emu_launch(blocks(bh * N, 128), 128, [&] { rlx_ssm_chunk_carry<float>(A, ends, dsum, batch, H, N, nch); });
+        rlx_emu_launch(blocks(bh * N, 128), 128, [&] { rlx_ssm_chunk_carry<float>(A, ends, dsum, state0, state1, batch, H, N, nch); });
         rlx_emu_launch(blocks(bh * nch * 32, 128), 128, [&] {
             rlx_ssm_chunk_out<float>(x, dt, A, Bm, Cm, y, ends, batch, seq, H, N, nch, len); });
         return nch;
     }
-    rlx_emu_launch(blocks(bh * 32, 128), 128, [&] { rlx_selective_scan<float>(x, dt, A, Bm, Cm, y, batch, seq, H, N); });
+    rlx_emu_launch(blocks(bh * 32, 128), 128, [&] { rlx_selective_scan<float>(x, dt, A, Bm, Cm, state0, state1, y, batch, seq, H, N); });
     return 1;
 }
 
@@ -54,6 +55,19 @@ int emu_gated_delta_net(const float *q, const float *k, const float *v, const fl
         else rlx_gdn_columns<float, 8>(q, k, v, g, beta, state0, state1, o, seq, H, N, scale);
     });
     return 0;
+}
+
+/* The carried depthwise conv as templates/cuda/ssm.cu.j2 launches it: the conv reading the state as its left pad,
+ * then rlx_conv_state_update (state updated in place). Returns the error flag (256: a bad length). */
+int32_t emu_dwconv_carry(const float *x, const float *w, float *state, const int32_t *lengths, float *y,
+                         int64_t batch, int64_t seq, int64_t C, int K) {
+    int32_t flag = 0;
+    auto blocks = [](int64_t n, int t) { return (unsigned)((n + t - 1) / t); };
+    rlx_emu_launch(blocks(batch * seq * C, 256), 256, [&] {
+        rlx_dwconv1d_causal<float>(x, w, state, y, batch, seq, C, K, 0); });
+    rlx_emu_launch(blocks(batch * C, 256), 256, [&] {
+        rlx_conv_state_update<float>(x, state, lengths, batch, seq, C, K, &flag); });
+    return flag;
 }
 
 }  // extern "C"
