@@ -25,7 +25,7 @@ from rlx.models.causal_lm import CausalLM
 from rlx.models.hf_qwen3_next import qwen3_next_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_checkpoints import hf_logits, prompt, save_checkpoint
+from hf_checkpoints import cosine, hf_logits, prompt, q8_0_twin, save_checkpoint
 from recurrent_checkpoints import CONFIGS, SHARED, assert_close, check_decode, random_model
 
 
@@ -155,3 +155,32 @@ def test_rlxc_inspect_model(hybrid, capsys):
     assert main(["inspect", "--model", str(hybrid[2])]) == 0
     out = capsys.readouterr().out
     assert "model_type: qwen3_next" in out and "layer_types: ('linear_attention', 'full_attention')" in out
+
+
+#: What `quantize="q8_0"` keeps f32 in a Qwen3-Next checkpoint: the token embedding, the DeltaNet's b/a
+#: projections (per-head gates) and conv, the router, and the shared expert with its gate (hf_qwen3_next,
+#: hf_load.moe_tensors).
+Q8_KEPT = ("embed_tokens.weight", "in_proj_ba.weight", "conv1d.weight", "mlp.gate.weight", "shared_expert_gate.weight",
+           "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight")
+
+
+def test_sparse_moe_q8_0_equals_transformers_on_the_dequantized_weights(sparse):
+    """quantize="q8_0" on the sparse hybrid: equal to transformers run on the dequantized Q8_0 matrices (what is
+    left against f32 is Q8_0's rounding, not RLX), and each token's logits within the issue's cos 0.999 of f32's
+    at the median.
+
+    Over all 40 x 300 logits the cos against f32 is under 0.999 on some prompts (measured 0.9976, 0.9964, 0.9997
+    on three; the dense-MLP fixture 0.9994, 0.9996, 0.9983): measured in transformers on the dequantized weights,
+    a route moved across a near tie of the router logits (as Mixtral's, test_hf_moe.py) and, dense too, single
+    tokens whose logits hang on the Q8_0 rounding of the DeltaNet's key rows (one token at cos 0.978 from
+    quantizing those rows alone; its key heads are not small before their L2 norm)."""
+    model, _, directory = sparse
+    lm = CausalLM.from_pretrained(directory, quantize="q8_0", context_length=48, prefill_chunk=48)
+    kinds = {name: spec.ggml_type for name, (spec, _) in lm.tensors.items()}
+    assert kinds["blk.0.ffn_moe.experts.gate_up_proj"] == kinds["blk.0.ssm_qkv.weight"] == "q8_0"
+    assert kinds["blk.0.ffn_moe.gate.weight"] == kinds["blk.0.ffn_moe.shared_expert_gate.weight"] == "f32"
+    assert kinds["blk.0.ssm_beta.weight"] == kinds["blk.0.ssm_conv1d.weight"] == "f32"
+    ids = prompt(40, seed=11)
+    ours, f32 = lm.logits(ids), hf_logits(model, ids)
+    assert np.median([cosine(a, b) for a, b in zip(ours, f32)]) >= 0.999
+    assert_close(ours, hf_logits(q8_0_twin(model, Q8_KEPT), ids), "q8_0")
