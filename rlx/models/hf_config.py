@@ -219,7 +219,8 @@ def _moe(cfg: Mapping[str, Any], fam: Family, hidden: int, layers: int,
     try:
         moe = MoeConfig(hidden_size=hidden, num_experts=experts, top_k=cfg.get("num_experts_per_tok"),
                         intermediate_size=cfg.get(fam.expert_size_key),
-                        normalize=bool(cfg.get(fam.normalize_key)) if fam.normalize_key else True)
+                        normalize=bool(cfg.get(fam.normalize_key)) if fam.normalize_key else True,
+                        shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0))
     except IRError as exc:
         raise ArtifactError(f"{source}: {exc}") from None
     return moe, sparse

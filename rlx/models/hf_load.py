@@ -249,10 +249,13 @@ def _experts(parts: list[list[StoredTensor]] | StoredTensor, shape: tuple[int, i
     return WeightSpec(kind, shape), StackedExperts(tuple(tuple(row) for row in parts), kind, out_shape, out_dtype)
 
 
-def _moe_tensors(stored: Mapping[str, StoredTensor], c: DecoderConfig, fam: H.Family, dtype: str | None,
+def moe_tensors(stored: Mapping[str, StoredTensor], c: DecoderConfig, fam: H.Family, dtype: str | None,
                  quantize: str | None, where: Path) -> dict[str, tuple[WeightSpec, np.ndarray]]:
-    """Every MoE layer's router (f32) and stacked experts (`_experts`), by their graph names (`moe_prefix`).
-    Experts are quantized only where both their matrices' rows are whole blocks (one type for the block)."""
+    """Every MoE layer's router (f32), stacked experts (`_experts`) and shared expert (f32), by their graph names
+    (`moe_prefix`). Experts are quantized only where both their matrices' rows are whole blocks (one type for the
+    block). The router stays f32 whatever `quantize` says: rounding that moves a near tie of its logits sends the
+    token to another expert, a discrete change (llama.cpp keeps `ffn_gate_inp` f32 too). The shared expert's gate
+    (one row) and matrices (one small dense SwiGLU beside many experts) stay f32 as well."""
     out: dict[str, tuple[WeightSpec, np.ndarray]] = {}
     if c.moe is None:
         return out
@@ -273,6 +276,9 @@ def _moe_tensors(stored: Mapping[str, StoredTensor], c: DecoderConfig, fam: H.Fa
             dtype, quant)
         out[f"{ours}.experts.down_proj"] = _experts(
             _expert_parts(stored, disk, "experts.down_proj", (down,), down_shape, where), down_shape, dtype, quant)
+        for name, shape in shapes.items():  # Qwen3-Next's shared expert and its sigmoid gate, read in f32
+            if ".shared_expert" in name:
+                out[name] = WeightSpec("f32", shape), _as_f32(_stored(stored, disk + name[len(ours):], shape, where))
     return out
 
 
@@ -357,7 +363,7 @@ def load_pretrained(path: str | Path, *, dtype: str | None = None, quantize: str
     required = required_shapes(config)
     stored_by_ours = {ours: stored[theirs] for ours, theirs in names.items() if theirs in stored}
     stored_by_ours |= _split_fused(stored, config, fam, required)
-    tensors = _moe_tensors(stored, config, fam, dtype, quantize, d)
+    tensors = moe_tensors(stored, config, fam, dtype, quantize, d)
     for ours, shape in {**required, **optional_shapes(config)}.items():
         if ours in tensors:
             continue

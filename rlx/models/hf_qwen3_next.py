@@ -12,7 +12,9 @@ the rows the graph multiplies separately (copies of those rows only):
   `ssm_beta` and `ssm_alpha`.
 
 Qwen3-Next's `(1 + w)` RMSNorm weights get their 1 added at load (the gated norm's weight is plain).
-Sparse-MoE layers are refused: `mlp_only_layers` must name every layer, or `num_experts` be 0.
+Sparse-MoE layers (`num_experts` > 0, outside `mlp_only_layers`, every `decoder_sparse_step`-th) read as
+Qwen3-MoE's (`rlx.models.hf_load`: per-expert matrices stacked, the router f32) plus the shared expert and
+its gate (f32).
 
 >>> sorted(OFFSET_ROLES)[:3]
 ['attn_k_norm', 'attn_norm', 'attn_q_norm']
@@ -36,6 +38,7 @@ from rlx.models.hf_load import (
     conv1d_as_ours,
     finish_pretrained,
     missing_tensor,
+    moe_tensors,
     stored_weight,
 )
 from rlx.models.hf_weights import StoredTensor, open_checkpoint
@@ -60,12 +63,8 @@ QUANTIZABLE_ROLES = ("attn_q", "attn_gate", "attn_k", "attn_v", "attn_output", "
 
 
 def qwen3_next_config(raw: Mapping[str, Any], source: str = "config.json") -> Qwen3NextConfig:
-    """The `Qwen3NextConfig` of a transformers config.json, checked (sparse-MoE layers refused)."""
+    """The `Qwen3NextConfig` of a transformers config.json, checked."""
     layers = int(raw.get("num_hidden_layers") or 0)
-    if int(raw.get("num_experts") or 0) > 0 and set(raw.get("mlp_only_layers") or ()) != set(range(layers)):
-        raise ArtifactError(f"{source}: sparse-MoE layers (num_experts={raw.get('num_experts')}, mlp_only_layers="
-                            f"{raw.get('mlp_only_layers')!r}) are not supported for qwen3_next yet; only configs whose "
-                            "every layer has a dense MLP")
     types = raw.get("layer_types")
     if not types:
         interval = int(raw.get("full_attention_interval", 4))
@@ -75,7 +74,9 @@ def qwen3_next_config(raw: Mapping[str, Any], source: str = "config.json") -> Qw
                             f"{raw.get('linear_value_head_dim')} is not supported (the delta rule's state is square)")
     if not set(types) <= set(LAYER_TYPES):
         raise ArtifactError(f"{source}: layer_types {types!r} name a kind other than {LAYER_TYPES}")
-    base = H.decoder_config({**raw, "model_type": "qwen3", "layer_types": None}, source)
+    # read as Qwen3-MoE where it has experts (the sparse layers as transformers picks them), else as Qwen3
+    sparse = int(raw.get("num_experts") or 0) > 0
+    base = H.decoder_config({**raw, "model_type": "qwen3_moe" if sparse else "qwen3", "layer_types": None}, source)
     try:
         return Qwen3NextConfig(base, tuple(types), linear_k_heads=int(raw["linear_num_key_heads"]),
                                linear_v_heads=int(raw["linear_num_value_heads"]),
@@ -154,8 +155,10 @@ def load_qwen3_next(path: str | Path, *, dtype: str | None = None, quantize: str
     split: dict[str, StoredTensor] = {}
     for layer, kind in enumerate(config.layer_types):
         split |= _split_fused(stored, config, layer, kind, shapes)
-    tensors: dict[str, tuple[WeightSpec, np.ndarray]] = {}
+    tensors = moe_tensors(stored, config.base, H.FAMILIES["qwen3_moe"], dtype, quantize, d)
     for ours, shape in shapes.items():
+        if ours in tensors:
+            continue
         t = split.get(ours)
         if t is None:
             theirs = _checkpoint_name(ours)

@@ -59,7 +59,7 @@ from rlx.ir.ops import ACT_MODES
 from rlx.ir.ops_sample import SETTINGS as SAMPLE_SETTINGS
 from rlx.ir.shape import Dim
 from rlx.models.decoder_config import DecoderConfig
-from rlx.models.moe import moe_block
+from rlx.models.moe import moe_block, param_shapes
 
 #: GGUF types that are plain float arrays (multiplied by f32 matmuls).
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -117,14 +117,13 @@ def moe_prefix(layer: int) -> str:
 
 
 def moe_shapes(config: DecoderConfig, layer: int) -> dict[str, tuple[int, ...]]:
-    """Name -> logical shape of layer `layer`'s MoE tensors: router `[E, H]`, experts `[E, 2I, H]`, `[E, H, I]`
-    (none for a dense layer)."""
+    """Name -> logical shape of layer `layer`'s MoE tensors: router `[E, H]`, experts `[E, 2I, H]`, `[E, H, I]`,
+    and with a shared expert (Qwen3-Next) its three matrices and its gate `[1, H]` (none for a dense layer)."""
     m = config.moe
     if m is None or not config.layer_moe(layer):
         return {}
-    e, h, i = m.num_experts, m.hidden_size, m.intermediate_size
     p = moe_prefix(layer)
-    return {f"{p}.gate.weight": (e, h), f"{p}.experts.gate_up_proj": (e, 2 * i, h), f"{p}.experts.down_proj": (e, h, i)}
+    return {name: shape for name, (shape, _) in param_shapes(m, p).items()}
 
 
 def cache_names(layer: int) -> tuple[str, str]:
@@ -193,7 +192,12 @@ def _moe_ffn(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], c: DecoderCon
     """Layer `layer`'s sparse MoE block (`moe_block`), its experts in the type their tensors have."""
     assert c.moe is not None
     shapes = moe_shapes(c, layer)
-    router, gate_up, down = (_spec(specs, name, shape) for name, shape in shapes.items())
+    specs_of = {name: _spec(specs, name, shape) for name, shape in shapes.items()}
+    p = moe_prefix(layer)
+    router, gate_up, down = (specs_of[f"{p}.{n}"] for n in ("gate.weight", "experts.gate_up_proj", "experts.down_proj"))
+    narrow = [n for n, s in specs_of.items() if ".shared_expert" in n and s.ggml_type != "f32"]
+    if narrow:
+        raise IRError(f"layer {layer}'s shared expert tensors {narrow} must be f32 (the loader keeps them so)")
     if gate_up.ggml_type != down.ggml_type:
         raise IRError(f"layer {layer}'s experts are {gate_up.ggml_type} (gate/up) and {down.ggml_type} (down): "
                       "both must have one type")
@@ -451,6 +455,7 @@ def random_specs(config: DecoderConfig, ggml_type: str = "f32") -> dict[str, Wei
         if c.layer_moe(layer):  # the MoE block replaces the dense FFN (f32 router, experts of ggml_type)
             for role in ("ffn_gate", "ffn_up", "ffn_down"):
                 del specs[layer_tensor(layer, role)]
-            specs |= {name: WeightSpec("f32" if name.endswith("gate.weight") else ggml_type, shape)
+            specs |= {name: WeightSpec("f32" if name.endswith("gate.weight") or ".shared_expert" in name else ggml_type,
+                                       shape)
                       for name, shape in moe_shapes(c, layer).items()}
     return specs

@@ -14,8 +14,10 @@ the gated delta rule (`gated_delta_net`, carried state, scale 1/sqrt(head_dim));
 ``rmsnorm(o) * w * silu(z)``; ``out_proj``. An attention layer: the q projection's per-head halves
 are the query and an output gate (split at load), q/k RMSNorm, partial RoPE (neox), causal GQA over
 the cache, ``* sigmoid(gate)``, ``o_proj``. Norms other than the gated one are Qwen3-Next's ``(1 + w)``
-(the loader adds the 1). Every layer here has a dense SwiGLU FFN: the sparse-MoE layers are refused
-by the loader (`mlp_only_layers` must name every layer, or `num_experts` be 0).
+(the loader adds the 1). A layer's FFN is a dense SwiGLU, or where `base.layer_moe(layer)` (transformers'
+`mlp_only_layers` / `decoder_sparse_step`) the sparse MoE block of `rlx.models.moe` with its shared expert
+(`moe_block`: top-k router normalized as `norm_topk_prob` says, grouped expert matmuls, plus
+``sigmoid(shared_expert_gate(h)) * shared_expert(h)``), its params under `blk.N.ffn_moe.` as for Qwen3-MoE.
 
 >>> from rlx.models.decoder_config import DecoderConfig
 >>> base = DecoderConfig(arch="qwen3", vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
@@ -45,9 +47,11 @@ from rlx.models.llama import (
     _embedding,
     _head_norm,
     _linear,
+    _moe_ffn,
     _spec,
     cache_names,
     layer_tensor,
+    moe_shapes,
     output_weight_name,
     widened,
 )
@@ -138,8 +142,15 @@ def tensor_shapes(c: Qwen3NextConfig) -> dict[str, tuple[int, ...]]:
                       "ssm_alpha": (c.linear_v_heads, h), "ssm_conv1d": (c.linear_conv_kernel, c.conv_dim),
                       "ssm_dt": (c.linear_v_heads,), "ssm_a_log": (c.linear_v_heads,),
                       "ssm_norm": (c.linear_head_dim,), "ssm_out": (h, c.value_dim)}
+        if b.layer_moe(layer):  # the sparse MoE block's tensors replace the dense FFN's
+            roles = {role: shape for role, shape in roles.items() if role not in DENSE_FFN}
+            out |= moe_shapes(b, layer)
         out |= {layer_tensor(layer, role): shape for role, shape in roles.items()}
     return out
+
+
+#: The dense FFN's roles, absent on a sparse-MoE layer.
+DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")
 
 
 def random_specs(c: Qwen3NextConfig) -> dict[str, WeightSpec]:
@@ -248,6 +259,9 @@ def build_qwen3_next(config: Qwen3NextConfig, specs: Mapping[str, WeightSpec], *
                                      capacity)
         x = g.add_(x, mixed)
         h = g.rms_norm(x, _vector(g, specs, layer_tensor(layer, "ffn_norm"), b.hidden_size), eps=b.rms_eps)
+        if b.layer_moe(layer):
+            x = g.add_(x, _moe_ffn(g, h, specs, b, layer))
+            continue
         gate = _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), b.ffn_size, b.hidden_size, quant_act)
         up = _linear(g, h, specs, layer_tensor(layer, "ffn_up"), b.ffn_size, b.hidden_size, quant_act)
         x = g.add_(x, _linear(g, g.mul(g.activation(b.ffn_act, gate), up), specs, layer_tensor(layer, "ffn_down"),

@@ -121,6 +121,26 @@ def hf_greedy(model: Any, ids: list[int], n: int) -> list[int]:
     return out[:out.index(EOS)] if EOS in out else out
 
 
+def q8_0_twin(model: Any, kept: tuple[str, ...] = ()) -> Any:
+    """A copy of `model` whose matrices (2-D and stacked experts, rows of whole Q8_0 blocks) are replaced by
+    their dequantized Q8_0 blocks, but for the parameters whose names end with one of `kept` (those
+    `quantize="q8_0"` keeps f32): the model RLX's q8_0 load computes."""
+    import copy
+
+    import torch
+
+    from rlx.ir.quant import dequantize
+    from rlx.models.hf_load import quantize_q8_0
+
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            if p.ndim >= 2 and p.shape[-1] % 32 == 0 and not name.endswith(kept):
+                w = p.detach().numpy().reshape(-1, p.shape[-1])
+                p.copy_(torch.from_numpy(dequantize(quantize_q8_0(w), "q8_0", p.shape[-1]).reshape(p.shape)))
+    return twin
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from tempfile import TemporaryDirectory
 
 import numpy as np
 import pytest
@@ -15,13 +16,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from rlx.errors import ArtifactError
-from rlx.ir.quant import dequantize
 from rlx.models.causal_lm import CausalLM
 from rlx.models.hf_config import decoder_config
-from rlx.models.hf_load import StackedExperts, load_pretrained, quantize_q8_0
+from rlx.models.hf_load import StackedExperts, load_pretrained
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_checkpoints import cosine, hf_greedy, hf_logits, prompt, random_model, save_checkpoint
+from hf_checkpoints import cosine, hf_greedy, hf_logits, prompt, q8_0_twin, random_model, save_checkpoint
 
 QWEN3_MOE = {"model_type": "qwen3_moe", "vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 4,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
@@ -106,40 +106,59 @@ def test_experts_already_stacked_on_disk_load_as_views(mixtral, tmp_path):
                                       _torch_experts(model, 1)[name == "down_proj"])
 
 
+#: What `quantize="q8_0"` keeps f32 among the matrices: the router (a near tie of its logits moved by rounding
+#: sends a token to another expert; llama.cpp keeps `ffn_gate_inp` f32 too).
+ROUTER = (".gate.weight",)
+
+
 def test_q8_0_experts_close_to_f32(mixtral):
-    """quantize="q8_0": the experts become Q8_0 blocks (as the dense matrices), and the logits equal transformers
-    run on the dequantized blocks (measured: max abs 2e-6 x max|logit|).
+    """quantize="q8_0": the experts become Q8_0 blocks (as the dense matrices), the router stays f32, and the
+    logits equal transformers run on the dequantized blocks (measured: max abs 2e-6 x max|logit|): what is left
+    against transformers' f32 model is Q8_0's rounding, not RLX.
 
-    Against transformers' f32 model they are close but not within the dense families' cos 0.999: where Q8_0's
-    rounding moves a token's router logits across a near tie, that token takes another expert (a discrete
-    change). Measured on this checkpoint: cos 0.990 over all 40 x 300 logits, per token a median of 0.9992,
-    the lowest 0.86 (3 of 40 tokens below 0.95)."""
-    import copy
-
-    import torch
-
+    That rounding keeps this checkpoint under the issue's cos 0.999 against f32 (measured: 0.990 over all
+    40 x 300 logits; 0.991 and 0.966 on two other prompts), for two reasons, both measured in transformers on
+    the dequantized weights. (1) Routes: on layer 1, 4 of 40 tokens take another expert, each where f32's gap
+    between its 2nd and 3rd router logits (0.01 to 0.13) is below how far Q8_0 moves the router logits (median
+    0.09): a discrete change (per token down to cos 0.86). (2) Noise: with those routes pinned to f32's the cos
+    is still 0.9989; these random checkpoints (weights N(0, 0.2)) carry Q8_0's per-matrix 0.5% error into the
+    logits at about that level (the dense llama fixture: 0.9991 to 0.9994 on three seeds). Asserted here: the
+    per-token median meets the bound (routes differ on few tokens) and the overall cos is >= 0.98."""
     model, directory = mixtral
     lm = CausalLM.from_pretrained(directory, quantize="q8_0", context_length=48, prefill_chunk=48)
     spec, blocks = lm.tensors["blk.0.ffn_moe.experts.down_proj"]
     assert spec.ggml_type == "q8_0" and blocks.shape == (8, 64, 96 // 32 * 34)
     assert lm.tensors["blk.0.attn_q.weight"][0].ggml_type == "q8_0"
+    assert lm.tensors["blk.0.ffn_moe.gate.weight"][0].ggml_type == "f32"
     ids = prompt(40, seed=11)
     ours, f32 = lm.logits(ids), hf_logits(model, ids)
     assert cosine(ours, f32) >= 0.98
     assert np.median([cosine(a, b) for a, b in zip(ours, f32)]) >= 0.999
-    # transformers with every matrix replaced by its dequantized Q8_0 blocks: the same model as ours
-    twin = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, p in twin.named_parameters():
-            if p.ndim >= 2 and "gate.weight" not in name and p.shape[-1] % 32 == 0:
-                w = p.detach().numpy().reshape(-1, p.shape[-1])
-                p.copy_(torch.from_numpy(dequantize(quantize_q8_0(w), "q8_0", p.shape[-1]).reshape(p.shape)))
+    # transformers with every matrix but the router replaced by its dequantized Q8_0 blocks: the same model as ours
+    twin = q8_0_twin(model, ROUTER)
     theirs = hf_logits(twin, ids)
     assert cosine(ours, theirs) >= 0.99999
     assert float(np.abs(ours - theirs).max()) <= 1e-4 * float(np.abs(theirs).max())
     # and a few greedy steps through the KV cache (the decode GEMV path over Q8_0 experts)
     short = prompt(6, seed=12)
     assert lm.generate(short, max_new_tokens=6).token_ids == hf_greedy(twin, short, 6)
+
+
+def test_qwen3_moe_q8_0_close_to_f32():
+    """Qwen3-MoE (4 experts, top-2 not renormalized, a sparse layer beside a dense one) at q8_0: the issue's
+    cos >= 0.999 against f32 (measured 0.99964, 0.99956, 0.99966 on three prompts: no route moves), and
+    equal to transformers on the dequantized weights."""
+    model = random_model("qwen3_moe", seed=0)
+    with TemporaryDirectory() as d:
+        lm = CausalLM.from_pretrained(save_checkpoint(model, Path(d)), quantize="q8_0", context_length=48,
+                                      prefill_chunk=48)
+    assert lm.tensors["blk.0.ffn_moe.experts.gate_up_proj"][0].ggml_type == "q8_0"
+    ids = prompt(40, seed=11)
+    ours = lm.logits(ids)
+    assert cosine(ours, hf_logits(model, ids)) >= 0.999
+    theirs = hf_logits(q8_0_twin(model, ROUTER), ids)
+    assert cosine(ours, theirs) >= 0.99999
+    assert float(np.abs(ours - theirs).max()) <= 1e-4 * float(np.abs(theirs).max())
 
 
 @pytest.fixture

@@ -5,12 +5,13 @@ One compiled CPU model (module-scoped) of a tiny random `Qwen3NextForCausalLM` (
 4 value heads over 2 key heads, then a gated attention layer with partial RoPE; dense MLPs) saved with
 `save_pretrained`: prefill logits (1, 40 and 60 tokens, the last in two chunks), greedy decode (tokens and
 every step's logits) against transformers' `generate`, a ragged `generate_batch`, the graph against
-`rlx/reference.py`, and the refusal of sparse-MoE configs. transformers runs its torch fallback path.
+`rlx/reference.py`. A second one has sparse-MoE layers with a shared expert (router, grouped experts, sigmoid-gated
+shared expert): its logits, greedy decode and `generate_batch` against transformers, and which layers are sparse.
+transformers runs its torch fallback path.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,12 +21,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rlx.errors import ArtifactError
 from rlx.models.causal_lm import CausalLM
+from rlx.models.hf_qwen3_next import qwen3_next_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hf_checkpoints import hf_logits, prompt, save_checkpoint
-from recurrent_checkpoints import assert_close, check_decode, random_model
+from hf_checkpoints import cosine, hf_logits, prompt, q8_0_twin, save_checkpoint
+from recurrent_checkpoints import CONFIGS, SHARED, assert_close, check_decode, random_model
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +82,71 @@ def test_graph_equals_the_reference(hybrid):
     assert_close(lm.step(step, caches[0], [0, 1]), ref.step(step, caches[1], [0, 1]), "decode")
 
 
-def test_sparse_moe_configs_are_refused_before_loading(hybrid, tmp_path):
-    directory = hybrid[2]
-    raw = json.loads((directory / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**raw, "mlp_only_layers": [0]}))
-    with pytest.raises(ArtifactError, match=r"sparse-MoE layers .* are not supported for qwen3_next"):
-        CausalLM.from_pretrained(tmp_path)
+#: Sparse MoE on both layers (a DeltaNet one and an attention one): 4 experts, top-2 renormalized, each
+#: beside a shared expert with its sigmoid gate.
+SPARSE = dict(mlp_only_layers=[], num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1)
+
+
+@pytest.fixture(scope="module")
+def sparse(tmp_path_factory):
+    model = random_model("qwen3_next", seed=1, **SPARSE)
+    directory = save_checkpoint(model, tmp_path_factory.mktemp("qwen3_next_moe"))
+    lm = CausalLM.from_pretrained(directory, context_length=72, max_batch=2, prefill_chunk=48)
+    return model, lm, directory
+
+
+@pytest.mark.parametrize(("sparse_step", "mlp_only"), [(1, []), (2, []), (1, [0, 2]), (3, [1])])
+def test_sparse_layers_are_those_transformers_builds(sparse_step, mlp_only):
+    """Which layers get the sparse MoE block (mlp_only_layers, decoder_sparse_step), as transformers decides."""
+    from transformers import AutoConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer, Qwen3NextSparseMoeBlock
+
+    raw = {**SHARED, **CONFIGS["qwen3_next"], **SPARSE, "num_hidden_layers": 4, "decoder_sparse_step": sparse_step,
+           "mlp_only_layers": mlp_only, "layer_types": ["linear_attention", "full_attention"] * 2}
+    hf = AutoConfig.for_model("qwen3_next", **raw)
+    theirs = [isinstance(Qwen3NextDecoderLayer(hf, i).mlp, Qwen3NextSparseMoeBlock) for i in range(4)]
+    ours = qwen3_next_config({**hf.to_dict(), "model_type": "qwen3_next"})
+    assert [ours.base.layer_moe(i) for i in range(4)] == theirs
+    if any(theirs):
+        moe = ours.base.moe
+        assert (moe.num_experts, moe.top_k, moe.intermediate_size, moe.shared_intermediate_size, moe.normalize) == \
+            (4, 2, 32, 48, True)
+    else:
+        assert ours.base.moe is None
+
+
+def test_sparse_moe_tensors_are_read_with_the_shared_expert(sparse):
+    model, lm, _ = sparse
+    spec, data = lm.tensors["blk.0.ffn_moe.experts.gate_up_proj"]
+    assert spec.shape == (4, 64, 64)
+    np.testing.assert_array_equal(np.asarray(data), model.model.layers[0].mlp.experts.gate_up_proj.detach().numpy())
+    gate = lm.tensors["blk.1.ffn_moe.shared_expert_gate.weight"]
+    assert gate[0].ggml_type == "f32" and gate[0].shape == (1, 64)
+    np.testing.assert_array_equal(gate[1], model.model.layers[1].mlp.shared_expert_gate.weight.detach().numpy())
+    assert "blk.0.ffn_gate.weight" not in lm.tensors  # the MoE block replaces the dense FFN
+    kinds = {n.kind for n in lm.graph.nodes}
+    assert {"moe_topk", "moe_gate", "moe_matmul"} <= kinds  # the router op (top-k, then its weights), grouped experts
+
+
+@pytest.mark.parametrize("length", [1, 40])
+def test_sparse_moe_logits_equal_transformers(sparse, length):
+    model, lm, _ = sparse
+    ids = prompt(length, seed=20 + length)
+    assert_close(lm.logits(ids), hf_logits(model, ids), length)
+
+
+def test_sparse_moe_greedy_decode_equals_transformers(sparse):
+    model, lm, _ = sparse
+    check_decode(lm, model, prompt(12, seed=4))
+
+
+def test_sparse_moe_generate_batch_equals_each_alone(sparse):
+    _, lm, _ = sparse
+    short, long = prompt(5, seed=7), prompt(40, seed=8)
+    together = lm.generate_batch([short, long], max_new_tokens=10)
+    assert [g.token_ids for g in together] == [lm.generate(short, max_new_tokens=10).token_ids,
+                                               lm.generate(long, max_new_tokens=10).token_ids]
 
 
 def test_rlxc_inspect_model(hybrid, capsys):
@@ -105,3 +165,32 @@ def test_cpu_and_cuda_have_a_rule_for_every_op(hybrid):
     lm = hybrid[1]
     assert first_unsupported_op(lm.graph, "cpu") is None
     assert first_unsupported_op(lm.graph, "cuda") is None
+
+
+#: What `quantize="q8_0"` keeps f32 in a Qwen3-Next checkpoint: the token embedding, the DeltaNet's b/a
+#: projections (per-head gates) and conv, the router, and the shared expert with its gate (hf_qwen3_next,
+#: hf_load.moe_tensors).
+Q8_KEPT = ("embed_tokens.weight", "in_proj_ba.weight", "conv1d.weight", "mlp.gate.weight", "shared_expert_gate.weight",
+           "shared_expert.gate_proj.weight", "shared_expert.up_proj.weight", "shared_expert.down_proj.weight")
+
+
+def test_sparse_moe_q8_0_equals_transformers_on_the_dequantized_weights(sparse):
+    """quantize="q8_0" on the sparse hybrid: equal to transformers run on the dequantized Q8_0 matrices (what is
+    left against f32 is Q8_0's rounding, not RLX), and each token's logits within the issue's cos 0.999 of f32's
+    at the median.
+
+    Over all 40 x 300 logits the cos against f32 is under 0.999 on some prompts (measured 0.9976, 0.9964, 0.9997
+    on three; the dense-MLP fixture 0.9994, 0.9996, 0.9983): measured in transformers on the dequantized weights,
+    a route moved across a near tie of the router logits (as Mixtral's, test_hf_moe.py) and, dense too, single
+    tokens whose logits hang on the Q8_0 rounding of the DeltaNet's key rows (one token at cos 0.978 from
+    quantizing those rows alone; its key heads are not small before their L2 norm)."""
+    model, _, directory = sparse
+    lm = CausalLM.from_pretrained(directory, quantize="q8_0", context_length=48, prefill_chunk=48)
+    kinds = {name: spec.ggml_type for name, (spec, _) in lm.tensors.items()}
+    assert kinds["blk.0.ffn_moe.experts.gate_up_proj"] == kinds["blk.0.ssm_qkv.weight"] == "q8_0"
+    assert kinds["blk.0.ffn_moe.gate.weight"] == kinds["blk.0.ffn_moe.shared_expert_gate.weight"] == "f32"
+    assert kinds["blk.0.ssm_beta.weight"] == kinds["blk.0.ssm_conv1d.weight"] == "f32"
+    ids = prompt(40, seed=11)
+    ours, f32 = lm.logits(ids), hf_logits(model, ids)
+    assert np.median([cosine(a, b) for a, b in zip(ours, f32)]) >= 0.999
+    assert_close(ours, hf_logits(q8_0_twin(model, Q8_KEPT), ids), "q8_0")
