@@ -7,7 +7,7 @@ and absorbs the `silu(gate) * up` region of a gate/up pair when it is scheduled 
 their only reader. In decode steps the first member's kernel then quantizes the activation once (q8/q16)
 and forks one team for all of them (`templates/cpu/kernels/qgemv_group.h`): one fork where there were
 three, and the SwiGLU reads gate and up in the cache of the thread that computed them (a separate
-SwiGLU kernel read half of them from the other core's: ~7% of a 16-row SmolLM2 step on 2 cores).
+SwiGLU kernel read half of them from the other core's: 6-9% of a 16-row SmolLM2 step's kernel time on 2 cores).
 With f32 activations each row gets the arithmetic of the member's own GEMV, so a row's result does not
 depend on the other rows of its step (batch invariance).
 
