@@ -1,9 +1,9 @@
 """The CPU decision of decode GEMV groups: quantized projections of one activation run as one pass.
 
-`QuantGemvGroup(members, max_rows, swiglu)`: `dequant_matmul` nodes with integer activations
-(`act` "q8"/"q16") that read one activation with one block format — a layer's Q/K/V, or its
+`QuantGemvGroup(members, max_rows, swiglu)`: `dequant_matmul` nodes with one activation mode
+(`act` "q8"/"q16", or "f32") that read one activation with one block format — a layer's Q/K/V, or its
 gate/up — scheduled one after another. In a step of at most `max_rows` rows of activations
-(decode) the first member's kernel quantizes the activation once and one OpenMP team computes
+(decode) the first member's kernel quantizes the activation once (integer modes) and one OpenMP team computes
 every member's output, splitting the concatenation of their weight rows
 (`templates/cpu/kernels/qgemv_group.h`); the other members' kernels then return at once. With
 `swiglu` (the region `silu(gate) * up` of two members) the pass writes the region's output

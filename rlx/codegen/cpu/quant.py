@@ -129,6 +129,8 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     shared = max(gemv_shared, align64(rows_max * k * 4) if rows_max > GEMV_MAX_M else 0) if op.act != "f32" else 0
     label = _label(node)
     group = _group_args(em, node)
+    if group is not None and group.swiglu and op.act == "f32":  # the decode pass's copy of X (quant.c.j2)
+        shared = align64(gemv_rows * k * 4)
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
         m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=op.quant,

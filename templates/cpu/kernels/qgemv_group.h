@@ -1,7 +1,8 @@
 /* Decode GEMVs of several quantized weights that read one activation (Q/K/V, or gate/up with the
  * SwiGLU after them), as one pass: the activation is quantized once and one team splits the rows of
  * all the weights, so a decode step forks once where it forked per projection (and ran the SwiGLU as
- * its own kernel). Needs kernels/quant.h (integer-activation GEMV) and kernels/scalar.h (silu).
+ * its own kernel). f32 activations take the same pass through rlx_qgemv (the _f32 functions below).
+ * Needs kernels/quant.h (the GEMVs) and kernels/scalar.h (silu).
  * A fixed RLX kernel header: no template code; included by generated files that need it. */
 #ifndef RLX_KERNELS_QGEMV_GROUP_H
 #define RLX_KERNELS_QGEMV_GROUP_H
@@ -71,6 +72,47 @@ static inline __attribute__((always_inline)) void rlx_qgroup_swiglu(const int fm
         for (int64_t i = 0; i < M; i++) {
             float *restrict o = out + i * N + c0;
             const float *restrict gi = g[i], *restrict ui = u[i];
+            #pragma omp simd
+            for (int64_t j = 0; j < c1 - c0; j++)
+                o[j] = rlx_silu_f(gi[j]) * ui[j];
+        }
+    }
+}
+
+/* f32 activations (act="f32", the batch-invariant default of rlxc serve): rows [r0, r1) of the members'
+ * concatenated rows through rlx_qgemv, each row of X with the arithmetic of the member's own kernel
+ * (xs: X's block sums for q4_1, wrow: one dequantized weight row for the formats without SIMD kernels). */
+static inline __attribute__((always_inline)) void rlx_qgroup_rows_f32(const int fmt, const int qk, const int qb,
+        int64_t M, int64_t K, const float *X, const float *xs, int nm, const uint8_t *const *W, const int64_t *N,
+        int64_t rb, float *const *Y, int64_t r0, int64_t r1, float *wrow)
+{
+    int64_t base = 0;
+    for (int m = 0; m < nm; m++) {
+        const int64_t lo = (r0 > base ? r0 : base) - base;
+        const int64_t hi = (r1 < base + N[m] ? r1 : base + N[m]) - base;
+        if (lo < hi)
+            rlx_qgemv(fmt, qk, qb, M, N[m], K, X, xs, W[m], rb, Y[m], lo, hi, wrow);
+        base += N[m];
+    }
+}
+
+/* rlx_qgroup_swiglu with f32 activations: per chunk of weight rows, gate and up through rlx_qgemv into
+ * the chunk's buffers (the same per-row arithmetic as their own kernels), then silu(gate) * up. The
+ * thread that computed a chunk's gate and up reads them from its own cache: with a separate SwiGLU
+ * kernel half of them came from the other core's (the cost of that region in a many-row step). */
+static inline __attribute__((always_inline)) void rlx_qgroup_swiglu_f32(const int fmt, const int qk, const int qb,
+        int64_t M, int64_t N, int64_t K, const float *X, const float *xs, const uint8_t *Wg, const uint8_t *Wu,
+        int64_t rb, float *out, int64_t n0, int64_t n1, float *wrow)
+{
+    float g[RLX_QDECODE_MAX_M * RLX_QGROUP_CHUNK], u[RLX_QDECODE_MAX_M * RLX_QGROUP_CHUNK];
+    for (int64_t c0 = n0; c0 < n1; c0 += RLX_QGROUP_CHUNK) {
+        const int64_t c1 = c0 + RLX_QGROUP_CHUNK < n1 ? c0 + RLX_QGROUP_CHUNK : n1;
+        /* row i of the chunk's gate (up) at g + i * RLX_QGROUP_CHUNK: rlx_qgemv's Y with that row stride */
+        rlx_qgemv(fmt, qk, qb, M, RLX_QGROUP_CHUNK, K, X, xs, Wg + c0 * rb, rb, g, 0, c1 - c0, wrow);
+        rlx_qgemv(fmt, qk, qb, M, RLX_QGROUP_CHUNK, K, X, xs, Wu + c0 * rb, rb, u, 0, c1 - c0, wrow);
+        for (int64_t i = 0; i < M; i++) {
+            float *restrict o = out + i * N + c0;
+            const float *restrict gi = g + i * RLX_QGROUP_CHUNK, *restrict ui = u + i * RLX_QGROUP_CHUNK;
             #pragma omp simd
             for (int64_t j = 0; j < c1 - c0; j++)
                 o[j] = rlx_silu_f(gi[j]) * ui[j];

@@ -190,74 +190,108 @@ static void rlx_q_block_sums(int64_t M, int64_t K, const float *restrict X, floa
 
 /* ── GEMV: out[i] = X[i, :] . W[n, :] for one weight row, i < mr ─────── */
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)
+#if ((defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)) || defined(RLX_QGEMV_VEC16)
 #define RLX_QSIMD 1
-/* Block b of row w into the accumulators (acc: sum(x * q) * d per lane, macc: q4_1's m * sum(x)). */
-static inline __attribute__((always_inline)) void rlx_qblk_simd(const int fmt, const int mr, int64_t b, int64_t nb,
-        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, __m512 *acc,
-        float *macc)
+/* The AVX-512 kernel, in GCC vector types of 16 floats (RLX_QGEMV_VEC16 builds the same source on any
+ * target, two AVX2 registers a vector, so its arithmetic is checked on machines without AVX-512).
+ * Each block is dequantized once into two vectors of floats (rlx_q_dequant_block's values: d * q (+ m),
+ * the product exact) and multiplied with up to RLX_QF32_TILE rows of X: per row two fused
+ * multiply-adds a block into the row's two accumulators (values 0-15 and 16-31 of its blocks), nothing
+ * else, so a row costs about one cycle a block where unpacking is shared by 8 rows (16 of the 32 zmm
+ * registers hold the accumulators). A row's arithmetic does not depend on the tile it is in. */
+#define RLX_QF32_TILE 8
+typedef float rlx_qv16f __attribute__((vector_size(64)));
+typedef float rlx_qv8f __attribute__((vector_size(32)));
+typedef float rlx_qv4f __attribute__((vector_size(16)));
+typedef uint8_t rlx_qv16u8 __attribute__((vector_size(16)));
+typedef int8_t rlx_qv16s8 __attribute__((vector_size(16)));
+typedef int32_t rlx_qv16i __attribute__((vector_size(64)));
+#ifdef __AVX512F__
+#define RLX_QV16_FMA(a, b, c) ((rlx_qv16f)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+/* 16 bytes to 16 floats (vpmovzxbd / vpmovsxbd, vcvtdq2ps) */
+#define RLX_QV16_U8(v) ((rlx_qv16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)(v))))
+#define RLX_QV16_S8(v) ((rlx_qv16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)(v))))
+#else  /* (a test build: GCC contracts the product and sum into fused multiply-adds where the target has them) */
+#define RLX_QV16_FMA(a, b, c) ((a) * (b) + (c))
+#define RLX_QV16_U8(v) __builtin_convertvector(__builtin_convertvector((v), rlx_qv16i), rlx_qv16f)
+#define RLX_QV16_S8(v) __builtin_convertvector(__builtin_convertvector((v), rlx_qv16i), rlx_qv16f)
+#endif
+
+static inline rlx_qv16f rlx_qv16_load(const float *p)
 {
-    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const uint8_t *blk = w + b * qb;
-    __m512 q0, q1;
-    float m = 0.0f;
-    if (fmt == RLX_Q8_0) {
-        const __m128i r0 = _mm_loadu_si128((const __m128i *)(blk + 2));
-        const __m128i r1 = _mm_loadu_si128((const __m128i *)(blk + 18));
-        q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r0));
-        q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r1));
-    } else {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
-        __m512i l = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low4));
-        __m512i h = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-        if (fmt == RLX_Q4_0) {
-            l = _mm512_sub_epi32(l, _mm512_set1_epi32(8));
-            h = _mm512_sub_epi32(h, _mm512_set1_epi32(8));
-        }
-        q0 = _mm512_cvtepi32_ps(l);
-        q1 = _mm512_cvtepi32_ps(h);
-        if (fmt == RLX_Q4_1)
-            m = rlx_q_half(blk + 2);
-    }
-    const __m512 d = _mm512_set1_ps(rlx_q_half(blk));
-    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
-        if (i < mr) {
-            const float *x = X + i * K + b * 32;
-            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x), q0);
-            p = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), q1, p);
-            acc[i] = _mm512_fmadd_ps(d, p, acc[i]);
-            if (fmt == RLX_Q4_1)
-                macc[i] += m * xs[i * nb + b];
-        }
+    rlx_qv16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-/* q8_0 / q4_0 / q4_1 row n against mr rows of X: the block's 32 values are unpacked into two
- * zmm registers of floats once and used for every row. Even and odd blocks go to separate
- * accumulators: two dependency chains, so one row (decode) is not bound by the FMA latency. */
+/* The 16 lanes' sum, in a fixed tree order. */
+static inline float rlx_qv16_sum(rlx_qv16f v)
+{
+    const rlx_qv8f h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                       __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const rlx_qv4f q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+/* One q8_0 / q4_0 / q4_1 block's 32 dequantized values: w[0] = values 0-15, w[1] = 16-31. */
+static inline __attribute__((always_inline)) void rlx_qblk_v16(const int fmt, const uint8_t *restrict blk,
+                                                                rlx_qv16f *w)
+{
+    const rlx_qv16f d = (rlx_qv16f){0} + rlx_q_half(blk);
+    rlx_qv16f q0, q1;
+    if (fmt == RLX_Q8_0) {
+        rlx_qv16s8 a, b;
+        memcpy(&a, blk + 2, 16);
+        memcpy(&b, blk + 18, 16);
+        q0 = RLX_QV16_S8(a);
+        q1 = RLX_QV16_S8(b);
+    } else {
+        rlx_qv16u8 raw;
+        memcpy(&raw, blk + (fmt == RLX_Q4_1 ? 4 : 2), 16);
+        q0 = RLX_QV16_U8(raw & 0x0F);
+        q1 = RLX_QV16_U8(raw >> 4);
+        if (fmt == RLX_Q4_0) {  /* q - 8, exact */
+            q0 -= 8.0f;
+            q1 -= 8.0f;
+        }
+    }
+    if (fmt == RLX_Q4_1) {
+        const rlx_qv16f m = (rlx_qv16f){0} + rlx_q_half(blk + 2);
+        w[0] = RLX_QV16_FMA(d, q0, m);
+        w[1] = RLX_QV16_FMA(d, q1, m);
+    } else {
+        w[0] = d * q0;
+        w[1] = d * q1;
+    }
+}
+
+/* q8_0 / q4_0 / q4_1 row w (nb blocks) against mr (<= RLX_QF32_TILE) rows of X. */
 static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
         const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
 {
-    __m512 acc[RLX_QGEMV_MAX_M], acc2[RLX_QGEMV_MAX_M];
-    float macc[RLX_QGEMV_MAX_M], macc2[RLX_QGEMV_MAX_M];
-    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
-        if (i < mr) {
-            acc[i] = acc2[i] = _mm512_setzero_ps();
-            macc[i] = macc2[i] = 0.0f;
-        }
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        rlx_qblk_simd(fmt, mr, b, nb, X, K, xs, w, acc, macc);
-        rlx_qblk_simd(fmt, mr, b + 1, nb, X, K, xs, w, acc2, macc2);
-    }
-    if (b < nb)
-        rlx_qblk_simd(fmt, mr, b, nb, X, K, xs, w, acc, macc);
-    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    (void)xs;  /* q4_1's min is in the dequantized values */
+    rlx_qv16f lo[RLX_QF32_TILE], hi[RLX_QF32_TILE];
+    for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
-            out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i], acc2[i])) + (macc[i] + macc2[i]);
+            lo[i] = hi[i] = (rlx_qv16f){0};
+    for (int64_t b = 0; b < nb; b++) {
+        rlx_qv16f wv[2];
+        rlx_qblk_v16(fmt, w + b * qb, wv);
+        for (int i = 0; i < RLX_QF32_TILE; i++)
+            if (i < mr) {
+                const float *x = X + i * K + b * 32;
+                lo[i] = RLX_QV16_FMA(rlx_qv16_load(x), wv[0], lo[i]);
+                hi[i] = RLX_QV16_FMA(rlx_qv16_load(x + 16), wv[1], hi[i]);
+            }
+    }
+    for (int i = 0; i < RLX_QF32_TILE; i++)
+        if (i < mr)
+            out[i] = rlx_qv16_sum(lo[i] + hi[i]);
 }
 #elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
 #define RLX_QSIMD 1
+#define RLX_QF32_TILE RLX_QGEMV_MAX_M
 static inline float rlx_q_hsum256(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -335,20 +369,27 @@ static inline __attribute__((always_inline)) void rlx_qdot_generic(const int fmt
 }
 
 /* Y[i, n] for i < M (<= RLX_QDECODE_MAX_M), n in [n0, n1): weight rows of rb bytes, each multiplied
- * with RLX_QGEMV_MAX_M rows of X at a time while it sits in L1. */
+ * with RLX_QF32_TILE rows of X at a time (the SIMD kernels; RLX_QGEMV_MAX_M for the others) while it
+ * sits in L1. */
 static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const int qk, const int qb, int64_t M,
         int64_t N, int64_t K, const float *X, const float *xs, const uint8_t *W, int64_t rb, float *Y,
         int64_t n0, int64_t n1, float *wrow)
 {
-    float out[RLX_QGEMV_MAX_M];
     const int64_t nb = K / 32;
 #ifdef RLX_QSIMD
     if (fmt == RLX_Q8_0 || fmt == RLX_Q4_0 || fmt == RLX_Q4_1) {
+        float out[RLX_QF32_TILE];
         for (int64_t n = n0; n < n1; n++)
-            for (int64_t i0 = 0; i0 < M; i0 += RLX_QGEMV_MAX_M) {
-                const int64_t mr = M - i0 < RLX_QGEMV_MAX_M ? M - i0 : RLX_QGEMV_MAX_M;
+            for (int64_t i0 = 0; i0 < M; i0 += RLX_QF32_TILE) {
+                const int64_t mr = M - i0 < RLX_QF32_TILE ? M - i0 : RLX_QF32_TILE;
                 const float *Xi = X + i0 * K, *xsi = xs + i0 * nb;
                 switch (mr) {  /* one instance per row count, so unused rows cost nothing */
+#if RLX_QF32_TILE > 4
+                case 8: rlx_qdot_simd(fmt, 8, nb, Xi, K, xsi, W + n * rb, out); break;
+                case 7: rlx_qdot_simd(fmt, 7, nb, Xi, K, xsi, W + n * rb, out); break;
+                case 6: rlx_qdot_simd(fmt, 6, nb, Xi, K, xsi, W + n * rb, out); break;
+                case 5: rlx_qdot_simd(fmt, 5, nb, Xi, K, xsi, W + n * rb, out); break;
+#endif
                 case 4: rlx_qdot_simd(fmt, 4, nb, Xi, K, xsi, W + n * rb, out); break;
                 case 3: rlx_qdot_simd(fmt, 3, nb, Xi, K, xsi, W + n * rb, out); break;
                 case 2: rlx_qdot_simd(fmt, 2, nb, Xi, K, xsi, W + n * rb, out); break;
@@ -360,6 +401,7 @@ static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const
         return;
     }
 #endif
+    float out[RLX_QGEMV_MAX_M];
     (void)xs;
     (void)nb;
     for (int64_t n = n0; n < n1; n++)
