@@ -50,6 +50,26 @@ def test_attention_masks(rng, mask):
     assert np.all(np.isfinite(got[0]))
 
 
+def test_attention_softmax_extremes(rng):
+    """The softmax's exp at the ends of its range (the vector rows: 16 lanes on AVX-512, 8 on AVX2,
+    21 keys leaving a tail): scores far below the row's max underflow to 0 (exp argument < -104),
+    one dominant key takes all the weight, and rows spread over the whole range."""
+    b, s, h, d = 1, 21, 2, 16
+    g = rlx.Graph("attn_extremes")
+    q = g.input("q", [b, s, h * d])
+    k = g.input("k", [b, s, h * d])
+    v = g.input("v", [b, s, h * d])
+    m = g.input("m", [1, h, s, s])
+    g.set_outputs([g.attention(q, k, v, num_heads=h, head_dim=d, mask="bias", mask_input=m)])
+    feed = _qkv(rng, b, s, s, h, h, d)
+    bias = rng.standard_normal((1, h, s, s)).astype(np.float32)
+    bias[0, 0, :, ::3] = -1e4  # exp(-1e4 - max): far past the underflow bound
+    bias[0, 1, 5, 17] = 300.0  # one key dominates its row: every other weight underflows
+    bias[0, 1, 7, :] = rng.uniform(-150.0, 0.0, s).astype(np.float32)  # weights across the whole range
+    feed["m"] = bias
+    check(g, feed, **ATTN_TOL)
+
+
 def test_attention_gqa_decode_and_bias_broadcast(rng):
     """Grouped-query (8 heads over 2 kv heads), Sq=1 against a long cache, a [Skv] bias row."""
     b, sq, skv, h, hkv, d = 2, 1, 80, 8, 2, 32

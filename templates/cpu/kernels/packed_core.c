@@ -31,6 +31,18 @@ void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64
     }
 }
 
+/* Ask for a row of the C tile (`lines` cache lines from `row`) for writing, before the tile's
+ * multiply-adds: C is usually in no cache yet (a fresh activation), and the tile's stores at the
+ * end would otherwise wait for those lines (read for ownership) with nothing left to overlap.
+ * Measured on the AVX2 tile (Zen 3, one thread's CPU time, K = 384): 54 -> 68 GFLOP/s at
+ * N = 1536, where C rows are 6 KiB apart and every tile's rows miss. */
+static inline __attribute__((always_inline)) void rlx_prefetch_c_row(float *row, int lines)
+{
+    __builtin_prefetch(row, 1, 3);
+    if (lines > 1)
+        __builtin_prefetch(row + 16, 1, 3);
+}
+
 #if RLX_NR == 32
 #include "kernels/tile_store.h"
 
@@ -49,6 +61,7 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
         if (i < mr) {
             c0[i] = _mm512_setzero_ps();
             c1[i] = _mm512_setzero_ps();
+            rlx_prefetch_c_row(C + i * ldc, 2);
         }
     for (int64_t k = 0; k < kc; k++) {
         if (prefetch) {
@@ -79,6 +92,7 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
         if (i < mr) {
             c0[i] = _mm256_setzero_ps();
             c1[i] = _mm256_setzero_ps();
+            rlx_prefetch_c_row(C + i * ldc, 1);
         }
     for (int64_t k = 0; k < kc; k++) {
         if (prefetch)
