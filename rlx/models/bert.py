@@ -147,9 +147,11 @@ def load_config(model_dir: str | Path) -> BertConfig:
 
 
 def load_weights(model_dir: str | Path, config: BertConfig) -> dict[str, np.ndarray]:
-    """The encoder's weights from `model_dir`, shape-checked against `config`."""
+    """The encoder's weights from `model_dir`, shape-checked against `config`: float32 checkpoints as
+    read-only views of the mapped file (`load_safetensors(mapped=True)`: a compiled model copies them in
+    once, and nothing reads the file before)."""
     path = W.find_weights(model_dir)
-    tensors = W.strip_prefix(W.load_safetensors(path), NAME_PREFIXES)
+    tensors = W.strip_prefix(W.load_safetensors(path, mapped=True), NAME_PREFIXES)
     return W.check_tensors(tensors, config.param_shapes(), source=str(path))
 
 
