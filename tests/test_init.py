@@ -86,4 +86,5 @@ print(json.dumps({"function": callable(rlx.trace) and rlx.trace is before and im
                   "module_name": rlx.trace.__module__, "tracer": Tracer.__name__,
                   "nodes": [n.kind for n in g.nodes]}))
 """)
-    assert out == {"function": True, "module_name": "rlx.trace", "tracer": "Tracer", "nodes": ["input", "constant", "binary"]}
+    assert out == {"function": True, "module_name": "rlx.trace", "tracer": "Tracer",
+                   "nodes": ["input", "constant", "binary"]}
