@@ -24,9 +24,9 @@ _LAZY = {
 def __getattr__(name: str) -> object:
     if name not in _LAZY:
         raise AttributeError(f"module 'rlx.ir' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value  # looked up once
-    return value
+    # Not cached in this module's globals: rlx.pristine watches a compiler package's globals, and a name
+    # bound after the package was recorded would read as a monkeypatch (no compile index from then on).
+    return getattr(importlib.import_module(_LAZY[name]), name)
 
 
 def __dir__() -> list[str]:
