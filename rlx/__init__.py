@@ -7,9 +7,13 @@
 >>> rlx.reference.run(g, {"x": rlx.np.arange(3, dtype="float32")})[0].tolist()
 [0.0, 2.0, 4.0]
 
-`import rlx` loads what building a graph and a warm compile need; the optimizer's entry points,
-autodiff, the numpy reference and artifact loading load on first use (`_LAZY`).
+`import rlx` loads the driver (`Session`, `Device`), the config and the errors; every other public
+name (the IR's classes, the tracer, the runtime, the optimizer's entry points, autodiff, the numpy
+reference, artifact loading) loads on first use (`_LAZY`, PEP 562), so a warm start that finds its
+built object by recipe never imports the IR's op classes.
 """
+
+from __future__ import annotations
 
 # ruff: noqa: E402 - the import hook goes in before anything else loads
 # First: the hook that records compiler modules as they load from their files (the driver's compile
@@ -19,10 +23,29 @@ from rlx import pristine as _pristine
 _pristine.install()
 
 import importlib
+import sys
+import types
+from typing import TYPE_CHECKING
+
+
+class _Package(types.ModuleType):
+    """rlx's module type: an import of the submodule `rlx.trace` binds the function `trace` here, not the module.
+
+    (The import system sets a package's attribute to each submodule that loads; `rlx.trace` is a public
+    function whose module has the same name, and loads lazily, so any later import of the module
+    would otherwise replace the function.)
+    """
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "trace" and isinstance(value, types.ModuleType) and value.__name__ == "rlx.trace":
+            value = value.trace
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 import numpy as np
 
-from rlx import cache, driver
 from rlx.config import Config
 from rlx.driver import Device, Session
 from rlx.errors import (
@@ -35,20 +58,29 @@ from rlx.errors import (
     RlxError,
     ShapeError,
 )
-from rlx.ir.dtype import DType
-from rlx.ir.graph import Graph
-from rlx.ir.hir import HirModule
-from rlx.ir.lir import LirModule
-from rlx.ir.module import GraphModule
-from rlx.ir.shape import Dim, Shape
-from rlx.runtime.compiled import CompiledGraph
-
-# Not lazy: `rlx.trace` is also a submodule's name, which an import of that submodule would bind here.
-from rlx.trace import CustomOp, TracedTensor, Tracer, custom_op, trace
 from rlx.version import __version__
 
-#: Public names that load on first use: name -> (module, attribute; None for the module itself).
+if TYPE_CHECKING:
+    from rlx.ir.graph import Graph
+
+#: Public names that load on first use: name -> (module, attribute; None for the module itself). The IR,
+#: the tracer and the runtime stay out of `import rlx`: a warm start (`rlx.models.SentenceEmbedder` on a
+#: cache hit) needs none of the IR's op classes.
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "cache": ("rlx.cache", None),
+    "CompiledGraph": ("rlx.runtime.compiled", "CompiledGraph"),
+    "DType": ("rlx.ir.dtype", "DType"),
+    "Graph": ("rlx.ir.graph", "Graph"),
+    "HirModule": ("rlx.ir.hir", "HirModule"),
+    "LirModule": ("rlx.ir.lir", "LirModule"),
+    "GraphModule": ("rlx.ir.module", "GraphModule"),
+    "Dim": ("rlx.ir.shape", "Dim"),
+    "Shape": ("rlx.ir.shape", "Shape"),
+    "CustomOp": ("rlx.trace", "CustomOp"),
+    "TracedTensor": ("rlx.trace", "TracedTensor"),
+    "Tracer": ("rlx.trace", "Tracer"),
+    "custom_op": ("rlx.trace", "custom_op"),
+    "trace": ("rlx.trace", "trace"),  # the function; the submodule never takes its place (_Package)
     "devices": ("rlx.toolchain.devices", "devices"),
     "grad": ("rlx.opt.autodiff", "grad"),
     "jacfwd": ("rlx.opt.autodiff", "jacfwd"),
@@ -78,9 +110,10 @@ def quantize(graph: object, mode: str = "int8-dynamic") -> Graph:
     >>> [n.kind for n in rlx.quantize(g, "int8-dynamic").nodes]
     ['input', 'param', 'int8_matmul']
     """
+    from rlx.driver import to_mir
     from rlx.opt.quantize import quantize as quantize_mir
 
-    return quantize_mir(driver.to_mir(graph), mode)
+    return quantize_mir(to_mir(graph), mode)
 
 
 def __getattr__(name: str) -> object:

@@ -53,18 +53,39 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlx.config import Config
 from rlx.errors import IRError, RlxError
-from rlx.ir.graph import Graph
-from rlx.ir.lir import LirModule
-from rlx.ir.module import register_lir_lowering
-from rlx.ir.ops_user import check_current, user_ops_of
-from rlx.pipeline import Built, Pipeline, Rendered, first_unsupported_op, legalize_for, lower_to_lir, stages_for
+from rlx.ir.lir_lowering import register_lir_lowering
 from rlx.pristine import COMPILER_MODULES, COMPILER_PACKAGES, compiler_is_pristine, trusting_own_loads
-from rlx.runtime.memory import MemoryEstimate
 from rlx.templates_path import templates_dir
+
+if TYPE_CHECKING:
+    from rlx.ir.graph import Graph
+    from rlx.ir.lir import LirModule
+    from rlx.pipeline import Built, Pipeline, Rendered, legalize_for, lower_to_lir
+    from rlx.runtime.memory import MemoryEstimate
+
+# The IR's graphs, the pipeline and the runtime load when a compile first needs them (`import rlx` loads
+# this module, and a warm start that finds its object by recipe builds no graph): imported inside the
+# functions below, and `legalize_for` / `lower_to_lir` (rlx.pipeline's, re-exported) by `__getattr__`.
+_REEXPORTED = ("legalize_for", "lower_to_lir")
+
+
+def __getattr__(name: str) -> object:
+    if name not in _REEXPORTED:
+        raise AttributeError(f"module 'rlx.driver' has no attribute {name!r}")
+    import rlx.pipeline
+
+    return getattr(rlx.pipeline, name)
+
+
+def _lower_to_lir(graph: Graph, level: int | None, **options: Any) -> LirModule:
+    """`rlx.pipeline.lower_to_lir`, looked up at call time (the lowering GraphModule.plan() calls)."""
+    from rlx.pipeline import lower_to_lir
+
+    return lower_to_lir(graph, level, **options)
 
 #: Bumped when the compile index's fingerprint or value changes shape.
 INDEX_FORMAT = 3
@@ -91,7 +112,7 @@ class Device(enum.Enum):
             raise RlxError(f"unknown device {value!r}; expected one of {[d.value for d in Device]}") from None
 
 
-register_lir_lowering(lower_to_lir)
+register_lir_lowering(_lower_to_lir)
 
 
 class Session:
@@ -124,6 +145,8 @@ class Session:
 
     def pipeline(self, opt_level: int | None = None, *, num_threads: int | None = None) -> Pipeline:
         """The pipeline this session compiles with (its backend's stages, the opt level, the params' precision)."""
+        from rlx.pipeline import Pipeline, stages_for
+
         config = self.config
         if self.device is Device.CPU:
             stages = stages_for("cpu", config, num_threads=num_threads)
@@ -139,6 +162,9 @@ class Session:
 
     def lower(self, graph: Any, *, opt_level: int | None = None) -> LirModule:
         """The LIR that `compile` would build, before the backend's decisions: MIR, optimized, memory-planned."""
+        from rlx.ir.lir import LirModule
+        from rlx.pipeline import lower_to_lir
+
         if isinstance(graph, LirModule):
             return graph
         if getattr(graph, "stage", None) == "lir" and isinstance(getattr(graph, "lir", None), LirModule):
@@ -163,6 +189,8 @@ class Session:
         >>> rlx.Session().first_unsupported_op(g) is None
         True
         """
+        from rlx.pipeline import first_unsupported_op
+
         return first_unsupported_op(self.lower(graph, opt_level=opt_level).graph, self.device.value)
 
     def supports(self, graph: Any, *, opt_level: int | None = None) -> bool:
@@ -208,6 +236,8 @@ class Session:
                 compiled = pipe.load(pipe.build(rendered))
                 compiled.record_build(rendered.digest, rendered.lir)
                 return compiled
+            from rlx.ir.ops_user import check_current
+
             mir = to_mir(graph)
             check_current([n.op for n in mir.nodes])  # a user op's header edited since tracing: refuse
             decided: list[LirModule] = []
@@ -277,6 +307,8 @@ class Session:
         if fingerprint is not None and compiled.key and compiled.source_digest:
             # A graph with custom ops also depends on their headers, which only a build reads (and checks):
             # its recipe is recorded as such and never trusted.
+            from rlx.ir.ops_user import user_ops_of
+
             user_ops = bool(user_ops_of([n.op for n in mir.nodes]))
             cache.memo("recipe_index", fingerprint,
                        lambda: {"key": compiled.key, "source": compiled.source_digest, "user_ops": user_ops})
@@ -310,6 +342,8 @@ def _peek(cache: Any, namespace: str, fingerprint: Mapping[str, str]) -> Any:
 
 
 def _is_lir(graph: Any) -> bool:
+    from rlx.ir.lir import LirModule
+
     return isinstance(graph, LirModule) or getattr(graph, "stage", None) == "lir"
 
 
@@ -355,6 +389,8 @@ def _through_index(config: Config, mir: Graph, level: int, pipe: Pipeline, compi
 
 def to_mir(graph: Any) -> Graph:
     """Accept a MIR Graph, an HIR module (lowered here) or a GraphModule at the HIR/MIR stage."""
+    from rlx.ir.graph import Graph
+
     stage = getattr(graph, "stage", None)
     if isinstance(graph, Graph):
         if stage in (None, "mir"):

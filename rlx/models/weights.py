@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import ArtifactError
-from rlx.ir.dtype import bf16_to_f32
 
 #: File names tried, in order, for the weights of a model directory.
 WEIGHT_FILES = ("model.safetensors",)
@@ -79,19 +78,24 @@ SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "
 MAX_HEADER_BYTES = 100 << 20
 
 
-def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+def load_safetensors(path: str | Path, *, mapped: bool = False) -> dict[str, np.ndarray]:
     """All tensors of one safetensors file; floating tensors become float32.
 
     Integer tensors (such as a checkpoint's `position_ids` buffer) keep their type. The file is read
     with one `readinto` and each tensor is a view of that buffer (float32 and integer tensors are not
     copied again); the header is checked first: dtypes, shapes, and offsets inside the data.
+    `mapped=True` maps the file instead (`numpy.memmap`, read-only) and reads nothing more than the
+    header: float32 and integer tensors are read-only views of the file's pages, read when first used
+    (a weight copied once into a compiled model is read once, not read and then copied). The file
+    must then stay as it is while the arrays live (replacing it by a rename, as downloaders do, is
+    fine; rewriting it in place is not).
     """
     p = Path(path)
     if not p.is_file():
         raise ArtifactError(f"missing weights file {p}")
     try:
         with open(p, "rb") as fh:
-            header, data = _read_safetensors(fh, p.stat().st_size)
+            header, data = _read_safetensors(fh, p.stat().st_size, p if mapped else None)
         out: dict[str, np.ndarray] = {}
         for name, info in header.items():
             if name == "__metadata__":
@@ -102,8 +106,9 @@ def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
-def _read_safetensors(fh: Any, size: int) -> tuple[dict[str, Any], np.ndarray]:
-    """(header, data bytes) of an open safetensors file: 8-byte header size, JSON header, data."""
+def _read_safetensors(fh: Any, size: int, mapped: Path | None = None) -> tuple[dict[str, Any], np.ndarray]:
+    """(header, data bytes) of an open safetensors file: 8-byte header size, JSON header, data (the
+    file `mapped` mapped read-only rather than read, when given)."""
     if size < 8:
         raise ValueError(f"the file has {size} bytes, fewer than its 8-byte header size")
     (header_len,) = struct.unpack("<Q", fh.read(8))
@@ -112,6 +117,10 @@ def _read_safetensors(fh: Any, size: int) -> tuple[dict[str, Any], np.ndarray]:
     header = json.loads(fh.read(header_len))
     if not isinstance(header, dict):
         raise ValueError("its header is not a JSON object")
+    if mapped is not None:
+        if size == 8 + header_len:  # no tensor data: nothing to map (mmap refuses an empty range)
+            return header, np.zeros(0, np.uint8)
+        return header, np.memmap(mapped, np.uint8, mode="r", offset=8 + header_len, shape=(size - 8 - header_len,))
     data = np.empty(size - 8 - header_len, np.uint8)
     view, got = memoryview(data), 0
     while got < data.size:
@@ -138,6 +147,8 @@ def _tensor(name: str, info: Any, data: np.ndarray) -> np.ndarray:
                          f"[{start}, {end}) in {data.size} bytes of data")
     arr = data[start:end].view(dtype).reshape(shape)
     if kind == "BF16":
+        from rlx.ir.dtype import bf16_to_f32
+
         return bf16_to_f32(arr).astype(np.float32)  # numpy has no bfloat16: decoded from the raw bits
     return _widen(arr)
 

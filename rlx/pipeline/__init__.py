@@ -15,10 +15,36 @@ backend's rules), so a compile-index hit never loads it or jinja2.
 
 from __future__ import annotations
 
-from rlx.pipeline.core import BACKENDS, Pipeline, stages_for
+import importlib
+from typing import TYPE_CHECKING
+
+# Not lazy: `decide` is also a submodule's name, whose import would bind the module here (it loads no IR).
 from rlx.pipeline.decide import decide
-from rlx.pipeline.front import first_unsupported_op, legalize_for, lower_to_lir, support_table
-from rlx.pipeline.values import Built, Rendered
+
+if TYPE_CHECKING:
+    from rlx.pipeline.core import BACKENDS, Pipeline, stages_for
+    from rlx.pipeline.front import first_unsupported_op, legalize_for, lower_to_lir, support_table
+    from rlx.pipeline.values import Built, Rendered
+
+#: Public names, loaded on first use (PEP 562): a warm compile loads `core` and its backend's stages,
+#: not the IR's graphs. name -> module.
+_LAZY = {"BACKENDS": "rlx.pipeline.core", "Pipeline": "rlx.pipeline.core", "stages_for": "rlx.pipeline.core",
+         "first_unsupported_op": "rlx.pipeline.front",
+         "legalize_for": "rlx.pipeline.front", "lower_to_lir": "rlx.pipeline.front",
+         "support_table": "rlx.pipeline.front", "Built": "rlx.pipeline.values", "Rendered": "rlx.pipeline.values"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rlx.pipeline' has no attribute {name!r}")
+    # Not cached in this module's globals: rlx.pristine watches a compiler package's globals, and a name
+    # bound after the package was recorded would read as a monkeypatch (no compile index from then on).
+    return getattr(importlib.import_module(_LAZY[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = ["BACKENDS", "Built", "Pipeline", "Rendered", "decide", "first_unsupported_op", "legalize_for",
            "lower_to_lir", "stages_for", "support_table"]

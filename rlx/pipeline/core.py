@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlx.config import Config
 from rlx.errors import RlxError
-from rlx.ir.graph import Graph
-from rlx.ir.lir import LirModule
 from rlx.pipeline import front
 from rlx.pipeline.values import Built, Rendered
+
+if TYPE_CHECKING:  # annotations only: a warm compile builds no graph
+    from rlx.ir.graph import Graph
+    from rlx.ir.lir import LirModule
 
 #: The backends and the module and class of their stages (imported when first asked for: a CPU compile
 #: never loads the CUDA runtime or toolchain).
@@ -103,6 +105,8 @@ class Pipeline:
 
     def decided(self, graph: Graph | LirModule) -> LirModule:
         """The LIR `render` renders: `lower` (a MIR graph) then `decide`."""
+        from rlx.ir.lir import LirModule
+
         return self.decide(graph if isinstance(graph, LirModule) else self.lower(graph))
 
     def rendered(self, graph: Graph | LirModule) -> Rendered:

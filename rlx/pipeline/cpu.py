@@ -8,11 +8,10 @@ components) and `find` / `load` (a warm hit) need only the toolchain and the run
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlx.config import Config
 from rlx.errors import CacheError
-from rlx.ir.lir import LirModule
 from rlx.pipeline.decide import decide
 from rlx.pipeline.values import Built, Rendered
 from rlx.runtime.compiled import CompiledGraph
@@ -22,6 +21,9 @@ from rlx.toolchain.cache import AotCache, _mkdir_private, cache_key, check_priva
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.toolchain.cpu import KEY_PENDING, build_cpu, cpu_source_components, cpu_toolchain_components
 from rlx.toolchain.isa import describe as describe_isa
+
+if TYPE_CHECKING:  # annotations only
+    from rlx.ir.lir import LirModule
 
 
 def c_target(toolchain: Toolchain, config: Config | None = None) -> Any:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from rlx.ir.lir import LirModule
-from rlx.ir.ops_control import step_bodies
+if TYPE_CHECKING:
+    from rlx.ir.lir import LirModule
 
 
 def decide(lir: LirModule, backend: str, body_options: Mapping[str, object] | None = None,
@@ -30,6 +31,7 @@ def decide(lir: LirModule, backend: str, body_options: Mapping[str, object] | No
     if lir.backend == backend and (lir.bodies or not _scans(lir)):
         return lir
     # loaded here, not with the module: a warm cache hit decides nothing and loads no rlx.opt module
+    from rlx.ir.ops_control import step_bodies
     from rlx.opt.lowering import lower_for
     from rlx.opt.memplan import plan
     from rlx.opt.scan_body import step_graph
@@ -43,6 +45,8 @@ def decide(lir: LirModule, backend: str, body_options: Mapping[str, object] | No
 
 def _scans(lir: LirModule) -> list[int]:
     """The scheduled nodes holding bodies a backend renders (scan, cond, while_loop)."""
+    from rlx.ir.ops_control import step_bodies  # the op classes load with the LIR that holds them
+
     return [nid for nid in lir.schedule if step_bodies(lir.graph.node(nid).op)]
 
 

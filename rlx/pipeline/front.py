@@ -17,10 +17,11 @@ module (never on the compile index's warm path).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlx.ir.graph import Graph, Node
-from rlx.ir.lir import LirModule
+if TYPE_CHECKING:  # annotations only: a warm compile loads this module and no graph
+    from rlx.ir.graph import Graph, Node
+    from rlx.ir.lir import LirModule
 
 # The optimizer loads in the stages that run it, not with this module: a warm cache hit never optimizes
 # and loads no rlx.opt module (tests/models/test_embedder.py).

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlx.ir.lir import LirModule
+if TYPE_CHECKING:  # annotations only
+    from rlx.ir.lir import LirModule
+
 
 
 @dataclass(frozen=True)

@@ -887,3 +887,28 @@ def test_large_claims_load_without_allocating() -> None:
     g.set_outputs([g.reshape(x, [-1])])
     back = round_trip(g)
     assert back.shape(1).max_numel == 1 << 40
+
+
+def test_a_document_loads_in_a_process_that_has_not_loaded_its_graph_class() -> None:
+    """`import rlx` loads no graph class (they load lazily): loading a MIR or HIR document imports its
+    stage's class (`serialize._DEFINED_IN`) instead of failing as an unregistered stage."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlx.ir.hir import HirModule
+
+    mir = Graph("m")
+    mir.set_outputs([mir.add_(mir.input("x", [2]), mir.input("y", [2]))])
+    hir = HirModule("h")
+    hir.set_outputs([hir.linear(hir.input("x", [2, 4]), hir.param("w", [4, 3]))])
+    code = ("import json, sys, rlx\nfrom rlx.ir import serialize\nloaded = 'rlx.ir.graph' in sys.modules\n"
+            "graphs = [serialize.from_json(text) for text in json.loads(sys.stdin.read())]\n"
+            "print(json.dumps([loaded] + [[type(g).__name__, [n.kind for n in g.nodes]] for g in graphs]))")
+    proc = subprocess.run([sys.executable, "-P", "-c", code], input=json.dumps([mir.to_json(), hir.to_json()]),
+                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [False, ["Graph", [n.kind for n in mir.nodes]],
+                                       ["HirModule", [n.kind for n in hir.nodes]]]

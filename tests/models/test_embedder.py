@@ -3,7 +3,7 @@
 The warm start runs in fresh processes against a private cache: one compiles (cold), the next
 finds the built library by the graph's recipe (`Session.compile_recipe`: without building the graph)
 and embeds; that one must not import the code generators, the optimizer, jinja2 or any optional
-frontend (`WARM_MUST_NOT_IMPORT`). Module sets,
+frontend, nor the IR's graphs and op classes (`WARM_MUST_NOT_IMPORT`). Module sets,
 not wall-clock times: what is imported is what costs start-up time.
 """
 
@@ -29,6 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 #: Prefixes of modules a warm `from_pretrained(...).embed(...)` has no use for.
 WARM_MUST_NOT_IMPORT = ("jinja2", "rlx.codegen", "rlx.opt", "rlx.reference", "rlx.frontends", "onnx",
+                        # the IR's graphs and op classes and the tracer: the object is found by recipe,
+                        # and the runtime needs rlx.ir.dtype only (rlx/__init__.py's lazy names)
+                        "rlx.ir.graph", "rlx.ir.ops", "rlx.ir.ops_control", "rlx.ir.hir", "rlx.ir.lir",
+                        "rlx.ir.module", "rlx.ir.serialize", "rlx.trace",
                         "rlx.models.causal_lm", "rlx.models.gguf", "rlx.models.llama", "rlx.distributed",
                         "rlx.report", "scipy", "torch", "pyarrow",
                         # run_async's executor; the governor's median is computed without statistics

@@ -167,7 +167,8 @@ def test_hf_activation_mapping():
     assert B.HF_ACTIVATIONS["gelu"] == "gelu"
 
 
-def test_safetensors_read_as_the_safetensors_package_reads_it(tmp_path):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_safetensors_read_as_the_safetensors_package_reads_it(tmp_path, mapped):
     from safetensors.numpy import load_file
 
     rng = np.random.default_rng(0)
@@ -175,7 +176,8 @@ def test_safetensors_read_as_the_safetensors_package_reads_it(tmp_path):
                "mask": np.array([1, 0, 1], np.uint8), "scalar": np.array(2.5, np.float32),
                "empty": np.zeros((0, 4), np.float32), "h": rng.standard_normal(6).astype(np.float16)}
     save_file(tensors, str(tmp_path / "m.safetensors"))
-    got, want = W.load_safetensors(tmp_path / "m.safetensors"), load_file(str(tmp_path / "m.safetensors"))
+    got = W.load_safetensors(tmp_path / "m.safetensors", mapped=mapped)
+    want = load_file(str(tmp_path / "m.safetensors"))
     assert got.keys() == want.keys()
     for name, arr in want.items():
         expected = arr.astype(np.float32) if arr.dtype == np.float16 else arr  # floats widen to f32
@@ -190,9 +192,24 @@ def test_safetensors_read_as_the_safetensors_package_reads_it(tmp_path):
     (lambda raw: raw.replace(b'"F32"', b'"F8_E4M3"'), "unsupported dtype 'F8_E4M3'"),
     (lambda raw: raw[:4], "fewer than its 8-byte header size"),
 ])
-def test_a_damaged_safetensors_file_is_named(tmp_path, edit, message):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_damaged_safetensors_file_is_named(tmp_path, edit, message, mapped):
     save_file({"w": np.zeros((5, 3), np.float32)}, str(tmp_path / "m.safetensors"))
     path = tmp_path / "m.safetensors"
     path.write_bytes(edit(path.read_bytes()))
     with pytest.raises(ArtifactError, match=rf"cannot read safetensors file .*m\.safetensors: .*{message}"):
-        W.load_safetensors(path)
+        W.load_safetensors(path, mapped=mapped)
+
+
+def test_mapped_weights_are_read_only_views_of_the_file(tmp_path):
+    """`mapped=True` (what `bert.load_weights` uses) reads only the header: f32 tensors view the mapped file."""
+    w = _tiny_weights()
+    d = _write_model(tmp_path, w)
+    got = B.load_weights(d, B.load_config(d))
+    for name, arr in got.items():
+        np.testing.assert_array_equal(arr, w[name])
+        assert not arr.flags.writeable and isinstance(arr.base, np.memmap), name
+    with pytest.raises(ValueError, match="read-only"):
+        got["embeddings.word_embeddings.weight"][0, 0] = 1.0
+    save_file({"none": np.zeros((0, 3), np.float32)}, str(tmp_path / "empty.safetensors"))  # no data to map
+    assert W.load_safetensors(tmp_path / "empty.safetensors", mapped=True)["none"].shape == (0, 3)
