@@ -256,6 +256,7 @@ class TeamGovernor:
         self._probed_at: dict[int, float] = {}  # size -> when a probe last tried it
         self._walls: dict[tuple[int, ...], dict[int, deque[float]]] = {}  # work -> size -> recent run times
         self._in_flight = 0
+        self._started = False  # whether a run began (the first one sizes its team from the load figure)
         self._lock = threading.Lock()
         self._size_oversized()
 
@@ -280,6 +281,7 @@ class TeamGovernor:
             self.max_threads = max(1, int(max_threads))
             self.threads = self.max_threads
             self._size_oversized()
+            self._started = False
             self.contended = False
             self.kept_for_speed = False
             self.loss = 0.0
@@ -298,6 +300,8 @@ class TeamGovernor:
             self._in_flight += 1
             if not self.active or self._in_flight > 1:
                 return None
+            if not self._started:
+                self._first_team()
             self._maybe_try(work)
             threads = self.threads
         cpu, switches = self._usage()
@@ -437,6 +441,22 @@ class TeamGovernor:
             if size is not None:
                 self._probed_at[size] = now
                 self._start_try(size, now, probe=True)
+
+    def _first_team(self) -> None:
+        """Before the first run: a team of the cores the load figure shows free. A spinning team's first run
+        beside busy processes (a warm start's first embedding) would otherwise wait a time slice for a
+        preempted partner at every fork (300-600 ms instead of 15 on 2 cores) before any run was measured."""
+        self._started = True
+        running = self._load()
+        if running is None:
+            return
+        free = self._cpus - max(0, running - 1)  # the runnable tasks other than this calling thread
+        if free < self.max_threads:
+            self._set(max(1, free))
+            self._reduced = self.threads
+            self.contended = True
+            self.shrinks += 1
+            self._checked_at = self._clock()
 
     def _next_probe(self, work: tuple[int, ...]) -> int | None:
         """The size a probe compares next: of the reduced, full and oversized sizes other than the one in

@@ -387,3 +387,14 @@ def test_short_runs_never_probe_the_oversized_team():
     gov, clock = governor(2, load=5)
     sizes = timed(gov, clock, {1: 0.004, 2: 0.009, 3: 0.002}, runs=2000, work=(1, 16))
     assert 3 not in sizes and gov.probes >= 2
+
+
+def test_the_first_run_takes_the_cores_the_load_figure_shows_free():
+    """A warm start beside busy processes: its first run must not be a spinning full team (hundreds of ms
+    waiting for preempted partners) before any run was measured."""
+    busy, _ = governor(2, load=3)  # the calling thread and two busy loops
+    assert busy.begin() is not None and busy.threads == 1 and busy.contended
+    quiet, _ = governor(2, load=1)  # only the calling thread
+    assert quiet.begin() is not None and quiet.threads == 2 and not quiet.contended
+    unknown, _ = governor(2, load=None)  # no load figure: the full team, as before
+    assert unknown.begin() is not None and unknown.threads == 2
