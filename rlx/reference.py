@@ -35,6 +35,7 @@ from rlx.ir import ops_conv as CV
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
+from rlx.ir import ops_range as RG
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -448,6 +449,11 @@ def _eval_argmax(op: O.ArgMax, args: list, shape: Shape, symbols: dict, in_shape
     if x.shape[axis] == 0:
         raise ExecutionError("argmax over an empty axis")
     return np.argmax(x, axis=axis).astype(np.int32)  # first index on ties; the first NaN wins
+
+
+@evaluates(RG.Iota)
+def _eval_iota(op: RG.Iota, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(RG.iota_values(op.length.evaluate(symbols), op.start, op.delta, op.dtype), shape.dtype)
 
 
 @evaluates(LR.LoraMatMul)

@@ -53,8 +53,13 @@ How the model maps onto RLX:
   CumSum, Trilu, Tile, GatherElements/GatherND/ScatterND, ArgMax/ArgMin, TopK,
   Mod, Sign, Flatten, Size, Dropout …) live in `rlx.frontends.onnx_ops`.
 
-Not supported: Slice with steps other than 1; Range, Slice or Split whose
-bounds depend on a dynamic axis (RLX has no dynamic-length iota or narrow:
+- ``Range(0, d, delta)`` with a dynamic dim `d` (torch's ``arange(x.shape[i])``
+  feeding position ids and masks) is an `iota` of length ``d / delta``, sized
+  for d's bound; a Range whose length is not such a dim (a dynamic start, a
+  delta not dividing d) or depends on run-time tensor values is refused, named.
+
+Not supported: Slice with steps other than 1; Slice or Split whose
+bounds depend on a dynamic axis (RLX has no dynamic-length narrow:
 feed such values, e.g. position ids, as inputs, or use `fixed_dims`); Concat
 along a dynamic axis; TopK with K > 64 on run-time values (no sort); Mod of
 floats at run time; ScatterND with run-time indices or a reduction on run-time
@@ -712,21 +717,34 @@ def _reduce(fn: str, np_fn: Callable[..., np.ndarray]) -> Handler:
 
 
 def _range(imp: _Importer, node: _Node) -> list[_Value]:
-    values = []
-    for i, what in enumerate(("start", "limit", "delta")):
-        arr = imp.static(node, i, what)
-        if _is_dynamic(arr):
-            raise IRError(f"Range {what} {arr.reshape(()).item()} is a dynamic dim: RLX has no dynamic-length range; "
-                          "feed the values (e.g. position ids) as a graph input instead, or fix the axis to one "
-                          "size: from_onnx(..., fixed_dims={name: N}) (rlxc --fix-dim NAME=N)")
-        values.append(arr.reshape(()).item())
+    values = [imp.static(node, i, what).reshape(()).item() for i, what in enumerate(("start", "limit", "delta"))]
     start, limit, delta = values
+    dtype = imp.value(node.inputs[0]).dtype
+    if any(isinstance(v, Dim) for v in values):  # a length known when the graph runs: an iota of that dim
+        return [imp.emit(imp.g.iota(_range_length(start, limit, delta), start, delta, dtype))]
     if delta == 0:
         raise IRError("Range delta is 0")
-    dtype = imp.value(node.inputs[0]).dtype
     if dtype.is_float:  # computed in float64 and rounded once (Range-27's stash_type=1 for f16/bf16)
         return [_known(np.arange(start, limit, delta, dtype=np.float64).astype(dtype.np), dtype)]
     return [_known(np.arange(start, limit, delta, dtype=dtype.np), dtype)]
+
+
+def _range_length(start: object, limit: object, delta: object) -> Dim:
+    """The length of a Range whose limit is a dynamic dim, as a dim: ``(limit - start) / delta`` when that is
+    one (start 0 and delta 1 — torch's ``arange(x.shape[i])`` — or a delta dividing the limit exactly)."""
+    why = ("RLX dims are products of symbols, so the length (limit - start) / delta must be one; feed the values "
+           "(e.g. position ids) as a graph input instead, or fix the axis to one size: from_onnx(..., "
+           "fixed_dims={name: N}) (rlxc --fix-dim NAME=N)")
+    if isinstance(start, Dim) or isinstance(delta, Dim) or not isinstance(limit, Dim):
+        raise IRError(f"Range({start}, {limit}, {delta}) of dynamic dims is not supported: only the limit may be "
+                      f"a dynamic dim; {why}")
+    if start != 0 or not float(delta).is_integer() or delta < 1:
+        raise IRError(f"Range({start}, {limit}, {delta}) with a dynamic limit needs start 0 and a positive integer "
+                      f"delta; {why}")
+    length = limit.divide(Dim(int(delta)))
+    if length is None:
+        raise IRError(f"Range(0, {limit}, {delta}): the delta does not divide the dynamic limit; {why}")
+    return length
 
 
 def _shape(imp: _Importer, node: _Node) -> list[_Value]:

@@ -198,6 +198,30 @@ def test_dynamic_shape_subgraphs_fold_to_symbolic_dims(rng: np.random.Generator)
     assert graph.symbols() == {"batch": 4, "seq": 8}
 
 
+def test_range_over_a_dynamic_axis_is_an_iota(rng: np.random.Generator) -> None:
+    """torch's ``arange(x.shape[1])`` position ids (and a strided one over twice the axis), no fixed_dims."""
+    c = lambda name, v: _const(name, v, np.int64)  # noqa: E731
+    nodes = [
+        c("i1", 1), c("z", 0), c("one", 1), c("two", 2), c("ax0", [0]),
+        helper.make_node("Shape", ["ids"], ["s"]), helper.make_node("Gather", ["s", "i1"], ["n"]),
+        helper.make_node("Range", ["z", "n", "one"], ["pos"]),                  # [seq]
+        helper.make_node("Unsqueeze", ["pos", "ax0"], ["pos1"]),                # [1, seq]
+        helper.make_node("Gather", ["table", "pos1"], ["pe"]),                  # [1, seq, 4]
+        helper.make_node("Gather", ["table", "ids"], ["te"]),                   # [batch, seq, 4]
+        helper.make_node("Add", ["te", "pe"], ["emb"]),
+        helper.make_node("Mul", ["n", "two"], ["n2"]),
+        helper.make_node("Range", ["z", "n2", "two"], ["even"]),                # [seq]: 0, 2, 4, ...
+        c("six", 6), helper.make_node("Less", ["even", "six"], ["first_half"]),
+    ]
+    model = _model(nodes, [_vi("ids", I64, ["batch", "seq"])],
+                   [_vi("emb", F, ["batch", "seq", 4]), _vi("even", I64, ["seq"]), _vi("first_half", BOOL, ["seq"])],
+                   inits=[("table", rng.standard_normal((16, 4)).astype(np.float32))])
+    graph = _check(model, [{"ids": rng.integers(0, 16, (b, s))} for b, s in ((1, 1), (2, 5), (3, 16))],
+                   max_dims={"batch": 3, "seq": 16})
+    assert "iota" in {n.kind for n in graph.nodes}
+    assert graph.shape(graph.outputs[1]).dims == (rlx.Dim.dynamic("seq", 16),)
+
+
 def _example() -> object:
     spec = importlib.util.spec_from_file_location("make_onnx", REPO / "examples" / "make_onnx.py")
     module = importlib.util.module_from_spec(spec)
@@ -321,7 +345,10 @@ def test_an_unbounded_axis_shared_by_inputs_is_named_once() -> None:
       _const("st", [2], np.int64), helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["out"])], 17, "steps"),
     ([helper.make_node("Shape", ["x"], ["s"]), _const("i", 1, np.int64), _const("z", 0, np.int64),
       helper.make_node("Gather", ["s", "i"], ["n"]), _const("one", 1, np.int64),
-      helper.make_node("Range", ["z", "n", "one"], ["out"])], 17, "dynamic-length range"),
+      helper.make_node("Range", ["one", "n", "one"], ["out"])], 17, "dynamic limit needs start 0"),
+    ([helper.make_node("Shape", ["x"], ["s"]), _const("i", 1, np.int64), _const("three", 3, np.int64),
+      helper.make_node("Gather", ["s", "i"], ["n"]), _const("z", 0, np.int64),
+      helper.make_node("Range", ["z", "n", "three"], ["out"])], 17, "does not divide the dynamic limit"),
     ([helper.make_node("Relu", ["x"], ["out"])], 12, "Relu-6 .selected by opset 12. is a version RLX has not"),
     ([helper.make_node("Relu", ["x"], ["out"])], onnx.defs.onnx_opset_version() + 1,
      f"opsets up to {onnx.defs.onnx_opset_version()}"),

@@ -184,7 +184,7 @@ def reductions() -> Case:
 @case
 def conv_family() -> Case:
     """conv (implicit GEMM: strided, dilated, grouped, 1-D; depthwise; fused bias + activation), max / average
-    pooling; a dynamic batch."""
+    pooling; a dynamic batch (and an iota over it: integer and float, added to a value)."""
     g = Graph("conv_family")
     b = Dim.dynamic("b", max=3)
     x = g.input("x", [b, 4, 9, 8])
@@ -197,7 +197,8 @@ def conv_family() -> Case:
     avg = g.pool("avg", grouped, (2, 3), strides=(2, 2), pads=(0, 1, 0, 1), ceil_mode=True)
     seq = g.input("seq", [b, 5, 17])
     audio = g.conv(seq, g.param("wa", [7, 5, 3]), g.param("ba", [7]), strides=(2,), pads=(1, 1), activation="gelu")
-    g.set_outputs([pooled, avg, audio])
+    steps = g.reshape(g.iota(b, 0.5, -0.25, "f32"), [b, 1, 1])
+    g.set_outputs([pooled, avg, g.add_(audio, steps), g.iota(b * 2, 3, 2, "i32")])
     r = _rng(31)
     params = {"w1": _f32(r, 8, 4, 3, 3, scale=0.3), "b1": _f32(r, 8), "wd": _f32(r, 8, 1, 3, 3, scale=0.3),
               "wg": _f32(r, 6, 4, 1, 1, scale=0.5), "wa": _f32(r, 7, 5, 3, scale=0.3), "ba": _f32(r, 7)}
