@@ -115,6 +115,9 @@ def _binary(fn: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if is_int and np.any(b < 0):
             raise ExecutionError("integer pow with a negative exponent")
         return np.power(a, b)
+    if fn == "fmod":  # C's fmod: the sign of a (fmod(x, 0) and fmod(inf, y) are NaN)
+        with np.errstate(invalid="ignore"):
+            return np.fmod(a, b)
     raise ExecutionError(f"unknown binary op {fn!r}")
 
 

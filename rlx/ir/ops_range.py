@@ -59,6 +59,14 @@ class Iota(Op):
     def __post_init__(self) -> None:
         object.__setattr__(self, "length", Dim.of(self.length))
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
+        # one value, one spelling (documents write 3 as 3.0): ints for an integer dtype, floats for a float one
+        for name in ("start", "delta"):
+            v = getattr(self, name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                if self.dtype.is_float:
+                    object.__setattr__(self, name, float(v))
+                elif float(v).is_integer():
+                    object.__setattr__(self, name, int(v))
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         if self.dtype not in IOTA_DTYPES:
