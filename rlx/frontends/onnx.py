@@ -64,7 +64,8 @@ feed such values, e.g. position ids, as inputs, or use `fixed_dims`); Concat
 along a dynamic axis; TopK with K > 64 on run-time values (no sort); ScatterND
 with run-time indices or a reduction on run-time values; ops outside the
 default domain (convolutions, pooling, Resize and Pad: `rlx.frontends.onnx_conv`
-and `onnx_resize` say what they take). Gather indices computed at run time may be negative along a static axis (counted from the end, as ONNX says); along
+and `onnx_resize` say what they take). Gather indices computed at run time may
+be negative along a static axis (counted from the end, as ONNX says); along
 a dynamic axis they must be in ``[0, n)``.
 """
 
