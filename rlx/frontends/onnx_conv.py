@@ -3,9 +3,9 @@
 Conv (1-D / 2-D, groups, dilations, pads and every `auto_pad` mode), ConvTranspose (as a conv over
 the input with zeros woven in, its weight flipped at import), BatchNormalization
 (inference: folded into the preceding Conv's weight and bias at import when that conv
-has param weights, else the `batch_norm` op), MaxPool / AveragePool (1-D / 2-D,
-`ceil_mode`, `count_include_pad`), GlobalAveragePool (a mean over the spatial
-axes), Pad (constant / reflect / edge, as slices and concatenations), Resize (nearest
+has param weights, else the `batch_norm` op), MaxPool / AveragePool (1-D / 2-D / 3-D,
+`ceil_mode`, `count_include_pad`, dilations), GlobalAveragePool / GlobalMaxPool (a mean / max over the
+spatial axes), Pad (constant / reflect / edge, as slices and concatenations), Resize (nearest
 neighbour by integer factors, as a broadcast), and the ops around them in torch's vision
 exports: HardSwish, HardSigmoid, Flatten. Each handler takes the importer and the node, as the main table's do, and
 reads only the importer's public helpers (`tensor`, `value`, `known`, `emit`, `g`,
@@ -32,10 +32,11 @@ from rlx.ir.shape import Dim, normalize_axis, product
 Handler = Callable[[Any, Any], list[Any]]
 
 
-def _spatial_rank(what: str, dims: tuple[Dim, ...]) -> int:
+def _spatial_rank(what: str, dims: tuple[Dim, ...], most: int = 2) -> int:
     r = len(dims) - 2
-    if r not in (1, 2):
-        raise IRError(f"{what} over {r} spatial axes: RLX supports 1-D ([N, C, L]) and 2-D ([N, C, H, W]) inputs")
+    if not 1 <= r <= most:
+        forms = ("1-D ([N, C, L])", "2-D ([N, C, H, W])", "3-D ([N, C, D, H, W])")[:most]
+        raise IRError(f"{what} over {r} spatial axes: RLX supports {', '.join(forms)} inputs")
     if not all(d.is_static for d in dims[1:]):
         raise IRError(f"{what} needs static channel and spatial sizes (only the batch may be dynamic), got "
                       f"[{', '.join(map(str, dims))}]")
@@ -205,7 +206,7 @@ def _pool(fn: str) -> Handler:
             raise IRError("only the pooled output is supported, not the Indices output")
         x = imp.tensor(node.inputs[0])
         xs = imp.g.shape(x)
-        r = _spatial_rank(node.op_type, xs.dims)
+        r = _spatial_rank(node.op_type, xs.dims, 3)
         kernel = tuple(int(k) for k in node.attr("kernel_shape") or ())
         if len(kernel) != r:
             raise IRError(f"kernel_shape {list(kernel)} must hold {r} values")
@@ -219,12 +220,15 @@ def _pool(fn: str) -> Handler:
     return handle
 
 
-def _global_average_pool(imp: Any, node: Any) -> list[Any]:
-    x = imp.tensor(node.inputs[0])
-    rank = imp.g.shape(x).rank
-    if rank < 3:
-        raise IRError(f"GlobalAveragePool needs [N, C, spatial...], got {imp.g.shape(x)}")
-    return [imp.emit(imp.g.reduce("mean", x, tuple(range(2, rank)), keep_dim=True))]
+def _global_pool(fn: str) -> Handler:
+    """GlobalAveragePool / GlobalMaxPool: a mean / max over every spatial axis (any number of them)."""
+    def handle(imp: Any, node: Any) -> list[Any]:
+        x = imp.tensor(node.inputs[0])
+        rank = imp.g.shape(x).rank
+        if rank < 3:
+            raise IRError(f"{node.op_type} needs [N, C, spatial...], got {imp.g.shape(x)}")
+        return [imp.emit(imp.g.reduce(fn, x, tuple(range(2, rank)), keep_dim=True))]
+    return handle
 
 
 def _flatten(imp: Any, node: Any) -> list[Any]:
@@ -359,7 +363,8 @@ CONV_HANDLERS: dict[str, Handler] = {
     "BatchNormalization": _batch_norm,
     "MaxPool": _pool("max"),
     "AveragePool": _pool("avg"),
-    "GlobalAveragePool": _global_average_pool,
+    "GlobalAveragePool": _global_pool("mean"),
+    "GlobalMaxPool": _global_pool("max"),
     "Flatten": _flatten,
     "HardSwish": _hard_swish,
     "HardSigmoid": _hard_sigmoid,

@@ -76,9 +76,9 @@ def _vi(name: str, shape: Sequence[int | str] | None) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, F, None if shape is None else list(shape))
 
 
-def _model(nodes: list, inputs: list, outputs: list, inits: dict[str, np.ndarray]) -> bytes:
+def _model(nodes: list, inputs: list, outputs: list, inits: dict[str, np.ndarray], opset: int = 17) -> bytes:
     graph = helper.make_graph(nodes, "t", inputs, outputs, [numpy_helper.from_array(v, n) for n, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = min(model.ir_version, 10)  # what the installed onnxruntime reads
     return model.SerializeToString()
 
@@ -189,7 +189,7 @@ def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w
 
 
 def test_conv_family_is_listed_as_supported() -> None:
-    assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Pad",
+    assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Pad",
             "Resize", "ConvTranspose"} <= set(supported_ops())
 
 
@@ -211,3 +211,34 @@ def test_conv_transpose_with_a_run_time_weight_equals_onnxruntime() -> None:
                                     sess.run(None, feeds)):
         _close(got, want, f"{name} compiled")
         _close(ref, want, f"{name} reference")
+
+
+def test_3d_pools_dilated_average_and_global_max_equal_onnxruntime() -> None:
+    """3-D MaxPool / AveragePool (decomposed into two 2-D pools for the CPU), AveragePool-19's dilations,
+    GlobalMaxPool over 3 axes; a dynamic batch at two sizes."""
+    nodes = [
+        helper.make_node("MaxPool", ["v"], ["max3"], kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[1, 1, 0, 0, 1, 1],
+                         dilations=[1, 2, 1], ceil_mode=1),
+        helper.make_node("AveragePool", ["v"], ["avg3_pad"], kernel_shape=[3, 2, 2], strides=[2, 2, 1],
+                         pads=[1, 0, 1, 1, 1, 0], count_include_pad=1, ceil_mode=1),
+        helper.make_node("AveragePool", ["v"], ["avg3_dil"], kernel_shape=[2, 2, 3], pads=[1, 1, 1, 0, 1, 1],
+                         dilations=[2, 1, 2]),
+        helper.make_node("AveragePool", ["x"], ["avg2_dil"], kernel_shape=[3, 2], strides=[1, 2], dilations=[2, 3],
+                         pads=[2, 1, 1, 0]),
+        helper.make_node("GlobalMaxPool", ["v"], ["gmp"]),
+    ]
+    outs = ["max3", "avg3_pad", "avg3_dil", "avg2_dil", "gmp"]
+    data = _model(nodes, [_vi("v", ["batch", 3, 6, 7, 5]), _vi("x", ["batch", 2, 9, 8])], [_vi(o, None) for o in outs],
+                  {}, opset=19)
+    graph, params = from_onnx(data, max_dims={"batch": 2})
+    cg = _compiled(data, max_batch=2)
+    assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch in (2, 1):
+        rng = np.random.default_rng(batch)
+        feeds = {"v": rng.standard_normal((batch, 3, 6, 7, 5)).astype(np.float32),
+                 "x": rng.standard_normal((batch, 2, 9, 8)).astype(np.float32)}
+        want = sess.run(outs, feeds)
+        for name, got, ref, w in zip(outs, cg.run(feeds), rlx.reference.run(graph, feeds, params), want):
+            _close(got, w, f"{name} batch {batch}")
+            _close(ref, w, f"{name} reference batch {batch}")

@@ -80,6 +80,9 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (O.Binary("div"), ("i64[4,1]", "i64[1,5]"), "i64[4,5]"),
     (O.Binary("pow"), ("f32[]", "f32[2]"), "f32[2]"),
     (O.Binary("fmod"), ("f64[3]", "f64[2,1]"), "f64[2,3]"),
+    (CV.Pool("avg", (2, 2), dilations=(2, 2)), ("f32[2,3,8,8]",), "f32[2,3,6,6]"),  # opset 19's dilations
+    (CV.Pool("max", (2, 3, 2), strides=(2, 1, 2), pads=(1, 0, 0, 1, 0, 0), ceil_mode=True), ("f32[batch,3,5,6,7]",),
+     "f32[batch,3,4,4,4]"),
     (RG.Iota(SEQ), (), "i64[seq]"),
     (RG.Iota(SEQ * 2, 0.5, -0.25, O.DType.F16), (), "f16[2*seq]"),
     (O.Binary("max"), ("f16[seq,2]", "f16[seq,2]"), "f16[seq,2]"),
@@ -406,7 +409,7 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (RG.Iota(Dim(300), 32700, 1, O.DType.I16), (), ShapeError, "overflows i16"),
     (RG.Iota(Dim(4), math.nan, 1, O.DType.F32), (), ShapeError, "start must be a finite number"),
     (CV.Pool("max", (2,)), ("f32[2,3,8,8]",), ShapeError, "kernel must be 2 int"),
-    (CV.Pool("avg", (2, 2), dilations=(2, 2)), ("f32[2,3,8,8]",), ShapeError, "takes no dilations"),
+    (CV.Pool("avg", (2, 2, 2)), ("f32[2,3,4,4,4,4]",), ShapeError, r"or \[N, C, D, H, W\]"),
     (CV.Pool("max", (2, 2), pads=(2, 0, 0, 0)), ("f32[2,3,8,8]",), ShapeError, "smaller than the window"),
     (CV.BatchNorm(), ("f32[2,3,4]", "f32[3]", "f32[3]", "f32[4]", "f32[3]"), ShapeError, r"mean must be f32\[3\]"),
     (CV.BatchNorm(-1.0), ("f32[2,3,4]",) + ("f32[3]",) * 4, ShapeError, "eps must be"),
