@@ -58,7 +58,10 @@ How the model maps onto RLX:
   for d's bound; a Range whose length is not such a dim (a dynamic start, a
   delta not dividing d) or depends on run-time tensor values is refused, named.
 
-Not supported: Slice with steps other than 1; Slice or Split whose
+- A Slice ``[0:d]`` of a static axis to a dynamic dim `d` (BERT's
+  ``position_ids[:, :seq]``) is a gather of ``iota(d)``; d's bound must fit in the axis.
+
+Not supported: Slice with steps other than 1; other Slices or Splits whose
 bounds depend on a dynamic axis (RLX has no dynamic-length narrow:
 feed such values, e.g. position ids, as inputs, or use `fixed_dims`); Concat
 along a dynamic axis; TopK with K > 64 on run-time values (no sort); ScatterND
@@ -604,8 +607,9 @@ def _concat(imp: _Importer, node: _Node) -> list[_Value]:
     return [imp.emit(imp.g.concat([imp.tensor(n) for n in names], axis))]
 
 
-def _slice_range(start: int | Dim, end: int | Dim, dim: Dim) -> tuple[int, int] | None:
-    """Clamped [start, end) along `dim`; None for the whole of a dynamic axis."""
+def _slice_range(start: int | Dim, end: int | Dim, dim: Dim) -> tuple[int, int | Dim] | None:
+    """Clamped [start, end) along `dim`; None for the whole of a dynamic axis. A static axis cut to a dynamic
+    length, ``[0:d]`` (BERT's ``position_ids[:, :seq]``), gives (0, d) when d's bound fits in the axis."""
     if not dim.is_static:
         starts_at_0 = start == 0 or (isinstance(start, int) and start <= -dim.max)
         ends_at_end = end == dim or (isinstance(end, int) and end >= dim.max)
@@ -613,8 +617,14 @@ def _slice_range(start: int | Dim, end: int | Dim, dim: Dim) -> tuple[int, int] 
             return None
         raise IRError(f"Slice [{start}:{end}] of the dynamic axis {dim} is not supported (only the whole axis)")
     n = dim.value
+    if isinstance(end, Dim) and not isinstance(start, Dim) and min(max(start + n if start < 0 else start, 0), n) == 0:
+        if end.max > n:  # ONNX clamps the end to n; a dim cannot say min(d, n)
+            raise IRError(f"Slice [0:{end}] of a static axis of {n}: {end} may reach {end.max}, past the axis; "
+                          f"bound it to at most {n} (max_dims)")
+        return 0, end
     if isinstance(start, Dim) or isinstance(end, Dim):
-        raise IRError(f"Slice bounds [{start}:{end}] of a static axis of {n} depend on a dynamic dim")
+        raise IRError(f"Slice bounds [{start}:{end}] of a static axis of {n} depend on a dynamic dim (only "
+                      "[0:d] is supported)")
     s = min(max(start + n if start < 0 else start, 0), n)
     e = min(max(end + n if end < 0 else end, 0), n)
     return s, max(e, s)
@@ -630,7 +640,7 @@ def _slice(imp: _Importer, node: _Node) -> list[_Value]:
         raise IRError("Slice starts, ends, axes and steps differ in length")
     if any(s != 1 for s in steps):
         raise IRError(f"Slice steps {steps} are not supported (only steps of 1)")
-    ranges: dict[int, tuple[int, int]] = {}
+    ranges: dict[int, tuple[int, int | Dim]] = {}
     for start, end, a in zip(starts, ends, axes):
         if isinstance(a, Dim):
             raise IRError("Slice axes must be integers")
@@ -641,12 +651,16 @@ def _slice(imp: _Importer, node: _Node) -> list[_Value]:
         if r is not None and r != (0, dims[axis].max):
             ranges[axis] = r
     known = imp.known(data)
-    if imp.foldable(node) and known is not None:
-        index = tuple(slice(*ranges[i]) if i in ranges else slice(None) for i in range(known.ndim))
+    dynamic = any(isinstance(e, Dim) for _, e in ranges.values())
+    if imp.foldable(node) and known is not None and not dynamic:
+        index = tuple(slice(*ranges[i]) if i in ranges else slice(None) for i in range(known.ndim))  # type: ignore
         return [_known(known[index], imp.value(data).dtype)]
     x = imp.tensor(data)
     for axis, (s, e) in ranges.items():
-        x = imp.g.narrow(x, axis, s, e - s)
+        if isinstance(e, Dim):  # the first d of a static axis: a gather of iota(d)
+            x = imp.g.gather(x, imp.g.iota(e, 0, 1, DType.I64), axis)
+        else:
+            x = imp.g.narrow(x, axis, s, e - s)
     return [imp.emit(x)]
 
 

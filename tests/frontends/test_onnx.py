@@ -199,7 +199,8 @@ def test_dynamic_shape_subgraphs_fold_to_symbolic_dims(rng: np.random.Generator)
 
 
 def test_range_over_a_dynamic_axis_is_an_iota(rng: np.random.Generator) -> None:
-    """torch's ``arange(x.shape[1])`` position ids (and a strided one over twice the axis), no fixed_dims."""
+    """torch's ``arange(x.shape[1])`` position ids (and a strided one over twice the axis), and BERT's
+    ``position_table[:seq]`` (a Slice of a static axis to a dynamic length), no fixed_dims."""
     c = lambda name, v: _const(name, v, np.int64)  # noqa: E731
     nodes = [
         c("i1", 1), c("z", 0), c("one", 1), c("two", 2), c("ax0", [0]),
@@ -212,14 +213,20 @@ def test_range_over_a_dynamic_axis_is_an_iota(rng: np.random.Generator) -> None:
         helper.make_node("Mul", ["n", "two"], ["n2"]),
         helper.make_node("Range", ["z", "n2", "two"], ["even"]),                # [seq]: 0, 2, 4, ...
         c("six", 6), helper.make_node("Less", ["even", "six"], ["first_half"]),
+        helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
+        helper.make_node("Slice", ["table", "ax0", "n1", "ax0"], ["rows"]),  # table[0:seq]: [seq, 4]
+        helper.make_node("Add", ["emb", "rows"], ["emb_rows"]),
     ]
     model = _model(nodes, [_vi("ids", I64, ["batch", "seq"])],
-                   [_vi("emb", F, ["batch", "seq", 4]), _vi("even", I64, ["seq"]), _vi("first_half", BOOL, ["seq"])],
+                   [_vi("emb", F, ["batch", "seq", 4]), _vi("even", I64, ["seq"]), _vi("first_half", BOOL, ["seq"]),
+                    _vi("emb_rows", F, ["batch", "seq", 4])],
                    inits=[("table", rng.standard_normal((16, 4)).astype(np.float32))])
     graph = _check(model, [{"ids": rng.integers(0, 16, (b, s))} for b, s in ((1, 1), (2, 5), (3, 16))],
                    max_dims={"batch": 3, "seq": 16})
     assert "iota" in {n.kind for n in graph.nodes}
     assert graph.shape(graph.outputs[1]).dims == (rlx.Dim.dynamic("seq", 16),)
+    with pytest.raises(IRError, match="past the axis"):  # seq up to 17 would cut past the table's 16 rows
+        from_onnx(model, max_dims={"batch": 3, "seq": 17})
 
 
 def _example() -> object:
