@@ -123,7 +123,7 @@ def test_float_mod_equals_onnxruntime(rng: np.random.Generator) -> None:
     _check(c_mod, [{"a": a, "b": b}])
     floor_mod = _model([helper.make_node("Mod", ["a", "b"], ["out"])], [_vi("a", F, [3, 8]), _vi("b", F, [8])],
                        [_vi("out", F, None)], opset=onnx.defs.onnx_opset_version())
-    graph, params = from_onnx(floor_mod)
+    graph, _ = from_onnx(floor_mod)
     got = rlx.Session(rlx.Device.CPU).compile(graph).run({"a": a, "b": b})[0]
     np.testing.assert_allclose(got, np.mod(a, b), rtol=1e-6, atol=1e-6)
 
