@@ -61,7 +61,9 @@ How the model maps onto RLX:
 - A Slice ``[0:d]`` of a static axis to a dynamic dim `d` (BERT's
   ``position_ids[:, :seq]``) is a gather of ``iota(d)``; d's bound must fit in the axis.
 
-Not supported: Slice with steps other than 1; other Slices or Splits whose
+- Slice steps other than 1 (negative included) along static axes are a gather of the indices taken.
+
+Not supported: Slice steps along a dynamic axis; other Slices or Splits whose
 bounds depend on a dynamic axis (RLX has no dynamic-length narrow:
 feed such values, e.g. position ids, as inputs, or use `fixed_dims`); Concat
 along a dynamic axis; TopK with K > 64 on run-time values (no sort); ScatterND
@@ -630,6 +632,16 @@ def _slice_range(start: int | Dim, end: int | Dim, dim: Dim) -> tuple[int, int |
     return s, max(e, s)
 
 
+def _slice_steps(start: int | Dim, end: int | Dim, step: int | Dim, dim: Dim) -> list[int]:
+    """The indices ``Slice(start, end, step)`` takes along a static axis (ONNX clamps as Python's slices do)."""
+    if isinstance(step, Dim) or step == 0:
+        raise IRError(f"Slice step {step} is not supported (a nonzero integer)")
+    if not dim.is_static or isinstance(start, Dim) or isinstance(end, Dim):
+        raise IRError(f"Slice steps other than 1 need a static axis and integer bounds; [{start}:{end}:{step}] "
+                      f"of axis {dim} has not")
+    return list(range(*slice(start, end, step).indices(dim.value)))
+
+
 def _slice(imp: _Importer, node: _Node) -> list[_Value]:
     data = node.inputs[0]
     dims = imp.dims(data)
@@ -638,24 +650,30 @@ def _slice(imp: _Importer, node: _Node) -> list[_Value]:
     steps = imp.ints(node, 4, "steps") if node.input(4) else [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise IRError("Slice starts, ends, axes and steps differ in length")
-    if any(s != 1 for s in steps):
-        raise IRError(f"Slice steps {steps} are not supported (only steps of 1)")
     ranges: dict[int, tuple[int, int | Dim]] = {}
-    for start, end, a in zip(starts, ends, axes):
+    picks: dict[int, list[int]] = {}  # axes sliced with a step other than 1: the indices taken, in order
+    for start, end, a, step in zip(starts, ends, axes, steps):
         if isinstance(a, Dim):
             raise IRError("Slice axes must be integers")
         axis = normalize_axis(a, len(dims), "Slice axis")
-        r = _slice_range(start, end, dims[axis])
-        if axis in ranges:
+        if axis in ranges or axis in picks:
             raise IRError(f"Slice axis {a} appears twice")
+        if step != 1:
+            picks[axis] = _slice_steps(start, end, step, dims[axis])
+            continue
+        r = _slice_range(start, end, dims[axis])
         if r is not None and r != (0, dims[axis].max):
             ranges[axis] = r
     known = imp.known(data)
     dynamic = any(isinstance(e, Dim) for _, e in ranges.values())
     if imp.foldable(node) and known is not None and not dynamic:
-        index = tuple(slice(*ranges[i]) if i in ranges else slice(None) for i in range(known.ndim))  # type: ignore
-        return [_known(known[index], imp.value(data).dtype)]
+        arr = known[tuple(slice(*ranges[i]) if i in ranges else slice(None) for i in range(known.ndim))]  # type: ignore
+        for axis, idx in picks.items():
+            arr = np.take(arr, np.asarray(idx, np.int64), axis=axis)
+        return [_known(arr, imp.value(data).dtype)]
     x = imp.tensor(data)
+    for axis, idx in picks.items():  # a strided or reversed static axis: a gather of the indices taken
+        x = imp.g.gather(x, imp.g.constant(np.asarray(idx, np.int64), DType.I64), axis)
     for axis, (s, e) in ranges.items():
         if isinstance(e, Dim):  # the first d of a static axis: a gather of iota(d)
             x = imp.g.gather(x, imp.g.iota(e, 0, 1, DType.I64), axis)

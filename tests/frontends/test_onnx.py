@@ -229,6 +229,21 @@ def test_range_over_a_dynamic_axis_is_an_iota(rng: np.random.Generator) -> None:
         from_onnx(model, max_dims={"batch": 3, "seq": 17})
 
 
+def test_slice_steps_on_static_axes(rng: np.random.Generator) -> None:
+    """Reversed and strided Slices of static axes (a gather of the indices taken), next to a dynamic batch."""
+    c = lambda name, v: _const(name, v, np.int64)  # noqa: E731
+    nodes = [
+        c("rs", [-1, 5]), c("re", [-100, 0]), c("ra", [1, 2]), c("rst", [-1, -2]),
+        helper.make_node("Slice", ["x", "rs", "re", "ra", "rst"], ["rev"]),
+        c("ss", [1]), c("se", [100]), c("sa", [2]), c("sst", [3]),
+        helper.make_node("Slice", ["x", "ss", "se", "sa", "sst"], ["strided"]),
+    ]
+    model = _model(nodes, [_vi("x", F, ["batch", 4, 7])], [_vi("rev", F, None), _vi("strided", F, None)])
+    graph = _check(model, [{"x": rng.standard_normal((b, 4, 7)).astype(np.float32)} for b in (1, 3)],
+                   max_dims={"batch": 3})
+    assert [graph.shape(o).dims[1:] for o in graph.outputs] == [(rlx.Dim(4), rlx.Dim(3)), (rlx.Dim(4), rlx.Dim(2))]
+
+
 def _example() -> object:
     spec = importlib.util.spec_from_file_location("make_onnx", REPO / "examples" / "make_onnx.py")
     module = importlib.util.module_from_spec(spec)
