@@ -5,7 +5,7 @@ the input with zeros woven in, its weight flipped at import), BatchNormalization
 (inference: folded into the preceding Conv's weight and bias at import when that conv
 has param weights, else the `batch_norm` op), MaxPool / AveragePool (1-D / 2-D / 3-D,
 `ceil_mode`, `count_include_pad`, dilations), GlobalAveragePool / GlobalMaxPool (a mean / max over the
-spatial axes), Pad (constant / reflect / edge, as slices and concatenations), Resize (nearest
+spatial axes), Pad (constant / reflect / edge / wrap, as slices, gathers and concatenations), Resize (nearest
 neighbour by integer factors, as a broadcast), and the ops around them in torch's vision
 exports: HardSwish, HardSigmoid, Flatten. Each handler takes the importer and the node, as the main table's do, and
 reads only the importer's public helpers (`tensor`, `value`, `known`, `emit`, `g`,
@@ -266,6 +266,9 @@ def _pad_piece(imp: Any, x: int, axis: int, width: int, at_start: bool, mode: st
         return g.expand(fill, target)
     if mode == "edge":
         return g.expand(g.narrow(x, axis, 0 if at_start else n - 1, 1), target)
+    if mode == "wrap":  # the values from the other end, around as often as the width needs: a gather
+        idx = [(i - width) % n for i in range(width)] if at_start else [i % n for i in range(width)]
+        return g.gather(x, g.constant(np.asarray(idx, np.int64), DType.I64), axis)
     # reflect: the mirror image without the edge value itself
     if width >= n:
         raise IRError(f"reflect padding of {width} needs more than {width} values along axis {axis}, got {n}")
@@ -278,8 +281,8 @@ def _pad(imp: Any, node: Any) -> list[Any]:
     dims = imp.g.shape(x).dims
     rank = len(dims)
     mode = node.attr("mode", "constant") or "constant"
-    if mode not in ("constant", "reflect", "edge"):
-        raise IRError(f"Pad mode {mode!r} is not supported (constant, reflect, edge are)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise IRError(f"Pad mode {mode!r} is not supported (constant, reflect, edge, wrap are)")
     pads = [int(p) for p in imp.static(node, 1, "pads").reshape(-1)]
     axes = list(range(rank))
     if node.input(3) is not None:

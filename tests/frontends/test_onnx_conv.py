@@ -163,7 +163,7 @@ def test_windows_batch_norms_and_auto_pads_equal_onnxruntime() -> None:
     (dict(op_type="Resize", mode="linear", antialias=1), [1, 2, 4, 4], [1, 1, 0.5, 0.5], "antialias"),
     (dict(op_type="Resize", coordinate_transformation_mode="tf_crop_and_resize"), [1, 2, 4, 4], None,
      "tf_crop_and_resize"),
-    (dict(op_type="Pad", mode="wrap"), [1, 2, 4, 4], None, "mode 'wrap'"),
+    (dict(op_type="Pad", mode="circular"), [1, 2, 4, 4], None, "mode 'circular'"),
 ])
 def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w_shape: list | None,
                                                pattern: str) -> None:
@@ -215,7 +215,8 @@ def test_conv_transpose_with_a_run_time_weight_equals_onnxruntime() -> None:
 
 def test_3d_pools_dilated_average_and_global_max_equal_onnxruntime() -> None:
     """3-D MaxPool / AveragePool (decomposed into two 2-D pools for the CPU), AveragePool-19's dilations,
-    GlobalMaxPool over 3 axes; a dynamic batch at two sizes."""
+    GlobalMaxPool over 3 axes, Pad-19's wrap mode (wider than the axis: around again); a dynamic batch at two
+    sizes."""
     nodes = [
         helper.make_node("MaxPool", ["v"], ["max3"], kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[1, 1, 0, 0, 1, 1],
                          dilations=[1, 2, 1], ceil_mode=1),
@@ -226,10 +227,11 @@ def test_3d_pools_dilated_average_and_global_max_equal_onnxruntime() -> None:
         helper.make_node("AveragePool", ["x"], ["avg2_dil"], kernel_shape=[3, 2], strides=[1, 2], dilations=[2, 3],
                          pads=[2, 1, 1, 0]),
         helper.make_node("GlobalMaxPool", ["v"], ["gmp"]),
+        helper.make_node("Pad", ["x", "pads_wrap"], ["pad_wrap"], mode="wrap"),
     ]
-    outs = ["max3", "avg3_pad", "avg3_dil", "avg2_dil", "gmp"]
+    outs = ["max3", "avg3_pad", "avg3_dil", "avg2_dil", "gmp", "pad_wrap"]
     data = _model(nodes, [_vi("v", ["batch", 3, 6, 7, 5]), _vi("x", ["batch", 2, 9, 8])], [_vi(o, None) for o in outs],
-                  {}, opset=19)
+                  {"pads_wrap": np.array([0, 0, 2, 11, 0, 0, 10, 1], np.int64)}, opset=19)
     graph, params = from_onnx(data, max_dims={"batch": 2})
     cg = _compiled(data, max_batch=2)
     assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")
