@@ -200,6 +200,10 @@ def _fold_into_conv(imp: Any, node: Any, x: int, stats: list[np.ndarray], eps: f
                       dilations=op.dilations, pads=op.pads, groups=op.groups)
 
 
+#: Integer types whose every value an f32 holds exactly (MaxPool computes on them in f32).
+_SMALL_INTS = (DType.I8, DType.U8, DType.I16, DType.U16)
+
+
 def _pool(fn: str) -> Handler:
     def handle(imp: Any, node: Any) -> list[Any]:
         if any(node.outputs[1:]):
@@ -214,9 +218,13 @@ def _pool(fn: str) -> Handler:
         if int(node.attr("storage_order", 0)):
             raise IRError("storage_order=1 (column-major indices) is not supported")
         pads = _window(node, tuple(d.value for d in xs.dims[2:]), kernel, strides, dilations)
-        return [imp.emit(imp.g.pool(fn, x, kernel, strides=strides, pads=pads, dilations=dilations,
-                                    ceil_mode=bool(node.attr("ceil_mode", 0)),
-                                    count_include_pad=bool(node.attr("count_include_pad", 0))))]
+        exact_in_f32 = fn == "max" and xs.dtype in _SMALL_INTS
+        if exact_in_f32:  # MaxPool of 8/16-bit integers: a max is exact on their f32 values
+            x = imp.g.cast(x, DType.F32)
+        y = imp.g.pool(fn, x, kernel, strides=strides, pads=pads, dilations=dilations,
+                       ceil_mode=bool(node.attr("ceil_mode", 0)),
+                       count_include_pad=bool(node.attr("count_include_pad", 0)))
+        return [imp.emit(imp.g.cast(y, xs.dtype) if exact_in_f32 else y)]
     return handle
 
 

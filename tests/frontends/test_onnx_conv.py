@@ -215,8 +215,8 @@ def test_conv_transpose_with_a_run_time_weight_equals_onnxruntime() -> None:
 
 def test_3d_pools_dilated_average_and_global_max_equal_onnxruntime() -> None:
     """3-D MaxPool / AveragePool (decomposed into two 2-D pools for the CPU), AveragePool-19's dilations,
-    GlobalMaxPool over 3 axes, Pad-19's wrap mode (wider than the axis: around again); a dynamic batch at two
-    sizes."""
+    GlobalMaxPool over 3 axes, Pad-19's wrap mode (wider than the axis: around again), MaxPool of uint8 (in
+    f32, exact); a dynamic batch at two sizes."""
     nodes = [
         helper.make_node("MaxPool", ["v"], ["max3"], kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[1, 1, 0, 0, 1, 1],
                          dilations=[1, 2, 1], ceil_mode=1),
@@ -228,9 +228,13 @@ def test_3d_pools_dilated_average_and_global_max_equal_onnxruntime() -> None:
                          pads=[2, 1, 1, 0]),
         helper.make_node("GlobalMaxPool", ["v"], ["gmp"]),
         helper.make_node("Pad", ["x", "pads_wrap"], ["pad_wrap"], mode="wrap"),
+        helper.make_node("MaxPool", ["u"], ["max_u8"], kernel_shape=[2, 3], pads=[1, 1, 0, 1]),
     ]
-    outs = ["max3", "avg3_pad", "avg3_dil", "avg2_dil", "gmp", "pad_wrap"]
-    data = _model(nodes, [_vi("v", ["batch", 3, 6, 7, 5]), _vi("x", ["batch", 2, 9, 8])], [_vi(o, None) for o in outs],
+    outs = ["max3", "avg3_pad", "avg3_dil", "avg2_dil", "gmp", "pad_wrap", "max_u8"]
+    u8_in = helper.make_tensor_value_info("u", TensorProto.UINT8, ["batch", 2, 5, 6])
+    u8_out = helper.make_tensor_value_info("max_u8", TensorProto.UINT8, None)
+    data = _model(nodes, [_vi("v", ["batch", 3, 6, 7, 5]), _vi("x", ["batch", 2, 9, 8]), u8_in],
+                  [*(_vi(o, None) for o in outs[:-1]), u8_out],
                   {"pads_wrap": np.array([0, 0, 2, 11, 0, 0, 10, 1], np.int64)}, opset=19)
     graph, params = from_onnx(data, max_dims={"batch": 2})
     cg = _compiled(data, max_batch=2)
@@ -239,7 +243,8 @@ def test_3d_pools_dilated_average_and_global_max_equal_onnxruntime() -> None:
     for batch in (2, 1):
         rng = np.random.default_rng(batch)
         feeds = {"v": rng.standard_normal((batch, 3, 6, 7, 5)).astype(np.float32),
-                 "x": rng.standard_normal((batch, 2, 9, 8)).astype(np.float32)}
+                 "x": rng.standard_normal((batch, 2, 9, 8)).astype(np.float32),
+                 "u": rng.integers(0, 256, (batch, 2, 5, 6)).astype(np.uint8)}
         want = sess.run(outs, feeds)
         for name, got, ref, w in zip(outs, cg.run(feeds), rlx.reference.run(graph, feeds, params), want):
             _close(got, w, f"{name} batch {batch}")
