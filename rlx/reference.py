@@ -22,6 +22,7 @@ holding bf16-representable values.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -35,6 +36,7 @@ from rlx.ir import ops_conv as CV
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
+from rlx.ir import ops_range as RG
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -114,6 +116,9 @@ def _binary(fn: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         if is_int and np.any(b < 0):
             raise ExecutionError("integer pow with a negative exponent")
         return np.power(a, b)
+    if fn == "fmod":  # C's fmod: the sign of a (fmod(x, 0) and fmod(inf, y) are NaN)
+        with np.errstate(invalid="ignore"):
+            return np.fmod(a, b)
     raise ExecutionError(f"unknown binary op {fn!r}")
 
 
@@ -393,35 +398,34 @@ def _eval_conv(op: CV.Conv, args: list, shape: Shape, symbols: dict, in_shapes: 
 
 @evaluates(CV.Pool)
 def _eval_pool(op: CV.Pool, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
-    x = _as_2d(np.asarray(args[0], dtype=np.float64))
-    rank = np.asarray(args[0]).ndim - 2
-    (sh, sw), (dh, dw), pads = _geometry_2d(op, rank)
-    kh, kw = (1, op.kernel[0]) if rank == 1 else op.kernel
-    oh, ow = (1, shape.dims[2].value) if rank == 1 else (shape.dims[2].value, shape.dims[3].value)
-    h, w = x.shape[2:]
+    # any number of spatial axes: each window offset (one per kernel cell) read as a strided slice
+    x = np.asarray(args[0], dtype=np.float64)
+    rank = x.ndim - 2
+    strides, dilations, pads = op.geometry(rank)
+    sizes = x.shape[2:]
+    outs = tuple(d.value for d in shape.dims[2:])
     # pad generously (ceil_mode windows may run past the end padding): -inf for max, 0 (and a count) for avg
-    extra_h = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - (h + pads[0] + pads[2]))
-    extra_w = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - (w + pads[1] + pads[3]))
-    widths = ((0, 0), (0, 0), (pads[0], pads[2] + extra_h), (pads[1], pads[3] + extra_w))
-    inside = np.pad(np.ones((h, w)), widths[2:])
+    extra = [max(0, (o - 1) * s + (k - 1) * d + 1 - (n + pads[i] + pads[rank + i]))
+             for i, (o, s, k, d, n) in enumerate(zip(outs, strides, op.kernel, dilations, sizes))]
+    widths = [(pads[i], pads[rank + i] + extra[i]) for i in range(rank)]
+    inside = np.pad(np.ones(sizes), widths)
     # 1 on the input and its declared pads (0 past them, where a ceil_mode window may reach)
-    in_pads = np.pad(np.ones((h + pads[0] + pads[2], w + pads[1] + pads[3])), ((0, extra_h), (0, extra_w)))
+    in_pads = np.pad(np.ones([n + pads[i] + pads[rank + i] for i, n in enumerate(sizes)]), [(0, e) for e in extra])
     fill = -np.inf if op.fn == "max" else 0.0
-    xp = np.pad(x, widths, constant_values=fill)
-    acc = np.full((*x.shape[:2], oh, ow), fill)
-    count = np.zeros((oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            sl = (slice(i * dh, i * dh + (oh - 1) * sh + 1, sh), slice(j * dw, j * dw + (ow - 1) * sw + 1, sw))
-            patch = xp[:, :, sl[0], sl[1]]
-            if op.fn == "max":
-                acc = np.where(np.isnan(patch) | (patch > acc), patch, acc)
-            else:
-                acc = acc + patch
-                count = count + (in_pads if op.count_include_pad else inside)[sl[0], sl[1]]
+    xp = np.pad(x, [(0, 0), (0, 0), *widths], constant_values=fill)
+    acc = np.full((*x.shape[:2], *outs), fill)
+    count = np.zeros(outs)
+    for offsets in itertools.product(*(range(k) for k in op.kernel)):
+        sl = tuple(slice(j * d, j * d + (o - 1) * s + 1, s) for j, d, o, s in zip(offsets, dilations, outs, strides))
+        patch = xp[(slice(None), slice(None), *sl)]
+        if op.fn == "max":
+            acc = np.where(np.isnan(patch) | (patch > acc), patch, acc)
+        else:
+            acc = acc + patch
+            count = count + (in_pads if op.count_include_pad else inside)[sl]
     if op.fn == "avg":
         acc = acc / count
-    return _finish(acc[:, :, 0, :] if rank == 1 else acc, shape.dtype)
+    return _finish(acc, shape.dtype)
 
 
 @evaluates(CV.BatchNorm)
@@ -448,6 +452,11 @@ def _eval_argmax(op: O.ArgMax, args: list, shape: Shape, symbols: dict, in_shape
     if x.shape[axis] == 0:
         raise ExecutionError("argmax over an empty axis")
     return np.argmax(x, axis=axis).astype(np.int32)  # first index on ties; the first NaN wins
+
+
+@evaluates(RG.Iota)
+def _eval_iota(op: RG.Iota, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return _finish(RG.iota_values(op.length.evaluate(symbols), op.start, op.delta, op.dtype), shape.dtype)
 
 
 @evaluates(LR.LoraMatMul)

@@ -576,7 +576,7 @@ def test_binary_vs_torch(torch, rng: np.random.Generator, fn: str) -> None:
         a = np.abs(a) + 0.1
     ta, tb = _t(torch, a), _t(torch, b)
     want = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "max": torch.maximum,
-            "min": torch.minimum, "pow": torch.pow}[fn](ta, tb).numpy()
+            "min": torch.minimum, "pow": torch.pow, "fmod": torch.fmod}[fn](ta, tb).numpy()
     np.testing.assert_allclose(run_op(O.Binary(fn), a, b), want, rtol=1e-14)
 
 

@@ -53,13 +53,24 @@ How the model maps onto RLX:
   CumSum, Trilu, Tile, GatherElements/GatherND/ScatterND, ArgMax/ArgMin, TopK,
   Mod, Sign, Flatten, Size, Dropout …) live in `rlx.frontends.onnx_ops`.
 
-Not supported: Slice with steps other than 1; Range, Slice or Split whose
-bounds depend on a dynamic axis (RLX has no dynamic-length iota or narrow:
+- ``Range(0, d, delta)`` with a dynamic dim `d` (torch's ``arange(x.shape[i])``
+  feeding position ids and masks) is an `iota` of length ``d / delta``, sized
+  for d's bound; a Range whose length is not such a dim (a dynamic start, a
+  delta not dividing d) or depends on run-time tensor values is refused, named.
+
+- A Slice ``[0:d]`` of a static axis to a dynamic dim `d` (BERT's
+  ``position_ids[:, :seq]``) is a gather of ``iota(d)``; d's bound must fit in the axis.
+
+- Slice steps other than 1 (negative included) along static axes are a gather of the indices taken.
+
+Not supported: Slice steps along a dynamic axis; other Slices or Splits whose
+bounds depend on a dynamic axis (RLX has no dynamic-length narrow:
 feed such values, e.g. position ids, as inputs, or use `fixed_dims`); Concat
-along a dynamic axis; TopK with K > 64 on run-time values (no sort); Mod of
-floats at run time; ScatterND with run-time indices or a reduction on run-time
-values; convolutions, pooling, Resize, Pad; ops outside the default domain. Gather indices computed at run time
-may be negative along a static axis (counted from the end, as ONNX says); along
+along a dynamic axis; TopK with K > 64 on run-time values (no sort); ScatterND
+with run-time indices or a reduction on run-time values; ops outside the
+default domain (convolutions, pooling, Resize and Pad: `rlx.frontends.onnx_conv`
+and `onnx_resize` say what they take). Gather indices computed at run time may
+be negative along a static axis (counted from the end, as ONNX says); along
 a dynamic axis they must be in ``[0, n)``.
 """
 
@@ -598,8 +609,9 @@ def _concat(imp: _Importer, node: _Node) -> list[_Value]:
     return [imp.emit(imp.g.concat([imp.tensor(n) for n in names], axis))]
 
 
-def _slice_range(start: int | Dim, end: int | Dim, dim: Dim) -> tuple[int, int] | None:
-    """Clamped [start, end) along `dim`; None for the whole of a dynamic axis."""
+def _slice_range(start: int | Dim, end: int | Dim, dim: Dim) -> tuple[int, int | Dim] | None:
+    """Clamped [start, end) along `dim`; None for the whole of a dynamic axis. A static axis cut to a dynamic
+    length, ``[0:d]`` (BERT's ``position_ids[:, :seq]``), gives (0, d) when d's bound fits in the axis."""
     if not dim.is_static:
         starts_at_0 = start == 0 or (isinstance(start, int) and start <= -dim.max)
         ends_at_end = end == dim or (isinstance(end, int) and end >= dim.max)
@@ -607,11 +619,27 @@ def _slice_range(start: int | Dim, end: int | Dim, dim: Dim) -> tuple[int, int] 
             return None
         raise IRError(f"Slice [{start}:{end}] of the dynamic axis {dim} is not supported (only the whole axis)")
     n = dim.value
+    if isinstance(end, Dim) and not isinstance(start, Dim) and min(max(start + n if start < 0 else start, 0), n) == 0:
+        if end.max > n:  # ONNX clamps the end to n; a dim cannot say min(d, n)
+            raise IRError(f"Slice [0:{end}] of a static axis of {n}: {end} may reach {end.max}, past the axis; "
+                          f"bound it to at most {n} (max_dims)")
+        return 0, end
     if isinstance(start, Dim) or isinstance(end, Dim):
-        raise IRError(f"Slice bounds [{start}:{end}] of a static axis of {n} depend on a dynamic dim")
+        raise IRError(f"Slice bounds [{start}:{end}] of a static axis of {n} depend on a dynamic dim (only "
+                      "[0:d] is supported)")
     s = min(max(start + n if start < 0 else start, 0), n)
     e = min(max(end + n if end < 0 else end, 0), n)
     return s, max(e, s)
+
+
+def _slice_steps(start: int | Dim, end: int | Dim, step: int | Dim, dim: Dim) -> list[int]:
+    """The indices ``Slice(start, end, step)`` takes along a static axis (ONNX clamps as Python's slices do)."""
+    if isinstance(step, Dim) or step == 0:
+        raise IRError(f"Slice step {step} is not supported (a nonzero integer)")
+    if not dim.is_static or isinstance(start, Dim) or isinstance(end, Dim):
+        raise IRError(f"Slice steps other than 1 need a static axis and integer bounds; [{start}:{end}:{step}] "
+                      f"of axis {dim} has not")
+    return list(range(*slice(start, end, step).indices(dim.value)))
 
 
 def _slice(imp: _Importer, node: _Node) -> list[_Value]:
@@ -622,25 +650,35 @@ def _slice(imp: _Importer, node: _Node) -> list[_Value]:
     steps = imp.ints(node, 4, "steps") if node.input(4) else [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise IRError("Slice starts, ends, axes and steps differ in length")
-    if any(s != 1 for s in steps):
-        raise IRError(f"Slice steps {steps} are not supported (only steps of 1)")
-    ranges: dict[int, tuple[int, int]] = {}
-    for start, end, a in zip(starts, ends, axes):
+    ranges: dict[int, tuple[int, int | Dim]] = {}
+    picks: dict[int, list[int]] = {}  # axes sliced with a step other than 1: the indices taken, in order
+    for start, end, a, step in zip(starts, ends, axes, steps):
         if isinstance(a, Dim):
             raise IRError("Slice axes must be integers")
         axis = normalize_axis(a, len(dims), "Slice axis")
-        r = _slice_range(start, end, dims[axis])
-        if axis in ranges:
+        if axis in ranges or axis in picks:
             raise IRError(f"Slice axis {a} appears twice")
+        if step != 1:
+            picks[axis] = _slice_steps(start, end, step, dims[axis])
+            continue
+        r = _slice_range(start, end, dims[axis])
         if r is not None and r != (0, dims[axis].max):
             ranges[axis] = r
     known = imp.known(data)
-    if imp.foldable(node) and known is not None:
-        index = tuple(slice(*ranges[i]) if i in ranges else slice(None) for i in range(known.ndim))
-        return [_known(known[index], imp.value(data).dtype)]
+    dynamic = any(isinstance(e, Dim) for _, e in ranges.values())
+    if imp.foldable(node) and known is not None and not dynamic:
+        arr = known[tuple(slice(*ranges[i]) if i in ranges else slice(None) for i in range(known.ndim))]  # type: ignore
+        for axis, idx in picks.items():
+            arr = np.take(arr, np.asarray(idx, np.int64), axis=axis)
+        return [_known(arr, imp.value(data).dtype)]
     x = imp.tensor(data)
+    for axis, idx in picks.items():  # a strided or reversed static axis: a gather of the indices taken
+        x = imp.g.gather(x, imp.g.constant(np.asarray(idx, np.int64), DType.I64), axis)
     for axis, (s, e) in ranges.items():
-        x = imp.g.narrow(x, axis, s, e - s)
+        if isinstance(e, Dim):  # the first d of a static axis: a gather of iota(d)
+            x = imp.g.gather(x, imp.g.iota(e, 0, 1, DType.I64), axis)
+        else:
+            x = imp.g.narrow(x, axis, s, e - s)
     return [imp.emit(x)]
 
 
@@ -712,21 +750,34 @@ def _reduce(fn: str, np_fn: Callable[..., np.ndarray]) -> Handler:
 
 
 def _range(imp: _Importer, node: _Node) -> list[_Value]:
-    values = []
-    for i, what in enumerate(("start", "limit", "delta")):
-        arr = imp.static(node, i, what)
-        if _is_dynamic(arr):
-            raise IRError(f"Range {what} {arr.reshape(()).item()} is a dynamic dim: RLX has no dynamic-length range; "
-                          "feed the values (e.g. position ids) as a graph input instead, or fix the axis to one "
-                          "size: from_onnx(..., fixed_dims={name: N}) (rlxc --fix-dim NAME=N)")
-        values.append(arr.reshape(()).item())
+    values = [imp.static(node, i, what).reshape(()).item() for i, what in enumerate(("start", "limit", "delta"))]
     start, limit, delta = values
+    dtype = imp.value(node.inputs[0]).dtype
+    if any(isinstance(v, Dim) for v in values):  # a length known when the graph runs: an iota of that dim
+        return [imp.emit(imp.g.iota(_range_length(start, limit, delta), start, delta, dtype))]
     if delta == 0:
         raise IRError("Range delta is 0")
-    dtype = imp.value(node.inputs[0]).dtype
     if dtype.is_float:  # computed in float64 and rounded once (Range-27's stash_type=1 for f16/bf16)
         return [_known(np.arange(start, limit, delta, dtype=np.float64).astype(dtype.np), dtype)]
     return [_known(np.arange(start, limit, delta, dtype=dtype.np), dtype)]
+
+
+def _range_length(start: object, limit: object, delta: object) -> Dim:
+    """The length of a Range whose limit is a dynamic dim, as a dim: ``(limit - start) / delta`` when that is
+    one (start 0 and delta 1 — torch's ``arange(x.shape[i])`` — or a delta dividing the limit exactly)."""
+    why = ("RLX dims are products of symbols, so the length (limit - start) / delta must be one; feed the values "
+           "(e.g. position ids) as a graph input instead, or fix the axis to one size: from_onnx(..., "
+           "fixed_dims={name: N}) (rlxc --fix-dim NAME=N)")
+    if isinstance(start, Dim) or isinstance(delta, Dim) or not isinstance(limit, Dim):
+        raise IRError(f"Range({start}, {limit}, {delta}) of dynamic dims is not supported: only the limit may be "
+                      f"a dynamic dim; {why}")
+    if start != 0 or not float(delta).is_integer() or delta < 1:
+        raise IRError(f"Range({start}, {limit}, {delta}) with a dynamic limit needs start 0 and a positive integer "
+                      f"delta; {why}")
+    length = limit.divide(Dim(int(delta)))
+    if length is None:
+        raise IRError(f"Range(0, {limit}, {delta}): the delta does not divide the dynamic limit; {why}")
+    return length
 
 
 def _shape(imp: _Importer, node: _Node) -> list[_Value]:

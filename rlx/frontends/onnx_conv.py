@@ -3,9 +3,9 @@
 Conv (1-D / 2-D, groups, dilations, pads and every `auto_pad` mode), ConvTranspose (as a conv over
 the input with zeros woven in, its weight flipped at import), BatchNormalization
 (inference: folded into the preceding Conv's weight and bias at import when that conv
-has param weights, else the `batch_norm` op), MaxPool / AveragePool (1-D / 2-D,
-`ceil_mode`, `count_include_pad`), GlobalAveragePool (a mean over the spatial
-axes), Pad (constant / reflect / edge, as slices and concatenations), Resize (nearest
+has param weights, else the `batch_norm` op), MaxPool / AveragePool (1-D / 2-D / 3-D,
+`ceil_mode`, `count_include_pad`, dilations), GlobalAveragePool / GlobalMaxPool (a mean / max over the
+spatial axes), Pad (constant / reflect / edge / wrap, as slices, gathers and concatenations), Resize (nearest
 neighbour by integer factors, as a broadcast), and the ops around them in torch's vision
 exports: HardSwish, HardSigmoid, Flatten. Each handler takes the importer and the node, as the main table's do, and
 reads only the importer's public helpers (`tensor`, `value`, `known`, `emit`, `g`,
@@ -32,10 +32,11 @@ from rlx.ir.shape import Dim, normalize_axis, product
 Handler = Callable[[Any, Any], list[Any]]
 
 
-def _spatial_rank(what: str, dims: tuple[Dim, ...]) -> int:
+def _spatial_rank(what: str, dims: tuple[Dim, ...], most: int = 2) -> int:
     r = len(dims) - 2
-    if r not in (1, 2):
-        raise IRError(f"{what} over {r} spatial axes: RLX supports 1-D ([N, C, L]) and 2-D ([N, C, H, W]) inputs")
+    if not 1 <= r <= most:
+        forms = ("1-D ([N, C, L])", "2-D ([N, C, H, W])", "3-D ([N, C, D, H, W])")[:most]
+        raise IRError(f"{what} over {r} spatial axes: RLX supports {', '.join(forms)} inputs")
     if not all(d.is_static for d in dims[1:]):
         raise IRError(f"{what} needs static channel and spatial sizes (only the batch may be dynamic), got "
                       f"[{', '.join(map(str, dims))}]")
@@ -199,13 +200,17 @@ def _fold_into_conv(imp: Any, node: Any, x: int, stats: list[np.ndarray], eps: f
                       dilations=op.dilations, pads=op.pads, groups=op.groups)
 
 
+#: Integer types whose every value an f32 holds exactly (MaxPool computes on them in f32).
+_SMALL_INTS = (DType.I8, DType.U8, DType.I16, DType.U16)
+
+
 def _pool(fn: str) -> Handler:
     def handle(imp: Any, node: Any) -> list[Any]:
         if any(node.outputs[1:]):
             raise IRError("only the pooled output is supported, not the Indices output")
         x = imp.tensor(node.inputs[0])
         xs = imp.g.shape(x)
-        r = _spatial_rank(node.op_type, xs.dims)
+        r = _spatial_rank(node.op_type, xs.dims, 3)
         kernel = tuple(int(k) for k in node.attr("kernel_shape") or ())
         if len(kernel) != r:
             raise IRError(f"kernel_shape {list(kernel)} must hold {r} values")
@@ -213,18 +218,25 @@ def _pool(fn: str) -> Handler:
         if int(node.attr("storage_order", 0)):
             raise IRError("storage_order=1 (column-major indices) is not supported")
         pads = _window(node, tuple(d.value for d in xs.dims[2:]), kernel, strides, dilations)
-        return [imp.emit(imp.g.pool(fn, x, kernel, strides=strides, pads=pads, dilations=dilations,
-                                    ceil_mode=bool(node.attr("ceil_mode", 0)),
-                                    count_include_pad=bool(node.attr("count_include_pad", 0))))]
+        exact_in_f32 = fn == "max" and xs.dtype in _SMALL_INTS
+        if exact_in_f32:  # MaxPool of 8/16-bit integers: a max is exact on their f32 values
+            x = imp.g.cast(x, DType.F32)
+        y = imp.g.pool(fn, x, kernel, strides=strides, pads=pads, dilations=dilations,
+                       ceil_mode=bool(node.attr("ceil_mode", 0)),
+                       count_include_pad=bool(node.attr("count_include_pad", 0)))
+        return [imp.emit(imp.g.cast(y, xs.dtype) if exact_in_f32 else y)]
     return handle
 
 
-def _global_average_pool(imp: Any, node: Any) -> list[Any]:
-    x = imp.tensor(node.inputs[0])
-    rank = imp.g.shape(x).rank
-    if rank < 3:
-        raise IRError(f"GlobalAveragePool needs [N, C, spatial...], got {imp.g.shape(x)}")
-    return [imp.emit(imp.g.reduce("mean", x, tuple(range(2, rank)), keep_dim=True))]
+def _global_pool(fn: str) -> Handler:
+    """GlobalAveragePool / GlobalMaxPool: a mean / max over every spatial axis (any number of them)."""
+    def handle(imp: Any, node: Any) -> list[Any]:
+        x = imp.tensor(node.inputs[0])
+        rank = imp.g.shape(x).rank
+        if rank < 3:
+            raise IRError(f"{node.op_type} needs [N, C, spatial...], got {imp.g.shape(x)}")
+        return [imp.emit(imp.g.reduce(fn, x, tuple(range(2, rank)), keep_dim=True))]
+    return handle
 
 
 def _flatten(imp: Any, node: Any) -> list[Any]:
@@ -262,6 +274,9 @@ def _pad_piece(imp: Any, x: int, axis: int, width: int, at_start: bool, mode: st
         return g.expand(fill, target)
     if mode == "edge":
         return g.expand(g.narrow(x, axis, 0 if at_start else n - 1, 1), target)
+    if mode == "wrap":  # the values from the other end, around as often as the width needs: a gather
+        idx = [(i - width) % n for i in range(width)] if at_start else [i % n for i in range(width)]
+        return g.gather(x, g.constant(np.asarray(idx, np.int64), DType.I64), axis)
     # reflect: the mirror image without the edge value itself
     if width >= n:
         raise IRError(f"reflect padding of {width} needs more than {width} values along axis {axis}, got {n}")
@@ -274,8 +289,8 @@ def _pad(imp: Any, node: Any) -> list[Any]:
     dims = imp.g.shape(x).dims
     rank = len(dims)
     mode = node.attr("mode", "constant") or "constant"
-    if mode not in ("constant", "reflect", "edge"):
-        raise IRError(f"Pad mode {mode!r} is not supported (constant, reflect, edge are)")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise IRError(f"Pad mode {mode!r} is not supported (constant, reflect, edge, wrap are)")
     pads = [int(p) for p in imp.static(node, 1, "pads").reshape(-1)]
     axes = list(range(rank))
     if node.input(3) is not None:
@@ -359,7 +374,8 @@ CONV_HANDLERS: dict[str, Handler] = {
     "BatchNormalization": _batch_norm,
     "MaxPool": _pool("max"),
     "AveragePool": _pool("avg"),
-    "GlobalAveragePool": _global_average_pool,
+    "GlobalAveragePool": _global_pool("mean"),
+    "GlobalMaxPool": _global_pool("max"),
     "Flatten": _flatten,
     "HardSwish": _hard_swish,
     "HardSigmoid": _hard_sigmoid,

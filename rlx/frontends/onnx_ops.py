@@ -10,9 +10,9 @@ import time (shape subgraphs, masks built from constants), so most of the mask
 arithmetic of an export never reaches the graph.
 
 What needs an op RLX lacks is refused with the reason: TopK with K > 64 on a
-run-time tensor (a sort), ScatterND with computed indices or a reduction, Mod
-of floats at run time (no trunc/floor op), GatherND with batch_dims > 0 at run
-time.
+run-time tensor (a sort), ScatterND with computed indices or a reduction, GatherND
+with batch_dims > 0 at run time. Mod of floats is C's fmod (`binary fmod`), with
+the sign fixed up to the divisor's for fmod=0.
 """
 
 from __future__ import annotations
@@ -199,10 +199,10 @@ def _fold_mod(a: np.ndarray, b: np.ndarray, *, node: _Node) -> np.ndarray:
 def _build_mod(imp: _Importer, node: _Node) -> NodeId:
     a, b = imp.tensor(node.inputs[0]), imp.tensor(node.inputs[1])
     dtype = imp.g.shape(a).dtype
-    if dtype.is_float:
-        raise IRError("Mod of floating-point tensors computed at run time is not supported (RLX has no trunc or "
-                      "floor op); integer Mod is")
-    rem = imp.g.sub(a, imp.g.mul(imp.g.div(a, b), b))  # C's truncating remainder: the sign of a
+    if dtype.is_float:  # C's fmod
+        rem = imp.g.binary("fmod", a, b)
+    else:  # C's truncating remainder: the sign of a
+        rem = imp.g.sub(a, imp.g.mul(imp.g.div(a, b), b))
     if node.attr("fmod", 0):
         return rem
     zero = _const(imp, 0, dtype)

@@ -16,6 +16,7 @@ from rlx.ir import ops_conv as CV
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
+from rlx.ir import ops_range as RG
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -328,6 +329,11 @@ class Graph:
         """i32 token id per row of `logits` `[rows, vocab]`, sampled with uniforms `u` f64 `[rows]` and
         `settings` f64 `[3]` (temperature, top_k, top_p) (`ops_sample.SampleTopK`)."""
         return self.add(SP.SampleTopK(), [logits, u, settings])
+
+    def iota(self, length: DimLike, start: int | float = 0, delta: int | float = 1,
+             dtype: DType | str = DType.I64) -> NodeId:
+        """`[length]` values ``start + i * delta`` (`ops_range.Iota`); `length` may be a dynamic dim."""
+        return self.add(RG.Iota(Dim.of(length), start, delta, DType.parse(dtype)), [])
 
     def conv(self, x: NodeId, w: NodeId, bias: NodeId | None = None, *, strides: Sequence[int] = (),
              dilations: Sequence[int] = (), pads: Sequence[int] = (), groups: int = 1,

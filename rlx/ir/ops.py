@@ -23,7 +23,8 @@ from rlx.ir.transport import COLLECTIVE_REDUCES
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "sigmoid", "tanh", "exp", "log", "sqrt",
                "rsqrt", "neg", "abs", "sin", "cos", "softplus", "mish", "hardswish")
-BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "pow")
+#: "fmod" is C's fmod (floats only): the remainder of a / b truncated, with the sign of a.
+BINARY_OPS = ("add", "sub", "mul", "div", "max", "min", "pow", "fmod")
 COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 REDUCE_OPS = ("sum", "mean", "max", "min", "prod")
 MASK_KINDS = ("none", "causal", "padding", "bias")
@@ -233,6 +234,8 @@ class Binary(Op):
         dtype = _same_float_dtype(f"binary {self.fn}", inputs)
         if dtype is DType.BOOL:
             raise ShapeError(f"binary {self.fn} does not accept bool inputs")
+        if self.fn == "fmod" and not dtype.is_float:
+            raise ShapeError(f"binary fmod needs floating-point inputs, got {_fmt(inputs)}")
         return Shape(broadcast_dims(inputs[0].dims, inputs[1].dims), dtype)
 
 

@@ -1,5 +1,5 @@
 """Convolution family: `conv` (1-D / 2-D, groups, stride, dilation, pads, fused bias + activation),
-`pool` (max / average) and inference `batch_norm`, all channels-first (NCHW / NCL) as ONNX and torch.
+`pool` (max / average, 1-D / 2-D / 3-D) and inference `batch_norm`, all channels-first (NCHW / NCL) as ONNX and torch.
 
 Inputs and outputs are channels-first at the graph boundary; how a backend lays
 out its tiles inside a kernel is a decision of the LIR (`rlx.ir.decisions_conv`).
@@ -73,9 +73,10 @@ def pads_for_auto(mode: str, sizes: Sequence[int], kernel: Sequence[int], stride
     return (*begins, *ends)
 
 
-def _spatial(kind: str, x: Shape) -> tuple[int, ...]:
-    if x.rank not in (3, 4):
-        raise ShapeError(f"{kind} input must be [N, C, L] or [N, C, H, W], got {x}")
+def _spatial(kind: str, x: Shape, ranks: tuple[int, ...] = (3, 4)) -> tuple[int, ...]:
+    if x.rank not in ranks:
+        forms = ("[N, C, L]", "[N, C, H, W]", "[N, C, D, H, W]")[:len(ranks)]
+        raise ShapeError(f"{kind} input must be {' or '.join(forms)}, got {x}")
     if not all(d.is_static for d in x.dims[1:]):
         raise ShapeError(f"{kind} input needs static channels and spatial sizes (the batch may be dynamic), got {x}")
     return tuple(d.value for d in x.dims[2:])
@@ -147,11 +148,13 @@ class Conv(Op):
 
 @dataclass(frozen=True)
 class Pool(Op):
-    """Max or average pooling over windows `kernel` of the spatial axes of x `[N, C, *S]`.
+    """Max or average pooling over windows `kernel` of the 1, 2 or 3 spatial axes of x `[N, C, *S]`.
 
     `strides` (default 1), `pads` (begins then ends; padding never wins a max,
     and counts in an average only with `count_include_pad`), `dilations`
-    (max only, as ONNX), `ceil_mode` as ONNX's pooling ops.
+    (as ONNX's pooling ops from opset 19), `ceil_mode` as ONNX's pooling ops.
+    Backends have 1-D / 2-D kernels; a 3-D pool is decomposed into two of them
+    (`rlx.opt.decompose`: max and average are separable over a box window).
     """
 
     kind: ClassVar[str] = "pool"
@@ -172,7 +175,7 @@ class Pool(Op):
         (x,) = inputs
         if self.fn not in POOL_FNS:
             raise ShapeError(f"unknown pooling {self.fn!r}; expected one of {POOL_FNS}")
-        sizes = _spatial("pool", x)
+        sizes = _spatial("pool", x, (3, 4, 5))
         r = len(sizes)
         if x.dtype not in (DType.F32, DType.F16, DType.BF16):
             raise ShapeError(f"pool needs a float input, got {x}")
@@ -181,12 +184,17 @@ class Pool(Op):
         _ints("pool", "strides", strides, r, 1)
         _ints("pool", "dilations", dilations, r, 1)
         _ints("pool", "pads", pads, 2 * r, 0)
-        if self.fn == "avg" and any(d != 1 for d in dilations):
-            raise ShapeError("average pooling takes no dilations (as ONNX's AveragePool before opset 19)")
         if any(pads[i] >= kernel[i] * 1 or pads[r + i] >= kernel[i] for i in range(r)):
             raise ShapeError(f"pool pads {pads} must be smaller than the window {kernel}")
         out = _window_out("pool", sizes, kernel, strides, dilations, pads, bool(self.ceil_mode))
         return x.with_dims((*x.dims[:2], *out))
+
+
+def pool_kernel_why_not(op: Op) -> str | None:
+    """Why a backend's 1-D / 2-D pool kernel does not take `op` (a 3-D pool: decomposed into two 2-D ones)."""
+    if isinstance(op, Pool) and len(op.kernel) > 2:
+        return f"over {len(op.kernel)} spatial axes; the kernels take 1 or 2 (a 3-D pool is decomposed)"
+    return None
 
 
 @dataclass(frozen=True)

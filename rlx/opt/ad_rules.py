@@ -168,6 +168,8 @@ def _partials(g: Graph, node: Node, args: list[NodeId], out: NodeId) -> list[Nod
         if op.fn == "pow":
             da = g.mul(b, g.binary("pow", a, g.sub(b, one)))
             return [da, g.mul(out, g.activation("log", a))]
+        if op.fn == "fmod":  # a - trunc(a / b) * b: ∂a = 1, ∂b = -trunc(a / b) = -(a - out) / b (away from jumps)
+            return [one, g.activation("neg", g.div(g.sub(a, out), b))]
     raise IRError(f"autodiff: no partials for {node.kind}")
 
 

@@ -3,7 +3,8 @@
 `decompose(graph, supported)` rewrites every node for which `supported(graph, node)`
 is False and a decomposition exists (`DECOMPOSITIONS`, keyed by op kind and, for
 activations, function): `gelu_tanh`, `silu`, `softplus`, `sigmoid` into
-exp/tanh/arithmetic, `rms_norm` into mean/rsqrt/mul. The driver passes the backend's
+exp/tanh/arithmetic, `rms_norm` into mean/rsqrt/mul, `batch_norm` into arithmetic, a 3-D `pool` into
+two 2-D ones. The driver passes the backend's
 rule check as `supported`, so this layer needs no knowledge of backends; what is
 left unsupported is reported by the driver before any build.
 
@@ -24,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rlx.ir import ops as O
+from rlx.ir import ops_conv as CV
 from rlx.ir.graph import Graph, Node, NodeId
 from rlx.opt.rewrite import Rewriter, require_mir
 
@@ -82,6 +84,26 @@ def _batch_norm(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
     return g.add(O.Binary("add"), [g.add(O.Binary("mul"), [centered, factor]), g.reshape(bias, along_c)])
 
 
+def _pool(g: Graph, node: Node, args: list[NodeId]) -> NodeId:
+    # A 3-D pool as two 2-D ones: max and average are separable over a box window (an average's cell count,
+    # with or without the pads, is the product of the per-axis counts), so pool (H, W) on [N, C*D, H, W], then
+    # (D, 1) on [N, C, D, OH*OW]. A pool of fewer axes is left as it is (the backend's refusal stands).
+    op: CV.Pool = node.op  # type: ignore[assignment]
+    (x,) = args
+    if len(op.kernel) != 3:
+        return g.add(op, [x])
+    strides, dilations, pads = op.geometry(3)
+    n, c, d, h, w = g.shape(x).dims
+    od, oh, ow = node.shape.dims[2:]
+    plane = CV.Pool(op.fn, op.kernel[1:], strides[1:], (pads[1], pads[2], pads[4], pads[5]), dilations[1:],
+                    op.ceil_mode, op.count_include_pad)
+    hw = g.add(plane, [g.reshape(x, [n, c * d, h, w])])
+    depth = CV.Pool(op.fn, (op.kernel[0], 1), (strides[0], 1), (pads[0], 0, pads[3], 0), (dilations[0], 1),
+                    op.ceil_mode, op.count_include_pad)
+    out = g.add(depth, [g.reshape(hw, [n, c, d, oh * ow])])
+    return g.reshape(out, [n, c, od, oh, ow])
+
+
 #: (op kind, activation fn or "") → decomposition into primitives.
 DECOMPOSITIONS: dict[tuple[str, str], Decomposition] = {
     ("activation", "silu"): _silu,
@@ -90,6 +112,7 @@ DECOMPOSITIONS: dict[tuple[str, str], Decomposition] = {
     ("activation", "softplus"): _softplus,
     ("rms_norm", ""): _rms_norm,
     ("batch_norm", ""): _batch_norm,
+    ("pool", ""): _pool,
 }
 
 

@@ -3,9 +3,9 @@
 One graph holds every variant, compiled once with a dynamic batch and run at two batch sizes:
 implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major
 tiles with the weight packed (384 channels), pointwise (1x1), depthwise (strided, with hardswish
-fused), max / average pooling (pads, ceil_mode, count_include_pad, 1-D), and batch_norm
-(decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an
-x86-64 build without AVX2) both run.
+fused), max / average pooling (pads, ceil_mode, count_include_pad, dilations, 1-D, and 3-D
+decomposed into two 2-D pools), and batch_norm (decomposed into primitives). The packed micro-kernel
+and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
 
     x = g.input("x", [BATCH, 5, 11, 10])
     seq = g.input("seq", [BATCH, 6, 23])
+    vol = g.input("vol", [BATCH, 3, 6, 7, 5])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -51,6 +52,12 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "avgpool_ceil": g.pool("avg", x, (3, 2), strides=(2, 2), pads=(1, 0, 1, 1), ceil_mode=True),
         "avgpool_pad": g.pool("avg", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=True),
         "maxpool_1d": g.pool("max", seq, (3,), strides=(2,), ceil_mode=True),
+        "avgpool_dilated": g.pool("avg", x, (3, 2), strides=(1, 2), pads=(2, 1, 1, 0), dilations=(2, 3)),
+        "maxpool_3d": g.pool("max", vol, (3, 2, 2), strides=(2, 2, 1), pads=(1, 0, 1, 1, 1, 0), dilations=(1, 2, 1),
+                             ceil_mode=True),
+        "avgpool_3d_pad": g.pool("avg", vol, (2, 3, 2), strides=(2, 2, 2), pads=(1, 1, 0, 1, 1, 1), ceil_mode=True,
+                                 count_include_pad=True),
+        "avgpool_3d": g.pool("avg", vol, (3, 3, 3), strides=(1, 2, 2), pads=(1, 1, 1, 1, 1, 1), dilations=(2, 1, 2)),
         "batch_norm": g.batch_norm(x, param("bn_s", [5]), param("bn_b", [5]), param("bn_m", [5]),
                                    param("bn_v", [5], positive=True), eps=1e-3),
     }
@@ -61,7 +68,8 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
 def _feeds(batch: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(batch)
     return {"x": rng.standard_normal((batch, 5, 11, 10)).astype(np.float32),
-            "seq": rng.standard_normal((batch, 6, 23)).astype(np.float32)}
+            "seq": rng.standard_normal((batch, 6, 23)).astype(np.float32),
+            "vol": rng.standard_normal((batch, 3, 6, 7, 5)).astype(np.float32)}
 
 
 def _targets() -> list[str]:
@@ -84,6 +92,7 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
                      ("depthwise", "nchw")}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
+    assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")  # 3-D: two 2-D pools
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
     assert "conv: depthwise on nchw" in cg.lir.inspect()
     for batch in (3, 1):

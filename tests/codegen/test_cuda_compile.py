@@ -48,12 +48,13 @@ def toolchain() -> NvccToolchain:
 
 
 #: Op kinds whose bodies the pipeline plans and decides (control flow, rlx/codegen/cuda/control.py); graphs with
-#: them are lowered as `Session` lowers them, at level 0.
+#: them, or with a 3-D pool (decomposed into two 2-D ones), are lowered as `Session` lowers them, at level 0.
 DECOMPOSED_FOR_CUDA = {"cond", "while_loop"}
 
 
 def _compile(tc: NvccToolchain, graph: Graph, target: CudaTarget, tmp_path: Path) -> str:
-    decomposed = any(n.kind in DECOMPOSED_FOR_CUDA for n in graph.nodes)
+    decomposed = any(n.kind in DECOMPOSED_FOR_CUDA or (n.kind == "pool" and len(n.op.kernel) > 2)
+                     for n in graph.nodes)
     lir = lower_to_lir(graph, 0, backend="cuda") if decomposed else plan(graph)
     src = render_cuda(lir, target, {"name": graph.name})
     path = tmp_path / f"{graph.name}_{target.precision.value}_{target.gemm}.cu"

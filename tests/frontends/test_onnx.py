@@ -198,6 +198,52 @@ def test_dynamic_shape_subgraphs_fold_to_symbolic_dims(rng: np.random.Generator)
     assert graph.symbols() == {"batch": 4, "seq": 8}
 
 
+def test_range_over_a_dynamic_axis_is_an_iota(rng: np.random.Generator) -> None:
+    """torch's ``arange(x.shape[1])`` position ids (and a strided one over twice the axis), and BERT's
+    ``position_table[:seq]`` (a Slice of a static axis to a dynamic length), no fixed_dims."""
+    c = lambda name, v: _const(name, v, np.int64)  # noqa: E731
+    nodes = [
+        c("i1", 1), c("z", 0), c("one", 1), c("two", 2), c("ax0", [0]),
+        helper.make_node("Shape", ["ids"], ["s"]), helper.make_node("Gather", ["s", "i1"], ["n"]),
+        helper.make_node("Range", ["z", "n", "one"], ["pos"]),                  # [seq]
+        helper.make_node("Unsqueeze", ["pos", "ax0"], ["pos1"]),                # [1, seq]
+        helper.make_node("Gather", ["table", "pos1"], ["pe"]),                  # [1, seq, 4]
+        helper.make_node("Gather", ["table", "ids"], ["te"]),                   # [batch, seq, 4]
+        helper.make_node("Add", ["te", "pe"], ["emb"]),
+        helper.make_node("Mul", ["n", "two"], ["n2"]),
+        helper.make_node("Range", ["z", "n2", "two"], ["even"]),                # [seq]: 0, 2, 4, ...
+        c("six", 6), helper.make_node("Less", ["even", "six"], ["first_half"]),
+        helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
+        helper.make_node("Slice", ["table", "ax0", "n1", "ax0"], ["rows"]),  # table[0:seq]: [seq, 4]
+        helper.make_node("Add", ["emb", "rows"], ["emb_rows"]),
+    ]
+    model = _model(nodes, [_vi("ids", I64, ["batch", "seq"])],
+                   [_vi("emb", F, ["batch", "seq", 4]), _vi("even", I64, ["seq"]), _vi("first_half", BOOL, ["seq"]),
+                    _vi("emb_rows", F, ["batch", "seq", 4])],
+                   inits=[("table", rng.standard_normal((16, 4)).astype(np.float32))])
+    graph = _check(model, [{"ids": rng.integers(0, 16, (b, s))} for b, s in ((1, 1), (2, 5), (3, 16))],
+                   max_dims={"batch": 3, "seq": 16})
+    assert "iota" in {n.kind for n in graph.nodes}
+    assert graph.shape(graph.outputs[1]).dims == (rlx.Dim.dynamic("seq", 16),)
+    with pytest.raises(IRError, match="past the axis"):  # seq up to 17 would cut past the table's 16 rows
+        from_onnx(model, max_dims={"batch": 3, "seq": 17})
+
+
+def test_slice_steps_on_static_axes(rng: np.random.Generator) -> None:
+    """Reversed and strided Slices of static axes (a gather of the indices taken), next to a dynamic batch."""
+    c = lambda name, v: _const(name, v, np.int64)  # noqa: E731
+    nodes = [
+        c("rs", [-1, 5]), c("re", [-100, 0]), c("ra", [1, 2]), c("rst", [-1, -2]),
+        helper.make_node("Slice", ["x", "rs", "re", "ra", "rst"], ["rev"]),
+        c("ss", [1]), c("se", [100]), c("sa", [2]), c("sst", [3]),
+        helper.make_node("Slice", ["x", "ss", "se", "sa", "sst"], ["strided"]),
+    ]
+    model = _model(nodes, [_vi("x", F, ["batch", 4, 7])], [_vi("rev", F, None), _vi("strided", F, None)])
+    graph = _check(model, [{"x": rng.standard_normal((b, 4, 7)).astype(np.float32)} for b in (1, 3)],
+                   max_dims={"batch": 3})
+    assert [graph.shape(o).dims[1:] for o in graph.outputs] == [(rlx.Dim(4), rlx.Dim(3)), (rlx.Dim(4), rlx.Dim(2))]
+
+
 def _example() -> object:
     spec = importlib.util.spec_from_file_location("make_onnx", REPO / "examples" / "make_onnx.py")
     module = importlib.util.module_from_spec(spec)
@@ -321,7 +367,10 @@ def test_an_unbounded_axis_shared_by_inputs_is_named_once() -> None:
       _const("st", [2], np.int64), helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["out"])], 17, "steps"),
     ([helper.make_node("Shape", ["x"], ["s"]), _const("i", 1, np.int64), _const("z", 0, np.int64),
       helper.make_node("Gather", ["s", "i"], ["n"]), _const("one", 1, np.int64),
-      helper.make_node("Range", ["z", "n", "one"], ["out"])], 17, "dynamic-length range"),
+      helper.make_node("Range", ["one", "n", "one"], ["out"])], 17, "dynamic limit needs start 0"),
+    ([helper.make_node("Shape", ["x"], ["s"]), _const("i", 1, np.int64), _const("three", 3, np.int64),
+      helper.make_node("Gather", ["s", "i"], ["n"]), _const("z", 0, np.int64),
+      helper.make_node("Range", ["z", "n", "three"], ["out"])], 17, "does not divide the dynamic limit"),
     ([helper.make_node("Relu", ["x"], ["out"])], 12, "Relu-6 .selected by opset 12. is a version RLX has not"),
     ([helper.make_node("Relu", ["x"], ["out"])], onnx.defs.onnx_opset_version() + 1,
      f"opsets up to {onnx.defs.onnx_opset_version()}"),

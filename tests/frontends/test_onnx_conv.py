@@ -76,9 +76,9 @@ def _vi(name: str, shape: Sequence[int | str] | None) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, F, None if shape is None else list(shape))
 
 
-def _model(nodes: list, inputs: list, outputs: list, inits: dict[str, np.ndarray]) -> bytes:
+def _model(nodes: list, inputs: list, outputs: list, inits: dict[str, np.ndarray], opset: int = 17) -> bytes:
     graph = helper.make_graph(nodes, "t", inputs, outputs, [numpy_helper.from_array(v, n) for n, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = min(model.ir_version, 10)  # what the installed onnxruntime reads
     return model.SerializeToString()
 
@@ -163,7 +163,7 @@ def test_windows_batch_norms_and_auto_pads_equal_onnxruntime() -> None:
     (dict(op_type="Resize", mode="linear", antialias=1), [1, 2, 4, 4], [1, 1, 0.5, 0.5], "antialias"),
     (dict(op_type="Resize", coordinate_transformation_mode="tf_crop_and_resize"), [1, 2, 4, 4], None,
      "tf_crop_and_resize"),
-    (dict(op_type="Pad", mode="wrap"), [1, 2, 4, 4], None, "mode 'wrap'"),
+    (dict(op_type="Pad", mode="circular"), [1, 2, 4, 4], None, "mode 'circular'"),
 ])
 def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w_shape: list | None,
                                                pattern: str) -> None:
@@ -189,7 +189,7 @@ def test_unsupported_forms_are_refused_by_name(node: dict, x_shape: list[int], w
 
 
 def test_conv_family_is_listed_as_supported() -> None:
-    assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "Pad",
+    assert {"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Pad",
             "Resize", "ConvTranspose"} <= set(supported_ops())
 
 
@@ -211,3 +211,41 @@ def test_conv_transpose_with_a_run_time_weight_equals_onnxruntime() -> None:
                                     sess.run(None, feeds)):
         _close(got, want, f"{name} compiled")
         _close(ref, want, f"{name} reference")
+
+
+def test_3d_pools_dilated_average_and_global_max_equal_onnxruntime() -> None:
+    """3-D MaxPool / AveragePool (decomposed into two 2-D pools for the CPU), AveragePool-19's dilations,
+    GlobalMaxPool over 3 axes, Pad-19's wrap mode (wider than the axis: around again), MaxPool of uint8 (in
+    f32, exact); a dynamic batch at two sizes."""
+    nodes = [
+        helper.make_node("MaxPool", ["v"], ["max3"], kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[1, 1, 0, 0, 1, 1],
+                         dilations=[1, 2, 1], ceil_mode=1),
+        helper.make_node("AveragePool", ["v"], ["avg3_pad"], kernel_shape=[3, 2, 2], strides=[2, 2, 1],
+                         pads=[1, 0, 1, 1, 1, 0], count_include_pad=1, ceil_mode=1),
+        helper.make_node("AveragePool", ["v"], ["avg3_dil"], kernel_shape=[2, 2, 3], pads=[1, 1, 1, 0, 1, 1],
+                         dilations=[2, 1, 2]),
+        helper.make_node("AveragePool", ["x"], ["avg2_dil"], kernel_shape=[3, 2], strides=[1, 2], dilations=[2, 3],
+                         pads=[2, 1, 1, 0]),
+        helper.make_node("GlobalMaxPool", ["v"], ["gmp"]),
+        helper.make_node("Pad", ["x", "pads_wrap"], ["pad_wrap"], mode="wrap"),
+        helper.make_node("MaxPool", ["u"], ["max_u8"], kernel_shape=[2, 3], pads=[1, 1, 0, 1]),
+    ]
+    outs = ["max3", "avg3_pad", "avg3_dil", "avg2_dil", "gmp", "pad_wrap", "max_u8"]
+    u8_in = helper.make_tensor_value_info("u", TensorProto.UINT8, ["batch", 2, 5, 6])
+    u8_out = helper.make_tensor_value_info("max_u8", TensorProto.UINT8, None)
+    data = _model(nodes, [_vi("v", ["batch", 3, 6, 7, 5]), _vi("x", ["batch", 2, 9, 8]), u8_in],
+                  [*(_vi(o, None) for o in outs[:-1]), u8_out],
+                  {"pads_wrap": np.array([0, 0, 2, 11, 0, 0, 10, 1], np.int64)}, opset=19)
+    graph, params = from_onnx(data, max_dims={"batch": 2})
+    cg = _compiled(data, max_batch=2)
+    assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch in (2, 1):
+        rng = np.random.default_rng(batch)
+        feeds = {"v": rng.standard_normal((batch, 3, 6, 7, 5)).astype(np.float32),
+                 "x": rng.standard_normal((batch, 2, 9, 8)).astype(np.float32),
+                 "u": rng.integers(0, 256, (batch, 2, 5, 6)).astype(np.uint8)}
+        want = sess.run(outs, feeds)
+        for name, got, ref, w in zip(outs, cg.run(feeds), rlx.reference.run(graph, feeds, params), want):
+            _close(got, w, f"{name} batch {batch}")
+            _close(ref, w, f"{name} reference batch {batch}")

@@ -184,7 +184,8 @@ def reductions() -> Case:
 @case
 def conv_family() -> Case:
     """conv (implicit GEMM: strided, dilated, grouped, 1-D; depthwise; fused bias + activation), max / average
-    pooling; a dynamic batch."""
+    pooling (dilated average, a 3-D max decomposed into two 2-D pools); a dynamic batch (and an iota over it:
+    integer and float, added to a value)."""
     g = Graph("conv_family")
     b = Dim.dynamic("b", max=3)
     x = g.input("x", [b, 4, 9, 8])
@@ -197,11 +198,17 @@ def conv_family() -> Case:
     avg = g.pool("avg", grouped, (2, 3), strides=(2, 2), pads=(0, 1, 0, 1), ceil_mode=True)
     seq = g.input("seq", [b, 5, 17])
     audio = g.conv(seq, g.param("wa", [7, 5, 3]), g.param("ba", [7]), strides=(2,), pads=(1, 1), activation="gelu")
-    g.set_outputs([pooled, avg, audio])
+    steps = g.reshape(g.iota(b, 0.5, -0.25, "f32"), [b, 1, 1])
+    vol = g.input("vol", [b, 2, 5, 6, 4])
+    cube = g.pool("max", vol, (2, 3, 2), strides=(2, 1, 2), pads=(1, 1, 0, 0, 1, 1), dilations=(1, 2, 1),
+                  ceil_mode=True)
+    dilated = g.pool("avg", grouped, (2, 2), pads=(1, 1, 0, 0), dilations=(2, 1), count_include_pad=True)
+    g.set_outputs([pooled, avg, g.add_(audio, steps), g.iota(b * 2, 3, 2, "i32"), cube, dilated])
     r = _rng(31)
     params = {"w1": _f32(r, 8, 4, 3, 3, scale=0.3), "b1": _f32(r, 8), "wd": _f32(r, 8, 1, 3, 3, scale=0.3),
               "wg": _f32(r, 6, 4, 1, 1, scale=0.5), "wa": _f32(r, 7, 5, 3, scale=0.3), "ba": _f32(r, 7)}
-    return Case("conv_family", g, [{"x": _f32(r, n, 4, 9, 8), "seq": _f32(r, n, 5, 17)} for n in (3, 1)], params)
+    return Case("conv_family", g, [{"x": _f32(r, n, 4, 9, 8), "seq": _f32(r, n, 5, 17), "vol": _f32(r, n, 2, 5, 6, 4)}
+                                   for n in (3, 1)], params)
 
 
 @case

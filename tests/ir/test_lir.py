@@ -295,6 +295,13 @@ def _user_digest(g: Graph, v: str) -> None:
 
 
 R = O.RegionStep
+def _iota(g: Graph, v: tuple) -> None:
+    """An iota whose length is `v[0]` times a dynamic dim of an input (start, delta, dtype from the rest)."""
+    n = Dim.dynamic("n", max=8)
+    g.input("x", [n])
+    g.set_outputs([g.iota(n * v[0], *v[1:])])
+
+
 # (what, op kind and field covered or None, builder, value a, value b)
 
 def _collective(make: Callable[[object], O.Op]) -> Build:
@@ -442,6 +449,9 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
                                                                     {"strides": (2, 2), "ceil_mode": True}),
                          ("count_include_pad", {"fn": "avg", "pads": (1, 1, 1, 1)},
                           {"fn": "avg", "pads": (1, 1, 1, 1), "count_include_pad": True}))],
+    *[(f"iota {name}", ("iota", name), _iota, a, b)
+      for name, a, b in (("length", (1,), (2,)), ("start", (1, 0), (1, 1)), ("delta", (1, 0, 1), (1, 0, 2)),
+                         ("dtype", (1, 0, 1, "i64"), (1, 0, 1, "i32")))],
     ("batch_norm eps", ("batch_norm", "eps"),
      lambda g, v: g.set_outputs([g.batch_norm(g.input("x", [2, 3, 4]), *(g.param(n, [3]) for n in "sbmv"), eps=v)]),
      1e-5, 1e-3),

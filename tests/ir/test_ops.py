@@ -16,6 +16,7 @@ from rlx.ir import ops_conv as CV
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
+from rlx.ir import ops_range as RG
 from rlx.ir import ops_sample as SP
 from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
@@ -78,6 +79,12 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (O.Binary("mul"), ("f32[batch,1,8]", "f32[seq,1]"), "f32[batch,seq,8]"),
     (O.Binary("div"), ("i64[4,1]", "i64[1,5]"), "i64[4,5]"),
     (O.Binary("pow"), ("f32[]", "f32[2]"), "f32[2]"),
+    (O.Binary("fmod"), ("f64[3]", "f64[2,1]"), "f64[2,3]"),
+    (CV.Pool("avg", (2, 2), dilations=(2, 2)), ("f32[2,3,8,8]",), "f32[2,3,6,6]"),  # opset 19's dilations
+    (CV.Pool("max", (2, 3, 2), strides=(2, 1, 2), pads=(1, 0, 0, 1, 0, 0), ceil_mode=True), ("f32[batch,3,5,6,7]",),
+     "f32[batch,3,3,4,4]"),  # D: ceil_mode's last window would start in the end padding
+    (RG.Iota(SEQ), (), "i64[seq]"),
+    (RG.Iota(SEQ * 2, 0.5, -0.25, O.DType.F16), (), "f16[2*seq]"),
     (O.Binary("max"), ("f16[seq,2]", "f16[seq,2]"), "f16[seq,2]"),
     (O.Compare("lt"), ("f32[2,3]", "f32[1]"), "bool[2,3]"),
     (O.Compare("eq"), ("bool[seq]", "bool[seq]"), "bool[seq]"),
@@ -395,8 +402,14 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (CV.Conv(activation="swish"), ("f32[2,3,8,8]", "f32[4,3,3,3]"), ShapeError, "unknown activation"),
     (CV.Conv(), ("i32[2,3,8,8]", "i32[4,3,3,3]"), ShapeError, "float inputs of one dtype"),
     (CV.Pool("sum", (2, 2)), ("f32[2,3,8,8]",), ShapeError, "unknown pooling 'sum'"),
+    (O.Binary("fmod"), ("i32[3]", "i32[3]"), ShapeError, "fmod needs floating-point inputs"),
+    (RG.Iota(Dim(4), 0, 0), (), ShapeError, "delta must not be 0"),
+    (RG.Iota(Dim(4), 0.5, 1, O.DType.I32), (), ShapeError, "needs an integer start"),
+    (RG.Iota(Dim(4), 0, 1, O.DType.BOOL), (), ShapeError, "iota of bool is not supported"),
+    (RG.Iota(Dim(300), 32700, 1, O.DType.I16), (), ShapeError, "overflows i16"),
+    (RG.Iota(Dim(4), math.nan, 1, O.DType.F32), (), ShapeError, "start must be a finite number"),
     (CV.Pool("max", (2,)), ("f32[2,3,8,8]",), ShapeError, "kernel must be 2 int"),
-    (CV.Pool("avg", (2, 2), dilations=(2, 2)), ("f32[2,3,8,8]",), ShapeError, "takes no dilations"),
+    (CV.Pool("avg", (2, 2, 2)), ("f32[2,3,4,4,4,4]",), ShapeError, r"or \[N, C, D, H, W\]"),
     (CV.Pool("max", (2, 2), pads=(2, 0, 0, 0)), ("f32[2,3,8,8]",), ShapeError, "smaller than the window"),
     (CV.BatchNorm(), ("f32[2,3,4]", "f32[3]", "f32[3]", "f32[4]", "f32[3]"), ShapeError, r"mean must be f32\[3\]"),
     (CV.BatchNorm(-1.0), ("f32[2,3,4]",) + ("f32[3]",) * 4, ShapeError, "eps must be"),

@@ -142,6 +142,7 @@ def every_op_graph() -> Graph:
                   activation="relu")
     pooled = g.pool("avg", g.batch_norm(conv, *(g.param(f"bn{n}", [4]) for n in "sbmv"), eps=1e-3), (2, 2),
                     ceil_mode=True, count_include_pad=True)
+    g.iota(SEQ * 2, 0.5, -0.25, "f32")
     ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
     g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
     g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm, "scan": scan,
@@ -425,6 +426,10 @@ def _mk_gather(draw: Any, g: Graph) -> None:
 
 
 def _mk_constant(draw: Any, g: Graph) -> None:
+    if draw(st.booleans()):  # an iota: a leaf-like value with a dim (maybe dynamic) for its length
+        g.iota(draw(_dims), draw(st.integers(-3, 3)), draw(st.sampled_from([1, 2, -1])),
+               draw(st.sampled_from(["i64", "i32"])))
+        return
     dtype = draw(st.sampled_from(list(O.DType)))
     shape = draw(st.lists(st.integers(0, 3), max_size=3))
     n = int(np.prod(shape)) if shape else 1

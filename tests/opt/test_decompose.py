@@ -21,7 +21,8 @@ def _graph(kind: str, fn: str, dtype: str) -> rlx.Graph:
     return g
 
 
-@pytest.mark.parametrize("key", sorted(DECOMPOSITIONS), ids=lambda k: ":".join(filter(None, k)))
+@pytest.mark.parametrize("key", sorted(k for k in DECOMPOSITIONS if k != ("pool", "")),
+                         ids=lambda k: ":".join(filter(None, k)))
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_decomposition_matches_the_op(key, dtype):
     kind, fn = key
@@ -47,3 +48,26 @@ def test_decomposition_matches_the_op(key, dtype):
 def test_supported_ops_are_left_alone():
     g = _graph("activation", "silu", "f32")
     assert decompose(g, lambda graph, node: True) is g
+
+
+@pytest.mark.parametrize("pool", [
+    dict(fn="max", kernel=(2, 3, 2), strides=(2, 1, 2), pads=(1, 1, 0, 0, 1, 1), dilations=(1, 2, 1), ceil_mode=True),
+    dict(fn="avg", kernel=(3, 2, 2), strides=(2, 2, 1), pads=(1, 0, 1, 1, 1, 0), ceil_mode=True,
+         count_include_pad=True),
+    dict(fn="avg", kernel=(2, 2, 3), pads=(1, 1, 1, 0, 1, 1), dilations=(2, 1, 2)),
+])
+def test_a_3d_pool_is_two_2d_pools(pool: dict) -> None:
+    """The ("pool", "") decomposition: a 3-D pool as a 2-D pool over (H, W) then a (kd, 1) one; 2-D pools stay."""
+    g = rlx.Graph("d")
+    batch = rlx.Dim.dynamic("batch", 3)
+    x = g.input("x", [batch, 3, 6, 7, 5])
+    fn, kernel = pool.pop("fn"), pool.pop("kernel")
+    g.set_outputs([g.pool(fn, x, kernel, **pool), g.pool(fn, g.input("y", [batch, 2, 5, 5]), (2, 2))])
+    out = decompose(g, lambda graph, node: node.kind != "pool")
+    assert sorted(len(n.op.kernel) for n in out.nodes if n.kind == "pool") == [2, 2, 2]
+    rng = np.random.default_rng(1)
+    for b in (1, 3):
+        feed = {"x": rng.standard_normal((b, 3, 6, 7, 5)).astype(np.float32),
+                "y": rng.standard_normal((b, 2, 5, 5)).astype(np.float32)}
+        for got, want in zip(rlx.reference.run(out, feed), rlx.reference.run(g, feed)):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

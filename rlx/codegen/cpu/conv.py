@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from rlx.codegen.cpu.base import align64, c_string, comment, node_header
 from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.errors import BuildError
+from rlx.ir import ops as O
 from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
+from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
-from rlx.ir.ops_conv import Conv, Pool, Window2d, window_2d
+from rlx.ir.ops_conv import Conv, Pool, Window2d, pool_kernel_why_not, window_2d
 
 #: This module's CPU rules (the table is made from them: `rlx.codegen.cpu.rule_table`).
 RULES = RuleSet("cpu")
@@ -149,4 +151,8 @@ def emit_pool(em, node: Node) -> Kernel:
 
 
 RULES.register("conv", accepts=float32_only)(emit_conv)
-RULES.register("pool", accepts=float32_only)(emit_pool)
+def _pool_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    return pool_kernel_why_not(op) or float32_only(op, in_dtypes, out_dtype)
+
+
+RULES.register("pool", accepts=_pool_accepts)(emit_pool)

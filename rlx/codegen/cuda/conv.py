@@ -25,7 +25,7 @@ from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
-from rlx.ir.ops_conv import Conv, Pool, Window2d, window_2d
+from rlx.ir.ops_conv import Conv, Pool, Window2d, pool_kernel_why_not, window_2d
 from rlx.opt.lowering_conv import is_depthwise
 
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
@@ -107,7 +107,11 @@ def conv(e: CudaEmitter, node: Node) -> Kernel:
     return Kernel(node.id, "block_conv", TEMPLATE, args, headers=(HEADER,), header=args.comment, label=node.label)
 
 
-@RULES.register("pool", accepts=_accepts)
+def _pool_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    return pool_kernel_why_not(op) or _accepts(op, in_dtypes, out_dtype)
+
+
+@RULES.register("pool", accepts=_pool_accepts)
 def pool(e: CudaEmitter, node: Node) -> Kernel:
     op: Pool = node.op  # type: ignore[assignment]
     x_id = node.inputs[0]

@@ -75,7 +75,8 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
                   "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
-                  "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh", "cuda/kernels/control.cuh")
+                  "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh", "cuda/kernels/control.cuh",
+                  "cuda/kernels/iota.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.

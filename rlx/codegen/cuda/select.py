@@ -1,4 +1,5 @@
-"""CUDA rule for `argmax`: one block per output value (kernels/argmax.cuh).
+"""CUDA rules for `argmax`: one block per output value (kernels/argmax.cuh), and `iota`: a grid-stride loop
+writing ``start + i * delta`` (kernels/iota.cuh).
 
 A decoder's greedy step reads back the argmax of its logits (4 bytes a row)
 instead of the logits themselves.
@@ -20,6 +21,7 @@ from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+from rlx.ir.ops_range import Iota
 from rlx.ir.shape import normalize_axis
 
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
@@ -56,3 +58,35 @@ def argmax(e: CudaEmitter, node: Node) -> Kernel:
                         x=e.ptr(x_id), y=e.ptr(node.id), outer=e.numel(x.dims[:axis]), n=e.dim(x.dims[axis]),
                         inner=e.numel(x.dims[axis + 1:]))
     return Kernel(node.id, "block_argmax", TEMPLATE, args, headers=(HEADER,), header=args.comment, label=node.label)
+
+
+IOTA_HEADER = "cuda/kernels/iota.cuh"
+IOTA_DTYPES = (DType.F32, DType.F16, DType.BF16, DType.F64, DType.I16, DType.I32, DType.I64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IotaLaunch(Launch):
+    """Launch arguments of `block_iota`: y[i] = start + i * delta for i < n."""
+
+    t: str
+    y: str
+    n: str
+    is_float: bool
+    start: str
+    delta: str
+
+
+def _iota_accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
+    made = "/".join(d.value for d in IOTA_DTYPES)
+    return None if out_dtype in IOTA_DTYPES else f"of {out_dtype.value}; it makes {made}"
+
+
+@RULES.register("iota", accepts=_iota_accepts)
+def iota(e: CudaEmitter, node: Node) -> Kernel:
+    op: Iota = node.op  # type: ignore[assignment]
+    is_float = node.shape.dtype.is_float
+    number = (lambda v: repr(float(v))) if is_float else (lambda v: f"(int64_t){int(v)}LL")
+    args = IotaLaunch(**e.base(node), t=e.ctype(node.id), y=e.ptr(node.id), n=e.dim(op.length), is_float=is_float,
+                      start=number(op.start), delta=number(op.delta))
+    return Kernel(node.id, "block_iota", TEMPLATE, args, headers=(IOTA_HEADER,), header=args.comment,
+                  label=node.label)

@@ -220,6 +220,9 @@ static inline float rlx_min_f(float a, float b) { return (a < b || a != a) ? a :
 static inline double rlx_min_d(double a, double b) { return (a < b || a != a) ? a : b; }
 static inline float rlx_pow_f(float a, float b) { return powf(a, b); }
 static inline double rlx_pow_d(double a, double b) { return pow(a, b); }
+/* C's remainder of a / b truncated toward zero (the sign of a): rlx `binary fmod`, ONNX Mod with fmod=1 */
+static inline float rlx_fmod_f(float a, float b) { return fmodf(a, b); }
+static inline double rlx_fmod_d(double a, double b) { return fmod(a, b); }
 
 /* Integer power with wrap-around (callers flag negative exponents as errors). */
 static inline int64_t rlx_ipow(int64_t base, int64_t e)
