@@ -108,17 +108,18 @@ DW_VEC = 32
 
 def depthwise_scratch_floats(g: Window2d) -> int:
     """Floats of scratch one plane of a depthwise conv takes (rlx_conv_dw_scratch in kernels/conv.h): its
-    SH*SW stride-phase copies, each (HQ + 1) x WQ plus DW_VEC of slack, and its WQ-wide output.
+    taps' offsets (int64), its SH*SW stride-phase copies, each (HQ + 1) x WQ plus DW_VEC of slack, and its
+    WQ-wide output.
 
     >>> from rlx.ir.ops_conv import Conv
     >>> depthwise_scratch_floats(window_2d(Conv(strides=(2, 2), pads=(1, 1, 1, 1), groups=4), (8, 8), (4, 4),
     ...                                    (3, 3), 1))
-    280
+    298
     """
     wq = g.ow + (g.kw - 1) * g.dw // g.sw
     hq = g.oh + (g.kh - 1) * g.dh // g.sh
     out = -(-g.oh * wq // DW_VEC) * DW_VEC
-    return g.sh * g.sw * ((hq + 1) * wq + DW_VEC) + out
+    return 2 * g.kh * g.kw + g.sh * g.sw * ((hq + 1) * wq + DW_VEC) + out
 
 
 def emit_conv(em, node: Node) -> Kernel:

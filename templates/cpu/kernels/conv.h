@@ -148,6 +148,8 @@ static const float *rlx_conv_dw_plane(const float *restrict x, const float *rest
 {
     const int64_t HQ = rlx_conv_dw_hq(g), WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
     const int64_t L = g->OH * WQ, LP = (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
+    int64_t *restrict tap = (int64_t *)q;  /* KH*KW offsets, then the phase planes, then the output */
+    q += 2 * g->KH * g->KW;
     float *restrict acc = q + g->SH * g->SW * PL;
     for (int64_t a = 0; a < g->SH; a++)
         for (int64_t b = 0; b < g->SW; b++) {
@@ -177,21 +179,24 @@ static const float *rlx_conv_dw_plane(const float *restrict x, const float *rest
             }
             memset(qp + (HQ + 1) * WQ, 0, RLX_DW_VEC * sizeof(float));
         }
+    /* each tap's offset into q (its phase plane, row and column), worked out once: no division per tap */
+    const int64_t taps = g->KH * g->KW;
+    for (int64_t kh = 0; kh < g->KH; kh++)
+        for (int64_t kw = 0; kw < g->KW; kw++) {
+            const int64_t rh = kh * g->DH, cw = kw * g->DW;
+            tap[kh * g->KW + kw] = ((rh % g->SH) * g->SW + cw % g->SW) * PL + rh / g->SH * WQ + cw / g->SW;
+        }
     for (int64_t i0 = 0; i0 < LP; i0 += RLX_DW_VEC) {
         /* four 8-float accumulators, kept in registers across every tap (GCC/Clang vector extensions) */
         rlx_dw_v8 s0 = {bias, bias, bias, bias, bias, bias, bias, bias}, s1 = s0, s2 = s0, s3 = s0;
-        for (int64_t kh = 0; kh < g->KH; kh++) {
-            const int64_t rh = kh * g->DH;
-            const float *qh = q + (rh % g->SH) * g->SW * PL + rh / g->SH * WQ + i0;
-            for (int64_t kw = 0; kw < g->KW; kw++) {
-                const int64_t cw = kw * g->DW;
-                const rlx_dw_v8u *src = (const rlx_dw_v8u *)(qh + (cw % g->SW) * PL + cw / g->SW);
-                const float wv = w[kh * g->KW + kw];
-                s0 += wv * src[0];
-                s1 += wv * src[1];
-                s2 += wv * src[2];
-                s3 += wv * src[3];
-            }
+        const float *qi = q + i0;
+        for (int64_t t = 0; t < taps; t++) {
+            const rlx_dw_v8u *src = (const rlx_dw_v8u *)(qi + tap[t]);
+            const float wv = w[t];
+            s0 += wv * src[0];
+            s1 += wv * src[1];
+            s2 += wv * src[2];
+            s3 += wv * src[3];
         }
         rlx_dw_v8u *out = (rlx_dw_v8u *)(acc + i0);
         out[0] = s0;
@@ -202,11 +207,11 @@ static const float *rlx_conv_dw_plane(const float *restrict x, const float *rest
     return acc;
 }
 
-/* Floats of scratch rlx_conv_dw_plane needs: the phase planes and the WQ-wide output. */
+/* Floats of scratch rlx_conv_dw_plane needs: the taps' offsets (int64), the phase planes, the WQ-wide output. */
 static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
 {
     const int64_t L = g->OH * rlx_conv_dw_wq(g);
-    return g->SH * g->SW * rlx_conv_dw_phase(g) + (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
+    return 2 * g->KH * g->KW + g->SH * g->SW * rlx_conv_dw_phase(g) + (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
 }
 
 /* Cells of window `o` along one axis that fall in [lo_bound, hi_bound) of input coordinates. */
