@@ -4,7 +4,7 @@ Registered into the CPU rule table when `rlx.codegen` is imported. A conv is
 rendered as its LIR `ConvPlan` says (`rlx.opt.lowering_conv`): an implicit GEMM
 on pixel-major tiles gathered into per-thread scratch (the packed micro-kernel
 when the weight is stored packed, `rlx_sgemm1` otherwise), or a direct
-depthwise window on channel planes; bias and activation are applied in the
+depthwise window on padded, stride-phase copies of channel planes; bias and activation are applied in the
 channels-first store. Pooling runs per plane. Loops: `templates/cpu/kernels/conv.h`,
 macros: `templates/cpu/conv.c.j2`. f32 only (legalization widens f16/bf16).
 
