@@ -14,7 +14,9 @@
   tile is multiplied by RLX's micro-kernel (`kernels/packed_gemm.h`); otherwise
   by `rlx_sgemm1` (BLAS or the C GEMM) on the weight as stored.
 - ``depthwise`` / ``nchw``: groups == C == O: each thread takes whole channel
-  planes and runs the window directly (bias and activation in the store).
+  planes, copies each (zero-padded, split by stride phase) into its scratch and
+  runs every window tap as one contiguous run over the plane (bias in the
+  accumulators, activation in the store).
 
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set)'

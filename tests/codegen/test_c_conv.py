@@ -2,10 +2,10 @@
 
 One graph holds every variant, compiled once with a dynamic batch and run at two batch sizes:
 implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major
-tiles with the weight packed (384 channels), pointwise (1x1), depthwise (strided, with hardswish
-fused), max / average pooling (pads, ceil_mode, count_include_pad, dilations, 1-D, and 3-D
-decomposed into two 2-D pools), and batch_norm (decomposed into primitives). The packed micro-kernel
-and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
+tiles with the weight packed (384 channels), pointwise (1x1), depthwise (strided with hardswish
+fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode, count_include_pad, dilations,
+1-D, and 3-D decomposed into two 2-D pools), and batch_norm (decomposed into primitives). The packed
+micro-kernel and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
                           groups=2, dilations=(2, 3), pads=(2, 2, 2, 2), activation="gelu"),
         "depthwise": g.conv(x, param("w_d", [5, 1, 5, 5]), param("b_d", [5]), groups=5, strides=(2, 2),
                             pads=(2, 2, 2, 2), activation="hardswish"),
+        # depthwise: stride 1 with dilation and uneven pads; strides 3 x 2 with a dilated, uneven window; 1-D
+        "depthwise_dilated": g.conv(x, param("w_dd", [5, 1, 3, 3]), groups=5, dilations=(2, 1), pads=(1, 0, 2, 1),
+                                    activation="relu"),
+        "depthwise_s3": g.conv(x, param("w_d3", [5, 1, 3, 2]), param("b_d3", [5]), groups=5, strides=(3, 2),
+                               dilations=(1, 2), pads=(0, 1, 2, 0)),
+        "depthwise_1d": g.conv(seq, param("w_d1", [6, 1, 3]), param("b_d1", [6]), groups=6, pads=(1, 1)),
         "audio": g.conv(g.conv(seq, param("w_a1", [9, 6, 3]), param("b_a1", [9]), pads=(1, 1), activation="gelu"),
                         param("w_a2", [9, 9, 3]), param("b_a2", [9]), strides=(2,), pads=(1, 1), activation="gelu"),
         "maxpool": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),

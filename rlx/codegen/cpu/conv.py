@@ -4,7 +4,7 @@ Registered into the CPU rule table when `rlx.codegen` is imported. A conv is
 rendered as its LIR `ConvPlan` says (`rlx.opt.lowering_conv`): an implicit GEMM
 on pixel-major tiles gathered into per-thread scratch (the packed micro-kernel
 when the weight is stored packed, `rlx_sgemm1` otherwise), or a direct
-depthwise window on channel planes; bias and activation are applied in the
+depthwise window on padded, stride-phase copies of channel planes; bias and activation are applied in the
 channels-first store. Pooling runs per plane. Loops: `templates/cpu/kernels/conv.h`,
 macros: `templates/cpu/conv.c.j2`. f32 only (legalization widens f16/bf16).
 
@@ -104,6 +104,26 @@ def _geom_fields(g: Window2d) -> dict:
     return {f: getattr(g, f) for f in ("cg", "h", "w", "oh", "ow", "kh", "kw", "sh", "sw", "dh", "dw", "ph", "pw")}
 
 
+#: Output pixels a depthwise window accumulates at a time (RLX_DW_VEC in kernels/conv.h).
+DW_VEC = 32
+
+
+def depthwise_scratch_floats(g: Window2d) -> int:
+    """Floats of scratch one plane of a depthwise conv takes (rlx_conv_dw_scratch in kernels/conv.h): its
+    taps' offsets (int64), its SH*SW stride-phase copies, each (HQ + 1) x WQ plus DW_VEC of slack, and its
+    WQ-wide output.
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> depthwise_scratch_floats(window_2d(Conv(strides=(2, 2), pads=(1, 1, 1, 1), groups=4), (8, 8), (4, 4),
+    ...                                    (3, 3), 1))
+    298
+    """
+    wq = g.ow + (g.kw - 1) * g.dw // g.sw
+    hq = g.oh + (g.kh - 1) * g.dh // g.sh
+    out = -(-g.oh * wq // DW_VEC) * DW_VEC
+    return 2 * g.kh * g.kw + g.sh * g.sw * ((hq + 1) * wq + DW_VEC) + out
+
+
 def emit_conv(em, node: Node) -> Kernel:
     """The `conv` kernel of a node, as its `ConvPlan` decides."""
     op: Conv = node.op  # type: ignore[assignment]
@@ -130,8 +150,8 @@ def emit_conv(em, node: Node) -> Kernel:
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
         scratch = align64(plan.tile * k * 4)
-    else:
-        scratch = 0
+    else:  # depthwise: the padded phase planes and the output of one plane
+        scratch = align64(depthwise_scratch_floats(geo) * 4)
     return Kernel(node.id, "conv", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

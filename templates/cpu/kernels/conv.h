@@ -120,39 +120,98 @@ static inline int rlx_conv_pointwise(const rlx_conv_geom *g)
         && g->OH == g->H && g->OW == g->W;
 }
 
-/* y[OH, OW] = sum over the window of w[KH, KW] * x[H, W] on one plane (depthwise), no bias. */
-static void rlx_conv_dw_plane(const float *restrict x, const float *restrict w, float *restrict y,
-                              const rlx_conv_geom *g)
+/* Depthwise convolution, one plane at a time, through a padded copy split by stride phase.
+ *
+ * The plane is copied (zeros in the pads) into SH*SW phase planes q[a*SW + b] of HQ x WQ (rlx_conv_dw_hq, _wq) floats,
+ * q[a*SW + b][r, c] = x[r*SH + a - PH, c*SW + b - PW]. Window tap (kh, kw) of output pixel (oh, ow) is then
+ * phase ((kh*DH) % SH, (kw*DW) % SW) at (oh + kh*DH / SH, ow + kw*DW / SW): with the output laid out WQ
+ * wide (columns OW .. WQ-1 are computed and dropped), every tap is one contiguous, bounds-free run
+ * acc[i] += w * q[i + offset] over the whole plane, accumulated RLX_DW_VEC outputs at a time in registers
+ * across all taps. Scratch floats per thread: rlx_conv_dw_scratch (rlx/codegen/cpu/conv.py computes the same). */
+#define RLX_DW_VEC 32
+typedef float rlx_dw_v8 __attribute__((vector_size(32)));
+/* the same, at any float's address (unaligned loads and stores; may alias other floats) */
+typedef float rlx_dw_v8u __attribute__((vector_size(32), aligned(4), may_alias));
+
+static inline int64_t rlx_conv_dw_wq(const rlx_conv_geom *g) { return g->OW + (g->KW - 1) * g->DW / g->SW; }
+static inline int64_t rlx_conv_dw_hq(const rlx_conv_geom *g) { return g->OH + (g->KH - 1) * g->DH / g->SH; }
+/* floats of one phase plane: one spare row and a vector of slack for the dropped columns' reads */
+static inline int64_t rlx_conv_dw_phase(const rlx_conv_geom *g)
 {
-    for (int64_t oh = 0; oh < g->OH; oh++) {
-        float *restrict yr = y + oh * g->OW;
-        for (int64_t ow = 0; ow < g->OW; ow++)
-            yr[ow] = 0.0f;
-        for (int64_t kh = 0; kh < g->KH; kh++) {
-            const int64_t ih = oh * g->SH - g->PH + kh * g->DH;
-            if (ih < 0 || ih >= g->H)
-                continue;
-            const float *restrict xr = x + ih * g->W;
-            for (int64_t kw = 0; kw < g->KW; kw++) {
-                const float wv = w[kh * g->KW + kw];
-                const int64_t off = kw * g->DW - g->PW;
-                /* ow range whose input column ow*SW + off lies inside [0, W) */
-                int64_t lo = off >= 0 ? 0 : (-off + g->SW - 1) / g->SW;
-                int64_t hi = g->W - 1 - off < 0 ? 0 : (g->W - 1 - off) / g->SW + 1;
-                if (hi > g->OW)
-                    hi = g->OW;
-                if (g->SW == 1) {
-                    const float *restrict xs = xr + off;
-                    #pragma omp simd
-                    for (int64_t ow = lo; ow < hi; ow++)
-                        yr[ow] += wv * xs[ow];
-                } else {
-                    for (int64_t ow = lo; ow < hi; ow++)
-                        yr[ow] += wv * xr[ow * g->SW + off];
+    return (rlx_conv_dw_hq(g) + 1) * rlx_conv_dw_wq(g) + RLX_DW_VEC;
+}
+
+/* bias + the window of w[KH, KW] over one plane x[H, W], returned WQ wide (output row oh at oh * WQ, columns
+ * OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch floats. */
+static const float *rlx_conv_dw_plane(const float *restrict x, const float *restrict w, float bias,
+                                      const rlx_conv_geom *g, float *restrict q)
+{
+    const int64_t HQ = rlx_conv_dw_hq(g), WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
+    const int64_t L = g->OH * WQ, LP = (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
+    int64_t *restrict tap = (int64_t *)q;  /* KH*KW offsets, then the phase planes, then the output */
+    q += 2 * g->KH * g->KW;
+    float *restrict acc = q + g->SH * g->SW * PL;
+    for (int64_t a = 0; a < g->SH; a++)
+        for (int64_t b = 0; b < g->SW; b++) {
+            float *restrict qp = q + (a * g->SW + b) * PL;
+            /* columns c whose input column c*SW + b - PW lies in [0, W) */
+            int64_t lo = g->PW - b <= 0 ? 0 : (g->PW - b + g->SW - 1) / g->SW;
+            int64_t hi = g->W - 1 + g->PW - b < 0 ? 0 : (g->W - 1 + g->PW - b) / g->SW + 1;
+            lo = lo > WQ ? WQ : lo;
+            hi = hi > WQ ? WQ : (hi < lo ? lo : hi);
+            for (int64_t r = 0; r <= HQ; r++) {
+                float *restrict qr = qp + r * WQ;
+                const int64_t ih = r * g->SH + a - g->PH;
+                if (r == HQ || ih < 0 || ih >= g->H) {
+                    memset(qr, 0, (size_t)WQ * sizeof(float));
+                    continue;
                 }
+                const float *restrict xr = x + ih * g->W + b - g->PW;
+                for (int64_t c = 0; c < lo; c++)
+                    qr[c] = 0.0f;
+                if (g->SW == 1)
+                    memcpy(qr + lo, xr + lo, (size_t)(hi - lo) * sizeof(float));
+                else
+                    for (int64_t c = lo; c < hi; c++)
+                        qr[c] = xr[c * g->SW];
+                for (int64_t c = hi; c < WQ; c++)
+                    qr[c] = 0.0f;
             }
+            memset(qp + (HQ + 1) * WQ, 0, RLX_DW_VEC * sizeof(float));
         }
+    /* each tap's offset into q (its phase plane, row and column), worked out once: no division per tap */
+    const int64_t taps = g->KH * g->KW;
+    for (int64_t kh = 0; kh < g->KH; kh++)
+        for (int64_t kw = 0; kw < g->KW; kw++) {
+            const int64_t rh = kh * g->DH, cw = kw * g->DW;
+            tap[kh * g->KW + kw] = ((rh % g->SH) * g->SW + cw % g->SW) * PL + rh / g->SH * WQ + cw / g->SW;
+        }
+    for (int64_t i0 = 0; i0 < LP; i0 += RLX_DW_VEC) {
+        /* four 8-float accumulators, kept in registers across every tap (GCC/Clang vector extensions) */
+        rlx_dw_v8 s0 = {bias, bias, bias, bias, bias, bias, bias, bias}, s1 = s0, s2 = s0, s3 = s0;
+        const float *qi = q + i0;
+        for (int64_t t = 0; t < taps; t++) {
+            const rlx_dw_v8u *src = (const rlx_dw_v8u *)(qi + tap[t]);
+            const float wv = w[t];
+            s0 += wv * src[0];
+            s1 += wv * src[1];
+            s2 += wv * src[2];
+            s3 += wv * src[3];
+        }
+        rlx_dw_v8u *out = (rlx_dw_v8u *)(acc + i0);
+        out[0] = s0;
+        out[1] = s1;
+        out[2] = s2;
+        out[3] = s3;
     }
+    return acc;
+}
+
+/* Floats of scratch rlx_conv_dw_plane needs: the taps' offsets (int64), the phase planes, the WQ-wide output. */
+static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
+{
+    const int64_t L = g->OH * rlx_conv_dw_wq(g);
+    return 2 * g->KH * g->KW + g->SH * g->SW * rlx_conv_dw_phase(g) + (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
 }
 
 /* Cells of window `o` along one axis that fall in [lo_bound, hi_bound) of input coordinates. */
