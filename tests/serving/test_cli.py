@@ -83,3 +83,39 @@ def test_paged_kv_options_are_checked_before_anything_loads() -> None:
         cli.main(["--kv-pages", "0"])
     cli_args = cli._parser().parse_args(["--kv-layout", "contiguous", "--max-context", "100"])
     assert cli_args.kv_layout == "contiguous" and cli_args.page_size == 16 and cli_args.kv_pages is None
+
+
+def test_speculative_options_are_checked_before_anything_loads(tmp_path) -> None:
+    for argv, message in ((["--speculative", "prompt_lookup", "--draft-model", str(tmp_path)], "give one"),
+                          (["--speculative", "prompt_lookup", "--kv-layout", "contiguous"], "paged KV layout"),
+                          (["--speculative", "prompt_lookup", "--lora", "a=/x"], "paged KV layout"),
+                          (["--speculative", "prompt_lookup", "--max-draft", "0"], "--max-draft must be >= 1"),
+                          (["--draft-model", str(tmp_path / "none.gguf")], "no such file")):
+        with pytest.raises(RlxError, match=message):
+            cli.check_speculative(cli._parser().parse_args(argv))
+    with pytest.raises(SystemExit):  # argparse: not a drafter it knows
+        cli._parser().parse_args(["--speculative", "medusa"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None,
+                    reason="the serve extra is not installed")
+def test_serve_speculative_prompt_lookup_serves_the_plain_tokens(tiny_gguf, paged_runner) -> None:
+    """`rlxc serve --speculative prompt_lookup`'s app (its own runner) answers a greedy request with the tokens of
+    plain decoding, and reports the drafter's acceptance."""
+    from live import live_server
+
+    from rlx.serving.engine import Engine, SamplingParams
+
+    prompt = [89] * 6
+    want = Engine(paged_runner).generate(prompt, SamplingParams(max_tokens=24))
+    args = cli._parser().parse_args(["--model", str(tiny_gguf), "--max-seqs", "16", "--max-context", "128",
+                                     "--speculative", "prompt_lookup", "--max-draft", "4"])
+    cli.check_speculative(args)
+    app = cli.build_app(args)
+    assert app.state.engine.drafter is not None and app.state.engine.max_draft == 4
+    with live_server(app) as url:
+        body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+        done = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        assert done["choices"][0]["text"] == want.text and done["usage"]["completion_tokens"] == 24
+        assert "rlx_speculative_accepted_tokens_total" in httpx.get(url + "/metrics").text
+        assert app.state.engine.stats()["kv_used_pages"] == 0
