@@ -5,6 +5,7 @@
     rlxc serve --embedding-model path/to/all-MiniLM-L6-v2
     rlxc serve --lora sql=adapters/sql --lora chat=adapters/chat   # requests pick one with "model": "sql"
     rlxc serve --speculative prompt_lookup       # or --draft-model small.gguf: k proposals verified a step
+    rlxc serve --ray --replicas 4                # 4 engine replicas behind one endpoint (Ray Serve, rlx[ray])
 
 FastAPI, uvicorn and prometheus_client come with the `serve` extra (`pip install 'rlx[serve]'`);
 they are imported only here, when the server starts.
@@ -68,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="speculative decoding with a smaller GGUF model sharing the tokenizer as the drafter")
     p.add_argument("--max-draft", type=int, default=8,
                    help="speculative: the most tokens proposed a step (adaptive below it; default 8)")
+    p.add_argument("--ray", action="store_true",
+                   help="serve --replicas engine replicas behind one endpoint through Ray Serve (the ray extra)")
+    p.add_argument("--replicas", type=int, default=1, help="--ray: engine replicas (default 1)")
+    p.add_argument("--replica-cpus", type=float, default=1.0,
+                   help="--ray: CPUs of the Ray cluster each replica reserves (default 1)")
+    p.add_argument("--ray-address", default=None,
+                   help="--ray: the Ray cluster to join (default: RAY_ADDRESS, else a local Ray started here)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--quant-act", default="f32", choices=("f32", "q8", "q16"),
                    help="how quantized matmuls take activations (default f32: a request's tokens do not depend "
@@ -141,6 +149,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kv_layout == "paged" and args.max_context % args.page_size:
         raise RlxError(f"--max-context ({args.max_context}) must be a multiple of --page-size ({args.page_size})")
     check_speculative(args)
+    if args.replicas < 1 or args.replica_cpus < 0:
+        raise RlxError(f"--replicas must be >= 1 and --replica-cpus >= 0, got {args.replicas}, {args.replica_cpus}")
+    if args.replicas > 1 and not args.ray:
+        raise RlxError("--replicas takes --ray (the replicas run as Ray Serve deployment replicas)")
+    if args.ray:
+        from rlx.serving import ray_serve
+
+        if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
+            print(ray_serve.INSTALL_HINT, file=sys.stderr)
+            return 1
+        ray_serve.run(args)
+        return 0
     app = build_app(args)
     from rlx.serving.server import serve
 
