@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
             print(ray_serve.INSTALL_HINT, file=sys.stderr)
             return 1
-        ray_serve.run(args)
+        ray_serve.run(args, build_app)
         return 0
     app = build_app(args)
     from rlx.serving.server import serve

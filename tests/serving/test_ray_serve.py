@@ -44,7 +44,7 @@ def test_two_replicas_serve_one_endpoint(local_ray, tiny_gguf, paged_runner) -> 
     port = free_port()
     args = cli._parser().parse_args(["--model", str(tiny_gguf), "--max-seqs", "16", "--max-context", "128",
                                      "--ray", "--replicas", "2", "--port", str(port), "--log-level", "warning"])
-    url = ray_serve.start_replicas(args)
+    url = ray_serve.start_replicas(args, cli.build_app)
     try:
         assert url == f"http://127.0.0.1:{port}"
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
