@@ -258,11 +258,7 @@ def accept(target_logits: np.ndarray, proposed: Sequence[int], q: np.ndarray | N
     argmax of the first row not matched. Sampling: the accept/reject rule of the module docstring.
     """
     if sampler.greedy:
-        best = np.argmax(target_logits, axis=-1)
-        kept = 0
-        while kept < len(proposed) and int(best[kept]) == proposed[kept]:
-            kept += 1
-        return kept, int(best[kept])
+        return accept_greedy(np.argmax(target_logits, axis=-1), proposed)
     for i, token in enumerate(proposed):
         p = target_distribution(target_logits[i], sampler)
         q_token = 1.0 if q is None else float(q[i][token])
@@ -272,6 +268,19 @@ def accept(target_logits: np.ndarray, proposed: Sequence[int], q: np.ndarray | N
         total = residual.sum()
         return i, (_draw(residual / total, sampler) if total > 0 else _draw(p, sampler))
     return len(proposed), _draw(target_distribution(target_logits[len(proposed)], sampler), sampler)
+
+
+def accept_greedy(best: Sequence[int] | np.ndarray, proposed: Sequence[int]) -> tuple[int, int]:
+    """Greedy `accept` from the target's argmax ids `best` (`[k+1]`, one per verified row): the proposals
+    kept while each equals the argmax of the row before it, and the argmax of the first row not matched.
+
+    >>> accept_greedy([7, 8, 2, 5], [7, 8, 9])
+    (2, 2)
+    """
+    kept = 0
+    while kept < len(proposed) and int(best[kept]) == proposed[kept]:
+        kept += 1
+    return kept, int(best[kept])
 
 
 def _one_hot(token: int, size: int) -> np.ndarray:
@@ -341,4 +350,4 @@ def speculative_tokens(lm: CausalLM, prompt: list[int], max_new: int, sampler: S
 
 
 __all__ = ["DRAFTER_NAMES", "AdaptiveK", "DraftModel", "Drafter", "PromptLookup", "SpecStats", "accept",
-           "make_drafter", "speculative_tokens", "target_distribution"]
+           "accept_greedy", "make_drafter", "speculative_tokens", "target_distribution"]

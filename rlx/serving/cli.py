@@ -4,6 +4,8 @@
     rlxc serve --model model.gguf --port 8001 --max-seqs 8 --api-key secret
     rlxc serve --embedding-model path/to/all-MiniLM-L6-v2
     rlxc serve --lora sql=adapters/sql --lora chat=adapters/chat   # requests pick one with "model": "sql"
+    rlxc serve --speculative prompt_lookup       # or --draft-model small.gguf: k proposals verified a step
+    rlxc serve --ray --replicas 4                # 4 engine replicas behind one endpoint (Ray Serve, rlx[ray])
 
 FastAPI, uvicorn and prometheus_client come with the `serve` extra (`pip install 'rlx[serve]'`);
 they are imported only here, when the server starts.
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx.errors import RlxError
+from rlx.models.speculative import DRAFTER_NAMES
 
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
 INSTALL_HINT = "rlxc serve needs FastAPI, uvicorn and prometheus_client: pip install 'rlx[serve]'"
@@ -59,6 +62,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=64, help="contiguous: prefill chunk in tokens (default 64)")
     p.add_argument("--prefix-cache-mb", type=int, default=256,
                    help="memory for the K/V of prompt blocks reused across requests (default 256; 0: off)")
+    p.add_argument("--speculative", default=None, choices=DRAFTER_NAMES,
+                   help="speculative decoding: prompt_lookup proposes the tokens that followed the context's last "
+                        "n-gram earlier on; one step verifies them (greedy output unchanged; paged layout only)")
+    p.add_argument("--draft-model", metavar="DIR|FILE.gguf", default=None,
+                   help="speculative decoding with a smaller GGUF model sharing the tokenizer as the drafter")
+    p.add_argument("--max-draft", type=int, default=8,
+                   help="speculative: the most tokens proposed a step (adaptive below it; default 8)")
+    p.add_argument("--ray", action="store_true",
+                   help="serve --replicas engine replicas behind one endpoint through Ray Serve (the ray extra)")
+    p.add_argument("--replicas", type=int, default=1, help="--ray: engine replicas (default 1)")
+    p.add_argument("--replica-cpus", type=float, default=1.0,
+                   help="--ray: CPUs of the Ray cluster each replica reserves (default 1)")
+    p.add_argument("--ray-address", default=None,
+                   help="--ray: the Ray cluster to join (default: RAY_ADDRESS, else a local Ray started here)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--quant-act", default="f32", choices=("f32", "q8", "q16"),
                    help="how quantized matmuls take activations (default f32: a request's tokens do not depend "
@@ -103,6 +120,20 @@ def lora_specs(specs: Sequence[str]) -> dict[str, Path]:
     return out
 
 
+def check_speculative(args: argparse.Namespace) -> None:
+    """`--speculative` / `--draft-model` against the other options (before anything loads)."""
+    if args.speculative is None and args.draft_model is None:
+        return
+    if args.speculative is not None and args.draft_model is not None:
+        raise RlxError("--speculative and --draft-model name two drafters: give one")
+    if args.kv_layout != "paged" or args.lora:
+        raise RlxError("speculative decoding runs on the paged KV layout, without --lora adapters")
+    if args.max_draft < 1:
+        raise RlxError(f"--max-draft must be >= 1, got {args.max_draft}")
+    if args.draft_model is not None:
+        gguf_path(args.draft_model)  # exists, one .gguf
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server until SIGINT/SIGTERM; returns the exit status (1 when the extra is missing)."""
     args = _parser().parse_args(argv)
@@ -117,6 +148,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise RlxError(f"{what} must be >= 1, got {v}")
     if args.kv_layout == "paged" and args.max_context % args.page_size:
         raise RlxError(f"--max-context ({args.max_context}) must be a multiple of --page-size ({args.page_size})")
+    check_speculative(args)
+    if args.replicas < 1 or args.replica_cpus < 0:
+        raise RlxError(f"--replicas must be >= 1 and --replica-cpus >= 0, got {args.replicas}, {args.replica_cpus}")
+    if args.replicas > 1 and not args.ray:
+        raise RlxError("--replicas takes --ray (the replicas run as Ray Serve deployment replicas)")
+    if args.ray:
+        from rlx.serving import ray_serve
+
+        if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
+            print(ray_serve.INSTALL_HINT, file=sys.stderr)
+            return 1
+        ray_serve.run(args, build_app)
+        return 0
     app = build_app(args)
     from rlx.serving.server import serve
 
@@ -165,9 +209,15 @@ def build_app(args: argparse.Namespace) -> Any:
         d = default_model_dir() if args.embedding_model == "default" else Path(args.embedding_model)
         embedder = SentenceEmbedder.from_pretrained(d, device=args.device)
         embedding_name = "all-MiniLM-L6-v2" if args.embedding_model == "default" else d.name
+    speculative: Any = args.speculative
+    if args.draft_model is not None:
+        from rlx.models.causal_lm import CausalLM
+
+        speculative = CausalLM.from_gguf(gguf_path(args.draft_model), max_context=args.max_context, max_batch=1,
+                                         prefill_chunk=args.chunk, device=args.device, quant_act=args.quant_act)
     engine = Engine(runner, token_budget=None if paged else args.kv_tokens,
-                    max_waiting=args.max_queue,
-                    prefix_cache_bytes=args.prefix_cache_mb << 20).start()
+                    max_waiting=args.max_queue, prefix_cache_bytes=args.prefix_cache_mb << 20,
+                    speculative=speculative, max_draft=args.max_draft).start()
     return create_app(engine, name, embedder=embedder, embedding_model=embedding_name, api_key=args.api_key)
 
 

@@ -14,6 +14,13 @@ freed when a sequence ends), every iteration is one model call — the decode ro
 chunks together under the step's row budget — and the prefix cache shares full pages by reference
 count instead of copying K/V (a shared page is copied only if a sequence writes into it).
 
+Speculative decoding (`speculative=`: "prompt_lookup", a draft `CausalLM` or a drafter; paged runners only):
+a decoding sequence's drafter proposes up to k tokens (`AdaptiveK`, within the rows and pages the
+scheduler grants after prefill) and its row in the step becomes k+1 rows — its last token and the
+proposals at the next positions. The greedy or accept/reject rule of `rlx.models.speculative` keeps a
+prefix of them plus one token of the target's; the pages of the rejected tail go back to the pool. Each
+row's arithmetic is that of a one-row step (`PagedRunner`), so greedy tokens are those of plain decoding.
+
 >>> from rlx.models.decoder_config import DecoderConfig
 >>> from rlx.models.causal_lm import random_tensors
 >>> from rlx.models.llama import random_specs
@@ -41,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import RlxError
+from rlx.models import speculative as spec
 from rlx.models.sampling import Sampler
 from rlx.serving.kv import SlotKv
 from rlx.serving.prefix import PrefixCache
@@ -98,6 +106,8 @@ class Completion:
     finish_reason: str
     prompt_tokens: int
     events: list[Event] = field(default_factory=list)
+    #: speculative decoding's counts (`Request.timings`); empty without it
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 class EngineClosed(RlxError):
@@ -115,6 +125,9 @@ class Observer:
 
     def prefix_hit(self, tokens: int) -> None: ...
 
+    def speculated(self, proposed: int, accepted: int, produced: int) -> None:
+        """One sequence's decode step under speculative decoding: tokens proposed, kept, and produced."""
+
 
 class Request:
     """A submitted request: iterate it for its `Event`s (blocking), or give `submit` a `sink` instead."""
@@ -130,6 +143,13 @@ class Request:
     def cancel(self) -> None:
         """End this request now: its slot is freed at the next iteration (a last event says "cancelled")."""
         self._engine.cancel(self)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Speculative decoding's counts so far (as `Generation.timings`: steps, draft and accepted tokens,
+        acceptance rate, tokens per step); empty without speculation."""
+        job: _Job = self._seq.payload
+        return job.stats.timings() if job.stats is not None else {}
 
     def __iter__(self) -> Iterator[Event]:
         while True:
@@ -149,6 +169,10 @@ class _Job:
     sink: Callable[[Event], None]
     adapter: str | None = None
     cancelled: bool = False
+    # speculative decoding: the sequence's drafter, proposal length and counts (None: plain decoding)
+    drafter: spec.Drafter | None = None
+    k: spec.AdaptiveK | None = None
+    stats: spec.SpecStats | None = None
 
 
 class Engine:
@@ -159,13 +183,14 @@ class Engine:
     iteration computes (decode rows plus prefill chunks); `max_waiting`: the queue's bound (`QueueFull`
     past it); `prefix_cache_bytes`: memory for the K/V of prompt blocks reused across requests
     (`PrefixCache`; 0, or a runner that cannot copy K/V, turns it off); `clock`: seconds, for
-    first-token and inter-token times.
+    first-token and inter-token times; `speculative`: a drafter (see the module docstring), `max_draft`
+    the most tokens it proposes a step.
     """
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
                  observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
-                 kv_pages: int | None = None) -> None:
+                 kv_pages: int | None = None, speculative: Any = None, max_draft: int = 8) -> None:
         self.runner = runner
         self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
@@ -186,8 +211,17 @@ class Engine:
             self.prefix = (PrefixCache(chunk, prefix_cache_bytes)
                            if prefix_cache_bytes > 0 and getattr(runner, "copies_kv", False) else None)
         reuse = None if self.prefix is None else self._share if self.paged else self._reuse
+        self.drafter: spec.Drafter | None = None
+        if speculative is not None:
+            if not self.paged:  # its verify rows need the one-row arithmetic of the paged runner's steps
+                raise RlxError("speculative decoding in the engine needs a paged runner (rlxc serve --kv-layout paged)")
+            if max_draft < 1:
+                raise RlxError(f"max_draft must be >= 1, got {max_draft!r}")
+            self.drafter = spec.make_drafter(speculative, runner)
+        self.max_draft = max_draft
         self.scheduler = Scheduler(self.kv, chunk=chunk, max_step_tokens=max_step_tokens or max(chunk, runner.slots),
-                                   max_waiting=max_waiting, clock=clock, reuse=reuse, split_chunks=self.paged)
+                                   max_waiting=max_waiting, clock=clock, reuse=reuse, split_chunks=self.paged,
+                                   lookahead=self._lookahead if self.drafter is not None else None)
         self.observer = observer or Observer()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -217,6 +251,11 @@ class Engine:
                 raise EngineClosed("the engine is shutting down")
             job = _Job(params, Sampler(params.temperature, params.top_k, params.top_p, params.seed),
                        StopText(self.runner.tokenizer, params.stop), sink or (lambda e: None), adapter)
+            if self.drafter is not None:
+                # a draft model keeps a KV cache per sequence; prompt lookup (stateless) is shared
+                job.drafter = (spec.DraftModel(self.drafter.lm) if isinstance(self.drafter, spec.DraftModel)
+                               else self.drafter)
+                job.k, job.stats = spec.AdaptiveK(k=min(4, self.max_draft), k_max=self.max_draft), spec.SpecStats()
             seq = self.scheduler.add(ids, params.max_tokens, job)
             request = Request(self, seq)
             if sink is None:
@@ -238,7 +277,8 @@ class Engine:
         last = events[-1]
         if last.finish_reason == "error":
             raise RlxError(f"generation failed: {last.error}")
-        return Completion(tokens, "".join(e.text for e in events), last.finish_reason, len(prompt), events)
+        return Completion(tokens, "".join(e.text for e in events), last.finish_reason, len(prompt), events,
+                          request.timings)
 
     def _drive(self, request: Request) -> list[Event]:
         events: list[Event] = []
@@ -370,10 +410,12 @@ class Engine:
         rows: list[tuple[int, int, int]] = []
         outputs: list[int] = []
         ends: list[tuple[Seq, int]] = []  # (sequence, tokens it fed), in row order
-        for seq in plan.decode:
-            rows.append((seq.slot, seq.context[-1], seq.filled))
-            outputs.append(len(rows) - 1)
-            ends.append((seq, 1))
+        drafts = self._propose(plan)
+        for seq, (proposed, _) in zip(plan.decode, drafts):
+            fed = [seq.context[-1], *proposed]  # the last token, then the proposals at the next positions
+            rows.extend((seq.slot, t, seq.filled + i) for i, t in enumerate(fed))
+            outputs.extend(range(len(rows) - len(fed), len(rows)))
+            ends.append((seq, len(fed)))
         for seq, start, n in plan.prefill:
             ctx = seq.context
             rows.extend((seq.slot, ctx[start + i], start + i) for i in range(n))
@@ -390,9 +432,16 @@ class Engine:
             k = 0
             for i, (seq, n) in enumerate(ends):
                 if i < len(plan.decode):
-                    self.scheduler.decoded(seq)
-                    self._next(seq, out[k], logits)
-                    k += 1
+                    proposed, q = drafts[i]
+                    if proposed:
+                        self._verify(seq, out[k:k + n], proposed, q, logits)
+                    else:
+                        before = len(seq.generated)
+                        self.scheduler.decoded(seq)
+                        self.kv.truncate(seq.slot, seq.filled)  # pages granted for proposals that never came
+                        self._next(seq, out[k], logits)
+                        self._count(seq, 0, 0, len(seq.generated) - before)
+                    k += n
                     continue
                 start = seq.filled
                 self.scheduler.prefilled(seq, n)
@@ -401,6 +450,59 @@ class Engine:
                 if seq.state is State.DECODE:  # its prompt is in: the chunk's last row is its first token
                     self._next(seq, out[k], logits)
                     k += 1
+
+    def _lookahead(self, seq: Seq) -> int:
+        """How many tokens `seq`'s drafter would propose this step: its `AdaptiveK` within what `seq` may still
+        generate (the step yields one token more than it keeps) and the context."""
+        job: _Job = seq.payload
+        room = min(seq.max_new - len(seq.generated), self.runner.max_context - seq.filled) - 1
+        return min(job.k.proposal(), room) if job.k is not None and room > 0 and not job.cancelled else 0
+
+    def _propose(self, plan: Plan) -> list[tuple[list[int], np.ndarray | None]]:
+        """Each decode row's proposed tokens (at most what the plan grants) and, when sampled, their
+        distributions; nothing for plain decoding."""
+        out: list[tuple[list[int], np.ndarray | None]] = []
+        for seq, granted in zip(plan.decode, plan.drafts or [0] * len(plan.decode)):
+            job: _Job = seq.payload
+            if granted == 0 or job.drafter is None:
+                out.append(([], None))
+                continue
+            proposed, q = job.drafter.propose(seq.context, granted, job.sampler)
+            proposed = [int(t) for t in proposed[:granted]]
+            out.append((proposed, None if q is None or not proposed else q[:len(proposed)]))
+        return out
+
+    def _verify(self, seq: Seq, out: np.ndarray, proposed: list[int], q: np.ndarray | None, is_logits: bool) -> None:
+        """`seq`'s k+1 verify rows ran: keep the proposals the target agrees with (greedy) or accepts (sampling)
+        and one token of its own; the rejected tail's pages go back to the pool; stream what was kept."""
+        job: _Job = seq.payload
+        if job.cancelled:
+            self._finish(seq, "cancelled")
+            return
+        rows = np.asarray(out, dtype=np.float32) if is_logits else None
+        if rows is not None:
+            kept, token = spec.accept(rows, proposed, q, job.sampler)
+        else:  # greedy without logprobs: the runner gave each row's argmax
+            kept, token = spec.accept_greedy(np.asarray(out), proposed)
+        self.scheduler.decoded(seq, kept)
+        self.kv.truncate(seq.slot, seq.filled)  # the cache holds the context but its last token
+        before = len(seq.generated)
+        for i, t in enumerate([*proposed[:kept], token]):
+            if not self._emit(seq, t, None if rows is None else rows[i]):
+                break
+        self._count(seq, len(proposed), kept, len(seq.generated) - before)
+
+    def _count(self, seq: Seq, proposed: int, kept: int, produced: int) -> None:
+        """Speculative decoding's counts of `seq`'s decode step (nothing for plain decoding)."""
+        job: _Job = seq.payload
+        if job.stats is None:
+            return
+        job.stats.steps += 1
+        job.stats.proposed += proposed
+        job.stats.accepted += kept
+        job.stats.produced = len(seq.generated)
+        job.k.update(proposed, kept)
+        self.observer.speculated(proposed, kept, produced)
 
     def _share(self, seq: Seq) -> int:
         """At admission (paged): the cached pages `seq`'s context starts with become its first pages, shared
@@ -457,9 +559,15 @@ class Engine:
             return
         row = np.asarray(out, dtype=np.float32) if is_logits else None
         token = int(job.sampler.pick(row[None, :])[0]) if row is not None else int(out)
+        self._emit(seq, token, row)
+
+    def _emit(self, seq: Seq, token: int, row: np.ndarray | None) -> bool:
+        """Hand out `seq`'s next `token` (`row`: the logits it was chosen from, for logprobs); False when it
+        ended `seq` (a stop token or text, its length)."""
+        job: _Job = seq.payload
         if token in self.runner.stop_ids:
             self._finish(seq, "stop")
-            return
+            return False
         before = seq.last_token_at
         self.scheduler.append(seq, token)
         if before is None:
@@ -473,6 +581,7 @@ class Engine:
             self._finish(seq, "stop")
         elif len(seq.generated) >= seq.max_new or len(seq.context) > self.runner.max_context:
             self._finish(seq, "length")
+        return seq.state is not State.DONE
 
     def _finish(self, seq: Seq, reason: str, error: str | None = None) -> None:
         if seq.state is State.DONE:

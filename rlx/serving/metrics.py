@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from rlx.serving.engine import Observer
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: tokens one sequence's decode step yields under speculative decoding: 1 (nothing kept) .. 1 + the most proposed
+_TOKENS_PER_STEP_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
 
 
 class Metrics(Observer):
@@ -50,10 +52,19 @@ class Metrics(Observer):
                                buckets=_LATENCY_BUCKETS)
         self._itl = Histogram("rlx_inter_token_latency_seconds", "time between a sequence's tokens", registry=r,
                               buckets=_LATENCY_BUCKETS)
+        self._drafted = Counter("rlx_speculative_draft_tokens", "tokens proposed by the speculative drafter",
+                                registry=r)
+        self._accepted = Counter("rlx_speculative_accepted_tokens", "proposed tokens the target kept", registry=r)
+        Gauge("rlx_speculative_acceptance_rate", "accepted / proposed tokens since the server started",
+              registry=r).set_function(self.acceptance_rate)
+        self._per_step = Histogram("rlx_speculative_tokens_per_step",
+                                   "tokens a sequence's decode step yielded under speculative decoding", registry=r,
+                                   buckets=_TOKENS_PER_STEP_BUCKETS)
         self.requests = Counter("rlx_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
                                 registry=r)
         self._window_s = window_s
         self._recent: deque[tuple[float, int]] = deque()
+        self._spec_counts = [0, 0]  # proposed, accepted (the acceptance-rate gauge's)
         self._lock = threading.Lock()
 
     def first_token(self, seconds: float) -> None:
@@ -69,6 +80,19 @@ class Metrics(Observer):
 
     def prefix_hit(self, tokens: int) -> None:
         self._prefix.inc(tokens)
+
+    def speculated(self, proposed: int, accepted: int, produced: int) -> None:
+        self._drafted.inc(proposed)
+        self._accepted.inc(accepted)
+        self._per_step.observe(produced)
+        with self._lock:
+            self._spec_counts[0] += proposed
+            self._spec_counts[1] += accepted
+
+    def acceptance_rate(self) -> float:
+        with self._lock:
+            proposed, accepted = self._spec_counts
+        return accepted / proposed if proposed else 0.0
 
     def tokens_per_second(self) -> float:
         now = time.monotonic()

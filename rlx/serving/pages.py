@@ -155,6 +155,21 @@ class PagedKv:
             held.extend(pages)
         return True
 
+    def truncate(self, slot: int, tokens: int) -> None:
+        """Keep only the pages `slot`'s first `tokens` tokens fall in; the rest go back to the pool (the K/V of
+        rejected speculative tokens: a later token's write lands in a page taken afresh).
+
+        >>> kv = PagedKv(PagePool(num_pages=4, page_size=4), max_seqs=1, max_context=16)
+        >>> s = kv.allocate(11); kv.truncate(s, 5); kv.pages(s), kv.free_pages
+        ([0, 1], 2)
+        """
+        held = self.pages(slot)
+        keep = -(-tokens // self.page_size)
+        if keep < len(held):
+            self.pool.release(held[keep:])
+            self.tables[slot, keep:len(held)] = 0
+            del held[keep:]
+
     def free(self, slot: int) -> None:
         held = self._pages[slot]
         if held is not None:

@@ -10,7 +10,9 @@ its storage is freed and it goes back to the front of the queue, to be recompute
 what it generated) when there is room again. The scheduler holds no model: it is tested with a
 fake clock and a `SlotKv` alone. With `split_chunks` (a runner whose rows are computed alike in
 any step: `PagedRunner`) a chunk may be cut to what the budget leaves after the decode rows, so a
-waiting prompt makes progress in every step that has room.
+waiting prompt makes progress in every step that has room. With `lookahead` (speculative decoding) a
+decoding sequence may ask for rows and KV room for tokens proposed after its own: what the rows left
+after prefill and admission allow, and the pages, grant (`Plan.drafts`; nobody is preempted for them).
 
 >>> from rlx.serving.kv import SlotKv
 >>> s = Scheduler(SlotKv(slots=2, max_context=16), chunk=4, max_step_tokens=6, clock=lambda: 0.0)
@@ -76,6 +78,8 @@ class Plan:
     decode: list[Seq]
     prefill: list[tuple[Seq, int, int]]
     preempted: list[Seq]
+    #: tokens each decode row's sequence may verify after its own (speculative decoding), in `decode`'s order
+    drafts: list[int] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -91,7 +95,7 @@ class Scheduler:
 
     def __init__(self, kv: KvStore, *, chunk: int, max_step_tokens: int, max_waiting: int = 256,
                  clock: Callable[[], float], reuse: Callable[[Seq], int] | None = None,
-                 split_chunks: bool = False) -> None:
+                 split_chunks: bool = False, lookahead: Callable[[Seq], int] | None = None) -> None:
         if chunk < 1 or max_step_tokens < 1 or max_waiting < 0:
             raise RlxError(f"chunk and max_step_tokens must be >= 1 and max_waiting >= 0, got {chunk}, "
                            f"{max_step_tokens}, {max_waiting}")
@@ -101,6 +105,8 @@ class Scheduler:
         # at admission: how many context tokens are already in the new slot (a prefix cache hit; a multiple
         # of `chunk`, below the context's length)
         self.reuse = reuse
+        # how many proposed tokens a decoding sequence would verify after its own this step (0: none)
+        self.lookahead = lookahead
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # admission order: the last is the newest
         self._ids = itertools.count()
@@ -140,7 +146,19 @@ class Scheduler:
                 seq.filled = self.reuse(seq)
             self.running.append(seq)
             budget = self._chunk(seq, budget, prefill, decode)
-        return Plan(decode, prefill, preempted)
+        drafts: list[int] = []
+        if self.lookahead is not None:
+            for seq in decode:
+                drafts.append(self._draft(seq, budget))
+                budget -= drafts[-1]
+        return Plan(decode, prefill, preempted, drafts)
+
+    def _draft(self, seq: Seq, budget: int) -> int:
+        """The proposed tokens `seq` may verify: what it asks, within the rows left and the KV room it can get."""
+        want = min(self.lookahead(seq), budget)
+        while want > 0 and not self.kv.grow(seq.slot, seq.filled + 1 + want):
+            want -= 1
+        return max(want, 0)
 
     def _chunk(self, seq: Seq, budget: int, prefill: list[tuple[Seq, int, int]], decode: list[Seq]) -> int:
         """Plan `seq`'s next aligned chunk if the budget allows (or nothing else runs); the budget left."""
@@ -158,9 +176,10 @@ class Scheduler:
         if seq.filled >= len(seq.context):
             seq.state = State.DECODE
 
-    def decoded(self, seq: Seq) -> None:
-        """`seq`'s decode row ran: its last context token is now in the cache."""
-        seq.filled += 1
+    def decoded(self, seq: Seq, kept: int = 0) -> None:
+        """`seq`'s decode row ran: its last context token is now in the cache, and the `kept` proposed tokens
+        verified after it (speculative decoding; the caller appends them)."""
+        seq.filled += 1 + kept
 
     def append(self, seq: Seq, token: int) -> None:
         """`seq` generated `token` (the output of its last prefill chunk or decode row)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,3 +84,45 @@ def test_paged_kv_options_are_checked_before_anything_loads() -> None:
         cli.main(["--kv-pages", "0"])
     cli_args = cli._parser().parse_args(["--kv-layout", "contiguous", "--max-context", "100"])
     assert cli_args.kv_layout == "contiguous" and cli_args.page_size == 16 and cli_args.kv_pages is None
+
+
+def test_speculative_options_are_checked_before_anything_loads(tmp_path) -> None:
+    for argv, message in ((["--speculative", "prompt_lookup", "--draft-model", str(tmp_path)], "give one"),
+                          (["--speculative", "prompt_lookup", "--kv-layout", "contiguous"], "paged KV layout"),
+                          (["--speculative", "prompt_lookup", "--lora", "a=/x"], "paged KV layout"),
+                          (["--speculative", "prompt_lookup", "--max-draft", "0"], "--max-draft must be >= 1"),
+                          (["--draft-model", str(tmp_path / "none.gguf")], "no such file")):
+        with pytest.raises(RlxError, match=message):
+            cli.check_speculative(cli._parser().parse_args(argv))
+    with pytest.raises(SystemExit):  # argparse: not a drafter it knows
+        cli._parser().parse_args(["--speculative", "medusa"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None,
+                    reason="the serve extra is not installed")
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "draft_model"])
+def test_serve_speculative_serves_the_plain_tokens(tiny_gguf, paged_runner, tiny_runner, drafter) -> None:
+    """`rlxc serve --speculative prompt_lookup` and `--draft-model` (the tiny model drafting for itself; compiled
+    as the tiny_runner fixture's prefiller) answer a greedy request with the tokens of plain decoding, and report
+    the drafter's acceptance."""
+    from live import live_server
+
+    from rlx.serving.engine import Engine, SamplingParams
+
+    prompt = [89] * 6
+    want = Engine(paged_runner).generate(prompt, SamplingParams(max_tokens=24))
+    spec = ["--speculative", "prompt_lookup"] if drafter == "prompt_lookup" else ["--draft-model", str(tiny_gguf)]
+    args = cli._parser().parse_args(["--model", str(tiny_gguf), "--max-seqs", "16", "--max-context", "128",
+                                     "--chunk", "16", *spec, "--max-draft", "4"])
+    cli.check_speculative(args)
+    app = cli.build_app(args)
+    assert app.state.engine.drafter is not None and app.state.engine.max_draft == 4
+    with live_server(app) as url:
+        body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+        done = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        assert done["choices"][0]["text"] == want.text and done["usage"]["completion_tokens"] == 24
+        metrics = httpx.get(url + "/metrics").text
+        accepted = float(re.search(r"^rlx_speculative_accepted_tokens_total (\S+)$", metrics, re.M).group(1))
+        # the draft model (the target itself) has every proposal kept: 23 tokens after the first, 5 a step at most
+        assert accepted >= (18 if drafter == "draft_model" else 1)
+        assert app.state.engine.stats()["kv_used_pages"] == 0

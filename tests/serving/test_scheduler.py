@@ -135,3 +135,32 @@ def test_a_prefix_hit_starts_prefill_after_the_reused_blocks() -> None:
     plan = s.schedule()
     assert [(q, start, n) for q, start, n in plan.prefill] == [(hit, 8, 8), (miss, 0, 8)]
     assert reused == {hit.id: 8, miss.id: 0}
+
+
+def test_lookahead_takes_the_rows_prefill_leaves_and_the_pages_there_are() -> None:
+    """Speculative decoding's proposals: each decoding sequence asks (`lookahead`); prefill and admission come
+    first, proposals get the rows left in order, each within the KV room it can grow to, and nobody is preempted
+    for one."""
+    from rlx.serving.pages import PagedKv, PagePool
+
+    kv = PagedKv(PagePool(num_pages=6, page_size=4), max_seqs=3, max_context=16)
+    asks = {}
+    s = Scheduler(kv, chunk=4, max_step_tokens=8, clock=FakeClock(), split_chunks=True,
+                  lookahead=lambda seq: asks[seq.id])
+    a, b = s.add([1] * 3, max_new=8), s.add([2] * 3, max_new=8)
+    asks.update({a.id: 5, b.id: 5})
+    _run(s, s.schedule())  # both prompts in (6 of 8 rows); nobody decodes yet: no proposals
+    plan = s.schedule()
+    assert plan.decode == [a, b] and plan.drafts == [5, 1]  # 8 rows: 2 decode rows, 5 + 1 proposals
+    assert len(kv.pages(a.slot)) == 3 and len(kv.pages(b.slot)) == 2  # a grew to 3 + 1 + 5 = 9 tokens
+    kv.truncate(a.slot, a.filled + 1)  # (as the engine does after verifying: back to the tokens kept)
+    kv.truncate(b.slot, b.filled + 1)
+    c = s.add([3] * 10, max_new=2)
+    asks[c.id] = 0
+    plan = s.schedule()  # c is admitted (3 of the 4 free pages), its first chunk takes 4 of the 6 rows left
+    assert plan.prefill == [(c, 0, 4)] and plan.drafts == [2, 0] and kv.free_pages == 0  # a took the last page
+    s.prefilled(c, 4)
+    asks.update({a.id: 0, b.id: 4})
+    plan = s.schedule()  # 2 rows left for b's proposals, but no page to grow into: none, and nobody preempted
+    assert plan.prefill == [(c, 4, 4)] and plan.drafts == [0, 0] and not plan.preempted
+    assert len(kv.pages(b.slot)) == 1
