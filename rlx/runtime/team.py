@@ -207,6 +207,25 @@ class LoadAverage:
             os.close(self._fd)
 
 
+def _no_figure() -> int | None:
+    return None
+
+
+def machine_load(cpus: int, online: int | None = None) -> Callable[[], int | None]:
+    """The load figure the governor reads: `/proc/loadavg`'s runnable count where this process may run on every
+    online CPU, else none (tries then follow the backoff alone).
+
+    The count is the whole machine's: beside a process pinned to 2 of 16 cores (taskset, a container's cpuset)
+    it counts the tasks on the other 14, so it would say the pinned cores are taken while they are free, and
+    free while they are taken.
+
+    >>> machine_load(2, online=16)() is None
+    True
+    """
+    online = online if online is not None else (os.cpu_count() or 1)
+    return LoadAverage() if cpus >= online else _no_figure
+
+
 def _usage() -> tuple[float, int]:
     """(CPU seconds of every thread of the process, involuntary context switches so far)."""
     import resource
@@ -243,8 +262,8 @@ class TeamGovernor:
         self.kept_for_speed = False
         self._clock = clock
         self._usage = usage
-        self._load = load if load is not None else LoadAverage()
         self._cpus = cpus if cpus is not None else cpus_available()
+        self._load = load if load is not None else machine_load(self._cpus)
         self._backoff = FIRST_BACKOFF_S
         self._changed_at = clock()
         self._checked_at = -LOAD_CHECK_S
@@ -515,4 +534,4 @@ def contention_note(team: TeamGovernor | None) -> str:
 
 
 __all__ = ["LoadAverage", "TeamGovernor", "WaitPolicy", "contention_note", "cpus_available", "faster_team",
-           "openmp_spins", "work_key"]
+           "machine_load", "openmp_spins", "work_key"]

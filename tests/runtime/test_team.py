@@ -398,3 +398,9 @@ def test_the_first_run_takes_the_cores_the_load_figure_shows_free():
     assert quiet.begin() is not None and quiet.threads == 2 and not quiet.contended
     unknown, _ = governor(2, load=None)  # no load figure: the full team, as before
     assert unknown.begin() is not None and unknown.threads == 2
+
+
+def test_the_load_figure_is_read_only_where_the_process_may_use_every_cpu():
+    """Pinned to some cores (taskset, a cpuset), the machine-wide runnable count says nothing about them."""
+    assert isinstance(T.machine_load(4, online=4), T.LoadAverage)
+    assert T.machine_load(2, online=16)() is None
