@@ -40,8 +40,9 @@ threads); and the runtime sizes each run's team (`rlx.runtime.team`): when
 other processes take the cores, spinning against a descheduled partner would
 cost 30-50x, so runs use fewer threads (one on 2 cores) until a core is free
 again, or, for long runs that measure faster so, one thread more than the
-cores (libgomp then sleeps at once, since its threads outnumber the cores). A number N sets GOMP_SPINCOUNT=N with a fixed team (200000: the
-adaptive policy's spin without the governor). `passive` sets
+cores (libgomp then sleeps at once, since its threads outnumber the cores).
+A number N sets GOMP_SPINCOUNT=N with a fixed team (200000: the adaptive
+policy's spin without the governor). `passive` sets
 OMP_WAIT_POLICY=PASSIVE (idle threads sleep at once), `active` sets
 OMP_WAIT_POLICY=ACTIVE (spin forever, a machine dedicated to RLX), and
 `default` leaves the OpenMP runtime's own default; these keep the team fixed.
