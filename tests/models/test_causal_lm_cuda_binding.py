@@ -50,6 +50,9 @@ class _Compiled:
     def to_device(self, array: np.ndarray) -> _Buffer:
         return _Buffer(array)
 
+    def release_states(self) -> None:  # as CudaCompiledGraph: nothing resident here (host buffers)
+        pass
+
     def bind_host_step(self, feed, outputs):
         step = _Step(self.lm.graph, self.lm._params, feed, outputs)
         self.bound.append(step)
