@@ -28,14 +28,7 @@ def load_rules(backend: str) -> RuleTable:
 
 def first_unsupported_op(graph: Graph, backend: str) -> tuple[Node, str] | None:
     """The first scheduled node `backend` cannot render, with the reason; None when all are supported."""
-    rules = load_rules(backend)
-    for node in graph.nodes:
-        if node.kind in O.LEAF_KINDS:
-            continue
-        reason = rules.why_not(graph, node)
-        if reason is not None:
-            return node, reason
-    return None
+    return load_rules(backend).first_refusal(graph)
 
 
 def supports(graph: Graph, backend: str) -> bool:

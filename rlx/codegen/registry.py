@@ -220,3 +220,13 @@ class RuleTable:
         in_dtypes = tuple(graph.node(i).shape.dtype for i in node.inputs)
         reason = rule.check(node.op, in_dtypes, node.shape.dtype)
         return None if reason is None else f"the {name} backend does not support {node.kind} {reason}"
+
+    def first_refusal(self, graph: Graph) -> tuple[Node, str] | None:
+        """The first scheduled node of `graph` this backend cannot render, with the reason; None when none."""
+        for node in graph.nodes:
+            if node.kind in O.LEAF_KINDS:
+                continue
+            reason = self.why_not(graph, node)
+            if reason is not None:
+                return node, reason
+        return None

@@ -125,13 +125,9 @@ def bodies_why_not(bodies: Iterable[L.Body], nested: str) -> str | None:
     for body in bodies:
         if body.depth() > 1:
             return nested
-        g = step_graph(body)
-        for n in g.nodes:
-            if n.kind in O.LEAF_KINDS:
-                continue
-            reason = rules.why_not(g, n)
-            if reason is not None:
-                return f"whose body it cannot run: {reason}"
+        refused = rules.first_refusal(step_graph(body))
+        if refused is not None:
+            return f"whose body it cannot run: {refused[1]}"
     return None
 
 
