@@ -203,6 +203,13 @@ class SpecStats:
     produced: int = 0
     ks: list[int] = field(default_factory=list)
 
+    def step(self, proposed: int, kept: int, k: AdaptiveK) -> None:
+        """One verify step: `proposed` draft tokens, `kept` of them accepted; `k` learns from it."""
+        self.steps += 1
+        self.proposed += proposed
+        self.accepted += kept
+        k.update(proposed, kept)
+
     def timings(self) -> dict[str, float]:
         return {"speculative_steps": float(self.steps), "draft_tokens": float(self.proposed),
                 "accepted_tokens": float(self.accepted),
@@ -333,10 +340,7 @@ def speculative_tokens(lm: CausalLM, prompt: list[int], max_new: int, sampler: S
             target = lm.step(fed, cache, rows)
             kept, token = 0, int(sampler.pick(target)[0])
         cache.truncate(before + 1 + kept)
-        stats.steps += 1
-        stats.proposed += len(proposed)
-        stats.accepted += kept
-        k.update(len(proposed), kept)
+        stats.step(len(proposed), kept, k)
         for t in proposed[:kept]:
             if t in stop_ids:
                 reasons[:] = ["stop"]

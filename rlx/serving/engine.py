@@ -497,11 +497,8 @@ class Engine:
         job: _Job = seq.payload
         if job.stats is None:
             return
-        job.stats.steps += 1
-        job.stats.proposed += proposed
-        job.stats.accepted += kept
+        job.stats.step(proposed, kept, job.k)
         job.stats.produced = len(seq.generated)
-        job.k.update(proposed, kept)
         self.observer.speculated(proposed, kept, produced)
 
     def _share(self, seq: Seq) -> int:
