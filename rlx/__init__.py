@@ -22,10 +22,11 @@ from rlx import pristine as _pristine
 
 _pristine.install()
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING
+
+from rlx.lazy import lazy_names
 
 
 class _Package(types.ModuleType):
@@ -116,18 +117,7 @@ def quantize(graph: object, mode: str = "int8-dynamic") -> Graph:
     return quantize_mir(to_mir(graph), mode)
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'rlx' has no attribute {name!r}")
-    module_name, attr = _LAZY[name]
-    module = importlib.import_module(module_name)
-    value = module if attr is None else getattr(module, attr)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(globals(), _LAZY, cache=True)
 
 
 # Last: everything above loaded from its files and no user code has run yet (any `import rlx.x`

@@ -8,7 +8,7 @@ The names below load on first use (PEP 562): `rlx.ir.dtype` (which the runtime n
 for the op classes of `rlx.ir.ops`, which `rlx.ir.graph` imports.
 """
 
-import importlib
+from rlx.lazy import lazy_names
 
 #: Public names, loaded on first use: name -> module.
 _LAZY = {
@@ -21,16 +21,8 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'rlx.ir' has no attribute {name!r}")
-    # Not cached in this module's globals: rlx.pristine watches a compiler package's globals, and a name
-    # bound after the package was recorded would read as a monkeypatch (no compile index from then on).
-    return getattr(importlib.import_module(_LAZY[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+# Not cached (rlx.lazy): rlx.pristine watches a compiler package's globals.
+__getattr__, __dir__ = lazy_names(globals(), _LAZY, cache=False)
 
 
 __all__ = ["DType", "Dim", "Graph", "Node", "NodeId", "Shape"]

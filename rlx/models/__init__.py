@@ -9,8 +9,7 @@ The decoder side (`CausalLM`, the GGUF reader and tokenizer) loads on first use,
 sentences does not pay for it.
 """
 
-import importlib
-
+from rlx.lazy import lazy_names
 from rlx.models.bert import BertConfig, bert_hir, build_bert
 from rlx.models.embedder import SentenceEmbedder
 
@@ -27,16 +26,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'rlx.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value  # looked up once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(globals(), _LAZY, cache=True)
 
 
 __all__ = ["BertConfig", "CausalLM", "DecoderConfig", "Generation", "GgufModel", "GgufTensor", "GgufTokenizer",

@@ -15,8 +15,9 @@ backend's rules), so a compile-index hit never loads it or jinja2.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from rlx.lazy import lazy_names
 
 # Not lazy: `decide` is also a submodule's name, whose import would bind the module here (it loads no IR).
 from rlx.pipeline.decide import decide
@@ -34,16 +35,8 @@ _LAZY = {"BACKENDS": "rlx.pipeline.core", "Pipeline": "rlx.pipeline.core", "stag
          "support_table": "rlx.pipeline.front", "Built": "rlx.pipeline.values", "Rendered": "rlx.pipeline.values"}
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'rlx.pipeline' has no attribute {name!r}")
-    # Not cached in this module's globals: rlx.pristine watches a compiler package's globals, and a name
-    # bound after the package was recorded would read as a monkeypatch (no compile index from then on).
-    return getattr(importlib.import_module(_LAZY[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+# Not cached (rlx.lazy): rlx.pristine watches a compiler package's globals.
+__getattr__, __dir__ = lazy_names(globals(), _LAZY, cache=False)
 
 
 __all__ = ["BACKENDS", "Built", "Pipeline", "Rendered", "decide", "first_unsupported_op", "legalize_for",
