@@ -45,6 +45,16 @@ def test_bf16_checkpoint_is_kept_bf16_and_close_to_transformers(llama, tmp_path)
     assert cosine(lm.logits(ids), hf_logits(theirs_model, ids)) >= 0.999
 
 
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_narrow_precision_on_the_cpu_is_close_to_transformers(llama, precision):
+    """`precision="f16"` / `"bf16"` on the CPU: the f32 checkpoint's weights are rounded once into the narrow
+    params as they are set (an f16 param took no float32 array before), within the issue's bf16 bound."""
+    model, directory = llama
+    lm = CausalLM.from_pretrained(directory, precision=precision, context_length=48, prefill_chunk=48)
+    ids = prompt(40, seed=9)
+    assert cosine(lm.logits(ids), hf_logits(model, ids)) >= 0.999
+
+
 def test_q8_0_at_load_is_close_to_f32(llama):
     model, directory = llama
     lm = CausalLM.from_pretrained(directory, quantize="q8_0", context_length=48, prefill_chunk=48)

@@ -167,6 +167,29 @@ def test_set_param_typed_and_16_bit_params(rng):
         cg.set_param_typed("a", vals, "f16")
 
 
+def test_session_f16_precision_rounds_f32_params_once():
+    """`Session(precision="f16")` stores the graph's f32 params as f16: `set_param` takes the float32 values and
+    rounds them to nearest (as for bf16), refusing values f16 cannot hold; a param the graph itself declares f16
+    still takes no float32 array without `cast=True`."""
+    g = rlx.Graph("f16_params")
+    x = g.input("x", [4])
+    g.set_outputs([g.add_(x, g.param("b", [4]))])
+    cg = rlx.Session(precision="f16").compile(g)
+    vals = np.array([0.1, -2.5, 1e-3, 60000.0], np.float32)
+    cg.set_param("b", vals)
+    assert cg.run(x=np.zeros(4, np.float32))[0].tolist() == vals.astype(np.float16).astype(np.float32).tolist()
+    with pytest.raises(rlx.ExecutionError, match="param 'b': value 1000000.0 overflows f16"):
+        cg.set_param("b", np.full(4, 1e6, np.float32))
+    with pytest.raises(rlx.ExecutionError, match="float64 array; converting would lose"):
+        cg.set_param("b", vals.astype(np.float64))  # only float32 values are rounded without asking
+    assert cg.clone().rounds_f32_params
+    plain = rlx.Graph("declared_f16")
+    y = plain.input("y", [4], "f16")
+    plain.set_outputs([plain.add_(y, plain.param("h", [4], "f16"))])
+    with pytest.raises(rlx.ExecutionError, match="param 'h' is f16 but got a float32 array"):
+        compile_graph(plain).set_param("h", vals)
+
+
 def test_int_param_values_must_fit():
     g = rlx.Graph("intp")
     p = g.param("p", [2], "i8")
