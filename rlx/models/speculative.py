@@ -18,9 +18,9 @@ kept, as if the rejected ones had never been fed (a step appends, truncate forge
 
 Drafters:
 
-* `PromptLookup` (no model): the longest recent n-gram that occurred before in the prompt and the text
-  so far proposes the tokens that followed it (good on tasks that echo their input: editing code,
-  quoting, summarizing with citations).
+* `PromptLookup` (no model): the longest earlier match of the text's tail in the prompt and the text
+  so far proposes the tokens that followed it, no more than the match is long (good on tasks that
+  echo their input: editing code, quoting, summarizing with citations).
 * `DraftModel`: a smaller `CausalLM` sharing the target's tokenizer, with its own KV cache.
 
 `AdaptiveK` sizes each step's proposal: all proposals kept grows k, fewer than half shrinks it, so a
@@ -71,18 +71,25 @@ class Drafter(Protocol):
 
 @dataclass
 class PromptLookup:
-    """Proposes the tokens that followed an earlier occurrence of the context's last n tokens.
+    """Proposes the tokens that followed an earlier occurrence of the context's last tokens.
 
-    The longest n from `max_ngram` down to `min_ngram` that matches wins; among matches of one n, the
-    most recent one. No model and no state: the context (prompt plus tokens so far) is all it reads.
+    Every earlier position holding the context's last token is a candidate; each is extended backwards
+    while it keeps matching the context's tail (up to `max_ngram` tokens). The longest match wins, the
+    most recent among equally long ones, and needs `min_ngram` tokens at least. It proposes no more
+    tokens than the match is long: a short match is weak evidence (where an edited copy departs from its
+    source, the last two tokens often recur elsewhere), a long one proposes up to k. No model and no
+    state: the context (prompt plus tokens so far) is all it reads.
 
-    >>> PromptLookup().propose([1, 2, 3, 9, 9, 1, 2], 3, Sampler())
-    ([3, 9, 9], None)
+    >>> PromptLookup().propose([1, 2, 3, 9, 9, 1, 2], 3, Sampler())  # "1 2": two tokens at most
+    ([3, 9], None)
+    >>> PromptLookup().propose([5, 1, 2, 3, 4, 6, 3, 4, 7, 1, 2, 3, 4], 3, Sampler())  # "1 2 3 4" beats "3 4"
+    ([6, 3, 4], None)
     >>> PromptLookup().propose([1, 2, 3], 3, Sampler())
     ([], None)
     """
 
-    max_ngram: int = 4
+    #: Matches longer than this are not told apart (the most recent of them wins).
+    max_ngram: int = 16
     #: Single-token matches propose mostly noise in free text: two tokens at least.
     min_ngram: int = 2
 
@@ -92,16 +99,20 @@ class PromptLookup:
 
     def propose(self, context: Sequence[int], k: int, sampler: Sampler) -> tuple[list[int], np.ndarray | None]:
         ctx = np.asarray(context, dtype=np.int64)
-        n_ctx = ctx.size
-        for n in range(min(self.max_ngram, n_ctx - 1), self.min_ngram - 1, -1):
-            tail = ctx[n_ctx - n:]
-            # windows ending before the tail's own position: starts 0 .. n_ctx - n - 1
-            windows = np.lib.stride_tricks.sliding_window_view(ctx[:n_ctx - 1], n)
-            hits = np.flatnonzero(np.all(windows == tail, axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                return [int(t) for t in ctx[start:start + k]], None
-        return [], None
+        last = ctx.size - 1
+        # the ends of the matches of length `length` (positions before the context's own last one)
+        ends = np.flatnonzero(ctx[:last] == ctx[last]) if last > 0 else ctx[:0]
+        length = 1
+        while ends.size and length < self.max_ngram:
+            room = ends[ends >= length]  # a token before the match, to extend it by
+            longer = room[ctx[room - length] == ctx[last - length]]
+            if not longer.size:
+                break
+            ends, length = longer, length + 1
+        if not ends.size or length < self.min_ngram:
+            return [], None
+        start = int(ends[-1]) + 1
+        return [int(t) for t in ctx[start:start + min(k, length)]], None
 
 
 class DraftModel:
@@ -169,7 +180,10 @@ class AdaptiveK:
 
     k: int = 4
     k_min: int = 1
-    k_max: int = 8
+    #: 7: a step verifying 7 proposals has 8 rows, which the CPU's f32 decode GEMVs multiply with each
+    #: unpacked weight block at once (their 8-row tile); a 9th row unpacks every block again (SmolLM2-135M
+    #: on AVX2: 8 rows cost ~2.4 one-row steps, 9 rows ~3).
+    k_max: int = 7
     max_rest: int = 32
     _rest: int = field(default=0, repr=False)
     _backoff: int = field(default=1, repr=False)
@@ -333,12 +347,12 @@ def speculative_tokens(lm: CausalLM, prompt: list[int], max_new: int, sampler: S
         before = int(cache.lengths[0])
         fed = np.asarray([token, *proposed], dtype=np.int64)[None, :]
         rows = np.arange(fed.shape[1])
-        if proposed:
-            target = lm.step(fed, cache, rows)
-            kept, token = accept(target, proposed, q, sampler)
+        if sampler.greedy:  # each row's argmax, taken where the logits are (as plain greedy steps take it)
+            kept, token = accept_greedy(lm.step_greedy(fed, cache, rows), proposed)
+        elif proposed:
+            kept, token = accept(lm.step(fed, cache, rows), proposed, q, sampler)
         else:  # nothing to verify: a plain decode step
-            target = lm.step(fed, cache, rows)
-            kept, token = 0, int(sampler.pick(target)[0])
+            kept, token = 0, int(sampler.pick(lm.step(fed, cache, rows))[0])
         cache.truncate(before + 1 + kept)
         stats.step(len(proposed), kept, k)
         for t in proposed[:kept]:

@@ -194,7 +194,14 @@ def test_sampled_generation_follows_the_target_distribution(lm: CausalLM, draft:
 def test_prompt_lookup_takes_the_longest_most_recent_match() -> None:
     greedy = Sampler()
     assert PromptLookup().propose([7, 1, 2, 8, 1, 2, 9, 1, 2], 2, greedy) == ([9, 1], None)  # most recent "1 2"
-    assert PromptLookup().propose([1, 2, 3, 4, 5, 2, 3], 3, greedy) == ([4, 5, 2], None)  # "2 3" beats "3"
+    # "2 3" beats the more recent "3"; a match of two tokens proposes two at most
+    assert PromptLookup().propose([1, 2, 3, 4, 5, 9, 3, 7, 2, 3], 3, greedy) == ([4, 5], None)
+    # matches are told apart past 4 tokens: "1 2 3 4 5 6" beats the more recent "3 4 5 6"
+    ctx = [1, 2, 3, 4, 5, 6, 10, 11, 12, 0, 3, 4, 5, 6, 20, 21, 22, 0, 1, 2, 3, 4, 5, 6]
+    assert PromptLookup().propose(ctx, 3, greedy) == ([10, 11, 12], None)
+    assert PromptLookup(max_ngram=4).propose(ctx, 3, greedy) == ([20, 21, 22], None)  # equally long: most recent
+    assert PromptLookup().propose(ctx, 9, greedy) == ([10, 11, 12, 0, 3, 4], None)  # six tokens for a 6-token match
+    assert PromptLookup().propose([1, 2, 9, 1, 2], 3, greedy) == ([9, 1], None)  # a match at the very start
     assert PromptLookup(max_ngram=1, min_ngram=1).propose([4, 6, 5, 6], 1, greedy) == ([5], None)
     assert PromptLookup().propose([4, 6, 5, 6], 1, greedy) == ([], None)  # one token is too little
     assert PromptLookup().propose([1], 3, greedy) == ([], None)

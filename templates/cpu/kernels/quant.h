@@ -291,7 +291,11 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
 }
 #elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
 #define RLX_QSIMD 1
-#define RLX_QF32_TILE RLX_QGEMV_MAX_M
+/* 8 rows of X per unpacked block, as the AVX-512 kernel: 8 accumulators, the block's 4 registers of
+ * values, its scale and one product fill 14 of the 16 ymm registers (a 4-row tile unpacked every block
+ * twice for a 5..8-row verification step). q4_1's min terms (m * the block sums of X) take no register
+ * in the block loop: they are summed after it, block by block in the same order. */
+#define RLX_QF32_TILE 8
 static inline float rlx_q_hsum256(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -305,18 +309,14 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
         const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    __m256 acc[RLX_QGEMV_MAX_M];
-    float macc[RLX_QGEMV_MAX_M];
-    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
-        if (i < mr) {
+    __m256 acc[RLX_QF32_TILE];
+    for (int i = 0; i < RLX_QF32_TILE; i++)
+        if (i < mr)
             acc[i] = _mm256_setzero_ps();
-            macc[i] = 0.0f;
-        }
     const __m128i low4 = _mm_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * qb;
         __m256 q[4];
-        float m = 0.0f;
         if (fmt == RLX_Q8_0) {
             for (int j = 0; j < 4; j++)
                 q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
@@ -330,11 +330,9 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
                     v[j] = _mm256_sub_epi32(v[j], _mm256_set1_epi32(8));
                 q[j] = _mm256_cvtepi32_ps(v[j]);
             }
-            if (fmt == RLX_Q4_1)
-                m = rlx_q_half(blk + 2);
         }
         const __m256 d = _mm256_set1_ps(rlx_q_half(blk));
-        for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        for (int i = 0; i < RLX_QF32_TILE; i++)
             if (i < mr) {
                 const float *x = X + i * K + b * 32;
                 __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x), q[0]);
@@ -342,11 +340,20 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
                 p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), q[2], p);
                 p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), q[3], p);
                 acc[i] = _mm256_fmadd_ps(d, p, acc[i]);
-                if (fmt == RLX_Q4_1)
-                    macc[i] += m * xs[i * nb + b];
             }
     }
-    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+    float macc[RLX_QF32_TILE];
+    for (int i = 0; i < RLX_QF32_TILE; i++)
+        if (i < mr)
+            macc[i] = 0.0f;
+    if (fmt == RLX_Q4_1)
+        for (int64_t b = 0; b < nb; b++) {
+            const float m = rlx_q_half(w + b * qb + 2);
+            for (int i = 0; i < RLX_QF32_TILE; i++)
+                if (i < mr)
+                    macc[i] += m * xs[i * nb + b];
+        }
+    for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
             out[i] = rlx_q_hsum256(acc[i]) + macc[i];
 }

@@ -1,6 +1,7 @@
 /* The AVX-512 f32 decode GEMV of kernels/quant.h (rlx_qdot_simd in 16-float vectors), built from the
  * same source on any x86-64 with -DRLX_QGEMV_VEC16 (each vector two AVX2 registers, or four SSE ones),
- * so machines without AVX-512 check its arithmetic (tests/codegen/test_c_qgemv_vec16.py):
+ * so machines without AVX-512 check its arithmetic; built with -march=x86-64-v3 alone, the AVX2 kernel
+ * (also 8 rows a tile) (tests/codegen/test_c_qgemv_vec16.py):
  *   - every row of a step of M <= 16 rows at any place has the bits it has in the 16-row step
  *     (batch invariance: tiles of 8, 7, ..., 1 rows give a row the same arithmetic);
  *   - every result is within (K + 4) u sum|x w| + u |y| of the float64 product of X and the exactly
@@ -23,7 +24,7 @@ static inline void rlx_epilogue_act(float *restrict c, int64_t ldc, int64_t mr, 
 #include "kernels/quant.h"
 
 #if RLX_QF32_TILE != 8
-#error "not the 16-float kernel"
+#error "not an 8-row SIMD kernel"
 #endif
 
 static uint32_t state = 12345u;
