@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx.errors import RlxError
-from rlx.models.speculative import DRAFTER_NAMES
+from rlx.models.speculative import DRAFTER_NAMES, AdaptiveK
 
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
 INSTALL_HINT = "rlxc serve needs FastAPI, uvicorn and prometheus_client: pip install 'rlx[serve]'"
@@ -67,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                         "n-gram earlier on; one step verifies them (greedy output unchanged; paged layout only)")
     p.add_argument("--draft-model", metavar="DIR|FILE.gguf", default=None,
                    help="speculative decoding with a smaller GGUF model sharing the tokenizer as the drafter")
-    p.add_argument("--max-draft", type=int, default=8,
-                   help="speculative: the most tokens proposed a step (adaptive below it; default 8)")
+    p.add_argument("--max-draft", type=int, default=AdaptiveK.k_max,
+                   help="speculative: the most tokens proposed a step (adaptive below it; "
+                        f"default {AdaptiveK.k_max})")
     p.add_argument("--ray", action="store_true",
                    help="serve --replicas engine replicas behind one endpoint through Ray Serve (the ray extra)")
     p.add_argument("--replicas", type=int, default=1, help="--ray: engine replicas (default 1)")

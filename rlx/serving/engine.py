@@ -190,7 +190,7 @@ class Engine:
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
                  observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
-                 kv_pages: int | None = None, speculative: Any = None, max_draft: int = 8) -> None:
+                 kv_pages: int | None = None, speculative: Any = None, max_draft: int = spec.AdaptiveK.k_max) -> None:
         self.runner = runner
         self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
