@@ -19,6 +19,36 @@ def _contiguous(arr: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
 
 
+def read_only_memory(arr: np.ndarray) -> bool:
+    """True when `arr` is read-only and so is every array and buffer under it (`arr.base`, down to the
+    owner of the memory: a read-only `numpy.memmap` of a file, bytes, or an array made read-only itself),
+    so no Python code can change its values behind a reader that keeps a pointer to them (a param bound
+    in place, `CompiledGraph.set_param`). A read-only view of a writable array is not.
+
+    >>> a = np.zeros(3, np.float32)
+    >>> read_only_memory(a), read_only_memory(np.frombuffer(bytes(12), np.float32))
+    (False, True)
+    >>> view = a[:]
+    >>> view.flags.writeable = False
+    >>> read_only_memory(view)  # writable through `a`
+    False
+    """
+    if arr.flags.writeable:
+        return False
+    base = arr.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    if base is None:
+        return True
+    try:
+        with memoryview(base) as view:  # released at once: a mapped file's mmap stays closable
+            return view.readonly
+    except TypeError:  # an owner that is no buffer: nothing says it cannot change
+        return False
+
+
 def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
     if isinstance(value, np.generic):
         value = np.asarray(value)

@@ -84,7 +84,16 @@ RLX_EXPORT void *rlx_create(void)
         rlx_destroy(ctx);
         return NULL;
     }
+    for (int i = 0; i < RLX_N_PARAMS; i++)
+        ctx->param_at[i] = ctx->params + rlx_params[i].offset;
     return ctx;
+}
+
+/* Bytes of param `i`'s slot in ctx->params (the slots are laid out in order, each up to the next). */
+static size_t rlx_param_slot_bytes(int i)
+{
+    const int64_t end = i + 1 < RLX_N_PARAMS ? rlx_params[i + 1].offset : RLX_PARAMS_BYTES;
+    return (size_t)(end - rlx_params[i].offset);
 }
 
 RLX_EXPORT void *rlx_clone(void *vsrc)
@@ -101,7 +110,14 @@ RLX_EXPORT void *rlx_clone(void *vsrc)
     }
     ctx->nthreads = src->nthreads;
     ctx->spins = src->spins;
-    memcpy(ctx->params, src->params, RLX_PARAMS_BYTES);
+    /* a param bound to the caller's memory is shared (read-only: nothing to copy); one stored in src's
+     * slot is copied; an unset slot holds nothing yet (copying it would only fault its pages in) */
+    for (int i = 0; i < RLX_N_PARAMS; i++) {
+        if (src->param_at[i] != src->params + rlx_params[i].offset)
+            ctx->param_at[i] = src->param_at[i];
+        else if (src->param_set[i])
+            memcpy(ctx->param_at[i], src->param_at[i], rlx_param_slot_bytes(i));
+    }
     memcpy(ctx->param_set, src->param_set, sizeof ctx->param_set);
     return ctx;
 }
@@ -159,20 +175,53 @@ RLX_EXPORT int32_t rlx_set_team(void *vctx, int32_t threads, int32_t spins)
     return ctx->nthreads;
 }
 
+/* The checks rlx_set_param and rlx_bind_param share: the param `index` names, or NULL with a message. */
+static const rlx_param_info *rlx_param_arg(rlx_ctx *ctx, int32_t index, const void *data, int64_t nbytes)
+{
+    ctx->err[0] = 0;
+    if (index < 0 || index >= RLX_N_PARAMS) {
+        rlx_fail(ctx, "param index %d is out of range (the graph has %d params)", (int)index, RLX_N_PARAMS);
+        return NULL;
+    }
+    const rlx_param_info *p = &rlx_params[index];
+    if (!data) {
+        rlx_fail(ctx, "param '%s': data is NULL", p->name);
+        return NULL;
+    }
+    if (nbytes != p->nbytes) {
+        rlx_fail(ctx, "param '%s' takes %lld bytes, got %lld", p->name, (long long)p->nbytes, (long long)nbytes);
+        return NULL;
+    }
+    return p;
+}
+
+RLX_EXPORT int32_t rlx_bind_param(void *vctx, int32_t index, const void *data, int64_t nbytes)
+{
+    rlx_ctx *ctx = (rlx_ctx *)vctx;
+    if (!ctx)
+        return 1;
+    const rlx_param_info *p = rlx_param_arg(ctx, index, data, nbytes);
+    if (!p)
+        return 1;
+    if (p->mode != RLX_PARAM_COPY)
+        return rlx_fail(ctx, "param '%s' is stored in another layout than the caller's (packed, permuted, "
+                        "quantized or widened): copy it with rlx_set_param", p->name);
+    if ((uintptr_t)data % p->elsize != 0)
+        return rlx_fail(ctx, "param '%s': data is not aligned to its %zu-byte elements", p->name, p->elsize);
+    ctx->param_at[index] = (char *)(uintptr_t)data;  /* never written through: the kernels only read params */
+    ctx->param_set[index] = 1;
+    return 0;
+}
+
 RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, int64_t nbytes)
 {
     rlx_ctx *ctx = (rlx_ctx *)vctx;
     if (!ctx)
         return 1;
-    ctx->err[0] = 0;
-    if (index < 0 || index >= RLX_N_PARAMS)
-        return rlx_fail(ctx, "param index %d is out of range (the graph has %d params)", (int)index, RLX_N_PARAMS);
-    const rlx_param_info *p = &rlx_params[index];
-    if (!data)
-        return rlx_fail(ctx, "param '%s': data is NULL", p->name);
-    if (nbytes != p->nbytes)
-        return rlx_fail(ctx, "param '%s' takes %lld bytes, got %lld", p->name, (long long)p->nbytes,
-                        (long long)nbytes);
+    const rlx_param_info *p = rlx_param_arg(ctx, index, data, nbytes);
+    if (!p)
+        return 1;
+    ctx->param_at[index] = ctx->params + p->offset;  /* back in its own slot, should it have been bound */
 #ifdef RLX_KERNELS_INT8_GEMM_H
     if (p->mode == RLX_PARAM_INT8)  /* quantized per output channel into the int8 panels (int8_gemm) */
         rlx_i8_quantize_param(ctx->params + p->offset, (const float *)data, p->dims, p->src_strides);
