@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import ExecutionError
-from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, bfloat16_to_bits, f32_to_bf16
+from rlx.ir.dtype import DType, bf16_to_f32, bfloat16_to_bits, f32_to_bf16, is_bfloat16
 
 
 def _contiguous(arr: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
@@ -65,12 +65,12 @@ def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
         except (TypeError, ValueError) as exc:
             raise ExecutionError(f"input {name!r}: cannot convert {type(value).__name__} to {dtype}: {exc}") from None
     if dtype is DType.BF16:
-        if value.dtype == BFLOAT16:  # a real bf16 array: its bits, exactly
+        if is_bfloat16(value.dtype):  # a real bf16 array: its bits, exactly
             return bfloat16_to_bits(value)
         if value.dtype != np.float32:
             raise ExecutionError(f"input {name!r} is bf16: pass bfloat16 or float32 values (got {value.dtype})")
         return f32_to_bf16(value)
-    if value.dtype == BFLOAT16 and dtype in (DType.F32, DType.F64):  # widening bf16 is exact
+    if is_bfloat16(value.dtype) and dtype in (DType.F32, DType.F64):  # widening bf16 is exact
         return _contiguous(bf16_to_f32(bfloat16_to_bits(value)), dtype.np)
     if value.dtype == dtype.np:
         return _contiguous(value)
@@ -90,7 +90,7 @@ def _to_param_dtype(name: str, value: Any, dtype: DType, *, cast: bool = False) 
     """
     if isinstance(value, np.generic):
         value = np.asarray(value)
-    if isinstance(value, np.ndarray) and value.dtype == BFLOAT16:
+    if isinstance(value, np.ndarray) and is_bfloat16(value.dtype):
         if dtype is DType.BF16:  # a real bf16 array: stored bit for bit
             return bfloat16_to_bits(value)
         value = bf16_to_f32(bfloat16_to_bits(value))  # exact; the f32 rules below decide the rest
