@@ -11,8 +11,12 @@
 /* Fresh 64-byte aligned memory, deliberately not zeroed: every buffer is written before it is
  * read (rlx_run refuses to start until every param is set), and leaving the pages untouched
  * keeps rlx_create from faulting in the whole arena and param storage up front. Blocks of
- * 2 MiB and more are huge-page aligned and advised as such (fewer TLB misses while weights
- * stream through the GEMMs); the advice is a hint the kernel may ignore. */
+ * 2 MiB and more are huge-page aligned; the param storage (`huge_pages`) is also advised as
+ * such (fewer TLB misses while weights stream through the GEMMs; set_param writes all of it
+ * anyway), a hint the kernel may ignore. The arena and scratch are not: a run touches only
+ * what its dynamic dims need, spread over the arena, and a huge page would make the first
+ * touch of each such spot zero (and maybe compact) 2 MiB: a small first run of MiniLM took
+ * ~40 ms instead of ~18 (median of 8 fresh processes each). */
 static size_t rlx_alloc_align(size_t bytes)
 {
     const size_t huge = (size_t)2 << 20;
@@ -26,7 +30,7 @@ static size_t rlx_alloc_size(size_t bytes)
     return bytes ? (bytes + align - 1) / align * align : RLX_ALIGN;
 }
 
-static int rlx_alloc(char **out, size_t bytes)
+static int rlx_alloc(char **out, size_t bytes, int huge_pages)
 {
     const size_t huge = (size_t)2 << 20;
     const size_t align = rlx_alloc_align(bytes);
@@ -35,8 +39,10 @@ static int rlx_alloc(char **out, size_t bytes)
     if (posix_memalign(&p, align, n) != 0)
         return 1;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (align == huge)
+    if (huge_pages && align == huge)
         (void)madvise(p, n, MADV_HUGEPAGE);
+#else
+    (void)huge_pages;
 #endif
     *out = (char *)p;
     return 0;
@@ -49,7 +55,7 @@ static int rlx_reserve_scratch(rlx_ctx *ctx, int threads)
     if (RLX_SCRATCH_SHARED + RLX_SCRATCH_PER_THREAD == 0 || threads == ctx->scratch_threads)
         return 0;
     char *fresh = NULL;
-    if (rlx_alloc(&fresh, (size_t)RLX_SCRATCH_SHARED + (size_t)threads * RLX_SCRATCH_PER_THREAD))
+    if (rlx_alloc(&fresh, (size_t)RLX_SCRATCH_SHARED + (size_t)threads * RLX_SCRATCH_PER_THREAD, 0))
         return 1;
     free(ctx->scratch);
     ctx->scratch = fresh;
@@ -79,7 +85,7 @@ RLX_EXPORT void *rlx_create(void)
     if (ctx->nthreads < 1)
         ctx->nthreads = 1;
     ctx->spins = 1;
-    if (rlx_alloc(&ctx->arena, RLX_ARENA_BYTES) || rlx_alloc(&ctx->params, RLX_PARAMS_BYTES) ||
+    if (rlx_alloc(&ctx->arena, RLX_ARENA_BYTES, 0) || rlx_alloc(&ctx->params, RLX_PARAMS_BYTES, 1) ||
         rlx_reserve_scratch(ctx, ctx->nthreads)) {
         rlx_destroy(ctx);
         return NULL;
