@@ -15,8 +15,8 @@
  * such (fewer TLB misses while weights stream through the GEMMs; set_param writes all of it
  * anyway), a hint the kernel may ignore. The arena and scratch are not: a run touches only
  * what its dynamic dims need, spread over the arena, and a huge page would make the first
- * touch of each such spot zero (and maybe compact) 2 MiB: a small first run of MiniLM took
- * ~40 ms instead of ~18 (median of 8 fresh processes each). */
+ * touch of each such spot zero (and maybe compact) 2 MiB: a small first run of MiniLM took a
+ * median 42 ms instead of 18 (8 fresh processes each; 22 instead of 18 in another set). */
 static size_t rlx_alloc_align(size_t bytes)
 {
     const size_t huge = (size_t)2 << 20;
