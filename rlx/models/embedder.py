@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,38 +196,19 @@ class SentenceEmbedder:
         self.sentence = sentence or SentenceConfig()
         # embed() truncates like sentence-transformers: to the model's max_seq_length, within the graph bound.
         self.truncate_to = min(max_seq, self.sentence.max_seq_length or max_seq)
-        self._tokenizer = tokenizer if tokenizer is None or isinstance(tokenizer, _TokenizerLoad) \
-            else _prepare_tokenizer(tokenizer, self.truncate_to)
+        self.tokenizer = _prepare_tokenizer(tokenizer, self.truncate_to) if tokenizer is not None else None
         self._runners: dict[str, _Runner] = {}
 
     @staticmethod
     def from_pretrained(path: str | Path | None = None, device: str = "cpu", max_seq: int = 256,
                         max_batch: int = 32, precision: str = "f32", quantize: str | None = None) -> SentenceEmbedder:
-        """Load a model directory (None = the packaged all-MiniLM-L6-v2): config, weights, tokenizer.
-
-        The tokenizer is read on a thread of its own (`tokenizers` parses tokenizer.json without holding
-        the GIL), so the first `embed` compiles or loads its graph meanwhile; a tokenizer.json that does
-        not parse raises `ArtifactError` where the tokenizer is first used.
-        """
+        """Load a model directory (None = the packaged all-MiniLM-L6-v2): config, weights, tokenizer."""
         d = Path(path) if path is not None else default_model_dir()
         config = B.load_config(d)
-        tokenizer = _TokenizerLoad(d)
         weights = B.load_weights(d, config)
         sentence = read_sentence_config(d)
-        return SentenceEmbedder(config, weights, tokenizer, device=device, max_seq=max_seq,
+        return SentenceEmbedder(config, weights, load_tokenizer(d), device=device, max_seq=max_seq,
                                 max_batch=max_batch, sentence=sentence, precision=precision, quantize=quantize)
-
-    @property
-    def tokenizer(self) -> Any:
-        """The `tokenizers.Tokenizer` (None: an embedder of token ids only), padding per batch and truncating
-        to `truncate_to`; `from_pretrained`'s is waited for here, the first time it is needed."""
-        if isinstance(self._tokenizer, _TokenizerLoad):
-            self._tokenizer = _prepare_tokenizer(self._tokenizer.result(), self.truncate_to)
-        return self._tokenizer
-
-    @tokenizer.setter
-    def tokenizer(self, value: Any) -> None:
-        self._tokenizer = value
 
     @property
     def dim(self) -> int:
@@ -300,12 +280,13 @@ class SentenceEmbedder:
         _check_sentences(sentences, allow_empty=True)
         if len(sentences) == 0:
             return np.empty((0, self.dim), np.float32)
-        if self._tokenizer is None:
+        encodings = self.tokenizer.encode_batch(list(sentences)) if self.tokenizer is not None else None
+        if encodings is None:
             raise RlxError("this embedder has no tokenizer; use encode() with token ids")
-        runner = self.runner("embeddings")  # first: from_pretrained's tokenizer may still be loading meanwhile
-        ids = [e.ids for e in self.tokenizer.encode_batch(list(sentences))]
+        ids = [e.ids for e in encodings]
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out = np.empty((len(ids), self.dim), np.float32)
+        runner = self.runner("embeddings")
         for start in range(0, len(order), self.max_batch):
             chunk = order[start:start + self.max_batch]
             tok, mask = pad_batch([ids[i] for i in chunk], self.pad_id)
@@ -360,44 +341,15 @@ class SentenceEmbedder:
 
 def load_tokenizer(model_dir: str | Path) -> object:
     """The `tokenizers.Tokenizer` of `model_dir/tokenizer.json`."""
-    path = _tokenizer_file(model_dir)
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise ArtifactError(f"missing tokenizer file {path}")
     from tokenizers import Tokenizer
 
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # the tokenizers package raises its own exception type
         raise ArtifactError(f"cannot load tokenizer {path}: {exc}") from None
-
-
-def _tokenizer_file(model_dir: str | Path) -> Path:
-    path = Path(model_dir) / "tokenizer.json"
-    if not path.is_file():
-        raise ArtifactError(f"missing tokenizer file {path}")
-    return path
-
-
-class _TokenizerLoad:
-    """`load_tokenizer(model_dir)` on a thread of its own, started here (a missing file is refused at once);
-    `result()` waits for it and returns the tokenizer or raises what loading raised."""
-
-    def __init__(self, model_dir: Path) -> None:
-        _tokenizer_file(model_dir)
-        self._value: object | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._load, args=(model_dir,), name="rlx-tokenizer-load")
-        self._thread.start()
-
-    def _load(self, model_dir: Path) -> None:
-        try:
-            self._value = load_tokenizer(model_dir)
-        except BaseException as exc:  # raised again by result(), in the caller's thread
-            self._error = exc
-
-    def result(self) -> object:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def _prepare_tokenizer(tokenizer: object, max_seq: int) -> object:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx.errors import ArtifactError, ExecutionError
+from rlx.errors import ExecutionError
 from rlx.models.embedder import SentenceEmbedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -126,23 +126,3 @@ def test_a_subclass_building_its_own_graph_is_compiled_by_that_graph(model_dir: 
     want = base.embed(["hi"])
     scaled = Scaled(base.config, base.weights, base.tokenizer, max_seq=16, max_batch=4, sentence=base.sentence)
     np.testing.assert_allclose(scaled.embed(["hi"]), 2 * want, rtol=1e-6, atol=1e-7)
-
-
-def test_from_pretrained_reads_the_tokenizer_on_a_thread_and_reports_its_errors(model_dir: Path,
-                                                                               tmp_path: Path) -> None:
-    """The tokenizer loads while the graph compiles: a missing file is refused at once, one that does not
-    parse where the tokenizer is first used; a good one gives the same tokens as loading it directly."""
-    from rlx.models.embedder import load_tokenizer
-
-    emb = SentenceEmbedder.from_pretrained(model_dir, device="reference", max_seq=16, max_batch=4)
-    direct = load_tokenizer(model_dir).encode("a man eats food").ids
-    assert emb.tokenize(["a man eats food"])[0][0].tolist() == direct
-    broken = tmp_path / "broken"
-    shutil.copytree(model_dir, broken)
-    (broken / "tokenizer.json").write_text("{not json", encoding="utf-8")
-    emb = SentenceEmbedder.from_pretrained(broken, device="reference", max_seq=16, max_batch=4)
-    with pytest.raises(ArtifactError, match="cannot load tokenizer"):
-        emb.embed(["hi"])
-    (broken / "tokenizer.json").unlink()
-    with pytest.raises(ArtifactError, match="missing tokenizer file"):
-        SentenceEmbedder.from_pretrained(broken, device="reference", max_seq=16, max_batch=4)
