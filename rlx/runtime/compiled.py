@@ -400,9 +400,10 @@ class CompiledGraph(Provenance):
         read where it is by every run, when the library stores the param as given (embedding tables,
         biases, norm weights; not the weights a GEMM packs, which are copied into panels). The graph
         (and its clones) keeps the array alive while it is bound; turning `writeable` back on and
-        writing it is a data race with every run. A writable array is always copied, so changing it
-        afterwards changes nothing; setting the param again replaces the binding. `params_in_place`
-        names the params read in place.
+        writing it is a data race with every run, and a weight mapped from a file is read from the
+        file's pages, so the file must stay as it is while it is bound (replacing it by a rename is fine).
+        A writable array is always copied, so changing it afterwards changes nothing; setting the param
+        again replaces the binding. `params_in_place` names the params read in place.
 
         >>> import numpy as np, rlx
         >>> g = rlx.Graph("scale")
