@@ -49,6 +49,11 @@ COMPILER_PACKAGES = ("rlx.ir", "rlx.opt", "rlx.codegen", "rlx.pipeline", "rlx.to
 #: model builders whose graphs `Session.compile_recipe` finds by their arguments alone.
 COMPILER_MODULES = ("rlx.reference", "rlx.models.bert")
 
+#: `is_compiler_module`'s test as one set lookup and one `startswith` (it runs over all of `sys.modules`
+#: at every pristine check).
+_COMPILER_NAMES = frozenset(COMPILER_MODULES + COMPILER_PACKAGES)
+_COMPILER_PREFIXES = tuple(p + "." for p in COMPILER_PACKAGES)
+
 #: module name -> (module object, {name: object bound when it came from its file}).
 _recorded: dict[str, tuple[ModuleType, dict[str, object]]] = {}
 
@@ -71,7 +76,7 @@ def is_compiler_module(name: str) -> bool:
     >>> is_compiler_module("rlx.codegen.cpu.emit"), is_compiler_module("rlx.models.sampling")
     (True, False)
     """
-    return name in COMPILER_MODULES or any(name == p or name.startswith(p + ".") for p in COMPILER_PACKAGES)
+    return name in _COMPILER_NAMES or name.startswith(_COMPILER_PREFIXES)
 
 
 def loaded_compiler_modules() -> set[str]:

@@ -1,10 +1,18 @@
-"""Element types of tensors, with their numpy storage and C spelling."""
+"""Element types of tensors, with their numpy storage and C spelling.
+
+numpy's types of bfloat16 and the narrow storage formats come from the `ml_dtypes` package, imported
+when one of them is first asked for (`BFLOAT16`, a narrow type's `DType.np`): a program that exchanges
+none of them (an f32 model's warm start) does not pay for its import. Until it is imported no array of
+those types can exist, which is how `is_bfloat16` answers without importing it.
+"""
 
 from __future__ import annotations
 
 import enum
+import functools
+import sys
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from rlx.errors import IRError
@@ -51,7 +59,7 @@ class DType(enum.Enum):
     @property
     def np(self) -> np.dtype:
         """The numpy dtype used to *store* this type (bf16 is stored as uint16 bits)."""
-        return np.dtype(_NUMPY[self])
+        return np.dtype(_narrow_numpy()[self] if self in _NARROW else _NUMPY[self])
 
     @property
     def is_float(self) -> bool:
@@ -101,11 +109,15 @@ class DType(enum.Enum):
             npd = np.dtype(value)
         except TypeError as exc:
             raise IRError(f"unknown dtype {value!r}") from exc
-        if npd == BFLOAT16:
+        if is_bfloat16(npd):
             return DType.BF16
         for dt, name in _NUMPY.items():
             if dt is not DType.BF16 and np.dtype(name) == npd:
                 return dt
+        if "ml_dtypes" in sys.modules:  # else no array of a narrow format can exist
+            for dt, kind in _narrow_numpy().items():
+                if np.dtype(kind) == npd:
+                    return dt
         raise IRError(f"numpy dtype {npd} has no RLX equivalent")
 
     def __str__(self) -> str:
@@ -121,18 +133,58 @@ _C_TYPE = {DType.F32: "float", DType.F16: "uint16_t", DType.BF16: "uint16_t", DT
            DType.I8: "int8_t", DType.I16: "int16_t", DType.I32: "int32_t", DType.I64: "int64_t", DType.U8: "uint8_t",
            DType.U16: "uint16_t", DType.U32: "uint32_t", DType.U64: "uint64_t", DType.BOOL: "uint8_t"}
 
-_NARROW_NUMPY = {DType.F8E4M3FN: ml_dtypes.float8_e4m3fn, DType.F8E4M3FNUZ: ml_dtypes.float8_e4m3fnuz,
-                 DType.F8E5M2: ml_dtypes.float8_e5m2, DType.F8E5M2FNUZ: ml_dtypes.float8_e5m2fnuz,
-                 DType.F4E2M1: ml_dtypes.float4_e2m1fn, DType.I4: ml_dtypes.int4, DType.U4: ml_dtypes.uint4,
-                 DType.I2: ml_dtypes.int2, DType.U2: ml_dtypes.uint2}
-_NARROW = frozenset(_NARROW_NUMPY)
+#: The narrow storage formats, by their names in `ml_dtypes` (`_narrow_numpy` has the types).
+_NARROW_NAMES = {DType.F8E4M3FN: "float8_e4m3fn", DType.F8E4M3FNUZ: "float8_e4m3fnuz", DType.F8E5M2: "float8_e5m2",
+                 DType.F8E5M2FNUZ: "float8_e5m2fnuz", DType.F4E2M1: "float4_e2m1fn", DType.I4: "int4",
+                 DType.U4: "uint4", DType.I2: "int2", DType.U2: "uint2"}
+_NARROW = frozenset(_NARROW_NAMES)
 _ITEMSIZE |= dict.fromkeys(_NARROW, 1)
-_NUMPY |= _NARROW_NUMPY
 _C_TYPE |= dict.fromkeys(_NARROW, "uint8_t")
 
+
+@functools.cache
+def _narrow_numpy() -> dict[DType, type]:
+    """numpy's type of each narrow storage format (imports `ml_dtypes`)."""
+    import ml_dtypes
+
+    return {dt: getattr(ml_dtypes, name) for dt, name in _NARROW_NAMES.items()}
+
+
+def is_bfloat16(dtype: Any) -> bool:
+    """Whether numpy dtype `dtype` is `BFLOAT16`, without importing `ml_dtypes` (no bfloat16 array exists
+    before it is imported).
+
+    >>> from rlx.ir.dtype import BFLOAT16
+    >>> is_bfloat16(np.dtype(np.float32)), is_bfloat16(np.dtype(np.uint16)), is_bfloat16(BFLOAT16)
+    (False, False, True)
+    """
+    ml_dtypes = sys.modules.get("ml_dtypes")
+    return ml_dtypes is not None and dtype == ml_dtypes.bfloat16
+
+
+#: `BFLOAT16` once made. Not cached as a global of the module: a name bound after `rlx.pristine` recorded
+#: the module would read as a monkeypatch.
+_LOADED: dict[str, np.dtype] = {}
+
+
+def _bfloat16() -> np.dtype:
+    value = _LOADED.get("BFLOAT16")
+    if value is None:
+        import ml_dtypes
+
+        value = _LOADED["BFLOAT16"] = np.dtype(ml_dtypes.bfloat16)
+    return value
+
+
+def __getattr__(name: str) -> Any:
+    """`BFLOAT16`, numpy's bfloat16 (the `ml_dtypes` package): what bf16 arrays are at the Python boundary,
+    imported on first use."""
+    if name == "BFLOAT16":
+        return _bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 F32, F16, BF16, F64 = DType.F32, DType.F16, DType.BF16, DType.F64
-#: numpy's bfloat16 (the `ml_dtypes` package): what bf16 arrays are at the Python boundary.
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 I8, I16, I32, I64, U8, BOOL = DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.BOOL
 U16, U32, U64 = DType.U16, DType.U32, DType.U64
 
@@ -143,13 +195,13 @@ def bits_to_bfloat16(bits: np.ndarray) -> np.ndarray:
     >>> bits_to_bfloat16(np.array([0x3F80, 0xC000], np.uint16)).astype(np.float32).tolist()
     [1.0, -2.0]
     """
-    return np.asarray(bits, dtype=np.uint16).view(BFLOAT16)
+    return np.asarray(bits, dtype=np.uint16).view(_bfloat16())
 
 
 def bfloat16_to_bits(values: np.ndarray) -> np.ndarray:
     """A bfloat16 array's bit patterns (uint16), contiguous, no rounding."""
     arr = np.asarray(values)
-    if arr.dtype != BFLOAT16:
+    if not is_bfloat16(arr.dtype):
         raise IRError(f"expected a bfloat16 array, got {arr.dtype}")
     return np.ascontiguousarray(arr).reshape(arr.shape).view(np.uint16)
 

@@ -86,7 +86,8 @@ def load_safetensors(path: str | Path, *, mapped: bool = False) -> dict[str, np.
     copied again); the header is checked first: dtypes, shapes, and offsets inside the data.
     `mapped=True` maps the file instead (`numpy.memmap`, read-only) and reads nothing more than the
     header: float32 and integer tensors are read-only views of the file's pages, read when first used
-    (a weight copied once into a compiled model is read once, not read and then copied). The file
+    (a weight copied once into a compiled model is read once, not read and then copied; one the model
+    stores as given is read in place, `CompiledGraph.set_param`, only the pages its runs touch). The file
     must then stay as it is while the arrays live (replacing it by a rename, as downloaders do, is
     fine; rewriting it in place is not).
     """

@@ -23,7 +23,8 @@ of a pool, runs with the GIL released, and returns it; contexts are cloned
 from the first one when concurrent calls need them, at most `max_contexts`
 (default: the CPU count) exist, and calls beyond that wait for a free one.
 Each context holds its own copy of the params (`rlx_clone` copies them), so
-the pool costs one param copy per context that concurrency ever needed.
+the pool costs one param copy per context that concurrency ever needed; params
+bound in place (read-only arrays, see `set_param`) are shared by all of them.
 `set_param` and setting `num_threads` wait for the runs in flight, keep new
 ones out while they work, and apply to every later run. Each run also uses
 `num_threads` OpenMP threads: with many concurrent callers, lower it (e.g.
@@ -55,7 +56,7 @@ import numpy as np
 from rlx.errors import ExecutionError
 from rlx.ir.dtype import DType, bf16_to_f32, bits_to_bfloat16
 from rlx.runtime.abi import ffi
-from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype
+from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype, read_only_memory
 from rlx.runtime.loader import Library, TensorInfo, openmp_policy
 from rlx.runtime.provenance import Provenance
 from rlx.runtime.team import TeamGovernor, work_key
@@ -228,6 +229,9 @@ class CompiledGraph(Provenance):
         self._param_set = list(_param_set) if _param_set is not None else [False] * len(library.params)
         # The arrays handed to rlx_set_param (references, not copies), for save(weights=True).
         self._param_values: dict[str, np.ndarray | _Recomputed] = {}
+        # Params the library reads in place (rlx_bind_param), by index: the arrays, kept alive while bound.
+        self._bound: dict[int, np.ndarray] = {}
+        self._binds = str(library.manifest.get("target", "cpu")) == "cpu" and hasattr(self._lib, "rlx_bind_param")
         self._handles: dict[str, np.ndarray] = {}
         # RLX_RECORD (rlx.runtime.record): the recorder `run` writes each call to, and the params' version
         self._recorder: Any = None
@@ -381,7 +385,7 @@ class CompiledGraph(Provenance):
 
     def set_param(self, name: str, array: Any, *, cast: bool = False,
                   source: Callable[[], Any] | None = None) -> None:
-        """Copy a weight in (user layout, declared shape).
+        """Copy a weight in (user layout, declared shape), or use it in place when it is read-only.
 
         The dtype rules of `run` apply: the declared dtype, or one numpy casts to
         it safely (float16 → f32, int8 → i32, ...); bf16 params take float32
@@ -393,10 +397,30 @@ class CompiledGraph(Provenance):
         recording); `source`, a function giving the same values again, is kept instead, so an array the
         caller converted for this call (a transposed weight, say) is not held beside the library's copy.
 
+        In place, not copied: on the CPU, an array whose memory nothing can write (read-only, and so is
+        every array and buffer under it: a weight mapped read-only from its file, or an array whose
+        `flags.writeable` you turned off) that needs no conversion (declared dtype, C-contiguous) is
+        read where it is by every run, when the library stores the param as given (embedding tables,
+        biases, norm weights; not the weights a GEMM packs, which are copied into panels). The graph
+        (and its clones) keeps the array alive while it is bound; turning `writeable` back on and
+        writing it is a data race with every run, and a weight mapped from a file is read from the
+        file's pages, so the file must stay as it is while it is bound (replacing it by a rename is fine).
+        A writable array is always copied, so changing it afterwards changes nothing; setting the param
+        again replaces the binding. `params_in_place` names the params read in place.
+
         >>> import numpy as np, rlx
         >>> g = rlx.Graph("scale")
         >>> g.set_outputs([g.mul(g.input("x", [2]), g.param("a", [2]))])
         >>> cg = rlx.Session().compile(g)
+        >>> a = np.array([4.0, 5.0], np.float32)
+        >>> cg.set_param("a", a)  # writable: copied
+        >>> a[:] = 0
+        >>> cg.run(x=np.ones(2, np.float32))[0].tolist(), cg.params_in_place
+        ([4.0, 5.0], ())
+        >>> a.flags.writeable = False
+        >>> cg.set_param("a", a)  # read-only: read in place
+        >>> cg.run(x=np.ones(2, np.float32))[0].tolist(), cg.params_in_place
+        ([0.0, 0.0], ('a',))
         >>> cg.set_param("a", np.array([2.0, 3.0]))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -460,13 +484,27 @@ class CompiledGraph(Provenance):
         idx = self._params[name]
         return idx, self._library.params[idx]
 
+    @property
+    def params_in_place(self) -> tuple[str, ...]:
+        """The params the library reads from the caller's (read-only) arrays rather than its own copy,
+        in manifest order (`set_param`)."""
+        names = self.param_names
+        return tuple(names[i] for i in sorted(self._bound))
+
     def _set_param_raw(self, idx: int, info: TensorInfo, arr: np.ndarray, kept: _Recomputed | None = None) -> None:
         arr = _contiguous(arr)
+        in_place = self._binds and read_only_memory(arr)
         with self._pool.exclusive():
-            rc = self._lib.rlx_set_param(self._ctx, idx, ffi.from_buffer(arr), arr.nbytes)
-            if rc != 0:
-                self._raise(rc, f"set_param({info.name!r})")
-            # Clones hold copies of the old params: drop them; later overlapping runs clone afresh.
+            buf = ffi.from_buffer(arr)
+            # rlx_bind_param refuses a param stored in another layout (packed, ...): that one is copied
+            if in_place and self._lib.rlx_bind_param(self._ctx, idx, buf, arr.nbytes) == 0:
+                self._bound[idx] = arr  # what the contexts now point into
+            else:
+                rc = self._lib.rlx_set_param(self._ctx, idx, buf, arr.nbytes)
+                if rc != 0:
+                    self._raise(rc, f"set_param({info.name!r})")
+                self._bound.pop(idx, None)
+            # Clones hold the old params (copies, or the old binding): drop them; later overlapping runs clone afresh.
             self._pool.drop_clones()
             self._param_set[idx] = True
             self._param_values[info.name] = arr if kept is None else kept
@@ -829,7 +867,7 @@ class CompiledGraph(Provenance):
         """
         with self._pool.shared():
             raw = self._lib.rlx_clone(self._ctx)
-            param_set, values = list(self._param_set), dict(self._param_values)
+            param_set, values, bound = list(self._param_set), dict(self._param_values), dict(self._bound)
         if raw == ffi.NULL:
             raise ExecutionError("rlx_clone failed (out of memory?)")
         twin = CompiledGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
@@ -837,6 +875,7 @@ class CompiledGraph(Provenance):
                              _param_set=param_set)
         twin._param_values = values
         twin.rounds_f32_params = self.rounds_f32_params
+        twin._bound = bound  # rlx_clone kept the bindings: the twin keeps their arrays alive too
         twin.record_build(self.source_digest, self._decided)  # the same program: the same provenance
         return twin
 

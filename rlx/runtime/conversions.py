@@ -10,13 +10,43 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import ExecutionError
-from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, bfloat16_to_bits, f32_to_bf16
+from rlx.ir.dtype import DType, bf16_to_f32, bfloat16_to_bits, f32_to_bf16, is_bfloat16
 
 
 def _contiguous(arr: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
     """C-contiguous `arr` (converted to `dtype`), keeping 0-d arrays 0-d (np.ascontiguousarray does not)."""
     arr = np.asarray(arr, dtype=dtype)
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def read_only_memory(arr: np.ndarray) -> bool:
+    """True when `arr` is read-only and so is every array and buffer under it (`arr.base`, down to the
+    owner of the memory: a read-only `numpy.memmap` of a file, bytes, or an array made read-only itself),
+    so no Python code can change its values behind a reader that keeps a pointer to them (a param bound
+    in place, `CompiledGraph.set_param`). A read-only view of a writable array is not.
+
+    >>> a = np.zeros(3, np.float32)
+    >>> read_only_memory(a), read_only_memory(np.frombuffer(bytes(12), np.float32))
+    (False, True)
+    >>> view = a[:]
+    >>> view.flags.writeable = False
+    >>> read_only_memory(view)  # writable through `a`
+    False
+    """
+    if arr.flags.writeable:
+        return False
+    base = arr.base
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    if base is None:
+        return True
+    try:
+        with memoryview(base) as view:  # released at once: a mapped file's mmap stays closable
+            return view.readonly
+    except TypeError:  # an owner that is no buffer: nothing says it cannot change
+        return False
 
 
 def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
@@ -35,12 +65,12 @@ def _to_input_dtype(name: str, value: Any, dtype: DType) -> np.ndarray:
         except (TypeError, ValueError) as exc:
             raise ExecutionError(f"input {name!r}: cannot convert {type(value).__name__} to {dtype}: {exc}") from None
     if dtype is DType.BF16:
-        if value.dtype == BFLOAT16:  # a real bf16 array: its bits, exactly
+        if is_bfloat16(value.dtype):  # a real bf16 array: its bits, exactly
             return bfloat16_to_bits(value)
         if value.dtype != np.float32:
             raise ExecutionError(f"input {name!r} is bf16: pass bfloat16 or float32 values (got {value.dtype})")
         return f32_to_bf16(value)
-    if value.dtype == BFLOAT16 and dtype in (DType.F32, DType.F64):  # widening bf16 is exact
+    if is_bfloat16(value.dtype) and dtype in (DType.F32, DType.F64):  # widening bf16 is exact
         return _contiguous(bf16_to_f32(bfloat16_to_bits(value)), dtype.np)
     if value.dtype == dtype.np:
         return _contiguous(value)
@@ -60,7 +90,7 @@ def _to_param_dtype(name: str, value: Any, dtype: DType, *, cast: bool = False) 
     """
     if isinstance(value, np.generic):
         value = np.asarray(value)
-    if isinstance(value, np.ndarray) and value.dtype == BFLOAT16:
+    if isinstance(value, np.ndarray) and is_bfloat16(value.dtype):
         if dtype is DType.BF16:  # a real bf16 array: stored bit for bit
             return bfloat16_to_bits(value)
         value = bf16_to_f32(bfloat16_to_bits(value))  # exact; the f32 rules below decide the rest

@@ -1,5 +1,5 @@
 /*
- * rlx.h — the C ABI every RLX-generated library exports (ABI version 1).
+ * rlx.h — the C ABI every RLX-generated library exports (ABI version 3).
  *
  * One header serves every graph: the graph-specific facts (input, output and
  * param names, dtypes, shapes, dynamic dims and their bounds) are in the JSON
@@ -22,7 +22,10 @@
  * re-layout (manifest "layout") while copying, and stores weights that only
  * feed matrix products packed for its own GEMM kernel (which kernel depends
  * on the instruction set the library was built for). Param storage is private:
- * set a param again to change it.
+ * set a param again to change it. A param stored as the caller passes it (no
+ * re-layout, packing or widening) may instead be bound in place
+ * (rlx_bind_param): the context then reads the caller's memory, which must
+ * stay valid and unchanged while it is bound.
  *
  * Threads: a context is not thread-safe; use one context per thread
  * (rlx_clone); contexts may run concurrently. Inside rlx_run all parallelism
@@ -41,7 +44,7 @@
 extern "C" {
 #endif
 
-#define RLX_ABI_VERSION 2
+#define RLX_ABI_VERSION 3
 
 /* ABI version the library was generated for (compare with RLX_ABI_VERSION). */
 int32_t rlx_abi_version(void);
@@ -56,13 +59,23 @@ void *rlx_create(void);
 /* Frees a context (NULL is ignored). */
 void rlx_destroy(void *ctx);
 
-/* A new context sharing nothing with ctx, with ctx's params and thread count
- * copied. NULL on failure. */
+/* A new context with ctx's params and thread count copied (params bound with
+ * rlx_bind_param stay bound to the same memory, shared). NULL on failure. */
 void *rlx_clone(void *ctx);
 
 /* Copy param `index` from `data` (user layout, declared dtype, exactly
  * `nbytes` bytes). Returns 0, or nonzero with a message in rlx_last_error. */
 int32_t rlx_set_param(void *ctx, int32_t index, const void *data, int64_t nbytes);
+
+/* Use `data` (user layout, declared dtype, exactly `nbytes` bytes, aligned to
+ * the element size) as param `index` in place, without copying: the context,
+ * and every context cloned from it, reads that memory until the param is set
+ * or bound again or the context is destroyed; the caller keeps it valid and
+ * unchanged meanwhile. Only for params stored in the caller's layout; for one
+ * stored packed, permuted, quantized or widened (or misaligned data) it returns
+ * nonzero with a message in rlx_last_error, and the param is left as it was:
+ * copy it with rlx_set_param instead. Returns 0 on success. */
+int32_t rlx_bind_param(void *ctx, int32_t index, const void *data, int64_t nbytes);
 
 /* Run the graph. `symbols` holds the values of the dynamic dims (each in
  * 1..max) in manifest order (may be NULL when there are none); `inputs` and

@@ -3,7 +3,7 @@
 The warm start runs in fresh processes against a private cache: one compiles (cold), the next
 finds the built library by the graph's recipe (`Session.compile_recipe`: without building the graph)
 and embeds; that one must not import the code generators, the optimizer, jinja2 or any optional
-frontend, nor the IR's graphs and op classes (`WARM_MUST_NOT_IMPORT`). Module sets,
+frontend, nor the IR's graphs and op classes, nor ml_dtypes (`WARM_MUST_NOT_IMPORT`). Module sets,
 not wall-clock times: what is imported is what costs start-up time.
 """
 
@@ -36,7 +36,9 @@ WARM_MUST_NOT_IMPORT = ("jinja2", "rlx.codegen", "rlx.opt", "rlx.reference", "rl
                         "rlx.models.causal_lm", "rlx.models.gguf", "rlx.models.llama", "rlx.distributed",
                         "rlx.report", "scipy", "torch", "pyarrow",
                         # run_async's executor; the governor's median is computed without statistics
-                        "concurrent.futures", "statistics")
+                        "concurrent.futures", "statistics",
+                        # numpy's bfloat16 and narrow types, for graphs and arrays that have them (rlx.ir.dtype)
+                        "ml_dtypes")
 
 # argv: the model directory. Prints one JSON line: the embedding, whether the library came from the
 # cache, and the loaded modules that WARM_MUST_NOT_IMPORT names.
@@ -51,6 +53,7 @@ print(json.dumps({
     "vecs": vecs.tolist(),
     "hit": emb.runner("embeddings").compiled.cache_hit,
     "built_graph": emb.runner("embeddings")._graph is not None,
+    "in_place": list(emb.runner("embeddings").compiled.params_in_place),
     "pristine": rlx.pristine.compiler_is_pristine(),
     "loaded": sorted(m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in forbidden)),
 }))
@@ -101,6 +104,8 @@ def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: 
     assert warm["hit"] and warm["pristine"]
     assert cold["built_graph"] and not warm["built_graph"], "a warm start built the graph (recipe index missed)"
     assert warm["loaded"] == [], f"a warm start imported {warm['loaded']}"
+    # the weights file is mapped read-only: the tables stored as given are read in place, not copied
+    assert "embeddings.word_embeddings.weight" in warm["in_place"] == cold["in_place"]
     np.testing.assert_allclose(warm["vecs"], cold["vecs"], rtol=1e-6, atol=1e-7)
     reference = SentenceEmbedder.from_pretrained(model_dir, device="reference", max_seq=16, max_batch=4)
     np.testing.assert_allclose(warm["vecs"], reference.embed(["hi", "a man eats food"]), rtol=1e-4, atol=1e-5)

@@ -178,7 +178,7 @@ def test_session_f16_precision_rounds_f32_params_once():
     vals = np.array([0.1, -2.5, 1e-3, 60000.0], np.float32)
     cg.set_param("b", vals)
     assert cg.run(x=np.zeros(4, np.float32))[0].tolist() == vals.astype(np.float16).astype(np.float32).tolist()
-    with pytest.raises(rlx.ExecutionError, match="param 'b': value 1000000.0 overflows f16"):
+    with pytest.raises(rlx.ExecutionError, match=r"param 'b': value 1000000\.0 overflows f16"):
         cg.set_param("b", np.full(4, 1e6, np.float32))
     with pytest.raises(rlx.ExecutionError, match="float64 array; converting would lose"):
         cg.set_param("b", vals.astype(np.float64))  # only float32 values are rounded without asking
@@ -410,3 +410,139 @@ def test_bf16_round_trips_bit_exact_through_run_and_set_param():
     half = np.array([1.5, -2.0, 0.25, 3.0], BFLOAT16)
     cg32.set_param("a", half)
     assert cg32.run(x=half)[0].tolist() == [2.25, 4.0, 0.0625, 9.0]
+
+
+# ── params read in place (read-only arrays: rlx_bind_param) ─────────────
+
+
+def _lookup_graph() -> rlx.Graph:
+    """An embedding table, a norm and a bias (stored as given: bindable) and a GEMM weight (packed: copied)."""
+    g = rlx.Graph("lookup")
+    ids = g.input("ids", [rlx.Dim.dynamic("n", max=8)], "i32")
+    rows = g.layer_norm(g.gather(g.param("table", [50, 16]), ids), g.param("gamma", [16]), g.param("beta", [16]))
+    g.set_outputs([g.add_(g.matmul(rows, g.param("w", [16, 8])), g.param("b", [8]))])
+    return g
+
+
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    out = arr.copy()
+    out.flags.writeable = False
+    return out
+
+
+@pytest.fixture(scope="module")
+def lookup():
+    rng = np.random.default_rng(11)
+    params = {"table": rng.standard_normal((50, 16)), "gamma": rng.standard_normal(16) + 1,
+              "beta": rng.standard_normal(16), "w": rng.standard_normal((16, 8)), "b": rng.standard_normal(8)}
+    params = {k: v.astype(np.float32) for k, v in params.items()}
+    g = _lookup_graph()
+    return g, compile_graph(g, opt_level=2), params
+
+
+def _set_all(cg, params, read_only: bool) -> None:
+    for name, value in params.items():
+        cg.set_param(name, _read_only(value) if read_only else value.copy())
+
+
+_IDS = np.array([3, 0, 49, 7, 3], np.int32)
+
+
+def test_read_only_params_are_read_in_place_and_agree_with_copies(lookup):
+    g, cg, params = lookup
+    _set_all(cg, params, read_only=False)
+    assert cg.params_in_place == ()
+    copied = cg.run(ids=_IDS)[0]
+    _set_all(cg, params, read_only=True)
+    # the GEMM weight is stored packed, so rlx_bind_param refuses it and it is copied
+    w_entry = next(line for line in cg.source.splitlines() if line.lstrip().startswith('{"w",'))
+    assert "RLX_PARAM_PACK" in w_entry
+    assert cg.params_in_place == ("table", "gamma", "beta", "b")
+    np.testing.assert_array_equal(cg.run(ids=_IDS)[0], copied)
+    np.testing.assert_allclose(copied, rlx.reference.run(g, {"ids": _IDS}, params)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_writable_array_is_copied(lookup):
+    _, cg, params = lookup
+    _set_all(cg, params, read_only=True)
+    want = cg.run(ids=_IDS)[0]
+    table = params["table"].copy()
+    cg.set_param("table", table)  # writable: copied, replacing the binding
+    assert "table" not in cg.params_in_place
+    table[:] = 0
+    np.testing.assert_array_equal(cg.run(ids=_IDS)[0], want)
+    # a read-only view of a writable array can still change through its base: copied too
+    base = params["table"].copy()
+    view = base[:]
+    view.flags.writeable = False
+    cg.set_param("table", view)
+    assert "table" not in cg.params_in_place
+    base[:] = 0
+    np.testing.assert_array_equal(cg.run(ids=_IDS)[0], want)
+
+
+def test_setting_a_bound_param_again_replaces_the_binding(lookup):
+    g, cg, params = lookup
+    _set_all(cg, params, read_only=True)
+    other = dict(params, table=params["table"][::-1].copy())
+    cg.set_param("table", _read_only(other["table"]))
+    assert "table" in cg.params_in_place
+    np.testing.assert_allclose(cg.run(ids=_IDS)[0], rlx.reference.run(g, {"ids": _IDS}, other)[0],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_graph_keeps_a_bound_array_alive(lookup):
+    import gc
+    import weakref
+
+    g, cg, params = lookup
+    _set_all(cg, params, read_only=True)
+    table = np.frombuffer(params["table"].tobytes(), np.float32).reshape(50, 16)  # read-only: over bytes
+    alive = weakref.ref(table)
+    cg.set_param("table", table)
+    del table
+    gc.collect()
+    assert alive() is not None and "table" in cg.params_in_place
+    np.testing.assert_allclose(cg.run(ids=_IDS)[0], rlx.reference.run(g, {"ids": _IDS}, params)[0],
+                               rtol=1e-5, atol=1e-5)
+    twin = cg.clone()  # the clone reads the same memory, and keeps it alive too
+    cg.set_param("table", params["table"].copy())  # copied: the graph lets go of the bound array
+    gc.collect()
+    assert alive() is not None and twin.params_in_place == ("table", "gamma", "beta", "b")
+    np.testing.assert_array_equal(twin.run(ids=_IDS)[0], cg.run(ids=_IDS)[0])
+    del twin
+    gc.collect()
+    assert alive() is None
+
+
+def test_a_memory_mapped_weight_is_bound_and_shared_by_concurrent_runs(lookup, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    g, cg, params = lookup
+    _set_all(cg, params, read_only=False)
+    np.save(tmp_path / "table.npy", params["table"])
+    cg.set_param("table", np.load(tmp_path / "table.npy", mmap_mode="r"))  # a read-only np.memmap
+    assert cg.params_in_place == ("table",)
+    feeds = [np.array(ids, np.int32) for ids in ([1], [2, 3], [49, 0, 5], [7] * 8)]
+    want = [rlx.reference.run(g, {"ids": ids}, params)[0] for ids in feeds]
+    cg.max_contexts = 4
+    with ThreadPoolExecutor(4) as pool:
+        with cg._pool.checkout():  # the primary context is lent out: the next run clones one (rlx_clone)
+            np.testing.assert_allclose(pool.submit(lambda: cg.run(ids=feeds[3])[0]).result(), want[3],
+                                       rtol=1e-5, atol=1e-5)
+        assert cg.num_contexts == 2
+        got = list(pool.map(lambda i: cg.run(ids=feeds[i % 4])[0], range(32)))  # on any of the contexts
+    for i, out in enumerate(got):
+        np.testing.assert_allclose(out, want[i % 4], rtol=1e-5, atol=1e-5)
+
+
+def test_misaligned_read_only_data_is_copied(lookup):
+    g, cg, params = lookup
+    _set_all(cg, params, read_only=True)
+    raw = b"\0" + params["b"].tobytes()
+    b = np.frombuffer(raw, np.float32, offset=1)  # read-only, one byte off its 4-byte alignment
+    assert not b.flags.aligned
+    cg.set_param("b", b)  # rlx_bind_param refuses it: copied
+    assert "b" not in cg.params_in_place
+    np.testing.assert_allclose(cg.run(ids=_IDS)[0], rlx.reference.run(g, {"ids": _IDS}, params)[0],
+                               rtol=1e-5, atol=1e-5)

@@ -129,7 +129,6 @@ class CpuEmitter:
         self.graph = lir.graph
         self.sym_index = {name: i for i, (name, _) in enumerate(lir.symbols)}
         self.params = param_layout(lir)
-        self.param_offsets: Mapping[int, int] = dict(enumerate(self.params.offsets))
         self.scratch_per_thread = 0  # bytes each thread may use (attention tiles)
         self.scratch_shared = 0  # bytes used outside parallel regions (swiglu blocks)
         # The LIR's decisions (rlx.opt.lowering): transposes folded into GEMMs, params stored packed.
@@ -163,7 +162,7 @@ class CpuEmitter:
         if b.storage == "output":
             return f"((char *)out[{b.slot}])"
         if b.storage == "param":
-            return f"(ctx->params + {self.param_offsets[b.slot]})"
+            return f"ctx->param_at[{b.slot}]"  # its slot in ctx->params, or memory bound by rlx_bind_param
         if b.storage == "const":
             return f"((const char *)rlx_const_{b.slot})"
         if b.storage == "arena":
@@ -334,9 +333,9 @@ def context_record_bytes(n_params: int, headers: Sequence[str], profile: bool) -
     """sizeof(rlx_ctx) (templates/cpu/prelude.c.j2) of a program with `n_params` params, its kernel `headers`,
     profiled or not. The rendered source asserts it (`_Static_assert`), so a change to the record that is not
     made here too fails every build instead of skewing `Session.estimate`."""
-    # three pointers, three int32 (nthreads, scratch_threads, spins), param_set[N + 1], err[512], padded to 8;
-    # then the transport pointer (collectives) and a profiled build's span ring
-    record = -(-(3 * 8 + 3 * 4 + n_params + 1 + 512) // 8) * 8
+    # two pointers, param_at[N + 1], the scratch pointer, three int32 (nthreads, scratch_threads, spins),
+    # param_set[N + 1], err[512], padded to 8; then the transport pointer (collectives) and a profiled build's span ring
+    record = -(-(3 * 8 + (n_params + 1) * 8 + 3 * 4 + n_params + 1 + 512) // 8) * 8
     if "kernels/collectives.h" in headers:
         record += 8
     return record + (PROFILE_RING_BYTES if profile else 0)

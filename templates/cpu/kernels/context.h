@@ -11,8 +11,12 @@
 /* Fresh 64-byte aligned memory, deliberately not zeroed: every buffer is written before it is
  * read (rlx_run refuses to start until every param is set), and leaving the pages untouched
  * keeps rlx_create from faulting in the whole arena and param storage up front. Blocks of
- * 2 MiB and more are huge-page aligned and advised as such (fewer TLB misses while weights
- * stream through the GEMMs); the advice is a hint the kernel may ignore. */
+ * 2 MiB and more are huge-page aligned; the param storage (`huge_pages`) is also advised as
+ * such (fewer TLB misses while weights stream through the GEMMs; set_param writes all of it
+ * anyway), a hint the kernel may ignore. The arena and scratch are not: a run touches only
+ * what its dynamic dims need, spread over the arena, and a huge page would make the first
+ * touch of each such spot zero (and maybe compact) 2 MiB: a small first run of MiniLM took a
+ * median 42 ms instead of 18 (8 fresh processes each; 22 instead of 18 in another set). */
 static size_t rlx_alloc_align(size_t bytes)
 {
     const size_t huge = (size_t)2 << 20;
@@ -26,7 +30,7 @@ static size_t rlx_alloc_size(size_t bytes)
     return bytes ? (bytes + align - 1) / align * align : RLX_ALIGN;
 }
 
-static int rlx_alloc(char **out, size_t bytes)
+static int rlx_alloc(char **out, size_t bytes, int huge_pages)
 {
     const size_t huge = (size_t)2 << 20;
     const size_t align = rlx_alloc_align(bytes);
@@ -35,8 +39,10 @@ static int rlx_alloc(char **out, size_t bytes)
     if (posix_memalign(&p, align, n) != 0)
         return 1;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (align == huge)
+    if (huge_pages && align == huge)
         (void)madvise(p, n, MADV_HUGEPAGE);
+#else
+    (void)huge_pages;
 #endif
     *out = (char *)p;
     return 0;
@@ -49,7 +55,7 @@ static int rlx_reserve_scratch(rlx_ctx *ctx, int threads)
     if (RLX_SCRATCH_SHARED + RLX_SCRATCH_PER_THREAD == 0 || threads == ctx->scratch_threads)
         return 0;
     char *fresh = NULL;
-    if (rlx_alloc(&fresh, (size_t)RLX_SCRATCH_SHARED + (size_t)threads * RLX_SCRATCH_PER_THREAD))
+    if (rlx_alloc(&fresh, (size_t)RLX_SCRATCH_SHARED + (size_t)threads * RLX_SCRATCH_PER_THREAD, 0))
         return 1;
     free(ctx->scratch);
     ctx->scratch = fresh;
@@ -79,12 +85,21 @@ RLX_EXPORT void *rlx_create(void)
     if (ctx->nthreads < 1)
         ctx->nthreads = 1;
     ctx->spins = 1;
-    if (rlx_alloc(&ctx->arena, RLX_ARENA_BYTES) || rlx_alloc(&ctx->params, RLX_PARAMS_BYTES) ||
+    if (rlx_alloc(&ctx->arena, RLX_ARENA_BYTES, 0) || rlx_alloc(&ctx->params, RLX_PARAMS_BYTES, 1) ||
         rlx_reserve_scratch(ctx, ctx->nthreads)) {
         rlx_destroy(ctx);
         return NULL;
     }
+    for (int i = 0; i < RLX_N_PARAMS; i++)
+        ctx->param_at[i] = ctx->params + rlx_params[i].offset;
     return ctx;
+}
+
+/* Bytes of param `i`'s slot in ctx->params (the slots are laid out in order, each up to the next). */
+static size_t rlx_param_slot_bytes(int i)
+{
+    const int64_t end = i + 1 < RLX_N_PARAMS ? rlx_params[i + 1].offset : RLX_PARAMS_BYTES;
+    return (size_t)(end - rlx_params[i].offset);
 }
 
 RLX_EXPORT void *rlx_clone(void *vsrc)
@@ -101,7 +116,14 @@ RLX_EXPORT void *rlx_clone(void *vsrc)
     }
     ctx->nthreads = src->nthreads;
     ctx->spins = src->spins;
-    memcpy(ctx->params, src->params, RLX_PARAMS_BYTES);
+    /* a param bound to the caller's memory is shared (read-only: nothing to copy); one stored in src's
+     * slot is copied; an unset slot holds nothing yet (copying it would only fault its pages in) */
+    for (int i = 0; i < RLX_N_PARAMS; i++) {
+        if (src->param_at[i] != src->params + rlx_params[i].offset)
+            ctx->param_at[i] = src->param_at[i];
+        else if (src->param_set[i])
+            memcpy(ctx->param_at[i], src->param_at[i], rlx_param_slot_bytes(i));
+    }
     memcpy(ctx->param_set, src->param_set, sizeof ctx->param_set);
     return ctx;
 }
@@ -159,20 +181,53 @@ RLX_EXPORT int32_t rlx_set_team(void *vctx, int32_t threads, int32_t spins)
     return ctx->nthreads;
 }
 
+/* The checks rlx_set_param and rlx_bind_param share: the param `index` names, or NULL with a message. */
+static const rlx_param_info *rlx_param_arg(rlx_ctx *ctx, int32_t index, const void *data, int64_t nbytes)
+{
+    ctx->err[0] = 0;
+    if (index < 0 || index >= RLX_N_PARAMS) {
+        rlx_fail(ctx, "param index %d is out of range (the graph has %d params)", (int)index, RLX_N_PARAMS);
+        return NULL;
+    }
+    const rlx_param_info *p = &rlx_params[index];
+    if (!data) {
+        rlx_fail(ctx, "param '%s': data is NULL", p->name);
+        return NULL;
+    }
+    if (nbytes != p->nbytes) {
+        rlx_fail(ctx, "param '%s' takes %lld bytes, got %lld", p->name, (long long)p->nbytes, (long long)nbytes);
+        return NULL;
+    }
+    return p;
+}
+
+RLX_EXPORT int32_t rlx_bind_param(void *vctx, int32_t index, const void *data, int64_t nbytes)
+{
+    rlx_ctx *ctx = (rlx_ctx *)vctx;
+    if (!ctx)
+        return 1;
+    const rlx_param_info *p = rlx_param_arg(ctx, index, data, nbytes);
+    if (!p)
+        return 1;
+    if (p->mode != RLX_PARAM_COPY)
+        return rlx_fail(ctx, "param '%s' is stored in another layout than the caller's (packed, permuted, "
+                        "quantized or widened): copy it with rlx_set_param", p->name);
+    if ((uintptr_t)data % p->elsize != 0)
+        return rlx_fail(ctx, "param '%s': data is not aligned to its %zu-byte elements", p->name, p->elsize);
+    ctx->param_at[index] = (char *)(uintptr_t)data;  /* never written through: the kernels only read params */
+    ctx->param_set[index] = 1;
+    return 0;
+}
+
 RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, int64_t nbytes)
 {
     rlx_ctx *ctx = (rlx_ctx *)vctx;
     if (!ctx)
         return 1;
-    ctx->err[0] = 0;
-    if (index < 0 || index >= RLX_N_PARAMS)
-        return rlx_fail(ctx, "param index %d is out of range (the graph has %d params)", (int)index, RLX_N_PARAMS);
-    const rlx_param_info *p = &rlx_params[index];
-    if (!data)
-        return rlx_fail(ctx, "param '%s': data is NULL", p->name);
-    if (nbytes != p->nbytes)
-        return rlx_fail(ctx, "param '%s' takes %lld bytes, got %lld", p->name, (long long)p->nbytes,
-                        (long long)nbytes);
+    const rlx_param_info *p = rlx_param_arg(ctx, index, data, nbytes);
+    if (!p)
+        return 1;
+    ctx->param_at[index] = ctx->params + p->offset;  /* back in its own slot, should it have been bound */
 #ifdef RLX_KERNELS_INT8_GEMM_H
     if (p->mode == RLX_PARAM_INT8)  /* quantized per output channel into the int8 panels (int8_gemm) */
         rlx_i8_quantize_param(ctx->params + p->offset, (const float *)data, p->dims, p->src_strides);
