@@ -291,7 +291,10 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
 }
 #elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
 #define RLX_QSIMD 1
-#define RLX_QF32_TILE RLX_QGEMV_MAX_M
+/* Rows of X one unpacked block is multiplied with. Unpacking a block (nibbles to four ymm of floats)
+ * costs about as much as four rows' products, so a tile of 8 (8 accumulators and the 4 unpacked
+ * registers nearly fill the 16 ymm) makes a 16-row step ~1.2x faster than tiles of 4; 16 spill. */
+#define RLX_QF32_TILE 8
 static inline float rlx_q_hsum256(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -305,9 +308,9 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
         const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    __m256 acc[RLX_QGEMV_MAX_M];
-    float macc[RLX_QGEMV_MAX_M];
-    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+    __m256 acc[RLX_QF32_TILE];
+    float macc[RLX_QF32_TILE];
+    for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr) {
             acc[i] = _mm256_setzero_ps();
             macc[i] = 0.0f;
@@ -334,7 +337,7 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
                 m = rlx_q_half(blk + 2);
         }
         const __m256 d = _mm256_set1_ps(rlx_q_half(blk));
-        for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+        for (int i = 0; i < RLX_QF32_TILE; i++)
             if (i < mr) {
                 const float *x = X + i * K + b * 32;
                 __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x), q[0]);
@@ -346,7 +349,7 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
                     macc[i] += m * xs[i * nb + b];
             }
     }
-    for (int i = 0; i < RLX_QGEMV_MAX_M; i++)
+    for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
             out[i] = rlx_q_hsum256(acc[i]) + macc[i];
 }
