@@ -9,14 +9,17 @@ many of benchmarks/serve.py's chat prompts at once, and drives `Engine.step` on 
 step in three parts: planning (`Scheduler.schedule`), the compiled call (`PagedRunner.run`, with its rows
 and the OpenMP team size it ran with), and the rest (the step's rows and block tables, sampling,
 detokenizing, handing out the events). Printed per stream count: aggregate tokens/s as benchmarks/serve.py
-counts it (every token over the time from the submissions to the last token), how the steps' time splits,
-the team sizes, and the calls by row count (count x median ms). Set against benchmarks/serve.py's figures
-for the same settings, this separates the engine from the HTTP/SSE path. Timings only: nothing asserts.
+counts it (every token over the time from the submissions to the last token), tokens per CPU second of
+the process (with `--threads 1` the figure to compare on a shared machine: other processes' load does not
+change it much), how the steps' time splits, the team sizes, and the calls by row count (count x median
+ms). Set against benchmarks/serve.py's figures for the same settings, this separates the engine from the
+HTTP/SSE path. Timings only: nothing asserts.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -31,6 +34,12 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
     return [tokenizer.encode(tokenizer.apply_chat_template(
         [{"role": "user", "content": f"Question {i}: tell me a long story about the number {i}."}]))
         for i in range(n)]
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of every thread of this process so far."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 
 
 def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
@@ -66,6 +75,7 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
     runner.run, engine.scheduler.schedule = timed_run, timed_schedule
     try:
         params = SamplingParams(max_tokens=new_tokens, stop=("\u2603never\u2603",))
+        cpu0 = _cpu_seconds()
         t0 = time.perf_counter()
         for i, p in enumerate(ids):
             engine.submit(p, params, sink(i))
@@ -74,13 +84,14 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
             engine.step()
             steps += 1
         wall = time.perf_counter() - t0
+        cpu = _cpu_seconds() - cpu0
     finally:
         del runner.run, engine.scheduler.schedule  # the instance attributes: the methods again
     run_s, plan_s = sum(c[2] for c in calls), sum(plans)
     by_rows: dict[int, list[float]] = defaultdict(list)
     for rows, _, seconds in calls:
         by_rows[rows].append(seconds)
-    return {"tokens": sum(tokens.values()), "wall": wall, "steps": steps, "plan": plan_s, "run": run_s,
+    return {"tokens": sum(tokens.values()), "wall": wall, "cpu": cpu, "steps": steps, "plan": plan_s, "run": run_s,
             "rest": wall - run_s - plan_s, "teams": Counter(c[1] for c in calls),
             "rows": {k: (len(v), statistics.median(v)) for k, v in sorted(by_rows.items())}}
 
@@ -105,18 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step",
           file=sys.stderr)
     drive(engine, runner, prompts(runner.tokenizer, 1), 4)  # warm-up
-    print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'steps':>5} {'plan s':>7} {'run s':>7} {'rest s':>7} "
-          f"{'rest %':>6}  teams / calls by rows (count x median ms)")
-    base = None
+    print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'tok/cpu-s':>9} {'steps':>5} {'plan s':>7} {'run s':>7} "
+          f"{'rest s':>7} {'rest %':>6}  teams / calls by rows (count x median ms)")
+    base = base_cpu = None
     for _ in range(args.rounds):
         for n in counts:
             r = drive(engine, runner, prompts(runner.tokenizer, n), args.new_tokens)
-            rate = r["tokens"] / r["wall"]
-            base = base or rate
+            rate, per_cpu = r["tokens"] / r["wall"], r["tokens"] / r["cpu"]
+            base, base_cpu = base or rate, base_cpu or per_cpu
             rows = " ".join(f"{k}:{c}x{1e3 * m:.0f}" for k, (c, m) in r["rows"].items())
-            print(f"{n:>7} {r['tokens']:>6} {rate:>7.1f} {r['steps']:>5} {r['plan']:>7.3f} {r['run']:>7.2f} "
-                  f"{r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}%  ({rate / base:.2f}x one stream) "
-                  f"teams {dict(r['teams'])}\n{'':>8}{rows}", flush=True)
+            print(f"{n:>7} {r['tokens']:>6} {rate:>7.1f} {per_cpu:>9.1f} {r['steps']:>5} {r['plan']:>7.3f} "
+                  f"{r['run']:>7.2f} {r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}%  ({rate / base:.2f}x, "
+                  f"per CPU second {per_cpu / base_cpu:.2f}x one stream) teams {dict(r['teams'])}\n{'':>8}{rows}",
+                  flush=True)
     return 0
 
 
