@@ -267,10 +267,12 @@ static inline __attribute__((always_inline)) void rlx_qblk_v16(const int fmt, co
 
 /* q8_0 / q4_0 / q4_1 row w (nb blocks) against mr (<= RLX_QF32_TILE) rows of X. */
 static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
-        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
+        const float *restrict X, int64_t K, const float *restrict xs, const int tiled, const uint8_t *restrict w,
+        float *out)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
     (void)xs;  /* q4_1's min is in the dequantized values */
+    (void)tiled;
     rlx_qv16f lo[RLX_QF32_TILE], hi[RLX_QF32_TILE];
     for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
@@ -303,17 +305,36 @@ static inline float rlx_q_hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* The AVX2 version: the block's values in four ymm registers of floats. */
+/* q4_1's block sums of a tile's rows taken block-major, RLX_QF32_TILE floats a block (rlx_qgemv lays
+ * them out so for rows of up to this many blocks; longer rows gather them). */
+#define RLX_QXS_TILED 1
+#ifndef RLX_QXS_MAX_BLOCKS
+#define RLX_QXS_MAX_BLOCKS 512
+#endif
+
+/* The AVX2 version: the block's values in four ymm registers of floats. q4_1's m * sum(x) terms of a
+ * tile of 4 or more rows are one vector, a lane a row: each lane takes the fused multiply-adds a scalar
+ * accumulator of that row takes (the same sums, 8 rows an instruction: a row's result does not depend
+ * on its tile). xs: with `tiled`, the tile's block sums block-major
+ * (RLX_QF32_TILE floats a block), else row-major (nb floats a row). */
 static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
-        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
+        const float *restrict X, int64_t K, const float *restrict xs, const int tiled, const uint8_t *restrict w,
+        float *out)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
+    /* a tile of 4 or more rows takes its m * sum(x) terms as one vector (fewer rows: a scalar each, the
+       same fused multiply-adds without the broadcast and load a block) */
+    const int vec_m = fmt == RLX_Q4_1 && mr >= 4;
     __m256 acc[RLX_QF32_TILE];
-    float macc[RLX_QF32_TILE];
+    float sacc[RLX_QF32_TILE];
+    __m256 macc = _mm256_setzero_ps();
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i rows = _mm256_mullo_epi32(lane, _mm256_set1_epi32((int)nb));  /* row offsets (gathered) */
+    const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(mr), lane));
     for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr) {
             acc[i] = _mm256_setzero_ps();
-            macc[i] = 0.0f;
+            sacc[i] = 0.0f;
         }
     const __m128i low4 = _mm_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
@@ -335,6 +356,11 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
             }
             if (fmt == RLX_Q4_1)
                 m = rlx_q_half(blk + 2);
+            if (vec_m) {
+                const __m256 sums = tiled ? _mm256_loadu_ps(xs + b * RLX_QF32_TILE)
+                                          : _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xs + b, rows, live, 4);
+                macc = _mm256_fmadd_ps(_mm256_set1_ps(m), sums, macc);
+            }
         }
         const __m256 d = _mm256_set1_ps(rlx_q_half(blk));
         for (int i = 0; i < RLX_QF32_TILE; i++)
@@ -345,13 +371,15 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
                 p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), q[2], p);
                 p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), q[3], p);
                 acc[i] = _mm256_fmadd_ps(d, p, acc[i]);
-                if (fmt == RLX_Q4_1)
-                    macc[i] += m * xs[i * nb + b];
+                if (fmt == RLX_Q4_1 && !vec_m)
+                    sacc[i] += m * (tiled ? xs[b * RLX_QF32_TILE + i] : xs[i * nb + b]);
             }
     }
+    float ms[8];
+    _mm256_storeu_ps(ms, macc);
     for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
-            out[i] = rlx_q_hsum256(acc[i]) + macc[i];
+            out[i] = rlx_q_hsum256(acc[i]) + (vec_m ? ms[i] : sacc[i]);
 }
 #endif
 
@@ -371,6 +399,35 @@ static inline __attribute__((always_inline)) void rlx_qdot_generic(const int fmt
     }
 }
 
+#ifdef RLX_QSIMD
+/* rlx_qgemv's SIMD loop: weight rows [n0, n1), each against the tiles of X's rows while it sits in L1. */
+static inline __attribute__((always_inline)) void rlx_qgemv_tiles(const int fmt, int64_t M, int64_t N, int64_t K,
+        int64_t nb, const float *X, const float *xs, const int tiled, const uint8_t *W, int64_t rb, float *Y,
+        int64_t n0, int64_t n1)
+{
+    float out[RLX_QF32_TILE];
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t i0 = 0; i0 < M; i0 += RLX_QF32_TILE) {
+            const int64_t mr = M - i0 < RLX_QF32_TILE ? M - i0 : RLX_QF32_TILE;
+            const float *Xi = X + i0 * K, *xsi = xs + i0 * nb;  /* tiled: the tile's block-major sums */
+            switch (mr) {  /* one instance per row count, so unused rows cost nothing */
+#if RLX_QF32_TILE > 4
+            case 8: rlx_qdot_simd(fmt, 8, nb, Xi, K, xsi, tiled, W + n * rb, out); break;
+            case 7: rlx_qdot_simd(fmt, 7, nb, Xi, K, xsi, tiled, W + n * rb, out); break;
+            case 6: rlx_qdot_simd(fmt, 6, nb, Xi, K, xsi, tiled, W + n * rb, out); break;
+            case 5: rlx_qdot_simd(fmt, 5, nb, Xi, K, xsi, tiled, W + n * rb, out); break;
+#endif
+            case 4: rlx_qdot_simd(fmt, 4, nb, Xi, K, xsi, tiled, W + n * rb, out); break;
+            case 3: rlx_qdot_simd(fmt, 3, nb, Xi, K, xsi, tiled, W + n * rb, out); break;
+            case 2: rlx_qdot_simd(fmt, 2, nb, Xi, K, xsi, tiled, W + n * rb, out); break;
+            default: rlx_qdot_simd(fmt, 1, nb, Xi, K, xsi, tiled, W + n * rb, out); break;
+            }
+            for (int64_t i = 0; i < mr; i++)
+                Y[(i0 + i) * N + n] = out[i];
+        }
+}
+#endif
+
 /* Y[i, n] for i < M (<= RLX_QDECODE_MAX_M), n in [n0, n1): weight rows of rb bytes, each multiplied
  * with RLX_QF32_TILE rows of X at a time (the SIMD kernels; RLX_QGEMV_MAX_M for the others) while it
  * sits in L1. */
@@ -381,26 +438,24 @@ static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const
     const int64_t nb = K / 32;
 #ifdef RLX_QSIMD
     if (fmt == RLX_Q8_0 || fmt == RLX_Q4_0 || fmt == RLX_Q4_1) {
-        float out[RLX_QF32_TILE];
-        for (int64_t n = n0; n < n1; n++)
-            for (int64_t i0 = 0; i0 < M; i0 += RLX_QF32_TILE) {
-                const int64_t mr = M - i0 < RLX_QF32_TILE ? M - i0 : RLX_QF32_TILE;
-                const float *Xi = X + i0 * K, *xsi = xs + i0 * nb;
-                switch (mr) {  /* one instance per row count, so unused rows cost nothing */
-#if RLX_QF32_TILE > 4
-                case 8: rlx_qdot_simd(fmt, 8, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 7: rlx_qdot_simd(fmt, 7, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 6: rlx_qdot_simd(fmt, 6, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 5: rlx_qdot_simd(fmt, 5, nb, Xi, K, xsi, W + n * rb, out); break;
-#endif
-                case 4: rlx_qdot_simd(fmt, 4, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 3: rlx_qdot_simd(fmt, 3, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 2: rlx_qdot_simd(fmt, 2, nb, Xi, K, xsi, W + n * rb, out); break;
-                default: rlx_qdot_simd(fmt, 1, nb, Xi, K, xsi, W + n * rb, out); break;
-                }
-                for (int64_t i = 0; i < mr; i++)
-                    Y[(i0 + i) * N + n] = out[i];
+        int tiled = 0;
+#ifdef RLX_QXS_TILED
+        float xst[RLX_QDECODE_MAX_M * RLX_QXS_MAX_BLOCKS];  /* the block sums tile by tile, block-major */
+        const int64_t mt = (M + RLX_QF32_TILE - 1) / RLX_QF32_TILE * RLX_QF32_TILE;
+        if (fmt == RLX_Q4_1 && mt <= RLX_QDECODE_MAX_M && nb <= RLX_QXS_MAX_BLOCKS) {
+            for (int64_t i = 0; i < mt; i++) {
+                float *tile = xst + i / RLX_QF32_TILE * nb * RLX_QF32_TILE + i % RLX_QF32_TILE;
+                for (int64_t b = 0; b < nb; b++)
+                    tile[b * RLX_QF32_TILE] = i < M ? xs[i * nb + b] : 0.0f;
             }
+            xs = xst;
+            tiled = 1;
+        }
+#endif
+        if (tiled)  /* two instances: the block sums loaded, or gathered */
+            rlx_qgemv_tiles(fmt, M, N, K, nb, X, xs, 1, W, rb, Y, n0, n1);
+        else
+            rlx_qgemv_tiles(fmt, M, N, K, nb, X, xs, 0, W, rb, Y, n0, n1);
         return;
     }
 #endif
