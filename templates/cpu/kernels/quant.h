@@ -442,7 +442,7 @@ static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const
 #ifdef RLX_QXS_TILED
         float xst[RLX_QDECODE_MAX_M * RLX_QXS_MAX_BLOCKS];  /* the block sums tile by tile, block-major */
         const int64_t mt = (M + RLX_QF32_TILE - 1) / RLX_QF32_TILE * RLX_QF32_TILE;
-        if (fmt == RLX_Q4_1 && mt <= RLX_QDECODE_MAX_M && nb <= RLX_QXS_MAX_BLOCKS) {
+        if (fmt == RLX_Q4_1 && M >= 4 && mt <= RLX_QDECODE_MAX_M && nb <= RLX_QXS_MAX_BLOCKS) {  /* (vec_m tiles) */
             for (int64_t i = 0; i < mt; i++) {
                 float *tile = xst + i / RLX_QF32_TILE * nb * RLX_QF32_TILE + i % RLX_QF32_TILE;
                 for (int64_t b = 0; b < nb; b++)
