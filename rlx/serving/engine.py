@@ -10,9 +10,10 @@ LoRA adapter the runner has loaded (`submit(..., adapter=)`): a decode step then
 different adapters and none; the prefix cache (K/V depend on the adapter) serves base requests only.
 
 Over a paged runner (`PagedRunner`: `runner.paged`) the KV store is the runner's `PagedKv` (pages
-freed when a sequence ends), every iteration is one model call — the decode rows and the prefill
-chunks together under the step's row budget — and the prefix cache shares full pages by reference
-count instead of copying K/V (a shared page is copied only if a sequence writes into it).
+freed when a sequence ends), every iteration is one model call (calls of 16 rows past 16 sequences, see
+`PagedRunner`) — the decode rows and the prefill chunks together under the step's row budget — and the
+prefix cache shares full pages by reference count instead of copying K/V (a shared page is copied only if a
+sequence writes into it).
 
 Speculative decoding (`speculative=`: "prompt_lookup", a draft `CausalLM` or a drafter; paged runners only):
 a decoding sequence's drafter proposes up to k tokens (`AdaptiveK`, within the rows and pages the

@@ -173,9 +173,10 @@ class PagedRunner:
     step is one call of up to `max_rows` one-token rows — decode rows of running sequences and the tokens of
     prefill chunks side by side (a chunk's tokens are rows at consecutive positions sharing their sequence's
     block table; the attention kernel writes every row's K/V before any row attends). Each row takes the
-    decode kernels' arithmetic, which is the same whatever the other rows are (up to `max_rows` =
-    `DECODE_ROWS` = 16, the quantized GEMV's batch-invariant bound), so a sequence's tokens do not depend on
-    the load, on how its prompt was chunked, or on which pages it holds.
+    decode kernels' arithmetic, which is the same whatever the other rows are (up to `DECODE_ROWS` = 16, the
+    quantized GEMV's batch-invariant bound; a step of more rows, with more than 16 slots, runs as calls of
+    at most 16 in row order), so a sequence's tokens do not depend on the load, on how its prompt was
+    chunked, or on which pages it holds.
 
     >>> from rlx.models.decoder_config import DecoderConfig
     >>> from rlx.models.causal_lm import random_tensors
@@ -262,6 +263,8 @@ class PagedRunner:
         or their argmax ids."""
         if not 0 < len(rows) <= self.max_rows:
             raise RlxError(f"a step feeds 1 to {self.max_rows} rows, got {len(rows)}")
+        if len(rows) > self.DECODE_ROWS:
+            return self._run_slices(tables, rows, outputs, logits)
         slots = np.fromiter((r[0] for r in rows), np.int64, len(rows))
         tokens = np.fromiter((r[1] for r in rows), np.int32, len(rows))[:, None]
         positions = np.fromiter((r[2] for r in rows), np.int32, len(rows))
@@ -270,3 +273,19 @@ class PagedRunner:
         # a step whose chunks all end mid-prompt wants no row: the graph still computes one (dropped)
         want = np.asarray(outputs if len(outputs) else [len(rows) - 1], dtype=np.int32)
         return step(tokens, cache, want)[:len(outputs)]
+
+    def _run_slices(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
+                    logits: bool) -> np.ndarray:
+        """A step of more than `DECODE_ROWS` rows as consecutive calls of at most `DECODE_ROWS` (past them the
+        quantized matmuls take dequantized panels and the GEMM, whose sums differ from the decode GEMV's): in
+        row order, so a prefill chunk's rows in a later call attend to the K/V an earlier call wrote."""
+        out: np.ndarray | None = None
+        for lo in range(0, len(rows), self.DECODE_ROWS):
+            hi = min(lo + self.DECODE_ROWS, len(rows))
+            mine = [j for j, r in enumerate(outputs) if lo <= r < hi]
+            part = self.run(tables, rows[lo:hi], [outputs[j] - lo for j in mine], logits)
+            if out is None:
+                out = np.empty((len(outputs), *part.shape[1:]), dtype=part.dtype)
+            out[mine] = part
+        assert out is not None
+        return out

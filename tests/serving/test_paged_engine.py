@@ -146,3 +146,24 @@ def test_copy_on_write_copies_a_shared_page_in_every_layer(paged_runner) -> None
     kv.free(a)
     kv.free(b)
     assert kv.used_pages == 0 and kv.free_pages == paged_runner.kv_pages
+
+
+def test_more_sequences_than_the_invariant_rows_decode_as_they_would_alone(tiny_gguf, alone) -> None:
+    """With more slots than `DECODE_ROWS` (`rlxc serve --max-seqs 20`) a step of 20 rows still gives each row the
+    decode GEMV's arithmetic (past 16 rows the quantized matmuls take dequantized panels and the GEMM): 20
+    requests together, a chunk's tokens split across the slices, get the tokens each gets alone."""
+    from rlx.serving.runner import PagedRunner
+
+    wide = PagedRunner.from_gguf(tiny_gguf, slots=20, max_context=128, page_size=16, quant_act="f32")
+    assert wide.max_rows == 20 > PagedRunner.DECODE_ROWS
+    kv = wide.kv_store()
+    slots = [kv.allocate(40) for _ in range(20)]
+    one = wide.run(kv.tables, [(slots[0], 5, 0)], [0], logits=True)
+    rows = [(s, 5 + i, 0) for i, s in enumerate(slots)]
+    np.testing.assert_array_equal(wide.run(kv.tables, rows, [19, 0], logits=True)[1], one[0])
+    # a 20-row step: 4 decode rows and a 16-token chunk, its last output row past the first slice
+    chunk = [(slots[5], 40 + i, i) for i in range(16)]
+    both = wide.run(kv.tables, [(s, 9, 1) for s in slots[:4]] + chunk, [3, 19], logits=False)
+    assert both.tolist()[1] == int(wide.run(kv.tables, chunk, [15], logits=False)[0])
+    prompts = _prompts(20)
+    assert _together(Engine(wide), prompts)[:16] == alone

