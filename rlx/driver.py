@@ -410,23 +410,12 @@ def to_mir(graph: Any) -> Graph:
 
 def _files_under(top: str, suffix: str = "") -> list[tuple[str, str, os.stat_result]]:
     """(path relative to `top` in posix form, path, stat) of the files under `top` whose names end with
-    `suffix`, outside __pycache__, sorted by relative path. `os.scandir`, whose entries carry their
-    stat: a warm start lists these files on every compile, and Path objects cost several times more."""
-    found: list[tuple[str, str, os.stat_result]] = []
-    stack = [("", top)]
-    while stack:
-        prefix, folder = stack.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            if entry.is_dir():
-                if entry.name != "__pycache__":
-                    stack.append((prefix + entry.name + "/", entry.path))
-            elif entry.name.endswith(suffix):
-                found.append((prefix + entry.name, entry.path, entry.stat()))
-    return sorted(found, key=lambda f: f[0])
+    `suffix`, outside __pycache__, sorted by relative path (`rlx.toolchain.walk`: a warm start lists these
+    files on every compile; the scandir entries carry their stat)."""
+    from rlx.toolchain.walk import entries_under
+
+    return sorted(((rel, e.path, e.stat()) for rel, e in entries_under(top) if e.name.endswith(suffix)),
+                  key=lambda f: f[0])
 
 
 def _compiler_file_stats() -> list[tuple[str, str, os.stat_result]]:

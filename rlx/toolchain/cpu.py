@@ -40,6 +40,7 @@ from rlx.templates_path import templates_dir
 from rlx.toolchain.cache import AotCache, cache_key
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.toolchain.units import compile_program
+from rlx.toolchain.walk import entries_under
 
 #: The manifest's "key" while the source digest is taken (the key depends on that digest).
 KEY_PENDING = ""
@@ -63,23 +64,8 @@ def templates_digest(target: str = "cpu") -> str:
 
 def _template_files(top: str) -> list[tuple[str, str]]:
     """(path relative to `top` in posix form, path) of every file under `top` outside __pycache__, in the
-    order of their relative paths' parts. `os.scandir`, not `Path.rglob`: a warm start digests the
-    templates, and Path objects cost more than reading the files."""
-    found: list[tuple[str, str]] = []
-    stack = [("", top)]
-    while stack:
-        prefix, folder = stack.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            if entry.is_dir():
-                if entry.name != "__pycache__":
-                    stack.append((prefix + entry.name + "/", entry.path))
-            elif entry.is_file():
-                found.append((prefix + entry.name, entry.path))
-    return sorted(found, key=lambda f: f[0].split("/"))
+    order of their relative paths' parts (`rlx.toolchain.walk`: a warm start digests the templates)."""
+    return sorted(((rel, e.path) for rel, e in entries_under(top) if e.is_file()), key=lambda f: f[0].split("/"))
 
 
 def source_digest(text: str) -> str:

@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.cuda,
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from hf_checkpoints import FAMILY_CONFIGS, cosine, prompt, save_checkpoint  # noqa: E402
 
+from tests.gpu.decoder_common import assert_f16_greedy_tracks_f32  # noqa: E402
+
 LOAD = dict(context_length=72, max_batch=2, prefill_chunk=48)
 
 
@@ -46,12 +48,4 @@ def test_family_on_cuda_matches_the_cpu(family: str, tmp_path: Path) -> None:
     want_tokens = cpu.generate(ids, max_new_tokens=24).token_ids
     assert len(want_tokens) >= 8, "the random model stopped too early to compare"
     assert gpu.generate(ids, max_new_tokens=24).token_ids == want_tokens, family
-    tokens = half.generate(ids, max_new_tokens=24).token_ids
-    assert tokens and all(0 <= t < cpu.config.vocab_size for t in tokens)
-    hcache, ccache = half.new_cache(), cpu.new_cache()
-    got, exp = half.step(np.array([ids]), hcache, [len(ids) - 1]), cpu.step(np.array([ids]), ccache, [len(ids) - 1])
-    for step, token in enumerate(tokens):
-        assert np.all(np.isfinite(got)), f"{family} f16 step {step}"
-        assert cosine(got, exp) >= 0.999, f"{family} f16 step {step}"
-        assert got[0, token] == got[0].max(), f"{family} f16 step {step}: not the greedy token"
-        got, exp = half.step(np.array([[token]]), hcache, [0]), cpu.step(np.array([[token]]), ccache, [0])
+    assert_f16_greedy_tracks_f32(half, cpu, ids, family)

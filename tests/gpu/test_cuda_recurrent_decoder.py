@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from hf_checkpoints import cosine, prompt, save_checkpoint  # noqa: E402
 from recurrent_checkpoints import random_model  # noqa: E402
 
+from tests.gpu.decoder_common import assert_f16_greedy_tracks_f32  # noqa: E402
+
 FAMILIES = ("mamba2", "qwen3_next")
 #: 96 positions, prefill in chunks of 64 (a 70-token prompt: 64 + 6), two cache slots.
 LOAD = dict(context_length=96, max_batch=2, prefill_chunk=64)
@@ -97,14 +99,4 @@ def test_reset_zeroes_the_device_states(models: dict) -> None:
 def test_f16_greedy_decoding_stays_close_to_f32(models: dict) -> None:
     """f16 storage (f32 accumulation): greedy decoding runs, and on its own tokens every step's logits point where
     the f32 CPU model's do (cosine >= 0.999)."""
-    half, cpu = models["cuda_f16"], models["cpu"]
-    ids = prompt(12, seed=3)
-    tokens = half.generate(ids, max_new_tokens=24).token_ids
-    assert tokens and all(0 <= t < cpu.config.vocab_size for t in tokens)
-    hcache, ccache = half.new_cache(), cpu.new_cache()
-    got, exp = half.step(np.array([ids]), hcache, [len(ids) - 1]), cpu.step(np.array([ids]), ccache, [len(ids) - 1])
-    for step, token in enumerate(tokens):
-        assert np.all(np.isfinite(got)), f"{models['family']} f16 step {step}"
-        assert cosine(got, exp) >= 0.999, f"{models['family']} f16 step {step}"
-        assert got[0, token] == got[0].max(), f"{models['family']} f16 step {step}: not the greedy token"
-        got, exp = half.step(np.array([[token]]), hcache, [0]), cpu.step(np.array([[token]]), ccache, [0])
+    assert_f16_greedy_tracks_f32(models["cuda_f16"], models["cpu"], prompt(12, seed=3), models["family"])
