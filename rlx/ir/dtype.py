@@ -162,18 +162,13 @@ def is_bfloat16(dtype: Any) -> bool:
     return ml_dtypes is not None and dtype == ml_dtypes.bfloat16
 
 
-#: `BFLOAT16` once made. Not cached as a global of the module: a name bound after `rlx.pristine` recorded
-#: the module would read as a monkeypatch.
-_LOADED: dict[str, np.dtype] = {}
-
-
+@functools.cache
 def _bfloat16() -> np.dtype:
-    value = _LOADED.get("BFLOAT16")
-    if value is None:
-        import ml_dtypes
+    """numpy's bfloat16 (imports `ml_dtypes`); cached by the function, not bound as a module global, which
+    `rlx.pristine` would read as a monkeypatch."""
+    import ml_dtypes
 
-        value = _LOADED["BFLOAT16"] = np.dtype(ml_dtypes.bfloat16)
-    return value
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def __getattr__(name: str) -> Any:

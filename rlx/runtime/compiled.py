@@ -231,7 +231,8 @@ class CompiledGraph(Provenance):
         self._param_values: dict[str, np.ndarray | _Recomputed] = {}
         # Params the library reads in place (rlx_bind_param), by index: the arrays, kept alive while bound.
         self._bound: dict[int, np.ndarray] = {}
-        self._binds = str(library.manifest.get("target", "cpu")) == "cpu" and hasattr(self._lib, "rlx_bind_param")
+        on_cpu = str(library.manifest.get("target", "cpu")) == "cpu"
+        self._binds = on_cpu and hasattr(self._lib, "rlx_bind_param")
         self._handles: dict[str, np.ndarray] = {}
         # RLX_RECORD (rlx.runtime.record): the recorder `run` writes each call to, and the params' version
         self._recorder: Any = None
@@ -246,7 +247,7 @@ class CompiledGraph(Provenance):
         self.rounds_f32_params = False
         # CPU libraries size each run's OpenMP team between runs (rlx.runtime.team; RLX_OMP_WAIT).
         self._team: TeamGovernor | None = None
-        if str(library.manifest.get("target", "cpu")) == "cpu" and hasattr(self._lib, "rlx_set_team"):
+        if on_cpu and hasattr(self._lib, "rlx_set_team"):
             self._team = TeamGovernor(1, openmp_policy())
         self.num_threads = num_threads if num_threads is not None else 0
 
