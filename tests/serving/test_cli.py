@@ -84,6 +84,8 @@ def test_paged_kv_options_are_checked_before_anything_loads() -> None:
         cli.main(["--kv-pages", "0"])
     cli_args = cli._parser().parse_args(["--kv-layout", "contiguous", "--max-context", "100"])
     assert cli_args.kv_layout == "contiguous" and cli_args.page_size == 16 and cli_args.kv_pages is None
+    with pytest.raises(RlxError, match="--deterministic takes the paged KV layout"):
+        cli.main(["--deterministic", "--kv-layout", "contiguous"])
 
 
 def test_speculative_options_are_checked_before_anything_loads(tmp_path) -> None:
