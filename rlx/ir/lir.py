@@ -162,10 +162,16 @@ class LirModule:
             "name": self.name,
             "inputs": [s.to_json() for s in self.inputs],
             "outputs": [s.to_json() for s in self.outputs],
-            "params": [s.to_json() for s in self.params],
+            "params": [self._param_json(s) for s in self.params],
             "symbols": [{"name": n, "max": m} for n, m in self.symbols],
             "arena_bytes": self.arena_bytes,
         }
+
+    def _param_json(self, spec: TensorSpec) -> dict:
+        out = spec.to_json()
+        if getattr(self.graph.node(spec.node).op, "rounds_f32", False):
+            out["rounds_f32"] = True  # stored narrower by the session's precision: set_param rounds float32 arrays
+        return out
 
     def inspect(self) -> str:
         """Readable dump: the graph, then each node's buffer, then the arena summary."""

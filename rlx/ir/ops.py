@@ -139,12 +139,16 @@ class Param(Op):
 
     `layout` (set by the layout pass) is a permutation applied to the user's
     array at `set_param` time; `shape` is then the stored (permuted) shape.
+    `rounds_f32` (set by `store_params_in`): declared f32 by the user and stored
+    narrower by the session's precision, so `set_param` rounds float32 arrays
+    into it (the library's manifest says so: an artifact keeps the rule).
     """
 
     kind: ClassVar[str] = "param"
     name: str
     shape: Shape
     layout: tuple[int, ...] | None = None
+    rounds_f32: bool = False
 
     def infer(self, inputs: Sequence[Shape]) -> Shape:
         if self.layout is not None and sorted(self.layout) != list(range(self.shape.rank)):

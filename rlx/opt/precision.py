@@ -56,7 +56,8 @@ def store_params_in(graph: Graph, dtype: DType | str) -> Graph:
     for node in graph.nodes:
         op = node.op
         if isinstance(op, O.Param) and op.shape.dtype is DType.F32:
-            stored[node.id] = rw.dst.add(dataclasses.replace(op, shape=op.shape.with_dtype(dt)), [], name=node.name)
+            narrow = dataclasses.replace(op, shape=op.shape.with_dtype(dt), rounds_f32=True)
+            stored[node.id] = rw.dst.add(narrow, [], name=node.name)
         elif isinstance(op, O.FusedSwiGLU) and _narrow_swiglu(graph, node, stored):
             # no kernel multiplies f32 x by narrow weights inside the fused op: two mixed GEMMs
             # read the weights as stored (never a per-call cast of a whole matrix)

@@ -96,10 +96,7 @@ class Pipeline:
         return self.stages.build(rendered)
 
     def load(self, built: Built) -> Any:
-        compiled = self.stages.load(built)
-        if self.params_in == "f16" and hasattr(compiled, "rounds_f32_params"):
-            compiled.rounds_f32_params = True  # set_param rounds the f32 values of params stored f16 (precision)
-        return compiled
+        return self.stages.load(built)
 
     # ── runs of several stages ────────────────────────────────────────────────
     def lower(self, mir: Graph) -> LirModule:

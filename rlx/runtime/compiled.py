@@ -242,9 +242,6 @@ class CompiledGraph(Provenance):
         limit = default_max_contexts(library) if max_contexts is None else _check_max_contexts(max_contexts)
         self._pool = _ContextPool(self._wrap(self._ctx), self._clone_context, limit)
         self._threads = 0
-        #: Set by the pipeline that built it with `params_in` f16 (`Session(precision="f16")`): its f32-declared
-        #: params are stored f16, and `set_param` rounds float32 arrays into them as it does for bf16.
-        self.rounds_f32_params = False
         # CPU libraries size each run's OpenMP team between runs (rlx.runtime.team; RLX_OMP_WAIT).
         self._team: TeamGovernor | None = None
         if on_cpu and hasattr(self._lib, "rlx_set_team"):
@@ -436,9 +433,8 @@ class CompiledGraph(Provenance):
         """
         idx, info = self._param(name)
         want = info.concrete({})
-        if (self.rounds_f32_params and info.dtype is DType.F16 and isinstance(array, np.ndarray)
-                and array.dtype == np.float32):
-            cast = True  # stored f16 by the session's precision: the f32 values are rounded once (overflow refused)
+        if info.rounds_f32 and isinstance(array, np.ndarray) and array.dtype == np.float32:
+            cast = True  # stored narrow by the session's precision: the f32 values are rounded once (overflow refused)
         # An array's shape is checked before its dtype, a list's once it is an array.
         arr = array if isinstance(array, np.ndarray) else _to_param_dtype(name, array, info.dtype, cast=cast)
         if arr.shape != want:
@@ -875,7 +871,6 @@ class CompiledGraph(Provenance):
                              num_threads=self._threads, max_contexts=self.max_contexts, _ctx=raw,
                              _param_set=param_set)
         twin._param_values = values
-        twin.rounds_f32_params = self.rounds_f32_params
         twin._bound = bound  # rlx_clone kept the bindings: the twin keeps their arrays alive too
         twin.record_build(self.source_digest, self._decided)  # the same program: the same provenance
         return twin

@@ -45,6 +45,9 @@ class TensorInfo:
     layout: tuple[int, ...] | None = None
     #: A state input (a KV cache): the run updates the caller's array in place, so it is never copied.
     state: bool = False
+    #: A param the session's precision stores narrower than the f32 its user declared: `set_param` rounds
+    #: float32 arrays into it (as `cast=True` would), refusing values past the narrow type's range.
+    rounds_f32: bool = False
 
     @staticmethod
     def from_json(doc: Any, what: str) -> TensorInfo:
@@ -56,7 +59,7 @@ class TensorInfo:
             raise ArtifactError(f"bad dtype in manifest {what} {doc['name']!r}: {exc}") from None
         layout = tuple(doc["layout"]) if doc.get("layout") is not None else None
         return TensorInfo(doc["name"], dtype, tuple(parse_dim(d) for d in doc["shape"]), layout,
-                          state=doc.get("state") is True)
+                          state=doc.get("state") is True, rounds_f32=doc.get("rounds_f32") is True)
 
     def concrete(self, symbols: dict[str, int]) -> tuple[int, ...]:
         out = []

@@ -193,6 +193,11 @@ def _param_layout(g: Graph, v: object) -> None:
     g.set_outputs([g.matmul(x, p)])
 
 
+def _param_rounds(g: Graph, v: object) -> None:
+    x = g.input("x", [4])
+    g.set_outputs([g.add_(x, g.add(O.Param("p", g.shape(x), rounds_f32=v), name="p"))])  # type: ignore[arg-type]
+
+
 def _dyn(name: str, bound: int) -> Build:
     return lambda g, v: _one(dims=[Dim.dynamic(name, max=bound), 4])(g, v)
 
@@ -319,6 +324,7 @@ CASES: list[tuple[str, tuple[str, str] | None, Build, object, object]] = [
     ("param shape", ("param", "shape"),
      lambda g, v: g.set_outputs([g.add_(g.input("x", [4]), g.param("p", [v]))]), 4, 1),
     ("param layout", ("param", "layout"), _param_layout, None, (1, 0)),
+    ("param rounds_f32", ("param", "rounds_f32"), _param_rounds, False, True),
     ("constant data", ("constant", "data"),
      lambda g, v: g.set_outputs([g.add_(g.input("x", [4]), g.constant(np.full(4, v, np.float32)))]), 1.0, 2.0),
     ("constant -0.0", None,

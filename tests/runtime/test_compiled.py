@@ -167,10 +167,13 @@ def test_set_param_typed_and_16_bit_params(rng):
         cg.set_param_typed("a", vals, "f16")
 
 
-def test_session_f16_precision_rounds_f32_params_once():
+def test_session_f16_precision_rounds_f32_params_once(tmp_path):
     """`Session(precision="f16")` stores the graph's f32 params as f16: `set_param` takes the float32 values and
-    rounds them to nearest (as for bf16), refusing values f16 cannot hold; a param the graph itself declares f16
-    still takes no float32 array without `cast=True`."""
+    rounds them to nearest (as for bf16), refusing values f16 cannot hold; the library's manifest records it, so
+    a clone and a saved artifact reloaded keep the rule; a param the graph itself declares f16 still takes no
+    float32 array without `cast=True`."""
+    from rlx.runtime import artifact, artifact_load
+
     g = rlx.Graph("f16_params")
     x = g.input("x", [4])
     g.set_outputs([g.add_(x, g.param("b", [4]))])
@@ -182,7 +185,14 @@ def test_session_f16_precision_rounds_f32_params_once():
         cg.set_param("b", np.full(4, 1e6, np.float32))
     with pytest.raises(rlx.ExecutionError, match="float64 array; converting would lose"):
         cg.set_param("b", vals.astype(np.float64))  # only float32 values are rounded without asking
-    assert cg.clone().rounds_f32_params
+    assert [p.get("rounds_f32") for p in cg.manifest["params"]] == [True]
+    rounded = vals.astype(np.float16).astype(np.float32).tolist()
+    twin = cg.clone()
+    twin.set_param("b", vals)
+    assert twin.run(x=np.zeros(4, np.float32))[0].tolist() == rounded
+    again = artifact_load.load(artifact.save(cg, tmp_path / "f16_params"))
+    again.set_param("b", vals)
+    assert again.run(x=np.zeros(4, np.float32))[0].tolist() == rounded
     plain = rlx.Graph("declared_f16")
     y = plain.input("y", [4], "f16")
     plain.set_outputs([plain.add_(y, plain.param("h", [4], "f16"))])
