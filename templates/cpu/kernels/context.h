@@ -182,8 +182,11 @@ RLX_EXPORT int32_t rlx_set_team(void *vctx, int32_t threads, int32_t spins)
 }
 
 /* The checks rlx_set_param and rlx_bind_param share: the param `index` names, or NULL with a message. */
+/* The param `index` names, once the call's arguments are checked; NULL (the error recorded in a context) if not. */
 static const rlx_param_info *rlx_param_arg(rlx_ctx *ctx, int32_t index, const void *data, int64_t nbytes)
 {
+    if (!ctx)
+        return NULL;
     ctx->err[0] = 0;
     if (index < 0 || index >= RLX_N_PARAMS) {
         rlx_fail(ctx, "param index %d is out of range (the graph has %d params)", (int)index, RLX_N_PARAMS);
@@ -204,8 +207,6 @@ static const rlx_param_info *rlx_param_arg(rlx_ctx *ctx, int32_t index, const vo
 RLX_EXPORT int32_t rlx_bind_param(void *vctx, int32_t index, const void *data, int64_t nbytes)
 {
     rlx_ctx *ctx = (rlx_ctx *)vctx;
-    if (!ctx)
-        return 1;
     const rlx_param_info *p = rlx_param_arg(ctx, index, data, nbytes);
     if (!p)
         return 1;
@@ -222,8 +223,6 @@ RLX_EXPORT int32_t rlx_bind_param(void *vctx, int32_t index, const void *data, i
 RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, int64_t nbytes)
 {
     rlx_ctx *ctx = (rlx_ctx *)vctx;
-    if (!ctx)
-        return 1;
     const rlx_param_info *p = rlx_param_arg(ctx, index, data, nbytes);
     if (!p)
         return 1;
