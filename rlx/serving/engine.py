@@ -386,14 +386,14 @@ class Engine:
         logits = any(s.payload.params.needs_logits for s in seqs)
         adapters = [s.payload.adapter for s in seqs]
         lora = {"adapters": adapters} if any(a is not None for a in adapters) else {}
-        out = self.runner.decode([s.slot for s in seqs], [s.context[-1] for s in seqs], logits, **lora)
+        out = self.runner.decode([s.slot for s in seqs], [s.last for s in seqs], logits, **lora)
         with self._lock:
             for i, seq in enumerate(seqs):
                 self.scheduler.decoded(seq)
                 self._next(seq, out[i], logits)
 
     def _prefill(self, seq: Seq, start: int, n: int) -> None:
-        last = start + n == len(seq.context)
+        last = start + n == seq.length
         logits = last and seq.payload.params.needs_logits
         adapter = seq.payload.adapter
         lora = {"adapter": adapter} if adapter is not None else {}
@@ -413,7 +413,7 @@ class Engine:
         ends: list[tuple[Seq, int]] = []  # (sequence, tokens it fed), in row order
         drafts = self._propose(plan)
         for seq, (proposed, _) in zip(plan.decode, drafts):
-            fed = [seq.context[-1], *proposed]  # the last token, then the proposals at the next positions
+            fed = [seq.last, *proposed]  # the last token, then the proposals at the next positions
             rows.extend((seq.slot, t, seq.filled + i) for i, t in enumerate(fed))
             outputs.extend(range(len(rows) - len(fed), len(rows)))
             ends.append((seq, len(fed)))
@@ -577,7 +577,7 @@ class Engine:
         job.sink(Event(token, job.text.push(token), logprob, top))
         if job.text.stopped:
             self._finish(seq, "stop")
-        elif len(seq.generated) >= seq.max_new or len(seq.context) > self.runner.max_context:
+        elif len(seq.generated) >= seq.max_new or seq.length > self.runner.max_context:
             self._finish(seq, "length")
         return seq.state is not State.DONE
 

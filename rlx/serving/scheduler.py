@@ -70,6 +70,16 @@ class Seq:
     def context(self) -> list[int]:
         return self.prompt + self.generated
 
+    @property
+    def length(self) -> int:
+        """len(context), without building it (the engine asks every step, for every row)."""
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def last(self) -> int:
+        """context[-1]: the token a decode row feeds."""
+        return self.generated[-1] if self.generated else self.prompt[-1]
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -137,7 +147,7 @@ class Scheduler:
             budget = self._chunk(seq, budget, prefill, decode)
         while self.waiting and budget > 0 and not preempted:
             seq = self.waiting[0]
-            slot = self.kv.allocate(len(seq.context))
+            slot = self.kv.allocate(seq.length)
             if slot is None:
                 break
             self.waiting.popleft()
@@ -162,7 +172,7 @@ class Scheduler:
 
     def _chunk(self, seq: Seq, budget: int, prefill: list[tuple[Seq, int, int]], decode: list[Seq]) -> int:
         """Plan `seq`'s next aligned chunk if the budget allows (or nothing else runs); the budget left."""
-        n = min(self.chunk - seq.filled % self.chunk, len(seq.context) - seq.filled)
+        n = min(self.chunk - seq.filled % self.chunk, seq.length - seq.filled)
         if self.split_chunks and budget > 0:
             n = min(n, budget)
         if n <= budget or not (decode or prefill):
@@ -173,7 +183,7 @@ class Scheduler:
     def prefilled(self, seq: Seq, n: int) -> None:
         """`n` more context tokens of `seq` are in the cache; once all are, it decodes."""
         seq.filled += n
-        if seq.filled >= len(seq.context):
+        if seq.filled >= seq.length:
             seq.state = State.DECODE
 
     def decoded(self, seq: Seq, kept: int = 0) -> None:
