@@ -1,7 +1,7 @@
 """The int8-activation kernels of CUDA's `dequant_matmul(act="q8")` (templates/cuda/kernels/quant_q8.cuh, and
 quant.cuh's fused decode GEMV with ACT = 1) run on the CPU through the CUDA shim (tests/codegen/cuda_emu), against
 rlx.reference: the activation records bit for bit against `quantize_act`, the decode GEMV over records for 1, 2, 5
-and 8 rows, and the fused GEMV (plain members, RMSNorm + SwiGLU, the residual add) for 1 to 4 rows, for every
+and 8 rows, and the fused GEMV (plain members, RMSNorm + SwiGLU, the residual add) for 1 and 3 rows, for every
 format of `Q8_ACT_FORMATS`. Needs g++ with C++20.
 
 Bound of a product (as tests/codegen/test_cpu_quant.py's `q8_bound`): the integer block dots are exact, so only
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from cuda_emu_build import build_emu
 
+import rlx
 from rlx.ir import quant as Q
 from rlx.reference import run as reference_run
 
@@ -70,13 +71,10 @@ def q8_bound(x: np.ndarray, raw: np.ndarray, fmt: str, k: int, want: np.ndarray)
 
 
 def _reference(x: np.ndarray, raw: np.ndarray, fmt: str) -> np.ndarray:
-    import rlx
-
-    k = x.shape[1]
     g = rlx.Graph("q8")
     g.set_outputs([g.dequant_matmul(g.input("x", list(x.shape)), g.param("w", list(raw.shape), "u8"), quant=fmt,
                                     act="q8")])
-    return reference_run(g, {"x": x}, {"w": raw})[0].astype(np.float64).reshape(x.shape[0], -1) if k else None
+    return reference_run(g, {"x": x}, {"w": raw})[0].astype(np.float64)
 
 
 def test_activation_records_are_quantize_act(emu: ctypes.CDLL) -> None:
@@ -122,7 +120,7 @@ def _flip_allowance(h: np.ndarray, raw: np.ndarray, fmt: str, k: int) -> np.ndar
     """The kernel normalizes x itself (its RMS and products round apart from the reference's), so a value of h that
     lies next to a rounding boundary of x / d may quantize one step apart: each such value may move the product by
     |dw * dx * qw| (|qw| + 8 for q4_0's offset), per output row."""
-    qx, dx = Q.quantize_act(h, "q8")
+    _, dx = Q.quantize_act(h, "q8")
     scaled = h.reshape(h.shape[0], -1, 32) / np.where(dx == 0, 1, dx)[..., None].astype(np.float64)
     near = (np.abs(np.abs(scaled - np.floor(scaled)) - 0.5) < 1e-3).astype(np.float64)  # [M, nb, 32]
     qw, dw, _ = Q.weight_ints(raw, fmt, k)
@@ -137,7 +135,7 @@ def test_fused_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str) 
     n, k, eps = 10, 1024 + 64, 1e-5
     w0, w1 = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
     gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
-    for m in (1, 2, 3, 4):
+    for m in (1, 3):
         x = _activations(rng, m, k)
         res = rng.standard_normal((m, n)).astype(np.float32)
         y0, y1 = np.full((m, n), np.nan, np.float32), np.full((m, n), np.nan, np.float32)

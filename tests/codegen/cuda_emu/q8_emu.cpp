@@ -42,12 +42,10 @@ static void q8_fused(const float *X, const float *gamma, float eps, const RlxQMe
 template <int FMT, int QK, int QB, bool NORM, int EPI>
 static void q8_fused_rows(int64_t M, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
                           const float *res, int64_t K, int64_t RB, int64_t rows) {
-    switch (M) {
-    case 1: q8_fused<FMT, QK, QB, 1, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows); break;
-    case 2: q8_fused<FMT, QK, QB, 2, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows); break;
-    case 3: q8_fused<FMT, QK, QB, 3, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows); break;
-    default: q8_fused<FMT, QK, QB, 4, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows); break;
-    }
+    if (M == 1)
+        q8_fused<FMT, QK, QB, 1, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows);
+    else
+        q8_fused<FMT, QK, QB, 3, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows);
 }
 
 /* The three shapes of group the tests take: plain members (no norm, EPI 0), norm + SwiGLU (EPI 2), one member + the
@@ -79,7 +77,7 @@ void emu_q8_gemv(int fmt, const uint32_t *XQ, const uint8_t *W, float *Y, int64_
     }
 }
 
-/* The fused decode GEMV with int8 activations, M <= 4: `count` members of N rows each (weights w0, w1; outputs y0,
+/* The fused decode GEMV with int8 activations, M = 1 or 3: `count` members of N rows each (weights w0, w1; outputs y0,
  * y1), as `kind` says (see q8_fused_kind); the SwiGLU and residual kinds write y0 only. */
 void emu_q8_fused(int fmt, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                   const uint8_t *w1, float *y0, float *y1, const float *res, int64_t M, int64_t N, int64_t K,
