@@ -4,9 +4,7 @@ rlx.reference: the activation records bit for bit against `quantize_act`, the de
 and 8 rows, and the fused GEMV (plain members, RMSNorm + SwiGLU, the residual add) for 1 and 3 rows, for every
 format of `Q8_ACT_FORMATS`. Needs g++ with C++20.
 
-Bound of a product (as tests/codegen/test_cpu_quant.py's `q8_bound`): the integer block dots are exact, so only
-the f32 scale products and the f32 sum over the K/32 blocks (plus the min terms) round: (K/32 + 4) u sum|terms|,
-+ u|y| for the reference's own rounding.
+Bounds: tests/codegen/q8_bounds.py (the integer block dots are exact; only f32 scaling and summation round).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import ctypes
 import numpy as np
 import pytest
 from cuda_emu_build import build_emu
+from q8_bounds import U32, flip_allowance, q8_bound, rms
 
 import rlx
 from rlx.ir import quant as Q
@@ -23,7 +22,6 @@ from rlx.reference import run as reference_run
 
 F32P = ctypes.POINTER(ctypes.c_float)
 FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # kernels/quant.cuh's format ids
-U32 = 2.0 ** -24
 REC = 12  # words of a record in global memory (RLX_Q8_REC)
 
 
@@ -55,19 +53,6 @@ def _activations(rng: np.random.Generator, m: int, k: int) -> np.ndarray:
     x[m // 2, 32:64] = np.arange(-16, 16, dtype=np.float32) + 0.5  # ties: d = 1, so x / d lies halfway
     x[m // 2, 32] = 127.0
     return x
-
-
-def q8_bound(x: np.ndarray, raw: np.ndarray, fmt: str, k: int, want: np.ndarray) -> np.ndarray:
-    """The module docstring's bound; |q| terms cover either split of q4_0's offset (q - 8)."""
-    qx, dx = Q.quantize_act(x, "q8")
-    qw, dw, mw = Q.weight_ints(raw, fmt, k)
-    cw = 8 * np.abs(dw) if fmt == "q4_0" else np.abs(mw)
-    qw = qw + 8 if fmt == "q4_0" else qw
-    ax = np.abs(qx.reshape(x.shape[0], -1, 32).astype(np.float64))
-    dots = np.einsum("mbi,nbi->mnb", ax, np.abs(qw).astype(np.float64))
-    sx = np.abs(dx * ax.sum(-1))
-    t = (dots * np.abs(dw[None] * dx[:, None]) + cw[None] * sx[:, None]).sum(-1)
-    return (k // 32 + 4) * U32 * t + U32 * np.abs(want)
 
 
 def _reference(x: np.ndarray, raw: np.ndarray, fmt: str) -> np.ndarray:
@@ -111,23 +96,6 @@ def test_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, m: int) -> None:
     assert np.all(err <= bound), f"{fmt} m={m}: worst excess {np.max(err - bound):.3g}"
 
 
-def _rms(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    return (x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * gamma).astype(np.float32)
-
-
-def _flip_allowance(h: np.ndarray, raw: np.ndarray, fmt: str, k: int) -> np.ndarray:
-    """The kernel normalizes x itself (its RMS and products round apart from the reference's), so a value of h that
-    lies next to a rounding boundary of x / d may quantize one step apart: each such value may move the product by
-    |dw * dx * qw| (|qw| + 8 for q4_0's offset), per output row."""
-    _, dx = Q.quantize_act(h, "q8")
-    scaled = h.reshape(h.shape[0], -1, 32) / np.where(dx == 0, 1, dx)[..., None].astype(np.float64)
-    near = (np.abs(np.abs(scaled - np.floor(scaled)) - 0.5) < 1e-3).astype(np.float64)  # [M, nb, 32]
-    qw, dw, _ = Q.weight_ints(raw, fmt, k)
-    step = np.abs(qw).astype(np.float64) + (8 if fmt == "q4_0" else 0)  # [N, nb, 32]
-    return np.einsum("mbi,nbi,nb,mb->mn", near, step, np.abs(dw).astype(np.float64), dx.astype(np.float64))
-
-
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
 def test_fused_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str) -> None:
@@ -142,11 +110,11 @@ def test_fused_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str) 
         kid = {"plain": 0, "norm_swiglu": 1, "residual": 2}[kind]
         emu.emu_q8_fused(FORMATS[fmt], kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, 1 if kind == "residual" else 2,
                          _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), m, n, k, w0.shape[1])
-        h = _rms(x, gamma, eps) if kind == "norm_swiglu" else x
+        h = rms(x, gamma, eps) if kind == "norm_swiglu" else x
         a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
         ba, bb = q8_bound(h, w0, fmt, k, a), q8_bound(h, w1, fmt, k, b)
         if kind == "norm_swiglu":
-            ba, bb = ba + _flip_allowance(h, w0, fmt, k), bb + _flip_allowance(h, w1, fmt, k)
+            ba, bb = ba + flip_allowance(h, w0, fmt, k), bb + flip_allowance(h, w1, fmt, k)
             # silu(a) * b: |d silu| <= 1.1, plus the f32 rounding of the epilogue
             want = a / (1 + np.exp(-a)) * b
             bound = 1.1 * ba * np.abs(b) + np.abs(a) * bb + 1.1 * ba * bb + 4 * U32 * np.abs(want)
