@@ -50,14 +50,16 @@ def prefill_bound(x: np.ndarray, raw: np.ndarray, fmt: str, k: int, want: np.nda
 
 def flip_allowance(h: np.ndarray, raw: np.ndarray, fmt: str, k: int) -> np.ndarray:
     """Per output: each value of h within 1e-3 of a rounding boundary of h / d may move the product by
-    |dw * dx * qw| (|qw| + 8 for q4_0's offset); a block maximum a few ulps apart moves d, and every term of the
+    |dx| (|dw qw| + |mw|) (|qw| + 8 for q4_0's offset); a block maximum a few ulps apart moves d, and every term of the
     block, by as many u (4 u sum|terms|)."""
     _, dx = Q.quantize_act(h, "q8")
     scaled = h.reshape(h.shape[0], -1, 32) / np.where(dx == 0, 1, dx)[..., None].astype(np.float64)
     near = (np.abs(np.abs(scaled - np.floor(scaled)) - 0.5) < 1e-3).astype(np.float64)  # [M, nb, 32]
-    qw, dw, _ = Q.weight_ints(raw, fmt, k)
-    step = np.abs(qw).astype(np.float64) + (8 if fmt == "q4_0" else 0)  # [N, nb, 32]
-    flips = np.einsum("mbi,nbi,nb,mb->mn", near, step, np.abs(dw).astype(np.float64), dx.astype(np.float64))
+    qw, dw, mw = Q.weight_ints(raw, fmt, k)
+    # a step of q_i moves the dot by qw_i and the sum of q (the min term) by 1: |dw| |qw_i| + |mw| in units of dx
+    step = (np.abs(qw).astype(np.float64) + (8 if fmt == "q4_0" else 0)) * np.abs(dw)[..., None] \
+        + np.abs(mw)[..., None]  # [N, nb, 32]
+    flips = np.einsum("mbi,nbi,mb->mn", near, step, dx.astype(np.float64))
     return flips + 4 * U32 * q8_terms(h, raw, fmt, k)
 
 

@@ -1,5 +1,5 @@
 """CUDA `dequant_matmul(act="q8")` (int8 activations, templates/cuda/kernels/quant_q8.cuh) against rlx.reference on a
-real GPU, for every format CUDA runs it on (q8_0, q4_0, q4_1): a lone projection at K = 256 (the fused decode GEMV
+real GPU, for every format CUDA runs it on (q8_0, q4_0, q4_1, q4_k): a lone projection at K = 256 (the fused decode GEMV
 up to 4 rows, rlx_q8_gemv over scratch records at 5-8 rows, x' = q * d through the dequantize + GEMM path beyond),
 in f32 and f16 sessions; and RMSNorm + two projections fused into one launch at K = 512 and K = 12288 (one row).
 
@@ -28,7 +28,7 @@ from q8_bounds import flip_allowance, prefill_bound, prefill_scale, q8_bound, rm
 
 pytestmark = [pytest.mark.cuda]
 U16 = 2.0 ** -11
-FORMATS = ("q8_0", "q4_0", "q4_1")
+FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k")
 
 
 @pytest.fixture

@@ -37,8 +37,8 @@ FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0"
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
 #: Activation modes of `dequant_matmul` CUDA runs ("q16", int16 blocks, runs on the CPU only).
 ACTS = ("f32", "q8")
-#: Weight formats of int8 activations (`rlx.ir.quant.Q8_ACT_FORMATS`: kernels/quant_q8.cuh's dot products).
-Q8_FORMAT_IDS = ("q8_0", "q4_0", "q4_1")
+#: Weight formats of int8 activations (`rlx.ir.quant.INT8_ACT_FORMATS`: kernels/quant_q8.cuh's dot products).
+Q8_FORMAT_IDS = ("q8_0", "q4_0", "q4_1", "q4_k")
 #: Floats each staged 32-value sub-block takes in the fused decode GEMV's shared memory (RLX_QFUSED_PAD).
 QFUSED_PAD = 36
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).

@@ -1,8 +1,9 @@
 /* ── Int8 activations for block-format weights (dequant_matmul act="q8"; follows kernels/quant.cuh) ──────────
  * x is quantized per block of 32 values exactly as rlx.ir.quant.quantize_act defines it (the reference's
  * semantics): d = max|x| / 127 (f32), q = rint(x * (1 / d)) clipped to [-127, 127] (0 where d = 0). A weight
- * block's integers (q8_0: q; q4_0: nibble - 8; q4_1: nibble) are dotted with q in exact integer arithmetic, four
- * products an instruction (__dp4a), and its scales applied once per block:
+ * block's integers (q8_0: q; q4_0: nibble - 8; q4_1 and each 32-value sub-block of q4_k: nibble; rlx.ir.quant's
+ * weight_ints) are dotted with q in exact integer arithmetic, four products an instruction (__dp4a), and its scales
+ * applied once per block:
  *     y += (dw * dx) * dot + mw * (dx * sum(q))      (dw * dx and dx * sum(q) rounded to f32, as the reference)
  * so only the f32 scaling and the order of the f32 sum over blocks differ from the reference.
  *
@@ -121,26 +122,101 @@ __device__ __forceinline__ void rlx_q8_block(const RlxQUnit<FMT> &w, const uint3
     }
 }
 
-/* acc[m] (per lane; the caller sums the warp) += this lane's blocks of one weight row against record row m
-   (records REC words apart, rows `stride` words apart); RLX_QF_INFLIGHT blocks loaded before any is used. */
+/* One unit of a weight row for int8 activations, loaded (load) and then dotted with the records (add): a 32-value
+   block of q8_0 / q4_0 / q4_1 (RlxQUnit's loads). */
+template <int FMT> struct RlxQ8Unit {
+    RlxQUnit<FMT> w;
+    static __device__ __forceinline__ int64_t count(int64_t K) { return K / 32; }
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ row, int64_t u) { w.load(row, u); }
+    template <int MR, int REC>
+    __device__ __forceinline__ void add(const uint32_t *x, int64_t stride, int64_t u, float acc[MR]) const {
+        rlx_q8_block<FMT, MR>(w, x + u * REC, stride, acc);
+    }
+};
+
+/* q4_k: 32 bytes of quants, whose low nibbles are sub-block 2g and high nibbles sub-block 2g + 1 of a block (unit u:
+   block u / 4, group g = u % 4, so sub-blocks 2u and 2u + 1 of the row), and the block's 16-byte header (d, dmin,
+   the 6-bit scales and mins), shared by its 4 units. Sub-block j: scale ds = d * sc_j, min dm = dmin * m_j (f32, as
+   GGUF dequantizes: value = ds * q - dm), so y += (ds * dx) * dot - dm * (dx * sum(q)). */
+template <> struct RlxQ8Unit<RLX_Q4_K> {
+    uint4 hd, lo, hi;
+    static __device__ __forceinline__ int64_t count(int64_t K) { return K / 64; }
+    __device__ __forceinline__ void load(const uint8_t *__restrict__ row, int64_t u) {
+        const uint8_t *b = row + (u >> 2) * 144;
+        hd = *(const uint4 *)b;
+        const uint4 *q = (const uint4 *)(b + 16 + 32 * (u & 3));
+        lo = q[0];
+        hi = q[1];
+    }
+    template <int MR, int REC>
+    __device__ __forceinline__ void add(const uint32_t *x, int64_t stride, int64_t u, float acc[MR]) const {
+        const int g = (int)(u & 3);
+        const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
+        float ds[2], dm[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) { /* sub-block j = 2g + e: its 6-bit scale and min (GGUF's packing) */
+            const int j = 2 * g + e, jj = j & 3;
+            const uint32_t a = (hd.y >> (8 * jj)) & 0xFF, bz = (hd.z >> (8 * jj)) & 0xFF, cw = (hd.w >> (8 * jj)) & 0xFF;
+            const uint32_t sc = j < 4 ? a & 63 : (cw & 0x0F) | ((a >> 6) << 4);
+            const uint32_t mn = j < 4 ? bz & 63 : (cw >> 4) | ((bz >> 6) << 4);
+            ds[e] = d * (float)sc;
+            dm[e] = dmin * (float)mn;
+        }
+        const uint32_t qw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        int wl[8], wh[8]; /* word k: values 4k..4k+3 of sub-block 2g (low nibbles) and of 2g + 1 (high) */
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            wl[k] = (int)(qw[k] & 0x0F0F0F0Fu);
+            wh[k] = (int)((qw[k] >> 4) & 0x0F0F0F0Fu);
+        }
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            const uint32_t *s0 = x + (2 * u) * REC + m * stride;
+            const uint4 *r0 = (const uint4 *)s0, *r1 = (const uint4 *)(s0 + REC);
+            const uint4 a0 = r0[0], b0 = r0[1], h0 = r0[2], a1 = r1[0], b1 = r1[1], h1 = r1[2];
+            int d0 = __dp4a(wl[0], (int)a0.x, 0), d1 = __dp4a(wh[0], (int)a1.x, 0);
+            d0 = __dp4a(wl[1], (int)a0.y, d0);
+            d1 = __dp4a(wh[1], (int)a1.y, d1);
+            d0 = __dp4a(wl[2], (int)a0.z, d0);
+            d1 = __dp4a(wh[2], (int)a1.z, d1);
+            d0 = __dp4a(wl[3], (int)a0.w, d0);
+            d1 = __dp4a(wh[3], (int)a1.w, d1);
+            d0 = __dp4a(wl[4], (int)b0.x, d0);
+            d1 = __dp4a(wh[4], (int)b1.x, d1);
+            d0 = __dp4a(wl[5], (int)b0.y, d0);
+            d1 = __dp4a(wh[5], (int)b1.y, d1);
+            d0 = __dp4a(wl[6], (int)b0.z, d0);
+            d1 = __dp4a(wh[6], (int)b1.z, d1);
+            d0 = __dp4a(wl[7], (int)b0.w, d0);
+            d1 = __dp4a(wh[7], (int)b1.w, d1);
+            const float t0 = fmaf(-dm[0], __uint_as_float(h0.y), __fmul_rn(ds[0], __uint_as_float(h0.x)) * (float)d0);
+            const float t1 = fmaf(-dm[1], __uint_as_float(h1.y), __fmul_rn(ds[1], __uint_as_float(h1.x)) * (float)d1);
+            acc[m] += t0 + t1;
+        }
+    }
+};
+
+/* acc[m] (per lane; the caller sums the warp) += this lane's units of one weight row against record row m (records
+   REC words apart, rows `stride` words apart); RLX_QF_INFLIGHT units loaded before any is used. */
 template <int FMT, int MR, int REC>
 __device__ void rlx_q8_row(const uint8_t *__restrict__ row, const uint32_t *x, int64_t stride, int64_t K, int lane,
                            float acc[MR]) {
-    const int64_t units = K / 32;
+    const int64_t units = RlxQ8Unit<FMT>::count(K);
     int64_t u = lane;
     for (; u + 32 * (RLX_QF_INFLIGHT - 1) < units; u += 32 * RLX_QF_INFLIGHT) {
-        RlxQUnit<FMT> a[RLX_QF_INFLIGHT];
+        RlxQ8Unit<FMT> a[RLX_QF_INFLIGHT];
 #pragma unroll
         for (int i = 0; i < RLX_QF_INFLIGHT; i++)
             a[i].load(row, u + 32 * i);
 #pragma unroll
         for (int i = 0; i < RLX_QF_INFLIGHT; i++)
-            rlx_q8_block<FMT, MR>(a[i], x + (u + 32 * i) * REC, stride, acc);
+            a[i].template add<MR, REC>(x, stride, u + 32 * i, acc);
     }
     for (; u < units; u += 32) {
-        RlxQUnit<FMT> a;
+        RlxQ8Unit<FMT> a;
         a.load(row, u);
-        rlx_q8_block<FMT, MR>(a, x + u * REC, stride, acc);
+        a.template add<MR, REC>(x, stride, u, acc);
     }
 }
 

@@ -73,6 +73,7 @@ void emu_q8_gemv(int fmt, const uint32_t *XQ, const uint8_t *W, float *Y, int64_
     switch (fmt) {
     case RLX_Q8_0: q8_gemv_rows<RLX_Q8_0>(M, XQ, W, Y, N, K, RB); break;
     case RLX_Q4_0: q8_gemv_rows<RLX_Q4_0>(M, XQ, W, Y, N, K, RB); break;
+    case RLX_Q4_K: q8_gemv_rows<RLX_Q4_K>(M, XQ, W, Y, N, K, RB); break;
     default: q8_gemv_rows<RLX_Q4_1>(M, XQ, W, Y, N, K, RB); break;
     }
 }
@@ -94,6 +95,7 @@ void emu_q8_fused(int fmt, int kind, const float *X, const float *gamma, float e
     switch (fmt) {
     case RLX_Q8_0: q8_fused_kind<RLX_Q8_0, 32, 34>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
     case RLX_Q4_0: q8_fused_kind<RLX_Q4_0, 32, 18>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
+    case RLX_Q4_K: q8_fused_kind<RLX_Q4_K, 256, 144>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
     default: q8_fused_kind<RLX_Q4_1, 32, 20>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
     }
 }
