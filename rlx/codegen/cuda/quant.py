@@ -4,7 +4,9 @@ Listed in the CUDA table by `rlx.codegen.cuda.rule_table`. The kernels
 (`templates/cuda/kernels/quant.cuh`) read the blocks directly: a warp-per-row
 GEMV for decode (few rows of activations), and for prefill tiles of the weight
 dequantized into the compute type in scratch, multiplied on cuBLASLt (tensor
-cores in f16 / bf16 sessions) or the built-in tiled GEMM.
+cores in f16 / bf16 sessions) or the built-in tiled GEMM. `act="q8"` (int8
+activations, `templates/cuda/kernels/quant_q8.cuh`): the decode GEMVs take
+integer dot products (`__dp4a`) with x quantized as the reference does.
 
 >>> import rlx
 >>> from rlx.ir.quant import row_bytes

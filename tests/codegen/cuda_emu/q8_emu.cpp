@@ -63,9 +63,11 @@ static void q8_fused_kind(int kind, int64_t M, const float *X, const float *gamm
 
 extern "C" {
 
-/* rlx_q8_act: records ([M, K / 32] of RLX_Q8_REC words) and / or x' = q * d, either pointer null. */
+/* rlx_q8_act: records ([M, K / 32] of RLX_Q8_REC words) and / or x' = q * d, either pointer null. At most 3 blocks
+ * (quant.cu.j2 launches one warp per 32 values): the warps then take several blocks of 32 in the grid-stride loop. */
 void emu_q8_act(const float *X, int64_t M, int64_t K, uint32_t *rec, float *xd) {
-    rlx_emu_launch(rlx_emu_blocks(M * K, 256), 256, [&] { rlx_q8_act<float>(X, M, K, rec, xd); });
+    const unsigned grid = rlx_emu_blocks(M * K, 256);
+    rlx_emu_launch(grid < 3 ? grid : 3, 256, [&] { rlx_q8_act<float>(X, M, K, rec, xd); });
 }
 
 /* rlx_q8_gemv of the records of M <= 8 rows against a weight [N, RB] of format `fmt` (quant.cuh's ids). */
