@@ -1,6 +1,6 @@
 """A LLaMA-style decoder on an NVIDIA GPU: RLX (GGUF blocks or bf16) against PyTorch/transformers.
 
-    python benchmarks/llm_cuda.py [--shape smollm2|llama3-8b] [--weights q4_1|q4_k|q8_0|bf16]
+    python benchmarks/llm_cuda.py [--shape smollm2|llama3-8b] [--weights q4_1|q4_k|q8_0|bf16] [--act f32|q8]
                                   [--prompt-tokens 32] [--new-tokens 128] [--rounds 3] [--precision f16]
                                   [--peers rlx,hf_eager,hf_static] [--profile | --host-split]
                                   [--batches 1,8,32,64] [--context 32,4096,16384 [--kv-dtype f16]]
@@ -25,6 +25,8 @@ of the whole generation (prefill included) for every peer, plus RLX's decode-onl
 `--context N[,N...]`: RLX only, decode tok/s after N tokens of context (a random prompt of N tokens prefilled in
 chunks of --prompt-tokens, then --new-tokens greedy steps timed), one build sized for the largest N; each row's
 ratio to the first context's rate is printed.
+`--act q8`: RLX quantizes the activations of its q8_0 / q4_0 / q4_1 projections to int8 per block of 32 (CausalLM's
+`quant_act`; integer dot products on the GPU, kernels/quant_q8.cuh); q4_k projections keep f32 activations.
 Timings only: nothing here asserts.
 """
 
@@ -99,7 +101,7 @@ def bench_rlx(args, config, tensors) -> dict[str, float]:
 
     before = gpu_memory_used()
     t0 = time.perf_counter()
-    lm = CausalLM(config, tensors, device="cuda", precision=args.precision,
+    lm = CausalLM(config, tensors, device="cuda", precision=args.precision, quant_act=args.act,
                   max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
     build = time.perf_counter() - t0
     prompt = np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens))
@@ -130,7 +132,7 @@ def bench_batches(args, config, tensors, batches: list[int]) -> None:
 
     rows = [r for kmax, r in DECODE_GEMV_ROWS if config.hidden_size <= kmax][:1]
     switch = rows[0] if rows else 0
-    lm = CausalLM(config, tensors, device="cuda", precision=args.precision, max_batch=max(batches),
+    lm = CausalLM(config, tensors, device="cuda", precision=args.precision, quant_act=args.act, max_batch=max(batches),
                   max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
     rng = np.random.default_rng(1)
     print(f"{args.shape}-shaped decoder, {args.weights} weights, precision {args.precision}: decode steps of B rows "
@@ -165,7 +167,7 @@ def bench_context(args, config) -> None:
     contexts = [int(c) for c in args.context.split(",")]
     t0 = time.perf_counter()
     lm = CausalLM(config, rlx_tensors(config, weights=args.weights), device="cuda", precision=args.precision,
-                  max_context=max(contexts) + args.new_tokens + 8, prefill_chunk=args.prompt_tokens,
+                  quant_act=args.act, max_context=max(contexts) + args.new_tokens + 8, prefill_chunk=args.prompt_tokens,
                   kv_dtype=args.kv_dtype)
     build = time.perf_counter() - t0
     cache = lm.new_cache()
@@ -206,7 +208,7 @@ def profile_rlx(args, config) -> None:
     prompt = np.random.default_rng(1).integers(3, config.vocab_size, (1, args.prompt_tokens))
     os.environ["RLX_PROFILE"] = "1"
     try:
-        lm = CausalLM(config, tensors, device="cuda", precision=args.precision,
+        lm = CausalLM(config, tensors, device="cuda", precision=args.precision, quant_act=args.act,
                       max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
     finally:
         del os.environ["RLX_PROFILE"]
@@ -239,7 +241,7 @@ def host_split(args, config, tensors, prompt) -> None:
     out) against the whole `lm.step_greedy` (plus the Python around it)."""
     from rlx.models.causal_lm import CausalLM
 
-    lm = CausalLM(config, tensors, device="cuda", precision=args.precision,
+    lm = CausalLM(config, tensors, device="cuda", precision=args.precision, quant_act=args.act,
                   max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
     cache = lm.new_cache()
     token = int(lm.step_greedy(prompt, cache, [args.prompt_tokens - 1])[0])
@@ -322,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--precision", default="f16")
+    p.add_argument("--act", choices=("f32", "q8"), default="f32",
+                   help="RLX's quant_act: q8 = int8 activations for the q8_0/q4_0/q4_1 matmuls (q4_k takes f32)")
     p.add_argument("--peers", default="rlx,hf_eager,hf_static")
     p.add_argument("--pause", type=float, default=1.0)
     p.add_argument("--hbm-tbps", type=float, default=0.0, help="memory bandwidth for the bound (default: by GPU)")
@@ -370,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {peer}: {exc}")
     tbps = hbm_tbps(args)
     print(f"{args.shape}-shaped decoder, batch 1, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
-          f"{args.rounds} rounds (medians); rlx weights {args.weights}, precision {args.precision}; "
+          f"{args.rounds} rounds (medians); rlx weights {args.weights}, precision {args.precision}, act {args.act}; "
           f"bound at {tbps} TB/s")
     print(f"{'peer':<10} {'warm-up s':>9} {'GPU GiB':>8} {'total ms':>9} {'tokens/s':>9} {'decode tok/s':>13} "
           f"{'GB/token':>9} {'bound tok/s':>11} {'of bound':>9}")

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlx.errors import IRError, ShapeError
 from rlx.ir.dtype import DType
-from rlx.ir.quant import Q8_ACT_FORMATS, QUANT_FORMATS, QuantFormat
+from rlx.ir.quant import QUANT_FORMATS, QuantFormat, act_formats
 from rlx.ir.shape import Dim, Shape, broadcast_dims, normalize_axis, product
 from rlx.ir.transport import COLLECTIVE_REDUCES
 
@@ -351,7 +351,7 @@ class DequantMatMul(Op):
     scale max|x|/127, round half to even), so the block products are integer
     dot products; "q16" the same with int16 (scale max|x|/32767: errors 258x
     smaller than q8's, for about q8's speed on CPUs with VNNI). Both are defined
-    for q8_0, q4_0 and q4_1 weights.
+    for q8_0, q4_0 and q4_1 weights; "q8" for q4_k too (`rlx.ir.quant.act_formats`).
     """
 
     kind: ClassVar[str] = "dequant_matmul"
@@ -364,8 +364,8 @@ class DequantMatMul(Op):
         fmt = _quant_format("dequant_matmul", self.quant)
         if self.act not in ACT_MODES:
             raise ShapeError(f"dequant_matmul: unknown activation mode {self.act!r}; expected one of {ACT_MODES}")
-        if self.act != "f32" and fmt.name not in Q8_ACT_FORMATS:
-            raise ShapeError(f"dequant_matmul: act={self.act!r} takes {'/'.join(Q8_ACT_FORMATS)} weights, "
+        if fmt.name not in act_formats(self.act):
+            raise ShapeError(f"dequant_matmul: act={self.act!r} takes {'/'.join(act_formats(self.act))} weights, "
                              f"not {fmt.name}")
         if x.dtype is not DType.F32 or x.rank < 1:
             raise ShapeError(f"dequant_matmul input must be f32 [..., K], got {x}")

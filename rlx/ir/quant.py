@@ -219,6 +219,19 @@ def abs_terms(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> np.ndarray:
 #: Weight formats `dequant_matmul(act="q8" / "q16")` takes (integer block dot products with int8 / int16
 #: activations).
 Q8_ACT_FORMATS = ("q8_0", "q4_0", "q4_1")
+#: Weight formats `dequant_matmul(act="q8")` takes: Q8_ACT_FORMATS and q4_k, whose 32-value sub-blocks are integer
+#: blocks of scale d * sc and min -dmin * m (int8 activations only; CUDA runs it, the CPU's integer kernels take
+#: Q8_ACT_FORMATS).
+INT8_ACT_FORMATS = (*Q8_ACT_FORMATS, "q4_k")
+
+
+def act_formats(act: str) -> tuple[str, ...]:
+    """Weight formats `dequant_matmul(act=act)` takes ("f32": every format).
+
+    >>> act_formats("q8")[-1], act_formats("q16")
+    ('q4_k', ('q8_0', 'q4_0', 'q4_1'))
+    """
+    return tuple(QUANT_FORMATS) if act == "f32" else INT8_ACT_FORMATS if act == "q8" else Q8_ACT_FORMATS
 
 
 #: Largest |q| of each integer activation mode of `dequant_matmul` (scale = max|x| / this).
@@ -258,10 +271,20 @@ def quantize_act_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def weight_ints(raw: np.ndarray, fmt: str | QuantFormat, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A q8_0 / q4_0 / q4_1 matrix as (integers `[N, nb, 32]`, d `[N, nb]`, m `[N, nb]`): value = d * q + m."""
+    """A q8_0 / q4_0 / q4_1 / q4_k matrix as (integers `[N, nb, 32]`, d `[N, nb]`, m `[N, nb]`) per 32 values:
+    value = d * q + m (q4_k: d = f32(d * sc) and m = -f32(dmin * min) of each sub-block, as it dequantizes)."""
     f = fmt if isinstance(fmt, QuantFormat) else quant_format(fmt)
-    if f.name not in Q8_ACT_FORMATS:
-        raise IRError(f"{f.name} has no integer form here; expected one of {Q8_ACT_FORMATS}")
+    if f.name not in INT8_ACT_FORMATS:
+        raise IRError(f"{f.name} has no integer form here; expected one of {INT8_ACT_FORMATS}")
+    if f.name == "q4_k":
+        b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, cols // QK_K, f.block_bytes)
+        n, nbk = b.shape[:2]
+        sc, mn = k4_scales(b[..., 4:16].reshape(-1, 12))
+        d = (_f16(b[..., 0:2].reshape(-1, 2))[:, None] * sc.astype(np.float32)).astype(np.float32)
+        m = -(_f16(b[..., 2:4].reshape(-1, 2))[:, None] * mn.astype(np.float32)).astype(np.float32)
+        qs = b[..., 16:144].reshape(n, nbk, 4, 1, 32)
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(n, nbk * 8, 32).astype(np.int32)
+        return q, d.reshape(n, nbk * 8), m.reshape(n, nbk * 8)
     b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, cols // 32, f.block_bytes)
     d = np.ascontiguousarray(b[..., 0:2]).view("<f2")[..., 0].astype(np.float32)
     m = np.zeros_like(d)

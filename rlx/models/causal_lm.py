@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from rlx.errors import ExecutionError, RlxError
+from rlx.ir.quant import INT8_ACT_FORMATS
 from rlx.models import llama as L
 from rlx.models.decoder_config import DecoderConfig
 from rlx.models.sampling import Sampler
@@ -241,8 +242,8 @@ class CausalLM:
     KV cache's dtype: "f32", or on CUDA "f16" / "bf16" (half the bytes each decode step reads at long contexts);
     None takes `default_kv_dtype` (f16 on CUDA at f16/bf16 precision, else f32).
     `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "q16" (int16 per
-    block of 32), "q8" (int8, as llama.cpp) or "f32"; None takes the device's default
-    (`default_quant_act`).
+    block of 32), "q8" (int8, as llama.cpp; on CUDA Q4_K weights too, and q16 is CPU-only) or "f32"; None takes
+    the device's default (`default_quant_act`).
 
     Sampling with a `top_k` of at most `SAMPLE_TOP_K_MAX` (256) runs in the compiled graph
     (`sample_top_k`: each step reads back token ids only); a larger top_k, or top_p or temperature
@@ -314,7 +315,8 @@ class CausalLM:
         self.graph = build(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk, capacity=max_context,
                            name=f"{config.arch}_decoder", tp=tp, quant_act=self.quant_act,
                            narrow_weights=device == "cpu" and not int8_matmuls,
-                           **({"kv_dtype": self.kv_dtype} if llama_like else {}), **paged)
+                           **({"kv_dtype": self.kv_dtype} if llama_like else {}), **paged,
+                           **({"quant_act_formats": INT8_ACT_FORMATS} if llama_like and device == "cuda" else {}))
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic
 

@@ -46,7 +46,7 @@ quantized one is dequantized row by row after the gather.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,18 +150,20 @@ def _param(g: Graph, name: str, dims: list[int], dtype: str) -> NodeId:
 
 
 def _linear(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, n_out: int, n_in: int,
-            act: str = "f32") -> NodeId:
+            act: str = "f32", act_formats: Sequence[str] | None = None) -> NodeId:
     """x @ W^T for a GGUF weight W `[n_out, n_in]`: on the raw blocks when quantized.
 
-    `act` "q8"/"q16" quantizes x to int8/int16 blocks first for the formats that take it;
-    other formats multiply f32 activations either way. An f16/bf16 weight stays in its precision
-    (the matmul reads it as stored)."""
+    `act` "q8"/"q16" quantizes x to int8/int16 blocks first for the formats that take it (`act_formats`, by
+    default Q8_ACT_FORMATS: those every backend's integer kernels take); other formats multiply f32
+    activations either way. An f16/bf16 weight stays in its precision (the matmul reads it as stored)."""
     spec = _spec(specs, name, (n_out, n_in))
     if spec.quantized:
-        from rlx.ir.quant import Q8_ACT_FORMATS, row_bytes
+        from rlx.ir import quant as Q
 
-        w = _param(g, name, [n_out, row_bytes(spec.ggml_type, n_in)], "u8")
-        return g.dequant_matmul(x, w, quant=spec.ggml_type, act=act if spec.ggml_type in Q8_ACT_FORMATS else "f32")
+        takes = Q.Q8_ACT_FORMATS if act_formats is None else act_formats
+        act = act if spec.ggml_type in takes and spec.ggml_type in Q.act_formats(act) else "f32"
+        w = _param(g, name, [n_out, Q.row_bytes(spec.ggml_type, n_in)], "u8")
+        return g.dequant_matmul(x, w, quant=spec.ggml_type, act=act)
     # float weights are stored transposed ([n_in, n_out]) by `decoder_params`, the layout matmul takes
     w = _param(g, name, [n_in, n_out], spec.float_dtype)
     return g.matmul(x, w)
@@ -229,7 +231,8 @@ KV_DTYPES = ("f32", "f16", "bf16")
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1,
                   quant_act: str = "f32", narrow_weights: bool = False, kv_dtype: str = "f32",
-                  page_size: int | None = None, kv_pages: int = 0) -> Graph:
+                  page_size: int | None = None, kv_pages: int = 0,
+                  quant_act_formats: Sequence[str] | None = None) -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
     `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
@@ -237,7 +240,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     the attention output and FFN down projections are followed by an `all_reduce`, and a vocabulary
     projection split by rows (`output.weight` of vocab/tp rows) by an `all_gather` of the logits.
     `quant_act` is how matmuls on Q8_0/Q4_0/Q4_1 weights take their activations: "f32", "q8" (int8
-    per block of 32, as llama.cpp) or "q16" (int16 per block; see `dequant_matmul`).
+    per block of 32, as llama.cpp) or "q16" (int16 per block; see `dequant_matmul`); `quant_act_formats` names
+    the weight formats that take it instead (a backend's own: CUDA's int8 activations take Q4_K too).
     `narrow_weights`: F16/BF16 matrices are params of their own dtype, multiplied as stored
     (`matmul(f32, bf16) -> f32`) — for a backend with such GEMMs (the CPU); otherwise f32 params.
     `kv_dtype`: the KV cache states' dtype, "f32", "f16" or "bf16" (CUDA runs the narrow ones).
@@ -263,7 +267,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     hd, half = c.head_dim, c.n_rot // 2
     heads, kv_heads, ffn_size = c.num_heads // tp, c.num_kv_heads // tp, c.ffn_size // tp
     q_width, kv_width = heads * hd, kv_heads * hd
-    qa = quant_act
+    qa, fa = quant_act, quant_act_formats
     specs = specs if narrow_weights else widened(specs)
     g = Graph(name)
     batch, seq = Dim.dynamic("batch", max_batch), Dim.dynamic("seq", max_seq)
@@ -288,11 +292,11 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         tables["local"] = (g.input(cos_name, [batch, seq, half]), g.input(sin_name, [batch, seq, half]))
     for layer in range(c.num_layers):
         h = g.rms_norm(x, g.param(layer_tensor(layer, "attn_norm"), [c.hidden_size]), eps=c.rms_eps)
-        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size, qa),
+        q = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_q"), q_width, c.hidden_size, qa, fa),
                     specs, f"blk.{layer}.attn_q.bias", q_width)
-        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size, qa),
+        k = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_k"), kv_width, c.hidden_size, qa, fa),
                     specs, f"blk.{layer}.attn_k.bias", kv_width)
-        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size, qa),
+        v = _biased(g, _linear(g, h, specs, layer_tensor(layer, "attn_v"), kv_width, c.hidden_size, qa, fa),
                     specs, f"blk.{layer}.attn_v.bias", kv_width)
         if c.qk_norm:
             q = _head_norm(g, q, layer_tensor(layer, "attn_q_norm"), batch, seq, heads, c)
@@ -312,7 +316,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
                                window=window if 0 < window < capacity else None, block_table=block_table,
                                page_size=page_size)
         out_name = layer_tensor(layer, "attn_output")
-        attn = _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa), tp, out_name)
+        attn = _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa, fa), tp, out_name)
         attn = _biased(g, attn, specs, f"blk.{layer}.attn_output.bias", c.hidden_size)
         if c.sandwich_norms:
             attn = g.rms_norm(attn, g.param(layer_tensor(layer, "post_attention_norm"), [c.hidden_size]),
@@ -322,13 +326,13 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         if c.layer_moe(layer):
             x = g.add_(x, _moe_ffn(g, h, specs, c, layer))
             continue
-        gate = _biased(g, _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa),
+        gate = _biased(g, _linear(g, h, specs, layer_tensor(layer, "ffn_gate"), ffn_size, c.hidden_size, qa, fa),
                        specs, f"blk.{layer}.ffn_gate.bias", ffn_size)
-        up = _biased(g, _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa),
+        up = _biased(g, _linear(g, h, specs, layer_tensor(layer, "ffn_up"), ffn_size, c.hidden_size, qa, fa),
                      specs, f"blk.{layer}.ffn_up.bias", ffn_size)
         ffn = g.mul(g.activation(c.ffn_act, gate), up)
         down = layer_tensor(layer, "ffn_down")
-        out = _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size, qa), tp, down)
+        out = _summed(g, _linear(g, ffn, specs, down, c.hidden_size, ffn_size, qa, fa), tp, down)
         out = _biased(g, out, specs, f"blk.{layer}.ffn_down.bias", c.hidden_size)
         if c.sandwich_norms:
             out = g.rms_norm(out, g.param(layer_tensor(layer, "post_ffw_norm"), [c.hidden_size]), eps=c.rms_eps)
@@ -341,7 +345,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     vocab = c.vocab_size if tp == 1 or out_name != "output.weight" else specs[out_name].shape[0]
     if vocab not in (c.vocab_size, c.vocab_size // tp) or vocab * tp < c.vocab_size:
         raise IRError(f"output.weight has {vocab} rows: the vocabulary {c.vocab_size}, or its 1/{tp} share")
-    logits = _linear(g, h, specs, out_name, vocab, c.hidden_size, qa)
+    logits = _linear(g, h, specs, out_name, vocab, c.hidden_size, qa, fa)
     if vocab != c.vocab_size:  # this rank's rows of the vocabulary, in rank order
         logits = g.add(O.AllGather(world=tp, axis=1), [logits], name="output.all_gather")
     if c.final_softcap is not None:  # cap * tanh(logits / cap)

@@ -161,6 +161,13 @@ def quant_tile(n: int, k: int, itemsize: int) -> int:
     return max(64, QUANT_TILE_BYTES // (k * itemsize) // 64 * 64)
 
 
+def quant_act_offset(n: int, k: int, rows: int, itemsize: int) -> int:
+    """Scratch bytes of a prefill `dequant_matmul`'s weight tile and split product; an act="q8" node's int8
+    activations follow them (at the next ALIGN)."""
+    tile = quant_tile(n, k, itemsize)
+    return -(-k * tile * itemsize // ALIGN) * ALIGN + (rows * tile * itemsize if tile < n else 0)
+
+
 #: Chunked selective scan (prefill): shortest chunk of time, warps per SM it aims for, most (row, channel,
 #: chunk) segments at once (their final states and dt sums live in the scratch region).
 SSM_MIN_CHUNK = 32
@@ -209,12 +216,14 @@ def scratch_need(graph: Graph, node: Node, precision: DType) -> int:
         x = graph.node(node.inputs[0]).shape
         k, n = x.dims[-1].value, node.shape.dims[-1].value
         size = device_dtype(node.shape.dtype, precision).itemsize
-        tile = quant_tile(n, k, size)
         rows = 1
         for d in x.dims[:-1]:
             rows *= d.max
-        product_bytes = rows * tile * size if tile < n else 0
-        return -(-k * tile * size // ALIGN) * ALIGN + product_bytes
+        act_off = quant_act_offset(n, k, rows, size)
+        if node.op.act == "f32":
+            return act_off
+        # then int8 activations: records of up to 8 rows (48 bytes per 32 values), or x' = q * d [rows, K]
+        return -(-act_off // ALIGN) * ALIGN + rows * k * max(size, 2)
     if isinstance(node.op, MoeMatMul):  # the grouped path's expert starts, tiles and sorted pairs
         return cuda_scratch_bytes(graph, node)
     if isinstance(node.op, O.FusedSwiGLU):  # the up projection, before it is combined with the gate
@@ -300,12 +309,13 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
         u = graph.node(users[nid][0])
         return u if isinstance(u.op, kind) else None
 
-    def quantized(n: Node) -> bool:
-        return isinstance(n.op, O.DequantMatMul) and n.op.act == "f32" \
+    def quantized(n: Node) -> bool:  # f32 activations, or int8 ones (act="q8": the kernel quantizes them)
+        return isinstance(n.op, O.DequantMatMul) and n.op.act in ("f32", "q8") \
             and lir.buffers[n.id].storage in ("arena", "output")
 
     found: list[DecodeGemv] = []
-    for members in scheduled_runs(lir, quantized, lambda n: (n.inputs[0], n.op.quant), DECODE_GEMV_MEMBERS):
+    for members in scheduled_runs(lir, quantized, lambda n: (n.inputs[0], n.op.quant, n.op.act),
+                                  DECODE_GEMV_MEMBERS):
         x = members[0].inputs[0]
         k = graph.node(x).shape.dims[-1].value
         rows = next((r for kmax, r in DECODE_GEMV_ROWS if k <= kmax), 0)

@@ -152,12 +152,13 @@ def _tiny_decoder_parts() -> tuple[Any, Any]:
     return cfg, specs
 
 
-def tiny_decoder() -> Graph:
-    """A LLaMA-style decoder step: quantized GEMVs (fused in decode), rope inside the attention, a KV cache."""
+def tiny_decoder(quant_act: str = "f32") -> Graph:
+    """A LLaMA-style decoder step: quantized GEMVs (fused in decode), rope inside the attention, a KV cache.
+    `quant_act` "q8": the projections take int8 activations."""
     from rlx.models.llama import build_decoder
 
     cfg, specs = _tiny_decoder_parts()
-    return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32)
+    return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32, quant_act=quant_act)
 
 
 def tiny_paged_decoder() -> Graph:

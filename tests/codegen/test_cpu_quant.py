@@ -220,6 +220,16 @@ def test_unsupported_format_is_refused_before_any_build(monkeypatch: pytest.Monk
         compile_graph(_graph("q5_1", 64))
 
 
+def test_int8_activations_on_q4_k_are_refused_before_any_build() -> None:
+    """act="q8" on q4_k is valid IR (CUDA runs it); the CPU's integer kernels take q8_0 / q4_0 / q4_1 only."""
+    from rlx.codegen.backends import first_unsupported_op
+
+    g = rlx.Graph("q4k_q8")
+    g.set_outputs([g.dequant_matmul(g.input("x", [1, 256]), g.param("w", [3, 144], "u8"), quant="q4_k", act="q8")])
+    node, reason = first_unsupported_op(g, "cpu")
+    assert node.kind == "dequant_matmul" and "the CPU's integer kernels take q8_0/q4_0/q4_1" in reason
+
+
 def test_is_asan_clean(tmp_path: Path) -> None:
     env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
     proc = subprocess.run([sys.executable, str(Path(__file__))], env=env, capture_output=True, text=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from render_cases import tiny_decoder
 
 import rlx
 from rlx.codegen.cuda import CudaTarget
@@ -81,11 +82,44 @@ def test_unknown_format_is_refused_before_rendering(monkeypatch: pytest.MonkeyPa
     assert node.kind == "dequant_matmul" and "'q6_k'" in reason
 
 
-def test_int8_activations_are_refused_on_cuda() -> None:
-    from rlx.codegen.backends import first_unsupported_op
+def test_int16_activations_are_refused_on_cuda() -> None:
+    from rlx.codegen.backends import first_unsupported_op, supports
 
-    g = rlx.Graph("q8act")
+    g = rlx.Graph("q16act")
     x = g.input("x", [2, 64])
-    g.set_outputs([g.dequant_matmul(x, g.param("w", [3, 68], "u8"), quant="q8_0", act="q8")])
+    g.set_outputs([g.dequant_matmul(x, g.param("w", [3, 68], "u8"), quant="q8_0", act="q16")])
     node, reason = first_unsupported_op(g, "cuda")
-    assert node.kind == "dequant_matmul" and "CPU only" in reason
+    assert node.kind == "dequant_matmul" and "act='q16'" in reason
+    g8 = rlx.Graph("q8act")
+    g8.set_outputs([g8.dequant_matmul(g8.input("x", [2, 64]), g8.param("w", [3, 68], "u8"), quant="q8_0", act="q8")])
+    assert supports(g8, "cuda")
+
+
+def test_int8_activation_decoder_compiles(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """act="q8" (kernels/quant_q8.cuh) in a decoder step (q4_1), beside one projection of each other format CUDA
+    takes it for: every fused decode GEMV group (the norm, the residual add, the SwiGLU epilogue) takes its ACT = 1
+    path, steps of 5-8 rows quantize X into scratch records for rlx_q8_gemv, larger ones multiply x' = q * d on the
+    dequantize + GEMM path."""
+    from rlx.driver import lower_to_lir
+    from rlx.opt.lowering_cuda import find_decode_gemvs
+
+    g = tiny_decoder("q8")
+    x = g.input("xq", [rlx.Dim.dynamic("m", 16), 256])
+    lone = {f"q8act_{f}": g.dequant_matmul(x, g.param(f"w_{f}", [19, Q.row_bytes(f, 256)], "u8"), quant=f, act="q8")
+            for f in ("q8_0", "q4_0", "q4_k")}
+    g.set_outputs(dict(zip(g.output_names, g.outputs)) | lone)
+    lir = lower_to_lir(g, 2, backend="cuda")
+    acts = {lir.graph.node(m).op.act for d in find_decode_gemvs(lir) for m in d.members}
+    assert acts == {"q8"}
+    src = render_cuda(lir, CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "decoder_q8"})
+    # (4 groups a layer x 2 layers + the output head + the 3 lone projections) x a launch for 1..4 rows, every one
+    # with int8 activations
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_qgemv_fused<") == (4 * 2 + 1 + 3) * 4
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_qgemv_fused<__half, RLX_Q4_1, 32, 20, 1, true, 0, 1>") == 3
+    assert "rlx_qgemv_fused<__half, RLX_Q4_K, 256, 144, 4, false, 0, 1>" in src and "rlx_q8_act<__half>" in src
+    for fid in ("RLX_Q8_0", "RLX_Q4_0", "RLX_Q4_1", "RLX_Q4_K"):
+        assert f"rlx_q8_gemv<__half, {fid}, 8>" in src
+    assert "rlx_qgemv<" not in src.split("static int rlx_forward")[1]  # no f32-activation GEMV left
+    path = tmp_path / "decoder_q8.cu"
+    path.write_text(src)
+    toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)

@@ -100,6 +100,37 @@ def test_reference_is_x_times_dequantized_weight_transposed() -> None:
     assert y.shape == (3, 5) and y.dtype == np.float32
 
 
+@pytest.mark.parametrize("fmt", Q.INT8_ACT_FORMATS)
+def test_weight_ints_recompose_the_dequantized_weight(fmt: str) -> None:
+    """The integer form act="q8" multiplies: f32(d * q) + m is GGUF's dequantization bit for bit (q4_k per
+    32-value sub-block: d = d * sc, m = -dmin * min)."""
+    k = 512
+    raw = Q.random_blocks(np.random.default_rng(5), 3, k, fmt)
+    q, d, m = Q.weight_ints(raw, fmt, k)
+    assert q.shape == (3, k // 32, 32) and d.shape == m.shape == (3, k // 32)
+    v = ((d[..., None] * q.astype(np.float32)).astype(np.float32) + m[..., None]).astype(np.float32)
+    np.testing.assert_array_equal(v.reshape(3, k), Q.dequantize(raw, fmt, k))  # (+0 for a -0 of d * 0)
+
+
+def test_q4_k_with_int8_activations_is_the_quantized_x_times_the_weight() -> None:
+    """act="q8" on q4_k: the reference multiplies x quantized per 32 values (q * d) with the dequantized weight;
+    only the f32 products d_w * d_x and d_x * sum(q) round. q16 stays q8_0 / q4_0 / q4_1 only."""
+    rng = np.random.default_rng(6)
+    k = 512
+    raw = Q.random_blocks(rng, 7, k, "q4_k")
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    g = Graph("q4k_q8")
+    g.set_outputs([g.dequant_matmul(g.input("x", [2, k]), g.param("w", [7, 288], "u8"), quant="q4_k", act="q8")])
+    (y,) = reference_run(g, {"x": x}, {"w": raw})
+    qx, dx = Q.quantize_act(x)
+    xq = (qx.reshape(2, -1, 32).astype(np.float64) * dx[..., None]).reshape(2, k)
+    want = xq @ Q.dequantize(raw, "q4_k", k).astype(np.float64).T
+    scale = np.abs(xq) @ Q.abs_terms(raw, "q4_k", k).astype(np.float64).T
+    assert np.all(np.abs(y - want) <= 4 * 2.0 ** -24 * scale)
+    with pytest.raises(ShapeError, match="act='q16' takes q8_0/q4_0/q4_1"):
+        g.dequant_matmul(g.input("x16", [2, k]), g.param("w16", [7, 288], "u8"), quant="q4_k", act="q16")
+
+
 def test_optimizer_keeps_raw_blocks_and_merges_duplicates() -> None:
     g = optimize(_quant_graph(), 2)
     kinds = [n.kind for n in g.nodes]

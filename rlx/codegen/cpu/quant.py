@@ -28,7 +28,7 @@ from rlx.ir import ops as O
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
-from rlx.ir.quant import quant_format
+from rlx.ir.quant import Q8_ACT_FORMATS, quant_format
 from rlx.ir.shape import product
 
 #: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
@@ -177,6 +177,10 @@ def _quant_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
         return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
     if getattr(op, "act", "f32") not in ("f32", "q8", "q16"):
         return f"with activations {op.act!r}"  # type: ignore[attr-defined]
+    act = getattr(op, "act", "f32")
+    if act != "f32" and op.quant not in Q8_ACT_FORMATS:  # type: ignore[attr-defined]
+        return (f"with act={act!r} in format {op.quant!r}: the CPU's integer kernels take "  # type: ignore[attr-defined]
+                f"{'/'.join(Q8_ACT_FORMATS)}")
     if out_dtype is not DType.F32:
         return f"with a {out_dtype.value} result; it makes f32"
     return None

@@ -4,7 +4,9 @@ Listed in the CUDA table by `rlx.codegen.cuda.rule_table`. The kernels
 (`templates/cuda/kernels/quant.cuh`) read the blocks directly: a warp-per-row
 GEMV for decode (few rows of activations), and for prefill tiles of the weight
 dequantized into the compute type in scratch, multiplied on cuBLASLt (tensor
-cores in f16 / bf16 sessions) or the built-in tiled GEMM.
+cores in f16 / bf16 sessions) or the built-in tiled GEMM. `act="q8"` (int8
+activations, `templates/cuda/kernels/quant_q8.cuh`): the decode GEMVs take
+integer dot products (`__dp4a`) with x quantized as the reference does.
 
 >>> import rlx
 >>> from rlx.ir.quant import row_bytes
@@ -28,13 +30,17 @@ from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.quant import quant_format
-from rlx.opt.lowering_cuda import LT_DTYPES, quant_tile
+from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
 
 TEMPLATE = "cuda/quant.cu.j2"
-QUANT, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/gemm.cuh"
+QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
 #: The format ids of kernels/quant.cuh.
 FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
+#: Activation modes of `dequant_matmul` CUDA runs ("q16", int16 blocks, runs on the CPU only).
+ACTS = ("f32", "q8")
+#: Weight formats of int8 activations (`rlx.ir.quant.INT8_ACT_FORMATS`: kernels/quant_q8.cuh's dot products).
+Q8_FORMAT_IDS = ("q8_0", "q4_0", "q4_1", "q4_k")
 #: Floats each staged 32-value sub-block takes in the fused decode GEMV's shared memory (RLX_QFUSED_PAD).
 QFUSED_PAD = 36
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
@@ -61,6 +67,10 @@ class DequantMatMul(Launch):
     ctmp_off: int
     lt: bool
     cuda_type: str
+    #: The activations: "f32", or "q8" (int8 per block of 32, kernels/quant_q8.cuh).
+    act: str = "f32"
+    #: Byte offset (from the scratch region) of act="q8"'s quantized activations (records, or x' = q * d).
+    act_off: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +99,8 @@ class DecodeGemvLaunch(Launch):
     max_rows: int
     #: Each member's own path, for steps of more than max_rows rows.
     large: tuple[DequantMatMul, ...]
+    #: The fused kernel's ACT template argument: "" (f32 activations) or ", 1" (act="q8").
+    act_arg: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,8 +121,11 @@ class Dequantize(Launch):
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
     if getattr(op, "quant", None) not in FORMAT_IDS:
         return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
-    if getattr(op, "act", "f32") != "f32":
-        return f"with act={op.act!r}: its int8 activations run on the CPU only"  # type: ignore[attr-defined]
+    act = getattr(op, "act", "f32")
+    if act not in ACTS:
+        return f"with act={act!r}: CUDA takes activations {ACTS}"
+    if act != "f32" and op.quant not in Q8_FORMAT_IDS:  # type: ignore[attr-defined]
+        return f"with act={act!r} in format {op.quant!r}: CUDA's int8 activations take {Q8_FORMAT_IDS}"  # type: ignore[attr-defined]
     return None
 
 
@@ -124,10 +139,18 @@ def _dequant_args(e: CudaEmitter, node: Node) -> DequantMatMul:
     tile = quant_tile(n, k, dt.itemsize)
     lt = e.target.gemm == "cublaslt" and dt in LT_DTYPES
     ctmp_off = -(-k * tile * dt.itemsize // 256) * 256  # after the weight tile (lowering_cuda.scratch_need)
+    rows = 1
+    for d in x.dims[:-1]:
+        rows *= d.max
+    act_off = -(-quant_act_offset(n, k, rows, dt.itemsize) // 256) * 256
     return DequantMatMul(**e.base(node), uses_lt=lt, t=_CTYPE[dt], fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size,
                          qb=fmt.block_bytes, x=e.ptr(x_id), w=e.ptr(w_id), y=e.ptr(node.id),
                          m=e.numel(x.dims[:-1]), n=n, k=k, row_bytes=w.dims[1].value, tile=tile, ctmp_off=ctmp_off,
-                         lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""))
+                         lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""), act=op.act, act_off=act_off)
+
+
+def _headers(act: str) -> tuple[str, ...]:
+    return (QUANT, QUANT_Q8, GEMM) if act == "q8" else (QUANT, GEMM)
 
 
 def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
@@ -151,19 +174,21 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
     ns = tuple(a.n for a in large)
     norm_c = "true" if d.norm else "false"
     # staged rows past the default 48 KiB of dynamic shared memory (K > 8192): raise the kernel's limit
-    attrs = tuple((f"rlx_qgemv_fused<{first.t}, {first.fmt}, {first.qk}, {first.qb}, {mr}, {norm_c}, {epi}>",
+    act_arg = ", 1" if first.act == "q8" else ""
+    attrs = tuple((f"rlx_qgemv_fused<{first.t}, {first.fmt}, {first.qk}, {first.qb}, {mr}, {norm_c}, {epi}{act_arg}>",
                    str(smem)) for mr in range(1, d.max_rows + 1)
                   if (smem := mr * (first.k // 32) * QFUSED_PAD * 4) > 48 * 1024)
     what = ", ".join(f"%{m}" for m in d.members) + "".join(
         f" + %{n}" for n in (*d.norm, *d.residual, *d.swiglu))
     args = DecodeGemvLaunch(
-        comment=comment(f"{what}: one fused quantized GEMV in steps of <= {d.max_rows} rows", 160),
+        comment=comment(f"{what}: one fused quantized GEMV in steps of <= {d.max_rows} rows"
+                        + (" (int8 activations)" if act_arg else ""), 160),
         what=first.what, uses_lt=any(a.lt for a in large), smem_attrs=attrs, t=first.t, fmt=first.fmt,
         qk=first.qk, qb=first.qb,
         x=e.ptr(x), gamma=gamma, eps=eps, norm=norm_c, res=res, epi=epi, m=first.m,
         k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
-        ys=ys, ns=ns, max_rows=d.max_rows, large=large)
-    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=(QUANT, GEMM), header=args.comment,
+        ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg)
+    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=_headers(first.act), header=args.comment,
                   label=node.label)
 
 
@@ -173,7 +198,7 @@ def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
     if d is not None and d.members[0] == node.id:
         return _decode_gemv(e, node)
     args = _dequant_args(e, node)
-    return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args, headers=(QUANT, GEMM), header=args.comment,
+    return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args, headers=_headers(args.act), header=args.comment,
                   label=node.label)
 
 

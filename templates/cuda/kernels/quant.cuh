@@ -213,6 +213,12 @@ __global__ void rlx_q_put_cols(const T *__restrict__ C, T *__restrict__ Y, int64
 #ifndef RLX_QFUSED_WARPS
 #define RLX_QFUSED_WARPS 8
 #endif
+#ifndef RLX_Q_PREFETCH
+#define RLX_Q_PREFETCH(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
+#endif
+#ifndef RLX_DYNAMIC_SHARED
+#define RLX_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
 #define RLX_QFUSED_PAD 36 /* floats per staged 32-value sub-block */
 
 struct RlxQMembers {
@@ -468,11 +474,19 @@ __device__ __forceinline__ void rlx_qf_row(const uint8_t *__restrict__ row, cons
     }
 }
 
-template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI>
+/* ACT 1 (dequant_matmul act="q8"): the staged rows are then quantized to int8 blocks in place and the rows walked
+   with integer dot products (kernels/quant_q8.cuh, which defines these two and must follow this header then). */
+template <int MR>
+__device__ void rlx_q8_stage(float *xs, int64_t stride, int64_t nsub);
+template <int FMT, int MR, int REC>
+__device__ void rlx_q8_row(const uint8_t *__restrict__ row, const uint32_t *x, int64_t stride, int64_t K, int lane,
+                           float acc[MR]);
+
+template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI, int ACT = 0>
 __global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS)
 rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
                 const T *res, int64_t K, int64_t RB, int64_t rows) {
-    extern __shared__ float4 rlx_qf_smem4[];
+    RLX_DYNAMIC_SHARED(float4, rlx_qf_smem4);
     float *xs = (float *)rlx_qf_smem4;
     __shared__ float red[RLX_QFUSED_WARPS][MR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -485,9 +499,9 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
             int64_t n;
             const int j = rlx_qf_member<EPI>(mem, r0, &n);
             for (int64_t off = (int64_t)lane * 128; off < RB; off += 32 * 128) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(rlx_qf_weights(mem, j) + n * RB + off));
+                RLX_Q_PREFETCH(rlx_qf_weights(mem, j) + n * RB + off);
                 if (EPI == 2)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(mem.w[1] + n * RB + off));
+                    RLX_Q_PREFETCH(mem.w[1] + n * RB + off);
             }
         }
     }
@@ -521,7 +535,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
                 t += v[e];
             }
             ss[m] += q;
-            if (!NORM && RLX_QSUMS(FMT)) {  /* chunks 2h and 2h + 1 make a half sub-block: lanes l and l ^ 1 */
+            if (!NORM && !ACT && RLX_QSUMS(FMT)) {  /* chunks 2h and 2h + 1 make a half sub-block: lanes l and l ^ 1 */
                 t += __shfl_xor_sync(0xffffffffu, t, 1);
                 if (valid && !(c & 1))
                     xs[m * stride + (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1)] = t;
@@ -567,7 +581,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
                     p[1] = b;
                     t = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
                 }
-                if (RLX_QSUMS(FMT)) {
+                if (!ACT && RLX_QSUMS(FMT)) {
                     t += __shfl_xor_sync(0xffffffffu, t, 1);
                     if (valid && !(c & 1))
                         xs[m * stride + (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1)] = t;
@@ -576,6 +590,10 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
         }
     }
     __syncthreads();
+    if constexpr (ACT != 0) {
+        rlx_q8_stage<MR>(xs, stride, nsub);
+        __syncthreads();
+    }
     for (int64_t r = (int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp; r < rows;
          r += (int64_t)gridDim.x * RLX_QFUSED_WARPS) {
         int64_t n;
@@ -586,7 +604,11 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
 #pragma unroll
         for (int m = 0; m < MR; m++)
             acc[m] = acc2[m] = 0.0f;
-        if (RLX_QFAST(FMT)) {
+        if constexpr (ACT != 0) {
+            rlx_q8_row<FMT, MR, RLX_QFUSED_PAD>(row, (const uint32_t *)xs, stride, K, lane, acc);
+            if (EPI == 2)
+                rlx_q8_row<FMT, MR, RLX_QFUSED_PAD>(row2, (const uint32_t *)xs, stride, K, lane, acc2);
+        } else if (RLX_QFAST(FMT)) {
             rlx_qf_row<RLX_QFAST(FMT) ? FMT : RLX_Q8_0, MR>(row, xs, stride, K, lane, acc);
             if (EPI == 2)
                 rlx_qf_row<RLX_QFAST(FMT) ? FMT : RLX_Q8_0, MR>(row2, xs, stride, K, lane, acc2);
@@ -640,7 +662,7 @@ template <typename T, int FMT, int QK, int QB>
 __global__ void __launch_bounds__(32 * RLX_QSHORT_WARPS)
 rlx_qgemv_short(const T *__restrict__ X, const uint8_t *__restrict__ W, T *__restrict__ Y, int64_t N, int64_t K,
                 int64_t RB) {
-    extern __shared__ float4 rlx_qs_smem4[];
+    RLX_DYNAMIC_SHARED(float4, rlx_qs_smem4);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nsub = (int)(K / 32);
     float *xs = (float *)rlx_qs_smem4;                                        /* nsub * RLX_QFUSED_PAD floats */
@@ -650,7 +672,7 @@ rlx_qgemv_short(const T *__restrict__ X, const uint8_t *__restrict__ W, T *__res
     if (r0 < N) {
         const int64_t end = (N - r0 < RLX_QSHORT_ROWS ? N - r0 : RLX_QSHORT_ROWS) * RB;
         for (int64_t off = (int64_t)lane * 128; off < end; off += 32 * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r0 * RB + off));
+            RLX_Q_PREFETCH(W + r0 * RB + off);
     }
     rlx_pdl_wait();
     rlx_pdl_trigger();  /* the next kernel may launch and prefetch its weights */

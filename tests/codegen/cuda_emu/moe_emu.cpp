@@ -1,64 +1,13 @@
 /* Entry points running the CUDA MoE kernels (templates/cuda/kernels/moe.cuh) on the CPU through cuda_shim.h, with
  * the launch arithmetic of templates/cuda/moe.cu.j2 written out (tests/codegen/test_cuda_moe_emulated.py). The
- * block-format experts go through kernels/quant.cuh's rlx_q_sub, which reads f16 scales: the shim's __half is
- * the bits, widened exactly here. */
-#include <cstring>
+ * block-format experts go through kernels/quant.cuh's rlx_q_sub, which reads f16 scales (quant_shim.h). */
+#include "quant_shim.h"
 
-#include "cuda_shim.h"
-
-struct __half {
-    uint16_t bits;
-};
-inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
-inline float __half2float(__half h) {  /* IEEE binary16 -> binary32, exact (subnormals included) */
-    const uint32_t sign = (uint32_t)(h.bits >> 15) << 31, exp = (h.bits >> 10) & 31, man = h.bits & 1023;
-    float v;
-    if (exp == 0)
-        v = std::ldexp((float)man, -24);
-    else if (exp == 31)
-        v = man ? NAN : INFINITY;
-    else
-        v = std::ldexp((float)(man | 1024), (int)exp - 25);
-    return sign ? -v : v;
-}
-inline float __int_as_float(int32_t b) {
-    float v;
-    std::memcpy(&v, &b, sizeof(v));
-    return v;
-}
-using std::isnan;
-/* named by quant.cuh's other kernels (not run here) */
-struct float4 {
-    float x, y, z, w;
-};
-inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
-struct uint4 {
-    uint32_t x, y, z, w;
-};
-inline float __uint_as_float(uint32_t b) {
-    float v;
-    std::memcpy(&v, &b, sizeof(v));
-    return v;
-}
-inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  /* CUDA's default mode: 4 byte selectors */
-    const uint64_t both = (uint64_t)y << 32 | x;
-    uint32_t r = 0;
-    for (int i = 0; i < 4; i++)
-        r |= (uint32_t)((both >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
-    return r;
-}
-#define __grid_constant__
 /* moe.cuh's f32-weight loop, instantiated (never run) for the block formats' byte weights: the shim's f32 and
    _Float16 overloads would both take a byte */
 inline float rlx_f(unsigned char x) { return (float)x; }
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline void __syncwarp() { rlx_emu_warp_bar->arrive_and_wait(); }
 
-#undef __shared__
-#define __shared__ /* quant.cuh's `extern __shared__` arrays: declared, never used by these entry points */
 #include "quant.cuh"
-#undef __shared__
-#define __shared__ static
 #include "moe.cuh"
 
 static unsigned rlx_emu_blocks(int64_t n, int t) { return (unsigned)((n + t - 1) / t); }

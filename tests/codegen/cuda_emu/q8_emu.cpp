@@ -1,0 +1,104 @@
+/* Entry points running the int8-activation kernels (templates/cuda/kernels/quant_q8.cuh, and quant.cuh's fused decode
+ * GEMV with ACT = 1) on the CPU through cuda_shim.h / quant_shim.h, with the launch arithmetic of
+ * templates/cuda/quant.cu.j2 written out (tests/codegen/test_cuda_q8_emulated.py). f32 activations. */
+#include "quant_shim.h"
+
+#include "quant.cuh"
+#include "quant_q8.cuh"
+
+static unsigned rlx_emu_blocks(int64_t n, int t) { return (unsigned)((n + t - 1) / t); }
+
+template <int FMT, int MR>
+static void q8_gemv(const uint32_t *XQ, const uint8_t *W, float *Y, int64_t N, int64_t K, int64_t RB) {
+    rlx_emu_launch(rlx_emu_blocks(N, RLX_QGEMV_WARPS), 32 * RLX_QGEMV_WARPS,
+                   [&] { rlx_q8_gemv<float, FMT, MR>(XQ, W, Y, N, K, RB); });
+}
+
+template <int FMT>
+static void q8_gemv_rows(int64_t M, const uint32_t *XQ, const uint8_t *W, float *Y, int64_t N, int64_t K, int64_t RB) {
+    switch (M) {
+    case 1: q8_gemv<FMT, 1>(XQ, W, Y, N, K, RB); break;
+    case 2: q8_gemv<FMT, 2>(XQ, W, Y, N, K, RB); break;
+    case 3: q8_gemv<FMT, 3>(XQ, W, Y, N, K, RB); break;
+    case 4: q8_gemv<FMT, 4>(XQ, W, Y, N, K, RB); break;
+    case 5: q8_gemv<FMT, 5>(XQ, W, Y, N, K, RB); break;
+    case 6: q8_gemv<FMT, 6>(XQ, W, Y, N, K, RB); break;
+    case 7: q8_gemv<FMT, 7>(XQ, W, Y, N, K, RB); break;
+    default: q8_gemv<FMT, 8>(XQ, W, Y, N, K, RB); break;
+    }
+}
+
+/* rlx_qgemv_fused<..., ACT = 1> over `rows` weight rows (every member's, or the gate's with EPI 2). */
+template <int FMT, int QK, int QB, int MR, bool NORM, int EPI>
+static void q8_fused(const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res, int64_t K,
+                     int64_t RB, int64_t rows) {
+    RlxDim3 grid;
+    grid.x = rlx_emu_blocks(rows, RLX_QFUSED_WARPS);
+    const size_t smem = (size_t)MR * (K / 32) * RLX_QFUSED_PAD * sizeof(float);
+    rlx_emu_launch3(grid, 32 * RLX_QFUSED_WARPS, smem,
+                    [&] { rlx_qgemv_fused<float, FMT, QK, QB, MR, NORM, EPI, 1>(X, gamma, eps, mem, res, K, RB, rows); });
+}
+
+template <int FMT, int QK, int QB, bool NORM, int EPI>
+static void q8_fused_rows(int64_t M, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
+                          const float *res, int64_t K, int64_t RB, int64_t rows) {
+    if (M == 1)
+        q8_fused<FMT, QK, QB, 1, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows);
+    else
+        q8_fused<FMT, QK, QB, 3, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows);
+}
+
+/* The three shapes of group the tests take: plain members (no norm, EPI 0), norm + SwiGLU (EPI 2), one member + the
+ * residual (EPI 1). */
+template <int FMT, int QK, int QB>
+static void q8_fused_kind(int kind, int64_t M, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
+                          const float *res, int64_t K, int64_t RB, int64_t rows) {
+    if (kind == 0)
+        q8_fused_rows<FMT, QK, QB, false, 0>(M, X, gamma, eps, mem, res, K, RB, rows);
+    else if (kind == 1)
+        q8_fused_rows<FMT, QK, QB, true, 2>(M, X, gamma, eps, mem, res, K, RB, rows);
+    else
+        q8_fused_rows<FMT, QK, QB, false, 1>(M, X, gamma, eps, mem, res, K, RB, rows);
+}
+
+extern "C" {
+
+/* rlx_q8_act: records ([M, K / 32] of RLX_Q8_REC words) and / or x' = q * d, either pointer null. At most 3 blocks
+ * (quant.cu.j2 launches one warp per 32 values): the warps then take several blocks of 32 in the grid-stride loop. */
+void emu_q8_act(const float *X, int64_t M, int64_t K, uint32_t *rec, float *xd) {
+    const unsigned grid = rlx_emu_blocks(M * K, 256);
+    rlx_emu_launch(grid < 3 ? grid : 3, 256, [&] { rlx_q8_act<float>(X, M, K, rec, xd); });
+}
+
+/* rlx_q8_gemv of the records of M <= 8 rows against a weight [N, RB] of format `fmt` (quant.cuh's ids). */
+void emu_q8_gemv(int fmt, const uint32_t *XQ, const uint8_t *W, float *Y, int64_t M, int64_t N, int64_t K, int64_t RB) {
+    switch (fmt) {
+    case RLX_Q8_0: q8_gemv_rows<RLX_Q8_0>(M, XQ, W, Y, N, K, RB); break;
+    case RLX_Q4_0: q8_gemv_rows<RLX_Q4_0>(M, XQ, W, Y, N, K, RB); break;
+    case RLX_Q4_K: q8_gemv_rows<RLX_Q4_K>(M, XQ, W, Y, N, K, RB); break;
+    default: q8_gemv_rows<RLX_Q4_1>(M, XQ, W, Y, N, K, RB); break;
+    }
+}
+
+/* The fused decode GEMV with int8 activations, M = 1 or 3: `count` members of N rows each (weights w0, w1; outputs y0,
+ * y1), as `kind` says (see q8_fused_kind); the SwiGLU and residual kinds write y0 only. */
+void emu_q8_fused(int fmt, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
+                  const uint8_t *w1, float *y0, float *y1, const float *res, int64_t M, int64_t N, int64_t K,
+                  int64_t RB) {
+    RlxQMembers mem;
+    std::memset(&mem, 0, sizeof(mem));
+    mem.w[0] = w0;
+    mem.w[1] = w1;
+    mem.y[0] = y0;
+    mem.y[1] = y1;
+    mem.n[0] = mem.n[1] = N;
+    mem.count = count;
+    const int64_t rows = kind == 1 ? N : count * N;
+    switch (fmt) {
+    case RLX_Q8_0: q8_fused_kind<RLX_Q8_0, 32, 34>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
+    case RLX_Q4_0: q8_fused_kind<RLX_Q4_0, 32, 18>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
+    case RLX_Q4_K: q8_fused_kind<RLX_Q4_K, 256, 144>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
+    default: q8_fused_kind<RLX_Q4_1, 32, 20>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
+    }
+}
+}
