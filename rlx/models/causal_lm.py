@@ -600,8 +600,7 @@ class CausalLM:
         key = (id(cache.arrays), tokens.shape, rows.shape)
         bound = self._cpu_bound.get(key)
         if bound is None:
-            if len(self._cpu_bound) >= 32 or any(k[0] != key[0] for k in self._cpu_bound):
-                self._cpu_bound.clear()  # another cache's bindings (they keep its arrays alive)
+            self._make_room(self._cpu_bound, key[0])
             small = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, tokens.shape[0]),
                      **{name: table[at] for name, table in self._rope.items()}, "rows": rows,
                      "sample_u": sample_u, "sample_settings": sample_settings, **ragged}
@@ -616,6 +615,7 @@ class CausalLM:
             self._cpu_bound[key] = (fn, inputs, outputs, cache.arrays)
             return outs[output]
         fn, inputs, outputs, _ = bound
+        self._cpu_bound[key] = self._cpu_bound.pop(key)  # the most recently used last
         inputs["tokens"][...] = tokens
         for name, value in ragged.items():  # a recurrent model's real tokens per row
             inputs[name][...] = value
@@ -642,6 +642,21 @@ class CausalLM:
             return self._run_cuda(feed, output)
         return self._compiled.run(dict(feed))[output]
 
+    def _make_room(self, bound: dict[Any, Any], cache_id: int) -> None:
+        """Before a new step binding of the cache known by `cache_id` joins `bound` (keys `(cache id, ...)`,
+        least recently used first): another cache's bindings go (they keep its arrays alive), and past
+        `max_bindings` the least recently used one (each holds pinned and device memory, or bound arrays)."""
+        if any(k[0] != cache_id for k in bound):
+            bound.clear()
+        elif len(bound) >= self.max_bindings:
+            del bound[next(iter(bound))]
+
+    @property
+    def max_bindings(self) -> int:
+        """Most step bindings kept for one cache: every row count up to `max_batch`, greedy or with logits
+        (a serving engine's steps take them all), and prompt shapes besides."""
+        return max(32, 2 * self.max_batch + 8)
+
     def _run_cuda(self, feed: Mapping[str, Any], output: int) -> np.ndarray:
         """One step on the GPU through a host-fed step bound once per (cache, step shape, output)
         (`CudaGraph.bind_host_step`): the step's few small inputs go over in one pinned transfer, the KV
@@ -659,14 +674,13 @@ class CausalLM:
         key = (states, output, tuple(feed[n].shape for n in host_names))
         step = self._bound.get(key)
         if step is None:
-            # bindings of other caches, or of many prompt lengths, go (they hold pinned and device memory)
-            if len(self._bound) >= 32 or any(k[0] != states for k in self._bound):
-                self._bound.clear()
+            self._make_room(self._bound, states)
             # the KV cache stays resident in the library between steps (written back when another cache
             # comes, see CudaGraph.bind_device): a decode step moves none of it
             step = self._bound[key] = self._compiled.bind_host_step(
                 feed, outputs=[self._compiled.output_names[output]])
         else:
+            self._bound[key] = self._bound.pop(key)  # the most recently used last
             inputs = step.inputs
             for n in host_names:
                 inputs[n][...] = feed[n]

@@ -296,6 +296,10 @@ class PagedRunner:
         tokens = np.fromiter((r[1] for r in rows), np.int32, len(rows))[:, None]
         positions = np.fromiter((r[2] for r in rows), np.int32, len(rows))
         cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots])
+        if not logits and self.lm.device == "cuda":
+            # every row's id (4 bytes each), picked here: the step's shape is its row count alone, so a
+            # serving GPU binds one step (a captured CUDA graph) per row count, not per output pattern
+            return self.lm.step_greedy(tokens, cache, np.arange(len(rows), dtype=np.int32))[list(outputs)]
         step = self.lm.step if logits else self.lm.step_greedy
         # a step whose chunks all end mid-prompt wants no row: the graph still computes one (dropped)
         want = np.asarray(outputs if len(outputs) else [len(rows) - 1], dtype=np.int32)

@@ -307,3 +307,23 @@ def test_kv_dtype_is_checked(tensors: dict) -> None:
     g = L.build_decoder(CONFIG, random_specs(CONFIG), max_seq=8, capacity=16, kv_dtype="f16")
     assert {n.shape.dtype.value for n in g.inputs() if n.op.state} == {"f16"}
     assert CausalLM(CONFIG, tensors, device="reference", max_context=16).kv_dtype == "f32"
+
+
+def test_step_bindings_are_evicted_least_recently_used_first(lm: CausalLM) -> None:
+    """A model keeps `max_bindings` step bindings of a cache (a serving engine steps through every row count):
+    past them the least recently used goes, not all of them; a binding in use all along is kept, and its
+    step's result stays what it was."""
+    cache = lm.new_cache()
+    ids = np.arange(3, 3 + 16, dtype=np.int32)
+
+    def run(n: int, r: int) -> np.ndarray:
+        cache.reset()
+        return lm.step(ids[None, :n], cache, list(range(r)))
+
+    first = run(4, 1)
+    shapes = [(n, r) for n in range(5, 17) for r in range(1, n + 1)][:lm.max_bindings + 4]
+    for n, r in shapes:  # a new step shape each, the first one used again after every one
+        run(n, r)
+        np.testing.assert_array_equal(run(4, 1), first)
+    assert len(lm._cpu_bound) == lm.max_bindings
+    assert (id(cache.arrays), (1, 4), (1,)) in lm._cpu_bound
