@@ -95,6 +95,16 @@ _CUDA_TYPE = {DType.F32: "CUDA_R_32F", DType.F16: "CUDA_R_16F", DType.BF16: "CUD
 assert set(_CUDA_TYPE) == set(LT_DTYPES)
 
 
+
+def graph_slots(symbols: Sequence[tuple[str, int]]) -> int:
+    """How many captured step graphs a context keeps (one per distinct dims of a run): a serving engine steps
+    through every row count up to its bound, so as many as the symbols' bounds add up to, from 16 to 128.
+
+    >>> graph_slots([]), graph_slots([("rows", 64)]), graph_slots([("seq", 2048)])
+    (16, 64, 128)
+    """
+    return min(128, max(16, sum(bound for _, bound in symbols)))
+
 def category(dt: DType) -> str:
     """How generated code treats values of `dt`: float, double, int or bool."""
     if dt in (DType.F32, DType.F16, DType.BF16):
@@ -568,6 +578,7 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "abi_version": ABI_VERSION,
         "symbols_comment": comment(syms, 120),
         "nsym": len(lir.symbols),
+        "graph_slots": graph_slots(lir.symbols),
         "symbols": [{"name_c": c_string(n), "max": m} for n, m in lir.symbols],
         "total_bytes": lay.total,
         "params_bytes": lay.params_end,
