@@ -323,6 +323,22 @@ __device__ __forceinline__ void rlx_qf_bytes(const float *__restrict__ x, int64_
     }
 }
 
+/* q4_k: the scales d * sc and mins dmin * m of sub-blocks 2g and 2g + 1, from a block's 16-byte header (d, dmin,
+ * then the 6-bit scales and mins in GGUF's packing). */
+static __device__ __forceinline__ void rlx_q4k_scales(const uint4 &hd, int g, float ds[2], float dm[2]) {
+    const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int j = 2 * g + e, jj = j & 3;
+        const uint32_t a = (hd.y >> (8 * jj)) & 0xFF, bz = (hd.z >> (8 * jj)) & 0xFF, cw = (hd.w >> (8 * jj)) & 0xFF;
+        const uint32_t sc = j < 4 ? a & 63 : (cw & 0x0F) | ((a >> 6) << 4);
+        const uint32_t mn = j < 4 ? bz & 63 : (cw >> 4) | ((bz >> 6) << 4);
+        ds[e] = d * (float)sc;
+        dm[e] = dmin * (float)mn;
+    }
+}
+
 /* One unit of a weight row, loaded (load) and then dotted with the staged rows (add). */
 template <int FMT> struct RlxQUnit;
 
@@ -337,18 +353,8 @@ template <> struct RlxQUnit<RLX_Q4_K> {  /* 16 bytes of quants: 16 values each o
     template <int MR>
     __device__ __forceinline__ void add(const float *__restrict__ xs, int64_t stride, int64_t u, float acc[MR]) const {
         const int g = (int)((u >> 1) & 3), h = (int)(u & 1);
-        const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
-        const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
         float ds[2], dm[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {  /* sub-block j = 2g + e: its 6-bit scale and min (GGUF's packing) */
-            const int j = 2 * g + e, jj = j & 3;
-            const uint32_t a = (hd.y >> (8 * jj)) & 0xFF, bz = (hd.z >> (8 * jj)) & 0xFF, cw = (hd.w >> (8 * jj)) & 0xFF;
-            const uint32_t sc = j < 4 ? a & 63 : (cw & 0x0F) | ((a >> 6) << 4);
-            const uint32_t mn = j < 4 ? bz & 63 : (cw >> 4) | ((bz >> 6) << 4);
-            ds[e] = d * (float)sc;
-            dm[e] = dmin * (float)mn;
-        }
+        rlx_q4k_scales(hd, g, ds, dm);
         const uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
         const uint32_t hi[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
                                 (q.w >> 4) & 0x0F0F0F0Fu};

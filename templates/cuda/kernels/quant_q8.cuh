@@ -151,18 +151,8 @@ template <> struct RlxQ8Unit<RLX_Q4_K> {
     template <int MR, int REC>
     __device__ __forceinline__ void add(const uint32_t *x, int64_t stride, int64_t u, float acc[MR]) const {
         const int g = (int)(u & 3);
-        const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
-        const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
         float ds[2], dm[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) { /* sub-block j = 2g + e: its 6-bit scale and min (GGUF's packing) */
-            const int j = 2 * g + e, jj = j & 3;
-            const uint32_t a = (hd.y >> (8 * jj)) & 0xFF, bz = (hd.z >> (8 * jj)) & 0xFF, cw = (hd.w >> (8 * jj)) & 0xFF;
-            const uint32_t sc = j < 4 ? a & 63 : (cw & 0x0F) | ((a >> 6) << 4);
-            const uint32_t mn = j < 4 ? bz & 63 : (cw >> 4) | ((bz >> 6) << 4);
-            ds[e] = d * (float)sc;
-            dm[e] = dmin * (float)mn;
-        }
+        rlx_q4k_scales(hd, g, ds, dm);  /* sub-blocks 2g and 2g + 1 (kernels/quant.cuh) */
         const uint32_t qw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         int wl[8], wh[8]; /* word k: values 4k..4k+3 of sub-block 2g (low nibbles) and of 2g + 1 (high) */
 #pragma unroll
