@@ -458,26 +458,34 @@ __device__ __forceinline__ void rlx_load8(const H *p, float v[8]) {
 #define RLX_QF_INFLIGHT 2
 #endif
 
-/* acc[m] (per lane; the caller sums the warp) += this lane's units of one weight row against staged row m. */
-template <int FMT, int MR>
-__device__ __forceinline__ void rlx_qf_row(const uint8_t *__restrict__ row, const float *__restrict__ xs,
-                                           int64_t stride, int64_t K, int lane, float acc[MR]) {
-    const int64_t units = RlxQUnit<FMT>::count(K);
+/* This lane's units (of type Unit) of one weight row, lanes 32 units apart: RLX_QF_INFLIGHT units loaded before
+   any is used, each then handed to add(unit, index). */
+template <typename Unit, typename Add>
+__device__ __forceinline__ void rlx_q_walk(const uint8_t *__restrict__ row, int64_t K, int lane, Add add) {
+    const int64_t units = Unit::count(K);
     int64_t u = lane;
     for (; u + 32 * (RLX_QF_INFLIGHT - 1) < units; u += 32 * RLX_QF_INFLIGHT) {
-        RlxQUnit<FMT> a[RLX_QF_INFLIGHT];
+        Unit a[RLX_QF_INFLIGHT];
 #pragma unroll
         for (int i = 0; i < RLX_QF_INFLIGHT; i++)
             a[i].load(row, u + 32 * i);
 #pragma unroll
         for (int i = 0; i < RLX_QF_INFLIGHT; i++)
-            a[i].template add<MR>(xs, stride, u + 32 * i, acc);
+            add(a[i], u + 32 * i);
     }
     for (; u < units; u += 32) {
-        RlxQUnit<FMT> a;
+        Unit a;
         a.load(row, u);
-        a.template add<MR>(xs, stride, u, acc);
+        add(a, u);
     }
+}
+
+/* acc[m] (per lane; the caller sums the warp) += this lane's units of one weight row against staged row m. */
+template <int FMT, int MR>
+__device__ __forceinline__ void rlx_qf_row(const uint8_t *__restrict__ row, const float *__restrict__ xs,
+                                           int64_t stride, int64_t K, int lane, float acc[MR]) {
+    rlx_q_walk<RlxQUnit<FMT>>(row, K, lane,
+                              [&](const RlxQUnit<FMT> &a, int64_t u) { a.template add<MR>(xs, stride, u, acc); });
 }
 
 /* ACT 1 (dequant_matmul act="q8"): the staged rows are then quantized to int8 blocks in place and the rows walked

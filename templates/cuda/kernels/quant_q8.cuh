@@ -192,22 +192,8 @@ template <> struct RlxQ8Unit<RLX_Q4_K> {
 template <int FMT, int MR, int REC>
 __device__ void rlx_q8_row(const uint8_t *__restrict__ row, const uint32_t *x, int64_t stride, int64_t K, int lane,
                            float acc[MR]) {
-    const int64_t units = RlxQ8Unit<FMT>::count(K);
-    int64_t u = lane;
-    for (; u + 32 * (RLX_QF_INFLIGHT - 1) < units; u += 32 * RLX_QF_INFLIGHT) {
-        RlxQ8Unit<FMT> a[RLX_QF_INFLIGHT];
-#pragma unroll
-        for (int i = 0; i < RLX_QF_INFLIGHT; i++)
-            a[i].load(row, u + 32 * i);
-#pragma unroll
-        for (int i = 0; i < RLX_QF_INFLIGHT; i++)
-            a[i].template add<MR, REC>(x, stride, u + 32 * i, acc);
-    }
-    for (; u < units; u += 32) {
-        RlxQ8Unit<FMT> a;
-        a.load(row, u);
-        a.template add<MR, REC>(x, stride, u, acc);
-    }
+    rlx_q_walk<RlxQ8Unit<FMT>>(row, K, lane,
+                               [&](const RlxQ8Unit<FMT> &a, int64_t u) { a.template add<MR, REC>(x, stride, u, acc); });
 }
 
 /* Y[m, n] = sum over blocks of X[m]'s records (rlx_q8_act) against weight row n, m < MR: one warp per weight row. */
