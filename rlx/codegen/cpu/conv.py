@@ -47,6 +47,8 @@ class ConvArgs:
     layout: str
     packed: bool
     tile: int
+    depth: int
+    channels: int
     x: str
     wt: str
     bias: str
@@ -108,6 +110,23 @@ def _geom_fields(g: Window2d) -> dict:
 DW_VEC = 32
 
 
+#: Output pixels of one direct-conv tile (RLX_CONV_PX in kernels/conv.h).
+DIRECT_PIXELS = 16
+
+
+def phase_plane_floats(g: Window2d) -> int:
+    """Floats of one stride-phase plane of an input plane (rlx_conv_dw_phase in kernels/conv.h): (HQ + 1) x WQ
+    and DW_VEC of slack.
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> phase_plane_floats(window_2d(Conv(pads=(1, 1, 1, 1)), (8, 8), (8, 8), (3, 3), 4))
+    142
+    """
+    wq = g.ow + (g.kw - 1) * g.dw // g.sw
+    hq = g.oh + (g.kh - 1) * g.dh // g.sh
+    return (hq + 1) * wq + DW_VEC
+
+
 def depthwise_scratch_floats(g: Window2d) -> int:
     """Floats of scratch one plane of a depthwise conv takes (rlx_conv_dw_scratch in kernels/conv.h): its
     taps' offsets (int64), its SH*SW stride-phase copies, each (HQ + 1) x WQ plus DW_VEC of slack, and its
@@ -140,20 +159,25 @@ def emit_conv(em, node: Node) -> Kernel:
     args = ConvArgs(
         comment=comment(f"conv {plan.algorithm} on {plan.layout}: {x} * w[{o},{cg},{','.join(map(str, kernel))}] "
                         f"groups={op.groups}"),
-        algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile, x=em.ptr(node.inputs[0]),
+        algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile,
+        depth=plan.depth or cg * geo.kh * geo.kw, channels=plan.channels or o, x=em.ptr(node.inputs[0]),
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
         **_geom_fields(geo))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
-    if plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
+    shared = 0
+    if plan.algorithm == "direct":  # the team's phase planes of one image; each thread's unit of output
+        shared = align64(cg * phase_plane_floats(geo) * geo.sh * geo.sw * 4)
+        scratch = align64(args.channels * plan.tile * DIRECT_PIXELS * 4)
+    elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
         scratch = align64(plan.tile * k * 4)
     else:  # depthwise: the padded phase planes and the output of one plane
         scratch = align64(depthwise_scratch_floats(geo) * 4)
     return Kernel(node.id, "conv", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
-                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
+                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch, scratch_shared=shared)
 
 
 def emit_pool(em, node: Node) -> Kernel:
