@@ -283,18 +283,24 @@ static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
 
 static inline __attribute__((always_inline)) void rlx_conv_direct_tile(const int mr, const float *restrict xq,
         int64_t CS, int64_t C, const int64_t *restrict tap, int64_t T, const float *restrict w, int64_t K,
-        float *restrict out, int64_t ldo)
+        float *restrict out, int64_t ldo, int accumulate)
 {
     rlx_dw_v8 c0[RLX_CONV_OR], c1[RLX_CONV_OR];
     #pragma GCC unroll 6
     for (int r = 0; r < RLX_CONV_OR; r++)
         if (r < mr) {
-            c0[r] = (rlx_dw_v8){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-            c1[r] = c0[r];
+            if (accumulate) {
+                c0[r] = ((const rlx_dw_v8u *)(out + r * ldo))[0];
+                c1[r] = ((const rlx_dw_v8u *)(out + r * ldo))[1];
+            } else {
+                c0[r] = (rlx_dw_v8){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                c1[r] = c0[r];
+            }
         }
     for (int64_t c = 0; c < C; c++) {
         const float *restrict xc = xq + c * CS;
         const float *restrict wc = w + c * T;
+        #pragma GCC unroll 64
         for (int64_t t = 0; t < T; t++) {
             const rlx_dw_v8u *src = (const rlx_dw_v8u *)(xc + tap[t]);
             const rlx_dw_v8 b0 = src[0], b1 = src[1];
@@ -317,24 +323,33 @@ static inline __attribute__((always_inline)) void rlx_conv_direct_tile(const int
 }
 
 /* Output channels [0, oc) of w (rows K apart) over the pixel panels [p0, p1) of phase planes xq into stage
- * (row o at o * lds, panel p at (p - p0) * RLX_CONV_PX). Panel-major: a panel's input stays in cache while every
- * channel block passes; the unit's weights (oc x K) stay in L2 across its panels. */
-static void rlx_conv_direct_unit(const float *xq, int64_t CS, int64_t C, const int64_t *tap, int64_t T,
-                                 const float *w, int64_t oc, int64_t p0, int64_t p1, float *stage, int64_t lds)
+ * (row o at o * lds, panel p at (p - p0) * RLX_CONV_PX), RLX_CONV_CB input channels at a time: a block's input
+ * under one panel (3 x 3 window: CB x 3 rows x 2 lines) and a tile's weights for it stay in L1 while every
+ * channel block of the unit passes; the unit's weights (oc x K) stay in L2 across its panels. Inlined into each
+ * conv with its window, strides and planes as constants (the taps' offsets are then immediate). */
+#define RLX_CONV_CB 32
+static inline __attribute__((always_inline)) void rlx_conv_direct_unit(const float *xq, const int64_t CS,
+        const int64_t C, const int64_t *tap, const int64_t T, const float *w, int64_t oc, int64_t p0, int64_t p1,
+        float *stage, const int64_t lds)
 {
     const int64_t K = C * T;
-    for (int64_t p = p0; p < p1; p++) {
-        const float *xp = xq + p * RLX_CONV_PX;
-        float *sp = stage + (p - p0) * RLX_CONV_PX;
-        for (int64_t o = 0; o < oc;) {
-            const int64_t r = oc - o >= 6 ? 6 : oc - o >= 4 ? 4 : oc - o >= 2 ? 2 : 1;
-            switch (r) {
-            case 6: rlx_conv_direct_tile(6, xp, CS, C, tap, T, w + o * K, K, sp + o * lds, lds); break;
-            case 4: rlx_conv_direct_tile(4, xp, CS, C, tap, T, w + o * K, K, sp + o * lds, lds); break;
-            case 2: rlx_conv_direct_tile(2, xp, CS, C, tap, T, w + o * K, K, sp + o * lds, lds); break;
-            default: rlx_conv_direct_tile(1, xp, CS, C, tap, T, w + o * K, K, sp + o * lds, lds); break;
+    for (int64_t c0 = 0; c0 < C; c0 += RLX_CONV_CB) {
+        const int64_t cn = C - c0 < RLX_CONV_CB ? C - c0 : RLX_CONV_CB;
+        for (int64_t p = p0; p < p1; p++) {
+            const float *xp = xq + c0 * CS + p * RLX_CONV_PX;
+            const float *wc = w + c0 * T;
+            float *sp = stage + (p - p0) * RLX_CONV_PX;
+            const int acc = c0 > 0;
+            for (int64_t o = 0; o < oc;) {
+                const int64_t r = oc - o >= 6 ? 6 : oc - o >= 4 ? 4 : oc - o >= 2 ? 2 : 1;
+                switch (r) {
+                case 6: rlx_conv_direct_tile(6, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
+                case 4: rlx_conv_direct_tile(4, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
+                case 2: rlx_conv_direct_tile(2, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
+                default: rlx_conv_direct_tile(1, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
+                }
+                o += r;
             }
-            o += r;
         }
     }
 }
