@@ -97,11 +97,12 @@ def direct_channels(out_channels: int, k: int) -> int:
 
 
 def direct_fits(g: Window2d) -> bool:
-    """Whether a groups == 1 conv of window `g` runs direct: rows wide enough, one image's phase planes small enough."""
+    """Whether a groups == 1 conv of window `g` runs direct: a window of more than one tap (a 1 x 1 window with
+    strides would copy every phase plane to read one), rows wide enough, one image's phase planes small enough."""
     wq = g.ow + (g.kw - 1) * g.dw // g.sw
     hq = g.oh + (g.kh - 1) * g.dh // g.sh
     plane = g.sh * g.sw * ((hq + 1) * wq + 32)
-    return g.ow >= DIRECT_MIN_WIDTH and g.cg * plane * 4 <= DIRECT_MAX_SCRATCH
+    return g.kh * g.kw > 1 and g.ow >= DIRECT_MIN_WIDTH and g.cg * plane * 4 <= DIRECT_MAX_SCRATCH
 
 
 def tile_pixels(k: int, plane: int) -> int:

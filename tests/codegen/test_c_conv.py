@@ -2,12 +2,13 @@
 
 One graph holds every variant, compiled once with a dynamic batch and run at two batch sizes:
 implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major
-tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels: odd
-sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with uneven pads,
-1x1 stride 2, 1-D, and channel blocks of a wide K), pointwise (1x1), depthwise (strided with hardswish
-fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode, count_include_pad, dilations,
-1-D, and 3-D decomposed into two 2-D pools), and batch_norm (decomposed into primitives). The packed
-micro-kernel and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
+tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels:
+odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
+uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), pointwise
+(1x1), depthwise (strided with hardswish fused, dilated, uneven pads, 1-D), max / average pooling
+(pads, ceil_mode, count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and
+batch_norm (decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback
+(an x86-64 build without AVX2) both run.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
                               pads=(3, 3, 3, 3), activation="silu"),
         "direct_dilated": g.conv(img, param("w_xd", [8, 7, 3, 2]), strides=(1, 2), dilations=(2, 3),
                                  pads=(2, 0, 1, 3)),
-        "direct_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
+        "tiles_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
         "maxpool": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),

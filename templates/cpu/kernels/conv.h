@@ -300,7 +300,7 @@ static inline __attribute__((always_inline)) void rlx_conv_direct_tile(const int
     for (int64_t c = 0; c < C; c++) {
         const float *restrict xc = xq + c * CS;
         const float *restrict wc = w + c * T;
-        #pragma GCC unroll 64
+        #pragma GCC unroll 9
         for (int64_t t = 0; t < T; t++) {
             const rlx_dw_v8u *src = (const rlx_dw_v8u *)(xc + tap[t]);
             const rlx_dw_v8 b0 = src[0], b1 = src[1];
