@@ -107,7 +107,10 @@ def built() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
 @pytest.mark.parametrize("target", _targets())
 def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, np.ndarray]], target: str) -> None:
     g, params = built
-    cg = session(cpu_target=target).compile(g)
+    sess = session(cpu_target=target)
+    cg = sess.compile(g)
+    # the scratch the plan sizes (direct convs: the team's phase planes, shared) is what the context holds
+    assert sess.estimate(g).scratch == cg.memory()["scratch"]
     for name, value in params.items():
         cg.set_param(name, value)
     plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
