@@ -5,10 +5,10 @@ implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), 
 tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels:
 odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
 uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), pointwise
-(1x1), depthwise (strided with hardswish fused, dilated, uneven pads, 1-D), max / average pooling
-(pads, ceil_mode, count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and
-batch_norm (decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback
-(an x86-64 build without AVX2) both run.
+(1x1: 110 pixels, a single pixel, grouped), depthwise (strided with hardswish fused, dilated,
+uneven pads, 1-D), max / average pooling (pads, ceil_mode, count_include_pad, dilations, 1-D, and
+3-D decomposed into two 2-D pools), and batch_norm (decomposed into primitives). The packed
+micro-kernel and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
 """
 
 from __future__ import annotations
@@ -44,7 +44,12 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
                           activation="relu"),
+        # pointwise (1x1, stride 1, no pads): 110 pixels, one pixel (a squeeze-excite style 1x1 on a pooled
+        # vector), grouped
         "pointwise": g.conv(x, param("w_p", [33, 5, 1, 1])),
+        "pointwise_pixel": g.conv(g.pool("avg", deep, (7, 16)), param("w_pp", [24, 40, 1, 1]), param("b_pp", [24]),
+                                  activation="relu"),
+        "pointwise_grouped": g.conv(deep, param("w_pg", [20, 20, 1, 1]), groups=2),
         # wide: the weight packed for the micro-kernel, pixel-major tiles
         "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),
         "grouped": g.conv(g.conv(x, param("w_e", [8, 5, 1, 1])), param("w_g", [6, 4, 3, 2]), param("b_g", [6]),
