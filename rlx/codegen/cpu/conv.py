@@ -51,6 +51,7 @@ class ConvArgs:
     channels: int
     taps: str
     phases: int
+    planes_offset: int
     x: str
     wt: str
     bias: str
@@ -178,16 +179,15 @@ def emit_conv(em, node: Node) -> Kernel:
         algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile,
         depth=plan.depth or cg * geo.kh * geo.kw, channels=plan.channels or o,
         taps=", ".join(map(str, tap_offsets(geo))), phases=geo.sh * geo.sw * phase_plane_floats(geo),
+        planes_offset=align64(plan.channels * plan.tile * DIRECT_PIXELS * 4),
         x=em.ptr(node.inputs[0]),
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
         **_geom_fields(geo))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
-    shared = 0
-    if plan.algorithm == "direct":  # the team's phase planes of one image; each thread's unit of output
-        shared = align64(cg * args.phases * 4)
-        scratch = align64(args.channels * plan.tile * DIRECT_PIXELS * 4)
+    if plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
+        scratch = args.planes_offset + align64(cg * args.phases * 4)
     elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
@@ -195,7 +195,7 @@ def emit_conv(em, node: Node) -> Kernel:
     else:  # depthwise: the padded phase planes and the output of one plane
         scratch = align64(depthwise_scratch_floats(geo) * 4)
     return Kernel(node.id, "conv", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
-                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch, scratch_shared=shared)
+                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 
 
 def emit_pool(em, node: Node) -> Kernel:
