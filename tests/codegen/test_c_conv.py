@@ -114,7 +114,7 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     g, params = built
     sess = session(cpu_target=target)
     cg = sess.compile(g)
-    # the scratch the plan sizes (direct convs: the team's phase planes, shared) is what the context holds
+    # the scratch the plan sizes (direct convs: each thread's output units and phase planes) is what the context holds
     assert sess.estimate(g).scratch == cg.memory()["scratch"]
     for name, value in params.items():
         cg.set_param(name, value)
