@@ -17,8 +17,8 @@
   panel stays in L1 while the tile's rows pass, and the weights stream in storage
   order. Otherwise by `rlx_sgemm1` (BLAS or the C GEMM) on the weight as stored.
 - ``direct`` / ``nchw_phases``: groups == 1: each image's channels are copied,
-  zero-padded and split by stride phase, into scratch (a thread's own images, or
-  the team's shared image at batch 1); every window tap of
+  zero-padded and split by stride phase, into each thread's scratch (its own images,
+  or at batch 1 every thread the whole image, sharing its units); every window tap of
   a run of output pixels is then a contiguous run of a phase plane, and tiles of 6
   output channels x 16 pixels accumulate over every (channel, tap) in registers
   (`rlx_conv_direct_unit`), the weight read as stored. A work unit is `channels`
