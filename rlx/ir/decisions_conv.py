@@ -10,16 +10,26 @@
   weights ``[C/g * kh * kw, O/g]`` and stores the ``[pixels, O/g]`` result
   channels-first, adding the bias and applying the activation in that store.
   With `packed` the weight param (groups == 1) is stored at `set_param` in the
-  packed GEMM's K x N panels (the transpose of ONNX's ``[O, C*kh*kw]``) and the
-  tile is multiplied by RLX's micro-kernel (`kernels/packed_gemm.h`); otherwise
-  by `rlx_sgemm1` (BLAS or the C GEMM) on the weight as stored.
+  packed GEMM's panels of the transpose ``[C*kh*kw, O]`` of ONNX's ``[O, C*kh*kw]``,
+  cut along K into blocks of `depth` rows (each block a ``[depth, O]`` matrix of
+  panels, stored one after the other), and the tile is multiplied by RLX's
+  micro-kernel (`kernels/packed_gemm.h`) one block at a time: a block's slice of a
+  panel stays in L1 while the tile's rows pass, and the weights stream in storage
+  order. Otherwise by `rlx_sgemm1` (BLAS or the C GEMM) on the weight as stored.
+- ``direct`` / ``nchw_phases``: groups == 1: each image's channels are copied,
+  zero-padded and split by stride phase, into each thread's scratch (its own images,
+  or at batch 1 every thread the whole image, sharing its units); every window tap of
+  a run of output pixels is then a contiguous run of a phase plane, and tiles of 6
+  output channels x 16 pixels accumulate over every (channel, tap) in registers
+  (`rlx_conv_direct_unit`), the weight read as stored. A work unit is `channels`
+  output channels x up to `tile` 16-pixel panels; its store adds bias and activation.
 - ``depthwise`` / ``nchw``: groups == C == O: each thread takes whole channel
   planes, copies each (zero-padded, split by stride phase) into its scratch and
   runs every window tap as one contiguous run over the plane (bias in the
   accumulators, activation in the store).
 
->>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True).describe()
-'%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set)'
+>>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
+'%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from rlx.ir.decisions import Decision, register_decision
 
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
-              ("depthwise", "nchw"))
+              ("depthwise", "nchw"), ("direct", "nchw_phases"))
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).
 CONV_TILE_PIXELS = 96
 
@@ -48,10 +58,17 @@ class ConvPlan(Decision):
     packed: bool
     #: output pixels per tile (0: whole planes)
     tile: int = 0
+    #: K rows per block of the packed weight (0: not packed)
+    depth: int = 0
+    #: output channels per work unit (direct; 0: every channel)
+    channels: int = 0
 
     def describe(self) -> str:
-        store = f"weight %{self.weight} packed K x N on set" if self.packed else f"weight %{self.weight} as stored"
+        store = (f"weight %{self.weight} packed K x N on set, {self.depth}-deep blocks" if self.packed
+                 else f"weight %{self.weight} as stored")
         tile = f", {self.tile}-pixel tiles" if self.tile else ""
+        if self.algorithm == "direct":
+            tile = f", units of {self.channels} channels x up to {self.tile} 16-pixel panels"
         return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store}{tile})"
 
     def nodes(self) -> tuple[int, ...]:

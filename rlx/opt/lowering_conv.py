@@ -1,8 +1,9 @@
 """CPU lowering for convolutions: each `conv` node's algorithm, tile layout and weight storage (`ConvPlan`).
 
-See `conv_plans` for the choice: depthwise on planes, pointwise on the planes as they lie, implicit
-GEMM on channels-first tiles (BLAS), or on pixel-major tiles with the weight packed at `set_param`
-for RLX's micro-kernel (wide convolutions).
+See `conv_plans` for the choice: depthwise on planes, pointwise on the planes as they lie, direct
+on stride-phase planes (groups 1, rows of 14+ pixels), implicit GEMM on channels-first tiles (BLAS),
+or on pixel-major tiles with the weight packed at `set_param` for RLX's micro-kernel (wide
+convolutions on narrow rows).
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -13,7 +14,7 @@ for RLX's micro-kernel (wide convolutions).
 >>> for d in conv_plans(plan(g)):
 ...     print(d.describe())
 %2 conv: implicit_gemm on nchw_tiles (weight %1 as stored, 36-pixel tiles)
-%4 conv: implicit_gemm on nhwc_tiles (weight %3 packed K x N on set, 96-pixel tiles)
+%4 conv: implicit_gemm on nhwc_tiles (weight %3 packed K x N on set, 144-deep blocks, 96-pixel tiles)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
 from rlx.ir.dtype import DType
 from rlx.ir.lir import LirModule
-from rlx.ir.ops_conv import Conv
+from rlx.ir.ops_conv import Conv, Window2d, window_2d
 
 #: Bytes of one channels-first tile of receptive fields (K x pixels floats): about half an L2.
 TILE_BYTES = 512 * 1024
@@ -51,6 +52,60 @@ MIN_TILE_PIXELS = 128
 PACKED_MIN_CHANNELS = 384
 
 
+#: Deepest block of a packed conv weight (K rows): a block's slice of one panel, 256 x 16 floats with AVX2
+#: (16 KiB), stays in L1 while a tile's rows pass over it.
+MAX_PACK_DEPTH = 256
+#: Shallowest block worth a pass of its own over the tile's product; a K with no divisor between this and
+#: MAX_PACK_DEPTH is packed as one block.
+MIN_PACK_DEPTH = 64
+
+
+def pack_depth(k: int) -> int:
+    """K rows per block of a packed conv weight: the largest divisor of `k` up to MAX_PACK_DEPTH (blocks
+    of equal depth: the weight is stored as a batch of ``[depth, O]`` matrices), or `k` when that divisor
+    is below MIN_PACK_DEPTH.
+
+    >>> pack_depth(576), pack_depth(4608), pack_depth(147), pack_depth(2 * 257)
+    (192, 256, 147, 514)
+    """
+    best = max(d for d in range(1, min(k, MAX_PACK_DEPTH) + 1) if k % d == 0)
+    return best if best >= MIN_PACK_DEPTH or best == k else k
+
+
+#: Bytes of weights (output channels x K floats) a direct-conv work unit keeps in L2 across its pixel panels.
+DIRECT_WEIGHT_BYTES = 256 * 1024
+#: Most 16-pixel panels in one direct-conv work unit (its output waits in the thread's scratch for the store).
+DIRECT_PANELS = 12
+#: Narrowest output rows run direct: each row computes WQ - OW dropped columns (2 of 16 for a 3 x 3 window on
+#: 14 columns; on 7 columns, ResNet's last stage, 2 of 9, where the packed implicit GEMM wins).
+DIRECT_MIN_WIDTH = 14
+#: Largest phase-plane copy of one image a direct conv may take (every thread of the team holds one in its scratch).
+DIRECT_MAX_SCRATCH = 16 << 20
+#: Rows of a direct-conv tile (RLX_CONV_OR in kernels/conv.h): channel blocks are multiples of it.
+DIRECT_ROWS = 6
+
+
+def direct_channels(out_channels: int, k: int) -> int:
+    """Output channels per direct-conv work unit: the channels split into as few even blocks (multiples of
+    DIRECT_ROWS) as keep a block's weights within DIRECT_WEIGHT_BYTES.
+
+    >>> direct_channels(64, 576), direct_channels(128, 1152), direct_channels(256, 2304)
+    (64, 48, 30)
+    """
+    blocks = -(-out_channels * k * 4 // DIRECT_WEIGHT_BYTES)
+    per = -(-out_channels // blocks)
+    return min(out_channels, -(-per // DIRECT_ROWS) * DIRECT_ROWS)
+
+
+def direct_fits(g: Window2d) -> bool:
+    """Whether a groups == 1 conv of window `g` runs direct: a window of more than one tap (a 1 x 1 window with
+    strides would copy every phase plane to read one), rows wide enough, one image's phase planes small enough."""
+    wq = g.ow + (g.kw - 1) * g.dw // g.sw
+    hq = g.oh + (g.kh - 1) * g.dh // g.sh
+    plane = g.sh * g.sw * ((hq + 1) * wq + 32)
+    return g.kh * g.kw > 1 and g.ow >= DIRECT_MIN_WIDTH and g.cg * plane * 4 <= DIRECT_MAX_SCRATCH
+
+
 def tile_pixels(k: int, plane: int) -> int:
     """Output pixels per channels-first tile of a K-deep product over planes of `plane` pixels: what fills
     TILE_BYTES (in multiples of 16), but at least MIN_TILE_PIXELS, and at most the whole plane."""
@@ -62,10 +117,13 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
     """The `ConvPlan` of every conv node of `lir`.
 
     Depthwise convolutions run on planes; 1x1 stride-1 unpadded ones multiply the planes as they lie;
-    wide ones (PACKED_MIN_CHANNELS) with a packable weight are an implicit GEMM on pixel-major tiles
-    with the weight packed for the micro-kernel; every other one is an implicit GEMM on channels-first
-    tiles (the receptive fields of a tile of output pixels, k-major, so each kernel row reads runs of an
-    input row; the product lands in the output rows directly).
+    groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
+    direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
+    channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
+    weight are an implicit GEMM on pixel-major tiles with the weight packed for the micro-kernel; every
+    other one is an implicit GEMM on channels-first tiles (the receptive fields of a tile of output
+    pixels, k-major, so each kernel row reads runs of an input row; the product lands in the output rows
+    directly).
     """
     graph = lir.graph
     users = graph.users()
@@ -88,8 +146,13 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
             out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False))
         elif is_pointwise(n.op, tuple(kernel)):
             out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
+        elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
+                                                          tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
+            out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,
+                                channels=direct_channels(o, cg * math.prod(kernel))))
         elif n.op.groups == 1 and o >= PACKED_MIN_CHANNELS and packable(n.inputs[1]):
-            out.append(ConvPlan(n.id, "implicit_gemm", "nhwc_tiles", n.inputs[1], True, CONV_TILE_PIXELS))
+            out.append(ConvPlan(n.id, "implicit_gemm", "nhwc_tiles", n.inputs[1], True, CONV_TILE_PIXELS,
+                                pack_depth(cg * math.prod(kernel))))
         else:
             k = cg * math.prod(kernel)
             plane = math.prod(d.value for d in n.shape.dims[2:])

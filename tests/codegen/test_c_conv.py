@@ -2,9 +2,12 @@
 
 One graph holds every variant, compiled once with a dynamic batch and run at two batch sizes:
 implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major
-tiles with the weight packed (384 channels), pointwise (1x1), depthwise (strided with hardswish
-fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode, count_include_pad, dilations,
-1-D, and 3-D decomposed into two 2-D pools), and batch_norm (decomposed into primitives). The packed
+tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels:
+odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
+uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), pointwise
+(1x1: 110 pixels, a single pixel, grouped), depthwise (strided with hardswish fused, dilated,
+uneven pads, 1-D), max / average pooling (pads, ceil_mode, count_include_pad, dilations, 1-D, and
+3-D decomposed into two 2-D pools), and batch_norm (decomposed into primitives). The packed
 micro-kernel and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
 """
 
@@ -35,11 +38,18 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     x = g.input("x", [BATCH, 5, 11, 10])
     seq = g.input("seq", [BATCH, 6, 23])
     vol = g.input("vol", [BATCH, 3, 6, 7, 5])
+    img = g.input("img", [BATCH, 7, 9, 31])
+    deep = g.input("deep", [BATCH, 40, 7, 16])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
                           activation="relu"),
+        # pointwise (1x1, stride 1, no pads): 110 pixels, one pixel (a squeeze-excite style 1x1 on a pooled
+        # vector), grouped
         "pointwise": g.conv(x, param("w_p", [33, 5, 1, 1])),
+        "pointwise_pixel": g.conv(g.pool("avg", deep, (7, 16)), param("w_pp", [24, 40, 1, 1]), param("b_pp", [24]),
+                                  activation="relu"),
+        "pointwise_grouped": g.conv(deep, param("w_pg", [20, 20, 1, 1]), groups=2),
         # wide: the weight packed for the micro-kernel, pixel-major tiles
         "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),
         "grouped": g.conv(g.conv(x, param("w_e", [8, 5, 1, 1])), param("w_g", [6, 4, 3, 2]), param("b_g", [6]),
@@ -54,6 +64,16 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "depthwise_1d": g.conv(seq, param("w_d1", [6, 1, 3]), param("b_d1", [6]), groups=6, pads=(1, 1)),
         "audio": g.conv(g.conv(seq, param("w_a1", [9, 6, 3]), param("b_a1", [9]), pads=(1, 1), activation="gelu"),
                         param("w_a2", [9, 9, 3]), param("b_a2", [9]), strides=(2,), pads=(1, 1), activation="gelu"),
+        # direct (rows of 14+ output pixels): 13 channels (two 6-channel tiles and a 1-channel one)
+        "direct": g.conv(img, param("w_x", [13, 7, 3, 3]), param("b_x", [13]), pads=(1, 1, 1, 1), activation="relu"),
+        "direct_s2": g.conv(img, param("w_x2", [10, 7, 3, 3]), strides=(2, 2), pads=(1, 1, 1, 1)),
+        "direct_stem": g.conv(img, param("w_x7", [9, 7, 7, 7]), param("b_x7", [9]), strides=(2, 2),
+                              pads=(3, 3, 3, 3), activation="silu"),
+        "direct_dilated": g.conv(img, param("w_xd", [8, 7, 3, 2]), strides=(1, 2), dilations=(2, 3),
+                                 pads=(2, 0, 1, 3)),
+        "tiles_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
+        # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
+        "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
         "maxpool": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
         "avgpool_ceil": g.pool("avg", x, (3, 2), strides=(2, 2), pads=(1, 0, 1, 1), ceil_mode=True),
         "avgpool_pad": g.pool("avg", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=True),
@@ -75,7 +95,9 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(batch)
     return {"x": rng.standard_normal((batch, 5, 11, 10)).astype(np.float32),
             "seq": rng.standard_normal((batch, 6, 23)).astype(np.float32),
-            "vol": rng.standard_normal((batch, 3, 6, 7, 5)).astype(np.float32)}
+            "vol": rng.standard_normal((batch, 3, 6, 7, 5)).astype(np.float32),
+            "img": rng.standard_normal((batch, 7, 9, 31)).astype(np.float32),
+            "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32)}
 
 
 def _targets() -> list[str]:
@@ -90,18 +112,22 @@ def built() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
 @pytest.mark.parametrize("target", _targets())
 def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, np.ndarray]], target: str) -> None:
     g, params = built
-    cg = session(cpu_target=target).compile(g)
+    sess = session(cpu_target=target)
+    cg = sess.compile(g)
+    # the scratch the plan sizes (direct convs: each thread's output units and phase planes) is what the context holds
+    assert sess.estimate(g).scratch == cg.memory()["scratch"]
     for name, value in params.items():
         cg.set_param(name, value)
     plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
-                     ("depthwise", "nchw")}
+                     ("depthwise", "nchw"), ("direct", "nchw_phases")}
+    assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
     assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")  # 3-D: two 2-D pools
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
     assert "conv: depthwise on nchw" in cg.lir.inspect()
-    for batch in (3, 1):
+    for batch in (3, 2, 1):  # 2 images on 2 threads: one each (direct convs: no team barrier)
         feeds = _feeds(batch)
         got = cg.run(**feeds)
         want = rlx.reference.run(g, feeds, params)

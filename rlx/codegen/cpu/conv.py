@@ -47,6 +47,11 @@ class ConvArgs:
     layout: str
     packed: bool
     tile: int
+    depth: int
+    channels: int
+    taps: str
+    phases: int
+    planes_offset: int
     x: str
     wt: str
     bias: str
@@ -108,6 +113,37 @@ def _geom_fields(g: Window2d) -> dict:
 DW_VEC = 32
 
 
+#: Output pixels of one direct-conv tile (RLX_CONV_PX in kernels/conv.h).
+DIRECT_PIXELS = 16
+
+
+def phase_plane_floats(g: Window2d) -> int:
+    """Floats of one stride-phase plane of an input plane (rlx_conv_dw_phase in kernels/conv.h): (HQ + 1) x WQ
+    and DW_VEC of slack.
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> phase_plane_floats(window_2d(Conv(pads=(1, 1, 1, 1)), (8, 8), (8, 8), (3, 3), 4))
+    142
+    """
+    wq = g.ow + (g.kw - 1) * g.dw // g.sw
+    hq = g.oh + (g.kh - 1) * g.dh // g.sh
+    return (hq + 1) * wq + DW_VEC
+
+
+def tap_offsets(g: Window2d) -> tuple[int, ...]:
+    """Offset of each window tap (kh, kw) into a channel's phase planes (rlx_conv_tap_offsets in kernels/conv.h
+    computes the same): its phase plane, row and column. A direct conv's source holds them as constants.
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> tap_offsets(window_2d(Conv(strides=(2, 2), pads=(1, 1, 1, 1)), (8, 8), (4, 4), (3, 3), 4))
+    (0, 62, 1, 124, 186, 125, 5, 67, 6)
+    """
+    wq = g.ow + (g.kw - 1) * g.dw // g.sw
+    plane = phase_plane_floats(g)
+    return tuple(((kh * g.dh % g.sh) * g.sw + kw * g.dw % g.sw) * plane + kh * g.dh // g.sh * wq + kw * g.dw // g.sw
+                 for kh in range(g.kh) for kw in range(g.kw))
+
+
 def depthwise_scratch_floats(g: Window2d) -> int:
     """Floats of scratch one plane of a depthwise conv takes (rlx_conv_dw_scratch in kernels/conv.h): its
     taps' offsets (int64), its SH*SW stride-phase copies, each (HQ + 1) x WQ plus DW_VEC of slack, and its
@@ -140,13 +176,19 @@ def emit_conv(em, node: Node) -> Kernel:
     args = ConvArgs(
         comment=comment(f"conv {plan.algorithm} on {plan.layout}: {x} * w[{o},{cg},{','.join(map(str, kernel))}] "
                         f"groups={op.groups}"),
-        algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile, x=em.ptr(node.inputs[0]),
+        algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile,
+        depth=plan.depth or cg * geo.kh * geo.kw, channels=plan.channels or o,
+        taps=", ".join(map(str, tap_offsets(geo))), phases=geo.sh * geo.sw * phase_plane_floats(geo),
+        planes_offset=align64(plan.channels * plan.tile * DIRECT_PIXELS * 4),
+        x=em.ptr(node.inputs[0]),
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
         **_geom_fields(geo))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
-    if plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
+    if plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
+        scratch = args.planes_offset + align64(cg * args.phases * 4)
+    elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
         scratch = align64(plan.tile * k * 4)

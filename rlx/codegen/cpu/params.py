@@ -53,7 +53,7 @@ def param_layout(lir: LirModule) -> ParamLayout:
     packed = {d.node: d.transposed for d in lir.decided(PackedParam)}
     int8 = {d.node: d for d in lir.decided(Int8Param)}
     widened = {d.node for d in lir.decided(WidenedParam)}
-    conv_packed = {d.weight for d in lir.decided(ConvPlan) if d.packed}
+    conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed}
     slots: list[Mapping[str, Any]] = []
     offsets: list[int] = []
     packed_floats: dict[NodeId, int] = {}
@@ -84,12 +84,14 @@ def param_layout(lir: LirModule) -> ParamLayout:
             mode = f"pack_{stored.dtype.value}" if narrow else "pack"
             note = " (packed for the GEMM kernel on set)"
         elif spec.node in conv_packed:
-            # a conv weight [O, C, *k] read as the GEMM operand [C*k, O] (its transpose), packed on set
+            # a conv weight [O, C, *k] read as the GEMM operand [C*k, O] (its transpose), packed on set as
+            # K / depth matrices [depth, O] (blocks of K rows, one after the other: ConvPlan.depth)
             k, n = math.prod(dims[1:]), dims[0]
-            dims, src_strides = [k, n], [1, k]
-            mat = k * round_up(n, PACK_NR_MAX)
+            depth = conv_packed[spec.node] or k
+            dims, src_strides = [k // depth, depth, n], [depth, 1, k]
+            mat = depth * round_up(n, PACK_NR_MAX)
             packed_floats[spec.node] = mat
-            storage, mode, note = mat * 4, "pack", " (conv weight packed for the GEMM kernel on set)"
+            storage, mode, note = k // depth * mat * 4, "pack", " (conv weight packed for the GEMM kernel on set)"
         elif spec.node in int8:
             # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
             storage = int8[spec.node].storage_bytes
@@ -101,7 +103,7 @@ def param_layout(lir: LirModule) -> ParamLayout:
         slots.append({
             "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
             "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
-            "mode": mode, "note": note, "rank": 2 if spec.node in conv_packed else max(len(user_dims), 1),
+            "mode": mode, "note": note, "rank": 3 if spec.node in conv_packed else max(len(user_dims), 1),
             "elsize": stored.dtype.itemsize,
             "dims": dims or [1], "src_strides": src_strides or [0],
         })

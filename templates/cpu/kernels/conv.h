@@ -113,6 +113,43 @@ static void rlx_conv_gather_kmajor(const float *restrict x, const rlx_conv_geom 
             }
 }
 
+/* Output channels [j0, j1) of C[mc, N] = A[mc, K] @ W, W the conv weight packed at set_param as K / D blocks of
+ * D rows, each a [D, N] matrix of kernels/packed_gemm.h's panels (RLX_PACK_NR_MAX-padded apart; row-major where
+ * this ISA has no micro-kernel); j0 is a multiple of the panel width. C is overwritten (no bias: the conv's store
+ * adds it). One block at a time over every panel: a block's slice of a panel (D x 16 floats, D <= 256: at most
+ * 16 KiB with AVX2) stays in L1 while the tile's row groups pass over it, and the weights stream in storage order
+ * (multiplying whole K-deep panels instead read a 512-channel stage's 295 KiB panels from L2, its tile from L3). */
+static void rlx_conv_packed_tile(int64_t mc, int64_t K, int64_t D, const float *A, const float *W, int64_t N,
+                                 int64_t j0, int64_t j1, float *C, int64_t ldc)
+{
+    const int64_t block = D * ((N + RLX_PACK_NR_MAX - 1) / RLX_PACK_NR_MAX * RLX_PACK_NR_MAX);
+    if (j1 <= j0 || mc <= 0)
+        return;
+    for (int64_t k0 = 0; k0 < K; k0 += D) {
+        const float *Wb = W + k0 / D * block;
+#ifdef RLX_NR
+        for (int64_t j = j0; j < j1; j += RLX_NR) {
+            const int64_t nr = j1 - j < RLX_NR ? j1 - j : RLX_NR;
+            rlx_kernel(mc, 1, D, A + k0, K, Wb + j * D, C + j, ldc, nr, NULL, k0 > 0);
+        }
+#else
+        for (int64_t i = 0; i < mc; i++) {
+            float *restrict c = C + i * ldc;
+            if (k0 == 0)
+                for (int64_t j = j0; j < j1; j++)
+                    c[j] = 0.0f;
+            for (int64_t k = 0; k < D; k++) {
+                const float a = A[i * K + k0 + k];
+                const float *restrict w = Wb + k * N;
+                #pragma omp simd
+                for (int64_t j = j0; j < j1; j++)
+                    c[j] += a * w[j];
+            }
+        }
+#endif
+    }
+}
+
 /* Whether a conv's input plane is its own GEMM operand (1x1 window, stride 1, no pads): no gather. */
 static inline int rlx_conv_pointwise(const rlx_conv_geom *g)
 {
@@ -141,16 +178,11 @@ static inline int64_t rlx_conv_dw_phase(const rlx_conv_geom *g)
     return (rlx_conv_dw_hq(g) + 1) * rlx_conv_dw_wq(g) + RLX_DW_VEC;
 }
 
-/* bias + the window of w[KH, KW] over one plane x[H, W], returned WQ wide (output row oh at oh * WQ, columns
- * OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch floats. */
-static const float *rlx_conv_dw_plane(const float *restrict x, const float *restrict w, float bias,
-                                      const rlx_conv_geom *g, float *restrict q)
+/* The SH*SW stride-phase planes of one input plane x[H, W] (rlx_conv_dw_phase floats apart from q on; zeros in the
+ * pads, one spare row and RLX_DW_VEC floats of slack after each): q[a*SW + b][r, c] = x[r*SH + a - PH, c*SW + b - PW]. */
+static void rlx_conv_phase_copy(const float *restrict x, const rlx_conv_geom *g, float *restrict q)
 {
     const int64_t HQ = rlx_conv_dw_hq(g), WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
-    const int64_t L = g->OH * WQ, LP = (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
-    int64_t *restrict tap = (int64_t *)q;  /* KH*KW offsets, then the phase planes, then the output */
-    q += 2 * g->KH * g->KW;
-    float *restrict acc = q + g->SH * g->SW * PL;
     for (int64_t a = 0; a < g->SH; a++)
         for (int64_t b = 0; b < g->SW; b++) {
             float *restrict qp = q + (a * g->SW + b) * PL;
@@ -179,13 +211,34 @@ static const float *rlx_conv_dw_plane(const float *restrict x, const float *rest
             }
             memset(qp + (HQ + 1) * WQ, 0, RLX_DW_VEC * sizeof(float));
         }
-    /* each tap's offset into q (its phase plane, row and column), worked out once: no division per tap */
-    const int64_t taps = g->KH * g->KW;
+}
+
+/* Offset of each window tap (kh, kw) into a channel's phase planes (rlx_conv_phase_copy): its phase plane, row and
+ * column; tap (kh, kw) of output pixel (oh, ow) is at tap[kh * KW + kw] + oh * WQ + ow. */
+static void rlx_conv_tap_offsets(const rlx_conv_geom *g, int64_t *tap)
+{
+    const int64_t WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
     for (int64_t kh = 0; kh < g->KH; kh++)
         for (int64_t kw = 0; kw < g->KW; kw++) {
             const int64_t rh = kh * g->DH, cw = kw * g->DW;
             tap[kh * g->KW + kw] = ((rh % g->SH) * g->SW + cw % g->SW) * PL + rh / g->SH * WQ + cw / g->SW;
         }
+}
+
+/* bias + the window of w[KH, KW] over one plane x[H, W], returned WQ wide (output row oh at oh * WQ, columns
+ * OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch floats. */
+static const float *rlx_conv_dw_plane(const float *restrict x, const float *restrict w, float bias,
+                                      const rlx_conv_geom *g, float *restrict q)
+{
+    const int64_t WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
+    const int64_t L = g->OH * WQ, LP = (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
+    int64_t *restrict tap = (int64_t *)q;  /* KH*KW offsets, then the phase planes, then the output */
+    q += 2 * g->KH * g->KW;
+    float *restrict acc = q + g->SH * g->SW * PL;
+    rlx_conv_phase_copy(x, g, q);
+    /* each tap's offset into q (its phase plane, row and column), worked out once: no division per tap */
+    const int64_t taps = g->KH * g->KW;
+    rlx_conv_tap_offsets(g, tap);
     for (int64_t i0 = 0; i0 < LP; i0 += RLX_DW_VEC) {
         /* four 8-float accumulators, kept in registers across every tap (GCC/Clang vector extensions) */
         rlx_dw_v8 s0 = {bias, bias, bias, bias, bias, bias, bias, bias}, s1 = s0, s2 = s0, s3 = s0;
@@ -212,6 +265,93 @@ static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
 {
     const int64_t L = g->OH * rlx_conv_dw_wq(g);
     return 2 * g->KH * g->KW + g->SH * g->SW * rlx_conv_dw_phase(g) + (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
+}
+
+/* Direct convolution (groups == 1) on the stride-phase planes of every input channel.
+ *
+ * An image's channels are first copied, by the whole team, into their phase planes (rlx_conv_phase_copy; channel c
+ * at c * CS floats, CS = SH*SW*rlx_conv_dw_phase) in the shared scratch. As in the depthwise conv, with the output
+ * laid out WQ wide every tap (c, kh, kw) of a run of output pixels is then one contiguous run of a phase plane: a
+ * tile of RLX_CONV_OR output channels x RLX_CONV_PX consecutive (WQ-wide) output pixels is accumulated in 12
+ * vector registers over every (c, tap), each step two unaligned loads of the plane, one broadcast of a weight per
+ * channel (the weight [O, C*KH*KW] as stored: each tile row streams its own row) and twelve FMAs, the GEMM
+ * micro-kernel's ratio, with no gathered copy of the receptive fields (nine times the input for a 3 x 3 window).
+ * A thread's work unit is a block of output channels x a run of pixel panels; tiles land in its scratch (`stage`),
+ * and the unit's store drops the columns OW .. WQ-1 and adds bias and activation on the way to the output. */
+#define RLX_CONV_PX 16
+#define RLX_CONV_OR 6
+
+static inline __attribute__((always_inline)) void rlx_conv_direct_tile(const int mr, const float *restrict xq,
+        int64_t CS, int64_t C, const int64_t *restrict tap, int64_t T, const float *restrict w, int64_t K,
+        float *restrict out, int64_t ldo, int accumulate)
+{
+    rlx_dw_v8 c0[RLX_CONV_OR], c1[RLX_CONV_OR];
+    #pragma GCC unroll 6
+    for (int r = 0; r < RLX_CONV_OR; r++)
+        if (r < mr) {
+            if (accumulate) {
+                c0[r] = ((const rlx_dw_v8u *)(out + r * ldo))[0];
+                c1[r] = ((const rlx_dw_v8u *)(out + r * ldo))[1];
+            } else {
+                c0[r] = (rlx_dw_v8){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                c1[r] = c0[r];
+            }
+        }
+    for (int64_t c = 0; c < C; c++) {
+        const float *restrict xc = xq + c * CS;
+        const float *restrict wc = w + c * T;
+        #pragma GCC unroll 9
+        for (int64_t t = 0; t < T; t++) {
+            const rlx_dw_v8u *src = (const rlx_dw_v8u *)(xc + tap[t]);
+            const rlx_dw_v8 b0 = src[0], b1 = src[1];
+            #pragma GCC unroll 6
+            for (int r = 0; r < RLX_CONV_OR; r++)
+                if (r < mr) {
+                    const float a = wc[r * K + t];
+                    c0[r] += a * b0;
+                    c1[r] += a * b1;
+                }
+        }
+    }
+    #pragma GCC unroll 6
+    for (int r = 0; r < RLX_CONV_OR; r++)
+        if (r < mr) {
+            rlx_dw_v8u *o = (rlx_dw_v8u *)(out + r * ldo);
+            o[0] = c0[r];
+            o[1] = c1[r];
+        }
+}
+
+/* Output channels [0, oc) of w (rows K apart) over the pixel panels [p0, p1) of phase planes xq into stage
+ * (row o at o * lds, panel p at (p - p0) * RLX_CONV_PX), RLX_CONV_CB input channels at a time: a block's input
+ * under one panel (3 x 3 window: CB x 3 rows x 2 lines) and a tile's weights for it stay in L1 while every
+ * channel block of the unit passes; the unit's weights (oc x K) stay in L2 across its panels. Inlined into each
+ * conv with its window, strides and planes as constants (the taps' offsets are then immediate). */
+#define RLX_CONV_CB 32
+static inline __attribute__((always_inline)) void rlx_conv_direct_unit(const float *xq, const int64_t CS,
+        const int64_t C, const int64_t *tap, const int64_t T, const float *w, int64_t oc, int64_t p0, int64_t p1,
+        float *stage, const int64_t lds)
+{
+    const int64_t K = C * T;
+    for (int64_t c0 = 0; c0 < C; c0 += RLX_CONV_CB) {
+        const int64_t cn = C - c0 < RLX_CONV_CB ? C - c0 : RLX_CONV_CB;
+        for (int64_t p = p0; p < p1; p++) {
+            const float *xp = xq + c0 * CS + p * RLX_CONV_PX;
+            const float *wc = w + c0 * T;
+            float *sp = stage + (p - p0) * RLX_CONV_PX;
+            const int acc = c0 > 0;
+            for (int64_t o = 0; o < oc;) {
+                const int64_t r = oc - o >= 6 ? 6 : oc - o >= 4 ? 4 : oc - o >= 2 ? 2 : 1;
+                switch (r) {
+                case 6: rlx_conv_direct_tile(6, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
+                case 4: rlx_conv_direct_tile(4, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
+                case 2: rlx_conv_direct_tile(2, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
+                default: rlx_conv_direct_tile(1, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
+                }
+                o += r;
+            }
+        }
+    }
 }
 
 /* Cells of window `o` along one axis that fall in [lo_bound, hi_bound) of input coordinates. */
