@@ -119,6 +119,20 @@ __device__ __forceinline__ void rlx_q_sub(const uint8_t *__restrict__ b, int sub
     }
 }
 
+/* Y[m * N + n] = the warp's sum of its lanes' acc[m], for m < MR (lane 0 stores). */
+template <typename T, int MR>
+__device__ __forceinline__ void rlx_q_warp_store(const float acc[MR], T *__restrict__ Y, int64_t N, int64_t n,
+                                                 int lane) {
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        float a = acc[m];
+        for (int o = 16; o > 0; o >>= 1)
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0)
+            Y[m * N + n] = rlx_to<T>(a);
+    }
+}
+
 /* Y[m, n] = X[m, :] . W[n, :] for m < MR: one warp per weight row. */
 template <typename T, int FMT, int QK, int QB, int MR>
 __global__ void __launch_bounds__(32 * RLX_QGEMV_WARPS)
@@ -155,14 +169,7 @@ rlx_qgemv(const T *__restrict__ X, const uint8_t *__restrict__ W, T *__restrict_
             acc[m] += p;
         }
     }
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-        float a = acc[m];
-        for (int o = 16; o > 0; o >>= 1)
-            a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0)
-            Y[m * N + n] = rlx_to<T>(a);
-    }
+    rlx_q_warp_store<T, MR>(acc, Y, N, n, lane);
 }
 
 /* Wt[k, j] = W[j, k] for the nt rows of W at `W` (a [K, nt] row-major matrix): one thread per (row, sub-block),

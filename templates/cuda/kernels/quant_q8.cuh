@@ -210,12 +210,5 @@ rlx_q8_gemv(const uint32_t *__restrict__ XQ, const uint8_t *__restrict__ W, T *_
     for (int m = 0; m < MR; m++)
         acc[m] = 0.0f;
     rlx_q8_row<FMT, MR, RLX_Q8_REC>(W + n * RB, XQ, (K / 32) * RLX_Q8_REC, K, lane, acc);
-#pragma unroll
-    for (int m = 0; m < MR; m++) {
-        float a = acc[m];
-        for (int o = 16; o > 0; o >>= 1)
-            a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0)
-            Y[m * N + n] = rlx_to<T>(a);
-    }
+    rlx_q_warp_store<T, MR>(acc, Y, N, n, lane);
 }
