@@ -175,9 +175,9 @@ def _quant_dtypes(op: O.Op, in_dtypes: tuple, out_dtype) -> str | None:
     # the op's inference already fixes f32 activations and u8 blocks; the format needs a kernel
     if getattr(op, "quant", None) not in FORMAT_IDS:
         return f"in format {getattr(op, 'quant', None)!r}; it takes {sorted(FORMAT_IDS)}"
-    if getattr(op, "act", "f32") not in ("f32", "q8", "q16"):
-        return f"with activations {op.act!r}"  # type: ignore[attr-defined]
     act = getattr(op, "act", "f32")
+    if act not in ("f32", "q8", "q16"):
+        return f"with activations {act!r}"
     if act != "f32" and op.quant not in Q8_ACT_FORMATS:  # type: ignore[attr-defined]
         return (f"with act={act!r} in format {op.quant!r}: the CPU's integer kernels take "  # type: ignore[attr-defined]
                 f"{'/'.join(Q8_ACT_FORMATS)}")

@@ -29,7 +29,7 @@ from rlx.codegen.text import comment
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
-from rlx.ir.quant import quant_format
+from rlx.ir.quant import INT8_ACT_FORMATS, quant_format
 from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
 
 TEMPLATE = "cuda/quant.cu.j2"
@@ -39,8 +39,6 @@ FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0"
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
 #: Activation modes of `dequant_matmul` CUDA runs ("q16", int16 blocks, runs on the CPU only).
 ACTS = ("f32", "q8")
-#: Weight formats of int8 activations (`rlx.ir.quant.INT8_ACT_FORMATS`: kernels/quant_q8.cuh's dot products).
-Q8_FORMAT_IDS = ("q8_0", "q4_0", "q4_1", "q4_k")
 #: Floats each staged 32-value sub-block takes in the fused decode GEMV's shared memory (RLX_QFUSED_PAD).
 QFUSED_PAD = 36
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
@@ -124,8 +122,9 @@ def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | 
     act = getattr(op, "act", "f32")
     if act not in ACTS:
         return f"with act={act!r}: CUDA takes activations {ACTS}"
-    if act != "f32" and op.quant not in Q8_FORMAT_IDS:  # type: ignore[attr-defined]
-        return f"with act={act!r} in format {op.quant!r}: CUDA's int8 activations take {Q8_FORMAT_IDS}"  # type: ignore[attr-defined]
+    if act != "f32" and op.quant not in INT8_ACT_FORMATS:  # type: ignore[attr-defined]
+        # kernels/quant_q8.cuh's integer dot products take every format of the IR's int8 activations
+        return f"with act={act!r} in format {op.quant!r}: CUDA's int8 activations take {INT8_ACT_FORMATS}"  # type: ignore[attr-defined]
     return None
 
 
