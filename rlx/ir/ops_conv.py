@@ -242,6 +242,17 @@ class Window2d:
     peh: int
     pew: int
 
+    @property
+    def phase_cols(self) -> int:
+        """Columns of one stride-phase plane of the padded input (WQ): every tap of a run of output columns
+        reads consecutive values of one."""
+        return self.ow + (self.kw - 1) * self.dw // self.sw
+
+    @property
+    def phase_rows(self) -> int:
+        """Rows of one stride-phase plane (HQ; the copies hold one row more)."""
+        return self.oh + (self.kh - 1) * self.dh // self.sh
+
 
 def window_2d(op: Conv | Pool, x_dims: tuple[int, ...], out_dims: tuple[int, ...], kernel: tuple[int, ...],
               channels: int) -> Window2d:

@@ -100,9 +100,7 @@ def direct_channels(out_channels: int, k: int) -> int:
 def direct_fits(g: Window2d) -> bool:
     """Whether a groups == 1 conv of window `g` runs direct: a window of more than one tap (a 1 x 1 window with
     strides would copy every phase plane to read one), rows wide enough, one image's phase planes small enough."""
-    wq = g.ow + (g.kw - 1) * g.dw // g.sw
-    hq = g.oh + (g.kh - 1) * g.dh // g.sh
-    plane = g.sh * g.sw * ((hq + 1) * wq + 32)
+    plane = g.sh * g.sw * ((g.phase_rows + 1) * g.phase_cols + 32)  # + RLX_DW_VEC floats of slack per plane
     return g.kh * g.kw > 1 and g.ow >= DIRECT_MIN_WIDTH and g.cg * plane * 4 <= DIRECT_MAX_SCRATCH
 
 

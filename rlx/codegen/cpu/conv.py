@@ -125,9 +125,7 @@ def phase_plane_floats(g: Window2d) -> int:
     >>> phase_plane_floats(window_2d(Conv(pads=(1, 1, 1, 1)), (8, 8), (8, 8), (3, 3), 4))
     142
     """
-    wq = g.ow + (g.kw - 1) * g.dw // g.sw
-    hq = g.oh + (g.kh - 1) * g.dh // g.sh
-    return (hq + 1) * wq + DW_VEC
+    return (g.phase_rows + 1) * g.phase_cols + DW_VEC
 
 
 def tap_offsets(g: Window2d) -> tuple[int, ...]:
@@ -138,7 +136,7 @@ def tap_offsets(g: Window2d) -> tuple[int, ...]:
     >>> tap_offsets(window_2d(Conv(strides=(2, 2), pads=(1, 1, 1, 1)), (8, 8), (4, 4), (3, 3), 4))
     (0, 62, 1, 124, 186, 125, 5, 67, 6)
     """
-    wq = g.ow + (g.kw - 1) * g.dw // g.sw
+    wq = g.phase_cols
     plane = phase_plane_floats(g)
     return tuple(((kh * g.dh % g.sh) * g.sw + kw * g.dw % g.sw) * plane + kh * g.dh // g.sh * wq + kw * g.dw // g.sw
                  for kh in range(g.kh) for kw in range(g.kw))
@@ -154,10 +152,8 @@ def depthwise_scratch_floats(g: Window2d) -> int:
     ...                                    (3, 3), 1))
     298
     """
-    wq = g.ow + (g.kw - 1) * g.dw // g.sw
-    hq = g.oh + (g.kh - 1) * g.dh // g.sh
-    out = -(-g.oh * wq // DW_VEC) * DW_VEC
-    return 2 * g.kh * g.kw + g.sh * g.sw * ((hq + 1) * wq + DW_VEC) + out
+    out = -(-g.oh * g.phase_cols // DW_VEC) * DW_VEC
+    return 2 * g.kh * g.kw + g.sh * g.sw * phase_plane_floats(g) + out
 
 
 def emit_conv(em, node: Node) -> Kernel:
