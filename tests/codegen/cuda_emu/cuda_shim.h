@@ -25,6 +25,7 @@ inline thread_local float *rlx_emu_warp_slots = nullptr;
 
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __restrict__
 #define __launch_bounds__(n)

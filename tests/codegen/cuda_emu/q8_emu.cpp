@@ -1,6 +1,7 @@
 /* Entry points running the int8-activation kernels (templates/cuda/kernels/quant_q8.cuh, and quant.cuh's fused decode
- * GEMV with ACT = 1) on the CPU through cuda_shim.h / quant_shim.h, with the launch arithmetic of
- * templates/cuda/quant.cu.j2 written out (tests/codegen/test_cuda_q8_emulated.py). f32 activations. */
+ * GEMV with ACT = 1; tests/codegen/test_cuda_q8_emulated.py) and the fused decode GEMV with f32 activations (ACT = 0;
+ * tests/codegen/test_cuda_qgemv_emulated.py) on the CPU through cuda_shim.h / quant_shim.h, with the launch
+ * arithmetic of templates/cuda/quant.cu.j2 written out. f32 activations. */
 #include "quant_shim.h"
 
 #include "quant.cuh"
@@ -28,37 +29,69 @@ static void q8_gemv_rows(int64_t M, const uint32_t *XQ, const uint8_t *W, float 
     }
 }
 
-/* rlx_qgemv_fused<..., ACT = 1> over `rows` weight rows (every member's, or the gate's with EPI 2). */
-template <int FMT, int QK, int QB, int MR, bool NORM, int EPI>
-static void q8_fused(const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res, int64_t K,
-                     int64_t RB, int64_t rows) {
+/* rlx_qgemv_fused<..., ACT> over `rows` weight rows (every member's, or the gate's with EPI 2); the grid as
+ * quant.cu.j2 sizes it (rows a warp takes per pass: rlx_qf_warp_rows), capped at `max_grid` blocks so that the
+ * grid-stride loop over row groups runs more than one pass. */
+template <int FMT, int QK, int QB, int MR, bool NORM, int EPI, int ACT>
+static void q_fused(const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res, int64_t K,
+                    int64_t RB, int64_t rows, unsigned max_grid) {
     RlxDim3 grid;
-    grid.x = rlx_emu_blocks(rows, RLX_QFUSED_WARPS);
+    grid.x = rlx_emu_blocks(rows, RLX_QFUSED_WARPS * rlx_qf_warp_rows<FMT, MR, EPI, ACT>());
+    grid.x = grid.x < max_grid ? grid.x : max_grid;
     const size_t smem = (size_t)MR * (K / 32) * RLX_QFUSED_PAD * sizeof(float);
     rlx_emu_launch3(grid, 32 * RLX_QFUSED_WARPS, smem,
-                    [&] { rlx_qgemv_fused<float, FMT, QK, QB, MR, NORM, EPI, 1>(X, gamma, eps, mem, res, K, RB, rows); });
+                    [&] { rlx_qgemv_fused<float, FMT, QK, QB, MR, NORM, EPI, ACT>(X, gamma, eps, mem, res, K, RB, rows); });
 }
 
-template <int FMT, int QK, int QB, bool NORM, int EPI>
-static void q8_fused_rows(int64_t M, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
-                          const float *res, int64_t K, int64_t RB, int64_t rows) {
+template <int FMT, int QK, int QB, bool NORM, int EPI, int ACT>
+static void q_fused_rows(int64_t M, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
+                         const float *res, int64_t K, int64_t RB, int64_t rows, unsigned max_grid) {
     if (M == 1)
-        q8_fused<FMT, QK, QB, 1, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows);
+        q_fused<FMT, QK, QB, 1, NORM, EPI, ACT>(X, gamma, eps, mem, res, K, RB, rows, max_grid);
     else
-        q8_fused<FMT, QK, QB, 3, NORM, EPI>(X, gamma, eps, mem, res, K, RB, rows);
+        q_fused<FMT, QK, QB, 3, NORM, EPI, ACT>(X, gamma, eps, mem, res, K, RB, rows, max_grid);
 }
 
 /* The three shapes of group the tests take: plain members (no norm, EPI 0), norm + SwiGLU (EPI 2), one member + the
  * residual (EPI 1). */
-template <int FMT, int QK, int QB>
-static void q8_fused_kind(int kind, int64_t M, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
-                          const float *res, int64_t K, int64_t RB, int64_t rows) {
+template <int FMT, int QK, int QB, int ACT>
+static void q_fused_kind(int kind, int64_t M, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
+                         const float *res, int64_t K, int64_t RB, int64_t rows, unsigned max_grid) {
     if (kind == 0)
-        q8_fused_rows<FMT, QK, QB, false, 0>(M, X, gamma, eps, mem, res, K, RB, rows);
+        q_fused_rows<FMT, QK, QB, false, 0, ACT>(M, X, gamma, eps, mem, res, K, RB, rows, max_grid);
     else if (kind == 1)
-        q8_fused_rows<FMT, QK, QB, true, 2>(M, X, gamma, eps, mem, res, K, RB, rows);
+        q_fused_rows<FMT, QK, QB, true, 2, ACT>(M, X, gamma, eps, mem, res, K, RB, rows, max_grid);
     else
-        q8_fused_rows<FMT, QK, QB, false, 1>(M, X, gamma, eps, mem, res, K, RB, rows);
+        q_fused_rows<FMT, QK, QB, false, 1, ACT>(M, X, gamma, eps, mem, res, K, RB, rows, max_grid);
+}
+
+/* `count` members of N rows each (weights w0, w1; outputs y0, y1), as `kind` says (see q_fused_kind); the SwiGLU and
+ * residual kinds write y0 only. */
+template <int ACT>
+static void q_fused_entry(int fmt, int kind, const float *X, const float *gamma, float eps, int count,
+                          const uint8_t *w0, const uint8_t *w1, float *y0, float *y1, const float *res, int64_t M,
+                          int64_t N, int64_t K, int64_t RB, unsigned max_grid) {
+    RlxQMembers mem;
+    std::memset(&mem, 0, sizeof(mem));
+    mem.w[0] = w0;
+    mem.w[1] = w1;
+    mem.y[0] = y0;
+    mem.y[1] = y1;
+    mem.n[0] = mem.n[1] = N;
+    mem.count = count;
+    const int64_t rows = kind == 1 ? N : count * N;
+    switch (fmt) {
+    case RLX_Q8_0: q_fused_kind<RLX_Q8_0, 32, 34, ACT>(kind, M, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
+    case RLX_Q4_0: q_fused_kind<RLX_Q4_0, 32, 18, ACT>(kind, M, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
+    case RLX_Q4_K: q_fused_kind<RLX_Q4_K, 256, 144, ACT>(kind, M, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
+    case RLX_Q6_K:
+        if constexpr (ACT == 0) {
+            q_fused_kind<RLX_Q6_K, 256, 210, 0>(kind, M, X, gamma, eps, mem, res, K, RB, rows, max_grid);
+            break;
+        }
+        [[fallthrough]];
+    default: q_fused_kind<RLX_Q4_1, 32, 20, ACT>(kind, M, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
+    }
 }
 
 extern "C" {
@@ -80,25 +113,17 @@ void emu_q8_gemv(int fmt, const uint32_t *XQ, const uint8_t *W, float *Y, int64_
     }
 }
 
-/* The fused decode GEMV with int8 activations, M = 1 or 3: `count` members of N rows each (weights w0, w1; outputs y0,
- * y1), as `kind` says (see q8_fused_kind); the SwiGLU and residual kinds write y0 only. */
+/* The fused decode GEMV with int8 activations, M = 1 or 3 (q_fused_entry). */
 void emu_q8_fused(int fmt, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                   const uint8_t *w1, float *y0, float *y1, const float *res, int64_t M, int64_t N, int64_t K,
                   int64_t RB) {
-    RlxQMembers mem;
-    std::memset(&mem, 0, sizeof(mem));
-    mem.w[0] = w0;
-    mem.w[1] = w1;
-    mem.y[0] = y0;
-    mem.y[1] = y1;
-    mem.n[0] = mem.n[1] = N;
-    mem.count = count;
-    const int64_t rows = kind == 1 ? N : count * N;
-    switch (fmt) {
-    case RLX_Q8_0: q8_fused_kind<RLX_Q8_0, 32, 34>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
-    case RLX_Q4_0: q8_fused_kind<RLX_Q4_0, 32, 18>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
-    case RLX_Q4_K: q8_fused_kind<RLX_Q4_K, 256, 144>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
-    default: q8_fused_kind<RLX_Q4_1, 32, 20>(kind, M, X, gamma, eps, mem, res, K, RB, rows); break;
-    }
+    q_fused_entry<1>(fmt, kind, X, gamma, eps, count, w0, w1, y0, y1, res, M, N, K, RB, 1u << 30);
+}
+
+/* The fused decode GEMV with f32 activations (ACT = 0), M = 1 or 3, at most `max_grid` blocks. */
+void emu_qf_fused(int fmt, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
+                  const uint8_t *w1, float *y0, float *y1, const float *res, int64_t M, int64_t N, int64_t K,
+                  int64_t RB, unsigned max_grid) {
+    q_fused_entry<0>(fmt, kind, X, gamma, eps, count, w0, w1, y0, y1, res, M, N, K, RB, max_grid);
 }
 }

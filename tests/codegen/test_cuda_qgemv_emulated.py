@@ -1,0 +1,87 @@
+"""The fused decode GEMV with f32 activations (templates/cuda/kernels/quant.cuh's rlx_qgemv_fused, ACT = 0) run on
+the CPU through the CUDA shim (tests/codegen/cuda_emu), against rlx.reference: plain members, RMSNorm + SwiGLU and the
+residual add, for 1 row of X (a warp walks RLX_QF_ROWS weight rows together, x read once for all: rlx_qf_rows1) and
+3 rows (one weight row at a time), for the byte-permute formats (q4_k, q4_0, q4_1, q8_0) and one on the general loop
+(q6_k). Row counts that leave a warp's last group short, and grids smaller than the rows (several passes of the
+grid-stride loop), are both taken. Needs g++ with C++20.
+
+Bound, as tests/gpu/test_cuda_quant_decode.py's: the kernel sums scale * (integer dot with x) + min * (sum of x) in f32
+over K terms, |err| <= (K + 36) u32 (|h| @ |terms of w|^T), h the (normalized) activation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from cuda_emu_build import build_emu
+
+import rlx
+from rlx.ir import quant as Q
+from rlx.reference import run as reference_run
+
+F32P = ctypes.POINTER(ctypes.c_float)
+FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 5, "q6_k": 6}  # kernels/quant.cuh's format ids
+U32 = 2.0 ** -24
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    lib = build_emu(tmp_path_factory, "q8_emu.cpp")
+    i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.emu_qf_fused.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, vp, i64, i64, i64, i64,
+                                 ctypes.c_uint]
+    return lib
+
+
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def _reference(x: np.ndarray, raw: np.ndarray, fmt: str) -> np.ndarray:
+    g = rlx.Graph("qf")
+    g.set_outputs([g.dequant_matmul(g.input("x", list(x.shape)), g.param("w", list(raw.shape), "u8"), quant=fmt)])
+    return reference_run(g, {"x": x}, {"w": raw})[0].astype(np.float64)
+
+
+def _rms(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return (x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * gamma).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
+@pytest.mark.parametrize(("n", "max_grid"), [(11, 1 << 30), (37, 1)])
+def test_fused_f32_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int, max_grid: int) -> None:
+    rng = np.random.default_rng(len(fmt) * 7 + len(kind) + n)
+    k, eps = 512 if fmt in ("q4_k", "q6_k") else 512 + 32, 1e-5
+    w0, w1 = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    for m in (1, 3):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        res = rng.standard_normal((m, n)).astype(np.float32)
+        y0, y1 = np.full((m, n), np.nan, np.float32), np.full((m, n), np.nan, np.float32)
+        kid = {"plain": 0, "norm_swiglu": 1, "residual": 2}[kind]
+        emu.emu_qf_fused(FORMATS[fmt], kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, 1 if kind == "residual" else 2,
+                         _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), m, n, k, w0.shape[1], max_grid)
+        h = _rms(x, gamma, eps) if kind == "norm_swiglu" else x
+        a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
+        ha = np.abs(h).astype(np.float64)
+        ba = (k + 36) * U32 * (ha @ Q.abs_terms(w0, fmt, k).astype(np.float64).T)
+        bb = (k + 36) * U32 * (ha @ Q.abs_terms(w1, fmt, k).astype(np.float64).T)
+        if kind == "norm_swiglu":
+            # silu(a) * b: |d silu| <= 1.1, plus the f32 rounding of the epilogue
+            with np.errstate(over="ignore"):  # exp(-a) of a large negative a: silu(a) = -0
+                want = a / (1 + np.exp(-a)) * b
+            bound = 1.1 * ba * np.abs(b) + np.abs(a) * bb + 1.1 * ba * bb + 4 * U32 * np.abs(want)
+            checks = [(y0, want, bound)]
+        elif kind == "residual":
+            want = a + res
+            checks = [(y0, want, ba + U32 * np.abs(want))]
+        else:
+            checks = [(y0, a, ba), (y1, b, bb)]
+        for got, want, bound in checks:
+            assert not np.isnan(got).any(), f"{fmt} {kind} m={m} n={n}: an output row was never written"
+            err = np.abs(got.astype(np.float64) - want)
+            assert np.all(err <= bound), f"{fmt} {kind} m={m} n={n}: worst excess {np.max(err - bound):.3g}"
