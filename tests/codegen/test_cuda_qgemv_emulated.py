@@ -2,8 +2,9 @@
 the CPU through the CUDA shim (tests/codegen/cuda_emu), against rlx.reference: plain members, RMSNorm + SwiGLU and the
 residual add, for 1 row of X (a warp walks RLX_QF_ROWS weight rows together, x read once for all: rlx_qf_rows1) and
 3 rows (one weight row at a time), for the byte-permute formats (q4_k, q4_0, q4_1, q8_0) and one on the general loop
-(q6_k). Row counts that leave a warp's last group short, and grids smaller than the rows (several passes of the
-grid-stride loop), are both taken. Needs g++ with C++20.
+(q6_k). Row counts that leave a warp's last group short, grids smaller than the rows (several passes of the
+grid-stride loop) and rows of 72-73 units (a lane takes 2 or 3: the in-flight rounds and the tail) are all taken.
+Needs g++ with C++20.
 
 Bound, as tests/gpu/test_cuda_quant_decode.py's: the kernel sums scale * (integer dot with x) + min * (sum of x) in f32
 over K terms, |err| <= (K + 36) u32 (|h| @ |terms of w|^T), h the (normalized) activation.
@@ -52,10 +53,11 @@ def _rms(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
-@pytest.mark.parametrize(("n", "max_grid"), [(11, 1 << 30), (37, 1)])
-def test_fused_f32_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int, max_grid: int) -> None:
+@pytest.mark.parametrize(("n", "k", "max_grid"), [(11, 512, 1 << 30), (37, 2304, 1)])
+def test_fused_f32_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int,
+                                          max_grid: int) -> None:
     rng = np.random.default_rng(len(fmt) * 7 + len(kind) + n)
-    k, eps = 512 if fmt in ("q4_k", "q6_k") else 512 + 32, 1e-5
+    k, eps = k if fmt in ("q4_k", "q6_k") else k + 32, 1e-5
     w0, w1 = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
     gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
     for m in (1, 3):

@@ -582,11 +582,33 @@ __device__ __forceinline__ void rlx_qf_row(const uint8_t *__restrict__ row, cons
    reads of x, not the weights, held the one-row walk (rlx_qf_row) to ~1.3 TB/s on an H200 (ncu: L1 84% busy, short
    scoreboard the first stall), and NWR rows in flight also multiply the weight bytes a lane has in flight.
    acc[i] (per lane) += the lane's units of row wr[i]; the terms and their order are rlx_qf_row's. */
+#ifndef RLX_QF_ROWS_INFLIGHT
+#define RLX_QF_ROWS_INFLIGHT 1 /* units of each row a lane loads before it computes any (2: no faster at 8B) */
+#endif
 template <typename Unit, int NWR>
 __device__ __forceinline__ void rlx_qf_rows1(const uint8_t *const *wr, const float *__restrict__ xs, int64_t K,
                                              int lane, float *acc) {
     const int64_t units = Unit::count(K);
-    for (int64_t u = lane; u < units; u += 32) {
+    int64_t u = lane;
+#if RLX_QF_ROWS_INFLIGHT > 1
+    for (; u + 32 * (RLX_QF_ROWS_INFLIGHT - 1) < units; u += 32 * RLX_QF_ROWS_INFLIGHT) {
+        Unit a[RLX_QF_ROWS_INFLIGHT][NWR];
+#pragma unroll
+        for (int f = 0; f < RLX_QF_ROWS_INFLIGHT; f++)
+#pragma unroll
+            for (int i = 0; i < NWR; i++)
+                a[f][i].load(wr[i], u + 32 * f);
+#pragma unroll
+        for (int f = 0; f < RLX_QF_ROWS_INFLIGHT; f++) {
+            typename Unit::XFrag x;
+            Unit::xload(xs, u + 32 * f, x);
+#pragma unroll
+            for (int i = 0; i < NWR; i++)
+                acc[i] += a[f][i].dot(x, u + 32 * f);
+        }
+    }
+#endif
+    for (; u < units; u += 32) {
         Unit a[NWR];
 #pragma unroll
         for (int i = 0; i < NWR; i++)
@@ -603,6 +625,11 @@ __device__ __forceinline__ void rlx_qf_rows1(const uint8_t *const *wr, const flo
 #ifndef RLX_QF_ROWS
 #define RLX_QF_ROWS 2
 #endif
+/* Minimum blocks an SM for the kernels that take rlx_qf_rows1 (__launch_bounds__): 3 caps them at 80 registers, which
+   measured slower at 8B (288.7 -> 277.6 tok/s on an H200) and faster at SmolLM2's shape (1497 -> 1549). */
+#ifndef RLX_QF_MIN_BLOCKS
+#define RLX_QF_MIN_BLOCKS 1
+#endif
 /* Output rows a warp of rlx_qgemv_fused takes per pass (SwiGLU's output row reads two weight rows, gate and up). */
 template <int FMT, int MR, int EPI, int ACT = 0>
 __host__ __device__ constexpr int rlx_qf_warp_rows() {
@@ -618,7 +645,7 @@ __device__ void rlx_q8_row(const uint8_t *__restrict__ row, const uint32_t *x, i
                            float acc[MR]);
 
 template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI, int ACT = 0>
-__global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS)
+__global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS, (MR == 1 && ACT == 0 && RLX_QFAST(FMT)) ? RLX_QF_MIN_BLOCKS : 1)
 rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
                 const T *res, int64_t K, int64_t RB, int64_t rows) {
     RLX_DYNAMIC_SHARED(float4, rlx_qf_smem4);
@@ -772,56 +799,56 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
                 }
             }
         }
-        return;
-    }
-    for (int64_t r = (int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp; r < rows;
-         r += (int64_t)gridDim.x * RLX_QFUSED_WARPS) {
-        int64_t n;
-        const int j = rlx_qf_member<EPI>(mem, r, &n);
-        const uint8_t *row = rlx_qf_weights(mem, j) + n * RB;
-        const uint8_t *row2 = rlx_qf_weights(mem, EPI == 2 ? 1 : j) + n * RB;
-        float acc[MR], acc2[MR];
+    } else {
+        for (int64_t r = (int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp; r < rows;
+             r += (int64_t)gridDim.x * RLX_QFUSED_WARPS) {
+            int64_t n;
+            const int j = rlx_qf_member<EPI>(mem, r, &n);
+            const uint8_t *row = rlx_qf_weights(mem, j) + n * RB;
+            const uint8_t *row2 = rlx_qf_weights(mem, EPI == 2 ? 1 : j) + n * RB;
+            float acc[MR], acc2[MR];
 #pragma unroll
-        for (int m = 0; m < MR; m++)
-            acc[m] = acc2[m] = 0.0f;
-        if constexpr (ACT != 0) {
-            rlx_q8_row<FMT, MR, RLX_QFUSED_PAD>(row, (const uint32_t *)xs, stride, K, lane, acc);
-            if (EPI == 2)
-                rlx_q8_row<FMT, MR, RLX_QFUSED_PAD>(row2, (const uint32_t *)xs, stride, K, lane, acc2);
-        } else if (RLX_QFAST(FMT)) {
-            rlx_qf_row<RLX_QFAST(FMT) ? FMT : RLX_Q8_0, MR>(row, xs, stride, K, lane, acc);
-            if (EPI == 2)
-                rlx_qf_row<RLX_QFAST(FMT) ? FMT : RLX_Q8_0, MR>(row2, xs, stride, K, lane, acc2);
-        } else {
-            for (int64_t s = lane; s < nsub; s += 32) {
-                float v[32];
-                rlx_q_sub<FMT>(row + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
-                rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc);
-                if (EPI == 2) {
-                    rlx_q_sub<FMT>(row2 + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
-                    rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc2);
+            for (int m = 0; m < MR; m++)
+                acc[m] = acc2[m] = 0.0f;
+            if constexpr (ACT != 0) {
+                rlx_q8_row<FMT, MR, RLX_QFUSED_PAD>(row, (const uint32_t *)xs, stride, K, lane, acc);
+                if (EPI == 2)
+                    rlx_q8_row<FMT, MR, RLX_QFUSED_PAD>(row2, (const uint32_t *)xs, stride, K, lane, acc2);
+            } else if (RLX_QFAST(FMT)) {
+                rlx_qf_row<RLX_QFAST(FMT) ? FMT : RLX_Q8_0, MR>(row, xs, stride, K, lane, acc);
+                if (EPI == 2)
+                    rlx_qf_row<RLX_QFAST(FMT) ? FMT : RLX_Q8_0, MR>(row2, xs, stride, K, lane, acc2);
+            } else {
+                for (int64_t s = lane; s < nsub; s += 32) {
+                    float v[32];
+                    rlx_q_sub<FMT>(row + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+                    rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc);
+                    if (EPI == 2) {
+                        rlx_q_sub<FMT>(row2 + (s / (QK / 32)) * QB, (int)(s % (QK / 32)), v);
+                        rlx_qf_dot<MR>(xs + s * RLX_QFUSED_PAD, stride, v, acc2);
+                    }
                 }
             }
-        }
-#pragma unroll
-        for (int m = 0; m < MR; m++) {
-            for (int o = 16; o > 0; o >>= 1) {
-                acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
-                if (EPI == 2)
-                    acc2[m] += __shfl_xor_sync(0xffffffffu, acc2[m], o);
-            }
-        }
-        if (lane == 0) {
-            const int64_t N = rlx_qf_rows(mem, j);
-            T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
 #pragma unroll
             for (int m = 0; m < MR; m++) {
-                float out = acc[m];
-                if (EPI == 1)
-                    out += rlx_f(res[m * N + n]);
-                if (EPI == 2)
-                    out = out / (1.0f + __expf(-out)) * acc2[m];
-                y[m * N + n] = rlx_to<T>(out);
+                for (int o = 16; o > 0; o >>= 1) {
+                    acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+                    if (EPI == 2)
+                        acc2[m] += __shfl_xor_sync(0xffffffffu, acc2[m], o);
+                }
+            }
+            if (lane == 0) {
+                const int64_t N = rlx_qf_rows(mem, j);
+                T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
+#pragma unroll
+                for (int m = 0; m < MR; m++) {
+                    float out = acc[m];
+                    if (EPI == 1)
+                        out += rlx_f(res[m * N + n]);
+                    if (EPI == 2)
+                        out = out / (1.0f + __expf(-out)) * acc2[m];
+                    y[m * N + n] = rlx_to<T>(out);
+                }
             }
         }
     }

@@ -28,7 +28,7 @@ inline thread_local float *rlx_emu_warp_slots = nullptr;
 #define __host__
 #define __forceinline__ inline
 #define __restrict__
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__ static
 
 inline std::vector<float> rlx_emu_dynamic_smem;
