@@ -87,7 +87,7 @@ static void rlx_attn_values(float *O, int64_t ldo, const float *P, int64_t ldp, 
 }
 
 #if defined(RLX_NR) && RLX_NR == 32
-#include "vexp16.h"  /* rlx_exp16: rlx_expf on 16 lanes */
+#include "vexp16.h"  /* rlx_exp16_nonpos: rlx_expf on 16 lanes, x <= 0 */
 
 static inline __mmask16 rlx_tail_mask(int64_t left)
 {
@@ -138,7 +138,8 @@ static float rlx_softmax_row(float *restrict s, int64_t jn, int64_t jb, float sc
     __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
     for (int64_t j = 0; j < jn; j += 16) {
         const __mmask16 m = rlx_tail_mask(jn - j);
-        const __m512 e = _mm512_maskz_mov_ps(m, rlx_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx)));
+        /* v_j - max v is <= 0 (a NaN v never becomes the max) or NaN */
+        const __m512 e = _mm512_maskz_mov_ps(m, rlx_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx)));
         _mm512_mask_storeu_ps(s + j, m, e);
         lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
