@@ -116,6 +116,54 @@ def test_every_epilogue(rng, target):
         assert_within(a, b_, 1.2 * bound + 2e-6 * np.abs(b_) + 1e-7, f"{name} on {target}")
 
 
+# gelu's special values (kernels/scalar.h): tails, the 0.75 range switch, the -16 cut, inf, NaN
+GELU_SPECIALS = [np.inf, -np.inf, np.nan, -16.0, -15.99, -20.0, 16.0, 20.0, 0.75, -0.75, 0.7499999,
+                 -0.7499999, 13.5, -13.5, 1e-30, -1e-30, 3e38, -3e38, 1e-45, 5.0, -5.0, 0.0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gelu_epilogue_matches_elementwise_gelu(rng, target):
+    """The erf GELU epilogue (kernels/vgelu.h on the micro-kernel's ISAs, several vectors in flight)
+    gives exactly what the elementwise gelu (rlx_gelu_f per element) gives on the same GEMM output,
+    bit for bit, on every tile shape (13 rows: a short row group; 37 columns: a masked panel) and
+    on gelu's special values (x = 0 makes C the bias), and both agree with the reference."""
+    m, k, n = 13, 40, 37
+    g = rlx.Graph("gelu_epilogue")
+    x = g.input("x", [m, k])
+    w = g.param("w", [k, n])
+    b = g.param("b", [n])
+    h = g.add(O.FusedMatMulBiasAct(None), [x, w, b])
+    g.set_outputs({"fused": g.add(O.FusedMatMulBiasAct("gelu"), [x, w, b]), "h": h,
+                   "elementwise": g.activation("gelu", h)})
+    params = {"w": rng.standard_normal((k, n)).astype(np.float32),
+              "b": rng.standard_normal(n).astype(np.float32)}
+    cg = compile_graph(g, params, cpu_target=_target(target))
+    assert cg.source.count("rlx_pgemm(M, N, K") == 2
+    specials = np.resize(np.array(GELU_SPECIALS, dtype=np.float32), n)
+    # |h| ~ 3: both of rlx_gelu_f's ranges (the switch at 0.75) and its tails
+    cases = [(params, 0.5 * rng.standard_normal((m, k)).astype(np.float32)),
+             ({**params, "b": specials}, np.zeros((m, k), np.float32))]
+    for case, (ps, xv) in enumerate(cases):
+        cg.set_param("b", ps["b"])
+        fused, hv, elementwise = cg.run(x=xv)
+        np.testing.assert_array_equal(fused.view(np.int32), elementwise.view(np.int32),
+                                      err_msg=f"case {case} on {target}: epilogue gelu != elementwise gelu")
+        want = rlx.reference.run(g, {"x": xv}, ps)
+        bound = gemm_bound(xv, ps["w"], k)
+        assert_within(hv, want[1], bound + 1e-30, f"x @ w + b, case {case} on {target}")
+        # gelu of the computed h: rtol 5e-7 (rlx_gelu_f's bound, test_cpu_elementwise); -16 and below -> -0
+        ref = rlx.reference.run(_gelu_graph(m, n), {"h": hv}, {})[0]
+        np.testing.assert_allclose(elementwise, ref, rtol=5e-7, atol=0, err_msg=f"case {case} on {target}")
+        if case == 1:
+            assert np.signbit(elementwise[0, 3]) and elementwise[0, 3] == 0.0  # gelu(-16) = -0
+
+
+def _gelu_graph(m: int, n: int) -> rlx.Graph:
+    g = rlx.Graph("gelu")
+    g.set_outputs([g.activation("gelu", g.input("h", [m, n]))])
+    return g
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_batched_and_broadcast_param(rng, target):
     """A batched weight [3, K, N] against x [2, 3, M, K], and a weight broadcast over x's batch."""

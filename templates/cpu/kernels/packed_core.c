@@ -181,6 +181,107 @@ void rlx_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t ld
 }
 #undef RLX_KERNEL_CASE
 
+#include "kernels/vgelu.h"
+
+#if RLX_NR == 32
+/* Lanes [0, w) of 16 (w in 1..16). */
+static inline __mmask16 rlx_lanes16(int64_t w)
+{
+    return w >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+}
+
+void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols)
+{
+    int64_t i = 0;
+    if (cols == 32)  /* a whole panel of the 12 x 32 tile: two rows, four vectors per step */
+        for (; i + 2 <= rows; i += 2) {
+            float *r0 = C + i * ldc, *r1 = r0 + ldc;
+            __m512 t[4] = {_mm512_loadu_ps(r0), _mm512_loadu_ps(r0 + 16), _mm512_loadu_ps(r1),
+                           _mm512_loadu_ps(r1 + 16)};
+            rlx_gelu16x4(t);
+            _mm512_storeu_ps(r0, t[0]);
+            _mm512_storeu_ps(r0 + 16, t[1]);
+            _mm512_storeu_ps(r1, t[2]);
+            _mm512_storeu_ps(r1 + 16, t[3]);
+        }
+    /* any other block (and an odd last row): its vectors two at a time, a short one masked */
+    __m512 v[2];
+    float *at[2];
+    __mmask16 mk[2];
+    int q = 0;
+    for (; i < rows; i++)
+        for (int64_t j = 0; j < cols; j += 16) {
+            at[q] = C + i * ldc + j;
+            mk[q] = rlx_lanes16(cols - j);
+            v[q] = _mm512_maskz_loadu_ps(mk[q], at[q]);
+            if (++q == 2) {
+                rlx_gelu16x2(v);
+                _mm512_mask_storeu_ps(at[0], mk[0], v[0]);
+                _mm512_mask_storeu_ps(at[1], mk[1], v[1]);
+                q = 0;
+            }
+        }
+    if (q) {
+        v[1] = _mm512_setzero_ps();
+        rlx_gelu16x2(v);
+        _mm512_mask_storeu_ps(at[0], mk[0], v[0]);
+    }
+}
+#else
+/* A mask of lanes [0, w) of 8 (w in 1..7). */
+static inline __m256i rlx_lanes8(int64_t w)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)w), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols)
+{
+    int64_t i = 0;
+    if (cols == 16)  /* a whole panel of the 6 x 16 tile: three rows, six vectors per step */
+        for (; i + 3 <= rows; i += 3) {
+            float *r0 = C + i * ldc, *r1 = r0 + ldc, *r2 = r1 + ldc;
+            __m256 t[6] = {_mm256_loadu_ps(r0), _mm256_loadu_ps(r0 + 8), _mm256_loadu_ps(r1),
+                           _mm256_loadu_ps(r1 + 8), _mm256_loadu_ps(r2), _mm256_loadu_ps(r2 + 8)};
+            rlx_gelu8x6(t);
+            _mm256_storeu_ps(r0, t[0]);
+            _mm256_storeu_ps(r0 + 8, t[1]);
+            _mm256_storeu_ps(r1, t[2]);
+            _mm256_storeu_ps(r1 + 8, t[3]);
+            _mm256_storeu_ps(r2, t[4]);
+            _mm256_storeu_ps(r2 + 8, t[5]);
+        }
+    /* any other block (and a short tile's last rows): its vectors four at a time, a short one masked */
+    __m256 v[4];
+    float *at[4];
+    int64_t width[4];
+    int q = 0;
+    for (; i < rows; i++)
+        for (int64_t j = 0; j < cols; j += 8) {
+            at[q] = C + i * ldc + j;
+            width[q] = cols - j;  /* whole vectors use plain moves: vmaskmovps is microcoded on AMD */
+            v[q] = width[q] >= 8 ? _mm256_loadu_ps(at[q]) : _mm256_maskload_ps(at[q], rlx_lanes8(width[q]));
+            if (++q == 4) {
+                rlx_gelu8x4(v);
+                for (int r = 0; r < 4; r++)
+                    if (width[r] >= 8)
+                        _mm256_storeu_ps(at[r], v[r]);
+                    else
+                        _mm256_maskstore_ps(at[r], rlx_lanes8(width[r]), v[r]);
+                q = 0;
+            }
+        }
+    for (int r = q; r < 4; r++)
+        v[r] = _mm256_setzero_ps();
+    if (q)
+        rlx_gelu8x4(v);
+    for (int r = 0; r < q; r++)
+        if (width[r] >= 8)
+            _mm256_storeu_ps(at[r], v[r]);
+        else
+            _mm256_maskstore_ps(at[r], rlx_lanes8(width[r]), v[r]);
+}
+#endif
+
 #else
 
 /* No micro-kernel: B stays row-major (the BLAS or the C GEMM multiplies it). */

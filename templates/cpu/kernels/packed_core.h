@@ -75,6 +75,11 @@ static inline int64_t rlx_batch_offset(int64_t b, int nbatch_axes, const int64_t
  * ahead of use (the first row group of a tile). */
 RLX_CORE_FN void rlx_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t lda, const float *Bp,
                             float *C, int64_t ldc, int64_t nr, const float *bias, int accumulate);
+
+/* C[0:rows, 0:cols] <- gelu(C) in place (rows ldc apart): rlx_gelu_f (kernels/scalar.h) in its vector
+ * form (kernels/vgelu.h), bit for bit the same results, several vectors in flight; the erf GELU
+ * epilogue of the packed GEMMs (a tile right after its store, while it is in L1). */
+RLX_CORE_FN void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols);
 #endif
 
 #endif /* RLX_KERNELS_PACKED_CORE_H */

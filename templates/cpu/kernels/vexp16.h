@@ -35,4 +35,14 @@ static inline __m512 rlx_exp16(__m512 x)
     return _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  /* NaN stays NaN */
 }
 
+/* exp(x) for x <= 0 or NaN (a softmax's scores less their max): rlx_exp16's values without its overflow
+ * clamp and +inf case. */
+static inline __m512 rlx_exp16_nonpos(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-103.97207708f);
+    __m512 out = rlx_exp16_in_range(_mm512_max_ps(x, lo));
+    out = _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ), _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(out, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);  /* NaN stays NaN */
+}
+
 #endif /* RLX_KERNELS_VEXP16_H */

@@ -42,4 +42,35 @@ static inline __m256 rlx_exp8(__m256 x)
     return _mm256_blendv_ps(out, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  /* NaN stays NaN */
 }
 
+/* exp(x) for x <= 0 or NaN (a softmax's scores less their max): rlx_exp8's values bit for bit, at ~20% less
+ * time (Zen 3): no overflow clamp or +inf case, and 2^n applied as one factor unless some lane's result is
+ * near the subnormal range (n < -126), where the two-factor product of rlx_exp8 rounds it once. */
+static inline __m256 rlx_exp8_nonpos(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-103.97207708f);
+    const __m256 xc = _mm256_max_ps(x, lo);  /* a NaN x gives lo here; the NaN is put back at the end */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.98412698412698413e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.38888888888888889e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.33333333333333333e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.16666666666666667e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.66666666666666667e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i ni = _mm256_cvttps_epi32(n);
+    __m256 out;
+    if (_mm256_movemask_ps(_mm256_cmp_ps(n, _mm256_set1_ps(-126.0f), _CMP_LT_OQ)) == 0) {
+        out = _mm256_mul_ps(p, rlx_pow2i8(ni));  /* 2^n normal: one exact scaling, the same as two */
+    } else {
+        const __m256i n1 = _mm256_srai_epi32(_mm256_add_epi32(ni, _mm256_srli_epi32(ni, 31)), 1);
+        out = _mm256_mul_ps(_mm256_mul_ps(p, rlx_pow2i8(n1)), rlx_pow2i8(_mm256_sub_epi32(ni, n1)));
+    }
+    out = _mm256_blendv_ps(out, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+    return _mm256_blendv_ps(out, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  /* NaN stays NaN */
+}
+
 #endif /* RLX_KERNELS_VEXP8_H */

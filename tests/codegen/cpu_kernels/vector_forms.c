@@ -1,0 +1,65 @@
+/* Test harness (tests/codegen/test_cpu_vector_forms.py): the explicit vector forms of RLX's CPU kernels next to the
+ * forms they must match bit for bit. Built for one x86-64 level at a time (AVX2+FMA or AVX-512) with the flags
+ * of RLX's own builds. */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/half.h"
+#include "kernels/scalar.h"
+#include "kernels/packed_core.c" /* the kernel unit itself (rlx_gelu_block), in this translation unit */
+#if defined(__AVX512F__)
+#include "kernels/vexp16.h"
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "kernels/vexp8.h"
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Lanes of this build's vector exp: 16 (AVX-512), 8 (AVX2+FMA), 0 (neither: nothing to compare). */
+EXPORT int chk_lanes(void)
+{
+#if defined(__AVX512F__)
+    return 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return 8;
+#else
+    return 0;
+#endif
+}
+
+/* out[i] = rlx_gelu_f(x[i]), the loop the generated epilogue runs without a micro-kernel. */
+EXPORT void chk_gelu_scalar(const float *x, float *out, int64_t n)
+{
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++)
+        out[i] = rlx_gelu_f(x[i]);
+}
+
+/* rlx_gelu_block in place on `blocks` consecutive rows x cols blocks of `buf` (rows ld apart, ld >= cols). */
+EXPORT void chk_gelu_block(float *buf, int64_t blocks, int64_t rows, int64_t cols, int64_t ld)
+{
+#ifdef RLX_NR
+    for (int64_t b = 0; b < blocks; b++)
+        rlx_gelu_block(buf + b * rows * ld, ld, rows, cols);
+#else
+    (void)buf; (void)blocks; (void)rows; (void)cols; (void)ld;
+#endif
+}
+
+/* general[i] = the build's vector exp of x[i], nonpos[i] = its x <= 0 form (n a multiple of chk_lanes()). */
+EXPORT void chk_exp(const float *x, float *general, float *nonpos, int64_t n)
+{
+#if defined(__AVX512F__)
+    for (int64_t i = 0; i < n; i += 16) {
+        _mm512_storeu_ps(general + i, rlx_exp16(_mm512_loadu_ps(x + i)));
+        _mm512_storeu_ps(nonpos + i, rlx_exp16_nonpos(_mm512_loadu_ps(x + i)));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    for (int64_t i = 0; i < n; i += 8) {
+        _mm256_storeu_ps(general + i, rlx_exp8(_mm256_loadu_ps(x + i)));
+        _mm256_storeu_ps(nonpos + i, rlx_exp8_nonpos(_mm256_loadu_ps(x + i)));
+    }
+#else
+    (void)x; (void)general; (void)nonpos; (void)n;
+#endif
+}

@@ -1,0 +1,126 @@
+"""The explicit vector forms of RLX's CPU kernels give the values of the forms they replace, bit for bit.
+
+- `rlx_gelu_block` (the packed GEMM's erf GELU epilogue, templates/cpu/kernels/vgelu.h, in the packed_core kernel
+  unit) against `rlx_gelu_f` per element (kernels/scalar.h): over a dense sweep of [-14, 14] and gelu's special
+  values, on whole panels (16 / 32 columns, the fast path) and on a masked 37-column block of odd rows.
+- The softmax's `rlx_exp8_nonpos` / `rlx_exp16_nonpos` against `rlx_exp8` / `rlx_exp16`, for the arguments it
+  gets (a score less its row's max: <= 0, -inf, or NaN), over [-110, 0] densely.
+
+Built by gcc from tests/codegen/cpu_kernels/vector_forms.c with RLX's base flags, for x86-64-v3 (AVX2+FMA) and
+x86-64-v4 (AVX-512); a level this CPU cannot run is skipped with the reason, as is a machine without gcc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx.templates_path import templates_dir
+from rlx.toolchain.compiler import BASE_FLAGS
+
+HARNESS = Path(__file__).resolve().parent / "cpu_kernels" / "vector_forms.c"
+LEVELS = {"x86-64-v3": {"avx2", "fma"}, "x86-64-v4": {"avx512f", "avx512bw", "avx512dq", "avx512vl"}}
+PANEL = {"x86-64-v3": 16, "x86-64-v4": 32}
+
+# gelu's special values (kernels/scalar.h): the -16 cut, the 0.75 range switch, tails, inf, NaN, signed zeros
+GELU_SPECIALS = [np.inf, -np.inf, np.nan, -0.0, 0.0, -16.0, -15.99, -20.0, 16.0, 20.0, 0.75, -0.75, 0.7499999,
+                 -0.7499999, 13.5, -13.5, 1e-30, -1e-30, 1e-45, -1e-45, 3e38, -3e38, 5.0, -5.0]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@pytest.fixture(scope="module", params=sorted(LEVELS))
+def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, str]:
+    level = request.param
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        pytest.skip(f"{level} is an x86-64 level; this machine is {os.uname().machine}")
+    missing = LEVELS[level] - _cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU cannot run {level} code (lacks {', '.join(sorted(missing))})")
+    cc = shutil.which("gcc")
+    if cc is None:
+        pytest.skip("gcc is not installed")
+    out = tmp_path_factory.mktemp("vector_forms") / f"vector_forms_{level}.so"
+    cmd = [cc, *BASE_FLAGS, f"-march={level}", "-fopenmp-simd", f"-I{templates_dir() / 'cpu'}", str(HARNESS),
+           "-o", str(out), "-lm"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    so = ctypes.CDLL(str(out))
+    so.chk_lanes.restype = ctypes.c_int
+    ptr, n = ctypes.c_void_p, ctypes.c_longlong
+    for name, args in (("chk_gelu_scalar", [ptr, ptr, n]), ("chk_gelu_block", [ptr, n, n, n, n]),
+                       ("chk_exp", [ptr, ptr, ptr, n])):
+        getattr(so, name).restype = None
+        getattr(so, name).argtypes = args
+    assert so.chk_lanes() == PANEL[level] // 2, f"the {level} build has no vector exp of its lanes"
+    return so, level
+
+
+def _gelu_scalar(so: ctypes.CDLL, x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    so.chk_gelu_scalar(x.ctypes.data, out.ctypes.data, x.size)
+    return out
+
+
+def _gelu_block(so: ctypes.CDLL, x: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
+    """x (a multiple of rows * cols values) laid out as blocks of rows x cols with row stride ld, through
+    rlx_gelu_block; the padding columns hold a sentinel that must come back untouched."""
+    x = np.ascontiguousarray(x, np.float32).reshape(-1, rows, cols)
+    buf = np.full((x.shape[0], rows, ld), 12345.0, np.float32)
+    buf[:, :, :cols] = x
+    so.chk_gelu_block(buf.ctypes.data, x.shape[0], rows, cols, ld)
+    assert np.all(buf[:, :, cols:] == 12345.0), "rlx_gelu_block wrote past its block's columns"
+    return buf[:, :, :cols].reshape(-1)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.int32)
+
+
+@pytest.mark.parametrize("shape", ["panel", "masked"])
+def test_gelu_block_is_rlx_gelu_f(lib, shape) -> None:
+    so, level = lib
+    rows, cols, ld = (6 if level == "x86-64-v3" else 12, PANEL[level], PANEL[level] + 8) if shape == "panel" \
+        else (13, 37, 40)
+    per = rows * cols
+    sweep = np.linspace(-14.0, 14.0, 2_000_001, dtype=np.float32)
+    x = np.concatenate([np.array(GELU_SPECIALS, np.float32), sweep])
+    x = np.resize(x, (x.size + per - 1) // per * per)  # whole blocks (the tail repeats the start)
+    got = _gelu_block(so, x, rows, cols, ld)
+    want = _gelu_scalar(so, x)
+    diff = np.flatnonzero(_bits(got) != _bits(want))
+    assert diff.size == 0, (f"{diff.size} values differ on {level}; first at x = {x[diff[0]]!r}: "
+                            f"{got[diff[0]]!r} vs rlx_gelu_f {want[diff[0]]!r}")
+    assert np.signbit(want[3]) and want[3] == 0.0 and np.signbit(want[5]) and want[5] == 0.0  # -0 -> -0; -16 -> -0
+    assert np.isnan(want[1]) and np.isnan(want[2]) and want[0] == np.inf
+
+
+def test_softmax_exp_nonpos_is_the_general_exp(lib) -> None:
+    so, level = lib
+    lanes = so.chk_lanes()
+    specials = np.array([-np.inf, np.nan, -0.0, 0.0, -1e-45, -1e-30, -87.0, -87.5, -88.0, -100.0, -103.9, -103.98,
+                         -104.0, -1e30, -3e38, -0.5], np.float32)
+    x = np.concatenate([specials, np.linspace(-110.0, 0.0, 1_100_001, dtype=np.float32)])
+    x = np.resize(x, (x.size + lanes - 1) // lanes * lanes)
+    general, nonpos = np.empty_like(x), np.empty_like(x)
+    so.chk_exp(x.ctypes.data, general.ctypes.data, nonpos.ctypes.data, x.size)
+    diff = np.flatnonzero(_bits(general) != _bits(nonpos))
+    assert diff.size == 0, (f"{diff.size} values differ on {level}; first at x = {x[diff[0]]!r}: "
+                            f"{nonpos[diff[0]]!r} vs {general[diff[0]]!r}")
+    assert general[0] == 0.0 and np.isnan(general[1]) and general[2] == 1.0
