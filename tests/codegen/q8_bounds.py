@@ -67,3 +67,18 @@ def rms(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     """RMSNorm in f64, rounded to f32 (what the reference's f32 graph holds)."""
     x64 = x.astype(np.float64)
     return (x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * gamma).astype(np.float32)
+
+
+def fused_checks(kind: str, a: np.ndarray, b: np.ndarray, ba: np.ndarray, bb: np.ndarray, y0: np.ndarray,
+                 y1: np.ndarray, res: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(got, want, bound) of a fused decode GEMV group's outputs, from its two products a, b (reference, f64) and their
+    bounds ba, bb: `plain` the two products, `norm_swiglu` silu(a) * b (|d silu| <= 1.1, plus the f32 rounding of
+    the epilogue), `residual` a + res."""
+    if kind == "norm_swiglu":
+        with np.errstate(over="ignore"):  # exp(-a) of a large negative a: silu(a) = -0
+            want = a / (1 + np.exp(-a)) * b
+        return [(y0, want, 1.1 * ba * np.abs(b) + np.abs(a) * bb + 1.1 * ba * bb + 4 * U32 * np.abs(want))]
+    if kind == "residual":
+        want = a + res
+        return [(y0, want, ba + U32 * np.abs(want))]
+    return [(y0, a, ba), (y1, b, bb)]

@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import pytest
 from cuda_emu_build import build_emu
-from q8_bounds import U32, flip_allowance, q8_bound, rms
+from q8_bounds import flip_allowance, fused_checks, q8_bound, rms
 
 import rlx
 from rlx.ir import quant as Q
@@ -116,16 +116,7 @@ def test_fused_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str) 
         ba, bb = q8_bound(h, w0, fmt, k, a), q8_bound(h, w1, fmt, k, b)
         if kind == "norm_swiglu":
             ba, bb = ba + flip_allowance(h, w0, fmt, k), bb + flip_allowance(h, w1, fmt, k)
-            # silu(a) * b: |d silu| <= 1.1, plus the f32 rounding of the epilogue
-            with np.errstate(over="ignore"):  # exp(-a) of a large negative a: silu(a) = -0
-                want = a / (1 + np.exp(-a)) * b
-            bound = 1.1 * ba * np.abs(b) + np.abs(a) * bb + 1.1 * ba * bb + 4 * U32 * np.abs(want)
-            checks = [(y0, want, bound)]
-        elif kind == "residual":
-            want = a + res
-            checks = [(y0, want, ba + U32 * np.abs(want))]
-        else:
-            checks = [(y0, a, ba), (y1, b, bb)]
+        checks = fused_checks(kind, a, b, ba, bb, y0, y1, res)
         for got, want, bound in checks:
             err = np.abs(got.astype(np.float64) - want)
             assert np.all(err <= bound), f"{fmt} {kind} m={m}: worst excess {np.max(err - bound):.3g}"

@@ -17,6 +17,7 @@ import ctypes
 import numpy as np
 import pytest
 from cuda_emu_build import build_emu
+from q8_bounds import U32, fused_checks, rms
 
 import rlx
 from rlx.ir import quant as Q
@@ -24,7 +25,6 @@ from rlx.reference import run as reference_run
 
 F32P = ctypes.POINTER(ctypes.c_float)
 FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2, "q4_k": 5, "q6_k": 6}  # kernels/quant.cuh's format ids
-U32 = 2.0 ** -24
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +46,6 @@ def _reference(x: np.ndarray, raw: np.ndarray, fmt: str) -> np.ndarray:
     return reference_run(g, {"x": x}, {"w": raw})[0].astype(np.float64)
 
 
-def _rms(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    return (x64 / np.sqrt(np.mean(x64 ** 2, axis=1, keepdims=True) + eps) * gamma).astype(np.float32)
-
-
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
 @pytest.mark.parametrize(("n", "k", "max_grid"), [(11, 512, 1 << 30), (37, 2304, 1)])
@@ -67,22 +62,12 @@ def test_fused_f32_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str,
         kid = {"plain": 0, "norm_swiglu": 1, "residual": 2}[kind]
         emu.emu_qf_fused(FORMATS[fmt], kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, 1 if kind == "residual" else 2,
                          _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), m, n, k, w0.shape[1], max_grid)
-        h = _rms(x, gamma, eps) if kind == "norm_swiglu" else x
+        h = rms(x, gamma, eps) if kind == "norm_swiglu" else x
         a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
         ha = np.abs(h).astype(np.float64)
         ba = (k + 36) * U32 * (ha @ Q.abs_terms(w0, fmt, k).astype(np.float64).T)
         bb = (k + 36) * U32 * (ha @ Q.abs_terms(w1, fmt, k).astype(np.float64).T)
-        if kind == "norm_swiglu":
-            # silu(a) * b: |d silu| <= 1.1, plus the f32 rounding of the epilogue
-            with np.errstate(over="ignore"):  # exp(-a) of a large negative a: silu(a) = -0
-                want = a / (1 + np.exp(-a)) * b
-            bound = 1.1 * ba * np.abs(b) + np.abs(a) * bb + 1.1 * ba * bb + 4 * U32 * np.abs(want)
-            checks = [(y0, want, bound)]
-        elif kind == "residual":
-            want = a + res
-            checks = [(y0, want, ba + U32 * np.abs(want))]
-        else:
-            checks = [(y0, a, ba), (y1, b, bb)]
+        checks = fused_checks(kind, a, b, ba, bb, y0, y1, res)
         for got, want, bound in checks:
             assert not np.isnan(got).any(), f"{fmt} {kind} m={m} n={n}: an output row was never written"
             err = np.abs(got.astype(np.float64) - want)

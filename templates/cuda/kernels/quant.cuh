@@ -330,6 +330,19 @@ __device__ __forceinline__ void rlx_qf_bytes(const float *__restrict__ x, int64_
     }
 }
 
+/* v[0..N) = p[0..N) (staged floats, 16-byte aligned, N a multiple of 4) in 16-byte loads. */
+template <int N>
+__device__ __forceinline__ void rlx_qf_load(const float *__restrict__ p, float *v) {
+#pragma unroll
+    for (int q = 0; q < N / 4; q++) {
+        const float4 a = ((const float4 *)p)[q];
+        v[4 * q] = a.x;
+        v[4 * q + 1] = a.y;
+        v[4 * q + 2] = a.z;
+        v[4 * q + 3] = a.w;
+    }
+}
+
 /* sum over the 4 * NW bytes b_i of w (each < 256) of x[i] * (b_i - OFF), x in registers: rlx_qf_bytes' terms in its
    order, for one row of X held by the lane (rlx_qf_rows1). */
 template <int NW, int OFF>
@@ -398,12 +411,8 @@ template <> struct RlxQUnit<RLX_Q4_K> {  /* 16 bytes of quants: 16 values each o
     static __device__ __forceinline__ void xload(const float *__restrict__ xs, int64_t u, XFrag &x) {
         const int g = (int)((u >> 1) & 3), h = (int)(u & 1);
         const float *x0 = xs + ((u >> 3) * 8 + 2 * g) * RLX_QFUSED_PAD, *x1 = x0 + RLX_QFUSED_PAD;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const float4 a = ((const float4 *)(x0 + 16 * h))[q], b = ((const float4 *)(x1 + 16 * h))[q];
-            x.a[4 * q] = a.x; x.a[4 * q + 1] = a.y; x.a[4 * q + 2] = a.z; x.a[4 * q + 3] = a.w;
-            x.b[4 * q] = b.x; x.b[4 * q + 1] = b.y; x.b[4 * q + 2] = b.z; x.b[4 * q + 3] = b.w;
-        }
+        rlx_qf_load<16>(x0 + 16 * h, x.a);
+        rlx_qf_load<16>(x1 + 16 * h, x.b);
         x.s0 = x0[32 + h];
         x.s1 = x1[32 + h];
     }
@@ -461,12 +470,7 @@ template <int FMT> struct RlxQUnit32 {  /* q4_0 / q4_1: one 32-value block */
         float a[32], s;
     };
     static __device__ __forceinline__ void xload(const float *__restrict__ xs, int64_t u, XFrag &x) {
-        const float4 *v = (const float4 *)(xs + u * RLX_QFUSED_PAD);
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-            const float4 a = v[q];
-            x.a[4 * q] = a.x; x.a[4 * q + 1] = a.y; x.a[4 * q + 2] = a.z; x.a[4 * q + 3] = a.w;
-        }
+        rlx_qf_load<32>(xs + u * RLX_QFUSED_PAD, x.a);
         x.s = FMT == RLX_Q4_1 ? xs[u * RLX_QFUSED_PAD + 32] + xs[u * RLX_QFUSED_PAD + 33] : 0.0f;
     }
     __device__ __forceinline__ float dot(const XFrag &x, int64_t) const {
@@ -511,12 +515,7 @@ template <> struct RlxQUnit<RLX_Q8_0> {  /* one 32-value block: a half scale, th
         float a[32];
     };
     static __device__ __forceinline__ void xload(const float *__restrict__ xs, int64_t u, XFrag &x) {
-        const float4 *v = (const float4 *)(xs + u * RLX_QFUSED_PAD);
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-            const float4 a = v[q];
-            x.a[4 * q] = a.x; x.a[4 * q + 1] = a.y; x.a[4 * q + 2] = a.z; x.a[4 * q + 3] = a.w;
-        }
+        rlx_qf_load<32>(xs + u * RLX_QFUSED_PAD, x.a);
     }
     __device__ __forceinline__ float dot(const XFrag &x, int64_t) const {
         uint32_t w[8];
