@@ -200,6 +200,22 @@ def test_runs_use_the_governors_team():
     assert threads_one == {0}
 
 
+def test_a_team_that_does_not_spin_claims_gemm_tiles_and_computes_the_same():
+    """Without spinning (passive waiting, or contended cores) a packed GEMM's threads claim tiles one at a time
+    instead of taking fixed ranges: both threads take part, and the result is bit for bit the spinning team's."""
+    cg = _profiled_graph()
+    x = np.random.default_rng(1).standard_normal((512, 256)).astype(np.float32)
+    cg.team.threads = 2
+    cg.team.policy = WaitPolicy(spins=True, adaptive=False, source="test")  # hold the team where it is set
+    (spinning,) = cg.run(x=x)
+    cg.trace(clear=True)
+    cg.team.policy = WaitPolicy(spins=False, adaptive=False, source="test")
+    (claimed,) = cg.run(x=x)
+    assert cg._pool.primary.team == (2, False)  # what the run passed to rlx_set_team
+    assert {s.thread for s in cg.trace(clear=True) if s.thread >= 0} == {0, 1}
+    np.testing.assert_array_equal(claimed, spinning)
+
+
 @pytest.mark.parametrize("threads", [0, -3, 99])
 def test_set_team_clamps_to_the_reserved_count(threads):
     cg = _profiled_graph()
