@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import rlx
+from rlx import reference
 from rlx.runtime import team as T
 from rlx.runtime.team import TeamGovernor, WaitPolicy
 
@@ -200,20 +201,33 @@ def test_runs_use_the_governors_team():
     assert threads_one == {0}
 
 
-def test_a_team_that_does_not_spin_claims_gemm_tiles_and_computes_the_same():
-    """Without spinning (passive waiting, or contended cores) a packed GEMM's threads claim tiles one at a time
-    instead of taking fixed ranges: both threads take part, and the result is bit for bit the spinning team's."""
-    cg = _profiled_graph()
-    x = np.random.default_rng(1).standard_normal((512, 256)).astype(np.float32)
+def test_a_team_that_does_not_spin_claims_tasks_and_computes_the_same():
+    """Without spinning (passive waiting, or contended cores) a packed GEMM's tiles and an attention's (row, head)
+    tasks are claimed one at a time instead of taken in fixed ranges (kernels/threads.h rlx_tasks): both threads
+    take part, and the result is bit for bit the spinning team's."""
+    g = rlx.Graph("team_claims")
+    x = g.input("x", [4, 128, 256])  # 512 x 256 x 256 GEMMs: big enough for both threads
+    qkv = [g.matmul(x, g.param(n, [256, 256])) for n in ("wq", "wk", "wv")]
+    g.set_outputs([g.attention(*qkv, num_heads=4, head_dim=64, mask="causal")])
+    cg = rlx.Session(profile=True).compile(g, num_threads=2)
+    rng = np.random.default_rng(1)
+    params = {n: (rng.standard_normal((256, 256)) * 0.05).astype(np.float32) for n in ("wq", "wk", "wv")}
+    for n, w in params.items():
+        cg.set_param(n, w)
+    feed = {"x": rng.standard_normal((4, 128, 256)).astype(np.float32)}
     cg.team.threads = 2
     cg.team.policy = WaitPolicy(spins=True, adaptive=False, source="test")  # hold the team where it is set
-    (spinning,) = cg.run(x=x)
+    (spinning,) = cg.run(**feed)
+    cg.run(x=np.zeros_like(feed["x"]))  # other values in the arena: a task left undone would show
     cg.trace(clear=True)
     cg.team.policy = WaitPolicy(spins=False, adaptive=False, source="test")
-    (claimed,) = cg.run(x=x)
+    (claimed,) = cg.run(**feed)
     assert cg._pool.primary.team == (2, False)  # what the run passed to rlx_set_team
-    assert {s.thread for s in cg.trace(clear=True) if s.thread >= 0} == {0, 1}
+    spans = [s for s in cg.trace(clear=True) if s.thread >= 0]
+    for kind in ("matmul", "attention"):
+        assert {s.thread for s in spans if s.kind == kind} == {0, 1}, kind
     np.testing.assert_array_equal(claimed, spinning)
+    np.testing.assert_allclose(claimed, reference.run(g, feed, params)[0], rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("threads", [0, -3, 99])
