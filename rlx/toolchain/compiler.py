@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.templates_path import templates_dir
+from rlx.toolchain.blas_load import blas_loading
 
 if TYPE_CHECKING:
     import subprocess
@@ -441,7 +442,8 @@ def _pkg_prefix(sob: object) -> str:
 
 def _has_symbol(library: str, symbol: str) -> bool:
     try:
-        lib = ctypes.CDLL(library)
+        with blas_loading():  # loading it starts no thread pool (the runs use it single-threaded)
+            lib = ctypes.CDLL(library)
     except OSError:
         return False
     return hasattr(lib, symbol)
