@@ -48,16 +48,13 @@ False
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -101,6 +98,8 @@ _COUNTERS: dict[str, float] = {
     "lock_waits": 0, "quarantined": 0, "evicted": 0,
 }
 STATS = "stats.json"
+#: The names of temp files of a stats.json update (gc removes one a crash left behind).
+STATS_TEMP_PREFIX = ".stats."
 #: Seconds to wait for another process's update of stats.json before dropping this update (counts are advisory).
 _STATS_LOCK_TIMEOUT = 2.0
 _TEMP_BUILDS: list[Path] = []
@@ -441,6 +440,9 @@ class AotCache:
 
     def _build_holding_lock(self, key: str, components: Mapping[str, Any],
                             build: Callable[[Path], None], info: Mapping[str, Any] | None = None) -> CacheEntry:
+        import shutil
+        import tempfile
+
         final = self.entry_dir(key)
         try:
             entry = self._verified(key, self.root, layer="root", hit=True)
@@ -469,6 +471,10 @@ class AotCache:
 
     def _build_uncached(self, key: str, components: Mapping[str, Any], build: Callable[[Path], None],
                         info: Mapping[str, Any] | None = None) -> CacheEntry:
+        import atexit
+        import shutil
+        import tempfile
+
         self._count(misses=1)
         work = Path(tempfile.mkdtemp(prefix="rlx-build-"))
         if not _TEMP_BUILDS:
@@ -506,7 +512,10 @@ class AotCache:
                     totals[k] = totals.get(k, 0) + v
                 totals["build_seconds"] = round(float(totals.get("build_seconds", 0.0)), 4)
                 totals["since"] = totals.get("since") or time.time()
-                fd, tmp = tempfile.mkstemp(prefix=".stats.", dir=self.root)
+                # One name will do while the stats lock is held (no other writer), so no tempfile (an import
+                # a warm hit, which counts itself here, need not pay); `gc` removes one a crash left.
+                tmp = self.root / f"{STATS_TEMP_PREFIX}tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
                 try:
                     with os.fdopen(fd, "w", encoding="utf-8") as f:
                         json.dump(totals, f, sort_keys=True)
@@ -566,6 +575,8 @@ class AotCache:
         self._ensure_root()
         _mkdir_private(path.parent.parent)
         _mkdir_private(path.parent)
+        import tempfile  # a miss's write only: a warm hit reads
+
         fd, tmp = tempfile.mkstemp(prefix=".memo.", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -593,6 +604,8 @@ class AotCache:
 
     def _clean_stale_tmp(self, stale_seconds: float | None = None) -> int:
         """Remove temp dirs of builds whose process died (key lock free) and that are old enough."""
+        import shutil
+
         age = self.stale_seconds if stale_seconds is None else stale_seconds
         tmp = self.root / "tmp"
         removed = 0
@@ -638,6 +651,9 @@ class AotCache:
         Entries in `protect`, entries used in the last `evict_grace_seconds`
         and entries whose key lock is held are kept. Returns the evicted keys.
         """
+        import shutil
+        import tempfile
+
         bound = self.config.cache_max_bytes if max_bytes is None else max_bytes
         infos = self.entries(layers=False)
         total = sum(e.bytes for e in infos)
@@ -699,12 +715,14 @@ class AotCache:
 
     def gc(self, *, stale_seconds: float | None = None, quarantine_days: float = 7.0) -> dict[str, int]:
         """Remove crashed builds' temp dirs, old quarantined entries, and evict to the size bound."""
+        import shutil
+
         if not self.root.is_dir():
             return {"tmp": 0, "quarantine": 0, "evicted": 0}
         check_private(self.root, "cache root")
         removed_tmp = self._clean_stale_tmp(stale_seconds)
         # Temp files of a stats.json update whose process died between writing and renaming.
-        for tmp in self.root.glob(".stats.*"):
+        for tmp in self.root.glob(f"{STATS_TEMP_PREFIX}*"):
             with contextlib.suppress(OSError):
                 if time.time() - tmp.lstat().st_mtime >= self.stale_seconds:
                     tmp.unlink()
@@ -725,6 +743,9 @@ class AotCache:
     def clear(self) -> int:
         """Delete every entry of the writable root (and the quarantine, the compiled kernel units and
         templates); returns the number of entries."""
+        import shutil
+        import tempfile
+
         if not self.root.is_dir():
             return 0
         check_private(self.root, "cache root")
@@ -1009,6 +1030,8 @@ def publish_dir(work: Path, final: Path) -> None:
 
 
 def _remove_temp_builds() -> None:
+    import shutil
+
     for d in _TEMP_BUILDS:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,6 @@ from rlx.errors import BuildError
 from rlx.templates_path import templates_dir
 from rlx.toolchain.cache import AotCache, cache_key
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
-from rlx.toolchain.units import compile_program
 from rlx.toolchain.walk import entries_under
 
 #: The manifest's "key" while the source digest is taken (the key depends on that digest).
@@ -133,6 +131,10 @@ def build_cpu(source: Callable[[str], str], components: dict[str, str], config: 
     key = cache_key(components)
 
     def build(workdir: Path) -> None:
+        import tempfile
+
+        from rlx.toolchain.units import compile_program  # a miss's build only (a warm hit builds nothing)
+
         path = workdir / "model.c"
         # Rendered again with the key: only on a miss, where the C compiler's seconds dwarf it.
         text = source(key)
