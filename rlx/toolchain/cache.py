@@ -60,10 +60,25 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlx.config import Config
 from rlx.errors import BuildError, CacheError
+
+if TYPE_CHECKING:  # the listing's and explain's values (rlx.toolchain.cache_report): a hit needs none
+    from rlx.toolchain.cache_report import Difference, EntryInfo, Explanation
+
+#: Public names of rlx.toolchain.cache_report, read through this module too (loaded on first use; not cached
+#: in this module's globals, which rlx.pristine watches).
+_REPORT_NAMES = ("Difference", "EntryInfo", "Explanation")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _REPORT_NAMES:
+        raise AttributeError(f"module 'rlx.toolchain.cache' has no attribute {name!r}")
+    from rlx.toolchain import cache_report
+
+    return getattr(cache_report, name)
 
 
 def _debug(message: str, *args: object) -> None:
@@ -180,61 +195,6 @@ class CacheEntry:
     @property
     def components(self) -> dict:
         return dict(self.meta.get("components", {}))
-
-
-@dataclass(frozen=True)
-class EntryInfo:
-    """One entry as listed by `AotCache.entries()` (not verified)."""
-
-    key: str
-    dir: Path
-    layer: str
-    bytes: int
-    created: float
-    last_use: float
-    components: dict = field(compare=False, repr=False)
-    name: str = ""  # the graph's name: meta.json "info", else the generated source's header ("" if unknown)
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One key component that differs between the wanted key and a cached entry."""
-
-    component: str
-    wanted: Any
-    cached: Any
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What `AotCache.explain` found: a hit, or the nearest entry and what differs from it."""
-
-    key: str
-    hit: bool
-    where: Path | None = None
-    nearest: str | None = None
-    differences: tuple[Difference, ...] = ()
-    note: str = ""
-
-    def __str__(self) -> str:
-        if self.hit:
-            return f"{self.key}: cached in {self.where} (a hit)"
-        lines = [f"{self.key}: not cached"]
-        if self.note:
-            lines.append(f"  {self.note}")
-        if self.nearest is not None:
-            lines.append(f"  nearest entry {self.nearest} differs in {len(self.differences)} component(s):")
-            for d in self.differences:
-                lines.append(f"    {d.component}: wanted {_short(d.wanted)}, cached {_short(d.cached)}")
-        return "\n".join(lines)
-
-
-def _short(value: Any, limit: int = 72) -> str:
-    if value is None:
-        return "(absent)"
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    text = " / ".join(line.strip() for line in text.splitlines() if line.strip()) or repr(text)
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 class _Corrupt(Exception):
@@ -777,6 +737,8 @@ class AotCache:
         Pass the components the compiler would use (a key alone can only say
         whether it is cached, since a hash cannot be compared component-wise).
         """
+        from rlx.toolchain.cache_report import Difference, Explanation
+
         if isinstance(key_or_components, str):
             matches = self.resolve(key_or_components) if key_or_components else []
             if len(matches) == 1:
@@ -961,6 +923,8 @@ def _entry_dirs(base: Path) -> Iterator[Path]:
 
 
 def _info(d: Path, layer: str) -> EntryInfo:
+    from rlx.toolchain.cache_report import EntryInfo
+
     name = ""
     try:
         meta = json.loads((d / META).read_text(encoding="utf-8"))

@@ -41,8 +41,8 @@ WARM_MUST_NOT_IMPORT = ("jinja2", "rlx.codegen", "rlx.opt", "rlx.reference", "rl
                         # numpy's bfloat16 and narrow types, for graphs and arrays that have them (rlx.ir.dtype)
                         "ml_dtypes",
                         # what only a build or cache maintenance uses: the kernel units, the memory estimate,
-                        # the ISA record
-                        "rlx.toolchain.units", "rlx.runtime.memory", "rlx.toolchain.isa")
+                        # the ISA record, the cache listing's values
+                        "rlx.toolchain.units", "rlx.runtime.memory", "rlx.toolchain.isa", "rlx.toolchain.cache_report")
 #: ...and what writing a memo loads: the stdlib modules of temp files (shutil loads zlib, bz2 and lzma;
 #: the toolchain's `which` and the cache's stats update do without them) and cffi's C parser (which
 #: imports subprocess, as running the C compiler does). The first
