@@ -5,15 +5,7 @@
 True
 """
 
-from rlx.toolchain.cache import (
-    AotCache,
-    CacheEntry,
-    CacheWarning,
-    EntryInfo,
-    Explanation,
-    cache_key,
-    explain,
-    stats,
-)
+from rlx.toolchain.cache import AotCache, CacheEntry, CacheWarning, cache_key, explain, stats
+from rlx.toolchain.cache_report import EntryInfo, Explanation
 
 __all__ = ["AotCache", "CacheEntry", "CacheWarning", "EntryInfo", "Explanation", "cache_key", "explain", "stats"]

@@ -100,10 +100,9 @@ class DType(enum.Enum):
             aliases = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
                        "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
                        "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool_": "bool"}
-            key = aliases.get(key, key)
-            for dt in DType:
-                if dt.value == key:
-                    return dt
+            found = _BY_NAME.get(aliases.get(key, key))  # a lookup: a manifest parses one per tensor
+            if found is not None:
+                return found
             raise IRError(f"unknown dtype {value!r}; expected one of {[d.value for d in DType]}")
         try:
             npd = np.dtype(value)
@@ -124,6 +123,8 @@ class DType(enum.Enum):
         return self.value
 
 
+#: Every DType by its short name (`DType.parse`).
+_BY_NAME = {dt.value: dt for dt in DType}
 _ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2, DType.F64: 8, DType.I8: 1, DType.I16: 2,
              DType.I32: 4, DType.I64: 8, DType.U8: 1, DType.U16: 2, DType.U32: 4, DType.U64: 8, DType.BOOL: 1}
 _NUMPY = {DType.F32: "float32", DType.F16: "float16", DType.BF16: "uint16", DType.F64: "float64",

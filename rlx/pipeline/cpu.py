@@ -16,14 +16,13 @@ from rlx.pipeline.decide import decide
 from rlx.pipeline.values import Built, Rendered
 from rlx.runtime.compiled import CompiledGraph
 from rlx.runtime.loader import load_library
-from rlx.runtime.memory import MemoryEstimate, estimate_lir
 from rlx.toolchain.cache import AotCache, _mkdir_private, cache_key, check_private
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.toolchain.cpu import KEY_PENDING, build_cpu, cpu_source_components, cpu_toolchain_components
-from rlx.toolchain.isa import describe as describe_isa
 
-if TYPE_CHECKING:  # annotations only
+if TYPE_CHECKING:  # annotations only (the memory estimate and the ISA record load when a compile needs them)
     from rlx.ir.lir import LirModule
+    from rlx.runtime.memory import MemoryEstimate
 
 
 def c_target(toolchain: Toolchain, config: Config | None = None) -> Any:
@@ -39,6 +38,7 @@ def c_target(toolchain: Toolchain, config: Config | None = None) -> Any:
 def cpu_manifest(lir: LirModule, toolchain: Toolchain, key: str, cpu_target: str) -> dict:
     """LirModule.manifest() plus what the builder knows: ABI, target, ISA record, BLAS, key."""
     from rlx.codegen.cpu.emit import ABI_VERSION, CODEGEN_VERSION
+    from rlx.toolchain.isa import describe as describe_isa
 
     m = lir.manifest()
     isa = describe_isa(cpu_target)
@@ -142,6 +142,7 @@ class CpuStages:
     def estimate(self, lir: LirModule, num_threads: int | None = None) -> MemoryEstimate:
         """The bytes one context allocates for a decided LIR: the code generator's memory plan."""
         from rlx.codegen.cpu.emit import memory_plan
+        from rlx.runtime.memory import estimate_lir
 
         return estimate_lir(memory_plan(lir, profile=self.config.profile),
                             num_threads if num_threads is not None else self.config.threads,

@@ -467,7 +467,10 @@ def _preload_blas(manifest: dict) -> None:
 
         import scipy_openblas32 as sob
 
-        ctypes.CDLL(os.path.join(sob.get_lib_dir(), sob.get_library(fullname=True)), mode=ctypes.RTLD_GLOBAL)
+        from rlx.toolchain.blas_load import blas_loading
+
+        with blas_loading():
+            ctypes.CDLL(os.path.join(sob.get_lib_dir(), sob.get_library(fullname=True)), mode=ctypes.RTLD_GLOBAL)
     except (ImportError, OSError, AttributeError):
         pass  # the recorded runpath may still work; a failure shows up as a clear dlopen error
 

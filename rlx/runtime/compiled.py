@@ -47,7 +47,6 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -892,14 +891,20 @@ class CompiledGraph(Provenance):
         return save(self, directory, weights=weights)
 
 
-@dataclass(frozen=True)
 class _Recomputed:
-    """A param's values had again on demand (`set_param(source=...)`), converted as `set_param` converted them."""
+    """A param's values had again on demand (`set_param(source=...)`), converted as `set_param` converted them.
 
-    name: str
-    source: Callable[[], Any]
-    dtype: DType
-    cast: bool
+    A plain class, not a dataclass: an internal holder compared by nobody, whose definition a warm start
+    would otherwise pay ~1 ms for (a frozen dataclass's methods are generated and compiled at import).
+    """
+
+    __slots__ = ("cast", "dtype", "name", "source")
+
+    def __init__(self, name: str, source: Callable[[], Any], dtype: DType, cast: bool) -> None:
+        self.name = name
+        self.source = source
+        self.dtype = dtype
+        self.cast = cast
 
     def __call__(self) -> np.ndarray:
         return _contiguous(_to_param_dtype(self.name, self.source(), self.dtype, cast=self.cast))

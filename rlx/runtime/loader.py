@@ -18,6 +18,7 @@ from rlx.errors import ArtifactError
 from rlx.ir.dtype import DType
 from rlx.runtime.abi import ABI_VERSION, ffi
 from rlx.runtime.team import WaitPolicy, openmp_spins
+from rlx.toolchain.blas_load import blas_loading
 
 
 def parse_dim(text: str) -> tuple[int, tuple[str, ...]]:
@@ -150,12 +151,14 @@ def load_library(path: str | os.PathLike[str]) -> Library:
 
     The library is never unmapped (RTLD_NODELETE): OpenMP threads that are still
     spinning in it or its libgomp when the interpreter exits must not find the
-    code gone.
+    code gone. A BLAS it brings in starts without a thread pool (`blas_loading`:
+    the runs use it single-threaded).
     """
     path = Path(path)
     configure_openmp()
     try:
-        lib = ffi.dlopen(str(path.resolve()), ffi.RTLD_NOW | ffi.RTLD_LOCAL | ffi.RTLD_NODELETE)
+        with blas_loading():
+            lib = ffi.dlopen(str(path.resolve()), ffi.RTLD_NOW | ffi.RTLD_LOCAL | ffi.RTLD_NODELETE)
     except OSError as exc:
         raise ArtifactError(f"cannot load {path}: {exc}") from None
     try:

@@ -48,25 +48,37 @@ False
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlx.config import Config
 from rlx.errors import BuildError, CacheError
+
+if TYPE_CHECKING:  # the listing's and explain's values (rlx.toolchain.cache_report): a hit needs none
+    from rlx.toolchain.cache_report import Difference, EntryInfo, Explanation
+
+#: Public names of rlx.toolchain.cache_report, read through this module too (loaded on first use; not cached
+#: in this module's globals, which rlx.pristine watches).
+_REPORT_NAMES = ("Difference", "EntryInfo", "Explanation")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _REPORT_NAMES:
+        raise AttributeError(f"module 'rlx.toolchain.cache' has no attribute {name!r}")
+    from rlx.toolchain import cache_report
+
+    return getattr(cache_report, name)
 
 
 def _debug(message: str, *args: object) -> None:
@@ -101,6 +113,8 @@ _COUNTERS: dict[str, float] = {
     "lock_waits": 0, "quarantined": 0, "evicted": 0,
 }
 STATS = "stats.json"
+#: The names of temp files of a stats.json update (gc removes one a crash left behind).
+STATS_TEMP_PREFIX = ".stats."
 #: Seconds to wait for another process's update of stats.json before dropping this update (counts are advisory).
 _STATS_LOCK_TIMEOUT = 2.0
 _TEMP_BUILDS: list[Path] = []
@@ -181,61 +195,6 @@ class CacheEntry:
     @property
     def components(self) -> dict:
         return dict(self.meta.get("components", {}))
-
-
-@dataclass(frozen=True)
-class EntryInfo:
-    """One entry as listed by `AotCache.entries()` (not verified)."""
-
-    key: str
-    dir: Path
-    layer: str
-    bytes: int
-    created: float
-    last_use: float
-    components: dict = field(compare=False, repr=False)
-    name: str = ""  # the graph's name: meta.json "info", else the generated source's header ("" if unknown)
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One key component that differs between the wanted key and a cached entry."""
-
-    component: str
-    wanted: Any
-    cached: Any
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What `AotCache.explain` found: a hit, or the nearest entry and what differs from it."""
-
-    key: str
-    hit: bool
-    where: Path | None = None
-    nearest: str | None = None
-    differences: tuple[Difference, ...] = ()
-    note: str = ""
-
-    def __str__(self) -> str:
-        if self.hit:
-            return f"{self.key}: cached in {self.where} (a hit)"
-        lines = [f"{self.key}: not cached"]
-        if self.note:
-            lines.append(f"  {self.note}")
-        if self.nearest is not None:
-            lines.append(f"  nearest entry {self.nearest} differs in {len(self.differences)} component(s):")
-            for d in self.differences:
-                lines.append(f"    {d.component}: wanted {_short(d.wanted)}, cached {_short(d.cached)}")
-        return "\n".join(lines)
-
-
-def _short(value: Any, limit: int = 72) -> str:
-    if value is None:
-        return "(absent)"
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    text = " / ".join(line.strip() for line in text.splitlines() if line.strip()) or repr(text)
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 class _Corrupt(Exception):
@@ -441,6 +400,9 @@ class AotCache:
 
     def _build_holding_lock(self, key: str, components: Mapping[str, Any],
                             build: Callable[[Path], None], info: Mapping[str, Any] | None = None) -> CacheEntry:
+        import shutil
+        import tempfile
+
         final = self.entry_dir(key)
         try:
             entry = self._verified(key, self.root, layer="root", hit=True)
@@ -469,6 +431,10 @@ class AotCache:
 
     def _build_uncached(self, key: str, components: Mapping[str, Any], build: Callable[[Path], None],
                         info: Mapping[str, Any] | None = None) -> CacheEntry:
+        import atexit
+        import shutil
+        import tempfile
+
         self._count(misses=1)
         work = Path(tempfile.mkdtemp(prefix="rlx-build-"))
         if not _TEMP_BUILDS:
@@ -506,7 +472,10 @@ class AotCache:
                     totals[k] = totals.get(k, 0) + v
                 totals["build_seconds"] = round(float(totals.get("build_seconds", 0.0)), 4)
                 totals["since"] = totals.get("since") or time.time()
-                fd, tmp = tempfile.mkstemp(prefix=".stats.", dir=self.root)
+                # One name will do while the stats lock is held (no other writer), so no tempfile (an import
+                # a warm hit, which counts itself here, need not pay); `gc` removes one a crash left.
+                tmp = self.root / f"{STATS_TEMP_PREFIX}tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
                 try:
                     with os.fdopen(fd, "w", encoding="utf-8") as f:
                         json.dump(totals, f, sort_keys=True)
@@ -566,6 +535,8 @@ class AotCache:
         self._ensure_root()
         _mkdir_private(path.parent.parent)
         _mkdir_private(path.parent)
+        import tempfile  # a miss's write only: a warm hit reads
+
         fd, tmp = tempfile.mkstemp(prefix=".memo.", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -593,6 +564,8 @@ class AotCache:
 
     def _clean_stale_tmp(self, stale_seconds: float | None = None) -> int:
         """Remove temp dirs of builds whose process died (key lock free) and that are old enough."""
+        import shutil
+
         age = self.stale_seconds if stale_seconds is None else stale_seconds
         tmp = self.root / "tmp"
         removed = 0
@@ -638,6 +611,9 @@ class AotCache:
         Entries in `protect`, entries used in the last `evict_grace_seconds`
         and entries whose key lock is held are kept. Returns the evicted keys.
         """
+        import shutil
+        import tempfile
+
         bound = self.config.cache_max_bytes if max_bytes is None else max_bytes
         infos = self.entries(layers=False)
         total = sum(e.bytes for e in infos)
@@ -699,12 +675,14 @@ class AotCache:
 
     def gc(self, *, stale_seconds: float | None = None, quarantine_days: float = 7.0) -> dict[str, int]:
         """Remove crashed builds' temp dirs, old quarantined entries, and evict to the size bound."""
+        import shutil
+
         if not self.root.is_dir():
             return {"tmp": 0, "quarantine": 0, "evicted": 0}
         check_private(self.root, "cache root")
         removed_tmp = self._clean_stale_tmp(stale_seconds)
         # Temp files of a stats.json update whose process died between writing and renaming.
-        for tmp in self.root.glob(".stats.*"):
+        for tmp in self.root.glob(f"{STATS_TEMP_PREFIX}*"):
             with contextlib.suppress(OSError):
                 if time.time() - tmp.lstat().st_mtime >= self.stale_seconds:
                     tmp.unlink()
@@ -725,6 +703,9 @@ class AotCache:
     def clear(self) -> int:
         """Delete every entry of the writable root (and the quarantine, the compiled kernel units and
         templates); returns the number of entries."""
+        import shutil
+        import tempfile
+
         if not self.root.is_dir():
             return 0
         check_private(self.root, "cache root")
@@ -756,6 +737,8 @@ class AotCache:
         Pass the components the compiler would use (a key alone can only say
         whether it is cached, since a hash cannot be compared component-wise).
         """
+        from rlx.toolchain.cache_report import Difference, Explanation
+
         if isinstance(key_or_components, str):
             matches = self.resolve(key_or_components) if key_or_components else []
             if len(matches) == 1:
@@ -940,6 +923,8 @@ def _entry_dirs(base: Path) -> Iterator[Path]:
 
 
 def _info(d: Path, layer: str) -> EntryInfo:
+    from rlx.toolchain.cache_report import EntryInfo
+
     name = ""
     try:
         meta = json.loads((d / META).read_text(encoding="utf-8"))
@@ -1009,6 +994,8 @@ def publish_dir(work: Path, final: Path) -> None:
 
 
 def _remove_temp_builds() -> None:
+    import shutil
+
     for d in _TEMP_BUILDS:
         shutil.rmtree(d, ignore_errors=True)
 

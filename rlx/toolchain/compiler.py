@@ -35,8 +35,6 @@ import functools
 import hashlib
 import os
 import re
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ from typing import TYPE_CHECKING
 from rlx.config import Config
 from rlx.errors import BuildError
 from rlx.templates_path import templates_dir
+from rlx.toolchain.blas_load import blas_loading
 
 if TYPE_CHECKING:
     import subprocess
@@ -190,7 +189,7 @@ def _openblas32_files() -> list[str]:
 
 def _fingerprint(cc: str, blas: str, cpu_target: str, sanitize: str) -> dict | None:
     """Cheap facts that determine every probe result, or None when they cannot be read."""
-    found = shutil.which(cc)
+    found = which(cc)
     if found is None:
         return None
     files = [os.path.realpath(found)]
@@ -259,10 +258,38 @@ def _detect(cc: str, blas: str, cpu_target: str, sanitize: str) -> Toolchain:
     )
 
 
+def which(cmd: str) -> str | None:
+    """The path `shutil.which(cmd)` gives: `cmd` if it names a file (with a directory part), else the first
+    executable of that name on PATH; None if none. On POSIX without importing shutil, which loads zlib,
+    bz2 and lzma (~3 ms of a warm start, whose toolchain fingerprint resolves the compiler).
+
+    >>> which("sh") is not None, which("no-such-command-rlx") is None
+    (True, True)
+    """
+    if os.name != "posix":
+        import shutil
+
+        return shutil.which(cmd)
+
+    def runnable(path: str) -> bool:
+        return os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path)
+
+    if os.path.dirname(cmd):
+        return cmd if runnable(cmd) else None
+    path = os.environ.get("PATH")
+    if path is None:
+        path = os.confstr("CS_PATH") if "CS_PATH" in os.confstr_names else os.defpath
+    for directory in dict.fromkeys(path.split(os.pathsep)) if path else ():
+        candidate = os.path.join(directory, cmd)
+        if runnable(candidate):
+            return candidate
+    return None
+
+
 @functools.lru_cache(maxsize=16)
 def find_compiler(cc: str) -> tuple[str, str]:
     """(resolved path, `--version` text) of the C compiler named `cc` (a name or a path)."""
-    found = shutil.which(cc)
+    found = which(cc)
     if found is None:
         raise BuildError(f"C compiler {cc!r} not found (set CC or Config.cc to a working compiler)")
     resolved = os.path.realpath(found)
@@ -331,6 +358,7 @@ def version_text(resolved: str, what: str, timeout: float = _PROBE_TIMEOUT) -> s
 
 def _probe(cc: str, source: str, flags: list[str], link: bool = True) -> subprocess.CompletedProcess[str]:
     import subprocess  # here: a warm start runs no compiler, and need not import subprocess
+    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="rlx-probe-") as tmp:
         src = Path(tmp) / "probe.c"
@@ -441,7 +469,8 @@ def _pkg_prefix(sob: object) -> str:
 
 def _has_symbol(library: str, symbol: str) -> bool:
     try:
-        lib = ctypes.CDLL(library)
+        with blas_loading():  # loading it starts no thread pool (the runs use it single-threaded)
+            lib = ctypes.CDLL(library)
     except OSError:
         return False
     return hasattr(lib, symbol)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,33 +38,59 @@ from rlx.errors import BuildError
 from rlx.templates_path import templates_dir
 from rlx.toolchain.cache import AotCache, cache_key
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
-from rlx.toolchain.units import compile_program
 from rlx.toolchain.walk import entries_under
 
 #: The manifest's "key" while the source digest is taken (the key depends on that digest).
 KEY_PENDING = ""
 
 
-def templates_digest(target: str = "cpu") -> str:
+#: templates_digest's values in this process, by the files' signature (the latest one per folder).
+_templates_memo: dict[tuple, str] = {}
+
+
+def templates_digest(target: str = "cpu", cache: AotCache | None = None) -> str:
     """sha256 over every file under templates/<target> (names and contents).
+
+    The files are read only when their signature changed: each one's path, size, mtime, ctime and
+    inode, as for `rlx.driver.compiler_source_digest` (an edit changes the mtime and the ctime, a
+    replaced file its inode). The digest of a signature is kept in this process and, given an enabled
+    `cache`, in its memo (`templates_digest`), so a warm start stats the files and reads none.
 
     >>> len(templates_digest("cpu"))
     64
     """
-    h = hashlib.sha256()
-    for rel, path in _template_files(str(templates_dir() / target)):
-        h.update(rel.encode())
-        h.update(b"\0")
-        with open(path, "rb") as fh:
-            h.update(fh.read())
-        h.update(b"\0")
-    return h.hexdigest()
+    top = str(templates_dir() / target)
+    files = _template_files(top)
+    signature = (top, tuple((rel, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for rel, _, st in files))
+    cached = _templates_memo.get(signature)
+    if cached is not None:
+        return cached
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        for rel, path, _ in files:
+            h.update(rel.encode())
+            h.update(b"\0")
+            with open(path, "rb") as fh:
+                h.update(fh.read())
+            h.update(b"\0")
+        return h.hexdigest()
+
+    if cache is not None and cache.enabled:
+        value = cache.memo("templates_digest", {"files": hashlib.sha256(repr(signature).encode()).hexdigest()}, digest)
+    else:
+        value = digest()
+    for old in [k for k in _templates_memo if k[0] == top]:  # one signature per folder: the current one
+        del _templates_memo[old]
+    _templates_memo[signature] = value
+    return value
 
 
-def _template_files(top: str) -> list[tuple[str, str]]:
-    """(path relative to `top` in posix form, path) of every file under `top` outside __pycache__, in the
-    order of their relative paths' parts (`rlx.toolchain.walk`: a warm start digests the templates)."""
-    return sorted(((rel, e.path) for rel, e in entries_under(top) if e.is_file()), key=lambda f: f[0].split("/"))
+def _template_files(top: str) -> list[tuple[str, str, os.stat_result]]:
+    """(path relative to `top` in posix form, path, stat) of every file under `top` outside __pycache__, in
+    the order of their relative paths' parts (`rlx.toolchain.walk`: a warm start lists the templates)."""
+    return sorted(((rel, e.path, e.stat()) for rel, e in entries_under(top) if e.is_file()),
+                  key=lambda f: f[0].split("/"))
 
 
 def source_digest(text: str) -> str:
@@ -87,7 +112,7 @@ def cpu_toolchain_components(toolchain: Toolchain, config: Config | None = None)
         "compiler": toolchain.compiler_identity(),
         "flags": " ".join((*toolchain.flags, *toolchain.link_flags)),
         # Redundant with "source" for the compiled file, but names a template change in `cache explain`.
-        "templates": templates_digest("cpu"),
+        "templates": templates_digest("cpu", AotCache(config) if config is not None else None),
         "blas": toolchain.blas.identity(),
     }
 
@@ -133,6 +158,10 @@ def build_cpu(source: Callable[[str], str], components: dict[str, str], config: 
     key = cache_key(components)
 
     def build(workdir: Path) -> None:
+        import tempfile
+
+        from rlx.toolchain.units import compile_program  # a miss's build only (a warm hit builds nothing)
+
         path = workdir / "model.c"
         # Rendered again with the key: only on a miss, where the C compiler's seconds dwarf it.
         text = source(key)

@@ -3,7 +3,8 @@
 The warm start runs in fresh processes against a private cache: one compiles (cold), the next
 finds the built library by the graph's recipe (`Session.compile_recipe`: without building the graph)
 and embeds; that one must not import the code generators, the optimizer, jinja2 or any optional
-frontend, nor the IR's graphs and op classes, nor ml_dtypes (`WARM_MUST_NOT_IMPORT`). Module sets,
+frontend, nor the IR's graphs and op classes, nor ml_dtypes, nor what only a build uses (`WARM_MUST_NOT_IMPORT`), nor,
+once the cache's memos are written, what writing one needs (`WARM_MEMOS_MUST_NOT_IMPORT`). Module sets,
 not wall-clock times: what is imported is what costs start-up time.
 """
 
@@ -38,7 +39,16 @@ WARM_MUST_NOT_IMPORT = ("jinja2", "rlx.codegen", "rlx.opt", "rlx.reference", "rl
                         # run_async's executor; the governor's median is computed without statistics
                         "concurrent.futures", "statistics",
                         # numpy's bfloat16 and narrow types, for graphs and arrays that have them (rlx.ir.dtype)
-                        "ml_dtypes")
+                        "ml_dtypes",
+                        # what only a build or cache maintenance uses: the kernel units, the memory estimate,
+                        # the ISA record, the cache listing's values
+                        "rlx.toolchain.units", "rlx.runtime.memory", "rlx.toolchain.isa", "rlx.toolchain.cache_report")
+#: ...and what writing a memo loads: the stdlib modules of temp files (shutil loads zlib, bz2 and lzma;
+#: the toolchain's `which` and the cache's stats update do without them) and cffi's C parser (which
+#: imports subprocess, as running the C compiler does). The first
+#: process after a cold one in a new cache root writes the runtime's cffi declarations (`rlx.runtime.ffi_memo`:
+#: the cold process loaded the runtime before the root existed); every later one reads them.
+WARM_MEMOS_MUST_NOT_IMPORT = ("shutil", "tempfile", "bz2", "lzma", "random", "pycparser", "subprocess")
 
 # argv: the model directory. Prints one JSON line: the embedding, whether the library came from the
 # cache, and the loaded modules that WARM_MUST_NOT_IMPORT names.
@@ -85,11 +95,16 @@ def test_bad_sentences_are_named(model_dir: Path, sentences: object, message: st
         emb.embed(sentences)  # type: ignore[arg-type]
 
 
+def _named(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
+
+
 def _fresh_process(model_dir: Path, cache: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RLX_TEMPLATES_DIR", "RLX_CACHE", "RLX_CACHE_PATH")}
     env.update(RLX_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
     # -P: the working directory must not shadow PYTHONPATH's rlx
-    proc = subprocess.run([sys.executable, "-P", "-c", CHILD, str(model_dir), json.dumps(WARM_MUST_NOT_IMPORT)],
+    forbidden = WARM_MUST_NOT_IMPORT + WARM_MEMOS_MUST_NOT_IMPORT
+    proc = subprocess.run([sys.executable, "-P", "-c", CHILD, str(model_dir), json.dumps(forbidden)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -100,6 +115,9 @@ def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: 
     cache = tmp_path / "cache"
     cold = _fresh_process(model_dir, cache)
     assert not cold["hit"] and "rlx.codegen.cpu.emit" in cold["loaded"] and "rlx.opt.pipeline" in cold["loaded"]
+    first = _fresh_process(model_dir, cache)
+    assert first["hit"] and first["pristine"] and not first["built_graph"]
+    assert _named(first["loaded"], WARM_MUST_NOT_IMPORT) == [], f"a warm start imported {first['loaded']}"
     warm = _fresh_process(model_dir, cache)
     assert warm["hit"] and warm["pristine"]
     assert cold["built_graph"] and not warm["built_graph"], "a warm start built the graph (recipe index missed)"
