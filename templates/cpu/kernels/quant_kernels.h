@@ -249,12 +249,15 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
     for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
             lo[i] = hi[i] = (rlx_qv16f){0};
+    const float *xr[RLX_QF32_TILE];  /* the rows' starts, computed once: K is a runtime value in the unit */
+    for (int i = 0; i < RLX_QF32_TILE; i++)
+        xr[i] = X + (i < mr ? i : 0) * K;
     for (int64_t b = 0; b < nb; b++) {
         rlx_qv16f wv[2];
         rlx_qblk_v16(fmt, w + b * qb, wv);
         for (int i = 0; i < RLX_QF32_TILE; i++)
             if (i < mr) {
-                const float *x = X + i * K + b * 32;
+                const float *x = xr[i] + b * 32;
                 lo[i] = RLX_QV16_FMA(rlx_qv16_load(x), wv[0], lo[i]);
                 hi[i] = RLX_QV16_FMA(rlx_qv16_load(x + 16), wv[1], hi[i]);
             }
@@ -288,6 +291,9 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
         if (i < mr)
             acc[i] = _mm256_setzero_ps();
     const __m128i low4 = _mm_set1_epi8(0x0F);
+    const float *xr[RLX_QF32_TILE];  /* the rows' starts, computed once: K is a runtime value in the unit */
+    for (int i = 0; i < RLX_QF32_TILE; i++)
+        xr[i] = X + (i < mr ? i : 0) * K;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * qb;
         __m256 q[4];
@@ -308,7 +314,7 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
         const __m256 d = _mm256_set1_ps(rlx_q_half(blk));
         for (int i = 0; i < RLX_QF32_TILE; i++)
             if (i < mr) {
-                const float *x = X + i * K + b * 32;
+                const float *x = xr[i] + b * 32;
                 __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x), q[0]);
                 p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), q[1], p);
                 p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), q[2], p);
@@ -320,12 +326,15 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
     for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
             macc[i] = 0.0f;
+    const float *xsr[RLX_QF32_TILE];  /* the rows' block sums */
+    for (int i = 0; i < RLX_QF32_TILE; i++)
+        xsr[i] = xs + (i < mr ? i : 0) * nb;
     if (fmt == RLX_Q4_1)
         for (int64_t b = 0; b < nb; b++) {
             const float m = rlx_q_half(w + b * qb + 2);
             for (int i = 0; i < RLX_QF32_TILE; i++)
                 if (i < mr)
-                    macc[i] += m * xs[i * nb + b];
+                    macc[i] += m * xsr[i][b];
         }
     for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
