@@ -2,7 +2,8 @@
 
 A fixed kernel header `templates/cpu/kernels/NAME.h` may come with a translation unit
 `kernels/NAME.c` that defines the functions the header declares (e.g. `packed_core.c`, the packed
-GEMM's unrolled AVX-512 / AVX2 micro-kernel). Such code does not depend on the graph, so it is not
+GEMM's unrolled AVX-512 / AVX2 micro-kernel; `quant.c`, the quantized matmuls' kernels, one entry
+point per block format). Such code does not depend on the graph, so it is not
 compiled again into every program: the first build that needs it compiles it with the program's
 own flags into an object kept in the AOT cache root, and every program whose source includes the
 header (directly or through another kernel header) links that object. A small graph's own file
@@ -25,6 +26,8 @@ directory each time.
 >>> from pathlib import Path
 >>> [p.name for p in units_for('#include "kernels/packed_gemm.h"\\n')]
 ['packed_core.c']
+>>> [p.name for p in units_for('#include "kernels/quant.h"\\n')]
+['packed_core.c', 'quant.c']
 >>> units_for('#include "kernels/scalar.h"\\n')
 ()
 """

@@ -1,4 +1,4 @@
-"""The f32 decode GEMVs of templates/cpu/kernels/quant.h, checked on any x86-64 machine: the AVX-512 one is
+"""The f32 decode GEMVs of templates/cpu/kernels/quant_kernels.h, checked on any x86-64 machine: the AVX-512 one is
 written in GCC's 16-float vector types, so tests/codegen/data/qgemv_vec16.c builds it with
 -DRLX_QGEMV_VEC16 where AVX-512 is missing; the AVX2 one (also 8 rows a tile) builds for x86-64-v3. Each
 is checked for batch invariance (bit for bit: a speculative verification's rows equal one-row steps) and

@@ -100,13 +100,14 @@ def _bound(x: np.ndarray, raw: np.ndarray, fmt: str, want: np.ndarray, act: str)
     return (K + 4) * U32 * terms + U32 * np.abs(want)
 
 
-def _kernel(name: str, act: str) -> str:
-    return f"{name}_f32(" if act == "f32" else f"{name}("
+def _kernel(name: str, fmt: str, act: str) -> str:
+    """The kernel unit's entry point (kernels/quant.h) a group of `fmt` weights with `act` activations calls."""
+    return f"{name}_{fmt}_{act}("
 
 
 def check_qkv(fmt: str, act: str, threads: int) -> None:
     g = _qkv_graph(fmt, act)
-    for m, x, w, cg in _grouped_runs(g, fmt, threads, 5, _kernel("rlx_qgroup_rows", act)):
+    for m, x, w, cg in _grouped_runs(g, fmt, threads, 5, _kernel("rlx_qgroup_rows", fmt, act)):
         got = dict(zip(g.output_names, cg.run({"x": x})))
         want = dict(zip(g.output_names, reference_run(g, {"x": x}, w)))
         h = x * x
@@ -117,7 +118,7 @@ def check_qkv(fmt: str, act: str, threads: int) -> None:
 
 def check_swiglu(fmt: str, act: str, threads: int) -> None:
     g = _swiglu_graph(fmt, act)
-    for m, x, w, cg in _grouped_runs(g, fmt, threads, 6, _kernel("rlx_qgroup_swiglu", act)):
+    for m, x, w, cg in _grouped_runs(g, fmt, threads, 6, _kernel("rlx_qgroup_swiglu", fmt, act)):
         got = cg.run({"x": x})[0]
         want = reference_run(g, {"x": x}, w)[0]
         # gate and up as the reference computes them (the same activation quantization)
@@ -180,7 +181,7 @@ def test_f32_swiglu_survives_its_output_taking_the_activation_buffer() -> None:
     w = {"wg": Q.random_blocks(rng, width, K, "q4_1"), "wu": Q.random_blocks(rng, width, K, "q4_1"),
          "wd": Q.random_blocks(rng, K, width, "q4_1")}
     cg = compile_graph(g, w, opt_level=2)
-    assert "rlx_qgroup_swiglu_f32(" in (cg.source or "")
+    assert "rlx_qgroup_swiglu_q4_1_f32(" in (cg.source or "")
     wg, wu, wd = (np.abs(Q.abs_terms(w[n], "q4_1", k).astype(np.float64)) for n, k in
                   (("wg", K), ("wu", K), ("wd", width)))
     for m in (1, 5, 16):

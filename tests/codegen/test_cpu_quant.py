@@ -22,6 +22,7 @@ import rlx  # noqa: E402
 from rlx.errors import BuildError, ShapeError  # noqa: E402
 from rlx.ir import quant as Q  # noqa: E402
 from rlx.reference import run as reference_run  # noqa: E402
+from rlx.toolchain.units import units_for  # noqa: E402
 
 FORMATS = sorted(Q.QUANT_FORMATS)
 ROWS = (1, 3, 17, 64)  # GEMV (<= 16 rows) and dequantized panels + GEMM (more)
@@ -44,6 +45,10 @@ def check_format(fmt: str, rows: tuple[int, ...] = ROWS, seed: int = 0) -> None:
     raw = Q.random_blocks(rng, N, k, fmt)
     g = _graph(fmt, k)
     cg = compile_graph(g, {"w": raw})
+    # the kernels are the kernel unit's entry points of this format, linked, not compiled into the program
+    source = cg.source or ""
+    assert f"rlx_qgemv_{fmt}(" in source and f"rlx_qgemm_panels(rlx_q_dequant_panel_{fmt}," in source
+    assert "quant.c" in [u.name for u in units_for(source)]
     mag = Q.abs_terms(raw, fmt, k).astype(np.float64)
     for m in rows:
         x = rng.standard_normal((m, k)).astype(np.float32)

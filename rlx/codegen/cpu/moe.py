@@ -33,7 +33,7 @@ from rlx.ir.quant import quant_format
 RULES = RuleSet("cpu")
 
 TEMPLATE = "moe.c.j2"
-HEADERS = ("kernels/argmax.h", "kernels/packed_gemm.h", "kernels/quant.h", "kernels/moe.h")
+HEADERS = ("kernels/argmax.h", "kernels/packed_gemm.h", "kernels/quant.h", "kernels/qgemm_panels.h", "kernels/moe.h")
 #: The weight-kind ids of kernels/moe.h (block formats use kernels/quant.h's format ids).
 FLOAT_KINDS = {DType.F32: "RLX_MOE_F32", DType.F16: "RLX_MOE_F16", DType.BF16: "RLX_MOE_BF16"}
 QUANT_KINDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",

@@ -1,11 +1,14 @@
 """CPU rules for GGUF-quantized weights: `dequant_matmul` and `dequantize`.
 
 Registered into the CPU rule table when `rlx.codegen.cpu.emit` is imported (and so
-by `rlx.codegen.backends`). The kernels (`templates/cpu/kernels/quant.h`)
-read the 4/8-bit blocks directly: a GEMV per weight row for few rows of
-activations (decode), and for more rows (prefill) panels of the weight
-dequantized into per-thread scratch and multiplied by the packed-GEMM
-micro-kernel. The format is a compile-time constant of the generated code.
+by `rlx.codegen.backends`). The kernels read the 4/8-bit blocks directly: a
+GEMV per weight row for few rows of activations (decode), and for more rows
+(prefill) panels of the weight dequantized into per-thread scratch and
+multiplied by the packed-GEMM micro-kernel. They are the kernel unit
+`templates/cpu/kernels/quant.c` (declared in `kernels/quant.h`), compiled once
+per toolchain and linked into every program using it (`rlx.toolchain.units`);
+the generated code calls its entry points for the op's format
+(`rlx_qgemv_q4_1`, ...), each compiled with the format as a constant.
 
 >>> import rlx
 >>> from rlx.ir.quant import row_bytes
@@ -35,11 +38,9 @@ from rlx.ir.shape import product
 RULES = RuleSet("cpu")
 
 TEMPLATE = "quant.c.j2"
-#: quant.h multiplies prefill panels with the packed-GEMM kernel (which brings the epilogue).
-HEADERS = ("kernels/packed_gemm.h", "kernels/quant.h")
-#: A decode GEMV group's pass (kernels/qgemv_group.h), for the node that leads one.
-GROUP_HEADERS = ("kernels/qgemv_group.h",)
-#: The format ids of kernels/quant.h.
+#: The kernel unit's entry points (quant.h), and the prefill panels' packed GEMM (which brings the epilogue).
+HEADERS = ("kernels/packed_gemm.h", "kernels/quant.h", "kernels/qgemm_panels.h")
+#: The format ids of kernels/quant.h (each format's entry points are named by its key).
 FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
 #: The most rows of X the GEMV path takes (RLX_QDECODE_MAX_M in kernels/quant.h).
@@ -71,6 +72,7 @@ class DequantMatMulArgs:
     n: int
     k: int
     row_bytes: int
+    #: The format's name (lower case): the suffix of the unit's entry points (`rlx_qgemv_q4_1`).
     quant: str
     fmt: str
     qk: int
@@ -133,11 +135,10 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
         shared = align64(gemv_rows * k * 4)
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
-        m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=op.quant,
+        m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=fmt.name,
         fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, block_sums=fmt.name == "q4_1",
         wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xds_offset=xds_offset, group=group)
-    headers = HEADERS + (GROUP_HEADERS if group is not None else ())
-    return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=headers, header=node_header(node, 80),
+    return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch,
                   scratch_shared=shared)
 
@@ -165,7 +166,7 @@ def emit_dequantize(em, node: Node) -> Kernel:
     label = _label(node)
     args = DequantizeArgs(
         label=label, x=em.ptr(node.inputs[0]), y=em.ptr(node.id, const=False),
-        rows=em.dim(product(x.dims[:-1])), k=k, row_bytes=x.dims[-1].value, quant=op.quant,
+        rows=em.dim(product(x.dims[:-1])), k=k, row_bytes=x.dims[-1].value, quant=fmt.name,
         fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, grain=GRAIN)
     return Kernel(node.id, "dequantize", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label)

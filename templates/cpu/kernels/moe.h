@@ -1,6 +1,6 @@
 /* Sparse mixture-of-experts kernels (rlx/ir/ops_moe.py): the router (moe_topk, moe_gate) and the
  * expert matmul (moe_matmul). Needs kernels/threads.h, kernels/half.h, kernels/gemm.h,
- * kernels/packed_gemm.h, kernels/quant.h and kernels/argmax.h (rlx_isnan_f32).
+ * kernels/packed_gemm.h, kernels/quant.h, kernels/qgemm_panels.h and kernels/argmax.h (rlx_isnan_f32).
  * A fixed RLX kernel header: no template code; included by generated files that need it.
  *
  * The expert weights are W[E, N, K]: expert e's [N, K] matrix is N rows of `rb` bytes, f32, f16 or bf16
@@ -124,7 +124,7 @@ static inline __attribute__((always_inline)) void rlx_moe_gemv_rows(const int wk
     if (wk >= 0) {
         if (wk == RLX_Q4_1)
             rlx_q_block_sums(M, K, X, xs);
-        rlx_qgemv(wk, qk, qb, M, ldy, K, X, xs, We, rb, Y, n0, n1, wrow);
+        rlx_qgemv_fmt(wk, M, ldy, K, X, xs, We, rb, Y, n0, n1, wrow);  /* the kernel unit's rlx_qgemv_<fmt> */
         return;
     }
     for (int64_t n = n0; n < n1; n++) {
@@ -206,7 +206,7 @@ static inline __attribute__((always_inline)) void rlx_moe_group_gemm(const int w
     } else if (wk >= 0) {
         int64_t p0, p1;
         rlx_split((N + RLX_QP - 1) / RLX_QP, t, team, &p0, &p1);
-        rlx_qgemm_panels(wk, qk, qb, M, N, K, Xs, We, rb, Ys, p0, p1, panel, wrow);
+        rlx_qgemm_panels(rlx_q_dequant_panel_fn(wk), M, N, K, Xs, We, rb, Ys, p0, p1, panel, wrow);
     } else {
         rlx_split(N, t, team, &n0, &n1);
         for (int64_t n = n0; n < n1; n++) {

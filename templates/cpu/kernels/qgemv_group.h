@@ -2,8 +2,9 @@
  * SwiGLU after them), as one pass: the activation is quantized once and one team splits the rows of
  * all the weights, so a decode step forks once where it forked per projection (and ran the SwiGLU as
  * its own kernel). f32 activations take the same pass through rlx_qgemv (the _f32 functions below).
- * Needs kernels/quant.h (the GEMVs) and kernels/scalar.h (silu).
- * A fixed RLX kernel header: no template code; included by generated files that need it. */
+ * Needs kernels/quant_kernels.h (the GEMVs) and kernels/scalar.h (silu). Part of the kernel unit
+ * kernels/quant.c (entry points rlx_qgroup_rows_<fmt>_<act>, rlx_qgroup_swiglu_<fmt>_<act>, declared in
+ * kernels/quant.h); not included by generated files. */
 #ifndef RLX_KERNELS_QGEMV_GROUP_H
 #define RLX_KERNELS_QGEMV_GROUP_H
 

@@ -1,4 +1,4 @@
-/* The AVX-512 f32 decode GEMV of kernels/quant.h (rlx_qdot_simd in 16-float vectors), built from the
+/* The AVX-512 f32 decode GEMV of kernels/quant_kernels.h (rlx_qdot_simd in 16-float vectors), built from the
  * same source on any x86-64 with -DRLX_QGEMV_VEC16 (each vector two AVX2 registers, or four SSE ones),
  * so machines without AVX-512 check its arithmetic; built with -march=x86-64-v3 alone, the AVX2 kernel
  * (also 8 rows a tile) (tests/codegen/test_c_qgemv_vec16.py):
@@ -21,7 +21,7 @@ static inline void rlx_epilogue_act(float *restrict c, int64_t ldc, int64_t mr, 
 #include "kernels/half.h"
 #include "kernels/gemm.h"
 #include "kernels/packed_gemm.h"
-#include "kernels/quant.h"
+#include "kernels/quant_kernels.h"
 
 #if RLX_QF32_TILE != 8
 #error "not an 8-row SIMD kernel"
