@@ -411,8 +411,12 @@ template <> struct RlxQUnit<RLX_Q4_K> {  /* 16 bytes of quants: 16 values each o
     static __device__ __forceinline__ void xload(const float *__restrict__ xs, int64_t u, XFrag &x) {
         const int g = (int)((u >> 1) & 3), h = (int)(u & 1);
         const float *x0 = xs + ((u >> 3) * 8 + 2 * g) * RLX_QFUSED_PAD, *x1 = x0 + RLX_QFUSED_PAD;
-        rlx_qf_load<16>(x0 + 16 * h, x.a);
-        rlx_qf_load<16>(x1 + 16 * h, x.b);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {  /* the two halves' loads interleaved, as measured (docs/perf-h100.md) */
+            const float4 a = ((const float4 *)(x0 + 16 * h))[q], b = ((const float4 *)(x1 + 16 * h))[q];
+            x.a[4 * q] = a.x; x.a[4 * q + 1] = a.y; x.a[4 * q + 2] = a.z; x.a[4 * q + 3] = a.w;
+            x.b[4 * q] = b.x; x.b[4 * q + 1] = b.y; x.b[4 * q + 2] = b.z; x.b[4 * q + 3] = b.w;
+        }
         x.s0 = x0[32 + h];
         x.s1 = x1[32 + h];
     }
