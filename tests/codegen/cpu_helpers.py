@@ -90,3 +90,15 @@ def sanitizer_env(kind: str, tmp_path: Path, options: dict[str, str], *extra_pat
                 "RLX_CACHE_DIR": os.environ.get("RLX_CACHE_DIR", str(tmp_path / "cache")),
                 "PYTHONPATH": os.pathsep.join(paths)})
     return env
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags /proc/cpuinfo lists (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()

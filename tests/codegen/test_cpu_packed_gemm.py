@@ -18,24 +18,12 @@ import os
 
 import numpy as np
 import pytest
-from cpu_helpers import assert_within, compile_graph, gemm_bound
+from cpu_helpers import assert_within, compile_graph, cpu_flags, gemm_bound
 
 import rlx
 from rlx.ir import ops as O
 
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-_FLAGS = _cpu_flags()
+_FLAGS = cpu_flags()
 _X86 = os.uname().machine in ("x86_64", "AMD64")
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cpu_helpers import cpu_flags
 
 from rlx.templates_path import templates_dir
 from rlx.toolchain.compiler import BASE_FLAGS
@@ -33,23 +34,12 @@ GELU_SPECIALS = [np.inf, -np.inf, np.nan, -0.0, 0.0, -16.0, -15.99, -20.0, 16.0,
                  -0.7499999, 13.5, -13.5, 1e-30, -1e-30, 1e-45, -1e-45, 3e38, -3e38, 5.0, -5.0]
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @pytest.fixture(scope="module", params=sorted(LEVELS))
 def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, str]:
     level = request.param
     if os.uname().machine not in ("x86_64", "AMD64"):
         pytest.skip(f"{level} is an x86-64 level; this machine is {os.uname().machine}")
-    missing = LEVELS[level] - _cpu_flags()
+    missing = LEVELS[level] - cpu_flags()
     if missing:
         pytest.skip(f"this CPU cannot run {level} code (lacks {', '.join(sorted(missing))})")
     cc = shutil.which("gcc")
