@@ -408,28 +408,20 @@ def to_mir(graph: Any) -> Graph:
 # ── what the compile index's fingerprint covers ─────────────────────────────────────────────────
 
 
-def _files_under(top: str, suffix: str = "") -> list[tuple[str, str, os.stat_result]]:
-    """(path relative to `top` in posix form, path, stat) of the files under `top` whose names end with
-    `suffix`, outside __pycache__, sorted by relative path (`rlx.toolchain.walk`: a warm start lists these
-    files on every compile; the scandir entries carry their stat)."""
-    from rlx.toolchain.walk import entries_under
-
-    return sorted(((rel, e.path, e.stat()) for rel, e in entries_under(top) if e.name.endswith(suffix)),
-                  key=lambda f: f[0])
-
-
 def _compiler_file_stats() -> list[tuple[str, str, os.stat_result]]:
     """(label, path, stat) of every file whose content decides what a graph compiles to."""
+    from rlx.toolchain.walk import files_with_stats
+
     root = os.path.dirname(os.path.abspath(__file__))
     files = []
     for package in COMPILER_PACKAGES:
         sub = package.removeprefix("rlx.").replace(".", "/")
-        files += [(f"py:{sub}/{rel}", path, st) for rel, path, st in _files_under(os.path.join(root, sub), ".py")]
+        files += [(f"py:{sub}/{rel}", path, st) for rel, path, st in files_with_stats(os.path.join(root, sub), ".py")]
     for module in COMPILER_MODULES:
         sub = module.removeprefix("rlx.").replace(".", "/")
         path = os.path.join(root, f"{sub}.py")
         files.append((f"py:{sub}.py", path, os.stat(path)))
-    files += [(f"template:{rel}", path, st) for rel, path, st in _files_under(str(templates_dir()))]
+    files += [(f"template:{rel}", path, st) for rel, path, st in files_with_stats(str(templates_dir()))]
     return files
 
 
@@ -437,9 +429,6 @@ def _compiler_files() -> Iterator[tuple[str, Path]]:
     """(label, path) of every file whose content decides what a graph compiles to."""
     for label, path, _ in _compiler_file_stats():
         yield label, Path(path)
-
-
-_digest_memo: dict[tuple, str] = {}
 
 
 def compiler_source_digest(cache: Any = None) -> str:
@@ -454,26 +443,9 @@ def compiler_source_digest(cache: Any = None) -> str:
     signature is kept in this process and, given an enabled `AotCache`, in its memo
     (`compiler_digest`), so a fresh process reads no file when nothing changed.
     """
-    files = _compiler_file_stats()
-    signature = tuple((label, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for label, _, st in files)
-    cached = _digest_memo.get(signature)
-    if cached is not None:
-        return cached
+    from rlx.toolchain.walk import stat_digest
 
-    def digest() -> str:
-        h = hashlib.sha256()
-        for label, path, _ in files:
-            with open(path, "rb") as fh:
-                h.update(label.encode() + b"\0" + fh.read() + b"\0")
-        return h.hexdigest()
-
-    if cache is not None and cache.enabled:
-        value = cache.memo("compiler_digest", {"files": hashlib.sha256(repr(signature).encode()).hexdigest()}, digest)
-    else:
-        value = digest()
-    _digest_memo.clear()
-    _digest_memo[signature] = value
-    return value
+    return stat_digest("compiler_digest", _compiler_file_stats(), cache)
 
 
 __all__ = ["Device", "Session", "compiler_is_pristine", "compiler_source_digest", "legalize_for", "lower_to_lir",

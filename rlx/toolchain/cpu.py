@@ -38,59 +38,24 @@ from rlx.errors import BuildError
 from rlx.templates_path import templates_dir
 from rlx.toolchain.cache import AotCache, cache_key
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
-from rlx.toolchain.walk import entries_under
+from rlx.toolchain.walk import files_with_stats, stat_digest
 
 #: The manifest's "key" while the source digest is taken (the key depends on that digest).
 KEY_PENDING = ""
 
 
-#: templates_digest's values in this process, by the files' signature (the latest one per folder).
-_templates_memo: dict[tuple, str] = {}
-
-
 def templates_digest(target: str = "cpu", cache: AotCache | None = None) -> str:
     """sha256 over every file under templates/<target> (names and contents).
 
-    The files are read only when their signature changed: each one's path, size, mtime, ctime and
-    inode, as for `rlx.driver.compiler_source_digest` (an edit changes the mtime and the ctime, a
-    replaced file its inode). The digest of a signature is kept in this process and, given an enabled
-    `cache`, in its memo (`templates_digest`), so a warm start stats the files and reads none.
+    The files are read only when their stat signature changed (`rlx.toolchain.walk.stat_digest`, as for
+    `rlx.driver.compiler_source_digest`); given an enabled `cache`, its memo (`templates_digest`) keeps the
+    digest across processes, so a warm start stats the files and reads none.
 
     >>> len(templates_digest("cpu"))
     64
     """
     top = str(templates_dir() / target)
-    files = _template_files(top)
-    signature = (top, tuple((rel, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for rel, _, st in files))
-    cached = _templates_memo.get(signature)
-    if cached is not None:
-        return cached
-
-    def digest() -> str:
-        h = hashlib.sha256()
-        for rel, path, _ in files:
-            h.update(rel.encode())
-            h.update(b"\0")
-            with open(path, "rb") as fh:
-                h.update(fh.read())
-            h.update(b"\0")
-        return h.hexdigest()
-
-    if cache is not None and cache.enabled:
-        value = cache.memo("templates_digest", {"files": hashlib.sha256(repr(signature).encode()).hexdigest()}, digest)
-    else:
-        value = digest()
-    for old in [k for k in _templates_memo if k[0] == top]:  # one signature per folder: the current one
-        del _templates_memo[old]
-    _templates_memo[signature] = value
-    return value
-
-
-def _template_files(top: str) -> list[tuple[str, str, os.stat_result]]:
-    """(path relative to `top` in posix form, path, stat) of every file under `top` outside __pycache__, in
-    the order of their relative paths' parts (`rlx.toolchain.walk`: a warm start lists the templates)."""
-    return sorted(((rel, e.path, e.stat()) for rel, e in entries_under(top) if e.is_file()),
-                  key=lambda f: f[0].split("/"))
+    return stat_digest("templates_digest", files_with_stats(top), cache, slot=f"templates_digest:{top}")
 
 
 def source_digest(text: str) -> str:
