@@ -234,6 +234,16 @@ static inline __m256i rlx_lanes8(int64_t w)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)w), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* The first `width` lanes of v to p (all 8 from 8 on): whole vectors with a plain move (vmaskmovps is microcoded
+ * on AMD). */
+static inline void rlx_store8w(float *p, int64_t width, __m256 v)
+{
+    if (width >= 8)
+        _mm256_storeu_ps(p, v);
+    else
+        _mm256_maskstore_ps(p, rlx_lanes8(width), v);
+}
+
 void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols)
 {
     int64_t i = 0;
@@ -263,10 +273,7 @@ void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols)
             if (++q == 4) {
                 rlx_gelu8x4(v);
                 for (int r = 0; r < 4; r++)
-                    if (width[r] >= 8)
-                        _mm256_storeu_ps(at[r], v[r]);
-                    else
-                        _mm256_maskstore_ps(at[r], rlx_lanes8(width[r]), v[r]);
+                    rlx_store8w(at[r], width[r], v[r]);
                 q = 0;
             }
         }
@@ -275,10 +282,7 @@ void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols)
     if (q)
         rlx_gelu8x4(v);
     for (int r = 0; r < q; r++)
-        if (width[r] >= 8)
-            _mm256_storeu_ps(at[r], v[r]);
-        else
-            _mm256_maskstore_ps(at[r], rlx_lanes8(width[r]), v[r]);
+        rlx_store8w(at[r], width[r], v[r]);
 }
 #endif
 
