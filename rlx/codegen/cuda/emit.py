@@ -95,7 +95,6 @@ _CUDA_TYPE = {DType.F32: "CUDA_R_32F", DType.F16: "CUDA_R_16F", DType.BF16: "CUD
 assert set(_CUDA_TYPE) == set(LT_DTYPES)
 
 
-
 def graph_slots(symbols: Sequence[tuple[str, int]]) -> int:
     """How many captured step graphs a context keeps (one per distinct dims of a run): a serving engine steps
     through every row count up to its bound, so as many as the symbols' bounds add up to, from 16 to 128.
@@ -104,6 +103,7 @@ def graph_slots(symbols: Sequence[tuple[str, int]]) -> int:
     (16, 64, 128)
     """
     return min(128, max(16, sum(bound for _, bound in symbols)))
+
 
 def category(dt: DType) -> str:
     """How generated code treats values of `dt`: float, double, int or bool."""
