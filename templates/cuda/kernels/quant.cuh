@@ -408,17 +408,18 @@ template <> struct RlxQUnit<RLX_Q4_K> {  /* 16 bytes of quants: 16 values each o
     struct XFrag {
         float a[16], b[16], s0, s1;
     };
+    /* x staged by unit (rlx_qf_xoff<true>): unit u's values of sub-block 2g in floats 0-15 of slot u, of 2g + 1 in
+       16-31, their sums in 32 and 33 */
     static __device__ __forceinline__ void xload(const float *__restrict__ xs, int64_t u, XFrag &x) {
-        const int g = (int)((u >> 1) & 3), h = (int)(u & 1);
-        const float *x0 = xs + ((u >> 3) * 8 + 2 * g) * RLX_QFUSED_PAD, *x1 = x0 + RLX_QFUSED_PAD;
+        const float *x0 = xs + u * RLX_QFUSED_PAD;
 #pragma unroll
         for (int q = 0; q < 4; q++) {  /* the two halves' loads interleaved, as measured (docs/perf-h100.md) */
-            const float4 a = ((const float4 *)(x0 + 16 * h))[q], b = ((const float4 *)(x1 + 16 * h))[q];
+            const float4 a = ((const float4 *)x0)[q], b = ((const float4 *)(x0 + 16))[q];
             x.a[4 * q] = a.x; x.a[4 * q + 1] = a.y; x.a[4 * q + 2] = a.z; x.a[4 * q + 3] = a.w;
             x.b[4 * q] = b.x; x.b[4 * q + 1] = b.y; x.b[4 * q + 2] = b.z; x.b[4 * q + 3] = b.w;
         }
-        x.s0 = x0[32 + h];
-        x.s1 = x1[32 + h];
+        x.s0 = x0[32];
+        x.s1 = x0[33];
     }
     __device__ __forceinline__ float dot(const XFrag &x, int64_t u) const {
         const int g = (int)((u >> 1) & 3);
@@ -543,6 +544,27 @@ __device__ __forceinline__ void rlx_load8(const H *p, float v[8]) {
 #pragma unroll
     for (int e = 0; e < 8; e++)
         v[e] = rlx_f(h[e]);
+}
+
+/* Where rlx_qgemv_fused stages chunk c of a row of X (its values 8c .. 8c + 7: rlx_qf_xoff) and the sum of the 16
+ * values that chunks c and c ^ 1 make (rlx_qf_soff).
+ *   by sub-block (UNIT false): sub-block c / 4 in slot c / 4 (RLX_QFUSED_PAD floats), its half sums in floats 32, 33;
+ *   by q4_k unit (UNIT true, the one-row walk rlx_qf_rows1): unit u = 8 * block + 2g + h takes values 16h .. 16h + 15
+ *     of sub-blocks 2g and 2g + 1, and its 32 values sit in slot u (sums in 32, 33). The 8 lanes of a 16-byte load
+ *     phase then read 8 slots 36 floats apart, 8 distinct groups of 4 banks; by sub-block, their offsets 72g + 16h
+ *     fell on 4 groups only (two lanes each: every load of x took two shared-memory wavefronts). */
+__device__ __forceinline__ int64_t rlx_qf_unit_of_chunk(int64_t c) {
+    return (c >> 5) * 8 + ((c >> 3) & 3) * 2 + ((c >> 1) & 1);
+}
+template <bool UNIT>
+__device__ __forceinline__ int64_t rlx_qf_xoff(int64_t c) {
+    return UNIT ? rlx_qf_unit_of_chunk(c) * RLX_QFUSED_PAD + ((c >> 2) & 1) * 16 + (c & 1) * 8
+                : (c >> 2) * RLX_QFUSED_PAD + (c & 3) * 8;
+}
+template <bool UNIT>
+__device__ __forceinline__ int64_t rlx_qf_soff(int64_t c) {
+    return UNIT ? rlx_qf_unit_of_chunk(c) * RLX_QFUSED_PAD + 32 + ((c >> 2) & 1)
+                : (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1);
 }
 
 /* Units of a weight row each lane loads before it computes any of them (loads in flight per lane). */
@@ -679,6 +701,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
        before any is used: the prologue costs one round trip to L2 per pass, not one per value). The loop bound
        is the warp's first chunk, so every lane of a warp runs the same iterations (the half sums shuffle). */
     const int64_t chunks = K / 8;
+    constexpr bool XU = MR == 1 && ACT == 0 && FMT == RLX_Q4_K;  /* staged by unit (rlx_qf_xoff) */
     float ss[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++)
@@ -687,7 +710,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
     for (int64_t c0 = (int64_t)warp * 32; c0 < chunks; c0 += blockDim.x) {
         const int64_t c = c0 + lane;
         const bool valid = c < chunks;
-        float *dst = xs + (c >> 2) * RLX_QFUSED_PAD + (c & 3) * 8;
+        float *dst = xs + rlx_qf_xoff<XU>(c);
 #pragma unroll
         for (int m = 0; m < MR; m++) {
             float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -706,7 +729,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
             if (!NORM && !ACT && RLX_QSUMS(FMT)) {  /* chunks 2h and 2h + 1 make a half sub-block: lanes l and l ^ 1 */
                 t += __shfl_xor_sync(0xffffffffu, t, 1);
                 if (valid && !(c & 1))
-                    xs[m * stride + (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1)] = t;
+                    xs[m * stride + rlx_qf_soff<XU>(c)] = t;
             }
         }
     }
@@ -736,7 +759,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
             float g[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             if (valid)
                 rlx_load8(gamma + c * 8, g);
-            float *src = xs + (c >> 2) * RLX_QFUSED_PAD + (c & 3) * 8;
+            float *src = xs + rlx_qf_xoff<XU>(c);
 #pragma unroll
             for (int m = 0; m < MR; m++) {
                 float t = 0.0f;
@@ -752,7 +775,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
                 if (!ACT && RLX_QSUMS(FMT)) {
                     t += __shfl_xor_sync(0xffffffffu, t, 1);
                     if (valid && !(c & 1))
-                        xs[m * stride + (c >> 2) * RLX_QFUSED_PAD + 32 + ((c >> 1) & 1)] = t;
+                        xs[m * stride + rlx_qf_soff<XU>(c)] = t;
                 }
             }
         }
