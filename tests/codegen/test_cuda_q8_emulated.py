@@ -31,7 +31,8 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.emu_q8_act.argtypes = [F32P, i64, i64, vp, vp]
     lib.emu_q8_gemv.argtypes = [i32, vp, vp, F32P, i64, i64, i64, i64]
-    lib.emu_q8_fused.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, vp, i64, i64, i64, i64]
+    lib.emu_q8_fused.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, vp, i64, i64, i64, i64,
+                                 ctypes.c_uint]
     return lib
 
 
@@ -99,9 +100,12 @@ def test_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, m: int) -> None:
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
-def test_fused_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str) -> None:
-    rng = np.random.default_rng(len(fmt) + len(kind))
-    n, k, eps = 10, 512 if fmt == "q4_k" else 512 + 32, 1e-5
+@pytest.mark.parametrize(("n", "k", "max_grid"), [(10, 512, 1 << 30), (37, 2304, 1)])
+def test_fused_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int, max_grid: int) -> None:
+    """Also one block (a grid-stride loop of several passes a warp) over rows of 36 q4_k units or 73 blocks (a lane
+    takes 1-3, in and past the in-flight rounds)."""
+    rng = np.random.default_rng(len(fmt) + len(kind) + n)
+    k, eps = k if fmt == "q4_k" else k + 32, 1e-5
     w0, w1 = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
     gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
     for m in (1, 3):
@@ -110,7 +114,7 @@ def test_fused_q8_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str) 
         y0, y1 = np.full((m, n), np.nan, np.float32), np.full((m, n), np.nan, np.float32)
         kid = {"plain": 0, "norm_swiglu": 1, "residual": 2}[kind]
         emu.emu_q8_fused(FORMATS[fmt], kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, 1 if kind == "residual" else 2,
-                         _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), m, n, k, w0.shape[1])
+                         _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), m, n, k, w0.shape[1], max_grid)
         h = rms(x, gamma, eps) if kind == "norm_swiglu" else x
         a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
         ba, bb = q8_bound(h, w0, fmt, k, a), q8_bound(h, w1, fmt, k, b)

@@ -113,11 +113,11 @@ void emu_q8_gemv(int fmt, const uint32_t *XQ, const uint8_t *W, float *Y, int64_
     }
 }
 
-/* The fused decode GEMV with int8 activations, M = 1 or 3 (q_fused_entry). */
+/* The fused decode GEMV with int8 activations, M = 1 or 3 (q_fused_entry), at most `max_grid` blocks. */
 void emu_q8_fused(int fmt, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                   const uint8_t *w1, float *y0, float *y1, const float *res, int64_t M, int64_t N, int64_t K,
-                  int64_t RB) {
-    q_fused_entry<1>(fmt, kind, X, gamma, eps, count, w0, w1, y0, y1, res, M, N, K, RB, 1u << 30);
+                  int64_t RB, unsigned max_grid) {
+    q_fused_entry<1>(fmt, kind, X, gamma, eps, count, w0, w1, y0, y1, res, M, N, K, RB, max_grid);
 }
 
 /* The fused decode GEMV with f32 activations (ACT = 0), M = 1 or 3, at most `max_grid` blocks. */
