@@ -275,9 +275,8 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
  * of X, so a decode row's result is the same alone or among 15 others (batch-invariant).
  * RLX_QF32_COLS weight rows are dequantized together, RLX_QF32_KC blocks at a time, into a small
  * buffer that stays in L1 (as does the chunk of X), and every tile of rows reads them from there:
- * each weight block is unpacked once per step, not once per tile of rows, and each tile's loads of X
- * feed several weight rows (3 rows x 4 weight rows: 12 accumulators, 3 values of X and one of W in
- * the 16 ymm registers, 7 loads per 12 fused multiply-adds). The accumulators wait in memory
+ * each weight block is unpacked once per step, not once per tile of rows, and each load of X feeds
+ * several weight rows (tiles of up to 6 rows x 2 weight rows). The accumulators wait in memory
  * between chunks (a float's store and load are exact, so chunking leaves the arithmetic as is). */
 #define RLX_QF32_AVX2 1
 #define RLX_QF32_COLS 8  /* weight rows dequantized together */
@@ -323,27 +322,38 @@ static inline __attribute__((always_inline)) void rlx_q_dequant_block_ymm(const 
 
 /* The tile: rows i < R of X (rows K apart) against weight rows c < C of the buffer (rows ld apart), kn
  * values (whole blocks). acc[i * RLX_QF32_COLS + c]: the (row, weight row) accumulators, in memory
- * between chunks. */
+ * between chunks. The weights' 8 values stay in registers while each row's 8 values are loaded once
+ * and meet all of them (6 x 2: 12 accumulators, 8 loads per 12 fused multiply-adds). */
 static inline __attribute__((always_inline)) void rlx_qf32_tile(const int R, const int C, int64_t kn,
         const float *restrict X, int64_t K, const float *restrict wb, int64_t ld, __m256 *acc)
 {
-    __m256 a[4][RLX_QF32_COLS];
+    __m256 a[6][RLX_QF32_COLS];
     for (int i = 0; i < R; i++)
         for (int c = 0; c < C; c++)
             a[i][c] = acc[i * RLX_QF32_COLS + c];
     for (int64_t k = 0; k < kn; k += 8) {
-        __m256 x[4];
-        for (int i = 0; i < R; i++)
-            x[i] = _mm256_loadu_ps(X + i * K + k);
-        for (int c = 0; c < C; c++) {
-            const __m256 w = _mm256_load_ps(wb + c * ld + k);
-            for (int i = 0; i < R; i++)
-                a[i][c] = _mm256_fmadd_ps(x[i], w, a[i][c]);
+        __m256 w[RLX_QF32_COLS];
+        for (int c = 0; c < C; c++)
+            w[c] = _mm256_load_ps(wb + c * ld + k);
+        for (int i = 0; i < R; i++) {
+            __m256 x = _mm256_loadu_ps(X + i * K + k);
+            if (C > 1)  /* one load into a register: GCC would fold it into every product, C loads */
+                __asm__("" : "+x"(x));
+            for (int c = 0; c < C; c++)
+                a[i][c] = _mm256_fmadd_ps(x, w[c], a[i][c]);
         }
     }
     for (int i = 0; i < R; i++)
         for (int c = 0; c < C; c++)
             acc[i * RLX_QF32_COLS + c] = a[i][c];
+}
+
+/* Rows i < R (2..6) of X against the buffer's weight rows, two at a time. */
+static inline __attribute__((always_inline)) void rlx_qf32_rows(const int R, int64_t kn, const float *restrict X,
+        int64_t K, const float *restrict wb, int64_t ld, __m256 *acc)
+{
+    for (int c = 0; c < RLX_QF32_COLS; c += 2)
+        rlx_qf32_tile(R, 2, kn, X, K, wb + c * ld, ld, acc + c);
 }
 
 /* Y[i, n] for i < M (<= RLX_QDECODE_MAX_M), n in [n0, n1): RLX_QF32_COLS weight rows at a time (a
@@ -378,15 +388,18 @@ static inline __attribute__((always_inline)) void rlx_qgemv_avx2(const int fmt, 
             }
             const float *Xc = X + b0 * 32;
             int64_t i = 0;
-            for (; i + 3 <= M; i += 3) {
-                rlx_qf32_tile(3, 4, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
-                rlx_qf32_tile(3, 4, kn, Xc + i * K, K, wb + 4 * ld, ld, acc + i * RLX_QF32_COLS + 4);
-            }
-            if (M - i == 2) {
-                rlx_qf32_tile(2, 4, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
-                rlx_qf32_tile(2, 4, kn, Xc + i * K, K, wb + 4 * ld, ld, acc + i * RLX_QF32_COLS + 4);
-            } else if (M - i == 1) {  /* eight independent accumulators hide the FMA latency */
-                rlx_qf32_tile(1, 8, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
+            /* 16 rows: 6 + 6 + 4, 13: 6 + 4 + 3, 8: 4 + 4 (the more rows a tile, the fewer loads a product) */
+            for (; M - i >= 6 && M - i != 7 && M - i != 8; i += 6)
+                rlx_qf32_rows(6, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
+            for (; M - i >= 4 && M - i != 5; i += 4)
+                rlx_qf32_rows(4, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
+            switch (M - i) {
+            case 5: rlx_qf32_rows(5, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 3: rlx_qf32_rows(3, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 2: rlx_qf32_rows(2, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 1:  /* eight independent accumulators hide the FMA latency */
+                rlx_qf32_tile(1, 8, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            default: break;
             }
         }
         for (int64_t i = 0; i < M; i++)
