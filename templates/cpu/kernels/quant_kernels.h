@@ -9,10 +9,11 @@
  *
  *   few rows (decode, M <= RLX_QDECODE_MAX_M): each thread takes a range of weight rows and reads
  *     their blocks once, multiplying them with every row of X while the block sits in registers.
- *     For q8_0 / q4_0 / q4_1 the AVX-512 and AVX2 kernels unpack the 8/4-bit values in registers
- *     and accumulate in f32: per block sum(x * q) * d (+ m * sum(x) for q4_1, with the block sums of
- *     X computed once). Other formats (and builds without AVX2) dequantize one weight row into an
- *     L1-resident f32 buffer and take dot products with it.
+ *     For q8_0 / q4_0 / q4_1 the AVX-512 kernel unpacks the 8/4-bit values in registers and
+ *     accumulates their products with X in f32; the AVX2 kernel dequantizes 8 weight rows at a time,
+ *     a chunk of blocks at a time, into an L1 buffer once per step and runs a register-blocked
+ *     micro-kernel (up to 6 rows of X x 2 weight rows) over it. Other formats (and builds without
+ *     AVX2) dequantize one weight row into an L1-resident f32 buffer and take dot products with it.
  *   many rows (prefill): each thread takes a range of panels of RLX_QP weight rows, dequantizes a
  *     panel into the packed layout of kernels/packed_gemm.h (per-thread scratch, K x RLX_QP floats;
  *     rlx_q_dequant_panel here) and the program multiplies it with the packed-GEMM micro-kernel
