@@ -334,11 +334,14 @@ static inline __attribute__((always_inline)) void rlx_qf32_tile(const int R, con
             a[i][c] = acc[i * RLX_QF32_COLS + c];
     for (int64_t k = 0; k < kn; k += 8) {
         __m256 w[RLX_QF32_COLS];
-        for (int c = 0; c < C; c++)
+        for (int c = 0; c < C; c++) {
             w[c] = _mm256_load_ps(wb + c * ld + k);
+            if (R > 1)  /* one load into a register: GCC would fold it into every product, R loads */
+                __asm__("" : "+x"(w[c]));
+        }
         for (int i = 0; i < R; i++) {
             __m256 x = _mm256_loadu_ps(X + i * K + k);
-            if (C > 1)  /* one load into a register: GCC would fold it into every product, C loads */
+            if (C > 1)  /* as w: one load, not C */
                 __asm__("" : "+x"(x));
             for (int c = 0; c < C; c++)
                 a[i][c] = _mm256_fmadd_ps(x, w[c], a[i][c]);
