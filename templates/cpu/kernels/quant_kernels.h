@@ -323,15 +323,15 @@ static inline __attribute__((always_inline)) void rlx_q_dequant_block_ymm(const 
 
 /* The tile: rows i < R of X (rows K apart) against weight rows c < C of the buffer (rows ld apart), kn
  * values (whole blocks). acc[i * RLX_QF32_COLS + c]: the (row, weight row) accumulators, in memory
- * between chunks. The weights' 8 values stay in registers while each row's 8 values are loaded once
+ * between chunks (`first`: the first chunk, which starts them at zero). The weights' 8 values stay in registers while each row's 8 values are loaded once
  * and meet all of them (6 x 2: 12 accumulators, 8 loads per 12 fused multiply-adds). */
-static inline __attribute__((always_inline)) void rlx_qf32_tile(const int R, const int C, int64_t kn,
+static inline __attribute__((always_inline)) void rlx_qf32_tile(const int R, const int C, int first, int64_t kn,
         const float *restrict X, int64_t K, const float *restrict wb, int64_t ld, __m256 *acc)
 {
     __m256 a[6][RLX_QF32_COLS];
     for (int i = 0; i < R; i++)
         for (int c = 0; c < C; c++)
-            a[i][c] = acc[i * RLX_QF32_COLS + c];
+            a[i][c] = first ? _mm256_setzero_ps() : acc[i * RLX_QF32_COLS + c];
     for (int64_t k = 0; k < kn; k += 8) {
         __m256 w[RLX_QF32_COLS];
         for (int c = 0; c < C; c++) {
@@ -353,11 +353,11 @@ static inline __attribute__((always_inline)) void rlx_qf32_tile(const int R, con
 }
 
 /* Rows i < R (2..6) of X against the buffer's weight rows, two at a time. */
-static inline __attribute__((always_inline)) void rlx_qf32_rows(const int R, int64_t kn, const float *restrict X,
-        int64_t K, const float *restrict wb, int64_t ld, __m256 *acc)
+static inline __attribute__((always_inline)) void rlx_qf32_rows(const int R, int first, int64_t kn,
+        const float *restrict X, int64_t K, const float *restrict wb, int64_t ld, __m256 *acc)
 {
     for (int c = 0; c < RLX_QF32_COLS; c += 2)
-        rlx_qf32_tile(R, 2, kn, X, K, wb + c * ld, ld, acc + c);
+        rlx_qf32_tile(R, 2, first, kn, X, K, wb + c * ld, ld, acc + c);
 }
 
 /* Y[i, n] for i < M (<= RLX_QDECODE_MAX_M), n in [n0, n1): RLX_QF32_COLS weight rows at a time (a
@@ -371,8 +371,6 @@ static inline __attribute__((always_inline)) void rlx_qgemv_avx2(const int fmt, 
     __m256 acc[RLX_QDECODE_MAX_M * RLX_QF32_COLS];
     for (int64_t g = n0; g < n1; g += RLX_QF32_COLS) {
         const int nc = n1 - g < RLX_QF32_COLS ? (int)(n1 - g) : RLX_QF32_COLS;
-        for (int64_t i = 0; i < M * RLX_QF32_COLS; i++)
-            acc[i] = _mm256_setzero_ps();
         for (int64_t b0 = 0; b0 < nb; b0 += RLX_QF32_KC) {
             const int64_t kb = nb - b0 < RLX_QF32_KC ? nb - b0 : RLX_QF32_KC, kn = 32 * kb;
             for (int c = 0; c < RLX_QF32_COLS; c++) {
@@ -391,18 +389,19 @@ static inline __attribute__((always_inline)) void rlx_qgemv_avx2(const int fmt, 
                 }
             }
             const float *Xc = X + b0 * 32;
+            const int first = b0 == 0;
             int64_t i = 0;
             /* 16 rows: 6 + 6 + 4, 13: 6 + 4 + 3, 8: 4 + 4 (the more rows a tile, the fewer loads a product) */
             for (; M - i >= 6 && M - i != 7 && M - i != 8; i += 6)
-                rlx_qf32_rows(6, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
+                rlx_qf32_rows(6, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
             for (; M - i >= 4 && M - i != 5; i += 4)
-                rlx_qf32_rows(4, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
+                rlx_qf32_rows(4, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
             switch (M - i) {
-            case 5: rlx_qf32_rows(5, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
-            case 3: rlx_qf32_rows(3, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
-            case 2: rlx_qf32_rows(2, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 5: rlx_qf32_rows(5, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 3: rlx_qf32_rows(3, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 2: rlx_qf32_rows(2, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
             case 1:  /* eight independent accumulators hide the FMA latency */
-                rlx_qf32_tile(1, 8, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+                rlx_qf32_tile(1, 8, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
             default: break;
             }
         }
