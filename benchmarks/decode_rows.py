@@ -1,7 +1,7 @@
 """Multi-row decode steps of SmolLM2-135M (Q4_1 GGUF): ms per step for m rows against one row.
 
     python benchmarks/decode_rows.py [--model PATH] [--threads 2] [--rows 1,2,5,8,16] [--context 32]
-                                     [--steps 20] [--rounds 5] [--quant-act q16|q8|f32] [--profile]
+                                     [--steps 20] [--rounds 5] [--quant-act q16|q8|f32] [--profile [--by-shape]]
 
 Two shapes of an m-row step, both in one process on one compiled model (`max_batch` = the largest m):
 `batch` is m sequences of one new token each (the serving engine's decode step: m concurrent streams),
@@ -47,8 +47,8 @@ def run_steps(lm, cache, shape: str, m: int, context: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def op_times(lm, cache, shape: str, m: int, context: int, steps: int) -> dict[str, float]:
-    """Kernel ms per step per op kind over `steps` profiled steps."""
+def op_times(lm, cache, shape: str, m: int, context: int, steps: int, by_shape: bool = False) -> dict[str, float]:
+    """Kernel ms per step per op kind (with `by_shape`, per op kind and tensor shape) over `steps` profiled steps."""
     compiled = lm._compiled
     run_steps(lm, cache, shape, m, context, 1)
     compiled.trace(clear=True)
@@ -56,7 +56,7 @@ def op_times(lm, cache, shape: str, m: int, context: int, steps: int) -> dict[st
     per: dict[str, float] = defaultdict(float)
     for s in compiled.trace(clear=True):
         if s.thread < 0:
-            per[s.kind] += s.duration_ns / 1e6 / steps
+            per[f"{s.kind} {s.shape}" if by_shape else s.kind] += s.duration_ns / 1e6 / steps
     return per
 
 
@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quant-act", default=None, help="q16, q8 or f32 (default: the CPU's default)")
     ap.add_argument("--profile", action="store_true", help="per-op kernel times (a profiled build)")
+    ap.add_argument("--by-shape", action="store_true", help="with --profile: per op kind and shape")
     args = ap.parse_args()
     if args.profile:
         os.environ["RLX_PROFILE"] = "1"
@@ -89,13 +90,14 @@ def main() -> None:
     lm.step(prompt, cache, [0])  # every row holds `context` tokens
     if args.profile:
         for shape in shapes:
-            tables = {m: op_times(lm, cache, shape, m, args.context, args.steps) for m in ms}
+            tables = {m: op_times(lm, cache, shape, m, args.context, args.steps, args.by_shape) for m in ms}
             kinds = sorted({k for t in tables.values() for k in t}, key=lambda k: -tables[ms[-1]].get(k, 0.0))
             print(f"\n{shape}: kernel ms per step by op kind")
-            print(f"{'op kind':<24}" + "".join(f"{'m=' + str(m):>9}" for m in ms))
+            width = max(24, *(len(k) + 1 for k in kinds[:14]))
+            print(f"{'op kind':<{width}}" + "".join(f"{'m=' + str(m):>9}" for m in ms))
             for k in kinds[:14]:
-                print(f"{k:<24}" + "".join(f"{tables[m].get(k, 0.0):>9.3f}" for m in ms))
-            print(f"{'all kernels':<24}" + "".join(f"{sum(tables[m].values()):>9.3f}" for m in ms))
+                print(f"{k:<{width}}" + "".join(f"{tables[m].get(k, 0.0):>9.3f}" for m in ms))
+            print(f"{'all kernels':<{width}}" + "".join(f"{sum(tables[m].values()):>9.3f}" for m in ms))
         return
     results: dict[tuple[str, int], list[float]] = defaultdict(list)
     for shape in shapes:  # warm up every shape's bound run

@@ -9,10 +9,11 @@
  *
  *   few rows (decode, M <= RLX_QDECODE_MAX_M): each thread takes a range of weight rows and reads
  *     their blocks once, multiplying them with every row of X while the block sits in registers.
- *     For q8_0 / q4_0 / q4_1 the AVX-512 and AVX2 kernels unpack the 8/4-bit values in registers
- *     and accumulate in f32: per block sum(x * q) * d (+ m * sum(x) for q4_1, with the block sums of
- *     X computed once). Other formats (and builds without AVX2) dequantize one weight row into an
- *     L1-resident f32 buffer and take dot products with it.
+ *     For q8_0 / q4_0 / q4_1 the AVX-512 kernel unpacks the 8/4-bit values in registers and
+ *     accumulates their products with X in f32; the AVX2 kernel dequantizes 8 weight rows at a time,
+ *     a chunk of blocks at a time, into an L1 buffer once per step and runs a register-blocked
+ *     micro-kernel (up to 6 rows of X x 2 weight rows) over it. Other formats (and builds without
+ *     AVX2) dequantize one weight row into an L1-resident f32 buffer and take dot products with it.
  *   many rows (prefill): each thread takes a range of panels of RLX_QP weight rows, dequantizes a
  *     panel into the packed layout of kernels/packed_gemm.h (per-thread scratch, K x RLX_QP floats;
  *     rlx_q_dequant_panel here) and the program multiplies it with the packed-GEMM micro-kernel
@@ -267,12 +268,20 @@ static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, c
             out[i] = rlx_qv16_sum(lo[i] + hi[i]);
 }
 #elif (defined(__x86_64__) || defined(__i386__)) && defined(__AVX2__) && defined(__FMA__)
-#define RLX_QSIMD 1
-/* 8 rows of X per unpacked block, as the AVX-512 kernel: 8 accumulators, the block's 4 registers of
- * values, its scale and one product fill 14 of the 16 ymm registers (a 4-row tile unpacked every block
- * twice for a 5..8-row verification step). q4_1's min terms (m * the block sums of X) take no register
- * in the block loop: they are summed after it, block by block in the same order. */
-#define RLX_QF32_TILE 8
+/* The AVX2 kernel, a register-blocked micro-kernel over several rows of X and several weight rows.
+ * A row's arithmetic, whatever tile it sits in: one 8-float accumulator per (row of X, weight row),
+ * into which every block adds its four fused products x[8j : 8j+8] * w[8j : 8j+8] (j = 0..3, blocks
+ * in order), w the block's exactly dequantized values (rlx_q_dequant_block's: d * q (+ m), the
+ * product exact); then the 8 lanes' sum (rlx_q_hsum256). Nothing of it depends on the other rows
+ * of X, so a decode row's result is the same alone or among 15 others (batch-invariant).
+ * RLX_QF32_COLS weight rows are dequantized together, RLX_QF32_KC blocks at a time, into a small
+ * buffer that stays in L1 (as does the chunk of X), and every tile of rows reads them from there:
+ * each weight block is unpacked once per step, not once per tile of rows, and each load of X feeds
+ * several weight rows (tiles of up to 6 rows x 2 weight rows). The accumulators wait in memory
+ * between chunks (a float's store and load are exact, so chunking leaves the arithmetic as is). */
+#define RLX_QF32_AVX2 1
+#define RLX_QF32_COLS 8  /* weight rows dequantized together */
+#define RLX_QF32_KC 8    /* blocks of each per chunk (8 x 32 x 8 floats: 8 KB) */
 static inline float rlx_q_hsum256(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -281,64 +290,125 @@ static inline float rlx_q_hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* The AVX2 version: the block's values in four ymm registers of floats. */
-static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
-        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
+/* One q8_0 / q4_0 / q4_1 block's 32 values into y, exactly as rlx_q_dequant_block. */
+static inline __attribute__((always_inline)) void rlx_q_dequant_block_ymm(const int fmt, const uint8_t *restrict blk,
+                                                                           float *restrict y)
+{
+    const __m256 d = _mm256_set1_ps(rlx_q_half(blk));
+    __m256 q[4];
+    if (fmt == RLX_Q8_0) {
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
+    } else {
+        const __m128i low4 = _mm_set1_epi8(0x0F);
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
+        const __m128i l = _mm_and_si128(raw, low4), h = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+        __m256i v[4] = {_mm256_cvtepu8_epi32(l), _mm256_cvtepu8_epi32(_mm_srli_si128(l, 8)),
+                        _mm256_cvtepu8_epi32(h), _mm256_cvtepu8_epi32(_mm_srli_si128(h, 8))};
+        for (int j = 0; j < 4; j++) {
+            if (fmt == RLX_Q4_0)
+                v[j] = _mm256_sub_epi32(v[j], _mm256_set1_epi32(8));
+            q[j] = _mm256_cvtepi32_ps(v[j]);
+        }
+    }
+    if (fmt == RLX_Q4_1) {  /* d * q exact, so the fused d * q + m rounds as the scalar one */
+        const __m256 m = _mm256_set1_ps(rlx_q_half(blk + 2));
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(y + 8 * j, _mm256_fmadd_ps(d, q[j], m));
+    } else {
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(y + 8 * j, _mm256_mul_ps(d, q[j]));
+    }
+}
+
+/* The tile: rows i < R of X (rows K apart) against weight rows c < C of the buffer (rows ld apart), kn
+ * values (whole blocks). acc[i * RLX_QF32_COLS + c]: the (row, weight row) accumulators, in memory
+ * between chunks (`first`: the first chunk, which starts them at zero). The weights' 8 values stay in registers while each row's 8 values are loaded once
+ * and meet all of them (6 x 2: 12 accumulators, 8 loads per 12 fused multiply-adds). */
+static inline __attribute__((always_inline)) void rlx_qf32_tile(const int R, const int C, int first, int64_t kn,
+        const float *restrict X, int64_t K, const float *restrict wb, int64_t ld, __m256 *acc)
+{
+    __m256 a[6][RLX_QF32_COLS];
+    for (int i = 0; i < R; i++)
+        for (int c = 0; c < C; c++)
+            a[i][c] = first ? _mm256_setzero_ps() : acc[i * RLX_QF32_COLS + c];
+    for (int64_t k = 0; k < kn; k += 8) {
+        __m256 w[RLX_QF32_COLS];
+        for (int c = 0; c < C; c++) {
+            w[c] = _mm256_load_ps(wb + c * ld + k);
+            if (R > 1)  /* one load into a register: GCC would fold it into every product, R loads */
+                __asm__("" : "+x"(w[c]));
+        }
+        for (int i = 0; i < R; i++) {
+            __m256 x = _mm256_loadu_ps(X + i * K + k);
+            if (C > 1)  /* as w: one load, not C */
+                __asm__("" : "+x"(x));
+            for (int c = 0; c < C; c++)
+                a[i][c] = _mm256_fmadd_ps(x, w[c], a[i][c]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int c = 0; c < C; c++)
+            acc[i * RLX_QF32_COLS + c] = a[i][c];
+}
+
+/* Rows i < R (2..6) of X against the buffer's weight rows, two at a time. */
+static inline __attribute__((always_inline)) void rlx_qf32_rows(const int R, int first, int64_t kn,
+        const float *restrict X, int64_t K, const float *restrict wb, int64_t ld, __m256 *acc)
+{
+    for (int c = 0; c < RLX_QF32_COLS; c += 2)
+        rlx_qf32_tile(R, 2, first, kn, X, K, wb + c * ld, ld, acc + c);
+}
+
+/* Y[i, n] for i < M (<= RLX_QDECODE_MAX_M), n in [n0, n1): RLX_QF32_COLS weight rows at a time (a
+ * short last group padded with zeros, its padding's results dropped). */
+static inline __attribute__((always_inline)) void rlx_qgemv_avx2(const int fmt, int64_t M, int64_t N, int64_t K,
+        const float *restrict X, const uint8_t *restrict W, int64_t rb, float *restrict Y, int64_t n0, int64_t n1)
 {
     const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    __m256 acc[RLX_QF32_TILE];
-    for (int i = 0; i < RLX_QF32_TILE; i++)
-        if (i < mr)
-            acc[i] = _mm256_setzero_ps();
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const float *xr[RLX_QF32_TILE];  /* the rows' starts, computed once: K is a runtime value in the unit */
-    for (int i = 0; i < RLX_QF32_TILE; i++)
-        xr[i] = X + (i < mr ? i : 0) * K;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * qb;
-        __m256 q[4];
-        if (fmt == RLX_Q8_0) {
-            for (int j = 0; j < 4; j++)
-                q[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j))));
-        } else {
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (fmt == RLX_Q4_1 ? 4 : 2)));
-            const __m128i l = _mm_and_si128(raw, low4), h = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-            __m256i v[4] = {_mm256_cvtepu8_epi32(l), _mm256_cvtepu8_epi32(_mm_srli_si128(l, 8)),
-                            _mm256_cvtepu8_epi32(h), _mm256_cvtepu8_epi32(_mm_srli_si128(h, 8))};
-            for (int j = 0; j < 4; j++) {
-                if (fmt == RLX_Q4_0)
-                    v[j] = _mm256_sub_epi32(v[j], _mm256_set1_epi32(8));
-                q[j] = _mm256_cvtepi32_ps(v[j]);
+    const int64_t nb = K / 32, ld = RLX_QF32_KC * 32;
+    float wb[RLX_QF32_COLS * RLX_QF32_KC * 32] __attribute__((aligned(32)));
+    __m256 acc[RLX_QDECODE_MAX_M * RLX_QF32_COLS];
+    for (int64_t g = n0; g < n1; g += RLX_QF32_COLS) {
+        const int nc = n1 - g < RLX_QF32_COLS ? (int)(n1 - g) : RLX_QF32_COLS;
+        for (int64_t b0 = 0; b0 < nb; b0 += RLX_QF32_KC) {
+            const int64_t kb = nb - b0 < RLX_QF32_KC ? nb - b0 : RLX_QF32_KC, kn = 32 * kb;
+            for (int c = 0; c < RLX_QF32_COLS; c++) {
+                float *restrict y = wb + c * ld;
+                if (c < nc) {
+                    const uint8_t *row = W + (g + c) * rb + b0 * qb;
+                    /* the next group's blocks of this chunk: DRAM works while this group computes */
+                    if (g + RLX_QF32_COLS + c < n1)
+                        for (int64_t o = 0; o < kb * qb; o += 64)
+                            __builtin_prefetch(row + RLX_QF32_COLS * rb + o, 0, 3);
+                    for (int64_t b = 0; b < kb; b++)
+                        rlx_q_dequant_block_ymm(fmt, row + b * qb, y + 32 * b);
+                } else {
+                    for (int64_t k = 0; k < kn; k++)
+                        y[k] = 0.0f;
+                }
+            }
+            const float *Xc = X + b0 * 32;
+            const int first = b0 == 0;
+            int64_t i = 0;
+            /* 16 rows: 6 + 6 + 4, 13: 6 + 4 + 3, 8: 4 + 4 (the more rows a tile, the fewer loads a product) */
+            for (; M - i >= 6 && M - i != 7 && M - i != 8; i += 6)
+                rlx_qf32_rows(6, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
+            for (; M - i >= 4 && M - i != 5; i += 4)
+                rlx_qf32_rows(4, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS);
+            switch (M - i) {
+            case 5: rlx_qf32_rows(5, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 3: rlx_qf32_rows(3, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 2: rlx_qf32_rows(2, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            case 1:  /* eight independent accumulators hide the FMA latency */
+                rlx_qf32_tile(1, 8, first, kn, Xc + i * K, K, wb, ld, acc + i * RLX_QF32_COLS); break;
+            default: break;
             }
         }
-        const __m256 d = _mm256_set1_ps(rlx_q_half(blk));
-        for (int i = 0; i < RLX_QF32_TILE; i++)
-            if (i < mr) {
-                const float *x = xr[i] + b * 32;
-                __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x), q[0]);
-                p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), q[1], p);
-                p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), q[2], p);
-                p = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), q[3], p);
-                acc[i] = _mm256_fmadd_ps(d, p, acc[i]);
-            }
+        for (int64_t i = 0; i < M; i++)
+            for (int c = 0; c < nc; c++)
+                Y[i * N + g + c] = rlx_q_hsum256(acc[i * RLX_QF32_COLS + c]);
     }
-    float macc[RLX_QF32_TILE];
-    for (int i = 0; i < RLX_QF32_TILE; i++)
-        if (i < mr)
-            macc[i] = 0.0f;
-    const float *xsr[RLX_QF32_TILE];  /* the rows' block sums */
-    for (int i = 0; i < RLX_QF32_TILE; i++)
-        xsr[i] = xs + (i < mr ? i : 0) * nb;
-    if (fmt == RLX_Q4_1)
-        for (int64_t b = 0; b < nb; b++) {
-            const float m = rlx_q_half(w + b * qb + 2);
-            for (int i = 0; i < RLX_QF32_TILE; i++)
-                if (i < mr)
-                    macc[i] += m * xsr[i][b];
-        }
-    for (int i = 0; i < RLX_QF32_TILE; i++)
-        if (i < mr)
-            out[i] = rlx_q_hsum256(acc[i]) + macc[i];
 }
 #endif
 
@@ -366,6 +436,13 @@ static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const
         int64_t n0, int64_t n1, float *wrow)
 {
     const int64_t nb = K / 32;
+#ifdef RLX_QF32_AVX2
+    if (fmt == RLX_Q8_0 || fmt == RLX_Q4_0 || fmt == RLX_Q4_1) {
+        (void)xs;  /* q4_1's min is in the dequantized values */
+        rlx_qgemv_avx2(fmt, M, N, K, X, W, rb, Y, n0, n1);
+        return;
+    }
+#endif
 #ifdef RLX_QSIMD
     if (fmt == RLX_Q8_0 || fmt == RLX_Q4_0 || fmt == RLX_Q4_1) {
         float out[RLX_QF32_TILE];

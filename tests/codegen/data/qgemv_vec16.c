@@ -1,9 +1,11 @@
 /* The AVX-512 f32 decode GEMV of kernels/quant_kernels.h (rlx_qdot_simd in 16-float vectors), built from the
  * same source on any x86-64 with -DRLX_QGEMV_VEC16 (each vector two AVX2 registers, or four SSE ones),
  * so machines without AVX-512 check its arithmetic; built with -march=x86-64-v3 alone, the AVX2 kernel
- * (also 8 rows a tile) (tests/codegen/test_c_qgemv_vec16.py):
+ * (tiles of 3 rows x 4 weight rows, 2 x 4 and 1 x 8 over 8 weight rows dequantized together)
+ * (tests/codegen/test_c_qgemv_vec16.py):
  *   - every row of a step of M <= 16 rows at any place has the bits it has in the 16-row step
- *     (batch invariance: tiles of 8, 7, ..., 1 rows give a row the same arithmetic);
+ *     (batch invariance: every tile gives a row the same arithmetic), and so has every weight row of
+ *     a thread's range that starts or ends anywhere (a short last group of weight rows);
  *   - every result is within (K + 4) u sum|x w| + u |y| of the float64 product of X and the exactly
  *     dequantized weight (rlx_q_dequant_row, equal to rlx.ir.quant.dequantize bit for bit).
  * Prints VEC16-OK, or the first failures and FAIL. */
@@ -23,7 +25,7 @@ static inline void rlx_epilogue_act(float *restrict c, int64_t ldc, int64_t mr, 
 #include "kernels/packed_gemm.h"
 #include "kernels/quant_kernels.h"
 
-#if RLX_QF32_TILE != 8
+#if !defined(RLX_QF32_AVX2) && RLX_QF32_TILE != 8
 #error "not an 8-row SIMD kernel"
 #endif
 
@@ -69,6 +71,14 @@ int main(void)
                             printf("fmt %d K %ld: row %ld of a %ld-row step at %ld differs\n", f, (long)K,
                                    (long)(at + i / N), (long)M, (long)at);
                 }
+            for (int64_t cut = 1; cut < N; cut += 6) {  /* two threads' ranges [0, cut) and [cut, N) */
+                rlx_qgemv(fmts[f], 32, qbs[f], 16, N, K, X, xs, W, rb, Ym, 0, cut, wrow);
+                rlx_qgemv(fmts[f], 32, qbs[f], 16, N, K, X, xs, W, rb, Ym, cut, N, wrow);
+                for (int64_t i = 0; i < 16 * N; i++)
+                    if (memcmp(&Ym[i], &Y[i], sizeof(float)) && fails++ < 5)
+                        printf("fmt %d K %ld: y[%ld, %ld] differs split at %ld\n", f, (long)K, (long)(i / N),
+                               (long)(i % N), (long)cut);
+            }
             for (int64_t n = 0; n < N; n++) {
                 rlx_q_dequant_row(fmts[f], 32, qbs[f], W + n * rb, K, deq);
                 for (int64_t i = 0; i < 16; i++) {
