@@ -29,7 +29,7 @@ from rlx.ir.graph import Node
 RULES = RuleSet("cpu")
 
 TEMPLATE = "sample.c.j2"
-#: sample.h tests NaN with argmax.h's rlx_isnan_f32
+#: sample.h tests NaN with argmax.h's rlx_isnan_f32 and takes its row argmax (rlx_argmax_row_f32) at temperature 0
 HEADERS = ("kernels/argmax.h", "kernels/sample.h")
 
 

@@ -70,14 +70,8 @@ static const char *rlx_sample_check(const double *s, const double *u, int64_t ro
 static int32_t rlx_sample_row_f32(const float *restrict x, int64_t n, double u, double temp, int64_t k,
                                   double top_p) {
     if (k > n) k = n;
-    if (temp == 0.0 || k == 1) { /* the argmax: first index on ties, the first NaN wins */
-        rlx_sample_item best = {x[0], 0};
-        for (int64_t j = 1; j < n && !rlx_isnan_f32(best.v); j++) {
-            const rlx_sample_item c = {x[j], (int32_t)j};
-            if (rlx_sample_before(c, best)) best = c;
-        }
-        return best.i;
-    }
+    if (temp == 0.0 || k == 1) /* the argmax: first index on ties, the first NaN wins (kernels/argmax.h) */
+        return (int32_t)rlx_argmax_row_f32(x, n);
     rlx_sample_item h[RLX_SAMPLE_TOP_K_MAX];
     for (int64_t j = 0; j < k; j++) h[j] = (rlx_sample_item){x[j], (int32_t)j};
     for (int64_t j = k / 2 - 1; j >= 0; j--) rlx_sample_sift(h, k, j);
