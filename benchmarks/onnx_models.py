@@ -14,6 +14,8 @@ Both peers live in this process and take turns in blocks (`--passes` blocks of `
 runs each, the peers alternating, a pause between blocks so ORT's spinning threads settle); each
 block starts with one untimed run. The outputs are checked against each other before timing (max abs
 error <= 1e-4 x max |out|). Printed: the median time of every peer, and rlx's time over ORT's.
+`--profile` builds rlx profiled instead and prints its kernel time per op kind and its top ops
+over `--rounds` runs (no ORT timing).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ CASES = {"resnet18x1": ("resnet18", 1), "resnet18x8": ("resnet18", 8),
          "mobilenet_v3_smallx1": ("mobilenet_v3_small", 1)}
 
 
-def peers(model: str, batch: int, threads: int) -> tuple[dict[str, Callable[[], np.ndarray]], str]:
+def peers(model: str, batch: int, threads: int, profile: bool = False
+          ) -> tuple[dict[str, Callable[[], np.ndarray]], str, object]:
     import onnxruntime as ort
     import torch
     from conv_models import build, export
@@ -47,7 +50,7 @@ def peers(model: str, batch: int, threads: int) -> tuple[dict[str, Callable[[], 
     sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     graph, params = rlx.from_onnx(data, max_dims={"batch": max(batch, 8)})
     t0 = time.perf_counter()
-    cg = rlx.Session(rlx.Device.CPU).compile(graph, num_threads=threads)
+    cg = rlx.Session(rlx.Device.CPU, profile=profile).compile(graph, num_threads=threads)
     compile_s = time.perf_counter() - t0
     for name, value in params.items():
         cg.set_param(name, value)
@@ -56,7 +59,28 @@ def peers(model: str, batch: int, threads: int) -> tuple[dict[str, Callable[[], 
     err = float(np.abs(got - want).max())
     if err > 1e-4 * float(np.abs(want).max()):
         raise SystemExit(f"{model} batch {batch}: rlx differs from onnxruntime by {err}")
-    return runs, f"compile {compile_s:.1f} s (cache hit if fast), max abs diff {err:.2e}"
+    return runs, f"compile {compile_s:.1f} s (cache hit if fast), max abs diff {err:.2e}", cg
+
+
+def print_profile(case: str, run: Callable[[], np.ndarray], compiled, rounds: int) -> None:
+    """Kernel ms per run by op kind, then the top ops, over `rounds` runs of a profiled build."""
+    from collections import defaultdict
+
+    from rlx.runtime.profile import format_top_ops, top_ops
+
+    run()
+    compiled.trace(clear=True)
+    for _ in range(rounds):
+        run()
+    spans = [s for s in compiled.trace(clear=True) if s.thread < 0]
+    per: dict[str, float] = defaultdict(float)
+    for s in spans:
+        per[s.kind] += s.duration_ns / 1e6 / rounds
+    print(f"\n{case}: kernel ms per run by op kind ({rounds} runs)")
+    for kind, ms in sorted(per.items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:<20}{ms:>9.3f}")
+    print(f"  {'all kernels':<20}{sum(per.values()):>9.3f}")
+    print(format_top_ops(top_ops(spans), limit=25))
 
 
 def main() -> None:
@@ -66,11 +90,15 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=4, help="blocks per peer (peers alternate)")
     ap.add_argument("--pause", type=float, default=0.5, help="seconds between blocks")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--profile", action="store_true", help="rlx's per-op kernel times (a profiled build)")
     args = ap.parse_args()
     rows = []
     for case in args.cases.split(","):
         model, batch = CASES[case]
-        runs, note = peers(model, batch, args.threads)
+        runs, note, compiled = peers(model, batch, args.threads, args.profile)
+        if args.profile:
+            print_profile(case, runs["rlx"], compiled, args.rounds)
+            continue
         times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.passes):
             for name, run in runs.items():
@@ -83,6 +111,8 @@ def main() -> None:
         med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         rows.append((case, med["onnxruntime"], med["rlx"], med["rlx"] / med["onnxruntime"]))
         print(f"{case}: {note}", flush=True)
+    if args.profile:
+        return
     print(f"\n{args.threads} threads, 224x224, median of {args.passes} x {args.rounds} runs per peer")
     print(f"{'case':<24}{'onnxruntime ms':>16}{'rlx ms':>12}{'rlx / ort':>12}")
     for case, ort_ms, rlx_ms, ratio in rows:
