@@ -14,8 +14,8 @@ Both peers live in this process and take turns in blocks (`--passes` blocks of `
 runs each, the peers alternating, a pause between blocks so ORT's spinning threads settle); each
 block starts with one untimed run. The outputs are checked against each other before timing (max abs
 error <= 1e-4 x max |out|). Printed: the median time of every peer, and rlx's time over ORT's.
-`--profile` builds rlx profiled instead and prints its kernel time per op kind and its top ops
-over `--rounds` runs (no ORT timing).
+`--profile` builds rlx profiled instead and prints its kernel time per class (a conv's window, stride
+and algorithm, else the op kind) and its top ops over `--rounds` runs (no ORT timing).
 """
 
 from __future__ import annotations
@@ -62,9 +62,24 @@ def peers(model: str, batch: int, threads: int, profile: bool = False
     return runs, f"compile {compile_s:.1f} s (cache hit if fast), max abs diff {err:.2e}", cg
 
 
+def op_class(lir, node: int, kind: str) -> str:
+    """A kernel's class for the profile: a conv's window, stride and `ConvPlan` algorithm, else its op kind."""
+    from rlx.ir.decisions_conv import ConvPlan
+
+    plan = next((d for d in lir.decided(ConvPlan) if d.node == node), None)
+    if plan is None:
+        return kind
+    n = lir.graph.node(node)
+    window = lir.graph.node(n.inputs[1]).shape.static_dims[2:]
+    shape = "depthwise " if plan.algorithm == "depthwise" else ""
+    stride = n.op.geometry(len(window))[0][0]
+    return f"conv {shape}{'x'.join(map(str, window))} s{stride} ({plan.algorithm})"
+
+
 def print_profile(case: str, run: Callable[[], np.ndarray], compiled, rounds: int) -> None:
-    """Kernel ms per run by op kind, then the top ops, over `rounds` runs of a profiled build."""
-    from collections import defaultdict
+    """Kernel ms per run by class (a conv's window, stride and algorithm, else the op kind), then the top
+    ops, over `rounds` runs of a profiled build."""
+    from collections import Counter, defaultdict
 
     from rlx.runtime.profile import format_top_ops, top_ops
 
@@ -74,12 +89,16 @@ def print_profile(case: str, run: Callable[[], np.ndarray], compiled, rounds: in
         run()
     spans = [s for s in compiled.trace(clear=True) if s.thread < 0]
     per: dict[str, float] = defaultdict(float)
+    ops: Counter[str] = Counter()
     for s in spans:
-        per[s.kind] += s.duration_ns / 1e6 / rounds
-    print(f"\n{case}: kernel ms per run by op kind ({rounds} runs)")
-    for kind, ms in sorted(per.items(), key=lambda kv: -kv[1]):
-        print(f"  {kind:<20}{ms:>9.3f}")
-    print(f"  {'all kernels':<20}{sum(per.values()):>9.3f}")
+        cls = op_class(compiled.lir, s.node, s.kind)
+        per[cls] += s.duration_ns / 1e6 / rounds
+        ops[cls] += 1
+    total = sum(per.values())
+    print(f"\n{case}: kernel ms per run by class ({rounds} runs)")
+    for cls, ms in sorted(per.items(), key=lambda kv: -kv[1]):
+        print(f"  {cls:<36}{ops[cls] // rounds:>4} ops{ms:>9.3f} ms{100 * ms / total:>6.1f}%")
+    print(f"  {'all kernels':<44}{total:>9.3f} ms")
     print(format_top_ops(top_ops(spans), limit=25))
 
 
