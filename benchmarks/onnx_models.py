@@ -14,6 +14,8 @@ Both peers live in this process and take turns in blocks (`--passes` blocks of `
 runs each, the peers alternating, a pause between blocks so ORT's spinning threads settle); each
 block starts with one untimed run. The outputs are checked against each other before timing (max abs
 error <= 1e-4 x max |out|). Printed: the median time of every peer, and rlx's time over ORT's.
+`--profile` builds rlx profiled instead and prints its kernel time per class (a conv's window, stride
+and algorithm, else the op kind) and its top ops over `--rounds` runs (no ORT timing).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ CASES = {"resnet18x1": ("resnet18", 1), "resnet18x8": ("resnet18", 8),
          "mobilenet_v3_smallx1": ("mobilenet_v3_small", 1)}
 
 
-def peers(model: str, batch: int, threads: int) -> tuple[dict[str, Callable[[], np.ndarray]], str]:
+def peers(model: str, batch: int, threads: int, profile: bool = False
+          ) -> tuple[dict[str, Callable[[], np.ndarray]], str, object]:
     import onnxruntime as ort
     import torch
     from conv_models import build, export
@@ -47,7 +50,7 @@ def peers(model: str, batch: int, threads: int) -> tuple[dict[str, Callable[[], 
     sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     graph, params = rlx.from_onnx(data, max_dims={"batch": max(batch, 8)})
     t0 = time.perf_counter()
-    cg = rlx.Session(rlx.Device.CPU).compile(graph, num_threads=threads)
+    cg = rlx.Session(rlx.Device.CPU, profile=profile).compile(graph, num_threads=threads)
     compile_s = time.perf_counter() - t0
     for name, value in params.items():
         cg.set_param(name, value)
@@ -56,7 +59,47 @@ def peers(model: str, batch: int, threads: int) -> tuple[dict[str, Callable[[], 
     err = float(np.abs(got - want).max())
     if err > 1e-4 * float(np.abs(want).max()):
         raise SystemExit(f"{model} batch {batch}: rlx differs from onnxruntime by {err}")
-    return runs, f"compile {compile_s:.1f} s (cache hit if fast), max abs diff {err:.2e}"
+    return runs, f"compile {compile_s:.1f} s (cache hit if fast), max abs diff {err:.2e}", cg
+
+
+def op_class(lir, node: int, kind: str) -> str:
+    """A kernel's class for the profile: a conv's window, stride and `ConvPlan` algorithm, else its op kind."""
+    from rlx.ir.decisions_conv import ConvPlan
+
+    plan = next((d for d in lir.decided(ConvPlan) if d.node == node), None)
+    if plan is None:
+        return kind
+    n = lir.graph.node(node)
+    window = lir.graph.node(n.inputs[1]).shape.static_dims[2:]
+    shape = "depthwise " if plan.algorithm == "depthwise" else ""
+    stride = n.op.geometry(len(window))[0][0]
+    return f"conv {shape}{'x'.join(map(str, window))} s{stride} ({plan.algorithm})"
+
+
+def print_profile(case: str, run: Callable[[], np.ndarray], compiled, rounds: int) -> None:
+    """Kernel ms per run by class (a conv's window, stride and algorithm, else the op kind), then the top
+    ops, over `rounds` runs of a profiled build."""
+    from collections import Counter, defaultdict
+
+    from rlx.runtime.profile import format_top_ops, top_ops
+
+    run()
+    compiled.trace(clear=True)
+    for _ in range(rounds):
+        run()
+    spans = [s for s in compiled.trace(clear=True) if s.thread < 0]
+    per: dict[str, float] = defaultdict(float)
+    ops: Counter[str] = Counter()
+    for s in spans:
+        cls = op_class(compiled.lir, s.node, s.kind)
+        per[cls] += s.duration_ns / 1e6 / rounds
+        ops[cls] += 1
+    total = sum(per.values())
+    print(f"\n{case}: kernel ms per run by class ({rounds} runs)")
+    for cls, ms in sorted(per.items(), key=lambda kv: -kv[1]):
+        print(f"  {cls:<36}{ops[cls] // rounds:>4} ops{ms:>9.3f} ms{100 * ms / total:>6.1f}%")
+    print(f"  {'all kernels':<44}{total:>9.3f} ms")
+    print(format_top_ops(top_ops(spans), limit=25))
 
 
 def main() -> None:
@@ -66,11 +109,15 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=4, help="blocks per peer (peers alternate)")
     ap.add_argument("--pause", type=float, default=0.5, help="seconds between blocks")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--profile", action="store_true", help="rlx's per-op kernel times (a profiled build)")
     args = ap.parse_args()
     rows = []
     for case in args.cases.split(","):
         model, batch = CASES[case]
-        runs, note = peers(model, batch, args.threads)
+        runs, note, compiled = peers(model, batch, args.threads, args.profile)
+        if args.profile:
+            print_profile(case, runs["rlx"], compiled, args.rounds)
+            continue
         times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.passes):
             for name, run in runs.items():
@@ -83,6 +130,8 @@ def main() -> None:
         med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         rows.append((case, med["onnxruntime"], med["rlx"], med["rlx"] / med["onnxruntime"]))
         print(f"{case}: {note}", flush=True)
+    if args.profile:
+        return
     print(f"\n{args.threads} threads, 224x224, median of {args.passes} x {args.rounds} runs per peer")
     print(f"{'case':<24}{'onnxruntime ms':>16}{'rlx ms':>12}{'rlx / ort':>12}")
     for case, ort_ms, rlx_ms, ratio in rows:

@@ -5,10 +5,11 @@ implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), 
 tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels:
 odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
 uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), pointwise
-(1x1: 110 pixels, a single pixel, grouped), depthwise (strided with hardswish fused, dilated,
-uneven pads, 1-D), max / average pooling (pads, ceil_mode, count_include_pad, dilations, 1-D, and
-3-D decomposed into two 2-D pools), and batch_norm (decomposed into primitives). The packed
-micro-kernel and the no-micro-kernel fallback (an x86-64 build without AVX2) both run.
+(1x1: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile), depthwise (strided
+with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
+count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and batch_norm
+(decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an x86-64
+build without AVX2) both run.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     vol = g.input("vol", [BATCH, 3, 6, 7, 5])
     img = g.input("img", [BATCH, 7, 9, 31])
     deep = g.input("deep", [BATCH, 40, 7, 16])
+    plane = g.input("plane", [BATCH, 6, 1, 3])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -50,6 +52,9 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "pointwise_pixel": g.conv(g.pool("avg", deep, (7, 16)), param("w_pp", [24, 40, 1, 1]), param("b_pp", [24]),
                                   activation="relu"),
         "pointwise_grouped": g.conv(deep, param("w_pg", [20, 20, 1, 1]), groups=2),
+        # 3 pixels on 2+ threads: tiles of 2 and 1 pixels (a one-pixel tile is a matrix-vector product, its input a
+        # strided column of the planes)
+        "pointwise_tail": g.conv(plane, param("w_pt", [5, 6, 1, 1]), param("b_pt", [5]), activation="relu"),
         # wide: the weight packed for the micro-kernel, pixel-major tiles
         "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),
         "grouped": g.conv(g.conv(x, param("w_e", [8, 5, 1, 1])), param("w_g", [6, 4, 3, 2]), param("b_g", [6]),
@@ -97,7 +102,8 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "seq": rng.standard_normal((batch, 6, 23)).astype(np.float32),
             "vol": rng.standard_normal((batch, 3, 6, 7, 5)).astype(np.float32),
             "img": rng.standard_normal((batch, 7, 9, 31)).astype(np.float32),
-            "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32)}
+            "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32),
+            "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32)}
 
 
 def _targets() -> list[str]:

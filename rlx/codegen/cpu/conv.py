@@ -129,8 +129,9 @@ def phase_plane_floats(g: Window2d) -> int:
 
 
 def tap_offsets(g: Window2d) -> tuple[int, ...]:
-    """Offset of each window tap (kh, kw) into a channel's phase planes (rlx_conv_tap_offsets in kernels/conv.h
-    computes the same): its phase plane, row and column. A direct conv's source holds them as constants.
+    """Offset of each window tap (kh, kw) into a channel's phase planes (rlx_conv_phase_copy in kernels/conv.h):
+    its phase plane, row and column.
+    A direct or depthwise conv's source holds them as constants.
 
     >>> from rlx.ir.ops_conv import Conv
     >>> tap_offsets(window_2d(Conv(strides=(2, 2), pads=(1, 1, 1, 1)), (8, 8), (4, 4), (3, 3), 4))
@@ -144,16 +145,15 @@ def tap_offsets(g: Window2d) -> tuple[int, ...]:
 
 def depthwise_scratch_floats(g: Window2d) -> int:
     """Floats of scratch one plane of a depthwise conv takes (rlx_conv_dw_scratch in kernels/conv.h): its
-    taps' offsets (int64), its SH*SW stride-phase copies, each (HQ + 1) x WQ plus DW_VEC of slack, and its
-    WQ-wide output.
+    SH*SW stride-phase copies, each (HQ + 1) x WQ plus DW_VEC of slack, and its WQ-wide output.
 
     >>> from rlx.ir.ops_conv import Conv
     >>> depthwise_scratch_floats(window_2d(Conv(strides=(2, 2), pads=(1, 1, 1, 1), groups=4), (8, 8), (4, 4),
     ...                                    (3, 3), 1))
-    298
+    280
     """
     out = -(-g.oh * g.phase_cols // DW_VEC) * DW_VEC
-    return 2 * g.kh * g.kw + g.sh * g.sw * phase_plane_floats(g) + out
+    return g.sh * g.sw * phase_plane_floats(g) + out
 
 
 def emit_conv(em, node: Node) -> Kernel:

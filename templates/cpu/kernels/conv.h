@@ -150,6 +150,27 @@ static void rlx_conv_packed_tile(int64_t mc, int64_t K, int64_t D, const float *
     }
 }
 
+/* y[o * ldy] = w[o, :] . x (x's K values ldx apart) for the m rows of w[m, K]: a pointwise conv's product on one
+ * output pixel (a squeeze-excite block's 1x1 conv on a pooled vector), where a BLAS sgemm with n == 1 packed the
+ * whole weight on every call (MobileNetV3's 576 x 144 ones took 65-80 us instead of ~15). */
+static void rlx_conv_gemv(int64_t m, int64_t K, const float *restrict w, const float *restrict x, int64_t ldx,
+                          float *restrict y, int64_t ldy)
+{
+    for (int64_t o = 0; o < m; o++) {
+        const float *restrict wo = w + o * K;
+        float acc = 0.0f;
+        if (ldx == 1) {
+            #pragma omp simd reduction(+:acc)
+            for (int64_t i = 0; i < K; i++)
+                acc += wo[i] * x[i];
+        } else {
+            for (int64_t i = 0; i < K; i++)
+                acc += wo[i] * x[i * ldx];
+        }
+        y[o * ldy] = acc;
+    }
+}
+
 /* Whether a conv's input plane is its own GEMM operand (1x1 window, stride 1, no pads): no gather. */
 static inline int rlx_conv_pointwise(const rlx_conv_geom *g)
 {
@@ -180,7 +201,8 @@ static inline int64_t rlx_conv_dw_phase(const rlx_conv_geom *g)
 
 /* The SH*SW stride-phase planes of one input plane x[H, W] (rlx_conv_dw_phase floats apart from q on; zeros in the
  * pads, one spare row and RLX_DW_VEC floats of slack after each): q[a*SW + b][r, c] = x[r*SH + a - PH, c*SW + b - PW]. */
-static void rlx_conv_phase_copy(const float *restrict x, const rlx_conv_geom *g, float *restrict q)
+static inline __attribute__((always_inline)) void rlx_conv_phase_copy(const float *restrict x, const rlx_conv_geom *g,
+                                                                      float *restrict q)
 {
     const int64_t HQ = rlx_conv_dw_hq(g), WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
     for (int64_t a = 0; a < g->SH; a++)
@@ -213,32 +235,18 @@ static void rlx_conv_phase_copy(const float *restrict x, const rlx_conv_geom *g,
         }
 }
 
-/* Offset of each window tap (kh, kw) into a channel's phase planes (rlx_conv_phase_copy): its phase plane, row and
- * column; tap (kh, kw) of output pixel (oh, ow) is at tap[kh * KW + kw] + oh * WQ + ow. */
-static void rlx_conv_tap_offsets(const rlx_conv_geom *g, int64_t *tap)
-{
-    const int64_t WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
-    for (int64_t kh = 0; kh < g->KH; kh++)
-        for (int64_t kw = 0; kw < g->KW; kw++) {
-            const int64_t rh = kh * g->DH, cw = kw * g->DW;
-            tap[kh * g->KW + kw] = ((rh % g->SH) * g->SW + cw % g->SW) * PL + rh / g->SH * WQ + cw / g->SW;
-        }
-}
-
 /* bias + the window of w[KH, KW] over one plane x[H, W], returned WQ wide (output row oh at oh * WQ, columns
- * OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch floats. */
-static const float *rlx_conv_dw_plane(const float *restrict x, const float *restrict w, float bias,
-                                      const rlx_conv_geom *g, float *restrict q)
+ * OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch floats. tap[kh * KW + kw] is window tap (kh, kw)'s
+ * offset into the phase planes (its phase plane, row and column: rlx/codegen/cpu/conv.py's tap_offsets, a constant
+ * array of the generated source). Inlined into each conv with its geometry as constants: no division per plane. */
+static inline __attribute__((always_inline)) const float *rlx_conv_dw_plane(const float *restrict x,
+        const float *restrict w, float bias, const rlx_conv_geom *g, const int64_t *restrict tap, float *restrict q)
 {
-    const int64_t WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
+    const int64_t WQ = rlx_conv_dw_wq(g);
     const int64_t L = g->OH * WQ, LP = (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
-    int64_t *restrict tap = (int64_t *)q;  /* KH*KW offsets, then the phase planes, then the output */
-    q += 2 * g->KH * g->KW;
-    float *restrict acc = q + g->SH * g->SW * PL;
+    float *restrict acc = q + g->SH * g->SW * rlx_conv_dw_phase(g);  /* the phase planes, then the output */
     rlx_conv_phase_copy(x, g, q);
-    /* each tap's offset into q (its phase plane, row and column), worked out once: no division per tap */
     const int64_t taps = g->KH * g->KW;
-    rlx_conv_tap_offsets(g, tap);
     for (int64_t i0 = 0; i0 < LP; i0 += RLX_DW_VEC) {
         /* four 8-float accumulators, kept in registers across every tap (GCC/Clang vector extensions) */
         rlx_dw_v8 s0 = {bias, bias, bias, bias, bias, bias, bias, bias}, s1 = s0, s2 = s0, s3 = s0;
@@ -260,11 +268,11 @@ static const float *rlx_conv_dw_plane(const float *restrict x, const float *rest
     return acc;
 }
 
-/* Floats of scratch rlx_conv_dw_plane needs: the taps' offsets (int64), the phase planes, the WQ-wide output. */
+/* Floats of scratch rlx_conv_dw_plane needs: the phase planes, the WQ-wide output. */
 static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
 {
     const int64_t L = g->OH * rlx_conv_dw_wq(g);
-    return 2 * g->KH * g->KW + g->SH * g->SW * rlx_conv_dw_phase(g) + (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
+    return g->SH * g->SW * rlx_conv_dw_phase(g) + (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
 }
 
 /* Direct convolution (groups == 1) on the stride-phase planes of every input channel.
