@@ -12,6 +12,10 @@ aggregate tokens/s (every stream's tokens over the wall time from the first requ
 token), the decode rate (tokens after each stream's first, over the time after its first token),
 and TTFT p50/p99. Then the prefix cache: a `--prefix-tokens` system prompt sent once cold and then
 again with another question (its blocks come from the cache): TTFT of both.
+`--peers rlx,llama_cpp` also serves the same GGUF with `llama_cpp.server` (llama-cpp-python's OpenAI
+server, `pip install 'llama-cpp-python[server]'`: it builds llama.cpp from source; skipped with a note when it
+is not installed), one server at a time with a pause between them, `--threads` threads each, and prints each
+stream count's aggregate against it (llama_cpp.server runs one request at a time).
 Timings only: nothing here asserts.
 """
 
@@ -41,28 +45,38 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace, max_seqs: int) -> tuple[subprocess.Popen, str]:
+def start_server(args: argparse.Namespace, max_seqs: int, peer: str = "rlx") -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "rlx.cli", "serve", "--port", str(port), "--max-seqs", str(max_seqs),
-           "--max-context", str(args.max_context), "--kv-layout", args.kv_layout, "--log-level", "warning"]
-    if args.model:
-        cmd += ["--model", args.model]
+    if peer == "rlx":
+        cmd = [sys.executable, "-m", "rlx.cli", "serve", "--port", str(port), "--max-seqs", str(max_seqs),
+               "--max-context", str(args.max_context), "--kv-layout", args.kv_layout, "--log-level", "warning"]
+        if args.model:
+            cmd += ["--model", args.model]
+    else:  # llama_cpp.server on the same GGUF file
+        from rlx.models.gguf import find_smollm2_gguf
+
+        model = args.model or find_smollm2_gguf()
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port",
+               str(port), "--n_ctx", str(args.max_context), "--n_threads", str(args.threads or os.cpu_count())]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen(cmd, env=env)
+    if args.threads:
+        env["RLX_NUM_THREADS"] = str(args.threads)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL if peer != "rlx" else None,
+                            stderr=subprocess.DEVNULL if peer != "rlx" else None)
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     while True:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise SystemExit(f"rlxc serve exited with {proc.returncode}")
+            raise SystemExit(f"{peer} server exited with {proc.returncode}")
         time.sleep(0.2)
-    print(f"server up in {time.monotonic() - t0:.1f} s (load and compile)", file=sys.stderr)
+    print(f"{peer} server up in {time.monotonic() - t0:.1f} s (load and compile)", file=sys.stderr)
     return proc, url
 
 
@@ -126,32 +140,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-context", type=int, default=1280)
     p.add_argument("--kv-layout", default="paged", choices=("paged", "contiguous"), help="rlxc serve's KV layout")
     p.add_argument("--prefix-tokens", type=int, default=1000, help="system prompt of the prefix-cache run (0: skip)")
+    p.add_argument("--peers", default="rlx", help="servers to run, in turn: rlx and/or llama_cpp (default rlx)")
+    p.add_argument("--threads", type=int, default=None, help="threads of each server (default: its own)")
+    p.add_argument("--pause", type=float, default=3.0, help="seconds between servers")
     args = p.parse_args(argv)
+    import importlib.util
+
     import openai
 
     counts = [int(s) for s in args.streams.split(",")]
-    proc, url = start_server(args, max(counts))
-    try:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
-        model = client.models.list().data[0].id
-        concurrent(client, model, 1, 4)  # warm-up
-        print(f"model {model}, {args.new_tokens} new tokens a stream, {os.cpu_count()} CPUs")
-        print(f"{'streams':>7} {'tokens':>7} {'short':>5} {'aggregate tok/s':>15} {'decode tok/s':>12} "
-              f"{'TTFT p50 s':>10} {'TTFT p99 s':>10}")
-        base = None
-        for n in counts:
-            r = concurrent(client, model, n, args.new_tokens)
-            base = base or r["aggregate"]
-            print(f"{n:>7} {r['tokens']:>7} {r['short']:>5} {r['aggregate']:>15.1f} {r['decode']:>12.1f} "
-                  f"{r['ttft_p50']:>10.3f} {r['ttft_p99']:>10.3f}   ({r['aggregate'] / base:.2f}x one stream)",
-                  flush=True)
-        if args.prefix_tokens:
-            cold, warm, short = prefix_ttft(client, model, args.prefix_tokens)
-            print(f"prefix cache, ~{args.prefix_tokens}-token system prompt: TTFT cold {cold:.3f} s, repeated "
-                  f"{warm:.3f} s ({cold / warm:.1f}x); a short prompt alone {short:.3f} s")
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    peers = [x for x in args.peers.split(",") if x]
+    if "llama_cpp" in peers and importlib.util.find_spec("llama_cpp") is None:
+        print("llama_cpp: not installed (pip install 'llama-cpp-python[server]'), skipped", file=sys.stderr)
+        peers.remove("llama_cpp")
+    aggregates: dict[str, dict[int, float]] = {}
+    for i, peer in enumerate(peers):
+        if i:
+            time.sleep(args.pause)  # the last server's threads are gone before the next one starts
+        proc, url = start_server(args, max(counts), peer)
+        try:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
+            model = client.models.list().data[0].id
+            concurrent(client, model, 1, 4)  # warm-up
+            print(f"{peer}: model {Path(model).name}, {args.new_tokens} new tokens a stream, {os.cpu_count()} CPUs, "
+                  f"load average {os.getloadavg()[0]:.2f}")
+            print(f"{'streams':>7} {'tokens':>7} {'short':>5} {'aggregate tok/s':>15} {'decode tok/s':>12} "
+                  f"{'TTFT p50 s':>10} {'TTFT p99 s':>10}")
+            base = None
+            for n in counts:
+                r = concurrent(client, model, n, args.new_tokens)
+                base = base or r["aggregate"]
+                aggregates.setdefault(peer, {})[n] = r["aggregate"]
+                print(f"{n:>7} {r['tokens']:>7} {r['short']:>5} {r['aggregate']:>15.1f} {r['decode']:>12.1f} "
+                      f"{r['ttft_p50']:>10.3f} {r['ttft_p99']:>10.3f}   ({r['aggregate'] / base:.2f}x one stream)",
+                      flush=True)
+            if args.prefix_tokens and peer == "rlx":
+                cold, warm, short = prefix_ttft(client, model, args.prefix_tokens)
+                print(f"prefix cache, ~{args.prefix_tokens}-token system prompt: TTFT cold {cold:.3f} s, repeated "
+                      f"{warm:.3f} s ({cold / warm:.1f}x); a short prompt alone {short:.3f} s")
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    if "rlx" in aggregates and "llama_cpp" in aggregates:
+        print("rlx aggregate / llama_cpp.server aggregate: " + ", ".join(
+            f"{n} streams {aggregates['rlx'][n] / aggregates['llama_cpp'][n]:.2f}x" for n in counts))
     return 0
 
 
