@@ -10,7 +10,10 @@ its storage is freed and it goes back to the front of the queue, to be recompute
 what it generated) when there is room again. The scheduler holds no model: it is tested with a
 fake clock and a `SlotKv` alone. With `split_chunks` (a runner whose rows are computed alike in
 any step: `PagedRunner`) a chunk may be cut to what the budget leaves after the decode rows, so a
-waiting prompt makes progress in every step that has room. With `lookahead` (speculative decoding) a
+waiting prompt makes progress in every step that has room. With `max_stall` prefill comes first and
+decoding sequences fill the rows left, one that went `max_stall` steps without a row first: a burst's
+prompts all start early and decode together in full steps, and no decoding sequence waits more than
+`max_stall` steps for a row. With `lookahead` (speculative decoding) a
 decoding sequence may ask for rows and KV room for tokens proposed after its own: what the rows left
 after prefill and admission allow, and the pages, grant (`Plan.drafts`; nobody is preempted for them).
 
@@ -61,6 +64,7 @@ class Seq:
     slot: int | None = None
     filled: int = 0
     preemptions: int = 0
+    stalled: int = 0  # steps in a row this sequence decoded no token though it could (`max_stall`)
     first_token_at: float | None = None
     last_token_at: float | None = None
     finish_reason: str | None = None
@@ -105,10 +109,13 @@ class Scheduler:
 
     def __init__(self, kv: KvStore, *, chunk: int, max_step_tokens: int, max_waiting: int = 256,
                  clock: Callable[[], float], reuse: Callable[[Seq], int] | None = None,
-                 split_chunks: bool = False, lookahead: Callable[[Seq], int] | None = None) -> None:
+                 split_chunks: bool = False, lookahead: Callable[[Seq], int] | None = None,
+                 max_stall: int | None = None) -> None:
         if chunk < 1 or max_step_tokens < 1 or max_waiting < 0:
             raise RlxError(f"chunk and max_step_tokens must be >= 1 and max_waiting >= 0, got {chunk}, "
                            f"{max_step_tokens}, {max_waiting}")
+        if max_stall is not None and max_stall < 0:
+            raise RlxError(f"max_stall must be None or >= 0, got {max_stall!r}")
         self.kv, self.chunk, self.max_step_tokens, self.max_waiting = kv, chunk, max_step_tokens, max_waiting
         self.clock = clock
         self.split_chunks = split_chunks
@@ -117,6 +124,11 @@ class Scheduler:
         self.reuse = reuse
         # how many proposed tokens a decoding sequence would verify after its own this step (0: none)
         self.lookahead = lookahead
+        # None: every decoding sequence's row comes first, prefill takes the rows left. A number: prefill and
+        # admission come first (so a burst's prompts all start early and decode together in full steps) and
+        # decoding sequences fill the rows left, but one that went `max_stall` steps without a row takes its
+        # row before any prefill
+        self.max_stall = max_stall
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []  # admission order: the last is the newest
         self._ids = itertools.count()
@@ -141,6 +153,9 @@ class Scheduler:
             self._preempt(victim)
             preempted.append(victim)
             decode = [s for s in decode if s is not victim]
+        ready = decode
+        if self.max_stall is not None:  # prefill first: only the decoding sequences due a row go before it
+            decode = [s for s in ready if s.stalled >= self.max_stall]
         budget = self.max_step_tokens - len(decode)
         prefill: list[tuple[Seq, int, int]] = []
         for seq in [s for s in self.running if s.state is State.PREFILL]:
@@ -156,12 +171,25 @@ class Scheduler:
                 seq.filled = self.reuse(seq)
             self.running.append(seq)
             budget = self._chunk(seq, budget, prefill, decode)
+        if self.max_stall is not None:
+            decode, budget = self._fill(ready, decode, budget)
         drafts: list[int] = []
         if self.lookahead is not None:
             for seq in decode:
                 drafts.append(self._draft(seq, budget))
                 budget -= drafts[-1]
         return Plan(decode, prefill, preempted, drafts)
+
+    def _fill(self, ready: list[Seq], due: list[Seq], budget: int) -> tuple[list[Seq], int]:
+        """Prefill first: the rows left go to the other decoding sequences, the longest stalled first; the step's
+        decode rows (in admission order) and the budget left. Whoever got no row has waited one more step."""
+        chosen = {id(s) for s in due}
+        for seq in sorted((s for s in ready if id(s) not in chosen), key=lambda s: -s.stalled)[:max(budget, 0)]:
+            chosen.add(id(seq))
+            budget -= 1
+        for seq in ready:
+            seq.stalled = 0 if id(seq) in chosen else seq.stalled + 1
+        return [s for s in ready if id(s) in chosen], budget
 
     def _draft(self, seq: Seq, budget: int) -> int:
         """The proposed tokens `seq` may verify: what it asks, within the rows left and the KV room it can get."""
@@ -214,7 +242,7 @@ class Scheduler:
     def _preempt(self, seq: Seq) -> None:
         self.kv.free(seq.slot)
         self.running.remove(seq)
-        seq.state, seq.slot, seq.filled = State.WAITING, None, 0
+        seq.state, seq.slot, seq.filled, seq.stalled = State.WAITING, None, 0, 0
         seq.preemptions += 1
         self.waiting.appendleft(seq)
 

@@ -164,3 +164,36 @@ def test_lookahead_takes_the_rows_prefill_leaves_and_the_pages_there_are() -> No
     plan = s.schedule()  # 2 rows left for b's proposals, but no page to grow into: none, and nobody preempted
     assert plan.prefill == [(c, 4, 4)] and plan.drafts == [0, 0] and not plan.preempted
     assert len(kv.pages(b.slot)) == 1
+
+
+def test_prefill_first_keeps_a_bursts_steps_full_and_every_decoder_gets_a_row_within_max_stall() -> None:
+    """`max_stall` (the paged engine's policy): 16 prompts of 29 tokens submitted at once over 16-row steps all
+    get their first token within 32 steps (decode rows first: 74), the burst takes 95 steps (the rows need at
+    least 92; decode rows first: 137, 64 of them not full), no decoding sequence waits more than `max_stall`
+    steps for a row, and every page comes back."""
+    from rlx.serving.pages import PagedKv, PagePool
+
+    def burst(max_stall):
+        kv = PagedKv(PagePool(num_pages=128, page_size=16), max_seqs=16, max_context=128)
+        clock = FakeClock()
+        s = Scheduler(kv, chunk=16, max_step_tokens=16, clock=clock, split_chunks=True, max_stall=max_stall)
+        seqs = [s.add([i + 1] * 29, max_new=64) for i in range(16)]
+        rows, gaps = [], [0]
+        while not s.idle:
+            plan = s.schedule()
+            rows.append(len(plan.decode) + sum(n for _, _, n in plan.prefill))
+            assert rows[-1] <= 16
+            gaps += [q.stalled for q in s.running if q.state is State.DECODE and q not in plan.decode]
+            _run(s, plan)
+            clock.now += 1
+            for q in [q for q in s.running if len(q.generated) >= q.max_new]:
+                s.finish(q, "length")
+        assert [len(q.generated) for q in seqs] == [64] * 16 and kv.used_pages == 0
+        # the step (from 1) of the last first token
+        return rows, max(q.first_token_at for q in seqs) - 100 + 1, max(gaps)
+
+    rows, last_first_token, longest_stall = burst(max_stall=4)
+    assert len(rows) == 95 and sum(r < 16 for r in rows) == 6
+    assert last_first_token == 32 and longest_stall == 4
+    rows, last_first_token, longest_stall = burst(max_stall=None)  # decode rows first
+    assert len(rows) == 137 and sum(r < 16 for r in rows) == 64 and last_first_token == 74 and longest_stall == 0
