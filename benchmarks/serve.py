@@ -59,7 +59,8 @@ def start_server(args: argparse.Namespace, max_seqs: int, peer: str = "rlx") -> 
 
         model = args.model or find_smollm2_gguf()
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1", "--port",
-               str(port), "--n_ctx", str(args.max_context), "--n_threads", str(args.threads or os.cpu_count())]
+               str(port), "--n_ctx", str(args.max_context), "--n_threads", str(args.threads or os.cpu_count()),
+               "--interrupt_requests", "False"]  # queue concurrent requests (its default cuts the running one)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     if args.threads:
         env["RLX_NUM_THREADS"] = str(args.threads)
