@@ -67,7 +67,7 @@ class ConvPlan(Decision):
         store = (f"weight %{self.weight} packed K x N on set, {self.depth}-deep blocks" if self.packed
                  else f"weight %{self.weight} as stored")
         tile = f", {self.tile}-pixel tiles" if self.tile else ""
-        if self.algorithm == "direct":
+        if self.algorithm in ("direct", "pointwise"):
             tile = f", units of {self.channels} channels x up to {self.tile} 16-pixel panels"
         return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store}{tile})"
 

@@ -97,6 +97,11 @@ def direct_channels(out_channels: int, k: int) -> int:
     return min(out_channels, -(-per // DIRECT_ROWS) * DIRECT_ROWS)
 
 
+#: Most 16-pixel panels in one pointwise work unit (its output rows, accumulated over blocks of input channels,
+#: stay in L2: 96 channels x 192 pixels is 72 KiB).
+POINTWISE_PANELS = 12
+
+
 def direct_fits(g: Window2d) -> bool:
     """Whether a groups == 1 conv of window `g` runs direct: a window of more than one tap (a 1 x 1 window with
     strides would copy every phase plane to read one), rows wide enough, one image's phase planes small enough."""
@@ -143,7 +148,8 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
         if is_depthwise(n.op.groups, x.dims[1].value, o):
             out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False))
         elif is_pointwise(n.op, tuple(kernel)):
-            out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
+            out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, POINTWISE_PANELS,
+                                channels=direct_channels(o, cg)))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,

@@ -5,7 +5,8 @@ implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), 
 tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels:
 odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
 uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), pointwise
-(1x1: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile), depthwise (strided
+(1x1 on the planes as they lie: 110 pixels, a single pixel, grouped, 40 input channels, 3 pixels: a partial
+panel only), depthwise (strided
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
 count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and batch_norm
 (decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an x86-64
@@ -52,8 +53,11 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "pointwise_pixel": g.conv(g.pool("avg", deep, (7, 16)), param("w_pp", [24, 40, 1, 1]), param("b_pp", [24]),
                                   activation="relu"),
         "pointwise_grouped": g.conv(deep, param("w_pg", [20, 20, 1, 1]), groups=2),
-        # 3 pixels on 2+ threads: tiles of 2 and 1 pixels (a one-pixel tile is a matrix-vector product, its input a
-        # strided column of the planes)
+        # 40 channels: two blocks of input channels accumulated in the output rows; 13 output channels: tiles of 6,
+        # 6 and 1; 112 pixels: whole 16-pixel panels only
+        "pointwise_deep": g.conv(deep, param("w_pd", [13, 40, 1, 1]), param("b_pd", [13]), activation="relu"),
+        # 3 pixels: a partial 16-pixel panel only, through its zero-padded copy (the one-pixel plane above is a
+        # matrix-vector product)
         "pointwise_tail": g.conv(plane, param("w_pt", [5, 6, 1, 1]), param("b_pt", [5]), activation="relu"),
         # wide: the weight packed for the micro-kernel, pixel-major tiles
         "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),

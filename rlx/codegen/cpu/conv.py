@@ -184,6 +184,8 @@ def emit_conv(em, node: Node) -> Kernel:
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
     if plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
+    elif plan.algorithm == "pointwise":  # a plane's partial last panel and its product
+        scratch = align64((cg + og) * DIRECT_PIXELS * 4)
     elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
