@@ -23,6 +23,12 @@
   output channels x 16 pixels accumulate over every (channel, tap) in registers
   (`rlx_conv_direct_unit`), the weight read as stored. A work unit is `channels`
   output channels x up to `tile` 16-pixel panels; its store adds bias and activation.
+- ``pointwise`` / ``nchw``: a 1x1, stride-1, unpadded conv on a small plane: each image's
+  planes are the right operand of ``W[O, C] @ X[C, HW]`` (`rlx_sgemm1`) as they lie.
+- ``pointwise`` / ``nchw_panels``: the same on a plane of POINTWISE_PANEL_PIXELS+
+  (`rlx.opt.lowering_conv`): tiles of 6 output channels x 16 pixels accumulate over the
+  input channels in registers (`rlx_conv_direct_tile` with one tap), the weight read as
+  stored and nothing packed; work units of `channels` output channels x up to `tile` panels.
 - ``depthwise`` / ``nchw``: groups == C == O: each thread takes whole channel
   planes, copies each (zero-padded, split by stride phase) into its scratch and
   runs every window tap as one contiguous run over the plane (bias in the
@@ -41,6 +47,7 @@ from rlx.ir.decisions import Decision, register_decision
 
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
+              ("pointwise", "nchw_panels"),
               ("depthwise", "nchw"), ("direct", "nchw_phases"))
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).
 CONV_TILE_PIXELS = 96
@@ -67,7 +74,7 @@ class ConvPlan(Decision):
         store = (f"weight %{self.weight} packed K x N on set, {self.depth}-deep blocks" if self.packed
                  else f"weight %{self.weight} as stored")
         tile = f", {self.tile}-pixel tiles" if self.tile else ""
-        if self.algorithm == "direct":
+        if self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} 16-pixel panels"
         return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store}{tile})"
 

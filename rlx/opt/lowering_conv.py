@@ -1,9 +1,9 @@
 """CPU lowering for convolutions: each `conv` node's algorithm, tile layout and weight storage (`ConvPlan`).
 
-See `conv_plans` for the choice: depthwise on planes, pointwise on the planes as they lie, direct
-on stride-phase planes (groups 1, rows of 14+ pixels), implicit GEMM on channels-first tiles (BLAS),
-or on pixel-major tiles with the weight packed at `set_param` for RLX's micro-kernel (wide
-convolutions on narrow rows).
+See `conv_plans` for the choice: depthwise on planes, pointwise on the planes as they lie (register tiles on wide
+planes, BLAS on small ones), direct on stride-phase planes (groups 1, rows of 14+ pixels), implicit GEMM on
+channels-first tiles (BLAS), or on pixel-major tiles with the weight packed at `set_param` for RLX's micro-kernel
+(wide convolutions on narrow rows).
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -97,6 +97,17 @@ def direct_channels(out_channels: int, k: int) -> int:
     return min(out_channels, -(-per // DIRECT_ROWS) * DIRECT_ROWS)
 
 
+#: Smallest plane (output pixels) whose pointwise conv runs in register tiles on 16-pixel panels rather than as a
+#: BLAS sgemm on the planes: the sgemm packs both operands on every call, a cost the shallow products of wide
+#: planes feel most (MobileNetV3-small's 1x1 convs, kernel time per shape on 2 threads: 56 x 56 16 -> 72 channels
+#: 100-107 -> 69 us, 28 x 28 ones 10-35% less; 14 x 14 and 7 x 7 ones up to 15% more, the partial last panel a
+#: larger share of the work).
+POINTWISE_PANEL_PIXELS = 512
+#: Most 16-pixel panels in one pointwise work unit (its output rows, accumulated over blocks of input channels,
+#: stay in L2: 96 channels x 192 pixels is 72 KiB).
+POINTWISE_PANELS = 12
+
+
 def direct_fits(g: Window2d) -> bool:
     """Whether a groups == 1 conv of window `g` runs direct: a window of more than one tap (a 1 x 1 window with
     strides would copy every phase plane to read one), rows wide enough, one image's phase planes small enough."""
@@ -114,7 +125,8 @@ def tile_pixels(k: int, plane: int) -> int:
 def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
     """The `ConvPlan` of every conv node of `lir`.
 
-    Depthwise convolutions run on planes; 1x1 stride-1 unpadded ones multiply the planes as they lie;
+    Depthwise convolutions run on planes; 1x1 stride-1 unpadded ones multiply the planes as they lie (in
+    register tiles on 16-pixel panels from POINTWISE_PANEL_PIXELS output pixels, by the BLAS below);
     groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
     direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
     channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
@@ -143,7 +155,12 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
         if is_depthwise(n.op.groups, x.dims[1].value, o):
             out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False))
         elif is_pointwise(n.op, tuple(kernel)):
-            out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
+            plane = math.prod(d.value for d in n.shape.dims[2:])
+            if plane >= POINTWISE_PANEL_PIXELS:
+                out.append(ConvPlan(n.id, "pointwise", "nchw_panels", n.inputs[1], False, POINTWISE_PANELS,
+                                    channels=direct_channels(o, cg)))
+            else:
+                out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,

@@ -5,7 +5,8 @@ implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), 
 tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels:
 odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
 uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), pointwise
-(1x1: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile), depthwise (strided
+(1x1 on the planes as they lie, by the BLAS: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile;
+in register tiles on a 520-pixel plane: a partial last panel, two blocks of input channels, grouped), depthwise (strided
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
 count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and batch_norm
 (decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an x86-64
@@ -42,6 +43,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     img = g.input("img", [BATCH, 7, 9, 31])
     deep = g.input("deep", [BATCH, 40, 7, 16])
     plane = g.input("plane", [BATCH, 6, 1, 3])
+    wide_plane = g.input("wide_plane", [BATCH, 40, 20, 26])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -52,6 +54,10 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "pointwise_pixel": g.conv(g.pool("avg", deep, (7, 16)), param("w_pp", [24, 40, 1, 1]), param("b_pp", [24]),
                                   activation="relu"),
         "pointwise_grouped": g.conv(deep, param("w_pg", [20, 20, 1, 1]), groups=2),
+        # a 520-pixel plane: register tiles on 16-pixel panels (32 whole, one of 8 pixels); 40 channels: two blocks
+        # of input channels accumulated in the output rows; 13 output channels: tiles of 6, 6 and 1; grouped
+        "pointwise_panels": g.conv(wide_plane, param("w_pd", [13, 40, 1, 1]), param("b_pd", [13]), activation="relu"),
+        "pointwise_panels_grouped": g.conv(wide_plane, param("w_pdg", [10, 20, 1, 1]), groups=2),
         # 3 pixels on 2+ threads: tiles of 2 and 1 pixels (a one-pixel tile is a matrix-vector product, its input a
         # strided column of the planes)
         "pointwise_tail": g.conv(plane, param("w_pt", [5, 6, 1, 1]), param("b_pt", [5]), activation="relu"),
@@ -103,7 +109,8 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "vol": rng.standard_normal((batch, 3, 6, 7, 5)).astype(np.float32),
             "img": rng.standard_normal((batch, 7, 9, 31)).astype(np.float32),
             "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32),
-            "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32)}
+            "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32),
+            "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32)}
 
 
 def _targets() -> list[str]:
@@ -126,6 +133,7 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
         cg.set_param(name, value)
     plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
+                     ("pointwise", "nchw_panels"),
                      ("depthwise", "nchw"), ("direct", "nchw_phases")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))

@@ -3,9 +3,9 @@
 Registered into the CPU rule table when `rlx.codegen` is imported. A conv is
 rendered as its LIR `ConvPlan` says (`rlx.opt.lowering_conv`): an implicit GEMM
 on pixel-major tiles gathered into per-thread scratch (the packed micro-kernel
-when the weight is stored packed, `rlx_sgemm1` otherwise), or a direct
-depthwise window on padded, stride-phase copies of channel planes; bias and activation are applied in the
-channels-first store. Pooling runs per plane. Loops: `templates/cpu/kernels/conv.h`,
+when the weight is stored packed, `rlx_sgemm1` otherwise), a 1x1 product in register tiles on the planes
+as they lie (pointwise), a direct or depthwise window on padded, stride-phase copies of channel planes; bias
+and activation are applied in the channels-first store. Pooling runs per plane. Loops: `templates/cpu/kernels/conv.h`,
 macros: `templates/cpu/conv.c.j2`. f32 only (legalization widens f16/bf16).
 
 >>> import rlx
@@ -184,6 +184,8 @@ def emit_conv(em, node: Node) -> Kernel:
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
     if plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
+    elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product
+        scratch = align64((cg + og) * DIRECT_PIXELS * 4)
     elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
