@@ -10,7 +10,6 @@
 #include <string.h>
 #include <time.h>
 /* the bench TU defines its own copies of the format-free helpers (quant_kernels.h defines them) */
-#define rlx_q_block_sums bench_block_sums
 #define rlx_q_act_round_trip bench_act_round_trip
 #include "kernels/half.h"
 #include "kernels/scalar.h"
@@ -24,12 +23,12 @@ static const int64_t Ns[3] = {576, 1536, 192};
 
 static double now(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 
-__attribute__((noipa)) static void inl_f32(int64_t M, int64_t N, const float *X, const float *xs, const uint8_t *W, float *Y, float *wrow)
+__attribute__((noipa)) static void inl_f32(int64_t M, int64_t N, const float *X, const uint8_t *W, float *Y, float *wrow)
 {   /* N is one of three constants in the generated code: switch so the compiler sees it */
     switch (N) {
-    case 576: rlx_qgemv(RLX_Q4_1, 32, 20, M, 576, K, X, xs, W, RB, Y, 0, 576, wrow); break;
-    case 1536: rlx_qgemv(RLX_Q4_1, 32, 20, M, 1536, K, X, xs, W, RB, Y, 0, 1536, wrow); break;
-    default: rlx_qgemv(RLX_Q4_1, 32, 20, M, 192, K, X, xs, W, RB, Y, 0, 192, wrow); break;
+    case 576: rlx_qgemv(RLX_Q4_1, 32, 20, M, 576, K, X, W, RB, Y, 0, 576, wrow); break;
+    case 1536: rlx_qgemv(RLX_Q4_1, 32, 20, M, 1536, K, X, W, RB, Y, 0, 1536, wrow); break;
+    default: rlx_qgemv(RLX_Q4_1, 32, 20, M, 192, K, X, W, RB, Y, 0, 192, wrow); break;
     }
 }
 __attribute__((noipa)) static void inl_q16(int64_t M, int64_t N, const int8_t *Xq, const float *xds, const uint8_t *W, float *Y)
@@ -42,9 +41,9 @@ __attribute__((noipa)) static void inl_q16(int64_t M, int64_t N, const int8_t *X
 }
 
 /* the inlined kernel with K a runtime value (what the unit sees) */
-__attribute__((noipa)) static void inl_f32_rtk(int64_t M, int64_t N, int64_t k, const float *X, const float *xs, const uint8_t *W, float *Y, float *wrow)
+__attribute__((noipa)) static void inl_f32_rtk(int64_t M, int64_t N, int64_t k, const float *X, const uint8_t *W, float *Y, float *wrow)
 {
-    rlx_qgemv(RLX_Q4_1, 32, 20, M, N, k, X, xs, W, k / 32 * 20, Y, 0, N, wrow);
+    rlx_qgemv(RLX_Q4_1, 32, 20, M, N, k, X, W, k / 32 * 20, Y, 0, N, wrow);
 }
 volatile int64_t vk = K;
 
@@ -55,10 +54,9 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < (size_t)NMAT * 1536 * RB; i++) W[i] = (uint8_t)(i * 2654435761u >> 13);
     for (size_t r = 0; r < (size_t)NMAT * 1536; r++) for (int b = 0; b < NB; b++) {
         uint16_t h = 0x2000 + (r + b) % 1000; memcpy(W + r * RB + b * 20, &h, 2); h = 0xa000 + (r * 7 + b) % 1000; memcpy(W + r * RB + b * 20 + 2, &h, 2); }
-    float X[16 * K], xs[16 * NB], Y[16 * 1536], wrow[K], xds[2 * 16 * NB];
+    float X[16 * K], Y[16 * 1536], wrow[K], xds[2 * 16 * NB];
     int8_t Xq[16 * 2 * K];
     for (int i = 0; i < 16 * K; i++) X[i] = (float)((i * 37) % 200 - 100) / 50.0f;
-    rlx_q_block_sums(16, K, X, xs);
     rlx_q8_quantize_rows_q4_1_q16(16, K, X, Xq, xds);
     double best[2][3][2];  /* [f32|q16][inline|unit][M=1|M=4] */
     for (int a = 0; a < 2; a++) for (int v = 0; v < 3; v++) for (int m = 0; m < 2; m++) best[a][v][m] = 1e9;
@@ -70,7 +68,7 @@ int main(int argc, char **argv)
             for (int j = 0; j < NMAT * 3; j++) {
                 const int64_t N = Ns[j % 3];
                 const uint8_t *w = W + (size_t)(j % NMAT) * 1536 * RB;
-                if (a == 0) { if (v == 0) inl_f32(M, N, X, xs, w, Y, wrow); else if (v == 1) rlx_qgemv_q4_1(M, N, K, X, xs, w, RB, Y, 0, N, wrow); else inl_f32_rtk(M, N, vk, X, xs, w, Y, wrow); }
+                if (a == 0) { if (v == 0) inl_f32(M, N, X, w, Y, wrow); else if (v == 1) rlx_qgemv_q4_1(M, N, K, X, w, RB, Y, 0, N, wrow); else inl_f32_rtk(M, N, vk, X, w, Y, wrow); }
                 else { if (v == 0) inl_q16(M, N, Xq, xds, w, Y); else rlx_q8gemm_q4_1_q16(M, N, K, Xq, xds, w, RB, Y, 0, N); }
                 check += Y[0];  /* keeps the products live */
             }

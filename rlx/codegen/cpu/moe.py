@@ -38,8 +38,6 @@ HEADERS = ("kernels/argmax.h", "kernels/packed_gemm.h", "kernels/quant.h", "kern
 FLOAT_KINDS = {DType.F32: "RLX_MOE_F32", DType.F16: "RLX_MOE_F16", DType.BF16: "RLX_MOE_BF16"}
 QUANT_KINDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
                "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
-#: Rows of X a GEMV of kernels/quant.h takes at once (RLX_QGEMV_MAX_M): the block sums' scratch.
-GEMV_MAX_M = 4
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,6 @@ class MoeMatMulArgs:
     gemv_max_pairs: int
     chunk: int
     wrow_offset: int
-    xsum_offset: int
     ys_offset: int
     start_offset: int
     order_offset: int
@@ -117,10 +114,9 @@ def emit_moe_matmul(em, node: Node) -> Kernel:
     else:
         fmt = quant_format(op.quant)
         kind, weights, qk, qb = QUANT_KINDS[fmt.name], fmt.name, fmt.block_size, fmt.block_bytes
-    # per thread: a prefill panel (K x the widest packed panel), one widened weight row, block sums of X
+    # per thread: a prefill panel (K x the widest packed panel), one widened weight row
     wrow_offset = align64(k * PACK_NR_MAX * 4) if plan.path == "grouped" else 0
-    xsum_offset = wrow_offset + align64(k * 4)
-    per_thread = xsum_offset + align64(GEMV_MAX_M * max(k // 32, 1) * 4)
+    per_thread = wrow_offset + align64(k * 4)
     # shared (grouped path): the sorted rows of X, their results, the groups' starts and the order
     chunk = plan.chunk_pairs
     ys_offset = align64(chunk * k * 4)
@@ -131,7 +127,7 @@ def emit_moe_matmul(em, node: Node) -> Kernel:
         x=em.ptr(x_id), ids=em.ptr(ids_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False), tokens=em.dim(tokens),
         top_k=top_k.value, experts=e, n=n, k=k, row_bytes=w.dims[2].value * w.dtype.itemsize, kind=kind,
         weights=weights, qk=qk, qb=qb, x_per_pair=x.rank == 3, path=plan.path,
-        gemv_max_pairs=plan.gemv_max_pairs, chunk=chunk, wrow_offset=wrow_offset, xsum_offset=xsum_offset,
+        gemv_max_pairs=plan.gemv_max_pairs, chunk=chunk, wrow_offset=wrow_offset,
         ys_offset=ys_offset, start_offset=start_offset, order_offset=order_offset)
     return _kernel(node, "moe_matmul", args, scratch_per_thread=per_thread, scratch_shared=shared)
 

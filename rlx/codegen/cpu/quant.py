@@ -77,9 +77,7 @@ class DequantMatMulArgs:
     fmt: str
     qk: int
     qb: int
-    block_sums: bool
     wrow_offset: int
-    xsum_offset: int
     #: "f32", or "q8" / "q16": X quantized to int8 / int16 blocks in the shared scratch (then each
     #: block's scale and scale * sum of its integers, a pair of floats per block, at xds_offset).
     act: str = "f32"
@@ -118,10 +116,9 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     fmt = quant_format(op.quant)
     k, n = x.dims[-1].value, w.dims[0].value
     # per thread: a prefill panel (K x the widest packed panel, 64-byte aligned for the kernel's
-    # aligned loads), one dequantized weight row, then the block sums of up to GEMV_MAX_M rows of X
+    # aligned loads), then one dequantized weight row
     wrow_offset = align64(k * PACK_NR_MAX * 4)
-    xsum_offset = wrow_offset + align64(k * 4)
-    scratch = xsum_offset + align64(GEMV_MAX_M * (k // 32) * 4)
+    scratch = wrow_offset + align64(k * 4)
     # act="q8"/"q16", shared by the threads: for few rows the quantized activations (rows of int8, or of
     # int16 as two byte planes, then two floats per block); for more, the quantized values as floats
     rows_max = product(x.dims[:-1]).max
@@ -136,8 +133,8 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
         m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=fmt.name,
-        fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes, block_sums=fmt.name == "q4_1",
-        wrow_offset=wrow_offset, xsum_offset=xsum_offset, act=op.act, xds_offset=xds_offset, group=group)
+        fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes,
+        wrow_offset=wrow_offset, act=op.act, xds_offset=xds_offset, group=group)
     return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch,
                   scratch_shared=shared)

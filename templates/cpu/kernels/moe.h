@@ -119,12 +119,10 @@ static inline __attribute__((always_inline)) float rlx_moe_dot(const float *rest
 /* y[n] for n in [n0, n1) of rows M = 1 ... 4 of X (row stride K, outputs row stride ldy): y = x @ We^T. */
 static inline __attribute__((always_inline)) void rlx_moe_gemv_rows(const int wk, const int qk, const int qb,
         int64_t M, const uint8_t *restrict We, int64_t rb, const float *X, int64_t K, float *Y, int64_t ldy,
-        int64_t n0, int64_t n1, float *restrict wrow, float *restrict xs)
+        int64_t n0, int64_t n1, float *restrict wrow)
 {
     if (wk >= 0) {
-        if (wk == RLX_Q4_1)
-            rlx_q_block_sums(M, K, X, xs);
-        rlx_qgemv_fmt(wk, M, ldy, K, X, xs, We, rb, Y, n0, n1, wrow);  /* the kernel unit's rlx_qgemv_<fmt> */
+        rlx_qgemv_fmt(wk, M, ldy, K, X, We, rb, Y, n0, n1, wrow);  /* the kernel unit's rlx_qgemv_<fmt> */
         return;
     }
     for (int64_t n = n0; n < n1; n++) {
@@ -147,7 +145,7 @@ static inline void rlx_moe_nan_row(float *y, int64_t n0, int64_t n1)
 /* The GEMV path: rows [r0, r1) of the flat (pair, output row) range of P pairs x N rows. */
 static inline __attribute__((always_inline)) void rlx_moe_gemv_range(const int wk, const int qk, const int qb,
         const float *X, int x_per_pair, const int32_t *ids, int64_t top_k, const uint8_t *W, int64_t E,
-        int64_t N, int64_t K, int64_t rb, float *Y, int64_t r0, int64_t r1, float *wrow, float *xs)
+        int64_t N, int64_t K, int64_t rb, float *Y, int64_t r0, int64_t r1, float *wrow)
 {
     for (int64_t p = r0 / N; p * N < r1; p++) {
         const int64_t n0 = r0 > p * N ? r0 - p * N : 0, n1 = r1 < (p + 1) * N ? r1 - p * N : N;
@@ -157,7 +155,7 @@ static inline __attribute__((always_inline)) void rlx_moe_gemv_range(const int w
             continue;
         }
         const float *x = X + (x_per_pair ? p : p / top_k) * K;
-        rlx_moe_gemv_rows(wk, qk, qb, 1, W + (int64_t)e * N * rb, rb, x, K, Y + p * N, N, n0, n1, wrow, xs);
+        rlx_moe_gemv_rows(wk, qk, qb, 1, W + (int64_t)e * N * rb, rb, x, K, Y + p * N, N, n0, n1, wrow);
     }
 }
 
@@ -192,12 +190,12 @@ static void rlx_moe_sort(const int32_t *restrict ids, int64_t c0, int64_t c1, in
 /* Step 3 (every thread, its share of the columns or panels): Ys[rows of group e] = Xs[rows] @ We^T. */
 static inline __attribute__((always_inline)) void rlx_moe_group_gemm(const int wk, const int qk, const int qb,
         int64_t M, const uint8_t *We, int64_t rb, const float *Xs, int64_t N, int64_t K, float *Ys, int t,
-        int team, float *restrict panel, float *restrict wrow, float *restrict xs)
+        int team, float *restrict panel, float *restrict wrow)
 {
     int64_t n0, n1;
     if (M <= RLX_QGEMV_MAX_M) {  /* a small group: a GEMV over the expert's rows, split by row */
         rlx_split(N, t, team, &n0, &n1);
-        rlx_moe_gemv_rows(wk, qk, qb, M, We, rb, Xs, K, Ys, N, n0, n1, wrow, xs);
+        rlx_moe_gemv_rows(wk, qk, qb, M, We, rb, Xs, K, Ys, N, n0, n1, wrow);
         return;
     }
     if (wk == RLX_MOE_F32) {

@@ -82,9 +82,9 @@ static inline __attribute__((always_inline)) void rlx_qgroup_swiglu(const int fm
 
 /* f32 activations (act="f32", the batch-invariant default of rlxc serve): rows [r0, r1) of the members'
  * concatenated rows through rlx_qgemv, each row of X with the arithmetic of the member's own kernel
- * (xs: X's block sums for q4_1, wrow: one dequantized weight row for the formats without SIMD kernels). */
+ * (wrow: one dequantized weight row for the formats without SIMD kernels). */
 static inline __attribute__((always_inline)) void rlx_qgroup_rows_f32(const int fmt, const int qk, const int qb,
-        int64_t M, int64_t K, const float *X, const float *xs, int nm, const uint8_t *const *W, const int64_t *N,
+        int64_t M, int64_t K, const float *X, int nm, const uint8_t *const *W, const int64_t *N,
         int64_t rb, float *const *Y, int64_t r0, int64_t r1, float *wrow)
 {
     int64_t base = 0;
@@ -92,7 +92,7 @@ static inline __attribute__((always_inline)) void rlx_qgroup_rows_f32(const int 
         const int64_t lo = (r0 > base ? r0 : base) - base;
         const int64_t hi = (r1 < base + N[m] ? r1 : base + N[m]) - base;
         if (lo < hi)
-            rlx_qgemv(fmt, qk, qb, M, N[m], K, X, xs, W[m], rb, Y[m], lo, hi, wrow);
+            rlx_qgemv(fmt, qk, qb, M, N[m], K, X, W[m], rb, Y[m], lo, hi, wrow);
         base += N[m];
     }
 }
@@ -102,15 +102,15 @@ static inline __attribute__((always_inline)) void rlx_qgroup_rows_f32(const int 
  * thread that computed a chunk's gate and up reads them from its own cache: with a separate SwiGLU
  * kernel half of them came from the other core's (the cost of that region in a many-row step). */
 static inline __attribute__((always_inline)) void rlx_qgroup_swiglu_f32(const int fmt, const int qk, const int qb,
-        int64_t M, int64_t N, int64_t K, const float *X, const float *xs, const uint8_t *Wg, const uint8_t *Wu,
+        int64_t M, int64_t N, int64_t K, const float *X, const uint8_t *Wg, const uint8_t *Wu,
         int64_t rb, float *out, int64_t n0, int64_t n1, float *wrow)
 {
     float g[RLX_QDECODE_MAX_M * RLX_QGROUP_CHUNK], u[RLX_QDECODE_MAX_M * RLX_QGROUP_CHUNK];
     for (int64_t c0 = n0; c0 < n1; c0 += RLX_QGROUP_CHUNK) {
         const int64_t c1 = c0 + RLX_QGROUP_CHUNK < n1 ? c0 + RLX_QGROUP_CHUNK : n1;
         /* row i of the chunk's gate (up) at g + i * RLX_QGROUP_CHUNK: rlx_qgemv's Y with that row stride */
-        rlx_qgemv(fmt, qk, qb, M, RLX_QGROUP_CHUNK, K, X, xs, Wg + c0 * rb, rb, g, 0, c1 - c0, wrow);
-        rlx_qgemv(fmt, qk, qb, M, RLX_QGROUP_CHUNK, K, X, xs, Wu + c0 * rb, rb, u, 0, c1 - c0, wrow);
+        rlx_qgemv(fmt, qk, qb, M, RLX_QGROUP_CHUNK, K, X, Wg + c0 * rb, rb, g, 0, c1 - c0, wrow);
+        rlx_qgemv(fmt, qk, qb, M, RLX_QGROUP_CHUNK, K, X, Wu + c0 * rb, rb, u, 0, c1 - c0, wrow);
         for (int64_t i = 0; i < M; i++) {
             float *restrict o = out + i * N + c0;
             const float *restrict gi = g + i * RLX_QGROUP_CHUNK, *restrict ui = u + i * RLX_QGROUP_CHUNK;

@@ -16,27 +16,27 @@
     {                                                                                                         \
         rlx_q_dequant_row(FMT, QK, QB, row, K, y);                                                            \
     }                                                                                                         \
-    void rlx_qgemv_##f(int64_t M, int64_t N, int64_t K, const float *X, const float *xs, const uint8_t *W,    \
+    void rlx_qgemv_##f(int64_t M, int64_t N, int64_t K, const float *X, const uint8_t *W,                     \
                        int64_t rb, float *Y, int64_t n0, int64_t n1, float *wrow)                             \
     {                                                                                                         \
-        rlx_qgemv(FMT, QK, QB, M, N, K, X, xs, W, rb, Y, n0, n1, wrow);                                       \
+        rlx_qgemv(FMT, QK, QB, M, N, K, X, W, rb, Y, n0, n1, wrow);                                           \
     }                                                                                                         \
     void rlx_q_dequant_panel_##f(const uint8_t *W, int64_t rb, int64_t K, int64_t nr, float *panel,           \
                                  float *wrow)                                                                 \
     {                                                                                                         \
         rlx_q_dequant_panel(FMT, QK, QB, W, rb, K, nr, panel, wrow);                                          \
     }                                                                                                         \
-    void rlx_qgroup_rows_##f##_f32(int64_t M, int64_t K, const float *X, const float *xs, int nm,             \
+    void rlx_qgroup_rows_##f##_f32(int64_t M, int64_t K, const float *X, int nm,                              \
                                    const uint8_t *const *W, const int64_t *N, int64_t rb, float *const *Y,    \
                                    int64_t r0, int64_t r1, float *wrow)                                       \
     {                                                                                                         \
-        rlx_qgroup_rows_f32(FMT, QK, QB, M, K, X, xs, nm, W, N, rb, Y, r0, r1, wrow);                         \
+        rlx_qgroup_rows_f32(FMT, QK, QB, M, K, X, nm, W, N, rb, Y, r0, r1, wrow);                             \
     }                                                                                                         \
-    void rlx_qgroup_swiglu_##f##_f32(int64_t M, int64_t N, int64_t K, const float *X, const float *xs,        \
+    void rlx_qgroup_swiglu_##f##_f32(int64_t M, int64_t N, int64_t K, const float *X,                         \
                                      const uint8_t *Wg, const uint8_t *Wu, int64_t rb, float *out, int64_t n0, \
                                      int64_t n1, float *wrow)                                                 \
     {                                                                                                         \
-        rlx_qgroup_swiglu_f32(FMT, QK, QB, M, N, K, X, xs, Wg, Wu, rb, out, n0, n1, wrow);                    \
+        rlx_qgroup_swiglu_f32(FMT, QK, QB, M, N, K, X, Wg, Wu, rb, out, n0, n1, wrow);                        \
     }
 
 /* Integer activations: format f (id FMT), activation width a (A16: 1 for q16). */

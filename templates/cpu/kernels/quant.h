@@ -24,7 +24,7 @@
  *   rlx_q8_quantize_rows_i_a     X quantized to int8 / int16 blocks for the integer kernels
  *   rlx_q8gemm_i_a               decode GEMV on quantized activations
  *   rlx_qgroup_rows_i_a, rlx_qgroup_swiglu_i_a   the groups on quantized activations
- *   rlx_q_block_sums, rlx_q_act_round_trip       format-free helpers
+ *   rlx_q_act_round_trip                         a format-free helper
  *
  * rlx_qgemv_fmt and rlx_q_dequant_panel_fn take the format as an argument (for kernels/moe.h, whose
  * weight kind is a constant of its caller: the switch folds away when inlined).
@@ -71,8 +71,6 @@ static inline int rlx_qgemv_threads(int nt, int spins, int64_t bytes)
 
 #define RLX_QUANT_FN __attribute__((visibility("hidden")))
 
-/* xs[i * (K/32) + b] = sum of X[i, 32b : 32b+32] (the m * sum(x) term of q4_1 blocks). */
-RLX_QUANT_FN void rlx_q_block_sums(int64_t M, int64_t K, const float *restrict X, float *restrict xs);
 /* X' = the values the integer activation modes see, as floats (a16: int16, else int8 blocks). */
 RLX_QUANT_FN void rlx_q_act_round_trip(const int a16, int64_t M, int64_t K, const float *restrict X,
                                        float *restrict XF);
@@ -80,16 +78,16 @@ RLX_QUANT_FN void rlx_q_act_round_trip(const int a16, int64_t M, int64_t K, cons
 /* The f32-activation entry points of format f (every format). */
 #define RLX_QUANT_DECLARE_F32(f)                                                                              \
     RLX_QUANT_FN void rlx_q_dequant_row_##f(const uint8_t *row, int64_t K, float *y);                         \
-    RLX_QUANT_FN void rlx_qgemv_##f(int64_t M, int64_t N, int64_t K, const float *X, const float *xs,         \
+    RLX_QUANT_FN void rlx_qgemv_##f(int64_t M, int64_t N, int64_t K, const float *X,                          \
                                     const uint8_t *W, int64_t rb, float *Y, int64_t n0, int64_t n1,           \
                                     float *wrow);                                                             \
     RLX_QUANT_FN void rlx_q_dequant_panel_##f(const uint8_t *W, int64_t rb, int64_t K, int64_t nr,            \
                                               float *panel, float *wrow);                                     \
-    RLX_QUANT_FN void rlx_qgroup_rows_##f##_f32(int64_t M, int64_t K, const float *X, const float *xs, int nm, \
+    RLX_QUANT_FN void rlx_qgroup_rows_##f##_f32(int64_t M, int64_t K, const float *X, int nm,                  \
                                                 const uint8_t *const *W, const int64_t *N, int64_t rb,       \
                                                 float *const *Y, int64_t r0, int64_t r1, float *wrow);        \
     RLX_QUANT_FN void rlx_qgroup_swiglu_##f##_f32(int64_t M, int64_t N, int64_t K, const float *X,            \
-                                                  const float *xs, const uint8_t *Wg, const uint8_t *Wu,      \
+                                                  const uint8_t *Wg, const uint8_t *Wu,                       \
                                                   int64_t rb, float *out, int64_t n0, int64_t n1, float *wrow);
 
 /* The integer-activation entry points of format f, activation width a (q8 / q16). */
@@ -121,17 +119,17 @@ RLX_QUANT_DECLARE_INT(q4_0, q16)
 RLX_QUANT_DECLARE_INT(q4_1, q16)
 
 /* rlx_qgemv_<fmt> for a format id (a constant where this is inlined, so the switch folds). */
-static inline void rlx_qgemv_fmt(const int fmt, int64_t M, int64_t N, int64_t K, const float *X, const float *xs,
+static inline void rlx_qgemv_fmt(const int fmt, int64_t M, int64_t N, int64_t K, const float *X,
                                  const uint8_t *W, int64_t rb, float *Y, int64_t n0, int64_t n1, float *wrow)
 {
     switch (fmt) {
-    case RLX_Q8_0: rlx_qgemv_q8_0(M, N, K, X, xs, W, rb, Y, n0, n1, wrow); break;
-    case RLX_Q4_0: rlx_qgemv_q4_0(M, N, K, X, xs, W, rb, Y, n0, n1, wrow); break;
-    case RLX_Q4_1: rlx_qgemv_q4_1(M, N, K, X, xs, W, rb, Y, n0, n1, wrow); break;
-    case RLX_Q5_0: rlx_qgemv_q5_0(M, N, K, X, xs, W, rb, Y, n0, n1, wrow); break;
-    case RLX_Q5_1: rlx_qgemv_q5_1(M, N, K, X, xs, W, rb, Y, n0, n1, wrow); break;
-    case RLX_Q4_K: rlx_qgemv_q4_k(M, N, K, X, xs, W, rb, Y, n0, n1, wrow); break;
-    case RLX_Q6_K: rlx_qgemv_q6_k(M, N, K, X, xs, W, rb, Y, n0, n1, wrow); break;
+    case RLX_Q8_0: rlx_qgemv_q8_0(M, N, K, X, W, rb, Y, n0, n1, wrow); break;
+    case RLX_Q4_0: rlx_qgemv_q4_0(M, N, K, X, W, rb, Y, n0, n1, wrow); break;
+    case RLX_Q4_1: rlx_qgemv_q4_1(M, N, K, X, W, rb, Y, n0, n1, wrow); break;
+    case RLX_Q5_0: rlx_qgemv_q5_0(M, N, K, X, W, rb, Y, n0, n1, wrow); break;
+    case RLX_Q5_1: rlx_qgemv_q5_1(M, N, K, X, W, rb, Y, n0, n1, wrow); break;
+    case RLX_Q4_K: rlx_qgemv_q4_k(M, N, K, X, W, rb, Y, n0, n1, wrow); break;
+    case RLX_Q6_K: rlx_qgemv_q6_k(M, N, K, X, W, rb, Y, n0, n1, wrow); break;
     default: break;
     }
 }

@@ -147,22 +147,6 @@ static inline __attribute__((always_inline)) void rlx_q_dequant_row(const int fm
         rlx_q_dequant_block(fmt, row + b * qb, y + b * qk);
 }
 
-/* xs[i * (K/32) + b] = sum of X[i, 32b : 32b+32] (the m * sum(x) term of q4_1 blocks). An entry point of
- * the unit (declared in kernels/quant.h). */
-void rlx_q_block_sums(int64_t M, int64_t K, const float *restrict X, float *restrict xs)
-{
-    const int64_t nb = K / 32;
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t b = 0; b < nb; b++) {
-            const float *restrict x = X + i * K + b * 32;
-            float s = 0.0f;
-            #pragma omp simd reduction(+:s)
-            for (int j = 0; j < 32; j++)
-                s += x[j];
-            xs[i * nb + b] = s;
-        }
-}
-
 /* ── GEMV: out[i] = X[i, :] . W[n, :] for one weight row, i < mr ─────── */
 
 #if ((defined(__x86_64__) || defined(__i386__)) && defined(__AVX512F__)) || defined(RLX_QGEMV_VEC16)
@@ -242,10 +226,9 @@ static inline __attribute__((always_inline)) void rlx_qblk_v16(const int fmt, co
 
 /* q8_0 / q4_0 / q4_1 row w (nb blocks) against mr (<= RLX_QF32_TILE) rows of X. */
 static inline __attribute__((always_inline)) void rlx_qdot_simd(const int fmt, const int mr, int64_t nb,
-        const float *restrict X, int64_t K, const float *restrict xs, const uint8_t *restrict w, float *out)
+        const float *restrict X, int64_t K, const uint8_t *restrict w, float *out)
 {
-    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;
-    (void)xs;  /* q4_1's min is in the dequantized values */
+    const int qb = fmt == RLX_Q8_0 ? 34 : fmt == RLX_Q4_0 ? 18 : 20;  /* q4_1's min is in the dequantized values */
     rlx_qv16f lo[RLX_QF32_TILE], hi[RLX_QF32_TILE];
     for (int i = 0; i < RLX_QF32_TILE; i++)
         if (i < mr)
@@ -432,13 +415,12 @@ static inline __attribute__((always_inline)) void rlx_qdot_generic(const int fmt
  * with RLX_QF32_TILE rows of X at a time (the SIMD kernels; RLX_QGEMV_MAX_M for the others) while it
  * sits in L1. */
 static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const int qk, const int qb, int64_t M,
-        int64_t N, int64_t K, const float *X, const float *xs, const uint8_t *W, int64_t rb, float *Y,
+        int64_t N, int64_t K, const float *X, const uint8_t *W, int64_t rb, float *Y,
         int64_t n0, int64_t n1, float *wrow)
 {
     const int64_t nb = K / 32;
 #ifdef RLX_QF32_AVX2
     if (fmt == RLX_Q8_0 || fmt == RLX_Q4_0 || fmt == RLX_Q4_1) {
-        (void)xs;  /* q4_1's min is in the dequantized values */
         rlx_qgemv_avx2(fmt, M, N, K, X, W, rb, Y, n0, n1);
         return;
     }
@@ -449,18 +431,18 @@ static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const
         for (int64_t n = n0; n < n1; n++)
             for (int64_t i0 = 0; i0 < M; i0 += RLX_QF32_TILE) {
                 const int64_t mr = M - i0 < RLX_QF32_TILE ? M - i0 : RLX_QF32_TILE;
-                const float *Xi = X + i0 * K, *xsi = xs + i0 * nb;
+                const float *Xi = X + i0 * K;
                 switch (mr) {  /* one instance per row count, so unused rows cost nothing */
 #if RLX_QF32_TILE > 4
-                case 8: rlx_qdot_simd(fmt, 8, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 7: rlx_qdot_simd(fmt, 7, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 6: rlx_qdot_simd(fmt, 6, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 5: rlx_qdot_simd(fmt, 5, nb, Xi, K, xsi, W + n * rb, out); break;
+                case 8: rlx_qdot_simd(fmt, 8, nb, Xi, K, W + n * rb, out); break;
+                case 7: rlx_qdot_simd(fmt, 7, nb, Xi, K, W + n * rb, out); break;
+                case 6: rlx_qdot_simd(fmt, 6, nb, Xi, K, W + n * rb, out); break;
+                case 5: rlx_qdot_simd(fmt, 5, nb, Xi, K, W + n * rb, out); break;
 #endif
-                case 4: rlx_qdot_simd(fmt, 4, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 3: rlx_qdot_simd(fmt, 3, nb, Xi, K, xsi, W + n * rb, out); break;
-                case 2: rlx_qdot_simd(fmt, 2, nb, Xi, K, xsi, W + n * rb, out); break;
-                default: rlx_qdot_simd(fmt, 1, nb, Xi, K, xsi, W + n * rb, out); break;
+                case 4: rlx_qdot_simd(fmt, 4, nb, Xi, K, W + n * rb, out); break;
+                case 3: rlx_qdot_simd(fmt, 3, nb, Xi, K, W + n * rb, out); break;
+                case 2: rlx_qdot_simd(fmt, 2, nb, Xi, K, W + n * rb, out); break;
+                default: rlx_qdot_simd(fmt, 1, nb, Xi, K, W + n * rb, out); break;
                 }
                 for (int64_t i = 0; i < mr; i++)
                     Y[(i0 + i) * N + n] = out[i];
@@ -469,7 +451,6 @@ static inline __attribute__((always_inline)) void rlx_qgemv(const int fmt, const
     }
 #endif
     float out[RLX_QGEMV_MAX_M];
-    (void)xs;
     (void)nb;
     for (int64_t n = n0; n < n1; n++)
         for (int64_t i0 = 0; i0 < M; i0 += RLX_QGEMV_MAX_M) {

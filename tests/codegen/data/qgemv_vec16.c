@@ -46,7 +46,7 @@ int main(void)
             const int64_t N = 37, nb = K / 32, rb = nb * qbs[f];
             uint8_t *W = malloc((size_t)(N * rb));
             float *X = malloc(sizeof(float) * 16 * K), *Y = malloc(sizeof(float) * 16 * N);
-            float *Ym = malloc(sizeof(float) * 16 * N), *xs = malloc(sizeof(float) * 16 * nb);
+            float *Ym = malloc(sizeof(float) * 16 * N);
             float *wrow = malloc(sizeof(float) * K), *deq = malloc(sizeof(float) * K);
             for (int64_t i = 0; i < N * rb; i++)
                 W[i] = (uint8_t)next();
@@ -61,19 +61,18 @@ int main(void)
                 }
             for (int64_t i = 0; i < 16 * K; i++)
                 X[i] = (float)((int)(next() % 20001) - 10000) / 3000.0f;
-            rlx_q_block_sums(16, K, X, xs);
-            rlx_qgemv(fmts[f], 32, qbs[f], 16, N, K, X, xs, W, rb, Y, 0, N, wrow);
+            rlx_qgemv(fmts[f], 32, qbs[f], 16, N, K, X, W, rb, Y, 0, N, wrow);
             for (int64_t M = 1; M <= 16; M++)
                 for (int64_t at = 0; at + M <= 16; at += 3) {
-                    rlx_qgemv(fmts[f], 32, qbs[f], M, N, K, X + at * K, xs + at * nb, W, rb, Ym, 0, N, wrow);
+                    rlx_qgemv(fmts[f], 32, qbs[f], M, N, K, X + at * K, W, rb, Ym, 0, N, wrow);
                     for (int64_t i = 0; i < M * N; i++)
                         if (memcmp(&Ym[i], &Y[at * N + i], sizeof(float)) && fails++ < 5)
                             printf("fmt %d K %ld: row %ld of a %ld-row step at %ld differs\n", f, (long)K,
                                    (long)(at + i / N), (long)M, (long)at);
                 }
             for (int64_t cut = 1; cut < N; cut += 6) {  /* two threads' ranges [0, cut) and [cut, N) */
-                rlx_qgemv(fmts[f], 32, qbs[f], 16, N, K, X, xs, W, rb, Ym, 0, cut, wrow);
-                rlx_qgemv(fmts[f], 32, qbs[f], 16, N, K, X, xs, W, rb, Ym, cut, N, wrow);
+                rlx_qgemv(fmts[f], 32, qbs[f], 16, N, K, X, W, rb, Ym, 0, cut, wrow);
+                rlx_qgemv(fmts[f], 32, qbs[f], 16, N, K, X, W, rb, Ym, cut, N, wrow);
                 for (int64_t i = 0; i < 16 * N; i++)
                     if (memcmp(&Ym[i], &Y[i], sizeof(float)) && fails++ < 5)
                         printf("fmt %d K %ld: y[%ld, %ld] differs split at %ld\n", f, (long)K, (long)(i / N),
@@ -94,7 +93,7 @@ int main(void)
                                (long)i, (long)n, Y[i * N + n], exact, err, bound);
                 }
             }
-            free(W); free(X); free(Y); free(Ym); free(xs); free(wrow); free(deq);
+            free(W); free(X); free(Y); free(Ym); free(wrow); free(deq);
         }
     puts(fails ? "FAIL" : "VEC16-OK");
     return fails != 0;
