@@ -11,7 +11,8 @@ that the GPU's memory bandwidth sets (`--hbm-tbps`, by default the datasheet fig
 H100 SXM 3.35 TB/s, H200 4.8), and the GPU memory each peer holds. `--batches` instead times RLX's decode
 steps of B rows each (B sequences at the same length, greedy): aggregate tokens/s per B and the ms a step takes,
 beside which kernel path the step's projections took (the fused decode GEMV up to `DecodeGemv.max_rows` rows,
-the dequantize + GEMM path beyond: the switch-over the LIR records).
+then in f16 / bf16 the tensor-core rlx_qmma up to `QuantMma.max_rows`, the dequantize + GEMM path beyond: the
+switch-overs the LIR records).
 
 The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 576, 9/3 heads,
 FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
@@ -128,17 +129,21 @@ def bench_rlx(args, config, tensors) -> dict[str, float]:
 def bench_batches(args, config, tensors, batches: list[int]) -> None:
     """Aggregate decode tokens/s at each batch size (B rows a step)."""
     from rlx.models.causal_lm import CausalLM
-    from rlx.opt.lowering_cuda import DECODE_GEMV_ROWS
+    from rlx.opt.lowering_cuda import DECODE_GEMV_ROWS, QUANT_MMA_FORMATS, QUANT_MMA_MAX_ROWS, QUANT_MMA_MIN_ROWS
 
     rows = [r for kmax, r in DECODE_GEMV_ROWS if config.hidden_size <= kmax][:1]
     switch = rows[0] if rows else 0
+    # the FFN weights' QuantMma rows (the decision the LIR records for each projection)
+    mma = args.precision in ("f16", "bf16") and args.weights in QUANT_MMA_FORMATS
+    mma_max = next(r for least, r in QUANT_MMA_MAX_ROWS if config.hidden_size * config.ffn_size >= least) if mma else 0
     lm = CausalLM(config, tensors, device="cuda", precision=args.precision, quant_act=args.act, max_batch=max(batches),
                   max_context=args.prompt_tokens + args.new_tokens + 8, prefill_chunk=args.prompt_tokens)
     rng = np.random.default_rng(1)
     print(f"{args.shape}-shaped decoder, {args.weights} weights, precision {args.precision}: decode steps of B rows "
           f"after a {args.prompt_tokens}-token prompt each, {args.new_tokens} steps, {args.rounds} rounds (medians); "
-          f"fused decode GEMV up to {switch} row(s) (K = {config.hidden_size}), a warp-per-row GEMV up to 8, "
-          "dequantize + GEMM beyond")
+          f"fused decode GEMV up to {switch} row(s) (K = {config.hidden_size}), "
+          + (f"the tensor-core rlx_qmma from {QUANT_MMA_MIN_ROWS} to {mma_max} rows (the FFN's QuantMma), "
+             if mma else "a warp-per-row GEMV up to 8, ") + "dequantize + GEMM beyond")
     print(f"{'rows B':>6} {'ms/step':>9} {'tok/s':>10} {'vs B=1':>7} {'projections':>12}")
     base = None
     def once(b: int, cache, prompt: np.ndarray) -> float:
@@ -156,7 +161,8 @@ def bench_batches(args, config, tensors, batches: list[int]) -> None:
         step = statistics.median(once(b, cache, prompt) for _ in range(args.rounds))
         rate = b / step
         base = base or rate
-        path = "fused GEMV" if b <= switch else ("GEMV" if b <= 8 else "GEMM")
+        path = ("fused GEMV" if b <= switch else "qmma" if QUANT_MMA_MIN_ROWS <= b <= mma_max
+                else "GEMV" if b <= 8 else "GEMM")
         print(f"{b:>6} {step * 1e3:9.3f} {rate:10.1f} {rate / base:7.2f} {path:>12}")
 
 

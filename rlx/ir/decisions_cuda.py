@@ -114,6 +114,26 @@ class DecodeRope(Decision):
 
 
 @dataclass(frozen=True)
+class QuantMma(Decision):
+    """A quantized projection (`dequant_matmul`, f16 / bf16) whose steps of `min_rows`..`max_rows` rows multiply
+    its blocks on the tensor cores: dequantized in registers straight into mma fragments, the weights read once
+    (`rlx_qmma`, templates/cuda/kernels/quant_mma.cuh). Fewer rows take the GEMVs (the fused `DecodeGemv` where
+    one holds the node first), more rows dequantize the weight into scratch for a GEMM."""
+
+    kind: ClassVar[str] = "cuda_quant_mma"
+    node: int
+    min_rows: int
+    max_rows: int
+
+    def describe(self) -> str:
+        return (f"%{self.node} multiplies its blocks on the tensor cores (rlx_qmma) in steps of {self.min_rows} to "
+                f"{self.max_rows} rows")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
+@dataclass(frozen=True)
 class DecodeSplitKv(Decision):
     """Flash-decoding for a `cached_attention`: in steps of at most `max_rows` rows (decode), a query's keys are
     split over up to `max_splits` blocks of at least `split_keys` keys each (decided per launch from the query's
@@ -325,6 +345,7 @@ register_decision(ScanConstants, ("node",))
 register_decision(ControlFlow, ("node",))
 register_decision(DecodeGemv, ("members", "norm", "residual", "swiglu"))
 register_decision(DecodeRope, ("attention", "ropes"))
+register_decision(QuantMma, ("node",))
 register_decision(DecodeSplitKv, ("attention",))
 register_decision(PoolTail, ("hidden", "mask", "out", "absorbed", "norm"))
 register_decision(DeviceLayout, ())

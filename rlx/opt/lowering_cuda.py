@@ -43,6 +43,7 @@ from rlx.ir.decisions_cuda import (
     DeviceLayout,
     GemmGroup,
     ParamPlacement,
+    QuantMma,
     Region,
     ScanConstants,
     Staged,
@@ -352,6 +353,34 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
                 continue
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
         found.append(DecodeGemv(ids, rows, norm, residual, swiglu))
+    return found
+
+
+#: Block formats rlx_qmma dequantizes into mma fragments (the RlxQmmaUnit specializations of kernels/quant_mma.cuh).
+QUANT_MMA_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
+#: Rows of a step from which a quantized projection takes rlx_qmma (one row: the GEMVs).
+QUANT_MMA_MIN_ROWS = 2
+#: Most rows rlx_qmma takes, by the weight's values (N x K): (fewest values, rows), the first that applies.
+#: Measured on an H200 (docs/perf-h100.md, batched decode): on the 8B shape (16.8M-58.7M values a weight) rlx_qmma
+#: beat dequantize + cuBLASLt at every row count up to 64 (64 rows: 19.1 against 32.5 ms a step); on SmolLM2's
+#: (0.3M-0.9M) up to 16 rows (1.77 against 2.06 ms), even at 32 (2.24 / 2.19) and behind at 64 (2.97 / 2.67), where
+#: dequantizing its small weights costs little and the GEMM reads each value once for 64 rows.
+QUANT_MMA_MAX_ROWS = ((4 << 20, 64), (0, 16))
+
+
+def find_quant_mmas(lir: LirModule, precision: DType) -> list[QuantMma]:
+    """Quantized projections whose batched steps take the tensor-core kernel (see `QuantMma`): f16 / bf16 builds,
+    f32 or int8 activations, a block format rlx_qmma reads."""
+    if precision not in (DType.F16, DType.BF16):
+        return []
+    found = []
+    for nid in lir.schedule:
+        node = lir.graph.node(nid)
+        if not isinstance(node.op, O.DequantMatMul) or node.op.quant not in QUANT_MMA_FORMATS:
+            continue
+        n, k = node.shape.dims[-1].value, lir.graph.node(node.inputs[0]).shape.dims[-1].value
+        rows = next(r for least, r in QUANT_MMA_MAX_ROWS if n * k >= least)
+        found.append(QuantMma(nid, QUANT_MMA_MIN_ROWS, rows))
     return found
 
 
@@ -675,7 +704,8 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
-    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir), *find_decode_ropes(lir),
+    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir), *find_quant_mmas(lir, precision),
+            *find_decode_ropes(lir),
             *find_decode_splits(lir, precision, decode_sms, kv_decode),
             *(find_pool_tails(lir, pool_norm) if pool_tail else ()), layout)
 

@@ -50,6 +50,38 @@ def test_dequant_matmul_matches_reference(fmt: str, precision: str) -> None:
         _check(got, want, xv, mag, k, precision, f"{fmt}[{precision}] m={m}")
 
 
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q4_k", "q8_0"])
+def test_batched_steps_on_the_tensor_cores_match_reference(fmt: str, precision: str, size: str) -> None:
+    """Steps that take rlx_qmma (blocks dequantized in registers into mma.sync fragments; `QuantMma` decides the
+    rows: up to 16 for a small weight, 64 for one of 4M+ values): every count of 8-row fragments of X, N not a
+    multiple of a block's 16 rows, units of K not a multiple of the block's warps. Weights rounded to the compute
+    type, f32 accumulation: the f16 bound above, with bf16's unit roundoff for bf16."""
+    rng = np.random.default_rng(100 + FORMATS.index(fmt))
+    if size == "small":
+        k, n, rows = (576 if Q.quant_format(fmt).block_size == 32 else 1280), 70, (2, 5, 8, 9, 16)
+    else:
+        k, n, rows = 4096, 1030, (17, 33, 48, 63, 64)
+    raw = Q.random_blocks(rng, n, k, fmt)
+    g = rlx.Graph("qmma")
+    x = g.input("x", [rlx.Dim.dynamic("m", 64), k])
+    g.set_outputs([g.dequant_matmul(x, g.param("w", [n, raw.shape[1]], "u8"), quant=fmt)])
+    cg = Session(Device.CUDA, precision=precision).compile(g, opt_level=0)
+    assert f"M >= 2 && M <= {16 if size == 'small' else 64}" in cg.source
+    cg.set_param("w", raw)
+    mag = Q.abs_terms(raw, fmt, k).astype(np.float64)
+    unit = U16 if precision == "f16" else 2.0 ** -8
+    for m in rows:
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        got = cg.run({"x": xv})[0].astype(np.float64)
+        want = reference.run(g, {"x": xv}, {"w": raw})[0].astype(np.float64)
+        scale = np.abs(xv.astype(np.float64)) @ mag.T
+        bound = (k + 4) * U32 * scale + 3 * unit * scale
+        err = np.abs(got - want)
+        assert np.all(err <= bound), f"{fmt}[{precision}] m={m}: worst excess {np.max(err - bound):.3g}"
+
+
 @pytest.mark.parametrize("precision", ["f32", "f16"])
 def test_vocabulary_sized_weight_is_split_into_tiles(precision: str) -> None:
     """49152 x 576 q8_0 exceeds the scratch tile, so prefill runs column tiles (and places each product)."""

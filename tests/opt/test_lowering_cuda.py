@@ -63,3 +63,27 @@ def test_decode_rope_and_split_decisions_of_a_paged_decoder() -> None:
     assert sorted(d.attention for d in splits) == sorted(attentions) and attentions
     assert all(d.max_splits == 1 and not d.grouped and d.reason == PAGED_DECODE_REASON for d in splits)
     assert "on rlx_kv_attend, keys not split: paged caches" in splits[0].describe()
+
+
+def test_quant_mma_rows_by_precision_format_and_weight_size() -> None:
+    """f16 / bf16 builds give each projection in a format rlx_qmma reads a `QuantMma` decision: from 2 rows, to 64
+    for a weight of 4M+ values and 16 below (the measured switch-over); f32 builds and other formats none."""
+    import rlx
+    from rlx.driver import lower_to_lir
+    from rlx.ir import quant as Q
+    from rlx.opt.lowering_cuda import QUANT_MMA_MIN_ROWS, find_quant_mmas
+
+    g = rlx.Graph("q")
+    x = g.input("x", [rlx.Dim.dynamic("m", 64), 4096])
+    shapes = {"q4_k": 1024, "q8_0": 64, "q6_k": 1024}  # 4M, 256k and 4M values
+    outs = {f: g.dequant_matmul(x, g.param(f"w_{f}", [n, Q.row_bytes(f, 4096)], "u8"), quant=f)
+            for f, n in shapes.items()}
+    g.set_outputs(list(outs.values()))
+    lir = lower_to_lir(g, 0, backend="cuda")
+    for precision in (DType.F16, DType.BF16):
+        found = {d.node: d for d in find_quant_mmas(lir, precision)}
+        assert set(found) == {outs["q4_k"], outs["q8_0"]}
+        assert found[outs["q4_k"]].max_rows == 64 and found[outs["q8_0"]].max_rows == 16
+        assert all(d.min_rows == QUANT_MMA_MIN_ROWS == 2 for d in found.values())
+        assert "on the tensor cores (rlx_qmma) in steps of 2 to 64 rows" in found[outs["q4_k"]].describe()
+    assert find_quant_mmas(lir, DType.F32) == []

@@ -45,6 +45,7 @@ from rlx.ir.decisions_cuda import (
     DeviceLayout,
     GemmGroup,
     PoolTail,
+    QuantMma,
     ScanConstants,
 )
 from rlx.ir.decisions_cuda_kernels import CudaKernelOptions, CutlassGemm, GatherInRegion, NormInGemm
@@ -72,7 +73,7 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
                   "cuda/kernels/kv_attention.cuh", "cuda/kernels/kv_decode.cuh", "cuda/kernels/quant.cuh",
-                  "cuda/kernels/quant_q8.cuh",
+                  "cuda/kernels/quant_q8.cuh", "cuda/kernels/quant_mma.cuh",
                   "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
                   "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
@@ -324,6 +325,7 @@ class CudaEmitter:
                 self.group_of[m] = g
         #: The DecodeGemv each of its nodes (members, absorbed norm and epilogue) belongs to.
         self.decode_gemv: dict[NodeId, DecodeGemv] = {nid: d for d in lir.decided(DecodeGemv) for nid in d.nodes()}
+        self.quant_mma: dict[NodeId, QuantMma] = {d.node: d for d in lir.decided(QuantMma)}
         #: The DecodeRope of each attention node, and of each rope it absorbs.
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.

@@ -34,6 +34,7 @@ from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
 
 TEMPLATE = "cuda/quant.cu.j2"
 QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
+QUANT_MMA, GEMM_MMA = "cuda/kernels/quant_mma.cuh", "cuda/kernels/gemm_mma.cuh"
 #: The format ids of kernels/quant.cuh.
 FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
               "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
@@ -69,6 +70,12 @@ class DequantMatMul(Launch):
     act: str = "f32"
     #: Byte offset (from the scratch region) of act="q8"'s quantized activations (records, or x' = q * d).
     act_off: int = 0
+    #: Steps of mma_rows[0]..mma_rows[1] rows run rlx_qmma (the node's `QuantMma` decision; (0, 0): none).
+    mma_rows: tuple[int, int] = (0, 0)
+
+    @property
+    def mma(self) -> bool:
+        return self.mma_rows[1] > 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,11 +152,12 @@ def _dequant_args(e: CudaEmitter, node: Node) -> DequantMatMul:
     return DequantMatMul(**e.base(node), uses_lt=lt, t=_CTYPE[dt], fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size,
                          qb=fmt.block_bytes, x=e.ptr(x_id), w=e.ptr(w_id), y=e.ptr(node.id),
                          m=e.numel(x.dims[:-1]), n=n, k=k, row_bytes=w.dims[1].value, tile=tile, ctmp_off=ctmp_off,
-                         lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""), act=op.act, act_off=act_off)
+                         lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""), act=op.act, act_off=act_off,
+                         mma_rows=(mma.min_rows, mma.max_rows) if (mma := e.quant_mma.get(node.id)) else (0, 0))
 
 
-def _headers(act: str) -> tuple[str, ...]:
-    return (QUANT, QUANT_Q8, GEMM) if act == "q8" else (QUANT, GEMM)
+def _headers(act: str, mma: bool) -> tuple[str, ...]:
+    return (QUANT, *((QUANT_Q8,) if act == "q8" else ()), GEMM, *((GEMM_MMA, QUANT_MMA) if mma else ()))
 
 
 def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
@@ -187,7 +195,8 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
         x=e.ptr(x), gamma=gamma, eps=eps, norm=norm_c, res=res, epi=epi, m=first.m,
         k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
         ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg)
-    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=_headers(first.act), header=args.comment,
+    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=_headers(first.act, any(a.mma for a in large)),
+                  header=args.comment,
                   label=node.label)
 
 
@@ -197,8 +206,8 @@ def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
     if d is not None and d.members[0] == node.id:
         return _decode_gemv(e, node)
     args = _dequant_args(e, node)
-    return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args, headers=_headers(args.act), header=args.comment,
-                  label=node.label)
+    return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args, headers=_headers(args.act, args.mma),
+                  header=args.comment, label=node.label)
 
 
 @RULES.register("dequantize", accepts=_accepts)
