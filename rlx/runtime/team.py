@@ -84,8 +84,9 @@ MAX_BACKOFF_S = 8.0
 LOAD_CHECK_S = 0.01
 #: Runs at the reduced size between tries made without a load figure.
 MIN_RUNS_BETWEEN_TRIES = 8
-#: Recent run times kept per (work, team size), for comparing team sizes on the same work.
-WALLS_KEPT = 5
+#: Recent run times kept per (work, team size), for comparing team sizes on the same work (few: a load that
+#: changed makes older runs of the size in use say nothing about it now).
+WALLS_KEPT = 4
 #: Work keys remembered (a graph with many input shapes forgets the oldest).
 MAX_WORK_KEYS = 64
 #: Under contention, a team size replaces the one in use only when its run was this much faster than the
@@ -96,6 +97,14 @@ MIN_WALLS_TO_COMPARE = 2
 #: Runs of a work shorter than this (at the size in use) never probe the oversized team: each of its forks wakes
 #: sleeping threads (tens of microseconds), which only long runs of few parallel regions amortize.
 OVERSIZED_MIN_RUN_S = 0.010
+#: A work whose undisturbed runs of the full team took this long has few, long parallel regions (MiniLM 8x128
+#: on 2 cores: 150-200 ms): when preemption shrinks its team, it goes straight to the oversized team, whose
+#: sleeping threads' wake-ups such regions amortize, rather than spending runs at the reduced size first.
+LONG_WORK_S = 0.050
+#: Runs at the size in use between probes, doubling with the backoff up to the bound: a probe of the wrong size
+#: costs a whole run, which for long runs (hundreds of ms) the time backoff alone would allow every other run.
+MIN_RUNS_BETWEEN_PROBES = 4
+MAX_RUNS_BETWEEN_PROBES = 32
 #: libgomp's spin count below which its idle threads are asleep before the next kernel starts.
 SPINNING_SPINCOUNT = 10_000
 
@@ -226,6 +235,32 @@ def machine_load(cpus: int, online: int | None = None) -> Callable[[], int | Non
     return LoadAverage() if cpus >= online else _no_figure
 
 
+def team_trace(env: Mapping[str, str]) -> Callable[[str], None] | None:
+    """Where governors write one line per measured run (`RLX_TEAM_TRACE`: a file appended to, or `-` for
+    stderr), or None when unset. For finding out why a team size was chosen; off by default.
+
+    >>> team_trace({}) is None, callable(team_trace({"RLX_TEAM_TRACE": "-"}))
+    (True, True)
+    """
+    target = env.get("RLX_TEAM_TRACE", "").strip()
+    if not target:
+        return None
+    pid = os.getpid()
+    if target == "-":
+        import sys
+
+        def to_stderr(line: str) -> None:
+            print(f"rlx team pid={pid} {line}", file=sys.stderr, flush=True)
+
+        return to_stderr
+
+    def to_file(line: str) -> None:
+        with open(target, "a", encoding="utf-8") as out:  # appended whole: processes may share the file
+            out.write(f"pid={pid} {line}\n")
+
+    return to_file
+
+
 def _usage() -> tuple[float, int]:
     """(CPU seconds of every thread of the process, involuntary context switches so far)."""
     import resource
@@ -245,8 +280,10 @@ class TeamGovernor:
 
     def __init__(self, max_threads: int, policy: WaitPolicy, *, clock: Callable[[], float] = time.perf_counter,
                  usage: Callable[[], tuple[float, int]] = _usage, load: Callable[[], int | None] | None = None,
-                 cpus: int | None = None) -> None:
+                 cpus: int | None = None, trace: Callable[[str], None] | None = None) -> None:
         self.policy = policy
+        #: Where each measured run and decision is written (`RLX_TEAM_TRACE`, `team_trace`), or None.
+        self.trace = trace
         self.max_threads = max(1, int(max_threads))
         self.threads = self.max_threads
         self.contended = False
@@ -271,6 +308,7 @@ class TeamGovernor:
         self._load_missing = False
         self._runs_since_change = 0
         self._trying: int | None = None  # the size to return to if the current try (or probe) fails
+        self._trial = "run"  # what the measured run is: "run", "try" or "probe" (for the trace)
         self._reduced: int | None = None  # the size contention shrank the team to (a size probes compare)
         self._probed_at: dict[int, float] = {}  # size -> when a probe last tried it
         self._walls: dict[tuple[int, ...], dict[int, deque[float]]] = {}  # work -> size -> recent run times
@@ -350,6 +388,18 @@ class TeamGovernor:
         # (a serial stretch longer than the spin) is not contention.
         contended = preempted >= max(1.0, wall * MIN_PREEMPTIONS_PER_S)
         lost = threads * min(1.0, max(0.0, 1.0 - cpu / (threads * wall))) if contended else 0.0
+        trial, self._trial = self._trial if self._trying is not None else "run", "run"
+        self._decide(threads, wall, lost, work)
+        if self.trace is not None:
+            self.trace(f"t={self._clock():.3f} work={'x'.join(map(str, work)) or '-'} "
+                       f"{trial} team={threads} wall_ms={wall * 1e3:.2f} "
+                       f"cpu_ms={cpu * 1e3:.2f} switches={preempted} lost={lost:.2f} loss={self.loss:.2f} "
+                       f"-> next={self.threads} contended={int(self.contended)} "
+                       f"kept_for_speed={int(self.kept_for_speed)} backoff_s={self._backoff:g}")
+
+    def _decide(self, threads: int, wall: float, lost: float, work: tuple[int, ...]) -> None:
+        """What one measured run of `threads` threads, `wall` seconds long that lost `lost` cores' worth of its
+        time to preemption, changes: the size in use, contention, the backoff."""
         self._runs_since_change += 1
         if self._trying is not None:  # one run at another size (a try or a probe)
             fallback, self._trying = self._trying, None
@@ -394,13 +444,24 @@ class TeamGovernor:
         if threads > 1 and (self.loss > LOSS_LIMIT or lost > 2 * LOSS_LIMIT):
             # The cores the team did not get: each preempted thread got about half of its core.
             busy = max(1, math.ceil(2 * max(lost, self.loss)))
-            self._set(max(1, min(threads, self.max_threads) - busy))
-            self._reduced = self.threads
+            reduced = max(1, min(threads, self.max_threads) - busy)
+            if self.oversized is not None and threads <= self.max_threads and self._long(work):
+                # Few long regions: the oversized team's bigger share at once (probes compare the reduced one).
+                self._set(self.oversized)
+                self.kept_for_speed = True
+            else:
+                self._set(reduced)
+            self._reduced = reduced
             self.contended = True
             self.shrinks += 1
         elif threads == self.max_threads:
             self.contended = False
             self._reduced = None
+
+    def _long(self, work: tuple[int, ...]) -> bool:
+        """Whether the full team's fastest recent run of `work` (undisturbed, if any was) took `LONG_WORK_S`."""
+        walls = self._walls_of(work, self.max_threads)
+        return bool(walls) and min(walls) >= LONG_WORK_S
 
     def _walls_of(self, work: tuple[int, ...], threads: int) -> list[float]:
         return list(self._walls.get(work, {}).get(threads, ()))
@@ -449,8 +510,10 @@ class TeamGovernor:
                 if self._runs_since_change >= MIN_RUNS_BETWEEN_TRIES and now - self._changed_at >= self._backoff:
                     self._start_try(want, now, probe=False)
                 return
-            # This process's team counts among the runnable tasks; the others hold the rest.
-            free = self._cpus - max(0, running - self.threads)
+            # This process's team counts among the runnable tasks (a spinning team's threads are awake between
+            # runs; an oversized team's sleep at once, leaving the calling thread), the others hold the rest.
+            ours = 1 if self.threads > self.max_threads else self.threads
+            free = self._cpus - max(0, running - ours)
             if free >= want:
                 if now - self._failed_at >= self._backoff:
                     self._start_try(want, now, probe=False)
@@ -482,13 +545,18 @@ class TeamGovernor:
         use, the one probed least recently (the full team first); the oversized one only for long runs."""
         walls = self._walls_of(work, self.threads)
         oversized = self.oversized if walls and min(walls) >= OVERSIZED_MIN_RUN_S else None
-        sizes = [s for s in (self.max_threads, oversized, self._reduced) if s is not None and s != self.threads]
+        # Where the oversized team is a candidate, the spinning full team is not: beside busy processes it wastes
+        # its share at every barrier (2x the oversized team's time on 2 cores), so its probe costs a slow run and
+        # hardly ever wins; it comes back through a try once the cores are free.
+        full = self.max_threads if oversized is None else None
+        sizes = [s for s in (full, oversized, self._reduced) if s is not None and s != self.threads]
         if not sizes:
             return None
         return min(dict.fromkeys(sizes), key=lambda s: self._probed_at.get(s, -math.inf))
 
     def _may_probe(self, work: tuple[int, ...], now: float) -> bool:
-        return (len(self._walls_of(work, self.threads)) >= MIN_WALLS_TO_COMPARE
+        runs = min(MAX_RUNS_BETWEEN_PROBES, round(MIN_RUNS_BETWEEN_PROBES * self._backoff / FIRST_BACKOFF_S))
+        return (len(self._walls_of(work, self.threads)) >= MIN_WALLS_TO_COMPARE and self._runs_since_change >= runs
                 and now - self._changed_at >= self._backoff and now - self._failed_at >= self._backoff)
 
     def _start_try(self, threads: int, now: float, *, probe: bool) -> None:
@@ -496,6 +564,7 @@ class TeamGovernor:
             self.probes += 1
         else:
             self.tries += 1
+        self._trial = "probe" if probe else "try"
         self._trying = self.threads
         self.threads = threads
         self._changed_at = now
@@ -534,4 +603,4 @@ def contention_note(team: TeamGovernor | None) -> str:
 
 
 __all__ = ["LoadAverage", "TeamGovernor", "WaitPolicy", "contention_note", "cpus_available", "faster_team",
-           "machine_load", "openmp_spins", "work_key"]
+           "machine_load", "openmp_spins", "team_trace", "work_key"]

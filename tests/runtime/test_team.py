@@ -35,12 +35,12 @@ def governor(threads: int = 2, *, load: int | None = None, cpus: int = 2,
     return gov, clock
 
 
-def undisturbed(gov: TeamGovernor, clock: Clock, runs: int = 1, wall: float = 0.01) -> None:
+def undisturbed(gov: TeamGovernor, clock: Clock, runs: int = 1, wall: float = 0.01, work: tuple[int, ...] = ()) -> None:
     for _ in range(runs):
-        gov.begin()  # where tries start
+        gov.begin(work)  # where tries start
         threads = gov.threads
         clock.now += wall
-        gov.observe(threads=threads, wall=wall, cpu=threads * wall, preempted=0)
+        gov.observe(threads=threads, wall=wall, cpu=threads * wall, preempted=0, work=work)
         gov._in_flight -= 1
 
 
@@ -276,7 +276,8 @@ def test_a_long_run_meeting_a_kernel_thread_is_not_contention():
         gov.observe(threads=2, wall=0.2, cpu=0.3, preempted=3)
     assert (gov.threads, gov.contended) == (2, False)
     gov.observe(threads=2, wall=0.2, cpu=0.2, preempted=60)  # 300 switches a second: another process
-    assert (gov.threads, gov.contended) == (1, True)
+    # (a 200 ms work has long regions: it leaves the spinning full team for the oversized one, LONG_WORK_S)
+    assert (gov.threads, gov.contended) == (gov.oversized, True)
 
 
 # ── under contention, the faster size wins: long GEMM-heavy runs keep the full team's share ─────────────
@@ -298,14 +299,15 @@ def timed(gov: TeamGovernor, clock: Clock, walls: dict[int, float], runs: int = 
     return sizes
 
 
-def test_long_runs_beside_busy_processes_keep_the_full_team_that_runs_them_faster():
-    """MiniLM 8x128 on 2 cores beside two busy processes: two threads get half the machine, one a third,
-    so the full team runs faster despite its preemption; the governor keeps it (and says why)."""
+def test_runs_beside_busy_processes_keep_the_full_team_that_runs_them_faster():
+    """Short runs (under `OVERSIZED_MIN_RUN_S`, so the oversized team is no candidate) on 2 cores beside two busy
+    processes: two threads get half the machine, one a third; where the full team runs faster despite its
+    preemption, the governor keeps it (and says why)."""
     gov, clock = governor(2, load=4)  # this process's two threads and two busy loops: no core free
-    walls = {2: 0.060, 1: 0.090, 3: 0.075}  # one thread more than the cores: faster than one, not than two
+    walls = {2: 0.0060, 1: 0.0090, 3: 0.0075}
     timed(gov, clock, walls)
     assert gov.threads == 1  # preemption shrank the team first
-    sizes = timed(gov, clock, walls, runs=40)
+    sizes = timed(gov, clock, walls, runs=400)
     assert gov.threads == 2 and gov.contended and gov.kept_for_speed and gov.probes >= 1
     assert sizes[-20:].count(2) >= 18  # the later runs use the full team (an occasional probe of one thread)
     assert not gov.forks_cheap and "still ran faster" in gov.describe()
@@ -434,3 +436,69 @@ def test_the_load_figure_is_read_only_where_the_process_may_use_every_cpu():
     """Pinned to some cores (taskset, a cpuset), the machine-wide runnable count says nothing about them."""
     assert isinstance(T.machine_load(4, online=4), T.LoadAverage)
     assert T.machine_load(2, online=16)() is None
+
+
+# ── long runs (few long regions: MiniLM 8x128) under contention: the oversized team at once, few probes ─────────
+
+#: MiniLM 8x128 on 2 cores beside two busy processes, as RLX_TEAM_TRACE showed it (ms): the spinning full team
+#: wastes its share at every barrier, one thread gets a third of the machine, three passive threads the most.
+BUSY_8X128 = {1: 0.550, 2: 0.650, 3: 0.350}
+
+
+def quiet_then(busy_load: int, wall: float = 0.150) -> tuple[TeamGovernor, Clock]:
+    """A governor whose work ran undisturbed on the full team (`wall` seconds, work 8x128) before the load figure
+    started to show `busy_load` runnable tasks."""
+    load = [1]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    undisturbed(gov, clock, runs=3, wall=wall, work=(8, 128))
+    load[0] = busy_load
+    return gov, clock
+
+
+def test_long_work_goes_straight_to_the_oversized_team_when_preempted():
+    gov, clock = quiet_then(4)  # quiet: 150 ms runs of the full team
+    timed(gov, clock, BUSY_8X128)
+    assert (gov.threads, gov.contended, gov.kept_for_speed) == (3, True, True) and not gov.forks_cheap
+    assert gov._reduced == 1  # the size the probes compare it with
+
+    short, clock = quiet_then(4, wall=0.005)  # a 1x16 embedding: many short regions
+    timed(short, clock, {1: 0.015, 2: 0.030, 3: 0.020})
+    assert (short.threads, short.contended, short.kept_for_speed) == (1, True, False)
+
+
+def test_long_runs_never_probe_the_spinning_full_team_and_probe_seldom():
+    """Each probe of a long work costs a whole run: beside busy processes the spinning full team is never
+    probed (it would be the slowest), and probes of the reduced team space out by runs as well as time."""
+    gov, clock = quiet_then(4)
+    sizes = timed(gov, clock, BUSY_8X128, runs=60)
+    assert sizes[0] == 2 and 2 not in sizes[1:]
+    assert gov.threads == 3 and gov.tries == 0
+    assert 1 <= sizes.count(1) <= 3  # probes after 4, 8 and 16 runs at the oversized size: at most 3 in 60 runs
+
+
+def test_a_long_work_whose_reduced_team_is_faster_takes_it():
+    """One busy loop pinned to one of 2 cores: the reduced team has the other core to itself."""
+    gov, clock = quiet_then(3)
+    sizes = timed(gov, clock, {1: 0.200, 2: 0.400, 3: 0.330}, runs=40)
+    assert gov.threads == 1 and sizes[-10:].count(1) >= 9 and 2 not in sizes[1:]
+
+
+def test_the_load_figure_counts_only_the_calling_thread_of_an_oversized_team():
+    """The oversized team's threads sleep between runs: two busy loops and the calling thread are three runnable
+    tasks, so no core is free and no try of the full team starts (each would be a slow spinning run)."""
+    gov, clock = quiet_then(3)
+    timed(gov, clock, BUSY_8X128, runs=40)
+    assert gov.threads == 3 and gov.tries == 0
+
+
+def test_the_trace_says_what_each_run_was_and_what_followed(tmp_path):
+    path = tmp_path / "team.log"
+    gov, clock = quiet_then(4)
+    gov.trace = T.team_trace({"RLX_TEAM_TRACE": str(path)})
+    timed(gov, clock, BUSY_8X128, runs=10)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 10 and all(line.startswith("pid=") for line in lines)
+    assert " work=8x128 run team=2 " in lines[0] and "-> next=3 contended=1 kept_for_speed=1" in lines[0]
+    assert sum(" probe team=1 " in line for line in lines) == gov.probes >= 1
+    assert T.team_trace({}) is None
