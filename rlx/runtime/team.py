@@ -105,6 +105,8 @@ LONG_WORK_S = 0.050
 #: costs a whole run, which for long runs (hundreds of ms) the time backoff alone would allow every other run.
 MIN_RUNS_BETWEEN_PROBES = 4
 MAX_RUNS_BETWEEN_PROBES = 32
+#: About how long the adaptive policy's idle threads spin (GOMP_SPINCOUNT=200000) before they sleep.
+SPIN_S = 0.001
 #: libgomp's spin count below which its idle threads are asleep before the next kernel starts.
 SPINNING_SPINCOUNT = 10_000
 
@@ -313,6 +315,7 @@ class TeamGovernor:
         self._probed_at: dict[int, float] = {}  # size -> when a probe last tried it
         self._walls: dict[tuple[int, ...], dict[int, deque[float]]] = {}  # work -> size -> recent run times
         self._in_flight = 0
+        self._ended_at = -math.inf  # when the last measured run ended
         self._started = False  # whether a run began (the first one sizes its team from the load figure)
         self._lock = threading.Lock()
         self._size_oversized()
@@ -389,6 +392,7 @@ class TeamGovernor:
         contended = preempted >= max(1.0, wall * MIN_PREEMPTIONS_PER_S)
         lost = threads * min(1.0, max(0.0, 1.0 - cpu / (threads * wall))) if contended else 0.0
         trial, self._trial = self._trial if self._trying is not None else "run", "run"
+        self._ended_at = self._clock()
         self._decide(threads, wall, lost, work)
         if self.trace is not None:
             self.trace(f"t={self._clock():.3f} work={'x'.join(map(str, work)) or '-'} "
@@ -405,11 +409,12 @@ class TeamGovernor:
             fallback, self._trying = self._trying, None
             faster = faster_team(wall, self._walls_of(work, fallback))
             self._remember(work, threads, wall)
-            # A team within the cores, bigger than a reduced one or smaller than an oversized one, that ran
-            # undisturbed: the cores are free. (A smaller team than the one in use can run undisturbed on a
-            # contended machine: one thread beside two busy loops loses a third of a core.)
+            # A team within the cores, bigger than a reduced one, or the full team tried from an oversized one,
+            # that ran undisturbed: the cores are free. (A smaller team than the one in use can run undisturbed
+            # on a contended machine: one thread beside two busy loops loses a third of a core, under the
+            # limit; only its speed says whether it beats an oversized team.)
             cores_free = lost <= LOSS_LIMIT and threads <= self.max_threads and (
-                threads > fallback or fallback > self.max_threads)
+                threads > fallback or (fallback > self.max_threads and threads == self.max_threads))
             if cores_free:
                 self.loss = lost
                 self.contended = threads < self.max_threads
@@ -492,9 +497,12 @@ class TeamGovernor:
         size tried least recently among the reduced, full and oversized ones, once the size in use has
         run this work `MIN_WALLS_TO_COMPARE` times and the backoff has passed.
         """
-        if self._trying is not None or not (self.contended or self.kept_for_speed):
+        if self._trying is not None:
             return
         now = self._clock()
+        if not (self.contended or self.kept_for_speed):
+            self._foresee(work, now)
+            return
         if self.threads != self.max_threads and not (self.kept_for_speed and self.threads < self.max_threads):
             want = (self.max_threads if self.threads > self.max_threads
                     else min(self.max_threads, self.threads + max(1, self.threads // 2)))
@@ -523,6 +531,30 @@ class TeamGovernor:
             if size is not None:
                 self._probed_at[size] = now
                 self._start_try(size, now, probe=True)
+
+    def _foresee(self, work: tuple[int, ...], now: float) -> None:
+        """Before a run of long work (`LONG_WORK_S`) on the spinning full team: where the load figure shows other
+        runnable tasks on the team's cores, take the oversized team now. Its passive threads run such work about
+        as fast on free cores, while a spinning team beside a competitor would spend a whole slow run (a third
+        to twice longer) before its preemption was measured."""
+        if self.oversized is None or self.threads != self.max_threads or not self._long(work):
+            return
+        if now - self._checked_at < LOAD_CHECK_S:
+            return
+        self._checked_at = now
+        running = self._load()
+        if running is None:
+            return
+        # The spinning team's threads are awake just after a run; after a pause only the calling thread is.
+        ours = self.threads if now - self._ended_at < SPIN_S else 1
+        free = self._cpus - max(0, running - ours)
+        if free >= self.max_threads or now - self._failed_at < self._backoff:
+            return
+        self._set(self.oversized)
+        self._reduced = max(1, free)
+        self.contended = True
+        self.kept_for_speed = True
+        self.shrinks += 1
 
     def _first_team(self) -> None:
         """Before the first run: a team of the cores the load figure shows free. A spinning team's first run

@@ -284,16 +284,17 @@ def test_a_long_run_meeting_a_kernel_thread_is_not_contention():
 
 
 def timed(gov: TeamGovernor, clock: Clock, walls: dict[int, float], runs: int = 1, share: float = 0.5,
-          work: tuple[int, ...] = (8, 128)) -> list[int]:
-    """Runs beside busy processes (preempted, each thread getting `share` of a core) that take `walls[t]`
-    seconds with t threads; returns the team size of each run."""
+          work: tuple[int, ...] = (8, 128), shares: dict[int, float] | None = None) -> list[int]:
+    """Runs beside busy processes (preempted, each thread getting `share` of a core, or `shares[t]` with t
+    threads) that take `walls[t]` seconds with t threads; returns the team size of each run."""
     sizes = []
     for _ in range(runs):
         gov.begin(work)
         threads = gov.threads
         wall = walls[threads]
         clock.now += wall
-        gov.observe(threads=threads, wall=wall, cpu=threads * wall * share, preempted=int(wall * 1000), work=work)
+        cpu = threads * wall * (shares or {}).get(threads, share)
+        gov.observe(threads=threads, wall=wall, cpu=cpu, preempted=int(wall * 1000), work=work)
         gov._in_flight -= 1
         sizes.append(threads)
     return sizes
@@ -445,9 +446,9 @@ def test_the_load_figure_is_read_only_where_the_process_may_use_every_cpu():
 BUSY_8X128 = {1: 0.550, 2: 0.650, 3: 0.350}
 
 
-def quiet_then(busy_load: int, wall: float = 0.150) -> tuple[TeamGovernor, Clock]:
+def quiet_then(busy_load: int | None, wall: float = 0.150) -> tuple[TeamGovernor, Clock]:
     """A governor whose work ran undisturbed on the full team (`wall` seconds, work 8x128) before the load figure
-    started to show `busy_load` runnable tasks."""
+    started to show `busy_load` runnable tasks (None: no figure, as for a process pinned to some cores)."""
     load = [1]
     clock = Clock()
     gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
@@ -457,12 +458,13 @@ def quiet_then(busy_load: int, wall: float = 0.150) -> tuple[TeamGovernor, Clock
 
 
 def test_long_work_goes_straight_to_the_oversized_team_when_preempted():
-    gov, clock = quiet_then(4)  # quiet: 150 ms runs of the full team
-    timed(gov, clock, BUSY_8X128)
+    gov, clock = quiet_then(None)  # quiet: 150 ms runs of the full team; then busy, with no load figure to tell
+    sizes = timed(gov, clock, BUSY_8X128)
+    assert sizes == [2]  # the run that measured the preemption
     assert (gov.threads, gov.contended, gov.kept_for_speed) == (3, True, True) and not gov.forks_cheap
     assert gov._reduced == 1  # the size the probes compare it with
 
-    short, clock = quiet_then(4, wall=0.005)  # a 1x16 embedding: many short regions
+    short, clock = quiet_then(None, wall=0.005)  # a 1x16 embedding: many short regions
     timed(short, clock, {1: 0.015, 2: 0.030, 3: 0.020})
     assert (short.threads, short.contended, short.kept_for_speed) == (1, True, False)
 
@@ -472,7 +474,7 @@ def test_long_runs_never_probe_the_spinning_full_team_and_probe_seldom():
     probed (it would be the slowest), and probes of the reduced team space out by runs as well as time."""
     gov, clock = quiet_then(4)
     sizes = timed(gov, clock, BUSY_8X128, runs=60)
-    assert sizes[0] == 2 and 2 not in sizes[1:]
+    assert 2 not in sizes  # not even the first: the load figure showed the busy processes before it
     assert gov.threads == 3 and gov.tries == 0
     assert 1 <= sizes.count(1) <= 3  # probes after 4, 8 and 16 runs at the oversized size: at most 3 in 60 runs
 
@@ -494,11 +496,41 @@ def test_the_load_figure_counts_only_the_calling_thread_of_an_oversized_team():
 
 def test_the_trace_says_what_each_run_was_and_what_followed(tmp_path):
     path = tmp_path / "team.log"
-    gov, clock = quiet_then(4)
+    gov, clock = quiet_then(None)
     gov.trace = T.team_trace({"RLX_TEAM_TRACE": str(path)})
-    timed(gov, clock, BUSY_8X128, runs=10)
+    timed(gov, clock, BUSY_8X128, runs=12)
     lines = path.read_text().splitlines()
-    assert len(lines) == 10 and all(line.startswith("pid=") for line in lines)
+    assert len(lines) == 12 and all(line.startswith("pid=") for line in lines)
     assert " work=8x128 run team=2 " in lines[0] and "-> next=3 contended=1 kept_for_speed=1" in lines[0]
-    assert sum(" probe team=1 " in line for line in lines) == gov.probes >= 1
+    # without a load figure, the full team is tried after `MIN_RUNS_BETWEEN_TRIES` runs (and fails: still busy)
+    assert sum(" try team=2 " in line for line in lines) == gov.tries >= 1
+    assert sum(" probe " in line for line in lines) == gov.probes
     assert T.team_trace({}) is None
+
+
+def test_a_reduced_team_probed_from_the_oversized_one_is_compared_on_speed():
+    """One thread beside two busy loops on 2 cores gets two thirds of a core: it loses less than `LOSS_LIMIT`,
+    which must not read as free cores; it is slower than the oversized team, so the oversized team stays."""
+    gov, clock = quiet_then(4)
+    sizes = timed(gov, clock, BUSY_8X128, runs=30, shares={1: 0.67})
+    assert gov.threads == 3 and gov.contended and gov.kept_for_speed
+    assert 1 <= sizes.count(1) <= 3
+
+
+def test_long_work_takes_the_oversized_team_before_a_run_the_load_figure_shows_contended():
+    """A competitor that appeared while the process paused (the spinning team's threads asleep since): the load
+    figure shows it before the next run, and long work starts that run on the oversized team rather than spend
+    it spinning beside the competitor."""
+    gov, clock = quiet_then(2)  # the calling thread and one busy loop
+    clock.now += 0.2
+    gov.begin((8, 128))
+    assert (gov.threads, gov.contended, gov.kept_for_speed, gov._reduced) == (3, True, True, 1)
+
+    back_to_back, clock = quiet_then(2)  # right after a run: the calling thread and its spinning partner
+    back_to_back.begin((8, 128))
+    assert (back_to_back.threads, back_to_back.contended) == (2, False)
+
+    short, clock = quiet_then(2, wall=0.005)  # short work: only measured preemption shrinks its team
+    clock.now += 0.2
+    short.begin((8, 128))
+    assert (short.threads, short.contended) == (2, False)
