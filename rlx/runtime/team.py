@@ -87,6 +87,10 @@ MIN_RUNS_BETWEEN_TRIES = 8
 #: Recent run times kept per (work, team size), for comparing team sizes on the same work (few: a load that
 #: changed makes older runs of the size in use say nothing about it now).
 WALLS_KEPT = 4
+#: Run times older than this (or than this many runs of their own length) are not compared: the load may have
+#: changed since (a probe in a quiet moment against the size in use's runs beside busy processes would win).
+FRESH_S = 1.0
+FRESH_RUNS = 8
 #: Work keys remembered (a graph with many input shapes forgets the oldest).
 MAX_WORK_KEYS = 64
 #: Under contention, a team size replaces the one in use only when its run was this much faster than the
@@ -303,17 +307,24 @@ class TeamGovernor:
         self._usage = usage
         self._cpus = cpus if cpus is not None else cpus_available()
         self._load = load if load is not None else machine_load(self._cpus)
-        self._backoff = FIRST_BACKOFF_S
+        self._backoff = FIRST_BACKOFF_S  # before the next probe (or try without a load figure)
         self._changed_at = clock()
         self._checked_at = -LOAD_CHECK_S
-        self._failed_at = -MAX_BACKOFF_S
+        self._failed_at = -MAX_BACKOFF_S  # when a probe (or a try without a load figure) last failed
+        # A try the load figure allowed that failed (the figure misled) holds off the next such try: a backoff
+        # of its own, which failed probes (a size not faster under contention) say nothing about.
+        self._try_backoff = FIRST_BACKOFF_S
+        self._try_failed_at = -MAX_BACKOFF_S
+        self._by_figure = False  # whether the try under way is one the load figure allowed
         self._load_missing = False
         self._runs_since_change = 0
         self._trying: int | None = None  # the size to return to if the current try (or probe) fails
         self._trial = "run"  # what the measured run is: "run", "try" or "probe" (for the trace)
         self._reduced: int | None = None  # the size contention shrank the team to (a size probes compare)
         self._probed_at: dict[int, float] = {}  # size -> when a probe last tried it
-        self._walls: dict[tuple[int, ...], dict[int, deque[float]]] = {}  # work -> size -> recent run times
+        # work -> size -> (end, seconds) of its recent runs
+        self._walls: dict[tuple[int, ...], dict[int, deque[tuple[float, float]]]] = {}
+        self._undisturbed: dict[tuple[int, ...], float] = {}  # work -> its last undisturbed run of the full team
         self._in_flight = 0
         self._ended_at = -math.inf  # when the last measured run ended
         self._started = False  # whether a run began (the first one sizes its team from the load figure)
@@ -349,7 +360,8 @@ class TeamGovernor:
             self._reduced = None
             self._probed_at.clear()
             self._walls.clear()
-            self._backoff = FIRST_BACKOFF_S
+            self._undisturbed.clear()
+            self._backoff = self._try_backoff = FIRST_BACKOFF_S
             self._changed_at = self._clock()
             self._runs_since_change = 0
 
@@ -393,7 +405,7 @@ class TeamGovernor:
         lost = threads * min(1.0, max(0.0, 1.0 - cpu / (threads * wall))) if contended else 0.0
         trial, self._trial = self._trial if self._trying is not None else "run", "run"
         self._ended_at = self._clock()
-        self._decide(threads, wall, lost, work)
+        self._decide(threads, wall, lost, work, by_figure=trial == "try" and self._by_figure)
         if self.trace is not None:
             self.trace(f"t={self._clock():.3f} work={'x'.join(map(str, work)) or '-'} "
                        f"{trial} team={threads} wall_ms={wall * 1e3:.2f} "
@@ -401,10 +413,15 @@ class TeamGovernor:
                        f"-> next={self.threads} contended={int(self.contended)} "
                        f"kept_for_speed={int(self.kept_for_speed)} backoff_s={self._backoff:g}")
 
-    def _decide(self, threads: int, wall: float, lost: float, work: tuple[int, ...]) -> None:
+    def _decide(self, threads: int, wall: float, lost: float, work: tuple[int, ...], *, by_figure: bool = False) -> None:
         """What one measured run of `threads` threads, `wall` seconds long that lost `lost` cores' worth of its
-        time to preemption, changes: the size in use, contention, the backoff."""
+        time to preemption, changes: the size in use, contention, the backoffs (`by_figure`: the run was a try
+        the load figure allowed)."""
         self._runs_since_change += 1
+        if threads == self.max_threads and lost <= LOSS_LIMIT:
+            if work not in self._undisturbed and len(self._undisturbed) >= MAX_WORK_KEYS:
+                del self._undisturbed[next(iter(self._undisturbed))]
+            self._undisturbed[work] = wall
         if self._trying is not None:  # one run at another size (a try or a probe)
             fallback, self._trying = self._trying, None
             faster = faster_team(wall, self._walls_of(work, fallback))
@@ -421,7 +438,7 @@ class TeamGovernor:
                 self.kept_for_speed = False
                 if not self.contended:
                     self._reduced = None
-                self._backoff = FIRST_BACKOFF_S
+                self._backoff = self._try_backoff = FIRST_BACKOFF_S
             elif faster:  # still contended, but this size ran the same work faster
                 self.loss = lost
                 self.contended = True
@@ -429,6 +446,10 @@ class TeamGovernor:
                     self._reduced = min(threads, fallback)
                 self.kept_for_speed = threads > self._reduced
                 self._backoff = FIRST_BACKOFF_S
+            elif by_figure:
+                self._set(fallback)
+                self._try_failed_at = self._clock()
+                self._try_backoff = min(MAX_BACKOFF_S, self._try_backoff * 2)
             else:
                 self._set(fallback)
                 self._failed_at = self._clock()
@@ -464,12 +485,15 @@ class TeamGovernor:
             self._reduced = None
 
     def _long(self, work: tuple[int, ...]) -> bool:
-        """Whether the full team's fastest recent run of `work` (undisturbed, if any was) took `LONG_WORK_S`."""
-        walls = self._walls_of(work, self.max_threads)
-        return bool(walls) and min(walls) >= LONG_WORK_S
+        """Whether the full team's last undisturbed run of `work` took `LONG_WORK_S` or more."""
+        return self._undisturbed.get(work, 0.0) >= LONG_WORK_S
 
     def _walls_of(self, work: tuple[int, ...], threads: int) -> list[float]:
-        return list(self._walls.get(work, {}).get(threads, ()))
+        """The recent run times of `work` at `threads` that still say something: those that ended within
+        `FRESH_S` (or `FRESH_RUNS` of their own length) of now, before the load could change."""
+        now = self._clock()
+        return [wall for end, wall in self._walls.get(work, {}).get(threads, ())
+                if now - end <= max(FRESH_S, FRESH_RUNS * wall)]
 
     def _remember(self, work: tuple[int, ...], threads: int, wall: float) -> None:
         sizes = self._walls.get(work)
@@ -477,7 +501,7 @@ class TeamGovernor:
             if len(self._walls) >= MAX_WORK_KEYS:
                 del self._walls[next(iter(self._walls))]  # the key seen first
             sizes = self._walls[work] = {}
-        sizes.setdefault(threads, deque(maxlen=WALLS_KEPT)).append(wall)
+        sizes.setdefault(threads, deque(maxlen=WALLS_KEPT)).append((self._clock(), wall))
 
     def _set(self, threads: int) -> None:
         self.threads = threads
@@ -523,8 +547,8 @@ class TeamGovernor:
             ours = 1 if self.threads > self.max_threads else self.threads
             free = self._cpus - max(0, running - ours)
             if free >= want:
-                if now - self._failed_at >= self._backoff:
-                    self._start_try(want, now, probe=False)
+                if now - self._try_failed_at >= self._try_backoff:
+                    self._start_try(want, now, probe=False, by_figure=True)
                 return
         if self._may_probe(work, now):
             size = self._next_probe(work)
@@ -548,7 +572,7 @@ class TeamGovernor:
         # The spinning team's threads are awake just after a run; after a pause only the calling thread is.
         ours = self.threads if now - self._ended_at < SPIN_S else 1
         free = self._cpus - max(0, running - ours)
-        if free >= self.max_threads or now - self._failed_at < self._backoff:
+        if free >= self.max_threads or now - self._try_failed_at < self._try_backoff:
             return
         self._set(self.oversized)
         self._reduced = max(1, free)
@@ -575,8 +599,11 @@ class TeamGovernor:
     def _next_probe(self, work: tuple[int, ...]) -> int | None:
         """The size a probe compares next: of the reduced, full and oversized sizes other than the one in
         use, the one probed least recently (the full team first); the oversized one only for long runs."""
+        # How long the work's runs are: its undisturbed full team's time where known (under contention every
+        # size runs it slower, and a 1x16 embedding would pass for long work), else the size in use's.
         walls = self._walls_of(work, self.threads)
-        oversized = self.oversized if walls and min(walls) >= OVERSIZED_MIN_RUN_S else None
+        length = self._undisturbed.get(work, min(walls, default=0.0))
+        oversized = self.oversized if length >= OVERSIZED_MIN_RUN_S else None
         # Where the oversized team is a candidate, the spinning full team is not: beside busy processes it wastes
         # its share at every barrier (2x the oversized team's time on 2 cores), so its probe costs a slow run and
         # hardly ever wins; it comes back through a try once the cores are free.
@@ -591,7 +618,8 @@ class TeamGovernor:
         return (len(self._walls_of(work, self.threads)) >= MIN_WALLS_TO_COMPARE and self._runs_since_change >= runs
                 and now - self._changed_at >= self._backoff and now - self._failed_at >= self._backoff)
 
-    def _start_try(self, threads: int, now: float, *, probe: bool) -> None:
+    def _start_try(self, threads: int, now: float, *, probe: bool, by_figure: bool = False) -> None:
+        self._by_figure = by_figure
         if probe:
             self.probes += 1
         else:

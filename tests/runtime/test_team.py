@@ -534,3 +534,44 @@ def test_long_work_takes_the_oversized_team_before_a_run_the_load_figure_shows_c
     clock.now += 0.2
     short.begin((8, 128))
     assert (short.threads, short.contended) == (2, False)
+
+
+def test_failed_probes_do_not_hold_off_the_full_team_once_the_load_figure_shows_free_cores():
+    """Probes that failed beside busy processes (a size not faster) back off the next probes, not the try the load
+    figure allows when the processes end: the first run after them is the full team's."""
+    load = [1]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    undisturbed(gov, clock, runs=3, wall=0.150, work=(8, 128))
+    load[0] = 3
+    timed(gov, clock, BUSY_8X128, runs=30)
+    assert gov.threads == 3 and gov.probes >= 2 and gov._backoff > T.FIRST_BACKOFF_S  # probes of one thread failed
+    load[0] = 1  # the busy processes ended
+    clock.now += 0.2
+    undisturbed(gov, clock, runs=1, wall=0.150, work=(8, 128))
+    assert (gov.threads, gov.contended, gov.tries) == (2, False, 1)
+
+
+def test_probes_compare_only_recent_runs():
+    """Runs of the size in use from before a pause (the load may have changed since) are not compared: a probe waits
+    for fresh runs of that size."""
+    gov, clock = governor(2, load=4)
+    walls = {1: 0.015, 2: 0.030, 3: 0.020}
+    timed(gov, clock, walls, runs=40, work=(1, 16))
+    assert gov.threads == 1
+    clock.now += 5.0  # a pause: the runs at one thread are five seconds old
+    probes = gov.probes
+    sizes = timed(gov, clock, walls, runs=2, work=(1, 16))
+    assert sizes == [1, 1] and gov.probes == probes
+
+
+def test_short_work_never_takes_the_oversized_team_even_when_contention_lengthens_its_runs():
+    """A 1x16 embedding (4.5 ms undisturbed) runs for 15 ms on one thread beside busy processes: still many short
+    regions, so the oversized team (whose forks wake sleeping threads) is never a candidate."""
+    load = [1]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    undisturbed(gov, clock, runs=3, wall=0.0045, work=(1, 16))
+    load[0] = 4
+    sizes = timed(gov, clock, {1: 0.015, 2: 0.060, 3: 0.012}, runs=1000, work=(1, 16))
+    assert 3 not in sizes and gov.threads == 1
