@@ -413,7 +413,8 @@ class TeamGovernor:
                        f"-> next={self.threads} contended={int(self.contended)} "
                        f"kept_for_speed={int(self.kept_for_speed)} backoff_s={self._backoff:g}")
 
-    def _decide(self, threads: int, wall: float, lost: float, work: tuple[int, ...], *, by_figure: bool = False) -> None:
+    def _decide(self, threads: int, wall: float, lost: float, work: tuple[int, ...], *,
+                by_figure: bool = False) -> None:
         """What one measured run of `threads` threads, `wall` seconds long that lost `lost` cores' worth of its
         time to preemption, changes: the size in use, contention, the backoffs (`by_figure`: the run was a try
         the load figure allowed)."""
@@ -597,18 +598,19 @@ class TeamGovernor:
             self._checked_at = self._clock()
 
     def _next_probe(self, work: tuple[int, ...]) -> int | None:
-        """The size a probe compares next: of the reduced, full and oversized sizes other than the one in
-        use, the one probed least recently (the full team first); the oversized one only for long runs."""
+        """The size a probe compares next: of the reduced and oversized sizes other than the one in use, the one
+        probed least recently; the oversized one only for long runs.
+
+        Never the spinning full team: probes run while the load figure says the cores are taken, and there a
+        spinning team waits at every fork for a preempted partner (a 1x16 embedding beside two busy processes on
+        2 cores: 270-320 ms instead of 15; MiniLM 8x128: twice the oversized team's time), so its probe costs a
+        slow run and hardly ever wins. It comes back through a try once the figure shows the cores free."""
         # How long the work's runs are: its undisturbed full team's time where known (under contention every
         # size runs it slower, and a 1x16 embedding would pass for long work), else the size in use's.
         walls = self._walls_of(work, self.threads)
         length = self._undisturbed.get(work, min(walls, default=0.0))
         oversized = self.oversized if length >= OVERSIZED_MIN_RUN_S else None
-        # Where the oversized team is a candidate, the spinning full team is not: beside busy processes it wastes
-        # its share at every barrier (2x the oversized team's time on 2 cores), so its probe costs a slow run and
-        # hardly ever wins; it comes back through a try once the cores are free.
-        full = self.max_threads if oversized is None else None
-        sizes = [s for s in (full, oversized, self._reduced) if s is not None and s != self.threads]
+        sizes = [s for s in (oversized, self._reduced) if s is not None and s != self.threads]
         if not sizes:
             return None
         return min(dict.fromkeys(sizes), key=lambda s: self._probed_at.get(s, -math.inf))
