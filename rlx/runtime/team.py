@@ -316,6 +316,7 @@ class TeamGovernor:
         self._try_backoff = FIRST_BACKOFF_S
         self._try_failed_at = -MAX_BACKOFF_S
         self._by_figure = False  # whether the try under way is one the load figure allowed
+        self._try_grace = False  # whether that try may run once more before it counts as failed
         self._load_missing = False
         self._runs_since_change = 0
         self._trying: int | None = None  # the size to return to if the current try (or probe) fails
@@ -447,6 +448,11 @@ class TeamGovernor:
                     self._reduced = min(threads, fallback)
                 self.kept_for_speed = threads > self._reduced
                 self._backoff = FIRST_BACKOFF_S
+            elif by_figure and self._try_grace:
+                # The first run of a bigger team wakes, or creates, the threads a smaller team released: its
+                # switches and lost time say little. The try gets a second run (still while the figure allowed it).
+                self._try_grace = False
+                self._trying, self._trial = fallback, "try"
             elif by_figure:
                 self._set(fallback)
                 self._try_failed_at = self._clock()
@@ -621,7 +627,7 @@ class TeamGovernor:
                 and now - self._changed_at >= self._backoff and now - self._failed_at >= self._backoff)
 
     def _start_try(self, threads: int, now: float, *, probe: bool, by_figure: bool = False) -> None:
-        self._by_figure = by_figure
+        self._by_figure = self._try_grace = by_figure
         if probe:
             self.probes += 1
         else:

@@ -579,3 +579,32 @@ def test_short_work_never_takes_the_oversized_team_even_when_contention_lengthen
     load[0] = 4
     sizes = timed(gov, clock, {1: 0.015, 2: 0.060, 3: 0.012}, runs=1000, work=(1, 16))
     assert 3 not in sizes and gov.threads == 1
+
+
+def test_a_try_the_load_figure_allows_gets_a_second_run():
+    """The first run of the full team after one thread ran alone wakes (or creates) the other thread: it meets a
+    few switches and loses time, which is not a competitor's doing. The try is judged on its second run."""
+    load = [4]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    timed(gov, clock, {2: 0.030, 1: 0.015}, runs=3, work=(1, 16))
+    assert gov.threads == 1
+    load[0] = 1  # quiet again
+    clock.now += 2.0
+    gov.begin((1, 16))
+    assert gov.threads == 2
+    clock.now += 0.005
+    gov.observe(threads=2, wall=0.005, cpu=0.0068, preempted=2, work=(1, 16))  # a cold first run
+    gov._in_flight -= 1
+    assert gov.threads == 2 and gov.tries == 1
+    undisturbed(gov, clock, runs=1, wall=0.0042, work=(1, 16))
+    assert (gov.threads, gov.contended, gov.tries) == (2, False, 1)
+
+    clock.now += 2.0  # a try that fails twice falls back, and backs off further tries
+    load[0] = 4
+    timed(gov, clock, {2: 0.030, 1: 0.015}, runs=2, work=(1, 16))
+    assert gov.threads == 1
+    load[0] = 1
+    clock.now += 2.0
+    timed(gov, clock, {2: 0.030, 1: 0.015}, runs=2, work=(1, 16))
+    assert gov.threads == 1 and gov.tries == 2 and gov._try_backoff > T.FIRST_BACKOFF_S
