@@ -80,8 +80,9 @@ LOSS_WEIGHT = 0.5
 #: First wait before trying a bigger team again, and its bound as failed tries double it.
 FIRST_BACKOFF_S = 0.25
 MAX_BACKOFF_S = 8.0
-#: How often the load figure is read while the team is reduced.
-LOAD_CHECK_S = 0.01
+#: How often the load figure is read while the team is reduced (a pread of about 2 us: short runs may re-read it
+#: soon after a moment it showed another runnable task, such as the process that just asked for the run).
+LOAD_CHECK_S = 0.002
 #: Runs at the reduced size between tries made without a load figure.
 MIN_RUNS_BETWEEN_TRIES = 8
 #: Recent run times kept per (work, team size), for comparing team sizes on the same work (few: a load that
