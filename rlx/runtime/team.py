@@ -18,26 +18,34 @@ team again and keeps it if it ran undisturbed; failed tries back off (up to `MAX
 
 Fewer threads is not always faster under contention: the scheduler shares a core between runnable
 threads, so a team of one on 2 cores beside two busy processes gets a third of the machine, while a
-team of two gets half. For short runs (a decode step: hundreds of forks, each waiting for a preempted
-partner) the small team wins; for long GEMM-heavy runs (MiniLM 8x128: few, long parallel regions)
-the full team's bigger share wins. So while the cores stay contended the governor also compares the
-two sizes on the same work (`work`: the run's dynamic dims, rounded up to powers of two): after the
-backoff, one run tries the other size even though the load figure says the cores are taken (a
-`probe`), and the size whose run was faster by `SPEED_MARGIN` than the recent runs of the size in use
-(`faster_team`) is kept; while a full team kept for its speed runs, preemption does not shrink it,
-only a probe of the smaller size that runs faster does, and an undisturbed run ends the contention.
-Failed probes back off like failed tries. Under contention the kernels are also told that forks are
-not cheap, so they split only products big enough to be worth a wake-up.
+passive team of two gets half. So while the cores stay contended the governor also compares sizes on the
+same work (`work`: the run's dynamic dims, rounded up to powers of two): after the backoff, one run tries
+another size even though the load figure says the cores are taken (a `probe`), and the size whose run was
+faster by `SPEED_MARGIN` than the recent runs of the size in use (`faster_team`) is kept (`kept_for_speed`:
+preemption does not shrink it, only a faster probe does, and an undisturbed run ends the contention).
+Only recent runs compare (`FRESH_S`: the load may have changed since older ones), and failed probes back
+off in time and in runs (a probe of a long work costs a whole run). Probes never run the spinning full
+team: while the cores are taken it waits at every fork for a preempted partner (a 1x16 embedding: 270-320
+ms instead of 15), and it comes back through a try once the load figure shows free cores. Under
+contention the kernels are also told that forks are not cheap, so they split only products big enough to
+be worth a wake-up.
 
 A spinning full team is not the only big team: libgomp cuts its spin to about a hundred turns
 while it manages more threads than the process has cores (`do_spin` against `gomp_available_cpus`),
 so a team of one thread more than the cores (`oversized`) waits passively, with no restart of the
 OpenMP runtime, and gets a bigger share of the machine than passive waiting's team (on 2 cores
 beside two busy processes: three threads of five runnable tasks hold 1.2 cores, passive's two of
-four hold 1.0, one thread 0.67). It is a third size the probes compare (each probe takes the size
-tried least recently), used only under contention: while it runs, the load figure is read as for a
-reduced team, and once the cores are free the full team is tried and kept if it ran undisturbed.
+four hold 1.0, one thread 0.67). Probes compare it with the reduced size for work whose undisturbed runs
+take `OVERSIZED_MIN_RUN_S` or more (its forks wake sleeping threads, which only long regions amortize).
+Long work (`LONG_WORK_S`: MiniLM 8x128, few long regions) takes it at once, when preemption shrinks its
+team or before a run where the load figure already shows a competitor (it runs such work about as fast on
+free cores, so a false alarm costs nothing, while a spinning run beside a newcomer costs up to twice as
+long). While it runs, the load figure counts only the calling thread as this process's (its other threads
+sleep between runs), and once the cores are free the full team is tried and kept if it ran undisturbed.
 Its scratch is reserved the first time a context runs it.
+
+`RLX_TEAM_TRACE` (`team_trace`) writes one line per measured run: what it was (run, try, probe), its
+team, times and preemption, and what the governor decided.
 
 The decision is passed to the generated code with each run (`rlx_set_team`: thread count and
 whether forks are cheap); the kernels never read the environment.
