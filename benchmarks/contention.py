@@ -174,6 +174,14 @@ def _with_wait(wait: str | None, make: Callable[[], object]) -> object:
             os.environ["RLX_OMP_WAIT"] = saved
 
 
+def _mark_trace(line: str) -> None:
+    """Where RLX_TEAM_TRACE names a file (the governors' decisions, rlx.runtime.team), say which block follows."""
+    target = os.environ.get("RLX_TEAM_TRACE", "").strip()
+    if target and target != "-":
+        with open(target, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
@@ -249,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                         if peer is None:
                             continue
                         time.sleep(0.2)  # the previous peer's spinning threads fall asleep
+                        _mark_trace(f"# {label} {case} {load}")
                         samples, _ = peer.time(case, per_block)
                         times.setdefault((label, case, load), []).extend(samples)
     for peer in {id(p): p for p in peers.values()}.values():

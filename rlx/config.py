@@ -18,6 +18,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_SANITIZE | `address` (AddressSanitizer), `undefined` or `thread` (ThreadSanitizer) builds | none |
 | RLX_CPU_TARGET | `native` or an ISA level like `x86-64-v3` | native |
 | RLX_OMP_WAIT | idle OpenMP threads: `adaptive`, a spin count, `passive`, `active`, `default` (below) | adaptive |
+| RLX_TEAM_TRACE | a file (or `-`: stderr) for the team governor's line per measured run (`rlx.runtime.team`) | none |
 | RLX_TEMPLATES_DIR | templates (`cpu/`, `cuda/`) to render from (`rlx.templates_path`) | the installed ones |
 | RLX_PROFILE | 1 builds the profiled variant: per-kernel (and per-thread) time spans (`CompiledGraph.trace`) | 0 |
 | RLX_CHECK_NANS | 1 builds the checked variant: a kernel writing NaN/inf fails the run naming its op | 0 |

@@ -58,7 +58,7 @@ from rlx.runtime.abi import ffi
 from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype, read_only_memory
 from rlx.runtime.loader import Library, TensorInfo, openmp_policy
 from rlx.runtime.provenance import Provenance
-from rlx.runtime.team import TeamGovernor, work_key
+from rlx.runtime.team import TeamGovernor, team_trace, work_key
 
 if TYPE_CHECKING:  # concurrent.futures (and logging, which it imports) load with run_async's first use
     from concurrent.futures import Future
@@ -244,7 +244,7 @@ class CompiledGraph(Provenance):
         # CPU libraries size each run's OpenMP team between runs (rlx.runtime.team; RLX_OMP_WAIT).
         self._team: TeamGovernor | None = None
         if on_cpu and hasattr(self._lib, "rlx_set_team"):
-            self._team = TeamGovernor(1, openmp_policy())
+            self._team = TeamGovernor(1, openmp_policy(), trace=team_trace(os.environ))
         self.num_threads = num_threads if num_threads is not None else 0
 
     def _wrap(self, ptr: Any) -> _Context:

@@ -18,26 +18,34 @@ team again and keeps it if it ran undisturbed; failed tries back off (up to `MAX
 
 Fewer threads is not always faster under contention: the scheduler shares a core between runnable
 threads, so a team of one on 2 cores beside two busy processes gets a third of the machine, while a
-team of two gets half. For short runs (a decode step: hundreds of forks, each waiting for a preempted
-partner) the small team wins; for long GEMM-heavy runs (MiniLM 8x128: few, long parallel regions)
-the full team's bigger share wins. So while the cores stay contended the governor also compares the
-two sizes on the same work (`work`: the run's dynamic dims, rounded up to powers of two): after the
-backoff, one run tries the other size even though the load figure says the cores are taken (a
-`probe`), and the size whose run was faster by `SPEED_MARGIN` than the recent runs of the size in use
-(`faster_team`) is kept; while a full team kept for its speed runs, preemption does not shrink it,
-only a probe of the smaller size that runs faster does, and an undisturbed run ends the contention.
-Failed probes back off like failed tries. Under contention the kernels are also told that forks are
-not cheap, so they split only products big enough to be worth a wake-up.
+passive team of two gets half. So while the cores stay contended the governor also compares sizes on the
+same work (`work`: the run's dynamic dims, rounded up to powers of two): after the backoff, one run tries
+another size even though the load figure says the cores are taken (a `probe`), and the size whose run was
+faster by `SPEED_MARGIN` than the recent runs of the size in use (`faster_team`) is kept (`kept_for_speed`:
+preemption does not shrink it, only a faster probe does, and an undisturbed run ends the contention).
+Only recent runs compare (`FRESH_S`: the load may have changed since older ones), and failed probes back
+off in time and in runs (a probe of a long work costs a whole run). Probes never run the spinning full
+team: while the cores are taken it waits at every fork for a preempted partner (a 1x16 embedding: 270-320
+ms instead of 15), and it comes back through a try once the load figure shows free cores. Under
+contention the kernels are also told that forks are not cheap, so they split only products big enough to
+be worth a wake-up.
 
 A spinning full team is not the only big team: libgomp cuts its spin to about a hundred turns
 while it manages more threads than the process has cores (`do_spin` against `gomp_available_cpus`),
 so a team of one thread more than the cores (`oversized`) waits passively, with no restart of the
 OpenMP runtime, and gets a bigger share of the machine than passive waiting's team (on 2 cores
 beside two busy processes: three threads of five runnable tasks hold 1.2 cores, passive's two of
-four hold 1.0, one thread 0.67). It is a third size the probes compare (each probe takes the size
-tried least recently), used only under contention: while it runs, the load figure is read as for a
-reduced team, and once the cores are free the full team is tried and kept if it ran undisturbed.
+four hold 1.0, one thread 0.67). Probes compare it with the reduced size for work whose undisturbed runs
+take `OVERSIZED_MIN_RUN_S` or more (its forks wake sleeping threads, which only long regions amortize).
+Long work (`LONG_WORK_S`: MiniLM 8x128, few long regions) takes it at once, when preemption shrinks its
+team or before a run where the load figure already shows a competitor (it runs such work about as fast on
+free cores, so a false alarm costs nothing, while a spinning run beside a newcomer costs up to twice as
+long). While it runs, the load figure counts only the calling thread as this process's (its other threads
+sleep between runs), and once the cores are free the full team is tried and kept if it ran undisturbed.
 Its scratch is reserved the first time a context runs it.
+
+`RLX_TEAM_TRACE` (`team_trace`) writes one line per measured run: what it was (run, try, probe), its
+team, times and preemption, and what the governor decided.
 
 The decision is passed to the generated code with each run (`rlx_set_team`: thread count and
 whether forks are cheap); the kernels never read the environment.
@@ -80,12 +88,18 @@ LOSS_WEIGHT = 0.5
 #: First wait before trying a bigger team again, and its bound as failed tries double it.
 FIRST_BACKOFF_S = 0.25
 MAX_BACKOFF_S = 8.0
-#: How often the load figure is read while the team is reduced.
-LOAD_CHECK_S = 0.01
+#: How often the load figure is read while the team is reduced (a pread of about 2 us: short runs may re-read it
+#: soon after a moment it showed another runnable task, such as the process that just asked for the run).
+LOAD_CHECK_S = 0.002
 #: Runs at the reduced size between tries made without a load figure.
 MIN_RUNS_BETWEEN_TRIES = 8
-#: Recent run times kept per (work, team size), for comparing team sizes on the same work.
-WALLS_KEPT = 5
+#: Recent run times kept per (work, team size), for comparing team sizes on the same work (few: a load that
+#: changed makes older runs of the size in use say nothing about it now).
+WALLS_KEPT = 4
+#: Run times older than this (or than this many runs of their own length) are not compared: the load may have
+#: changed since (a probe in a quiet moment against the size in use's runs beside busy processes would win).
+FRESH_S = 1.0
+FRESH_RUNS = 8
 #: Work keys remembered (a graph with many input shapes forgets the oldest).
 MAX_WORK_KEYS = 64
 #: Under contention, a team size replaces the one in use only when its run was this much faster than the
@@ -96,6 +110,16 @@ MIN_WALLS_TO_COMPARE = 2
 #: Runs of a work shorter than this (at the size in use) never probe the oversized team: each of its forks wakes
 #: sleeping threads (tens of microseconds), which only long runs of few parallel regions amortize.
 OVERSIZED_MIN_RUN_S = 0.010
+#: A work whose undisturbed runs of the full team took this long has few, long parallel regions (MiniLM 8x128
+#: on 2 cores: 150-200 ms): when preemption shrinks its team, it goes straight to the oversized team, whose
+#: sleeping threads' wake-ups such regions amortize, rather than spending runs at the reduced size first.
+LONG_WORK_S = 0.050
+#: Runs at the size in use between probes, doubling with the backoff up to the bound: a probe of the wrong size
+#: costs a whole run, which for long runs (hundreds of ms) the time backoff alone would allow every other run.
+MIN_RUNS_BETWEEN_PROBES = 4
+MAX_RUNS_BETWEEN_PROBES = 32
+#: About how long the adaptive policy's idle threads spin (GOMP_SPINCOUNT=200000) before they sleep.
+SPIN_S = 0.001
 #: libgomp's spin count below which its idle threads are asleep before the next kernel starts.
 SPINNING_SPINCOUNT = 10_000
 
@@ -226,6 +250,32 @@ def machine_load(cpus: int, online: int | None = None) -> Callable[[], int | Non
     return LoadAverage() if cpus >= online else _no_figure
 
 
+def team_trace(env: Mapping[str, str]) -> Callable[[str], None] | None:
+    """Where governors write one line per measured run (`RLX_TEAM_TRACE`: a file appended to, or `-` for
+    stderr), or None when unset. For finding out why a team size was chosen; off by default.
+
+    >>> team_trace({}) is None, callable(team_trace({"RLX_TEAM_TRACE": "-"}))
+    (True, True)
+    """
+    target = env.get("RLX_TEAM_TRACE", "").strip()
+    if not target:
+        return None
+    pid = os.getpid()
+    if target == "-":
+        import sys
+
+        def to_stderr(line: str) -> None:
+            print(f"rlx team pid={pid} {line}", file=sys.stderr, flush=True)
+
+        return to_stderr
+
+    def to_file(line: str) -> None:
+        with open(target, "a", encoding="utf-8") as out:  # appended whole: processes may share the file
+            out.write(f"pid={pid} {line}\n")
+
+    return to_file
+
+
 def _usage() -> tuple[float, int]:
     """(CPU seconds of every thread of the process, involuntary context switches so far)."""
     import resource
@@ -245,8 +295,10 @@ class TeamGovernor:
 
     def __init__(self, max_threads: int, policy: WaitPolicy, *, clock: Callable[[], float] = time.perf_counter,
                  usage: Callable[[], tuple[float, int]] = _usage, load: Callable[[], int | None] | None = None,
-                 cpus: int | None = None) -> None:
+                 cpus: int | None = None, trace: Callable[[str], None] | None = None) -> None:
         self.policy = policy
+        #: Where each measured run and decision is written (`RLX_TEAM_TRACE`, `team_trace`), or None.
+        self.trace = trace
         self.max_threads = max(1, int(max_threads))
         self.threads = self.max_threads
         self.contended = False
@@ -264,17 +316,27 @@ class TeamGovernor:
         self._usage = usage
         self._cpus = cpus if cpus is not None else cpus_available()
         self._load = load if load is not None else machine_load(self._cpus)
-        self._backoff = FIRST_BACKOFF_S
+        self._backoff = FIRST_BACKOFF_S  # before the next probe (or try without a load figure)
         self._changed_at = clock()
         self._checked_at = -LOAD_CHECK_S
-        self._failed_at = -MAX_BACKOFF_S
+        self._failed_at = -MAX_BACKOFF_S  # when a probe (or a try without a load figure) last failed
+        # A try the load figure allowed that failed (the figure misled) holds off the next such try: a backoff
+        # of its own, which failed probes (a size not faster under contention) say nothing about.
+        self._try_backoff = FIRST_BACKOFF_S
+        self._try_failed_at = -MAX_BACKOFF_S
+        self._by_figure = False  # whether the try under way is one the load figure allowed
+        self._try_grace = False  # whether that try may run once more before it counts as failed
         self._load_missing = False
         self._runs_since_change = 0
         self._trying: int | None = None  # the size to return to if the current try (or probe) fails
+        self._trial = "run"  # what the measured run is: "run", "try" or "probe" (for the trace)
         self._reduced: int | None = None  # the size contention shrank the team to (a size probes compare)
         self._probed_at: dict[int, float] = {}  # size -> when a probe last tried it
-        self._walls: dict[tuple[int, ...], dict[int, deque[float]]] = {}  # work -> size -> recent run times
+        # work -> size -> (end, seconds) of its recent runs
+        self._walls: dict[tuple[int, ...], dict[int, deque[tuple[float, float]]]] = {}
+        self._undisturbed: dict[tuple[int, ...], float] = {}  # work -> its last undisturbed run of the full team
         self._in_flight = 0
+        self._ended_at = -math.inf  # when the last measured run ended
         self._started = False  # whether a run began (the first one sizes its team from the load figure)
         self._lock = threading.Lock()
         self._size_oversized()
@@ -308,7 +370,8 @@ class TeamGovernor:
             self._reduced = None
             self._probed_at.clear()
             self._walls.clear()
-            self._backoff = FIRST_BACKOFF_S
+            self._undisturbed.clear()
+            self._backoff = self._try_backoff = FIRST_BACKOFF_S
             self._changed_at = self._clock()
             self._runs_since_change = 0
 
@@ -350,23 +413,43 @@ class TeamGovernor:
         # (a serial stretch longer than the spin) is not contention.
         contended = preempted >= max(1.0, wall * MIN_PREEMPTIONS_PER_S)
         lost = threads * min(1.0, max(0.0, 1.0 - cpu / (threads * wall))) if contended else 0.0
+        trial, self._trial = self._trial if self._trying is not None else "run", "run"
+        self._ended_at = self._clock()
+        self._decide(threads, wall, lost, work, by_figure=trial == "try" and self._by_figure)
+        if self.trace is not None:
+            self.trace(f"t={self._clock():.3f} work={'x'.join(map(str, work)) or '-'} "
+                       f"{trial} team={threads} wall_ms={wall * 1e3:.2f} "
+                       f"cpu_ms={cpu * 1e3:.2f} switches={preempted} lost={lost:.2f} loss={self.loss:.2f} "
+                       f"-> next={self.threads} contended={int(self.contended)} "
+                       f"kept_for_speed={int(self.kept_for_speed)} backoff_s={self._backoff:g}")
+
+    def _decide(self, threads: int, wall: float, lost: float, work: tuple[int, ...], *,
+                by_figure: bool = False) -> None:
+        """What one measured run of `threads` threads, `wall` seconds long that lost `lost` cores' worth of its
+        time to preemption, changes: the size in use, contention, the backoffs (`by_figure`: the run was a try
+        the load figure allowed)."""
         self._runs_since_change += 1
+        if threads == self.max_threads and lost <= LOSS_LIMIT:
+            if work not in self._undisturbed and len(self._undisturbed) >= MAX_WORK_KEYS:
+                del self._undisturbed[next(iter(self._undisturbed))]
+            self._undisturbed[work] = wall
         if self._trying is not None:  # one run at another size (a try or a probe)
             fallback, self._trying = self._trying, None
             faster = faster_team(wall, self._walls_of(work, fallback))
             self._remember(work, threads, wall)
-            # A team within the cores, bigger than a reduced one or smaller than an oversized one, that ran
-            # undisturbed: the cores are free. (A smaller team than the one in use can run undisturbed on a
-            # contended machine: one thread beside two busy loops loses a third of a core.)
+            # A team within the cores, bigger than a reduced one, or the full team tried from an oversized one,
+            # that ran undisturbed: the cores are free. (A smaller team than the one in use can run undisturbed
+            # on a contended machine: one thread beside two busy loops loses a third of a core, under the
+            # limit; only its speed says whether it beats an oversized team.)
             cores_free = lost <= LOSS_LIMIT and threads <= self.max_threads and (
-                threads > fallback or fallback > self.max_threads)
+                threads > fallback or (fallback > self.max_threads and threads == self.max_threads))
             if cores_free:
                 self.loss = lost
                 self.contended = threads < self.max_threads
                 self.kept_for_speed = False
                 if not self.contended:
                     self._reduced = None
-                self._backoff = FIRST_BACKOFF_S
+                self._backoff = self._try_backoff = FIRST_BACKOFF_S
             elif faster:  # still contended, but this size ran the same work faster
                 self.loss = lost
                 self.contended = True
@@ -374,6 +457,15 @@ class TeamGovernor:
                     self._reduced = min(threads, fallback)
                 self.kept_for_speed = threads > self._reduced
                 self._backoff = FIRST_BACKOFF_S
+            elif by_figure and self._try_grace:
+                # The first run of a bigger team wakes, or creates, the threads a smaller team released: its
+                # switches and lost time say little. The try gets a second run (still while the figure allowed it).
+                self._try_grace = False
+                self._trying, self._trial = fallback, "try"
+            elif by_figure:
+                self._set(fallback)
+                self._try_failed_at = self._clock()
+                self._try_backoff = min(MAX_BACKOFF_S, self._try_backoff * 2)
             else:
                 self._set(fallback)
                 self._failed_at = self._clock()
@@ -394,16 +486,30 @@ class TeamGovernor:
         if threads > 1 and (self.loss > LOSS_LIMIT or lost > 2 * LOSS_LIMIT):
             # The cores the team did not get: each preempted thread got about half of its core.
             busy = max(1, math.ceil(2 * max(lost, self.loss)))
-            self._set(max(1, min(threads, self.max_threads) - busy))
-            self._reduced = self.threads
+            reduced = max(1, min(threads, self.max_threads) - busy)
+            if self.oversized is not None and threads <= self.max_threads and self._long(work):
+                # Few long regions: the oversized team's bigger share at once (probes compare the reduced one).
+                self._set(self.oversized)
+                self.kept_for_speed = True
+            else:
+                self._set(reduced)
+            self._reduced = reduced
             self.contended = True
             self.shrinks += 1
         elif threads == self.max_threads:
             self.contended = False
             self._reduced = None
 
+    def _long(self, work: tuple[int, ...]) -> bool:
+        """Whether the full team's last undisturbed run of `work` took `LONG_WORK_S` or more."""
+        return self._undisturbed.get(work, 0.0) >= LONG_WORK_S
+
     def _walls_of(self, work: tuple[int, ...], threads: int) -> list[float]:
-        return list(self._walls.get(work, {}).get(threads, ()))
+        """The recent run times of `work` at `threads` that still say something: those that ended within
+        `FRESH_S` (or `FRESH_RUNS` of their own length) of now, before the load could change."""
+        now = self._clock()
+        return [wall for end, wall in self._walls.get(work, {}).get(threads, ())
+                if now - end <= max(FRESH_S, FRESH_RUNS * wall)]
 
     def _remember(self, work: tuple[int, ...], threads: int, wall: float) -> None:
         sizes = self._walls.get(work)
@@ -411,7 +517,7 @@ class TeamGovernor:
             if len(self._walls) >= MAX_WORK_KEYS:
                 del self._walls[next(iter(self._walls))]  # the key seen first
             sizes = self._walls[work] = {}
-        sizes.setdefault(threads, deque(maxlen=WALLS_KEPT)).append(wall)
+        sizes.setdefault(threads, deque(maxlen=WALLS_KEPT)).append((self._clock(), wall))
 
     def _set(self, threads: int) -> None:
         self.threads = threads
@@ -431,9 +537,12 @@ class TeamGovernor:
         size tried least recently among the reduced, full and oversized ones, once the size in use has
         run this work `MIN_WALLS_TO_COMPARE` times and the backoff has passed.
         """
-        if self._trying is not None or not (self.contended or self.kept_for_speed):
+        if self._trying is not None:
             return
         now = self._clock()
+        if not (self.contended or self.kept_for_speed):
+            self._foresee(work, now)
+            return
         if self.threads != self.max_threads and not (self.kept_for_speed and self.threads < self.max_threads):
             want = (self.max_threads if self.threads > self.max_threads
                     else min(self.max_threads, self.threads + max(1, self.threads // 2)))
@@ -449,17 +558,43 @@ class TeamGovernor:
                 if self._runs_since_change >= MIN_RUNS_BETWEEN_TRIES and now - self._changed_at >= self._backoff:
                     self._start_try(want, now, probe=False)
                 return
-            # This process's team counts among the runnable tasks; the others hold the rest.
-            free = self._cpus - max(0, running - self.threads)
+            # This process's team counts among the runnable tasks (a spinning team's threads are awake between
+            # runs; an oversized team's sleep at once, leaving the calling thread), the others hold the rest.
+            ours = 1 if self.threads > self.max_threads else self.threads
+            free = self._cpus - max(0, running - ours)
             if free >= want:
-                if now - self._failed_at >= self._backoff:
-                    self._start_try(want, now, probe=False)
+                if now - self._try_failed_at >= self._try_backoff:
+                    self._start_try(want, now, probe=False, by_figure=True)
                 return
         if self._may_probe(work, now):
             size = self._next_probe(work)
             if size is not None:
                 self._probed_at[size] = now
                 self._start_try(size, now, probe=True)
+
+    def _foresee(self, work: tuple[int, ...], now: float) -> None:
+        """Before a run of long work (`LONG_WORK_S`) on the spinning full team: where the load figure shows other
+        runnable tasks on the team's cores, take the oversized team now. Its passive threads run such work about
+        as fast on free cores, while a spinning team beside a competitor would spend a whole slow run (a third
+        to twice longer) before its preemption was measured."""
+        if self.oversized is None or self.threads != self.max_threads or not self._long(work):
+            return
+        if now - self._checked_at < LOAD_CHECK_S:
+            return
+        self._checked_at = now
+        running = self._load()
+        if running is None:
+            return
+        # The spinning team's threads are awake just after a run; after a pause only the calling thread is.
+        ours = self.threads if now - self._ended_at < SPIN_S else 1
+        free = self._cpus - max(0, running - ours)
+        if free >= self.max_threads or now - self._try_failed_at < self._try_backoff:
+            return
+        self._set(self.oversized)
+        self._reduced = max(1, free)
+        self.contended = True
+        self.kept_for_speed = True
+        self.shrinks += 1
 
     def _first_team(self) -> None:
         """Before the first run: a team of the cores the load figure shows free. A spinning team's first run
@@ -478,24 +613,35 @@ class TeamGovernor:
             self._checked_at = self._clock()
 
     def _next_probe(self, work: tuple[int, ...]) -> int | None:
-        """The size a probe compares next: of the reduced, full and oversized sizes other than the one in
-        use, the one probed least recently (the full team first); the oversized one only for long runs."""
+        """The size a probe compares next: of the reduced and oversized sizes other than the one in use, the one
+        probed least recently; the oversized one only for long runs.
+
+        Never the spinning full team: probes run while the load figure says the cores are taken, and there a
+        spinning team waits at every fork for a preempted partner (a 1x16 embedding beside two busy processes on
+        2 cores: 270-320 ms instead of 15; MiniLM 8x128: twice the oversized team's time), so its probe costs a
+        slow run and hardly ever wins. It comes back through a try once the figure shows the cores free."""
+        # How long the work's runs are: its undisturbed full team's time where known (under contention every
+        # size runs it slower, and a 1x16 embedding would pass for long work), else the size in use's.
         walls = self._walls_of(work, self.threads)
-        oversized = self.oversized if walls and min(walls) >= OVERSIZED_MIN_RUN_S else None
-        sizes = [s for s in (self.max_threads, oversized, self._reduced) if s is not None and s != self.threads]
+        length = self._undisturbed.get(work, min(walls, default=0.0))
+        oversized = self.oversized if length >= OVERSIZED_MIN_RUN_S else None
+        sizes = [s for s in (oversized, self._reduced) if s is not None and s != self.threads]
         if not sizes:
             return None
         return min(dict.fromkeys(sizes), key=lambda s: self._probed_at.get(s, -math.inf))
 
     def _may_probe(self, work: tuple[int, ...], now: float) -> bool:
-        return (len(self._walls_of(work, self.threads)) >= MIN_WALLS_TO_COMPARE
+        runs = min(MAX_RUNS_BETWEEN_PROBES, round(MIN_RUNS_BETWEEN_PROBES * self._backoff / FIRST_BACKOFF_S))
+        return (len(self._walls_of(work, self.threads)) >= MIN_WALLS_TO_COMPARE and self._runs_since_change >= runs
                 and now - self._changed_at >= self._backoff and now - self._failed_at >= self._backoff)
 
-    def _start_try(self, threads: int, now: float, *, probe: bool) -> None:
+    def _start_try(self, threads: int, now: float, *, probe: bool, by_figure: bool = False) -> None:
+        self._by_figure = self._try_grace = by_figure
         if probe:
             self.probes += 1
         else:
             self.tries += 1
+        self._trial = "probe" if probe else "try"
         self._trying = self.threads
         self.threads = threads
         self._changed_at = now
@@ -534,4 +680,4 @@ def contention_note(team: TeamGovernor | None) -> str:
 
 
 __all__ = ["LoadAverage", "TeamGovernor", "WaitPolicy", "contention_note", "cpus_available", "faster_team",
-           "machine_load", "openmp_spins", "work_key"]
+           "machine_load", "openmp_spins", "team_trace", "work_key"]

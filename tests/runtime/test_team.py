@@ -35,12 +35,12 @@ def governor(threads: int = 2, *, load: int | None = None, cpus: int = 2,
     return gov, clock
 
 
-def undisturbed(gov: TeamGovernor, clock: Clock, runs: int = 1, wall: float = 0.01) -> None:
+def undisturbed(gov: TeamGovernor, clock: Clock, runs: int = 1, wall: float = 0.01, work: tuple[int, ...] = ()) -> None:
     for _ in range(runs):
-        gov.begin()  # where tries start
+        gov.begin(work)  # where tries start
         threads = gov.threads
         clock.now += wall
-        gov.observe(threads=threads, wall=wall, cpu=threads * wall, preempted=0)
+        gov.observe(threads=threads, wall=wall, cpu=threads * wall, preempted=0, work=work)
         gov._in_flight -= 1
 
 
@@ -276,50 +276,57 @@ def test_a_long_run_meeting_a_kernel_thread_is_not_contention():
         gov.observe(threads=2, wall=0.2, cpu=0.3, preempted=3)
     assert (gov.threads, gov.contended) == (2, False)
     gov.observe(threads=2, wall=0.2, cpu=0.2, preempted=60)  # 300 switches a second: another process
-    assert (gov.threads, gov.contended) == (1, True)
+    # (a 200 ms work has long regions: it leaves the spinning full team for the oversized one, LONG_WORK_S)
+    assert (gov.threads, gov.contended) == (gov.oversized, True)
 
 
 # ── under contention, the faster size wins: long GEMM-heavy runs keep the full team's share ─────────────
 
 
 def timed(gov: TeamGovernor, clock: Clock, walls: dict[int, float], runs: int = 1, share: float = 0.5,
-          work: tuple[int, ...] = (8, 128)) -> list[int]:
-    """Runs beside busy processes (preempted, each thread getting `share` of a core) that take `walls[t]`
-    seconds with t threads; returns the team size of each run."""
+          work: tuple[int, ...] = (8, 128), shares: dict[int, float] | None = None) -> list[int]:
+    """Runs beside busy processes (preempted, each thread getting `share` of a core, or `shares[t]` with t
+    threads) that take `walls[t]` seconds with t threads; returns the team size of each run."""
     sizes = []
     for _ in range(runs):
         gov.begin(work)
         threads = gov.threads
         wall = walls[threads]
         clock.now += wall
-        gov.observe(threads=threads, wall=wall, cpu=threads * wall * share, preempted=int(wall * 1000), work=work)
+        cpu = threads * wall * (shares or {}).get(threads, share)
+        gov.observe(threads=threads, wall=wall, cpu=cpu, preempted=int(wall * 1000), work=work)
         gov._in_flight -= 1
         sizes.append(threads)
     return sizes
 
 
-def test_long_runs_beside_busy_processes_keep_the_full_team_that_runs_them_faster():
-    """MiniLM 8x128 on 2 cores beside two busy processes: two threads get half the machine, one a third,
-    so the full team runs faster despite its preemption; the governor keeps it (and says why)."""
-    gov, clock = governor(2, load=4)  # this process's two threads and two busy loops: no core free
-    walls = {2: 0.060, 1: 0.090, 3: 0.075}  # one thread more than the cores: faster than one, not than two
-    timed(gov, clock, walls)
+def test_a_try_that_runs_faster_though_preempted_keeps_the_full_team():
+    """The load figure showed free cores, but the try of the full team was preempted (a container that sees its
+    host's tasks, a competitor that came back): it still ran the work faster than the reduced team, so the governor
+    keeps it (and says why); preemption does not shrink it, only a faster probe of the reduced size would."""
+    load = [4]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    walls = {2: 0.0060, 1: 0.0090}
+    timed(gov, clock, walls, runs=3)
     assert gov.threads == 1  # preemption shrank the team first
-    sizes = timed(gov, clock, walls, runs=40)
-    assert gov.threads == 2 and gov.contended and gov.kept_for_speed and gov.probes >= 1
+    load[0] = 1  # the figure says the cores are free
+    clock.now += T.LOAD_CHECK_S
+    sizes = timed(gov, clock, walls, runs=400)
+    assert gov.threads == 2 and gov.contended and gov.kept_for_speed and gov.tries == 1
     assert sizes[-20:].count(2) >= 18  # the later runs use the full team (an occasional probe of one thread)
     assert not gov.forks_cheap and "still ran faster" in gov.describe()
 
 
-def test_short_runs_beside_busy_processes_stay_at_one_thread_and_probes_back_off():
+def test_short_runs_beside_busy_processes_stay_at_one_thread():
     """A decode step: hundreds of forks, each waiting for a preempted partner; the full team is many
-    times slower, so the probes fail and space out (at most one slow run per backoff)."""
+    times slower, so it is never probed while the load figure shows the cores taken."""
     gov, clock = governor(2, load=4)
     walls = {2: 0.100, 1: 0.008, 3: 0.150}
     timed(gov, clock, walls)
     sizes = timed(gov, clock, walls, runs=3000, work=(1, 64))  # 24 s of decoding
     assert gov.threads == 1 and not gov.kept_for_speed
-    assert 2 <= len(sizes) - sizes.count(1) <= 8  # probes (of 2 and 3) at 0.25, 0.5, 1, 2, 4, 8 s gaps: few
+    assert sizes.count(1) == len(sizes)  # never a probe of the spinning full team, nor of the oversized one
     assert gov.tries == 0  # no try: the load figure never showed a free core
 
 
@@ -416,7 +423,7 @@ def test_short_runs_never_probe_the_oversized_team():
     """A 1x16 embedding (a few ms): an oversized team's forks each wake sleeping threads, so it is not tried."""
     gov, clock = governor(2, load=5)
     sizes = timed(gov, clock, {1: 0.004, 2: 0.009, 3: 0.002}, runs=2000, work=(1, 16))
-    assert 3 not in sizes and gov.probes >= 2
+    assert 3 not in sizes and gov.probes == 0  # nor the spinning full team: no other size to compare
 
 
 def test_the_first_run_takes_the_cores_the_load_figure_shows_free():
@@ -434,3 +441,170 @@ def test_the_load_figure_is_read_only_where_the_process_may_use_every_cpu():
     """Pinned to some cores (taskset, a cpuset), the machine-wide runnable count says nothing about them."""
     assert isinstance(T.machine_load(4, online=4), T.LoadAverage)
     assert T.machine_load(2, online=16)() is None
+
+
+# ── long runs (few long regions: MiniLM 8x128) under contention: the oversized team at once, few probes ─────────
+
+#: MiniLM 8x128 on 2 cores beside two busy processes, as RLX_TEAM_TRACE showed it (ms): the spinning full team
+#: wastes its share at every barrier, one thread gets a third of the machine, three passive threads the most.
+BUSY_8X128 = {1: 0.550, 2: 0.650, 3: 0.350}
+
+
+def quiet_then(busy_load: int | None, wall: float = 0.150) -> tuple[TeamGovernor, Clock]:
+    """A governor whose work ran undisturbed on the full team (`wall` seconds, work 8x128) before the load figure
+    started to show `busy_load` runnable tasks (None: no figure, as for a process pinned to some cores)."""
+    load = [1]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    undisturbed(gov, clock, runs=3, wall=wall, work=(8, 128))
+    load[0] = busy_load
+    return gov, clock
+
+
+def test_long_work_goes_straight_to_the_oversized_team_when_preempted():
+    gov, clock = quiet_then(None)  # quiet: 150 ms runs of the full team; then busy, with no load figure to tell
+    sizes = timed(gov, clock, BUSY_8X128)
+    assert sizes == [2]  # the run that measured the preemption
+    assert (gov.threads, gov.contended, gov.kept_for_speed) == (3, True, True) and not gov.forks_cheap
+    assert gov._reduced == 1  # the size the probes compare it with
+
+    short, clock = quiet_then(None, wall=0.005)  # a 1x16 embedding: many short regions
+    timed(short, clock, {1: 0.015, 2: 0.030, 3: 0.020})
+    assert (short.threads, short.contended, short.kept_for_speed) == (1, True, False)
+
+
+def test_long_runs_never_probe_the_spinning_full_team_and_probe_seldom():
+    """Each probe of a long work costs a whole run: beside busy processes the spinning full team is never
+    probed (it would be the slowest), and probes of the reduced team space out by runs as well as time."""
+    gov, clock = quiet_then(4)
+    sizes = timed(gov, clock, BUSY_8X128, runs=60)
+    assert 2 not in sizes  # not even the first: the load figure showed the busy processes before it
+    assert gov.threads == 3 and gov.tries == 0
+    assert 1 <= sizes.count(1) <= 3  # probes after 4, 8 and 16 runs at the oversized size: at most 3 in 60 runs
+
+
+def test_a_long_work_whose_reduced_team_is_faster_takes_it():
+    """One busy loop pinned to one of 2 cores: the reduced team has the other core to itself."""
+    gov, clock = quiet_then(3)
+    sizes = timed(gov, clock, {1: 0.200, 2: 0.400, 3: 0.330}, runs=40)
+    assert gov.threads == 1 and sizes[-10:].count(1) >= 9 and 2 not in sizes[1:]
+
+
+def test_the_load_figure_counts_only_the_calling_thread_of_an_oversized_team():
+    """The oversized team's threads sleep between runs: two busy loops and the calling thread are three runnable
+    tasks, so no core is free and no try of the full team starts (each would be a slow spinning run)."""
+    gov, clock = quiet_then(3)
+    timed(gov, clock, BUSY_8X128, runs=40)
+    assert gov.threads == 3 and gov.tries == 0
+
+
+def test_the_trace_says_what_each_run_was_and_what_followed(tmp_path):
+    path = tmp_path / "team.log"
+    gov, clock = quiet_then(None)
+    gov.trace = T.team_trace({"RLX_TEAM_TRACE": str(path)})
+    timed(gov, clock, BUSY_8X128, runs=12)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 12 and all(line.startswith("pid=") for line in lines)
+    assert " work=8x128 run team=2 " in lines[0] and "-> next=3 contended=1 kept_for_speed=1" in lines[0]
+    # without a load figure, the full team is tried after `MIN_RUNS_BETWEEN_TRIES` runs (and fails: still busy)
+    assert sum(" try team=2 " in line for line in lines) == gov.tries >= 1
+    assert sum(" probe " in line for line in lines) == gov.probes
+    assert T.team_trace({}) is None
+
+
+def test_a_reduced_team_probed_from_the_oversized_one_is_compared_on_speed():
+    """One thread beside two busy loops on 2 cores gets two thirds of a core: it loses less than `LOSS_LIMIT`,
+    which must not read as free cores; it is slower than the oversized team, so the oversized team stays."""
+    gov, clock = quiet_then(4)
+    sizes = timed(gov, clock, BUSY_8X128, runs=30, shares={1: 0.67})
+    assert gov.threads == 3 and gov.contended and gov.kept_for_speed
+    assert 1 <= sizes.count(1) <= 3
+
+
+def test_long_work_takes_the_oversized_team_before_a_run_the_load_figure_shows_contended():
+    """A competitor that appeared while the process paused (the spinning team's threads asleep since): the load
+    figure shows it before the next run, and long work starts that run on the oversized team rather than spend
+    it spinning beside the competitor."""
+    gov, clock = quiet_then(2)  # the calling thread and one busy loop
+    clock.now += 0.2
+    gov.begin((8, 128))
+    assert (gov.threads, gov.contended, gov.kept_for_speed, gov._reduced) == (3, True, True, 1)
+
+    back_to_back, clock = quiet_then(2)  # right after a run: the calling thread and its spinning partner
+    back_to_back.begin((8, 128))
+    assert (back_to_back.threads, back_to_back.contended) == (2, False)
+
+    short, clock = quiet_then(2, wall=0.005)  # short work: only measured preemption shrinks its team
+    clock.now += 0.2
+    short.begin((8, 128))
+    assert (short.threads, short.contended) == (2, False)
+
+
+def test_failed_probes_do_not_hold_off_the_full_team_once_the_load_figure_shows_free_cores():
+    """Probes that failed beside busy processes (a size not faster) back off the next probes, not the try the load
+    figure allows when the processes end: the first run after them is the full team's."""
+    load = [1]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    undisturbed(gov, clock, runs=3, wall=0.150, work=(8, 128))
+    load[0] = 3
+    timed(gov, clock, BUSY_8X128, runs=30)
+    assert gov.threads == 3 and gov.probes >= 2 and gov._backoff > T.FIRST_BACKOFF_S  # probes of one thread failed
+    load[0] = 1  # the busy processes ended
+    clock.now += 0.2
+    undisturbed(gov, clock, runs=1, wall=0.150, work=(8, 128))
+    assert (gov.threads, gov.contended, gov.tries) == (2, False, 1)
+
+
+def test_probes_compare_only_recent_runs():
+    """Runs of the size in use from before a pause (the load may have changed since) are not compared: a probe waits
+    for fresh runs of that size."""
+    gov, clock = governor(2, load=4)
+    walls = {1: 0.015, 2: 0.030, 3: 0.020}
+    timed(gov, clock, walls, runs=40, work=(1, 16))
+    assert gov.threads == 1
+    clock.now += 5.0  # a pause: the runs at one thread are five seconds old
+    probes = gov.probes
+    sizes = timed(gov, clock, walls, runs=2, work=(1, 16))
+    assert sizes == [1, 1] and gov.probes == probes
+
+
+def test_short_work_never_takes_the_oversized_team_even_when_contention_lengthens_its_runs():
+    """A 1x16 embedding (4.5 ms undisturbed) runs for 15 ms on one thread beside busy processes: still many short
+    regions, so the oversized team (whose forks wake sleeping threads) is never a candidate."""
+    load = [1]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    undisturbed(gov, clock, runs=3, wall=0.0045, work=(1, 16))
+    load[0] = 4
+    sizes = timed(gov, clock, {1: 0.015, 2: 0.060, 3: 0.012}, runs=1000, work=(1, 16))
+    assert 3 not in sizes and gov.threads == 1
+
+
+def test_a_try_the_load_figure_allows_gets_a_second_run():
+    """The first run of the full team after one thread ran alone wakes (or creates) the other thread: it meets a
+    few switches and loses time, which is not a competitor's doing. The try is judged on its second run."""
+    load = [4]
+    clock = Clock()
+    gov = TeamGovernor(2, ADAPTIVE, clock=clock, usage=lambda: (0.0, 0), load=lambda: load[0], cpus=2)
+    timed(gov, clock, {2: 0.030, 1: 0.015}, runs=3, work=(1, 16))
+    assert gov.threads == 1
+    load[0] = 1  # quiet again
+    clock.now += 2.0
+    gov.begin((1, 16))
+    assert gov.threads == 2
+    clock.now += 0.005
+    gov.observe(threads=2, wall=0.005, cpu=0.0068, preempted=2, work=(1, 16))  # a cold first run
+    gov._in_flight -= 1
+    assert gov.threads == 2 and gov.tries == 1
+    undisturbed(gov, clock, runs=1, wall=0.0042, work=(1, 16))
+    assert (gov.threads, gov.contended, gov.tries) == (2, False, 1)
+
+    clock.now += 2.0  # a try that fails twice falls back, and backs off further tries
+    load[0] = 4
+    timed(gov, clock, {2: 0.030, 1: 0.015}, runs=2, work=(1, 16))
+    assert gov.threads == 1
+    load[0] = 1
+    clock.now += 2.0
+    timed(gov, clock, {2: 0.030, 1: 0.015}, runs=2, work=(1, 16))
+    assert gov.threads == 1 and gov.tries == 2 and gov._try_backoff > T.FIRST_BACKOFF_S
