@@ -13,9 +13,9 @@ and the OpenMP team size it ran with), and the rest (the step's rows and block t
 detokenizing, handing out the events). Printed per stream count: aggregate tokens/s as benchmarks/serve.py
 counts it (every token over the time from the submissions to the last token), tokens per CPU second of
 the process (with `--threads 1` the figure to compare on a shared machine: other processes' load does not
-change it much), how the steps' time splits, the team sizes, and the runner's steps by row count (count x median
-ms). Set against benchmarks/serve.py's figures for the same settings, this separates the engine from the
-HTTP/SSE path.
+change it much), how the steps' time splits, the team sizes, the steps that carried prefill rows, and the
+runner's steps by row count (count x median ms). Set against benchmarks/serve.py's figures for the same
+settings, this separates the engine from the HTTP/SSE path.
 
 `--shape NAME` (a shape of benchmarks/llm_cuda.py, e.g. smollm2 or llama3-8b) runs random weights of that
 shape instead of a GGUF file (prompts of 32 random ids: no tokenizer), on `--device cpu` or `cuda` (`--precision`,
@@ -93,10 +93,11 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
         t0 = time.perf_counter()
         for i, p in enumerate(ids):
             engine.submit(p, params, sink(i))
-        steps = 0
+        steps = prefill_steps = 0
         while len(ended) < len(ids):
-            engine.step()
+            plan = engine.step()
             steps += 1
+            prefill_steps += bool(plan.prefill)
         wall = time.perf_counter() - t0
         cpu = _cpu_seconds() - cpu0
     finally:
@@ -105,7 +106,8 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
     by_rows: dict[int, list[float]] = defaultdict(list)
     for rows, _, seconds in calls:
         by_rows[rows].append(seconds)
-    return {"tokens": sum(tokens.values()), "wall": wall, "cpu": cpu, "steps": steps, "plan": plan_s, "run": run_s,
+    return {"tokens": sum(tokens.values()), "wall": wall, "cpu": cpu, "steps": steps, "prefill_steps": prefill_steps,
+            "plan": plan_s, "run": run_s,
             "rest": wall - run_s - plan_s, "teams": Counter(c[1] for c in calls),
             "rows": {k: (len(v), statistics.median(v)) for k, v in sorted(by_rows.items())}}
 
@@ -190,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = " ".join(f"{k}:{c}x{1e3 * m:.0f}" for k, (c, m) in r["rows"].items())
             print(f"{n:>7} {r['tokens']:>6} {rate:>7.1f} {per_cpu:>9.1f} {r['steps']:>5} {r['plan']:>7.3f} "
                   f"{r['run']:>7.2f} {r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}%  ({rate / base:.2f}x, "
-                  f"per CPU second {per_cpu / base_cpu:.2f}x one stream) teams {dict(r['teams'])}\n{'':>8}{rows}",
+                  f"per CPU second {per_cpu / base_cpu:.2f}x one stream) teams {dict(r['teams'])}, "
+                  f"{r['prefill_steps']} steps with prefill rows\n{'':>8}{rows}",
                   flush=True)
             if static is not None:
                 same = [i[:min(map(len, ids))] for i in ids]  # one length for every row of the static batch

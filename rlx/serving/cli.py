@@ -25,6 +25,7 @@ from typing import Any
 
 from rlx.errors import RlxError
 from rlx.models.speculative import DRAFTER_NAMES, AdaptiveK
+from rlx.serving.engine import MAX_STALL
 
 SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
 INSTALL_HINT = "rlxc serve needs FastAPI, uvicorn and prometheus_client: pip install 'rlx[serve]'"
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="contiguous: KV cache tokens shared by all sequences (default: max-seqs x max-context)")
     p.add_argument("--chunk", type=int, default=64, help="contiguous: prefill chunk in tokens (default 64)")
+    p.add_argument("--max-stall", type=int, default=MAX_STALL,
+                   help="paged: steps a decoding sequence may go without a row while prompts' prefill fills the "
+                        f"steps first (default {MAX_STALL}; 0: every decoding sequence's row before any prefill)")
     p.add_argument("--prefix-cache-mb", type=int, default=256,
                    help="memory for the K/V of prompt blocks reused across requests (default 256; 0: off)")
     p.add_argument("--speculative", default=None, choices=DRAFTER_NAMES,
@@ -150,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ("--kv-pages", 1 if args.kv_pages is None else args.kv_pages)):
         if v < 1:
             raise RlxError(f"{what} must be >= 1, got {v}")
+    if args.max_stall < 0:
+        raise RlxError(f"--max-stall must be >= 0, got {args.max_stall}")
     if args.kv_layout == "paged" and args.max_context % args.page_size:
         raise RlxError(f"--max-context ({args.max_context}) must be a multiple of --page-size ({args.page_size})")
     check_speculative(args)
@@ -223,7 +229,7 @@ def build_app(args: argparse.Namespace) -> Any:
                                          prefill_chunk=args.chunk, device=args.device, quant_act=args.quant_act)
     engine = Engine(runner, token_budget=None if paged else args.kv_tokens,
                     max_waiting=args.max_queue, prefix_cache_bytes=args.prefix_cache_mb << 20,
-                    speculative=speculative, max_draft=args.max_draft).start()
+                    speculative=speculative, max_draft=args.max_draft, max_stall=args.max_stall).start()
     return create_app(engine, name, embedder=embedder, embedding_model=embedding_name, api_key=args.api_key)
 
 

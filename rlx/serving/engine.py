@@ -191,13 +191,16 @@ class Engine:
     past it); `prefix_cache_bytes`: memory for the K/V of prompt blocks reused across requests
     (`PrefixCache`; 0, or a runner that cannot copy K/V, turns it off); `clock`: seconds, for
     first-token and inter-token times; `speculative`: a drafter (see the module docstring), `max_draft`
-    the most tokens it proposes a step.
+    the most tokens it proposes a step; `max_stall` (paged runners without speculation): the steps a decoding
+    sequence may go without a row while prompts' prefill takes the rows first (`MAX_STALL`; None: decode rows
+    always first).
     """
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
                  observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
-                 kv_pages: int | None = None, speculative: Any = None, max_draft: int = spec.AdaptiveK.k_max) -> None:
+                 kv_pages: int | None = None, speculative: Any = None, max_draft: int = spec.AdaptiveK.k_max,
+                 max_stall: int | None = MAX_STALL) -> None:
         self.runner = runner
         self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
@@ -230,8 +233,8 @@ class Engine:
                                    max_waiting=max_waiting, clock=clock, reuse=reuse, split_chunks=self.paged,
                                    lookahead=self._lookahead if self.drafter is not None else None,
                                    # paged steps are one call of any mix of rows: prefill first keeps them full
-                                   # (a decoding sequence waits at most MAX_STALL steps for a row)
-                                   max_stall=MAX_STALL if self.paged and self.drafter is None else None)
+                                   # (a decoding sequence waits at most max_stall steps for a row)
+                                   max_stall=max_stall if self.paged and self.drafter is None else None)
         self.observer = observer or Observer()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None

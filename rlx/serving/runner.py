@@ -301,9 +301,7 @@ class PagedRunner:
             # serving GPU binds one step (a captured CUDA graph) per row count, not per output pattern
             return self.lm.step_greedy(tokens, cache, np.arange(len(rows), dtype=np.int32))[list(outputs)]
         step = self.lm.step if logits else self.lm.step_greedy
-        # a step whose chunks all end mid-prompt wants no row: the graph still computes one (dropped)
-        want = np.asarray(outputs if len(outputs) else [len(rows) - 1], dtype=np.int32)
-        return step(tokens, cache, want)[:len(outputs)]
+        return step(tokens, cache, _output_rows(outputs, len(rows)))[:len(outputs)]
 
     def _run_slices(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
                     logits: bool) -> np.ndarray:
@@ -321,3 +319,17 @@ class PagedRunner:
             out[mine] = part
         assert out is not None
         return out
+
+
+def _output_rows(outputs: Sequence[int], n_rows: int) -> np.ndarray:
+    """The rows a call computes logits for: `outputs`, padded to a power of two by repeating the last (a step whose
+    chunks all end mid-prompt wants none: the graph still computes one, dropped). The model keeps one bound run
+    per (rows, outputs) shape (`CausalLM.max_bindings` of them) and binds a new one through a full checked run;
+    an engine's mixed steps would otherwise ask for every output count 0..rows, and churn through them.
+
+    >>> _output_rows([2, 5, 7], 8).tolist(), _output_rows([], 8).tolist()
+    ([2, 5, 7, 7], [7])
+    """
+    want = list(outputs) if len(outputs) else [n_rows - 1]
+    padded = 1 << (len(want) - 1).bit_length()
+    return np.asarray(want + want[-1:] * (padded - len(want)), dtype=np.int32)

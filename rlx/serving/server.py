@@ -17,6 +17,7 @@ import json
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -32,13 +33,76 @@ from rlx.serving.scheduler import QueueFull
 
 
 class _Choice:
-    """One choice of a request: its engine request and an asyncio queue its events land in."""
+    """One choice of a request: its engine request and the events it has had."""
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.request: Any = None
         self.events: list[Event] = []
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1].finish_reason is not None
+
+
+class _Handoff:
+    """Events from the engine's thread to one event loop's queues, a batch at a time: the first event of a batch
+    schedules one wake-up of the loop (`call_soon_threadsafe`), the others join it, so a step's tokens for many
+    streams wake the loop once rather than once each (each wake-up is a write to the loop's self-pipe, and the
+    loop's run competes with the next step's compute for the cores)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[Any], Any]] = []
+
+    def put(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        """Called on the engine's thread: `item` goes into `queue` on the loop's thread."""
+        with self._lock:
+            self._pending.append((queue, item))
+            if len(self._pending) > 1:  # a wake-up is already scheduled: it takes this one too
+                return
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        for queue, item in batch:
+            queue.put_nowait(item)
+
+
+class _Guard:
+    """ASGI middleware: bearer-token auth on /v1/* (when `api_key` is set), and any unexpected exception as a 500
+    with an OpenAI body (the server goes on). Plain ASGI: Starlette's `BaseHTTPMiddleware` would pass every
+    streamed chunk through a task and a memory stream of its own."""
+
+    def __init__(self, app: Any, api_key: str | None) -> None:
+        self.app, self._want = app, None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self._want is not None and scope["path"].startswith("/v1/"):
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not secrets.compare_digest(given, self._want):
+                err = ApiError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key")
+                await JSONResponse(err.body(), status_code=401)(scope, receive, send)
+                return
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:  # the response is under way: nothing can replace it
+                raise
+            err = ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error")
+            await JSONResponse(err.body(), status_code=500)(scope, receive, send)
 
 
 def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, embedding_model: str | None = None,
@@ -65,18 +129,8 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
         metrics.requests.labels(request.url.path, str(exc.status)).inc()
         return JSONResponse(exc.body(), status_code=exc.status)
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next: Any) -> Response:
-        if api_key is not None and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                err = ApiError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key")
-                return JSONResponse(err.body(), status_code=401)
-        try:
-            return await call_next(request)
-        except Exception as exc:  # anything unexpected is a 500 with an OpenAI body, and the server goes on
-            err = ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error")
-            return JSONResponse(err.body(), status_code=500)
+    app.add_middleware(_Guard, api_key=api_key)
+    handoffs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Handoff] = weakref.WeakKeyDictionary()
 
     def check_model(name: str, known: Sequence[str | None]) -> None:
         if name not in known:
@@ -119,16 +173,20 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
                            code="context_length_exceeded")
         return ids
 
-    def start(req: GenerationRequest, ids: list[int], adapter: str | None) -> list[_Choice]:
+    def start(req: GenerationRequest, ids: list[int], adapter: str | None,
+              events: asyncio.Queue[tuple[_Choice, Event]]) -> list[_Choice]:
+        """Submit the request's choices; their events land in `events` as (choice, event)."""
         loop = asyncio.get_running_loop()
+        handoff = handoffs.get(loop)
+        if handoff is None:
+            handoff = handoffs[loop] = _Handoff(loop)
         choices = [_Choice(i) for i in range(req.n)]
         try:
             for c in choices:
                 params = req.params
                 if req.n > 1 and params.seed is not None:  # distinct, reproducible choices
                     params = dataclasses.replace(params, seed=params.seed + c.index)
-                c.request = engine.submit(ids, params, lambda e, q=c.queue: loop.call_soon_threadsafe(q.put_nowait, e),
-                                          adapter=adapter)
+                c.request = engine.submit(ids, params, lambda e, c=c: handoff.put(events, (c, e)), adapter=adapter)
         except QueueFull as exc:
             cancel(choices)
             raise ApiError(429, f"the server is busy: {exc}", kind="requests", code="rate_limit_exceeded") from None
@@ -169,10 +227,11 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
         return {"content": [{**entry(e.token_id, e.logprob), "top_logprobs": [entry(i, lp) for i, lp in e.top_logprobs]}
                             for e in events if e.token_id is not None]}
 
-    async def collect(choices: list[_Choice]) -> None:
+    async def collect(choices: list[_Choice], events: asyncio.Queue[tuple[_Choice, Event]]) -> None:
+        while not all(c.done for c in choices):
+            c, e = await events.get()
+            c.events.append(e)
         for c in choices:
-            while not c.events or c.events[-1].finish_reason is None:
-                c.events.append(await c.queue.get())
             last = c.events[-1]
             if last.finish_reason == "error":
                 raise ApiError(500, f"generation failed: {last.error}", kind="server_error")
@@ -183,18 +242,20 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
         req = chat_request(body, max_context) if chat else completion_request(body, max_context)
         adapter = adapter_of(req.model)
         ids = prompt_ids(req)
-        choices = start(req, ids, adapter)
+        events: asyncio.Queue[tuple[_Choice, Event]] = asyncio.Queue()
+        choices = start(req, ids, adapter, events)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
         created = int(time.time())
         head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                 "model": req.model}
         if req.stream:
             metrics.requests.labels(endpoint, "200").inc()
-            return StreamingResponse(stream(req, choices, head, len(ids), chat), media_type="text/event-stream")
+            return StreamingResponse(stream(req, choices, events, head, len(ids), chat),
+                                     media_type="text/event-stream")
         try:
-            await collect(choices)
+            await collect(choices, events)
         finally:
-            cancel([c for c in choices if not c.events or c.events[-1].finish_reason is None])
+            cancel([c for c in choices if not c.done])
         out = []
         for c in choices:
             text = "".join(e.text for e in c.events)
@@ -211,24 +272,28 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
         metrics.requests.labels(endpoint, "200").inc()
         return JSONResponse({**head, "choices": out, "usage": _usage(len(ids), generated)})
 
-    async def stream(req: GenerationRequest, choices: list[_Choice], head: dict[str, Any], n_prompt: int,
-                     chat: bool) -> AsyncIterator[str]:
+    async def stream(req: GenerationRequest, choices: list[_Choice], events: asyncio.Queue[tuple[_Choice, Event]],
+                     head: dict[str, Any], n_prompt: int, chat: bool) -> AsyncIterator[str]:
         head = {**head, "object": "chat.completion.chunk" if chat else "text_completion"}
-        pending = {asyncio.ensure_future(c.queue.get()): c for c in choices}
+        # every chunk is the head, then its one choice: the head's JSON is written once
+        opening = "data: " + json.dumps(head)[:-1] + ', "choices": ['
         generated = 0
         try:
             if chat:
                 for c in choices:
                     yield _sse({**head, "choices": [{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                                      "logprobs": None, "finish_reason": None}]})
-            while pending:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
-                    c = pending.pop(fut)
-                    e = fut.result()
+            while not all(c.done for c in choices):
+                # the events that came since the last chunk went out (one step's, or more when the client is
+                # slower than the steps), sent as one write
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                out = []
+                for c, e in batch:
                     c.events.append(e)
                     if e.finish_reason == "error":
-                        yield _sse(ApiError(500, f"generation failed: {e.error}", kind="server_error").body())
+                        out.append(_sse(ApiError(500, f"generation failed: {e.error}", kind="server_error").body()))
                         continue
                     generated += e.token_id is not None
                     logprobs = None
@@ -241,16 +306,13 @@ def create_app(engine: Engine, model_name: str, *, embedder: Any | None = None, 
                     else:
                         choice = {"index": c.index, "text": e.text, "logprobs": logprobs,
                                   "finish_reason": e.finish_reason}
-                    yield _sse({**head, "choices": [choice]})
-                    if e.finish_reason is None:
-                        pending[asyncio.ensure_future(c.queue.get())] = c
+                    out.append(opening + json.dumps(choice) + "]}\n\n")
+                yield "".join(out)
             if req.include_usage:
                 yield _sse({**head, "choices": [], "usage": _usage(n_prompt, generated)})
             yield "data: [DONE]\n\n"
         finally:  # the client went away (or the stream ended): nothing left running for it
-            for fut in pending:
-                fut.cancel()
-            cancel([c for c in choices if not c.events or c.events[-1].finish_reason is None])
+            cancel([c for c in choices if not c.done])
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

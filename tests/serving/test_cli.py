@@ -18,6 +18,7 @@ from live import free_port
 
 from rlx.errors import RlxError
 from rlx.serving import cli
+from rlx.serving.engine import MAX_STALL
 
 
 @pytest.mark.skipif(importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None,
@@ -86,6 +87,10 @@ def test_paged_kv_options_are_checked_before_anything_loads() -> None:
     assert cli_args.kv_layout == "contiguous" and cli_args.page_size == 16 and cli_args.kv_pages is None
     with pytest.raises(RlxError, match="--deterministic takes the paged KV layout"):
         cli.main(["--deterministic", "--kv-layout", "contiguous"])
+    with pytest.raises(RlxError, match="--max-stall must be >= 0"):
+        cli.main(["--max-stall", "-1"])
+    assert cli._parser().parse_args([]).max_stall == MAX_STALL
+    assert cli._parser().parse_args(["--max-stall", "0"]).max_stall == 0
 
 
 def test_speculative_options_are_checked_before_anything_loads(tmp_path) -> None:

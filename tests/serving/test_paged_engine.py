@@ -65,6 +65,15 @@ def test_one_call_a_step_and_greedy_tokens_do_not_depend_on_the_batch(paged_runn
     assert engine.kv.used_pages == 0 and engine.kv.free_pages == paged_runner.kv_pages
 
 
+@pytest.mark.parametrize("max_stall", [None, 0, 1])
+def test_max_stall_changes_the_steps_not_the_tokens(paged_runner, alone, max_stall) -> None:
+    """Whether decode rows go first (None, 0) or prompts' prefill does (a decoding sequence waiting at most
+    `max_stall` steps): the same greedy tokens as alone."""
+    engine = Engine(paged_runner, max_stall=max_stall)
+    assert engine.scheduler.max_stall == max_stall
+    assert _together(engine, _prompts(16)) == alone
+
+
 def test_paged_engine_agrees_with_the_contiguous_engine(paged_runner, tiny_runner, alone) -> None:
     contiguous = Engine(tiny_runner)
     assert [contiguous.generate(p, GREEDY).token_ids for p in _prompts(16)[:4]] == alone[:4]

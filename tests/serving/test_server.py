@@ -230,6 +230,48 @@ def test_a_failing_step_fails_only_its_request(client, server, tiny_runner, monk
     _idle(server[0])
 
 
+def test_an_unexpected_exception_is_a_500_with_an_openai_body(client, server, monkeypatch) -> None:
+    url, engine = server
+
+    def broken(*args, **kw):
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(engine, "submit", broken)
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
+                   headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error" and "RuntimeError: injected bug" in r.json()["error"]["message"]
+    monkeypatch.undo()
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=0).usage.completion_tokens
+
+
+def test_the_handoff_wakes_the_loop_once_a_batch_and_keeps_the_order() -> None:
+    """Events from the engine's thread reach the loop's queues in order, a batch per wake-up of the loop."""
+    import queue
+
+    from rlx.serving.server import _Handoff
+
+    class Loop:
+        def __init__(self) -> None:
+            self.scheduled: list = []
+
+        def call_soon_threadsafe(self, fn):
+            self.scheduled.append(fn)
+
+    loop = Loop()
+    handoff = _Handoff(loop)  # type: ignore[arg-type]
+    a, b = queue.SimpleQueue(), queue.SimpleQueue()
+    for i in range(5):  # one step's events for two streams
+        handoff.put(a if i % 2 else b, i)
+    assert len(loop.scheduled) == 1
+    loop.scheduled.pop()()
+    assert [b.get_nowait() for _ in range(3)] == [0, 2, 4] and [a.get_nowait() for _ in range(2)] == [1, 3]
+    handoff.put(a, 5)  # the next step's: a wake-up of its own
+    assert len(loop.scheduled) == 1
+    loop.scheduled.pop()()
+    assert a.get_nowait() == 5 and a.empty() and b.empty()
+
+
 def test_a_full_queue_answers_429(tiny_runner) -> None:
     engine = Engine(tiny_runner, max_waiting=1)  # not started: requests wait
     with live_server(create_app(engine, MODEL)) as url:
