@@ -15,6 +15,14 @@ time per op.
 ['M', 'M', 'X']
 >>> top_ops(spans)[0].share
 1.0
+
+`busy`: the op's threads' time over the time their parallel region held them (here thread 1 waited half
+the kernel for thread 0):
+
+>>> spans += [Span(1, 0, 3, "matmul", "", "matmul", "f32[2,2]", t, 1000, end, 16, 48)
+...           for t, end in ((0, 3000), (1, 2000))]
+>>> top_ops(spans)[0].busy
+0.75
 """
 
 from __future__ import annotations
@@ -129,6 +137,10 @@ class OpTime:
     share: float
     flops: int
     bytes: int
+    #: Share of its parallel regions' thread time the op's OpenMP threads spent in their work (each thread's
+    #: span over the kernel's span, summed); None for an op with no per-thread spans. Below 1: threads waited
+    #: at the region's end for a slower one (imbalance, or a thread off its core), rather than all running slow.
+    busy: float | None = None
 
     @property
     def flop_rate(self) -> float:
@@ -140,29 +152,45 @@ class OpTime:
 
 
 def top_ops(spans: Iterable[Span]) -> list[OpTime]:
-    """Kernel time per op (kernel spans only), largest first, with its share of all kernel time."""
+    """Kernel time per op (kernel spans only), largest first, with its share of all kernel time and how busy
+    its threads were (`OpTime.busy`, from the per-thread spans)."""
+    spans = list(spans)
     acc: dict[int, list] = {}
+    calls: dict[tuple[int, int], Span] = {}
     for s in spans:
         if s.thread >= 0:
             continue
+        calls[(s.run, s.kernel)] = s
         row = acc.setdefault(s.kernel, [s, 0, 0, 0, 0])
         row[1] += 1
         row[2] += s.duration_ns
         row[3] += s.flops
         row[4] += s.bytes
+    worked: dict[int, list[int]] = {}  # kernel -> [threads' span time, threads x their kernel call's time]
+    for s in spans:
+        call = calls.get((s.run, s.kernel)) if s.thread >= 0 else None
+        if call is not None:
+            w = worked.setdefault(s.kernel, [0, 0])
+            w[0] += s.duration_ns
+            w[1] += call.duration_ns
     total = sum(r[2] for r in acc.values()) or 1
     rows = [OpTime(node=s.node, label=s.label, shape=s.shape, calls=c, seconds=ns / 1e9, share=ns / total,
-                   flops=f, bytes=b) for s, c, ns, f, b in acc.values()]
+                   flops=f, bytes=b, busy=_busy(worked.get(s.kernel))) for s, c, ns, f, b in acc.values()]
     return sorted(rows, key=lambda r: -r.seconds)
+
+
+def _busy(worked: list[int] | None) -> float | None:
+    return worked[0] / worked[1] if worked and worked[1] > 0 else None
 
 
 def format_top_ops(rows: Sequence[OpTime], limit: int = 15) -> str:
     """The `rlxc bench --profile` table."""
-    lines = [f"{'op':<52} {'calls':>6} {'time ms':>9} {'share':>6} {'GFLOP/s':>9} {'GB/s':>8}"]
+    lines = [f"{'op':<52} {'calls':>6} {'time ms':>9} {'share':>6} {'GFLOP/s':>9} {'GB/s':>8} {'busy':>6}"]
     for r in rows[:limit]:
         label = r.label if len(r.label) <= 52 else r.label[:49] + "..."
+        busy = "-" if r.busy is None else f"{r.busy * 100:.0f}%"
         lines.append(f"{label:<52} {r.calls:>6} {r.seconds * 1e3:>9.3f} {r.share * 100:>5.1f}% "
-                     f"{r.flop_rate / 1e9:>9.2f} {r.byte_rate / 1e9:>8.2f}")
+                     f"{r.flop_rate / 1e9:>9.2f} {r.byte_rate / 1e9:>8.2f} {busy:>6}")
     if len(rows) > limit:
         rest = rows[limit:]
         lines.append(f"{'(' + str(len(rest)) + ' more ops)':<52} {'':>6} {sum(r.seconds for r in rest) * 1e3:>9.3f} "

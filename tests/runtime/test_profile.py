@@ -154,3 +154,23 @@ def test_profile_from_the_environment(monkeypatch: pytest.MonkeyPatch):
 def test_chrome_trace_of_nothing():
     doc = chrome_trace([], name="empty")
     assert [e["ph"] for e in doc["traceEvents"]] == ["M", "M"]
+
+
+def test_top_ops_busy_share_of_the_threads(profiled):
+    """`busy` is the threads' span time over (threads x the kernel's span): within (0, 1] for the GEMMs'
+    parallel regions, absent for ops that record no per-thread spans."""
+    profiled.trace(clear=True)
+    profiled.run(x=np.ones((64, 128), np.float32))
+    spans = profiled.trace()
+    rows = top_ops(spans)
+    threaded = {s.kernel for s in spans if s.thread >= 0}
+    assert threaded, "the GEMMs' parallel regions record per-thread spans"
+    kernel_of = {s.node: s.kernel for s in spans if s.thread == -1}
+    for r in rows:
+        if kernel_of[r.node] in threaded:
+            assert r.busy is not None and 0.0 < r.busy <= 1.0
+            k = next(s for s in spans if s.thread == -1 and s.node == r.node)
+            ts = [s for s in spans if s.thread >= 0 and s.kernel == k.kernel]
+            assert r.busy == pytest.approx(sum(t.duration_ns for t in ts) / (len(ts) * k.duration_ns))
+        else:
+            assert r.busy is None
