@@ -115,6 +115,29 @@ def direct_fits(g: Window2d) -> bool:
     return g.kh * g.kw > 1 and g.ow >= DIRECT_MIN_WIDTH and g.cg * plane * 4 <= DIRECT_MAX_SCRATCH
 
 
+#: Fewest input and output channels of a Winograd conv: its transforms (about 30 adds per tile and channel, and a
+#: transformed input 4x the input) are paid back by the products' 16 instead of 36 multiply-adds per tile and channel
+#: pair only with enough channels on both sides.
+WINOGRAD_MIN_CHANNELS = 32
+
+
+def winograd_fits(op: Conv, g: Window2d) -> bool:
+    """Whether a groups == 1 conv runs as Winograd F(2x2, 3x3): a 3 x 3 window, stride 1, no dilation, rows wide
+    enough that the tiles fill their panels (DIRECT_MIN_WIDTH: ResNet-18's 7-wide last stage, its 512 x 512 weight
+    transformed to 16 / 9 of its bytes, stays on the packed implicit GEMM), WINOGRAD_MIN_CHANNELS+ channels.
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> winograd_fits(Conv(pads=(1, 1, 1, 1)), window_2d(Conv(pads=(1, 1, 1, 1)), (56, 56), (56, 56), (3, 3), 64))
+    True
+    """
+    return (op.groups == 1 and (g.kh, g.kw) == (3, 3) and (g.sh, g.sw, g.dh, g.dw) == (1, 1, 1, 1)
+            and g.ow >= DIRECT_MIN_WIDTH and g.cg >= WINOGRAD_MIN_CHANNELS)
+
+
+#: Most 16-tile panels in one Winograd product unit (one element's output rows for them stay in L2).
+WINOGRAD_PANELS = 12
+
+
 def tile_pixels(k: int, plane: int) -> int:
     """Output pixels per channels-first tile of a K-deep product over planes of `plane` pixels: what fills
     TILE_BYTES (in multiples of 16), but at least MIN_TILE_PIXELS, and at most the whole plane."""
@@ -161,6 +184,11 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
                                     channels=direct_channels(o, cg)))
             else:
                 out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
+        elif (n.op.groups == 1 and len(kernel) == 2 and o >= WINOGRAD_MIN_CHANNELS
+              and winograd_fits(n.op, window_2d(n.op, tuple(d.value for d in x.dims[2:]),
+                                                tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg))
+              and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
+            out.append(ConvPlan(n.id, "winograd", "nchw_wino_tiles", n.inputs[1], True, WINOGRAD_PANELS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,

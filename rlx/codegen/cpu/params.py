@@ -53,7 +53,8 @@ def param_layout(lir: LirModule) -> ParamLayout:
     packed = {d.node: d.transposed for d in lir.decided(PackedParam)}
     int8 = {d.node: d for d in lir.decided(Int8Param)}
     widened = {d.node for d in lir.decided(WidenedParam)}
-    conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed}
+    conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm != "winograd"}
+    winograd = {d.weight for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
     slots: list[Mapping[str, Any]] = []
     offsets: list[int] = []
     packed_floats: dict[NodeId, int] = {}
@@ -92,6 +93,10 @@ def param_layout(lir: LirModule) -> ParamLayout:
             mat = depth * round_up(n, PACK_NR_MAX)
             packed_floats[spec.node] = mat
             storage, mode, note = k // depth * mat * 4, "pack", " (conv weight packed for the GEMM kernel on set)"
+        elif spec.node in winograd:
+            # a 3x3 conv weight [O, C, 3, 3] stored as its Winograd F(2x2, 3x3) transform [16, O, C] (kernels/conv.h)
+            dims, src_strides = dims[:2], [dims[1] * 9, 9]
+            storage, mode, note = 16 * dims[0] * dims[1] * 4, "winograd", " (Winograd-transformed conv weight, on set)"
         elif spec.node in int8:
             # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
             storage = int8[spec.node].storage_bytes
@@ -103,7 +108,7 @@ def param_layout(lir: LirModule) -> ParamLayout:
         slots.append({
             "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
             "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
-            "mode": mode, "note": note, "rank": 3 if spec.node in conv_packed else max(len(user_dims), 1),
+            "mode": mode, "note": note, "rank": 3 if spec.node in conv_packed else 2 if spec.node in winograd else max(len(user_dims), 1),
             "elsize": stored.dtype.itemsize,
             "dims": dims or [1], "src_strides": src_strides or [0],
         })
