@@ -119,6 +119,8 @@ def direct_fits(g: Window2d) -> bool:
 #: transformed input 4x the input) are paid back by the products' 16 instead of 36 multiply-adds per tile and channel
 #: pair only with enough channels on both sides.
 WINOGRAD_MIN_CHANNELS = 32
+#: Narrowest output rows run as Winograd.
+WINOGRAD_MIN_WIDTH = DIRECT_MIN_WIDTH
 
 
 def winograd_fits(op: Conv, g: Window2d) -> bool:
@@ -131,7 +133,7 @@ def winograd_fits(op: Conv, g: Window2d) -> bool:
     True
     """
     return (op.groups == 1 and (g.kh, g.kw) == (3, 3) and (g.sh, g.sw, g.dh, g.dw) == (1, 1, 1, 1)
-            and g.ow >= DIRECT_MIN_WIDTH and g.cg >= WINOGRAD_MIN_CHANNELS)
+            and g.ow >= WINOGRAD_MIN_WIDTH and g.cg >= WINOGRAD_MIN_CHANNELS)
 
 
 #: Most 16-tile panels in one Winograd product unit (one element's output rows for them stay in L2).

@@ -76,7 +76,7 @@ class ConvArgs:
     dw: int
     ph: int
     pw: int
-    #: Winograd: tile rows and columns, tiles per WQ-wide row (tw + 1), tiles of an image padded to whole
+    #: Winograd: tile rows and columns, columns of the phase planes (tw + 1), tiles of an image padded to whole
     #: panels, floats of one phase plane of its 4 x 4 stride-2 patches
     th: int = 0
     tw: int = 0
@@ -170,7 +170,7 @@ class WinogradTiles:
     >>> from rlx.ir.ops_conv import Conv
     >>> t = WinogradTiles.of(window_2d(Conv(pads=(1, 1, 1, 1)), (56, 56), (56, 56), (3, 3), 64))
     >>> t.th, t.tw, t.wq, t.lp, t.pl, t.scratch_floats(64, 64)
-    (28, 28, 29, 816, 902, 1671168)
+    (28, 28, 29, 784, 902, 1605632)
     """
 
     th: int
@@ -183,7 +183,7 @@ class WinogradTiles:
     def of(cls, g: Window2d) -> WinogradTiles:
         th, tw = -(-g.oh // 2), -(-g.ow // 2)
         wq = tw + 1
-        lp = -(-th * wq // DIRECT_PIXELS) * DIRECT_PIXELS
+        lp = -(-th * tw // DIRECT_PIXELS) * DIRECT_PIXELS
         return cls(th, tw, wq, lp, (th + 2) * wq + DW_VEC)  # (HQ + 1) x WQ + slack, HQ = th + 1
 
     def scratch_floats(self, channels: int, out_channels: int) -> int:

@@ -370,8 +370,9 @@ static inline __attribute__((always_inline)) void rlx_conv_direct_unit(const flo
  * the direct sum.
  *
  * A tile's patch starts at input (2 th - PH, 2 tw - PW): the phase planes of a 4 x 4, stride-2 window
- * (rlx_conv_phase_copy with OH, OW = TH, TW tiles) make patch row a, column b one contiguous run over the tiles
- * (phase (a % 2, b % 2), offset (a / 2, b / 2)), the tiles laid out WQ = TW + 1 wide as the direct conv's pixels. */
+ * (rlx_conv_phase_copy with OH, OW = TH, TW tiles) make patch row a, column b one contiguous run along a row of
+ * tiles (phase (a % 2, b % 2), offset (a / 2, b / 2)). The products run on the tiles numbered th * TW + tw, in
+ * panels of 16. */
 #define RLX_WINO_E 16
 
 /* U[e][o][c] (e = 4 xi + nu) = (G w[o, c] G^T)[xi][nu] of a weight w[O, C, 3, 3]; dims[0..1] = O, C. */
@@ -397,37 +398,47 @@ static void rlx_conv_winograd_weight(float *restrict U, const float *restrict w,
         }
 }
 
-/* V[e] (e = 4 xi + nu, ldv floats apart) of one channel's tiles i < npan * 16, panel by panel: tile i's
- * (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16 (the products read each panel's channels as one
- * contiguous run). q: the channel's phase planes (PL floats apart, WQ wide: rlx_conv_phase_copy of the 4 x 4,
- * stride-2 window). */
+/* V[e] (e = 4 xi + nu, ldv floats apart) of one channel's TH x TW tiles, numbered i = th * TW + tw and laid out
+ * panel by panel: (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16 (the products then read each panel's
+ * channels as one contiguous run); the last panel's tiles past TH * TW are zeros. q: the channel's phase planes
+ * (PL floats apart, WQ wide: rlx_conv_phase_copy of the 4 x 4, stride-2 window). A panel is one or a few runs of
+ * consecutive tiles of a row, each transformed straight into it (vectorized along the run). */
 static inline __attribute__((always_inline)) void rlx_conv_winograd_input(const float *restrict q, int64_t PL,
-        int64_t WQ, int64_t npan, float *restrict V, int64_t ldv, int64_t lpan)
+        int64_t WQ, int64_t TH, int64_t TW, float *restrict V, int64_t ldv, int64_t lpan)
 {
     const float *restrict q00 = q, *restrict q01 = q + PL, *restrict q10 = q + 2 * PL, *restrict q11 = q + 3 * PL;
+    const int64_t L = TH * TW, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
     for (int64_t p = 0; p < npan; p++) {
-        float *restrict vp = V + p * lpan;
-        const int64_t i0 = p * RLX_CONV_PX;
-        #pragma omp simd
-        for (int64_t j = 0; j < RLX_CONV_PX; j++) {
-            const int64_t i = i0 + j;
-            float r[4][4];  /* B^T d, d[a][b] = patch row a, column b */
-            for (int b = 0; b < 4; b++) {
-                const float *restrict qe = (b & 1 ? q01 : q00) + (b >> 1) + i;  /* rows 0 and 2 of column b */
-                const float *restrict qo = (b & 1 ? q11 : q10) + (b >> 1) + i;  /* rows 1 and 3 */
-                const float d0 = qe[0], d1 = qo[0], d2 = qe[WQ], d3 = qo[WQ];
-                r[0][b] = d0 - d2;
-                r[1][b] = d1 + d2;
-                r[2][b] = d2 - d1;
-                r[3][b] = d1 - d3;
+        const int64_t i0 = p * RLX_CONV_PX, end = L - i0 < RLX_CONV_PX ? L : i0 + RLX_CONV_PX;
+        float *restrict vp = V + p * lpan - i0;
+        for (int64_t i = i0; i < end;) {
+            const int64_t th = i / TW, tw = i % TW, n = end - i < TW - tw ? end - i : TW - tw;
+            const int64_t at = th * WQ + tw;  /* the run's first patch in the phase planes */
+            float *restrict vi = vp + i;
+            #pragma omp simd
+            for (int64_t m = 0; m < n; m++) {
+                float r[4][4];  /* B^T d, d[a][b] = patch row a, column b */
+                for (int b = 0; b < 4; b++) {
+                    const float *restrict qe = (b & 1 ? q01 : q00) + (b >> 1) + at + m;  /* rows 0 and 2 of column b */
+                    const float *restrict qo = (b & 1 ? q11 : q10) + (b >> 1) + at + m;  /* rows 1 and 3 */
+                    const float d0 = qe[0], d1 = qo[0], d2 = qe[WQ], d3 = qo[WQ];
+                    r[0][b] = d0 - d2;
+                    r[1][b] = d1 + d2;
+                    r[2][b] = d2 - d1;
+                    r[3][b] = d1 - d3;
+                }
+                for (int a = 0; a < 4; a++) {  /* (B^T d) B */
+                    vi[(a * 4 + 0) * ldv + m] = r[a][0] - r[a][2];
+                    vi[(a * 4 + 1) * ldv + m] = r[a][1] + r[a][2];
+                    vi[(a * 4 + 2) * ldv + m] = r[a][2] - r[a][1];
+                    vi[(a * 4 + 3) * ldv + m] = r[a][1] - r[a][3];
+                }
             }
-            for (int a = 0; a < 4; a++) {  /* (B^T d) B */
-                vp[(a * 4 + 0) * ldv + j] = r[a][0] - r[a][2];
-                vp[(a * 4 + 1) * ldv + j] = r[a][1] + r[a][2];
-                vp[(a * 4 + 2) * ldv + j] = r[a][2] - r[a][1];
-                vp[(a * 4 + 3) * ldv + j] = r[a][1] - r[a][3];
-            }
+            i += n;
         }
+        for (int e = 0; e < RLX_WINO_E; e++)  /* the last panel's tiles past L */
+            for (int64_t i = end; i < i0 + RLX_CONV_PX; i++)
+                vp[e * ldv + i] = 0.0f;
     }
 }
 
