@@ -108,7 +108,8 @@ def param_layout(lir: LirModule) -> ParamLayout:
         slots.append({
             "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
             "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
-            "mode": mode, "note": note, "rank": 3 if spec.node in conv_packed else 2 if spec.node in winograd else max(len(user_dims), 1),
+            "mode": mode, "note": note,
+            "rank": 3 if spec.node in conv_packed else 2 if spec.node in winograd else max(len(user_dims), 1),
             "elsize": stored.dtype.itemsize,
             "dims": dims or [1], "src_strides": src_strides or [0],
         })
