@@ -28,8 +28,8 @@
   stored transformed at `set_param` (`packed`: ``[16, O, C]``, ``G w G^T`` of every channel pair);
   each image's 2x2-pixel tiles (laid out ``ceil(OW/2) + 1`` wide, padded to 16-tile panels) are
   transformed into ``[16, C, tiles]``, multiplied element by element (16 products
-  ``[O, C] @ [C, tiles]`` in the direct conv's register tiles, units of one element x up to
-  `tile` panels) and transformed back, bias and activation in the store.
+  ``[O, C] @ [C, tiles]`` in the direct conv's register tiles, `channels` input channels at a time,
+  units of one element x up to `tile` panels) and transformed back, bias and activation in the store.
 - ``pointwise`` / ``nchw``: a 1x1, stride-1, unpadded conv on a small plane: each image's
   planes are the right operand of ``W[O, C] @ X[C, HW]`` (`rlx_sgemm1`) as they lie.
 - ``pointwise`` / ``nchw_panels``: the same on a plane of POINTWISE_PANEL_PIXELS+
@@ -76,7 +76,7 @@ class ConvPlan(Decision):
     tile: int = 0
     #: K rows per block of the packed weight (0: not packed)
     depth: int = 0
-    #: output channels per work unit (direct; 0: every channel)
+    #: output channels per work unit (direct; 0: every channel); Winograd: input channels per product block
     channels: int = 0
 
     def describe(self) -> str:

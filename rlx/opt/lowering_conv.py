@@ -138,6 +138,19 @@ def winograd_fits(op: Conv, g: Window2d) -> bool:
 
 #: Most 16-tile panels in one Winograd product unit (one element's output rows for them stay in L2).
 WINOGRAD_PANELS = 12
+#: Most input channels a Winograd product accumulates per pass over its output tiles (a panel's block of them,
+#: contiguous, 16 KiB at most, stays in L1 while the unit's tiles of output channels pass).
+WINOGRAD_CHANNEL_BLOCK = 256
+
+
+def winograd_channels(channels: int) -> int:
+    """Input channels per block of a Winograd product: as few even blocks as hold WINOGRAD_CHANNEL_BLOCK each.
+
+    >>> winograd_channels(64), winograd_channels(256), winograd_channels(512)
+    (64, 256, 256)
+    """
+    blocks = -(-channels // WINOGRAD_CHANNEL_BLOCK)
+    return -(-channels // blocks)
 
 
 def tile_pixels(k: int, plane: int) -> int:
@@ -190,7 +203,8 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
               and winograd_fits(n.op, window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                 tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg))
               and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
-            out.append(ConvPlan(n.id, "winograd", "nchw_wino_tiles", n.inputs[1], True, WINOGRAD_PANELS))
+            out.append(ConvPlan(n.id, "winograd", "nchw_wino_tiles", n.inputs[1], True, WINOGRAD_PANELS,
+                                channels=winograd_channels(cg)))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,
