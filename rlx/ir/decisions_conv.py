@@ -43,8 +43,10 @@
 
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
->>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino_tiles", weight=6, packed=True, tile=12).describe()
-'%7 conv: winograd on nchw_wino_tiles (weight %6 transformed to 16 x O x C on set, units of up to 12 16-tile panels)'
+>>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino_tiles", weight=6, packed=True, tile=12,
+...          channels=64).describe()  # doctest: +NORMALIZE_WHITESPACE
+'%7 conv: winograd on nchw_wino_tiles (weight %6 transformed to 16 x O x C on set, 64-channel blocks,
+ units of up to 12 16-tile panels)'
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class ConvPlan(Decision):
         tile = f", {self.tile}-pixel tiles" if self.tile else ""
         if self.algorithm == "winograd":
             store = f"weight %{self.weight} transformed to 16 x O x C on set"
-            tile = f", units of up to {self.tile} 16-tile panels"
+            tile = f", {self.channels}-channel blocks, units of up to {self.tile} 16-tile panels"
         elif self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} 16-pixel panels"
         return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store}{tile})"

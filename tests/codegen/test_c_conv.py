@@ -45,6 +45,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     deep = g.input("deep", [BATCH, 40, 7, 16])
     plane = g.input("plane", [BATCH, 6, 1, 3])
     wide_plane = g.input("wide_plane", [BATCH, 40, 20, 26])
+    chans = g.input("chans", [BATCH, 260, 3, 16])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -84,10 +85,11 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "direct_dilated": g.conv(img, param("w_xd", [8, 7, 3, 2]), strides=(1, 2), dilations=(2, 3),
                                  pads=(2, 0, 1, 3)),
         # Winograd F(2x2, 3x3) (3x3, stride 1, 32+ channels, rows of 14+): odd output sizes (partial tiles cropped),
-        # uneven pads, 38 output channels (6-channel tiles and a 2-channel one), 40 input channels (two blocks)
+        # uneven pads, 38 output channels (6-channel tiles and a 2-channel one); 260 input channels: two blocks of 130
         "winograd": g.conv(wide_plane, param("w_wg", [38, 40, 3, 3]), param("b_wg", [38]), pads=(1, 0, 2, 1),
                            activation="relu"),
         "winograd_deep": g.conv(deep, param("w_wd", [36, 40, 3, 3]), pads=(1, 1, 1, 1)),
+        "winograd_blocks": g.conv(chans, param("w_wb", [32, 260, 3, 3]), param("b_wb", [32]), pads=(1, 1, 1, 1)),
         "tiles_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
@@ -116,7 +118,8 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "img": rng.standard_normal((batch, 7, 9, 31)).astype(np.float32),
             "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32),
             "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32),
-            "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32)}
+            "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32),
+            "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32)}
 
 
 def _targets() -> list[str]:
@@ -148,6 +151,7 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
     assert "conv: depthwise on nchw" in cg.lir.inspect()
     assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
+    assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "winograd"} == {40, 130}
     for batch in (3, 2, 1):  # 2 images on 2 threads: one each (direct convs: no team barrier)
         feeds = _feeds(batch)
         got = cg.run(**feeds)
