@@ -4,7 +4,8 @@ Registered into the CPU rule table when `rlx.codegen` is imported. A conv is
 rendered as its LIR `ConvPlan` says (`rlx.opt.lowering_conv`): an implicit GEMM
 on pixel-major tiles gathered into per-thread scratch (the packed micro-kernel
 when the weight is stored packed, `rlx_sgemm1` otherwise), a 1x1 product in register tiles on the planes
-as they lie (pointwise), a direct or depthwise window on padded, stride-phase copies of channel planes; bias
+as they lie (pointwise), a direct or depthwise window on padded, stride-phase copies of channel planes,
+Winograd F(2x2, 3x3) on 2x2-pixel tiles (the weight transformed at set_param: `params.py`); bias
 and activation are applied in the channels-first store. Pooling runs per plane. Loops: `templates/cpu/kernels/conv.h`,
 macros: `templates/cpu/conv.c.j2`. f32 only (legalization widens f16/bf16).
 

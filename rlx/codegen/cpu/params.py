@@ -1,7 +1,8 @@
 """Where each param lives in the CPU context (`ctx->params`) and how `rlx_set_param` stores it.
 
 A pure function of the decided LIR (`param_layout`): a param a GEMM reads packed (`PackedParam`)
-takes padded panels in its own precision, an `int8_matmul` weight (`Int8Param`) its int8 panels,
+takes padded panels in its own precision, a Winograd conv's weight (`ConvPlan`) its transform ``[16, O, C]``,
+an `int8_matmul` weight (`Int8Param`) its int8 panels,
 a narrow param read only through one cast (`WidenedParam`) its f32 copy, and every other param its
 own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
 emitter reads offsets from it, the prelude template the per-slot records, `memory_plan` the total.
