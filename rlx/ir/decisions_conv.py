@@ -23,6 +23,13 @@
   output channels x 16 pixels accumulate over every (channel, tap) in registers
   (`rlx_conv_direct_unit`), the weight read as stored. A work unit is `channels`
   output channels x up to `tile` 16-pixel panels; its store adds bias and activation.
+- ``winograd`` / ``nchw_wino_tiles``: a 3x3, stride-1 conv with 32+ channels on rows of 14+
+  pixels (`rlx.opt.lowering_conv.winograd_fits`): Winograd F(2x2, 3x3). The weight param is
+  stored transformed at `set_param` (`packed`: ``[16, O, C]``, ``G w G^T`` of every channel pair);
+  each image's 2x2-pixel tiles (laid out ``ceil(OW/2) + 1`` wide, padded to 16-tile panels) are
+  transformed into ``[16, C, tiles]``, multiplied element by element (16 products
+  ``[O, C] @ [C, tiles]`` in the direct conv's register tiles, `channels` input channels at a time,
+  units of one element x up to `tile` panels) and transformed back, bias and activation in the store.
 - ``pointwise`` / ``nchw``: a 1x1, stride-1, unpadded conv on a small plane: each image's
   planes are the right operand of ``W[O, C] @ X[C, HW]`` (`rlx_sgemm1`) as they lie.
 - ``pointwise`` / ``nchw_panels``: the same on a plane of POINTWISE_PANEL_PIXELS+
@@ -36,6 +43,10 @@
 
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
+>>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino_tiles", weight=6, packed=True, tile=12,
+...          channels=64).describe()  # doctest: +NORMALIZE_WHITESPACE
+'%7 conv: winograd on nchw_wino_tiles (weight %6 transformed to 16 x O x C on set, 64-channel blocks,
+ units of up to 12 16-tile panels)'
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ from rlx.ir.decisions import Decision, register_decision
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
               ("pointwise", "nchw_panels"),
-              ("depthwise", "nchw"), ("direct", "nchw_phases"))
+              ("depthwise", "nchw"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"))
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).
 CONV_TILE_PIXELS = 96
 
@@ -67,14 +78,17 @@ class ConvPlan(Decision):
     tile: int = 0
     #: K rows per block of the packed weight (0: not packed)
     depth: int = 0
-    #: output channels per work unit (direct; 0: every channel)
+    #: output channels per work unit (direct; 0: every channel); Winograd: input channels per product block
     channels: int = 0
 
     def describe(self) -> str:
         store = (f"weight %{self.weight} packed K x N on set, {self.depth}-deep blocks" if self.packed
                  else f"weight %{self.weight} as stored")
         tile = f", {self.tile}-pixel tiles" if self.tile else ""
-        if self.algorithm == "direct" or self.layout == "nchw_panels":
+        if self.algorithm == "winograd":
+            store = f"weight %{self.weight} transformed to 16 x O x C on set"
+            tile = f", {self.channels}-channel blocks, units of up to {self.tile} 16-tile panels"
+        elif self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} 16-pixel panels"
         return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store}{tile})"
 

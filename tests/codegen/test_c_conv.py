@@ -4,7 +4,8 @@ One graph holds every variant, compiled once with a dynamic batch and run at two
 implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), on pixel-major
 tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels:
 odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
-uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), pointwise
+uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), Winograd F(2x2, 3x3)
+(3x3 stride 1 with 32+ channels: odd output sizes, uneven pads, the weight transformed at set_param), pointwise
 (1x1 on the planes as they lie, by the BLAS: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile;
 in register tiles on a 520-pixel plane: a partial last panel, two blocks of input channels, grouped), depthwise (strided
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
@@ -44,6 +45,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     deep = g.input("deep", [BATCH, 40, 7, 16])
     plane = g.input("plane", [BATCH, 6, 1, 3])
     wide_plane = g.input("wide_plane", [BATCH, 40, 20, 26])
+    chans = g.input("chans", [BATCH, 260, 3, 16])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -82,6 +84,12 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
                               pads=(3, 3, 3, 3), activation="silu"),
         "direct_dilated": g.conv(img, param("w_xd", [8, 7, 3, 2]), strides=(1, 2), dilations=(2, 3),
                                  pads=(2, 0, 1, 3)),
+        # Winograd F(2x2, 3x3) (3x3, stride 1, 32+ channels, rows of 14+): odd output sizes (partial tiles cropped),
+        # uneven pads, 38 output channels (6-channel tiles and a 2-channel one); 260 input channels: two blocks of 130
+        "winograd": g.conv(wide_plane, param("w_wg", [38, 40, 3, 3]), param("b_wg", [38]), pads=(1, 0, 2, 1),
+                           activation="relu"),
+        "winograd_deep": g.conv(deep, param("w_wd", [36, 40, 3, 3]), pads=(1, 1, 1, 1)),
+        "winograd_blocks": g.conv(chans, param("w_wb", [32, 260, 3, 3]), param("b_wb", [32]), pads=(1, 1, 1, 1)),
         "tiles_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
@@ -110,7 +118,8 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "img": rng.standard_normal((batch, 7, 9, 31)).astype(np.float32),
             "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32),
             "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32),
-            "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32)}
+            "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32),
+            "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32)}
 
 
 def _targets() -> list[str]:
@@ -134,13 +143,15 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
                      ("pointwise", "nchw_panels"),
-                     ("depthwise", "nchw"), ("direct", "nchw_phases")}
+                     ("depthwise", "nchw"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
     assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")  # 3-D: two 2-D pools
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
     assert "conv: depthwise on nchw" in cg.lir.inspect()
+    assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
+    assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "winograd"} == {40, 130}
     for batch in (3, 2, 1):  # 2 images on 2 threads: one each (direct convs: no team barrier)
         feeds = _feeds(batch)
         got = cg.run(**feeds)

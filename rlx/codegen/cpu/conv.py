@@ -4,7 +4,8 @@ Registered into the CPU rule table when `rlx.codegen` is imported. A conv is
 rendered as its LIR `ConvPlan` says (`rlx.opt.lowering_conv`): an implicit GEMM
 on pixel-major tiles gathered into per-thread scratch (the packed micro-kernel
 when the weight is stored packed, `rlx_sgemm1` otherwise), a 1x1 product in register tiles on the planes
-as they lie (pointwise), a direct or depthwise window on padded, stride-phase copies of channel planes; bias
+as they lie (pointwise), a direct or depthwise window on padded, stride-phase copies of channel planes,
+Winograd F(2x2, 3x3) on 2x2-pixel tiles (the weight transformed at set_param: `params.py`); bias
 and activation are applied in the channels-first store. Pooling runs per plane. Loops: `templates/cpu/kernels/conv.h`,
 macros: `templates/cpu/conv.c.j2`. f32 only (legalization widens f16/bf16).
 
@@ -76,6 +77,13 @@ class ConvArgs:
     dw: int
     ph: int
     pw: int
+    #: Winograd: tile rows and columns, columns of the phase planes (tw + 1), tiles of an image padded to whole
+    #: panels, floats of one phase plane of its 4 x 4 stride-2 patches
+    th: int = 0
+    tw: int = 0
+    wq: int = 0
+    lp: int = 0
+    pl: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,34 @@ def depthwise_scratch_floats(g: Window2d) -> int:
     return g.sh * g.sw * phase_plane_floats(g) + out
 
 
+@dataclass(frozen=True)
+class WinogradTiles:
+    """The tiles of a Winograd F(2x2, 3x3) conv on one image (rlx_conv_winograd_* in kernels/conv.h).
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> t = WinogradTiles.of(window_2d(Conv(pads=(1, 1, 1, 1)), (56, 56), (56, 56), (3, 3), 64))
+    >>> t.th, t.tw, t.wq, t.lp, t.pl, t.scratch_floats(64, 64)
+    (28, 28, 29, 784, 902, 1605632)
+    """
+
+    th: int
+    tw: int
+    wq: int
+    lp: int
+    pl: int
+
+    @classmethod
+    def of(cls, g: Window2d) -> WinogradTiles:
+        th, tw = -(-g.oh // 2), -(-g.ow // 2)
+        wq = tw + 1
+        lp = -(-th * tw // DIRECT_PIXELS) * DIRECT_PIXELS
+        return cls(th, tw, wq, lp, (th + 2) * wq + DW_VEC)  # (HQ + 1) x WQ + slack, HQ = th + 1
+
+    def scratch_floats(self, channels: int, out_channels: int) -> int:
+        """Floats of V [16, C, lp] and M [16, O, lp], one image's transformed input and products."""
+        return 16 * (channels + out_channels) * self.lp
+
+
 def emit_conv(em, node: Node) -> Kernel:
     """The `conv` kernel of a node, as its `ConvPlan` decides."""
     op: Conv = node.op  # type: ignore[assignment]
@@ -169,20 +205,25 @@ def emit_conv(em, node: Node) -> Kernel:
     k = cg * geo.kh * geo.kw
     og = o // op.groups
     a_bytes = align64(CONV_TILE_PIXELS * k * 4)
+    wino = WinogradTiles.of(geo) if plan.algorithm == "winograd" else None
+    planes_offset = (align64(wino.scratch_floats(cg, o) * 4) if wino
+                     else align64(plan.channels * plan.tile * DIRECT_PIXELS * 4))
     args = ConvArgs(
         comment=comment(f"conv {plan.algorithm} on {plan.layout}: {x} * w[{o},{cg},{','.join(map(str, kernel))}] "
                         f"groups={op.groups}"),
         algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile,
         depth=plan.depth or cg * geo.kh * geo.kw, channels=plan.channels or o,
         taps=", ".join(map(str, tap_offsets(geo))), phases=geo.sh * geo.sw * phase_plane_floats(geo),
-        planes_offset=align64(plan.channels * plan.tile * DIRECT_PIXELS * 4),
+        planes_offset=planes_offset,
         x=em.ptr(node.inputs[0]),
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
-        **_geom_fields(geo))
+        **_geom_fields(geo), **({f: getattr(wino, f) for f in ("th", "tw", "wq", "lp", "pl")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
-    if plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
+    if wino:  # V and M of one image, then one channel's phase planes and two output rows
+        scratch = planes_offset + align64((4 * wino.pl + 4 * wino.tw) * 4)
+    elif plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
     elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product
         scratch = align64((cg + og) * DIRECT_PIXELS * 4)

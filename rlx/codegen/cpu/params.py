@@ -1,7 +1,8 @@
 """Where each param lives in the CPU context (`ctx->params`) and how `rlx_set_param` stores it.
 
 A pure function of the decided LIR (`param_layout`): a param a GEMM reads packed (`PackedParam`)
-takes padded panels in its own precision, an `int8_matmul` weight (`Int8Param`) its int8 panels,
+takes padded panels in its own precision, a Winograd conv's weight (`ConvPlan`) its transform ``[16, O, C]``,
+an `int8_matmul` weight (`Int8Param`) its int8 panels,
 a narrow param read only through one cast (`WidenedParam`) its f32 copy, and every other param its
 own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
 emitter reads offsets from it, the prelude template the per-slot records, `memory_plan` the total.
@@ -53,7 +54,8 @@ def param_layout(lir: LirModule) -> ParamLayout:
     packed = {d.node: d.transposed for d in lir.decided(PackedParam)}
     int8 = {d.node: d for d in lir.decided(Int8Param)}
     widened = {d.node for d in lir.decided(WidenedParam)}
-    conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed}
+    conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm != "winograd"}
+    winograd = {d.weight for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
     slots: list[Mapping[str, Any]] = []
     offsets: list[int] = []
     packed_floats: dict[NodeId, int] = {}
@@ -92,6 +94,10 @@ def param_layout(lir: LirModule) -> ParamLayout:
             mat = depth * round_up(n, PACK_NR_MAX)
             packed_floats[spec.node] = mat
             storage, mode, note = k // depth * mat * 4, "pack", " (conv weight packed for the GEMM kernel on set)"
+        elif spec.node in winograd:
+            # a 3x3 conv weight [O, C, 3, 3] stored as its Winograd F(2x2, 3x3) transform [16, O, C] (kernels/conv.h)
+            dims, src_strides = dims[:2], [dims[1] * 9, 9]
+            storage, mode, note = 16 * dims[0] * dims[1] * 4, "winograd", " (Winograd-transformed conv weight, on set)"
         elif spec.node in int8:
             # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
             storage = int8[spec.node].storage_bytes
@@ -103,7 +109,8 @@ def param_layout(lir: LirModule) -> ParamLayout:
         slots.append({
             "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
             "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
-            "mode": mode, "note": note, "rank": 3 if spec.node in conv_packed else max(len(user_dims), 1),
+            "mode": mode, "note": note,
+            "rank": 3 if spec.node in conv_packed else 2 if spec.node in winograd else max(len(user_dims), 1),
             "elsize": stored.dtype.itemsize,
             "dims": dims or [1], "src_strides": src_strides or [0],
         })

@@ -238,6 +238,11 @@ RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, in
                             p->src_strides, p->mode == RLX_PARAM_PACK_BF16);
     else
 #endif
+#ifdef RLX_KERNELS_CONV_H
+    if (p->mode == RLX_PARAM_WINOGRAD)  /* a 3x3 conv weight as its Winograd transform (conv) */
+        rlx_conv_winograd_weight((float *)(ctx->params + p->offset), (const float *)data, p->dims);
+    else
+#endif
 #ifdef RLX_KERNELS_PACKED_GEMM_H
     if (p->mode == RLX_PARAM_PACK)
         rlx_pack_param((float *)(ctx->params + p->offset), (const float *)data, p->rank - 2, p->dims, p->src_strides);

@@ -362,6 +362,107 @@ static inline __attribute__((always_inline)) void rlx_conv_direct_unit(const flo
     }
 }
 
+/* Winograd F(2x2, 3x3) convolution (3 x 3 window, stride 1, dilation 1, groups 1): each 2 x 2 block of output
+ * pixels (a tile) is Y = A^T [ sum_c (G w G^T) .* (B^T d B) ] A, d the tile's 4 x 4 input patch. The 16 elements
+ * e of the transformed tiles are 16 independent products M[e] = U[e] V[e] over the input channels (U[e]: [O, C], the
+ * weight transformed once at set_param; V[e]: [C, tiles]), 16 multiply-adds per tile and channel pair instead of the
+ * direct window's 36 (4 pixels x 9 taps). Transforms with exact coefficients (0, +-1, +-1/2): within a few ulps of
+ * the direct sum.
+ *
+ * A tile's patch starts at input (2 th - PH, 2 tw - PW): the phase planes of a 4 x 4, stride-2 window
+ * (rlx_conv_phase_copy with OH, OW = TH, TW tiles) make patch row a, column b one contiguous run along a row of
+ * tiles (phase (a % 2, b % 2), offset (a / 2, b / 2)). The products run on the tiles numbered th * TW + tw, in
+ * panels of 16. */
+#define RLX_WINO_E 16
+
+/* U[e][o][c] (e = 4 xi + nu) = (G w[o, c] G^T)[xi][nu] of a weight w[O, C, 3, 3]; dims[0..1] = O, C. */
+static void rlx_conv_winograd_weight(float *restrict U, const float *restrict w, const int64_t *dims)
+{
+    const int64_t O = dims[0], C = dims[1];
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const float *g = w + (o * C + c) * 9;
+            float t[4][3];  /* G g: rows of the 4 x 3 product */
+            for (int j = 0; j < 3; j++) {
+                t[0][j] = g[j];
+                t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
+                t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
+                t[3][j] = g[6 + j];
+            }
+            for (int i = 0; i < 4; i++) {
+                const float u[4] = {t[i][0], 0.5f * (t[i][0] + t[i][1] + t[i][2]),
+                                    0.5f * (t[i][0] - t[i][1] + t[i][2]), t[i][2]};
+                for (int j = 0; j < 4; j++)
+                    U[((int64_t)(i * 4 + j) * O + o) * C + c] = u[j];
+            }
+        }
+}
+
+/* V[e] (e = 4 xi + nu, ldv floats apart) of one channel's TH x TW tiles, numbered i = th * TW + tw and laid out
+ * panel by panel: (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16 (the products then read each panel's
+ * channels as one contiguous run); the last panel's tiles past TH * TW are zeros. q: the channel's phase planes
+ * (PL floats apart, WQ wide: rlx_conv_phase_copy of the 4 x 4, stride-2 window). A panel is one or a few runs of
+ * consecutive tiles of a row, each transformed straight into it (vectorized along the run). */
+static inline __attribute__((always_inline)) void rlx_conv_winograd_input(const float *restrict q, int64_t PL,
+        int64_t WQ, int64_t TH, int64_t TW, float *restrict V, int64_t ldv, int64_t lpan)
+{
+    const float *restrict q00 = q, *restrict q01 = q + PL, *restrict q10 = q + 2 * PL, *restrict q11 = q + 3 * PL;
+    const int64_t L = TH * TW, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
+    for (int64_t p = 0; p < npan; p++) {
+        const int64_t i0 = p * RLX_CONV_PX, end = L - i0 < RLX_CONV_PX ? L : i0 + RLX_CONV_PX;
+        float *restrict vp = V + p * lpan - i0;
+        for (int64_t i = i0; i < end;) {
+            const int64_t th = i / TW, tw = i % TW, n = end - i < TW - tw ? end - i : TW - tw;
+            const int64_t at = th * WQ + tw;  /* the run's first patch in the phase planes */
+            float *restrict vi = vp + i;
+            #pragma omp simd
+            for (int64_t m = 0; m < n; m++) {
+                float r[4][4];  /* B^T d, d[a][b] = patch row a, column b */
+                for (int b = 0; b < 4; b++) {
+                    const float *restrict qe = (b & 1 ? q01 : q00) + (b >> 1) + at + m;  /* rows 0 and 2 of column b */
+                    const float *restrict qo = (b & 1 ? q11 : q10) + (b >> 1) + at + m;  /* rows 1 and 3 */
+                    const float d0 = qe[0], d1 = qo[0], d2 = qe[WQ], d3 = qo[WQ];
+                    r[0][b] = d0 - d2;
+                    r[1][b] = d1 + d2;
+                    r[2][b] = d2 - d1;
+                    r[3][b] = d1 - d3;
+                }
+                for (int a = 0; a < 4; a++) {  /* (B^T d) B */
+                    vi[(a * 4 + 0) * ldv + m] = r[a][0] - r[a][2];
+                    vi[(a * 4 + 1) * ldv + m] = r[a][1] + r[a][2];
+                    vi[(a * 4 + 2) * ldv + m] = r[a][2] - r[a][1];
+                    vi[(a * 4 + 3) * ldv + m] = r[a][1] - r[a][3];
+                }
+            }
+            i += n;
+        }
+        for (int e = 0; e < RLX_WINO_E; e++)  /* the last panel's tiles past L */
+            for (int64_t i = end; i < i0 + RLX_CONV_PX; i++)
+                vp[e * ldv + i] = 0.0f;
+    }
+}
+
+/* The 2 x 2 outputs A^T m A of the TW tiles of one tile row: m[e] at M + e * ldm (tile tw at tw), output row 0 of
+ * the tiles into r0[2 tw .. 2 tw + 1], row 1 into r1. */
+static inline __attribute__((always_inline)) void rlx_conv_winograd_output(const float *restrict M, int64_t ldm,
+        int64_t TW, float *restrict r0, float *restrict r1)
+{
+    #pragma omp simd
+    for (int64_t i = 0; i < TW; i++) {
+        float t[2][4];  /* A^T m */
+        for (int b = 0; b < 4; b++) {
+            const float m0 = M[b * ldm + i], m1 = M[(4 + b) * ldm + i];
+            const float m2 = M[(8 + b) * ldm + i], m3 = M[(12 + b) * ldm + i];
+            t[0][b] = m0 + m1 + m2;
+            t[1][b] = m1 - m2 - m3;
+        }
+        r0[2 * i] = t[0][0] + t[0][1] + t[0][2];
+        r0[2 * i + 1] = t[0][1] - t[0][2] - t[0][3];
+        r1[2 * i] = t[1][0] + t[1][1] + t[1][2];
+        r1[2 * i + 1] = t[1][1] - t[1][2] - t[1][3];
+    }
+}
+
 /* Cells of window `o` along one axis that fall in [lo_bound, hi_bound) of input coordinates. */
 static inline int64_t rlx_pool_cells(int64_t o, int64_t S, int64_t P, int64_t K, int64_t D, int64_t lo_bound,
                                      int64_t hi_bound)
