@@ -407,6 +407,10 @@ class CompiledGraph(Provenance):
         (and its clones) keeps the array alive while it is bound; turning `writeable` back on and
         writing it is a data race with every run, and a weight mapped from a file is read from the
         file's pages, so the file must stay as it is while it is bound (replacing it by a rename is fine).
+        A weight the library stores in another layout, read-only and mapped from a weights file by
+        `rlx.toolchain.param_store.map_file` (`load_safetensors(mapped=True)`), is converted once per cached
+        library: the converted bytes are kept beside it in the AOT cache and later processes bind those
+        (`params_stored`) instead of converting again.
         A writable array is always copied, so changing it afterwards changes nothing; setting the param
         again replaces the binding. `params_in_place` names the params read in place.
 
