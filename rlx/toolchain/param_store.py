@@ -165,7 +165,7 @@ class ParamStore:
             st = os.fstat(fd)
             if not _private(st) or st.st_size <= HEADER_BYTES:
                 return None
-            head = os.pread(fd, HEADER_BYTES, 0)
+            head = os.read(fd, HEADER_BYTES)  # at offset 0: just opened
             size = parse_header(head, key)
             if size is None or st.st_size != HEADER_BYTES + size:
                 return None
@@ -185,9 +185,9 @@ class ParamStore:
             _mkdir_private(self.directory)
             check_private(self.directory, "stored params directory")
             digest = hashlib.sha256(payload).digest()
-            fd = -1
-            tmp = self.directory / f".{key}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            # a name of this write's own (another process or thread may keep the same param meanwhile)
+            tmp = self.directory / f".{key}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
             with os.fdopen(fd, "wb") as f:
                 f.write(header(key, len(payload), digest))
                 f.write(payload)
