@@ -508,7 +508,6 @@ class CompiledGraph(Provenance):
         in_place = self._binds and read_only_memory(arr)
         with self._pool.exclusive():
             buf = ffi.from_buffer(arr)
-            stored = None
             # rlx_bind_param refuses a param stored in another layout (packed, ...): that one is copied, or its
             # stored layout kept in the cache by an earlier process is bound
             if in_place and self._lib.rlx_bind_param(self._ctx, idx, buf, arr.nbytes) == 0:
