@@ -7,10 +7,10 @@ runtime importing a code generator.
 
 >>> from rlx.abi_version import ABI_VERSION
 >>> ABI_VERSION
-3
+4
 """
 
-ABI_VERSION = 3  # 3: rlx_bind_param
+ABI_VERSION = 4  # 3: rlx_bind_param; 4: rlx_param_stored, rlx_bind_stored
 #: Version of the transport function table (`RlxTransport.version`, `RLX_TRANSPORT_VERSION` in
 #: templates/cpu/kernels/transport.h, which rlx.h includes) that graphs with collective ops take through
 #: `rlx_set_transport`. Separate from ABI_VERSION: graphs without collectives are unchanged.

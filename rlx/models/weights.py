@@ -121,7 +121,11 @@ def _read_safetensors(fh: Any, size: int, mapped: Path | None = None) -> tuple[d
     if mapped is not None:
         if size == 8 + header_len:  # no tensor data: nothing to map (mmap refuses an empty range)
             return header, np.zeros(0, np.uint8)
-        return header, np.memmap(mapped, np.uint8, mode="r", offset=8 + header_len, shape=(size - 8 - header_len,))
+        # map_file records the mapped file's signature: params set from these views keep their packed layout
+        # in the AOT cache (rlx.toolchain.param_store)
+        from rlx.toolchain.param_store import map_file
+
+        return header, map_file(fh, 8 + header_len, size - 8 - header_len)
     data = np.empty(size - 8 - header_len, np.uint8)
     view, got = memoryview(data), 0
     while got < data.size:

@@ -19,6 +19,7 @@ from rlx.runtime.loader import load_library
 from rlx.toolchain.cache import AotCache, _mkdir_private, cache_key, check_private
 from rlx.toolchain.compiler import Toolchain, detect_toolchain
 from rlx.toolchain.cpu import KEY_PENDING, build_cpu, cpu_source_components, cpu_toolchain_components
+from rlx.toolchain.param_store import ParamStore
 
 if TYPE_CHECKING:  # annotations only (the memory estimate and the ISA record load when a compile needs them)
     from rlx.ir.lir import LirModule
@@ -137,7 +138,7 @@ class CpuStages:
     def load(self, built: Built) -> CompiledGraph:
         threads = self.num_threads if self.num_threads is not None else self.config.num_threads
         return CompiledGraph(load_library(built.library), source=built.source, key=built.key, cache_hit=built.hit,
-                             num_threads=threads or 0)
+                             num_threads=threads or 0, param_store=ParamStore.for_library(built.library, self.config))
 
     def estimate(self, lir: LirModule, num_threads: int | None = None) -> MemoryEstimate:
         """The bytes one context allocates for a decided LIR: the code generator's memory plan."""

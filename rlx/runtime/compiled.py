@@ -59,6 +59,7 @@ from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtyp
 from rlx.runtime.loader import Library, TensorInfo, openmp_policy
 from rlx.runtime.provenance import Provenance
 from rlx.runtime.team import TeamGovernor, team_trace, work_key
+from rlx.toolchain.param_store import ParamStore, Source, mapped_source
 
 if TYPE_CHECKING:  # concurrent.futures (and logging, which it imports) load with run_async's first use
     from concurrent.futures import Future
@@ -212,7 +213,7 @@ class CompiledGraph(Provenance):
 
     def __init__(self, library: Library, *, source: Path | None = None, key: str = "", cache_hit: bool = False,
                  num_threads: int | None = None, max_contexts: int | None = None, _ctx: Any = None,
-                 _param_set: list[bool] | None = None) -> None:
+                 _param_set: list[bool] | None = None, param_store: ParamStore | None = None) -> None:
         self._library = library
         self._lib = library.lib
         raw = _ctx if _ctx is not None else self._lib.rlx_create()
@@ -230,8 +231,12 @@ class CompiledGraph(Provenance):
         self._param_values: dict[str, np.ndarray | _Recomputed] = {}
         # Params the library reads in place (rlx_bind_param), by index: the arrays, kept alive while bound.
         self._bound: dict[int, np.ndarray] = {}
+        # Params bound to their stored layout kept in the cache (rlx_bind_stored, `rlx.toolchain.param_store`):
+        # the mapped files, by index, kept alive while bound.
+        self._stored: dict[int, np.ndarray] = {}
         on_cpu = str(library.manifest.get("target", "cpu")) == "cpu"
         self._binds = on_cpu and hasattr(self._lib, "rlx_bind_param")
+        self._store = param_store if self._binds and hasattr(self._lib, "rlx_bind_stored") else None
         self._handles: dict[str, np.ndarray] = {}
         # RLX_RECORD (rlx.runtime.record): the recorder `run` writes each call to, and the params' version
         self._recorder: Any = None
@@ -402,6 +407,10 @@ class CompiledGraph(Provenance):
         (and its clones) keeps the array alive while it is bound; turning `writeable` back on and
         writing it is a data race with every run, and a weight mapped from a file is read from the
         file's pages, so the file must stay as it is while it is bound (replacing it by a rename is fine).
+        A weight the library stores in another layout, read-only and mapped from a weights file by
+        `rlx.toolchain.param_store.map_file` (`load_safetensors(mapped=True)`), is converted once per cached
+        library: the converted bytes are kept beside it in the AOT cache and later processes bind those
+        (`params_stored`) instead of converting again.
         A writable array is always copied, so changing it afterwards changes nothing; setting the param
         again replaces the binding. `params_in_place` names the params read in place.
 
@@ -487,24 +496,71 @@ class CompiledGraph(Provenance):
         names = self.param_names
         return tuple(names[i] for i in sorted(self._bound))
 
+    @property
+    def params_stored(self) -> tuple[str, ...]:
+        """The params bound to their stored layout (packed, ...) kept in the AOT cache from an earlier process
+        instead of converted from the caller's array (`rlx.toolchain.param_store`), in manifest order."""
+        names = self.param_names
+        return tuple(names[i] for i in sorted(self._stored))
+
     def _set_param_raw(self, idx: int, info: TensorInfo, arr: np.ndarray, kept: _Recomputed | None = None) -> None:
         arr = _contiguous(arr)
         in_place = self._binds and read_only_memory(arr)
         with self._pool.exclusive():
             buf = ffi.from_buffer(arr)
-            # rlx_bind_param refuses a param stored in another layout (packed, ...): that one is copied
+            # rlx_bind_param refuses a param stored in another layout (packed, ...): that one is copied, or its
+            # stored layout kept in the cache by an earlier process is bound
             if in_place and self._lib.rlx_bind_param(self._ctx, idx, buf, arr.nbytes) == 0:
                 self._bound[idx] = arr  # what the contexts now point into
+                self._stored.pop(idx, None)
+            elif in_place and (stored := self._bind_stored(idx, info, arr)) is not None:
+                self._stored[idx] = stored
+                self._bound.pop(idx, None)
             else:
                 rc = self._lib.rlx_set_param(self._ctx, idx, buf, arr.nbytes)
                 if rc != 0:
                     self._raise(rc, f"set_param({info.name!r})")
                 self._bound.pop(idx, None)
+                self._stored.pop(idx, None)
+                if in_place:
+                    self._keep_stored(idx, info, arr)
             # Clones hold the old params (copies, or the old binding): drop them; later overlapping runs clone afresh.
             self._pool.drop_clones()
             self._param_set[idx] = True
             self._param_values[info.name] = arr if kept is None else kept
             self._params_version += 1
+
+    def _stored_key(self, idx: int, info: TensorInfo, arr: np.ndarray) -> tuple[str, Source] | None:
+        """The store's key of param `idx` set from `arr`, when `arr` is a view of a mapped weights file that
+        is still as it was mapped."""
+        if self._store is None:
+            return None
+        source = mapped_source(arr)
+        if source is None or not source.unchanged():
+            return None
+        return self._store.key(idx, info.name, source), source
+
+    def _bind_stored(self, idx: int, info: TensorInfo, arr: np.ndarray) -> np.ndarray | None:
+        """Bind param `idx` to its stored layout kept in the cache for `arr`'s values; the mapped payload, or
+        None (nothing kept, or the library refused it)."""
+        found = self._stored_key(idx, info, arr)
+        payload = None if found is None else self._store.load(found[0])
+        if payload is None:
+            return None
+        if self._lib.rlx_bind_stored(self._ctx, idx, ffi.from_buffer(payload), payload.nbytes) != 0:
+            return None
+        return payload
+
+    def _keep_stored(self, idx: int, info: TensorInfo, arr: np.ndarray) -> None:
+        """Keep param `idx`'s stored layout, just converted from `arr`, in the cache (see `param_store`)."""
+        found = self._stored_key(idx, info, arr)
+        if found is None or not self._store.writable or not found[1].settled():
+            return
+        data = ffi.new("const void **")
+        size = self._lib.rlx_param_stored(self._ctx, idx, data)
+        # unchanged while it was converted: the bytes are those of the signature the key names
+        if size > 0 and found[1].unchanged():
+            self._store.keep(found[0], memoryview(ffi.buffer(data[0], size)))
 
     # ── handles ────────────────────────────────────────────────────────
 
@@ -864,6 +920,7 @@ class CompiledGraph(Provenance):
         with self._pool.shared():
             raw = self._lib.rlx_clone(self._ctx)
             param_set, values, bound = list(self._param_set), dict(self._param_values), dict(self._bound)
+            stored = dict(self._stored)
         if raw == ffi.NULL:
             raise ExecutionError("rlx_clone failed (out of memory?)")
         twin = CompiledGraph(self._library, source=self._source_path, key=self.key, cache_hit=self.cache_hit,
@@ -871,6 +928,8 @@ class CompiledGraph(Provenance):
                              _param_set=param_set)
         twin._param_values = values
         twin._bound = bound  # rlx_clone kept the bindings: the twin keeps their arrays alive too
+        twin._stored = stored
+        twin._store = self._store
         twin.record_build(self.source_digest, self._decided)  # the same program: the same provenance
         return twin
 

@@ -2,7 +2,8 @@
 
 An entry is a directory `<root>/<key[:2]>/<key>/` holding `model.c`,
 `model.so`, `meta.json` (the key components, sha256 and size of every file,
-timestamps) and a `last_use` stamp whose mtime orders LRU eviction. The key
+timestamps) and a `last_use` stamp whose mtime orders LRU eviction; later, `packed/`: params kept in
+the library's stored layout (`rlx.toolchain.param_store`), counted in the entry's size and evicted with it. The key
 is the sha256 of the canonical JSON of the components the caller supplies
 (LIR hash, target, compiler identity, flags, template digest, BLAS, codegen
 version), so anything that changes the generated code changes the key.
@@ -64,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlx.config import Config
 from rlx.errors import BuildError, CacheError
+from rlx.toolchain import stored_file
 
 if TYPE_CHECKING:  # the listing's and explain's values (rlx.toolchain.cache_report): a hit needs none
     from rlx.toolchain.cache_report import Difference, EntryInfo, Explanation
@@ -663,6 +665,7 @@ class AotCache:
                     if path.stat().st_size != want["size"] or file_sha256(path) != want["sha256"]:
                         raise _Corrupt(f"{name} does not match its checksum")
                     check_private(path, "cached file")
+                problems += _verify_stored(d, repair=repair)
             except CacheError as exc:
                 problems.append((key, str(exc)))
             except (_Corrupt, OSError) as exc:
@@ -686,6 +689,12 @@ class AotCache:
             with contextlib.suppress(OSError):
                 if time.time() - tmp.lstat().st_mtime >= self.stale_seconds:
                     tmp.unlink()
+        # Temp files of stored params (param_store) whose writer died before renaming them.
+        for d in _entry_dirs(self.root):
+            for path, _ in _stored_files(d):
+                with contextlib.suppress(OSError):
+                    if path.name.startswith(".") and time.time() - path.lstat().st_mtime >= self.stale_seconds:
+                        path.unlink()
         removed_q = 0
         qdir = self.root / "quarantine"
         if qdir.is_dir():
@@ -938,12 +947,41 @@ def _info(d: Path, layer: str) -> EntryInfo:
         components, created, nbytes = {}, 0.0, 0
     if not nbytes:
         nbytes = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+    else:  # meta.json counts the build's files; the params kept beside them since (param_store) count too
+        nbytes += sum(size for _, size in _stored_files(d))
     try:
         last_use = (d / LAST_USE).stat().st_mtime
     except OSError:
         last_use = created
     return EntryInfo(key=d.name, dir=d, layer=layer, bytes=nbytes, created=created, last_use=last_use,
                      components=components if isinstance(components, dict) else {}, name=name or _source_name(d))
+
+
+def _stored_files(d: Path) -> list[tuple[Path, int]]:
+    """The files of entry `d`'s stored params (`rlx.toolchain.param_store`), with their sizes."""
+    out = []
+    with contextlib.suppress(OSError):
+        for child in os.scandir(d / stored_file.PACKED_DIR):
+            with contextlib.suppress(OSError):
+                if child.is_file(follow_symlinks=False):
+                    out.append((Path(child.path), child.stat(follow_symlinks=False).st_size))
+    return out
+
+
+def _verify_stored(d: Path, *, repair: bool) -> list[tuple[str, str]]:
+    """Problems of entry `d`'s stored params (header, size, payload sha256); with `repair` a broken one is
+    removed (the next process to set that param converts it again and keeps it anew)."""
+    problems = []
+    for path, _ in _stored_files(d):
+        if path.name.startswith("."):  # a write in progress, or one a crash left (gc removes it)
+            continue
+        problem = stored_file.verify(path)
+        if problem is not None:
+            problems.append((d.name, f"stored param {path.name}: {problem}"))
+            if repair:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+    return problems
 
 
 # The generated sources name their graph in the header comment: "* graph  : NAME" (C) and

@@ -1,5 +1,5 @@
 /*
- * rlx.h — the C ABI every RLX-generated library exports (ABI version 3).
+ * rlx.h — the C ABI every RLX-generated library exports (ABI version 4).
  *
  * One header serves every graph: the graph-specific facts (input, output and
  * param names, dtypes, shapes, dynamic dims and their bounds) are in the JSON
@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define RLX_ABI_VERSION 3
+#define RLX_ABI_VERSION 4
 
 /* ABI version the library was generated for (compare with RLX_ABI_VERSION). */
 int32_t rlx_abi_version(void);
@@ -76,6 +76,20 @@ int32_t rlx_set_param(void *ctx, int32_t index, const void *data, int64_t nbytes
  * nonzero with a message in rlx_last_error, and the param is left as it was:
  * copy it with rlx_set_param instead. Returns 0 on success. */
 int32_t rlx_bind_param(void *ctx, int32_t index, const void *data, int64_t nbytes);
+
+/* Param `index` in the layout this library stores it (packed for its GEMM
+ * kernel, permuted, quantized, widened, or as given): sets *data to the
+ * context's copy and returns its size in bytes (the layout plus padding), or
+ * -1 (and NULL) when the param is unset or bound to other memory. Those bytes,
+ * kept (e.g. in a file) and given back to rlx_bind_stored of a context of
+ * the same library, skip re-packing the caller's weight. */
+int64_t rlx_param_stored(void *ctx, int32_t index, const void **data);
+
+/* Use `data` (a param's stored bytes as rlx_param_stored gave them, for this
+ * very library: exactly that size, 64-byte aligned) as param `index` in place,
+ * like rlx_bind_param: read, never written, until the param is set or bound
+ * again or the context is destroyed. Returns 0, or nonzero with a message. */
+int32_t rlx_bind_stored(void *ctx, int32_t index, const void *data, int64_t nbytes);
 
 /* Run the graph. `symbols` holds the values of the dynamic dims (each in
  * 1..max) in manifest order (may be NULL when there are none); `inputs` and

@@ -5,7 +5,8 @@ finds the built library by the graph's recipe (`Session.compile_recipe`: without
 and embeds; that one must not import the code generators, the optimizer, jinja2 or any optional
 frontend, nor the IR's graphs and op classes, nor ml_dtypes, nor what only a build uses (`WARM_MUST_NOT_IMPORT`), nor,
 once the cache's memos are written, what writing one needs (`WARM_MEMOS_MUST_NOT_IMPORT`). Module sets,
-not wall-clock times: what is imported is what costs start-up time.
+not wall-clock times: what is imported is what costs start-up time. The GEMM weights the cold process
+packed are kept beside the library (`rlx.toolchain.param_store`) and bound by the warm ones, not packed again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +66,7 @@ print(json.dumps({
     "hit": emb.runner("embeddings").compiled.cache_hit,
     "built_graph": emb.runner("embeddings")._graph is not None,
     "in_place": list(emb.runner("embeddings").compiled.params_in_place),
+    "stored": list(emb.runner("embeddings").compiled.params_stored),
     "pristine": rlx.pristine.compiler_is_pristine(),
     "loaded": sorted(m for m in sys.modules if any(m == p or m.startswith(p + ".") for p in forbidden)),
 }))
@@ -99,6 +102,14 @@ def _named(modules: list[str], prefixes: tuple[str, ...]) -> list[str]:
     return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
 
 
+def _settle(weights: Path) -> None:
+    """Wait until `weights` has been unchanged for `param_store.SETTLE_SECONDS` (a file changed more recently
+    is packed in every process, never kept)."""
+    from rlx.toolchain.param_store import SETTLE_SECONDS
+
+    time.sleep(max(0.0, os.stat(weights).st_ctime + SETTLE_SECONDS + 0.05 - time.time()))
+
+
 def _fresh_process(model_dir: Path, cache: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RLX_TEMPLATES_DIR", "RLX_CACHE", "RLX_CACHE_PATH")}
     env.update(RLX_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
@@ -113,6 +124,7 @@ def _fresh_process(model_dir: Path, cache: Path) -> dict:
 @pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None, reason="needs a C compiler")
 def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
+    _settle(model_dir / "model.safetensors")
     cold = _fresh_process(model_dir, cache)
     assert not cold["hit"] and "rlx.codegen.cpu.emit" in cold["loaded"] and "rlx.opt.pipeline" in cold["loaded"]
     first = _fresh_process(model_dir, cache)
@@ -124,6 +136,9 @@ def test_a_warm_start_imports_no_compiler_stage_nor_optional_package(model_dir: 
     assert warm["loaded"] == [], f"a warm start imported {warm['loaded']}"
     # the weights file is mapped read-only: the tables stored as given are read in place, not copied
     assert "embeddings.word_embeddings.weight" in warm["in_place"] == cold["in_place"]
+    # the GEMM weights, packed by the cold process and kept beside the library, are mapped, not packed again
+    assert cold["stored"] == [] and "encoder.layer.0.attention.self.query.weight" in warm["stored"]
+    assert warm["stored"] == first["stored"] and not set(warm["stored"]) & set(warm["in_place"])
     np.testing.assert_allclose(warm["vecs"], cold["vecs"], rtol=1e-6, atol=1e-7)
     reference = SentenceEmbedder.from_pretrained(model_dir, device="reference", max_seq=16, max_batch=4)
     np.testing.assert_allclose(warm["vecs"], reference.embed(["hi", "a man eats food"]), rtol=1e-4, atol=1e-5)

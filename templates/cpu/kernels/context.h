@@ -220,6 +220,46 @@ RLX_EXPORT int32_t rlx_bind_param(void *vctx, int32_t index, const void *data, i
     return 0;
 }
 
+/* Param `index` as this context stores it (packed, permuted, quantized or widened, or as given): its
+ * slot's bytes (the layout plus alignment padding) at *data. -1 (and *data NULL) when the param is not
+ * set, or is bound to memory that is not its slot (rlx_bind_param, rlx_bind_stored). What a cache keeps
+ * to bind again later with rlx_bind_stored instead of re-packing the caller's weight. */
+RLX_EXPORT int64_t rlx_param_stored(void *vctx, int32_t index, const void **data)
+{
+    rlx_ctx *ctx = (rlx_ctx *)vctx;
+    if (data)
+        *data = NULL;
+    if (!ctx || !data || index < 0 || index >= RLX_N_PARAMS || !ctx->param_set[index] ||
+        ctx->param_at[index] != ctx->params + rlx_params[index].offset)
+        return -1;
+    *data = ctx->param_at[index];
+    return (int64_t)rlx_param_slot_bytes(index);
+}
+
+/* Use `data` as param `index` in the layout this library stores it (bytes rlx_param_stored gave, e.g.
+ * kept in a file and mapped again), without converting: exactly the slot's size, 64-byte aligned (the
+ * packed kernels load it aligned). The contexts read that memory as rlx_bind_param's. */
+RLX_EXPORT int32_t rlx_bind_stored(void *vctx, int32_t index, const void *data, int64_t nbytes)
+{
+    rlx_ctx *ctx = (rlx_ctx *)vctx;
+    if (!ctx)
+        return 1;
+    ctx->err[0] = 0;
+    if (index < 0 || index >= RLX_N_PARAMS)
+        return rlx_fail(ctx, "param index %d is out of range (the graph has %d params)", (int)index, RLX_N_PARAMS);
+    const rlx_param_info *p = &rlx_params[index];
+    if (!data)
+        return rlx_fail(ctx, "param '%s': data is NULL", p->name);
+    if (nbytes != (int64_t)rlx_param_slot_bytes(index))
+        return rlx_fail(ctx, "param '%s' is stored in %lld bytes, got %lld", p->name,
+                        (long long)rlx_param_slot_bytes(index), (long long)nbytes);
+    if ((uintptr_t)data % RLX_ALIGN != 0)
+        return rlx_fail(ctx, "param '%s': stored data is not %d-byte aligned", p->name, (int)RLX_ALIGN);
+    ctx->param_at[index] = (char *)(uintptr_t)data;  /* never written through: the kernels only read params */
+    ctx->param_set[index] = 1;
+    return 0;
+}
+
 RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, int64_t nbytes)
 {
     rlx_ctx *ctx = (rlx_ctx *)vctx;
