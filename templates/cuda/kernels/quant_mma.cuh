@@ -108,7 +108,7 @@ __device__ __forceinline__ void rlx_qmma_unit(float (&acc)[NT][4], const Unit &a
     }
 }
 
-/* NT: 8-row fragments of X (1 .. RLX_QMMA_MAX_M / 8); the fragment rows from M on read row 0 and are not stored. */
+/* NT: 8-row fragments of X (1, 2, 4 or 8 launched); the fragment rows from M on read row 0 and are not stored. */
 template <typename T, int FMT, int NT>
 __global__ void __launch_bounds__(32 * RLX_QMMA_WARPS)
 rlx_qmma(const T *__restrict__ X, const uint8_t *__restrict__ W, T *__restrict__ Y, int64_t M, int64_t N, int64_t K,
