@@ -144,6 +144,22 @@ WINOGRAD_PANELS = 12
 WINOGRAD_CHANNEL_BLOCK = 256
 
 
+#: Narrowest output rows run as Winograd F(4x4, 3x3) rather than F(2x2, 3x3): its 36 multiply-adds per tile and
+#: channel pair make 16 output pixels (2.25 per pixel against F(2x2)'s 4), its transforms cost more per tile.
+WINOGRAD4_MIN_WIDTH = 28
+
+
+def winograd_layout(g: Window2d) -> str:
+    """The tile layout of a conv that `winograd_fits`: F(4x4, 3x3) on rows of WINOGRAD4_MIN_WIDTH+ pixels
+    (``nchw_wino4_tiles``), F(2x2, 3x3) on narrower ones (``nchw_wino_tiles``).
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> [winograd_layout(window_2d(Conv(pads=(1, 1, 1, 1)), (s, s), (s, s), (3, 3), 64)) for s in (56, 14)]
+    ['nchw_wino4_tiles', 'nchw_wino_tiles']
+    """
+    return "nchw_wino4_tiles" if g.ow >= WINOGRAD4_MIN_WIDTH else "nchw_wino_tiles"
+
+
 def winograd_channels(channels: int) -> int:
     """Input channels per block of a Winograd product: as few even blocks as hold WINOGRAD_CHANNEL_BLOCK each.
 
@@ -203,10 +219,10 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
             else:
                 out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
         elif (n.op.groups == 1 and len(kernel) == 2 and o >= WINOGRAD_MIN_CHANNELS
-              and winograd_fits(n.op, window_2d(n.op, tuple(d.value for d in x.dims[2:]),
-                                                tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg))
+              and winograd_fits(n.op, geo := window_2d(n.op, tuple(d.value for d in x.dims[2:]),
+                                                       tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg))
               and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
-            out.append(ConvPlan(n.id, "winograd", "nchw_wino_tiles", n.inputs[1], True, WINOGRAD_PANELS,
+            out.append(ConvPlan(n.id, "winograd", winograd_layout(geo), n.inputs[1], True, WINOGRAD_PANELS,
                                 channels=winograd_channels(cg)))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
