@@ -96,6 +96,8 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # 34 output channels (6-channel tiles and a 4-channel one), 33 input channels
         "winograd4": g.conv(wino4, param("w_w4", [34, 33, 3, 3]), param("b_w4", [34]), pads=(2, 1, 0, 1),
                             activation="relu"),
+        # 8 x 32 outputs: 2 x 8 tiles numbered 8 to a row (9, the phase planes' width, would take two panels, not one)
+        "winograd4_pitch": g.conv(wino4, param("w_w4p", [32, 33, 3, 3]), pads=(0, 2, 1, 2)),
         "tiles_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),

@@ -498,48 +498,54 @@ static void rlx_conv_winograd4_weight(float *restrict U, const float *restrict w
         }
 }
 
-/* V[e] (e = 6 xi + nu, ldv floats apart) of one channel's TH x WQ tiles (each tile row has the phase planes' width:
- * the tiles of column TW are computed and dropped, so that tile i's patch starts at phase-plane offset i and a
+/* V[e] (e = 6 xi + nu, ldv floats apart) of one channel's TH x TP tiles, numbered i = th * TP + tw (TP = TW, or
+ * WQ: then the tiles of column TW are computed and dropped, tile i's patch starts at phase-plane offset i and a
  * panel's 16 tiles are one contiguous run): (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16, zeros
- * past TH * WQ in the last panel. q: the channel's 16 phase planes (PL floats apart, WQ wide: rlx_conv_phase_copy
+ * past TH * TP in the last panel. q: the channel's 16 phase planes (PL floats apart, WQ wide: rlx_conv_phase_copy
  * of the 6 x 6, stride-4 window). */
 static inline __attribute__((always_inline)) void rlx_conv_winograd4_input(const float *restrict q, int64_t PL,
-        int64_t WQ, int64_t TH, float *restrict V, int64_t ldv, int64_t lpan)
+        int64_t WQ, int64_t TH, int64_t TP, float *restrict V, int64_t ldv, int64_t lpan)
 {
-    const int64_t L = TH * WQ, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
+    const int64_t L = TH * TP, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
     for (int64_t p = 0; p < npan; p++) {
-        const int64_t i0 = p * RLX_CONV_PX, n = L - i0 < RLX_CONV_PX ? L - i0 : RLX_CONV_PX;
-        float *restrict vi = V + p * lpan;
-        const int64_t at = i0;  /* the panel's first patch in the phase planes */
-        #pragma omp simd
-        for (int64_t m = 0; m < n; m++) {
-            float r[6][6];  /* B^T d, d[a][b] = patch row a, column b */
-            #pragma GCC unroll 6
-            for (int b = 0; b < 6; b++) {
-                const float *restrict qb = q + (b & 3) * PL + (b >> 2) + at + m;  /* phase row 0, column b */
-                const float d0 = qb[0], d1 = qb[4 * PL], d2 = qb[8 * PL], d3 = qb[12 * PL];
-                const float d4 = qb[WQ], d5 = qb[4 * PL + WQ];
-                r[0][b] = 4.0f * d0 - 5.0f * d2 + d4;
-                r[1][b] = -4.0f * (d1 + d2) + d3 + d4;
-                r[2][b] = 4.0f * (d1 - d2) - d3 + d4;
-                r[3][b] = 2.0f * (d3 - d1) - d2 + d4;
-                r[4][b] = 2.0f * (d1 - d3) - d2 + d4;
-                r[5][b] = 4.0f * d1 - 5.0f * d3 + d5;
+        const int64_t i0 = p * RLX_CONV_PX, end = L - i0 < RLX_CONV_PX ? L : i0 + RLX_CONV_PX;
+        float *restrict vp = V + p * lpan - i0;
+        for (int64_t i = i0; i < end;) {
+            const int64_t th = i / TP, tw = i % TP;
+            const int64_t n = TP == WQ || end - i < TP - tw ? end - i : TP - tw;  /* runs of patches */
+            const int64_t at = th * WQ + tw;  /* the run's first patch in the phase planes */
+            float *restrict vi = vp + i;
+            #pragma omp simd
+            for (int64_t m = 0; m < n; m++) {
+                float r[6][6];  /* B^T d, d[a][b] = patch row a, column b */
+                #pragma GCC unroll 6
+                for (int b = 0; b < 6; b++) {
+                    const float *restrict qb = q + (b & 3) * PL + (b >> 2) + at + m;  /* phase row 0, column b */
+                    const float d0 = qb[0], d1 = qb[4 * PL], d2 = qb[8 * PL], d3 = qb[12 * PL];
+                    const float d4 = qb[WQ], d5 = qb[4 * PL + WQ];
+                    r[0][b] = 4.0f * d0 - 5.0f * d2 + d4;
+                    r[1][b] = -4.0f * (d1 + d2) + d3 + d4;
+                    r[2][b] = 4.0f * (d1 - d2) - d3 + d4;
+                    r[3][b] = 2.0f * (d3 - d1) - d2 + d4;
+                    r[4][b] = 2.0f * (d1 - d3) - d2 + d4;
+                    r[5][b] = 4.0f * d1 - 5.0f * d3 + d5;
+                }
+                #pragma GCC unroll 6
+                for (int a = 0; a < 6; a++) {  /* (B^T d) B */
+                    const float s0 = r[a][0], s1 = r[a][1], s2 = r[a][2], s3 = r[a][3], s4 = r[a][4], s5 = r[a][5];
+                    vi[(a * 6 + 0) * ldv + m] = 4.0f * s0 - 5.0f * s2 + s4;
+                    vi[(a * 6 + 1) * ldv + m] = -4.0f * (s1 + s2) + s3 + s4;
+                    vi[(a * 6 + 2) * ldv + m] = 4.0f * (s1 - s2) - s3 + s4;
+                    vi[(a * 6 + 3) * ldv + m] = 2.0f * (s3 - s1) - s2 + s4;
+                    vi[(a * 6 + 4) * ldv + m] = 2.0f * (s1 - s3) - s2 + s4;
+                    vi[(a * 6 + 5) * ldv + m] = 4.0f * s1 - 5.0f * s3 + s5;
+                }
             }
-            #pragma GCC unroll 6
-            for (int a = 0; a < 6; a++) {  /* (B^T d) B */
-                const float s0 = r[a][0], s1 = r[a][1], s2 = r[a][2], s3 = r[a][3], s4 = r[a][4], s5 = r[a][5];
-                vi[(a * 6 + 0) * ldv + m] = 4.0f * s0 - 5.0f * s2 + s4;
-                vi[(a * 6 + 1) * ldv + m] = -4.0f * (s1 + s2) + s3 + s4;
-                vi[(a * 6 + 2) * ldv + m] = 4.0f * (s1 - s2) - s3 + s4;
-                vi[(a * 6 + 3) * ldv + m] = 2.0f * (s3 - s1) - s2 + s4;
-                vi[(a * 6 + 4) * ldv + m] = 2.0f * (s1 - s3) - s2 + s4;
-                vi[(a * 6 + 5) * ldv + m] = 4.0f * s1 - 5.0f * s3 + s5;
-            }
+            i += n;
         }
         for (int e = 0; e < RLX_WINO4_E; e++)  /* the last panel's tiles past L */
-            for (int64_t m = n; m < RLX_CONV_PX; m++)
-                vi[e * ldv + m] = 0.0f;
+            for (int64_t i = end; i < i0 + RLX_CONV_PX; i++)
+                vp[e * ldv + i] = 0.0f;
     }
 }
 
