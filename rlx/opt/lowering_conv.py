@@ -1,8 +1,8 @@
 """CPU lowering for convolutions: each `conv` node's algorithm, tile layout and weight storage (`ConvPlan`).
 
 See `conv_plans` for the choice: depthwise on planes, pointwise on the planes as they lie (register tiles on wide
-planes, BLAS on small ones), Winograd F(2x2, 3x3) (3x3 stride-1 convs with 32+ channels on rows of 14+ pixels),
-direct on stride-phase planes (groups 1, rows of 14+ pixels), implicit GEMM on
+planes, BLAS on small ones), Winograd (3x3 stride-1 convs with 32+ channels on rows of 14+ pixels: F(4x4, 3x3) on
+rows of 28+, F(2x2, 3x3) below), direct on stride-phase planes (groups 1, rows of 14+ pixels), implicit GEMM on
 channels-first tiles (BLAS), or on pixel-major tiles with the weight packed at `set_param` for RLX's micro-kernel
 (wide convolutions on narrow rows).
 
@@ -183,7 +183,8 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
     Depthwise convolutions run on planes; 1x1 stride-1 unpadded ones multiply the planes as they lie (in
     register tiles on 16-pixel panels from POINTWISE_PANEL_PIXELS output pixels, by the BLAS below); 3x3
     stride-1 ones that `winograd_fits`, with WINOGRAD_MIN_CHANNELS+ output channels and a weight param of their
-    own, run as Winograd F(2x2, 3x3) (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct);
+    own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
+    on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
     groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
     direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
     channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
