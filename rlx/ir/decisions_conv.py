@@ -30,6 +30,8 @@
   transformed into ``[16, C, tiles]``, multiplied element by element (16 products
   ``[O, C] @ [C, tiles]`` in the direct conv's register tiles, `channels` input channels at a time,
   units of one element x up to `tile` panels) and transformed back, bias and activation in the store.
+- ``winograd`` / ``nchw_wino4_tiles``: the same as Winograd F(4x4, 3x3): 4x4-pixel tiles from 6 x 6
+  patches (the weight stored as ``[36, O, C]``), 36 products.
 - ``pointwise`` / ``nchw``: a 1x1, stride-1, unpadded conv on a small plane: each image's
   planes are the right operand of ``W[O, C] @ X[C, HW]`` (`rlx_sgemm1`) as they lie.
 - ``pointwise`` / ``nchw_panels``: the same on a plane of POINTWISE_PANEL_PIXELS+
@@ -45,8 +47,12 @@
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
 >>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino_tiles", weight=6, packed=True, tile=12,
 ...          channels=64).describe()  # doctest: +NORMALIZE_WHITESPACE
-'%7 conv: winograd on nchw_wino_tiles (weight %6 transformed to 16 x O x C on set, 64-channel blocks,
- units of up to 12 16-tile panels)'
+'%7 conv: winograd on nchw_wino_tiles (weight %6 transformed to 16 x O x C on set for F(2x2, 3x3),
+ 64-channel blocks, units of up to 12 16-tile panels)'
+>>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino4_tiles", weight=6, packed=True, tile=12,
+...          channels=64).describe()  # doctest: +NORMALIZE_WHITESPACE
+'%7 conv: winograd on nchw_wino4_tiles (weight %6 transformed to 36 x O x C on set for F(4x4, 3x3),
+ 64-channel blocks, units of up to 12 16-tile panels)'
 """
 
 from __future__ import annotations
@@ -59,7 +65,10 @@ from rlx.ir.decisions import Decision, register_decision
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
               ("pointwise", "nchw_panels"),
-              ("depthwise", "nchw"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"))
+              ("depthwise", "nchw"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"),
+              ("winograd", "nchw_wino4_tiles"))
+#: Output pixels per side of a Winograd layout's tiles: F(2x2, 3x3) or F(4x4, 3x3).
+WINOGRAD_TILE = {"nchw_wino_tiles": 2, "nchw_wino4_tiles": 4}
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).
 CONV_TILE_PIXELS = 96
 
@@ -86,7 +95,8 @@ class ConvPlan(Decision):
                  else f"weight %{self.weight} as stored")
         tile = f", {self.tile}-pixel tiles" if self.tile else ""
         if self.algorithm == "winograd":
-            store = f"weight %{self.weight} transformed to 16 x O x C on set"
+            m = WINOGRAD_TILE[self.layout]
+            store = f"weight %{self.weight} transformed to {(m + 2) ** 2} x O x C on set for F({m}x{m}, 3x3)"
             tile = f", {self.channels}-channel blocks, units of up to {self.tile} 16-tile panels"
         elif self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} 16-pixel panels"

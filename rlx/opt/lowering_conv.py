@@ -1,8 +1,8 @@
 """CPU lowering for convolutions: each `conv` node's algorithm, tile layout and weight storage (`ConvPlan`).
 
 See `conv_plans` for the choice: depthwise on planes, pointwise on the planes as they lie (register tiles on wide
-planes, BLAS on small ones), Winograd F(2x2, 3x3) (3x3 stride-1 convs with 32+ channels on rows of 14+ pixels),
-direct on stride-phase planes (groups 1, rows of 14+ pixels), implicit GEMM on
+planes, BLAS on small ones), Winograd (3x3 stride-1 convs with 32+ channels on rows of 14+ pixels: F(4x4, 3x3) on
+rows of 28+, F(2x2, 3x3) below), direct on stride-phase planes (groups 1, rows of 14+ pixels), implicit GEMM on
 channels-first tiles (BLAS), or on pixel-major tiles with the weight packed at `set_param` for RLX's micro-kernel
 (wide convolutions on narrow rows).
 
@@ -144,6 +144,22 @@ WINOGRAD_PANELS = 12
 WINOGRAD_CHANNEL_BLOCK = 256
 
 
+#: Narrowest output rows run as Winograd F(4x4, 3x3) rather than F(2x2, 3x3): its 36 multiply-adds per tile and
+#: channel pair make 16 output pixels (2.25 per pixel against F(2x2)'s 4), its transforms cost more per tile.
+WINOGRAD4_MIN_WIDTH = 28
+
+
+def winograd_layout(g: Window2d) -> str:
+    """The tile layout of a conv that `winograd_fits`: F(4x4, 3x3) on rows of WINOGRAD4_MIN_WIDTH+ pixels
+    (``nchw_wino4_tiles``), F(2x2, 3x3) on narrower ones (``nchw_wino_tiles``).
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> [winograd_layout(window_2d(Conv(pads=(1, 1, 1, 1)), (s, s), (s, s), (3, 3), 64)) for s in (56, 14)]
+    ['nchw_wino4_tiles', 'nchw_wino_tiles']
+    """
+    return "nchw_wino4_tiles" if g.ow >= WINOGRAD4_MIN_WIDTH else "nchw_wino_tiles"
+
+
 def winograd_channels(channels: int) -> int:
     """Input channels per block of a Winograd product: as few even blocks as hold WINOGRAD_CHANNEL_BLOCK each.
 
@@ -167,7 +183,8 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
     Depthwise convolutions run on planes; 1x1 stride-1 unpadded ones multiply the planes as they lie (in
     register tiles on 16-pixel panels from POINTWISE_PANEL_PIXELS output pixels, by the BLAS below); 3x3
     stride-1 ones that `winograd_fits`, with WINOGRAD_MIN_CHANNELS+ output channels and a weight param of their
-    own, run as Winograd F(2x2, 3x3) (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct);
+    own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
+    on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
     groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
     direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
     channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
@@ -203,10 +220,10 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
             else:
                 out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
         elif (n.op.groups == 1 and len(kernel) == 2 and o >= WINOGRAD_MIN_CHANNELS
-              and winograd_fits(n.op, window_2d(n.op, tuple(d.value for d in x.dims[2:]),
-                                                tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg))
+              and winograd_fits(n.op, geo := window_2d(n.op, tuple(d.value for d in x.dims[2:]),
+                                                       tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg))
               and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
-            out.append(ConvPlan(n.id, "winograd", "nchw_wino_tiles", n.inputs[1], True, WINOGRAD_PANELS,
+            out.append(ConvPlan(n.id, "winograd", winograd_layout(geo), n.inputs[1], True, WINOGRAD_PANELS,
                                 channels=winograd_channels(cg)))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):

@@ -5,7 +5,8 @@ implicit GEMM on channels-first tiles (strided, padded, grouped, dilated, 1-D), 
 tiles with the weight packed (384 channels), direct on stride-phase planes (rows of 14+ pixels:
 odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
 uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), Winograd F(2x2, 3x3)
-(3x3 stride 1 with 32+ channels: odd output sizes, uneven pads, the weight transformed at set_param), pointwise
+(3x3 stride 1 with 32+ channels: odd output sizes, uneven pads, the weight transformed at set_param) and F(4x4, 3x3)
+(rows of 28+: partial tiles in both axes), pointwise
 (1x1 on the planes as they lie, by the BLAS: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile;
 in register tiles on a 520-pixel plane: a partial last panel, two blocks of input channels, grouped), depthwise (strided
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
@@ -46,6 +47,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     plane = g.input("plane", [BATCH, 6, 1, 3])
     wide_plane = g.input("wide_plane", [BATCH, 40, 20, 26])
     chans = g.input("chans", [BATCH, 260, 3, 16])
+    wino4 = g.input("wino4", [BATCH, 33, 9, 30])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -90,6 +92,12 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
                            activation="relu"),
         "winograd_deep": g.conv(deep, param("w_wd", [36, 40, 3, 3]), pads=(1, 1, 1, 1)),
         "winograd_blocks": g.conv(chans, param("w_wb", [32, 260, 3, 3]), param("b_wb", [32]), pads=(1, 1, 1, 1)),
+        # Winograd F(4x4, 3x3) (rows of 28+): 9 x 30 outputs (partial tiles in both axes cropped), uneven pads,
+        # 34 output channels (6-channel tiles and a 4-channel one), 33 input channels
+        "winograd4": g.conv(wino4, param("w_w4", [34, 33, 3, 3]), param("b_w4", [34]), pads=(2, 1, 0, 1),
+                            activation="relu"),
+        # 8 x 32 outputs: 2 x 8 tiles numbered 8 to a row (9, the phase planes' width, would take two panels, not one)
+        "winograd4_pitch": g.conv(wino4, param("w_w4p", [32, 33, 3, 3]), pads=(0, 2, 1, 2)),
         "tiles_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
@@ -119,7 +127,8 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32),
             "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32),
             "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32),
-            "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32)}
+            "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32),
+            "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32)}
 
 
 def _targets() -> list[str]:
@@ -143,7 +152,8 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
                      ("pointwise", "nchw_panels"),
-                     ("depthwise", "nchw"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles")}
+                     ("depthwise", "nchw"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"),
+                     ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
@@ -151,7 +161,9 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
     assert "conv: depthwise on nchw" in cg.lir.inspect()
     assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
-    assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "winograd"} == {40, 130}
+    assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
+    assert "conv: winograd on nchw_wino4_tiles (weight %" in cg.lir.inspect()
+    assert "36 x O x C on set for F(4x4, 3x3)" in cg.lir.inspect()
     for batch in (3, 2, 1):  # 2 images on 2 threads: one each (direct convs: no team barrier)
         feeds = _feeds(batch)
         got = cg.run(**feeds)

@@ -5,7 +5,7 @@ norms): ResNet-18 and MobileNetV3-small (tests/frontends/conv_models.py, torchvi
 plain torch, random weights) at 64x64, and a Whisper-like conv1d audio front end, each compiled once
 with a dynamic batch and run at two batch sizes. Hand-built models cover what those exports do not:
 BatchNormalization folded into a conv at import, a standalone one, `auto_pad` modes, pooling variants,
-Pad, Resize and ConvTranspose.
+Pad, Resize, ConvTranspose and both Winograd tile sizes.
 Every output must equal onnxruntime's (f32) within 1e-4 x max |out|.
 """
 
@@ -150,6 +150,30 @@ def test_windows_batch_norms_and_auto_pads_equal_onnxruntime() -> None:
     for batch in (2, 1):
         x = np.random.default_rng(batch).standard_normal((batch, 3, 9, 8)).astype(np.float32)
         for name, got, want in zip(outs, cg.run(x=x), sess.run(outs, {"x": x})):
+            _close(got, want, f"{name} batch {batch}")
+
+
+def test_winograd_convs_equal_onnxruntime() -> None:
+    """3x3 stride-1 convs with 32+ channels: Winograd F(4x4, 3x3) on rows of 30 (partial tiles in both axes,
+    uneven pads, relu fused) and F(2x2, 3x3) on rows of 16, batches split over the team and shared by it."""
+    from rlx.ir.decisions_conv import ConvPlan
+
+    rng = np.random.default_rng(11)
+    inits = {name: (rng.standard_normal(shape) * 0.2).astype(np.float32)
+             for name, shape in (("w4", (34, 33, 3, 3)), ("b4", (34,)), ("w2", (32, 34, 3, 3)))}
+    nodes = [helper.make_node("Conv", ["x", "w4", "b4"], ["c4"], pads=[2, 1, 0, 1]),
+             helper.make_node("Relu", ["c4"], ["wino4"]),
+             helper.make_node("Slice", ["wino4", "starts", "ends", "axes"], ["left"]),
+             helper.make_node("Conv", ["left", "w2"], ["wino2"], pads=[1, 1, 1, 1])]
+    inits |= {"starts": np.array([0], np.int64), "ends": np.array([16], np.int64), "axes": np.array([3], np.int64)}
+    data = _model(nodes, [_vi("x", ["batch", 33, 9, 30])], [_vi("wino4", None), _vi("wino2", None)], inits)
+    cg = _compiled(data, max_batch=2)
+    assert {d.layout for d in cg.lir.decided(ConvPlan) if d.algorithm == "winograd"} == {"nchw_wino4_tiles",
+                                                                                         "nchw_wino_tiles"}
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch in (2, 1):
+        x = np.random.default_rng(batch).standard_normal((batch, 33, 9, 30)).astype(np.float32)
+        for name, got, want in zip(("wino4", "wino2"), cg.run(x=x), sess.run(["wino4", "wino2"], {"x": x})):
             _close(got, want, f"{name} batch {batch}")
 
 

@@ -5,7 +5,7 @@ rendered as its LIR `ConvPlan` says (`rlx.opt.lowering_conv`): an implicit GEMM
 on pixel-major tiles gathered into per-thread scratch (the packed micro-kernel
 when the weight is stored packed, `rlx_sgemm1` otherwise), a 1x1 product in register tiles on the planes
 as they lie (pointwise), a direct or depthwise window on padded, stride-phase copies of channel planes,
-Winograd F(2x2, 3x3) on 2x2-pixel tiles (the weight transformed at set_param: `params.py`); bias
+Winograd F(2x2, 3x3) on 2x2-pixel tiles or F(4x4, 3x3) on 4x4 (the weight transformed at set_param: `params.py`); bias
 and activation are applied in the channels-first store. Pooling runs per plane. Loops: `templates/cpu/kernels/conv.h`,
 macros: `templates/cpu/conv.c.j2`. f32 only (legalization widens f16/bf16).
 
@@ -26,7 +26,7 @@ from rlx.codegen.cpu.base import align64, c_string, comment, node_header
 from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.errors import BuildError
 from rlx.ir import ops as O
-from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvPlan
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.ops_conv import Conv, Pool, Window2d, pool_kernel_why_not, window_2d
@@ -77,13 +77,17 @@ class ConvArgs:
     dw: int
     ph: int
     pw: int
-    #: Winograd: tile rows and columns, columns of the phase planes (tw + 1), tiles of an image padded to whole
-    #: panels, floats of one phase plane of its 4 x 4 stride-2 patches
+    #: Winograd: output pixels per tile side (2: F(2x2, 3x3), 4: F(4x4, 3x3)), tile rows and columns, columns of
+    #: the phase planes (tw + 1), tiles of an image padded to whole panels, floats of one phase plane of its
+    #: (m + 2) x (m + 2), stride-m patches
+    m: int = 0
     th: int = 0
     tw: int = 0
     wq: int = 0
     lp: int = 0
     pl: int = 0
+    #: Winograd F(4x4): tiles per tile row as numbered (`winograd_pitch`)
+    tp: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,32 +168,65 @@ def depthwise_scratch_floats(g: Window2d) -> int:
     return g.sh * g.sw * phase_plane_floats(g) + out
 
 
+def winograd_pitch(m: int, th: int, tw: int) -> int:
+    """Tiles per tile row as an F(m x m) conv numbers them. F(4x4) takes the phase planes' width tw + 1 (a dropped
+    column; each panel's patches are one contiguous run, whole vectors for the transforms) unless that needs more
+    than 1/8 more 16-tile panels than tw: on ResNet's 56-wide stage 14 panels instead of 13 measured 2.1 vs 2.6 ms
+    (64 channels, batch 1, one thread), on its 28-wide stage both are 4 panels. F(2x2) always takes tw.
+
+    >>> winograd_pitch(4, 7, 7), winograd_pitch(4, 14, 14), winograd_pitch(4, 4, 4), winograd_pitch(2, 28, 28)
+    (8, 15, 4, 28)
+    """
+    if m == 4 and 8 * -(-th * (tw + 1) // DIRECT_PIXELS) <= 9 * -(-th * tw // DIRECT_PIXELS):
+        return tw + 1
+    return tw
+
+
 @dataclass(frozen=True)
 class WinogradTiles:
-    """The tiles of a Winograd F(2x2, 3x3) conv on one image (rlx_conv_winograd_* in kernels/conv.h).
+    """The m x m-pixel tiles of a Winograd F(m x m, 3x3) conv on one image (rlx_conv_winograd_* and
+    rlx_conv_winograd4_* in kernels/conv.h): (m + 2)^2 transformed elements per tile.
 
     >>> from rlx.ir.ops_conv import Conv
-    >>> t = WinogradTiles.of(window_2d(Conv(pads=(1, 1, 1, 1)), (56, 56), (56, 56), (3, 3), 64))
+    >>> geo = window_2d(Conv(pads=(1, 1, 1, 1)), (56, 56), (56, 56), (3, 3), 64)
+    >>> t = WinogradTiles.of(geo, 2)
     >>> t.th, t.tw, t.wq, t.lp, t.pl, t.scratch_floats(64, 64)
     (28, 28, 29, 784, 902, 1605632)
+    >>> t = WinogradTiles.of(geo, 4)
+    >>> t.th, t.tw, t.wq, t.lp, t.pl, t.scratch_floats(64, 64)
+    (14, 14, 15, 224, 272, 1032192)
     """
 
+    m: int
     th: int
     tw: int
     wq: int
     lp: int
     pl: int
+    #: tiles per tile row as numbered (F(2x2): tw; F(4x4): `winograd_pitch`)
+    tp: int
 
     @classmethod
-    def of(cls, g: Window2d) -> WinogradTiles:
-        th, tw = -(-g.oh // 2), -(-g.ow // 2)
+    def of(cls, g: Window2d, m: int) -> WinogradTiles:
+        th, tw = -(-g.oh // m), -(-g.ow // m)
         wq = tw + 1
-        lp = -(-th * tw // DIRECT_PIXELS) * DIRECT_PIXELS
-        return cls(th, tw, wq, lp, (th + 2) * wq + DW_VEC)  # (HQ + 1) x WQ + slack, HQ = th + 1
+        tp = winograd_pitch(m, th, tw)
+        lp = -(-th * tp // DIRECT_PIXELS) * DIRECT_PIXELS
+        return cls(m, th, tw, wq, lp, (th + 2) * wq + DW_VEC, tp)  # (HQ + 1) x WQ + slack, HQ = th + 1
+
+    @property
+    def elements(self) -> int:
+        """Transformed elements per tile: (m + 2)^2."""
+        return (self.m + 2) ** 2
+
+    def thread_floats(self) -> int:
+        """Floats of one thread's own buffers: one channel's m x m phase planes, m output rows (m TW wide) and,
+        for F(4x4), one output channel's pixels tile-major ([16, lp])."""
+        return self.m ** 2 * (self.pl + self.tw) + (16 * self.lp if self.m == 4 else 0)
 
     def scratch_floats(self, channels: int, out_channels: int) -> int:
-        """Floats of V [16, C, lp] and M [16, O, lp], one image's transformed input and products."""
-        return 16 * (channels + out_channels) * self.lp
+        """Floats of V [E, C, lp] and M [E, O, lp], one image's transformed input and products."""
+        return self.elements * (channels + out_channels) * self.lp
 
 
 def emit_conv(em, node: Node) -> Kernel:
@@ -205,7 +242,7 @@ def emit_conv(em, node: Node) -> Kernel:
     k = cg * geo.kh * geo.kw
     og = o // op.groups
     a_bytes = align64(CONV_TILE_PIXELS * k * 4)
-    wino = WinogradTiles.of(geo) if plan.algorithm == "winograd" else None
+    wino = WinogradTiles.of(geo, WINOGRAD_TILE[plan.layout]) if plan.algorithm == "winograd" else None
     planes_offset = (align64(wino.scratch_floats(cg, o) * 4) if wino
                      else align64(plan.channels * plan.tile * DIRECT_PIXELS * 4))
     args = ConvArgs(
@@ -219,10 +256,11 @@ def emit_conv(em, node: Node) -> Kernel:
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
-        **_geom_fields(geo), **({f: getattr(wino, f) for f in ("th", "tw", "wq", "lp", "pl")} if wino else {}))
+        **_geom_fields(geo),
+        **({f: getattr(wino, f) for f in ("m", "th", "tw", "wq", "lp", "pl", "tp")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
-    if wino:  # V and M of one image, then one channel's phase planes and two output rows
-        scratch = planes_offset + align64((4 * wino.pl + 4 * wino.tw) * 4)
+    if wino:  # V and M of one image, then the thread's own buffers
+        scratch = planes_offset + align64(wino.thread_floats() * 4)
     elif plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
     elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product

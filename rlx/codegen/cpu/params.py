@@ -1,7 +1,7 @@
 """Where each param lives in the CPU context (`ctx->params`) and how `rlx_set_param` stores it.
 
 A pure function of the decided LIR (`param_layout`): a param a GEMM reads packed (`PackedParam`)
-takes padded panels in its own precision, a Winograd conv's weight (`ConvPlan`) its transform ``[16, O, C]``,
+takes padded panels in its own precision, a Winograd conv's weight (`ConvPlan`) its transform ``[16 or 36, O, C]``,
 an `int8_matmul` weight (`Int8Param`) its int8 panels,
 a narrow param read only through one cast (`WidenedParam`) its f32 copy, and every other param its
 own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
@@ -28,7 +28,7 @@ from typing import Any
 
 from rlx.codegen.cpu.base import PACK_NR_MAX, c_string, comment, round_up
 from rlx.ir.decisions import PackedParam, WidenedParam
-from rlx.ir.decisions_conv import ConvPlan
+from rlx.ir.decisions_conv import WINOGRAD_TILE, ConvPlan
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.dtype import DType
 from rlx.ir.graph import NodeId
@@ -55,7 +55,7 @@ def param_layout(lir: LirModule) -> ParamLayout:
     int8 = {d.node: d for d in lir.decided(Int8Param)}
     widened = {d.node for d in lir.decided(WidenedParam)}
     conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm != "winograd"}
-    winograd = {d.weight for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
+    winograd = {d.weight: WINOGRAD_TILE[d.layout] for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
     slots: list[Mapping[str, Any]] = []
     offsets: list[int] = []
     packed_floats: dict[NodeId, int] = {}
@@ -95,9 +95,12 @@ def param_layout(lir: LirModule) -> ParamLayout:
             packed_floats[spec.node] = mat
             storage, mode, note = k // depth * mat * 4, "pack", " (conv weight packed for the GEMM kernel on set)"
         elif spec.node in winograd:
-            # a 3x3 conv weight [O, C, 3, 3] stored as its Winograd F(2x2, 3x3) transform [16, O, C] (kernels/conv.h)
+            # a 3x3 conv weight [O, C, 3, 3] stored as its Winograd F(m x m, 3x3) transform [(m + 2)^2, O, C]
+            # (kernels/conv.h; m = 2: mode winograd, m = 4: winograd4)
+            m = winograd[spec.node]
             dims, src_strides = dims[:2], [dims[1] * 9, 9]
-            storage, mode, note = 16 * dims[0] * dims[1] * 4, "winograd", " (Winograd-transformed conv weight, on set)"
+            storage = (m + 2) ** 2 * dims[0] * dims[1] * 4
+            mode, note = ("winograd" if m == 2 else "winograd4"), " (Winograd-transformed conv weight, on set)"
         elif spec.node in int8:
             # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
             storage = int8[spec.node].storage_bytes

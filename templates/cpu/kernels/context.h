@@ -281,6 +281,8 @@ RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, in
 #ifdef RLX_KERNELS_CONV_H
     if (p->mode == RLX_PARAM_WINOGRAD)  /* a 3x3 conv weight as its Winograd transform (conv) */
         rlx_conv_winograd_weight((float *)(ctx->params + p->offset), (const float *)data, p->dims);
+    else if (p->mode == RLX_PARAM_WINOGRAD4)  /* the same as its Winograd F(4x4, 3x3) transform */
+        rlx_conv_winograd4_weight((float *)(ctx->params + p->offset), (const float *)data, p->dims);
     else
 #endif
 #ifdef RLX_KERNELS_PACKED_GEMM_H

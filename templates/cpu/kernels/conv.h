@@ -463,6 +463,136 @@ static inline __attribute__((always_inline)) void rlx_conv_winograd_output(const
     }
 }
 
+/* Winograd F(4x4, 3x3) (Lavin and Gray's points 0, +-1, +-2 and infinity): each 4 x 4 block of output pixels is
+ * Y = A^T [ sum_c (G w G^T) .* (B^T d B) ] A, d the block's 6 x 6 input patch; 36 products M[e] = U[e] V[e]
+ * (e = 6 xi + nu), 36 multiply-adds per tile and channel pair for 16 output pixels (2.25 per pixel against
+ * F(2x2)'s 4 and the direct window's 9). The patches start 4 apart: the phase planes of a 6 x 6, stride-4 window
+ * (rlx_conv_phase_copy: 16 planes) make patch row a, column b one contiguous run along a row of tiles (phase
+ * (a % 4, b % 4), offset (a / 4, b / 4)). Tiles, panels and V, M as F(2x2)'s. */
+#define RLX_WINO4_E 36
+
+/* U[e][o][c] (e = 6 xi + nu) = (G w[o, c] G^T)[xi][nu] of a weight w[O, C, 3, 3]; dims[0..1] = O, C. */
+static void rlx_conv_winograd4_weight(float *restrict U, const float *restrict w, const int64_t *dims)
+{
+    const int64_t O = dims[0], C = dims[1];
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++) {
+            const float *g = w + (o * C + c) * 9;
+            float t[6][3];  /* G g: rows of the 6 x 3 product */
+            for (int j = 0; j < 3; j++) {
+                const float g0 = g[j], g1 = g[3 + j], g2 = g[6 + j];
+                t[0][j] = g0 / 4.0f;
+                t[1][j] = -(g0 + g1 + g2) / 6.0f;
+                t[2][j] = -(g0 - g1 + g2) / 6.0f;
+                t[3][j] = g0 / 24.0f + g1 / 12.0f + g2 / 6.0f;
+                t[4][j] = g0 / 24.0f - g1 / 12.0f + g2 / 6.0f;
+                t[5][j] = g2;
+            }
+            for (int i = 0; i < 6; i++) {
+                const float g0 = t[i][0], g1 = t[i][1], g2 = t[i][2];
+                const float u[6] = {g0 / 4.0f, -(g0 + g1 + g2) / 6.0f, -(g0 - g1 + g2) / 6.0f,
+                                    g0 / 24.0f + g1 / 12.0f + g2 / 6.0f, g0 / 24.0f - g1 / 12.0f + g2 / 6.0f, g2};
+                for (int j = 0; j < 6; j++)
+                    U[((int64_t)(i * 6 + j) * O + o) * C + c] = u[j];
+            }
+        }
+}
+
+/* V[e] (e = 6 xi + nu, ldv floats apart) of one channel's TH x TP tiles, numbered i = th * TP + tw (TP = TW, or
+ * WQ: then the tiles of column TW are computed and dropped, tile i's patch starts at phase-plane offset i and a
+ * panel's 16 tiles are one contiguous run): (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16, zeros
+ * past TH * TP in the last panel. q: the channel's 16 phase planes (PL floats apart, WQ wide: rlx_conv_phase_copy
+ * of the 6 x 6, stride-4 window). */
+static inline __attribute__((always_inline)) void rlx_conv_winograd4_input(const float *restrict q, int64_t PL,
+        int64_t WQ, int64_t TH, int64_t TP, float *restrict V, int64_t ldv, int64_t lpan)
+{
+    const int64_t L = TH * TP, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
+    for (int64_t p = 0; p < npan; p++) {
+        const int64_t i0 = p * RLX_CONV_PX, end = L - i0 < RLX_CONV_PX ? L : i0 + RLX_CONV_PX;
+        float *restrict vp = V + p * lpan - i0;
+        for (int64_t i = i0; i < end;) {
+            const int64_t th = i / TP, tw = i % TP;
+            const int64_t n = TP == WQ || end - i < TP - tw ? end - i : TP - tw;  /* runs of patches */
+            const int64_t at = th * WQ + tw;  /* the run's first patch in the phase planes */
+            float *restrict vi = vp + i;
+            #pragma omp simd
+            for (int64_t m = 0; m < n; m++) {
+                float r[6][6];  /* B^T d, d[a][b] = patch row a, column b */
+                #pragma GCC unroll 6
+                for (int b = 0; b < 6; b++) {
+                    const float *restrict qb = q + (b & 3) * PL + (b >> 2) + at + m;  /* phase row 0, column b */
+                    const float d0 = qb[0], d1 = qb[4 * PL], d2 = qb[8 * PL], d3 = qb[12 * PL];
+                    const float d4 = qb[WQ], d5 = qb[4 * PL + WQ];
+                    r[0][b] = 4.0f * d0 - 5.0f * d2 + d4;
+                    r[1][b] = -4.0f * (d1 + d2) + d3 + d4;
+                    r[2][b] = 4.0f * (d1 - d2) - d3 + d4;
+                    r[3][b] = 2.0f * (d3 - d1) - d2 + d4;
+                    r[4][b] = 2.0f * (d1 - d3) - d2 + d4;
+                    r[5][b] = 4.0f * d1 - 5.0f * d3 + d5;
+                }
+                #pragma GCC unroll 6
+                for (int a = 0; a < 6; a++) {  /* (B^T d) B */
+                    const float s0 = r[a][0], s1 = r[a][1], s2 = r[a][2], s3 = r[a][3], s4 = r[a][4], s5 = r[a][5];
+                    vi[(a * 6 + 0) * ldv + m] = 4.0f * s0 - 5.0f * s2 + s4;
+                    vi[(a * 6 + 1) * ldv + m] = -4.0f * (s1 + s2) + s3 + s4;
+                    vi[(a * 6 + 2) * ldv + m] = 4.0f * (s1 - s2) - s3 + s4;
+                    vi[(a * 6 + 3) * ldv + m] = 2.0f * (s3 - s1) - s2 + s4;
+                    vi[(a * 6 + 4) * ldv + m] = 2.0f * (s1 - s3) - s2 + s4;
+                    vi[(a * 6 + 5) * ldv + m] = 4.0f * s1 - 5.0f * s3 + s5;
+                }
+            }
+            i += n;
+        }
+        for (int e = 0; e < RLX_WINO4_E; e++)  /* the last panel's tiles past L */
+            for (int64_t i = end; i < i0 + RLX_CONV_PX; i++)
+                vp[e * ldv + i] = 0.0f;
+    }
+}
+
+/* The 4 x 4 outputs A^T m A of L tiles, tile-major: m[e] of tile i at M + e * ldm + i, its output pixel (h, j) at
+ * R + (4 h + j) * ldr + i (one vector loop over every tile of an image, however short its rows). */
+static inline __attribute__((always_inline)) void rlx_conv_winograd4_output(const float *restrict M, int64_t ldm,
+        int64_t L, float *restrict R, int64_t ldr)
+{
+    #pragma omp simd
+    for (int64_t i = 0; i < L; i++) {
+        float t[4][6];  /* A^T m */
+        #pragma GCC unroll 6
+        for (int b = 0; b < 6; b++) {
+            const float m0 = M[b * ldm + i], m1 = M[(6 + b) * ldm + i], m2 = M[(12 + b) * ldm + i];
+            const float m3 = M[(18 + b) * ldm + i], m4 = M[(24 + b) * ldm + i], m5 = M[(30 + b) * ldm + i];
+            const float p12 = m1 + m2, n12 = m1 - m2, p34 = m3 + m4, n34 = m3 - m4;
+            t[0][b] = m0 + p12 + p34;
+            t[1][b] = n12 + 2.0f * n34;
+            t[2][b] = p12 + 4.0f * p34;
+            t[3][b] = n12 + 8.0f * n34 + m5;
+        }
+        #pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            const float p12 = t[h][1] + t[h][2], n12 = t[h][1] - t[h][2];
+            const float p34 = t[h][3] + t[h][4], n34 = t[h][3] - t[h][4];
+            R[(4 * h + 0) * ldr + i] = t[h][0] + p12 + p34;
+            R[(4 * h + 1) * ldr + i] = n12 + 2.0f * n34;
+            R[(4 * h + 2) * ldr + i] = p12 + 4.0f * p34;
+            R[(4 * h + 3) * ldr + i] = n12 + 8.0f * n34 + t[h][5];
+        }
+    }
+}
+
+/* One output row of TW tiles from rlx_conv_winograd4_output's R: r[4 tw + j] = R[j * ldr + tw] (R at the row's
+ * first tile of its (4 h)-th stream). */
+static inline __attribute__((always_inline)) void rlx_conv_winograd4_row(const float *restrict R, int64_t ldr,
+        int64_t TW, float *restrict r)
+{
+    #pragma omp simd
+    for (int64_t tw = 0; tw < TW; tw++) {
+        r[4 * tw] = R[tw];
+        r[4 * tw + 1] = R[ldr + tw];
+        r[4 * tw + 2] = R[2 * ldr + tw];
+        r[4 * tw + 3] = R[3 * ldr + tw];
+    }
+}
+
 /* Cells of window `o` along one axis that fall in [lo_bound, hi_bound) of input coordinates. */
 static inline int64_t rlx_pool_cells(int64_t o, int64_t S, int64_t P, int64_t K, int64_t D, int64_t lo_bound,
                                      int64_t hi_bound)
