@@ -185,7 +185,9 @@ def test_sparse_moe_q8_0_equals_transformers_on_the_dequantized_weights(sparse):
     tokens whose logits hang on the Q8_0 rounding of the DeltaNet's key rows (one token at cos 0.978 from
     quantizing those rows alone; its key heads are not small before their L2 norm)."""
     model, _, directory = sparse
-    lm = CausalLM.from_pretrained(directory, quantize="q8_0", context_length=48, prefill_chunk=48)
+    # f32 activations, as the twin multiplies them: on a CPU with AVX-512 VNNI the default quantizes them to int16
+    # per block (`default_quant_act`, ~3e-4 x max|logit| here), an error of RLX's own that the twin does not model
+    lm = CausalLM.from_pretrained(directory, quantize="q8_0", context_length=48, prefill_chunk=48, quant_act="f32")
     kinds = {name: spec.ggml_type for name, (spec, _) in lm.tensors.items()}
     assert kinds["blk.0.ffn_moe.experts.gate_up_proj"] == kinds["blk.0.ssm_qkv.weight"] == "q8_0"
     assert kinds["blk.0.ffn_moe.gate.weight"] == kinds["blk.0.ffn_moe.shared_expert_gate.weight"] == "f32"
