@@ -144,7 +144,8 @@ class DecodeSplitKv(Decision):
     `grouped`: decode steps run rlx_kv_decode (kernels/kv_decode.cuh): one block per (query, KV head) computes all
     `group` query heads of its KV head (each cached K/V row read once for them), reading rows in 16-byte loads
     (`lanes` lanes per row); `max_splits` then comes from the keys a query can see (the capacity, or the window)
-    and from `sms`, the SM count the split blocks are to fill. Otherwise (a head dim the loads cannot tile, more
+    and from `sms`, the SM count the split blocks are to fill, `blocks_per_sm` blocks each (the kernel's register
+    bound: 4 where a lane's `group` x head-dim slice is small, else 2). Otherwise (a head dim the loads cannot tile, more
     than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head). `reason`, when set, says
     why they stay on rlx_kv_attend (a paged cache); such a decision is recorded even with `max_splits` 1.
 
@@ -162,6 +163,7 @@ class DecodeSplitKv(Decision):
     lanes: int = 0
     sms: int = 0
     reason: str = ""
+    blocks_per_sm: int = 2
 
     def describe(self) -> str:
         if self.reason:
@@ -173,7 +175,7 @@ class DecodeSplitKv(Decision):
             return (f"%{self.attention} decode steps (<= {self.max_rows} rows): rlx_kv_decode, a block per (query, KV "
                     f"head) for its {self.group} query heads, K/V rows in 16-byte loads ({self.lanes} lanes a row); "
                     f"a query's keys split over up to {self.max_splits} blocks of >= {self.split_keys} keys "
-                    f"(sized for {self.sms} SMs; partials in scratch, merged by the last block)")
+                    f"(sized for {self.sms} SMs x {self.blocks_per_sm} blocks; partials in scratch, merged by the last block)")
         return (f"%{self.attention} splits a query's keys over up to {self.max_splits} blocks of >= {self.split_keys} "
                 f"keys when a step has <= {self.max_rows} rows (partials in scratch, merged by the last block)")
 

@@ -460,15 +460,27 @@ def kvd_lanes(head_dim: int, itemsize: int) -> int:
     return 32 if vectors % 32 == 0 else 0
 
 
-def kvd_splits(keys: int, kv_heads: int, sms: int) -> int:
+def kvd_blocks_per_sm(group: int, head_dim: int, lanes: int) -> int:
+    """Blocks of rlx_kv_decode an SM holds, the bound its `__launch_bounds__` sets (RLX_KVD_BLOCKS_PER_SM): 4 where
+    a lane keeps at most 24 query and output values per state (`group` heads x head_dim / lanes dims), else 2.
+
+    >>> kvd_blocks_per_sm(3, 64, 8), kvd_blocks_per_sm(4, 128, 16), kvd_blocks_per_sm(3, 64, 16)
+    (4, 2, 4)
+    """
+    return 4 if group * (head_dim // lanes) <= 24 else KVD_BLOCKS_PER_SM
+
+
+def kvd_splits(keys: int, kv_heads: int, sms: int, blocks_per_sm: int = KVD_BLOCKS_PER_SM) -> int:
     """The most blocks a grouped decode query over `keys` visible keys splits over: enough for `sms` SMs to hold
-    KVD_BLOCKS_PER_SM blocks each at batch 1 (kv_heads blocks per split), no block under KVD_SPLIT_KEYS keys.
+    `blocks_per_sm` blocks each at batch 1 (kv_heads blocks per split), no block under KVD_SPLIT_KEYS keys.
 
     >>> kvd_splits(32, 3, 132), kvd_splits(4096, 3, 132), kvd_splits(16384, 3, 132), kvd_splits(16384, 8, 132)
     (1, 64, 88, 33)
+    >>> kvd_splits(16384, 3, 132, 4)
+    128
     """
     by_keys = -(-keys // KVD_SPLIT_KEYS)
-    by_sms = -(-KVD_BLOCKS_PER_SM * sms // kv_heads)
+    by_sms = -(-blocks_per_sm * sms // kv_heads)
     return max(1, min(KVD_MAX_SPLITS, by_keys, by_sms))
 
 
@@ -490,8 +502,9 @@ def decode_split_plan(graph: Graph, node: Node, precision: DType, sms: int = DEF
     if op.paged:  # recorded even unsplit: the LIR says why this decoder's decode steps are not grouped
         return DecodeSplitKv(node.id, kv_splits(keys), KV_SPLIT_KEYS, KV_SPLIT_ROWS, reason=PAGED_DECODE_REASON)
     if grouped and lanes and group <= KVD_MAX_GROUP:
-        return DecodeSplitKv(node.id, kvd_splits(keys, op.kv_heads, sms), KVD_SPLIT_KEYS, KV_SPLIT_ROWS,
-                             grouped=True, group=group, lanes=lanes, sms=sms)
+        blocks = kvd_blocks_per_sm(group, op.head_dim, lanes)
+        return DecodeSplitKv(node.id, kvd_splits(keys, op.kv_heads, sms, blocks), KVD_SPLIT_KEYS, KV_SPLIT_ROWS,
+                             grouped=True, group=group, lanes=lanes, sms=sms, blocks_per_sm=blocks)
     splits = kv_splits(keys)
     return DecodeSplitKv(node.id, splits, KV_SPLIT_KEYS, KV_SPLIT_ROWS) if splits > 1 else None
 

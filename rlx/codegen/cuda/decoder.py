@@ -147,8 +147,8 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                 raise BuildError(f"decode steps of {ds.max_rows} rows exceed rlx_kv_decode's {KVD_NEW_ROWS} "
                                  f"(node {node.label})")
             # the G query rows, the step's new keys and values, the warps' states (reused by the last block's
-            # merge for the splits' scales: G per split)
-            states = max(KVD_WARPS * ds.group * (hd + 2), ds.group * ds.max_splits)
+            # merge: the G maxes and inverses and every warp's G x HD sums)
+            states = KVD_WARPS * ds.group * (hd + 2)
             dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + states) * 4
             split.update(grouped=True, group=ds.group, dec_smem=dec_smem)
             headers = (HEADER, DECODE_HEADER)

@@ -43,15 +43,20 @@ template <typename KT, int HD> struct RlxKvdShape {
     static_assert(HD % VEC == 0 && 32 % LPR == 0 && NV % LPR == 0, "head_dim unsupported by rlx_kv_decode");
 };
 
+/* Blocks an SM holds (the registers' bound, __launch_bounds__): 4 where a lane's G x DPL query and output values
+   are few (<= 24), else 2; rlx.opt.lowering_cuda.kvd_blocks_per_sm sizes the split count by the same rule. */
+template <typename KT, int HD, int G> constexpr int rlx_kvd_blocks_per_sm() {
+    return G * RlxKvdShape<KT, HD>::DPL <= 24 ? 4 : 2;
+}
+
 /* Head dim d of vector slot v of lane `sub_lane`: a row's LPR lanes read LPR * 16 contiguous bytes per slot. */
 template <typename KT, int HD> __device__ __forceinline__ int rlx_kvd_dim(int sub_lane, int v, int e) {
     using S = RlxKvdShape<KT, HD>;
     return (v * S::LPR + sub_lane) * S::VEC + e;
 }
 
-/* VEC elements of KT at p (16-byte aligned) as floats. */
-template <typename KT, int VEC> __device__ __forceinline__ void rlx_kvd_load(const KT *p, float *x) {
-    const RLX_KVD_VEC16 raw = *reinterpret_cast<const RLX_KVD_VEC16 *>(p);
+/* The VEC elements of KT in one 16-byte vector as floats. */
+template <typename KT, int VEC> __device__ __forceinline__ void rlx_kvd_cvt(const RLX_KVD_VEC16 &raw, float *x) {
     const KT *e = reinterpret_cast<const KT *>(&raw);
 #pragma unroll
     for (int t = 0; t < VEC; ++t)
@@ -62,7 +67,7 @@ template <typename KT, int VEC> __device__ __forceinline__ void rlx_kvd_load(con
 __device__ __forceinline__ float rlx_kvd_scale(float a, float m) { return a == -INFINITY ? 0.0f : exp2f(a - m); }
 
 template <typename T, typename KT, int HD, int G, bool ROPE, bool NEOX, bool WINDOW>
-__global__ void __launch_bounds__(RLX_KVD_THREADS)
+__global__ void __launch_bounds__(RLX_KVD_THREADS, rlx_kvd_blocks_per_sm<KT, HD, G>())
 rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew, KT *__restrict__ kc,
               KT *__restrict__ vc, const int32_t *__restrict__ pos, T *out, int64_t sq, int64_t cap, int heads,
               int kv_heads, float scale, int64_t window, int32_t *flag, const T *__restrict__ cosb,
@@ -176,11 +181,12 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         for (int d = 0; d < S::DPL; ++d)
             acc[g][d] = 0.0f;
     }
-    /* U rows per lane per step, all loaded before any is used (more bytes in flight); the trip count is
-       warp-uniform (the shuffles need every lane): a lane past hi takes no key */
+    /* U rows per lane per step, all loaded (raw 16-byte vectors) before any is used: more bytes in flight. The
+       trip count is warp-uniform (the shuffles need every lane): a lane past hi takes no key. A step's U keys
+       update each head's softmax state once (the tile's max, one rescale of the sums), not once per key. */
     constexpr int U = G * S::DPL <= 32 ? 4 : 2;
     for (int64_t base = lo + (int64_t)warp * S::RPW * U; base < hi; base += (int64_t)RLX_KVD_WARPS * S::RPW * U) {
-        float kx[U][S::DPL], vx[U][S::DPL];
+        RLX_KVD_VEC16 kr[U][S::VPL], vr[U][S::VPL];
         bool live[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -190,42 +196,73 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
 #pragma unroll
                 for (int v = 0; v < S::VPL; ++v) {
                     const int d0 = rlx_kvd_dim<KT, HD>(sl, v, 0);
-                    rlx_kvd_load<KT, S::VEC>(kb + j * kw + d0, kx[u] + v * S::VEC);
-                    rlx_kvd_load<KT, S::VEC>(vb + j * kw + d0, vx[u] + v * S::VEC);
+                    kr[u][v] = *reinterpret_cast<const RLX_KVD_VEC16 *>(kb + j * kw + d0);
+                    vr[u][v] = *reinterpret_cast<const RLX_KVD_VEC16 *>(vb + j * kw + d0);
                 }
-            } else {
-                const int64_t r = live[u] ? j - p : 0;  /* a new row (staged), or row 0 of them for a dead lane */
+            } else {  /* a new row (staged, already rounded to KT: exact), or row 0 of them for a dead lane */
+                const int64_t r = live[u] ? j - p : 0;
 #pragma unroll
-                for (int v = 0; v < S::VPL; ++v)
+                for (int v = 0; v < S::VPL; ++v) {
+                    KT *ke = reinterpret_cast<KT *>(&kr[u][v]), *ve = reinterpret_cast<KT *>(&vr[u][v]);
 #pragma unroll
                     for (int e = 0; e < S::VEC; ++e) {
                         const int d = rlx_kvd_dim<KT, HD>(sl, v, e);
-                        kx[u][v * S::VEC + e] = kns[r * HD + d];
-                        vx[u][v * S::VEC + e] = vns[r * HD + d];
+                        ke[e] = rlx_to<KT>(kns[r * HD + d]);
+                        ve[e] = rlx_to<KT>(vns[r * HD + d]);
                     }
+                }
             }
         }
+        float sc[U][G];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            float kx[S::DPL];
+#pragma unroll
+            for (int v = 0; v < S::VPL; ++v)
+                rlx_kvd_cvt<KT, S::VEC>(kr[u][v], kx + v * S::VEC);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                float t = 0.0f;
+#pragma unroll
+                for (int d = 0; d < S::DPL; ++d)
+                    t = fmaf(qr[g][d], kx[d], t);
+#pragma unroll
+                for (int o = S::LPR / 2; o > 0; o >>= 1)
+                    t += __shfl_xor_sync(0xffffffffu, t, o);
+                sc[u][g] = t;
+            }
+        }
+        float vx[U][S::DPL];
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                float s = 0.0f;
+            for (int v = 0; v < S::VPL; ++v)
+                rlx_kvd_cvt<KT, S::VEC>(vr[u][v], vx[u] + v * S::VEC);
 #pragma unroll
-                for (int d = 0; d < S::DPL; ++d)
-                    s = fmaf(qr[g][d], kx[u][d], s);
+        for (int g = 0; g < G; ++g) {
+            float mt = -INFINITY;
 #pragma unroll
-                for (int o = S::LPR / 2; o > 0; o >>= 1)
-                    s += __shfl_xor_sync(0xffffffffu, s, o);
-                if (live[u]) {
-                    const float mn = fmaxf(m[g], s);
-                    const float c = rlx_kvd_scale(m[g], mn), w = exp2f(s - mn);
-                    l[g] = l[g] * c + w;
+            for (int u = 0; u < U; ++u)
+                if (live[u]) mt = fmaxf(mt, sc[u][g]);
+            if (mt == -INFINITY) continue;  /* no key of this lane's row (or only -inf scores) */
+            const float mn = fmaxf(m[g], mt), c = rlx_kvd_scale(m[g], mn);
+            float w[U], ws = 0.0f;
 #pragma unroll
-                    for (int d = 0; d < S::DPL; ++d)
-                        acc[g][d] = fmaf(w, vx[u][d], acc[g][d] * c);
-                    m[g] = mn;
-                }
+            for (int u = 0; u < U; ++u) {
+                w[u] = live[u] ? exp2f(sc[u][g] - mn) : 0.0f;
+                ws += w[u];
             }
+            l[g] = l[g] * c + ws;
+#pragma unroll
+            for (int d = 0; d < S::DPL; ++d) {
+                float a2 = acc[g][d] * c;
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    a2 = fmaf(w[u], vx[u][d], a2);
+                acc[g][d] = a2;
+            }
+            m[g] = mn;
+        }
     }
     /* merge the warp's RPW row states (lanes with the same place in a row), then the warps' through shared memory */
 #pragma unroll
@@ -291,11 +328,12 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     __syncthreads();
     if (!last_block) return;
     __threadfence();
-    /* The merge, spread over the block: a warp per query head finds the splits' common max and each split's scale
-       (lanes over splits, into shared memory: `wst` holds WARPS * G * (HD + 2) >= G * gridDim.z floats), then a
-       thread per (head, dim) sums the scaled partial outputs with independent loads. One thread walking every
-       split twice per output was the tail of a long-context step. */
-    float *cs = wst, *inv = qs;  /* scales [G][active]; 1 / sum per head (the queries are no longer needed) */
+    /* The merge, spread over the block. A warp per query head finds the splits' common max and 1 / sum (lanes over
+       splits); then warp w sums splits w, w + WARPS, ... for every (head, dim), a lane per dim (coalesced), each
+       split's scale recomputed from its max, four splits' loads issued before their sums (independent L2 reads:
+       a dependent walk over 88 splits was most of a 16k-context step's attention); the warps' sums meet in
+       shared memory. `wst` holds WARPS * G * (HD + 2) floats: the G maxes, G inverses and WARPS * G * HD sums. */
+    float *mxs = wst, *inv = wst + G, *red = wst + 2 * G;
     for (int g = warp; g < G; g += RLX_KVD_WARPS) {
         const float *all = partials + (row * heads + (int64_t)kvh * G + g) * gridDim.z * (HD + 2);
         float mx = -INFINITY;
@@ -305,27 +343,53 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         for (int o = 16; o > 0; o >>= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         float sum = 0.0f;
-        for (int t = lane; t < active; t += 32) {
-            const float c = rlx_kvd_scale(__ldcg(all + t * (HD + 2)), mx);
-            cs[g * active + t] = c;
-            sum += __ldcg(all + t * (HD + 2) + 1) * c;
-        }
+        for (int t = lane; t < active; t += 32)
+            sum += __ldcg(all + t * (HD + 2) + 1) * rlx_kvd_scale(__ldcg(all + t * (HD + 2)), mx);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0)
+        if (lane == 0) {
+            mxs[g] = mx;
             inv[g] = 1.0f / sum;
+        }
+    }
+    __syncthreads();
+    {
+        constexpr int DL = (HD + 31) / 32;  /* dims per lane: d = lane + 32 k */
+        float o[G][DL];
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int k = 0; k < DL; ++k)
+                o[g][k] = 0.0f;
+        const float *base = partials + (row * heads + (int64_t)kvh * G) * gridDim.z * (HD + 2);
+        const int64_t head_stride = (int64_t)gridDim.z * (HD + 2);
+#pragma unroll 4
+        for (int t = warp; t < active; t += RLX_KVD_WARPS)
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float *part = base + g * head_stride + (int64_t)t * (HD + 2);
+                const float c = rlx_kvd_scale(__ldcg(part), mxs[g]);
+#pragma unroll
+                for (int k = 0; k < DL; ++k)
+                    if (lane + 32 * k < HD)
+                        o[g][k] = fmaf(__ldcg(part + 2 + lane + 32 * k), c, o[g][k]);
+            }
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int k = 0; k < DL; ++k)
+                if (lane + 32 * k < HD)
+                    red[(warp * G + g) * HD + lane + 32 * k] = o[g][k];
     }
     __syncthreads();
     for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
-        const int g = e / HD, d = e % HD;
-        const float *all = partials + (row * heads + (int64_t)kvh * G + g) * gridDim.z * (HD + 2) + 2 + d;
-        const float *c = cs + g * active;
+        const int g = e / HD;
         float o = 0.0f;
-#pragma unroll 8
-        for (int t = 0; t < active; ++t)
-            o = fmaf(__ldcg(all + t * (HD + 2)), c[t], o);
-        out[(row * heads + (int64_t)kvh * G + g) * HD + d] = rlx_to<T>(o * inv[g]);
+#pragma unroll
+        for (int w = 0; w < RLX_KVD_WARPS; ++w)
+            o += red[w * G * HD + e];
+        out[(row * heads + (int64_t)kvh * G + g) * HD + e % HD] = rlx_to<T>(o * inv[g]);
     }
     if (threadIdx.x == 0)
         counters[row * kv_heads + kvh] = 0;  /* ready for the next launch */

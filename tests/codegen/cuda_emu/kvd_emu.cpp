@@ -13,8 +13,8 @@ int run(const float *q, const float *k, const float *v, void *kc, void *vc, cons
         int32_t *counters) {
     constexpr int HD = 64, G = 2;
     int32_t flag = 0;
-    /* as rlx/codegen/cuda/decoder.py sizes it: the warps' states region also holds the merge's G scales per split */
-    const size_t states = RLX_KVD_WARPS * G * (HD + 2) > G * splits ? RLX_KVD_WARPS * G * (HD + 2) : G * splits;
+    /* as rlx/codegen/cuda/decoder.py sizes it: the warps' states region, reused by the merge */
+    const size_t states = RLX_KVD_WARPS * G * (HD + 2);
     const size_t smem = (G * HD + 2 * RLX_KVD_NEW_ROWS * HD + states) * sizeof(float);
     RlxDim3 grid;
     grid.x = (unsigned)(batch * kv_heads);
