@@ -145,8 +145,8 @@ class DecodeSplitKv(Decision):
     `group` query heads of its KV head (each cached K/V row read once for them), reading rows in 16-byte loads
     (`lanes` lanes per row); `max_splits` then comes from the keys a query can see (the capacity, or the window)
     and from `sms`, the SM count the split blocks are to fill, `blocks_per_sm` blocks each (the kernel's register
-    bound: 4 where a lane's `group` x head-dim slice is small, else 2). Otherwise (a head dim the loads cannot tile, more
-    than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head). `reason`, when set, says
+    bound: 4 where a lane's `group` x head-dim slice is small, else 2). Otherwise (a head dim the loads cannot
+    tile, more than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head). `reason`, when set, says
     why they stay on rlx_kv_attend (a paged cache); such a decision is recorded even with `max_splits` 1.
 
     >>> DecodeSplitKv(7, 64, 64, 4, grouped=True, group=3, lanes=8, sms=132).describe()[:68]
@@ -175,7 +175,8 @@ class DecodeSplitKv(Decision):
             return (f"%{self.attention} decode steps (<= {self.max_rows} rows): rlx_kv_decode, a block per (query, KV "
                     f"head) for its {self.group} query heads, K/V rows in 16-byte loads ({self.lanes} lanes a row); "
                     f"a query's keys split over up to {self.max_splits} blocks of >= {self.split_keys} keys "
-                    f"(sized for {self.sms} SMs x {self.blocks_per_sm} blocks; partials in scratch, merged by the last block)")
+                    f"(sized for {self.sms} SMs x {self.blocks_per_sm} blocks; partials in scratch, merged by the "
+                    f"last block)")
         return (f"%{self.attention} splits a query's keys over up to {self.max_splits} blocks of >= {self.split_keys} "
                 f"keys when a step has <= {self.max_rows} rows (partials in scratch, merged by the last block)")
 
