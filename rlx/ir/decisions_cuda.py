@@ -146,8 +146,8 @@ class DecodeSplitKv(Decision):
     (`lanes` lanes per row); `max_splits` then comes from the keys a query can see (the capacity, or the window)
     and from `sms`, the SM count the split blocks are to fill, `blocks_per_sm` blocks each (the kernel's register
     bound: 4 where a lane's `group` x head-dim slice is small, else 2). Otherwise (a head dim the loads cannot
-    tile, more than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head). `reason`, when set, says
-    why they stay on rlx_kv_attend (a paged cache); such a decision is recorded even with `max_splits` 1.
+    tile, more than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head). `reason`, when
+    set, says why they stay on rlx_kv_attend (a paged cache); such a decision is recorded even with `max_splits` 1.
 
     >>> DecodeSplitKv(7, 64, 64, 4, grouped=True, group=3, lanes=8, sms=132).describe()[:68]
     '%7 decode steps (<= 4 rows): rlx_kv_decode, a block per (query, KV h'
