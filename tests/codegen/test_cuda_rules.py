@@ -157,12 +157,13 @@ def test_grouped_decode_attention_is_a_lir_decision() -> None:
     graph = cases.CASES["kv_attention_split"]().graph  # 1100 cache rows, 4 heads over 2 KV heads, head dim 64
     lir = lower_for(plan(graph), "cuda", precision=DType.F16, gemm="builtin")
     (d,) = lir.decided(DecodeSplitKv)
-    # f16 rows of 64: 8 lanes a row; ceil(1100 / 64) = 18 splits (2 x 132 SMs / 2 KV heads would allow 132)
+    # f16 rows of 64: 8 lanes a row; ceil(1100 / 64) = 18 splits (4 x 132 SMs / 2 KV heads would allow 128, the cap)
     assert (d.grouped, d.group, d.lanes, d.max_splits, d.split_keys, d.sms) == (True, 2, 8, 18, 64, 132)
     assert "rlx_kv_decode, a block per (query, KV head) for its 2 query heads" in lir.inspect()
     few = lower_for(plan(graph), "cuda", precision=DType.F32, gemm="builtin", decode_sms=8)
     (d8,) = few.decided(DecodeSplitKv)
-    assert (d8.lanes, d8.max_splits) == (16, 8)  # f32 rows: 16 lanes; 2 x 8 SMs / 2 KV heads = 8 splits
+    # f32 rows: 16 lanes, 2 heads x 4 dims a lane: 4 blocks an SM; 4 x 8 SMs / 2 KV heads = 16 splits
+    assert (d8.lanes, d8.blocks_per_sm, d8.max_splits) == (16, 4, 16)
     src = render_cuda(lir, CudaTarget(gemm="builtin", precision=DType.F16), {"name": "g"})
     decode = "rlx_kv_decode<__half, __half, 64, 2, false, false, false>, dim3((unsigned)(batch * 2), (unsigned)sq, 18u)"
     assert decode in src
