@@ -12,7 +12,8 @@ in register tiles on a 520-pixel plane: a partial last panel, two blocks of inpu
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
 count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and batch_norm
 (decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an x86-64
-build without AVX2) both run.
+build without AVX2) both run, and the register tiles on 8-float vectors (x86-64; AVX2) and on 16-float ones
+(x86-64-v4, where the CPU has AVX-512F; native on such a CPU).
 """
 
 from __future__ import annotations
@@ -131,8 +132,18 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32)}
 
 
-def _targets() -> list[str]:
-    return ["native", "x86-64"] if os.uname().machine in ("x86_64", "AMD64") else ["native"]
+def _has_avx512() -> bool:
+    from rlx.toolchain.isa import cpu_flags
+
+    return "avx512f" in (cpu_flags() or ())
+
+
+def _targets() -> list:
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        return ["native"]
+    # x86-64-v4: the register tiles on 16-float vectors (AVX-512), whatever the native CPU is
+    v4 = pytest.param("x86-64-v4", marks=pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512F"))
+    return ["native", "x86-64", v4]
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +167,11 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
                      ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
+    # register tiles on the target's vectors: AVX-512's 16 floats where the target has it, else 8 (x86-64: 8)
+    want_vector = 16 if target == "x86-64-v4" or (target == "native" and _has_avx512()) else 8
+    assert {d.vector for d in cg.lir.decided(ConvPlan) if d.algorithm in ("direct", "winograd")
+            or d.layout == "nchw_panels"} == {want_vector}
+    assert f"{want_vector}-float vectors" in cg.lir.inspect()
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
     assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")  # 3-D: two 2-D pools
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()

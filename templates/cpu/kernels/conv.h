@@ -280,87 +280,34 @@ static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
  * An image's channels are first copied, by the whole team, into their phase planes (rlx_conv_phase_copy; channel c
  * at c * CS floats, CS = SH*SW*rlx_conv_dw_phase) in the shared scratch. As in the depthwise conv, with the output
  * laid out WQ wide every tap (c, kh, kw) of a run of output pixels is then one contiguous run of a phase plane: a
- * tile of RLX_CONV_OR output channels x RLX_CONV_PX consecutive (WQ-wide) output pixels is accumulated in 12
+ * tile of RLX_CONV_OR output channels x 2 vectors of consecutive (WQ-wide) output pixels is accumulated in 12
  * vector registers over every (c, tap), each step two unaligned loads of the plane, one broadcast of a weight per
  * channel (the weight [O, C*KH*KW] as stored: each tile row streams its own row) and twelve FMAs, the GEMM
  * micro-kernel's ratio, with no gathered copy of the receptive fields (nine times the input for a 3 x 3 window).
  * A thread's work unit is a block of output channels x a run of pixel panels; tiles land in its scratch (`stage`),
  * and the unit's store drops the columns OW .. WQ-1 and adds bias and activation on the way to the output. */
-#define RLX_CONV_PX 16
 #define RLX_CONV_OR 6
-
-static inline __attribute__((always_inline)) void rlx_conv_direct_tile(const int mr, const float *restrict xq,
-        int64_t CS, int64_t C, const int64_t *restrict tap, int64_t T, const float *restrict w, int64_t K,
-        float *restrict out, int64_t ldo, int accumulate)
-{
-    rlx_dw_v8 c0[RLX_CONV_OR], c1[RLX_CONV_OR];
-    #pragma GCC unroll 6
-    for (int r = 0; r < RLX_CONV_OR; r++)
-        if (r < mr) {
-            if (accumulate) {
-                c0[r] = ((const rlx_dw_v8u *)(out + r * ldo))[0];
-                c1[r] = ((const rlx_dw_v8u *)(out + r * ldo))[1];
-            } else {
-                c0[r] = (rlx_dw_v8){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                c1[r] = c0[r];
-            }
-        }
-    for (int64_t c = 0; c < C; c++) {
-        const float *restrict xc = xq + c * CS;
-        const float *restrict wc = w + c * T;
-        #pragma GCC unroll 9
-        for (int64_t t = 0; t < T; t++) {
-            const rlx_dw_v8u *src = (const rlx_dw_v8u *)(xc + tap[t]);
-            const rlx_dw_v8 b0 = src[0], b1 = src[1];
-            #pragma GCC unroll 6
-            for (int r = 0; r < RLX_CONV_OR; r++)
-                if (r < mr) {
-                    const float a = wc[r * K + t];
-                    c0[r] += a * b0;
-                    c1[r] += a * b1;
-                }
-        }
-    }
-    #pragma GCC unroll 6
-    for (int r = 0; r < RLX_CONV_OR; r++)
-        if (r < mr) {
-            rlx_dw_v8u *o = (rlx_dw_v8u *)(out + r * ldo);
-            o[0] = c0[r];
-            o[1] = c1[r];
-        }
-}
-
-/* Output channels [0, oc) of w (rows K apart) over the pixel panels [p0, p1) of phase planes xq into stage
- * (row o at o * lds, panel p at (p - p0) * RLX_CONV_PX), RLX_CONV_CB input channels at a time: a block's input
- * under one panel (3 x 3 window: CB x 3 rows x 2 lines) and a tile's weights for it stay in L1 while every
- * channel block of the unit passes; the unit's weights (oc x K) stay in L2 across its panels. Inlined into each
- * conv with its window, strides and planes as constants (the taps' offsets are then immediate). */
 #define RLX_CONV_CB 32
-static inline __attribute__((always_inline)) void rlx_conv_direct_unit(const float *xq, const int64_t CS,
-        const int64_t C, const int64_t *tap, const int64_t T, const float *w, int64_t oc, int64_t p0, int64_t p1,
-        float *stage, const int64_t lds)
-{
-    const int64_t K = C * T;
-    for (int64_t c0 = 0; c0 < C; c0 += RLX_CONV_CB) {
-        const int64_t cn = C - c0 < RLX_CONV_CB ? C - c0 : RLX_CONV_CB;
-        for (int64_t p = p0; p < p1; p++) {
-            const float *xp = xq + c0 * CS + p * RLX_CONV_PX;
-            const float *wc = w + c0 * T;
-            float *sp = stage + (p - p0) * RLX_CONV_PX;
-            const int acc = c0 > 0;
-            for (int64_t o = 0; o < oc;) {
-                const int64_t r = oc - o >= 6 ? 6 : oc - o >= 4 ? 4 : oc - o >= 2 ? 2 : 1;
-                switch (r) {
-                case 6: rlx_conv_direct_tile(6, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
-                case 4: rlx_conv_direct_tile(4, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
-                case 2: rlx_conv_direct_tile(2, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
-                default: rlx_conv_direct_tile(1, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
-                }
-                o += r;
-            }
-        }
-    }
-}
+
+/* The register tile and the work unit come in two vector widths (ConvPlan.vector, decided from the target's
+ * instruction set by rlx/opt/lowering_conv.py): kernels/conv_tile.h, included once per width, defines
+ * rlx_conv_direct_tile<V> and rlx_conv_direct_unit<V> on GCC/Clang vectors of V floats, the tile RLX_CONV_OR output
+ * channels x 2 V pixels (a panel: RLX_CONV_PX<V> pixels, below). 8 floats: one AVX2 register per vector; 16: one
+ * AVX-512 register (twice the multiply-adds per instruction; where the target has no AVX-512 the compiler splits
+ * each vector in two, the same sums). */
+#define RLX_CONV_PX8 16
+#define RLX_CONV_PX16 32
+typedef float rlx_cv16 __attribute__((vector_size(64)));
+typedef float rlx_cv16u __attribute__((vector_size(64), aligned(4), may_alias));
+
+#define RLX_CONV_TILE_V 8
+#define RLX_CONV_TILE_T rlx_dw_v8
+#define RLX_CONV_TILE_TU rlx_dw_v8u
+#include "conv_tile.h"
+#define RLX_CONV_TILE_V 16
+#define RLX_CONV_TILE_T rlx_cv16
+#define RLX_CONV_TILE_TU rlx_cv16u
+#include "conv_tile.h"
 
 /* Winograd F(2x2, 3x3) convolution (3 x 3 window, stride 1, dilation 1, groups 1): each 2 x 2 block of output
  * pixels (a tile) is Y = A^T [ sum_c (G w G^T) .* (B^T d B) ] A, d the tile's 4 x 4 input patch. The 16 elements
@@ -372,7 +319,7 @@ static inline __attribute__((always_inline)) void rlx_conv_direct_unit(const flo
  * A tile's patch starts at input (2 th - PH, 2 tw - PW): the phase planes of a 4 x 4, stride-2 window
  * (rlx_conv_phase_copy with OH, OW = TH, TW tiles) make patch row a, column b one contiguous run along a row of
  * tiles (phase (a % 2, b % 2), offset (a / 2, b / 2)). The products run on the tiles numbered th * TW + tw, in
- * panels of 16. */
+ * panels of PX (the register tile's pixels). */
 #define RLX_WINO_E 16
 
 /* U[e][o][c] (e = 4 xi + nu) = (G w[o, c] G^T)[xi][nu] of a weight w[O, C, 3, 3]; dims[0..1] = O, C. */
@@ -399,17 +346,17 @@ static void rlx_conv_winograd_weight(float *restrict U, const float *restrict w,
 }
 
 /* V[e] (e = 4 xi + nu, ldv floats apart) of one channel's TH x TW tiles, numbered i = th * TW + tw and laid out
- * panel by panel: (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16 (the products then read each panel's
- * channels as one contiguous run); the last panel's tiles past TH * TW are zeros. q: the channel's phase planes
+ * panel by panel: (B^T d_i B)[xi][nu] at V + e * ldv + (i / PX) * lpan + i % PX (panels of PX tiles: the products then read each
+ * panel's channels as one contiguous run); the last panel's tiles past TH * TW are zeros. q: the channel's phase planes
  * (PL floats apart, WQ wide: rlx_conv_phase_copy of the 4 x 4, stride-2 window). A panel is one or a few runs of
  * consecutive tiles of a row, each transformed straight into it (vectorized along the run). */
 static inline __attribute__((always_inline)) void rlx_conv_winograd_input(const float *restrict q, int64_t PL,
-        int64_t WQ, int64_t TH, int64_t TW, float *restrict V, int64_t ldv, int64_t lpan)
+        int64_t WQ, int64_t TH, int64_t TW, float *restrict V, int64_t ldv, int64_t lpan, const int64_t PX)
 {
     const float *restrict q00 = q, *restrict q01 = q + PL, *restrict q10 = q + 2 * PL, *restrict q11 = q + 3 * PL;
-    const int64_t L = TH * TW, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
+    const int64_t L = TH * TW, npan = (L + PX - 1) / PX;
     for (int64_t p = 0; p < npan; p++) {
-        const int64_t i0 = p * RLX_CONV_PX, end = L - i0 < RLX_CONV_PX ? L : i0 + RLX_CONV_PX;
+        const int64_t i0 = p * PX, end = L - i0 < PX ? L : i0 + PX;
         float *restrict vp = V + p * lpan - i0;
         for (int64_t i = i0; i < end;) {
             const int64_t th = i / TW, tw = i % TW, n = end - i < TW - tw ? end - i : TW - tw;
@@ -437,7 +384,7 @@ static inline __attribute__((always_inline)) void rlx_conv_winograd_input(const 
             i += n;
         }
         for (int e = 0; e < RLX_WINO_E; e++)  /* the last panel's tiles past L */
-            for (int64_t i = end; i < i0 + RLX_CONV_PX; i++)
+            for (int64_t i = end; i < i0 + PX; i++)
                 vp[e * ldv + i] = 0.0f;
     }
 }
@@ -500,15 +447,15 @@ static void rlx_conv_winograd4_weight(float *restrict U, const float *restrict w
 
 /* V[e] (e = 6 xi + nu, ldv floats apart) of one channel's TH x TP tiles, numbered i = th * TP + tw (TP = TW, or
  * WQ: then the tiles of column TW are computed and dropped, tile i's patch starts at phase-plane offset i and a
- * panel's 16 tiles are one contiguous run): (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16, zeros
+ * panel's tiles are one contiguous run): (B^T d_i B)[xi][nu] at V + e * ldv + (i / PX) * lpan + i % PX, zeros
  * past TH * TP in the last panel. q: the channel's 16 phase planes (PL floats apart, WQ wide: rlx_conv_phase_copy
  * of the 6 x 6, stride-4 window). */
 static inline __attribute__((always_inline)) void rlx_conv_winograd4_input(const float *restrict q, int64_t PL,
-        int64_t WQ, int64_t TH, int64_t TP, float *restrict V, int64_t ldv, int64_t lpan)
+        int64_t WQ, int64_t TH, int64_t TP, float *restrict V, int64_t ldv, int64_t lpan, const int64_t PX)
 {
-    const int64_t L = TH * TP, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
+    const int64_t L = TH * TP, npan = (L + PX - 1) / PX;
     for (int64_t p = 0; p < npan; p++) {
-        const int64_t i0 = p * RLX_CONV_PX, end = L - i0 < RLX_CONV_PX ? L : i0 + RLX_CONV_PX;
+        const int64_t i0 = p * PX, end = L - i0 < PX ? L : i0 + PX;
         float *restrict vp = V + p * lpan - i0;
         for (int64_t i = i0; i < end;) {
             const int64_t th = i / TP, tw = i % TP;
@@ -544,7 +491,7 @@ static inline __attribute__((always_inline)) void rlx_conv_winograd4_input(const
             i += n;
         }
         for (int e = 0; e < RLX_WINO4_E; e++)  /* the last panel's tiles past L */
-            for (int64_t i = end; i < i0 + RLX_CONV_PX; i++)
+            for (int64_t i = end; i < i0 + PX; i++)
                 vp[e * ldv + i] = 0.0f;
     }
 }
