@@ -41,8 +41,8 @@
   stored and nothing packed; work units of `channels` output channels x up to `tile` panels.
 - ``depthwise`` / ``nchw``: groups == C == O: each thread takes whole channel
   planes, copies each (zero-padded, split by stride phase) into its scratch and
-  runs every window tap as one contiguous run over the plane (bias in the
-  accumulators, activation in the store).
+  runs every window tap as one contiguous run over the plane, 32 outputs at a time
+  in 8 chains of `vector`-float registers (bias in the accumulators, activation in the store).
 
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
@@ -90,8 +90,8 @@ class ConvPlan(Decision):
     depth: int = 0
     #: output channels per work unit (direct; 0: every channel); Winograd: input channels per product block
     channels: int = 0
-    #: floats per vector of the register tiles (direct, Winograd, pointwise on panels; 0: none): 8 (AVX2) or 16
-    #: (AVX-512), decided from the target's instruction set; a tile and a panel are two vectors of pixels
+    #: floats per vector of the register tiles (direct, Winograd, pointwise on panels, depthwise; 0: none): 8 (AVX2)
+    #: or 16 (AVX-512), decided from the target's instruction set; a tile and a panel are two vectors of pixels
     vector: int = 0
 
     def describe(self) -> str:

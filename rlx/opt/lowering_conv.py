@@ -231,7 +231,7 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
         w = graph.node(n.inputs[1]).shape
         o, cg, *kernel = w.static_dims
         if is_depthwise(n.op.groups, x.dims[1].value, o):
-            out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False))
+            out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False, vector=vector))
         elif is_pointwise(n.op, tuple(kernel)):
             plane = math.prod(d.value for d in n.shape.dims[2:])
             if plane >= POINTWISE_PANEL_PIXELS:

@@ -169,7 +169,7 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
     # register tiles on the target's vectors: AVX-512's 16 floats where the target has it, else 8 (x86-64: 8)
     want_vector = 16 if target == "x86-64-v4" or (target == "native" and _has_avx512()) else 8
-    assert {d.vector for d in cg.lir.decided(ConvPlan) if d.algorithm in ("direct", "winograd")
+    assert {d.vector for d in cg.lir.decided(ConvPlan) if d.algorithm in ("direct", "winograd", "depthwise")
             or d.layout == "nchw_panels"} == {want_vector}
     assert f"{want_vector}-float vectors" in cg.lir.inspect()
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules

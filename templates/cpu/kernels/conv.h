@@ -190,6 +190,9 @@ static inline int rlx_conv_pointwise(const rlx_conv_geom *g)
 typedef float rlx_dw_v8 __attribute__((vector_size(32)));
 /* the same, at any float's address (unaligned loads and stores; may alias other floats) */
 typedef float rlx_dw_v8u __attribute__((vector_size(32), aligned(4), may_alias));
+/* 16 floats: one AVX-512 register (split in two by the compiler where the target has none) */
+typedef float rlx_cv16 __attribute__((vector_size(64)));
+typedef float rlx_cv16u __attribute__((vector_size(64), aligned(4), may_alias));
 
 static inline int64_t rlx_conv_dw_wq(const rlx_conv_geom *g) { return g->OW + (g->KW - 1) * g->DW / g->SW; }
 static inline int64_t rlx_conv_dw_hq(const rlx_conv_geom *g) { return g->OH + (g->KH - 1) * g->DH / g->SH; }
@@ -200,75 +203,74 @@ static inline int64_t rlx_conv_dw_phase(const rlx_conv_geom *g)
 }
 
 /* The SH*SW stride-phase planes of one input plane x[H, W] (rlx_conv_dw_phase floats apart from q on; zeros in the
- * pads, one spare row and RLX_DW_VEC floats of slack after each): q[a*SW + b][r, c] = x[r*SH + a - PH, c*SW + b - PW]. */
+ * pads, one spare row and RLX_DW_VEC floats of slack after each): q[a*SW + b][r, c] = x[r*SH + a - PH, c*SW + b - PW].
+ * Row by row of the input: the columns whose SW inputs all lie inside the row ([clo, chi)) are split into the SW
+ * column phases by one loop (stride 1: a copy; 2 and 4: a vectorized de-interleave), the few others one by one.
+ * (Phase by phase with a strided loop each, MobileNetV3's stride-2 depthwise convs spent 80% of their time here.) */
 static inline __attribute__((always_inline)) void rlx_conv_phase_copy(const float *restrict x, const rlx_conv_geom *g,
                                                                       float *restrict q)
 {
-    const int64_t HQ = rlx_conv_dw_hq(g), WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
-    for (int64_t a = 0; a < g->SH; a++)
-        for (int64_t b = 0; b < g->SW; b++) {
-            float *restrict qp = q + (a * g->SW + b) * PL;
-            /* columns c whose input column c*SW + b - PW lies in [0, W) */
-            int64_t lo = g->PW - b <= 0 ? 0 : (g->PW - b + g->SW - 1) / g->SW;
-            int64_t hi = g->W - 1 + g->PW - b < 0 ? 0 : (g->W - 1 + g->PW - b) / g->SW + 1;
-            lo = lo > WQ ? WQ : lo;
-            hi = hi > WQ ? WQ : (hi < lo ? lo : hi);
-            for (int64_t r = 0; r <= HQ; r++) {
-                float *restrict qr = qp + r * WQ;
-                const int64_t ih = r * g->SH + a - g->PH;
-                if (r == HQ || ih < 0 || ih >= g->H) {
-                    memset(qr, 0, (size_t)WQ * sizeof(float));
-                    continue;
-                }
-                const float *restrict xr = x + ih * g->W + b - g->PW;
-                for (int64_t c = 0; c < lo; c++)
-                    qr[c] = 0.0f;
-                if (g->SW == 1)
-                    memcpy(qr + lo, xr + lo, (size_t)(hi - lo) * sizeof(float));
-                else
-                    for (int64_t c = lo; c < hi; c++)
-                        qr[c] = xr[c * g->SW];
-                for (int64_t c = hi; c < WQ; c++)
-                    qr[c] = 0.0f;
+    const int64_t HQ = rlx_conv_dw_hq(g), WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g), SW = g->SW;
+    /* columns c whose inputs c*SW + b - PW, b < SW, all lie in [0, W) */
+    int64_t clo = (g->PW + SW - 1) / SW, chi = g->W + g->PW - SW < 0 ? 0 : (g->W + g->PW - SW) / SW + 1;
+    clo = clo > WQ ? WQ : clo;
+    chi = chi > WQ ? WQ : (chi < clo ? clo : chi);
+    for (int64_t a = 0; a < g->SH; a++) {
+        float *restrict qa = q + a * SW * PL;
+        for (int64_t r = 0; r <= HQ; r++) {
+            const int64_t ih = r * g->SH + a - g->PH;
+            if (r == HQ || ih < 0 || ih >= g->H) {
+                for (int64_t b = 0; b < SW; b++)
+                    memset(qa + b * PL + r * WQ, 0, (size_t)WQ * sizeof(float));
+                continue;
             }
-            memset(qp + (HQ + 1) * WQ, 0, RLX_DW_VEC * sizeof(float));
+            const float *restrict xr = x + ih * g->W - g->PW;  /* input column iw at xr[iw + PW] */
+            for (int64_t b = 0; b < SW; b++) {  /* the edge columns */
+                float *restrict qr = qa + b * PL + r * WQ;
+                for (int64_t c = 0; c < clo; c++) {
+                    const int64_t iw = c * SW + b - g->PW;
+                    qr[c] = iw >= 0 && iw < g->W ? xr[c * SW + b] : 0.0f;
+                }
+                for (int64_t c = chi; c < WQ; c++) {
+                    const int64_t iw = c * SW + b - g->PW;
+                    qr[c] = iw >= 0 && iw < g->W ? xr[c * SW + b] : 0.0f;
+                }
+            }
+            float *restrict q0 = qa + r * WQ;
+            if (SW == 1) {
+                #pragma omp simd
+                for (int64_t c = clo; c < chi; c++)
+                    q0[c] = xr[c];
+            } else if (SW == 2) {
+                float *restrict q1 = q0 + PL;
+                #pragma omp simd
+                for (int64_t c = clo; c < chi; c++) {
+                    q0[c] = xr[2 * c];
+                    q1[c] = xr[2 * c + 1];
+                }
+            } else if (SW == 4) {
+                float *restrict q1 = q0 + PL, *restrict q2 = q0 + 2 * PL, *restrict q3 = q0 + 3 * PL;
+                #pragma omp simd
+                for (int64_t c = clo; c < chi; c++) {
+                    q0[c] = xr[4 * c];
+                    q1[c] = xr[4 * c + 1];
+                    q2[c] = xr[4 * c + 2];
+                    q3[c] = xr[4 * c + 3];
+                }
+            } else {
+                for (int64_t b = 0; b < SW; b++) {
+                    float *restrict qr = q0 + b * PL;
+                    for (int64_t c = clo; c < chi; c++)
+                        qr[c] = xr[c * SW + b];
+                }
+            }
         }
-}
-
-/* bias + the window of w[KH, KW] over one plane x[H, W], returned WQ wide (output row oh at oh * WQ, columns
- * OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch floats. tap[kh * KW + kw] is window tap (kh, kw)'s
- * offset into the phase planes (its phase plane, row and column: rlx/codegen/cpu/conv.py's tap_offsets, a constant
- * array of the generated source). Inlined into each conv with its geometry as constants: no division per plane. */
-static inline __attribute__((always_inline)) const float *rlx_conv_dw_plane(const float *restrict x,
-        const float *restrict w, float bias, const rlx_conv_geom *g, const int64_t *restrict tap, float *restrict q)
-{
-    const int64_t WQ = rlx_conv_dw_wq(g);
-    const int64_t L = g->OH * WQ, LP = (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
-    float *restrict acc = q + g->SH * g->SW * rlx_conv_dw_phase(g);  /* the phase planes, then the output */
-    rlx_conv_phase_copy(x, g, q);
-    const int64_t taps = g->KH * g->KW;
-    for (int64_t i0 = 0; i0 < LP; i0 += RLX_DW_VEC) {
-        /* four 8-float accumulators, kept in registers across every tap (GCC/Clang vector extensions) */
-        rlx_dw_v8 s0 = {bias, bias, bias, bias, bias, bias, bias, bias}, s1 = s0, s2 = s0, s3 = s0;
-        const float *qi = q + i0;
-        for (int64_t t = 0; t < taps; t++) {
-            const rlx_dw_v8u *src = (const rlx_dw_v8u *)(qi + tap[t]);
-            const float wv = w[t];
-            s0 += wv * src[0];
-            s1 += wv * src[1];
-            s2 += wv * src[2];
-            s3 += wv * src[3];
-        }
-        rlx_dw_v8u *out = (rlx_dw_v8u *)(acc + i0);
-        out[0] = s0;
-        out[1] = s1;
-        out[2] = s2;
-        out[3] = s3;
+        for (int64_t b = 0; b < SW; b++)
+            memset(qa + b * PL + (HQ + 1) * WQ, 0, RLX_DW_VEC * sizeof(float));
     }
-    return acc;
 }
 
-/* Floats of scratch rlx_conv_dw_plane needs: the phase planes, the WQ-wide output. */
+/* Floats of scratch rlx_conv_dw_plane<V> (kernels/conv_tile.h) needs: the phase planes, the WQ-wide output. */
 static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
 {
     const int64_t L = g->OH * rlx_conv_dw_wq(g);
@@ -297,8 +299,6 @@ static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
  * each vector in two, the same sums). */
 #define RLX_CONV_PX8 16
 #define RLX_CONV_PX16 32
-typedef float rlx_cv16 __attribute__((vector_size(64)));
-typedef float rlx_cv16u __attribute__((vector_size(64), aligned(4), may_alias));
 
 #define RLX_CONV_TILE_V 8
 #define RLX_CONV_TILE_T rlx_dw_v8

@@ -6,6 +6,7 @@
  * address); this file defines, for V = RLX_CONV_TILE_V (a tile and panel: 2 V pixels, RLX_CONV_PX<V>),
  *   rlx_conv_direct_tile<V>  RLX_CONV_OR output channels x 2 V pixels accumulated in 12 vector registers;
  *   rlx_conv_direct_unit<V>  a block of output channels over a run of panels, RLX_CONV_CB input channels at a time;
+ *   rlx_conv_dw_plane<V>     a depthwise window over one plane, RLX_DW_VEC outputs at a time;
  * and undefines the three parameters. No include guard: each inclusion is another width. */
 
 #define RLX_CONV_CAT_(a, b) a##b
@@ -13,6 +14,9 @@
 #define RLX_CONV_TILE_FN RLX_CONV_CAT(rlx_conv_direct_tile, RLX_CONV_TILE_V)
 #define RLX_CONV_UNIT_FN RLX_CONV_CAT(rlx_conv_direct_unit, RLX_CONV_TILE_V)
 #define RLX_CONV_TILE_PX (2 * RLX_CONV_TILE_V)
+#define RLX_CONV_DW_FN RLX_CONV_CAT(rlx_conv_dw_plane, RLX_CONV_TILE_V)
+#define RLX_CONV_DW_NV (RLX_DW_VEC / RLX_CONV_TILE_V)  /* vectors of a run of RLX_DW_VEC outputs: 4 or 2 */
+#define RLX_CONV_DW_G (8 / RLX_CONV_DW_NV)  /* groups of taps summed apart: 8 independent chains of multiply-adds */
 
 /* Tile rows [0, mr) of out (rows ldo apart, 2 V pixels each) (+)= the sum over channels c < C and taps t < T of
  * w[r * K + c * T + t] * xq[c * CS + tap[t] + (0 .. 2 V - 1)]: two unaligned vector loads of the plane, one
@@ -89,6 +93,62 @@ static inline __attribute__((always_inline)) void RLX_CONV_UNIT_FN(const float *
     }
 }
 
+/* bias + the window of w[KH, KW] over one plane x[H, W], returned WQ wide (output row oh at oh * WQ, columns
+ * OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch floats. tap[kh * KW + kw] is window tap (kh, kw)'s
+ * offset into the phase planes (its phase plane, row and column: rlx/codegen/cpu/conv.py's tap_offsets, a constant
+ * array of the generated source). Inlined into each conv with its geometry as constants: no division per plane.
+ * A run of RLX_DW_VEC outputs is accumulated over every tap in 8 vector registers: its RLX_CONV_DW_NV vectors x
+ * RLX_CONV_DW_G groups of taps (tap t into group t % G), the groups added at the end: one chain per vector waited on
+ * each multiply-add's latency (a 5 x 5 window on a 14 x 14 plane: 25 dependent steps per run). */
+static inline __attribute__((always_inline)) const float *RLX_CONV_DW_FN(const float *restrict x,
+        const float *restrict w, float bias, const rlx_conv_geom *g, const int64_t *restrict tap, float *restrict q)
+{
+    const int64_t WQ = rlx_conv_dw_wq(g);
+    const int64_t L = g->OH * WQ, LP = (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
+    float *restrict acc = q + g->SH * g->SW * rlx_conv_dw_phase(g);  /* the phase planes, then the output */
+    rlx_conv_phase_copy(x, g, q);
+    const int64_t taps = g->KH * g->KW;
+    for (int64_t i0 = 0; i0 < LP; i0 += RLX_DW_VEC) {
+        RLX_CONV_TILE_T s[RLX_CONV_DW_G][RLX_CONV_DW_NV];
+        #pragma GCC unroll 4
+        for (int j = 0; j < RLX_CONV_DW_G; j++)
+            #pragma GCC unroll 4
+            for (int v = 0; v < RLX_CONV_DW_NV; v++)
+                s[j][v] = (RLX_CONV_TILE_T){0.0f} + (j == 0 ? bias : 0.0f);
+        const float *qi = q + i0;
+        int64_t t = 0;
+        for (; t + RLX_CONV_DW_G <= taps; t += RLX_CONV_DW_G)
+            #pragma GCC unroll 4
+            for (int j = 0; j < RLX_CONV_DW_G; j++) {
+                const RLX_CONV_TILE_TU *src = (const RLX_CONV_TILE_TU *)(qi + tap[t + j]);
+                const float wv = w[t + j];
+                #pragma GCC unroll 4
+                for (int v = 0; v < RLX_CONV_DW_NV; v++)
+                    s[j][v] += wv * src[v];
+            }
+        for (; t < taps; t++) {  /* the last taps, fewer than a group: into group 0 */
+            const RLX_CONV_TILE_TU *src = (const RLX_CONV_TILE_TU *)(qi + tap[t]);
+            const float wv = w[t];
+            #pragma GCC unroll 4
+            for (int v = 0; v < RLX_CONV_DW_NV; v++)
+                s[0][v] += wv * src[v];
+        }
+        RLX_CONV_TILE_TU *out = (RLX_CONV_TILE_TU *)(acc + i0);
+        #pragma GCC unroll 4
+        for (int v = 0; v < RLX_CONV_DW_NV; v++) {
+            RLX_CONV_TILE_T sum = s[0][v];
+            #pragma GCC unroll 4
+            for (int j = 1; j < RLX_CONV_DW_G; j++)
+                sum += s[j][v];
+            out[v] = sum;
+        }
+    }
+    return acc;
+}
+
+#undef RLX_CONV_DW_FN
+#undef RLX_CONV_DW_NV
+#undef RLX_CONV_DW_G
 #undef RLX_CONV_TILE_FN
 #undef RLX_CONV_UNIT_FN
 #undef RLX_CONV_TILE_PX
