@@ -202,3 +202,23 @@ def test_f16_conv_runs_in_f32_between_casts() -> None:
     want = rlx.reference.run(g, {"x": xv}, {"w": wv})[0]
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-2)
+
+
+def test_max_pool_on_phase_planes_keeps_nan_and_pads() -> None:
+    """A max pool runs on stride-phase planes with -inf in the pads: a NaN in a window wins it, a pad never does
+    (an all-negative plane), a ceil_mode window past the end pad takes only its cells inside the input."""
+    g = rlx.Graph("maxpool_nan")
+    x = g.input("x", [2, 3, 9, 12])
+    g.set_outputs({"s2": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+                   "ceil": g.pool("max", x, (3, 2), strides=(2, 3), pads=(0, 1, 1, 0), ceil_mode=True),
+                   "dilated": g.pool("max", x, (2, 3), strides=(1, 2), pads=(1, 2, 0, 2), dilations=(2, 2))})
+    xv = -np.abs(np.random.default_rng(7).standard_normal((2, 3, 9, 12)).astype(np.float32)) - np.float32(1.0)
+    xv[0, 1, 4, 5] = np.nan
+    xv[1, 2, 0, 0] = np.nan
+    xv[1, 0, 8, 11] = -np.inf
+    cg = session().compile(g)
+    got = cg.run(x=xv)
+    want = rlx.reference.run(g, {"x": xv}, {})
+    for name, a, b in zip(g.output_names, got, want):
+        assert np.isnan(a).sum() > 0, name  # the NaN windows
+        np.testing.assert_array_equal(a, b, err_msg=name)  # a max is exact, NaN where the reference's is

@@ -117,6 +117,8 @@ class PoolArgs:
     pw: int
     peh: int
     pew: int
+    #: max pools: each window tap's offset into a plane's phase planes (`tap_offsets`)
+    taps: str = ""
 
 
 def _geom_fields(g: Window2d) -> dict:
@@ -290,12 +292,16 @@ def emit_pool(em, node: Node) -> Kernel:
     x = em.node(node.inputs[0]).shape
     geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
                    op.kernel, 1)
+    is_max = op.fn == "max"
     args = PoolArgs(comment=comment(f"{op.fn} pool {op.kernel} of {x}"), x=em.ptr(node.inputs[0]),
-                    y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(op.fn == "max"),
-                    count_pad=int(op.count_include_pad), peh=geo.peh, pew=geo.pew, **_geom_fields(geo))
+                    y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(is_max),
+                    count_pad=int(op.count_include_pad), peh=geo.peh, pew=geo.pew, **_geom_fields(geo),
+                    taps=", ".join(map(str, tap_offsets(geo))) if is_max else "")
     label = c_string(f"%{node.id} pool" + (f" ({node.name[:60]})" if node.name else ""))
+    # a max pool runs on each plane's stride-phase planes (as a depthwise conv's, -inf in the pads)
+    scratch = align64(depthwise_scratch_floats(geo) * 4) if is_max else 0
     return Kernel(node.id, "pool", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
-                  func=f"rlx_op_{node.id}", label=label)
+                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 
 
 RULES.register("conv", accepts=float32_only)(emit_conv)
