@@ -154,6 +154,7 @@ static void rlx_conv_gather_kmajor(const float *restrict x, const rlx_conv_geom 
 static void rlx_conv_packed_tile(int64_t mc, int64_t K, int64_t D, const float *A, const float *W, int64_t N,
                                  int64_t j0, int64_t j1, float *C, int64_t ldc)
 {
+    /* each panel is multiplied by every row of the tile while the next one streams in (rlx_kernel_next) */
     const int64_t block = D * ((N + RLX_PACK_NR_MAX - 1) / RLX_PACK_NR_MAX * RLX_PACK_NR_MAX);
     if (j1 <= j0 || mc <= 0)
         return;
@@ -162,7 +163,9 @@ static void rlx_conv_packed_tile(int64_t mc, int64_t K, int64_t D, const float *
 #ifdef RLX_NR
         for (int64_t j = j0; j < j1; j += RLX_NR) {
             const int64_t nr = j1 - j < RLX_NR ? j1 - j : RLX_NR;
-            rlx_kernel(mc, 1, D, A + k0, K, Wb + j * D, C + j, ldc, nr, NULL, k0 > 0);
+            /* the panel multiplied next (this block's, or the next block's first), asked for while this one is */
+            const float *next = j + RLX_NR < j1 ? Wb + (j + RLX_NR) * D : k0 + D < K ? Wb + block + j0 * D : NULL;
+            rlx_kernel_next(mc, D, A + k0, K, Wb + j * D, C + j, ldc, nr, k0 > 0, next);
         }
 #else
         for (int64_t i = 0; i < mc; i++) {
