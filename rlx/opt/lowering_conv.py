@@ -199,7 +199,8 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     floats per vector of the register tiles (direct, Winograd, pointwise on panels).
 
     Depthwise convolutions run on planes; 1x1 stride-1 unpadded ones multiply the planes as they lie (in
-    register tiles on 16-pixel panels from POINTWISE_PANEL_PIXELS output pixels, by the BLAS below); 3x3
+    register tiles on panels from POINTWISE_PANEL_PIXELS output pixels, by the BLAS below, or, with
+    PACKED_MIN_CHANNELS+ output channels and a packable weight, on pixel-major tiles with the weight packed); 3x3
     stride-1 ones that `winograd_fits`, with WINOGRAD_MIN_CHANNELS+ output channels and a weight param of their
     own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
     on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
@@ -237,6 +238,11 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             if plane >= POINTWISE_PANEL_PIXELS:
                 out.append(ConvPlan(n.id, "pointwise", "nchw_panels", n.inputs[1], False, POINTWISE_PANELS,
                                     channels=direct_channels(o, cg), vector=vector))
+            elif n.op.groups == 1 and plane > 1 and o >= PACKED_MIN_CHANNELS and packable(n.inputs[1]):
+                # wide: the weight packed once for the micro-kernel, not by the BLAS on every call (MobileNetV3's
+                # 96 -> 576 on 7 x 7: 46-48 -> 32-33 us; with 40-288 output channels the BLAS was faster)
+                out.append(ConvPlan(n.id, "implicit_gemm", "nhwc_tiles", n.inputs[1], True, CONV_TILE_PIXELS,
+                                    pack_depth(cg)))
             else:
                 out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
         elif (n.op.groups == 1 and len(kernel) == 2 and o >= WINOGRAD_MIN_CHANNELS

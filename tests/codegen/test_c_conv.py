@@ -66,7 +66,8 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # 3 pixels on 2+ threads: tiles of 2 and 1 pixels (a one-pixel tile is a matrix-vector product, its input a
         # strided column of the planes)
         "pointwise_tail": g.conv(plane, param("w_pt", [5, 6, 1, 1]), param("b_pt", [5]), activation="relu"),
-        # wide: the weight packed for the micro-kernel, pixel-major tiles
+        # wide: the weight packed for the micro-kernel, pixel-major tiles; a wide pointwise conv on a small plane too
+        "pointwise_wide": g.conv(deep, param("w_pw", [392, 40, 1, 1]), param("b_pw", [392]), activation="relu"),
         "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),
         "grouped": g.conv(g.conv(x, param("w_e", [8, 5, 1, 1])), param("w_g", [6, 4, 3, 2]), param("b_g", [6]),
                           groups=2, dilations=(2, 3), pads=(2, 2, 2, 2), activation="gelu"),
@@ -167,6 +168,10 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
                      ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
+    # the wide 1x1 conv on a 112-pixel plane: pixel-major tiles, its weight packed at set_param
+    assert ("implicit_gemm", "nhwc_tiles", True) in {(d.algorithm, d.layout, d.packed) for d in cg.lir.decided(ConvPlan)
+                                                     if tuple(cg.lir.graph.node(d.weight).shape.static_dims)
+                                                     == (392, 40, 1, 1)}
     # register tiles on the target's vectors: AVX-512's 16 floats where the target has it, else 8 (x86-64: 8)
     want_vector = 16 if target == "x86-64-v4" or (target == "native" and _has_avx512()) else 8
     assert {d.vector for d in cg.lir.decided(ConvPlan) if d.algorithm in ("direct", "winograd", "depthwise")
