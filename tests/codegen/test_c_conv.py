@@ -69,6 +69,10 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # wide: the weight packed for the micro-kernel, pixel-major tiles; a wide pointwise conv on a small plane too
         "pointwise_wide": g.conv(deep, param("w_pw", [392, 40, 1, 1]), param("b_pw", [392]), activation="relu"),
         "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),
+        # 416 channels on one 48-pixel tile: at batch 1 the team shares it, each thread whole 32-wide panels
+        # (13 blocks of 32, not 26 of 16: the second thread's first block once began inside a 32-wide panel)
+        "wide_shared": g.conv(g.pool("max", x, (2, 2), strides=(2, 1)), param("w_ws", [416, 5, 3, 3]),
+                              pads=(1, 1, 1, 1)),
         "grouped": g.conv(g.conv(x, param("w_e", [8, 5, 1, 1])), param("w_g", [6, 4, 3, 2]), param("b_g", [6]),
                           groups=2, dilations=(2, 3), pads=(2, 2, 2, 2), activation="gelu"),
         "depthwise": g.conv(x, param("w_d", [5, 1, 5, 5]), param("b_d", [5]), groups=5, strides=(2, 2),
