@@ -12,8 +12,8 @@ in register tiles on a 520-pixel plane: a partial last panel, two blocks of inpu
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
 count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and batch_norm
 (decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an x86-64
-build without AVX2) both run, and the register tiles on 8-float vectors (x86-64; AVX2) and on 16-float ones
-(x86-64-v4, where the CPU has AVX-512F; native on such a CPU).
+build without AVX2) both run, and the register tiles on 8-float vectors (x86-64; x86-64-v3, AVX2) and on 16-float
+ones (x86-64-v4, where the CPU has AVX-512F; native on such a CPU).
 """
 
 from __future__ import annotations
@@ -137,18 +137,26 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32)}
 
 
-def _has_avx512() -> bool:
-    from rlx.toolchain.isa import cpu_flags
+def _has_flags(*flags: str) -> bool:
+    from rlx.toolchain.isa import X86_LEVELS, cpu_flags
 
-    return "avx512f" in (cpu_flags() or ())
+    have = cpu_flags() or frozenset()
+    # a level's build is refused unless the CPU has every feature of that level
+    level = "x86-64-v4" if "avx512f" in flags else "x86-64-v3"
+    return set(flags) <= have and set(X86_LEVELS[level]) <= have
+
+
+def _has_avx512() -> bool:
+    return _has_flags("avx512f")
 
 
 def _targets() -> list:
     if os.uname().machine not in ("x86_64", "AMD64"):
         return ["native"]
-    # x86-64-v4: the register tiles on 16-float vectors (AVX-512), whatever the native CPU is
+    # x86-64-v3: AVX2's 8-float tiles and micro-kernel; x86-64-v4: 16-float tiles (AVX-512), whatever the native CPU is
+    v3 = pytest.param("x86-64-v3", marks=pytest.mark.skipif(not _has_flags("avx2", "fma"), reason="no AVX2/FMA"))
     v4 = pytest.param("x86-64-v4", marks=pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512F"))
-    return ["native", "x86-64", v4]
+    return ["native", "x86-64", v3, v4]
 
 
 @pytest.fixture(scope="module")
