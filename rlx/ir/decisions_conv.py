@@ -20,13 +20,14 @@
   zero-padded and split by stride phase, into each thread's scratch (its own images,
   or at batch 1 every thread the whole image, sharing its units); every window tap of
   a run of output pixels is then a contiguous run of a phase plane, and tiles of 6
-  output channels x 16 pixels accumulate over every (channel, tap) in registers
-  (`rlx_conv_direct_unit`), the weight read as stored. A work unit is `channels`
-  output channels x up to `tile` 16-pixel panels; its store adds bias and activation.
+  output channels x two vectors of pixels (`vector` floats each: 16 pixels with AVX2's 8, 32 with
+  AVX-512's 16) accumulate over every (channel, tap) in registers (`rlx_conv_direct_unit<vector>`),
+  the weight read as stored. A work unit is `channels` output channels x up to `tile` panels (of a
+  tile's pixels); its store adds bias and activation.
 - ``winograd`` / ``nchw_wino_tiles``: a 3x3, stride-1 conv with 32+ channels on rows of 14+
   pixels (`rlx.opt.lowering_conv.winograd_fits`): Winograd F(2x2, 3x3). The weight param is
   stored transformed at `set_param` (`packed`: ``[16, O, C]``, ``G w G^T`` of every channel pair);
-  each image's 2x2-pixel tiles (laid out ``ceil(OW/2) + 1`` wide, padded to 16-tile panels) are
+  each image's 2x2-pixel tiles (numbered ``ceil(OW/2)`` to a row, padded to panels of a register tile's width) are
   transformed into ``[16, C, tiles]``, multiplied element by element (16 products
   ``[O, C] @ [C, tiles]`` in the direct conv's register tiles, `channels` input channels at a time,
   units of one element x up to `tile` panels) and transformed back, bias and activation in the store.
@@ -35,24 +36,24 @@
 - ``pointwise`` / ``nchw``: a 1x1, stride-1, unpadded conv on a small plane: each image's
   planes are the right operand of ``W[O, C] @ X[C, HW]`` (`rlx_sgemm1`) as they lie.
 - ``pointwise`` / ``nchw_panels``: the same on a plane of POINTWISE_PANEL_PIXELS+
-  (`rlx.opt.lowering_conv`): tiles of 6 output channels x 16 pixels accumulate over the
-  input channels in registers (`rlx_conv_direct_tile` with one tap), the weight read as
+  (`rlx.opt.lowering_conv`): tiles of 6 output channels x two vectors of pixels accumulate over the
+  input channels in registers (`rlx_conv_direct_tile<vector>` with one tap), the weight read as
   stored and nothing packed; work units of `channels` output channels x up to `tile` panels.
 - ``depthwise`` / ``nchw``: groups == C == O: each thread takes whole channel
   planes, copies each (zero-padded, split by stride phase) into its scratch and
-  runs every window tap as one contiguous run over the plane (bias in the
-  accumulators, activation in the store).
+  runs every window tap as one contiguous run over the plane, 32 outputs at a time
+  in 8 chains of `vector`-float registers (bias in the accumulators, activation in the store).
 
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
 >>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino_tiles", weight=6, packed=True, tile=12,
-...          channels=64).describe()  # doctest: +NORMALIZE_WHITESPACE
+...          channels=64, vector=8).describe()  # doctest: +NORMALIZE_WHITESPACE
 '%7 conv: winograd on nchw_wino_tiles (weight %6 transformed to 16 x O x C on set for F(2x2, 3x3),
- 64-channel blocks, units of up to 12 16-tile panels)'
+ 64-channel blocks, units of up to 12 16-tile panels, 8-float vectors)'
 >>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino4_tiles", weight=6, packed=True, tile=12,
-...          channels=64).describe()  # doctest: +NORMALIZE_WHITESPACE
+...          channels=64, vector=16).describe()  # doctest: +NORMALIZE_WHITESPACE
 '%7 conv: winograd on nchw_wino4_tiles (weight %6 transformed to 36 x O x C on set for F(4x4, 3x3),
- 64-channel blocks, units of up to 12 16-tile panels)'
+ 64-channel blocks, units of up to 12 32-tile panels, 16-float vectors)'
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ class ConvPlan(Decision):
     depth: int = 0
     #: output channels per work unit (direct; 0: every channel); Winograd: input channels per product block
     channels: int = 0
+    #: floats per vector of the register tiles (direct, Winograd, pointwise on panels, depthwise; 0: none): 8 (AVX2)
+    #: or 16 (AVX-512), decided from the target's instruction set; a tile and a panel are two vectors of pixels
+    vector: int = 0
 
     def describe(self) -> str:
         store = (f"weight %{self.weight} packed K x N on set, {self.depth}-deep blocks" if self.packed
@@ -97,10 +101,17 @@ class ConvPlan(Decision):
         if self.algorithm == "winograd":
             m = WINOGRAD_TILE[self.layout]
             store = f"weight %{self.weight} transformed to {(m + 2) ** 2} x O x C on set for F({m}x{m}, 3x3)"
-            tile = f", {self.channels}-channel blocks, units of up to {self.tile} 16-tile panels"
+            tile = f", {self.channels}-channel blocks, units of up to {self.tile} {self.panel}-tile panels"
         elif self.algorithm == "direct" or self.layout == "nchw_panels":
-            tile = f", units of {self.channels} channels x up to {self.tile} 16-pixel panels"
+            tile = f", units of {self.channels} channels x up to {self.tile} {self.panel}-pixel panels"
+        if self.vector:
+            tile += f", {self.vector}-float vectors"
         return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store}{tile})"
+
+    @property
+    def panel(self) -> int:
+        """Pixels (Winograd: tiles) of one register tile and panel: two vectors (0 without register tiles)."""
+        return 2 * self.vector
 
     def nodes(self) -> tuple[int, ...]:
         return (self.node, self.weight)

@@ -188,11 +188,13 @@ def widen_params(lir: LirModule) -> tuple[Decision, ...]:
     return tuple(out)
 
 
-def _cpu_decisions(lir: LirModule) -> tuple[Decision, ...]:
+def _cpu_decisions(lir: LirModule, conv_vector: int = 8) -> tuple[Decision, ...]:
+    """The CPU's decisions; `conv_vector`: floats per vector of the conv register tiles (`tile_vector` of the
+    target's instruction set: the pipeline passes it, 8 otherwise)."""
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
     return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir),
-            *quant_gemv_groups(lir), *moe_plans(lir, "cpu"), *conv_plans(lir))
+            *quant_gemv_groups(lir), *moe_plans(lir, "cpu"), *conv_plans(lir, conv_vector))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel

@@ -21,6 +21,7 @@ channels-first tiles (BLAS), or on pixel-major tiles with the weight packed at `
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
 from rlx.ir.dtype import DType
@@ -177,11 +178,29 @@ def tile_pixels(k: int, plane: int) -> int:
     return min(plane, max(fits, MIN_TILE_PIXELS))
 
 
-def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
-    """The `ConvPlan` of every conv node of `lir`.
+#: Floats per vector of the register tiles, by instruction set: AVX2's 256-bit registers, AVX-512's 512-bit ones.
+TILE_VECTORS = (8, 16)
+
+
+def tile_vector(features: Iterable[str]) -> int:
+    """Floats per vector of the conv register tiles for a target with CPU `features` (/proc/cpuinfo spellings, as
+    `rlx.toolchain.isa.required_features` gives them): 16 with AVX-512F (a tile of 6 output channels x 32 pixels in
+    12 zmm registers: twice the multiply-adds per instruction; ResNet-18 at batch 1 on 2 cores of an AVX-512 Xeon,
+    Winograd kernels 9.2 -> 7.1 ms), else 8.
+
+    >>> tile_vector(("avx2", "fma", "avx512f")), tile_vector(("avx2", "fma")), tile_vector(())
+    (16, 8, 8)
+    """
+    return 16 if "avx512f" in set(features) else 8
+
+
+def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
+    """The `ConvPlan` of every conv node of `lir`; `vector` (TILE_VECTORS, `tile_vector` of the target) is the
+    floats per vector of the register tiles (direct, Winograd, pointwise on panels).
 
     Depthwise convolutions run on planes; 1x1 stride-1 unpadded ones multiply the planes as they lie (in
-    register tiles on 16-pixel panels from POINTWISE_PANEL_PIXELS output pixels, by the BLAS below); 3x3
+    register tiles on panels from POINTWISE_PANEL_PIXELS output pixels, by the BLAS below, or, with
+    PACKED_MIN_CHANNELS+ output channels and a packable weight, on pixel-major tiles with the weight packed); 3x3
     stride-1 ones that `winograd_fits`, with WINOGRAD_MIN_CHANNELS+ output channels and a weight param of their
     own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
     on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
@@ -193,6 +212,8 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
     pixels, k-major, so each kernel row reads runs of an input row; the product lands in the output rows
     directly).
     """
+    if vector not in TILE_VECTORS:
+        raise ValueError(f"conv register tiles take vectors of {TILE_VECTORS} floats, not {vector}")
     graph = lir.graph
     users = graph.users()
     params = {spec.node for spec in lir.params}
@@ -211,12 +232,17 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
         w = graph.node(n.inputs[1]).shape
         o, cg, *kernel = w.static_dims
         if is_depthwise(n.op.groups, x.dims[1].value, o):
-            out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False))
+            out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False, vector=vector))
         elif is_pointwise(n.op, tuple(kernel)):
             plane = math.prod(d.value for d in n.shape.dims[2:])
             if plane >= POINTWISE_PANEL_PIXELS:
                 out.append(ConvPlan(n.id, "pointwise", "nchw_panels", n.inputs[1], False, POINTWISE_PANELS,
-                                    channels=direct_channels(o, cg)))
+                                    channels=direct_channels(o, cg), vector=vector))
+            elif n.op.groups == 1 and plane > 1 and o >= PACKED_MIN_CHANNELS and packable(n.inputs[1]):
+                # wide: the weight packed once for the micro-kernel, not by the BLAS on every call (MobileNetV3's
+                # 96 -> 576 on 7 x 7: 46-48 -> 32-33 us; with 40-288 output channels the BLAS was faster)
+                out.append(ConvPlan(n.id, "implicit_gemm", "nhwc_tiles", n.inputs[1], True, CONV_TILE_PIXELS,
+                                    pack_depth(cg)))
             else:
                 out.append(ConvPlan(n.id, "pointwise", "nchw", n.inputs[1], False, MAX_TILE_PIXELS))
         elif (n.op.groups == 1 and len(kernel) == 2 and o >= WINOGRAD_MIN_CHANNELS
@@ -224,11 +250,11 @@ def conv_plans(lir: LirModule) -> tuple[ConvPlan, ...]:
                                                        tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg))
               and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
             out.append(ConvPlan(n.id, "winograd", winograd_layout(geo), n.inputs[1], True, WINOGRAD_PANELS,
-                                channels=winograd_channels(cg)))
+                                channels=winograd_channels(cg), vector=vector))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,
-                                channels=direct_channels(o, cg * math.prod(kernel))))
+                                channels=direct_channels(o, cg * math.prod(kernel)), vector=vector))
         elif n.op.groups == 1 and o >= PACKED_MIN_CHANNELS and packable(n.inputs[1]):
             out.append(ConvPlan(n.id, "implicit_gemm", "nhwc_tiles", n.inputs[1], True, CONV_TILE_PIXELS,
                                 pack_depth(cg * math.prod(kernel))))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlx.config import Config
-from rlx.errors import CacheError
+from rlx.errors import ArtifactError, CacheError
 from rlx.pipeline.decide import decide
 from rlx.pipeline.values import Built, Rendered
 from rlx.runtime.compiled import CompiledGraph
@@ -47,6 +47,18 @@ def cpu_manifest(lir: LirModule, toolchain: Toolchain, key: str, cpu_target: str
     m.update({"abi_version": ABI_VERSION, "target": "cpu", "isa": isa, "key": key,
               "blas": toolchain.blas.provider, "codegen_version": CODEGEN_VERSION})
     return m
+
+
+def conv_vector(cpu_target: str) -> int:
+    """Floats per vector of the conv register tiles for code built for `cpu_target` (`ConvPlan.vector`): 16 where
+    the target's features include AVX-512F (an x86-64-v4 level, or `native` on a CPU that has it), else 8."""
+    from rlx.opt.lowering_conv import tile_vector
+    from rlx.toolchain.isa import required_features
+
+    try:
+        return tile_vector(required_features(cpu_target))
+    except ArtifactError:  # an x86-64 level named on another architecture: the build refuses it, not this
+        return 8
 
 
 def template_bytecode_dir(config: Config) -> Path | None:
@@ -105,7 +117,7 @@ class CpuStages:
         return cpu_toolchain_components(self.toolchain, self.config)
 
     def decide(self, lir: LirModule) -> LirModule:
-        return decide(lir, "cpu")
+        return decide(lir, "cpu", conv_vector=conv_vector(self.config.cpu_target))
 
     def render(self, lir: LirModule) -> Rendered:
         """The C source of a decided LIR, with its key pending, and its key components."""

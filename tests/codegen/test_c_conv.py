@@ -12,7 +12,8 @@ in register tiles on a 520-pixel plane: a partial last panel, two blocks of inpu
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
 count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and batch_norm
 (decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an x86-64
-build without AVX2) both run.
+build without AVX2) both run, and the register tiles on 8-float vectors (x86-64; x86-64-v3, AVX2) and on 16-float
+ones (x86-64-v4, where the CPU has AVX-512F; native on such a CPU).
 """
 
 from __future__ import annotations
@@ -65,8 +66,13 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # 3 pixels on 2+ threads: tiles of 2 and 1 pixels (a one-pixel tile is a matrix-vector product, its input a
         # strided column of the planes)
         "pointwise_tail": g.conv(plane, param("w_pt", [5, 6, 1, 1]), param("b_pt", [5]), activation="relu"),
-        # wide: the weight packed for the micro-kernel, pixel-major tiles
+        # wide: the weight packed for the micro-kernel, pixel-major tiles; a wide pointwise conv on a small plane too
+        "pointwise_wide": g.conv(deep, param("w_pw", [392, 40, 1, 1]), param("b_pw", [392]), activation="relu"),
         "wide": g.conv(x, param("w_w", [384, 5, 3, 3]), param("b_w", [384]), pads=(1, 1, 1, 1), activation="silu"),
+        # 416 channels on one 48-pixel tile: at batch 1 the team shares it, each thread whole 32-wide panels
+        # (13 blocks of 32, not 26 of 16: the second thread's first block once began inside a 32-wide panel)
+        "wide_shared": g.conv(g.pool("max", x, (2, 2), strides=(2, 1)), param("w_ws", [416, 5, 3, 3]),
+                              pads=(1, 1, 1, 1)),
         "grouped": g.conv(g.conv(x, param("w_e", [8, 5, 1, 1])), param("w_g", [6, 4, 3, 2]), param("b_g", [6]),
                           groups=2, dilations=(2, 3), pads=(2, 2, 2, 2), activation="gelu"),
         "depthwise": g.conv(x, param("w_d", [5, 1, 5, 5]), param("b_d", [5]), groups=5, strides=(2, 2),
@@ -131,8 +137,26 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32)}
 
 
-def _targets() -> list[str]:
-    return ["native", "x86-64"] if os.uname().machine in ("x86_64", "AMD64") else ["native"]
+def _has_flags(*flags: str) -> bool:
+    from rlx.toolchain.isa import X86_LEVELS, cpu_flags
+
+    have = cpu_flags() or frozenset()
+    # a level's build is refused unless the CPU has every feature of that level
+    level = "x86-64-v4" if "avx512f" in flags else "x86-64-v3"
+    return set(flags) <= have and set(X86_LEVELS[level]) <= have
+
+
+def _has_avx512() -> bool:
+    return _has_flags("avx512f")
+
+
+def _targets() -> list:
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        return ["native"]
+    # x86-64-v3: AVX2's 8-float tiles and micro-kernel; x86-64-v4: 16-float tiles (AVX-512), whatever the native CPU is
+    v3 = pytest.param("x86-64-v3", marks=pytest.mark.skipif(not _has_flags("avx2", "fma"), reason="no AVX2/FMA"))
+    v4 = pytest.param("x86-64-v4", marks=pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512F"))
+    return ["native", "x86-64", v3, v4]
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +180,15 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
                      ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
+    # the wide 1x1 conv on a 112-pixel plane: pixel-major tiles, its weight packed at set_param
+    assert ("implicit_gemm", "nhwc_tiles", True) in {(d.algorithm, d.layout, d.packed) for d in cg.lir.decided(ConvPlan)
+                                                     if tuple(cg.lir.graph.node(d.weight).shape.static_dims)
+                                                     == (392, 40, 1, 1)}
+    # register tiles on the target's vectors: AVX-512's 16 floats where the target has it, else 8 (x86-64: 8)
+    want_vector = 16 if target == "x86-64-v4" or (target == "native" and _has_avx512()) else 8
+    assert {d.vector for d in cg.lir.decided(ConvPlan) if d.algorithm in ("direct", "winograd", "depthwise")
+            or d.layout == "nchw_panels"} == {want_vector}
+    assert f"{want_vector}-float vectors" in cg.lir.inspect()
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
     assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")  # 3-D: two 2-D pools
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
@@ -186,3 +219,23 @@ def test_f16_conv_runs_in_f32_between_casts() -> None:
     want = rlx.reference.run(g, {"x": xv}, {"w": wv})[0]
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-2)
+
+
+def test_max_pool_on_phase_planes_keeps_nan_and_pads() -> None:
+    """A max pool runs on stride-phase planes with -inf in the pads: a NaN in a window wins it, a pad never does
+    (an all-negative plane), a ceil_mode window past the end pad takes only its cells inside the input."""
+    g = rlx.Graph("maxpool_nan")
+    x = g.input("x", [2, 3, 9, 12])
+    g.set_outputs({"s2": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+                   "ceil": g.pool("max", x, (3, 2), strides=(2, 3), pads=(0, 1, 1, 0), ceil_mode=True),
+                   "dilated": g.pool("max", x, (2, 3), strides=(1, 2), pads=(1, 2, 0, 2), dilations=(2, 2))})
+    xv = -np.abs(np.random.default_rng(7).standard_normal((2, 3, 9, 12)).astype(np.float32)) - np.float32(1.0)
+    xv[0, 1, 4, 5] = np.nan
+    xv[1, 2, 0, 0] = np.nan
+    xv[1, 0, 8, 11] = -np.inf
+    cg = session().compile(g)
+    got = cg.run(x=xv)
+    want = rlx.reference.run(g, {"x": xv}, {})
+    for name, a, b in zip(g.output_names, got, want):
+        assert np.isnan(a).sum() > 0, name  # the NaN windows
+        np.testing.assert_array_equal(a, b, err_msg=name)  # a max is exact, NaN where the reference's is

@@ -88,6 +88,8 @@ class ConvArgs:
     pl: int = 0
     #: Winograd F(4x4): tiles per tile row as numbered (`winograd_pitch`)
     tp: int = 0
+    #: floats per vector of the register tiles (`ConvPlan.vector`; 0: none)
+    vector: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ class PoolArgs:
     pw: int
     peh: int
     pew: int
+    #: max pools: each window tap's offset into a plane's phase planes (`tap_offsets`)
+    taps: str = ""
 
 
 def _geom_fields(g: Window2d) -> dict:
@@ -125,7 +129,8 @@ def _geom_fields(g: Window2d) -> dict:
 DW_VEC = 32
 
 
-#: Output pixels of one direct-conv tile (RLX_CONV_PX in kernels/conv.h).
+#: Output pixels of one direct-conv tile and panel with 8-float vectors (RLX_CONV_PX8 in kernels/conv.h; two vectors:
+#: `ConvPlan.panel`, 32 with 16-float ones).
 DIRECT_PIXELS = 16
 
 
@@ -168,16 +173,18 @@ def depthwise_scratch_floats(g: Window2d) -> int:
     return g.sh * g.sw * phase_plane_floats(g) + out
 
 
-def winograd_pitch(m: int, th: int, tw: int) -> int:
+def winograd_pitch(m: int, th: int, tw: int, panel: int = DIRECT_PIXELS) -> int:
     """Tiles per tile row as an F(m x m) conv numbers them. F(4x4) takes the phase planes' width tw + 1 (a dropped
     column; each panel's patches are one contiguous run, whole vectors for the transforms) unless that needs more
-    than 1/8 more 16-tile panels than tw: on ResNet's 56-wide stage 14 panels instead of 13 measured 2.1 vs 2.6 ms
-    (64 channels, batch 1, one thread), on its 28-wide stage both are 4 panels. F(2x2) always takes tw.
+    than 1/8 more `panel`-tile panels than tw: on ResNet's 56-wide stage 14 16-tile panels instead of 13 measured
+    2.1 vs 2.6 ms (64 channels, batch 1, one thread), on its 28-wide stage both are 4 panels. F(2x2) always takes tw.
 
     >>> winograd_pitch(4, 7, 7), winograd_pitch(4, 14, 14), winograd_pitch(4, 4, 4), winograd_pitch(2, 28, 28)
     (8, 15, 4, 28)
+    >>> winograd_pitch(4, 14, 14, 32), winograd_pitch(4, 3, 10, 32)
+    (15, 10)
     """
-    if m == 4 and 8 * -(-th * (tw + 1) // DIRECT_PIXELS) <= 9 * -(-th * tw // DIRECT_PIXELS):
+    if m == 4 and 8 * -(-th * (tw + 1) // panel) <= 9 * -(-th * tw // panel):
         return tw + 1
     return tw
 
@@ -195,6 +202,8 @@ class WinogradTiles:
     >>> t = WinogradTiles.of(geo, 4)
     >>> t.th, t.tw, t.wq, t.lp, t.pl, t.scratch_floats(64, 64)
     (14, 14, 15, 224, 272, 1032192)
+    >>> WinogradTiles.of(window_2d(Conv(pads=(1, 1, 1, 1)), (28, 28), (28, 28), (3, 3), 64), 4, 32).lp
+    64
     """
 
     m: int
@@ -207,11 +216,12 @@ class WinogradTiles:
     tp: int
 
     @classmethod
-    def of(cls, g: Window2d, m: int) -> WinogradTiles:
+    def of(cls, g: Window2d, m: int, panel: int = DIRECT_PIXELS) -> WinogradTiles:
+        """The tiles of `g` for F(m x m), numbered in panels of `panel` tiles (`ConvPlan.panel`)."""
         th, tw = -(-g.oh // m), -(-g.ow // m)
         wq = tw + 1
-        tp = winograd_pitch(m, th, tw)
-        lp = -(-th * tp // DIRECT_PIXELS) * DIRECT_PIXELS
+        tp = winograd_pitch(m, th, tw, panel)
+        lp = -(-th * tp // panel) * panel
         return cls(m, th, tw, wq, lp, (th + 2) * wq + DW_VEC, tp)  # (HQ + 1) x WQ + slack, HQ = th + 1
 
     @property
@@ -242,9 +252,9 @@ def emit_conv(em, node: Node) -> Kernel:
     k = cg * geo.kh * geo.kw
     og = o // op.groups
     a_bytes = align64(CONV_TILE_PIXELS * k * 4)
-    wino = WinogradTiles.of(geo, WINOGRAD_TILE[plan.layout]) if plan.algorithm == "winograd" else None
+    wino = WinogradTiles.of(geo, WINOGRAD_TILE[plan.layout], plan.panel) if plan.algorithm == "winograd" else None
     planes_offset = (align64(wino.scratch_floats(cg, o) * 4) if wino
-                     else align64(plan.channels * plan.tile * DIRECT_PIXELS * 4))
+                     else align64(plan.channels * plan.tile * plan.panel * 4))
     args = ConvArgs(
         comment=comment(f"conv {plan.algorithm} on {plan.layout}: {x} * w[{o},{cg},{','.join(map(str, kernel))}] "
                         f"groups={op.groups}"),
@@ -256,6 +266,7 @@ def emit_conv(em, node: Node) -> Kernel:
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
+        vector=plan.vector,
         **_geom_fields(geo),
         **({f: getattr(wino, f) for f in ("m", "th", "tw", "wq", "lp", "pl", "tp")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
@@ -264,7 +275,7 @@ def emit_conv(em, node: Node) -> Kernel:
     elif plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
     elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product
-        scratch = align64((cg + og) * DIRECT_PIXELS * 4)
+        scratch = align64((cg + og) * plan.panel * 4)
     elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
@@ -281,12 +292,16 @@ def emit_pool(em, node: Node) -> Kernel:
     x = em.node(node.inputs[0]).shape
     geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
                    op.kernel, 1)
+    is_max = op.fn == "max"
     args = PoolArgs(comment=comment(f"{op.fn} pool {op.kernel} of {x}"), x=em.ptr(node.inputs[0]),
-                    y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(op.fn == "max"),
-                    count_pad=int(op.count_include_pad), peh=geo.peh, pew=geo.pew, **_geom_fields(geo))
+                    y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(is_max),
+                    count_pad=int(op.count_include_pad), peh=geo.peh, pew=geo.pew, **_geom_fields(geo),
+                    taps=", ".join(map(str, tap_offsets(geo))) if is_max else "")
     label = c_string(f"%{node.id} pool" + (f" ({node.name[:60]})" if node.name else ""))
+    # a max pool runs on each plane's stride-phase planes (as a depthwise conv's, -inf in the pads)
+    scratch = align64(depthwise_scratch_floats(geo) * 4) if is_max else 0
     return Kernel(node.id, "pool", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
-                  func=f"rlx_op_{node.id}", label=label)
+                  func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 
 
 RULES.register("conv", accepts=float32_only)(emit_conv)

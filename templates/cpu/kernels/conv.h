@@ -44,20 +44,52 @@ static void rlx_conv_gather(const float *restrict x, const rlx_conv_geom *g, int
     for (int64_t i = 0; i < mc; i++) {
         float *restrict a = A + i * K;
         const int64_t ih0 = oh * g->SH - g->PH, iw0 = ow * g->SW - g->PW;
-        for (int64_t c = 0; c < g->C; c++) {
-            const float *restrict xc = x + c * HW;
-            for (int64_t kh = 0; kh < g->KH; kh++) {
-                const int64_t ih = ih0 + kh * g->DH;
-                float *restrict ak = a + (c * g->KH + kh) * g->KW;
-                if (ih < 0 || ih >= g->H) {
-                    for (int64_t kw = 0; kw < g->KW; kw++)
-                        ak[kw] = 0.0f;
-                    continue;
-                }
-                const float *restrict row = xc + ih * g->W;
-                for (int64_t kw = 0; kw < g->KW; kw++) {
-                    const int64_t iw = iw0 + kw * g->DW;
-                    ak[kw] = iw >= 0 && iw < g->W ? row[iw] : 0.0f;
+        if (g->DW == 1) {
+            /* the window's columns are one run of each input row: the taps inside the plane, [kh_lo, kh_hi) x
+               [kw_lo, kw_hi), found once per pixel (no test per element: 4x faster on ResNet's 7-wide stage) */
+            int64_t kh_lo = 0, kh_hi = g->KH;
+            while (kh_lo < g->KH && ih0 + kh_lo * g->DH < 0)
+                kh_lo++;
+            while (kh_hi > kh_lo && ih0 + (kh_hi - 1) * g->DH >= g->H)
+                kh_hi--;
+            const int64_t kw_lo = iw0 < 0 ? (-iw0 < g->KW ? -iw0 : g->KW) : 0;
+            const int64_t kw_hi = g->W - iw0 < g->KW ? (g->W - iw0 > kw_lo ? g->W - iw0 : kw_lo) : g->KW;
+            if (kh_lo > 0 || kh_hi < g->KH || kw_lo > 0 || kw_hi < g->KW)
+                memset(a, 0, (size_t)K * sizeof(float));
+            if (kw_lo == 0 && kw_hi == 3 && g->KW == 3) {
+                for (int64_t c = 0; c < g->C; c++)
+                    for (int64_t kh = kh_lo; kh < kh_hi; kh++) {
+                        const float *restrict src = x + c * HW + (ih0 + kh * g->DH) * g->W + iw0;
+                        float *restrict dst = a + (c * g->KH + kh) * 3;
+                        dst[0] = src[0];
+                        dst[1] = src[1];
+                        dst[2] = src[2];
+                    }
+            } else {
+                for (int64_t c = 0; c < g->C; c++)
+                    for (int64_t kh = kh_lo; kh < kh_hi; kh++) {
+                        const float *restrict src = x + c * HW + (ih0 + kh * g->DH) * g->W + iw0;
+                        float *restrict dst = a + (c * g->KH + kh) * g->KW;
+                        for (int64_t kw = kw_lo; kw < kw_hi; kw++)
+                            dst[kw] = src[kw];
+                    }
+            }
+        } else {
+            for (int64_t c = 0; c < g->C; c++) {
+                const float *restrict xc = x + c * HW;
+                for (int64_t kh = 0; kh < g->KH; kh++) {
+                    const int64_t ih = ih0 + kh * g->DH;
+                    float *restrict ak = a + (c * g->KH + kh) * g->KW;
+                    if (ih < 0 || ih >= g->H) {
+                        for (int64_t kw = 0; kw < g->KW; kw++)
+                            ak[kw] = 0.0f;
+                        continue;
+                    }
+                    const float *restrict row = xc + ih * g->W;
+                    for (int64_t kw = 0; kw < g->KW; kw++) {
+                        const int64_t iw = iw0 + kw * g->DW;
+                        ak[kw] = iw >= 0 && iw < g->W ? row[iw] : 0.0f;
+                    }
                 }
             }
         }
@@ -122,6 +154,7 @@ static void rlx_conv_gather_kmajor(const float *restrict x, const rlx_conv_geom 
 static void rlx_conv_packed_tile(int64_t mc, int64_t K, int64_t D, const float *A, const float *W, int64_t N,
                                  int64_t j0, int64_t j1, float *C, int64_t ldc)
 {
+    /* each panel is multiplied by every row of the tile while the next one streams in (rlx_kernel_next) */
     const int64_t block = D * ((N + RLX_PACK_NR_MAX - 1) / RLX_PACK_NR_MAX * RLX_PACK_NR_MAX);
     if (j1 <= j0 || mc <= 0)
         return;
@@ -130,7 +163,9 @@ static void rlx_conv_packed_tile(int64_t mc, int64_t K, int64_t D, const float *
 #ifdef RLX_NR
         for (int64_t j = j0; j < j1; j += RLX_NR) {
             const int64_t nr = j1 - j < RLX_NR ? j1 - j : RLX_NR;
-            rlx_kernel(mc, 1, D, A + k0, K, Wb + j * D, C + j, ldc, nr, NULL, k0 > 0);
+            /* the panel multiplied next (this block's, or the next block's first), asked for while this one is */
+            const float *next = j + RLX_NR < j1 ? Wb + (j + RLX_NR) * D : k0 + D < K ? Wb + block + j0 * D : NULL;
+            rlx_kernel_next(mc, D, A + k0, K, Wb + j * D, C + j, ldc, nr, k0 > 0, next);
         }
 #else
         for (int64_t i = 0; i < mc; i++) {
@@ -190,6 +225,9 @@ static inline int rlx_conv_pointwise(const rlx_conv_geom *g)
 typedef float rlx_dw_v8 __attribute__((vector_size(32)));
 /* the same, at any float's address (unaligned loads and stores; may alias other floats) */
 typedef float rlx_dw_v8u __attribute__((vector_size(32), aligned(4), may_alias));
+/* 16 floats: one AVX-512 register (split in two by the compiler where the target has none) */
+typedef float rlx_cv16 __attribute__((vector_size(64)));
+typedef float rlx_cv16u __attribute__((vector_size(64), aligned(4), may_alias));
 
 static inline int64_t rlx_conv_dw_wq(const rlx_conv_geom *g) { return g->OW + (g->KW - 1) * g->DW / g->SW; }
 static inline int64_t rlx_conv_dw_hq(const rlx_conv_geom *g) { return g->OH + (g->KH - 1) * g->DH / g->SH; }
@@ -200,75 +238,109 @@ static inline int64_t rlx_conv_dw_phase(const rlx_conv_geom *g)
 }
 
 /* The SH*SW stride-phase planes of one input plane x[H, W] (rlx_conv_dw_phase floats apart from q on; zeros in the
- * pads, one spare row and RLX_DW_VEC floats of slack after each): q[a*SW + b][r, c] = x[r*SH + a - PH, c*SW + b - PW]. */
+ * pads, one spare row and RLX_DW_VEC floats of slack after each): q[a*SW + b][r, c] = x[r*SH + a - PH, c*SW + b - PW].
+ * Row by row of the input: the columns whose SW inputs all lie inside the row ([clo, chi)) are split into the SW
+ * column phases by one loop (stride 1: a copy; 2 and 4: a vectorized de-interleave), the few others one by one.
+ * (Phase by phase with a strided loop each, MobileNetV3's stride-2 depthwise convs spent 80% of their time here.) */
+static inline __attribute__((always_inline)) void rlx_conv_phase_fill(const float *restrict x, const rlx_conv_geom *g,
+                                                                      float *restrict q, const float fill)
+{
+    const int64_t HQ = rlx_conv_dw_hq(g), WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g), SW = g->SW;
+    /* columns c whose inputs c*SW + b - PW, b < SW, all lie in [0, W) */
+    int64_t clo = (g->PW + SW - 1) / SW, chi = g->W + g->PW - SW < 0 ? 0 : (g->W + g->PW - SW) / SW + 1;
+    clo = clo > WQ ? WQ : clo;
+    chi = chi > WQ ? WQ : (chi < clo ? clo : chi);
+    for (int64_t a = 0; a < g->SH; a++) {
+        float *restrict qa = q + a * SW * PL;
+        for (int64_t r = 0; r <= HQ; r++) {
+            const int64_t ih = r * g->SH + a - g->PH;
+            if (r == HQ || ih < 0 || ih >= g->H) {
+                for (int64_t b = 0; b < SW; b++)
+                    for (int64_t c = 0; c < WQ; c++)
+                        qa[b * PL + r * WQ + c] = fill;
+                continue;
+            }
+            const float *restrict xr = x + ih * g->W - g->PW;  /* input column iw at xr[iw + PW] */
+            for (int64_t b = 0; b < SW; b++) {  /* the edge columns */
+                float *restrict qr = qa + b * PL + r * WQ;
+                for (int64_t c = 0; c < clo; c++) {
+                    const int64_t iw = c * SW + b - g->PW;
+                    qr[c] = iw >= 0 && iw < g->W ? xr[c * SW + b] : fill;
+                }
+                for (int64_t c = chi; c < WQ; c++) {
+                    const int64_t iw = c * SW + b - g->PW;
+                    qr[c] = iw >= 0 && iw < g->W ? xr[c * SW + b] : fill;
+                }
+            }
+            float *restrict q0 = qa + r * WQ;
+            if (SW == 1) {
+                #pragma omp simd
+                for (int64_t c = clo; c < chi; c++)
+                    q0[c] = xr[c];
+            } else if (SW == 2) {
+                float *restrict q1 = q0 + PL;
+                #pragma omp simd
+                for (int64_t c = clo; c < chi; c++) {
+                    q0[c] = xr[2 * c];
+                    q1[c] = xr[2 * c + 1];
+                }
+            } else if (SW == 4) {
+                float *restrict q1 = q0 + PL, *restrict q2 = q0 + 2 * PL, *restrict q3 = q0 + 3 * PL;
+                #pragma omp simd
+                for (int64_t c = clo; c < chi; c++) {
+                    q0[c] = xr[4 * c];
+                    q1[c] = xr[4 * c + 1];
+                    q2[c] = xr[4 * c + 2];
+                    q3[c] = xr[4 * c + 3];
+                }
+            } else {
+                for (int64_t b = 0; b < SW; b++) {
+                    float *restrict qr = q0 + b * PL;
+                    for (int64_t c = clo; c < chi; c++)
+                        qr[c] = xr[c * SW + b];
+                }
+            }
+        }
+        for (int64_t b = 0; b < SW; b++)
+            for (int64_t c = 0; c < RLX_DW_VEC; c++)
+                qa[b * PL + (HQ + 1) * WQ + c] = fill;
+    }
+}
+
+/* rlx_conv_phase_fill with zeros in the pads (convolutions). */
 static inline __attribute__((always_inline)) void rlx_conv_phase_copy(const float *restrict x, const rlx_conv_geom *g,
                                                                       float *restrict q)
 {
-    const int64_t HQ = rlx_conv_dw_hq(g), WQ = rlx_conv_dw_wq(g), PL = rlx_conv_dw_phase(g);
-    for (int64_t a = 0; a < g->SH; a++)
-        for (int64_t b = 0; b < g->SW; b++) {
-            float *restrict qp = q + (a * g->SW + b) * PL;
-            /* columns c whose input column c*SW + b - PW lies in [0, W) */
-            int64_t lo = g->PW - b <= 0 ? 0 : (g->PW - b + g->SW - 1) / g->SW;
-            int64_t hi = g->W - 1 + g->PW - b < 0 ? 0 : (g->W - 1 + g->PW - b) / g->SW + 1;
-            lo = lo > WQ ? WQ : lo;
-            hi = hi > WQ ? WQ : (hi < lo ? lo : hi);
-            for (int64_t r = 0; r <= HQ; r++) {
-                float *restrict qr = qp + r * WQ;
-                const int64_t ih = r * g->SH + a - g->PH;
-                if (r == HQ || ih < 0 || ih >= g->H) {
-                    memset(qr, 0, (size_t)WQ * sizeof(float));
-                    continue;
-                }
-                const float *restrict xr = x + ih * g->W + b - g->PW;
-                for (int64_t c = 0; c < lo; c++)
-                    qr[c] = 0.0f;
-                if (g->SW == 1)
-                    memcpy(qr + lo, xr + lo, (size_t)(hi - lo) * sizeof(float));
-                else
-                    for (int64_t c = lo; c < hi; c++)
-                        qr[c] = xr[c * g->SW];
-                for (int64_t c = hi; c < WQ; c++)
-                    qr[c] = 0.0f;
-            }
-            memset(qp + (HQ + 1) * WQ, 0, RLX_DW_VEC * sizeof(float));
-        }
+    rlx_conv_phase_fill(x, g, q, 0.0f);
 }
 
-/* bias + the window of w[KH, KW] over one plane x[H, W], returned WQ wide (output row oh at oh * WQ, columns
- * OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch floats. tap[kh * KW + kw] is window tap (kh, kw)'s
- * offset into the phase planes (its phase plane, row and column: rlx/codegen/cpu/conv.py's tap_offsets, a constant
- * array of the generated source). Inlined into each conv with its geometry as constants: no division per plane. */
-static inline __attribute__((always_inline)) const float *rlx_conv_dw_plane(const float *restrict x,
-        const float *restrict w, float bias, const rlx_conv_geom *g, const int64_t *restrict tap, float *restrict q)
+/* The max over the window of one plane x[H, W] (pads never win: -inf in them; NaN propagates, as rlx_pool_plane's),
+ * returned WQ wide (output row oh at oh * WQ, columns OW .. WQ-1 dropped) inside q, which holds rlx_conv_dw_scratch
+ * floats: the plane's stride-phase planes, then every tap one contiguous run over the whole output, as the depthwise
+ * conv's (tap: rlx/codegen/cpu/conv.py's tap_offsets). On output rows the strided reads of a stride-2 window did not
+ * vectorize (ResNet-18's 3 x 3 max pool: 0.37 ms at batch 1 on 2 threads). */
+static inline __attribute__((always_inline)) const float *rlx_pool_max_phases(const float *restrict x,
+        const rlx_conv_geom *g, const int64_t *restrict tap, float *restrict q)
 {
-    const int64_t WQ = rlx_conv_dw_wq(g);
-    const int64_t L = g->OH * WQ, LP = (L + RLX_DW_VEC - 1) / RLX_DW_VEC * RLX_DW_VEC;
-    float *restrict acc = q + g->SH * g->SW * rlx_conv_dw_phase(g);  /* the phase planes, then the output */
-    rlx_conv_phase_copy(x, g, q);
+    const int64_t L = g->OH * rlx_conv_dw_wq(g);
+    float *restrict acc = q + g->SH * g->SW * rlx_conv_dw_phase(g);
+    rlx_conv_phase_fill(x, g, q, -INFINITY);
     const int64_t taps = g->KH * g->KW;
-    for (int64_t i0 = 0; i0 < LP; i0 += RLX_DW_VEC) {
-        /* four 8-float accumulators, kept in registers across every tap (GCC/Clang vector extensions) */
-        rlx_dw_v8 s0 = {bias, bias, bias, bias, bias, bias, bias, bias}, s1 = s0, s2 = s0, s3 = s0;
-        const float *qi = q + i0;
-        for (int64_t t = 0; t < taps; t++) {
-            const rlx_dw_v8u *src = (const rlx_dw_v8u *)(qi + tap[t]);
-            const float wv = w[t];
-            s0 += wv * src[0];
-            s1 += wv * src[1];
-            s2 += wv * src[2];
-            s3 += wv * src[3];
+    for (int64_t i = 0; i < L; i++)
+        acc[i] = q[tap[0] + i];
+    for (int64_t t = 1; t < taps; t++) {
+        const float *restrict src = q + tap[t];
+        /* a NaN taken stays (no number compares greater), a NaN met is taken */
+        #pragma omp simd
+        for (int64_t i = 0; i < L; i++) {
+            const float v = src[i], a = acc[i];
+            acc[i] = v > a || v != v ? v : a;
         }
-        rlx_dw_v8u *out = (rlx_dw_v8u *)(acc + i0);
-        out[0] = s0;
-        out[1] = s1;
-        out[2] = s2;
-        out[3] = s3;
     }
     return acc;
 }
 
-/* Floats of scratch rlx_conv_dw_plane needs: the phase planes, the WQ-wide output. */
+/* Floats of scratch rlx_conv_dw_plane<V> (kernels/conv_tile.h) needs: the phase planes, the WQ-wide output. */
 static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
 {
     const int64_t L = g->OH * rlx_conv_dw_wq(g);
@@ -280,87 +352,32 @@ static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
  * An image's channels are first copied, by the whole team, into their phase planes (rlx_conv_phase_copy; channel c
  * at c * CS floats, CS = SH*SW*rlx_conv_dw_phase) in the shared scratch. As in the depthwise conv, with the output
  * laid out WQ wide every tap (c, kh, kw) of a run of output pixels is then one contiguous run of a phase plane: a
- * tile of RLX_CONV_OR output channels x RLX_CONV_PX consecutive (WQ-wide) output pixels is accumulated in 12
+ * tile of RLX_CONV_OR output channels x 2 vectors of consecutive (WQ-wide) output pixels is accumulated in 12
  * vector registers over every (c, tap), each step two unaligned loads of the plane, one broadcast of a weight per
  * channel (the weight [O, C*KH*KW] as stored: each tile row streams its own row) and twelve FMAs, the GEMM
  * micro-kernel's ratio, with no gathered copy of the receptive fields (nine times the input for a 3 x 3 window).
  * A thread's work unit is a block of output channels x a run of pixel panels; tiles land in its scratch (`stage`),
  * and the unit's store drops the columns OW .. WQ-1 and adds bias and activation on the way to the output. */
-#define RLX_CONV_PX 16
 #define RLX_CONV_OR 6
-
-static inline __attribute__((always_inline)) void rlx_conv_direct_tile(const int mr, const float *restrict xq,
-        int64_t CS, int64_t C, const int64_t *restrict tap, int64_t T, const float *restrict w, int64_t K,
-        float *restrict out, int64_t ldo, int accumulate)
-{
-    rlx_dw_v8 c0[RLX_CONV_OR], c1[RLX_CONV_OR];
-    #pragma GCC unroll 6
-    for (int r = 0; r < RLX_CONV_OR; r++)
-        if (r < mr) {
-            if (accumulate) {
-                c0[r] = ((const rlx_dw_v8u *)(out + r * ldo))[0];
-                c1[r] = ((const rlx_dw_v8u *)(out + r * ldo))[1];
-            } else {
-                c0[r] = (rlx_dw_v8){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-                c1[r] = c0[r];
-            }
-        }
-    for (int64_t c = 0; c < C; c++) {
-        const float *restrict xc = xq + c * CS;
-        const float *restrict wc = w + c * T;
-        #pragma GCC unroll 9
-        for (int64_t t = 0; t < T; t++) {
-            const rlx_dw_v8u *src = (const rlx_dw_v8u *)(xc + tap[t]);
-            const rlx_dw_v8 b0 = src[0], b1 = src[1];
-            #pragma GCC unroll 6
-            for (int r = 0; r < RLX_CONV_OR; r++)
-                if (r < mr) {
-                    const float a = wc[r * K + t];
-                    c0[r] += a * b0;
-                    c1[r] += a * b1;
-                }
-        }
-    }
-    #pragma GCC unroll 6
-    for (int r = 0; r < RLX_CONV_OR; r++)
-        if (r < mr) {
-            rlx_dw_v8u *o = (rlx_dw_v8u *)(out + r * ldo);
-            o[0] = c0[r];
-            o[1] = c1[r];
-        }
-}
-
-/* Output channels [0, oc) of w (rows K apart) over the pixel panels [p0, p1) of phase planes xq into stage
- * (row o at o * lds, panel p at (p - p0) * RLX_CONV_PX), RLX_CONV_CB input channels at a time: a block's input
- * under one panel (3 x 3 window: CB x 3 rows x 2 lines) and a tile's weights for it stay in L1 while every
- * channel block of the unit passes; the unit's weights (oc x K) stay in L2 across its panels. Inlined into each
- * conv with its window, strides and planes as constants (the taps' offsets are then immediate). */
 #define RLX_CONV_CB 32
-static inline __attribute__((always_inline)) void rlx_conv_direct_unit(const float *xq, const int64_t CS,
-        const int64_t C, const int64_t *tap, const int64_t T, const float *w, int64_t oc, int64_t p0, int64_t p1,
-        float *stage, const int64_t lds)
-{
-    const int64_t K = C * T;
-    for (int64_t c0 = 0; c0 < C; c0 += RLX_CONV_CB) {
-        const int64_t cn = C - c0 < RLX_CONV_CB ? C - c0 : RLX_CONV_CB;
-        for (int64_t p = p0; p < p1; p++) {
-            const float *xp = xq + c0 * CS + p * RLX_CONV_PX;
-            const float *wc = w + c0 * T;
-            float *sp = stage + (p - p0) * RLX_CONV_PX;
-            const int acc = c0 > 0;
-            for (int64_t o = 0; o < oc;) {
-                const int64_t r = oc - o >= 6 ? 6 : oc - o >= 4 ? 4 : oc - o >= 2 ? 2 : 1;
-                switch (r) {
-                case 6: rlx_conv_direct_tile(6, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
-                case 4: rlx_conv_direct_tile(4, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
-                case 2: rlx_conv_direct_tile(2, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
-                default: rlx_conv_direct_tile(1, xp, CS, cn, tap, T, wc + o * K, K, sp + o * lds, lds, acc); break;
-                }
-                o += r;
-            }
-        }
-    }
-}
+
+/* The register tile and the work unit come in two vector widths (ConvPlan.vector, decided from the target's
+ * instruction set by rlx/opt/lowering_conv.py): kernels/conv_tile.h, included once per width, defines
+ * rlx_conv_direct_tile<V> and rlx_conv_direct_unit<V> on GCC/Clang vectors of V floats, the tile RLX_CONV_OR output
+ * channels x 2 V pixels (a panel: RLX_CONV_PX<V> pixels, below). 8 floats: one AVX2 register per vector; 16: one
+ * AVX-512 register (twice the multiply-adds per instruction; where the target has no AVX-512 the compiler splits
+ * each vector in two, the same sums). */
+#define RLX_CONV_PX8 16
+#define RLX_CONV_PX16 32
+
+#define RLX_CONV_TILE_V 8
+#define RLX_CONV_TILE_T rlx_dw_v8
+#define RLX_CONV_TILE_TU rlx_dw_v8u
+#include "conv_tile.h"
+#define RLX_CONV_TILE_V 16
+#define RLX_CONV_TILE_T rlx_cv16
+#define RLX_CONV_TILE_TU rlx_cv16u
+#include "conv_tile.h"
 
 /* Winograd F(2x2, 3x3) convolution (3 x 3 window, stride 1, dilation 1, groups 1): each 2 x 2 block of output
  * pixels (a tile) is Y = A^T [ sum_c (G w G^T) .* (B^T d B) ] A, d the tile's 4 x 4 input patch. The 16 elements
@@ -372,7 +389,7 @@ static inline __attribute__((always_inline)) void rlx_conv_direct_unit(const flo
  * A tile's patch starts at input (2 th - PH, 2 tw - PW): the phase planes of a 4 x 4, stride-2 window
  * (rlx_conv_phase_copy with OH, OW = TH, TW tiles) make patch row a, column b one contiguous run along a row of
  * tiles (phase (a % 2, b % 2), offset (a / 2, b / 2)). The products run on the tiles numbered th * TW + tw, in
- * panels of 16. */
+ * panels of PX (the register tile's pixels). */
 #define RLX_WINO_E 16
 
 /* U[e][o][c] (e = 4 xi + nu) = (G w[o, c] G^T)[xi][nu] of a weight w[O, C, 3, 3]; dims[0..1] = O, C. */
@@ -399,17 +416,17 @@ static void rlx_conv_winograd_weight(float *restrict U, const float *restrict w,
 }
 
 /* V[e] (e = 4 xi + nu, ldv floats apart) of one channel's TH x TW tiles, numbered i = th * TW + tw and laid out
- * panel by panel: (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16 (the products then read each panel's
- * channels as one contiguous run); the last panel's tiles past TH * TW are zeros. q: the channel's phase planes
+ * panel by panel: (B^T d_i B)[xi][nu] at V + e * ldv + (i / PX) * lpan + i % PX (panels of PX tiles: the products then read each
+ * panel's channels as one contiguous run); the last panel's tiles past TH * TW are zeros. q: the channel's phase planes
  * (PL floats apart, WQ wide: rlx_conv_phase_copy of the 4 x 4, stride-2 window). A panel is one or a few runs of
  * consecutive tiles of a row, each transformed straight into it (vectorized along the run). */
 static inline __attribute__((always_inline)) void rlx_conv_winograd_input(const float *restrict q, int64_t PL,
-        int64_t WQ, int64_t TH, int64_t TW, float *restrict V, int64_t ldv, int64_t lpan)
+        int64_t WQ, int64_t TH, int64_t TW, float *restrict V, int64_t ldv, int64_t lpan, const int64_t PX)
 {
     const float *restrict q00 = q, *restrict q01 = q + PL, *restrict q10 = q + 2 * PL, *restrict q11 = q + 3 * PL;
-    const int64_t L = TH * TW, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
+    const int64_t L = TH * TW, npan = (L + PX - 1) / PX;
     for (int64_t p = 0; p < npan; p++) {
-        const int64_t i0 = p * RLX_CONV_PX, end = L - i0 < RLX_CONV_PX ? L : i0 + RLX_CONV_PX;
+        const int64_t i0 = p * PX, end = L - i0 < PX ? L : i0 + PX;
         float *restrict vp = V + p * lpan - i0;
         for (int64_t i = i0; i < end;) {
             const int64_t th = i / TW, tw = i % TW, n = end - i < TW - tw ? end - i : TW - tw;
@@ -437,7 +454,7 @@ static inline __attribute__((always_inline)) void rlx_conv_winograd_input(const 
             i += n;
         }
         for (int e = 0; e < RLX_WINO_E; e++)  /* the last panel's tiles past L */
-            for (int64_t i = end; i < i0 + RLX_CONV_PX; i++)
+            for (int64_t i = end; i < i0 + PX; i++)
                 vp[e * ldv + i] = 0.0f;
     }
 }
@@ -500,15 +517,15 @@ static void rlx_conv_winograd4_weight(float *restrict U, const float *restrict w
 
 /* V[e] (e = 6 xi + nu, ldv floats apart) of one channel's TH x TP tiles, numbered i = th * TP + tw (TP = TW, or
  * WQ: then the tiles of column TW are computed and dropped, tile i's patch starts at phase-plane offset i and a
- * panel's 16 tiles are one contiguous run): (B^T d_i B)[xi][nu] at V + e * ldv + (i / 16) * lpan + i % 16, zeros
+ * panel's tiles are one contiguous run): (B^T d_i B)[xi][nu] at V + e * ldv + (i / PX) * lpan + i % PX, zeros
  * past TH * TP in the last panel. q: the channel's 16 phase planes (PL floats apart, WQ wide: rlx_conv_phase_copy
  * of the 6 x 6, stride-4 window). */
 static inline __attribute__((always_inline)) void rlx_conv_winograd4_input(const float *restrict q, int64_t PL,
-        int64_t WQ, int64_t TH, int64_t TP, float *restrict V, int64_t ldv, int64_t lpan)
+        int64_t WQ, int64_t TH, int64_t TP, float *restrict V, int64_t ldv, int64_t lpan, const int64_t PX)
 {
-    const int64_t L = TH * TP, npan = (L + RLX_CONV_PX - 1) / RLX_CONV_PX;
+    const int64_t L = TH * TP, npan = (L + PX - 1) / PX;
     for (int64_t p = 0; p < npan; p++) {
-        const int64_t i0 = p * RLX_CONV_PX, end = L - i0 < RLX_CONV_PX ? L : i0 + RLX_CONV_PX;
+        const int64_t i0 = p * PX, end = L - i0 < PX ? L : i0 + PX;
         float *restrict vp = V + p * lpan - i0;
         for (int64_t i = i0; i < end;) {
             const int64_t th = i / TP, tw = i % TP;
@@ -544,7 +561,7 @@ static inline __attribute__((always_inline)) void rlx_conv_winograd4_input(const
             i += n;
         }
         for (int e = 0; e < RLX_WINO4_E; e++)  /* the last panel's tiles past L */
-            for (int64_t i = end; i < i0 + RLX_CONV_PX; i++)
+            for (int64_t i = end; i < i0 + PX; i++)
                 vp[e * ldv + i] = 0.0f;
     }
 }

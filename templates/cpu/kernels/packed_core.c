@@ -53,7 +53,7 @@ static inline __attribute__((always_inline)) void rlx_prefetch_c_row(float *row,
  * RLX_PF_BYTES ahead; without this a short GEMM streams weights at half the DRAM bandwidth. */
 static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, const int prefetch, int64_t kc,
         const float *restrict A, int64_t lda, const float *restrict Bp, float *restrict C, int64_t ldc, int64_t nr,
-        const float *restrict bias, int accumulate)
+        const float *restrict bias, int accumulate, const char *next)
 {
     __m512 c0[RLX_MR], c1[RLX_MR];
     #pragma GCC unroll 12
@@ -68,6 +68,8 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
             _mm_prefetch((const char *)(Bp + k * RLX_NR) + RLX_PF_BYTES, _MM_HINT_T0);
             _mm_prefetch((const char *)(Bp + k * RLX_NR) + RLX_PF_BYTES + 64, _MM_HINT_T0);
         }
+        if (next && !(k & 1))  /* rlx_kernel_next: a line of the next panel every other k */
+            _mm_prefetch(next + (k >> 1) * 64, _MM_HINT_T0);
         const __m512 b0 = _mm512_load_ps(Bp + k * RLX_NR);
         const __m512 b1 = _mm512_load_ps(Bp + k * RLX_NR + 16);
         #pragma GCC unroll 12
@@ -84,7 +86,7 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
 /* The AVX2 tile: same contract as above with 6 rows and 16 columns (one cache line per k). */
 static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, const int prefetch, int64_t kc,
         const float *restrict A, int64_t lda, const float *restrict Bp, float *restrict C, int64_t ldc, int64_t nr,
-        const float *restrict bias, int accumulate)
+        const float *restrict bias, int accumulate, const char *next)
 {
     __m256 c0[RLX_MR], c1[RLX_MR];
     #pragma GCC unroll 6
@@ -97,6 +99,8 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
     for (int64_t k = 0; k < kc; k++) {
         if (prefetch)
             _mm_prefetch((const char *)(Bp + k * RLX_NR) + RLX_PF_BYTES, _MM_HINT_T0);
+        if (next && !(k & 1))  /* rlx_kernel_next: a line of the next panel every other k */
+            _mm_prefetch(next + (k >> 1) * 64, _MM_HINT_T0);
         const __m256 b0 = _mm256_load_ps(Bp + k * RLX_NR);
         const __m256 b1 = _mm256_load_ps(Bp + k * RLX_NR + 8);
         #pragma GCC unroll 6
@@ -151,9 +155,9 @@ static inline __attribute__((always_inline)) void rlx_kernel_tile(const int mr, 
 #define RLX_KERNEL_CASE(R)                                                                     \
     case R:                                                                                    \
         if (prefetch)                                                                          \
-            rlx_kernel_tile(R, 1, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);               \
+            rlx_kernel_tile(R, 1, kc, A, lda, Bp, C, ldc, nr, bias, accumulate, NULL);         \
         else                                                                                   \
-            rlx_kernel_tile(R, 0, kc, A, lda, Bp, C, ldc, nr, bias, accumulate);               \
+            rlx_kernel_tile(R, 0, kc, A, lda, Bp, C, ldc, nr, bias, accumulate, NULL);         \
         break;
 
 void rlx_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t lda, const float *Bp, float *C,
@@ -180,6 +184,29 @@ void rlx_kernel(int64_t mr, int prefetch, int64_t kc, const float *A, int64_t ld
     }
 }
 #undef RLX_KERNEL_CASE
+
+void rlx_kernel_next(int64_t mr, int64_t kc, const float *A, int64_t lda, const float *Bp, float *C, int64_t ldc,
+                     int64_t nr, int accumulate, const float *next)
+{
+    const char *pf = (const char *)next;
+    const int64_t lines = kc * RLX_NR * (int64_t)sizeof(float) / 64;  /* of the next panel */
+    int64_t done = next ? 0 : lines;
+    while (mr > 0) {
+        if (mr >= RLX_MR && done < lines) {  /* a whole row group: kc / 2 lines of the next panel */
+            rlx_kernel_tile(RLX_MR, 0, kc, A, lda, Bp, C, ldc, nr, NULL, accumulate, pf + done * 64);
+            done += kc / 2 > 0 ? kc / 2 : 1;
+            A += RLX_MR * lda;
+            C += RLX_MR * ldc;
+            mr -= RLX_MR;
+            continue;
+        }
+        const int64_t r = mr >= RLX_MR ? RLX_MR : mr;
+        rlx_kernel(r, 0, kc, A, lda, Bp, C, ldc, nr, NULL, accumulate);
+        A += r * lda;
+        C += r * ldc;
+        mr -= r;
+    }
+}
 
 #include "kernels/vgelu.h"
 
