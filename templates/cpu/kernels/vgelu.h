@@ -1,9 +1,9 @@
 /* gelu(x) = x Phi(x) on 8 AVX2 lanes (rlx_gelu8) and 16 AVX-512 lanes (rlx_gelu16): the vector forms
  * of rlx_gelu_f (kernels/scalar.h), operation for operation (the same two ranges, both computed, the
  * same polynomials, the exact float pair for z^2, 2^n applied last, the FMAs where gcc contracts the
- * scalar form): the same results bit for bit (checked over a dense sweep of [-14, 14] and the special
- * values), so rlx_gelu_f's error bound and special values hold (x <= -16 gives -0, -inf NaN, +inf
- * +inf, NaN stays NaN, -0 stays -0).
+ * scalar form; AVX-512 scales by 2^n with vscalefps, see TAIL_POS): the same results bit for bit
+ * (checked over a dense sweep of [-14, 14] and the special values), so rlx_gelu_f's error bound and
+ * special values hold (x <= -16 gives -0, -inf NaN, +inf +inf, NaN stays NaN, -0 stays -0).
  *
  * Why not the scalar function under `#pragma omp simd`: gcc does vectorize it, but a loop over one
  * 16-column tile row runs two vectors, and one vector's chain (a division, three polynomials of
@@ -31,8 +31,8 @@
 /* One GELU over `L` vectors of type V in lockstep: every step below is a loop over the L lanes-vectors
  * (fully unrolled), so L independent dependency chains are interleaved. The ISA's operations come in
  * as macros: SET1, ADD, SUB, MUL, DIV, FMA (a*b+c), FNMA (c-a*b), MIN, ABS, and the selects
- * (SEL_LT(a, b, x, y): a < b ? x : y; SEL_GE0(a, x, y): a >= 0 ? x : y), POW2(n, f) (f * 2^n for
- * an integer-valued float n, in two factors as the scalar form). */
+ * (SEL_LT(a, b, x, y): a < b ? x : y; SEL_GE0(a, x, y): a >= 0 ? x : y), and the tails TAIL_POS(x, m, n)
+ * = x (1 - m 2^n) and TAIL_NEG(x, m, n) = (x m) 2^n for an integer-valued float n. */
 #define RLX_GELU_BODY(L, V, v)                                                                        \
     do {                                                                                              \
         static const float cs[8] = RLX_GELU_S, ch[11] = RLX_GELU_H, ce[8] = RLX_GELU_E;               \
@@ -73,8 +73,8 @@
                 acc[q] = FMA(acc[q], r[q], SET1(ce[i]));                                              \
         _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
             const V m = MUL(MUL(SET1(0.5f), t[q]), acc[q]);                                           \
-            const V pos = MUL(x[q], FNMA(POW2A(n[q], m), POW2B(n[q]), SET1(1.0f)));                   \
-            const V neg = POW2(n[q], MUL(x[q], m));                                                   \
+            const V pos = TAIL_POS(x[q], m, n[q]);                                                    \
+            const V neg = TAIL_NEG(x[q], m, n[q]);                                                    \
             const V out = SEL_LT(ax0[q], SET1(0.75f), center[q], SEL_GE0(x[q], pos, neg));            \
             /* x <= -16: -0 (the true value underflows); -inf: -inf * 0 = NaN, as the reference */    \
             v[q] = SEL_NEGTAIL(ax0[q], x[q], MUL(x[q], SETZ()), out);                                 \
@@ -97,13 +97,13 @@
 #define SEL_NEGTAIL(ax0, x, z, y)                                                                     \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax0, SET1(16.0f), _CMP_GE_OQ)                              \
                          & _mm512_cmp_ps_mask(x, SETZ(), _CMP_LT_OQ), y, z)
-/* 2^n as 2^n1 * 2^n2 (n1 = n / 2 truncated, n2 = n - n1): the scalar form's two factors */
-#define RLX_G16_N1(n) _mm512_srai_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n),                       \
-                                         _mm512_srli_epi32(_mm512_cvttps_epi32(n), 31)), 1)
-#define RLX_G16_P2(k) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23))
-#define POW2A(n, f) MUL(f, RLX_G16_P2(RLX_G16_N1(n)))
-#define POW2B(n) RLX_G16_P2(_mm512_sub_epi32(_mm512_cvttps_epi32(n), RLX_G16_N1(n)))
-#define POW2(n, f) MUL(POW2A(n, f), POW2B(n))
+/* The tails, x (1 - m 2^n) and (x m) 2^n, with vscalefps (f 2^n, one rounding): the same values as the scalar
+ * form's two factors (m 2^n1 and x m 2^n1 are exact, normal numbers for every n the tails reach, n >= -185,
+ * so their product with 2^n2 rounds once, as scalef does; 1 - m 2^n is one rounding of the exact difference
+ * in both: the scalar's fused multiply-add, here an exact m 2^n, or a tiny one where 1 is the result either way)
+ * in 2 operations instead of ~12 integer ones (the whole GELU ~9% faster, Sapphire Rapids). */
+#define TAIL_POS(x, m, n) MUL(x, SUB(SET1(1.0f), _mm512_scalef_ps(m, n)))
+#define TAIL_NEG(x, m, n) _mm512_scalef_ps(MUL(x, m), n)
 
 /* gelu on L = 4 / 2 vectors of 16 lanes each, in place (4: a 12 x 32 tile's two rows). */
 static inline __attribute__((always_inline)) void rlx_gelu16x4(__m512 *v)
@@ -138,6 +138,9 @@ static inline __attribute__((always_inline)) void rlx_gelu16x2(__m512 *v)
 #define POW2A(n, f) MUL(f, RLX_G8_P2(RLX_G8_N1(n)))
 #define POW2B(n) RLX_G8_P2(_mm256_sub_epi32(_mm256_cvttps_epi32(n), RLX_G8_N1(n)))
 #define POW2(n, f) MUL(POW2A(n, f), POW2B(n))
+/* the tails as the scalar form computes them: x (1 - (m 2^n1) 2^n2), ((x m) 2^n1) 2^n2 */
+#define TAIL_POS(x, m, n) MUL(x, FNMA(POW2A(n, m), POW2B(n), SET1(1.0f)))
+#define TAIL_NEG(x, m, n) POW2(n, MUL(x, m))
 
 /* gelu on L = 6 / 4 vectors of 8 lanes each, in place (6: ~5% faster than 4 and ~30% than 2 on Zen 3,
  * a 6 x 16 tile's three rows; 16 ymm registers hold fewer chains than that, the rest spills to L1). */
@@ -168,5 +171,7 @@ static inline __attribute__((always_inline)) void rlx_gelu8x4(__m256 *v)
 #undef POW2A
 #undef POW2B
 #undef POW2
+#undef TAIL_POS
+#undef TAIL_NEG
 
 #endif /* RLX_KERNELS_VGELU_H */
