@@ -50,6 +50,26 @@ def test_attention_masks(rng, mask):
     assert np.all(np.isfinite(got[0]))
 
 
+def test_attention_padding_rows_that_keep_every_key(rng):
+    """A batch row whose padding mask keeps every key skips the mask in its softmax: the same outputs, bit for bit,
+    as the unmasked attention of that row; rows with dropped keys still drop them (against the reference)."""
+    b, s, h, d = 3, 70, 4, 16
+    feed = _qkv(rng, b, s, s, h, h, d)
+    mv = np.ones((b, s), np.int32)
+    mv[1, 40:] = 0
+    mv[2, 1:] = 0  # one key left
+    feed["m"] = mv
+    outs = {}
+    for mask in ("padding", "none"):
+        g = rlx.Graph(f"attn_keep_{mask}")
+        q, k, v = (g.input(n, [b, s, h * d]) for n in "qkv")
+        m = g.input("m", [b, s], "i32") if mask == "padding" else None
+        g.set_outputs([g.attention(q, k, v, num_heads=h, head_dim=d, mask=mask, mask_input=m)])
+        outs[mask] = check(g, feed if m is not None else {n: feed[n] for n in "qkv"}, **ATTN_TOL)[0]
+    assert np.array_equal(outs["padding"][0], outs["none"][0])
+    assert not np.allclose(outs["padding"][1:], outs["none"][1:], **ATTN_TOL)
+
+
 def test_attention_softmax_extremes(rng):
     """The softmax's exp at the ends of its range (the vector rows: 16 lanes on AVX-512, 8 on AVX2,
     21 keys leaving a tail): scores far below the row's max underflow to 0 (exp argument < -104),

@@ -3,6 +3,9 @@
 - `rlx_gelu_block` (the packed GEMM's erf GELU epilogue, templates/cpu/kernels/vgelu.h, in the packed_core kernel
   unit) against `rlx_gelu_f` per element (kernels/scalar.h): over a dense sweep of [-14, 14] and gelu's special
   values, on whole panels (16 / 32 columns, the fast path) and on a masked 37-column block of odd rows.
+- `rlx_pack_b` reading B transposed (each column contiguous, sk == 1: an attention task's K^T, a PyTorch [out, in]
+  weight), which AVX-512 does 16 x 16 blocks at a time in registers, against the panel layout built in numpy, for
+  shapes with and without whole blocks.
 - The softmax's `rlx_exp8_nonpos` / `rlx_exp16_nonpos` against `rlx_exp8` / `rlx_exp16`, for the arguments it
   gets (a score less its row's max: <= 0, -inf, or NaN), over [-110, 0] densely.
 
@@ -54,7 +57,7 @@ def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     so.chk_lanes.restype = ctypes.c_int
     ptr, n = ctypes.c_void_p, ctypes.c_longlong
     for name, args in (("chk_gelu_scalar", [ptr, ptr, n]), ("chk_gelu_block", [ptr, n, n, n, n]),
-                       ("chk_exp", [ptr, ptr, ptr, n])):
+                       ("chk_exp", [ptr, ptr, ptr, n]), ("chk_pack_b", [ptr, ptr, n, n, n, n])):
         getattr(so, name).restype = None
         getattr(so, name).argtypes = args
     assert so.chk_lanes() == PANEL[level] // 2, f"the {level} build has no vector exp of its lanes"
@@ -99,6 +102,21 @@ def test_gelu_block_is_rlx_gelu_f(lib, shape) -> None:
                             f"{got[diff[0]]!r} vs rlx_gelu_f {want[diff[0]]!r}")
     assert np.signbit(want[3]) and want[3] == 0.0 and np.signbit(want[5]) and want[5] == 0.0  # -0 -> -0; -16 -> -0
     assert np.isnan(want[1]) and np.isnan(want[2]) and want[0] == np.inf
+
+
+@pytest.mark.parametrize(("k", "n", "ld"), [(32, 128, 384), (16, 70, 64), (40, 100, 41), (7, 5, 9), (33, 17, 50)])
+def test_pack_b_transposed_read(lib, k, n, ld) -> None:
+    so, level = lib
+    nr = PANEL[level]
+    src = np.arange(n * ld, dtype=np.float32)  # column j of B (n columns, k rows) at src[j * ld : j * ld + k]
+    b = src.reshape(n, ld)[:, :k].T  # B[k, n]
+    panels = -(-n // nr)
+    got = np.full(panels * nr * k, -1.0, np.float32)
+    so.chk_pack_b(got.ctypes.data, src.ctypes.data, k, n, 1, ld)
+    padded = np.zeros((k, panels * nr), np.float32)
+    padded[:, :n] = b
+    want = padded.reshape(k, panels, nr).transpose(1, 0, 2).reshape(-1)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_softmax_exp_nonpos_is_the_general_exp(lib) -> None:

@@ -9,12 +9,64 @@
 #ifdef RLX_NR
 #include <immintrin.h>
 
+#if RLX_NR == 32
+/* out[k * ldo + j] <- in[j * ldi + k] for j, k < 16: a 16 x 16 block transposed in registers (unpacks of
+ * lanes and pairs, then 128-bit lane shuffles; the result's rows come out with dims 1 and 2 of each 4 swapped). */
+static inline void rlx_transpose16(float *restrict out, int64_t ldo, const float *restrict in, int64_t ldi)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_loadu_ps(in + i * ldi);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int j = 0; j < 2; j++) {
+            r[i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+            r[i + j + 2] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+        }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; i++)
+        _mm512_storeu_ps(out + ((i & ~3) | (i & 1) << 1 | (i >> 1 & 1)) * ldo, r[i]);
+}
+
+/* One panel of `w` columns whose elements are contiguous along K (sk == 1, column j at col + j * sn): a
+ * transposed read, 16 x 16 blocks at a time through registers instead of one strided load per element (an
+ * attention task's K^T, a PyTorch [out, in] weight): the same values as the loop below. */
+static void rlx_pack_panel_t(float *restrict out, const float *restrict col, int64_t K, int64_t w, int64_t sn)
+{
+    const int64_t kf = K / 16 * 16, jf = w / 16 * 16;
+    for (int64_t j0 = 0; j0 < jf; j0 += 16)
+        for (int64_t k0 = 0; k0 < kf; k0 += 16)
+            rlx_transpose16(out + k0 * RLX_NR + j0, RLX_NR, col + j0 * sn + k0, sn);
+    for (int64_t k = 0; k < K; k++)  /* the rest: rows past the last whole block, columns past jf, the zeros */
+        for (int64_t j = k < kf ? jf : 0; j < RLX_NR; j++)
+            out[k * RLX_NR + j] = j < w ? col[j * sn + k] : 0.0f;
+}
+#endif
+
 /* Panels of RLX_NR columns, K rows each, zero-padded past N. */
 void rlx_pack_b(float *restrict dst, const float *restrict src, int64_t K, int64_t N, int64_t sk, int64_t sn)
 {
     for (int64_t p0 = 0; p0 < N; p0 += RLX_NR) {
         const int64_t w = N - p0 < RLX_NR ? N - p0 : RLX_NR;
         const float *restrict col = src + p0 * sn;
+#if RLX_NR == 32
+        if (sk == 1 && sn != 1) {
+            rlx_pack_panel_t(dst, col, K, w, sn);
+            dst += K * RLX_NR;
+            continue;
+        }
+#endif
         for (int64_t k = 0; k < K; k++) {
             float *restrict out = dst + k * RLX_NR;
             const float *restrict in = col + k * sk;

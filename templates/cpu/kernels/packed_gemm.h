@@ -155,6 +155,17 @@ static void rlx_pgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
 
 #endif
 
+/* The pool of a packed GEMM's tiles for a team of `nt`: thread t's range as rlx_pgemm_split gives it. */
+static inline void rlx_pgemm_pool(rlx_task_pool *pool, int64_t M, int64_t N, int nt)
+{
+    rlx_task_pool_init(pool, nt);
+    for (int t = 0; t < nt; t++) {
+        int64_t t0, t1;
+        rlx_pgemm_split(M, N, t, nt, &t0, &t1);
+        rlx_task_pool_range(pool, t, t0, t1);
+    }
+}
+
 /* Threads for a packed GEMM: no more than there are tiles, none for tiny products. */
 static inline int rlx_pgemm_threads(int nt, int64_t tiles, int64_t m, int64_t n, int64_t k)
 {

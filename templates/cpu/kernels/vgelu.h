@@ -1,9 +1,9 @@
 /* gelu(x) = x Phi(x) on 8 AVX2 lanes (rlx_gelu8) and 16 AVX-512 lanes (rlx_gelu16): the vector forms
  * of rlx_gelu_f (kernels/scalar.h), operation for operation (the same two ranges, both computed, the
  * same polynomials, the exact float pair for z^2, 2^n applied last, the FMAs where gcc contracts the
- * scalar form): the same results bit for bit (checked over a dense sweep of [-14, 14] and the special
- * values), so rlx_gelu_f's error bound and special values hold (x <= -16 gives -0, -inf NaN, +inf
- * +inf, NaN stays NaN, -0 stays -0).
+ * scalar form; AVX-512 scales by 2^n with vscalefps, see TAIL_POS): the same results bit for bit
+ * (checked over a dense sweep of [-14, 14] and the special values), so rlx_gelu_f's error bound and
+ * special values hold (x <= -16 gives -0, -inf NaN, +inf +inf, NaN stays NaN, -0 stays -0).
  *
  * Why not the scalar function under `#pragma omp simd`: gcc does vectorize it, but a loop over one
  * 16-column tile row runs two vectors, and one vector's chain (a division, three polynomials of
@@ -30,9 +30,11 @@
 
 /* One GELU over `L` vectors of type V in lockstep: every step below is a loop over the L lanes-vectors
  * (fully unrolled), so L independent dependency chains are interleaved. The ISA's operations come in
- * as macros: SET1, ADD, SUB, MUL, DIV, FMA (a*b+c), FNMA (c-a*b), MIN, ABS, and the selects
- * (SEL_LT(a, b, x, y): a < b ? x : y; SEL_GE0(a, x, y): a >= 0 ? x : y), POW2(n, f) (f * 2^n for
- * an integer-valued float n, in two factors as the scalar form). */
+ * as macros: SET1, ADD, SUB, MUL, DIV, FMA (a*b+c), FNMA (c-a*b), FMS (a*b-c), FNMS (-a*b-c), MIN, ABS,
+ * the selects (SEL_LT(a, b, x, y): a < b ? x : y; SEL_GE0(a, x, y): a >= 0 ? x : y; SEL_LEM16(x, z, y):
+ * x <= -16 ? z : y), and the tails TAIL_POS(x, m, n) = x (1 - m 2^n) and TAIL_NEG(x, m, n) = (x m) 2^n for
+ * an integer-valued float n. Each is the scalar form's operation (its negations folded into FMS / FNMS, its
+ * `ax0 >= 16 && x < 0` one compare), so the values are the same. */
 #define RLX_GELU_BODY(L, V, v)                                                                        \
     do {                                                                                              \
         static const float cs[8] = RLX_GELU_S, ch[11] = RLX_GELU_H, ce[8] = RLX_GELU_E;               \
@@ -50,7 +52,7 @@
                 acc[q] = FMA(acc[q], u[q], SET1(cs[i]));                                              \
         _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
             center[q] = MUL(x[q], FMA(x[q], acc[q], SET1(0.5f)));                                     \
-            ul[q] = FMA(ax[q], ax[q], SUB(SETZ(), u[q])); /* x^2 = u + ul exactly */                   \
+            ul[q] = FMS(ax[q], ax[q], u[q]); /* x^2 = u + ul exactly */                                \
             w[q] = MUL(SUB(t[q], SET1(0.36733204834304223f)), SET1(3.4950157293916932f));             \
             acc[q] = SET1(ch[0]);                                                                     \
         }                                                                                             \
@@ -62,7 +64,7 @@
             const V zh = MUL(SET1(0.5f), u[q]);                                                       \
             n[q] = SUB(FMA(SUB(acc[q], zh), SET1(1.44269504088896341f), SET1(12582912.0f)),           \
                        SET1(12582912.0f));                                                            \
-            r[q] = FNMA(n[q], SET1(0.693145751953125f), SUB(SETZ(), zh));                             \
+            r[q] = FNMS(n[q], SET1(0.693145751953125f), zh); /* -zh - n ln2hi, one rounding */        \
             r[q] = ADD(r[q], acc[q]);                                                                 \
             r[q] = FNMA(n[q], SET1(1.428606765330187045e-06f), r[q]);                                 \
             r[q] = SUB(r[q], MUL(SET1(0.5f), ul[q]));                                                 \
@@ -73,11 +75,11 @@
                 acc[q] = FMA(acc[q], r[q], SET1(ce[i]));                                              \
         _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
             const V m = MUL(MUL(SET1(0.5f), t[q]), acc[q]);                                           \
-            const V pos = MUL(x[q], FNMA(POW2A(n[q], m), POW2B(n[q]), SET1(1.0f)));                   \
-            const V neg = POW2(n[q], MUL(x[q], m));                                                   \
+            const V pos = TAIL_POS(x[q], m, n[q]);                                                    \
+            const V neg = TAIL_NEG(x[q], m, n[q]);                                                    \
             const V out = SEL_LT(ax0[q], SET1(0.75f), center[q], SEL_GE0(x[q], pos, neg));            \
             /* x <= -16: -0 (the true value underflows); -inf: -inf * 0 = NaN, as the reference */    \
-            v[q] = SEL_NEGTAIL(ax0[q], x[q], MUL(x[q], SETZ()), out);                                 \
+            v[q] = SEL_LEM16(x[q], MUL(x[q], SETZ()), out);                                           \
         }                                                                                             \
     } while (0)
 
@@ -94,16 +96,17 @@
 #define ABS(a) _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)))
 #define SEL_LT(a, b, x, y) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x)
 #define SEL_GE0(a, x, y) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, SETZ(), _CMP_GE_OQ), y, x)
-#define SEL_NEGTAIL(ax0, x, z, y)                                                                     \
-    _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax0, SET1(16.0f), _CMP_GE_OQ)                              \
-                         & _mm512_cmp_ps_mask(x, SETZ(), _CMP_LT_OQ), y, z)
-/* 2^n as 2^n1 * 2^n2 (n1 = n / 2 truncated, n2 = n - n1): the scalar form's two factors */
-#define RLX_G16_N1(n) _mm512_srai_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n),                       \
-                                         _mm512_srli_epi32(_mm512_cvttps_epi32(n), 31)), 1)
-#define RLX_G16_P2(k) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k, _mm512_set1_epi32(127)), 23))
-#define POW2A(n, f) MUL(f, RLX_G16_P2(RLX_G16_N1(n)))
-#define POW2B(n) RLX_G16_P2(_mm512_sub_epi32(_mm512_cvttps_epi32(n), RLX_G16_N1(n)))
-#define POW2(n, f) MUL(POW2A(n, f), POW2B(n))
+/* x <= -16 ? z : y: the scalar's `ax0 >= 16 && x < 0` (false for NaN either way) */
+#define SEL_LEM16(x, z, y) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, SET1(-16.0f), _CMP_LE_OQ), y, z)
+#define FMS _mm512_fmsub_ps
+#define FNMS _mm512_fnmsub_ps
+/* The tails, x (1 - m 2^n) and (x m) 2^n, with vscalefps (f 2^n, one rounding): the same values as the scalar
+ * form's two factors (m 2^n1 and x m 2^n1 are exact, normal numbers for every n the tails reach, n >= -185,
+ * so their product with 2^n2 rounds once, as scalef does; 1 - m 2^n is one rounding of the exact difference
+ * in both: the scalar's fused multiply-add, here an exact m 2^n, or a tiny one where 1 is the result either way)
+ * in 2 operations instead of ~12 integer ones (the whole GELU ~9% faster, Sapphire Rapids). */
+#define TAIL_POS(x, m, n) MUL(x, SUB(SET1(1.0f), _mm512_scalef_ps(m, n)))
+#define TAIL_NEG(x, m, n) _mm512_scalef_ps(MUL(x, m), n)
 
 /* gelu on L = 4 / 2 vectors of 16 lanes each, in place (4: a 12 x 32 tile's two rows). */
 static inline __attribute__((always_inline)) void rlx_gelu16x4(__m512 *v)
@@ -129,15 +132,18 @@ static inline __attribute__((always_inline)) void rlx_gelu16x2(__m512 *v)
 #define ABS(a) _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)))
 #define SEL_LT(a, b, x, y) _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
 #define SEL_GE0(a, x, y) _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, SETZ(), _CMP_GE_OQ))
-#define SEL_NEGTAIL(ax0, x, z, y)                                                                     \
-    _mm256_blendv_ps(y, z, _mm256_and_ps(_mm256_cmp_ps(ax0, SET1(16.0f), _CMP_GE_OQ),                 \
-                                         _mm256_cmp_ps(x, SETZ(), _CMP_LT_OQ)))
+#define SEL_LEM16(x, z, y) _mm256_blendv_ps(y, z, _mm256_cmp_ps(x, SET1(-16.0f), _CMP_LE_OQ))
+#define FMS _mm256_fmsub_ps
+#define FNMS _mm256_fnmsub_ps
 #define RLX_G8_N1(n) _mm256_srai_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n),                         \
                                         _mm256_srli_epi32(_mm256_cvttps_epi32(n), 31)), 1)
 #define RLX_G8_P2(k) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23))
 #define POW2A(n, f) MUL(f, RLX_G8_P2(RLX_G8_N1(n)))
 #define POW2B(n) RLX_G8_P2(_mm256_sub_epi32(_mm256_cvttps_epi32(n), RLX_G8_N1(n)))
 #define POW2(n, f) MUL(POW2A(n, f), POW2B(n))
+/* the tails as the scalar form computes them: x (1 - (m 2^n1) 2^n2), ((x m) 2^n1) 2^n2 */
+#define TAIL_POS(x, m, n) MUL(x, FNMA(POW2A(n, m), POW2B(n), SET1(1.0f)))
+#define TAIL_NEG(x, m, n) POW2(n, MUL(x, m))
 
 /* gelu on L = 6 / 4 vectors of 8 lanes each, in place (6: ~5% faster than 4 and ~30% than 2 on Zen 3,
  * a 6 x 16 tile's three rows; 16 ymm registers hold fewer chains than that, the rest spills to L1). */
@@ -164,9 +170,13 @@ static inline __attribute__((always_inline)) void rlx_gelu8x4(__m256 *v)
 #undef ABS
 #undef SEL_LT
 #undef SEL_GE0
-#undef SEL_NEGTAIL
+#undef SEL_LEM16
+#undef FMS
+#undef FNMS
 #undef POW2A
 #undef POW2B
 #undef POW2
+#undef TAIL_POS
+#undef TAIL_NEG
 
 #endif /* RLX_KERNELS_VGELU_H */

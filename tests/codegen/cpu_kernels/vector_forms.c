@@ -63,3 +63,9 @@ EXPORT void chk_exp(const float *x, float *general, float *nonpos, int64_t n)
     (void)x; (void)general; (void)nonpos; (void)n;
 #endif
 }
+
+/* dst <- rlx_pack_b(src, K, N, sk, sn): the packed panels (RLX_NR wide, or row-major without a micro-kernel). */
+EXPORT void chk_pack_b(float *dst, const float *src, int64_t K, int64_t N, int64_t sk, int64_t sn)
+{
+    rlx_pack_b(dst, src, K, N, sk, sn);
+}
