@@ -20,6 +20,7 @@ static inline void rlx_epilogue_act(float *restrict c, int64_t ldc, int64_t mr, 
 {
     (void)c; (void)ldc; (void)mr; (void)nc; (void)act;
 }
+#include "kernels/threads.h"
 #include "kernels/half.h"
 #include "kernels/gemm.h"
 #include "kernels/packed_gemm.h"
