@@ -1,7 +1,7 @@
 """Tensor parallelism: tp=2 against tp=1 — decoder decode tokens/s and MiniLM (128, 128) latency.
 
     python benchmarks/tp.py [--rounds 3] [--quick] [--processes] [--skip-minilm] [--skip-decoder] [--skip-cuda]
-                            [--cuda-shape llama3-8b --weights q4_k --tp 2,4 --precision f16]
+                            [--cuda-shape llama3-8b --weights q4_k --tp 2,4 --precision f16 --all-reduce p2p,nccl]
 
 CPU: every peer runs in this process. tp=1 is one compiled graph (with 2 OpenMP threads, and with
 1); tp=2 is the sharded graph twice, one rank per thread of this process with 1 OpenMP thread each,
@@ -241,7 +241,9 @@ def _cuda_decode_rank(rank, tp: int, shape: str, weights: str, quick: bool, prec
 
 
 def bench_cuda(rounds: int, quick: bool, shape: str = "default", weights: str = "q4_k", tps: tuple[int, ...] = (2,),
-               precision: str = "f16") -> None:
+               precision: str = "f16", all_reduce: tuple[str, ...] = ("p2p",)) -> None:
+    import os
+
     from rlx.distributed import launch
     from rlx.runtime.nccl import gpu_count
 
@@ -251,15 +253,19 @@ def bench_cuda(rounds: int, quick: bool, shape: str = "default", weights: str = 
         print(f"CUDA: skipped — {n} GPU(s) visible; tp={min(tps)} runs one process per GPU and needs {min(tps)}")
         return
     args = (shape, weights, quick, precision, rounds, 100)
-    times = {1: launch(_cuda_decode_rank, nprocs=1, device="cuda", args=(1, *args))[0]}
+    times = {"1": launch(_cuda_decode_rank, nprocs=1, device="cuda", args=(1, *args))[0]}
     for tp in runnable:
-        times[tp] = max(launch(_cuda_decode_rank, nprocs=tp, device="cuda", args=(tp, *args)))
+        for how in all_reduce:  # RLX_CUDA_P2P=0: every all-reduce through NCCL (the ranks inherit the variable)
+            os.environ["RLX_CUDA_P2P"] = "1" if how == "p2p" else "0"
+            times[f"{tp} {how}"] = max(launch(_cuda_decode_rank, nprocs=tp, device="cuda", args=(tp, *args)))
+    os.environ.pop("RLX_CUDA_P2P", None)
     what = "random q8_0 decoder" if shape == "default" else f"{shape}-shaped decoder, {weights} weights"
     print(f"CUDA {what}, {precision}, greedy decode at {PROMPT} tokens of context "
-          "(each launch its own processes: not interleaved in one process)")
-    print(f"  {'tp':<4} {'ms/token':>9} {'tok/s':>8} {'latency vs tp=1':>16}")
+          "(each launch its own processes: not interleaved in one process); all-reduces: p2p = one-shot through "
+          "the peers' memory (AllReduceP2P), nccl = RLX_CUDA_P2P=0")
+    print(f"  {'tp':<9} {'ms/token':>9} {'tok/s':>8} {'latency vs tp=1':>16}")
     for tp, t in times.items():
-        print(f"  {tp:<4} {t * 1e3:9.3f} {1 / t:8.1f} {t / times[1]:16.2f}")
+        print(f"  {tp:<9} {t * 1e3:9.3f} {1 / t:8.1f} {t / times['1']:16.2f}")
     skipped = [tp for tp in tps if tp > n]
     if skipped:
         print(f"  not run: tp={skipped} (only {n} GPUs visible)")
@@ -276,6 +282,7 @@ def main() -> None:
     ap.add_argument("--weights", default="q4_k", help="block format of --cuda-shape's random weights")
     ap.add_argument("--tp", default="2", help="tensor-parallel degrees to compare with tp=1 on CUDA (e.g. 2,4)")
     ap.add_argument("--precision", default="f16", help="CUDA compute precision")
+    ap.add_argument("--all-reduce", default="p2p", help="CUDA all-reduce paths to time at each tp: p2p, nccl or both")
     ap.add_argument("--processes", action="store_true", help="also the decoder with ranks as processes")
     args = ap.parse_args()
     import os
@@ -290,7 +297,7 @@ def main() -> None:
         bench_minilm(args.rounds, 8 if args.quick else 128, 128)
     if not args.skip_cuda:
         bench_cuda(args.rounds, args.quick, args.cuda_shape, args.weights,
-                   tuple(int(t) for t in args.tp.split(",")), args.precision)
+                   tuple(int(t) for t in args.tp.split(",")), args.precision, tuple(args.all_reduce.split(",")))
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -24,6 +24,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_CHECK_NANS | 1 builds the checked variant: a kernel writing NaN/inf fails the run naming its op | 0 |
 | RLX_CUTLASS | 0: erf GELU / SiLU GEMMs on cuBLASLt + a pass, not the CUTLASS unit (~1 min to build once) | 1 |
 | RLX_CUTLASS_DIR | a directory holding `cutlass/cutlass.h` (instead of the nvidia-cutlass wheel's headers) | none |
+| RLX_CUDA_P2P | 0: CUDA all-reduces always call NCCL (no one-shot sums through the peers' memory) | 1 |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |
 | RLX_RECORD_MAX_CALLS | calls recorded per compiled program (the first ones) | 16 |
@@ -146,6 +147,8 @@ class Config:
     cutlass: bool = True
     #: CUTLASS's include directory ("": the nvidia-cutlass wheel's).
     cutlass_dir: str = ""
+    #: CUDA tensor-parallel cliques sum small all-reduces one-shot through the peers' memory (`AllReduceP2P`).
+    cuda_p2p: bool = True
     cc: str = "cc"
     nvcc: str = "nvcc"
     #: RLX_RECORD: where compiled graphs record their calls (None: not recorded), and the bounds.
@@ -181,6 +184,7 @@ class Config:
             check_nans=_flag(env, "RLX_CHECK_NANS", False),
             cutlass=_flag(env, "RLX_CUTLASS", True),
             cutlass_dir=env.get("RLX_CUTLASS_DIR", "").strip(),
+            cuda_p2p=_flag(env, "RLX_CUDA_P2P", True),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
             record_dir=Path(env["RLX_RECORD"].strip()) if env.get("RLX_RECORD", "").strip() else None,

@@ -7,7 +7,8 @@ one activation may run as a single `GemmGroup`; quantized projections of a
 decode step, with the norm before them and the add or SwiGLU after them, as a
 single `DecodeGemv` launch, the rotary embedding of decode queries and keys
 inside the attention kernel (`DecodeRope`), a decode step's keys split over
-several blocks per query (`DecodeSplitKv`), and a sentence-embedding pooling tail as one kernel (`PoolTail`).
+several blocks per query (`DecodeSplitKv`), a sentence-embedding pooling tail as one kernel (`PoolTail`),
+and small all-reduces of a clique one-shot through the peers' memory (`AllReduceP2P`).
 
 >>> g = GemmGroup(members=(3, 5), widths=(64, 64), k=32, weight_offset=0, bias_offset=-1, out_offset=8192)
 >>> g.describe()[:72]
@@ -128,6 +129,33 @@ class QuantMma(Decision):
     def describe(self) -> str:
         return (f"%{self.node} multiplies its blocks on the tensor cores (rlx_qmma) in steps of {self.min_rows} to "
                 f"{self.max_rows} rows")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
+@dataclass(frozen=True)
+class AllReduceP2P(Decision):
+    """An `all_reduce` (sum) of a CUDA clique whose calls of at most `max_bytes` bytes run one-shot through the
+    peers' memory (`rlx_all_reduce_p2p`, kernels/collectives.cuh): each rank stores its values into every rank's
+    exchange buffer (CUDA IPC mappings over NVLink / PCIe made when the context joins the clique), raises a flag
+    there and sums the `world` slots in rank order once every flag is up: one small kernel instead of NCCL's ring
+    protocol, and launched with programmatic dependent launch, so the next projection fetches its weights while
+    the ranks meet. Larger calls, and cliques whose GPUs cannot map each other's memory (every rank agrees when
+    it joins), call NCCL.
+
+    >>> AllReduceP2P(12, 2, 131072).describe()[:62]
+    "%12 sums over 2 ranks through the peers' memory (one-shot, ran"
+    """
+
+    kind: ClassVar[str] = "cuda_all_reduce_p2p"
+    node: int
+    world: int
+    max_bytes: int
+
+    def describe(self) -> str:
+        return (f"%{self.node} sums over {self.world} ranks through the peers' memory (one-shot, rank order) when a "
+                f"call has <= {self.max_bytes} bytes; NCCL otherwise")
 
     def nodes(self) -> tuple[int, ...]:
         return (self.node,)
@@ -350,5 +378,6 @@ register_decision(DecodeGemv, ("members", "norm", "residual", "swiglu"))
 register_decision(DecodeRope, ("attention", "ropes"))
 register_decision(QuantMma, ("node",))
 register_decision(DecodeSplitKv, ("attention",))
+register_decision(AllReduceP2P, ("node",))
 register_decision(PoolTail, ("hidden", "mask", "out", "absorbed", "norm"))
 register_decision(DeviceLayout, ())

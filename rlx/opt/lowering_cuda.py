@@ -36,6 +36,7 @@ import numpy as np
 from rlx.ir import ops as O
 from rlx.ir.decisions import Decision
 from rlx.ir.decisions_cuda import (
+    AllReduceP2P,
     ControlFlow,
     DecodeGemv,
     DecodeRope,
@@ -612,7 +613,8 @@ def _scratch(lir: LirModule, precision: DType) -> int:
 
 
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
-                pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True) -> tuple[Decision, ...]:
+                pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
+                p2p_all_reduce: bool = True) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
     its decode steps run the grouped kernel."""
@@ -720,15 +722,17 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir), *find_quant_mmas(lir, precision),
             *find_decode_ropes(lir),
             *find_decode_splits(lir, precision, decode_sms, kv_decode),
-            *(find_pool_tails(lir, pool_norm) if pool_tail else ()), layout)
+            *(find_pool_tails(lir, pool_norm) if pool_tail else ()),
+            *(find_p2p_all_reduces(lir) if p2p_all_reduce else ()), layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
-                   kv_decode: bool = True, **_target: object) -> tuple[Decision, ...]:
+                   kv_decode: bool = True, p2p_all_reduce: bool = True, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
-    keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons).
+    keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
+    all-reduce to NCCL (no `AllReduceP2P`).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
@@ -741,7 +745,24 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
         raise ValueError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {gemm!r}")
     if isinstance(decode_sms, bool) or not isinstance(decode_sms, int) or decode_sms < 1:
         raise ValueError(f"decode_sms must be a positive int (the GPU's SM count), got {decode_sms!r}")
-    return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode)
+    return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce)
+
+
+#: Bytes a one-shot all-reduce call may carry (a slot of the exchange buffer: RLX_AR_SLOT_BYTES in
+#: kernels/collectives.cuh): up to 16 rows of hidden 4096 in f16, 8 in f32 (decode steps; prefill chunks take NCCL).
+P2P_ALL_REDUCE_BYTES = 128 << 10
+#: Most ranks of a clique the one-shot kernel serves (RLX_AR_MAX_WORLD).
+P2P_ALL_REDUCE_WORLD = 8
+
+
+def find_p2p_all_reduces(lir: LirModule) -> list[AllReduceP2P]:
+    """The sums of a CUDA clique that run one-shot through the peers' memory when small (see `AllReduceP2P`)."""
+    found = []
+    for nid in lir.schedule:
+        op = lir.graph.node(nid).op
+        if isinstance(op, O.AllReduce) and op.reduce == "sum" and 1 < op.world <= P2P_ALL_REDUCE_WORLD:
+            found.append(AllReduceP2P(nid, op.world, P2P_ALL_REDUCE_BYTES))
+    return found
 
 
 def _capacity(graph: Graph, node: Node) -> int:

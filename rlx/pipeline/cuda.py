@@ -59,7 +59,8 @@ def decide_cuda(lir: LirModule, target: Any) -> LirModule:
                "pool_norm": target.pool_norm, "arch": target.arch, "cutlass_gemm": target.cutlass_gemm,
                "gather_region": target.gather_region, "small_gemm": target.small_gemm,
                "lt_gelu_epilogue": target.lt_gelu_epilogue, "fused_act_gemm": target.fused_act_gemm,
-               "decode_sms": target.decode_sms, "kv_decode": target.kv_decode}
+               "decode_sms": target.decode_sms, "kv_decode": target.kv_decode,
+               "p2p_all_reduce": target.p2p_all_reduce}
     # a scan body writes no graph output (no pooling tail of its own); its per-step pointers are the loop's
     return decide(lir, "cuda", {**options, "pool_tail": False, "scan_body": True}, **options)
 
@@ -98,7 +99,9 @@ class CudaStages:
         self.precision = DType.parse(precision)
         self.arch = arch
         self.gemm = gemm
-        self.target_options = {"profile": config.profile, **target_options}
+        # RLX_CUDA_P2P=0 leaves every all-reduce to NCCL (named only when off: default builds keep their keys)
+        self.target_options = {"profile": config.profile, **({} if config.cuda_p2p else {"p2p_all_reduce": False}),
+                               **target_options}
         self._toolchain = toolchain
         self._target: Any = None
 

@@ -71,6 +71,7 @@ void        rlx_profile_clear(void *ctx);
 #: Exported by CUDA graphs with collective ops only (templates/cuda/nccl_abi.cu.j2; `rlx.runtime.nccl`).
 NCCL_CDEF = """
 int32_t rlx_set_nccl(void *ctx, const void *unique_id, int32_t rank, int32_t world);
+int32_t rlx_nccl_p2p(void *ctx);
 """
 
 #: Parsed once per machine (the cache's memo, `rlx.runtime.ffi_memo`), not in every process.

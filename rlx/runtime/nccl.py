@@ -96,4 +96,14 @@ def attach_nccl(graph: Any, nccl_id: bytes | None, rank: int, world: int) -> Non
             raise CudaError(graph._error("rlx_set_nccl"))
 
 
-__all__ = ["attach_nccl", "check_gpus", "gpu_count", "select_device", "unique_id"]
+def all_reduce_path(graph: Any) -> str:
+    """How `graph`'s small all-reduces run once it joined a clique: "p2p" (one-shot through the peers' memory, the
+    `AllReduceP2P` decisions) or "nccl" (no such decision, or GPUs that cannot map each other's memory)."""
+    try:
+        p2p = graph._lib.rlx_nccl_p2p
+    except AttributeError:
+        raise ExecutionError("this library has no collective ops (or is not a CUDA library)") from None
+    return "p2p" if p2p(graph._ctx) else "nccl"
+
+
+__all__ = ["all_reduce_path", "attach_nccl", "check_gpus", "gpu_count", "select_device", "unique_id"]

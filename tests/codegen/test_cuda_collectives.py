@@ -14,9 +14,11 @@ import rlx
 from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir import ops as O
+from rlx.ir.decisions_cuda import AllReduceP2P
 from rlx.ir.dtype import DType
+from rlx.opt.lowering_cuda import P2P_ALL_REDUCE_BYTES
 from rlx.opt.memplan import plan
-from rlx.pipeline.cuda import render_cuda
+from rlx.pipeline.cuda import decide_cuda, render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 from rlx.toolchain.nccl import find_nccl
 
@@ -60,12 +62,25 @@ def test_tp_decoder_renders_and_compiles_for_cuda(tmp_path: Path):
     shard = shard_decoder(cfg, q8, tp=2).tensors[0]
     g = build_decoder(cfg, {n: sp for n, (sp, _) in shard.items()}, max_seq=4, capacity=16, tp=2)
     assert rlx.Session("cuda").first_unsupported_op(g) is None
-    src = render_cuda(plan(g), CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin"), {"name": "tp"})
-    assert src.count("ncclAllReduce(") == 2 and src.count("ncclAllGather(") == 1  # attention, FFN; the logits
+    target = CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin")
+    lir = decide_cuda(plan(g), target)
+    p2p = lir.decided(AllReduceP2P)  # the attention's and the FFN's sums; the logits' gather stays on NCCL
+    assert [(d.world, d.max_bytes) for d in p2p] == [(2, P2P_ALL_REDUCE_BYTES)] * 2
+    assert all(lir.graph.node(d.node).kind == "all_reduce" for d in p2p)
+    src = render_cuda(lir, target, {"name": "tp"})
+    # each sum: one-shot through the peers' memory when small, else NCCL; rlx_set_nccl maps the peers' buffers
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_all_reduce_p2p<__half>,") == 2
+    assert src.count("RLX_NCCL(c, ncclAllReduce(") == 2 and src.count("RLX_NCCL(c, ncclAllGather(") == 1
+    assert "rlx_ar_open(c, rank, world)" in src and "cudaIpcOpenMemHandle(" in src
+    nccl_only = CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin", p2p_all_reduce=False)
+    plain = render_cuda(plan(g), nccl_only, {"name": "tp"})
+    assert "rlx_launch_pdl(c->pdl, rlx_all_reduce_p2p" not in plain
+    assert "rlx_ar_open" not in plain and plain.count("RLX_NCCL(c, ncclAllReduce(") == 2
     tc, nccl = _nvcc_and_nccl()
-    path = tmp_path / "tp_decoder.cu"
-    path.write_text(src)
-    tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True, extra=nccl.flags)
+    for name, text in (("tp_decoder", src), ("tp_decoder_nccl", plain)):
+        path = tmp_path / f"{name}.cu"
+        path.write_text(text)
+        tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True, extra=nccl.flags)
 
 
 def _nvcc_and_nccl():

@@ -54,11 +54,16 @@ def stuck_on_rank_one(rank) -> list[float]:
     return compiled_sum(rank)
 
 
-def cuda_decoder_rank(rank, sharded, config, tensors, options, prompt, n_new):
-    """One GPU rank (tp=1 when `sharded` is None): greedy tokens and the logits of every step, f32."""
-    from rlx.models.causal_lm import CausalLM
+def cuda_decoder_rank_path(rank, sharded, config, options, prompt, n_new):
+    """`cuda_decoder_rank` of a sharded decoder, with how its small all-reduces ran ("p2p" or "nccl")."""
+    from rlx.runtime.nccl import all_reduce_path
 
-    lm = CausalLM(config, tensors, device="cuda", **options) if sharded is None else sharded.load(rank, device="cuda")
+    lm = sharded.load(rank, device="cuda")
+    tokens, logits = _greedy(lm, prompt, n_new)
+    return tokens, logits, all_reduce_path(lm._compiled)
+
+
+def _greedy(lm, prompt, n_new):
     cache = lm.new_cache()
     logits = [lm.step(np.array([prompt]), cache, [len(prompt) - 1])[0]]
     tokens = [int(logits[-1].argmax())]
@@ -66,3 +71,11 @@ def cuda_decoder_rank(rank, sharded, config, tensors, options, prompt, n_new):
         logits.append(lm.step(np.array([[tokens[-1]]]), cache, [0])[0])
         tokens.append(int(logits[-1].argmax()))
     return tokens, np.stack(logits)
+
+
+def cuda_decoder_rank(rank, sharded, config, tensors, options, prompt, n_new):
+    """One GPU rank (tp=1 when `sharded` is None): greedy tokens and the logits of every step, f32."""
+    from rlx.models.causal_lm import CausalLM
+
+    lm = CausalLM(config, tensors, device="cuda", **options) if sharded is None else sharded.load(rank, device="cuda")
+    return _greedy(lm, prompt, n_new)

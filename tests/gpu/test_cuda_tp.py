@@ -46,3 +46,29 @@ def test_tp2_on_two_gpus_equals_one_gpu_f32() -> None:
             assert cosine(logits[step], one_logits[step]) >= 0.99999, f"rank {rank} step {step}"
         np.testing.assert_allclose(logits, one_logits, rtol=1e-4, atol=1e-4 * float(np.abs(one_logits).max()))
     np.testing.assert_array_equal(ranks[0][1], ranks[1][1])  # the all-reduce gives both ranks the same sums
+
+
+@pytest.mark.parametrize("precision", ["f32", "f16"])
+def test_tp2_one_shot_all_reduce_equals_nccl(monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """The one-shot sums through the peers' memory (AllReduceP2P) give the logits NCCL's all-reduce gives: bit for
+    bit in f32 (a sum of two values is one rounding either way); in f16 the one-shot kernel adds in f32 and rounds
+    once, so logits agree to f16 rounding and the greedy tokens are the same. Both ranks agree bit for bit."""
+    tensors = random_tensors(random_specs(CFG), seed=5)
+    q8 = {name: (WeightSpec("q8_0", spec.shape), quantize(data, "q8_0")) if len(spec.shape) == 2 else (spec, data)
+          for name, (spec, data) in tensors.items()}
+    options = {**OPTIONS, "precision": precision}
+    sharded = shard_decoder(CFG, q8, tp=2, **options)
+    args = (sharded, CFG, options, PROMPT, N_NEW)
+    p2p = launch(rank_fns.cuda_decoder_rank_path, nprocs=2, device="cuda", args=args)
+    monkeypatch.setenv("RLX_CUDA_P2P", "0")
+    nccl = launch(rank_fns.cuda_decoder_rank_path, nprocs=2, device="cuda", args=args)
+    assert [r[2] for r in p2p] == ["p2p", "p2p"], "two GPUs of one host map each other's memory"
+    assert [r[2] for r in nccl] == ["nccl", "nccl"]
+    for rank in range(2):
+        assert p2p[rank][0] == nccl[rank][0], f"rank {rank}: greedy tokens"
+        if precision == "f32":
+            np.testing.assert_array_equal(p2p[rank][1], nccl[rank][1])
+        else:
+            scale = float(np.abs(nccl[rank][1]).max())
+            np.testing.assert_allclose(p2p[rank][1], nccl[rank][1], rtol=0, atol=2e-2 * scale)
+    np.testing.assert_array_equal(p2p[0][1], p2p[1][1])

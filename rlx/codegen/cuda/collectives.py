@@ -1,4 +1,5 @@
-"""CUDA rules for the collective ops: NCCL calls on the context's stream.
+"""CUDA rules for the collective ops: NCCL calls on the context's stream, and small sums one-shot through the
+peers' memory where the lowering decided it (`AllReduceP2P`).
 
 Registered into the CUDA rule table when `rlx.codegen.cuda` is imported. One process per
 GPU; each rank's context joins the NCCL clique through `rlx_set_nccl` (the unique id is
@@ -38,6 +39,9 @@ class AllReduceLaunch(Launch):
     dtype: str
     op: str
     reduce: str
+    #: the element type, and the most bytes a call sums one-shot through the peers' memory (0: NCCL only)
+    ctype: str = "float"
+    p2p_bytes: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,9 +75,10 @@ def _kernel(node: Node, macro: str, args: Launch) -> Kernel:
 def all_reduce(e: CudaEmitter, node: Node) -> Kernel:
     op: O.AllReduce = node.op  # type: ignore[assignment]
     (x,) = node.inputs
+    p2p = e.all_reduce_p2p.get(node.id)
     args = AllReduceLaunch(**e.base(node), x=e.ptr(x), y=e.ptr(node.id), count=e.numel(node.shape.dims),
                            world=op.world, dtype=NCCL_TYPES[e.ctype(node.id)], op=NCCL_OPS[op.reduce],
-                           reduce=op.reduce)
+                           reduce=op.reduce, ctype=e.ctype(node.id), p2p_bytes=p2p.max_bytes if p2p else 0)
     return _kernel(node, "block_all_reduce", args)
 
 

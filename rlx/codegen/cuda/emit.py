@@ -39,6 +39,7 @@ from rlx.errors import BuildError
 from rlx.ir.activation_table import activation_table
 from rlx.ir.cost import node_cost
 from rlx.ir.decisions_cuda import (
+    AllReduceP2P,
     DecodeGemv,
     DecodeRope,
     DecodeSplitKv,
@@ -185,6 +186,9 @@ class CudaTarget:
     #: Decode steps of `cached_attention` run rlx_kv_decode (a block per KV head for its query heads, 16-byte
     #: K/V loads, flash-decoding splits: `DecodeSplitKv.grouped`) where it fits; False: rlx_kv_attend (comparisons).
     kv_decode: bool = True
+    #: Small sums of a tensor-parallel clique run one-shot through the peers' memory (`AllReduceP2P`: CUDA IPC
+    #: mappings made when the context joins the clique, NCCL where they cannot be made); False: NCCL only.
+    p2p_all_reduce: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -213,7 +217,8 @@ class CudaTarget:
                 + ("" if self.io_graph else " io_graph=0")
                 + ("" if self.cutlass_gemm else " cutlass_gemm=0")
                 + ("" if self.decode_sms == 132 else f" decode_sms={self.decode_sms}")
-                + ("" if self.kv_decode else " kv_decode=0"))
+                + ("" if self.kv_decode else " kv_decode=0")
+                + ("" if self.p2p_all_reduce else " p2p_all_reduce=0"))
 
 
 @dataclass(frozen=True)
@@ -330,6 +335,8 @@ class CudaEmitter:
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
         self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
+        #: The all-reduces that run one-shot through the peers' memory when small.
+        self.all_reduce_p2p: dict[NodeId, AllReduceP2P] = {d.node: d for d in lir.decided(AllReduceP2P)}
         #: The PoolTail each node of a pooling tail belongs to (its last node launches the one kernel).
         self.pool_tail: dict[NodeId, PoolTail] = {n: d for d in lir.decided(PoolTail) for n in (d.out, *d.absorbed)}
         #: Readers of each node, and each scheduled node's position (fusion checks of neighbouring kernels).
@@ -594,6 +601,7 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         # (a profiled build runs eagerly; state inputs have their own resident / write-back protocol)
         "io_graph": target.io_graph and not target.profile and not any(x["state"] for x in inputs),
         "nccl": NCCL_HEADER in used,
+        "p2p_all_reduce": bool(e.all_reduce_p2p),
         "params": params,
         "constants": constants,
         "inputs": inputs,

@@ -23,3 +23,107 @@
             return rlx_set_error((c), "%s: the op is for %d ranks but the communicator has %d",       \
                                  (what), (int)(world), (int)(c)->comm_world);                         \
     } while (0)
+
+/* ── One-shot all-reduce through the peers' memory (an `AllReduceP2P` decision of the lowering) ──────────────
+ * For the small sums of a tensor-parallel decode step (a row of hidden values after the output and down
+ * projections: 8 KB at hidden 4096 in f16) NCCL's ring costs ~10 us of protocol; here every rank writes its values
+ * straight into a slot of every rank's exchange buffer (NVLink / PCIe peer stores through CUDA IPC mappings made
+ * by rlx_set_nccl), raises a flag there, waits for every rank's flag in its own buffer, and sums the slots in rank
+ * order, so every rank computes bit-identical sums. One block of RLX_AR_THREADS threads.
+ *
+ * An exchange buffer: [2 parities][world slots of RLX_AR_SLOT_BYTES], then [2][RLX_AR_MAX_WORLD] flags, then this
+ * rank's call counter. Call e (counted on the device, so replays of a captured CUDA graph count too) uses parity
+ * e & 1 and flag value e: a rank can write call e + 2's values into a slot only after it has seen every rank's flag
+ * of call e + 1, and each rank raises that flag only after its call e (which read the slot) has finished. */
+#define RLX_AR_MAX_WORLD 8
+#define RLX_AR_THREADS 512
+#ifndef RLX_AR_SLOT_BYTES
+#define RLX_AR_SLOT_BYTES (128 << 10)
+#endif
+#define RLX_AR_FLAGS_BYTES 256
+/* spins (~1 ns each) before a rank that never raises its flag fails the kernel (a trap: the run reports a CUDA
+   error) instead of hanging the GPU */
+#define RLX_AR_SPIN_LIMIT (1LL << 35)
+
+struct RlxArPeers {
+    char *buf[RLX_AR_MAX_WORLD];  /* every rank's exchange buffer, mapped into this process (own one at [rank]) */
+};
+
+static inline size_t rlx_ar_buffer_bytes(int world) {
+    return 2 * (size_t)world * RLX_AR_SLOT_BYTES + RLX_AR_FLAGS_BYTES;
+}
+
+__device__ __forceinline__ void rlx_ar_release(uint32_t *p, uint32_t v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t rlx_ar_acquire(const uint32_t *p) {
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(RLX_AR_THREADS)
+rlx_all_reduce_p2p(const T *x, T *y, int64_t n, const __grid_constant__ RlxArPeers peers, int rank, int world) {
+    constexpr int PER = 16 / (int)sizeof(T);  /* values per 16-byte vector */
+    __shared__ uint32_t epoch;
+    rlx_pdl_wait();     /* x is the kernel before's output */
+    rlx_pdl_trigger();  /* the next kernel may launch and fetch its weights while the ranks meet */
+    const size_t data = 2 * (size_t)world * RLX_AR_SLOT_BYTES;
+    uint32_t *flags = (uint32_t *)(peers.buf[rank] + data), *counter = flags + 2 * RLX_AR_MAX_WORLD;
+    if (threadIdx.x == 0)
+        epoch = *counter + 1;
+    __syncthreads();
+    const uint32_t e = epoch;
+    const int par = (int)(e & 1);
+    const int64_t nv = n / PER;
+    /* 1. this rank's values into slot (par, rank) of every rank's buffer */
+    for (int p = 0; p < world; ++p) {
+        char *slot = peers.buf[p] + ((size_t)par * world + rank) * RLX_AR_SLOT_BYTES;
+        for (int64_t i = threadIdx.x; i < nv; i += blockDim.x)
+            ((uint4 *)slot)[i] = ((const uint4 *)x)[i];
+        for (int64_t i = nv * PER + threadIdx.x; i < n; i += blockDim.x)
+            ((T *)slot)[i] = x[i];
+    }
+    __threadfence_system();
+    __syncthreads();
+    /* 2. raise this rank's flag of call e in every buffer, 3. wait for every rank's in this one */
+    if (threadIdx.x < world) {
+        rlx_ar_release((uint32_t *)(peers.buf[threadIdx.x] + data) + par * RLX_AR_MAX_WORLD + rank, e);
+        const uint32_t *f = flags + par * RLX_AR_MAX_WORLD + threadIdx.x;
+        for (long long spins = 0; rlx_ar_acquire(f) != e; ++spins)
+            if (spins > RLX_AR_SPIN_LIMIT)
+                __trap();
+    }
+    __syncthreads();
+    /* 4. the sums, slots in rank order (the same order, so the same bits, on every rank) */
+    const char *own = peers.buf[rank] + (size_t)par * world * RLX_AR_SLOT_BYTES;
+    for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
+        float acc[PER];
+#pragma unroll
+        for (int k = 0; k < PER; ++k)
+            acc[k] = 0.0f;
+        for (int r = 0; r < world; ++r) {
+            const uint4 v = ((const uint4 *)(own + (size_t)r * RLX_AR_SLOT_BYTES))[i];
+            const T *t = (const T *)&v;
+#pragma unroll
+            for (int k = 0; k < PER; ++k)
+                acc[k] += rlx_f(t[k]);
+        }
+        uint4 out;
+        T *o = (T *)&out;
+#pragma unroll
+        for (int k = 0; k < PER; ++k)
+            o[k] = rlx_to<T>(acc[k]);
+        ((uint4 *)y)[i] = out;
+    }
+    for (int64_t i = nv * PER + threadIdx.x; i < n; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int r = 0; r < world; ++r)
+            acc += rlx_f(((const T *)(own + (size_t)r * RLX_AR_SLOT_BYTES))[i]);
+        y[i] = rlx_to<T>(acc);
+    }
+    if (threadIdx.x == 0)
+        *counter = e;
+}
