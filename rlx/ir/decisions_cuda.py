@@ -142,7 +142,9 @@ class AllReduceP2P(Decision):
     there and sums the `world` slots in rank order once every flag is up: one small kernel instead of NCCL's ring
     protocol, and launched with programmatic dependent launch, so the next projection fetches its weights while
     the ranks meet. Larger calls, and cliques whose GPUs cannot map each other's memory (every rank agrees when
-    it joins), call NCCL.
+    it joins), call NCCL. `residual` (0 or 1 node): the add of the sum and another value that is the sum's one
+    reader (a row-parallel projection's residual): a one-shot call writes the add's output itself, and the add's
+    own kernel runs only when NCCL summed.
 
     >>> AllReduceP2P(12, 2, 131072).describe()[:62]
     "%12 sums over 2 ranks through the peers' memory (one-shot, ran"
@@ -152,13 +154,16 @@ class AllReduceP2P(Decision):
     node: int
     world: int
     max_bytes: int
+    residual: tuple[int, ...] = ()
 
     def describe(self) -> str:
+        add = (f", adding it to the other input of %{self.residual[0]} (whose own kernel then does not run)"
+               if self.residual else "")
         return (f"%{self.node} sums over {self.world} ranks through the peers' memory (one-shot, rank order) when a "
-                f"call has <= {self.max_bytes} bytes; NCCL otherwise")
+                f"call has <= {self.max_bytes} bytes{add}; NCCL otherwise")
 
     def nodes(self) -> tuple[int, ...]:
-        return (self.node,)
+        return (self.node, *self.residual)
 
 
 @dataclass(frozen=True)
@@ -378,6 +383,6 @@ register_decision(DecodeGemv, ("members", "norm", "residual", "swiglu"))
 register_decision(DecodeRope, ("attention", "ropes"))
 register_decision(QuantMma, ("node",))
 register_decision(DecodeSplitKv, ("attention",))
-register_decision(AllReduceP2P, ("node",))
+register_decision(AllReduceP2P, ("node", "residual"))
 register_decision(PoolTail, ("hidden", "mask", "out", "absorbed", "norm"))
 register_decision(DeviceLayout, ())

@@ -757,11 +757,31 @@ P2P_ALL_REDUCE_WORLD = 8
 
 def find_p2p_all_reduces(lir: LirModule) -> list[AllReduceP2P]:
     """The sums of a CUDA clique that run one-shot through the peers' memory when small (see `AllReduceP2P`)."""
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    pos = {nid: i for i, nid in enumerate(lir.schedule)}
     found = []
     for nid in lir.schedule:
-        op = lir.graph.node(nid).op
-        if isinstance(op, O.AllReduce) and op.reduce == "sum" and 1 < op.world <= P2P_ALL_REDUCE_WORLD:
-            found.append(AllReduceP2P(nid, op.world, P2P_ALL_REDUCE_BYTES))
+        node = graph.node(nid)
+        op = node.op
+        if not (isinstance(op, O.AllReduce) and op.reduce == "sum" and 1 < op.world <= P2P_ALL_REDUCE_WORLD):
+            continue
+        residual: tuple[int, ...] = ()
+        if nid not in outputs and len(set(users[nid])) == 1 and lir.buffers[nid].storage == "arena":
+            add = graph.node(users[nid][0])
+            other = [a for a in add.inputs if a != nid]
+            # the sum's one reader adds it to a value of its shape: the kernel writes that add (elementwise, so an
+            # output sharing the other input's bytes exactly is fine, a shifted overlap is not)
+            # (scheduled right after the sum, its other input before: nothing in between reads or writes them)
+            if (isinstance(add.op, O.Binary) and add.op.fn == "add" and len(other) == 1
+                    and pos.get(add.id) == pos[nid] + 1 and pos.get(other[0], -1) < pos[nid]
+                    and graph.node(other[0]).shape == node.shape == add.shape
+                    and lir.buffers[add.id].storage in ("arena", "output")
+                    and (not _overlap(lir, other[0], add.id)
+                         or lir.buffers[other[0]].offset == lir.buffers[add.id].offset)):
+                residual = (add.id,)
+        found.append(AllReduceP2P(nid, op.world, P2P_ALL_REDUCE_BYTES, residual))
     return found
 
 

@@ -67,9 +67,15 @@ def test_tp_decoder_renders_and_compiles_for_cuda(tmp_path: Path):
     p2p = lir.decided(AllReduceP2P)  # the attention's and the FFN's sums; the logits' gather stays on NCCL
     assert [(d.world, d.max_bytes) for d in p2p] == [(2, P2P_ALL_REDUCE_BYTES)] * 2
     assert all(lir.graph.node(d.node).kind == "all_reduce" for d in p2p)
+    for d in p2p:  # each sum's one reader is the residual add, scheduled right after it: the one-shot call does it
+        (add,) = d.residual
+        assert lir.graph.node(add).kind == "binary" and d.node in lir.graph.node(add).inputs
+        assert lir.schedule.index(add) == lir.schedule.index(d.node) + 1
     src = render_cuda(lir, target, {"name": "tp"})
-    # each sum: one-shot through the peers' memory when small, else NCCL; rlx_set_nccl maps the peers' buffers
-    assert src.count("rlx_launch_pdl(c->pdl, rlx_all_reduce_p2p<__half>,") == 2
+    # each sum: one-shot through the peers' memory when small, else NCCL; rlx_set_nccl maps the peers' buffers;
+    # the add's own kernel runs under the negated condition only
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_all_reduce_p2p<__half, true>,") == 2
+    assert src.count("if (!(c->ar_ready && ") == 2
     assert src.count("RLX_NCCL(c, ncclAllReduce(") == 2 and src.count("RLX_NCCL(c, ncclAllGather(") == 1
     assert "rlx_ar_open(c, rank, world)" in src and "cudaIpcOpenMemHandle(" in src
     nccl_only = CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin", p2p_all_reduce=False)

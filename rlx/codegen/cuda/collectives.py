@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from rlx.codegen.cuda.emit import CudaEmitter, Launch
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
+from rlx.ir.decisions_cuda import AllReduceP2P
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 
@@ -39,9 +40,12 @@ class AllReduceLaunch(Launch):
     dtype: str
     op: str
     reduce: str
-    #: the element type, and the most bytes a call sums one-shot through the peers' memory (0: NCCL only)
+    #: the element type; `p2p`: the C condition under which a call sums one-shot through the peers' memory
+    #: ("": NCCL only); `res`: the residual it then adds (AllReduceP2P.residual; "": none), `out` where that goes
     ctype: str = "float"
-    p2p_bytes: int = 0
+    p2p: str = ""
+    res: str = ""
+    out: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,11 +79,30 @@ def _kernel(node: Node, macro: str, args: Launch) -> Kernel:
 def all_reduce(e: CudaEmitter, node: Node) -> Kernel:
     op: O.AllReduce = node.op  # type: ignore[assignment]
     (x,) = node.inputs
-    p2p = e.all_reduce_p2p.get(node.id)
+    d = e.all_reduce_p2p.get(node.id)
+    res = out = ""
+    if d is not None and d.residual:
+        add = e.node(d.residual[0])
+        res, out = e.ptr(next(a for a in add.inputs if a != node.id)), e.ptr(add.id)
     args = AllReduceLaunch(**e.base(node), x=e.ptr(x), y=e.ptr(node.id), count=e.numel(node.shape.dims),
                            world=op.world, dtype=NCCL_TYPES[e.ctype(node.id)], op=NCCL_OPS[op.reduce],
-                           reduce=op.reduce, ctype=e.ctype(node.id), p2p_bytes=p2p.max_bytes if p2p else 0)
+                           reduce=op.reduce, ctype=e.ctype(node.id), p2p=p2p_taken(e, d) if d else "", res=res,
+                           out=out)
     return _kernel(node, "block_all_reduce", args)
+
+
+def p2p_taken(e: CudaEmitter, d: AllReduceP2P) -> str:
+    """The C condition under which a call of `d`'s all-reduce runs one-shot (the same at the residual add, whose
+    own kernel runs only when it does not): the clique mapped its buffers, the call fits a slot, and every
+    pointer the kernel moves 16 bytes at a time through is 16-byte aligned."""
+    node = e.node(d.node)
+    ptrs = [e.ptr(node.inputs[0]), e.ptr(node.id)]
+    if d.residual:
+        add = e.node(d.residual[0])
+        ptrs = [ptrs[0], e.ptr(add.id), *(e.ptr(a) for a in add.inputs if a != node.id)]
+    aligned = " | ".join(f"(uintptr_t)({p})" for p in ptrs)
+    return (f"(c->ar_ready && ({e.numel(node.shape.dims)}) * (int64_t)sizeof({e.ctype(node.id)}) <= "
+            f"(int64_t){d.max_bytes} && {d.max_bytes} <= RLX_AR_SLOT_BYTES && !(({aligned}) & 15))")
 
 
 def all_gather(e: CudaEmitter, node: Node) -> Kernel:

@@ -269,6 +269,16 @@ class LargeStepOnly(Launch):
 
 
 @dataclass(frozen=True, kw_only=True)
+class UnlessP2P(Launch):
+    """The residual add of a one-shot all-reduce (`AllReduceP2P.residual`): `inner` runs only when `cond` (the
+    all-reduce's one-shot condition) fails, i.e. when NCCL summed."""
+
+    inner: Kernel
+    cond: str
+    by: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Memcpy(Launch):
     src: str
     dst: str
@@ -336,7 +346,7 @@ class CudaEmitter:
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
         self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
         #: The all-reduces that run one-shot through the peers' memory when small.
-        self.all_reduce_p2p: dict[NodeId, AllReduceP2P] = {d.node: d for d in lir.decided(AllReduceP2P)}
+        self.all_reduce_p2p: dict[NodeId, AllReduceP2P] = {n: d for d in lir.decided(AllReduceP2P) for n in d.nodes()}
         #: The PoolTail each node of a pooling tail belongs to (its last node launches the one kernel).
         self.pool_tail: dict[NodeId, PoolTail] = {n: d for d in lir.decided(PoolTail) for n in (d.out, *d.absorbed)}
         #: Readers of each node, and each scheduled node's position (fusion checks of neighbouring kernels).
@@ -456,6 +466,15 @@ class CudaEmitter:
             lead = self.node(d.members[0])
             return self._large_step_only(k, self.node(lead.inputs[0]).shape.dims[:-1], d.max_rows,
                                          f"done by the fused GEMV of %{lead.id}")
+        a = self.all_reduce_p2p.get(nid)
+        if a is not None and nid != a.node:  # the residual add: done by a one-shot call, its own kernel otherwise
+            from rlx.codegen.cuda.collectives import TEMPLATE, p2p_taken
+
+            return Kernel(k.node, "block_unless_p2p", TEMPLATE, UnlessP2P(
+                comment=k.args.comment, what=k.args.what, uses_flag=k.args.uses_flag, uses_lt=k.args.uses_lt,
+                smem_attrs=k.args.smem_attrs, inner=k, cond=p2p_taken(self, a), by=a.node),
+                headers=k.headers, header=k.header, func=k.func, label=k.label,
+                scratch_per_thread=k.scratch_per_thread, scratch_shared=k.scratch_shared)
         r = self.decode_rope.get(nid)
         if r is not None and nid != r.attention:
             return self._large_step_only(k, node.shape.dims[:-1], r.max_rows, f"done inside %{r.attention}")

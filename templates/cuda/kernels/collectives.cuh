@@ -63,9 +63,12 @@ __device__ __forceinline__ uint32_t rlx_ar_acquire(const uint32_t *p) {
     return v;
 }
 
-template <typename T>
+/* y = the sum of every rank's x; with RES, y = res + that sum (the add the sum's one reader did: AllReduceP2P.residual;
+   y may be res itself, element for element). */
+template <typename T, bool RES>
 __global__ void __launch_bounds__(RLX_AR_THREADS)
-rlx_all_reduce_p2p(const T *x, T *y, int64_t n, const __grid_constant__ RlxArPeers peers, int rank, int world) {
+rlx_all_reduce_p2p(const T *x, T *y, const T *res, int64_t n, const __grid_constant__ RlxArPeers peers, int rank,
+                   int world) {
     constexpr int PER = 16 / (int)sizeof(T);  /* values per 16-byte vector */
     __shared__ uint32_t epoch;
     rlx_pdl_wait();     /* x is the kernel before's output */
@@ -113,16 +116,24 @@ rlx_all_reduce_p2p(const T *x, T *y, int64_t n, const __grid_constant__ RlxArPee
         }
         uint4 out;
         T *o = (T *)&out;
+        if (RES) {  /* the add rounds the sum to T first, as the unfused add reads it */
+            const uint4 rv = ((const uint4 *)res)[i];
+            const T *rt = (const T *)&rv;
 #pragma unroll
-        for (int k = 0; k < PER; ++k)
-            o[k] = rlx_to<T>(acc[k]);
+            for (int k = 0; k < PER; ++k)
+                o[k] = rlx_to<T>(rlx_f(rt[k]) + rlx_f(rlx_to<T>(acc[k])));
+        } else {
+#pragma unroll
+            for (int k = 0; k < PER; ++k)
+                o[k] = rlx_to<T>(acc[k]);
+        }
         ((uint4 *)y)[i] = out;
     }
     for (int64_t i = nv * PER + threadIdx.x; i < n; i += blockDim.x) {
         float acc = 0.0f;
         for (int r = 0; r < world; ++r)
             acc += rlx_f(((const T *)(own + (size_t)r * RLX_AR_SLOT_BYTES))[i]);
-        y[i] = rlx_to<T>(acc);
+        y[i] = RES ? rlx_to<T>(rlx_f(res[i]) + rlx_f(rlx_to<T>(acc))) : rlx_to<T>(acc);
     }
     if (threadIdx.x == 0)
         *counter = e;
