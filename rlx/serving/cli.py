@@ -82,9 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", default=None,
                    help="--ray: the Ray cluster to join (default: RAY_ADDRESS, else a local Ray started here)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    p.add_argument("--quant-act", default="f32", choices=("f32", "q8", "q16"),
-                   help="how quantized matmuls take activations (default f32: a request's tokens do not depend "
-                        "on the batch; q16 is faster with AVX-512 VNNI but not batch-invariant past 4 rows)")
+    p.add_argument("--quant-act", default=None, choices=("f32", "q8", "q16"),
+                   help="how quantized matmuls take activations (default: the device's, q16 on CPUs with AVX-512 "
+                        "VNNI, else f32; every mode's decode kernels keep a row's arithmetic whatever the other "
+                        "rows of its call, up to the 16 rows a CPU call takes, so tokens do not depend on the batch)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--deterministic", action="store_true",
                    help="CUDA, paged layout: a request's tokens do not depend on the batch (each row runs as a call "

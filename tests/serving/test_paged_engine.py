@@ -176,3 +176,25 @@ def test_more_sequences_than_the_invariant_rows_decode_as_they_would_alone(tiny_
     assert both.tolist()[1] == int(wide.run(kv.tables, chunk, [15], logits=False)[0])
     prompts = _prompts(20)
     assert _together(Engine(wide), prompts)[:16] == alone
+
+
+def test_integer_activations_keep_tokens_independent_of_the_batch(tiny_gguf) -> None:
+    """`rlxc serve`'s default on CPUs with AVX-512 VNNI (`quant_act="q16"`, int16 activations): each row is quantized
+    on its own and its integer block products are summed in block order whatever the other rows of a call (up to
+    the 16 a CPU call takes), so 16 requests together, in either order, get the tokens each gets alone, and a
+    decode row's logits are the same bits alone and in a full call."""
+    from rlx.serving.runner import PagedRunner
+
+    runner = PagedRunner.from_gguf(tiny_gguf, slots=16, max_context=128, page_size=16, quant_act="q16")
+    assert runner.lm.quant_act == "q16"
+    kv = runner.kv_store()
+    slots = [kv.allocate(40) for _ in range(16)]
+    one = runner.run(kv.tables, [(slots[3], 7, 0)], [0], logits=True)
+    full = runner.run(kv.tables, [(s, 7 if i == 3 else 11 + i, 0) for i, s in enumerate(slots)], [3], logits=True)
+    np.testing.assert_array_equal(full[0], one[0])
+    for s in slots:
+        kv.free(s)
+    alone = [Engine(runner).generate(p, GREEDY).token_ids for p in _prompts(16, seed=3)]
+    assert sum(map(len, alone)) > 16 * 8
+    assert _together(Engine(runner), _prompts(16, seed=3)) == alone
+    assert _together(Engine(runner), _prompts(16, seed=3)[::-1])[::-1] == alone
