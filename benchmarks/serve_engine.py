@@ -134,7 +134,7 @@ def build(args, slots: int):
         kw["precision"] = args.precision or "f16"
         kw["deterministic"] = args.deterministic
     else:
-        kw["quant_act"] = "f32"
+        kw["quant_act"] = args.quant_act  # None: the CPU's default, as `rlxc serve` takes it
     if args.shape is None:
         runner = PagedRunner.from_gguf(args.model, slots=slots, max_context=args.max_context, **kw)
         config, tensors, tokenizer = runner.config, runner.lm.tensors, runner.tokenizer
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="q4_1", choices=("q4_1", "q4_k", "q8_0", "bf16"), help="with --shape")
     p.add_argument("--precision", default=None, help="CUDA compute precision (default f16)")
     p.add_argument("--static", action="store_true", help="also the static batch of each stream count")
+    p.add_argument("--quant-act", default=None, choices=("f32", "q8", "q16"),
+                   help="CPU: how quantized matmuls take activations (default: the CPU's, as rlxc serve)")
     p.add_argument("--deterministic", action="store_true",
                    help="CUDA: the runner's batch-invariant mode (each row a call of its own)")
     args = p.parse_args(argv)
