@@ -46,6 +46,9 @@
 - ``depthwise`` / ``nchw_rows``: a 3x3, stride-2, undilated depthwise conv (left and top pads 1) on output
   rows of DW_ROWS_MIN_WIDTH+ pixels: each output row straight from the plane, no phase copy, `vector` outputs
   at a time from two vectors of input columns split into even and odd lanes.
+- ``depthwise`` / ``nchw_row_shifts``: a stride-1, undilated depthwise conv whose input and output rows fit one
+  `vector` (and |kw - left pad| <= 4 for every tap): each output row one vector, straight from the plane, each
+  input row loaded as one vector and every tap a lane shift of it.
 
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
@@ -69,7 +72,8 @@ from rlx.ir.decisions import Decision, register_decision
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
               ("pointwise", "nchw_panels"), ("depthwise", "nchw"), ("depthwise", "nchw_rows"),
-              ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"), ("winograd", "nchw_wino4_tiles"))
+              ("depthwise", "nchw_row_shifts"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"),
+              ("winograd", "nchw_wino4_tiles"))
 #: Output pixels per side of a Winograd layout's tiles: F(2x2, 3x3) or F(4x4, 3x3).
 WINOGRAD_TILE = {"nchw_wino_tiles": 2, "nchw_wino4_tiles": 4}
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).

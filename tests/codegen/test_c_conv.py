@@ -50,6 +50,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     chans = g.input("chans", [BATCH, 260, 3, 16])
     wino4 = g.input("wino4", [BATCH, 33, 9, 30])
     rows = g.input("rows", [BATCH, 3, 5, 36])
+    small = g.input("small", [BATCH, 4, 6, 7])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -88,6 +89,11 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "depthwise_rows": g.conv(rows, param("w_dr", [3, 1, 3, 3]), param("b_dr", [3]), groups=3, strides=(2, 2),
                                  pads=(1, 1, 1, 1), activation="hardswish"),
         "depthwise_rows_odd": g.conv(img, param("w_dro", [7, 1, 3, 3]), groups=7, strides=(2, 2), pads=(1, 1, 1, 1)),
+        # stride 1 on rows and columns that fit a vector (nchw_row_shifts): uneven pads (taps shifted -2 .. 2 lanes; the
+        # plane's last rows from the copy of its end), 8 and 16-float vectors; 11 x 10 with 3 x 3 (16-float vectors)
+        "depthwise_shifts": g.conv(small, param("w_ds", [4, 1, 5, 5]), param("b_ds", [4]), groups=4,
+                                   pads=(1, 2, 3, 1), activation="hardswish"),
+        "depthwise_shifts_3x3": g.conv(x, param("w_ds3", [5, 1, 3, 3]), groups=5, pads=(1, 1, 1, 1), activation="relu"),
         "depthwise_1d": g.conv(seq, param("w_d1", [6, 1, 3]), param("b_d1", [6]), groups=6, pads=(1, 1)),
         "audio": g.conv(g.conv(seq, param("w_a1", [9, 6, 3]), param("b_a1", [9]), pads=(1, 1), activation="gelu"),
                         param("w_a2", [9, 9, 3]), param("b_a2", [9]), strides=(2,), pads=(1, 1), activation="gelu"),
@@ -141,7 +147,8 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32),
             "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32),
             "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32),
-            "rows": rng.standard_normal((batch, 3, 5, 36)).astype(np.float32)}
+            "rows": rng.standard_normal((batch, 3, 5, 36)).astype(np.float32),
+            "small": rng.standard_normal((batch, 4, 6, 7)).astype(np.float32)}
 
 
 def _has_flags(*flags: str) -> bool:
@@ -183,7 +190,8 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
                      ("pointwise", "nchw_panels"),
-                     ("depthwise", "nchw"), ("depthwise", "nchw_rows"), ("direct", "nchw_phases"),
+                     ("depthwise", "nchw"), ("depthwise", "nchw_rows"), ("depthwise", "nchw_row_shifts"),
+                     ("direct", "nchw_phases"),
                      ("winograd", "nchw_wino_tiles"), ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
@@ -201,6 +209,7 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
     assert "conv: depthwise on nchw (" in cg.lir.inspect()
     assert "conv: depthwise on nchw_rows (" in cg.lir.inspect()
+    assert "conv: depthwise on nchw_row_shifts (" in cg.lir.inspect()
     assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
     assert "conv: winograd on nchw_wino4_tiles (weight %" in cg.lir.inspect()

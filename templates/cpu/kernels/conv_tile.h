@@ -8,6 +8,8 @@
  *   rlx_conv_direct_unit<V>  a block of output channels over a run of panels, RLX_CONV_CB input channels at a time;
  *   rlx_conv_dw_plane<V>     a depthwise window over one plane, RLX_DW_VEC outputs at a time;
  *   rlx_conv_dw_s2_row<V>    one output row of a 3 x 3, stride-2 depthwise window read straight from the plane;
+ *   rlx_conv_dw_s1_plane<V>  a stride-1 depthwise window on a plane of rows of at most V pixels (at most V output
+ *                            rows), each input row one vector, its taps lane shifts of it;
  * and undefines the three parameters. No include guard: each inclusion is another width. */
 
 #define RLX_CONV_CAT_(a, b) a##b
@@ -19,6 +21,11 @@
 #define RLX_CONV_DW_NV (RLX_DW_VEC / RLX_CONV_TILE_V)  /* vectors of a run of RLX_DW_VEC outputs: 4 or 2 */
 #define RLX_CONV_DW_G (8 / RLX_CONV_DW_NV)  /* groups of taps summed apart: 8 independent chains of multiply-adds */
 #define RLX_CONV_DW2_FN RLX_CONV_CAT(rlx_conv_dw_s2_row, RLX_CONV_TILE_V)
+#define RLX_CONV_DWS_FN RLX_CONV_CAT(rlx_conv_dw_s1_plane, RLX_CONV_TILE_V)
+#define RLX_CONV_DWT_FN RLX_CONV_CAT(rlx_conv_dw_s1_tail, RLX_CONV_TILE_V)
+#define RLX_CONV_SHIFT_FN RLX_CONV_CAT(rlx_conv_lane_shift, RLX_CONV_TILE_V)
+#define RLX_CONV_TILE_I RLX_CONV_CAT(rlx_conv_lanes, RLX_CONV_TILE_V)
+typedef int RLX_CONV_TILE_I __attribute__((vector_size(RLX_CONV_TILE_V * 4)));
 /* lanes of two V-float vectors (a, b): the even ones, the odd ones, and a's last then b's first V - 1 */
 #if RLX_CONV_TILE_V == 16
 #define RLX_CONV_DW2_EVEN 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
@@ -206,6 +213,96 @@ static inline __attribute__((always_inline)) void RLX_CONV_DW2_FN(const float *r
     }
 }
 
+/* Lane j of the result: v[j + s] where 0 <= j + s < V, else 0, for |s| <= 4 (a constant where inlined: one shuffle). */
+static inline __attribute__((always_inline)) RLX_CONV_TILE_T RLX_CONV_SHIFT_FN(const RLX_CONV_TILE_T v, const int s)
+{
+    const RLX_CONV_TILE_T z = {0.0f};
+    switch (s) {
+#if RLX_CONV_TILE_V == 16
+    case -4: return __builtin_shufflevector(v, z, 16, 16, 16, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
+    case -3: return __builtin_shufflevector(v, z, 16, 16, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+    case -2: return __builtin_shufflevector(v, z, 16, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13);
+    case -1: return __builtin_shufflevector(v, z, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
+    case 1: return __builtin_shufflevector(v, z, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    case 2: return __builtin_shufflevector(v, z, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16);
+    case 3: return __builtin_shufflevector(v, z, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16);
+    case 4: return __builtin_shufflevector(v, z, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16);
+#else
+    case -4: return __builtin_shufflevector(v, z, 8, 8, 8, 8, 0, 1, 2, 3);
+    case -3: return __builtin_shufflevector(v, z, 8, 8, 8, 0, 1, 2, 3, 4);
+    case -2: return __builtin_shufflevector(v, z, 8, 8, 0, 1, 2, 3, 4, 5);
+    case -1: return __builtin_shufflevector(v, z, 8, 0, 1, 2, 3, 4, 5, 6);
+    case 1: return __builtin_shufflevector(v, z, 1, 2, 3, 4, 5, 6, 7, 8);
+    case 2: return __builtin_shufflevector(v, z, 2, 3, 4, 5, 6, 7, 8, 8);
+    case 3: return __builtin_shufflevector(v, z, 3, 4, 5, 6, 7, 8, 8, 8);
+    case 4: return __builtin_shufflevector(v, z, 4, 5, 6, 7, 8, 8, 8, 8);
+#endif
+    default: return v;
+    }
+}
+
+/* A stride-1, undilated depthwise window w[KH, KW] over a plane x[H, W] whose rows, in and out, fit one vector and
+ * whose output has at most V rows (W, OW, OH <= V; ConvPlan layout nchw_row_shifts): out[oh * V + ow] = bias + sum
+ * of w[kh, kw] * x[oh - PH + kh, ow - PW + kw] (zeros outside the plane) for ow < OW. Straight from the plane, every
+ * output row accumulated in a register of its own: each input row is loaded once as one vector (lanes W.. zeroed;
+ * from `tail`, rlx_conv_dw_s1_tail<V>'s copy of the plane's last floats, where a whole vector would pass the plane's
+ * end), moved kw - PW lanes for each tap column kw (|kw - PW| <= 4: one shuffle each) and multiplied into the rows
+ * it reaches. Inlined with the conv's geometry as constants, the loops unroll whole. (The phase copy, the window over
+ * the WQ-wide copy and a store from it: MobileNetV3-small's 5 x 5 convs on 7 x 7 planes spent half their time in the
+ * copy and store; a row at a time, every input row shifted again for each output row it reaches, the shuffles bound
+ * it.) */
+static inline __attribute__((always_inline)) void RLX_CONV_DWS_FN(const float *restrict x, const float *restrict w,
+        float bias, const rlx_conv_geom *g, const float *restrict tail, float *restrict out)
+{
+    const int64_t V = RLX_CONV_TILE_V, HW = g->H * g->W, T = HW < 2 * V ? HW : 2 * V;
+    RLX_CONV_TILE_I lane;
+    for (int j = 0; j < RLX_CONV_TILE_V; j++)
+        lane[j] = j;
+    const RLX_CONV_TILE_I keep = lane < (int)g->W;  /* -1 in lanes < W */
+    RLX_CONV_TILE_T acc[RLX_CONV_TILE_V];
+    #pragma GCC unroll 16
+    for (int64_t oh = 0; oh < g->OH; oh++)
+        acc[oh] = (RLX_CONV_TILE_T){0.0f} + bias;
+    #pragma GCC unroll 16
+    for (int64_t ih = 0; ih < g->H; ih++) {
+        const float *restrict src = ih * g->W + V <= HW ? x + ih * g->W : tail + (ih * g->W - (HW - T));
+        RLX_CONV_TILE_T row = *(const RLX_CONV_TILE_TU *)src;
+        row = (RLX_CONV_TILE_T)((RLX_CONV_TILE_I)row & keep);
+        RLX_CONV_TILE_T sh[2 * 4 + 1];
+        #pragma GCC unroll 9
+        for (int64_t kw = 0; kw < g->KW; kw++)
+            sh[kw] = RLX_CONV_SHIFT_FN(row, (int)(kw - g->PW));
+        #pragma GCC unroll 9
+        for (int64_t kh = 0; kh < g->KH; kh++) {
+            const int64_t oh = ih + g->PH - kh;
+            if (oh < 0 || oh >= g->OH)
+                continue;
+            #pragma GCC unroll 9
+            for (int64_t kw = 0; kw < g->KW; kw++)
+                acc[oh] += w[kh * g->KW + kw] * sh[kw];
+        }
+    }
+    #pragma GCC unroll 16
+    for (int64_t oh = 0; oh < g->OH; oh++)
+        *(RLX_CONV_TILE_TU *)(out + oh * V) = acc[oh];
+}
+
+/* The last min(H W, 2 V) floats of a plane x[H, W] then V zeros, into tail: rlx_conv_dw_s1_plane<V>'s rows near
+ * the plane's end. */
+static inline __attribute__((always_inline)) void RLX_CONV_DWT_FN(const float *restrict x, const rlx_conv_geom *g,
+        float *restrict tail)
+{
+    const int64_t V = RLX_CONV_TILE_V, HW = g->H * g->W, T = HW < 2 * V ? HW : 2 * V;
+    for (int64_t i = 0; i < T; i++)
+        tail[i] = x[HW - T + i];
+    for (int64_t i = T; i < T + V; i++)
+        tail[i] = 0.0f;
+}
+
+#undef RLX_CONV_DWT_FN
+#undef RLX_CONV_DWS_FN
+#undef RLX_CONV_SHIFT_FN
+#undef RLX_CONV_TILE_I
 #undef RLX_CONV_DW2_FN
 #undef RLX_CONV_DW2_EVEN
 #undef RLX_CONV_DW2_ODD
