@@ -46,9 +46,10 @@
 - ``depthwise`` / ``nchw_rows``: a 3x3, stride-2, undilated depthwise conv (left and top pads 1) on output
   rows of DW_ROWS_MIN_WIDTH+ pixels: each output row straight from the plane, no phase copy, `vector` outputs
   at a time from two vectors of input columns split into even and odd lanes.
-- ``depthwise`` / ``nchw_row_shifts``: a stride-1, undilated depthwise conv whose input and output rows fit one
-  `vector` (and |kw - left pad| <= 4 for every tap): each output row one vector, straight from the plane, each
-  input row loaded as one vector and every tap a lane shift of it.
+- ``depthwise`` / ``nchw_row_shifts``: an undilated depthwise conv of strides 1 or 2 whose output rows (at most
+  `vector` of them) fit one `vector`, its input rows `vector` times the column stride (and |kw - left pad| <= 4 for
+  every tap): each output row one vector, straight from the plane, each input row loaded once (with a column stride
+  of 2 split into even and odd columns) and every tap a lane shift of it.
 
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'

@@ -87,10 +87,10 @@ DW_MAX_SHIFT = 4
 
 
 def depthwise_shifts_fit(g: Window2d, vector: int) -> bool:
-    """Whether a depthwise conv runs on `nchw_row_shifts`: stride 1, undilated, input and output rows of at most
-    `vector` pixels, at most `vector` output rows (each in a register), every tap's column offset ``kw - pw`` within
-    DW_MAX_SHIFT (MobileNetV3-small's 5 x 5 convs on
-    7 x 7 and, with 16-float vectors, 14 x 14 planes).
+    """Whether a depthwise conv runs on `nchw_row_shifts`: strides 1 or 2, undilated, output rows of at most
+    `vector` pixels and input rows of at most `vector` times the column stride, at most `vector` output rows (each
+    in a register), every tap's column offset ``kw - pw`` within DW_MAX_SHIFT (MobileNetV3-small's 5 x 5 convs
+    on 7 x 7 outputs and, with 16-float vectors, 14 x 14 ones).
 
     >>> from rlx.ir.ops_conv import Conv
     >>> same = Conv(pads=(2, 2, 2, 2), groups=8)
@@ -98,9 +98,12 @@ def depthwise_shifts_fit(g: Window2d, vector: int) -> bool:
     True
     >>> depthwise_shifts_fit(window_2d(same, (14, 14), (14, 14), (5, 5), 1), 8)
     False
+    >>> s2 = Conv(strides=(2, 2), pads=(2, 2, 2, 2), groups=8)
+    >>> depthwise_shifts_fit(window_2d(s2, (28, 28), (14, 14), (5, 5), 1), 16)
+    True
     """
-    return ((g.sh, g.sw, g.dh, g.dw) == (1, 1, 1, 1) and max(g.w, g.ow, g.oh) <= vector
-            and g.pw <= DW_MAX_SHIFT and g.kw - 1 - g.pw <= DW_MAX_SHIFT)
+    return (g.sh in (1, 2) and g.sw in (1, 2) and (g.dh, g.dw) == (1, 1) and g.w <= g.sw * vector
+            and max(g.ow, g.oh) <= vector and g.pw <= DW_MAX_SHIFT and g.kw - 1 - g.pw <= DW_MAX_SHIFT)
 
 
 def pack_depth(k: int) -> int:

@@ -94,6 +94,12 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "depthwise_shifts": g.conv(small, param("w_ds", [4, 1, 5, 5]), param("b_ds", [4]), groups=4,
                                    pads=(1, 2, 3, 1), activation="hardswish"),
         "depthwise_shifts_3x3": g.conv(x, param("w_ds3", [5, 1, 3, 3]), groups=5, pads=(1, 1, 1, 1), activation="relu"),
+        # strides 2 (the rows split into even and odd columns): 5 x 5 on 6 x 7, 3 x 3 on 11 x 10 (8-float vectors: two
+        # per input row); "depthwise" above runs there too
+        "depthwise_shifts_s2": g.conv(small, param("w_ds2", [4, 1, 5, 5]), param("b_ds2", [4]), groups=4,
+                                      strides=(2, 2), pads=(2, 1, 1, 2)),
+        "depthwise_shifts_s2_wide": g.conv(x, param("w_dsw", [5, 1, 3, 3]), groups=5, strides=(2, 2), pads=(1, 0, 0, 1),
+                                           activation="relu"),
         "depthwise_1d": g.conv(seq, param("w_d1", [6, 1, 3]), param("b_d1", [6]), groups=6, pads=(1, 1)),
         "audio": g.conv(g.conv(seq, param("w_a1", [9, 6, 3]), param("b_a1", [9]), pads=(1, 1), activation="gelu"),
                         param("w_a2", [9, 9, 3]), param("b_a2", [9]), strides=(2,), pads=(1, 1), activation="gelu"),

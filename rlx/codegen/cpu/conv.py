@@ -282,8 +282,8 @@ def emit_conv(em, node: Node) -> Kernel:
         scratch = align64(plan.tile * k * 4)
     elif plan.layout == "nchw_rows":  # depthwise from the plane: one output row, whole vectors
         scratch = align64(-(-geo.ow // plan.vector) * plan.vector * 4)
-    elif plan.layout == "nchw_row_shifts":  # the output rows (a vector each), the plane's last 2 vectors, a zero one
-        scratch = align64((geo.oh + 3) * plan.vector * 4)
+    elif plan.layout == "nchw_row_shifts":  # the output rows (a vector each), the plane's last 4 vectors, 2 zero ones
+        scratch = align64((geo.oh + 6) * plan.vector * 4)
     else:  # depthwise: the padded phase planes and the output of one plane
         scratch = align64(depthwise_scratch_floats(geo) * 4)
     return Kernel(node.id, "conv", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),

@@ -8,8 +8,9 @@
  *   rlx_conv_direct_unit<V>  a block of output channels over a run of panels, RLX_CONV_CB input channels at a time;
  *   rlx_conv_dw_plane<V>     a depthwise window over one plane, RLX_DW_VEC outputs at a time;
  *   rlx_conv_dw_s2_row<V>    one output row of a 3 x 3, stride-2 depthwise window read straight from the plane;
- *   rlx_conv_dw_s1_plane<V>  a stride-1 depthwise window on a plane of rows of at most V pixels (at most V output
- *                            rows), each input row one vector, its taps lane shifts of it;
+ *   rlx_conv_dw_s1_plane<V>  a depthwise window of strides 1 or 2 on a plane whose output rows fit a vector (at
+ *                            most V of them), each input row one vector (or two, split by column parity), its taps
+ *                            lane shifts of it;
  * and undefines the three parameters. No include guard: each inclusion is another width. */
 
 #define RLX_CONV_CAT_(a, b) a##b
@@ -241,41 +242,50 @@ static inline __attribute__((always_inline)) RLX_CONV_TILE_T RLX_CONV_SHIFT_FN(c
     }
 }
 
-/* A stride-1, undilated depthwise window w[KH, KW] over a plane x[H, W] whose rows, in and out, fit one vector and
- * whose output has at most V rows (W, OW, OH <= V; ConvPlan layout nchw_row_shifts): out[oh * V + ow] = bias + sum
- * of w[kh, kw] * x[oh - PH + kh, ow - PW + kw] (zeros outside the plane) for ow < OW. Straight from the plane, every
- * output row accumulated in a register of its own: each input row is loaded once as one vector (lanes W.. zeroed;
- * from `tail`, rlx_conv_dw_s1_tail<V>'s copy of the plane's last floats, where a whole vector would pass the plane's
- * end), moved kw - PW lanes for each tap column kw (|kw - PW| <= 4: one shuffle each) and multiplied into the rows
- * it reaches. Inlined with the conv's geometry as constants, the loops unroll whole. (The phase copy, the window over
- * the WQ-wide copy and a store from it: MobileNetV3-small's 5 x 5 convs on 7 x 7 planes spent half their time in the
- * copy and store; a row at a time, every input row shifted again for each output row it reaches, the shuffles bound
- * it.) */
+/* A depthwise window w[KH, KW] of strides SH, SW in {1, 2}, undilated, over a plane x[H, W] whose output rows fit one
+ * vector, as do its input rows (two vectors with SW 2), with at most V output rows (W <= SW V, OW, OH <= V; ConvPlan
+ * layout nchw_row_shifts): out[oh * V + ow] = bias + sum of w[kh, kw] * x[SH oh - PH + kh, SW ow - PW + kw] (zeros
+ * outside the plane) for ow < OW. Straight from the plane, every output row accumulated in a register of its own:
+ * each input row is loaded once (lanes W.. zeroed; from `tail`, rlx_conv_dw_s1_tail<V>'s copy of the plane's last
+ * floats, where the vectors would pass the plane's end), with SW 2 split into its even and odd columns, and for each
+ * tap column kw moved d = kw - PW lanes (SW 2: the even columns moved d / 2 lanes for an even d, the odd ones
+ * (d - 1) / 2 for an odd one; |d| <= 4: one shuffle each) and multiplied into the output rows it reaches. Inlined
+ * with the conv's geometry as constants, the loops unroll whole. (The phase copy, the window over the WQ-wide copy
+ * and a store from it: MobileNetV3-small's 5 x 5 convs on 7 x 7 planes spent half their time in the copy and store;
+ * a row at a time, every input row shifted again for each output row it reaches, the shuffles bound it.) */
 static inline __attribute__((always_inline)) void RLX_CONV_DWS_FN(const float *restrict x, const float *restrict w,
         float bias, const rlx_conv_geom *g, const float *restrict tail, float *restrict out)
 {
-    const int64_t V = RLX_CONV_TILE_V, HW = g->H * g->W, T = HW < 2 * V ? HW : 2 * V;
+    const int64_t V = RLX_CONV_TILE_V, HW = g->H * g->W, T = HW < 4 * V ? HW : 4 * V, RW = g->SW * V;
     RLX_CONV_TILE_I lane;
     for (int j = 0; j < RLX_CONV_TILE_V; j++)
         lane[j] = j;
-    const RLX_CONV_TILE_I keep = lane < (int)g->W;  /* -1 in lanes < W */
+    const RLX_CONV_TILE_I keep = lane < (int)g->W, keep_b = lane + RLX_CONV_TILE_V < (int)g->W;  /* -1 in lanes < W */
     RLX_CONV_TILE_T acc[RLX_CONV_TILE_V];
     #pragma GCC unroll 16
     for (int64_t oh = 0; oh < g->OH; oh++)
         acc[oh] = (RLX_CONV_TILE_T){0.0f} + bias;
-    #pragma GCC unroll 16
+    #pragma GCC unroll 32
     for (int64_t ih = 0; ih < g->H; ih++) {
-        const float *restrict src = ih * g->W + V <= HW ? x + ih * g->W : tail + (ih * g->W - (HW - T));
-        RLX_CONV_TILE_T row = *(const RLX_CONV_TILE_TU *)src;
-        row = (RLX_CONV_TILE_T)((RLX_CONV_TILE_I)row & keep);
-        RLX_CONV_TILE_T sh[2 * 4 + 1];
+        const float *restrict src = ih * g->W + RW <= HW ? x + ih * g->W : tail + (ih * g->W - (HW - T));
+        RLX_CONV_TILE_T even = *(const RLX_CONV_TILE_TU *)src, odd = even;
+        even = (RLX_CONV_TILE_T)((RLX_CONV_TILE_I)even & keep);
+        if (g->SW == 2) {
+            RLX_CONV_TILE_T b = *(const RLX_CONV_TILE_TU *)(src + V);
+            b = (RLX_CONV_TILE_T)((RLX_CONV_TILE_I)b & keep_b);
+            odd = __builtin_shufflevector(even, b, RLX_CONV_DW2_ODD);
+            even = __builtin_shufflevector(even, b, RLX_CONV_DW2_EVEN);
+        }
+        RLX_CONV_TILE_T sh[9];
         #pragma GCC unroll 9
-        for (int64_t kw = 0; kw < g->KW; kw++)
-            sh[kw] = RLX_CONV_SHIFT_FN(row, (int)(kw - g->PW));
+        for (int64_t kw = 0; kw < g->KW; kw++) {
+            const int d = (int)(kw - g->PW);
+            sh[kw] = g->SW == 1 ? RLX_CONV_SHIFT_FN(even, d) : RLX_CONV_SHIFT_FN(d & 1 ? odd : even, d >> 1);
+        }
         #pragma GCC unroll 9
         for (int64_t kh = 0; kh < g->KH; kh++) {
-            const int64_t oh = ih + g->PH - kh;
-            if (oh < 0 || oh >= g->OH)
+            const int64_t r = ih + g->PH - kh, oh = r / g->SH;  /* output row oh reads input row ih with tap row kh */
+            if (r < 0 || r % g->SH != 0 || oh >= g->OH)
                 continue;
             #pragma GCC unroll 9
             for (int64_t kw = 0; kw < g->KW; kw++)
@@ -287,15 +297,15 @@ static inline __attribute__((always_inline)) void RLX_CONV_DWS_FN(const float *r
         *(RLX_CONV_TILE_TU *)(out + oh * V) = acc[oh];
 }
 
-/* The last min(H W, 2 V) floats of a plane x[H, W] then V zeros, into tail: rlx_conv_dw_s1_plane<V>'s rows near
+/* The last min(H W, 4 V) floats of a plane x[H, W] then 2 V zeros, into tail: rlx_conv_dw_s1_plane<V>'s rows near
  * the plane's end. */
 static inline __attribute__((always_inline)) void RLX_CONV_DWT_FN(const float *restrict x, const rlx_conv_geom *g,
         float *restrict tail)
 {
-    const int64_t V = RLX_CONV_TILE_V, HW = g->H * g->W, T = HW < 2 * V ? HW : 2 * V;
+    const int64_t V = RLX_CONV_TILE_V, HW = g->H * g->W, T = HW < 4 * V ? HW : 4 * V;
     for (int64_t i = 0; i < T; i++)
         tail[i] = x[HW - T + i];
-    for (int64_t i = T; i < T + V; i++)
+    for (int64_t i = T; i < T + 2 * V; i++)
         tail[i] = 0.0f;
 }
 
