@@ -15,7 +15,9 @@ runs each, the peers alternating, a pause between blocks so ORT's spinning threa
 block starts with one untimed run. The outputs are checked against each other before timing (max abs
 error <= 1e-4 x max |out|). Printed: the median time of every peer, and rlx's time over ORT's.
 `--profile` builds rlx profiled instead and prints its kernel time per class (a conv's window, stride
-and algorithm, else the op kind) and its top ops over `--rounds` runs (no ORT timing).
+and algorithm, else the op kind) and its top ops over `--rounds` runs (no ORT timing); `--ort-profile` prints
+ONNX Runtime's own per-node kernel times (`enable_profiling`, medians over `--rounds` runs after one), node by node
+with its output shape, then per op type, for setting RLX's per-op times beside them.
 """
 
 from __future__ import annotations
@@ -102,6 +104,46 @@ def print_profile(case: str, run: Callable[[], np.ndarray], compiled, rounds: in
     print(format_top_ops(top_ops(spans), limit=25))
 
 
+def print_ort_profile(case: str, model: str, batch: int, threads: int, rounds: int) -> None:
+    """ONNX Runtime's per-node kernel time (its own profiler, default session options), median over `rounds`
+    runs after one: node by node in execution order, then summed per op type."""
+    import json
+    import tempfile
+    from collections import defaultdict
+
+    import onnxruntime as ort
+    import torch
+    from conv_models import build, export
+
+    data = export(build(model), torch.randn(1, 3, 224, 224))
+    x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        opts.profile_file_prefix = str(Path(tmp) / "ort")
+        sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        for _ in range(rounds + 1):
+            sess.run(None, {"x": x})
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    times: dict[str, list[float]] = defaultdict(list)
+    info: dict[str, tuple[str, str]] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            name = e["name"][: -len("_kernel_time")]
+            times[name].append(e["dur"])
+            info[name] = (e["args"].get("op_name", "?"), str(e["args"].get("output_type_shape", "")))
+    per_op: dict[str, float] = defaultdict(float)
+    print(f"\n{case}: onnxruntime kernel us per node (median of {rounds} runs)")
+    for name, ds in times.items():
+        us = statistics.median(ds[1:] or ds)
+        per_op[info[name][0]] += us
+        print(f"  {info[name][0]:<20}{us:>9.1f}  {name[-60:]}  {info[name][1][:60]}")
+    for op, us in sorted(per_op.items(), key=lambda kv: -kv[1]):
+        print(f"  {op:<20}{us:>9.1f} us")
+    print(f"  {'all nodes':<20}{sum(per_op.values()):>9.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -110,10 +152,14 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=0.5, help="seconds between blocks")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--profile", action="store_true", help="rlx's per-op kernel times (a profiled build)")
+    ap.add_argument("--ort-profile", action="store_true", help="onnxruntime's per-node kernel times (its profiler)")
     args = ap.parse_args()
     rows = []
     for case in args.cases.split(","):
         model, batch = CASES[case]
+        if args.ort_profile:
+            print_ort_profile(case, model, batch, args.threads, args.rounds)
+            continue
         runs, note, compiled = peers(model, batch, args.threads, args.profile)
         if args.profile:
             print_profile(case, runs["rlx"], compiled, args.rounds)
@@ -130,7 +176,7 @@ def main() -> None:
         med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         rows.append((case, med["onnxruntime"], med["rlx"], med["rlx"] / med["onnxruntime"]))
         print(f"{case}: {note}", flush=True)
-    if args.profile:
+    if args.profile or args.ort_profile:
         return
     print(f"\n{args.threads} threads, 224x224, median of {args.passes} x {args.rounds} runs per peer")
     print(f"{'case':<24}{'onnxruntime ms':>16}{'rlx ms':>12}{'rlx / ort':>12}")

@@ -43,6 +43,13 @@
   planes, copies each (zero-padded, split by stride phase) into its scratch and
   runs every window tap as one contiguous run over the plane, 32 outputs at a time
   in 8 chains of `vector`-float registers (bias in the accumulators, activation in the store).
+- ``depthwise`` / ``nchw_rows``: a 3x3, stride-2, undilated depthwise conv (left and top pads 1) on output
+  rows of DW_ROWS_MIN_WIDTH+ pixels: each output row straight from the plane, no phase copy, `vector` outputs
+  at a time from two vectors of input columns split into even and odd lanes.
+- ``depthwise`` / ``nchw_row_shifts``: an undilated depthwise conv of strides 1 or 2 whose output rows (at most
+  `vector` of them) fit one `vector`, its input rows `vector` times the column stride (and |kw - left pad| <= 4 for
+  every tap): each output row one vector, straight from the plane, each input row loaded once (with a column stride
+  of 2 split into even and odd columns) and every tap a lane shift of it.
 
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
@@ -65,8 +72,8 @@ from rlx.ir.decisions import Decision, register_decision
 
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
-              ("pointwise", "nchw_panels"),
-              ("depthwise", "nchw"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"),
+              ("pointwise", "nchw_panels"), ("depthwise", "nchw"), ("depthwise", "nchw_rows"),
+              ("depthwise", "nchw_row_shifts"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"),
               ("winograd", "nchw_wino4_tiles"))
 #: Output pixels per side of a Winograd layout's tiles: F(2x2, 3x3) or F(4x4, 3x3).
 WINOGRAD_TILE = {"nchw_wino_tiles": 2, "nchw_wino4_tiles": 4}

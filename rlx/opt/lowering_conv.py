@@ -62,6 +62,50 @@ MAX_PACK_DEPTH = 256
 MIN_PACK_DEPTH = 64
 
 
+#: Fewest output pixels per row of a 3x3 stride-2 depthwise conv read row by row straight from its plane
+#: (`depthwise` on `nchw_rows`); narrower rows keep the phase copy (a row's partial vector goes through a copy).
+DW_ROWS_MIN_WIDTH = 16
+
+
+def depthwise_rows_fit(g: Window2d) -> bool:
+    """Whether a depthwise conv runs on `nchw_rows`: a 3x3, stride-2, undilated window whose top and left pads
+    are 1, on output rows of DW_ROWS_MIN_WIDTH+ pixels (MobileNetV3-small's 112 and 56-wide planes).
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> s2 = Conv(strides=(2, 2), pads=(1, 1, 1, 1), groups=16)
+    >>> depthwise_rows_fit(window_2d(s2, (112, 112), (56, 56), (3, 3), 1))
+    True
+    >>> depthwise_rows_fit(window_2d(s2, (28, 28), (14, 14), (3, 3), 1))
+    False
+    """
+    return ((g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.ph, g.pw) == (3, 3, 2, 2, 1, 1, 1, 1)
+            and g.ow >= DW_ROWS_MIN_WIDTH)
+
+
+#: Farthest lane shift of a tap of a depthwise conv on `nchw_row_shifts` (|kw - left pad|).
+DW_MAX_SHIFT = 4
+
+
+def depthwise_shifts_fit(g: Window2d, vector: int) -> bool:
+    """Whether a depthwise conv runs on `nchw_row_shifts`: strides 1 or 2, undilated, output rows of at most
+    `vector` pixels and input rows of at most `vector` times the column stride, at most `vector` output rows (each
+    in a register), every tap's column offset ``kw - pw`` within DW_MAX_SHIFT (MobileNetV3-small's 5 x 5 convs
+    on 7 x 7 outputs and, with 16-float vectors, 14 x 14 ones).
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> same = Conv(pads=(2, 2, 2, 2), groups=8)
+    >>> depthwise_shifts_fit(window_2d(same, (14, 14), (14, 14), (5, 5), 1), 16)
+    True
+    >>> depthwise_shifts_fit(window_2d(same, (14, 14), (14, 14), (5, 5), 1), 8)
+    False
+    >>> s2 = Conv(strides=(2, 2), pads=(2, 2, 2, 2), groups=8)
+    >>> depthwise_shifts_fit(window_2d(s2, (28, 28), (14, 14), (5, 5), 1), 16)
+    True
+    """
+    return (g.sh in (1, 2) and g.sw in (1, 2) and (g.dh, g.dw) == (1, 1) and g.w <= g.sw * vector
+            and max(g.ow, g.oh) <= vector and g.pw <= DW_MAX_SHIFT and g.kw - 1 - g.pw <= DW_MAX_SHIFT)
+
+
 def pack_depth(k: int) -> int:
     """K rows per block of a packed conv weight: the largest divisor of `k` up to MAX_PACK_DEPTH (blocks
     of equal depth: the weight is stored as a batch of ``[depth, O]`` matrices), or `k` when that divisor
@@ -232,7 +276,11 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
         w = graph.node(n.inputs[1]).shape
         o, cg, *kernel = w.static_dims
         if is_depthwise(n.op.groups, x.dims[1].value, o):
-            out.append(ConvPlan(n.id, "depthwise", "nchw", n.inputs[1], False, vector=vector))
+            geo = window_2d(n.op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in n.shape.dims[2:]),
+                            tuple(kernel), cg)
+            layout = ("nchw_rows" if depthwise_rows_fit(geo) else
+                      "nchw_row_shifts" if depthwise_shifts_fit(geo, vector) else "nchw")
+            out.append(ConvPlan(n.id, "depthwise", layout, n.inputs[1], False, vector=vector))
         elif is_pointwise(n.op, tuple(kernel)):
             plane = math.prod(d.value for d in n.shape.dims[2:])
             if plane >= POINTWISE_PANEL_PIXELS:

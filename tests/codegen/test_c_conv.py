@@ -49,6 +49,8 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     wide_plane = g.input("wide_plane", [BATCH, 40, 20, 26])
     chans = g.input("chans", [BATCH, 260, 3, 16])
     wino4 = g.input("wino4", [BATCH, 33, 9, 30])
+    rows = g.input("rows", [BATCH, 3, 5, 36])
+    small = g.input("small", [BATCH, 4, 6, 7])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -82,6 +84,22 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
                                     activation="relu"),
         "depthwise_s3": g.conv(x, param("w_d3", [5, 1, 3, 2]), param("b_d3", [5]), groups=5, strides=(3, 2),
                                dilations=(1, 2), pads=(0, 1, 2, 0)),
+        # 3 x 3 stride 2 on rows of 16+ outputs: straight from the plane (nchw_rows); 36 columns (even: whole vectors
+        # past a row's end read the next row, a copy on the plane's last row), 31 (odd: column W is a pad, a copy)
+        "depthwise_rows": g.conv(rows, param("w_dr", [3, 1, 3, 3]), param("b_dr", [3]), groups=3, strides=(2, 2),
+                                 pads=(1, 1, 1, 1), activation="hardswish"),
+        "depthwise_rows_odd": g.conv(img, param("w_dro", [7, 1, 3, 3]), groups=7, strides=(2, 2), pads=(1, 1, 1, 1)),
+        # stride 1 on rows and columns that fit a vector (nchw_row_shifts): uneven pads (taps shifted -2 .. 2 lanes; the
+        # plane's last rows from the copy of its end), 8 and 16-float vectors; 11 x 10 with 3 x 3 (16-float vectors)
+        "depthwise_shifts": g.conv(small, param("w_ds", [4, 1, 5, 5]), param("b_ds", [4]), groups=4,
+                                   pads=(1, 2, 3, 1), activation="hardswish"),
+        "depthwise_shifts_3x3": g.conv(x, param("w_ds3", [5, 1, 3, 3]), groups=5, pads=(1, 1, 1, 1), activation="relu"),
+        # strides 2 (the rows split into even and odd columns): 5 x 5 on 6 x 7, 3 x 3 on 11 x 10 (8-float vectors: two
+        # per input row); "depthwise" above runs there too
+        "depthwise_shifts_s2": g.conv(small, param("w_ds2", [4, 1, 5, 5]), param("b_ds2", [4]), groups=4,
+                                      strides=(2, 2), pads=(2, 1, 1, 2)),
+        "depthwise_shifts_s2_wide": g.conv(x, param("w_dsw", [5, 1, 3, 3]), groups=5, strides=(2, 2), pads=(1, 0, 0, 1),
+                                           activation="relu"),
         "depthwise_1d": g.conv(seq, param("w_d1", [6, 1, 3]), param("b_d1", [6]), groups=6, pads=(1, 1)),
         "audio": g.conv(g.conv(seq, param("w_a1", [9, 6, 3]), param("b_a1", [9]), pads=(1, 1), activation="gelu"),
                         param("w_a2", [9, 9, 3]), param("b_a2", [9]), strides=(2,), pads=(1, 1), activation="gelu"),
@@ -134,7 +152,9 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32),
             "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32),
             "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32),
-            "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32)}
+            "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32),
+            "rows": rng.standard_normal((batch, 3, 5, 36)).astype(np.float32),
+            "small": rng.standard_normal((batch, 4, 6, 7)).astype(np.float32)}
 
 
 def _has_flags(*flags: str) -> bool:
@@ -176,8 +196,9 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     plans = {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
                      ("pointwise", "nchw_panels"),
-                     ("depthwise", "nchw"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"),
-                     ("winograd", "nchw_wino4_tiles")}
+                     ("depthwise", "nchw"), ("depthwise", "nchw_rows"), ("depthwise", "nchw_row_shifts"),
+                     ("direct", "nchw_phases"),
+                     ("winograd", "nchw_wino_tiles"), ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
     # the wide 1x1 conv on a 112-pixel plane: pixel-major tiles, its weight packed at set_param
@@ -192,7 +213,9 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "batch_norm" not in {n.kind for n in cg.lir.graph.nodes}  # decomposed before the CPU rules
     assert all(len(n.op.kernel) <= 2 for n in cg.lir.graph.nodes if n.kind == "pool")  # 3-D: two 2-D pools
     assert "conv: implicit_gemm on nchw_tiles (weight %" in cg.lir.inspect()
-    assert "conv: depthwise on nchw" in cg.lir.inspect()
+    assert "conv: depthwise on nchw (" in cg.lir.inspect()
+    assert "conv: depthwise on nchw_rows (" in cg.lir.inspect()
+    assert "conv: depthwise on nchw_row_shifts (" in cg.lir.inspect()
     assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
     assert "conv: winograd on nchw_wino4_tiles (weight %" in cg.lir.inspect()

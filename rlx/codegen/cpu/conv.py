@@ -280,6 +280,10 @@ def emit_conv(em, node: Node) -> Kernel:
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
         scratch = align64(plan.tile * k * 4)
+    elif plan.layout == "nchw_rows":  # depthwise from the plane: one output row, whole vectors
+        scratch = align64(-(-geo.ow // plan.vector) * plan.vector * 4)
+    elif plan.layout == "nchw_row_shifts":  # the output rows (a vector each), the plane's last 4 vectors, 2 zero ones
+        scratch = align64((geo.oh + 6) * plan.vector * 4)
     else:  # depthwise: the padded phase planes and the output of one plane
         scratch = align64(depthwise_scratch_floats(geo) * 4)
     return Kernel(node.id, "conv", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),

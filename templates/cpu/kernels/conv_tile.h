@@ -7,6 +7,10 @@
  *   rlx_conv_direct_tile<V>  RLX_CONV_OR output channels x 2 V pixels accumulated in 12 vector registers;
  *   rlx_conv_direct_unit<V>  a block of output channels over a run of panels, RLX_CONV_CB input channels at a time;
  *   rlx_conv_dw_plane<V>     a depthwise window over one plane, RLX_DW_VEC outputs at a time;
+ *   rlx_conv_dw_s2_row<V>    one output row of a 3 x 3, stride-2 depthwise window read straight from the plane;
+ *   rlx_conv_dw_s1_plane<V>  a depthwise window of strides 1 or 2 on a plane whose output rows fit a vector (at
+ *                            most V of them), each input row one vector (or two, split by column parity), its taps
+ *                            lane shifts of it;
  * and undefines the three parameters. No include guard: each inclusion is another width. */
 
 #define RLX_CONV_CAT_(a, b) a##b
@@ -17,6 +21,22 @@
 #define RLX_CONV_DW_FN RLX_CONV_CAT(rlx_conv_dw_plane, RLX_CONV_TILE_V)
 #define RLX_CONV_DW_NV (RLX_DW_VEC / RLX_CONV_TILE_V)  /* vectors of a run of RLX_DW_VEC outputs: 4 or 2 */
 #define RLX_CONV_DW_G (8 / RLX_CONV_DW_NV)  /* groups of taps summed apart: 8 independent chains of multiply-adds */
+#define RLX_CONV_DW2_FN RLX_CONV_CAT(rlx_conv_dw_s2_row, RLX_CONV_TILE_V)
+#define RLX_CONV_DWS_FN RLX_CONV_CAT(rlx_conv_dw_s1_plane, RLX_CONV_TILE_V)
+#define RLX_CONV_DWT_FN RLX_CONV_CAT(rlx_conv_dw_s1_tail, RLX_CONV_TILE_V)
+#define RLX_CONV_SHIFT_FN RLX_CONV_CAT(rlx_conv_lane_shift, RLX_CONV_TILE_V)
+#define RLX_CONV_TILE_I RLX_CONV_CAT(rlx_conv_lanes, RLX_CONV_TILE_V)
+typedef int RLX_CONV_TILE_I __attribute__((vector_size(RLX_CONV_TILE_V * 4)));
+/* lanes of two V-float vectors (a, b): the even ones, the odd ones, and a's last then b's first V - 1 */
+#if RLX_CONV_TILE_V == 16
+#define RLX_CONV_DW2_EVEN 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
+#define RLX_CONV_DW2_ODD 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
+#define RLX_CONV_DW2_PREV 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30
+#else
+#define RLX_CONV_DW2_EVEN 0, 2, 4, 6, 8, 10, 12, 14
+#define RLX_CONV_DW2_ODD 1, 3, 5, 7, 9, 11, 13, 15
+#define RLX_CONV_DW2_PREV 7, 8, 9, 10, 11, 12, 13, 14
+#endif
 
 /* Tile rows [0, mr) of out (rows ldo apart, 2 V pixels each) (+)= the sum over channels c < C and taps t < T of
  * w[r * K + c * T + t] * xq[c * CS + tap[t] + (0 .. 2 V - 1)]: two unaligned vector loads of the plane, one
@@ -146,6 +166,157 @@ static inline __attribute__((always_inline)) const float *RLX_CONV_DW_FN(const f
     return acc;
 }
 
+/* One output row oh of a 3 x 3, stride-2, undilated depthwise window (left pad 1; ConvPlan layout nchw_rows) read
+ * straight from the plane x[H, W], no phase copy: row[ow] = bias + sum of w[kh, kw] * x[2 oh - PH + kh, 2 ow - 1 + kw]
+ * (zeros outside the plane) for ow < OW; row holds OW rounded up to V floats. V outputs at a time: the two vectors of
+ * input columns 2 ow0 .. 2 ow0 + 2 V - 1 are split into their even columns (tap kw = 1) and odd ones (kw = 2), and the
+ * odd ones moved one lane up behind column 2 ow0 - 1 (kw = 0): three shuffles and three multiply-adds per input row,
+ * each input row's sum in its own register. Where two vectors would pass the plane's end or a pad column (W odd), they
+ * come from a zero-padded copy of 2 V floats.
+ * (The phase copy's de-interleave, then the window over the copy and a store from it: MobileNetV3-small's 3 x 3
+ * stride-2 convs on 112 and 56-wide planes spent three quarters of their time copying and storing.) */
+static inline __attribute__((always_inline)) void RLX_CONV_DW2_FN(const float *restrict x, const float *restrict w,
+        float bias, const rlx_conv_geom *g, int64_t oh, float *restrict row)
+{
+    const int64_t V = RLX_CONV_TILE_V;
+    for (int64_t o0 = 0; o0 < g->OW; o0 += V) {
+        RLX_CONV_TILE_T s[3] = {(RLX_CONV_TILE_T){0.0f} + bias, (RLX_CONV_TILE_T){0.0f}, (RLX_CONV_TILE_T){0.0f}};
+        const int64_t c0 = 2 * o0;  /* the input column of tap kw = 1 of output column o0 */
+        #pragma GCC unroll 3
+        for (int kh = 0; kh < 3; kh++) {
+            const int64_t ih = oh * 2 - g->PH + kh;
+            if (ih < 0 || ih >= g->H)
+                continue;
+            const float *restrict xr = x + ih * g->W;
+            const float left = c0 > 0 && c0 - 1 < g->W ? xr[c0 - 1] : 0.0f;
+            RLX_CONV_TILE_T a, b;
+            /* whole vectors where they stay inside the plane: past the row's end (lanes of outputs past OW, never
+               of a column W: W even) they read the next row's first columns */
+            if (c0 + 2 * V <= g->W || (g->W % 2 == 0 && ih + 1 < g->H && c0 + 2 * V <= 2 * g->W)) {
+                a = *(const RLX_CONV_TILE_TU *)(xr + c0);
+                b = *(const RLX_CONV_TILE_TU *)(xr + c0 + V);
+            } else {
+                float buf[2 * RLX_CONV_TILE_V] __attribute__((aligned(64)));
+                const int64_t m = g->W - c0 < 0 ? 0 : g->W - c0;
+                for (int64_t i = 0; i < m && i < 2 * V; i++)
+                    buf[i] = xr[c0 + i];
+                for (int64_t i = m; i < 2 * V; i++)
+                    buf[i] = 0.0f;
+                a = *(const RLX_CONV_TILE_T *)buf;
+                b = *(const RLX_CONV_TILE_T *)(buf + V);
+            }
+            const RLX_CONV_TILE_T even = __builtin_shufflevector(a, b, RLX_CONV_DW2_EVEN);
+            const RLX_CONV_TILE_T odd = __builtin_shufflevector(a, b, RLX_CONV_DW2_ODD);
+            const RLX_CONV_TILE_T prev = __builtin_shufflevector((RLX_CONV_TILE_T){0.0f} + left, odd, RLX_CONV_DW2_PREV);
+            s[kh] += w[kh * 3] * prev + w[kh * 3 + 1] * even + w[kh * 3 + 2] * odd;
+        }
+        *(RLX_CONV_TILE_TU *)(row + o0) = s[0] + s[1] + s[2];
+    }
+}
+
+/* Lane j of the result: v[j + s] where 0 <= j + s < V, else 0, for |s| <= 4 (a constant where inlined: one shuffle). */
+static inline __attribute__((always_inline)) RLX_CONV_TILE_T RLX_CONV_SHIFT_FN(const RLX_CONV_TILE_T v, const int s)
+{
+    const RLX_CONV_TILE_T z = {0.0f};
+    switch (s) {
+#if RLX_CONV_TILE_V == 16
+    case -4: return __builtin_shufflevector(v, z, 16, 16, 16, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11);
+    case -3: return __builtin_shufflevector(v, z, 16, 16, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12);
+    case -2: return __builtin_shufflevector(v, z, 16, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13);
+    case -1: return __builtin_shufflevector(v, z, 16, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14);
+    case 1: return __builtin_shufflevector(v, z, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16);
+    case 2: return __builtin_shufflevector(v, z, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16);
+    case 3: return __builtin_shufflevector(v, z, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16);
+    case 4: return __builtin_shufflevector(v, z, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16);
+#else
+    case -4: return __builtin_shufflevector(v, z, 8, 8, 8, 8, 0, 1, 2, 3);
+    case -3: return __builtin_shufflevector(v, z, 8, 8, 8, 0, 1, 2, 3, 4);
+    case -2: return __builtin_shufflevector(v, z, 8, 8, 0, 1, 2, 3, 4, 5);
+    case -1: return __builtin_shufflevector(v, z, 8, 0, 1, 2, 3, 4, 5, 6);
+    case 1: return __builtin_shufflevector(v, z, 1, 2, 3, 4, 5, 6, 7, 8);
+    case 2: return __builtin_shufflevector(v, z, 2, 3, 4, 5, 6, 7, 8, 8);
+    case 3: return __builtin_shufflevector(v, z, 3, 4, 5, 6, 7, 8, 8, 8);
+    case 4: return __builtin_shufflevector(v, z, 4, 5, 6, 7, 8, 8, 8, 8);
+#endif
+    default: return v;
+    }
+}
+
+/* A depthwise window w[KH, KW] of strides SH, SW in {1, 2}, undilated, over a plane x[H, W] whose output rows fit one
+ * vector, as do its input rows (two vectors with SW 2), with at most V output rows (W <= SW V, OW, OH <= V; ConvPlan
+ * layout nchw_row_shifts): out[oh * V + ow] = bias + sum of w[kh, kw] * x[SH oh - PH + kh, SW ow - PW + kw] (zeros
+ * outside the plane) for ow < OW. Straight from the plane, every output row accumulated in a register of its own:
+ * each input row is loaded once (lanes W.. zeroed; from `tail`, rlx_conv_dw_s1_tail<V>'s copy of the plane's last
+ * floats, where the vectors would pass the plane's end), with SW 2 split into its even and odd columns, and for each
+ * tap column kw moved d = kw - PW lanes (SW 2: the even columns moved d / 2 lanes for an even d, the odd ones
+ * (d - 1) / 2 for an odd one; |d| <= 4: one shuffle each) and multiplied into the output rows it reaches. Inlined
+ * with the conv's geometry as constants, the loops unroll whole. (The phase copy, the window over the WQ-wide copy
+ * and a store from it: MobileNetV3-small's 5 x 5 convs on 7 x 7 planes spent half their time in the copy and store;
+ * a row at a time, every input row shifted again for each output row it reaches, the shuffles bound it.) */
+static inline __attribute__((always_inline)) void RLX_CONV_DWS_FN(const float *restrict x, const float *restrict w,
+        float bias, const rlx_conv_geom *g, const float *restrict tail, float *restrict out)
+{
+    const int64_t V = RLX_CONV_TILE_V, HW = g->H * g->W, T = HW < 4 * V ? HW : 4 * V, RW = g->SW * V;
+    RLX_CONV_TILE_I lane;
+    for (int j = 0; j < RLX_CONV_TILE_V; j++)
+        lane[j] = j;
+    const RLX_CONV_TILE_I keep = lane < (int)g->W, keep_b = lane + RLX_CONV_TILE_V < (int)g->W;  /* -1 in lanes < W */
+    RLX_CONV_TILE_T acc[RLX_CONV_TILE_V];
+    #pragma GCC unroll 16
+    for (int64_t oh = 0; oh < g->OH; oh++)
+        acc[oh] = (RLX_CONV_TILE_T){0.0f} + bias;
+    #pragma GCC unroll 32
+    for (int64_t ih = 0; ih < g->H; ih++) {
+        const float *restrict src = ih * g->W + RW <= HW ? x + ih * g->W : tail + (ih * g->W - (HW - T));
+        RLX_CONV_TILE_T even = *(const RLX_CONV_TILE_TU *)src, odd = even;
+        even = (RLX_CONV_TILE_T)((RLX_CONV_TILE_I)even & keep);
+        if (g->SW == 2) {
+            RLX_CONV_TILE_T b = *(const RLX_CONV_TILE_TU *)(src + V);
+            b = (RLX_CONV_TILE_T)((RLX_CONV_TILE_I)b & keep_b);
+            odd = __builtin_shufflevector(even, b, RLX_CONV_DW2_ODD);
+            even = __builtin_shufflevector(even, b, RLX_CONV_DW2_EVEN);
+        }
+        RLX_CONV_TILE_T sh[9];
+        #pragma GCC unroll 9
+        for (int64_t kw = 0; kw < g->KW; kw++) {
+            const int d = (int)(kw - g->PW);
+            sh[kw] = g->SW == 1 ? RLX_CONV_SHIFT_FN(even, d) : RLX_CONV_SHIFT_FN(d & 1 ? odd : even, d >> 1);
+        }
+        #pragma GCC unroll 9
+        for (int64_t kh = 0; kh < g->KH; kh++) {
+            const int64_t r = ih + g->PH - kh, oh = r / g->SH;  /* output row oh reads input row ih with tap row kh */
+            if (r < 0 || r % g->SH != 0 || oh >= g->OH)
+                continue;
+            #pragma GCC unroll 9
+            for (int64_t kw = 0; kw < g->KW; kw++)
+                acc[oh] += w[kh * g->KW + kw] * sh[kw];
+        }
+    }
+    #pragma GCC unroll 16
+    for (int64_t oh = 0; oh < g->OH; oh++)
+        *(RLX_CONV_TILE_TU *)(out + oh * V) = acc[oh];
+}
+
+/* The last min(H W, 4 V) floats of a plane x[H, W] then 2 V zeros, into tail: rlx_conv_dw_s1_plane<V>'s rows near
+ * the plane's end. */
+static inline __attribute__((always_inline)) void RLX_CONV_DWT_FN(const float *restrict x, const rlx_conv_geom *g,
+        float *restrict tail)
+{
+    const int64_t V = RLX_CONV_TILE_V, HW = g->H * g->W, T = HW < 4 * V ? HW : 4 * V;
+    for (int64_t i = 0; i < T; i++)
+        tail[i] = x[HW - T + i];
+    for (int64_t i = T; i < T + 2 * V; i++)
+        tail[i] = 0.0f;
+}
+
+#undef RLX_CONV_DWT_FN
+#undef RLX_CONV_DWS_FN
+#undef RLX_CONV_SHIFT_FN
+#undef RLX_CONV_TILE_I
+#undef RLX_CONV_DW2_FN
+#undef RLX_CONV_DW2_EVEN
+#undef RLX_CONV_DW2_ODD
+#undef RLX_CONV_DW2_PREV
 #undef RLX_CONV_DW_FN
 #undef RLX_CONV_DW_NV
 #undef RLX_CONV_DW_G

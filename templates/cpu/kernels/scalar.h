@@ -214,9 +214,9 @@ static inline double rlx_sin_d(double x) { return sin(x); }
 static inline float rlx_cos_f(float x) { return cosf(x); }
 static inline double rlx_cos_d(double x) { return cos(x); }
 /* max/min propagate NaN from either side, like numpy.maximum */
-static inline float rlx_max_f(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline float rlx_max_f(float a, float b) { return ((a > b) | (a != a)) ? a : b; }
 static inline double rlx_max_d(double a, double b) { return (a > b || a != a) ? a : b; }
-static inline float rlx_min_f(float a, float b) { return (a < b || a != a) ? a : b; }
+static inline float rlx_min_f(float a, float b) { return ((a < b) | (a != a)) ? a : b; }
 static inline double rlx_min_d(double a, double b) { return (a < b || a != a) ? a : b; }
 static inline float rlx_pow_f(float a, float b) { return powf(a, b); }
 static inline double rlx_pow_d(double a, double b) { return pow(a, b); }
