@@ -288,21 +288,23 @@ def find_gemm_groups(lir: LirModule, precision: DType, gemm: str) -> list[list[N
 DECODE_GEMV_ROWS = ((2048, 4), (16384, 1))
 #: Most quantized projections one fused decode GEMV computes.
 DECODE_GEMV_MEMBERS = 4
-#: Smallest K whose one-row decode steps take rlx_qgemv_xr (x in registers, slabs of 32 units of 32 values; q4_k,
-#: f32 activations). Shorter rows (SmolLM2: K = 576 is 18 units, 1536 is 48) leave lanes of a slab idle (14 of 32,
-#: or 16 of the second slab's) where the old walk's lanes cycle over the row's units with no idle slab; they keep it.
-#: Not yet measured on a GPU.
+#: Smallest K whose one-row decode steps take rlx_qgemv_xr (x in registers, slabs of 32 units of 32 values;
+#: DECODE_XR_FORMATS, f32 activations). Shorter rows (SmolLM2: K = 576 is 18 units, 1536 is 48) leave lanes of a
+#: slab idle (14 of 32, or 16 of the second slab's) where the old walk's lanes cycle over the row's units with no
+#: idle slab; they keep it. Not yet measured on a GPU.
 DECODE_XR_MIN_K = 2048
+#: Block formats rlx_qgemv_xr takes (kernels/quant.cuh's RLX_QFAST ones).
+DECODE_XR_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
 #: Groups of 8 weight rows a block of rlx_qgemv_xr may take.
 DECODE_XR_GROUPS = (1, 2, 4)
 
 
 def decode_walk(fmt: str, act: str, k: int, env: dict[str, str] | None = None) -> tuple[str, int]:
-    """The one-row walk of a `DecodeGemv` (`walk`, `xr_groups`): "xreg" for q4_k with f32 activations and
-    K >= DECODE_XR_MIN_K, else "rows". The groups a block takes: the fewest that make the block's work items
-    (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups; K = 14336: 14 slabs, 4 groups), else
-    the one that leaves the fewest warp turns idle. RLX_QGEMV_WALK=rows forces the old walk, RLX_QGEMV_XR_GROUPS
-    the groups (both read at lowering: they change the LIR, so the cache key).
+    """The one-row walk of a `DecodeGemv` (`walk`, `xr_groups`): "xreg" for DECODE_XR_FORMATS with f32
+    activations and K >= DECODE_XR_MIN_K, else "rows". The groups a block takes: the fewest that make the block's
+    work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups; K = 14336: 14 slabs,
+    4 groups), else the one that leaves the fewest warp turns idle. RLX_QGEMV_WALK=rows forces the old walk,
+    RLX_QGEMV_XR_GROUPS the groups (both read at lowering: they change the LIR, so the cache key).
 
     >>> decode_walk("q4_k", "f32", 4096, {}), decode_walk("q4_k", "f32", 14336, {})
     (('xreg', 2), ('xreg', 4))
@@ -310,7 +312,8 @@ def decode_walk(fmt: str, act: str, k: int, env: dict[str, str] | None = None) -
     (('rows', 0), ('rows', 0))
     """
     env = os.environ if env is None else env
-    if fmt != "q4_k" or act != "f32" or k < DECODE_XR_MIN_K or env.get("RLX_QGEMV_WALK", "").strip() == "rows":
+    if (fmt not in DECODE_XR_FORMATS or act != "f32" or k < DECODE_XR_MIN_K
+            or env.get("RLX_QGEMV_WALK", "").strip() == "rows"):
         return "rows", 0
     forced = env.get("RLX_QGEMV_XR_GROUPS", "").strip()
     if forced:

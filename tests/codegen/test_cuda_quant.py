@@ -125,15 +125,16 @@ def test_int8_activation_decoder_compiles(toolchain: NvccToolchain, tmp_path: Pa
     toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
 
 
-def _q4k_decoder() -> rlx.Graph:
-    """One LLaMA layer, q4_k, hidden 2048 and FFN 2304: every decode GEMV has K >= 2048 (rlx_qgemv_xr's rows)."""
+def _q4k_decoder(fmt: str = "q4_k") -> rlx.Graph:
+    """One LLaMA layer, q4_k (or `fmt`), hidden 2048 and FFN 2304: every decode GEMV has K >= 2048 (rlx_qgemv_xr's
+    rows)."""
     from rlx.models.decoder_config import DecoderConfig
     from rlx.models.llama import WeightSpec, build_decoder, random_specs
 
     cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=2048, num_layers=1, num_heads=16, num_kv_heads=4,
                         head_dim=128, ffn_size=2304, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
                         n_rot=128, context_length=64, tie_embeddings=False, bos_id=1, eos_id=2)
-    specs = {name: spec if len(spec.shape) == 1 else WeightSpec("q4_k", spec.shape)
+    specs = {name: spec if len(spec.shape) == 1 else WeightSpec(fmt, spec.shape)
              for name, spec in random_specs(cfg).items()}
     return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32)
 

@@ -669,7 +669,7 @@ template <int FMT, int MR, int REC>
 __device__ void rlx_q8_row(const uint8_t *__restrict__ row, const uint32_t *x, int64_t stride, int64_t K, int lane,
                            float acc[MR]);
 
-/* ── rlx_qgemv_xr: the one-row decode GEMV with x held in registers (q4_k; NOT YET MEASURED on a GPU) ──────────
+/* ── rlx_qgemv_xr: the one-row decode GEMV with x held in registers (q4_k, q4_0, q4_1, q8_0; NOT YET MEASURED on a GPU) ──────────
  * rlx_qf_rows1 reads a unit's 34 staged floats from shared memory for every NWR = 2 weight rows: the L1/shared pipe,
  * not HBM, was the busy unit. Here K is cut into slabs of 32 units (lane l owns unit 32s + l of slab s) and a block
  * takes a tile of XG groups of RLX_QXR_G weight rows (SwiGLU: RLX_QXR_G / 2 gate rows and the same up rows). A work
@@ -818,7 +818,7 @@ __device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T 
         rlx_q8_stage<MR>(xs, stride, nsub);
         __syncthreads();
     }
-    if constexpr (XG > 0 && MR == 1 && ACT == 0 && FMT == RLX_Q4_K) {
+    if constexpr (XG > 0 && MR == 1 && ACT == 0 && RLX_QFAST(FMT)) {
         using Unit = RlxQUnit<FMT>;
         constexpr int G = RLX_QXR_G, TW = XG * G, TR = EPI == 2 ? TW / 2 : TW;  /* weight / output rows a tile */
         float *part = xs + nsub * RLX_QFUSED_PAD;  /* [slab][TW] warp sums */
@@ -983,7 +983,7 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
     rlx_qgemv_body<T, FMT, QK, QB, MR, NORM, EPI, ACT, 0>(X, gamma, eps, mem, res, K, RB, rows);
 }
 
-/* One row of X, f32 activations, q4_k; dynamic shared memory: the staged x, then (K / 32 + 31) / 32 * XG * RLX_QXR_G
+/* One row of X, f32 activations, a RLX_QFAST format; dynamic shared memory: the staged x, then (K / 32 + 31) / 32 * XG * RLX_QXR_G
    floats of warp sums. */
 template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int XG>
 __global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS, 2)
