@@ -82,14 +82,20 @@ class DecodeGemv(Decision):
     norm: tuple[int, ...] = ()
     residual: tuple[int, ...] = ()
     swiglu: tuple[int, ...] = ()
+    #: The one-row walk: "rows" (rlx_qgemv_fused, a warp walks RLX_QF_ROWS weight rows over all of K) or "xreg"
+    #: (rlx_qgemv_xr: x held in registers per slab of 32 units, `xr_groups` groups of 8 weight rows a block).
+    walk: str = "rows"
+    xr_groups: int = 0
 
     def describe(self) -> str:
         names = " ".join(f"%{m}" for m in self.members)
+        walk = f", one-row steps x in registers ({self.xr_groups} x 8 weight rows a block)" \
+            if self.walk == "xreg" else ""
         extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
         extra += [f"with the SwiGLU epilogue (%{self.swiglu[0]})"] if self.swiglu else []
         return (f"{names} run as one quantized GEMV when a step has <= {self.max_rows} rows"
-                + (", " + ", ".join(extra) if extra else ""))
+                + (", " + ", ".join(extra) if extra else "") + walk)
 
     def nodes(self) -> tuple[int, ...]:
         return self.members + self.norm + self.residual + self.swiglu

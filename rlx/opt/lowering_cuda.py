@@ -28,6 +28,7 @@ only with cuBLASLt), so those are options of the lowering.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -288,6 +289,42 @@ def find_gemm_groups(lir: LirModule, precision: DType, gemm: str) -> list[list[N
 DECODE_GEMV_ROWS = ((2048, 4), (16384, 1))
 #: Most quantized projections one fused decode GEMV computes.
 DECODE_GEMV_MEMBERS = 4
+#: Smallest K whose one-row decode steps take rlx_qgemv_xr (x in registers, slabs of 32 units of 32 values;
+#: DECODE_XR_FORMATS, f32 activations). Shorter rows (SmolLM2: K = 576 is 18 units, 1536 is 48) leave lanes of a
+#: slab idle (14 of 32, or 16 of the second slab's) where the old walk's lanes cycle over the row's units with no
+#: idle slab; they keep it. Not yet measured on a GPU.
+DECODE_XR_MIN_K = 2048
+#: Block formats rlx_qgemv_xr takes (kernels/quant.cuh's RLX_QFAST ones).
+DECODE_XR_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
+#: Groups of 8 weight rows a block of rlx_qgemv_xr may take.
+DECODE_XR_GROUPS = (1, 2, 4)
+
+
+def decode_walk(fmt: str, act: str, k: int, env: dict[str, str] | None = None) -> tuple[str, int]:
+    """The one-row walk of a `DecodeGemv` (`walk`, `xr_groups`): "xreg" for DECODE_XR_FORMATS with f32
+    activations and K >= DECODE_XR_MIN_K, else "rows". The groups a block takes: the fewest that make the block's
+    work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups; K = 14336: 14 slabs,
+    4 groups), else the one that leaves the fewest warp turns idle. RLX_QGEMV_WALK=rows forces the old walk,
+    RLX_QGEMV_XR_GROUPS the groups (both read at lowering: they change the LIR, so the cache key).
+
+    >>> decode_walk("q4_k", "f32", 4096, {}), decode_walk("q4_k", "f32", 14336, {})
+    (('xreg', 2), ('xreg', 4))
+    >>> decode_walk("q4_k", "f32", 576, {}), decode_walk("q4_k", "f32", 4096, {"RLX_QGEMV_WALK": "rows"})
+    (('rows', 0), ('rows', 0))
+    """
+    env = os.environ if env is None else env
+    if (fmt not in DECODE_XR_FORMATS or act != "f32" or k < DECODE_XR_MIN_K
+            or env.get("RLX_QGEMV_WALK", "").strip() == "rows"):
+        return "rows", 0
+    forced = env.get("RLX_QGEMV_XR_GROUPS", "").strip()
+    if forced:
+        return "xreg", int(forced)
+    nslab = (k // 32 + 31) // 32
+    def idle(g: int) -> float:  # the share of the warps' turns on a block's items that find none
+        turns = -(-nslab * g // 8) * 8
+        return (turns - nslab * g) / turns
+
+    return "xreg", min(DECODE_XR_GROUPS, key=lambda g: (idle(g), g))
 
 
 def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
@@ -353,7 +390,8 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
             if any(_overlap(lir, staged, w) for w in ids):
                 continue
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
-        found.append(DecodeGemv(ids, rows, norm, residual, swiglu))
+        walk, groups = decode_walk(members[0].op.quant, members[0].op.act, k)
+        found.append(DecodeGemv(ids, rows, norm, residual, swiglu, walk, groups))
     return found
 
 

@@ -72,3 +72,35 @@ def test_fused_f32_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str,
             assert not np.isnan(got).any(), f"{fmt} {kind} m={m} n={n}: an output row was never written"
             err = np.abs(got.astype(np.float64) - want)
             assert np.all(err <= bound), f"{fmt} {kind} m={m} n={n}: worst excess {np.max(err - bound):.3g}"
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
+@pytest.mark.parametrize(("n", "k", "xg", "max_grid"),
+                         [(11, 768, 1, 1 << 30), (37, 4096, 2, 2), (21, 3584, 4, 1)])
+def test_xr_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int, xg: int,
+                                   max_grid: int) -> None:
+    """rlx_qgemv_xr (x in registers, one row of X): a partial slab alone (K = 768: 24 units), 4 full slabs, 3
+    slabs and a partial one (K = 3584: 112 units); rows not a multiple of the tile; grids smaller than the tiles."""
+    i32 = ctypes.c_int
+    emu.emu_qf_xr.argtypes = [i32, i32, i32, F32P, ctypes.c_void_p, ctypes.c_float, i32, *[ctypes.c_void_p] * 5,
+                              ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    rng = np.random.default_rng(len(kind) + n + xg + len(fmt))
+    eps = 1e-5
+    w0, w1 = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    res = rng.standard_normal((1, n)).astype(np.float32)
+    y0, y1 = np.full((1, n), np.nan, np.float32), np.full((1, n), np.nan, np.float32)
+    kid = {"plain": 0, "norm_swiglu": 1, "residual": 2}[kind]
+    emu.emu_qf_xr(FORMATS[fmt], xg, kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, 1 if kind == "residual" else 2,
+                  _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), n, k, w0.shape[1], max_grid)
+    h = rms(x, gamma, eps) if kind == "norm_swiglu" else x
+    a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
+    ha = np.abs(h).astype(np.float64)
+    ba = (k + 36) * U32 * (ha @ Q.abs_terms(w0, fmt, k).astype(np.float64).T)
+    bb = (k + 36) * U32 * (ha @ Q.abs_terms(w1, fmt, k).astype(np.float64).T)
+    for got, want, bound in fused_checks(kind, a, b, ba, bb, y0, y1, res):
+        assert not np.isnan(got).any(), f"xr {fmt} {kind} n={n} k={k}: an output row was never written"
+        err = np.abs(got.astype(np.float64) - want)
+        assert np.all(err <= bound), f"xr {fmt} {kind} n={n} k={k}: worst excess {np.max(err - bound):.3g}"

@@ -123,3 +123,43 @@ def test_int8_activation_decoder_compiles(toolchain: NvccToolchain, tmp_path: Pa
     path = tmp_path / "decoder_q8.cu"
     path.write_text(src)
     toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
+
+
+def _q4k_decoder(fmt: str = "q4_k") -> rlx.Graph:
+    """One LLaMA layer, q4_k (or `fmt`), hidden 2048 and FFN 2304: every decode GEMV has K >= 2048 (rlx_qgemv_xr's
+    rows)."""
+    from rlx.models.decoder_config import DecoderConfig
+    from rlx.models.llama import WeightSpec, build_decoder, random_specs
+
+    cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=2048, num_layers=1, num_heads=16, num_kv_heads=4,
+                        head_dim=128, ffn_size=2304, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
+                        n_rot=128, context_length=64, tie_embeddings=False, bos_id=1, eos_id=2)
+    specs = {name: spec if len(spec.shape) == 1 else WeightSpec(fmt, spec.shape)
+             for name, spec in random_specs(cfg).items()}
+    return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32)
+
+
+def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """q4_k decode GEMVs with K >= 2048 record walk="xreg" (DecodeGemv) and launch rlx_qgemv_xr for one-row steps
+    (the fused kernel for 2-4 rows); RLX_QGEMV_WALK=rows records and renders the old walk. The xreg source compiles
+    for sm_90."""
+    from rlx.driver import lower_to_lir
+    from rlx.opt.lowering_cuda import find_decode_gemvs
+
+    monkeypatch.delenv("RLX_QGEMV_WALK", raising=False)
+    monkeypatch.delenv("RLX_QGEMV_XR_GROUPS", raising=False)
+    lir = lower_to_lir(_q4k_decoder(), 2, backend="cuda")
+    found = find_decode_gemvs(lir)
+    assert found and {(d.walk, d.xr_groups) for d in found} == {("xreg", 4), ("xreg", 2)}  # K 2048: 2 slabs, 2304: 3
+    src = render_cuda(lir, CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "decoder_xr"})
+    launches = src.count("rlx_launch_pdl(c->pdl, rlx_qgemv_xr<__half, RLX_Q4_K, 256, 144, ")
+    assert launches == len(found) and "rlx_qgemv_xr<__half, RLX_Q4_K, 256, 144, true, 2, 4>" in src
+    assert "rlx_qgemv_xr<__half, RLX_Q4_K, 256, 144, false, 1, 2>" in src  # the down projection, K = 2304
+    path = tmp_path / "decoder_xr.cu"
+    path.write_text(src)
+    toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
+    monkeypatch.setenv("RLX_QGEMV_WALK", "rows")
+    old = lower_to_lir(_q4k_decoder(), 2, backend="cuda")
+    assert {(d.walk, d.xr_groups) for d in find_decode_gemvs(old)} == {("rows", 0)}
+    assert "rlx_qgemv_xr<" not in render_cuda(old, CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "d"})

@@ -669,10 +669,33 @@ template <int FMT, int MR, int REC>
 __device__ void rlx_q8_row(const uint8_t *__restrict__ row, const uint32_t *x, int64_t stride, int64_t K, int lane,
                            float acc[MR]);
 
-template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI, int ACT = 0>
-__global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS, (MR == 1 && ACT == 0 && RLX_QFAST(FMT)) ? RLX_QF_MIN_BLOCKS : 1)
-rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
-                const T *res, int64_t K, int64_t RB, int64_t rows) {
+/* ── rlx_qgemv_xr: the one-row decode GEMV with x held in registers (q4_k, q4_0, q4_1, q8_0; NOT YET MEASURED on a GPU) ──────────
+ * rlx_qf_rows1 reads a unit's 34 staged floats from shared memory for every NWR = 2 weight rows: the L1/shared pipe,
+ * not HBM, was the busy unit. Here K is cut into slabs of 32 units (lane l owns unit 32s + l of slab s) and a block
+ * takes a tile of XG groups of RLX_QXR_G weight rows (SwiGLU: RLX_QXR_G / 2 gate rows and the same up rows). A work
+ * item is (slab, group): each lane loads its unit's x into registers once, issues the group's RLX_QXR_G 16-byte
+ * quant loads (and headers) before any product, and accumulates one value per row; a warp's loads of a row are 32
+ * consecutive units (contiguous bytes). The items' warp sums go to shared memory (per slab and row), and after a
+ * barrier one thread per output row adds its slabs in slab order (a fixed order: reproducible) and applies the
+ * epilogue. XG is chosen on the host (DecodeGemv.xr_groups) so that the items of a tile are a multiple of the warps. */
+#ifndef RLX_QXR_G
+#define RLX_QXR_G 8
+#endif
+/* Weight row wi (0 .. XG * RLX_QXR_G) of tile t: its member (*j) and row *n there; *ok false past the rows. */
+template <int EPI, int XG>
+__device__ __forceinline__ const uint8_t *rlx_qxr_row(const RlxQMembers &mem, int64_t t, int wi, int64_t rows,
+                                                      int64_t RB, int64_t *n, int *j, bool *ok) {
+    constexpr int H = RLX_QXR_G / 2;
+    const int64_t r = EPI == 2 ? t * (XG * H) + (wi / RLX_QXR_G) * H + wi % H : t * (XG * RLX_QXR_G) + wi;
+    *ok = r < rows;
+    *j = rlx_qf_member<EPI>(mem, r < rows ? r : rows - 1, n);
+    return (EPI == 2 ? ((wi % RLX_QXR_G) < H ? mem.w[0] : mem.w[1]) : rlx_qf_weights(mem, *j)) + *n * RB;
+}
+
+template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI, int ACT, int XG>
+__device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
+                                               const RlxQMembers &mem, const T *res, int64_t K, int64_t RB,
+                                               int64_t rows) {
     RLX_DYNAMIC_SHARED(float4, rlx_qf_smem4);
     float *xs = (float *)rlx_qf_smem4;
     __shared__ float red[RLX_QFUSED_WARPS][MR];
@@ -682,7 +705,17 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
         /* Weights are never written by a kernel: fetch this warp's first row into L2 while the kernel before
            this one finishes (programmatic dependent launch), then wait for it. */
         constexpr int RW = rlx_qf_warp_rows<FMT, MR, EPI, ACT>();
-        for (int i = 0; i < RW; i++) {
+        if constexpr (XG > 0) {  /* the block's first tile */
+            for (int i = warp; i < XG * RLX_QXR_G; i += RLX_QFUSED_WARPS) {
+                int64_t n;
+                int j;
+                bool ok;
+                const uint8_t *w = rlx_qxr_row<EPI, XG>(mem, blockIdx.x, i, rows, RB, &n, &j, &ok);
+                for (int64_t off = (int64_t)lane * 128; ok && off < RB; off += 32 * 128)
+                    RLX_Q_PREFETCH(w + off);
+            }
+        }
+        for (int i = 0; i < (XG > 0 ? 0 : RW); i++) {
             const int64_t r0 = ((int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp) * RW + i;
             if (r0 >= rows)
                 break;
@@ -785,7 +818,70 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
         rlx_q8_stage<MR>(xs, stride, nsub);
         __syncthreads();
     }
-    if constexpr (MR == 1 && ACT == 0 && RLX_QFAST(FMT)) {
+    if constexpr (XG > 0 && MR == 1 && ACT == 0 && RLX_QFAST(FMT)) {
+        using Unit = RlxQUnit<FMT>;
+        constexpr int G = RLX_QXR_G, TW = XG * G, TR = EPI == 2 ? TW / 2 : TW;  /* weight / output rows a tile */
+        float *part = xs + nsub * RLX_QFUSED_PAD;  /* [slab][TW] warp sums */
+        const int64_t nslab = (nsub + 31) / 32, tiles = (rows + TR - 1) / TR;
+        for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+            for (int64_t it = warp; it < nslab * XG; it += RLX_QFUSED_WARPS) {
+                const int64_t s = it % nslab, u = 32 * s + lane;
+                const int gi = (int)(it / nslab);
+                float acc[G];
+#pragma unroll
+                for (int g = 0; g < G; g++)
+                    acc[g] = 0.0f;
+                if (u < nsub) {
+                    Unit a[G];
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        int64_t n;
+                        int j;
+                        bool ok;
+                        a[g].load(rlx_qxr_row<EPI, XG>(mem, t, gi * G + g, rows, RB, &n, &j, &ok), u);
+                    }
+                    typename Unit::XFrag x;
+                    Unit::xload(xs, u, x);
+#pragma unroll
+                    for (int g = 0; g < G; g++)
+                        acc[g] = a[g].dot(x, u);
+                }
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    for (int o = 16; o > 0; o >>= 1)
+                        acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], o);
+                }
+                if (lane == 0) {
+#pragma unroll
+                    for (int g = 0; g < G; g++)
+                        part[s * TW + gi * G + g] = acc[g];
+                }
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < TR; i += blockDim.x) {
+                const int wi = EPI == 2 ? (i / (G / 2)) * G + i % (G / 2) : i;
+                int64_t n;
+                int j;
+                bool ok;
+                rlx_qxr_row<EPI, XG>(mem, t, wi, rows, RB, &n, &j, &ok);
+                if (!ok)
+                    continue;
+                float out = 0.0f, up = 0.0f;
+                for (int64_t s = 0; s < nslab; s++) {
+                    out += part[s * TW + wi];
+                    if (EPI == 2)
+                        up += part[s * TW + wi + G / 2];
+                }
+                T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
+                if (EPI == 1)
+                    out += rlx_f(res[n]);
+                if (EPI == 2)
+                    out = out / (1.0f + __expf(-out)) * up;
+                y[n] = rlx_to<T>(out);
+            }
+            __syncthreads();
+        }
+    } else if constexpr (MR == 1 && ACT == 0 && RLX_QFAST(FMT)) {
         /* RW output rows a pass (NWR weight rows), walked together (rlx_qf_rows1) */
         constexpr int RW = rlx_qf_warp_rows<FMT, MR, EPI, ACT>(), NWR = EPI == 2 ? 2 * RW : RW;
         for (int64_t r0 = ((int64_t)blockIdx.x * RLX_QFUSED_WARPS + warp) * RW; r0 < rows;
@@ -878,6 +974,22 @@ rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
             }
         }
     }
+}
+
+template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI, int ACT = 0>
+__global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS, (MR == 1 && ACT == 0 && RLX_QFAST(FMT)) ? RLX_QF_MIN_BLOCKS : 1)
+rlx_qgemv_fused(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
+                const T *res, int64_t K, int64_t RB, int64_t rows) {
+    rlx_qgemv_body<T, FMT, QK, QB, MR, NORM, EPI, ACT, 0>(X, gamma, eps, mem, res, K, RB, rows);
+}
+
+/* One row of X, f32 activations, a RLX_QFAST format; dynamic shared memory: the staged x, then (K / 32 + 31) / 32 * XG * RLX_QXR_G
+   floats of warp sums. */
+template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int XG>
+__global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS, 2)
+rlx_qgemv_xr(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
+             const T *res, int64_t K, int64_t RB, int64_t rows) {
+    rlx_qgemv_body<T, FMT, QK, QB, 1, NORM, EPI, 0, XG>(X, gamma, eps, mem, res, K, RB, rows);
 }
 
 /* ── One row of X against short weight rows (K / 32 < 32 sub-blocks: a vocabulary projection, K = 576) ─────
