@@ -25,6 +25,8 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_CUTLASS | 0: erf GELU / SiLU GEMMs on cuBLASLt + a pass, not the CUTLASS unit (~1 min to build once) | 1 |
 | RLX_CUTLASS_DIR | a directory holding `cutlass/cutlass.h` (instead of the nvidia-cutlass wheel's headers) | none |
 | RLX_CUDA_P2P | 0: CUDA all-reduces always call NCCL (no one-shot sums through the peers' memory) | 1 |
+| RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (x in registers where it fits) or `rows` (the older walk) | auto |
+| RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of 8 weight rows a block takes, 1, 2, 4 (0: chosen) | 0 |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |
 | RLX_RECORD_MAX_CALLS | calls recorded per compiled program (the first ones) | 16 |
@@ -149,6 +151,9 @@ class Config:
     cutlass_dir: str = ""
     #: CUDA tensor-parallel cliques sum small all-reduces one-shot through the peers' memory (`AllReduceP2P`).
     cuda_p2p: bool = True
+    #: CUDA one-row decode GEMVs: "auto" or "rows" (`CudaTarget.gemv_walk`), and the register walk's groups.
+    cuda_gemv_walk: str = "auto"
+    cuda_xr_groups: int = 0
     cc: str = "cc"
     nvcc: str = "nvcc"
     #: RLX_RECORD: where compiled graphs record their calls (None: not recorded), and the bounds.
@@ -185,6 +190,8 @@ class Config:
             cutlass=_flag(env, "RLX_CUTLASS", True),
             cutlass_dir=env.get("RLX_CUTLASS_DIR", "").strip(),
             cuda_p2p=_flag(env, "RLX_CUDA_P2P", True),
+            cuda_gemv_walk=env.get("RLX_QGEMV_WALK", "").strip() or "auto",
+            cuda_xr_groups=_int(env, "RLX_QGEMV_XR_GROUPS", 0),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
             record_dir=Path(env["RLX_RECORD"].strip()) if env.get("RLX_RECORD", "").strip() else None,

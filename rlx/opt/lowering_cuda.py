@@ -28,7 +28,6 @@ only with cuBLASLt), so those are options of the lowering.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -300,26 +299,24 @@ DECODE_XR_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
 DECODE_XR_GROUPS = (1, 2, 4)
 
 
-def decode_walk(fmt: str, act: str, k: int, env: dict[str, str] | None = None) -> tuple[str, int]:
+def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0) -> tuple[str, int]:
     """The one-row walk of a `DecodeGemv` (`walk`, `xr_groups`): "xreg" for DECODE_XR_FORMATS with f32
     activations and K >= DECODE_XR_MIN_K, else "rows". The groups a block takes: the fewest that make the block's
     work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups; K = 14336: 14 slabs,
-    4 groups), else the one that leaves the fewest warp turns idle. RLX_QGEMV_WALK=rows forces the old walk,
-    RLX_QGEMV_XR_GROUPS the groups (both read at lowering: they change the LIR, so the cache key).
+    4 groups), else the one that leaves the fewest warp turns idle. `walk="rows"` (`CudaTarget(gemv_walk=)`,
+    RLX_QGEMV_WALK) forces the old walk, `groups` (`xr_groups`, RLX_QGEMV_XR_GROUPS) the groups.
 
-    >>> decode_walk("q4_k", "f32", 4096, {}), decode_walk("q4_k", "f32", 14336, {})
+    >>> decode_walk("q4_k", "f32", 4096), decode_walk("q4_k", "f32", 14336)
     (('xreg', 2), ('xreg', 4))
-    >>> decode_walk("q4_k", "f32", 576, {}), decode_walk("q4_k", "f32", 4096, {"RLX_QGEMV_WALK": "rows"})
+    >>> decode_walk("q4_k", "f32", 576), decode_walk("q4_k", "f32", 4096, walk="rows")
     (('rows', 0), ('rows', 0))
     """
-    env = os.environ if env is None else env
-    if (fmt not in DECODE_XR_FORMATS or act != "f32" or k < DECODE_XR_MIN_K
-            or env.get("RLX_QGEMV_WALK", "").strip() == "rows"):
+    if fmt not in DECODE_XR_FORMATS or act != "f32" or k < DECODE_XR_MIN_K or walk == "rows":
         return "rows", 0
-    forced = env.get("RLX_QGEMV_XR_GROUPS", "").strip()
-    if forced:
-        return "xreg", int(forced)
+    if groups:
+        return "xreg", groups
     nslab = (k // 32 + 31) // 32
+
     def idle(g: int) -> float:  # the share of the warps' turns on a block's items that find none
         turns = -(-nslab * g // 8) * 8
         return (turns - nslab * g) / turns
@@ -327,7 +324,7 @@ def decode_walk(fmt: str, act: str, k: int, env: dict[str, str] | None = None) -
     return "xreg", min(DECODE_XR_GROUPS, key=lambda g: (idle(g), g))
 
 
-def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
+def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> list[DecodeGemv]:
     """Quantized projections that run as one GEMV launch in decode steps (see `DecodeGemv`).
 
     Members are consecutive `dequant_matmul`s of one activation with one block format and K; the norm
@@ -390,8 +387,8 @@ def find_decode_gemvs(lir: LirModule) -> list[DecodeGemv]:
             if any(_overlap(lir, staged, w) for w in ids):
                 continue
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
-        walk, groups = decode_walk(members[0].op.quant, members[0].op.act, k)
-        found.append(DecodeGemv(ids, rows, norm, residual, swiglu, walk, groups))
+        one_row = decode_walk(members[0].op.quant, members[0].op.act, k, walk, groups)
+        found.append(DecodeGemv(ids, rows, norm, residual, swiglu, *one_row))
     return found
 
 
@@ -652,7 +649,7 @@ def _scratch(lir: LirModule, precision: DType) -> int:
 
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
                 pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
-                p2p_all_reduce: bool = True) -> tuple[Decision, ...]:
+                p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
     its decode steps run the grouped kernel."""
@@ -757,7 +754,8 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
-    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir), *find_quant_mmas(lir, precision),
+    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir, gemv_walk, xr_groups),
+            *find_quant_mmas(lir, precision),
             *find_decode_ropes(lir),
             *find_decode_splits(lir, precision, decode_sms, kv_decode),
             *(find_pool_tails(lir, pool_norm) if pool_tail else ()),
@@ -766,11 +764,13 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
-                   kv_decode: bool = True, p2p_all_reduce: bool = True, **_target: object) -> tuple[Decision, ...]:
+                   kv_decode: bool = True, p2p_all_reduce: bool = True, gemv_walk: str = "auto",
+                   xr_groups: int = 0, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
     keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
-    all-reduce to NCCL (no `AllReduceP2P`).
+    all-reduce to NCCL (no `AllReduceP2P`); `gemv_walk` / `xr_groups` pick the one-row decode GEMV's walk
+    (`decode_walk`).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
@@ -783,7 +783,8 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
         raise ValueError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {gemm!r}")
     if isinstance(decode_sms, bool) or not isinstance(decode_sms, int) or decode_sms < 1:
         raise ValueError(f"decode_sms must be a positive int (the GPU's SM count), got {decode_sms!r}")
-    return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce)
+    return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce, gemv_walk,
+                       xr_groups)
 
 
 #: Bytes a one-shot all-reduce call may carry (a slot of the exchange buffer: RLX_AR_SLOT_BYTES in

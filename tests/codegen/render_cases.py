@@ -170,6 +170,24 @@ def tiny_paged_decoder() -> Graph:
     return build_decoder(cfg, specs, max_batch=16, max_seq=1, capacity=32, page_size=8, kv_pages=12)
 
 
+def tiny_tp_decoder() -> Graph:
+    """Rank 0 of a tensor-parallel (tp=2) decoder step: its all-reduces (a one-shot `AllReduceP2P` with the residual
+    add) and the logits' all-gather."""
+    from rlx.distributed.tp_decoder import shard_decoder
+    from rlx.ir.quant import quantize
+    from rlx.models.causal_lm import random_tensors
+    from rlx.models.decoder_config import DecoderConfig
+    from rlx.models.llama import WeightSpec, build_decoder, random_specs
+
+    cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
+                        head_dim=16, ffn_size=128, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
+                        n_rot=16, context_length=64, tie_embeddings=True, bos_id=1, eos_id=2)
+    tensors = {n: (WeightSpec("q8_0", sp.shape), quantize(d, "q8_0")) if len(sp.shape) == 2 else (sp, d)
+               for n, (sp, d) in random_tensors(random_specs(cfg)).items()}
+    shard = shard_decoder(cfg, tensors, tp=2).tensors[0]
+    return build_decoder(cfg, {n: sp for n, (sp, _) in shard.items()}, max_batch=2, max_seq=1, capacity=32, tp=2)
+
+
 def _minilm_embed() -> Graph:
     """An embedding sum (two gathers into one region), a MiniLM layer, a pooling tail."""
     g = rlx.Graph("minilm_embed")
@@ -215,6 +233,7 @@ def cuda_renders() -> list[Render]:
         Render("minilm_embed", _minilm_embed, (CUDA_F32, CUDA_F16, CUDA_BF16_SM80)),
         Render("decoder", tiny_decoder, (CUDA_F32, CUDA_F16)),
         Render("decoder:paged", tiny_paged_decoder, (CUDA_F32, CUDA_F16)),
+        Render("decoder:tp2", tiny_tp_decoder, (CUDA_F16, CudaTarget(precision=DType.F16, p2p_all_reduce=False))),
     ]
     return out
 

@@ -14,6 +14,7 @@ import rlx
 from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir import quant as Q
+from rlx.ir.decisions_cuda import DecodeGemv
 from rlx.ir.dtype import DType
 from rlx.opt.memplan import plan
 from rlx.pipeline.cuda import render_cuda
@@ -139,27 +140,32 @@ def _q4k_decoder(fmt: str = "q4_k") -> rlx.Graph:
     return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32)
 
 
-def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path: Path) -> None:
     """q4_k decode GEMVs with K >= 2048 record walk="xreg" (DecodeGemv) and launch rlx_qgemv_xr for one-row steps
-    (the fused kernel for 2-4 rows); RLX_QGEMV_WALK=rows records and renders the old walk. The xreg source compiles
-    for sm_90."""
+    (the fused kernel for 2-4 rows); `CudaTarget(gemv_walk="rows")` (RLX_QGEMV_WALK=rows) records and renders the
+    old walk, and `xr_groups` forces the groups. The xreg source compiles for sm_90."""
+    from rlx.config import Config
     from rlx.driver import lower_to_lir
     from rlx.opt.lowering_cuda import find_decode_gemvs
+    from rlx.pipeline.cuda import CudaStages, decide_cuda
 
-    monkeypatch.delenv("RLX_QGEMV_WALK", raising=False)
-    monkeypatch.delenv("RLX_QGEMV_XR_GROUPS", raising=False)
     lir = lower_to_lir(_q4k_decoder(), 2, backend="cuda")
     found = find_decode_gemvs(lir)
     assert found and {(d.walk, d.xr_groups) for d in found} == {("xreg", 4), ("xreg", 2)}  # K 2048: 2 slabs, 2304: 3
-    src = render_cuda(lir, CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "decoder_xr"})
+    target = CudaTarget(precision=DType.F16, gemm="builtin")
+    src = render_cuda(lir, target, {"name": "decoder_xr"})
     launches = src.count("rlx_launch_pdl(c->pdl, rlx_qgemv_xr<__half, RLX_Q4_K, 256, 144, ")
     assert launches == len(found) and "rlx_qgemv_xr<__half, RLX_Q4_K, 256, 144, true, 2, 4>" in src
     assert "rlx_qgemv_xr<__half, RLX_Q4_K, 256, 144, false, 1, 2>" in src  # the down projection, K = 2304
     path = tmp_path / "decoder_xr.cu"
     path.write_text(src)
     toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
-    monkeypatch.setenv("RLX_QGEMV_WALK", "rows")
-    old = lower_to_lir(_q4k_decoder(), 2, backend="cuda")
-    assert {(d.walk, d.xr_groups) for d in find_decode_gemvs(old)} == {("rows", 0)}
-    assert "rlx_qgemv_xr<" not in render_cuda(old, CudaTarget(precision=DType.F16, gemm="builtin"), {"name": "d"})
+    rows = CudaTarget(precision=DType.F16, gemm="builtin", gemv_walk="rows")
+    old = decide_cuda(lower_to_lir(_q4k_decoder(), 2, backend="cuda"), rows)
+    assert {(d.walk, d.xr_groups) for d in old.decided(DecodeGemv)} == {("rows", 0)}
+    assert "rlx_qgemv_xr<" not in render_cuda(old, rows, {"name": "d"})
+    assert {(d.walk, d.xr_groups) for d in find_decode_gemvs(lir, groups=1)} == {("xreg", 1)}
+    # the environment reaches the target through Config (and so the cache key), never the lowering directly
+    stages = CudaStages(Config.from_env({"RLX_QGEMV_WALK": "rows", "RLX_QGEMV_XR_GROUPS": "2"}))
+    assert stages.target_options["gemv_walk"] == "rows" and stages.target_options["xr_groups"] == 2
+    assert "gemv_walk" not in CudaStages(Config.from_env({})).target_options

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx.codegen.cuda.emit import CudaEmitter, Launch
+from rlx.codegen.cuda.emit import COLLECTIVES_TEMPLATE, CudaEmitter, Launch
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
-from rlx.ir.decisions_cuda import AllReduceP2P
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
 RULES = RuleSet("cuda")
 
-TEMPLATE = "cuda/collectives.cu.j2"
+TEMPLATE = COLLECTIVES_TEMPLATE
 HEADER = "cuda/kernels/collectives.cuh"
 #: Op kinds that give the CUDA context a communicator (`nccl` in the template context).
 COLLECTIVE_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter"})
@@ -86,23 +85,9 @@ def all_reduce(e: CudaEmitter, node: Node) -> Kernel:
         res, out = e.ptr(next(a for a in add.inputs if a != node.id)), e.ptr(add.id)
     args = AllReduceLaunch(**e.base(node), x=e.ptr(x), y=e.ptr(node.id), count=e.numel(node.shape.dims),
                            world=op.world, dtype=NCCL_TYPES[e.ctype(node.id)], op=NCCL_OPS[op.reduce],
-                           reduce=op.reduce, ctype=e.ctype(node.id), p2p=p2p_taken(e, d) if d else "", res=res,
+                           reduce=op.reduce, ctype=e.ctype(node.id), p2p=e.p2p_condition(d) if d else "", res=res,
                            out=out)
     return _kernel(node, "block_all_reduce", args)
-
-
-def p2p_taken(e: CudaEmitter, d: AllReduceP2P) -> str:
-    """The C condition under which a call of `d`'s all-reduce runs one-shot (the same at the residual add, whose
-    own kernel runs only when it does not): the clique mapped its buffers, the call fits a slot, and every
-    pointer the kernel moves 16 bytes at a time through is 16-byte aligned."""
-    node = e.node(d.node)
-    ptrs = [e.ptr(node.inputs[0]), e.ptr(node.id)]
-    if d.residual:
-        add = e.node(d.residual[0])
-        ptrs = [ptrs[0], e.ptr(add.id), *(e.ptr(a) for a in add.inputs if a != node.id)]
-    aligned = " | ".join(f"(uintptr_t)({p})" for p in ptrs)
-    return (f"(c->ar_ready && ({e.numel(node.shape.dims)}) * (int64_t)sizeof({e.ctype(node.id)}) <= "
-            f"(int64_t){d.max_bytes} && {d.max_bytes} <= RLX_AR_SLOT_BYTES && !(({aligned}) & 15))")
 
 
 def all_gather(e: CudaEmitter, node: Node) -> Kernel:

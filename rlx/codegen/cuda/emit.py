@@ -82,6 +82,8 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/iota.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
+#: The collective ops' launch macros (rlx/codegen/cuda/collectives.py; `block_unless_p2p` here).
+COLLECTIVES_TEMPLATE = "cuda/collectives.cu.j2"
 #: The strided copy / convert kernels: params, inputs and outputs converted at the boundary use them too.
 COPY_HEADER = "cuda/kernels/copy.cuh"
 
@@ -189,6 +191,10 @@ class CudaTarget:
     #: Small sums of a tensor-parallel clique run one-shot through the peers' memory (`AllReduceP2P`: CUDA IPC
     #: mappings made when the context joins the clique, NCCL where they cannot be made); False: NCCL only.
     p2p_all_reduce: bool = True
+    #: One-row decode GEMVs: "auto" (`decode_walk`: x in registers for the formats and K it fits), "rows" (the
+    #: warp-per-rows walk everywhere); `xr_groups` forces the register walk's groups of 8 rows a block (0: chosen).
+    gemv_walk: str = "auto"
+    xr_groups: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -200,6 +206,10 @@ class CudaTarget:
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
+        if self.gemv_walk not in ("auto", "rows"):
+            raise BuildError(f"gemv_walk must be 'auto' or 'rows', got {self.gemv_walk!r}")
+        if self.xr_groups not in (0, 1, 2, 4):
+            raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
             raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
 
@@ -218,7 +228,9 @@ class CudaTarget:
                 + ("" if self.cutlass_gemm else " cutlass_gemm=0")
                 + ("" if self.decode_sms == 132 else f" decode_sms={self.decode_sms}")
                 + ("" if self.kv_decode else " kv_decode=0")
-                + ("" if self.p2p_all_reduce else " p2p_all_reduce=0"))
+                + ("" if self.p2p_all_reduce else " p2p_all_reduce=0")
+                + ("" if self.gemv_walk == "auto" else f" gemv_walk={self.gemv_walk}")
+                + (f" xr_groups={self.xr_groups}" if self.xr_groups else ""))
 
 
 @dataclass(frozen=True)
@@ -468,17 +480,28 @@ class CudaEmitter:
                                          f"done by the fused GEMV of %{lead.id}")
         a = self.all_reduce_p2p.get(nid)
         if a is not None and nid != a.node:  # the residual add: done by a one-shot call, its own kernel otherwise
-            from rlx.codegen.cuda.collectives import TEMPLATE, p2p_taken
-
-            return Kernel(k.node, "block_unless_p2p", TEMPLATE, UnlessP2P(
+            return Kernel(k.node, "block_unless_p2p", COLLECTIVES_TEMPLATE, UnlessP2P(
                 comment=k.args.comment, what=k.args.what, uses_flag=k.args.uses_flag, uses_lt=k.args.uses_lt,
-                smem_attrs=k.args.smem_attrs, inner=k, cond=p2p_taken(self, a), by=a.node),
+                smem_attrs=k.args.smem_attrs, inner=k, cond=self.p2p_condition(a), by=a.node),
                 headers=k.headers, header=k.header, func=k.func, label=k.label,
                 scratch_per_thread=k.scratch_per_thread, scratch_shared=k.scratch_shared)
         r = self.decode_rope.get(nid)
         if r is not None and nid != r.attention:
             return self._large_step_only(k, node.shape.dims[:-1], r.max_rows, f"done inside %{r.attention}")
         return k
+
+    def p2p_condition(self, d: AllReduceP2P) -> str:
+        """The C condition under which a call of `d`'s all-reduce runs one-shot (the same at the residual add, whose
+        own kernel runs only when it does not): the clique mapped its buffers, the call fits a slot, and every
+        pointer the kernel moves 16 bytes at a time through is 16-byte aligned."""
+        node = self.node(d.node)
+        ptrs = [self.ptr(node.inputs[0]), self.ptr(node.id)]
+        if d.residual:
+            add = self.node(d.residual[0])
+            ptrs = [ptrs[0], self.ptr(add.id), *(self.ptr(a) for a in add.inputs if a != node.id)]
+        aligned = " | ".join(f"(uintptr_t)({p})" for p in ptrs)
+        return (f"(c->ar_ready && ({self.numel(node.shape.dims)}) * (int64_t)sizeof({self.ctype(node.id)}) <= "
+                f"(int64_t){d.max_bytes} && {d.max_bytes} <= RLX_AR_SLOT_BYTES && !(({aligned}) & 15))")
 
     def _large_step_only(self, k: Kernel, row_dims: Sequence[Dim], max_rows: int, by: str) -> Kernel:
         """`k` wrapped to run only in steps of more than `max_rows` rows (a decode kernel does its work)."""
