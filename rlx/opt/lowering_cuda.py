@@ -291,7 +291,7 @@ DECODE_GEMV_MEMBERS = 4
 #: Smallest K whose one-row decode steps take rlx_qgemv_xr (x in registers, slabs of 32 units of 32 values;
 #: DECODE_XR_FORMATS, f32 activations). Shorter rows (SmolLM2: K = 576 is 18 units, 1536 is 48) leave lanes of a
 #: slab idle (14 of 32, or 16 of the second slab's) where the old walk's lanes cycle over the row's units with no
-#: idle slab; they keep it. Not yet measured on a GPU.
+#: idle slab; they keep it. At the 8B shape on an H200 the register walk measured 3-4% faster (docs/perf-h100.md).
 DECODE_XR_MIN_K = 2048
 #: Block formats rlx_qgemv_xr takes (kernels/quant.cuh's RLX_QFAST ones).
 DECODE_XR_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
@@ -810,9 +810,9 @@ def find_p2p_all_reduces(lir: LirModule) -> list[AllReduceP2P]:
         if nid not in outputs and len(set(users[nid])) == 1 and lir.buffers[nid].storage == "arena":
             add = graph.node(users[nid][0])
             other = [a for a in add.inputs if a != nid]
-            # the sum's one reader adds it to a value of its shape: the kernel writes that add (elementwise, so an
-            # output sharing the other input's bytes exactly is fine, a shifted overlap is not)
-            # (scheduled right after the sum, its other input before: nothing in between reads or writes them)
+            # the sum's one reader adds it to a value of its shape, scheduled right after the sum with its other
+            # input before it (nothing in between reads or writes them): the kernel writes that add, elementwise, so
+            # an output sharing the other input's bytes exactly is fine, a shifted overlap is not
             if (isinstance(add.op, O.Binary) and add.op.fn == "add" and len(other) == 1
                     and pos.get(add.id) == pos[nid] + 1 and pos.get(other[0], -1) < pos[nid]
                     and graph.node(other[0]).shape == node.shape == add.shape

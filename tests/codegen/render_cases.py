@@ -170,9 +170,9 @@ def tiny_paged_decoder() -> Graph:
     return build_decoder(cfg, specs, max_batch=16, max_seq=1, capacity=32, page_size=8, kv_pages=12)
 
 
-def tiny_tp_decoder() -> Graph:
+def tiny_tp_decoder(**steps: int) -> Graph:
     """Rank 0 of a tensor-parallel (tp=2) decoder step: its all-reduces (a one-shot `AllReduceP2P` with the residual
-    add) and the logits' all-gather."""
+    add) and the logits' all-gather. `steps`: `build_decoder`'s step shape (default: 2 rows of a token, capacity 32)."""
     from rlx.distributed.tp_decoder import shard_decoder
     from rlx.ir.quant import quantize
     from rlx.models.causal_lm import random_tensors
@@ -185,7 +185,8 @@ def tiny_tp_decoder() -> Graph:
     tensors = {n: (WeightSpec("q8_0", sp.shape), quantize(d, "q8_0")) if len(sp.shape) == 2 else (sp, d)
                for n, (sp, d) in random_tensors(random_specs(cfg)).items()}
     shard = shard_decoder(cfg, tensors, tp=2).tensors[0]
-    return build_decoder(cfg, {n: sp for n, (sp, _) in shard.items()}, max_batch=2, max_seq=1, capacity=32, tp=2)
+    shape = {"max_batch": 2, "max_seq": 1, "capacity": 32, **steps}
+    return build_decoder(cfg, {n: sp for n, (sp, _) in shard.items()}, tp=2, **shape)
 
 
 def _minilm_embed() -> Graph:

@@ -48,19 +48,9 @@ def test_rendered_nccl_calls():
 
 
 def test_tp_decoder_renders_and_compiles_for_cuda(tmp_path: Path):
-    from rlx.distributed.tp_decoder import shard_decoder
-    from rlx.ir.quant import quantize
-    from rlx.models.causal_lm import random_tensors
-    from rlx.models.decoder_config import DecoderConfig
-    from rlx.models.llama import WeightSpec, build_decoder, random_specs
+    from render_cases import tiny_tp_decoder
 
-    cfg = DecoderConfig(arch="llama", vocab_size=128, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
-                        head_dim=16, ffn_size=128, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
-                        n_rot=16, context_length=32, tie_embeddings=True, bos_id=1, eos_id=2)
-    q8 = {n: (WeightSpec("q8_0", sp.shape), quantize(d, "q8_0")) if len(sp.shape) == 2 else (sp, d)
-          for n, (sp, d) in random_tensors(random_specs(cfg)).items()}
-    shard = shard_decoder(cfg, q8, tp=2).tensors[0]
-    g = build_decoder(cfg, {n: sp for n, (sp, _) in shard.items()}, max_seq=4, capacity=16, tp=2)
+    g = tiny_tp_decoder(max_batch=1, max_seq=4, capacity=16)
     assert rlx.Session("cuda").first_unsupported_op(g) is None
     target = CudaTarget(arch="sm_90", precision=DType.F16, gemm="builtin")
     lir = decide_cuda(plan(g), target)

@@ -305,6 +305,16 @@ def kernel_options(target: CudaTarget) -> CudaKernelOptions:
                              fused_act_gemm=target.fused_act_gemm)
 
 
+def _wrapped(k: Kernel, macro: str, template: str, launch: type, **fields: object) -> Kernel:
+    """`k` inside a launch of `launch`'s kind (a guard around its own macro: `inner`), keeping its headers, device
+    function and scratch."""
+    return Kernel(k.node, macro, template, launch(
+        comment=k.args.comment, what=k.args.what, uses_flag=k.args.uses_flag, uses_lt=k.args.uses_lt,
+        smem_attrs=k.args.smem_attrs, inner=k, **fields),
+        headers=k.headers, header=k.header, func=k.func, label=k.label,
+        scratch_per_thread=k.scratch_per_thread, scratch_shared=k.scratch_shared)
+
+
 class CudaEmitter:
     """What the CUDA rules see: C expressions for pointers and dims of one lowered LIR.
 
@@ -480,11 +490,8 @@ class CudaEmitter:
                                          f"done by the fused GEMV of %{lead.id}")
         a = self.all_reduce_p2p.get(nid)
         if a is not None and nid != a.node:  # the residual add: done by a one-shot call, its own kernel otherwise
-            return Kernel(k.node, "block_unless_p2p", COLLECTIVES_TEMPLATE, UnlessP2P(
-                comment=k.args.comment, what=k.args.what, uses_flag=k.args.uses_flag, uses_lt=k.args.uses_lt,
-                smem_attrs=k.args.smem_attrs, inner=k, cond=self.p2p_condition(a), by=a.node),
-                headers=k.headers, header=k.header, func=k.func, label=k.label,
-                scratch_per_thread=k.scratch_per_thread, scratch_shared=k.scratch_shared)
+            return _wrapped(k, "block_unless_p2p", COLLECTIVES_TEMPLATE, UnlessP2P, cond=self.p2p_condition(a),
+                            by=a.node)
         r = self.decode_rope.get(nid)
         if r is not None and nid != r.attention:
             return self._large_step_only(k, node.shape.dims[:-1], r.max_rows, f"done inside %{r.attention}")
@@ -505,11 +512,8 @@ class CudaEmitter:
 
     def _large_step_only(self, k: Kernel, row_dims: Sequence[Dim], max_rows: int, by: str) -> Kernel:
         """`k` wrapped to run only in steps of more than `max_rows` rows (a decode kernel does its work)."""
-        return Kernel(k.node, "block_large_step", _OPS_TEMPLATE, LargeStepOnly(
-            comment=k.args.comment, what=k.args.what, uses_flag=k.args.uses_flag, uses_lt=k.args.uses_lt,
-            smem_attrs=k.args.smem_attrs, inner=k, rows=self.numel(row_dims), max_rows=max_rows, by=by),
-            headers=k.headers, header=k.header, func=k.func, label=k.label,
-            scratch_per_thread=k.scratch_per_thread, scratch_shared=k.scratch_shared)
+        return _wrapped(k, "block_large_step", _OPS_TEMPLATE, LargeStepOnly, rows=self.numel(row_dims),
+                        max_rows=max_rows, by=by)
 
     def output_copy(self, slot: int, nid: NodeId) -> Kernel:
 

@@ -65,12 +65,8 @@ static void q_fused_kind(int kind, int64_t M, const float *X, const float *gamma
         q_fused_rows<FMT, QK, QB, false, 1, ACT>(M, X, gamma, eps, mem, res, K, RB, rows, max_grid);
 }
 
-/* `count` members of N rows each (weights w0, w1; outputs y0, y1), as `kind` says (see q_fused_kind); the SwiGLU and
- * residual kinds write y0 only. */
-template <int ACT>
-static void q_fused_entry(int fmt, int kind, const float *X, const float *gamma, float eps, int count,
-                          const uint8_t *w0, const uint8_t *w1, float *y0, float *y1, const float *res, int64_t M,
-                          int64_t N, int64_t K, int64_t RB, unsigned max_grid) {
+/* `count` (1 or 2) members of N rows each: weights w0, w1, outputs y0, y1. */
+static RlxQMembers q_members(int count, const uint8_t *w0, const uint8_t *w1, float *y0, float *y1, int64_t N) {
     RlxQMembers mem;
     std::memset(&mem, 0, sizeof(mem));
     mem.w[0] = w0;
@@ -79,6 +75,16 @@ static void q_fused_entry(int fmt, int kind, const float *X, const float *gamma,
     mem.y[1] = y1;
     mem.n[0] = mem.n[1] = N;
     mem.count = count;
+    return mem;
+}
+
+/* `count` members of N rows each (weights w0, w1; outputs y0, y1), as `kind` says (see q_fused_kind); the SwiGLU and
+ * residual kinds write y0 only. */
+template <int ACT>
+static void q_fused_entry(int fmt, int kind, const float *X, const float *gamma, float eps, int count,
+                          const uint8_t *w0, const uint8_t *w1, float *y0, float *y1, const float *res, int64_t M,
+                          int64_t N, int64_t K, int64_t RB, unsigned max_grid) {
+    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
     const int64_t rows = kind == 1 ? N : count * N;
     switch (fmt) {
     case RLX_Q8_0: q_fused_kind<RLX_Q8_0, 32, 34, ACT>(kind, M, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
@@ -171,14 +177,7 @@ extern "C" {
 void emu_qf_xr(int fmt, int xg, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB,
                unsigned max_grid) {
-    RlxQMembers mem;
-    std::memset(&mem, 0, sizeof(mem));
-    mem.w[0] = w0;
-    mem.w[1] = w1;
-    mem.y[0] = y0;
-    mem.y[1] = y1;
-    mem.n[0] = mem.n[1] = N;
-    mem.count = count;
+    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
     const int64_t rows = kind == 1 ? N : count * N;
     switch (fmt) {
     case RLX_Q8_0: q_xr_groups<RLX_Q8_0, 32, 34>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
