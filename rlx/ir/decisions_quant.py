@@ -45,3 +45,34 @@ class QuantGemvGroup(Decision):
 
 
 register_decision(QuantGemvGroup, ("members", "swiglu"))
+
+
+#: Weight rows per group of an interleaved quantized param (RLX_QI_ROWS of kernels/quant_interleaved.h).
+INTERLEAVE_ROWS = 16
+
+
+@dataclass(frozen=True)
+class InterleavedQuantParam(Decision):
+    """A q8_0 / q4_0 / q4_1 weight param read only by integer-activation `dequant_matmul`s, stored at `set_param`
+    with its rows interleaved by 16 (`templates/cpu/kernels/quant_interleaved.h`): the same bytes as
+    GGUF's, each group's blocks holding 16 rows' scales then their quants, 4 bytes a row at a time, so a
+    decode GEMV's vector lanes are 16 output columns and the integer products of many activation rows
+    share one unpacking of the weights (batched decode). Decided by `rlx.opt.lowering_quant_cpu`.
+
+    >>> InterleavedQuantParam(node=3, quant="q4_1").describe()
+    '%3 param stored interleaved by 16 rows (q4_1 blocks) for the integer decode GEMV'
+    """
+
+    kind: ClassVar[str] = "quant_interleaved_param"
+    node: int
+    quant: str
+
+    def describe(self) -> str:
+        return (f"%{self.node} param stored interleaved by {INTERLEAVE_ROWS} rows ({self.quant} blocks) "
+                "for the integer decode GEMV")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
+register_decision(InterleavedQuantParam, ("node",))

@@ -315,6 +315,7 @@ class CausalLM:
         self.graph = build(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk, capacity=max_context,
                            name=f"{config.arch}_decoder", tp=tp, quant_act=self.quant_act,
                            narrow_weights=device == "cpu" and not int8_matmuls,
+                           **({"embedding_rows_param": True} if llama_like and device == "cpu" else {}),
                            **({"kv_dtype": self.kv_dtype} if llama_like else {}), **paged,
                            **({"quant_act_formats": INT8_ACT_FORMATS} if llama_like and device == "cuda" else {}))
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set

@@ -177,13 +177,16 @@ def _biased(g: Graph, x: NodeId, specs: Mapping[str, WeightSpec], name: str, wid
     return g.add_(x, g.param(name, [width]))
 
 
-def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config: DecoderConfig) -> NodeId:
+def _embedding(g: Graph, tokens: NodeId, specs: Mapping[str, WeightSpec], config: DecoderConfig,
+               rows_param: bool = False) -> NodeId:
+    """The token embeddings of `tokens`; `rows_param`: a quantized table's gather reads a param of its own
+    (`token_embd.weight.rows`, the same tensor), not the one a tied vocabulary projection multiplies."""
     spec = _spec(specs, "token_embd.weight", (config.vocab_size, config.hidden_size))
     if spec.quantized:
         from rlx.ir.quant import row_bytes
 
-        table = _param(g, "token_embd.weight", [config.vocab_size, row_bytes(spec.ggml_type, config.hidden_size)],
-                       "u8")
+        table = _param(g, "token_embd.weight.rows" if rows_param else "token_embd.weight",
+                       [config.vocab_size, row_bytes(spec.ggml_type, config.hidden_size)], "u8")
         return g.dequantize(g.gather(table, tokens), quant=spec.ggml_type)
     dtype = spec.float_dtype
     rows = g.gather(g.param("token_embd.weight.rows", [config.vocab_size, config.hidden_size], dtype), tokens)
@@ -232,7 +235,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1,
                   quant_act: str = "f32", narrow_weights: bool = False, kv_dtype: str = "f32",
                   page_size: int | None = None, kv_pages: int = 0,
-                  quant_act_formats: Sequence[str] | None = None) -> Graph:
+                  quant_act_formats: Sequence[str] | None = None, embedding_rows_param: bool = False) -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
     `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
@@ -248,6 +251,9 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     `page_size` (with `kv_pages`): the paged KV layout — each layer's caches are a pool of `kv_pages`
     pages of `page_size` tokens, and an i32 input `block_table` `[batch, capacity / page_size]` names
     each row's pages (`ops.CachedAttention`); `capacity` must then be a multiple of `page_size`.
+    `embedding_rows_param`: a quantized embedding table's gather reads its own param (`token_embd.weight.rows`,
+    set from the same tensor), so that a tied vocabulary projection's param has no other reader and the CPU may
+    store it in its decode GEMV's layout (`InterleavedQuantParam`) while the gather reads the rows as stored.
     """
     if kv_dtype not in KV_DTYPES:
         raise IRError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
@@ -282,7 +288,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     sample_settings = g.input("sample_settings", [len(SAMPLE_SETTINGS)], "f64")
     block_table = g.input("block_table", [batch, capacity // page_size], "i32") if page_size is not None else None
     cache_shape = [max_batch, capacity] if page_size is None else [kv_pages, page_size]
-    x = _embedding(g, tokens, specs, c)
+    x = _embedding(g, tokens, specs, c, embedding_rows_param)
     if c.embed_scale != 1.0:
         x = g.mul(x, g.constant(np.float32(c.embed_scale)))
     # RoPE tables: "global" layers read rope_cos/rope_sin, "local" ones (Gemma 3) a second pair

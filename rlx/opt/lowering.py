@@ -48,7 +48,7 @@ from rlx.opt.lowering_cuda_kernels import cuda_lowering
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
 from rlx.opt.lowering_moe import moe_plans
-from rlx.opt.lowering_quant_cpu import quant_gemv_groups
+from rlx.opt.lowering_quant_cpu import interleaved_params, quant_gemv_groups
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
 
@@ -188,13 +188,17 @@ def widen_params(lir: LirModule) -> tuple[Decision, ...]:
     return tuple(out)
 
 
-def _cpu_decisions(lir: LirModule, conv_vector: int = 8) -> tuple[Decision, ...]:
+def _cpu_decisions(lir: LirModule, conv_vector: int = 8, quant_interleave: bool = False) -> tuple[Decision, ...]:
     """The CPU's decisions; `conv_vector`: floats per vector of the conv register tiles (`tile_vector` of the
-    target's instruction set: the pipeline passes it, 8 otherwise)."""
+    target's instruction set: the pipeline passes it, 8 otherwise); `quant_interleave`: store q8_0 / q4_0 / q4_1 weights
+    of integer-activation matmuls interleaved by 16 rows (the pipeline decides it from the target's AVX-512
+    VNNI, or RLX_QUANT_LAYOUT)."""
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
-    return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir),
-            *quant_gemv_groups(lir), *moe_plans(lir, "cpu"), *conv_plans(lir, conv_vector))
+    interleaved = interleaved_params(lir) if quant_interleave else ()
+    return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir), *interleaved,
+            *quant_gemv_groups(lir, frozenset(d.node for d in interleaved)), *moe_plans(lir, "cpu"),
+            *conv_plans(lir, conv_vector))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel

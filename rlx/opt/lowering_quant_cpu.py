@@ -32,7 +32,7 @@ any thread writes, and (for the SwiGLU) the gate and up outputs, which the pass 
 from __future__ import annotations
 
 from rlx.ir import ops as O
-from rlx.ir.decisions_quant import QuantGemvGroup
+from rlx.ir.decisions_quant import INTERLEAVE_ROWS, InterleavedQuantParam, QuantGemvGroup
 from rlx.ir.graph import Node
 from rlx.ir.lir import LirModule
 from rlx.opt.fusion import is_silu_times, scheduled_runs
@@ -44,8 +44,45 @@ DECODE_GEMV_ROWS = 16
 DECODE_GEMV_MEMBERS = 4
 
 
-def quant_gemv_groups(lir: LirModule) -> tuple[QuantGemvGroup, ...]:
-    """The `QuantGemvGroup` decisions of `lir` (see the module docstring)."""
+#: Block formats whose params may be stored interleaved by 16 rows (kernels/quant_interleaved.h).
+INTERLEAVED_FORMATS = ("q8_0", "q4_0", "q4_1")
+
+
+def interleaved_params(lir: LirModule) -> tuple[InterleavedQuantParam, ...]:
+    """`InterleavedQuantParam` for every q8_0 / q4_0 / q4_1 weight param whose readers are all integer-activation
+    (q8 / q16) `dequant_matmul`s of its format, with a multiple of 16 rows, stored as given (no re-layout).
+
+    >>> from rlx.ir.graph import Graph
+    >>> from rlx.ir.quant import row_bytes
+    >>> from rlx.opt.memplan import plan
+    >>> g = Graph("q")
+    >>> x = g.input("x", [2, 64])
+    >>> g.set_outputs([g.dequant_matmul(x, g.param("w", [32, row_bytes("q4_1", 64)], "u8"), quant="q4_1", act="q16")])
+    >>> [d.describe() for d in interleaved_params(plan(g))]
+    ['%1 param stored interleaved by 16 rows (q4_1 blocks) for the integer decode GEMV']
+    """
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    found: list[InterleavedQuantParam] = []
+    for spec in lir.params:
+        nid = spec.node
+        readers = [graph.node(u) for u in users[nid]]
+        if not readers or nid in outputs or (spec.layout is not None and list(spec.layout) != sorted(spec.layout)):
+            continue
+        first = readers[0].op
+        if not all(isinstance(r.op, O.DequantMatMul) and r.inputs[1] == nid and r.inputs[0] != nid
+                   and r.op.act in ("q8", "q16") and r.op.quant == first.quant for r in readers):
+            continue
+        rows = graph.node(nid).shape.dims[0].value
+        if first.quant in INTERLEAVED_FORMATS and rows % INTERLEAVE_ROWS == 0:
+            found.append(InterleavedQuantParam(nid, first.quant))
+    return tuple(found)
+
+
+def quant_gemv_groups(lir: LirModule, interleaved: frozenset[int] = frozenset()) -> tuple[QuantGemvGroup, ...]:
+    """The `QuantGemvGroup` decisions of `lir` (see the module docstring); `interleaved`: the weight params stored
+    interleaved (a group's members share one layout)."""
     graph = lir.graph
     users = graph.users()
     outputs = set(graph.outputs)
@@ -61,7 +98,9 @@ def quant_gemv_groups(lir: LirModule) -> tuple[QuantGemvGroup, ...]:
 
     pos = {nid: i for i, nid in enumerate(schedule)}
     found: list[QuantGemvGroup] = []
-    for members in scheduled_runs(lir, member, lambda n: (n.inputs[0], n.op.quant, n.op.act), DECODE_GEMV_MEMBERS):
+    for members in scheduled_runs(lir, member, lambda n: (n.inputs[0], n.op.quant, n.op.act,
+                                                                   n.inputs[1] in interleaved),
+                                  DECODE_GEMV_MEMBERS):
         ids = tuple(m.id for m in members)
         swiglu: tuple[int, ...] = ()
         if len(members) == 2 and members[0].shape == members[1].shape and not outputs & set(ids):

@@ -61,6 +61,20 @@ def conv_vector(cpu_target: str) -> int:
         return 8
 
 
+def quant_interleave(config: Config) -> bool:
+    """Whether q8_0 / q4_0 / q4_1 weights of integer-activation matmuls are stored interleaved by 16 rows
+    (`InterleavedQuantParam`): RLX_QUANT_LAYOUT, or by default where `config.cpu_target` has AVX-512 VNNI (the
+    interleaved kernels' vector path; elsewhere they run a portable loop)."""
+    if config.cpu_quant_layout != "auto":
+        return config.cpu_quant_layout == "interleaved"
+    from rlx.toolchain.isa import required_features
+
+    try:
+        return {"avx512_vnni", "avx512bw", "avx512vl"} <= set(required_features(config.cpu_target))
+    except ArtifactError:
+        return False
+
+
 def template_bytecode_dir(config: Config) -> Path | None:
     """The private directory of the AOT cache root where compiled Jinja templates are kept
     (`rlx.codegen.template_cache`), or None with the cache disabled or unusable."""
@@ -117,7 +131,8 @@ class CpuStages:
         return cpu_toolchain_components(self.toolchain, self.config)
 
     def decide(self, lir: LirModule) -> LirModule:
-        return decide(lir, "cpu", conv_vector=conv_vector(self.config.cpu_target))
+        return decide(lir, "cpu", conv_vector=conv_vector(self.config.cpu_target),
+                      quant_interleave=quant_interleave(self.config))
 
     def render(self, lir: LirModule) -> Rendered:
         """The C source of a decided LIR, with its key pending, and its key components."""

@@ -65,12 +65,14 @@ def source_digest(text: str) -> str:
 
 def cpu_toolchain_components(toolchain: Toolchain, config: Config | None = None) -> dict[str, str]:
     """The key components that do not depend on the program: target, compiler, flags, templates, BLAS,
-    and the build variant (`Config.variant`: profiled / NaN-checked builds), present only when not "".
+    the build variant (`Config.variant`: profiled / NaN-checked builds), present only when not "", and a
+    lowering choice the config forces (RLX_QUANT_LAYOUT other than auto), likewise.
 
     Cheap (no rendering, no codegen import): the driver's compile index is keyed by these too.
     """
     variant = config.variant if config is not None else ""
-    return ({"variant": variant} if variant else {}) | {
+    layout = config.cpu_quant_layout if config is not None else "auto"
+    return ({"variant": variant} if variant else {}) | ({"quant_layout": layout} if layout != "auto" else {}) | {
         "target": "cpu",
         "target_options": f"isa={toolchain.isa} isa_digest={toolchain.isa_identity} "
                           f"openmp={toolchain.openmp} sanitize={toolchain.sanitize or 'none'}",

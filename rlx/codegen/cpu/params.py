@@ -2,7 +2,8 @@
 
 A pure function of the decided LIR (`param_layout`): a param a GEMM reads packed (`PackedParam`)
 takes padded panels in its own precision, a Winograd conv's weight (`ConvPlan`) its transform ``[16 or 36, O, C]``,
-an `int8_matmul` weight (`Int8Param`) its int8 panels,
+an `int8_matmul` weight (`Int8Param`) its int8 panels, a q8_0 / q4_0 / q4_1 weight of integer decode GEMVs
+(`InterleavedQuantParam`) its blocks interleaved by 16 rows (same size),
 a narrow param read only through one cast (`WidenedParam`) its f32 copy, and every other param its
 own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
 emitter reads offsets from it, the prelude template the per-slot records, `memory_plan` the total.
@@ -30,6 +31,7 @@ from rlx.codegen.cpu.base import PACK_NR_MAX, c_string, comment, round_up
 from rlx.ir.decisions import PackedParam, WidenedParam
 from rlx.ir.decisions_conv import WINOGRAD_TILE, ConvPlan
 from rlx.ir.decisions_int8 import Int8Param
+from rlx.ir.decisions_quant import InterleavedQuantParam
 from rlx.ir.dtype import DType
 from rlx.ir.graph import NodeId
 from rlx.ir.lir import LirModule
@@ -54,6 +56,7 @@ def param_layout(lir: LirModule) -> ParamLayout:
     packed = {d.node: d.transposed for d in lir.decided(PackedParam)}
     int8 = {d.node: d for d in lir.decided(Int8Param)}
     widened = {d.node for d in lir.decided(WidenedParam)}
+    interleaved = {d.node: d.quant for d in lir.decided(InterleavedQuantParam)}
     conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm != "winograd"}
     winograd = {d.weight: WINOGRAD_TILE[d.layout] for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
     slots: list[Mapping[str, Any]] = []
@@ -105,6 +108,9 @@ def param_layout(lir: LirModule) -> ParamLayout:
             # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
             storage = int8[spec.node].storage_bytes
             mode, note = "int8", " (quantized to int8 per output channel on set)"
+        elif spec.node in interleaved:
+            # GGUF blocks [N, bytes a row], the same bytes reordered by 16 rows (kernels/quant_interleaved.h)
+            mode, note = f"qi_{interleaved[spec.node]}", " (blocks interleaved by 16 rows on set)"
         elif spec.node in widened:
             # read only through one cast to f32: stored as that f32 value (exact), cast once on set
             storage = math.prod(dims or [1]) * 4

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from rlx.codegen.cpu.base import GRAIN, PACK_NR_MAX, align64, c_string, node_header
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.ir import ops as O
-from rlx.ir.decisions_quant import QuantGemvGroup
+from rlx.ir.decisions_quant import INTERLEAVE_ROWS, InterleavedQuantParam, QuantGemvGroup
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.quant import Q8_ACT_FORMATS, quant_format
@@ -84,6 +84,8 @@ class DequantMatMulArgs:
     xds_offset: int = 0
     #: Decode steps: the GEMV group this node leads (it computes every member), or None.
     group: QuantGroupArgs | None = None
+    #: The weight is stored interleaved by `interleave` rows (an `InterleavedQuantParam`), else 0.
+    interleave: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,13 +130,14 @@ def emit_dequant_matmul(em, node: Node) -> Kernel:
     shared = max(gemv_shared, align64(rows_max * k * 4) if rows_max > GEMV_MAX_M else 0) if op.act != "f32" else 0
     label = _label(node)
     group = _group_args(em, node)
+    interleave = INTERLEAVE_ROWS if any(d.node == w_id for d in em.lir.decided(InterleavedQuantParam)) else 0
     if group is not None and group.swiglu and op.act == "f32":  # the decode pass's copy of X (quant.c.j2)
         shared = align64(gemv_rows * k * 4)
     args = DequantMatMulArgs(
         label=label, x=em.ptr(x_id), w=em.ptr(w_id), y=em.ptr(node.id, const=False),
         m=em.dim(product(x.dims[:-1])), n=n, k=k, row_bytes=w.dims[1].value, quant=fmt.name,
         fmt=FORMAT_IDS[fmt.name], qk=fmt.block_size, qb=fmt.block_bytes,
-        wrow_offset=wrow_offset, act=op.act, xds_offset=xds_offset, group=group)
+        wrow_offset=wrow_offset, act=op.act, xds_offset=xds_offset, group=group, interleave=interleave)
     return Kernel(node.id, "dequant_matmul", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch,
                   scratch_shared=shared)

@@ -285,6 +285,13 @@ RLX_EXPORT int32_t rlx_set_param(void *vctx, int32_t index, const void *data, in
         rlx_conv_winograd4_weight((float *)(ctx->params + p->offset), (const float *)data, p->dims);
     else
 #endif
+#ifdef RLX_KERNELS_QUANT_H
+    if (p->mode == RLX_PARAM_QI_Q8_0 || p->mode == RLX_PARAM_QI_Q4_0 || p->mode == RLX_PARAM_QI_Q4_1)
+        /* GGUF rows interleaved by 16 (kernels/quant.h) */
+        rlx_qi_interleave_param(p->mode == RLX_PARAM_QI_Q4_1 ? RLX_Q4_1 : p->mode == RLX_PARAM_QI_Q4_0 ? RLX_Q4_0 : RLX_Q8_0,
+                                (uint8_t *)(ctx->params + p->offset), (const uint8_t *)data, p->dims[0], p->dims[1]);
+    else
+#endif
 #ifdef RLX_KERNELS_PACKED_GEMM_H
     if (p->mode == RLX_PARAM_PACK)
         rlx_pack_param((float *)(ctx->params + p->offset), (const float *)data, p->rank - 2, p->dims, p->src_strides);

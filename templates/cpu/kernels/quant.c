@@ -9,6 +9,7 @@
 #include "kernels/scalar.h"  /* rlx_silu_f, for the SwiGLU groups */
 #include "kernels/quant_kernels.h"
 #include "kernels/qgemv_group.h"
+#include "kernels/quant_interleaved.h"
 
 /* f32 activations: format f (id FMT, QK values in QB bytes a block). */
 #define RLX_QUANT_DEFINE_F32(f, FMT, QK, QB)                                                                  \
@@ -43,7 +44,7 @@
 #define RLX_QUANT_DEFINE_INT(f, a, FMT, A16)                                                                  \
     void rlx_q8_quantize_rows_##f##_##a(int64_t M, int64_t K, const float *X, int8_t *Xq, float *xds)         \
     {                                                                                                         \
-        rlx_q8_quantize_rows(FMT, A16, M, K, X, Xq, xds);                                                     \
+        rlx_q8_quantize_rows(FMT, 0, A16, M, K, X, Xq, xds);                                                   \
     }                                                                                                         \
     void rlx_q8gemm_##f##_##a(int64_t M, int64_t N, int64_t K, const int8_t *Xq, const float *xds,            \
                               const uint8_t *W, int64_t rb, float *Y, int64_t n0, int64_t n1)                 \
@@ -76,3 +77,55 @@ RLX_QUANT_DEFINE_INT(q4_1, q8, RLX_Q4_1, 0)
 RLX_QUANT_DEFINE_INT(q8_0, q16, RLX_Q8_0, 1)
 RLX_QUANT_DEFINE_INT(q4_0, q16, RLX_Q4_0, 1)
 RLX_QUANT_DEFINE_INT(q4_1, q16, RLX_Q4_1, 1)
+
+/* Weights interleaved by 16 rows (kernels/quant_interleaved.h): q8_0 / q4_0 / q4_1 (id FMT), activation width a. */
+#define RLX_QUANT_DEFINE_QI(f, a, FMT, A16)                                                                   \
+    void rlx_qi_gemm_##f##_##a(int64_t M, int64_t N, int64_t K, const int8_t *Xq, const float *xds,           \
+                               const uint8_t *W, int64_t rb, float *Y, int64_t g0, int64_t g1)                \
+    {                                                                                                         \
+        rlx_qi_gemm(FMT, A16, M, N, K, Xq, xds, W, rb, Y, g0, g1);                                            \
+    }                                                                                                         \
+    void rlx_qi_group_rows_##f##_##a(int64_t M, int64_t K, const int8_t *Xq, const float *xds, int nm,        \
+                                     const uint8_t *const *W, const int64_t *N, int64_t rb, float *const *Y,  \
+                                     int64_t r0, int64_t r1)                                                  \
+    {                                                                                                         \
+        rlx_qi_group_rows(FMT, A16, M, K, Xq, xds, nm, W, N, rb, Y, r0, r1);                                  \
+    }                                                                                                         \
+    void rlx_qi_group_swiglu_##f##_##a(int64_t M, int64_t N, int64_t K, const int8_t *Xq, const float *xds,   \
+                                       const uint8_t *Wg, const uint8_t *Wu, int64_t rb, float *out,          \
+                                       int64_t g0, int64_t g1)                                                \
+    {                                                                                                         \
+        rlx_qi_group_swiglu(FMT, A16, M, N, K, Xq, xds, Wg, Wu, rb, out, g0, g1);                             \
+    }
+
+void rlx_qi_quantize_rows_q8(int64_t M, int64_t K, const float *X, int8_t *Xq, float *xds)
+{
+    rlx_q8_quantize_rows(RLX_Q4_1, 1, 0, M, K, X, Xq, xds);
+}
+void rlx_qi_quantize_rows_q16(int64_t M, int64_t K, const float *X, int8_t *Xq, float *xds)
+{
+    rlx_q8_quantize_rows(RLX_Q4_1, 1, 1, M, K, X, Xq, xds);
+}
+void rlx_qi_dequant_panel_q8_0(const uint8_t *W, int64_t rb, int64_t K, int64_t nr, float *panel, float *wrow)
+{
+    rlx_qi_dequant_panel(RLX_Q8_0, W, rb, K, nr, panel, wrow);
+}
+void rlx_qi_dequant_panel_q4_0(const uint8_t *W, int64_t rb, int64_t K, int64_t nr, float *panel, float *wrow)
+{
+    rlx_qi_dequant_panel(RLX_Q4_0, W, rb, K, nr, panel, wrow);
+}
+void rlx_qi_dequant_panel_q4_1(const uint8_t *W, int64_t rb, int64_t K, int64_t nr, float *panel, float *wrow)
+{
+    rlx_qi_dequant_panel(RLX_Q4_1, W, rb, K, nr, panel, wrow);
+}
+void rlx_qi_interleave_param(int fmt, uint8_t *dst, const uint8_t *src, int64_t N, int64_t rb)
+{
+    rlx_qi_interleave(fmt, dst, src, N, rb);
+}
+
+RLX_QUANT_DEFINE_QI(q8_0, q8, RLX_Q8_0, 0)
+RLX_QUANT_DEFINE_QI(q8_0, q16, RLX_Q8_0, 1)
+RLX_QUANT_DEFINE_QI(q4_0, q8, RLX_Q4_0, 0)
+RLX_QUANT_DEFINE_QI(q4_1, q8, RLX_Q4_1, 0)
+RLX_QUANT_DEFINE_QI(q4_0, q16, RLX_Q4_0, 1)
+RLX_QUANT_DEFINE_QI(q4_1, q16, RLX_Q4_1, 1)

@@ -26,6 +26,15 @@
  *   rlx_qgroup_rows_i_a, rlx_qgroup_swiglu_i_a   the groups on quantized activations
  *   rlx_q_act_round_trip                         a format-free helper
  *
+ * and for weights stored interleaved by 16 rows (an InterleavedQuantParam; kernels/quant_interleaved.h;
+ * j: q8_0 q4_0 q4_1):
+ *
+ *   rlx_qi_interleave_param      the GGUF rows into that layout (rlx_set_param)
+ *   rlx_qi_quantize_rows_a       X quantized for the q4_x ones (blocks in order; q8_0's rows are)
+ *   rlx_qi_gemm_j_a              decode GEMV over groups of 16 weight rows [g0, g1)
+ *   rlx_qi_group_rows_j_a, rlx_qi_group_swiglu_j_a   the QuantGemvGroup passes
+ *   rlx_qi_dequant_panel_j       a prefill panel (exactly rlx_q_dequant_panel's values)
+ *
  * rlx_qgemv_fmt and rlx_q_dequant_panel_fn take the format as an argument (for kernels/moe.h, whose
  * weight kind is a constant of its caller: the switch folds away when inlined).
  */
@@ -117,6 +126,34 @@ RLX_QUANT_DECLARE_INT(q4_1, q8)
 RLX_QUANT_DECLARE_INT(q8_0, q16)
 RLX_QUANT_DECLARE_INT(q4_0, q16)
 RLX_QUANT_DECLARE_INT(q4_1, q16)
+
+/* The entry points on weights interleaved by 16 rows (kernels/quant_interleaved.h). */
+#define RLX_QUANT_DECLARE_QI(f, a)                                                                            \
+    RLX_QUANT_FN void rlx_qi_gemm_##f##_##a(int64_t M, int64_t N, int64_t K, const int8_t *Xq,                \
+                                            const float *xds, const uint8_t *W, int64_t rb, float *Y,         \
+                                            int64_t g0, int64_t g1);                                          \
+    RLX_QUANT_FN void rlx_qi_group_rows_##f##_##a(int64_t M, int64_t K, const int8_t *Xq, const float *xds,   \
+                                                  int nm, const uint8_t *const *W, const int64_t *N,          \
+                                                  int64_t rb, float *const *Y, int64_t r0, int64_t r1);       \
+    RLX_QUANT_FN void rlx_qi_group_swiglu_##f##_##a(int64_t M, int64_t N, int64_t K, const int8_t *Xq,        \
+                                                    const float *xds, const uint8_t *Wg, const uint8_t *Wu,   \
+                                                    int64_t rb, float *out, int64_t g0, int64_t g1);
+
+RLX_QUANT_FN void rlx_qi_interleave_param(int fmt, uint8_t *dst, const uint8_t *src, int64_t N, int64_t rb);
+RLX_QUANT_FN void rlx_qi_quantize_rows_q8(int64_t M, int64_t K, const float *X, int8_t *Xq, float *xds);
+RLX_QUANT_FN void rlx_qi_quantize_rows_q16(int64_t M, int64_t K, const float *X, int8_t *Xq, float *xds);
+RLX_QUANT_FN void rlx_qi_dequant_panel_q8_0(const uint8_t *W, int64_t rb, int64_t K, int64_t nr, float *panel,
+                                            float *wrow);
+RLX_QUANT_FN void rlx_qi_dequant_panel_q4_0(const uint8_t *W, int64_t rb, int64_t K, int64_t nr, float *panel,
+                                            float *wrow);
+RLX_QUANT_FN void rlx_qi_dequant_panel_q4_1(const uint8_t *W, int64_t rb, int64_t K, int64_t nr, float *panel,
+                                            float *wrow);
+RLX_QUANT_DECLARE_QI(q8_0, q8)
+RLX_QUANT_DECLARE_QI(q8_0, q16)
+RLX_QUANT_DECLARE_QI(q4_0, q8)
+RLX_QUANT_DECLARE_QI(q4_1, q8)
+RLX_QUANT_DECLARE_QI(q4_0, q16)
+RLX_QUANT_DECLARE_QI(q4_1, q16)
 
 /* rlx_qgemv_<fmt> for a format id (a constant where this is inlined, so the switch folds). */
 static inline void rlx_qgemv_fmt(const int fmt, int64_t M, int64_t N, int64_t K, const float *X,

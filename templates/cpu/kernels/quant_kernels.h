@@ -506,22 +506,24 @@ static inline __attribute__((always_inline)) void rlx_q_dequant_panel(const int 
 #define RLX_Q8_ZMM 1
 #endif
 
-/* Where value j (0..31) of block b (of nb) sits in a row of Xq for format fmt. */
-static inline int64_t rlx_q8_pos(const int fmt, int64_t b, int64_t nb, int j)
+/* Where value j (0..31) of block b (of nb) sits in a row of Xq for format fmt (plain: in order, for the
+ * interleaved weights' kernels, kernels/quant_interleaved.h). */
+static inline int64_t rlx_q8_pos(const int fmt, const int plain, int64_t b, int64_t nb, int j)
 {
 #ifdef RLX_Q8_ZMM
-    if (fmt != RLX_Q8_0 && (b | 1) < nb)  /* a block of a complete pair */
+    if (!plain && fmt != RLX_Q8_0 && (b | 1) < nb)  /* a block of a complete pair */
         return (b & ~(int64_t)1) * 32 + (j < 16 ? 0 : 32) + (b & 1) * 16 + (j & 15);
 #else
     (void)fmt;
+    (void)plain;
     (void)nb;
 #endif
     return b * 32 + j;
 }
 
-/* Xq (int8 [M, K], or for q16 (a16) [M, 2K], laid out as above), xds[2 * (i * nb + b)] = block scale,
- * [... + 1] = scale * sum of the block's q. */
-static void rlx_q8_quantize_rows(const int fmt, const int a16, int64_t M, int64_t K, const float *restrict X,
+/* Xq (int8 [M, K], or for q16 (a16) [M, 2K], laid out as above, or in order if plain), xds[2 * (i * nb + b)] =
+ * block scale, [... + 1] = scale * sum of the block's q. Plain q16 stores the low bytes minus 128 (signed). */
+static void rlx_q8_quantize_rows(const int fmt, const int plain, const int a16, int64_t M, int64_t K, const float *restrict X,
                                  int8_t *restrict Xq, float *restrict xds)
 {
     const int64_t nb = K / 32;
@@ -531,7 +533,7 @@ static void rlx_q8_quantize_rows(const int fmt, const int a16, int64_t M, int64_
             const float *restrict x = X + i * K + b * 32;
             int8_t *restrict row = Xq + i * K * (a16 ? 2 : 1);
             int8_t *restrict lo = row + K;  /* q16's low bytes */
-            const int64_t p0 = rlx_q8_pos(fmt, b, nb, 0), p1 = rlx_q8_pos(fmt, b, nb, 16);
+            const int64_t p0 = rlx_q8_pos(fmt, plain, b, nb, 0), p1 = rlx_q8_pos(fmt, plain, b, nb, 16);
 #ifdef RLX_Q8_ZMM
             const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
             const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
@@ -543,9 +545,10 @@ static void rlx_q8_quantize_rows(const int fmt, const int a16, int64_t M, int64_
             q0 = _mm512_max_epi32(_mm512_min_epi32(q0, hi), nlo);
             q1 = _mm512_max_epi32(_mm512_min_epi32(q1, hi), nlo);
             const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            if (a16) {  /* vpmovdb truncates: the low bytes as they are, the high bytes from q >> 8 */
-                _mm_storeu_si128((__m128i *)(lo + p0), _mm512_cvtepi32_epi8(q0));
-                _mm_storeu_si128((__m128i *)(lo + p1), _mm512_cvtepi32_epi8(q1));
+            if (a16) {  /* vpmovdb truncates: the low bytes as they are (plain: minus 128), the high bytes from q >> 8 */
+                const __m128i bias = _mm_set1_epi8(plain ? (char)0x80 : 0);
+                _mm_storeu_si128((__m128i *)(lo + p0), _mm_xor_si128(_mm512_cvtepi32_epi8(q0), bias));
+                _mm_storeu_si128((__m128i *)(lo + p1), _mm_xor_si128(_mm512_cvtepi32_epi8(q1), bias));
                 q0 = _mm512_srai_epi32(q0, 8);
                 q1 = _mm512_srai_epi32(q1, 8);
             }
@@ -568,7 +571,7 @@ static void rlx_q8_quantize_rows(const int fmt, const int a16, int64_t M, int64_
                 const int q = (int)v, at = j < 16 ? (int)p0 + j : (int)p1 + j - 16;
                 if (a16) {
                     row[at] = (int8_t)((q - (q & 255)) / 256);  /* floor(q / 256) */
-                    lo[at] = (int8_t)(uint8_t)(q & 255);
+                    lo[at] = (int8_t)(uint8_t)((q & 255) ^ (plain ? 0x80 : 0));
                 } else {
                     row[at] = (int8_t)q;
                 }
