@@ -25,7 +25,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_CUTLASS | 0: erf GELU / SiLU GEMMs on cuBLASLt + a pass, not the CUTLASS unit (~1 min to build once) | 1 |
 | RLX_CUTLASS_DIR | a directory holding `cutlass/cutlass.h` (instead of the nvidia-cutlass wheel's headers) | none |
 | RLX_CUDA_P2P | 0: CUDA all-reduces always call NCCL (no one-shot sums through the peers' memory) | 1 |
-| RLX_QUANT_LAYOUT | CPU q8_0/q4_0/q4_1 weights of integer-activation matmuls: `auto` (interleaved by 16 rows where the target has AVX-512 VNNI), `interleaved` or `rows` (GGUF's) | auto |
+| RLX_QUANT_LAYOUT | CPU integer decode GEMVs' weights: `auto`, `interleaved` (by 16 rows) or `rows` (GGUF's) | auto |
 | RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (x in registers where it fits) or `rows` (the older walk) | auto |
 | RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of 8 weight rows a block takes, 1, 2, 4 (0: chosen) | 0 |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
@@ -159,7 +159,7 @@ class Config:
     cutlass_dir: str = ""
     #: CUDA tensor-parallel cliques sum small all-reduces one-shot through the peers' memory (`AllReduceP2P`).
     cuda_p2p: bool = True
-    #: CPU q8_0/q4_0/q4_1 weights of integer-activation matmuls: "auto", "interleaved" or "rows" (`InterleavedQuantParam`).
+    #: CPU q8_0/q4_x weights of integer-activation matmuls: "auto", "interleaved" or "rows" (`InterleavedQuantParam`).
     cpu_quant_layout: str = "auto"
     #: CUDA one-row decode GEMVs: "auto" or "rows" (`CudaTarget.gemv_walk`), and the register walk's groups.
     cuda_gemv_walk: str = "auto"
