@@ -225,10 +225,201 @@ static inline __attribute__((always_inline)) void rlx_qi_tile(const int fmt, con
 #endif
 }
 
-/* Y[i, 16 g : 16 g + 16] for the M (<= RLX_QDECODE_MAX_M) activation rows, one group at G. */
-static inline __attribute__((always_inline)) void rlx_qi_group(const int fmt, const int a16, int64_t M, int64_t K,
-        const int8_t *Xq, const float *xds, const uint8_t *G, float *Y, int64_t ldy)
+
+/* ── AMX (Sapphire Rapids' tile unit): steps of RLX_QI_AMX_ROWS rows or more ──
+ *
+ * A block's integer products of up to 16 activation rows with a group's 16 weight rows are one tile product
+ * (A: the rows' 32 bytes of the block; B: the 8 words of 4 bytes of the 16 weight rows, the layout above
+ * unpacked; C: 16 x 16 int32), two for int16 activations (high and low bytes). The tile unit computes the same
+ * exact integers as vpdpbusd, and the scaling below is rlx_qi_tile's operations in its order, so a row's
+ * bits are the same whichever path a step takes: a step's row count picks the path, never its results.
+ * Linux hands the tile state to a process that asks (arch_prctl); where it refuses, the vector path runs. */
+#if defined(RLX_Q8_ZMM) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#define RLX_QI_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Rows of activations from which a step takes the tile unit (fewer: its fixed cost per block is larger than
+ * the vector path's products). */
+#define RLX_QI_AMX_ROWS 10
+
+/* Whether this process may use the tile registers: asked once (a capability of the process, like cpuid). */
+static int rlx_qi_amx_state;  /* 0: not asked yet, 1: granted, -1: refused */
+static int rlx_qi_amx_granted(void)
 {
+    int s = __atomic_load_n(&rlx_qi_amx_state, __ATOMIC_RELAXED);
+    if (s == 0) {  /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; asking twice is harmless */
+        s = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
+        __atomic_store_n(&rlx_qi_amx_state, s, __ATOMIC_RELAXED);
+    }
+    return s > 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) rlx_qi_tilecfg;
+
+/* Configure this thread's tiles for M activation rows: 0 A (high bytes), 1 A (low bytes), 2 B, 3 to 6 C.
+ * Returns 0 (vector path) for fewer than RLX_QI_AMX_ROWS rows or without the tile state. */
+static inline int rlx_qi_amx_begin(int64_t M)
+{
+    if (M < RLX_QI_AMX_ROWS || !rlx_qi_amx_granted())
+        return 0;
+    rlx_qi_tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    c.rows[0] = c.rows[1] = (uint8_t)M;
+    c.colsb[0] = c.colsb[1] = 32;
+    c.rows[2] = 8;
+    c.colsb[2] = 64;
+    c.rows[3] = c.rows[4] = c.rows[5] = c.rows[6] = (uint8_t)M;
+    c.colsb[3] = c.colsb[4] = c.colsb[5] = c.colsb[6] = 64;
+    _tile_loadconfig(&c);
+    return 1;
+}
+
+static inline void rlx_qi_amx_end(int on)
+{
+    if (on)
+        _tile_release();  /* a thread without tile state saves none at its context switches */
+}
+
+/* Block b's tile products into C tiles 3 and 4 (par 0) or 5 and 6 (par 1), stored to chi / clo; returns the
+ * block's bias (as rlx_qi_tile's). wbuf: 512 bytes for q4_x's unpacked weights (B's source). */
+static inline __attribute__((always_inline)) __m512i rlx_qi_amx_issue(const int fmt, const int a16, const int par,
+        int64_t K, const int8_t *restrict Xq, int64_t xrow, const uint8_t *restrict blk, int64_t b,
+        uint8_t *restrict wbuf, int32_t *restrict chi, int32_t *restrict clo)
+{
+    const int hb = RLX_QI_HB(fmt);
+    const uint8_t *quants = blk + RLX_QI_ROWS * hb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+    __m512i w[8];
+    if (fmt == RLX_Q8_0) {
+        for (int j = 0; j < 8; j++)
+            w[j] = _mm512_loadu_si512((const void *)(quants + 64 * j));
+        _tile_loadd(2, quants, 64);
+    } else {
+        for (int p = 0; p < 4; p++) {
+            const __m512i packed = _mm512_loadu_si512((const void *)(quants + 64 * p));
+            w[p] = _mm512_and_si512(packed, low4);
+            w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        }
+        for (int j = 0; j < 8; j++)
+            _mm512_store_si512((void *)(wbuf + 64 * j), w[j]);
+        _tile_loadd(2, wbuf, 64);
+    }
+    /* the high (or only) bytes: q4_x signed activations x unsigned weights, q8_0 the other way round */
+    _tile_loadd(0, Xq + b * 32, xrow);
+    if (a16)
+        _tile_loadd(1, Xq + K + b * 32, xrow);
+#define RLX_QI_AMX_PRODUCTS(CH, CL)                                    \
+    do {                                                               \
+        _tile_zero(CH);                                                \
+        if (fmt == RLX_Q8_0)                                           \
+            _tile_dpbusd(CH, 0, 2);                                    \
+        else                                                           \
+            _tile_dpbsud(CH, 0, 2);                                    \
+        _tile_stored(CH, chi, 64);                                     \
+        if (a16) {                                                     \
+            _tile_zero(CL);                                            \
+            if (fmt == RLX_Q8_0)                                       \
+                _tile_dpbusd(CL, 1, 2);                                \
+            else                                                       \
+                _tile_dpbsud(CL, 1, 2);                                \
+            _tile_stored(CL, clo, 64);                                 \
+        }                                                              \
+    } while (0)
+    if (par)
+        RLX_QI_AMX_PRODUCTS(5, 6);
+    else
+        RLX_QI_AMX_PRODUCTS(3, 4);
+#undef RLX_QI_AMX_PRODUCTS
+    __m512i bias = _mm512_setzero_si512();
+    if (a16 || fmt == RLX_Q8_0) {
+        for (int j = 0; j < 8; j++)
+            bias = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(bias, ones, w[j]) : _mm512_dpbusd_epi32(bias, w[j], ones);
+        bias = fmt == RLX_Q8_0 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bias, a16 ? 15 : 7))
+                               : _mm512_slli_epi32(bias, 7);
+    }
+    return bias;
+}
+
+/* Y[i, 0:16] for the M (RLX_QI_AMX_ROWS..16) activation rows and the group at G, on configured tiles. The
+ * products of block b + 1 are issued before block b's scaling reads its stored tiles (two sets of C tiles and
+ * buffers), so the tile unit and the vector units overlap and a tile's stores have landed when read. */
+static inline __attribute__((always_inline)) void rlx_qi_group_amx(const int fmt, const int a16, int64_t M,
+        int64_t K, const int8_t *restrict Xq, const float *restrict xds, const uint8_t *restrict G,
+        float *restrict Y, int64_t ldy)
+{
+    const int qb = RLX_QI_QB(fmt);
+    const int64_t nb = K / 32, xrow = K * (a16 ? 2 : 1);
+    float acc[RLX_QDECODE_MAX_M * RLX_QI_ROWS] __attribute__((aligned(64)));
+    int32_t chi[2][RLX_QDECODE_MAX_M * RLX_QI_ROWS] __attribute__((aligned(64)));
+    int32_t clo[2][RLX_QDECODE_MAX_M * RLX_QI_ROWS] __attribute__((aligned(64)));
+    uint8_t wbuf[2][8 * 64] __attribute__((aligned(64)));
+    __m512i bias[2];
+    for (int64_t i = 0; i < M; i++)
+        _mm512_store_ps(acc + i * RLX_QI_ROWS, _mm512_setzero_ps());
+    bias[0] = rlx_qi_amx_issue(fmt, a16, 0, K, Xq, xrow, G, 0, wbuf[0], chi[0], clo[0]);
+    for (int64_t b = 0; b < nb; b++) {
+        const int par = (int)(b & 1);
+        if (b + 1 < nb) {
+            const uint8_t *next = G + (b + 1) * RLX_QI_ROWS * qb;
+            if (par)
+                bias[0] = rlx_qi_amx_issue(fmt, a16, 0, K, Xq, xrow, next, b + 1, wbuf[0], chi[0], clo[0]);
+            else
+                bias[1] = rlx_qi_amx_issue(fmt, a16, 1, K, Xq, xrow, next, b + 1, wbuf[1], chi[1], clo[1]);
+        }
+        const uint8_t *blk = G + b * RLX_QI_ROWS * qb;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        const __m512 cw = fmt == RLX_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+                                          : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+        const int32_t *hi = chi[par], *lo = clo[par];
+        for (int64_t i = 0; i < M; i++) {
+            __m512i dot = _mm512_load_si512((const void *)(hi + i * RLX_QI_ROWS));
+            if (a16)
+                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8),
+                                       _mm512_add_epi32(_mm512_load_si512((const void *)(lo + i * RLX_QI_ROWS)), bias[par]));
+            else if (fmt == RLX_Q8_0)
+                dot = _mm512_add_epi32(dot, bias[par]);
+            const float *ds = xds + 2 * (i * nb + b);
+            __m512 a = _mm512_load_ps(acc + i * RLX_QI_ROWS);
+            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(ds[0])), a);
+            if (fmt != RLX_Q8_0)
+                a = _mm512_fmadd_ps(cw, _mm512_set1_ps(ds[1]), a);
+            _mm512_store_ps(acc + i * RLX_QI_ROWS, a);
+        }
+    }
+    for (int64_t i = 0; i < M; i++)
+        _mm512_storeu_ps(Y + i * ldy, _mm512_load_ps(acc + i * RLX_QI_ROWS));
+}
+#else
+static inline int rlx_qi_amx_begin(int64_t M)
+{
+    (void)M;
+    return 0;
+}
+static inline void rlx_qi_amx_end(int on)
+{
+    (void)on;
+}
+#endif
+
+/* Y[i, 16 g : 16 g + 16] for the M (<= RLX_QDECODE_MAX_M) activation rows, one group at G; amx: the tiles are
+ * configured for M rows (rlx_qi_amx_begin). */
+static inline __attribute__((always_inline)) void rlx_qi_group(const int fmt, const int a16, int64_t M, int64_t K,
+        const int8_t *Xq, const float *xds, const uint8_t *G, float *Y, int64_t ldy, int amx)
+{
+#ifdef RLX_QI_AMX
+    if (amx) {
+        rlx_qi_group_amx(fmt, a16, M, K, Xq, xds, G, Y, ldy);
+        return;
+    }
+#else
+    (void)amx;
+#endif
     const int64_t nb = K / 32, xrow = K * (a16 ? 2 : 1);
     for (int64_t i0 = 0; i0 < M; i0 += RLX_QI_TILE) {
         const int64_t mr = M - i0 < RLX_QI_TILE ? M - i0 : RLX_QI_TILE;
@@ -261,11 +452,13 @@ static inline __attribute__((always_inline)) void rlx_qi_gemm(const int fmt, con
         int64_t g1)
 {
     const int64_t gb = RLX_QI_ROWS * rb;
+    const int amx = rlx_qi_amx_begin(M);
     for (int64_t g = g0; g < g1; g++) {
         if (g + 1 < g1)
             rlx_qi_prefetch(W + (g + 1) * gb, gb);
-        rlx_qi_group(fmt, a16, M, K, Xq, xds, W + g * gb, Y + g * RLX_QI_ROWS, N);
+        rlx_qi_group(fmt, a16, M, K, Xq, xds, W + g * gb, Y + g * RLX_QI_ROWS, N, amx);
     }
+    rlx_qi_amx_end(amx);
 }
 
 /* Rows [r0, r1) (multiples of 16) of the concatenation of the members' interleaved weights (rlx_qgroup_rows). */
@@ -290,13 +483,14 @@ static inline __attribute__((always_inline)) void rlx_qi_group_swiglu(const int 
 {
     const int64_t gb = RLX_QI_ROWS * rb;
     float gt[RLX_QDECODE_MAX_M * RLX_QI_ROWS], ut[RLX_QDECODE_MAX_M * RLX_QI_ROWS];
+    const int amx = rlx_qi_amx_begin(M);
     for (int64_t g = g0; g < g1; g++) {
         if (g + 1 < g1) {
             rlx_qi_prefetch(Wg + (g + 1) * gb, gb);
             rlx_qi_prefetch(Wu + (g + 1) * gb, gb);
         }
-        rlx_qi_group(fmt, a16, M, K, Xq, xds, Wg + g * gb, gt, RLX_QI_ROWS);
-        rlx_qi_group(fmt, a16, M, K, Xq, xds, Wu + g * gb, ut, RLX_QI_ROWS);
+        rlx_qi_group(fmt, a16, M, K, Xq, xds, Wg + g * gb, gt, RLX_QI_ROWS, amx);
+        rlx_qi_group(fmt, a16, M, K, Xq, xds, Wu + g * gb, ut, RLX_QI_ROWS, amx);
         for (int64_t i = 0; i < M; i++) {
             float *restrict o = out + i * N + g * RLX_QI_ROWS;
             const float *restrict gi = gt + i * RLX_QI_ROWS, *restrict ui = ut + i * RLX_QI_ROWS;
@@ -305,6 +499,7 @@ static inline __attribute__((always_inline)) void rlx_qi_group_swiglu(const int 
                 o[c] = rlx_silu_f(gi[c]) * ui[c];
         }
     }
+    rlx_qi_amx_end(amx);
 }
 
 #endif /* RLX_KERNELS_QUANT_INTERLEAVED_H */
