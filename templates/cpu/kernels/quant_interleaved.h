@@ -103,6 +103,78 @@ static inline int32_t rlx_qi_load32(const int8_t *p)
     return v;
 }
 
+#ifdef RLX_Q8_ZMM
+/* w[j] <- values 4j..4j+3 of the group's 16 rows in block `quants` (q8_0: as stored; q4_x: unpacked nibbles). */
+static inline __attribute__((always_inline)) void rlx_qi_weights(const int fmt, const uint8_t *restrict quants,
+                                                                 __m512i *w)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    if (fmt == RLX_Q8_0) {
+        for (int j = 0; j < 8; j++)
+            w[j] = _mm512_loadu_si512((const void *)(quants + 64 * j));
+    } else {
+        for (int p = 0; p < 4; p++) {
+            const __m512i packed = _mm512_loadu_si512((const void *)(quants + 64 * p));
+            w[p] = _mm512_and_si512(packed, low4);
+            w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        }
+    }
+}
+
+/* What the biased side of a block's products adds, to take off (or start from) once a block for every row:
+ * q4_x: the int16 activations' low bytes are stored as lo - 128 (signed) so that they are the broadcast signed
+ * side too: w . lo = w . (lo - 128) + 128 sum(w). q8_0: the weights are signed, so the activations are the
+ * unsigned side, their (high) bytes stored as q + 128: (q + 128) . w = q . w + 128 sum(w), which the high
+ * bytes' 256 scales to 32768 sum(w). */
+static inline __attribute__((always_inline)) __m512i rlx_qi_bias(const int fmt, const int a16, const __m512i *w)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i bias = _mm512_setzero_si512();
+    if (!a16 && fmt != RLX_Q8_0)
+        return bias;
+    for (int j = 0; j < 8; j++)
+        bias = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(bias, ones, w[j]) : _mm512_dpbusd_epi32(bias, w[j], ones);
+    return fmt == RLX_Q8_0 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bias, a16 ? 15 : 7))
+                           : _mm512_slli_epi32(bias, 7);
+}
+
+/* start + the block's integer products of one plane of a row's activations x (32 bytes) with w. Two chains:
+ * vpdpbusd's latency is ~4x its throughput. q4_x: the weights (0..15) are the unsigned side, the activations'
+ * 4 bytes a broadcast signed operand; q8_0 the other way round. */
+static inline __attribute__((always_inline)) __m512i rlx_qi_plane(const int fmt, const __m512i *w, const int8_t *x,
+                                                                  __m512i start)
+{
+    __m512i h0 = start, h1 = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j += 2) {
+        const __m512i x0 = _mm512_set1_epi32(rlx_qi_load32(x + 4 * j));
+        const __m512i x1 = _mm512_set1_epi32(rlx_qi_load32(x + 4 * j + 4));
+        h0 = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(h0, x0, w[j]) : _mm512_dpbusd_epi32(h0, w[j], x0);
+        h1 = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(h1, x1, w[j + 1]) : _mm512_dpbusd_epi32(h1, w[j + 1], x1);
+    }
+    return _mm512_add_epi32(h0, h1);
+}
+
+/* acc <- block b's scaling of the exact integer product `dot` of one row (xds: the row's pairs of floats),
+ * in the order every path takes: fma(dot, dw * dx, acc), then (q4_x) fma(cw, dx * sum q, acc). */
+static inline __attribute__((always_inline)) __m512 rlx_qi_scale(const int fmt, __m512i dot, __m512 dw, __m512 cw,
+                                                                 const float *ds, __m512 acc)
+{
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(ds[0])), acc);
+    if (fmt != RLX_Q8_0)
+        acc = _mm512_fmadd_ps(cw, _mm512_set1_ps(ds[1]), acc);
+    return acc;
+}
+
+/* The group's 16 rows' d (and c_w: q4_1's m, q4_0's -8 d) of the block at blk. */
+static inline __attribute__((always_inline)) void rlx_qi_scales(const int fmt, const uint8_t *blk, __m512 *dw,
+                                                                __m512 *cw)
+{
+    *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+    *cw = fmt == RLX_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
+                          : _mm512_mul_ps(*dw, _mm512_set1_ps(-8.0f));
+}
+#endif
+
 /* Y[i, 0:16] (rows i < R, ldy apart) = activation rows i of Xq (xrow bytes apart; int16: the low plane, as
  * lo - 128, K bytes after the high one) times the 16 rows of the group at G. */
 static inline __attribute__((always_inline)) void rlx_qi_tile(const int fmt, const int a16, const int R, int64_t nb,
@@ -111,70 +183,26 @@ static inline __attribute__((always_inline)) void rlx_qi_tile(const int fmt, con
 {
     const int qb = RLX_QI_QB(fmt), hb = RLX_QI_HB(fmt);
 #ifdef RLX_Q8_ZMM
-    const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
     __m512 acc[RLX_QI_TILE];
     #pragma GCC unroll 8
     for (int i = 0; i < RLX_QI_TILE; i++)
         if (i < R)
             acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = G + b * RLX_QI_ROWS * qb, *quants = blk + RLX_QI_ROWS * hb;
+        const uint8_t *blk = G + b * RLX_QI_ROWS * qb;
         __m512i w[8];  /* w[j]: values 4j..4j+3 of the 16 rows */
-        if (fmt == RLX_Q8_0) {
-            for (int j = 0; j < 8; j++)
-                w[j] = _mm512_loadu_si512((const void *)(quants + 64 * j));
-        } else {
-            for (int p = 0; p < 4; p++) {
-                const __m512i packed = _mm512_loadu_si512((const void *)(quants + 64 * p));
-                w[p] = _mm512_and_si512(packed, low4);
-                w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
-            }
-        }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        const __m512 cw = fmt == RLX_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
-                                          : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
-        /* What the biased side of the products adds, taken off (or started from) once a block for every row:
-           q4_x: the int16 activations' low bytes are stored as lo - 128 (signed) so that they are the broadcast
-           signed side too: w . lo = w . (lo - 128) + 128 sum(w). q8_0: the weights are signed, so the
-           activations are the unsigned side, their (high) bytes stored as q + 128: (q + 128) . w = q . w +
-           128 sum(w), which the high bytes' 256 scales to 32768 sum(w). */
-        __m512i bias = _mm512_setzero_si512();
-        if (a16 || fmt == RLX_Q8_0) {
-            for (int j = 0; j < 8; j++)
-                bias = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(bias, ones, w[j]) : _mm512_dpbusd_epi32(bias, w[j], ones);
-            bias = fmt == RLX_Q8_0 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bias, a16 ? 15 : 7))
-                                   : _mm512_slli_epi32(bias, 7);
-        }
+        rlx_qi_weights(fmt, blk + RLX_QI_ROWS * hb, w);
+        __m512 dw, cw;
+        rlx_qi_scales(fmt, blk, &dw, &cw);
+        const __m512i bias = rlx_qi_bias(fmt, a16, w);
         #pragma GCC unroll 8  /* every row's accumulator in a register */
         for (int i = 0; i < RLX_QI_TILE; i++)
             if (i < R) {
                 const int8_t *x = Xq + i * xrow + b * 32;
-                /* two chains each: vpdpbusd's latency is ~4x its throughput. q4_x: the weights (0..15) are the
-                   unsigned side, the activations' 4 bytes a broadcast signed operand; q8_0 the other way round */
-                __m512i h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
-                for (int j = 0; j < 8; j += 2) {
-                    const __m512i x0 = _mm512_set1_epi32(rlx_qi_load32(x + 4 * j));
-                    const __m512i x1 = _mm512_set1_epi32(rlx_qi_load32(x + 4 * j + 4));
-                    h0 = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(h0, x0, w[j]) : _mm512_dpbusd_epi32(h0, w[j], x0);
-                    h1 = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(h1, x1, w[j + 1]) : _mm512_dpbusd_epi32(h1, w[j + 1], x1);
-                }
-                __m512i dot = _mm512_add_epi32(h0, h1);
-                if (a16) {
-                    __m512i l0 = bias, l1 = _mm512_setzero_si512();
-                    for (int j = 0; j < 8; j += 2) {
-                        const __m512i x0 = _mm512_set1_epi32(rlx_qi_load32(x + K + 4 * j));
-                        const __m512i x1 = _mm512_set1_epi32(rlx_qi_load32(x + K + 4 * j + 4));
-                        l0 = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(l0, x0, w[j]) : _mm512_dpbusd_epi32(l0, w[j], x0);
-                        l1 = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(l1, x1, w[j + 1]) : _mm512_dpbusd_epi32(l1, w[j + 1], x1);
-                    }
-                    dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), _mm512_add_epi32(l0, l1));
-                } else if (fmt == RLX_Q8_0) {
-                    dot = _mm512_add_epi32(dot, bias);
-                }
-                const float *ds = xds + 2 * (i * nb + b);
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(ds[0])), acc[i]);
-                if (fmt != RLX_Q8_0)
-                    acc[i] = _mm512_fmadd_ps(cw, _mm512_set1_ps(ds[1]), acc[i]);
+                const __m512i dot = a16 ? _mm512_add_epi32(_mm512_slli_epi32(rlx_qi_plane(fmt, w, x, _mm512_setzero_si512()), 8),
+                                                           rlx_qi_plane(fmt, w, x + K, bias))
+                                        : rlx_qi_plane(fmt, w, x, bias);
+                acc[i] = rlx_qi_scale(fmt, dot, dw, cw, xds + 2 * (i * nb + b), acc[i]);
             }
     }
     #pragma GCC unroll 8
@@ -292,20 +320,12 @@ static inline __attribute__((always_inline)) __m512i rlx_qi_amx_issue(const int 
         int64_t K, const int8_t *restrict Xq, int64_t xrow, const uint8_t *restrict blk, int64_t b,
         uint8_t *restrict wbuf, int32_t *restrict chi, int32_t *restrict clo)
 {
-    const int hb = RLX_QI_HB(fmt);
-    const uint8_t *quants = blk + RLX_QI_ROWS * hb;
-    const __m512i low4 = _mm512_set1_epi8(0x0F), ones = _mm512_set1_epi8(1);
+    const uint8_t *quants = blk + RLX_QI_ROWS * RLX_QI_HB(fmt);
     __m512i w[8];
+    rlx_qi_weights(fmt, quants, w);
     if (fmt == RLX_Q8_0) {
-        for (int j = 0; j < 8; j++)
-            w[j] = _mm512_loadu_si512((const void *)(quants + 64 * j));
         _tile_loadd(2, quants, 64);
-    } else {
-        for (int p = 0; p < 4; p++) {
-            const __m512i packed = _mm512_loadu_si512((const void *)(quants + 64 * p));
-            w[p] = _mm512_and_si512(packed, low4);
-            w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
-        }
+    } else {  /* B's rows are the unpacked values: through L1 */
         for (int j = 0; j < 8; j++)
             _mm512_store_si512((void *)(wbuf + 64 * j), w[j]);
         _tile_loadd(2, wbuf, 64);
@@ -336,14 +356,7 @@ static inline __attribute__((always_inline)) __m512i rlx_qi_amx_issue(const int 
     else
         RLX_QI_AMX_PRODUCTS(3, 4);
 #undef RLX_QI_AMX_PRODUCTS
-    __m512i bias = _mm512_setzero_si512();
-    if (a16 || fmt == RLX_Q8_0) {
-        for (int j = 0; j < 8; j++)
-            bias = fmt == RLX_Q8_0 ? _mm512_dpbusd_epi32(bias, ones, w[j]) : _mm512_dpbusd_epi32(bias, w[j], ones);
-        bias = fmt == RLX_Q8_0 ? _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bias, a16 ? 15 : 7))
-                               : _mm512_slli_epi32(bias, 7);
-    }
-    return bias;
+    return rlx_qi_bias(fmt, a16, w);
 }
 
 /* Y[i, 0:16] for the M (RLX_QI_AMX_ROWS..16) activation rows and the group at G, on configured tiles. The
@@ -372,24 +385,16 @@ static inline __attribute__((always_inline)) void rlx_qi_group_amx(const int fmt
             else
                 bias[1] = rlx_qi_amx_issue(fmt, a16, 1, K, Xq, xrow, next, b + 1, wbuf[1], chi[1], clo[1]);
         }
-        const uint8_t *blk = G + b * RLX_QI_ROWS * qb;
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-        const __m512 cw = fmt == RLX_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
-                                          : _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+        __m512 dw, cw;
+        rlx_qi_scales(fmt, G + b * RLX_QI_ROWS * qb, &dw, &cw);
         const int32_t *hi = chi[par], *lo = clo[par];
         for (int64_t i = 0; i < M; i++) {
             __m512i dot = _mm512_load_si512((const void *)(hi + i * RLX_QI_ROWS));
-            if (a16)
-                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8),
-                                       _mm512_add_epi32(_mm512_load_si512((const void *)(lo + i * RLX_QI_ROWS)), bias[par]));
-            else if (fmt == RLX_Q8_0)
-                dot = _mm512_add_epi32(dot, bias[par]);
-            const float *ds = xds + 2 * (i * nb + b);
-            __m512 a = _mm512_load_ps(acc + i * RLX_QI_ROWS);
-            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(ds[0])), a);
-            if (fmt != RLX_Q8_0)
-                a = _mm512_fmadd_ps(cw, _mm512_set1_ps(ds[1]), a);
-            _mm512_store_ps(acc + i * RLX_QI_ROWS, a);
+            dot = a16 ? _mm512_add_epi32(_mm512_slli_epi32(dot, 8),
+                                         _mm512_add_epi32(_mm512_load_si512((const void *)(lo + i * RLX_QI_ROWS)), bias[par]))
+                      : _mm512_add_epi32(dot, bias[par]);  /* as rlx_qi_tile: q4_x's bias is 0 here */
+            _mm512_store_ps(acc + i * RLX_QI_ROWS, rlx_qi_scale(fmt, dot, dw, cw, xds + 2 * (i * nb + b),
+                                                                _mm512_load_ps(acc + i * RLX_QI_ROWS)));
         }
     }
     for (int64_t i = 0; i < M; i++)
