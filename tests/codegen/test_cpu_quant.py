@@ -264,6 +264,22 @@ def asan_check() -> None:
         assert_within(got["q8"], want["q8"], act_bound(xv, raws["q4_1"], "q4_1", k, want["q8"], "q8"), f"q8, {m} rows")
         assert_within(got["q16"], want["q16"], act_bound(xv, raws["q4_1"], "q4_1", k, want["q16"], "q16"),
                       f"q16, {m} rows")
+    # weights interleaved by 16 rows (InterleavedQuantParam): the vector path, the tile path from 10 rows where
+    # the CPU has AMX, and the prefill panels
+    g = rlx.Graph("asan_interleaved")
+    x = g.input("x", [rlx.Dim.dynamic("m", 32), k])
+    raws = {f: Q.random_blocks(rng, 32, k, f) for f in ("q4_1", "q8_0")}
+    ws = {f: g.param(f, [32, Q.row_bytes(f, k)], "u8") for f in raws}
+    g.set_outputs({f"{f}_{act}": g.dequant_matmul(x, ws[f], quant=f, act=act) for f in raws for act in ("q8", "q16")})
+    cg = compile_graph(g, raws, opt_level=2, cpu_quant_layout="interleaved")
+    assert "rlx_qi_gemm_q4_1_q16(" in (cg.source or "")
+    for m in (1, 12, 17):
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        got = dict(zip(g.output_names, cg.run({"x": xv})))
+        want = dict(zip(g.output_names, reference_run(g, {"x": xv}, raws)))
+        for name in g.output_names:
+            f, act = name.rsplit("_", 1)
+            assert_within(got[name], want[name], act_bound(xv, raws[f], f, k, want[name], act), f"{name}, {m} rows")
 
 
 if __name__ == "__main__":
