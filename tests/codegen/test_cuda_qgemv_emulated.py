@@ -4,7 +4,8 @@ residual add, for 1 row of X (a warp walks RLX_QF_ROWS weight rows together, x r
 3 rows (one weight row at a time), for the byte-permute formats (q4_k, q4_0, q4_1, q8_0) and one on the general loop
 (q6_k). Row counts that leave a warp's last group short, grids smaller than the rows (several passes of the
 grid-stride loop) and rows of 72-73 units (a lane takes 2 or 3: the in-flight rounds and the tail) are all taken.
-Needs g++ with C++20.
+The register walks rlx_qgemv_xr and rlx_qgemv_xr2 (RLX_QGEMV_WALK=xr2: two work items in flight a warp) too, xr2 also
+bit for bit against xr. Needs g++ with C++20.
 
 Bound, as tests/gpu/test_cuda_quant_decode.py's: the kernel sums scale * (integer dot with x) + min * (sum of x) in f32
 over K terms, |err| <= (K + 36) u32 (|h| @ |terms of w|^T), h the (normalized) activation.
