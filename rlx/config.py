@@ -26,8 +26,8 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_CUTLASS_DIR | a directory holding `cutlass/cutlass.h` (instead of the nvidia-cutlass wheel's headers) | none |
 | RLX_CUDA_P2P | 0: CUDA all-reduces always call NCCL (no one-shot sums through the peers' memory) | 1 |
 | RLX_QUANT_LAYOUT | CPU integer decode GEMVs' weights: `auto`, `interleaved` (by 16 rows) or `rows` (GGUF's) | auto |
-| RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (x in registers where it fits), `rows` (older), `xr2` | auto |
-| RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of rows (8; xr2: 4) a block takes, 1, 2, 4, 8 (0: chosen) | 0 |
+| RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (x in registers where it fits) or `rows` (the older walk) | auto |
+| RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of 8 weight rows a block takes, 1, 2, 4 (0: chosen) | 0 |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |
 | RLX_RECORD_MAX_CALLS | calls recorded per compiled program (the first ones) | 16 |
@@ -161,7 +161,7 @@ class Config:
     cuda_p2p: bool = True
     #: CPU q8_0/q4_x weights of integer-activation matmuls: "auto", "interleaved" or "rows" (`InterleavedQuantParam`).
     cpu_quant_layout: str = "auto"
-    #: CUDA one-row decode GEMVs: "auto", "rows" or "xr2" (`CudaTarget.gemv_walk`), and the register walk's groups.
+    #: CUDA one-row decode GEMVs: "auto" or "rows" (`CudaTarget.gemv_walk`), and the register walk's groups.
     cuda_gemv_walk: str = "auto"
     cuda_xr_groups: int = 0
     cc: str = "cc"
@@ -201,7 +201,7 @@ class Config:
             cutlass_dir=env.get("RLX_CUTLASS_DIR", "").strip(),
             cuda_p2p=_flag(env, "RLX_CUDA_P2P", True),
             cpu_quant_layout=_choice(env, "RLX_QUANT_LAYOUT", ("auto", "interleaved", "rows")),
-            cuda_gemv_walk=_choice(env, "RLX_QGEMV_WALK", ("auto", "rows", "xr2")),
+            cuda_gemv_walk=env.get("RLX_QGEMV_WALK", "").strip() or "auto",
             cuda_xr_groups=_int(env, "RLX_QGEMV_XR_GROUPS", 0),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",

@@ -82,9 +82,8 @@ class DecodeGemv(Decision):
     norm: tuple[int, ...] = ()
     residual: tuple[int, ...] = ()
     swiglu: tuple[int, ...] = ()
-    #: The one-row walk: "rows" (rlx_qgemv_fused, a warp walks RLX_QF_ROWS weight rows over all of K), "xreg"
-    #: (rlx_qgemv_xr: x held in registers per slab of 32 units, `xr_groups` groups of 8 weight rows a block) or
-    #: "xr2" (rlx_qgemv_xr2, opt-in: the same walk with two work items' loads in flight a warp, groups of 4 rows).
+    #: The one-row walk: "rows" (rlx_qgemv_fused, a warp walks RLX_QF_ROWS weight rows over all of K) or "xreg"
+    #: (rlx_qgemv_xr: x held in registers per slab of 32 units, `xr_groups` groups of 8 weight rows a block).
     walk: str = "rows"
     xr_groups: int = 0
 
@@ -92,9 +91,6 @@ class DecodeGemv(Decision):
         names = " ".join(f"%{m}" for m in self.members)
         walk = f", one-row steps x in registers ({self.xr_groups} x 8 weight rows a block)" \
             if self.walk == "xreg" else ""
-        if self.walk == "xr2":
-            walk = (f", one-row steps x in registers, two work items in flight a warp ({self.xr_groups} x 4 weight"
-                    " rows a block)")
         extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
         extra += [f"with the SwiGLU epilogue (%{self.swiglu[0]})"] if self.swiglu else []

@@ -297,10 +297,6 @@ DECODE_XR_MIN_K = 2048
 DECODE_XR_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
 #: Groups of 8 weight rows a block of rlx_qgemv_xr may take.
 DECODE_XR_GROUPS = (1, 2, 4)
-#: Groups of 4 weight rows a block of rlx_qgemv_xr2 (walk "xr2") may take; forced groups may be any of 1, 2, 4, 8.
-DECODE_XR2_GROUPS = (2, 4, 8)
-#: Weight rows a group of each register walk (kernels/quant.cuh's RLX_QXR_G, RLX_QXR2_G).
-DECODE_XR_ROWS = {"xreg": 8, "xr2": 4}
 
 
 def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0) -> tuple[str, int]:
@@ -309,31 +305,23 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
     work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups; K = 14336: 14 slabs,
     4 groups), else the one that leaves the fewest warp turns idle. `walk="rows"` (`CudaTarget(gemv_walk=)`,
     RLX_QGEMV_WALK) forces the old walk, `groups` (`xr_groups`, RLX_QGEMV_XR_GROUPS) the groups.
-    `walk="xr2"` (opt-in) takes rlx_qgemv_xr2 where "xreg" would apply: groups of 4 rows, a warp's items taken
-    two at a time (the second's loads in flight during the first's products), so its groups are the fewest of
-    DECODE_XR2_GROUPS that make a tile's items a multiple of 16 (else the fewest idle turns): K = 4096 and 14336
-    then take the tiles of "xreg" (16 and 32 weight rows), and the grids are the same.
 
     >>> decode_walk("q4_k", "f32", 4096), decode_walk("q4_k", "f32", 14336)
     (('xreg', 2), ('xreg', 4))
     >>> decode_walk("q4_k", "f32", 576), decode_walk("q4_k", "f32", 4096, walk="rows")
     (('rows', 0), ('rows', 0))
-    >>> decode_walk("q4_k", "f32", 4096, walk="xr2"), decode_walk("q4_k", "f32", 14336, walk="xr2")
-    (('xr2', 4), ('xr2', 8))
     """
     if fmt not in DECODE_XR_FORMATS or act != "f32" or k < DECODE_XR_MIN_K or walk == "rows":
         return "rows", 0
-    name = "xr2" if walk == "xr2" else "xreg"
     if groups:
-        return name, groups
+        return "xreg", groups
     nslab = (k // 32 + 31) // 32
-    turn = 16 if name == "xr2" else 8  # items a block takes in one turn of its 8 warps (two each for xr2)
 
     def idle(g: int) -> float:  # the share of the warps' turns on a block's items that find none
-        turns = -(-nslab * g // turn) * turn
+        turns = -(-nslab * g // 8) * 8
         return (turns - nslab * g) / turns
 
-    return name, min(DECODE_XR2_GROUPS if name == "xr2" else DECODE_XR_GROUPS, key=lambda g: (idle(g), g))
+    return "xreg", min(DECODE_XR_GROUPS, key=lambda g: (idle(g), g))
 
 
 def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> list[DecodeGemv]:

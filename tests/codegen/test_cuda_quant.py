@@ -169,37 +169,3 @@ def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path:
     stages = CudaStages(Config.from_env({"RLX_QGEMV_WALK": "rows", "RLX_QGEMV_XR_GROUPS": "2"}))
     assert stages.target_options["gemv_walk"] == "rows" and stages.target_options["xr_groups"] == 2
     assert "gemv_walk" not in CudaStages(Config.from_env({})).target_options
-
-
-def test_q4k_decoder_xr2_is_opt_in(toolchain: NvccToolchain, tmp_path: Path) -> None:
-    """`CudaTarget(gemv_walk="xr2")` (RLX_QGEMV_WALK=xr2) records walk="xr2" where the default records "xreg", with
-    groups of 4 rows chosen so a tile's items are a multiple of 16 (two a warp: K = 2048 is 2 slabs, 8 groups;
-    K = 2304 is 3 slabs, 4 groups), launches rlx_qgemv_xr2 (and no rlx_qgemv_xr) for one-row steps, and the source
-    compiles for sm_90. The default target never takes it; bad walks are refused by Config and CudaTarget."""
-    from rlx.config import Config
-    from rlx.driver import lower_to_lir
-    from rlx.errors import RlxError
-    from rlx.pipeline.cuda import CudaStages, decide_cuda
-
-    target = CudaTarget(precision=DType.F16, gemm="builtin", gemv_walk="xr2")
-    lir = decide_cuda(lower_to_lir(_q4k_decoder(), 2, backend="cuda"), target)
-    found = lir.decided(DecodeGemv)
-    assert found and {(d.walk, d.xr_groups) for d in found} == {("xr2", 8), ("xr2", 4)}
-    assert all("two work items in flight a warp" in d.describe() for d in found)
-    src = render_cuda(lir, target, {"name": "decoder_xr2"})
-    launches = src.count("rlx_launch_pdl(c->pdl, rlx_qgemv_xr2<__half, RLX_Q4_K, 256, 144, ")
-    assert launches == len(found) and "rlx_qgemv_xr<" not in src
-    assert "rlx_qgemv_xr2<__half, RLX_Q4_K, 256, 144, true, 2, 8>" in src  # gate/up + norm + SwiGLU, K = 2048
-    assert "rlx_qgemv_xr2<__half, RLX_Q4_K, 256, 144, false, 1, 4>" in src  # the down projection, K = 2304
-    assert "RLX_QXR2_G" in src
-    path = tmp_path / "decoder_xr2.cu"
-    path.write_text(src)
-    toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
-    default = decide_cuda(lower_to_lir(_q4k_decoder(), 2, backend="cuda"), CudaTarget(precision=DType.F16))
-    assert {d.walk for d in default.decided(DecodeGemv)} == {"xreg"}
-    stages = CudaStages(Config.from_env({"RLX_QGEMV_WALK": "xr2"}))
-    assert stages.target_options["gemv_walk"] == "xr2"
-    with pytest.raises(RlxError, match="RLX_QGEMV_WALK"):
-        Config.from_env({"RLX_QGEMV_WALK": "xr3"})
-    with pytest.raises(BuildError, match="gemv_walk"):
-        CudaTarget(gemv_walk="xr3")

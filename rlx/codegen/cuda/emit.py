@@ -192,8 +192,7 @@ class CudaTarget:
     #: mappings made when the context joins the clique, NCCL where they cannot be made); False: NCCL only.
     p2p_all_reduce: bool = True
     #: One-row decode GEMVs: "auto" (`decode_walk`: x in registers for the formats and K it fits), "rows" (the
-    #: warp-per-rows walk everywhere), "xr2" (opt-in: where "auto" takes the register walk, rlx_qgemv_xr2, two
-    #: work items in flight a warp); `xr_groups` forces the register walk's groups of rows a block (0: chosen).
+    #: warp-per-rows walk everywhere); `xr_groups` forces the register walk's groups of 8 rows a block (0: chosen).
     gemv_walk: str = "auto"
     xr_groups: int = 0
 
@@ -207,10 +206,10 @@ class CudaTarget:
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
-        if self.gemv_walk not in ("auto", "rows", "xr2"):
-            raise BuildError(f"gemv_walk must be 'auto', 'rows' or 'xr2', got {self.gemv_walk!r}")
-        if self.xr_groups not in (0, 1, 2, 4, 8):
-            raise BuildError(f"xr_groups must be 0 (chosen), 1, 2, 4 or 8, got {self.xr_groups!r}")
+        if self.gemv_walk not in ("auto", "rows"):
+            raise BuildError(f"gemv_walk must be 'auto' or 'rows', got {self.gemv_walk!r}")
+        if self.xr_groups not in (0, 1, 2, 4):
+            raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
             raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
 

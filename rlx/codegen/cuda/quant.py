@@ -30,7 +30,7 @@ from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.quant import INT8_ACT_FORMATS, quant_format
-from rlx.opt.lowering_cuda import DECODE_XR_ROWS, LT_DTYPES, quant_act_offset, quant_tile
+from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
 
 TEMPLATE = "cuda/quant.cu.j2"
 QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
@@ -106,11 +106,8 @@ class DecodeGemvLaunch(Launch):
     large: tuple[DequantMatMul, ...]
     #: The fused kernel's ACT template argument: "" (f32 activations) or ", 1" (act="q8").
     act_arg: str = ""
-    #: Groups of weight rows a block of rlx_qgemv_xr takes in one-row steps (DecodeGemv.xr_groups); 0: the old walk.
+    #: Groups of 8 weight rows a block of rlx_qgemv_xr takes in one-row steps (DecodeGemv.xr_groups); 0: the old walk.
     xr_groups: int = 0
-    #: The register walk's kernel ("rlx_qgemv_xr", or "rlx_qgemv_xr2": DecodeGemv.walk "xr2") and its group macro.
-    xr_kernel: str = "rlx_qgemv_xr"
-    xr_g: str = "RLX_QXR_G"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,11 +187,10 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
     attrs = tuple((f"rlx_qgemv_fused<{first.t}, {first.fmt}, {first.qk}, {first.qb}, {mr}, {norm_c}, {epi}{act_arg}>",
                    str(smem)) for mr in range(1, d.max_rows + 1)
                   if (smem := mr * (first.k // 32) * QFUSED_PAD * 4) > 48 * 1024)
-    xr = d.xr_groups if d.walk in DECODE_XR_ROWS else 0
-    xr_kernel = "rlx_qgemv_xr2" if d.walk == "xr2" else "rlx_qgemv_xr"
+    xr = d.xr_groups if d.walk == "xreg" else 0
     nsub = first.k // 32
-    if xr and (smem := (nsub * QFUSED_PAD + (nsub + 31) // 32 * xr * DECODE_XR_ROWS[d.walk]) * 4) > 48 * 1024:
-        attrs += ((f"{xr_kernel}<{first.t}, {first.fmt}, {first.qk}, {first.qb}, {norm_c}, {epi}, {xr}>", str(smem)),)
+    if xr and (smem := (nsub * QFUSED_PAD + (nsub + 31) // 32 * xr * 8) * 4) > 48 * 1024:
+        attrs += ((f"rlx_qgemv_xr<{first.t}, {first.fmt}, {first.qk}, {first.qb}, {norm_c}, {epi}, {xr}>", str(smem)),)
     what = ", ".join(f"%{m}" for m in d.members) + "".join(
         f" + %{n}" for n in (*d.norm, *d.residual, *d.swiglu))
     args = DecodeGemvLaunch(
@@ -204,8 +200,7 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
         qk=first.qk, qb=first.qb,
         x=e.ptr(x), gamma=gamma, eps=eps, norm=norm_c, res=res, epi=epi, m=first.m,
         k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
-        ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg, xr_groups=xr, xr_kernel=xr_kernel,
-        xr_g="RLX_QXR2_G" if d.walk == "xr2" else "RLX_QXR_G")
+        ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg, xr_groups=xr)
     return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=_headers(first.act, any(a.mma for a in large)),
                   header=args.comment,
                   label=node.label)

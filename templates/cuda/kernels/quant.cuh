@@ -681,75 +681,18 @@ __device__ void rlx_q8_row(const uint8_t *__restrict__ row, const uint32_t *x, i
 #ifndef RLX_QXR_G
 #define RLX_QXR_G 8
 #endif
-/* rlx_qgemv_xr2: the same walk with two work items' weight loads in flight a warp (software pipelining in
- * registers): a warp issues the loads of its next item before the products of the current one, so a DRAM round
- * trip overlaps the previous item's arithmetic, warp sums and shared writes instead of following them (ncu on an
- * H200: the register walk was latency-bound, one item's loads in flight a warp). Two items' units take twice the
- * registers of one, so a group is RLX_QXR2_G = 4 weight rows (8 rows' units in flight, as rlx_qgemv_xr's one item).
- * Each (slab, row) sum is computed exactly as in rlx_qgemv_xr: the results are the same bits. */
-#ifndef RLX_QXR2_G
-#define RLX_QXR2_G 4
-#endif
-/* Weight row wi (0 .. XG * G) of tile t (groups of G rows): its member (*j) and row *n there; *ok false past the
-   rows. */
-template <int EPI, int XG, int G = RLX_QXR_G>
+/* Weight row wi (0 .. XG * RLX_QXR_G) of tile t: its member (*j) and row *n there; *ok false past the rows. */
+template <int EPI, int XG>
 __device__ __forceinline__ const uint8_t *rlx_qxr_row(const RlxQMembers &mem, int64_t t, int wi, int64_t rows,
                                                       int64_t RB, int64_t *n, int *j, bool *ok) {
-    constexpr int H = G / 2;
-    const int64_t r = EPI == 2 ? t * (XG * H) + (wi / G) * H + wi % H : t * (XG * G) + wi;
+    constexpr int H = RLX_QXR_G / 2;
+    const int64_t r = EPI == 2 ? t * (XG * H) + (wi / RLX_QXR_G) * H + wi % H : t * (XG * RLX_QXR_G) + wi;
     *ok = r < rows;
     *j = rlx_qf_member<EPI>(mem, r < rows ? r : rows - 1, n);
-    return (EPI == 2 ? ((wi % G) < H ? mem.w[0] : mem.w[1]) : rlx_qf_weights(mem, *j)) + *n * RB;
+    return (EPI == 2 ? ((wi % RLX_QXR_G) < H ? mem.w[0] : mem.w[1]) : rlx_qf_weights(mem, *j)) + *n * RB;
 }
 
-/* Work item it (slab it % nslab, group it / nslab) of tile t: this lane's unit of the group's G weight rows. */
-template <typename Unit, int EPI, int XG, int G>
-__device__ __forceinline__ void rlx_qxr_load(const RlxQMembers &mem, int64_t t, int64_t it, int64_t nslab,
-                                             int64_t nsub, int64_t rows, int64_t RB, int lane, Unit a[G]) {
-    const int64_t u = 32 * (it % nslab) + lane;
-    const int gi = (int)(it / nslab);
-    if (u < nsub) {
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            int64_t n;
-            int j;
-            bool ok;
-            a[g].load(rlx_qxr_row<EPI, XG, G>(mem, t, gi * G + g, rows, RB, &n, &j, &ok), u);
-        }
-    }
-}
-
-/* Work item it's products (the units a[] of rlx_qxr_load against the lane's x), summed over the warp into
-   part[slab][row of the tile] (TW weight rows a tile). */
-template <typename Unit, int G, int TW>
-__device__ __forceinline__ void rlx_qxr_finish(const float *__restrict__ xs, float *part, int64_t it, int64_t nslab,
-                                               int64_t nsub, int lane, const Unit a[G]) {
-    const int64_t s = it % nslab, u = 32 * s + lane;
-    const int gi = (int)(it / nslab);
-    float acc[G];
-#pragma unroll
-    for (int g = 0; g < G; g++)
-        acc[g] = 0.0f;
-    if (u < nsub) {
-        typename Unit::XFrag x;
-        Unit::xload(xs, u, x);
-#pragma unroll
-        for (int g = 0; g < G; g++)
-            acc[g] = a[g].dot(x, u);
-    }
-#pragma unroll
-    for (int g = 0; g < G; g++)
-        acc[g] = rlx_warp_sum(acc[g]);
-    if (lane == 0) {
-#pragma unroll
-        for (int g = 0; g < G; g++)
-            part[s * TW + gi * G + g] = acc[g];
-    }
-}
-
-/* XG > 0: the register walk, groups of G weight rows, PIPE: two work items in flight a warp (rlx_qgemv_xr2). */
-template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI, int ACT, int XG, int G = RLX_QXR_G,
-          bool PIPE = false>
+template <typename T, int FMT, int QK, int QB, int MR, bool NORM, int EPI, int ACT, int XG>
 __device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
                                                const RlxQMembers &mem, const T *res, int64_t K, int64_t RB,
                                                int64_t rows) {
@@ -763,11 +706,11 @@ __device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T 
            this one finishes (programmatic dependent launch), then wait for it. */
         constexpr int RW = rlx_qf_warp_rows<FMT, MR, EPI, ACT>();
         if constexpr (XG > 0) {  /* the block's first tile */
-            for (int i = warp; i < XG * G; i += RLX_QFUSED_WARPS) {
+            for (int i = warp; i < XG * RLX_QXR_G; i += RLX_QFUSED_WARPS) {
                 int64_t n;
                 int j;
                 bool ok;
-                const uint8_t *w = rlx_qxr_row<EPI, XG, G>(mem, blockIdx.x, i, rows, RB, &n, &j, &ok);
+                const uint8_t *w = rlx_qxr_row<EPI, XG>(mem, blockIdx.x, i, rows, RB, &n, &j, &ok);
                 for (int64_t off = (int64_t)lane * 128; ok && off < RB; off += 32 * 128)
                     RLX_Q_PREFETCH(w + off);
             }
@@ -877,59 +820,39 @@ __device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T 
     }
     if constexpr (XG > 0 && MR == 1 && ACT == 0 && RLX_QFAST(FMT)) {
         using Unit = RlxQUnit<FMT>;
-        constexpr int TW = XG * G, TR = EPI == 2 ? TW / 2 : TW;  /* weight / output rows a tile */
+        constexpr int G = RLX_QXR_G, TW = XG * G, TR = EPI == 2 ? TW / 2 : TW;  /* weight / output rows a tile */
         float *part = xs + nsub * RLX_QFUSED_PAD;  /* [slab][TW] warp sums */
         const int64_t nslab = (nsub + 31) / 32, tiles = (rows + TR - 1) / TR;
         for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-            const int64_t items = nslab * XG;
-            constexpr int64_t W = RLX_QFUSED_WARPS;
-            if constexpr (PIPE) {
-                /* two items in flight: item it + W's loads are issued before item it's products (ping-pong) */
-                Unit a0[G], a1[G];
-                int64_t it = warp;
-                if (it < items)
-                    rlx_qxr_load<Unit, EPI, XG, G>(mem, t, it, nslab, nsub, rows, RB, lane, a0);
-                for (; it < items; it += 2 * W) {
-                    if (it + W < items)
-                        rlx_qxr_load<Unit, EPI, XG, G>(mem, t, it + W, nslab, nsub, rows, RB, lane, a1);
-                    rlx_qxr_finish<Unit, G, TW>(xs, part, it, nslab, nsub, lane, a0);
-                    if (it + W >= items)
-                        break;
-                    if (it + 2 * W < items)
-                        rlx_qxr_load<Unit, EPI, XG, G>(mem, t, it + 2 * W, nslab, nsub, rows, RB, lane, a0);
-                    rlx_qxr_finish<Unit, G, TW>(xs, part, it + W, nslab, nsub, lane, a1);
+            for (int64_t it = warp; it < nslab * XG; it += RLX_QFUSED_WARPS) {
+                const int64_t s = it % nslab, u = 32 * s + lane;
+                const int gi = (int)(it / nslab);
+                float acc[G];
+#pragma unroll
+                for (int g = 0; g < G; g++)
+                    acc[g] = 0.0f;
+                if (u < nsub) {
+                    Unit a[G];
+#pragma unroll
+                    for (int g = 0; g < G; g++) {
+                        int64_t n;
+                        int j;
+                        bool ok;
+                        a[g].load(rlx_qxr_row<EPI, XG>(mem, t, gi * G + g, rows, RB, &n, &j, &ok), u);
+                    }
+                    typename Unit::XFrag x;
+                    Unit::xload(xs, u, x);
+#pragma unroll
+                    for (int g = 0; g < G; g++)
+                        acc[g] = a[g].dot(x, u);
                 }
-            } else {
-                for (int64_t it = warp; it < items; it += W) {
-                    const int64_t s = it % nslab, u = 32 * s + lane;
-                    const int gi = (int)(it / nslab);
-                    float acc[G];
+#pragma unroll
+                for (int g = 0; g < G; g++)
+                    acc[g] = rlx_warp_sum(acc[g]);
+                if (lane == 0) {
 #pragma unroll
                     for (int g = 0; g < G; g++)
-                        acc[g] = 0.0f;
-                    if (u < nsub) {
-                        Unit a[G];
-#pragma unroll
-                        for (int g = 0; g < G; g++) {
-                            int64_t n;
-                            int j;
-                            bool ok;
-                            a[g].load(rlx_qxr_row<EPI, XG, G>(mem, t, gi * G + g, rows, RB, &n, &j, &ok), u);
-                        }
-                        typename Unit::XFrag x;
-                        Unit::xload(xs, u, x);
-#pragma unroll
-                        for (int g = 0; g < G; g++)
-                            acc[g] = a[g].dot(x, u);
-                    }
-#pragma unroll
-                    for (int g = 0; g < G; g++)
-                        acc[g] = rlx_warp_sum(acc[g]);
-                    if (lane == 0) {
-#pragma unroll
-                        for (int g = 0; g < G; g++)
-                            part[s * TW + gi * G + g] = acc[g];
-                    }
+                        part[s * TW + gi * G + g] = acc[g];
                 }
             }
             __syncthreads();
@@ -938,7 +861,7 @@ __device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T 
                 int64_t n;
                 int j;
                 bool ok;
-                rlx_qxr_row<EPI, XG, G>(mem, t, wi, rows, RB, &n, &j, &ok);
+                rlx_qxr_row<EPI, XG>(mem, t, wi, rows, RB, &n, &j, &ok);
                 if (!ok)
                     continue;
                 float out = 0.0f, up = 0.0f;
@@ -1065,15 +988,6 @@ __global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS, 2)
 rlx_qgemv_xr(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
              const T *res, int64_t K, int64_t RB, int64_t rows) {
     rlx_qgemv_body<T, FMT, QK, QB, 1, NORM, EPI, 0, XG>(X, gamma, eps, mem, res, K, RB, rows);
-}
-
-/* rlx_qgemv_xr with two work items in flight a warp (groups of RLX_QXR2_G weight rows; dynamic shared memory: the
-   staged x, then (K / 32 + 31) / 32 * XG * RLX_QXR2_G floats of warp sums). Opt-in: RLX_QGEMV_WALK=xr2. */
-template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int XG>
-__global__ void __launch_bounds__(32 * RLX_QFUSED_WARPS, 2)
-rlx_qgemv_xr2(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
-              const T *res, int64_t K, int64_t RB, int64_t rows) {
-    rlx_qgemv_body<T, FMT, QK, QB, 1, NORM, EPI, 0, XG, RLX_QXR2_G, true>(X, gamma, eps, mem, res, K, RB, rows);
 }
 
 /* ── One row of X against short weight rows (K / 32 < 32 sub-blocks: a vocabulary projection, K = 576) ─────

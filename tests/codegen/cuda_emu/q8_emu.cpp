@@ -134,77 +134,56 @@ void emu_qf_fused(int fmt, int kind, const float *X, const float *gamma, float e
 }
 }
 
-/* rlx_qgemv_xr (one row of X, XG groups a tile; X2: rlx_qgemv_xr2, groups of RLX_QXR2_G rows) as quant.cu.j2
- * launches it: one block per tile, capped at `max_grid` (the grid-stride loop over tiles), kinds as q_fused_kind's. */
-template <int FMT, int QK, int QB, bool NORM, int EPI, int XG, bool X2>
+/* rlx_qgemv_xr (one row of X, XG groups a tile) as quant.cu.j2 launches it: one block per tile, capped at
+ * `max_grid` (the grid-stride loop over tiles), kinds as q_fused_kind's. */
+template <int FMT, int QK, int QB, bool NORM, int EPI, int XG>
 static void q_xr(const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res, int64_t K,
                  int64_t RB, int64_t rows, unsigned max_grid) {
-    constexpr int G = X2 ? RLX_QXR2_G : RLX_QXR_G;
-    const int64_t tr = (int64_t)XG * G / (EPI == 2 ? 2 : 1), nsub = K / 32;
+    const int64_t tr = (int64_t)XG * RLX_QXR_G / (EPI == 2 ? 2 : 1), nsub = K / 32;
     unsigned grid = rlx_emu_blocks(rows, (int)tr);
     grid = grid < max_grid ? grid : max_grid;
-    const size_t smem = ((size_t)nsub * RLX_QFUSED_PAD + (size_t)(nsub + 31) / 32 * XG * G) * sizeof(float);
+    const size_t smem = ((size_t)nsub * RLX_QFUSED_PAD + (size_t)(nsub + 31) / 32 * XG * RLX_QXR_G) * sizeof(float);
     RlxDim3 g3;
     g3.x = grid;
-    rlx_emu_launch3(g3, 32 * RLX_QFUSED_WARPS, smem, [&] {
-        if constexpr (X2)
-            rlx_qgemv_xr2<float, FMT, QK, QB, NORM, EPI, XG>(X, gamma, eps, mem, res, K, RB, rows);
-        else
-            rlx_qgemv_xr<float, FMT, QK, QB, NORM, EPI, XG>(X, gamma, eps, mem, res, K, RB, rows);
-    });
+    rlx_emu_launch3(g3, 32 * RLX_QFUSED_WARPS, smem,
+                    [&] { rlx_qgemv_xr<float, FMT, QK, QB, NORM, EPI, XG>(X, gamma, eps, mem, res, K, RB, rows); });
 }
 
-template <int FMT, int QK, int QB, int XG, bool X2>
+template <int FMT, int QK, int QB, int XG>
 static void q_xr_kind(int kind, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
                       const float *res, int64_t K, int64_t RB, int64_t rows, unsigned max_grid) {
     if (kind == 0)
-        q_xr<FMT, QK, QB, false, 0, XG, X2>(X, gamma, eps, mem, res, K, RB, rows, max_grid);
+        q_xr<FMT, QK, QB, false, 0, XG>(X, gamma, eps, mem, res, K, RB, rows, max_grid);
     else if (kind == 1)
-        q_xr<FMT, QK, QB, true, 2, XG, X2>(X, gamma, eps, mem, res, K, RB, rows, max_grid);
+        q_xr<FMT, QK, QB, true, 2, XG>(X, gamma, eps, mem, res, K, RB, rows, max_grid);
     else
-        q_xr<FMT, QK, QB, false, 1, XG, X2>(X, gamma, eps, mem, res, K, RB, rows, max_grid);
+        q_xr<FMT, QK, QB, false, 1, XG>(X, gamma, eps, mem, res, K, RB, rows, max_grid);
 }
 
-template <int FMT, int QK, int QB, bool X2>
+template <int FMT, int QK, int QB>
 static void q_xr_groups(int xg, int kind, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
                         const float *res, int64_t K, int64_t RB, int64_t rows, unsigned max_grid) {
     if (xg == 1)
-        q_xr_kind<FMT, QK, QB, 1, X2>(kind, X, gamma, eps, mem, res, K, RB, rows, max_grid);
+        q_xr_kind<FMT, QK, QB, 1>(kind, X, gamma, eps, mem, res, K, RB, rows, max_grid);
     else if (xg == 2)
-        q_xr_kind<FMT, QK, QB, 2, X2>(kind, X, gamma, eps, mem, res, K, RB, rows, max_grid);
-    else if (xg == 4)
-        q_xr_kind<FMT, QK, QB, 4, X2>(kind, X, gamma, eps, mem, res, K, RB, rows, max_grid);
+        q_xr_kind<FMT, QK, QB, 2>(kind, X, gamma, eps, mem, res, K, RB, rows, max_grid);
     else
-        q_xr_kind<FMT, QK, QB, 8, X2>(kind, X, gamma, eps, mem, res, K, RB, rows, max_grid);
-}
-
-template <bool X2>
-static void q_xr_entry(int fmt, int xg, int kind, const float *X, const float *gamma, float eps, int count,
-                       const uint8_t *w0, const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N,
-                       int64_t K, int64_t RB, unsigned max_grid) {
-    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
-    const int64_t rows = kind == 1 ? N : count * N;
-    switch (fmt) {
-    case RLX_Q8_0: q_xr_groups<RLX_Q8_0, 32, 34, X2>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
-    case RLX_Q4_0: q_xr_groups<RLX_Q4_0, 32, 18, X2>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
-    case RLX_Q4_1: q_xr_groups<RLX_Q4_1, 32, 20, X2>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
-    default: q_xr_groups<RLX_Q4_K, 256, 144, X2>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
-    }
+        q_xr_kind<FMT, QK, QB, 4>(kind, X, gamma, eps, mem, res, K, RB, rows, max_grid);
 }
 
 extern "C" {
-/* rlx_qgemv_xr, format `fmt` (quant.cuh's ids), M = 1, xg (1, 2, 4 or 8) groups of RLX_QXR_G weight rows a tile, at
-   most `max_grid` blocks. */
+/* rlx_qgemv_xr, format `fmt` (quant.cuh's ids), M = 1, xg (1, 2 or 4) groups of RLX_QXR_G weight rows a tile, at most
+   `max_grid` blocks. */
 void emu_qf_xr(int fmt, int xg, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB,
                unsigned max_grid) {
-    q_xr_entry<false>(fmt, xg, kind, X, gamma, eps, count, w0, w1, y0, y1, res, N, K, RB, max_grid);
-}
-
-/* rlx_qgemv_xr2 (two work items in flight a warp, groups of RLX_QXR2_G rows), arguments as emu_qf_xr's. */
-void emu_qf_xr2(int fmt, int xg, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
-                const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB,
-                unsigned max_grid) {
-    q_xr_entry<true>(fmt, xg, kind, X, gamma, eps, count, w0, w1, y0, y1, res, N, K, RB, max_grid);
+    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
+    const int64_t rows = kind == 1 ? N : count * N;
+    switch (fmt) {
+    case RLX_Q8_0: q_xr_groups<RLX_Q8_0, 32, 34>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
+    case RLX_Q4_0: q_xr_groups<RLX_Q4_0, 32, 18>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
+    case RLX_Q4_1: q_xr_groups<RLX_Q4_1, 32, 20>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
+    default: q_xr_groups<RLX_Q4_K, 256, 144>(xg, kind, X, gamma, eps, mem, res, K, RB, rows, max_grid); break;
+    }
 }
 }
