@@ -288,7 +288,7 @@ def _type_name(type_id: int) -> str:
         return f"ggml type {type_id}"
 
 
-def _tensor(p: Path, buf: mmap.mmap, info: _TensorInfo, data_offset: int, alignment: int) -> GgufTensor:
+def _tensor(p: Path, buf: mmap.mmap | np.ndarray, info: _TensorInfo, data_offset: int, alignment: int) -> GgufTensor:
     shape = tuple(int(d) for d in reversed(info.ne))
     if info.type_id not in GGML_TYPES:
         raise ArtifactError(f"GGUF file {p}: tensor {info.name!r} {shape} has unsupported type "
@@ -453,7 +453,12 @@ def read_gguf(path: str | Path) -> GgufModel:
     names = {i.name for i in infos}
     embd = next((i for i in infos if i.name == "token_embd.weight"), None)
     cfg = decoder_config(metadata, names, p, token_embd_rows=int(embd.ne[-1]) if embd is not None else None)
-    tensors = {i.name: _tensor(p, buf, i, data_offset, alignment) for i in infos}
+    # the tensors are views of a `param_store.map_file` mapping of the file: a param set from one and stored in
+    # another layout (interleaved, packed) is kept in the AOT cache and mapped again by the next process
+    from rlx.toolchain.param_store import map_file
+
+    data = map_file(p, 0, len(buf))
+    tensors = {i.name: _tensor(p, data, i, data_offset, alignment) for i in infos}
     for name, shape in expected_shapes(cfg).items():
         if name not in tensors:
             raise ArtifactError(f"GGUF file {p} lacks tensor {name!r} ({cfg.arch}, {cfg.num_layers} layers)")
