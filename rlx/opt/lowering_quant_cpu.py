@@ -1,4 +1,5 @@
-"""CPU lowering for decode steps: quantized projections of one activation as one GEMV pass.
+"""CPU lowering for decode steps: quantized projections of one activation as one GEMV pass, and the weights
+of integer-activation GEMVs stored interleaved by 16 rows (`interleaved_params`: `InterleavedQuantParam`).
 
 `quant_gemv_groups(lir)` records a `QuantGemvGroup` (`rlx.ir.decisions_quant`) for each run of
 `dequant_matmul` nodes that read the same activation with the same block format and activation mode
