@@ -231,9 +231,9 @@ class CompiledGraph(Provenance):
         self._param_values: dict[str, np.ndarray | _Recomputed] = {}
         # Params the library reads in place (rlx_bind_param), by index: the arrays, kept alive while bound.
         self._bound: dict[int, np.ndarray] = {}
-        # Params set from their stored layout kept in the cache (rlx_bind_stored copies it into the param storage,
-        # `rlx.toolchain.param_store`): the store's keys, by index.
-        self._stored: dict[int, str] = {}
+        # Params bound to their stored layout kept in the cache (rlx_bind_stored, `rlx.toolchain.param_store`):
+        # the mapped files, by index, kept alive while bound.
+        self._stored: dict[int, np.ndarray] = {}
         on_cpu = str(library.manifest.get("target", "cpu")) == "cpu"
         self._binds = on_cpu and hasattr(self._lib, "rlx_bind_param")
         self._store = param_store if self._binds and hasattr(self._lib, "rlx_bind_stored") else None
@@ -409,8 +409,8 @@ class CompiledGraph(Provenance):
         file's pages, so the file must stay as it is while it is bound (replacing it by a rename is fine).
         A weight the library stores in another layout, read-only and mapped from a weights file by
         `rlx.toolchain.param_store.map_file` (`load_safetensors(mapped=True)`), is converted once per cached
-        library: the converted bytes are kept beside it in the AOT cache and later processes copy those into
-        the param storage (`params_stored`) instead of converting again.
+        library: the converted bytes are kept beside it in the AOT cache and later processes bind those
+        (`params_stored`) instead of converting again.
         A writable array is always copied, so changing it afterwards changes nothing; setting the param
         again replaces the binding. `params_in_place` names the params read in place.
 
@@ -540,17 +540,16 @@ class CompiledGraph(Provenance):
             return None
         return self._store.key(idx, info.name, source), source
 
-    def _bind_stored(self, idx: int, info: TensorInfo, arr: np.ndarray) -> str | None:
-        """Set param `idx` from its stored layout kept in the cache for `arr`'s values (copied into the param
-        storage: the mapping goes once this returns); the store's key, or None (nothing kept, or the library
-        refused it)."""
+    def _bind_stored(self, idx: int, info: TensorInfo, arr: np.ndarray) -> np.ndarray | None:
+        """Bind param `idx` to its stored layout kept in the cache for `arr`'s values; the mapped payload, or
+        None (nothing kept, or the library refused it)."""
         found = self._stored_key(idx, info, arr)
         payload = None if found is None else self._store.load(found[0])
         if payload is None:
             return None
         if self._lib.rlx_bind_stored(self._ctx, idx, ffi.from_buffer(payload), payload.nbytes) != 0:
             return None
-        return found[0]
+        return payload
 
     def _keep_stored(self, idx: int, info: TensorInfo, arr: np.ndarray) -> None:
         """Keep param `idx`'s stored layout, just converted from `arr`, in the cache (see `param_store`)."""

@@ -5,11 +5,8 @@ quantizes or widens it) every time a process sets it: for MiniLM 42 MB, ~20-80 m
 (the packing and the page faults of a fresh param storage). When the weight is a read-only view of a
 file mapped by `map_file` (what `rlx.models.weights.load_safetensors(mapped=True)` gives), the stored
 bytes (`rlx_param_stored`) are written once to `<entry>/packed/<key>.bin` beside the entry's
-`model.so`, and a later process maps that file and copies it into its param storage as it is
-(`rlx_bind_stored`): no packing. Copied rather than bound in place: the param storage is advised as huge
-pages while the file's mapping is 4 KiB pages of the page cache, and a GEMM that streams its weights
-misses the TLB at every 4 KiB page (MiniLM 1x16 on 2 threads: ~10% of a call, see docs/architecture.md,
-"CPU encoder"); the copy costs about what reading the file's pages does.
+`model.so`, and a later process maps that file and binds it (`rlx_bind_stored`): no packing, and only
+the pages a run reads are faulted in, from the page cache.
 
 What keeps a stored param from ever being stale:
 

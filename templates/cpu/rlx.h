@@ -85,10 +85,10 @@ int32_t rlx_bind_param(void *ctx, int32_t index, const void *data, int64_t nbyte
  * the same library, skip re-packing the caller's weight. */
 int64_t rlx_param_stored(void *ctx, int32_t index, const void **data);
 
-/* Param `index` from `data` (its stored bytes as rlx_param_stored gave them,
- * for this very library: exactly that size, 64-byte aligned), copied into the
- * context's param storage as they are, without converting (`data` may go
- * afterwards). Returns 0, or nonzero with a message. */
+/* Use `data` (a param's stored bytes as rlx_param_stored gave them, for this
+ * very library: exactly that size, 64-byte aligned) as param `index` in place,
+ * like rlx_bind_param: read, never written, until the param is set or bound
+ * again or the context is destroyed. Returns 0, or nonzero with a message. */
 int32_t rlx_bind_stored(void *ctx, int32_t index, const void *data, int64_t nbytes);
 
 /* Run the graph. `symbols` holds the values of the dynamic dims (each in

@@ -222,8 +222,8 @@ RLX_EXPORT int32_t rlx_bind_param(void *vctx, int32_t index, const void *data, i
 
 /* Param `index` as this context stores it (packed, permuted, quantized or widened, or as given): its
  * slot's bytes (the layout plus alignment padding) at *data. -1 (and *data NULL) when the param is not
- * set, or is bound to memory that is not its slot (rlx_bind_param). What a cache keeps to give back later
- * to rlx_bind_stored instead of re-packing the caller's weight. */
+ * set, or is bound to memory that is not its slot (rlx_bind_param, rlx_bind_stored). What a cache keeps
+ * to bind again later with rlx_bind_stored instead of re-packing the caller's weight. */
 RLX_EXPORT int64_t rlx_param_stored(void *vctx, int32_t index, const void **data)
 {
     rlx_ctx *ctx = (rlx_ctx *)vctx;
@@ -236,12 +236,9 @@ RLX_EXPORT int64_t rlx_param_stored(void *vctx, int32_t index, const void **data
     return (int64_t)rlx_param_slot_bytes(index);
 }
 
-/* Param `index` from `data`, the bytes rlx_param_stored gave (e.g. kept in a file and mapped again), in the
- * layout this library stores it, without converting: exactly the slot's size, 64-byte aligned. They are
- * copied into the param's slot (after which `data` may go): the slots are the huge-page param storage
- * (rlx_alloc), while a file's mapping is 4 KiB pages of the page cache, and a GEMM streaming its weights
- * through 4 KiB pages misses the TLB at every page (MiniLM 1x16, 42 MB of packed weights a call, Sapphire
- * Rapids KVM guest: 1.85-2.03 ms a call bound to the mapping, 1.63-1.82 ms from the slots). */
+/* Use `data` as param `index` in the layout this library stores it (bytes rlx_param_stored gave, e.g.
+ * kept in a file and mapped again), without converting: exactly the slot's size, 64-byte aligned (the
+ * packed kernels load it aligned). The contexts read that memory as rlx_bind_param's. */
 RLX_EXPORT int32_t rlx_bind_stored(void *vctx, int32_t index, const void *data, int64_t nbytes)
 {
     rlx_ctx *ctx = (rlx_ctx *)vctx;
@@ -258,8 +255,7 @@ RLX_EXPORT int32_t rlx_bind_stored(void *vctx, int32_t index, const void *data, 
                         (long long)rlx_param_slot_bytes(index), (long long)nbytes);
     if ((uintptr_t)data % RLX_ALIGN != 0)
         return rlx_fail(ctx, "param '%s': stored data is not %d-byte aligned", p->name, (int)RLX_ALIGN);
-    ctx->param_at[index] = ctx->params + p->offset;
-    memcpy(ctx->param_at[index], data, (size_t)nbytes);
+    ctx->param_at[index] = (char *)(uintptr_t)data;  /* never written through: the kernels only read params */
     ctx->param_set[index] = 1;
     return 0;
 }
