@@ -104,7 +104,7 @@ def test_every_epilogue(rng, target):
         assert_within(a, b_, 1.2 * bound + 2e-6 * np.abs(b_) + 1e-7, f"{name} on {target}")
 
 
-# gelu's special values (kernels/scalar.h): tails, 0.75 (where an earlier form switched ranges), the -16 cut, inf, NaN
+# gelu's special values (kernels/scalar.h): tails, the 0.75 range switch, the -16 cut, inf, NaN
 GELU_SPECIALS = [np.inf, -np.inf, np.nan, -16.0, -15.99, -20.0, 16.0, 20.0, 0.75, -0.75, 0.7499999,
                  -0.7499999, 13.5, -13.5, 1e-30, -1e-30, 3e38, -3e38, 1e-45, 5.0, -5.0, 0.0]
 
@@ -128,7 +128,7 @@ def test_gelu_epilogue_matches_elementwise_gelu(rng, target):
     cg = compile_graph(g, params, cpu_target=_target(target))
     assert cg.source.count("rlx_pgemm(M, N, K") == 2
     specials = np.resize(np.array(GELU_SPECIALS, dtype=np.float32), n)
-    # |h| ~ 3: rlx_gelu_f near 0 and on both tails
+    # |h| ~ 3: both of rlx_gelu_f's ranges (the switch at 0.75) and its tails
     cases = [(params, 0.5 * rng.standard_normal((m, k)).astype(np.float32)),
              ({**params, "b": specials}, np.zeros((m, k), np.float32))]
     for case, (ps, xv) in enumerate(cases):

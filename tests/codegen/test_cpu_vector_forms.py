@@ -32,8 +32,7 @@ HARNESS = Path(__file__).resolve().parent / "cpu_kernels" / "vector_forms.c"
 LEVELS = {"x86-64-v3": {"avx2", "fma"}, "x86-64-v4": {"avx512f", "avx512bw", "avx512dq", "avx512vl"}}
 PANEL = {"x86-64-v3": 16, "x86-64-v4": 32}
 
-# gelu's special values (kernels/scalar.h): the -16 cut, 0.75 (where an earlier form switched ranges), tails, inf,
-# NaN, signed zeros
+# gelu's special values (kernels/scalar.h): the -16 cut, the 0.75 range switch, tails, inf, NaN, signed zeros
 GELU_SPECIALS = [np.inf, -np.inf, np.nan, -0.0, 0.0, -16.0, -15.99, -20.0, 16.0, 20.0, 0.75, -0.75, 0.7499999,
                  -0.7499999, 13.5, -13.5, 1e-30, -1e-30, 1e-45, -1e-45, 3e38, -3e38, 5.0, -5.0]
 

@@ -188,7 +188,7 @@ static inline void rlx_i8_store_row(const int32_t *acc, int64_t nr, float sx, co
  * q = Phi(-|x|) = erfc(z) / 2, z = |x| / sqrt2, from Abramowitz & Stegun 7.1.26:
  *   erfc(z) ~= (a1 t + a2 t^2 + a3 t^3 + a4 t^4 + a5 t^5) exp(-z^2),  t = 1 / (1 + p z),
  * (|error| <= 1.5e-7), exp by rlx_exp16_in_range (kernels/vexp16.h).
- * About 30 vector operations, two thirds of rlx_gelu_f's; the error is absolute,
+ * About 30 vector operations, a third of rlx_gelu_f's two-range evaluation; the error is absolute,
  * not relative: |gelu - exact| <= 4.3e-7 and <= 0.21 * (1e-6 + 4e-6 |exact|) over [-30, 30]
  * (measured against double erfc on a 1e-4 grid), far below the int8 product's own rounding, so
  * the negative tail (|gelu| < 1e-6 below x = -5) is accurate to absolute, not relative, precision.

@@ -1,13 +1,13 @@
 /* gelu(x) = x Phi(x) on 8 AVX2 lanes (rlx_gelu8) and 16 AVX-512 lanes (rlx_gelu16): the vector forms
- * of rlx_gelu_f (kernels/scalar.h), operation for operation (its one range, the same polynomials,
- * the exact float pair for z^2, 2^n applied last, the FMAs where gcc contracts the
+ * of rlx_gelu_f (kernels/scalar.h), operation for operation (the same two ranges, both computed, the
+ * same polynomials, the exact float pair for z^2, 2^n applied last, the FMAs where gcc contracts the
  * scalar form; AVX-512 scales by 2^n with vscalefps, see TAIL_POS): the same results bit for bit
  * (checked over a dense sweep of [-14, 14] and the special values), so rlx_gelu_f's error bound and
  * special values hold (x <= -16 gives -0, -inf NaN, +inf +inf, NaN stays NaN, -0 stays -0).
  *
  * Why not the scalar function under `#pragma omp simd`: gcc does vectorize it, but a loop over one
- * 16-column tile row runs two vectors, and one vector's chain (a division, two polynomials of
- * dependent FMAs) is ~100 cycles of latency: the core overlaps about two such chains and waits.
+ * 16-column tile row runs two vectors, and one vector's chain (a division, three polynomials of
+ * dependent FMAs) is ~130 cycles of latency: the core overlaps about two such chains and waits.
  * rlx_gelu8x6 / rlx_gelu16x4 evaluate several vectors step by step in lockstep (independent
  * chains side by side in program order), so the FMA pipes stay busy.
  * A fixed RLX kernel header (no template code), included by kernels built for AVX2+FMA or AVX-512. */
@@ -18,31 +18,45 @@
 #include <stdint.h>
 
 /* The constants of rlx_gelu_f, shared by both widths (see kernels/scalar.h for their origin). */
-#define RLX_GELU_H {0.00012346461457702772f, -0.0001820354269261164f, -0.00032043960393335114f, 0.0009354585036264406f, -0.0008432569098961388f, -0.00035042166194305154f, 0.0036049873153447356f, -0.008725228190768765f, 0.008427002595972288f, 0.020734022550371236f, -0.1218932901230012f, 0.23335608039469258f, -0.13486633493263098f}
+#define RLX_GELU_S {-4.122667414862689e-08f, 6.659693516316651e-07f, -9.444656259503615e-06f,          \
+                    0.00011543468761615529f, -0.0011873282154804545f, 0.009973557010035817f,          \
+                    -0.06649038006690546f, 0.3989422804014327f}
+#define RLX_GELU_H {1.683793321515001e-05f, -2.2788486425323783e-05f, -7.848074125589645e-05f,         \
+                    0.0002717089228258263f, -0.00019594916379078533f, -0.0012014791054828333f,         \
+                    0.00466812349090375f, -0.0019064835421005238f, -0.05137337787841167f,              \
+                    0.2063431175792425f, -0.24108881987180167f}
 #define RLX_GELU_E {1.98412698412698413e-4f, 1.38888888888888889e-3f, 8.33333333333333333e-3f,         \
                     4.16666666666666667e-2f, 1.66666666666666667e-1f, 0.5f, 1.0f, 1.0f}
 
 /* One GELU over `L` vectors of type V in lockstep: every step below is a loop over the L lanes-vectors
  * (fully unrolled), so L independent dependency chains are interleaved. The ISA's operations come in
  * as macros: SET1, ADD, SUB, MUL, DIV, FMA (a*b+c), FNMA (c-a*b), FMS (a*b-c), FNMS (-a*b-c), MIN, ABS,
- * the selects (SEL_GE0(a, x, y): a >= 0 ? x : y; SEL_LEM16(x, z, y):
+ * the selects (SEL_LT(a, b, x, y): a < b ? x : y; SEL_GE0(a, x, y): a >= 0 ? x : y; SEL_LEM16(x, z, y):
  * x <= -16 ? z : y), and the tails TAIL_POS(x, m, n) = x (1 - m 2^n) and TAIL_NEG(x, m, n) = (x m) 2^n for
  * an integer-valued float n. Each is the scalar form's operation (its negations folded into FMS / FNMS, its
  * `ax0 >= 16 && x < 0` one compare), so the values are the same. */
 #define RLX_GELU_BODY(L, V, v)                                                                        \
     do {                                                                                              \
-        static const float ch[13] = RLX_GELU_H, ce[8] = RLX_GELU_E;               \
-        V x[L], ax[L], u[L], acc[L], ul[L], t[L], w[L], n[L], r[L];                \
+        static const float cs[8] = RLX_GELU_S, ch[11] = RLX_GELU_H, ce[8] = RLX_GELU_E;               \
+        V x[L], ax0[L], ax[L], u[L], acc[L], center[L], ul[L], t[L], w[L], n[L], r[L];                \
         _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
             x[q] = v[q];                                                                              \
-            ax[q] = MIN(ABS(x[q]), SET1(16.0f));                                                      \
+            ax0[q] = ABS(x[q]);                                                                       \
+            ax[q] = MIN(ax0[q], SET1(16.0f));                                                         \
             u[q] = MUL(ax[q], ax[q]);                                                                 \
             t[q] = DIV(SET1(1.0f), FMA(ax[q], SET1(0.7071067811865475f), SET1(1.0f)));                \
+            acc[q] = SET1(cs[0]);                                                                     \
+        }                                                                                             \
+        _Pragma("GCC unroll 8") for (int i = 1; i < 8; i++)                                           \
+            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
+                acc[q] = FMA(acc[q], u[q], SET1(cs[i]));                                              \
+        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
+            center[q] = MUL(x[q], FMA(x[q], acc[q], SET1(0.5f)));                                     \
             ul[q] = FMS(ax[q], ax[q], u[q]); /* x^2 = u + ul exactly */                                \
-            w[q] = MUL(SUB(t[q], SET1(0.5406051515708061f)), SET1(2.176776695296637f));               \
+            w[q] = MUL(SUB(t[q], SET1(0.36733204834304223f)), SET1(3.4950157293916932f));             \
             acc[q] = SET1(ch[0]);                                                                     \
         }                                                                                             \
-        _Pragma("GCC unroll 13") for (int i = 1; i < 13; i++)                                         \
+        _Pragma("GCC unroll 11") for (int i = 1; i < 11; i++)                                         \
             _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
                 acc[q] = FMA(acc[q], w[q], SET1(ch[i]));                                              \
         /* exp(h - z^2) = 2^n exp(r), z^2 = zh + zl = u/2 + ul/2 */                                   \
@@ -63,7 +77,7 @@
             const V m = MUL(MUL(SET1(0.5f), t[q]), acc[q]);                                           \
             const V pos = TAIL_POS(x[q], m, n[q]);                                                    \
             const V neg = TAIL_NEG(x[q], m, n[q]);                                                    \
-            const V out = SEL_GE0(x[q], pos, neg);                                                    \
+            const V out = SEL_LT(ax0[q], SET1(0.75f), center[q], SEL_GE0(x[q], pos, neg));            \
             /* x <= -16: -0 (the true value underflows); -inf: -inf * 0 = NaN, as the reference */    \
             v[q] = SEL_LEM16(x[q], MUL(x[q], SETZ()), out);                                           \
         }                                                                                             \
@@ -80,6 +94,7 @@
 #define FNMA _mm512_fnmadd_ps
 #define MIN _mm512_min_ps
 #define ABS(a) _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(0x7fffffff)))
+#define SEL_LT(a, b, x, y) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x)
 #define SEL_GE0(a, x, y) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, SETZ(), _CMP_GE_OQ), y, x)
 /* x <= -16 ? z : y: the scalar's `ax0 >= 16 && x < 0` (false for NaN either way) */
 #define SEL_LEM16(x, z, y) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, SET1(-16.0f), _CMP_LE_OQ), y, z)
@@ -115,6 +130,7 @@ static inline __attribute__((always_inline)) void rlx_gelu16x2(__m512 *v)
 #define FNMA _mm256_fnmadd_ps
 #define MIN _mm256_min_ps
 #define ABS(a) _mm256_and_ps(a, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)))
+#define SEL_LT(a, b, x, y) _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
 #define SEL_GE0(a, x, y) _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, SETZ(), _CMP_GE_OQ))
 #define SEL_LEM16(x, z, y) _mm256_blendv_ps(y, z, _mm256_cmp_ps(x, SET1(-16.0f), _CMP_LE_OQ))
 #define FMS _mm256_fmsub_ps
@@ -152,6 +168,7 @@ static inline __attribute__((always_inline)) void rlx_gelu8x4(__m256 *v)
 #undef FNMA
 #undef MIN
 #undef ABS
+#undef SEL_LT
 #undef SEL_GE0
 #undef SEL_LEM16
 #undef FMS

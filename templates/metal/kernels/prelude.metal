@@ -28,9 +28,8 @@ template <typename V> inline V rlx_min(V a, V b) { return (a != a || a < b) ? a 
 /* exp(h - z) for the gelu tail (see rlx_gelu): 2^n exp(r), the 2^n applied as two factors. */
 inline float rlx_pow2i(int n) { return as_type<float>((uint)(n + 127) << 23); }
 
-/* gelu(x) = x Phi(x) in float, without erf (MSL has none): the two-range evaluation the CPU backend's
- * rlx_gelu_f (templates/cpu/kernels/scalar.h) used before it took one range (max relative error 2.84e-7
- * with FMA over every float in [-13.5, 13.5]; the fit of h: Chebyshev least squares, |error| < 4e-9).
+/* gelu(x) = x Phi(x) in float, without erf (MSL has none): the same two-range evaluation as the CPU
+ * backend's rlx_gelu_f (templates/cpu/kernels/scalar.h), where the fit and its error are documented.
  *  |x| < 0.75: Phi(x) = 1/2 + x S(x^2);  |x| >= 0.75: Phi(-|x|) = t/2 exp(h(t) - x^2/2). */
 inline float rlx_gelu(float x)
 {
