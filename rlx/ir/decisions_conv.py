@@ -24,6 +24,12 @@
   AVX-512's 16) accumulate over every (channel, tap) in registers (`rlx_conv_direct_unit<vector>`),
   the weight read as stored. A work unit is `channels` output channels x up to `tile` panels (of a
   tile's pixels); its store adds bias and activation.
+- ``direct`` / ``nchw_lanes``: groups == 1 with few input channels (a stem on RGB images,
+  `rlx.opt.lowering_conv.lanes_fit`): the output channels are the `vector` lanes. Each output row is cut
+  into runs of `vector` pixels (`tile`); a run's output channels, `vector` at a time, accumulate in one
+  register a pixel over every (channel, tap), each input value of a window row broadcast once, and are
+  transposed in registers into rows of pixels. With `packed` the weight param is stored transposed at
+  `set_param` (``[C*kh*kw, O]``: a tap's output channels contiguous).
 - ``winograd`` / ``nchw_wino_tiles``: a 3x3, stride-1 conv with 32+ channels on rows of 14+
   pixels (`rlx.opt.lowering_conv.winograd_fits`): Winograd F(2x2, 3x3). The weight param is
   stored transformed at `set_param` (`packed`: ``[16, O, C]``, ``G w G^T`` of every channel pair);
@@ -73,7 +79,7 @@ from rlx.ir.decisions import Decision, register_decision
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
               ("pointwise", "nchw_panels"), ("depthwise", "nchw"), ("depthwise", "nchw_rows"),
-              ("depthwise", "nchw_row_shifts"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"),
+              ("depthwise", "nchw_row_shifts"), ("direct", "nchw_phases"), ("direct", "nchw_lanes"), ("winograd", "nchw_wino_tiles"),
               ("winograd", "nchw_wino4_tiles"))
 #: Output pixels per side of a Winograd layout's tiles: F(2x2, 3x3) or F(4x4, 3x3).
 WINOGRAD_TILE = {"nchw_wino_tiles": 2, "nchw_wino4_tiles": 4}
@@ -109,6 +115,9 @@ class ConvPlan(Decision):
             m = WINOGRAD_TILE[self.layout]
             store = f"weight %{self.weight} transformed to {(m + 2) ** 2} x O x C on set for F({m}x{m}, 3x3)"
             tile = f", {self.channels}-channel blocks, units of up to {self.tile} {self.panel}-tile panels"
+        elif self.layout == "nchw_lanes":
+            store = f"weight %{self.weight} transposed to C*kh*kw x O on set"
+            tile = f", output channels in the lanes, runs of {self.tile} pixels"
         elif self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} {self.panel}-pixel panels"
         if self.vector:

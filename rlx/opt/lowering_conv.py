@@ -238,6 +238,32 @@ def tile_vector(features: Iterable[str]) -> int:
     return 16 if "avx512f" in set(features) else 8
 
 
+#: Most input channels (per group) of a conv run with the output channels in the lanes (`nchw_lanes`): a network's
+#: stem on RGB images, whose K = C * kh * kw is too shallow for the pixel tiles' broadcast weights to pay.
+LANES_MAX_CHANNELS = 4
+#: Widest window row (taps) and most output channels of a `nchw_lanes` conv: a window row's weight vectors stay in
+#: registers beside the V accumulators, and the channels' weights for the whole window in L1.
+LANES_MAX_KW = 8
+LANES_MAX_OUT = 256
+
+
+def lanes_fit(op: Conv, g: Window2d, out_channels: int, vector: int) -> bool:
+    """Whether a conv runs with the output channels in the vector lanes (`direct` on `nchw_lanes`): groups 1, a
+    window of 2+ taps whose rows have at most LANES_MAX_KW taps, at most LANES_MAX_CHANNELS input channels, output
+    channels a multiple of `vector` (up to LANES_MAX_OUT), output rows of `vector`+ pixels (ResNet's and MobileNetV3's
+    stems: 3 -> 64, 7 x 7 stride 2 and 3 -> 16, 3 x 3 stride 2, on 112-wide rows).
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> stem = Conv(strides=(2, 2), pads=(3, 3, 3, 3))
+    >>> lanes_fit(stem, window_2d(stem, (224, 224), (112, 112), (7, 7), 3), 64, 16)
+    True
+    >>> lanes_fit(stem, window_2d(stem, (224, 224), (112, 112), (7, 7), 3), 24, 16)
+    False
+    """
+    return (op.groups == 1 and g.cg <= LANES_MAX_CHANNELS and g.kh * g.kw > 1 and g.kw <= LANES_MAX_KW
+            and out_channels % vector == 0 and out_channels <= LANES_MAX_OUT and g.ow >= vector)
+
+
 def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     """The `ConvPlan` of every conv node of `lir`; `vector` (TILE_VECTORS, `tile_vector` of the target) is the
     floats per vector of the register tiles (direct, Winograd, pointwise on panels).
@@ -248,6 +274,8 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     stride-1 ones that `winograd_fits`, with WINOGRAD_MIN_CHANNELS+ output channels and a weight param of their
     own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
     on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
+    convs with few input channels (`lanes_fit`: the stems on RGB images) run with the output channels in the
+    vector lanes, the weight stored transposed (ResNet-18's 7 x 7 stem: 1.06 -> 0.70 ms, 2 threads); other
     groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
     direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
     channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
@@ -299,6 +327,12 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
               and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
             out.append(ConvPlan(n.id, "winograd", winograd_layout(geo), n.inputs[1], True, WINOGRAD_PANELS,
                                 channels=winograd_channels(cg), vector=vector))
+        elif (len(kernel) == 2 and lanes_fit(n.op, window_2d(n.op, tuple(d.value for d in x.dims[2:]),
+                                                             tuple(d.value for d in n.shape.dims[2:]), tuple(kernel),
+                                                             cg), o, vector)
+              and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
+            # few input channels (a stem on RGB): the output channels in the lanes, the weight transposed on set
+            out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector, vector=vector))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,

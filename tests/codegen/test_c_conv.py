@@ -6,7 +6,8 @@ tiles with the weight packed (384 channels), direct on stride-phase planes (rows
 odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
 uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), Winograd F(2x2, 3x3)
 (3x3 stride 1 with 32+ channels: odd output sizes, uneven pads, the weight transformed at set_param) and F(4x4, 3x3)
-(rows of 28+: partial tiles in both axes), pointwise
+(rows of 28+: partial tiles in both axes), direct with the output channels in the lanes (3 input channels: a 7x7
+stride-2 stem and a dilated 3x3 with uneven pads, partial runs of pixels), pointwise
 (1x1 on the planes as they lie, by the BLAS: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile;
 in register tiles on a 520-pixel plane: a partial last panel, two blocks of input channels, grouped), depthwise (strided
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
@@ -51,6 +52,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     wino4 = g.input("wino4", [BATCH, 33, 9, 30])
     rows = g.input("rows", [BATCH, 3, 5, 36])
     small = g.input("small", [BATCH, 4, 6, 7])
+    rgb = g.input("rgb", [BATCH, 3, 20, 37])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -123,6 +125,14 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # 8 x 32 outputs: 2 x 8 tiles numbered 8 to a row (9, the phase planes' width, would take two panels, not one)
         "winograd4_pitch": g.conv(wino4, param("w_w4p", [32, 33, 3, 3]), pads=(0, 2, 1, 2)),
         "tiles_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
+        # few input channels (a stem on RGB): the output channels in the lanes (nchw_lanes), the weight transposed on
+        # set; 10 x 19 outputs (runs of 16 or 8 pixels and a partial one, the first and last runs' windows past the
+        # edges, rows past the top and bottom), 32 channels (two vectors of 16, four of 8); dilated with uneven pads and
+        # column stride 2, no bias
+        "lanes_stem": g.conv(rgb, param("w_l7", [32, 3, 7, 7]), param("b_l7", [32]), strides=(2, 2), pads=(3, 3, 3, 3),
+                             activation="relu"),
+        "lanes_dilated": g.conv(rgb, param("w_ld", [16, 3, 3, 3]), strides=(1, 2), dilations=(2, 1), pads=(1, 0, 2, 1),
+                                activation="hardswish"),
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
         "maxpool": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
@@ -154,7 +164,8 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32),
             "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32),
             "rows": rng.standard_normal((batch, 3, 5, 36)).astype(np.float32),
-            "small": rng.standard_normal((batch, 4, 6, 7)).astype(np.float32)}
+            "small": rng.standard_normal((batch, 4, 6, 7)).astype(np.float32),
+            "rgb": rng.standard_normal((batch, 3, 20, 37)).astype(np.float32)}
 
 
 def _has_flags(*flags: str) -> bool:
@@ -197,7 +208,7 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
                      ("pointwise", "nchw_panels"),
                      ("depthwise", "nchw"), ("depthwise", "nchw_rows"), ("depthwise", "nchw_row_shifts"),
-                     ("direct", "nchw_phases"),
+                     ("direct", "nchw_phases"), ("direct", "nchw_lanes"),
                      ("winograd", "nchw_wino_tiles"), ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
@@ -217,6 +228,8 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "conv: depthwise on nchw_rows (" in cg.lir.inspect()
     assert "conv: depthwise on nchw_row_shifts (" in cg.lir.inspect()
     assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
+    assert "conv: direct on nchw_lanes (weight %" in cg.lir.inspect()
+    assert "transposed to C*kh*kw x O on set" in cg.lir.inspect()
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
     assert "conv: winograd on nchw_wino4_tiles (weight %" in cg.lir.inspect()
     assert "36 x O x C on set for F(4x4, 3x3)" in cg.lir.inspect()

@@ -90,6 +90,8 @@ class ConvArgs:
     tp: int = 0
     #: floats per vector of the register tiles (`ConvPlan.vector`; 0: none)
     vector: int = 0
+    #: `nchw_lanes`: floats per window row of a run's zero-padded receptive field (`lanes_patch_cols`)
+    tcp: int = 0
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,19 @@ class WinogradTiles:
         return self.elements * (channels + out_channels) * self.lp
 
 
+def lanes_patch_cols(g: Window2d, vector: int) -> int:
+    """Floats per window row of the zero-padded receptive field of a run of `vector` output pixels of a conv on
+    `nchw_lanes` (rlx_conv_lanes_patch in kernels/conv.h): the input columns its window rows span, rounded up to
+    a vector.
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> lanes_patch_cols(window_2d(Conv(strides=(2, 2), pads=(3, 3, 3, 3)), (224, 224), (112, 112), (7, 7), 3), 16)
+    48
+    """
+    cols = (vector - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    return -(-cols // vector) * vector
+
+
 def emit_conv(em, node: Node) -> Kernel:
     """The `conv` kernel of a node, as its `ConvPlan` decides."""
     op: Conv = node.op  # type: ignore[assignment]
@@ -266,12 +281,14 @@ def emit_conv(em, node: Node) -> Kernel:
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
-        vector=plan.vector,
+        vector=plan.vector, tcp=lanes_patch_cols(geo, plan.vector) if plan.layout == "nchw_lanes" else 0,
         **_geom_fields(geo),
         **({f: getattr(wino, f) for f in ("m", "th", "tw", "wq", "lp", "pl", "tp")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
     if wino:  # V and M of one image, then the thread's own buffers
         scratch = planes_offset + align64(wino.thread_floats() * 4)
+    elif plan.layout == "nchw_lanes":  # a run's zero-padded receptive field, then its V x V block of output
+        scratch = align64((cg * geo.kh * args.tcp + plan.vector ** 2) * 4)
     elif plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
     elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product

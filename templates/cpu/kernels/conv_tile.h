@@ -11,6 +11,9 @@
  *   rlx_conv_dw_s1_plane<V>  a depthwise window of strides 1 or 2 on a plane whose output rows fit a vector (at
  *                            most V of them), each input row one vector (or two, split by column parity), its taps
  *                            lane shifts of it;
+ *   rlx_conv_lanes_block<V>  V output pixels of a row x V output channels of a conv with few input channels, the
+ *                            channels in the lanes (each input value broadcast once per window row), transposed
+ *                            into V rows of V pixels;
  * and undefines the three parameters. No include guard: each inclusion is another width. */
 
 #define RLX_CONV_CAT_(a, b) a##b
@@ -26,6 +29,8 @@
 #define RLX_CONV_DWT_FN RLX_CONV_CAT(rlx_conv_dw_s1_tail, RLX_CONV_TILE_V)
 #define RLX_CONV_SHIFT_FN RLX_CONV_CAT(rlx_conv_lane_shift, RLX_CONV_TILE_V)
 #define RLX_CONV_TILE_I RLX_CONV_CAT(rlx_conv_lanes, RLX_CONV_TILE_V)
+#define RLX_CONV_LANES_FN RLX_CONV_CAT(rlx_conv_lanes_block, RLX_CONV_TILE_V)
+#define RLX_CONV_TRANSPOSE_FN RLX_CONV_CAT(rlx_conv_transpose, RLX_CONV_TILE_V)
 typedef int RLX_CONV_TILE_I __attribute__((vector_size(RLX_CONV_TILE_V * 4)));
 /* lanes of two V-float vectors (a, b): the even ones, the odd ones, and a's last then b's first V - 1 */
 #if RLX_CONV_TILE_V == 16
@@ -309,6 +314,104 @@ static inline __attribute__((always_inline)) void RLX_CONV_DWT_FN(const float *r
         tail[i] = 0.0f;
 }
 
+/* r[i] lane j <- r[j] lane i: a V x V transpose in registers, log2(V) rounds of two-vector shuffles (round s: rows i
+ * and i + s of each group of 2 s rows swap their off-diagonal s-lane blocks). */
+static inline __attribute__((always_inline)) void RLX_CONV_TRANSPOSE_FN(RLX_CONV_TILE_T *r)
+{
+    RLX_CONV_TILE_T t[RLX_CONV_TILE_V];
+#if RLX_CONV_TILE_V == 16
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[i] = __builtin_shufflevector(r[i], r[i + 8], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+        t[i + 8] = __builtin_shufflevector(r[i], r[i + 8], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        if (i % 8 < 4) {
+            r[i] = __builtin_shufflevector(t[i], t[i + 4], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+            r[i + 4] = __builtin_shufflevector(t[i], t[i + 4], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+        }
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        if (i % 4 < 2) {
+            t[i] = __builtin_shufflevector(r[i], r[i + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+            t[i + 2] = __builtin_shufflevector(r[i], r[i + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+        }
+    #pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        r[i] = __builtin_shufflevector(t[i], t[i + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+        r[i + 1] = __builtin_shufflevector(t[i], t[i + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    }
+#else
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[i] = __builtin_shufflevector(r[i], r[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        t[i + 4] = __builtin_shufflevector(r[i], r[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        if (i % 4 < 2) {
+            r[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            r[i + 2] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    #pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 2, 10, 4, 12, 6, 14);
+        t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        r[i] = t[i];
+#endif
+}
+
+/* Output channels [ov V, ov V + V) of V consecutive output pixels of one row of a conv with few input channels
+ * (`direct` on `nchw_lanes`): out[o * V + p] = bias[ov V + o] + the sum over c < C, kh < KH, kw < KW of
+ * wt[((c KH + kh) KW + kw) O + ov V + o] * src[c CS + kh RK + p SW + kw DW]. src is the pixels' receptive field:
+ * the input itself (RK = DH W, CS = H W) or a zero-padded copy of it. The channels are the lanes: one accumulator a
+ * pixel, and each input value of a window row is broadcast once and multiplied by every weight vector of that row
+ * it meets (its KW weight vectors in registers: a 7 x 7 stride-2 row, 37 broadcasts and 7 loads for 112 multiply-
+ * adds, where a broadcast per (pixel, tap) needed 119). The accumulators are transposed in registers into rows of
+ * pixels, one per output channel. Inlined into each conv with its window as constants: the loops over the row's
+ * columns and taps unroll whole, which (pixel, tap) a column feeds known at compile time. */
+static inline __attribute__((always_inline)) void RLX_CONV_LANES_FN(const float *restrict src, const int64_t RK,
+        const int64_t CS, const int64_t C, const int64_t KH, const int64_t KW, const int64_t SW, const int64_t DW,
+        const float *restrict wt, const int64_t O, const float *restrict bias, const int64_t ov, float *restrict out)
+{
+    enum { V = RLX_CONV_TILE_V };
+    const int64_t TC = (V - 1) * SW + (KW - 1) * DW + 1;  /* input columns the pixels' window rows span */
+    RLX_CONV_TILE_T acc[RLX_CONV_TILE_V];
+    RLX_CONV_TILE_T b = {0.0f};
+    if (bias)
+        b = *(const RLX_CONV_TILE_TU *)(bias + ov * V);
+    #pragma GCC unroll 16
+    for (int p = 0; p < V; p++)
+        acc[p] = b;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t kh = 0; kh < KH; kh++) {
+            const float *restrict row = src + c * CS + kh * RK;
+            const float *restrict wr = wt + (c * KH + kh) * KW * O + ov * V;
+            RLX_CONV_TILE_T w[16];  /* the row's KW weight vectors (KW <= 16: lanes_fits) */
+            #pragma GCC unroll 16
+            for (int64_t kw = 0; kw < KW; kw++)
+                w[kw] = *(const RLX_CONV_TILE_TU *)(wr + kw * O);
+            #pragma GCC unroll 64
+            for (int64_t j = 0; j < TC; j++) {
+                const float x = row[j];
+                #pragma GCC unroll 16
+                for (int64_t kw = 0; kw < KW; kw++)
+                    if (j >= kw * DW && (j - kw * DW) % SW == 0 && (j - kw * DW) / SW < V)
+                        acc[(j - kw * DW) / SW] += x * w[kw];
+            }
+        }
+    RLX_CONV_TRANSPOSE_FN(acc);
+    #pragma GCC unroll 16
+    for (int o = 0; o < V; o++)
+        *(RLX_CONV_TILE_TU *)(out + o * V) = acc[o];
+}
+
+#undef RLX_CONV_LANES_FN
+#undef RLX_CONV_TRANSPOSE_FN
 #undef RLX_CONV_DWT_FN
 #undef RLX_CONV_DWS_FN
 #undef RLX_CONV_SHIFT_FN
