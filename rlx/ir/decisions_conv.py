@@ -79,8 +79,8 @@ from rlx.ir.decisions import Decision, register_decision
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
               ("pointwise", "nchw_panels"), ("depthwise", "nchw"), ("depthwise", "nchw_rows"),
-              ("depthwise", "nchw_row_shifts"), ("direct", "nchw_phases"), ("direct", "nchw_lanes"), ("winograd", "nchw_wino_tiles"),
-              ("winograd", "nchw_wino4_tiles"))
+              ("depthwise", "nchw_row_shifts"), ("direct", "nchw_phases"), ("direct", "nchw_lanes"),
+              ("winograd", "nchw_wino_tiles"), ("winograd", "nchw_wino4_tiles"))
 #: Output pixels per side of a Winograd layout's tiles: F(2x2, 3x3) or F(4x4, 3x3).
 WINOGRAD_TILE = {"nchw_wino_tiles": 2, "nchw_wino4_tiles": 4}
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).
