@@ -28,8 +28,10 @@
   `rlx.opt.lowering_conv.lanes_fit`): the output channels are the `vector` lanes. Each output row is cut
   into runs of `vector` pixels (`tile`); a run's output channels, `vector` at a time, accumulate in one
   register a pixel over every (channel, tap), each input value of a window row broadcast once, and are
-  transposed in registers into rows of pixels. With `packed` the weight param is stored transposed at
-  `set_param` (``[C*kh*kw, O]``: a tap's output channels contiguous).
+  transposed in registers into rows of pixels. A work unit is a band of `rows` output rows of an image,
+  `vector` output channels at a time over all of them (each output plane written a band at a time).
+  With `packed` the weight param is stored transposed at `set_param` (``[C*kh*kw, O]``: a tap's output
+  channels contiguous).
 - ``winograd`` / ``nchw_wino_tiles``: a 3x3, stride-1 conv with 32+ channels on rows of 14+
   pixels (`rlx.opt.lowering_conv.winograd_fits`): Winograd F(2x2, 3x3). The weight param is
   stored transformed at `set_param` (`packed`: ``[16, O, C]``, ``G w G^T`` of every channel pair);
@@ -106,6 +108,8 @@ class ConvPlan(Decision):
     #: floats per vector of the register tiles (direct, Winograd, pointwise on panels, depthwise; 0: none): 8 (AVX2)
     #: or 16 (AVX-512), decided from the target's instruction set; a tile and a panel are two vectors of pixels
     vector: int = 0
+    #: output rows per work unit (`nchw_lanes`: a band of rows; 0: none)
+    rows: int = 0
 
     def describe(self) -> str:
         store = (f"weight %{self.weight} packed K x N on set, {self.depth}-deep blocks" if self.packed
@@ -117,7 +121,7 @@ class ConvPlan(Decision):
             tile = f", {self.channels}-channel blocks, units of up to {self.tile} {self.panel}-tile panels"
         elif self.layout == "nchw_lanes":
             store = f"weight %{self.weight} transposed to C*kh*kw x O on set"
-            tile = f", output channels in the lanes, runs of {self.tile} pixels"
+            tile = f", output channels in the lanes, runs of {self.tile} pixels, units of {self.rows} rows"
         elif self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} {self.panel}-pixel panels"
         if self.vector:

@@ -245,6 +245,10 @@ LANES_MAX_CHANNELS = 4
 #: registers beside the V accumulators, and the channels' weights for the whole window in L1.
 LANES_MAX_KW = 8
 LANES_MAX_OUT = 256
+#: Output rows per `nchw_lanes` work unit: a block of output channels goes over the band's rows before the next
+#: block, so each output plane is written a band at a time (ResNet-18's stem with its output out of cache, 2 threads:
+#: 0.92-0.98 ms with units of one row, 0.85-0.92 with bands of 8; noisy shared host).
+LANES_ROWS = 8
 
 
 def lanes_fit(op: Conv, g: Window2d, out_channels: int, vector: int) -> bool:
@@ -332,7 +336,8 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
                                                              cg), o, vector)
               and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
             # few input channels (a stem on RGB): the output channels in the lanes, the weight transposed on set
-            out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector, vector=vector))
+            out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector, vector=vector,
+                                rows=LANES_ROWS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,

@@ -92,6 +92,8 @@ class ConvArgs:
     vector: int = 0
     #: `nchw_lanes`: floats per window row of a run's zero-padded receptive field (`lanes_patch_cols`)
     tcp: int = 0
+    #: `nchw_lanes`: output rows per task (a band)
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -282,6 +284,7 @@ def emit_conv(em, node: Node) -> Kernel:
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
         vector=plan.vector, tcp=lanes_patch_cols(geo, plan.vector) if plan.layout == "nchw_lanes" else 0,
+        rows=plan.rows,
         **_geom_fields(geo),
         **({f: getattr(wino, f) for f in ("m", "th", "tw", "wq", "lp", "pl", "tp")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
