@@ -279,8 +279,8 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
     on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
     convs with few input channels (`lanes_fit`: the stems on RGB images) run with the output channels in the
-    vector lanes, the weight stored transposed (ResNet-18's 7 x 7 stem: 1.06 -> 0.70 ms, 2 threads); other
-    groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
+    vector lanes, the weight stored transposed (ResNet-18's 7 x 7 stem in the model, 2 threads: 1.05-1.11 ->
+    0.80-0.84 ms); other groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
     direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
     channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
     weight are an implicit GEMM on pixel-major tiles with the weight packed for the micro-kernel; every
