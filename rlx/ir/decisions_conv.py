@@ -138,3 +138,39 @@ class ConvPlan(Decision):
 
 
 register_decision(ConvPlan, ("node", "weight"))
+
+
+#: Layouts of a CPU pool (`PoolPlan.layout`).
+POOL_PLANS = ("nchw_phases", "nchw_rows", "nchw")
+
+
+@dataclass(frozen=True)
+class PoolPlan(Decision):
+    """How the CPU computes one `pool` node: ``nchw`` (an average pool, along output rows per plane),
+    ``nchw_phases`` (a max pool on each plane's stride-phase copy, -inf in the pads: every tap one contiguous run)
+    or ``nchw_rows`` (a 3 x 3, stride-2 max pool, pads 1, on output rows of 16+ pixels: each output row straight
+    from the plane, `vector` outputs at a time from two vectors of input columns split into even and odd lanes).
+
+    >>> PoolPlan(node=4, layout="nchw_rows", vector=16).describe()
+    '%4 pool: max on nchw_rows (rows straight from the plane, 16-float vectors)'
+    """
+
+    kind: ClassVar[str] = "pool_plan"
+    node: int
+    layout: str
+    #: floats per vector (nchw_rows; 0: none)
+    vector: int = 0
+
+    def describe(self) -> str:
+        what = {"nchw": "average on nchw (along output rows)",
+                "nchw_phases": "max on nchw_phases (stride-phase copies of each plane)",
+                "nchw_rows": "max on nchw_rows (rows straight from the plane"}[self.layout]
+        if self.layout == "nchw_rows":
+            what += f", {self.vector}-float vectors)"
+        return f"%{self.node} pool: {what}"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
+register_decision(PoolPlan, ("node",))

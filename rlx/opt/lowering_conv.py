@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan, PoolPlan
 from rlx.ir.dtype import DType
 from rlx.ir.lir import LirModule
-from rlx.ir.ops_conv import Conv, Window2d, window_2d
+from rlx.ir.ops_conv import Conv, Pool, Window2d, window_2d
 
 #: Bytes of one channels-first tile of receptive fields (K x pixels floats): about half an L2.
 TILE_BYTES = 512 * 1024
@@ -349,4 +349,34 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             k = cg * math.prod(kernel)
             plane = math.prod(d.value for d in n.shape.dims[2:])
             out.append(ConvPlan(n.id, "implicit_gemm", "nchw_tiles", n.inputs[1], False, tile_pixels(k, plane)))
+    return tuple(out)
+
+
+def pool_plans(lir: LirModule, vector: int = 8) -> tuple[PoolPlan, ...]:
+    """The `PoolPlan` of every 1-D or 2-D `pool` node of `lir`: an average pool along output rows (``nchw``); a max
+    pool whose window `depthwise_rows_fit` (3 x 3, stride 2, pads 1, output rows of DW_ROWS_MIN_WIDTH+ pixels:
+    ResNet's stem pool) row by row straight from the plane (``nchw_rows``: its phase copy cost as much as the window,
+    ResNet-18's pool in the model, 2 threads: 0.20 -> 0.135 ms), any other max pool on stride-phase copies
+    (``nchw_phases``).
+
+    >>> from rlx.ir.graph import Graph
+    >>> from rlx.opt.memplan import plan
+    >>> g = Graph("p")
+    >>> x = g.input("x", [1, 4, 64, 64])
+    >>> g.set_outputs([g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), g.pool("max", x, (2, 2))])
+    >>> [d.describe() for d in pool_plans(plan(g), 16)]  # doctest: +NORMALIZE_WHITESPACE
+    ['%1 pool: max on nchw_rows (rows straight from the plane, 16-float vectors)',
+     '%2 pool: max on nchw_phases (stride-phase copies of each plane)']
+    """
+    out = []
+    for n in lir.graph.nodes:
+        if not isinstance(n.op, Pool) or len(n.op.kernel) > 2:
+            continue
+        if n.op.fn != "max":
+            out.append(PoolPlan(n.id, "nchw"))
+            continue
+        x = lir.graph.node(n.inputs[0]).shape
+        geo = window_2d(n.op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in n.shape.dims[2:]),
+                        n.op.kernel, 1)
+        out.append(PoolPlan(n.id, "nchw_rows", vector) if depthwise_rows_fit(geo) else PoolPlan(n.id, "nchw_phases"))
     return tuple(out)

@@ -136,6 +136,9 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
         "maxpool": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+        # 3 x 3 stride 2 pads 1 on rows of 16+ outputs: row by row from the plane (PoolPlan nchw_rows); W even and odd
+        "maxpool_rows": g.pool("max", rows, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+        "maxpool_rows_odd": g.pool("max", img, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
         "avgpool_ceil": g.pool("avg", x, (3, 2), strides=(2, 2), pads=(1, 0, 1, 1), ceil_mode=True),
         "avgpool_pad": g.pool("avg", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=True),
         "maxpool_1d": g.pool("max", seq, (3,), strides=(2,), ceil_mode=True),
@@ -228,6 +231,7 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "conv: depthwise on nchw_rows (" in cg.lir.inspect()
     assert "conv: depthwise on nchw_row_shifts (" in cg.lir.inspect()
     assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
+    assert "pool: max on nchw_rows" in cg.lir.inspect() and "pool: max on nchw_phases" in cg.lir.inspect()
     assert "conv: direct on nchw_lanes (weight %" in cg.lir.inspect()
     assert "transposed to C*kh*kw x O on set" in cg.lir.inspect()
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
@@ -275,3 +279,31 @@ def test_max_pool_on_phase_planes_keeps_nan_and_pads() -> None:
     for name, a, b in zip(g.output_names, got, want):
         assert np.isnan(a).sum() > 0, name  # the NaN windows
         np.testing.assert_array_equal(a, b, err_msg=name)  # a max is exact, NaN where the reference's is
+
+
+@pytest.mark.parametrize("target", _targets())
+@pytest.mark.parametrize("width", [36, 35, 64])
+def test_max_pool_by_rows_keeps_nan_and_pads(target: str, width: int) -> None:
+    """A 3 x 3 stride-2 max pool with pads 1 on output rows of 16+ pixels runs row by row straight from the plane
+    (PoolPlan nchw_rows, ResNet's stem pool): the same results as the reference, bit for bit: a NaN in a window wins
+    it, a pad never does (an all-negative plane, -inf values), on rows whose vectors pass the row's end (even widths:
+    the next row's columns; odd ones and the plane's last row: a copy padded with -inf), batch and planes split over
+    the team."""
+    from rlx.ir.decisions_conv import PoolPlan
+
+    g = rlx.Graph("maxpool_rows")
+    x = g.input("x", [BATCH, 3, 9, width])
+    g.set_outputs([g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1))])
+    cg = session(cpu_target=target).compile(g)
+    assert [d.layout for d in cg.lir.decided(PoolPlan)] == ["nchw_rows"]
+    assert "pool: max on nchw_rows" in cg.lir.inspect()
+    for batch in (3, 1):
+        xv = -np.abs(np.random.default_rng(batch).standard_normal((batch, 3, 9, width)).astype(np.float32)) - 1
+        xv[0, 1, 4, 5] = np.nan
+        xv[0, 2, 8, width - 1] = np.nan  # the plane's last row and column
+        xv[-1, 0, 0, 0] = -np.inf
+        xv[-1, 0, 3, 17:20] = np.nan
+        got = cg.run(x=xv)[0]
+        want = rlx.reference.run(g, {"x": xv}, {})[0]
+        assert np.isnan(got).sum() >= 3
+        np.testing.assert_array_equal(got, want)

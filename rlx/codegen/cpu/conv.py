@@ -26,7 +26,7 @@ from rlx.codegen.cpu.base import align64, c_string, comment, node_header
 from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.errors import BuildError
 from rlx.ir import ops as O
-from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvPlan
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvPlan, PoolPlan
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.ops_conv import Conv, Pool, Window2d, pool_kernel_why_not, window_2d
@@ -123,6 +123,9 @@ class PoolArgs:
     pew: int
     #: max pools: each window tap's offset into a plane's phase planes (`tap_offsets`)
     taps: str = ""
+    #: `PoolPlan.layout` and `vector`
+    layout: str = "nchw_phases"
+    vector: int = 0
 
 
 def _geom_fields(g: Window2d) -> dict:
@@ -317,13 +320,21 @@ def emit_pool(em, node: Node) -> Kernel:
     geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
                    op.kernel, 1)
     is_max = op.fn == "max"
-    args = PoolArgs(comment=comment(f"{op.fn} pool {op.kernel} of {x}"), x=em.ptr(node.inputs[0]),
+    plan = next((d for d in em.lir.decided(PoolPlan) if d.node == node.id), None)
+    if plan is None:
+        raise BuildError(f"%{node.id} pool has no PoolPlan in the LIR: decide the LIR for the CPU first")
+    args = PoolArgs(comment=comment(f"{op.fn} pool {op.kernel} of {x} on {plan.layout}"), x=em.ptr(node.inputs[0]),
                     y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(is_max),
                     count_pad=int(op.count_include_pad), peh=geo.peh, pew=geo.pew, **_geom_fields(geo),
-                    taps=", ".join(map(str, tap_offsets(geo))) if is_max else "")
+                    taps=", ".join(map(str, tap_offsets(geo))) if is_max else "", layout=plan.layout,
+                    vector=plan.vector)
     label = c_string(f"%{node.id} pool" + (f" ({node.name[:60]})" if node.name else ""))
-    # a max pool runs on each plane's stride-phase planes (as a depthwise conv's, -inf in the pads)
-    scratch = align64(depthwise_scratch_floats(geo) * 4) if is_max else 0
+    if plan.layout == "nchw_rows":  # one output row, whole vectors
+        scratch = align64(-(-geo.ow // plan.vector) * plan.vector * 4)
+    elif is_max:  # each plane's stride-phase planes (as a depthwise conv's, -inf in the pads)
+        scratch = align64(depthwise_scratch_floats(geo) * 4)
+    else:
+        scratch = 0
     return Kernel(node.id, "pool", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

@@ -11,6 +11,7 @@
  *   rlx_conv_dw_s1_plane<V>  a depthwise window of strides 1 or 2 on a plane whose output rows fit a vector (at
  *                            most V of them), each input row one vector (or two, split by column parity), its taps
  *                            lane shifts of it;
+ *   rlx_pool_max_s2_row<V>   one output row of a 3 x 3, stride-2 max pool read straight from the plane;
  *   rlx_conv_lanes_block<V>  V output pixels of a row x V output channels of a conv with few input channels, the
  *                            channels in the lanes (each input value broadcast once per window row), transposed
  *                            into V rows of V pixels;
@@ -30,6 +31,8 @@
 #define RLX_CONV_SHIFT_FN RLX_CONV_CAT(rlx_conv_lane_shift, RLX_CONV_TILE_V)
 #define RLX_CONV_TILE_I RLX_CONV_CAT(rlx_conv_lanes, RLX_CONV_TILE_V)
 #define RLX_CONV_LANES_FN RLX_CONV_CAT(rlx_conv_lanes_block, RLX_CONV_TILE_V)
+#define RLX_POOL_MAX2_FN RLX_CONV_CAT(rlx_pool_max_s2_row, RLX_CONV_TILE_V)
+#define RLX_POOL_TAKE_FN RLX_CONV_CAT(rlx_pool_take, RLX_CONV_TILE_V)
 #define RLX_CONV_TRANSPOSE_FN RLX_CONV_CAT(rlx_conv_transpose, RLX_CONV_TILE_V)
 typedef int RLX_CONV_TILE_I __attribute__((vector_size(RLX_CONV_TILE_V * 4)));
 /* lanes of two V-float vectors (a, b): the even ones, the odd ones, and a's last then b's first V - 1 */
@@ -216,6 +219,62 @@ static inline __attribute__((always_inline)) void RLX_CONV_DW2_FN(const float *r
             s[kh] += w[kh * 3] * prev + w[kh * 3 + 1] * even + w[kh * 3 + 2] * odd;
         }
         *(RLX_CONV_TILE_TU *)(row + o0) = s[0] + s[1] + s[2];
+    }
+}
+
+/* Lane by lane: v where v > a or v is a NaN, else a (a max pool's rule: a NaN met is taken and kept, as
+ * rlx_pool_max_phases). */
+static inline __attribute__((always_inline)) RLX_CONV_TILE_T RLX_POOL_TAKE_FN(const RLX_CONV_TILE_T a,
+        const RLX_CONV_TILE_T v)
+{
+    const RLX_CONV_TILE_I take = (v > a) | (v != v);
+    return (RLX_CONV_TILE_T)((take & (RLX_CONV_TILE_I)v) | (~take & (RLX_CONV_TILE_I)a));
+}
+
+/* One output row oh of a 3 x 3, stride-2, undilated max pool (left and top pads 1; PoolPlan layout nchw_rows) read
+ * straight from the plane x[H, W], no phase copy: row[ow] = the max of x[2 oh - 1 + kh, 2 ow - 1 + kw] over the
+ * window's cells inside the plane, for ow < OW; row holds OW rounded up to V floats. As rlx_conv_dw_s2_row<V>: V
+ * outputs at a time from two vectors of input columns split into even (kw = 1) and odd (kw = 2) lanes, the odd ones
+ * moved one lane up behind column 2 ow0 - 1 (kw = 0); -inf in the pads; taps taken in the window's order. */
+static inline __attribute__((always_inline)) void RLX_POOL_MAX2_FN(const float *restrict x, const rlx_conv_geom *g,
+        int64_t oh, float *restrict row)
+{
+    const int64_t V = RLX_CONV_TILE_V;
+    const RLX_CONV_TILE_T none = (RLX_CONV_TILE_T){0.0f} - INFINITY;
+    for (int64_t o0 = 0; o0 < g->OW; o0 += V) {
+        RLX_CONV_TILE_T m = none;
+        const int64_t c0 = 2 * o0;  /* the input column of tap kw = 1 of output column o0 */
+        #pragma GCC unroll 3
+        for (int kh = 0; kh < 3; kh++) {
+            const int64_t ih = oh * 2 - g->PH + kh;
+            if (ih < 0 || ih >= g->H)
+                continue;
+            const float *restrict xr = x + ih * g->W;
+            const float left = c0 > 0 && c0 - 1 < g->W ? xr[c0 - 1] : -INFINITY;
+            RLX_CONV_TILE_T a, b;
+            /* whole vectors where they stay inside the plane: past the row's end (lanes of outputs past OW, never
+               of a column W: W even) they read the next row's first columns */
+            if (c0 + 2 * V <= g->W || (g->W % 2 == 0 && ih + 1 < g->H && c0 + 2 * V <= 2 * g->W)) {
+                a = *(const RLX_CONV_TILE_TU *)(xr + c0);
+                b = *(const RLX_CONV_TILE_TU *)(xr + c0 + V);
+            } else {
+                float buf[2 * RLX_CONV_TILE_V] __attribute__((aligned(64)));
+                const int64_t n = g->W - c0 < 0 ? 0 : g->W - c0;
+                for (int64_t i = 0; i < n && i < 2 * V; i++)
+                    buf[i] = xr[c0 + i];
+                for (int64_t i = n; i < 2 * V; i++)
+                    buf[i] = -INFINITY;
+                a = *(const RLX_CONV_TILE_T *)buf;
+                b = *(const RLX_CONV_TILE_T *)(buf + V);
+            }
+            const RLX_CONV_TILE_T even = __builtin_shufflevector(a, b, RLX_CONV_DW2_EVEN);
+            const RLX_CONV_TILE_T odd = __builtin_shufflevector(a, b, RLX_CONV_DW2_ODD);
+            const RLX_CONV_TILE_T prev = __builtin_shufflevector((RLX_CONV_TILE_T){0.0f} + left, odd, RLX_CONV_DW2_PREV);
+            m = RLX_POOL_TAKE_FN(m, prev);
+            m = RLX_POOL_TAKE_FN(m, even);
+            m = RLX_POOL_TAKE_FN(m, odd);
+        }
+        *(RLX_CONV_TILE_TU *)(row + o0) = m;
     }
 }
 
@@ -411,6 +470,8 @@ static inline __attribute__((always_inline)) void RLX_CONV_LANES_FN(const float 
 }
 
 #undef RLX_CONV_LANES_FN
+#undef RLX_POOL_MAX2_FN
+#undef RLX_POOL_TAKE_FN
 #undef RLX_CONV_TRANSPOSE_FN
 #undef RLX_CONV_DWT_FN
 #undef RLX_CONV_DWS_FN
