@@ -38,6 +38,21 @@ def is_depthwise(groups: int, channels: int, out_channels: int) -> bool:
     return groups > 1 and groups == channels == out_channels
 
 
+def is_strided_pointwise(op: Conv, kernel: tuple[int, ...]) -> bool:
+    """A 1x1 window with strides, no pads, groups 1, 2-D (ResNet's downsamples): its input planes subsampled
+    are the GEMM operand."""
+    strides, _, pads = op.geometry(len(kernel))
+    return (len(kernel) == 2 and op.groups == 1 and all(k == 1 for k in kernel) and any(s > 1 for s in strides)
+            and not any(pads))
+
+
+#: Fewest output pixels of a strided 1x1 conv run on subsampled planes in register tiles (`pointwise` on
+#: `nchw_panels`) rather than as an implicit GEMM on gathered tiles by the BLAS (ResNet-18's 28 x 28 and 14 x 14
+#: downsamples, in the model on 2 threads: 152-155 -> 103-109 us and 126-127 -> 88-95; its 7 x 7 one, 512 channels,
+#: keeps the packed micro-kernel).
+STRIDED_PANEL_PIXELS = 128
+
+
 def is_pointwise(op: Conv, kernel: tuple[int, ...]) -> bool:
     """A 1x1 window, stride 1, no pads: each image's planes are the GEMM operand as they lie."""
     strides, _, pads = op.geometry(len(kernel))
@@ -313,6 +328,11 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             layout = ("nchw_rows" if depthwise_rows_fit(geo) else
                       "nchw_row_shifts" if depthwise_shifts_fit(geo, vector) else "nchw")
             out.append(ConvPlan(n.id, "depthwise", layout, n.inputs[1], False, vector=vector))
+        elif (is_strided_pointwise(n.op, tuple(kernel))
+              and math.prod(d.value for d in n.shape.dims[2:]) >= STRIDED_PANEL_PIXELS):
+            # each image's planes subsampled into the thread's scratch, then the pointwise panels' register tiles
+            out.append(ConvPlan(n.id, "pointwise", "nchw_panels", n.inputs[1], False, POINTWISE_PANELS,
+                                channels=direct_channels(o, cg), vector=vector))
         elif is_pointwise(n.op, tuple(kernel)):
             plane = math.prod(d.value for d in n.shape.dims[2:])
             if plane >= POINTWISE_PANEL_PIXELS:

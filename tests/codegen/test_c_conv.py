@@ -67,6 +67,10 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # of input channels accumulated in the output rows; 13 output channels: tiles of 6, 6 and 1; grouped
         "pointwise_panels": g.conv(wide_plane, param("w_pd", [13, 40, 1, 1]), param("b_pd", [13]), activation="relu"),
         "pointwise_panels_grouped": g.conv(wide_plane, param("w_pdg", [10, 20, 1, 1]), groups=2),
+        # 1x1 stride 2 on 10 x 13 outputs (128+ pixels: a downsample): the image subsampled into scratch, then the
+        # panels' register tiles (4 whole panels and a partial one of 8-float vectors' 16 or 16-float ones' 32)
+        "pointwise_strided": g.conv(wide_plane, param("w_ps", [14, 40, 1, 1]), param("b_ps", [14]), strides=(2, 2),
+                                    activation="relu"),
         # 3 pixels on 2+ threads: tiles of 2 and 1 pixels (a one-pixel tile is a matrix-vector product, its input a
         # strided column of the planes)
         "pointwise_tail": g.conv(plane, param("w_pt", [5, 6, 1, 1]), param("b_pt", [5]), activation="relu"),
@@ -215,6 +219,9 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
                      ("winograd", "nchw_wino_tiles"), ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
+    # the strided 1x1 conv on 130 output pixels: pointwise panels over the subsampled image
+    assert ("pointwise", "nchw_panels") in {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)
+                                            if tuple(cg.lir.graph.node(d.weight).shape.static_dims) == (14, 40, 1, 1)}
     # the wide 1x1 conv on a 112-pixel plane: pixel-major tiles, its weight packed at set_param
     assert ("implicit_gemm", "nhwc_tiles", True) in {(d.algorithm, d.layout, d.packed) for d in cg.lir.decided(ConvPlan)
                                                      if tuple(cg.lir.graph.node(d.weight).shape.static_dims)

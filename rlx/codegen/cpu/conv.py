@@ -94,6 +94,8 @@ class ConvArgs:
     tcp: int = 0
     #: `nchw_lanes`: output rows per task (a band)
     rows: int = 0
+    #: `nchw_panels` with strides: bytes into the thread's scratch of the subsampled image
+    sub_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ def emit_conv(em, node: Node) -> Kernel:
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
         vector=plan.vector, tcp=lanes_patch_cols(geo, plan.vector) if plan.layout == "nchw_lanes" else 0,
-        rows=plan.rows,
+        rows=plan.rows, sub_offset=align64((cg + og) * plan.panel * 4),
         **_geom_fields(geo),
         **({f: getattr(wino, f) for f in ("m", "th", "tw", "wq", "lp", "pl", "tp")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
@@ -297,8 +299,10 @@ def emit_conv(em, node: Node) -> Kernel:
         scratch = align64((cg * geo.kh * args.tcp + plan.vector ** 2) * 4)
     elif plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
-    elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product
+    elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product (strided: the subsampled image)
         scratch = align64((cg + og) * plan.panel * 4)
+        if geo.sh > 1 or geo.sw > 1:
+            scratch += align64(cg * geo.oh * geo.ow * 4)
     elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
