@@ -47,6 +47,8 @@
   (`rlx.opt.lowering_conv`): tiles of 6 output channels x two vectors of pixels accumulate over the
   input channels in registers (`rlx_conv_direct_tile<vector>` with one tap), the weight read as
   stored and nothing packed; work units of `channels` output channels x up to `tile` panels.
+  A 1x1 conv with strides (no pads, groups 1) on STRIDED_PANEL_PIXELS+ output pixels (ResNet's
+  downsamples) runs the same way on its image subsampled into the thread's scratch first.
 - ``depthwise`` / ``nchw``: groups == C == O: each thread takes whole channel
   planes, copies each (zero-padded, split by stride phase) into its scratch and
   runs every window tap as one contiguous run over the plane, 32 outputs at a time
