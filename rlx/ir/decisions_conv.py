@@ -24,6 +24,14 @@
   AVX-512's 16) accumulate over every (channel, tap) in registers (`rlx_conv_direct_unit<vector>`),
   the weight read as stored. A work unit is `channels` output channels x up to `tile` panels (of a
   tile's pixels); its store adds bias and activation.
+- ``direct`` / ``nchw_lanes``: groups == 1 with few input channels (a stem on RGB images,
+  `rlx.opt.lowering_conv.lanes_fit`): the output channels are the `vector` lanes. Each output row is cut
+  into runs of `vector` pixels (`tile`); a run's output channels, `vector` at a time, accumulate in one
+  register a pixel over every (channel, tap), each input value of a window row broadcast once, and are
+  transposed in registers into rows of pixels. A work unit is a band of `rows` output rows of an image,
+  `vector` output channels at a time over all of them (each output plane written a band at a time).
+  With `packed` the weight param is stored transposed at `set_param` (``[C*kh*kw, O]``: a tap's output
+  channels contiguous).
 - ``winograd`` / ``nchw_wino_tiles``: a 3x3, stride-1 conv with 32+ channels on rows of 14+
   pixels (`rlx.opt.lowering_conv.winograd_fits`): Winograd F(2x2, 3x3). The weight param is
   stored transformed at `set_param` (`packed`: ``[16, O, C]``, ``G w G^T`` of every channel pair);
@@ -39,6 +47,8 @@
   (`rlx.opt.lowering_conv`): tiles of 6 output channels x two vectors of pixels accumulate over the
   input channels in registers (`rlx_conv_direct_tile<vector>` with one tap), the weight read as
   stored and nothing packed; work units of `channels` output channels x up to `tile` panels.
+  A 1x1 conv with strides (no pads, groups 1) on STRIDED_PANEL_PIXELS+ output pixels (ResNet's
+  downsamples) runs the same way on its image subsampled into the thread's scratch first.
 - ``depthwise`` / ``nchw``: groups == C == O: each thread takes whole channel
   planes, copies each (zero-padded, split by stride phase) into its scratch and
   runs every window tap as one contiguous run over the plane, 32 outputs at a time
@@ -73,8 +83,8 @@ from rlx.ir.decisions import Decision, register_decision
 #: (algorithm, layout) pairs the CPU rule renders.
 CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
               ("pointwise", "nchw_panels"), ("depthwise", "nchw"), ("depthwise", "nchw_rows"),
-              ("depthwise", "nchw_row_shifts"), ("direct", "nchw_phases"), ("winograd", "nchw_wino_tiles"),
-              ("winograd", "nchw_wino4_tiles"))
+              ("depthwise", "nchw_row_shifts"), ("direct", "nchw_phases"), ("direct", "nchw_lanes"),
+              ("winograd", "nchw_wino_tiles"), ("winograd", "nchw_wino4_tiles"))
 #: Output pixels per side of a Winograd layout's tiles: F(2x2, 3x3) or F(4x4, 3x3).
 WINOGRAD_TILE = {"nchw_wino_tiles": 2, "nchw_wino4_tiles": 4}
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).
@@ -100,6 +110,8 @@ class ConvPlan(Decision):
     #: floats per vector of the register tiles (direct, Winograd, pointwise on panels, depthwise; 0: none): 8 (AVX2)
     #: or 16 (AVX-512), decided from the target's instruction set; a tile and a panel are two vectors of pixels
     vector: int = 0
+    #: output rows per work unit (`nchw_lanes`: a band of rows; 0: none)
+    rows: int = 0
 
     def describe(self) -> str:
         store = (f"weight %{self.weight} packed K x N on set, {self.depth}-deep blocks" if self.packed
@@ -109,6 +121,9 @@ class ConvPlan(Decision):
             m = WINOGRAD_TILE[self.layout]
             store = f"weight %{self.weight} transformed to {(m + 2) ** 2} x O x C on set for F({m}x{m}, 3x3)"
             tile = f", {self.channels}-channel blocks, units of up to {self.tile} {self.panel}-tile panels"
+        elif self.layout == "nchw_lanes":
+            store = f"weight %{self.weight} transposed to C*kh*kw x O on set"
+            tile = f", output channels in the lanes, runs of {self.tile} pixels, units of {self.rows} rows"
         elif self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} {self.panel}-pixel panels"
         if self.vector:
@@ -125,3 +140,39 @@ class ConvPlan(Decision):
 
 
 register_decision(ConvPlan, ("node", "weight"))
+
+
+#: Layouts of a CPU pool (`PoolPlan.layout`).
+POOL_PLANS = ("nchw_phases", "nchw_rows", "nchw")
+
+
+@dataclass(frozen=True)
+class PoolPlan(Decision):
+    """How the CPU computes one `pool` node: ``nchw`` (an average pool, along output rows per plane),
+    ``nchw_phases`` (a max pool on each plane's stride-phase copy, -inf in the pads: every tap one contiguous run)
+    or ``nchw_rows`` (a 3 x 3, stride-2 max pool, pads 1, on output rows of 16+ pixels: each output row straight
+    from the plane, `vector` outputs at a time from two vectors of input columns split into even and odd lanes).
+
+    >>> PoolPlan(node=4, layout="nchw_rows", vector=16).describe()
+    '%4 pool: max on nchw_rows (rows straight from the plane, 16-float vectors)'
+    """
+
+    kind: ClassVar[str] = "pool_plan"
+    node: int
+    layout: str
+    #: floats per vector (nchw_rows; 0: none)
+    vector: int = 0
+
+    def describe(self) -> str:
+        what = {"nchw": "average on nchw (along output rows)",
+                "nchw_phases": "max on nchw_phases (stride-phase copies of each plane)",
+                "nchw_rows": "max on nchw_rows (rows straight from the plane"}[self.layout]
+        if self.layout == "nchw_rows":
+            what += f", {self.vector}-float vectors)"
+        return f"%{self.node} pool: {what}"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
+register_decision(PoolPlan, ("node",))

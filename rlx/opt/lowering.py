@@ -20,7 +20,8 @@ CPU decisions:
   of `int8_matmul` is stored quantized to int8 at `set_param`.
 - `conv_plans` (`rlx.opt.lowering_conv`): each convolution's algorithm and tile
   layout (implicit GEMM on pixel-major tiles, or depthwise on planes), and
-  whether its weight is stored packed for the GEMM micro-kernel.
+  whether its weight is stored packed for the GEMM micro-kernel; `pool_plans`
+  each pool's layout (a max pool on phase copies or row by row).
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -43,7 +44,7 @@ from rlx.ir.decisions import AbsorbedTranspose, Decision, PackedParam, WidenedPa
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
-from rlx.opt.lowering_conv import conv_plans
+from rlx.opt.lowering_conv import conv_plans, pool_plans
 from rlx.opt.lowering_cuda_kernels import cuda_lowering
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
@@ -198,7 +199,7 @@ def _cpu_decisions(lir: LirModule, conv_vector: int = 8, quant_interleave: bool 
     interleaved = interleaved_params(lir) if quant_interleave else ()
     return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir), *interleaved,
             *quant_gemv_groups(lir, frozenset(d.node for d in interleaved)), *moe_plans(lir, "cpu"),
-            *conv_plans(lir, conv_vector))
+            *conv_plans(lir, conv_vector), *pool_plans(lir, conv_vector))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel

@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, ConvPlan, PoolPlan
 from rlx.ir.dtype import DType
 from rlx.ir.lir import LirModule
-from rlx.ir.ops_conv import Conv, Window2d, window_2d
+from rlx.ir.ops_conv import Conv, Pool, Window2d, window_2d
 
 #: Bytes of one channels-first tile of receptive fields (K x pixels floats): about half an L2.
 TILE_BYTES = 512 * 1024
@@ -36,6 +36,21 @@ MAX_TILE_PIXELS = 1024
 def is_depthwise(groups: int, channels: int, out_channels: int) -> bool:
     """One input and one output channel per group: the window runs directly on each plane."""
     return groups > 1 and groups == channels == out_channels
+
+
+def is_strided_pointwise(op: Conv, kernel: tuple[int, ...]) -> bool:
+    """A 1x1 window with strides, no pads, groups 1, 2-D (ResNet's downsamples): its input planes subsampled
+    are the GEMM operand."""
+    strides, _, pads = op.geometry(len(kernel))
+    return (len(kernel) == 2 and op.groups == 1 and all(k == 1 for k in kernel) and any(s > 1 for s in strides)
+            and not any(pads))
+
+
+#: Fewest output pixels of a strided 1x1 conv run on subsampled planes in register tiles (`pointwise` on
+#: `nchw_panels`) rather than as an implicit GEMM on gathered tiles by the BLAS (ResNet-18's 28 x 28 and 14 x 14
+#: downsamples, in the model on 2 threads: 152-155 -> 103-109 us and 126-127 -> 88-95; its 7 x 7 one, 512 channels,
+#: keeps the packed micro-kernel).
+STRIDED_PANEL_PIXELS = 128
 
 
 def is_pointwise(op: Conv, kernel: tuple[int, ...]) -> bool:
@@ -238,6 +253,36 @@ def tile_vector(features: Iterable[str]) -> int:
     return 16 if "avx512f" in set(features) else 8
 
 
+#: Most input channels (per group) of a conv run with the output channels in the lanes (`nchw_lanes`): a network's
+#: stem on RGB images, whose K = C * kh * kw is too shallow for the pixel tiles' broadcast weights to pay.
+LANES_MAX_CHANNELS = 4
+#: Widest window row (taps) and most output channels of a `nchw_lanes` conv: a window row's weight vectors stay in
+#: registers beside the V accumulators, and the channels' weights for the whole window in L1.
+LANES_MAX_KW = 8
+LANES_MAX_OUT = 256
+#: Output rows per `nchw_lanes` work unit: a block of output channels goes over the band's rows before the next
+#: block, so each output plane is written a band at a time (ResNet-18's stem with its output out of cache, 2 threads:
+#: 0.92-0.98 ms with units of one row, 0.85-0.92 with bands of 8; noisy shared host).
+LANES_ROWS = 8
+
+
+def lanes_fit(op: Conv, g: Window2d, out_channels: int, vector: int) -> bool:
+    """Whether a conv runs with the output channels in the vector lanes (`direct` on `nchw_lanes`): groups 1, a
+    window of 2+ taps whose rows have at most LANES_MAX_KW taps, at most LANES_MAX_CHANNELS input channels, output
+    channels a multiple of `vector` (up to LANES_MAX_OUT), output rows of `vector`+ pixels (ResNet's and MobileNetV3's
+    stems: 3 -> 64, 7 x 7 stride 2 and 3 -> 16, 3 x 3 stride 2, on 112-wide rows).
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> stem = Conv(strides=(2, 2), pads=(3, 3, 3, 3))
+    >>> lanes_fit(stem, window_2d(stem, (224, 224), (112, 112), (7, 7), 3), 64, 16)
+    True
+    >>> lanes_fit(stem, window_2d(stem, (224, 224), (112, 112), (7, 7), 3), 24, 16)
+    False
+    """
+    return (op.groups == 1 and g.cg <= LANES_MAX_CHANNELS and g.kh * g.kw > 1 and g.kw <= LANES_MAX_KW
+            and out_channels % vector == 0 and out_channels <= LANES_MAX_OUT and g.ow >= vector)
+
+
 def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     """The `ConvPlan` of every conv node of `lir`; `vector` (TILE_VECTORS, `tile_vector` of the target) is the
     floats per vector of the register tiles (direct, Winograd, pointwise on panels).
@@ -248,7 +293,9 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     stride-1 ones that `winograd_fits`, with WINOGRAD_MIN_CHANNELS+ output channels and a weight param of their
     own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
     on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
-    groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
+    convs with few input channels (`lanes_fit`: the stems on RGB images) run with the output channels in the
+    vector lanes, the weight stored transposed (ResNet-18's 7 x 7 stem in the model, 2 threads: 1.05-1.11 ->
+    0.80-0.84 ms); other groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
     direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
     channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
     weight are an implicit GEMM on pixel-major tiles with the weight packed for the micro-kernel; every
@@ -281,6 +328,11 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             layout = ("nchw_rows" if depthwise_rows_fit(geo) else
                       "nchw_row_shifts" if depthwise_shifts_fit(geo, vector) else "nchw")
             out.append(ConvPlan(n.id, "depthwise", layout, n.inputs[1], False, vector=vector))
+        elif (is_strided_pointwise(n.op, tuple(kernel))
+              and math.prod(d.value for d in n.shape.dims[2:]) >= STRIDED_PANEL_PIXELS):
+            # each image's planes subsampled into the thread's scratch, then the pointwise panels' register tiles
+            out.append(ConvPlan(n.id, "pointwise", "nchw_panels", n.inputs[1], False, POINTWISE_PANELS,
+                                channels=direct_channels(o, cg), vector=vector))
         elif is_pointwise(n.op, tuple(kernel)):
             plane = math.prod(d.value for d in n.shape.dims[2:])
             if plane >= POINTWISE_PANEL_PIXELS:
@@ -299,6 +351,13 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
               and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
             out.append(ConvPlan(n.id, "winograd", winograd_layout(geo), n.inputs[1], True, WINOGRAD_PANELS,
                                 channels=winograd_channels(cg), vector=vector))
+        elif (len(kernel) == 2 and lanes_fit(n.op, window_2d(n.op, tuple(d.value for d in x.dims[2:]),
+                                                             tuple(d.value for d in n.shape.dims[2:]), tuple(kernel),
+                                                             cg), o, vector)
+              and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
+            # few input channels (a stem on RGB): the output channels in the lanes, the weight transposed on set
+            out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector, vector=vector,
+                                rows=LANES_ROWS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,
@@ -310,4 +369,34 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             k = cg * math.prod(kernel)
             plane = math.prod(d.value for d in n.shape.dims[2:])
             out.append(ConvPlan(n.id, "implicit_gemm", "nchw_tiles", n.inputs[1], False, tile_pixels(k, plane)))
+    return tuple(out)
+
+
+def pool_plans(lir: LirModule, vector: int = 8) -> tuple[PoolPlan, ...]:
+    """The `PoolPlan` of every 1-D or 2-D `pool` node of `lir`: an average pool along output rows (``nchw``); a max
+    pool whose window `depthwise_rows_fit` (3 x 3, stride 2, pads 1, output rows of DW_ROWS_MIN_WIDTH+ pixels:
+    ResNet's stem pool) row by row straight from the plane (``nchw_rows``: its phase copy cost as much as the window,
+    ResNet-18's pool in the model, 2 threads: 0.20 -> 0.135 ms), any other max pool on stride-phase copies
+    (``nchw_phases``).
+
+    >>> from rlx.ir.graph import Graph
+    >>> from rlx.opt.memplan import plan
+    >>> g = Graph("p")
+    >>> x = g.input("x", [1, 4, 64, 64])
+    >>> g.set_outputs([g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), g.pool("max", x, (2, 2))])
+    >>> [d.describe() for d in pool_plans(plan(g), 16)]  # doctest: +NORMALIZE_WHITESPACE
+    ['%1 pool: max on nchw_rows (rows straight from the plane, 16-float vectors)',
+     '%2 pool: max on nchw_phases (stride-phase copies of each plane)']
+    """
+    out = []
+    for n in lir.graph.nodes:
+        if not isinstance(n.op, Pool) or len(n.op.kernel) > 2:
+            continue
+        if n.op.fn != "max":
+            out.append(PoolPlan(n.id, "nchw"))
+            continue
+        x = lir.graph.node(n.inputs[0]).shape
+        geo = window_2d(n.op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in n.shape.dims[2:]),
+                        n.op.kernel, 1)
+        out.append(PoolPlan(n.id, "nchw_rows", vector) if depthwise_rows_fit(geo) else PoolPlan(n.id, "nchw_phases"))
     return tuple(out)

@@ -6,7 +6,8 @@ tiles with the weight packed (384 channels), direct on stride-phase planes (rows
 odd sizes, channels not a multiple of the 6-channel tile, stride 2, a 7x7 stem, dilation with
 uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on tiles), Winograd F(2x2, 3x3)
 (3x3 stride 1 with 32+ channels: odd output sizes, uneven pads, the weight transformed at set_param) and F(4x4, 3x3)
-(rows of 28+: partial tiles in both axes), pointwise
+(rows of 28+: partial tiles in both axes), direct with the output channels in the lanes (3 input channels: a 7x7
+stride-2 stem and a dilated 3x3 with uneven pads, partial runs of pixels), pointwise
 (1x1 on the planes as they lie, by the BLAS: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile;
 in register tiles on a 520-pixel plane: a partial last panel, two blocks of input channels, grouped), depthwise (strided
 with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
@@ -51,6 +52,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     wino4 = g.input("wino4", [BATCH, 33, 9, 30])
     rows = g.input("rows", [BATCH, 3, 5, 36])
     small = g.input("small", [BATCH, 4, 6, 7])
+    rgb = g.input("rgb", [BATCH, 3, 20, 37])
     outs = {
         # 100+ output pixels: more than one 96-pixel tile per image
         "strided": g.conv(x, param("w_s", [7, 5, 3, 3]), param("b_s", [7]), strides=(2, 1), pads=(1, 2, 0, 1),
@@ -65,6 +67,10 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # of input channels accumulated in the output rows; 13 output channels: tiles of 6, 6 and 1; grouped
         "pointwise_panels": g.conv(wide_plane, param("w_pd", [13, 40, 1, 1]), param("b_pd", [13]), activation="relu"),
         "pointwise_panels_grouped": g.conv(wide_plane, param("w_pdg", [10, 20, 1, 1]), groups=2),
+        # 1x1 stride 2 on 10 x 13 outputs (128+ pixels: a downsample): the image subsampled into scratch, then the
+        # panels' register tiles (4 whole panels and a partial one of 8-float vectors' 16 or 16-float ones' 32)
+        "pointwise_strided": g.conv(wide_plane, param("w_ps", [14, 40, 1, 1]), param("b_ps", [14]), strides=(2, 2),
+                                    activation="relu"),
         # 3 pixels on 2+ threads: tiles of 2 and 1 pixels (a one-pixel tile is a matrix-vector product, its input a
         # strided column of the planes)
         "pointwise_tail": g.conv(plane, param("w_pt", [5, 6, 1, 1]), param("b_pt", [5]), activation="relu"),
@@ -123,9 +129,20 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # 8 x 32 outputs: 2 x 8 tiles numbered 8 to a row (9, the phase planes' width, would take two panels, not one)
         "winograd4_pitch": g.conv(wino4, param("w_w4p", [32, 33, 3, 3]), pads=(0, 2, 1, 2)),
         "tiles_1x1_s2": g.conv(img, param("w_x1", [6, 7, 1, 1]), param("b_x1", [6]), strides=(2, 2)),
+        # few input channels (a stem on RGB): the output channels in the lanes (nchw_lanes), the weight transposed on
+        # set; 10 x 19 outputs (runs of 16 or 8 pixels and a partial one, the first and last runs' windows past the
+        # edges, rows past the top and bottom), 32 channels (two vectors of 16, four of 8); dilated with uneven pads and
+        # column stride 2, no bias
+        "lanes_stem": g.conv(rgb, param("w_l7", [32, 3, 7, 7]), param("b_l7", [32]), strides=(2, 2), pads=(3, 3, 3, 3),
+                             activation="relu"),
+        "lanes_dilated": g.conv(rgb, param("w_ld", [16, 3, 3, 3]), strides=(1, 2), dilations=(2, 1), pads=(1, 0, 2, 1),
+                                activation="hardswish"),
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
         "maxpool": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+        # 3 x 3 stride 2 pads 1 on rows of 16+ outputs: row by row from the plane (PoolPlan nchw_rows); W even and odd
+        "maxpool_rows": g.pool("max", rows, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
+        "maxpool_rows_odd": g.pool("max", img, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
         "avgpool_ceil": g.pool("avg", x, (3, 2), strides=(2, 2), pads=(1, 0, 1, 1), ceil_mode=True),
         "avgpool_pad": g.pool("avg", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), count_include_pad=True),
         "maxpool_1d": g.pool("max", seq, (3,), strides=(2,), ceil_mode=True),
@@ -154,7 +171,8 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32),
             "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32),
             "rows": rng.standard_normal((batch, 3, 5, 36)).astype(np.float32),
-            "small": rng.standard_normal((batch, 4, 6, 7)).astype(np.float32)}
+            "small": rng.standard_normal((batch, 4, 6, 7)).astype(np.float32),
+            "rgb": rng.standard_normal((batch, 3, 20, 37)).astype(np.float32)}
 
 
 def _has_flags(*flags: str) -> bool:
@@ -197,10 +215,13 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert plans == {("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), ("pointwise", "nchw"),
                      ("pointwise", "nchw_panels"),
                      ("depthwise", "nchw"), ("depthwise", "nchw_rows"), ("depthwise", "nchw_row_shifts"),
-                     ("direct", "nchw_phases"),
+                     ("direct", "nchw_phases"), ("direct", "nchw_lanes"),
                      ("winograd", "nchw_wino_tiles"), ("winograd", "nchw_wino4_tiles")}
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.algorithm == "direct"} >= {13, 18}
     assert any(d.packed for d in cg.lir.decided(ConvPlan))
+    # the strided 1x1 conv on 130 output pixels: pointwise panels over the subsampled image
+    assert ("pointwise", "nchw_panels") in {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)
+                                            if tuple(cg.lir.graph.node(d.weight).shape.static_dims) == (14, 40, 1, 1)}
     # the wide 1x1 conv on a 112-pixel plane: pixel-major tiles, its weight packed at set_param
     assert ("implicit_gemm", "nhwc_tiles", True) in {(d.algorithm, d.layout, d.packed) for d in cg.lir.decided(ConvPlan)
                                                      if tuple(cg.lir.graph.node(d.weight).shape.static_dims)
@@ -217,6 +238,9 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "conv: depthwise on nchw_rows (" in cg.lir.inspect()
     assert "conv: depthwise on nchw_row_shifts (" in cg.lir.inspect()
     assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
+    assert "pool: max on nchw_rows" in cg.lir.inspect() and "pool: max on nchw_phases" in cg.lir.inspect()
+    assert "conv: direct on nchw_lanes (weight %" in cg.lir.inspect()
+    assert "transposed to C*kh*kw x O on set" in cg.lir.inspect()
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
     assert "conv: winograd on nchw_wino4_tiles (weight %" in cg.lir.inspect()
     assert "36 x O x C on set for F(4x4, 3x3)" in cg.lir.inspect()
@@ -262,3 +286,31 @@ def test_max_pool_on_phase_planes_keeps_nan_and_pads() -> None:
     for name, a, b in zip(g.output_names, got, want):
         assert np.isnan(a).sum() > 0, name  # the NaN windows
         np.testing.assert_array_equal(a, b, err_msg=name)  # a max is exact, NaN where the reference's is
+
+
+@pytest.mark.parametrize("target", _targets())
+@pytest.mark.parametrize("width", [36, 35, 64])
+def test_max_pool_by_rows_keeps_nan_and_pads(target: str, width: int) -> None:
+    """A 3 x 3 stride-2 max pool with pads 1 on output rows of 16+ pixels runs row by row straight from the plane
+    (PoolPlan nchw_rows, ResNet's stem pool): the same results as the reference, bit for bit: a NaN in a window wins
+    it, a pad never does (an all-negative plane, -inf values), on rows whose vectors pass the row's end (even widths:
+    the next row's columns; odd ones and the plane's last row: a copy padded with -inf), batch and planes split over
+    the team."""
+    from rlx.ir.decisions_conv import PoolPlan
+
+    g = rlx.Graph("maxpool_rows")
+    x = g.input("x", [BATCH, 3, 9, width])
+    g.set_outputs([g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1))])
+    cg = session(cpu_target=target).compile(g)
+    assert [d.layout for d in cg.lir.decided(PoolPlan)] == ["nchw_rows"]
+    assert "pool: max on nchw_rows" in cg.lir.inspect()
+    for batch in (3, 1):
+        xv = -np.abs(np.random.default_rng(batch).standard_normal((batch, 3, 9, width)).astype(np.float32)) - 1
+        xv[0, 1, 4, 5] = np.nan
+        xv[0, 2, 8, width - 1] = np.nan  # the plane's last row and column
+        xv[-1, 0, 0, 0] = -np.inf
+        xv[-1, 0, 3, 17:20] = np.nan
+        got = cg.run(x=xv)[0]
+        want = rlx.reference.run(g, {"x": xv}, {})[0]
+        assert np.isnan(got).sum() >= 3
+        np.testing.assert_array_equal(got, want)

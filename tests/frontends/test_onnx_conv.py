@@ -64,6 +64,11 @@ def test_torch_exports_equal_onnxruntime(exported: tuple[str, bytes, rlx.Compile
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     convs = [n for n in cg.lir.graph.nodes if n.kind == "conv"]
     assert convs and (name == "audio" or any(n.op.activation for n in convs))  # relu / hardswish fused
+    from rlx.ir.decisions_conv import ConvPlan
+
+    # the stems on RGB (3 -> 64 7 x 7, 3 -> 16 3 x 3, stride 2) run with the output channels in the lanes
+    lanes = [d for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_lanes"]
+    assert len(lanes) == (0 if name == "audio" else 1), name
     for batch in (1, 3):
         x = np.random.default_rng(batch).standard_normal((batch, *MODELS[name])).astype(np.float32)
         _close(cg.run(x=x)[0], sess.run(None, {"x": x})[0], f"{name} batch {batch}")

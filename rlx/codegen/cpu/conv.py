@@ -26,7 +26,7 @@ from rlx.codegen.cpu.base import align64, c_string, comment, node_header
 from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.errors import BuildError
 from rlx.ir import ops as O
-from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvPlan
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvPlan, PoolPlan
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.ops_conv import Conv, Pool, Window2d, pool_kernel_why_not, window_2d
@@ -90,6 +90,12 @@ class ConvArgs:
     tp: int = 0
     #: floats per vector of the register tiles (`ConvPlan.vector`; 0: none)
     vector: int = 0
+    #: `nchw_lanes`: floats per window row of a run's zero-padded receptive field (`lanes_patch_cols`)
+    tcp: int = 0
+    #: `nchw_lanes`: output rows per task (a band)
+    rows: int = 0
+    #: `nchw_panels` with strides: bytes into the thread's scratch of the subsampled image
+    sub_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,9 @@ class PoolArgs:
     pew: int
     #: max pools: each window tap's offset into a plane's phase planes (`tap_offsets`)
     taps: str = ""
+    #: `PoolPlan.layout` and `vector`
+    layout: str = "nchw_phases"
+    vector: int = 0
 
 
 def _geom_fields(g: Window2d) -> dict:
@@ -239,6 +248,19 @@ class WinogradTiles:
         return self.elements * (channels + out_channels) * self.lp
 
 
+def lanes_patch_cols(g: Window2d, vector: int) -> int:
+    """Floats per window row of the zero-padded receptive field of a run of `vector` output pixels of a conv on
+    `nchw_lanes` (rlx_conv_lanes_patch in kernels/conv.h): the input columns its window rows span, rounded up to
+    a vector.
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> lanes_patch_cols(window_2d(Conv(strides=(2, 2), pads=(3, 3, 3, 3)), (224, 224), (112, 112), (7, 7), 3), 16)
+    48
+    """
+    cols = (vector - 1) * g.sw + (g.kw - 1) * g.dw + 1
+    return -(-cols // vector) * vector
+
+
 def emit_conv(em, node: Node) -> Kernel:
     """The `conv` kernel of a node, as its `ConvPlan` decides."""
     op: Conv = node.op  # type: ignore[assignment]
@@ -266,16 +288,21 @@ def emit_conv(em, node: Node) -> Kernel:
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
-        vector=plan.vector,
+        vector=plan.vector, tcp=lanes_patch_cols(geo, plan.vector) if plan.layout == "nchw_lanes" else 0,
+        rows=plan.rows, sub_offset=align64((cg + og) * plan.panel * 4),
         **_geom_fields(geo),
         **({f: getattr(wino, f) for f in ("m", "th", "tw", "wq", "lp", "pl", "tp")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
     if wino:  # V and M of one image, then the thread's own buffers
         scratch = planes_offset + align64(wino.thread_floats() * 4)
+    elif plan.layout == "nchw_lanes":  # a run's zero-padded receptive field, then its V x V block of output
+        scratch = align64((cg * geo.kh * args.tcp + plan.vector ** 2) * 4)
     elif plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
-    elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product
+    elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product (strided: the subsampled image)
         scratch = align64((cg + og) * plan.panel * 4)
+        if geo.sh > 1 or geo.sw > 1:
+            scratch += align64(cg * geo.oh * geo.ow * 4)
     elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
@@ -297,13 +324,21 @@ def emit_pool(em, node: Node) -> Kernel:
     geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
                    op.kernel, 1)
     is_max = op.fn == "max"
-    args = PoolArgs(comment=comment(f"{op.fn} pool {op.kernel} of {x}"), x=em.ptr(node.inputs[0]),
+    plan = next((d for d in em.lir.decided(PoolPlan) if d.node == node.id), None)
+    if plan is None:
+        raise BuildError(f"%{node.id} pool has no PoolPlan in the LIR: decide the LIR for the CPU first")
+    args = PoolArgs(comment=comment(f"{op.fn} pool {op.kernel} of {x} on {plan.layout}"), x=em.ptr(node.inputs[0]),
                     y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(is_max),
                     count_pad=int(op.count_include_pad), peh=geo.peh, pew=geo.pew, **_geom_fields(geo),
-                    taps=", ".join(map(str, tap_offsets(geo))) if is_max else "")
+                    taps=", ".join(map(str, tap_offsets(geo))) if is_max else "", layout=plan.layout,
+                    vector=plan.vector)
     label = c_string(f"%{node.id} pool" + (f" ({node.name[:60]})" if node.name else ""))
-    # a max pool runs on each plane's stride-phase planes (as a depthwise conv's, -inf in the pads)
-    scratch = align64(depthwise_scratch_floats(geo) * 4) if is_max else 0
+    if plan.layout == "nchw_rows":  # one output row, whole vectors
+        scratch = align64(-(-geo.ow // plan.vector) * plan.vector * 4)
+    elif is_max:  # each plane's stride-phase planes (as a depthwise conv's, -inf in the pads)
+        scratch = align64(depthwise_scratch_floats(geo) * 4)
+    else:
+        scratch = 0
     return Kernel(node.id, "pool", TEMPLATE, args, headers=HEADERS, header=node_header(node, 80),
                   func=f"rlx_op_{node.id}", label=label, scratch_per_thread=scratch)
 

@@ -2,8 +2,13 @@
 
 A pure function of the decided LIR (`param_layout`): a param a GEMM reads packed (`PackedParam`)
 takes padded panels in its own precision, a Winograd conv's weight (`ConvPlan`) its transform ``[16 or 36, O, C]``,
+<<<<<<< HEAD
 an `int8_matmul` weight (`Int8Param`) its int8 panels, a q8_0 / q4_0 / q4_1 weight of integer decode GEMVs
 (`InterleavedQuantParam`) its blocks interleaved by 16 rows (same size),
+=======
+a conv's weight with the output channels in the lanes (`nchw_lanes`) its transpose ``[C*kh*kw, O]``,
+an `int8_matmul` weight (`Int8Param`) its int8 panels,
+>>>>>>> cnn4
 a narrow param read only through one cast (`WidenedParam`) its f32 copy, and every other param its
 own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
 emitter reads offsets from it, the prelude template the per-slot records, `memory_plan` the total.
@@ -56,9 +61,14 @@ def param_layout(lir: LirModule) -> ParamLayout:
     packed = {d.node: d.transposed for d in lir.decided(PackedParam)}
     int8 = {d.node: d for d in lir.decided(Int8Param)}
     widened = {d.node for d in lir.decided(WidenedParam)}
+<<<<<<< HEAD
     interleaved = {d.node: d.quant for d in lir.decided(InterleavedQuantParam)}
     conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm != "winograd"}
+=======
+    conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm == "implicit_gemm"}
+>>>>>>> cnn4
     winograd = {d.weight: WINOGRAD_TILE[d.layout] for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
+    lanes = {d.weight for d in lir.decided(ConvPlan) if d.layout == "nchw_lanes"}
     slots: list[Mapping[str, Any]] = []
     offsets: list[int] = []
     packed_floats: dict[NodeId, int] = {}
@@ -104,6 +114,12 @@ def param_layout(lir: LirModule) -> ParamLayout:
             dims, src_strides = dims[:2], [dims[1] * 9, 9]
             storage = (m + 2) ** 2 * dims[0] * dims[1] * 4
             mode, note = ("winograd" if m == 2 else "winograd4"), " (Winograd-transformed conv weight, on set)"
+        elif spec.node in lanes:
+            # a conv weight [O, C, *k] with the output channels in the lanes: stored as its transpose [C*k, O]
+            # (a window tap's output channels contiguous; kernels/conv_tile.h rlx_conv_lanes_block)
+            k = math.prod(dims[1:])
+            dims, src_strides = [k, dims[0]], [1, k]
+            mode, note = "permute", " (conv weight transposed to [C*kh*kw, O] on set)"
         elif spec.node in int8:
             # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
             storage = int8[spec.node].storage_bytes
@@ -119,7 +135,8 @@ def param_layout(lir: LirModule) -> ParamLayout:
             "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
             "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
             "mode": mode, "note": note,
-            "rank": 3 if spec.node in conv_packed else 2 if spec.node in winograd else max(len(user_dims), 1),
+            "rank": 3 if spec.node in conv_packed else 2 if spec.node in winograd or spec.node in lanes
+            else max(len(user_dims), 1),
             "elsize": stored.dtype.itemsize,
             "dims": dims or [1], "src_strides": src_strides or [0],
         })

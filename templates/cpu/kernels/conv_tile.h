@@ -11,6 +11,10 @@
  *   rlx_conv_dw_s1_plane<V>  a depthwise window of strides 1 or 2 on a plane whose output rows fit a vector (at
  *                            most V of them), each input row one vector (or two, split by column parity), its taps
  *                            lane shifts of it;
+ *   rlx_pool_max_s2_row<V>   one output row of a 3 x 3, stride-2 max pool read straight from the plane;
+ *   rlx_conv_lanes_block<V>  V output pixels of a row x V output channels of a conv with few input channels, the
+ *                            channels in the lanes (each input value broadcast once per window row), transposed
+ *                            into V rows of V pixels;
  * and undefines the three parameters. No include guard: each inclusion is another width. */
 
 #define RLX_CONV_CAT_(a, b) a##b
@@ -26,6 +30,10 @@
 #define RLX_CONV_DWT_FN RLX_CONV_CAT(rlx_conv_dw_s1_tail, RLX_CONV_TILE_V)
 #define RLX_CONV_SHIFT_FN RLX_CONV_CAT(rlx_conv_lane_shift, RLX_CONV_TILE_V)
 #define RLX_CONV_TILE_I RLX_CONV_CAT(rlx_conv_lanes, RLX_CONV_TILE_V)
+#define RLX_CONV_LANES_FN RLX_CONV_CAT(rlx_conv_lanes_block, RLX_CONV_TILE_V)
+#define RLX_POOL_MAX2_FN RLX_CONV_CAT(rlx_pool_max_s2_row, RLX_CONV_TILE_V)
+#define RLX_POOL_TAKE_FN RLX_CONV_CAT(rlx_pool_take, RLX_CONV_TILE_V)
+#define RLX_CONV_TRANSPOSE_FN RLX_CONV_CAT(rlx_conv_transpose, RLX_CONV_TILE_V)
 typedef int RLX_CONV_TILE_I __attribute__((vector_size(RLX_CONV_TILE_V * 4)));
 /* lanes of two V-float vectors (a, b): the even ones, the odd ones, and a's last then b's first V - 1 */
 #if RLX_CONV_TILE_V == 16
@@ -214,6 +222,62 @@ static inline __attribute__((always_inline)) void RLX_CONV_DW2_FN(const float *r
     }
 }
 
+/* Lane by lane: v where v > a or v is a NaN, else a (a max pool's rule: a NaN met is taken and kept, as
+ * rlx_pool_max_phases). */
+static inline __attribute__((always_inline)) RLX_CONV_TILE_T RLX_POOL_TAKE_FN(const RLX_CONV_TILE_T a,
+        const RLX_CONV_TILE_T v)
+{
+    const RLX_CONV_TILE_I take = (v > a) | (v != v);
+    return (RLX_CONV_TILE_T)((take & (RLX_CONV_TILE_I)v) | (~take & (RLX_CONV_TILE_I)a));
+}
+
+/* One output row oh of a 3 x 3, stride-2, undilated max pool (left and top pads 1; PoolPlan layout nchw_rows) read
+ * straight from the plane x[H, W], no phase copy: row[ow] = the max of x[2 oh - 1 + kh, 2 ow - 1 + kw] over the
+ * window's cells inside the plane, for ow < OW; row holds OW rounded up to V floats. As rlx_conv_dw_s2_row<V>: V
+ * outputs at a time from two vectors of input columns split into even (kw = 1) and odd (kw = 2) lanes, the odd ones
+ * moved one lane up behind column 2 ow0 - 1 (kw = 0); -inf in the pads; taps taken in the window's order. */
+static inline __attribute__((always_inline)) void RLX_POOL_MAX2_FN(const float *restrict x, const rlx_conv_geom *g,
+        int64_t oh, float *restrict row)
+{
+    const int64_t V = RLX_CONV_TILE_V;
+    const RLX_CONV_TILE_T none = (RLX_CONV_TILE_T){0.0f} - INFINITY;
+    for (int64_t o0 = 0; o0 < g->OW; o0 += V) {
+        RLX_CONV_TILE_T m = none;
+        const int64_t c0 = 2 * o0;  /* the input column of tap kw = 1 of output column o0 */
+        #pragma GCC unroll 3
+        for (int kh = 0; kh < 3; kh++) {
+            const int64_t ih = oh * 2 - g->PH + kh;
+            if (ih < 0 || ih >= g->H)
+                continue;
+            const float *restrict xr = x + ih * g->W;
+            const float left = c0 > 0 && c0 - 1 < g->W ? xr[c0 - 1] : -INFINITY;
+            RLX_CONV_TILE_T a, b;
+            /* whole vectors where they stay inside the plane: past the row's end (lanes of outputs past OW, never
+               of a column W: W even) they read the next row's first columns */
+            if (c0 + 2 * V <= g->W || (g->W % 2 == 0 && ih + 1 < g->H && c0 + 2 * V <= 2 * g->W)) {
+                a = *(const RLX_CONV_TILE_TU *)(xr + c0);
+                b = *(const RLX_CONV_TILE_TU *)(xr + c0 + V);
+            } else {
+                float buf[2 * RLX_CONV_TILE_V] __attribute__((aligned(64)));
+                const int64_t n = g->W - c0 < 0 ? 0 : g->W - c0;
+                for (int64_t i = 0; i < n && i < 2 * V; i++)
+                    buf[i] = xr[c0 + i];
+                for (int64_t i = n; i < 2 * V; i++)
+                    buf[i] = -INFINITY;
+                a = *(const RLX_CONV_TILE_T *)buf;
+                b = *(const RLX_CONV_TILE_T *)(buf + V);
+            }
+            const RLX_CONV_TILE_T even = __builtin_shufflevector(a, b, RLX_CONV_DW2_EVEN);
+            const RLX_CONV_TILE_T odd = __builtin_shufflevector(a, b, RLX_CONV_DW2_ODD);
+            const RLX_CONV_TILE_T prev = __builtin_shufflevector((RLX_CONV_TILE_T){0.0f} + left, odd, RLX_CONV_DW2_PREV);
+            m = RLX_POOL_TAKE_FN(m, prev);
+            m = RLX_POOL_TAKE_FN(m, even);
+            m = RLX_POOL_TAKE_FN(m, odd);
+        }
+        *(RLX_CONV_TILE_TU *)(row + o0) = m;
+    }
+}
+
 /* Lane j of the result: v[j + s] where 0 <= j + s < V, else 0, for |s| <= 4 (a constant where inlined: one shuffle). */
 static inline __attribute__((always_inline)) RLX_CONV_TILE_T RLX_CONV_SHIFT_FN(const RLX_CONV_TILE_T v, const int s)
 {
@@ -309,6 +373,106 @@ static inline __attribute__((always_inline)) void RLX_CONV_DWT_FN(const float *r
         tail[i] = 0.0f;
 }
 
+/* r[i] lane j <- r[j] lane i: a V x V transpose in registers, log2(V) rounds of two-vector shuffles (round s: rows i
+ * and i + s of each group of 2 s rows swap their off-diagonal s-lane blocks). */
+static inline __attribute__((always_inline)) void RLX_CONV_TRANSPOSE_FN(RLX_CONV_TILE_T *r)
+{
+    RLX_CONV_TILE_T t[RLX_CONV_TILE_V];
+#if RLX_CONV_TILE_V == 16
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[i] = __builtin_shufflevector(r[i], r[i + 8], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+        t[i + 8] = __builtin_shufflevector(r[i], r[i + 8], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        if (i % 8 < 4) {
+            r[i] = __builtin_shufflevector(t[i], t[i + 4], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+            r[i + 4] = __builtin_shufflevector(t[i], t[i + 4], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+        }
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        if (i % 4 < 2) {
+            t[i] = __builtin_shufflevector(r[i], r[i + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+            t[i + 2] = __builtin_shufflevector(r[i], r[i + 2], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+        }
+    #pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        r[i] = __builtin_shufflevector(t[i], t[i + 1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+        r[i + 1] = __builtin_shufflevector(t[i], t[i + 1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    }
+#else
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[i] = __builtin_shufflevector(r[i], r[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        t[i + 4] = __builtin_shufflevector(r[i], r[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        if (i % 4 < 2) {
+            r[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            r[i + 2] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    #pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 2, 10, 4, 12, 6, 14);
+        t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        r[i] = t[i];
+#endif
+}
+
+/* Output channels [ov V, ov V + V) of V consecutive output pixels of one row of a conv with few input channels
+ * (`direct` on `nchw_lanes`): out[o * V + p] = bias[ov V + o] + the sum over c < C, kh < KH, kw < KW of
+ * wt[((c KH + kh) KW + kw) O + ov V + o] * src[c CS + kh RK + p SW + kw DW]. src is the pixels' receptive field:
+ * the input itself (RK = DH W, CS = H W) or a zero-padded copy of it. The channels are the lanes: one accumulator a
+ * pixel, and each input value of a window row is broadcast once and multiplied by every weight vector of that row
+ * it meets (its KW weight vectors in registers: a 7 x 7 stride-2 row, 37 broadcasts and 7 loads for 112 multiply-
+ * adds, where a broadcast per (pixel, tap) needed 119). The accumulators are transposed in registers into rows of
+ * pixels, one per output channel. Inlined into each conv with its window as constants: the loops over the row's
+ * columns and taps unroll whole, which (pixel, tap) a column feeds known at compile time. */
+static inline __attribute__((always_inline)) void RLX_CONV_LANES_FN(const float *restrict src, const int64_t RK,
+        const int64_t CS, const int64_t C, const int64_t KH, const int64_t KW, const int64_t SW, const int64_t DW,
+        const float *restrict wt, const int64_t O, const float *restrict bias, const int64_t ov, float *restrict out)
+{
+    enum { V = RLX_CONV_TILE_V };
+    const int64_t TC = (V - 1) * SW + (KW - 1) * DW + 1;  /* input columns the pixels' window rows span */
+    RLX_CONV_TILE_T acc[RLX_CONV_TILE_V];
+    RLX_CONV_TILE_T b = {0.0f};
+    if (bias)
+        b = *(const RLX_CONV_TILE_TU *)(bias + ov * V);
+    #pragma GCC unroll 16
+    for (int p = 0; p < V; p++)
+        acc[p] = b;
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t kh = 0; kh < KH; kh++) {
+            const float *restrict row = src + c * CS + kh * RK;
+            const float *restrict wr = wt + (c * KH + kh) * KW * O + ov * V;
+            RLX_CONV_TILE_T w[16];  /* the row's KW weight vectors (KW <= 16: lanes_fits) */
+            #pragma GCC unroll 16
+            for (int64_t kw = 0; kw < KW; kw++)
+                w[kw] = *(const RLX_CONV_TILE_TU *)(wr + kw * O);
+            #pragma GCC unroll 64
+            for (int64_t j = 0; j < TC; j++) {
+                const float x = row[j];
+                #pragma GCC unroll 16
+                for (int64_t kw = 0; kw < KW; kw++)
+                    if (j >= kw * DW && (j - kw * DW) % SW == 0 && (j - kw * DW) / SW < V)
+                        acc[(j - kw * DW) / SW] += x * w[kw];
+            }
+        }
+    RLX_CONV_TRANSPOSE_FN(acc);
+    #pragma GCC unroll 16
+    for (int o = 0; o < V; o++)
+        *(RLX_CONV_TILE_TU *)(out + o * V) = acc[o];
+}
+
+#undef RLX_CONV_LANES_FN
+#undef RLX_POOL_MAX2_FN
+#undef RLX_POOL_TAKE_FN
+#undef RLX_CONV_TRANSPOSE_FN
 #undef RLX_CONV_DWT_FN
 #undef RLX_CONV_DWS_FN
 #undef RLX_CONV_SHIFT_FN
