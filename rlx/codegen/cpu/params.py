@@ -2,13 +2,9 @@
 
 A pure function of the decided LIR (`param_layout`): a param a GEMM reads packed (`PackedParam`)
 takes padded panels in its own precision, a Winograd conv's weight (`ConvPlan`) its transform ``[16 or 36, O, C]``,
-<<<<<<< HEAD
+a conv's weight with the output channels in the lanes (`nchw_lanes`) its transpose ``[C*kh*kw, O]``,
 an `int8_matmul` weight (`Int8Param`) its int8 panels, a q8_0 / q4_0 / q4_1 weight of integer decode GEMVs
 (`InterleavedQuantParam`) its blocks interleaved by 16 rows (same size),
-=======
-a conv's weight with the output channels in the lanes (`nchw_lanes`) its transpose ``[C*kh*kw, O]``,
-an `int8_matmul` weight (`Int8Param`) its int8 panels,
->>>>>>> cnn4
 a narrow param read only through one cast (`WidenedParam`) its f32 copy, and every other param its
 own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
 emitter reads offsets from it, the prelude template the per-slot records, `memory_plan` the total.
@@ -61,12 +57,8 @@ def param_layout(lir: LirModule) -> ParamLayout:
     packed = {d.node: d.transposed for d in lir.decided(PackedParam)}
     int8 = {d.node: d for d in lir.decided(Int8Param)}
     widened = {d.node for d in lir.decided(WidenedParam)}
-<<<<<<< HEAD
     interleaved = {d.node: d.quant for d in lir.decided(InterleavedQuantParam)}
-    conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm != "winograd"}
-=======
     conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm == "implicit_gemm"}
->>>>>>> cnn4
     winograd = {d.weight: WINOGRAD_TILE[d.layout] for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
     lanes = {d.weight for d in lir.decided(ConvPlan) if d.layout == "nchw_lanes"}
     slots: list[Mapping[str, Any]] = []
