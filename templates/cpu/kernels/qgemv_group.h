@@ -14,16 +14,19 @@
 #define RLX_QGROUP_MAX 4
 
 /* Rows [r0, r1) of the concatenation of the members' rows: member m has N[m] rows of rb bytes at
- * W[m] and writes Y[m] ([M, N[m]]). Xq / xds: the activation quantized by rlx_q8_quantize_rows. */
-static inline __attribute__((always_inline)) void rlx_qgroup_rows(const int fmt, const int a16, int64_t M,
-        int64_t K, const int8_t *Xq, const float *xds, int nm, const uint8_t *const *W, const int64_t *N,
+ * W[m] and writes Y[m] ([M, N[m]]). Xq / xds: the activation quantized by rlx_q8_quantize_rows.
+ * interleaved: the weights are stored interleaved by 16 rows (kernels/quant_interleaved.h; r0, r1 multiples of 16). */
+static inline __attribute__((always_inline)) void rlx_qgroup_rows(const int fmt, const int a16, const int interleaved,
+        int64_t M, int64_t K, const int8_t *Xq, const float *xds, int nm, const uint8_t *const *W, const int64_t *N,
         int64_t rb, float *const *Y, int64_t r0, int64_t r1)
 {
     int64_t base = 0;
     for (int m = 0; m < nm; m++) {
         const int64_t lo = (r0 > base ? r0 : base) - base;
         const int64_t hi = (r1 < base + N[m] ? r1 : base + N[m]) - base;
-        if (lo < hi)
+        if (lo < hi && interleaved)
+            rlx_qi_gemm(fmt, a16, M, N[m], K, Xq, xds, W[m], rb, Y[m], lo / RLX_QI_ROWS, hi / RLX_QI_ROWS);
+        else if (lo < hi)
             rlx_q8gemm(fmt, a16, M, N[m], K, Xq, xds, W[m], rb, Y[m], lo, hi);
         base += N[m];
     }

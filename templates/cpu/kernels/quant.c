@@ -8,8 +8,8 @@
 #include "kernels/half.h"
 #include "kernels/scalar.h"  /* rlx_silu_f, for the SwiGLU groups */
 #include "kernels/quant_kernels.h"
+#include "kernels/quant_interleaved.h"  /* before the groups: they call its GEMV on interleaved weights */
 #include "kernels/qgemv_group.h"
-#include "kernels/quant_interleaved.h"
 
 /* f32 activations: format f (id FMT, QK values in QB bytes a block). */
 #define RLX_QUANT_DEFINE_F32(f, FMT, QK, QB)                                                                  \
@@ -55,7 +55,7 @@
                                    const uint8_t *const *W, const int64_t *N, int64_t rb, float *const *Y,    \
                                    int64_t r0, int64_t r1)                                                    \
     {                                                                                                         \
-        rlx_qgroup_rows(FMT, A16, M, K, Xq, xds, nm, W, N, rb, Y, r0, r1);                                    \
+        rlx_qgroup_rows(FMT, A16, 0, M, K, Xq, xds, nm, W, N, rb, Y, r0, r1);                                    \
     }                                                                                                         \
     void rlx_qgroup_swiglu_##f##_##a(int64_t M, int64_t N, int64_t K, const int8_t *Xq, const float *xds,     \
                                      const uint8_t *Wg, const uint8_t *Wu, int64_t rb, float *out, int64_t n0, \
@@ -89,7 +89,7 @@ RLX_QUANT_DEFINE_INT(q4_1, q16, RLX_Q4_1, 1)
                                      const uint8_t *const *W, const int64_t *N, int64_t rb, float *const *Y,  \
                                      int64_t r0, int64_t r1)                                                  \
     {                                                                                                         \
-        rlx_qi_group_rows(FMT, A16, M, K, Xq, xds, nm, W, N, rb, Y, r0, r1);                                  \
+        rlx_qgroup_rows(FMT, A16, 1, M, K, Xq, xds, nm, W, N, rb, Y, r0, r1);                                  \
     }                                                                                                         \
     void rlx_qi_group_swiglu_##f##_##a(int64_t M, int64_t N, int64_t K, const int8_t *Xq, const float *xds,   \
                                        const uint8_t *Wg, const uint8_t *Wu, int64_t rb, float *out,          \

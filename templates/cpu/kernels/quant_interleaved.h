@@ -466,21 +466,6 @@ static inline __attribute__((always_inline)) void rlx_qi_gemm(const int fmt, con
     rlx_qi_amx_end(amx);
 }
 
-/* Rows [r0, r1) (multiples of 16) of the concatenation of the members' interleaved weights (rlx_qgroup_rows). */
-static inline __attribute__((always_inline)) void rlx_qi_group_rows(const int fmt, const int a16, int64_t M,
-        int64_t K, const int8_t *Xq, const float *xds, int nm, const uint8_t *const *W, const int64_t *N,
-        int64_t rb, float *const *Y, int64_t r0, int64_t r1)
-{
-    int64_t base = 0;
-    for (int m = 0; m < nm; m++) {
-        const int64_t lo = (r0 > base ? r0 : base) - base;
-        const int64_t hi = (r1 < base + N[m] ? r1 : base + N[m]) - base;
-        if (lo < hi)
-            rlx_qi_gemm(fmt, a16, M, N[m], K, Xq, xds, W[m], rb, Y[m], lo / RLX_QI_ROWS, hi / RLX_QI_ROWS);
-        base += N[m];
-    }
-}
-
 /* out[i, n] = silu(x_i . Wg[n]) * (x_i . Wu[n]) for the groups [g0, g1) (rlx_qgroup_swiglu, interleaved). */
 static inline __attribute__((always_inline)) void rlx_qi_group_swiglu(const int fmt, const int a16, int64_t M,
         int64_t N, int64_t K, const int8_t *Xq, const float *xds, const uint8_t *Wg, const uint8_t *Wu,
