@@ -164,6 +164,9 @@ class Config:
     #: CUDA one-row decode GEMVs: "auto" or "rows" (`CudaTarget.gemv_walk`), and the register walk's groups.
     cuda_gemv_walk: str = "auto"
     cuda_xr_groups: int = 0
+    #: RLX_CUDA_DEQUANT_COPIES: bytes of quantized weights CUDA also keeps dequantized (`CudaTarget.dequant_copies`;
+    #: -1: the target's default, 0: none).
+    cuda_dequant_copies: int = -1
     cc: str = "cc"
     nvcc: str = "nvcc"
     #: RLX_RECORD: where compiled graphs record their calls (None: not recorded), and the bounds.
@@ -203,6 +206,7 @@ class Config:
             cpu_quant_layout=_choice(env, "RLX_QUANT_LAYOUT", ("auto", "interleaved", "rows")),
             cuda_gemv_walk=env.get("RLX_QGEMV_WALK", "").strip() or "auto",
             cuda_xr_groups=_int(env, "RLX_QGEMV_XR_GROUPS", 0),
+            cuda_dequant_copies=_int(env, "RLX_CUDA_DEQUANT_COPIES", -1),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
             record_dir=Path(env["RLX_RECORD"].strip()) if env.get("RLX_RECORD", "").strip() else None,

@@ -141,6 +141,35 @@ class QuantMma(Decision):
 
 
 @dataclass(frozen=True)
+class DequantCopy(Decision):
+    """A quantized weight param (`weight`, param slot `slot`) that also keeps a copy dequantized into the compute
+    type ([N, K], `nbytes` at byte `offset` of the params region), written by `rlx_set_param` when the blocks
+    arrive. The `readers` (`dequant_matmul` nodes) multiply that copy on the GEMM in their large steps (more rows
+    than their GEMVs and `rlx_qmma` take), where each step would otherwise dequantize the weight again into
+    scratch: one GEMM launch instead of a dequantize kernel and a GEMM per tile of the weight. Chosen in schedule
+    order while the copies fit the target's byte budget (`CudaTarget.dequant_copies`, RLX_CUDA_DEQUANT_COPIES)."""
+
+    kind: ClassVar[str] = "cuda_dequant_copy"
+    weight: int
+    slot: int
+    readers: tuple[int, ...]
+    quant: str
+    n: int
+    k: int
+    offset: int
+    nbytes: int
+
+    def describe(self) -> str:
+        names = " ".join(f"%{r}" for r in self.readers)
+        return (f"%{self.weight} ({self.quant} [{self.n}, {self.k}], param {self.slot}) keeps a dequantized copy of "
+                f"{self.nbytes} bytes at byte {self.offset}, written at set_param; {names} multiply it in steps past "
+                f"their GEMV rows")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.weight, *self.readers)
+
+
+@dataclass(frozen=True)
 class AllReduceP2P(Decision):
     """An `all_reduce` (sum) of a CUDA clique whose calls of at most `max_bytes` bytes run one-shot through the
     peers' memory (`rlx_all_reduce_p2p`, kernels/collectives.cuh): each rank stores its values into every rank's
@@ -388,6 +417,7 @@ register_decision(ControlFlow, ("node",))
 register_decision(DecodeGemv, ("members", "norm", "residual", "swiglu"))
 register_decision(DecodeRope, ("attention", "ropes"))
 register_decision(QuantMma, ("node",))
+register_decision(DequantCopy, ("weight", "readers"))
 register_decision(DecodeSplitKv, ("attention",))
 register_decision(AllReduceP2P, ("node", "residual"))
 register_decision(PoolTail, ("hidden", "mask", "out", "absorbed", "norm"))

@@ -41,6 +41,7 @@ from rlx.ir.decisions_cuda import (
     DecodeGemv,
     DecodeRope,
     DecodeSplitKv,
+    DequantCopy,
     DeviceLayout,
     GemmGroup,
     ParamPlacement,
@@ -420,6 +421,48 @@ def find_quant_mmas(lir: LirModule, precision: DType) -> list[QuantMma]:
     return found
 
 
+#: Rows of X the warp-per-row quantized GEMVs take (RLX_QGEMV_MAX_M in kernels/quant.cuh): larger steps without a
+#: `QuantMma` take the dequantize + GEMM path.
+QGEMV_MAX_ROWS = 8
+#: Default byte budget of `DequantCopy` copies (`CudaTarget.dequant_copies`): the dequantized weights of a model of
+#: up to ~1B parameters in f16 (SmolLM2-135M: 270 MB); an 8B model's (16 GB) stay off unless asked for.
+DEQUANT_COPY_BYTES = 2 << 30
+
+
+def find_dequant_copies(lir: LirModule, precision: DType, budget: int) -> list[tuple[int, NodeId, tuple[NodeId, ...],
+                                                                                    int]]:
+    """Quantized weight params worth a dequantized copy (see `DequantCopy`): (param slot, param node, the
+    `dequant_matmul` readers whose steps can outgrow their GEMV and `rlx_qmma` rows, copy bytes), in schedule order
+    of their first reader while the copies fit `budget` bytes. f16 / bf16 builds only (the copy is in the compute
+    type, half the bytes of an f32 one)."""
+    if precision not in (DType.F16, DType.BF16) or budget <= 0:
+        return []
+    graph = lir.graph
+    slots = {spec.node: slot for slot, spec in enumerate(lir.params)}
+    mma = {d.node: d.max_rows for d in find_quant_mmas(lir, precision)}
+    readers: dict[NodeId, list[NodeId]] = {}
+    for nid in lir.schedule:
+        node = graph.node(nid)
+        if not isinstance(node.op, O.DequantMatMul) or lir.buffers[nid].storage == "view":
+            continue
+        w = node.inputs[1]
+        rows = 1
+        for d in graph.node(node.inputs[0]).shape.dims[:-1]:
+            rows *= d.max
+        if w in slots and rows > max(QGEMV_MAX_ROWS, mma.get(nid, 0)):
+            readers.setdefault(w, []).append(nid)
+    found, used = [], 0
+    for w, nodes in readers.items():
+        first = graph.node(nodes[0])
+        n, k = first.shape.dims[-1].value, graph.node(first.inputs[0]).shape.dims[-1].value
+        nbytes = n * k * precision.itemsize
+        if used + nbytes > budget:
+            continue
+        used += nbytes
+        found.append((slots[w], w, tuple(nodes), nbytes))
+    return found
+
+
 #: Most rows a decode step may have for its attention kernel to apply the rotary embedding itself (it stages that
 #: many new keys, rotated, in shared memory).
 DECODE_ROPE_ROWS = 4
@@ -649,10 +692,11 @@ def _scratch(lir: LirModule, precision: DType) -> int:
 
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
                 pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
-                p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0) -> tuple[Decision, ...]:
+                p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
+                dequant_copies: int = DEQUANT_COPY_BYTES) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
-    its decode steps run the grouped kernel."""
+    its decode steps run the grouped kernel; `dequant_copies` is the byte budget of `DequantCopy` copies."""
     graph = lir.graph
     bodies = scan_bodies(lir)
     mem = _Allocator()
@@ -707,6 +751,12 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
         if staged:
             staging_need = max(staging_need, spec.shape.max_nbytes)
         params.append(ParamPlacement(offset, row, staged))
+    # dequantized copies of quantized weights (DequantCopy) with the params: rlx_clone copies them too
+    copies = [DequantCopy(w, slot, readers, graph.node(readers[0]).op.quant,
+                          graph.node(readers[0]).shape.dims[-1].value,
+                          graph.node(graph.node(readers[0]).inputs[0]).shape.dims[-1].value,
+                          mem.alloc("params", nbytes), nbytes)
+              for slot, w, readers, nbytes in find_dequant_copies(lir, precision, dequant_copies)]
     params_end = mem.total
     # the group outputs sit after the params so that rlx_clone copies params only
     qkv = mem.alloc("qkv", qkv_bytes) if grouped else 0
@@ -755,7 +805,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
     return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir, gemv_walk, xr_groups),
-            *find_quant_mmas(lir, precision),
+            *find_quant_mmas(lir, precision), *copies,
             *find_decode_ropes(lir),
             *find_decode_splits(lir, precision, decode_sms, kv_decode),
             *(find_pool_tails(lir, pool_norm) if pool_tail else ()),
@@ -765,7 +815,8 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
                    kv_decode: bool = True, p2p_all_reduce: bool = True, gemv_walk: str = "auto",
-                   xr_groups: int = 0, **_target: object) -> tuple[Decision, ...]:
+                   xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES,
+                   **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
     keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
@@ -783,8 +834,10 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
         raise ValueError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {gemm!r}")
     if isinstance(decode_sms, bool) or not isinstance(decode_sms, int) or decode_sms < 1:
         raise ValueError(f"decode_sms must be a positive int (the GPU's SM count), got {decode_sms!r}")
+    if isinstance(dequant_copies, bool) or not isinstance(dequant_copies, int) or dequant_copies < 0:
+        raise ValueError(f"dequant_copies must be a byte count >= 0, got {dequant_copies!r}")
     return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce, gemv_walk,
-                       xr_groups)
+                       xr_groups, dequant_copies)
 
 
 #: Bytes a one-shot all-reduce call may carry (a slot of the exchange buffer: RLX_AR_SLOT_BYTES in

@@ -52,7 +52,7 @@ from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.ir.norms import is_norm, norm_inputs
 from rlx.ir.shape import Dim, product
-from rlx.opt.lowering_cuda import LT_DTYPES, cuda_decisions, device_dtype, gemm_batching
+from rlx.opt.lowering_cuda import DEQUANT_COPY_BYTES, LT_DTYPES, cuda_decisions, device_dtype, gemm_batching
 
 #: Activations the CUTLASS unit is built for (the rest stay on cuBLASLt's epilogue or a separate pass).
 CUTLASS_ACTS = tuple(activation_table().cutlass_ids)
@@ -393,14 +393,14 @@ def cuda_lowering(lir: LirModule, precision: DType | str = DType.F32, gemm: str 
                   small_gemm: bool = True, lt_gelu_epilogue: bool = True, fused_act_gemm: bool = False,
                   scan_body: bool = False, decode_sms: int = 132, kv_decode: bool = True,
                   p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
-                  **_target: object) -> tuple[Decision, ...]:
+                  dequant_copies: int = DEQUANT_COPY_BYTES, **_target: object) -> tuple[Decision, ...]:
     """`LOWERINGS["cuda"]`: the memory decisions (`cuda_decisions`), then the kernel choices for these options.
 
     The defaults are `CudaTarget()`'s; other target options (tile sizes, attention variants, profiling) change
     no decision and are ignored.
     """
     memory = cuda_decisions(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce,
-                            gemv_walk, xr_groups)
+                            gemv_walk, xr_groups, dequant_copies)
     opt = _Options(DType.parse(precision), gemm, arch, cutlass_gemm, gather_region,
                    small_gemm, lt_gelu_epilogue, fused_act_gemm)
     return (*memory, *kernel_choices(lir, memory, opt, scan_body))

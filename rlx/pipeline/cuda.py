@@ -60,7 +60,8 @@ def decide_cuda(lir: LirModule, target: Any) -> LirModule:
                "gather_region": target.gather_region, "small_gemm": target.small_gemm,
                "lt_gelu_epilogue": target.lt_gelu_epilogue, "fused_act_gemm": target.fused_act_gemm,
                "decode_sms": target.decode_sms, "kv_decode": target.kv_decode,
-               "p2p_all_reduce": target.p2p_all_reduce, "gemv_walk": target.gemv_walk, "xr_groups": target.xr_groups}
+               "p2p_all_reduce": target.p2p_all_reduce, "gemv_walk": target.gemv_walk, "xr_groups": target.xr_groups,
+               "dequant_copies": target.dequant_copies}
     # a scan body writes no graph output (no pooling tail of its own); its per-step pointers are the loop's
     return decide(lir, "cuda", {**options, "pool_tail": False, "scan_body": True}, **options)
 
@@ -103,6 +104,8 @@ class CudaStages:
         self.target_options = {"profile": config.profile, **({} if config.cuda_p2p else {"p2p_all_reduce": False}),
                                **({"gemv_walk": config.cuda_gemv_walk} if config.cuda_gemv_walk != "auto" else {}),
                                **({"xr_groups": config.cuda_xr_groups} if config.cuda_xr_groups else {}),
+                               **({"dequant_copies": config.cuda_dequant_copies}
+                                  if config.cuda_dequant_copies >= 0 else {}),
                                **target_options}
         self._toolchain = toolchain
         self._target: Any = None

@@ -5,6 +5,7 @@ The numerical checks run on a GPU in tests/gpu/test_cuda_quant.py.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,10 @@ import rlx
 from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
 from rlx.ir import quant as Q
-from rlx.ir.decisions_cuda import DecodeGemv
+from rlx.ir.decisions_cuda import DecodeGemv, DequantCopy, DeviceLayout
 from rlx.ir.dtype import DType
 from rlx.opt.memplan import plan
-from rlx.pipeline.cuda import render_cuda
+from rlx.pipeline.cuda import decide_cuda, render_cuda
 from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
 
 
@@ -62,15 +63,17 @@ def test_every_format_compiles(toolchain: NvccToolchain, precision: str, tmp_pat
 
 
 def test_cublaslt_prefill_and_split_weight_compile(toolchain: NvccToolchain, tmp_path: Path) -> None:
-    """A vocabulary-sized weight is dequantized in column tiles (bounded scratch) and multiplied on cuBLASLt."""
+    """A vocabulary-sized weight without a dequantized copy (`dequant_copies=0`) is dequantized in column tiles
+    (bounded scratch) and multiplied on cuBLASLt."""
     g = rlx.Graph("quant_lt")
     x = g.input("x", [rlx.Dim.dynamic("m", 256), 576])
     g.set_outputs([g.dequant_matmul(x, g.param("w", [49152, Q.row_bytes("q8_0", 576)], "u8"), quant="q8_0")])
-    src = render_cuda(plan(g), CudaTarget(precision=DType.F16), {"name": g.name})
+    target = CudaTarget(precision=DType.F16, dequant_copies=0)
+    src = render_cuda(plan(g), target, {"name": g.name})
     assert "rlx_lt_matmul(c, CUDA_R_16F" in src and "rlx_q_put_cols<__half>" in src
     if not toolchain.cublas.found:
         pytest.skip("cublasLt.h not found (pip install 'rlx[cuda]' adds the nvidia-cublas wheel)")
-    _compile(toolchain, g, CudaTarget(precision=DType.F16), tmp_path)
+    _compile(toolchain, g, target, tmp_path)
 
 
 def test_unknown_format_is_refused_before_rendering(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,3 +172,56 @@ def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path:
     stages = CudaStages(Config.from_env({"RLX_QGEMV_WALK": "rows", "RLX_QGEMV_XR_GROUPS": "2"}))
     assert stages.target_options["gemv_walk"] == "rows" and stages.target_options["xr_groups"] == 2
     assert "gemv_walk" not in CudaStages(Config.from_env({})).target_options
+
+
+def test_large_steps_multiply_a_dequantized_copy(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """f16 / bf16 builds keep each quantized weight whose steps can outgrow its GEMVs and rlx_qmma (here up to 64
+    rows; rlx_qmma takes this small weight's steps up to 16) also dequantized, in the params region
+    (`DequantCopy`): set_param dequantizes the blocks into it, and a large step is one GEMM on it instead of a
+    dequantize kernel and a GEMM per tile. The copies follow the byte budget in schedule order; f32 builds and a
+    budget of 0 keep none; the gathered embedding table has none (no dequant_matmul reads it)."""
+    from rlx.config import Config
+    from rlx.pipeline.cuda import CudaStages
+
+    target = CudaTarget(precision=DType.F16, gemm="cublaslt")
+    lir = decide_cuda(plan(every_format_graph()), target)
+    copies = lir.decided(DequantCopy)
+    layout = lir.decided(DeviceLayout)[0]
+    names = {lir.graph.node(d.weight).name for d in copies}
+    assert names == set(Q.QUANT_FORMATS) and "emb" not in names
+    spans = sorted((d.offset, d.offset + d.nbytes) for d in copies)
+    params = [(p.offset, p.offset + lir.graph.node(spec.node).shape.max_numel) for p, spec in
+              zip(layout.params, lir.params)]
+    for d in copies:
+        assert (d.n, d.k, d.nbytes) == (19, 256, 19 * 256 * 2) and len(d.readers) == 1
+        assert d.offset + d.nbytes <= layout.params_end  # with the params: rlx_clone copies them
+        assert lir.params[d.slot].node == d.weight and "dequantized copy" in d.describe()
+    assert all(hi <= lo2 for (_, hi), (lo2, _) in itertools.pairwise(spans))
+    assert all(hi <= lo2 or hi2 <= lo for lo, hi in spans for lo2, hi2 in params)  # apart from every param
+    src = render_cuda(lir, target, {"name": "copies"})
+    assert src.count("/* DequantCopy: the blocks also dequantized into the [256, 19] copy") == len(Q.QUANT_FORMATS)
+    assert src.count("if (rlx_lt_matmul(c, CUDA_R_16F, M, N, K, 1, 0, 0, M * N, X, wc, Y, NULL") == len(Q.QUANT_FORMATS)
+    path = tmp_path / "copies.cu"
+    path.write_text(src)
+    toolchain.compile(path, path.with_suffix(".o"), "cublaslt", compile_only=True)
+    # the built-in GEMM multiplies the copy too (bf16)
+    builtin = CudaTarget(precision=DType.BF16, gemm="builtin")
+    bsrc = render_cuda(plan(every_format_graph()), builtin, {"name": "copies_bf16"})
+    tiled = "rlx_gemm_tiled<rlx_bf16, RLX_ACT_NONE, false><<<grid, 256, 0, st>>>(X, wc, "
+    assert bsrc.count(tiled) == len(Q.QUANT_FORMATS)
+    bpath = tmp_path / "copies_bf16.cu"
+    bpath.write_text(bsrc)
+    toolchain.compile(bpath, bpath.with_suffix(".o"), "builtin", compile_only=True)
+    # the budget: none at 0 or in f32; three copies' bytes keep the first three in schedule order
+    assert not decide_cuda(plan(every_format_graph()), CudaTarget(precision=DType.F16, dequant_copies=0)) \
+        .decided(DequantCopy)
+    assert not decide_cuda(plan(every_format_graph()), CudaTarget(precision=DType.F32)).decided(DequantCopy)
+    three = decide_cuda(plan(every_format_graph()), CudaTarget(precision=DType.F16, dequant_copies=3 * 19 * 256 * 2))
+    order = [n for n in three.schedule if n in {d.readers[0] for d in copies}]
+    assert [d.readers[0] for d in three.decided(DequantCopy)] == order[:3]
+    assert "dequant_copies=0" in CudaTarget(dequant_copies=0).identity() and "dequant" not in CudaTarget().identity()
+    with pytest.raises(BuildError, match="dequant_copies"):
+        CudaTarget(dequant_copies=-1)
+    # RLX_CUDA_DEQUANT_COPIES reaches the target (and so the cache key) only when set
+    assert CudaStages(Config.from_env({"RLX_CUDA_DEQUANT_COPIES": "0"})).target_options["dequant_copies"] == 0
+    assert "dequant_copies" not in CudaStages(Config.from_env({})).target_options

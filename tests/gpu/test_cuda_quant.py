@@ -82,6 +82,40 @@ def test_batched_steps_on_the_tensor_cores_match_reference(fmt: str, precision: 
         assert np.all(err <= bound), f"{fmt}[{precision}] m={m}: worst excess {np.max(err - bound):.3g}"
 
 
+@pytest.mark.parametrize("fmt", ["q4_1", "q4_k", "q6_k"])
+def test_large_steps_on_the_dequantized_copy(fmt: str) -> None:
+    """f16: steps past the GEMVs and rlx_qmma multiply the weight's copy dequantized at set_param (`DequantCopy`):
+    the reference's values at the f16 bound, the same as the build without copies (RLX_CUDA_DEQUANT_COPIES=0,
+    dequantized tiles), a second `set_param` refreshes the copy, and a clone (`rlx_clone`) holds it too."""
+    import dataclasses
+
+    from rlx.config import Config
+
+    rng = np.random.default_rng(7)
+    k, n = (576 if Q.quant_format(fmt).block_size == 32 else 1280), 300
+    raw, fresh = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
+    g = rlx.Graph("qcopy")
+    x = g.input("x", [rlx.Dim.dynamic("m", 128), k])
+    g.set_outputs([g.dequant_matmul(x, g.param("w", [n, raw.shape[1]], "u8"), quant=fmt)])
+    cg = Session(Device.CUDA, precision="f16").compile(g, opt_level=0)
+    assert cg.source.count("DequantCopy: the blocks also dequantized") == 1
+    off = dataclasses.replace(Config.from_env(), cuda_dequant_copies=0)
+    tiles = Session(Device.CUDA, off, precision="f16").compile(g, opt_level=0)
+    assert "DequantCopy" not in tiles.source
+    for w in (raw, fresh):  # the second set_param must dequantize the copy again
+        cg.set_param("w", w)
+        tiles.set_param("w", w)
+        mag = Q.abs_terms(w, fmt, k).astype(np.float64)
+        for m in (17, 64, 128):
+            xv = rng.standard_normal((m, k)).astype(np.float32)
+            got = cg.run({"x": xv})[0]
+            _check(got, reference.run(g, {"x": xv}, {"w": w})[0], xv, mag, k, "f16", f"{fmt} m={m}")
+            np.testing.assert_allclose(got, tiles.run({"x": xv})[0], rtol=2e-3, atol=1e-3 * np.abs(got).max())
+    twin = cg.clone()
+    xv = rng.standard_normal((40, k)).astype(np.float32)
+    np.testing.assert_array_equal(twin.run({"x": xv})[0], cg.run({"x": xv})[0])
+
+
 @pytest.mark.parametrize("precision", ["f32", "f16"])
 def test_vocabulary_sized_weight_is_split_into_tiles(precision: str) -> None:
     """49152 x 576 q8_0 exceeds the scratch tile, so prefill runs column tiles (and places each product)."""

@@ -43,6 +43,7 @@ from rlx.ir.decisions_cuda import (
     DecodeGemv,
     DecodeRope,
     DecodeSplitKv,
+    DequantCopy,
     DeviceLayout,
     GemmGroup,
     PoolTail,
@@ -53,10 +54,12 @@ from rlx.ir.decisions_cuda_kernels import CudaKernelOptions, CutlassGemm, Gather
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
+from rlx.ir.quant import quant_format
 from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse
 from rlx.opt.lowering_cuda import (
     ATTN_MAX_SPLITS,
+    DEQUANT_COPY_BYTES,
     GEMM_MODES,
     LT_DTYPES,
     PRECISIONS,
@@ -195,6 +198,9 @@ class CudaTarget:
     #: warp-per-rows walk everywhere); `xr_groups` forces the register walk's groups of 8 rows a block (0: chosen).
     gemv_walk: str = "auto"
     xr_groups: int = 0
+    #: Bytes of quantized weights also kept dequantized in the compute type, for steps past the GEMVs' rows
+    #: (`DequantCopy`; default `DEQUANT_COPY_BYTES`, 0: none).
+    dequant_copies: int = DEQUANT_COPY_BYTES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -212,6 +218,8 @@ class CudaTarget:
             raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
             raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
+        if isinstance(self.dequant_copies, bool) or not isinstance(self.dequant_copies, int) or self.dequant_copies < 0:
+            raise BuildError(f"dequant_copies must be a byte count >= 0, got {self.dequant_copies!r}")
 
     def identity(self) -> str:
         return (f"arch={self.arch} precision={self.precision.value} gemm={self.gemm} "
@@ -230,7 +238,8 @@ class CudaTarget:
                 + ("" if self.kv_decode else " kv_decode=0")
                 + ("" if self.p2p_all_reduce else " p2p_all_reduce=0")
                 + ("" if self.gemv_walk == "auto" else f" gemv_walk={self.gemv_walk}")
-                + (f" xr_groups={self.xr_groups}" if self.xr_groups else ""))
+                + (f" xr_groups={self.xr_groups}" if self.xr_groups else "")
+                + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}"))
 
 
 @dataclass(frozen=True)
@@ -363,6 +372,7 @@ class CudaEmitter:
         #: The DecodeGemv each of its nodes (members, absorbed norm and epilogue) belongs to.
         self.decode_gemv: dict[NodeId, DecodeGemv] = {nid: d for d in lir.decided(DecodeGemv) for nid in d.nodes()}
         self.quant_mma: dict[NodeId, QuantMma] = {d.node: d for d in lir.decided(QuantMma)}
+        self.dequant_copy: dict[NodeId, DequantCopy] = {r: d for d in lir.decided(DequantCopy) for r in d.readers}
         #: The DecodeRope of each attention node, and of each rope it absorbs.
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
@@ -530,8 +540,11 @@ _OPS_TEMPLATE = "cuda/ops.cu.j2"
 
 def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     """Template data of params, constants, inputs and outputs: how each crosses the C ABI."""
+    from rlx.codegen.cuda.quant import FORMAT_IDS  # (quant.py imports this module)
+
     lir, lay = emitter.lir, emitter.layout
     params, constants, inputs, outputs = [], [], [], []
+    copies = {d.slot: d for d in lir.decided(DequantCopy)}
     for slot, spec in enumerate(lir.params):
         node = emitter.node(spec.node)
         abi, dev = node.shape.dtype, emitter.dev_dtype(node.shape.dtype)
@@ -542,7 +555,7 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
             "abi_ctype": _CTYPE[abi], "dev_ctype": _CTYPE[dev], "abi_nbytes": spec.shape.max_nbytes,
             "dev_off": place.offset, "direct": not place.staged, "numel": stored.max_numel,
             "user_dims": comment(str(list(spec.shape.static_dims))),
-            "dev_dims": comment(str(list(stored.static_dims))),
+            "dev_dims": comment(str(list(stored.static_dims))), "dequant": None,
         }
         if place.staged:
             layout = list(spec.layout) if spec.layout is not None else list(range(spec.shape.rank))
@@ -551,6 +564,12 @@ def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict],
             dst = (View(tuple(stored.dims), (Dim(place.row_stride), Dim(1))) if place.row_stride
                    else View.dense(stored.dims))  # a column slice of a combined [K, sum(N)] weight
             entry["nd"] = emitter.nd(stored.dims, src, dst)
+        if (copy := copies.get(slot)) is not None:  # dequantized into its copy as the blocks arrive
+            fmt = quant_format(copy.quant)
+            t = _CTYPE[emitter.ddt(copy.readers[0])]
+            entry["dequant"] = {"t": t, "fmt": FORMAT_IDS[fmt.name], "qk": fmt.block_size, "qb": fmt.block_bytes,
+                                "rb": stored.dims[-1].value, "n": copy.n, "k": copy.k,
+                                "dst": f"RLX_P({t}, {copy.offset})", "w": f"RLX_P(uint8_t, {place.offset})"}
         params.append(entry)
     # the graph's constants, then each scan body's (placed by the lowering's ScanConstants decisions)
     placed = [(str(slot), emitter.node(nid), lay.constants[slot]) for slot, nid in enumerate(lir.constants)]

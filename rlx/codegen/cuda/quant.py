@@ -72,6 +72,9 @@ class DequantMatMul(Launch):
     act_off: int = 0
     #: Steps of mma_rows[0]..mma_rows[1] rows run rlx_qmma (the node's `QuantMma` decision; (0, 0): none).
     mma_rows: tuple[int, int] = (0, 0)
+    #: The weight's dequantized copy (`DequantCopy`: a device pointer expression) that steps past the GEMVs' rows
+    #: multiply whole instead of dequantizing tiles into scratch; "": none.
+    copy: str = ""
 
     @property
     def mma(self) -> bool:
@@ -155,7 +158,8 @@ def _dequant_args(e: CudaEmitter, node: Node) -> DequantMatMul:
                          qb=fmt.block_bytes, x=e.ptr(x_id), w=e.ptr(w_id), y=e.ptr(node.id),
                          m=e.numel(x.dims[:-1]), n=n, k=k, row_bytes=w.dims[1].value, tile=tile, ctmp_off=ctmp_off,
                          lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""), act=op.act, act_off=act_off,
-                         mma_rows=(mma.min_rows, mma.max_rows) if (mma := e.quant_mma.get(node.id)) else (0, 0))
+                         mma_rows=(mma.min_rows, mma.max_rows) if (mma := e.quant_mma.get(node.id)) else (0, 0),
+                         copy=f"RLX_P({_CTYPE[dt]}, {copy.offset})" if (copy := e.dequant_copy.get(node.id)) else "")
 
 
 def _headers(act: str, mma: bool) -> tuple[str, ...]:
