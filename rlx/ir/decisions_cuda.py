@@ -144,10 +144,12 @@ class QuantMma(Decision):
 class DequantCopy(Decision):
     """A quantized weight param (`weight`, param slot `slot`) that also keeps a copy dequantized into the compute
     type ([N, K], `nbytes` at byte `offset` of the params region), written by `rlx_set_param` when the blocks
-    arrive. The `readers` (`dequant_matmul` nodes) multiply that copy on the GEMM in their large steps (more rows
-    than their GEMVs and `rlx_qmma` take), where each step would otherwise dequantize the weight again into
-    scratch: one GEMM launch instead of a dequantize kernel and a GEMM per tile of the weight. Chosen in schedule
-    order while the copies fit the target's byte budget (`CudaTarget.dequant_copies`, RLX_CUDA_DEQUANT_COPIES)."""
+    arrive. The `readers` (`dequant_matmul` nodes whose steps can outgrow their GEMVs and `rlx_qmma`) multiply
+    that copy on the GEMM in every step of at least `min_rows[i]` rows (past the fused decode GEMV; ahead of
+    `rlx_qmma`, which the copy's GEMM beat on SmolLM2's weights from 8 rows on), where a large step would
+    otherwise dequantize the weight again into scratch: one GEMM launch instead of a dequantize kernel and a GEMM
+    per tile of the weight. Chosen in schedule order while the copies fit the target's byte budget
+    (`CudaTarget.dequant_copies`, RLX_CUDA_DEQUANT_COPIES)."""
 
     kind: ClassVar[str] = "cuda_dequant_copy"
     weight: int
@@ -158,12 +160,12 @@ class DequantCopy(Decision):
     k: int
     offset: int
     nbytes: int
+    min_rows: tuple[int, ...]
 
     def describe(self) -> str:
-        names = " ".join(f"%{r}" for r in self.readers)
+        names = ", ".join(f"%{r} in steps of >= {m} rows" for r, m in zip(self.readers, self.min_rows))
         return (f"%{self.weight} ({self.quant} [{self.n}, {self.k}], param {self.slot}) keeps a dequantized copy of "
-                f"{self.nbytes} bytes at byte {self.offset}, written at set_param; {names} multiply it in steps past "
-                f"their GEMV rows")
+                f"{self.nbytes} bytes at byte {self.offset}, written at set_param; GEMMs on it: {names}")
 
     def nodes(self) -> tuple[int, ...]:
         return (self.weight, *self.readers)

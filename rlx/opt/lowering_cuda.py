@@ -430,16 +430,19 @@ DEQUANT_COPY_BYTES = 2 << 30
 
 
 def find_dequant_copies(lir: LirModule, precision: DType, budget: int) -> list[tuple[int, NodeId, tuple[NodeId, ...],
-                                                                                    int]]:
+                                                                                    int, tuple[int, ...]]]:
     """Quantized weight params worth a dequantized copy (see `DequantCopy`): (param slot, param node, the
-    `dequant_matmul` readers whose steps can outgrow their GEMV and `rlx_qmma` rows, copy bytes), in schedule order
-    of their first reader while the copies fit `budget` bytes. f16 / bf16 builds only (the copy is in the compute
-    type, half the bytes of an f32 one)."""
+    `dequant_matmul` readers whose steps can outgrow their GEMV and `rlx_qmma` rows, copy bytes, each reader's
+    first row count on the copy), in schedule order of their first reader while the copies fit `budget` bytes.
+    f16 / bf16 builds only (the copy is in the compute type, half the bytes of an f32 one). A reader in a fused
+    `DecodeGemv` keeps that kernel's rows (it reads the weight once for all of them), any other its GEMV for one
+    row."""
     if precision not in (DType.F16, DType.BF16) or budget <= 0:
         return []
     graph = lir.graph
     slots = {spec.node: slot for slot, spec in enumerate(lir.params)}
     mma = {d.node: d.max_rows for d in find_quant_mmas(lir, precision)}
+    fused = {m: d.max_rows for d in find_decode_gemvs(lir) for m in d.members}
     readers: dict[NodeId, list[NodeId]] = {}
     for nid in lir.schedule:
         node = graph.node(nid)
@@ -459,7 +462,7 @@ def find_dequant_copies(lir: LirModule, precision: DType, budget: int) -> list[t
         if used + nbytes > budget:
             continue
         used += nbytes
-        found.append((slots[w], w, tuple(nodes), nbytes))
+        found.append((slots[w], w, tuple(nodes), nbytes, tuple(fused.get(r, 1) + 1 for r in nodes)))
     return found
 
 
@@ -755,8 +758,8 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     copies = [DequantCopy(w, slot, readers, graph.node(readers[0]).op.quant,
                           graph.node(readers[0]).shape.dims[-1].value,
                           graph.node(graph.node(readers[0]).inputs[0]).shape.dims[-1].value,
-                          mem.alloc("params", nbytes), nbytes)
-              for slot, w, readers, nbytes in find_dequant_copies(lir, precision, dequant_copies)]
+                          mem.alloc("params", nbytes), nbytes, first)
+              for slot, w, readers, nbytes, first in find_dequant_copies(lir, precision, dequant_copies)]
     params_end = mem.total
     # the group outputs sit after the params so that rlx_clone copies params only
     qkv = mem.alloc("qkv", qkv_bytes) if grouped else 0

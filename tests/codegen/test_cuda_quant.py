@@ -187,6 +187,7 @@ def test_large_steps_multiply_a_dequantized_copy(toolchain: NvccToolchain, tmp_p
     lir = decide_cuda(plan(every_format_graph()), target)
     copies = lir.decided(DequantCopy)
     layout = lir.decided(DeviceLayout)[0]
+    fused = {m for d in lir.decided(DecodeGemv) for m in d.members}
     names = {lir.graph.node(d.weight).name for d in copies}
     assert names == set(Q.QUANT_FORMATS) and "emb" not in names
     spans = sorted((d.offset, d.offset + d.nbytes) for d in copies)
@@ -194,6 +195,8 @@ def test_large_steps_multiply_a_dequantized_copy(toolchain: NvccToolchain, tmp_p
               zip(layout.params, lir.params)]
     for d in copies:
         assert (d.n, d.k, d.nbytes) == (19, 256, 19 * 256 * 2) and len(d.readers) == 1
+        # past a fused decode GEMV's rows (it reads the weight once for them all), else past one row
+        assert d.min_rows == ((5,) if d.readers[0] in fused else (2,))
         assert d.offset + d.nbytes <= layout.params_end  # with the params: rlx_clone copies them
         assert lir.params[d.slot].node == d.weight and "dequantized copy" in d.describe()
     assert all(hi <= lo2 for (_, hi), (lo2, _) in itertools.pairwise(spans))
@@ -222,6 +225,17 @@ def test_large_steps_multiply_a_dequantized_copy(toolchain: NvccToolchain, tmp_p
     assert "dequant_copies=0" in CudaTarget(dequant_copies=0).identity() and "dequant" not in CudaTarget().identity()
     with pytest.raises(BuildError, match="dequant_copies"):
         CudaTarget(dequant_copies=-1)
+    # a decoder's fused decode GEMVs keep their rows (<= 4 here); the copies take 5 and more (a step of 32 rows)
+    from render_cases import _tiny_decoder_parts
+
+    from rlx.models.llama import build_decoder
+
+    cfg, specs = _tiny_decoder_parts()
+    dec = decide_cuda(plan(build_decoder(cfg, specs, max_batch=32, max_seq=1, capacity=32)), target)
+    fused = {m for d in dec.decided(DecodeGemv) for m in d.members}
+    assert dec.decided(DequantCopy) and all(
+        m == (5 if r in fused else 2) for d in dec.decided(DequantCopy) for r, m in zip(d.readers, d.min_rows))
+    assert fused & {r for d in dec.decided(DequantCopy) for r in d.readers}
     # RLX_CUDA_DEQUANT_COPIES reaches the target (and so the cache key) only when set
     assert CudaStages(Config.from_env({"RLX_CUDA_DEQUANT_COPIES": "0"})).target_options["dequant_copies"] == 0
     assert "dequant_copies" not in CudaStages(Config.from_env({})).target_options

@@ -8,11 +8,14 @@ most 3 u16 (|x| @ |w|^T).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import rlx
 from rlx import reference
+from rlx.config import Config
 from rlx.driver import Device, Session
 from rlx.ir import quant as Q
 from rlx.toolchain.cuda import visible_gpu_arch
@@ -67,7 +70,9 @@ def test_batched_steps_on_the_tensor_cores_match_reference(fmt: str, precision: 
     g = rlx.Graph("qmma")
     x = g.input("x", [rlx.Dim.dynamic("m", 64), k])
     g.set_outputs([g.dequant_matmul(x, g.param("w", [n, raw.shape[1]], "u8"), quant=fmt)])
-    cg = Session(Device.CUDA, precision=precision).compile(g, opt_level=0)
+    # without a dequantized copy (`DequantCopy`), which would take the small weight's steps from 5 rows
+    no_copies = dataclasses.replace(Config.from_env(), cuda_dequant_copies=0)
+    cg = Session(Device.CUDA, no_copies, precision=precision).compile(g, opt_level=0)
     assert f"M >= 2 && M <= {16 if size == 'small' else 64}" in cg.source
     cg.set_param("w", raw)
     mag = Q.abs_terms(raw, fmt, k).astype(np.float64)
@@ -87,10 +92,6 @@ def test_large_steps_on_the_dequantized_copy(fmt: str) -> None:
     """f16: steps past the GEMVs and rlx_qmma multiply the weight's copy dequantized at set_param (`DequantCopy`):
     the reference's values at the f16 bound, the same as the build without copies (RLX_CUDA_DEQUANT_COPIES=0,
     dequantized tiles), a second `set_param` refreshes the copy, and a clone (`rlx_clone`) holds it too."""
-    import dataclasses
-
-    from rlx.config import Config
-
     rng = np.random.default_rng(7)
     k, n = (576 if Q.quant_format(fmt).block_size == 32 else 1280), 300
     raw, fresh = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
@@ -106,7 +107,7 @@ def test_large_steps_on_the_dequantized_copy(fmt: str) -> None:
         cg.set_param("w", w)
         tiles.set_param("w", w)
         mag = Q.abs_terms(w, fmt, k).astype(np.float64)
-        for m in (17, 64, 128):
+        for m in (2, 5, 17, 64, 128):
             xv = rng.standard_normal((m, k)).astype(np.float32)
             got = cg.run({"x": xv})[0]
             _check(got, reference.run(g, {"x": xv}, {"w": w})[0], xv, mag, k, "f16", f"{fmt} m={m}")

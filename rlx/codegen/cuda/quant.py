@@ -72,9 +72,10 @@ class DequantMatMul(Launch):
     act_off: int = 0
     #: Steps of mma_rows[0]..mma_rows[1] rows run rlx_qmma (the node's `QuantMma` decision; (0, 0): none).
     mma_rows: tuple[int, int] = (0, 0)
-    #: The weight's dequantized copy (`DequantCopy`: a device pointer expression) that steps past the GEMVs' rows
-    #: multiply whole instead of dequantizing tiles into scratch; "": none.
+    #: The weight's dequantized copy (`DequantCopy`: a device pointer expression) that steps of `copy_rows` rows or
+    #: more multiply whole (instead of rlx_qmma or dequantizing tiles into scratch); "": none.
     copy: str = ""
+    copy_rows: int = 0
 
     @property
     def mma(self) -> bool:
@@ -159,7 +160,15 @@ def _dequant_args(e: CudaEmitter, node: Node) -> DequantMatMul:
                          m=e.numel(x.dims[:-1]), n=n, k=k, row_bytes=w.dims[1].value, tile=tile, ctmp_off=ctmp_off,
                          lt=lt, cuda_type=_CUDA_TYPE.get(dt, ""), act=op.act, act_off=act_off,
                          mma_rows=(mma.min_rows, mma.max_rows) if (mma := e.quant_mma.get(node.id)) else (0, 0),
-                         copy=f"RLX_P({_CTYPE[dt]}, {copy.offset})" if (copy := e.dequant_copy.get(node.id)) else "")
+                         **_copy_args(e, node.id, _CTYPE[dt]))
+
+
+def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
+    """`copy` / `copy_rows` of a reader of a `DequantCopy` (none: {})."""
+    d = e.dequant_copy.get(nid)
+    if d is None:
+        return {}
+    return {"copy": f"RLX_P({ctype}, {d.offset})", "copy_rows": d.min_rows[d.readers.index(nid)]}
 
 
 def _headers(act: str, mma: bool) -> tuple[str, ...]:
