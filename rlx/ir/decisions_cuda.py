@@ -161,14 +161,18 @@ class DequantCopy(Decision):
     offset: int
     nbytes: int
     min_rows: tuple[int, ...]
+    #: Residual adds (each of a reader's `DecodeGemv`) that the copy's GEMM writes itself, the add's other input as
+    #: its C operand (cuBLASLt, beta = 1): their own kernels then never run (the fused GEMV does the smaller steps).
+    adds: tuple[int, ...] = ()
 
     def describe(self) -> str:
         names = ", ".join(f"%{r} in steps of >= {m} rows" for r, m in zip(self.readers, self.min_rows))
+        adds = f", adding the residual of {' '.join(f'%{a}' for a in self.adds)} in the GEMM" if self.adds else ""
         return (f"%{self.weight} ({self.quant} [{self.n}, {self.k}], param {self.slot}) keeps a dequantized copy of "
-                f"{self.nbytes} bytes at byte {self.offset}, written at set_param; GEMMs on it: {names}")
+                f"{self.nbytes} bytes at byte {self.offset}, written at set_param; GEMMs on it: {names}{adds}")
 
     def nodes(self) -> tuple[int, ...]:
-        return (self.weight, *self.readers)
+        return (self.weight, *self.readers, *self.adds)
 
 
 @dataclass(frozen=True)
@@ -419,7 +423,7 @@ register_decision(ControlFlow, ("node",))
 register_decision(DecodeGemv, ("members", "norm", "residual", "swiglu"))
 register_decision(DecodeRope, ("attention", "ropes"))
 register_decision(QuantMma, ("node",))
-register_decision(DequantCopy, ("weight", "readers"))
+register_decision(DequantCopy, ("weight", "readers", "adds"))
 register_decision(DecodeSplitKv, ("attention",))
 register_decision(AllReduceP2P, ("node", "residual"))
 register_decision(PoolTail, ("hidden", "mask", "out", "absorbed", "norm"))

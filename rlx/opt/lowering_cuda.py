@@ -755,10 +755,18 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
             staging_need = max(staging_need, spec.shape.max_nbytes)
         params.append(ParamPlacement(offset, row, staged))
     # dequantized copies of quantized weights (DequantCopy) with the params: rlx_clone copies them too
+    # (with cuBLASLt the GEMM of a fused GEMV's lone member also adds its residual: C = the add's other input)
+    # (its X must not share bytes with the sum it writes; C may: cuBLASLt accumulates in place)
+    residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in find_decode_gemvs(lir)
+                   if d.residual and len(d.members) == 1
+                   and not _overlap(lir, graph.node(d.members[0]).inputs[0], d.residual[0])} \
+        if gemm == "cublaslt" else {}
     copies = [DequantCopy(w, slot, readers, graph.node(readers[0]).op.quant,
                           graph.node(readers[0]).shape.dims[-1].value,
                           graph.node(graph.node(readers[0]).inputs[0]).shape.dims[-1].value,
-                          mem.alloc("params", nbytes), nbytes, first)
+                          mem.alloc("params", nbytes), nbytes, first,
+                          tuple(residual_of[r][0] for r, m in zip(readers, first)
+                                if r in residual_of and m == residual_of[r][1] + 1))
               for slot, w, readers, nbytes, first in find_dequant_copies(lir, precision, dequant_copies)]
     params_end = mem.total
     # the group outputs sit after the params so that rlx_clone copies params only

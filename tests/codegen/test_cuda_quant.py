@@ -236,6 +236,21 @@ def test_large_steps_multiply_a_dequantized_copy(toolchain: NvccToolchain, tmp_p
     assert dec.decided(DequantCopy) and all(
         m == (5 if r in fused else 2) for d in dec.decided(DequantCopy) for r, m in zip(d.readers, d.min_rows))
     assert fused & {r for d in dec.decided(DequantCopy) for r in d.readers}
+    # the attention output and FFN down projections' GEMMs add their residual (cuBLASLt's C): the adds' own kernels
+    # are gone (the fused GEMV writes the sum in decode steps)
+    adds = {a for d in dec.decided(DequantCopy) for a in d.adds}
+    residuals = {a for d in dec.decided(DecodeGemv) for a in d.residual}
+    assert adds == residuals and adds
+    dsrc = render_cuda(dec, target, {"name": "dec_copies"})
+    assert dsrc.count("rlx_lt_matmul_add(c, CUDA_R_16F, M, N, K, X, wc, ") == len(adds)
+    for a in adds:
+        assert f"%{a}: written by %" in dsrc and f"/* %{a} binary" not in dsrc
+    dpath = tmp_path / "dec_copies.cu"
+    dpath.write_text(dsrc)
+    toolchain.compile(dpath, dpath.with_suffix(".o"), "cublaslt", compile_only=True)
+    builtin_dec = decide_cuda(plan(build_decoder(cfg, specs, max_batch=32, max_seq=1, capacity=32)),
+                              CudaTarget(precision=DType.F16, gemm="builtin"))
+    assert builtin_dec.decided(DequantCopy) and not any(d.adds for d in builtin_dec.decided(DequantCopy))
     # RLX_CUDA_DEQUANT_COPIES reaches the target (and so the cache key) only when set
     assert CudaStages(Config.from_env({"RLX_CUDA_DEQUANT_COPIES": "0"})).target_options["dequant_copies"] == 0
     assert "dequant_copies" not in CudaStages(Config.from_env({})).target_options

@@ -373,6 +373,8 @@ class CudaEmitter:
         self.decode_gemv: dict[NodeId, DecodeGemv] = {nid: d for d in lir.decided(DecodeGemv) for nid in d.nodes()}
         self.quant_mma: dict[NodeId, QuantMma] = {d.node: d for d in lir.decided(QuantMma)}
         self.dequant_copy: dict[NodeId, DequantCopy] = {r: d for d in lir.decided(DequantCopy) for r in d.readers}
+        #: residual adds a copy's GEMM writes (`DequantCopy.adds`) -> the reader whose GEMM it is
+        self.copy_adds: dict[NodeId, NodeId] = {a: d.readers[0] for d in lir.decided(DequantCopy) for a in d.adds}
         #: The DecodeRope of each attention node, and of each rope it absorbs.
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
@@ -483,6 +485,10 @@ class CudaEmitter:
 
             return decision_kernels()[PoolTail.kind](self, p, nid)
         d = self.decode_gemv.get(nid)
+        if nid in self.copy_adds:
+            return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
+                f"%{nid}: written by %{d.members[0] if d else self.copy_adds[nid]} (the fused GEMV in decode steps, "
+                "the GEMM on its dequantized copy with this residual as C in larger ones)"), what=""))
         if d is not None and nid in d.members[1:]:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
                 f"%{nid}: computed with %{d.members[0]} (one fused GEMV in decode steps, its own path in larger "

@@ -21,6 +21,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch, _float_c
@@ -76,6 +77,8 @@ class DequantMatMul(Launch):
     #: more multiply whole (instead of rlx_qmma or dequantizing tiles into scratch); "": none.
     copy: str = ""
     copy_rows: int = 0
+    #: With a copy: the residual the copy's GEMM adds (its C operand; `y` is then the add's output); "": none.
+    addend: str = ""
 
     @property
     def mma(self) -> bool:
@@ -191,6 +194,9 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
         add = e.node(d.residual[0])
         other = add.inputs[1] if add.inputs[0] == node.id else add.inputs[0]
         res, epi, ys = e.ptr(other), 1, (e.ptr(add.id),)
+        if add.id in e.copy_adds:  # larger steps: the GEMM on the copy writes the sum (DequantCopy.adds)
+            large = (dataclasses.replace(first, y=e.ptr(add.id), addend=e.ptr(other)),)
+            first = large[0]
     elif d.swiglu:
         epi, ys = 2, (e.ptr(d.swiglu[0]), "nullptr")  # gate and up rows together make one output
     ns = tuple(a.n for a in large)

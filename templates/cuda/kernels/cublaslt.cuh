@@ -5,15 +5,18 @@
  * matching PyTorch's default. Descriptors are built per call: the run is captured once per set of dynamic
  * dims, so this host work happens only while capturing. The GEMM runs on the caller's `stream` (a
  * conditional node's body is captured on a side stream). */
-static int rlx_lt_matmul(RlxCtx *c, cudaDataType_t dt, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t sa,
-                         int64_t sb, int64_t sc, const void *A, const void *B, void *C, const void *bias, int act,
-                         cudaStream_t stream, const char *what) {
+static int rlx_lt_matmul_ex(RlxCtx *c, cudaDataType_t dt, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t sa,
+                            int64_t sb, int64_t sc, const void *A, const void *B, void *C, const void *bias, int act,
+                            const void *addend, cudaStream_t stream, const char *what) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0, rc = RLX_ECUDA;
     const float one = 1.0f, zero = 0.0f;
+    /* addend (a [M, N] matrix of dt, or NULL): C = A B + addend, cuBLASLt's C operand with beta = 1 */
+    const float *beta = addend ? &one : &zero;
+    const void *cin = addend ? addend : C;
     const cublasOperation_t tn = CUBLAS_OP_N;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (act == RLX_ACT_RELU) epi = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
@@ -55,7 +58,7 @@ static int rlx_lt_matmul(RlxCtx *c, cudaDataType_t dt, int64_t M, int64_t N, int
                       (long long)N, (long long)K, (long long)batch);
         goto done;
     }
-    RLX_LT(cublasLtMatmul(c->lt, op, &one, B, la, A, lb, &zero, C, lc, C, lc, &heur.algo,
+    RLX_LT(cublasLtMatmul(c->lt, op, &one, B, la, A, lb, beta, cin, lc, C, lc, &heur.algo,
                           c->dev + RLX_OFF_WORKSPACE, ws, stream));
     rc = 0;
 done:
@@ -66,4 +69,16 @@ done:
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (op) cublasLtMatmulDescDestroy(op);
     return rc;
+}
+
+static int rlx_lt_matmul(RlxCtx *c, cudaDataType_t dt, int64_t M, int64_t N, int64_t K, int64_t batch, int64_t sa,
+                         int64_t sb, int64_t sc, const void *A, const void *B, void *C, const void *bias, int act,
+                         cudaStream_t stream, const char *what) {
+    return rlx_lt_matmul_ex(c, dt, M, N, K, batch, sa, sb, sc, A, B, C, bias, act, NULL, stream, what);
+}
+
+/* C[M,N] = A[M,K] B[K,N] + addend[M,N] (one GEMM, no bias or activation). */
+static int rlx_lt_matmul_add(RlxCtx *c, cudaDataType_t dt, int64_t M, int64_t N, int64_t K, const void *A,
+                             const void *B, const void *addend, void *C, cudaStream_t stream, const char *what) {
+    return rlx_lt_matmul_ex(c, dt, M, N, K, 1, 0, 0, M * N, A, B, C, NULL, RLX_ACT_NONE, addend, stream, what);
 }
