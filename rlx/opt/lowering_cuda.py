@@ -436,7 +436,7 @@ def find_dequant_copies(lir: LirModule, precision: DType, budget: int) -> list[t
     first row count on the copy), in schedule order of their first reader while the copies fit `budget` bytes.
     f16 / bf16 builds only (the copy is in the compute type, half the bytes of an f32 one). A reader in a fused
     `DecodeGemv` keeps that kernel's rows (it reads the weight once for all of them), any other its GEMV for one
-    row."""
+    row; int8 activations (act="q8") keep their GEMV up to `QGEMV_MAX_ROWS` rows."""
     if precision not in (DType.F16, DType.BF16) or budget <= 0:
         return []
     graph = lir.graph
@@ -462,7 +462,10 @@ def find_dequant_copies(lir: LirModule, precision: DType, budget: int) -> list[t
         if used + nbytes > budget:
             continue
         used += nbytes
-        found.append((slots[w], w, tuple(nodes), nbytes, tuple(fused.get(r, 1) + 1 for r in nodes)))
+        # (int8 activations: steps of up to QGEMV_MAX_ROWS rows take their q8 GEMV over records first)
+        found.append((slots[w], w, tuple(nodes), nbytes,
+                      tuple(max(fused.get(r, 1) + 1, QGEMV_MAX_ROWS + 1 if graph.node(r).op.act == "q8" else 0)
+                            for r in nodes)))
     return found
 
 

@@ -251,6 +251,13 @@ def test_large_steps_multiply_a_dequantized_copy(toolchain: NvccToolchain, tmp_p
     builtin_dec = decide_cuda(plan(build_decoder(cfg, specs, max_batch=32, max_seq=1, capacity=32)),
                               CudaTarget(precision=DType.F16, gemm="builtin"))
     assert builtin_dec.decided(DequantCopy) and not any(d.adds for d in builtin_dec.decided(DequantCopy))
+    # int8 activations keep their q8 GEMV over records up to 8 rows: the copy takes 9 and more
+    q8 = rlx.Graph("q8copy")
+    xq = q8.input("x", [rlx.Dim.dynamic("m", 64), 256])
+    q8.set_outputs([q8.dequant_matmul(xq, q8.param("w", [37, Q.row_bytes("q4_1", 256)], "u8"), quant="q4_1",
+                                      act="q8")])
+    (q8copy,) = decide_cuda(plan(q8), target).decided(DequantCopy)
+    assert q8copy.min_rows == (9,) and not q8copy.adds
     # RLX_CUDA_DEQUANT_COPIES reaches the target (and so the cache key) only when set
     assert CudaStages(Config.from_env({"RLX_CUDA_DEQUANT_COPIES": "0"})).target_options["dequant_copies"] == 0
     assert "dequant_copies" not in CudaStages(Config.from_env({})).target_options
