@@ -420,15 +420,18 @@ class Engine:
     def _mixed(self, plan: Plan) -> None:
         """A paged runner's iteration as one call: a row per decoding sequence, a row per token of each prefill
         chunk; the output rows are the decode rows and the last row of each chunk that ends its context."""
-        rows: list[tuple[int, int, int]] = []
-        outputs: list[int] = []
-        ends: list[tuple[Seq, int]] = []  # (sequence, tokens it fed), in row order
-        drafts = self._propose(plan)
-        for seq, (proposed, _) in zip(plan.decode, drafts):
-            fed = [seq.last, *proposed]  # the last token, then the proposals at the next positions
-            rows.extend((seq.slot, t, seq.filled + i) for i, t in enumerate(fed))
-            outputs.extend(range(len(rows) - len(fed), len(rows)))
-            ends.append((seq, len(fed)))
+        drafts = self._propose(plan) if self.drafter is not None else None
+        if drafts is None:  # plain decoding: a row per sequence (the bookkeeping of 64 rows is a GPU step's share)
+            rows = [(seq.slot, seq.last, seq.filled) for seq in plan.decode]
+            outputs = list(range(len(rows)))
+            ends = [(seq, 1) for seq in plan.decode]  # (sequence, tokens it fed), in row order
+        else:
+            rows, outputs, ends = [], [], []
+            for seq, (proposed, _) in zip(plan.decode, drafts):
+                fed = [seq.last, *proposed]  # the last token, then the proposals at the next positions
+                rows.extend((seq.slot, t, seq.filled + i) for i, t in enumerate(fed))
+                outputs.extend(range(len(rows) - len(fed), len(rows)))
+                ends.append((seq, len(fed)))
         for seq, start, n in plan.prefill:
             ctx = seq.context
             rows.extend((seq.slot, ctx[start + i], start + i) for i in range(n))
@@ -443,8 +446,15 @@ class Engine:
         out = self.runner.run(self.kv.tables, rows, outputs, logits)
         with self._lock:
             k = 0
+            if drafts is None:  # plain decoding: each decode row's output is its sequence's next token
+                for k, seq in enumerate(plan.decode):
+                    self.scheduler.decoded(seq)
+                    self._next(seq, out[k], logits)
+                k = len(plan.decode)
             for i, (seq, n) in enumerate(ends):
                 if i < len(plan.decode):
+                    if drafts is None:
+                        continue
                     proposed, q = drafts[i]
                     if proposed:
                         self._verify(seq, out[k:k + n], proposed, q, logits)
