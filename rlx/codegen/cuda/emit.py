@@ -72,6 +72,9 @@ from rlx.templates_path import templates_dir
 #: Bumped whenever generated code changes for the same LIR and templates (part of the cache key).
 CODEGEN_VERSION = "cuda-2"
 _INT32_LIMIT = (1 << 31) - 1
+#: The format ids of kernels/quant.cuh (the quantized rules and set_param's `DequantCopy` fill).
+FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
+              "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
 #: Fixed device code, in the order it appears in the .cu (each file only when some kernel names it).
 KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kernels/rope.cuh",
                   "cuda/kernels/rows.cuh", "cuda/kernels/attention.cuh", "cuda/kernels/attention_short.cuh",
@@ -546,8 +549,6 @@ _OPS_TEMPLATE = "cuda/ops.cu.j2"
 
 def _boundary(emitter: CudaEmitter) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
     """Template data of params, constants, inputs and outputs: how each crosses the C ABI."""
-    from rlx.codegen.cuda.quant import FORMAT_IDS  # (quant.py imports this module)
-
     lir, lay = emitter.lir, emitter.layout
     params, constants, inputs, outputs = [], [], [], []
     copies = {d.slot: d for d in lir.decided(DequantCopy)}

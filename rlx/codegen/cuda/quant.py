@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, CudaEmitter, Launch, _float_c
+from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, FORMAT_IDS, CudaEmitter, Launch, _float_c
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.codegen.text import comment
 from rlx.ir import ops as O
@@ -36,9 +36,6 @@ from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
 TEMPLATE = "cuda/quant.cu.j2"
 QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
 QUANT_MMA, GEMM_MMA = "cuda/kernels/quant_mma.cuh", "cuda/kernels/gemm_mma.cuh"
-#: The format ids of kernels/quant.cuh.
-FORMAT_IDS = {"q8_0": "RLX_Q8_0", "q4_0": "RLX_Q4_0", "q4_1": "RLX_Q4_1", "q5_0": "RLX_Q5_0",
-              "q5_1": "RLX_Q5_1", "q4_k": "RLX_Q4_K", "q6_k": "RLX_Q6_K"}
 #: Activation modes of `dequant_matmul` CUDA runs ("q16", int16 blocks, runs on the CPU only).
 ACTS = ("f32", "q8")
 #: Floats each staged 32-value sub-block takes in the fused decode GEMV's shared memory (RLX_QFUSED_PAD).
