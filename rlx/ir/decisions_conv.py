@@ -122,8 +122,9 @@ class ConvPlan(Decision):
             store = f"weight %{self.weight} transformed to {(m + 2) ** 2} x O x C on set for F({m}x{m}, 3x3)"
             tile = f", {self.channels}-channel blocks, units of up to {self.tile} {self.panel}-tile panels"
         elif self.layout == "nchw_lanes":
-            store = f"weight %{self.weight} transposed to C*kh*kw x O on set"
-            tile = f", output channels in the lanes, runs of {self.tile} pixels, units of {self.rows} rows"
+            store = f"weight %{self.weight} blocked to O/{self.vector} x C*kh*kw x {self.vector} on set"
+            tile = (f", output channels in the lanes, runs of up to {self.tile} pixels, units of {self.rows} rows x "
+                    f"{self.channels} channels")
         elif self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} {self.panel}-pixel panels"
         if self.vector:
