@@ -322,8 +322,10 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
     on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
     convs with few input channels (`lanes_fit`: the stems on RGB images) run with the output channels in the
-    vector lanes, the weight stored transposed (ResNet-18's 7 x 7 stem in the model, 2 threads: 1.05-1.11 ->
-    0.80-0.84 ms); other groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
+    vector lanes, the weight stored blocked and transposed (ResNet-18's 7 x 7 stem in the model, 2 threads: 1.05-1.11 ->
+    0.80-0.84 ms), and so, with 16-float vectors, do those that would run direct or as F(2x2, 3x3)
+    (`wide_lanes_fit`: ResNet-18's stride-2 3 x 3 convs and 14-wide stage); other groups == 1 ones whose window
+    has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
     direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
     channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
     weight are an implicit GEMM on pixel-major tiles with the weight packed for the micro-kernel; every
