@@ -24,14 +24,14 @@
   AVX-512's 16) accumulate over every (channel, tap) in registers (`rlx_conv_direct_unit<vector>`),
   the weight read as stored. A work unit is `channels` output channels x up to `tile` panels (of a
   tile's pixels); its store adds bias and activation.
-- ``direct`` / ``nchw_lanes``: groups == 1 with few input channels (a stem on RGB images,
-  `rlx.opt.lowering_conv.lanes_fit`): the output channels are the `vector` lanes. Each output row is cut
-  into runs of `vector` pixels (`tile`); a run's output channels, `vector` at a time, accumulate in one
-  register a pixel over every (channel, tap), each input value of a window row broadcast once, and are
-  transposed in registers into rows of pixels. A work unit is a band of `rows` output rows of an image,
-  `vector` output channels at a time over all of them (each output plane written a band at a time).
-  With `packed` the weight param is stored transposed at `set_param` (``[C*kh*kw, O]``: a tap's output
-  channels contiguous).
+- ``direct`` / ``nchw_lanes``: groups == 1 with few input channels (a stem on RGB images) or, with 16-float
+  vectors, many (`rlx.opt.lowering_conv.lanes_fit`): the output channels are the `vector` lanes. Each output row
+  is cut into runs of at most `vector` pixels (`tile`); a run's output channels, `vector` at a time, accumulate in
+  one register a pixel over every (channel, tap) inside the plane (pads skipped), each input value of a window row
+  broadcast once, and are transposed in registers into rows of pixels. A work unit is a band of `rows` output rows
+  of an image x a group of `channels` output channels, `vector` at a time over all of the band's rows (each output
+  plane written a band at a time). With `packed` the weight param is stored at `set_param` as
+  ``[O / vector, C*kh*kw, vector]`` (a tap's `vector` output channels contiguous, each block's weights together).
 - ``winograd`` / ``nchw_wino_tiles``: a 3x3, stride-1 conv with 32+ channels on rows of 14+
   pixels (`rlx.opt.lowering_conv.winograd_fits`): Winograd F(2x2, 3x3). The weight param is
   stored transformed at `set_param` (`packed`: ``[16, O, C]``, ``G w G^T`` of every channel pair);
@@ -122,8 +122,9 @@ class ConvPlan(Decision):
             store = f"weight %{self.weight} transformed to {(m + 2) ** 2} x O x C on set for F({m}x{m}, 3x3)"
             tile = f", {self.channels}-channel blocks, units of up to {self.tile} {self.panel}-tile panels"
         elif self.layout == "nchw_lanes":
-            store = f"weight %{self.weight} transposed to C*kh*kw x O on set"
-            tile = f", output channels in the lanes, runs of {self.tile} pixels, units of {self.rows} rows"
+            store = f"weight %{self.weight} blocked to O/{self.vector} x C*kh*kw x {self.vector} on set"
+            tile = (f", output channels in the lanes, runs of up to {self.tile} pixels, units of {self.rows} rows x "
+                    f"{self.channels} channels")
         elif self.algorithm == "direct" or self.layout == "nchw_panels":
             tile = f", units of {self.channels} channels x up to {self.tile} {self.panel}-pixel panels"
         if self.vector:

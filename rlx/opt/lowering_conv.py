@@ -264,23 +264,51 @@ LANES_MAX_OUT = 256
 #: block, so each output plane is written a band at a time (ResNet-18's stem with its output out of cache, 2 threads:
 #: 0.92-0.98 ms with units of one row, 0.85-0.92 with bands of 8; noisy shared host).
 LANES_ROWS = 8
+#: Output rows and channels of a work unit of a conv with many input channels on `nchw_lanes` (`wide_lanes_fit`):
+#: units small enough to be shared by the team at batch 1 (ResNet-18's 14-wide stage: 4 bands x 4 groups); rows
+#: 2-14 and groups of 32-256 channels measured within the host's noise, except 256 (0.84 vs 0.73 ms a conv).
+LANES_WIDE_ROWS = 4
+LANES_CHANNELS = 64
 
 
-def lanes_fit(op: Conv, g: Window2d, out_channels: int, vector: int) -> bool:
+def lanes_fit(g: Window2d, op: Conv, out_channels: int, vector: int) -> bool:
     """Whether a conv runs with the output channels in the vector lanes (`direct` on `nchw_lanes`): groups 1, a
-    window of 2+ taps whose rows have at most LANES_MAX_KW taps, at most LANES_MAX_CHANNELS input channels, output
-    channels a multiple of `vector` (up to LANES_MAX_OUT), output rows of `vector`+ pixels (ResNet's and MobileNetV3's
-    stems: 3 -> 64, 7 x 7 stride 2 and 3 -> 16, 3 x 3 stride 2, on 112-wide rows).
+    window of 2+ taps whose rows have at most LANES_MAX_KW taps, output channels a multiple of `vector`, output rows of
+    `vector`+ pixels, and either at most LANES_MAX_CHANNELS input channels and LANES_MAX_OUT output channels (ResNet's
+    and MobileNetV3's stems: 3 -> 64, 7 x 7 stride 2 and 3 -> 16, 3 x 3 stride 2, on 112-wide rows) or
+    `wide_lanes_fit`.
 
     >>> from rlx.ir.ops_conv import Conv
     >>> stem = Conv(strides=(2, 2), pads=(3, 3, 3, 3))
-    >>> lanes_fit(stem, window_2d(stem, (224, 224), (112, 112), (7, 7), 3), 64, 16)
+    >>> lanes_fit(window_2d(stem, (224, 224), (112, 112), (7, 7), 3), stem, 64, 16)
     True
-    >>> lanes_fit(stem, window_2d(stem, (224, 224), (112, 112), (7, 7), 3), 24, 16)
+    >>> lanes_fit(window_2d(stem, (224, 224), (112, 112), (7, 7), 3), stem, 24, 16)
     False
     """
-    return (op.groups == 1 and g.cg <= LANES_MAX_CHANNELS and g.kh * g.kw > 1 and g.kw <= LANES_MAX_KW
-            and out_channels % vector == 0 and out_channels <= LANES_MAX_OUT and g.ow >= vector)
+    return (op.groups == 1 and g.kh * g.kw > 1 and g.kw <= LANES_MAX_KW and out_channels % vector == 0
+            and ((g.cg <= LANES_MAX_CHANNELS and out_channels <= LANES_MAX_OUT and g.ow >= vector)
+                 or wide_lanes_fit(op, g, out_channels, vector)))
+
+
+def wide_lanes_fit(op: Conv, g: Window2d, out_channels: int, vector: int) -> bool:
+    """Whether a conv with many input channels runs on `nchw_lanes`: 16-float vectors (AVX-512; 8-float targets
+    keep their plans, not measured there), groups 1, window rows of at most LANES_MAX_KW taps, output channels a
+    multiple of the vector, a window that `direct_fits` (`conv_plans` asks once a conv is not Winograd, or would be
+    F(2x2, 3x3): F(4x4) stays): ResNet-18's stride-2 3 x 3 convs (56 -> 28 and
+    28 -> 14) and its 14-wide stage (in the model, profiled, 2 threads, batch 1: 0.57 + 0.56 -> 0.42 + 0.44 ms and
+    0.91-1.02 -> 0.73-0.77 ms a conv).
+
+    >>> from rlx.ir.ops_conv import Conv
+    >>> same, s2 = Conv(pads=(1, 1, 1, 1)), Conv(strides=(2, 2), pads=(1, 1, 1, 1))
+    >>> [wide_lanes_fit(same, window_2d(same, (14, 14), (14, 14), (3, 3), 256), o, 16) for o in (256, 36)]
+    [True, False]
+    >>> wide_lanes_fit(s2, window_2d(s2, (56, 56), (28, 28), (3, 3), 64), 128, 16)
+    True
+    >>> wide_lanes_fit(s2, window_2d(s2, (56, 56), (28, 28), (3, 3), 64), 128, 8)
+    False
+    """
+    return (vector == 16 and op.groups == 1 and g.kh * g.kw > 1 and g.kw <= LANES_MAX_KW
+            and out_channels % vector == 0 and direct_fits(g))
 
 
 def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
@@ -294,8 +322,10 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     own, run as Winograd (ResNet-18's 56, 28 and 14-wide stages: 1.2-1.5x less time than direct), F(4x4, 3x3)
     on rows of WINOGRAD4_MIN_WIDTH+ (`winograd_layout`; 0.73-0.78x F(2x2)'s time on the 56 and 28-wide stages);
     convs with few input channels (`lanes_fit`: the stems on RGB images) run with the output channels in the
-    vector lanes, the weight stored transposed (ResNet-18's 7 x 7 stem in the model, 2 threads: 1.05-1.11 ->
-    0.80-0.84 ms); other groups == 1 ones whose window has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
+    vector lanes, the weight stored blocked and transposed (ResNet-18's 7 x 7 stem in the model, 2 threads: 1.05-1.11 ->
+    0.80-0.84 ms), and so, with 16-float vectors, do those that would run direct or as F(2x2, 3x3)
+    (`wide_lanes_fit`: ResNet-18's stride-2 3 x 3 convs and 14-wide stage); other groups == 1 ones whose window
+    has 2+ taps and whose output rows are DIRECT_MIN_WIDTH+ wide run
     direct on stride-phase planes (ResNet-18's 112, 56, 28 and 14-wide convs: 5-15% less time than on
     channels-first tiles, per-op minimum on Zen 3); wide ones (PACKED_MIN_CHANNELS) with a packable
     weight are an implicit GEMM on pixel-major tiles with the weight packed for the micro-kernel; every
@@ -348,16 +378,20 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
         elif (n.op.groups == 1 and len(kernel) == 2 and o >= WINOGRAD_MIN_CHANNELS
               and winograd_fits(n.op, geo := window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                        tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg))
-              and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
+              and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]
+              and not (winograd_layout(geo) == "nchw_wino_tiles" and wide_lanes_fit(n.op, geo, o, vector))):
             out.append(ConvPlan(n.id, "winograd", winograd_layout(geo), n.inputs[1], True, WINOGRAD_PANELS,
                                 channels=winograd_channels(cg), vector=vector))
-        elif (len(kernel) == 2 and lanes_fit(n.op, window_2d(n.op, tuple(d.value for d in x.dims[2:]),
-                                                             tuple(d.value for d in n.shape.dims[2:]), tuple(kernel),
-                                                             cg), o, vector)
+        elif (len(kernel) == 2 and lanes_fit(geo := window_2d(n.op, tuple(d.value for d in x.dims[2:]),
+                                                              tuple(d.value for d in n.shape.dims[2:]),
+                                                              tuple(kernel), cg), n.op, o, vector)
               and packable(n.inputs[1]) and users[n.inputs[1]] == [n.id]):
-            # few input channels (a stem on RGB): the output channels in the lanes, the weight transposed on set
-            out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector, vector=vector,
-                                rows=LANES_ROWS))
+            # the output channels in the lanes, the weight blocked on set: a stem on RGB (few input channels), or
+            # with 16-float vectors a conv that would run direct on phase planes or as F(2x2, 3x3) (wide_lanes_fit)
+            stem = geo.cg <= LANES_MAX_CHANNELS
+            out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector,
+                                channels=o if stem else min(o, LANES_CHANNELS), vector=vector,
+                                rows=LANES_ROWS if stem else LANES_WIDE_ROWS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
             out.append(ConvPlan(n.id, "direct", "nchw_phases", n.inputs[1], False, DIRECT_PANELS,

@@ -121,7 +121,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "winograd": g.conv(wide_plane, param("w_wg", [38, 40, 3, 3]), param("b_wg", [38]), pads=(1, 0, 2, 1),
                            activation="relu"),
         "winograd_deep": g.conv(deep, param("w_wd", [36, 40, 3, 3]), pads=(1, 1, 1, 1)),
-        "winograd_blocks": g.conv(chans, param("w_wb", [32, 260, 3, 3]), param("b_wb", [32]), pads=(1, 1, 1, 1)),
+        "winograd_blocks": g.conv(chans, param("w_wb", [34, 260, 3, 3]), param("b_wb", [34]), pads=(1, 1, 1, 1)),
         # Winograd F(4x4, 3x3) (rows of 28+): 9 x 30 outputs (partial tiles in both axes cropped), uneven pads,
         # 34 output channels (6-channel tiles and a 4-channel one), 33 input channels
         "winograd4": g.conv(wino4, param("w_w4", [34, 33, 3, 3]), param("b_w4", [34]), pads=(2, 1, 0, 1),
@@ -137,6 +137,14 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
                              activation="relu"),
         "lanes_dilated": g.conv(rgb, param("w_ld", [16, 3, 3, 3]), strides=(1, 2), dilations=(2, 1), pads=(1, 0, 2, 1),
                                 activation="hardswish"),
+        # many input channels with the output channels in the lanes where the vectors have 16 floats (wide_lanes_fit:
+        # else direct on phase planes or F(2x2, 3x3)): stride 2 on a 31-wide row (one run of 16, both edges in the
+        # pads); stride 1 on 7 x 16 (80 channels: groups of 64 and 16); 25-wide rows with uneven pads (two runs of 13)
+        "lanes_wide_s2": g.conv(img, param("w_lw2", [16, 7, 3, 3]), param("b_lw2", [16]), strides=(2, 2),
+                                pads=(1, 1, 1, 1), activation="relu"),
+        "lanes_wide": g.conv(deep, param("w_lw", [80, 40, 3, 3]), param("b_lw", [80]), pads=(1, 1, 1, 1)),
+        "lanes_wide_uneven": g.conv(wide_plane, param("w_lwu", [16, 40, 3, 3]), pads=(0, 1, 1, 0),
+                                    activation="hardswish"),
         # K = 40 x 7 x 7: the 36 output channels' weights take two 18-channel blocks
         "direct_blocks": g.conv(deep, param("w_xb", [36, 40, 7, 7]), param("b_xb", [36]), pads=(3, 3, 3, 3)),
         "maxpool": g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)),
@@ -240,7 +248,11 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "conv: winograd on nchw_wino_tiles (weight %" in cg.lir.inspect()
     assert "pool: max on nchw_rows" in cg.lir.inspect() and "pool: max on nchw_phases" in cg.lir.inspect()
     assert "conv: direct on nchw_lanes (weight %" in cg.lir.inspect()
-    assert "transposed to C*kh*kw x O on set" in cg.lir.inspect()
+    assert "x C*kh*kw x" in cg.lir.inspect()
+    # many input channels in the lanes only with 16-float vectors, in units of 4 rows x 64 channels at most
+    wide = {(d.channels, d.rows) for d in cg.lir.decided(ConvPlan)
+            if d.layout == "nchw_lanes" and cg.lir.graph.node(d.weight).shape.static_dims[1] > 4}
+    assert wide == ({(16, 4), (64, 4)} if want_vector == 16 else set())
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
     assert "conv: winograd on nchw_wino4_tiles (weight %" in cg.lir.inspect()
     assert "36 x O x C on set for F(4x4, 3x3)" in cg.lir.inspect()

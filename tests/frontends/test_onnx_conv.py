@@ -66,9 +66,14 @@ def test_torch_exports_equal_onnxruntime(exported: tuple[str, bytes, rlx.Compile
     assert convs and (name == "audio" or any(n.op.activation for n in convs))  # relu / hardswish fused
     from rlx.ir.decisions_conv import ConvPlan
 
-    # the stems on RGB (3 -> 64 7 x 7, 3 -> 16 3 x 3, stride 2) run with the output channels in the lanes
+    # the stems on RGB (3 -> 64 7 x 7, 3 -> 16 3 x 3, stride 2) run with the output channels in the lanes; with 16-float
+    # vectors so do ResNet's stride-2 3 x 3 convs and its F(2x2)-wide stage (wide_lanes_fit)
     lanes = [d for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_lanes"]
-    assert len(lanes) == (0 if name == "audio" else 1), name
+    wide = [d for d in lanes if cg.lir.graph.node(d.weight).shape.static_dims[1] > 4]
+    assert len(lanes) - len(wide) == (0 if name == "audio" else 1), name
+    assert all(d.vector == 16 for d in wide), name
+    if name == "resnet18" and lanes[0].vector == 16:
+        assert wide, name
     for batch in (1, 3):
         x = np.random.default_rng(batch).standard_normal((batch, *MODELS[name])).astype(np.float32)
         _close(cg.run(x=x)[0], sess.run(None, {"x": x})[0], f"{name} batch {batch}")
@@ -165,7 +170,7 @@ def test_winograd_convs_equal_onnxruntime() -> None:
 
     rng = np.random.default_rng(11)
     inits = {name: (rng.standard_normal(shape) * 0.2).astype(np.float32)
-             for name, shape in (("w4", (34, 33, 3, 3)), ("b4", (34,)), ("w2", (32, 34, 3, 3)))}
+             for name, shape in (("w4", (34, 33, 3, 3)), ("b4", (34,)), ("w2", (34, 34, 3, 3)))}
     nodes = [helper.make_node("Conv", ["x", "w4", "b4"], ["c4"], pads=[2, 1, 0, 1]),
              helper.make_node("Relu", ["c4"], ["wino4"]),
              helper.make_node("Slice", ["wino4", "starts", "ends", "axes"], ["left"]),

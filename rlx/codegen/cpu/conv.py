@@ -90,8 +90,8 @@ class ConvArgs:
     tp: int = 0
     #: floats per vector of the register tiles (`ConvPlan.vector`; 0: none)
     vector: int = 0
-    #: `nchw_lanes`: floats per window row of a run's zero-padded receptive field (`lanes_patch_cols`)
-    tcp: int = 0
+    #: `nchw_lanes`: each row's runs of pixels (`lanes_runs`)
+    runs: tuple[tuple[int, int, int, int, int], ...] = ()
     #: `nchw_lanes`: output rows per task (a band)
     rows: int = 0
     #: `nchw_panels` with strides: bytes into the thread's scratch of the subsampled image
@@ -248,17 +248,35 @@ class WinogradTiles:
         return self.elements * (channels + out_channels) * self.lp
 
 
-def lanes_patch_cols(g: Window2d, vector: int) -> int:
-    """Floats per window row of the zero-padded receptive field of a run of `vector` output pixels of a conv on
-    `nchw_lanes` (rlx_conv_lanes_patch in kernels/conv.h): the input columns its window rows span, rounded up to
-    a vector.
+def lanes_runs(g: Window2d, vector: int) -> tuple[tuple[int, int, int, int, int], ...]:
+    """How a conv on `nchw_lanes` cuts each output row: as few runs of at most `vector` pixels as cover it, of equal
+    length (the last maybe shorter), each a call of rlx_conv_lanes_block<V> with its length and the window columns
+    ``[j0, j1)`` of its receptive field inside the plane as constants. Consecutive runs alike are one entry
+    ``(first output column, runs, pixels a run, j0, j1)``.
 
     >>> from rlx.ir.ops_conv import Conv
-    >>> lanes_patch_cols(window_2d(Conv(strides=(2, 2), pads=(3, 3, 3, 3)), (224, 224), (112, 112), (7, 7), 3), 16)
-    48
+    >>> stem = Conv(strides=(2, 2), pads=(3, 3, 3, 3))
+    >>> lanes_runs(window_2d(stem, (224, 224), (112, 112), (7, 7), 3), 16)
+    ((0, 1, 16, 3, 37), (16, 5, 16, 0, 37), (96, 1, 16, 0, 35))
+    >>> s2 = Conv(strides=(2, 2), pads=(1, 1, 1, 1))
+    >>> lanes_runs(window_2d(s2, (56, 56), (28, 28), (3, 3), 64), 16)
+    ((0, 1, 14, 1, 29), (14, 1, 14, 0, 29))
+    >>> lanes_runs(window_2d(Conv(pads=(1, 1, 1, 1)), (14, 14), (14, 14), (3, 3), 256), 16)
+    ((0, 1, 14, 1, 15),)
     """
-    cols = (vector - 1) * g.sw + (g.kw - 1) * g.dw + 1
-    return -(-cols // vector) * vector
+    n = -(-g.ow // vector)
+    r = -(-g.ow // n)
+    runs: list[list[int]] = []
+    for ow0 in range(0, g.ow, r):
+        px = min(r, g.ow - ow0)
+        iw0 = ow0 * g.sw - g.pw
+        tc = (px - 1) * g.sw + (g.kw - 1) * g.dw + 1
+        j0, j1 = min(tc, max(0, -iw0)), max(0, min(tc, g.w - iw0))
+        if runs and runs[-1][2:] == [px, j0, j1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([ow0, 1, px, j0, j1])
+    return tuple(tuple(run) for run in runs)  # type: ignore[misc]
 
 
 def emit_conv(em, node: Node) -> Kernel:
@@ -288,15 +306,15 @@ def emit_conv(em, node: Node) -> Kernel:
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
-        vector=plan.vector, tcp=lanes_patch_cols(geo, plan.vector) if plan.layout == "nchw_lanes" else 0,
+        vector=plan.vector, runs=lanes_runs(geo, plan.vector) if plan.layout == "nchw_lanes" else (),
         rows=plan.rows, sub_offset=align64((cg + og) * plan.panel * 4),
         **_geom_fields(geo),
         **({f: getattr(wino, f) for f in ("m", "th", "tw", "wq", "lp", "pl", "tp")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
     if wino:  # V and M of one image, then the thread's own buffers
         scratch = planes_offset + align64(wino.thread_floats() * 4)
-    elif plan.layout == "nchw_lanes":  # a run's zero-padded receptive field, then its V x V block of output
-        scratch = align64((cg * geo.kh * args.tcp + plan.vector ** 2) * 4)
+    elif plan.layout == "nchw_lanes":  # a run's V x V block of output
+        scratch = align64(plan.vector ** 2 * 4)
     elif plan.algorithm == "direct":  # each thread's unit of output, then one image's phase planes
         scratch = args.planes_offset + align64(cg * args.phases * 4)
     elif plan.layout == "nchw_panels":  # a plane's partial last panel and its product (strided: the subsampled image)

@@ -60,7 +60,7 @@ def param_layout(lir: LirModule) -> ParamLayout:
     interleaved = {d.node: d.quant for d in lir.decided(InterleavedQuantParam)}
     conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm == "implicit_gemm"}
     winograd = {d.weight: WINOGRAD_TILE[d.layout] for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
-    lanes = {d.weight for d in lir.decided(ConvPlan) if d.layout == "nchw_lanes"}
+    lanes = {d.weight: d.vector for d in lir.decided(ConvPlan) if d.layout == "nchw_lanes"}
     slots: list[Mapping[str, Any]] = []
     offsets: list[int] = []
     packed_floats: dict[NodeId, int] = {}
@@ -107,11 +107,12 @@ def param_layout(lir: LirModule) -> ParamLayout:
             storage = (m + 2) ** 2 * dims[0] * dims[1] * 4
             mode, note = ("winograd" if m == 2 else "winograd4"), " (Winograd-transformed conv weight, on set)"
         elif spec.node in lanes:
-            # a conv weight [O, C, *k] with the output channels in the lanes: stored as its transpose [C*k, O]
-            # (a window tap's output channels contiguous; kernels/conv_tile.h rlx_conv_lanes_block)
-            k = math.prod(dims[1:])
-            dims, src_strides = [k, dims[0]], [1, k]
-            mode, note = "permute", " (conv weight transposed to [C*kh*kw, O] on set)"
+            # a conv weight [O, C, *k] with the output channels in the lanes: stored as [O / V, C*k, V], each block of
+            # V output channels transposed (a window tap's V channels one vector, a block's weights contiguous;
+            # kernels/conv_tile.h rlx_conv_lanes_block)
+            k, v = math.prod(dims[1:]), lanes[spec.node]
+            dims, src_strides = [dims[0] // v, k, v], [v * k, 1, k]
+            mode, note = "permute", f" (conv weight blocked to O/{v} x C*kh*kw x {v} on set)"
         elif spec.node in int8:
             # an int8_matmul weight [K, N]: quantized per column into int8 panels on set (int8_gemm.h)
             storage = int8[spec.node].storage_bytes
@@ -127,7 +128,7 @@ def param_layout(lir: LirModule) -> ParamLayout:
             "slot": slot, "offset": offset, "nbytes": nbytes, "name": c_string(spec.name),
             "comment": comment(spec.name, 60), "shape": comment(str(stored), 60),
             "mode": mode, "note": note,
-            "rank": 3 if spec.node in conv_packed else 2 if spec.node in winograd or spec.node in lanes
+            "rank": 3 if spec.node in conv_packed or spec.node in lanes else 2 if spec.node in winograd
             else max(len(user_dims), 1),
             "elsize": stored.dtype.itemsize,
             "dims": dims or [1], "src_strides": src_strides or [0],

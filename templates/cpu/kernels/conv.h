@@ -370,27 +370,6 @@ static inline int64_t rlx_conv_dw_scratch(const rlx_conv_geom *g)
 #define RLX_CONV_PX8 16
 #define RLX_CONV_PX16 32
 
-/* The receptive field of a row's run of pixels for a conv with the output channels in the lanes (`direct` on
- * `nchw_lanes`, rlx_conv_lanes_block<V>), where it passes the plane's edges: patch[(c KH + kh) TCP + j] =
- * x[c, ih0 + kh DH, iw0 + j] for j < TC, 0 outside the plane. Inside the plane the block reads the input itself. */
-static inline void rlx_conv_lanes_patch(const float *restrict x, const rlx_conv_geom *g, int64_t ih0, int64_t iw0,
-                                        int64_t TC, int64_t TCP, float *restrict patch)
-{
-    for (int64_t c = 0; c < g->C; c++)
-        for (int64_t kh = 0; kh < g->KH; kh++) {
-            float *restrict d = patch + (c * g->KH + kh) * TCP;
-            const int64_t ih = ih0 + kh * g->DH;
-            if (ih < 0 || ih >= g->H) {
-                for (int64_t j = 0; j < TC; j++)
-                    d[j] = 0.0f;
-                continue;
-            }
-            const float *restrict s = x + (c * g->H + ih) * g->W;
-            for (int64_t j = 0; j < TC; j++)
-                d[j] = iw0 + j >= 0 && iw0 + j < g->W ? s[iw0 + j] : 0.0f;
-        }
-}
-
 #define RLX_CONV_TILE_V 8
 #define RLX_CONV_TILE_T rlx_dw_v8
 #define RLX_CONV_TILE_TU rlx_dw_v8u

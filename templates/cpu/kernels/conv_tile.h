@@ -12,9 +12,9 @@
  *                            most V of them), each input row one vector (or two, split by column parity), its taps
  *                            lane shifts of it;
  *   rlx_pool_max_s2_row<V>   one output row of a 3 x 3, stride-2 max pool read straight from the plane;
- *   rlx_conv_lanes_block<V>  V output pixels of a row x V output channels of a conv with few input channels, the
- *                            channels in the lanes (each input value broadcast once per window row), transposed
- *                            into V rows of V pixels;
+ *   rlx_conv_lanes_block<V>  up to V output pixels of a row x V output channels of a conv, the channels in the
+ *                            lanes (each input value broadcast once per window row), transposed into V rows of
+ *                            V pixels;
  * and undefines the three parameters. No include guard: each inclusion is another width. */
 
 #define RLX_CONV_CAT_(a, b) a##b
@@ -424,43 +424,50 @@ static inline __attribute__((always_inline)) void RLX_CONV_TRANSPOSE_FN(RLX_CONV
 #endif
 }
 
-/* Output channels [ov V, ov V + V) of V consecutive output pixels of one row of a conv with few input channels
- * (`direct` on `nchw_lanes`): out[o * V + p] = bias[ov V + o] + the sum over c < C, kh < KH, kw < KW of
- * wt[((c KH + kh) KW + kw) O + ov V + o] * src[c CS + kh RK + p SW + kw DW]. src is the pixels' receptive field:
- * the input itself (RK = DH W, CS = H W) or a zero-padded copy of it. The channels are the lanes: one accumulator a
- * pixel, and each input value of a window row is broadcast once and multiplied by every weight vector of that row
- * it meets (its KW weight vectors in registers: a 7 x 7 stride-2 row, 37 broadcasts and 7 loads for 112 multiply-
- * adds, where a broadcast per (pixel, tap) needed 119). The accumulators are transposed in registers into rows of
- * pixels, one per output channel. Inlined into each conv with its window as constants: the loops over the row's
- * columns and taps unroll whole, which (pixel, tap) a column feeds known at compile time. */
-static inline __attribute__((always_inline)) void RLX_CONV_LANES_FN(const float *restrict src, const int64_t RK,
-        const int64_t CS, const int64_t C, const int64_t KH, const int64_t KW, const int64_t SW, const int64_t DW,
-        const float *restrict wt, const int64_t O, const float *restrict bias, const int64_t ov, float *restrict out)
+/* V output channels of R <= V consecutive output pixels of one row of a conv with the output channels in the lanes
+ * (`direct` on `nchw_lanes`): out[o * V + p] = bias[o] + the sum over c < C, kh0 <= kh < kh1, J0 <= j < J1 of
+ * wt[((c KH + kh) KW + kw) V + o] * x[at + c CS + kh RK + j], j = p SW + kw DW, for p < R (lanes p >= R of each
+ * row of out: the bias, never stored). wt: the V channels' block of the weight, [C*KH*KW][V]; at: where the pixels'
+ * receptive field starts (input row ih0, column iw0: before the plane where the window passes its edges). The window
+ * rows kh < kh0 and kh >= kh1 (runtime) and the columns j < J0 and j >= J1 (constants of each call: the first and
+ * last runs of a row) are pads, skipped, so every run reads the input itself, no padded copy. The channels are the
+ * lanes: one accumulator a pixel, and each input value of a window row is broadcast once and multiplied by every
+ * weight vector of that row it meets (its KW weight vectors in registers: a 7 x 7 stride-2 row, 37 broadcasts and 7
+ * loads for 112 multiply-adds, where a broadcast per (pixel, tap) needed 119; a 3 x 3 stride-2 row of 14 pixels, 29
+ * and 3 for 42). The accumulators are transposed in registers into rows of pixels, one per output channel. Inlined
+ * into each conv with its window and run as constants: the loops over the row's columns and taps unroll whole, which
+ * (pixel, tap) a column feeds known at compile time. */
+static inline __attribute__((always_inline)) void RLX_CONV_LANES_FN(const float *restrict x, const int64_t at,
+        const int64_t RK, const int64_t CS, const int64_t C, const int64_t KH, const int64_t kh0, const int64_t kh1,
+        const int64_t KW, const int64_t SW, const int64_t DW, const int64_t R, const int64_t J0, const int64_t J1,
+        const float *restrict wt, const float *restrict bias, float *restrict out)
 {
     enum { V = RLX_CONV_TILE_V };
-    const int64_t TC = (V - 1) * SW + (KW - 1) * DW + 1;  /* input columns the pixels' window rows span */
+    const int64_t TC = (R - 1) * SW + (KW - 1) * DW + 1;  /* input columns the pixels' window rows span */
     RLX_CONV_TILE_T acc[RLX_CONV_TILE_V];
     RLX_CONV_TILE_T b = {0.0f};
     if (bias)
-        b = *(const RLX_CONV_TILE_TU *)(bias + ov * V);
+        b = *(const RLX_CONV_TILE_TU *)bias;
     #pragma GCC unroll 16
     for (int p = 0; p < V; p++)
         acc[p] = b;
     for (int64_t c = 0; c < C; c++)
-        for (int64_t kh = 0; kh < KH; kh++) {
-            const float *restrict row = src + c * CS + kh * RK;
-            const float *restrict wr = wt + (c * KH + kh) * KW * O + ov * V;
-            RLX_CONV_TILE_T w[16];  /* the row's KW weight vectors (KW <= 16: lanes_fits) */
+        for (int64_t kh = kh0; kh < kh1; kh++) {
+            const int64_t r0 = at + c * CS + kh * RK;  /* the window row's first column (maybe a pad: j < J0) */
+            const float *restrict wr = wt + (c * KH + kh) * KW * V;
+            RLX_CONV_TILE_T w[16];  /* the row's KW weight vectors (KW <= 16: lanes_fit) */
             #pragma GCC unroll 16
             for (int64_t kw = 0; kw < KW; kw++)
-                w[kw] = *(const RLX_CONV_TILE_TU *)(wr + kw * O);
+                w[kw] = *(const RLX_CONV_TILE_TU *)(wr + kw * V);
             #pragma GCC unroll 64
             for (int64_t j = 0; j < TC; j++) {
-                const float x = row[j];
+                if (j < J0 || j >= J1)
+                    continue;
+                const float v = x[r0 + j];
                 #pragma GCC unroll 16
                 for (int64_t kw = 0; kw < KW; kw++)
-                    if (j >= kw * DW && (j - kw * DW) % SW == 0 && (j - kw * DW) / SW < V)
-                        acc[(j - kw * DW) / SW] += x * w[kw];
+                    if (j >= kw * DW && (j - kw * DW) % SW == 0 && (j - kw * DW) / SW < R)
+                        acc[(j - kw * DW) / SW] += v * w[kw];
             }
         }
     RLX_CONV_TRANSPOSE_FN(acc);
