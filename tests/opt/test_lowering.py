@@ -38,3 +38,43 @@ def test_transpose_of_a_param_is_still_absorbed():
     g.set_outputs([g.matmul(g.input("x", [2, 6]), g.transpose(g.param("w", [4, 6]), [1, 0]))])
     lir = lower_for(plan(g), "cpu")
     assert [d for d in lir.decisions if isinstance(d, AbsorbedTranspose)]
+
+
+# ── norms at a packed GEMM's store ───────────────────────────────────────────
+
+
+def _linear_norm(k: int, n: int) -> rlx.Graph:
+    from rlx.ir import ops as O
+
+    g = rlx.Graph("linear_norm")
+    x = g.input("x", [8, k])
+    y = g.add(O.FusedMatMulBiasAct("relu"), [g.activation("tanh", x), g.param("w", [k, n]), g.param("b", [n])])
+    out = g.add(O.FusedResidualLayerNorm(1e-5), [y, g.input("r", [8, n]), g.param("g", [n]), g.param("be", [n])])
+    g.set_outputs([g.activation("relu", out)])
+    return g
+
+
+def test_norm_after_a_packed_gemm_runs_at_its_store():
+    from rlx.ir.decisions import NormInPgemm
+
+    lir = lower_for(plan(_linear_norm(48, 16), hold_gemm_inputs=True), "cpu")
+    (d,) = lir.decided(NormInPgemm)
+    assert lir.graph.node(d.gemm).kind == "fused_matmul_bias_act"
+    assert lir.graph.node(d.norm).kind == "fused_residual_layer_norm"
+    assert "at the store of" in d.describe()
+
+
+def test_norm_output_over_rows_of_the_gemm_input_is_not_fused():
+    """Without the plan's hold the norm's output takes the bytes of the GEMM's A (tanh's output, 48 floats a row
+    against the norm's 16): row block b's norm would write over rows of A another block still reads."""
+    from rlx.ir.decisions import NormInPgemm
+
+    loose = plan(_linear_norm(48, 16))
+    tanh = next(n.id for n in loose.graph.nodes if n.kind == "activation" and n.op.fn == "tanh")
+    norm = next(n.id for n in loose.graph.nodes if n.kind == "fused_residual_layer_norm")
+    assert loose.buffers[norm].storage == "arena" and loose.buffers[norm].offset == loose.buffers[tanh].offset
+    assert not lower_for(loose, "cpu").decided(NormInPgemm)
+    # the same rows of a buffer (A as wide as the norm's rows): safe, fused
+    same = plan(_linear_norm(16, 16))
+    assert same.buffers[norm].offset == same.buffers[tanh].offset
+    assert lower_for(same, "cpu").decided(NormInPgemm)
