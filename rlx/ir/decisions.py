@@ -86,24 +86,6 @@ class WidenedParam(Decision):
         return (self.node, self.cast)
 
 
-@dataclass(frozen=True)
-class NormInPgemm(Decision):
-    """Norm `norm`, whose x is the output of packed GEMM `gemm` (scheduled right before it), runs at that GEMM's
-    store: each block of rows is normalized by the thread that stores the block's last tile, while the block is in
-    its cache; the norm's own kernel does not run (`rlx.opt.lowering_norm_cpu`)."""
-
-    kind: ClassVar[str] = "cpu_norm_in_pgemm"
-    norm: int
-    gemm: int
-
-    def describe(self) -> str:
-        return (f"%{self.norm} norm computed at the store of %{self.gemm}'s packed GEMM (a block of rows by the "
-                f"thread that stores its last tile)")
-
-    def nodes(self) -> tuple[int, ...]:
-        return (self.norm, self.gemm)
-
-
 def decisions_to_json(decisions: tuple[Decision, ...], ref: Any) -> list[dict[str, Any]]:
     """Canonical JSON of `decisions` with node ids mapped through `ref` (for the LIR hash)."""
     out = []
@@ -140,4 +122,3 @@ def register_decision(cls: type[Decision], node_fields: tuple[str, ...] = ()) ->
 register_decision(AbsorbedTranspose, ("node", "source"))
 register_decision(PackedParam, ("node",))
 register_decision(WidenedParam, ("node", "cast"))
-register_decision(NormInPgemm, ("norm", "gemm"))

@@ -13,9 +13,6 @@ CPU decisions:
   one orientation, is stored in RLX's packed-panel layout at `set_param`; so
   is an f16/bf16 param read only as the narrow weights of f32 GEMMs (in its
   own precision: `templates/cpu/kernels/gemm_bf16.h`).
-- `norms_in_pgemms` (`rlx.opt.lowering_norm_cpu`): a norm whose x is the output of
-  the packed GEMM scheduled right before it runs at that GEMM's store, one block
-  of rows at a time.
 - `widen_params`: an f16/bf16 param read only by one cast to f32 (the bias
   and norm vectors of a graph stored in bf16) is stored widened at
   `set_param`; the cast reads that copy instead of running per call.
@@ -52,7 +49,6 @@ from rlx.opt.lowering_cuda_kernels import cuda_lowering
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
 from rlx.opt.lowering_moe import moe_plans
-from rlx.opt.lowering_norm_cpu import norms_in_pgemms
 from rlx.opt.lowering_quant_cpu import interleaved_params, quant_gemv_groups
 
 LoweringPass = Callable[[LirModule], tuple[Decision, ...]]
@@ -201,10 +197,7 @@ def _cpu_decisions(lir: LirModule, conv_vector: int = 8, quant_interleave: bool 
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
     interleaved = interleaved_params(lir) if quant_interleave else ()
-    packed = pack_params(lir, sources)
-    stored = {d.node for d in packed if isinstance(d, PackedParam)}
-    norms = norms_in_pgemms(lir, stored | {t for t, src in sources.items() if src in stored})
-    return (*absorbed, *packed, *norms, *widen_params(lir), *int8_params(lir), *interleaved,
+    return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir), *interleaved,
             *quant_gemv_groups(lir, frozenset(d.node for d in interleaved)), *moe_plans(lir, "cpu"),
             *conv_plans(lir, conv_vector), *pool_plans(lir, conv_vector))
 

@@ -80,25 +80,7 @@ def norm_gemm_pairs(graph: Graph, schedule: tuple[NodeId, ...], view_of: dict) -
     return pairs
 
 
-def gemm_norm_pairs(graph: Graph, schedule: tuple[NodeId, ...], view_of: dict) -> list[tuple[NodeId, NodeId]]:
-    """(GEMM, norm) pairs where the next non-view node scheduled after a GEMM is a normalization whose x is the
-    GEMM's output (through views): a backend may compute the norm at the GEMM's store."""
-    def root(nid: NodeId) -> NodeId:
-        while nid in view_of:
-            nid = view_of[nid][0]
-        return nid
-
-    pairs = []
-    for i, nid in enumerate(schedule):
-        if graph.node(nid).kind not in _GEMM_KINDS:
-            continue
-        nxt = next((q for q in schedule[i + 1:] if q not in view_of), None)
-        if nxt is not None and graph.node(nxt).kind in PROLOGUE_NORM_KINDS and root(graph.node(nxt).inputs[0]) == nid:
-            pairs.append((nid, nxt))
-    return pairs
-
-
-def plan(graph: Graph, *, hold_norm_inputs: bool = False, hold_gemm_inputs: bool = False) -> LirModule:
+def plan(graph: Graph, *, hold_norm_inputs: bool = False) -> LirModule:
     """Plan buffers for an (optimized) graph and return its LIR.
 
     `hold_norm_inputs`: the inputs of a normalization stay live through the GEMM scheduled right after it
@@ -173,10 +155,6 @@ def plan(graph: Graph, *, hold_norm_inputs: bool = False, hold_gemm_inputs: bool
         for norm, gemm in norm_gemm_pairs(graph, schedule, view_of):
             for i in nodes[norm].inputs:
                 last_use[root[i]] = max(last_use.get(root[i], -1), position[gemm])
-    if hold_gemm_inputs:
-        for gemm, norm in gemm_norm_pairs(graph, schedule, view_of):
-            for i in nodes[gemm].inputs:
-                last_use[root[i]] = max(last_use.get(root[i], -1), position[norm])
 
     arena_nodes = [n for n in nodes if n.kind not in O.LEAF_KINDS and n.id not in view_of and n.id not in output_owner]
     requests = []

@@ -84,7 +84,7 @@ class Pipeline:
 
     def plan(self, mir: Graph) -> LirModule:
         hold = self.stages.hold_norm_inputs if self.hold_norm_inputs is None else self.hold_norm_inputs
-        return front.plan(mir, hold_norm_inputs=hold, hold_gemm_inputs=getattr(self.stages, "hold_gemm_inputs", False))
+        return front.plan(mir, hold_norm_inputs=hold)
 
     def decide(self, lir: LirModule) -> LirModule:
         return self.stages.decide(lir)

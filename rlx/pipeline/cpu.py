@@ -114,8 +114,6 @@ class CpuStages:
 
     backend = "cpu"
     hold_norm_inputs = False
-    #: the memory plan keeps a GEMM's inputs live through the norm after it (`NormInPgemm` needs it)
-    hold_gemm_inputs = True
 
     def __init__(self, config: Config, toolchain: Toolchain | None = None, *, num_threads: int | None = None) -> None:
         self.config = config

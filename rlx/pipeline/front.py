@@ -68,11 +68,11 @@ def decompose(mir: Graph, backend: str) -> Graph:
     return decompose_graph(mir, lambda g, node: rules.why_not(g, node) is None, rules.why_not)
 
 
-def plan(mir: Graph, *, hold_norm_inputs: bool = False, hold_gemm_inputs: bool = False) -> LirModule:
+def plan(mir: Graph, *, hold_norm_inputs: bool = False) -> LirModule:
     """MIR → LIR: every value placed in the arena (`rlx.opt.memplan.plan`)."""
     from rlx.opt.memplan import plan as plan_memory
 
-    return plan_memory(mir, hold_norm_inputs=hold_norm_inputs, hold_gemm_inputs=hold_gemm_inputs)
+    return plan_memory(mir, hold_norm_inputs=hold_norm_inputs)
 
 
 def legalize_for(mir: Graph, backend: str) -> Graph:
@@ -82,19 +82,17 @@ def legalize_for(mir: Graph, backend: str) -> Graph:
 
 def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None = None,
                  backend: str | None = None, params_in: str = "f32",
-                 hold_norm_inputs: bool | None = None, hold_gemm_inputs: bool | None = None) -> LirModule:
+                 hold_norm_inputs: bool | None = None) -> LirModule:
     """MIR → LIR (undecided): `optimize`, `precision`, `legalize`, `decompose` (with `backend`), `plan`.
 
     `hold_norm_inputs` (None: for the CUDA backend only): `rlx.opt.memplan.plan`'s option, which lets
-    CUDA's small GEMMs compute the norm before them in their prologue; `hold_gemm_inputs` (None: for the CPU
-    backend only) its other option, which lets the CPU's packed GEMMs compute the norm after them at their store.
+    CUDA's small GEMMs compute the norm before them in their prologue.
     """
     mir = precision(optimize(graph, level, debug=debug), params_in)
     if backend is not None:
         mir = legalize_for(mir, backend)
     hold = backend == "cuda" if hold_norm_inputs is None else hold_norm_inputs
-    hold_gemm = backend == "cpu" if hold_gemm_inputs is None else hold_gemm_inputs
-    return plan(mir, hold_norm_inputs=hold, hold_gemm_inputs=hold_gemm)
+    return plan(mir, hold_norm_inputs=hold)
 
 
 def first_unsupported_op(graph: Graph, backend: str) -> tuple[Node, str] | None:

@@ -327,25 +327,3 @@ def test_hold_norm_inputs_keeps_them_apart_from_the_gemm_after_the_norm() -> Non
     assert any(clash(loose, n, m) for n, m in pairs)  # the residual norm's inputs are reused by its GEMM
     assert not any(clash(held, n, m) for n, m in pairs)
     assert held.arena_bytes >= loose.arena_bytes
-
-
-def test_hold_gemm_inputs_keeps_them_apart_from_the_norm_after_the_gemm() -> None:
-    """memplan's hold_gemm_inputs (the CPU plan): a GEMM's inputs stay live through the norm right after it that
-    reads its output, so the norm's output never takes their bytes (the CPU computes such a norm at the GEMM's
-    store, a block of rows while other tiles still read A); BERT's norms otherwise reuse their GEMM's A."""
-    from rlx.opt.memplan import gemm_norm_pairs
-
-    g = optimize(bert_graph(layers=2, hidden=64, heads=4, ffn=128, max_batch=2, max_seq=16), 2)
-
-    def clash(lir, gemm, norm) -> bool:
-        b = lir.buffers[norm]
-        a = lir.buffers[lir.graph.node(gemm).inputs[0]]
-        return (a.storage == b.storage == "arena" and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes)
-
-    loose, held = plan(g), plan(g, hold_gemm_inputs=True)
-    check_plan(held)
-    view_of = {n: (b.source, b.offset) for n, b in held.buffers.items() if b.storage == "view"}
-    pairs = gemm_norm_pairs(held.graph, held.schedule, view_of)
-    assert len(pairs) == 4  # each layer's attention-output and FFN down-projections
-    assert any(clash(loose, m, n) for m, n in pairs)
-    assert not any(clash(held, m, n) for m, n in pairs)

@@ -48,7 +48,7 @@ from rlx.codegen.cpu.share import share_kernels
 from rlx.codegen.registry import Kernel, user_code_of
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
-from rlx.ir.decisions import AbsorbedTranspose, NormInPgemm, PackedParam, WidenedParam
+from rlx.ir.decisions import AbsorbedTranspose, PackedParam, WidenedParam
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.graph import Node, NodeId
@@ -140,9 +140,6 @@ class CpuEmitter:
             nid: d for d in lir.decided(QuantGemvGroup) for nid in d.skipped()}
         # f16/bf16 params stored widened at set_param: param -> the cast that reads the widened copy
         self.widened: dict[NodeId, NodeId] = {d.node: d.cast for d in lir.decided(WidenedParam)}
-        # norms computed at the store of the packed GEMM before them: GEMM -> norm, and the norms' own nodes
-        self.store_norm: dict[NodeId, NodeId] = {d.gemm: d.norm for d in lir.decided(NormInPgemm)}
-        self.norm_at_store: dict[NodeId, NodeId] = {d.norm: d.gemm for d in lir.decided(NormInPgemm)}
         self.widened_cast: dict[NodeId, NodeId] = {c: p for p, c in self.widened.items()}
         self.packed_mat: Mapping[NodeId, int] = self.params.packed_floats  # elements per packed K x N matrix
         self.gemm_acts: set[str] = set()  # activations fused into packed GEMMs
@@ -219,8 +216,6 @@ class CpuEmitter:
                 note = "folded into the GEMMs that read it (BLAS transpose flag)"
             elif nid in self.widened_cast:
                 note = f"%{self.widened_cast[nid]} widened once at set_param: its readers read that copy"
-            elif nid in self.norm_at_store:
-                note = f"computed at the store of %{self.norm_at_store[nid]}'s packed GEMM (NormInPgemm)"
             if note is not None:
                 out.append(Kernel(nid, "", "", NoteArgs(note=note), header=self.header(node)))
                 continue

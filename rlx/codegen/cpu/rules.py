@@ -139,8 +139,6 @@ class PgemmArgs(CpuArgs):
     mat_c: str
     #: The epilogue enum constant (RLX_EPI_NONE, RLX_EPI_GELU, ...).
     epi: str
-    #: The norm of the GEMM's output computed at its store, a block of rows at a time (a `NormInPgemm` decision).
-    norm: NormArgs | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -490,7 +488,6 @@ def pgemm_args(em: CpuEmitter, node: Node, a: Shape, b: Shape, b_param: NodeId, 
         c=em.ptr(node.id, const=False), bias=bias, fold=fold,
         batch=em.gemm_batch(a, b, out, em.packed_mat[b_param]), mat_c=em.dim(m * n),
         epi=f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE",
-        norm=norm_args(em, em.node(em.store_norm[node.id])) if node.id in em.store_norm else None,
     )
 
 def swiglu_args(em: CpuEmitter, node: Node) -> SwigluArgs:

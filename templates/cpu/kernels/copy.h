@@ -10,19 +10,6 @@
 
 /* ── copies ────────────────────────────────────────────────────────────── */
 
-/* Rows a gather asks for before it copies them (templates/cpu/movement.c.j2), and the most bytes of one row it
- * asks for: the hardware prefetcher carries a row on from its first lines. */
-#define RLX_GATHER_AHEAD 8
-#define RLX_PREFETCH_ROW_MAX 4096
-
-/* Ask for the first min(nbytes, RLX_PREFETCH_ROW_MAX) bytes at p, one request a cache line. */
-static inline void rlx_prefetch_bytes(const char *p, size_t nbytes)
-{
-    const size_t n = nbytes < RLX_PREFETCH_ROW_MAX ? nbytes : RLX_PREFETCH_ROW_MAX;
-    for (size_t off = 0; off < n; off += 64)
-        __builtin_prefetch(p + off, 0, 3);
-}
-
 /* dst (row-major `dims`) <- src read with element strides `src_strides`: a param re-layout. */
 static void rlx_permute_copy(char *dst, const char *src, int rank, const int64_t *dims,
                              const int64_t *src_strides, size_t elsize)

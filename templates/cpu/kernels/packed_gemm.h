@@ -56,28 +56,6 @@ static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
     return (M + RLX_MC - 1) / RLX_MC * ((N + RLX_NR - 1) / RLX_NR);
 }
 
-/* Row blocks of an M-row product (RLX_MC rows each, the last one short), the tiles of one (every panel of its
- * rows), and the block tile t belongs to: what a norm computed at the GEMM's store counts (NormInPgemm). */
-static inline int64_t rlx_pgemm_blocks(int64_t M)
-{
-    return (M + RLX_MC - 1) / RLX_MC;
-}
-
-static inline int64_t rlx_pgemm_block_tiles(int64_t N)
-{
-    return (N + RLX_NR - 1) / RLX_NR;
-}
-
-static inline int64_t rlx_pgemm_block_of(int64_t N, int64_t t)
-{
-    return t / rlx_pgemm_block_tiles(N);
-}
-
-static inline int64_t rlx_pgemm_block_rows(void)
-{
-    return RLX_MC;
-}
-
 /* The first tile at or after `w` row-panels of work (rounded to the nearest tile start), in the
  * row-block-major order of rlx_pgemm_tiles: a full row block's tiles cost RLX_MC row-panels each,
  * the last (short) block's M % RLX_MC. */
@@ -139,27 +117,6 @@ static void rlx_pgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
 static inline int64_t rlx_pgemm_tiles(int64_t M, int64_t N)
 {
     return (M + RLX_FB_ROWS - 1) / RLX_FB_ROWS * ((N + RLX_FB_COLS - 1) / RLX_FB_COLS);
-}
-
-/* Row blocks and their tiles, as the micro-kernel's above. */
-static inline int64_t rlx_pgemm_blocks(int64_t M)
-{
-    return (M + RLX_FB_ROWS - 1) / RLX_FB_ROWS;
-}
-
-static inline int64_t rlx_pgemm_block_tiles(int64_t N)
-{
-    return (N + RLX_FB_COLS - 1) / RLX_FB_COLS;
-}
-
-static inline int64_t rlx_pgemm_block_of(int64_t N, int64_t t)
-{
-    return t / rlx_pgemm_block_tiles(N);
-}
-
-static inline int64_t rlx_pgemm_block_rows(void)
-{
-    return RLX_FB_ROWS;
 }
 
 /* Thread t's tiles: an even count of them, unweighted (these tiles are row x column blocks, both
