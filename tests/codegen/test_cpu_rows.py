@@ -42,10 +42,12 @@ def test_softmax_large_rows_parallel(rng):
         check(g, {"x": (rng.standard_normal((s, 512)) * 8).astype(np.float32)}, rtol=1e-6, atol=1e-9, cg=cg)
 
 
-@pytest.mark.parametrize("shape", [(4, 9, 96), (3, 7, 1100)], ids=["rows_by_4", "rest_rows_long"])
+@pytest.mark.parametrize("shape", [(4, 9, 96), (3, 7, 100), (3, 7, 1100)],
+                         ids=["rows_by_4", "rest_rows_odd_width", "rest_rows_long"])
 def test_norms_and_fused_residual_norms(rng, shape):
-    """Rows go in lockstep groups of 4 (norm_rows) and one by one for the rest (21 = 5 x 4 + 1); rows longer than
-    RLX_NORM_BUF (1024) are not widened into a buffer first."""
+    """Rows go in lockstep groups of 4 (norm_rows: on AVX-512, a layer norm's rows of a multiple of 16 through
+    kernels/norm_rows.h) and one by one for the rest (21 = 5 x 4 + 1); rows longer than RLX_NORM_BUF (1024) are
+    not widened into a buffer first."""
     n = shape[-1]
     g = rlx.Graph("norms")
     x = g.input("x", list(shape))
