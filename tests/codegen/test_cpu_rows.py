@@ -42,13 +42,19 @@ def test_softmax_large_rows_parallel(rng):
         check(g, {"x": (rng.standard_normal((s, 512)) * 8).astype(np.float32)}, rtol=1e-6, atol=1e-9, cg=cg)
 
 
-def test_norms_and_fused_residual_norms(rng):
+@pytest.mark.parametrize("shape", [(4, 9, 96), (3, 7, 100), (3, 7, 1100)],
+                         ids=["rows_by_4", "rest_rows_odd_width", "rest_rows_long"])
+def test_norms_and_fused_residual_norms(rng, shape):
+    """Rows go in lockstep groups of 4 (norm_rows: on AVX-512, a layer norm's rows of a multiple of 16 through
+    kernels/norm_rows.h) and one by one for the rest (21 = 5 x 4 + 1); rows longer than RLX_NORM_BUF (1024) are
+    not widened into a buffer first."""
+    n = shape[-1]
     g = rlx.Graph("norms")
-    x = g.input("x", [4, 9, 96])
-    r = g.input("r", [4, 9, 96])
-    gamma = g.param("gamma", [96])
-    beta = g.param("beta", [96])
-    bias = g.param("bias", [96])
+    x = g.input("x", list(shape))
+    r = g.input("r", list(shape))
+    gamma = g.param("gamma", [n])
+    beta = g.param("beta", [n])
+    bias = g.param("bias", [n])
     g.set_outputs({
         "ln": g.layer_norm(x, gamma, beta, eps=1e-5),
         "rms": g.rms_norm(x, gamma, eps=1e-6),
@@ -57,9 +63,9 @@ def test_norms_and_fused_residual_norms(rng):
         "res_rms": g.add(O.FusedResidualRmsNorm(1e-6), [x, r, gamma]),
         "res_rms_bias": g.add(O.FusedResidualRmsNorm(1e-6), [x, r, bias, gamma]),
     })
-    params = {k: rng.standard_normal(96).astype(np.float32) for k in ("gamma", "beta", "bias")}
-    feed = {"x": (rng.standard_normal((4, 9, 96)) * 3 + 1).astype(np.float32),
-            "r": rng.standard_normal((4, 9, 96)).astype(np.float32)}
+    params = {k: rng.standard_normal(n).astype(np.float32) for k in ("gamma", "beta", "bias")}
+    feed = {"x": (rng.standard_normal(shape) * 3 + 1).astype(np.float32),
+            "r": rng.standard_normal(shape).astype(np.float32)}
     check(g, feed, params, **NORM_TOL)
 
 

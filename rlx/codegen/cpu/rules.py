@@ -690,6 +690,7 @@ MACRO_TEMPLATES = {
 MACRO_HEADERS = {
     "pgemm": ("kernels/packed_gemm.h",),
     "attention": ("kernels/packed_gemm.h", "kernels/attention.h"),
+    "norm": ("kernels/norm_rows.h",),
 }
 
 

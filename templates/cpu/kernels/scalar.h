@@ -8,6 +8,10 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Longest norm row (floats) the layer norm kernels widen once into a double buffer on the stack (templates/cpu/
+ * norm.c.j2: norm_rows); longer rows convert in every pass. */
+#define RLX_NORM_BUF 1024
+
 /* ── scalar functions (activation names of the IR), float and double ──── */
 
 /* exp for float that gcc can vectorize: Cody-Waite reduction by ln2, degree-7
