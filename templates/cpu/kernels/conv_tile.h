@@ -26,6 +26,7 @@
 #define RLX_CONV_DW_NV (RLX_DW_VEC / RLX_CONV_TILE_V)  /* vectors of a run of RLX_DW_VEC outputs: 4 or 2 */
 #define RLX_CONV_DW_G (8 / RLX_CONV_DW_NV)  /* groups of taps summed apart: 8 independent chains of multiply-adds */
 #define RLX_CONV_DW2_FN RLX_CONV_CAT(rlx_conv_dw_s2_row, RLX_CONV_TILE_V)
+#define RLX_CONV_S2_TAPS_FN RLX_CONV_CAT(rlx_conv_s2_taps, RLX_CONV_TILE_V)
 #define RLX_CONV_DWS_FN RLX_CONV_CAT(rlx_conv_dw_s1_plane, RLX_CONV_TILE_V)
 #define RLX_CONV_DWT_FN RLX_CONV_CAT(rlx_conv_dw_s1_tail, RLX_CONV_TILE_V)
 #define RLX_CONV_SHIFT_FN RLX_CONV_CAT(rlx_conv_lane_shift, RLX_CONV_TILE_V)
@@ -174,6 +175,37 @@ static inline __attribute__((always_inline)) const float *RLX_CONV_DW_FN(const f
     return acc;
 }
 
+/* The three taps of a stride-2 window row for V outputs from input column c0 (tap kw = 1 of the first) on row ih of
+ * the plane (xr = its first column): *even (kw = 1) and *odd (kw = 2) from two vectors of input columns, *prev (kw =
+ * 0) the odd ones moved one lane up behind column c0 - 1; columns outside the plane read `fill` (0 for a conv, -inf
+ * for a max pool). */
+static inline __attribute__((always_inline)) void RLX_CONV_S2_TAPS_FN(const float *restrict xr, const int64_t c0,
+        const rlx_conv_geom *g, const int64_t ih, const float fill, RLX_CONV_TILE_T *prev, RLX_CONV_TILE_T *even,
+        RLX_CONV_TILE_T *odd)
+{
+    const int64_t V = RLX_CONV_TILE_V;
+    const float left = c0 > 0 && c0 - 1 < g->W ? xr[c0 - 1] : fill;
+    RLX_CONV_TILE_T a, b;
+    /* whole vectors where they stay inside the plane: past the row's end (lanes of outputs past OW, never of a
+       column W: W even) they read the next row's first columns */
+    if (c0 + 2 * V <= g->W || (g->W % 2 == 0 && ih + 1 < g->H && c0 + 2 * V <= 2 * g->W)) {
+        a = *(const RLX_CONV_TILE_TU *)(xr + c0);
+        b = *(const RLX_CONV_TILE_TU *)(xr + c0 + V);
+    } else {
+        float buf[2 * RLX_CONV_TILE_V] __attribute__((aligned(64)));
+        const int64_t n = g->W - c0 < 0 ? 0 : g->W - c0;
+        for (int64_t i = 0; i < n && i < 2 * V; i++)
+            buf[i] = xr[c0 + i];
+        for (int64_t i = n; i < 2 * V; i++)
+            buf[i] = fill;
+        a = *(const RLX_CONV_TILE_T *)buf;
+        b = *(const RLX_CONV_TILE_T *)(buf + V);
+    }
+    *even = __builtin_shufflevector(a, b, RLX_CONV_DW2_EVEN);
+    *odd = __builtin_shufflevector(a, b, RLX_CONV_DW2_ODD);
+    *prev = __builtin_shufflevector((RLX_CONV_TILE_T){0.0f} + left, *odd, RLX_CONV_DW2_PREV);
+}
+
 /* One output row oh of a 3 x 3, stride-2, undilated depthwise window (left pad 1; ConvPlan layout nchw_rows) read
  * straight from the plane x[H, W], no phase copy: row[ow] = bias + sum of w[kh, kw] * x[2 oh - PH + kh, 2 ow - 1 + kw]
  * (zeros outside the plane) for ow < OW; row holds OW rounded up to V floats. V outputs at a time: the two vectors of
@@ -195,27 +227,8 @@ static inline __attribute__((always_inline)) void RLX_CONV_DW2_FN(const float *r
             const int64_t ih = oh * 2 - g->PH + kh;
             if (ih < 0 || ih >= g->H)
                 continue;
-            const float *restrict xr = x + ih * g->W;
-            const float left = c0 > 0 && c0 - 1 < g->W ? xr[c0 - 1] : 0.0f;
-            RLX_CONV_TILE_T a, b;
-            /* whole vectors where they stay inside the plane: past the row's end (lanes of outputs past OW, never
-               of a column W: W even) they read the next row's first columns */
-            if (c0 + 2 * V <= g->W || (g->W % 2 == 0 && ih + 1 < g->H && c0 + 2 * V <= 2 * g->W)) {
-                a = *(const RLX_CONV_TILE_TU *)(xr + c0);
-                b = *(const RLX_CONV_TILE_TU *)(xr + c0 + V);
-            } else {
-                float buf[2 * RLX_CONV_TILE_V] __attribute__((aligned(64)));
-                const int64_t m = g->W - c0 < 0 ? 0 : g->W - c0;
-                for (int64_t i = 0; i < m && i < 2 * V; i++)
-                    buf[i] = xr[c0 + i];
-                for (int64_t i = m; i < 2 * V; i++)
-                    buf[i] = 0.0f;
-                a = *(const RLX_CONV_TILE_T *)buf;
-                b = *(const RLX_CONV_TILE_T *)(buf + V);
-            }
-            const RLX_CONV_TILE_T even = __builtin_shufflevector(a, b, RLX_CONV_DW2_EVEN);
-            const RLX_CONV_TILE_T odd = __builtin_shufflevector(a, b, RLX_CONV_DW2_ODD);
-            const RLX_CONV_TILE_T prev = __builtin_shufflevector((RLX_CONV_TILE_T){0.0f} + left, odd, RLX_CONV_DW2_PREV);
+            RLX_CONV_TILE_T prev, even, odd;
+            RLX_CONV_S2_TAPS_FN(x + ih * g->W, c0, g, ih, 0.0f, &prev, &even, &odd);
             s[kh] += w[kh * 3] * prev + w[kh * 3 + 1] * even + w[kh * 3 + 2] * odd;
         }
         *(RLX_CONV_TILE_TU *)(row + o0) = s[0] + s[1] + s[2];
@@ -249,27 +262,8 @@ static inline __attribute__((always_inline)) void RLX_POOL_MAX2_FN(const float *
             const int64_t ih = oh * 2 - g->PH + kh;
             if (ih < 0 || ih >= g->H)
                 continue;
-            const float *restrict xr = x + ih * g->W;
-            const float left = c0 > 0 && c0 - 1 < g->W ? xr[c0 - 1] : -INFINITY;
-            RLX_CONV_TILE_T a, b;
-            /* whole vectors where they stay inside the plane: past the row's end (lanes of outputs past OW, never
-               of a column W: W even) they read the next row's first columns */
-            if (c0 + 2 * V <= g->W || (g->W % 2 == 0 && ih + 1 < g->H && c0 + 2 * V <= 2 * g->W)) {
-                a = *(const RLX_CONV_TILE_TU *)(xr + c0);
-                b = *(const RLX_CONV_TILE_TU *)(xr + c0 + V);
-            } else {
-                float buf[2 * RLX_CONV_TILE_V] __attribute__((aligned(64)));
-                const int64_t n = g->W - c0 < 0 ? 0 : g->W - c0;
-                for (int64_t i = 0; i < n && i < 2 * V; i++)
-                    buf[i] = xr[c0 + i];
-                for (int64_t i = n; i < 2 * V; i++)
-                    buf[i] = -INFINITY;
-                a = *(const RLX_CONV_TILE_T *)buf;
-                b = *(const RLX_CONV_TILE_T *)(buf + V);
-            }
-            const RLX_CONV_TILE_T even = __builtin_shufflevector(a, b, RLX_CONV_DW2_EVEN);
-            const RLX_CONV_TILE_T odd = __builtin_shufflevector(a, b, RLX_CONV_DW2_ODD);
-            const RLX_CONV_TILE_T prev = __builtin_shufflevector((RLX_CONV_TILE_T){0.0f} + left, odd, RLX_CONV_DW2_PREV);
+            RLX_CONV_TILE_T prev, even, odd;
+            RLX_CONV_S2_TAPS_FN(x + ih * g->W, c0, g, ih, -INFINITY, &prev, &even, &odd);
             m = RLX_POOL_TAKE_FN(m, prev);
             m = RLX_POOL_TAKE_FN(m, even);
             m = RLX_POOL_TAKE_FN(m, odd);
@@ -485,6 +479,7 @@ static inline __attribute__((always_inline)) void RLX_CONV_LANES_FN(const float 
 #undef RLX_CONV_SHIFT_FN
 #undef RLX_CONV_TILE_I
 #undef RLX_CONV_DW2_FN
+#undef RLX_CONV_S2_TAPS_FN
 #undef RLX_CONV_DW2_EVEN
 #undef RLX_CONV_DW2_ODD
 #undef RLX_CONV_DW2_PREV
