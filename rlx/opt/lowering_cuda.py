@@ -429,20 +429,22 @@ QGEMV_MAX_ROWS = 8
 DEQUANT_COPY_BYTES = 2 << 30
 
 
-def find_dequant_copies(lir: LirModule, precision: DType, budget: int) -> list[tuple[int, NodeId, tuple[NodeId, ...],
-                                                                                    int, tuple[int, ...]]]:
+def find_dequant_copies(lir: LirModule, precision: DType, budget: int, mmas: Sequence[QuantMma],
+                        gemvs: Sequence[DecodeGemv]) -> list[tuple[int, NodeId, tuple[NodeId, ...], int,
+                                                                tuple[int, ...]]]:
     """Quantized weight params worth a dequantized copy (see `DequantCopy`): (param slot, param node, the
     `dequant_matmul` readers whose steps can outgrow their GEMV and `rlx_qmma` rows, copy bytes, each reader's
     first row count on the copy), in schedule order of their first reader while the copies fit `budget` bytes.
     f16 / bf16 builds only (the copy is in the compute type, half the bytes of an f32 one). A reader in a fused
     `DecodeGemv` keeps that kernel's rows (it reads the weight once for all of them), any other its GEMV for one
-    row; int8 activations (act="q8") keep their GEMV up to `QGEMV_MAX_ROWS` rows."""
+    row; int8 activations (act="q8") keep their GEMV up to `QGEMV_MAX_ROWS` rows. `mmas` and `gemvs`: the LIR's
+    `QuantMma` and `DecodeGemv` decisions."""
     if precision not in (DType.F16, DType.BF16) or budget <= 0:
         return []
     graph = lir.graph
     slots = {spec.node: slot for slot, spec in enumerate(lir.params)}
-    mma = {d.node: d.max_rows for d in find_quant_mmas(lir, precision)}
-    fused = {m: d.max_rows for d in find_decode_gemvs(lir) for m in d.members}
+    mma = {d.node: d.max_rows for d in mmas}
+    fused = {m: d.max_rows for d in gemvs for m in d.members}
     readers: dict[NodeId, list[NodeId]] = {}
     for nid in lir.schedule:
         node = graph.node(nid)
@@ -760,7 +762,8 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     # dequantized copies of quantized weights (DequantCopy) with the params: rlx_clone copies them too
     # (with cuBLASLt the GEMM of a fused GEMV's lone member also adds its residual: C = the add's other input)
     # (its X must not share bytes with the sum it writes; C may: cuBLASLt accumulates in place)
-    residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in find_decode_gemvs(lir)
+    gemvs, mmas = find_decode_gemvs(lir, gemv_walk, xr_groups), find_quant_mmas(lir, precision)
+    residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in gemvs
                    if d.residual and len(d.members) == 1
                    and not _overlap(lir, graph.node(d.members[0]).inputs[0], d.residual[0])} \
         if gemm == "cublaslt" else {}
@@ -770,7 +773,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           mem.alloc("params", nbytes), nbytes, first,
                           tuple(residual_of[r][0] for r, m in zip(readers, first)
                                 if r in residual_of and m == residual_of[r][1] + 1))
-              for slot, w, readers, nbytes, first in find_dequant_copies(lir, precision, dequant_copies)]
+              for slot, w, readers, nbytes, first in find_dequant_copies(lir, precision, dequant_copies, mmas, gemvs)]
     params_end = mem.total
     # the group outputs sit after the params so that rlx_clone copies params only
     qkv = mem.alloc("qkv", qkv_bytes) if grouped else 0
@@ -818,8 +821,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           outputs=tuple(outputs), arena=arena, scratch=scratch, workspace=workspace,
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
-    return (*groups, *scan_consts, *control_flow(lir), *find_decode_gemvs(lir, gemv_walk, xr_groups),
-            *find_quant_mmas(lir, precision), *copies,
+    return (*groups, *scan_consts, *control_flow(lir), *gemvs, *mmas, *copies,
             *find_decode_ropes(lir),
             *find_decode_splits(lir, precision, decode_sms, kv_decode),
             *(find_pool_tails(lir, pool_norm) if pool_tail else ()),
