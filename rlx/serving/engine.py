@@ -446,26 +446,22 @@ class Engine:
         out = self.runner.run(self.kv.tables, rows, outputs, logits)
         with self._lock:
             k = 0
-            if drafts is None:  # plain decoding: each decode row's output is its sequence's next token
-                for k, seq in enumerate(plan.decode):
+            for i, seq in enumerate(plan.decode):  # decode rows first, in row order
+                n = ends[i][1]
+                proposed, q = drafts[i] if drafts is not None else ((), None)
+                if proposed:
+                    self._verify(seq, out[k:k + n], proposed, q, logits)
+                elif drafts is None:  # plain decoding: the row's output is the sequence's next token
                     self.scheduler.decoded(seq)
                     self._next(seq, out[k], logits)
-                k = len(plan.decode)
-            for i, (seq, n) in enumerate(ends):
-                if i < len(plan.decode):
-                    if drafts is None:
-                        continue
-                    proposed, q = drafts[i]
-                    if proposed:
-                        self._verify(seq, out[k:k + n], proposed, q, logits)
-                    else:
-                        before = len(seq.generated)
-                        self.scheduler.decoded(seq)
-                        self.kv.truncate(seq.slot, seq.filled)  # pages granted for proposals that never came
-                        self._next(seq, out[k], logits)
-                        self._count(seq, 0, 0, len(seq.generated) - before)
-                    k += n
-                    continue
+                else:
+                    before = len(seq.generated)
+                    self.scheduler.decoded(seq)
+                    self.kv.truncate(seq.slot, seq.filled)  # pages granted for proposals that never came
+                    self._next(seq, out[k], logits)
+                    self._count(seq, 0, 0, len(seq.generated) - before)
+                k += n
+            for seq, n in ends[len(plan.decode):]:  # then the prefill chunks
                 start = seq.filled
                 self.scheduler.prefilled(seq, n)
                 if self.prefix is not None:
