@@ -178,9 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     runner, static = build(args, max(counts))
     vocab = runner.config.vocab_size
+    captured = runner.capture_steps()  # as `rlxc serve` does: CUDA step graphs before any request
     engine = Engine(runner, prefix_cache_bytes=256 << 20)
-    print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step",
-          file=sys.stderr)
+    print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step"
+          f"{f', {captured} step shapes captured' if captured else ''}", file=sys.stderr)
     drive(engine, runner, prompts(runner.tokenizer, 1, vocab), 4)  # warm-up
     print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'tok/cpu-s':>9} {'steps':>5} {'plan s':>7} {'run s':>7} "
           f"{'rest s':>7} {'rest %':>6}  teams / steps by rows (count x median ms)")

@@ -103,9 +103,10 @@ class DecodeGemv(Decision):
 
 @dataclass(frozen=True)
 class DecodeRope(Decision):
-    """The rotary embeddings of a `cached_attention`'s queries and new keys applied inside its kernel when a step
-    has at most `max_rows` rows (decode): it reads the raw projections and the rope tables, and the two `rope`
-    nodes run their own kernels in larger steps only."""
+    """The rotary embeddings of a `cached_attention`'s queries and new keys applied inside its kernel when each row
+    of a step holds at most `max_rows` tokens (decode, any number of rows): it reads the raw projections and the
+    rope tables (over a paged cache the append kernel rotates the keys it stores, which other rows of the step
+    read), and the two `rope` nodes run their own kernels in longer steps (prefill) only."""
 
     kind: ClassVar[str] = "cuda_decode_rope"
     attention: int
@@ -114,7 +115,7 @@ class DecodeRope(Decision):
 
     def describe(self) -> str:
         return (f"%{self.ropes[0]} %{self.ropes[1]} (rope of the queries and keys) applied inside %{self.attention} "
-                f"when a step has <= {self.max_rows} rows")
+                f"when a step's rows hold <= {self.max_rows} tokens each")
 
     def nodes(self) -> tuple[int, ...]:
         return (self.attention, *self.ropes)
@@ -215,16 +216,18 @@ class DecodeSplitKv(Decision):
     maxima, sums and outputs go to the scratch region; the last block of a query merges them, counted in the
     `counters` region of the `DeviceLayout`.
 
-    `grouped`: decode steps run rlx_kv_decode (kernels/kv_decode.cuh): one block per (query, KV head) computes all
-    `group` query heads of its KV head (each cached K/V row read once for them), reading rows in 16-byte loads
-    (`lanes` lanes per row); `max_splits` then comes from the keys a query can see (the capacity, or the window)
-    and from `sms`, the SM count the split blocks are to fill, `blocks_per_sm` blocks each (the kernel's register
-    bound: 4 where a lane's `group` x head-dim slice is small, else 2). Otherwise (a head dim the loads cannot
-    tile, more than 8 query heads per KV head) rlx_kv_attend runs them, a block per (query, head). `reason`, when
-    set, says why they stay on rlx_kv_attend (a paged cache); such a decision is recorded even with `max_splits` 1.
+    `grouped`: steps whose rows hold at most `row_tokens` tokens each (decode, any number of rows; contiguous or
+    paged caches) run rlx_kv_decode (kernels/kv_decode.cuh): one block per (query, KV head) computes all `group`
+    query heads of its KV head (each cached K/V row read once for them), reading rows in 16-byte loads (`lanes`
+    lanes per row); `max_splits` then comes from the keys a query can see (the capacity, or the window) and from
+    `sms`, the SM count the split blocks are to fill, `blocks_per_sm` blocks each (the kernel's register bound: 4
+    where a lane's `group` x head-dim slice is small, else 2); steps of more than `max_rows` rows do not split
+    (they fill the GPU with rows). Otherwise (a head dim the loads cannot tile, more than 8 query heads per KV
+    head) rlx_kv_attend runs them, a block per (query, head). `reason`, when set, says why they stay on
+    rlx_kv_attend; such a decision is recorded even with `max_splits` 1.
 
-    >>> DecodeSplitKv(7, 64, 64, 4, grouped=True, group=3, lanes=8, sms=132).describe()[:68]
-    '%7 decode steps (<= 4 rows): rlx_kv_decode, a block per (query, KV h'
+    >>> DecodeSplitKv(7, 64, 64, 4, grouped=True, row_tokens=4, group=3, lanes=8, sms=132).describe()[:74]
+    '%7 steps of <= 4 tokens a row: rlx_kv_decode, a block per (query, KV head)'
     """
 
     kind: ClassVar[str] = "cuda_decode_split_kv"
@@ -238,6 +241,7 @@ class DecodeSplitKv(Decision):
     sms: int = 0
     reason: str = ""
     blocks_per_sm: int = 2
+    row_tokens: int = 0
 
     def describe(self) -> str:
         if self.reason:
@@ -246,11 +250,11 @@ class DecodeSplitKv(Decision):
             return (f"%{self.attention} decode steps (<= {self.max_rows} rows) on rlx_kv_attend, {split}: "
                     f"{self.reason}")
         if self.grouped:
-            return (f"%{self.attention} decode steps (<= {self.max_rows} rows): rlx_kv_decode, a block per (query, KV "
-                    f"head) for its {self.group} query heads, K/V rows in 16-byte loads ({self.lanes} lanes a row); "
-                    f"a query's keys split over up to {self.max_splits} blocks of >= {self.split_keys} keys "
-                    f"(sized for {self.sms} SMs x {self.blocks_per_sm} blocks; partials in scratch, merged by the "
-                    f"last block)")
+            return (f"%{self.attention} steps of <= {self.row_tokens} tokens a row: rlx_kv_decode, a block per (query, "
+                    f"KV head) for its {self.group} query heads, K/V rows in 16-byte loads ({self.lanes} lanes a row); "
+                    f"in steps of <= {self.max_rows} rows a query's keys split over up to {self.max_splits} blocks of "
+                    f">= {self.split_keys} keys (sized for {self.sms} SMs x {self.blocks_per_sm} blocks; partials in "
+                    f"scratch, merged by the last block)")
         return (f"%{self.attention} splits a query's keys over up to {self.max_splits} blocks of >= {self.split_keys} "
                 f"keys when a step has <= {self.max_rows} rows (partials in scratch, merged by the last block)")
 

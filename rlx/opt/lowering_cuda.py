@@ -85,6 +85,9 @@ KVD_MAX_GROUP = 8
 KVD_MAX_HEAD_DIM = 256
 KVD_BLOCKS_PER_SM = 2
 DEFAULT_SMS = 132
+#: The most tokens a row of a step may hold for rlx_kv_decode to run it (it stages a row's new keys and values in
+#: shared memory: RLX_KVD_NEW_ROWS); any number of rows.
+KVD_ROW_TOKENS = 4
 #: Alignment of every span of the device allocation.
 ALIGN = 256
 
@@ -471,8 +474,8 @@ def find_dequant_copies(lir: LirModule, precision: DType, budget: int, mmas: Seq
     return found
 
 
-#: Most rows a decode step may have for its attention kernel to apply the rotary embedding itself (it stages that
-#: many new keys, rotated, in shared memory).
+#: Most tokens a row of a step may hold for its attention kernel to apply the rotary embedding itself (it stages a
+#: row's new keys, rotated, in shared memory), whatever the number of rows.
 DECODE_ROPE_ROWS = 4
 
 
@@ -492,7 +495,7 @@ def find_decode_ropes(lir: LirModule) -> list[DecodeRope]:
     found = []
     for nid in schedule:
         att = graph.node(nid)
-        if not isinstance(att.op, O.CachedAttention) or att.op.paged:  # PAGED_DECODE_REASON
+        if not isinstance(att.op, O.CachedAttention):
             continue
         ropes = [graph.node(att.inputs[0]), graph.node(att.inputs[1])]
         if not all(isinstance(r.op, O.Rope) and r.id not in outputs and set(users[r.id]) == {nid}
@@ -571,12 +574,6 @@ def kvd_splits(keys: int, kv_heads: int, sms: int, blocks_per_sm: int = KVD_BLOC
     return max(1, min(KVD_MAX_SPLITS, by_keys, by_sms))
 
 
-#: Why a paged `cached_attention` runs neither rlx_kv_decode nor DecodeRope (`DecodeSplitKv.reason`).
-PAGED_DECODE_REASON = ("paged caches: rlx_kv_decode reads contiguous caches, and DecodeRope's in-kernel rotation "
-                       "would bypass rlx_kv_append_paged, which stores the step's keys before any row attends; "
-                       "rlx_kv_attend runs them through the block tables")
-
-
 def decode_split_plan(graph: Graph, node: Node, precision: DType, sms: int = DEFAULT_SMS,
                       grouped: bool = True) -> DecodeSplitKv | None:
     """How a `cached_attention`'s decode steps run (`DecodeSplitKv`), or None: rlx_kv_attend unsplit.
@@ -586,12 +583,11 @@ def decode_split_plan(graph: Graph, node: Node, precision: DType, sms: int = DEF
     group = op.num_heads // op.kv_heads
     cache = device_dtype(graph.node(node.inputs[3]).shape.dtype, precision)
     lanes = kvd_lanes(op.head_dim, cache.itemsize)
-    if op.paged:  # recorded even unsplit: the LIR says why this decoder's decode steps are not grouped
-        return DecodeSplitKv(node.id, kv_splits(keys), KV_SPLIT_KEYS, KV_SPLIT_ROWS, reason=PAGED_DECODE_REASON)
     if grouped and lanes and group <= KVD_MAX_GROUP:
         blocks = kvd_blocks_per_sm(group, op.head_dim, lanes)
         return DecodeSplitKv(node.id, kvd_splits(keys, op.kv_heads, sms, blocks), KVD_SPLIT_KEYS, KV_SPLIT_ROWS,
-                             grouped=True, group=group, lanes=lanes, sms=sms, blocks_per_sm=blocks)
+                             grouped=True, group=group, lanes=lanes, sms=sms, blocks_per_sm=blocks,
+                             row_tokens=KVD_ROW_TOKENS)
     splits = kv_splits(keys)
     return DecodeSplitKv(node.id, splits, KV_SPLIT_KEYS, KV_SPLIT_ROWS) if splits > 1 else None
 

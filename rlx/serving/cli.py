@@ -210,6 +210,7 @@ def build_app(args: argparse.Namespace) -> Any:
         runner = PagedRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context,
                                        page_size=args.page_size, kv_pages=args.kv_pages, device=args.device,
                                        quant_act=args.quant_act, deterministic=args.deterministic)
+        runner.capture_steps()  # CUDA: every padded step shape captured before the first request (else nothing)
     else:
         runner = CausalLMRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context, chunk=args.chunk,
                                           device=args.device, quant_act=args.quant_act, **lora_kw)

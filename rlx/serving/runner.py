@@ -168,6 +168,10 @@ class CausalLMRunner:
         return out
 
 
+#: CUDA calls of more than PAD_FROM rows run padded to a multiple of PAD_TO rows (`PagedRunner.padded_rows`).
+PAD_FROM, PAD_TO = 4, 8
+
+
 class PagedRunner:
     """A runner over one paged `CausalLM` (`kv_pages` pages of `page_size` tokens per layer): every engine
     step is one call of up to `max_rows` one-token rows — decode rows of running sequences and the tokens of
@@ -181,7 +185,10 @@ class PagedRunner:
     On CUDA the kernels a call takes (fused GEMV, warp-per-row GEMV, dequantize + GEMM; the attention's split
     count) follow its row count, so a step is one call of all its rows and tokens may depend on the batch;
     `deterministic=True` feeds every row as a call of its own (`call_rows` = 1: each row the same kernels
-    whatever the load, at the cost of a call per row).
+    whatever the load, at the cost of a call per row). A CUDA call's rows are padded to `padded_rows` (up to 4,
+    then multiples of 8) by repeating its last row — the same token written to the same cache row twice, its
+    output dropped — so that a server meets a dozen step shapes, each captured once as a CUDA graph
+    (`capture_steps` captures them all up front), not one per row count.
 
     >>> from rlx.models.decoder_config import DecoderConfig
     >>> from rlx.models.causal_lm import random_tensors
@@ -289,19 +296,46 @@ class PagedRunner:
             return self._run_slices(tables, rows, outputs, logits)
         return self._call(tables, rows, outputs, logits)
 
+    def padded_rows(self, n: int) -> int:
+        """The rows a call of `n` rows runs: `n` on the CPU; on CUDA up to 4 as they are (the fused decode GEMV's
+        steps), then the next multiple of 8 within `call_rows` (the shapes a server's CUDA graphs are captured for).
+
+        >>> r = PagedRunner.__new__(PagedRunner); r.lm = type("M", (), {"device": "cuda"})(); r.call_rows = 64
+        >>> [r.padded_rows(n) for n in (1, 4, 5, 9, 16, 63, 64)]
+        [1, 4, 8, 16, 16, 64, 64]
+        """
+        if self.lm.device != "cuda" or n <= PAD_FROM:
+            return n
+        return min(-(-n // PAD_TO) * PAD_TO, self.call_rows)
+
+    def capture_steps(self) -> int:
+        """Run (so capture) a greedy step of every padded row count on CUDA before any request, and return how
+        many; 0 elsewhere. Each writes one throwaway token at position 0 of page 0, which a sequence that later
+        holds that page overwrites before reading: call it only while no sequence holds pages."""
+        if self.lm.device != "cuda":
+            return 0
+        counts = sorted({self.padded_rows(n) for n in range(1, self.call_rows + 1)})
+        for n in counts:
+            cache = KvCache(self.cache.arrays, np.zeros(n, np.int32), self.max_context,
+                            block_table=np.zeros((n, self.max_context // self.page_size), np.int32))
+            self.lm.step_greedy(np.zeros((n, 1), np.int32), cache, np.arange(n, dtype=np.int32))
+        return len(counts)
+
     def _call(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
               logits: bool) -> np.ndarray:
-        """One compiled call of `rows` (at most `call_rows`)."""
-        slots = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-        tokens = np.fromiter((r[1] for r in rows), np.int32, len(rows))[:, None]
-        positions = np.fromiter((r[2] for r in rows), np.int32, len(rows))
+        """One compiled call of `rows` (at most `call_rows`), padded to `padded_rows` by repeating the last."""
+        n = len(rows)
+        pick = np.minimum(np.arange(self.padded_rows(n)), n - 1)
+        slots = np.fromiter((r[0] for r in rows), np.int64, n)[pick]
+        tokens = np.fromiter((r[1] for r in rows), np.int32, n)[pick, None]
+        positions = np.fromiter((r[2] for r in rows), np.int32, n)[pick]
         cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots])
         if not logits and self.lm.device == "cuda":
             # every row's id (4 bytes each), picked here: the step's shape is its row count alone, so a
-            # serving GPU binds one step (a captured CUDA graph) per row count, not per output pattern
-            return self.lm.step_greedy(tokens, cache, np.arange(len(rows), dtype=np.int32))[list(outputs)]
+            # serving GPU binds one step (a captured CUDA graph) per padded row count, not per output pattern
+            return self.lm.step_greedy(tokens, cache, np.arange(len(pick), dtype=np.int32))[list(outputs)]
         step = self.lm.step if logits else self.lm.step_greedy
-        return step(tokens, cache, _output_rows(outputs, len(rows)))[:len(outputs)]
+        return step(tokens, cache, _output_rows(outputs, n))[:len(outputs)]
 
     def _run_slices(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
                     logits: bool) -> np.ndarray:

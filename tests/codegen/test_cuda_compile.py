@@ -188,7 +188,7 @@ def test_decode_attention_kernels_compile(toolchain: NvccToolchain, tmp_path: Pa
     compile with every case above, the f16 and rotary forms in the decoder below)."""
     target = CudaTarget(gemm="builtin", precision=DType.BF16)
     src = _compile(toolchain, cases.CASES["kv_attention_window"]().graph, target, tmp_path)
-    assert "rlx_kv_decode<rlx_bf16, __half, 64, 2, false, false, true>" in src
+    assert "rlx_kv_decode<rlx_bf16, __half, 64, 2, false, false, true, false>" in src
     assert "rlx_kv_attend<rlx_bf16, __half, 64, false, false>" in src
 
 
@@ -198,7 +198,7 @@ def test_decoder_decode_attention_rotates_in_kernel() -> None:
     from rlx.driver import lower_to_lir
 
     src = render_cuda(lower_to_lir(_tiny_decoder(), 2, backend="cuda"), CudaTarget(gemm="builtin"), {"name": "d"})
-    assert "rlx_kv_decode<float, float, 16, 2, true, false, false>" in src
+    assert "rlx_kv_decode<float, float, 16, 2, true, false, false, false>" in src
 
 
 def _tiny_decoder() -> Graph:
@@ -225,10 +225,11 @@ def test_paged_cached_attention_compiles(toolchain: NvccToolchain, tmp_path: Pat
     path = tmp_path / "paged.cu"
     path.write_text(src)
     toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
-    assert src.count("rlx_launch_pdl(c->pdl, rlx_kv_append_paged<") == 1
-    if kv_dtype == "f16":  # f16 compute over the f16 pool, a window of 6 keys: never the grouped decode kernel
-        assert "rlx_kv_append_paged<__half, __half>" in src and "(int64_t)6, RLX_FLAG(c)" in src
-        assert "rlx_kv_decode<" not in src
+    # before the grouped decode kernel (<= 4 tokens a row) and before rlx_kv_attend (longer rows)
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_kv_append_paged<") == 2
+    if kv_dtype == "f16":  # f16 compute over the f16 pool, a window of 6 keys, read through the block table
+        assert "rlx_kv_append_paged<__half, __half, false, false>" in src and "(int64_t)6, RLX_FLAG(c)" in src
+        assert "rlx_kv_decode<__half, __half, 16, 2, false, false, true, true>" in src
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16"])

@@ -247,3 +247,87 @@ def test_attend_sliding_window(emu: ctypes.CDLL) -> None:
                                  counters.ctypes.data_as(I32P), window) == 0
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(kc, ref_kc)
+
+
+# ── rlx_kv_decode over a paged cache, after rlx_kv_append_paged (the paged decoder's decode steps) ──
+
+PAGE_D, MAX_PAGES_D, NUM_PAGES_D = 16, 12, 30
+
+
+def _decode_paged_fn(kvd: ctypes.CDLL) -> ctypes._FuncPointer:
+    i64, vp, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    f = kvd.emu_kv_decode_paged
+    f.restype = c_int
+    f.argtypes = [F32P] * 3 + [vp, vp, I32P, F32P, i64, c_int, c_int, ctypes.c_float, F32P, F32P, c_int, c_int, c_int,
+                               ctypes.c_uint, i64, F32P, I32P, I32P, i64, i64, i64]
+    return f
+
+
+def _decode_paged(kvd: ctypes.CDLL, rope: str | None, cache: type, seed: int, rot: int = HD) -> None:
+    """Three one-token rows: a long one (its keys split over blocks) and two consecutive tokens of one sequence
+    sharing a block table (the second reads the key the first appends); the keys rotated by the append kernel and
+    the queries by the decode kernel, against rlx.reference."""
+    r = np.random.default_rng(seed)
+    positions = np.array([150, 20, 21], np.int32)
+    pages = r.permutation(NUM_PAGES_D).astype(np.int32)
+    table = np.zeros((3, MAX_PAGES_D), np.int32)
+    table[0, :10] = pages[:10]
+    table[1:, :2] = pages[10:12]
+    q = r.standard_normal((3, 1, HEADS * HD)).astype(np.float32)
+    k, v = (r.standard_normal((3, 1, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    kc, vc = (r.standard_normal((NUM_PAGES_D, PAGE_D, KV_HEADS * HD)).astype(cache) for _ in range(2))
+    ang = r.uniform(0, 6, (3, 1, rot // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, page_size=PAGE_D)
+    rq, rk = q, k
+    if rope is not None:
+        rop = O.Rope(head_dim=HD, n_rot=rot, variant=rope)
+        rq, rk = (reference.rope(x, cos, sin, rop).astype(np.float32) for x in (q, k))
+    ref_kc, ref_vc = kc.copy(), vc.copy()
+    want = reference.cached_attention(rq, rk, v, ref_kc, ref_vc, positions, op, table)
+    splits = kvd_splits(PAGE_D * MAX_PAGES_D, KV_HEADS, 132)
+    assert splits > 1
+    out = np.full_like(q, np.nan)
+    partials = np.full(3 * HEADS * splits * (HD + 2), np.nan, np.float32)
+    counters = np.zeros(3 * KV_HEADS, np.int32)
+    flag = _decode_paged_fn(kvd)(_p(q), _p(k), _p(v), kc.ctypes.data, vc.ctypes.data, positions.ctypes.data_as(I32P),
+                                 _p(out), 3, HEADS, KV_HEADS, op.softmax_scale, _p(cos), _p(sin), rot,
+                                 {None: 0, "interleaved": 1, "neox": 2}[rope], int(cache is np.float16), splits,
+                                 KVD_SPLIT_KEYS, _p(partials), counters.ctypes.data_as(I32P),
+                                 table.ctypes.data_as(I32P), PAGE_D, MAX_PAGES_D, NUM_PAGES_D)
+    assert flag == 0
+    if rope is None:
+        np.testing.assert_array_equal(kc, ref_kc)
+    else:  # rotated in f32 by the append kernel, in f64 by the reference: equal up to the cache's rounding
+        np.testing.assert_allclose(kc.astype(np.float32), ref_kc.astype(np.float32), rtol=1e-3, atol=1e-3)
+        untouched = np.ones(NUM_PAGES_D, bool)
+        untouched[[table[0, 9], table[1, 1]]] = False  # the pages of positions 150 and 20-21
+        np.testing.assert_array_equal(kc[untouched], ref_kc[untouched])
+    np.testing.assert_array_equal(vc, ref_vc)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+    assert not counters.any()
+
+
+@pytest.mark.parametrize(("rope", "rot"), [(None, HD), ("interleaved", HD), ("neox", 32)])
+def test_paged_grouped_decode_matches_reference(kvd: ctypes.CDLL, rope: str | None, rot: int) -> None:
+    _decode_paged(kvd, rope, np.float32, seed=rot + len(rope or ""), rot=rot)
+
+
+def test_paged_grouped_decode_f16_cache(kvd: ctypes.CDLL) -> None:
+    _decode_paged(kvd, "neox", np.float16, seed=5)
+
+
+def test_paged_grouped_decode_page_outside_the_pool_raises_the_flag(kvd: ctypes.CDLL) -> None:
+    q = np.zeros((1, 1, HEADS * HD), np.float32)
+    k = np.ones((1, 1, KV_HEADS * HD), np.float32)
+    kc = np.zeros((NUM_PAGES_D, PAGE_D, KV_HEADS * HD), np.float32)
+    vc = kc.copy()
+    table = np.full((1, MAX_PAGES_D), NUM_PAGES_D, np.int32)
+    out = np.full_like(q, -7.0)
+    cs = np.ones((1, HD // 2), np.float32)
+    flag = _decode_paged_fn(kvd)(_p(q), _p(k), _p(k), kc.ctypes.data, vc.ctypes.data,
+                                 np.zeros(1, np.int32).ctypes.data_as(I32P), _p(out), 1, HEADS, KV_HEADS, 1.0, _p(cs),
+                                 _p(cs), HD, 1, 0, 1, KVD_SPLIT_KEYS, _p(np.zeros(HEADS * (HD + 2), np.float32)),
+                                 np.zeros(KV_HEADS, np.int32).ctypes.data_as(I32P), table.ctypes.data_as(I32P),
+                                 PAGE_D, MAX_PAGES_D, NUM_PAGES_D)
+    assert flag == 4 and not kc.any() and not vc.any() and (out == -7.0).all()

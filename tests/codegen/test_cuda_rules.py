@@ -165,8 +165,10 @@ def test_grouped_decode_attention_is_a_lir_decision() -> None:
     # f32 rows: 16 lanes, 2 heads x 4 dims a lane: 4 blocks an SM; 4 x 8 SMs / 2 KV heads = 16 splits
     assert (d8.lanes, d8.blocks_per_sm, d8.max_splits) == (16, 4, 16)
     src = render_cuda(lir, CudaTarget(gemm="builtin", precision=DType.F16), {"name": "g"})
-    decode = "rlx_kv_decode<__half, __half, 64, 2, false, false, false>, dim3((unsigned)(batch * 2), (unsigned)sq, 18u)"
-    assert decode in src
+    decode = ("rlx_kv_decode<__half, __half, 64, 2, false, false, false, false>, dim3((unsigned)(batch * 2), "
+              "(unsigned)sq, splits)")
+    assert decode in src and "const unsigned splits = batch * sq <= 4 ? 18u : 1u;" in src
+    assert "if (sq <= 4) {" in src  # any number of one-token rows: the grouped kernel
     assert "rlx_kv_attend<__half, __half, 64, false, false>, dim3((unsigned)(batch * 4), (unsigned)sq, 1u)" in src
     # a window bounds the keys a query sees, so the split; a short cache still runs the grouped kernel, unsplit
     windowed = lower_for(plan(cases.CASES["kv_attention_window"]().graph), "cuda", precision=DType.F32,

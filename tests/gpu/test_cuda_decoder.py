@@ -110,7 +110,8 @@ def test_resident_caches_are_exact_in_f16() -> None:
 @pytest.mark.parametrize("precision", ["f32", "f16"])
 def test_fused_decode_kernels_match_the_large_step_path(precision: str) -> None:
     """A one-row decode step (fused GEMVs with norm / residual / SwiGLU, rope inside attention) gives the logits
-    of the same token in a five-row step, where every node runs its own kernel. In f16 both differ from the CPU's
+    of the same token in a five-row step, where the projections, norms and SwiGLU run their own kernels (the rope
+    stays inside the attention: one token a row). In f16 both differ from the CPU's
     f32 by their roundings (the fused kernels round less often): the fused error is no larger than the other's."""
     tensors = _quantized_tensors(7)
     lm = CausalLM(CONFIG, tensors, device="cuda", precision=precision, max_context=48, max_batch=5, prefill_chunk=8)

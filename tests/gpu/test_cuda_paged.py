@@ -42,8 +42,11 @@ def test_engine_over_a_cuda_paged_runner_matches_the_cpu_and_frees_its_pages() -
     system = rng.integers(0, 96, 33).tolist()  # two full pages shared through the prefix cache
     prompts = [system + rng.integers(0, 96, int(rng.integers(1, 20))).tolist() for _ in range(8)]
     params = SamplingParams(max_tokens=20)
-    engines = [Engine(PagedRunner.build(CONFIG, TENSORS, device=d, slots=8, max_context=96, page_size=16),
-                      prefix_cache_bytes=1 << 20) for d in ("cuda", "cpu")]
+    runners = [PagedRunner.build(CONFIG, TENSORS, device=d, slots=8, max_context=96, page_size=16)
+               for d in ("cuda", "cpu")]
+    # steps of 1-4 rows, then 8 and 16 (padded by repeating the last row), captured before any request
+    assert runners[0].capture_steps() == 6 and runners[1].capture_steps() == 0
+    engines = [Engine(r, prefix_cache_bytes=1 << 20) for r in runners]
     gpu, cpu = ([e.generate(p, params).token_ids for p in prompts] for e in engines)
     assert gpu == cpu
     engine = engines[0]

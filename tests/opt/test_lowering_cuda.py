@@ -42,9 +42,9 @@ def test_constants_stored_as_declared_are_unchanged(dtype: DType) -> None:
 
 
 def test_decode_rope_and_split_decisions_of_a_paged_decoder() -> None:
-    """The contiguous decoder's attention rotates its queries and keys itself (DecodeRope); a paged one's does not
-    (its keys reach the cache through the separate append kernel, rotated), and its capacity for DecodeSplitKv is
-    max_pages x page_size, not the page."""
+    """A paged decoder's attention, as the contiguous one's, rotates its queries and keys itself (DecodeRope: over a
+    paged cache the append kernel rotates the keys it stores) and runs rlx_kv_decode in steps of up to 4 tokens a
+    row, any number of rows; its capacity for DecodeSplitKv is max_pages x page_size, not the page."""
     import sys
     from pathlib import Path
 
@@ -52,17 +52,20 @@ def test_decode_rope_and_split_decisions_of_a_paged_decoder() -> None:
     from render_cases import tiny_decoder, tiny_paged_decoder
 
     from rlx.driver import lower_to_lir
-    from rlx.opt.lowering_cuda import PAGED_DECODE_REASON, find_decode_ropes, find_decode_splits
+    from rlx.opt.lowering_cuda import KVD_ROW_TOKENS, find_decode_ropes, find_decode_splits
 
     assert len(find_decode_ropes(lower_to_lir(tiny_decoder(), 2, backend="cuda"))) == 2
     paged = lower_to_lir(tiny_paged_decoder(), 2, backend="cuda")
-    assert find_decode_ropes(paged) == []
-    # the grouped decode kernel declined, with the reason recorded; 32 tokens a row: no split
-    splits = find_decode_splits(paged)
+    ropes = find_decode_ropes(paged)
     attentions = [n.id for n in paged.graph.nodes if n.kind == "cached_attention"]
-    assert sorted(d.attention for d in splits) == sorted(attentions) and attentions
-    assert all(d.max_splits == 1 and not d.grouped and d.reason == PAGED_DECODE_REASON for d in splits)
-    assert "on rlx_kv_attend, keys not split: paged caches" in splits[0].describe()
+    assert sorted(d.attention for d in ropes) == sorted(attentions) and attentions
+    assert "when a step's rows hold <= 4 tokens each" in ropes[0].describe()
+    # 32 tokens a row (4 pages of 8): no split
+    splits = find_decode_splits(paged)
+    assert sorted(d.attention for d in splits) == sorted(attentions)
+    assert all(d.grouped and d.row_tokens == KVD_ROW_TOKENS == 4 and d.max_splits == 1 and not d.reason
+               for d in splits)
+    assert "steps of <= 4 tokens a row: rlx_kv_decode" in splits[0].describe()
 
 
 def test_quant_mma_rows_by_precision_format_and_weight_size() -> None:

@@ -65,6 +65,23 @@ def test_one_call_a_step_and_greedy_tokens_do_not_depend_on_the_batch(paged_runn
     assert engine.kv.used_pages == 0 and engine.kv.free_pages == paged_runner.kv_pages
 
 
+def test_padded_calls_give_the_same_tokens(paged_runner, alone, monkeypatch) -> None:
+    """Calls padded to multiples of 8 rows by repeating their last row (what a CUDA runner does, `padded_rows`):
+    the repeated row writes the same K/V to the same place and its output is dropped, so every request gets the
+    tokens it gets alone; the calls did run padded."""
+    ran = []
+    real_step = paged_runner.lm.step_greedy
+
+    def step_greedy(tokens, cache, rows, **kw):
+        ran.append(tokens.shape[0])
+        return real_step(tokens, cache, rows, **kw)
+
+    monkeypatch.setattr(paged_runner, "padded_rows", lambda n: min(-(-n // 8) * 8, paged_runner.call_rows))
+    monkeypatch.setattr(paged_runner.lm, "step_greedy", step_greedy)
+    assert _together(Engine(paged_runner), _prompts(16)) == alone
+    assert ran and all(n % 8 == 0 for n in ran)
+
+
 @pytest.mark.parametrize("max_stall", [None, 0, 1])
 def test_max_stall_changes_the_steps_not_the_tokens(paged_runner, alone, max_stall) -> None:
     """Whether decode rows go first (None, 0) or prompts' prefill does (a decoding sequence waiting at most

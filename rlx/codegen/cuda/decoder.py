@@ -60,7 +60,8 @@ class KvAttention(Launch):
     smem: int
     #: sliding-window width (0: every earlier key)
     window: int = 0
-    #: DecodeRope: in steps of <= rope_rows rows the kernel rotates the raw projections itself.
+    #: DecodeRope: in steps of <= rope_rows tokens a row the kernel rotates the raw projections itself (and a
+    #: paged cache's append kernel the keys it stores).
     rope_rows: int = 0
     raw_q: str = ""
     raw_k: str = ""
@@ -75,14 +76,15 @@ class KvAttention(Launch):
     split_keys: int = 1
     partials: str = "(float *)nullptr"
     counters: str = "(int32_t *)nullptr"
-    #: DecodeSplitKv.grouped: those steps run rlx_kv_decode (group query heads per block, dec_smem bytes of
-    #: shared memory); larger steps run rlx_kv_attend unsplit.
+    #: DecodeSplitKv.grouped: steps of <= row_tokens tokens a row (any number of rows) run rlx_kv_decode (group
+    #: query heads per block, dec_smem bytes of shared memory); longer ones run rlx_kv_attend unsplit.
     grouped: bool = False
+    row_tokens: int = 0
     group: int = 1
     dec_smem: int = 0
     dec_threads: int = KVD_THREADS
     #: The paged layout (kernels/kv_attention.cuh, PAGED): page size (0: contiguous), block table, its width
-    #: and the pool's pages; `paged_args` the attend kernel's last four arguments.
+    #: and the pool's pages; `paged_args` the attention kernels' last four arguments.
     paged: int = 0
     block_table: str = ""
     max_pages: int = 0
@@ -124,7 +126,8 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
     d = e.decode_rope.get(node.id)
     if d is not None:
         if d.max_rows > KV_ROPE_ROWS:
-            raise BuildError(f"DecodeRope of {d.max_rows} rows exceeds the kernel's {KV_ROPE_ROWS} (node {node.label})")
+            raise BuildError(f"DecodeRope of {d.max_rows} tokens a row exceeds the kernel's {KV_ROPE_ROWS} "
+                             f"(node {node.label})")
         rq = e.node(d.ropes[0])
         neox = rq.op.variant == "neox"
         rope = dict(rope_rows=d.max_rows, raw_q=e.ptr(rq.inputs[0]), raw_k=e.ptr(e.node(d.ropes[1]).inputs[0]),
@@ -141,19 +144,18 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
         if ds.max_splits > 1:
             split.update(partials="RLX_P(float, RLX_OFF_SCRATCH)", counters="RLX_P(int32_t, RLX_OFF_COUNTERS)")
         if ds.grouped:
-            if op.paged:  # the lowering never plans it (decode_split_plan); rlx_kv_decode reads contiguous caches
-                raise BuildError(f"a paged cached_attention cannot run rlx_kv_decode (node {node.label})")
-            if (d is not None and d.max_rows > KVD_NEW_ROWS) or ds.max_rows > KVD_NEW_ROWS:
-                raise BuildError(f"decode steps of {ds.max_rows} rows exceed rlx_kv_decode's {KVD_NEW_ROWS} "
-                                 f"(node {node.label})")
+            if (d is not None and d.max_rows > KVD_NEW_ROWS) or not 0 < ds.row_tokens <= KVD_NEW_ROWS:
+                raise BuildError(f"decode steps of {ds.row_tokens} tokens a row exceed rlx_kv_decode's "
+                                 f"{KVD_NEW_ROWS} (node {node.label})")
             # the G query rows, the step's new keys and values, the warps' states (reused by the last block's
             # merge: the G maxes and inverses and every warp's G x HD sums)
             states = KVD_WARPS * ds.group * (hd + 2)
             dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + states) * 4
-            split.update(grouped=True, group=ds.group, dec_smem=dec_smem)
+            split.update(grouped=True, row_tokens=ds.row_tokens, group=ds.group, dec_smem=dec_smem)
             headers = (HEADER, DECODE_HEADER)
-            attrs += tuple((f"rlx_kv_decode<{t}, {kt}, {hd}, {ds.group}, {str(r).lower()}, {str(n).lower()}, {win}>",
-                            str(dec_smem)) for r, n in variants)
+            pg = str(bool(op.paged)).lower()
+            attrs += tuple((f"rlx_kv_decode<{t}, {kt}, {hd}, {ds.group}, {str(r).lower()}, {str(n).lower()}, {win}, "
+                            f"{pg}>", str(dec_smem)) for r, n in variants)
     args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope, **split, **paged,
                        t=t, kt=kt, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id),
                        v_cache=e.ptr(vc_id), positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]),

@@ -290,6 +290,7 @@ class LargeStepOnly(Launch):
     rows: str
     max_rows: int
     by: str
+    unit: str = "rows"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -512,8 +513,9 @@ class CudaEmitter:
             return _wrapped(k, "block_unless_p2p", COLLECTIVES_TEMPLATE, UnlessP2P, cond=self.p2p_condition(a),
                             by=a.node)
         r = self.decode_rope.get(nid)
-        if r is not None and nid != r.attention:
-            return self._large_step_only(k, node.shape.dims[:-1], r.max_rows, f"done inside %{r.attention}")
+        if r is not None and nid != r.attention:  # x [batch, seq, heads * dim]: seq tokens a row decide
+            return self._large_step_only(k, node.shape.dims[1:2], r.max_rows, f"done inside %{r.attention}",
+                                         unit="tokens a row")
         return k
 
     def p2p_condition(self, d: AllReduceP2P) -> str:
@@ -529,10 +531,12 @@ class CudaEmitter:
         return (f"(c->ar_ready && ({self.numel(node.shape.dims)}) * (int64_t)sizeof({self.ctype(node.id)}) <= "
                 f"(int64_t){d.max_bytes} && {d.max_bytes} <= RLX_AR_SLOT_BYTES && !(({aligned}) & 15))")
 
-    def _large_step_only(self, k: Kernel, row_dims: Sequence[Dim], max_rows: int, by: str) -> Kernel:
-        """`k` wrapped to run only in steps of more than `max_rows` rows (a decode kernel does its work)."""
+    def _large_step_only(self, k: Kernel, row_dims: Sequence[Dim], max_rows: int, by: str,
+                         unit: str = "rows") -> Kernel:
+        """`k` wrapped to run only in steps of more than `max_rows` rows (the product of `row_dims`; `unit` names
+        them) — in smaller ones a decode kernel does its work."""
         return _wrapped(k, "block_large_step", _OPS_TEMPLATE, LargeStepOnly, rows=self.numel(row_dims),
-                        max_rows=max_rows, by=by)
+                        max_rows=max_rows, by=by, unit=unit)
 
     def output_copy(self, slot: int, nid: NodeId) -> Kernel:
 

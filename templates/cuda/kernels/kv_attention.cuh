@@ -135,8 +135,8 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
             float *v = r == 0 ? qs : kns + (r - 1) * HD;
             const int i1 = NEOX ? pp : 2 * pp, i2 = NEOX ? pp + half : 2 * pp + 1;
             const float x1 = v[i1], x2 = v[i2];
-            v[i1] = x1 * c - x2 * sn;
-            v[i2] = x2 * c + x1 * sn;
+            v[i1] = fmaf(x1, c, -(x2 * sn));  /* as rlx_kv_append_paged rotates: the same bits */
+            v[i2] = fmaf(x2, c, x1 * sn);
         }
     }
     __syncthreads();
@@ -256,13 +256,16 @@ rlx_kv_attend(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
 }
 
 /* PAGED: this step's new keys and values into their pages (rounded to the cache dtype KT), one block per
- * (row, new token), before rlx_kv_attend (which checks positions and page ids, raising its flag; a row it would
- * refuse is not written here either). */
-template <typename T, typename KT>
+ * (row, new token), before rlx_kv_attend or rlx_kv_decode (which check positions and page ids, raising their flag;
+ * a row they would refuse is not written here either). ROPE (DecodeRope): knew holds the raw key projections,
+ * rotated here in f32 from the tables cosb / sinb ([B, S, rot/2] per row, else [S, rot/2]) exactly as the attention
+ * kernels rotate the row's own new keys, so what a later row reads from the cache equals what the row used. */
+template <typename T, typename KT, bool ROPE = false, bool NEOX = false>
 __global__ void rlx_kv_append_paged(const T *__restrict__ knew, const T *__restrict__ vnew, KT *__restrict__ kc,
                                     KT *__restrict__ vc, const int32_t *__restrict__ pos,
                                     const int32_t *__restrict__ bt, int64_t sq, int64_t page, int64_t maxp,
-                                    int64_t num_pages, int64_t kw) {
+                                    int64_t num_pages, int64_t kw, const T *__restrict__ cosb = nullptr,
+                                    const T *__restrict__ sinb = nullptr, int rot = 0, int per_row = 0, int hd = 1) {
     rlx_pdl_wait();
     rlx_pdl_trigger();
     const int64_t r = blockIdx.x, b = r / sq, s = r % sq;
@@ -273,8 +276,21 @@ __global__ void rlx_kv_append_paged(const T *__restrict__ knew, const T *__restr
         if (bt[b * maxp + c] < 0 || bt[b * maxp + c] >= num_pages)
             return;
     const int64_t t = p + s, dst = ((int64_t)bt[b * maxp + t / page] * page + t % page) * kw;
+    const int half = rot / 2;
     for (int64_t e = threadIdx.x; e < kw; e += blockDim.x) {
-        kc[dst + e] = rlx_to<KT>(rlx_f(knew[r * kw + e]));
+        float x = rlx_f(knew[r * kw + e]);
+        const int d = (int)(e % hd);
+        if (ROPE && d < rot) {  /* pair (i1, i2): i1 gets x1 c - x2 s, i2 gets x2 c + x1 s */
+            const int pp = NEOX ? (d < half ? d : d - half) : d / 2;
+            const bool second = NEOX ? d >= half : (d & 1);
+            const int64_t head0 = r * kw + (e - d);
+            const int i1 = NEOX ? pp : 2 * pp, i2 = NEOX ? pp + half : 2 * pp + 1;
+            const float x1 = rlx_f(knew[head0 + i1]), x2 = rlx_f(knew[head0 + i2]);
+            const int64_t ti = (per_row ? r : s) * half + pp;
+            const float c = rlx_f(cosb[ti]), sn = rlx_f(sinb[ti]);
+            x = second ? fmaf(x2, c, x1 * sn) : fmaf(x1, c, -(x2 * sn));
+        }
+        kc[dst + e] = rlx_to<KT>(x);
         vc[dst + e] = rlx_to<KT>(rlx_f(vnew[r * kw + e]));
     }
 }

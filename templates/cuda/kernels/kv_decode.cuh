@@ -15,7 +15,13 @@
  * Rows j < p come from the cache; the step's own rows (j >= p, at most RLX_KVD_NEW_ROWS of them) from the k / v
  * inputs, staged in shared memory (ROPE: rotated there, see DecodeRope) and rounded to KT as the cache stores
  * them. The first split of query 0 appends them to the cache: no block reads a cache row this launch writes.
- * T is the compute dtype (q, k, v, out, rope tables), KT the cache's (f32, f16 or bf16). */
+ * T is the compute dtype (q, k, v, out, rope tables), KT the cache's (f32, f16 or bf16).
+ * PAGED (a paged cache, bt not null): the caches are a pool of pages [num_pages, page, kv_heads*HD] and row b's
+ * token j is row j % page of page bt[b * maxp + j / page] (cap = maxp * page). Rows of one step may be one
+ * sequence's consecutive tokens, reading each other's keys: rlx_kv_append_paged (kernels/kv_attention.cuh, with
+ * ROPE it rotates the keys it stores) has stored every row's new keys and values before this launch, so no block
+ * appends here; a block still takes its own row's new keys from the inputs (staged as above). A page id outside
+ * the pool raises flag bit 4. */
 #define RLX_KVD_THREADS 128
 #define RLX_KVD_WARPS (RLX_KVD_THREADS / 32)
 #define RLX_KVD_NEW_ROWS 4
@@ -66,16 +72,17 @@ template <typename KT, int VEC> __device__ __forceinline__ void rlx_kvd_cvt(cons
 /* exp2(a - m) with a == -inf (an empty state) giving 0 even when m is -inf too. */
 __device__ __forceinline__ float rlx_kvd_scale(float a, float m) { return a == -INFINITY ? 0.0f : exp2f(a - m); }
 
-template <typename T, typename KT, int HD, int G, bool ROPE, bool NEOX, bool WINDOW>
+template <typename T, typename KT, int HD, int G, bool ROPE, bool NEOX, bool WINDOW, bool PAGED = false>
 __global__ void __launch_bounds__(RLX_KVD_THREADS, rlx_kvd_blocks_per_sm<KT, HD, G>())
 rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew, KT *__restrict__ kc,
               KT *__restrict__ vc, const int32_t *__restrict__ pos, T *out, int64_t sq, int64_t cap, int heads,
               int kv_heads, float scale, int64_t window, int32_t *flag, const T *__restrict__ cosb,
               const T *__restrict__ sinb, int rot, int per_row, float *__restrict__ partials,
-              int32_t *__restrict__ counters, int64_t split_keys) {
+              int32_t *__restrict__ counters, int64_t split_keys, const int32_t *__restrict__ bt = nullptr,
+              int64_t page = 1, int64_t maxp = 0, int64_t num_pages = 0) {
     using S = RlxKvdShape<KT, HD>;
     RLX_DYNAMIC_SHARED(float, rlx_kvd_smem);
-    __shared__ int last_block;
+    __shared__ int last_block, bad_page;
     float *qs = rlx_kvd_smem;                          /* the G query rows: G * HD floats */
     float *kns = qs + G * HD;                          /* the step's new keys (rotated): RLX_KVD_NEW_ROWS * HD */
     float *vns = kns + RLX_KVD_NEW_ROWS * HD;          /* ... and values: RLX_KVD_NEW_ROWS * HD */
@@ -85,7 +92,15 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     const int64_t b = blockIdx.x / kv_heads, i = blockIdx.y;
     const int kvh = (int)(blockIdx.x % kv_heads), split = (int)blockIdx.z;
     const int64_t kw = (int64_t)kv_heads * HD;
-    const KT *kb = kc + b * cap * kw + (int64_t)kvh * HD, *vb = vc + b * cap * kw + (int64_t)kvh * HD;
+    const KT *kb = kc + (int64_t)kvh * HD, *vb = vc + (int64_t)kvh * HD;  /* key j at row_at(j) * kw */
+    /* the cache row of this row's token j (PAGED: through its block table; `hint`: a page id clamped into the pool,
+       for prefetches made before the ids are checked) */
+    auto row_at = [&](int64_t j, bool hint = false) -> int64_t {
+        if (!PAGED) return b * cap + j;
+        int64_t id = bt[b * maxp + j / page];
+        if (hint) id = id < 0 ? 0 : id >= num_pages ? num_pages - 1 : id;
+        return id * page + j % page;
+    };
 
     /* this query's keys first .. n-1, in `active` runs of `per` (none empty); split >= active has none */
     int64_t p = 0, first = 0, n = 0, per = 1, lo = 0, hi = 0;
@@ -111,8 +126,8 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         const int64_t cached_hi = hi < p ? hi : p;
         for (int64_t j = lo + threadIdx.x; j < cached_hi; j += blockDim.x)
             for (int off = 0; off < HD * (int)sizeof(KT); off += 128) {
-                RLX_KV_PREFETCH((const char *)(kb + j * kw) + off);
-                RLX_KV_PREFETCH((const char *)(vb + j * kw) + off);
+                RLX_KV_PREFETCH((const char *)(kb + row_at(j, true) * kw) + off);
+                RLX_KV_PREFETCH((const char *)(vb + row_at(j, true) * kw) + off);
             }
     }
     rlx_pdl_wait();  /* everything below reads earlier kernels' results */
@@ -123,6 +138,17 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         return;
     }
     keys(at);
+    if (PAGED) {  /* every page this row reads is in the pool (the whole block decides) */
+        if (threadIdx.x == 0) bad_page = 0;
+        __syncthreads();
+        for (int64_t c = threadIdx.x; c < (p + sq + page - 1) / page; c += blockDim.x)
+            if (bt[b * maxp + c] < 0 || bt[b * maxp + c] >= num_pages) atomicOr(&bad_page, 1);
+        __syncthreads();
+        if (bad_page) {
+            if (threadIdx.x == 0 && split == 0) atomicOr(flag, 4);
+            return;
+        }
+    }
     if (split >= active) return;  /* the whole block: no barrier is skipped by part of it */
 
     /* stage the G query rows and the step's new keys and values (f32), rotate them (ROPE), round the new rows to KT */
@@ -147,19 +173,19 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
             float *v = r < G ? qs + r * HD : kns + (r - G) * HD;
             const int i1 = NEOX ? pp : 2 * pp, i2 = NEOX ? pp + half : 2 * pp + 1;
             const float x1 = v[i1], x2 = v[i2];
-            v[i1] = x1 * c - x2 * sn;
-            v[i2] = x2 * c + x1 * sn;
+            v[i1] = fmaf(x1, c, -(x2 * sn));  /* as rlx_kv_append_paged rotates: the same bits */
+            v[i2] = fmaf(x2, c, x1 * sn);
         }
         __syncthreads();
     }
     for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x)
         kns[e] = rlx_f(rlx_to<KT>(kns[e]));  /* as the cache holds it */
     __syncthreads();
-    if (i == 0 && split == 0) {  /* this KV head's new rows into the cache */
+    if (!PAGED && i == 0 && split == 0) {  /* this KV head's new rows into the cache (PAGED: already stored) */
         for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x) {
-            const int64_t dst = (p + e / HD) * kw + e % HD;
-            kc[b * cap * kw + (int64_t)kvh * HD + dst] = rlx_to<KT>(kns[e]);
-            vc[b * cap * kw + (int64_t)kvh * HD + dst] = rlx_to<KT>(vns[e]);
+            const int64_t dst = row_at(p + e / HD) * kw + (int64_t)kvh * HD + e % HD;
+            kc[dst] = rlx_to<KT>(kns[e]);
+            vc[dst] = rlx_to<KT>(vns[e]);
         }
     }
 
@@ -193,11 +219,12 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
             const int64_t j = base + u * S::RPW + sub;
             live[u] = j < hi;
             if (live[u] && j < p) {
+                const int64_t at_j = row_at(j) * kw;
 #pragma unroll
                 for (int v = 0; v < S::VPL; ++v) {
                     const int d0 = rlx_kvd_dim<KT, HD>(sl, v, 0);
-                    kr[u][v] = *reinterpret_cast<const RLX_KVD_VEC16 *>(kb + j * kw + d0);
-                    vr[u][v] = *reinterpret_cast<const RLX_KVD_VEC16 *>(vb + j * kw + d0);
+                    kr[u][v] = *reinterpret_cast<const RLX_KVD_VEC16 *>(kb + at_j + d0);
+                    vr[u][v] = *reinterpret_cast<const RLX_KVD_VEC16 *>(vb + at_j + d0);
                 }
             } else {  /* a new row (staged, already rounded to KT: exact), or row 0 of them for a dead lane */
                 const int64_t r = live[u] ? j - p : 0;
