@@ -122,6 +122,28 @@ class DecodeRope(Decision):
 
 
 @dataclass(frozen=True)
+class SampleFromArgmax(Decision):
+    """A `sample_top_k` whose logits an earlier `argmax` (last axis) also reads: at temperature 0 or top_k 1 —
+    where the sample is that argmax, by the same order (ties to the lower index, NaN first) — its kernel copies the
+    argmax's ids instead of scanning the logits again (a decoder's greedy step runs both, and reads the argmax).
+
+    >>> SampleFromArgmax(9, 8).describe()
+    '%9 (sample_top_k) at temperature 0 or top_k 1 copies the ids of %8 (argmax of the same logits)'
+    """
+
+    kind: ClassVar[str] = "cuda_sample_from_argmax"
+    sample: int
+    argmax: int
+
+    def describe(self) -> str:
+        return (f"%{self.sample} (sample_top_k) at temperature 0 or top_k 1 copies the ids of %{self.argmax} "
+                f"(argmax of the same logits)")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.sample,)
+
+
+@dataclass(frozen=True)
 class QuantMma(Decision):
     """A quantized projection (`dequant_matmul`, f16 / bf16) whose steps of `min_rows`..`max_rows` rows multiply
     its blocks on the tensor cores: dequantized in registers straight into mma fragments, the weights read once
@@ -426,6 +448,7 @@ register_decision(ScanConstants, ("node",))
 register_decision(ControlFlow, ("node",))
 register_decision(DecodeGemv, ("members", "norm", "residual", "swiglu"))
 register_decision(DecodeRope, ("attention", "ropes"))
+register_decision(SampleFromArgmax, ("sample", "argmax"))
 register_decision(QuantMma, ("node",))
 register_decision(DequantCopy, ("weight", "readers", "adds"))
 register_decision(DecodeSplitKv, ("attention",))

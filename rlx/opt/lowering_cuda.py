@@ -47,6 +47,7 @@ from rlx.ir.decisions_cuda import (
     ParamPlacement,
     QuantMma,
     Region,
+    SampleFromArgmax,
     ScanConstants,
     Staged,
 )
@@ -514,6 +515,29 @@ def find_decode_ropes(lir: LirModule) -> list[DecodeRope]:
     return found
 
 
+def find_samples_from_argmax(lir: LirModule) -> list[SampleFromArgmax]:
+    """`sample_top_k` nodes that copy an `argmax`'s ids at temperature 0 / top_k 1: an argmax over the last axis of
+    the same logits, scheduled earlier, whose ids no node scheduled in between can overwrite (arena bytes)."""
+    graph = lir.graph
+    schedule = list(lir.schedule)
+    pos = {nid: i for i, nid in enumerate(schedule)}
+    found = []
+    for nid in schedule:
+        node = graph.node(nid)
+        if node.kind != "sample_top_k":
+            continue
+        logits = node.inputs[0]
+        rank = graph.node(logits).shape.rank
+        for a in graph.users().get(logits, ()):
+            am = graph.node(a)
+            if (am.kind != "argmax" or am.op.axis % rank != rank - 1 or pos.get(a, len(schedule)) >= pos[nid]
+                    or any(_overlap(lir, a, b) for b in schedule[pos[a] + 1:pos[nid]])):
+                continue
+            found.append(SampleFromArgmax(nid, a))
+            break
+    return found
+
+
 def kv_splits(capacity: int) -> int:
     """The most blocks a decode query over a KV cache of `capacity` rows splits its keys over (1: never split).
 
@@ -818,7 +842,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                           workspace_bytes=workspace_bytes, flag=flag, counters=counters,
                           counters_bytes=counters_bytes)
     return (*groups, *scan_consts, *control_flow(lir), *gemvs, *mmas, *copies,
-            *find_decode_ropes(lir),
+            *find_decode_ropes(lir), *find_samples_from_argmax(lir),
             *find_decode_splits(lir, precision, decode_sms, kv_decode),
             *(find_pool_tails(lir, pool_norm) if pool_tail else ()),
             *(find_p2p_all_reduces(lir) if p2p_all_reduce else ()), layout)

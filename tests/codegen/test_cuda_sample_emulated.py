@@ -80,3 +80,31 @@ def test_signed_zero_and_infinities(emu) -> None:
 def test_bad_settings_raise_their_flag_bit(emu, s: tuple, u: float, bit: int) -> None:
     _, flag = run(emu, np.zeros((2, 50), np.float32), np.array([0.25, u]), s, 32)
     assert flag == bit
+
+
+def test_temperature_zero_copies_the_given_argmax(emu) -> None:
+    """SampleFromArgmax: at temperature 0 or top_k 1 the kernel copies the argmax ids it is given (ids no scan
+    would pick, so the copy shows), still checking the settings and each u first; other settings scan the logits."""
+    f = emu.emu_sample_top_k_best
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_uint, ctypes.c_void_p]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 300)).astype(np.float32)
+    u = rng.uniform(0, 1, 5)
+    best = (np.argmax(x, axis=1).astype(np.int32) + 7) % 300  # not the argmax: only a copy yields these
+
+    def sample(s: tuple, uu: np.ndarray = u) -> tuple[np.ndarray, int]:
+        y = np.full(5, -1, np.int32)
+        sv = np.array(s, np.float64)
+        flag = f(x.ctypes.data, uu.ctypes.data, sv.ctypes.data, y.ctypes.data, 5, 300, 64, best.ctypes.data)
+        return y, flag
+
+    for s in ((0.0, 1, 1.0), (0.0, 50, 0.5), (1.3, 1, 1.0)):
+        y, flag = sample(s)
+        assert flag == 0 and y.tolist() == best.tolist(), s
+    y, flag = sample((0.8, 40, 1.0))
+    assert flag == 0 and y.tolist() == [int(t) for t in sample_rows(x, u, 0.8, 40, None)]
+    assert sample((-1.0, 1, 1.0))[1] == 8  # settings checked before the copy
+    bad_u = u.copy()
+    bad_u[2] = 1.0
+    assert sample((0.0, 1, 1.0), bad_u)[1] == 64

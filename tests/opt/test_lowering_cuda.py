@@ -90,3 +90,39 @@ def test_quant_mma_rows_by_precision_format_and_weight_size() -> None:
         assert all(d.min_rows == QUANT_MMA_MIN_ROWS == 2 for d in found.values())
         assert "on the tensor cores (rlx_qmma) in steps of 2 to 64 rows" in found[outs["q4_k"]].describe()
     assert find_quant_mmas(lir, DType.F32) == []
+
+
+def test_a_decoders_sampler_copies_its_argmax_at_temperature_zero() -> None:
+    """The decoder's `sample_top_k` reads the logits its `next_token` argmax reads (scheduled first, its ids kept):
+    `SampleFromArgmax`, and the generated kernel gets the argmax's ids; a sampler with no argmax beside it, or one
+    over other logits, scans its own."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
+    from render_cases import tiny_decoder
+
+    from rlx.codegen.cuda import CudaTarget, render_cuda
+    from rlx.driver import lower_to_lir
+    from rlx.ir.decisions_cuda import SampleFromArgmax
+    from rlx.ir.graph import Graph
+    from rlx.opt.lowering import lower_for
+    from rlx.opt.lowering_cuda import find_samples_from_argmax
+
+    lir = lower_for(lower_to_lir(tiny_decoder(), 2, backend="cuda"), "cuda", gemm="builtin")
+    (d,) = lir.decided(SampleFromArgmax)
+    assert lir.graph.node(d.sample).kind == "sample_top_k" and lir.graph.node(d.argmax).kind == "argmax"
+    assert lir.graph.node(d.sample).inputs[0] == lir.graph.node(d.argmax).inputs[0]
+    assert "copies the ids of" in lir.inspect()
+    src = render_cuda(lir, CudaTarget(gemm="builtin"), {"name": "d"})
+    launch = next(line for line in src.splitlines() if "rlx_sample_top_k<" in line)
+    assert "RLX_FLAG(c), RLX_P(int32_t, " in launch
+
+    g = Graph("pick")
+    x, y = g.input("x", [2, 50]), g.input("y", [2, 50])
+    u, s = g.input("u", [2], "f64"), g.input("s", [3], "f64")
+    g.set_outputs([g.sample_top_k(x, u, s), g.argmax(y)])
+    alone = lower_to_lir(g, 0, backend="cuda")
+    assert find_samples_from_argmax(alone) == []
+    src = render_cuda(lower_for(alone, "cuda", gemm="builtin"), CudaTarget(gemm="builtin"), {"name": "p"})
+    assert "RLX_FLAG(c), (const int32_t *)nullptr" in src

@@ -48,6 +48,7 @@ from rlx.ir.decisions_cuda import (
     GemmGroup,
     PoolTail,
     QuantMma,
+    SampleFromArgmax,
     ScanConstants,
 )
 from rlx.ir.decisions_cuda_kernels import CudaKernelOptions, CutlassGemm, GatherInRegion, NormInGemm
@@ -381,6 +382,8 @@ class CudaEmitter:
         self.copy_adds: dict[NodeId, NodeId] = {a: d.readers[0] for d in lir.decided(DequantCopy) for a in d.adds}
         #: The DecodeRope of each attention node, and of each rope it absorbs.
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
+        #: The argmax each sample_top_k copies at temperature 0 / top_k 1.
+        self.sample_from_argmax: dict[NodeId, SampleFromArgmax] = {d.sample: d for d in lir.decided(SampleFromArgmax)}
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
         self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
         #: The all-reduces that run one-shot through the peers' memory when small.

@@ -43,13 +43,17 @@ class SampleLaunch(Launch, SampleIO):
     """Launch arguments of `block_sample_top_k`: the operands (`SampleIO`) and the logits' C type t."""
 
     t: str
+    #: SampleFromArgmax: the argmax ids copied at temperature 0 / top_k 1 (else a null pointer: scanned here)
+    best: str = "(const int32_t *)nullptr"
 
 
 @RULES.register("sample_top_k", accepts=logits_accepts(FLOATS, "f32, f16 or bf16"))
 def sample_top_k(e: CudaEmitter, node: Node) -> Kernel:
     x_id, u_id, s_id = node.inputs
     x = e.node(x_id).shape
+    d = e.sample_from_argmax.get(node.id)
+    best = {"best": e.ptr(d.argmax)} if d is not None else {}
     args = SampleLaunch(**e.base(node), uses_flag=True, t=e.ctype(x_id), x=e.ptr(x_id), u=e.ptr(u_id),
-                        s=e.ptr(s_id), y=e.ptr(node.id), rows=e.dim(x.dims[0]), n=e.dim(x.dims[1]))
+                        s=e.ptr(s_id), y=e.ptr(node.id), rows=e.dim(x.dims[0]), n=e.dim(x.dims[1]), **best)
     return Kernel(node.id, "block_sample_top_k", TEMPLATE, args, headers=HEADERS, header=args.comment,
                   label=node.label)

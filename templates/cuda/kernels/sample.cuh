@@ -12,7 +12,8 @@
  *   3. the k candidates sorted by rank (each thread counts the candidates ranked before its own);
  *   4. weights exp((v - v0) / temperature) in double by k threads, then one thread runs the reference's
  *      sequential running sums, the top_p prefix and the inverse CDF at u (the numpy reference's arithmetic).
- * Temperature 0 (or k = 1) is one argmax pass (rlx_block_best of kernels/argmax.cuh). Bad settings or u raise flag bits 8 (temperature),
+ * Temperature 0 (or k = 1) is one argmax pass (rlx_block_best of kernels/argmax.cuh), or, given `best` (the ids of
+ * an argmax of the same logits, SampleFromArgmax), a copy of them. Bad settings or u raise flag bits 8 (temperature),
  * 16 (top_k), 32 (top_p), 64 (u); the run then fails naming it. */
 #define RLX_SAMPLE_THREADS 1024
 #define RLX_SAMPLE_TOP_K_MAX 256
@@ -40,7 +41,8 @@ __device__ __forceinline__ bool rlx_sample_before(uint32_t ka, int64_t ia, uint3
 template <typename T>
 __global__ void __launch_bounds__(RLX_SAMPLE_THREADS)
 rlx_sample_top_k(const T *__restrict__ x, const double *__restrict__ u, const double *__restrict__ s,
-                 int32_t *__restrict__ y, int64_t rows, int64_t n, int32_t *flag) {
+                 int32_t *__restrict__ y, int64_t rows, int64_t n, int32_t *flag,
+                 const int32_t *__restrict__ best = nullptr) {
     __shared__ uint32_t hist[256];
     __shared__ uint32_t warp_gt[RLX_SAMPLE_THREADS / 32], warp_eq[RLX_SAMPLE_THREADS / 32];
     __shared__ RlxSampleItem cand[RLX_SAMPLE_TOP_K_MAX], sorted[RLX_SAMPLE_TOP_K_MAX];
@@ -68,6 +70,10 @@ rlx_sample_top_k(const T *__restrict__ x, const double *__restrict__ u, const do
                 atomicOr(flag, 64);
                 y[r] = 0;
             }
+            continue;
+        }
+        if ((temp == 0.0 || k == 1) && best != nullptr) { /* the argmax, already computed */
+            if (threadIdx.x == 0) y[r] = best[r];
             continue;
         }
         if (temp == 0.0 || k == 1) { /* the argmax: one pass, block reduction */

@@ -73,4 +73,13 @@ int emu_sample_top_k(const float *x, const double *u, const double *s, int32_t *
                    [&] { rlx_sample_top_k<float>(x, u, s, y, rows, n, &flag); });
     return flag;
 }
+
+/* The same launch given an argmax's ids `best` (SampleFromArgmax). */
+int emu_sample_top_k_best(const float *x, const double *u, const double *s, int32_t *y, int64_t rows, int64_t n,
+                          unsigned threads, const int32_t *best) {
+    int32_t flag = 0;
+    rlx_emu_launch((unsigned)(rows < 4096 ? rows : 4096), threads,
+                   [&] { rlx_sample_top_k<float>(x, u, s, y, rows, n, &flag, best); });
+    return flag;
+}
 }
