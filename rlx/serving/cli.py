@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-pages", type=int, default=None,
                    help="paged: KV pages shared by all sequences (default: max-seqs x max-context / page-size)")
     p.add_argument("--page-size", type=int, default=16, help="paged: tokens per KV page (default 16)")
+    p.add_argument("--max-step-tokens", type=int, default=None,
+                   help="paged: rows (tokens) a step computes at most, decode rows and prefill tokens together "
+                        "(default: max(max-seqs, 16); more lets prompts' prefill take fewer steps)")
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="contiguous: KV cache tokens shared by all sequences (default: max-seqs x max-context)")
     p.add_argument("--chunk", type=int, default=64, help="contiguous: prefill chunk in tokens (default 64)")
@@ -152,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for what, v in (("--max-seqs", args.max_seqs), ("--max-context", args.max_context), ("--chunk", args.chunk),
                     ("--page-size", args.page_size),
-                    ("--kv-pages", 1 if args.kv_pages is None else args.kv_pages)):
+                    ("--kv-pages", 1 if args.kv_pages is None else args.kv_pages),
+                    ("--max-step-tokens", 1 if args.max_step_tokens is None else args.max_step_tokens)):
         if v < 1:
             raise RlxError(f"{what} must be >= 1, got {v}")
     if args.max_stall < 0:
@@ -208,7 +212,8 @@ def build_app(args: argparse.Namespace) -> Any:
     runner: Any
     if paged:
         runner = PagedRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context,
-                                       page_size=args.page_size, kv_pages=args.kv_pages, device=args.device,
+                                       page_size=args.page_size, kv_pages=args.kv_pages,
+                                       max_rows=_step_rows(args.max_seqs, args.max_step_tokens), device=args.device,
                                        quant_act=args.quant_act, deterministic=args.deterministic)
         runner.capture_steps()  # CUDA: every padded step shape captured before the first request (else nothing)
     else:
@@ -233,6 +238,15 @@ def build_app(args: argparse.Namespace) -> Any:
                     max_waiting=args.max_queue, prefix_cache_bytes=args.prefix_cache_mb << 20,
                     speculative=speculative, max_draft=args.max_draft, max_stall=args.max_stall).start()
     return create_app(engine, name, embedder=embedder, embedding_model=embedding_name, api_key=args.api_key)
+
+
+def _step_rows(max_seqs: int, max_step_tokens: int | None) -> int | None:
+    """The paged runner's rows a step (None: its default): at least a row per sequence.
+
+    >>> _step_rows(64, None), _step_rows(64, 256), _step_rows(64, 8)
+    (None, 256, 64)
+    """
+    return None if max_step_tokens is None else max(max_step_tokens, max_seqs)
 
 
 if __name__ == "__main__":

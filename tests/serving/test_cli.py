@@ -18,7 +18,7 @@ from live import free_port
 
 from rlx.errors import RlxError
 from rlx.serving import cli
-from rlx.serving.engine import MAX_STALL
+from rlx.serving.engine import MAX_STALL, SamplingParams
 
 
 @pytest.mark.skipif(importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None,
@@ -107,6 +107,22 @@ def test_speculative_options_are_checked_before_anything_loads(tmp_path) -> None
 
 @pytest.mark.skipif(importlib.util.find_spec("uvicorn") is None or importlib.util.find_spec("fastapi") is None,
                     reason="the serve extra is not installed")
+def test_max_step_tokens_sizes_the_paged_steps(tiny_gguf) -> None:
+    """`--max-step-tokens`: the paged runner's rows a step and the scheduler's token budget (at least a row per
+    sequence); below 1 it is refused before anything loads."""
+    with pytest.raises(RlxError, match="--max-step-tokens must be >= 1"):
+        cli.main(["--max-step-tokens", "0"])
+    args = cli._parser().parse_args(["--model", str(tiny_gguf), "--max-seqs", "4", "--max-context", "128",
+                                     "--max-step-tokens", "24", "--prefix-cache-mb", "0"])
+    engine = cli.build_app(args).state.engine
+    try:
+        assert engine.runner.max_rows == 24 and engine.scheduler.max_step_tokens == 24
+        done = engine.generate(list(range(5, 45)), SamplingParams(max_tokens=4))  # a 40-token prompt: 2 steps
+        assert len(done.token_ids) == 4
+    finally:
+        engine.stop()
+
+
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "draft_model"])
 def test_serve_speculative_serves_the_plain_tokens(tiny_gguf, paged_runner, tiny_runner, drafter) -> None:
     """`rlxc serve --speculative prompt_lookup` and `--draft-model` (the tiny model drafting for itself; compiled
