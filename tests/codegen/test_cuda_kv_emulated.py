@@ -164,6 +164,21 @@ def kvd(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return lib
 
 
+def _rope_tables(r: np.random.Generator, rows: tuple[int, ...], rot: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random rope tables `rows + [rot/2]` (cos, sin of the same angles)."""
+    ang = r.uniform(0, 6, (*rows, rot // 2))
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def _rotated(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope: str | None,
+             rot: int) -> tuple[np.ndarray, np.ndarray]:
+    """q and k as the reference rotates them (`rope` None: as they are)."""
+    if rope is None:
+        return q, k
+    rop = O.Rope(head_dim=HD, n_rot=rot, variant=rope)
+    return tuple(reference.rope(x, cos, sin, rop).astype(np.float32) for x in (q, k))  # type: ignore[return-value]
+
+
 def _decode(kvd: ctypes.CDLL, positions: list[int], sq: int, *, splits: int, window: int | None = None,
             rope: str | None = None, rot: int = HD, cache: type = np.float32, seed: int = 0) -> None:
     """One rlx_kv_decode launch against rlx.reference (rope: the queries and new keys rotated first, as
@@ -173,14 +188,10 @@ def _decode(kvd: ctypes.CDLL, positions: list[int], sq: int, *, splits: int, win
     q = r.standard_normal((batch, sq, HEADS * HD)).astype(np.float32)
     k, v = (r.standard_normal((batch, sq, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
     kc, vc = (r.standard_normal((batch, CAP_D, KV_HEADS * HD)).astype(cache) for _ in range(2))
-    ang = r.uniform(0, 6, (sq, rot // 2))
-    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos, sin = _rope_tables(r, (sq,), rot)
     pos = np.array(positions, np.int32)
     op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, window=window)
-    rq, rk = q, k
-    if rope is not None:
-        rop = O.Rope(head_dim=HD, n_rot=rot, variant=rope)
-        rq, rk = (reference.rope(x, cos, sin, rop).astype(np.float32) for x in (q, k))
+    rq, rk = _rotated(q, k, cos, sin, rope, rot)
     ref_kc, ref_vc = kc.copy(), vc.copy()
     want = reference.cached_attention(rq, rk, v, ref_kc, ref_vc, pos, op)
     out = np.full_like(q, np.nan)
@@ -276,13 +287,9 @@ def _decode_paged(kvd: ctypes.CDLL, rope: str | None, cache: type, seed: int, ro
     q = r.standard_normal((3, 1, HEADS * HD)).astype(np.float32)
     k, v = (r.standard_normal((3, 1, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
     kc, vc = (r.standard_normal((NUM_PAGES_D, PAGE_D, KV_HEADS * HD)).astype(cache) for _ in range(2))
-    ang = r.uniform(0, 6, (3, 1, rot // 2))
-    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    cos, sin = _rope_tables(r, (3, 1), rot)  # one table row per batch row: each at its own position
     op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, page_size=PAGE_D)
-    rq, rk = q, k
-    if rope is not None:
-        rop = O.Rope(head_dim=HD, n_rot=rot, variant=rope)
-        rq, rk = (reference.rope(x, cos, sin, rop).astype(np.float32) for x in (q, k))
+    rq, rk = _rotated(q, k, cos, sin, rope, rot)
     ref_kc, ref_vc = kc.copy(), vc.copy()
     want = reference.cached_attention(rq, rk, v, ref_kc, ref_vc, positions, op, table)
     splits = kvd_splits(PAGE_D * MAX_PAGES_D, KV_HEADS, 132)
