@@ -202,4 +202,4 @@ def test_cuda_renders_a_window() -> None:
     from rlx.pipeline.cuda import render_cuda
 
     src = render_cuda(lower_to_lir(to_mir(_graph(window=4)), 0, backend="cuda"), CudaTarget(), {"name": "w"})
-    assert src.count("(int64_t)4, RLX_FLAG(c)") >= 2 and ", true>, dim3(" in src  # WINDOW=true rlx_kv_decode
+    assert src.count("(int64_t)4, RLX_FLAG(c)") >= 2 and ", true, false>, dim3(" in src  # WINDOW, not PAGED
