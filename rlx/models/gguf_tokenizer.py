@@ -270,6 +270,8 @@ class GgufTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for (may be part of a UTF-8 character)."""
+        if type(token_id) is int and 0 <= token_id < self.vocab_size:  # a model's output: nothing to convert
+            return self._bytes[token_id]
         return self._bytes[self._check_ids([token_id])[0]]
 
     def incremental_decoder(self, skip_special: bool = False) -> IncrementalDecoder:

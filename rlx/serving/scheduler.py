@@ -183,13 +183,17 @@ class Scheduler:
     def _fill(self, ready: list[Seq], due: list[Seq], budget: int) -> tuple[list[Seq], int]:
         """Prefill first: the rows left go to the other decoding sequences, the longest stalled first; the step's
         decode rows (in admission order) and the budget left. Whoever got no row has waited one more step."""
-        chosen = {id(s) for s in due}
-        for seq in sorted((s for s in ready if id(s) not in chosen), key=lambda s: -s.stalled)[:max(budget, 0)]:
-            chosen.add(id(seq))
+        chosen = set(due)  # a Seq hashes by identity (eq=False)
+        if len(ready) - len(chosen) <= budget:  # every ready sequence gets its row: none waits
+            for seq in ready:
+                seq.stalled = 0
+            return list(ready), budget - (len(ready) - len(chosen))
+        for seq in sorted((s for s in ready if s not in chosen), key=lambda s: -s.stalled)[:max(budget, 0)]:
+            chosen.add(seq)
             budget -= 1
         for seq in ready:
-            seq.stalled = 0 if id(seq) in chosen else seq.stalled + 1
-        return [s for s in ready if id(s) in chosen], budget
+            seq.stalled = 0 if seq in chosen else seq.stalled + 1
+        return [s for s in ready if s in chosen], budget
 
     def _draft(self, seq: Seq, budget: int) -> int:
         """The proposed tokens `seq` may verify: what it asks, within the rows left and the KV room it can get."""

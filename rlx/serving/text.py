@@ -43,8 +43,12 @@ class StopText:
     def _release(self, final: bool) -> str:
         if self.stopped:
             return ""
-        cut = min((self._pending.index(s) for s in self._stop if s in self._pending), default=None)
-        if cut is not None:
+        cut = -1  # where the first stop string begins
+        for s in self._stop:
+            at = self._pending.find(s)
+            if at >= 0 and (cut < 0 or at < cut):
+                cut = at
+        if cut >= 0:
             out, self._pending, self.stopped = self._pending[:cut], "", True
             return out
         keep = 0 if final else min(self._hold, len(self._pending))
