@@ -189,8 +189,8 @@ class PagedRunner:
     `deterministic=True` feeds every row as a call of its own (`call_rows` = 1: each row the same kernels
     whatever the load, at the cost of a call per row). A CUDA call's rows are padded to `padded_rows` (up to 4,
     then multiples of 8) by repeating its last row — the same token written to the same cache row twice, its
-    output dropped — so that a server meets a dozen step shapes, each captured once as a CUDA graph
-    (`capture_steps` captures them all up front), not one per row count.
+    output dropped — so that a server meets a few dozen step shapes (36 for 256 rows), each captured once as a
+    CUDA graph (`capture_steps` captures them all up front), not one per row count.
 
     >>> from rlx.models.decoder_config import DecoderConfig
     >>> from rlx.models.causal_lm import random_tensors
