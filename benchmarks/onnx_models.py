@@ -15,7 +15,8 @@ runs each, the peers alternating, a pause between blocks so ORT's spinning threa
 block starts with one untimed run. The outputs are checked against each other before timing (max abs
 error <= 1e-4 x max |out|). Printed: the median time of every peer, and rlx's time over ORT's.
 `--profile` builds rlx profiled instead and prints its kernel time per class (a conv's window, stride
-and algorithm, else the op kind) and its top ops over `--rounds` runs (no ORT timing); `--ort-profile` prints
+and algorithm, else the op kind) and its top ops over `--rounds` runs (no ORT timing; `--nodes`: every kernel's
+median instead of the top ops); `--ort-profile` prints
 ONNX Runtime's own per-node kernel times (`enable_profiling`, medians over `--rounds` runs after one), node by node
 with its output shape, then per op type, for setting RLX's per-op times beside them.
 """
@@ -78,9 +79,10 @@ def op_class(lir, node: int, kind: str) -> str:
     return f"conv {shape}{'x'.join(map(str, window))} s{stride} ({plan.algorithm})"
 
 
-def print_profile(case: str, run: Callable[[], np.ndarray], compiled, rounds: int) -> None:
+def print_profile(case: str, run: Callable[[], np.ndarray], compiled, rounds: int, nodes: bool = False) -> None:
     """Kernel ms per run by class (a conv's window, stride and algorithm, else the op kind), then the top
-    ops, over `rounds` runs of a profiled build."""
+    ops, over `rounds` runs of a profiled build; with `nodes`, every kernel's median in schedule order instead of
+    the top ops (and the sum of the medians)."""
     from collections import Counter, defaultdict
 
     from rlx.runtime.profile import format_top_ops, top_ops
@@ -101,7 +103,19 @@ def print_profile(case: str, run: Callable[[], np.ndarray], compiled, rounds: in
     for cls, ms in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"  {cls:<36}{ops[cls] // rounds:>4} ops{ms:>9.3f} ms{100 * ms / total:>6.1f}%")
     print(f"  {'all kernels':<44}{total:>9.3f} ms")
-    print(format_top_ops(top_ops(spans), limit=25))
+    if not nodes:
+        print(format_top_ops(top_ops(spans), limit=25))
+        return
+    each: dict[int, list[float]] = defaultdict(list)
+    for s in spans:
+        each[s.node].append(s.duration_ns / 1e3)
+    graph = compiled.lir.graph
+    for nid in (n for n in compiled.lir.schedule if n in each):
+        node = graph.node(nid)
+        act = getattr(node.op, "activation", None)
+        print(f"  %{nid:<5}{op_class(compiled.lir, nid, node.kind):<36}{statistics.median(each[nid]):>9.1f} us  "
+              f"{graph.node(node.inputs[0]).shape} -> {node.shape}{' ' + act if act else ''}")
+    print(f"  {'sum of the medians':<41}{sum(statistics.median(v) for v in each.values()) / 1e3:>9.3f} ms")
 
 
 def print_ort_profile(case: str, model: str, batch: int, threads: int, rounds: int) -> None:
@@ -153,6 +167,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--profile", action="store_true", help="rlx's per-op kernel times (a profiled build)")
     ap.add_argument("--ort-profile", action="store_true", help="onnxruntime's per-node kernel times (its profiler)")
+    ap.add_argument("--nodes", action="store_true", help="with --profile: every kernel's median, in schedule order")
     args = ap.parse_args()
     rows = []
     for case in args.cases.split(","):
@@ -162,7 +177,7 @@ def main() -> None:
             continue
         runs, note, compiled = peers(model, batch, args.threads, args.profile)
         if args.profile:
-            print_profile(case, runs["rlx"], compiled, args.rounds)
+            print_profile(case, runs["rlx"], compiled, args.rounds, args.nodes)
             continue
         times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.passes):

@@ -13,7 +13,7 @@ the language's NaN-propagating rlx_min / rlx_max, a literal gets the precision o
 >>> acts.call("c_f", "silu", "v1"), acts.call("cuda", "neg", "v1"), acts.call("c_int", "abs", "v2")
 ('rlx_silu_f(v1)', '(-v1)', 'v2 < 0 ? -v2 : v2')
 >>> acts.body("c_f", "hardswish")
-'x * rlx_min_f(rlx_max_f(x + 3.0f, 0.0f), 6.0f) / 6.0f'
+'x * rlx_min_f(rlx_max_f(x + 3.0f, 0.0f), 6.0f) * 0.16666666666666666f'
 >>> acts.body("cuda_d", "mish"), acts.body("metal", "mish")
 ('x * tanh(rlx_softplus(x))', 'x * tanh(rlx_softplus(x))')
 """

@@ -143,6 +143,42 @@ class ConvPlan(Decision):
 register_decision(ConvPlan, ("node", "weight"))
 
 
+@dataclass(frozen=True)
+class ConvResidual(Decision):
+    """A residual add (and the activation after it) that a conv computes in its store: `add` (a binary add, or an
+    elementwise region `act(a + b)`) of the conv's value and `residual` (the same shape) runs no pass of its own; the
+    conv's store writes ``act(conv + bias + residual)`` straight into `add`'s buffer, reading `residual` where it
+    writes (ResNet's blocks: ``relu(conv2(h) + identity)``; MobileNetV3's projection convs and their shortcut).
+    Made by `rlx.opt.lowering_conv_residual` only where that is safe: the conv's one reader is the add, `residual` is
+    computed before the conv, and no node from the conv up to the add touches the add's bytes.
+
+    >>> print(ConvResidual(node=10, add=11, residual=6, activation="relu").describe())
+    %10 conv stores %11 = relu(%10 + %6) (the residual add in the conv's store; %11 runs no pass)
+    >>> print(ConvResidual(node=10, add=11, residual=6).describe())
+    %10 conv stores %11 = %10 + %6 (the residual add in the conv's store; %11 runs no pass)
+    """
+
+    kind: ClassVar[str] = "conv_residual"
+    node: int
+    add: int
+    residual: int
+    #: applied after the add (None: none)
+    activation: str | None = None
+
+    def describe(self) -> str:
+        value = f"%{self.node} + %{self.residual}"
+        if self.activation:
+            value = f"{self.activation}({value})"
+        return (f"%{self.node} conv stores %{self.add} = {value} "
+                f"(the residual add in the conv's store; %{self.add} runs no pass)")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node, self.add, self.residual)
+
+
+register_decision(ConvResidual, ("node", "add", "residual"))
+
+
 #: Layouts of a CPU pool (`PoolPlan.layout`).
 POOL_PLANS = ("nchw_phases", "nchw_rows", "nchw")
 

@@ -21,7 +21,9 @@ CPU decisions:
 - `conv_plans` (`rlx.opt.lowering_conv`): each convolution's algorithm and tile
   layout (implicit GEMM on pixel-major tiles, or depthwise on planes), and
   whether its weight is stored packed for the GEMM micro-kernel; `pool_plans`
-  each pool's layout (a max pool on phase copies or row by row).
+  each pool's layout (a max pool on phase copies or row by row); `conv_residuals`
+  (`rlx.opt.lowering_conv_residual`) the residual adds (and their activation)
+  that a conv computes in its store.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -45,6 +47,7 @@ from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.opt.lowering_conv import conv_plans, pool_plans
+from rlx.opt.lowering_conv_residual import conv_residuals
 from rlx.opt.lowering_cuda_kernels import cuda_lowering
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
@@ -197,9 +200,10 @@ def _cpu_decisions(lir: LirModule, conv_vector: int = 8, quant_interleave: bool 
     absorbed = absorb_transposes(lir)
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
     interleaved = interleaved_params(lir) if quant_interleave else ()
+    convs = conv_plans(lir, conv_vector)
     return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir), *interleaved,
             *quant_gemv_groups(lir, frozenset(d.node for d in interleaved)), *moe_plans(lir, "cpu"),
-            *conv_plans(lir, conv_vector), *pool_plans(lir, conv_vector))
+            *convs, *conv_residuals(lir, convs), *pool_plans(lir, conv_vector))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel

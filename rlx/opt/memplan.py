@@ -17,6 +17,7 @@ from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.lir import Buffer, LirModule, TensorSpec
 from rlx.ir.ops_control import Cond, WhileLoop, step_bodies
 from rlx.ir.ops_scan import Scan
+from rlx.opt.lowering_conv_residual import conv_residual_pairs
 from rlx.opt.scan_body import carry_slot_bytes, control_slots_bytes, step_graph
 
 ALIGN = 64
@@ -80,13 +81,18 @@ def norm_gemm_pairs(graph: Graph, schedule: tuple[NodeId, ...], view_of: dict) -
     return pairs
 
 
-def plan(graph: Graph, *, hold_norm_inputs: bool = False) -> LirModule:
+def plan(graph: Graph, *, hold_norm_inputs: bool = False, early_residual_adds: bool = False) -> LirModule:
     """Plan buffers for an (optimized) graph and return its LIR.
 
     `hold_norm_inputs`: the inputs of a normalization stay live through the GEMM scheduled right after it
     that reads its output (`norm_gemm_pairs`), so that GEMM's output never takes their bytes and a backend may
     run the norm inside the GEMM (CUDA: the prologue of rlx_gemm_small, whose blocks still read the norm's
     inputs while others write the output). It costs an activation's bytes of arena where they would be reused.
+
+    `early_residual_adds`: a residual add of a conv's value (`conv_residual_pairs`: the conv's one reader) is live
+    from the conv on, so the add's bytes are no other value's while the conv runs and a backend may compute the add
+    in the conv's store (the CPU: `rlx.opt.lowering_conv_residual`). It costs an activation's bytes of arena at the
+    conv (the conv's own value keeps its bytes, unwritten then).
 
     >>> from rlx.ir.graph import Graph
     >>> g = Graph("p")
@@ -156,10 +162,12 @@ def plan(graph: Graph, *, hold_norm_inputs: bool = False) -> LirModule:
             for i in nodes[norm].inputs:
                 last_use[root[i]] = max(last_use.get(root[i], -1), position[gemm])
 
+    first_def = dict(conv_residual_pairs(graph, position)) if early_residual_adds else {}
+
     arena_nodes = [n for n in nodes if n.kind not in O.LEAF_KINDS and n.id not in view_of and n.id not in output_owner]
     requests = []
     for n in arena_nodes:
-        start = position[n.id]
+        start = position[first_def[n.id]] if n.id in first_def else position[n.id]
         end = max(last_use.get(n.id, start), start)
         requests.append((n.id, _align(max(n.shape.max_nbytes, 1)), start, end))
     # Nodes that need arena space while they run (a scan: its carries and its body's arena) get a

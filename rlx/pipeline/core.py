@@ -84,7 +84,8 @@ class Pipeline:
 
     def plan(self, mir: Graph) -> LirModule:
         hold = self.stages.hold_norm_inputs if self.hold_norm_inputs is None else self.hold_norm_inputs
-        return front.plan(mir, hold_norm_inputs=hold)
+        return front.plan(mir, hold_norm_inputs=hold,
+                          early_residual_adds=getattr(self.stages, "early_residual_adds", False))
 
     def decide(self, lir: LirModule) -> LirModule:
         return self.stages.decide(lir)

@@ -114,6 +114,8 @@ class CpuStages:
 
     backend = "cpu"
     hold_norm_inputs = False
+    #: memplan's option: residual adds live from the conv they read, which computes them in its store
+    early_residual_adds = True
 
     def __init__(self, config: Config, toolchain: Toolchain | None = None, *, num_threads: int | None = None) -> None:
         self.config = config

@@ -68,11 +68,11 @@ def decompose(mir: Graph, backend: str) -> Graph:
     return decompose_graph(mir, lambda g, node: rules.why_not(g, node) is None, rules.why_not)
 
 
-def plan(mir: Graph, *, hold_norm_inputs: bool = False) -> LirModule:
+def plan(mir: Graph, *, hold_norm_inputs: bool = False, early_residual_adds: bool = False) -> LirModule:
     """MIR → LIR: every value placed in the arena (`rlx.opt.memplan.plan`)."""
     from rlx.opt.memplan import plan as plan_memory
 
-    return plan_memory(mir, hold_norm_inputs=hold_norm_inputs)
+    return plan_memory(mir, hold_norm_inputs=hold_norm_inputs, early_residual_adds=early_residual_adds)
 
 
 def legalize_for(mir: Graph, backend: str) -> Graph:
@@ -86,13 +86,14 @@ def lower_to_lir(graph: Graph, level: int | None = None, *, debug: bool | None =
     """MIR → LIR (undecided): `optimize`, `precision`, `legalize`, `decompose` (with `backend`), `plan`.
 
     `hold_norm_inputs` (None: for the CUDA backend only): `rlx.opt.memplan.plan`'s option, which lets
-    CUDA's small GEMMs compute the norm before them in their prologue.
+    CUDA's small GEMMs compute the norm before them in their prologue. The CPU's plan takes memplan's
+    `early_residual_adds` (its convs compute residual adds in their store).
     """
     mir = precision(optimize(graph, level, debug=debug), params_in)
     if backend is not None:
         mir = legalize_for(mir, backend)
     hold = backend == "cuda" if hold_norm_inputs is None else hold_norm_inputs
-    return plan(mir, hold_norm_inputs=hold)
+    return plan(mir, hold_norm_inputs=hold, early_residual_adds=backend == "cpu")
 
 
 def first_unsupported_op(graph: Graph, backend: str) -> tuple[Node, str] | None:

@@ -100,6 +100,16 @@ def _narrow_bias() -> Graph:
     return g
 
 
+def _conv_residual() -> Graph:
+    """A residual block: relu(conv(h) + x), the add computed in the conv's store (ConvResidual)."""
+    g = rlx.Graph("conv_residual")
+    x = g.input("x", [Dim.dynamic("b", 2), 8, 10, 10])
+    h = g.conv(x, g.param("w1", [8, 8, 3, 3]), pads=(1, 1, 1, 1), activation="relu")
+    y = g.conv(h, g.param("w2", [8, 8, 3, 3]), g.param("b2", [8]), pads=(1, 1, 1, 1))
+    g.set_outputs([g.activation("relu", g.add_(y, x))])
+    return g
+
+
 def _int8() -> Graph:
     g = rlx.Graph("int8")
     x = g.input("x", [Dim.dynamic("m", 8), 40])
@@ -253,6 +263,7 @@ def cpu_renders() -> list[Render]:
         Render("narrow_bias", _narrow_bias, (None,)),
         Render("bf16_params", _gpu_case("minilm_like"), (None,), Plan(params_in="bf16")),
         Render("int8", _int8, (None,)),
+        Render("conv_residual", _conv_residual, (None,)),
         Render("quant_group:qkv", lambda: _quant_group(False), (None,)),
         Render("quant_group:swiglu", lambda: _quant_group(True), (None,)),
         Render("decoder", tiny_decoder, (None,)),

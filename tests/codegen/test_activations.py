@@ -47,8 +47,8 @@ def test_formula_renders_per_language_and_composes_other_activations():
     acts = Activations()
     assert acts.body("c_f", "mish") == "x * rlx_tanh_f(rlx_softplus_f(x))"
     assert acts.body("c_d", "mish") == "x * rlx_tanh_d(rlx_softplus_d(x))"
-    assert acts.body("cuda_f", "hardswish") == "x * rlx_min(rlx_max(x + 3.0f, 0.0f), 6.0f) / 6.0f"
-    assert acts.body("cuda_d", "hardswish") == "x * rlx_min(rlx_max(x + 3.0, 0.0), 6.0) / 6.0"
+    assert acts.body("cuda_f", "hardswish") == "x * rlx_min(rlx_max(x + 3.0f, 0.0f), 6.0f) * 0.16666666666666666f"
+    assert acts.body("cuda_d", "hardswish") == "x * rlx_min(rlx_max(x + 3.0, 0.0), 6.0) * 0.16666666666666666"
     # an expression argument is parenthesized where the language's form needs it
     assert acts.call("cuda", "neg", "a + b") == "(-(a + b))"
 

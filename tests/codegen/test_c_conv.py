@@ -8,9 +8,9 @@ uneven pads, 1-D, and channel blocks of a wide K; a 1x1 stride-2 conv stays on t
 (3x3 stride 1 with 32+ channels: odd output sizes, uneven pads, the weight transformed at set_param) and F(4x4, 3x3)
 (rows of 28+: partial tiles in both axes), direct with the output channels in the lanes (3 input channels: a 7x7
 stride-2 stem and a dilated 3x3 with uneven pads, partial runs of pixels), pointwise
-(1x1 on the planes as they lie, by the BLAS: 110 pixels, a single pixel, grouped, 3 pixels: a one-pixel last tile;
-in register tiles on a 520-pixel plane: a partial last panel, two blocks of input channels, grouped), depthwise (strided
-with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
+(1x1 on the planes as they lie, by the BLAS: 110 pixels, a single pixel, grouped, 3 pixels: one tile split by output
+channels; in register tiles on a 520-pixel plane: a partial last panel, two blocks of input channels, grouped),
+depthwise (strided with hardswish fused, dilated, uneven pads, 1-D), max / average pooling (pads, ceil_mode,
 count_include_pad, dilations, 1-D, and 3-D decomposed into two 2-D pools), and batch_norm
 (decomposed into primitives). The packed micro-kernel and the no-micro-kernel fallback (an x86-64
 build without AVX2) both run, and the register tiles on 8-float vectors (x86-64; x86-64-v3, AVX2) and on 16-float
@@ -71,8 +71,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         # panels' register tiles (4 whole panels and a partial one of 8-float vectors' 16 or 16-float ones' 32)
         "pointwise_strided": g.conv(wide_plane, param("w_ps", [14, 40, 1, 1]), param("b_ps", [14]), strides=(2, 2),
                                     activation="relu"),
-        # 3 pixels on 2+ threads: tiles of 2 and 1 pixels (a one-pixel tile is a matrix-vector product, its input a
-        # strided column of the planes)
+        # 3 pixels on 2+ threads: one tile (a plane under 128 pixels), the team sharing it by blocks of output channels
         "pointwise_tail": g.conv(plane, param("w_pt", [5, 6, 1, 1]), param("b_pt", [5]), activation="relu"),
         # wide: the weight packed for the micro-kernel, pixel-major tiles; a wide pointwise conv on a small plane too
         "pointwise_wide": g.conv(deep, param("w_pw", [392, 40, 1, 1]), param("b_pw", [392]), activation="relu"),

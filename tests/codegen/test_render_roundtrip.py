@@ -71,7 +71,8 @@ def test_a_deserialized_lir_renders_the_same_source(backend: str, label: str, in
 @pytest.mark.parametrize("backend", sorted(RENDERS))
 def test_the_graphs_take_every_decision_kind(backend: str) -> None:
     kinds = {d.kind for b, label, index in CASES if b == backend for d in _decided(b, label, index).decisions}
-    prefix = {"cpu": ("absorbed_transpose", "packed_param", "widened_param", "int8_param", "conv_plan", "cpu_"),
+    prefix = {"cpu": ("absorbed_transpose", "packed_param", "widened_param", "int8_param", "conv_plan", "conv_residual",
+                      "cpu_"),
               "cuda": ("cuda_",), "metal": ("metal_",)}[backend]
     expected = {k for k in DECISION_KINDS if k.startswith(prefix)}
     assert expected and expected <= kinds, sorted(expected - kinds)

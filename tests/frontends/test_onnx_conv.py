@@ -74,6 +74,12 @@ def test_torch_exports_equal_onnxruntime(exported: tuple[str, bytes, rlx.Compile
     assert all(d.vector == 16 for d in wide), name
     if name == "resnet18" and lanes[0].vector == 16:
         assert wide, name
+    # every residual add is computed in the store of the conv it reads (ConvResidual): ResNet's 8 with their relu,
+    # MobileNetV3-small's 6 projection convs plus shortcut
+    from rlx.ir.decisions_conv import ConvResidual
+
+    residuals = [(d.activation or "-") for d in cg.lir.decided(ConvResidual)]
+    assert residuals == {"resnet18": ["relu"] * 8, "mobilenet_v3_small": ["-"] * 6, "audio": []}[name], name
     for batch in (1, 3):
         x = np.random.default_rng(batch).standard_normal((batch, *MODELS[name])).astype(np.float32)
         _close(cg.run(x=x)[0], sess.run(None, {"x": x})[0], f"{name} batch {batch}")

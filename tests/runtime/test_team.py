@@ -608,3 +608,47 @@ def test_a_try_the_load_figure_allows_gets_a_second_run():
     clock.now += 2.0
     timed(gov, clock, {2: 0.030, 1: 0.015}, runs=2, work=(1, 16))
     assert gov.threads == 1 and gov.tries == 2 and gov._try_backoff > T.FIRST_BACKOFF_S
+
+
+def test_short_undisturbed_runs_of_the_full_team_are_measured_one_in_quiet_every():
+    """While the full team runs short work undisturbed, only every QUIET_EVERY-th run pays for its measurement (two
+    getrusage calls and the decision's Python); a preempted measured run makes every run measured again, and the
+    team shrinks on it as before."""
+    gov, clock = governor(2)
+    calls = []
+    cpu, switches = [0.0], [0]
+
+    def usage() -> tuple[float, int]:
+        calls.append(clock.now)
+        return cpu[0], switches[0]
+
+    gov._usage = usage
+    for _ in range(3 * T.QUIET_EVERY):
+        ticket = gov.begin((1,))
+        clock.now += 0.001
+        cpu[0] += 0.002
+        gov.end(ticket)
+    assert len(calls) == 2 * 3  # runs 1, 1 + QUIET_EVERY, 1 + 2 QUIET_EVERY
+    assert gov.threads == 2 and not gov.contended
+    calls.clear()
+    for _ in range(T.QUIET_EVERY):  # the next measured run is preempted: the team shrinks at once
+        ticket = gov.begin((1,))
+        clock.now += 0.001
+        if ticket is None:
+            cpu[0] += 0.002
+        else:
+            cpu[0] += 0.001
+            switches[0] += 10
+        gov.end(ticket)
+        if gov.threads < 2:
+            break
+    assert len(calls) == 2 and gov.threads == 1 and gov.contended
+    long_runs, clock2 = governor(2)
+    long_runs._usage = lambda: (2 * clock2.now, 0)
+    measured = 0
+    for _ in range(8):  # runs longer than QUIET_MAX_S: every one measured
+        ticket = long_runs.begin((8,))
+        measured += ticket is not None
+        clock2.now += 2 * T.QUIET_MAX_S
+        long_runs.end(ticket)
+    assert measured == 8

@@ -26,7 +26,7 @@ from rlx.codegen.cpu.base import align64, c_string, comment, node_header
 from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.errors import BuildError
 from rlx.ir import ops as O
-from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvPlan, PoolPlan
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvPlan, ConvResidual, PoolPlan
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.ops_conv import Conv, Pool, Window2d, pool_kernel_why_not, window_2d
@@ -96,6 +96,8 @@ class ConvArgs:
     rows: int = 0
     #: `nchw_panels` with strides: bytes into the thread's scratch of the subsampled image
     sub_offset: int = 0
+    #: a residual add in the store (`ConvResidual`): the other operand, read where the store writes ("": none)
+    residual: str = ""
 
 
 @dataclass(frozen=True)
@@ -287,6 +289,11 @@ def emit_conv(em, node: Node) -> Kernel:
         raise BuildError(f"%{node.id} conv has no ConvPlan in the LIR: decide the LIR for the CPU first")
     x = em.node(node.inputs[0]).shape
     o, cg, *kernel = em.node(node.inputs[1]).shape.static_dims
+    # a residual add the store computes: it writes the add's value (and its activation) into the add's buffer
+    res = next((d for d in em.lir.decided(ConvResidual) if d.node == node.id), None)
+    if res is not None and op.activation is not None:
+        raise BuildError(f"%{node.id} conv has its own activation and a ConvResidual: the lowering never pairs them")
+    stored = f"; stores %{res.add} = {res.activation or ''}(conv + %{res.residual})" if res else ""
     geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
                    tuple(kernel), cg)
     k = cg * geo.kh * geo.kw
@@ -297,15 +304,17 @@ def emit_conv(em, node: Node) -> Kernel:
                      else align64(plan.channels * plan.tile * plan.panel * 4))
     args = ConvArgs(
         comment=comment(f"conv {plan.algorithm} on {plan.layout}: {x} * w[{o},{cg},{','.join(map(str, kernel))}] "
-                        f"groups={op.groups}"),
+                        f"groups={op.groups}{stored}"),
         algorithm=plan.algorithm, layout=plan.layout, packed=plan.packed, tile=plan.tile,
         depth=plan.depth or cg * geo.kh * geo.kw, channels=plan.channels or o,
         taps=", ".join(map(str, tap_offsets(geo))), phases=geo.sh * geo.sw * phase_plane_floats(geo),
         planes_offset=planes_offset,
         x=em.ptr(node.inputs[0]),
         wt=em.ptr(node.inputs[1]),
-        bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "", y=em.ptr(node.id, const=False),
-        n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups, act=op.activation or "", c_offset=a_bytes,
+        bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "",
+        y=em.ptr(res.add if res else node.id, const=False), residual=em.ptr(res.residual) if res else "",
+        n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups,
+        act=(res.activation if res else op.activation) or "", c_offset=a_bytes,
         vector=plan.vector, runs=lanes_runs(geo, plan.vector) if plan.layout == "nchw_lanes" else (),
         rows=plan.rows, sub_offset=align64((cg + og) * plan.panel * 4),
         **_geom_fields(geo),

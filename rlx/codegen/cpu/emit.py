@@ -49,6 +49,7 @@ from rlx.codegen.registry import Kernel, user_code_of
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir.decisions import AbsorbedTranspose, PackedParam, WidenedParam
+from rlx.ir.decisions_conv import ConvResidual
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.graph import Node, NodeId
@@ -141,6 +142,8 @@ class CpuEmitter:
         # f16/bf16 params stored widened at set_param: param -> the cast that reads the widened copy
         self.widened: dict[NodeId, NodeId] = {d.node: d.cast for d in lir.decided(WidenedParam)}
         self.widened_cast: dict[NodeId, NodeId] = {c: p for p, c in self.widened.items()}
+        # residual adds a conv computes in its store: add -> the decision
+        self.conv_stored: dict[NodeId, ConvResidual] = {d.add: d for d in lir.decided(ConvResidual)}
         self.packed_mat: Mapping[NodeId, int] = self.params.packed_floats  # elements per packed K x N matrix
         self.gemm_acts: set[str] = set()  # activations fused into packed GEMMs
 
@@ -216,6 +219,8 @@ class CpuEmitter:
                 note = "folded into the GEMMs that read it (BLAS transpose flag)"
             elif nid in self.widened_cast:
                 note = f"%{self.widened_cast[nid]} widened once at set_param: its readers read that copy"
+            elif nid in self.conv_stored:
+                note = f"computed in the store of %{self.conv_stored[nid].node} conv (ConvResidual)"
             if note is not None:
                 out.append(Kernel(nid, "", "", NoteArgs(note=note), header=self.header(node)))
                 continue
