@@ -81,17 +81,6 @@ static inline void rlx_pgemm_split(int64_t M, int64_t N, int t, int nt, int64_t 
     *t1 = rlx_pgemm_tile_at(M, np, work * (t + 1) / nt);
 }
 
-/* Rows of the next kernel call when `rem` rows of a row block are left: RLX_MR, except that 13-16 rows
- * (MiniLM at batch 1 x 16: every GEMM is one such block) go as 8 + the rest rather than 12 + 1-4. */
-static inline int64_t rlx_pgemm_rows(int64_t rem)
-{
-#if RLX_MR == 12
-    if (rem > RLX_MR && rem <= 16)
-        return 8;
-#endif
-    return rem < RLX_MR ? rem : RLX_MR;
-}
-
 /* Tiles [t0, t1) of C[M, N] = A[M, K] @ packed B (+ bias), then act. K = 0 gives bias (or 0). */
 static void rlx_pgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *Bp, float *C,
                       int64_t ldc, const float *bias, int act, int64_t t0, int64_t t1)
@@ -104,7 +93,7 @@ static void rlx_pgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
         const float *panel = Bp + j0 * K;  /* panel t % np starts after (t % np) * NR * K floats */
         const float *bs = bias ? bias + j0 : NULL;
         for (int64_t i = i0; i < i1; i += RLX_MR) {
-            const int64_t mr = rlx_pgemm_rows(i1 - i);
+            const int64_t mr = i1 - i < RLX_MR ? i1 - i : RLX_MR;
             float *c = C + i * ldc + j0;
             if (K == 0)
                 rlx_kernel(mr, 0, 0, A, lda, panel, c, ldc, nr, bs, 0);
