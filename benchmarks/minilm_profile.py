@@ -86,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
 
     gelu = statistics.median(r["up"] - r["down"] for r in runs)
     cells = "  ".join(f"{key} {median(key):.2f}" for key in PARTS)
+    import rlx
+
     print(f"{batch}x{seq}, {args.threads} threads, {len(runs)} calls, medians in ms: {cells}  up-down {gelu:.2f}  "
-          f"kernels {statistics.median(sum(r.values()) for r in runs):.2f}  wall {statistics.median(walls) * 1e3:.2f}")
+          f"kernels {statistics.median(sum(r.values()) for r in runs):.2f}  wall {statistics.median(walls) * 1e3:.2f}"
+          f"  (rlx of {os.path.dirname(os.path.dirname(rlx.__file__))})")
     return 0
 
 
