@@ -86,13 +86,17 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, np.float32).view(np.int32)
 
 
-@pytest.mark.parametrize("shape", ["panel", "masked"])
+@pytest.mark.parametrize("shape", ["panel", "masked", "panel_mixed", "panel_7rows", "panel_25rows"])
 def test_gelu_block_is_rlx_gelu_f(lib, shape) -> None:
+    """`_mixed` / `_7rows` / `_25rows`: the sweep shuffled, so a vector's lanes fall in both of gelu's ranges, with
+    odd rows and more rows than a tile."""
     so, level = lib
-    rows, cols, ld = (6 if level == "x86-64-v3" else 12, PANEL[level], PANEL[level] + 8) if shape == "panel" \
-        else (13, 37, 40)
+    rows = {"panel_7rows": 7, "panel_25rows": 25}.get(shape, 6 if level == "x86-64-v3" else 12)
+    rows, cols, ld = (rows, PANEL[level], PANEL[level] + 8) if shape.startswith("panel") else (13, 37, 40)
     per = rows * cols
     sweep = np.linspace(-14.0, 14.0, 2_000_001, dtype=np.float32)
+    if shape not in ("panel", "masked"):
+        sweep = np.random.default_rng(7).permutation(sweep)
     x = np.concatenate([np.array(GELU_SPECIALS, np.float32), sweep])
     x = np.resize(x, (x.size + per - 1) // per * per)  # whole blocks (the tail repeats the start)
     got = _gelu_block(so, x, rows, cols, ld)

@@ -9,7 +9,9 @@
  * 16-column tile row runs two vectors, and one vector's chain (a division, three polynomials of
  * dependent FMAs) is ~130 cycles of latency: the core overlaps about two such chains and waits.
  * rlx_gelu8x6 / rlx_gelu16x4 evaluate several vectors step by step in lockstep (independent
- * chains side by side in program order), so the FMA pipes stay busy.
+ * chains side by side in program order), so the FMA pipes stay busy. On AVX-512 the GEMM epilogue
+ * (rlx_gelu_block, kernels/packed_core.c) sorts a tile's lanes by range first and gives each lane only its
+ * range's operations (RLX_GELU_CENTER / RLX_GELU_TAIL: the body's two halves, the same values).
  * A fixed RLX kernel header (no template code), included by kernels built for AVX2+FMA or AVX-512. */
 #ifndef RLX_KERNELS_VGELU_H
 #define RLX_KERNELS_VGELU_H
@@ -83,6 +85,63 @@
         }                                                                                             \
     } while (0)
 
+/* The two ranges of RLX_GELU_BODY apart, for a caller that has sorted its lanes by range (rlx_gelu_block on
+ * AVX-512: ~half of MiniLM's FFN activations have |x| < 0.75): RLX_GELU_CENTER is the body's result on lanes
+ * with |x| < 0.75 (its `center`, operation for operation), RLX_GELU_TAIL on every other lane (|x| >= 0.75, NaN:
+ * the body's tail select), each without the other range's operations; other lanes get values of no use. */
+#define RLX_GELU_CENTER(L, V, v)                                                                      \
+    do {                                                                                              \
+        static const float cs[8] = RLX_GELU_S;                                                        \
+        V x[L], u[L], acc[L];                                                                         \
+        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
+            x[q] = v[q];                                                                              \
+            const V ax = MIN(ABS(x[q]), SET1(16.0f));                                                 \
+            u[q] = MUL(ax, ax);                                                                       \
+            acc[q] = SET1(cs[0]);                                                                     \
+        }                                                                                             \
+        _Pragma("GCC unroll 8") for (int i = 1; i < 8; i++)                                           \
+            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
+                acc[q] = FMA(acc[q], u[q], SET1(cs[i]));                                              \
+        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                           \
+            v[q] = MUL(x[q], FMA(x[q], acc[q], SET1(0.5f)));                                          \
+    } while (0)
+
+#define RLX_GELU_TAIL(L, V, v)                                                                        \
+    do {                                                                                              \
+        static const float ch[11] = RLX_GELU_H, ce[8] = RLX_GELU_E;                                   \
+        V x[L], ax[L], u[L], acc[L], ul[L], t[L], w[L], n[L], r[L];                                   \
+        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
+            x[q] = v[q];                                                                              \
+            ax[q] = MIN(ABS(x[q]), SET1(16.0f));                                                      \
+            u[q] = MUL(ax[q], ax[q]);                                                                 \
+            t[q] = DIV(SET1(1.0f), FMA(ax[q], SET1(0.7071067811865475f), SET1(1.0f)));                \
+            ul[q] = FMS(ax[q], ax[q], u[q]); /* x^2 = u + ul exactly */                                \
+            w[q] = MUL(SUB(t[q], SET1(0.36733204834304223f)), SET1(3.4950157293916932f));             \
+            acc[q] = SET1(ch[0]);                                                                     \
+        }                                                                                             \
+        _Pragma("GCC unroll 11") for (int i = 1; i < 11; i++)                                         \
+            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
+                acc[q] = FMA(acc[q], w[q], SET1(ch[i]));                                              \
+        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
+            const V zh = MUL(SET1(0.5f), u[q]);                                                       \
+            n[q] = SUB(FMA(SUB(acc[q], zh), SET1(1.44269504088896341f), SET1(12582912.0f)),           \
+                       SET1(12582912.0f));                                                            \
+            r[q] = FNMS(n[q], SET1(0.693145751953125f), zh);                                          \
+            r[q] = ADD(r[q], acc[q]);                                                                 \
+            r[q] = FNMA(n[q], SET1(1.428606765330187045e-06f), r[q]);                                 \
+            r[q] = SUB(r[q], MUL(SET1(0.5f), ul[q]));                                                 \
+            acc[q] = SET1(ce[0]);                                                                     \
+        }                                                                                             \
+        _Pragma("GCC unroll 8") for (int i = 1; i < 8; i++)                                           \
+            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
+                acc[q] = FMA(acc[q], r[q], SET1(ce[i]));                                              \
+        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
+            const V m = MUL(MUL(SET1(0.5f), t[q]), acc[q]);                                           \
+            const V out = SEL_GE0(x[q], TAIL_POS(x[q], m, n[q]), TAIL_NEG(x[q], m, n[q]));            \
+            v[q] = SEL_LEM16(x[q], MUL(x[q], SETZ()), out);                                           \
+        }                                                                                             \
+    } while (0)
+
 #if defined(__AVX512F__)
 #define SET1 _mm512_set1_ps
 #define SETZ _mm512_setzero_ps
@@ -117,6 +176,27 @@ static inline __attribute__((always_inline)) void rlx_gelu16x4(__m512 *v)
 static inline __attribute__((always_inline)) void rlx_gelu16x2(__m512 *v)
 {
     RLX_GELU_BODY(2, __m512, v);
+}
+
+/* The ranges apart (RLX_GELU_CENTER / RLX_GELU_TAIL) on L = 4, 2, 1 vectors, in place. */
+static inline __attribute__((always_inline)) void rlx_gelu16_center4(__m512 *v)
+{
+    RLX_GELU_CENTER(4, __m512, v);
+}
+
+static inline __attribute__((always_inline)) void rlx_gelu16_tail4(__m512 *v)
+{
+    RLX_GELU_TAIL(4, __m512, v);
+}
+
+static inline __attribute__((always_inline)) void rlx_gelu16_tail2(__m512 *v)
+{
+    RLX_GELU_TAIL(2, __m512, v);
+}
+
+static inline __attribute__((always_inline)) void rlx_gelu16_tail1(__m512 *v)
+{
+    RLX_GELU_TAIL(1, __m512, v);
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
