@@ -167,37 +167,18 @@
 #define TAIL_POS(x, m, n) MUL(x, SUB(SET1(1.0f), _mm512_scalef_ps(m, n)))
 #define TAIL_NEG(x, m, n) _mm512_scalef_ps(MUL(x, m), n)
 
+/* name(v): `form` (RLX_GELU_BODY, RLX_GELU_CENTER or RLX_GELU_TAIL) on L vectors of 16 lanes, in place. */
+#define RLX_GELU16_FN(name, form, L) \
+    static inline __attribute__((always_inline)) void name(__m512 *v) { form(L, __m512, v); }
+
 /* gelu on L = 4 / 2 vectors of 16 lanes each, in place (4: a 12 x 32 tile's two rows). */
-static inline __attribute__((always_inline)) void rlx_gelu16x4(__m512 *v)
-{
-    RLX_GELU_BODY(4, __m512, v);
-}
-
-static inline __attribute__((always_inline)) void rlx_gelu16x2(__m512 *v)
-{
-    RLX_GELU_BODY(2, __m512, v);
-}
-
+RLX_GELU16_FN(rlx_gelu16x4, RLX_GELU_BODY, 4)
+RLX_GELU16_FN(rlx_gelu16x2, RLX_GELU_BODY, 2)
 /* The ranges apart (RLX_GELU_CENTER / RLX_GELU_TAIL) on L = 4, 2, 1 vectors, in place. */
-static inline __attribute__((always_inline)) void rlx_gelu16_center4(__m512 *v)
-{
-    RLX_GELU_CENTER(4, __m512, v);
-}
-
-static inline __attribute__((always_inline)) void rlx_gelu16_tail4(__m512 *v)
-{
-    RLX_GELU_TAIL(4, __m512, v);
-}
-
-static inline __attribute__((always_inline)) void rlx_gelu16_tail2(__m512 *v)
-{
-    RLX_GELU_TAIL(2, __m512, v);
-}
-
-static inline __attribute__((always_inline)) void rlx_gelu16_tail1(__m512 *v)
-{
-    RLX_GELU_TAIL(1, __m512, v);
-}
+RLX_GELU16_FN(rlx_gelu16_center4, RLX_GELU_CENTER, 4)
+RLX_GELU16_FN(rlx_gelu16_tail4, RLX_GELU_TAIL, 4)
+RLX_GELU16_FN(rlx_gelu16_tail2, RLX_GELU_TAIL, 2)
+RLX_GELU16_FN(rlx_gelu16_tail1, RLX_GELU_TAIL, 1)
 
 #elif defined(__AVX2__) && defined(__FMA__)
 #define SET1 _mm256_set1_ps
@@ -238,6 +219,7 @@ static inline __attribute__((always_inline)) void rlx_gelu8x4(__m256 *v)
 }
 #endif
 
+#undef RLX_GELU16_FN
 #undef SET1
 #undef SETZ
 #undef ADD
