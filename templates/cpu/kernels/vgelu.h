@@ -30,6 +30,30 @@
 #define RLX_GELU_E {1.98412698412698413e-4f, 1.38888888888888889e-3f, 8.33333333333333333e-3f,         \
                     4.16666666666666667e-2f, 1.66666666666666667e-1f, 0.5f, 1.0f, 1.0f}
 
+/* The steps both tails share (RLX_GELU_BODY, RLX_GELU_TAIL): from w (the h polynomial's argument), u and ul
+ * (x^2 = u + ul) to acc = exp(r) and n, with 2^n exp(r) = exp(h - z^2), z^2 = zh + zl = u/2 + ul/2; the caller
+ * declares u, acc, ul, w, n, r (L vectors of V each) and the tables ch, ce, and sets acc to ch[0] first. */
+#define RLX_GELU_EXP_STEPS(L, V)                                                                      \
+    do {                                                                                          \
+        _Pragma("GCC unroll 11") for (int i = 1; i < 11; i++)                                         \
+            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
+                acc[q] = FMA(acc[q], w[q], SET1(ch[i]));                                              \
+        /* exp(h - z^2) = 2^n exp(r), z^2 = zh + zl = u/2 + ul/2 */                                   \
+        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
+            const V zh = MUL(SET1(0.5f), u[q]);                                                       \
+            n[q] = SUB(FMA(SUB(acc[q], zh), SET1(1.44269504088896341f), SET1(12582912.0f)),           \
+                       SET1(12582912.0f));                                                            \
+            r[q] = FNMS(n[q], SET1(0.693145751953125f), zh); /* -zh - n ln2hi, one rounding */        \
+            r[q] = ADD(r[q], acc[q]);                                                                 \
+            r[q] = FNMA(n[q], SET1(1.428606765330187045e-06f), r[q]);                                 \
+            r[q] = SUB(r[q], MUL(SET1(0.5f), ul[q]));                                                 \
+            acc[q] = SET1(ce[0]);                                                                     \
+        }                                                                                             \
+        _Pragma("GCC unroll 8") for (int i = 1; i < 8; i++)                                           \
+            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
+                acc[q] = FMA(acc[q], r[q], SET1(ce[i]));                                              \
+    } while (0)
+
 /* One GELU over `L` vectors of type V in lockstep: every step below is a loop over the L lanes-vectors
  * (fully unrolled), so L independent dependency chains are interleaved. The ISA's operations come in
  * as macros: SET1, ADD, SUB, MUL, DIV, FMA (a*b+c), FNMA (c-a*b), FMS (a*b-c), FNMS (-a*b-c), MIN, ABS,
@@ -58,23 +82,7 @@
             w[q] = MUL(SUB(t[q], SET1(0.36733204834304223f)), SET1(3.4950157293916932f));             \
             acc[q] = SET1(ch[0]);                                                                     \
         }                                                                                             \
-        _Pragma("GCC unroll 11") for (int i = 1; i < 11; i++)                                         \
-            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
-                acc[q] = FMA(acc[q], w[q], SET1(ch[i]));                                              \
-        /* exp(h - z^2) = 2^n exp(r), z^2 = zh + zl = u/2 + ul/2 */                                   \
-        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
-            const V zh = MUL(SET1(0.5f), u[q]);                                                       \
-            n[q] = SUB(FMA(SUB(acc[q], zh), SET1(1.44269504088896341f), SET1(12582912.0f)),           \
-                       SET1(12582912.0f));                                                            \
-            r[q] = FNMS(n[q], SET1(0.693145751953125f), zh); /* -zh - n ln2hi, one rounding */        \
-            r[q] = ADD(r[q], acc[q]);                                                                 \
-            r[q] = FNMA(n[q], SET1(1.428606765330187045e-06f), r[q]);                                 \
-            r[q] = SUB(r[q], MUL(SET1(0.5f), ul[q]));                                                 \
-            acc[q] = SET1(ce[0]);                                                                     \
-        }                                                                                             \
-        _Pragma("GCC unroll 8") for (int i = 1; i < 8; i++)                                           \
-            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
-                acc[q] = FMA(acc[q], r[q], SET1(ce[i]));                                              \
+        RLX_GELU_EXP_STEPS(L, V);                                                                     \
         _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
             const V m = MUL(MUL(SET1(0.5f), t[q]), acc[q]);                                           \
             const V pos = TAIL_POS(x[q], m, n[q]);                                                    \
@@ -119,22 +127,7 @@
             w[q] = MUL(SUB(t[q], SET1(0.36733204834304223f)), SET1(3.4950157293916932f));             \
             acc[q] = SET1(ch[0]);                                                                     \
         }                                                                                             \
-        _Pragma("GCC unroll 11") for (int i = 1; i < 11; i++)                                         \
-            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
-                acc[q] = FMA(acc[q], w[q], SET1(ch[i]));                                              \
-        _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
-            const V zh = MUL(SET1(0.5f), u[q]);                                                       \
-            n[q] = SUB(FMA(SUB(acc[q], zh), SET1(1.44269504088896341f), SET1(12582912.0f)),           \
-                       SET1(12582912.0f));                                                            \
-            r[q] = FNMS(n[q], SET1(0.693145751953125f), zh);                                          \
-            r[q] = ADD(r[q], acc[q]);                                                                 \
-            r[q] = FNMA(n[q], SET1(1.428606765330187045e-06f), r[q]);                                 \
-            r[q] = SUB(r[q], MUL(SET1(0.5f), ul[q]));                                                 \
-            acc[q] = SET1(ce[0]);                                                                     \
-        }                                                                                             \
-        _Pragma("GCC unroll 8") for (int i = 1; i < 8; i++)                                           \
-            _Pragma("GCC unroll 8") for (int q = 0; q < L; q++)                                       \
-                acc[q] = FMA(acc[q], r[q], SET1(ce[i]));                                              \
+        RLX_GELU_EXP_STEPS(L, V);                                                                     \
         _Pragma("GCC unroll 8") for (int q = 0; q < L; q++) {                                         \
             const V m = MUL(MUL(SET1(0.5f), t[q]), acc[q]);                                           \
             const V out = SEL_GE0(x[q], TAIL_POS(x[q], m, n[q]), TAIL_NEG(x[q], m, n[q]));            \
