@@ -134,12 +134,14 @@ def _touched(lir: LirModule, nid: NodeId, conv: NodeId) -> Iterable[tuple[int, i
             yield off, off + size
 
 
-def store_may_write(lir: LirModule, conv: NodeId, add: NodeId, residual: NodeId, store_once: bool) -> bool:
-    """Whether the conv may write the add's value at its own place in the schedule (the module docstring's rules)."""
+def store_may_write(lir: LirModule, conv: NodeId, add: NodeId, residual: NodeId, store_once: bool,
+                    pos: dict[NodeId, int] | None = None) -> bool:
+    """Whether the conv may write the add's value at its own place in the schedule (the module docstring's rules;
+    `pos`: each node's place in the schedule, when the caller has it)."""
     b = lir.buffers[add]
     if b.storage not in ("arena", "output"):
         return False
-    pos = {nid: i for i, nid in enumerate(lir.schedule)}
+    pos = {nid: i for i, nid in enumerate(lir.schedule)} if pos is None else pos
     if conv not in pos or add not in pos or pos[conv] > pos[add]:
         return False
     if residual in pos and pos[residual] > pos[conv]:
@@ -162,7 +164,8 @@ def conv_residuals(lir: LirModule, plans: Iterable[ConvPlan]) -> tuple[ConvResid
     graph = lir.graph
     plan_of = {p.node: p for p in plans}
     out: list[ConvResidual] = []
-    for add, conv in conv_residual_pairs(graph, {nid: i for i, nid in enumerate(lir.schedule)}):
+    position = {nid: i for i, nid in enumerate(lir.schedule)}
+    for add, conv in conv_residual_pairs(graph, position):
         node = graph.node(add)
         plan = plan_of.get(conv)
         match = residual_add(node)
@@ -170,6 +173,6 @@ def conv_residuals(lir: LirModule, plans: Iterable[ConvPlan]) -> tuple[ConvResid
             continue
         (a, b), act = match
         residual = b if a == conv else a
-        if store_may_write(lir, conv, add, residual, (plan.algorithm, plan.layout) in STORE_ONCE):
+        if store_may_write(lir, conv, add, residual, (plan.algorithm, plan.layout) in STORE_ONCE, position):
             out.append(ConvResidual(conv, add, residual, act))
     return tuple(out)
