@@ -334,16 +334,18 @@ class PagedRunner:
     def _call(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
               logits: bool) -> np.ndarray:
         """One compiled call of `rows` (at most `call_rows`), padded to `padded_rows` by repeating the last."""
-        n = len(rows)
-        pick = np.minimum(np.arange(self.padded_rows(n)), n - 1)
-        slots = np.fromiter((r[0] for r in rows), np.int64, n)[pick]
-        tokens = np.fromiter((r[1] for r in rows), np.int32, n)[pick, None]
-        positions = np.fromiter((r[2] for r in rows), np.int32, n)[pick]
+        n, padded = len(rows), self.padded_rows(len(rows))
+        slots = np.fromiter((r[0] for r in rows), np.int64, n)
+        tokens = np.fromiter((r[1] for r in rows), np.int32, n)[:, None]
+        positions = np.fromiter((r[2] for r in rows), np.int32, n)
+        if padded > n:  # the last row again
+            pick = np.minimum(np.arange(padded), n - 1)
+            slots, tokens, positions = slots[pick], tokens[pick], positions[pick]
         cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots])
         if not logits and self.lm.device == "cuda":
             # every row's id (4 bytes each), picked here: the step's shape is its row count alone, so a
             # serving GPU binds one step (a captured CUDA graph) per padded row count, not per output pattern
-            return self.lm.step_greedy(tokens, cache, np.arange(len(pick), dtype=np.int32))[list(outputs)]
+            return self.lm.step_greedy(tokens, cache, np.arange(padded, dtype=np.int32))[list(outputs)]
         step = self.lm.step if logits else self.lm.step_greedy
         return step(tokens, cache, _output_rows(outputs, n))[:len(outputs)]
 
