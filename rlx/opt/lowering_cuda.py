@@ -521,6 +521,7 @@ def find_samples_from_argmax(lir: LirModule) -> list[SampleFromArgmax]:
     graph = lir.graph
     schedule = list(lir.schedule)
     pos = {nid: i for i, nid in enumerate(schedule)}
+    users = graph.users()
     found = []
     for nid in schedule:
         node = graph.node(nid)
@@ -528,7 +529,7 @@ def find_samples_from_argmax(lir: LirModule) -> list[SampleFromArgmax]:
             continue
         logits = node.inputs[0]
         rank = graph.node(logits).shape.rank
-        for a in graph.users().get(logits, ()):
+        for a in users.get(logits, ()):
             am = graph.node(a)
             if (am.kind != "argmax" or am.op.axis % rank != rank - 1 or pos.get(a, len(schedule)) >= pos[nid]
                     or any(_overlap(lir, a, b) for b in schedule[pos[a] + 1:pos[nid]])):
