@@ -81,7 +81,7 @@ KV_SPLIT_ROWS = 4
 #: splits, the most query heads per KV head (its registers hold each head's state), the largest head dim, the
 #: blocks per SM its splits aim for, and the SM count assumed when the target names none (H100 / H200 SXM).
 KVD_SPLIT_KEYS = 64
-KVD_MAX_SPLITS = 128
+KVD_MAX_SPLITS = 128  # RLX_KVD_MAX_SPLITS in kernels/kv_decode.cuh sizes the merge for it
 KVD_MAX_GROUP = 8
 KVD_MAX_HEAD_DIM = 256
 KVD_BLOCKS_PER_SM = 2

@@ -15,7 +15,7 @@ from cuda_emu_build import build_emu
 
 from rlx import reference
 from rlx.ir import ops as O
-from rlx.opt.lowering_cuda import KV_SPLIT_KEYS, KVD_SPLIT_KEYS, kv_splits, kvd_splits
+from rlx.opt.lowering_cuda import KV_SPLIT_KEYS, KVD_MAX_SPLITS, KVD_SPLIT_KEYS, kv_splits, kvd_splits
 
 F32P = ctypes.POINTER(ctypes.c_float)
 I32P = ctypes.POINTER(ctypes.c_int32)
@@ -180,7 +180,8 @@ def _rotated(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, rop
 
 
 def _decode(kvd: ctypes.CDLL, positions: list[int], sq: int, *, splits: int, window: int | None = None,
-            rope: str | None = None, rot: int = HD, cache: type = np.float32, seed: int = 0) -> None:
+            rope: str | None = None, rot: int = HD, cache: type = np.float32, seed: int = 0,
+            split_keys: int = KVD_SPLIT_KEYS) -> None:
     """One rlx_kv_decode launch against rlx.reference (rope: the queries and new keys rotated first, as
     `DecodeRope` has the kernel do), the caches compared bit for bit."""
     r = np.random.default_rng(seed)
@@ -200,7 +201,7 @@ def _decode(kvd: ctypes.CDLL, positions: list[int], sq: int, *, splits: int, win
     flag = kvd.emu_kv_decode(_p(q), _p(k), _p(v), kc.ctypes.data, vc.ctypes.data, pos.ctypes.data_as(I32P), _p(out),
                              batch, sq, CAP_D, HEADS, KV_HEADS, op.softmax_scale, window or 0, _p(cos), _p(sin), rot,
                              {None: 0, "interleaved": 1, "neox": 2}[rope], int(cache is np.float16), splits,
-                             KVD_SPLIT_KEYS, _p(partials), counters.ctypes.data_as(I32P))
+                             split_keys, _p(partials), counters.ctypes.data_as(I32P))
     assert flag == 0
     if rope is None:
         np.testing.assert_array_equal(kc, ref_kc)  # the step's rows appended once, rounded to the cache dtype
@@ -219,6 +220,16 @@ def _decode(kvd: ctypes.CDLL, positions: list[int], sq: int, *, splits: int, win
 ])
 def test_grouped_decode_matches_reference(kvd: ctypes.CDLL, positions: list[int], sq: int, sms: int) -> None:
     _decode(kvd, positions, sq, splits=kvd_splits(CAP_D, KV_HEADS, sms), seed=sum(positions) + sq + sms)
+
+
+@pytest.mark.parametrize(("positions", "split_keys"), [
+    ([127], 1),       # 128 keys over the most splits, one key each: every lane of the merge holds 4 splits
+    ([150, 20], 1),   # 76 splits of 2 keys and 21 of one key: partly filled lanes and a short last round
+    ([90], 3),        # 31 splits: one split a lane, most warps' last round short
+])
+def test_grouped_decode_merges_many_splits(kvd: ctypes.CDLL, positions: list[int], split_keys: int) -> None:
+    """The last block's merge over up to KVD_MAX_SPLITS partials (as a 16k-token context splits)."""
+    _decode(kvd, positions, 1, splits=KVD_MAX_SPLITS, split_keys=split_keys, seed=sum(positions) + split_keys)
 
 
 @pytest.mark.parametrize(("rope", "rot"), [("interleaved", HD), ("neox", 32)])

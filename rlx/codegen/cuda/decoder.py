@@ -18,6 +18,7 @@ from rlx.errors import BuildError
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+from rlx.opt.lowering_cuda import KVD_MAX_SPLITS
 
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
 RULES = RuleSet("cuda")
@@ -148,9 +149,9 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                 raise BuildError(f"decode steps of {ds.row_tokens} tokens a row exceed rlx_kv_decode's "
                                  f"{KVD_NEW_ROWS} (node {node.label})")
             # the G query rows, the step's new keys and values, the warps' states (reused by the last block's
-            # merge: the G maxes and inverses and every warp's G x HD sums)
+            # merge for every warp's G x HD sums) and the merge's weight of each split (rlx_kvd_smem_floats)
             states = KVD_WARPS * ds.group * (hd + 2)
-            dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + states) * 4
+            dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + states + ds.group * KVD_MAX_SPLITS) * 4
             split.update(grouped=True, row_tokens=ds.row_tokens, group=ds.group, dec_smem=dec_smem)
             headers = (HEADER, DECODE_HEADER)
             pg = str(bool(op.paged)).lower()

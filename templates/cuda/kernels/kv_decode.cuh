@@ -25,6 +25,7 @@
 #define RLX_KVD_THREADS 128
 #define RLX_KVD_WARPS (RLX_KVD_THREADS / 32)
 #define RLX_KVD_NEW_ROWS 4
+#define RLX_KVD_MAX_SPLITS 128 /* the most blocks a query splits over (rlx.opt.lowering_cuda.KVD_MAX_SPLITS) */
 #define RLX_KVD_LOG2E 1.4426950408889634f
 
 #ifndef RLX_KV_PREFETCH
@@ -48,6 +49,13 @@ template <typename KT, int HD> struct RlxKvdShape {
     static constexpr int DPL = VPL * VEC;                    /* head dims per lane */
     static_assert(HD % VEC == 0 && 32 % LPR == 0 && NV % LPR == 0, "head_dim unsupported by rlx_kv_decode");
 };
+
+/* Floats of a block's dynamic shared memory: the G query rows, the step's new keys and values, the warps' states
+   (reused by the merge for the warps' sums) and the splits' merge weights (rlx/codegen/cuda/decoder.py sizes the
+   launch the same way). */
+template <int HD, int G> constexpr int rlx_kvd_smem_floats() {
+    return G * HD + 2 * RLX_KVD_NEW_ROWS * HD + RLX_KVD_WARPS * G * (HD + 2) + G * RLX_KVD_MAX_SPLITS;
+}
 
 /* Blocks an SM holds (the registers' bound, __launch_bounds__): 4 where a lane's G x DPL query and output values
    are few (<= 24), else 2; rlx.opt.lowering_cuda.kvd_blocks_per_sm sizes the split count by the same rule. */
@@ -355,68 +363,102 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     __syncthreads();
     if (!last_block) return;
     __threadfence();
-    /* The merge, spread over the block. A warp per query head finds the splits' common max and 1 / sum (lanes over
-       splits); then warp w sums splits w, w + WARPS, ... for every (head, dim), a lane per dim (coalesced), each
-       split's scale recomputed from its max, four splits' loads issued before their sums (independent L2 reads:
-       a dependent walk over 88 splits was most of a 16k-context step's attention); the warps' sums meet in
-       shared memory. `wst` holds WARPS * G * (HD + 2) floats: the G maxes, G inverses and WARPS * G * HD sums. */
-    float *mxs = wst, *inv = wst + G, *red = wst + 2 * G;
+    /* The merge, spread over the block, in few rounds of independent L2 reads (a dependent walk over the splits was
+       most of a 16k-context step's attention). (1) A warp per query head, lanes over splits: each split's max and
+       sum in one 8-byte load, the common max and sum by shuffles, then each split's weight exp2(m_t - max) / sum into
+       shared memory (`wts`, G x RLX_KVD_MAX_SPLITS floats). (2) Warp w sums splits w, w + WARPS, ... of every
+       (head, dim), a lane taking 2 adjacent dims (8-byte loads), MU splits' loads issued before any is summed; the
+       warps' sums meet in shared memory (`red`: WARPS x G x HD floats of the states region). */
+    constexpr int MT = (RLX_KVD_MAX_SPLITS + 31) / 32;  /* splits a lane holds in (1) */
+    constexpr int D2 = (HD / 2 + 31) / 32;              /* dim pairs a lane takes in (2): d = 2 (lane + 32 k) */
+    constexpr int MU = G * D2 >= 12 ? 2 : 24 / (G * D2);  /* splits in flight per lane in (2) */
+    float *red = wst, *wts = wst + RLX_KVD_WARPS * G * (HD + 2);
+    const int64_t head_stride = (int64_t)gridDim.z * (HD + 2);
+    const float *base = partials + (row * heads + (int64_t)kvh * G) * head_stride;
     for (int g = warp; g < G; g += RLX_KVD_WARPS) {
-        const float *all = partials + (row * heads + (int64_t)kvh * G + g) * gridDim.z * (HD + 2);
+        const float *all = base + g * head_stride;
+        float2 ml[MT];
+#pragma unroll
+        for (int k = 0; k < MT; ++k) {
+            const int t = lane + 32 * k;
+            ml[k] = t < active ? __ldcg(reinterpret_cast<const float2 *>(all + (int64_t)t * (HD + 2)))
+                               : make_float2(-INFINITY, 0.0f);
+        }
         float mx = -INFINITY;
-        for (int t = lane; t < active; t += 32)
-            mx = fmaxf(mx, __ldcg(all + t * (HD + 2)));
+#pragma unroll
+        for (int k = 0; k < MT; ++k)
+            mx = fmaxf(mx, ml[k].x);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         float sum = 0.0f;
-        for (int t = lane; t < active; t += 32)
-            sum += __ldcg(all + t * (HD + 2) + 1) * rlx_kvd_scale(__ldcg(all + t * (HD + 2)), mx);
+#pragma unroll
+        for (int k = 0; k < MT; ++k)
+            sum += ml[k].y * rlx_kvd_scale(ml[k].x, mx);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0) {
-            mxs[g] = mx;
-            inv[g] = 1.0f / sum;
-        }
+        const float inv = 1.0f / sum;
+#pragma unroll
+        for (int k = 0; k < MT; ++k)
+            if (lane + 32 * k < active) wts[g * RLX_KVD_MAX_SPLITS + lane + 32 * k] = rlx_kvd_scale(ml[k].x, mx) * inv;
     }
     __syncthreads();
     {
-        constexpr int DL = (HD + 31) / 32;  /* dims per lane: d = lane + 32 k */
-        float o[G][DL];
+        float2 o[G][D2];
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int k = 0; k < DL; ++k)
-                o[g][k] = 0.0f;
-        const float *base = partials + (row * heads + (int64_t)kvh * G) * gridDim.z * (HD + 2);
-        const int64_t head_stride = (int64_t)gridDim.z * (HD + 2);
-#pragma unroll 4
-        for (int t = warp; t < active; t += RLX_KVD_WARPS)
+            for (int k = 0; k < D2; ++k)
+                o[g][k] = make_float2(0.0f, 0.0f);
+        for (int t0 = warp; t0 < active; t0 += RLX_KVD_WARPS * MU) {
+            float2 x[MU][G][D2];
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                const float *part = base + g * head_stride + (int64_t)t * (HD + 2);
-                const float c = rlx_kvd_scale(__ldcg(part), mxs[g]);
+            for (int u = 0; u < MU; ++u) {
+                const int t = t0 + u * RLX_KVD_WARPS;
 #pragma unroll
-                for (int k = 0; k < DL; ++k)
-                    if (lane + 32 * k < HD)
-                        o[g][k] = fmaf(__ldcg(part + 2 + lane + 32 * k), c, o[g][k]);
+                for (int g = 0; g < G; ++g)
+#pragma unroll
+                    for (int k = 0; k < D2; ++k) {
+                        const int d = 2 * (lane + 32 * k);
+                        x[u][g][k] = t < active && d < HD ? __ldcg(reinterpret_cast<const float2 *>(
+                                                                base + g * head_stride + (int64_t)t * (HD + 2) + 2 + d))
+                                                          : make_float2(0.0f, 0.0f);
+                    }
             }
 #pragma unroll
+            for (int u = 0; u < MU; ++u) {
+                const int t = t0 + u * RLX_KVD_WARPS;
+                if (t >= active) break;
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    const float c = wts[g * RLX_KVD_MAX_SPLITS + t];
+#pragma unroll
+                    for (int k = 0; k < D2; ++k) {
+                        o[g][k].x = fmaf(x[u][g][k].x, c, o[g][k].x);
+                        o[g][k].y = fmaf(x[u][g][k].y, c, o[g][k].y);
+                    }
+                }
+            }
+        }
+#pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int k = 0; k < DL; ++k)
-                if (lane + 32 * k < HD)
-                    red[(warp * G + g) * HD + lane + 32 * k] = o[g][k];
+            for (int k = 0; k < D2; ++k) {
+                const int d = 2 * (lane + 32 * k);
+                if (d < HD) {
+                    red[(warp * G + g) * HD + d] = o[g][k].x;
+                    red[(warp * G + g) * HD + d + 1] = o[g][k].y;
+                }
+            }
     }
     __syncthreads();
     for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
-        const int g = e / HD;
         float o = 0.0f;
 #pragma unroll
         for (int w = 0; w < RLX_KVD_WARPS; ++w)
             o += red[w * G * HD + e];
-        out[(row * heads + (int64_t)kvh * G + g) * HD + e % HD] = rlx_to<T>(o * inv[g]);
+        out[(row * heads + (int64_t)kvh * G + e / HD) * HD + e % HD] = rlx_to<T>(o);
     }
     if (threadIdx.x == 0)
         counters[row * kv_heads + kvh] = 0;  /* ready for the next launch */

@@ -100,4 +100,9 @@ struct alignas(16) RlxEmuVec16 {
     unsigned char bytes[16];
 };
 #define RLX_KVD_VEC16 RlxEmuVec16
+/* CUDA's 8-byte float pair (the decode merge's loads) */
+struct alignas(8) float2 {
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 inline float rlx_f(_Float16 x) { return (float)x; }

@@ -15,9 +15,8 @@ int run(const float *q, const float *k, const float *v, void *kc, void *vc, cons
         int32_t *counters) {
     constexpr int HD = 64, G = 2;
     int32_t flag = 0;
-    /* as rlx/codegen/cuda/decoder.py sizes it: the warps' states region, reused by the merge */
-    const size_t states = RLX_KVD_WARPS * G * (HD + 2);
-    const size_t smem = (G * HD + 2 * RLX_KVD_NEW_ROWS * HD + states) * sizeof(float);
+    /* as rlx/codegen/cuda/decoder.py sizes it */
+    const size_t smem = rlx_kvd_smem_floats<HD, G>() * sizeof(float);
     RlxDim3 grid;
     grid.x = (unsigned)(batch * kv_heads);
     grid.y = (unsigned)sq;
@@ -49,7 +48,7 @@ int run_paged(const float *q, const float *k, const float *v, void *kc, void *vc
         rlx_kv_append_paged<float, KT, ROPE, NEOX>(k, v, (KT *)kc, (KT *)vc, pos, bt, 1, page, maxp, num_pages,
                                                    (int64_t)kv_heads * HD, cosb, sinb, rot, 1, HD);
     });
-    const size_t smem = (G * HD + 2 * RLX_KVD_NEW_ROWS * HD + RLX_KVD_WARPS * G * (HD + 2)) * sizeof(float);
+    const size_t smem = rlx_kvd_smem_floats<HD, G>() * sizeof(float);
     RlxDim3 grid;
     grid.x = (unsigned)(batch * kv_heads);
     grid.z = splits;
