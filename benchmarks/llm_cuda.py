@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="print only the host-side split of a decode step (no profiled build), then exit")
     p.add_argument("--context", default="",
                    help="comma-separated context lengths: RLX decode tok/s after each many tokens, then exit")
-    p.add_argument("--kv-dtype", default=None, help="with --context: the KV cache dtype (f32, f16, bf16)")
+    p.add_argument("--kv-dtype", default=None, help="with --context: the KV cache dtype (f32, f16, bf16, f8e4m3fn)")
     args = p.parse_args(argv)
     from rlx.models.decoder_config import DecoderConfig
 

@@ -520,6 +520,19 @@ def _eval_attention(op: O.Attention, args: list, shape: Shape, symbols: dict, in
     return _finish(attention(args[0], args[1], args[2], args[3] if len(args) > 3 else None, op), shape.dtype)
 
 
+#: The largest finite f8e4m3fn value: an f8e4m3fn cache saturates there, as CUDA's satfinite conversion does
+#: (ml_dtypes' cast would give NaN past it).
+F8E4M3FN_MAX = 448.0
+
+
+def _as_stored(x: np.ndarray, cache: np.dtype) -> np.ndarray:
+    """`x` ready for a KV cache of numpy dtype `cache` (the assignment rounds it): f32 values, clamped to
+    +-F8E4M3FN_MAX for an f8e4m3fn cache."""
+    if cache == np.dtype(ml_dtypes.float8_e4m3fn):
+        return np.clip(np.asarray(x, np.float32), -F8E4M3FN_MAX, F8E4M3FN_MAX)
+    return x
+
+
 def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                      positions: np.ndarray, op: O.CachedAttention, block_table: np.ndarray | None = None,
                      ) -> np.ndarray:
@@ -536,8 +549,8 @@ def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.nd
         if p < 0 or p + s > capacity:
             raise ExecutionError(f"cached_attention: row {row} at position {p} + {s} new tokens exceeds the "
                                  f"cache capacity {capacity}")
-        k_cache[row, p:p + s] = k[row]
-        v_cache[row, p:p + s] = v[row]
+        k_cache[row, p:p + s] = _as_stored(k[row], k_cache.dtype)
+        v_cache[row, p:p + s] = _as_stored(v[row], v_cache.dtype)
         # the cache holds what the compiled code stores (the cache dtype), then attention reads it back
         kc = np.asarray(k_cache[row:row + 1, :p + s], dtype=np.float64)
         vc = np.asarray(v_cache[row:row + 1, :p + s], dtype=np.float64)
@@ -571,8 +584,8 @@ def _paged_cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache
             raise ExecutionError(f"cached_attention: row {row} at position {p} + {s} new tokens exceeds the "
                                  f"cache capacity {capacity}")
         pages, offsets = where(row, p + np.arange(s))
-        k_cache[pages, offsets] = k[row]
-        v_cache[pages, offsets] = v[row]
+        k_cache[pages, offsets] = _as_stored(k[row], k_cache.dtype)
+        v_cache[pages, offsets] = _as_stored(v[row], v_cache.dtype)
     out = np.empty((b, s, op.num_heads * op.head_dim))
     plain = O.CachedAttention(op.num_heads, op.head_dim, op.num_kv_heads, op.scale, op.window)
     for row in range(b):

@@ -786,3 +786,25 @@ def test_fused_ops_vs_torch(torch, rng: np.random.Generator) -> None:
     np.testing.assert_allclose(run_op(O.FusedResidualRmsNorm(1e-6), x, r, g8), want, rtol=1e-12, atol=1e-12)
     region = O.ElementwiseRegion((O.RegionStep(O.Binary("sub"), (0, 1)), O.RegionStep(O.Activation("tanh"), (2,))))
     np.testing.assert_allclose(run_op(region, x, r), torch.tanh(tx - _t(torch, r)).numpy(), rtol=1e-14)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_f8_cache_stores_rounded_and_saturated(paged: bool) -> None:
+    """An f8e4m3fn KV cache holds each new key and value rounded to 8 bits, saturating at +-448 (CUDA's satfinite
+    conversion; ml_dtypes' own cast would make NaN), and attention reads the cache as stored."""
+    import ml_dtypes
+
+    f8 = ml_dtypes.float8_e4m3fn
+    r = np.random.default_rng(3)
+    q = r.standard_normal((1, 1, 32))
+    k = np.array([[[1000.0, -1000.0, 0.3, 447.9] * 4]])
+    v = np.array([[[-500.0, 465.0, 1e-4, 2.0] * 4]])
+    op = O.CachedAttention(num_heads=2, head_dim=16, num_kv_heads=1, page_size=4 if paged else None)
+    kc, vc = (np.zeros((2, 4, 16) if paged else (1, 8, 16), f8) for _ in range(2))
+    table = (np.array([[1, 0]], np.int32),) if paged else ()
+    out = reference.cached_attention(q, k, v, kc, vc, np.array([5 if paged else 3], np.int32), op, *table)
+    row = kc[0, 1] if paged else kc[0, 3]
+    np.testing.assert_array_equal(row.astype(np.float32)[:4], [448.0, -448.0, 0.3125, 448.0])
+    vrow = (vc[0, 1] if paged else vc[0, 3]).astype(np.float32)
+    np.testing.assert_array_equal(vrow[:4], [-448.0, 448.0, np.float32(f8(1e-4)), 2.0])
+    assert np.isfinite(out).all()

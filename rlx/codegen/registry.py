@@ -124,10 +124,14 @@ class Rule:
     #: The rule renders GEMMs of mixed float operands (f32 x bf16 weights); others refuse them, so
     #: legalization widens the narrow operand (`rlx.opt.legalize`).
     mixed: bool = False
+    #: Storage-only dtypes this rule's kernels do read (its `accepts` says where): exempt from the backend's
+    #: UNCOMPUTED_DTYPES (the CUDA cached attention's f8e4m3fn caches).
+    narrow: frozenset[DType] = frozenset()
 
     def check(self, op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
         """None when this rule takes `op` with these dtypes, else why not."""
-        lacking = sorted({d.value for d in (*in_dtypes, out_dtype) if d in UNCOMPUTED_DTYPES.get(self.backend, ())})
+        lacking = sorted({d.value for d in (*in_dtypes, out_dtype)
+                          if d in UNCOMPUTED_DTYPES.get(self.backend, ()) and d not in self.narrow})
         if lacking and self.kind not in O.VIEW_KINDS:  # a view renames memory: no kernel reads its dtype
             return f"on {'/'.join(lacking)}; the {self.backend} kernels were not written for it"
         floats = {d for d in in_dtypes if d.is_float}
@@ -159,15 +163,15 @@ class RuleSet:
     def __post_init__(self) -> None:
         _check_backend(self.backend)
 
-    def register(self, *kinds: str, accepts: Accepts = accepts_all,
-                 mixed: bool = False) -> Callable[[Callable], Callable]:
-        """Decorator: `emit` renders every op kind in `kinds` on this backend (`mixed`: see `Rule`)."""
+    def register(self, *kinds: str, accepts: Accepts = accepts_all, mixed: bool = False,
+                 narrow: frozenset[DType] = frozenset()) -> Callable[[Callable], Callable]:
+        """Decorator: `emit` renders every op kind in `kinds` on this backend (`mixed`, `narrow`: see `Rule`)."""
 
         def wrap(emit: Callable[[Any, Node], Kernel]) -> Callable[[Any, Node], Kernel]:
             for kind in kinds:
                 if kind not in O.OPS:
                     raise TypeError(f"no MIR op kind {kind!r} to register a {self.backend} rule for")
-                self.rules.append(Rule(kind, self.backend, emit, accepts, mixed))
+                self.rules.append(Rule(kind, self.backend, emit, accepts, mixed, narrow))
             return emit
 
         return wrap

@@ -769,6 +769,10 @@ class Rope(Op):
         return x
 
 
+#: Dtypes a `CachedAttention`'s caches may have beside another compute dtype.
+CACHE_DTYPES = (DType.F32, DType.F16, DType.BF16, DType.F8E4M3FN)
+
+
 @dataclass(frozen=True)
 class CachedAttention(_AttentionHeads, Op):
     """Causal grouped-query attention over a KV cache, appending to it.
@@ -783,7 +787,8 @@ class CachedAttention(_AttentionHeads, Op):
     attention). Rows of a batch may sit at different positions; `pos_b + S > T`
     is a run-time error. Output `[B, S, H*D]`. The caches may have another float
     dtype than q, k, v (an f16 cache beside f32 compute: values are rounded to it
-    when stored, and attention reads them back as stored).
+    when stored, and attention reads them back as stored); an f8e4m3fn cache rounds
+    to 8 bits, saturating at +-448 (CUDA's satfinite conversion).
 
     Paged layout (`page_size` P set): the caches are a pool of pages `[num_pages, P, Hkv*D]`
     shared by all rows, and a seventh input, the block table, i32 `[B, max_pages]`, names each
@@ -828,9 +833,10 @@ class CachedAttention(_AttentionHeads, Op):
                              f"got {len(inputs)} inputs with page_size={self.page_size}")
         q, k, v, kc, vc, pos = inputs[:6]
         _same_float_dtype("cached_attention", [q, k, v])
-        # the caches may be narrower than the compute (an f16/bf16 KV cache beside f32 queries)
-        if kc.dtype != vc.dtype or (kc.dtype != q.dtype and kc.dtype not in (DType.F32, DType.F16, DType.BF16)):
-            raise ShapeError(f"cached_attention caches must share one dtype, q's or f32/f16/bf16, got "
+        check_narrow("cached_attention q/k/v", [q, k, v], q)
+        # the caches may be narrower than the compute (an f16/bf16/f8e4m3fn KV cache beside f32 queries)
+        if kc.dtype != vc.dtype or (kc.dtype != q.dtype and kc.dtype not in CACHE_DTYPES):
+            raise ShapeError(f"cached_attention caches must share one dtype, q's or f32/f16/bf16/f8e4m3fn, got "
                              f"q={q}, k_cache={kc}, v_cache={vc}")
         kw = self.kv_heads * self.head_dim
         self._check_rows("cached_attention", "q", q, self.num_heads)
@@ -1057,9 +1063,10 @@ NARROW_WEIGHT_KINDS = frozenset({"matmul", "fused_matmul_bias_act"})
 #: Ops whose output may share storage with their first input (no data movement).
 VIEW_KINDS = frozenset({"reshape"})
 #: Ops that take values of a storage-only dtype (`DType.is_narrow`: float8, int4 …): they convert (cast) or
-#: move them, never compute on them. A fused region takes them only in its cast steps.
+#: move them, never compute on them. A fused region takes them only in its cast steps; a cached attention only as
+#: its caches (CACHE_DTYPES: values rounded when stored, converted when read).
 NARROW_KINDS = frozenset({"cast", "where", "reshape", "transpose", "narrow", "concat", "expand", "gather", "input",
-                          "param", "constant", "elementwise_region"})
+                          "param", "constant", "elementwise_region", "cached_attention"})
 
 
 def check_narrow(kind: str, inputs: Sequence[Shape], out: Shape) -> None:

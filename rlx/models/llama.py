@@ -228,7 +228,7 @@ def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
 
 
 #: Dtypes a decoder's KV cache may have (`build_decoder(kv_dtype=...)`).
-KV_DTYPES = ("f32", "f16", "bf16")
+KV_DTYPES = ("f32", "f16", "bf16", "f8e4m3fn")
 
 
 def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max_batch: int = 1,
@@ -247,7 +247,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     the weight formats that take it instead (a backend's own: CUDA's int8 activations take Q4_K too).
     `narrow_weights`: F16/BF16 matrices are params of their own dtype, multiplied as stored
     (`matmul(f32, bf16) -> f32`) — for a backend with such GEMMs (the CPU); otherwise f32 params.
-    `kv_dtype`: the KV cache states' dtype, "f32", "f16" or "bf16" (CUDA runs the narrow ones).
+    `kv_dtype`: the KV cache states' dtype, "f32", "f16", "bf16" or "f8e4m3fn" (8 bits: half an f16 cache's bytes;
+    CUDA runs the narrow ones).
     `page_size` (with `kv_pages`): the paged KV layout — each layer's caches are a pool of `kv_pages`
     pages of `page_size` tokens, and an i32 input `block_table` `[batch, capacity / page_size]` names
     each row's pages (`ops.CachedAttention`); `capacity` must then be a multiple of `page_size`.

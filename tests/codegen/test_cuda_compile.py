@@ -208,7 +208,7 @@ def _tiny_decoder() -> Graph:
     return tiny_decoder()  # the render cases' LLaMA-style decoder step (tests/codegen/render_cases.py)
 
 
-@pytest.mark.parametrize(("kv_dtype", "window"), [("f32", None), ("f16", 6)])
+@pytest.mark.parametrize(("kv_dtype", "window"), [("f32", None), ("f16", 6), ("f8e4m3fn", None)])
 def test_paged_cached_attention_compiles(toolchain: NvccToolchain, tmp_path: Path, kv_dtype: str,
                                          window: int | None) -> None:
     """`cached_attention` over a paged KV cache: the paged append kernel launched before the attention, which
@@ -230,6 +230,10 @@ def test_paged_cached_attention_compiles(toolchain: NvccToolchain, tmp_path: Pat
     if kv_dtype == "f16":  # f16 compute over the f16 pool, a window of 6 keys, read through the block table
         assert "rlx_kv_append_paged<__half, __half, false, false>" in src and "(int64_t)6, RLX_FLAG(c)" in src
         assert "rlx_kv_decode<__half, __half, 16, 2, false, false, true, true>" in src
+    if kv_dtype == "f8e4m3fn":  # one byte a cached value: CUDA's e4m3 type, its conversions' header included
+        assert "rlx_kv_append_paged<__half, __nv_fp8_e4m3, false, false>" in src and "#include <cuda_fp8.h>" in src
+        assert "rlx_kv_decode<__half, __nv_fp8_e4m3, 16, 2, false, false, false, true>" in src
+        assert "rlx_kv_attend<__half, __nv_fp8_e4m3, 16, false, false>" in src
 
 
 @pytest.mark.parametrize("precision", ["f32", "f16"])

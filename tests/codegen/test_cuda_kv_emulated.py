@@ -3,12 +3,13 @@
 several blocks (DecodeSplitKv, flash-decoding) and the last block merges the partials; the split count comes from
 `rlx.opt.lowering_cuda.kv_splits`, the launch as templates/cuda/decoder.cu.j2 makes it. The grouped decode kernel
 (templates/cuda/kernels/kv_decode.cuh: a block per KV head for its query heads, 16-byte loads, rotary embedding,
-sliding window, f16 caches as _Float16) likewise. Needs g++ with C++20."""
+sliding window, f16 caches as _Float16, f8e4m3fn caches as the shim's e4m3 bytes) likewise. Needs g++ with C++20."""
 
 from __future__ import annotations
 
 import ctypes
 
+import ml_dtypes
 import numpy as np
 import pytest
 from cuda_emu_build import build_emu
@@ -22,6 +23,8 @@ I32P = ctypes.POINTER(ctypes.c_int32)
 HEADS, KV_HEADS, HD, CAP = 4, 2, 64, 1100
 #: the grouped decode tests' cache rows (fewer: each emulated block is 128 threads)
 CAP_D = 160
+#: the emulated decode kernels' cache argument for each cache dtype
+_CACHES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(ml_dtypes.float8_e4m3fn): 2}
 
 
 @pytest.fixture(scope="module")
@@ -181,13 +184,14 @@ def _rotated(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, rop
 
 def _decode(kvd: ctypes.CDLL, positions: list[int], sq: int, *, splits: int, window: int | None = None,
             rope: str | None = None, rot: int = HD, cache: type = np.float32, seed: int = 0,
-            split_keys: int = KVD_SPLIT_KEYS) -> None:
+            split_keys: int = KVD_SPLIT_KEYS, value_scale: float = 1.0) -> None:
     """One rlx_kv_decode launch against rlx.reference (rope: the queries and new keys rotated first, as
     `DecodeRope` has the kernel do), the caches compared bit for bit."""
     r = np.random.default_rng(seed)
     batch = len(positions)
     q = r.standard_normal((batch, sq, HEADS * HD)).astype(np.float32)
-    k, v = (r.standard_normal((batch, sq, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    k = r.standard_normal((batch, sq, KV_HEADS * HD)).astype(np.float32)
+    v = (r.standard_normal((batch, sq, KV_HEADS * HD)) * value_scale).astype(np.float32)
     kc, vc = (r.standard_normal((batch, CAP_D, KV_HEADS * HD)).astype(cache) for _ in range(2))
     cos, sin = _rope_tables(r, (sq,), rot)
     pos = np.array(positions, np.int32)
@@ -200,7 +204,7 @@ def _decode(kvd: ctypes.CDLL, positions: list[int], sq: int, *, splits: int, win
     counters = np.zeros(batch * sq * KV_HEADS, np.int32)
     flag = kvd.emu_kv_decode(_p(q), _p(k), _p(v), kc.ctypes.data, vc.ctypes.data, pos.ctypes.data_as(I32P), _p(out),
                              batch, sq, CAP_D, HEADS, KV_HEADS, op.softmax_scale, window or 0, _p(cos), _p(sin), rot,
-                             {None: 0, "interleaved": 1, "neox": 2}[rope], int(cache is np.float16), splits,
+                             {None: 0, "interleaved": 1, "neox": 2}[rope], _CACHES[np.dtype(cache)], splits,
                              split_keys, _p(partials), counters.ctypes.data_as(I32P))
     assert flag == 0
     if rope is None:
@@ -247,6 +251,14 @@ def test_grouped_decode_f16_cache(kvd: ctypes.CDLL) -> None:
     """f32 compute over an f16 cache: the new rows stored rounded, attention reading every row as stored."""
     _decode(kvd, [140, 40], 1, splits=kvd_splits(CAP_D, KV_HEADS, 132), cache=np.float16, seed=16)
     _decode(kvd, [90], 2, splits=kvd_splits(CAP_D, KV_HEADS, 132), rope="neox", cache=np.float16, seed=17)
+
+
+def test_grouped_decode_f8_cache(kvd: ctypes.CDLL) -> None:
+    """An f8e4m3fn cache (one byte a value, 16 a load): the new rows stored rounded, attention reading every row as
+    stored; new values past 448 saturate there, as CUDA's conversion does."""
+    _decode(kvd, [140, 40], 1, splits=kvd_splits(CAP_D, KV_HEADS, 132), cache=ml_dtypes.float8_e4m3fn, seed=18)
+    _decode(kvd, [100], 3, splits=kvd_splits(CAP_D, KV_HEADS, 132), cache=ml_dtypes.float8_e4m3fn, seed=19,
+            value_scale=300.0)
 
 
 def test_attend_sliding_window(emu: ctypes.CDLL) -> None:
@@ -310,7 +322,7 @@ def _decode_paged(kvd: ctypes.CDLL, rope: str | None, cache: type, seed: int, ro
     counters = np.zeros(3 * KV_HEADS, np.int32)
     flag = _decode_paged_fn(kvd)(_p(q), _p(k), _p(v), kc.ctypes.data, vc.ctypes.data, positions.ctypes.data_as(I32P),
                                  _p(out), 3, HEADS, KV_HEADS, op.softmax_scale, _p(cos), _p(sin), rot,
-                                 {None: 0, "interleaved": 1, "neox": 2}[rope], int(cache is np.float16), splits,
+                                 {None: 0, "interleaved": 1, "neox": 2}[rope], _CACHES[np.dtype(cache)], splits,
                                  KVD_SPLIT_KEYS, _p(partials), counters.ctypes.data_as(I32P),
                                  table.ctypes.data_as(I32P), PAGE_D, MAX_PAGES_D, NUM_PAGES_D)
     assert flag == 0
@@ -333,6 +345,11 @@ def test_paged_grouped_decode_matches_reference(kvd: ctypes.CDLL, rope: str | No
 
 def test_paged_grouped_decode_f16_cache(kvd: ctypes.CDLL) -> None:
     _decode_paged(kvd, "neox", np.float16, seed=5)
+
+
+def test_paged_grouped_decode_f8_cache(kvd: ctypes.CDLL) -> None:
+    """An f8e4m3fn pool: the appended keys and values rounded (and saturated) as rlx.reference stores them."""
+    _decode_paged(kvd, None, ml_dtypes.float8_e4m3fn, seed=6)
 
 
 def test_paged_grouped_decode_page_outside_the_pool_raises_the_flag(kvd: ctypes.CDLL) -> None:

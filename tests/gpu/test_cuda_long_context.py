@@ -6,6 +6,7 @@ logits and greedy tokens equal the CPU's. Skipped without an NVIDIA GPU."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -25,6 +26,10 @@ pytestmark = [pytest.mark.cuda,
 #: (query heads, KV heads, head dim): SmolLM2-135M's attention, Llama-3-8B's
 SMOL, LLAMA8B = (9, 3, 64), (32, 8, 128)
 CONTEXTS = (1024, 4096, 16384)
+#: What an f8e4m3fn cache may cost (3 mantissa bits: a stored value is within 2^-4 of itself, relative): the
+#: attention output's error against an f32 cache (relative to its largest value), and the least cosine of a small
+#: decoder's logits against an f16 cache's.
+F8_ATTENTION_ERROR, F8_LOGITS_COS = 0.0625, 0.99
 
 
 def _graph(heads: int, kv_heads: int, hd: int, cap: int, *, window: int | None = None, cache: str = "f32",
@@ -154,6 +159,23 @@ def test_f16_kv_cache() -> None:
     assert err < 5e-3
 
 
+@pytest.mark.parametrize("sq", [1, 3])
+def test_f8_kv_cache(sq: int) -> None:
+    """An f8e4m3fn cache (one byte a value) beside f32 compute at 16k keys, steps of 1 and 3 tokens a row: equal to
+    the reference run on the cache as stored (the appended rows rounded and saturated bit for bit), and the error
+    the 8-bit cache adds against an f32 cache of the same values reported and bounded."""
+    cap, positions = 16384, [16380, 9000]
+    g32, g8 = _graph(*SMOL, cap), _graph(*SMOL, cap, cache="f8e4m3fn")
+    c32, c8 = Session(Device.CUDA).compile(g32), Session(Device.CUDA).compile(g8)
+    feed32 = _feed(g32, positions, sq, 13 + sq)
+    feed8 = {**feed32, **{n: feed32[n].astype(ml_dtypes.float8_e4m3fn) for n in ("k_cache", "v_cache")}}
+    out8 = _check(c8, g8, feed8, 2e-5, f"f8e4m3fn KV cache, {sq} token(s) a row (vs the reference on the f8 cache)")
+    out32, _, _ = _run(c32, feed32)
+    err = _rel(out8, out32)
+    print(f"f8e4m3fn KV cache vs f32 KV cache at {cap} keys, {sq} token(s) a row: max relative error {err:.2e}")
+    assert err < F8_ATTENTION_ERROR
+
+
 @pytest.mark.parametrize("precision", ["f16", "bf16"])
 def test_low_precision_compute(precision: str) -> None:
     """f16 / bf16 compute (the cache stored in it too) at 16k keys: within that precision's rounding."""
@@ -193,6 +215,25 @@ def test_causal_lm_long_prompt_matches_cpu(window: int) -> None:
     cos16 = np.sum(h * want, axis=1) / np.linalg.norm(h, axis=1) / np.linalg.norm(want, axis=1)
     print(f"f16 KV cache, window {window}: min cos of the last 64 positions' logits vs f32 (CPU) {cos16.min():.6f}")
     assert cos16.min() > 0.999
+
+
+def test_f8_kv_cache_in_causal_lm() -> None:
+    """kv_dtype="f8e4m3fn" beside f16 compute: a byte a cached value on the device (half the f16 cache), the logits
+    and greedy tokens near the f16 cache's (the error reported)."""
+    tensors = random_tensors(random_specs(CONFIG), seed=7, scale=2.0)
+    ids = [int(t) for t in np.random.default_rng(11).integers(3, CONFIG.vocab_size, 1500)]
+    kw = dict(device="cuda", precision="f16", max_context=1600, prefill_chunk=256)
+    f16 = CausalLM(CONFIG, tensors, **kw)
+    f8 = CausalLM(CONFIG, tensors, kv_dtype="f8e4m3fn", **kw)
+    assert f16.kv_dtype == "f16" and f8.kv_dtype == "f8e4m3fn"
+    caches = zip(f8.new_cache().arrays.values(), f16.new_cache().arrays.values())
+    assert all(a.nbytes * 2 == b.nbytes for a, b in caches)
+    got, want = f8.logits(ids)[-64:], f16.logits(ids)[-64:]
+    cos = np.sum(got * want, axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    agree = float(np.mean(got.argmax(axis=1) == want.argmax(axis=1)))
+    print(f"f8e4m3fn KV cache: min cos of the last 64 positions' logits vs an f16 cache {cos.min():.6f}, "
+          f"argmax agreement {agree:.3f}")
+    assert cos.min() > F8_LOGITS_COS
 
 
 def test_bf16_kv_cache_in_causal_lm() -> None:

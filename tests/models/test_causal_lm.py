@@ -304,8 +304,11 @@ def test_kv_dtype_is_checked(tensors: dict) -> None:
         CausalLM(CONFIG, tensors, device="cpu", kv_dtype="f16")
     with pytest.raises(RlxError, match="kv_dtype 'q8' is not one 'cuda' runs"):
         CausalLM(CONFIG, tensors, device="cuda", kv_dtype="q8")
-    g = L.build_decoder(CONFIG, random_specs(CONFIG), max_seq=8, capacity=16, kv_dtype="f16")
-    assert {n.shape.dtype.value for n in g.inputs() if n.op.state} == {"f16"}
+    with pytest.raises(RlxError, match="kv_dtype 'f8e4m3fn' is not one 'cpu' runs"):
+        CausalLM(CONFIG, tensors, device="cpu", kv_dtype="f8e4m3fn")
+    for kv in ("f16", "f8e4m3fn"):
+        g = L.build_decoder(CONFIG, random_specs(CONFIG), max_seq=8, capacity=16, kv_dtype=kv)
+        assert {n.shape.dtype.value for n in g.inputs() if n.op.state} == {kv}
     assert CausalLM(CONFIG, tensors, device="reference", max_context=16).kv_dtype == "f32"
 
 

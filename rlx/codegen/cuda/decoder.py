@@ -27,6 +27,10 @@ TEMPLATE = "cuda/decoder.cu.j2"
 HEADER = "cuda/kernels/kv_attention.cuh"
 #: The grouped decode kernel (rlx_kv_decode, `DecodeSplitKv.grouped`).
 DECODE_HEADER = "cuda/kernels/kv_decode.cuh"
+#: An f8e4m3fn cache's type and conversions (included before the kernels that read it).
+F8_HEADER = "cuda/kernels/kv_f8.cuh"
+#: The C type the kernels take a cache of each dtype as (the others: the emitter's storage type).
+CACHE_CTYPES = {DType.F8E4M3FN: "__nv_fp8_e4m3"}
 #: The largest head dim the attend kernel spreads over one block's threads.
 MAX_HEAD_DIM = 256
 #: Threads (and warps) of one attend block, and the most new keys it rotates itself: RLX_KV_THREADS and
@@ -95,8 +99,9 @@ class KvAttention(Launch):
 
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
     floats = (DType.F32, DType.F16, DType.BF16)
-    bad = sorted({d.value for d in (*in_dtypes[:5], out_dtype) if d not in floats})
-    return f"on {', '.join(bad)}; it takes f32, f16 or bf16" if bad else None
+    bad = sorted({d.value for d in (*in_dtypes[:3], out_dtype) if d not in floats}
+                 | {d.value for d in in_dtypes[3:5] if d not in (*floats, *CACHE_CTYPES)})
+    return f"on {', '.join(bad)}; it takes f32, f16 or bf16 (and f8e4m3fn caches)" if bad else None
 
 
 def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
@@ -120,7 +125,7 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
     hd = op.head_dim
     # the query row, reductions, partial sums, rotated new keys, scores
     smem = (hd + KV_WARPS + KV_WARPS * hd + KV_ROPE_ROWS * hd + keys) * 4
-    t, kt = e.ctype(node.id), e.ctype(kc_id)
+    t, kt = e.ctype(node.id), CACHE_CTYPES.get(e.ddt(kc_id), e.ctype(kc_id))
     win = str(bool(window)).lower()
     rope: dict = {}
     variants = [(False, False)]
@@ -136,7 +141,8 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                     per_row=int(e.node(rq.inputs[1]).shape.rank == 3))
         variants.append((True, neox))
     split: dict = {}
-    headers = (HEADER,)
+    f8 = (F8_HEADER,) if e.ddt(kc_id) in CACHE_CTYPES else ()
+    headers = (*f8, HEADER)
     attrs = tuple((f"rlx_kv_attend<{t}, {kt}, {hd}, {str(r).lower()}, {str(n).lower()}>", str(smem))
                   for r, n in variants)
     ds = e.decode_split.get(node.id)
@@ -153,13 +159,14 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
             states = KVD_WARPS * ds.group * (hd + 2)
             dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + states + ds.group * KVD_MAX_SPLITS) * 4
             split.update(grouped=True, row_tokens=ds.row_tokens, group=ds.group, dec_smem=dec_smem)
-            headers = (HEADER, DECODE_HEADER)
+            headers = (*f8, HEADER, DECODE_HEADER)
             pg = str(bool(op.paged)).lower()
             attrs += tuple((f"rlx_kv_decode<{t}, {kt}, {hd}, {ds.group}, {str(r).lower()}, {str(n).lower()}, {win}, "
                             f"{pg}>", str(dec_smem)) for r, n in variants)
     args = KvAttention(**e.base(node), uses_flag=True, smem_attrs=attrs, **rope, **split, **paged,
-                       t=t, kt=kt, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id), k_cache=e.ptr(kc_id),
-                       v_cache=e.ptr(vc_id), positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]),
+                       t=t, kt=kt, q=e.ptr(q_id), k=e.ptr(k_id), v=e.ptr(v_id),
+                       k_cache=f"RLX_P({kt}, {e.offset(kc_id)})", v_cache=f"RLX_P({kt}, {e.offset(vc_id)})",
+                       positions=e.ptr(pos_id), out=e.ptr(node.id), batch=e.dim(q.dims[0]),
                        sq=e.dim(q.dims[1]), capacity=capacity, kw=op.kv_heads * hd, heads=op.num_heads,
                        kv_heads=op.kv_heads, hd=hd, scale=_float_c(op.softmax_scale), threads=KV_THREADS, smem=smem,
                        window=window)
@@ -167,4 +174,4 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
                   label=node.label)
 
 
-RULES.register("cached_attention", accepts=_accepts)(kv_attention)
+RULES.register("cached_attention", accepts=_accepts, narrow=frozenset(CACHE_CTYPES))(kv_attention)

@@ -106,3 +106,35 @@ struct alignas(8) float2 {
 };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 inline float rlx_f(_Float16 x) { return (float)x; }
+
+/* kernels/kv_f8.cuh's cache type on the CPU: an e4m3fn byte (bias 7, no infinity, 0x7f / 0xff NaN), stored from f32
+   with round-to-nearest-even saturating at +-448 as CUDA's satfinite conversion does (and rlx.reference stores). */
+struct __nv_fp8_e4m3 {
+    unsigned char __x;
+};
+inline float rlx_f(__nv_fp8_e4m3 v) {
+    const int e = (v.__x >> 3) & 15, m = v.__x & 7;
+    if (e == 15 && m == 7) return NAN;
+    const float mag = e == 0 ? std::ldexp((float)m, -9) : std::ldexp((float)(8 + m), e - 10);
+    return v.__x & 0x80 ? -mag : mag;
+}
+template <> inline __nv_fp8_e4m3 rlx_to<__nv_fp8_e4m3>(float x) {
+    __nv_fp8_e4m3 r;
+    if (std::isnan(x)) {
+        r.__x = 0x7f;
+        return r;
+    }
+    const double a = std::fabs((double)x);
+    int bits;
+    if (a < 0.015625) {  /* subnormal: steps of 2^-9 (a carry to 8 is the smallest normal, 2^-6) */
+        bits = (int)std::nearbyint(a * 512.0);
+    } else {             /* binade 2^e, steps of 2^(e-3); a carry to 16 is the next binade's first value */
+        int e;
+        std::frexp(a, &e);
+        e -= 1;
+        const int q = (int)std::nearbyint(std::ldexp(a, 3 - e));
+        bits = e > 8 ? 0x7f : (e + 7) * 8 + q - 8;
+    }
+    r.__x = (unsigned char)((bits > 0x7e ? 0x7e : bits) | (std::signbit(x) ? 0x80 : 0));
+    return r;
+}

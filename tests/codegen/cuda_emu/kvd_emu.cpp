@@ -66,15 +66,17 @@ int run_paged(const float *q, const float *k, const float *v, void *kc, void *vc
 extern "C" {
 
 /* One launch over `splits` blocks per (row, query, KV head); rope 0: none, 1: interleaved, 2: neox (tables
- * [sq, rot/2]); f16_cache: the caches hold _Float16. Returns the error flag. */
+ * [sq, rot/2]); cache 0: the caches hold float, 1: _Float16, 2: e4m3 bytes (without rope). Returns the error
+ * flag. */
 int emu_kv_decode(const float *q, const float *k, const float *v, void *kc, void *vc, const int32_t *pos, float *out,
                   int64_t batch, int64_t sq, int64_t cap, int heads, int kv_heads, float scale, int64_t window,
-                  const float *cosb, const float *sinb, int rot, int rope, int f16_cache, unsigned splits,
+                  const float *cosb, const float *sinb, int rot, int rope, int cache, unsigned splits,
                   int64_t split_keys, float *partials, int32_t *counters) {
     const bool w = window > 0;
 #define RLX_EMU_ARGS w, q, k, v, kc, vc, pos, out, batch, sq, cap, heads, kv_heads, scale, window, cosb, sinb, rot, \
                      splits, split_keys, partials, counters
-    if (f16_cache) {
+    if (cache == 2) return run_w<__nv_fp8_e4m3, false, false>(RLX_EMU_ARGS);
+    if (cache == 1) {
         if (rope == 1) return run_w<_Float16, true, false>(RLX_EMU_ARGS);
         if (rope == 2) return run_w<_Float16, true, true>(RLX_EMU_ARGS);
         return run_w<_Float16, false, false>(RLX_EMU_ARGS);
@@ -86,15 +88,16 @@ int emu_kv_decode(const float *q, const float *k, const float *v, void *kc, void
 }
 
 /* One token a row over block tables `bt` ([batch, maxp] pages of `page` rows in a pool of `num_pages`), the rope
- * tables per row ([batch, rot/2]); rope and f16_cache as above. Returns the error flag. */
+ * tables per row ([batch, rot/2]); rope and cache as above (an e4m3 cache without rope). Returns the error flag. */
 int emu_kv_decode_paged(const float *q, const float *k, const float *v, void *kc, void *vc, const int32_t *pos,
                         float *out, int64_t batch, int heads, int kv_heads, float scale, const float *cosb,
-                        const float *sinb, int rot, int rope, int f16_cache, unsigned splits, int64_t split_keys,
+                        const float *sinb, int rot, int rope, int cache, unsigned splits, int64_t split_keys,
                         float *partials, int32_t *counters, const int32_t *bt, int64_t page, int64_t maxp,
                         int64_t num_pages) {
 #define RLX_EMU_ARGS q, k, v, kc, vc, pos, out, batch, heads, kv_heads, scale, cosb, sinb, rot, splits, split_keys, \
                      partials, counters, bt, page, maxp, num_pages
-    if (f16_cache) {
+    if (cache == 2) return run_paged<__nv_fp8_e4m3, false, false>(RLX_EMU_ARGS);
+    if (cache == 1) {
         if (rope == 2) return run_paged<_Float16, true, true>(RLX_EMU_ARGS);
         return run_paged<_Float16, false, false>(RLX_EMU_ARGS);
     }
