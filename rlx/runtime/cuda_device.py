@@ -165,7 +165,9 @@ class _DeviceView:
             dtype = np.dtype(cai["typestr"])
         except TypeError:
             raise ExecutionError(f"{name!r}: unknown typestr {cai['typestr']!r}") from None
-        if dtype != info.dtype.np:
+        # a storage format (float8 ...) has no type string of its own: its bytes come as raw or unsigned ones
+        raw_bytes = info.dtype.is_narrow and dtype.kind in "uV" and dtype.itemsize == info.dtype.np.itemsize
+        if dtype != info.dtype.np and not raw_bytes:
             raise ExecutionError(f"{name!r} is {dtype} on the device but the graph takes {info.dtype} "
                                  f"({info.dtype.np}); convert it on the device first")
         strides = cai.get("strides")

@@ -63,3 +63,25 @@ def test_pinned_arrays_hold_their_memory_until_the_last_view_goes() -> None:
 def test_a_failed_pinned_allocation_raises_naming_it() -> None:
     with pytest.raises(CudaError, match="no pinned memory left"):
         pinned_empty(_HeapLib(fail=True), (4,), np.float32)
+
+
+class _Interface:
+    """A stand-in device array: only its `__cuda_array_interface__`."""
+
+    def __init__(self, typestr: str) -> None:
+        self.__cuda_array_interface__ = {"shape": (2, 8), "typestr": typestr, "data": (4096, False), "version": 3}
+
+
+def test_a_float8_device_array_passes_as_its_bytes() -> None:
+    """An f8e4m3fn state (an f8 KV cache) comes from a device array whose interface can only say "bytes" (an
+    ml_dtypes array's '|V1', or unsigned bytes): accepted; a float array of another width is still refused."""
+    from rlx.errors import ExecutionError
+    from rlx.ir.dtype import DType
+    from rlx.runtime.cuda_device import _DeviceView
+    from rlx.runtime.loader import TensorInfo
+
+    info = TensorInfo("k_cache", DType.F8E4M3FN, ((2, ()), (8, ())), state=True)
+    for ts in ("|V1", "|u1"):
+        assert _DeviceView("k_cache", _Interface(ts), info, writable=True).shape == (2, 8)
+    with pytest.raises(ExecutionError, match="'k_cache' is float16 on the device but the graph takes f8e4m3fn"):
+        _DeviceView("k_cache", _Interface("<f2"), info, writable=True)
