@@ -309,9 +309,11 @@ class CausalLM:
         llama_like = build is L.build_decoder  # the recurrent hybrids' builders keep f32 caches
         self.kv_dtype = kv_dtype if kv_dtype is not None else (default_kv_dtype(device, precision) if llama_like
                                                                else "f32")
-        if self.kv_dtype not in L.KV_DTYPES or (self.kv_dtype != "f32" and (device != "cuda" or not llama_like)):
+        narrow_ok = device in ("cuda", "reference") and llama_like  # the reference stores as CUDA does
+        if self.kv_dtype not in L.KV_DTYPES or (self.kv_dtype != "f32" and not narrow_ok):
             raise RlxError(f"kv_dtype {self.kv_dtype!r} is not one {device!r} runs for a {type(config).__name__}: "
-                           f"f32 everywhere, f16 or bf16 on CUDA for LLaMA-family decoders")
+                           f"f32 everywhere, f16, bf16 or f8e4m3fn on CUDA (and the reference) for LLaMA-family "
+                           "decoders")
         self.graph = build(config, specs, max_batch=max_batch, max_seq=self.prefill_chunk, capacity=max_context,
                            name=f"{config.arch}_decoder", tp=tp, quant_act=self.quant_act,
                            narrow_weights=device == "cpu" and not int8_matmuls,

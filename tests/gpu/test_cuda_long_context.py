@@ -26,10 +26,9 @@ pytestmark = [pytest.mark.cuda,
 #: (query heads, KV heads, head dim): SmolLM2-135M's attention, Llama-3-8B's
 SMOL, LLAMA8B = (9, 3, 64), (32, 8, 128)
 CONTEXTS = (1024, 4096, 16384)
-#: What an f8e4m3fn cache may cost (3 mantissa bits: a stored value is within 2^-4 of itself, relative): the
-#: attention output's error against an f32 cache (relative to its largest value), and the least cosine of a small
-#: decoder's logits against an f16 cache's.
-F8_ATTENTION_ERROR, F8_LOGITS_COS = 0.0625, 0.99
+#: What an f8e4m3fn cache may cost the attention output against an f32 cache, relative to its largest value (3
+#: mantissa bits: a stored value is within 2^-4 of itself, relative; the weights sum to 1).
+F8_ATTENTION_ERROR = 0.0625
 
 
 def _graph(heads: int, kv_heads: int, hd: int, cap: int, *, window: int | None = None, cache: str = "f32",
@@ -218,22 +217,28 @@ def test_causal_lm_long_prompt_matches_cpu(window: int) -> None:
 
 
 def test_f8_kv_cache_in_causal_lm() -> None:
-    """kv_dtype="f8e4m3fn" beside f16 compute: a byte a cached value on the device (half the f16 cache), the logits
-    and greedy tokens near the f16 cache's (the error reported)."""
+    """kv_dtype="f8e4m3fn": a byte a cached value on the device (half an f16 cache). A 1,500-token prompt's logits
+    equal the reference's over the same 8-bit cache (f32 compute on both: the stored bytes round alike); what the
+    8-bit cache costs against an f16 one on this random model is reported (benchmarks/kv_cache_error.py measures
+    it on SmolLM2)."""
     tensors = random_tensors(random_specs(CONFIG), seed=7, scale=2.0)
     ids = [int(t) for t in np.random.default_rng(11).integers(3, CONFIG.vocab_size, 1500)]
-    kw = dict(device="cuda", precision="f16", max_context=1600, prefill_chunk=256)
-    f16 = CausalLM(CONFIG, tensors, **kw)
-    f8 = CausalLM(CONFIG, tensors, kv_dtype="f8e4m3fn", **kw)
-    assert f16.kv_dtype == "f16" and f8.kv_dtype == "f8e4m3fn"
-    caches = zip(f8.new_cache().arrays.values(), f16.new_cache().arrays.values())
+    kw = dict(max_context=1600, prefill_chunk=256)
+    f8 = CausalLM(CONFIG, tensors, device="cuda", kv_dtype="f8e4m3fn", **kw)
+    half = CausalLM(CONFIG, tensors, device="cuda", kv_dtype="f16", **kw)
+    ref = CausalLM(CONFIG, tensors, device="reference", kv_dtype="f8e4m3fn", **kw)
+    caches = zip(f8.new_cache().arrays.values(), half.new_cache().arrays.values())
     assert all(a.nbytes * 2 == b.nbytes for a, b in caches)
-    got, want = f8.logits(ids)[-64:], f16.logits(ids)[-64:]
-    cos = np.sum(got * want, axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
-    agree = float(np.mean(got.argmax(axis=1) == want.argmax(axis=1)))
-    print(f"f8e4m3fn KV cache: min cos of the last 64 positions' logits vs an f16 cache {cos.min():.6f}, "
-          f"argmax agreement {agree:.3f}")
-    assert cos.min() > F8_LOGITS_COS
+    got, want, h = f8.logits(ids)[-64:], ref.logits(ids)[-64:], half.logits(ids)[-64:]
+
+    def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.sum(a * b, axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+    print(f"f8e4m3fn KV cache: min cos of the last 64 positions' logits vs the reference's f8 cache "
+          f"{cos(got, want).min():.7f}; vs an f16 cache {cos(got, h).min():.6f} (argmax agreement "
+          f"{np.mean(got.argmax(axis=1) == h.argmax(axis=1)):.3f})")
+    assert cos(got, want).min() > 0.9999
+    assert f8.generate(ids, 16).token_ids == ref.generate(ids, 16).token_ids
 
 
 def test_bf16_kv_cache_in_causal_lm() -> None:
