@@ -106,6 +106,31 @@ class LirModule:
                 return off, size
         raise KeyError(f"node %{nid} has no workspace")
 
+    def root(self, nid: NodeId) -> NodeId:
+        """The node whose storage `nid`'s value lives in (itself, or the end of its chain of views)."""
+        while self.buffers[nid].storage == "view":
+            nid = self.buffers[nid].source
+        return nid
+
+    def arena_span(self, nid: NodeId) -> tuple[int, int] | None:
+        """The arena bytes [start, end) `nid`'s value may occupy, or None outside the arena (inputs, params,
+        constants and outputs are never reused): its own buffer's span; a view's, from where it starts in its
+        root buffer to the root's end (a strided view may reach any byte past its start)."""
+        start, b = 0, self.buffers[nid]
+        while b.storage == "view":
+            start += b.offset
+            b = self.buffers[b.source]
+        if b.storage != "arena":
+            return None
+        own = self.buffers[nid]
+        end = b.offset + b.nbytes if own.storage == "view" else b.offset + own.nbytes
+        return b.offset + start, end
+
+    def arena_overlap(self, a: NodeId, b: NodeId) -> bool:
+        """Whether the arena bytes of `a` and `b` may meet (`arena_span`; storage outside the arena meets none)."""
+        sa, sb = self.arena_span(a), self.arena_span(b)
+        return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
+
     def decided(self, kind: type[Decision]) -> list:
         """The decisions of one type, in order."""
         return [d for d in self.decisions if isinstance(d, kind)]

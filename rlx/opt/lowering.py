@@ -90,14 +90,6 @@ def absorb_transposes(lir: LirModule) -> tuple[Decision, ...]:
     return tuple(out)
 
 
-def _root_span(lir: LirModule, nid: NodeId) -> tuple[int, int] | None:
-    """The arena bytes holding `nid`'s value (its root buffer, seeing through views); None if not in the arena."""
-    b = lir.buffers[nid]
-    while b.storage == "view":
-        b = lir.buffers[b.source]
-    return (b.offset, b.offset + b.nbytes) if b.storage == "arena" else None
-
-
 def _lives_until(lir: LirModule, transpose: Node, readers: list[NodeId]) -> bool:
     """True when the transpose's source still holds its value when the last GEMM reads it.
 
@@ -105,7 +97,7 @@ def _lives_until(lir: LirModule, transpose: Node, readers: list[NodeId]) -> bool
     source instead, so no node scheduled up to the last of them may write over its bytes
     (an arena source, e.g. a weight widened from bf16 by a cast, can be reused at once).
     """
-    span = _root_span(lir, transpose.inputs[0])
+    span = lir.arena_span(transpose.inputs[0])
     if span is None:
         return True  # inputs, params, constants and outputs are never reused
     pos = {nid: i for i, nid in enumerate(lir.schedule)}
@@ -115,7 +107,7 @@ def _lives_until(lir: LirModule, transpose: Node, readers: list[NodeId]) -> bool
     for nid in lir.schedule[pos[transpose.id] + 1: max(pos[u] for u in readers) + 1]:
         if lir.buffers[nid].storage == "view":
             continue
-        other = _root_span(lir, nid)
+        other = lir.arena_span(nid)
         if other is not None and other[0] < hi and lo < other[1]:
             return False
     return True

@@ -106,18 +106,6 @@ def conv_residual_pairs(graph: Graph, position: dict[NodeId, int]) -> list[tuple
     return pairs
 
 
-def _root(lir: LirModule, nid: NodeId) -> NodeId:
-    while lir.buffers[nid].storage == "view":
-        nid = lir.buffers[nid].source
-    return nid
-
-
-def _arena_span(lir: LirModule, nid: NodeId) -> tuple[int, int] | None:
-    """The arena bytes of `nid`'s root buffer (seeing through views); None outside the arena."""
-    b = lir.buffers[_root(lir, nid)]
-    return (b.offset, b.offset + b.nbytes) if b.storage == "arena" else None
-
-
 def _overlaps(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
     return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
 
@@ -126,9 +114,9 @@ def _touched(lir: LirModule, nid: NodeId, conv: NodeId) -> Iterable[tuple[int, i
     """The arena bytes node `nid` reads or writes when it runs (the conv: its inputs only, it now writes the add's)."""
     node = lir.graph.node(nid)
     for i in node.inputs:
-        yield _arena_span(lir, i)
+        yield lir.arena_span(i)
     if nid != conv:
-        yield _arena_span(lir, nid)
+        yield lir.arena_span(nid)
     for n, off, size in lir.workspaces:
         if n == nid:
             yield off, off + size
@@ -146,11 +134,11 @@ def store_may_write(lir: LirModule, conv: NodeId, add: NodeId, residual: NodeId,
         return False
     if residual in pos and pos[residual] > pos[conv]:
         return False  # computed after the conv
-    target = _arena_span(lir, add)
+    target = lir.arena_span(add)
     for nid in lir.schedule[pos[conv]: pos[add]]:
         if any(_overlaps(span, target) for span in _touched(lir, nid, conv)):
             return False
-    if not _overlaps(_arena_span(lir, residual), target):
+    if not _overlaps(lir.arena_span(residual), target):
         return True
     # the add in place on the residual: the same bytes exactly, and a kernel that writes each value once
     r = lir.buffers[residual]

@@ -386,10 +386,10 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> li
                 swiglu = (region.id,)
         staged = graph.node(x).inputs[0] if norm else x
         written = residual or swiglu or ids
-        if any(_overlap(lir, staged, w) for w in written):
+        if any(lir.arena_overlap(staged, w) for w in written):
             # an early write would clobber what another block still stages: keep the epilogue separate
             residual = swiglu = ()
-            if any(_overlap(lir, staged, w) for w in ids):
+            if any(lir.arena_overlap(staged, w) for w in ids):
                 continue
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
         one_row = decode_walk(members[0].op.quant, members[0].op.act, k, walk, groups)
@@ -509,7 +509,7 @@ def find_decode_ropes(lir: LirModule) -> list[DecodeRope]:
         raw_q, raw_k = rq.inputs[0], rk.inputs[0]
         same_q = (lir.buffers[raw_q].storage == "arena" and lir.buffers[raw_q].offset == lir.buffers[nid].offset
                   and graph.node(raw_q).shape == att.shape)
-        if (_overlap(lir, nid, raw_q) and not same_q) or _overlap(lir, nid, raw_k):
+        if (lir.arena_overlap(nid, raw_q) and not same_q) or lir.arena_overlap(nid, raw_k):
             continue
         found.append(DecodeRope(nid, (rq.id, rk.id), DECODE_ROPE_ROWS))
     return found
@@ -532,7 +532,7 @@ def find_samples_from_argmax(lir: LirModule) -> list[SampleFromArgmax]:
         for a in users.get(logits, ()):
             am = graph.node(a)
             if (am.kind != "argmax" or am.op.axis % rank != rank - 1 or pos.get(a, len(schedule)) >= pos[nid]
-                    or any(_overlap(lir, a, b) for b in schedule[pos[a] + 1:pos[nid]])):
+                    or any(lir.arena_overlap(a, b) for b in schedule[pos[a] + 1:pos[nid]])):
                 continue
             found.append(SampleFromArgmax(nid, a))
             break
@@ -637,14 +637,6 @@ def _counters(lir: LirModule, precision: DType) -> int:
     own = max((_kv_split_rows(graph.node(d.attention)) * graph.node(d.attention).op.num_heads * 4
                for d in find_decode_splits(lir, precision, 1 << 20) if d.max_splits > 1), default=0)
     return max([own, *(_counters(body, precision) for _, body in scan_bodies(lir))])
-
-
-def _overlap(lir: LirModule, a: NodeId, b: NodeId) -> bool:
-    """True when the arena bytes of nodes `a` and `b` intersect (other storage never aliases the arena)."""
-    ba, bb = lir.buffers[a], lir.buffers[b]
-    if ba.storage != "arena" or bb.storage != "arena":
-        return False
-    return ba.offset < bb.offset + bb.nbytes and bb.offset < ba.offset + ba.nbytes
 
 
 class _Allocator:
@@ -786,7 +778,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     gemvs, mmas = find_decode_gemvs(lir, gemv_walk, xr_groups), find_quant_mmas(lir, precision)
     residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in gemvs
                    if d.residual and len(d.members) == 1
-                   and not _overlap(lir, graph.node(d.members[0]).inputs[0], d.residual[0])} \
+                   and not lir.arena_overlap(graph.node(d.members[0]).inputs[0], d.residual[0])} \
         if gemm == "cublaslt" else {}
     copies = [DequantCopy(w, slot, readers, graph.node(readers[0]).op.quant,
                           graph.node(readers[0]).shape.dims[-1].value,
@@ -907,7 +899,7 @@ def find_p2p_all_reduces(lir: LirModule) -> list[AllReduceP2P]:
                     and pos.get(add.id) == pos[nid] + 1 and pos.get(other[0], -1) < pos[nid]
                     and graph.node(other[0]).shape == node.shape == add.shape
                     and lir.buffers[add.id].storage in ("arena", "output")
-                    and (not _overlap(lir, other[0], add.id)
+                    and (not lir.arena_overlap(other[0], add.id)
                          or lir.buffers[other[0]].offset == lir.buffers[add.id].offset)):
                 residual = (add.id,)
         found.append(AllReduceP2P(nid, op.world, P2P_ALL_REDUCE_BYTES, residual))

@@ -122,7 +122,7 @@ def _norm_before(lir: LirModule, hidden: Node, first: int, out: NodeId,
     if any(graph.node(i).shape != hidden.shape for i in rows) or any(
             graph.node(i).shape.dims != hidden.shape.dims[-1:] for i in hidden.inputs[len(rows):]):
         return ()  # (a broadcast residual, or per-row gains)
-    if any(not _dense(lir, i) or _overlap(lir, i, out) for i in (*rows, *hidden.inputs[len(rows):])):
+    if any(not _dense(lir, i) or lir.arena_overlap(i, out) for i in (*rows, *hidden.inputs[len(rows):])):
         return ()
     return (hidden.id,)
 
@@ -189,7 +189,7 @@ def _match(lir: LirModule, mm: Node, users: dict[NodeId, list[NodeId]], with_nor
     if spots != list(range(spots[0], spots[0] + len(spots))) or pos[out.id] != spots[-1]:
         return None
     for src in (hidden.id, mask.id):
-        if not _dense(lir, src) or _overlap(lir, src, out.id):
+        if not _dense(lir, src) or lir.arena_overlap(src, out.id):
             return None  # a block writes its sentence while others still read theirs
     slot = _abi_output(lir, out.id, users)
     fused = _norm_before(lir, hidden, spots[0], out.id, users) if with_norm else ()
@@ -216,22 +216,6 @@ def _dense(lir: LirModule, nid: NodeId) -> bool:
             return False
         nid = node.inputs[0]
     return True
-
-
-def _overlap(lir: LirModule, a: NodeId, b: NodeId) -> bool:
-    """True when the arena bytes of `a` and `b` (views resolved to their source) intersect."""
-    def span(nid: NodeId) -> tuple[str, int, int]:
-        buf = lir.buffers[nid]
-        off = 0
-        while buf.storage == "view":
-            off += buf.offset
-            nid = buf.source
-            buf = lir.buffers[nid]
-        return buf.storage, buf.offset + off, lir.buffers[nid].nbytes
-    sa, sb = span(a), span(b)
-    if sa[0] != "arena" or sb[0] != "arena":
-        return False
-    return sa[1] < sb[1] + sb[2] and sb[1] < sa[1] + sa[2]
 
 
 def find_pool_tails(lir: LirModule, norm: bool = False) -> list[PoolTail]:

@@ -499,3 +499,21 @@ def test_hash_sensitive_to_the_buffer_plan() -> None:
     moved[arena] = dataclasses.replace(moved[arena], offset=moved[arena].offset + 64)
     assert dataclasses.replace(lir, buffers=moved).hash() != lir.hash()
     assert dataclasses.replace(lir, arena_bytes=lir.arena_bytes + 64).hash() != lir.hash()
+
+
+def test_arena_spans_see_through_views() -> None:
+    """`LirModule.arena_span`: a node's own arena bytes; a view's from its start in the root buffer to the root's
+    end (a strided view may reach past its own size); None outside the arena. `arena_overlap` compares them."""
+    g = Graph("spans")
+    x = g.input("x", [4, 8])
+    a, a2 = g.activation("relu", x), g.activation("sigmoid", x)  # both live until `both`
+    whole, half = g.reshape(a, [8, 4]), g.narrow(a, 0, 2, 2)
+    both = g.add_(a2, a)
+    g.set_outputs([g.activation("relu", whole), g.activation("relu", half), both])
+    lir = plan(g)
+    start = lir.buffers[a].offset
+    assert lir.arena_span(a) == (start, start + 128) and lir.arena_span(whole) == (start, start + 128)
+    assert lir.arena_span(half) == (start + 64, start + 128) and lir.root(half) == a
+    assert lir.arena_span(x) is None and lir.arena_span(both) is None  # an input, an output
+    assert lir.arena_overlap(a, half) and lir.arena_overlap(whole, half)
+    assert not lir.arena_overlap(a, a2) and not lir.arena_overlap(x, a)
