@@ -91,6 +91,10 @@ def _parser() -> argparse.ArgumentParser:
                         "VNNI, else f32; every mode's decode kernels keep a row's arithmetic whatever the other "
                         "rows of its call, up to the 16 rows a CPU call takes, so tokens do not depend on the batch)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--kv-dtype", default=None, choices=("f32", "f16", "bf16", "f8e4m3fn"),
+                   help="the KV cache's dtype (default: the device's, f32 on CPUs; CUDA runs f16, bf16 and f8e4m3fn: "
+                        "an f8e4m3fn cache holds twice an f16 one's tokens in the same memory, at the accuracy "
+                        "benchmarks/kv_cache_error.py measures)")
     p.add_argument("--deterministic", action="store_true",
                    help="CUDA, paged layout: a request's tokens do not depend on the batch (each row runs as a call "
                         "of its own: slower); the CPU's paged steps are batch-invariant without it")
@@ -167,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_speculative(args)
     if args.deterministic and args.kv_layout != "paged":
         raise RlxError("--deterministic takes the paged KV layout (--kv-layout paged)")
+    if args.kv_dtype not in (None, "f32") and args.device != "cuda":
+        raise RlxError(f"--kv-dtype {args.kv_dtype} runs on CUDA (--device cuda); the CPU keeps f32 caches")
     if args.replicas < 1 or args.replica_cpus < 0:
         raise RlxError(f"--replicas must be >= 1 and --replica-cpus >= 0, got {args.replicas}, {args.replica_cpus}")
     if args.replicas > 1 and not args.ray:
@@ -215,11 +221,13 @@ def build_app(args: argparse.Namespace) -> Any:
         runner = PagedRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context,
                                        page_size=args.page_size, kv_pages=args.kv_pages,
                                        max_rows=_step_rows(args.max_seqs, args.max_step_tokens), device=args.device,
-                                       quant_act=args.quant_act, deterministic=args.deterministic)
+                                       quant_act=args.quant_act, deterministic=args.deterministic,
+                                       kv_dtype=args.kv_dtype)
         runner.capture_steps()  # CUDA: every padded step shape captured before the first request (else nothing)
     else:
         runner = CausalLMRunner.from_gguf(path, slots=args.max_seqs, max_context=args.max_context, chunk=args.chunk,
-                                          device=args.device, quant_act=args.quant_act, **lora_kw)
+                                          device=args.device, quant_act=args.quant_act, kv_dtype=args.kv_dtype,
+                                          **lora_kw)
     for adapter, d in loras.items():
         runner.load_adapter(d, adapter)
     embedder, embedding_name = None, None
@@ -234,7 +242,8 @@ def build_app(args: argparse.Namespace) -> Any:
         from rlx.models.causal_lm import CausalLM
 
         speculative = CausalLM.from_gguf(gguf_path(args.draft_model), max_context=args.max_context, max_batch=1,
-                                         prefill_chunk=args.chunk, device=args.device, quant_act=args.quant_act)
+                                         prefill_chunk=args.chunk, device=args.device, quant_act=args.quant_act,
+                                         kv_dtype=args.kv_dtype)
     engine = Engine(runner, token_budget=None if paged else args.kv_tokens,
                     max_waiting=args.max_queue, prefix_cache_bytes=args.prefix_cache_mb << 20,
                     speculative=speculative, max_draft=args.max_draft, max_stall=args.max_stall).start()

@@ -21,11 +21,13 @@ CONFIG = DecoderConfig(arch="llama", vocab_size=96, hidden_size=128, num_layers=
 TENSORS = random_tensors(random_specs(CONFIG), seed=3, scale=2.0)
 
 
-def test_paged_causal_lm_on_cuda_generates_what_the_contiguous_one_does() -> None:
-    # the default block table of a paged cache: row b's pages b*per..: the contiguous rows, through pages
+@pytest.mark.parametrize("kv_dtype", [None, "f8e4m3fn"])
+def test_paged_causal_lm_on_cuda_generates_what_the_contiguous_one_does(kv_dtype: str | None) -> None:
+    # the default block table of a paged cache: row b's pages b*per..: the contiguous rows, through pages (an
+    # f8e4m3fn pool too: the paged append rounds and saturates as the contiguous kernels do)
     paged = CausalLM(CONFIG, TENSORS, device="cuda", max_context=96, max_batch=2, prefill_chunk=16, kv_pages=12,
-                     page_size=16)
-    flat = CausalLM(CONFIG, TENSORS, device="cuda", max_context=96, max_batch=2, prefill_chunk=16)
+                     page_size=16, kv_dtype=kv_dtype)
+    flat = CausalLM(CONFIG, TENSORS, device="cuda", max_context=96, max_batch=2, prefill_chunk=16, kv_dtype=kv_dtype)
     prompts = [[5, 17, 33, 8], list(range(10, 31))]
     assert [g.token_ids for g in paged.generate_batch(prompts, 40)] == \
         [g.token_ids for g in flat.generate_batch(prompts, 40)]

@@ -89,6 +89,11 @@ def test_paged_kv_options_are_checked_before_anything_loads() -> None:
         cli.main(["--deterministic", "--kv-layout", "contiguous"])
     with pytest.raises(RlxError, match="--max-stall must be >= 0"):
         cli.main(["--max-stall", "-1"])
+    with pytest.raises(RlxError, match="--kv-dtype f8e4m3fn runs on CUDA"):
+        cli.main(["--kv-dtype", "f8e4m3fn"])
+    assert cli._parser().parse_args(["--kv-dtype", "f16"]).kv_dtype == "f16"
+    with pytest.raises(SystemExit):  # argparse: not a cache dtype
+        cli._parser().parse_args(["--kv-dtype", "q8"])
     assert cli._parser().parse_args([]).max_stall == MAX_STALL
     assert cli._parser().parse_args(["--max-stall", "0"]).max_stall == 0
 
