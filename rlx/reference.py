@@ -42,7 +42,7 @@ from rlx.ir import ops_scan as L
 from rlx.ir import ops_ssm as S
 from rlx.ir import ops_user as U
 from rlx.ir import transport
-from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, round_to_dtype
+from rlx.ir.dtype import BFLOAT16, DType, bf16_to_f32, f32_to_bf16, round_to_dtype
 from rlx.ir.graph import Graph, Node
 from rlx.ir.quant import dequantize as dequantize_blocks
 from rlx.ir.quant import q8_act_terms
@@ -527,10 +527,18 @@ F8E4M3FN_MAX = 448.0
 
 def _as_stored(x: np.ndarray, cache: np.dtype) -> np.ndarray:
     """`x` ready for a KV cache of numpy dtype `cache` (the assignment rounds it): f32 values, clamped to
-    +-F8E4M3FN_MAX for an f8e4m3fn cache."""
+    +-F8E4M3FN_MAX for an f8e4m3fn cache; a bf16 cache (numpy holds its bit patterns as uint16: a cache is never
+    an integer) takes the rounded bits."""
     if cache == np.dtype(ml_dtypes.float8_e4m3fn):
         return np.clip(np.asarray(x, np.float32), -F8E4M3FN_MAX, F8E4M3FN_MAX)
+    if cache == np.uint16:
+        return f32_to_bf16(np.asarray(x, np.float32))
     return x
+
+
+def _cache_values(cache: np.ndarray) -> np.ndarray:
+    """A KV cache's values as float64 (a bf16 cache's uint16 bit patterns widened)."""
+    return bf16_to_f32(cache).astype(np.float64) if cache.dtype == np.uint16 else np.asarray(cache, np.float64)
 
 
 def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
@@ -552,8 +560,8 @@ def cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache: np.nd
         k_cache[row, p:p + s] = _as_stored(k[row], k_cache.dtype)
         v_cache[row, p:p + s] = _as_stored(v[row], v_cache.dtype)
         # the cache holds what the compiled code stores (the cache dtype), then attention reads it back
-        kc = np.asarray(k_cache[row:row + 1, :p + s], dtype=np.float64)
-        vc = np.asarray(v_cache[row:row + 1, :p + s], dtype=np.float64)
+        kc = _cache_values(k_cache[row:row + 1, :p + s])
+        vc = _cache_values(v_cache[row:row + 1, :p + s])
         bias = None
         if op.window is not None:  # query s (at p + s) sees keys j with j <= p + s and p + s - j < window
             at, j = p + np.arange(s)[:, None], np.arange(p + s)[None, :]

@@ -808,3 +808,20 @@ def test_f8_cache_stores_rounded_and_saturated(paged: bool) -> None:
     vrow = (vc[0, 1] if paged else vc[0, 3]).astype(np.float32)
     np.testing.assert_array_equal(vrow[:4], [-448.0, 448.0, np.float32(f8(1e-4)), 2.0])
     assert np.isfinite(out).all()
+
+
+def test_bf16_cache_holds_rounded_bit_patterns() -> None:
+    """A bf16 KV cache reaches the reference as uint16 bit patterns (numpy has no bf16): new keys and values are
+    stored as their rounded bits and read back as bf16 values, equal to attention over an f32 cache holding the
+    same rounded values."""
+    r = np.random.default_rng(4)
+    q, k, v = (r.standard_normal((1, 2, w)) for w in (32, 16, 16))
+    op = O.CachedAttention(num_heads=2, head_dim=16, num_kv_heads=1)
+    past = r.standard_normal((1, 8, 16)).astype(np.float32)
+    kc, vc = f32_to_bf16(past), f32_to_bf16(past[:, ::-1])
+    kf, vf = bf16_to_f32(kc), bf16_to_f32(vc)
+    out = reference.cached_attention(q, k, v, kc, vc, np.array([3], np.int32), op)
+    k16, v16 = (bf16_to_f32(f32_to_bf16(x.astype(np.float32))) for x in (k, v))
+    want = reference.cached_attention(q, k16, v16, kf, vf, np.array([3], np.int32), op)
+    np.testing.assert_array_equal(kc[0, 3:5], f32_to_bf16(k[0].astype(np.float32)))
+    np.testing.assert_array_equal(out, want)
