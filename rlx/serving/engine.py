@@ -43,6 +43,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,20 @@ class _Job:
     stats: spec.SpecStats | None = None
 
 
+@dataclass
+class _Launch:
+    """One paged step: its plan, rows `(slot, token, position)`, output rows, `(sequence, tokens it fed)` in row
+    order, the drafts it verifies, whether it returns logits; `call`: the running call (overlap)."""
+
+    plan: Plan
+    rows: list[tuple[int, int, int]]
+    outputs: list[int]
+    ends: list[tuple[Seq, int]]
+    drafts: list[tuple[list[int], np.ndarray | None]] | None
+    logits: bool
+    call: Future | None = None
+
+
 class Engine:
     """Continuous batching over `runner` (see the module docstring).
 
@@ -193,14 +208,15 @@ class Engine:
     first-token and inter-token times; `speculative`: a drafter (see the module docstring), `max_draft`
     the most tokens it proposes a step; `max_stall` (paged runners without speculation): the steps a decoding
     sequence may go without a row while prompts' prefill takes the rows first (`MAX_STALL`; None: decode rows
-    always first).
+    always first); `overlap` (paged runners without speculation; default: the runner's `overlaps_host`, true on
+    CUDA): hand out a step's tokens while the next step runs (see `_step_overlapped`).
     """
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
                  observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
                  kv_pages: int | None = None, speculative: Any = None, max_draft: int = spec.AdaptiveK.k_max,
-                 max_stall: int | None = MAX_STALL) -> None:
+                 max_stall: int | None = MAX_STALL, overlap: bool | None = None) -> None:
         self.runner = runner
         self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
@@ -242,6 +258,16 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self.step_errors = 0  # steps that raised (their requests failed)
         self.preemptions = 0  # sequences sent back to the queue to be recomputed
+        if overlap is None:
+            overlap = bool(getattr(runner, "overlaps_host", False))
+        if overlap and (not self.paged or self.drafter is not None):
+            raise RlxError("overlap takes a paged runner without speculative decoding")
+        self.overlap = overlap
+        #: overlap: the step launched and not yet landed (its plan, what each sequence fed, the running call)
+        self._pending: _Launch | None = None
+        #: overlap: what a landed step has left to hand out (token and finish events), run after the next launch
+        self._deferred: list[Callable[[], None]] | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlx-step") if overlap else None
 
     # ── requests ──────────────────────────────────────────────────────
 
@@ -351,9 +377,9 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while self.scheduler.idle and not self._closing:
+                while self.scheduler.idle and self._pending is None and not self._closing:
                     self._lock.wait()
-                if self.scheduler.idle and self._closing:
+                if self.scheduler.idle and self._pending is None and self._closing:
                     return
             try:
                 self.step()
@@ -365,6 +391,8 @@ class Engine:
 
     def step(self) -> Plan:
         """One iteration: drop cancelled requests, plan, run the plan, hand out the tokens."""
+        if self.overlap:
+            return self._step_overlapped()
         with self._lock:
             for seq in [*self.scheduler.running, *self.scheduler.waiting]:
                 if seq.payload.cancelled:
@@ -382,6 +410,68 @@ class Engine:
             if seq.state is State.PREFILL:
                 self._guarded([seq], self._prefill, seq, start, n)
         return plan
+
+    def _step_overlapped(self) -> Plan:
+        """One iteration that overlaps the host with the device (a paged runner on CUDA): land the step that was
+        launched (each sequence's next token appended: the input of the next step, as are the finishes a token
+        id decides: a stop id, the length), plan and launch the next step, and only then hand out the landed
+        step's events (text, stop strings, logprobs, timings) while it runs. A sequence whose text stops (or
+        that is cancelled) meanwhile is in the running step: that row's output is dropped when it lands, and
+        its pages, freed now, are planned again only after. Tokens and events are those of `step` without
+        overlap."""
+        if self._pending is None:  # nothing in flight: plan and launch a step first
+            self._pending = self._plan_and_launch()
+            if self._pending is None:
+                return Plan([], [], [])
+        launch, self._pending = self._pending, None
+        deferred: list[Callable[[], None]] = []
+        try:
+            out = launch.call.result()
+        except Exception as exc:  # a fault in the step fails its requests only
+            self.step_errors += 1
+            with self._lock:
+                for seq, _ in launch.ends:
+                    self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+        else:
+            self._deferred = deferred
+            try:
+                self._guarded([s for s, _ in launch.ends], self._land, launch, out)
+            finally:
+                self._deferred = None
+        self._pending = self._plan_and_launch()
+        with self._lock:
+            for hand_out in deferred:
+                hand_out()
+        return launch.plan
+
+    def settle(self) -> None:
+        """Land the step in flight, if any (overlap: one is launched before the last step's events go out)."""
+        while self._pending is not None:
+            self.step()
+
+    def _plan_and_launch(self) -> _Launch | None:
+        """Drop cancelled requests, plan, and start the plan's call on the step thread (None: nothing to run)."""
+        with self._lock:
+            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                if seq.payload.cancelled:
+                    self._finish(seq, "cancelled")
+            plan = self.scheduler.schedule()
+            self.preemptions += len(plan.preempted)
+        seqs = [*plan.decode, *(seq for seq, _, _ in plan.prefill)]
+        if not seqs:
+            return None
+        try:
+            launch = self._rows(plan)
+        except Exception as exc:
+            self.step_errors += 1
+            with self._lock:
+                for seq in seqs:
+                    self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+            return None
+        # the tables as planned: sequences ending while the step runs free pages in the live ones
+        launch.call = self._pool.submit(self.runner.run, self.kv.tables.copy(), launch.rows, launch.outputs,
+                                        launch.logits)
+        return launch
 
     def _guarded(self, seqs: list[Seq], fn: Callable[..., None], *args: Any) -> None:
         """Run one part of an iteration; if it raises, its sequences end with the error, the rest go on."""
@@ -420,6 +510,12 @@ class Engine:
     def _mixed(self, plan: Plan) -> None:
         """A paged runner's iteration as one call: a row per decoding sequence, a row per token of each prefill
         chunk; the output rows are the decode rows and the last row of each chunk that ends its context."""
+        launch = self._rows(plan)
+        out = self.runner.run(self.kv.tables, launch.rows, launch.outputs, launch.logits)
+        self._land(launch, out)
+
+    def _rows(self, plan: Plan) -> _Launch:
+        """`plan`'s rows, output rows and what each sequence feeds; pages made writable (copy-on-write)."""
         drafts = self._propose(plan) if self.drafter is not None else None
         if drafts is None:  # plain decoding: a row per sequence (the bookkeeping of 64 rows is a GPU step's share)
             rows = [(seq.slot, seq.last, seq.filled) for seq in plan.decode]
@@ -443,11 +539,18 @@ class Engine:
                 if not self.kv.writable(seq.slot, seq.filled, seq.filled + n):
                     raise RlxError("no free KV page for a copy of a shared page")
         logits = any(s.payload.params.needs_logits for s, _ in ends)
-        out = self.runner.run(self.kv.tables, rows, outputs, logits)
+        return _Launch(plan, rows, outputs, ends, drafts, logits)
+
+    def _land(self, launch: _Launch, out: np.ndarray) -> None:
+        """A step's outputs: each sequence's next token (or verified proposals), its prefill progress."""
+        plan, ends, drafts, logits = launch.plan, launch.ends, launch.drafts, launch.logits
         with self._lock:
             k = 0
             for i, seq in enumerate(plan.decode):  # decode rows first, in row order
                 n = ends[i][1]
+                if seq.state is State.DONE:  # overlap: it ended (stop text, cancel) while this step ran
+                    k += n
+                    continue
                 proposed, q = drafts[i] if drafts is not None else ((), None)
                 if proposed:
                     self._verify(seq, out[k:k + n], proposed, q, logits)
@@ -462,6 +565,9 @@ class Engine:
                     self._count(seq, 0, 0, len(seq.generated) - before)
                 k += n
             for seq, n in ends[len(plan.decode):]:  # then the prefill chunks
+                if seq.state is State.DONE:  # overlap: it ended while this step ran (its output row dropped)
+                    k += int(seq.filled + n >= seq.length)
+                    continue
                 start = seq.filled
                 self.scheduler.prefilled(seq, n)
                 if self.prefix is not None:
@@ -580,12 +686,26 @@ class Engine:
     def _emit(self, seq: Seq, token: int, row: np.ndarray | None) -> bool:
         """Hand out `seq`'s next `token` (`row`: the logits it was chosen from, for logprobs); False when it
         ended `seq` (a stop token or text, its length)."""
-        job: _Job = seq.payload
         if token in self.runner.stop_ids:
             self._finish(seq, "stop")
             return False
         before = seq.last_token_at
         self.scheduler.append(seq, token)
+        if self._deferred is not None:  # overlap: the token is the next step's input now, its event later
+            self._deferred.append(lambda: self._hand_out(seq, token, row, before))
+            if len(seq.generated) >= seq.max_new or seq.length > self.runner.max_context:
+                self._finish(seq, "length")  # not in the next step; "stop" if its text stops here (_hand_out)
+            return seq.state is not State.DONE
+        self._hand_out(seq, token, row, before)
+        if seq.state is State.DONE:
+            return False
+        if len(seq.generated) >= seq.max_new or seq.length > self.runner.max_context:
+            self._finish(seq, "length")
+        return seq.state is not State.DONE
+
+    def _hand_out(self, seq: Seq, token: int, row: np.ndarray | None, before: float | None) -> None:
+        """`seq`'s event for `token` (timings, logprobs, text); a stop text ends it."""
+        job: _Job = seq.payload
         if before is None:
             self.observer.first_token(seq.first_token_at - seq.arrival)
         else:
@@ -594,17 +714,23 @@ class Engine:
         logprob, top = _logprobs(row, token, job.params) if job.params.logprobs and row is not None else (None, ())
         job.sink(Event(token, job.text.push(token), logprob, top))
         if job.text.stopped:
+            if seq.state is State.DONE and seq.finish_reason == "length":  # overlap: ended at its length too
+                seq.finish_reason = "stop"
             self._finish(seq, "stop")
-        elif len(seq.generated) >= seq.max_new or seq.length > self.runner.max_context:
-            self._finish(seq, "length")
-        return seq.state is not State.DONE
 
     def _finish(self, seq: Seq, reason: str, error: str | None = None) -> None:
         if seq.state is State.DONE:
             return
         self.scheduler.finish(seq, reason)
         request = self._requests.pop(seq.id, None)
+        if self._deferred is not None:  # overlap: after the events of the tokens before it
+            self._deferred.append(lambda: self._notify_finish(seq, request, error))
+        else:
+            self._notify_finish(seq, request, error)
+
+    def _notify_finish(self, seq: Seq, request: Request | None, error: str | None) -> None:
         job: _Job = seq.payload
+        reason = seq.finish_reason
         tail = job.text.flush() if reason in ("stop", "length") else ""
         if request is not None:
             job.sink(Event(None, tail, finish_reason=reason, error=error))
