@@ -469,8 +469,17 @@ class Engine:
                     self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
             return None
         # the tables as planned: sequences ending while the step runs free pages in the live ones
-        launch.call = self._pool.submit(self.runner.run, self.kv.tables.copy(), launch.rows, launch.outputs,
-                                        launch.logits)
+        tables, started = self.kv.tables.copy(), threading.Event()
+
+        def call() -> np.ndarray:
+            started.set()
+            return self.runner.run(tables, launch.rows, launch.outputs, launch.logits)
+
+        launch.call = self._pool.submit(call)
+        # Wait until the step thread runs: it holds the GIL from then through the call's Python part (well under
+        # the interpreter's 5 ms switch interval) and releases it in the compiled call, so this thread's hand-out
+        # runs beside the device, not before the launch.
+        started.wait()
         return launch
 
     def _guarded(self, seqs: list[Seq], fn: Callable[..., None], *args: Any) -> None:
