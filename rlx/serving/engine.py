@@ -208,15 +208,15 @@ class Engine:
     first-token and inter-token times; `speculative`: a drafter (see the module docstring), `max_draft`
     the most tokens it proposes a step; `max_stall` (paged runners without speculation): the steps a decoding
     sequence may go without a row while prompts' prefill takes the rows first (`MAX_STALL`; None: decode rows
-    always first); `overlap` (paged runners without speculation; default: the runner's `overlaps_host`, true on
-    CUDA): hand out a step's tokens while the next step runs (see `_step_overlapped`).
+    always first); `overlap` (paged runners without speculation): hand out a step's tokens while the next step
+    runs (see `_step_overlapped`; off by default: on CUDA it measured slower, docs/perf-h100.md).
     """
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
                  observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
                  kv_pages: int | None = None, speculative: Any = None, max_draft: int = spec.AdaptiveK.k_max,
-                 max_stall: int | None = MAX_STALL, overlap: bool | None = None) -> None:
+                 max_stall: int | None = MAX_STALL, overlap: bool = False) -> None:
         self.runner = runner
         self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
@@ -258,8 +258,6 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self.step_errors = 0  # steps that raised (their requests failed)
         self.preemptions = 0  # sequences sent back to the queue to be recomputed
-        if overlap is None:
-            overlap = bool(getattr(runner, "overlaps_host", False))
         if overlap and (not self.paged or self.drafter is not None):
             raise RlxError("overlap takes a paged runner without speculative decoding")
         self.overlap = overlap
@@ -412,7 +410,7 @@ class Engine:
         return plan
 
     def _step_overlapped(self) -> Plan:
-        """One iteration that overlaps the host with the device (a paged runner on CUDA): land the step that was
+        """One iteration that overlaps the host with the device (`overlap=True`): land the step that was
         launched (each sequence's next token appended: the input of the next step, as are the finishes a token
         id decides: a stop id, the length), plan and launch the next step, and only then hand out the landed
         step's events (text, stop strings, logprobs, timings) while it runs. A sequence whose text stops (or

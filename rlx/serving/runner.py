@@ -278,12 +278,6 @@ class PagedRunner:
     def config(self) -> Any:
         return self.lm.config
 
-    @property
-    def overlaps_host(self) -> bool:
-        """Whether the engine hands out a step's tokens while the next runs (`Engine(overlap=)`'s default): on
-        CUDA, where the host would otherwise idle the GPU; a CPU step's threads take every core."""
-        return self.lm.device == "cuda"
-
     def kv_store(self, reclaim: Any = None, pages: int | None = None) -> Any:
         """A `PagedKv` over this model's pages — the first `pages` of them (default all) — (`reclaim`: frees
         pages when they run out, see `PagedKv`)."""

@@ -1,5 +1,5 @@
-"""The engine overlapping the host with the next step (`Engine(overlap=True)`, the default over a CUDA paged
-runner; here forced over the tiny model's CPU `PagedRunner`): a step is launched before the last one's events are
+"""The engine overlapping the host with the next step (`Engine(overlap=True)`, off by default; here over the tiny
+model's CPU `PagedRunner`): a step is launched before the last one's events are
 handed out, so a sequence whose text stops meanwhile is in the running step and its row is dropped. Every
 request gets the tokens, text and finish reason it gets without overlap, pages all come back, and cancels and
 failing steps end only their requests."""
@@ -58,7 +58,7 @@ def test_overlap_hands_out_what_a_plain_engine_does(paged_runner, mixed) -> None
     prompts, params = mixed
     want = _run(Engine(paged_runner), prompts, params)
     engine = Engine(paged_runner, overlap=True)
-    assert engine.overlap and not Engine(paged_runner).overlap  # a CPU runner's default: off
+    assert engine.overlap and not Engine(paged_runner).overlap  # off by default
     got = _run(engine, prompts, params)
     assert got == want
     assert {reason for _, _, reason in want} == {"stop", "length"}  # stop strings ended some mid-way
