@@ -391,12 +391,7 @@ class Engine:
         """One iteration: drop cancelled requests, plan, run the plan, hand out the tokens."""
         if self.overlap:
             return self._step_overlapped()
-        with self._lock:
-            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-                if seq.payload.cancelled:
-                    self._finish(seq, "cancelled")
-            plan = self.scheduler.schedule()
-            self.preemptions += len(plan.preempted)
+        plan = self._plan()
         if self.paged:
             seqs = [*plan.decode, *(seq for seq, _, _ in plan.prefill)]
             if seqs:
@@ -447,14 +442,19 @@ class Engine:
         while self._pending is not None:
             self.step()
 
-    def _plan_and_launch(self) -> _Launch | None:
-        """Drop cancelled requests, plan, and start the plan's call on the step thread (None: nothing to run)."""
+    def _plan(self) -> Plan:
+        """Drop cancelled requests, then the scheduler's plan of this iteration."""
         with self._lock:
             for seq in [*self.scheduler.running, *self.scheduler.waiting]:
                 if seq.payload.cancelled:
                     self._finish(seq, "cancelled")
             plan = self.scheduler.schedule()
             self.preemptions += len(plan.preempted)
+        return plan
+
+    def _plan_and_launch(self) -> _Launch | None:
+        """Plan (`_plan`), and start the plan's call on the step thread (None: nothing to run)."""
+        plan = self._plan()
         seqs = [*plan.decode, *(seq for seq, _, _ in plan.prefill)]
         if not seqs:
             return None
