@@ -86,6 +86,33 @@ class WidenedParam(Decision):
         return (self.node, self.cast)
 
 
+@dataclass(frozen=True)
+class AttentionPlan(Decision):
+    """How the CPU computes one `attention` node. ``blocks``: a task (batch row, kv head) packs K^T and V into its
+    scratch, and each block of query rows takes its scores, softmax and weighted sum of V as three passes over a
+    64-row score tile. ``rows`` (AVX-512, heads of a multiple of 32, no mask or a padding mask): the task packs K^T
+    only, and `rlx_attn_rows` (kernels/packed_core.c) takes each group of 12 query rows through its scores (scaled,
+    masked and their maxima taken at the tile's store), exps and weighted sum of V (read in place, scaled by
+    1 / sum at its store) while the group's scores stay in L1; the same operations in the same order, so the same
+    values as ``blocks``.
+
+    >>> AttentionPlan(node=7, form="rows").describe()
+    '%7 attention: rows (scores, softmax and weighted sum per 12-row group in L1; K^T packed, V read in place)'
+    """
+
+    kind: ClassVar[str] = "attention_plan"
+    node: int
+    form: str
+
+    def describe(self) -> str:
+        how = ("scores, softmax and weighted sum per 12-row group in L1; K^T packed, V read in place"
+               if self.form == "rows" else "scores, softmax and weighted sum per 64-row block; K^T and V packed")
+        return f"%{self.node} attention: {self.form} ({how})"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
 def decisions_to_json(decisions: tuple[Decision, ...], ref: Any) -> list[dict[str, Any]]:
     """Canonical JSON of `decisions` with node ids mapped through `ref` (for the LIR hash)."""
     out = []
@@ -122,3 +149,4 @@ def register_decision(cls: type[Decision], node_fields: tuple[str, ...] = ()) ->
 register_decision(AbsorbedTranspose, ("node", "source"))
 register_decision(PackedParam, ("node",))
 register_decision(WidenedParam, ("node", "cast"))
+register_decision(AttentionPlan, ("node",))

@@ -23,6 +23,7 @@ from rlx.codegen.cpu.emit import CpuArgs, CpuEmitter, GemmBatch
 from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.errors import BuildError
 from rlx.ir import ops as O
+from rlx.ir.decisions import AttentionPlan
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.norms import norm_inputs
@@ -330,6 +331,8 @@ class AttentionArgs(CpuArgs):
     kp_offset: int
     vp_offset: int
     row_offset: int
+    #: `AttentionPlan.form`: "blocks" or "rows"
+    form: str = "blocks"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -649,6 +652,8 @@ def attention_args(em: CpuEmitter, node: Node) -> AttentionArgs:
     row_offset = vp_offset + align64(skv_max * round_up(d, PACK_NR_MAX) * 4)
     scratch = row_offset + align64(skv_max * 4)
     em.scratch_per_thread = max(em.scratch_per_thread, scratch)
+    plan = next((d for d in em.lir.decided(AttentionPlan) if d.node == node.id), None)
+    form = plan.form if plan is not None else "blocks"
     mask = AttentionMask(op.mask)
     if op.mask == "padding":
         m_id = node.inputs[3]
@@ -666,7 +671,7 @@ def attention_args(em: CpuEmitter, node: Node) -> AttentionArgs:
                          batch=em.dim(q.dims[0]), sq=em.dim(q.dims[1]), skv=em.dim(k.dims[1]),
                          heads=h, kv_heads=hkv, group=h // hkv, hd=d, scale=_float_literal(op.softmax_scale),
                          mask=mask, qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
-                         row_offset=row_offset)
+                         row_offset=row_offset, form=form)
 
 def rope_args(em: CpuEmitter, node: Node) -> RopeArgs:
     op: O.Rope = node.op  # type: ignore[assignment]
