@@ -510,8 +510,12 @@ static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, f
         __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
         for (int64_t j = 0; j < skv; j += 16) {
             const __mmask16 m = rlx_lanes16(skv - j);
-            const __m512 e = _mm512_maskz_mov_ps(m, rlx_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j),
-                                                                                   vmx)));
+            const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx);
+            /* rlx_exp16_nonpos(x) is rlx_exp16_in_range(x) unless a lane is below its cut or NaN (rare: a score
+               104 under its row's max, a masked key's -inf): one compare instead of its max, compares and blends */
+            const __m512 e = _mm512_maskz_mov_ps(m, _mm512_mask_cmp_ps_mask(m, x, _mm512_set1_ps(-103.97207708f),
+                                                                            _CMP_NGE_UQ)
+                                                        ? rlx_exp16_nonpos(x) : rlx_exp16_in_range(x));
             _mm512_mask_storeu_ps(s + j, m, e);
             lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
             hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
