@@ -458,6 +458,29 @@ static inline __attribute__((always_inline)) void rlx_attn_acc(const int mr, int
     }
 }
 
+/* out[r] = (float)(1.0 / _mm512_reduce_add_pd(v[r])) for r < 8, eight rows at once: the reduction's own additions
+ * (((v4 + v0) + (v6 + v2)) + ((v5 + v1) + (v7 + v3)) of each row's lanes) on lanes of eight rows, one division and
+ * one conversion for all, so the same values as row by row. */
+static inline __attribute__((always_inline)) void rlx_inv_sums8(const __m512d *v, float *out)
+{
+    __m512d t[4];
+    for (int p = 0; p < 4; p++)  /* rows 2p, 2p + 1: the high half's four lanes plus the low half's */
+        t[p] = _mm512_add_pd(_mm512_shuffle_f64x2(v[2 * p], v[2 * p + 1], 0x44),
+                             _mm512_shuffle_f64x2(v[2 * p], v[2 * p + 1], 0xEE));
+    __m512d u[2];
+    for (int p = 0; p < 2; p++)  /* rows 4p..4p + 3: lanes 2, 3 plus lanes 0, 1 */
+        u[p] = _mm512_add_pd(_mm512_shuffle_f64x2(t[2 * p], t[2 * p + 1], 0x88),
+                             _mm512_shuffle_f64x2(t[2 * p], t[2 * p + 1], 0xDD));
+    /* lane 1 plus lane 0: the sums of rows 0, 4, 1, 5, 2, 6, 3, 7 */
+    const __m512d sum = _mm512_add_pd(_mm512_unpacklo_pd(u[0], u[1]), _mm512_unpackhi_pd(u[0], u[1]));
+    float r[8];
+    _mm256_storeu_ps(r, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_set1_pd(1.0), sum)));
+    for (int k = 0; k < 4; k++) {
+        out[k] = r[2 * k];
+        out[4 + k] = r[2 * k + 1];
+    }
+}
+
 /* One group of mr query rows of rlx_attn_rows (mr a compile-time constant at every call): the scores panel by
  * panel, scaled, masked and their row maxima taken at the tile's store; each row's exps and double sum (the
  * operations of rlx_softmax_row, kernels/attention.h); the weighted sum of V scaled by 1 / sum at its store. */
@@ -497,13 +520,18 @@ static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, f
                 vmax[i] = _mm512_mask_max_ps(vmax[i], m1, v1, vmax[i]);
             }
     }
-    /* S[i, j] <- exp(S[i, j] - max_i), inv[i] = 1 / sum_i (summed in double) */
+    /* S[i, j] <- exp(S[i, j] - max_i), inv[i] = 1 / sum_i (summed in double; the sums of eight rows at once) */
+    __m512d part[16];  /* each row's double partial sums (lanes), zeros past mr */
+    int dead = 0;  /* rows whose keys are all masked */
+    for (int i = mr; i < 16; i++)
+        part[i] = _mm512_setzero_pd();
     for (int i = 0; i < mr; i++) {
         float *restrict s = S + i * skv;
         const float mx = _mm512_reduce_max_ps(vmax[i]);
         if (mx == -INFINITY) {  /* every key masked: the row is zeros */
             memset(s, 0, (size_t)skv * sizeof(float));
-            inv[i] = 0.0f;
+            part[i] = _mm512_set1_pd(1.0);
+            dead |= 1 << i;
             continue;
         }
         const __m512 vmx = _mm512_set1_ps(mx);
@@ -520,8 +548,16 @@ static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, f
             lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
             hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
         }
-        inv[i] = (float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)));
+        part[i] = _mm512_add_pd(lo, hi);
     }
+    float invs[16];
+    rlx_inv_sums8(part, invs);
+    if (mr > 8)
+        rlx_inv_sums8(part + 8, invs + 8);
+    #pragma GCC unroll 12
+    for (int i = 0; i < RLX_MR; i++)
+        if (i < mr)
+            inv[i] = dead >> i & 1 ? 0.0f : invs[i];
     /* O[i, :] = (E[i, :] @ V) * inv[i], 32 columns at a time */
     for (int64_t d0 = 0; d0 < hd; d0 += 32) {
         rlx_attn_acc(mr, skv, S, skv, V + d0, ldv, c0, c1);
