@@ -481,6 +481,20 @@ static inline __attribute__((always_inline)) void rlx_inv_sums8(const __m512d *v
     }
 }
 
+/* s[0:16] (lanes m) <- exp(s - max), their sum added to lo | hi in double: rlx_softmax_row's exp step.
+ * rlx_exp16_nonpos(x) is rlx_exp16_in_range(x) unless a lane is below its cut or NaN (rare: a score 104 under its
+ * row's max, a masked key's -inf): one compare instead of its max, compares and blends. */
+static inline __attribute__((always_inline)) void rlx_attn_exp16(float *s, __mmask16 m, __m512 vmx, __m512d *lo,
+                                                                 __m512d *hi)
+{
+    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, s), vmx);
+    const __m512 e = _mm512_maskz_mov_ps(m, _mm512_mask_cmp_ps_mask(m, x, _mm512_set1_ps(-103.97207708f), _CMP_NGE_UQ)
+                                                ? rlx_exp16_nonpos(x) : rlx_exp16_in_range(x));
+    _mm512_mask_storeu_ps(s, m, e);
+    *lo = _mm512_add_pd(*lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    *hi = _mm512_add_pd(*hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+}
+
 /* One group of mr query rows of rlx_attn_rows (mr a compile-time constant at every call): the scores panel by
  * panel, scaled, masked and their row maxima taken at the tile's store; each row's exps and double sum (the
  * operations of rlx_softmax_row, kernels/attention.h); the weighted sum of V scaled by 1 / sum at its store. */
@@ -536,18 +550,11 @@ static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, f
         }
         const __m512 vmx = _mm512_set1_ps(mx);
         __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
-        for (int64_t j = 0; j < skv; j += 16) {
-            const __mmask16 m = rlx_lanes16(skv - j);
-            const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx);
-            /* rlx_exp16_nonpos(x) is rlx_exp16_in_range(x) unless a lane is below its cut or NaN (rare: a score
-               104 under its row's max, a masked key's -inf): one compare instead of its max, compares and blends */
-            const __m512 e = _mm512_maskz_mov_ps(m, _mm512_mask_cmp_ps_mask(m, x, _mm512_set1_ps(-103.97207708f),
-                                                                            _CMP_NGE_UQ)
-                                                        ? rlx_exp16_nonpos(x) : rlx_exp16_in_range(x));
-            _mm512_mask_storeu_ps(s + j, m, e);
-            lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-            hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-        }
+        int64_t j = 0;
+        for (; j + 16 <= skv; j += 16)  /* whole vectors: no lane mask to compute */
+            rlx_attn_exp16(s + j, (__mmask16)0xFFFF, vmx, &lo, &hi);
+        if (j < skv)
+            rlx_attn_exp16(s + j, rlx_lanes16(skv - j), vmx, &lo, &hi);
         part[i] = _mm512_add_pd(lo, hi);
     }
     float invs[16];
