@@ -113,6 +113,32 @@ class AttentionPlan(Decision):
         return (self.node,)
 
 
+@dataclass(frozen=True)
+class GemmSiblings(Decision):
+    """Consecutive GEMMs of one input and packed weights of one shape (a layer's query, key and value projections)
+    run as one parallel region: the tiles of every member in one pool, split and stolen as the tiles of one product
+    of len(members) x N columns (the members' panels side by side, each row block's tiles of every member
+    together), each tile computed as alone (the same values). The first member renders the region; the others run
+    no code of their own.
+
+    >>> print(GemmSiblings(members=(17, 20, 23)).describe())  # doctest: +NORMALIZE_WHITESPACE
+    %17, %20, %23 GEMMs of one input as one parallel region
+    (one pool of their tiles; %20, %23 run no code of their own)
+    """
+
+    kind: ClassVar[str] = "gemm_siblings"
+    members: tuple[int, ...]
+
+    def describe(self) -> str:
+        names = ", ".join(f"%{m}" for m in self.members)
+        rest = ", ".join(f"%{m}" for m in self.members[1:])
+        return (f"{names} GEMMs of one input as one parallel region "
+                f"(one pool of their tiles; {rest} run no code of their own)")
+
+    def nodes(self) -> tuple[int, ...]:
+        return self.members
+
+
 def decisions_to_json(decisions: tuple[Decision, ...], ref: Any) -> list[dict[str, Any]]:
     """Canonical JSON of `decisions` with node ids mapped through `ref` (for the LIR hash)."""
     out = []
@@ -150,3 +176,4 @@ register_decision(AbsorbedTranspose, ("node", "source"))
 register_decision(PackedParam, ("node",))
 register_decision(WidenedParam, ("node", "cast"))
 register_decision(AttentionPlan, ("node",))
+register_decision(GemmSiblings, ("members",))

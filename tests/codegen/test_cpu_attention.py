@@ -123,8 +123,9 @@ def test_attention_dynamic_lengths_one_build(rng):
 
 
 @pytest.mark.parametrize(("b", "sq", "skv", "h", "hkv", "d", "mask"),
-                         [(1, 16, 16, 12, 12, 32, "padding"), (3, 13, 13, 4, 4, 32, "padding"), (2, 45, 45, 2, 2, 64, "none"),
-                          (1, 1, 1, 2, 2, 32, "none"), (2, 129, 129, 2, 1, 32, "padding"), (2, 7, 70, 4, 2, 32, "none")])
+                         [(1, 16, 16, 12, 12, 32, "padding"), (3, 13, 13, 4, 4, 32, "padding"),
+                          (2, 45, 45, 2, 2, 64, "none"), (1, 1, 1, 2, 2, 32, "none"),
+                          (2, 129, 129, 2, 1, 32, "padding"), (2, 7, 70, 4, 2, 32, "none")])
 def test_attention_rows_form(rng, b, sq, skv, h, hkv, d, mask):
     """Heads of a multiple of 32 with no mask or a padding mask: the LIR's AttentionPlan is rows where the target has
     AVX-512 (blocks elsewhere); either way the reference's values, over odd lengths, batch 1, one query row against

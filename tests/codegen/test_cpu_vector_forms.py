@@ -144,9 +144,9 @@ def test_softmax_exp_nonpos_is_the_general_exp(lib) -> None:
     assert general[0] == 0.0 and np.isnan(general[1]) and general[2] == 1.0
 
 
-@pytest.mark.parametrize(("sq", "skv", "hd", "mask"), [(128, 128, 32, "none"), (1, 1, 32, "none"), (13, 45, 32, "padding"),
-                                                      (25, 33, 64, "padding"), (7, 129, 32, "one"), (30, 17, 32, "all"),
-                                                      (12, 64, 96, "none")])
+@pytest.mark.parametrize(("sq", "skv", "hd", "mask"),
+                         [(128, 128, 32, "none"), (1, 1, 32, "none"), (13, 45, 32, "padding"), (25, 33, 64, "padding"),
+                          (7, 129, 32, "one"), (30, 17, 32, "all"), (12, 64, 96, "none")])
 def test_attention_rows_are_the_blocks(lib, sq, skv, hd, mask) -> None:
     so, level = lib
     rng = np.random.default_rng(sq * 1000 + skv)

@@ -140,6 +140,8 @@ class PgemmArgs(CpuArgs):
     mat_c: str
     #: The epilogue enum constant (RLX_EPI_NONE, RLX_EPI_GELU, ...).
     epi: str
+    #: `GemmSiblings`: every member's (packed B, C, bias or "NULL", epilogue), this node's first; () alone
+    group: tuple[tuple[str, str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -485,13 +487,23 @@ def pgemm_args(em: CpuEmitter, node: Node, a: Shape, b: Shape, b_param: NodeId, 
     fold = b.rank == 2
     if act:
         em.gemm_acts.add(act)
+    group = tuple(_sibling(em, em.node(m)) for m in em.siblings.get(node.id, ()))
     return PgemmArgs(
         m=em.dim(product(out.dims[:-1]) if fold else m), n=em.dim(n),
         k=em.dim(k), lda=em.dim(k), a=a_ptr, b=em.ptr(b_param),
         c=em.ptr(node.id, const=False), bias=bias, fold=fold,
         batch=em.gemm_batch(a, b, out, em.packed_mat[b_param]), mat_c=em.dim(m * n),
-        epi=f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE",
+        epi=f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE", group=group,
     )
+
+def _sibling(em: CpuEmitter, node: Node) -> tuple[str, str, str, str]:
+    """(packed B, C, bias, epilogue) of a `GemmSiblings` member."""
+    act = getattr(node.op, "activation", None) or ""
+    if act:
+        em.gemm_acts.add(act)
+    b_param = em.absorbed.get(node.inputs[1], node.inputs[1])
+    return (em.ptr(b_param), em.ptr(node.id, const=False), em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "NULL",
+            f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE")
 
 def swiglu_args(em: CpuEmitter, node: Node) -> SwigluArgs:
     x_id, g_id, u_id = node.inputs
