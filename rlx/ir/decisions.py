@@ -86,6 +86,59 @@ class WidenedParam(Decision):
         return (self.node, self.cast)
 
 
+@dataclass(frozen=True)
+class AttentionPlan(Decision):
+    """How the CPU computes one `attention` node. ``blocks``: a task (batch row, kv head) packs K^T and V into its
+    scratch, and each block of query rows takes its scores, softmax and weighted sum of V as three passes over a
+    64-row score tile. ``rows`` (AVX-512, heads of a multiple of 32, no mask or a padding mask): the task packs K^T
+    only, and `rlx_attn_rows` (kernels/packed_core.c) takes each group of 12 query rows through its scores (scaled,
+    masked and their maxima taken at the tile's store), exps and weighted sum of V (read in place, scaled by
+    1 / sum at its store) while the group's scores stay in L1; the same operations in the same order, so the same
+    values as ``blocks``.
+
+    >>> AttentionPlan(node=7, form="rows").describe()
+    '%7 attention: rows (scores, softmax and weighted sum per 12-row group in L1; K^T packed, V read in place)'
+    """
+
+    kind: ClassVar[str] = "attention_plan"
+    node: int
+    form: str
+
+    def describe(self) -> str:
+        how = ("scores, softmax and weighted sum per 12-row group in L1; K^T packed, V read in place"
+               if self.form == "rows" else "scores, softmax and weighted sum per 64-row block; K^T and V packed")
+        return f"%{self.node} attention: {self.form} ({how})"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node,)
+
+
+@dataclass(frozen=True)
+class GemmSiblings(Decision):
+    """Consecutive GEMMs of one input and packed weights of one shape (a layer's query, key and value projections)
+    run as one parallel region: the tiles of every member in one pool, split and stolen as the tiles of one product
+    of len(members) x N columns (the members' panels side by side, each row block's tiles of every member
+    together), each tile computed as alone (the same values). The first member renders the region; the others run
+    no code of their own.
+
+    >>> print(GemmSiblings(members=(17, 20, 23)).describe())  # doctest: +NORMALIZE_WHITESPACE
+    %17, %20, %23 GEMMs of one input as one parallel region
+    (one pool of their tiles; %20, %23 run no code of their own)
+    """
+
+    kind: ClassVar[str] = "gemm_siblings"
+    members: tuple[int, ...]
+
+    def describe(self) -> str:
+        names = ", ".join(f"%{m}" for m in self.members)
+        rest = ", ".join(f"%{m}" for m in self.members[1:])
+        return (f"{names} GEMMs of one input as one parallel region "
+                f"(one pool of their tiles; {rest} run no code of their own)")
+
+    def nodes(self) -> tuple[int, ...]:
+        return self.members
+
+
 def decisions_to_json(decisions: tuple[Decision, ...], ref: Any) -> list[dict[str, Any]]:
     """Canonical JSON of `decisions` with node ids mapped through `ref` (for the LIR hash)."""
     out = []
@@ -122,3 +175,5 @@ def register_decision(cls: type[Decision], node_fields: tuple[str, ...] = ()) ->
 register_decision(AbsorbedTranspose, ("node", "source"))
 register_decision(PackedParam, ("node",))
 register_decision(WidenedParam, ("node", "cast"))
+register_decision(AttentionPlan, ("node",))
+register_decision(GemmSiblings, ("members",))

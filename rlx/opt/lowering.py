@@ -42,7 +42,7 @@ import dataclasses
 from collections.abc import Callable
 
 from rlx.ir import ops as O
-from rlx.ir.decisions import AbsorbedTranspose, Decision, PackedParam, WidenedParam
+from rlx.ir.decisions import AbsorbedTranspose, AttentionPlan, Decision, GemmSiblings, PackedParam, WidenedParam
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -184,6 +184,67 @@ def widen_params(lir: LirModule) -> tuple[Decision, ...]:
     return tuple(out)
 
 
+def attention_plans(lir: LirModule, vector: int = 8) -> tuple[AttentionPlan, ...]:
+    """The `AttentionPlan` of every f32 `attention` node: ``rows`` where the target has AVX-512 (`vector` 16: the
+    micro-kernel's 12 x 32 tile), the head dimension is a multiple of 32 (V's rows read in place as whole panels)
+    and the mask is none or padding; ``blocks`` otherwise.
+
+    >>> from rlx.ir.graph import Graph
+    >>> from rlx.opt.memplan import plan
+    >>> g = Graph("a")
+    >>> q, k, v = (g.input(n, [2, 16, 64]) for n in "qkv")
+    >>> g.set_outputs([g.attention(q, k, v, num_heads=2, head_dim=32), g.attention(q, k, v, num_heads=4, head_dim=16)])
+    >>> [d.describe() for d in attention_plans(plan(g), 16)]  # doctest: +NORMALIZE_WHITESPACE
+    ['%3 attention: rows (scores, softmax and weighted sum per 12-row group in L1; K^T packed, V read in place)',
+     '%4 attention: blocks (scores, softmax and weighted sum per 64-row block; K^T and V packed)']
+    """
+    out = []
+    for n in lir.graph.nodes:
+        if not isinstance(n.op, O.Attention):
+            continue
+        rows = (vector == 16 and n.op.head_dim % 32 == 0 and n.op.mask in ("none", "padding")
+                and n.shape.dtype is DType.F32)
+        out.append(AttentionPlan(n.id, "rows" if rows else "blocks"))
+    return tuple(out)
+
+
+def gemm_siblings(lir: LirModule, packed: tuple[Decision, ...], sources: dict[NodeId, NodeId],
+                  vector: int = 8) -> tuple[GemmSiblings, ...]:
+    """`GemmSiblings` of every run of 2+ consecutive scheduled GEMMs (`fused_matmul_bias_act`) reading the same left
+    operand with packed, unbatched weights (`packed`) of one shape whose N is a multiple of the panel width, where the
+    target has AVX-512 (`vector` 16: the 32-column panels). Consecutive in the schedule, so running the later members
+    at the first one's place moves no write past any other node's use of memory.
+    """
+    if vector != 16:
+        return ()
+    packed_ids = {d.node for d in packed if isinstance(d, PackedParam)}
+    graph = lir.graph
+
+    def key(nid: NodeId) -> tuple[object, ...] | None:
+        n = graph.node(nid)
+        if n.kind != "fused_matmul_bias_act" or len(n.inputs) < 2 or lir.buffers[nid].storage != "arena":
+            return None
+        b = graph.node(n.inputs[1]).shape
+        if sources.get(n.inputs[1], n.inputs[1]) not in packed_ids or b.rank != 2 or n.shape.dtype is not DType.F32:
+            return None
+        if not n.shape.dims[-1].is_static or n.shape.dims[-1].value % 32:
+            return None
+        return (n.inputs[0], tuple(b.dims), tuple(n.shape.dims))
+
+    out: list[GemmSiblings] = []
+    run: list[NodeId] = []
+    run_key: tuple[object, ...] | None = None
+    for nid in (*lir.schedule, None):
+        k = key(nid) if nid is not None else None
+        if k is not None and k == run_key:
+            run.append(nid)
+            continue
+        if len(run) > 1:
+            out.append(GemmSiblings(tuple(run)))
+        run, run_key = ([nid], k) if k is not None else ([], None)
+    return tuple(out)
+
+
 def _cpu_decisions(lir: LirModule, conv_vector: int = 8, quant_interleave: bool = False) -> tuple[Decision, ...]:
     """The CPU's decisions; `conv_vector`: floats per vector of the conv register tiles (`tile_vector` of the
     target's instruction set: the pipeline passes it, 8 otherwise); `quant_interleave`: store q8_0 / q4_0 / q4_1 weights
@@ -193,9 +254,12 @@ def _cpu_decisions(lir: LirModule, conv_vector: int = 8, quant_interleave: bool 
     sources = {d.node: d.source for d in absorbed if isinstance(d, AbsorbedTranspose)}
     interleaved = interleaved_params(lir) if quant_interleave else ()
     convs = conv_plans(lir, conv_vector)
-    return (*absorbed, *pack_params(lir, sources), *widen_params(lir), *int8_params(lir), *interleaved,
+    packed = pack_params(lir, sources)
+    return (*absorbed, *packed, *gemm_siblings(lir, packed, sources, conv_vector), *widen_params(lir),
+            *int8_params(lir), *interleaved,
             *quant_gemv_groups(lir, frozenset(d.node for d in interleaved)), *moe_plans(lir, "cpu"),
-            *convs, *conv_residuals(lir, convs), *pool_plans(lir, conv_vector))
+            *convs, *conv_residuals(lir, convs), *pool_plans(lir, conv_vector),
+            *attention_plans(lir, conv_vector))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cpu_helpers import check, compile_graph
+from cpu_helpers import check, compile_graph, cpu_flags
 
 import rlx
+from rlx.ir.decisions import AttentionPlan
 
 ATTN_TOL = {"rtol": 1e-5, "atol": 2e-6}
 
@@ -119,6 +120,36 @@ def test_attention_dynamic_lengths_one_build(rng):
     cg = compile_graph(g)
     for s_q, s_kv in ((40, 40), (1, 48), (5, 20), (33, 33)):
         check(g, _qkv(rng, 1, s_q, s_kv, h, h, d), cg=cg, **ATTN_TOL)
+
+
+@pytest.mark.parametrize(("b", "sq", "skv", "h", "hkv", "d", "mask"),
+                         [(1, 16, 16, 12, 12, 32, "padding"), (3, 13, 13, 4, 4, 32, "padding"),
+                          (2, 45, 45, 2, 2, 64, "none"), (1, 1, 1, 2, 2, 32, "none"),
+                          (2, 129, 129, 2, 1, 32, "padding"), (2, 7, 70, 4, 2, 32, "none")])
+def test_attention_rows_form(rng, b, sq, skv, h, hkv, d, mask):
+    """Heads of a multiple of 32 with no mask or a padding mask: the LIR's AttentionPlan is rows where the target has
+    AVX-512 (blocks elsewhere); either way the reference's values, over odd lengths, batch 1, one query row against
+    one key, grouped-query heads, rows with keys dropped and a fully padded row."""
+    g = rlx.Graph("attn_rows")
+    q = g.input("q", [b, sq, h * d])
+    k = g.input("k", [b, skv, hkv * d])
+    v = g.input("v", [b, skv, hkv * d])
+    feed = _qkv(rng, b, sq, skv, h, hkv, d)
+    m = None
+    if mask == "padding":
+        m = g.input("m", [b, skv], "i32")
+        mv = np.ones((b, skv), np.int32)
+        if b > 1:
+            mv[0, skv // 2:] = 0
+            mv[-1, :] = 0  # a fully padded sequence: zeros
+        feed["m"] = mv
+    g.set_outputs([g.attention(q, k, v, num_heads=h, head_dim=d, mask=mask, mask_input=m, num_kv_heads=hkv)])
+    cg = compile_graph(g)
+    (plan,) = cg.lir.decided(AttentionPlan)
+    assert plan.form == ("rows" if "avx512f" in cpu_flags() else "blocks")
+    got = check(g, feed, cg=cg, **ATTN_TOL)
+    if mask == "padding" and b > 1:
+        assert np.all(got[0][-1] == 0.0)
 
 
 @pytest.mark.parametrize("variant", ["neox", "interleaved"])

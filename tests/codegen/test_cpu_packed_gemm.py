@@ -22,6 +22,7 @@ from cpu_helpers import assert_within, compile_graph, cpu_flags, gemm_bound
 
 import rlx
 from rlx.ir import ops as O
+from rlx.ir.decisions import GemmSiblings
 
 _FLAGS = cpu_flags()
 _X86 = os.uname().machine in ("x86_64", "AMD64")
@@ -102,6 +103,43 @@ def test_every_epilogue(rng, target):
     bound = gemm_bound(xv, params["w"], 24)
     for name, a, b_ in zip(g.output_names, got, want):
         assert_within(a, b_, 1.2 * bound + 2e-6 * np.abs(b_) + 1e-7, f"{name} on {target}")
+
+
+def _siblings_graph(m: int, k: int, n: int, members: list[int], acts: list[str | None]) -> rlx.Graph:
+    """GEMMs of one input x with weights w{i} and biases b{i} (i in `members`), each read by an add of z (so their
+    values live in the arena, as a layer's Q, K and V do, and come out exactly)."""
+    g = rlx.Graph("siblings")
+    x = g.input("x", [m, k])
+    z = g.input("z", [m, n])
+    ys = [g.add(O.FusedMatMulBiasAct(acts[i]), [x, g.param(f"w{i}", [k, n]), g.param(f"b{i}", [n])]) for i in members]
+    g.set_outputs({f"y{i}": g.add_(y, z) for i, y in zip(members, ys)})
+    return g
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(16, 384, 384), (97, 64, 96), (1, 40, 32), (200, 33, 64)])
+def test_sibling_gemms_one_region(rng, m, k, n):
+    """Consecutive GEMMs of one input with packed weights of one shape run as one parallel region (GemmSiblings,
+    where the target has AVX-512): each product bit for bit what it is alone, within the GEMM bound of the reference
+    (rows past a 96-row block, one row, one panel, a GELU member among plain ones)."""
+    acts = [None, "gelu", None]
+    params = {}
+    for i in range(3):
+        params[f"w{i}"] = rng.standard_normal((k, n)).astype(np.float32)
+        params[f"b{i}"] = rng.standard_normal(n).astype(np.float32)
+    feed = {"x": rng.standard_normal((m, k)).astype(np.float32), "z": np.zeros((m, n), np.float32)}
+    g = _siblings_graph(m, k, n, [0, 1, 2], acts)
+    cg = compile_graph(g, params)
+    groups = cg.lir.decided(GemmSiblings)
+    assert len(groups) == (1 if "avx512f" in cpu_flags() else 0)
+    got = cg.run(feed)
+    want = rlx.reference.run(g, feed, params)
+    bound = gemm_bound(feed["x"], params["w0"], k)
+    for i in range(3):
+        assert_within(got[i], want[i], 1.2 * bound + 2e-6 * np.abs(want[i]) + 1e-7, f"member {i}")
+        alone_g = _siblings_graph(m, k, n, [i], acts)
+        alone = compile_graph(alone_g, {f"w{i}": params[f"w{i}"], f"b{i}": params[f"b{i}"]})
+        assert not alone.lir.decided(GemmSiblings)
+        np.testing.assert_array_equal(got[i].view(np.int32), alone.run(feed)[0].view(np.int32))
 
 
 # gelu's special values (kernels/scalar.h): tails, the 0.75 range switch, the -16 cut, inf, NaN

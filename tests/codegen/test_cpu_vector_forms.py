@@ -6,6 +6,10 @@
 - `rlx_pack_b` reading B transposed (each column contiguous, sk == 1: an attention task's K^T, a PyTorch [out, in]
   weight), which AVX-512 does 16 x 16 blocks at a time in registers, against the panel layout built in numpy, for
   shapes with and without whole blocks.
+- `rlx_attn_rows` (an `AttentionPlan` of form rows: a 12-row group's scores, softmax and weighted sum of V in L1)
+  against the blocks form's steps (`rlx_attn_scores`, `rlx_softmax_row`, `rlx_attn_values`, the rows scaled by
+  1 / sum), on AVX-512: odd query and key counts, heads of 32 and 64, padding masks (one key kept, every key dropped),
+  scores spread far enough for exps to underflow.
 - The softmax's `rlx_exp8_nonpos` / `rlx_exp16_nonpos` against `rlx_exp8` / `rlx_exp16`, for the arguments it
   gets (a score less its row's max: <= 0, -inf, or NaN), over [-110, 0] densely.
 
@@ -60,6 +64,8 @@ def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                        ("chk_exp", [ptr, ptr, ptr, n]), ("chk_pack_b", [ptr, ptr, n, n, n, n])):
         getattr(so, name).restype = None
         getattr(so, name).argtypes = args
+    so.chk_attn.restype = ctypes.c_int
+    so.chk_attn.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, n, n, n, n, n, ctypes.c_float]
     assert so.chk_lanes() == PANEL[level] // 2, f"the {level} build has no vector exp of its lanes"
     return so, level
 
@@ -136,3 +142,35 @@ def test_softmax_exp_nonpos_is_the_general_exp(lib) -> None:
     assert diff.size == 0, (f"{diff.size} values differ on {level}; first at x = {x[diff[0]]!r}: "
                             f"{nonpos[diff[0]]!r} vs {general[diff[0]]!r}")
     assert general[0] == 0.0 and np.isnan(general[1]) and general[2] == 1.0
+
+
+@pytest.mark.parametrize(("sq", "skv", "hd", "mask"),
+                         [(128, 128, 32, "none"), (1, 1, 32, "none"), (13, 45, 32, "padding"), (25, 33, 64, "padding"),
+                          (7, 129, 32, "one"), (30, 17, 32, "all"), (12, 64, 96, "none")])
+def test_attention_rows_are_the_blocks(lib, sq, skv, hd, mask) -> None:
+    so, level = lib
+    rng = np.random.default_rng(sq * 1000 + skv)
+    ldq, ldk = hd * 3 + 8, hd * 2 + 16  # heads inside wider rows, as Q / K / V of a layer
+    q = (rng.standard_normal((sq, ldq)) * 4).astype(np.float32)  # scores spread over ~[-60, 60]: some exps underflow
+    k = rng.standard_normal((skv, ldk)).astype(np.float32)
+    v = rng.standard_normal((skv, ldk)).astype(np.float32)
+    keep = {"none": None, "padding": (np.arange(skv) < skv - 5), "one": (np.arange(skv) == skv // 2),
+            "all": np.zeros(skv, bool)}[mask]
+    keep_arr = None if keep is None else keep.astype(np.float32)
+    blocks, rows = np.full((sq, hd), np.nan, np.float32), np.full((sq, hd), np.nan, np.float32)
+    scale = np.float32(1.0 / np.sqrt(hd))
+    done = so.chk_attn(blocks.ctypes.data, rows.ctypes.data, q.ctypes.data, k.ctypes.data, v.ctypes.data,
+                       None if keep_arr is None else keep_arr.ctypes.data, sq, skv, hd, ldq, ldk, scale)
+    if not done:
+        assert level == "x86-64-v3"  # rlx_attn_rows is the AVX-512 tile's
+        return
+    np.testing.assert_array_equal(_bits(rows), _bits(blocks))
+    s = (q[:, :hd].astype(np.float64) @ k[:, :hd].astype(np.float64).T) * float(scale)
+    if keep is not None:
+        s[:, ~keep] = -np.inf
+    if mask == "all":
+        assert np.all(rows == 0.0)
+        return
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = (p / p.sum(axis=1, keepdims=True)) @ v[:, :hd].astype(np.float64)
+    np.testing.assert_allclose(rows, want, rtol=1e-5, atol=2e-5)

@@ -23,6 +23,7 @@ from rlx.codegen.cpu.emit import CpuArgs, CpuEmitter, GemmBatch
 from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.errors import BuildError
 from rlx.ir import ops as O
+from rlx.ir.decisions import AttentionPlan
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.norms import norm_inputs
@@ -139,6 +140,8 @@ class PgemmArgs(CpuArgs):
     mat_c: str
     #: The epilogue enum constant (RLX_EPI_NONE, RLX_EPI_GELU, ...).
     epi: str
+    #: `GemmSiblings`: every member's (packed B, C, bias or "NULL", epilogue), this node's first; () alone
+    group: tuple[tuple[str, str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,6 +333,8 @@ class AttentionArgs(CpuArgs):
     kp_offset: int
     vp_offset: int
     row_offset: int
+    #: `AttentionPlan.form`: "blocks" or "rows"
+    form: str = "blocks"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -482,13 +487,23 @@ def pgemm_args(em: CpuEmitter, node: Node, a: Shape, b: Shape, b_param: NodeId, 
     fold = b.rank == 2
     if act:
         em.gemm_acts.add(act)
+    group = tuple(_sibling(em, em.node(m)) for m in em.siblings.get(node.id, ()))
     return PgemmArgs(
         m=em.dim(product(out.dims[:-1]) if fold else m), n=em.dim(n),
         k=em.dim(k), lda=em.dim(k), a=a_ptr, b=em.ptr(b_param),
         c=em.ptr(node.id, const=False), bias=bias, fold=fold,
         batch=em.gemm_batch(a, b, out, em.packed_mat[b_param]), mat_c=em.dim(m * n),
-        epi=f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE",
+        epi=f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE", group=group,
     )
+
+def _sibling(em: CpuEmitter, node: Node) -> tuple[str, str, str, str]:
+    """(packed B, C, bias, epilogue) of a `GemmSiblings` member."""
+    act = getattr(node.op, "activation", None) or ""
+    if act:
+        em.gemm_acts.add(act)
+    b_param = em.absorbed.get(node.inputs[1], node.inputs[1])
+    return (em.ptr(b_param), em.ptr(node.id, const=False), em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "NULL",
+            f"RLX_EPI_{act.upper()}" if act else "RLX_EPI_NONE")
 
 def swiglu_args(em: CpuEmitter, node: Node) -> SwigluArgs:
     x_id, g_id, u_id = node.inputs
@@ -649,6 +664,8 @@ def attention_args(em: CpuEmitter, node: Node) -> AttentionArgs:
     row_offset = vp_offset + align64(skv_max * round_up(d, PACK_NR_MAX) * 4)
     scratch = row_offset + align64(skv_max * 4)
     em.scratch_per_thread = max(em.scratch_per_thread, scratch)
+    plan = next((d for d in em.lir.decided(AttentionPlan) if d.node == node.id), None)
+    form = plan.form if plan is not None else "blocks"
     mask = AttentionMask(op.mask)
     if op.mask == "padding":
         m_id = node.inputs[3]
@@ -666,7 +683,7 @@ def attention_args(em: CpuEmitter, node: Node) -> AttentionArgs:
                          batch=em.dim(q.dims[0]), sq=em.dim(q.dims[1]), skv=em.dim(k.dims[1]),
                          heads=h, kv_heads=hkv, group=h // hkv, hd=d, scale=_float_literal(op.softmax_scale),
                          mask=mask, qblock=ATTN_QBLOCK, kp_offset=kp_offset, vp_offset=vp_offset,
-                         row_offset=row_offset)
+                         row_offset=row_offset, form=form)
 
 def rope_args(em: CpuEmitter, node: Node) -> RopeArgs:
     op: O.Rope = node.op  # type: ignore[assignment]

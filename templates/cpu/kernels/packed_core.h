@@ -91,4 +91,17 @@ RLX_CORE_FN void rlx_kernel_next(int64_t mr, int64_t kc, const float *A, int64_t
 RLX_CORE_FN void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols);
 #endif
 
+#if defined(RLX_NR) && RLX_NR == 32
+/* Attention rows in one pass per group of RLX_MR query rows (an `AttentionPlan` of form "rows"): with K^T packed
+ * in kp (panels of 32 keys, hd rows each; rlx_pack_b), for rows i < `rows` of Q (ldq apart) O[i, 0:hd] (ldo apart)
+ * = softmax(scale * q_i K^T, -inf where keep[j] == 0; keep may be NULL) @ V, V[0:skv, 0:hd] read in place (ldv
+ * apart, hd a multiple of 32). The scores of a group (S: RLX_MR x skv floats of scratch) stay in L1 from their
+ * product to the weighted sum; the same operations, in the same order, as rlx_attn_scores, rlx_softmax_row
+ * and rlx_attn_values of kernels/attention.h, so the same values bit for bit. A row whose keys are all masked
+ * is zeros. */
+RLX_CORE_FN void rlx_attn_rows(float *O, int64_t ldo, const float *Q, int64_t ldq, int64_t rows, const float *kp,
+                               int64_t hd, const float *V, int64_t ldv, int64_t skv, float scale, const float *keep,
+                               float *S);
+#endif
+
 #endif /* RLX_KERNELS_PACKED_CORE_H */

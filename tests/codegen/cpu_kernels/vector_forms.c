@@ -7,6 +7,8 @@
 #include "kernels/half.h"
 #include "kernels/scalar.h"
 #include "kernels/packed_core.c" /* the kernel unit itself (rlx_gelu_block), in this translation unit */
+#include "kernels/gemm.h"
+#include "kernels/attention.h"
 #if defined(__AVX512F__)
 #include "kernels/vexp16.h"
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -68,4 +70,38 @@ EXPORT void chk_exp(const float *x, float *general, float *nonpos, int64_t n)
 EXPORT void chk_pack_b(float *dst, const float *src, int64_t K, int64_t N, int64_t sk, int64_t sn)
 {
     rlx_pack_b(dst, src, K, N, sk, sn);
+}
+
+/* One attention head, Q [sq, hd] (rows ldq apart), K and V [skv, hd] (rows ldk apart), keep [skv] or NULL, both
+ * ways: `blocks` as the blocks form (K^T and V packed, a block's scores, rlx_softmax_row per row, the weighted sum,
+ * the rows scaled by 1 / sum), `rows` through rlx_attn_rows (AVX-512 only; returns 0 where this build has none). */
+EXPORT int chk_attn(float *blocks, float *rows, const float *Q, const float *K, const float *V, const float *keep,
+                    int64_t sq, int64_t skv, int64_t hd, int64_t ldq, int64_t ldk, float scale)
+{
+#if defined(RLX_NR) && RLX_NR == 32
+    const int64_t panels = (skv + 31) / 32;
+    float *kp = aligned_alloc(64, (size_t)(panels * 32 * hd + 16) * sizeof(float));
+    float *vp = aligned_alloc(64, (size_t)(skv * ((hd + 31) / 32) * 32 + 16) * sizeof(float));
+    float *S = malloc((size_t)(sq * skv + 16) * sizeof(float));
+    rlx_attn_pack(kp, vp, K, V, skv, hd, ldk);
+    rlx_attn_scores(S, skv, Q, ldq, sq, skv, hd, kp, K, ldk, 1);
+    float *inv = malloc((size_t)sq * sizeof(float));
+    for (int64_t i = 0; i < sq; i++)
+        inv[i] = rlx_softmax_row(S + i * skv, skv, skv, scale, NULL, keep);
+    rlx_attn_values(blocks, hd, S, skv, sq, skv, hd, vp, skv, V, ldk, 1);
+    for (int64_t i = 0; i < sq; i++)
+        for (int64_t d = 0; d < hd; d++)
+            blocks[i * hd + d] *= inv[i];
+    rlx_pack_b(kp, K, hd, skv, 1, ldk);
+    rlx_attn_rows(rows, hd, Q, ldq, sq, kp, hd, V, ldk, skv, scale, keep, S);
+    free(inv);
+    free(S);
+    free(vp);
+    free(kp);
+    return 1;
+#else
+    (void)blocks; (void)rows; (void)Q; (void)K; (void)V; (void)keep; (void)sq; (void)skv; (void)hd; (void)ldq;
+    (void)ldk; (void)scale;
+    return 0;
+#endif
 }
