@@ -47,6 +47,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     img = g.input("img", [BATCH, 7, 9, 31])
     deep = g.input("deep", [BATCH, 40, 7, 16])
     plane = g.input("plane", [BATCH, 6, 1, 3])
+    pooled = g.input("pooled", [BATCH, 240, 2, 3])
     wide_plane = g.input("wide_plane", [BATCH, 40, 20, 26])
     chans = g.input("chans", [BATCH, 260, 3, 16])
     wino4 = g.input("wino4", [BATCH, 33, 9, 30])
@@ -62,6 +63,10 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "pointwise": g.conv(x, param("w_p", [33, 5, 1, 1])),
         "pointwise_pixel": g.conv(g.pool("avg", deep, (7, 16)), param("w_pp", [24, 40, 1, 1]), param("b_pp", [24]),
                                   activation="relu"),
+        # one pixel with 150 x 240 weights (RLX_GEMV_TEAM_MIN+): the team shares the matrix-vector product, four
+        # rows at a time, blocks of 40 output channels (the last one 30: two rows alone)
+        "pointwise_pixel_team": g.conv(g.pool("avg", pooled, (2, 3)), param("w_ppt", [150, 240, 1, 1]),
+                                       param("b_ppt", [150])),
         "pointwise_grouped": g.conv(deep, param("w_pg", [20, 20, 1, 1]), groups=2),
         # a 520-pixel plane: register tiles on 16-pixel panels (32 whole, one of 8 pixels); 40 channels: two blocks
         # of input channels accumulated in the output rows; 13 output channels: tiles of 6, 6 and 1; grouped
@@ -174,6 +179,7 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "img": rng.standard_normal((batch, 7, 9, 31)).astype(np.float32),
             "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32),
             "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32),
+            "pooled": rng.standard_normal((batch, 240, 2, 3)).astype(np.float32),
             "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32),
             "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32),
             "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32),
