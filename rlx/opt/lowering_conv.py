@@ -20,6 +20,7 @@ channels-first tiles (BLAS), or on pixel-major tiles with the weight packed at `
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 
@@ -311,6 +312,23 @@ def wide_lanes_fit(op: Conv, g: Window2d, out_channels: int, vector: int) -> boo
             and out_channels % vector == 0 and direct_fits(g))
 
 
+#: Plans whose work units the team takes in even contiguous ranges a thread (`ConvPlan.ranges`; max and average pools
+#: too, `PoolPlan.ranges`): a thread's share of the output is then the same run after run and next to what it wrote in
+#: the kernels before, in its own core's cache. In the models, profiled on 2 threads at batch 1 (units one at a time
+#: -> in ranges): MobileNetV3-small's pointwise convs on panels 17.6-18.7 -> 12.2-13 us (16 -> 16 on 56 x 56), 51-59
+#: -> 38-40 (16 -> 72), 21-28 -> 16-22 (28 x 28), its depthwise convs 1-5 us less each; ResNet-18's 14-wide
+#: `nchw_lanes` convs 566-627 -> 521-563 us, its stride-2 ones 326-382 -> 314-364, its max pool 117-127 -> 104-106.
+#: The pointwise convs by the BLAS (``nchw``) take their units by blocks of output channels first (with pixel tiles
+#: first, a thread's range split every plane in the middle of a cache line: 40 -> 240 on 14 x 14 26.7 -> 47.8 us).
+TASK_RANGES = frozenset({("depthwise", "nchw"), ("depthwise", "nchw_rows"), ("depthwise", "nchw_row_shifts"),
+                         ("pointwise", "nchw"), ("pointwise", "nchw_panels"), ("direct", "nchw_lanes")})
+
+
+def with_ranges(plan: ConvPlan) -> ConvPlan:
+    """`plan` with `ranges` set where its layout takes its units in ranges (TASK_RANGES)."""
+    return dataclasses.replace(plan, ranges=True) if (plan.algorithm, plan.layout) in TASK_RANGES else plan
+
+
 def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
     """The `ConvPlan` of every conv node of `lir`; `vector` (TILE_VECTORS, `tile_vector` of the target) is the
     floats per vector of the register tiles (direct, Winograd, pointwise on panels).
@@ -403,7 +421,7 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             k = cg * math.prod(kernel)
             plane = math.prod(d.value for d in n.shape.dims[2:])
             out.append(ConvPlan(n.id, "implicit_gemm", "nchw_tiles", n.inputs[1], False, tile_pixels(k, plane)))
-    return tuple(out)
+    return tuple(with_ranges(p) for p in out)
 
 
 def pool_plans(lir: LirModule, vector: int = 8) -> tuple[PoolPlan, ...]:
@@ -411,7 +429,7 @@ def pool_plans(lir: LirModule, vector: int = 8) -> tuple[PoolPlan, ...]:
     pool whose window `depthwise_rows_fit` (3 x 3, stride 2, pads 1, output rows of DW_ROWS_MIN_WIDTH+ pixels:
     ResNet's stem pool) row by row straight from the plane (``nchw_rows``: its phase copy cost as much as the window,
     ResNet-18's pool in the model, 2 threads: 0.20 -> 0.135 ms), any other max pool on stride-phase copies
-    (``nchw_phases``).
+    (``nchw_phases``); every one's planes taken in contiguous ranges a thread (`ranges`, as TASK_RANGES' convs).
 
     >>> from rlx.ir.graph import Graph
     >>> from rlx.opt.memplan import plan
@@ -419,18 +437,20 @@ def pool_plans(lir: LirModule, vector: int = 8) -> tuple[PoolPlan, ...]:
     >>> x = g.input("x", [1, 4, 64, 64])
     >>> g.set_outputs([g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), g.pool("max", x, (2, 2))])
     >>> [d.describe() for d in pool_plans(plan(g), 16)]  # doctest: +NORMALIZE_WHITESPACE
-    ['%1 pool: max on nchw_rows (rows straight from the plane, 16-float vectors)',
-     '%2 pool: max on nchw_phases (stride-phase copies of each plane)']
+    ['%1 pool: max on nchw_rows (rows straight from the plane, 16-float vectors, planes in contiguous ranges a
+      thread)',
+     '%2 pool: max on nchw_phases (stride-phase copies of each plane, planes in contiguous ranges a thread)']
     """
     out = []
     for n in lir.graph.nodes:
         if not isinstance(n.op, Pool) or len(n.op.kernel) > 2:
             continue
         if n.op.fn != "max":
-            out.append(PoolPlan(n.id, "nchw"))
+            out.append(PoolPlan(n.id, "nchw", ranges=True))
             continue
         x = lir.graph.node(n.inputs[0]).shape
         geo = window_2d(n.op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in n.shape.dims[2:]),
                         n.op.kernel, 1)
-        out.append(PoolPlan(n.id, "nchw_rows", vector) if depthwise_rows_fit(geo) else PoolPlan(n.id, "nchw_phases"))
+        out.append(PoolPlan(n.id, "nchw_rows", vector, ranges=True) if depthwise_rows_fit(geo)
+                   else PoolPlan(n.id, "nchw_phases", ranges=True))
     return tuple(out)

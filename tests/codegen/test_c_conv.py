@@ -26,7 +26,8 @@ import pytest
 from cpu_helpers import session
 
 import rlx
-from rlx.ir.decisions_conv import ConvPlan
+from rlx.ir.decisions_conv import ConvPlan, PoolPlan
+from rlx.opt.lowering_conv import TASK_RANGES
 
 BATCH = rlx.Dim.dynamic("b", max=3)
 
@@ -254,6 +255,11 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "pool: max on nchw_rows" in cg.lir.inspect() and "pool: max on nchw_phases" in cg.lir.inspect()
     assert "conv: direct on nchw_lanes (weight %" in cg.lir.inspect()
     assert "x C*kh*kw x" in cg.lir.inspect()
+    # depthwise, pointwise and lanes convs and every pool take their units in contiguous ranges a thread
+    assert {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan) if d.ranges} == TASK_RANGES
+    assert all(d.ranges for d in cg.lir.decided(PoolPlan))
+    assert "units in contiguous ranges a thread" in cg.lir.inspect()
+    assert "planes in contiguous ranges a thread" in cg.lir.inspect()
     # many input channels in the lanes only with 16-float vectors, in units of 4 rows x 64 channels at most
     wide = {(d.channels, d.rows) for d in cg.lir.decided(ConvPlan)
             if d.layout == "nchw_lanes" and cg.lir.graph.node(d.weight).shape.static_dims[1] > 4}
@@ -268,6 +274,34 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
         for name, a, b in zip(g.output_names, got, want):
             assert a.shape == b.shape, name
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()), err_msg=name)
+
+
+def test_units_in_ranges_or_claimed_give_the_same_values(built: tuple[rlx.Graph, dict[str, np.ndarray]]) -> None:
+    """A spinning team takes the units of the plans with `ranges` in contiguous ranges a thread (stealing at their
+    ends), one that does not spin claims them one at a time: every variant the same bit for bit either way, at batch 1
+    (the team shares one image's units) and 3, and both threads at work."""
+    from rlx.runtime.team import WaitPolicy
+
+    g, params = built
+    cg = rlx.Session(profile=True).compile(g, num_threads=2)
+    for name, value in params.items():
+        cg.set_param(name, value)
+    cg.team.threads = 2
+    for batch in (1, 3):
+        feeds = _feeds(batch)
+        cg.team.policy = WaitPolicy(spins=True, adaptive=False, source="test")  # hold the team where it is set
+        spinning = cg.run(**feeds)
+        cg.run(**{k: np.zeros_like(v) for k, v in feeds.items()})  # other values in the arena: a unit left undone shows
+        cg.trace(clear=True)
+        cg.team.policy = WaitPolicy(spins=False, adaptive=False, source="test")
+        claimed = cg.run(**feeds)
+        assert cg._pool.primary.team == (2, False)
+        spans = [s for s in cg.trace(clear=True) if s.thread >= 0]
+        assert {s.thread for s in spans if s.kind in ("conv", "pool")} == {0, 1}
+        want = rlx.reference.run(g, feeds, params)
+        for name, a, b, w in zip(g.output_names, spinning, claimed, want):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+            np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()), err_msg=name)
 
 
 def test_f16_conv_runs_in_f32_between_casts() -> None:
