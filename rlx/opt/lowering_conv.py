@@ -408,7 +408,7 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             # with 16-float vectors a conv that would run direct on phase planes or as F(2x2, 3x3) (wide_lanes_fit)
             stem = geo.cg <= LANES_MAX_CHANNELS
             out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector,
-                                channels=o if stem else min(o, LANES_CHANNELS), vector=vector,
+                                channels=(o if o <= 16 else o // 2) if stem else min(o, LANES_CHANNELS), vector=vector,
                                 rows=LANES_ROWS if stem else LANES_WIDE_ROWS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
