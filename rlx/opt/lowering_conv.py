@@ -272,6 +272,18 @@ LANES_WIDE_ROWS = 4
 LANES_CHANNELS = 64
 
 
+def lanes_stem_channels(out_channels: int, vector: int) -> int:
+    """Output channels per work unit of a stem on `nchw_lanes`: all of them up to one vector, else about half (whole
+    vectors), so that the team's ranges of units (`ConvPlan.ranges`: groups outermost) are halves of the channels, as
+    the max pool's after it takes them (ResNet-18's 3 -> 64 stem in two groups of 32, in the model on 2 threads: its
+    pool 113-127 -> 74-80 us, the stem itself no slower).
+
+    >>> [lanes_stem_channels(o, v) for o, v in ((64, 16), (16, 16), (48, 16), (64, 8))]
+    [32, 16, 32, 32]
+    """
+    return out_channels if out_channels <= vector else -(-out_channels // 2 // vector) * vector
+
+
 def lanes_fit(g: Window2d, op: Conv, out_channels: int, vector: int) -> bool:
     """Whether a conv runs with the output channels in the vector lanes (`direct` on `nchw_lanes`): groups 1, a
     window of 2+ taps whose rows have at most LANES_MAX_KW taps, output channels a multiple of `vector`, output rows of
@@ -408,7 +420,8 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             # with 16-float vectors a conv that would run direct on phase planes or as F(2x2, 3x3) (wide_lanes_fit)
             stem = geo.cg <= LANES_MAX_CHANNELS
             out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector,
-                                channels=(o if o <= 16 else o // 2) if stem else min(o, LANES_CHANNELS), vector=vector,
+                                channels=lanes_stem_channels(o, vector) if stem else min(o, LANES_CHANNELS),
+                                vector=vector,
                                 rows=LANES_ROWS if stem else LANES_WIDE_ROWS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):

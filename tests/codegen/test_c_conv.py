@@ -264,6 +264,10 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     wide = {(d.channels, d.rows) for d in cg.lir.decided(ConvPlan)
             if d.layout == "nchw_lanes" and cg.lir.graph.node(d.weight).shape.static_dims[1] > 4}
     assert wide == ({(16, 4), (64, 4)} if want_vector == 16 else set())
+    # stems: every channel up to a vector's, else about half (32 -> two groups of 16; 16 with 8-float vectors: 8 + 8)
+    stems = {d.channels for d in cg.lir.decided(ConvPlan)
+             if d.layout == "nchw_lanes" and cg.lir.graph.node(d.weight).shape.static_dims[1] <= 4}
+    assert stems == ({16} if want_vector == 16 else {16, 8})
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
     assert "conv: winograd on nchw_wino4_tiles (weight %" in cg.lir.inspect()
     assert "36 x O x C on set for F(4x4, 3x3)" in cg.lir.inspect()
