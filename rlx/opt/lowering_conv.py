@@ -266,8 +266,9 @@ LANES_MAX_OUT = 256
 #: 0.92-0.98 ms with units of one row, 0.85-0.92 with bands of 8; noisy shared host).
 LANES_ROWS = 8
 #: Output rows and channels of a work unit of a conv with many input channels on `nchw_lanes` (`wide_lanes_fit`):
-#: units small enough to be shared by the team at batch 1 (ResNet-18's 14-wide stage: 4 bands x 4 groups); rows
-#: 2-14 and groups of 32-256 channels measured within the host's noise, except 256 (0.84 vs 0.73 ms a conv).
+#: units small enough to be shared by the team at batch 1 (ResNet-18's 14-wide stage: 4 bands x 2 groups); with the
+#: units claimed one at a time, rows 2-14 and groups of 32-256 channels measured within the host's noise, except 256
+#: (0.84 vs 0.73 ms a conv); in ranges, groups of half the channels (`lanes_wide_channels`) where more than 64.
 LANES_WIDE_ROWS = 4
 LANES_CHANNELS = 64
 
@@ -282,6 +283,19 @@ def lanes_stem_channels(out_channels: int, vector: int) -> int:
     [32, 16, 32, 32]
     """
     return out_channels if out_channels <= vector else -(-out_channels // 2 // vector) * vector
+
+
+def lanes_wide_channels(out_channels: int, vector: int) -> int:
+    """Output channels per work unit of a conv with many input channels on `nchw_lanes`: LANES_CHANNELS, or half of
+    the channels (whole vectors) where that is more, so that the team's ranges (`ConvPlan.ranges`, groups outermost)
+    are halves of the channels (ResNet-18's 14-wide stage, 256 channels in two groups of 128, in the model on 2
+    threads, profiled, three alternations: 646-681 -> 625-649 us a conv; 64 -> 128 and 128 -> 256 stride-2 convs
+    within the noise).
+
+    >>> [lanes_wide_channels(o, 16) for o in (16, 64, 128, 256, 400)]
+    [16, 64, 64, 128, 192]
+    """
+    return min(out_channels, max(LANES_CHANNELS, out_channels // 2 // vector * vector))
 
 
 def lanes_fit(g: Window2d, op: Conv, out_channels: int, vector: int) -> bool:
@@ -420,7 +434,7 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             # with 16-float vectors a conv that would run direct on phase planes or as F(2x2, 3x3) (wide_lanes_fit)
             stem = geo.cg <= LANES_MAX_CHANNELS
             out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector,
-                                channels=lanes_stem_channels(o, vector) if stem else min(o, LANES_CHANNELS),
+                                channels=lanes_stem_channels(o, vector) if stem else lanes_wide_channels(o, vector),
                                 vector=vector,
                                 rows=LANES_ROWS if stem else LANES_WIDE_ROWS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
