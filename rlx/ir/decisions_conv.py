@@ -61,12 +61,22 @@
   every tap): each output row one vector, straight from the plane, each input row loaded once (with a column stride
   of 2 split into even and odd columns) and every tap a lane shift of it.
 
+How the team takes a plan's work units (`ranges`): one at a time from a shared counter, or (depthwise, pointwise,
+`nchw_lanes`, and `PoolPlan.ranges`: `rlx.opt.lowering_conv.TASK_RANGES`) in even contiguous ranges a thread, the
+ranges a spinning team's threads steal from at their ends (`rlx_tasks_begin_pool`, kernels/threads.h; a team that does
+not spin claims them one at a time). With ranges a thread writes the same share of the output run after run, next
+to what the same thread wrote in the kernels before it (a depthwise conv's planes, the pointwise conv before it: its
+blocks of output channels outermost), so it reads from its own core's cache.
+
 >>> ConvPlan(node=5, algorithm="implicit_gemm", layout="nhwc_tiles", weight=2, packed=True, depth=192).describe()
 '%5 conv: implicit_gemm on nhwc_tiles (weight %2 packed K x N on set, 192-deep blocks)'
 >>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino_tiles", weight=6, packed=True, tile=12,
 ...          channels=64, vector=8).describe()  # doctest: +NORMALIZE_WHITESPACE
 '%7 conv: winograd on nchw_wino_tiles (weight %6 transformed to 16 x O x C on set for F(2x2, 3x3),
  64-channel blocks, units of up to 12 16-tile panels, 8-float vectors)'
+>>> ConvPlan(node=6, algorithm="depthwise", layout="nchw_rows", weight=4, packed=False, vector=16,
+...          ranges=True).describe()
+'%6 conv: depthwise on nchw_rows (weight %4 as stored, 16-float vectors, units in contiguous ranges a thread)'
 >>> ConvPlan(node=7, algorithm="winograd", layout="nchw_wino4_tiles", weight=6, packed=True, tile=12,
 ...          channels=64, vector=16).describe()  # doctest: +NORMALIZE_WHITESPACE
 '%7 conv: winograd on nchw_wino4_tiles (weight %6 transformed to 36 x O x C on set for F(4x4, 3x3),
@@ -89,6 +99,8 @@ CONV_PLANS = (("implicit_gemm", "nchw_tiles"), ("implicit_gemm", "nhwc_tiles"), 
 WINOGRAD_TILE = {"nchw_wino_tiles": 2, "nchw_wino4_tiles": 4}
 #: Output pixels per implicit-GEMM tile (RLX_CONV_MC in templates/cpu/kernels/conv.h).
 CONV_TILE_PIXELS = 96
+#: How a plan with `ranges` says so in its description.
+RANGES_NOTE = ", units in contiguous ranges a thread"
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,9 @@ class ConvPlan(Decision):
     vector: int = 0
     #: output rows per work unit (`nchw_lanes`: a band of rows; 0: none)
     rows: int = 0
+    #: how the team takes the work units: False, one at a time from a shared counter; True, in even contiguous ranges
+    #: a thread (`TASK_RANGES`), stolen from at their ends while the team spins (not spinning: one at a time)
+    ranges: bool = False
 
     def describe(self) -> str:
         store = (f"weight %{self.weight} packed K x N on set, {self.depth}-deep blocks" if self.packed
@@ -129,6 +144,8 @@ class ConvPlan(Decision):
             tile = f", units of {self.channels} channels x up to {self.tile} {self.panel}-pixel panels"
         if self.vector:
             tile += f", {self.vector}-float vectors"
+        if self.ranges:
+            tile += RANGES_NOTE
         return f"%{self.node} conv: {self.algorithm} on {self.layout} ({store}{tile})"
 
     @property
@@ -192,6 +209,8 @@ class PoolPlan(Decision):
 
     >>> PoolPlan(node=4, layout="nchw_rows", vector=16).describe()
     '%4 pool: max on nchw_rows (rows straight from the plane, 16-float vectors)'
+    >>> PoolPlan(node=4, layout="nchw_phases", ranges=True).describe()
+    '%4 pool: max on nchw_phases (stride-phase copies of each plane, planes in contiguous ranges a thread)'
     """
 
     kind: ClassVar[str] = "pool_plan"
@@ -199,14 +218,16 @@ class PoolPlan(Decision):
     layout: str
     #: floats per vector (nchw_rows; 0: none)
     vector: int = 0
+    #: the team takes the planes in even contiguous ranges a thread (as `ConvPlan.ranges`), else one at a time
+    ranges: bool = False
 
     def describe(self) -> str:
-        what = {"nchw": "average on nchw (along output rows)",
-                "nchw_phases": "max on nchw_phases (stride-phase copies of each plane)",
+        what = {"nchw": "average on nchw (along output rows",
+                "nchw_phases": "max on nchw_phases (stride-phase copies of each plane",
                 "nchw_rows": "max on nchw_rows (rows straight from the plane"}[self.layout]
         if self.layout == "nchw_rows":
-            what += f", {self.vector}-float vectors)"
-        return f"%{self.node} pool: {what}"
+            what += f", {self.vector}-float vectors"
+        return f"%{self.node} pool: {what}{RANGES_NOTE.replace('units', 'planes') if self.ranges else ''})"
 
     def nodes(self) -> tuple[int, ...]:
         return (self.node,)

@@ -20,6 +20,7 @@ channels-first tiles (BLAS), or on pixel-major tiles with the weight packed at `
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 
@@ -265,10 +266,36 @@ LANES_MAX_OUT = 256
 #: 0.92-0.98 ms with units of one row, 0.85-0.92 with bands of 8; noisy shared host).
 LANES_ROWS = 8
 #: Output rows and channels of a work unit of a conv with many input channels on `nchw_lanes` (`wide_lanes_fit`):
-#: units small enough to be shared by the team at batch 1 (ResNet-18's 14-wide stage: 4 bands x 4 groups); rows
-#: 2-14 and groups of 32-256 channels measured within the host's noise, except 256 (0.84 vs 0.73 ms a conv).
+#: units small enough to be shared by the team at batch 1 (ResNet-18's 14-wide stage: 4 bands x 2 groups); with the
+#: units claimed one at a time, rows 2-14 and groups of 32-256 channels measured within the host's noise, except 256
+#: (0.84 vs 0.73 ms a conv); in ranges, groups of half the channels (`lanes_wide_channels`) where more than 64.
 LANES_WIDE_ROWS = 4
 LANES_CHANNELS = 64
+
+
+def lanes_stem_channels(out_channels: int, vector: int) -> int:
+    """Output channels per work unit of a stem on `nchw_lanes`: all of them up to one vector, else about half (whole
+    vectors), so that the team's ranges of units (`ConvPlan.ranges`: groups outermost) are halves of the channels, as
+    the max pool's after it takes them (ResNet-18's 3 -> 64 stem in two groups of 32, in the model on 2 threads: its
+    pool 113-127 -> 74-80 us, the stem itself no slower).
+
+    >>> [lanes_stem_channels(o, v) for o, v in ((64, 16), (16, 16), (48, 16), (64, 8))]
+    [32, 16, 32, 32]
+    """
+    return out_channels if out_channels <= vector else -(-out_channels // 2 // vector) * vector
+
+
+def lanes_wide_channels(out_channels: int, vector: int) -> int:
+    """Output channels per work unit of a conv with many input channels on `nchw_lanes`: LANES_CHANNELS, or half of
+    the channels (whole vectors) where that is more, so that the team's ranges (`ConvPlan.ranges`, groups outermost)
+    are halves of the channels (ResNet-18's 14-wide stage, 256 channels in two groups of 128, in the model on 2
+    threads, profiled, three alternations: 646-681 -> 625-649 us a conv; 64 -> 128 and 128 -> 256 stride-2 convs
+    within the noise).
+
+    >>> [lanes_wide_channels(o, 16) for o in (16, 64, 128, 256, 400)]
+    [16, 64, 64, 128, 192]
+    """
+    return min(out_channels, max(LANES_CHANNELS, out_channels // 2 // vector * vector))
 
 
 def lanes_fit(g: Window2d, op: Conv, out_channels: int, vector: int) -> bool:
@@ -309,6 +336,23 @@ def wide_lanes_fit(op: Conv, g: Window2d, out_channels: int, vector: int) -> boo
     """
     return (vector == 16 and op.groups == 1 and g.kh * g.kw > 1 and g.kw <= LANES_MAX_KW
             and out_channels % vector == 0 and direct_fits(g))
+
+
+#: Plans whose work units the team takes in even contiguous ranges a thread (`ConvPlan.ranges`; max and average pools
+#: too, `PoolPlan.ranges`): a thread's share of the output is then the same run after run and next to what it wrote in
+#: the kernels before, in its own core's cache. In the models, profiled on 2 threads at batch 1 (units one at a time
+#: -> in ranges): MobileNetV3-small's pointwise convs on panels 17.6-18.7 -> 12.2-13 us (16 -> 16 on 56 x 56), 51-59
+#: -> 38-40 (16 -> 72), 21-28 -> 16-22 (28 x 28), its depthwise convs 1-5 us less each; ResNet-18's 14-wide
+#: `nchw_lanes` convs 566-627 -> 521-563 us, its stride-2 ones 326-382 -> 314-364, its max pool 117-127 -> 104-106.
+#: The pointwise convs by the BLAS (``nchw``) take their units by blocks of output channels first (with pixel tiles
+#: first, a thread's range split every plane in the middle of a cache line: 40 -> 240 on 14 x 14 26.7 -> 47.8 us).
+TASK_RANGES = frozenset({("depthwise", "nchw"), ("depthwise", "nchw_rows"), ("depthwise", "nchw_row_shifts"),
+                         ("pointwise", "nchw"), ("pointwise", "nchw_panels"), ("direct", "nchw_lanes")})
+
+
+def with_ranges(plan: ConvPlan) -> ConvPlan:
+    """`plan` with `ranges` set where its layout takes its units in ranges (TASK_RANGES)."""
+    return dataclasses.replace(plan, ranges=True) if (plan.algorithm, plan.layout) in TASK_RANGES else plan
 
 
 def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
@@ -390,7 +434,8 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             # with 16-float vectors a conv that would run direct on phase planes or as F(2x2, 3x3) (wide_lanes_fit)
             stem = geo.cg <= LANES_MAX_CHANNELS
             out.append(ConvPlan(n.id, "direct", "nchw_lanes", n.inputs[1], True, vector,
-                                channels=o if stem else min(o, LANES_CHANNELS), vector=vector,
+                                channels=lanes_stem_channels(o, vector) if stem else lanes_wide_channels(o, vector),
+                                vector=vector,
                                 rows=LANES_ROWS if stem else LANES_WIDE_ROWS))
         elif n.op.groups == 1 and direct_fits(window_2d(n.op, tuple(d.value for d in x.dims[2:]),
                                                           tuple(d.value for d in n.shape.dims[2:]), tuple(kernel), cg)):
@@ -403,7 +448,7 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             k = cg * math.prod(kernel)
             plane = math.prod(d.value for d in n.shape.dims[2:])
             out.append(ConvPlan(n.id, "implicit_gemm", "nchw_tiles", n.inputs[1], False, tile_pixels(k, plane)))
-    return tuple(out)
+    return tuple(with_ranges(p) for p in out)
 
 
 def pool_plans(lir: LirModule, vector: int = 8) -> tuple[PoolPlan, ...]:
@@ -411,7 +456,7 @@ def pool_plans(lir: LirModule, vector: int = 8) -> tuple[PoolPlan, ...]:
     pool whose window `depthwise_rows_fit` (3 x 3, stride 2, pads 1, output rows of DW_ROWS_MIN_WIDTH+ pixels:
     ResNet's stem pool) row by row straight from the plane (``nchw_rows``: its phase copy cost as much as the window,
     ResNet-18's pool in the model, 2 threads: 0.20 -> 0.135 ms), any other max pool on stride-phase copies
-    (``nchw_phases``).
+    (``nchw_phases``); every one's planes taken in contiguous ranges a thread (`ranges`, as TASK_RANGES' convs).
 
     >>> from rlx.ir.graph import Graph
     >>> from rlx.opt.memplan import plan
@@ -419,18 +464,20 @@ def pool_plans(lir: LirModule, vector: int = 8) -> tuple[PoolPlan, ...]:
     >>> x = g.input("x", [1, 4, 64, 64])
     >>> g.set_outputs([g.pool("max", x, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), g.pool("max", x, (2, 2))])
     >>> [d.describe() for d in pool_plans(plan(g), 16)]  # doctest: +NORMALIZE_WHITESPACE
-    ['%1 pool: max on nchw_rows (rows straight from the plane, 16-float vectors)',
-     '%2 pool: max on nchw_phases (stride-phase copies of each plane)']
+    ['%1 pool: max on nchw_rows (rows straight from the plane, 16-float vectors, planes in contiguous ranges a
+      thread)',
+     '%2 pool: max on nchw_phases (stride-phase copies of each plane, planes in contiguous ranges a thread)']
     """
     out = []
     for n in lir.graph.nodes:
         if not isinstance(n.op, Pool) or len(n.op.kernel) > 2:
             continue
         if n.op.fn != "max":
-            out.append(PoolPlan(n.id, "nchw"))
+            out.append(PoolPlan(n.id, "nchw", ranges=True))
             continue
         x = lir.graph.node(n.inputs[0]).shape
         geo = window_2d(n.op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in n.shape.dims[2:]),
                         n.op.kernel, 1)
-        out.append(PoolPlan(n.id, "nchw_rows", vector) if depthwise_rows_fit(geo) else PoolPlan(n.id, "nchw_phases"))
+        out.append(PoolPlan(n.id, "nchw_rows", vector, ranges=True) if depthwise_rows_fit(geo)
+                   else PoolPlan(n.id, "nchw_phases", ranges=True))
     return tuple(out)

@@ -26,7 +26,8 @@ import pytest
 from cpu_helpers import session
 
 import rlx
-from rlx.ir.decisions_conv import ConvPlan
+from rlx.ir.decisions_conv import ConvPlan, PoolPlan
+from rlx.opt.lowering_conv import TASK_RANGES
 
 BATCH = rlx.Dim.dynamic("b", max=3)
 
@@ -47,6 +48,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     img = g.input("img", [BATCH, 7, 9, 31])
     deep = g.input("deep", [BATCH, 40, 7, 16])
     plane = g.input("plane", [BATCH, 6, 1, 3])
+    pooled = g.input("pooled", [BATCH, 240, 2, 3])
     wide_plane = g.input("wide_plane", [BATCH, 40, 20, 26])
     chans = g.input("chans", [BATCH, 260, 3, 16])
     wino4 = g.input("wino4", [BATCH, 33, 9, 30])
@@ -62,6 +64,10 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
         "pointwise": g.conv(x, param("w_p", [33, 5, 1, 1])),
         "pointwise_pixel": g.conv(g.pool("avg", deep, (7, 16)), param("w_pp", [24, 40, 1, 1]), param("b_pp", [24]),
                                   activation="relu"),
+        # one pixel with 150 x 240 weights (RLX_GEMV_TEAM_MIN+): the team shares the matrix-vector product, four
+        # rows at a time, blocks of 40 output channels (the last one 30: two rows alone)
+        "pointwise_pixel_team": g.conv(g.pool("avg", pooled, (2, 3)), param("w_ppt", [150, 240, 1, 1]),
+                                       param("b_ppt", [150])),
         "pointwise_grouped": g.conv(deep, param("w_pg", [20, 20, 1, 1]), groups=2),
         # a 520-pixel plane: register tiles on 16-pixel panels (32 whole, one of 8 pixels); 40 channels: two blocks
         # of input channels accumulated in the output rows; 13 output channels: tiles of 6, 6 and 1; grouped
@@ -174,6 +180,7 @@ def _feeds(batch: int) -> dict[str, np.ndarray]:
             "img": rng.standard_normal((batch, 7, 9, 31)).astype(np.float32),
             "deep": rng.standard_normal((batch, 40, 7, 16)).astype(np.float32),
             "plane": rng.standard_normal((batch, 6, 1, 3)).astype(np.float32),
+            "pooled": rng.standard_normal((batch, 240, 2, 3)).astype(np.float32),
             "wide_plane": rng.standard_normal((batch, 40, 20, 26)).astype(np.float32),
             "chans": rng.standard_normal((batch, 260, 3, 16)).astype(np.float32),
             "wino4": rng.standard_normal((batch, 33, 9, 30)).astype(np.float32),
@@ -248,10 +255,19 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
     assert "pool: max on nchw_rows" in cg.lir.inspect() and "pool: max on nchw_phases" in cg.lir.inspect()
     assert "conv: direct on nchw_lanes (weight %" in cg.lir.inspect()
     assert "x C*kh*kw x" in cg.lir.inspect()
+    # depthwise, pointwise and lanes convs and every pool take their units in contiguous ranges a thread
+    assert {(d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan) if d.ranges} == TASK_RANGES
+    assert all(d.ranges for d in cg.lir.decided(PoolPlan))
+    assert "units in contiguous ranges a thread" in cg.lir.inspect()
+    assert "planes in contiguous ranges a thread" in cg.lir.inspect()
     # many input channels in the lanes only with 16-float vectors, in units of 4 rows x 64 channels at most
     wide = {(d.channels, d.rows) for d in cg.lir.decided(ConvPlan)
             if d.layout == "nchw_lanes" and cg.lir.graph.node(d.weight).shape.static_dims[1] > 4}
     assert wide == ({(16, 4), (64, 4)} if want_vector == 16 else set())
+    # stems: every channel up to a vector's, else about half (32 -> two groups of 16; 16 with 8-float vectors: 8 + 8)
+    stems = {d.channels for d in cg.lir.decided(ConvPlan)
+             if d.layout == "nchw_lanes" and cg.lir.graph.node(d.weight).shape.static_dims[1] <= 4}
+    assert stems == ({16} if want_vector == 16 else {16, 8})
     assert {d.channels for d in cg.lir.decided(ConvPlan) if d.layout == "nchw_wino_tiles"} == {40, 130}
     assert "conv: winograd on nchw_wino4_tiles (weight %" in cg.lir.inspect()
     assert "36 x O x C on set for F(4x4, 3x3)" in cg.lir.inspect()
@@ -262,6 +278,34 @@ def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, n
         for name, a, b in zip(g.output_names, got, want):
             assert a.shape == b.shape, name
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()), err_msg=name)
+
+
+def test_units_in_ranges_or_claimed_give_the_same_values(built: tuple[rlx.Graph, dict[str, np.ndarray]]) -> None:
+    """A spinning team takes the units of the plans with `ranges` in contiguous ranges a thread (stealing at their
+    ends), one that does not spin claims them one at a time: every variant the same bit for bit either way, at batch 1
+    (the team shares one image's units) and 3, and both threads at work."""
+    from rlx.runtime.team import WaitPolicy
+
+    g, params = built
+    cg = rlx.Session(profile=True).compile(g, num_threads=2)
+    for name, value in params.items():
+        cg.set_param(name, value)
+    cg.team.threads = 2
+    for batch in (1, 3):
+        feeds = _feeds(batch)
+        cg.team.policy = WaitPolicy(spins=True, adaptive=False, source="test")  # hold the team where it is set
+        spinning = cg.run(**feeds)
+        cg.run(**{k: np.zeros_like(v) for k, v in feeds.items()})  # other values in the arena: a unit left undone shows
+        cg.trace(clear=True)
+        cg.team.policy = WaitPolicy(spins=False, adaptive=False, source="test")
+        claimed = cg.run(**feeds)
+        assert cg._pool.primary.team == (2, False)
+        spans = [s for s in cg.trace(clear=True) if s.thread >= 0]
+        assert {s.thread for s in spans if s.kind in ("conv", "pool")} == {0, 1}
+        want = rlx.reference.run(g, feeds, params)
+        for name, a, b, w in zip(g.output_names, spinning, claimed, want):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+            np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()), err_msg=name)
 
 
 def test_f16_conv_runs_in_f32_between_casts() -> None:

@@ -98,6 +98,8 @@ class ConvArgs:
     sub_offset: int = 0
     #: a residual add in the store (`ConvResidual`): the other operand, read where the store writes ("": none)
     residual: str = ""
+    #: `ConvPlan.ranges`: the team takes the work units in contiguous ranges a thread, not one at a time
+    ranges: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,9 +129,10 @@ class PoolArgs:
     pew: int
     #: max pools: each window tap's offset into a plane's phase planes (`tap_offsets`)
     taps: str = ""
-    #: `PoolPlan.layout` and `vector`
+    #: `PoolPlan.layout`, `vector` and `ranges`
     layout: str = "nchw_phases"
     vector: int = 0
+    ranges: bool = False
 
 
 def _geom_fields(g: Window2d) -> dict:
@@ -316,7 +319,7 @@ def emit_conv(em, node: Node) -> Kernel:
         n=em.dim(x.dims[0]), o=o, og=og, k=k, groups=op.groups,
         act=(res.activation if res else op.activation) or "", c_offset=a_bytes,
         vector=plan.vector, runs=lanes_runs(geo, plan.vector) if plan.layout == "nchw_lanes" else (),
-        rows=plan.rows, sub_offset=align64((cg + og) * plan.panel * 4),
+        rows=plan.rows, sub_offset=align64((cg + og) * plan.panel * 4), ranges=plan.ranges,
         **_geom_fields(geo),
         **({f: getattr(wino, f) for f in ("m", "th", "tw", "wq", "lp", "pl", "tp")} if wino else {}))
     label = c_string(f"%{node.id} conv" + (f" ({node.name[:60]})" if node.name else ""))
@@ -358,7 +361,7 @@ def emit_pool(em, node: Node) -> Kernel:
                     y=em.ptr(node.id, const=False), planes=em.numel(x.dims[:2]), is_max=int(is_max),
                     count_pad=int(op.count_include_pad), peh=geo.peh, pew=geo.pew, **_geom_fields(geo),
                     taps=", ".join(map(str, tap_offsets(geo))) if is_max else "", layout=plan.layout,
-                    vector=plan.vector)
+                    vector=plan.vector, ranges=plan.ranges)
     label = c_string(f"%{node.id} pool" + (f" ({node.name[:60]})" if node.name else ""))
     if plan.layout == "nchw_rows":  # one output row, whole vectors
         scratch = align64(-(-geo.ow // plan.vector) * plan.vector * 4)

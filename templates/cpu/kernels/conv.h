@@ -185,13 +185,39 @@ static void rlx_conv_packed_tile(int64_t mc, int64_t K, int64_t D, const float *
     }
 }
 
+/* Fewest weights (output channels x K) of a pointwise conv on one pixel a plane that the team shares (conv.c.j2): the
+ * product is bound by the weight's stream from memory, which every core fetches into its own cache (MobileNetV3-small's
+ * 576 x 144 squeeze-excite convs, in the model: 10-12 -> 7.3-8.6 us; its 288 x 72 ones, 3.0-3.5 us alone, were no
+ * faster shared). */
+#define RLX_GEMV_TEAM_MIN 32768
+
 /* y[o * ldy] = w[o, :] . x (x's K values ldx apart) for the m rows of w[m, K]: a pointwise conv's product on one
  * output pixel (a squeeze-excite block's 1x1 conv on a pooled vector), where a BLAS sgemm with n == 1 packed the
  * whole weight on every call (MobileNetV3's 576 x 144 ones took 65-80 us instead of ~15). */
 static void rlx_conv_gemv(int64_t m, int64_t K, const float *restrict w, const float *restrict x, int64_t ldx,
                           float *restrict y, int64_t ldy)
 {
-    for (int64_t o = 0; o < m; o++) {
+    int64_t o = 0;
+    /* four rows at a time: four independent sums (one row's sum is a chain of dependent multiply-adds), x read
+       once for them */
+    if (ldx == 1)
+        for (; o + 4 <= m; o += 4) {
+            const float *restrict w0 = w + o * K, *restrict w1 = w0 + K, *restrict w2 = w1 + K, *restrict w3 = w2 + K;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            #pragma omp simd reduction(+:a0, a1, a2, a3)
+            for (int64_t i = 0; i < K; i++) {
+                const float v = x[i];
+                a0 += w0[i] * v;
+                a1 += w1[i] * v;
+                a2 += w2[i] * v;
+                a3 += w3[i] * v;
+            }
+            y[o * ldy] = a0;
+            y[(o + 1) * ldy] = a1;
+            y[(o + 2) * ldy] = a2;
+            y[(o + 3) * ldy] = a3;
+        }
+    for (; o < m; o++) {
         const float *restrict wo = w + o * K;
         float acc = 0.0f;
         if (ldx == 1) {
