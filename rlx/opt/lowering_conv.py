@@ -412,7 +412,7 @@ def conv_plans(lir: LirModule, vector: int = 8) -> tuple[ConvPlan, ...]:
             if plane >= POINTWISE_PANEL_PIXELS:
                 out.append(ConvPlan(n.id, "pointwise", "nchw_panels", n.inputs[1], False, POINTWISE_PANELS,
                                     channels=direct_channels(o, cg), vector=vector))
-            elif n.op.groups == 1 and plane > 1 and (o >= PACKED_MIN_CHANNELS or cg >= PACKED_MIN_CHANNELS) and packable(n.inputs[1]):
+            elif n.op.groups == 1 and plane > 1 and o >= PACKED_MIN_CHANNELS and packable(n.inputs[1]):
                 # wide: the weight packed once for the micro-kernel, not by the BLAS on every call (MobileNetV3's
                 # 96 -> 576 on 7 x 7: 46-48 -> 32-33 us; with 40-288 output channels the BLAS was faster)
                 out.append(ConvPlan(n.id, "implicit_gemm", "nhwc_tiles", n.inputs[1], True, CONV_TILE_PIXELS,
