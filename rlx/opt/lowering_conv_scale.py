@@ -38,8 +38,9 @@ from rlx.opt.lowering_conv import is_pointwise
 #: Most floats of a conv's weight scaled a unit (the scaled block lies in the thread's scratch).
 SCALE_MAX_WEIGHT = 1 << 16
 
-#: Plans that take the scale: the pointwise convs by the BLAS on the planes as they lie.
-SCALE_PLANS = frozenset({("pointwise", "nchw")})
+#: Plans that take the scale: the pointwise convs on the planes as they lie, by the BLAS or in register tiles on
+#: panels (stride 1: `conv_scale_pairs` takes no strided conv).
+SCALE_PLANS = frozenset({("pointwise", "nchw"), ("pointwise", "nchw_panels")})
 
 
 def _channel_scale(graph: Graph, x: NodeId, s: NodeId) -> bool:

@@ -1,12 +1,15 @@
 """Squeeze-excite products computed in the weight of the pointwise conv that reads them (`ConvInputScale`,
 `rlx/opt/lowering_conv_scale.py`) against the numpy reference: either operand order, a dynamic batch (each image its
-own scale), one-pixel and odd planes, a bias, an activation and a residual add in the same conv's store, more output
+own scale), one-pixel and odd planes, planes on panels (a partial last panel too), a bias, an activation and a residual add in the same conv's store, more output
 channels than a block; and the products that stay a pass.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import pytest
 from cpu_helpers import session
 
 import rlx
@@ -22,6 +25,8 @@ CASES = {
     "odd_plane": ((13, 5, 3), 11, "relu", False),
     "one_pixel": ((24, 1, 1), 9, None, False),
     "wide_out": ((16, 6, 6), 72, None, True),
+    "panels": ((16, 24, 28), 16, "relu", False),
+    "panels_partial": ((24, 23, 29), 40, None, True),
 }
 
 
@@ -54,16 +59,28 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray], dict[str, tuple[int, ...
     return g, params, shapes
 
 
-def test_products_in_the_pointwise_weight_match_the_reference() -> None:
+def _targets() -> list:
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        return ["native"]
+    from rlx.toolchain.isa import X86_LEVELS, cpu_flags
+
+    have = cpu_flags() or frozenset()
+    v3 = pytest.param("x86-64-v3", marks=pytest.mark.skipif(not set(X86_LEVELS["x86-64-v3"]) <= have,
+                                                            reason="this CPU has no AVX2"))
+    return ["native", v3]
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_products_in_the_pointwise_weight_match_the_reference(target: str) -> None:
     g, params, shapes = _graph()
-    cg = session().compile(g)
+    cg = session(cpu_target=target).compile(g)
     for name, value in params.items():
         cg.set_param(name, value)
     decided = cg.lir.decided(ConvInputScale)
     plans = {d.node: (d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     assert len(decided) == len(CASES)
-    assert {plans[d.node] for d in decided} == {("pointwise", "nchw")}
-    assert len(cg.lir.decided(ConvResidual)) == 2  # the residual adds still in the same convs' stores
+    assert {plans[d.node] for d in decided} == {("pointwise", "nchw"), ("pointwise", "nchw_panels")}
+    assert len(cg.lir.decided(ConvResidual)) == 3  # the residual adds still in the same convs' stores
     assert "the per-channel product in the conv's weight" in cg.lir.inspect()
     assert cg.source.count("(ConvInputScale)") >= len(CASES)
     for batch in (3, 1, 2):
@@ -77,8 +94,8 @@ def test_products_in_the_pointwise_weight_match_the_reference() -> None:
 
 def test_products_that_stay_a_pass() -> None:
     """No fusion when the product has another reader or is a graph output, when the scale is not a channel's (a
-    full tensor, or a pixel's), when the conv is not pointwise or its weight is over SCALE_MAX_WEIGHT floats, or on
-    panels (56 x 56 planes); the results still match."""
+    full tensor, or a pixel's), when the conv is not pointwise (a window, strides) or its weight is over
+    SCALE_MAX_WEIGHT floats; the results still match."""
     rng = np.random.default_rng(5)
     g = rlx.Graph("no_scale")
     x = g.input("x", [2, 8, 6, 6])
@@ -100,7 +117,7 @@ def test_products_that_stay_a_pass() -> None:
                    "shown_conv": g.conv(shown, w), "full": g.conv(full, w), "pixel": g.conv(pixel, w),
                    "window": g.conv(window, g.param("w3", [4, 8, 3, 3]), pads=(1, 1, 1, 1)),
                    "big": g.conv(g.mul(xb, sb), g.param("wb", [64, big_c, 1, 1])),
-                   "panels": g.conv(g.mul(xp, g.input("sq", [1, 8, 1, 1])), w)})
+                   "strided": g.conv(g.mul(xp, g.input("sq", [1, 8, 1, 1])), w, strides=(2, 2))})
     cg = session().compile(g)
     for name, value in params.items():
         cg.set_param(name, value)

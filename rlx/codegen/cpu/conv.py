@@ -30,6 +30,7 @@ from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvInputScal
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.ops_conv import Conv, Pool, Window2d, pool_kernel_why_not, window_2d
+from rlx.opt.lowering_conv_scale import SCALE_PLANS
 
 #: This module's CPU rules (the table is made from them: `rlx.codegen.cpu.rule_table`).
 RULES = RuleSet("cpu")
@@ -302,8 +303,8 @@ def emit_conv(em, node: Node) -> Kernel:
     stored = f"; stores %{res.add} = {res.activation or ''}(conv + %{res.residual})" if res else ""
     # a squeeze-excite product computed in the weight: the conv reads the product's operands
     sc = next((d for d in em.lir.decided(ConvInputScale) if d.node == node.id), None)
-    if sc is not None and (plan.algorithm, plan.layout) != ("pointwise", "nchw"):
-        raise BuildError(f"%{node.id} conv on {plan.layout} has a ConvInputScale: only pointwise nchw takes one")
+    if sc is not None and (plan.algorithm, plan.layout) not in SCALE_PLANS:
+        raise BuildError(f"%{node.id} conv on {plan.layout} has a ConvInputScale: only {sorted(SCALE_PLANS)} take one")
     if sc is not None:
         stored += f"; reads %{sc.mul} = %{sc.x} * %{sc.scale}"
     geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
@@ -342,6 +343,8 @@ def emit_conv(em, node: Node) -> Kernel:
         scratch = align64((cg + og) * plan.panel * 4)
         if geo.sh > 1 or geo.sw > 1:
             scratch += align64(cg * geo.oh * geo.ow * 4)
+        elif sc is not None:  # a block of the weight scaled by the image's scale
+            scratch += align64(og * k * 4)
     elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
