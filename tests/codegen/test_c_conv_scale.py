@@ -1,7 +1,8 @@
 """Squeeze-excite products computed in the weight of the pointwise conv that reads them (`ConvInputScale`,
 `rlx/opt/lowering_conv_scale.py`) against the numpy reference: either operand order, a dynamic batch (each image its
-own scale), one-pixel and odd planes, planes on panels (a partial last panel too), a bias, an activation and a residual add in the same conv's store, more output
-channels than a block; and the products that stay a pass.
+own scale), one-pixel and odd planes, planes on panels (a partial last panel too), a bias, an activation and a
+residual add in the same conv's store, more output channels than a block, 8 and 16-float vectors; and the products
+that stay a pass.
 """
 
 from __future__ import annotations
