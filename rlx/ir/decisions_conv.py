@@ -196,6 +196,35 @@ class ConvResidual(Decision):
 register_decision(ConvResidual, ("node", "add", "residual"))
 
 
+@dataclass(frozen=True)
+class ConvInputScale(Decision):
+    """A per-channel product ``x * s`` (``s`` of shape ``[N, C, 1, 1]``: a squeeze-excite block's scale) that the
+    pointwise conv `node` reading it computes in its read: `mul` runs no pass; each of the conv's work units
+    multiplies its block of the weight by the image's ``s`` (in the thread's scratch) and multiplies that by `x`'s
+    planes, as ``W @ (s * x) = (W * s) @ x``. Made by `rlx.opt.lowering_conv_scale` only for pointwise convs by the
+    BLAS whose input is the product's one reader, where the memory plan kept `x` and `scale` through the conv.
+
+    >>> print(ConvInputScale(node=12, mul=11, x=6, scale=10).describe())
+    %12 conv reads %11 = %6 * %10 (the per-channel product in the conv's weight; %11 runs no pass)
+    """
+
+    kind: ClassVar[str] = "conv_input_scale"
+    node: int
+    mul: int
+    x: int
+    scale: int
+
+    def describe(self) -> str:
+        return (f"%{self.node} conv reads %{self.mul} = %{self.x} * %{self.scale} "
+                f"(the per-channel product in the conv's weight; %{self.mul} runs no pass)")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node, self.mul, self.x, self.scale)
+
+
+register_decision(ConvInputScale, ("node", "mul", "x", "scale"))
+
+
 #: Layouts of a CPU pool (`PoolPlan.layout`).
 POOL_PLANS = ("nchw_phases", "nchw_rows", "nchw")
 

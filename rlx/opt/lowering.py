@@ -23,7 +23,8 @@ CPU decisions:
   whether its weight is stored packed for the GEMM micro-kernel; `pool_plans`
   each pool's layout (a max pool on phase copies or row by row); `conv_residuals`
   (`rlx.opt.lowering_conv_residual`) the residual adds (and their activation)
-  that a conv computes in its store.
+  that a conv computes in its store; `conv_input_scales` (`rlx.opt.lowering_conv_scale`)
+  the squeeze-excite products a pointwise conv computes in its weight.
 
 >>> from rlx.ir.graph import Graph
 >>> from rlx.opt.memplan import plan
@@ -48,6 +49,7 @@ from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
 from rlx.opt.lowering_conv import conv_plans, pool_plans
 from rlx.opt.lowering_conv_residual import conv_residuals
+from rlx.opt.lowering_conv_scale import conv_input_scales
 from rlx.opt.lowering_cuda_kernels import cuda_lowering
 from rlx.opt.lowering_int8 import int8_params
 from rlx.opt.lowering_metal import metal_decisions
@@ -258,7 +260,7 @@ def _cpu_decisions(lir: LirModule, conv_vector: int = 8, quant_interleave: bool 
     return (*absorbed, *packed, *gemm_siblings(lir, packed, sources, conv_vector), *widen_params(lir),
             *int8_params(lir), *interleaved,
             *quant_gemv_groups(lir, frozenset(d.node for d in interleaved)), *moe_plans(lir, "cpu"),
-            *convs, *conv_residuals(lir, convs), *pool_plans(lir, conv_vector),
+            *convs, *conv_residuals(lir, convs), *conv_input_scales(lir, convs), *pool_plans(lir, conv_vector),
             *attention_plans(lir, conv_vector))
 
 

@@ -18,6 +18,7 @@ from rlx.ir.lir import Buffer, LirModule, TensorSpec
 from rlx.ir.ops_control import Cond, WhileLoop, step_bodies
 from rlx.ir.ops_scan import Scan
 from rlx.opt.lowering_conv_residual import conv_residual_pairs
+from rlx.opt.lowering_conv_scale import conv_scale_pairs
 from rlx.opt.scan_body import carry_slot_bytes, control_slots_bytes, step_graph
 
 ALIGN = 64
@@ -92,7 +93,9 @@ def plan(graph: Graph, *, hold_norm_inputs: bool = False, early_residual_adds: b
     `early_residual_adds`: a residual add of a conv's value (`conv_residual_pairs`: the conv's one reader) is live
     from the conv on, so the add's bytes are no other value's while the conv runs and a backend may compute the add
     in the conv's store (the CPU: `rlx.opt.lowering_conv_residual`). It costs an activation's bytes of arena at the
-    conv (the conv's own value keeps its bytes, unwritten then).
+    conv (the conv's own value keeps its bytes, unwritten then). With it too, the operands of a squeeze-excite
+    product read by a pointwise conv (`rlx.opt.lowering_conv_scale.conv_scale_pairs`) stay live through that conv,
+    which may compute the product in its weight instead.
 
     >>> from rlx.ir.graph import Graph
     >>> g = Graph("p")
@@ -163,6 +166,10 @@ def plan(graph: Graph, *, hold_norm_inputs: bool = False, early_residual_adds: b
                 last_use[root[i]] = max(last_use.get(root[i], -1), position[gemm])
 
     first_def = dict(conv_residual_pairs(graph, position)) if early_residual_adds else {}
+    if early_residual_adds:  # a squeeze-excite product's operands through the conv that may compute it
+        for _, conv, x, s in conv_scale_pairs(graph):
+            for i in (x, s):
+                last_use[root[i]] = max(last_use.get(root[i], -1), position[conv])
 
     arena_nodes = [n for n in nodes if n.kind not in O.LEAF_KINDS and n.id not in view_of and n.id not in output_owner]
     requests = []

@@ -26,10 +26,11 @@ from rlx.codegen.cpu.base import align64, c_string, comment, node_header
 from rlx.codegen.registry import Kernel, RuleSet, float32_only
 from rlx.errors import BuildError
 from rlx.ir import ops as O
-from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvPlan, ConvResidual, PoolPlan
+from rlx.ir.decisions_conv import CONV_TILE_PIXELS, WINOGRAD_TILE, ConvInputScale, ConvPlan, ConvResidual, PoolPlan
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 from rlx.ir.ops_conv import Conv, Pool, Window2d, pool_kernel_why_not, window_2d
+from rlx.opt.lowering_conv_scale import SCALE_PLANS
 
 #: This module's CPU rules (the table is made from them: `rlx.codegen.cpu.rule_table`).
 RULES = RuleSet("cpu")
@@ -98,6 +99,9 @@ class ConvArgs:
     sub_offset: int = 0
     #: a residual add in the store (`ConvResidual`): the other operand, read where the store writes ("": none)
     residual: str = ""
+    #: a squeeze-excite product in the weight (`ConvInputScale`): the scale a channel ``[N, C]`` ("": none); `x`
+    #: is then the product's other operand
+    scale: str = ""
     #: `ConvPlan.ranges`: the team takes the work units in contiguous ranges a thread, not one at a time
     ranges: bool = False
 
@@ -297,6 +301,12 @@ def emit_conv(em, node: Node) -> Kernel:
     if res is not None and op.activation is not None:
         raise BuildError(f"%{node.id} conv has its own activation and a ConvResidual: the lowering never pairs them")
     stored = f"; stores %{res.add} = {res.activation or ''}(conv + %{res.residual})" if res else ""
+    # a squeeze-excite product computed in the weight: the conv reads the product's operands
+    sc = next((d for d in em.lir.decided(ConvInputScale) if d.node == node.id), None)
+    if sc is not None and (plan.algorithm, plan.layout) not in SCALE_PLANS:
+        raise BuildError(f"%{node.id} conv on {plan.layout} has a ConvInputScale: only {sorted(SCALE_PLANS)} take one")
+    if sc is not None:
+        stored += f"; reads %{sc.mul} = %{sc.x} * %{sc.scale}"
     geo = window_2d(op, tuple(d.value for d in x.dims[2:]), tuple(d.value for d in node.shape.dims[2:]),
                    tuple(kernel), cg)
     k = cg * geo.kh * geo.kw
@@ -312,7 +322,7 @@ def emit_conv(em, node: Node) -> Kernel:
         depth=plan.depth or cg * geo.kh * geo.kw, channels=plan.channels or o,
         taps=", ".join(map(str, tap_offsets(geo))), phases=geo.sh * geo.sw * phase_plane_floats(geo),
         planes_offset=planes_offset,
-        x=em.ptr(node.inputs[0]),
+        x=em.ptr(sc.x if sc else node.inputs[0]), scale=em.ptr(sc.scale) if sc else "",
         wt=em.ptr(node.inputs[1]),
         bias=em.ptr(node.inputs[2]) if len(node.inputs) == 3 else "",
         y=em.ptr(res.add if res else node.id, const=False), residual=em.ptr(res.residual) if res else "",
@@ -333,10 +343,14 @@ def emit_conv(em, node: Node) -> Kernel:
         scratch = align64((cg + og) * plan.panel * 4)
         if geo.sh > 1 or geo.sw > 1:
             scratch += align64(cg * geo.oh * geo.ow * 4)
+        elif sc is not None:  # a block of the weight scaled by the image's scale
+            scratch += align64(og * k * 4)
     elif plan.layout == "nhwc_tiles":  # pixel-major receptive fields and the product's tile
         scratch = a_bytes + align64(CONV_TILE_PIXELS * og * 4)
     elif plan.algorithm == "implicit_gemm":  # channels-first receptive fields of one tile
         scratch = align64(plan.tile * k * 4)
+    elif sc is not None:  # pointwise by the BLAS: a block of the weight scaled by the image's scale
+        scratch = align64(og * k * 4)
     elif plan.layout == "nchw_rows":  # depthwise from the plane: one output row, whole vectors
         scratch = align64(-(-geo.ow // plan.vector) * plan.vector * 4)
     elif plan.layout == "nchw_row_shifts":  # the output rows (a vector each), the plane's last 4 vectors, 2 zero ones

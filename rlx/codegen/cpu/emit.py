@@ -49,7 +49,7 @@ from rlx.codegen.registry import Kernel, user_code_of
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
 from rlx.ir.decisions import AbsorbedTranspose, GemmSiblings, PackedParam, WidenedParam
-from rlx.ir.decisions_conv import ConvResidual
+from rlx.ir.decisions_conv import ConvInputScale, ConvResidual
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.decisions_quant import QuantGemvGroup
 from rlx.ir.graph import Node, NodeId
@@ -144,6 +144,8 @@ class CpuEmitter:
         self.widened_cast: dict[NodeId, NodeId] = {c: p for p, c in self.widened.items()}
         # residual adds a conv computes in its store: add -> the decision
         self.conv_stored: dict[NodeId, ConvResidual] = {d.add: d for d in lir.decided(ConvResidual)}
+        # squeeze-excite products a pointwise conv computes in its weight: mul -> the decision
+        self.conv_scaled: dict[NodeId, ConvInputScale] = {d.mul: d for d in lir.decided(ConvInputScale)}
         #: GEMMs run by their sibling group's first member (`GemmSiblings`), and each group by its first member
         self.sibling_lead: dict[NodeId, NodeId] = {m: d.members[0] for d in lir.decided(GemmSiblings)
                                                     for m in d.members[1:]}
@@ -225,6 +227,8 @@ class CpuEmitter:
                 note = f"%{self.widened_cast[nid]} widened once at set_param: its readers read that copy"
             elif nid in self.conv_stored:
                 note = f"computed in the store of %{self.conv_stored[nid].node} conv (ConvResidual)"
+            elif nid in self.conv_scaled:
+                note = f"computed in the weight of %{self.conv_scaled[nid].node} conv (ConvInputScale)"
             elif nid in self.sibling_lead:
                 note = f"computed in the parallel region of %{self.sibling_lead[nid]} (GemmSiblings)"
             if note is not None:
