@@ -102,3 +102,18 @@ def cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+def x86_targets(*levels: str) -> list:
+    """`cpu_target`s to build a test's graph for: "native", then each x86-64 level of `levels` ("x86-64",
+    "x86-64-v3", "x86-64-v4"), a level this CPU lacks a feature of skipped with the reason (a level's build is
+    refused there); only "native" off x86-64."""
+    if os.uname().machine not in ("x86_64", "AMD64"):
+        return ["native"]
+    from rlx.toolchain.isa import X86_LEVELS, cpu_flags
+
+    have = cpu_flags() or frozenset()
+    what = {"x86-64-v3": "AVX2/FMA", "x86-64-v4": "AVX-512"}
+    return ["native", *(pytest.param(level, marks=pytest.mark.skipif(
+        not set(X86_LEVELS.get(level, ())) <= have, reason=f"this CPU has no {what.get(level, level)}"))
+        for level in levels)]

@@ -19,11 +19,9 @@ ones (x86-64-v4, where the CPU has AVX-512F; native on such a CPU).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-from cpu_helpers import session
+from cpu_helpers import session, x86_targets
 
 import rlx
 from rlx.ir.decisions_conv import ConvPlan, PoolPlan
@@ -202,21 +200,12 @@ def _has_avx512() -> bool:
     return _has_flags("avx512f")
 
 
-def _targets() -> list:
-    if os.uname().machine not in ("x86_64", "AMD64"):
-        return ["native"]
-    # x86-64-v3: AVX2's 8-float tiles and micro-kernel; x86-64-v4: 16-float tiles (AVX-512), whatever the native CPU is
-    v3 = pytest.param("x86-64-v3", marks=pytest.mark.skipif(not _has_flags("avx2", "fma"), reason="no AVX2/FMA"))
-    v4 = pytest.param("x86-64-v4", marks=pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512F"))
-    return ["native", "x86-64", v3, v4]
-
-
 @pytest.fixture(scope="module")
 def built() -> tuple[rlx.Graph, dict[str, np.ndarray]]:
     return _graph()
 
 
-@pytest.mark.parametrize("target", _targets())
+@pytest.mark.parametrize("target", x86_targets("x86-64", "x86-64-v3", "x86-64-v4"))
 def test_every_variant_matches_the_reference(built: tuple[rlx.Graph, dict[str, np.ndarray]], target: str) -> None:
     g, params = built
     sess = session(cpu_target=target)
@@ -343,7 +332,7 @@ def test_max_pool_on_phase_planes_keeps_nan_and_pads() -> None:
         np.testing.assert_array_equal(a, b, err_msg=name)  # a max is exact, NaN where the reference's is
 
 
-@pytest.mark.parametrize("target", _targets())
+@pytest.mark.parametrize("target", x86_targets("x86-64", "x86-64-v3", "x86-64-v4"))
 @pytest.mark.parametrize("width", [36, 35, 64])
 def test_max_pool_by_rows_keeps_nan_and_pads(target: str, width: int) -> None:
     """A 3 x 3 stride-2 max pool with pads 1 on output rows of 16+ pixels runs row by row straight from the plane

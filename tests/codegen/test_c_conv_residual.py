@@ -6,11 +6,10 @@ the fusion must not apply, and the memory rules the lowering checks (`store_may_
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
-from cpu_helpers import session
+from cpu_helpers import session, x86_targets
 
 import rlx
 from rlx.ir.decisions_conv import ConvPlan, ConvResidual
@@ -69,20 +68,7 @@ def _graph(block_out: bool = False) -> tuple[rlx.Graph, dict[str, np.ndarray], d
     return g, params, shapes
 
 
-def _targets() -> list:
-    if os.uname().machine not in ("x86_64", "AMD64"):
-        return ["native"]
-    from rlx.toolchain.isa import X86_LEVELS, cpu_flags
-
-    have = cpu_flags() or frozenset()
-    v4 = pytest.param("x86-64-v4", marks=pytest.mark.skipif(not set(X86_LEVELS["x86-64-v4"]) <= have,
-                                                            reason="this CPU has no AVX-512"))
-    v3 = pytest.param("x86-64-v3", marks=pytest.mark.skipif(not set(X86_LEVELS["x86-64-v3"]) <= have,
-                                                            reason="this CPU has no AVX2"))
-    return ["native", v3, v4]
-
-
-@pytest.mark.parametrize("target", _targets())
+@pytest.mark.parametrize("target", x86_targets("x86-64-v3", "x86-64-v4"))
 @pytest.mark.parametrize("block_out", [False, True])
 def test_residual_adds_in_every_conv_store_match_the_reference(target: str, block_out: bool) -> None:
     g, params, shapes = _graph(block_out)

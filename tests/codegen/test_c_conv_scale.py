@@ -7,11 +7,9 @@ that stay a pass.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
-from cpu_helpers import session
+from cpu_helpers import session, x86_targets
 
 import rlx
 from rlx.ir.decisions_conv import ConvInputScale, ConvPlan, ConvResidual
@@ -60,18 +58,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray], dict[str, tuple[int, ...
     return g, params, shapes
 
 
-def _targets() -> list:
-    if os.uname().machine not in ("x86_64", "AMD64"):
-        return ["native"]
-    from rlx.toolchain.isa import X86_LEVELS, cpu_flags
-
-    have = cpu_flags() or frozenset()
-    v3 = pytest.param("x86-64-v3", marks=pytest.mark.skipif(not set(X86_LEVELS["x86-64-v3"]) <= have,
-                                                            reason="this CPU has no AVX2"))
-    return ["native", v3]
-
-
-@pytest.mark.parametrize("target", _targets())
+@pytest.mark.parametrize("target", x86_targets("x86-64-v3"))
 def test_products_in_the_pointwise_weight_match_the_reference(target: str) -> None:
     g, params, shapes = _graph()
     cg = session(cpu_target=target).compile(g)
