@@ -117,3 +117,24 @@ def x86_targets(*levels: str) -> list:
     return ["native", *(pytest.param(level, marks=pytest.mark.skipif(
         not set(X86_LEVELS.get(level, ())) <= have, reason=f"this CPU has no {what.get(level, level)}"))
         for level in levels)]
+
+
+def compiled_with(g: rlx.Graph, params: Mapping[str, np.ndarray], **changes: object) -> CompiledGraph:
+    """`g` compiled by `session(**changes)`, with `params` set."""
+    cg = session(**changes).compile(g)
+    for name, value in params.items():
+        cg.set_param(name, value)
+    return cg
+
+
+def match_reference_at(cg: CompiledGraph, g: rlx.Graph, params: Mapping[str, np.ndarray],
+                       shapes: Mapping[str, tuple[int, ...]], batches: tuple[int, ...]) -> None:
+    """Run `cg` at each batch size on random inputs of `shapes` (one image's): every output equals rlx.reference's
+    within f32 rounding (rtol 1e-5, atol 1e-5 of the output's largest value)."""
+    for batch in batches:
+        rng = np.random.default_rng(batch)
+        feeds = {k: rng.standard_normal((batch, *s)).astype(np.float32) for k, s in shapes.items()}
+        got = cg.run(**feeds)
+        want = rlx.reference.run(g, feeds, params)
+        for name, a, b in zip(g.output_names, got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()), err_msg=name)

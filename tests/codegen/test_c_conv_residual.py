@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from cpu_helpers import session, x86_targets
+from cpu_helpers import compiled_with, match_reference_at, session, x86_targets
 
 import rlx
 from rlx.ir.decisions_conv import ConvPlan, ConvResidual
@@ -72,9 +72,7 @@ def _graph(block_out: bool = False) -> tuple[rlx.Graph, dict[str, np.ndarray], d
 @pytest.mark.parametrize("block_out", [False, True])
 def test_residual_adds_in_every_conv_store_match_the_reference(target: str, block_out: bool) -> None:
     g, params, shapes = _graph(block_out)
-    cg = session(cpu_target=target).compile(g)
-    for name, value in params.items():
-        cg.set_param(name, value)
+    cg = compiled_with(g, params, cpu_target=target)
     decided = cg.lir.decided(ConvResidual)
     plans = {d.node: (d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     # every block's add is in its conv's store, the activation after it with it; the adds run no pass
@@ -83,13 +81,7 @@ def test_residual_adds_in_every_conv_store_match_the_reference(target: str, bloc
     assert {"pointwise", "depthwise", "direct", "winograd", "implicit_gemm"} <= {plans[d.node][0] for d in decided}
     assert "the residual add in the conv's store" in cg.lir.inspect()
     assert cg.source.count("(ConvResidual)") >= len(CASES)
-    for batch in (3, 1):
-        rng = np.random.default_rng(batch)
-        feeds = {k: rng.standard_normal((batch, *s)).astype(np.float32) for k, s in shapes.items()}
-        got = cg.run(**feeds)
-        want = rlx.reference.run(g, feeds, params)
-        for name, a, b in zip(g.output_names, got, want):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()), err_msg=name)
+    match_reference_at(cg, g, params, shapes, (3, 1))
 
 
 def test_residual_add_stays_a_pass_where_the_store_may_not_compute_it() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cpu_helpers import session, x86_targets
+from cpu_helpers import compiled_with, match_reference_at, session, x86_targets
 
 import rlx
 from rlx.ir.decisions_conv import ConvInputScale, ConvPlan, ConvResidual
@@ -61,9 +61,7 @@ def _graph() -> tuple[rlx.Graph, dict[str, np.ndarray], dict[str, tuple[int, ...
 @pytest.mark.parametrize("target", x86_targets("x86-64-v3"))
 def test_products_in_the_pointwise_weight_match_the_reference(target: str) -> None:
     g, params, shapes = _graph()
-    cg = session(cpu_target=target).compile(g)
-    for name, value in params.items():
-        cg.set_param(name, value)
+    cg = compiled_with(g, params, cpu_target=target)
     decided = cg.lir.decided(ConvInputScale)
     plans = {d.node: (d.algorithm, d.layout) for d in cg.lir.decided(ConvPlan)}
     assert len(decided) == len(CASES)
@@ -71,13 +69,7 @@ def test_products_in_the_pointwise_weight_match_the_reference(target: str) -> No
     assert len(cg.lir.decided(ConvResidual)) == 3  # the residual adds still in the same convs' stores
     assert "the per-channel product in the conv's weight" in cg.lir.inspect()
     assert cg.source.count("(ConvInputScale)") >= len(CASES)
-    for batch in (3, 1, 2):
-        rng = np.random.default_rng(batch)
-        feeds = {k: rng.standard_normal((batch, *s)).astype(np.float32) for k, s in shapes.items()}
-        got = cg.run(**feeds)
-        want = rlx.reference.run(g, feeds, params)
-        for name, a, b in zip(g.output_names, got, want):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(np.abs(b).max()), err_msg=name)
+    match_reference_at(cg, g, params, shapes, (3, 1, 2))
 
 
 def test_products_that_stay_a_pass() -> None:
