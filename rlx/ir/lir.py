@@ -61,6 +61,11 @@ class TensorSpec:
         return out
 
 
+def spans_meet(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    """Whether byte spans [start, end) `a` and `b` intersect (None, storage outside the arena, meets nothing)."""
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
+
+
 @dataclass(frozen=True)
 class LirModule:
     """A planned program: what a backend needs to emit code with zero run-time allocation."""
@@ -128,8 +133,13 @@ class LirModule:
 
     def arena_overlap(self, a: NodeId, b: NodeId) -> bool:
         """Whether the arena bytes of `a` and `b` may meet (`arena_span`; storage outside the arena meets none)."""
-        sa, sb = self.arena_span(a), self.arena_span(b)
-        return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
+        return spans_meet(self.arena_span(a), self.arena_span(b))
+
+    def written_spans(self, nid: NodeId, value: bool = True) -> list[tuple[int, int] | None]:
+        """The arena bytes node `nid` writes when it runs: its value's span (`value`; None outside the arena) and
+        its workspaces'."""
+        own = [self.arena_span(nid)] if value else []
+        return own + [(off, off + size) for n, off, size in self.workspaces if n == nid]
 
     def decided(self, kind: type[Decision]) -> list:
         """The decisions of one type, in order."""

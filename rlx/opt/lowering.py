@@ -46,7 +46,7 @@ from rlx.ir import ops as O
 from rlx.ir.decisions import AbsorbedTranspose, AttentionPlan, Decision, GemmSiblings, PackedParam, WidenedParam
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
-from rlx.ir.lir import LirModule
+from rlx.ir.lir import LirModule, spans_meet
 from rlx.opt.lowering_conv import conv_plans, pool_plans
 from rlx.opt.lowering_conv_residual import conv_residuals
 from rlx.opt.lowering_conv_scale import conv_input_scales
@@ -105,14 +105,8 @@ def _lives_until(lir: LirModule, transpose: Node, readers: list[NodeId]) -> bool
     pos = {nid: i for i, nid in enumerate(lir.schedule)}
     if transpose.id not in pos or any(u not in pos for u in readers):
         return False
-    lo, hi = span
-    for nid in lir.schedule[pos[transpose.id] + 1: max(pos[u] for u in readers) + 1]:
-        if lir.buffers[nid].storage == "view":
-            continue
-        other = lir.arena_span(nid)
-        if other is not None and other[0] < hi and lo < other[1]:
-            return False
-    return True
+    return not any(lir.buffers[nid].storage != "view" and spans_meet(lir.arena_span(nid), span)
+                   for nid in lir.schedule[pos[transpose.id] + 1: max(pos[u] for u in readers) + 1])
 
 
 def pack_params(lir: LirModule, absorbed: dict[NodeId, NodeId]) -> tuple[Decision, ...]:

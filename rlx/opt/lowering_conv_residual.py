@@ -38,7 +38,7 @@ from rlx.ir import ops as O
 from rlx.ir.decisions_conv import ConvPlan, ConvResidual
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, Node, NodeId
-from rlx.ir.lir import LirModule
+from rlx.ir.lir import LirModule, spans_meet
 from rlx.ir.ops_conv import Conv
 
 #: Plans whose kernel writes each output value once, from its own scratch or registers: the store may read a
@@ -106,20 +106,11 @@ def conv_residual_pairs(graph: Graph, position: dict[NodeId, int]) -> list[tuple
     return pairs
 
 
-def _overlaps(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
-    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
-
-
 def _touched(lir: LirModule, nid: NodeId, conv: NodeId) -> Iterable[tuple[int, int] | None]:
-    """The arena bytes node `nid` reads or writes when it runs (the conv: its inputs only, it now writes the add's)."""
-    node = lir.graph.node(nid)
-    for i in node.inputs:
-        yield lir.arena_span(i)
-    if nid != conv:
-        yield lir.arena_span(nid)
-    for n, off, size in lir.workspaces:
-        if n == nid:
-            yield off, off + size
+    """The arena bytes node `nid` reads or writes when it runs (the conv: not its own value, it now writes the
+    add's)."""
+    yield from (lir.arena_span(i) for i in lir.graph.node(nid).inputs)
+    yield from lir.written_spans(nid, value=nid != conv)
 
 
 def store_may_write(lir: LirModule, conv: NodeId, add: NodeId, residual: NodeId, store_once: bool,
@@ -136,9 +127,9 @@ def store_may_write(lir: LirModule, conv: NodeId, add: NodeId, residual: NodeId,
         return False  # computed after the conv
     target = lir.arena_span(add)
     for nid in lir.schedule[pos[conv]: pos[add]]:
-        if any(_overlaps(span, target) for span in _touched(lir, nid, conv)):
+        if any(spans_meet(span, target) for span in _touched(lir, nid, conv)):
             return False
-    if not _overlaps(lir.arena_span(residual), target):
+    if not spans_meet(lir.arena_span(residual), target):
         return True
     # the add in place on the residual: the same bytes exactly, and a kernel that writes each value once
     r = lir.buffers[residual]

@@ -31,7 +31,7 @@ from rlx.ir import ops as O
 from rlx.ir.decisions_conv import ConvInputScale, ConvPlan
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph, NodeId
-from rlx.ir.lir import LirModule
+from rlx.ir.lir import LirModule, spans_meet
 from rlx.ir.ops_conv import Conv
 from rlx.opt.lowering_conv import is_pointwise
 
@@ -84,18 +84,6 @@ def conv_scale_pairs(graph: Graph) -> list[tuple[NodeId, NodeId, NodeId, NodeId]
     return out
 
 
-def _overlaps(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
-    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
-
-
-def _written(lir: LirModule, nid: NodeId) -> Iterable[tuple[int, int] | None]:
-    """The arena bytes node `nid` writes when it runs: its value and its workspaces."""
-    yield lir.arena_span(nid)
-    for n, off, size in lir.workspaces:
-        if n == nid:
-            yield off, off + size
-
-
 def conv_input_scales(lir: LirModule, plans: Iterable[ConvPlan]) -> tuple[ConvInputScale, ...]:
     """The `ConvInputScale` of every product of `conv_scale_pairs` whose conv runs on SCALE_PLANS and whose
     operands no node from the product up to the conv (the conv included) writes."""
@@ -107,8 +95,8 @@ def conv_input_scales(lir: LirModule, plans: Iterable[ConvPlan]) -> tuple[ConvIn
         if plan is None or (plan.algorithm, plan.layout) not in SCALE_PLANS or mul not in pos or conv not in pos:
             continue
         operands = [lir.arena_span(x), lir.arena_span(s)]
-        if any(_overlaps(w, span) for nid in lir.schedule[pos[mul]: pos[conv] + 1]
-               for w in _written(lir, nid) for span in operands):
+        if any(spans_meet(w, span) for nid in lir.schedule[pos[mul]: pos[conv] + 1]
+               for w in lir.written_spans(nid) for span in operands):
             continue
         out.append(ConvInputScale(conv, mul, x, s))
     return tuple(out)
