@@ -28,6 +28,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_QUANT_LAYOUT | CPU integer decode GEMVs' weights: `auto`, `interleaved` (by 16 rows) or `rows` (GGUF's) | auto |
 | RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (x in registers where it fits) or `rows` (the older walk) | auto |
 | RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of 8 weight rows a block takes, 1, 2, 4 (0: chosen) | 0 |
+| RLX_CUDA_SMALL_GEMM | 0: CUDA f16/bf16 GEMMs of <= 64 rows (and quantized copies) on cuBLASLt, not the small GEMM | 1 |
 | RLX_CUDA_DEQUANT_COPIES | bytes of CUDA quantized weights also kept dequantized for many-row steps (0: none) | 2 GiB |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |
@@ -168,6 +169,8 @@ class Config:
     #: RLX_CUDA_DEQUANT_COPIES: bytes of quantized weights CUDA also keeps dequantized (`CudaTarget.dequant_copies`;
     #: -1: the target's default, 0: none).
     cuda_dequant_copies: int = -1
+    #: RLX_CUDA_SMALL_GEMM: GEMMs of few rows on rlx_gemm_small (`CudaTarget.small_gemm`; off: cuBLASLt).
+    cuda_small_gemm: bool = True
     cc: str = "cc"
     nvcc: str = "nvcc"
     #: RLX_RECORD: where compiled graphs record their calls (None: not recorded), and the bounds.
@@ -208,6 +211,7 @@ class Config:
             cuda_gemv_walk=env.get("RLX_QGEMV_WALK", "").strip() or "auto",
             cuda_xr_groups=_int(env, "RLX_QGEMV_XR_GROUPS", 0),
             cuda_dequant_copies=_int(env, "RLX_CUDA_DEQUANT_COPIES", -1),
+            cuda_small_gemm=_flag(env, "RLX_CUDA_SMALL_GEMM", True),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
             record_dir=Path(env["RLX_RECORD"].strip()) if env.get("RLX_RECORD", "").strip() else None,

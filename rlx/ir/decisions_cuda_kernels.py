@@ -8,6 +8,8 @@ on where bytes live, the lowering decides and records it here; the codegen only 
 - `GatherInRegion`: a row gather (an embedding lookup) is done by the elementwise region that reads it.
 - `NormInGemm`: a layer / RMS norm is computed in the prologue of the small GEMM that reads it, in steps of few
   rows.
+- `CopySmallGemm`: a quantized product whose weight keeps a dequantized copy (`DequantCopy`) multiplies that copy
+  on the small GEMM in steps of few rows (its residual add in the epilogue), not on cuBLASLt.
 - `CudaKernelOptions`: the target options these were decided for (the codegen refuses another target).
 
 >>> CutlassGemm(node=7, act="gelu", function="rlx_cutlass_gemm_f16_gelu").describe()
@@ -18,6 +20,10 @@ on where bytes live, the lowering decides and records it here; the codegen only 
 "%3 gather looked up inside %9's elementwise kernel (no kernel of its own)"
 >>> NormInGemm(norm=12, gemm=13, max_rows=64).describe()
 "%12 norm computed in the prologue of %13's small GEMM when a step has <= 64 rows (its own kernel otherwise)"
+>>> CopySmallGemm(node=20, min_rows=5, max_rows=64, add=(22,)).describe()
+"%20 on the small GEMM over its copy in steps of 5..64 rows (+ %22's residual add)"
+>>> CopySmallGemm(node=30, min_rows=5, max_rows=64, norm=(29,), pair=(31,), swiglu=(32,)).describe()
+"%30 on the small GEMM over its copy in steps of 5..64 rows (%29's norm first) (and %31's copy: %32's SwiGLU)"
 """
 
 from __future__ import annotations
@@ -105,7 +111,39 @@ class NormInGemm(Decision):
         return (self.norm, self.gemm)
 
 
+@dataclass(frozen=True)
+class CopySmallGemm(Decision):
+    """Quantized product `node` reads a weight with a dequantized copy (`DequantCopy`, [K, N] in the compute type):
+    in steps of `min_rows`..`max_rows` rows it multiplies that copy on rlx_gemm_small (its weights fetched
+    before the PDL wait) instead of cuBLASLt, whose fixed cost per launch is most of a product this small (SmolLM2's
+    projections at 64 rows: ~0.3 us of weight bytes). `add`: the residual add (`DequantCopy.adds`) whose sum the
+    GEMM writes, added in its epilogue (none: ()). `norm`: the norm producing its X, which the fused decode GEMV
+    absorbs in smaller steps, computed in its prologue (the norm's own kernel then runs past `max_rows` only).
+    `pair` / `swiglu`: the up projection of a SwiGLU whose gate `node` is (their fused decode GEMV's members), its
+    copy multiplied by the same launch, which writes the SwiGLU region `swiglu` (silu(gate) * up) directly: the up
+    product's and the region's own kernels run past `max_rows` only."""
+
+    kind: ClassVar[str] = "cuda_copy_small_gemm"
+    node: int
+    min_rows: int
+    max_rows: int
+    add: tuple[int, ...] = ()
+    norm: tuple[int, ...] = ()
+    pair: tuple[int, ...] = ()
+    swiglu: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        more = "".join(f" (%{n}'s norm first)" for n in self.norm)
+        more += "".join(f" (+ %{a}'s residual add)" for a in self.add)
+        more += "".join(f" (and %{u}'s copy: %{r}'s SwiGLU)" for u, r in zip(self.pair, self.swiglu))
+        return f"%{self.node} on the small GEMM over its copy in steps of {self.min_rows}..{self.max_rows} rows{more}"
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node, *self.add, *self.norm, *self.pair, *self.swiglu)
+
+
 register_decision(CudaKernelOptions, ())
 register_decision(CutlassGemm, ("node",))
 register_decision(GatherInRegion, ("gather", "region"))
 register_decision(NormInGemm, ("norm", "gemm"))
+register_decision(CopySmallGemm, ("node", "add", "norm", "pair", "swiglu"))

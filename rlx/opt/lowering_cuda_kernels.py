@@ -16,6 +16,9 @@ choices that depend on where bytes live and on neighbouring nodes:
   are not the index's (a block writes while others read).
 - `NormInGemm` (`find_norms_in_gemms`): a layer / RMS norm whose output is the A of a GEMM scheduled right after
   it that takes rlx_gemm_small in steps of few rows is computed in that GEMM's prologue.
+- `CopySmallGemm` (`find_copy_small_gemms`): a quantized product whose weight keeps a dequantized copy multiplies
+  it on rlx_gemm_small in steps of few rows, its residual add in the epilogue, instead of a
+  cuBLASLt call whose fixed cost dominates a product of 5-64 rows of a small model.
 
 The choices are made for the target's options (`arch`, `cutlass_gemm`: asked for *and* available to the build,
 as the toolchain resolved it; `gather_region`, `small_gemm`, `lt_gelu_epilogue`, `fused_act_gemm`), recorded
@@ -41,12 +44,12 @@ loop puts them, so their alignment is unknown here (taken as unaligned) and they
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlx.ir.activation_table import activation_table
 from rlx.ir.decisions import Decision
-from rlx.ir.decisions_cuda import DecodeGemv, DeviceLayout, GemmGroup, PoolTail
-from rlx.ir.decisions_cuda_kernels import CudaKernelOptions, CutlassGemm, GatherInRegion, NormInGemm
+from rlx.ir.decisions_cuda import DecodeGemv, DequantCopy, DeviceLayout, GemmGroup, PoolTail
+from rlx.ir.decisions_cuda_kernels import CopySmallGemm, CudaKernelOptions, CutlassGemm, GatherInRegion, NormInGemm
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -372,6 +375,94 @@ def find_norms_in_gemms(lir: LirModule, places: DevicePlaces, nodes: Sequence[No
     return found
 
 
+def find_copy_small_gemms(lir: LirModule, places: DevicePlaces, memory: Sequence[Decision],
+                          opt: _Options) -> list[CopySmallGemm]:
+    """Readers of a `DequantCopy` whose copy steps (from its `min_rows`) up to SMALL_GEMM_MAX_M rows run
+    rlx_gemm_small: the target's cuBLASLt path with small GEMMs on, f16 / bf16 on sm_80+, K whole 16-deep steps up
+    to SMALL_GEMM_KMAX, N whole 16-byte chunks and X, the copy, the output and a residual addend 16-byte aligned."""
+    if opt.gemm != "cublaslt" or not opt.small_gemm:
+        return []
+    graph = lir.graph
+    residual = {d.members[0]: d.residual[0] for d in memory if isinstance(d, DecodeGemv) and d.residual
+                and len(d.members) == 1}
+    gemvs = {d.members[0]: d for d in memory if isinstance(d, DecodeGemv)}
+    copies = {r: (d, first) for d in memory if isinstance(d, DequantCopy) for r, first in zip(d.readers, d.min_rows)}
+    found: dict[NodeId, CopySmallGemm] = {}
+    for reader, (copy, first) in copies.items():
+        if first > SMALL_GEMM_MAX_M:
+            continue
+        node = graph.node(reader)
+        add = residual.get(reader)
+        adds = (add,) if add is not None and add in copy.adds else ()
+        offsets = [places.offset(node.inputs[0]), copy.offset, places.offset(adds[0] if adds else reader)]
+        if adds:
+            a = graph.node(adds[0])
+            offsets.append(places.offset(a.inputs[1] if a.inputs[0] == reader else a.inputs[0]))
+        if small_gemm_fits(True, opt.arch, places.ddt(reader), True, Dim(copy.k), Dim(copy.n), offsets):
+            norm = _copy_norm(places, gemvs.get(reader), reader, first, adds[0] if adds else reader)
+            found[reader] = CopySmallGemm(reader, first, SMALL_GEMM_MAX_M, adds, norm)
+    for gate, small in list(found.items()):
+        pair = _swiglu_pair(places, opt.arch, gemvs.get(gate), small, found, copies)
+        if pair is not None:
+            up, region = pair
+            found[gate] = replace(small, pair=(up,), swiglu=(region,))
+            del found[up]
+    return list(found.values())
+
+
+def _swiglu_pair(places: DevicePlaces, arch: str, gemv: DecodeGemv | None, gate: CopySmallGemm,
+                 found: dict[NodeId, CopySmallGemm],
+                 copies: dict[NodeId, tuple[DequantCopy, int]]) -> tuple[NodeId, NodeId] | None:
+    """(up, region) when the small GEMM of `gate` can also multiply its SwiGLU partner's copy and write the region:
+    on sm_90 and later, `gate` leads a fused decode GEMV with a SwiGLU (gate, up), the up product takes the small
+    GEMM in the same steps with no norm or add of its own, the two copies have one shape, and the region's output
+    (16-byte aligned) is not among the bytes the launch reads (X, or the norm's input and residual). The norm's
+    output, which only the two products read, is then not stored (its bytes may be the region's)."""
+    if gemv is None or not gemv.swiglu or len(gemv.members) != 2 or gemv.members[0] != gate.node:
+        return None
+    sm = arch.removeprefix("sm_").rstrip("a")
+    if not sm.isdigit() or int(sm) < 90:
+        return None  # two slabs: up to 208 KB of shared memory a block at K = 1536 (Hopper's 227 KB; not sm_8x's)
+    up, region = gemv.members[1], gemv.swiglu[0]
+    other = found.get(up)
+    if other is None or other.min_rows != gate.min_rows or other.add or other.norm:
+        return None
+    if (copies[gate.node][0].n, copies[gate.node][0].k) != (copies[up][0].n, copies[up][0].k):
+        return None
+    graph = places.lir.graph
+    out = places.extent(region)
+    if out is None or not _aligned([places.offset(region)]):
+        return None
+    if gate.norm:
+        roles = norm_inputs(graph.node(gate.norm[0]))
+        touched = [roles.x, *((roles.residual,) if roles.residual is not None else ())]
+    else:
+        touched = [graph.node(gate.node).inputs[0]]
+    spans = [places.extent(i) for i in touched]
+    if any(e is None or (e[0] < out[1] and out[0] < e[1]) for e in spans):
+        return None
+    return up, region
+
+
+def _copy_norm(places: DevicePlaces, gemv: DecodeGemv | None, reader: NodeId, first: int,
+               out: NodeId) -> tuple[NodeId, ...]:
+    """The norm a copy's small GEMM computes in its prologue: the one `gemv` (the fused decode GEMV `reader` leads)
+    absorbs, when the copy takes every step past that GEMV's rows, the norm has no bias, its f16/bf16 input,
+    residual and output are 16-byte aligned, and the bytes the GEMM's blocks read (the norm's input and residual)
+    are not those they write (`out` and the norm's output)."""
+    if gemv is None or not gemv.norm or first != gemv.max_rows + 1:
+        return ()
+    norm = places.lir.graph.node(gemv.norm[0])
+    roles = norm_inputs(norm)
+    if roles.bias is not None or places.ddt(norm.id) not in (DType.F16, DType.BF16):
+        return ()
+    reads = [places.extent(i) for i in (roles.x, *((roles.residual,) if roles.residual is not None else ()))]
+    writes = [places.extent(out), places.extent(norm.id)]
+    if any(r is None or w is None or (r[0] < w[1] and w[0] < r[1]) for r in reads for w in writes):
+        return ()
+    return (norm.id,) if _aligned([places.offset(i) for i in (*norm.inputs, norm.id)]) else ()
+
+
 def kernel_choices(lir: LirModule, memory: Sequence[Decision], opt: _Options,
                    scan_body: bool) -> tuple[Decision, ...]:
     """The kernel decisions of `lir` given its memory decisions (`memory`: what `cuda_decisions` returned)."""
@@ -385,7 +476,7 @@ def kernel_choices(lir: LirModule, memory: Sequence[Decision], opt: _Options,
     options = CudaKernelOptions(opt.arch, opt.cutlass, opt.gather_region, opt.small_gemm, opt.lt_gelu_epilogue,
                                 opt.fused_act_gemm)
     return (options, *find_cutlass_gemms(lir, places, nodes, opt), *find_region_gathers(lir, places, nodes, opt),
-            *find_norms_in_gemms(lir, places, nodes, decode, opt))
+            *find_norms_in_gemms(lir, places, nodes, decode, opt), *find_copy_small_gemms(lir, places, memory, opt))
 
 
 def cuda_lowering(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt", pool_tail: bool = True,

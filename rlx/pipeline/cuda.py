@@ -106,6 +106,7 @@ class CudaStages:
                                **({"xr_groups": config.cuda_xr_groups} if config.cuda_xr_groups else {}),
                                **({"dequant_copies": config.cuda_dequant_copies}
                                   if config.cuda_dequant_copies >= 0 else {}),
+                               **({} if config.cuda_small_gemm else {"small_gemm": False}),
                                **target_options}
         self._toolchain = toolchain
         self._target: Any = None

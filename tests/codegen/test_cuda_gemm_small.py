@@ -74,5 +74,5 @@ def test_only_weights_are_read_before_the_pdl_wait() -> None:
     src = forward(render(g, precision=DType.F16))
     # the first product: B after the wait, its bias before (bit 1); the second: both before (bits 0 and 1)
     assert "(int)M, (int)N, (int)K, (__half *)nullptr, (__half *)nullptr, (__half *)nullptr, (__half *)nullptr, " \
-           "(__half *)nullptr, 0.0f, 2)" in src
-    assert src.count("0.0f, 3)") == 1
+           "(__half *)nullptr, 0.0f, 2, (__half *)nullptr, (__half *)nullptr)" in src  # (no addend, no B2)
+    assert src.count("0.0f, 3, (__half *)nullptr, (__half *)nullptr)") == 1

@@ -84,4 +84,4 @@ def test_small_gemm_of_a_computed_b(precision: str) -> None:
     rng = np.random.default_rng(17)
     params = {"w": rng.standard_normal((48, 32)).astype(np.float32), "b": rng.standard_normal(32).astype(np.float32)}
     src = _check(g, precision, params, rng, 48)
-    assert "0.0f, 2)" in src
+    assert "0.0f, 2, (" in src

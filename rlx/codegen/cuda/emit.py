@@ -51,7 +51,7 @@ from rlx.ir.decisions_cuda import (
     SampleFromArgmax,
     ScanConstants,
 )
-from rlx.ir.decisions_cuda_kernels import CudaKernelOptions, CutlassGemm, GatherInRegion, NormInGemm
+from rlx.ir.decisions_cuda_kernels import CopySmallGemm, CudaKernelOptions, CutlassGemm, GatherInRegion, NormInGemm
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node, NodeId
 from rlx.ir.lir import LirModule
@@ -381,6 +381,13 @@ class CudaEmitter:
         self.dequant_copy: dict[NodeId, DequantCopy] = {r: d for d in lir.decided(DequantCopy) for r in d.readers}
         #: residual adds a copy's GEMM writes (`DequantCopy.adds`) -> the reader whose GEMM it is
         self.copy_adds: dict[NodeId, NodeId] = {a: d.readers[0] for d in lir.decided(DequantCopy) for a in d.adds}
+        #: readers of a copy that multiply it on rlx_gemm_small in steps of few rows
+        self.copy_small: dict[NodeId, CopySmallGemm] = {d.node: d for d in lir.decided(CopySmallGemm)}
+        #: ... the norms those compute in their prologue and the SwiGLU regions they write (the fused GEMV's work in
+        #: decode steps), and the up products multiplied by their gate's launch
+        self.copy_absorbed: dict[NodeId, CopySmallGemm] = {
+            n: d for d in lir.decided(CopySmallGemm) for n in (*d.norm, *d.swiglu)}
+        self.copy_pair_of: dict[NodeId, CopySmallGemm] = {u: d for d in lir.decided(CopySmallGemm) for u in d.pair}
         #: The DecodeRope of each attention node, and of each rope it absorbs.
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The argmax each sample_top_k copies at temperature 0 / top_k 1.
@@ -510,6 +517,11 @@ class CudaEmitter:
         k = rules.rule(node.kind).emit(self, node)
         if d is not None and nid not in d.members:
             lead = self.node(d.members[0])
+            cs = self.copy_absorbed.get(nid)
+            if cs is not None:
+                return self._large_step_only(k, self.node(lead.inputs[0]).shape.dims[:-1], cs.max_rows,
+                                             f"done by the fused GEMV of %{lead.id} in steps of <= {d.max_rows} rows, "
+                                             f"by its small GEMM on the dequantized copy in larger ones")
             return self._large_step_only(k, self.node(lead.inputs[0]).shape.dims[:-1], d.max_rows,
                                          f"done by the fused GEMV of %{lead.id}")
         a = self.all_reduce_p2p.get(nid)

@@ -25,17 +25,20 @@ import dataclasses
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, FORMAT_IDS, CudaEmitter, Launch, _float_c
+from rlx.codegen.cuda.rules import NormPrologue, is_weight, norm_prologue
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.codegen.text import comment
 from rlx.ir import ops as O
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
+from rlx.ir.norms import norm_inputs
 from rlx.ir.quant import INT8_ACT_FORMATS, quant_format
 from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
 
 TEMPLATE = "cuda/quant.cu.j2"
 QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
 QUANT_MMA, GEMM_MMA = "cuda/kernels/quant_mma.cuh", "cuda/kernels/gemm_mma.cuh"
+GEMM_SMALL = "cuda/kernels/gemm_small.cuh"
 #: Activation modes of `dequant_matmul` CUDA runs ("q16", int16 blocks, runs on the CPU only).
 ACTS = ("f32", "q8")
 #: Floats each staged 32-value sub-block takes in the fused decode GEMV's shared memory (RLX_QFUSED_PAD).
@@ -76,10 +79,53 @@ class DequantMatMul(Launch):
     copy_rows: int = 0
     #: With a copy: the residual the copy's GEMM adds (its C operand; `y` is then the add's output); "": none.
     addend: str = ""
+    #: With a copy: steps of copy_rows..small_rows rows multiply it on rlx_gemm_small (`CopySmallGemm`); 0: none.
+    small_rows: int = 0
+    #: ... computing the norm that produces X in its prologue (None: X read as it is), and which operands it reads
+    #: before the PDL wait (RLX_GSM_EARLY_* bits)
+    small_norm: NormPrologue | None = None
+    small_early: int = 0
+    #: ... writing `small_y` (a SwiGLU region's output) from this copy and `small_b2` (its up projection's copy)
+    #: instead of `y` ("": y, no pair)
+    small_y: str = ""
+    small_b2: str = ""
+    #: An up projection whose steps of copy_rows..small_rows rows the gate's small GEMM `small_by` computes (-1: none)
+    small_by: int = -1
 
     @property
     def mma(self) -> bool:
         return self.mma_rows[1] > 0
+
+    @property
+    def small_kernel(self) -> str:
+        """The rlx_gemm_small instance that multiplies the copy ([K, N], as dequantized at set_param)."""
+        p = self.small_norm
+        norm = f"{p.kind}, {p.res_on}, {p.cpt}" if p is not None else "0, false, 1"
+        add, pair = ("true" if flag else "false" for flag in (self.addend, self.small_b2))
+        return f"rlx_gemm_small<{self.t}, RLX_ACT_NONE, false, {norm}, {add}, {pair}>"
+
+    @property
+    def small_args(self) -> str:
+        """rlx_gemm_small's arguments after M, N, K: the norm's (nullptrs without one), `early`, the addend."""
+        t, p = self.t, self.small_norm
+        norm = (f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}" if p is not None
+                else ", ".join([f"({t} *)nullptr"] * 5) + ", 0.0f")
+        addend = f"(const {t} *){self.addend}" if self.addend else f"({t} *)nullptr"
+        b2 = f"(const {t} *){self.small_b2}" if self.small_b2 else f"({t} *)nullptr"
+        return f"{norm}, {self.small_early}, {addend}, {b2}"
+
+    @property
+    def small_smem(self) -> str:
+        """The small kernel's dynamic shared memory for this K (a C expression)."""
+        return "rlx_gemm_small_pair_smem(K)" if self.small_b2 else "rlx_gemm_small_smem(K)"
+
+    @property
+    def small_attrs(self) -> tuple[tuple[str, str], ...]:
+        """The small kernel's dynamic shared-memory limit, raised at rlx_create (none without it)."""
+        if not self.small_rows or self.small_by >= 0:
+            return ()
+        return ((self.small_kernel, self.small_smem.replace("(K)", "(RLX_GSM_KMAX)")),)
+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,15 +210,36 @@ def _dequant_args(e: CudaEmitter, node: Node) -> DequantMatMul:
 
 
 def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
-    """`copy` / `copy_rows` of a reader of a `DequantCopy` (none: {})."""
+    """`copy` / `copy_rows` (and the small GEMM's rows and shared-memory limit) of a reader of a `DequantCopy`
+    (none: {})."""
     d = e.dequant_copy.get(nid)
     if d is None:
         return {}
-    return {"copy": f"RLX_P({ctype}, {d.offset})", "copy_rows": d.min_rows[d.readers.index(nid)]}
+    args = {"copy": f"RLX_P({ctype}, {d.offset})", "copy_rows": d.min_rows[d.readers.index(nid)]}
+    pair = e.copy_pair_of.get(nid)
+    if pair is not None:  # an up projection: its gate's launch computes it with the SwiGLU
+        return {**args, "small_rows": pair.max_rows, "small_by": pair.node}
+    small = e.copy_small.get(nid)
+    if small is not None:
+        args["small_rows"] = small.max_rows
+        params = []
+        if small.norm:
+            norm = e.node(small.norm[0])
+            args["small_norm"] = norm_prologue(e, norm)
+            params = list(norm_inputs(norm).params)
+        # the copy is written at set_param only; gamma (and beta) too when they are weights
+        args["small_early"] = 1 | (2 if all(is_weight(e, i) for i in params) else 0)
+        if small.pair:  # (the norm's output: read by the two products only, so not stored)
+            if "small_norm" in args:
+                args["small_norm"] = dataclasses.replace(args["small_norm"], out=f"({ctype} *)nullptr")
+            args["small_y"] = e.ptr(small.swiglu[0])
+            args["small_b2"] = f"RLX_P({ctype}, {e.dequant_copy[small.pair[0]].offset})"
+    return args
 
 
-def _headers(act: str, mma: bool) -> tuple[str, ...]:
-    return (QUANT, *((QUANT_Q8,) if act == "q8" else ()), GEMM, *((GEMM_MMA, QUANT_MMA) if mma else ()))
+def _headers(act: str, mma: bool, small: bool = False) -> tuple[str, ...]:
+    return (QUANT, *((QUANT_Q8,) if act == "q8" else ()), GEMM, *((GEMM_MMA, QUANT_MMA) if mma else ()),
+            *((GEMM_SMALL,) if small else ()))
 
 
 def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
@@ -203,6 +270,7 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
     attrs = tuple((f"rlx_qgemv_fused<{first.t}, {first.fmt}, {first.qk}, {first.qb}, {mr}, {norm_c}, {epi}{act_arg}>",
                    str(smem)) for mr in range(1, d.max_rows + 1)
                   if (smem := mr * (first.k // 32) * QFUSED_PAD * 4) > 48 * 1024)
+    attrs += tuple(a for member in large for a in member.small_attrs)
     xr = d.xr_groups if d.walk == "xreg" else 0
     nsub = first.k // 32
     if xr and (smem := (nsub * QFUSED_PAD + (nsub + 31) // 32 * xr * 8) * 4) > 48 * 1024:
@@ -217,7 +285,8 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
         x=e.ptr(x), gamma=gamma, eps=eps, norm=norm_c, res=res, epi=epi, m=first.m,
         k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
         ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg, xr_groups=xr)
-    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=_headers(first.act, any(a.mma for a in large)),
+    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args,
+                  headers=_headers(first.act, any(a.mma for a in large), any(a.small_rows for a in large)),
                   header=args.comment,
                   label=node.label)
 
@@ -228,7 +297,9 @@ def dequant_matmul(e: CudaEmitter, node: Node) -> Kernel:
     if d is not None and d.members[0] == node.id:
         return _decode_gemv(e, node)
     args = _dequant_args(e, node)
-    return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args, headers=_headers(args.act, args.mma),
+    args = dataclasses.replace(args, smem_attrs=args.small_attrs)
+    return Kernel(node.id, "block_dequant_matmul", TEMPLATE, args,
+                  headers=_headers(args.act, args.mma, bool(args.small_rows)),
                   header=args.comment, label=node.label)
 
 

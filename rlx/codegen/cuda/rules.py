@@ -307,12 +307,14 @@ class GemmCall:
 
     @property
     def small_extra_args(self) -> str:
-        """rlx_gemm_small's arguments after M, N, K: the normalization's (nullptrs without a prologue), `early`."""
+        """rlx_gemm_small's arguments after M, N, K: the normalization's (nullptrs without a prologue), `early`, no
+        addend, no second B."""
         p = self.prologue
         if p is None:
             return f"({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, " \
-                   f"({self.t} *)nullptr, 0.0f, {self.small_early}"
-        return f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}, {self.small_early}"
+                   f"({self.t} *)nullptr, 0.0f, {self.small_early}, ({self.t} *)nullptr, ({self.t} *)nullptr"
+        return f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}, {self.small_early}, " \
+               f"({self.t} *)nullptr, ({self.t} *)nullptr"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -692,7 +694,7 @@ def _small_attrs(g: GemmCall) -> tuple[tuple[str, str], ...]:
     return ((g.small_kernel, "rlx_gemm_small_smem(RLX_GSM_KMAX)"),)
 
 
-def _is_weight(e: CudaEmitter, nid: NodeId) -> bool:
+def is_weight(e: CudaEmitter, nid: NodeId) -> bool:
     """`nid`'s bytes are a param or constant (through views): no kernel writes them during a run."""
     b = e.lir.buffers[nid]
     while b.storage == "view":
@@ -707,7 +709,7 @@ def _small_call(e: CudaEmitter, g: GemmCall, lead: Node, weight: bool, bias: Nod
     if p is not None:  # the norm's gamma (and beta): its inputs after x (and the residual)
         norm = e.node(lead.inputs[0])
         params += list(norm_inputs(norm).params)
-    early = (1 if weight else 0) | (2 if all(_is_weight(e, i) for i in params) else 0)
+    early = (1 if weight else 0) | (2 if all(is_weight(e, i) for i in params) else 0)
     return replace(g, prologue=p, small_early=early)
 
 
@@ -717,6 +719,11 @@ def _norm_prologue(e: CudaEmitter, lead: Node) -> NormPrologue | None:
     into = e.norm_in_gemm.get(a.id)
     if into is None or into.gemm != lead.id:
         return None
+    return norm_prologue(e, a)
+
+
+def norm_prologue(e: CudaEmitter, a: Node) -> NormPrologue:
+    """rlx_gemm_small's prologue computing norm `a` (its output is the GEMM's A)."""
     roles = norm_inputs(a)
     fused = roles.residual is not None
     k = a.shape.dims[-1].value
@@ -766,7 +773,7 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     act = node.op.activation if isinstance(node.op, O.FusedMatMulBiasAct) else None
     g = _gemm(e, node.inputs[0], node.inputs[1], e.ptr(node.id), node.shape, bias, act, e.offset(node.id), node.id)
     if g.small:
-        g = _small_call(e, g, node, _is_weight(e, node.inputs[1]), bias)
+        g = _small_call(e, g, node, is_weight(e, node.inputs[1]), bias)
     if g.cutlass_fn:
         return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=True, smem_attrs=_small_attrs(g), gemm=g),
                        GEMM, CUTLASS_HEADER, *((GEMM_SMALL,) if g.small else ()))

@@ -25,6 +25,12 @@ __host__ __device__ constexpr size_t rlx_gemm_small_smem(int64_t K) {
     return (size_t)K * (RLX_GSM_BN + 8) * 2 + (size_t)16 * (K + 8) * 2 + (size_t)RLX_GSM_WARPS * 16 * RLX_GSM_BN * 4;
 }
 
+/* ... of the SwiGLU pair (PAIR): two B slabs, the A rows, two sets of partial tiles (208 KB at K = 1536). */
+__host__ __device__ constexpr size_t rlx_gemm_small_pair_smem(int64_t K) {
+    return (size_t)2 * K * (RLX_GSM_BN + 8) * 2 + (size_t)16 * (K + 8) * 2 +
+           (size_t)2 * RLX_GSM_WARPS * 16 * RLX_GSM_BN * 4;
+}
+
 /* 16 bytes global -> shared, asynchronously; zero-filled (nothing read) when !full. */
 __device__ __forceinline__ void rlx_gsm_cp16(void *smem, const void *gmem, bool full) {
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
@@ -89,7 +95,8 @@ __device__ __forceinline__ void rlx_gsm_norm_rows(const T *__restrict__ nx, cons
             var = rlx_warp_sum(q) / (float)K;
         }
         const float inv = 1.0f / sqrtf(var + eps);
-        T *orow = blockIdx.x == 0 ? nout + (size_t)m * K : nullptr; /* the blocks of column 0 store A too */
+        /* the blocks of column 0 store A too (unless no one else reads it: nout null) */
+        T *orow = blockIdx.x == 0 && nout != nullptr ? nout + (size_t)m * K : nullptr;
 #pragma unroll
         for (int k = 0; k < CPT; ++k) {
             const int c = lane + k * 32;
@@ -110,27 +117,36 @@ __device__ __forceinline__ void rlx_gsm_norm_rows(const T *__restrict__ nx, cons
     }
 }
 
+/* ADD: the epilogue adds `addend` [M, N] (a residual add's other input; it may be C itself: each thread reads its
+ * element before it writes it). PAIR: B2 is a second weight of B's shape (a SwiGLU's up projection beside its gate
+ * B, both quantized weights' [K, N] copies dequantized at set_param, `DequantCopy`) and C = silu(A B) * (A B2): both
+ * slabs in shared memory, two accumulators a warp, the gate and up products never rounded or stored (shared memory:
+ * rlx_gemm_small_pair_smem). */
+
 /* Bit 0 of `early`: B is a weight (no kernel writes it), so its slab is fetched before the PDL wait; bit 1: so are
  * the bias, gamma and beta, read into registers before the wait. Otherwise they are read after it. */
 #define RLX_GSM_EARLY_B 1
 #define RLX_GSM_EARLY_PARAMS 2
 
-template <typename T, int ACT, bool BIAS, int NORM, bool RES, int CPT>
+template <typename T, int ACT, bool BIAS, int NORM, bool RES, int CPT, bool ADD = false, bool PAIR = false>
 __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__restrict__ A,
                                                                      const T *__restrict__ B,
-                                                                     const T *__restrict__ bias, T *__restrict__ C,
+                                                                     const T *__restrict__ bias, T *C,
                                                                      int M, int N, int K, const T *__restrict__ nx,
                                                                      const T *__restrict__ nres,
                                                                      const T *__restrict__ ngamma,
                                                                      const T *__restrict__ nbeta, T *__restrict__ nout,
-                                                                     float eps, int early) {
+                                                                     float eps, int early, const T *addend,
+                                                                     const T *__restrict__ B2) {
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char rlx_gsm_smem[];
     constexpr int BN = RLX_GSM_BN, CH = BN / 8; /* 16-byte chunks per slab row */
     static_assert(16 * BN == RLX_GSM_WARPS * 32, "one output of the tile per thread");
+    static_assert(!PAIR || (!BIAS && !ADD && ACT == RLX_ACT_NONE), "the SwiGLU pair: two weights, nothing else");
     const int LDB = BN + 8, LDA = K + 8;
     T *bs = reinterpret_cast<T *>(rlx_gsm_smem);
-    T *as = bs + (size_t)K * LDB;
+    T *bs2 = bs + (size_t)K * LDB; /* PAIR: the up slab */
+    T *as = PAIR ? bs2 + (size_t)K * LDB : bs + (size_t)K * LDB;
     float *part = reinterpret_cast<float *>(as + (size_t)16 * LDA);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n0 = blockIdx.x * BN, m0 = blockIdx.y * 16;
@@ -142,6 +158,7 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__
             const int r = i / CH, col = n0 + (i % CH) * 8;
             const bool in = col < N;
             rlx_gsm_cp16(bs + (size_t)r * LDB + (i % CH) * 8, B + (size_t)r * N + (in ? col : 0), in);
+            if (PAIR) rlx_gsm_cp16(bs2 + (size_t)r * LDB + (i % CH) * 8, B2 + (size_t)r * N + (in ? col : 0), in);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
@@ -177,8 +194,9 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__
     asm volatile("cp.async.wait_all;\n" ::);
     __syncthreads();
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc, acc2;
     wmma::fill_fragment(acc, 0.0f);
+    if (PAIR) wmma::fill_fragment(acc2, 0.0f);
 #pragma unroll 4
     for (int k = warp * 16; k < K; k += RLX_GSM_WARPS * 16) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
@@ -186,16 +204,25 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__
         wmma::load_matrix_sync(fa, as + k, LDA);
         wmma::load_matrix_sync(fb, bs + (size_t)k * LDB, LDB);
         wmma::mma_sync(acc, fa, fb, acc);
+        if constexpr (PAIR) {
+            wmma::load_matrix_sync(fb, bs2 + (size_t)k * LDB, LDB);
+            wmma::mma_sync(acc2, fa, fb, acc2);
+        }
     }
     wmma::store_matrix_sync(part + warp * 16 * BN, acc, BN, wmma::mem_row_major);
+    if (PAIR) wmma::store_matrix_sync(part + (RLX_GSM_WARPS + warp) * 16 * BN, acc2, BN, wmma::mem_row_major);
     __syncthreads();
 
     /* epilogue: sum the warps' partial tiles, bias, activation, one rounding (one output per thread) */
     if (m0 + orow < M && n0 + ocol < N) {
-        float y = bias_v;
+        float y = bias_v, up = 0.0f;
 #pragma unroll
-        for (int w = 0; w < RLX_GSM_WARPS; ++w)
+        for (int w = 0; w < RLX_GSM_WARPS; ++w) {
             y += part[w * 16 * BN + tid];
-        C[(size_t)(m0 + orow) * N + n0 + ocol] = rlx_to<T>(rlx_act<ACT>(y));
+            if (PAIR) up += part[(RLX_GSM_WARPS + w) * 16 * BN + tid];
+        }
+        const size_t at = (size_t)(m0 + orow) * N + n0 + ocol;
+        if (ADD) y += rlx_f(addend[at]); /* after the product, as cuBLASLt's beta = 1 */
+        C[at] = rlx_to<T>(PAIR ? rlx_silu(y) * up : rlx_act<ACT>(y));
     }
 }
