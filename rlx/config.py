@@ -28,7 +28,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_QUANT_LAYOUT | CPU integer decode GEMVs' weights: `auto`, `interleaved` (by 16 rows) or `rows` (GGUF's) | auto |
 | RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (x in registers where it fits) or `rows` (the older walk) | auto |
 | RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of 8 weight rows a block takes, 1, 2, 4 (0: chosen) | 0 |
-| RLX_CUDA_SMALL_GEMM | 0: CUDA f16/bf16 GEMMs of <= 64 rows (and quantized copies) on cuBLASLt, not the small GEMM | 1 |
+| RLX_CUDA_SMALL_GEMM | 0: CUDA f16/bf16 GEMMs of <= 64 rows (quantized copies too) on cuBLASLt | 1 |
 | RLX_CUDA_DEQUANT_COPIES | bytes of CUDA quantized weights also kept dequantized for many-row steps (0: none) | 2 GiB |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |
