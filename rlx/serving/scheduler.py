@@ -146,7 +146,7 @@ class Scheduler:
         decode = [s for s in self.running if s.state is State.DECODE]
         # each decoding sequence needs room for one more token; else the newest goes back to the queue
         while decode:
-            short = next((s for s in decode if not self.kv.grow(s.slot, s.filled + 1)), None)
+            short = self._short(decode)
             if short is None:
                 break
             victim = self.running[-1]
@@ -179,6 +179,16 @@ class Scheduler:
                 drafts.append(self._draft(seq, budget))
                 budget -= drafts[-1]
         return Plan(decode, prefill, preempted, drafts)
+
+    def _short(self, decode: list[Seq]) -> Seq | None:
+        """The first of `decode` whose storage cannot grow by its next token (the others grown), or None. A store
+        that tells how many tokens each slot holds room for (`PagedKv.capacity`) is asked to grow only the slots
+        at the end of their room (a sequence's every `page_size` tokens)."""
+        kv = self.kv
+        capacity = getattr(kv, "capacity", None)
+        if capacity is None:
+            return next((s for s in decode if not kv.grow(s.slot, s.filled + 1)), None)
+        return next((s for s in decode if s.filled >= capacity[s.slot] and not kv.grow(s.slot, s.filled + 1)), None)
 
     def _fill(self, ready: list[Seq], due: list[Seq], budget: int) -> tuple[list[Seq], int]:
         """Prefill first: the rows left go to the other decoding sequences, the longest stalled first; the step's
