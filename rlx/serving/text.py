@@ -42,6 +42,22 @@ class StopText:
                 return piece
         elif not piece:
             return ""
+        else:  # `_release(final=False)` inlined
+            pending = self._pending + piece
+            cut = -1
+            for s in self._stop:
+                at = pending.find(s)
+                if at >= 0 and (cut < 0 or at < cut):
+                    cut = at
+            if cut >= 0:
+                self._pending, self.stopped = "", True
+                return pending[:cut]
+            keep = self._hold
+            if len(pending) <= keep:
+                self._pending = pending
+                return ""
+            self._pending = pending[len(pending) - keep:]
+            return pending[:len(pending) - keep]
         self._pending += piece
         return self._release(final=False)
 
