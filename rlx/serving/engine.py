@@ -538,29 +538,37 @@ class Engine:
     def _rows(self, plan: Plan) -> _Launch:
         """`plan`'s rows, output rows and what each sequence feeds; pages made writable (copy-on-write)."""
         drafts = self._propose(plan) if self.drafter is not None else None
+        # the rows as three columns (slots, tokens, positions): lists of ints to one array, not a tuple a row
         if drafts is None:  # plain decoding: a row per sequence (the bookkeeping of 64 rows is a GPU step's share)
-            rows = [(seq.slot, seq.last, seq.filled) for seq in plan.decode]
-            outputs = list(range(len(rows)))
-            ends = [(seq, 1) for seq in plan.decode]  # (sequence, tokens it fed), in row order
+            decode = plan.decode
+            slots = [seq.slot for seq in decode]
+            tokens = [g[-1] if (g := seq.generated) else seq.prompt[-1] for seq in decode]  # Seq.last
+            positions = [seq.filled for seq in decode]
+            outputs = list(range(len(decode)))
+            ends = [(seq, 1) for seq in decode]  # (sequence, tokens it fed), in row order
         else:
-            rows, outputs, ends = [], [], []
+            slots, tokens, positions, outputs, ends = [], [], [], [], []
             for seq, (proposed, _) in zip(plan.decode, drafts):
                 fed = [seq.last, *proposed]  # the last token, then the proposals at the next positions
-                rows.extend((seq.slot, t, seq.filled + i) for i, t in enumerate(fed))
-                outputs.extend(range(len(rows) - len(fed), len(rows)))
+                slots.extend([seq.slot] * len(fed))
+                tokens.extend(fed)
+                positions.extend(range(seq.filled, seq.filled + len(fed)))
+                outputs.extend(range(len(slots) - len(fed), len(slots)))
                 ends.append((seq, len(fed)))
         for seq, start, n in plan.prefill:
             ctx = seq.context
-            rows.extend((seq.slot, ctx[start + i], start + i) for i in range(n))
+            slots.extend([seq.slot] * n)
+            tokens.extend(ctx[start:start + n])
+            positions.extend(range(start, start + n))
             if start + n == len(ctx):
-                outputs.append(len(rows) - 1)
+                outputs.append(len(slots) - 1)
             ends.append((seq, n))
-        table = np.array(rows, dtype=np.int64).reshape(len(rows), 3)  # (slot, token, position) a row
+        table = np.array([slots, tokens, positions], dtype=np.int64).T  # [rows, 3]: (slot, token, position) a row
         kv: PagedKv = self.kv
         with self._lock:
             # copy-on-write: no row writes into a page another holder shares (the pages the rows write, looked up
             # at once: a sequence at a time only when one of them is shared)
-            if len(rows) and (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
+            if len(table) and (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
                 for seq, n in ends:
                     if not kv.writable(seq.slot, seq.filled, seq.filled + n):
                         raise RlxError("no free KV page for a copy of a shared page")

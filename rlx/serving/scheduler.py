@@ -142,6 +142,9 @@ class Scheduler:
         return seq
 
     def schedule(self) -> Plan:
+        plan = self._steady()
+        if plan is not None:
+            return plan
         preempted: list[Seq] = []
         decode = [s for s in self.running if s.state is State.DECODE]
         # each decoding sequence needs room for one more token; else the newest goes back to the queue
@@ -179,6 +182,24 @@ class Scheduler:
                 drafts.append(self._draft(seq, budget))
                 budget -= drafts[-1]
         return Plan(decode, prefill, preempted, drafts)
+
+    def _steady(self) -> Plan | None:
+        """The common case in one pass, or None: nobody waits, every running sequence decodes and they all fit the
+        step (no lookahead), each grown by its next token (over a store that tells its `capacity`). The plan is
+        `schedule`'s for that state: every sequence a decode row in admission order, none stalled. None as soon as
+        one is not decoding or cannot grow (the general path then grows the same sequences again: a no-op)."""
+        kv, running = self.kv, self.running
+        capacity = getattr(kv, "capacity", None)
+        if capacity is None or self.waiting or self.lookahead is not None or len(running) > self.max_step_tokens:
+            return None
+        decoding = State.DECODE
+        for s in running:
+            if s.state is not decoding or (s.filled >= capacity[s.slot] and not kv.grow(s.slot, s.filled + 1)):
+                return None
+        if self.max_stall is not None:
+            for s in running:
+                s.stalled = 0
+        return Plan(list(running), [], [], [])
 
     def _short(self, decode: list[Seq]) -> Seq | None:
         """The first of `decode` whose storage cannot grow by its next token (the others grown), or None. A store
