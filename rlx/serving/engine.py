@@ -623,9 +623,10 @@ class Engine:
         observer = self.observer
         kind = type(observer)
         timed = kind.first_token is not Observer.first_token or kind.inter_token is not Observer.inter_token
+        done, new_event, token_fields = State.DONE, Event.__new__, _TOKEN_FIELDS
         handed = 0
         for seq, token in zip(seqs, tokens):
-            if seq.state is State.DONE:
+            if seq.state is done:
                 continue
             seq.filled += 1  # scheduler.decoded
             job: _Job = seq.payload
@@ -635,8 +636,8 @@ class Engine:
             if token in stop_ids:
                 self._finish(seq, "stop")
                 continue
-            before = seq.last_token_at  # scheduler.append, at the step's time
-            if seq.first_token_at is None:
+            before = seq.last_token_at  # scheduler.append, at the step's time (the first token sets both)
+            if before is None:
                 seq.first_token_at = now
             seq.last_token_at = now
             generated = seq.generated
@@ -648,7 +649,11 @@ class Engine:
                     observer.inter_token(now - before)
             handed += 1
             text = job.text
-            job.sink(_token_event(token, text.push(token)))
+            event = new_event(Event)  # Event(token, text.push(token)), its dict filled at once (_TOKEN_FIELDS)
+            fields = event.__dict__
+            fields.update(token_fields)
+            fields["token_id"], fields["text"] = token, text.push(token)
+            job.sink(event)
             if text.stopped:
                 self._finish(seq, "stop")
             elif len(generated) >= seq.max_new or len(seq.prompt) + len(generated) > max_context:
@@ -817,23 +822,10 @@ class Engine:
             job.sink(Event(None, tail, finish_reason=reason, error=error))
 
 
-#: an `Event` of a token without logprobs, its fields in a dict to copy (`_token_event`)
+#: an `Event` of a token without logprobs, its fields to copy into a new one's dict (`Engine._land_tokens`: a frozen
+#: dataclass's `__init__` sets each field through `object.__setattr__`, three times slower; the same object after)
 _TOKEN_FIELDS = {"token_id": None, "text": "", "logprob": None, "top_logprobs": (), "finish_reason": None,
                  "error": None}
-
-
-def _token_event(token: int, text: str) -> Event:
-    """`Event(token, text)`, built in a third of the time: a frozen dataclass's `__init__` sets each field through
-    `object.__setattr__`; this fills the instance's dict at once (the same object: fields, equality, hash).
-
-    >>> _token_event(7, "a") == Event(7, "a"), _token_event(7, "a")
-    (True, Event(token_id=7, text='a', logprob=None, top_logprobs=(), finish_reason=None, error=None))
-    """
-    event = Event.__new__(Event)
-    fields = event.__dict__
-    fields.update(_TOKEN_FIELDS)
-    fields["token_id"], fields["text"] = token, text
-    return event
 
 
 def _logprobs(row: np.ndarray, token: int, params: SamplingParams) -> tuple[float, tuple[tuple[int, float], ...]]:

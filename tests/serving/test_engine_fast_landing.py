@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlx.serving.engine import Engine, Event, Observer, SamplingParams, _token_event
+from rlx.serving.engine import Engine, Event, Observer, SamplingParams
 from rlx.serving.pages import PagedKv, PagePool
 from rlx.serving.text import StopText
 
@@ -99,6 +99,10 @@ def test_fast_landing_hands_out_what_the_general_path_does(paged_runner, script,
     fast, fast_observed, fast_calls, fast_preempted = _scripted(paged_runner, True, prompts, params, cancel_at)
     assert fast_calls > 10 and fast_preempted == preempted > 0
     assert fast == general  # every event: token, text, logprobs, finish reason, in order
+    made = fast[0][0]  # an event the fast loop built: an Event as any other, frozen
+    assert type(made) is Event and vars(made) == vars(general[0][0]) and hash(made) == hash(general[0][0])
+    with pytest.raises(AttributeError):
+        made.text = "changed"
     reasons = {e[-1].finish_reason for e in general}
     assert general[5][-1].finish_reason == "cancelled" and [e.finish_reason for e in general[7]] == ["cancelled"]
     assert {"stop", "length", "cancelled"} <= reasons
@@ -107,13 +111,6 @@ def test_fast_landing_hands_out_what_the_general_path_does(paged_runner, script,
     assert ((fast_observed.firsts, fast_observed.inters, fast_observed.total)
             == (observed.firsts, observed.inters, observed.total))
     assert observed.total == sum(e.token_id is not None for r in general for e in r)
-
-
-def test_token_events_are_dataclass_events() -> None:
-    made = _token_event(17, "ab")
-    assert made == Event(17, "ab") and hash(made) == hash(Event(17, "ab")) and vars(made) == vars(Event(17, "ab"))
-    with pytest.raises(AttributeError):
-        made.text = "c"  # frozen as any Event
 
 
 class _Searched(StopText):
