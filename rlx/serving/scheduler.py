@@ -130,6 +130,7 @@ class Scheduler:
         # row before any prefill
         self.max_stall = max_stall
         self.waiting: deque[Seq] = deque()
+        self._stalls = False  # some sequence may have `stalled` > 0 (since the last step that gave all a row)
         self.running: list[Seq] = []  # admission order: the last is the newest
         self._ids = itertools.count()
 
@@ -196,9 +197,10 @@ class Scheduler:
         for s in running:
             if s.state is not decoding or (s.filled >= capacity[s.slot] and not kv.grow(s.slot, s.filled + 1)):
                 return None
-        if self.max_stall is not None:
+        if self._stalls:  # someone went without a row since the last full step
             for s in running:
                 s.stalled = 0
+            self._stalls = False
         return Plan(list(running), [], [], [])
 
     def _short(self, decode: list[Seq]) -> Seq | None:
@@ -218,12 +220,14 @@ class Scheduler:
         if len(ready) - len(chosen) <= budget:  # every ready sequence gets its row: none waits
             for seq in ready:
                 seq.stalled = 0
+            self._stalls = False
             return list(ready), budget - (len(ready) - len(chosen))
         for seq in sorted((s for s in ready if s not in chosen), key=lambda s: -s.stalled)[:max(budget, 0)]:
             chosen.add(seq)
             budget -= 1
         for seq in ready:
             seq.stalled = 0 if seq in chosen else seq.stalled + 1
+        self._stalls = True
         return [s for s in ready if s in chosen], budget
 
     def _draft(self, seq: Seq, budget: int) -> int:
