@@ -202,7 +202,10 @@ class GgufTokenizer:
         self.special_ids: frozenset[int] = frozenset(i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL)
         self._tok = self._build(merges, family)
         self._bytes = [self._spell(i) for i in range(self.vocab_size)]
-        self._text_table: list[str | None] | None = None  # `_texts`
+        # each token's text where its bytes are whole UTF-8 characters, else None (`IncrementalDecoder`'s shortcut):
+        # a tuple of str / None, which the garbage collector stops tracking at its first pass (a list it would
+        # walk, all ~50k entries, in every collection of its generation)
+        self._texts = tuple(_whole_utf8(b) for b in self._bytes)
         # Bytes with no token of their own: BPE would silently drop them, so encode() refuses such text.
         self._missing_bytes = frozenset(b for b, c in enumerate(_alphabet()) if c not in by_text)
 
@@ -298,14 +301,7 @@ class GgufTokenizer:
 
     def incremental_decoder(self, skip_special: bool = False) -> IncrementalDecoder:
         """A decoder to feed generated ids one at a time (`push(id) -> str`, then `flush()`)."""
-        return IncrementalDecoder(self.token_bytes, self.special_ids if skip_special else frozenset(), self._texts())
-
-    def _texts(self) -> list[str | None]:
-        """Each token's text where its bytes are whole UTF-8 characters, else None (`IncrementalDecoder`'s
-        table; made on first use, once)."""
-        if getattr(self, "_text_table", None) is None:
-            self._text_table = [_whole_utf8(b) for b in self._bytes]
-        return self._text_table
+        return IncrementalDecoder(self.token_bytes, self.special_ids if skip_special else frozenset(), self._texts)
 
     def decode_stream(self, ids: Iterable[int], skip_special: bool = False) -> Iterator[str]:
         """Yield the text of `ids` piece by piece as characters complete; pieces join to `decode(ids)`."""

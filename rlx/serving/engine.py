@@ -566,9 +566,9 @@ class Engine:
         table = np.array([slots, tokens, positions], dtype=np.int64).T  # [rows, 3]: (slot, token, position) a row
         kv: PagedKv = self.kv
         with self._lock:
-            # copy-on-write: no row writes into a page another holder shares (the pages the rows write, looked up
-            # at once: a sequence at a time only when one of them is shared)
-            if len(table) and (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
+            # copy-on-write: no row writes into a page another holder shares (past a few sequences the pages the rows
+            # write are looked up at once, and asked a sequence at a time only when one of them is shared)
+            if len(ends) <= 4 or (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
                 for seq, n in ends:
                     if not kv.writable(seq.slot, seq.filled, seq.filled + n):
                         raise RlxError("no free KV page for a copy of a shared page")

@@ -157,3 +157,28 @@ def test_paged_kv_capacity_follows_the_pages() -> None:
         for s in range(3):
             held = kv._pages[s]
             assert kv.capacity[s] == (0 if held is None else len(held) * 4)
+
+
+def test_a_shared_page_among_many_rows_is_copied_before_it_is_written(paged_runner) -> None:
+    """Past a few sequences a step looks up the pages its rows write at once (`Engine._rows`): a decoding
+    sequence's page that another holder shares (here held once more by hand, as a cached page is) among six rows
+    is still found and copied first (the sequence's table names a page of its own, the shared one keeps its other
+    holder), and every request gets the tokens it gets alone."""
+    prompts = _prompts(6, seed=2)
+    params = SamplingParams(max_tokens=12)
+    want = [Engine(paged_runner).generate(p, params).token_ids for p in prompts]
+    engine = Engine(paged_runner)
+    requests = [engine.submit(p, params) for p in prompts]
+    while not all(r._seq.generated for r in requests):
+        engine.step()
+    seq = requests[3]._seq
+    index = seq.filled // engine.kv.page_size  # the page its next decode row writes into
+    page = engine.kv.pages(seq.slot)[index]
+    engine.kv.pool.share([page])
+    engine.step()
+    assert engine.kv.pages(seq.slot)[index] != page and engine.kv.pool.refs[page] == 1
+    while any(r._seq.finish_reason is None for r in requests):
+        engine.step()
+    assert [[e.token_id for e in r if e.token_id is not None] for r in requests] == want
+    engine.kv.pool.release([page])
+    assert engine.kv.free_pages == paged_runner.kv_pages
