@@ -125,7 +125,7 @@ class IncrementalDecoder:
     def __init__(self, token_bytes: Any, skip: frozenset[int] = frozenset(),
                  texts: Sequence[str | None] | None = None) -> None:
         # texts: each token's text where its bytes are whole UTF-8 characters (else None), what a push gives while
-        # no partial character is held: a list lookup, not a decode
+        # no partial character is held: a lookup, not a decode
         self._token_bytes, self._skip, self._texts = token_bytes, skip, texts or ()
         self._held = b""  # the bytes of a partial character (utf_8_decode's rest, as codecs' incremental decoder)
 

@@ -356,7 +356,6 @@ class Engine:
                 for request in self._requests.values():
                     request._seq.payload.cancelled = True
                 self._cancels = True
-            self._cancels = True
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
