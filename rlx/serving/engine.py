@@ -53,10 +53,11 @@ from rlx.errors import RlxError
 from rlx.models import speculative as spec
 from rlx.models.sampling import Sampler
 from rlx.serving.kv import SlotKv
+from rlx.serving.pages import PagedKv
 from rlx.serving.prefix import PrefixCache
 from rlx.serving.runner import PagedRunner, Runner
 from rlx.serving.scheduler import Plan, Scheduler, Seq, State
-from rlx.serving.text import StopText
+from rlx.serving.text import StopText, takes_skip
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ class _Launch:
     order, the drafts it verifies, whether it returns logits; `call`: the running call (overlap)."""
 
     plan: Plan
-    rows: list[tuple[int, int, int]]
+    rows: np.ndarray  # [rows, 3] int64
     outputs: list[int]
     ends: list[tuple[Seq, int]]
     drafts: list[tuple[list[int], np.ndarray | None]] | None
@@ -256,6 +257,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._requests: dict[int, Request] = {}
+        self._cancels = False  # a request was cancelled since the last plan (`_plan` drops it)
+        self._logit_seqs = 0  # sequences not ended that sample or want logprobs (none: no step returns logits)
+        self._skip_special = takes_skip(runner.tokenizer)  # StopText's, asked once (inspect is slow)
         self.step_errors = 0  # steps that raised (their requests failed)
         self.preemptions = 0  # sequences sent back to the queue to be recomputed
         if overlap and (not self.paged or self.drafter is not None):
@@ -266,6 +270,9 @@ class Engine:
         #: overlap: what a landed step has left to hand out (token and finish events), run after the next launch
         self._deferred: list[Callable[[], None]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlx-step") if overlap else None
+        #: plain greedy decode rows land in one loop (`_land_tokens`); False: one by one through `_next` (the
+        #: general path, which the tests hold the fast one to)
+        self.fast_landing = True
 
     # ── requests ──────────────────────────────────────────────────────
 
@@ -286,14 +293,16 @@ class Engine:
         with self._lock:
             if self._closing:
                 raise EngineClosed("the engine is shutting down")
-            job = _Job(params, Sampler(params.temperature, params.top_k, params.top_p, params.seed),
-                       StopText(self.runner.tokenizer, params.stop), sink or (lambda e: None), adapter)
+            text = StopText(self.runner.tokenizer, params.stop, self._skip_special)
+            job = _Job(params, Sampler(params.temperature, params.top_k, params.top_p, params.seed), text,
+                       sink or (lambda e: None), adapter)
             if self.drafter is not None:
                 # a draft model keeps a KV cache per sequence; prompt lookup (stateless) is shared
                 job.drafter = (spec.DraftModel(self.drafter.lm) if isinstance(self.drafter, spec.DraftModel)
                                else self.drafter)
                 job.k, job.stats = spec.AdaptiveK(k=min(4, self.max_draft), k_max=self.max_draft), spec.SpecStats()
             seq = self.scheduler.add(ids, params.max_tokens, job)
+            self._logit_seqs += params.needs_logits
             request = Request(self, seq)
             if sink is None:
                 job.sink = request._queue.put
@@ -304,6 +313,7 @@ class Engine:
     def cancel(self, request: Request) -> None:
         with self._lock:
             request._seq.payload.cancelled = True
+            self._cancels = True
             self._lock.notify_all()
 
     def generate(self, prompt: Sequence[int], params: SamplingParams, *, adapter: str | None = None) -> Completion:
@@ -345,6 +355,7 @@ class Engine:
             if not drain:
                 for request in self._requests.values():
                     request._seq.payload.cancelled = True
+                self._cancels = True
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -445,9 +456,11 @@ class Engine:
     def _plan(self) -> Plan:
         """Drop cancelled requests, then the scheduler's plan of this iteration."""
         with self._lock:
-            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-                if seq.payload.cancelled:
-                    self._finish(seq, "cancelled")
+            if self._cancels:  # only after a cancel: a look at every sequence
+                self._cancels = False
+                for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                    if seq.payload.cancelled:
+                        self._finish(seq, "cancelled")
             plan = self.scheduler.schedule()
             self.preemptions += len(plan.preempted)
         return plan
@@ -524,36 +537,52 @@ class Engine:
     def _rows(self, plan: Plan) -> _Launch:
         """`plan`'s rows, output rows and what each sequence feeds; pages made writable (copy-on-write)."""
         drafts = self._propose(plan) if self.drafter is not None else None
+        # the rows as three columns (slots, tokens, positions): lists of ints to one array, not a tuple a row
         if drafts is None:  # plain decoding: a row per sequence (the bookkeeping of 64 rows is a GPU step's share)
-            rows = [(seq.slot, seq.last, seq.filled) for seq in plan.decode]
-            outputs = list(range(len(rows)))
-            ends = [(seq, 1) for seq in plan.decode]  # (sequence, tokens it fed), in row order
+            decode = plan.decode
+            slots = [seq.slot for seq in decode]
+            tokens = [g[-1] if (g := seq.generated) else seq.prompt[-1] for seq in decode]  # Seq.last
+            positions = [seq.filled for seq in decode]
+            outputs = list(range(len(decode)))
+            ends = [(seq, 1) for seq in decode]  # (sequence, tokens it fed), in row order
         else:
-            rows, outputs, ends = [], [], []
+            slots, tokens, positions, outputs, ends = [], [], [], [], []
             for seq, (proposed, _) in zip(plan.decode, drafts):
                 fed = [seq.last, *proposed]  # the last token, then the proposals at the next positions
-                rows.extend((seq.slot, t, seq.filled + i) for i, t in enumerate(fed))
-                outputs.extend(range(len(rows) - len(fed), len(rows)))
+                slots.extend([seq.slot] * len(fed))
+                tokens.extend(fed)
+                positions.extend(range(seq.filled, seq.filled + len(fed)))
+                outputs.extend(range(len(slots) - len(fed), len(slots)))
                 ends.append((seq, len(fed)))
         for seq, start, n in plan.prefill:
             ctx = seq.context
-            rows.extend((seq.slot, ctx[start + i], start + i) for i in range(n))
+            slots.extend([seq.slot] * n)
+            tokens.extend(ctx[start:start + n])
+            positions.extend(range(start, start + n))
             if start + n == len(ctx):
-                outputs.append(len(rows) - 1)
+                outputs.append(len(slots) - 1)
             ends.append((seq, n))
+        table = np.array([slots, tokens, positions], dtype=np.int64).T  # [rows, 3]: (slot, token, position) a row
+        kv: PagedKv = self.kv
         with self._lock:
-            for seq, n in ends:  # copy-on-write: no row writes into a page another holder shares
-                if not self.kv.writable(seq.slot, seq.filled, seq.filled + n):
-                    raise RlxError("no free KV page for a copy of a shared page")
-        logits = any(s.payload.params.needs_logits for s, _ in ends)
-        return _Launch(plan, rows, outputs, ends, drafts, logits)
+            # copy-on-write: no row writes into a page another holder shares (past a few sequences the pages the rows
+            # write are looked up at once, and asked a sequence at a time only when one of them is shared)
+            if len(ends) <= 4 or (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
+                for seq, n in ends:
+                    if not kv.writable(seq.slot, seq.filled, seq.filled + n):
+                        raise RlxError("no free KV page for a copy of a shared page")
+        logits = self._logit_seqs > 0 and any(s.payload.params.needs_logits for s, _ in ends)
+        return _Launch(plan, table, outputs, ends, drafts, logits)
 
     def _land(self, launch: _Launch, out: np.ndarray) -> None:
         """A step's outputs: each sequence's next token (or verified proposals), its prefill progress."""
         plan, ends, drafts, logits = launch.plan, launch.ends, launch.drafts, launch.logits
         with self._lock:
             k = 0
-            for i, seq in enumerate(plan.decode):  # decode rows first, in row order
+            if drafts is None and not logits and self._deferred is None and self.fast_landing:
+                k = len(plan.decode)  # the common case, one token id a decode row: _land_tokens, at once
+                self._land_tokens(plan.decode, np.asarray(out[:k]).reshape(k).astype(np.int64, copy=False).tolist())
+            for i, seq in enumerate(plan.decode if k == 0 else ()):  # decode rows first, in row order
                 n = ends[i][1]
                 if seq.state is State.DONE:  # overlap: it ended (stop text, cancel) while this step ran
                     k += n
@@ -582,6 +611,54 @@ class Engine:
                 if seq.state is State.DECODE:  # its prompt is in: the chunk's last row is its first token
                     self._next(seq, out[k], logits)
                     k += 1
+
+    def _land_tokens(self, seqs: list[Seq], tokens: list[int]) -> None:
+        """Plain greedy decode rows (no logits, no drafts, no overlap): each sequence's next token `tokens[i]`, as
+        `_next` would take it one by one (`scheduler.decoded`, `_emit`, `_hand_out`), in one loop: one clock
+        reading for the step, the observer's hooks only where it overrides them (`tokens` once, with the count),
+        events built without the frozen dataclass's per-field `__setattr__`. Under the engine's lock."""
+        now = self.scheduler.clock()
+        stop_ids, max_context = self.runner.stop_ids, self.runner.max_context
+        observer = self.observer
+        kind = type(observer)
+        timed = kind.first_token is not Observer.first_token or kind.inter_token is not Observer.inter_token
+        done, new_event, token_fields = State.DONE, Event.__new__, _TOKEN_FIELDS
+        handed = 0
+        for seq, token in zip(seqs, tokens):
+            if seq.state is done:
+                continue
+            seq.filled += 1  # scheduler.decoded
+            job: _Job = seq.payload
+            if job.cancelled:
+                self._finish(seq, "cancelled")
+                continue
+            if token in stop_ids:
+                self._finish(seq, "stop")
+                continue
+            before = seq.last_token_at  # scheduler.append, at the step's time (the first token sets both)
+            if before is None:
+                seq.first_token_at = now
+            seq.last_token_at = now
+            generated = seq.generated
+            generated.append(token)
+            if timed:
+                if before is None:
+                    observer.first_token(now - seq.arrival)
+                else:
+                    observer.inter_token(now - before)
+            handed += 1
+            text = job.text
+            event = new_event(Event)  # Event(token, text.push(token)), its dict filled at once (_TOKEN_FIELDS)
+            fields = event.__dict__
+            fields.update(token_fields)
+            fields["token_id"], fields["text"] = token, text.push(token)
+            job.sink(event)
+            if text.stopped:
+                self._finish(seq, "stop")
+            elif len(generated) >= seq.max_new or len(seq.prompt) + len(generated) > max_context:
+                self._finish(seq, "length")
+        if handed and kind.tokens is not Observer.tokens:
+            observer.tokens(handed)
 
     def _lookahead(self, seq: Seq) -> int:
         """How many tokens `seq`'s drafter would propose this step: its `AdaptiveK` within what `seq` may still
@@ -729,6 +806,7 @@ class Engine:
         if seq.state is State.DONE:
             return
         self.scheduler.finish(seq, reason)
+        self._logit_seqs -= seq.payload.params.needs_logits
         request = self._requests.pop(seq.id, None)
         if self._deferred is not None:  # overlap: after the events of the tokens before it
             self._deferred.append(lambda: self._notify_finish(seq, request, error))
@@ -741,6 +819,12 @@ class Engine:
         tail = job.text.flush() if reason in ("stop", "length") else ""
         if request is not None:
             job.sink(Event(None, tail, finish_reason=reason, error=error))
+
+
+#: an `Event` of a token without logprobs, its fields to copy into a new one's dict (`Engine._land_tokens`: a frozen
+#: dataclass's `__init__` sets each field through `object.__setattr__`, three times slower; the same object after)
+_TOKEN_FIELDS = {"token_id": None, "text": "", "logprob": None, "top_logprobs": (), "finish_reason": None,
+                 "error": None}
 
 
 def _logprobs(row: np.ndarray, token: int, params: SamplingParams) -> tuple[float, tuple[tuple[int, float], ...]]:

@@ -90,6 +90,9 @@ class PagedKv:
         # unused entries name page 0: never read (a row reads only the pages of its tokens), always in range
         self.tables = np.zeros((max_seqs, max_context // pool.page_size), dtype=np.int32)
         self._pages: list[list[int] | None] = [None] * max_seqs
+        #: tokens each slot's pages hold (len(pages) * page_size; 0 for a free slot): the scheduler grows a slot
+        #: only when its next token is past this
+        self.capacity: list[int] = [0] * max_seqs
 
     # ── KvStore ───────────────────────────────────────────────────────
 
@@ -139,6 +142,7 @@ class PagedKv:
             return None
         slot = free[0]
         self._pages[slot] = pages
+        self.capacity[slot] = len(pages) * self.page_size
         self.tables[slot, :len(pages)] = pages
         return slot
 
@@ -153,6 +157,7 @@ class PagedKv:
                 return False
             self.tables[slot, len(held):len(held) + more] = pages
             held.extend(pages)
+            self.capacity[slot] = len(held) * self.page_size
         return True
 
     def truncate(self, slot: int, tokens: int) -> None:
@@ -169,12 +174,14 @@ class PagedKv:
             self.pool.release(held[keep:])
             self.tables[slot, keep:len(held)] = 0
             del held[keep:]
+            self.capacity[slot] = keep * self.page_size
 
     def free(self, slot: int) -> None:
         held = self._pages[slot]
         if held is not None:
             self.pool.release(held)
             self._pages[slot] = None
+            self.capacity[slot] = 0
             self.tables[slot] = 0
 
     # ── sharing ───────────────────────────────────────────────────────

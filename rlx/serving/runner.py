@@ -295,11 +295,11 @@ class PagedRunner:
         for a in self.cache.arrays.values():
             a[dst] = a[src]
 
-    def run(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
+    def run(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]] | np.ndarray, outputs: Sequence[int],
             logits: bool) -> np.ndarray:
-        """Feed one token per row, `(slot, token, position)`, through the block tables `tables`
-        (`[slots, pages]`, a `PagedKv`'s); the next-token logits `[len(outputs), vocab]` of rows `outputs`,
-        or their argmax ids."""
+        """Feed one token per row, `(slot, token, position)` (tuples, or an `[n, 3]` integer array), through the
+        block tables `tables` (`[slots, pages]`, a `PagedKv`'s); the next-token logits `[len(outputs), vocab]` of
+        rows `outputs`, or their argmax ids."""
         if not 0 < len(rows) <= self.max_rows:
             raise RlxError(f"a step feeds 1 to {self.max_rows} rows, got {len(rows)}")
         if len(rows) > self.call_rows:
@@ -335,9 +335,10 @@ class PagedRunner:
               logits: bool) -> np.ndarray:
         """One compiled call of `rows` (at most `call_rows`), padded to `padded_rows` by repeating the last."""
         n, padded = len(rows), self.padded_rows(len(rows))
-        slots = np.fromiter((r[0] for r in rows), np.int64, n)
-        tokens = np.fromiter((r[1] for r in rows), np.int32, n)[:, None]
-        positions = np.fromiter((r[2] for r in rows), np.int32, n)
+        table = np.asarray(rows, dtype=np.int64).reshape(n, 3)  # the engine's array as it is; tuples converted
+        slots = table[:, 0]
+        tokens = table[:, 1:2].astype(np.int32)
+        positions = table[:, 2].astype(np.int32)
         if padded > n:  # the last row again
             pick = np.minimum(np.arange(padded), n - 1)
             slots, tokens, positions = slots[pick], tokens[pick], positions[pick]

@@ -130,6 +130,7 @@ class Scheduler:
         # row before any prefill
         self.max_stall = max_stall
         self.waiting: deque[Seq] = deque()
+        self._stalls = False  # some sequence may have `stalled` > 0 (since the last step that gave all a row)
         self.running: list[Seq] = []  # admission order: the last is the newest
         self._ids = itertools.count()
 
@@ -142,11 +143,14 @@ class Scheduler:
         return seq
 
     def schedule(self) -> Plan:
+        plan = self._steady()
+        if plan is not None:
+            return plan
         preempted: list[Seq] = []
         decode = [s for s in self.running if s.state is State.DECODE]
         # each decoding sequence needs room for one more token; else the newest goes back to the queue
         while decode:
-            short = next((s for s in decode if not self.kv.grow(s.slot, s.filled + 1)), None)
+            short = self._short(decode)
             if short is None:
                 break
             victim = self.running[-1]
@@ -180,6 +184,35 @@ class Scheduler:
                 budget -= drafts[-1]
         return Plan(decode, prefill, preempted, drafts)
 
+    def _steady(self) -> Plan | None:
+        """The common case in one pass, or None: nobody waits, every running sequence decodes and they all fit the
+        step (no lookahead), each grown by its next token (over a store that tells its `capacity`). The plan is
+        `schedule`'s for that state: every sequence a decode row in admission order, none stalled. None as soon as
+        one is not decoding or cannot grow (the general path then grows the same sequences again: a no-op)."""
+        kv, running = self.kv, self.running
+        capacity = getattr(kv, "capacity", None)
+        if capacity is None or self.waiting or self.lookahead is not None or len(running) > self.max_step_tokens:
+            return None
+        decoding = State.DECODE
+        for s in running:
+            if s.state is not decoding or (s.filled >= capacity[s.slot] and not kv.grow(s.slot, s.filled + 1)):
+                return None
+        if self._stalls:  # someone went without a row since the last full step
+            for s in running:
+                s.stalled = 0
+            self._stalls = False
+        return Plan(list(running), [], [], [])
+
+    def _short(self, decode: list[Seq]) -> Seq | None:
+        """The first of `decode` whose storage cannot grow by its next token (the others grown), or None. A store
+        that tells how many tokens each slot holds room for (`PagedKv.capacity`) is asked to grow only the slots
+        at the end of their room (a sequence's every `page_size` tokens)."""
+        kv = self.kv
+        capacity = getattr(kv, "capacity", None)
+        if capacity is None:
+            return next((s for s in decode if not kv.grow(s.slot, s.filled + 1)), None)
+        return next((s for s in decode if s.filled >= capacity[s.slot] and not kv.grow(s.slot, s.filled + 1)), None)
+
     def _fill(self, ready: list[Seq], due: list[Seq], budget: int) -> tuple[list[Seq], int]:
         """Prefill first: the rows left go to the other decoding sequences, the longest stalled first; the step's
         decode rows (in admission order) and the budget left. Whoever got no row has waited one more step."""
@@ -187,12 +220,14 @@ class Scheduler:
         if len(ready) - len(chosen) <= budget:  # every ready sequence gets its row: none waits
             for seq in ready:
                 seq.stalled = 0
+            self._stalls = False
             return list(ready), budget - (len(ready) - len(chosen))
         for seq in sorted((s for s in ready if s not in chosen), key=lambda s: -s.stalled)[:max(budget, 0)]:
             chosen.add(seq)
             budget -= 1
         for seq in ready:
             seq.stalled = 0 if seq in chosen else seq.stalled + 1
+        self._stalls = True
         return [s for s in ready if s in chosen], budget
 
     def _draft(self, seq: Seq, budget: int) -> int:

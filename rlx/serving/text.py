@@ -21,8 +21,10 @@ class StopText:
     """`push(token)` returns the text now safe to show; `stopped` turns True when a stop string
     appears (the text ends before it); `flush()` returns what was held back at the end."""
 
-    def __init__(self, tokenizer: Any | None, stop: Sequence[str] = ()) -> None:
-        self._decoder = tokenizer.incremental_decoder(skip_special=True) if _takes_skip(tokenizer) else (
+    def __init__(self, tokenizer: Any | None, stop: Sequence[str] = (), skip_special: bool | None = None) -> None:
+        # skip_special: whether the tokenizer's decoder leaves special tokens out (None: ask its signature)
+        skip = takes_skip(tokenizer) if skip_special is None else skip_special
+        self._decoder = tokenizer.incremental_decoder(skip_special=True) if skip else (
             tokenizer.incremental_decoder() if tokenizer is not None else None)
         self._stop = tuple(s for s in stop if s)
         self._hold = max((len(s) for s in self._stop), default=1) - 1
@@ -32,7 +34,31 @@ class StopText:
     def push(self, token_id: int) -> str:
         if self._decoder is None or self.stopped:
             return ""
-        self._pending += self._decoder.push(token_id)
+        piece = self._decoder.push(token_id)
+        # what `_release` would give, without its search, in the two common cases: no stop strings (nothing is
+        # ever held back: `_pending` is empty), or no new text (what is held back was searched already)
+        if not self._stop:
+            if not self._pending:
+                return piece
+        elif not piece:
+            return ""
+        else:  # `_release(final=False)` inlined
+            pending = self._pending + piece
+            cut = -1
+            for s in self._stop:
+                at = pending.find(s)
+                if at >= 0 and (cut < 0 or at < cut):
+                    cut = at
+            if cut >= 0:
+                self._pending, self.stopped = "", True
+                return pending[:cut]
+            keep = self._hold
+            if len(pending) <= keep:
+                self._pending = pending
+                return ""
+            self._pending = pending[len(pending) - keep:]
+            return pending[:len(pending) - keep]
+        self._pending += piece
         return self._release(final=False)
 
     def flush(self) -> str:
@@ -57,7 +83,7 @@ class StopText:
         return out
 
 
-def _takes_skip(tokenizer: Any | None) -> bool:
+def takes_skip(tokenizer: Any | None) -> bool:
     """Whether the tokenizer's incremental decoder can leave special tokens out of the text."""
     if tokenizer is None:
         return False

@@ -287,6 +287,27 @@ def test_incremental_decoder_invalid_bytes_match_decode():
     assert [d.push(i) for i in (0xE2, 0x82)] == ["", ""] and d.flush() == "\ufffd"
 
 
+def _codecs_stream(t: GgufTokenizer, ids, skip: frozenset[int]) -> list[str]:
+    """Each id's piece from codecs' own incremental UTF-8 decoder (the reference of `IncrementalDecoder`'s table)."""
+    import codecs
+
+    d = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return [d.decode(b"" if i in skip else t.token_bytes(i)) for i in ids] + [d.decode(b"", final=True)]
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_incremental_decoder_table_gives_what_codecs_gives(real, request):
+    """The decoder's shortcut (a token's text from a table while no partial character is held) gives, id for id,
+    what codecs' incremental UTF-8 decoder gives: over random ids of SmolLM2's vocabulary (its byte tokens cut
+    characters) and of a byte-level vocabulary with invalid bytes, special tokens skipped or not."""
+    t = request.getfixturevalue("tok") if real else GgufTokenizer.from_metadata(_md())
+    rng = np.random.default_rng(4)
+    ids = [*rng.integers(0, t.vocab_size, 3000).tolist(), *t.encode("😀 é € 日本"), *rng.integers(0, 256, 500).tolist()]
+    for skip in (False, True):
+        d = t.incremental_decoder(skip_special=skip)
+        assert [d.push(i) for i in ids] + [d.flush()] == _codecs_stream(t, ids, t.special_ids if skip else frozenset())
+
+
 def test_chat_template_is_sandboxed_and_can_refuse():
     evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
     t = GgufTokenizer.from_metadata({**_md(), "tokenizer.chat_template": evil})

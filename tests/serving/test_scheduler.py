@@ -197,3 +197,53 @@ def test_prefill_first_keeps_a_bursts_steps_full_and_every_decoder_gets_a_row_wi
     assert last_first_token == 32 and longest_stall == 4
     rows, last_first_token, longest_stall = burst(max_stall=None)  # decode rows first
     assert len(rows) == 137 and sum(r < 16 for r in rows) == 64 and last_first_token == 74 and longest_stall == 0
+
+
+@pytest.mark.parametrize("max_stall", [None, 4])
+def test_the_steady_plan_is_the_general_plan(max_stall) -> None:
+    """The one-pass plan of the common case (`Scheduler._steady`: nobody waits, everyone decodes) equals the
+    general path's, step for step, over a paged store of few pages (sequences grow across pages, run out and are
+    preempted) with bursts of arrivals and ends in between: the same decode rows, prefill chunks, preemptions,
+    stall counts and block tables; the steady plan is taken in many steps, some right after sequences stalled."""
+    import numpy as np
+
+    from rlx.serving.pages import PagedKv, PagePool
+
+    def make():
+        kv = PagedKv(PagePool(num_pages=28, page_size=4), max_seqs=6, max_context=64)
+        return Scheduler(kv, chunk=4, max_step_tokens=6, clock=FakeClock(), split_chunks=True, max_stall=max_stall)
+
+    fast, general = make(), make()
+    general._steady = lambda: None
+    real, counts = fast._steady, {"steady": 0, "after_stalls": 0}
+
+    def counted():
+        stalled = any(q.stalled for q in fast.running)
+        plan = real()
+        if plan is not None and not plan.empty:
+            counts["steady"] += 1
+            counts["after_stalls"] += stalled
+        return plan
+
+    fast._steady = counted
+    rng = np.random.default_rng(1)
+    steps = preempted = 0
+    for step in range(400):
+        if step % 80 < 12 and rng.random() < 0.6:  # a burst every 80 steps
+            prompt, max_new = rng.integers(1, 50, int(rng.integers(1, 12))).tolist(), int(rng.integers(4, 40))
+            for s in (fast, general):
+                s.add(prompt, max_new)
+        plans = [s.schedule() for s in (fast, general)]
+        a, b = ([[q.id for q in p.decode], [(q.id, st, n) for q, st, n in p.prefill], [q.id for q in p.preempted]]
+                for p in plans)
+        assert a == b
+        assert [q.stalled for q in fast.running] == [q.stalled for q in general.running]
+        np.testing.assert_array_equal(fast.kv.tables, general.kv.tables)
+        for s, plan in zip((fast, general), plans):
+            _run(s, plan, token=step)
+            for q in [q for q in s.running if len(q.generated) >= q.max_new]:
+                s.finish(q, "length")
+        steps += not plans[0].empty
+        preempted += len(plans[0].preempted)
+    assert steps > 200 and counts["steady"] > steps // 3 and preempted > 0
+    assert counts["after_stalls"] > 0 or max_stall is None
