@@ -180,6 +180,15 @@ def tiny_paged_decoder() -> Graph:
     return build_decoder(cfg, specs, max_batch=16, max_seq=1, capacity=32, page_size=8, kv_pages=12)
 
 
+def tiny_batch_decoder() -> Graph:
+    """The tiny decoder in steps of up to 32 one-token rows: past its fused GEMVs (4 rows) and rlx_qmma (16) a step
+    multiplies each weight's dequantized copy (`DequantCopy`; CUDA f16: on the small GEMM, `CopySmallGemm`)."""
+    from rlx.models.llama import build_decoder
+
+    cfg, specs = _tiny_decoder_parts()
+    return build_decoder(cfg, specs, max_batch=32, max_seq=1, capacity=32)
+
+
 def tiny_tp_decoder(**steps: int) -> Graph:
     """Rank 0 of a tensor-parallel (tp=2) decoder step: its all-reduces (a one-shot `AllReduceP2P` with the residual
     add) and the logits' all-gather. `steps`: `build_decoder`'s step shape (default: 2 rows of a token, capacity 32)."""
@@ -244,6 +253,7 @@ def cuda_renders() -> list[Render]:
         Render("minilm_embed", _minilm_embed, (CUDA_F32, CUDA_F16, CUDA_BF16_SM80)),
         Render("decoder", tiny_decoder, (CUDA_F32, CUDA_F16)),
         Render("decoder:paged", tiny_paged_decoder, (CUDA_F32, CUDA_F16)),
+        Render("decoder:batch32", tiny_batch_decoder, (CUDA_F16, CudaTarget(precision=DType.F16, arch="sm_80"))),
         Render("decoder:tp2", tiny_tp_decoder, (CUDA_F16, CudaTarget(precision=DType.F16, p2p_all_reduce=False))),
     ]
     return out
