@@ -104,3 +104,52 @@ def test_xr_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int
         assert not np.isnan(got).any(), f"xr {fmt} {kind} n={n} k={k}: an output row was never written"
         err = np.abs(got.astype(np.float64) - want)
         assert np.all(err <= bound), f"xr {fmt} {kind} n={n} k={k}: worst excess {np.max(err - bound):.3g}"
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
+@pytest.mark.parametrize(("n", "k", "g", "tr", "max_grid"),
+                         [(11, 768, 2, 4, 1 << 30), (37, 4096, 2, 6, 2), (21, 3584, 4, 5, 1), (19, 14336, 2, 8, 3)])
+def test_occ_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int, g: int, tr: int,
+                                    max_grid: int) -> None:
+    """rlx_qgemv_occ (kernels/quant_occ.cuh: K split over a block's warps, x in registers, no staging): a partial slab
+    alone (K = 768), 4 slabs in 4 replicas, 3 slabs and a partial one (K = 3584) with 4-row items, 14 slabs in one
+    replica (K = 14336, the down projection's); tiles that leave the last one short and odd tile sizes; grids smaller
+    than the tiles (several passes). Against the reference, and without the norm the same bits as rlx_qgemv_xr
+    (the same terms in the same order)."""
+    i32, vp, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+    emu.emu_qf_occ.argtypes = [i32, i32, i32, F32P, vp, ctypes.c_float, i32, *[vp] * 5, i64, i64, i64, i64,
+                               ctypes.c_uint]
+    emu.emu_qf_xr.argtypes = [i32, i32, i32, F32P, vp, ctypes.c_float, i32, *[vp] * 5, i64, i64, i64, ctypes.c_uint]
+    rng = np.random.default_rng(len(kind) + n + g + len(fmt) + k)
+    eps = 1e-5
+    w0, w1 = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    res = rng.standard_normal((1, n)).astype(np.float32)
+    kid = {"plain": 0, "norm_swiglu": 1, "residual": 2}[kind]
+    count = 1 if kind == "residual" else 2
+    outs = []
+    for walk in ("occ", "xr"):
+        y0, y1 = np.full((1, n), np.nan, np.float32), np.full((1, n), np.nan, np.float32)
+        if walk == "occ":
+            emu.emu_qf_occ(FORMATS[fmt], g, kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, count, _ptr(w0), _ptr(w1),
+                           _ptr(y0), _ptr(y1), _ptr(res), n, k, w0.shape[1], tr, max_grid)
+        else:
+            emu.emu_qf_xr(FORMATS[fmt], 1, kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, count, _ptr(w0), _ptr(w1),
+                          _ptr(y0), _ptr(y1), _ptr(res), n, k, w0.shape[1], 1 << 30)
+        outs.append((y0, y1))
+    (y0, y1), (x0, x1) = outs
+    h = rms(x, gamma, eps) if kind == "norm_swiglu" else x
+    a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
+    ha = np.abs(h).astype(np.float64)
+    ba = (k + 36) * U32 * (ha @ Q.abs_terms(w0, fmt, k).astype(np.float64).T)
+    bb = (k + 36) * U32 * (ha @ Q.abs_terms(w1, fmt, k).astype(np.float64).T)
+    for got, want, bound in fused_checks(kind, a, b, ba, bb, y0, y1, res):
+        assert not np.isnan(got).any(), f"occ {fmt} {kind} n={n} k={k}: an output row was never written"
+        err = np.abs(got.astype(np.float64) - want)
+        assert np.all(err <= bound), f"occ {fmt} {kind} n={n} k={k}: worst excess {np.max(err - bound):.3g}"
+    if kind != "norm_swiglu":
+        np.testing.assert_array_equal(y0, x0)
+        if kind == "plain":
+            np.testing.assert_array_equal(y1, x1)

@@ -36,6 +36,7 @@ from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
 TEMPLATE = "cuda/quant.cu.j2"
 QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
 QUANT_MMA, GEMM_MMA = "cuda/kernels/quant_mma.cuh", "cuda/kernels/gemm_mma.cuh"
+QUANT_OCC = "cuda/kernels/quant_occ.cuh"
 #: Activation modes of `dequant_matmul` CUDA runs ("q16", int16 blocks, runs on the CPU only).
 ACTS = ("f32", "q8")
 #: Floats each staged 32-value sub-block takes in the fused decode GEMV's shared memory (RLX_QFUSED_PAD).
@@ -112,6 +113,8 @@ class DecodeGemvLaunch(Launch):
     act_arg: str = ""
     #: Groups of 8 weight rows a block of rlx_qgemv_xr takes in one-row steps (DecodeGemv.xr_groups); 0: the old walk.
     xr_groups: int = 0
+    #: Weight rows a warp's item of rlx_qgemv_occ takes in one-row steps (DecodeGemv.occ_rows); 0: not that walk.
+    occ_rows: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,8 +174,9 @@ def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
     return {"copy": f"RLX_P({ctype}, {d.offset})", "copy_rows": d.min_rows[d.readers.index(nid)]}
 
 
-def _headers(act: str, mma: bool) -> tuple[str, ...]:
-    return (QUANT, *((QUANT_Q8,) if act == "q8" else ()), GEMM, *((GEMM_MMA, QUANT_MMA) if mma else ()))
+def _headers(act: str, mma: bool, occ: bool = False) -> tuple[str, ...]:
+    return (QUANT, *((QUANT_Q8,) if act == "q8" else ()), *((QUANT_OCC,) if occ else ()), GEMM,
+            *((GEMM_MMA, QUANT_MMA) if mma else ()))
 
 
 def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
@@ -216,8 +220,10 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
         qk=first.qk, qb=first.qb,
         x=e.ptr(x), gamma=gamma, eps=eps, norm=norm_c, res=res, epi=epi, m=first.m,
         k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
-        ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg, xr_groups=xr)
-    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args, headers=_headers(first.act, any(a.mma for a in large)),
+        ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg, xr_groups=xr,
+        occ_rows=d.occ_rows if d.walk == "occ" else 0)
+    return Kernel(node.id, "block_decode_gemv", TEMPLATE, args,
+                  headers=_headers(first.act, any(a.mma for a in large), args.occ_rows > 0),
                   header=args.comment,
                   label=node.label)
 

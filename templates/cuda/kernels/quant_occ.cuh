@@ -1,0 +1,213 @@
+/* ── rlx_qgemv_occ: the one-row decode GEMV built for occupancy (q4_k, q4_0, q4_1, q8_0; after quant.cuh) ─────────
+ * The register walk (rlx_qgemv_xr) holds a lane's x and 8 weight rows' loads (105-128 registers) and stages all of
+ * x in shared memory (up to 66 KB a block): 8-16 warps an SM, each issuing an item's loads only after the previous
+ * item's products, so the GEMVs are latency-bound (ncu: DRAM at 16-32%, the memory pipes at 6-9%). Here latency is
+ * hidden by warps instead:
+ *   - split K across the warps of a block: warp w owns slab s = w % nslab (32 units, lane l unit 32 s + l) for the
+ *     whole kernel, so its x stays in registers from the start (34 floats for q4_k), read straight from global
+ *     memory (no staging in shared memory at all: no 66 KB, no staging pass before the first product);
+ *   - the block's R = 16 / nslab replicas of the slabs deal the tile's weight rows between them, G rows an item
+ *     (loads of the G rows issued before any product); the item's sums go to shared memory per (slab, row) and
+ *     after a barrier one thread per output row adds them in slab order and applies the epilogue;
+ *   - at most 512 threads a block and __launch_bounds__(512, 2) for G <= 2: at most 64 registers, so two blocks
+ *     (28-32 warps) an SM; the host sizes the tiles (rows a block) so that the grid is one wave;
+ *   - the block's first item's weights are loaded into registers before griddepcontrol.wait (weights are never
+ *     written by a kernel), so they arrive while the kernel before drains.
+ * The terms and their order are rlx_qgemv_xr's (the same unit dot products and x sums, the same slab-ordered sum),
+ * so without the norm the outputs are its bits; with the norm only the sum of squares' order differs.
+ * `tr` output rows a tile; dynamic shared memory: nslab * TW floats (TW = tr, or 2 tr with SwiGLU). */
+#ifndef RLX_QOCC_THREADS
+#define RLX_QOCC_THREADS 512
+#endif
+/* Most output rows a tile (the host's tiles are one wave's share of the rows, up to this) */
+#define RLX_QOCC_MAX_TR 64
+
+/* Value offset of chunk i (0..3: 8 values each) of unit u: q4_k's unit u takes values 16h .. 16h + 15 of sub-blocks
+   2g and 2g + 1 of block u / 8 (chunks 0, 1 and 2, 3), the 32-value formats' unit is their block. */
+template <int FMT>
+__device__ __forceinline__ int64_t rlx_qocc_chunk(int64_t u, int i) {
+    if (FMT == RLX_Q4_K)
+        return 256 * (u >> 3) + 64 * ((u >> 1) & 3) + 16 * (u & 1) + 32 * (i >> 1) + 8 * (i & 1);
+    return 32 * u + 8 * i;
+}
+
+/* x of unit u as xload reads it from rlx_qgemv_body's staging: v the 32 values in chunk order, cs the chunks' sums. */
+template <int FMT>
+__device__ __forceinline__ void rlx_qocc_frag(const float v[32], const float cs[4], typename RlxQUnit<FMT>::XFrag &x) {
+    if constexpr (FMT == RLX_Q4_K) {
+#pragma unroll
+        for (int e = 0; e < 16; e++) {
+            x.a[e] = v[e];
+            x.b[e] = v[16 + e];
+        }
+        x.s0 = cs[0] + cs[1];
+        x.s1 = cs[2] + cs[3];
+    } else {
+#pragma unroll
+        for (int e = 0; e < 32; e++)
+            x.a[e] = v[e];
+        if constexpr (FMT == RLX_Q4_0 || FMT == RLX_Q4_1)
+            x.s = FMT == RLX_Q4_1 ? (cs[0] + cs[1]) + (cs[2] + cs[3]) : 0.0f;
+    }
+}
+
+/* Weight row i of item p of tile t (G rows; SwiGLU: G / 2 gate rows and the same up rows), clamped to the last row
+   (a row past the tile or the weight is loaded, never stored). 32-bit row arithmetic: fewer registers. */
+template <int EPI, int G>
+__device__ __forceinline__ const uint8_t *rlx_qocc_row(const RlxQMembers &mem, int t, int p, int i, int tr, int rows,
+                                                       int RB) {
+    const int ti = EPI == 2 ? p * (G / 2) + i % (G / 2) : p * G + i;
+    int r = t * tr + ti;
+    r = r < rows ? r : rows - 1;
+    if (EPI == 2)
+        return (i < G / 2 ? mem.w[0] : mem.w[1]) + (int64_t)r * RB;
+    const uint8_t *w = mem.w[0];
+    const int n0 = (int)mem.n[0], n1 = (int)mem.n[1], n2 = (int)mem.n[2];
+    if (mem.count > 1 && r >= n0) {
+        r -= n0;
+        w = mem.w[1];
+        if (mem.count > 2 && r >= n1) {
+            r -= n1;
+            w = mem.w[2];
+            if (mem.count > 3 && r >= n2) {
+                r -= n2;
+                w = mem.w[3];
+            }
+        }
+    }
+    return w + (int64_t)r * RB;
+}
+
+/* Unit u's bytes of a weight row into L2 (no registers held): a warp's lanes cover its 32 units' contiguous bytes. */
+template <int FMT, int QB>
+__device__ __forceinline__ void rlx_qocc_prefetch(const uint8_t *row, int u) {
+    if (FMT == RLX_Q4_K) {
+        RLX_Q_PREFETCH(row + (u >> 3) * 144);
+        RLX_Q_PREFETCH(row + (u >> 3) * 144 + 16 + 16 * (u & 7));
+    } else {
+        RLX_Q_PREFETCH(row + (int64_t)u * QB);
+    }
+}
+
+template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int G>
+__global__ void __launch_bounds__(RLX_QOCC_THREADS, G <= 2 ? 2 : 1)
+rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
+              const T *res, int64_t K, int64_t RB, int64_t rows, int64_t tr64) {
+    static_assert(EPI != 2 || G % 2 == 0, "SwiGLU items take gate and up rows in pairs");
+    using Unit = RlxQUnit<FMT>;
+    RLX_DYNAMIC_SHARED(float4, rlx_qocc_smem4);
+    float *part = (float *)rlx_qocc_smem4; /* [slab][TW] warp sums */
+    __shared__ float red[RLX_QOCC_THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nsub = (int)(K / 32), tr = (int)tr64, nrows = (int)rows, rb = (int)RB;
+    const int nslab = (nsub + 31) / 32, R = (int)(blockDim.x >> 5) / nslab;
+    const int s = warp % nslab, r = warp / nslab, u = 32 * s + lane;
+    const int tiles = (nrows + tr - 1) / tr;
+    constexpr int H = EPI == 2 ? G / 2 : G; /* output rows an item */
+    const int TW = EPI == 2 ? 2 * tr : tr, items = (tr + H - 1) / H;
+    const bool has = u < nsub;
+    if (has && (int)blockIdx.x < tiles && r < items) {  /* the first item's weights into L2 while the kernel before ends */
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            rlx_qocc_prefetch<FMT, QB>(rlx_qocc_row<EPI, G>(mem, blockIdx.x, r, i, tr, nrows, rb), u);
+        }
+    }
+    rlx_pdl_wait();
+    rlx_pdl_trigger(); /* the next kernel may launch and prefetch its weights */
+    /* x of this lane's unit, as rlx_qgemv_body stages it (chunk sums: sequential without the norm, pairwise with) */
+    typename Unit::XFrag x;
+    {
+        float v[32], cs[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (has)
+                rlx_load8(X + rlx_qocc_chunk<FMT>(u, i), v + 8 * i);
+            else
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    v[8 * i + e] = 0.0f;
+        }
+        if constexpr (NORM) {
+            float q = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 32; e++)
+                q = fmaf(v[e], v[e], q);
+            q = rlx_warp_sum(q);
+            if (lane == 0)
+                red[warp] = q;
+            __syncthreads();
+            float tot = 0.0f;
+            for (int w = 0; w < nslab; w++)
+                tot += red[w];
+            const float scale = rsqrtf(tot / (float)K + eps);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float g[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                if (has)
+                    rlx_load8(gamma + rlx_qocc_chunk<FMT>(u, i), g);
+                float *c = v + 8 * i;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    c[e] *= scale * g[e];
+                cs[i] = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float c = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    c += v[8 * i + e];
+                cs[i] = c;
+            }
+        }
+        rlx_qocc_frag<FMT>(v, cs, x);
+    }
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        for (int p = r; p < items; p += R) {
+            float acc[G];
+            if (has) {
+                Unit a[G];
+#pragma unroll
+                for (int i = 0; i < G; i++) {  /* the item's loads, all before any product */
+                    a[i].load(rlx_qocc_row<EPI, G>(mem, t, p, i, tr, nrows, rb), u);
+                }
+#pragma unroll
+                for (int i = 0; i < G; i++)
+                    acc[i] = a[i].dot(x, u);
+            } else {
+#pragma unroll
+                for (int i = 0; i < G; i++)
+                    acc[i] = 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < G; i++) {
+                const float sum = rlx_warp_sum(acc[i]);
+                const int ti = EPI == 2 ? p * H + i % H : p * G + i;
+                if (lane == 0 && ti < tr && t * tr + ti < nrows)
+                    part[s * TW + ti + (EPI == 2 && i >= H ? tr : 0)] = sum;
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < tr; i += blockDim.x) {
+            const int64_t rr = (int64_t)t * tr + i;
+            if (rr >= rows)
+                break;
+            int64_t n;
+            const int j = rlx_qf_member<EPI>(mem, rr, &n);
+            float out = 0.0f, up = 0.0f;
+            for (int w = 0; w < nslab; w++) {
+                out += part[w * TW + i];
+                if (EPI == 2)
+                    up += part[w * TW + tr + i];
+            }
+            T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
+            if (EPI == 1)
+                out += rlx_f(res[n]);
+            if (EPI == 2)
+                out = out / (1.0f + __expf(-out)) * up;
+            y[n] = rlx_to<T>(out);
+        }
+        __syncthreads();
+    }
+}
