@@ -61,6 +61,8 @@ __device__ __forceinline__ const uint8_t *rlx_qocc_row(const RlxQMembers &mem, i
     r = r < rows ? r : rows - 1;
     if (EPI == 2)
         return (i < G / 2 ? mem.w[0] : mem.w[1]) + (int64_t)r * RB;
+    if (mem.count == 1)  /* one member (the residual's): no search */
+        return mem.w[0] + (int64_t)r * RB;
     const uint8_t *w = mem.w[0];
     const int n0 = (int)mem.n[0], n1 = (int)mem.n[1], n2 = (int)mem.n[2];
     if (mem.count > 1 && r >= n0) {
@@ -77,6 +79,59 @@ __device__ __forceinline__ const uint8_t *rlx_qocc_row(const RlxQMembers &mem, i
     }
     return w + (int64_t)r * RB;
 }
+
+/* q4_k's scales of a lane's unit u (sub-blocks 2g and 2g + 1) from the block header, with the lane's constants
+   computed once: the 16-bit half (g & 1) of the header words holds both sub-blocks' 6-bit fields, so one shift and
+   mask give both (sub-blocks 0-3: scale y, min z; 4-7: the low / high nibbles of w and the top 2 bits of y / z).
+   The same values as rlx_q4k_scales, in about half its instructions. */
+struct RlxQOccQ4K {
+    int sh;             /* 16 * (g & 1) */
+    uint32_t mlo, mhi;  /* 0x3F3F, 0 (g < 2) or 0x0F0F, 0x3030 */
+    bool hi;            /* g >= 2 */
+    __device__ __forceinline__ explicit RlxQOccQ4K(int u) {
+        const int g = (u >> 1) & 3;
+        sh = 16 * (g & 1);
+        hi = g >= 2;
+        mlo = hi ? 0x0F0Fu : 0x3F3Fu;
+        mhi = hi ? 0x3030u : 0u;
+    }
+    __device__ __forceinline__ float dot(const RlxQUnit<RLX_Q4_K> &a, const RlxQUnit<RLX_Q4_K>::XFrag &x) const {
+        const uint4 &hd = a.hd, &q = a.q;
+        const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
+        const uint32_t A = hi ? hd.w : hd.y, B = hi ? hd.w >> 4 : hd.z;
+        const uint32_t sc = ((A >> sh) & mlo) | ((hd.y >> (sh + 2)) & mhi);
+        const uint32_t mn = ((B >> sh) & mlo) | ((hd.z >> (sh + 2)) & mhi);
+        const float ds0 = d * (__uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7540u)) - 8388608.0f);
+        const float ds1 = d * (__uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7541u)) - 8388608.0f);
+        const float dm0 = dmin * (__uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7540u)) - 8388608.0f);
+        const float dm1 = dmin * (__uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7541u)) - 8388608.0f);
+        const uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
+        const uint32_t hi4[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
+                                 (q.w >> 4) & 0x0F0F0F0Fu};
+        const float p0 = rlx_qf_bytes_r<4, 0>(x.a, lo), p1 = rlx_qf_bytes_r<4, 0>(x.b, hi4);
+        return ds0 * p0 - dm0 * x.s0 + ds1 * p1 - dm1 * x.s1;
+    }
+};
+
+/* The lane's dot product of unit u of a loaded row with its x: q4_k through RlxQOccQ4K, the others their own. */
+template <int FMT>
+struct RlxQOccDot {
+    __device__ __forceinline__ explicit RlxQOccDot(int) {}
+    __device__ __forceinline__ float operator()(const RlxQUnit<FMT> &a, const typename RlxQUnit<FMT>::XFrag &x,
+                                                int u) const {
+        return a.dot(x, u);
+    }
+};
+template <>
+struct RlxQOccDot<RLX_Q4_K> {
+    RlxQOccQ4K c;
+    __device__ __forceinline__ explicit RlxQOccDot(int u) : c(u) {}
+    __device__ __forceinline__ float operator()(const RlxQUnit<RLX_Q4_K> &a, const RlxQUnit<RLX_Q4_K>::XFrag &x,
+                                                int) const {
+        return c.dot(a, x);
+    }
+};
 
 /* Unit u's bytes of a weight row into L2 (no registers held): a warp's lanes cover its 32 units' contiguous bytes. */
 template <int FMT, int QB>
@@ -163,6 +218,7 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
         }
         rlx_qocc_frag<FMT>(v, cs, x);
     }
+    const RlxQOccDot<FMT> dot(u);
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         for (int p = r; p < items; p += R) {
             float acc[G];
@@ -174,7 +230,7 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
                 }
 #pragma unroll
                 for (int i = 0; i < G; i++)
-                    acc[i] = a[i].dot(x, u);
+                    acc[i] = dot(a[i], x, u);
             } else {
 #pragma unroll
                 for (int i = 0; i < G; i++)
