@@ -13,8 +13,8 @@
  *     (28-32 warps) an SM; the host sizes the tiles (rows a block) so that the grid is one wave;
  *   - the block's first item's weights are loaded into registers before griddepcontrol.wait (weights are never
  *     written by a kernel), so they arrive while the kernel before drains.
- * The terms and their order are rlx_qgemv_xr's (the same unit dot products and x sums, the same slab-ordered sum),
- * so without the norm the outputs are its bits; with the norm only the sum of squares' order differs.
+ * The terms are rlx_qgemv_xr's (the same unit dot products and x sums, the same slab-ordered sum of warp sums); only
+ * the order of a warp's sum (one butterfly for the item's G rows) and, with the norm, of the sum of squares differ.
  * `tr` output rows a tile; dynamic shared memory: nslab * TW floats (TW = tr, or 2 tr with SwiGLU). */
 #ifndef RLX_QOCC_THREADS
 #define RLX_QOCC_THREADS 512
@@ -133,6 +133,28 @@ struct RlxQOccDot<RLX_Q4_K> {
     }
 };
 
+/* The warp sums of G per-lane values (G a power of two, <= 32) in one butterfly: at each of the first log2(G) steps
+   a lane keeps half of its values (the upper half where its lane bit is set) and adds the partner's copy of them,
+   so G sums take 5 + G - 2 shuffles instead of 5 G (shuffles issue at a quarter of the SM's instruction rate).
+   Returns the sum of value (lane / (32 / G)) in every lane. */
+template <int G>
+__device__ __forceinline__ float rlx_qocc_warp_sums(float v[G], int lane) {
+#pragma unroll
+    for (int n = G, o = 16; n > 1; n >>= 1, o >>= 1) {
+        const bool up = lane & o;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            const float keep = up ? v[i + n / 2] : v[i], send = up ? v[i] : v[i + n / 2];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+    float a = v[0];
+#pragma unroll
+    for (int o = 16 / G; o > 0; o >>= 1)
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+    return a;
+}
+
 /* Unit u's bytes of a weight row into L2 (no registers held): a warp's lanes cover its 32 units' contiguous bytes. */
 template <int FMT, int QB>
 __device__ __forceinline__ void rlx_qocc_prefetch(const uint8_t *row, int u) {
@@ -236,13 +258,10 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
                 for (int i = 0; i < G; i++)
                     acc[i] = 0.0f;
             }
-#pragma unroll
-            for (int i = 0; i < G; i++) {
-                const float sum = rlx_warp_sum(acc[i]);
-                const int ti = EPI == 2 ? p * H + i % H : p * G + i;
-                if (lane == 0 && ti < tr && t * tr + ti < nrows)
-                    part[s * TW + ti + (EPI == 2 && i >= H ? tr : 0)] = sum;
-            }
+            const float sum = rlx_qocc_warp_sums<G>(acc, lane);
+            const int i = lane / (32 / G), ti = EPI == 2 ? p * H + i % H : p * G + i;  /* lane 32 i / G stores row i */
+            if (lane % (32 / G) == 0 && ti < tr && t * tr + ti < nrows)
+                part[s * TW + ti + (EPI == 2 && i >= H ? tr : 0)] = sum;
         }
         __syncthreads();
         for (int i = threadIdx.x; i < tr; i += blockDim.x) {
