@@ -11,8 +11,9 @@
  *     after a barrier one thread per output row adds them in slab order and applies the epilogue;
  *   - at most 512 threads a block and __launch_bounds__(512, 2) for G <= 2: at most 64 registers, so two blocks
  *     (28-32 warps) an SM; the host sizes the tiles (rows a block) so that the grid is one wave;
- *   - the block's first item's weights are loaded into registers before griddepcontrol.wait (weights are never
- *     written by a kernel), so they arrive while the kernel before drains.
+ *   - the warp's first item's weights are prefetched into L2 before griddepcontrol.wait (weights are never written
+ *     by a kernel), while the kernel before drains (loading them into registers there spilled at 64 registers;
+ *     prefetching a whole tile would fetch a GEMV's every weight at once, more than the L2 holds at gate/up).
  * The terms are rlx_qgemv_xr's (the same unit dot products and x sums, the same slab-ordered sum of warp sums); only
  * the order of a warp's sum (one butterfly for the item's G rows) and, with the norm, of the sum of squares differ.
  * `tr` output rows a tile; dynamic shared memory: nslab * TW floats (TW = tr, or 2 tr with SwiGLU). */
