@@ -139,3 +139,32 @@ def test_occ_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: in
         assert not np.isnan(got).any(), f"occ {fmt} {kind} n={n} k={k}: an output row was never written"
         err = np.abs(got.astype(np.float64) - want)
         assert np.all(err <= bound), f"occ {fmt} {kind} n={n} k={k}: worst excess {np.max(err - bound):.3g}"
+
+
+@pytest.mark.parametrize("kind", ["plain", "residual"])
+def test_occ_q4k_subnormal_products_hold_at_extreme_activations(emu: ctypes.CDLL, kind: str) -> None:
+    """q4_k's dot products in rlx_qgemv_occ multiply x 2^100 by bytes as subnormal floats (rlx_qocc_bytes): exact while
+    |x| < 2^28 and |x b| >= 2^-77. Activations of 3e4 (f16's range) and of 1e-30 (products below the normal range,
+    rounded there, far below the bound) next to ordinary ones stay within the reference's bound."""
+    i32, vp, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+    emu.emu_qf_occ.argtypes = [i32, i32, i32, F32P, vp, ctypes.c_float, i32, *[vp] * 5, i64, i64, i64, i64,
+                               ctypes.c_uint]
+    rng = np.random.default_rng(7)
+    n, k = 13, 4096
+    w0, w1 = Q.random_blocks(rng, n, k, "q4_k"), Q.random_blocks(rng, n, k, "q4_k")
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    x[0, ::5] *= 3e4
+    x[0, 1::7] *= 1e-30
+    res = rng.standard_normal((1, n)).astype(np.float32)
+    y0, y1 = np.full((1, n), np.nan, np.float32), np.full((1, n), np.nan, np.float32)
+    kid = {"plain": 0, "residual": 2}[kind]
+    emu.emu_qf_occ(FORMATS["q4_k"], 2, kid, x.ctypes.data_as(F32P), None, 1e-5, 1 if kind == "residual" else 2,
+                   _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), n, k, w0.shape[1], 4, 2)
+    a, b = _reference(x, w0, "q4_k"), _reference(x, w1, "q4_k")
+    ha = np.abs(x).astype(np.float64)
+    ba = (k + 36) * U32 * (ha @ Q.abs_terms(w0, "q4_k", k).astype(np.float64).T)
+    bb = (k + 36) * U32 * (ha @ Q.abs_terms(w1, "q4_k", k).astype(np.float64).T)
+    for got, want, bound in fused_checks(kind, a, b, ba, bb, y0, y1, res):
+        assert not np.isnan(got).any()
+        err = np.abs(got.astype(np.float64) - want)
+        assert np.all(err <= bound), f"occ q4_k {kind}: worst excess {np.max(err - bound):.3g}"

@@ -81,6 +81,36 @@ __device__ __forceinline__ const uint8_t *rlx_qocc_row(const RlxQMembers &mem, i
     return w + (int64_t)r * RB;
 }
 
+/* The dot product of 16 small unsigned bytes with x, 2 instructions a value instead of 3: a byte b moved into an
+ * otherwise zero word (one byte permute) is the subnormal float b 2^-149, and the FFMA multiplies it by x 2^E
+ * (E = RLX_QOCC_XEXP, the lane's x scaled once): the product and every partial sum are the unscaled ones times the
+ * power of two 2^(E - 149), so they round exactly as rlx_qf_bytes_r's x (2^23 + b - 2^23) terms do, as long as they
+ * stay normal floats (|x b| >= 2^(126 + E - 149) = 2^-77 at E = 100) and x 2^E finite (|x| < 2^28). The caller's
+ * scale takes the 2^(149 - E) back (RLX_QOCC_DSCALE, folded into the block's d: exact). The FMA pipe takes
+ * subnormal operands at full rate (in hardware since Fermi); the FMA is PTX's fma.rn.f32, which never flushes them,
+ * even in a build with -ftz=true or --use_fast_math. */
+#define RLX_QOCC_XEXP 100
+#define RLX_QOCC_XSCALE 0x1p100f
+#define RLX_QOCC_DSCALE 0x1p49f
+#ifndef RLX_QOCC_FMA
+#define RLX_QOCC_FMA(a, b, c) rlx_qocc_fma_rn(a, b, c)
+__device__ __forceinline__ float rlx_qocc_fma_rn(float a, float b, float c) {
+    float d;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+    return d;
+}
+#endif
+__device__ __forceinline__ float rlx_qocc_bytes(const float *x, const uint32_t w[4]) {
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            a = RLX_QOCC_FMA(x[4 * j + k], __uint_as_float(__byte_perm(w[j], 0u, 0x4440u + k)), a);
+    }
+    return a;
+}
+
 /* q4_k's scales of a lane's unit u (sub-blocks 2g and 2g + 1) from the block header, with the lane's constants
    computed once: the 16-bit half (g & 1) of the header words holds both sub-blocks' 6-bit fields, so one shift and
    mask give both (sub-blocks 0-3: scale y, min z; 4-7: the low / high nibbles of w and the top 2 bits of y / z).
@@ -96,9 +126,10 @@ struct RlxQOccQ4K {
         mlo = hi ? 0x0F0Fu : 0x3F3Fu;
         mhi = hi ? 0x3030u : 0u;
     }
+    /* x.a, x.b as rlx_qocc_scale_x leaves them (times 2^RLX_QOCC_XEXP); x.s0, x.s1 unscaled */
     __device__ __forceinline__ float dot(const RlxQUnit<RLX_Q4_K> &a, const RlxQUnit<RLX_Q4_K>::XFrag &x) const {
         const uint4 &hd = a.hd, &q = a.q;
-        const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
+        const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF))) * RLX_QOCC_DSCALE;
         const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
         const uint32_t A = hi ? hd.w : hd.y, B = hi ? hd.w >> 4 : hd.z;
         const uint32_t sc = ((A >> sh) & mlo) | ((hd.y >> (sh + 2)) & mhi);
@@ -110,7 +141,7 @@ struct RlxQOccQ4K {
         const uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
         const uint32_t hi4[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
                                  (q.w >> 4) & 0x0F0F0F0Fu};
-        const float p0 = rlx_qf_bytes_r<4, 0>(x.a, lo), p1 = rlx_qf_bytes_r<4, 0>(x.b, hi4);
+        const float p0 = rlx_qocc_bytes(x.a, lo), p1 = rlx_qocc_bytes(x.b, hi4);
         return ds0 * p0 - dm0 * x.s0 + ds1 * p1 - dm1 * x.s1;
     }
 };
@@ -240,6 +271,13 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
             }
         }
         rlx_qocc_frag<FMT>(v, cs, x);
+        if constexpr (FMT == RLX_Q4_K) {  /* for rlx_qocc_bytes (the sums s0, s1 stay unscaled) */
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                x.a[e] *= RLX_QOCC_XSCALE;
+                x.b[e] *= RLX_QOCC_XSCALE;
+            }
+        }
     }
     const RlxQOccDot<FMT> dot(u);
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
