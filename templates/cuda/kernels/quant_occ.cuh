@@ -62,23 +62,15 @@ __device__ __forceinline__ const uint8_t *rlx_qocc_row(const RlxQMembers &mem, i
     r = r < rows ? r : rows - 1;
     if (EPI == 2)
         return (i < G / 2 ? mem.w[0] : mem.w[1]) + (int64_t)r * RB;
-    if (mem.count == 1)  /* one member (the residual's): no search */
-        return mem.w[0] + (int64_t)r * RB;
-    const uint8_t *w = mem.w[0];
+    /* selects, no branches: the item's rows' addresses all come before its loads */
     const int n0 = (int)mem.n[0], n1 = (int)mem.n[1], n2 = (int)mem.n[2];
-    if (mem.count > 1 && r >= n0) {
-        r -= n0;
-        w = mem.w[1];
-        if (mem.count > 2 && r >= n1) {
-            r -= n1;
-            w = mem.w[2];
-            if (mem.count > 3 && r >= n2) {
-                r -= n2;
-                w = mem.w[3];
-            }
-        }
-    }
-    return w + (int64_t)r * RB;
+    const bool c1 = mem.count > 1 && r >= n0;
+    r -= c1 ? n0 : 0;
+    const bool c2 = c1 && mem.count > 2 && r >= n1;
+    r -= c2 ? n1 : 0;
+    const bool c3 = c2 && mem.count > 3 && r >= n2;
+    r -= c3 ? n2 : 0;
+    return (c3 ? mem.w[3] : c2 ? mem.w[2] : c1 ? mem.w[1] : mem.w[0]) + (int64_t)r * RB;
 }
 
 /* The dot product of 16 small unsigned bytes with x, 2 instructions a value instead of 3: a byte b moved into an
@@ -126,21 +118,22 @@ struct RlxQOccQ4K {
         mlo = hi ? 0x0F0Fu : 0x3F3Fu;
         mhi = hi ? 0x3030u : 0u;
     }
-    /* x.a, x.b as rlx_qocc_scale_x leaves them (times 2^RLX_QOCC_XEXP); x.s0, x.s1 unscaled */
+    /* x.a, x.b times 2^RLX_QOCC_XEXP (the kernel scales them once), x.s0, x.s1 unscaled. The high nibbles are taken
+       in place (the bytes 16 q: one mask, no shift), and their 16 folded into sub-block 2g + 1's scale (exact). */
     __device__ __forceinline__ float dot(const RlxQUnit<RLX_Q4_K> &a, const RlxQUnit<RLX_Q4_K>::XFrag &x) const {
         const uint4 &hd = a.hd, &q = a.q;
-        const float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF))) * RLX_QOCC_DSCALE;
+        const float dh = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
+        const float d = dh * RLX_QOCC_DSCALE, d16 = dh * (RLX_QOCC_DSCALE / 16.0f);
         const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
         const uint32_t A = hi ? hd.w : hd.y, B = hi ? hd.w >> 4 : hd.z;
         const uint32_t sc = ((A >> sh) & mlo) | ((hd.y >> (sh + 2)) & mhi);
         const uint32_t mn = ((B >> sh) & mlo) | ((hd.z >> (sh + 2)) & mhi);
         const float ds0 = d * (__uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7540u)) - 8388608.0f);
-        const float ds1 = d * (__uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7541u)) - 8388608.0f);
+        const float ds1 = d16 * (__uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7541u)) - 8388608.0f);
         const float dm0 = dmin * (__uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7540u)) - 8388608.0f);
         const float dm1 = dmin * (__uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7541u)) - 8388608.0f);
         const uint32_t lo[4] = {q.x & 0x0F0F0F0Fu, q.y & 0x0F0F0F0Fu, q.z & 0x0F0F0F0Fu, q.w & 0x0F0F0F0Fu};
-        const uint32_t hi4[4] = {(q.x >> 4) & 0x0F0F0F0Fu, (q.y >> 4) & 0x0F0F0F0Fu, (q.z >> 4) & 0x0F0F0F0Fu,
-                                 (q.w >> 4) & 0x0F0F0F0Fu};
+        const uint32_t hi4[4] = {q.x & 0xF0F0F0F0u, q.y & 0xF0F0F0F0u, q.z & 0xF0F0F0F0u, q.w & 0xF0F0F0F0u};
         const float p0 = rlx_qocc_bytes(x.a, lo), p1 = rlx_qocc_bytes(x.b, hi4);
         return ds0 * p0 - dm0 * x.s0 + ds1 * p1 - dm1 * x.s1;
     }
