@@ -180,6 +180,10 @@ __device__ __forceinline__ float rlx_qocc_warp_sums(float v[G], int lane) {
     return a;
 }
 
+#ifndef RLX_QOCC_PREFETCH_L1
+#define RLX_QOCC_PREFETCH_L1(p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p))
+#endif
+
 /* Unit u's bytes of a weight row into L2 (no registers held): a warp's lanes cover its 32 units' contiguous bytes. */
 template <int FMT, int QB>
 __device__ __forceinline__ void rlx_qocc_prefetch(const uint8_t *row, int u) {
@@ -213,6 +217,11 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
         for (int i = 0; i < G; i++) {
             rlx_qocc_prefetch<FMT, QB>(rlx_qocc_row<EPI, G>(mem, blockIdx.x, r, i, tr, nrows, rb), u);
         }
+    }
+    if (NORM && has) {  /* gamma (a parameter) into L1 meanwhile: the norm's second load then waits on L1, not L2 */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            RLX_QOCC_PREFETCH_L1(gamma + rlx_qocc_chunk<FMT>(u, i));
     }
     rlx_pdl_wait();
     rlx_pdl_trigger(); /* the next kernel may launch and prefetch its weights */
