@@ -168,3 +168,30 @@ def test_occ_q4k_subnormal_products_hold_at_extreme_activations(emu: ctypes.CDLL
         assert not np.isnan(got).any()
         err = np.abs(got.astype(np.float64) - want)
         assert np.all(err <= bound), f"occ q4_k {kind}: worst excess {np.max(err - bound):.3g}"
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
+@pytest.mark.parametrize(("k", "g", "tr", "max_grid"), [(2048, 2, 6, 1 << 30), (576, 4, 8, 2), (4096, 2, 7, 3)])
+def test_occ_gemv_of_unequal_members_matches_reference(emu: ctypes.CDLL, fmt: str, k: int, g: int, tr: int,
+                                                       max_grid: int) -> None:
+    """rlx_qgemv_occ over three members of 13, 5 and 7 rows (Q / K / V shaped: items and tiles straddle the members'
+    boundaries, found by selects), K = 2048 (2 slabs x 8 replicas), 576 (one partial slab, 14 idle lanes: the
+    formats of 32 values only) and 4096."""
+    if fmt == "q4_k" and k % 256:
+        k = 512
+    i32, vp, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+    emu.emu_qf_occ3.argtypes = [i32, i32, F32P, *[vp] * 6, i64, i64, i64, i64, i64, i64, ctypes.c_uint]
+    rng = np.random.default_rng(k + g + tr + len(fmt))
+    ns = (13, 5, 7)
+    ws = [Q.random_blocks(rng, n, k, fmt) for n in ns]
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    ys = [np.full((1, n), np.nan, np.float32) for n in ns]
+    emu.emu_qf_occ3(FORMATS[fmt], g, x.ctypes.data_as(F32P), *[_ptr(w) for w in ws], *[_ptr(y) for y in ys], *ns, k,
+                    ws[0].shape[1], tr, max_grid)
+    ha = np.abs(x).astype(np.float64)
+    for w, y in zip(ws, ys):
+        want = _reference(x, w, fmt)
+        bound = (k + 36) * U32 * (ha @ Q.abs_terms(w, fmt, k).astype(np.float64).T)
+        assert not np.isnan(y).any(), f"occ3 {fmt} k={k}: an output row was never written"
+        err = np.abs(y.astype(np.float64) - want)
+        assert np.all(err <= bound), f"occ3 {fmt} k={k}: worst excess {np.max(err - bound):.3g}"

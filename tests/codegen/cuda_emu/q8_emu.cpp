@@ -240,3 +240,30 @@ void emu_qf_occ(int fmt, int g, int kind, const float *X, const float *gamma, fl
     }
 }
 }
+
+extern "C" {
+/* rlx_qgemv_occ over three members of n0, n1, n2 rows (Q / K / V: plain outputs, no norm), format `fmt`, g rows an
+   item, tr rows a tile, at most max_grid blocks: rows of one item or tile straddle the members' boundaries. */
+void emu_qf_occ3(int fmt, int g, const float *X, const uint8_t *w0, const uint8_t *w1, const uint8_t *w2, float *y0,
+                 float *y1, float *y2, int64_t n0, int64_t n1, int64_t n2, int64_t K, int64_t RB, int64_t tr,
+                 unsigned max_grid) {
+    RlxQMembers mem;
+    std::memset(&mem, 0, sizeof(mem));
+    mem.w[0] = w0;
+    mem.w[1] = w1;
+    mem.w[2] = w2;
+    mem.y[0] = y0;
+    mem.y[1] = y1;
+    mem.y[2] = y2;
+    mem.n[0] = n0;
+    mem.n[1] = n1;
+    mem.n[2] = n2;
+    mem.count = 3;
+    switch (fmt) {
+    case RLX_Q8_0: q_occ_g<RLX_Q8_0, 32, 34>(g, 0, X, nullptr, 0.0f, mem, nullptr, K, RB, n0 + n1 + n2, tr, max_grid); break;
+    case RLX_Q4_0: q_occ_g<RLX_Q4_0, 32, 18>(g, 0, X, nullptr, 0.0f, mem, nullptr, K, RB, n0 + n1 + n2, tr, max_grid); break;
+    case RLX_Q4_1: q_occ_g<RLX_Q4_1, 32, 20>(g, 0, X, nullptr, 0.0f, mem, nullptr, K, RB, n0 + n1 + n2, tr, max_grid); break;
+    default: q_occ_g<RLX_Q4_K, 256, 144>(g, 0, X, nullptr, 0.0f, mem, nullptr, K, RB, n0 + n1 + n2, tr, max_grid); break;
+    }
+}
+}
