@@ -316,7 +316,8 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
     K = 14336: 14 slabs, 4 groups), else the one that leaves the fewest warp turns idle. `walk="rows"`
     (`CudaTarget(gemv_walk=)`, RLX_QGEMV_WALK) forces the old walk, `groups` (`xr_groups`, RLX_QGEMV_XR_GROUPS) the
     groups; `walk="occ"` / `"occ4"` the occupancy walk (rlx_qgemv_occ, 2 / 4 weight rows a warp's item) for the same
-    formats and activations at any K up to DECODE_OCC_MAX_K (not chosen by "auto" until measured).
+    formats and activations at any K up to DECODE_OCC_MAX_K (not chosen by "auto" until measured); `walk="xreg"` is
+    "auto"'s choice by name.
 
     >>> decode_walk("q4_k", "f32", 4096), decode_walk("q4_k", "f32", 14336)
     (('xreg', 2), ('xreg', 4))

@@ -200,8 +200,9 @@ class CudaTarget:
     #: mappings made when the context joins the clique, NCCL where they cannot be made); False: NCCL only.
     p2p_all_reduce: bool = True
     #: One-row decode GEMVs: "auto" (`decode_walk`: x in registers for the formats and K it fits), "rows" (the
-    #: warp-per-rows walk everywhere), "occ" / "occ4" (the occupancy walk, 2 / 4 weight rows an item, where it
-    #: fits); `xr_groups` forces the register walk's groups of 8 rows a block (0: chosen).
+    #: warp-per-rows walk everywhere), "xreg" (the register walk where it fits: "auto"'s choice today, kept by name
+    #: for comparisons), "occ" / "occ4" (the occupancy walk, 2 / 4 weight rows an item, where it fits); `xr_groups`
+    #: forces the register walk's groups of 8 rows a block (0: chosen).
     gemv_walk: str = "auto"
     xr_groups: int = 0
     #: Bytes of quantized weights also kept dequantized in the compute type, for steps past the GEMVs' rows
@@ -218,8 +219,8 @@ class CudaTarget:
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
-        if self.gemv_walk not in ("auto", "rows", "occ", "occ4"):
-            raise BuildError(f"gemv_walk must be 'auto', 'rows', 'occ' or 'occ4', got {self.gemv_walk!r}")
+        if self.gemv_walk not in ("auto", "rows", "xreg", "occ", "occ4"):
+            raise BuildError(f"gemv_walk must be 'auto', 'rows', 'xreg', 'occ' or 'occ4', got {self.gemv_walk!r}")
         if self.xr_groups not in (0, 1, 2, 4):
             raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
