@@ -304,8 +304,9 @@ DECODE_XR_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
 DECODE_XR_GROUPS = (1, 2, 4)
 #: The occupancy walk (rlx_qgemv_occ, kernels/quant_occ.cuh): its `gemv_walk` names and the weight rows a warp's item
 #: takes for each (2: at most 64 registers, two blocks of up to 16 warps an SM; 4: more loads in flight a warp, fewer
-#: warps). Most K it takes: 16 slabs of 32 units (one replica of the slabs in 512 threads).
-DECODE_OCC_WALKS = {"occ": 2, "occ4": 4}
+#: warps; "occp": 2 rows and the warp's next item prefetched into L2, `DecodeGemv.occ_prefetch`). Most K it takes:
+#: 16 slabs of 32 units (one replica of the slabs in 512 threads).
+DECODE_OCC_WALKS = {"occ": 2, "occ4": 4, "occp": 2}
 DECODE_OCC_MAX_K = 16384
 
 
@@ -315,7 +316,7 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
     fewest that make the block's work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups;
     K = 14336: 14 slabs, 4 groups), else the one that leaves the fewest warp turns idle. `walk="rows"`
     (`CudaTarget(gemv_walk=)`, RLX_QGEMV_WALK) forces the old walk, `groups` (`xr_groups`, RLX_QGEMV_XR_GROUPS) the
-    groups; `walk="occ"` / `"occ4"` the occupancy walk (rlx_qgemv_occ, 2 / 4 weight rows a warp's item) for the same
+    groups; `walk="occ"` / `"occ4"` / `"occp"` the occupancy walk (rlx_qgemv_occ, 2 / 4 / 2 + prefetch) for the same
     formats and activations at any K up to DECODE_OCC_MAX_K (not chosen by "auto" until measured); `walk="xreg"` is
     "auto"'s choice by name.
 
@@ -408,7 +409,7 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> li
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
         how, size = decode_walk(members[0].op.quant, members[0].op.act, k, walk, groups)
         found.append(DecodeGemv(ids, rows, norm, residual, swiglu, how, size if how == "xreg" else 0,
-                                size if how == "occ" else 0))
+                                size if how == "occ" else 0, how == "occ" and walk == "occp"))
     return found
 
 

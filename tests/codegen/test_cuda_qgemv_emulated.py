@@ -195,3 +195,29 @@ def test_occ_gemv_of_unequal_members_matches_reference(emu: ctypes.CDLL, fmt: st
         assert not np.isnan(y).any(), f"occ3 {fmt} k={k}: an output row was never written"
         err = np.abs(y.astype(np.float64) - want)
         assert np.all(err <= bound), f"occ3 {fmt} k={k}: worst excess {np.max(err - bound):.3g}"
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
+def test_occ_gemv_with_next_item_prefetch_matches_reference(emu: ctypes.CDLL, fmt: str) -> None:
+    """rlx_qgemv_occ with PF (walk "occp": the warp's next item prefetched into L2; a no-op in the shim, so this checks
+    that the prefetching instantiation walks the same rows): norm + SwiGLU, 4 slabs, short last tile, 2 passes."""
+    i32, vp, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+    emu.emu_qf_occ.argtypes = [i32, i32, i32, F32P, vp, ctypes.c_float, i32, *[vp] * 5, i64, i64, i64, i64,
+                               ctypes.c_uint]
+    rng = np.random.default_rng(41)
+    n, k, eps = 37, 4096, 1e-5
+    w0, w1 = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    y0, y1 = np.full((1, n), np.nan, np.float32), np.full((1, n), np.nan, np.float32)
+    emu.emu_qf_occ(FORMATS[fmt], 3, 1, x.ctypes.data_as(F32P), _ptr(gamma), eps, 2, _ptr(w0), _ptr(w1), _ptr(y0),
+                   _ptr(y1), None, n, k, w0.shape[1], 6, 2)
+    h = rms(x, gamma, eps)
+    a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
+    ha = np.abs(h).astype(np.float64)
+    ba = (k + 36) * U32 * (ha @ Q.abs_terms(w0, fmt, k).astype(np.float64).T)
+    bb = (k + 36) * U32 * (ha @ Q.abs_terms(w1, fmt, k).astype(np.float64).T)
+    for got, want, bound in fused_checks("norm_swiglu", a, b, ba, bb, y0, y1, np.zeros((1, n), np.float32)):
+        assert not np.isnan(got).any(), f"occp {fmt}: an output row was never written"
+        err = np.abs(got.astype(np.float64) - want)
+        assert np.all(err <= bound), f"occp {fmt}: worst excess {np.max(err - bound):.3g}"

@@ -16,7 +16,9 @@
  *     prefetching a whole tile would fetch a GEMV's every weight at once, more than the L2 holds at gate/up).
  * The terms are rlx_qgemv_xr's (the same unit dot products and x sums, the same slab-ordered sum of warp sums); only
  * the order of a warp's sum (one butterfly for the item's G rows) and, with the norm, of the sum of squares differ.
- * `tr` output rows a tile; dynamic shared memory: nslab * TW floats (TW = tr, or 2 tr with SwiGLU). */
+ * `tr` output rows a tile; dynamic shared memory: nslab * TW floats (TW = tr, or 2 tr with SwiGLU). PF (walk "occp")
+ * also prefetches the warp's next item into L2 while the current one's loads fly (more bytes in flight an SM, no
+ * registers; with the register walk's fewer warps such a prefetch measured slower). */
 #ifndef RLX_QOCC_THREADS
 #define RLX_QOCC_THREADS 512
 #endif
@@ -195,7 +197,7 @@ __device__ __forceinline__ void rlx_qocc_prefetch(const uint8_t *row, int u) {
     }
 }
 
-template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int G>
+template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int G, bool PF = false>
 __global__ void __launch_bounds__(RLX_QOCC_THREADS, G <= 2 ? 2 : 1)
 rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
               const T *res, int64_t K, int64_t RB, int64_t rows, int64_t tr64) {
@@ -290,6 +292,11 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
 #pragma unroll
                 for (int i = 0; i < G; i++) {  /* the item's loads, all before any product */
                     a[i].load(rlx_qocc_row<EPI, G>(mem, t, p, i, tr, nrows, rb), u);
+                }
+                if (PF && p + R < items) {  /* PF: the warp's next item into L2 meanwhile (no registers held) */
+#pragma unroll
+                    for (int i = 0; i < G; i++)
+                        rlx_qocc_prefetch<FMT, QB>(rlx_qocc_row<EPI, G>(mem, t, p + R, i, tr, nrows, rb), u);
                 }
 #pragma unroll
                 for (int i = 0; i < G; i++)

@@ -193,7 +193,7 @@ void emu_qf_xr(int fmt, int xg, int kind, const float *X, const float *gamma, fl
  * tiles), kinds as q_fused_kind's. */
 #include "quant_occ.cuh"
 
-template <int FMT, int QK, int QB, bool NORM, int EPI, int G>
+template <int FMT, int QK, int QB, bool NORM, int EPI, int G, bool PF = false>
 static void q_occ(const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res, int64_t K,
                   int64_t RB, int64_t rows, int64_t tr, unsigned max_grid) {
     const int64_t nslab = (K / 32 + 31) / 32, reps = 16 / nslab;
@@ -202,7 +202,7 @@ static void q_occ(const float *X, const float *gamma, float eps, const RlxQMembe
     g3.x = (unsigned)(tiles < (int64_t)max_grid ? tiles : (int64_t)max_grid);
     const size_t smem = (size_t)nslab * (EPI == 2 ? 2 * tr : tr) * sizeof(float);
     rlx_emu_launch3(g3, (unsigned)(32 * nslab * reps), smem,
-                    [&] { rlx_qgemv_occ<float, FMT, QK, QB, NORM, EPI, G>(X, gamma, eps, mem, res, K, RB, rows, tr); });
+                    [&] { rlx_qgemv_occ<float, FMT, QK, QB, NORM, EPI, G, PF>(X, gamma, eps, mem, res, K, RB, rows, tr); });
 }
 
 template <int FMT, int QK, int QB, int G>
@@ -221,12 +221,14 @@ static void q_occ_g(int g, int kind, const float *X, const float *gamma, float e
                     const float *res, int64_t K, int64_t RB, int64_t rows, int64_t tr, unsigned max_grid) {
     if (g == 2)
         q_occ_kind<FMT, QK, QB, 2>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+    else if (g == 3)  /* 2 rows an item and the next prefetched (PF: walk "occp"; the shim's prefetch does nothing) */
+        q_occ<FMT, QK, QB, true, 2, 2, true>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
     else
         q_occ_kind<FMT, QK, QB, 4>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
 }
 
 extern "C" {
-/* rlx_qgemv_occ, format `fmt`, M = 1, g (2 or 4) weight rows an item, tr output rows a tile, at most max_grid blocks. */
+/* rlx_qgemv_occ, format `fmt`, M = 1, g (2 or 4; 3: 2 and PF, norm + SwiGLU only) weight rows an item, tr output rows a tile, at most max_grid blocks. */
 void emu_qf_occ(int fmt, int g, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                 const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB, int64_t tr,
                 unsigned max_grid) {
