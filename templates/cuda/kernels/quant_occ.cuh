@@ -186,11 +186,13 @@ __device__ __forceinline__ float rlx_qocc_warp_sums(float v[G], int lane) {
 #define RLX_QOCC_PREFETCH_L1(p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p))
 #endif
 
-/* Unit u's bytes of a weight row into L2 (no registers held): a warp's lanes cover its 32 units' contiguous bytes. */
-template <int FMT, int QB>
+/* Unit u's bytes of a weight row into L2 (no registers held): a warp's lanes cover its 32 units' contiguous bytes
+   (HD false: q4_k's quants only, one address a lane; their 128-byte lines hold most of the headers too). */
+template <int FMT, int QB, bool HD = true>
 __device__ __forceinline__ void rlx_qocc_prefetch(const uint8_t *row, int u) {
     if (FMT == RLX_Q4_K) {
-        RLX_Q_PREFETCH(row + (u >> 3) * 144);
+        if (HD)
+            RLX_Q_PREFETCH(row + (u >> 3) * 144);
         RLX_Q_PREFETCH(row + (u >> 3) * 144 + 16 + 16 * (u & 7));
     } else {
         RLX_Q_PREFETCH(row + (int64_t)u * QB);
@@ -288,15 +290,16 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
         for (int p = r; p < items; p += R) {
             float acc[G];
             if (has) {
+                if (PF && p + R < items) {  /* PF: the warp's next item into L2, before this item's loads take the
+                                               registers (the prefetch holds none) */
+#pragma unroll
+                    for (int i = 0; i < G; i++)
+                        rlx_qocc_prefetch<FMT, QB, false>(rlx_qocc_row<EPI, G>(mem, t, p + R, i, tr, nrows, rb), u);
+                }
                 Unit a[G];
 #pragma unroll
                 for (int i = 0; i < G; i++) {  /* the item's loads, all before any product */
                     a[i].load(rlx_qocc_row<EPI, G>(mem, t, p, i, tr, nrows, rb), u);
-                }
-                if (PF && p + R < items) {  /* PF: the warp's next item into L2 meanwhile (no registers held) */
-#pragma unroll
-                    for (int i = 0; i < G; i++)
-                        rlx_qocc_prefetch<FMT, QB>(rlx_qocc_row<EPI, G>(mem, t, p + R, i, tr, nrows, rb), u);
                 }
 #pragma unroll
                 for (int i = 0; i < G; i++)
