@@ -1,6 +1,6 @@
 """The one-row decode GEMVs of a Llama-3-8B layer on an NVIDIA GPU, each timed alone, for several walks (`gemv_walk`).
 
-    python benchmarks/qgemv_probe.py [--walks auto,occ,occ4] [--weights q4_k] [--iters 100] [--repeats 5]
+    python benchmarks/qgemv_probe.py [--walks auto,occ,occ4,occp] [--weights q4_k] [--iters 100] [--repeats 5]
                                      [--dry-run]
 
 One graph, one decode row (M = 1), f16 compute, random `--weights` blocks: a layer's four fused GEMVs
@@ -13,8 +13,8 @@ One graph, one decode row (M = 1), f16 compute, random `--weights` blocks: a lay
 | `gateup`: RMSNorm + gate/up | 2 x 14336 x 4096 | SwiGLU |
 | `down` | 4096 x 14336 | + residual |
 
-Every walk (`auto` = the register walk rlx_qgemv_xr at these K; `occ` / `occ4` = rlx_qgemv_occ with 2 / 4 weight
-rows an item; `rows` = the older walk) is built from the same LIR (one build each) and run on the same device
+Every walk (`auto` / `xreg` = the register walk rlx_qgemv_xr at these K; `occ` / `occ4` = rlx_qgemv_occ with 2 / 4
+weight rows an item, `occp` with 2 and each warp's next item prefetched into L2; `rows` = the older walk) is built from the same LIR (one build each) and run on the same device
 tensors. A GEMV's time is the CUPTI duration of its kernel (`rlx_qgemv*` launches of a call, in launch order: the
 graph's other kernels and copies are left out), summed over `--iters` calls; the median of `--repeats` blocks,
 walks interleaved. Replayed alone, a kernel gets no overlap with the kernel before it (programmatic dependent
@@ -65,7 +65,7 @@ def layer_graph(fmt: str) -> Graph:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--walks", default="auto,occ,occ4")
+    ap.add_argument("--walks", default="auto,occ,occ4,occp")
     ap.add_argument("--weights", default="q4_k")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
