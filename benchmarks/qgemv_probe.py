@@ -15,11 +15,12 @@ One graph, one decode row (M = 1), f16 compute, random `--weights` blocks: a lay
 
 Every walk (`auto` / `xreg` = the register walk rlx_qgemv_xr at these K; `occ` / `occ4` = rlx_qgemv_occ with 2 / 4
 weight rows an item, `occp` with 2 and each warp's next item prefetched into L2; `rows` = the older walk) is built
-from the same LIR (one build each) and run on the same device tensors. A GEMV's time is the CUPTI duration of its kernel (`rlx_qgemv*` launches of a call, in launch order: the
-graph's other kernels and copies are left out), summed over `--iters` calls; the median of `--repeats` blocks,
-walks interleaved. Replayed alone, a kernel gets no overlap with the kernel before it (programmatic dependent
-launch), as in ncu. GB/s = the GEMV's weight bytes over its time (4.8 TB/s: the H200's HBM). `max rel` compares a
-walk's outputs with the first walk's. `--dry-run` prints each build's DecodeGemv decisions only (no GPU needed).
+from the same LIR (one build each) and run on the same device tensors. A GEMV's time is the CUPTI duration of its
+kernel (`rlx_qgemv*` launches of a call, in launch order: the graph's other kernels and copies are left out), summed
+over `--iters` calls; the median of `--repeats` blocks, walks interleaved. Replayed alone, a kernel gets no overlap
+with the kernel before it (programmatic dependent launch), as in ncu. GB/s = the GEMV's weight bytes over its time
+(4.8 TB/s: the H200's HBM). `max rel` compares a walk's outputs with the first walk's. `--dry-run` prints each
+build's DecodeGemv decisions only (no GPU needed).
 """
 
 from __future__ import annotations
