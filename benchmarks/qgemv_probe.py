@@ -17,8 +17,9 @@ Every walk (`auto` / `xreg` = the register walk rlx_qgemv_xr at these K; `occ` /
 weight rows an item, `occp` with 2 and each warp's next item prefetched into L2; `rows` = the older walk) is built
 from the same LIR (one build each) and run on the same device tensors. A GEMV's time is the CUPTI duration of its
 kernel (`rlx_qgemv*` launches of a call, in launch order: the graph's other kernels and copies are left out), summed
-over `--iters` calls; the median of `--repeats` blocks, walks interleaved. Replayed alone, a kernel gets no overlap
-with the kernel before it (programmatic dependent launch), as in ncu. GB/s = the GEMV's weight bytes over its time
+over `--iters` calls; the median of `--repeats` blocks, walks interleaved. The builds have programmatic dependent
+launch off (`pdl=False`): a kernel's span is then its own work, not also its wait for the kernel before (as in ncu;
+the decoder's steps overlap them). GB/s = the GEMV's weight bytes over its time
 (4.8 TB/s: the H200's HBM). `max rel` compares a walk's outputs with the first walk's. `--dry-run` prints each
 build's DecodeGemv decisions only (no GPU needed).
 """
@@ -102,7 +103,7 @@ def main() -> int:
     fns, outs, kernels = {}, {}, {}
     for walk in walks:
         opts = {} if walk == "auto" else {"gemv_walk": walk}
-        cg = compile_cuda(lir, Config.from_env(), precision="f16", **opts)
+        cg = compile_cuda(lir, Config.from_env(), precision="f16", pdl=False, **opts)
         print(f"{walk}: built in {cg.build_seconds:.1f} s", flush=True)
         for name, p in params.items():
             cg.set_param(name, p)
