@@ -64,6 +64,8 @@ __device__ __forceinline__ const uint8_t *rlx_qocc_row(const RlxQMembers &mem, i
     r = r < rows ? r : rows - 1;
     if (EPI == 2)
         return (i < G / 2 ? mem.w[0] : mem.w[1]) + (int64_t)r * RB;
+    if (EPI == 1)  /* the residual's group has one member */
+        return mem.w[0] + (int64_t)r * RB;
     /* selects, no branches: the item's rows' addresses all come before its loads */
     const int n0 = (int)mem.n[0], n1 = (int)mem.n[1], n2 = (int)mem.n[2];
     const bool c1 = mem.count > 1 && r >= n0;
@@ -186,18 +188,33 @@ __device__ __forceinline__ float rlx_qocc_warp_sums(float v[G], int lane) {
 #define RLX_QOCC_PREFETCH_L1(p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p))
 #endif
 
-/* Unit u's bytes of a weight row into L2 (no registers held): a warp's lanes cover its 32 units' contiguous bytes
-   (HD false: q4_k's quants only, one address a lane; their 128-byte lines hold most of the headers too). */
-template <int FMT, int QB, bool HD = true>
-__device__ __forceinline__ void rlx_qocc_prefetch(const uint8_t *row, int u) {
-    if (FMT == RLX_Q4_K) {
-        if (HD)
-            RLX_Q_PREFETCH(row + (u >> 3) * 144);
-        RLX_Q_PREFETCH(row + (u >> 3) * 144 + 16 + 16 * (u & 7));
-    } else {
-        RLX_Q_PREFETCH(row + (int64_t)u * QB);
+/* The byte offsets of a lane's unit u in a weight row, computed once: its block (q4_k: the block's header) and, for
+   q4_k, its 16 bytes of quants. */
+template <int FMT, int QB>
+struct RlxQOccOff {
+    int h, q;
+    __device__ __forceinline__ explicit RlxQOccOff(int u) {
+        h = FMT == RLX_Q4_K ? (u >> 3) * 144 : u * QB;
+        q = FMT == RLX_Q4_K ? h + 16 + 16 * (u & 7) : h;
     }
-}
+    /* the lane's unit of `row` (RlxQUnit::load's bytes, from the offsets) */
+    __device__ __forceinline__ void load(RlxQUnit<FMT> &a, const uint8_t *row) const {
+        if constexpr (FMT == RLX_Q4_K) {
+            a.hd = *(const uint4 *)(row + h);
+            a.q = *(const uint4 *)(row + q);
+        } else {
+            a.load(row + h, 0);
+        }
+    }
+    /* its bytes into L2 (no registers held; a warp's lanes cover its 32 units' contiguous bytes). HD false: q4_k's
+       quants only, one address a lane (their 128-byte lines hold most of the headers too). */
+    template <bool HD = true>
+    __device__ __forceinline__ void prefetch(const uint8_t *row) const {
+        if (FMT == RLX_Q4_K && HD)
+            RLX_Q_PREFETCH(row + h);
+        RLX_Q_PREFETCH(row + q);
+    }
+};
 
 template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int G, bool PF = false>
 __global__ void __launch_bounds__(RLX_QOCC_THREADS, G <= 2 ? 2 : 1)
@@ -216,10 +233,11 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
     constexpr int H = EPI == 2 ? G / 2 : G; /* output rows an item */
     const int TW = EPI == 2 ? 2 * tr : tr, items = (tr + H - 1) / H;
     const bool has = u < nsub;
+    const RlxQOccOff<FMT, QB> off(u);
     if (has && (int)blockIdx.x < tiles && r < items) {  /* the first item's weights into L2 while the kernel before ends */
 #pragma unroll
         for (int i = 0; i < G; i++) {
-            rlx_qocc_prefetch<FMT, QB>(rlx_qocc_row<EPI, G>(mem, blockIdx.x, r, i, tr, nrows, rb), u);
+            off.prefetch(rlx_qocc_row<EPI, G>(mem, blockIdx.x, r, i, tr, nrows, rb));
         }
     }
     if (NORM && has) {  /* gamma (a parameter) into L1 meanwhile: the norm's second load then waits on L1, not L2 */
@@ -294,12 +312,12 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
                                                registers (the prefetch holds none) */
 #pragma unroll
                     for (int i = 0; i < G; i++)
-                        rlx_qocc_prefetch<FMT, QB, false>(rlx_qocc_row<EPI, G>(mem, t, p + R, i, tr, nrows, rb), u);
+                        off.template prefetch<false>(rlx_qocc_row<EPI, G>(mem, t, p + R, i, tr, nrows, rb));
                 }
                 Unit a[G];
 #pragma unroll
                 for (int i = 0; i < G; i++) {  /* the item's loads, all before any product */
-                    a[i].load(rlx_qocc_row<EPI, G>(mem, t, p, i, tr, nrows, rb), u);
+                    off.load(a[i], rlx_qocc_row<EPI, G>(mem, t, p, i, tr, nrows, rb));
                 }
 #pragma unroll
                 for (int i = 0; i < G; i++)
