@@ -13,9 +13,13 @@
  *     (28-32 warps) an SM; the host sizes the tiles (rows a block) so that the grid is one wave;
  *   - the warp's first item's weights are prefetched into L2 before griddepcontrol.wait (weights are never written
  *     by a kernel), while the kernel before drains (loading them into registers there spilled at 64 registers;
- *     prefetching a whole tile would fetch a GEMV's every weight at once, more than the L2 holds at gate/up).
- * The terms are rlx_qgemv_xr's (the same unit dot products and x sums, the same slab-ordered sum of warp sums); only
- * the order of a warp's sum (one butterfly for the item's G rows) and, with the norm, of the sum of squares differ.
+ *     prefetching a whole tile would fetch a GEMV's every weight at once, more than the L2 holds at gate/up), and the
+ *     norm's gamma into L1;
+ *   - q4_k's unit products take 2 instructions a value (RlxQOccQ4K, rlx_qocc_bytes: subnormal bytes), its scales
+ *     a shift and a mask a pair.
+ * The terms are rlx_qgemv_xr's (the same unit dot products, q4_k's rounded identically, and x sums, the same
+ * slab-ordered sum of warp sums); only the order of a warp's sum (one butterfly for the item's G rows) and, with the
+ * norm, of the sum of squares differ.
  * `tr` output rows a tile; dynamic shared memory: nslab * TW floats (TW = tr, or 2 tr with SwiGLU). PF (walk "occp")
  * also prefetches the warp's next item into L2 while the current one's loads fly (more bytes in flight an SM, no
  * registers; with the register walk's fewer warps such a prefetch measured slower). */
