@@ -83,14 +83,22 @@ class DecodeGemv(Decision):
     residual: tuple[int, ...] = ()
     swiglu: tuple[int, ...] = ()
     #: The one-row walk: "rows" (rlx_qgemv_fused, a warp walks RLX_QF_ROWS weight rows over all of K) or "xreg"
-    #: (rlx_qgemv_xr: x held in registers per slab of 32 units, `xr_groups` groups of 8 weight rows a block).
+    #: (rlx_qgemv_xr: x held in registers per slab of 32 units, `xr_groups` groups of 8 weight rows a block) or
+    #: "occ" (rlx_qgemv_occ: K split over a block's warps, each holding its slab's x in registers, `occ_rows`
+    #: weight rows a warp's item, at most 64 registers for 2; `occ_prefetch`: the warp's next item into L2 too).
     walk: str = "rows"
     xr_groups: int = 0
+    occ_rows: int = 0
+    occ_prefetch: bool = False
 
     def describe(self) -> str:
         names = " ".join(f"%{m}" for m in self.members)
-        walk = f", one-row steps x in registers ({self.xr_groups} x 8 weight rows a block)" \
-            if self.walk == "xreg" else ""
+        walk = ""
+        if self.walk == "xreg":
+            walk = f", one-row steps x in registers ({self.xr_groups} x 8 weight rows a block)"
+        elif self.walk == "occ":
+            walk = (f", one-row steps K split over the warps ({self.occ_rows} weight rows an item"
+                    + (", the next prefetched)" if self.occ_prefetch else ")"))
         extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
         extra += [f"with the SwiGLU epilogue (%{self.swiglu[0]})"] if self.swiglu else []

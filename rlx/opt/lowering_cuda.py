@@ -302,20 +302,35 @@ DECODE_XR_MIN_K = 2048
 DECODE_XR_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
 #: Groups of 8 weight rows a block of rlx_qgemv_xr may take.
 DECODE_XR_GROUPS = (1, 2, 4)
+#: The occupancy walk (rlx_qgemv_occ, kernels/quant_occ.cuh): its `gemv_walk` names and the weight rows a warp's item
+#: takes for each (2: at most 64 registers, two blocks of up to 16 warps an SM; 4: more loads in flight a warp, fewer
+#: warps; "occp": 2 rows and the warp's next item prefetched into L2, `DecodeGemv.occ_prefetch`). Most K it takes:
+#: 16 slabs of 32 units (one replica of the slabs in 512 threads).
+DECODE_OCC_WALKS = {"occ": 2, "occ4": 4, "occp": 2}
+DECODE_OCC_MAX_K = 16384
 
 
 def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0) -> tuple[str, int]:
-    """The one-row walk of a `DecodeGemv` (`walk`, `xr_groups`): "xreg" for DECODE_XR_FORMATS with f32
-    activations and K >= DECODE_XR_MIN_K, else "rows". The groups a block takes: the fewest that make the block's
-    work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups; K = 14336: 14 slabs,
-    4 groups), else the one that leaves the fewest warp turns idle. `walk="rows"` (`CudaTarget(gemv_walk=)`,
-    RLX_QGEMV_WALK) forces the old walk, `groups` (`xr_groups`, RLX_QGEMV_XR_GROUPS) the groups.
+    """The one-row walk of a `DecodeGemv` and its size (`walk`, then `xr_groups` or `occ_rows`): "xreg" for
+    DECODE_XR_FORMATS with f32 activations and K >= DECODE_XR_MIN_K, else "rows". The groups a block takes: the
+    fewest that make the block's work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups;
+    K = 14336: 14 slabs, 4 groups), else the one that leaves the fewest warp turns idle. `walk="rows"`
+    (`CudaTarget(gemv_walk=)`, RLX_QGEMV_WALK) forces the old walk, `groups` (`xr_groups`, RLX_QGEMV_XR_GROUPS) the
+    groups; `walk="occ"` / `"occ4"` / `"occp"` the occupancy walk (rlx_qgemv_occ, 2 / 4 / 2 + prefetch) for the same
+    formats and activations at any K up to DECODE_OCC_MAX_K (not chosen by "auto" until measured); `walk="xreg"` is
+    "auto"'s choice by name.
 
     >>> decode_walk("q4_k", "f32", 4096), decode_walk("q4_k", "f32", 14336)
     (('xreg', 2), ('xreg', 4))
     >>> decode_walk("q4_k", "f32", 576), decode_walk("q4_k", "f32", 4096, walk="rows")
     (('rows', 0), ('rows', 0))
+    >>> decode_walk("q4_k", "f32", 14336, walk="occ"), decode_walk("q6_k", "f32", 4096, walk="occ4")
+    (('occ', 2), ('rows', 0))
     """
+    if walk in DECODE_OCC_WALKS:
+        if fmt in DECODE_XR_FORMATS and act == "f32" and k <= DECODE_OCC_MAX_K:
+            return "occ", DECODE_OCC_WALKS[walk]
+        return "rows", 0
     if fmt not in DECODE_XR_FORMATS or act != "f32" or k < DECODE_XR_MIN_K or walk == "rows":
         return "rows", 0
     if groups:
@@ -392,8 +407,9 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> li
             if any(lir.arena_overlap(staged, w) for w in ids):
                 continue
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
-        one_row = decode_walk(members[0].op.quant, members[0].op.act, k, walk, groups)
-        found.append(DecodeGemv(ids, rows, norm, residual, swiglu, *one_row))
+        how, size = decode_walk(members[0].op.quant, members[0].op.act, k, walk, groups)
+        found.append(DecodeGemv(ids, rows, norm, residual, swiglu, how, size if how == "xreg" else 0,
+                                size if how == "occ" else 0, how == "occ" and walk == "occp"))
     return found
 
 

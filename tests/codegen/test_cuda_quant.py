@@ -174,6 +174,44 @@ def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path:
     assert "gemv_walk" not in CudaStages(Config.from_env({})).target_options
 
 
+def test_q4k_decoder_takes_the_occupancy_walk_when_asked(toolchain: NvccToolchain, tmp_path: Path) -> None:
+    """`CudaTarget(gemv_walk="occ")` (RLX_QGEMV_WALK=occ) records walk="occ" with 2 weight rows an item on every q4_k
+    decode GEMV (DecodeGemv, in the LIR's description too) and launches rlx_qgemv_occ for one-row steps (the fused
+    kernel for 2-4 rows); "occ4" takes 4 rows an item, "occp" 2 and prefetches the next item; "auto" stays on the
+    register walk. The source compiles for sm_90."""
+    from rlx.config import Config
+    from rlx.pipeline.cuda import CudaStages
+
+    target = CudaTarget(precision=DType.F16, gemm="builtin", gemv_walk="occ")
+    lir = decide_cuda(lower_to_lir_cuda(_q4k_decoder()), target)
+    found = lir.decided(DecodeGemv)
+    assert found and {(d.walk, d.xr_groups, d.occ_rows) for d in found} == {("occ", 0, 2)}
+    assert all("K split over the warps (2 weight rows an item)" in d.describe() for d in found)
+    src = render_cuda(lir, target, {"name": "decoder_occ"})
+    assert src.count("rlx_launch_pdl(c->pdl, rlx_qgemv_occ<__half, RLX_Q4_K, 256, 144, ") == len(found)
+    assert "rlx_qgemv_occ<__half, RLX_Q4_K, 256, 144, true, 2, 2, false>" in src and "rlx_qgemv_xr<" not in src
+    assert "rlx_qgemv_occ<__half, RLX_Q4_K, 256, 144, false, 1, 2, false>" in src  # the down projection + residual
+    path = tmp_path / "decoder_occ.cu"
+    path.write_text(src)
+    toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
+    four = CudaTarget(precision=DType.F16, gemm="builtin", gemv_walk="occ4")
+    lir4 = decide_cuda(lower_to_lir_cuda(_q4k_decoder()), four)
+    assert {(d.walk, d.occ_rows) for d in lir4.decided(DecodeGemv)} == {("occ", 4)}
+    assert "rlx_qgemv_occ<__half, RLX_Q4_K, 256, 144, true, 2, 4, false>" in render_cuda(lir4, four, {"name": "d"})
+    pf = CudaTarget(precision=DType.F16, gemm="builtin", gemv_walk="occp")
+    lirp = decide_cuda(lower_to_lir_cuda(_q4k_decoder()), pf)
+    assert {(d.walk, d.occ_rows, d.occ_prefetch) for d in lirp.decided(DecodeGemv)} == {("occ", 2, True)}
+    assert "rlx_qgemv_occ<__half, RLX_Q4_K, 256, 144, true, 2, 2, true>" in render_cuda(lirp, pf, {"name": "d"})
+    stages = CudaStages(Config.from_env({"RLX_QGEMV_WALK": "occ"}))
+    assert stages.target_options["gemv_walk"] == "occ"
+
+
+def lower_to_lir_cuda(g: rlx.Graph):
+    from rlx.driver import lower_to_lir
+
+    return lower_to_lir(g, 2, backend="cuda")
+
+
 def test_large_steps_multiply_a_dequantized_copy(toolchain: NvccToolchain, tmp_path: Path) -> None:
     """f16 / bf16 builds keep each quantized weight whose steps can outgrow its GEMVs and rlx_qmma (here up to 64
     rows; rlx_qmma takes this small weight's steps up to 16) also dequantized, in the params region

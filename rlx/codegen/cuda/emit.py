@@ -82,7 +82,7 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/gemm.cuh", "cuda/kernels/gemm_mma.cuh", "cuda/kernels/gemm_small.cuh",
                   "cuda/kernels/kv_f8.cuh", "cuda/kernels/kv_attention.cuh", "cuda/kernels/kv_decode.cuh",
                   "cuda/kernels/quant.cuh",
-                  "cuda/kernels/quant_q8.cuh", "cuda/kernels/quant_mma.cuh",
+                  "cuda/kernels/quant_q8.cuh", "cuda/kernels/quant_occ.cuh", "cuda/kernels/quant_mma.cuh",
                   "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
                   "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
@@ -200,7 +200,10 @@ class CudaTarget:
     #: mappings made when the context joins the clique, NCCL where they cannot be made); False: NCCL only.
     p2p_all_reduce: bool = True
     #: One-row decode GEMVs: "auto" (`decode_walk`: x in registers for the formats and K it fits), "rows" (the
-    #: warp-per-rows walk everywhere); `xr_groups` forces the register walk's groups of 8 rows a block (0: chosen).
+    #: warp-per-rows walk everywhere), "xreg" (the register walk where it fits: "auto"'s choice today, kept by name
+    #: for comparisons), "occ" / "occ4" / "occp" (the occupancy walk, 2 / 4 weight rows an item, or 2 and the next
+    #: item prefetched into L2, where it fits); `xr_groups`
+    #: forces the register walk's groups of 8 rows a block (0: chosen).
     gemv_walk: str = "auto"
     xr_groups: int = 0
     #: Bytes of quantized weights also kept dequantized in the compute type, for steps past the GEMVs' rows
@@ -217,8 +220,8 @@ class CudaTarget:
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
-        if self.gemv_walk not in ("auto", "rows"):
-            raise BuildError(f"gemv_walk must be 'auto' or 'rows', got {self.gemv_walk!r}")
+        if self.gemv_walk not in ("auto", "rows", "xreg", "occ", "occ4", "occp"):
+            raise BuildError(f"gemv_walk must be auto, rows, xreg, occ, occ4 or occp, got {self.gemv_walk!r}")
         if self.xr_groups not in (0, 1, 2, 4):
             raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:

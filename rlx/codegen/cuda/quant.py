@@ -39,6 +39,7 @@ TEMPLATE = "cuda/quant.cu.j2"
 QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
 QUANT_MMA, GEMM_MMA = "cuda/kernels/quant_mma.cuh", "cuda/kernels/gemm_mma.cuh"
 GEMM_SMALL = "cuda/kernels/gemm_small.cuh"
+QUANT_OCC = "cuda/kernels/quant_occ.cuh"
 #: Activation modes of `dequant_matmul` CUDA runs ("q16", int16 blocks, runs on the CPU only).
 ACTS = ("f32", "q8")
 #: Floats each staged 32-value sub-block takes in the fused decode GEMV's shared memory (RLX_QFUSED_PAD).
@@ -158,6 +159,10 @@ class DecodeGemvLaunch(Launch):
     act_arg: str = ""
     #: Groups of 8 weight rows a block of rlx_qgemv_xr takes in one-row steps (DecodeGemv.xr_groups); 0: the old walk.
     xr_groups: int = 0
+    #: Weight rows a warp's item of rlx_qgemv_occ takes in one-row steps (DecodeGemv.occ_rows); 0: not that walk.
+    occ_rows: int = 0
+    #: rlx_qgemv_occ's PF argument ("true": the next item prefetched into L2, DecodeGemv.occ_prefetch).
+    occ_pf: str = "false"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,9 +242,9 @@ def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
     return args
 
 
-def _headers(act: str, mma: bool, small: bool = False) -> tuple[str, ...]:
-    return (QUANT, *((QUANT_Q8,) if act == "q8" else ()), GEMM, *((GEMM_MMA, QUANT_MMA) if mma else ()),
-            *((GEMM_SMALL,) if small else ()))
+def _headers(act: str, mma: bool, small: bool = False, occ: bool = False) -> tuple[str, ...]:
+    return (QUANT, *((QUANT_Q8,) if act == "q8" else ()), *((QUANT_OCC,) if occ else ()), GEMM,
+            *((GEMM_MMA, QUANT_MMA) if mma else ()), *((GEMM_SMALL,) if small else ()))
 
 
 def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
@@ -284,9 +289,11 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
         qk=first.qk, qb=first.qb,
         x=e.ptr(x), gamma=gamma, eps=eps, norm=norm_c, res=res, epi=epi, m=first.m,
         k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
-        ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg, xr_groups=xr)
+        ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg, xr_groups=xr,
+        occ_rows=d.occ_rows if d.walk == "occ" else 0, occ_pf="true" if d.occ_prefetch else "false")
     return Kernel(node.id, "block_decode_gemv", TEMPLATE, args,
-                  headers=_headers(first.act, any(a.mma for a in large), any(a.small_rows for a in large)),
+                  headers=_headers(first.act, any(a.mma for a in large), any(a.small_rows for a in large),
+                                   args.occ_rows > 0),
                   header=args.comment,
                   label=node.label)
 

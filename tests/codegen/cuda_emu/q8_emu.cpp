@@ -187,3 +187,85 @@ void emu_qf_xr(int fmt, int xg, int kind, const float *X, const float *gamma, fl
     }
 }
 }
+
+/* rlx_qgemv_occ (kernels/quant_occ.cuh; one row of X, G weight rows an item) as quant.cu.j2 launches it: R = 16 / nslab
+ * replicas of the K slabs a block, `tr` output rows a tile, at most `max_grid` blocks (the grid-stride loop over
+ * tiles), kinds as q_fused_kind's. */
+#include "quant_occ.cuh"
+
+template <int FMT, int QK, int QB, bool NORM, int EPI, int G, bool PF = false>
+static void q_occ(const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res, int64_t K,
+                  int64_t RB, int64_t rows, int64_t tr, unsigned max_grid) {
+    const int64_t nslab = (K / 32 + 31) / 32, reps = 16 / nslab;
+    const int64_t tiles = (rows + tr - 1) / tr;
+    RlxDim3 g3;
+    g3.x = (unsigned)(tiles < (int64_t)max_grid ? tiles : (int64_t)max_grid);
+    const size_t smem = (size_t)nslab * (EPI == 2 ? 2 * tr : tr) * sizeof(float);
+    rlx_emu_launch3(g3, (unsigned)(32 * nslab * reps), smem,
+                    [&] { rlx_qgemv_occ<float, FMT, QK, QB, NORM, EPI, G, PF>(X, gamma, eps, mem, res, K, RB, rows, tr); });
+}
+
+template <int FMT, int QK, int QB, int G>
+static void q_occ_kind(int kind, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
+                       const float *res, int64_t K, int64_t RB, int64_t rows, int64_t tr, unsigned max_grid) {
+    if (kind == 0)
+        q_occ<FMT, QK, QB, false, 0, G>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+    else if (kind == 1)
+        q_occ<FMT, QK, QB, true, 2, G>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+    else
+        q_occ<FMT, QK, QB, false, 1, G>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+}
+
+template <int FMT, int QK, int QB>
+static void q_occ_g(int g, int kind, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
+                    const float *res, int64_t K, int64_t RB, int64_t rows, int64_t tr, unsigned max_grid) {
+    if (g == 2)
+        q_occ_kind<FMT, QK, QB, 2>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+    else if (g == 3)  /* 2 rows an item and the next prefetched (PF: walk "occp"; the shim's prefetch does nothing) */
+        q_occ<FMT, QK, QB, true, 2, 2, true>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+    else
+        q_occ_kind<FMT, QK, QB, 4>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+}
+
+extern "C" {
+/* rlx_qgemv_occ, format `fmt`, M = 1, g (2 or 4; 3: 2 and PF, norm + SwiGLU only) weight rows an item, tr output rows a tile, at most max_grid blocks. */
+void emu_qf_occ(int fmt, int g, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
+                const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB, int64_t tr,
+                unsigned max_grid) {
+    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
+    const int64_t rows = kind == 1 ? N : count * N;
+    switch (fmt) {
+    case RLX_Q8_0: q_occ_g<RLX_Q8_0, 32, 34>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    case RLX_Q4_0: q_occ_g<RLX_Q4_0, 32, 18>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    case RLX_Q4_1: q_occ_g<RLX_Q4_1, 32, 20>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    default: q_occ_g<RLX_Q4_K, 256, 144>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    }
+}
+}
+
+extern "C" {
+/* rlx_qgemv_occ over three members of n0, n1, n2 rows (Q / K / V: plain outputs, no norm), format `fmt`, g rows an
+   item, tr rows a tile, at most max_grid blocks: rows of one item or tile straddle the members' boundaries. */
+void emu_qf_occ3(int fmt, int g, const float *X, const uint8_t *w0, const uint8_t *w1, const uint8_t *w2, float *y0,
+                 float *y1, float *y2, int64_t n0, int64_t n1, int64_t n2, int64_t K, int64_t RB, int64_t tr,
+                 unsigned max_grid) {
+    RlxQMembers mem;
+    std::memset(&mem, 0, sizeof(mem));
+    mem.w[0] = w0;
+    mem.w[1] = w1;
+    mem.w[2] = w2;
+    mem.y[0] = y0;
+    mem.y[1] = y1;
+    mem.y[2] = y2;
+    mem.n[0] = n0;
+    mem.n[1] = n1;
+    mem.n[2] = n2;
+    mem.count = 3;
+    switch (fmt) {
+    case RLX_Q8_0: q_occ_g<RLX_Q8_0, 32, 34>(g, 0, X, nullptr, 0.0f, mem, nullptr, K, RB, n0 + n1 + n2, tr, max_grid); break;
+    case RLX_Q4_0: q_occ_g<RLX_Q4_0, 32, 18>(g, 0, X, nullptr, 0.0f, mem, nullptr, K, RB, n0 + n1 + n2, tr, max_grid); break;
+    case RLX_Q4_1: q_occ_g<RLX_Q4_1, 32, 20>(g, 0, X, nullptr, 0.0f, mem, nullptr, K, RB, n0 + n1 + n2, tr, max_grid); break;
+    default: q_occ_g<RLX_Q4_K, 256, 144>(g, 0, X, nullptr, 0.0f, mem, nullptr, K, RB, n0 + n1 + n2, tr, max_grid); break;
+    }
+}
+}

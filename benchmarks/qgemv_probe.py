@@ -1,0 +1,159 @@
+"""The one-row decode GEMVs of a Llama-3-8B layer on an NVIDIA GPU, each timed alone, for several walks (`gemv_walk`).
+
+    python benchmarks/qgemv_probe.py [--walks auto,occ,occ4,occp] [--weights q4_k] [--iters 100] [--repeats 5]
+                                     [--dry-run]
+
+One graph, one decode row (M = 1), f16 compute, random `--weights` blocks: a layer's four fused GEMVs
+(`DecodeGemv`) with what the decoder puts around them, in the decoder's order:
+
+| GEMV | weights | epilogue |
+|---|---|---|
+| `qkv`: RMSNorm + Q/K/V | 6144 x 4096 (3 members) | - |
+| `out`: attention output | 4096 x 4096 | + residual |
+| `gateup`: RMSNorm + gate/up | 2 x 14336 x 4096 | SwiGLU |
+| `down` | 4096 x 14336 | + residual |
+
+Every walk (`auto` / `xreg` = the register walk rlx_qgemv_xr at these K; `occ` / `occ4` = rlx_qgemv_occ with 2 / 4
+weight rows an item, `occp` with 2 and each warp's next item prefetched into L2; `rows` = the older walk) is built
+from the same LIR (one build each) and run on the same device tensors. A GEMV's time is the CUPTI duration of its
+kernel (`rlx_qgemv*` launches of a call, in launch order: the graph's other kernels and copies are left out), summed
+over `--iters` calls; the median of `--repeats` blocks, walks interleaved. The builds have programmatic dependent
+launch off (`pdl=False`): a kernel's span is then its own work, not also its wait for the kernel before (as in ncu;
+the decoder's steps overlap them). GB/s = the GEMV's weight bytes over its time
+(4.8 TB/s: the H200's HBM). `max rel` compares a walk's outputs with the first walk's. `--dry-run` prints each
+build's DecodeGemv decisions only (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlx.ir import quant as Q
+from rlx.ir.graph import Graph
+
+HIDDEN, FFN, KV = 4096, 14336, 1024  # Llama-3-8B: 32 heads of 128, 8 KV heads
+#: (GEMV, its weights as (name, rows, K)), in launch order
+GEMVS = (("qkv", (("wq", HIDDEN, HIDDEN), ("wk", KV, HIDDEN), ("wv", KV, HIDDEN))),
+         ("out", (("wo", HIDDEN, HIDDEN),)),
+         ("gateup", (("wgate", FFN, HIDDEN), ("wup", FFN, HIDDEN))),
+         ("down", (("wdown", HIDDEN, FFN),)))
+
+
+def layer_graph(fmt: str) -> Graph:
+    """x -> norm -> Q/K/V (outputs); a = the attention's stand-in input -> output projection + x = h;
+    h -> norm -> gate/up -> SwiGLU -> down + h = y; y -> a norm and an add (two consumers, as a residual stream)."""
+    g = Graph("gemv_probe")
+    x, a = g.input("x", [1, HIDDEN]), g.input("a", [1, HIDDEN])
+
+    def dm(h, name: str, n: int, k: int):
+        return g.dequant_matmul(h, g.param(name, [n, Q.row_bytes(fmt, k)], "u8"), quant=fmt)
+
+    hn = g.rms_norm(x, g.param("attn_norm", [HIDDEN]), eps=1e-5)
+    qkv = [dm(hn, *w) for w in GEMVS[0][1]]
+    h = g.add_(x, dm(a, *GEMVS[1][1][0]))
+    fn = g.rms_norm(h, g.param("ffn_norm", [HIDDEN]), eps=1e-5)
+    ffn = g.mul(g.activation("silu", dm(fn, *GEMVS[2][1][0])), dm(fn, *GEMVS[2][1][1]))
+    y = g.add_(h, dm(ffn, *GEMVS[3][1][0]))
+    g.set_outputs([*qkv, g.rms_norm(y, g.param("out_norm", [HIDDEN]), eps=1e-5), g.add_(y, x)])
+    return g
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--walks", default="auto,occ,occ4,occp")
+    ap.add_argument("--weights", default="q4_k")
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+
+    from rlx.config import Config
+    from rlx.driver import Device, Session
+    from rlx.ir.decisions_cuda import DecodeGemv
+    from rlx.pipeline.cuda import CudaStages, compile_cuda
+
+    walks = args.walks.split(",")
+    lir = Session(Device.CUDA).lower(layer_graph(args.weights))
+    for walk in walks:
+        opts = {} if walk == "auto" else {"gemv_walk": walk}
+        arch = "sm_90" if args.dry_run else None  # a dry run needs no GPU to pick the arch from
+        decided = CudaStages(Config.from_env(), precision="f16", arch=arch, **opts).decide(lir)
+        for d in decided.decided(DecodeGemv):
+            print(f"{walk}: {d.describe()}")
+    if args.dry_run:
+        return 0
+
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = np.random.default_rng(0)
+    params = {name: Q.random_blocks(rng, n, k, args.weights) for _, ws in GEMVS for name, n, k in ws}
+    wbytes = {gemv: sum(params[name].nbytes for name, _, _ in ws) for gemv, ws in GEMVS}
+    for name in ("attn_norm", "ffn_norm", "out_norm"):
+        params[name] = (1.0 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
+    feeds = {"x": torch.randn(1, HIDDEN, device="cuda"), "a": torch.randn(1, HIDDEN, device="cuda")}
+    fns, outs, kernels = {}, {}, {}
+    for walk in walks:
+        opts = {} if walk == "auto" else {"gemv_walk": walk}
+        cg = compile_cuda(lir, Config.from_env(), precision="f16", pdl=False, **opts)
+        print(f"{walk}: built in {cg.build_seconds:.1f} s", flush=True)
+        for name, p in params.items():
+            cg.set_param(name, p)
+        first = cg.run_device(feeds)  # the outputs' shapes and types; then buffers bound once (none allocated in
+        bound = {n: torch.empty(tuple(o.shape), dtype=torch.from_numpy(np.empty(0, o.dtype)).dtype, device="cuda")
+                 for n, o in zip(cg.output_names, first)}  # the timed calls)
+        fns[walk] = cg.bind_device(feeds, outputs=bound)
+        fns[walk]()
+        outs[walk] = [t.float().clone() for t in bound.values()]
+
+    def gemv_us(fn) -> list[float]:  # µs of each GEMV launch of a call, in launch order
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.iters):
+                fn()
+            torch.cuda.synchronize()
+        evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and "rlx_qgemv" in e.name),
+                     key=lambda e: e.time_range.start)
+        if len(evs) != len(GEMVS) * args.iters:
+            raise SystemExit(f"expected {len(GEMVS)} GEMV launches a call, saw {len(evs) / args.iters:g}: "
+                             + ", ".join(sorted({e.name[:60] for e in evs})))
+        for i, e in enumerate(evs[:len(GEMVS)]):
+            kernels.setdefault(fn, {})[GEMVS[i][0]] = e.name.split("(")[0].replace("void ", "")[:70]
+        return [sum(evs[j].time_range.elapsed_us() for j in range(i, len(evs), len(GEMVS))) / args.iters
+                for i in range(len(GEMVS))]
+
+    times: dict[str, list[list[float]]] = {w: [] for w in walks}
+    for _ in range(args.repeats):
+        for walk in walks:
+            times[walk].append(gemv_us(fns[walk]))
+    print(f"\nµs of each GEMV kernel per call (CUPTI, median of {args.repeats} blocks of {args.iters} calls), "
+          f"{args.weights} weights, f16, one row, {torch.cuda.get_device_name()}")
+    print("| GEMV | walk | µs | GB/s | of 4.8 TB/s | max rel vs first | kernel |")
+    print("|---|---|---|---|---|---|---|")
+    total = {}
+    for i, (gemv, _) in enumerate(GEMVS):
+        for walk in walks:
+            us = statistics.median(t[i] for t in times[walk])
+            total[walk] = total.get(walk, 0.0) + us
+            rel = max(float((a - b).abs().max() / (b.abs().max() + 1e-30))
+                      for a, b in zip(outs[walk], outs[walks[0]]))
+            gbs = wbytes[gemv] / us / 1e3
+            print(f"| {gemv} | {walk} | {us:.1f} | {gbs:.0f} | {gbs / 4800:.1%} | {rel:.1e} "
+                  f"| {kernels[fns[walk]][gemv]} |")
+    layer = sum(wbytes.values())
+    print("one layer's four GEMVs: " + "  ".join(
+        f"{w} {t:.1f} µs ({layer / t / 1e3:.0f} GB/s)" for w, t in total.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
