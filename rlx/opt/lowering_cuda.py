@@ -311,27 +311,33 @@ DECODE_OCC_MAX_K = 16384
 
 
 def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0) -> tuple[str, int]:
-    """The one-row walk of a `DecodeGemv` and its size (`walk`, then `xr_groups` or `occ_rows`): "xreg" for
-    DECODE_XR_FORMATS with f32 activations and K >= DECODE_XR_MIN_K, else "rows". The groups a block takes: the
+    """The one-row walk of a `DecodeGemv` and its size (`walk`, then `xr_groups` or `occ_rows`). "auto": the
+    occupancy walk (rlx_qgemv_occ, 2 weight rows a warp's item) for DECODE_XR_FORMATS with f32 activations and
+    DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K (the 8B shape on an H200: 226 -> 348 decode tok/s against the register
+    walk, docs/perf-h100.md), the register walk ("xreg") past that K, else "rows". `walk` (`CudaTarget(gemv_walk=)`,
+    RLX_QGEMV_WALK) forces one: "rows" the old walk; "xreg" the register walk, whose groups a block takes are the
     fewest that make the block's work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups;
-    K = 14336: 14 slabs, 4 groups), else the one that leaves the fewest warp turns idle. `walk="rows"`
-    (`CudaTarget(gemv_walk=)`, RLX_QGEMV_WALK) forces the old walk, `groups` (`xr_groups`, RLX_QGEMV_XR_GROUPS) the
-    groups; `walk="occ"` / `"occ4"` / `"occp"` the occupancy walk (rlx_qgemv_occ, 2 / 4 / 2 + prefetch) for the same
-    formats and activations at any K up to DECODE_OCC_MAX_K (not chosen by "auto" until measured); `walk="xreg"` is
-    "auto"'s choice by name.
+    K = 14336: 14 slabs, 4 groups), else the one that leaves the fewest warp turns idle (`groups`: `xr_groups`,
+    RLX_QGEMV_XR_GROUPS, forces them); "occ" / "occ4" / "occp" the occupancy walk (2 / 4 rows an item / 2 and the
+    next item prefetched) for those formats and activations at any K up to DECODE_OCC_MAX_K.
 
-    >>> decode_walk("q4_k", "f32", 4096), decode_walk("q4_k", "f32", 14336)
+    >>> decode_walk("q4_k", "f32", 4096), decode_walk("q4_k", "f32", 14336), decode_walk("q4_k", "f32", 32768)
+    (('occ', 2), ('occ', 2), ('xreg', 1))
+    >>> decode_walk("q4_k", "f32", 4096, walk="xreg"), decode_walk("q4_k", "f32", 14336, walk="xreg")
     (('xreg', 2), ('xreg', 4))
     >>> decode_walk("q4_k", "f32", 576), decode_walk("q4_k", "f32", 4096, walk="rows")
     (('rows', 0), ('rows', 0))
-    >>> decode_walk("q4_k", "f32", 14336, walk="occ"), decode_walk("q6_k", "f32", 4096, walk="occ4")
+    >>> decode_walk("q4_k", "f32", 576, walk="occ"), decode_walk("q6_k", "f32", 4096, walk="occ4")
     (('occ', 2), ('rows', 0))
     """
+    fast = fmt in DECODE_XR_FORMATS and act == "f32"
+    if walk == "auto" and fast and DECODE_XR_MIN_K <= k <= DECODE_OCC_MAX_K:
+        walk = "occ"
     if walk in DECODE_OCC_WALKS:
-        if fmt in DECODE_XR_FORMATS and act == "f32" and k <= DECODE_OCC_MAX_K:
+        if fast and k <= DECODE_OCC_MAX_K:
             return "occ", DECODE_OCC_WALKS[walk]
         return "rows", 0
-    if fmt not in DECODE_XR_FORMATS or act != "f32" or k < DECODE_XR_MIN_K or walk == "rows":
+    if not fast or k < DECODE_XR_MIN_K or walk == "rows":
         return "rows", 0
     if groups:
         return "xreg", groups

@@ -144,18 +144,19 @@ def _q4k_decoder(fmt: str = "q4_k") -> rlx.Graph:
 
 
 def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path: Path) -> None:
-    """q4_k decode GEMVs with K >= 2048 record walk="xreg" (DecodeGemv) and launch rlx_qgemv_xr for one-row steps
-    (the fused kernel for 2-4 rows); `CudaTarget(gemv_walk="rows")` (RLX_QGEMV_WALK=rows) records and renders the
-    old walk, and `xr_groups` forces the groups. The xreg source compiles for sm_90."""
+    """Asked for it (`gemv_walk="xreg"`, RLX_QGEMV_WALK=xreg), q4_k decode GEMVs with K >= 2048 record walk="xreg"
+    (DecodeGemv) and launch rlx_qgemv_xr for one-row steps (the fused kernel for 2-4 rows);
+    `CudaTarget(gemv_walk="rows")` (RLX_QGEMV_WALK=rows) records and renders the old walk, and `xr_groups` forces the
+    groups. The xreg source compiles for sm_90."""
     from rlx.config import Config
     from rlx.driver import lower_to_lir
     from rlx.opt.lowering_cuda import find_decode_gemvs
     from rlx.pipeline.cuda import CudaStages, decide_cuda
 
     lir = lower_to_lir(_q4k_decoder(), 2, backend="cuda")
-    found = find_decode_gemvs(lir)
+    found = find_decode_gemvs(lir, "xreg")
     assert found and {(d.walk, d.xr_groups) for d in found} == {("xreg", 4), ("xreg", 2)}  # K 2048: 2 slabs, 2304: 3
-    target = CudaTarget(precision=DType.F16, gemm="builtin")
+    target = CudaTarget(precision=DType.F16, gemm="builtin", gemv_walk="xreg")
     src = render_cuda(lir, target, {"name": "decoder_xr"})
     launches = src.count("rlx_launch_pdl(c->pdl, rlx_qgemv_xr<__half, RLX_Q4_K, 256, 144, ")
     assert launches == len(found) and "rlx_qgemv_xr<__half, RLX_Q4_K, 256, 144, true, 2, 4>" in src
@@ -167,7 +168,7 @@ def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path:
     old = decide_cuda(lower_to_lir(_q4k_decoder(), 2, backend="cuda"), rows)
     assert {(d.walk, d.xr_groups) for d in old.decided(DecodeGemv)} == {("rows", 0)}
     assert "rlx_qgemv_xr<" not in render_cuda(old, rows, {"name": "d"})
-    assert {(d.walk, d.xr_groups) for d in find_decode_gemvs(lir, groups=1)} == {("xreg", 1)}
+    assert {(d.walk, d.xr_groups) for d in find_decode_gemvs(lir, "xreg", groups=1)} == {("xreg", 1)}
     # the environment reaches the target through Config (and so the cache key), never the lowering directly
     stages = CudaStages(Config.from_env({"RLX_QGEMV_WALK": "rows", "RLX_QGEMV_XR_GROUPS": "2"}))
     assert stages.target_options["gemv_walk"] == "rows" and stages.target_options["xr_groups"] == 2
@@ -177,8 +178,8 @@ def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path:
 def test_q4k_decoder_takes_the_occupancy_walk_when_asked(toolchain: NvccToolchain, tmp_path: Path) -> None:
     """`CudaTarget(gemv_walk="occ")` (RLX_QGEMV_WALK=occ) records walk="occ" with 2 weight rows an item on every q4_k
     decode GEMV (DecodeGemv, in the LIR's description too) and launches rlx_qgemv_occ for one-row steps (the fused
-    kernel for 2-4 rows); "occ4" takes 4 rows an item, "occp" 2 and prefetches the next item; "auto" stays on the
-    register walk. The source compiles for sm_90."""
+    kernel for 2-4 rows); "occ4" takes 4 rows an item, "occp" 2 and prefetches the next item; "auto" (the default)
+    takes "occ" at these K. The source compiles for sm_90."""
     from rlx.config import Config
     from rlx.pipeline.cuda import CudaStages
 
@@ -204,6 +205,8 @@ def test_q4k_decoder_takes_the_occupancy_walk_when_asked(toolchain: NvccToolchai
     assert "rlx_qgemv_occ<__half, RLX_Q4_K, 256, 144, true, 2, 2, true>" in render_cuda(lirp, pf, {"name": "d"})
     stages = CudaStages(Config.from_env({"RLX_QGEMV_WALK": "occ"}))
     assert stages.target_options["gemv_walk"] == "occ"
+    auto = decide_cuda(lower_to_lir_cuda(_q4k_decoder()), CudaTarget(precision=DType.F16, gemm="builtin"))
+    assert {(d.walk, d.occ_rows, d.occ_prefetch) for d in auto.decided(DecodeGemv)} == {("occ", 2, False)}
 
 
 def lower_to_lir_cuda(g: rlx.Graph):
