@@ -96,15 +96,23 @@ def test_xr_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int
     kid = {"plain": 0, "norm_swiglu": 1, "residual": 2}[kind]
     emu.emu_qf_xr(FORMATS[fmt], xg, kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, 1 if kind == "residual" else 2,
                   _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), n, k, w0.shape[1], max_grid)
+    _check_fused("xr", fmt, kind, x, gamma, eps, w0, w1, y0, y1, res)
+
+
+def _check_fused(walk: str, fmt: str, kind: str, x: np.ndarray, gamma: np.ndarray, eps: float, w0: np.ndarray,
+                 w1: np.ndarray, y0: np.ndarray, y1: np.ndarray, res: np.ndarray) -> None:
+    """A one-row fused GEMV's outputs (`y0`, `y1`) against the reference: every row written, within (K + 36) u32
+    of the products' |terms| (norm_swiglu: over the normalized x)."""
+    n, k = w0.shape[0], x.shape[1]
     h = rms(x, gamma, eps) if kind == "norm_swiglu" else x
     a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
     ha = np.abs(h).astype(np.float64)
     ba = (k + 36) * U32 * (ha @ Q.abs_terms(w0, fmt, k).astype(np.float64).T)
     bb = (k + 36) * U32 * (ha @ Q.abs_terms(w1, fmt, k).astype(np.float64).T)
     for got, want, bound in fused_checks(kind, a, b, ba, bb, y0, y1, res):
-        assert not np.isnan(got).any(), f"xr {fmt} {kind} n={n} k={k}: an output row was never written"
+        assert not np.isnan(got).any(), f"{walk} {fmt} {kind} n={n} k={k}: an output row was never written"
         err = np.abs(got.astype(np.float64) - want)
-        assert np.all(err <= bound), f"xr {fmt} {kind} n={n} k={k}: worst excess {np.max(err - bound):.3g}"
+        assert np.all(err <= bound), f"{walk} {fmt} {kind} n={n} k={k}: worst excess {np.max(err - bound):.3g}"
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q4_0", "q4_1", "q8_0"])
@@ -130,15 +138,7 @@ def test_occ_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: in
     y0, y1 = np.full((1, n), np.nan, np.float32), np.full((1, n), np.nan, np.float32)
     emu.emu_qf_occ(FORMATS[fmt], g, kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, 1 if kind == "residual" else 2,
                    _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), n, k, w0.shape[1], tr, max_grid)
-    h = rms(x, gamma, eps) if kind == "norm_swiglu" else x
-    a, b = _reference(h, w0, fmt), _reference(h, w1, fmt)
-    ha = np.abs(h).astype(np.float64)
-    ba = (k + 36) * U32 * (ha @ Q.abs_terms(w0, fmt, k).astype(np.float64).T)
-    bb = (k + 36) * U32 * (ha @ Q.abs_terms(w1, fmt, k).astype(np.float64).T)
-    for got, want, bound in fused_checks(kind, a, b, ba, bb, y0, y1, res):
-        assert not np.isnan(got).any(), f"occ {fmt} {kind} n={n} k={k}: an output row was never written"
-        err = np.abs(got.astype(np.float64) - want)
-        assert np.all(err <= bound), f"occ {fmt} {kind} n={n} k={k}: worst excess {np.max(err - bound):.3g}"
+    _check_fused("occ", fmt, kind, x, gamma, eps, w0, w1, y0, y1, res)
 
 
 @pytest.mark.parametrize("kind", ["plain", "residual"])

@@ -263,6 +263,17 @@ __device__ __forceinline__ void *rlx_qf_out(const RlxQMembers &mem, int j) {
     return j == 0 ? mem.y[0] : j == 1 ? mem.y[1] : j == 2 ? mem.y[2] : mem.y[3];
 }
 
+/* A fused GEMV's output value from its row sum `out`: EPI 1 adds the residual res[r], EPI 2 is SwiGLU's
+ * silu(out) * up (the up row's sum); then rounded once into y[at]. */
+template <typename T, int EPI>
+__device__ __forceinline__ void rlx_qf_store(T *y, int64_t at, float out, float up, const T *res, int64_t r) {
+    if (EPI == 1)
+        out += rlx_f(res[r]);
+    if (EPI == 2)
+        out = out / (1.0f + __expf(-out)) * up;
+    y[at] = rlx_to<T>(out);
+}
+
 __device__ __forceinline__ int64_t rlx_qf_rows(const RlxQMembers &mem, int j) {
     return j == 0 ? mem.n[0] : j == 1 ? mem.n[1] : j == 2 ? mem.n[2] : mem.n[3];
 }
@@ -870,12 +881,7 @@ __device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T 
                     if (EPI == 2)
                         up += part[s * TW + wi + G / 2];
                 }
-                T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
-                if (EPI == 1)
-                    out += rlx_f(res[n]);
-                if (EPI == 2)
-                    out = out / (1.0f + __expf(-out)) * up;
-                y[n] = rlx_to<T>(out);
+                rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? j : 0), n, out, up, res, n);
             }
             __syncthreads();
         }
@@ -909,13 +915,8 @@ __device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T 
                 for (int i = 0; i < RW; i++) {
                     if (r0 + i >= rows)
                         break;
-                    T *y = (T *)rlx_qf_out(mem, EPI == 0 ? js[i] : 0);
-                    float out = acc[i];
-                    if (EPI == 1)
-                        out += rlx_f(res[ns[i]]);
-                    if (EPI == 2)
-                        out = out / (1.0f + __expf(-out)) * acc[(RW + i) % NWR];
-                    y[ns[i]] = rlx_to<T>(out);
+                    rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? js[i] : 0), ns[i], acc[i], acc[(RW + i) % NWR],
+                                         res, ns[i]);
                 }
             }
         }
@@ -962,12 +963,7 @@ __device__ __forceinline__ void rlx_qgemv_body(const T *__restrict__ X, const T 
                 T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
 #pragma unroll
                 for (int m = 0; m < MR; m++) {
-                    float out = acc[m];
-                    if (EPI == 1)
-                        out += rlx_f(res[m * N + n]);
-                    if (EPI == 2)
-                        out = out / (1.0f + __expf(-out)) * acc2[m];
-                    y[m * N + n] = rlx_to<T>(out);
+                    rlx_qf_store<T, EPI>(y, m * N + n, acc[m], EPI == 2 ? acc2[m] : 0.0f, res, m * N + n);
                 }
             }
         }

@@ -349,12 +349,7 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
                 if (EPI == 2)
                     up += part[w * TW + tr + i];
             }
-            T *y = (T *)rlx_qf_out(mem, EPI == 0 ? j : 0);
-            if (EPI == 1)
-                out += rlx_f(res[n]);
-            if (EPI == 2)
-                out = out / (1.0f + __expf(-out)) * up;
-            y[n] = rlx_to<T>(out);
+            rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? j : 0), n, out, up, res, n);
         }
         __syncthreads();
     }
