@@ -313,7 +313,7 @@ DECODE_OCC_MAX_K = 16384
 def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0) -> tuple[str, int]:
     """The one-row walk of a `DecodeGemv` and its size (`walk`, then `xr_groups` or `occ_rows`). "auto": the
     occupancy walk (rlx_qgemv_occ, 2 weight rows a warp's item) for DECODE_XR_FORMATS with f32 activations and
-    DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K (the 8B shape on an H200: 226 -> 348 decode tok/s against the register
+    DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K (the 8B shape on an H200: 226 -> 274 decode tok/s against the register
     walk, docs/perf-h100.md), the register walk ("xreg") past that K, else "rows". `walk` (`CudaTarget(gemv_walk=)`,
     RLX_QGEMV_WALK) forces one: "rows" the old walk; "xreg" the register walk, whose groups a block takes are the
     fewest that make the block's work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups;
