@@ -67,6 +67,22 @@ _CUTLASS_DT = {DType.F16: "f16", DType.BF16: "bf16"}
 SMALL_GEMM_KMAX = 1536
 #: RLX_GSM_MAX_M: the most rows a step may have for rlx_gemm_small.
 SMALL_GEMM_MAX_M = 64
+#: The most dynamic shared memory a block may opt into (bytes), by compute capability: the data-center parts
+#: (A100 / Orin 163 KB, H100 / H200 227 KB); the others (sm_86, sm_89, sm_120: the consumer GPUs) 99 KB.
+BLOCK_SMEM_OPT_IN = {80: 166912, 87: 166912, 90: 232448, 100: 232448}
+BLOCK_SMEM_DEFAULT = 101376
+
+
+def small_gemm_kmax(arch: str) -> int:
+    """The largest K rlx_gemm_small takes on `arch`: SMALL_GEMM_KMAX where its shared memory (`rlx_gemm_small_smem`:
+    80 K + 8448 bytes) fits the arch's opt-in limit, else the largest multiple of 16 that fits.
+
+    >>> small_gemm_kmax("sm_90"), small_gemm_kmax("sm_80"), small_gemm_kmax("sm_89")
+    (1536, 1536, 1152)
+    """
+    sm = arch.removeprefix("sm_").rstrip("a")
+    limit = BLOCK_SMEM_OPT_IN.get(int(sm), BLOCK_SMEM_DEFAULT) if sm.isdigit() else BLOCK_SMEM_DEFAULT
+    return min(SMALL_GEMM_KMAX, (limit - 8448) // 80 // 16 * 16)
 #: The op kinds the CUDA region rule renders (one generated elementwise kernel each).
 REGION_KINDS = ("activation", "binary", "compare", "where", "cast", "elementwise_region")
 _GEMM_KINDS = ("matmul", "fused_matmul_bias_act")
@@ -114,14 +130,15 @@ def cutlass_choice(enabled: bool, arch: str, dt: DType, act: str | None, folded:
 def small_gemm_fits(enabled: bool, arch: str, dt: DType, folded: bool, K: Dim, N: Dim,
                     offsets: Sequence[int | None]) -> bool:
     """rlx_gemm_small can take the few-row steps: f16/bf16 on sm_80+, one B for all rows, K whole 16-deep steps
-    (at most SMALL_GEMM_KMAX), N whole 16-byte chunks, 16-byte aligned operands (cp.async).
+    (at most `small_gemm_kmax(arch)`: its shared memory), N whole 16-byte chunks, 16-byte aligned operands
+    (cp.async).
 
     >>> small_gemm_fits(True, "sm_90", DType.F16, True, Dim(384), Dim(1536), [0, 16, 32])
     True
     """
     sm = arch.removeprefix("sm_").rstrip("a")
     return (enabled and dt in (DType.F16, DType.BF16) and folded and sm.isdigit() and int(sm) >= 80
-            and K.is_static and N.is_static and K.value % 16 == 0 and 0 < K.value <= SMALL_GEMM_KMAX
+            and K.is_static and N.is_static and K.value % 16 == 0 and 0 < K.value <= small_gemm_kmax(arch)
             and N.value % 8 == 0 and _aligned(offsets))
 
 

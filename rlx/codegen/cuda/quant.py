@@ -34,6 +34,7 @@ from rlx.ir.graph import Node
 from rlx.ir.norms import norm_inputs
 from rlx.ir.quant import INT8_ACT_FORMATS, quant_format
 from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
+from rlx.opt.lowering_cuda_kernels import small_gemm_kmax
 
 TEMPLATE = "cuda/quant.cu.j2"
 QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
@@ -90,6 +91,8 @@ class DequantMatMul(Launch):
     #: instead of `y` ("": y, no pair)
     small_y: str = ""
     small_b2: str = ""
+    #: The largest K the small kernel takes on the target's arch (its shared-memory limit raised for it)
+    small_kmax: int = 0
     #: An up projection whose steps of copy_rows..small_rows rows the gate's small GEMM `small_by` computes (-1: none)
     small_by: int = -1
 
@@ -125,7 +128,7 @@ class DequantMatMul(Launch):
         """The small kernel's dynamic shared-memory limit, raised at rlx_create (none without it)."""
         if not self.small_rows or self.small_by >= 0:
             return ()
-        return ((self.small_kernel, self.small_smem.replace("(K)", "(RLX_GSM_KMAX)")),)
+        return ((self.small_kernel, self.small_smem.replace("(K)", f"({self.small_kmax})")),)
 
 
 
@@ -227,6 +230,7 @@ def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
     small = e.copy_small.get(nid)
     if small is not None:
         args["small_rows"] = small.max_rows
+        args["small_kmax"] = small_gemm_kmax(e.target.arch)
         params = []
         if small.norm:
             norm = e.node(small.norm[0])

@@ -49,6 +49,7 @@ from rlx.opt.lowering_cuda_kernels import (
     lt_fuses,
     mma_gemm_fits,
     small_gemm_fits,
+    small_gemm_kmax,
 )
 
 OPS = "cuda/ops.cu.j2"
@@ -687,11 +688,12 @@ def _small_fits(e: CudaEmitter, dt: DType, folded: bool, K: Dim, N: Dim, offsets
     return small_gemm_fits(e.target.small_gemm, e.target.arch, dt, folded, K, N, offsets)
 
 
-def _small_attrs(g: GemmCall) -> tuple[tuple[str, str], ...]:
-    """rlx_gemm_small's dynamic shared memory limit (raised once, at rlx_create, for the largest K it takes)."""
+def _small_attrs(e: CudaEmitter, g: GemmCall) -> tuple[tuple[str, str], ...]:
+    """rlx_gemm_small's dynamic shared memory limit (raised once, at rlx_create, for the largest K it takes on the
+    target's arch: within what the GPU lets a block opt into)."""
     if not g.small:
         return ()
-    return ((g.small_kernel, "rlx_gemm_small_smem(RLX_GSM_KMAX)"),)
+    return ((g.small_kernel, f"rlx_gemm_small_smem({small_gemm_kmax(e.target.arch)})"),)
 
 
 def is_weight(e: CudaEmitter, nid: NodeId) -> bool:
@@ -761,7 +763,7 @@ def _grouped_gemm(e: CudaEmitter, node: Node) -> Kernel:
     names = ", ".join(f"%{m}" for m in g.members)
     args = Gemm(**{**e.base(node), "comment": comment(
         f"%{node.id} and its siblings {names}: one GEMM against their combined [K, {total}] weight; each output "
-        f"is a column slice (row stride {total})", 160)}, uses_lt=True, smem_attrs=_small_attrs(call), gemm=call)
+        f"is a column slice (row stride {total})", 160)}, uses_lt=True, smem_attrs=_small_attrs(e, call), gemm=call)
     return _kernel(node, "block_gemm", args, GEMM, *((GEMM_SMALL,) if small else ()))
 
 
@@ -775,13 +777,13 @@ def matmul(e: CudaEmitter, node: Node) -> Kernel:
     if g.small:
         g = _small_call(e, g, node, is_weight(e, node.inputs[1]), bias)
     if g.cutlass_fn:
-        return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=True, smem_attrs=_small_attrs(g), gemm=g),
+        return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=True, smem_attrs=_small_attrs(e, g), gemm=g),
                        GEMM, CUTLASS_HEADER, *((GEMM_SMALL,) if g.small else ()))
     if g.mode == "mma":
         smem = tuple((f"rlx_gemm_mma<{g.t}, {g.act}, {g.bias_on}, {bm}, {bn}, {wm}, {wn}>",
                       f"RlxGemmMma<{bm}, {bn}, {wm}, {wn}>::total") for bm, bn, wm, wn in g.tiles)
         return _kernel(node, "block_gemm", Gemm(**e.base(node), smem_attrs=smem, gemm=g), GEMM, GEMM_MMA)
-    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", smem_attrs=_small_attrs(g),
+    return _kernel(node, "block_gemm", Gemm(**e.base(node), uses_lt=g.mode == "lt", smem_attrs=_small_attrs(e, g),
                                             gemm=g), GEMM, *((GEMM_SMALL,) if g.small else ()))
 
 
