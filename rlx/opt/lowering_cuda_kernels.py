@@ -80,9 +80,18 @@ def small_gemm_kmax(arch: str) -> int:
     >>> small_gemm_kmax("sm_90"), small_gemm_kmax("sm_80"), small_gemm_kmax("sm_89")
     (1536, 1536, 1152)
     """
-    sm = arch.removeprefix("sm_").rstrip("a")
-    limit = BLOCK_SMEM_OPT_IN.get(int(sm), BLOCK_SMEM_DEFAULT) if sm.isdigit() else BLOCK_SMEM_DEFAULT
+    limit = BLOCK_SMEM_OPT_IN.get(arch_number(arch), BLOCK_SMEM_DEFAULT)
     return min(SMALL_GEMM_KMAX, (limit - 8448) // 80 // 16 * 16)
+
+
+def arch_number(arch: str) -> int:
+    """The compute capability of an `sm_XY[a]` arch as XY (0 when it is not one).
+
+    >>> arch_number("sm_90a"), arch_number("sm_89"), arch_number("compute")
+    (90, 89, 0)
+    """
+    sm = arch.removeprefix("sm_").rstrip("a")
+    return int(sm) if sm.isdigit() else 0
 #: The op kinds the CUDA region rule renders (one generated elementwise kernel each).
 REGION_KINDS = ("activation", "binary", "compare", "where", "cast", "elementwise_region")
 _GEMM_KINDS = ("matmul", "fused_matmul_bias_act")
@@ -136,8 +145,7 @@ def small_gemm_fits(enabled: bool, arch: str, dt: DType, folded: bool, K: Dim, N
     >>> small_gemm_fits(True, "sm_90", DType.F16, True, Dim(384), Dim(1536), [0, 16, 32])
     True
     """
-    sm = arch.removeprefix("sm_").rstrip("a")
-    return (enabled and dt in (DType.F16, DType.BF16) and folded and sm.isdigit() and int(sm) >= 80
+    return (enabled and dt in (DType.F16, DType.BF16) and folded and arch_number(arch) >= 80
             and K.is_static and N.is_static and K.value % 16 == 0 and 0 < K.value <= small_gemm_kmax(arch)
             and N.value % 8 == 0 and _aligned(offsets))
 
@@ -383,11 +391,7 @@ def find_norms_in_gemms(lir: LirModule, places: DevicePlaces, nodes: Sequence[No
             continue
         if not _gemm_is_small(lir, places, graph.node(lead), opt):
             continue
-        reads = [places.extent(i) for i in norm.inputs[:1 + int(fused)]]
-        writes = [places.extent(lead), places.extent(norm.id)]
-        if any(r is None or w is None or (r[0] < w[1] and w[0] < r[1]) for r in reads for w in writes):
-            continue
-        if _aligned([places.offset(i) for i in (*norm.inputs, norm.id)]):
+        if _prologue_fits(places, norm, norm.inputs[:1 + int(fused)], lead):
             found.append(NormInGemm(norm.id, lead, SMALL_GEMM_MAX_M))
     return found
 
@@ -437,8 +441,7 @@ def _swiglu_pair(places: DevicePlaces, arch: str, gemv: DecodeGemv | None, gate:
     output, which only the two products read, is then not stored (its bytes may be the region's)."""
     if gemv is None or not gemv.swiglu or len(gemv.members) != 2 or gemv.members[0] != gate.node:
         return None
-    sm = arch.removeprefix("sm_").rstrip("a")
-    if not sm.isdigit() or int(sm) < 90:
+    if arch_number(arch) < 90:
         return None  # two slabs: up to 208 KB of shared memory a block at K = 1536 (Hopper's 227 KB; not sm_8x's)
     up, region = gemv.members[1], gemv.swiglu[0]
     other = found.get(up)
@@ -473,11 +476,18 @@ def _copy_norm(places: DevicePlaces, gemv: DecodeGemv | None, reader: NodeId, fi
     roles = norm_inputs(norm)
     if roles.bias is not None or places.ddt(norm.id) not in (DType.F16, DType.BF16):
         return ()
-    reads = [places.extent(i) for i in (roles.x, *((roles.residual,) if roles.residual is not None else ()))]
+    reads = (roles.x, *((roles.residual,) if roles.residual is not None else ()))
+    return (norm.id,) if _prologue_fits(places, norm, reads, out) else ()
+
+
+def _prologue_fits(places: DevicePlaces, norm: Node, reads: Sequence[NodeId], out: NodeId) -> bool:
+    """A small GEMM writing `out` may compute `norm` in its prologue: the bytes its blocks read (`reads`: the norm's
+    input and residual) are not those they write (`out` and the norm's output), and the norm's operands and output
+    are 16-byte aligned."""
     writes = [places.extent(out), places.extent(norm.id)]
-    if any(r is None or w is None or (r[0] < w[1] and w[0] < r[1]) for r in reads for w in writes):
-        return ()
-    return (norm.id,) if _aligned([places.offset(i) for i in (*norm.inputs, norm.id)]) else ()
+    if any(r is None or w is None or (r[0] < w[1] and w[0] < r[1]) for r in map(places.extent, reads) for w in writes):
+        return False
+    return _aligned([places.offset(i) for i in (*norm.inputs, norm.id)])
 
 
 def kernel_choices(lir: LirModule, memory: Sequence[Decision], opt: _Options,

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import _CTYPE, _CUDA_TYPE, FORMAT_IDS, CudaEmitter, Launch, _float_c
-from rlx.codegen.cuda.rules import NormPrologue, is_weight, norm_prologue
+from rlx.codegen.cuda.rules import NormPrologue, norm_prologue, small_early
 from rlx.codegen.registry import Kernel, RuleSet
 from rlx.codegen.text import comment
 from rlx.ir import ops as O
@@ -236,8 +236,7 @@ def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
             norm = e.node(small.norm[0])
             args["small_norm"] = norm_prologue(e, norm)
             params = list(norm_inputs(norm).params)
-        # the copy is written at set_param only; gamma (and beta) too when they are weights
-        args["small_early"] = 1 | (2 if all(is_weight(e, i) for i in params) else 0)
+        args["small_early"] = small_early(e, True, params)  # the copy is written at set_param only
         if small.pair:  # (the norm's output: read by the two products only, so not stored)
             if "small_norm" in args:
                 args["small_norm"] = dataclasses.replace(args["small_norm"], out=f"({ctype} *)nullptr")

@@ -711,8 +711,13 @@ def _small_call(e: CudaEmitter, g: GemmCall, lead: Node, weight: bool, bias: Nod
     if p is not None:  # the norm's gamma (and beta): its inputs after x (and the residual)
         norm = e.node(lead.inputs[0])
         params += list(norm_inputs(norm).params)
-    early = (1 if weight else 0) | (2 if all(is_weight(e, i) for i in params) else 0)
-    return replace(g, prologue=p, small_early=early)
+    return replace(g, prologue=p, small_early=small_early(e, weight, params))
+
+
+def small_early(e: CudaEmitter, b_is_weight: bool, params: list[NodeId]) -> int:
+    """rlx_gemm_small's `early` bits: B (bit 0) and the bias / norm params (bit 1) are read before the PDL wait
+    where no kernel writes them."""
+    return (1 if b_is_weight else 0) | (2 if all(is_weight(e, i) for i in params) else 0)
 
 
 def _norm_prologue(e: CudaEmitter, lead: Node) -> NormPrologue | None:
