@@ -304,25 +304,30 @@ DECODE_XR_FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0")
 DECODE_XR_GROUPS = (1, 2, 4)
 #: The occupancy walk (rlx_qgemv_occ, kernels/quant_occ.cuh): its `gemv_walk` names and the weight rows a warp's item
 #: takes for each (2: at most 64 registers, two blocks of up to 16 warps an SM; 4: more loads in flight a warp, fewer
-#: warps; "occp": 2 rows and the warp's next item prefetched into L2, `DecodeGemv.occ_prefetch`). Most K it takes:
-#: 16 slabs of 32 units (one replica of the slabs in 512 threads).
-DECODE_OCC_WALKS = {"occ": 2, "occ4": 4, "occp": 2}
+#: warps, the default: 8B q4_k on an H200 331 decode tok/s against 274 with 2, docs/perf-h100.md; 8: more still;
+#: "occp" / "occ4p": 2 / 4 rows and the warp's next item prefetched into L2, `DecodeGemv.occ_prefetch`). Most K it
+#: takes: 16 slabs of 32 units (one replica of the slabs in 512 threads).
+DECODE_OCC_WALKS = {"occ": 2, "occ4": 4, "occ8": 8, "occp": 2, "occ4p": 4}
+#: The walk "auto" takes for DECODE_XR_FORMATS with f32 activations at DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K.
+DECODE_OCC_AUTO = "occ4"
 DECODE_OCC_MAX_K = 16384
 
 
 def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0) -> tuple[str, int]:
     """The one-row walk of a `DecodeGemv` and its size (`walk`, then `xr_groups` or `occ_rows`). "auto": the
-    occupancy walk (rlx_qgemv_occ, 2 weight rows a warp's item) for DECODE_XR_FORMATS with f32 activations and
-    DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K (the 8B shape on an H200: 226 -> 274 decode tok/s against the register
-    walk, docs/perf-h100.md), the register walk ("xreg") past that K, else "rows". `walk` (`CudaTarget(gemv_walk=)`,
+    occupancy walk (rlx_qgemv_occ, 4 weight rows a warp's item: DECODE_OCC_AUTO) for DECODE_XR_FORMATS with f32
+    activations and DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K (the 8B q4_k shape on an H200: 228 decode tok/s on the
+    register walk, 274 on the occupancy walk with 2 rows an item, 331 with 4; docs/perf-h100.md), the register walk
+    ("xreg") past that K, else "rows". `walk` (`CudaTarget(gemv_walk=)`,
     RLX_QGEMV_WALK) forces one: "rows" the old walk; "xreg" the register walk, whose groups a block takes are the
     fewest that make the block's work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups;
     K = 14336: 14 slabs, 4 groups), else the one that leaves the fewest warp turns idle (`groups`: `xr_groups`,
-    RLX_QGEMV_XR_GROUPS, forces them); "occ" / "occ4" / "occp" the occupancy walk (2 / 4 rows an item / 2 and the
-    next item prefetched) for those formats and activations at any K up to DECODE_OCC_MAX_K.
+    RLX_QGEMV_XR_GROUPS, forces them); "occ" / "occ4" / "occ8" the occupancy walk with 2 / 4 / 8 rows an item
+    ("occp" / "occ4p": 2 / 4 and the next item prefetched) for those formats and activations at any K up to
+    DECODE_OCC_MAX_K.
 
     >>> decode_walk("q4_k", "f32", 4096), decode_walk("q4_k", "f32", 14336), decode_walk("q4_k", "f32", 32768)
-    (('occ', 2), ('occ', 2), ('xreg', 1))
+    (('occ', 4), ('occ', 4), ('xreg', 1))
     >>> decode_walk("q4_k", "f32", 4096, walk="xreg"), decode_walk("q4_k", "f32", 14336, walk="xreg")
     (('xreg', 2), ('xreg', 4))
     >>> decode_walk("q4_k", "f32", 576), decode_walk("q4_k", "f32", 4096, walk="rows")
@@ -332,7 +337,7 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
     """
     fast = fmt in DECODE_XR_FORMATS and act == "f32"
     if walk == "auto" and fast and DECODE_XR_MIN_K <= k <= DECODE_OCC_MAX_K:
-        walk = "occ"
+        walk = DECODE_OCC_AUTO
     if walk in DECODE_OCC_WALKS:
         if fast and k <= DECODE_OCC_MAX_K:
             return "occ", DECODE_OCC_WALKS[walk]
@@ -415,7 +420,7 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> li
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
         how, size = decode_walk(members[0].op.quant, members[0].op.act, k, walk, groups)
         found.append(DecodeGemv(ids, rows, norm, residual, swiglu, how, size if how == "xreg" else 0,
-                                size if how == "occ" else 0, how == "occ" and walk == "occp"))
+                                size if how == "occ" else 0, how == "occ" and walk in ("occp", "occ4p")))
     return found
 
 

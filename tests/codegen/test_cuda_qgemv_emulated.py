@@ -118,7 +118,8 @@ def _check_fused(walk: str, fmt: str, kind: str, x: np.ndarray, gamma: np.ndarra
 @pytest.mark.parametrize("fmt", ["q4_k", "q4_0", "q4_1", "q8_0"])
 @pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
 @pytest.mark.parametrize(("n", "k", "g", "tr", "max_grid"),
-                         [(11, 768, 2, 4, 1 << 30), (37, 4096, 2, 6, 2), (21, 3584, 4, 5, 1), (19, 14336, 2, 8, 3)])
+                         [(11, 768, 2, 4, 1 << 30), (37, 4096, 2, 6, 2), (21, 3584, 4, 5, 1), (19, 14336, 2, 8, 3),
+                          (29, 4096, 8, 12, 2)])
 def test_occ_gemv_matches_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int, g: int, tr: int,
                                     max_grid: int) -> None:
     """rlx_qgemv_occ (kernels/quant_occ.cuh: K split over a block's warps, x in registers, no staging; an item's G
@@ -171,7 +172,7 @@ def test_occ_q4k_subnormal_products_hold_at_extreme_activations(emu: ctypes.CDLL
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
-@pytest.mark.parametrize(("k", "g", "tr", "max_grid"), [(2048, 2, 6, 1 << 30), (576, 4, 8, 2), (4096, 2, 7, 3)])
+@pytest.mark.parametrize(("k", "g", "tr", "max_grid"), [(2048, 2, 6, 1 << 30), (576, 4, 8, 2), (4096, 2, 7, 3), (2048, 8, 9, 2)])
 def test_occ_gemv_of_unequal_members_matches_reference(emu: ctypes.CDLL, fmt: str, k: int, g: int, tr: int,
                                                        max_grid: int) -> None:
     """rlx_qgemv_occ over three members of 13, 5 and 7 rows (Q / K / V shaped: items and tiles straddle the members'

@@ -206,7 +206,18 @@ def test_q4k_decoder_takes_the_occupancy_walk_when_asked(toolchain: NvccToolchai
     stages = CudaStages(Config.from_env({"RLX_QGEMV_WALK": "occ"}))
     assert stages.target_options["gemv_walk"] == "occ"
     auto = decide_cuda(lower_to_lir_cuda(_q4k_decoder()), CudaTarget(precision=DType.F16, gemm="builtin"))
-    assert {(d.walk, d.occ_rows, d.occ_prefetch) for d in auto.decided(DecodeGemv)} == {("occ", 2, False)}
+    assert {(d.walk, d.occ_rows, d.occ_prefetch) for d in auto.decided(DecodeGemv)} == {("occ", 4, False)}
+    for walk, rows, prefetch in (("occ8", 8, "false"), ("occ4p", 4, "true")):
+        other = CudaTarget(precision=DType.F16, gemm="builtin", gemv_walk=walk)
+        lir_other = decide_cuda(lower_to_lir_cuda(_q4k_decoder()), other)
+        assert {(d.walk, d.occ_rows) for d in lir_other.decided(DecodeGemv)} == {("occ", rows)}
+        src = render_cuda(lir_other, other, {"name": f"decoder_{walk}"})
+        assert f"rlx_qgemv_occ<__half, RLX_Q4_K, 256, 144, true, 2, {rows}, {prefetch}>" in src
+        path = tmp_path / f"decoder_{walk}.cu"
+        path.write_text(src)
+        toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
+    with pytest.raises(BuildError, match="gemv_walk must be one of"):
+        CudaTarget(gemv_walk="occ3")
 
 
 def lower_to_lir_cuda(g: rlx.Graph):

@@ -33,11 +33,11 @@ U32 = 2.0 ** -24
 FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0", "q6_k")
 
 
-@pytest.mark.parametrize("walk", ["auto", "xreg", "occ", "occ4", "occp"])
+@pytest.mark.parametrize("walk", ["auto", "xreg", "occ", "occ4", "occ8", "occp", "occ4p"])
 @pytest.mark.parametrize("k", [512, 12288])
 def test_fused_decode_gemv_matches_reference(k: int, walk: str) -> None:
     """`walk`: the one-row walk asked for (RLX_QGEMV_WALK): "auto" (rlx_qgemv_occ at K = 12288, the rows walk at 512),
-    "xreg" (the register walk at K = 12288), "occ" / "occ4" / "occp" (rlx_qgemv_occ for the four fast formats at
+    "xreg" (the register walk at K = 12288), "occ" / "occ4" / "occ8" / "occp" / "occ4p" (rlx_qgemv_occ for the four fast formats at
     both K; q6_k keeps the rows walk)."""
     import dataclasses
 
@@ -48,7 +48,7 @@ def test_fused_decode_gemv_matches_reference(k: int, walk: str) -> None:
     g = fused_gemvs(FORMATS, k, n)
     found = find_decode_gemvs(lower_to_lir(g, 2, backend="cuda"), walk=walk)
     assert len(found) == len(FORMATS)
-    if walk in ("occ", "occ4", "occp") or (walk == "auto" and k >= 2048):
+    if walk.startswith("occ") or (walk == "auto" and k >= 2048):
         assert sum(d.walk == "occ" for d in found) == len(FORMATS) - 1  # all but q6_k
     config = dataclasses.replace(Config.from_env(), cuda_gemv_walk=walk)
     cg = Session(Device.CUDA, config, precision="f32").compile(g)

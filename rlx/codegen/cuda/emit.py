@@ -60,6 +60,7 @@ from rlx.ir.shape import Dim, Shape, product
 from rlx.ir.view import View, collapse
 from rlx.opt.lowering_cuda import (
     ATTN_MAX_SPLITS,
+    DECODE_OCC_WALKS,
     DEQUANT_COPY_BYTES,
     GEMM_MODES,
     LT_DTYPES,
@@ -201,8 +202,8 @@ class CudaTarget:
     p2p_all_reduce: bool = True
     #: One-row decode GEMVs: "auto" (`decode_walk`: x in registers for the formats and K it fits), "rows" (the
     #: warp-per-rows walk everywhere), "xreg" (the register walk where it fits: "auto"'s choice today, kept by name
-    #: for comparisons), "occ" / "occ4" / "occp" (the occupancy walk, 2 / 4 weight rows an item, or 2 and the next
-    #: item prefetched into L2, where it fits); `xr_groups`
+    #: for comparisons), the occupancy walk's names (`DECODE_OCC_WALKS`: "occ4", "auto"'s choice where it fits, and
+    #: "occ", "occ8", "occp", "occ4p"); `xr_groups`
     #: forces the register walk's groups of 8 rows a block (0: chosen).
     gemv_walk: str = "auto"
     xr_groups: int = 0
@@ -220,8 +221,9 @@ class CudaTarget:
             raise BuildError(f"attn_warps must be 0, 1, 2, 4 or 8, got {self.attn_warps!r}")
         if self.gemm not in GEMM_MODES:
             raise BuildError(f"CUDA gemm provider must be one of {GEMM_MODES}, got {self.gemm!r}")
-        if self.gemv_walk not in ("auto", "rows", "xreg", "occ", "occ4", "occp"):
-            raise BuildError(f"gemv_walk must be auto, rows, xreg, occ, occ4 or occp, got {self.gemv_walk!r}")
+        walks = ("auto", "rows", "xreg", *DECODE_OCC_WALKS)
+        if self.gemv_walk not in walks:
+            raise BuildError(f"gemv_walk must be one of {', '.join(walks)}, got {self.gemv_walk!r}")
         if self.xr_groups not in (0, 1, 2, 4):
             raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:

@@ -223,12 +223,14 @@ static void q_occ_g(int g, int kind, const float *X, const float *gamma, float e
         q_occ_kind<FMT, QK, QB, 2>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
     else if (g == 3)  /* 2 rows an item and the next prefetched (PF: walk "occp"; the shim's prefetch does nothing) */
         q_occ<FMT, QK, QB, true, 2, 2, true>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+    else if (g == 8)
+        q_occ_kind<FMT, QK, QB, 8>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
     else
         q_occ_kind<FMT, QK, QB, 4>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
 }
 
 extern "C" {
-/* rlx_qgemv_occ, format `fmt`, M = 1, g (2 or 4; 3: 2 and PF, norm + SwiGLU only) weight rows an item, tr output rows a tile, at most max_grid blocks. */
+/* rlx_qgemv_occ, format `fmt`, M = 1, g (2, 4 or 8; 3: 2 and PF, norm + SwiGLU only) weight rows an item, tr output rows a tile, at most max_grid blocks. */
 void emu_qf_occ(int fmt, int g, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                 const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB, int64_t tr,
                 unsigned max_grid) {
