@@ -179,7 +179,7 @@ def test_q4k_decoder_takes_the_occupancy_walk_when_asked(toolchain: NvccToolchai
     """`CudaTarget(gemv_walk="occ")` (RLX_QGEMV_WALK=occ) records walk="occ" with 2 weight rows an item on every q4_k
     decode GEMV (DecodeGemv, in the LIR's description too) and launches rlx_qgemv_occ for one-row steps (the fused
     kernel for 2-4 rows); "occ4" takes 4 rows an item, "occp" 2 and prefetches the next item; "auto" (the default)
-    takes "occ" at these K. The source compiles for sm_90."""
+    takes "occ4" at these K (occ8 and occ4p also compile). The source compiles for sm_90."""
     from rlx.config import Config
     from rlx.pipeline.cuda import CudaStages
 
