@@ -26,7 +26,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_CUTLASS_DIR | a directory holding `cutlass/cutlass.h` (instead of the nvidia-cutlass wheel's headers) | none |
 | RLX_CUDA_P2P | 0: CUDA all-reduces always call NCCL (no one-shot sums through the peers' memory) | 1 |
 | RLX_QUANT_LAYOUT | CPU integer decode GEMVs' weights: `auto`, `interleaved` (by 16 rows) or `rows` (GGUF's) | auto |
-| RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (occ4 for K 2048..16384), `xreg`, `rows`, `occ`, `occ4`, `occ8`, `occp`, `occ4p` | auto |
+| RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (occ4, K 2048..16384), `xreg`, `rows`, an `occ` walk | auto |
 | RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of 8 weight rows a block takes, 1, 2, 4 (0: chosen) | 0 |
 | RLX_CUDA_SMALL_GEMM | 0: CUDA f16/bf16 GEMMs of <= 64 rows (quantized copies too) on cuBLASLt | 1 |
 | RLX_CUDA_DEQUANT_COPIES | bytes of CUDA quantized weights also kept dequantized for many-row steps (0: none) | 2 GiB |

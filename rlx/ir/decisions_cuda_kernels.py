@@ -24,6 +24,8 @@ on where bytes live, the lowering decides and records it here; the codegen only 
 "%20 on the small GEMM over its copy in steps of 5..64 rows (+ %22's residual add)"
 >>> CopySmallGemm(node=30, min_rows=5, max_rows=64, norm=(29,), pair=(31,), swiglu=(32,)).describe()
 "%30 on the small GEMM over its copy in steps of 5..64 rows (%29's norm first) (and %31's copy: %32's SwiGLU)"
+>>> CopySmallGemm(node=14, min_rows=5, max_rows=64, norm=(13,), siblings=(15, 16)).describe()
+"%14 on the small GEMM over its copy in steps of 5..64 rows (%13's norm first) (and %15, %16: one launch)"
 """
 
 from __future__ import annotations
@@ -121,7 +123,9 @@ class CopySmallGemm(Decision):
     absorbs in smaller steps, computed in its prologue (the norm's own kernel then runs past `max_rows` only).
     `pair` / `swiglu`: the up projection of a SwiGLU whose gate `node` is (their fused decode GEMV's members), its
     copy multiplied by the same launch, which writes the SwiGLU region `swiglu` (silu(gate) * up) directly: the up
-    product's and the region's own kernels run past `max_rows` only."""
+    product's and the region's own kernels run past `max_rows` only. `siblings`: products of the same X (a layer's K
+    and V beside its Q: their fused decode GEMV's other members) whose copies the same launch multiplies, each
+    written to its own output: one launch and one norm prologue instead of three (their own run past `max_rows`)."""
 
     kind: ClassVar[str] = "cuda_copy_small_gemm"
     node: int
@@ -131,19 +135,21 @@ class CopySmallGemm(Decision):
     norm: tuple[int, ...] = ()
     pair: tuple[int, ...] = ()
     swiglu: tuple[int, ...] = ()
+    siblings: tuple[int, ...] = ()
 
     def describe(self) -> str:
         more = "".join(f" (%{n}'s norm first)" for n in self.norm)
+        more += f" (and {', '.join(f'%{n}' for n in self.siblings)}: one launch)" if self.siblings else ""
         more += "".join(f" (+ %{a}'s residual add)" for a in self.add)
         more += "".join(f" (and %{u}'s copy: %{r}'s SwiGLU)" for u, r in zip(self.pair, self.swiglu))
         return f"%{self.node} on the small GEMM over its copy in steps of {self.min_rows}..{self.max_rows} rows{more}"
 
     def nodes(self) -> tuple[int, ...]:
-        return (self.node, *self.add, *self.norm, *self.pair, *self.swiglu)
+        return (self.node, *self.add, *self.norm, *self.pair, *self.swiglu, *self.siblings)
 
 
 register_decision(CudaKernelOptions, ())
 register_decision(CutlassGemm, ("node",))
 register_decision(GatherInRegion, ("gather", "region"))
 register_decision(NormInGemm, ("norm", "gemm"))
-register_decision(CopySmallGemm, ("node", "add", "norm", "pair", "swiglu"))
+register_decision(CopySmallGemm, ("node", "add", "norm", "pair", "swiglu", "siblings"))

@@ -428,7 +428,46 @@ def find_copy_small_gemms(lir: LirModule, places: DevicePlaces, memory: Sequence
             up, region = pair
             found[gate] = replace(small, pair=(up,), swiglu=(region,))
             del found[up]
+    for lead, small in list(found.items()):
+        siblings = _siblings(places, gemvs.get(lead), small, found, copies)
+        if siblings:
+            found[lead] = replace(small, siblings=siblings)
+            for s in siblings:
+                del found[s]
     return list(found.values())
+
+
+#: Most products one rlx_gemm_small launch multiplies (RlxGsmMembers: the lead's and two siblings').
+SMALL_GEMM_MAX_SIBLINGS = 2
+
+
+def _siblings(places: DevicePlaces, gemv: DecodeGemv | None, lead: CopySmallGemm, found: dict[NodeId, CopySmallGemm],
+              copies: dict[NodeId, tuple[DequantCopy, int]]) -> tuple[NodeId, ...]:
+    """The other members of the fused decode GEMV `lead` leads (a layer's K and V beside its Q) that the lead's
+    small GEMM can also multiply: each takes the small GEMM in the same steps with no norm, add or pair of its own,
+    its copy has the lead's K, and its output is not among the bytes the launch reads (X, or the norm's input and
+    residual). All of them or none (at most SMALL_GEMM_MAX_SIBLINGS)."""
+    if gemv is None or gemv.swiglu or gemv.residual or gemv.members[0] != lead.node or lead.pair or lead.add:
+        return ()
+    others = gemv.members[1:]
+    if not others or len(others) > SMALL_GEMM_MAX_SIBLINGS:
+        return ()
+    graph = places.lir.graph
+    if lead.norm:
+        roles = norm_inputs(graph.node(lead.norm[0]))
+        read = [roles.x, *((roles.residual,) if roles.residual is not None else ())]
+    else:
+        read = [graph.node(lead.node).inputs[0]]
+    spans = [places.extent(i) for i in read]
+    if any(e is None for e in spans):
+        return ()
+    k = copies[lead.node][0].k
+    for s in others:
+        other, out = found.get(s), places.extent(s)
+        if (other is None or other.min_rows != lead.min_rows or other.add or other.norm or other.pair
+                or copies[s][0].k != k or out is None or any(e[0] < out[1] and out[0] < e[1] for e in spans)):
+            return ()
+    return tuple(others)
 
 
 def _swiglu_pair(places: DevicePlaces, arch: str, gemv: DecodeGemv | None, gate: CopySmallGemm,

@@ -1,6 +1,7 @@
 """`CopySmallGemm`: quantized products of 5..64 rows multiply their weight's dequantized copy on rlx_gemm_small (the
-norm in its prologue, the residual add in its epilogue, a SwiGLU's gate and up in one launch), decided in the LIR and
-rendered; nvcc compiles the result. Runs without a GPU; tests/gpu/test_cuda_copy_small.py checks the numbers."""
+norm in its prologue, the residual add in its epilogue, a SwiGLU's gate and up in one launch, a layer's Q, K and V in
+one launch), decided in the LIR and rendered; nvcc compiles the result. Runs without a GPU;
+tests/gpu/test_cuda_copy_small.py checks the numbers."""
 
 from __future__ import annotations
 
@@ -31,17 +32,24 @@ def test_decoder_copies_take_the_small_gemm(tmp_path: Path) -> None:
     copies = {r: m for d in lir.decided(DequantCopy) for r, m in zip(d.readers, d.min_rows)}
     gemvs = lir.decided(DecodeGemv)
     # every reader of a copy takes it from the copy's first row (past the fused GEMV's 4) up to 64, except the up
-    # projections, which their gate's launch computes
+    # projections, which their gate's launch computes, and the K and V products, which their Q's launch computes
     ups = {d.members[1] for d in gemvs if d.swiglu}
-    assert set(small) | ups == set(copies) and not set(small) & ups
+    siblings = {m for d in gemvs if not d.swiglu and not d.residual for m in d.members[1:]}
+    assert siblings and set(small) | ups | siblings == set(copies) and not set(small) & (ups | siblings)
     assert all((d.min_rows, d.max_rows) == (copies[n], 64) for n, d in small.items())
     for g in gemvs:
         d = small[g.members[0]]
         assert d.norm == g.norm and d.add == g.residual  # what the fused GEMV absorbs, the small GEMM does too
         assert (d.pair, d.swiglu) == (((g.members[1],), g.swiglu) if g.swiglu else ((), ()))
+        assert d.siblings == (() if g.swiglu or g.residual else g.members[1:])
+        if d.siblings:
+            assert f"(and {', '.join(f'%{n}' for n in d.siblings)}: one launch)" in d.describe()
     src = render_cuda(lir, CudaTarget(precision=DType.F16), {"name": "copy_small"})
     assert src.count("(CopySmallGemm)") == len(small)
-    assert src.count("(computed with the SwiGLU by %") == len(ups)
+    assert src.count("(computed by %") == len(ups) + len(siblings)
+    # Q, K and V in one launch: two siblings, their column tiles after Q's
+    assert "rlx_gemm_small<__half, RLX_ACT_NONE, false, 2, false, 1, false, false, 2>" in src
+    assert src.count("(siblings: one launch)") == sum(1 for d in small.values() if d.siblings)
     assert "rlx_gemm_small<__half, RLX_ACT_NONE, false, 2, false, 1, false, true>" in src  # norm, SwiGLU pair
     assert "rlx_gemm_small<__half, RLX_ACT_NONE, false, 0, false, 1, true, false>" in src  # residual
     # the absorbed norms and SwiGLU regions run their own kernels past 64 rows only
@@ -61,3 +69,4 @@ def test_the_small_gemm_is_not_taken_where_it_cannot_run() -> None:
     # before Hopper the gate and up products keep launches of their own (two slabs need up to 208 KB)
     ampere = _decoder(CudaTarget(precision=DType.F16, arch="sm_80")).decided(CopySmallGemm)
     assert ampere and not any(d.pair for d in ampere) and any(d.norm for d in ampere)
+    assert any(d.siblings for d in ampere)  # one slab a block: siblings take any arch the small GEMM runs on

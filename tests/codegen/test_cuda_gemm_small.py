@@ -74,8 +74,9 @@ def test_only_weights_are_read_before_the_pdl_wait() -> None:
     src = forward(render(g, precision=DType.F16))
     # the first product: B after the wait, its bias before (bit 1); the second: both before (bits 0 and 1)
     assert "(int)M, (int)N, (int)K, (__half *)nullptr, (__half *)nullptr, (__half *)nullptr, (__half *)nullptr, " \
-           "(__half *)nullptr, 0.0f, 2, (__half *)nullptr, (__half *)nullptr)" in src  # (no addend, no B2)
-    assert src.count("0.0f, 3, (__half *)nullptr, (__half *)nullptr)") == 1
+           "(__half *)nullptr, 0.0f, 2, (__half *)nullptr, (__half *)nullptr, RlxGsmMembers{})" in src  # (no addend,
+    # no B2, no siblings)
+    assert src.count("0.0f, 3, (__half *)nullptr, (__half *)nullptr, RlxGsmMembers{})") == 1
 
 
 def test_the_small_gemm_keeps_to_what_the_arch_lets_a_block_opt_into() -> None:

@@ -172,7 +172,8 @@ def test_occ_q4k_subnormal_products_hold_at_extreme_activations(emu: ctypes.CDLL
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
-@pytest.mark.parametrize(("k", "g", "tr", "max_grid"), [(2048, 2, 6, 1 << 30), (576, 4, 8, 2), (4096, 2, 7, 3), (2048, 8, 9, 2)])
+@pytest.mark.parametrize(("k", "g", "tr", "max_grid"), [(2048, 2, 6, 1 << 30), (576, 4, 8, 2), (4096, 2, 7, 3),
+                                                        (2048, 8, 9, 2)])
 def test_occ_gemv_of_unequal_members_matches_reference(emu: ctypes.CDLL, fmt: str, k: int, g: int, tr: int,
                                                        max_grid: int) -> None:
     """rlx_qgemv_occ over three members of 13, 5 and 7 rows (Q / K / V shaped: items and tiles straddle the members'

@@ -37,8 +37,8 @@ FORMATS = ("q4_k", "q4_0", "q4_1", "q8_0", "q6_k")
 @pytest.mark.parametrize("k", [512, 12288])
 def test_fused_decode_gemv_matches_reference(k: int, walk: str) -> None:
     """`walk`: the one-row walk asked for (RLX_QGEMV_WALK): "auto" (rlx_qgemv_occ at K = 12288, the rows walk at 512),
-    "xreg" (the register walk at K = 12288), "occ" / "occ4" / "occ8" / "occp" / "occ4p" (rlx_qgemv_occ for the four fast formats at
-    both K; q6_k keeps the rows walk)."""
+    "xreg" (the register walk at K = 12288), "occ" / "occ4" / "occ8" / "occp" / "occ4p" (rlx_qgemv_occ for the four
+    fast formats at both K; q6_k keeps the rows walk)."""
     import dataclasses
 
     from rlx.config import Config

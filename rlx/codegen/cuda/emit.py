@@ -389,10 +389,11 @@ class CudaEmitter:
         #: readers of a copy that multiply it on rlx_gemm_small in steps of few rows
         self.copy_small: dict[NodeId, CopySmallGemm] = {d.node: d for d in lir.decided(CopySmallGemm)}
         #: ... the norms those compute in their prologue and the SwiGLU regions they write (the fused GEMV's work in
-        #: decode steps), and the up products multiplied by their gate's launch
+        #: decode steps), and the up products and siblings multiplied by another product's launch
         self.copy_absorbed: dict[NodeId, CopySmallGemm] = {
             n: d for d in lir.decided(CopySmallGemm) for n in (*d.norm, *d.swiglu)}
-        self.copy_pair_of: dict[NodeId, CopySmallGemm] = {u: d for d in lir.decided(CopySmallGemm) for u in d.pair}
+        self.copy_pair_of: dict[NodeId, CopySmallGemm] = {
+            u: d for d in lir.decided(CopySmallGemm) for u in (*d.pair, *d.siblings)}
         #: The DecodeRope of each attention node, and of each rope it absorbs.
         self.decode_rope: dict[NodeId, DecodeRope] = {nid: d for d in lir.decided(DecodeRope) for nid in d.nodes()}
         #: The argmax each sample_top_k copies at temperature 0 / top_k 1.

@@ -93,8 +93,11 @@ class DequantMatMul(Launch):
     small_b2: str = ""
     #: The largest K the small kernel takes on the target's arch (its shared-memory limit raised for it)
     small_kmax: int = 0
-    #: An up projection whose steps of copy_rows..small_rows rows the gate's small GEMM `small_by` computes (-1: none)
+    #: A product whose steps of copy_rows..small_rows rows another's small GEMM `small_by` computes: an up projection
+    #: (its gate's, with the SwiGLU) or a sibling of the same X (CopySmallGemm.siblings) (-1: none)
     small_by: int = -1
+    #: ... the siblings this launch computes: (their copy, their output, their N) each
+    small_siblings: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def mma(self) -> bool:
@@ -106,7 +109,8 @@ class DequantMatMul(Launch):
         p = self.small_norm
         norm = f"{p.kind}, {p.res_on}, {p.cpt}" if p is not None else "0, false, 1"
         add, pair = ("true" if flag else "false" for flag in (self.addend, self.small_b2))
-        return f"rlx_gemm_small<{self.t}, RLX_ACT_NONE, false, {norm}, {add}, {pair}>"
+        mem = f", {len(self.small_siblings)}" if self.small_siblings else ""
+        return f"rlx_gemm_small<{self.t}, RLX_ACT_NONE, false, {norm}, {add}, {pair}{mem}>"
 
     @property
     def small_args(self) -> str:
@@ -116,7 +120,24 @@ class DequantMatMul(Launch):
                 else ", ".join([f"({t} *)nullptr"] * 5) + ", 0.0f")
         addend = f"(const {t} *){self.addend}" if self.addend else f"({t} *)nullptr"
         b2 = f"(const {t} *){self.small_b2}" if self.small_b2 else f"({t} *)nullptr"
-        return f"{norm}, {self.small_early}, {addend}, {b2}"
+        return f"{norm}, {self.small_early}, {addend}, {b2}, {self.small_members}"
+
+    @property
+    def small_members(self) -> str:
+        """The siblings' RlxGsmMembers (none: empty): copies, outputs, widths, and the column tiles before each."""
+        sib = self.small_siblings
+        if not sib:
+            return "RlxGsmMembers{}"
+        pad = [*sib, ("nullptr", "nullptr", 0)][:2]
+        tiles = f"(int)((N + RLX_GSM_BN - 1) / RLX_GSM_BN), (int)(({sib[0][2]} + RLX_GSM_BN - 1) / RLX_GSM_BN)"
+        return (f"RlxGsmMembers{{{{(const void *){pad[0][0]}, (const void *){pad[1][0]}}}, "
+                f"{{(void *){pad[0][1]}, (void *){pad[1][1]}}}, {{{pad[0][2]}, {pad[1][2]}}}, {tiles}}}")
+
+    @property
+    def small_grid_x(self) -> str:
+        """The small launch's column tiles (a C expression): this product's, then its siblings'."""
+        return " + ".join(["(unsigned)((N + RLX_GSM_BN - 1) / RLX_GSM_BN)",
+                           *(f"(unsigned)(({n} + RLX_GSM_BN - 1) / RLX_GSM_BN)" for _, _, n in self.small_siblings)])
 
     @property
     def small_smem(self) -> str:
@@ -225,7 +246,7 @@ def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
         return {}
     args = {"copy": f"RLX_P({ctype}, {d.offset})", "copy_rows": d.min_rows[d.readers.index(nid)]}
     pair = e.copy_pair_of.get(nid)
-    if pair is not None:  # an up projection: its gate's launch computes it with the SwiGLU
+    if pair is not None:  # an up projection or a sibling: another product's launch computes it
         return {**args, "small_rows": pair.max_rows, "small_by": pair.node}
     small = e.copy_small.get(nid)
     if small is not None:
@@ -242,6 +263,8 @@ def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
                 args["small_norm"] = dataclasses.replace(args["small_norm"], out=f"({ctype} *)nullptr")
             args["small_y"] = e.ptr(small.swiglu[0])
             args["small_b2"] = f"RLX_P({ctype}, {e.dequant_copy[small.pair[0]].offset})"
+        args["small_siblings"] = tuple((f"RLX_P({ctype}, {e.dequant_copy[s].offset})", e.ptr(s), e.dequant_copy[s].n)
+                                       for s in small.siblings)
     return args
 
 

@@ -309,13 +309,14 @@ class GemmCall:
     @property
     def small_extra_args(self) -> str:
         """rlx_gemm_small's arguments after M, N, K: the normalization's (nullptrs without a prologue), `early`, no
-        addend, no second B."""
+        addend, no second B, no siblings."""
         p = self.prologue
         if p is None:
             return f"({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, ({self.t} *)nullptr, " \
-                   f"({self.t} *)nullptr, 0.0f, {self.small_early}, ({self.t} *)nullptr, ({self.t} *)nullptr"
+                   f"({self.t} *)nullptr, 0.0f, {self.small_early}, ({self.t} *)nullptr, ({self.t} *)nullptr, " \
+                   "RlxGsmMembers{}"
         return f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}, {self.small_early}, " \
-               f"({self.t} *)nullptr, ({self.t} *)nullptr"
+               f"({self.t} *)nullptr, ({self.t} *)nullptr, RlxGsmMembers{{}}"
 
 
 @dataclass(frozen=True, kw_only=True)

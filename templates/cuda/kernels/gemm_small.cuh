@@ -123,33 +123,59 @@ __device__ __forceinline__ void rlx_gsm_norm_rows(const T *__restrict__ nx, cons
  * slabs in shared memory, two accumulators a warp, the gate and up products never rounded or stored (shared memory:
  * rlx_gemm_small_pair_smem). */
 
+/* MEM: the launch also multiplies up to two sibling products of the same X (a layer's K and V beside its Q: one
+ * launch, one norm prologue, instead of three): their copies, outputs and widths in `mem`, their column tiles after
+ * B's in the grid (tiles0 of B's, tiles1 of the first sibling's). Nothing else of the kernel changes per block. */
+struct RlxGsmMembers {
+    const void *b[2];
+    void *c[2];
+    int n[2];
+    int tiles0, tiles1;
+};
+
 /* Bit 0 of `early`: B is a weight (no kernel writes it), so its slab is fetched before the PDL wait; bit 1: so are
  * the bias, gamma and beta, read into registers before the wait. Otherwise they are read after it. */
 #define RLX_GSM_EARLY_B 1
 #define RLX_GSM_EARLY_PARAMS 2
 
-template <typename T, int ACT, bool BIAS, int NORM, bool RES, int CPT, bool ADD = false, bool PAIR = false>
+template <typename T, int ACT, bool BIAS, int NORM, bool RES, int CPT, bool ADD = false, bool PAIR = false,
+          int MEM = 0>
 __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__restrict__ A,
-                                                                     const T *__restrict__ B,
-                                                                     const T *__restrict__ bias, T *C,
-                                                                     int M, int N, int K, const T *__restrict__ nx,
+                                                                     const T *__restrict__ B0,
+                                                                     const T *__restrict__ bias, T *C0,
+                                                                     int M, int N0, int K, const T *__restrict__ nx,
                                                                      const T *__restrict__ nres,
                                                                      const T *__restrict__ ngamma,
                                                                      const T *__restrict__ nbeta, T *__restrict__ nout,
                                                                      float eps, int early, const T *addend,
-                                                                     const T *__restrict__ B2) {
+                                                                     const T *__restrict__ B2,
+                                                                     const __grid_constant__ RlxGsmMembers mem) {
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char rlx_gsm_smem[];
     constexpr int BN = RLX_GSM_BN, CH = BN / 8; /* 16-byte chunks per slab row */
     static_assert(16 * BN == RLX_GSM_WARPS * 32, "one output of the tile per thread");
     static_assert(!PAIR || (!BIAS && !ADD && ACT == RLX_ACT_NONE), "the SwiGLU pair: two weights, nothing else");
+    static_assert(MEM == 0 || (!PAIR && !BIAS && !ADD && ACT == RLX_ACT_NONE && MEM <= 2), "siblings: plain products");
+    /* this block's product: B's, or a sibling's (members by constant index: `mem` stays in parameter space) */
+    const T *B = B0;
+    T *C = C0;
+    int N = N0, bx = (int)blockIdx.x;
+    if constexpr (MEM > 0) {
+        if (bx >= mem.tiles0) {
+            const bool second = MEM > 1 && bx >= mem.tiles0 + mem.tiles1;
+            B = static_cast<const T *>(second ? mem.b[1] : mem.b[0]);
+            C = static_cast<T *>(second ? mem.c[1] : mem.c[0]);
+            N = second ? mem.n[1] : mem.n[0];
+            bx -= second ? mem.tiles0 + mem.tiles1 : mem.tiles0;
+        }
+    }
     const int LDB = BN + 8, LDA = K + 8;
     T *bs = reinterpret_cast<T *>(rlx_gsm_smem);
     T *bs2 = bs + (size_t)K * LDB; /* PAIR: the up slab */
     T *as = PAIR ? bs2 + (size_t)K * LDB : bs + (size_t)K * LDB;
     float *part = reinterpret_cast<float *>(as + (size_t)16 * LDA);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * 16;
+    const int n0 = bx * BN, m0 = blockIdx.y * 16;
     const int kc = K / 8;
     const int orow = tid / BN, ocol = tid % BN; /* this thread's output in the epilogue */
 
