@@ -83,6 +83,7 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/kv_f8.cuh", "cuda/kernels/kv_attention.cuh", "cuda/kernels/kv_decode.cuh",
                   "cuda/kernels/quant.cuh",
                   "cuda/kernels/quant_q8.cuh", "cuda/kernels/quant_occ.cuh", "cuda/kernels/quant_mma.cuh",
+                  "cuda/kernels/dense_gemv.cuh",
                   "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
                   "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
@@ -209,6 +210,10 @@ class CudaTarget:
     #: Bytes of quantized weights also kept dequantized in the compute type, for steps past the GEMVs' rows
     #: (`DequantCopy`; default `DEQUANT_COPY_BYTES`, 0: none).
     dequant_copies: int = DEQUANT_COPY_BYTES
+    #: One-row decode steps of float projections in f16 / bf16 builds run rlx_dgemv over the weights as stored
+    #: (`DecodeGemv` walk "dense", with the norm, residual add and SwiGLU it absorbs); False: their GEMMs
+    #: (RLX_DENSE_GEMV=0, comparisons).
+    dense_gemv: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -247,7 +252,8 @@ class CudaTarget:
                 + ("" if self.p2p_all_reduce else " p2p_all_reduce=0")
                 + ("" if self.gemv_walk == "auto" else f" gemv_walk={self.gemv_walk}")
                 + (f" xr_groups={self.xr_groups}" if self.xr_groups else "")
-                + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}"))
+                + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}")
+                + ("" if self.dense_gemv else " dense_gemv=0"))
 
 
 @dataclass(frozen=True)
@@ -507,7 +513,7 @@ class CudaEmitter:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
                 f"%{nid}: written by %{d.members[0] if d else self.copy_adds[nid]} (the fused GEMV in decode steps, "
                 "the GEMM on its dequantized copy with this residual as C in larger ones)"), what=""))
-        if d is not None and nid in d.members[1:]:
+        if d is not None and d.walk != "dense" and nid in d.members[1:]:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
                 f"%{nid}: computed with %{d.members[0]} (one fused GEMV in decode steps, its own path in larger "
                 "ones)"), what=""))
@@ -518,6 +524,15 @@ class CudaEmitter:
         if reason is not None:
             raise BuildError(f"{reason} (node {node.label})")
         k = rules.rule(node.kind).emit(self, node)
+        if d is not None and d.walk == "dense" and nid in d.members:
+            # a float member: its own kernel in larger steps; the first member's launch also runs rlx_dgemv
+            from rlx.codegen.cuda.dense import dense_decode_gemv
+
+            lead = self.node(d.members[0])
+            if nid != lead.id:
+                return self._large_step_only(k, self.node(lead.inputs[0]).shape.dims[:-1], d.max_rows,
+                                             f"done by the dense GEMV of %{lead.id}")
+            return dense_decode_gemv(self, d, k)
         if d is not None and nid not in d.members:
             lead = self.node(d.members[0])
             cs = self.copy_absorbed.get(nid)

@@ -22,6 +22,11 @@
 #endif
 /* 16-byte loads a thread issues a step (U rows of each matrix) */
 #define RLX_DGEMV_LOADS 4
+/* blocks an SM holds: ptxas fits the kernel in 64 registers (sm_90, f16 / bf16, each epilogue: no spills; sm_80: the
+   f16 SwiGLU spills 8 bytes), so 32 warps an SM, each thread with two steps' loads (128 bytes) in flight */
+#ifndef RLX_DGEMV_MIN_BLOCKS
+#define RLX_DGEMV_MIN_BLOCKS 2
+#endif
 
 /* 8 weights (16 bytes of f16 or bf16 bits) as floats: bf16 a shift or a mask a value, f16 its conversion (exact) */
 template <bool BF>
@@ -123,7 +128,7 @@ __host__ __device__ __forceinline__ int64_t rlx_dgemv_smem(int64_t K, int lg, in
 }
 
 template <typename T, bool BF, bool NORM, int EPI, bool VEC>
-__global__ void __launch_bounds__(RLX_DGEMV_THREADS, 1)
+__global__ void __launch_bounds__(RLX_DGEMV_THREADS, RLX_DGEMV_MIN_BLOCKS)
 rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
           const T *res, int64_t K64, int lg) {
     constexpr int NM = EPI == 2 ? 2 : 1;        /* matrices a tile reads: gate and up with SwiGLU */
