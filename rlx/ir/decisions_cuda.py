@@ -96,6 +96,9 @@ class DecodeGemv(Decision):
     xr_groups: int = 0
     occ_rows: int = 0
     occ_prefetch: bool = False
+    #: "dense": the output columns a block's tile takes (8, 16, 32 or 64); 0: chosen per launch, the widest whose
+    #: tiles fill the wave of resident blocks.
+    dense_tile: int = 0
 
     def describe(self) -> str:
         names = " ".join(f"%{m}" for m in self.members)
@@ -106,8 +109,8 @@ class DecodeGemv(Decision):
             walk = (f", one-row steps K split over the warps ({self.occ_rows} weight rows an item"
                     + (", the next prefetched)" if self.occ_prefetch else ")"))
         elif self.walk == "dense":
-            walk = (", a dense 16-bit GEMV over the weights as stored ([K, N]: column tiles, K split over a block's "
-                    "threads)")
+            tile = f"tiles of {self.dense_tile} columns" if self.dense_tile else "column tiles sized per launch"
+            walk = f", a dense 16-bit GEMV over the weights as stored ([K, N]: {tile}, K split over a block's threads)"
         extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
         extra += [f"with the SwiGLU epilogue (%{self.swiglu[0]})"] if self.swiglu else []

@@ -355,10 +355,12 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
 #: weights it reads as stored ([K, N] in the compute type).
 DENSE_GEMV_MAX_K = 16384
 DENSE_GEMV_PRECISIONS = (DType.F16, DType.BF16)
+#: Tile widths (output columns) rlx_dgemv may be forced to (`CudaTarget.dense_tile`, RLX_DENSE_GEMV_TILE; 0: chosen).
+DENSE_GEMV_TILES = (0, 8, 16, 32, 64)
 
 
 def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense: DType | None = None,
-                      grouped: frozenset[NodeId] = frozenset()) -> list[DecodeGemv]:
+                      grouped: frozenset[NodeId] = frozenset(), dense_tile: int = 0) -> list[DecodeGemv]:
     """Quantized projections that run as one GEMV launch in decode steps (see `DecodeGemv`).
 
     Members are consecutive `dequant_matmul`s of one activation with one block format and K; the norm
@@ -368,7 +370,8 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense
 
     `dense` (an f16 / bf16 build's precision; None: none): float projections too, walk "dense" (rlx_dgemv over the
     weight as stored) in one-row steps: consecutive `matmul`s of one activation against 2-D params (not in a
-    `GemmGroup`: `grouped`), or one `fused_swiglu` (its gate and up weights), with the same norm and residual.
+    `GemmGroup`: `grouped`), or one `fused_swiglu` (its gate and up weights), with the same norm and residual;
+    `dense_tile` forces their tiles' width (0: chosen per launch).
     """
     graph = lir.graph
     users = graph.users()
@@ -457,7 +460,7 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense
         # the kernel reads x (the norm's input) 16 bytes at a time
         staged = lir.buffers[graph.node(taken[0][0]).inputs[0] if taken[0] else members[0].inputs[0]]
         if staged.storage == "input" or (staged.storage == "arena" and staged.offset % 16 == 0):
-            found.append(DecodeGemv(tuple(m.id for m in members), 1, *taken, "dense"))
+            found.append(DecodeGemv(tuple(m.id for m in members), 1, *taken, "dense", dense_tile=dense_tile))
     return found
 
 
@@ -778,7 +781,8 @@ def _scratch(lir: LirModule, precision: DType) -> int:
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
                 pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
                 p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
-                dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True) -> tuple[Decision, ...]:
+                dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
+                dense_tile: int = 0) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
     its decode steps run the grouped kernel; `dequant_copies` is the byte budget of `DequantCopy` copies;
@@ -841,7 +845,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     # (with cuBLASLt the GEMM of a fused GEMV's lone member also adds its residual: C = the add's other input)
     # (its X must not share bytes with the sum it writes; C may: cuBLASLt accumulates in place)
     dense = precision if dense_gemv and precision in DENSE_GEMV_PRECISIONS else None
-    gemvs = find_decode_gemvs(lir, gemv_walk, xr_groups, dense, frozenset(m for g in grouped for m in g))
+    gemvs = find_decode_gemvs(lir, gemv_walk, xr_groups, dense, frozenset(m for g in grouped for m in g), dense_tile)
     mmas = find_quant_mmas(lir, precision)
     residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in gemvs
                    if d.residual and len(d.members) == 1
@@ -912,12 +916,13 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
                    kv_decode: bool = True, p2p_all_reduce: bool = True, gemv_walk: str = "auto",
                    xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
-                   **_target: object) -> tuple[Decision, ...]:
+                   dense_tile: int = 0, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
     keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
     all-reduce to NCCL (no `AllReduceP2P`); `gemv_walk` / `xr_groups` pick the one-row decode GEMV's walk
-    (`decode_walk`); `dense_gemv=False` keeps float projections off the dense one-row GEMV (RLX_DENSE_GEMV=0).
+    (`decode_walk`); `dense_gemv=False` keeps float projections off the dense one-row GEMV (RLX_DENSE_GEMV=0),
+    `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
@@ -932,8 +937,10 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
         raise ValueError(f"decode_sms must be a positive int (the GPU's SM count), got {decode_sms!r}")
     if isinstance(dequant_copies, bool) or not isinstance(dequant_copies, int) or dequant_copies < 0:
         raise ValueError(f"dequant_copies must be a byte count >= 0, got {dequant_copies!r}")
+    if dense_tile not in DENSE_GEMV_TILES:
+        raise ValueError(f"dense_tile must be one of {DENSE_GEMV_TILES}, got {dense_tile!r}")
     return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce, gemv_walk,
-                       xr_groups, dequant_copies, dense_gemv)
+                       xr_groups, dequant_copies, dense_gemv, dense_tile)
 
 
 #: Bytes a one-shot all-reduce call may carry (a slot of the exchange buffer: RLX_AR_SLOT_BYTES in

@@ -73,6 +73,14 @@ def test_float_decoder_records_the_dense_walk() -> None:
     assert "dense_gemv=0" in off.identity()
     assert CudaStages(Config.from_env({"RLX_DENSE_GEMV": "0"})).target_options["dense_gemv"] is False
     assert "dense_gemv" not in CudaStages(Config.from_env({})).target_options
+    # the tiles' width: chosen per launch, or forced (RLX_DENSE_GEMV_TILE, through Config: the LIR records it)
+    assert all("column tiles sized per launch" in d.describe() for d in found)
+    wide = _decided(float_decoder(), CudaTarget(precision=DType.F16, dense_tile=64))
+    assert {d.dense_tile for d in wide.decided(DecodeGemv)} == {64}
+    assert wide.inspect().count("tiles of 64 columns") == 5
+    assert CudaStages(Config.from_env({"RLX_DENSE_GEMV_TILE": "16"})).target_options["dense_tile"] == 16
+    with pytest.raises(BuildError, match="dense_tile"):
+        CudaTarget(precision=DType.F16, dense_tile=12)
 
 
 def test_llama3_8b_shaped_float_decoder_takes_the_dense_walk_everywhere() -> None:
@@ -118,6 +126,9 @@ def test_float_decoder_with_the_dense_gemv_compiles(precision: str, arch: str, t
                 for args in ("true, 0, true", "false, 1, true", "true, 2, true")}
     assert launches == {"true, 0, true": 2, "false, 1, true": 2, "true, 2, true": 1}  # Q/K/V, head; residuals
     assert src.count("if (M == 1) {") == 5
+    forced = CudaTarget(precision=target.precision, gemm=target.gemm, arch=arch, dense_tile=8)
+    fsrc = render_cuda(_decided(float_decoder(), forced), forced, {"name": "forced"})
+    assert fsrc.count("const int lg = 0;") == 5 and "const int lg = 0;" not in src
     path = tmp_path / f"dense_{precision}_{arch}.cu"
     path.write_text(src)
     tc.compile(path, path.with_suffix(".o"), target.gemm, compile_only=True)

@@ -22,7 +22,7 @@ TEMPLATE = "cuda/dense.cu.j2"
 QUANT, DENSE = "cuda/kernels/quant.cuh", "cuda/kernels/dense_gemv.cuh"
 #: Threads of a block (RLX_DGEMV_THREADS), 16-byte loads a thread issues a step (RLX_DGEMV_LOADS) and the tile
 #: widths the host picks from (lg: 8 << lg columns, kernels/dense_gemv.cuh).
-THREADS, LOADS, LGS = 512, 4, (1, 2, 3)
+THREADS, LOADS, LGS = 512, 4, (0, 1, 2, 3)
 
 
 def dgemv_smem_floats(k: int, lg: int, nm: int) -> int:
@@ -51,6 +51,8 @@ class DenseGemvLaunch(Launch):
     ws: tuple[str, ...]
     ys: tuple[str, ...]
     ns: tuple[int, ...]
+    #: the tiles' lg (8 << lg columns) when the decision forces it (`DecodeGemv.dense_tile`); -1: chosen per launch
+    lg: int = -1
 
 
 def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
@@ -88,6 +90,7 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
                            uses_lt=inner.args.uses_lt, smem_attrs=attrs, pdl=inner.args.pdl, inner=inner,
                            kernel=kernel, m=e.numel(e.node(lead.inputs[0]).shape.dims[:-1]), x=e.ptr(x),
                            gamma=gamma, eps=eps, res=res, k=k, nm=nm,
-                           ws=tuple(f"(const uint8_t *){e.ptr(w)}" for w in ws), ys=ys, ns=ns)
+                           ws=tuple(f"(const uint8_t *){e.ptr(w)}" for w in ws), ys=ys, ns=ns,
+                           lg=d.dense_tile.bit_length() - 4 if d.dense_tile else -1)
     return dataclasses.replace(inner, macro="block_dense_gemv", template=TEMPLATE, args=args,
                                headers=(*inner.headers, QUANT, DENSE))

@@ -214,6 +214,9 @@ class CudaTarget:
     #: (`DecodeGemv` walk "dense", with the norm, residual add and SwiGLU it absorbs); False: their GEMMs
     #: (RLX_DENSE_GEMV=0, comparisons).
     dense_gemv: bool = True
+    #: ... the output columns of its tiles (8, 16, 32, 64; 0: the widest that fills a wave, per launch;
+    #: RLX_DENSE_GEMV_TILE, comparisons)
+    dense_tile: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -229,6 +232,8 @@ class CudaTarget:
             raise BuildError(f"gemv_walk must be auto, rows, xreg, occ, occ4 or occp, got {self.gemv_walk!r}")
         if self.xr_groups not in (0, 1, 2, 4):
             raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
+        if self.dense_tile not in (0, 8, 16, 32, 64):
+            raise BuildError(f"dense_tile must be 0 (chosen), 8, 16, 32 or 64, got {self.dense_tile!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
             raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
         if isinstance(self.dequant_copies, bool) or not isinstance(self.dequant_copies, int) or self.dequant_copies < 0:
@@ -253,7 +258,8 @@ class CudaTarget:
                 + ("" if self.gemv_walk == "auto" else f" gemv_walk={self.gemv_walk}")
                 + (f" xr_groups={self.xr_groups}" if self.xr_groups else "")
                 + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}")
-                + ("" if self.dense_gemv else " dense_gemv=0"))
+                + ("" if self.dense_gemv else " dense_gemv=0")
+                + (f" dense_tile={self.dense_tile}" if self.dense_tile else ""))
 
 
 @dataclass(frozen=True)
