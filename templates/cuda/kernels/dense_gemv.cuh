@@ -27,6 +27,10 @@
 #ifndef RLX_DGEMV_MIN_BLOCKS
 #define RLX_DGEMV_MIN_BLOCKS 2
 #endif
+/* a weight load: through the read-only data path (no kernel writes the params) */
+#ifndef RLX_DGEMV_LDG
+#define RLX_DGEMV_LDG(p) __ldg(p)
+#endif
 
 /* 8 weights (16 bytes of f16 or bf16 bits) as floats: bf16 a shift or a mask a value, f16 its conversion (exact) */
 template <bool BF>
@@ -103,13 +107,13 @@ __device__ __forceinline__ void rlx_dgemv_load(uint4 q[NM * U], const RlxDTile &
             uint4 v = {0u, 0u, 0u, 0u};
             if (VEC) {
                 if (in)
-                    v = *(const uint4 *)(w + col);
+                    v = RLX_DGEMV_LDG((const uint4 *)(w + col));
             } else if (in) {
                 uint32_t h[8];
 #pragma unroll
                 for (int e = 0; e < 8; e++) {
                     const int64_t c = col + e < tl.n ? col + e : tl.n - 1;
-                    h[e] = w[c];
+                    h[e] = RLX_DGEMV_LDG(w + c);
                 }
                 v.x = h[0] | h[1] << 16;
                 v.y = h[2] | h[3] << 16;

@@ -4,6 +4,8 @@
  * tile width (lg) and a cap on the grid are the caller's. */
 #include "quant_shim.h"
 
+#define RLX_DGEMV_LDG(p) (*(p))
+
 #include "quant.cuh"
 #include "dense_gemv.cuh"
 
