@@ -13,7 +13,7 @@
  *     FMA; the thread sums of a column meet in shared memory and one warp adds them in thread-row order (the same
  *     order every run), then one lane applies the epilogue (rlx_qf_store: residual add or silu(gate) * up);
  *   - the first step's weights of the block's first tile are loaded before griddepcontrol.wait (weights are never
- *     written by a kernel), while the kernel before drains.
+ *     written by a kernel), while the kernel before drains, and the second step's prefetched into L2.
  * The host picks lg (the tile width) per launch so that the tiles fill the wave of resident blocks.
  * VEC: every member's N is a multiple of 8 (16-byte loads); else 8 2-byte loads a lane, columns clamped into the
  * member. K a multiple of 8. Dynamic shared memory: rlx_dgemv_smem floats. */
@@ -125,6 +125,19 @@ __device__ __forceinline__ void rlx_dgemv_load(uint4 q[NM * U], const RlxDTile &
     }
 }
 
+/* The same rows' 16-byte pieces into L2 (no registers held) */
+template <int NM, int U>
+__device__ __forceinline__ void rlx_dgemv_prefetch(const RlxDTile &tl, int64_t col, int k0, int K) {
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        if (k0 + i < K) {
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                RLX_Q_PREFETCH((m == 0 ? tl.w : tl.u) + (int64_t)(k0 + i) * tl.n + col);
+        }
+    }
+}
+
 /* Dynamic shared memory (floats) for K and lg: x padded to whole steps, then the [KR][NM C + 1] thread sums */
 __host__ __device__ __forceinline__ int64_t rlx_dgemv_smem(int64_t K, int lg, int nm) {
     const int64_t kr = RLX_DGEMV_THREADS >> lg, step = (RLX_DGEMV_LOADS / nm) * kr;
@@ -151,8 +164,10 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
     int64_t col = tl.c0 + 8 * l;
     col = col < tl.n ? col : (VEC ? tl.n - 8 : tl.n - 1);
     uint4 q[RLX_DGEMV_LOADS];
-    if (t < tiles)  /* the first step's weights while the kernel before drains */
+    if (t < tiles) {  /* the first step's weights while the kernel before drains, the second's into L2 */
         rlx_dgemv_load<NM, U, VEC>(q, tl, col, U * kr, K);
+        rlx_dgemv_prefetch<NM, U>(tl, col, step + U * kr, K);
+    }
     rlx_pdl_wait();
     rlx_pdl_trigger(); /* the next kernel may launch and fetch its weights */
     {
