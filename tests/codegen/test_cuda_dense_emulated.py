@@ -118,19 +118,22 @@ def test_dense_gemv_of_unequal_members_matches_reference(emu: ctypes.CDLL, dt: s
 
 
 def test_dense_gemv_reads_bf16_and_f16_bits_exactly(emu: ctypes.CDLL) -> None:
-    """With x one-hot at row r the output is weight row r exactly (each value converted without rounding): every bf16
-    and f16 bit pattern of a finite value, subnormals included, 64 columns at a time."""
-    k, n = 64, 64
+    """With x one-hot at row r the output is weight row r exactly (each value converted without rounding): for bf16 and
+    f16 every subnormal bit pattern (and the zeros), the largest finite values, and every 61st finite pattern (every
+    exponent, both signs), 1024 columns a launch."""
+    k, n = 64, 1024
     for dt in ("bf16", "f16"):
         bits = np.arange(0, 1 << 16, dtype=np.uint16)
-        vals = bits.view(NARROW[dt]).astype(np.float32)
-        bits = bits[np.isfinite(vals)]
-        for r in (0, 37):
+        finite = np.isfinite(bits.view(NARROW[dt]).astype(np.float32))
+        exp = (bits & 0x7FFF) >> (7 if dt == "bf16" else 10)
+        top = bits & 0x7FFF == (0x7F7F if dt == "bf16" else 0x7BFF)
+        bits = bits[finite & ((exp == 0) | top | (bits % 61 == 0))]
+        bits = np.concatenate([bits, bits[: -len(bits) % n]]).reshape(-1, n)  # whole rows (a few patterns twice)
+        for i, row in enumerate(bits):
+            r = (7 * i) % k
             x = np.zeros((1, k), np.float32)
             x[0, r] = 1.0
-            chunk = bits[: (len(bits) // n) * n].reshape(-1, n)[::97]
-            for row in chunk:
-                w = np.zeros((k, n), np.uint16)
-                w[r] = row
-                (y,) = _run(emu, dt, "plain", x, None, [w.view(NARROW[dt])], None, 2, 1)
-                np.testing.assert_array_equal(y[0], row.view(NARROW[dt]).astype(np.float32), err_msg=dt)
+            w = np.zeros((k, n), np.uint16)
+            w[r] = row
+            (y,) = _run(emu, dt, "plain", x, None, [w.view(NARROW[dt])], None, 3, 2)
+            np.testing.assert_array_equal(y[0], row.view(NARROW[dt]).astype(np.float32), err_msg=dt)
