@@ -12,7 +12,10 @@ H100 SXM 3.35 TB/s, H200 4.8), and the GPU memory each peer holds. `--batches` i
 steps of B rows each (B sequences at the same length, greedy): aggregate tokens/s per B and the ms a step takes,
 beside which kernel path the step's projections took (the fused decode GEMV up to `DecodeGemv.max_rows` rows,
 then in f16 / bf16 the tensor-core rlx_qmma up to `QuantMma.max_rows`, the dequantize + GEMM path beyond: the
-switch-overs the LIR records).
+switch-overs the LIR records). `--weights bf16`: every matrix bf16, stored in the build's precision as the matmuls
+read it ([K, N]); one-row steps run the dense GEMV `rlx_dgemv` (`DecodeGemv` walk "dense", with the norm, residual and
+SwiGLU inside: four launches a layer as with GGUF blocks; `RLX_DENSE_GEMV=0` keeps their cuBLASLt GEMMs), larger
+steps the GEMMs.
 
 The weights are random but shaped like SmolLM2-135M-Instruct (30 layers, hidden 576, 9/3 heads,
 FFN 1536, vocab 49152, tied embeddings): RLX gets them as GGUF Q4_1 blocks (token embedding Q8_0)
@@ -133,6 +136,8 @@ def bench_batches(args, config, tensors, batches: list[int]) -> None:
 
     rows = [r for kmax, r in DECODE_GEMV_ROWS if config.hidden_size <= kmax][:1]
     switch = rows[0] if rows else 0
+    if args.weights == "bf16":  # float projections: the dense GEMV takes one-row steps only (DecodeGemv walk "dense")
+        switch = 1
     # the FFN weights' QuantMma rows (the decision the LIR records for each projection)
     mma = args.precision in ("f16", "bf16") and args.weights in QUANT_MMA_FORMATS
     mma_max = next(r for least, r in QUANT_MMA_MAX_ROWS if config.hidden_size * config.ffn_size >= least) if mma else 0
@@ -162,7 +167,7 @@ def bench_batches(args, config, tensors, batches: list[int]) -> None:
         rate = b / step
         base = base or rate
         path = ("fused GEMV" if b <= switch else "qmma" if QUANT_MMA_MIN_ROWS <= b <= mma_max
-                else "GEMV" if b <= 8 else "GEMM")
+                else "GEMV" if b <= 8 and args.weights != "bf16" else "GEMM")
         print(f"{b:>6} {step * 1e3:9.3f} {rate:10.1f} {rate / base:7.2f} {path:>12}")
 
 

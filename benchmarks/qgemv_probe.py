@@ -22,6 +22,12 @@ launch off (`pdl=False`): a kernel's span is then its own work, not also its wai
 the decoder's steps overlap them). GB/s = the GEMV's weight bytes over its time
 (4.8 TB/s: the H200's HBM). `max rel` compares a walk's outputs with the first walk's. `--dry-run` prints each
 build's DecodeGemv decisions only (no GPU needed).
+
+`--weights bf16`: float weights (f32 params `[K, N]` stored in f16, as a bf16 decoder's are) and the dense GEMV
+`rlx_dgemv` (`DecodeGemv` walk "dense"); the walks are then its tile widths, `auto` (chosen per launch) or `t8`,
+`t16`, `t32`, `t64` (`dense_tile`), e.g. `--weights bf16 --walks auto,t16,t32,t64`; a `torch.mv` line (cuBLAS's
+GEMV on the same shapes, f16 `[N, K]` weights, 4 copies cycled so none is L2-resident, CUDA events) is printed
+beside them.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ def layer_graph(fmt: str) -> Graph:
     x, a = g.input("x", [1, HIDDEN]), g.input("a", [1, HIDDEN])
 
     def dm(h, name: str, n: int, k: int):
+        if fmt == "bf16":  # a float weight as a decoder holds it: [K, N], stored in the build's precision
+            return g.matmul(h, g.param(name, [k, n]))
         return g.dequant_matmul(h, g.param(name, [n, Q.row_bytes(fmt, k)], "u8"), quant=fmt)
 
     hn = g.rms_norm(x, g.param("attn_norm", [HIDDEN]), eps=1e-5)
@@ -80,9 +88,16 @@ def main() -> int:
     from rlx.pipeline.cuda import CudaStages, compile_cuda
 
     walks = args.walks.split(",")
+    dense = args.weights == "bf16"
+
+    def options(walk: str) -> dict:
+        if walk == "auto":
+            return {}
+        return {"dense_tile": int(walk[1:])} if dense else {"gemv_walk": walk}
+
     lir = Session(Device.CUDA).lower(layer_graph(args.weights))
     for walk in walks:
-        opts = {} if walk == "auto" else {"gemv_walk": walk}
+        opts = options(walk)
         arch = "sm_90" if args.dry_run else None  # a dry run needs no GPU to pick the arch from
         decided = CudaStages(Config.from_env(), precision="f16", arch=arch, **opts).decide(lir)
         for d in decided.decided(DecodeGemv):
@@ -95,14 +110,18 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
 
     rng = np.random.default_rng(0)
-    params = {name: Q.random_blocks(rng, n, k, args.weights) for _, ws in GEMVS for name, n, k in ws}
-    wbytes = {gemv: sum(params[name].nbytes for name, _, _ in ws) for gemv, ws in GEMVS}
+    if dense:
+        params = {name: (0.02 * rng.standard_normal((k, n))).astype(np.float32) for _, ws in GEMVS for name, n, k in ws}
+        wbytes = {gemv: sum(params[name].nbytes // 2 for name, _, _ in ws) for gemv, ws in GEMVS}  # stored in f16
+    else:
+        params = {name: Q.random_blocks(rng, n, k, args.weights) for _, ws in GEMVS for name, n, k in ws}
+        wbytes = {gemv: sum(params[name].nbytes for name, _, _ in ws) for gemv, ws in GEMVS}
     for name in ("attn_norm", "ffn_norm", "out_norm"):
         params[name] = (1.0 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
     feeds = {"x": torch.randn(1, HIDDEN, device="cuda"), "a": torch.randn(1, HIDDEN, device="cuda")}
     fns, outs, kernels = {}, {}, {}
     for walk in walks:
-        opts = {} if walk == "auto" else {"gemv_walk": walk}
+        opts = options(walk)
         cg = compile_cuda(lir, Config.from_env(), precision="f16", pdl=False, **opts)
         print(f"{walk}: built in {cg.build_seconds:.1f} s", flush=True)
         for name, p in params.items():
@@ -121,7 +140,8 @@ def main() -> int:
             for _ in range(args.iters):
                 fn()
             torch.cuda.synchronize()
-        evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and "rlx_qgemv" in e.name),
+        kernel = "rlx_dgemv" if dense else "rlx_qgemv"
+        evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and kernel in e.name),
                      key=lambda e: e.time_range.start)
         if len(evs) != len(GEMVS) * args.iters:
             raise SystemExit(f"expected {len(GEMVS)} GEMV launches a call, saw {len(evs) / args.iters:g}: "
@@ -152,6 +172,26 @@ def main() -> int:
     layer = sum(wbytes.values())
     print("one layer's four GEMVs: " + "  ".join(
         f"{w} {t:.1f} µs ({layer / t / 1e3:.0f} GB/s)" for w, t in total.items()))
+    if dense:
+        mv_total = 0.0
+        for gemv, ws in GEMVS:
+            rows, k = sum(n for _, n, _ in ws), ws[0][2]
+            copies = [torch.randn(rows, k, device="cuda", dtype=torch.float16) for _ in range(4)]
+            xv = torch.randn(k, device="cuda", dtype=torch.float16)
+            blocks = []
+            for _ in range(args.repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for i in range(args.iters):
+                    torch.mv(copies[i % 4], xv)
+                end.record()
+                torch.cuda.synchronize()
+                blocks.append(start.elapsed_time(end) * 1e3 / args.iters)
+            us = statistics.median(blocks)
+            mv_total += us
+            print(f"| {gemv} | torch.mv | {us:.1f} | {wbytes[gemv] / us / 1e3:.0f} | "
+                  f"{wbytes[gemv] / us / 1e3 / 4800:.1%} | - | cuBLAS ({rows} x {k}, CUDA events) |")
+        print(f"torch.mv, the same four: {mv_total:.1f} µs ({layer / mv_total / 1e3:.0f} GB/s)")
     return 0
 
 

@@ -74,6 +74,11 @@ class DecodeGemv(Decision):
     itself; `residual` (0 or 1 node): an add of the one member's output and another value — the kernel
     writes the sum into the add's output; `swiglu` (0 or 1 node): the region `silu(gate) * up` of two
     members — the kernel writes it directly.
+
+    Walk "dense": `members` are float projections of an f16 / bf16 build instead (`matmul`s of one activation
+    against 2-D params, or one `fused_swiglu`, whose gate and up weights the kernel reads together), whose
+    one-row steps run rlx_dgemv (kernels/dense_gemv.cuh) over the weights as stored ([K, N] in the compute type);
+    every member, and the absorbed nodes, run their own kernels in larger steps.
     """
 
     kind: ClassVar[str] = "cuda_decode_gemv"
@@ -85,11 +90,15 @@ class DecodeGemv(Decision):
     #: The one-row walk: "rows" (rlx_qgemv_fused, a warp walks RLX_QF_ROWS weight rows over all of K) or "xreg"
     #: (rlx_qgemv_xr: x held in registers per slab of 32 units, `xr_groups` groups of 8 weight rows a block) or
     #: "occ" (rlx_qgemv_occ: K split over a block's warps, each holding its slab's x in registers, `occ_rows`
-    #: weight rows a warp's item, at most 64 registers for 2; `occ_prefetch`: the warp's next item into L2 too).
+    #: weight rows a warp's item, at most 64 registers for 2; `occ_prefetch`: the warp's next item into L2 too) or
+    #: "dense" (rlx_dgemv: float members, the weights read as stored; `max_rows` 1).
     walk: str = "rows"
     xr_groups: int = 0
     occ_rows: int = 0
     occ_prefetch: bool = False
+    #: "dense": the output columns a block's tile takes (8, 16, 32 or 64); 0: chosen per launch, the widest whose
+    #: tiles fill the wave of resident blocks.
+    dense_tile: int = 0
 
     def describe(self) -> str:
         names = " ".join(f"%{m}" for m in self.members)
@@ -99,10 +108,14 @@ class DecodeGemv(Decision):
         elif self.walk == "occ":
             walk = (f", one-row steps K split over the warps ({self.occ_rows} weight rows an item"
                     + (", the next prefetched)" if self.occ_prefetch else ")"))
+        elif self.walk == "dense":
+            tile = f"tiles of {self.dense_tile} columns" if self.dense_tile else "column tiles sized per launch"
+            walk = f", a dense 16-bit GEMV over the weights as stored ([K, N]: {tile}, K split over a block's threads)"
         extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
         extra += [f"with the SwiGLU epilogue (%{self.swiglu[0]})"] if self.swiglu else []
-        return (f"{names} run as one quantized GEMV when a step has <= {self.max_rows} rows"
+        what = "float" if self.walk == "dense" else "quantized"
+        return (f"{names} run as one {what} GEMV when a step has <= {self.max_rows} rows"
                 + (", " + ", ".join(extra) if extra else "") + walk)
 
     def nodes(self) -> tuple[int, ...]:

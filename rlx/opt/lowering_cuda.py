@@ -355,13 +355,28 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
     return "xreg", min(DECODE_XR_GROUPS, key=lambda g: (idle(g), g))
 
 
-def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> list[DecodeGemv]:
+#: The one-row GEMV over dense 16-bit weights (rlx_dgemv, kernels/dense_gemv.cuh): the largest K it stages (x as f32
+#: in shared memory, 64 KiB at 16384: the kernel's limit is raised at load) and the build precisions whose float
+#: weights it reads as stored ([K, N] in the compute type).
+DENSE_GEMV_MAX_K = 16384
+DENSE_GEMV_PRECISIONS = (DType.F16, DType.BF16)
+#: Tile widths (output columns) rlx_dgemv may be forced to (`CudaTarget.dense_tile`, RLX_DENSE_GEMV_TILE; 0: chosen).
+DENSE_GEMV_TILES = (0, 8, 16, 32, 64)
+
+
+def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense: DType | None = None,
+                      grouped: frozenset[NodeId] = frozenset(), dense_tile: int = 0) -> list[DecodeGemv]:
     """Quantized projections that run as one GEMV launch in decode steps (see `DecodeGemv`).
 
     Members are consecutive `dequant_matmul`s of one activation with one block format and K; the norm
     before them, and the residual add or SwiGLU region after them, join only when scheduled right next
     to them and read by nothing else, so running them early (or not at all) in a decode step changes no
     value another kernel reads.
+
+    `dense` (an f16 / bf16 build's precision; None: none): float projections too, walk "dense" (rlx_dgemv over the
+    weight as stored) in one-row steps: consecutive `matmul`s of one activation against 2-D params (not in a
+    `GemmGroup`: `grouped`), or one `fused_swiglu` (its gate and up weights), with the same norm and residual;
+    `dense_tile` forces their tiles' width (0: chosen per launch).
     """
     graph = lir.graph
     users = graph.users()
@@ -380,14 +395,19 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> li
         return isinstance(n.op, O.DequantMatMul) and n.op.act in ("f32", "q8") \
             and lir.buffers[n.id].storage in ("arena", "output")
 
-    found: list[DecodeGemv] = []
-    for members in scheduled_runs(lir, quantized, lambda n: (n.inputs[0], n.op.quant, n.op.act),
-                                  DECODE_GEMV_MEMBERS):
+    def dense_member(n: Node) -> bool:  # x @ W, W a 2-D param read as stored ([K, N] in the compute type)
+        if dense is None or not isinstance(n.op, (O.MatMul, O.FusedSwiGLU)) or n.id in grouped:
+            return False
+        if lir.buffers[n.id].storage not in ("arena", "output") or device_dtype(n.shape.dtype, dense) is not dense:
+            return False
+        ws = [graph.node(w) for w in n.inputs[1:]]
+        return all(w.kind == "param" and w.shape.rank == 2 and lir.buffers[w.id].storage == "param"
+                   and device_dtype(w.shape.dtype, dense) is dense for w in ws) \
+            and graph.node(n.inputs[0]).shape.rank >= 2
+
+    def absorbed(members: list[Node], k: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+        """The norm, residual add and SwiGLU region `members` take (None: the group cannot run fused)."""
         x = members[0].inputs[0]
-        k = graph.node(x).shape.dims[-1].value
-        rows = next((r for kmax, r in DECODE_GEMV_ROWS if k <= kmax), 0)
-        if not rows or k % 32:
-            continue
         ids = tuple(m.id for m in members)
         first, last = pos[ids[0]], pos[ids[-1]]
         norm: tuple[int, ...] = ()
@@ -398,7 +418,7 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> li
             norm = (x,)
         residual: tuple[int, ...] = ()
         swiglu: tuple[int, ...] = ()
-        if len(members) == 1:
+        if len(members) == 1 and not isinstance(members[0].op, O.FusedSwiGLU):
             add = sole_next(ids[0], O.Binary)
             if (add is not None and add.op.fn == "add" and pos[add.id] == last + 1
                     and all(graph.node(a).shape == add.shape for a in add.inputs)
@@ -416,11 +436,36 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0) -> li
             # an early write would clobber what another block still stages: keep the epilogue separate
             residual = swiglu = ()
             if any(lir.arena_overlap(staged, w) for w in ids):
-                continue
+                return None
+        return norm, residual, swiglu
+
+    found: list[DecodeGemv] = []
+    for members in scheduled_runs(lir, quantized, lambda n: (n.inputs[0], n.op.quant, n.op.act),
+                                  DECODE_GEMV_MEMBERS):
+        k = graph.node(members[0].inputs[0]).shape.dims[-1].value
+        rows = next((r for kmax, r in DECODE_GEMV_ROWS if k <= kmax), 0)
+        if not rows or k % 32:
+            continue
+        taken = absorbed(members, k)
+        if taken is None:
+            continue
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
         how, size = decode_walk(members[0].op.quant, members[0].op.act, k, walk, groups)
-        found.append(DecodeGemv(ids, rows, norm, residual, swiglu, how, size if how == "xreg" else 0,
+        found.append(DecodeGemv(tuple(m.id for m in members), rows, *taken, how, size if how == "xreg" else 0,
                                 size if how == "occ" else 0, how == "occ" and walk in ("occp", "occ4p")))
+    # (a fused_swiglu is a group of its own: its key never equals a matmul's)
+    for members in scheduled_runs(lir, dense_member, lambda n: (n.inputs[0], n.kind, n.id * (n.kind != "matmul")),
+                                  DECODE_GEMV_MEMBERS):
+        k = graph.node(members[0].inputs[0]).shape.dims[-1].value
+        if k % 8 or k > DENSE_GEMV_MAX_K:
+            continue
+        taken = absorbed(members, k)
+        if taken is None:
+            continue
+        # the kernel reads x (the norm's input) 16 bytes at a time
+        staged = lir.buffers[graph.node(taken[0][0]).inputs[0] if taken[0] else members[0].inputs[0]]
+        if staged.storage == "input" or (staged.storage == "arena" and staged.offset % 16 == 0):
+            found.append(DecodeGemv(tuple(m.id for m in members), 1, *taken, "dense", dense_tile=dense_tile))
     return found
 
 
@@ -741,10 +786,12 @@ def _scratch(lir: LirModule, precision: DType) -> int:
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
                 pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
                 p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
-                dequant_copies: int = DEQUANT_COPY_BYTES) -> tuple[Decision, ...]:
+                dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
+                dense_tile: int = 0) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
-    its decode steps run the grouped kernel; `dequant_copies` is the byte budget of `DequantCopy` copies."""
+    its decode steps run the grouped kernel; `dequant_copies` is the byte budget of `DequantCopy` copies;
+    `dense_gemv` lets float projections of f16 / bf16 builds take the dense one-row GEMV (`DecodeGemv` walk "dense")."""
     graph = lir.graph
     bodies = scan_bodies(lir)
     mem = _Allocator()
@@ -802,7 +849,9 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     # dequantized copies of quantized weights (DequantCopy) with the params: rlx_clone copies them too
     # (with cuBLASLt the GEMM of a fused GEMV's lone member also adds its residual: C = the add's other input)
     # (its X must not share bytes with the sum it writes; C may: cuBLASLt accumulates in place)
-    gemvs, mmas = find_decode_gemvs(lir, gemv_walk, xr_groups), find_quant_mmas(lir, precision)
+    dense = precision if dense_gemv and precision in DENSE_GEMV_PRECISIONS else None
+    gemvs = find_decode_gemvs(lir, gemv_walk, xr_groups, dense, frozenset(m for g in grouped for m in g), dense_tile)
+    mmas = find_quant_mmas(lir, precision)
     residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in gemvs
                    if d.residual and len(d.members) == 1
                    and not lir.arena_overlap(graph.node(d.members[0]).inputs[0], d.residual[0])} \
@@ -871,13 +920,14 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
                    kv_decode: bool = True, p2p_all_reduce: bool = True, gemv_walk: str = "auto",
-                   xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES,
-                   **_target: object) -> tuple[Decision, ...]:
+                   xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
+                   dense_tile: int = 0, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
     keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
     all-reduce to NCCL (no `AllReduceP2P`); `gemv_walk` / `xr_groups` pick the one-row decode GEMV's walk
-    (`decode_walk`).
+    (`decode_walk`); `dense_gemv=False` keeps float projections off the dense one-row GEMV (RLX_DENSE_GEMV=0),
+    `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
@@ -892,8 +942,10 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
         raise ValueError(f"decode_sms must be a positive int (the GPU's SM count), got {decode_sms!r}")
     if isinstance(dequant_copies, bool) or not isinstance(dequant_copies, int) or dequant_copies < 0:
         raise ValueError(f"dequant_copies must be a byte count >= 0, got {dequant_copies!r}")
+    if dense_tile not in DENSE_GEMV_TILES:
+        raise ValueError(f"dense_tile must be one of {DENSE_GEMV_TILES}, got {dense_tile!r}")
     return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce, gemv_walk,
-                       xr_groups, dequant_copies)
+                       xr_groups, dequant_copies, dense_gemv, dense_tile)
 
 
 #: Bytes a one-shot all-reduce call may carry (a slot of the exchange buffer: RLX_AR_SLOT_BYTES in

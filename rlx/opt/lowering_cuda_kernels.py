@@ -536,8 +536,9 @@ def kernel_choices(lir: LirModule, memory: Sequence[Decision], opt: _Options,
     groups = [d for d in memory if isinstance(d, GemmGroup)]
     places = DevicePlaces(lir, layout, groups, opt.precision, scan_body)
     covered = {n for d in memory if isinstance(d, PoolTail) for n in (d.out, *d.absorbed)}
-    covered |= {m for d in memory if isinstance(d, DecodeGemv) for m in d.members[1:]}
-    decode = {n for d in memory if isinstance(d, DecodeGemv) for n in d.nodes()}
+    # (a dense GEMV's members and norm keep their own kernels, and choices, for steps of more than one row)
+    covered |= {m for d in memory if isinstance(d, DecodeGemv) and d.walk != "dense" for m in d.members[1:]}
+    decode = {n for d in memory if isinstance(d, DecodeGemv) and d.walk != "dense" for n in d.nodes()}
     nodes = _rendered(lir, places, covered)
     options = CudaKernelOptions(opt.arch, opt.cutlass, opt.gather_region, opt.small_gemm, opt.lt_gelu_epilogue,
                                 opt.fused_act_gemm)
@@ -550,14 +551,15 @@ def cuda_lowering(lir: LirModule, precision: DType | str = DType.F32, gemm: str 
                   small_gemm: bool = True, lt_gelu_epilogue: bool = True, fused_act_gemm: bool = False,
                   scan_body: bool = False, decode_sms: int = 132, kv_decode: bool = True,
                   p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
-                  dequant_copies: int = DEQUANT_COPY_BYTES, **_target: object) -> tuple[Decision, ...]:
+                  dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True, dense_tile: int = 0,
+                  **_target: object) -> tuple[Decision, ...]:
     """`LOWERINGS["cuda"]`: the memory decisions (`cuda_decisions`), then the kernel choices for these options.
 
     The defaults are `CudaTarget()`'s; other target options (tile sizes, attention variants, profiling) change
     no decision and are ignored.
     """
     memory = cuda_decisions(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce,
-                            gemv_walk, xr_groups, dequant_copies)
+                            gemv_walk, xr_groups, dequant_copies, dense_gemv, dense_tile)
     opt = _Options(DType.parse(precision), gemm, arch, cutlass_gemm, gather_region,
                    small_gemm, lt_gelu_epilogue, fused_act_gemm)
     return (*memory, *kernel_choices(lir, memory, opt, scan_body))

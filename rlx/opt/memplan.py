@@ -82,6 +82,19 @@ def norm_gemm_pairs(graph: Graph, schedule: tuple[NodeId, ...], view_of: dict) -
     return pairs
 
 
+def gemm_residual_pairs(graph: Graph, schedule: tuple[NodeId, ...]) -> list[tuple[NodeId, NodeId]]:
+    """(matmul, add) pairs where a `matmul`'s one reader is a residual add scheduled right after it: a backend may
+    compute the add in the GEMM's (a decode GEMV's) epilogue."""
+    users = graph.users()
+    pairs = []
+    for i, nid in enumerate(schedule[:-1]):
+        node, nxt = graph.node(nid), graph.node(schedule[i + 1])
+        if (node.kind == "matmul" and set(users[nid]) == {nxt.id} and nxt.kind == "binary"
+                and getattr(nxt.op, "fn", None) == "add"):
+            pairs.append((nid, nxt.id))
+    return pairs
+
+
 def plan(graph: Graph, *, hold_norm_inputs: bool = False, early_residual_adds: bool = False) -> LirModule:
     """Plan buffers for an (optimized) graph and return its LIR.
 
@@ -89,6 +102,9 @@ def plan(graph: Graph, *, hold_norm_inputs: bool = False, early_residual_adds: b
     that reads its output (`norm_gemm_pairs`), so that GEMM's output never takes their bytes and a backend may
     run the norm inside the GEMM (CUDA: the prologue of rlx_gemm_small, whose blocks still read the norm's
     inputs while others write the output). It costs an activation's bytes of arena where they would be reused.
+    With it too, a matmul's A stays live through the residual add scheduled right after it (`gemm_residual_pairs`),
+    so the add's output never takes A's bytes and a one-row decode GEMV (CUDA's rlx_dgemv) may write the sum while
+    other blocks still read A.
 
     `early_residual_adds`: a residual add of a conv's value (`conv_residual_pairs`: the conv's one reader) is live
     from the conv on, so the add's bytes are no other value's while the conv runs and a backend may compute the add
@@ -164,6 +180,9 @@ def plan(graph: Graph, *, hold_norm_inputs: bool = False, early_residual_adds: b
         for norm, gemm in norm_gemm_pairs(graph, schedule, view_of):
             for i in nodes[norm].inputs:
                 last_use[root[i]] = max(last_use.get(root[i], -1), position[gemm])
+        for gemm, add in gemm_residual_pairs(graph, schedule):
+            a = root[nodes[gemm].inputs[0]]
+            last_use[a] = max(last_use.get(a, -1), position[add])
 
     first_def = dict(conv_residual_pairs(graph, position)) if early_residual_adds else {}
     if early_residual_adds:  # a squeeze-excite product's operands through the conv that may compute it

@@ -61,7 +61,8 @@ def decide_cuda(lir: LirModule, target: Any) -> LirModule:
                "lt_gelu_epilogue": target.lt_gelu_epilogue, "fused_act_gemm": target.fused_act_gemm,
                "decode_sms": target.decode_sms, "kv_decode": target.kv_decode,
                "p2p_all_reduce": target.p2p_all_reduce, "gemv_walk": target.gemv_walk, "xr_groups": target.xr_groups,
-               "dequant_copies": target.dequant_copies}
+               "dequant_copies": target.dequant_copies, "dense_gemv": target.dense_gemv,
+               "dense_tile": target.dense_tile}
     # a scan body writes no graph output (no pooling tail of its own); its per-step pointers are the loop's
     return decide(lir, "cuda", {**options, "pool_tail": False, "scan_body": True}, **options)
 
@@ -107,6 +108,8 @@ class CudaStages:
                                **({"dequant_copies": config.cuda_dequant_copies}
                                   if config.cuda_dequant_copies >= 0 else {}),
                                **({} if config.cuda_small_gemm else {"small_gemm": False}),
+                               **({} if config.cuda_dense_gemv else {"dense_gemv": False}),
+                               **({"dense_tile": config.cuda_dense_tile} if config.cuda_dense_tile else {}),
                                **target_options}
         self._toolchain = toolchain
         self._target: Any = None

@@ -327,3 +327,27 @@ def test_hold_norm_inputs_keeps_them_apart_from_the_gemm_after_the_norm() -> Non
     assert any(clash(loose, n, m) for n, m in pairs)  # the residual norm's inputs are reused by its GEMM
     assert not any(clash(held, n, m) for n, m in pairs)
     assert held.arena_bytes >= loose.arena_bytes
+
+
+def test_hold_norm_inputs_keeps_a_matmuls_input_apart_from_the_residual_add_after_it() -> None:
+    """With hold_norm_inputs (the CUDA plan) a matmul's A stays live through the residual add scheduled right after it
+    (`gemm_residual_pairs`): the add's output never takes A's bytes, so a one-row decode GEMV (CUDA's rlx_dgemv) may
+    write the sum while other blocks still read A; without it the planner reuses them (A dies at the matmul)."""
+    from rlx.opt.memplan import gemm_residual_pairs
+
+    g = Graph("residual")
+    x = g.input("x", [4, 64])
+    a = g.activation("tanh", x)  # A: an arena value read by the matmul only
+    y = g.add_(g.matmul(a, g.param("w", [64, 64])), x)
+    g.set_outputs([g.activation("neg", g.mul(y, y))])
+
+    def overlap(lir, p: int, q: int) -> bool:
+        bp, bq = lir.buffers[p], lir.buffers[q]
+        return bp.offset < bq.offset + bq.nbytes and bq.offset < bp.offset + bp.nbytes
+
+    loose, held = plan(g), plan(g, hold_norm_inputs=True)
+    pairs = gemm_residual_pairs(held.graph, held.schedule)
+    assert len(pairs) == 1
+    gemm, add = pairs[0]
+    assert overlap(loose, held.graph.node(gemm).inputs[0], add)
+    assert not overlap(held, held.graph.node(gemm).inputs[0], add)

@@ -84,6 +84,7 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/kv_f8.cuh", "cuda/kernels/kv_attention.cuh", "cuda/kernels/kv_decode.cuh",
                   "cuda/kernels/quant.cuh",
                   "cuda/kernels/quant_q8.cuh", "cuda/kernels/quant_occ.cuh", "cuda/kernels/quant_mma.cuh",
+                  "cuda/kernels/dense_gemv.cuh",
                   "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
                   "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
@@ -210,6 +211,13 @@ class CudaTarget:
     #: Bytes of quantized weights also kept dequantized in the compute type, for steps past the GEMVs' rows
     #: (`DequantCopy`; default `DEQUANT_COPY_BYTES`, 0: none).
     dequant_copies: int = DEQUANT_COPY_BYTES
+    #: One-row decode steps of float projections in f16 / bf16 builds run rlx_dgemv over the weights as stored
+    #: (`DecodeGemv` walk "dense", with the norm, residual add and SwiGLU it absorbs); False: their GEMMs
+    #: (RLX_DENSE_GEMV=0, comparisons).
+    dense_gemv: bool = True
+    #: ... the output columns of its tiles (8, 16, 32, 64; 0: the widest that fills a wave, per launch;
+    #: RLX_DENSE_GEMV_TILE, comparisons)
+    dense_tile: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -226,6 +234,8 @@ class CudaTarget:
             raise BuildError(f"gemv_walk must be one of {', '.join(walks)}, got {self.gemv_walk!r}")
         if self.xr_groups not in (0, 1, 2, 4):
             raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
+        if self.dense_tile not in (0, 8, 16, 32, 64):
+            raise BuildError(f"dense_tile must be 0 (chosen), 8, 16, 32 or 64, got {self.dense_tile!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
             raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
         if isinstance(self.dequant_copies, bool) or not isinstance(self.dequant_copies, int) or self.dequant_copies < 0:
@@ -249,7 +259,9 @@ class CudaTarget:
                 + ("" if self.p2p_all_reduce else " p2p_all_reduce=0")
                 + ("" if self.gemv_walk == "auto" else f" gemv_walk={self.gemv_walk}")
                 + (f" xr_groups={self.xr_groups}" if self.xr_groups else "")
-                + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}"))
+                + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}")
+                + ("" if self.dense_gemv else " dense_gemv=0")
+                + (f" dense_tile={self.dense_tile}" if self.dense_tile else ""))
 
 
 @dataclass(frozen=True)
@@ -510,7 +522,7 @@ class CudaEmitter:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
                 f"%{nid}: written by %{d.members[0] if d else self.copy_adds[nid]} (the fused GEMV in decode steps, "
                 "the GEMM on its dequantized copy with this residual as C in larger ones)"), what=""))
-        if d is not None and nid in d.members[1:]:
+        if d is not None and d.walk != "dense" and nid in d.members[1:]:
             return Kernel(nid, "block_none", _OPS_TEMPLATE, NoWork(comment=comment(
                 f"%{nid}: computed with %{d.members[0]} (one fused GEMV in decode steps, its own path in larger "
                 "ones)"), what=""))
@@ -521,6 +533,15 @@ class CudaEmitter:
         if reason is not None:
             raise BuildError(f"{reason} (node {node.label})")
         k = rules.rule(node.kind).emit(self, node)
+        if d is not None and d.walk == "dense" and nid in d.members:
+            # a float member: its own kernel in larger steps; the first member's launch also runs rlx_dgemv
+            from rlx.codegen.cuda.dense import dense_decode_gemv
+
+            lead = self.node(d.members[0])
+            if nid != lead.id:
+                return self._large_step_only(k, self.node(lead.inputs[0]).shape.dims[:-1], d.max_rows,
+                                             f"done by the dense GEMV of %{lead.id}")
+            return dense_decode_gemv(self, d, k)
         if d is not None and nid not in d.members:
             lead = self.node(d.members[0])
             cs = self.copy_absorbed.get(nid)

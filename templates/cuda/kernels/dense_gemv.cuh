@@ -1,0 +1,276 @@
+/* ── rlx_dgemv: the one-row decode GEMV over dense 16-bit weights (f16 / bf16; after quant.cuh) ─────────────────────
+ * A float weight of an f16 / bf16 build sits in the params region as the matmul reads it, [K, N] row-major in the
+ * compute type (`decoder_params` stores a GGUF [N, K] matrix transposed), and this kernel reads it so, with no copy:
+ *   - the output columns are dealt in tiles of C = 8 L columns (L = 1 << lg lanes a weight row's piece: 16 bytes a
+ *     lane, so a warp's load takes 32 / L rows of 16 L contiguous bytes each); every member's columns are tiled on
+ *     their own, so a tile never straddles two members (Q / K / V); SwiGLU's tile reads the gate's and the up
+ *     matrix's same columns;
+ *   - K is split over the block's threads: thread row kr (KR = 512 / L of them) takes rows U kr .. U kr + U - 1 of
+ *     every step of U KR rows (U = 4, SwiGLU 2 of each matrix), so a thread issues RLX_DGEMV_LOADS 16-byte loads a
+ *     step, all before any product, and the next step's before this step's products (two steps' loads in flight);
+ *   - x (normalized by the absorbed RMS norm) is staged once in shared memory as f32, read as one float4 (float2) a
+ *     step; a weight value costs one conversion (bf16: a shift or a mask; f16: its cvt, HADD2.F32 on sm_80+) and one
+ *     FMA; the thread sums of a column meet in shared memory and one warp adds them in thread-row order (the same
+ *     order every run), then one lane applies the epilogue (rlx_qf_store: residual add or silu(gate) * up);
+ *   - the first step's weights of the block's first tile are loaded before griddepcontrol.wait (weights are never
+ *     written by a kernel), while the kernel before drains, and the second step's prefetched into L2.
+ * The host picks lg (the tile width) per launch so that the tiles fill the wave of resident blocks.
+ * VEC: every member's N is a multiple of 8 (16-byte loads); else 8 2-byte loads a lane, columns clamped into the
+ * member. K a multiple of 8. Dynamic shared memory: rlx_dgemv_smem floats. */
+#ifndef RLX_DGEMV_THREADS
+#define RLX_DGEMV_THREADS 512
+#endif
+/* 16-byte loads a thread issues a step (U rows of each matrix) */
+#define RLX_DGEMV_LOADS 4
+/* blocks an SM holds: ptxas fits the kernel in 64 registers (sm_90, f16 / bf16, each epilogue: no spills; sm_80: the
+   f16 SwiGLU spills 8 bytes), so 32 warps an SM, each thread with two steps' loads (128 bytes) in flight */
+#ifndef RLX_DGEMV_MIN_BLOCKS
+#define RLX_DGEMV_MIN_BLOCKS 2
+#endif
+/* a weight load: through the read-only data path (no kernel writes the params) */
+#ifndef RLX_DGEMV_LDG
+#define RLX_DGEMV_LDG(p) __ldg(p)
+#endif
+
+/* 8 weights (16 bytes of f16 or bf16 bits) as floats: bf16 a shift or a mask a value, f16 its conversion (exact) */
+template <bool BF>
+__device__ __forceinline__ void rlx_dgemv_cvt(const uint4 &q, float v[8]) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (BF) {
+            v[2 * j] = __uint_as_float(w[j] << 16);
+            v[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+        } else {
+            v[2 * j] = __half2float(__ushort_as_half((unsigned short)(w[j] & 0xFFFFu)));
+            v[2 * j + 1] = __half2float(__ushort_as_half((unsigned short)(w[j] >> 16)));
+        }
+    }
+}
+
+/* A tile of C output columns: its member j, that member's weight (and the up matrix with SwiGLU), its N and first
+   column. */
+struct RlxDTile {
+    const uint16_t *w, *u;
+    int64_t n, c0;
+    int j;
+};
+
+/* Tiles of member i's columns (0 past the members) */
+__device__ __forceinline__ int rlx_dgemv_mtiles(const RlxQMembers &mem, int i, int C) {
+    return i < mem.count ? (int)((mem.n[i] + C - 1) / C) : 0;
+}
+
+/* Every member's tiles (SwiGLU: the gate's) */
+template <int EPI>
+__device__ __forceinline__ int rlx_dgemv_tiles(const RlxQMembers &mem, int C) {
+    if (EPI != 0)
+        return rlx_dgemv_mtiles(mem, 0, C);
+    return rlx_dgemv_mtiles(mem, 0, C) + rlx_dgemv_mtiles(mem, 1, C) + rlx_dgemv_mtiles(mem, 2, C) +
+           rlx_dgemv_mtiles(mem, 3, C);
+}
+
+/* Tile t: the member by selects on the members' tile counts (constant indices only: see rlx_qf_member) */
+template <int EPI>
+__device__ __forceinline__ RlxDTile rlx_dgemv_tile(const RlxQMembers &mem, int t, int C) {
+    RlxDTile tl;
+    int j = 0;
+    if (EPI == 0) {
+        const int t0 = rlx_dgemv_mtiles(mem, 0, C), t1 = rlx_dgemv_mtiles(mem, 1, C), t2 = rlx_dgemv_mtiles(mem, 2, C);
+        const bool b1 = mem.count > 1 && t >= t0;
+        t -= b1 ? t0 : 0;
+        const bool b2 = b1 && mem.count > 2 && t >= t1;
+        t -= b2 ? t1 : 0;
+        const bool b3 = b2 && mem.count > 3 && t >= t2;
+        t -= b3 ? t2 : 0;
+        j = b3 ? 3 : b2 ? 2 : b1 ? 1 : 0;
+    }
+    tl.j = j;
+    tl.w = (const uint16_t *)rlx_qf_weights(mem, j);
+    tl.u = EPI == 2 ? (const uint16_t *)mem.w[1] : tl.w;
+    tl.n = rlx_qf_rows(mem, j);
+    tl.c0 = (int64_t)t * C;
+    return tl;
+}
+
+/* The U rows k0 .. k0 + U - 1 of the tile's NM matrices at the lane's 8 columns (col: clamped into the member, so
+   every load is in bounds; rows past K read as zeros), loads only. */
+template <int NM, int U, bool VEC>
+__device__ __forceinline__ void rlx_dgemv_load(uint4 q[NM * U], const RlxDTile &tl, int64_t col, int k0, int K) {
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        const bool in = k0 + i < K;
+        const int64_t row = (int64_t)(in ? k0 + i : 0) * tl.n;
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint16_t *w = (m == 0 ? tl.w : tl.u) + row;
+            uint4 v = {0u, 0u, 0u, 0u};
+            if (VEC) {
+                if (in)
+                    v = RLX_DGEMV_LDG((const uint4 *)(w + col));
+            } else if (in) {
+                uint32_t h[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const int64_t c = col + e < tl.n ? col + e : tl.n - 1;
+                    h[e] = RLX_DGEMV_LDG(w + c);
+                }
+                v.x = h[0] | h[1] << 16;
+                v.y = h[2] | h[3] << 16;
+                v.z = h[4] | h[5] << 16;
+                v.w = h[6] | h[7] << 16;
+            }
+            q[m * U + i] = v;
+        }
+    }
+}
+
+/* The same rows' 16-byte pieces into L2 (no registers held) */
+template <int NM, int U>
+__device__ __forceinline__ void rlx_dgemv_prefetch(const RlxDTile &tl, int64_t col, int k0, int K) {
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+        if (k0 + i < K) {
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                RLX_Q_PREFETCH((m == 0 ? tl.w : tl.u) + (int64_t)(k0 + i) * tl.n + col);
+        }
+    }
+}
+
+/* Dynamic shared memory (floats) for K and lg: x padded to whole steps, then the [KR][NM C + 1] thread sums */
+__host__ __device__ __forceinline__ int64_t rlx_dgemv_smem(int64_t K, int lg, int nm) {
+    const int64_t kr = RLX_DGEMV_THREADS >> lg, step = (RLX_DGEMV_LOADS / nm) * kr;
+    return (K + step - 1) / step * step + kr * (nm * (8 << lg) + 1);
+}
+
+template <typename T, bool BF, bool NORM, int EPI, bool VEC>
+__global__ void __launch_bounds__(RLX_DGEMV_THREADS, RLX_DGEMV_MIN_BLOCKS)
+rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
+          const T *res, int64_t K64, int lg) {
+    constexpr int NM = EPI == 2 ? 2 : 1;        /* matrices a tile reads: gate and up with SwiGLU */
+    constexpr int U = RLX_DGEMV_LOADS / NM;     /* rows of each a thread reads a step */
+    static_assert(U == 2 || U == 4, "a step's x is one float2 or float4");
+    const int K = (int)K64, L = 1 << lg, C = 8 * L, KR = RLX_DGEMV_THREADS >> lg;
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, kr = tid >> lg, l = tid & (L - 1);
+    const int step = U * KR, steps = (K + step - 1) / step, kp = steps * step, PW = NM * C + 1;
+    const int tiles = rlx_dgemv_tiles<EPI>(mem, C);
+    RLX_DYNAMIC_SHARED(float4, rlx_dgemv_smem4);
+    float *xs = (float *)rlx_dgemv_smem4; /* x, kp floats (zero past K) */
+    float *part = xs + kp;                /* [KR][PW] thread sums */
+    __shared__ float red[RLX_DGEMV_THREADS / 32];
+    int t = (int)blockIdx.x;
+    RlxDTile tl = rlx_dgemv_tile<EPI>(mem, t < tiles ? t : 0, C);
+    int64_t col = tl.c0 + 8 * l;
+    col = col < tl.n ? col : (VEC ? tl.n - 8 : tl.n - 1);
+    uint4 q[RLX_DGEMV_LOADS];
+    if (t < tiles) {  /* the first step's weights while the kernel before drains, the second's into L2 */
+        rlx_dgemv_load<NM, U, VEC>(q, tl, col, U * kr, K);
+        rlx_dgemv_prefetch<NM, U>(tl, col, step + U * kr, K);
+    }
+    rlx_pdl_wait();
+    rlx_pdl_trigger(); /* the next kernel may launch and fetch its weights */
+    {
+        float ss = 0.0f;
+        for (int k = 8 * tid; k < kp; k += 8 * RLX_DGEMV_THREADS) {
+            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (k < K)
+                rlx_load8(X + k, v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                if (NORM)
+                    ss = fmaf(v[e], v[e], ss);
+                xs[k + e] = v[e];
+            }
+        }
+        if (NORM) {
+            ss = rlx_warp_sum(ss);
+            if (lane == 0)
+                red[warp] = ss;
+            __syncthreads();
+            float tot = 0.0f;
+            for (int w = 0; w < RLX_DGEMV_THREADS / 32; w++)
+                tot += red[w];
+            const float scale = rsqrtf(tot / (float)K + eps);
+            for (int k = 8 * tid; k < K; k += 8 * RLX_DGEMV_THREADS) {  /* this thread's own values */
+                float g[8];
+                rlx_load8(gamma + k, g);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    xs[k + e] *= scale * g[e];
+            }
+        }
+    }
+    __syncthreads();
+    for (; t < tiles; t += (int)gridDim.x) {
+        if (t != (int)blockIdx.x) {
+            tl = rlx_dgemv_tile<EPI>(mem, t, C);
+            col = tl.c0 + 8 * l;
+            col = col < tl.n ? col : (VEC ? tl.n - 8 : tl.n - 1);
+            rlx_dgemv_load<NM, U, VEC>(q, tl, col, U * kr, K);
+        }
+        float acc[NM][8];
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                acc[m][e] = 0.0f;
+        for (int s = 0; s < steps; s++) {
+            const int k0 = s * step + U * kr;
+            uint4 nq[RLX_DGEMV_LOADS];
+            const bool more = s + 1 < steps;
+            if (more)  /* the next step's loads before this step's products */
+                rlx_dgemv_load<NM, U, VEC>(nq, tl, col, k0 + step, K);
+            float xv[U];
+            if constexpr (U == 4) {
+                const float4 a = *(const float4 *)(xs + k0);
+                xv[0] = a.x;
+                xv[1] = a.y;
+                xv[2] = a.z;
+                xv[3] = a.w;
+            } else {
+                const float2 a = *(const float2 *)(xs + k0);
+                xv[0] = a.x;
+                xv[1] = a.y;
+            }
+#pragma unroll
+            for (int i = 0; i < U; i++) {
+#pragma unroll
+                for (int m = 0; m < NM; m++) {
+                    float v[8];
+                    rlx_dgemv_cvt<BF>(q[m * U + i], v);
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        acc[m][e] = fmaf(xv[i], v[e], acc[m][e]);
+                }
+            }
+            if (more) {
+#pragma unroll
+                for (int i = 0; i < RLX_DGEMV_LOADS; i++)
+                    q[i] = nq[i];
+            }
+        }
+        /* column c of the tile: thread rows' sums in row order, one warp a column */
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                part[kr * PW + m * C + 8 * l + e] = acc[m][e];
+        __syncthreads();
+        for (int c = warp; c < C; c += RLX_DGEMV_THREADS / 32) {
+            float a = 0.0f, b = 0.0f;
+            for (int r = lane; r < KR; r += 32) {
+                a += part[r * PW + c];
+                if (EPI == 2)
+                    b += part[r * PW + C + c];
+            }
+            a = rlx_warp_sum(a);
+            if (EPI == 2)
+                b = rlx_warp_sum(b);
+            const int64_t n = tl.c0 + c;
+            if (lane == 0 && n < tl.n)
+                rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? tl.j : 0), n, a, b, res, n);
+        }
+        __syncthreads();
+    }
+}

@@ -1,0 +1,139 @@
+"""The one-row decode GEMV over dense 16-bit weights (templates/cuda/kernels/dense_gemv.cuh's rlx_dgemv: f16 or bf16
+weights [K, N] as stored, f32 x) run on the CPU through the CUDA shim (tests/codegen/cuda_emu), against rlx.reference's
+matmul of f32 x and the narrow weight: plain members (Q / K / V shaped: three of unequal N), the RMS norm producing x,
+norm + SwiGLU (gate and up read together), and the residual add; N odd (2-byte loads, columns clamped into the member)
+or a multiple of 8 (16-byte loads); K from 64 to 16384; every tile width the host picks (8 << lg columns); grids
+smaller than the tiles (several passes, each block's first tile loaded before the PDL wait). Needs g++ with C++20.
+
+Bound, as the quantized GEMVs' (tests/codegen/test_cuda_qgemv_emulated.py): the kernel sums exact products x w in f32
+over K terms (per thread, then over the threads in a fixed order), |err| <= (K + 36) u32 (|h| @ |w|), h the
+(normalized) activation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+from cuda_emu_build import build_emu
+from q8_bounds import U32, fused_checks, rms
+
+import rlx
+from rlx.reference import run as reference_run
+
+F32P = ctypes.POINTER(ctypes.c_float)
+KINDS = {"plain": 0, "norm_swiglu": 1, "residual": 2, "norm": 3}
+NARROW = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    lib = build_emu(tmp_path_factory, "dense_emu.cpp")
+    i32, i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.emu_dgemv.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, i64, i32, ctypes.c_uint]
+    return lib
+
+
+def _weights(rng: np.random.Generator, k: int, n: int, dt: str) -> np.ndarray:
+    """A [K, N] weight of `dt` (values of a trained layer's size, a few large ones, some exact zeros)."""
+    w = (0.05 * rng.standard_normal((k, n))).astype(np.float32)
+    w[rng.random((k, n)) < 0.01] *= 40.0
+    w[rng.random((k, n)) < 0.01] = 0.0
+    return w.astype(NARROW[dt])
+
+
+def _reference(h: np.ndarray, w: np.ndarray, dt: str) -> np.ndarray:
+    """h @ w in rlx.reference (matmul of an f32 activation and a param of the weight's own type), as f64."""
+    g = rlx.Graph("dense")
+    g.set_outputs([g.matmul(g.input("x", list(h.shape)), g.param("w", list(w.shape), dt))])
+    return reference_run(g, {"x": h}, {"w": w})[0].astype(np.float64)
+
+
+def _run(emu: ctypes.CDLL, dt: str, kind: str, x: np.ndarray, gamma: np.ndarray | None, ws: list[np.ndarray],
+         res: np.ndarray | None, lg: int, max_grid: int) -> list[np.ndarray]:
+    k = x.shape[1]
+    ys = [np.full((1, w.shape[1]), np.nan, np.float32) for w in ws]
+    wp = (ctypes.c_void_p * 4)(*[w.ctypes.data for w in ws])
+    yp = (ctypes.c_void_p * 4)(*[y.ctypes.data for y in ys])
+    ns = (ctypes.c_int64 * 4)(*[w.shape[1] for w in ws])
+    emu.emu_dgemv(1 if dt == "bf16" else 0, KINDS[kind], x.ctypes.data_as(F32P),
+                  None if gamma is None else gamma.ctypes.data, 1e-5, len(ws), wp, yp, ns,
+                  None if res is None else res.ctypes.data, k, lg, max_grid)
+    return ys
+
+
+def _bound(h: np.ndarray, w: np.ndarray) -> np.ndarray:
+    k = h.shape[1]
+    return (k + 36) * U32 * (np.abs(h).astype(np.float64) @ np.abs(w.astype(np.float64)))
+
+
+def _check(label: str, got: np.ndarray, want: np.ndarray, bound: np.ndarray) -> None:
+    assert not np.isnan(got).any(), f"{label}: an output column was never written"
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= bound), f"{label}: worst excess {np.max(err - bound):.3g}"
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+@pytest.mark.parametrize("kind", ["norm_swiglu", "residual", "norm"])
+@pytest.mark.parametrize(("n", "k", "lg", "max_grid"),
+                         [(37, 64, 1, 1 << 30), (40, 256, 3, 1), (13, 1000, 0, 2), (64, 4096, 2, 3),
+                          (19, 16384, 1, 2)])
+def test_dense_gemv_matches_reference(emu: ctypes.CDLL, dt: str, kind: str, n: int, k: int, lg: int,
+                                      max_grid: int) -> None:
+    """One member (residual, norm) or the SwiGLU pair, N odd or a multiple of 8, tile widths 8..64 columns, short
+    last tiles, one or several passes of the grid."""
+    rng = np.random.default_rng(n + k + lg + len(kind) + len(dt))
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    res = rng.standard_normal((1, n)).astype(np.float32)
+    w0, w1 = _weights(rng, k, n, dt), _weights(rng, k, n, dt)
+    norm = kind in ("norm_swiglu", "norm")
+    ws = [w0, w1] if kind == "norm_swiglu" else [w0]
+    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, max_grid)
+    h = rms(x, gamma, 1e-5) if norm else x
+    a, b = _reference(h, w0, dt), _reference(h, w1, dt)
+    ba, bb = _bound(h, w0), _bound(h, w1)
+    if kind == "norm":
+        checks = [(ys[0], a, ba)]
+    else:
+        checks = fused_checks(kind, a, b, ba, bb, ys[0], ys[0], res)
+    for got, want, bound in checks:
+        _check(f"{dt} {kind} n={n} k={k} lg={lg}", got, want, bound)
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+@pytest.mark.parametrize(("ns", "k", "lg", "max_grid"),
+                         [((48, 16, 16), 512, 1, 3), ((13, 5, 7), 2048, 2, 1 << 30), ((64, 24, 40, 8), 128, 3, 2)])
+def test_dense_gemv_of_unequal_members_matches_reference(emu: ctypes.CDLL, dt: str, ns: tuple[int, ...], k: int,
+                                                         lg: int, max_grid: int) -> None:
+    """Q / K / V shaped groups (3 or 4 members of unequal N, each tiled on its own; odd N take the 2-byte loads)."""
+    rng = np.random.default_rng(sum(ns) + k + lg)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    ws = [_weights(rng, k, n, dt) for n in ns]
+    ys = _run(emu, dt, "plain", x, None, ws, None, lg, max_grid)
+    for w, y in zip(ws, ys):
+        _check(f"{dt} plain {ns} k={k}", y, _reference(x, w, dt), _bound(x, w))
+
+
+def test_dense_gemv_reads_bf16_and_f16_bits_exactly(emu: ctypes.CDLL) -> None:
+    """With x one-hot at row r the output is weight row r exactly (each value converted without rounding): for bf16 and
+    f16 every subnormal bit pattern (and the zeros), the largest finite values, and every 61st finite pattern (every
+    exponent, both signs), 1024 columns a launch."""
+    k, n = 64, 1024
+    for dt in ("bf16", "f16"):
+        bits = np.arange(0, 1 << 16, dtype=np.uint16)
+        finite = np.isfinite(bits.view(NARROW[dt]).astype(np.float32))
+        exp = (bits & 0x7FFF) >> (7 if dt == "bf16" else 10)
+        top = bits & 0x7FFF == (0x7F7F if dt == "bf16" else 0x7BFF)
+        bits = bits[finite & ((exp == 0) | top | (bits % 61 == 0))]
+        bits = np.concatenate([bits, bits[: -len(bits) % n]]).reshape(-1, n)  # whole rows (a few patterns twice)
+        for i, row in enumerate(bits):
+            r = (7 * i) % k
+            x = np.zeros((1, k), np.float32)
+            x[0, r] = 1.0
+            w = np.zeros((k, n), np.uint16)
+            w[r] = row
+            (y,) = _run(emu, dt, "plain", x, None, [w.view(NARROW[dt])], None, 3, 2)
+            np.testing.assert_array_equal(y[0], row.view(NARROW[dt]).astype(np.float32), err_msg=dt)
