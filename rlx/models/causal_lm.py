@@ -135,6 +135,33 @@ class KvCache:
         self.lengths[rows] = np.minimum(self.lengths[rows], n)
 
 
+class PendingStep:
+    """A step `CausalLM.launch_greedy` started: `result()` waits for it (on CUDA) and gives its token ids (i64
+    `[len(rows)]`), waiting only the first time; `taken`: whether it was asked for."""
+
+    def __init__(self, finish: Callable[[], np.ndarray]) -> None:
+        self._finish: Callable[[], np.ndarray] | None = finish
+        self._result: np.ndarray | None = None
+
+    @classmethod
+    def done(cls, result: np.ndarray) -> PendingStep:
+        """A step that already ran (the CPU, the reference)."""
+        step = cls(lambda: result)
+        step.result()
+        return step
+
+    @property
+    def taken(self) -> bool:
+        return self._finish is None
+
+    def result(self) -> np.ndarray:
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            self._result = finish()
+        assert self._result is not None
+        return self._result
+
+
 @dataclass
 class Generation:
     """The result of `generate`: the new token ids, their text, and why generation stopped."""
@@ -319,6 +346,7 @@ class CausalLM:
                            narrow_weights=device == "cpu" and not int8_matmuls,
                            **({"embedding_rows_param": True} if llama_like and device == "cpu" else {}),
                            **({"kv_dtype": self.kv_dtype} if llama_like else {}), **paged,
+                           **({"token_feedback": True} if llama_like and tp == 1 else {}),
                            **({"quant_act_formats": INT8_ACT_FORMATS} if llama_like and device == "cuda" else {}))
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic
@@ -336,6 +364,8 @@ class CausalLM:
                                         roles=tuple(lora_targets) if lora_targets is not None else LoRA.ROLES)
         # the per-step inputs of the final graph (LoRA adds each row's adapter slot, `lora_index`)
         self._host_inputs = frozenset(n.op.name for n in self.graph.inputs() if not n.op.state)
+        #: Whether steps take `token_src` / `token_dst` (device-side token feedback: `step_greedy`, `launch_greedy`)
+        self.token_feedback = "token_src" in self._host_inputs
         # the reference device runs on these arrays; a compiled model takes each param in turn (one converted
         # tensor alive at a time: the weights are not held twice)
         self._params = L.decoder_params(tensors, base_graph) if device == "reference" else {}
@@ -509,25 +539,65 @@ class CausalLM:
     # ── one step ──────────────────────────────────────────────────────
 
     def step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, *,
-             valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+             valid: Sequence[int] | np.ndarray | None = None, token_src: Any = None,
+             token_dst: Any = None) -> np.ndarray:
         """Feed `tokens` `[batch, seq]` after what `cache` holds; logits `[len(rows), vocab]` of the
         flat positions `rows` (`b*seq + s`). The cache grows by `seq` tokens per row. `valid` (recurrent
         models): how many of each row's tokens are real (default all); the rest are right padding that
-        leaves the row's recurrent state as it was."""
-        return self._step(tokens, cache, rows, 0, valid=valid)
+        leaves the row's recurrent state as it was. `token_src` / `token_dst` (`token_feedback` models): see
+        `step_greedy`."""
+        return self._step(tokens, cache, rows, 0, valid=valid, feedback=(token_src, token_dst))
 
     def step_greedy(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, *,
-                    valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+                    valid: Sequence[int] | np.ndarray | None = None, token_src: Any = None,
+                    token_dst: Any = None) -> np.ndarray:
         """Like `step`, but returns the argmax token id of each of those rows (i64 `[len(rows)]`), computed
-        with the logits where they live: on a GPU only the ids come back to the host."""
-        return self._step(tokens, cache, rows, 1, valid=valid).astype(np.int64)
+        with the logits where they live: on a GPU only the ids come back to the host.
+
+        Device-side token feedback (`token_feedback`: LLaMA-family decoders): the cache holds a token a slot
+        (`last_tokens`, `max_batch` of them, on the device with the KV cache). `token_dst` (int `[len(rows)]`)
+        stores output row i's token in slot ``token_dst[i]`` (-1: not stored; slots distinct); `token_src`
+        (int `[batch]`) feeds row b's last token from slot ``token_src[b]`` instead of `tokens` (-1: `tokens`'
+        own). So a step can take the tokens of the step before while they are still on their way to the host
+        (`launch_greedy`). Both default to all -1: nothing is read or stored."""
+        return self._step(tokens, cache, rows, 1, valid=valid, feedback=(token_src, token_dst)).astype(np.int64)
+
+    def launch_greedy(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, *,
+                      token_src: Any = None, token_dst: Any = None) -> PendingStep:
+        """`step_greedy` started, not waited for: its `PendingStep`'s `result()` gives the ids. On CUDA the step
+        is queued on the GPU and the call returns at once (the host may plan and launch the next step, which
+        takes these tokens through `token_src`, before they come back); elsewhere it runs here and now. The
+        cache's lengths grow at the launch. At most two steps of one model may be pending on CUDA: take a
+        result before the third launch."""
+        return self._step(tokens, cache, rows, 1, feedback=(token_src, token_dst), launch=True)
 
     def step_sample(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, u: np.ndarray,
-                    settings: np.ndarray, *, valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+                    settings: np.ndarray, *, valid: Sequence[int] | np.ndarray | None = None,
+                    token_src: Any = None, token_dst: Any = None) -> np.ndarray:
         """Like `step`, but returns a token id sampled from each of those rows' logits (i64 `[len(rows)]`)
         at its uniform `u` (f64 `[len(rows)]`, from `Sampler.uniforms`) with `settings` (`Sampler.settings()`:
-        top_k at most `SAMPLE_TOP_K_MAX`), computed where the logits live: on a GPU only the ids come back."""
-        return self._step(tokens, cache, rows, 2, (u, settings), valid=valid).astype(np.int64)
+        top_k at most `SAMPLE_TOP_K_MAX`), computed where the logits live: on a GPU only the ids come back.
+        (`token_dst` stores the rows' argmax, not the sampled ids: feedback is for greedy steps.)"""
+        return self._step(tokens, cache, rows, 2, (u, settings), valid=valid,
+                          feedback=(token_src, token_dst)).astype(np.int64)
+
+    def _feedback(self, src: Any, dst: Any, batch: int, seq: int, n_rows: int) -> dict[str, np.ndarray]:
+        """The `token_src` / `token_dst` inputs of a step (all -1 where not given), checked."""
+        if not self.token_feedback:
+            if src is not None or dst is not None:
+                raise ExecutionError("token_src / token_dst need a model with token feedback (a LLaMA-family decoder)")
+            return {}
+        out = {}
+        for name, value, n in (("token_src", src, batch), ("token_dst", dst, n_rows)):
+            if value is None:
+                out[name] = np.full(n, -1, np.int32)
+                continue
+            arr = np.asarray(value)
+            if arr.shape != (n,) or (arr.size and (arr.dtype.kind not in "iu" or arr.min() < -1
+                                                    or arr.max() >= self.max_batch)):
+                raise ExecutionError(f"{name} must be {n} slot numbers in -1..{self.max_batch - 1}, got {value!r}")
+            out[name] = arr.astype(np.int32)
+        return out
 
     def _ragged(self, tokens: np.ndarray, valid: Sequence[int] | np.ndarray | None) -> tuple[np.ndarray, dict]:
         """A recurrent model's step: `tokens` padded to every slot, and the inputs saying which tokens are
@@ -547,7 +617,8 @@ class CausalLM:
 
     def _step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, output: int,
               sample: tuple[np.ndarray, np.ndarray] | None = None, *,
-              valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+              valid: Sequence[int] | np.ndarray | None = None, feedback: tuple[Any, Any] = (None, None),
+              launch: bool = False) -> Any:
         tokens = np.asarray(tokens)
         if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
             raise ExecutionError(f"tokens must be [batch, seq] with batch, seq >= 1, got shape {tokens.shape}")
@@ -578,6 +649,7 @@ class CausalLM:
             tokens, ragged = self._ragged(tokens, valid)
         elif valid is not None:
             raise ExecutionError("valid (real tokens per row) is for recurrent models; this one pads by position")
+        ragged.update(self._feedback(*feedback, batch, seq, len(rows)))  # (these inputs are bound as ragged's)
         if self.device == "cpu" and self._compiled is not None:
             out = self._step_cpu(tokens, positions, at, rows, cache, output, u, settings, ragged)
         else:
@@ -586,9 +658,14 @@ class CausalLM:
                     "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings, **ragged}
             if self._lora is not None:
                 feed["lora_index"] = self._lora_rows[:batch].copy()
-            out = self._run({k: v for k, v in feed.items() if k in self._host_inputs or k in cache.arrays}, output)
+            feed = {k: v for k, v in feed.items() if k in self._host_inputs or k in cache.arrays}
+            if launch and self.device == "cuda":
+                pending = self._run_cuda(feed, output, launch=True)
+                cache.lengths[:batch] += seq
+                return pending
+            out = self._run(feed, output)
         cache.lengths[:batch] += seq
-        return out
+        return PendingStep.done(out.astype(np.int64)) if launch else out
 
     def _step_cpu(self, tokens: np.ndarray, positions: np.ndarray, at: np.ndarray, rows: Sequence[int] | np.ndarray,
                   cache: KvCache, output: int, sample_u: np.ndarray, sample_settings: np.ndarray,
@@ -660,7 +737,7 @@ class CausalLM:
         (a serving engine's steps take them all), and prompt shapes besides."""
         return max(32, 2 * self.max_batch + 8)
 
-    def _run_cuda(self, feed: Mapping[str, Any], output: int) -> np.ndarray:
+    def _run_cuda(self, feed: Mapping[str, Any], output: int, launch: bool = False) -> Any:
         """One step on the GPU through a host-fed step bound once per (cache, step shape, output)
         (`CudaGraph.bind_host_step`): the step's few small inputs go over in one pinned transfer, the KV
         cache stays resident in the library, only the output asked for comes back (4 bytes a row for the
@@ -687,6 +764,9 @@ class CausalLM:
             inputs = step.inputs
             for n in host_names:
                 inputs[n][...] = feed[n]
+        if launch:  # queued on the GPU: the result when asked for (`PendingStep`)
+            ticket = step.launch()
+            return PendingStep(lambda: next(iter(step.finish(ticket).values())).astype(np.int64))
         (result,) = step().values()
         return result.copy()  # the step's buffer is reused by the next one
 
