@@ -24,6 +24,7 @@ import numpy as np
 
 from rlx.errors import RlxError
 from rlx.models.causal_lm import CausalLM, KvCache
+from rlx.models.llama import FEEDBACK_STATE
 
 
 class Runner(Protocol):
@@ -113,12 +114,14 @@ class CausalLMRunner:
 
     def read_kv(self, slot: int, start: int, n: int) -> dict[str, np.ndarray]:
         """Views of `slot`'s K/V at positions start..start+n, one `[n, width]` array per cache state."""
-        return {name: a[slot, start:start + n] for name, a in self.cache.arrays.items()}
+        return {name: a[slot, start:start + n] for name, a in self.cache.arrays.items() if name != FEEDBACK_STATE}
 
     def write_kv(self, slot: int, start: int, kv: dict[str, np.ndarray]) -> None:
         """Copy `kv` (as `read_kv` gives) into `slot` at position `start` (prefix caching)."""
         n = 0
         for name, a in self.cache.arrays.items():
+            if name == FEEDBACK_STATE:  # the last step's tokens (token feedback), not K/V
+                continue
             block = kv[name]
             n = block.shape[0]
             a[slot, start:start + n] = block
@@ -225,7 +228,7 @@ class PagedRunner:
         self.cache = lm.new_cache()  # the page pools; each step brings its own block tables and positions
         # one page of every layer's K and V (what the prefix cache's byte budget counts)
         self.page_bytes = sum(int(np.prod(n.shape.static_dims[1:])) * n.shape.dtype.itemsize
-                              for n in lm.graph.inputs() if n.op.state)
+                              for n in lm.graph.inputs() if n.op.state and n.op.name != FEEDBACK_STATE)
 
     @classmethod
     def _call_rows(cls, device: str, max_rows: int, deterministic: bool | None) -> int:
@@ -292,8 +295,9 @@ class PagedRunner:
         """Copy page `src`'s K/V to page `dst` in every layer (copy-on-write)."""
         if self.lm.device == "cuda":
             raise RlxError("copy-on-write of a KV page on CUDA is not supported (the pages live on the device)")
-        for a in self.cache.arrays.values():
-            a[dst] = a[src]
+        for name, a in self.cache.arrays.items():
+            if name != FEEDBACK_STATE:  # (the last step's tokens, by slot: not paged)
+                a[dst] = a[src]
 
     def run(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]] | np.ndarray, outputs: Sequence[int],
             logits: bool) -> np.ndarray:
