@@ -101,6 +101,10 @@ class KvCache:
     #: On a GPU: writes the states a compiled graph holds resident back to `arrays` (`release_states`), which
     #: must come before they are changed from outside.
     release: Callable[[], None] | None = None
+    #: A model with token feedback (`CausalLM.token_feedback`): its `last_tokens` state, the token its steps stored
+    #: for each slot (`step_greedy(token_dst=)`), i32 `[max_batch]`, on the device with the K/V (not in `arrays`,
+    #: which holds the layers' states); None: made at the first step that needs it.
+    tokens: Any = None
 
     def reset(self) -> None:
         self.lengths[:] = 0
@@ -515,7 +519,7 @@ class CausalLM:
         """An empty KV cache for up to `max_batch` sequences of `max_context` tokens."""
         arrays = {}
         for node in self.graph.inputs():
-            if node.op.state:
+            if node.op.state and node.op.name != L.FEEDBACK_STATE:
                 zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)  # (bf16: zero bits)
                 # on a GPU the cache lives in device memory: a step never copies it over the bus
                 arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
@@ -527,7 +531,23 @@ class CausalLM:
             if self.kv_pages >= self.max_batch * per:
                 table[:] = np.arange(self.max_batch * per, dtype=np.int32).reshape(self.max_batch, per)
         release = self._compiled.release_states if self.device == "cuda" else None
-        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent, table, release)
+        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent, table, release,
+                       self._new_tokens())
+
+    def _new_tokens(self) -> Any:
+        """A zeroed `KvCache.tokens` (token feedback; on a GPU in device memory), or None without feedback."""
+        if not self.token_feedback:
+            return None
+        zeros = np.zeros(self.max_batch, np.int32)
+        return self._compiled.to_device(zeros) if self.device == "cuda" else zeros
+
+    def _states(self, cache: KvCache) -> dict[str, Any]:
+        """The state inputs of a step over `cache`: its arrays, and its `tokens` (made here the first time)."""
+        if not self.token_feedback:
+            return cache.arrays
+        if cache.tokens is None:
+            cache.tokens = self._new_tokens()
+        return {**cache.arrays, L.FEEDBACK_STATE: cache.tokens}
 
     def _own_cache(self) -> KvCache:
         """The cache `logits` and `generate` use, emptied: allocated once (on CUDA, bound once)."""
@@ -655,10 +675,11 @@ class CausalLM:
         else:
             feed = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, batch),
                     **{name: table[at] for name, table in self._rope.items()},
-                    "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings, **ragged}
+                    "rows": rows, **self._states(cache), "sample_u": u, "sample_settings": settings, **ragged}
             if self._lora is not None:
                 feed["lora_index"] = self._lora_rows[:batch].copy()
-            feed = {k: v for k, v in feed.items() if k in self._host_inputs or k in cache.arrays}
+            feed = {k: v for k, v in feed.items()
+                    if k in self._host_inputs or k in cache.arrays or k == L.FEEDBACK_STATE}
             if launch and self.device == "cuda":
                 pending = self._run_cuda(feed, output, launch=True)
                 cache.lengths[:batch] += seq
@@ -678,8 +699,9 @@ class CausalLM:
         the next step's."""
         rows = np.asarray(rows, dtype=np.int32)
         key = (id(cache.arrays), tokens.shape, rows.shape)
+        states = self._states(cache)
         bound = self._cpu_bound.get(key)
-        if bound is None:
+        if bound is None or bound[4] is not cache.tokens:  # (a binding holds the token state it was made with)
             self._make_room(self._cpu_bound, key[0])
             small = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, tokens.shape[0]),
                      **{name: table[at] for name, table in self._rope.items()}, "rows": rows,
@@ -687,14 +709,14 @@ class CausalLM:
             small = {name: value for name, value in small.items() if name in self._host_inputs}
             if self._lora is not None:
                 small["lora_index"] = self._lora_rows[:tokens.shape[0]]
-            outs = self._compiled.run({**small, **cache.arrays})  # this step, checked as any run
+            outs = self._compiled.run({**small, **states})  # this step, checked as any run
             inputs = {name: np.array(value) for name, value in small.items()}
             outputs = [np.empty_like(o) for o in outs]
-            fn = self._compiled.bind_run({**cache.arrays, **inputs}, outputs)
+            fn = self._compiled.bind_run({**states, **inputs}, outputs)
             # the bound arrays, and the cache's dict (its id is the key: it must outlive the binding)
-            self._cpu_bound[key] = (fn, inputs, outputs, cache.arrays)
+            self._cpu_bound[key] = (fn, inputs, outputs, cache.arrays, cache.tokens)
             return outs[output]
-        fn, inputs, outputs, _ = bound
+        fn, inputs, outputs, *_ = bound
         self._cpu_bound[key] = self._cpu_bound.pop(key)  # the most recently used last
         inputs["tokens"][...] = tokens
         for name, value in ragged.items():  # a recurrent model's real tokens per row
@@ -745,13 +767,14 @@ class CausalLM:
         names = self._cuda_names
         if names is None:  # the per-step inputs, and one state that tells caches apart
             host_names = tuple(n.op.name for n in self.graph.inputs() if not n.op.state)
-            first_state = next(n.op.name for n in self.graph.inputs() if n.op.state)
+            first_state = next(n.op.name for n in self.graph.inputs()
+                               if n.op.state and n.op.name != L.FEEDBACK_STATE)
             names = self._cuda_names = (host_names, first_state)
         host_names, first_state = names
         # a step walks no per-layer dict: a cache is known by its first state buffer (the binding keeps it alive,
         # so its id stays unique) and the step shape by its few host inputs
         states = id(feed[first_state])
-        key = (states, output, tuple(feed[n].shape for n in host_names))
+        key = (states, output, tuple(feed[n].shape for n in host_names), id(feed.get(L.FEEDBACK_STATE)))
         step = self._bound.get(key)
         if step is None:
             self._make_room(self._bound, states)

@@ -70,8 +70,10 @@ class CausalLMRunner:
         self.stop_ids = prefiller.stop_ids
         self.cache = decoder.new_cache()
         # one-row views of each slot's row: the prefiller writes straight into the shared arrays
+        tokens = self.cache.tokens  # (token feedback: the decoder's token state; a slot's view is the prefiller's)
         self._slot_caches = [KvCache({n: a[s:s + 1] for n, a in self.cache.arrays.items()},
-                                     self.cache.lengths[s:s + 1], self.cache.capacity) for s in range(self.slots)]
+                                     self.cache.lengths[s:s + 1], self.cache.capacity,
+                                     tokens=None if tokens is None else tokens[s:s + 1]) for s in range(self.slots)]
 
     @classmethod
     def build(cls, config: Any, tensors: Any, tokenizer: Any | None = None, *, slots: int, max_context: int,
@@ -114,14 +116,12 @@ class CausalLMRunner:
 
     def read_kv(self, slot: int, start: int, n: int) -> dict[str, np.ndarray]:
         """Views of `slot`'s K/V at positions start..start+n, one `[n, width]` array per cache state."""
-        return {name: a[slot, start:start + n] for name, a in self.cache.arrays.items() if name != FEEDBACK_STATE}
+        return {name: a[slot, start:start + n] for name, a in self.cache.arrays.items()}
 
     def write_kv(self, slot: int, start: int, kv: dict[str, np.ndarray]) -> None:
         """Copy `kv` (as `read_kv` gives) into `slot` at position `start` (prefix caching)."""
         n = 0
         for name, a in self.cache.arrays.items():
-            if name == FEEDBACK_STATE:  # the last step's tokens (token feedback), not K/V
-                continue
             block = kv[name]
             n = block.shape[0]
             a[slot, start:start + n] = block
@@ -295,9 +295,8 @@ class PagedRunner:
         """Copy page `src`'s K/V to page `dst` in every layer (copy-on-write)."""
         if self.lm.device == "cuda":
             raise RlxError("copy-on-write of a KV page on CUDA is not supported (the pages live on the device)")
-        for name, a in self.cache.arrays.items():
-            if name != FEEDBACK_STATE:  # (the last step's tokens, by slot: not paged)
-                a[dst] = a[src]
+        for a in self.cache.arrays.values():
+            a[dst] = a[src]
 
     @property
     def token_feedback(self) -> bool:
@@ -353,7 +352,8 @@ class PagedRunner:
         counts = sorted({self.padded_rows(n) for n in range(1, self.call_rows + 1)})
         for n in counts:
             cache = KvCache(self.cache.arrays, np.zeros(n, np.int32), self.max_context,
-                            block_table=np.zeros((n, self.max_context // self.page_size), np.int32))
+                            block_table=np.zeros((n, self.max_context // self.page_size), np.int32),
+                            tokens=self.cache.tokens)
             self.lm.step_greedy(np.zeros((n, 1), np.int32), cache, np.arange(n, dtype=np.int32))
         return len(counts)
 
@@ -372,7 +372,8 @@ class PagedRunner:
             pick = np.minimum(np.arange(padded), n - 1)
             slots, tokens, positions = slots[pick], tokens[pick], positions[pick]
             src = None if src is None else src[pick]
-        cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots])
+        cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots],
+                        tokens=self.cache.tokens)
         if not logits and self.lm.device == "cuda":
             # every row's id (4 bytes each), picked here: the step's shape is its row count alone, so a
             # serving GPU binds one step (a captured CUDA graph) per padded row count, not per output pattern

@@ -14,7 +14,7 @@ from rlx.driver import Device, Session
 from rlx.errors import ExecutionError
 from rlx.models.causal_lm import CausalLM, random_tensors
 from rlx.models.decoder_config import DecoderConfig
-from rlx.models.llama import FEEDBACK_STATE, random_specs
+from rlx.models.llama import random_specs
 from rlx.toolchain.cuda import visible_gpu_arch
 
 pytestmark = [pytest.mark.cuda,
@@ -80,7 +80,7 @@ def test_two_shapes_in_flight_and_a_third_launch_refused() -> None:
     np.testing.assert_array_equal(got_a, want_a)
     np.testing.assert_array_equal(got_b, want_b)
     cache.release()
-    assert np.asarray(cache.arrays[FEEDBACK_STATE].numpy())[:3].tolist() == [*want_b.tolist(), want_a[2]]
+    assert np.asarray(cache.tokens.numpy())[:3].tolist() == [*want_b.tolist(), want_a[2]]
 
 
 def test_a_launched_steps_device_error_is_raised_at_its_finish() -> None:
