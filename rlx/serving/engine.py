@@ -487,7 +487,7 @@ class Engine:
                 return plan
         try:
             self._pending = self._ahead(launch)
-        except Exception as exc:  # the step ahead could not start: fail its sequences, land this one
+        except Exception as exc:  # planning it failed (its launch's failures end its sequences only, in _ahead)
             self._fail(list(launch.plan.decode), exc)
         try:
             out = launch.pending.result()
@@ -541,7 +541,11 @@ class Engine:
             src = np.asarray(slots, dtype=np.int32)
             ahead = _Launch(Plan(seqs, [], []), table, list(range(len(seqs))), [(s, 1) for s in seqs], None, False,
                             feedback=(src, src))
-        self._start(ahead)
+        try:
+            self._start(ahead)
+        except Exception as exc:  # a fault in the step fails its requests only (they end when this one lands)
+            self._fail(seqs, exc)
+            return None
         self.ahead_steps += 1
         return ahead
 
