@@ -313,23 +313,27 @@ class PagedRunner:
         output: row i's token is the one the model stored for slot ``src[i]`` (its `token` column is ignored),
         and output j's token is stored for slot ``dst[j]`` (distinct slots), on the device: a step can take the
         last step's tokens before they reach the host (`launch`)."""
-        return self._launch(tables, rows, outputs, logits, feedback, False).result()
+        self._check(rows, logits, feedback)
+        if len(rows) > self.call_rows:
+            return self._run_slices(tables, rows, outputs, logits, feedback)
+        return self._call(tables, rows, outputs, logits, feedback)
 
     def launch(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]] | np.ndarray, outputs: Sequence[int],
                logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None = None) -> PendingStep:
         """`run` started: its `PendingStep`'s `result()` is `run`'s. A CUDA greedy step of one call is queued on the
         GPU and the call returns at once (`CausalLM.launch_greedy`: at most two pending); others run here."""
-        return self._launch(tables, rows, outputs, logits, feedback, True)
+        self._check(rows, logits, feedback)
+        if len(rows) > self.call_rows:
+            return PendingStep.done(self._run_slices(tables, rows, outputs, logits, feedback))
+        out = self._call(tables, rows, outputs, logits, feedback, launch=True)
+        return out if isinstance(out, PendingStep) else PendingStep.done(out)
 
-    def _launch(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]] | np.ndarray, outputs: Sequence[int],
-                logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None, launch: bool) -> PendingStep:
+    def _check(self, rows: Sequence[tuple[int, int, int]] | np.ndarray, logits: bool,
+               feedback: tuple[np.ndarray, np.ndarray] | None) -> None:
         if not 0 < len(rows) <= self.max_rows:
             raise RlxError(f"a step feeds 1 to {self.max_rows} rows, got {len(rows)}")
         if feedback is not None and (logits or not self.token_feedback):
             raise RlxError("token feedback is for greedy steps of a model with token feedback")
-        if len(rows) > self.call_rows:
-            return PendingStep.done(self._run_slices(tables, rows, outputs, logits, feedback))
-        return self._call(tables, rows, outputs, logits, feedback, launch)
 
     def padded_rows(self, n: int) -> int:
         """The rows a call of `n` rows runs: `n` on the CPU; on CUDA up to 4 as they are (the fused decode GEMV's
@@ -359,9 +363,9 @@ class PagedRunner:
 
     def _call(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
               logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None = None,
-              launch: bool = False) -> PendingStep:
+              launch: bool = False) -> np.ndarray | PendingStep:
         """One compiled call of `rows` (at most `call_rows`), padded to `padded_rows` by repeating the last (which
-        feeds as the last does and stores nothing)."""
+        feeds as the last does and stores nothing); with `launch`, a CUDA greedy call is queued (a `PendingStep`)."""
         n, padded = len(rows), self.padded_rows(len(rows))
         table = np.asarray(rows, dtype=np.int64).reshape(n, 3)  # the engine's array as it is; tuples converted
         slots = table[:, 0]
@@ -386,16 +390,15 @@ class PagedRunner:
             if launch:
                 pending = self.lm.launch_greedy(tokens, cache, every, token_src=src, token_dst=dst)
                 return PendingStep(lambda: pending.result()[pick])
-            return PendingStep.done(self.lm.step_greedy(tokens, cache, every, token_src=src, token_dst=dst)[pick])
+            return self.lm.step_greedy(tokens, cache, every, token_src=src, token_dst=dst)[pick]
         want = _output_rows(outputs, n)
         if logits:
-            return PendingStep.done(self.lm.step(tokens, cache, want)[:len(outputs)])
+            return self.lm.step(tokens, cache, want)[:len(outputs)]
         dst = None
         if feedback is not None:  # the padding of the output rows (repeats of the last) stores nothing
             dst = np.full(len(want), -1, np.int32)
             dst[:len(outputs)] = feedback[1]
-        return PendingStep.done(self.lm.step_greedy(tokens, cache, want, token_src=src,
-                                                    token_dst=dst)[:len(outputs)])
+        return self.lm.step_greedy(tokens, cache, want, token_src=src, token_dst=dst)[:len(outputs)]
 
     def _run_slices(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
                     logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
@@ -408,7 +411,7 @@ class PagedRunner:
             hi = min(lo + self.call_rows, len(rows))
             mine = [j for j, r in enumerate(outputs) if lo <= r < hi]
             fed = None if feedback is None else (np.asarray(feedback[0])[lo:hi], np.asarray(feedback[1])[mine])
-            part = self._call(tables, rows[lo:hi], [outputs[j] - lo for j in mine], logits, fed).result()
+            part = self._call(tables, rows[lo:hi], [outputs[j] - lo for j in mine], logits, fed)
             if out is None:
                 out = np.empty((len(outputs), *part.shape[1:]), dtype=part.dtype)
             out[mine] = part
