@@ -699,7 +699,8 @@ class CausalLM:
         the next step's."""
         rows = np.asarray(rows, dtype=np.int32)
         key = (id(cache.arrays), tokens.shape, rows.shape)
-        states = self._states(cache)
+        if self.token_feedback and cache.tokens is None:
+            cache.tokens = self._new_tokens()
         bound = self._cpu_bound.get(key)
         if bound is None or bound[4] is not cache.tokens:  # (a binding holds the token state it was made with)
             self._make_room(self._cpu_bound, key[0])
@@ -709,6 +710,7 @@ class CausalLM:
             small = {name: value for name, value in small.items() if name in self._host_inputs}
             if self._lora is not None:
                 small["lora_index"] = self._lora_rows[:tokens.shape[0]]
+            states = self._states(cache)
             outs = self._compiled.run({**small, **states})  # this step, checked as any run
             inputs = {name: np.array(value) for name, value in small.items()}
             outputs = [np.empty_like(o) for o in outs]
