@@ -195,10 +195,13 @@ STUB_TEXT = ("Once upon a time, in a small village by the sea, there lived an ol
              "stories about the numbers he had met: seven was proud, three was shy, and forty-two knew everything.")
 
 
-def stub(runner, text: bool, lm: bool):
+def stub(runner, text: bool, lm: bool, device_ms: float = 0.0):
     """`--no-model`'s instant model: the runner's `run` (and `launch`) answering token 5 for every output row, or
     (`text`) the token at the row's position in `STUB_TEXT`'s ids; with `lm`, the runner's own `run` / `launch`
-    over a stubbed `CausalLM.step_greedy` (one call a step). Returns `(run, launch)`."""
+    over a stubbed `CausalLM.step_greedy` (one call a step). `device_ms` > 0 (not with `lm`): each step also
+    takes that long on a pretend device, in launch order, as a GPU queue would: `run` waits for its step, `launch`
+    returns at once and its result waits (the host's work beside the device's, on a host without one). Returns
+    `(run, launch)`."""
     from rlx.models.causal_lm import PendingStep
 
     ids = np.asarray(runner.tokenizer.encode(STUB_TEXT) if text and runner.tokenizer is not None else [5], np.int64)
@@ -212,10 +215,25 @@ def stub(runner, text: bool, lm: bool):
         runner.lm.launch_greedy = lambda *a, **kw: PendingStep.done(runner.lm.step_greedy(*a, **kw))
         return runner.run, runner.launch
 
-    def run(tables, rows, outputs, logits, feedback=None):
+    def answer(tables, rows, outputs, logits, feedback=None):
         return tokens(np.asarray(rows)[list(outputs), 2].astype(np.int64))
 
-    return run, lambda *a: PendingStep.done(run(*a))
+    if device_ms <= 0:
+        return answer, lambda *a: PendingStep.done(answer(*a))
+    queue = {"free_at": 0.0}
+
+    def launch(*a):
+        out = answer(*a)
+        done = queue["free_at"] = max(time.perf_counter(), queue["free_at"]) + device_ms / 1e3
+
+        def finish():
+            wait = done - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            return out
+        return PendingStep(finish)
+
+    return (lambda *a: launch(*a).result()), launch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --no-model: stub the model's step (CausalLM.step_greedy) instead of the runner's call, "
                         "and make every step one call (as on CUDA): the runner's rows, block tables and cache "
                         "arguments are timed too")
+    p.add_argument("--stub-device-ms", type=float, default=0.0,
+                   help="with --no-model (not --stub-lm): each step also takes this long on a pretend device queue "
+                        "(run waits for it, launch does not): what --feedback hides on a GPU, on the CPU")
     p.add_argument("--parts", action="store_true",
                    help="also print each step's time split: planning, building rows (Engine._rows), the call, landing "
                         "(Engine._land: sampling, detokenizing, events), the rest (us a step, all steps)")
@@ -264,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     runner, static = build(args, max(counts))
     vocab = runner.config.vocab_size
     if args.no_model:
-        runner.run, runner.launch = stub(runner, args.stub_text, args.stub_lm)
+        runner.run, runner.launch = stub(runner, args.stub_text, args.stub_lm, args.stub_device_ms)
     captured = 0 if args.no_model else runner.capture_steps()  # as `rlxc serve`: CUDA step graphs up front
     engine = Engine(runner, prefix_cache_bytes=256 << 20, overlap=args.overlap, feedback=args.feedback)
     print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step"
