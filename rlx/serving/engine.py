@@ -22,6 +22,10 @@ proposals at the next positions. The greedy or accept/reject rule of `rlx.models
 prefix of them plus one token of the target's; the pages of the rejected tail go back to the pool. Each
 row's arithmetic is that of a one-row step (`PagedRunner`), so greedy tokens are those of plain decoding.
 
+Pipelined steps (`feedback=True`, paged runners whose model has token feedback): a decode step is planned and
+launched before the step in flight lands, its rows' tokens taken on the device from the ones that step stores for
+their slots (`_step_pipelined`), so on a GPU the host lands one step and plans the next while the device runs.
+
 >>> from rlx.models.decoder_config import DecoderConfig
 >>> from rlx.models.causal_lm import random_tensors
 >>> from rlx.models.llama import random_specs
