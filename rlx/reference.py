@@ -33,6 +33,7 @@ from rlx.errors import ExecutionError
 from rlx.ir import ops as O
 from rlx.ir import ops_control as C
 from rlx.ir import ops_conv as CV
+from rlx.ir import ops_feedback as FB
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
@@ -457,6 +458,16 @@ def _eval_argmax(op: O.ArgMax, args: list, shape: Shape, symbols: dict, in_shape
 @evaluates(RG.Iota)
 def _eval_iota(op: RG.Iota, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
     return _finish(RG.iota_values(op.length.evaluate(symbols), op.start, op.delta, op.dtype), shape.dtype)
+
+
+@evaluates(FB.TokenFeed)
+def _eval_token_feed(op: FB.TokenFeed, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return FB.feed_tokens(args[0], args[1], args[2])
+
+
+@evaluates(FB.TokenStore)
+def _eval_token_store(op: FB.TokenStore, args: list, shape: Shape, symbols: dict, in_shapes: object) -> np.ndarray:
+    return FB.store_tokens(args[0], args[1], args[2])  # args[2]: the caller's state buffer, written in place
 
 
 @evaluates(LR.LoraMatMul)

@@ -689,12 +689,13 @@ def test_inspect_support_prints_the_op_backend_table(capsys: pytest.CaptureFixtu
     # CPU and CUDA only so far); custom_fn is inlined before
     # codegen; cond and while_loop have CPU and CUDA rules and are lowered to a select and a masked scan on Metal
     # (rlx/opt/control.py); batch_norm has no rule anywhere: the decompose stage rewrites it into primitives;
-    # iota (a dynamic-length arange) has CPU and CUDA rules only so far
+    # iota (a dynamic-length arange) has CPU and CUDA rules only so far; so have the token feedback ops (token_feed,
+    # token_store: a serving decoder's, which runs on the CPU and CUDA)
     assert rows["cond"] == rows["while_loop"] == ["yes", "yes", "-"]
     assert {op for op, r in rows.items() if r[2] != "yes"} == {
         "custom_fn", "cond", "while_loop", "scan", "selective_scan", "gated_delta_net", "depthwise_conv1d_causal",
         "all_reduce", "all_gather", "reduce_scatter", "int8_matmul", "sample_top_k", "lora_matmul",
-        "moe_topk", "moe_gate", "moe_matmul", "conv", "pool", "batch_norm", "iota"}
+        "moe_topk", "moe_gate", "moe_matmul", "conv", "pool", "batch_norm", "iota", "token_feed", "token_store"}
     assert rows["user_op"] == ["yes", "yes", "yes"]  # each backend's rule; an op without its code is refused
     assert rows["moe_matmul"] == ["yes", "yes", "-"]
     assert rows["batch_norm"] == ["-", "-", "-"] and rows["conv"] == ["yes", "yes", "-"]

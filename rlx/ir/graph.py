@@ -13,6 +13,7 @@ from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir import ops_control as C
 from rlx.ir import ops_conv as CV
+from rlx.ir import ops_feedback as FB
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
@@ -329,6 +330,16 @@ class Graph:
         """i32 token id per row of `logits` `[rows, vocab]`, sampled with uniforms `u` f64 `[rows]` and
         `settings` f64 `[3]` (temperature, top_k, top_p) (`ops_sample.SampleTopK`)."""
         return self.add(SP.SampleTopK(), [logits, u, settings])
+
+    def token_feed(self, tokens: NodeId, src: NodeId, last: NodeId) -> NodeId:
+        """`tokens` i32 `[batch, seq]` with row b's last token ``last[src[b]]`` where `src[b]` is a slot of the i32
+        state `last` (`ops_feedback.TokenFeed`)."""
+        return self.add(FB.TokenFeed(), [tokens, src, last])
+
+    def token_store(self, values: NodeId, dst: NodeId, last: NodeId) -> NodeId:
+        """`values` i32 `[n]`, also stored at ``last[dst[i]]`` where `dst[i]` is a slot of the i32 state `last`
+        (in place; `ops_feedback.TokenStore`)."""
+        return self.add(FB.TokenStore(), [values, dst, last])
 
     def iota(self, length: DimLike, start: int | float = 0, delta: int | float = 1,
              dtype: DType | str = DType.I64) -> NodeId:

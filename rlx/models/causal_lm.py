@@ -101,6 +101,10 @@ class KvCache:
     #: On a GPU: writes the states a compiled graph holds resident back to `arrays` (`release_states`), which
     #: must come before they are changed from outside.
     release: Callable[[], None] | None = None
+    #: A model with token feedback (`CausalLM.token_feedback`): its `last_tokens` state, the token its steps stored
+    #: for each slot (`step_greedy(token_dst=)`), i32 `[max_batch]`, on the device with the K/V (not in `arrays`,
+    #: which holds the layers' states); None: made at the first step that needs it.
+    tokens: Any = None
 
     def reset(self) -> None:
         self.lengths[:] = 0
@@ -133,6 +137,33 @@ class KvCache:
                 raise RlxError(f"cannot truncate a recurrent cache to {n} tokens: rows hold {held.tolist()}, and its "
                                "layers' states keep no per-token history (reset it, or truncate to 0)")
         self.lengths[rows] = np.minimum(self.lengths[rows], n)
+
+
+class PendingStep:
+    """A step `CausalLM.launch_greedy` started: `result()` waits for it (on CUDA) and gives its token ids (i64
+    `[len(rows)]`), waiting only the first time; `taken`: whether it was asked for."""
+
+    def __init__(self, finish: Callable[[], np.ndarray]) -> None:
+        self._finish: Callable[[], np.ndarray] | None = finish
+        self._result: np.ndarray | None = None
+
+    @classmethod
+    def done(cls, result: np.ndarray) -> PendingStep:
+        """A step that already ran (the CPU, the reference)."""
+        step = cls(lambda: result)
+        step.result()
+        return step
+
+    @property
+    def taken(self) -> bool:
+        return self._finish is None
+
+    def result(self) -> np.ndarray:
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            self._result = finish()
+        assert self._result is not None
+        return self._result
 
 
 @dataclass
@@ -319,6 +350,7 @@ class CausalLM:
                            narrow_weights=device == "cpu" and not int8_matmuls,
                            **({"embedding_rows_param": True} if llama_like and device == "cpu" else {}),
                            **({"kv_dtype": self.kv_dtype} if llama_like else {}), **paged,
+                           **({"token_feedback": True} if llama_like and tp == 1 else {}),
                            **({"quant_act_formats": INT8_ACT_FORMATS} if llama_like and device == "cuda" else {}))
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic
@@ -336,6 +368,8 @@ class CausalLM:
                                         roles=tuple(lora_targets) if lora_targets is not None else LoRA.ROLES)
         # the per-step inputs of the final graph (LoRA adds each row's adapter slot, `lora_index`)
         self._host_inputs = frozenset(n.op.name for n in self.graph.inputs() if not n.op.state)
+        #: Whether steps take `token_src` / `token_dst` (device-side token feedback: `step_greedy`, `launch_greedy`)
+        self.token_feedback = "token_src" in self._host_inputs
         # the reference device runs on these arrays; a compiled model takes each param in turn (one converted
         # tensor alive at a time: the weights are not held twice)
         self._params = L.decoder_params(tensors, base_graph) if device == "reference" else {}
@@ -485,7 +519,7 @@ class CausalLM:
         """An empty KV cache for up to `max_batch` sequences of `max_context` tokens."""
         arrays = {}
         for node in self.graph.inputs():
-            if node.op.state:
+            if node.op.state and node.op.name != L.FEEDBACK_STATE:
                 zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)  # (bf16: zero bits)
                 # on a GPU the cache lives in device memory: a step never copies it over the bus
                 arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
@@ -497,7 +531,23 @@ class CausalLM:
             if self.kv_pages >= self.max_batch * per:
                 table[:] = np.arange(self.max_batch * per, dtype=np.int32).reshape(self.max_batch, per)
         release = self._compiled.release_states if self.device == "cuda" else None
-        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent, table, release)
+        return KvCache(arrays, np.zeros(self.max_batch, dtype=np.int32), self.max_context, recurrent, table, release,
+                       self._new_tokens())
+
+    def _new_tokens(self) -> Any:
+        """A zeroed `KvCache.tokens` (token feedback; on a GPU in device memory), or None without feedback."""
+        if not self.token_feedback:
+            return None
+        zeros = np.zeros(self.max_batch, np.int32)
+        return self._compiled.to_device(zeros) if self.device == "cuda" else zeros
+
+    def _states(self, cache: KvCache) -> dict[str, Any]:
+        """The state inputs of a step over `cache`: its arrays, and its `tokens` (made here the first time)."""
+        if not self.token_feedback:
+            return cache.arrays
+        if cache.tokens is None:
+            cache.tokens = self._new_tokens()
+        return {**cache.arrays, L.FEEDBACK_STATE: cache.tokens}
 
     def _own_cache(self) -> KvCache:
         """The cache `logits` and `generate` use, emptied: allocated once (on CUDA, bound once)."""
@@ -509,25 +559,65 @@ class CausalLM:
     # ── one step ──────────────────────────────────────────────────────
 
     def step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, *,
-             valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+             valid: Sequence[int] | np.ndarray | None = None, token_src: Any = None,
+             token_dst: Any = None) -> np.ndarray:
         """Feed `tokens` `[batch, seq]` after what `cache` holds; logits `[len(rows), vocab]` of the
         flat positions `rows` (`b*seq + s`). The cache grows by `seq` tokens per row. `valid` (recurrent
         models): how many of each row's tokens are real (default all); the rest are right padding that
-        leaves the row's recurrent state as it was."""
-        return self._step(tokens, cache, rows, 0, valid=valid)
+        leaves the row's recurrent state as it was. `token_src` / `token_dst` (`token_feedback` models): see
+        `step_greedy`."""
+        return self._step(tokens, cache, rows, 0, valid=valid, feedback=(token_src, token_dst))
 
     def step_greedy(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, *,
-                    valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+                    valid: Sequence[int] | np.ndarray | None = None, token_src: Any = None,
+                    token_dst: Any = None) -> np.ndarray:
         """Like `step`, but returns the argmax token id of each of those rows (i64 `[len(rows)]`), computed
-        with the logits where they live: on a GPU only the ids come back to the host."""
-        return self._step(tokens, cache, rows, 1, valid=valid).astype(np.int64)
+        with the logits where they live: on a GPU only the ids come back to the host.
+
+        Device-side token feedback (`token_feedback`: LLaMA-family decoders): the cache holds a token a slot
+        (`last_tokens`, `max_batch` of them, on the device with the KV cache). `token_dst` (int `[len(rows)]`)
+        stores output row i's token in slot ``token_dst[i]`` (-1: not stored; slots distinct); `token_src`
+        (int `[batch]`) feeds row b's last token from slot ``token_src[b]`` instead of `tokens` (-1: `tokens`'
+        own). So a step can take the tokens of the step before while they are still on their way to the host
+        (`launch_greedy`). Both default to all -1: nothing is read or stored."""
+        return self._step(tokens, cache, rows, 1, valid=valid, feedback=(token_src, token_dst)).astype(np.int64)
+
+    def launch_greedy(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, *,
+                      token_src: Any = None, token_dst: Any = None) -> PendingStep:
+        """`step_greedy` started, not waited for: its `PendingStep`'s `result()` gives the ids. On CUDA the step
+        is queued on the GPU and the call returns at once (the host may plan and launch the next step, which
+        takes these tokens through `token_src`, before they come back); elsewhere it runs here and now. The
+        cache's lengths grow at the launch. At most two steps of one model may be pending on CUDA: take a
+        result before the third launch."""
+        return self._step(tokens, cache, rows, 1, feedback=(token_src, token_dst), launch=True)
 
     def step_sample(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, u: np.ndarray,
-                    settings: np.ndarray, *, valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+                    settings: np.ndarray, *, valid: Sequence[int] | np.ndarray | None = None,
+                    token_src: Any = None, token_dst: Any = None) -> np.ndarray:
         """Like `step`, but returns a token id sampled from each of those rows' logits (i64 `[len(rows)]`)
         at its uniform `u` (f64 `[len(rows)]`, from `Sampler.uniforms`) with `settings` (`Sampler.settings()`:
-        top_k at most `SAMPLE_TOP_K_MAX`), computed where the logits live: on a GPU only the ids come back."""
-        return self._step(tokens, cache, rows, 2, (u, settings), valid=valid).astype(np.int64)
+        top_k at most `SAMPLE_TOP_K_MAX`), computed where the logits live: on a GPU only the ids come back.
+        (`token_dst` stores the rows' argmax, not the sampled ids: feedback is for greedy steps.)"""
+        return self._step(tokens, cache, rows, 2, (u, settings), valid=valid,
+                          feedback=(token_src, token_dst)).astype(np.int64)
+
+    def _feedback(self, src: Any, dst: Any, batch: int, seq: int, n_rows: int) -> dict[str, np.ndarray]:
+        """The `token_src` / `token_dst` inputs of a step (all -1 where not given), checked."""
+        if not self.token_feedback:
+            if src is not None or dst is not None:
+                raise ExecutionError("token_src / token_dst need a model with token feedback (a LLaMA-family decoder)")
+            return {}
+        out = {}
+        for name, value, n in (("token_src", src, batch), ("token_dst", dst, n_rows)):
+            if value is None:
+                out[name] = np.full(n, -1, np.int32)
+                continue
+            arr = np.asarray(value)
+            if arr.shape != (n,) or (arr.size and (arr.dtype.kind not in "iu" or arr.min() < -1
+                                                    or arr.max() >= self.max_batch)):
+                raise ExecutionError(f"{name} must be {n} slot numbers in -1..{self.max_batch - 1}, got {value!r}")
+            out[name] = arr.astype(np.int32)
+        return out
 
     def _ragged(self, tokens: np.ndarray, valid: Sequence[int] | np.ndarray | None) -> tuple[np.ndarray, dict]:
         """A recurrent model's step: `tokens` padded to every slot, and the inputs saying which tokens are
@@ -547,7 +637,8 @@ class CausalLM:
 
     def _step(self, tokens: np.ndarray, cache: KvCache, rows: Sequence[int] | np.ndarray, output: int,
               sample: tuple[np.ndarray, np.ndarray] | None = None, *,
-              valid: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+              valid: Sequence[int] | np.ndarray | None = None, feedback: tuple[Any, Any] = (None, None),
+              launch: bool = False) -> Any:
         tokens = np.asarray(tokens)
         if tokens.ndim != 2 or tokens.shape[0] < 1 or tokens.shape[1] < 1:
             raise ExecutionError(f"tokens must be [batch, seq] with batch, seq >= 1, got shape {tokens.shape}")
@@ -578,17 +669,24 @@ class CausalLM:
             tokens, ragged = self._ragged(tokens, valid)
         elif valid is not None:
             raise ExecutionError("valid (real tokens per row) is for recurrent models; this one pads by position")
+        ragged.update(self._feedback(*feedback, batch, seq, len(rows)))  # (these inputs are bound as ragged's)
         if self.device == "cpu" and self._compiled is not None:
             out = self._step_cpu(tokens, positions, at, rows, cache, output, u, settings, ragged)
         else:
             feed = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, batch),
                     **{name: table[at] for name, table in self._rope.items()},
-                    "rows": rows, **cache.arrays, "sample_u": u, "sample_settings": settings, **ragged}
+                    "rows": rows, **self._states(cache), "sample_u": u, "sample_settings": settings, **ragged}
             if self._lora is not None:
                 feed["lora_index"] = self._lora_rows[:batch].copy()
-            out = self._run({k: v for k, v in feed.items() if k in self._host_inputs or k in cache.arrays}, output)
+            feed = {k: v for k, v in feed.items()
+                    if k in self._host_inputs or k in cache.arrays or k == L.FEEDBACK_STATE}
+            if launch and self.device == "cuda":
+                pending = self._run_cuda(feed, output, launch=True)
+                cache.lengths[:batch] += seq
+                return pending
+            out = self._run(feed, output)
         cache.lengths[:batch] += seq
-        return out
+        return PendingStep.done(out.astype(np.int64)) if launch else out
 
     def _step_cpu(self, tokens: np.ndarray, positions: np.ndarray, at: np.ndarray, rows: Sequence[int] | np.ndarray,
                   cache: KvCache, output: int, sample_u: np.ndarray, sample_settings: np.ndarray,
@@ -601,8 +699,10 @@ class CausalLM:
         the next step's."""
         rows = np.asarray(rows, dtype=np.int32)
         key = (id(cache.arrays), tokens.shape, rows.shape)
+        if self.token_feedback and cache.tokens is None:
+            cache.tokens = self._new_tokens()
         bound = self._cpu_bound.get(key)
-        if bound is None:
+        if bound is None or bound[4] is not cache.tokens:  # (a binding holds the token state it was made with)
             self._make_room(self._cpu_bound, key[0])
             small = {"tokens": tokens.astype(np.int32), "positions": positions, **_table(cache, tokens.shape[0]),
                      **{name: table[at] for name, table in self._rope.items()}, "rows": rows,
@@ -610,14 +710,15 @@ class CausalLM:
             small = {name: value for name, value in small.items() if name in self._host_inputs}
             if self._lora is not None:
                 small["lora_index"] = self._lora_rows[:tokens.shape[0]]
-            outs = self._compiled.run({**small, **cache.arrays})  # this step, checked as any run
+            states = self._states(cache)
+            outs = self._compiled.run({**small, **states})  # this step, checked as any run
             inputs = {name: np.array(value) for name, value in small.items()}
             outputs = [np.empty_like(o) for o in outs]
-            fn = self._compiled.bind_run({**cache.arrays, **inputs}, outputs)
+            fn = self._compiled.bind_run({**states, **inputs}, outputs)
             # the bound arrays, and the cache's dict (its id is the key: it must outlive the binding)
-            self._cpu_bound[key] = (fn, inputs, outputs, cache.arrays)
+            self._cpu_bound[key] = (fn, inputs, outputs, cache.arrays, cache.tokens)
             return outs[output]
-        fn, inputs, outputs, _ = bound
+        fn, inputs, outputs, *_ = bound
         self._cpu_bound[key] = self._cpu_bound.pop(key)  # the most recently used last
         inputs["tokens"][...] = tokens
         for name, value in ragged.items():  # a recurrent model's real tokens per row
@@ -660,7 +761,7 @@ class CausalLM:
         (a serving engine's steps take them all), and prompt shapes besides."""
         return max(32, 2 * self.max_batch + 8)
 
-    def _run_cuda(self, feed: Mapping[str, Any], output: int) -> np.ndarray:
+    def _run_cuda(self, feed: Mapping[str, Any], output: int, launch: bool = False) -> Any:
         """One step on the GPU through a host-fed step bound once per (cache, step shape, output)
         (`CudaGraph.bind_host_step`): the step's few small inputs go over in one pinned transfer, the KV
         cache stays resident in the library, only the output asked for comes back (4 bytes a row for the
@@ -668,13 +769,14 @@ class CausalLM:
         names = self._cuda_names
         if names is None:  # the per-step inputs, and one state that tells caches apart
             host_names = tuple(n.op.name for n in self.graph.inputs() if not n.op.state)
-            first_state = next(n.op.name for n in self.graph.inputs() if n.op.state)
+            first_state = next(n.op.name for n in self.graph.inputs()
+                               if n.op.state and n.op.name != L.FEEDBACK_STATE)
             names = self._cuda_names = (host_names, first_state)
         host_names, first_state = names
         # a step walks no per-layer dict: a cache is known by its first state buffer (the binding keeps it alive,
         # so its id stays unique) and the step shape by its few host inputs
         states = id(feed[first_state])
-        key = (states, output, tuple(feed[n].shape for n in host_names))
+        key = (states, output, tuple(feed[n].shape for n in host_names), id(feed.get(L.FEEDBACK_STATE)))
         step = self._bound.get(key)
         if step is None:
             self._make_room(self._bound, states)
@@ -687,6 +789,9 @@ class CausalLM:
             inputs = step.inputs
             for n in host_names:
                 inputs[n][...] = feed[n]
+        if launch:  # queued on the GPU: the result when asked for (`PendingStep`)
+            ticket = step.launch()
+            return PendingStep(lambda: next(iter(step.finish(ticket).values())).astype(np.int64))
         (result,) = step().values()
         return result.copy()  # the step's buffer is reused by the next one
 

@@ -227,6 +227,8 @@ def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
     return partial if tp == 1 else g.add(O.AllReduce(world=tp), [partial], name=name + ".all_reduce")
 
 
+#: The state of a decoder with token feedback (`build_decoder(token_feedback=True)`): the tokens its steps stored.
+FEEDBACK_STATE = "last_tokens"
 #: Dtypes a decoder's KV cache may have (`build_decoder(kv_dtype=...)`).
 KV_DTYPES = ("f32", "f16", "bf16", "f8e4m3fn")
 
@@ -235,7 +237,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
                   max_seq: int = 256, capacity: int = 2048, name: str = "decoder", tp: int = 1,
                   quant_act: str = "f32", narrow_weights: bool = False, kv_dtype: str = "f32",
                   page_size: int | None = None, kv_pages: int = 0,
-                  quant_act_formats: Sequence[str] | None = None, embedding_rows_param: bool = False) -> Graph:
+                  quant_act_formats: Sequence[str] | None = None, embedding_rows_param: bool = False,
+                  token_feedback: bool = False) -> Graph:
     """One decoder step over the KV cache (see the module docstring).
 
     `tp` > 1 builds one rank's share of a tensor-parallel decoder (`rlx.distributed.tp_decoder`
@@ -255,6 +258,11 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     `embedding_rows_param`: a quantized embedding table's gather reads its own param (`token_embd.weight.rows`,
     set from the same tensor), so that a tied vocabulary projection's param has no other reader and the CPU may
     store it in its decode GEMV's layout (`InterleavedQuantParam`) while the gather reads the rows as stored.
+    `token_feedback`: device-side token feedback (`rlx.ir.ops_feedback`): an i32 state `last_tokens` `[max_batch]`
+    (`FEEDBACK_STATE`), an input `token_src` i32 `[batch]` (row b's last token is ``last_tokens[token_src[b]]``
+    where it names a slot, else `tokens`' own) and an input `token_dst` i32 `[n_rows]` (output row i's `next_token`
+    is stored at ``last_tokens[token_dst[i]]`` where it names a slot): a step can take its tokens from the step
+    before without their going through the host. With every src and dst -1 the step computes what it did without.
     """
     if kv_dtype not in KV_DTYPES:
         raise IRError(f"kv_dtype must be one of {KV_DTYPES}, got {kv_dtype!r}")
@@ -289,6 +297,12 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     sample_settings = g.input("sample_settings", [len(SAMPLE_SETTINGS)], "f64")
     block_table = g.input("block_table", [batch, capacity // page_size], "i32") if page_size is not None else None
     cache_shape = [max_batch, capacity] if page_size is None else [kv_pages, page_size]
+    last_tokens = token_dst = None
+    if token_feedback:  # the step's tokens may come from the last step's, stored on the device (see above)
+        token_src = g.input("token_src", [batch], "i32")
+        token_dst = g.input("token_dst", [n_rows], "i32")
+        last_tokens = g.state(FEEDBACK_STATE, [max_batch], "i32")
+        tokens = g.token_feed(tokens, token_src, last_tokens)
     x = _embedding(g, tokens, specs, c, embedding_rows_param)
     if c.embed_scale != 1.0:
         x = g.mul(x, g.constant(np.float32(c.embed_scale)))
@@ -360,6 +374,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         logits = g.mul(g.activation("tanh", g.div(logits, cap)), cap)
     # the greedy next token of each row, so a decode step on a GPU reads back 4 bytes a row, not the logits
     next_token = g.argmax(logits, axis=-1)
+    if last_tokens is not None:  # stored where token_dst says, for the next step's token_feed
+        next_token = g.token_store(next_token, token_dst, last_tokens)
     # and a sampled one (top_k <= SAMPLE_TOP_K_MAX), for each row's uniform u and the run-time settings
     sampled = g.sample_top_k(logits, sample_u, sample_settings)
     g.set_outputs({"logits": logits, "next_token": next_token, "sampled_token": sampled})

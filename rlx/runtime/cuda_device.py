@@ -7,7 +7,8 @@ the device outputs given). CUDA failures (no device, out of memory, a failed lau
 `rlx.CudaError`; other mistakes raise `ExecutionError`.
 
 The extra exports a CUDA library has beyond the common ABI are declared here (see templates/cuda/rlx_cuda.h):
-`rlx_run_device`, `rlx_run_device_resident`, `rlx_run_host_step`, `rlx_state_release`, `rlx_cuda_malloc`,
+`rlx_run_device`, `rlx_run_device_resident`, `rlx_run_host_step` (and its halves `rlx_host_step_launch` /
+`rlx_host_step_finish`), `rlx_state_release`, `rlx_cuda_malloc`,
 `rlx_cuda_free`, `rlx_cuda_memcpy`, `rlx_cuda_stream_sync`.
 
 `CudaGraph.bind_host_step` binds the leanest loop for a step fed from host memory (a decoder's token step):
@@ -44,6 +45,9 @@ int32_t     rlx_run_device_resident(void *ctx, const int64_t *symbols, const voi
                                     void *const *outputs);
 int32_t     rlx_run_host_step(void *ctx, const int64_t *symbols, const void *const *inputs,
                               void *const *outputs);
+int32_t     rlx_host_step_launch(void *ctx, const int64_t *symbols, const void *const *inputs,
+                                 void *const *outputs, int32_t *ticket);
+int32_t     rlx_host_step_finish(void *ctx, int32_t ticket, void *const *outputs);
 int32_t     rlx_state_release(void *ctx);
 void       *rlx_cuda_malloc(int64_t nbytes);
 void        rlx_cuda_free(void *p);
@@ -219,6 +223,11 @@ class HostStep:
     fixed (read-only mappings: the library holds their addresses). A call copies the inputs in with one
     transfer, runs the graph with the state inputs resident (see `CudaGraph.bind_device(resident_states=True)`),
     writes the wanted outputs and returns `outputs`. Arrays are reused by the next call: copy what you keep.
+
+    `launch()` and `finish(ticket)` split a call: `launch` queues the step on the GPU (the inputs are read at
+    once: write the next step's values right after) and returns a ticket; `finish(ticket)` waits for that step
+    and returns `outputs` filled with its results (raising its errors, the device's error flag included). At most
+    two steps of one library may be launched and not finished, of this binding or another.
     """
 
     def __init__(self, graph: CudaGraph, run: Any, args: tuple, inputs: dict[str, np.ndarray],
@@ -237,6 +246,28 @@ class HostStep:
         graph._resident.update(self._states)  # (on failure too: a state may have become resident before it)
         if rc != 0:
             graph._raise(rc, "run_host_step")
+        return self.outputs
+
+    def launch(self) -> int:
+        """Queue a step (see the class docstring); its ticket for `finish`."""
+        graph = self._graph
+        for stream in self._streams:
+            if graph._cuda.rlx_cuda_stream_sync(int(stream)) != 0:
+                raise CudaError(_global_error(graph._cuda))
+        ctx, sym, ins, out_ptrs = self._args
+        ticket = cuda_ffi.new("int32_t *")
+        rc = graph._cuda.rlx_host_step_launch(ctx, sym, ins, out_ptrs, ticket)
+        graph._resident.update(self._states)  # (on failure too: a state may have become resident before it)
+        if rc != 0:
+            graph._raise(rc, "host_step_launch")
+        return int(ticket[0])
+
+    def finish(self, ticket: int) -> Mapping[str, np.ndarray]:
+        """Wait for the step `launch` gave `ticket` for; `outputs`, holding its results."""
+        graph = self._graph
+        rc = graph._cuda.rlx_host_step_finish(self._args[0], ticket, self._args[3])
+        if rc != 0:
+            graph._raise(rc, "host_step_finish")
         return self.outputs
 
     def __repr__(self) -> str:

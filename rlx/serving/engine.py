@@ -22,6 +22,10 @@ proposals at the next positions. The greedy or accept/reject rule of `rlx.models
 prefix of them plus one token of the target's; the pages of the rejected tail go back to the pool. Each
 row's arithmetic is that of a one-row step (`PagedRunner`), so greedy tokens are those of plain decoding.
 
+Pipelined steps (`feedback=True`, paged runners whose model has token feedback): a decode step is planned and
+launched before the step in flight lands, its rows' tokens taken on the device from the ones that step stores for
+their slots (`_step_pipelined`), so on a GPU the host lands one step and plans the next while the device runs.
+
 >>> from rlx.models.decoder_config import DecoderConfig
 >>> from rlx.models.causal_lm import random_tensors
 >>> from rlx.models.llama import random_specs
@@ -196,6 +200,10 @@ class _Launch:
     drafts: list[tuple[list[int], np.ndarray | None]] | None
     logits: bool
     call: Future | None = None
+    #: token feedback (`Engine(feedback=True)`): the runner's `(src, dst)` slots (None: a step of logits or drafts)
+    feedback: tuple[np.ndarray, np.ndarray] | None = None
+    #: token feedback: the launched step (`PendingStep`)
+    pending: Any = None
 
 
 class Engine:
@@ -210,14 +218,16 @@ class Engine:
     the most tokens it proposes a step; `max_stall` (paged runners without speculation): the steps a decoding
     sequence may go without a row while prompts' prefill takes the rows first (`MAX_STALL`; None: decode rows
     always first); `overlap` (paged runners without speculation): hand out a step's tokens while the next step
-    runs (see `_step_overlapped`; off by default: on CUDA it measured slower, docs/perf-h100.md).
+    runs (see `_step_overlapped`; off by default: on CUDA it measured slower, docs/perf-h100.md); `feedback`
+    (paged runners with token feedback, without speculative decoding or overlap): pipelined steps whose tokens
+    are fed back on the device (see `_step_pipelined`; off by default: not yet measured on a GPU).
     """
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
                  observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
                  kv_pages: int | None = None, speculative: Any = None, max_draft: int = spec.AdaptiveK.k_max,
-                 max_stall: int | None = MAX_STALL, overlap: bool = False) -> None:
+                 max_stall: int | None = MAX_STALL, overlap: bool = False, feedback: bool = False) -> None:
         self.runner = runner
         self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
@@ -270,6 +280,13 @@ class Engine:
         #: overlap: what a landed step has left to hand out (token and finish events), run after the next launch
         self._deferred: list[Callable[[], None]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlx-step") if overlap else None
+        if feedback and (not self.paged or self.drafter is not None or overlap
+                         or not getattr(runner, "token_feedback", False)):
+            raise RlxError("feedback takes a paged runner whose model has token feedback, without speculative "
+                           "decoding or overlap")
+        self.feedback = feedback
+        #: feedback: steps launched ahead of the last step's landing (planned with its tokens still on the device)
+        self.ahead_steps = 0
         #: plain greedy decode rows land in one loop (`_land_tokens`); False: one by one through `_next` (the
         #: general path, which the tests hold the fast one to)
         self.fast_landing = True
@@ -402,6 +419,8 @@ class Engine:
         """One iteration: drop cancelled requests, plan, run the plan, hand out the tokens."""
         if self.overlap:
             return self._step_overlapped()
+        if self.feedback:
+            return self._step_pipelined()
         plan = self._plan()
         if self.paged:
             seqs = [*plan.decode, *(seq for seq, _, _ in plan.prefill)]
@@ -447,6 +466,92 @@ class Engine:
             for hand_out in deferred:
                 hand_out()
         return launch.plan
+
+    def _step_pipelined(self) -> Plan:
+        """One iteration with device-side token feedback (`feedback=True`): the step in flight (or, with none, one
+        planned and launched now from what the host knows) gets a successor launched before it lands, where the
+        plan allows (`_ahead`): its decode rows take their tokens from the ones the step in flight stores on the
+        device (the runner's `feedback`), so the GPU runs it while the host lands the step before (its tokens,
+        events, stop strings) and plans the next. A sequence that the landed step ends (a stop id or text, a cancel)
+        had a row in the successor: that row's token is dropped when it lands. Its pages, freed at once, are written
+        by that row only, and every later step that could give them to another sequence runs after it on the
+        device: the new holder writes each position before attending to it. Anything else — prefill, admissions,
+        preemption, logits (sampling, logprobs), a cancel — waits for a step boundary: the next step is planned
+        after the landing. Tokens and events are those of `step` without feedback."""
+        launch, self._pending = self._pending, None
+        if launch is None:
+            plan = self._plan()
+            if plan.empty:
+                return plan
+            try:
+                launch = self._rows(plan)
+                self._start(launch)
+            except Exception as exc:  # a fault in the step fails its requests only
+                self._fail([*plan.decode, *(seq for seq, _, _ in plan.prefill)], exc)
+                return plan
+        try:
+            self._pending = self._ahead(launch)
+        except Exception as exc:  # planning it failed (its launch's failures end its sequences only, in _ahead)
+            self._fail(list(launch.plan.decode), exc)
+        try:
+            out = launch.pending.result()
+        except Exception as exc:
+            self._fail([s for s, _ in launch.ends], exc)
+        else:
+            self._guarded([s for s, _ in launch.ends], self._land, launch, out)
+        return launch.plan
+
+    def _fail(self, seqs: list[Seq], exc: Exception) -> None:
+        self.step_errors += 1
+        with self._lock:
+            for seq in seqs:
+                self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+
+    def _start(self, launch: _Launch) -> None:
+        """Launch a step's call on the runner (`PagedRunner.launch`), with its token feedback."""
+        launch.pending = self.runner.launch(self.kv.tables, launch.rows, launch.outputs, launch.logits,
+                                            launch.feedback)
+
+    def _ahead(self, launch: _Launch) -> _Launch | None:
+        """The step after `launch` (launched, not landed), started now, or None where it must wait for `launch` to
+        land: `launch` fed every running sequence a decode row (no prefill, drafts or logits), nobody waits, no
+        cancel is pending, and each sequence it does not end by length has room for one more token. The step's
+        rows are those sequences in order, one position on, each token from the one `launch` stores for its slot."""
+        if launch.feedback is None or launch.plan.prefill or launch.logits:
+            return None
+        decode = State.DECODE
+        with self._lock:
+            scheduler = self.scheduler
+            if scheduler.waiting or self._cancels:
+                return None
+            live = [s for s in launch.plan.decode if s.state is decode]
+            if len(live) != len(scheduler.running):
+                return None  # someone is prefilling or waits for a row: plan after the landing
+            max_context, kv = self.runner.max_context, self.kv
+            seqs = [s for s in live if len(s.generated) + 1 < s.max_new and s.length + 1 <= max_context]
+            if not seqs:
+                return None
+            capacity = kv.capacity
+            for s in seqs:  # room for the token this step feeds (position filled + 1)
+                if s.filled + 2 > capacity[s.slot] and not kv.grow(s.slot, s.filled + 2):
+                    return None
+            slots = [s.slot for s in seqs]
+            positions = [s.filled + 1 for s in seqs]
+            table = np.array([slots, [0] * len(seqs), positions], dtype=np.int64).T
+            if len(seqs) <= 4 or (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
+                for s in seqs:  # copy-on-write, as `_rows`
+                    if not kv.writable(s.slot, s.filled + 1, s.filled + 2):
+                        return None
+            src = np.asarray(slots, dtype=np.int32)
+            ahead = _Launch(Plan(seqs, [], []), table, list(range(len(seqs))), [(s, 1) for s in seqs], None, False,
+                            feedback=(src, src))
+        try:
+            self._start(ahead)
+        except Exception as exc:  # a fault in the step fails its requests only (they end when this one lands)
+            self._fail(seqs, exc)
+            return None
+        self.ahead_steps += 1
+        return ahead
 
     def settle(self) -> None:
         """Land the step in flight, if any (overlap: one is launched before the last step's events go out)."""
@@ -572,7 +677,11 @@ class Engine:
                     if not kv.writable(seq.slot, seq.filled, seq.filled + n):
                         raise RlxError("no free KV page for a copy of a shared page")
         logits = self._logit_seqs > 0 and any(s.payload.params.needs_logits for s, _ in ends)
-        return _Launch(plan, table, outputs, ends, drafts, logits)
+        feedback = None
+        if self.feedback and drafts is None and not logits:  # every output row stores its token for its slot
+            src = np.full(len(table), -1, np.int32)
+            feedback = (src, table[outputs, 0].astype(np.int32))
+        return _Launch(plan, table, outputs, ends, drafts, logits, feedback=feedback)
 
     def _land(self, launch: _Launch, out: np.ndarray) -> None:
         """A step's outputs: each sequence's next token (or verified proposals), its prefill progress."""

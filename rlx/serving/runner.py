@@ -23,7 +23,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlx.errors import RlxError
-from rlx.models.causal_lm import CausalLM, KvCache
+from rlx.models.causal_lm import CausalLM, KvCache, PendingStep
+from rlx.models.llama import FEEDBACK_STATE
 
 
 class Runner(Protocol):
@@ -69,8 +70,10 @@ class CausalLMRunner:
         self.stop_ids = prefiller.stop_ids
         self.cache = decoder.new_cache()
         # one-row views of each slot's row: the prefiller writes straight into the shared arrays
+        tokens = self.cache.tokens  # (token feedback: the decoder's token state; a slot's view is the prefiller's)
         self._slot_caches = [KvCache({n: a[s:s + 1] for n, a in self.cache.arrays.items()},
-                                     self.cache.lengths[s:s + 1], self.cache.capacity) for s in range(self.slots)]
+                                     self.cache.lengths[s:s + 1], self.cache.capacity,
+                                     tokens=None if tokens is None else tokens[s:s + 1]) for s in range(self.slots)]
 
     @classmethod
     def build(cls, config: Any, tensors: Any, tokenizer: Any | None = None, *, slots: int, max_context: int,
@@ -225,7 +228,7 @@ class PagedRunner:
         self.cache = lm.new_cache()  # the page pools; each step brings its own block tables and positions
         # one page of every layer's K and V (what the prefix cache's byte budget counts)
         self.page_bytes = sum(int(np.prod(n.shape.static_dims[1:])) * n.shape.dtype.itemsize
-                              for n in lm.graph.inputs() if n.op.state)
+                              for n in lm.graph.inputs() if n.op.state and n.op.name != FEEDBACK_STATE)
 
     @classmethod
     def _call_rows(cls, device: str, max_rows: int, deterministic: bool | None) -> int:
@@ -295,16 +298,42 @@ class PagedRunner:
         for a in self.cache.arrays.values():
             a[dst] = a[src]
 
+    @property
+    def token_feedback(self) -> bool:
+        """Whether steps may take a row's token from the one its slot's last step produced (`run`'s `feedback`)."""
+        return bool(getattr(self.lm, "token_feedback", False))
+
     def run(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]] | np.ndarray, outputs: Sequence[int],
-            logits: bool) -> np.ndarray:
+            logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """Feed one token per row, `(slot, token, position)` (tuples, or an `[n, 3]` integer array), through the
         block tables `tables` (`[slots, pages]`, a `PagedKv`'s); the next-token logits `[len(outputs), vocab]` of
-        rows `outputs`, or their argmax ids."""
+        rows `outputs`, or their argmax ids.
+
+        `feedback` (`token_feedback` models, greedy steps): `(src, dst)`, int arrays of a slot or -1 per row and per
+        output: row i's token is the one the model stored for slot ``src[i]`` (its `token` column is ignored),
+        and output j's token is stored for slot ``dst[j]`` (distinct slots), on the device: a step can take the
+        last step's tokens before they reach the host (`launch`)."""
+        self._check(rows, logits, feedback)
+        if len(rows) > self.call_rows:
+            return self._run_slices(tables, rows, outputs, logits, feedback)
+        return self._call(tables, rows, outputs, logits, feedback)
+
+    def launch(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]] | np.ndarray, outputs: Sequence[int],
+               logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None = None) -> PendingStep:
+        """`run` started: its `PendingStep`'s `result()` is `run`'s. A CUDA greedy step of one call is queued on the
+        GPU and the call returns at once (`CausalLM.launch_greedy`: at most two pending); others run here."""
+        self._check(rows, logits, feedback)
+        if len(rows) > self.call_rows:
+            return PendingStep.done(self._run_slices(tables, rows, outputs, logits, feedback))
+        out = self._call(tables, rows, outputs, logits, feedback, launch=True)
+        return out if isinstance(out, PendingStep) else PendingStep.done(out)
+
+    def _check(self, rows: Sequence[tuple[int, int, int]] | np.ndarray, logits: bool,
+               feedback: tuple[np.ndarray, np.ndarray] | None) -> None:
         if not 0 < len(rows) <= self.max_rows:
             raise RlxError(f"a step feeds 1 to {self.max_rows} rows, got {len(rows)}")
-        if len(rows) > self.call_rows:
-            return self._run_slices(tables, rows, outputs, logits)
-        return self._call(tables, rows, outputs, logits)
+        if feedback is not None and (logits or not self.token_feedback):
+            raise RlxError("token feedback is for greedy steps of a model with token feedback")
 
     def padded_rows(self, n: int) -> int:
         """The rows a call of `n` rows runs: `n` on the CPU; on CUDA up to 4 as they are (the fused decode GEMV's
@@ -327,31 +356,52 @@ class PagedRunner:
         counts = sorted({self.padded_rows(n) for n in range(1, self.call_rows + 1)})
         for n in counts:
             cache = KvCache(self.cache.arrays, np.zeros(n, np.int32), self.max_context,
-                            block_table=np.zeros((n, self.max_context // self.page_size), np.int32))
+                            block_table=np.zeros((n, self.max_context // self.page_size), np.int32),
+                            tokens=self.cache.tokens)
             self.lm.step_greedy(np.zeros((n, 1), np.int32), cache, np.arange(n, dtype=np.int32))
         return len(counts)
 
     def _call(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
-              logits: bool) -> np.ndarray:
-        """One compiled call of `rows` (at most `call_rows`), padded to `padded_rows` by repeating the last."""
+              logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None = None,
+              launch: bool = False) -> np.ndarray | PendingStep:
+        """One compiled call of `rows` (at most `call_rows`), padded to `padded_rows` by repeating the last (which
+        feeds as the last does and stores nothing); with `launch`, a CUDA greedy call is queued (a `PendingStep`)."""
         n, padded = len(rows), self.padded_rows(len(rows))
         table = np.asarray(rows, dtype=np.int64).reshape(n, 3)  # the engine's array as it is; tuples converted
         slots = table[:, 0]
         tokens = table[:, 1:2].astype(np.int32)
         positions = table[:, 2].astype(np.int32)
+        src = None if feedback is None else np.asarray(feedback[0], dtype=np.int32)
         if padded > n:  # the last row again
             pick = np.minimum(np.arange(padded), n - 1)
             slots, tokens, positions = slots[pick], tokens[pick], positions[pick]
-        cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots])
+            src = None if src is None else src[pick]
+        cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots],
+                        tokens=self.cache.tokens)
         if not logits and self.lm.device == "cuda":
             # every row's id (4 bytes each), picked here: the step's shape is its row count alone, so a
             # serving GPU binds one step (a captured CUDA graph) per padded row count, not per output pattern
-            return self.lm.step_greedy(tokens, cache, np.arange(padded, dtype=np.int32))[list(outputs)]
-        step = self.lm.step if logits else self.lm.step_greedy
-        return step(tokens, cache, _output_rows(outputs, n))[:len(outputs)]
+            dst = None
+            if feedback is not None:  # output j's row stores its token; the other rows (and the padding) none
+                dst = np.full(padded, -1, np.int32)
+                dst[np.asarray(outputs, dtype=np.int64)] = feedback[1]
+            pick = list(outputs)
+            every = np.arange(padded, dtype=np.int32)
+            if launch:
+                pending = self.lm.launch_greedy(tokens, cache, every, token_src=src, token_dst=dst)
+                return PendingStep(lambda: pending.result()[pick])
+            return self.lm.step_greedy(tokens, cache, every, token_src=src, token_dst=dst)[pick]
+        want = _output_rows(outputs, n)
+        if logits:
+            return self.lm.step(tokens, cache, want)[:len(outputs)]
+        dst = None
+        if feedback is not None:  # the padding of the output rows (repeats of the last) stores nothing
+            dst = np.full(len(want), -1, np.int32)
+            dst[:len(outputs)] = feedback[1]
+        return self.lm.step_greedy(tokens, cache, want, token_src=src, token_dst=dst)[:len(outputs)]
 
     def _run_slices(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
-                    logits: bool) -> np.ndarray:
+                    logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """A step of more than `call_rows` rows as consecutive calls of at most `call_rows` (on the CPU, past
         `DECODE_ROWS` the quantized matmuls take dequantized panels and the GEMM, whose sums differ from the
         decode GEMV's): in row order, so a prefill chunk's rows in a later call attend to the K/V an earlier
@@ -360,7 +410,8 @@ class PagedRunner:
         for lo in range(0, len(rows), self.call_rows):
             hi = min(lo + self.call_rows, len(rows))
             mine = [j for j, r in enumerate(outputs) if lo <= r < hi]
-            part = self._call(tables, rows[lo:hi], [outputs[j] - lo for j in mine], logits)
+            fed = None if feedback is None else (np.asarray(feedback[0])[lo:hi], np.asarray(feedback[1])[mine])
+            part = self._call(tables, rows[lo:hi], [outputs[j] - lo for j in mine], logits, fed)
             if out is None:
                 out = np.empty((len(outputs), *part.shape[1:]), dtype=part.dtype)
             out[mine] = part

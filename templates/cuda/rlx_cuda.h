@@ -50,6 +50,16 @@ int32_t rlx_run_device_resident(void *ctx, const int64_t *symbols, const void *c
  * wanted (it is not copied back). Returns once the wanted outputs are written. */
 int32_t rlx_run_host_step(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs);
 
+/* rlx_run_host_step in two calls, so that the host can prepare (and launch) the next step while one runs.
+ * rlx_host_step_launch queues the step — its inputs are read before it returns; `outputs` only says which are
+ * wanted (non-NULL) — and sets *ticket; rlx_host_step_finish waits for that step, copies its wanted outputs to
+ * `outputs` (host pointers) and reports its errors (the device error flag included). At most two steps may be
+ * launched and not finished; each has pinned mirrors of its own, and steps of different dims may be in flight
+ * together (they run in launch order). */
+int32_t rlx_host_step_launch(void *ctx, const int64_t *symbols, const void *const *inputs, void *const *outputs,
+                             int32_t *ticket);
+int32_t rlx_host_step_finish(void *ctx, int32_t ticket, void *const *outputs);
+
 /* Write every resident state back to its buffer and forget it; returns once done. 0, -1 or -2. */
 int32_t rlx_state_release(void *ctx);
 

@@ -479,6 +479,26 @@ def kv_attention() -> Case:
 
 
 @case
+def token_feedback() -> Case:
+    """token_feed / token_store through one i32 token state (rlx/ir/ops_feedback.py): rows fed from the slots the
+    step before stored their last tokens in (-1 and a slot past the state: the row's own), steps of 3 and 2 rows."""
+    g = Graph("token_feedback")
+    b = Dim.dynamic("batch", max=4)
+    last = g.state("last", [6], "i32")
+    fed = g.token_feed(g.input("tokens", [b, 2], "i32"), g.input("src", [b], "i32"), last)
+    stored = g.token_store(g.reshape(g.narrow(fed, 1, 1, 1), [b]), g.input("dst", [b], "i32"), last)
+    g.set_outputs([fed, stored])
+    state = np.arange(6, dtype=np.int32) + 100
+    feeds = []
+    for tokens, src, dst in (([[1, 2], [3, 4], [5, 6]], [-1, 0, 9], [5, -1, 0]),
+                             ([[7, 8], [9, 10]], [5, 0], [1, 2]),
+                             ([[11, 12], [13, 14], [15, 16]], [1, 2, -1], [3, 4, 5])):
+        feeds.append({"tokens": np.array(tokens, np.int32), "src": np.array(src, np.int32),
+                      "dst": np.array(dst, np.int32), "last": state})
+    return Case("token_feedback", g, feeds, lowp=False)
+
+
+@case
 def kv_attention_split() -> Case:
     """cached_attention over a long past: decode queries split their keys over several blocks (DecodeSplitKv)."""
     (heads, kv_heads, hd), cap = _KV, 1100

@@ -13,6 +13,7 @@ from rlx.errors import IRError, ShapeError
 from rlx.ir import ops as O
 from rlx.ir import ops_control as C
 from rlx.ir import ops_conv as CV
+from rlx.ir import ops_feedback as FB
 from rlx.ir import ops_int8 as Q8
 from rlx.ir import ops_lora as LR
 from rlx.ir import ops_moe as MOE
@@ -112,6 +113,8 @@ VALID: list[tuple[O.Op, tuple[str, ...], str]] = [
     (O.ArgMax(), ("f16[2,seq,7]",), "i32[2,seq]"),
     (O.ArgMax(0), ("f32[5,3]",), "i32[3]"),
     (SP.SampleTopK(), ("f32[batch,49]", "f64[batch]", "f64[3]"), "i32[batch]"),
+    (FB.TokenFeed(), ("i32[batch,seq]", "i32[batch]", "i32[8]"), "i32[batch,seq]"),
+    (FB.TokenStore(), ("i32[batch]", "i32[batch]", "i32[8]"), "i32[batch]"),
     (O.Softmax(0), ("bf16[5]",), "bf16[5]"),
     (O.LayerNorm(1e-5), ("f32[seq,8]", "f32[8]", "f32[8]"), "f32[seq,8]"),
     (O.RmsNorm(1e-6), ("f16[2,3,8]", "f16[8]"), "f16[2,3,8]"),
@@ -239,6 +242,11 @@ ERRORS: list[tuple[O.Op, tuple[str, ...], type, str]] = [
     (O.ArgMax(), ("i32[3]",), ShapeError, "floating-point"),
     (O.ArgMax(), ("f32[4,0]",), ShapeError, "empty axis"),
     (SP.SampleTopK(), ("f32[4]", "f64[4]", "f64[3]"), ShapeError, r"logits \[rows, vocab\]"),
+    (FB.TokenFeed(), ("i64[4,1]", "i32[4]", "i32[8]"), ShapeError, r"tokens as i32 \[batch, seq\]"),
+    (FB.TokenFeed(), ("i32[4,1]", "i32[3]", "i32[8]"), ShapeError, r"src as i32 \[4\]"),
+    (FB.TokenFeed(), ("i32[4,1]", "i32[4]", "i32[batch]"), ShapeError, r"token state as a static i32 \[slots\]"),
+    (FB.TokenStore(), ("i32[4]", "i32[5]", "i32[8]"), ShapeError, r"dst as i32 \[4\]"),
+    (FB.TokenStore(), ("i32[4]", "i32[4]", "f32[8]"), ShapeError, r"token state as a static i32 \[slots\]"),
     (SP.SampleTopK(), ("f32[4,7]", "f32[4]", "f64[3]"), ShapeError, r"u as f64\[4\]"),
     (SP.SampleTopK(), ("f32[4,7]", "f64[4]", "f64[2]"), ShapeError, r"settings as f64\[3\]"),
     (SP.SampleTopK(), ("f32[1,2147483648]", "f64[1]", "f64[3]"), ShapeError, r"more than 2\*\*31 - 1 tokens"),

@@ -143,6 +143,9 @@ def every_op_graph() -> Graph:
     pooled = g.pool("avg", g.batch_norm(conv, *(g.param(f"bn{n}", [4]) for n in "sbmv"), eps=1e-3), (2, 2),
                     ceil_mode=True, count_include_pad=True)
     g.iota(SEQ * 2, 0.5, -0.25, "f32")
+    last = g.state("last_tokens", [4], "i32")
+    fed = g.token_feed(g.input("fed", [BATCH, 1], "i32"), g.input("token_src", [BATCH], "i32"), last)
+    g.token_store(g.reshape(fed, [BATCH]), g.input("token_dst", [BATCH], "i32"), last)
     ar = g.add(O.AllReduce(world=2, reduce="max"), [cat])
     g.add(O.ReduceScatter(world=2, axis=-1), [g.add(O.AllGather(world=3, axis=-1), [g.reshape(ar, [1, 6])])])
     g.set_outputs({"cat": cat, "region": reg, "m": m, "m again": m, "gdn": gdn, "ssm": ssm, "scan": scan,
@@ -377,6 +380,17 @@ def _mk_sample(draw: Any, g: Graph) -> None:
     g.sample_top_k(x, g.input(f"u{len(g.nodes)}", [rows], "f64"), g.input(f"s{len(g.nodes)}", [3], "f64"))
 
 
+def _mk_feedback(draw: Any, g: Graph) -> None:
+    """token_feed of an i32 [rows, seq] value, then token_store of its first column, through one token state."""
+    x = _pick(draw, g, lambda s: s.dtype.value == "i32" and s.rank == 2)
+    rows = g.shape(x).dims[0]
+    last = g.state(f"last{len(g.nodes)}", [draw(st.integers(1, 5))], "i32")
+    fed = g.token_feed(x, g.input(f"src{len(g.nodes)}", [rows], "i32"), last)
+    if draw(st.booleans()):
+        first = g.reshape(g.narrow(fed, 1, 0, 1), [rows])
+        g.token_store(first, g.input(f"dst{len(g.nodes)}", [rows], "i32"), last)
+
+
 def _mk_norm(draw: Any, g: Graph) -> None:
     x = _pick(draw, g, lambda s: s.dtype.is_float and s.rank >= 1)
     s = g.shape(x)
@@ -605,7 +619,8 @@ def _mk_lora(draw: Any, g: Graph) -> None:
 
 MAKERS = [_mk_collective, _mk_unary, _mk_binary, _mk_where, _mk_cast, _mk_matmul, _mk_int8, _mk_reduce, _mk_softmax,
           _mk_sample, _mk_norm, _mk_shape_op, _mk_gather, _mk_constant, _mk_attention, _mk_rope, _mk_quant,
-          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_user_op, _mk_lora, _mk_moe, _mk_conv]
+          _mk_region, _mk_cached_attention, _mk_ssm, _mk_scan, _mk_user_op, _mk_lora, _mk_moe, _mk_conv,
+          _mk_feedback]
 
 
 @st.composite

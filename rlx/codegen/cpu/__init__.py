@@ -24,6 +24,7 @@ def rule_table() -> RuleTable:
         control,
         conv,
         decoder,
+        feedback,
         int8,
         lora,
         moe,
@@ -36,5 +37,6 @@ def rule_table() -> RuleTable:
         user_op,
     )
 
-    modules = (rules, collectives, control, conv, decoder, int8, lora, moe, quant, sample, scan, select, ssm, user_op)
+    modules = (rules, collectives, control, conv, decoder, feedback, int8, lora, moe, quant, sample, scan, select, ssm,
+               user_op)
     return RuleTable.of("cpu", (m.RULES for m in modules))

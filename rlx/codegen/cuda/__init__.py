@@ -45,6 +45,7 @@ def rule_table() -> RuleTable:
         control,
         conv,
         decoder,
+        feedback,
         lora,
         moe,
         quant,
@@ -56,7 +57,8 @@ def rule_table() -> RuleTable:
         user_op,
     )
 
-    modules = (rules, quant, collectives, conv, decoder, lora, moe, sample, scan, control, select, ssm, user_op)
+    modules = (rules, quant, collectives, conv, decoder, feedback, lora, moe, sample, scan, control, select, ssm,
+               user_op)
     return RuleTable.of("cuda", (m.RULES for m in modules))
 
 

@@ -89,7 +89,7 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/lora.cuh",
                   "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
                   "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh", "cuda/kernels/control.cuh",
-                  "cuda/kernels/iota.cuh")
+                  "cuda/kernels/iota.cuh", "cuda/kernels/feedback.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
 NCCL_HEADER = "cuda/kernels/collectives.cuh"
 #: The collective ops' launch macros (rlx/codegen/cuda/collectives.py; `block_unless_p2p` here).
