@@ -71,5 +71,14 @@ def decision_kernels() -> Mapping[str, Callable[[CudaEmitter, Any, int], Any]]:
     return MappingProxyType({**pool.DECISION_KERNELS})
 
 
+def dense_decode_gemv(e: CudaEmitter, d: Any, inner: Any) -> Any:
+    """A dense `DecodeGemv`'s first member: its kernel `inner` wrapped with the rlx_dgemv launch of one-row steps
+    (rlx.codegen.cuda.dense; reached through the package, as the rule modules are, so the emitter does not import
+    it)."""
+    from rlx.codegen.cuda import dense
+
+    return dense.dense_decode_gemv(e, d, inner)
+
+
 __all__ = ["ABI_VERSION", "CODEGEN_VERSION", "GEMM_MODES", "PRECISIONS", "CudaEmitter", "CudaTarget", "cuda_context",
            "decision_kernels", "render_cuda", "rule_table"]

@@ -535,7 +535,7 @@ class CudaEmitter:
         k = rules.rule(node.kind).emit(self, node)
         if d is not None and d.walk == "dense" and nid in d.members:
             # a float member: its own kernel in larger steps; the first member's launch also runs rlx_dgemv
-            from rlx.codegen.cuda.dense import dense_decode_gemv
+            from rlx.codegen.cuda import dense_decode_gemv
 
             lead = self.node(d.members[0])
             if nid != lead.id:
