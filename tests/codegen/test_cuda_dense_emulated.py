@@ -79,7 +79,8 @@ def _check(label: str, got: np.ndarray, want: np.ndarray, bound: np.ndarray) -> 
 @pytest.mark.parametrize("kind", ["norm_swiglu", "residual", "norm"])
 @pytest.mark.parametrize(("n", "k", "lg", "max_grid"),
                          [(37, 64, 1, 1 << 30), (40, 256, 3, 1), (13, 1000, 0, 2), (64, 4096, 2, 3),
-                          (19, 16384, 1, 2)])
+                          (19, 16384, 1, 2), (64, 48, 3, 1 << 30), (96, 64, 3, 1 << 30), (64, 8, 2, 2),
+                          (32, 24, 0, 1)])
 def test_dense_gemv_matches_reference(emu: ctypes.CDLL, dt: str, kind: str, n: int, k: int, lg: int,
                                       max_grid: int) -> None:
     """One member (residual, norm) or the SwiGLU pair, N odd or a multiple of 8, tile widths 8..64 columns, short
@@ -137,3 +138,18 @@ def test_dense_gemv_reads_bf16_and_f16_bits_exactly(emu: ctypes.CDLL) -> None:
             w[r] = row
             (y,) = _run(emu, dt, "plain", x, None, [w.view(NARROW[dt])], None, 3, 2)
             np.testing.assert_array_equal(y[0], row.view(NARROW[dt]).astype(np.float32), err_msg=dt)
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+@pytest.mark.parametrize(("ns", "k", "lg"), [((64, 32, 32), 64, 1), ((64, 32, 32), 48, 0), ((96, 48, 40), 256, 2)])
+def test_dense_gemv_of_members_with_the_norm_matches_reference(emu: ctypes.CDLL, dt: str, ns: tuple[int, ...], k: int,
+                                                               lg: int) -> None:
+    """A Q / K / V group of unequal N normalizing its input in the prologue (a decoder's attention projections)."""
+    rng = np.random.default_rng(sum(ns) + k + lg + 7)
+    x = (4.0 * rng.standard_normal((1, k))).astype(np.float32)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    ws = [_weights(rng, k, n, dt) for n in ns]
+    ys = _run(emu, dt, "norm", x, gamma, ws, None, lg, 1 << 30)
+    h = rms(x, gamma, 1e-5)
+    for w, y in zip(ws, ys):
+        _check(f"{dt} norm {ns} k={k}", y, _reference(h, w, dt), _bound(h, w))
