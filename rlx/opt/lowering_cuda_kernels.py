@@ -43,7 +43,7 @@ loop puts them, so their alignment is unknown here (taken as unaligned) and they
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from rlx.ir.activation_table import activation_table
@@ -353,13 +353,15 @@ def _gemm_is_small(lir: LirModule, places: DevicePlaces, lead: Node, opt: _Optio
 
 
 def find_norms_in_gemms(lir: LirModule, places: DevicePlaces, nodes: Sequence[Node], decode: set[NodeId],
-                        opt: _Options) -> list[NormInGemm]:
+                        opt: _Options, dense: Mapping[NodeId, tuple[NodeId, ...]] | None = None) -> list[NormInGemm]:
     """Norms computed in the prologue of the small GEMM reading them.
 
     Taken when the norm's output is the A of a GEMM scheduled right after it (views between) that takes the small
     path, every other reader of the norm comes after that GEMM, and the bytes the GEMM's blocks read (the norm's
     input and residual) are not the bytes they write (its output and the norm's). A norm a fused decode GEMV
-    absorbs keeps that GEMV's step-size switch.
+    absorbs keeps that GEMV's step-size switch. `dense` (a dense decode GEMV's members -> the norms it computes):
+    a GEMM that runs a dense GEMV in one-row steps takes only the norm that GEMV computes (its one-row steps read
+    any other norm's output, which the norm's own kernel must then write).
     """
     if not opt.small_gemm:
         return []
@@ -390,6 +392,11 @@ def find_norms_in_gemms(lir: LirModule, places: DevicePlaces, nodes: Sequence[No
         if any(lir.buffers[b].storage != "view" for b in lir.schedule[position[norm.id] + 1:position[lead]]):
             continue
         if not _gemm_is_small(lir, places, graph.node(lead), opt):
+            continue
+        absorbing = (dense or {}).get(lead)
+        if absorbing is not None and norm.id not in absorbing:
+            # a one-row step runs the dense GEMV of `lead`, which reads the norm's output (and so may another
+            # reader): the norm's kernel must run in that step, not only past the small GEMM's rows
             continue
         if _prologue_fits(places, norm, norm.inputs[:1 + int(fused)], lead):
             found.append(NormInGemm(norm.id, lead, SMALL_GEMM_MAX_M))
@@ -539,11 +546,14 @@ def kernel_choices(lir: LirModule, memory: Sequence[Decision], opt: _Options,
     # (a dense GEMV's members and norm keep their own kernels, and choices, for steps of more than one row)
     covered |= {m for d in memory if isinstance(d, DecodeGemv) and d.walk != "dense" for m in d.members[1:]}
     decode = {n for d in memory if isinstance(d, DecodeGemv) and d.walk != "dense" for n in d.nodes()}
+    # a dense GEMV's members -> the norms it computes in one-row steps
+    dense = {m: d.norm for d in memory if isinstance(d, DecodeGemv) and d.walk == "dense" for m in d.members}
     nodes = _rendered(lir, places, covered)
     options = CudaKernelOptions(opt.arch, opt.cutlass, opt.gather_region, opt.small_gemm, opt.lt_gelu_epilogue,
                                 opt.fused_act_gemm)
     return (options, *find_cutlass_gemms(lir, places, nodes, opt), *find_region_gathers(lir, places, nodes, opt),
-            *find_norms_in_gemms(lir, places, nodes, decode, opt), *find_copy_small_gemms(lir, places, memory, opt))
+            *find_norms_in_gemms(lir, places, nodes, decode, opt, dense),
+            *find_copy_small_gemms(lir, places, memory, opt))
 
 
 def cuda_lowering(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt", pool_tail: bool = True,
@@ -551,7 +561,7 @@ def cuda_lowering(lir: LirModule, precision: DType | str = DType.F32, gemm: str 
                   small_gemm: bool = True, lt_gelu_epilogue: bool = True, fused_act_gemm: bool = False,
                   scan_body: bool = False, decode_sms: int = 132, kv_decode: bool = True,
                   p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
-                  dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True, dense_tile: int = 0,
+                  dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = False, dense_tile: int = 0,
                   **_target: object) -> tuple[Decision, ...]:
     """`LOWERINGS["cuda"]`: the memory decisions (`cuda_decisions`), then the kernel choices for these options.
 

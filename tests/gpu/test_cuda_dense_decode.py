@@ -60,9 +60,11 @@ def _rms(x: np.ndarray, gamma: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("precision", ["f16", "bf16"])
 @pytest.mark.parametrize("k", [64, 4096, 14336])
-def test_dense_gemvs_match_numpy(precision: str, k: int) -> None:
-    """One-row steps take rlx_dgemv for the three groups (the LIR's decisions), two- and four-row steps their GEMMs;
-    both within the bound of numpy's products on the stored values."""
+def test_dense_gemvs_match_numpy(precision: str, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-row steps take rlx_dgemv for the three groups (the LIR's decisions; RLX_DENSE_GEMV=1, off by default), two-
+    and four-row steps their GEMMs; both within the bound of numpy's products on the stored values."""
+    monkeypatch.setenv("RLX_DENSE_GEMV", "1")
+    assert Config.from_env().cuda_dense_gemv
     g = gemv_graph(k)
     found = find_decode_gemvs(lower_to_lir(g, 2, backend="cuda"), dense=DType.parse(precision))
     assert sorted((len(d.members), bool(d.norm), bool(d.residual)) for d in found) == \
@@ -144,6 +146,7 @@ def test_bf16_weight_decoder_tracks_the_reference(precision: str, monkeypatch: p
 
     config, tensors = _bf16_tensors(5)
     kw = dict(max_context=64, prefill_chunk=8)
+    monkeypatch.setenv("RLX_DENSE_GEMV", "1")  # (off by default until checked again on a GPU)
     lm = CausalLM(config, tensors, device="cuda", precision=precision, **kw)
     ref = CausalLM(config, tensors, device="reference", **kw)
     ids = [5, 9, 14, 3, 77, 41]

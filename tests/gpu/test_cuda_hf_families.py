@@ -49,3 +49,19 @@ def test_family_on_cuda_matches_the_cpu(family: str, tmp_path: Path) -> None:
     assert len(want_tokens) >= 8, "the random model stopped too early to compare"
     assert gpu.generate(ids, max_new_tokens=24).token_ids == want_tokens, family
     assert_f16_greedy_tracks_f32(half, cpu, ids, family)
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "llama"])
+def test_f16_one_row_steps_on_the_dense_gemv(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RLX_DENSE_GEMV=1 (rlx_dgemv in one-row steps): f16 greedy decoding tracks the f32 CPU model. gemma3_text's
+    pre-FFN norm is read by the up projection's dense GEMV and by the gate's fused GEMM; its one-row steps once read
+    that norm's output of the prompt's step (cosine 0.69, then NaN), the norm left to the small GEMM's prologue."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_checkpoints import random_model
+
+    directory = save_checkpoint(random_model(family), tmp_path / family)
+    cpu = CausalLM.from_pretrained(directory, device="cpu", **LOAD)
+    monkeypatch.setenv("RLX_DENSE_GEMV", "1")
+    half = CausalLM.from_pretrained(directory, device="cuda", precision="f16", **LOAD)
+    assert_f16_greedy_tracks_f32(half, cpu, prompt(12, seed=3), f"{family} (dense GEMV)")
