@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="CUDA: the runner's batch-invariant mode (each row a call of its own)")
     p.add_argument("--overlap", action="store_true",
                    help="paged: hand out each step's tokens while the next step runs (Engine(overlap=True))")
-    p.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--feedback", action=argparse.BooleanOptionalAction, default=None,
                    help="paged: pipelined steps, tokens fed back on the device (Engine(feedback=True)); "
-                        "--no-feedback (the default): the plain engine")
+                        "--no-feedback: the plain engine; neither: the engine's default (on for CUDA)")
     args = p.parse_args(argv)
     from rlx.serving.engine import Engine
 
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(runner, prefix_cache_bytes=256 << 20, overlap=args.overlap, feedback=args.feedback)
     print(f"loaded in {time.perf_counter() - t:.1f} s; {max(counts)} slots, {runner.max_rows} rows a step"
           f"{f', {captured} step shapes captured' if captured else ''}"
-          f"{', pipelined (token feedback)' if args.feedback else ''}", file=sys.stderr)
+          f"{', pipelined (token feedback)' if engine.feedback else ''}", file=sys.stderr)
     drive(engine, runner, prompts(runner.tokenizer, 1, vocab), 4)  # warm-up
     print(f"{'streams':>7} {'tokens':>6} {'tok/s':>7} {'tok/cpu-s':>9} {'steps':>5} {'plan s':>7} {'run s':>7} "
           f"{'rest s':>7} {'rest %':>6} {'us/step':>7} {'us/tok':>6}  teams / steps by rows (count x median ms)")
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             rate, per_cpu = r["tokens"] / r["wall"], r["tokens"] / r["cpu"]
             base, base_cpu = base or rate, base_cpu or per_cpu
             rows = " ".join(f"{k}:{c}x{1e3 * m:.0f}" for k, (c, m) in r["rows"].items())
-            ahead = f", {r['ahead']} launched ahead" if args.feedback else ""
+            ahead = f", {r['ahead']} launched ahead" if engine.feedback else ""
             print(f"{n:>7} {r['tokens']:>6} {rate:>7.1f} {per_cpu:>9.1f} {r['steps']:>5} {r['plan']:>7.3f} "
                   f"{r['run']:>7.2f} {r['rest']:>7.2f} {100 * r['rest'] / r['wall']:>5.1f}% "
                   f"{1e6 * r['wall'] / r['steps']:>7.1f} {1e6 * r['wall'] / r['tokens']:>6.2f}  ({rate / base:.2f}x, "

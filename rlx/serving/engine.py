@@ -206,6 +206,19 @@ class _Launch:
     pending: Any = None
 
 
+def feedback_default(runner: Any, fits: bool) -> bool:
+    """Whether an engine pipelines its steps with token feedback when not told (`Engine(feedback=None)`): where it
+    `fits` (a paged runner with a token-feedback model, no speculation, no overlap) and the model runs on CUDA,
+    whose launches return before the step ends; a CPU step runs at once, so there it would only add work.
+
+    >>> feedback_default(type("R", (), {"lm": type("M", (), {"device": "cuda"})()})(), True)
+    True
+    >>> feedback_default(type("R", (), {"lm": type("M", (), {"device": "cpu"})()})(), True)
+    False
+    """
+    return fits and getattr(getattr(runner, "lm", None), "device", None) == "cuda"
+
+
 class Engine:
     """Continuous batching over `runner` (see the module docstring).
 
@@ -220,14 +233,15 @@ class Engine:
     always first); `overlap` (paged runners without speculation): hand out a step's tokens while the next step
     runs (see `_step_overlapped`; off by default: on CUDA it measured slower, docs/perf-h100.md); `feedback`
     (paged runners with token feedback, without speculative decoding or overlap): pipelined steps whose tokens
-    are fed back on the device (see `_step_pipelined`; off by default: not yet measured on a GPU).
+    are fed back on the device (see `_step_pipelined`); None: on where it applies on CUDA (`feedback_default`: 64
+    streams on an H200 45-48k tok/s against 33-42k, docs/perf-h100.md), off on the CPU (its steps run at once).
     """
 
     def __init__(self, runner: Runner, *, token_budget: int | None = None, max_step_tokens: int | None = None,
                  max_waiting: int = 256, chunk: int | None = None, prefix_cache_bytes: int = 0,
                  observer: Observer | None = None, clock: Callable[[], float] = time.monotonic,
                  kv_pages: int | None = None, speculative: Any = None, max_draft: int = spec.AdaptiveK.k_max,
-                 max_stall: int | None = MAX_STALL, overlap: bool = False, feedback: bool = False) -> None:
+                 max_stall: int | None = MAX_STALL, overlap: bool = False, feedback: bool | None = None) -> None:
         self.runner = runner
         self.paged = bool(getattr(runner, "paged", False))
         chunk = chunk or getattr(runner, "chunk", 64)
@@ -280,11 +294,11 @@ class Engine:
         #: overlap: what a landed step has left to hand out (token and finish events), run after the next launch
         self._deferred: list[Callable[[], None]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlx-step") if overlap else None
-        if feedback and (not self.paged or self.drafter is not None or overlap
-                         or not getattr(runner, "token_feedback", False)):
+        fits = self.paged and self.drafter is None and not overlap and getattr(runner, "token_feedback", False)
+        if feedback and not fits:
             raise RlxError("feedback takes a paged runner whose model has token feedback, without speculative "
                            "decoding or overlap")
-        self.feedback = feedback
+        self.feedback = feedback_default(runner, bool(fits)) if feedback is None else feedback
         #: feedback: steps launched ahead of the last step's landing (planned with its tokens still on the device)
         self.ahead_steps = 0
         #: plain greedy decode rows land in one loop (`_land_tokens`); False: one by one through `_next` (the
