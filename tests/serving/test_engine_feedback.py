@@ -9,48 +9,18 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
+from engine_steps import cancel_one_mid_run, random_prompts, run_by_hand
 
 from rlx.errors import RlxError
 from rlx.serving.engine import Engine, SamplingParams
-
-
-def _prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, int(rng.integers(3, 41))).tolist() for _ in range(n)]
-
-
-def _events(request) -> tuple:
-    events = []
-    while not request._queue.empty():
-        events.append(request._queue.get_nowait())
-    assert events and events[-1].finish_reason is not None and all(e.finish_reason is None for e in events[:-1])
-    return ([e.token_id for e in events if e.token_id is not None], "".join(e.text for e in events),
-            events[-1].finish_reason, [e.logprob for e in events])
-
-
-def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams], stagger: int = 0) -> list[tuple]:
-    """The requests submitted (`stagger` > 0: one every `stagger` steps), stepped by hand to the end: each one's
-    (tokens, text, finish reason, logprobs)."""
-    requests = []
-    pending = list(zip(prompts, params))
-    while pending or any(r._seq.finish_reason is None for r in requests):
-        for _ in range(len(pending) if not stagger else 1):
-            if pending:
-                requests.append(engine.submit(*pending.pop(0)))
-        for _ in range(max(stagger, 1)):
-            engine.step()
-    engine.settle()
-    assert engine.kv.used_pages == 0 and engine.scheduler.idle
-    return [_events(r) for r in requests]
 
 
 @pytest.fixture(scope="module")
 def greedy(paged_runner) -> tuple[list[list[int]], list[SamplingParams]]:
     """14 greedy prompts, of different max_tokens, some with a stop string from the middle of their own text
     (they end while the step after already holds their row)."""
-    prompts = _prompts(14, seed=7)
+    prompts = random_prompts(14, seed=7)
     plain = Engine(paged_runner)
     params = []
     for i, p in enumerate(prompts):
@@ -62,19 +32,19 @@ def greedy(paged_runner) -> tuple[list[list[int]], list[SamplingParams]]:
 
 def test_feedback_hands_out_what_the_plain_engine_does(paged_runner, greedy) -> None:
     prompts, params = greedy
-    want = _run(Engine(paged_runner), prompts, params)
+    want = run_by_hand(Engine(paged_runner), prompts, params)
     engine = Engine(paged_runner, feedback=True)
     assert engine.feedback and not Engine(paged_runner).feedback  # off by default
-    assert _run(engine, prompts, params) == want
+    assert run_by_hand(engine, prompts, params) == want
     assert {reason for _, _, reason, _ in want} == {"stop", "length"}  # stop strings ended some mid-way
     assert engine.ahead_steps > 10  # most decode steps were launched ahead of the landing
 
 
 def test_feedback_with_staggered_arrivals(paged_runner, greedy) -> None:
     prompts, params = greedy
-    want = _run(Engine(paged_runner), prompts, params, stagger=3)
+    want = run_by_hand(Engine(paged_runner), prompts, params, stagger=3)
     engine = Engine(paged_runner, feedback=True)
-    assert _run(engine, prompts, params, stagger=3) == want
+    assert run_by_hand(engine, prompts, params, stagger=3) == want
     assert engine.ahead_steps > 0
 
 
@@ -84,12 +54,12 @@ def test_feedback_with_sampling_and_logprobs(paged_runner, greedy) -> None:
     mixed = [SamplingParams(max_tokens=s.max_tokens, temperature=0.8, seed=i) if i % 4 == 1 else
              SamplingParams(max_tokens=s.max_tokens, logprobs=True, top_logprobs=2) if i % 4 == 3 else s
              for i, s in enumerate(params)]
-    want = _run(Engine(paged_runner), prompts[:8], mixed[:8], stagger=2)
-    assert _run(Engine(paged_runner, feedback=True), prompts[:8], mixed[:8], stagger=2) == want
+    want = run_by_hand(Engine(paged_runner), prompts[:8], mixed[:8], stagger=2)
+    assert run_by_hand(Engine(paged_runner, feedback=True), prompts[:8], mixed[:8], stagger=2) == want
     # once the sampled requests ended, the greedy ones go on with steps ahead
     engine = Engine(paged_runner, feedback=True)
-    got = _run(engine, prompts[:8], [SamplingParams(max_tokens=3, temperature=0.8, seed=1), *mixed[:7]][:8])
-    assert got == _run(Engine(paged_runner), prompts[:8],
+    got = run_by_hand(engine, prompts[:8], [SamplingParams(max_tokens=3, temperature=0.8, seed=1), *mixed[:7]][:8])
+    assert got == run_by_hand(Engine(paged_runner), prompts[:8],
                        [SamplingParams(max_tokens=3, temperature=0.8, seed=1), *mixed[:7]][:8])
 
 
@@ -100,28 +70,15 @@ def test_feedback_under_preemption(tiny_gguf, greedy) -> None:
     runner = PagedRunner.from_gguf(tiny_gguf, slots=8, max_context=128, page_size=8, kv_pages=24, quant_act="f32")
     prompts, params = greedy
     plain = Engine(runner)
-    want = _run(plain, prompts[:8], params[:8])
+    want = run_by_hand(plain, prompts[:8], params[:8])
     engine = Engine(runner, feedback=True)
-    assert _run(engine, prompts[:8], params[:8]) == want
+    assert run_by_hand(engine, prompts[:8], params[:8]) == want
     assert plain.preemptions > 0 and engine.preemptions > 0 and engine.ahead_steps > 0
 
 
 def test_feedback_cancel_and_failing_steps_end_their_requests_only(paged_runner, monkeypatch) -> None:
-    prompts = _prompts(4, seed=5)
+    engine, prompts, alone = cancel_one_mid_run(paged_runner, 6, feedback=True)
     params = SamplingParams(max_tokens=16)
-    alone = [Engine(paged_runner).generate(p, params).token_ids for p in prompts]
-    engine = Engine(paged_runner, feedback=True)
-    requests = [engine.submit(p, params) for p in prompts]
-    for _ in range(6):
-        engine.step()
-    engine.cancel(requests[1])
-    while any(r._seq.finish_reason is None for r in requests):
-        engine.step()
-    engine.settle()
-    assert [r._seq.finish_reason for r in requests] == ["length", "cancelled", "length", "length"]
-    tokens = [[e.token_id for e in r if e.token_id is not None] for r in requests]
-    assert tokens[0] == alone[0] and tokens[2:] == alone[2:] and tokens[1] == alone[1][:len(tokens[1])]
-    assert engine.kv.used_pages == 0
 
     real, calls = paged_runner.launch, []
 

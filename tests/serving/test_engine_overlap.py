@@ -8,40 +8,18 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
+from engine_steps import cancel_one_mid_run, random_prompts, run_by_hand
 
 from rlx.errors import RlxError
 from rlx.serving.engine import Engine, SamplingParams
-
-
-def _prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, int(rng.integers(3, 41))).tolist() for _ in range(n)]
-
-
-def _run(engine: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[tuple]:
-    """All requests submitted, then stepped by hand to the end: each one's (tokens, text, finish reason)."""
-    requests = [engine.submit(p, s) for p, s in zip(prompts, params)]
-    while any(r._seq.finish_reason is None for r in requests):
-        engine.step()
-    engine.settle()
-    out = []
-    for r in requests:
-        events = []
-        while not r._queue.empty():
-            events.append(r._queue.get_nowait())
-        assert events and events[-1].finish_reason is not None and all(e.finish_reason is None for e in events[:-1])
-        out.append(([e.token_id for e in events if e.token_id is not None], "".join(e.text for e in events),
-                    events[-1].finish_reason))
-    return out
 
 
 @pytest.fixture(scope="module")
 def mixed(paged_runner) -> tuple[list[list[int]], list[SamplingParams]]:
     """12 prompts: greedy, sampled (seeded), and some with a stop string taken from the middle of their own
     greedy text (so they stop early, while the next step already holds their row)."""
-    prompts = _prompts(12, seed=3)
+    prompts = random_prompts(12, seed=3)
     plain = Engine(paged_runner)
     params = []
     for i, p in enumerate(prompts):
@@ -56,12 +34,12 @@ def mixed(paged_runner) -> tuple[list[list[int]], list[SamplingParams]]:
 
 def test_overlap_hands_out_what_a_plain_engine_does(paged_runner, mixed) -> None:
     prompts, params = mixed
-    want = _run(Engine(paged_runner), prompts, params)
+    want = run_by_hand(Engine(paged_runner), prompts, params)
     engine = Engine(paged_runner, overlap=True)
     assert engine.overlap and not Engine(paged_runner).overlap  # off by default
-    got = _run(engine, prompts, params)
+    got = run_by_hand(engine, prompts, params)
     assert got == want
-    assert {reason for _, _, reason in want} == {"stop", "length"}  # stop strings ended some mid-way
+    assert {reason for _, _, reason, _ in want} == {"stop", "length"}  # stop strings ended some mid-way
     assert engine.kv.used_pages == 0 and engine.scheduler.idle
 
 
@@ -82,22 +60,8 @@ def test_overlap_on_the_worker_thread(paged_runner, mixed) -> None:
 
 
 def test_overlap_cancel_and_a_failing_step_end_their_requests_only(paged_runner, monkeypatch) -> None:
-    prompts = _prompts(4, seed=5)
+    engine, prompts, _ = cancel_one_mid_run(paged_runner, 4, overlap=True)
     params = SamplingParams(max_tokens=16)
-    alone = [Engine(paged_runner).generate(p, params).token_ids for p in prompts]
-    engine = Engine(paged_runner, overlap=True)
-    requests = [engine.submit(p, params) for p in prompts]
-    for _ in range(4):
-        engine.step()
-    engine.cancel(requests[1])
-    while any(r._seq.finish_reason is None for r in requests):
-        engine.step()
-    engine.settle()
-    reasons = [r._seq.finish_reason for r in requests]
-    assert reasons == ["length", "cancelled", "length", "length"]
-    tokens = [[e.token_id for e in r if e.token_id is not None] for r in requests]
-    assert tokens[0] == alone[0] and tokens[2:] == alone[2:] and tokens[1] == alone[1][:len(tokens[1])]
-    assert engine.kv.used_pages == 0
 
     real, calls = paged_runner.run, []
 
