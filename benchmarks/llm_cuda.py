@@ -62,19 +62,26 @@ HBM_TBPS = {"H100": 3.35, "H200": 4.8}
 
 def rlx_tensors(config, seed: int = 0, weights: str = "q4_1") -> dict:
     """Random weights of `config`'s shape: every matrix in `weights` (a GGUF block format, or bf16 as raw
-    bits); with a block format the token embedding is Q8_0, as in SmolLM2's file."""
+    bits: one random matrix a shape, the layers' alike); with a block format the token embedding is Q8_0, as in
+    SmolLM2's file."""
     from rlx.ir.quant import random_blocks
     from rlx.models.llama import WeightSpec, random_specs
 
     rng = np.random.default_rng(seed)
     out = {}
+    dense: dict[tuple[int, ...], np.ndarray] = {}  # bf16: one random matrix a shape, shared by the layers
     for name, spec in random_specs(config).items():
         if len(spec.shape) == 1:
             out[name] = (spec, np.ones(spec.shape, np.float32))
             continue
         if weights == "bf16":
-            bits = (rng.standard_normal(spec.shape, dtype=np.float32) * 0.02).view(np.uint32) >> 16
-            out[name] = (WeightSpec("bf16", spec.shape), bits.astype(np.uint16))
+            # random bits, not normal floats: 15 GB of the 8B shape took 149 s of an H200 host's time that way; a
+            # random sign and mantissa, the exponent 2^-6 or 2^-5 (|w| 0.016..0.06); each matrix its own device
+            # buffer all the same, so the bytes a step reads do not change
+            if spec.shape not in dense:
+                raw = rng.integers(0, 1 << 16, size=spec.shape, dtype=np.uint16)
+                dense[spec.shape] = (raw & 0x807F) | ((((raw >> 7) & 1) + 121) << 7)
+            out[name] = (WeightSpec("bf16", spec.shape), dense[spec.shape])
             continue
         fmt = "q8_0" if name == "token_embd.weight" else weights
         out[name] = (WeightSpec(fmt, spec.shape), random_blocks(rng, spec.shape[0], spec.shape[1], fmt, scale=0.02))
