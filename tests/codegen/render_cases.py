@@ -283,9 +283,9 @@ def cpu_renders() -> list[Render]:
 
 
 #: Cases with ops Metal has no rule for yet (scan, the SSM ops, sampling, batched LoRA, MoE, convolution,
-#: windowed attention over a narrow cache; a while_loop runs as a scan there).
+#: windowed attention over a narrow cache, token feedback; a while_loop runs as a scan there).
 METAL_WITHOUT_RULES = {"conv_family", "lora_matmul", "moe_ops", "sample_top_k", "scan_loop", "scan_ssm_body",
-                       "ssm_long", "ssm_ops", "control_flow", "kv_attention_window"}
+                       "ssm_long", "ssm_ops", "control_flow", "kv_attention_window", "token_feedback"}
 
 
 def metal_renders() -> list[Render]:
