@@ -18,7 +18,8 @@ choices that depend on where bytes live and on neighbouring nodes:
   it that takes rlx_gemm_small in steps of few rows is computed in that GEMM's prologue.
 - `CopySmallGemm` (`find_copy_small_gemms`): a quantized product whose weight keeps a dequantized copy multiplies
   it on rlx_gemm_small in steps of few rows, its residual add in the epilogue, instead of a
-  cuBLASLt call whose fixed cost dominates a product of 5-64 rows of a small model.
+  cuBLASLt call whose fixed cost dominates a product of 5-64 rows of a small model; a SwiGLU's gate and up
+  (`pair`) and a layer's Q, K and V (`siblings`) in one launch each.
 
 The choices are made for the target's options (`arch`, `cutlass_gemm`: asked for *and* available to the build,
 as the toolchain resolved it; `gather_region`, `small_gemm`, `lt_gelu_epilogue`, `fused_act_gemm`), recorded
