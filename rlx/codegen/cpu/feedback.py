@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.cpu.base import c_string, node_header
+from rlx.codegen.feedback_args import FeedbackIO, feedback_accepts
 from rlx.codegen.registry import Kernel, RuleSet
-from rlx.ir import ops as O
-from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 
 #: This module's CPU rules (the CPU table is made from them: `rlx.codegen.cpu.rule_table`).
@@ -29,22 +28,9 @@ RULES = RuleSet("cpu")
 TEMPLATE = "feedback.c.j2"
 
 
-@dataclass(frozen=True)
-class FeedbackArgs:
-    """C expressions of one `token_feed` (x: tokens [rows, seq], idx: src) or `token_store` (x: values [rows],
-    idx: dst) kernel; `last` the i32 state of `slots` tokens, y the output."""
-
-    x: str
-    idx: str
-    last: str
-    y: str
-    rows: str
-    seq: str
-    slots: int
-
-
-def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
-    return None if all(d is DType.I32 for d in in_dtypes) else f"on {[d.value for d in in_dtypes]}; it takes i32"
+@dataclass(frozen=True, kw_only=True)
+class FeedbackArgs(FeedbackIO):
+    """C expressions of one `token_feed` or `token_store` kernel (`FeedbackIO`)."""
 
 
 def _args(em, node: Node, writes_state: bool) -> FeedbackArgs:
@@ -62,13 +48,13 @@ def _kernel(em, node: Node, macro: str, writes_state: bool) -> Kernel:
                   func=f"rlx_op_{node.id}", label=label)
 
 
-@RULES.register("token_feed", accepts=_accepts)
+@RULES.register("token_feed", accepts=feedback_accepts)
 def emit_token_feed(em, node: Node) -> Kernel:
     """The `token_feed` kernel: the tokens, each row's last one from the state where its src names a slot."""
     return _kernel(em, node, "token_feed", writes_state=False)
 
 
-@RULES.register("token_store", accepts=_accepts)
+@RULES.register("token_store", accepts=feedback_accepts)
 def emit_token_store(em, node: Node) -> Kernel:
     """The `token_store` kernel: the values, each also written to the state slot its dst names."""
     return _kernel(em, node, "token_store", writes_state=True)

@@ -21,9 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx.codegen.cuda.emit import CudaEmitter, Launch
+from rlx.codegen.feedback_args import FeedbackIO, feedback_accepts
 from rlx.codegen.registry import Kernel, RuleSet
-from rlx.ir import ops as O
-from rlx.ir.dtype import DType
 from rlx.ir.graph import Node
 
 #: This module's CUDA rules (the table is made from them: `rlx.codegen.cuda.rule_table`).
@@ -34,21 +33,8 @@ HEADER = "cuda/kernels/feedback.cuh"
 
 
 @dataclass(frozen=True, kw_only=True)
-class FeedbackLaunch(Launch):
-    """Launch arguments of `block_token_feed` (x: tokens [rows, seq], idx: src) and `block_token_store` (x: values
-    [rows], idx: dst); `last` the i32 state of `slots` tokens, y the output."""
-
-    x: str
-    idx: str
-    last: str
-    y: str
-    rows: str
-    seq: str
-    slots: int
-
-
-def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
-    return None if all(d is DType.I32 for d in in_dtypes) else f"on {[d.value for d in in_dtypes]}; it takes i32"
+class FeedbackLaunch(Launch, FeedbackIO):
+    """Launch arguments of `block_token_feed` / `block_token_store` (`FeedbackIO`)."""
 
 
 def _kernel(e: CudaEmitter, node: Node, macro: str) -> Kernel:
@@ -60,13 +46,13 @@ def _kernel(e: CudaEmitter, node: Node, macro: str) -> Kernel:
     return Kernel(node.id, macro, TEMPLATE, args, headers=(HEADER,), header=args.comment, label=node.label)
 
 
-@RULES.register("token_feed", accepts=_accepts)
+@RULES.register("token_feed", accepts=feedback_accepts)
 def token_feed(e: CudaEmitter, node: Node) -> Kernel:
     """The tokens, each row's last one from the state where its src names a slot."""
     return _kernel(e, node, "block_token_feed")
 
 
-@RULES.register("token_store", accepts=_accepts)
+@RULES.register("token_store", accepts=feedback_accepts)
 def token_store(e: CudaEmitter, node: Node) -> Kernel:
     """The values, each also written to the state slot its dst names."""
     return _kernel(e, node, "block_token_store")
