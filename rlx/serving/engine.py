@@ -552,10 +552,8 @@ class Engine:
             slots = [s.slot for s in seqs]
             positions = [s.filled + 1 for s in seqs]
             table = np.array([slots, [0] * len(seqs), positions], dtype=np.int64).T
-            if len(seqs) <= 4 or (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
-                for s in seqs:  # copy-on-write, as `_rows`
-                    if not kv.writable(s.slot, s.filled + 1, s.filled + 2):
-                        return None
+            if not _rows_writable(kv, table, [(s, s.filled + 1, 1) for s in seqs]):  # copy-on-write, as `_rows`
+                return None
             src = np.asarray(slots, dtype=np.int32)
             ahead = _Launch(Plan(seqs, [], []), table, list(range(len(seqs))), [(s, 1) for s in seqs], None, False,
                             feedback=(src, src))
@@ -684,12 +682,9 @@ class Engine:
         table = np.array([slots, tokens, positions], dtype=np.int64).T  # [rows, 3]: (slot, token, position) a row
         kv: PagedKv = self.kv
         with self._lock:
-            # copy-on-write: no row writes into a page another holder shares (past a few sequences the pages the rows
-            # write are looked up at once, and asked a sequence at a time only when one of them is shared)
-            if len(ends) <= 4 or (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
-                for seq, n in ends:
-                    if not kv.writable(seq.slot, seq.filled, seq.filled + n):
-                        raise RlxError("no free KV page for a copy of a shared page")
+            # copy-on-write: no row writes into a page another holder shares
+            if not _rows_writable(kv, table, [(seq, seq.filled, n) for seq, n in ends]):
+                raise RlxError("no free KV page for a copy of a shared page")
         logits = self._logit_seqs > 0 and any(s.payload.params.needs_logits for s, _ in ends)
         feedback = None
         if self.feedback and drafts is None and not logits:  # every output row stores its token for its slot
@@ -942,6 +937,16 @@ class Engine:
         tail = job.text.flush() if reason in ("stop", "length") else ""
         if request is not None:
             job.sink(Event(None, tail, finish_reason=reason, error=error))
+
+
+def _rows_writable(kv: PagedKv, table: np.ndarray, spans: list[tuple[Seq, int, int]]) -> bool:
+    """Whether the rows of `table` ([rows, 3]: slot, token, position) may write their pages, each page another
+    holder shares copied first (`PagedKv.writable`) for each `(sequence, first position, count)` of `spans`; False
+    where no page is free for a copy. Past a few sequences the pages the rows write are looked up at once, and
+    asked a sequence at a time only when one of them is shared."""
+    if len(spans) > 4 and not (kv.pool.refs[kv.tables[table[:, 0], table[:, 2] // kv.page_size]] > 1).any():
+        return True
+    return all(kv.writable(seq.slot, first, first + n) for seq, first, n in spans)
 
 
 #: an `Event` of a token without logprobs, its fields to copy into a new one's dict (`Engine._land_tokens`: a frozen
