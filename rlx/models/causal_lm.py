@@ -519,11 +519,10 @@ class CausalLM:
     def new_cache(self) -> KvCache:
         """An empty KV cache for up to `max_batch` sequences of `max_context` tokens."""
         arrays = {}
-        for node in self.graph.inputs():
-            if node.op.state and node.op.name != L.FEEDBACK_STATE:
-                zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)  # (bf16: zero bits)
-                # on a GPU the cache lives in device memory: a step never copies it over the bus
-                arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
+        for node in L.layer_states(self.graph):
+            zeros = np.zeros(node.shape.static_dims, dtype=node.shape.dtype.np)  # (bf16: zero bits)
+            # on a GPU the cache lives in device memory: a step never copies it over the bus
+            arrays[node.op.name] = self._compiled.to_device(zeros) if self.device == "cuda" else zeros
         recurrent = tuple(self.config.recurrent_states()) if self.recurrent else ()
         table = None
         if self.kv_pages is not None:  # row b's pages b*per..: the contiguous layout's rows, when the pool holds them
@@ -770,8 +769,7 @@ class CausalLM:
         names = self._cuda_names
         if names is None:  # the per-step inputs, and one state that tells caches apart
             host_names = tuple(n.op.name for n in self.graph.inputs() if not n.op.state)
-            first_state = next(n.op.name for n in self.graph.inputs()
-                               if n.op.state and n.op.name != L.FEEDBACK_STATE)
+            first_state = L.layer_states(self.graph)[0].op.name
             names = self._cuda_names = (host_names, first_state)
         host_names, first_state = names
         # a step walks no per-layer dict: a cache is known by its first state buffer (the binding keeps it alive,

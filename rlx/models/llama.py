@@ -54,7 +54,7 @@ import numpy as np
 from rlx.errors import IRError
 from rlx.ir import ops as O
 from rlx.ir.dtype import bits_to_bfloat16
-from rlx.ir.graph import Graph, NodeId
+from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.ops import ACT_MODES
 from rlx.ir.ops_sample import SETTINGS as SAMPLE_SETTINGS
 from rlx.ir.shape import Dim
@@ -229,6 +229,13 @@ def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
 
 #: The state of a decoder with token feedback (`build_decoder(token_feedback=True)`): the tokens its steps stored.
 FEEDBACK_STATE = "last_tokens"
+
+
+def layer_states(graph: Graph) -> list[Node]:
+    """A decoder's state inputs that are its layers' caches (K / V, recurrent states): every state but the token
+    feedback's (`FEEDBACK_STATE`, a token a slot, kept apart from them: `KvCache.tokens`)."""
+    return [n for n in graph.inputs() if n.op.state and n.op.name != FEEDBACK_STATE]
+
 #: Dtypes a decoder's KV cache may have (`build_decoder(kv_dtype=...)`).
 KV_DTYPES = ("f32", "f16", "bf16", "f8e4m3fn")
 

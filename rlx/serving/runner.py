@@ -24,7 +24,7 @@ import numpy as np
 
 from rlx.errors import RlxError
 from rlx.models.causal_lm import CausalLM, KvCache, PendingStep
-from rlx.models.llama import FEEDBACK_STATE
+from rlx.models.llama import layer_states
 
 
 class Runner(Protocol):
@@ -228,7 +228,7 @@ class PagedRunner:
         self.cache = lm.new_cache()  # the page pools; each step brings its own block tables and positions
         # one page of every layer's K and V (what the prefix cache's byte budget counts)
         self.page_bytes = sum(int(np.prod(n.shape.static_dims[1:])) * n.shape.dtype.itemsize
-                              for n in lm.graph.inputs() if n.op.state and n.op.name != FEEDBACK_STATE)
+                              for n in layer_states(lm.graph))
 
     @classmethod
     def _call_rows(cls, device: str, max_rows: int, deterministic: bool | None) -> int:
