@@ -39,14 +39,6 @@ def _has_nvcc() -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def toolchain() -> NvccToolchain:
-    if not _has_nvcc():
-        pytest.skip("nvcc is not installed")
-    path, text = find_nvcc("nvcc")
-    return NvccToolchain(path, text, "sm_90", find_cublas(path))
-
-
 #: Op kinds whose bodies the pipeline plans and decides (control flow, rlx/codegen/cuda/control.py); graphs with
 #: them, or with a 3-D pool (decomposed into two 2-D ones), are lowered as `Session` lowers them, at level 0.
 DECOMPOSED_FOR_CUDA = {"cond", "while_loop"}

@@ -9,29 +9,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 import rlx
 from rlx.codegen.cuda import CudaTarget
 from rlx.driver import lower_to_lir
-from rlx.errors import BuildError
 from rlx.ir.decisions_cuda import ControlFlow
 from rlx.ir.dtype import DType
 from rlx.ir.graph import Graph
 from rlx.ir.lir import LirModule
 from rlx.pipeline.cuda import decide_cuda, render_cuda
-from rlx.toolchain.cuda import NvccToolchain, find_cublas, find_nvcc
+from rlx.toolchain.cuda import NvccToolchain
 from tests.gpu.control_common import guarded_cond_graph, guarded_while_graph, nested_while_graph
-
-
-@pytest.fixture(scope="module")
-def toolchain() -> NvccToolchain:
-    try:
-        path, text = find_nvcc("nvcc")
-    except BuildError:
-        pytest.skip("nvcc is not installed")
-    return NvccToolchain(path, text, "sm_90", find_cublas(path))
-
 
 TARGET = CudaTarget(precision=DType.F32, gemm="builtin")
 
