@@ -7,18 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlx.models.causal_lm import CausalLM, random_tensors
-from rlx.models.decoder_config import DecoderConfig
-from rlx.models.llama import random_specs
+from rlx.models.causal_lm import CausalLM
 from rlx.toolchain.cuda import visible_gpu_arch
+from tests.gpu.decoder_common import TINY_LLAMA, tiny_llama_tensors
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(visible_gpu_arch() is None, reason="no NVIDIA GPU visible (nvidia-smi)")]
 
-CONFIG = DecoderConfig(arch="llama", vocab_size=96, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                       head_dim=32, ffn_size=160, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
-                       n_rot=32, context_length=128, tie_embeddings=True, bos_id=1, eos_id=-1)
-TENSORS = random_tensors(random_specs(CONFIG), seed=3, scale=2.0)
+CONFIG = TINY_LLAMA
+TENSORS = tiny_llama_tensors()
 
 
 @pytest.mark.parametrize("kv_dtype", [None, "f8e4m3fn"])
