@@ -7,10 +7,8 @@ page comes back."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from engine_steps import cancel_one_mid_run, random_prompts, run_by_hand
+from engine_steps import cancel_one_mid_run, generate_on_threads, random_prompts, run_by_hand
 
 from rlx.errors import RlxError
 from rlx.serving.engine import Engine, SamplingParams
@@ -104,16 +102,7 @@ def test_feedback_cancel_and_failing_steps_end_their_requests_only(paged_runner,
 
 def test_feedback_on_the_worker_thread(paged_runner, greedy) -> None:
     prompts, params = greedy
-    want = [Engine(paged_runner).generate(p, s).token_ids for p, s in zip(prompts, params)]
-    got: list = [None] * len(prompts)
-    with Engine(paged_runner, feedback=True) as engine:
-        def one(i: int) -> None:
-            got[i] = engine.generate(prompts[i], params[i]).token_ids
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    engine, got, want = generate_on_threads(paged_runner, prompts, params, feedback=True)
     assert got == want and engine.kv.used_pages == 0
 
 

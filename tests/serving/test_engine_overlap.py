@@ -6,10 +6,8 @@ failing steps end only their requests."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from engine_steps import cancel_one_mid_run, random_prompts, run_by_hand
+from engine_steps import cancel_one_mid_run, generate_on_threads, random_prompts, run_by_hand
 
 from rlx.errors import RlxError
 from rlx.serving.engine import Engine, SamplingParams
@@ -46,16 +44,7 @@ def test_overlap_hands_out_what_a_plain_engine_does(paged_runner, mixed) -> None
 def test_overlap_on_the_worker_thread(paged_runner, mixed) -> None:
     """The engine's own thread, requests from several threads: each gets its plain tokens."""
     prompts, params = mixed
-    want = [Engine(paged_runner).generate(p, s).token_ids for p, s in zip(prompts, params)]
-    got: list = [None] * len(prompts)
-    with Engine(paged_runner, overlap=True) as engine:
-        def one(i: int) -> None:
-            got[i] = engine.generate(prompts[i], params[i]).token_ids
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    _, got, want = generate_on_threads(paged_runner, prompts, params, overlap=True)
     assert got == want
 
 
