@@ -171,10 +171,14 @@ class CausalLMRunner:
         return out
 
 
-#: CUDA calls of more than PAD_FROM rows run padded to a multiple of PAD_TO rows (`PagedRunner.padded_rows`).
+#: CUDA calls of more than PAD_FROM rows run padded to a multiple of PAD_TO rows, and past PAD_WIDE_FROM rows to a
+#: multiple of PAD_WIDE_TO (`PagedRunner.padded_rows`): few step shapes to capture, little padding where it costs.
 PAD_FROM, PAD_TO = 4, 8
-#: The fewest rows a CUDA paged step computes by default (`PagedRunner.build`, `rlxc serve --max-step-tokens`).
-CUDA_STEP_ROWS = 256
+PAD_WIDE_FROM, PAD_WIDE_TO = 256, 64
+#: The fewest rows a CUDA paged step computes by default (`PagedRunner.build`, `rlxc serve --max-step-tokens`):
+#: 64 streams' 32-token prompts prefill in two steps, not nine (the SmolLM2 shape on an H200, 64 streams of 128
+#: tokens: 47.0k / 48.8k tok/s against 44.2k / 46.8k at 256 rows a step; docs/perf-h100.md).
+CUDA_STEP_ROWS = 1024
 
 
 class PagedRunner:
@@ -191,8 +195,8 @@ class PagedRunner:
     count) follow its row count, so a step is one call of all its rows and tokens may depend on the batch;
     `deterministic=True` feeds every row as a call of its own (`call_rows` = 1: each row the same kernels
     whatever the load, at the cost of a call per row). A CUDA call's rows are padded to `padded_rows` (up to 4,
-    then multiples of 8) by repeating its last row — the same token written to the same cache row twice, its
-    output dropped — so that a server meets a few dozen step shapes (36 for 256 rows), each captured once as a
+    then multiples of 8, past 256 of 64) by repeating its last row — the same token written to the same cache row
+    twice, its output dropped — so that a server meets a few dozen step shapes (48 for 1024 rows), each captured once as a
     CUDA graph (`capture_steps` captures them all up front), not one per row count.
 
     >>> from rlx.models.decoder_config import DecoderConfig
@@ -247,12 +251,12 @@ class PagedRunner:
     @staticmethod
     def _model_args(slots: int, max_context: int, page_size: int, kv_pages: int | None,
                     max_rows: int | None, device: str = "cpu") -> dict[str, Any]:
-        """`CausalLM`'s arguments. Rows a step by default: on CUDA at least `CUDA_STEP_ROWS` (a step of 256 rows
-        costs little more than one of 64 there, and prompts' prefill takes a quarter of the steps), elsewhere at
-        least `DECODE_ROWS`, and a row per sequence.
+        """`CausalLM`'s arguments. Rows a step by default: on CUDA at least `CUDA_STEP_ROWS` (a step of many rows
+        costs little more than one of 64 there, and prompts' prefill takes fewer steps), elsewhere at least
+        `DECODE_ROWS`, and a row per sequence.
 
         >>> [PagedRunner._model_args(64, 256, 16, None, None, d)["max_batch"] for d in ("cpu", "cuda")]
-        [64, 256]
+        [64, 1024]
         """
         rows = max_rows or max(slots, CUDA_STEP_ROWS if device == "cuda" else PagedRunner.DECODE_ROWS)
         pages = kv_pages if kv_pages is not None else slots * (max_context // page_size)
@@ -337,15 +341,17 @@ class PagedRunner:
 
     def padded_rows(self, n: int) -> int:
         """The rows a call of `n` rows runs: `n` on the CPU; on CUDA up to 4 as they are (the fused decode GEMV's
-        steps), then the next multiple of 8 within `call_rows` (the shapes a server's CUDA graphs are captured for).
+        steps), then the next multiple of 8, past 256 rows of 64, within `call_rows` (the shapes a server's CUDA
+        graphs are captured for).
 
-        >>> r = PagedRunner.__new__(PagedRunner); r.lm = type("M", (), {"device": "cuda"})(); r.call_rows = 64
-        >>> [r.padded_rows(n) for n in (1, 4, 5, 9, 16, 63, 64)]
-        [1, 4, 8, 16, 16, 64, 64]
+        >>> r = PagedRunner.__new__(PagedRunner); r.lm = type("M", (), {"device": "cuda"})(); r.call_rows = 1000
+        >>> [r.padded_rows(n) for n in (1, 4, 5, 9, 16, 63, 64, 256, 257, 321, 999)]
+        [1, 4, 8, 16, 16, 64, 64, 256, 320, 384, 1000]
         """
         if self.lm.device != "cuda" or n <= PAD_FROM:
             return n
-        return min(-(-n // PAD_TO) * PAD_TO, self.call_rows)
+        step = PAD_TO if n <= PAD_WIDE_FROM else PAD_WIDE_TO
+        return min(-(-n // step) * step, self.call_rows)
 
     def capture_steps(self) -> int:
         """Run (so capture) a greedy step of every padded row count on CUDA before any request, and return how

@@ -43,10 +43,10 @@ def test_engine_over_a_cuda_paged_runner_matches_the_cpu_and_frees_its_pages() -
     params = SamplingParams(max_tokens=20)
     runners = [PagedRunner.build(CONFIG, TENSORS, device=d, slots=8, max_context=96, page_size=16)
                for d in ("cuda", "cpu")]
-    # steps of 1-4 rows, then multiples of 8 up to CUDA_STEP_ROWS = 256 (padded by repeating the last row),
-    # captured before any request
-    assert runners[0].max_rows == 256 and runners[1].max_rows == 16
-    assert runners[0].capture_steps() == 4 + 256 // 8 and runners[1].capture_steps() == 0
+    # steps of 1-4 rows, then multiples of 8 up to 256 and of 64 up to CUDA_STEP_ROWS = 1024 (padded by repeating
+    # the last row), captured before any request
+    assert runners[0].max_rows == 1024 and runners[1].max_rows == 16
+    assert runners[0].capture_steps() == 4 + 256 // 8 + (1024 - 256) // 64 and runners[1].capture_steps() == 0
     engines = [Engine(r, prefix_cache_bytes=1 << 20) for r in runners]
     gpu, cpu = ([e.generate(p, params).token_ids for p in prompts] for e in engines)
     assert gpu == cpu
