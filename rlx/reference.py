@@ -622,7 +622,7 @@ def _paged_cached_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, k_cache
 @evaluates(O.CachedAttention)
 def _eval_cached_attention(op: O.CachedAttention, args: list, shape: Shape, symbols: dict,
                            in_shapes: object) -> np.ndarray:
-    return _finish(cached_attention(*args[:6], op, *args[6:]), shape.dtype)
+    return _finish(cached_attention(*args[:6], op, *args[6:7]), shape.dtype)  # (the 8th: a shape-only hint)
 
 
 @evaluates(O.Rope)

@@ -267,7 +267,9 @@ class DecodeSplitKv(Decision):
     where a lane's `group` x head-dim slice is small, else 2); steps of more than `max_rows` rows do not split
     (they fill the GPU with rows). Otherwise (a head dim the loads cannot tile, more than 8 query heads per KV
     head) rlx_kv_attend runs them, a block per (query, head). `reason`, when set, says why they stay on
-    rlx_kv_attend; such a decision is recorded even with `max_splits` 1.
+    rlx_kv_attend; such a decision is recorded even with `max_splits` 1. `stores_rows` (grouped, over a paged cache
+    with the distinct-rows hint): in steps whose hint says the rows are distinct sequences, rlx_kv_decode stores
+    each row's new keys and values itself, as over a contiguous cache, and no append launch runs before it.
 
     >>> DecodeSplitKv(7, 64, 64, 4, grouped=True, row_tokens=4, group=3, lanes=8, sms=132).describe()[:74]
     '%7 steps of <= 4 tokens a row: rlx_kv_decode, a block per (query, KV head)'
@@ -285,8 +287,11 @@ class DecodeSplitKv(Decision):
     reason: str = ""
     blocks_per_sm: int = 2
     row_tokens: int = 0
+    stores_rows: bool = False
 
     def describe(self) -> str:
+        stores = ("; steps of distinct sequences (the distinct-rows hint) store each row's keys in its block, no "
+                  "append launch" if self.stores_rows else "")
         if self.reason:
             split = (f"a query's keys split over up to {self.max_splits} blocks of >= {self.split_keys} keys"
                      if self.max_splits > 1 else "keys not split")
@@ -297,7 +302,7 @@ class DecodeSplitKv(Decision):
                     f"KV head) for its {self.group} query heads, K/V rows in 16-byte loads ({self.lanes} lanes a row); "
                     f"in steps of <= {self.max_rows} rows a query's keys split over up to {self.max_splits} blocks of "
                     f">= {self.split_keys} keys (sized for {self.sms} SMs x {self.blocks_per_sm} blocks; partials in "
-                    f"scratch, merged by the last block)")
+                    f"scratch, merged by the last block){stores}")
         return (f"%{self.attention} splits a query's keys over up to {self.max_splits} blocks of >= {self.split_keys} "
                 f"keys when a step has <= {self.max_rows} rows (partials in scratch, merged by the last block)")
 

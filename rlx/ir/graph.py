@@ -405,11 +405,16 @@ class Graph:
     def cached_attention(self, q: NodeId, k: NodeId, v: NodeId, k_cache: NodeId, v_cache: NodeId,
                          positions: NodeId, *, num_heads: int, head_dim: int, num_kv_heads: int | None = None,
                          scale: float | None = None, window: int | None = None,
-                         block_table: NodeId | None = None, page_size: int | None = None) -> NodeId:
+                         block_table: NodeId | None = None, page_size: int | None = None,
+                         rows_distinct: NodeId | None = None) -> NodeId:
         """Causal attention of q over the caches after appending k, v at `positions` (`ops.CachedAttention`;
         `window`: sliding-window attention over the last `window` keys; `block_table` and `page_size`: the
-        paged layout, caches `[num_pages, page_size, width]`)."""
+        paged layout, caches `[num_pages, page_size, width]`; `rows_distinct`: the paged layout's hint that a
+        step's rows are distinct sequences, an i32 input of 1 or 2 elements: 2 says they are)."""
+        if rows_distinct is not None and block_table is None:
+            raise IRError("cached_attention's rows_distinct hint is for the paged layout (a block_table)")
         extra = [block_table] if block_table is not None else []
+        extra += [rows_distinct] if rows_distinct is not None else []
         return self.add(O.CachedAttention(num_heads, head_dim, num_kv_heads, scale, window, page_size),
                         [q, k, v, k_cache, v_cache, positions, *extra])
 

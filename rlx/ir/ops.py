@@ -797,10 +797,15 @@ class CachedAttention(_AttentionHeads, Op):
     and several rows may name the same table (one sequence's prefill chunk as one-token rows: every
     row's new keys are written before any row attends). Keys are read in the same order as in the
     contiguous layout, so the results are the same bit for bit.
+    An eighth input, paged only, is a hint read for its shape alone: i32 `[n]`, n 1 or 2 (a dynamic dim of
+    bound 2). n = 2 promises that no two rows of the step are tokens of one sequence at different positions
+    (no row reads a cache row another row of the step writes; repeated identical rows are allowed), so a
+    backend may store each row's keys while that row attends (CUDA: no append launch before the attention).
+    The values are the same either way.
     """
 
     kind: ClassVar[str] = "cached_attention"
-    arity: ClassVar[tuple[int, int]] = (6, 7)
+    arity: ClassVar[tuple[int, int]] = (6, 8)
     num_heads: int
     head_dim: int
     num_kv_heads: int | None = None
@@ -828,9 +833,13 @@ class CachedAttention(_AttentionHeads, Op):
         if self.page_size is not None and (isinstance(self.page_size, bool) or not isinstance(self.page_size, int)
                                            or self.page_size < 1):
             raise ShapeError(f"cached_attention page_size must be None or a positive int, got {self.page_size!r}")
-        if len(inputs) != (7 if self.paged else 6):
-            raise ShapeError("cached_attention takes a block table (a 7th input) exactly when page_size is set, "
-                             f"got {len(inputs)} inputs with page_size={self.page_size}")
+        if len(inputs) not in ((7, 8) if self.paged else (6,)):
+            raise ShapeError("cached_attention takes a block table (a 7th input, and optionally the distinct-rows "
+                             f"hint) exactly when page_size is set, got {len(inputs)} inputs with "
+                             f"page_size={self.page_size}")
+        if len(inputs) == 8 and (inputs[7].dtype is not DType.I32 or inputs[7].rank != 1
+                                 or inputs[7].dims[0].max > 2):
+            raise ShapeError(f"cached_attention's distinct-rows hint must be i32[n] with n <= 2, got {inputs[7]}")
         q, k, v, kc, vc, pos = inputs[:6]
         _same_float_dtype("cached_attention", [q, k, v])
         check_narrow("cached_attention q/k/v", [q, k, v], q)

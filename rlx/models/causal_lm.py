@@ -105,6 +105,10 @@ class KvCache:
     #: for each slot (`step_greedy(token_dst=)`), i32 `[max_batch]`, on the device with the K/V (not in `arrays`,
     #: which holds the layers' states); None: made at the first step that needs it.
     tokens: Any = None
+    #: The paged layout: this step's rows are distinct sequences (no row reads keys another row of the step
+    #: writes; identical repeated rows allowed) — the `rows_distinct` hint (`llama.ROWS_DISTINCT`): CUDA then
+    #: stores each row's keys inside its attention kernel. Set per step by the caller that knows (`PagedRunner`).
+    distinct: bool = False
 
     def reset(self) -> None:
         self.lengths[:] = 0
@@ -217,8 +221,11 @@ class TokenStream(Iterator[StreamEvent]):
 
 
 def _table(cache: KvCache, batch: int) -> dict[str, np.ndarray]:
-    """A step's block table input (the paged layout), or nothing."""
-    return {} if cache.block_table is None else {"block_table": np.ascontiguousarray(cache.block_table[:batch])}
+    """A step's block table and distinct-rows hint inputs (the paged layout), or nothing."""
+    if cache.block_table is None:
+        return {}
+    return {"block_table": np.ascontiguousarray(cache.block_table[:batch]),
+            L.ROWS_DISTINCT: np.zeros(2 if cache.distinct else 1, np.int32)}
 
 
 def _check_max_new(max_new_tokens: object) -> None:
@@ -698,7 +705,7 @@ class CausalLM:
         (~0.3 ms a step for SmolLM2 through `run`). The output is returned as a copy: the bound array is
         the next step's."""
         rows = np.asarray(rows, dtype=np.int32)
-        key = (id(cache.arrays), tokens.shape, rows.shape)
+        key = (id(cache.arrays), tokens.shape, rows.shape, cache.distinct)
         if self.token_feedback and cache.tokens is None:
             cache.tokens = self._new_tokens()
         bound = self._cpu_bound.get(key)

@@ -229,6 +229,9 @@ def _summed(g: Graph, partial: NodeId, tp: int, name: str) -> NodeId:
 
 #: The state of a decoder with token feedback (`build_decoder(token_feedback=True)`): the tokens its steps stored.
 FEEDBACK_STATE = "last_tokens"
+#: A paged decoder's input hinting that a step's rows are distinct sequences (`ops.CachedAttention`'s 8th input:
+#: its length, 1 or 2, is the hint: 2 says they are).
+ROWS_DISTINCT = "rows_distinct"
 
 
 def layer_states(graph: Graph) -> list[Node]:
@@ -261,7 +264,9 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     CUDA runs the narrow ones).
     `page_size` (with `kv_pages`): the paged KV layout — each layer's caches are a pool of `kv_pages`
     pages of `page_size` tokens, and an i32 input `block_table` `[batch, capacity / page_size]` names
-    each row's pages (`ops.CachedAttention`); `capacity` must then be a multiple of `page_size`.
+    each row's pages (`ops.CachedAttention`); `capacity` must then be a multiple of `page_size`, and an i32
+    input `rows_distinct` of 1 or 2 elements (`ROWS_DISTINCT`) is the attentions' hint that a step's rows
+    are distinct sequences (2 elements: CUDA stores each row's keys inside the attention kernel).
     `embedding_rows_param`: a quantized embedding table's gather reads its own param (`token_embd.weight.rows`,
     set from the same tensor), so that a tied vocabulary projection's param has no other reader and the CPU may
     store it in its decode GEMV's layout (`InterleavedQuantParam`) while the gather reads the rows as stored.
@@ -303,6 +308,8 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
     sample_u = g.input("sample_u", [n_rows], "f64")
     sample_settings = g.input("sample_settings", [len(SAMPLE_SETTINGS)], "f64")
     block_table = g.input("block_table", [batch, capacity // page_size], "i32") if page_size is not None else None
+    # the paged steps' hint that their rows are distinct sequences: its length (1 or 2) is the hint
+    rows_distinct = g.input(ROWS_DISTINCT, [Dim.dynamic("distinct", 2)], "i32") if page_size is not None else None
     cache_shape = [max_batch, capacity] if page_size is None else [kv_pages, page_size]
     last_tokens = token_dst = None
     if token_feedback:  # the step's tokens may come from the last step's, stored on the device (see above)
@@ -342,7 +349,7 @@ def build_decoder(config: DecoderConfig, specs: Mapping[str, WeightSpec], *, max
         a = g.cached_attention(q, k, v, k_cache, v_cache, positions, num_heads=heads, head_dim=hd,
                                num_kv_heads=kv_heads, scale=c.attn_scale,
                                window=window if 0 < window < capacity else None, block_table=block_table,
-                               page_size=page_size)
+                               page_size=page_size, rows_distinct=rows_distinct)
         out_name = layer_tensor(layer, "attn_output")
         attn = _summed(g, _linear(g, a, specs, out_name, c.hidden_size, q_width, qa, fa), tp, out_name)
         attn = _biased(g, attn, specs, f"blk.{layer}.attn_output.bias", c.hidden_size)

@@ -684,7 +684,7 @@ def decode_split_plan(graph: Graph, node: Node, precision: DType, sms: int = DEF
         blocks = kvd_blocks_per_sm(group, op.head_dim, lanes)
         return DecodeSplitKv(node.id, kvd_splits(keys, op.kv_heads, sms, blocks), KVD_SPLIT_KEYS, KV_SPLIT_ROWS,
                              grouped=True, group=group, lanes=lanes, sms=sms, blocks_per_sm=blocks,
-                             row_tokens=KVD_ROW_TOKENS)
+                             row_tokens=KVD_ROW_TOKENS, stores_rows=op.paged and len(node.inputs) > 7)
     splits = kv_splits(keys)
     return DecodeSplitKv(node.id, splits, KV_SPLIT_KEYS, KV_SPLIT_ROWS) if splits > 1 else None
 

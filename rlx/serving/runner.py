@@ -196,8 +196,9 @@ class PagedRunner:
     `deterministic=True` feeds every row as a call of its own (`call_rows` = 1: each row the same kernels
     whatever the load, at the cost of a call per row). A CUDA call's rows are padded to `padded_rows` (up to 4,
     then multiples of 8, past 256 of 64) by repeating its last row — the same token written to the same cache row
-    twice, its output dropped — so that a server meets a few dozen step shapes (48 for 1024 rows), each captured once as a
-    CUDA graph (`capture_steps` captures them all up front), not one per row count.
+    twice, its output dropped — so that a server meets a few dozen step shapes (48 for 1024 rows), each captured
+    once as a CUDA graph (`capture_steps` captures them all up front, and those of distinct sequences' steps again
+    with the `rows_distinct` hint), not one per row count.
 
     >>> from rlx.models.decoder_config import DecoderConfig
     >>> from rlx.models.causal_lm import random_tensors
@@ -360,12 +361,15 @@ class PagedRunner:
         if self.lm.device != "cuda":
             return 0
         counts = sorted({self.padded_rows(n) for n in range(1, self.call_rows + 1)})
-        for n in counts:
+        # steps of distinct sequences (at most a row a slot: every decode step) also as such (`KvCache.distinct`:
+        # another graph); the capture's rows are all alike, which the hint allows
+        distinct = sorted({self.padded_rows(n) for n in range(1, min(self.slots, self.call_rows) + 1)})
+        for n, alone in [(n, False) for n in counts] + [(n, True) for n in distinct]:
             cache = KvCache(self.cache.arrays, np.zeros(n, np.int32), self.max_context,
                             block_table=np.zeros((n, self.max_context // self.page_size), np.int32),
-                            tokens=self.cache.tokens)
+                            tokens=self.cache.tokens, distinct=alone)
             self.lm.step_greedy(np.zeros((n, 1), np.int32), cache, np.arange(n, dtype=np.int32))
-        return len(counts)
+        return len(counts) + len(distinct)
 
     def _call(self, tables: np.ndarray, rows: Sequence[tuple[int, int, int]], outputs: Sequence[int],
               logits: bool, feedback: tuple[np.ndarray, np.ndarray] | None = None,
@@ -375,6 +379,9 @@ class PagedRunner:
         n, padded = len(rows), self.padded_rows(len(rows))
         table = np.asarray(rows, dtype=np.int64).reshape(n, 3)  # the engine's array as it is; tuples converted
         slots = table[:, 0]
+        # rows of distinct sequences (every decode step; the padding repeats a row, which the hint allows): on
+        # CUDA each row's keys are then stored inside its attention kernel, no append launch before it
+        distinct = self.lm.device == "cuda" and len(np.unique(slots)) == n
         tokens = table[:, 1:2].astype(np.int32)
         positions = table[:, 2].astype(np.int32)
         src = None if feedback is None else np.asarray(feedback[0], dtype=np.int32)
@@ -383,7 +390,7 @@ class PagedRunner:
             slots, tokens, positions = slots[pick], tokens[pick], positions[pick]
             src = None if src is None else src[pick]
         cache = KvCache(self.cache.arrays, positions, self.max_context, block_table=tables[slots],
-                        tokens=self.cache.tokens)
+                        tokens=self.cache.tokens, distinct=distinct)
         if not logits and self.lm.device == "cuda":
             # every row's id (4 bytes each), picked here: the step's shape is its row count alone, so a
             # serving GPU binds one step (a captured CUDA graph) per padded row count, not per output pattern

@@ -293,16 +293,20 @@ def _decode_paged_fn(kvd: ctypes.CDLL) -> ctypes._FuncPointer:
     f = kvd.emu_kv_decode_paged
     f.restype = c_int
     f.argtypes = [F32P] * 3 + [vp, vp, I32P, F32P, i64, c_int, c_int, ctypes.c_float, F32P, F32P, c_int, c_int, c_int,
-                               ctypes.c_uint, i64, F32P, I32P, I32P, i64, i64, i64]
+                               ctypes.c_uint, i64, F32P, I32P, I32P, i64, i64, i64, c_int]
     return f
 
 
-def _decode_paged(kvd: ctypes.CDLL, rope: str | None, cache: type, seed: int, rot: int = HD) -> None:
+def _decode_paged(kvd: ctypes.CDLL, rope: str | None, cache: type, seed: int, rot: int = HD,
+                  distinct: bool = False, inside: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Three one-token rows: a long one (its keys split over blocks) and two consecutive tokens of one sequence
     sharing a block table (the second reads the key the first appends); the keys rotated by the append kernel and
-    the queries by the decode kernel, against rlx.reference."""
+    the queries by the decode kernel, against rlx.reference. `distinct`: the third row is instead a copy of the
+    second (a padding row: the same token of the same sequence), so the rows are distinct sequences as the
+    distinct-rows hint allows, and the decode kernel stores the keys (no append launch; `inside` False: the append
+    launch all the same). Returns out, kc, vc."""
     r = np.random.default_rng(seed)
-    positions = np.array([150, 20, 21], np.int32)
+    positions = np.array([150, 20, 20 if distinct else 21], np.int32)
     pages = r.permutation(NUM_PAGES_D).astype(np.int32)
     table = np.zeros((3, MAX_PAGES_D), np.int32)
     table[0, :10] = pages[:10]
@@ -311,6 +315,8 @@ def _decode_paged(kvd: ctypes.CDLL, rope: str | None, cache: type, seed: int, ro
     k, v = (r.standard_normal((3, 1, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
     kc, vc = (r.standard_normal((NUM_PAGES_D, PAGE_D, KV_HEADS * HD)).astype(cache) for _ in range(2))
     cos, sin = _rope_tables(r, (3, 1), rot)  # one table row per batch row: each at its own position
+    if distinct:
+        q[2], k[2], v[2], cos[2], sin[2] = q[1], k[1], v[1], cos[1], sin[1]
     op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, page_size=PAGE_D)
     rq, rk = _rotated(q, k, cos, sin, rope, rot)
     ref_kc, ref_vc = kc.copy(), vc.copy()
@@ -324,7 +330,8 @@ def _decode_paged(kvd: ctypes.CDLL, rope: str | None, cache: type, seed: int, ro
                                  _p(out), 3, HEADS, KV_HEADS, op.softmax_scale, _p(cos), _p(sin), rot,
                                  {None: 0, "interleaved": 1, "neox": 2}[rope], _CACHES[np.dtype(cache)], splits,
                                  KVD_SPLIT_KEYS, _p(partials), counters.ctypes.data_as(I32P),
-                                 table.ctypes.data_as(I32P), PAGE_D, MAX_PAGES_D, NUM_PAGES_D)
+                                 table.ctypes.data_as(I32P), PAGE_D, MAX_PAGES_D, NUM_PAGES_D,
+                                 int(distinct if inside is None else inside))
     assert flag == 0
     if rope is None:
         np.testing.assert_array_equal(kc, ref_kc)
@@ -336,6 +343,7 @@ def _decode_paged(kvd: ctypes.CDLL, rope: str | None, cache: type, seed: int, ro
     np.testing.assert_array_equal(vc, ref_vc)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
     assert not counters.any()
+    return out, kc, vc
 
 
 @pytest.mark.parametrize(("rope", "rot"), [(None, HD), ("interleaved", HD), ("neox", 32)])
@@ -347,12 +355,27 @@ def test_paged_grouped_decode_f16_cache(kvd: ctypes.CDLL) -> None:
     _decode_paged(kvd, "neox", np.float16, seed=5)
 
 
+@pytest.mark.parametrize(("rope", "cache"), [(None, np.float32), ("interleaved", np.float32), ("neox", np.float16),
+                                             (None, ml_dtypes.float8_e4m3fn)])
+def test_paged_grouped_decode_stores_distinct_rows_itself(kvd: ctypes.CDLL, rope: str | None, cache: type) -> None:
+    """The distinct-rows hint (`DecodeSplitKv.stores_rows`): with no append launch, rlx_kv_decode's blocks store each
+    row's keys and values (a padding row storing the same ones twice) — against the reference, and bit for bit what
+    the append kernel stores and the attention computes after it (the same rotation, the same rounding)."""
+    seed = 9 + len(rope or "")
+    inside = _decode_paged(kvd, rope, cache, seed=seed, distinct=True)
+    appended = _decode_paged(kvd, rope, cache, seed=seed, distinct=True, inside=False)
+    for a, b in zip(inside, appended):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_paged_grouped_decode_f8_cache(kvd: ctypes.CDLL) -> None:
     """An f8e4m3fn pool: the appended keys and values rounded (and saturated) as rlx.reference stores them."""
     _decode_paged(kvd, None, ml_dtypes.float8_e4m3fn, seed=6)
 
 
-def test_paged_grouped_decode_page_outside_the_pool_raises_the_flag(kvd: ctypes.CDLL) -> None:
+@pytest.mark.parametrize("inside", [0, 1])
+def test_paged_grouped_decode_page_outside_the_pool_raises_the_flag(kvd: ctypes.CDLL, inside: int) -> None:
+    """Either way (the append launch first, or the decode kernel storing the rows itself) nothing is stored."""
     q = np.zeros((1, 1, HEADS * HD), np.float32)
     k = np.ones((1, 1, KV_HEADS * HD), np.float32)
     kc = np.zeros((NUM_PAGES_D, PAGE_D, KV_HEADS * HD), np.float32)
@@ -364,5 +387,5 @@ def test_paged_grouped_decode_page_outside_the_pool_raises_the_flag(kvd: ctypes.
                                  np.zeros(1, np.int32).ctypes.data_as(I32P), _p(out), 1, HEADS, KV_HEADS, 1.0, _p(cs),
                                  _p(cs), HD, 1, 0, 1, KVD_SPLIT_KEYS, _p(np.zeros(HEADS * (HD + 2), np.float32)),
                                  np.zeros(KV_HEADS, np.int32).ctypes.data_as(I32P), table.ctypes.data_as(I32P),
-                                 PAGE_D, MAX_PAGES_D, NUM_PAGES_D)
+                                 PAGE_D, MAX_PAGES_D, NUM_PAGES_D, inside)
     assert flag == 4 and not kc.any() and not vc.any() and (out == -7.0).all()

@@ -46,7 +46,8 @@ def test_engine_over_a_cuda_paged_runner_matches_the_cpu_and_frees_its_pages() -
     # steps of 1-4 rows, then multiples of 8 up to 256 and of 64 up to CUDA_STEP_ROWS = 1024 (padded by repeating
     # the last row), captured before any request
     assert runners[0].max_rows == 1024 and runners[1].max_rows == 16
-    assert runners[0].capture_steps() == 4 + 256 // 8 + (1024 - 256) // 64 and runners[1].capture_steps() == 0
+    # (and again with the distinct-rows hint up to a row a slot: 1-4 and 8)
+    assert runners[0].capture_steps() == 4 + 256 // 8 + (1024 - 256) // 64 + 5 and runners[1].capture_steps() == 0
     engines = [Engine(r, prefix_cache_bytes=1 << 20) for r in runners]
     gpu, cpu = ([e.generate(p, params).token_ids for p in prompts] for e in engines)
     assert gpu == cpu
@@ -78,3 +79,27 @@ def test_deterministic_cuda_runner_gives_each_request_its_tokens_alone() -> None
         engine.step()
     assert [list(r._seq.generated) for r in requests] == alone
     assert engine.kv.used_pages == 0
+
+
+def test_distinct_rows_hint_stores_the_same_keys_without_the_append_launch() -> None:
+    """Paged steps of distinct sequences (plus a padding row repeating the last) with the distinct-rows hint
+    (`KvCache.distinct`: rlx_kv_decode stores each row's keys, no append launch) give the logits the steps without
+    it give, bit for bit, over three steps (each reading the keys the steps before stored)."""
+    from rlx.models.causal_lm import KvCache
+
+    lm = CausalLM(CONFIG, TENSORS, device="cuda", max_context=96, max_batch=8, prefill_chunk=1, kv_pages=40,
+                  page_size=16)
+    rng = np.random.default_rng(3)
+    tables = rng.permutation(40)[:36].reshape(6, 6).astype(np.int32)
+    slots = np.array([0, 1, 2, 3, 4, 5, 5], np.int64)  # the last row again, as a CUDA runner pads
+    positions = np.array([3, 17, 40, 0, 63, 9, 9], np.int32)
+    tokens = rng.integers(0, CONFIG.vocab_size, (3, 7, 1))
+    tokens[:, 6] = tokens[:, 5]
+    logits = {}
+    for distinct in (False, True):
+        base = lm.new_cache()
+        logits[distinct] = np.stack([
+            lm.step(tokens[step], KvCache(base.arrays, positions + step, 96, block_table=tables[slots],
+                                          distinct=distinct), np.arange(7))
+            for step in range(3)])
+    np.testing.assert_array_equal(logits[True], logits[False])

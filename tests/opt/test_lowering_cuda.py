@@ -66,6 +66,34 @@ def test_decode_rope_and_split_decisions_of_a_paged_decoder() -> None:
     assert all(d.grouped and d.row_tokens == KVD_ROW_TOKENS == 4 and d.max_splits == 1 and not d.reason
                for d in splits)
     assert "steps of <= 4 tokens a row: rlx_kv_decode" in splits[0].describe()
+    # the decoder's distinct-rows hint: steps of distinct sequences store each row's keys in the decode kernel
+    assert all(d.stores_rows for d in splits) and not any(d.stores_rows for d in find_decode_splits(
+        lower_to_lir(tiny_decoder(), 2, backend="cuda")))
+    assert "store each row's keys in its block, no append launch" in splits[0].describe()
+
+
+def test_paged_decode_launches_the_append_only_without_the_distinct_rows_hint() -> None:
+    """The rendered step: the append kernel runs before rlx_kv_decode only when the hint's length (a run symbol) is
+    1, and rlx_kv_decode is told to store the rows itself when it is 2; rlx_kv_attend's launches (longer rows) keep
+    the append."""
+    import re
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "codegen"))
+    from render_cases import tiny_paged_decoder
+
+    from rlx.codegen.cuda import CudaTarget
+    from rlx.codegen.cuda.emit import render_cuda
+    from rlx.driver import lower_to_lir
+    from rlx.opt.lowering import lower_for
+
+    lir = lower_for(lower_to_lir(tiny_paged_decoder(), 2, backend="cuda"), "cuda", gemm="builtin")
+    src = render_cuda(lir, CudaTarget(gemm="builtin"), {"name": "paged"})
+    hint = re.findall(r"if \((S\[\d+\]) < 2\) \{  /\* rows of one sequence", src)
+    assert hint and len(set(hint)) == 1  # one symbol for every layer
+    decodes = [line for line in src.splitlines() if "rlx_launch_pdl(c->pdl, rlx_kv_decode<" in line]
+    assert len(decodes) == len(hint) and all(f"(int)({hint[0]} > 1)))" in line for line in decodes)
 
 
 def test_quant_mma_rows_by_precision_format_and_weight_size() -> None:

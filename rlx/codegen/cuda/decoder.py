@@ -95,6 +95,9 @@ class KvAttention(Launch):
     max_pages: int = 0
     num_pages: int = 0
     paged_args: str = "(const int32_t *)nullptr, (int64_t)1, (int64_t)0, (int64_t)0"
+    #: The distinct-rows hint's length (a C expression, "1" without the hint): at 2, rlx_kv_decode stores each
+    #: row's keys itself and no append launch runs before it.
+    distinct: str = "1"
 
 
 def _accepts(op: O.Op, in_dtypes: tuple[DType, ...], out_dtype: DType) -> str | None:
@@ -159,6 +162,8 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
             states = KVD_WARPS * ds.group * (hd + 2)
             dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + states + ds.group * KVD_MAX_SPLITS) * 4
             split.update(grouped=True, row_tokens=ds.row_tokens, group=ds.group, dec_smem=dec_smem)
+            if ds.stores_rows:  # the distinct-rows hint's length, a symbol of the run: at 2 the kernel stores
+                paged["distinct"] = e.dim(e.node(node.inputs[7]).shape.dims[0])
             headers = (*f8, HEADER, DECODE_HEADER)
             pg = str(bool(op.paged)).lower()
             attrs += tuple((f"rlx_kv_decode<{t}, {kt}, {hd}, {ds.group}, {str(r).lower()}, {str(n).lower()}, {win}, "

@@ -21,7 +21,8 @@
  * sequence's consecutive tokens, reading each other's keys: rlx_kv_append_paged (kernels/kv_attention.cuh, with
  * ROPE it rotates the keys it stores) has stored every row's new keys and values before this launch, so no block
  * appends here; a block still takes its own row's new keys from the inputs (staged as above). A page id outside
- * the pool raises flag bit 4. */
+ * the pool raises flag bit 4. `inside` (cached_attention's distinct-rows hint: no row of the step reads a cache
+ * row another row writes) makes a paged launch append as the contiguous one does, with no append launch before. */
 #define RLX_KVD_THREADS 128
 #define RLX_KVD_WARPS (RLX_KVD_THREADS / 32)
 #define RLX_KVD_NEW_ROWS 4
@@ -87,7 +88,7 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
               int kv_heads, float scale, int64_t window, int32_t *flag, const T *__restrict__ cosb,
               const T *__restrict__ sinb, int rot, int per_row, float *__restrict__ partials,
               int32_t *__restrict__ counters, int64_t split_keys, const int32_t *__restrict__ bt = nullptr,
-              int64_t page = 1, int64_t maxp = 0, int64_t num_pages = 0) {
+              int64_t page = 1, int64_t maxp = 0, int64_t num_pages = 0, int inside = 0) {
     using S = RlxKvdShape<KT, HD>;
     RLX_DYNAMIC_SHARED(float, rlx_kvd_smem);
     __shared__ int last_block, bad_page;
@@ -189,7 +190,8 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x)
         kns[e] = rlx_f(rlx_to<KT>(kns[e]));  /* as the cache holds it */
     __syncthreads();
-    if (!PAGED && i == 0 && split == 0) {  /* this KV head's new rows into the cache (PAGED: already stored) */
+    if ((!PAGED || inside) && i == 0 && split == 0) {  /* this KV head's new rows into the cache (PAGED: stored
+                                                          before this launch unless the rows are distinct) */
         for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x) {
             const int64_t dst = row_at(p + e / HD) * kw + (int64_t)kvh * HD + e % HD;
             kc[dst] = rlx_to<KT>(kns[e]);

@@ -34,20 +34,22 @@ int run_w(bool windowed, auto... a) {
     return windowed ? run<KT, ROPE, NEOX, true>(a...) : run<KT, ROPE, NEOX, false>(a...);
 }
 
-/* PAGED: rlx_kv_append_paged (rotating the keys it stores with ROPE), then rlx_kv_decode through the block tables. */
+/* PAGED: rlx_kv_append_paged (rotating the keys it stores with ROPE), then rlx_kv_decode through the block tables;
+ * `inside` (the distinct-rows hint): no append launch, rlx_kv_decode stores each row's keys. */
 template <typename KT, bool ROPE, bool NEOX>
 int run_paged(const float *q, const float *k, const float *v, void *kc, void *vc, const int32_t *pos, float *out,
               int64_t batch, int heads, int kv_heads, float scale, const float *cosb, const float *sinb, int rot,
               unsigned splits, int64_t split_keys, float *partials, int32_t *counters, const int32_t *bt,
-              int64_t page, int64_t maxp, int64_t num_pages) {
+              int64_t page, int64_t maxp, int64_t num_pages, int inside) {
     constexpr int HD = 64, G = 2;
     int32_t flag = 0;
     RlxDim3 rows;
     rows.x = (unsigned)batch;
-    rlx_emu_launch3(rows, 128, 0, [&] {
-        rlx_kv_append_paged<float, KT, ROPE, NEOX>(k, v, (KT *)kc, (KT *)vc, pos, bt, 1, page, maxp, num_pages,
-                                                   (int64_t)kv_heads * HD, cosb, sinb, rot, 1, HD);
-    });
+    if (!inside)
+        rlx_emu_launch3(rows, 128, 0, [&] {
+            rlx_kv_append_paged<float, KT, ROPE, NEOX>(k, v, (KT *)kc, (KT *)vc, pos, bt, 1, page, maxp, num_pages,
+                                                       (int64_t)kv_heads * HD, cosb, sinb, rot, 1, HD);
+        });
     const size_t smem = rlx_kvd_smem_floats<HD, G>() * sizeof(float);
     RlxDim3 grid;
     grid.x = (unsigned)(batch * kv_heads);
@@ -56,7 +58,7 @@ int run_paged(const float *q, const float *k, const float *v, void *kc, void *vc
         rlx_kv_decode<float, KT, HD, G, ROPE, NEOX, false, true>(q, k, v, (KT *)kc, (KT *)vc, pos, out, 1, maxp * page,
                                                                  heads, kv_heads, scale, 0, &flag, cosb, sinb, rot, 1,
                                                                  partials, counters, split_keys, bt, page, maxp,
-                                                                 num_pages);
+                                                                 num_pages, inside);
     });
     return flag;
 }
@@ -93,9 +95,9 @@ int emu_kv_decode_paged(const float *q, const float *k, const float *v, void *kc
                         float *out, int64_t batch, int heads, int kv_heads, float scale, const float *cosb,
                         const float *sinb, int rot, int rope, int cache, unsigned splits, int64_t split_keys,
                         float *partials, int32_t *counters, const int32_t *bt, int64_t page, int64_t maxp,
-                        int64_t num_pages) {
+                        int64_t num_pages, int inside) {
 #define RLX_EMU_ARGS q, k, v, kc, vc, pos, out, batch, heads, kv_heads, scale, cosb, sinb, rot, splits, split_keys, \
-                     partials, counters, bt, page, maxp, num_pages
+                     partials, counters, bt, page, maxp, num_pages, inside
     if (cache == 2) return run_paged<__nv_fp8_e4m3, false, false>(RLX_EMU_ARGS);
     if (cache == 1) {
         if (rope == 2) return run_paged<_Float16, true, true>(RLX_EMU_ARGS);
