@@ -374,6 +374,33 @@ def test_paged_grouped_decode_f8_cache(kvd: ctypes.CDLL) -> None:
 
 
 @pytest.mark.parametrize("inside", [0, 1])
+def test_paged_grouped_decode_past_the_block_s_shared_page_ids(kvd: ctypes.CDLL, inside: int) -> None:
+    """A block reading more pages than it keeps in shared memory (RLX_KVD_PAGE_IDS = 64: 2-token pages, one unsplit
+    block over 151 keys = 76 pages) reads the rest from the block table: against the reference."""
+    page, maxp, num_pages = 2, 100, 220
+    r = np.random.default_rng(21)
+    positions = np.array([150], np.int32)
+    table = r.permutation(num_pages)[:maxp].astype(np.int32)[None]
+    q = r.standard_normal((1, 1, HEADS * HD)).astype(np.float32)
+    k, v = (r.standard_normal((1, 1, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    kc, vc = (r.standard_normal((num_pages, page, KV_HEADS * HD)).astype(np.float32) for _ in range(2))
+    op = O.CachedAttention(num_heads=HEADS, head_dim=HD, num_kv_heads=KV_HEADS, page_size=page)
+    ref_kc, ref_vc = kc.copy(), vc.copy()
+    want = reference.cached_attention(q, k, v, ref_kc, ref_vc, positions, op, table)
+    out = np.full_like(q, np.nan)
+    cs = np.ones((1, HD // 2), np.float32)
+    flag = _decode_paged_fn(kvd)(_p(q), _p(k), _p(v), kc.ctypes.data, vc.ctypes.data,
+                                 positions.ctypes.data_as(I32P), _p(out), 1, HEADS, KV_HEADS, op.softmax_scale, _p(cs),
+                                 _p(cs), HD, 0, 0, 1, KVD_SPLIT_KEYS, _p(np.zeros(HEADS * (HD + 2), np.float32)),
+                                 np.zeros(KV_HEADS, np.int32).ctypes.data_as(I32P), table.ctypes.data_as(I32P),
+                                 page, maxp, num_pages, inside)
+    assert flag == 0
+    np.testing.assert_array_equal(kc, ref_kc)
+    np.testing.assert_array_equal(vc, ref_vc)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("inside", [0, 1])
 def test_paged_grouped_decode_page_outside_the_pool_raises_the_flag(kvd: ctypes.CDLL, inside: int) -> None:
     """Either way (the append launch first, or the decode kernel storing the rows itself) nothing is stored."""
     q = np.zeros((1, 1, HEADS * HD), np.float32)
