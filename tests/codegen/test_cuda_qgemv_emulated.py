@@ -245,6 +245,18 @@ def test_occ_gemv_int8_activations_match_reference(emu: ctypes.CDLL, fmt: str, k
     the reference's per-block terms. Shapes as the f32 occ test's; x holds an all-zero block, ties of x / d (d = 1:
     127 in the block's first half, so q4_k's partner lane learns the maximum through the shuffle) and a block of
     large values. Bound: q8_bound (the integer dots are exact), plus flip_allowance with the kernel's own norm."""
+    _check_q8_occ(emu, fmt, kind, n, k, g, tr, max_grid)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q4_0", "q4_1", "q8_0"])
+def test_occ_gemv_int8_activations_with_next_item_prefetch(emu: ctypes.CDLL, fmt: str) -> None:
+    """ACT = 1 with PF (walk "occp" over act="q8"; the shim's prefetch does nothing): norm + SwiGLU, 4 slabs, short
+    last tile, 2 passes."""
+    _check_q8_occ(emu, fmt, "norm_swiglu", 37, 4096, 3, 6, 2)
+
+
+def _check_q8_occ(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int, g: int, tr: int, max_grid: int) -> None:
+    """emu_q8_occ (g 2, 4, 8; 3: 2 and PF, norm + SwiGLU) against the reference with act="q8"."""
     i32, vp, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
     emu.emu_q8_occ.argtypes = [i32, i32, i32, F32P, vp, ctypes.c_float, i32, *[vp] * 5, i64, i64, i64, i64,
                                ctypes.c_uint]
