@@ -255,6 +255,15 @@ def test_occ_gemv_int8_activations_with_next_item_prefetch(emu: ctypes.CDLL, fmt
     _check_q8_occ(emu, fmt, "norm_swiglu", 37, 4096, 3, 6, 2)
 
 
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("kind", ["plain", "residual"])
+def test_occ_gemv_int8_activations_of_2_byte_aligned_rows(emu: ctypes.CDLL, fmt: str, kind: str) -> None:
+    """q8_0's and q4_0's blocks (34 and 18 bytes) load as aligned words and one 16-bit load (rlx_qocc_load_a2),
+    whichever of a block's start and its quants is 4-byte aligned: K = 800 (25 blocks a row) makes every other row
+    start 2 bytes past a word too."""
+    _check_q8_occ(emu, fmt, kind, 13, 800, 4, 5, 2)
+
+
 def _check_q8_occ(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int, g: int, tr: int, max_grid: int) -> None:
     """emu_q8_occ (g 2, 4, 8; 3: 2 and PF, norm + SwiGLU) against the reference with act="q8"."""
     i32, vp, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64

@@ -364,9 +364,31 @@ __device__ __forceinline__ float rlx_qocc_warp_sums(float v[G], int lane) {
 #define RLX_QOCC_PREFETCH_L1(p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p))
 #endif
 
+/* A block of q8_0 (34 bytes) or q4_0 (18 bytes) at `b`, only 2-byte aligned: its half scale into hd and its NW words
+   of quants into q, from NW aligned 32-bit loads and one 16-bit load (instead of 2 NW + 1 16-bit loads, as
+   rlx_q_u32_2 reads them: half the load instructions, and half the registers an item's loads hold in flight). With b
+   4-byte aligned the words are b + 0 .. 4 NW - 1 (the scale in the low half of the first) and the 16-bit load the
+   last 2 bytes of quants; with b = 2 mod 4 the words are the quants themselves and the 16-bit load the scale. Every
+   byte read is the block's. */
+template <int NW>
+__device__ __forceinline__ void rlx_qocc_load_a2(const uint8_t *b, uint32_t &hd, uint32_t q[NW]) {
+    const bool odd = ((uintptr_t)b & 2) != 0;
+    const uint32_t *w = (const uint32_t *)(b + (odd ? 2 : 0));
+    uint32_t v[NW + 1];
+#pragma unroll
+    for (int j = 0; j < NW; j++)
+        v[j] = w[j];
+    v[NW] = *(const unsigned short *)(odd ? b : b + 4 * NW);
+    const uint32_t sh = odd ? 0u : 16u;
+    hd = odd ? v[NW] : v[0] & 0xFFFFu;
+#pragma unroll
+    for (int j = 0; j < NW; j++)
+        q[j] = __funnelshift_r(v[j], v[j + 1], sh);
+}
+
 /* The byte offsets of a lane's unit u in a weight row, computed once: its block (q4_k: the block's header) and, for
-   q4_k, its 16 bytes of quants. */
-template <int FMT, int QB>
+   q4_k, its 16 bytes of quants. A2 (the int8 walk): q8_0's and q4_0's blocks through rlx_qocc_load_a2. */
+template <int FMT, int QB, bool A2 = false>
 struct RlxQOccOff {
     int h, q;
     __device__ __forceinline__ explicit RlxQOccOff(int u) {
@@ -378,6 +400,8 @@ struct RlxQOccOff {
         if constexpr (FMT == RLX_Q4_K) {
             a.hd = *(const uint4 *)(row + h);
             a.q = *(const uint4 *)(row + q);
+        } else if constexpr (A2 && (FMT == RLX_Q8_0 || FMT == RLX_Q4_0)) {
+            rlx_qocc_load_a2<FMT == RLX_Q8_0 ? 8 : 4>(row + h, a.hd, a.q);
         } else {
             a.load(row + h, 0);
         }
@@ -413,7 +437,7 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
     constexpr int H = EPI == 2 ? G / 2 : G; /* output rows an item */
     const int TW = EPI == 2 ? 2 * tr : tr, items = (tr + H - 1) / H;
     const bool has = u < nsub;
-    const RlxQOccOff<FMT, QB> off(u);
+    const RlxQOccOff<FMT, QB, ACT == 1> off(u);
     if (has && (int)blockIdx.x < tiles && r < items) {  /* the first item's weights into L2 while the kernel before ends */
 #pragma unroll
         for (int i = 0; i < G; i++) {

@@ -78,3 +78,7 @@ inline int rlx_emu_dp4a_us(uint32_t a, int b, int c) {
     return c;
 }
 #define RLX_QOCC_DP4A_US(a, b, c) rlx_emu_dp4a_us(a, b, c)
+inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t s) {  /* (hi:lo) >> (s & 31), the low word */
+    s &= 31;
+    return s ? (lo >> s) | (hi << (32 - s)) : lo;
+}
