@@ -1,7 +1,7 @@
 """The one-row decode GEMVs of a Llama-3-8B layer on an NVIDIA GPU, each timed alone, for several walks (`gemv_walk`).
 
-    python benchmarks/qgemv_probe.py [--walks auto,occ,occ4,occp] [--weights q4_k] [--iters 100] [--repeats 5]
-                                     [--dry-run]
+    python benchmarks/qgemv_probe.py [--walks auto,occ,occ4,occp] [--weights q4_k] [--act f32] [--iters 100]
+                                     [--repeats 5] [--dry-run]
 
 One graph, one decode row (M = 1), f16 compute, random `--weights` blocks: a layer's four fused GEMVs
 (`DecodeGemv`) with what the decoder puts around them, in the decoder's order:
@@ -15,11 +15,16 @@ One graph, one decode row (M = 1), f16 compute, random `--weights` blocks: a lay
 
 Every walk (`auto` / `xreg` = the register walk rlx_qgemv_xr at these K; `occ` / `occ4` = rlx_qgemv_occ with 2 / 4
 weight rows an item, `occp` with 2 and each warp's next item prefetched into L2; `rows` = the older walk) is built
-from the same LIR (one build each) and run on the same device tensors. A GEMV's time is the CUPTI duration of its
-kernel (`rlx_qgemv*` launches of a call, in launch order: the graph's other kernels and copies are left out), summed
-over `--iters` calls; the median of `--repeats` blocks, walks interleaved. The builds have programmatic dependent
-launch off (`pdl=False`): a kernel's span is then its own work, not also its wait for the kernel before (as in ncu;
-the decoder's steps overlap them). GB/s = the GEMV's weight bytes over its time
+from the same LIR (one build each) and run on the same device tensors. A walk may name its activations after a colon:
+`occ4:q8` is the same walk over `dequant_matmul(act="q8")` projections (int8 activations: rlx_qgemv_occ with
+ACT = 1 quantizes x in registers; `rows:q8` the older int8 walk), e.g. `--walks occ4,occ4:q8,occ8:q8,occ:q8`;
+`--act` is the activations of the walks that name none (f32 by default; q8_0, q4_0, q4_1 and q4_k weights; a
+q8 walk's `max rel` against an f32 first walk is the quantization's difference).
+A GEMV's time is the CUPTI duration of its kernel (`rlx_qgemv*` launches of a call, in launch order: the graph's
+other kernels and copies are left out), summed over `--iters` calls; the median of `--repeats` blocks, walks
+interleaved. The builds have programmatic dependent launch off (`pdl=False`): a kernel's span is then its own work,
+not also its wait for the kernel before (as in ncu; the decoder's steps overlap them). GB/s = the GEMV's weight
+bytes over its time
 (4.8 TB/s: the H200's HBM). `max rel` compares a walk's outputs with the first walk's. `--dry-run` prints each
 build's DecodeGemv decisions only (no GPU needed).
 
@@ -52,16 +57,17 @@ GEMVS = (("qkv", (("wq", HIDDEN, HIDDEN), ("wk", KV, HIDDEN), ("wv", KV, HIDDEN)
          ("down", (("wdown", HIDDEN, FFN),)))
 
 
-def layer_graph(fmt: str) -> Graph:
+def layer_graph(fmt: str, act: str = "f32") -> Graph:
     """x -> norm -> Q/K/V (outputs); a = the attention's stand-in input -> output projection + x = h;
-    h -> norm -> gate/up -> SwiGLU -> down + h = y; y -> a norm and an add (two consumers, as a residual stream)."""
+    h -> norm -> gate/up -> SwiGLU -> down + h = y; y -> a norm and an add (two consumers, as a residual stream).
+    `act`: the quantized projections' activations ("f32" or "q8")."""
     g = Graph("gemv_probe")
     x, a = g.input("x", [1, HIDDEN]), g.input("a", [1, HIDDEN])
 
     def dm(h, name: str, n: int, k: int):
         if fmt == "bf16":  # a float weight as a decoder holds it: [K, N], stored in the build's precision
             return g.matmul(h, g.param(name, [k, n]))
-        return g.dequant_matmul(h, g.param(name, [n, Q.row_bytes(fmt, k)], "u8"), quant=fmt)
+        return g.dequant_matmul(h, g.param(name, [n, Q.row_bytes(fmt, k)], "u8"), quant=fmt, act=act)
 
     hn = g.rms_norm(x, g.param("attn_norm", [HIDDEN]), eps=1e-5)
     qkv = [dm(hn, *w) for w in GEMVS[0][1]]
@@ -77,6 +83,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--walks", default="auto,occ,occ4,occp")
     ap.add_argument("--weights", default="q4_k")
+    ap.add_argument("--act", default="f32", choices=("f32", "q8"))
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dry-run", action="store_true")
@@ -90,16 +97,23 @@ def main() -> int:
     walks = args.walks.split(",")
     dense = args.weights == "bf16"
 
+    def act_of(walk: str) -> str:  # "occ4:q8" -> "q8"
+        act = walk.partition(":")[2] or args.act
+        if act not in ("f32", "q8") or (dense and act != "f32"):
+            raise SystemExit(f"walk {walk!r}: activations f32 or q8 (q8: quantized weights only)")
+        return act
+
     def options(walk: str) -> dict:
+        walk = walk.partition(":")[0]
         if walk == "auto":
             return {}
         return {"dense_tile": int(walk[1:])} if dense else {"gemv_walk": walk}
 
-    lir = Session(Device.CUDA).lower(layer_graph(args.weights))
+    lirs = {act: Session(Device.CUDA).lower(layer_graph(args.weights, act)) for act in {act_of(w) for w in walks}}
     for walk in walks:
         opts = options(walk)
         arch = "sm_90" if args.dry_run else None  # a dry run needs no GPU to pick the arch from
-        decided = CudaStages(Config.from_env(), precision="f16", arch=arch, **opts).decide(lir)
+        decided = CudaStages(Config.from_env(), precision="f16", arch=arch, **opts).decide(lirs[act_of(walk)])
         for d in decided.decided(DecodeGemv):
             print(f"{walk}: {d.describe()}")
     if args.dry_run:
@@ -122,7 +136,7 @@ def main() -> int:
     fns, outs, kernels = {}, {}, {}
     for walk in walks:
         opts = options(walk)
-        cg = compile_cuda(lir, Config.from_env(), precision="f16", pdl=False, **opts)
+        cg = compile_cuda(lirs[act_of(walk)], Config.from_env(), precision="f16", pdl=False, **opts)
         print(f"{walk}: built in {cg.build_seconds:.1f} s", flush=True)
         for name, p in params.items():
             cg.set_param(name, p)

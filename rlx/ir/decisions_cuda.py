@@ -99,6 +99,10 @@ class DecodeGemv(Decision):
     #: "dense": the output columns a block's tile takes (8, 16, 32 or 64); 0: chosen per launch, the widest whose
     #: tiles fill the wave of resident blocks.
     dense_tile: int = 0
+    #: The members' activations: "f32" or "q8" (int8 per block of 32, `quantize_act`: the "occ" walk quantizes each
+    #: lane's x in registers and takes integer dot products, rlx_qgemv_occ's ACT = 1; the "rows" walk stages
+    #: records, kernels/quant_q8.cuh).
+    act: str = "f32"
 
     def describe(self) -> str:
         names = " ".join(f"%{m}" for m in self.members)
@@ -107,7 +111,8 @@ class DecodeGemv(Decision):
             walk = f", one-row steps x in registers ({self.xr_groups} x 8 weight rows a block)"
         elif self.walk == "occ":
             walk = (f", one-row steps K split over the warps ({self.occ_rows} weight rows an item"
-                    + (", the next prefetched)" if self.occ_prefetch else ")"))
+                    + (", the next prefetched" if self.occ_prefetch else "")
+                    + (", int8 activations quantized in registers)" if self.act == "q8" else ")"))
         elif self.walk == "dense":
             tile = f"tiles of {self.dense_tile} columns" if self.dense_tile else "column tiles sized per launch"
             walk = f", a dense 16-bit GEMV over the weights as stored ([K, N]: {tile}, K split over a block's threads)"
@@ -115,6 +120,8 @@ class DecodeGemv(Decision):
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
         extra += [f"with the SwiGLU epilogue (%{self.swiglu[0]})"] if self.swiglu else []
         what = "float" if self.walk == "dense" else "quantized"
+        if self.act == "q8" and self.walk != "occ":
+            walk += ", int8 activations"
         return (f"{names} run as one {what} GEMV when a step has <= {self.max_rows} rows"
                 + (", " + ", ".join(extra) if extra else "") + walk)
 

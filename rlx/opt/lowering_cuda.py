@@ -308,7 +308,7 @@ DECODE_XR_GROUPS = (1, 2, 4)
 #: "occp" / "occ4p": 2 / 4 rows and the warp's next item prefetched into L2, `DecodeGemv.occ_prefetch`). Most K it
 #: takes: 16 slabs of 32 units (one replica of the slabs in 512 threads).
 DECODE_OCC_WALKS = {"occ": 2, "occ4": 4, "occ8": 8, "occp": 2, "occ4p": 4}
-#: The walk "auto" takes for DECODE_XR_FORMATS with f32 activations at DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K.
+#: The walk "auto" takes for DECODE_XR_FORMATS with f32 or int8 activations at DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K.
 DECODE_OCC_AUTO = "occ4"
 DECODE_OCC_MAX_K = 16384
 
@@ -316,9 +316,10 @@ DECODE_OCC_MAX_K = 16384
 def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0) -> tuple[str, int]:
     """The one-row walk of a `DecodeGemv` and its size (`walk`, then `xr_groups` or `occ_rows`). "auto": the
     occupancy walk (rlx_qgemv_occ, 4 weight rows a warp's item: DECODE_OCC_AUTO) for DECODE_XR_FORMATS with f32
-    activations and DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K (the 8B q4_k shape on an H200: 228 decode tok/s on the
+    activations, or int8 ones (act "q8": the kernel quantizes its lanes' x, ACT = 1), and
+    DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K (the 8B q4_k shape on an H200: 228 decode tok/s on the
     register walk, 274 on the occupancy walk with 2 rows an item, 331 with 4; docs/perf-h100.md), the register walk
-    ("xreg") past that K, else "rows". `walk` (`CudaTarget(gemv_walk=)`,
+    ("xreg", f32 activations only) past that K, else "rows". `walk` (`CudaTarget(gemv_walk=)`,
     RLX_QGEMV_WALK) forces one: "rows" the old walk; "xreg" the register walk, whose groups a block takes are the
     fewest that make the block's work items (slabs x groups) a multiple of its 8 warps (K = 4096: 4 slabs, 2 groups;
     K = 14336: 14 slabs, 4 groups), else the one that leaves the fewest warp turns idle (`groups`: `xr_groups`,
@@ -334,12 +335,15 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
     (('rows', 0), ('rows', 0))
     >>> decode_walk("q4_k", "f32", 576, walk="occ"), decode_walk("q6_k", "f32", 4096, walk="occ4")
     (('occ', 2), ('rows', 0))
+    >>> decode_walk("q8_0", "q8", 4096), decode_walk("q4_k", "q8", 14336, walk="occ8"), decode_walk("q4_k", "q8", 32768)
+    (('occ', 4), ('occ', 8), ('rows', 0))
     """
-    fast = fmt in DECODE_XR_FORMATS and act == "f32"
-    if walk == "auto" and fast and DECODE_XR_MIN_K <= k <= DECODE_OCC_MAX_K:
+    occ = fmt in DECODE_XR_FORMATS and act in ("f32", "q8")
+    fast = occ and act == "f32"
+    if walk == "auto" and occ and DECODE_XR_MIN_K <= k <= DECODE_OCC_MAX_K:
         walk = DECODE_OCC_AUTO
     if walk in DECODE_OCC_WALKS:
-        if fast and k <= DECODE_OCC_MAX_K:
+        if occ and k <= DECODE_OCC_MAX_K:
             return "occ", DECODE_OCC_WALKS[walk]
         return "rows", 0
     if not fast or k < DECODE_XR_MIN_K or walk == "rows":
@@ -452,7 +456,8 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense
         # a lone projection with nothing to absorb joins too: the fused kernel's inner loops are the fast ones
         how, size = decode_walk(members[0].op.quant, members[0].op.act, k, walk, groups)
         found.append(DecodeGemv(tuple(m.id for m in members), rows, *taken, how, size if how == "xreg" else 0,
-                                size if how == "occ" else 0, how == "occ" and walk in ("occp", "occ4p")))
+                                size if how == "occ" else 0, how == "occ" and walk in ("occp", "occ4p"),
+                                act=members[0].op.act))
     # (a fused_swiglu is a group of its own: its key never equals a matmul's)
     for members in scheduled_runs(lir, dense_member, lambda n: (n.inputs[0], n.kind, n.id * (n.kind != "matmul")),
                                   DECODE_GEMV_MEMBERS):

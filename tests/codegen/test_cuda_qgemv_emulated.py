@@ -4,7 +4,8 @@ residual add, for 1 row of X (a warp walks RLX_QF_ROWS weight rows together, x r
 3 rows (one weight row at a time), for the byte-permute formats (q4_k, q4_0, q4_1, q8_0) and one on the general loop
 (q6_k). Row counts that leave a warp's last group short, grids smaller than the rows (several passes of the
 grid-stride loop) and rows of 72-73 units (a lane takes 2 or 3: the in-flight rounds and the tail) are all taken.
-The one-row walks rlx_qgemv_xr and rlx_qgemv_occ (kernels/quant_occ.cuh) have their own tests below.
+The one-row walks rlx_qgemv_xr and rlx_qgemv_occ (kernels/quant_occ.cuh) have their own tests below, rlx_qgemv_occ
+also with int8 activations (act="q8", ACT = 1: bounds of tests/codegen/q8_bounds.py).
 Needs g++ with C++20.
 
 Bound, as tests/gpu/test_cuda_quant_decode.py's: the kernel sums scale * (integer dot with x) + min * (sum of x) in f32
@@ -18,7 +19,7 @@ import ctypes
 import numpy as np
 import pytest
 from cuda_emu_build import build_emu
-from q8_bounds import U32, fused_checks, rms
+from q8_bounds import U32, flip_allowance, fused_checks, q8_bound, rms
 
 import rlx
 from rlx.ir import quant as Q
@@ -223,3 +224,71 @@ def test_occ_gemv_with_next_item_prefetch_matches_reference(emu: ctypes.CDLL, fm
         assert not np.isnan(got).any(), f"occp {fmt}: an output row was never written"
         err = np.abs(got.astype(np.float64) - want)
         assert np.all(err <= bound), f"occp {fmt}: worst excess {np.max(err - bound):.3g}"
+
+
+def _q8_reference(x: np.ndarray, raw: np.ndarray, fmt: str) -> np.ndarray:
+    g = rlx.Graph("qocc8")
+    g.set_outputs([g.dequant_matmul(g.input("x", list(x.shape)), g.param("w", list(raw.shape), "u8"), quant=fmt,
+                                    act="q8")])
+    return reference_run(g, {"x": x}, {"w": raw})[0].astype(np.float64)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["plain", "norm_swiglu", "residual"])
+@pytest.mark.parametrize(("n", "k", "g", "tr", "max_grid"),
+                         [(11, 768, 2, 4, 1 << 30), (37, 4096, 4, 6, 2), (21, 3584, 4, 5, 1), (19, 14336, 4, 8, 3),
+                          (29, 4096, 8, 12, 2)])
+def test_occ_gemv_int8_activations_match_reference(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int, g: int,
+                                                   tr: int, max_grid: int) -> None:
+    """rlx_qgemv_occ with ACT = 1 (act="q8"): each lane quantizes its unit's x (after the norm) as quantize_act does
+    (q4_k: the two lanes of a sub-block exchange max |x| and sum(q)), integer dot products with the weights' ints,
+    the reference's per-block terms. Shapes as the f32 occ test's; x holds an all-zero block, ties of x / d (d = 1:
+    127 in the block's first half, so q4_k's partner lane learns the maximum through the shuffle) and a block of
+    large values. Bound: q8_bound (the integer dots are exact), plus flip_allowance with the kernel's own norm."""
+    _check_q8_occ(emu, fmt, kind, n, k, g, tr, max_grid)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q4_0", "q4_1", "q8_0"])
+def test_occ_gemv_int8_activations_with_next_item_prefetch(emu: ctypes.CDLL, fmt: str) -> None:
+    """ACT = 1 with PF (walk "occp" over act="q8"; the shim's prefetch does nothing): norm + SwiGLU, 4 slabs, short
+    last tile, 2 passes."""
+    _check_q8_occ(emu, fmt, "norm_swiglu", 37, 4096, 3, 6, 2)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("kind", ["plain", "residual"])
+def test_occ_gemv_int8_activations_of_2_byte_aligned_rows(emu: ctypes.CDLL, fmt: str, kind: str) -> None:
+    """q8_0's and q4_0's blocks (34 and 18 bytes) load as aligned words and one 16-bit load (rlx_qocc_load_a2),
+    whichever of a block's start and its quants is 4-byte aligned: K = 800 (25 blocks a row) makes every other row
+    start 2 bytes past a word too."""
+    _check_q8_occ(emu, fmt, kind, 13, 800, 4, 5, 2)
+
+
+def _check_q8_occ(emu: ctypes.CDLL, fmt: str, kind: str, n: int, k: int, g: int, tr: int, max_grid: int) -> None:
+    """emu_q8_occ (g 2, 4, 8; 3: 2 and PF, norm + SwiGLU) against the reference with act="q8"."""
+    i32, vp, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
+    emu.emu_q8_occ.argtypes = [i32, i32, i32, F32P, vp, ctypes.c_float, i32, *[vp] * 5, i64, i64, i64, i64,
+                               ctypes.c_uint]
+    rng = np.random.default_rng(3 * len(kind) + n + g + len(fmt) + k)
+    eps = 1e-5
+    w0, w1 = Q.random_blocks(rng, n, k, fmt), Q.random_blocks(rng, n, k, fmt)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    x[0, :32] = 0.0  # scale 0
+    x[0, 32:64] = np.arange(-16, 16, dtype=np.float32) + 0.5  # ties: d = 1
+    x[0, 32] = 127.0
+    x[0, -32:] *= 1e3
+    res = rng.standard_normal((1, n)).astype(np.float32)
+    kid = {"plain": 0, "norm_swiglu": 1, "residual": 2}[kind]
+    y0, y1 = np.full((1, n), np.nan, np.float32), np.full((1, n), np.nan, np.float32)
+    emu.emu_q8_occ(FORMATS[fmt], g, kid, x.ctypes.data_as(F32P), _ptr(gamma), eps, 1 if kind == "residual" else 2,
+                   _ptr(w0), _ptr(w1), _ptr(y0), _ptr(y1), _ptr(res), n, k, w0.shape[1], tr, max_grid)
+    h = rms(x, gamma, eps) if kind == "norm_swiglu" else x
+    a, b = _q8_reference(h, w0, fmt), _q8_reference(h, w1, fmt)
+    ba, bb = q8_bound(h, w0, fmt, k, a), q8_bound(h, w1, fmt, k, b)
+    if kind == "norm_swiglu":
+        ba, bb = ba + flip_allowance(h, w0, fmt, k), bb + flip_allowance(h, w1, fmt, k)
+    for got, want, bound in fused_checks(kind, a, b, ba, bb, y0, y1, res):
+        assert not np.isnan(got).any(), f"occ q8 {fmt} {kind} n={n} k={k}: an output row was never written"
+        err = np.abs(got.astype(np.float64) - want)
+        assert np.all(err <= bound), f"occ q8 {fmt} {kind} n={n} k={k}: worst excess {np.max(err - bound):.3g}"

@@ -120,9 +120,9 @@ def test_int8_activation_decoder_compiles(toolchain: NvccToolchain, tmp_path: Pa
     toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
 
 
-def _q4k_decoder(fmt: str = "q4_k") -> rlx.Graph:
+def _q4k_decoder(fmt: str = "q4_k", quant_act: str = "f32") -> rlx.Graph:
     """One LLaMA layer, q4_k (or `fmt`), hidden 2048 and FFN 2304: every decode GEMV has K >= 2048 (rlx_qgemv_xr's
-    rows)."""
+    rows); `quant_act` "q8": int8 activations for every format CUDA takes them in."""
     from rlx.models.decoder_config import DecoderConfig
     from rlx.models.llama import WeightSpec, build_decoder, random_specs
 
@@ -131,7 +131,8 @@ def _q4k_decoder(fmt: str = "q4_k") -> rlx.Graph:
                         n_rot=128, context_length=64, tie_embeddings=False, bos_id=1, eos_id=2)
     specs = {name: spec if len(spec.shape) == 1 else WeightSpec(fmt, spec.shape)
              for name, spec in random_specs(cfg).items()}
-    return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32)
+    acts = {"quant_act": quant_act, "quant_act_formats": Q.INT8_ACT_FORMATS} if quant_act != "f32" else {}
+    return build_decoder(cfg, specs, max_batch=2, max_seq=8, capacity=32, **acts)
 
 
 def test_q4k_decoder_takes_the_register_walk(toolchain: NvccToolchain, tmp_path: Path) -> None:
@@ -209,6 +210,35 @@ def test_q4k_decoder_takes_the_occupancy_walk_when_asked(toolchain: NvccToolchai
         toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
     with pytest.raises(BuildError, match="gemv_walk must be one of"):
         CudaTarget(gemv_walk="occ3")
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
+def test_int8_activation_decoder_takes_the_occupancy_walk(toolchain: NvccToolchain, tmp_path: Path, fmt: str) -> None:
+    """act="q8" (`quant_act="q8"`): "auto" records the occupancy walk with 4 rows an item on every decode GEMV at
+    these K, with int8 activations in the LIR's description, and launches rlx_qgemv_occ with ACT = 1 for one-row
+    steps (rlx_qgemv_fused's int8 path, ACT = 1, for 2-4 rows); "occ8" takes 8 rows an item; "rows" keeps the old
+    walk. The sources compile for sm_90."""
+    fid = {"q4_k": "RLX_Q4_K, 256, 144", "q8_0": "RLX_Q8_0, 32, 34"}[fmt]
+    for walk, rows in (("auto", 4), ("occ8", 8)):
+        target = CudaTarget(precision=DType.F16, gemm="builtin", **({} if walk == "auto" else {"gemv_walk": walk}))
+        lir = decide_cuda(lower_to_lir_cuda(_q4k_decoder(fmt, "q8")), target)
+        found = lir.decided(DecodeGemv)
+        assert found and {(d.walk, d.occ_rows, d.act) for d in found} == {("occ", rows, "q8")}
+        assert all(f"({rows} weight rows an item, int8 activations quantized in registers)" in d.describe()
+                   for d in found)
+        src = render_cuda(lir, target, {"name": f"decoder_occ_q8_{walk}"})
+        assert src.count(f"rlx_launch_pdl(c->pdl, rlx_qgemv_occ<__half, {fid}, ") == len(found)
+        assert f"rlx_qgemv_occ<__half, {fid}, true, 2, {rows}, false, 1>" in src  # norm + gate/up + SwiGLU
+        assert f"rlx_qgemv_occ<__half, {fid}, false, 1, {rows}, false, 1>" in src  # the down projection + residual
+        assert f"rlx_qgemv_fused<__half, {fid}, 2, true, 2, 1>" in src  # two rows: the int8 rows walk
+        path = tmp_path / f"decoder_occ_q8_{walk}.cu"
+        path.write_text(src)
+        toolchain.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)
+    rows_target = CudaTarget(precision=DType.F16, gemm="builtin", gemv_walk="rows")
+    old = decide_cuda(lower_to_lir_cuda(_q4k_decoder(fmt, "q8")), rows_target)
+    assert {(d.walk, d.act) for d in old.decided(DecodeGemv)} == {("rows", "q8")}
+    assert all(d.describe().endswith(", int8 activations") for d in old.decided(DecodeGemv))
+    assert "rlx_qgemv_occ<" not in render_cuda(old, rows_target, {"name": "d"})
 
 
 def lower_to_lir_cuda(g: rlx.Graph):

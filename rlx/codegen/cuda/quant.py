@@ -187,6 +187,8 @@ class DecodeGemvLaunch(Launch):
     occ_rows: int = 0
     #: rlx_qgemv_occ's PF argument ("true": the next item prefetched into L2, DecodeGemv.occ_prefetch).
     occ_pf: str = "false"
+    #: rlx_qgemv_occ's ACT argument: "" (f32 activations) or ", 1" (int8: act="q8", quantized in registers).
+    occ_act: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,7 +318,8 @@ def _decode_gemv(e: CudaEmitter, node: Node) -> Kernel:
         x=e.ptr(x), gamma=gamma, eps=eps, norm=norm_c, res=res, epi=epi, m=first.m,
         k=first.k, row_bytes=first.row_bytes, rows=ns[0] if epi == 2 else sum(ns), ws=tuple(a.w for a in large),
         ys=ys, ns=ns, max_rows=d.max_rows, large=large, act_arg=act_arg, xr_groups=xr,
-        occ_rows=d.occ_rows if d.walk == "occ" else 0, occ_pf="true" if d.occ_prefetch else "false")
+        occ_rows=d.occ_rows if d.walk == "occ" else 0, occ_pf="true" if d.occ_prefetch else "false",
+        occ_act=act_arg)
     return Kernel(node.id, "block_decode_gemv", TEMPLATE, args,
                   headers=_headers(first.act, any(a.mma for a in large), any(a.small_rows for a in large),
                                    args.occ_rows > 0),

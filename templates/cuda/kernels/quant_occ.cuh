@@ -22,7 +22,9 @@
  * norm, of the sum of squares differ.
  * `tr` output rows a tile; dynamic shared memory: nslab * TW floats (TW = tr, or 2 tr with SwiGLU). PF (walk "occp")
  * also prefetches the warp's next item into L2 while the current one's loads fly (more bytes in flight an SM, no
- * registers; with the register walk's fewer warps such a prefetch measured slower). */
+ * registers; with the register walk's fewer warps such a prefetch measured slower). ACT = 1 (act="q8"): x quantized
+ * to int8 per block of 32 in the lanes' registers at the start, integer unit products (RlxQOccQ8X / RlxQOccQ8Dot
+ * below): 12 registers of x instead of 34, so 4 rows an item still fit 64 registers (two blocks an SM). */
 #ifndef RLX_QOCC_THREADS
 #define RLX_QOCC_THREADS 512
 #endif
@@ -166,6 +168,176 @@ struct RlxQOccDot<RLX_Q4_K> {
     }
 };
 
+/* ── Int8 activations (ACT = 1: dequant_matmul act="q8", the semantics of kernels/quant_q8.cuh) ──────────────────
+ * Each lane quantizes its own unit's x once at kernel start (after the norm), exactly as rlx_q8_quantize does
+ * (d = max|x| / 127 by __fdiv_rn, q = rint(x * __frcp_rn(d)) clipped to [-127, 127]), and keeps it as packed int8
+ * words (8 registers instead of 32 floats) with the block's dx and dx * sum(q). q4_0 / q4_1 / q8_0: the unit is one
+ * 32-value block (the lane alone); q4_k: 16 values of sub-block 2g and 16 of 2g + 1 (rlx_qocc_chunk), each sub-block
+ * shared with the partner lane u ^ 1, whose max |x| and sum(q) come through one __shfl_xor_sync(.., 1) each.
+ * A unit's products are integer (__dp4a, 4 values an instruction): q8_0's bytes directly, the nibble formats' low
+ * nibbles as q & 0x0F0F0F0F and high ones in place as q & 0xF0F0F0F0 (16 nibble: an unsigned-by-signed dp4a; the
+ * integer dot divided by 16 exactly, or q4_k's 1/16 folded into sub-block 2g + 1's scale, exact), and the scales
+ * applied once per block as the reference's terms: (dw * dx) * dot + mw * (dx * sum(q)) (q4_0: dot of nibble - 8).
+ * q4_k's sub-block dot is split over the two lanes of a pair ((dw * dx) * dot of each half), its min term added by
+ * the even lane only. */
+#ifndef RLX_QOCC_DP4A_US
+#define RLX_QOCC_DP4A_US(a, b, c) rlx_qocc_dp4a_us(a, b, c)
+/* c + the 4 products of a's unsigned bytes and b's signed bytes */
+__device__ __forceinline__ int rlx_qocc_dp4a_us(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#endif
+
+/* x of a lane's unit as int8: 32-value formats (the block's values in order, 4 a word) */
+template <int FMT>
+struct RlxQOccQ8X {
+    uint32_t q[8];
+    float d;  /* dx */
+    float s;  /* q4_1: dx * sum(q) (f32, as the reference) */
+    int c;    /* q4_0: 8 sum(q) (the weights' offset of 8, taken from the integer dot) */
+};
+/* q4_k: a's words sub-block 2g's 16 values of the unit, b's sub-block 2g + 1's */
+template <>
+struct RlxQOccQ8X<RLX_Q4_K> {
+    uint32_t a[4], b[4];
+    float d0, d1;  /* dx of sub-blocks 2g, 2g + 1 */
+    float s0, s1;  /* dx * sum(q) over each whole sub-block in the even lane of the pair, 0 in the odd one */
+};
+
+/* q = rint(x * inv) clipped to [-127, 127] (rlx_q8_quantize's rounding), 4 values packed into a word; sum += them */
+__device__ __forceinline__ uint32_t rlx_qocc_q8_pack(const float *v, float inv, int &sum) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        int q = __float2int_rn(__fmul_rn(v[k], inv));
+        q = q > 127 ? 127 : (q < -127 ? -127 : q);
+        sum += q;
+        w |= ((uint32_t)q & 0xFFu) << (8 * k);
+    }
+    return w;
+}
+
+/* d = max|x| / 127 and 1 / d (0 where d = 0), as rlx_q8_quantize */
+__device__ __forceinline__ float rlx_qocc_q8_scale(float amax, float *inv) {
+    const float d = __fdiv_rn(amax, 127.0f);
+    *inv = d != 0.0f ? __frcp_rn(d) : 0.0f;
+    return d;
+}
+
+/* The lane's unit of x (v: 32 values in chunk order, rlx_qocc_chunk) quantized. The whole warp calls (q4_k's pairs
+   exchange their halves' max |x| and sum(q)). */
+template <int FMT>
+__device__ __forceinline__ void rlx_qocc_q8(const float v[32], int lane, RlxQOccQ8X<FMT> &x) {
+    if constexpr (FMT == RLX_Q4_K) {
+        float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 16; e++) {
+            a0 = fmaxf(a0, fabsf(v[e]));
+            a1 = fmaxf(a1, fabsf(v[16 + e]));
+        }
+        a0 = fmaxf(a0, __shfl_xor_sync(0xffffffffu, a0, 1));
+        a1 = fmaxf(a1, __shfl_xor_sync(0xffffffffu, a1, 1));
+        float inv0, inv1;
+        x.d0 = rlx_qocc_q8_scale(a0, &inv0);
+        x.d1 = rlx_qocc_q8_scale(a1, &inv1);
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            x.a[j] = rlx_qocc_q8_pack(v + 4 * j, inv0, s0);
+            x.b[j] = rlx_qocc_q8_pack(v + 16 + 4 * j, inv1, s1);
+        }
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+        x.s0 = (lane & 1) ? 0.0f : __fmul_rn(x.d0, (float)s0);
+        x.s1 = (lane & 1) ? 0.0f : __fmul_rn(x.d1, (float)s1);
+    } else {
+        float a = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 32; e++)
+            a = fmaxf(a, fabsf(v[e]));
+        float inv;
+        x.d = rlx_qocc_q8_scale(a, &inv);
+        int s = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x.q[j] = rlx_qocc_q8_pack(v + 4 * j, inv, s);
+        x.s = __fmul_rn(x.d, (float)s); /* |sum| <= 32 * 127: exact in f32 */
+        x.c = 8 * s;
+    }
+}
+
+/* The lane's term of unit u of a loaded row against its int8 x (see above). */
+template <int FMT>
+struct RlxQOccQ8Dot {
+    __device__ __forceinline__ explicit RlxQOccQ8Dot(int) {}
+    __device__ __forceinline__ float operator()(const RlxQUnit<FMT> &a, const RlxQOccQ8X<FMT> &x, int) const {
+        const float dw = __half2float(__ushort_as_half((unsigned short)(a.hd & 0xFFFF)));
+        int dot = 0;
+        if constexpr (FMT == RLX_Q8_0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                dot = __dp4a((int)a.q[j], (int)x.q[j], dot);
+        } else {
+            int hi = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                dot = __dp4a((int)(a.q[j] & 0x0F0F0F0Fu), (int)x.q[j], dot);
+                hi = RLX_QOCC_DP4A_US(a.q[j] & 0xF0F0F0F0u, (int)x.q[j + 4], hi);
+            }
+            dot += hi >> 4; /* 16 times the high nibbles' dot: exact */
+            if constexpr (FMT == RLX_Q4_0)
+                dot -= x.c;
+        }
+        /* |dot| <= 32 * 128 * 127 < 2^24: exact as a float */
+        float t = __fmul_rn(dw, x.d) * (float)dot;
+        if constexpr (FMT == RLX_Q4_1)
+            t = fmaf(__half2float(__ushort_as_half((unsigned short)(a.hd >> 16))), x.s, t);
+        return t;
+    }
+};
+template <>
+struct RlxQOccQ8Dot<RLX_Q4_K> {
+    RlxQOccQ4K c;
+    __device__ __forceinline__ explicit RlxQOccQ8Dot(int u) : c(u) {}
+    /* sub-block 2g's scale ds0 = d sc0, 2g + 1's taken as ds1 / 16 (its nibbles read as 16 q); mins dm = dmin m
+       (all exact: an f16 times a 6-bit integer), the reference's weight_ints */
+    __device__ __forceinline__ float operator()(const RlxQUnit<RLX_Q4_K> &a, const RlxQOccQ8X<RLX_Q4_K> &x,
+                                                int) const {
+        const uint4 &hd = a.hd, &q = a.q;
+        const float dh = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xFFFF)));
+        const float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
+        const uint32_t A = c.hi ? hd.w : hd.y, B = c.hi ? hd.w >> 4 : hd.z;
+        const uint32_t sc = ((A >> c.sh) & c.mlo) | ((hd.y >> (c.sh + 2)) & c.mhi);
+        const uint32_t mn = ((B >> c.sh) & c.mlo) | ((hd.z >> (c.sh + 2)) & c.mhi);
+        const float ds0 = dh * (__uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7540u)) - 8388608.0f);
+        const float ds1 = (dh * 0.0625f) * (__uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7541u)) - 8388608.0f);
+        const float dm0 = dmin * (__uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7540u)) - 8388608.0f);
+        const float dm1 = dmin * (__uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7541u)) - 8388608.0f);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        int lo = 0, hi = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            lo = __dp4a((int)(w[j] & 0x0F0F0F0Fu), (int)x.a[j], lo);
+            hi = RLX_QOCC_DP4A_US(w[j] & 0xF0F0F0F0u, (int)x.b[j], hi);
+        }
+        return __fmul_rn(ds0, x.d0) * (float)lo + __fmul_rn(ds1, x.d1) * (float)hi - (dm0 * x.s0 + dm1 * x.s1);
+    }
+};
+
+/* What the kernel holds of x and how it takes a unit's product: ACT 0 f32 (RlxQUnit's XFrag, RlxQOccDot), 1 int8 */
+template <int FMT, int ACT>
+struct RlxQOccAct {
+    using X = typename RlxQUnit<FMT>::XFrag;
+    using Dot = RlxQOccDot<FMT>;
+};
+template <int FMT>
+struct RlxQOccAct<FMT, 1> {
+    using X = RlxQOccQ8X<FMT>;
+    using Dot = RlxQOccQ8Dot<FMT>;
+};
+
 /* The warp sums of G per-lane values (G a power of two, <= 32) in one butterfly: at each of the first log2(G) steps
    a lane keeps half of its values (the upper half where its lane bit is set) and adds the partner's copy of them,
    so G sums take 5 + G - 2 shuffles instead of 5 G (shuffles issue at a quarter of the SM's instruction rate).
@@ -192,9 +364,31 @@ __device__ __forceinline__ float rlx_qocc_warp_sums(float v[G], int lane) {
 #define RLX_QOCC_PREFETCH_L1(p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p))
 #endif
 
+/* A block of q8_0 (34 bytes) or q4_0 (18 bytes) at `b`, only 2-byte aligned: its half scale into hd and its NW words
+   of quants into q, from NW aligned 32-bit loads and one 16-bit load (instead of 2 NW + 1 16-bit loads, as
+   rlx_q_u32_2 reads them: half the load instructions, and half the registers an item's loads hold in flight). With b
+   4-byte aligned the words are b + 0 .. 4 NW - 1 (the scale in the low half of the first) and the 16-bit load the
+   last 2 bytes of quants; with b = 2 mod 4 the words are the quants themselves and the 16-bit load the scale. Every
+   byte read is the block's. */
+template <int NW>
+__device__ __forceinline__ void rlx_qocc_load_a2(const uint8_t *b, uint32_t &hd, uint32_t q[NW]) {
+    const bool odd = ((uintptr_t)b & 2) != 0;
+    const uint32_t *w = (const uint32_t *)(b + (odd ? 2 : 0));
+    uint32_t v[NW + 1];
+#pragma unroll
+    for (int j = 0; j < NW; j++)
+        v[j] = w[j];
+    v[NW] = *(const unsigned short *)(odd ? b : b + 4 * NW);
+    const uint32_t sh = odd ? 0u : 16u;
+    hd = odd ? v[NW] : v[0] & 0xFFFFu;
+#pragma unroll
+    for (int j = 0; j < NW; j++)
+        q[j] = __funnelshift_r(v[j], v[j + 1], sh);
+}
+
 /* The byte offsets of a lane's unit u in a weight row, computed once: its block (q4_k: the block's header) and, for
-   q4_k, its 16 bytes of quants. */
-template <int FMT, int QB>
+   q4_k, its 16 bytes of quants. A2 (the int8 walk): q8_0's and q4_0's blocks through rlx_qocc_load_a2. */
+template <int FMT, int QB, bool A2 = false>
 struct RlxQOccOff {
     int h, q;
     __device__ __forceinline__ explicit RlxQOccOff(int u) {
@@ -206,6 +400,8 @@ struct RlxQOccOff {
         if constexpr (FMT == RLX_Q4_K) {
             a.hd = *(const uint4 *)(row + h);
             a.q = *(const uint4 *)(row + q);
+        } else if constexpr (A2 && (FMT == RLX_Q8_0 || FMT == RLX_Q4_0)) {
+            rlx_qocc_load_a2<FMT == RLX_Q8_0 ? 8 : 4>(row + h, a.hd, a.q);
         } else {
             a.load(row + h, 0);
         }
@@ -220,8 +416,12 @@ struct RlxQOccOff {
     }
 };
 
-template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int G, bool PF = false>
-__global__ void __launch_bounds__(RLX_QOCC_THREADS, G <= 2 ? 2 : 1)
+/* Blocks an SM __launch_bounds__ asks for (at most 64 registers a thread for 2): f32 x (34 registers) with G <= 2
+   rows an item, int8 x (12) with G <= 4 */
+#define RLX_QOCC_MIN_BLOCKS(G, ACT) ((G) <= 2 || ((ACT) && (G) <= 4) ? 2 : 1)
+
+template <typename T, int FMT, int QK, int QB, bool NORM, int EPI, int G, bool PF = false, int ACT = 0>
+__global__ void __launch_bounds__(RLX_QOCC_THREADS, RLX_QOCC_MIN_BLOCKS(G, ACT))
 rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
               const T *res, int64_t K, int64_t RB, int64_t rows, int64_t tr64) {
     static_assert(EPI != 2 || G % 2 == 0, "SwiGLU items take gate and up rows in pairs");
@@ -237,7 +437,7 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
     constexpr int H = EPI == 2 ? G / 2 : G; /* output rows an item */
     const int TW = EPI == 2 ? 2 * tr : tr, items = (tr + H - 1) / H;
     const bool has = u < nsub;
-    const RlxQOccOff<FMT, QB> off(u);
+    const RlxQOccOff<FMT, QB, ACT == 1> off(u);
     if (has && (int)blockIdx.x < tiles && r < items) {  /* the first item's weights into L2 while the kernel before ends */
 #pragma unroll
         for (int i = 0; i < G; i++) {
@@ -251,8 +451,9 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
     }
     rlx_pdl_wait();
     rlx_pdl_trigger(); /* the next kernel may launch and prefetch its weights */
-    /* x of this lane's unit, as rlx_qgemv_body stages it (chunk sums: sequential without the norm, pairwise with) */
-    typename Unit::XFrag x;
+    /* x of this lane's unit, as rlx_qgemv_body stages it (chunk sums: sequential without the norm, pairwise with),
+       or (ACT) quantized to int8 */
+    typename RlxQOccAct<FMT, ACT>::X x;
     {
         float v[32], cs[4];
 #pragma unroll
@@ -298,8 +499,12 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
                 cs[i] = c;
             }
         }
-        rlx_qocc_frag<FMT>(v, cs, x);
-        if constexpr (FMT == RLX_Q4_K) {  /* for rlx_qocc_bytes (the sums s0, s1 stay unscaled) */
+        if constexpr (ACT) {
+            rlx_qocc_q8<FMT>(v, lane, x);
+        } else {
+            rlx_qocc_frag<FMT>(v, cs, x);
+        }
+        if constexpr (FMT == RLX_Q4_K && !ACT) {  /* for rlx_qocc_bytes (the sums s0, s1 stay unscaled) */
 #pragma unroll
             for (int e = 0; e < 16; e++) {
                 x.a[e] *= RLX_QOCC_XSCALE;
@@ -307,7 +512,7 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
             }
         }
     }
-    const RlxQOccDot<FMT> dot(u);
+    const typename RlxQOccAct<FMT, ACT>::Dot dot(u);
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         for (int p = r; p < items; p += R) {
             float acc[G];

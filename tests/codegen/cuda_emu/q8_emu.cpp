@@ -1,7 +1,7 @@
 /* Entry points running the int8-activation kernels (templates/cuda/kernels/quant_q8.cuh, and quant.cuh's fused decode
  * GEMV with ACT = 1; tests/codegen/test_cuda_q8_emulated.py) and the fused decode GEMV with f32 activations (ACT = 0;
- * tests/codegen/test_cuda_qgemv_emulated.py) on the CPU through cuda_shim.h / quant_shim.h, with the launch
- * arithmetic of templates/cuda/quant.cu.j2 written out. f32 activations. */
+ * tests/codegen/test_cuda_qgemv_emulated.py; quant_occ.cuh's rlx_qgemv_occ with either) on the CPU through
+ * cuda_shim.h / quant_shim.h, with the launch arithmetic of templates/cuda/quant.cu.j2 written out. f32 activations. */
 #include "quant_shim.h"
 
 #include "quant.cuh"
@@ -193,7 +193,7 @@ void emu_qf_xr(int fmt, int xg, int kind, const float *X, const float *gamma, fl
  * tiles), kinds as q_fused_kind's. */
 #include "quant_occ.cuh"
 
-template <int FMT, int QK, int QB, bool NORM, int EPI, int G, bool PF = false>
+template <int FMT, int QK, int QB, bool NORM, int EPI, int G, bool PF = false, int ACT = 0>
 static void q_occ(const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res, int64_t K,
                   int64_t RB, int64_t rows, int64_t tr, unsigned max_grid) {
     const int64_t nslab = (K / 32 + 31) / 32, reps = 16 / nslab;
@@ -202,31 +202,31 @@ static void q_occ(const float *X, const float *gamma, float eps, const RlxQMembe
     g3.x = (unsigned)(tiles < (int64_t)max_grid ? tiles : (int64_t)max_grid);
     const size_t smem = (size_t)nslab * (EPI == 2 ? 2 * tr : tr) * sizeof(float);
     rlx_emu_launch3(g3, (unsigned)(32 * nslab * reps), smem,
-                    [&] { rlx_qgemv_occ<float, FMT, QK, QB, NORM, EPI, G, PF>(X, gamma, eps, mem, res, K, RB, rows, tr); });
+                    [&] { rlx_qgemv_occ<float, FMT, QK, QB, NORM, EPI, G, PF, ACT>(X, gamma, eps, mem, res, K, RB, rows, tr); });
 }
 
-template <int FMT, int QK, int QB, int G>
+template <int FMT, int QK, int QB, int G, int ACT = 0>
 static void q_occ_kind(int kind, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
                        const float *res, int64_t K, int64_t RB, int64_t rows, int64_t tr, unsigned max_grid) {
     if (kind == 0)
-        q_occ<FMT, QK, QB, false, 0, G>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+        q_occ<FMT, QK, QB, false, 0, G, false, ACT>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
     else if (kind == 1)
-        q_occ<FMT, QK, QB, true, 2, G>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+        q_occ<FMT, QK, QB, true, 2, G, false, ACT>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
     else
-        q_occ<FMT, QK, QB, false, 1, G>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+        q_occ<FMT, QK, QB, false, 1, G, false, ACT>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
 }
 
-template <int FMT, int QK, int QB>
+template <int FMT, int QK, int QB, int ACT = 0>
 static void q_occ_g(int g, int kind, const float *X, const float *gamma, float eps, const RlxQMembers &mem,
                     const float *res, int64_t K, int64_t RB, int64_t rows, int64_t tr, unsigned max_grid) {
     if (g == 2)
-        q_occ_kind<FMT, QK, QB, 2>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+        q_occ_kind<FMT, QK, QB, 2, ACT>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
     else if (g == 3)  /* 2 rows an item and the next prefetched (PF: walk "occp"; the shim's prefetch does nothing) */
-        q_occ<FMT, QK, QB, true, 2, 2, true>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+        q_occ<FMT, QK, QB, true, 2, 2, true, ACT>(X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
     else if (g == 8)
-        q_occ_kind<FMT, QK, QB, 8>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+        q_occ_kind<FMT, QK, QB, 8, ACT>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
     else
-        q_occ_kind<FMT, QK, QB, 4>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
+        q_occ_kind<FMT, QK, QB, 4, ACT>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
 }
 
 extern "C" {
@@ -246,6 +246,20 @@ void emu_qf_occ(int fmt, int g, int kind, const float *X, const float *gamma, fl
 }
 
 extern "C" {
+/* rlx_qgemv_occ with int8 activations (ACT = 1: act="q8"), arguments as emu_qf_occ's. */
+void emu_q8_occ(int fmt, int g, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
+                const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB, int64_t tr,
+                unsigned max_grid) {
+    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
+    const int64_t rows = kind == 1 ? N : count * N;
+    switch (fmt) {
+    case RLX_Q8_0: q_occ_g<RLX_Q8_0, 32, 34, 1>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    case RLX_Q4_0: q_occ_g<RLX_Q4_0, 32, 18, 1>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    case RLX_Q4_1: q_occ_g<RLX_Q4_1, 32, 20, 1>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    default: q_occ_g<RLX_Q4_K, 256, 144, 1>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    }
+}
+
 /* rlx_qgemv_occ over three members of n0, n1, n2 rows (Q / K / V: plain outputs, no norm), format `fmt`, g rows an
    item, tr rows a tile, at most max_grid blocks: rows of one item or tile straddle the members' boundaries. */
 void emu_qf_occ3(int fmt, int g, const float *X, const uint8_t *w0, const uint8_t *w1, const uint8_t *w2, float *y0,

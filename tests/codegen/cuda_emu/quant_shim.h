@@ -71,3 +71,14 @@ inline int __dp4a(int a, int b, int c) {  /* signed bytes: c + sum of a_i * b_i 
         c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
 }
+/* kernels/quant_occ.cuh's dp4a.u32.s32: c + the products of a's unsigned bytes and b's signed bytes */
+inline int rlx_emu_dp4a_us(uint32_t a, int b, int c) {
+    for (int i = 0; i < 4; i++)
+        c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
+#define RLX_QOCC_DP4A_US(a, b, c) rlx_emu_dp4a_us(a, b, c)
+inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t s) {  /* (hi:lo) >> (s & 31), the low word */
+    s &= 31;
+    return s ? (lo >> s) | (hi << (32 - s)) : lo;
+}
