@@ -310,13 +310,18 @@ DECODE_XR_GROUPS = (1, 2, 4)
 DECODE_OCC_WALKS = {"occ": 2, "occ4": 4, "occ8": 8, "occp": 2, "occ4p": 4}
 #: The walk "auto" takes for DECODE_XR_FORMATS with f32 or int8 activations at DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K.
 DECODE_OCC_AUTO = "occ4"
+#: ... with int8 activations (act "q8": x in 8 registers a lane, not 34), per format: q4_k takes 8 rows an item (the
+#: 8B q4_k shape on an H200: 383.5 decode tok/s against 309.3 with 4, and 336.3 for f32 activations on occ4;
+#: docs/perf-h100.md); the others 4 (q8_0: 255.9 against f32's 258.1; 8 not measured).
+DECODE_OCC_AUTO_Q8 = {"q4_k": "occ8"}
 DECODE_OCC_MAX_K = 16384
 
 
 def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0) -> tuple[str, int]:
     """The one-row walk of a `DecodeGemv` and its size (`walk`, then `xr_groups` or `occ_rows`). "auto": the
     occupancy walk (rlx_qgemv_occ, 4 weight rows a warp's item: DECODE_OCC_AUTO) for DECODE_XR_FORMATS with f32
-    activations, or int8 ones (act "q8": the kernel quantizes its lanes' x, ACT = 1), and
+    activations, or int8 ones (act "q8": the kernel quantizes its lanes' x, ACT = 1; q4_k with 8 rows an item,
+    DECODE_OCC_AUTO_Q8), and
     DECODE_XR_MIN_K <= K <= DECODE_OCC_MAX_K (the 8B q4_k shape on an H200: 228 decode tok/s on the
     register walk, 274 on the occupancy walk with 2 rows an item, 331 with 4; docs/perf-h100.md), the register walk
     ("xreg", f32 activations only) past that K, else "rows". `walk` (`CudaTarget(gemv_walk=)`,
@@ -335,13 +340,15 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
     (('rows', 0), ('rows', 0))
     >>> decode_walk("q4_k", "f32", 576, walk="occ"), decode_walk("q6_k", "f32", 4096, walk="occ4")
     (('occ', 2), ('rows', 0))
-    >>> decode_walk("q8_0", "q8", 4096), decode_walk("q4_k", "q8", 14336, walk="occ8"), decode_walk("q4_k", "q8", 32768)
+    >>> decode_walk("q8_0", "q8", 4096), decode_walk("q4_k", "q8", 14336), decode_walk("q4_k", "q8", 32768)
     (('occ', 4), ('occ', 8), ('rows', 0))
+    >>> decode_walk("q4_k", "q8", 4096, walk="occ4")
+    ('occ', 4)
     """
     occ = fmt in DECODE_XR_FORMATS and act in ("f32", "q8")
     fast = occ and act == "f32"
     if walk == "auto" and occ and DECODE_XR_MIN_K <= k <= DECODE_OCC_MAX_K:
-        walk = DECODE_OCC_AUTO
+        walk = DECODE_OCC_AUTO_Q8.get(fmt, DECODE_OCC_AUTO) if act == "q8" else DECODE_OCC_AUTO
     if walk in DECODE_OCC_WALKS:
         if occ and k <= DECODE_OCC_MAX_K:
             return "occ", DECODE_OCC_WALKS[walk]

@@ -214,12 +214,12 @@ def test_q4k_decoder_takes_the_occupancy_walk_when_asked(toolchain: NvccToolchai
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q8_0"])
 def test_int8_activation_decoder_takes_the_occupancy_walk(toolchain: NvccToolchain, tmp_path: Path, fmt: str) -> None:
-    """act="q8" (`quant_act="q8"`): "auto" records the occupancy walk with 4 rows an item on every decode GEMV at
-    these K, with int8 activations in the LIR's description, and launches rlx_qgemv_occ with ACT = 1 for one-row
-    steps (rlx_qgemv_fused's int8 path, ACT = 1, for 2-4 rows); "occ8" takes 8 rows an item; "rows" keeps the old
-    walk. The sources compile for sm_90."""
+    """act="q8" (`quant_act="q8"`): "auto" records the occupancy walk on every decode GEMV at these K (q4_k 8 rows an
+    item, q8_0 4: DECODE_OCC_AUTO_Q8), with int8 activations in the LIR's description, and launches rlx_qgemv_occ
+    with ACT = 1 for one-row steps (rlx_qgemv_fused's int8 path, ACT = 1, for 2-4 rows); "occ4" / "occ8" force 4 / 8
+    rows an item; "rows" keeps the old walk. The sources compile for sm_90."""
     fid = {"q4_k": "RLX_Q4_K, 256, 144", "q8_0": "RLX_Q8_0, 32, 34"}[fmt]
-    for walk, rows in (("auto", 4), ("occ8", 8)):
+    for walk, rows in (("auto", 8 if fmt == "q4_k" else 4), ("occ4", 4), ("occ8", 8)):
         target = CudaTarget(precision=DType.F16, gemm="builtin", **({} if walk == "auto" else {"gemv_walk": walk}))
         lir = decide_cuda(lower_to_lir_cuda(_q4k_decoder(fmt, "q8")), target)
         found = lir.decided(DecodeGemv)
