@@ -228,6 +228,36 @@ def _table(cache: KvCache, batch: int) -> dict[str, np.ndarray]:
             L.ROWS_DISTINCT: np.zeros(2 if cache.distinct else 1, np.int32)}
 
 
+def _check_distinct_rows(tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, page: int) -> None:
+    """`KvCache.distinct`'s promise, checked where it is cheap: rows that write into one page must be one row
+    repeated (the same token at the same position through the same block table). Rows of one sequence at
+    different positions write into one page, or read a page another row writes, and the kernel that stores each
+    row's keys while it attends would race with their reads.
+
+    >>> t = np.zeros((2, 4), np.int32); t[1] = 1
+    >>> _check_distinct_rows(np.array([[5], [6]]), np.array([3, 3]), t, 16)  # two sequences: fine
+    >>> _check_distinct_rows(np.array([[5], [6]]), np.array([3, 4]), t * 0, 16)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rlx.errors.ExecutionError: KvCache.distinct: rows 0 and 1 write into page 0 at positions 3 and 4 ...
+    """
+    if tokens.shape[1] != 1:
+        raise ExecutionError(f"KvCache.distinct is for steps of one token a row, got {tokens.shape[1]} a row")
+    rows = np.arange(len(positions))
+    written = table[rows, positions // page]
+    order = np.lexsort((tokens[:, 0], positions, written))
+    a, b = order[:-1], order[1:]
+    same_page = written[a] == written[b]
+    differ = (positions[a] != positions[b]) | (tokens[a, 0] != tokens[b, 0]) | (table[a] != table[b]).any(axis=1)
+    bad = np.flatnonzero(same_page & differ)
+    if bad.size:
+        i, j = sorted((int(a[bad[0]]), int(b[bad[0]])))
+        raise ExecutionError(f"KvCache.distinct: rows {i} and {j} write into page {int(written[i])} at positions "
+                             f"{int(positions[i])} and {int(positions[j])} (tokens {int(tokens[i, 0])}, "
+                             f"{int(tokens[j, 0])}): they are not distinct sequences (a step of one sequence's "
+                             "tokens needs distinct=False)")
+
+
 def _check_max_new(max_new_tokens: object) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise RlxError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
@@ -660,6 +690,8 @@ class CausalLM:
         if int(positions.max()) + seq > cache.capacity:
             raise ExecutionError(f"the sequence would need {int(positions.max()) + seq} tokens of context; "
                                  f"max_context is {cache.capacity}")
+        if cache.distinct and cache.block_table is not None and self.page_size is not None:
+            _check_distinct_rows(tokens, positions, cache.block_table[:batch], self.page_size)
         if self.recurrent and batch < self.max_batch:
             # every slot runs: the others write their (throwaway) K/V rows past their length, where it fits
             positions = np.concatenate([positions, np.clip(cache.lengths[batch:], 0, cache.capacity - seq)])
