@@ -128,32 +128,40 @@ class _ContextPool:
 
     @contextlib.contextmanager
     def checkout(self) -> Iterator[_Context]:
+        ctx = self.take()
+        try:
+            yield ctx
+        finally:
+            self.give(ctx)
+
+    def take(self) -> _Context:
+        """`checkout` without the context manager (a run's own path, where each line counts on caches the previous
+        run flushed): an idle context, lent until `give`."""
         with self._cond:
             while self._writing or self._writers_waiting or (not self._idle and self._size >= self._limit):
                 self._cond.wait()
             self._busy += 1
-            ctx = self._idle.pop() if self._idle else None
-            if ctx is None:
-                self._size += 1
-        if ctx is None:
-            try:
-                ctx = self._make()  # outside the lock: copies the params; writers are held off by _busy
-            except BaseException:
-                with self._cond:
-                    self._size -= 1
-                    self._busy -= 1
-                    self._cond.notify_all()
-                raise
+            if self._idle:
+                return self._idle.pop()
+            self._size += 1
         try:
-            yield ctx
-        finally:
+            return self._make()  # outside the lock: copies the params; writers are held off by _busy
+        except BaseException:
             with self._cond:
+                self._size -= 1
                 self._busy -= 1
-                if ctx is self.primary or self._size <= self._limit:
-                    self._idle.append(ctx)
-                else:
-                    self._size -= 1  # the limit was lowered while it was out
                 self._cond.notify_all()
+            raise
+
+    def give(self, ctx: _Context) -> None:
+        """Return a context `take` lent."""
+        with self._cond:
+            self._busy -= 1
+            if ctx is self.primary or self._size <= self._limit:
+                self._idle.append(ctx)
+            else:
+                self._size -= 1  # the limit was lowered while it was out
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
@@ -227,6 +235,7 @@ class CompiledGraph(Provenance):
         self._outputs = {t.name: i for i, t in enumerate(library.outputs)}
         self._params = {t.name: i for i, t in enumerate(library.params)}
         self._param_set = list(_param_set) if _param_set is not None else [False] * len(library.params)
+        self._params_ready = False  # every param set: checked once by a run, then not again (params stay set)
         # The arrays handed to rlx_set_param (references, not copies), for save(weights=True).
         self._param_values: dict[str, np.ndarray | _Recomputed] = {}
         # Params the library reads in place (rlx_bind_param), by index: the arrays, kept alive while bound.
@@ -247,9 +256,11 @@ class CompiledGraph(Provenance):
         # converts (bf16 and the narrow formats); the dynamic dims of the last input shapes `run` saw, and its
         # outputs' shapes and dtypes: a run of the same shapes checks and works them out once (cold Python after a
         # run of a model flushed the caches: ~20 us of MobileNetV3-small's 1.3 ms went to them)
+        self._bf16_outputs = any(t.dtype is DType.BF16 for t in library.outputs)
         self._input_np = [None if t.dtype is DType.BF16 or t.dtype.is_narrow else t.dtype.np for t in library.inputs]
         self._shapes_seen: tuple[tuple[tuple[int, ...], ...], dict[str, int]] | None = None
         self._outputs_seen: tuple[dict[str, int], list[tuple[tuple[int, ...], np.dtype]]] | None = None
+        self._syms_seen: tuple[dict[str, int], list[int], tuple[int, ...]] | None = None
         limit = default_max_contexts(library) if max_contexts is None else _check_max_contexts(max_contexts)
         self._pool = _ContextPool(self._wrap(self._ctx), self._clone_context, limit)
         self._threads = 0
@@ -611,21 +622,23 @@ class CompiledGraph(Provenance):
 
         Safe to call from several threads at once (see the module docstring).
         """
-        if inputs is not None and not isinstance(inputs, Mapping):
+        if inputs is not None and type(inputs) is not dict and not isinstance(inputs, Mapping):
             names = self.input_names
             call = (", ".join(f"{n}=..." for n in names) if all(n.isidentifier() for n in names)
                     else "{" + ", ".join(f"{n!r}: ..." for n in names) + "}")
             raise TypeError(f"run() takes its inputs by name, not a positional {type(inputs).__name__}: "
                             f"run({call}); the graph's inputs are {names}")
-        given: dict[str, Any] = dict(inputs or {})
+        # the caller's dict as it is unless keywords add to it: only read here
+        given: dict[str, Any] = inputs if not kw and type(inputs) is dict else dict(inputs or {})
         for k, v in kw.items():
             if k in given:
                 raise ExecutionError(f"input {k!r} given both in the dict and as a keyword")
             given[k] = v
-        unknown = [k for k in given if k not in self._inputs]
-        if unknown:
-            raise ExecutionError(f"unknown inputs {unknown}; the graph's inputs are {self.input_names}")
-        handles = dict(self._handles)  # one consistent view, whatever other threads bind meanwhile
+        for k in given:
+            if k not in self._inputs:
+                unknown = [k for k in given if k not in self._inputs]
+                raise ExecutionError(f"unknown inputs {unknown}; the graph's inputs are {self.input_names}")
+        handles = dict(self._handles) if self._handles else {}  # one consistent view, whatever other threads bind
         arrays: list[np.ndarray] = []
         for info, as_is in zip(self._library.inputs, self._input_np):
             arr = given.get(info.name)
@@ -658,6 +671,8 @@ class CompiledGraph(Provenance):
         self._call(symbols, arrays, outs)
         if recorder is not None:
             self._record(recorder, before, outs)
+        if not self._bf16_outputs:
+            return outs
         return [bits_to_bfloat16(o) if t.dtype is DType.BF16 else o for o, t in zip(outs, self._library.outputs)]
 
     def host_empty(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
@@ -817,17 +832,23 @@ class CompiledGraph(Provenance):
     def _call(self, symbols: dict[str, int], inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         keep = [ffi.from_buffer(arr) for arr in inputs]
         keep += [ffi.from_buffer(arr, require_writable=True) for arr in outputs]
-        self._run_buffers([symbols[name] for name in self._sym_order], keep, len(inputs))
+        seen = self._syms_seen  # the dims' values in order and their work key, as for the last symbols
+        if seen is None or seen[0] is not symbols:
+            values = [symbols[name] for name in self._sym_order]
+            seen = self._syms_seen = (symbols, values, work_key(values))
+        self._run_buffers(seen[1], keep, len(inputs), seen[2])
         del keep
 
-    def _run_buffers(self, sym_values: Sequence[int], buffers: Sequence[Any], n_in: int) -> None:
-        """One `rlx_run` on a pooled context: the dynamic dims' values, then cffi buffers, inputs first."""
+    def _run_buffers(self, sym_values: Sequence[int], buffers: Sequence[Any], n_in: int,
+                     work: tuple[int, ...] | None = None) -> None:
+        """One `rlx_run` on a pooled context: the dynamic dims' values, then cffi buffers, inputs first (`work`:
+        `work_key(sym_values)` when the caller has it)."""
         team = self._team
         if team is None or not team.active:  # a fixed team: nothing to measure, no lock to take
             self._run_on_context(sym_values, buffers, n_in,
                                  None if team is None else (team.threads, team.policy.spins))
             return
-        ticket = team.begin(work_key(sym_values))
+        ticket = team.begin(work_key(sym_values) if work is None else work)
         try:
             self._run_on_context(sym_values, buffers, n_in, (team.threads if ticket is None else ticket[0],
                                                               team.forks_cheap))
@@ -836,7 +857,8 @@ class CompiledGraph(Provenance):
 
     def _run_on_context(self, sym_values: Sequence[int], buffers: Sequence[Any], n_in: int,
                         team: tuple[int, bool] | None = None) -> None:
-        with self._pool.checkout() as ctx:
+        ctx = self._pool.take()
+        try:
             if team is not None and ctx.team != team:
                 if self._lib.rlx_set_team(ctx.ptr, team[0], int(team[1])) < team[0]:
                     # Scratch reserved for fewer threads: the governor's oversized team (one thread more
@@ -845,21 +867,25 @@ class CompiledGraph(Provenance):
                         raise ExecutionError(self._error(f"set_num_threads({team[0]})", ctx))
                     self._lib.rlx_set_team(ctx.ptr, team[0], int(team[1]))
                 ctx.team = team
-            if not all(self._param_set):
+            if not self._params_ready:
                 unset = [t.name for t, ok in zip(self._library.params, self._param_set) if not ok]
-                raise ExecutionError(f"params never set: {unset}")
+                if unset:
+                    raise ExecutionError(f"params never set: {unset}")
+                self._params_ready = True
+            sym, ins, outs = ctx.sym, ctx.ins, ctx.outs
             for i, v in enumerate(sym_values):
-                ctx.sym[i] = v
-            for i, buf in enumerate(buffers):
-                if i < n_in:
-                    ctx.ins[i] = buf
-                else:
-                    ctx.outs[i - n_in] = buf
-            rc = self._lib.rlx_run(ctx.ptr, ctx.sym, ctx.ins, ctx.outs)  # releases the GIL
+                sym[i] = v
+            for i in range(n_in):
+                ins[i] = buffers[i]
+            for i in range(len(buffers) - n_in):
+                outs[i] = buffers[n_in + i]
+            rc = self._lib.rlx_run(ctx.ptr, sym, ins, outs)  # releases the GIL
             if rc != 0:
                 if ctx is self._pool.primary:
                     self._raise(rc, "run")  # the subclass hook maps return codes; reads the primary's error
                 raise ExecutionError(self._error("run", ctx))  # read before the context goes back
+        finally:
+            self._pool.give(ctx)
 
     def _raise(self, rc: int, what: str) -> None:
         """Turn a nonzero return code on the primary context into an exception (backends map their own codes)."""

@@ -47,6 +47,31 @@ def test_run_dict_keywords_and_lists(mlp):
         cg.run({"x": x}, x=x)
 
 
+def test_run_reads_the_callers_dict_without_changing_it(mlp):
+    """`run` takes a plain dict as it is (no copy on the call's path) and only reads it; keywords go to a copy."""
+    g, cg, params = mlp
+    x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
+    feed = {"x": x}
+    want = rlx.reference.run(g, {"x": x}, params)
+    for _ in range(2):
+        got = cg.run(feed)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        assert list(feed) == ["x"] and feed["x"] is x
+
+
+def test_params_never_set_raise_on_every_run_until_set():
+    """The check of unset params is skipped only once every param was set (params never become unset)."""
+    cg = compile_graph(_mlp())
+    x = np.ones((2, 3, 8), np.float32)
+    cg.set_param("w", np.ones((8, 4), np.float32))
+    for _ in range(2):
+        with pytest.raises(rlx.ExecutionError, match=r"params never set: \['b'\]"):
+            cg.run(x=x)
+    cg.set_param("b", np.full(4, 0.5, np.float32))
+    for _ in range(2):
+        np.testing.assert_array_equal(cg.run(x=x)[0], np.full((2, 3, 4), 8.5, np.float32))
+
+
 @pytest.mark.parametrize("positional", [np.zeros((2, 3, 8), np.float32), [np.zeros((2, 3, 8), np.float32)]])
 def test_positional_inputs_are_a_type_error_naming_the_inputs(mlp, positional):
     _, cg, _ = mlp

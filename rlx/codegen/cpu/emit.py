@@ -48,7 +48,7 @@ from rlx.codegen.cpu.share import share_kernels
 from rlx.codegen.registry import Kernel, user_code_of
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
-from rlx.ir.decisions import AbsorbedTranspose, GemmSiblings, PackedParam, WidenedParam
+from rlx.ir.decisions import AbsorbedTranspose, GemmSiblings, HugePageArena, PackedParam, WidenedParam
 from rlx.ir.decisions_conv import ConvInputScale, ConvResidual
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.decisions_quant import QuantGemvGroup
@@ -330,6 +330,7 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "params_bytes": params_bytes,
         "constants": p.plan_constants(),
         "arena_bytes": lir.arena_bytes,
+        "arena_huge_run": max((d.run_bytes for d in lir.decided(HugePageArena)), default=0),
         "scratch_per_thread": (p.scratch_per_thread + 63) // 64 * 64,
         "scratch_shared": (p.scratch_shared + 63) // 64 * 64,
         "kernels": kernels,
@@ -348,9 +349,9 @@ def context_record_bytes(n_params: int, headers: Sequence[str], profile: bool) -
     """sizeof(rlx_ctx) (templates/cpu/prelude.c.j2) of a program with `n_params` params, its kernel `headers`,
     profiled or not. The rendered source asserts it (`_Static_assert`), so a change to the record that is not
     made here too fails every build instead of skewing `Session.estimate`."""
-    # two pointers, param_at[N + 1], the scratch pointer, three int32 (nthreads, scratch_threads, spins),
+    # two pointers, param_at[N + 1], the scratch pointer, four int32 (nthreads, scratch_threads, spins, arena_huge),
     # param_set[N + 1], err[512], padded to 8; then the transport pointer (collectives) and a profiled build's span ring
-    record = -(-(3 * 8 + (n_params + 1) * 8 + 3 * 4 + n_params + 1 + 512) // 8) * 8
+    record = -(-(3 * 8 + (n_params + 1) * 8 + 4 * 4 + n_params + 1 + 512) // 8) * 8
     if "kernels/collectives.h" in headers:
         record += 8
     return record + (PROFILE_RING_BYTES if profile else 0)
