@@ -60,6 +60,7 @@ from rlx.ir.ops_sample import SETTINGS as SAMPLE_SETTINGS
 from rlx.ir.shape import Dim
 from rlx.models.decoder_config import DecoderConfig
 from rlx.models.moe import moe_block, param_shapes
+from rlx.models.transpose import converted_transpose
 
 #: GGUF types that are plain float arrays (multiplied by f32 matmuls).
 FLOAT_TYPES = ("f32", "f16", "bf16")
@@ -432,11 +433,13 @@ def _converted(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], name
         return np.ascontiguousarray(data, dtype=np.uint8)
     if want != "f32" and want != spec.ggml_type:
         raise IRError(f"param {name!r} is {want} but the tensor is {spec.ggml_type}")
-    arr = _as_f32(data, spec.ggml_type) if want == "f32" else _as_stored(data, spec.ggml_type)
+    def convert(rows: np.ndarray) -> np.ndarray:
+        return _as_f32(rows, spec.ggml_type) if want == "f32" else _as_stored(rows, spec.ggml_type)
+
     # dense matrices go in as [in, out]; MoE params keep transformers' layout (moe_block folds the transposes)
-    if arr.ndim == 2 and not name.endswith(".rows") and f".{MOE_ROLE}." not in name:
-        arr = arr.T
-    return np.ascontiguousarray(arr)
+    if np.ndim(data) == 2 and not name.endswith(".rows") and f".{MOE_ROLE}." not in name:
+        return converted_transpose(data, convert)
+    return np.ascontiguousarray(convert(data))
 
 
 def _as_f32(data: np.ndarray, ggml_type: str) -> np.ndarray:
