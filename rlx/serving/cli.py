@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=16, help="paged: tokens per KV page (default 16)")
     p.add_argument("--max-step-tokens", type=int, default=None,
                    help="paged: rows (tokens) a step computes at most, decode rows and prefill tokens together "
-                        "(default: max(max-seqs, 16), on CUDA max(max-seqs, 256); more lets prompts' prefill "
+                        "(default: max(max-seqs, 16), on CUDA max(max-seqs, 1024); more lets prompts' prefill "
                         "take fewer steps)")
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="contiguous: KV cache tokens shared by all sequences (default: max-seqs x max-context)")
