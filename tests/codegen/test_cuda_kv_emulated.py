@@ -374,9 +374,9 @@ def test_paged_grouped_decode_f8_cache(kvd: ctypes.CDLL) -> None:
 
 
 @pytest.mark.parametrize("inside", [0, 1])
-def test_paged_grouped_decode_past_the_block_s_shared_page_ids(kvd: ctypes.CDLL, inside: int) -> None:
-    """A block reading more pages than it keeps in shared memory (RLX_KVD_PAGE_IDS = 64: 2-token pages, one unsplit
-    block over 151 keys = 76 pages) reads the rest from the block table: against the reference."""
+def test_paged_grouped_decode_over_many_small_pages(kvd: ctypes.CDLL, inside: int) -> None:
+    """One unsplit block over 151 keys in 2-token pages (76 pages, scattered over the pool), with the append launch
+    or the decode kernel storing the row: against the reference."""
     page, maxp, num_pages = 2, 100, 220
     r = np.random.default_rng(21)
     positions = np.array([150], np.int32)

@@ -27,7 +27,6 @@
 #define RLX_KVD_WARPS (RLX_KVD_THREADS / 32)
 #define RLX_KVD_NEW_ROWS 4
 #define RLX_KVD_MAX_SPLITS 128 /* the most blocks a query splits over (rlx.opt.lowering_cuda.KVD_MAX_SPLITS) */
-#define RLX_KVD_PAGE_IDS 64    /* PAGED: a block's first page ids held in shared memory (the rest read from bt) */
 #define RLX_KVD_LOG2E 1.4426950408889634f
 
 #ifndef RLX_KV_PREFETCH
@@ -93,7 +92,6 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     using S = RlxKvdShape<KT, HD>;
     RLX_DYNAMIC_SHARED(float, rlx_kvd_smem);
     __shared__ int last_block, bad_page;
-    __shared__ int32_t page_ids[PAGED ? RLX_KVD_PAGE_IDS : 1]; /* pages c0 .. c0 + RLX_KVD_PAGE_IDS - 1 of row b */
     float *qs = rlx_kvd_smem;                          /* the G query rows: G * HD floats */
     float *kns = qs + G * HD;                          /* the step's new keys (rotated): RLX_KVD_NEW_ROWS * HD */
     float *vns = kns + RLX_KVD_NEW_ROWS * HD;          /* ... and values: RLX_KVD_NEW_ROWS * HD */
@@ -110,15 +108,6 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         if (!PAGED) return b * cap + j;
         int64_t id = bt[b * maxp + j / page];
         if (hint) id = id < 0 ? 0 : id >= num_pages ? num_pages - 1 : id;
-        return id * page + j % page;
-    };
-    /* the same after the page check, the block's first pages' ids from shared memory (a key row's load then waits
-       on one memory access, not on the block table's and then its own) */
-    int64_t c0 = 0;
-    auto row_of = [&](int64_t j) -> int64_t {
-        if (!PAGED) return b * cap + j;
-        const int64_t c = j / page;
-        const int64_t id = c - c0 < RLX_KVD_PAGE_IDS ? (int64_t)page_ids[c - c0] : (int64_t)bt[b * maxp + c];
         return id * page + j % page;
     };
 
@@ -158,15 +147,11 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
         return;
     }
     keys(at);
-    if (PAGED) {  /* every page this row reads is in the pool (the whole block decides); the first ones kept */
+    if (PAGED) {  /* every page this row reads is in the pool (the whole block decides) */
         if (threadIdx.x == 0) bad_page = 0;
-        c0 = lo / page;
         __syncthreads();
-        for (int64_t c = threadIdx.x; c < (p + sq + page - 1) / page; c += blockDim.x) {
-            const int32_t id = bt[b * maxp + c];
-            if (id < 0 || id >= num_pages) atomicOr(&bad_page, 1);
-            if (c >= c0 && c - c0 < RLX_KVD_PAGE_IDS) page_ids[c - c0] = id;
-        }
+        for (int64_t c = threadIdx.x; c < (p + sq + page - 1) / page; c += blockDim.x)
+            if (bt[b * maxp + c] < 0 || bt[b * maxp + c] >= num_pages) atomicOr(&bad_page, 1);
         __syncthreads();
         if (bad_page) {
             if (threadIdx.x == 0 && split == 0) atomicOr(flag, 4);
@@ -208,7 +193,7 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
     if ((!PAGED || inside) && i == 0 && split == 0) {  /* this KV head's new rows into the cache (PAGED: stored
                                                           before this launch unless the rows are distinct) */
         for (int64_t e = threadIdx.x; e < sq * HD; e += blockDim.x) {
-            const int64_t dst = row_of(p + e / HD) * kw + (int64_t)kvh * HD + e % HD;
+            const int64_t dst = row_at(p + e / HD) * kw + (int64_t)kvh * HD + e % HD;
             kc[dst] = rlx_to<KT>(kns[e]);
             vc[dst] = rlx_to<KT>(vns[e]);
         }
@@ -244,7 +229,7 @@ rlx_kv_decode(const T *q, const T *__restrict__ knew, const T *__restrict__ vnew
             const int64_t j = base + u * S::RPW + sub;
             live[u] = j < hi;
             if (live[u] && j < p) {
-                const int64_t at_j = row_of(j) * kw;
+                const int64_t at_j = row_at(j) * kw;
 #pragma unroll
                 for (int v = 0; v < S::VPL; ++v) {
                     const int d0 = rlx_kvd_dim<KT, HD>(sl, v, 0);
