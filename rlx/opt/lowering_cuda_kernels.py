@@ -460,13 +460,7 @@ def _siblings(places: DevicePlaces, gemv: DecodeGemv | None, lead: CopySmallGemm
     others = gemv.members[1:]
     if not others or len(others) > SMALL_GEMM_MAX_SIBLINGS:
         return ()
-    graph = places.lir.graph
-    if lead.norm:
-        roles = norm_inputs(graph.node(lead.norm[0]))
-        read = [roles.x, *((roles.residual,) if roles.residual is not None else ())]
-    else:
-        read = [graph.node(lead.node).inputs[0]]
-    spans = [places.extent(i) for i in read]
+    spans = _launch_reads(places, lead)
     if any(e is None for e in spans):
         return ()
     k = copies[lead.node][0].k
@@ -476,6 +470,18 @@ def _siblings(places: DevicePlaces, gemv: DecodeGemv | None, lead: CopySmallGemm
                 or copies[s][0].k != k or out is None or any(e[0] < out[1] and out[0] < e[1] for e in spans)):
             return ()
     return tuple(others)
+
+
+def _launch_reads(places: DevicePlaces, lead: CopySmallGemm) -> list[tuple[int, int] | None]:
+    """The byte spans the small GEMM launch of `lead` reads besides the weights: its norm's input and residual when
+    it computes the norm, else its X (None: a value with no place in the arena)."""
+    graph = places.lir.graph
+    if lead.norm:
+        roles = norm_inputs(graph.node(lead.norm[0]))
+        read = [roles.x, *((roles.residual,) if roles.residual is not None else ())]
+    else:
+        read = [graph.node(lead.node).inputs[0]]
+    return [places.extent(i) for i in read]
 
 
 def _swiglu_pair(places: DevicePlaces, arch: str, gemv: DecodeGemv | None, gate: CopySmallGemm,
@@ -496,17 +502,10 @@ def _swiglu_pair(places: DevicePlaces, arch: str, gemv: DecodeGemv | None, gate:
         return None
     if (copies[gate.node][0].n, copies[gate.node][0].k) != (copies[up][0].n, copies[up][0].k):
         return None
-    graph = places.lir.graph
     out = places.extent(region)
     if out is None or not _aligned([places.offset(region)]):
         return None
-    if gate.norm:
-        roles = norm_inputs(graph.node(gate.norm[0]))
-        touched = [roles.x, *((roles.residual,) if roles.residual is not None else ())]
-    else:
-        touched = [graph.node(gate.node).inputs[0]]
-    spans = [places.extent(i) for i in touched]
-    if any(e is None or (e[0] < out[1] and out[0] < e[1]) for e in spans):
+    if any(e is None or (e[0] < out[1] and out[0] < e[1]) for e in _launch_reads(places, gate)):
         return None
     return up, region
 
