@@ -229,35 +229,34 @@ static void q_occ_g(int g, int kind, const float *X, const float *gamma, float e
         q_occ_kind<FMT, QK, QB, 4, ACT>(kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid);
 }
 
+/* The format's instantiation of q_occ_g (ACT 0: f32 activations, 1: int8). */
+template <int ACT>
+static void q_occ_fmt(int fmt, int g, int kind, const float *X, const float *gamma, float eps, int count,
+                      const uint8_t *w0, const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N,
+                      int64_t K, int64_t RB, int64_t tr, unsigned max_grid) {
+    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
+    const int64_t rows = kind == 1 ? N : count * N;
+    switch (fmt) {
+    case RLX_Q8_0: q_occ_g<RLX_Q8_0, 32, 34, ACT>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    case RLX_Q4_0: q_occ_g<RLX_Q4_0, 32, 18, ACT>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    case RLX_Q4_1: q_occ_g<RLX_Q4_1, 32, 20, ACT>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    default: q_occ_g<RLX_Q4_K, 256, 144, ACT>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
+    }
+}
+
 extern "C" {
 /* rlx_qgemv_occ, format `fmt`, M = 1, g (2, 4 or 8; 3: 2 and PF, norm + SwiGLU only) weight rows an item, tr output rows a tile, at most max_grid blocks. */
 void emu_qf_occ(int fmt, int g, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                 const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB, int64_t tr,
                 unsigned max_grid) {
-    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
-    const int64_t rows = kind == 1 ? N : count * N;
-    switch (fmt) {
-    case RLX_Q8_0: q_occ_g<RLX_Q8_0, 32, 34>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
-    case RLX_Q4_0: q_occ_g<RLX_Q4_0, 32, 18>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
-    case RLX_Q4_1: q_occ_g<RLX_Q4_1, 32, 20>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
-    default: q_occ_g<RLX_Q4_K, 256, 144>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
-    }
-}
+    q_occ_fmt<0>(fmt, g, kind, X, gamma, eps, count, w0, w1, y0, y1, res, N, K, RB, tr, max_grid);
 }
 
-extern "C" {
 /* rlx_qgemv_occ with int8 activations (ACT = 1: act="q8"), arguments as emu_qf_occ's. */
 void emu_q8_occ(int fmt, int g, int kind, const float *X, const float *gamma, float eps, int count, const uint8_t *w0,
                 const uint8_t *w1, float *y0, float *y1, const float *res, int64_t N, int64_t K, int64_t RB, int64_t tr,
                 unsigned max_grid) {
-    const RlxQMembers mem = q_members(count, w0, w1, y0, y1, N);
-    const int64_t rows = kind == 1 ? N : count * N;
-    switch (fmt) {
-    case RLX_Q8_0: q_occ_g<RLX_Q8_0, 32, 34, 1>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
-    case RLX_Q4_0: q_occ_g<RLX_Q4_0, 32, 18, 1>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
-    case RLX_Q4_1: q_occ_g<RLX_Q4_1, 32, 20, 1>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
-    default: q_occ_g<RLX_Q4_K, 256, 144, 1>(g, kind, X, gamma, eps, mem, res, K, RB, rows, tr, max_grid); break;
-    }
+    q_occ_fmt<1>(fmt, g, kind, X, gamma, eps, count, w0, w1, y0, y1, res, N, K, RB, tr, max_grid);
 }
 
 /* rlx_qgemv_occ over three members of n0, n1, n2 rows (Q / K / V: plain outputs, no norm), format `fmt`, g rows an
