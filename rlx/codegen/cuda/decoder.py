@@ -95,8 +95,9 @@ class KvAttention(Launch):
     max_pages: int = 0
     num_pages: int = 0
     paged_args: str = "(const int32_t *)nullptr, (int64_t)1, (int64_t)0, (int64_t)0"
-    #: The distinct-rows hint's length (a C expression, "1" without the hint): at 2, rlx_kv_decode stores each
-    #: row's keys itself and no append launch runs before it.
+    #: DecodeSplitKv.stores_rows: the distinct-rows hint's length (a C expression, "1" without the hint): at 2,
+    #: rlx_kv_decode stores each row's keys itself and no append launch runs before it.
+    stores_rows: bool = False
     distinct: str = "1"
 
 
@@ -163,7 +164,7 @@ def kv_attention(e: CudaEmitter, node: Node) -> Kernel:
             dec_smem = (ds.group * hd + 2 * KVD_NEW_ROWS * hd + states + ds.group * KVD_MAX_SPLITS) * 4
             split.update(grouped=True, row_tokens=ds.row_tokens, group=ds.group, dec_smem=dec_smem)
             if ds.stores_rows:  # the distinct-rows hint's length, a symbol of the run: at 2 the kernel stores
-                paged["distinct"] = e.dim(e.node(node.inputs[7]).shape.dims[0])
+                paged.update(stores_rows=True, distinct=e.dim(e.node(node.inputs[7]).shape.dims[0]))
             headers = (*f8, HEADER, DECODE_HEADER)
             pg = str(bool(op.paged)).lower()
             attrs += tuple((f"rlx_kv_decode<{t}, {kt}, {hd}, {ds.group}, {str(r).lower()}, {str(n).lower()}, {win}, "
