@@ -126,3 +126,19 @@ def environment(subdir: str = "", bytecode_dir: Path | None = None) -> jinja2.En
     `bytecode_dir`, which the caller has checked is private, when given)."""
     root = templates_dir() / subdir if subdir else templates_dir()
     return _environment(str(root), str(bytecode_dir) if bytecode_dir is not None else "")
+
+
+def header_text(name: str) -> str:
+    """The text of the fixed kernel header `name` (a path under the templates directory), inserted verbatim into a
+    rendered source (never parsed as a template: inline asm braces would read as Jinja). Read once per templates
+    directory: `RLX_TEMPLATES_DIR` changed inside a process renders the other directory's headers too.
+
+    >>> "rlx_gemm_small" in header_text("cuda/kernels/gemm_small.cuh")
+    True
+    """
+    return _header_in(str(templates_dir()), name)
+
+
+@functools.cache
+def _header_in(root: str, name: str) -> str:
+    return (Path(root) / name).read_text()

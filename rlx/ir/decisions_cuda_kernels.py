@@ -125,7 +125,10 @@ class CopySmallGemm(Decision):
     copy multiplied by the same launch, which writes the SwiGLU region `swiglu` (silu(gate) * up) directly: the up
     product's and the region's own kernels run past `max_rows` only. `siblings`: products of the same X (a layer's K
     and V beside its Q: their fused decode GEMV's other members) whose copies the same launch multiplies, each
-    written to its own output: one launch and one norm prologue instead of three (their own run past `max_rows`)."""
+    written to its own output: one launch and one norm prologue instead of three (their own run past `max_rows`).
+    `wide`: a long plain product (a vocabulary head: N >= SMALL_GEMM_WIDE_MIN_N) on rlx_gemm_small_wide instead,
+    persistent blocks over its column tiles with every row of X in shared memory, so the copy is read once, not once
+    per 16 rows."""
 
     kind: ClassVar[str] = "cuda_copy_small_gemm"
     node: int
@@ -136,9 +139,11 @@ class CopySmallGemm(Decision):
     pair: tuple[int, ...] = ()
     swiglu: tuple[int, ...] = ()
     siblings: tuple[int, ...] = ()
+    wide: bool = False
 
     def describe(self) -> str:
         more = "".join(f" (%{n}'s norm first)" for n in self.norm)
+        more += " (persistent blocks over its column tiles: the copy read once)" if self.wide else ""
         more += f" (and {', '.join(f'%{n}' for n in self.siblings)}: one launch)" if self.siblings else ""
         more += "".join(f" (+ %{a}'s residual add)" for a in self.add)
         more += "".join(f" (and %{u}'s copy: %{r}'s SwiGLU)" for u, r in zip(self.pair, self.swiglu))

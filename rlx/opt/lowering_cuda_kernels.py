@@ -64,7 +64,7 @@ CUTLASS_ACTS = tuple(activation_table().cutlass_ids)
 CUTLASS_ARCHS = ("sm_90", "sm_90a")
 _CUTLASS_DT = {DType.F16: "f16", DType.BF16: "bf16"}
 #: rlx_gemm_small's limits (RLX_GSM_KMAX in gemm_small.cuh: its shared memory holds a K x 16 slab of B and 16
-#: rows of A, 124 KB at K = 1536).
+#: rows of A, 107 KB at K = 1536).
 SMALL_GEMM_KMAX = 1536
 #: RLX_GSM_MAX_M: the most rows a step may have for rlx_gemm_small.
 SMALL_GEMM_MAX_M = 64
@@ -76,13 +76,13 @@ BLOCK_SMEM_DEFAULT = 101376
 
 def small_gemm_kmax(arch: str) -> int:
     """The largest K rlx_gemm_small takes on `arch`: SMALL_GEMM_KMAX where its shared memory (`rlx_gemm_small_smem`:
-    80 K + 8448 bytes) fits the arch's opt-in limit, else the largest multiple of 16 that fits.
+    64 K + 8448 bytes) fits the arch's opt-in limit, else the largest multiple of 16 that fits.
 
     >>> small_gemm_kmax("sm_90"), small_gemm_kmax("sm_80"), small_gemm_kmax("sm_89")
-    (1536, 1536, 1152)
+    (1536, 1536, 1440)
     """
     limit = BLOCK_SMEM_OPT_IN.get(arch_number(arch), BLOCK_SMEM_DEFAULT)
-    return min(SMALL_GEMM_KMAX, (limit - 8448) // 80 // 16 * 16)
+    return min(SMALL_GEMM_KMAX, (limit - 8448) // 64 // 16 * 16)
 
 
 def arch_number(arch: str) -> int:
@@ -442,7 +442,28 @@ def find_copy_small_gemms(lir: LirModule, places: DevicePlaces, memory: Sequence
             found[lead] = replace(small, siblings=siblings)
             for s in siblings:
                 del found[s]
+    for node, small in list(found.items()):
+        copy = copies[node][0]
+        if (not (small.add or small.pair or small.siblings) and copy.n >= SMALL_GEMM_WIDE_MIN_N
+                and copy.k <= small_gemm_wide_kmax(opt.arch)):
+            found[node] = replace(small, wide=True)
     return list(found.values())
+
+
+#: The N from which a plain small-GEMM product takes rlx_gemm_small_wide (CopySmallGemm.wide): 512 column tiles, past
+#: which the ordinary launch's blocks (a 16 x 16 tile each) run in several waves, each reading its B slab again.
+SMALL_GEMM_WIDE_MIN_N = 8192
+
+
+def small_gemm_wide_kmax(arch: str) -> int:
+    """The largest K rlx_gemm_small_wide takes on `arch`: its shared memory (`rlx_gemm_small_wide_smem`: 64 rows of
+    A, three 32-column slabs of B, 368 K + 9216 bytes) within the arch's opt-in limit, a multiple of 16.
+
+    >>> small_gemm_wide_kmax("sm_90"), small_gemm_wide_kmax("sm_80"), small_gemm_wide_kmax("sm_89")
+    (592, 416, 240)
+    """
+    limit = BLOCK_SMEM_OPT_IN.get(arch_number(arch), BLOCK_SMEM_DEFAULT)
+    return (limit - 9216) // 368 // 16 * 16
 
 
 #: Most products one rlx_gemm_small launch multiplies (RlxGsmMembers: the lead's and two siblings').
@@ -495,7 +516,7 @@ def _swiglu_pair(places: DevicePlaces, arch: str, gemv: DecodeGemv | None, gate:
     if gemv is None or not gemv.swiglu or len(gemv.members) != 2 or gemv.members[0] != gate.node:
         return None
     if arch_number(arch) < 90:
-        return None  # two slabs: up to 208 KB of shared memory a block at K = 1536 (Hopper's 227 KB; not sm_8x's)
+        return None  # two slabs: up to 164 KB of shared memory a block at K = 1536 (Hopper's 227 KB; not sm_8x's)
     up, region = gemv.members[1], gemv.swiglu[0]
     other = found.get(up)
     if other is None or other.min_rows != gate.min_rows or other.add or other.norm:

@@ -66,7 +66,39 @@ def test_the_small_gemm_is_not_taken_where_it_cannot_run() -> None:
     for target in (CudaTarget(precision=DType.F16, small_gemm=False), CudaTarget(precision=DType.F16, gemm="builtin"),
                    CudaTarget(precision=DType.F32)):
         assert not _decoder(target).decided(CopySmallGemm)
-    # before Hopper the gate and up products keep launches of their own (two slabs need up to 208 KB)
+    # before Hopper the gate and up products keep launches of their own (two slabs need up to 164 KB)
     ampere = _decoder(CudaTarget(precision=DType.F16, arch="sm_80")).decided(CopySmallGemm)
     assert ampere and not any(d.pair for d in ampere) and any(d.norm for d in ampere)
     assert any(d.siblings for d in ampere)  # one slab a block: siblings take any arch the small GEMM runs on
+
+
+def _head(n: int, k: int, arch: str = "sm_90"):
+    """rms_norm(x) @ W^T of a q4_1 head of n rows over k, as the CUDA pipeline decides it for f16 on `arch`."""
+    import rlx
+    from rlx.ir import quant as Q
+
+    g = rlx.Graph("head")
+    x = g.input("x", [rlx.Dim.dynamic("m", 128), k])
+    w = g.param("w", [n, Q.row_bytes("q4_1", k)], "u8")
+    g.set_outputs([g.dequant_matmul(g.rms_norm(x, g.param("g", [k]), eps=1e-5), w, quant="q4_1")])
+    return decide_cuda(plan(optimize(g)), CudaTarget(precision=DType.F16, arch=arch))
+
+
+def test_a_long_head_takes_the_wide_small_gemm(tmp_path: Path) -> None:
+    """N >= SMALL_GEMM_WIDE_MIN_N and K within the wide kernel's shared memory (64 rows of A and three slabs of B:
+    K <= 592 on sm_90, 240 on the 99 KB parts): persistent blocks over the column tiles, recorded in the LIR and
+    rendered as a launch of one block a multiprocessor; otherwise the ordinary small GEMM."""
+    from rlx.opt.lowering_cuda_kernels import SMALL_GEMM_WIDE_MIN_N, small_gemm_wide_kmax
+
+    assert small_gemm_wide_kmax("sm_90") == 592 and small_gemm_wide_kmax("sm_89") == 240
+    lir = _head(8200, 576)
+    (d,) = lir.decided(CopySmallGemm)
+    assert d.wide and d.norm and "(persistent blocks over its column tiles: the copy read once)" in d.describe()
+    src = render_cuda(lir, CudaTarget(precision=DType.F16), {"name": "head"})
+    assert "rlx_gemm_small_wide<__half, 2, false, 3>, dim3((unsigned)((N + RLX_GSW_BN - 1) / RLX_GSW_BN < " \
+           "(int64_t)c->num_sms ? (N + RLX_GSW_BN - 1) / RLX_GSW_BN : (int64_t)c->num_sms))" in src
+    assert "rlx_gemm_small_wide_smem(592)" in src  # the limit raised at load: the arch's largest K
+    nvcc_compiles(src, tmp_path / "head.cu")
+    for n, k, arch in ((SMALL_GEMM_WIDE_MIN_N - 8, 576, "sm_90"), (8200, 608, "sm_90"), (8200, 576, "sm_89")):
+        (d,) = _head(n, k, arch).decided(CopySmallGemm)
+        assert not d.wide, (n, k, arch)

@@ -80,15 +80,15 @@ def test_only_weights_are_read_before_the_pdl_wait() -> None:
 
 
 def test_the_small_gemm_keeps_to_what_the_arch_lets_a_block_opt_into() -> None:
-    """rlx_gemm_small's shared memory grows with K (80 K + 8448 bytes): on sm_90 / sm_80 it takes K up to 1536 (124 KB),
-    on the 99 KB parts (sm_86, sm_89, sm_120) up to 1152, and the limit raised at load is the arch's largest K's, so a
+    """rlx_gemm_small's shared memory grows with K (64 K + 8448 bytes): on sm_90 / sm_80 it takes K up to 1536 (107 KB),
+    on the 99 KB parts (sm_86, sm_89, sm_120) up to 1440, and the limit raised at load is the arch's largest K's, so a
     consumer GPU never sees a request past its opt-in limit (the load would fail) or a launch it cannot run."""
     from rlx.opt.lowering_cuda_kernels import small_gemm_kmax
 
     assert [small_gemm_kmax(a) for a in ("sm_90", "sm_90a", "sm_80", "sm_87", "sm_86", "sm_89", "sm_120")] == \
-        [1536, 1536, 1536, 1536, 1152, 1152, 1152]
+        [1536, 1536, 1536, 1536, 1440, 1440, 1440]
     for k, arch, small in ((1536, "sm_90", True), (1536, "sm_80", True), (1536, "sm_89", False),
-                           (1152, "sm_89", True), (1168, "sm_86", False)):
+                           (1440, "sm_89", True), (1456, "sm_86", False)):
         src = render(gemm_chain(f"k{k}", 64, k, [(64, False, "relu")]), precision=DType.F16, arch=arch)
         assert ("rlx_gemm_small<" in forward(src)) == small, (k, arch)
         if small:

@@ -25,38 +25,26 @@ pytestmark = [pytest.mark.cuda,
 U32, U16 = 2.0 ** -24, 2.0 ** -11
 
 
-def _graph(fmt: str, k: int, n: int) -> rlx.Graph:
-    """rms_norm(x) @ W^T: the norm the product's decode GEMV absorbs."""
+def _graph(fmt: str, k: int, n: int, norm: bool = True) -> rlx.Graph:
+    """rms_norm(x) @ W^T: the norm the product's decode GEMV absorbs (`norm` False: x @ W^T)."""
     g = rlx.Graph("copy_small")
     x = g.input("x", [rlx.Dim.dynamic("m", 128), k])
     w = g.param("w", [n, Q.row_bytes(fmt, k)], "u8")
-    g.set_outputs([g.dequant_matmul(g.rms_norm(x, g.param("g", [k]), eps=1e-5), w, quant=fmt)])
+    g.set_outputs([g.dequant_matmul(g.rms_norm(x, g.param("g", [k]), eps=1e-5) if norm else x, w, quant=fmt)])
     return g
 
 
-@pytest.mark.parametrize(("fmt", "k"), [("q4_1", 576), ("q8_0", 1536), ("q4_k", 1280)])
-def test_copy_steps_on_the_small_gemm_match_reference(fmt: str, k: int) -> None:
-    rng = np.random.default_rng(23)
-    n = 136  # 8 full blocks of 16 columns and a half one
-    g = _graph(fmt, k, n)
-    params = {"w": Q.random_blocks(rng, n, k, fmt), "g": (1 + 0.1 * rng.standard_normal(k)).astype(np.float32)}
-    cg = Session(Device.CUDA, precision="f16").compile(g)
-    src = cg.source
-    assert src.count("(CopySmallGemm)") == 1
-    assert "rlx_gemm_small<__half, RLX_ACT_NONE, false, 2, false, " in src  # the norm in its prologue
-    off = dataclasses.replace(Config.from_env(), cuda_small_gemm=False)
-    lt = Session(Device.CUDA, off, precision="f16").compile(g)
-    assert "(CopySmallGemm)" not in lt.source
-    for name, value in params.items():
-        cg.set_param(name, value)
-        lt.set_param(name, value)
+def _check_rows(g: rlx.Graph, cg, lt, params: dict, fmt: str, k: int, rows: tuple[int, ...], norm: bool = True,
+                seed: int = 23) -> None:
+    """Every step of `rows` rows against rlx.reference (the f16 bound below) and against the cuBLASLt build `lt`."""
+    rng = np.random.default_rng(seed)
     mag = Q.abs_terms(params["w"], fmt, k).astype(np.float64)
-    for m in (1, 4, 5, 8, 16, 17, 33, 64, 65, 100):  # fused GEMV, small GEMM, cuBLASLt
+    for m in rows:
         xv = rng.standard_normal((m, k)).astype(np.float32)
         want = reference.run(g, {"x": xv}, params)[0].astype(np.float64)
         got = cg.run({"x": xv})[0].astype(np.float64)
         x64 = xv.astype(np.float64)
-        normed = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + 1e-5) * params["g"]
+        normed = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + 1e-5) * params["g"] if norm else x64
         scale = np.abs(normed) @ mag.T
         # f16 roundings: x, gamma, the norm's scale (from the rounded x), the normed row, the weight copy, the output
         bound = (k + 4) * U32 * scale + 6 * U16 * scale
@@ -65,6 +53,47 @@ def test_copy_steps_on_the_small_gemm_match_reference(fmt: str, k: int) -> None:
             f"{fmt} m={m}: worst excess {np.max(err - bound):.3g}, err / scale {np.max(err / scale) / U16:.2f} u16")
         ref_lt = lt.run({"x": xv})[0].astype(np.float64)
         np.testing.assert_allclose(got, ref_lt, rtol=2e-3, atol=2e-3 * np.abs(ref_lt).max())
+
+
+def _small_and_lt(g: rlx.Graph, params: dict):
+    """The default f16 build (small GEMMs on) and the same graph on cuBLASLt (RLX_CUDA_SMALL_GEMM=0), weights set."""
+    cg = Session(Device.CUDA, precision="f16").compile(g)
+    off = dataclasses.replace(Config.from_env(), cuda_small_gemm=False)
+    lt = Session(Device.CUDA, off, precision="f16").compile(g)
+    assert "(CopySmallGemm)" not in lt.source
+    for name, value in params.items():
+        cg.set_param(name, value)
+        lt.set_param(name, value)
+    return cg, lt
+
+
+@pytest.mark.parametrize(("fmt", "k"), [("q4_1", 576), ("q8_0", 1536), ("q4_k", 1280)])
+def test_copy_steps_on_the_small_gemm_match_reference(fmt: str, k: int) -> None:
+    rng = np.random.default_rng(23)
+    n = 136  # 8 full blocks of 16 columns and a half one
+    g = _graph(fmt, k, n)
+    params = {"w": Q.random_blocks(rng, n, k, fmt), "g": (1 + 0.1 * rng.standard_normal(k)).astype(np.float32)}
+    cg, lt = _small_and_lt(g, params)
+    assert cg.source.count("(CopySmallGemm)") == 1
+    assert "rlx_gemm_small<__half, RLX_ACT_NONE, false, 2, false, " in cg.source  # the norm in its prologue
+    _check_rows(g, cg, lt, params, fmt, k, (1, 4, 5, 8, 16, 17, 33, 64, 65, 100))  # fused GEMV, small GEMM, cuBLASLt
+
+
+@pytest.mark.parametrize(("fmt", "k", "norm"), [("q4_1", 576, True), ("q8_0", 256, False), ("q4_0", 544, True)])
+def test_a_vocabulary_head_on_the_wide_small_gemm_matches_reference(fmt: str, k: int, norm: bool) -> None:
+    """N >= 8192 (a head): persistent blocks over 32-column tiles, every row of X in shared memory (CopySmallGemm.wide),
+    the norm in the prologue or not. N = 8200 ends in a partial tile (8 of its 32 columns), so the blocks' last
+    tiles fetch zero-filled slabs and store only their columns inside N."""
+    rng = np.random.default_rng(29)
+    n = 8200
+    g = _graph(fmt, k, n, norm)
+    params = {"w": Q.random_blocks(rng, n, k, fmt), "g": (1 + 0.1 * rng.standard_normal(k)).astype(np.float32)}
+    if not norm:
+        del params["g"]
+    cg, lt = _small_and_lt(g, params)
+    assert "with every row of X in shared memory (the copy read once)" in cg.source
+    assert f"rlx_gemm_small_wide<__half, {2 if norm else 0}, false, " in cg.source
+    _check_rows(g, cg, lt, params, fmt, k, (1, 5, 16, 17, 33, 64, 65), norm)
 
 
 def test_decoder_steps_of_many_rows_on_the_small_gemm(monkeypatch: pytest.MonkeyPatch) -> None:

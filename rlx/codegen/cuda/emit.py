@@ -34,6 +34,7 @@ from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
 from rlx.codegen.common import cost_expr, dim_expr, require_decided
 from rlx.codegen.registry import Kernel, user_code_of
+from rlx.codegen.template_cache import header_text
 from rlx.codegen.text import c_string, c_string_lines, comment, node_header
 from rlx.errors import BuildError
 from rlx.ir.activation_table import activation_table
@@ -729,7 +730,7 @@ def cuda_context(lir: LirModule, target: CudaTarget, manifest: dict) -> dict:
         "host_out": _span([(x["staging_off"], x["max_nbytes"]) for x in outputs]),
         "kernels": kernels,
         "device_kernels": device_kernels,
-        "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
+        "headers": [header_text(h) for h in KERNEL_HEADERS if h in used],
         "user_code": user_code_of(kernels),
         "smem_attrs": [{"kernel": k, "bytes": v} for k, v in smem.items()],
         "manifest_c": "\n    ".join(c_string_lines(manifest_text)),
@@ -764,17 +765,8 @@ def cuda_profile_context(e: CudaEmitter, kernels: list[Kernel], target: CudaTarg
     return {"profile": True, "prof": prof, "prof_count": len(table),
             "profile_info": c_string_lines(info),
             # the span ring is the CPU backend's (plain C): its text first, then the CUDA event timing
-            "profile_code": _header_text("cpu/kernels/profile_ring.h") + _header_text("cuda/kernels/profile.cuh")}
+            "profile_code": header_text("cpu/kernels/profile_ring.h") + header_text("cuda/kernels/profile.cuh")}
 
-
-_HEADER_TEXT: dict[str, str] = {}
-
-
-def _header_text(name: str) -> str:
-    # Plain CUDA (inline asm braces would read as Jinja): inserted verbatim, never parsed as a template.
-    if name not in _HEADER_TEXT:
-        _HEADER_TEXT[name] = (templates_dir() / name).read_text()
-    return _HEADER_TEXT[name]
 
 
 def _environment() -> jinja2.Environment:
@@ -797,7 +789,7 @@ def render_cuda(lir: LirModule, target: CudaTarget, manifest: dict) -> str:
     """The complete CUDA source of `lir` (one translation unit exporting the RLX C ABI)."""
     ctx = cuda_context(lir, target, manifest)
     try:
-        return _environment().get_template("cuda/model.cu.j2").render(**ctx, cublaslt=_header_text(
+        return _environment().get_template("cuda/model.cu.j2").render(**ctx, cublaslt=header_text(
             "cuda/kernels/cublaslt.cuh"))
     except jinja2.TemplateError as exc:
         raise BuildError(f"rendering the CUDA template failed: {type(exc).__name__}: {exc}") from exc

@@ -34,7 +34,7 @@ from rlx.ir.graph import Node
 from rlx.ir.norms import norm_inputs
 from rlx.ir.quant import INT8_ACT_FORMATS, quant_format
 from rlx.opt.lowering_cuda import LT_DTYPES, quant_act_offset, quant_tile
-from rlx.opt.lowering_cuda_kernels import small_gemm_kmax
+from rlx.opt.lowering_cuda_kernels import small_gemm_kmax, small_gemm_wide_kmax
 
 TEMPLATE = "cuda/quant.cu.j2"
 QUANT, QUANT_Q8, GEMM = "cuda/kernels/quant.cuh", "cuda/kernels/quant_q8.cuh", "cuda/kernels/gemm.cuh"
@@ -98,6 +98,8 @@ class DequantMatMul(Launch):
     small_by: int = -1
     #: ... the siblings this launch computes: (their copy, their output, their N) each
     small_siblings: tuple[tuple[str, str, int], ...] = ()
+    #: ... on rlx_gemm_small_wide (CopySmallGemm.wide: persistent blocks over the column tiles, the copy read once)
+    small_wide: bool = False
 
     @property
     def mma(self) -> bool:
@@ -108,6 +110,8 @@ class DequantMatMul(Launch):
         """The rlx_gemm_small instance that multiplies the copy ([K, N], as dequantized at set_param)."""
         p = self.small_norm
         norm = f"{p.kind}, {p.res_on}, {p.cpt}" if p is not None else "0, false, 1"
+        if self.small_wide:
+            return f"rlx_gemm_small_wide<{self.t}, {norm}>"
         add, pair = ("true" if flag else "false" for flag in (self.addend, self.small_b2))
         mem = f", {len(self.small_siblings)}" if self.small_siblings else ""
         return f"rlx_gemm_small<{self.t}, RLX_ACT_NONE, false, {norm}, {add}, {pair}{mem}>"
@@ -118,6 +122,8 @@ class DequantMatMul(Launch):
         t, p = self.t, self.small_norm
         norm = (f"{p.x}, {p.res}, {p.gamma}, {p.beta}, {p.out}, (float){p.eps}" if p is not None
                 else ", ".join([f"({t} *)nullptr"] * 5) + ", 0.0f")
+        if self.small_wide:
+            return f"{norm}, {self.small_early}"
         addend = f"(const {t} *){self.addend}" if self.addend else f"({t} *)nullptr"
         b2 = f"(const {t} *){self.small_b2}" if self.small_b2 else f"({t} *)nullptr"
         return f"{norm}, {self.small_early}, {addend}, {b2}, {self.small_members}"
@@ -134,14 +140,21 @@ class DequantMatMul(Launch):
                 f"{{(void *){pad[0][1]}, (void *){pad[1][1]}}}, {{{pad[0][2]}, {pad[1][2]}}}, {tiles}}}")
 
     @property
-    def small_grid_x(self) -> str:
-        """The small launch's column tiles (a C expression): this product's, then its siblings'."""
-        return " + ".join(["(unsigned)((N + RLX_GSM_BN - 1) / RLX_GSM_BN)",
+    def small_grid(self) -> str:
+        """The small launch's grid (a C expression): this product's column tiles, then its siblings', by the row
+        tiles; the wide kernel's: a block a multiprocessor (or a column tile, when there are fewer)."""
+        if self.small_wide:
+            tiles = "(N + RLX_GSW_BN - 1) / RLX_GSW_BN"
+            return f"dim3((unsigned)({tiles} < (int64_t)c->num_sms ? {tiles} : (int64_t)c->num_sms))"
+        cols = " + ".join(["(unsigned)((N + RLX_GSM_BN - 1) / RLX_GSM_BN)",
                            *(f"(unsigned)(({n} + RLX_GSM_BN - 1) / RLX_GSM_BN)" for _, _, n in self.small_siblings)])
+        return f"dim3({cols}, (unsigned)((M + 15) / 16))"
 
     @property
     def small_smem(self) -> str:
         """The small kernel's dynamic shared memory for this K (a C expression)."""
+        if self.small_wide:
+            return "rlx_gemm_small_wide_smem(K)"
         return "rlx_gemm_small_pair_smem(K)" if self.small_b2 else "rlx_gemm_small_smem(K)"
 
     @property
@@ -253,7 +266,8 @@ def _copy_args(e: CudaEmitter, nid: int, ctype: str) -> dict:
     small = e.copy_small.get(nid)
     if small is not None:
         args["small_rows"] = small.max_rows
-        args["small_kmax"] = small_gemm_kmax(e.target.arch)
+        args["small_wide"] = small.wide
+        args["small_kmax"] = (small_gemm_wide_kmax if small.wide else small_gemm_kmax)(e.target.arch)
         params = []
         if small.norm:
             norm = e.node(small.norm[0])

@@ -31,6 +31,7 @@ from rlx.abi_version import ABI_VERSION
 from rlx.codegen.activations import install
 from rlx.codegen.common import dim_expr, require_decided
 from rlx.codegen.registry import Kernel, user_code_of
+from rlx.codegen.template_cache import header_text
 from rlx.codegen.text import comment, node_header
 from rlx.errors import BuildError
 from rlx.ir.decisions_metal import MetalLayout
@@ -305,8 +306,8 @@ def metal_context(lir: LirModule, target: MetalTarget) -> tuple[dict, list[Dispa
         "symbols_comment": comment(syms, 120),
         "layout_comment": comment(e.layout.describe(), 200),
         "kernels": kernels,
-        "headers": [_header_text(h) for h in KERNEL_HEADERS if h in used],
-        "prelude": _header_text("metal/kernels/prelude.metal"),
+        "headers": [header_text(h) for h in KERNEL_HEADERS if h in used],
+        "prelude": header_text("metal/kernels/prelude.metal"),
         "user_code": user_code_of(kernels),  # user ops' headers (rlx.custom_op), each once
     }
     return ctx, [d for k in kernels for d in k.args.launches]
@@ -334,15 +335,6 @@ def program_manifest(lir: LirModule, io_manifest: dict, dispatches: Sequence[Dis
                                                      f"status" for nid, op in user_ops}} if user_ops else {}),
     }
 
-
-_HEADER_TEXT: dict[str, str] = {}
-
-
-def _header_text(name: str) -> str:
-    # Plain MSL, inserted verbatim (never parsed as a template).
-    if name not in _HEADER_TEXT:
-        _HEADER_TEXT[name] = (templates_dir() / name).read_text()
-    return _HEADER_TEXT[name]
 
 
 @functools.lru_cache(maxsize=1)

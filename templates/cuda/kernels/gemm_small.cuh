@@ -19,15 +19,21 @@
 #define RLX_GSM_BN 16
 #define RLX_GSM_WARPS 8
 
-/* Shared memory of one block: B slab [K][BN + 8], A rows [16][K + 8] (rows padded by 16 bytes against bank
- * conflicts), the warps' f32 partial tiles [WARPS][16][BN]. */
+/* A B slab row: BN values, unpadded. Its 16 x 16 tiles are 512 contiguous bytes (two-way bank conflicts at most in
+ * the few fragment loads a warp makes), and every byte of padding would cost blocks a multiprocessor: unpadded, the
+ * down projection's K = 1536 block (106 KB) fits twice and the SwiGLU pair's at K = 576 (72 KB) three times, so a
+ * 64-row step's 144 / 384 blocks run in one wave instead of two. */
+#define RLX_GSM_LDB RLX_GSM_BN
+
+/* Shared memory of one block: B slab [K][LDB], A rows [16][K + 8] (rows padded by 16 bytes against the bank
+ * conflicts of a row stride that is a multiple of 128 bytes), the warps' f32 partial tiles [WARPS][16][BN]. */
 __host__ __device__ constexpr size_t rlx_gemm_small_smem(int64_t K) {
-    return (size_t)K * (RLX_GSM_BN + 8) * 2 + (size_t)16 * (K + 8) * 2 + (size_t)RLX_GSM_WARPS * 16 * RLX_GSM_BN * 4;
+    return (size_t)K * RLX_GSM_LDB * 2 + (size_t)16 * (K + 8) * 2 + (size_t)RLX_GSM_WARPS * 16 * RLX_GSM_BN * 4;
 }
 
-/* ... of the SwiGLU pair (PAIR): two B slabs, the A rows, two sets of partial tiles (208 KB at K = 1536). */
+/* ... of the SwiGLU pair (PAIR): two B slabs, the A rows, two sets of partial tiles (163 KB at K = 1536). */
 __host__ __device__ constexpr size_t rlx_gemm_small_pair_smem(int64_t K) {
-    return (size_t)2 * K * (RLX_GSM_BN + 8) * 2 + (size_t)16 * (K + 8) * 2 +
+    return (size_t)2 * K * RLX_GSM_LDB * 2 + (size_t)16 * (K + 8) * 2 +
            (size_t)2 * RLX_GSM_WARPS * 16 * RLX_GSM_BN * 4;
 }
 
@@ -169,7 +175,7 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__
             bx -= second ? mem.tiles0 + mem.tiles1 : mem.tiles0;
         }
     }
-    const int LDB = BN + 8, LDA = K + 8;
+    const int LDB = RLX_GSM_LDB, LDA = K + 8;
     T *bs = reinterpret_cast<T *>(rlx_gsm_smem);
     T *bs2 = bs + (size_t)K * LDB; /* PAIR: the up slab */
     T *as = PAIR ? bs2 + (size_t)K * LDB : bs + (size_t)K * LDB;
@@ -251,4 +257,131 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__
         if (ADD) y += rlx_f(addend[at]); /* after the product, as cuBLASLt's beta = 1 */
         C[at] = rlx_to<T>(PAIR ? rlx_silu(y) * up : rlx_act<ACT>(y));
     }
+}
+
+/* ── the wide variant: persistent blocks over the column tiles of a long N (a vocabulary head) ────────────────────
+ * rlx_gemm_small gives every 16 x 16 output tile a block, which reads its K x 16 slab of B and its 16 x K rows of A:
+ * at N = 49152 and 64 rows that is 12288 blocks, B read four times over from memory (once per row tile) and A 3072
+ * times from L2. Here a block first puts every row of A (up to RLX_GSM_MAX_M, normalized by the fused NORM prologue
+ * when there is one) in shared memory, then walks the column tiles tile = blockIdx.x, + gridDim.x, ... (grid: one
+ * block a multiprocessor), streaming each tile's K x RLX_GSW_BN slab of B through an RLX_GSW_STAGES-deep cp.async
+ * ring (the first slabs fetched before the PDL wait: B is a weight), so B is read once and A once a block. Warp w
+ * multiplies row tile w % 4 by column half w / 4 of a slab over the whole K (no partial sums to combine) and stores
+ * its 16 x 16 outputs, rounded once. Plain products only (no bias, activation, add, pair or siblings).
+ * Needs M <= RLX_GSM_MAX_M, K % 16 == 0, N % 8 == 0, A/B/C 16-byte aligned, and rlx_gemm_small_wide_smem(K) within
+ * the block's shared-memory limit (K <= 592 on sm_90). */
+
+#define RLX_GSW_BN 32
+#define RLX_GSW_STAGES 3
+/* a slab row: 32 values padded by 16 bytes (80-byte rows: a fragment's eight 16-byte row pieces fall in distinct
+ * banks; unpadded 64-byte rows would put four in the same ones) */
+#define RLX_GSW_LDB (RLX_GSW_BN + 8)
+
+/* Shared memory of one wide block: A rows [MAX_M][K + 8], the slab ring [STAGES][K][LDB], one f32 16 x 16 tile a warp. */
+__host__ __device__ constexpr size_t rlx_gemm_small_wide_smem(int64_t K) {
+    return (size_t)RLX_GSM_MAX_M * (K + 8) * 2 + (size_t)RLX_GSW_STAGES * K * RLX_GSW_LDB * 2 +
+           (size_t)RLX_GSM_WARPS * 16 * 16 * 4;
+}
+
+template <typename T, int NORM, bool RES, int CPT>
+__global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small_wide(const T *__restrict__ A,
+                                                                          const T *__restrict__ B, T *__restrict__ C,
+                                                                          int M, int N, int K,
+                                                                          const T *__restrict__ nx,
+                                                                          const T *__restrict__ nres,
+                                                                          const T *__restrict__ ngamma,
+                                                                          const T *__restrict__ nbeta,
+                                                                          T *__restrict__ nout, float eps, int early) {
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char rlx_gsm_smem[];
+    static_assert(RLX_GSM_WARPS == 8 && RLX_GSM_MAX_M == 64 && RLX_GSW_BN == 32, "8 warps: 4 row tiles x 2 halves");
+    constexpr int LDB = RLX_GSW_LDB, CH = RLX_GSW_BN / 8; /* 16-byte chunks per slab row */
+    const int LDA = K + 8, kc = K / 8;
+    T *as = reinterpret_cast<T *>(rlx_gsm_smem);
+    T *ring = as + (size_t)RLX_GSM_MAX_M * LDA;
+    float *part = reinterpret_cast<float *>(ring + (size_t)RLX_GSW_STAGES * K * LDB);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tiles = (N + RLX_GSW_BN - 1) / RLX_GSW_BN, row_tiles = (M + 15) / 16;
+
+    /* the slab of column tile `tile` into ring stage `stage` (zero-filled, nothing read, past the last tile) */
+    auto fetch = [&](int tile, int stage) {
+        T *dst = ring + (size_t)stage * K * LDB;
+        for (int i = tid; i < K * CH; i += blockDim.x) {
+            const int r = i / CH, col = tile * RLX_GSW_BN + (i % CH) * 8;
+            const bool in = tile < tiles && col < N;
+            rlx_gsm_cp16(dst + (size_t)r * LDB + (i % CH) * 8, B + (size_t)r * N + (in ? col : 0), in);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    int4 g[CPT], b[CPT];
+    auto fetch_params = [&]() {
+        if (NORM) {
+#pragma unroll
+            for (int k = 0; k < CPT; ++k) {
+                const int c = lane + k * 32;
+                g[k] = c < kc ? reinterpret_cast<const int4 *>(ngamma)[c] : make_int4(0, 0, 0, 0);
+                b[k] = (NORM != 2 && c < kc) ? reinterpret_cast<const int4 *>(nbeta)[c] : make_int4(0, 0, 0, 0);
+            }
+        }
+    };
+    /* B is a weight (the dequantized copy, written at set_param only): the first slabs before the wait */
+#pragma unroll
+    for (int s = 0; s < RLX_GSW_STAGES - 1; ++s) fetch(blockIdx.x + s * gridDim.x, s);
+    if (early & RLX_GSM_EARLY_PARAMS) fetch_params();
+    rlx_pdl_trigger();
+    rlx_pdl_wait(); /* A (or the norm's input) is the previous kernels' output */
+    if (!(early & RLX_GSM_EARLY_PARAMS)) fetch_params();
+    for (int t = 0; t < row_tiles; ++t) {
+        if (NORM) {
+            rlx_gsm_norm_rows<T, NORM, RES, CPT>(nx, nres, nout, as + (size_t)t * 16 * LDA, LDA, t * 16, warp, M, K,
+                                                 eps, g, b);
+        } else {
+            for (int i = tid; i < 16 * kc; i += blockDim.x) {
+                const int r = t * 16 + i / kc, c8 = (i % kc) * 8;
+                const bool in = r < M;
+                rlx_gsm_cp16(as + (size_t)r * LDA + c8, A + (size_t)(in ? r : 0) * K + c8, in);
+            }
+        }
+    }
+    asm volatile("cp.async.wait_all;\n" ::); /* A (and the first slabs) */
+    __syncthreads();
+
+    const int rt = warp & 3, half = warp >> 2;
+    float *mine = part + warp * 256;
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++it) {
+        /* the slab STAGES - 1 tiles ahead, into the stage the previous tile used (every warp is past it) */
+        fetch(tile + (RLX_GSW_STAGES - 1) * gridDim.x, (it + RLX_GSW_STAGES - 1) % RLX_GSW_STAGES);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(RLX_GSW_STAGES - 1)); /* this tile's slab has landed */
+        __syncthreads();
+        if (rt < row_tiles) {
+            const T *bs = ring + (size_t)(it % RLX_GSW_STAGES) * K * LDB + half * 16;
+            const T *arow = as + (size_t)rt * 16 * LDA;
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll 4
+            for (int k = 0; k < K; k += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+                wmma::load_matrix_sync(fa, arow + k, LDA);
+                wmma::load_matrix_sync(fb, bs + (size_t)k * LDB, LDB);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(mine, acc, 16, wmma::mem_row_major);
+            __syncwarp();
+            /* two lanes a row, eight outputs each: one 16-byte store */
+            const int r = lane >> 1, c0 = (lane & 1) * 8;
+            const int m = rt * 16 + r, n = tile * RLX_GSW_BN + half * 16 + c0;
+            if (m < M && n < N) {
+                int4 out;
+                T *oe = reinterpret_cast<T *>(&out);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) oe[e] = rlx_to<T>(mine[r * 16 + c0 + e]);
+                *reinterpret_cast<int4 *>(C + (size_t)m * N + n) = out;
+            }
+            __syncwarp(); /* `mine` is rewritten by the next tile */
+        }
+        __syncthreads(); /* the next tile's fetch overwrites a stage this one may have read */
+    }
+    asm volatile("cp.async.wait_all;\n" ::); /* the zero-filled fetches past the last tile */
 }
