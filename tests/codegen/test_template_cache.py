@@ -104,3 +104,23 @@ def test_a_cold_compile_stores_the_cpu_templates_in_the_cache_root(tmp_path: Pat
     store = tmp_path / "cache" / "templates" / bytecode_tag()
     assert len(list(store.glob("*.bc"))) >= 3  # model.c.j2, its includes and the kernel templates
     assert oct(store.stat().st_mode & 0o777) == "0o700"
+
+
+def test_kernel_headers_follow_the_templates_directory_inside_one_process(tmp_path, monkeypatch):
+    """A fixed kernel header (inserted verbatim into rendered CUDA) is read from the templates directory in force at
+    each render: RLX_TEMPLATES_DIR switched inside a process renders the other copy's header, not the first one read
+    (which would also file the other copy's library under this one's cache key)."""
+    import shutil
+
+    from rlx.codegen.template_cache import header_text
+    from rlx.templates_path import templates_dir
+
+    name = "cuda/kernels/gemm_small.cuh"
+    original = header_text(name)
+    copy = tmp_path / "templates"
+    shutil.copytree(templates_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / name).write_text("/* an edited copy */\n" + original)
+    monkeypatch.setenv("RLX_TEMPLATES_DIR", str(copy))
+    assert header_text(name).startswith("/* an edited copy */")
+    monkeypatch.delenv("RLX_TEMPLATES_DIR")
+    assert header_text(name) == original
