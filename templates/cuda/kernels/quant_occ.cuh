@@ -13,10 +13,11 @@
  *     (28-32 warps) an SM; the host sizes the tiles (rows a block) so that the grid is one wave;
  *   - the warp's first item's weights are prefetched into L2 before griddepcontrol.wait (weights are never written
  *     by a kernel), while the kernel before drains (loading them into registers there spilled at 64 registers;
- *     prefetching a whole tile would fetch a GEMV's every weight at once, more than the L2 holds at gate/up), and the
- *     norm's gamma into L1;
- *   - q4_k's unit products take 2 instructions a value (RlxQOccQ4K, rlx_qocc_bytes: subnormal bytes), its scales
- *     a shift and a mask a pair.
+ *     prefetching a whole tile would fetch a GEMV's every weight at once, more than the L2 holds at gate/up). Not
+ *     the norm's gamma into L1 as well: measured (benchmarks/qgemv_probe.py, one H200, 29 Nov) that made a layer's
+ *     four GEMVs 118 us instead of 96 (the norm's 1.7x slower, and the residual ones too);
+ *   - q4_k's unit products take 2 instructions a value (RlxQOccQ4K, rlx_qocc_bytes: subnormal bytes; measured against
+ *     3 a value in the same call: a layer 96 us against 103), its scales a shift and a mask a pair.
  * The terms are rlx_qgemv_xr's (the same unit dot products, q4_k's rounded identically, and x sums, the same
  * slab-ordered sum of warp sums); only the order of a warp's sum (one butterfly for the item's G rows) and, with the
  * norm, of the sum of squares differ.
@@ -360,10 +361,6 @@ __device__ __forceinline__ float rlx_qocc_warp_sums(float v[G], int lane) {
     return a;
 }
 
-#ifndef RLX_QOCC_PREFETCH_L1
-#define RLX_QOCC_PREFETCH_L1(p) asm volatile("prefetch.global.L1 [%0];" ::"l"(p))
-#endif
-
 /* A block of q8_0 (34 bytes) or q4_0 (18 bytes) at `b`, only 2-byte aligned: its half scale into hd and its NW words
    of quants into q, from NW aligned 32-bit loads and one 16-bit load (instead of 2 NW + 1 16-bit loads, as
    rlx_q_u32_2 reads them: half the load instructions, and half the registers an item's loads hold in flight). With b
@@ -443,11 +440,6 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
         for (int i = 0; i < G; i++) {
             off.prefetch(rlx_qocc_row<EPI, G>(mem, blockIdx.x, r, i, tr, nrows, rb));
         }
-    }
-    if (NORM && has) {  /* gamma (a parameter) into L1 meanwhile: the norm's second load then waits on L1, not L2 */
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            RLX_QOCC_PREFETCH_L1(gamma + rlx_qocc_chunk<FMT>(u, i));
     }
     rlx_pdl_wait();
     rlx_pdl_trigger(); /* the next kernel may launch and prefetch its weights */

@@ -48,7 +48,6 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  /* CUDA's def
 }
 #define __grid_constant__
 #define RLX_Q_PREFETCH(p) ((void)(p))
-#define RLX_QOCC_PREFETCH_L1(p) ((void)(p))
 #define RLX_QOCC_FMA(a, b, c) fmaf(a, b, c) /* kernels/quant_occ.cuh's fma.rn.f32 (subnormals kept, as x86's) */
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline void __syncwarp() { rlx_emu_warp_bar->arrive_and_wait(); }
