@@ -123,6 +123,18 @@ __device__ __forceinline__ void rlx_gsm_norm_rows(const T *__restrict__ nx, cons
     }
 }
 
+/* A lane's CPT 16-byte chunks of the fused norm's gamma and (layer norm) beta, into registers (zeros past K). */
+template <int NORM, int CPT, typename T>
+__device__ __forceinline__ void rlx_gsm_norm_params(const T *__restrict__ ngamma, const T *__restrict__ nbeta,
+                                                    int lane, int kc, int4 (&g)[CPT], int4 (&b)[CPT]) {
+#pragma unroll
+    for (int k = 0; k < CPT; ++k) {
+        const int c = lane + k * 32;
+        g[k] = c < kc ? reinterpret_cast<const int4 *>(ngamma)[c] : make_int4(0, 0, 0, 0);
+        b[k] = (NORM != 2 && c < kc) ? reinterpret_cast<const int4 *>(nbeta)[c] : make_int4(0, 0, 0, 0);
+    }
+}
+
 /* ADD: the epilogue adds `addend` [M, N] (a residual add's other input; it may be C itself: each thread reads its
  * element before it writes it). PAIR: B2 is a second weight of B's shape (a SwiGLU's up projection beside its gate
  * B, both quantized weights' [K, N] copies dequantized at set_param, `DequantCopy`) and C = silu(A B) * (A B2): both
@@ -198,14 +210,7 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small(const T *__
     int4 g[CPT], b[CPT];
     auto fetch_params = [&]() {
         if (BIAS && n0 + ocol < N) bias_v = rlx_f(bias[n0 + ocol]);
-        if (NORM) {
-#pragma unroll
-            for (int k = 0; k < CPT; ++k) {
-                const int c = lane + k * 32;
-                g[k] = c < kc ? reinterpret_cast<const int4 *>(ngamma)[c] : make_int4(0, 0, 0, 0);
-                b[k] = (NORM != 2 && c < kc) ? reinterpret_cast<const int4 *>(nbeta)[c] : make_int4(0, 0, 0, 0);
-            }
-        }
+        if (NORM) rlx_gsm_norm_params<NORM, CPT>(ngamma, nbeta, lane, kc, g, b);
     };
     if (early & RLX_GSM_EARLY_B) fetch_b();
     if (early & RLX_GSM_EARLY_PARAMS) fetch_params();
@@ -315,14 +320,7 @@ __global__ void __launch_bounds__(RLX_GSM_WARPS * 32) rlx_gemm_small_wide(const 
     };
     int4 g[CPT], b[CPT];
     auto fetch_params = [&]() {
-        if (NORM) {
-#pragma unroll
-            for (int k = 0; k < CPT; ++k) {
-                const int c = lane + k * 32;
-                g[k] = c < kc ? reinterpret_cast<const int4 *>(ngamma)[c] : make_int4(0, 0, 0, 0);
-                b[k] = (NORM != 2 && c < kc) ? reinterpret_cast<const int4 *>(nbeta)[c] : make_int4(0, 0, 0, 0);
-            }
-        }
+        if (NORM) rlx_gsm_norm_params<NORM, CPT>(ngamma, nbeta, lane, kc, g, b);
     };
     /* B is a weight (the dequantized copy, written at set_param only): the first slabs before the wait */
 #pragma unroll
