@@ -74,7 +74,8 @@ EXPORT void chk_pack_b(float *dst, const float *src, int64_t K, int64_t N, int64
 
 /* One attention head, Q [sq, hd] (rows ldq apart), K and V [skv, hd] (rows ldk apart), keep [skv] or NULL, both
  * ways: `blocks` as the blocks form (K^T and V packed, a block's scores, rlx_softmax_row per row, the weighted sum,
- * the rows scaled by 1 / sum), `rows` through rlx_attn_rows (AVX-512 only; returns 0 where this build has none). */
+ * the rows scaled by 1 / sum), `rows` through rlx_attn_rows (AVX-512 only; returns 0 where this build has none;
+ * its row sums are float's, the blocks form's double's). */
 EXPORT int chk_attn(float *blocks, float *rows, const float *Q, const float *K, const float *V, const float *keep,
                     int64_t sq, int64_t skv, int64_t hd, int64_t ldq, int64_t ldk, float scale)
 {
