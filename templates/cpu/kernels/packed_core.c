@@ -458,22 +458,19 @@ static inline __attribute__((always_inline)) void rlx_attn_acc(const int mr, int
     }
 }
 
-/* s[0:16] (lanes m) <- exp(s - max), added to the row's float lanes *acc: the exp step of rlx_softmax_row
- * (kernels/attention.h). rlx_exp16_nonpos(x) is rlx_exp16_in_range(x) unless a lane is below its cut or NaN (rare: a
- * score 104 under its row's max, a masked key's -inf): one compare instead of its max, compares and blends. */
+/* s[0:16] (lanes m) <- 2^(s - max), added to the row's float lanes *acc (s: log2-scaled scores, <= max, -inf where
+ * masked, NaN only from NaN inputs). */
 static inline __attribute__((always_inline)) void rlx_attn_exp16(float *s, __mmask16 m, __m512 vmx, __m512 *acc)
 {
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, s), vmx);
-    const __m512 e = _mm512_maskz_mov_ps(m, _mm512_mask_cmp_ps_mask(m, x, _mm512_set1_ps(-103.97207708f), _CMP_NGE_UQ)
-                                                ? rlx_exp16_nonpos(x) : rlx_exp16_in_range(x));
+    const __m512 e = _mm512_maskz_mov_ps(m, rlx_exp2_16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s), vmx)));
     _mm512_mask_storeu_ps(s, m, e);
     *acc = _mm512_add_ps(*acc, e);
 }
 
-/* The softmax of n (1 or 2, a compile-time constant) rows of scores, skv apart from s, in place, without the
- * division: s[r, j] <- exp(s[r, j] - mx[r]) (mx[r] the row's max, not -inf), and inv[r] = 1 / sum_r. The
- * sum in float: each of 16 lanes adds its keys (j = lane mod 16) in order, then _mm512_reduce_add_ps's tree; two
- * rows go together so that their exps' chains overlap. */
+/* The softmax of n (1 or 2, a compile-time constant) rows of log2-scaled scores, skv apart from s, in place, without
+ * the division: s[r, j] <- 2^(s[r, j] - mx[r]) (mx[r] the row's max, not -inf), and inv[r] = 1 / sum_r. The sum in
+ * float: each of 16 lanes adds its keys (j = lane mod 16) in order, then _mm512_reduce_add_ps's tree; two rows go
+ * together so that their chains overlap. */
 static inline __attribute__((always_inline)) void rlx_attn_softmax_rows(const int n, float *restrict s, int64_t skv,
         const float *mx, float *inv)
 {
@@ -494,20 +491,21 @@ static inline __attribute__((always_inline)) void rlx_attn_softmax_rows(const in
 }
 
 /* One group of mr query rows of rlx_attn_rows (mr a compile-time constant at every call): the scores panel by
- * panel, scaled, masked and their row maxima taken at the tile's store; each row's exps and double sum (the
- * operations of rlx_softmax_row, kernels/attention.h); the weighted sum of V scaled by 1 / sum at its store. */
+ * panel, scaled by scale log2(e), masked and their row maxima taken at the tile's store; each row's powers of 2
+ * (exp(x) = 2^(x log2(e))) and float sum, two rows at a time; the weighted sum of V scaled by 1 / sum at its
+ * store. */
 static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, float *restrict O, int64_t ldo,
         const float *restrict Q, int64_t ldq, const float *restrict kp, int64_t hd, const float *restrict V,
         int64_t ldv, int64_t skv, float scale, const float *restrict keep, float *restrict S)
 {
-    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 vscale = _mm512_set1_ps(scale * 1.44269504088896341f), ninf = _mm512_set1_ps(-INFINITY);
     __m512 c0[RLX_MR], c1[RLX_MR], vmax[RLX_MR];
     float inv[RLX_MR];
     #pragma GCC unroll 12
     for (int i = 0; i < RLX_MR; i++)
         if (i < mr)
             vmax[i] = ninf;
-    /* S[i, j] = (q_i . k_j) * scale, -inf where keep[j] == 0 (S's rows skv apart) */
+    /* S[i, j] = (q_i . k_j) * (scale log2(e)), -inf where keep[j] == 0 (S's rows skv apart) */
     for (int64_t p0 = 0; p0 < skv; p0 += 32) {
         const int64_t nr = skv - p0;
         const __mmask16 m0 = rlx_lanes16(nr), m1 = nr > 16 ? rlx_lanes16(nr - 16) : (__mmask16)0;
@@ -532,7 +530,7 @@ static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, f
                 vmax[i] = _mm512_mask_max_ps(vmax[i], m1, v1, vmax[i]);
             }
     }
-    /* S[i, j] <- exp(S[i, j] - max_i), inv[i] = 1 / sum_i, two rows at a time; a row whose keys are all masked is
+    /* S[i, j] <- 2^(S[i, j] - max_i), inv[i] = 1 / sum_i, two rows at a time; a row whose keys are all masked is
        zeros (inv 0) */
     float mx[RLX_MR];
     #pragma GCC unroll 12
