@@ -435,9 +435,10 @@ void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols)
 #include "kernels/vexp16.h"
 
 /* Accumulators of C[0:mr, 0:32] = A[0:mr, 0:kc] @ B[0:kc, 0:32], rows of B ldb apart (a packed panel: ldb
- * = 32; V read in place: its row stride): rlx_kernel_tile's multiply-adds, k by k in the same order. */
-static inline __attribute__((always_inline)) void rlx_attn_acc(const int mr, int64_t kc, const float *restrict A,
-        int64_t lda, const float *restrict B, int64_t ldb, __m512 *c0, __m512 *c1)
+ * = 32; V read in place: its row stride): rlx_kernel_tile's multiply-adds, k by k in the same order. `halves` (a
+ * compile-time constant): 2, or 1 for columns 0:16 only (c1 left zero: a last panel of at most 16 keys). */
+static inline __attribute__((always_inline)) void rlx_attn_acc(const int mr, const int halves, int64_t kc,
+        const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb, __m512 *c0, __m512 *c1)
 {
     #pragma GCC unroll 12
     for (int i = 0; i < RLX_MR; i++)
@@ -447,13 +448,14 @@ static inline __attribute__((always_inline)) void rlx_attn_acc(const int mr, int
         }
     for (int64_t k = 0; k < kc; k++) {
         const __m512 b0 = _mm512_loadu_ps(B + k * ldb);
-        const __m512 b1 = _mm512_loadu_ps(B + k * ldb + 16);
+        const __m512 b1 = halves == 2 ? _mm512_loadu_ps(B + k * ldb + 16) : b0;
         #pragma GCC unroll 12
         for (int i = 0; i < RLX_MR; i++)
             if (i < mr) {
                 const __m512 a = _mm512_set1_ps(A[i * lda + k]);
                 c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-                c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+                if (halves == 2)
+                    c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
             }
     }
 }
@@ -509,7 +511,10 @@ static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, f
     for (int64_t p0 = 0; p0 < skv; p0 += 32) {
         const int64_t nr = skv - p0;
         const __mmask16 m0 = rlx_lanes16(nr), m1 = nr > 16 ? rlx_lanes16(nr - 16) : (__mmask16)0;
-        rlx_attn_acc(mr, hd, Q, ldq, kp + p0 * hd, 32, c0, c1);
+        if (nr > 16)
+            rlx_attn_acc(mr, 2, hd, Q, ldq, kp + p0 * hd, 32, c0, c1);
+        else  /* a last panel of at most 16 keys (1 x 16: the only one): half the multiply-adds */
+            rlx_attn_acc(mr, 1, hd, Q, ldq, kp + p0 * hd, 32, c0, c1);
         __mmask16 k0 = m0, k1 = m1;  /* lanes of keys kept */
         if (keep) {
             k0 = _mm512_mask_cmp_ps_mask(m0, _mm512_maskz_loadu_ps(m0, keep + p0), _mm512_setzero_ps(), _CMP_NEQ_UQ);
@@ -552,7 +557,7 @@ static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, f
     }
     /* O[i, :] = (E[i, :] @ V) * inv[i], 32 columns at a time */
     for (int64_t d0 = 0; d0 < hd; d0 += 32) {
-        rlx_attn_acc(mr, skv, S, skv, V + d0, ldv, c0, c1);
+        rlx_attn_acc(mr, 2, skv, S, skv, V + d0, ldv, c0, c1);
         #pragma GCC unroll 12
         for (int i = 0; i < RLX_MR; i++)
             if (i < mr) {
