@@ -470,8 +470,9 @@ static inline __attribute__((always_inline)) void rlx_attn_exp16(float *s, __mma
 }
 
 /* The softmax of n (1 or 2, a compile-time constant) rows of log2-scaled scores, skv apart from s, in place, without
- * the division: s[r, j] <- 2^(s[r, j] - mx[r]) (mx[r] the row's max, not -inf), and inv[r] = 1 / sum_r. The sum in
- * float: each of 16 lanes adds its keys (j = lane mod 16) in order, then _mm512_reduce_add_ps's tree; two rows go
+ * the division: s[r, j] <- 2^(s[r, j] - mx[r]) (mx[r] the row's max, not -inf), and inv[r] = 1 / sum_r. Each of 16
+ * float lanes adds its keys (j = lane mod 16) in order (rlx_softmax_row adds them in double: two conversions and two
+ * adds a vector, ~a third of its exp step), then the 16 lane sums are widened and reduced in double; two rows go
  * together so that their chains overlap. */
 static inline __attribute__((always_inline)) void rlx_attn_softmax_rows(const int n, float *restrict s, int64_t skv,
         const float *mx, float *inv)
@@ -488,8 +489,11 @@ static inline __attribute__((always_inline)) void rlx_attn_softmax_rows(const in
     if (j < skv)
         for (int r = 0; r < n; r++)
             rlx_attn_exp16(s + r * skv + j, rlx_lanes16(skv - j), vmx[r], &acc[r]);
-    for (int r = 0; r < n; r++)
-        inv[r] = 1.0f / _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < n; r++) {  /* the 16 lanes' sums widened, reduced in double */
+        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(acc[r]));
+        const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
+        inv[r] = (float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)));
+    }
 }
 
 /* One group of mr query rows of rlx_attn_rows (mr a compile-time constant at every call): the scores panel by
