@@ -50,9 +50,9 @@ static inline __m512 rlx_exp16_nonpos(__m512 x)
  * squares of the relative error: <= 2.7e-9 on [-1/2, 1/2] in exact arithmetic; as evaluated, <= 1.32 ulps over 24M
  * arguments in [-160, 0] where 2^y is normal, under one subnormal step below; tests/codegen/test_cpu_vector_forms.py
  * bounds it by 2 ulps), and 2^n applied with vscalefps (one rounding, so results in the subnormal range round once). y is clamped at -200 first (2^-200 rounds to +0): -inf
- * gives +0; NaN stays NaN (vmaxps returns its second operand when either is NaN). 13 operations where exp(x) by
- * rlx_exp16_nonpos takes 15 and a range test: no Cody-Waite reduction (y - round(y) is exact), one polynomial
- * term fewer. */
+ * gives +0; NaN stays NaN (vmaxps returns its second operand when either is NaN). 10 instructions (the clamp, the
+ * rounding, f, 6 multiply-adds, vscalefps) where rlx_exp16_in_range takes 12 behind rlx_attn_rows' former range
+ * test (a compare and a branch): no Cody-Waite step (y - round(y) is exact), one polynomial term fewer. */
 static inline __m512 rlx_exp2_16_nonpos(__m512 y)
 {
     y = _mm512_max_ps(_mm512_set1_ps(-200.0f), y);
