@@ -91,13 +91,14 @@ class AttentionPlan(Decision):
     """How the CPU computes one `attention` node. ``blocks``: a task (batch row, kv head) packs K^T and V into its
     scratch, and each block of query rows takes its scores, softmax and weighted sum of V as three passes over a
     64-row score tile. ``rows`` (AVX-512, heads of a multiple of 32, no mask or a padding mask): the task packs K^T
-    only, and `rlx_attn_rows` (kernels/packed_core.c) takes each group of 12 query rows through its scores (scaled,
-    masked and their maxima taken at the tile's store), exps and weighted sum of V (read in place, scaled by
-    1 / sum at its store) while the group's scores stay in L1; the same operations in the same order, so the same
-    values as ``blocks``.
+    only, and `rlx_attn_rows` (kernels/packed_core.c) takes each group of 12 query rows through its scores (scaled
+    by scale log2(e), masked and their maxima taken at the tile's store), powers of 2 (`rlx_exp2_16_nonpos`, two rows
+    at a time, each row's sum in 16 float lanes) and weighted sum of V (read in place, scaled by 1 / sum at its
+    store) while the group's scores stay in L1; the products of ``blocks`` in the same order, its softmax (exp by
+    `rlx_expf`, sums in double) to within a few float ulps of each weight.
 
     >>> AttentionPlan(node=7, form="rows").describe()
-    '%7 attention: rows (scores, softmax and weighted sum per 12-row group in L1; K^T packed, V read in place)'
+    '%7 attention: rows (scores, 2^x softmax (float sums), P V per 12-row group in L1; K^T packed, V in place)'
     """
 
     kind: ClassVar[str] = "attention_plan"
@@ -105,7 +106,7 @@ class AttentionPlan(Decision):
     form: str
 
     def describe(self) -> str:
-        how = ("scores, softmax and weighted sum per 12-row group in L1; K^T packed, V read in place"
+        how = ("scores, 2^x softmax (float sums), P V per 12-row group in L1; K^T packed, V in place"
                if self.form == "rows" else "scores, softmax and weighted sum per 64-row block; K^T and V packed")
         return f"%{self.node} attention: {self.form} ({how})"
 

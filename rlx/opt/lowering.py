@@ -199,7 +199,7 @@ def attention_plans(lir: LirModule, vector: int = 8) -> tuple[AttentionPlan, ...
     >>> q, k, v = (g.input(n, [2, 16, 64]) for n in "qkv")
     >>> g.set_outputs([g.attention(q, k, v, num_heads=2, head_dim=32), g.attention(q, k, v, num_heads=4, head_dim=16)])
     >>> [d.describe() for d in attention_plans(plan(g), 16)]  # doctest: +NORMALIZE_WHITESPACE
-    ['%3 attention: rows (scores, softmax and weighted sum per 12-row group in L1; K^T packed, V read in place)',
+    ['%3 attention: rows (scores, 2^x softmax (float sums), P V per 12-row group in L1; K^T packed, V in place)',
      '%4 attention: blocks (scores, softmax and weighted sum per 64-row block; K^T and V packed)']
     """
     out = []

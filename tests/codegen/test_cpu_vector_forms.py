@@ -7,9 +7,12 @@
   weight), which AVX-512 does 16 x 16 blocks at a time in registers, against the panel layout built in numpy, for
   shapes with and without whole blocks.
 - `rlx_attn_rows` (an `AttentionPlan` of form rows: a 12-row group's scores, softmax and weighted sum of V in L1)
-  against the blocks form's steps (`rlx_attn_scores`, `rlx_softmax_row`, `rlx_attn_values`, the rows scaled by
-  1 / sum), on AVX-512: odd query and key counts, heads of 32 and 64, padding masks (one key kept, every key dropped),
-  scores spread far enough for exps to underflow.
+  against the float64 reference and the blocks form's steps (`rlx_attn_scores`, `rlx_softmax_row`,
+  `rlx_attn_values`, the rows scaled by 1 / sum; its softmax differs: 2^x of log2-scaled scores, summed in float),
+  on AVX-512: odd query and key counts, heads of 32 and 64, padding masks (one key kept, every key dropped), scores
+  spread far enough for exps to underflow.
+- `rlx_exp2_16_nonpos` (that softmax's 2^y) against float64 over [-160, 0] densely: <= 2 ulps where 2^y is normal,
+  <= one subnormal step below, and its special values.
 - The softmax's `rlx_exp8_nonpos` / `rlx_exp16_nonpos` against `rlx_exp8` / `rlx_exp16`, for the arguments it
   gets (a score less its row's max: <= 0, -inf, or NaN), over [-110, 0] densely.
 
@@ -64,6 +67,8 @@ def lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                        ("chk_exp", [ptr, ptr, ptr, n]), ("chk_pack_b", [ptr, ptr, n, n, n, n])):
         getattr(so, name).restype = None
         getattr(so, name).argtypes = args
+    so.chk_exp2.restype = ctypes.c_int
+    so.chk_exp2.argtypes = [ptr, ptr, n]
     so.chk_attn.restype = ctypes.c_int
     so.chk_attn.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, n, n, n, n, n, ctypes.c_float]
     assert so.chk_lanes() == PANEL[level] // 2, f"the {level} build has no vector exp of its lanes"
@@ -144,10 +149,31 @@ def test_softmax_exp_nonpos_is_the_general_exp(lib) -> None:
     assert general[0] == 0.0 and np.isnan(general[1]) and general[2] == 1.0
 
 
+def test_softmax_exp2_against_float64(lib) -> None:
+    so, level = lib
+    specials = np.array([-np.inf, np.nan, 0.0, -0.0, -0.5, -1.5, -126.0, -126.5, -149.0, -149.5, -150.0, -150.5,
+                         -199.0, -200.0, -1000.0, -3e38, -1e-30, -1e-45], np.float32)
+    y = np.concatenate([specials, np.linspace(-160.0, 0.0, 1_600_001, dtype=np.float32)])
+    y = np.resize(y, (y.size + 15) // 16 * 16)
+    got = np.full_like(y, 7.0)
+    if not so.chk_exp2(y.ctypes.data, got.ctypes.data, y.size):
+        assert level == "x86-64-v3"  # rlx_exp2_16_nonpos is the AVX-512 softmax's
+        return
+    assert got[0] == 0.0 and np.isnan(got[1]) and got[2] == 1.0 and got[3] == 1.0
+    assert np.all(got[12:16] == 0.0)  # -199 .. -3e38: below half the smallest subnormal
+    assert got[16] == 1.0 and got[17] == 1.0  # 2^-1e-30, 2^-1e-45 round to 1
+    fin = np.isfinite(y)
+    want = np.exp2(y[fin].astype(np.float64))
+    err = np.abs(got[fin].astype(np.float64) - want)
+    normal = want >= 2.0**-126
+    assert np.all(err[normal] <= 2.0**-23 * want[normal]), (err[normal] / want[normal]).max() / 2.0**-24
+    assert np.all(err[~normal] <= 2.0**-149)
+
+
 @pytest.mark.parametrize(("sq", "skv", "hd", "mask"),
                          [(128, 128, 32, "none"), (1, 1, 32, "none"), (13, 45, 32, "padding"), (25, 33, 64, "padding"),
                           (7, 129, 32, "one"), (30, 17, 32, "all"), (12, 64, 96, "none")])
-def test_attention_rows_are_the_blocks(lib, sq, skv, hd, mask) -> None:
+def test_attention_rows_against_the_reference_and_the_blocks(lib, sq, skv, hd, mask) -> None:
     so, level = lib
     rng = np.random.default_rng(sq * 1000 + skv)
     ldq, ldk = hd * 3 + 8, hd * 2 + 16  # heads inside wider rows, as Q / K / V of a layer
@@ -164,7 +190,8 @@ def test_attention_rows_are_the_blocks(lib, sq, skv, hd, mask) -> None:
     if not done:
         assert level == "x86-64-v3"  # rlx_attn_rows is the AVX-512 tile's
         return
-    np.testing.assert_array_equal(_bits(rows), _bits(blocks))
+    np.testing.assert_allclose(rows, blocks, rtol=1e-5, atol=2e-5)  # the two forms, the reference's tolerance
+    assert np.array_equal(rows == 0.0, blocks == 0.0)
     s = (q[:, :hd].astype(np.float64) @ k[:, :hd].astype(np.float64).T) * float(scale)
     if keep is not None:
         s[:, ~keep] = -np.inf

@@ -435,9 +435,10 @@ void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t cols)
 #include "kernels/vexp16.h"
 
 /* Accumulators of C[0:mr, 0:32] = A[0:mr, 0:kc] @ B[0:kc, 0:32], rows of B ldb apart (a packed panel: ldb
- * = 32; V read in place: its row stride): rlx_kernel_tile's multiply-adds, k by k in the same order. */
-static inline __attribute__((always_inline)) void rlx_attn_acc(const int mr, int64_t kc, const float *restrict A,
-        int64_t lda, const float *restrict B, int64_t ldb, __m512 *c0, __m512 *c1)
+ * = 32; V read in place: its row stride): rlx_kernel_tile's multiply-adds, k by k in the same order. `halves` (a
+ * compile-time constant): 2, or 1 for columns 0:16 only (c1 left zero: a last panel of at most 16 keys). */
+static inline __attribute__((always_inline)) void rlx_attn_acc(const int mr, const int halves, int64_t kc,
+        const float *restrict A, int64_t lda, const float *restrict B, int64_t ldb, __m512 *c0, __m512 *c1)
 {
     #pragma GCC unroll 12
     for (int i = 0; i < RLX_MR; i++)
@@ -447,73 +448,77 @@ static inline __attribute__((always_inline)) void rlx_attn_acc(const int mr, int
         }
     for (int64_t k = 0; k < kc; k++) {
         const __m512 b0 = _mm512_loadu_ps(B + k * ldb);
-        const __m512 b1 = _mm512_loadu_ps(B + k * ldb + 16);
+        const __m512 b1 = halves == 2 ? _mm512_loadu_ps(B + k * ldb + 16) : b0;
         #pragma GCC unroll 12
         for (int i = 0; i < RLX_MR; i++)
             if (i < mr) {
                 const __m512 a = _mm512_set1_ps(A[i * lda + k]);
                 c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-                c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+                if (halves == 2)
+                    c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
             }
     }
 }
 
-/* out[r] = (float)(1.0 / _mm512_reduce_add_pd(v[r])) for r < 8, eight rows at once: the reduction's own additions
- * (((v4 + v0) + (v6 + v2)) + ((v5 + v1) + (v7 + v3)) of each row's lanes) on lanes of eight rows, one division and
- * one conversion for all, so the same values as row by row. */
-static inline __attribute__((always_inline)) void rlx_inv_sums8(const __m512d *v, float *out)
+/* s[0:16] (lanes m) <- 2^(s - max), added to the row's float lanes *acc (s: log2-scaled scores, <= max, -inf where
+ * masked, NaN only from NaN inputs). */
+static inline __attribute__((always_inline)) void rlx_attn_exp16(float *s, __mmask16 m, __m512 vmx, __m512 *acc)
 {
-    __m512d t[4];
-    for (int p = 0; p < 4; p++)  /* rows 2p, 2p + 1: the high half's four lanes plus the low half's */
-        t[p] = _mm512_add_pd(_mm512_shuffle_f64x2(v[2 * p], v[2 * p + 1], 0x44),
-                             _mm512_shuffle_f64x2(v[2 * p], v[2 * p + 1], 0xEE));
-    __m512d u[2];
-    for (int p = 0; p < 2; p++)  /* rows 4p..4p + 3: lanes 2, 3 plus lanes 0, 1 */
-        u[p] = _mm512_add_pd(_mm512_shuffle_f64x2(t[2 * p], t[2 * p + 1], 0x88),
-                             _mm512_shuffle_f64x2(t[2 * p], t[2 * p + 1], 0xDD));
-    /* lane 1 plus lane 0: the sums of rows 0, 4, 1, 5, 2, 6, 3, 7 */
-    const __m512d sum = _mm512_add_pd(_mm512_unpacklo_pd(u[0], u[1]), _mm512_unpackhi_pd(u[0], u[1]));
-    float r[8];
-    _mm256_storeu_ps(r, _mm512_cvtpd_ps(_mm512_div_pd(_mm512_set1_pd(1.0), sum)));
-    for (int k = 0; k < 4; k++) {
-        out[k] = r[2 * k];
-        out[4 + k] = r[2 * k + 1];
+    const __m512 e = _mm512_maskz_mov_ps(m, rlx_exp2_16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s), vmx)));
+    _mm512_mask_storeu_ps(s, m, e);
+    *acc = _mm512_add_ps(*acc, e);
+}
+
+/* The softmax of n (1 or 2, a compile-time constant) rows of log2-scaled scores, skv apart from s, in place, without
+ * the division: s[r, j] <- 2^(s[r, j] - mx[r]) (mx[r] the row's max, not -inf), and inv[r] = 1 / sum_r. Each of 16
+ * float lanes adds its keys (j = lane mod 16) in order (rlx_softmax_row adds them in double: two conversions and two
+ * adds a vector, ~a third of its exp step), then the 16 lane sums are widened and reduced in double; two rows go
+ * together so that their chains overlap. */
+static inline __attribute__((always_inline)) void rlx_attn_softmax_rows(const int n, float *restrict s, int64_t skv,
+        const float *mx, float *inv)
+{
+    __m512 vmx[2], acc[2];
+    for (int r = 0; r < n; r++) {
+        vmx[r] = _mm512_set1_ps(mx[r]);
+        acc[r] = _mm512_setzero_ps();
+    }
+    int64_t j = 0;
+    for (; j + 16 <= skv; j += 16)  /* whole vectors: no lane mask to compute */
+        for (int r = 0; r < n; r++)
+            rlx_attn_exp16(s + r * skv + j, (__mmask16)0xFFFF, vmx[r], &acc[r]);
+    if (j < skv)
+        for (int r = 0; r < n; r++)
+            rlx_attn_exp16(s + r * skv + j, rlx_lanes16(skv - j), vmx[r], &acc[r]);
+    for (int r = 0; r < n; r++) {  /* the 16 lanes' sums widened, reduced in double */
+        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(acc[r]));
+        const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1)));
+        inv[r] = (float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)));
     }
 }
 
-/* s[0:16] (lanes m) <- exp(s - max), their sum added to lo | hi in double: rlx_softmax_row's exp step.
- * rlx_exp16_nonpos(x) is rlx_exp16_in_range(x) unless a lane is below its cut or NaN (rare: a score 104 under its
- * row's max, a masked key's -inf): one compare instead of its max, compares and blends. */
-static inline __attribute__((always_inline)) void rlx_attn_exp16(float *s, __mmask16 m, __m512 vmx, __m512d *lo,
-                                                                 __m512d *hi)
-{
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, s), vmx);
-    const __m512 e = _mm512_maskz_mov_ps(m, _mm512_mask_cmp_ps_mask(m, x, _mm512_set1_ps(-103.97207708f), _CMP_NGE_UQ)
-                                                ? rlx_exp16_nonpos(x) : rlx_exp16_in_range(x));
-    _mm512_mask_storeu_ps(s, m, e);
-    *lo = _mm512_add_pd(*lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-    *hi = _mm512_add_pd(*hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-}
-
 /* One group of mr query rows of rlx_attn_rows (mr a compile-time constant at every call): the scores panel by
- * panel, scaled, masked and their row maxima taken at the tile's store; each row's exps and double sum (the
- * operations of rlx_softmax_row, kernels/attention.h); the weighted sum of V scaled by 1 / sum at its store. */
+ * panel, scaled by scale log2(e), masked and their row maxima taken at the tile's store; each row's powers of 2
+ * (exp(x) = 2^(x log2(e))) and float sum, two rows at a time; the weighted sum of V scaled by 1 / sum at its
+ * store. */
 static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, float *restrict O, int64_t ldo,
         const float *restrict Q, int64_t ldq, const float *restrict kp, int64_t hd, const float *restrict V,
         int64_t ldv, int64_t skv, float scale, const float *restrict keep, float *restrict S)
 {
-    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 vscale = _mm512_set1_ps(scale * 1.44269504088896341f), ninf = _mm512_set1_ps(-INFINITY);
     __m512 c0[RLX_MR], c1[RLX_MR], vmax[RLX_MR];
     float inv[RLX_MR];
     #pragma GCC unroll 12
     for (int i = 0; i < RLX_MR; i++)
         if (i < mr)
             vmax[i] = ninf;
-    /* S[i, j] = (q_i . k_j) * scale, -inf where keep[j] == 0 (S's rows skv apart) */
+    /* S[i, j] = (q_i . k_j) * (scale log2(e)), -inf where keep[j] == 0 (S's rows skv apart) */
     for (int64_t p0 = 0; p0 < skv; p0 += 32) {
         const int64_t nr = skv - p0;
         const __mmask16 m0 = rlx_lanes16(nr), m1 = nr > 16 ? rlx_lanes16(nr - 16) : (__mmask16)0;
-        rlx_attn_acc(mr, hd, Q, ldq, kp + p0 * hd, 32, c0, c1);
+        if (nr > 16)
+            rlx_attn_acc(mr, 2, hd, Q, ldq, kp + p0 * hd, 32, c0, c1);
+        else  /* a last panel of at most 16 keys (1 x 16: the only one): half the multiply-adds */
+            rlx_attn_acc(mr, 1, hd, Q, ldq, kp + p0 * hd, 32, c0, c1);
         __mmask16 k0 = m0, k1 = m1;  /* lanes of keys kept */
         if (keep) {
             k0 = _mm512_mask_cmp_ps_mask(m0, _mm512_maskz_loadu_ps(m0, keep + p0), _mm512_setzero_ps(), _CMP_NEQ_UQ);
@@ -534,40 +539,29 @@ static inline __attribute__((always_inline)) void rlx_attn_group(const int mr, f
                 vmax[i] = _mm512_mask_max_ps(vmax[i], m1, v1, vmax[i]);
             }
     }
-    /* S[i, j] <- exp(S[i, j] - max_i), inv[i] = 1 / sum_i (summed in double; the sums of eight rows at once) */
-    __m512d part[16];  /* each row's double partial sums (lanes), zeros past mr */
-    int dead = 0;  /* rows whose keys are all masked */
-    for (int i = mr; i < 16; i++)
-        part[i] = _mm512_setzero_pd();
-    for (int i = 0; i < mr; i++) {
-        float *restrict s = S + i * skv;
-        const float mx = _mm512_reduce_max_ps(vmax[i]);
-        if (mx == -INFINITY) {  /* every key masked: the row is zeros */
-            memset(s, 0, (size_t)skv * sizeof(float));
-            part[i] = _mm512_set1_pd(1.0);
-            dead |= 1 << i;
-            continue;
-        }
-        const __m512 vmx = _mm512_set1_ps(mx);
-        __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
-        int64_t j = 0;
-        for (; j + 16 <= skv; j += 16)  /* whole vectors: no lane mask to compute */
-            rlx_attn_exp16(s + j, (__mmask16)0xFFFF, vmx, &lo, &hi);
-        if (j < skv)
-            rlx_attn_exp16(s + j, rlx_lanes16(skv - j), vmx, &lo, &hi);
-        part[i] = _mm512_add_pd(lo, hi);
-    }
-    float invs[16];
-    rlx_inv_sums8(part, invs);
-    if (mr > 8)
-        rlx_inv_sums8(part + 8, invs + 8);
+    /* S[i, j] <- 2^(S[i, j] - max_i), inv[i] = 1 / sum_i, two rows at a time; a row whose keys are all masked is
+       zeros (inv 0) */
+    float mx[RLX_MR];
     #pragma GCC unroll 12
     for (int i = 0; i < RLX_MR; i++)
         if (i < mr)
-            inv[i] = dead >> i & 1 ? 0.0f : invs[i];
+            mx[i] = _mm512_reduce_max_ps(vmax[i]);
+    for (int r = 0; r < mr;) {
+        if (r + 1 < mr && mx[r] != -INFINITY && mx[r + 1] != -INFINITY) {
+            rlx_attn_softmax_rows(2, S + r * skv, skv, mx + r, inv + r);
+            r += 2;
+        } else if (mx[r] != -INFINITY) {
+            rlx_attn_softmax_rows(1, S + r * skv, skv, mx + r, inv + r);
+            r += 1;
+        } else {  /* every key masked */
+            memset(S + r * skv, 0, (size_t)skv * sizeof(float));
+            inv[r] = 0.0f;
+            r += 1;
+        }
+    }
     /* O[i, :] = (E[i, :] @ V) * inv[i], 32 columns at a time */
     for (int64_t d0 = 0; d0 < hd; d0 += 32) {
-        rlx_attn_acc(mr, skv, S, skv, V + d0, ldv, c0, c1);
+        rlx_attn_acc(mr, 2, skv, S, skv, V + d0, ldv, c0, c1);
         #pragma GCC unroll 12
         for (int i = 0; i < RLX_MR; i++)
             if (i < mr) {

@@ -96,9 +96,11 @@ RLX_CORE_FN void rlx_gelu_block(float *C, int64_t ldc, int64_t rows, int64_t col
  * in kp (panels of 32 keys, hd rows each; rlx_pack_b), for rows i < `rows` of Q (ldq apart) O[i, 0:hd] (ldo apart)
  * = softmax(scale * q_i K^T, -inf where keep[j] == 0; keep may be NULL) @ V, V[0:skv, 0:hd] read in place (ldv
  * apart, hd a multiple of 32). The scores of a group (S: RLX_MR x skv floats of scratch) stay in L1 from their
- * product to the weighted sum; the same operations, in the same order, as rlx_attn_scores, rlx_softmax_row
- * and rlx_attn_values of kernels/attention.h, so the same values bit for bit. A row whose keys are all masked
- * is zeros. */
+ * product to the weighted sum. The products are those of rlx_attn_scores and rlx_attn_values (kernels/attention.h),
+ * in the same order; the softmax takes the scores scaled by scale log2(e) to 2^(t - max) (rlx_exp2_16_nonpos) and
+ * sums each row in 16 float lanes (rlx_softmax_row: exp(s scale - max) by rlx_expf, summed in double), so the
+ * values differ from the blocks form's by a few float ulps of each weight. A row whose keys are all masked is
+ * zeros. */
 RLX_CORE_FN void rlx_attn_rows(float *O, int64_t ldo, const float *Q, int64_t ldq, int64_t rows, const float *kp,
                                int64_t hd, const float *V, int64_t ldv, int64_t skv, float scale, const float *keep,
                                float *S);

@@ -48,6 +48,19 @@ EXPORT void chk_gelu_block(float *buf, int64_t blocks, int64_t rows, int64_t col
 #endif
 }
 
+/* out[i] = rlx_exp2_16_nonpos(y[i]) (n a multiple of 16; AVX-512 only: returns 0 where this build has none). */
+EXPORT int chk_exp2(const float *y, float *out, int64_t n)
+{
+#if defined(__AVX512F__)
+    for (int64_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(out + i, rlx_exp2_16_nonpos(_mm512_loadu_ps(y + i)));
+    return 1;
+#else
+    (void)y; (void)out; (void)n;
+    return 0;
+#endif
+}
+
 /* general[i] = the build's vector exp of x[i], nonpos[i] = its x <= 0 form (n a multiple of chk_lanes()). */
 EXPORT void chk_exp(const float *x, float *general, float *nonpos, int64_t n)
 {
@@ -74,7 +87,8 @@ EXPORT void chk_pack_b(float *dst, const float *src, int64_t K, int64_t N, int64
 
 /* One attention head, Q [sq, hd] (rows ldq apart), K and V [skv, hd] (rows ldk apart), keep [skv] or NULL, both
  * ways: `blocks` as the blocks form (K^T and V packed, a block's scores, rlx_softmax_row per row, the weighted sum,
- * the rows scaled by 1 / sum), `rows` through rlx_attn_rows (AVX-512 only; returns 0 where this build has none). */
+ * the rows scaled by 1 / sum), `rows` through rlx_attn_rows (AVX-512 only; returns 0 where this build has none;
+ * its softmax is 2^x of log2-scaled scores summed in float, the blocks form's rlx_expf summed in double). */
 EXPORT int chk_attn(float *blocks, float *rows, const float *Q, const float *K, const float *V, const float *keep,
                     int64_t sq, int64_t skv, int64_t hd, int64_t ldq, int64_t ldk, float scale)
 {
