@@ -106,7 +106,14 @@ class Toolchain:
     def flags(self) -> tuple[str, ...]:
         """The complete flag list before the source and output paths."""
         # -I: generated files #include the fixed kernel headers they need (templates/cpu/kernels/).
-        return (*BASE_FLAGS, *self.isa_flags, *self.openmp_flags, *self.sanitize_flags,
+        base = BASE_FLAGS
+        if self.sanitize:
+            # A sanitized build checks, it is not timed: -O1, the level the sanitizers' documentation
+            # recommends. At -O3 gcc spends most of its time allocating registers for the inlined,
+            # instrumented SIMD kernels: the quantized-matmul unit (kernels/quant.c) took over 10 minutes
+            # under ASan at -O3 on a 2-core host, ~2 at -O1 (23 s unsanitized at -O3).
+            base = tuple("-O1" if f == "-O3" else f for f in BASE_FLAGS)
+        return (*base, *self.isa_flags, *self.openmp_flags, *self.sanitize_flags,
                 f"-I{templates_dir() / 'cpu'}", *(f"-I{d}" for d in self.blas.include_dirs))
 
     @property

@@ -70,7 +70,7 @@ def assert_within(got: np.ndarray, want: np.ndarray, bound: np.ndarray | float, 
                              f"got {got[i]!r}, want {want[i]!r}, |err| {err[i]:.3g} > bound {b:.3g}")
 
 
-def sanitizer_env(kind: str, tmp_path: Path, options: dict[str, str], *extra_paths: Path) -> dict[str, str]:
+def sanitizer_env(kind: str, options: dict[str, str], *extra_paths: Path) -> dict[str, str]:
     """The environment of a child Python whose generated libraries build with `-fsanitize=kind`.
 
     The sanitizer runtime must be the first library loaded, so it is preloaded; skips (the only
@@ -86,9 +86,10 @@ def sanitizer_env(kind: str, tmp_path: Path, options: dict[str, str], *extra_pat
         pytest.skip(f"the C compiler has no {runtime}")
     env = dict(os.environ)
     paths = [str(REPO), *map(str, extra_paths), env.get("PYTHONPATH", "")]
-    env.update({"RLX_SANITIZE": kind, "LD_PRELOAD": lib, **options,
-                "RLX_CACHE_DIR": os.environ.get("RLX_CACHE_DIR", str(tmp_path / "cache")),
-                "PYTHONPATH": os.pathsep.join(paths)})
+    # The suite's cache (RLX_CACHE_DIR or the per-user default), not one of the test's own: sanitized
+    # builds have keys of their own (the flags), and the kernel units every sanitized program links
+    # (kernels/quant.c: ~2 minutes of gcc under ASan) are then built once a run, not once a test.
+    env.update({"RLX_SANITIZE": kind, "LD_PRELOAD": lib, **options, "PYTHONPATH": os.pathsep.join(paths)})
     return env
 
 

@@ -267,7 +267,7 @@ def test_artifact_keeps_the_f32_weights_and_quantizes_again_on_load(tmp_path) ->
 SPLIT_SHAPES = [(100, 203, 96), (8, 256, 520)]
 
 
-def test_two_threads_under_address_sanitizer(tmp_path) -> None:
+def test_two_threads_under_address_sanitizer() -> None:
     """Every shape on one and two threads, built with -fsanitize=address, bit for bit as the reference.
 
     A child process with spinning OpenMP threads (RLX_OMP_WAIT=active), so that SPLIT_SHAPES really
@@ -279,7 +279,7 @@ def test_two_threads_under_address_sanitizer(tmp_path) -> None:
     from cpu_helpers import sanitizer_env
 
     here = Path(__file__).resolve().parent
-    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
                                               "RLX_OMP_WAIT": "active"}, here)
     script = (
         "import numpy as np, rlx\n"

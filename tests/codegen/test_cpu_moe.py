@@ -137,8 +137,8 @@ def test_decode_graph_is_gemv_and_bad_ids_give_nan():
         np.testing.assert_allclose(got[~bad], want[~bad], rtol=1e-5, atol=1e-4)
 
 
-def test_is_asan_clean(tmp_path: Path) -> None:
-    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
+def test_is_asan_clean() -> None:
+    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
     proc = subprocess.run([sys.executable, str(Path(__file__))], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "MOE-OK" in proc.stdout, proc.stderr[-6000:]

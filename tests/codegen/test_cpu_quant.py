@@ -235,8 +235,8 @@ def test_int8_activations_on_q4_k_are_refused_before_any_build() -> None:
     assert node.kind == "dequant_matmul" and "the CPU's integer kernels take q8_0/q4_0/q4_1" in reason
 
 
-def test_is_asan_clean(tmp_path: Path) -> None:
-    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
+def test_is_asan_clean() -> None:
+    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
     proc = subprocess.run([sys.executable, str(Path(__file__))], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "QUANT-OK" in proc.stdout, proc.stderr[-6000:]

@@ -115,8 +115,8 @@ def test_cuda_renders_what_its_rules_accept(dtype):
                 render_cuda(lir, CudaTarget(gemm="builtin"), {"name": g.name})
 
 
-def test_dtype_matrix_is_asan_clean(tmp_path):
-    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
+def test_dtype_matrix_is_asan_clean():
+    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"}, HERE)
     proc = subprocess.run([sys.executable, str(HERE / "dtype_matrix.py")], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0 and "MATRIX-OK" in proc.stdout, proc.stderr[-6000:]

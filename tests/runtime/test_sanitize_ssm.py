@@ -57,7 +57,7 @@ SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_ssm_and_scan_code_is_asan_clean(tmp_path):
-    env = sanitizer_env("address", tmp_path, {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"})
+def test_ssm_and_scan_code_is_asan_clean():
+    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1"})
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "ASAN-CLEAN" in proc.stdout, proc.stderr[-6000:]

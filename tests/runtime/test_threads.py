@@ -290,14 +290,14 @@ TSAN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_pooled_runs_are_threadsanitizer_clean(tmp_path):
+def test_pooled_runs_are_threadsanitizer_clean():
     """The generated code under -fsanitize=thread, driven by 4 Python threads through the pool.
 
     The same script sharing one context between two threads (the bug the pool fixes) is the
     control: TSan must report that race, or the clean run would prove nothing.
     """
     # Only the generated library is instrumented; the interpreter, numpy and BLAS are not.
-    env = sanitizer_env("thread", tmp_path, {"TSAN_OPTIONS": "report_signal_unsafe=0:halt_on_error=0:exitcode=66"})
+    env = sanitizer_env("thread", {"TSAN_OPTIONS": "report_signal_unsafe=0:halt_on_error=0:exitcode=66"})
     runs = {}
     for mode in ("pooled", "shared"):
         runs[mode] = subprocess.run([sys.executable, "-c", TSAN_SCRIPT, mode], env=env, capture_output=True,
