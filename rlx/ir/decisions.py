@@ -87,6 +87,34 @@ class WidenedParam(Decision):
 
 
 @dataclass(frozen=True)
+class ResidentTable(Decision):
+    """A param read only by gathers of many rows a run (an embedding table: MiniLM's 30522 x 384 f32, up to 1024
+    rows a batch of 8 x 128): `set_param` copies it into the context's own param block (2 MiB pages,
+    `MADV_HUGEPAGE`) even when the caller's array is read-only, instead of reading that array in place. A table
+    mapped from a weights file lies on the page cache's 4 KiB pages, and gathered rows are pages apart: each one a
+    TLB miss whose page walk (two-dimensional in a virtual machine) finds its entries evicted by the call's GEMMs
+    (MiniLM 8 x 128 on a 2-core KVM guest: the word-embedding gather 1.3-5 ms a call read in place, 0.25 ms from
+    the copy). The price: the table's bytes once more in memory, and their copy at `set_param`.
+
+    >>> print(ResidentTable(node=4, gathers=(5,), rows=1024).describe())
+    %4 param copied into the context's 2 MiB pages at set_param, never read in place (%5 gathers up to 1024 rows a run)
+    """
+
+    kind: ClassVar[str] = "resident_table"
+    node: int
+    gathers: tuple[int, ...]
+    rows: int  # the most rows the gathers read in one run
+
+    def describe(self) -> str:
+        readers = ", ".join(f"%{g}" for g in self.gathers)
+        return (f"%{self.node} param copied into the context's 2 MiB pages at set_param, never read in place "
+                f"({readers} gather{'s' if len(self.gathers) == 1 else ''} up to {self.rows} rows a run)")
+
+    def nodes(self) -> tuple[int, ...]:
+        return (self.node, *self.gathers)
+
+
+@dataclass(frozen=True)
 class AttentionPlan(Decision):
     """How the CPU computes one `attention` node. ``blocks``: a task (batch row, kv head) packs K^T and V into its
     scratch, and each block of query rows takes its scores, softmax and weighted sum of V as three passes over a
@@ -199,6 +227,7 @@ def register_decision(cls: type[Decision], node_fields: tuple[str, ...] = ()) ->
 register_decision(AbsorbedTranspose, ("node", "source"))
 register_decision(PackedParam, ("node",))
 register_decision(WidenedParam, ("node", "cast"))
+register_decision(ResidentTable, ("node", "gathers"))
 register_decision(AttentionPlan, ("node",))
 register_decision(GemmSiblings, ("members",))
 register_decision(HugePageArena)

@@ -50,6 +50,7 @@ from rlx.ir.decisions import (
     GemmSiblings,
     HugePageArena,
     PackedParam,
+    ResidentTable,
     WidenedParam,
 )
 from rlx.ir.dtype import DType
@@ -188,6 +189,55 @@ def widen_params(lir: LirModule) -> tuple[Decision, ...]:
     return tuple(out)
 
 
+#: A table gathered from is kept resident (`ResidentTable`) when its gathers read at least this many rows a run (a
+#: batch of token ids; a decode step of one row reads too few to pay for the copy) ...
+RESIDENT_TABLE_MIN_ROWS = 64
+#: ... and it is at most this large (MiniLM's / BERT's word embeddings: 45 / 90 MiB; not an 8B decoder's 1-2 GiB,
+#: whose second copy would cost more memory than its gathers' page walks cost time).
+RESIDENT_TABLE_MAX_BYTES = 128 << 20
+#: Rows this long or longer span whole 4 KiB pages: their TLB misses are a small part of their reads.
+RESIDENT_TABLE_MAX_ROW_BYTES = 4096
+
+
+def resident_tables(lir: LirModule) -> tuple[ResidentTable, ...]:
+    """`ResidentTable` for every param read only as the table of axis-0 gathers that read at least
+    `RESIDENT_TABLE_MIN_ROWS` rows a run (their index counts' bounds, summed), rows shorter than a page, the table
+    at most `RESIDENT_TABLE_MAX_BYTES` and stored as given (not permuted on set).
+
+    >>> from rlx.ir.graph import Graph
+    >>> from rlx.ir.shape import Dim
+    >>> from rlx.opt.memplan import plan
+    >>> g = Graph("e")
+    >>> table = g.param("table", [30522, 384])
+    >>> ids = g.input("ids", [Dim.dynamic("batch", 8), Dim.dynamic("seq", 128)], "i64")
+    >>> types = g.gather(g.param("types", [2, 384]), g.input("type_ids", [Dim.dynamic("n", 16)], "i64"))
+    >>> g.set_outputs([g.gather(table, ids), types])
+    >>> for d in resident_tables(plan(g)):  # the 16 rows of "types" are too few
+    ...     print(d.describe())
+    %0 param copied into the context's 2 MiB pages at set_param, never read in place (%5 gathers up to 1024 rows a run)
+    """
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    out: list[ResidentTable] = []
+    for spec in lir.params:
+        nid = spec.node
+        shape = graph.node(nid).shape
+        readers = [graph.node(u) for u in users[nid]]
+        if (not readers or nid in outputs or shape.rank < 2 or shape.max_nbytes > RESIDENT_TABLE_MAX_BYTES
+                or shape.max_nbytes // shape.dims[0].max >= RESIDENT_TABLE_MAX_ROW_BYTES):
+            continue
+        if spec.layout is not None and list(spec.layout) != list(range(len(spec.layout))):
+            continue  # re-laid out on set: copied anyway
+        if not all(isinstance(r.op, O.Gather) and r.op.axis == 0 and r.inputs[0] == nid != r.inputs[1]
+                   for r in readers):
+            continue
+        rows = sum(graph.node(r.inputs[1]).shape.max_numel for r in readers)
+        if rows >= RESIDENT_TABLE_MIN_ROWS:
+            out.append(ResidentTable(nid, tuple(r.id for r in readers), rows))
+    return tuple(out)
+
+
 def attention_plans(lir: LirModule, vector: int = 8) -> tuple[AttentionPlan, ...]:
     """The `AttentionPlan` of every f32 `attention` node: ``rows`` where the target has AVX-512 (`vector` 16: the
     micro-kernel's 12 x 32 tile), the head dimension is a multiple of 32 (V's rows read in place as whole panels)
@@ -290,7 +340,7 @@ def _cpu_decisions(lir: LirModule, conv_vector: int = 8, quant_interleave: bool 
             *int8_params(lir), *interleaved,
             *quant_gemv_groups(lir, frozenset(d.node for d in interleaved)), *moe_plans(lir, "cpu"),
             *convs, *conv_residuals(lir, convs), *conv_input_scales(lir, convs), *pool_plans(lir, conv_vector),
-            *attention_plans(lir, conv_vector), *huge_page_arena(lir))
+            *attention_plans(lir, conv_vector), *resident_tables(lir), *huge_page_arena(lir))
 
 
 #: The decision passes of each backend (CUDA's: GEMM groups, fused kernels, the device memory layout and the kernel

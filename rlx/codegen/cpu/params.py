@@ -5,7 +5,8 @@ takes padded panels in its own precision, a Winograd conv's weight (`ConvPlan`) 
 a conv's weight with the output channels in the lanes (`nchw_lanes`) its transpose ``[C*kh*kw, O]``,
 an `int8_matmul` weight (`Int8Param`) its int8 panels, a q8_0 / q4_0 / q4_1 weight of integer decode GEMVs
 (`InterleavedQuantParam`) its blocks interleaved by 16 rows (same size),
-a narrow param read only through one cast (`WidenedParam`) its f32 copy, and every other param its
+a narrow param read only through one cast (`WidenedParam`) its f32 copy, a table of wide gathers
+(`ResidentTable`) its own bytes that the caller's array may not replace, and every other param its
 own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
 emitter reads offsets from it, the prelude template the per-slot records, `memory_plan` the total.
 
@@ -29,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rlx.codegen.cpu.base import PACK_NR_MAX, c_string, comment, round_up
-from rlx.ir.decisions import PackedParam, WidenedParam
+from rlx.ir.decisions import PackedParam, ResidentTable, WidenedParam
 from rlx.ir.decisions_conv import WINOGRAD_TILE, ConvPlan
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.decisions_quant import InterleavedQuantParam
@@ -57,6 +58,7 @@ def param_layout(lir: LirModule) -> ParamLayout:
     packed = {d.node: d.transposed for d in lir.decided(PackedParam)}
     int8 = {d.node: d for d in lir.decided(Int8Param)}
     widened = {d.node for d in lir.decided(WidenedParam)}
+    resident = {d.node for d in lir.decided(ResidentTable)}
     interleaved = {d.node: d.quant for d in lir.decided(InterleavedQuantParam)}
     conv_packed = {d.weight: d.depth for d in lir.decided(ConvPlan) if d.packed and d.algorithm == "implicit_gemm"}
     winograd = {d.weight: WINOGRAD_TILE[d.layout] for d in lir.decided(ConvPlan) if d.algorithm == "winograd"}
@@ -120,6 +122,9 @@ def param_layout(lir: LirModule) -> ParamLayout:
         elif spec.node in interleaved:
             # GGUF blocks [N, bytes a row], the same bytes reordered by 16 rows (kernels/quant_interleaved.h)
             mode, note = f"qi_{interleaved[spec.node]}", " (blocks interleaved by 16 rows on set)"
+        elif spec.node in resident:
+            # its own bytes, copied on set even from a read-only array (never bound in place: kernels/context.h)
+            mode, note = "resident", " (copied on set into the context's 2 MiB pages, never read in place)"
         elif spec.node in widened:
             # read only through one cast to f32: stored as that f32 value (exact), cast once on set
             storage = math.prod(dims or [1]) * 4
