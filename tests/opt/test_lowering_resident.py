@@ -70,7 +70,8 @@ def test_a_resident_table_is_copied_from_read_only_memory_and_computes_the_same(
     params = _params(rng)
     cg = Session(rlx.Device.CPU).compile(_embed(256))
     assert sorted(d.kind for d in cg.lir.decided(ResidentTable)) == ["resident_table", "resident_table"]
-    assert "RLX_PARAM_RESIDENT" in next(line for line in cg.source.splitlines() if line.lstrip().startswith('{"table",'))
+    entry = next(line for line in cg.source.splitlines() if line.lstrip().startswith('{"table",'))
+    assert "RLX_PARAM_RESIDENT" in entry
     assert "never read in place" in cg.lir.inspect()
     for name, value in params.items():
         cg.set_param(name, _read_only(value))
