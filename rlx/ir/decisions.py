@@ -89,26 +89,29 @@ class WidenedParam(Decision):
 @dataclass(frozen=True)
 class ResidentTable(Decision):
     """A param read only by gathers of many rows a run (an embedding table: MiniLM's 30522 x 384 f32, up to 1024
-    rows a batch of 8 x 128): `set_param` copies it into the context's own param block (2 MiB pages,
-    `MADV_HUGEPAGE`) even when the caller's array is read-only, instead of reading that array in place. A table
-    mapped from a weights file lies on the page cache's 4 KiB pages, and gathered rows are pages apart: each one a
-    TLB miss whose page walk (two-dimensional in a virtual machine) finds its entries evicted by the call's GEMMs
-    (MiniLM 8 x 128 on a 2-core KVM guest: the word-embedding gather 1.3-5 ms a call read in place, 0.25 ms from
-    the copy). The price: the table's bytes once more in memory, and their copy at `set_param`.
+    rows a batch of 8 x 128). Bound in place from a read-only array (`set_param`), it is read there until the first
+    run whose gathers read `min_rows` rows or more, which copies it into the context's own slot (2 MiB pages,
+    `MADV_HUGEPAGE`) before its kernels; that run and every later one read the copy. A table mapped from a weights
+    file lies on the page cache's 4 KiB pages, and gathered rows are pages apart: each one a TLB miss whose page
+    walk (two-dimensional in a virtual machine) finds its entries evicted by the call's GEMMs (MiniLM 8 x 128 on a
+    2-core KVM guest: the word-embedding gather 1.0-5 ms a call in place, 0.13-0.4 ms from the copy). A warm start
+    embedding a sentence or two keeps the table in place (no 47 MB copy: ~20 ms of page faults and memcpy).
 
-    >>> print(ResidentTable(node=4, gathers=(5,), rows=1024).describe())
-    %4 param copied into the context's 2 MiB pages at set_param, never read in place (%5 gathers up to 1024 rows a run)
+    >>> print(ResidentTable(node=4, gathers=(5,), rows=1024, min_rows=64).describe())
+    %4 param copied into the context's 2 MiB pages by the first run gathering >= 64 rows (%5 gathers up to 1024 a run)
     """
 
     kind: ClassVar[str] = "resident_table"
     node: int
     gathers: tuple[int, ...]
     rows: int  # the most rows the gathers read in one run
+    min_rows: int  # a run gathering this many rows or more copies the table first
 
     def describe(self) -> str:
         readers = ", ".join(f"%{g}" for g in self.gathers)
-        return (f"%{self.node} param copied into the context's 2 MiB pages at set_param, never read in place "
-                f"({readers} gather{'s' if len(self.gathers) == 1 else ''} up to {self.rows} rows a run)")
+        return (f"%{self.node} param copied into the context's 2 MiB pages by the first run gathering >= "
+                f"{self.min_rows} rows ({readers} gather{'s' if len(self.gathers) == 1 else ''} up to "
+                f"{self.rows} a run)")
 
     def nodes(self) -> tuple[int, ...]:
         return (self.node, *self.gathers)

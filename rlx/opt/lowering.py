@@ -189,8 +189,9 @@ def widen_params(lir: LirModule) -> tuple[Decision, ...]:
     return tuple(out)
 
 
-#: A table gathered from is kept resident (`ResidentTable`) when its gathers read at least this many rows a run (a
-#: batch of token ids; a decode step of one row reads too few to pay for the copy) ...
+#: A table gathered from is a `ResidentTable` when its gathers can read at least this many rows a run (a batch of
+#: token ids), and the first run that does copies it (a decode step's row or a short sentence reads too few to pay
+#: for the copy) ...
 RESIDENT_TABLE_MIN_ROWS = 64
 #: ... and it is at most this large (MiniLM's / BERT's word embeddings: 45 / 90 MiB; not an 8B decoder's 1-2 GiB,
 #: whose second copy would cost more memory than its gathers' page walks cost time).
@@ -200,9 +201,10 @@ RESIDENT_TABLE_MAX_ROW_BYTES = 4096
 
 
 def resident_tables(lir: LirModule) -> tuple[ResidentTable, ...]:
-    """`ResidentTable` for every param read only as the table of axis-0 gathers that read at least
+    """`ResidentTable` for every param read only as the table of axis-0 gathers that can read at least
     `RESIDENT_TABLE_MIN_ROWS` rows a run (their index counts' bounds, summed), rows shorter than a page, the table
-    at most `RESIDENT_TABLE_MAX_BYTES` and stored as given (not permuted on set).
+    at most `RESIDENT_TABLE_MAX_BYTES` and stored as given (not permuted on set); a run copies it once it gathers
+    `RESIDENT_TABLE_MIN_ROWS` rows.
 
     >>> from rlx.ir.graph import Graph
     >>> from rlx.ir.shape import Dim
@@ -214,7 +216,7 @@ def resident_tables(lir: LirModule) -> tuple[ResidentTable, ...]:
     >>> g.set_outputs([g.gather(table, ids), types])
     >>> for d in resident_tables(plan(g)):  # the 16 rows of "types" are too few
     ...     print(d.describe())
-    %0 param copied into the context's 2 MiB pages at set_param, never read in place (%5 gathers up to 1024 rows a run)
+    %0 param copied into the context's 2 MiB pages by the first run gathering >= 64 rows (%5 gathers up to 1024 a run)
     """
     graph = lir.graph
     users = graph.users()
@@ -234,7 +236,7 @@ def resident_tables(lir: LirModule) -> tuple[ResidentTable, ...]:
             continue
         rows = sum(graph.node(r.inputs[1]).shape.max_numel for r in readers)
         if rows >= RESIDENT_TABLE_MIN_ROWS:
-            out.append(ResidentTable(nid, tuple(r.id for r in readers), rows))
+            out.append(ResidentTable(nid, tuple(r.id for r in readers), rows, RESIDENT_TABLE_MIN_ROWS))
     return tuple(out)
 
 

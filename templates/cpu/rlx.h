@@ -25,9 +25,10 @@
  * set a param again to change it. A param stored as the caller passes it (no
  * re-layout, packing or widening) may instead be bound in place
  * (rlx_bind_param): the context then reads the caller's memory, which must
- * stay valid and unchanged while it is bound; except a table the library reads
- * many scattered rows of a run (an embedding table gathered a batch at a
- * time: RLX_PARAM_RESIDENT in the source), which it keeps in its own large pages.
+ * stay valid and unchanged while it is bound (a table the library gathers many
+ * rows of a run, such as an embedding table: RLX_PARAM_RESIDENT in the source,
+ * is copied into the context's own large pages by the first run gathering many
+ * rows, and read there afterwards).
  *
  * Threads: a context is not thread-safe; use one context per thread
  * (rlx_clone); contexts may run concurrently. Inside rlx_run all parallelism
@@ -74,7 +75,7 @@ int32_t rlx_set_param(void *ctx, int32_t index, const void *data, int64_t nbytes
  * and every context cloned from it, reads that memory until the param is set
  * or bound again or the context is destroyed; the caller keeps it valid and
  * unchanged meanwhile. Only for params stored in the caller's layout; for one
- * stored packed, permuted, quantized, widened or resident (or misaligned data) it returns
+ * stored packed, permuted, quantized or widened (or misaligned data) it returns
  * nonzero with a message in rlx_last_error, and the param is left as it was:
  * copy it with rlx_set_param instead. Returns 0 on success. */
 int32_t rlx_bind_param(void *ctx, int32_t index, const void *data, int64_t nbytes);

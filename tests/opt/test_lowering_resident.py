@@ -1,6 +1,6 @@
-"""`ResidentTable`: which gathered-from params the CPU lowering keeps in the context's own pages, and that such a
-table is copied even from a read-only (mapped) array, never bound in place nor kept as a stored layout, while its
-runs compute what the reference computes, bit for bit what a build reading the table in place computes."""
+"""`ResidentTable`: which gathered-from params the CPU lowering keeps in the context's own pages, that such a table
+bound in place is read there by runs of few rows and copied into its slot by the first run gathering many, and that
+every run computes what the reference computes, bit for bit what a build reading the table in place computes."""
 
 from __future__ import annotations
 
@@ -65,45 +65,66 @@ def _params(rng: np.random.Generator) -> dict[str, np.ndarray]:
             "beta": rng.standard_normal(48).astype(np.float32)}
 
 
-def test_a_resident_table_is_copied_from_read_only_memory_and_computes_the_same(monkeypatch):
+def _stored(cg, name: str) -> np.ndarray | None:
+    """Param `name` as the context holds it in its own slot, or None while it is bound elsewhere."""
+    from rlx.runtime.abi import ffi
+
+    data = ffi.new("const void **")
+    size = cg._lib.rlx_param_stored(cg._ctx, cg.param_names.index(name), data)
+    return None if size < 0 else np.frombuffer(ffi.buffer(data[0], size), np.uint8).copy()
+
+
+def test_a_bound_table_is_copied_by_the_first_wide_run_and_computes_the_same(monkeypatch):
     rng = np.random.default_rng(7)
     params = _params(rng)
     cg = Session(rlx.Device.CPU).compile(_embed(256))
-    assert sorted(d.kind for d in cg.lir.decided(ResidentTable)) == ["resident_table", "resident_table"]
+    assert [d.min_rows for d in cg.lir.decided(ResidentTable)] == [RESIDENT_TABLE_MIN_ROWS] * 2
+    assert "first run gathering >= 64 rows" in cg.lir.inspect()
     entry = next(line for line in cg.source.splitlines() if line.lstrip().startswith('{"table",'))
-    assert "RLX_PARAM_RESIDENT" in entry
-    assert "never read in place" in cg.lir.inspect()
+    assert "RLX_PARAM_RESIDENT" in entry and "rlx_resident_table(ctx, 0, " in cg.source
     for name, value in params.items():
         cg.set_param(name, _read_only(value))
-    assert cg.params_in_place == ("gamma", "beta") and cg.params_stored == ()
+    assert cg.params_in_place == ("table", "pos", "gamma", "beta") and cg.params_stored == ()
     monkeypatch.setattr(lowering, "RESIDENT_TABLE_MIN_ROWS", 1 << 40)
     in_place = Session(rlx.Device.CPU).compile(_embed(256, name="embed_in_place"))
     assert not in_place.lir.decided(ResidentTable)
     for name, value in params.items():
         in_place.set_param(name, _read_only(value))
-    assert in_place.params_in_place == ("table", "pos", "gamma", "beta")
-    for rows in (1, 200, 256):
+    copied = None
+    for rows in (1, RESIDENT_TABLE_MIN_ROWS - 1, RESIDENT_TABLE_MIN_ROWS, 3, 256):
         feeds = {"ids": rng.integers(0, 1000, rows), "positions": rng.integers(0, 8, rows)}
         got = cg.run(**feeds)[0]
+        if rows < RESIDENT_TABLE_MIN_ROWS and copied is None:
+            assert _stored(cg, "table") is None  # still read where it is bound
+        else:  # the first wide run copied it into its slot (64-byte padded)
+            copied = _stored(cg, "table")
+            assert copied is not None and copied[:params["table"].nbytes].tobytes() == params["table"].tobytes()
         np.testing.assert_array_equal(got, in_place.run(**feeds)[0])
         np.testing.assert_allclose(got, rlx.reference.run(_embed(256), feeds, params)[0], rtol=1e-5, atol=1e-5)
-    # a clone copies the resident table with the context's other slots
+    # a clone copies the slot with the context's other ones
     np.testing.assert_array_equal(cg.clone().run(**feeds)[0], got)
+    # binding another table reads that one, until a wide run copies it in turn
+    other = dict(params, table=params["table"][::-1].copy())
+    cg.set_param("table", _read_only(other["table"]))
+    assert _stored(cg, "table") is None
+    for rows in (5, 100):
+        feeds = {"ids": rng.integers(0, 1000, rows), "positions": rng.integers(0, 8, rows)}
+        np.testing.assert_allclose(cg.run(**feeds)[0], rlx.reference.run(_embed(256), feeds, other)[0],
+                                   rtol=1e-5, atol=1e-5)
+    assert _stored(cg, "table")[:other["table"].nbytes].tobytes() == other["table"].tobytes()
 
 
-def test_the_c_library_refuses_to_bind_a_resident_table():
-    cg = Session(rlx.Device.CPU).compile(_embed(256, name="embed_refuses"))
-    table = _read_only(np.ones((1000, 48), np.float32))
-    from rlx.runtime.abi import ffi
-
-    lib = cg._lib
-    index = cg.param_names.index("table")
-    assert lib.rlx_bind_param(cg._ctx, index, ffi.from_buffer(table), table.nbytes) != 0
-    assert "ResidentTable" in ffi.string(lib.rlx_last_error(cg._ctx)).decode()
-    assert lib.rlx_bind_stored(cg._ctx, index, ffi.from_buffer(table), table.nbytes) != 0
-    cg.set_param("table", table)
-    data = ffi.new("const void **")
-    assert lib.rlx_param_stored(cg._ctx, index, data) == -1 and data[0] == ffi.NULL
+def test_a_writable_table_is_copied_at_set_param():
+    rng = np.random.default_rng(3)
+    params = _params(rng)
+    cg = Session(rlx.Device.CPU).compile(_embed(256, name="embed_writable"))
+    for name, value in params.items():
+        cg.set_param(name, value)
+    assert cg.params_in_place == () and _stored(cg, "table")[:params["table"].nbytes].tobytes() == params[
+        "table"].tobytes()
+    feeds = {"ids": rng.integers(0, 1000, 100), "positions": rng.integers(0, 8, 100)}
+    np.testing.assert_allclose(cg.run(**feeds)[0], rlx.reference.run(_embed(256), feeds, params)[0],
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [-1, 1000])

@@ -48,7 +48,7 @@ from rlx.codegen.cpu.share import share_kernels
 from rlx.codegen.registry import Kernel, user_code_of
 from rlx.codegen.template_cache import environment
 from rlx.errors import BuildError
-from rlx.ir.decisions import AbsorbedTranspose, GemmSiblings, HugePageArena, PackedParam, WidenedParam
+from rlx.ir.decisions import AbsorbedTranspose, GemmSiblings, HugePageArena, PackedParam, ResidentTable, WidenedParam
 from rlx.ir.decisions_conv import ConvInputScale, ConvResidual
 from rlx.ir.decisions_int8 import Int8Param
 from rlx.ir.decisions_quant import QuantGemvGroup
@@ -331,6 +331,7 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "constants": p.plan_constants(),
         "arena_bytes": lir.arena_bytes,
         "arena_huge_run": max((d.run_bytes for d in lir.decided(HugePageArena)), default=0),
+        "resident_tables": resident_table_calls(lir, p),
         "scratch_per_thread": (p.scratch_per_thread + 63) // 64 * 64,
         "scratch_shared": (p.scratch_shared + 63) // 64 * 64,
         "kernels": kernels,
@@ -343,6 +344,18 @@ def c_context(lir: LirModule, target: CTarget, manifest: dict) -> dict:
         "manifest": c_string_lines(manifest_text),
         **observe_context(p, kernels, target),
     }
+
+
+def resident_table_calls(lir: LirModule, emitter: CpuEmitter) -> list[dict[str, object]]:
+    """The run's `rlx_resident_table` calls, one a `ResidentTable`: its param slot, the C expression of the rows its
+    gathers read this run (their index counts), the rows from which a run copies it."""
+    slots = {spec.node: i for i, spec in enumerate(lir.params)}
+    calls = []
+    for d in lir.decided(ResidentTable):
+        rows = " + ".join(emitter.numel(emitter.node(emitter.node(g).inputs[1]).shape.dims) for g in d.gathers)
+        calls.append({"slot": slots[d.node], "rows": f"({rows})", "min_rows": d.min_rows,
+                      "comment": comment(lir.params[slots[d.node]].name, 60)})
+    return calls
 
 
 def context_record_bytes(n_params: int, headers: Sequence[str], profile: bool) -> int:

@@ -6,7 +6,7 @@ a conv's weight with the output channels in the lanes (`nchw_lanes`) its transpo
 an `int8_matmul` weight (`Int8Param`) its int8 panels, a q8_0 / q4_0 / q4_1 weight of integer decode GEMVs
 (`InterleavedQuantParam`) its blocks interleaved by 16 rows (same size),
 a narrow param read only through one cast (`WidenedParam`) its f32 copy, a table of wide gathers
-(`ResidentTable`) its own bytes that the caller's array may not replace, and every other param its
+(`ResidentTable`) its own bytes, which a wide run copies a bound table into, and every other param its
 own bytes (re-laid out on set when its layout permutes it). Each slot starts on a cache line. The
 emitter reads offsets from it, the prelude template the per-slot records, `memory_plan` the total.
 
@@ -123,8 +123,8 @@ def param_layout(lir: LirModule) -> ParamLayout:
             # GGUF blocks [N, bytes a row], the same bytes reordered by 16 rows (kernels/quant_interleaved.h)
             mode, note = f"qi_{interleaved[spec.node]}", " (blocks interleaved by 16 rows on set)"
         elif spec.node in resident:
-            # its own bytes, copied on set even from a read-only array (never bound in place: kernels/context.h)
-            mode, note = "resident", " (copied on set into the context's 2 MiB pages, never read in place)"
+            # its own bytes; bound in place, copied into the slot by the first wide run (rlx_resident_table)
+            mode, note = "resident", " (bound in place: copied here by the first run gathering many rows)"
         elif spec.node in widened:
             # read only through one cast to f32: stored as that f32 value (exact), cast once on set
             storage = math.prod(dims or [1]) * 4

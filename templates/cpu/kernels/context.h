@@ -131,6 +131,19 @@ static void rlx_arena_pages(rlx_ctx *ctx, const int64_t *sym)
 #endif
 }
 
+/* ResidentTable: param `index` (RLX_PARAM_RESIDENT), when bound to memory that is not its slot (the caller's, mapped
+ * from a weights file on 4 KiB pages: a TLB miss a gathered row), is copied into the slot (ctx->params: 2 MiB pages)
+ * by the first run gathering `rows` >= `min_rows` of its rows, before that run's kernels; later runs read the copy,
+ * until the param is bound again. A run gathering fewer rows (a short sentence) reads it where it is. */
+static inline void rlx_resident_table(rlx_ctx *ctx, int index, int64_t rows, int64_t min_rows)
+{
+    char *slot = ctx->params + rlx_params[index].offset;
+    if (rows < min_rows || ctx->param_at[index] == slot)
+        return;
+    memcpy(slot, ctx->param_at[index], (size_t)rlx_params[index].nbytes);
+    ctx->param_at[index] = slot;
+}
+
 RLX_EXPORT void *rlx_clone(void *vsrc)
 {
     const rlx_ctx *src = (const rlx_ctx *)vsrc;
@@ -239,10 +252,7 @@ RLX_EXPORT int32_t rlx_bind_param(void *vctx, int32_t index, const void *data, i
     const rlx_param_info *p = rlx_param_arg(ctx, index, data, nbytes);
     if (!p)
         return 1;
-    if (p->mode == RLX_PARAM_RESIDENT)
-        return rlx_fail(ctx, "param '%s' is kept in the context's own pages (a table of wide gathers: "
-                        "ResidentTable): copy it with rlx_set_param", p->name);
-    if (p->mode != RLX_PARAM_COPY)
+    if (p->mode != RLX_PARAM_COPY && p->mode != RLX_PARAM_RESIDENT)
         return rlx_fail(ctx, "param '%s' is stored in another layout than the caller's (packed, permuted, "
                         "quantized or widened): copy it with rlx_set_param", p->name);
     if ((uintptr_t)data % p->elsize != 0)
@@ -254,8 +264,7 @@ RLX_EXPORT int32_t rlx_bind_param(void *vctx, int32_t index, const void *data, i
 
 /* Param `index` as this context stores it (packed, permuted, quantized or widened, or as given): its
  * slot's bytes (the layout plus alignment padding) at *data. -1 (and *data NULL) when the param is not
- * set, is bound to memory that is not its slot (rlx_bind_param, rlx_bind_stored) or is RLX_PARAM_RESIDENT
- * (the caller's bytes as given: nothing converted to keep). What a cache keeps
+ * set, or is bound to memory that is not its slot (rlx_bind_param, rlx_bind_stored). What a cache keeps
  * to bind again later with rlx_bind_stored instead of re-packing the caller's weight. */
 RLX_EXPORT int64_t rlx_param_stored(void *vctx, int32_t index, const void **data)
 {
@@ -264,8 +273,6 @@ RLX_EXPORT int64_t rlx_param_stored(void *vctx, int32_t index, const void **data
         *data = NULL;
     if (!ctx || !data || index < 0 || index >= RLX_N_PARAMS || !ctx->param_set[index] ||
         ctx->param_at[index] != ctx->params + rlx_params[index].offset)
-        return -1;
-    if (rlx_params[index].mode == RLX_PARAM_RESIDENT)  /* the caller's bytes: nothing converted to keep */
         return -1;
     *data = ctx->param_at[index];
     return (int64_t)rlx_param_slot_bytes(index);
@@ -285,9 +292,6 @@ RLX_EXPORT int32_t rlx_bind_stored(void *vctx, int32_t index, const void *data, 
     const rlx_param_info *p = &rlx_params[index];
     if (!data)
         return rlx_fail(ctx, "param '%s': data is NULL", p->name);
-    if (p->mode == RLX_PARAM_RESIDENT)
-        return rlx_fail(ctx, "param '%s' is kept in the context's own pages (ResidentTable): copy it with "
-                        "rlx_set_param", p->name);
     if (nbytes != (int64_t)rlx_param_slot_bytes(index))
         return rlx_fail(ctx, "param '%s' is stored in %lld bytes, got %lld", p->name,
                         (long long)rlx_param_slot_bytes(index), (long long)nbytes);
