@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rlx.ir.decisions import Decision, decisions_to_json
 from rlx.ir.encode import op_to_json, shape_to_json
-from rlx.ir.graph import Graph, NodeId
+from rlx.ir.graph import Graph, Node, NodeId
 from rlx.ir.shape import Shape
 
 LIR_FORMAT_VERSION = 1
@@ -140,6 +140,13 @@ class LirModule:
         its workspaces'."""
         own = [self.arena_span(nid)] if value else []
         return own + [(off, off + size) for n, off, size in self.workspaces if n == nid]
+
+    def param_readers(self) -> list[tuple[TensorSpec, list[Node]]]:
+        """Each param that is not a graph output, with the nodes that read it (in graph order): what the passes
+        deciding a param's storage (packed, widened, interleaved, resident) look at first."""
+        users, outputs = self.graph.users(), set(self.graph.outputs)
+        return [(spec, [self.graph.node(u) for u in users[spec.node]]) for spec in self.params
+                if spec.node not in outputs]
 
     def decided(self, kind: type[Decision]) -> list:
         """The decisions of one type, in order."""

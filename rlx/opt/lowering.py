@@ -173,16 +173,15 @@ def widen_params(lir: LirModule) -> tuple[Decision, ...]:
     ['%0 param widened to f32 once at set_param (%1, its cast, reads it: no per-call cast)']
     """
     graph = lir.graph
-    users = graph.users()
     outputs = set(graph.outputs)
     out: list[Decision] = []
-    for spec in lir.params:
+    for spec, readers in lir.param_readers():
         nid = spec.node
-        if graph.node(nid).shape.dtype not in (DType.F16, DType.BF16) or nid in outputs or len(users[nid]) != 1:
+        if graph.node(nid).shape.dtype not in (DType.F16, DType.BF16) or len(readers) != 1:
             continue
         if spec.layout is not None and list(spec.layout) != sorted(spec.layout):
             continue  # re-laid out on set: kept as it is
-        cast = graph.node(users[nid][0])
+        cast = readers[0]
         if (isinstance(cast.op, O.Cast) and cast.shape.dtype is DType.F32 and cast.id not in outputs
                 and lir.buffers[cast.id].storage == "arena"):
             out.append(WidenedParam(nid, cast.id))
@@ -219,14 +218,11 @@ def resident_tables(lir: LirModule) -> tuple[ResidentTable, ...]:
     %0 param copied into the context's 2 MiB pages by the first run gathering >= 64 rows (%5 gathers up to 1024 a run)
     """
     graph = lir.graph
-    users = graph.users()
-    outputs = set(graph.outputs)
     out: list[ResidentTable] = []
-    for spec in lir.params:
+    for spec, readers in lir.param_readers():
         nid = spec.node
         shape = graph.node(nid).shape
-        readers = [graph.node(u) for u in users[nid]]
-        if (not readers or nid in outputs or shape.rank < 2 or shape.max_nbytes > RESIDENT_TABLE_MAX_BYTES
+        if (not readers or shape.rank < 2 or shape.max_nbytes > RESIDENT_TABLE_MAX_BYTES
                 or shape.max_nbytes // shape.dims[0].max >= RESIDENT_TABLE_MAX_ROW_BYTES):
             continue
         if spec.layout is not None and list(spec.layout) != list(range(len(spec.layout))):

@@ -63,13 +63,10 @@ def interleaved_params(lir: LirModule) -> tuple[InterleavedQuantParam, ...]:
     ['%1 param stored interleaved by 16 rows (q4_1 blocks) for the integer decode GEMV']
     """
     graph = lir.graph
-    users = graph.users()
-    outputs = set(graph.outputs)
     found: list[InterleavedQuantParam] = []
-    for spec in lir.params:
+    for spec, readers in lir.param_readers():
         nid = spec.node
-        readers = [graph.node(u) for u in users[nid]]
-        if not readers or nid in outputs or (spec.layout is not None and list(spec.layout) != sorted(spec.layout)):
+        if not readers or (spec.layout is not None and list(spec.layout) != sorted(spec.layout)):
             continue
         first = readers[0].op
         if not all(isinstance(r.op, O.DequantMatMul) and r.inputs[1] == nid and r.inputs[0] != nid
