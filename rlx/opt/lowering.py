@@ -197,13 +197,16 @@ RESIDENT_TABLE_MIN_ROWS = 64
 RESIDENT_TABLE_MAX_BYTES = 128 << 20
 #: Rows this long or longer span whole 4 KiB pages: their TLB misses are a small part of their reads.
 RESIDENT_TABLE_MAX_ROW_BYTES = 4096
+#: Float tables: an encoder's embeddings. A quantized one (GGUF blocks, `token_embd.weight.rows`) belongs to a decoder,
+#: whose prefill and decode steps stream far more weight bytes than their gathers' rows.
+_RESIDENT_DTYPES = (DType.F32, DType.F16, DType.BF16)
 
 
 def resident_tables(lir: LirModule) -> tuple[ResidentTable, ...]:
     """`ResidentTable` for every param read only as the table of axis-0 gathers that can read at least
-    `RESIDENT_TABLE_MIN_ROWS` rows a run (their index counts' bounds, summed), rows shorter than a page, the table
-    at most `RESIDENT_TABLE_MAX_BYTES` and stored as given (not permuted on set); a run copies it once it gathers
-    `RESIDENT_TABLE_MIN_ROWS` rows.
+    `RESIDENT_TABLE_MIN_ROWS` rows a run (their index counts' bounds, summed), of floats, rows shorter than a page,
+    the table at most `RESIDENT_TABLE_MAX_BYTES` and stored as given (not permuted on set); a run copies it once it
+    gathers `RESIDENT_TABLE_MIN_ROWS` rows.
 
     >>> from rlx.ir.graph import Graph
     >>> from rlx.ir.shape import Dim
@@ -222,7 +225,8 @@ def resident_tables(lir: LirModule) -> tuple[ResidentTable, ...]:
     for spec, readers in lir.param_readers():
         nid = spec.node
         shape = graph.node(nid).shape
-        if (not readers or shape.rank < 2 or shape.max_nbytes > RESIDENT_TABLE_MAX_BYTES
+        if (not readers or shape.dtype not in _RESIDENT_DTYPES or shape.rank < 2
+                or shape.max_nbytes > RESIDENT_TABLE_MAX_BYTES
                 or shape.max_nbytes // shape.dims[0].max >= RESIDENT_TABLE_MAX_ROW_BYTES):
             continue
         if spec.layout is not None and list(spec.layout) != list(range(len(spec.layout))):

@@ -44,6 +44,11 @@ def test_large_tables_long_rows_and_other_readers_stay_in_place(monkeypatch):
     monkeypatch.undo()
     # rows of a page or more: their TLB misses are a small part of their reads
     assert _resident(_embed(256, vocab=100, width=1024)) == {}
+    # a quantized table (a GGUF decoder's token_embd.weight.rows): its steps stream far more weight bytes
+    g = rlx.Graph("q")
+    rows = g.gather(g.param("rows", [1000, 20], "u8"), g.input("ids", [rlx.Dim.dynamic("rows", max=256)], "i64"))
+    g.set_outputs([g.dequantize(rows, quant="q4_1")])
+    assert _resident(g) == {}
     # a table that a GEMM also reads (a tied head): the GEMM's own layout decides
     g = rlx.Graph("tied")
     table = g.param("table", [1000, 48])
