@@ -421,7 +421,8 @@ class CompiledGraph(Provenance):
         every array and buffer under it: a weight mapped read-only from its file, or an array whose
         `flags.writeable` you turned off) that needs no conversion (declared dtype, C-contiguous) is
         read where it is by every run, when the library stores the param as given (embedding tables,
-        biases, norm weights; not the weights a GEMM packs, which are copied into panels). The graph
+        biases, norm weights; not the weights a GEMM packs, which are copied into panels; an embedding
+        table until a run gathers many of its rows: `ResidentTable`). The graph
         (and its clones) keeps the array alive while it is bound; turning `writeable` back on and
         writing it is a data race with every run, and a weight mapped from a file is read from the
         file's pages, so the file must stay as it is while it is bound (replacing it by a rename is fine).
@@ -510,7 +511,8 @@ class CompiledGraph(Provenance):
     @property
     def params_in_place(self) -> tuple[str, ...]:
         """The params the library reads from the caller's (read-only) arrays rather than its own copy,
-        in manifest order (`set_param`)."""
+        in manifest order (`set_param`); a table of wide gathers (`rlx.ir.decisions.ResidentTable`) stays
+        bound, but a run gathering many of its rows copies it into the context first and reads the copy."""
         names = self.param_names
         return tuple(names[i] for i in sorted(self._bound))
 
