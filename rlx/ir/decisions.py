@@ -94,7 +94,8 @@ class ResidentTable(Decision):
     `MADV_HUGEPAGE`) before its kernels; that run and every later one read the copy. A table mapped from a weights
     file lies on the page cache's 4 KiB pages, and gathered rows are pages apart: each one a TLB miss whose page
     walk (two-dimensional in a virtual machine) finds its entries evicted by the call's GEMMs (MiniLM 8 x 128 on a
-    2-core KVM guest: the word-embedding gather 1.0-5 ms a call in place, 0.13-0.4 ms from the copy). A warm start
+    2-core KVM guest: the word-embedding gather 1-5 ms a call in place on a busy host, 0.2-0.5 quiet, 0.13 from the
+    copy). A warm start
     embedding a sentence or two keeps the table in place (no 47 MB copy: ~20 ms of page faults and memcpy).
 
     >>> print(ResidentTable(node=4, gathers=(5,), rows=1024, min_rows=64).describe())
