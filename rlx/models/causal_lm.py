@@ -429,9 +429,12 @@ class CausalLM:
             # the library copies each converted (transposed) weight; it keeps a recipe, not that array, and the
             # pages of a memory-mapped checkpoint tensor, read once, leave the resident set (a later read maps
             # them in again): the weights are not held twice
-            for name, arr in L.iter_decoder_params(tensors, base_graph):
+            # (CUDA: F16/BF16 matrices as they are, rounded to the precision by set_param if need be; a bf16 build
+            # of bf16 weights stores their bits without an f32 copy)
+            narrow = device == "cuda"
+            for name, arr in L.iter_decoder_params(tensors, base_graph, narrow=narrow):
                 self._compiled.set_param(name, arr, source=functools.partial(L.decoder_param, tensors, base_graph,
-                                                                              name))
+                                                                              name, narrow=narrow))
                 del arr
                 release_pages(tensors[name.removesuffix(".rows")][1])
             if threads is not None:

@@ -408,23 +408,32 @@ def decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], 
 
 
 def iter_decoder_params(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]],
-                        graph: Graph) -> Iterator[tuple[str, np.ndarray]]:
+                        graph: Graph, *, narrow: bool = False) -> Iterator[tuple[str, np.ndarray]]:
     """`decoder_params` one param at a time: a caller that copies each into a compiled model holds one
-    converted tensor at a time, not a second copy of the whole model."""
+    converted tensor at a time, not a second copy of the whole model.
+
+    `narrow`: an F16/BF16 matrix whose param is declared f32 comes in its own type (float16, ml_dtypes
+    bfloat16; transposed, never widened): `CompiledGraph.set_param` widens such values exactly, or stores
+    them as they are where the session keeps f32 params in that type (a CUDA build of precision bf16 with
+    bf16 weights) — the same bits as from their f32 values, without the f32 copy and its rounding pass
+    (an 8B bf16 checkpoint's load on CUDA spent most of its time there).
+    """
     for node in graph.params():
-        yield node.op.name, _converted(specs_and_data, node.op.name, node.shape.dtype.value)
+        yield node.op.name, _converted(specs_and_data, node.op.name, node.shape.dtype.value, narrow)
 
 
-def decoder_param(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], graph: Graph, name: str) -> np.ndarray:
+def decoder_param(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], graph: Graph, name: str, *,
+                  narrow: bool = False) -> np.ndarray:
     """The one `set_param` value of `graph`'s param `name` (as `iter_decoder_params` gives it): a compiled model
     can keep this recipe instead of the converted array (`CompiledGraph.set_param(source=...)`)."""
     node = next((n for n in graph.params() if n.op.name == name), None)
     if node is None:
         raise IRError(f"the graph has no param {name!r}")
-    return _converted(specs_and_data, name, node.shape.dtype.value)
+    return _converted(specs_and_data, name, node.shape.dtype.value, narrow)
 
 
-def _converted(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], name: str, want: str) -> np.ndarray:
+def _converted(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], name: str, want: str,
+               narrow: bool = False) -> np.ndarray:
     source = name[: -len(".rows")] if name.endswith(".rows") else name
     if source not in specs_and_data:
         raise IRError(f"the model has no tensor {source!r}")
@@ -433,8 +442,10 @@ def _converted(specs_and_data: Mapping[str, tuple[WeightSpec, np.ndarray]], name
         return np.ascontiguousarray(data, dtype=np.uint8)
     if want != "f32" and want != spec.ggml_type:
         raise IRError(f"param {name!r} is {want} but the tensor is {spec.ggml_type}")
+    widen = want == "f32" and not (narrow and spec.ggml_type in NARROW_TYPES)
+
     def convert(rows: np.ndarray) -> np.ndarray:
-        return _as_f32(rows, spec.ggml_type) if want == "f32" else _as_stored(rows, spec.ggml_type)
+        return _as_f32(rows, spec.ggml_type) if widen else _as_stored(rows, spec.ggml_type)
 
     # dense matrices go in as [in, out]; MoE params keep transformers' layout (moe_block folds the transposes)
     if np.ndim(data) == 2 and not name.endswith(".rows") and f".{MOE_ROLE}." not in name:

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlx.errors import ExecutionError
-from rlx.ir.dtype import DType, bf16_to_f32, bits_to_bfloat16
+from rlx.ir.dtype import DType, bf16_to_f32, bits_to_bfloat16, is_bfloat16
 from rlx.runtime.abi import ffi
 from rlx.runtime.conversions import _contiguous, _to_input_dtype, _to_param_dtype, read_only_memory
 from rlx.runtime.loader import Library, TensorInfo, openmp_policy
@@ -460,8 +460,11 @@ class CompiledGraph(Provenance):
         """
         idx, info = self._param(name)
         want = info.concrete({})
-        if info.rounds_f32 and isinstance(array, np.ndarray) and array.dtype == np.float32:
-            cast = True  # stored narrow by the session's precision: the f32 values are rounded once (overflow refused)
+        if info.rounds_f32 and isinstance(array, np.ndarray) and (array.dtype in _F32_VALUES or
+                                                                  is_bfloat16(array.dtype)):
+            # stored narrow by the session's precision: values an f32 holds exactly (f32, f16, bf16) are rounded
+            # once (overflow refused); an array already of the stored type is taken bit for bit
+            cast = True
         # An array's shape is checked before its dtype, a list's once it is an array.
         arr = array if isinstance(array, np.ndarray) else _to_param_dtype(name, array, info.dtype, cast=cast)
         if arr.shape != want:
@@ -1002,6 +1005,10 @@ class CompiledGraph(Provenance):
         from rlx.runtime.artifact import save
 
         return save(self, directory, weights=weights)
+
+
+#: numpy float types whose every value an f32 holds exactly (set_param rounds them to a narrower stored type)
+_F32_VALUES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 class _Recomputed:
