@@ -29,7 +29,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_QGEMV_WALK | CUDA one-row decode GEMVs: `auto` (occ4, K 2048..16384), `xreg`, `rows`, an `occ` walk | auto |
 | RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of 8 weight rows a block takes, 1, 2, 4 (0: chosen) | 0 |
 | RLX_CUDA_SMALL_GEMM | 0: CUDA f16/bf16 GEMMs of <= 64 rows (quantized copies too) on cuBLASLt | 1 |
-| RLX_DENSE_GEMV | 1: CUDA f16/bf16 float projections' one-row steps on rlx_dgemv, not their GEMMs | 0 |
+| RLX_DENSE_GEMV | 0: CUDA f16/bf16 float projections' one-row steps on their GEMMs, not rlx_dgemv | 1 |
 | RLX_DENSE_GEMV_TILE | rlx_dgemv's tile width in output columns, 8, 16, 32, 64 (0: chosen per launch) | 0 |
 | RLX_CUDA_DEQUANT_COPIES | bytes of CUDA quantized weights also kept dequantized for many-row steps (0: none) | 2 GiB |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
@@ -173,8 +173,8 @@ class Config:
     cuda_dequant_copies: int = -1
     #: RLX_CUDA_SMALL_GEMM: GEMMs of few rows on rlx_gemm_small (`CudaTarget.small_gemm`; off: cuBLASLt).
     cuda_small_gemm: bool = True
-    #: RLX_DENSE_GEMV: one-row steps of float projections on rlx_dgemv (`CudaTarget.dense_gemv`; off: their GEMMs).
-    cuda_dense_gemv: bool = False
+    #: RLX_DENSE_GEMV: one-row steps of float projections on rlx_dgemv (`CudaTarget.dense_gemv`; 0: their GEMMs).
+    cuda_dense_gemv: bool = True
     cuda_dense_tile: int = 0
     cc: str = "cc"
     nvcc: str = "nvcc"
@@ -217,7 +217,7 @@ class Config:
             cuda_xr_groups=_int(env, "RLX_QGEMV_XR_GROUPS", 0),
             cuda_dequant_copies=_int(env, "RLX_CUDA_DEQUANT_COPIES", -1),
             cuda_small_gemm=_flag(env, "RLX_CUDA_SMALL_GEMM", True),
-            cuda_dense_gemv=_flag(env, "RLX_DENSE_GEMV", False),
+            cuda_dense_gemv=_flag(env, "RLX_DENSE_GEMV", True),
             cuda_dense_tile=_int(env, "RLX_DENSE_GEMV_TILE", 0),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",

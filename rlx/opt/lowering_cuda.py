@@ -798,7 +798,7 @@ def _scratch(lir: LirModule, precision: DType) -> int:
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
                 pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
                 p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
-                dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = False,
+                dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
                 dense_tile: int = 0) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
@@ -932,13 +932,13 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
                    kv_decode: bool = True, p2p_all_reduce: bool = True, gemv_walk: str = "auto",
-                   xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = False,
+                   xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
                    dense_tile: int = 0, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
     keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
     all-reduce to NCCL (no `AllReduceP2P`); `gemv_walk` / `xr_groups` pick the one-row decode GEMV's walk
-    (`decode_walk`); `dense_gemv=True` puts float projections on the dense one-row GEMV (RLX_DENSE_GEMV=1),
+    (`decode_walk`); `dense_gemv` puts float projections on the dense one-row GEMV (`False`: RLX_DENSE_GEMV=0),
     `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take

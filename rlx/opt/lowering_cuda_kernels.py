@@ -582,7 +582,7 @@ def cuda_lowering(lir: LirModule, precision: DType | str = DType.F32, gemm: str 
                   small_gemm: bool = True, lt_gelu_epilogue: bool = True, fused_act_gemm: bool = False,
                   scan_body: bool = False, decode_sms: int = 132, kv_decode: bool = True,
                   p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
-                  dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = False, dense_tile: int = 0,
+                  dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True, dense_tile: int = 0,
                   **_target: object) -> tuple[Decision, ...]:
     """`LOWERINGS["cuda"]`: the memory decisions (`cuda_decisions`), then the kernel choices for these options.
 

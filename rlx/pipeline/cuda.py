@@ -108,7 +108,7 @@ class CudaStages:
                                **({"dequant_copies": config.cuda_dequant_copies}
                                   if config.cuda_dequant_copies >= 0 else {}),
                                **({} if config.cuda_small_gemm else {"small_gemm": False}),
-                               **({"dense_gemv": True} if config.cuda_dense_gemv else {}),
+                               **({} if config.cuda_dense_gemv else {"dense_gemv": False}),
                                **({"dense_tile": config.cuda_dense_tile} if config.cuda_dense_tile else {}),
                                **target_options}
         self._toolchain = toolchain

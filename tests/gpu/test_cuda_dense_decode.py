@@ -61,7 +61,7 @@ def _rms(x: np.ndarray, gamma: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("precision", ["f16", "bf16"])
 @pytest.mark.parametrize("k", [64, 4096, 14336])
 def test_dense_gemvs_match_numpy(precision: str, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One-row steps take rlx_dgemv for the three groups (the LIR's decisions; RLX_DENSE_GEMV=1, off by default), two-
+    """One-row steps take rlx_dgemv for the three groups (the LIR's decisions; RLX_DENSE_GEMV=1, the default), two-
     and four-row steps their GEMMs; both within the bound of numpy's products on the stored values."""
     monkeypatch.setenv("RLX_DENSE_GEMV", "1")
     assert Config.from_env().cuda_dense_gemv
@@ -146,7 +146,7 @@ def test_bf16_weight_decoder_tracks_the_reference(precision: str, monkeypatch: p
 
     config, tensors = _bf16_tensors(5)
     kw = dict(max_context=64, prefill_chunk=8)
-    monkeypatch.setenv("RLX_DENSE_GEMV", "1")  # (off by default until checked again on a GPU)
+    monkeypatch.setenv("RLX_DENSE_GEMV", "1")  # (the default; named for a run under RLX_DENSE_GEMV=0)
     lm = CausalLM(config, tensors, device="cuda", precision=precision, **kw)
     ref = CausalLM(config, tensors, device="reference", **kw)
     ids = [5, 9, 14, 3, 77, 41]

@@ -213,9 +213,10 @@ class CudaTarget:
     #: (`DequantCopy`; default `DEQUANT_COPY_BYTES`, 0: none).
     dequant_copies: int = DEQUANT_COPY_BYTES
     #: One-row decode steps of float projections in f16 / bf16 builds run rlx_dgemv over the weights as stored
-    #: (`DecodeGemv` walk "dense", with the norm, residual add and SwiGLU it absorbs; RLX_DENSE_GEMV=1); off by
-    #: default until the GPU has checked and timed it after its last fix (docs/perf-h100.md): their GEMMs.
-    dense_gemv: bool = False
+    #: (`DecodeGemv` walk "dense", with the norm, residual add and SwiGLU it absorbs; RLX_DENSE_GEMV=0: their GEMMs).
+    #: On by default since the H200 timed it: the bf16 8B decoder 208.5 decode tok/s against 194.0 on cuBLASLt
+    #: (docs/perf-h100.md).
+    dense_gemv: bool = True
     #: ... the output columns of its tiles (8, 16, 32, 64; 0: the widest that fills a wave, per launch;
     #: RLX_DENSE_GEMV_TILE, comparisons)
     dense_tile: int = 0
@@ -261,7 +262,7 @@ class CudaTarget:
                 + ("" if self.gemv_walk == "auto" else f" gemv_walk={self.gemv_walk}")
                 + (f" xr_groups={self.xr_groups}" if self.xr_groups else "")
                 + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}")
-                + (" dense_gemv=1" if self.dense_gemv else "")
+                + ("" if self.dense_gemv else " dense_gemv=0")
                 + (f" dense_tile={self.dense_tile}" if self.dense_tile else ""))
 
 
