@@ -32,8 +32,9 @@
 #endif
 /* 16-byte loads a thread issues a step (U rows of each matrix) */
 #define RLX_DGEMV_LOADS 4
-/* blocks an SM holds: ptxas fits the kernel in 64 registers (sm_90, f16 / bf16, each epilogue, SPLIT or not: no
-   spills; sm_80: the f16 SwiGLU spills 8 bytes), so 32 warps an SM, each thread with two steps' loads (128 bytes) in flight */
+/* blocks an SM holds: ptxas fits the kernel in 64 registers (sm_90, f16 / bf16, each epilogue, VEC, SPLIT or not:
+   no spills; sm_80: the unsplit f16 SwiGLU and bf16 odd-N plain ones spill 8 bytes, the SPLIT SwiGLU of odd N 40,
+   the SPLIT bf16 norm + Q/K/V 16), so 32 warps an SM, each thread with two steps' loads (128 bytes) in flight */
 #ifndef RLX_DGEMV_MIN_BLOCKS
 #define RLX_DGEMV_MIN_BLOCKS 2
 #endif
