@@ -36,6 +36,8 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     i32, i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     lib.emu_dgemv.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, i64, i32, i32, ctypes.c_uint]
     lib.emu_dgemv_unwritten.restype = i64
+    lib.emu_dgemv_plan.argtypes = [i32, i32, vp, i64, i64, i32, i32, i32, i32, vp]
+    lib.emu_dgemv_plan.restype = i64
     return lib
 
 
@@ -205,3 +207,53 @@ def test_dense_gemv_split_of_members_matches_reference(emu: ctypes.CDLL, dt: str
     for w, y, y2 in zip(ws, ys, again):
         _check(f"{dt} {kind} {ns} k={k} lg={lg} splits={splits}", y, _reference(h, w, dt), _bound(h, w))
         np.testing.assert_array_equal(y, y2)
+
+
+def _plan(emu: ctypes.CDLL, kind: str, ns: tuple[int, ...], k: int, wave: int, lgs: tuple[int, int],
+          splits: tuple[int, int]) -> tuple[int, int, int]:
+    """rlx_dgemv_plan: (tile columns, splits, tiles) for the members' widths, K and `wave` resident blocks."""
+    choice = (ctypes.c_int * 2)()
+    nsa = (ctypes.c_int64 * 4)(*ns)
+    tiles = emu.emu_dgemv_plan(KINDS[kind], len(ns), nsa, k, wave, *lgs, *splits, choice)
+    return 8 << choice[0], choice[1], tiles
+
+
+def _plan_before_the_split(kind: str, ns: tuple[int, ...], wave: int) -> tuple[int, int, int]:
+    """The tile rule of before the K split (templates/cuda/dense.cu.j2 then): the widest of 64 / 32 / 16 columns whose
+    tiles fill 4/5 of their waves, else the fullest (the first among equals)."""
+    best, choice = -1.0, (16, 1, 0)
+    for g in (3, 2, 1):
+        cols = 8 << g
+        nt = sum(-(-n // cols) for n in (ns[:1] if kind == "norm_swiglu" else ns))
+        fill = nt / (-(-nt // wave) * wave)
+        if fill > best + 1e-9:
+            best, choice = fill, (cols, 1, nt)
+        if fill >= 0.8:
+            return cols, 1, nt
+    return choice
+
+
+#: Llama-3-8B's one-row GEMVs: (kind, members' N, K)
+GEMVS_8B = {"qkv": ("norm", (4096, 1024, 1024), 4096), "out": ("residual", (4096,), 4096),
+            "gateup": ("norm_swiglu", (14336, 14336), 4096), "down": ("residual", (4096,), 14336),
+            "head": ("norm", (128256,), 4096)}
+
+
+@pytest.mark.parametrize("wave", [264, 132, 228, 16])
+def test_dense_gemv_plan_without_the_split_is_the_rule_before_it(emu: ctypes.CDLL, wave: int) -> None:
+    """RLX_DENSE_GEMV_SPLIT=1 (splits 1..1, tiles 64..16 columns) chooses as the host did before the K split."""
+    for kind, ns, k in GEMVS_8B.values():
+        assert _plan(emu, kind, ns, k, wave, (3, 1), (1, 1)) == _plan_before_the_split(kind, ns, wave), (kind, ns)
+
+
+def test_dense_gemv_plan_at_an_h200_wave(emu: ctypes.CDLL) -> None:
+    """The choice at an H200's wave (132 SMs x 2 blocks) for the 8B shapes: tiles of 256 or 512 columns, splits that
+    fill the wave (Q/K/V 24 tiles x 11, output and down 16 x 16, gate/up 28 x 9), the head's 251 tiles of 512 columns
+    unsplit; forced splits and tiles; no split left without rows (K = 64, 16-column tiles: one step of 1024 rows)."""
+    auto = {name: _plan(emu, kind, ns, k, 264, (6, 1), (1, 16)) for name, (kind, ns, k) in GEMVS_8B.items()}
+    assert auto == {"qkv": (256, 11, 24), "out": (256, 16, 16), "gateup": (512, 9, 28), "down": (256, 16, 16),
+                    "head": (512, 1, 251)}
+    assert _plan(emu, "residual", (4096,), 14336, 264, (6, 1), (4, 4)) == (64, 4, 64)  # the split forced
+    assert _plan(emu, "residual", (4096,), 14336, 264, (4, 4), (1, 16)) == (128, 8, 32)  # the tile forced
+    assert _plan(emu, "residual", (4096,), 14336, 264, (6, 6), (32, 32)) == (512, 32, 8)  # both
+    assert _plan(emu, "plain", (100, 37), 64, 264, (1, 1), (1, 16)) == (16, 1, 10)

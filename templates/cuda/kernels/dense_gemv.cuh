@@ -68,13 +68,13 @@ struct RlxDTile {
 };
 
 /* Tiles of member i's columns (0 past the members) */
-__device__ __forceinline__ int rlx_dgemv_mtiles(const RlxQMembers &mem, int i, int C) {
+__host__ __device__ __forceinline__ int rlx_dgemv_mtiles(const RlxQMembers &mem, int i, int C) {
     return i < mem.count ? (int)((mem.n[i] + C - 1) / C) : 0;
 }
 
 /* Every member's tiles (SwiGLU: the gate's) */
 template <int EPI>
-__device__ __forceinline__ int rlx_dgemv_tiles(const RlxQMembers &mem, int C) {
+__host__ __device__ __forceinline__ int rlx_dgemv_tiles(const RlxQMembers &mem, int C) {
     if (EPI != 0)
         return rlx_dgemv_mtiles(mem, 0, C);
     return rlx_dgemv_mtiles(mem, 0, C) + rlx_dgemv_mtiles(mem, 1, C) + rlx_dgemv_mtiles(mem, 2, C) +
@@ -177,6 +177,45 @@ __host__ __device__ __forceinline__ int64_t rlx_dgemv_kchunk(int64_t K, int lg, 
 __host__ __device__ __forceinline__ int64_t rlx_dgemv_smem(int64_t K, int lg, int nm) {
     const int64_t kr = RLX_DGEMV_THREADS >> lg, step = (RLX_DGEMV_LOADS / nm) * kr;
     return (K + step - 1) / step * step + kr * (nm * (8 << lg) + 1);
+}
+
+/* The host's launch choice (templates/cuda/dense.cu.j2) for `wave` resident blocks: for each tile width lg from lg_hi
+ * down to lg_lo (widest first: 16 << lg contiguous bytes of a weight row a block's load takes), the splits s_lo..s_hi
+ * (when chosen, s_lo < s_hi: none left without rows) whose tiles x splits fill the most of their waves (the fewest
+ * among equals); the first width filling at least 4/5 of its waves, else the fullest. Returns the tiles; *lg and
+ * *splits the choice. With s_lo = s_hi = 1 and lg 3..1 it is the choice of before the split. */
+template <int EPI>
+__host__ __device__ inline int64_t rlx_dgemv_plan(const RlxQMembers &mem, int64_t K, int64_t wave, int lg_hi,
+                                                  int lg_lo, int s_lo, int s_hi, int *lg, int *splits) {
+    constexpr int NM = EPI == 2 ? 2 : 1;
+    int64_t tiles = 0;
+    double best = -1.0;
+    *lg = lg_lo;
+    *splits = s_lo;
+    for (int g = lg_hi; g >= lg_lo; g--) {
+        const int64_t nt = rlx_dgemv_tiles<EPI>(mem, 8 << g);
+        int gs = s_lo;
+        double gf = -1.0;
+        for (int s = s_lo; s <= s_hi; s++) {
+            if (s_lo < s_hi && (int64_t)(s - 1) * rlx_dgemv_kchunk(K, g, NM, s) >= K)
+                continue;
+            const int64_t items = nt * s;
+            const double fill = (double)items / (double)((items + wave - 1) / wave * wave);
+            if (fill > gf + 1e-9) {
+                gf = fill;
+                gs = s;
+            }
+        }
+        if (gf > best + 1e-9 || gf >= 0.8) {
+            best = gf;
+            *lg = g;
+            *splits = gs;
+            tiles = nt;
+        }
+        if (gf >= 0.8)
+            break;
+    }
+    return tiles;
 }
 
 /* Column c of tile tl's sums (a; SwiGLU's up b): the output through the epilogue, or (SPLIT) the partials of split

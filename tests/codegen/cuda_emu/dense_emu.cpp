@@ -84,6 +84,19 @@ void emu_dgemv(int bf, int kind, const float *X, const float *gamma, float eps, 
         d_kind<false, false>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid);
 }
 
+/* rlx_dgemv_plan (the host's choice of tile width and K splits) for members as emu_dgemv's (kind: 1 SwiGLU), K and
+   `wave` resident blocks, lg lg_hi..lg_lo and splits s_lo..s_hi: returns the tiles, choice[0] lg, choice[1] splits. */
+int64_t emu_dgemv_plan(int kind, int count, const int64_t *ns, int64_t K, int64_t wave, int lg_hi, int lg_lo, int s_lo,
+                       int s_hi, int *choice) {
+    RlxQMembers mem;
+    std::memset(&mem, 0, sizeof(mem));
+    for (int j = 0; j < count; j++)
+        mem.n[j] = ns[j];
+    mem.count = count;
+    return kind == 1 ? rlx_dgemv_plan<2>(mem, K, wave, lg_hi, lg_lo, s_lo, s_hi, &choice[0], &choice[1])
+                     : rlx_dgemv_plan<0>(mem, K, wave, lg_hi, lg_lo, s_lo, s_hi, &choice[0], &choice[1]);
+}
+
 /* The partials split launches left unwritten since the last call (0: every one written), and reset. */
 int64_t emu_dgemv_unwritten() {
     const int64_t n = d_unwritten;
