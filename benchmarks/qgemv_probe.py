@@ -29,15 +29,19 @@ bytes over its time
 build's DecodeGemv decisions only (no GPU needed).
 
 `--weights bf16`: float weights (f32 params `[K, N]` stored in f16, as a bf16 decoder's are) and the dense GEMV
-`rlx_dgemv` (`DecodeGemv` walk "dense"); the walks are then its tile widths, `auto` (chosen per launch) or `t8`,
-`t16`, `t32`, `t64` (`dense_tile`), e.g. `--weights bf16 --walks auto,t16,t32,t64`; a `torch.mv` line (cuBLAS's
-GEMV on the same shapes, f16 `[N, K]` weights, 4 copies cycled so none is L2-resident, CUDA events) is printed
-beside them.
+`rlx_dgemv` (`DecodeGemv` walk "dense"); the walks are then its tile widths and K splits over blocks: `auto` (both
+chosen per launch), `t<cols>` (`dense_tile`: 8 .. 512 columns, splits chosen), `s<n>` (`dense_split`: `s1` no split,
+today's single kernel with its tile chosen as before the split existed; `s4` 4 splits, tile chosen) or both
+(`t128s4`), e.g. `--weights bf16 --walks s1,auto,t128s8,t256s16,t512s8`; a split GEMV is two kernels (rlx_dgemv, then
+rlx_dgemv_reduce) and its µs is their span, from the first's start to the second's end (the gap between them
+included); a `torch.mv` line (cuBLAS's GEMV on the same shapes, f16 `[N, K]` weights, 4 copies cycled so none is
+L2-resident, CUDA events) is printed beside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -107,7 +111,12 @@ def main() -> int:
         walk = walk.partition(":")[0]
         if walk == "auto":
             return {}
-        return {"dense_tile": int(walk[1:])} if dense else {"gemv_walk": walk}
+        if not dense:
+            return {"gemv_walk": walk}
+        m = re.fullmatch(r"(?:t(\d+))?(?:s(\d+))?", walk)  # t<tile columns> and / or s<K splits>
+        if m is None or not walk:
+            raise SystemExit(f"walk {walk!r}: bf16 walks are auto, t<cols>, s<splits> or t<cols>s<splits>")
+        return {**({"dense_tile": int(m[1])} if m[1] else {}), **({"dense_split": int(m[2])} if m[2] else {})}
 
     lirs = {act: Session(Device.CUDA).lower(layer_graph(args.weights, act)) for act in {act_of(w) for w in walks}}
     for walk in walks:
@@ -147,7 +156,7 @@ def main() -> int:
         fns[walk]()
         outs[walk] = [t.float().clone() for t in bound.values()]
 
-    def gemv_us(fn) -> list[float]:  # µs of each GEMV launch of a call, in launch order
+    def gemv_us(fn) -> list[float]:  # µs of each GEMV of a call, in launch order
         fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -157,12 +166,26 @@ def main() -> int:
         kernel = "rlx_dgemv" if dense else "rlx_qgemv"
         evs = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA and kernel in e.name),
                      key=lambda e: e.time_range.start)
-        if len(evs) != len(GEMVS) * args.iters:
-            raise SystemExit(f"expected {len(GEMVS)} GEMV launches a call, saw {len(evs) / args.iters:g}: "
+        # a K-split dense GEMV's rlx_dgemv_reduce joins the rlx_dgemv before it: a GEMV's span is first start to
+        # last end
+        spans: list[list] = []
+        for e in evs:
+            if "rlx_dgemv_reduce" in e.name and spans:
+                spans[-1].append(e)
+            else:
+                spans.append([e])
+        if len(spans) != len(GEMVS) * args.iters:
+            raise SystemExit(f"expected {len(GEMVS)} GEMV launches a call, saw {len(spans) / args.iters:g}: "
                              + ", ".join(sorted({e.name[:60] for e in evs})))
-        for i, e in enumerate(evs[:len(GEMVS)]):
-            kernels.setdefault(fn, {})[GEMVS[i][0]] = e.name.split("(")[0].replace("void ", "")[:70]
-        return [sum(evs[j].time_range.elapsed_us() for j in range(i, len(evs), len(GEMVS))) / args.iters
+        for i, sp in enumerate(spans[:len(GEMVS)]):
+            name = sp[0].name.split("(")[0].replace("void ", "")[:70]
+            kernels.setdefault(fn, {})[GEMVS[i][0]] = name + (f" + reduce ({sp[-1].time_range.elapsed_us():.1f} "
+                                                              "µs)" if len(sp) > 1 else "")
+
+        def span(sp: list) -> float:
+            return sp[-1].time_range.end - sp[0].time_range.start if len(sp) > 1 else sp[0].time_range.elapsed_us()
+
+        return [sum(span(spans[j]) for j in range(i, len(spans), len(GEMVS))) / args.iters
                 for i in range(len(GEMVS))]
 
     times: dict[str, list[list[float]]] = {w: [] for w in walks}

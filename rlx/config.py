@@ -30,7 +30,8 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_QGEMV_XR_GROUPS | CUDA register-walk GEMVs: groups of 8 weight rows a block takes, 1, 2, 4 (0: chosen) | 0 |
 | RLX_CUDA_SMALL_GEMM | 0: CUDA f16/bf16 GEMMs of <= 64 rows (quantized copies too) on cuBLASLt | 1 |
 | RLX_DENSE_GEMV | 0: CUDA f16/bf16 float projections' one-row steps on their GEMMs, not rlx_dgemv | 1 |
-| RLX_DENSE_GEMV_TILE | rlx_dgemv's tile width in output columns, 8, 16, 32, 64 (0: chosen per launch) | 0 |
+| RLX_DENSE_GEMV_TILE | rlx_dgemv's tile width in output columns, 8 .. 512, powers of 2 (0: chosen per launch) | 0 |
+| RLX_DENSE_GEMV_SPLIT | rlx_dgemv's K splits over blocks (0: chosen per launch, 1: none, n: forced, at most 64) | 0 |
 | RLX_CUDA_DEQUANT_COPIES | bytes of CUDA quantized weights also kept dequantized for many-row steps (0: none) | 2 GiB |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |
@@ -176,6 +177,8 @@ class Config:
     #: RLX_DENSE_GEMV: one-row steps of float projections on rlx_dgemv (`CudaTarget.dense_gemv`; 0: their GEMMs).
     cuda_dense_gemv: bool = True
     cuda_dense_tile: int = 0
+    #: RLX_DENSE_GEMV_SPLIT: rlx_dgemv's K splits over blocks (`CudaTarget.dense_split`; 0: chosen per launch).
+    cuda_dense_split: int = 0
     cc: str = "cc"
     nvcc: str = "nvcc"
     #: RLX_RECORD: where compiled graphs record their calls (None: not recorded), and the bounds.
@@ -219,6 +222,7 @@ class Config:
             cuda_small_gemm=_flag(env, "RLX_CUDA_SMALL_GEMM", True),
             cuda_dense_gemv=_flag(env, "RLX_DENSE_GEMV", True),
             cuda_dense_tile=_int(env, "RLX_DENSE_GEMV_TILE", 0),
+            cuda_dense_split=_int(env, "RLX_DENSE_GEMV_SPLIT", 0),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
             record_dir=Path(env["RLX_RECORD"].strip()) if env.get("RLX_RECORD", "").strip() else None,

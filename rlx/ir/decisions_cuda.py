@@ -96,9 +96,13 @@ class DecodeGemv(Decision):
     xr_groups: int = 0
     occ_rows: int = 0
     occ_prefetch: bool = False
-    #: "dense": the output columns a block's tile takes (8, 16, 32 or 64); 0: chosen per launch, the widest whose
-    #: tiles fill the wave of resident blocks.
+    #: "dense": the output columns a block's tile takes (8 .. 512, powers of 2); 0: chosen per launch, the widest whose
+    #: tiles (times the K splits) fill the wave of resident blocks.
     dense_tile: int = 0
+    #: "dense": the blocks K is split over (S; each sums whole steps of its K range into f32 partials in the scratch
+    #: region, rlx_dgemv_reduce adds them in split order and applies the epilogue); 0: chosen per launch (at most
+    #: `DENSE_GEMV_SPLIT_AUTO`), 1: no split (one kernel), n: forced.
+    dense_split: int = 0
     #: The members' activations: "f32" or "q8" (int8 per block of 32, `quantize_act`: the "occ" walk quantizes each
     #: lane's x in registers and takes integer dot products, rlx_qgemv_occ's ACT = 1; the "rows" walk stages
     #: records, kernels/quant_q8.cuh).
@@ -115,7 +119,11 @@ class DecodeGemv(Decision):
                     + (", int8 activations quantized in registers)" if self.act == "q8" else ")"))
         elif self.walk == "dense":
             tile = f"tiles of {self.dense_tile} columns" if self.dense_tile else "column tiles sized per launch"
-            walk = f", a dense 16-bit GEMV over the weights as stored ([K, N]: {tile}, K split over a block's threads)"
+            split = ("K split over blocks (as many as chosen per launch) and over a block's threads"
+                     if self.dense_split == 0 else "K split over a block's threads only" if self.dense_split == 1
+                     else f"K split over {self.dense_split} blocks (partials added in split order) and over a block's "
+                     "threads")
+            walk = f", a dense 16-bit GEMV over the weights as stored ([K, N]: {tile}, {split})"
         extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
         extra += [f"with the SwiGLU epilogue (%{self.swiglu[0]})"] if self.swiglu else []

@@ -372,11 +372,35 @@ def decode_walk(fmt: str, act: str, k: int, walk: str = "auto", groups: int = 0)
 DENSE_GEMV_MAX_K = 16384
 DENSE_GEMV_PRECISIONS = (DType.F16, DType.BF16)
 #: Tile widths (output columns) rlx_dgemv may be forced to (`CudaTarget.dense_tile`, RLX_DENSE_GEMV_TILE; 0: chosen).
-DENSE_GEMV_TILES = (0, 8, 16, 32, 64)
+DENSE_GEMV_TILES = (0, 8, 16, 32, 64, 128, 256, 512)
+#: Most blocks rlx_dgemv's K may be forced to split over (`CudaTarget.dense_split`, RLX_DENSE_GEMV_SPLIT; 0: chosen
+#: per launch, at most DENSE_GEMV_SPLIT_AUTO; 1: no split). The scratch region holds [S][N] f32 partials.
+DENSE_GEMV_SPLIT_MAX = 64
+DENSE_GEMV_SPLIT_AUTO = 16
+
+
+def dense_gemv_splits(d: DecodeGemv) -> int:
+    """Most K splits a `DecodeGemv` of walk "dense" may launch (its partials' rows in scratch)."""
+    return d.dense_split or DENSE_GEMV_SPLIT_AUTO
+
+
+def dense_gemv_scratch(graph: Graph, d: DecodeGemv) -> int:
+    """Scratch bytes of a dense `DecodeGemv`'s K-split partials: [S][NP] f32 (NP: every member's columns, SwiGLU's gate
+    and up); 0 when it never splits."""
+    splits = dense_gemv_splits(d)
+    if d.walk != "dense" or splits == 1:
+        return 0
+    lead = graph.node(d.members[0])
+    if isinstance(lead.op, O.FusedSwiGLU):
+        cols = 2 * lead.shape.dims[-1].value
+    else:
+        cols = sum(graph.node(m).shape.dims[-1].value for m in d.members)
+    return splits * cols * 4
 
 
 def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense: DType | None = None,
-                      grouped: frozenset[NodeId] = frozenset(), dense_tile: int = 0) -> list[DecodeGemv]:
+                      grouped: frozenset[NodeId] = frozenset(), dense_tile: int = 0,
+                      dense_split: int = 0) -> list[DecodeGemv]:
     """Quantized projections that run as one GEMV launch in decode steps (see `DecodeGemv`).
 
     Members are consecutive `dequant_matmul`s of one activation with one block format and K; the norm
@@ -387,7 +411,7 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense
     `dense` (an f16 / bf16 build's precision; None: none): float projections too, walk "dense" (rlx_dgemv over the
     weight as stored) in one-row steps: consecutive `matmul`s of one activation against 2-D params (not in a
     `GemmGroup`: `grouped`), or one `fused_swiglu` (its gate and up weights), with the same norm and residual;
-    `dense_tile` forces their tiles' width (0: chosen per launch).
+    `dense_tile` forces their tiles' width, `dense_split` their K splits over blocks (0: chosen per launch).
     """
     graph = lir.graph
     users = graph.users()
@@ -477,7 +501,8 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense
         # the kernel reads x (the norm's input) 16 bytes at a time
         staged = lir.buffers[graph.node(taken[0][0]).inputs[0] if taken[0] else members[0].inputs[0]]
         if staged.storage == "input" or (staged.storage == "arena" and staged.offset % 16 == 0):
-            found.append(DecodeGemv(tuple(m.id for m in members), 1, *taken, "dense", dense_tile=dense_tile))
+            found.append(DecodeGemv(tuple(m.id for m in members), 1, *taken, "dense", dense_tile=dense_tile,
+                                    dense_split=dense_split))
     return found
 
 
@@ -787,19 +812,31 @@ def control_flow(lir: LirModule) -> tuple[ControlFlow, ...]:
     return tuple(out)
 
 
-def _scratch(lir: LirModule, precision: DType) -> int:
-    """The largest scratch any kernel uses, scan bodies' kernels included (they share the region)."""
+def _dense_partials_bound(lir: LirModule, splits: int) -> int:
+    """Scratch bytes a scan body's dense GEMVs' K-split partials may take (`splits` at most; 0: none): an upper bound,
+    every float projection's columns (SwiGLU's twice), the body's own decisions being made apart from the graph's."""
+    if splits <= 1:
+        return 0
+    cols = sum(n.shape.dims[-1].max * (2 if isinstance(n.op, O.FusedSwiGLU) else 1)
+               for n in (lir.graph.node(nid) for nid in lir.schedule) if isinstance(n.op, (O.MatMul, O.FusedSwiGLU)))
+    return splits * cols * 4
+
+
+def _scratch(lir: LirModule, precision: DType, dense_splits: int = 0) -> int:
+    """The largest scratch any kernel uses, scan bodies' kernels included (they share the region); `dense_splits`:
+    the most K splits a dense GEMV of a body may launch (0: no dense GEMV)."""
     graph = lir.graph
     own = max((scratch_need(graph, graph.node(nid), precision) for nid in lir.schedule
                if lir.buffers[nid].storage != "view"), default=0)
-    return max([own, *(_scratch(body, precision) for _, body in scan_bodies(lir))])
+    return max([own, *(max(_scratch(body, precision, dense_splits), _dense_partials_bound(body, dense_splits))
+                       for _, body in scan_bodies(lir))])
 
 
 def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = True,
                 pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
                 p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
                 dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
-                dense_tile: int = 0) -> tuple[Decision, ...]:
+                dense_tile: int = 0, dense_split: int = 0) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
     its decode steps run the grouped kernel; `dequant_copies` is the byte budget of `DequantCopy` copies;
@@ -862,7 +899,8 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     # (with cuBLASLt the GEMM of a fused GEMV's lone member also adds its residual: C = the add's other input)
     # (its X must not share bytes with the sum it writes; C may: cuBLASLt accumulates in place)
     dense = precision if dense_gemv and precision in DENSE_GEMV_PRECISIONS else None
-    gemvs = find_decode_gemvs(lir, gemv_walk, xr_groups, dense, frozenset(m for g in grouped for m in g), dense_tile)
+    gemvs = find_decode_gemvs(lir, gemv_walk, xr_groups, dense, frozenset(m for g in grouped for m in g), dense_tile,
+                              dense_split)
     mmas = find_quant_mmas(lir, precision)
     residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in gemvs
                    if d.residual and len(d.members) == 1
@@ -910,7 +948,10 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                                                                             * abi.itemsize)))
     # the arena doubles as the staging area of set_param (no run is in flight then)
     arena = mem.alloc("arena", max(lir.arena_bytes, staging_need))
-    scratch = mem.alloc("scratch", _scratch(lir, precision))
+    # (a dense GEMV's K-split partials live there too, between its two kernels)
+    body_splits = (dense_split or DENSE_GEMV_SPLIT_AUTO) if dense is not None else 0
+    scratch = mem.alloc("scratch", max([_scratch(lir, precision, body_splits),
+                                        *(dense_gemv_scratch(graph, d) for d in gemvs)]))
     lt = _uses_lt(lir, precision, gemm, grouped) or any(_uses_lt(b, precision, gemm, ()) for _, b in bodies)
     workspace_bytes = LT_WORKSPACE if lt else 0
     workspace = mem.alloc("workspace", workspace_bytes)
@@ -933,13 +974,13 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
                    kv_decode: bool = True, p2p_all_reduce: bool = True, gemv_walk: str = "auto",
                    xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
-                   dense_tile: int = 0, **_target: object) -> tuple[Decision, ...]:
+                   dense_tile: int = 0, dense_split: int = 0, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
     keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
     all-reduce to NCCL (no `AllReduceP2P`); `gemv_walk` / `xr_groups` pick the one-row decode GEMV's walk
     (`decode_walk`); `dense_gemv` puts float projections on the dense one-row GEMV (`False`: RLX_DENSE_GEMV=0),
-    `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE).
+    `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE), `dense_split` its K splits (RLX_DENSE_GEMV_SPLIT).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
@@ -956,8 +997,11 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
         raise ValueError(f"dequant_copies must be a byte count >= 0, got {dequant_copies!r}")
     if dense_tile not in DENSE_GEMV_TILES:
         raise ValueError(f"dense_tile must be one of {DENSE_GEMV_TILES}, got {dense_tile!r}")
+    if isinstance(dense_split, bool) or not isinstance(dense_split, int) \
+            or not 0 <= dense_split <= DENSE_GEMV_SPLIT_MAX:
+        raise ValueError(f"dense_split must be 0 (chosen) .. {DENSE_GEMV_SPLIT_MAX}, got {dense_split!r}")
     return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce, gemv_walk,
-                       xr_groups, dequant_copies, dense_gemv, dense_tile)
+                       xr_groups, dequant_copies, dense_gemv, dense_tile, dense_split)
 
 
 #: Bytes a one-shot all-reduce call may carry (a slot of the exchange buffer: RLX_AR_SLOT_BYTES in

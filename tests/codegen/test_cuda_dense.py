@@ -12,7 +12,7 @@ import pytest
 import rlx
 from rlx.codegen.cuda import CudaTarget
 from rlx.errors import BuildError
-from rlx.ir.decisions_cuda import DecodeGemv
+from rlx.ir.decisions_cuda import DecodeGemv, DeviceLayout
 from rlx.ir.decisions_cuda_kernels import NormInGemm
 from rlx.ir.dtype import DType
 from rlx.pipeline.cuda import decide_cuda, render_cuda
@@ -83,6 +83,27 @@ def test_float_decoder_records_the_dense_walk() -> None:
     assert CudaStages(Config.from_env({"RLX_DENSE_GEMV_TILE": "16"})).target_options["dense_tile"] == 16
     with pytest.raises(BuildError, match="dense_tile"):
         CudaTarget(dense_gemv=True, precision=DType.F16, dense_tile=12)
+    # K split over blocks: chosen per launch (the scratch region holds 16 splits' f32 partials), none, or forced
+    # (RLX_DENSE_GEMV_SPLIT, through Config: the LIR records it and sizes the scratch region for it)
+    assert all(d.dense_split == 0 and "K split over blocks (as many as chosen per launch)" in d.describe()
+               for d in found)
+    assert _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16,
+                                                dense_tile=512)).inspect().count("tiles of 512 columns") == 5
+    # (the widest partials: the gate's and the up's 512 columns x 16 splits, f32)
+    (layout,) = lir.decided(DeviceLayout)
+    assert {r.name: r.nbytes for r in layout.regions}["scratch"] >= 16 * 2 * 512 * 4
+    none = _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16, dense_split=1))
+    assert none.inspect().count("K split over a block's threads only") == 5
+    four = _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16, dense_split=4))
+    assert {d.dense_split for d in four.decided(DecodeGemv)} == {4}
+    assert four.inspect().count("K split over 4 blocks (partials added in split order)") == 5
+    assert "dense_split=4" in CudaTarget(precision=DType.F16, dense_split=4).identity()
+    assert "dense_split" not in default.identity()
+    assert CudaStages(Config.from_env({"RLX_DENSE_GEMV_SPLIT": "8"})).target_options["dense_split"] == 8
+    assert "dense_split" not in CudaStages(Config.from_env({})).target_options
+    for bad in (-1, 65, True):
+        with pytest.raises(BuildError, match="dense_split"):
+            CudaTarget(dense_gemv=True, precision=DType.F16, dense_split=bad)
 
 
 def test_llama3_8b_shaped_float_decoder_takes_the_dense_walk_everywhere() -> None:
@@ -124,17 +145,30 @@ def test_float_decoder_with_the_dense_gemv_compiles(precision: str, arch: str, t
     src = render_cuda(lir, target, {"name": f"dense_{precision}"})
     t = "__half" if precision == "f16" else "rlx_bf16"
     bf = "true" if precision == "bf16" else "false"
-    assert src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv<{t}, {bf}, ") == 5
+    # each group: the unsplit launch and the K-split one (chosen per launch) with its rlx_dgemv_reduce
+    assert src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv<{t}, {bf}, ") == 10
     launches = {args: src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv<{t}, {bf}, {args}>")
-                for args in ("true, 0, true", "false, 1, true", "true, 2, true")}
-    assert launches == {"true, 0, true": 2, "false, 1, true": 2, "true, 2, true": 1}  # Q/K/V, head; residuals
-    assert src.count("if (M == 1) {") == 5
-    forced = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_tile=8)
+                for args in ("true, 0, true, false", "false, 1, true, false", "true, 2, true, false",
+                             "true, 0, true, true", "false, 1, true, true", "true, 2, true, true")}
+    assert launches == {"true, 0, true, false": 2, "false, 1, true, false": 2, "true, 2, true, false": 1,
+                        "true, 0, true, true": 2, "false, 1, true, true": 2, "true, 2, true, true": 1}
+    reduces = {epi: src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv_reduce<{t}, {epi}>") for epi in (0, 1, 2)}
+    assert reduces == {0: 2, 1: 2, 2: 1}
+    assert src.count("if (M == 1) {") == 5 and src.count("(mem, K, wave, 6, 1, 1, 16, &lg, &nsplit);") == 5
+    # a forced tile without the split: today's single launch, no partials, no second kernel
+    forced = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_tile=8,
+                        dense_split=1)
     fsrc = render_cuda(_decided(float_decoder(), forced), forced, {"name": "forced"})
-    assert fsrc.count("const int lg = 0;") == 5 and "const int lg = 0;" not in src
-    path = tmp_path / f"dense_{precision}_{arch}.cu"
-    path.write_text(src)
-    tc.compile(path, path.with_suffix(".o"), target.gemm, compile_only=True)
+    assert fsrc.count("(mem, K, wave, 0, 0, 1, 1, &lg, &nsplit);") == 5
+    assert "rlx_launch_pdl(c->pdl, rlx_dgemv_reduce" not in fsrc and "dim3(gx, (unsigned)nsplit)" not in fsrc
+    # a forced split (4) with wide tiles chosen per launch
+    split = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_split=4)
+    ssrc = render_cuda(_decided(float_decoder(), split), split, {"name": "split"})
+    assert ssrc.count("(mem, K, wave, 6, 1, 4, 4, &lg, &nsplit);") == 5
+    for name, text in (("auto", src), ("split", ssrc)):
+        path = tmp_path / f"dense_{precision}_{arch}_{name}.cu"
+        path.write_text(text)
+        tc.compile(path, path.with_suffix(".o"), target.gemm, compile_only=True)
 
 
 def test_odd_widths_take_two_byte_loads_and_compile(tmp_path: Path) -> None:
@@ -150,7 +184,8 @@ def test_odd_widths_take_two_byte_loads_and_compile(tmp_path: Path) -> None:
     lir = _decided(g, target)
     assert [d.members for d in lir.decided(DecodeGemv)] == [(a, b)]
     src = render_cuda(lir, target, {"name": "odd"})
-    assert "rlx_dgemv<rlx_bf16, true, false, 0, false>" in src
+    assert "rlx_dgemv<rlx_bf16, true, false, 0, false, false>" in src
+    assert "rlx_dgemv<rlx_bf16, true, false, 0, false, true>" in src
     path = tmp_path / "odd.cu"
     path.write_text(src)
     tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)

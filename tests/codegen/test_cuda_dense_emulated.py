@@ -3,11 +3,13 @@ weights [K, N] as stored, f32 x) run on the CPU through the CUDA shim (tests/cod
 matmul of f32 x and the narrow weight: plain members (Q / K / V shaped: three of unequal N), the RMS norm producing x,
 norm + SwiGLU (gate and up read together), and the residual add; N odd (2-byte loads, columns clamped into the member)
 or a multiple of 8 (16-byte loads); K from 64 to 16384; every tile width the host picks (8 << lg columns); grids
-smaller than the tiles (several passes, each block's first tile loaded before the PDL wait). Needs g++ with C++20.
+smaller than the tiles (several passes, each block's first tile loaded before the PDL wait); K split over blocks
+(SPLIT: 2..8 splits, tiles up to 512 columns, splits short or empty, f32 partials then rlx_dgemv_reduce with the
+epilogue). Needs g++ with C++20.
 
 Bound, as the quantized GEMVs' (tests/codegen/test_cuda_qgemv_emulated.py): the kernel sums exact products x w in f32
-over K terms (per thread, then over the threads in a fixed order), |err| <= (K + 36) u32 (|h| @ |w|), h the
-(normalized) activation.
+over K terms (per thread, then over the threads in a fixed order; split: then over the splits), |err| <= (K + 36) u32
+(|h| @ |w|), h the (normalized) activation.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ NARROW = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib = build_emu(tmp_path_factory, "dense_emu.cpp")
     i32, i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    lib.emu_dgemv.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, i64, i32, ctypes.c_uint]
+    lib.emu_dgemv.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, i64, i32, i32, ctypes.c_uint]
+    lib.emu_dgemv_unwritten.restype = i64
+    lib.emu_dgemv_plan.argtypes = [i32, i32, vp, i64, i64, i32, i32, i32, i32, vp]
+    lib.emu_dgemv_plan.restype = i64
     return lib
 
 
@@ -52,7 +57,7 @@ def _reference(h: np.ndarray, w: np.ndarray, dt: str) -> np.ndarray:
 
 
 def _run(emu: ctypes.CDLL, dt: str, kind: str, x: np.ndarray, gamma: np.ndarray | None, ws: list[np.ndarray],
-         res: np.ndarray | None, lg: int, max_grid: int) -> list[np.ndarray]:
+         res: np.ndarray | None, lg: int, max_grid: int, splits: int = 1) -> list[np.ndarray]:
     k = x.shape[1]
     ys = [np.full((1, w.shape[1]), np.nan, np.float32) for w in ws]
     wp = (ctypes.c_void_p * 4)(*[w.ctypes.data for w in ws])
@@ -60,7 +65,8 @@ def _run(emu: ctypes.CDLL, dt: str, kind: str, x: np.ndarray, gamma: np.ndarray 
     ns = (ctypes.c_int64 * 4)(*[w.shape[1] for w in ws])
     emu.emu_dgemv(1 if dt == "bf16" else 0, KINDS[kind], x.ctypes.data_as(F32P),
                   None if gamma is None else gamma.ctypes.data, 1e-5, len(ws), wp, yp, ns,
-                  None if res is None else res.ctypes.data, k, lg, max_grid)
+                  None if res is None else res.ctypes.data, k, lg, splits, max_grid)
+    assert emu.emu_dgemv_unwritten() == 0, "a split's partial was never written"
     return ys
 
 
@@ -153,3 +159,101 @@ def test_dense_gemv_of_members_with_the_norm_matches_reference(emu: ctypes.CDLL,
     h = rms(x, gamma, 1e-5)
     for w, y in zip(ws, ys):
         _check(f"{dt} norm {ns} k={k}", y, _reference(h, w, dt), _bound(h, w))
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+@pytest.mark.parametrize("kind", ["norm_swiglu", "residual", "norm"])
+@pytest.mark.parametrize(("n", "k", "lg", "splits"),
+                         [(64, 256, 4, 2), (200, 1000, 4, 3), (37, 520, 5, 4), (520, 2048, 6, 8), (96, 4096, 3, 8),
+                          (13, 64, 1, 3), (136, 16384, 5, 3), (40, 72, 6, 2)])
+def test_dense_gemv_split_over_k_matches_reference(emu: ctypes.CDLL, dt: str, kind: str, n: int, k: int, lg: int,
+                                                   splits: int) -> None:
+    """K split over blocks (SPLIT): tiles of 16..512 columns (wider than N too), K not a multiple of splits x step
+    (a short last split), splits with no rows at all (they write zero partials), odd N; the norm's sum of squares over
+    all of K with each block staging its own rows; the residual add and SwiGLU applied by rlx_dgemv_reduce."""
+    rng = np.random.default_rng(3 * n + k + lg + splits + len(kind) + len(dt))
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    res = rng.standard_normal((1, n)).astype(np.float32)
+    w0, w1 = _weights(rng, k, n, dt), _weights(rng, k, n, dt)
+    norm = kind in ("norm_swiglu", "norm")
+    ws = [w0, w1] if kind == "norm_swiglu" else [w0]
+    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, 1 << 30, splits)
+    h = rms(x, gamma, 1e-5) if norm else x
+    a, b = _reference(h, w0, dt), _reference(h, w1, dt)
+    ba, bb = _bound(h, w0), _bound(h, w1)
+    checks = [(ys[0], a, ba)] if kind == "norm" else fused_checks(kind, a, b, ba, bb, ys[0], ys[0], res)
+    for got, want, bound in checks:
+        _check(f"{dt} {kind} n={n} k={k} lg={lg} splits={splits}", got, want, bound)
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize(("ns", "k", "lg", "splits"),
+                         [((136, 40, 40), 512, 4, 3), ((13, 5, 7), 2048, 5, 2), ((64, 24, 40, 8), 128, 6, 8),
+                          ((256, 64, 64), 1200, 4, 4)])
+def test_dense_gemv_split_of_members_matches_reference(emu: ctypes.CDLL, dt: str, norm: bool, ns: tuple[int, ...],
+                                                       k: int, lg: int, splits: int) -> None:
+    """Q / K / V shaped groups with K split: each member's columns at their own offset in the partials, the reduce
+    kernel's member selects, with and without the norm; two runs give the same bits (partials added in split order)."""
+    rng = np.random.default_rng(sum(ns) + k + lg + splits + norm)
+    x = (4.0 * rng.standard_normal((1, k))).astype(np.float32)
+    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
+    ws = [_weights(rng, k, n, dt) for n in ns]
+    kind = "norm" if norm else "plain"
+    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, None, lg, 1 << 30, splits)
+    again = _run(emu, dt, kind, x, gamma if norm else None, ws, None, lg, 1 << 30, splits)
+    h = rms(x, gamma, 1e-5) if norm else x
+    for w, y, y2 in zip(ws, ys, again):
+        _check(f"{dt} {kind} {ns} k={k} lg={lg} splits={splits}", y, _reference(h, w, dt), _bound(h, w))
+        np.testing.assert_array_equal(y, y2)
+
+
+def _plan(emu: ctypes.CDLL, kind: str, ns: tuple[int, ...], k: int, wave: int, lgs: tuple[int, int],
+          splits: tuple[int, int]) -> tuple[int, int, int]:
+    """rlx_dgemv_plan: (tile columns, splits, tiles) for the members' widths, K and `wave` resident blocks."""
+    choice = (ctypes.c_int * 2)()
+    nsa = (ctypes.c_int64 * 4)(*ns)
+    tiles = emu.emu_dgemv_plan(KINDS[kind], len(ns), nsa, k, wave, *lgs, *splits, choice)
+    return 8 << choice[0], choice[1], tiles
+
+
+def _plan_before_the_split(kind: str, ns: tuple[int, ...], wave: int) -> tuple[int, int, int]:
+    """The tile rule of before the K split (templates/cuda/dense.cu.j2 then): the widest of 64 / 32 / 16 columns whose
+    tiles fill 4/5 of their waves, else the fullest (the first among equals)."""
+    best, choice = -1.0, (16, 1, 0)
+    for g in (3, 2, 1):
+        cols = 8 << g
+        nt = sum(-(-n // cols) for n in (ns[:1] if kind == "norm_swiglu" else ns))
+        fill = nt / (-(-nt // wave) * wave)
+        if fill > best + 1e-9:
+            best, choice = fill, (cols, 1, nt)
+        if fill >= 0.8:
+            return cols, 1, nt
+    return choice
+
+
+#: Llama-3-8B's one-row GEMVs: (kind, members' N, K)
+GEMVS_8B = {"qkv": ("norm", (4096, 1024, 1024), 4096), "out": ("residual", (4096,), 4096),
+            "gateup": ("norm_swiglu", (14336, 14336), 4096), "down": ("residual", (4096,), 14336),
+            "head": ("norm", (128256,), 4096)}
+
+
+@pytest.mark.parametrize("wave", [264, 132, 228, 16])
+def test_dense_gemv_plan_without_the_split_is_the_rule_before_it(emu: ctypes.CDLL, wave: int) -> None:
+    """RLX_DENSE_GEMV_SPLIT=1 (splits 1..1, tiles 64..16 columns) chooses as the host did before the K split."""
+    for kind, ns, k in GEMVS_8B.values():
+        assert _plan(emu, kind, ns, k, wave, (3, 1), (1, 1)) == _plan_before_the_split(kind, ns, wave), (kind, ns)
+
+
+def test_dense_gemv_plan_at_an_h200_wave(emu: ctypes.CDLL) -> None:
+    """The choice at an H200's wave (132 SMs x 2 blocks) for the 8B shapes: tiles of 256 or 512 columns, splits that
+    fill the wave (Q/K/V 24 tiles x 11, output and down 16 x 16, gate/up 28 x 9), the head's 251 tiles of 512 columns
+    unsplit; forced splits and tiles; no split left without rows (K = 64, 16-column tiles: one step of 1024 rows)."""
+    auto = {name: _plan(emu, kind, ns, k, 264, (6, 1), (1, 16)) for name, (kind, ns, k) in GEMVS_8B.items()}
+    assert auto == {"qkv": (256, 11, 24), "out": (256, 16, 16), "gateup": (512, 9, 28), "down": (256, 16, 16),
+                    "head": (512, 1, 251)}
+    assert _plan(emu, "residual", (4096,), 14336, 264, (6, 1), (4, 4)) == (64, 4, 64)  # the split forced
+    assert _plan(emu, "residual", (4096,), 14336, 264, (4, 4), (1, 16)) == (128, 8, 32)  # the tile forced
+    assert _plan(emu, "residual", (4096,), 14336, 264, (6, 6), (32, 32)) == (512, 32, 8)  # both
+    assert _plan(emu, "plain", (100, 37), 64, 264, (1, 1), (1, 16)) == (16, 1, 10)

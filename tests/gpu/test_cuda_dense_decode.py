@@ -60,11 +60,17 @@ def _rms(x: np.ndarray, gamma: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("precision", ["f16", "bf16"])
 @pytest.mark.parametrize("k", [64, 4096, 14336])
-def test_dense_gemvs_match_numpy(precision: str, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("tile", "split"), [(0, 0), (0, 1), (128, 3), (512, 16)])
+def test_dense_gemvs_match_numpy(precision: str, k: int, tile: int, split: int,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """One-row steps take rlx_dgemv for the three groups (the LIR's decisions; RLX_DENSE_GEMV=1, the default), two-
-    and four-row steps their GEMMs; both within the bound of numpy's products on the stored values."""
+    and four-row steps their GEMMs; both within the bound of numpy's products on the stored values. The tile width
+    and K split chosen per launch, no split (one kernel), and forced splits (partials + rlx_dgemv_reduce) with wide
+    tiles (RLX_DENSE_GEMV_TILE / RLX_DENSE_GEMV_SPLIT)."""
     monkeypatch.setenv("RLX_DENSE_GEMV", "1")
-    assert Config.from_env().cuda_dense_gemv
+    monkeypatch.setenv("RLX_DENSE_GEMV_TILE", str(tile))
+    monkeypatch.setenv("RLX_DENSE_GEMV_SPLIT", str(split))
+    assert Config.from_env().cuda_dense_gemv and Config.from_env().cuda_dense_split == split
     g = gemv_graph(k)
     found = find_decode_gemvs(lower_to_lir(g, 2, backend="cuda"), dense=DType.parse(precision))
     assert sorted((len(d.members), bool(d.norm), bool(d.residual)) for d in found) == \

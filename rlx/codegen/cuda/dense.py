@@ -17,12 +17,13 @@ from rlx.codegen.text import comment
 from rlx.ir import ops as O
 from rlx.ir.decisions_cuda import DecodeGemv
 from rlx.ir.dtype import DType
+from rlx.opt.lowering_cuda import DENSE_GEMV_SPLIT_AUTO, dense_gemv_splits
 
 TEMPLATE = "cuda/dense.cu.j2"
 QUANT, DENSE = "cuda/kernels/quant.cuh", "cuda/kernels/dense_gemv.cuh"
 #: Threads of a block (RLX_DGEMV_THREADS), 16-byte loads a thread issues a step (RLX_DGEMV_LOADS) and the tile
-#: widths the host picks from (lg: 8 << lg columns, kernels/dense_gemv.cuh).
-THREADS, LOADS, LGS = 512, 4, (0, 1, 2, 3)
+#: widths the host picks from (lg: 8 << lg columns, kernels/dense_gemv.cuh; lg 4..6 mostly with K split).
+THREADS, LOADS, LGS = 512, 4, (0, 1, 2, 3, 4, 5, 6)
 
 
 def dgemv_smem_floats(k: int, lg: int, nm: int) -> int:
@@ -38,8 +39,11 @@ class DenseGemvLaunch(Launch):
     in larger ones."""
 
     inner: Kernel
-    #: rlx_dgemv's template arguments (T, BF, NORM, EPI, VEC) and the rows of X (a C expression)
+    #: rlx_dgemv without and with the K split (template arguments T, BF, NORM, EPI, VEC, SPLIT), the split's
+    #: rlx_dgemv_reduce, and the rows of X (a C expression)
     kernel: str
+    split_kernel: str
+    reduce: str
     m: str
     x: str
     gamma: str
@@ -53,6 +57,9 @@ class DenseGemvLaunch(Launch):
     ns: tuple[int, ...]
     #: the tiles' lg (8 << lg columns) when the decision forces it (`DecodeGemv.dense_tile`); -1: chosen per launch
     lg: int = -1
+    #: the K splits when forced (`DecodeGemv.dense_split`; 1: none); 0: chosen per launch, at most `max_split`
+    split: int = 0
+    max_split: int = DENSE_GEMV_SPLIT_AUTO
 
 
 def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
@@ -79,18 +86,23 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
     vec = all(n % 8 == 0 for n in ns) and all(e.offset(w) % 16 == 0 for w in ws)
     bf = e.ddt(lead.id) is DType.BF16
     nm = 2 if epi == 2 else 1
-    kernel = (f"rlx_dgemv<{t}, {str(bf).lower()}, {str(bool(d.norm)).lower()}, {epi}, "
-              f"{str(vec).lower()}>")
+    targs = f"{t}, {str(bf).lower()}, {str(bool(d.norm)).lower()}, {epi}, {str(vec).lower()}"
+    kernel, split_kernel = f"rlx_dgemv<{targs}, false>", f"rlx_dgemv<{targs}, true>"
+    # (a split's x is KC <= K rows: the unsplit bound covers it)
     smem = max(dgemv_smem_floats(k, lg, nm) for lg in LGS) * 4
-    attrs = inner.args.smem_attrs + (((kernel, str(smem)),) if smem > 48 * 1024 else ())
+    splits = dense_gemv_splits(d)
+    big = (kernel, split_kernel) if splits > 1 else (kernel,)
+    attrs = inner.args.smem_attrs + (tuple((kn, str(smem)) for kn in big) if smem > 48 * 1024 else ())
     what = ", ".join(f"%{m}" for m in d.members) + "".join(f" + %{n}" for n in (*d.norm, *d.residual))
     note = comment(f"{what}: one dense {'bf16' if bf else 'f16'} GEMV over the weights as stored ([{k}, N]) in "
                    f"one-row steps" + (" (the fused_swiglu's gate and up together)" if epi == 2 else ""), 160)
     args = DenseGemvLaunch(comment=note, what=inner.args.what, uses_flag=inner.args.uses_flag,
                            uses_lt=inner.args.uses_lt, smem_attrs=attrs, pdl=inner.args.pdl, inner=inner,
-                           kernel=kernel, m=e.numel(e.node(lead.inputs[0]).shape.dims[:-1]), x=e.ptr(x),
+                           kernel=kernel, split_kernel=split_kernel, reduce=f"rlx_dgemv_reduce<{t}, {epi}>",
+                           m=e.numel(e.node(lead.inputs[0]).shape.dims[:-1]), x=e.ptr(x),
                            gamma=gamma, eps=eps, res=res, k=k, nm=nm,
                            ws=tuple(f"(const uint8_t *){e.ptr(w)}" for w in ws), ys=ys, ns=ns,
-                           lg=d.dense_tile.bit_length() - 4 if d.dense_tile else -1)
+                           lg=d.dense_tile.bit_length() - 4 if d.dense_tile else -1, split=d.dense_split,
+                           max_split=splits)
     return dataclasses.replace(inner, macro="block_dense_gemv", template=TEMPLATE, args=args,
                                headers=(*inner.headers, QUANT, DENSE))

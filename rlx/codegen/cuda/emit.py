@@ -62,6 +62,8 @@ from rlx.ir.view import View, collapse
 from rlx.opt.lowering_cuda import (
     ATTN_MAX_SPLITS,
     DECODE_OCC_WALKS,
+    DENSE_GEMV_SPLIT_MAX,
+    DENSE_GEMV_TILES,
     DEQUANT_COPY_BYTES,
     GEMM_MODES,
     LT_DTYPES,
@@ -220,6 +222,9 @@ class CudaTarget:
     #: ... the output columns of its tiles (8, 16, 32, 64; 0: the widest that fills a wave, per launch;
     #: RLX_DENSE_GEMV_TILE, comparisons)
     dense_tile: int = 0
+    #: ... the blocks its K is split over (0: chosen per launch with the tile width; 1: no split; n: forced;
+    #: RLX_DENSE_GEMV_SPLIT, comparisons)
+    dense_split: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -236,8 +241,11 @@ class CudaTarget:
             raise BuildError(f"gemv_walk must be one of {', '.join(walks)}, got {self.gemv_walk!r}")
         if self.xr_groups not in (0, 1, 2, 4):
             raise BuildError(f"xr_groups must be 0 (chosen), 1, 2 or 4, got {self.xr_groups!r}")
-        if self.dense_tile not in (0, 8, 16, 32, 64):
-            raise BuildError(f"dense_tile must be 0 (chosen), 8, 16, 32 or 64, got {self.dense_tile!r}")
+        if self.dense_tile not in DENSE_GEMV_TILES:
+            raise BuildError(f"dense_tile must be 0 (chosen) or one of {DENSE_GEMV_TILES[1:]}, got {self.dense_tile!r}")
+        if isinstance(self.dense_split, bool) or not isinstance(self.dense_split, int) \
+                or not 0 <= self.dense_split <= DENSE_GEMV_SPLIT_MAX:
+            raise BuildError(f"dense_split must be 0 (chosen) .. {DENSE_GEMV_SPLIT_MAX}, got {self.dense_split!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
             raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
         if isinstance(self.dequant_copies, bool) or not isinstance(self.dequant_copies, int) or self.dequant_copies < 0:
@@ -263,7 +271,8 @@ class CudaTarget:
                 + (f" xr_groups={self.xr_groups}" if self.xr_groups else "")
                 + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}")
                 + ("" if self.dense_gemv else " dense_gemv=0")
-                + (f" dense_tile={self.dense_tile}" if self.dense_tile else ""))
+                + (f" dense_tile={self.dense_tile}" if self.dense_tile else "")
+                + (f" dense_split={self.dense_split}" if self.dense_split else ""))
 
 
 @dataclass(frozen=True)
