@@ -40,10 +40,16 @@ static void d_gemv(const float *X, const float *gamma, float eps, const RlxQMemb
     const size_t smem = (size_t)rlx_dgemv_smem(rlx_dgemv_kchunk(K, lg, nm, splits), lg, nm) * sizeof(float);
     if (d_counters.size() < (size_t)tiles)
         d_counters.resize((size_t)tiles, 0);
-    int32_t *counters = last ? d_counters.data() : nullptr;
-    rlx_emu_launch3(grid, RLX_DGEMV_THREADS, smem, [&] {
-        rlx_dgemv<float, BF, NORM, EPI, VEC, true>(X, gamma, eps, mem, res, K, lg, partials.data(), splits, counters);
-    });
+    if (last)
+        rlx_emu_launch3(grid, RLX_DGEMV_THREADS, smem, [&] {
+            rlx_dgemv<float, BF, NORM, EPI, VEC, true, true>(X, gamma, eps, mem, res, K, lg, partials.data(), splits,
+                                                             d_counters.data());
+        });
+    else
+        rlx_emu_launch3(grid, RLX_DGEMV_THREADS, smem, [&] {
+            rlx_dgemv<float, BF, NORM, EPI, VEC, true>(X, gamma, eps, mem, res, K, lg, partials.data(), splits,
+                                                       nullptr);
+        });
     for (float p : partials)
         d_unwritten += std::isnan(p) ? 1 : 0;
     if (last)
