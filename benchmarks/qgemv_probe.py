@@ -37,8 +37,9 @@ today's single kernel with its tile chosen as before the split existed; `s4` 4 s
 last block (`dense_reduce` "last", the default: one kernel); a trailing `k` takes the second kernel instead
 (`RLX_DENSE_GEMV_REDUCE=kernel`: rlx_dgemv, then rlx_dgemv_reduce, timed as their span, from the first's start to the
 second's end, the gap between them included), e.g. `--walks s1,auto,autok,t256s16,t256s16k`. The bf16 walks time a
-fifth GEMV, the vocabulary head with the final norm (8B: 128256 x 4096, 1.05 GB of f16 weights). A `torch.mv` line (cuBLAS's GEMV on the same shapes, f16 `[N, K]` weights, 4 copies cycled so none is
-L2-resident, CUDA events) is printed beside them.
+fifth GEMV, the vocabulary head with the final norm (8B: 128256 x 4096, 1.05 GB of f16 weights). A `torch.mv` line
+(cuBLAS's GEMV on the same shapes, f16 `[N, K]` weights, 4 copies cycled so none is L2-resident, CUDA events) is
+printed beside them.
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def main() -> int:
         return {**({"dense_tile": int(m[1])} if m[1] else {}), **({"dense_split": int(m[2])} if m[2] else {}),
                 **({"dense_reduce": "kernel"} if m[3] else {})}
 
-    lirs = {act: Session(Device.CUDA).lower(layer_graph(args.weights, act, dense)) for act in {act_of(w) for w in walks}}
+    lirs = {act: Session(Device.CUDA).lower(layer_graph(args.weights, act, dense))
+            for act in {act_of(w) for w in walks}}
     for walk in walks:
         opts = options(walk)
         arch = "sm_90" if args.dry_run else None  # a dry run needs no GPU to pick the arch from

@@ -32,7 +32,7 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_DENSE_GEMV | 0: CUDA f16/bf16 float projections' one-row steps on their GEMMs, not rlx_dgemv | 1 |
 | RLX_DENSE_GEMV_TILE | rlx_dgemv's tile width in output columns, 8 .. 512, powers of 2 (0: chosen per launch) | 0 |
 | RLX_DENSE_GEMV_SPLIT | rlx_dgemv's K splits over blocks (0: chosen per launch, 1: none, n: forced, at most 64) | 0 |
-| RLX_DENSE_GEMV_REDUCE | who adds rlx_dgemv's K-split partials: `last` (the tile's last block), `kernel` (a 2nd one) | last |
+| RLX_DENSE_GEMV_REDUCE | who adds rlx_dgemv's K-split partials: `last` (a tile's last block), `kernel` | last |
 | RLX_CUDA_DEQUANT_COPIES | bytes of CUDA quantized weights also kept dequantized for many-row steps (0: none) | 2 GiB |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |

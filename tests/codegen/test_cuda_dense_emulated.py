@@ -71,7 +71,8 @@ def _run(emu: ctypes.CDLL, dt: str, kind: str, x: np.ndarray, gamma: np.ndarray 
     ns = (ctypes.c_int64 * 4)(*[w.shape[1] for w in ws])
     emu.emu_dgemv(1 if dt == "bf16" else 0, KINDS[kind], x.ctypes.data_as(F32P),
                   None if gamma is None else gamma.ctypes.data, 1e-5, len(ws), wp, yp, ns,
-                  None if res is None else res.ctypes.data, k, lg, splits, max_grid, int(reduce == "last"), int(reverse))
+                  None if res is None else res.ctypes.data, k, lg, splits, max_grid, int(reduce == "last"),
+                  int(reverse))
     assert emu.emu_dgemv_unwritten() == 0, "a split's partial was never written"
     assert emu.emu_dgemv_counters_left() == 0, "a tile counter was left non-zero"
     return ys
