@@ -100,8 +100,8 @@ class DecodeGemv(Decision):
     #: tiles (times the K splits) fill the wave of resident blocks.
     dense_tile: int = 0
     #: "dense": the blocks K is split over (S; each sums whole steps of its K range into f32 partials in the scratch
-    #: region, rlx_dgemv_reduce adds them in split order and applies the epilogue); 0: chosen per launch (at most
-    #: `DENSE_GEMV_SPLIT_AUTO`), 1: no split (one kernel), n: forced.
+    #: region, added in split order with the epilogue applied as `dense_reduce` says); 0: chosen per launch (at most
+    #: `DENSE_GEMV_SPLIT_AUTO`), 1: no split (no partials), n: forced.
     dense_split: int = 0
     #: "dense", K split: who adds a column's partials (in split order, the same bits either way) and applies the
     #: epilogue: "last" (the tile's last block to finish, counted in the layout's `counters` region: no second

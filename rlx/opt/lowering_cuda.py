@@ -974,7 +974,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                                                                             * abi.itemsize)))
     # the arena doubles as the staging area of set_param (no run is in flight then)
     arena = mem.alloc("arena", max(lir.arena_bytes, staging_need))
-    # (a dense GEMV's K-split partials live there too, between its two kernels)
+    # (a dense GEMV's K-split partials live there too, within its launch, or until rlx_dgemv_reduce reads them)
     body_splits = (dense_split or DENSE_GEMV_SPLIT_AUTO) if dense is not None else 0
     scratch = mem.alloc("scratch", max([_scratch(lir, precision, body_splits),
                                         *(dense_gemv_scratch(graph, d) for d in gemvs)]))
