@@ -100,13 +100,9 @@ class DecodeGemv(Decision):
     #: tiles (times the K splits) fill the wave of resident blocks.
     dense_tile: int = 0
     #: "dense": the blocks K is split over (S; each sums whole steps of its K range into f32 partials in the scratch
-    #: region, added in split order with the epilogue applied as `dense_reduce` says); 0: chosen per launch (at most
-    #: `DENSE_GEMV_SPLIT_AUTO`), 1: no split (no partials), n: forced.
+    #: region, rlx_dgemv_reduce adds them in split order and applies the epilogue); 0: chosen per launch (at most
+    #: `DENSE_GEMV_SPLIT_AUTO`), 1: no split (one kernel), n: forced.
     dense_split: int = 0
-    #: "dense", K split: who adds a column's partials (in split order, the same bits either way) and applies the
-    #: epilogue: "last" (the tile's last block to finish, counted in the layout's `counters` region: no second
-    #: kernel) or "kernel" (rlx_dgemv_reduce, launched after rlx_dgemv; RLX_DENSE_GEMV_REDUCE=kernel, comparisons).
-    dense_reduce: str = "last"
     #: The members' activations: "f32" or "q8" (int8 per block of 32, `quantize_act`: the "occ" walk quantizes each
     #: lane's x in registers and takes integer dot products, rlx_qgemv_occ's ACT = 1; the "rows" walk stages
     #: records, kernels/quant_q8.cuh).
@@ -123,13 +119,10 @@ class DecodeGemv(Decision):
                     + (", int8 activations quantized in registers)" if self.act == "q8" else ")"))
         elif self.walk == "dense":
             tile = f"tiles of {self.dense_tile} columns" if self.dense_tile else "column tiles sized per launch"
-            by = ("by the tile's last block" if self.dense_reduce == "last"
-                  else "by a second kernel, rlx_dgemv_reduce")
-            split = (f"K split over blocks (as many as chosen per launch; partials added in split order {by}) and "
-                     "over a block's threads" if self.dense_split == 0
-                     else "K split over a block's threads only" if self.dense_split == 1
-                     else f"K split over {self.dense_split} blocks (partials added in split order {by}) and over a "
-                     "block's threads")
+            split = ("K split over blocks (as many as chosen per launch) and over a block's threads"
+                     if self.dense_split == 0 else "K split over a block's threads only" if self.dense_split == 1
+                     else f"K split over {self.dense_split} blocks (partials added in split order) and over a block's "
+                     "threads")
             walk = f", a dense 16-bit GEMV over the weights as stored ([K, N]: {tile}, {split})"
         extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []
@@ -400,7 +393,7 @@ class DeviceLayout(Decision):
     params (then the QKV group outputs, so `rlx_clone` copies `params_end` bytes of params only), constants,
     inputs and outputs (with their ABI-dtype staging copies), the arena (also set_param's staging area),
     scratch (SwiGLU's up projection, split-KV attention partials), the cuBLASLt workspace, the error flag, the
-    block counters (split attention's, the K-split dense GEMVs' last-block sums).
+    split attention's counters.
     `precision` and `gemm` are the options it was planned for (codegen refuses another target).
     """
 
@@ -419,9 +412,8 @@ class DeviceLayout(Decision):
     workspace: int
     workspace_bytes: int
     flag: int
-    #: Block counters of split attention (`DecodeSplitKv`, one a query) and of K-split dense GEMVs (`DecodeGemv`
-    #: dense_reduce "last", one a tile): zeroed once at rlx_create, and every kernel that counts in them leaves them
-    #: zero (they run one after another: one set serves all).
+    #: Per-query block counters of split attention (`DecodeSplitKv`): zeroed once at rlx_create, and every
+    #: kernel that counts in them leaves them zero.
     counters: int = 0
     counters_bytes: int = 0
 

@@ -377,29 +377,11 @@ DENSE_GEMV_TILES = (0, 8, 16, 32, 64, 128, 256, 512)
 #: per launch, at most DENSE_GEMV_SPLIT_AUTO; 1: no split). The scratch region holds [S][N] f32 partials.
 DENSE_GEMV_SPLIT_MAX = 64
 DENSE_GEMV_SPLIT_AUTO = 16
-#: Who adds a K-split dense GEMV's partials (`DecodeGemv.dense_reduce`, `CudaTarget.dense_reduce`,
-#: RLX_DENSE_GEMV_REDUCE): the tile's last block ("last", the default) or a second kernel ("kernel").
-DENSE_GEMV_REDUCES = ("last", "kernel")
-#: The narrowest tile a dense GEMV's K split takes unless its tile is forced (lg 1 in templates/cuda/dense.cu.j2).
-DENSE_GEMV_SPLIT_MIN_TILE = 16
 
 
 def dense_gemv_splits(d: DecodeGemv) -> int:
     """Most K splits a `DecodeGemv` of walk "dense" may launch (its partials' rows in scratch)."""
     return d.dense_split or DENSE_GEMV_SPLIT_AUTO
-
-
-def dense_gemv_counters(graph: Graph, d: DecodeGemv) -> int:
-    """Bytes of a dense `DecodeGemv`'s tile counters (its tiles' last blocks add the K-split partials: one int a tile
-    at the narrowest tile its launch may take, every member tiled on its own); 0 when it never splits or a second
-    kernel adds them."""
-    if d.walk != "dense" or dense_gemv_splits(d) == 1 or d.dense_reduce != "last":
-        return 0
-    lead = graph.node(d.members[0])
-    cols = (lead.shape.dims[-1].value,) if isinstance(lead.op, O.FusedSwiGLU) else \
-        tuple(graph.node(m).shape.dims[-1].value for m in d.members)
-    tile = d.dense_tile or DENSE_GEMV_SPLIT_MIN_TILE
-    return sum(-(-n // tile) for n in cols) * 4
 
 
 def dense_gemv_scratch(graph: Graph, d: DecodeGemv) -> int:
@@ -418,7 +400,7 @@ def dense_gemv_scratch(graph: Graph, d: DecodeGemv) -> int:
 
 def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense: DType | None = None,
                       grouped: frozenset[NodeId] = frozenset(), dense_tile: int = 0,
-                      dense_split: int = 0, dense_reduce: str = "last") -> list[DecodeGemv]:
+                      dense_split: int = 0) -> list[DecodeGemv]:
     """Quantized projections that run as one GEMV launch in decode steps (see `DecodeGemv`).
 
     Members are consecutive `dequant_matmul`s of one activation with one block format and K; the norm
@@ -520,7 +502,7 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense
         staged = lir.buffers[graph.node(taken[0][0]).inputs[0] if taken[0] else members[0].inputs[0]]
         if staged.storage == "input" or (staged.storage == "arena" and staged.offset % 16 == 0):
             found.append(DecodeGemv(tuple(m.id for m in members), 1, *taken, "dense", dense_tile=dense_tile,
-                                    dense_split=dense_split, dense_reduce=dense_reduce))
+                                    dense_split=dense_split))
     return found
 
 
@@ -840,14 +822,6 @@ def _dense_partials_bound(lir: LirModule, splits: int) -> int:
     return splits * cols * 4
 
 
-def _dense_counters_bound(lir: LirModule) -> int:
-    """Counter bytes a scan body's dense GEMVs' last blocks may take (one int a tile): an upper bound, every float
-    projection's columns in tiles of 8 (the narrowest), the body's decisions being made apart from the graph's."""
-    graph = lir.graph
-    return sum(-(-n.shape.dims[-1].max // 8) * 4 for n in (graph.node(nid) for nid in lir.schedule)
-               if isinstance(n.op, (O.MatMul, O.FusedSwiGLU)))
-
-
 def _scratch(lir: LirModule, precision: DType, dense_splits: int = 0) -> int:
     """The largest scratch any kernel uses, scan bodies' kernels included (they share the region); `dense_splits`:
     the most K splits a dense GEMV of a body may launch (0: no dense GEMV)."""
@@ -862,7 +836,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                 pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
                 p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
                 dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
-                dense_tile: int = 0, dense_split: int = 0, dense_reduce: str = "last") -> tuple[Decision, ...]:
+                dense_tile: int = 0, dense_split: int = 0) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
     its decode steps run the grouped kernel; `dequant_copies` is the byte budget of `DequantCopy` copies;
@@ -926,7 +900,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     # (its X must not share bytes with the sum it writes; C may: cuBLASLt accumulates in place)
     dense = precision if dense_gemv and precision in DENSE_GEMV_PRECISIONS else None
     gemvs = find_decode_gemvs(lir, gemv_walk, xr_groups, dense, frozenset(m for g in grouped for m in g), dense_tile,
-                              dense_split, dense_reduce)
+                              dense_split)
     mmas = find_quant_mmas(lir, precision)
     residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in gemvs
                    if d.residual and len(d.members) == 1
@@ -974,7 +948,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                                                                             * abi.itemsize)))
     # the arena doubles as the staging area of set_param (no run is in flight then)
     arena = mem.alloc("arena", max(lir.arena_bytes, staging_need))
-    # (a dense GEMV's K-split partials live there too, within its launch, or until rlx_dgemv_reduce reads them)
+    # (a dense GEMV's K-split partials live there too, between its two kernels)
     body_splits = (dense_split or DENSE_GEMV_SPLIT_AUTO) if dense is not None else 0
     scratch = mem.alloc("scratch", max([_scratch(lir, precision, body_splits),
                                         *(dense_gemv_scratch(graph, d) for d in gemvs)]))
@@ -982,10 +956,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     workspace_bytes = LT_WORKSPACE if lt else 0
     workspace = mem.alloc("workspace", workspace_bytes)
     flag = mem.alloc("flag", ALIGN)
-    # (split attention and the K-split dense GEMVs' last blocks count in one set: they run one after another)
-    body_counters = dense is not None and dense_split != 1 and dense_reduce == "last"
-    counters_bytes = max([_counters(lir, precision), *(dense_gemv_counters(graph, d) for d in gemvs),
-                          *(_dense_counters_bound(body) for _, body in bodies if body_counters)])
+    counters_bytes = _counters(lir, precision)
     counters = mem.alloc("counters", counters_bytes) if counters_bytes else 0
     layout = DeviceLayout(precision=precision.value, gemm=gemm, total=mem.total, params_end=params_end,
                           regions=mem.regions(), params=tuple(params), constants=constants, inputs=tuple(inputs),
@@ -1003,15 +974,13 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
                    kv_decode: bool = True, p2p_all_reduce: bool = True, gemv_walk: str = "auto",
                    xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
-                   dense_tile: int = 0, dense_split: int = 0, dense_reduce: str = "last",
-                   **_target: object) -> tuple[Decision, ...]:
+                   dense_tile: int = 0, dense_split: int = 0, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
     keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
     all-reduce to NCCL (no `AllReduceP2P`); `gemv_walk` / `xr_groups` pick the one-row decode GEMV's walk
     (`decode_walk`); `dense_gemv` puts float projections on the dense one-row GEMV (`False`: RLX_DENSE_GEMV=0),
-    `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE), `dense_split` its K splits (RLX_DENSE_GEMV_SPLIT),
-    `dense_reduce` who adds the splits' partials ("last": the tile's last block; "kernel": RLX_DENSE_GEMV_REDUCE).
+    `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE), `dense_split` its K splits (RLX_DENSE_GEMV_SPLIT).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
@@ -1031,10 +1000,8 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
     if isinstance(dense_split, bool) or not isinstance(dense_split, int) \
             or not 0 <= dense_split <= DENSE_GEMV_SPLIT_MAX:
         raise ValueError(f"dense_split must be 0 (chosen) .. {DENSE_GEMV_SPLIT_MAX}, got {dense_split!r}")
-    if dense_reduce not in DENSE_GEMV_REDUCES:
-        raise ValueError(f"dense_reduce must be one of {DENSE_GEMV_REDUCES}, got {dense_reduce!r}")
     return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce, gemv_walk,
-                       xr_groups, dequant_copies, dense_gemv, dense_tile, dense_split, dense_reduce)
+                       xr_groups, dequant_copies, dense_gemv, dense_tile, dense_split)
 
 
 #: Bytes a one-shot all-reduce call may carry (a slot of the exchange buffer: RLX_AR_SLOT_BYTES in

@@ -85,8 +85,8 @@ def test_float_decoder_records_the_dense_walk() -> None:
         CudaTarget(dense_gemv=True, precision=DType.F16, dense_tile=12)
     # K split over blocks: chosen per launch (the scratch region holds 16 splits' f32 partials), none, or forced
     # (RLX_DENSE_GEMV_SPLIT, through Config: the LIR records it and sizes the scratch region for it)
-    assert all(d.dense_split == 0 and "K split over blocks (as many as chosen per launch; partials added in split "
-               "order by the tile's last block)" in d.describe() for d in found)
+    assert all(d.dense_split == 0 and "K split over blocks (as many as chosen per launch)" in d.describe()
+               for d in found)
     assert _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16,
                                                 dense_tile=512)).inspect().count("tiles of 512 columns") == 5
     # (the widest partials: the gate's and the up's 512 columns x 16 splits, f32)
@@ -96,7 +96,7 @@ def test_float_decoder_records_the_dense_walk() -> None:
     assert none.inspect().count("K split over a block's threads only") == 5
     four = _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16, dense_split=4))
     assert {d.dense_split for d in four.decided(DecodeGemv)} == {4}
-    assert four.inspect().count("K split over 4 blocks (partials added in split order by the tile's last block)") == 5
+    assert four.inspect().count("K split over 4 blocks (partials added in split order)") == 5
     assert "dense_split=4" in CudaTarget(precision=DType.F16, dense_split=4).identity()
     assert "dense_split" not in default.identity()
     assert CudaStages(Config.from_env({"RLX_DENSE_GEMV_SPLIT": "8"})).target_options["dense_split"] == 8
@@ -104,24 +104,6 @@ def test_float_decoder_records_the_dense_walk() -> None:
     for bad in (-1, 65, True):
         with pytest.raises(BuildError, match="dense_split"):
             CudaTarget(dense_gemv=True, precision=DType.F16, dense_split=bad)
-    # who adds the partials: the tile's last block (default; its counters in the layout's counters region, one int a
-    # tile of 16 columns at the widest group: the gate's 512 columns) or rlx_dgemv_reduce (RLX_DENSE_GEMV_REDUCE)
-    assert {d.dense_reduce for d in found} == {"last"}
-    assert layout.counters_bytes >= 512 // 16 * 4 and "counters" in {r.name for r in layout.regions}
-    kernel = _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16, dense_reduce="kernel"))
-    assert {d.dense_reduce for d in kernel.decided(DecodeGemv)} == {"kernel"}
-    assert kernel.inspect().count("partials added in split order by a second kernel, rlx_dgemv_reduce") == 5
-    assert "dense_reduce=kernel" in CudaTarget(precision=DType.F16, dense_reduce="kernel").identity()
-    assert "dense_reduce" not in default.identity()
-    assert CudaStages(Config.from_env({"RLX_DENSE_GEMV_REDUCE": "kernel"})).target_options["dense_reduce"] == "kernel"
-    assert "dense_reduce" not in CudaStages(Config.from_env({"RLX_DENSE_GEMV_REDUCE": "last"})).target_options
-    with pytest.raises(BuildError, match="dense_reduce"):
-        CudaTarget(dense_gemv=True, precision=DType.F16, dense_reduce="warp")
-    # no split, or the second kernel: no GEMV counters (an f16 decoder's attention takes none either at this size)
-    for target in (CudaTarget(dense_gemv=True, precision=DType.F16, dense_split=1),
-                   CudaTarget(dense_gemv=True, precision=DType.F16, dense_reduce="kernel")):
-        (lay,) = _decided(float_decoder(), target).decided(DeviceLayout)
-        assert lay.counters_bytes < layout.counters_bytes
 
 
 def test_llama3_8b_shaped_float_decoder_takes_the_dense_walk_everywhere() -> None:
@@ -167,20 +149,11 @@ def test_float_decoder_with_the_dense_gemv_compiles(precision: str, arch: str, t
     assert src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv<{t}, {bf}, ") == 10
     launches = {args: src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv<{t}, {bf}, {args}>")
                 for args in ("true, 0, true, false", "false, 1, true, false", "true, 2, true, false",
-                             "true, 0, true, true, true", "false, 1, true, true, true", "true, 2, true, true, true")}
+                             "true, 0, true, true", "false, 1, true, true", "true, 2, true, true")}
     assert launches == {"true, 0, true, false": 2, "false, 1, true, false": 2, "true, 2, true, false": 1,
-                        "true, 0, true, true, true": 2, "false, 1, true, true, true": 2, "true, 2, true, true, true": 1}
-    # the split's partials added by each tile's last block (the counters region): no second kernel
-    assert "rlx_launch_pdl(c->pdl, rlx_dgemv_reduce" not in src
-    assert src.count("partials, nsplit, RLX_P(int32_t, RLX_OFF_COUNTERS))") == 5
-    assert src.count("K, lg, (float *)nullptr, 1, (int32_t *)nullptr)") == 5  # unsplit: no counters
-    # RLX_DENSE_GEMV_REDUCE=kernel: rlx_dgemv_reduce after each split launch, which counts nothing
-    two = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_reduce="kernel")
-    ksrc = render_cuda(_decided(float_decoder(), two), two, {"name": "kernel"})
-    reduces = {epi: ksrc.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv_reduce<{t}, {epi}>") for epi in (0, 1, 2)}
+                        "true, 0, true, true": 2, "false, 1, true, true": 2, "true, 2, true, true": 1}
+    reduces = {epi: src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv_reduce<{t}, {epi}>") for epi in (0, 1, 2)}
     assert reduces == {0: 2, 1: 2, 2: 1}
-    assert ksrc.count("partials, nsplit, (int32_t *)nullptr)") == 5 and "RLX_OFF_COUNTERS))" not in ksrc
-    assert ksrc.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv<{t}, {bf}, true, 2, true, true>") == 1  # (LAST false)
     assert src.count("if (M == 1) {") == 5 and src.count("(mem, K, wave, 6, 1, 1, 16, &lg, &nsplit);") == 5
     # a forced tile without the split: today's single launch, no partials, no second kernel
     forced = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_tile=8,
@@ -192,7 +165,7 @@ def test_float_decoder_with_the_dense_gemv_compiles(precision: str, arch: str, t
     split = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_split=4)
     ssrc = render_cuda(_decided(float_decoder(), split), split, {"name": "split"})
     assert ssrc.count("(mem, K, wave, 6, 1, 4, 4, &lg, &nsplit);") == 5
-    for name, text in (("auto", src), ("split", ssrc), ("kernel", ksrc)):
+    for name, text in (("auto", src), ("split", ssrc)):
         path = tmp_path / f"dense_{precision}_{arch}_{name}.cu"
         path.write_text(text)
         tc.compile(path, path.with_suffix(".o"), target.gemm, compile_only=True)
@@ -212,7 +185,7 @@ def test_odd_widths_take_two_byte_loads_and_compile(tmp_path: Path) -> None:
     assert [d.members for d in lir.decided(DecodeGemv)] == [(a, b)]
     src = render_cuda(lir, target, {"name": "odd"})
     assert "rlx_dgemv<rlx_bf16, true, false, 0, false, false>" in src
-    assert "rlx_dgemv<rlx_bf16, true, false, 0, false, true, true>" in src
+    assert "rlx_dgemv<rlx_bf16, true, false, 0, false, true>" in src
     path = tmp_path / "odd.cu"
     path.write_text(src)
     tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True)

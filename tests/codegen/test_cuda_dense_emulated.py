@@ -5,8 +5,7 @@ norm + SwiGLU (gate and up read together), and the residual add; N odd (2-byte l
 or a multiple of 8 (16-byte loads); K from 64 to 16384; every tile width the host picks (8 << lg columns); grids
 smaller than the tiles (several passes, each block's first tile loaded before the PDL wait); K split over blocks
 (SPLIT: 2..8 splits, tiles up to 512 columns, splits short or empty, f32 partials then rlx_dgemv_reduce with the
-epilogue, or each tile's last block adding them: the same bits, the tile counters left zero, blocks in either order).
-Needs g++ with C++20.
+epilogue). Needs g++ with C++20.
 
 Bound, as the quantized GEMVs' (tests/codegen/test_cuda_qgemv_emulated.py): the kernel sums exact products x w in f32
 over K terms (per thread, then over the threads in a fixed order; split: then over the splits), |err| <= (K + 36) u32
@@ -35,10 +34,8 @@ NARROW = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib = build_emu(tmp_path_factory, "dense_emu.cpp")
     i32, i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    lib.emu_dgemv.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, i64, i32, i32, ctypes.c_uint,
-                              i32, i32]
+    lib.emu_dgemv.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, i64, i32, i32, ctypes.c_uint]
     lib.emu_dgemv_unwritten.restype = i64
-    lib.emu_dgemv_counters_left.restype = i64
     lib.emu_dgemv_plan.argtypes = [i32, i32, vp, i64, i64, i32, i32, i32, i32, vp]
     lib.emu_dgemv_plan.restype = i64
     return lib
@@ -60,10 +57,7 @@ def _reference(h: np.ndarray, w: np.ndarray, dt: str) -> np.ndarray:
 
 
 def _run(emu: ctypes.CDLL, dt: str, kind: str, x: np.ndarray, gamma: np.ndarray | None, ws: list[np.ndarray],
-         res: np.ndarray | None, lg: int, max_grid: int, splits: int = 1, reduce: str = "kernel",
-         reverse: bool = False) -> list[np.ndarray]:
-    """The members' outputs of one launch; `reduce` ("kernel": rlx_dgemv_reduce, "last": the tile's last block) adds
-    a split launch's partials, `reverse` runs the blocks last first."""
+         res: np.ndarray | None, lg: int, max_grid: int, splits: int = 1) -> list[np.ndarray]:
     k = x.shape[1]
     ys = [np.full((1, w.shape[1]), np.nan, np.float32) for w in ws]
     wp = (ctypes.c_void_p * 4)(*[w.ctypes.data for w in ws])
@@ -71,21 +65,8 @@ def _run(emu: ctypes.CDLL, dt: str, kind: str, x: np.ndarray, gamma: np.ndarray 
     ns = (ctypes.c_int64 * 4)(*[w.shape[1] for w in ws])
     emu.emu_dgemv(1 if dt == "bf16" else 0, KINDS[kind], x.ctypes.data_as(F32P),
                   None if gamma is None else gamma.ctypes.data, 1e-5, len(ws), wp, yp, ns,
-                  None if res is None else res.ctypes.data, k, lg, splits, max_grid, int(reduce == "last"),
-                  int(reverse))
+                  None if res is None else res.ctypes.data, k, lg, splits, max_grid)
     assert emu.emu_dgemv_unwritten() == 0, "a split's partial was never written"
-    assert emu.emu_dgemv_counters_left() == 0, "a tile counter was left non-zero"
-    return ys
-
-
-def _run_fused_too(emu: ctypes.CDLL, *args: object) -> list[np.ndarray]:
-    """`_run` with rlx_dgemv_reduce, then with the tiles' last blocks adding the partials (blocks in launch order,
-    reversed, and in launch order again: the counters reset by each launch); every run the same bits."""
-    ys = _run(emu, *args, reduce="kernel")
-    for reverse in (False, True, False):
-        fused = _run(emu, *args, reduce="last", reverse=reverse)
-        for y, f in zip(ys, fused):
-            np.testing.assert_array_equal(f, y, err_msg=f"last-block sums (blocks reversed: {reverse})")
     return ys
 
 
@@ -189,8 +170,7 @@ def test_dense_gemv_split_over_k_matches_reference(emu: ctypes.CDLL, dt: str, ki
                                                    splits: int) -> None:
     """K split over blocks (SPLIT): tiles of 16..512 columns (wider than N too), K not a multiple of splits x step
     (a short last split), splits with no rows at all (they write zero partials), odd N; the norm's sum of squares over
-    all of K with each block staging its own rows; the residual add and SwiGLU applied by rlx_dgemv_reduce, and by the
-    tiles' last blocks with the same bits."""
+    all of K with each block staging its own rows; the residual add and SwiGLU applied by rlx_dgemv_reduce."""
     rng = np.random.default_rng(3 * n + k + lg + splits + len(kind) + len(dt))
     x = rng.standard_normal((1, k)).astype(np.float32)
     gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
@@ -198,8 +178,7 @@ def test_dense_gemv_split_over_k_matches_reference(emu: ctypes.CDLL, dt: str, ki
     w0, w1 = _weights(rng, k, n, dt), _weights(rng, k, n, dt)
     norm = kind in ("norm_swiglu", "norm")
     ws = [w0, w1] if kind == "norm_swiglu" else [w0]
-    ys = _run_fused_too(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, 1 << 30,
-                        splits)
+    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, 1 << 30, splits)
     h = rms(x, gamma, 1e-5) if norm else x
     a, b = _reference(h, w0, dt), _reference(h, w1, dt)
     ba, bb = _bound(h, w0), _bound(h, w1)
@@ -222,7 +201,7 @@ def test_dense_gemv_split_of_members_matches_reference(emu: ctypes.CDLL, dt: str
     gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
     ws = [_weights(rng, k, n, dt) for n in ns]
     kind = "norm" if norm else "plain"
-    ys = _run_fused_too(emu, dt, kind, x, gamma if norm else None, ws, None, lg, 1 << 30, splits)
+    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, None, lg, 1 << 30, splits)
     again = _run(emu, dt, kind, x, gamma if norm else None, ws, None, lg, 1 << 30, splits)
     h = rms(x, gamma, 1e-5) if norm else x
     for w, y, y2 in zip(ws, ys, again):

@@ -39,8 +39,8 @@ class DenseGemvLaunch(Launch):
     in larger ones."""
 
     inner: Kernel
-    #: rlx_dgemv without and with the K split (template arguments T, BF, NORM, EPI, VEC, SPLIT and, with
-    #: `reduce_last`, LAST), the split's rlx_dgemv_reduce, and the rows of X (a C expression)
+    #: rlx_dgemv without and with the K split (template arguments T, BF, NORM, EPI, VEC, SPLIT), the split's
+    #: rlx_dgemv_reduce, and the rows of X (a C expression)
     kernel: str
     split_kernel: str
     reduce: str
@@ -60,9 +60,6 @@ class DenseGemvLaunch(Launch):
     #: the K splits when forced (`DecodeGemv.dense_split`; 1: none); 0: chosen per launch, at most `max_split`
     split: int = 0
     max_split: int = DENSE_GEMV_SPLIT_AUTO
-    #: the split's partials added by each tile's last block (counted in the counters region; `DecodeGemv.dense_reduce`
-    #: "last"), else by `reduce` launched after
-    reduce_last: bool = True
 
 
 def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
@@ -90,8 +87,7 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
     bf = e.ddt(lead.id) is DType.BF16
     nm = 2 if epi == 2 else 1
     targs = f"{t}, {str(bf).lower()}, {str(bool(d.norm)).lower()}, {epi}, {str(vec).lower()}"
-    last = d.dense_reduce == "last"
-    kernel, split_kernel = f"rlx_dgemv<{targs}, false>", f"rlx_dgemv<{targs}, true{', true' if last else ''}>"
+    kernel, split_kernel = f"rlx_dgemv<{targs}, false>", f"rlx_dgemv<{targs}, true>"
     # (a split's x is KC <= K rows: the unsplit bound covers it)
     smem = max(dgemv_smem_floats(k, lg, nm) for lg in LGS) * 4
     splits = dense_gemv_splits(d)
@@ -107,6 +103,6 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
                            gamma=gamma, eps=eps, res=res, k=k, nm=nm,
                            ws=tuple(f"(const uint8_t *){e.ptr(w)}" for w in ws), ys=ys, ns=ns,
                            lg=d.dense_tile.bit_length() - 4 if d.dense_tile else -1, split=d.dense_split,
-                           max_split=splits, reduce_last=last)
+                           max_split=splits)
     return dataclasses.replace(inner, macro="block_dense_gemv", template=TEMPLATE, args=args,
                                headers=(*inner.headers, QUANT, DENSE))

@@ -20,17 +20,9 @@
  * sums rows [s KC, s KC + KC) of tile t (KC = rlx_dgemv_kchunk: whole steps, so loads stay aligned and x's float4
  * reads too; the last split may be short or empty) and writes the column sums, not the outputs, to the partials
  * [S][NP] (f32, the scratch region; NP = rlx_dgemv_pcols: every member's columns, SwiGLU's gate then up);
- * then a column's S partials are added in split order (the same bits every run) and the epilogue applied, either
- *   - by the tile's last block (LAST, `counters`: DecodeGemv.dense_reduce "last"): each block's threads write their
- *     partials and fence them (__threadfence), then one thread counts the block in the tile's counter (atomicAdd);
- *     the block that counts S - 1 is the last, fences, reads the tile's S partials through L2 (__ldcg, never a stale
- *     L1 line) and stores the outputs, then sets the counter back to 0 for the next launch (or graph replay). The
- *     counters (one int a tile) are the layout's `counters` region, zeroed at rlx_create and shared with split
- *     attention and every other split GEMV: a kernel counts in them only after griddepcontrol.wait, i.e. once the
- *     grid before (which left them zero) has completed, PDL or not; or
- *   - by rlx_dgemv_reduce (LAST false: "kernel"), a second kernel launched right after, one thread a column.
- * Both add the same values in the same order: the same bits. The absorbed RMS norm needs all of x's squares: each
- * block sums them over all of K (x is L2-resident, 2 K bytes) and stages only its own rows. With S = 1 the host launches SPLIT = false: no partials, no
+ * rlx_dgemv_reduce, launched right after, adds a column's S partials in split order (the same bits every run) and
+ * applies the epilogue. The absorbed RMS norm needs all of x's squares: each block sums them over all of K (x is
+ * L2-resident, 2 K bytes) and stages only its own rows. With S = 1 the host launches SPLIT = false: no partials, no
  * second kernel.
  * VEC: every member's N is a multiple of 8 (16-byte loads); else 8 2-byte loads a lane, columns clamped into the
  * member. K a multiple of 8. Dynamic shared memory: rlx_dgemv_smem floats (SPLIT: of KC rows). lg 0..6 (8..512
@@ -40,10 +32,9 @@
 #endif
 /* 16-byte loads a thread issues a step (U rows of each matrix) */
 #define RLX_DGEMV_LOADS 4
-/* blocks an SM holds: ptxas fits the kernel in 64 registers (sm_90, f16 / bf16, each epilogue, VEC or not, SPLIT
-   or not, LAST or not: no spills; sm_80: the unsplit f16 SwiGLU and bf16 odd-N plain ones spill 8 bytes, the SPLIT
-   SwiGLU of odd N 40, the SPLIT bf16 norm + Q/K/V 16, the LAST bf16 SwiGLU 8), so 32 warps an SM, each thread with
-   two steps' loads (128 bytes) in flight */
+/* blocks an SM holds: ptxas fits the kernel in 64 registers (sm_90, f16 / bf16, each epilogue, VEC, SPLIT or not:
+   no spills; sm_80: the unsplit f16 SwiGLU and bf16 odd-N plain ones spill 8 bytes, the SPLIT SwiGLU of odd N 40,
+   the SPLIT bf16 norm + Q/K/V 16), so 32 warps an SM, each thread with two steps' loads (128 bytes) in flight */
 #ifndef RLX_DGEMV_MIN_BLOCKS
 #define RLX_DGEMV_MIN_BLOCKS 2
 #endif
@@ -246,51 +237,11 @@ __device__ __forceinline__ void rlx_dgemv_emit(const RlxQMembers &mem, const Rlx
     }
 }
 
-/* SPLIT and LAST, after the block's partials of tile t are written (by some of its threads): the tile's last block to
-   count itself adds each column's S partials in split order (as rlx_dgemv_reduce: the same bits) and applies the
-   epilogue, one thread a column, then zeroes the tile's counter. The tile's pointers are found again from t. */
-template <typename T, int EPI>
-__device__ __forceinline__ void rlx_dgemv_last(const RlxQMembers &mem, int t, int C, const T *res, const float *partials,
-                                               int splits, int32_t *counters) {
-    __shared__ int last;
-    __threadfence(); /* this thread's partials are visible device-wide before the counter says so */
-    __syncthreads();
-    const RlxDTile tl = rlx_dgemv_tile<EPI>(mem, t, C);
-    if (threadIdx.x == 0)
-        last = atomicAdd(counters + t, 1) == splits - 1;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    const int64_t np = rlx_dgemv_pcols<EPI>(mem);
-    const int64_t off = (tl.j > 0 ? mem.n[0] : 0) + (tl.j > 1 ? mem.n[1] : 0) + (tl.j > 2 ? mem.n[2] : 0);
-    for (int c = (int)threadIdx.x; c < C; c += RLX_DGEMV_THREADS) {
-        const int64_t n = tl.c0 + c;
-        if (n >= tl.n)
-            break;
-        /* split 0's partial of the column (SwiGLU: the up's `cols` on), then a row of np on a split */
-        const float *p = partials + off + n;
-        float a = 0.0f, b = 0.0f;
-#pragma unroll 1
-        for (int s = 0; s < splits; s++, p += np) {
-            a += __ldcg(p);
-            if (EPI == 2)
-                b += __ldcg(p + rlx_dgemv_cols<EPI>(mem));
-        }
-        rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? tl.j : 0), n, a, b, res, n);
-    }
-    if (threadIdx.x == 0)
-        counters[t] = 0; /* ready for the next launch */
-}
-
-/* SPLIT: gridDim.y = splits, the column sums into partials [splits][rlx_dgemv_pcols] (else the outputs); LAST (SPLIT
-   only): each tile's last block adds them (`counters`: one int a tile, zero between launches), else rlx_dgemv_reduce
-   does (counters unused). A template flag, not a null test: the partials-only kernel stays as it was (ptxas: the
-   test's live pointer spilled the SwiGLU one). */
-template <typename T, bool BF, bool NORM, int EPI, bool VEC, bool SPLIT, bool LAST = false>
+/* SPLIT: gridDim.y = splits, the column sums into partials [splits][rlx_dgemv_pcols] (else the outputs) */
+template <typename T, bool BF, bool NORM, int EPI, bool VEC, bool SPLIT>
 __global__ void __launch_bounds__(RLX_DGEMV_THREADS, RLX_DGEMV_MIN_BLOCKS)
 rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
-          const T *res, int64_t K64, int lg, float *__restrict__ partials, int splits, int32_t *counters) {
+          const T *res, int64_t K64, int lg, float *__restrict__ partials, int splits) {
     constexpr int NM = EPI == 2 ? 2 : 1;        /* matrices a tile reads: gate and up with SwiGLU */
     constexpr int U = RLX_DGEMV_LOADS / NM;     /* rows of each a thread reads a step */
     static_assert(U == 2 || U == 4, "a step's x is one float2 or float4");
@@ -441,15 +392,8 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
                     rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, partials);
             }
         }
-        if (SPLIT && LAST && VEC) {
-            rlx_dgemv_last<T, EPI>(mem, t, C, res, partials, splits, counters);
-            break; /* (one tile a block) */
-        }
         __syncthreads();
     }
-    /* (the same after the loop without VEC: where ptxas fits each in 64 registers without spills on sm_90) */
-    if (SPLIT && LAST && !VEC && (int)blockIdx.x < tiles)
-        rlx_dgemv_last<T, EPI>(mem, (int)blockIdx.x, C, res, partials, splits, counters);
 }
 
 /* rlx_dgemv with SPLIT, then this: output column i of every member (SwiGLU: the gate's) is its splits' partials

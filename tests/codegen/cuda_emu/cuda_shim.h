@@ -59,12 +59,8 @@ inline float rlx_warp_sum(float v) {
 }
 template <typename T> inline T rlx_to(float x) { return (T)x; }
 
-/* Blocks run in reverse order (last block first) while set: a kernel whose last block to finish does extra work then
- * meets another block in that role (kernels/dense_gemv.cuh's tile sums). */
-inline bool rlx_emu_reverse_blocks = false;
-
 /* Run kernel(args...) over a grid of blocks of `block` threads (block a multiple of 32), one block at a time, in
- * x-fastest order (reversed while rlx_emu_reverse_blocks), with `smem_bytes` of dynamic shared memory. */
+ * x-fastest order, with `smem_bytes` of dynamic shared memory. */
 template <typename F> void rlx_emu_launch3(RlxDim3 grid, unsigned block, size_t smem_bytes, F kernel) {
     blockDim.x = block;
     gridDim = grid;
@@ -80,9 +76,9 @@ template <typename F> void rlx_emu_launch3(RlxDim3 grid, unsigned block, size_t 
                 for (unsigned t = 0; t < block; ++t)
                     threads.emplace_back([&, t] {
                         threadIdx.x = t;
-                        blockIdx.x = rlx_emu_reverse_blocks ? grid.x - 1 - bx : bx;
-                        blockIdx.y = rlx_emu_reverse_blocks ? grid.y - 1 - by : by;
-                        blockIdx.z = rlx_emu_reverse_blocks ? grid.z - 1 - bz : bz;
+                        blockIdx.x = bx;
+                        blockIdx.y = by;
+                        blockIdx.z = bz;
                         rlx_emu_block_bar = &bar;
                         rlx_emu_warp_bar = warps[t / 32].get();
                         rlx_emu_warp_slots = slots.data() + (t / 32) * 32;
