@@ -91,23 +91,26 @@ def test_dense_gemv_matches_reference(emu: ctypes.CDLL, dt: str, kind: str, n: i
                                       max_grid: int) -> None:
     """One member (residual, norm) or the SwiGLU pair, N odd or a multiple of 8, tile widths 8..64 columns, short
     last tiles, one or several passes of the grid."""
-    rng = np.random.default_rng(n + k + lg + len(kind) + len(dt))
+    _check_one_group(emu, dt, kind, n, k, lg, max_grid, 1, np.random.default_rng(n + k + lg + len(kind) + len(dt)))
+
+
+def _check_one_group(emu: ctypes.CDLL, dt: str, kind: str, n: int, k: int, lg: int, max_grid: int, splits: int,
+                     rng: np.random.Generator) -> None:
+    """One member (residual, norm) or the SwiGLU pair of random values, run through the shim and checked against
+    the reference within the products' bounds."""
     x = rng.standard_normal((1, k)).astype(np.float32)
     gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
     res = rng.standard_normal((1, n)).astype(np.float32)
     w0, w1 = _weights(rng, k, n, dt), _weights(rng, k, n, dt)
     norm = kind in ("norm_swiglu", "norm")
     ws = [w0, w1] if kind == "norm_swiglu" else [w0]
-    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, max_grid)
+    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, max_grid, splits)
     h = rms(x, gamma, 1e-5) if norm else x
     a, b = _reference(h, w0, dt), _reference(h, w1, dt)
     ba, bb = _bound(h, w0), _bound(h, w1)
-    if kind == "norm":
-        checks = [(ys[0], a, ba)]
-    else:
-        checks = fused_checks(kind, a, b, ba, bb, ys[0], ys[0], res)
+    checks = [(ys[0], a, ba)] if kind == "norm" else fused_checks(kind, a, b, ba, bb, ys[0], ys[0], res)
     for got, want, bound in checks:
-        _check(f"{dt} {kind} n={n} k={k} lg={lg}", got, want, bound)
+        _check(f"{dt} {kind} n={n} k={k} lg={lg} splits={splits}", got, want, bound)
 
 
 @pytest.mark.parametrize("dt", ["bf16", "f16"])
@@ -171,20 +174,8 @@ def test_dense_gemv_split_over_k_matches_reference(emu: ctypes.CDLL, dt: str, ki
     """K split over blocks (SPLIT): tiles of 16..512 columns (wider than N too), K not a multiple of splits x step
     (a short last split), splits with no rows at all (they write zero partials), odd N; the norm's sum of squares over
     all of K with each block staging its own rows; the residual add and SwiGLU applied by rlx_dgemv_reduce."""
-    rng = np.random.default_rng(3 * n + k + lg + splits + len(kind) + len(dt))
-    x = rng.standard_normal((1, k)).astype(np.float32)
-    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
-    res = rng.standard_normal((1, n)).astype(np.float32)
-    w0, w1 = _weights(rng, k, n, dt), _weights(rng, k, n, dt)
-    norm = kind in ("norm_swiglu", "norm")
-    ws = [w0, w1] if kind == "norm_swiglu" else [w0]
-    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, 1 << 30, splits)
-    h = rms(x, gamma, 1e-5) if norm else x
-    a, b = _reference(h, w0, dt), _reference(h, w1, dt)
-    ba, bb = _bound(h, w0), _bound(h, w1)
-    checks = [(ys[0], a, ba)] if kind == "norm" else fused_checks(kind, a, b, ba, bb, ys[0], ys[0], res)
-    for got, want, bound in checks:
-        _check(f"{dt} {kind} n={n} k={k} lg={lg} splits={splits}", got, want, bound)
+    _check_one_group(emu, dt, kind, n, k, lg, 1 << 30, splits,
+                     np.random.default_rng(3 * n + k + lg + splits + len(kind) + len(dt)))
 
 
 @pytest.mark.parametrize("dt", ["bf16", "f16"])
