@@ -12,6 +12,7 @@ One graph, one decode row (M = 1), f16 compute, random `--weights` blocks: a lay
 | `out`: attention output | 4096 x 4096 | + residual |
 | `gateup`: RMSNorm + gate/up | 2 x 14336 x 4096 | SwiGLU |
 | `down` | 4096 x 14336 | + residual |
+| `head` (`--weights bf16` only) | 128256 x 4096 | RMSNorm (the final one) before it |
 
 Every walk (`auto` / `xreg` = the register walk rlx_qgemv_xr at these K; `occ` / `occ4` = rlx_qgemv_occ with 2 / 4
 weight rows an item, `occp` with 2 and each warp's next item prefetched into L2; `rows` = the older walk) is built
@@ -34,7 +35,8 @@ chosen per launch), `t<cols>` (`dense_tile`: 8 .. 512 columns, splits chosen), `
 today's single kernel with its tile chosen as before the split existed; `s4` 4 splits, tile chosen) or both
 (`t128s4`), e.g. `--weights bf16 --walks s1,auto,t128s8,t256s16,t512s8`; a split GEMV is two kernels (rlx_dgemv, then
 rlx_dgemv_reduce) and its µs is their span, from the first's start to the second's end (the gap between them
-included); a `torch.mv` line (cuBLAS's GEMV on the same shapes, f16 `[N, K]` weights, 4 copies cycled so none is
+included). The bf16 walks time a fifth GEMV, the vocabulary head with the final norm (8B: 128256 x 4096, 1.05 GB of
+f16 weights). A `torch.mv` line (cuBLAS's GEMV on the same shapes, f16 `[N, K]` weights, 4 copies cycled so none is
 L2-resident, CUDA events) is printed beside them.
 """
 
@@ -53,18 +55,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rlx.ir import quant as Q
 from rlx.ir.graph import Graph
 
-HIDDEN, FFN, KV = 4096, 14336, 1024  # Llama-3-8B: 32 heads of 128, 8 KV heads
+HIDDEN, FFN, KV, VOCAB = 4096, 14336, 1024, 128256  # Llama-3-8B: 32 heads of 128, 8 KV heads
 #: (GEMV, its weights as (name, rows, K)), in launch order
 GEMVS = (("qkv", (("wq", HIDDEN, HIDDEN), ("wk", KV, HIDDEN), ("wv", KV, HIDDEN))),
          ("out", (("wo", HIDDEN, HIDDEN),)),
          ("gateup", (("wgate", FFN, HIDDEN), ("wup", FFN, HIDDEN))),
          ("down", (("wdown", HIDDEN, FFN),)))
+#: the vocabulary head after the final norm (bf16 walks only: a dense GEMV of its own)
+HEAD = ("head", (("whead", VOCAB, HIDDEN),))
 
 
-def layer_graph(fmt: str, act: str = "f32") -> Graph:
+def layer_graph(fmt: str, act: str = "f32", head: bool = False) -> Graph:
     """x -> norm -> Q/K/V (outputs); a = the attention's stand-in input -> output projection + x = h;
-    h -> norm -> gate/up -> SwiGLU -> down + h = y; y -> a norm and an add (two consumers, as a residual stream).
-    `act`: the quantized projections' activations ("f32" or "q8")."""
+    h -> norm -> gate/up -> SwiGLU -> down + h = y; y -> a norm and an add (two consumers, as a residual stream); with
+    `head` (float weights) the norm's output goes through the vocabulary head (its only reader: the head's GEMV takes
+    the norm in). `act`: the quantized projections' activations ("f32" or "q8")."""
     g = Graph("gemv_probe")
     x, a = g.input("x", [1, HIDDEN]), g.input("a", [1, HIDDEN])
 
@@ -79,7 +84,8 @@ def layer_graph(fmt: str, act: str = "f32") -> Graph:
     fn = g.rms_norm(h, g.param("ffn_norm", [HIDDEN]), eps=1e-5)
     ffn = g.mul(g.activation("silu", dm(fn, *GEMVS[2][1][0])), dm(fn, *GEMVS[2][1][1]))
     y = g.add_(h, dm(ffn, *GEMVS[3][1][0]))
-    g.set_outputs([*qkv, g.rms_norm(y, g.param("out_norm", [HIDDEN]), eps=1e-5), g.add_(y, x)])
+    out = g.rms_norm(y, g.param("out_norm", [HIDDEN]), eps=1e-5)
+    g.set_outputs([*qkv, dm(out, *HEAD[1][0]) if head else out, g.add_(y, x)])
     return g
 
 
@@ -100,6 +106,7 @@ def main() -> int:
 
     walks = args.walks.split(",")
     dense = args.weights == "bf16"
+    gemvs = (*GEMVS, HEAD) if dense else GEMVS
 
     def act_of(walk: str) -> str:  # "occ4:q8" -> "q8"
         act = walk.partition(":")[2] or args.act
@@ -118,7 +125,8 @@ def main() -> int:
             raise SystemExit(f"walk {walk!r}: bf16 walks are auto, t<cols>, s<splits> or t<cols>s<splits>")
         return {**({"dense_tile": int(m[1])} if m[1] else {}), **({"dense_split": int(m[2])} if m[2] else {})}
 
-    lirs = {act: Session(Device.CUDA).lower(layer_graph(args.weights, act)) for act in {act_of(w) for w in walks}}
+    lirs = {act: Session(Device.CUDA).lower(layer_graph(args.weights, act, dense))
+            for act in {act_of(w) for w in walks}}
     for walk in walks:
         opts = options(walk)
         arch = "sm_90" if args.dry_run else None  # a dry run needs no GPU to pick the arch from
@@ -134,8 +142,8 @@ def main() -> int:
 
     rng = np.random.default_rng(0)
     if dense:
-        params = {name: (0.02 * rng.standard_normal((k, n))).astype(np.float32) for _, ws in GEMVS for name, n, k in ws}
-        wbytes = {gemv: sum(params[name].nbytes // 2 for name, _, _ in ws) for gemv, ws in GEMVS}  # stored in f16
+        params = {name: 0.02 * rng.standard_normal((k, n), dtype=np.float32) for _, ws in gemvs for name, n, k in ws}
+        wbytes = {gemv: sum(params[name].nbytes // 2 for name, _, _ in ws) for gemv, ws in gemvs}  # stored in f16
     else:
         params = {name: Q.random_blocks(rng, n, k, args.weights) for _, ws in GEMVS for name, n, k in ws}
         wbytes = {gemv: sum(params[name].nbytes for name, _, _ in ws) for gemv, ws in GEMVS}
@@ -174,19 +182,19 @@ def main() -> int:
                 spans[-1].append(e)
             else:
                 spans.append([e])
-        if len(spans) != len(GEMVS) * args.iters:
-            raise SystemExit(f"expected {len(GEMVS)} GEMV launches a call, saw {len(spans) / args.iters:g}: "
+        if len(spans) != len(gemvs) * args.iters:
+            raise SystemExit(f"expected {len(gemvs)} GEMV launches a call, saw {len(spans) / args.iters:g}: "
                              + ", ".join(sorted({e.name[:60] for e in evs})))
-        for i, sp in enumerate(spans[:len(GEMVS)]):
+        for i, sp in enumerate(spans[:len(gemvs)]):
             name = sp[0].name.split("(")[0].replace("void ", "")[:70]
-            kernels.setdefault(fn, {})[GEMVS[i][0]] = name + (f" + reduce ({sp[-1].time_range.elapsed_us():.1f} "
+            kernels.setdefault(fn, {})[gemvs[i][0]] = name + (f" + reduce ({sp[-1].time_range.elapsed_us():.1f} "
                                                               "µs)" if len(sp) > 1 else "")
 
         def span(sp: list) -> float:
             return sp[-1].time_range.end - sp[0].time_range.start if len(sp) > 1 else sp[0].time_range.elapsed_us()
 
-        return [sum(span(spans[j]) for j in range(i, len(spans), len(GEMVS))) / args.iters
-                for i in range(len(GEMVS))]
+        return [sum(span(spans[j]) for j in range(i, len(spans), len(gemvs))) / args.iters
+                for i in range(len(gemvs))]
 
     times: dict[str, list[list[float]]] = {w: [] for w in walks}
     for _ in range(args.repeats):
@@ -197,7 +205,7 @@ def main() -> int:
     print("| GEMV | walk | µs | GB/s | of 4.8 TB/s | max rel vs first | kernel |")
     print("|---|---|---|---|---|---|---|")
     total = {}
-    for i, (gemv, _) in enumerate(GEMVS):
+    for i, (gemv, _) in enumerate(gemvs):
         for walk in walks:
             us = statistics.median(t[i] for t in times[walk])
             total[walk] = total.get(walk, 0.0) + us
@@ -211,7 +219,7 @@ def main() -> int:
         f"{w} {t:.1f} µs ({layer / t / 1e3:.0f} GB/s)" for w, t in total.items()))
     if dense:
         mv_total = 0.0
-        for gemv, ws in GEMVS:
+        for gemv, ws in gemvs:
             rows, k = sum(n for _, n, _ in ws), ws[0][2]
             copies = [torch.randn(rows, k, device="cuda", dtype=torch.float16) for _ in range(4)]
             xv = torch.randn(k, device="cuda", dtype=torch.float16)
