@@ -70,7 +70,9 @@ def build_source(source: str, names: Sequence[str]) -> Path:
     """The emulator library of a .metal `source` whose kernels `names` are dispatched by index."""
     glue = harness(names)
     key = hashlib.sha256((source + SHIM.read_text() + glue + " ".join(FLAGS)).encode())
-    root = Path(os.environ.get("RLX_CACHE_DIR", Path.home() / ".cache" / "rlx")) / "metal-emu" / key.hexdigest()[:32]
+    # (an empty RLX_CACHE_DIR is unset, as rlx.config reads it: not the working directory)
+    cache = os.environ.get("RLX_CACHE_DIR", "").strip() or Path.home() / ".cache" / "rlx"
+    root = Path(cache) / "metal-emu" / key.hexdigest()[:32]
     lib = root / "model.so"
     if lib.exists():
         return lib
