@@ -29,10 +29,12 @@
 #define RLX_NR 16
 #endif
 
-/* How far ahead of the kernel weights are prefetched (tuned on Zen 5: 8 KiB reaches ~50 GB/s
- * on 2 cores for MiniLM's weights at 16 rows, against ~30 GB/s from the hardware prefetcher).
+/* How far ahead of the kernel weights are prefetched (on Zen 5 8 KiB reached ~50 GB/s on 2 cores for
+ * MiniLM's weights at 16 rows, against ~30 GB/s from the hardware prefetcher; on a 2-core AVX-512 Xeon
+ * guest 16 KiB ran MiniLM (1,16) 1.51 ms against 1.57 and (8,128) 75.4 against 78.0 ms, medians of 8
+ * alternating processes, 12 KiB between them: docs/architecture.md, MiniLM's thirteenth look).
  * Here, not in the unit: other kernels streaming packed weights (kernels/gemm_bf16.h) use it too. */
-#define RLX_PF_BYTES 8192
+#define RLX_PF_BYTES 16384
 
 #define RLX_CORE_FN __attribute__((visibility("hidden")))
 
