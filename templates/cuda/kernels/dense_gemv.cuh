@@ -414,18 +414,8 @@ rlx_dgemv_reduce(const __grid_constant__ RlxQMembers mem, const T *res, const fl
             if (EPI == 2)
                 b += partials[s * np + cols + i];
         }
-        /* the member by selects on the members' N (constant indices only: see rlx_qf_member) */
-        int64_t n = i;
-        int j = 0;
-        if (EPI == 0) {
-            const bool b1 = mem.count > 1 && n >= mem.n[0];
-            n -= b1 ? mem.n[0] : 0;
-            const bool b2 = b1 && mem.count > 2 && n >= mem.n[1];
-            n -= b2 ? mem.n[1] : 0;
-            const bool b3 = b2 && mem.count > 3 && n >= mem.n[2];
-            n -= b3 ? mem.n[2] : 0;
-            j = b3 ? 3 : b2 ? 2 : b1 ? 1 : 0;
-        }
-        rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, j), n, a, b, res, n);
+        int64_t n;
+        const int j = rlx_qf_member<EPI>(mem, i, &n);  /* column i of the concatenated members: member j's n */
+        rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? j : 0), n, a, b, res, n);
     }
 }
