@@ -29,6 +29,9 @@ of the whole generation (prefill included) for every peer, plus RLX's decode-onl
 `--context N[,N...]`: RLX only, decode tok/s after N tokens of context (a random prompt of N tokens prefilled in
 chunks of --prompt-tokens, then --new-tokens greedy steps timed), one build sized for the largest N; each row's
 ratio to the first context's rate is printed.
+RLX's decode steps are launched as `CausalLM.generate` launches them on CUDA: each before the last one's token has
+reached the host, fed on the device from the slot that step stored it in (`launch_ahead`); `--host-fed` times them one
+at a time instead (each step's inputs from the host after the last one's token arrived).
 `--act q8`: RLX quantizes the activations of its q8_0 / q4_0 / q4_1 projections to int8 per block of 32 (CausalLM's
 `quant_act`; integer dot products on the GPU, kernels/quant_q8.cuh); q4_k projections keep f32 activations.
 Timings only: nothing here asserts.
@@ -119,13 +122,24 @@ def bench_rlx(args, config, tensors) -> dict[str, float]:
 
     cache = lm.new_cache()
 
+    slot, placeholder = np.zeros(1, np.int32), np.zeros((1, 1), np.int32)
+
     def once() -> tuple[float, float]:
         cache.reset()
         t0 = time.perf_counter()
         token = int(lm.step_greedy(prompt, cache, [args.prompt_tokens - 1])[0])
         t1 = time.perf_counter()
-        for _ in range(args.new_tokens - 1):
-            token = int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
+        if args.host_fed:  # one step at a time: each waits for the last one's token to reach the host
+            for _ in range(args.new_tokens - 1):
+                token = int(lm.step_greedy(np.array([[token]]), cache, [0])[0])
+        elif args.new_tokens > 1:  # as `generate` runs on CUDA: each step launched before the last one's token is
+            # taken, fed on the device from the slot that step stored it in (`CausalLM.launch_ahead`)
+            pending = lm.launch_greedy(np.array([[token]]), cache, [0], token_dst=slot)
+            for _ in range(args.new_tokens - 2):
+                after = lm.launch_greedy(placeholder, cache, [0], token_src=slot, token_dst=slot)
+                token = int(pending.result()[0])
+                pending = after
+            token = int(pending.result()[0])
         t2 = time.perf_counter()
         return t2 - t0, t2 - t1
 
@@ -349,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hbm-tbps", type=float, default=0.0, help="memory bandwidth for the bound (default: by GPU)")
     p.add_argument("--batches", default="", help="time decode steps of these row counts instead (e.g. 1,8,32,64)")
     p.add_argument("--profile", action="store_true", help="print where a decode step's time goes, then exit")
+    p.add_argument("--host-fed", action="store_true",
+                   help="time RLX's decode one step at a time (each waiting for the last token on the host) instead "
+                        "of launched ahead as `generate` runs it")
     p.add_argument("--host-split", action="store_true",
                    help="print only the host-side split of a decode step (no profiled build), then exit")
     p.add_argument("--context", default="",

@@ -408,6 +408,10 @@ class CausalLM:
         self._host_inputs = frozenset(n.op.name for n in self.graph.inputs() if not n.op.state)
         #: Whether steps take `token_src` / `token_dst` (device-side token feedback: `step_greedy`, `launch_greedy`)
         self.token_feedback = "token_src" in self._host_inputs
+        #: Whether greedy generation launches each decode step before the previous one's tokens reach the host
+        #: (with `token_feedback`): on CUDA, so the host's work per token hides behind the GPU's. Elsewhere a
+        #: step runs when launched, and launching ahead would only compute one step past a stop.
+        self.launch_ahead = device == "cuda"
         # the reference device runs on these arrays; a compiled model takes each param in turn (one converted
         # tensor alive at a time: the weights are not held twice)
         self._params = L.decoder_params(tensors, base_graph) if device == "reference" else {}
@@ -1061,6 +1065,9 @@ class CausalLM:
                 else:
                     last_logits[b] = picked_or_logits[i]
         cache.lengths[:batch] = lengths
+        if greedy and self.launch_ahead and self.token_feedback:
+            yield from self._greedy_ahead(cache, batch, max_new, last_ids, stop_ids, reasons)
+            return
         done = [False] * batch
         for produced in range(1, max_new + 1):
             picked = last_ids if greedy or on_device else sampler.pick(last_logits)
@@ -1084,5 +1091,50 @@ class CausalLM:
                                             settings)
             else:
                 last_logits = self.step(picked[:, None], cache, np.arange(batch))
+
+    def _greedy_ahead(self, cache: KvCache, batch: int, max_new: int, first: np.ndarray, stop_ids: frozenset[int],
+                      reasons: list[str]) -> Iterator[list[int | None]]:
+        """`_steps`' greedy decode with the next step launched before this one's tokens are taken
+        (`launch_ahead`): each step's rows take their last token from the slot the step before stored it in
+        (`token_src` / `token_dst`, slot b for row b), so the host's work between two steps (taking the tokens,
+        checking for stops, launching) runs while the GPU computes. The same tokens as one step at a time; a
+        step launched past the end (a stop, the limit) is waited for and its token dropped, the cache's lengths
+        then as if it had not run."""
+        slots = np.arange(batch, dtype=np.int32)
+        rows = np.arange(batch)
+        placeholder = np.zeros((batch, 1), np.int32)  # (ignored: every row has a source)
+
+        def launch(tokens: np.ndarray | None) -> PendingStep | None:
+            """The next step, or None when the cache has no room for it."""
+            if int(cache.lengths[:batch].max()) + 1 > cache.capacity:
+                return None
+            if tokens is None:
+                return self.launch_greedy(placeholder, cache, rows, token_src=slots, token_dst=slots)
+            return self.launch_greedy(tokens[:, None], cache, rows, token_dst=slots)
+
+        picked = first
+        ahead = launch(picked) if max_new > 1 else None  # computes the tokens after `picked`
+        done = [False] * batch
+        try:
+            for produced in range(1, max_new + 1):
+                step: list[int | None] = []
+                for b in range(batch):
+                    if not done[b] and int(picked[b]) in stop_ids:
+                        done[b], reasons[b] = True, "stop"
+                    step.append(None if done[b] else int(picked[b]))
+                yield step
+                if all(done) or produced == max_new:
+                    return
+                if ahead is None:  # no room for the step that would have made the next tokens
+                    for b in range(batch):
+                        if not done[b]:
+                            reasons[b] = "context"
+                    return
+                taking, ahead = ahead, launch(None) if produced + 1 < max_new else None
+                picked = taking.result()
+        finally:  # a step launched past the end (or the caller stopped early): waited for, its token dropped
+            if ahead is not None:
+                ahead.result()
+                cache.lengths[:batch] -= 1
 
 

@@ -56,6 +56,29 @@ def test_pipelined_feedback_steps_generate_what_host_fed_steps_do(paged: bool) -
     np.testing.assert_array_equal(host_fed(), want)  # the one-call path after the split one
 
 
+def test_greedy_generation_launches_ahead_on_cuda_with_the_same_tokens() -> None:
+    """`generate_batch` on CUDA launches each decode step before the last one's tokens are taken (`launch_ahead`):
+    the same tokens, finish reasons and cache lengths as one step at a time, at the limit and at a stop token."""
+    lm = CausalLM(CONFIG, TENSORS, device="cuda", max_context=64, max_batch=4, prefill_chunk=4)
+    assert lm.launch_ahead
+    prompts = [PROMPTS[0].tolist(), PROMPTS[1, :3].tolist(), PROMPTS[2, :2].tolist()]
+
+    def both(rows: int, max_new: int) -> list:
+        out = []
+        for ahead in (False, True):
+            lm.launch_ahead = ahead
+            gens = lm.generate_batch(prompts[:rows], max_new_tokens=max_new)
+            out.append(([g.token_ids for g in gens], [g.finish_reason for g in gens], lm._cache.lengths.tolist()))
+        lm.launch_ahead = True
+        return out
+
+    plain, ahead = both(3, 20)
+    assert plain == ahead and plain[1] == ["length"] * 3
+    lm.eos_ids = frozenset({plain[0][0][4]})  # row 0 ends at its fifth token, with a step in flight
+    plain, ahead = both(1, 20)
+    assert plain == ahead and plain[1] == ["stop"] and len(plain[0][0]) <= 4
+
+
 def test_two_shapes_in_flight_and_a_third_launch_refused() -> None:
     lm = CausalLM(CONFIG, TENSORS, device="cuda", max_context=64, max_batch=4, prefill_chunk=4)
     cache = lm.new_cache()

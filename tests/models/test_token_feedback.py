@@ -100,3 +100,45 @@ def test_bad_slots_are_refused(kw: dict, match: str) -> None:
     lm = CausalLM(CONFIG, TENSORS, device="reference", max_context=32, max_batch=4, prefill_chunk=4)
     with pytest.raises(ExecutionError, match=match):
         lm.step_greedy(PROMPTS[:, :1], lm.new_cache(), np.arange(3), **kw)
+
+
+@pytest.mark.parametrize("device", ["reference", "cpu"])
+def test_greedy_generation_launching_ahead_equals_one_step_at_a_time(device: str) -> None:
+    """`launch_ahead` (on by default on CUDA only) takes each decode step's tokens from the slots the step before
+    stored them in, launched before that step's tokens are taken: the same tokens and finish reasons as one step
+    at a time, at the length limit, at a stop token (the step launched past it dropped), at the context's end,
+    and when the caller stops reading a stream; the cache's lengths after it as after the plain loop."""
+    lm = CausalLM(CONFIG, TENSORS, device=device, max_context=16, max_batch=3, prefill_chunk=4)
+    assert lm.token_feedback and not lm.launch_ahead
+    prompts = [PROMPTS[0].tolist(), PROMPTS[1, :3].tolist(), PROMPTS[2, :2].tolist()]
+
+    def both(rows: int = 3, **kw) -> list:
+        out = []
+        for ahead in (False, True):
+            lm.launch_ahead = ahead
+            gens = lm.generate_batch(prompts[:rows], **kw)
+            out.append(([g.token_ids for g in gens], [g.finish_reason for g in gens],
+                        lm._cache.lengths.tolist()))
+        lm.launch_ahead = False
+        return out
+
+    for max_new in (1, 2, 7):
+        plain, ahead = both(max_new_tokens=max_new)
+        assert plain == ahead and plain[1] == ["length"] * 3 and len(plain[0][0]) == max_new
+    plain, ahead = both(max_new_tokens=40)  # 16 tokens of context: every row ends there
+    assert plain == ahead and set(plain[1]) == {"context"}
+    tokens = plain[0]
+    assert len({tuple(t) for t in tokens}) == 3  # the rows differ: a mixed-up slot would show
+    lm.eos_ids = frozenset({tokens[0][2]})  # row 0 stops at its third token, the others at theirs or the limit
+    try:
+        plain, ahead = both(max_new_tokens=8)
+        alone, alone_ahead = both(rows=1, max_new_tokens=8)  # every row stopped with a step in flight
+    finally:
+        lm.eos_ids = frozenset()
+    assert plain == ahead and plain[1][0] == "stop" and len(plain[0][0]) == 2
+    assert alone == alone_ahead and alone[1] == ["stop"] and alone[2][0] == len(prompts[0]) + 2
+
+    lm.launch_ahead = True  # a stream read for two tokens, then dropped: the step in flight is taken
+    first_two = [event.token_id for _, event in zip(range(2), lm.stream(prompts[0], max_new_tokens=8))]
+    assert first_two == tokens[0][:2]
+    assert lm.generate(prompts[0], max_new_tokens=3).token_ids == tokens[0][:3]  # and the next call runs
