@@ -399,8 +399,6 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
 /* rlx_dgemv with SPLIT, then this: output column i of every member (SwiGLU: the gate's) is its splits' partials
  * added in split order, then the epilogue (rlx_qf_store). One thread a column. */
 #define RLX_DGEMV_REDUCE_THREADS 256
-/* partials a thread loads before adding them (splits are at most 16 when chosen per launch) */
-#define RLX_DGEMV_REDUCE_LOADS 16
 template <typename T, int EPI>
 __global__ void __launch_bounds__(RLX_DGEMV_REDUCE_THREADS)
 rlx_dgemv_reduce(const __grid_constant__ RlxQMembers mem, const T *res, const float *__restrict__ partials,
@@ -411,25 +409,10 @@ rlx_dgemv_reduce(const __grid_constant__ RlxQMembers mem, const T *res, const fl
     for (int64_t i = (int64_t)blockIdx.x * RLX_DGEMV_REDUCE_THREADS + threadIdx.x; i < cols;
          i += (int64_t)gridDim.x * RLX_DGEMV_REDUCE_THREADS) {
         float a = 0.0f, b = 0.0f;
-        for (int s0 = 0; s0 < splits; s0 += RLX_DGEMV_REDUCE_LOADS) {
-            /* the group's loads all issued before its adds (a loop of load-then-add waited out one L2 round trip
-               a split), the adds then in split order as before */
-            float pa[RLX_DGEMV_REDUCE_LOADS], pb[RLX_DGEMV_REDUCE_LOADS];
-#pragma unroll
-            for (int u = 0; u < RLX_DGEMV_REDUCE_LOADS; u++) {
-                const bool in = s0 + u < splits;
-                pa[u] = in ? partials[(s0 + u) * np + i] : 0.0f;
-                if (EPI == 2)
-                    pb[u] = in ? partials[(s0 + u) * np + cols + i] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < RLX_DGEMV_REDUCE_LOADS; u++) {
-                if (s0 + u < splits) {
-                    a += pa[u];
-                    if (EPI == 2)
-                        b += pb[u];
-                }
-            }
+        for (int s = 0; s < splits; s++) {
+            a += partials[s * np + i];
+            if (EPI == 2)
+                b += partials[s * np + cols + i];
         }
         int64_t n;
         const int j = rlx_qf_member<EPI>(mem, i, &n);  /* column i of the concatenated members: member j's n */
