@@ -13,7 +13,7 @@
  *     FMA; the thread sums of a column meet in shared memory and one warp adds them in thread-row order (the same
  *     order every run), then one lane applies the epilogue (rlx_qf_store: residual add or silu(gate) * up);
  *   - the first step's weights of the block's first tile are loaded before griddepcontrol.wait (weights are never
- *     written by a kernel), while the kernel before drains, and the next RLX_DGEMV_PF_STEPS steps' prefetched into L2.
+ *     written by a kernel), while the kernel before drains, and the second step's prefetched into L2.
  * The host picks lg (the tile width) per launch so that the tiles fill the wave of resident blocks.
  * K split over blocks too (SPLIT, S = gridDim.y > 1 splits): so that tiles may be wide (128..512 columns: 256 B..1 KB
  * of a weight row contiguous) while tiles x S still fill the wave, block (t, s) (grid.x = tiles: one tile a block)
@@ -37,12 +37,6 @@
    the SPLIT bf16 norm + Q/K/V 16), so 32 warps an SM, each thread with two steps' loads (128 bytes) in flight */
 #ifndef RLX_DGEMV_MIN_BLOCKS
 #define RLX_DGEMV_MIN_BLOCKS 2
-#endif
-/* steps of the block's weights prefetched into L2 before griddepcontrol.wait, after the first one loaded: 32 KB a
-   step a block, so a wave of ~256 blocks asks for ~25 MB, half the L2 (H100 / H200: 50 MB), while the kernel before
-   ends (a whole attention output projection's at a split's 4 steps a block) */
-#ifndef RLX_DGEMV_PF_STEPS
-#define RLX_DGEMV_PF_STEPS 3
 #endif
 /* a weight load: through the read-only data path (no kernel writes the params) */
 #ifndef RLX_DGEMV_LDG
@@ -270,11 +264,9 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
     int64_t col = tl.c0 + 8 * l;
     col = col < tl.n ? col : (VEC ? tl.n - 8 : tl.n - 1);
     uint4 q[RLX_DGEMV_LOADS];
-    if (t < tiles) {  /* the first step's weights while the kernel before drains, the next RLX_DGEMV_PF_STEPS into L2 */
+    if (t < tiles) {  /* the first step's weights while the kernel before drains, the second's into L2 */
         rlx_dgemv_load<NM, U, VEC>(q, tl, col, U * kr, kn);
-#pragma unroll
-        for (int p = 1; p <= RLX_DGEMV_PF_STEPS; p++)
-            rlx_dgemv_prefetch<NM, U>(tl, col, p * step + U * kr, kn);
+        rlx_dgemv_prefetch<NM, U>(tl, col, step + U * kr, kn);
     }
     rlx_pdl_wait();
     rlx_pdl_trigger(); /* the next kernel may launch and fetch its weights */

@@ -11,8 +11,8 @@
  *     after a barrier one thread per output row adds them in slab order and applies the epilogue;
  *   - at most 512 threads a block and __launch_bounds__(512, 2) for G <= 2: at most 64 registers, so two blocks
  *     (28-32 warps) an SM; the host sizes the tiles (rows a block) so that the grid is one wave;
- *   - the warp's first RLX_QOCC_PF_ITEMS items' weights are prefetched into L2 before griddepcontrol.wait (weights
- *     are never written by a kernel), while the kernel before drains (loading them into registers there spilled at 64 registers;
+ *   - the warp's first item's weights are prefetched into L2 before griddepcontrol.wait (weights are never written
+ *     by a kernel), while the kernel before drains (loading them into registers there spilled at 64 registers;
  *     prefetching a whole tile would fetch a GEMV's every weight at once, more than the L2 holds at gate/up). Not
  *     the norm's gamma into L1 as well: measured (benchmarks/qgemv_probe.py, one H200, 29 Nov) that made a layer's
  *     four GEMVs 118 us instead of 96 (the norm's 1.7x slower, and the residual ones too);
@@ -413,13 +413,6 @@ struct RlxQOccOff {
     }
 };
 
-/* Items of each warp prefetched into L2 before griddepcontrol.wait: q4_k at 4 rows an item, a wave of 128 blocks asks
-   for ~4.7 MB an item, so 4 of them ~19 MB (under half the L2 of an H100 / H200); an attention output projection's
-   whole tile (2 items a warp at the 8B shape) while the attention runs */
-#ifndef RLX_QOCC_PF_ITEMS
-#define RLX_QOCC_PF_ITEMS 4
-#endif
-
 /* Blocks an SM __launch_bounds__ asks for (at most 64 registers a thread for 2): f32 x (34 registers) with G <= 2
    rows an item, int8 x (12) with G <= 4 */
 #define RLX_QOCC_MIN_BLOCKS(G, ACT) ((G) <= 2 || ((ACT) && (G) <= 4) ? 2 : 1)
@@ -442,14 +435,10 @@ rlx_qgemv_occ(const T *__restrict__ X, const T *__restrict__ gamma, float eps, c
     const int TW = EPI == 2 ? 2 * tr : tr, items = (tr + H - 1) / H;
     const bool has = u < nsub;
     const RlxQOccOff<FMT, QB, ACT == 1> off(u);
-    if (has && (int)blockIdx.x < tiles) {  /* the warp's first items' weights into L2 while the kernel before ends */
+    if (has && (int)blockIdx.x < tiles && r < items) {  /* the first item's weights into L2 while the kernel before ends */
 #pragma unroll
-        for (int f = 0; f < RLX_QOCC_PF_ITEMS; f++) {
-            if (r + f * R < items) {
-#pragma unroll
-                for (int i = 0; i < G; i++)
-                    off.prefetch(rlx_qocc_row<EPI, G>(mem, blockIdx.x, r + f * R, i, tr, nrows, rb));
-            }
+        for (int i = 0; i < G; i++) {
+            off.prefetch(rlx_qocc_row<EPI, G>(mem, blockIdx.x, r, i, tr, nrows, rb));
         }
     }
     rlx_pdl_wait();
