@@ -13,7 +13,8 @@
  *     FMA; the thread sums of a column meet in shared memory and one warp adds them in thread-row order (the same
  *     order every run), then one lane applies the epilogue (rlx_qf_store: residual add or silu(gate) * up);
  *   - the first step's weights of the block's first tile are loaded before griddepcontrol.wait (weights are never
- *     written by a kernel), while the kernel before drains, and the second step's prefetched into L2.
+ *     written by a kernel), while the kernel before drains (prefetching more into L2 there measured slower:
+ *     RLX_DGEMV_PF_STEPS);
  * The host picks lg (the tile width) per launch so that the tiles fill the wave of resident blocks.
  * K split over blocks too (SPLIT, S = gridDim.y > 1 splits): so that tiles may be wide (128..512 columns: 256 B..1 KB
  * of a weight row contiguous) while tiles x S still fill the wave, block (t, s) (grid.x = tiles: one tile a block)
@@ -39,9 +40,10 @@
 #define RLX_DGEMV_MIN_BLOCKS 2
 #endif
 /* steps of the block's weights prefetched into L2 before griddepcontrol.wait, after the first one loaded (32 KB a step
-   a block): 3 measured slower end to end than 1 (the bf16 8B decoder 218.6 against 226.6 tok/s, one H200) */
+   a block). None: the bf16 8B decoder (one H200, decode tok/s, alternating processes) ran 231.4 / 231.4 with none,
+   226.6 / 226.6 with 1 (the form before), 218.5 / 218.8 with 3: the loads of the kernel still running go first */
 #ifndef RLX_DGEMV_PF_STEPS
-#define RLX_DGEMV_PF_STEPS 1
+#define RLX_DGEMV_PF_STEPS 0
 #endif
 /* a weight load: through the read-only data path (no kernel writes the params) */
 #ifndef RLX_DGEMV_LDG
@@ -269,7 +271,7 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
     int64_t col = tl.c0 + 8 * l;
     col = col < tl.n ? col : (VEC ? tl.n - 8 : tl.n - 1);
     uint4 q[RLX_DGEMV_LOADS];
-    if (t < tiles) {  /* the first step's weights while the kernel before drains, the next RLX_DGEMV_PF_STEPS into L2 */
+    if (t < tiles) {  /* the first step's weights while the kernel before drains (and RLX_DGEMV_PF_STEPS into L2) */
         rlx_dgemv_load<NM, U, VEC>(q, tl, col, U * kr, kn);
 #pragma unroll
         for (int p = 1; p <= RLX_DGEMV_PF_STEPS; p++)
