@@ -5,8 +5,9 @@ exact one (u32 = 2^-24; `gemm_bound`). Weights are read exactly (bf16 and f16 wi
 error), so that bound holds wherever the activations stay f32: f16 weights on every build, bf16
 weights on builds without AVX512_BF16. With AVX512_BF16 the kernel rounds the activations to bf16
 (8 significant bits, round to nearest even: relative error at most 2^-8 per element) and multiplies
-bf16 pairs exactly in f32 (vdpbf16ps): within the f32 bound of the reference run on the rounded
-activations, and within 2^-8 (|A| @ |B|) more of the exact product.
+bf16 pairs exactly in f32 (vdpbf16ps; with AMX-BF16 and K a multiple of 32 the tile unit, TDPBF16PS, whose sums
+may take another order): within the f32 bound of the reference run on the rounded activations, and within 2^-8
+(|A| @ |B|) more of the exact product.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ CASES = [
     ("batched", (2, 5, 9), (2, 9, 40), False, None, True),
     ("deep", (13, 2101), (2101, 40), False, None, True),
     ("input_b", (3, 8), (8, 20), False, None, False),
+    # K a multiple of 32 (the AMX tile path where the CPU has AMX-BF16): 32-row chunks, the last one short; a panel
+    # of 6 and one of 16 columns; three 96-row blocks, the last of 8 rows; one row
+    ("tiles", (37, 64), (64, 70), True, "gelu", True),
+    ("blocks", (2, 100, 96), (96, 48), True, None, True),
+    ("one", (1, 32), (32, 33), False, None, True),
 ]
 
 
@@ -110,6 +116,25 @@ def test_portable_paths_multiply_the_exact_weights(cpu_target: str, dtype: str) 
     if missing:  # code built for the level would die of an illegal instruction here
         pytest.skip(f"this CPU cannot run {cpu_target} code (lacks {', '.join(missing)})")
     _check(dtype, cpu_target, rounds_activations=False)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_a_rows_values_do_not_depend_on_how_many_rows_the_call_has(dtype: str) -> None:
+    """The kernel a bf16 GEMM takes (the tile unit, vdpbf16ps pieces of 12 / 8 / 4 / 2 / 1 rows) never depends on
+    the row count, so a sentence's embedding is the same alone or in a batch: rows 0-4 of a 200-row product equal
+    the 5-row product's, bit for bit."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((384, 100)).astype(NARROW[dtype])
+    b = rng.standard_normal(100).astype(np.float32)
+    x = rng.standard_normal((200, 384)).astype(np.float32)
+    outs = []
+    for m in (200, 5, 1):
+        g = rlx.Graph(f"rows_{dtype}_{m}")
+        args = [g.input("x", [m, 384]), g.param("w", [384, 100], dtype), g.param("b", [100])]
+        g.set_outputs([g.add(O.FusedMatMulBiasAct("gelu"), args)])
+        outs.append(compile_graph(g, {"w": w, "b": b}).run({"x": x[:m]})[0])
+    np.testing.assert_array_equal(outs[0][:5], outs[1])
+    np.testing.assert_array_equal(outs[0][:1], outs[2])
 
 
 def test_weights_are_stored_in_their_precision_and_packed() -> None:

@@ -277,6 +277,92 @@ static void rlx_round_rows_bf16(uint16_t *restrict dst, int64_t Kp, const float 
             d[K] = 0;
     }
 }
+
+#include "kernels/amx.h"
+#if defined(RLX_AMX_TILE) && defined(__AMX_BF16__)
+/* ── bf16 products on the AMX tile unit ──────────────────────────────────────────────
+ * Where the build has AMX-BF16 and Linux grants the tile state, every bf16 GEMM whose K is a multiple of 32
+ * multiplies on the tile unit, whatever its row count (so a row's values never depend on how many rows a call
+ * has): 32 x 32 blocks of C as four 16 x 16 f32 tiles, A's bf16 rows (rlx_round_rows_bf16's, 16 rows x 32 k a
+ * tile) against the packed panel read in place (a pair row is 128 bytes: columns 0-15 are a B tile's row with
+ * a 128-byte stride, columns 16-31 the next 64 bytes), K accumulated in the tiles. TDPBF16PS rounds as
+ * vdpbf16ps does (nearest even, subnormals as zero) but adds a pair's two products in the other order, so its
+ * sums differ from the vector path's in the last bits. */
+#define RLX_BF16_AMX 1
+
+/* Configure this thread's tiles for a product of M rows: 0-3 C (16 x 16 f32), 4-5 A (16 rows x 32 bf16), 6-7 B (16
+ * pairs x 16 columns); with M < 16 the C and A tiles M rows (a tile product's time goes with its rows: one row as
+ * fast as vdpbf16ps). Returns 0 (the vector path) without the tile state. */
+static inline int rlx_bf16_amx_begin(int64_t M)
+{
+    if (!rlx_amx_granted())
+        return 0;
+    rlx_amx_tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.rows[t] = (uint8_t)(t < 6 && M < 16 ? M : 16);
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+    return 1;
+}
+
+/* C[0:rows, 0:nr] = A[0:rows, 0:Kp] @ panel (+ bias[0:nr]), then act. A: bf16 rows Kp apart, zeros from row
+ * `rows` to the next multiple of 32 (read, never stored); Kp a multiple of 32. `few`: the tiles configured for
+ * rows < 16 (rlx_bf16_amx_begin), so one chunk on tiles 0, 1, 4, 6 and 7. */
+static void rlx_bf16_amx_rows(int64_t rows, int64_t nr, int64_t Kp, const uint16_t *A, const uint16_t *panel,
+                              float *C, int64_t ldc, const float *bias, int act, int few)
+{
+    float cb[32 * 32] __attribute__((aligned(64)));
+    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1u) : 0;
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias && m1 ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+        const uint16_t *a = A + r0 * Kp;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        if (few) {
+            for (int64_t k = 0; k < Kp; k += 32) {
+                const uint16_t *b = panel + (k >> 1) * (2 * RLX_HNR);
+                _tile_loadd(4, a + k, Kp * 2);
+                _tile_loadd(6, b, 4 * RLX_HNR);
+                _tile_loadd(7, b + RLX_HNR, 4 * RLX_HNR);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+            }
+        } else {
+            for (int64_t k = 0; k < Kp; k += 32) {
+                const uint16_t *b = panel + (k >> 1) * (2 * RLX_HNR);
+                _tile_loadd(4, a + k, Kp * 2);
+                _tile_loadd(5, a + 16 * Kp + k, Kp * 2);
+                _tile_loadd(6, b, 4 * RLX_HNR);
+                _tile_loadd(7, b + RLX_HNR, 4 * RLX_HNR);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(2, cb + 16 * 32, 128);
+            _tile_stored(3, cb + 16 * 32 + 16, 128);
+        }
+        _tile_stored(0, cb, 128);
+        _tile_stored(1, cb + 16, 128);
+        const int64_t mr = rows - r0 < 32 ? rows - r0 : 32;
+        float *c = C + r0 * ldc;
+        for (int64_t i = 0; i < mr; i++) {  /* the sum, then the bias (as rlx_tile_store_512) */
+            _mm512_mask_storeu_ps(c + i * ldc, m0, _mm512_add_ps(_mm512_load_ps(cb + 32 * i), b0));
+            if (m1)
+                _mm512_mask_storeu_ps(c + i * ldc + 16, m1, _mm512_add_ps(_mm512_load_ps(cb + 32 * i + 16), b1));
+        }
+        if (act != RLX_EPI_NONE)
+            rlx_epilogue_act(c, ldc, mr, nr, act);
+    }
+}
+#endif /* AMX-BF16 */
 #endif /* RLX_BF16_DOT */
 #endif /* RLX_NR == 32 */
 
@@ -362,6 +448,10 @@ static void rlx_hgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
     int64_t rounded = -1;  /* the row block a16 holds */
     (void)a16;
     (void)rounded;
+#ifdef RLX_BF16_AMX
+    /* the tile unit for every row count (mc a multiple of 32: a block's last 32-row chunk stays in a16) */
+    const int amx = pairs && K > 0 && K % 32 == 0 && mc % 32 == 0 && t0 < t1 && rlx_bf16_amx_begin(M);
+#endif
     for (int64_t t = t0; t < t1; t++) {
         const int64_t i0 = t / np * mc, j0 = t % np * RLX_HNR;
         const int64_t i1 = i0 + mc < M ? i0 + mc : M;
@@ -371,8 +461,20 @@ static void rlx_hgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
         if (pairs) {
             if (rounded != i0) {
                 rlx_round_rows_bf16(a16, Kp, A + i0 * lda, lda, i1 - i0, K);
+#ifdef RLX_BF16_AMX
+                const int64_t pad = (i1 - i0 + 31) / 32 * 32;
+                if (amx && pad > i1 - i0)  /* the last chunk's rows past the block: zeros, not stale values */
+                    memset(a16 + (i1 - i0) * Kp, 0, (size_t)((pad - (i1 - i0)) * Kp) * sizeof(uint16_t));
+#endif
                 rounded = i0;
             }
+#ifdef RLX_BF16_AMX
+            if (amx) {
+                rlx_bf16_amx_rows(i1 - i0, nr, Kp, a16, panel, C + i0 * ldc + j0, ldc, bias ? bias + j0 : NULL, act,
+                                  M < 16);
+                continue;
+            }
+#endif
             rlx_hgemm_rows(RLX_HK_BF16, i0, i1, j0, nr, Kp, a16, Kp, panel, C, ldc, bias, act);
             continue;
         }
@@ -386,6 +488,10 @@ static void rlx_hgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
         rlx_widen_panel(bw, panel, K, pairs);
         rlx_hgemm_wide_tile(i0, i1, j0, nr, K, A, lda, bw, C, ldc, bias, act);
     }
+#ifdef RLX_BF16_AMX
+    if (amx)
+        _tile_release();  /* a thread without tile state saves none at its context switches */
+#endif
 }
 
 #endif /* RLX_KERNELS_GEMM_BF16_H */

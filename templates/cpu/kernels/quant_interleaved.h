@@ -264,38 +264,19 @@ static inline __attribute__((always_inline)) void rlx_qi_tile(const int fmt, con
  * Linux hands the tile state to a process that asks (arch_prctl); where it refuses, the vector path runs. */
 #if defined(RLX_Q8_ZMM) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
 #define RLX_QI_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "kernels/amx.h"
 
 /* Rows of activations from which a step takes the tile unit (fewer: its fixed cost per block is larger than
  * the vector path's products). */
 #define RLX_QI_AMX_ROWS 10
 
-/* Whether this process may use the tile registers: asked once (a capability of the process, like cpuid). */
-static int rlx_qi_amx_state;  /* 0: not asked yet, 1: granted, -1: refused */
-static int rlx_qi_amx_granted(void)
-{
-    int s = __atomic_load_n(&rlx_qi_amx_state, __ATOMIC_RELAXED);
-    if (s == 0) {  /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; asking twice is harmless */
-        s = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
-        __atomic_store_n(&rlx_qi_amx_state, s, __ATOMIC_RELAXED);
-    }
-    return s > 0;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed, aligned(64))) rlx_qi_tilecfg;
-
 /* Configure this thread's tiles for M activation rows: 0 A (high bytes), 1 A (low bytes), 2 B, 3 to 6 C.
  * Returns 0 (vector path) for fewer than RLX_QI_AMX_ROWS rows or without the tile state. */
 static inline int rlx_qi_amx_begin(int64_t M)
 {
-    if (M < RLX_QI_AMX_ROWS || !rlx_qi_amx_granted())
+    if (M < RLX_QI_AMX_ROWS || !rlx_amx_granted())
         return 0;
-    rlx_qi_tilecfg c;
+    rlx_amx_tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     c.rows[0] = c.rows[1] = (uint8_t)M;
