@@ -7,7 +7,8 @@ renders those GEMMs without widening the weights in the graph:
 - a packed param (`rlx.opt.lowering.pack_params`) is kept in its precision
   in 32-column panels (`templates/cpu/kernels/gemm_bf16.h`). bf16 on a build
   with AVX512_BF16 rounds the activations to bf16 per tile (nearest even) and
-  multiplies pairs with `vdpbf16ps`, accumulating in f32; f16 (and bf16
+  multiplies pairs with `vdpbf16ps`, accumulating in f32 (with AMX-BF16 and
+  K a multiple of 32: TDPBF16PS tiles, at every row count); f16 (and bf16
   elsewhere) widens each panel exactly into per-thread scratch and runs the
   f32 packed micro-kernel.
 - any other narrow right operand is widened into the shared scratch per call
