@@ -161,3 +161,35 @@ def test_mixed_dtypes_are_checked() -> None:
         g.matmul(g.input("y", [2, 4], "bf16"), g.param("v", [4, 3]))
     ok = g.matmul(g.input("z", [2, 4]), g.param("u", [4, 3], "f16"))
     assert g.node(ok).shape.dtype is DType.F32
+
+
+def test_two_threads_under_address_sanitizer() -> None:
+    """The bf16 and f16 GEMMs of CASES on one and two spinning threads, built with -fsanitize=address: the same
+    values on both (a thread's tiles never change an element's sums), no report. (The AMX path's tile loads are
+    not instrumented; its padding rows, bias loads and stores are.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from cpu_helpers import sanitizer_env
+
+    here = Path(__file__).resolve().parent
+    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "RLX_OMP_WAIT": "active"},
+                        here)
+    script = (
+        "import numpy as np, rlx\n"
+        "from test_c_half import _graph, _data\n"
+        "for dtype in ('bf16', 'f16'):\n"
+        "    g = _graph(dtype)\n"
+        "    inputs, params = _data(dtype)\n"
+        "    cg = rlx.Session().compile(g, num_threads=2, opt_level=0)\n"
+        "    for k, v in params.items(): cg.set_param(k, v)\n"
+        "    outs = []\n"
+        "    for t in (1, 2):\n"
+        "        cg.num_threads = t\n"
+        "        outs.append(cg.run(dict(inputs)))\n"
+        "    for a, b in zip(*outs):\n"
+        "        np.testing.assert_array_equal(a, b)\n"
+        "print('HALF-ASAN-OK')\n")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "HALF-ASAN-OK" in proc.stdout, proc.stderr[-6000:]
