@@ -26,7 +26,9 @@ from rlx.codegen.backends import supports
 from rlx.errors import BuildError, ExecutionError
 
 # (M, K, N)
-SHAPES = [(1, 1, 1), (1, 7, 33), (13, 67, 31), (50, 130, 70), (3, 16, 64)]
+#: ... and K a multiple of 64 with 16 rows or more (the AMX tile path where the CPU has AMX-INT8: 32- and
+#: 16-row chunks, a 5-row rest on the vector tile, a 6-column last panel)
+SHAPES = [(1, 1, 1), (1, 7, 33), (13, 67, 31), (50, 130, 70), (3, 16, 64), (37, 128, 70)]
 
 
 def _target(name: str) -> str:
@@ -263,8 +265,9 @@ def test_artifact_keeps_the_f32_weights_and_quantizes_again_on_load(tmp_path) ->
     np.testing.assert_array_equal(loaded.run(feed)[0], cg.run(feed)[0])
 
 
-#: Products big enough to split over two spinning threads: by rows (M >= 24), by panels (few rows).
-SPLIT_SHAPES = [(100, 203, 96), (8, 256, 520)]
+#: Products big enough to split over two spinning threads: by rows (M >= 24), by panels (few rows); each way
+#: with K a multiple of 64 too (the tile path).
+SPLIT_SHAPES = [(100, 203, 96), (8, 256, 520), (100, 256, 96), (20, 64, 520)]
 
 
 def test_two_threads_under_address_sanitizer() -> None:

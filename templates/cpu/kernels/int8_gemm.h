@@ -211,6 +211,46 @@ static inline __m512 rlx_i8_gelu16(__m512 x)
     return _mm512_mul_ps(x, _mm512_mask_sub_ps(q, pos, one, q));
 }
 
+/* A panel's epilogue operands: the column masks of its nr columns, comp, sw and the bias as vectors. */
+typedef struct {
+    __mmask16 m0, m1;
+    __m512i k0, k1;
+    __m512 s0, s1, z0, z1;
+} RlxI8Epi;
+
+static inline __attribute__((always_inline)) RlxI8Epi rlx_i8_epi(int64_t nr, const float *sw, const int32_t *comp,
+                                                                  const float *bias)
+{
+    RlxI8Epi e;
+    e.m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    e.m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+    e.k0 = _mm512_loadu_si512((const void *)comp);
+    e.k1 = _mm512_loadu_si512((const void *)(comp + 16));
+    e.s0 = _mm512_loadu_ps(sw);
+    e.s1 = _mm512_loadu_ps(sw + 16);
+    e.z0 = bias ? _mm512_maskz_loadu_ps(e.m0, bias) : _mm512_setzero_ps();
+    e.z1 = bias ? _mm512_maskz_loadu_ps(e.m1, bias + 16) : _mm512_setzero_ps();
+    return e;
+}
+
+/* One row's 32 int32 sums (c0: columns 0-15, c1: 16-31) dequantized, the bias added, GELU, stored: the
+ * epilogue of both the vector tile and the AMX path (the same operations, so the same bits). */
+static inline __attribute__((always_inline)) void rlx_i8_store2(const RlxI8Epi *e, __m512i c0, __m512i c1, float sxr,
+                                                                int has_bias, int gelu, float *Crow)
+{
+    const __m512 x = _mm512_set1_ps(sxr);
+    __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0, e->k0)), x);
+    __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1, e->k1)), x);
+    v0 = has_bias ? _mm512_fmadd_ps(v0, e->s0, e->z0) : _mm512_mul_ps(v0, e->s0);
+    v1 = has_bias ? _mm512_fmadd_ps(v1, e->s1, e->z1) : _mm512_mul_ps(v1, e->s1);
+    if (gelu) {
+        v0 = rlx_i8_gelu16(v0);
+        v1 = rlx_i8_gelu16(v1);
+    }
+    _mm512_mask_storeu_ps(Crow, e->m0, v0);
+    _mm512_mask_storeu_ps(Crow + 16, e->m1, v1);
+}
+
 /* mr x 32 tile: kg groups of 4 k; A rows (u8) lda bytes apart, B one panel. The accumulators are
  * named variables (not an array), one pair per row, so they stay in zmm registers: 24 + 2 for B
  * + 1 broadcast of A. `mr` is a constant in every caller, so the rows past it compile away. */
@@ -245,31 +285,90 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, cons
         RLX_I8_ROWS(RLX_I8_FMA)
 #undef RLX_I8_FMA
     }
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
-    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
-    const __m512i k0 = _mm512_loadu_si512((const void *)comp), k1 = _mm512_loadu_si512((const void *)(comp + 16));
-    const __m512 s0 = _mm512_loadu_ps(sw), s1 = _mm512_loadu_ps(sw + 16);
-    const __m512 z0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-    const __m512 z1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    const RlxI8Epi e = rlx_i8_epi(nr, sw, comp, bias);
 #define RLX_I8_STORE(r)                                                                                \
-    if (mr > r) {                                                                                      \
-        const __m512 x = _mm512_set1_ps(sx[r]);                                                        \
-        __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c0_##r, k0)), x);                \
-        __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c1_##r, k1)), x);                \
-        v0 = bias ? _mm512_fmadd_ps(v0, s0, z0) : _mm512_mul_ps(v0, s0);                               \
-        v1 = bias ? _mm512_fmadd_ps(v1, s1, z1) : _mm512_mul_ps(v1, s1);                               \
-        if (gelu) {                                                                                    \
-            v0 = rlx_i8_gelu16(v0);                                                                    \
-            v1 = rlx_i8_gelu16(v1);                                                                    \
-        }                                                                                              \
-        _mm512_mask_storeu_ps(C + r * ldc, m0, v0);                                                    \
-        _mm512_mask_storeu_ps(C + r * ldc + 16, m1, v1);                                               \
-    }
+    if (mr > r)                                                                                        \
+        rlx_i8_store2(&e, c0_##r, c1_##r, sx[r], bias != NULL, gelu, C + r * ldc);
     RLX_I8_ROWS(RLX_I8_STORE)
 #undef RLX_I8_STORE
 }
 #undef RLX_I8_ROWS
 #undef RLX_I8_DPBUSD
+
+#include "kernels/amx.h"
+#if defined(RLX_AMX_TILE) && defined(__AMX_INT8__)
+/* ── the AMX tile unit (AMX-INT8), for blocks of 16 rows and more ──────────────────────
+ * TDPBUSD is vpdpbusd on tiles (u8 x s8 into exact int32 sums), so its sums are the vector tile's and the
+ * epilogue is rlx_i8_store2: the same bits whichever path a row takes. 32 rows x 32 columns at a time as four
+ * 16 x 16 int32 tiles (16 rows: two), A's quantized rows (16 rows x 64 k a tile), the panel read in place (a
+ * group row's columns 0-15 and 16-31 are two B tiles' rows, 128 bytes apart). K a multiple of 64; a block's
+ * whole 16-row chunks (a rest of fewer rows takes the vector tile). */
+#define RLX_I8_AMX 1
+
+/* Configure this thread's tiles: 0-3 C (16 x 16 int32), 4-5 A (16 rows x 64 u8), 6-7 B (16 groups x 16 columns).
+ * Returns 0 (the vector tile) without the tile state. */
+static inline int rlx_i8_amx_begin(void)
+{
+    if (!rlx_amx_granted())
+        return 0;
+    rlx_amx_tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+    return 1;
+}
+
+/* C[0:mr, 0:nr] of one panel, mr a multiple of 16; A rows (u8) kp bytes apart, kp a multiple of 64. */
+static void rlx_i8_amx_rows(int64_t mr, int64_t kp, const uint8_t *A, const int8_t *B, float *C, int64_t ldc,
+                            int64_t nr, const float *sx, const float *sw, const int32_t *comp, const float *bias,
+                            int gelu)
+{
+    int32_t cb[32 * 32] __attribute__((aligned(64)));
+    const RlxI8Epi e = rlx_i8_epi(nr, sw, comp, bias);
+    for (int64_t r0 = 0; r0 < mr; r0 += 32) {
+        const uint8_t *a = A + r0 * kp;
+        const int two = mr - r0 >= 32;
+        _tile_zero(0);
+        _tile_zero(1);
+        if (two) {
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t k = 0; k < kp; k += 64) {
+                const int8_t *b = B + (k / RLX_I8_KG) * 128;
+                _tile_loadd(4, a + k, kp);
+                _tile_loadd(5, a + 16 * kp + k, kp);
+                _tile_loadd(6, b, 128);
+                _tile_loadd(7, b + 64, 128);
+                _tile_dpbusd(0, 4, 6);
+                _tile_dpbusd(1, 4, 7);
+                _tile_dpbusd(2, 5, 6);
+                _tile_dpbusd(3, 5, 7);
+            }
+            _tile_stored(2, cb + 16 * 32, 128);
+            _tile_stored(3, cb + 16 * 32 + 16, 128);
+        } else {
+            for (int64_t k = 0; k < kp; k += 64) {
+                const int8_t *b = B + (k / RLX_I8_KG) * 128;
+                _tile_loadd(4, a + k, kp);
+                _tile_loadd(6, b, 128);
+                _tile_loadd(7, b + 64, 128);
+                _tile_dpbusd(0, 4, 6);
+                _tile_dpbusd(1, 4, 7);
+            }
+        }
+        _tile_stored(0, cb, 128);
+        _tile_stored(1, cb + 16, 128);
+        for (int i = 0; i < (two ? 32 : 16); i++)
+            rlx_i8_store2(&e, _mm512_load_si512((const void *)(cb + 32 * i)),
+                          _mm512_load_si512((const void *)(cb + 32 * i + 16)), sx[r0 + i], bias != NULL, gelu,
+                          C + (r0 + i) * ldc);
+    }
+}
+#endif /* AMX-INT8 */
 
 #elif defined(RLX_I8_AVX2)
 
@@ -440,6 +539,10 @@ RLX_I8_NOINLINE static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const fl
     uint8_t *aq = (uint8_t *)scratch;
     float *sx = (float *)(scratch + (RLX_I8_MC * kp + 63) / 64 * 64);
     int64_t m0 = 0, m1 = M, p0 = 0, p1 = np;
+#ifdef RLX_I8_AMX
+    /* whole 16-row chunks of a block on the tile unit (the same bits as the vector tile) */
+    const int amx = K > 0 && K % 64 == 0 && M >= 16 && rlx_i8_amx_begin();
+#endif
     if (by_rows)
         rlx_split(M, t, nt, &m0, &m1);
     else
@@ -457,7 +560,17 @@ RLX_I8_NOINLINE static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const fl
         for (int64_t p = p0; p < p1; p++) {
             const int64_t j0 = p * RLX_I8_NR, nr = N - j0 < RLX_I8_NR ? N - j0 : RLX_I8_NR;
             float *c = C + i0 * N + j0;
-            rlx_i8_rows(mc, kg, aq, kp, panels + j0 * kp, c, N, nr, sx, sw + j0, comp + j0, bias ? bias + j0 : NULL, gelu);
+            int64_t done = 0;
+#ifdef RLX_I8_AMX
+            if (amx && mc >= 16) {
+                done = mc / 16 * 16;
+                rlx_i8_amx_rows(done, kp, aq, panels + j0 * kp, c, N, nr, sx, sw + j0, comp + j0,
+                                bias ? bias + j0 : NULL, gelu);
+            }
+#endif
+            if (mc > done)
+                rlx_i8_rows(mc - done, kg, aq + done * kp, kp, panels + j0 * kp, c + done * N, N, nr, sx + done, sw + j0,
+                            comp + j0, bias ? bias + j0 : NULL, gelu);
             if (act != RLX_EPI_NONE)
                 rlx_epilogue_act(c, N, mc, nr, act);
         }
@@ -465,6 +578,10 @@ RLX_I8_NOINLINE static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const fl
             #pragma omp barrier
         }
     }
+#ifdef RLX_I8_AMX
+    if (amx)
+        _tile_release();  /* a thread without tile state saves none at its context switches */
+#endif
 }
 
 #endif /* RLX_KERNELS_INT8_GEMM_H */
