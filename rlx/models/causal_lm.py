@@ -143,6 +143,18 @@ class KvCache:
         self.lengths[rows] = np.minimum(self.lengths[rows], n)
 
 
+def _mark_stops(picked: np.ndarray, done: list[bool], reasons: list[str],
+                stop_ids: frozenset[int]) -> list[int | None]:
+    """One decode step's entry per row: its token, or None once the row stopped (a stop token ends it here:
+    `done` and `reasons` updated)."""
+    step: list[int | None] = []
+    for b in range(len(done)):
+        if not done[b] and int(picked[b]) in stop_ids:
+            done[b], reasons[b] = True, "stop"
+        step.append(None if done[b] else int(picked[b]))
+    return step
+
+
 class PendingStep:
     """A step `CausalLM.launch_greedy` started: `result()` waits for it (on CUDA) and gives its token ids (i64
     `[len(rows)]`), waiting only the first time; `taken`: whether it was asked for."""
@@ -1071,12 +1083,7 @@ class CausalLM:
         done = [False] * batch
         for produced in range(1, max_new + 1):
             picked = last_ids if greedy or on_device else sampler.pick(last_logits)
-            step: list[int | None] = []
-            for b in range(batch):
-                if not done[b] and int(picked[b]) in stop_ids:
-                    done[b], reasons[b] = True, "stop"
-                step.append(None if done[b] else int(picked[b]))
-            yield step
+            yield _mark_stops(picked, done, reasons, stop_ids)
             if all(done) or produced == max_new:
                 return
             if int(cache.lengths[:batch].max()) + 1 > cache.capacity:
@@ -1117,12 +1124,7 @@ class CausalLM:
         done = [False] * batch
         try:
             for produced in range(1, max_new + 1):
-                step: list[int | None] = []
-                for b in range(batch):
-                    if not done[b] and int(picked[b]) in stop_ids:
-                        done[b], reasons[b] = True, "stop"
-                    step.append(None if done[b] else int(picked[b]))
-                yield step
+                yield _mark_stops(picked, done, reasons, stop_ids)
                 if all(done) or produced == max_new:
                     return
                 if ahead is None:  # no room for the step that would have made the next tokens

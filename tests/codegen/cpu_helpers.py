@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -91,6 +92,15 @@ def sanitizer_env(kind: str, options: dict[str, str], *extra_paths: Path) -> dic
     # (kernels/quant.c: ~2 minutes of gcc under ASan) are then built once a run, not once a test.
     env.update({"RLX_SANITIZE": kind, "LD_PRELOAD": lib, **options, "PYTHONPATH": os.pathsep.join(paths)})
     return env
+
+
+def run_with_two_spinning_threads_under_asan(script: str, ok: str, here: Path) -> None:
+    """Run `script` in a child Python whose generated libraries build with AddressSanitizer and whose OpenMP threads
+    spin (RLX_OMP_WAIT=active, so that small products really split over two threads); `here` goes on its path
+    (the test module it imports from). It must print `ok` and exit 0; else its stderr's tail is the failure."""
+    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "RLX_OMP_WAIT": "active"}, here)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and ok in proc.stdout, proc.stderr[-6000:]
 
 
 def cpu_flags() -> set[str]:

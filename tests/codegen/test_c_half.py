@@ -167,15 +167,10 @@ def test_two_threads_under_address_sanitizer() -> None:
     """The bf16 and f16 GEMMs of CASES on one and two spinning threads, built with -fsanitize=address: the same
     values on both (a thread's tiles never change an element's sums), no report. (The AMX path's tile loads are
     not instrumented; its padding rows, bias loads and stores are.)"""
-    import subprocess
-    import sys
     from pathlib import Path
 
-    from cpu_helpers import sanitizer_env
+    from cpu_helpers import run_with_two_spinning_threads_under_asan
 
-    here = Path(__file__).resolve().parent
-    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "RLX_OMP_WAIT": "active"},
-                        here)
     script = (
         "import numpy as np, rlx\n"
         "from test_c_half import _graph, _data\n"
@@ -191,5 +186,4 @@ def test_two_threads_under_address_sanitizer() -> None:
         "    for a, b in zip(*outs):\n"
         "        np.testing.assert_array_equal(a, b)\n"
         "print('HALF-ASAN-OK')\n")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "HALF-ASAN-OK" in proc.stdout, proc.stderr[-6000:]
+    run_with_two_spinning_threads_under_asan(script, "HALF-ASAN-OK", Path(__file__).resolve().parent)

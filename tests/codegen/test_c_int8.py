@@ -276,14 +276,8 @@ def test_two_threads_under_address_sanitizer() -> None:
     A child process with spinning OpenMP threads (RLX_OMP_WAIT=active), so that SPLIT_SHAPES really
     split over two threads (with the default sleeping team, products this small run on one).
     """
-    import subprocess
-    import sys
+    from cpu_helpers import run_with_two_spinning_threads_under_asan
 
-    from cpu_helpers import sanitizer_env
-
-    here = Path(__file__).resolve().parent
-    env = sanitizer_env("address", {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-                                              "RLX_OMP_WAIT": "active"}, here)
     script = (
         "import numpy as np, rlx\n"
         "from test_c_int8 import SHAPES, SPLIT_SHAPES, _graph\n"
@@ -300,5 +294,4 @@ def test_two_threads_under_address_sanitizer() -> None:
         "    for a, b in zip(cg.run(x), rlx.reference.run(g, x, p)):\n"
         "        np.testing.assert_array_equal(a, b)\n"
         "print('INT8-ASAN-OK')\n")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "INT8-ASAN-OK" in proc.stdout, proc.stderr[-6000:]
+    run_with_two_spinning_threads_under_asan(script, "INT8-ASAN-OK", Path(__file__).resolve().parent)

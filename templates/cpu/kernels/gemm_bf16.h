@@ -290,27 +290,9 @@ static void rlx_round_rows_bf16(uint16_t *restrict dst, int64_t Kp, const float 
  * sums differ from the vector path's in the last bits. */
 #define RLX_BF16_AMX 1
 
-/* Configure this thread's tiles for a product of M rows: 0-3 C (16 x 16 f32), 4-5 A (16 rows x 32 bf16), 6-7 B (16
- * pairs x 16 columns); with M < 16 the C and A tiles M rows (a tile product's time goes with its rows: one row as
- * fast as vdpbf16ps). Returns 0 (the vector path) without the tile state. */
-static inline int rlx_bf16_amx_begin(int64_t M)
-{
-    if (!rlx_amx_granted())
-        return 0;
-    rlx_amx_tilecfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.rows[t] = (uint8_t)(t < 6 && M < 16 ? M : 16);
-        c.colsb[t] = 64;
-    }
-    _tile_loadconfig(&c);
-    return 1;
-}
-
 /* C[0:rows, 0:nr] = A[0:rows, 0:Kp] @ panel (+ bias[0:nr]), then act. A: bf16 rows Kp apart, zeros from row
  * `rows` to the next multiple of 32 (read, never stored); Kp a multiple of 32. `few`: the tiles configured for
- * rows < 16 (rlx_bf16_amx_begin), so one chunk on tiles 0, 1, 4, 6 and 7. */
+ * rows < 16 (rlx_amx_begin), so one chunk on tiles 0, 1, 4, 6 and 7. */
 static void rlx_bf16_amx_rows(int64_t rows, int64_t nr, int64_t Kp, const uint16_t *A, const uint16_t *panel,
                               float *C, int64_t ldc, const float *bias, int act, int few)
 {
@@ -320,37 +302,9 @@ static void rlx_bf16_amx_rows(int64_t rows, int64_t nr, int64_t Kp, const uint16
     const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
     const __m512 b1 = bias && m1 ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {
-        const uint16_t *a = A + r0 * Kp;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        if (few) {
-            for (int64_t k = 0; k < Kp; k += 32) {
-                const uint16_t *b = panel + (k >> 1) * (2 * RLX_HNR);
-                _tile_loadd(4, a + k, Kp * 2);
-                _tile_loadd(6, b, 4 * RLX_HNR);
-                _tile_loadd(7, b + RLX_HNR, 4 * RLX_HNR);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-            }
-        } else {
-            for (int64_t k = 0; k < Kp; k += 32) {
-                const uint16_t *b = panel + (k >> 1) * (2 * RLX_HNR);
-                _tile_loadd(4, a + k, Kp * 2);
-                _tile_loadd(5, a + 16 * Kp + k, Kp * 2);
-                _tile_loadd(6, b, 4 * RLX_HNR);
-                _tile_loadd(7, b + RLX_HNR, 4 * RLX_HNR);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
-            }
-            _tile_stored(2, cb + 16 * 32, 128);
-            _tile_stored(3, cb + 16 * 32 + 16, 128);
-        }
-        _tile_stored(0, cb, 128);
-        _tile_stored(1, cb + 16, 128);
+        /* k in steps of 32: 64 bytes of A's rows, 16 pair rows (128 bytes each) of the panel */
+        rlx_amx_block(RLX_AMX_BF16, !few, Kp / 32, (const char *)(A + r0 * Kp), Kp * 2, 64, (const char *)panel,
+                      4 * RLX_HNR, 16 * 4 * RLX_HNR, 2 * RLX_HNR, cb);
         const int64_t mr = rows - r0 < 32 ? rows - r0 : 32;
         float *c = C + r0 * ldc;
         for (int64_t i = 0; i < mr; i++) {  /* the sum, then the bias (as rlx_tile_store_512) */
@@ -450,7 +404,9 @@ static void rlx_hgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
     (void)rounded;
 #ifdef RLX_BF16_AMX
     /* the tile unit for every row count (mc a multiple of 32: a block's last 32-row chunk stays in a16) */
-    const int amx = pairs && K > 0 && K % 32 == 0 && mc % 32 == 0 && t0 < t1 && rlx_bf16_amx_begin(M);
+    /* (fewer than 16 rows: the C and A tiles configured for that many, one chunk: a tile product's time goes with
+       its rows, one row as fast as vdpbf16ps) */
+    const int amx = pairs && K > 0 && K % 32 == 0 && mc % 32 == 0 && t0 < t1 && rlx_amx_begin(M < 16 ? (int)M : 16);
 #endif
     for (int64_t t = t0; t < t1; t++) {
         const int64_t i0 = t / np * mc, j0 = t % np * RLX_HNR;

@@ -305,23 +305,6 @@ static inline __attribute__((always_inline)) void rlx_i8_tile(const int mr, cons
  * whole 16-row chunks (a rest of fewer rows takes the vector tile). */
 #define RLX_I8_AMX 1
 
-/* Configure this thread's tiles: 0-3 C (16 x 16 int32), 4-5 A (16 rows x 64 u8), 6-7 B (16 groups x 16 columns).
- * Returns 0 (the vector tile) without the tile state. */
-static inline int rlx_i8_amx_begin(void)
-{
-    if (!rlx_amx_granted())
-        return 0;
-    rlx_amx_tilecfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.rows[t] = 16;
-        c.colsb[t] = 64;
-    }
-    _tile_loadconfig(&c);
-    return 1;
-}
-
 /* C[0:mr, 0:nr] of one panel, mr a multiple of 16; A rows (u8) kp bytes apart, kp a multiple of 64. */
 static void rlx_i8_amx_rows(int64_t mr, int64_t kp, const uint8_t *A, const int8_t *B, float *C, int64_t ldc,
                             int64_t nr, const float *sx, const float *sw, const int32_t *comp, const float *bias,
@@ -330,38 +313,10 @@ static void rlx_i8_amx_rows(int64_t mr, int64_t kp, const uint8_t *A, const int8
     int32_t cb[32 * 32] __attribute__((aligned(64)));
     const RlxI8Epi e = rlx_i8_epi(nr, sw, comp, bias);
     for (int64_t r0 = 0; r0 < mr; r0 += 32) {
-        const uint8_t *a = A + r0 * kp;
         const int two = mr - r0 >= 32;
-        _tile_zero(0);
-        _tile_zero(1);
-        if (two) {
-            _tile_zero(2);
-            _tile_zero(3);
-            for (int64_t k = 0; k < kp; k += 64) {
-                const int8_t *b = B + (k / RLX_I8_KG) * 128;
-                _tile_loadd(4, a + k, kp);
-                _tile_loadd(5, a + 16 * kp + k, kp);
-                _tile_loadd(6, b, 128);
-                _tile_loadd(7, b + 64, 128);
-                _tile_dpbusd(0, 4, 6);
-                _tile_dpbusd(1, 4, 7);
-                _tile_dpbusd(2, 5, 6);
-                _tile_dpbusd(3, 5, 7);
-            }
-            _tile_stored(2, cb + 16 * 32, 128);
-            _tile_stored(3, cb + 16 * 32 + 16, 128);
-        } else {
-            for (int64_t k = 0; k < kp; k += 64) {
-                const int8_t *b = B + (k / RLX_I8_KG) * 128;
-                _tile_loadd(4, a + k, kp);
-                _tile_loadd(6, b, 128);
-                _tile_loadd(7, b + 64, 128);
-                _tile_dpbusd(0, 4, 6);
-                _tile_dpbusd(1, 4, 7);
-            }
-        }
-        _tile_stored(0, cb, 128);
-        _tile_stored(1, cb + 16, 128);
+        /* k in steps of 64: 64 bytes of A's rows, 16 group rows (128 bytes each) of the panel */
+        rlx_amx_block(RLX_AMX_U8S8, two, kp / 64, (const char *)(A + r0 * kp), kp, 64, (const char *)B, 128, 16 * 128,
+                      64, cb);
         for (int i = 0; i < (two ? 32 : 16); i++)
             rlx_i8_store2(&e, _mm512_load_si512((const void *)(cb + 32 * i)),
                           _mm512_load_si512((const void *)(cb + 32 * i + 16)), sx[r0 + i], bias != NULL, gelu,
@@ -541,7 +496,7 @@ RLX_I8_NOINLINE static void rlx_i8gemm(int64_t M, int64_t N, int64_t K, const fl
     int64_t m0 = 0, m1 = M, p0 = 0, p1 = np;
 #ifdef RLX_I8_AMX
     /* whole 16-row chunks of a block on the tile unit (the same bits as the vector tile) */
-    const int amx = K > 0 && K % 64 == 0 && M >= 16 && rlx_i8_amx_begin();
+    const int amx = K > 0 && K % 64 == 0 && M >= 16 && rlx_amx_begin(16);
 #endif
     if (by_rows)
         rlx_split(M, t, nt, &m0, &m1);
