@@ -51,6 +51,7 @@ static inline int rlx_amx_begin(int rows)
     return 1;
 }
 
+#if defined(__AMX_BF16__) || defined(__AMX_INT8__)
 /* The products a tile holds: bf16 pairs into f32 (TDPBF16PS), u8 x s8 quads into int32 (TDPBUSD). */
 enum { RLX_AMX_BF16 = 0, RLX_AMX_U8S8 = 1 };
 
@@ -106,6 +107,7 @@ static inline __attribute__((always_inline)) void rlx_amx_block(const int op, co
 #undef RLX_AMX_DP
     (void)op;
 }
+#endif /* AMX-BF16 or AMX-INT8 */
 #endif
 
 #endif /* RLX_KERNELS_AMX_H */

@@ -403,9 +403,9 @@ static void rlx_hgemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t l
     (void)a16;
     (void)rounded;
 #ifdef RLX_BF16_AMX
-    /* the tile unit for every row count (mc a multiple of 32: a block's last 32-row chunk stays in a16) */
-    /* (fewer than 16 rows: the C and A tiles configured for that many, one chunk: a tile product's time goes with
-       its rows, one row as fast as vdpbf16ps) */
+    /* the tile unit for every row count (mc a multiple of 32: a block's last 32-row chunk stays in a16); fewer than
+       16 rows: the C and A tiles configured for that many, one chunk (a tile product's time goes with its rows:
+       one row as fast as vdpbf16ps) */
     const int amx = pairs && K > 0 && K % 32 == 0 && mc % 32 == 0 && t0 < t1 && rlx_amx_begin(M < 16 ? (int)M : 16);
 #endif
     for (int64_t t = t0; t < t1; t++) {
