@@ -955,6 +955,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         tc = detect_toolchain(config)
         line("compiler", f"{tc.cc} ({tc.cc_version})")
         line("isa", f"{tc.isa} ({' '.join(tc.isa_flags)})")
+        from rlx.toolchain.isa import cpu_flags
+        from rlx.toolchain.tile_unit import tile_unit_report
+
+        line("tile unit", tile_unit_report(cpu_flags(), tc.isa))
         line("openmp", " ".join(tc.openmp_flags) if tc.openmp else "not available (single-threaded builds)")
         blas = tc.blas
         line("blas", f"{blas.provider} {blas.version} {blas.library}".strip() if blas.enabled

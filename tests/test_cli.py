@@ -153,6 +153,8 @@ def test_doctor_reports_toolchain_and_cache(cache_root: Path, capsys: pytest.Cap
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "compiler" in out and "openmp" in out and "blas" in out and "nvcc" in out and "gpus" in out
+    (tile,) = [ln for ln in out.splitlines() if ln.startswith("tile unit")]
+    assert "AMX" in tile or "none on this CPU" in tile, tile
     (extra,) = [ln for ln in out.splitlines() if ln.startswith("cuda extra")]
     assert "installed: nvidia-cublas" in extra or "make install CUDA=1" in extra, extra
     assert f"{cache_root}: 1 entries" in out
