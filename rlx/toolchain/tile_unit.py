@@ -20,12 +20,17 @@ import ctypes
 import ctypes.util
 from collections.abc import Callable
 
+from rlx.toolchain.isa import machine
+
 #: Linux x86-64: the arch_prctl syscall, its "request permission" code and the tile data feature.
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 
 def linux_grants_tiles() -> bool:
-    """Ask Linux for the tile state for this process, as the kernels do (harmless to ask again)."""
+    """Ask Linux for the tile state for this process, as the kernels do (harmless to ask again). Only on x86-64:
+    elsewhere the syscall number is another call's."""
+    if machine() != "x86_64":
+        return False
     name = ctypes.util.find_library("c")
     if name is None:
         return False
