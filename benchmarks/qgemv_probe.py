@@ -35,11 +35,9 @@ chosen per launch), `t<cols>` (`dense_tile`: 8 .. 512 columns, splits chosen), `
 today's single kernel with its tile chosen as before the split existed; `s4` 4 splits, tile chosen) or both
 (`t128s4`), e.g. `--weights bf16 --walks s1,auto,t128s8,t256s16,t512s8`; a split GEMV is two kernels (rlx_dgemv, then
 rlx_dgemv_reduce) and its µs is their span, from the first's start to the second's end (the gap between them
-included); a trailing `c` adds the splits' partials in the tile's thread-block cluster instead (`dense_reduce`
-"cluster", as RLX_DENSE_GEMV_REDUCE=cluster: one kernel where the clusters fit, the kernel column then names no
-reduce), e.g. `--walks auto,autoc,t256s16,t256s16c`. The bf16 walks time a fifth GEMV, the vocabulary head with the
-final norm (8B: 128256 x 4096, 1.05 GB of f16 weights). A `torch.mv` line (cuBLAS's GEMV on the same shapes, f16
-`[N, K]` weights, 4 copies cycled so none is L2-resident, CUDA events) is printed beside them.
+included). The bf16 walks time a fifth GEMV, the vocabulary head with the final norm (8B: 128256 x 4096, 1.05 GB of
+f16 weights). A `torch.mv` line (cuBLAS's GEMV on the same shapes, f16 `[N, K]` weights, 4 copies cycled so none is
+L2-resident, CUDA events) is printed beside them.
 """
 
 from __future__ import annotations
@@ -122,13 +120,10 @@ def main() -> int:
             return {}
         if not dense:
             return {"gemv_walk": walk}
-        # t<tile columns> and / or s<K splits>, or auto; a trailing c: the partials added by the tile's cluster
-        m = re.fullmatch(r"(?:auto|(?:t(\d+))?(?:s(\d+))?)(c?)", walk)
-        if m is None or walk in ("", "c"):
-            raise SystemExit(f"walk {walk!r}: bf16 walks are auto, t<cols>, s<splits> or t<cols>s<splits>, each with "
-                             "a trailing c or not")
-        return {**({"dense_tile": int(m[1])} if m[1] else {}), **({"dense_split": int(m[2])} if m[2] else {}),
-                **({"dense_reduce": "cluster"} if m[3] else {})}
+        m = re.fullmatch(r"(?:t(\d+))?(?:s(\d+))?", walk)  # t<tile columns> and / or s<K splits>
+        if m is None or not walk:
+            raise SystemExit(f"walk {walk!r}: bf16 walks are auto, t<cols>, s<splits> or t<cols>s<splits>")
+        return {**({"dense_tile": int(m[1])} if m[1] else {}), **({"dense_split": int(m[2])} if m[2] else {})}
 
     lirs = {act: Session(Device.CUDA).lower(layer_graph(args.weights, act, dense))
             for act in {act_of(w) for w in walks}}

@@ -32,7 +32,6 @@ settings passes `dataclasses.replace(config, ...)` explicitly.
 | RLX_DENSE_GEMV | 0: CUDA f16/bf16 float projections' one-row steps on their GEMMs, not rlx_dgemv | 1 |
 | RLX_DENSE_GEMV_TILE | rlx_dgemv's tile width in output columns, 8 .. 512, powers of 2 (0: chosen per launch) | 0 |
 | RLX_DENSE_GEMV_SPLIT | rlx_dgemv's K splits over blocks (0: chosen per launch, 1: none, n: forced, at most 64) | 0 |
-| RLX_DENSE_GEMV_REDUCE | who adds rlx_dgemv's K-split partials: `kernel` (rlx_dgemv_reduce), `cluster` | kernel |
 | RLX_CUDA_DEQUANT_COPIES | bytes of CUDA quantized weights also kept dequantized for many-row steps (0: none) | 2 GiB |
 | RLX_NCCL_HOME | an NCCL install (`include/`, `lib/`) for CUDA collectives (`rlx.toolchain.nccl`) | none |
 | RLX_RECORD | a directory where compiled graphs record their `run` calls for `rlxc replay` | none |
@@ -180,8 +179,6 @@ class Config:
     cuda_dense_tile: int = 0
     #: RLX_DENSE_GEMV_SPLIT: rlx_dgemv's K splits over blocks (`CudaTarget.dense_split`; 0: chosen per launch).
     cuda_dense_split: int = 0
-    #: RLX_DENSE_GEMV_REDUCE: who adds rlx_dgemv's K-split partials (`CudaTarget.dense_reduce`: "kernel", "cluster").
-    cuda_dense_reduce: str = "kernel"
     cc: str = "cc"
     nvcc: str = "nvcc"
     #: RLX_RECORD: where compiled graphs record their calls (None: not recorded), and the bounds.
@@ -226,7 +223,6 @@ class Config:
             cuda_dense_gemv=_flag(env, "RLX_DENSE_GEMV", True),
             cuda_dense_tile=_int(env, "RLX_DENSE_GEMV_TILE", 0),
             cuda_dense_split=_int(env, "RLX_DENSE_GEMV_SPLIT", 0),
-            cuda_dense_reduce=_choice(env, "RLX_DENSE_GEMV_REDUCE", ("kernel", "cluster")),
             cc=env.get("CC", "").strip() or "cc",
             nvcc=env.get("RLX_NVCC", "").strip() or "nvcc",
             record_dir=Path(env["RLX_RECORD"].strip()) if env.get("RLX_RECORD", "").strip() else None,

@@ -103,11 +103,6 @@ class DecodeGemv(Decision):
     #: region, rlx_dgemv_reduce adds them in split order and applies the epilogue); 0: chosen per launch (at most
     #: `DENSE_GEMV_SPLIT_AUTO`), 1: no split (one kernel), n: forced.
     dense_split: int = 0
-    #: "dense", K split: who adds a column's partials in split order and applies the epilogue: "kernel" (a second
-    #: kernel, rlx_dgemv_reduce, launched after rlx_dgemv) or "cluster" (the tile's splits one thread-block cluster,
-    #: sm_90+, adding their sums through distributed shared memory: the same bits, no partials, no second kernel;
-    #: rlx_dgemv_reduce where no cluster fits; RLX_DENSE_GEMV_REDUCE=cluster, off until measured on a GPU).
-    dense_reduce: str = "kernel"
     #: The members' activations: "f32" or "q8" (int8 per block of 32, `quantize_act`: the "occ" walk quantizes each
     #: lane's x in registers and takes integer dot products, rlx_qgemv_occ's ACT = 1; the "rows" walk stages
     #: records, kernels/quant_q8.cuh).
@@ -124,14 +119,10 @@ class DecodeGemv(Decision):
                     + (", int8 activations quantized in registers)" if self.act == "q8" else ")"))
         elif self.walk == "dense":
             tile = f"tiles of {self.dense_tile} columns" if self.dense_tile else "column tiles sized per launch"
-            by = ("by the tile's thread-block cluster through distributed shared memory, or by a second kernel, "
-                  "rlx_dgemv_reduce, where no cluster fits" if self.dense_reduce == "cluster"
-                  else "by a second kernel, rlx_dgemv_reduce")
-            split = (f"K split over blocks (as many as chosen per launch; partials added in split order {by}) and "
-                     "over a block's threads" if self.dense_split == 0
-                     else "K split over a block's threads only" if self.dense_split == 1
-                     else f"K split over {self.dense_split} blocks (partials added in split order {by}) and over a "
-                     "block's threads")
+            split = ("K split over blocks (as many as chosen per launch) and over a block's threads"
+                     if self.dense_split == 0 else "K split over a block's threads only" if self.dense_split == 1
+                     else f"K split over {self.dense_split} blocks (partials added in split order) and over a block's "
+                     "threads")
             walk = f", a dense 16-bit GEMV over the weights as stored ([K, N]: {tile}, {split})"
         extra = [f"normalizing its input (%{self.norm[0]})"] if self.norm else []
         extra += [f"adding the residual (%{self.residual[0]})"] if self.residual else []

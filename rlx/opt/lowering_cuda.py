@@ -377,9 +377,6 @@ DENSE_GEMV_TILES = (0, 8, 16, 32, 64, 128, 256, 512)
 #: per launch, at most DENSE_GEMV_SPLIT_AUTO; 1: no split). The scratch region holds [S][N] f32 partials.
 DENSE_GEMV_SPLIT_MAX = 64
 DENSE_GEMV_SPLIT_AUTO = 16
-#: Who adds a K-split dense GEMV's partials (`DecodeGemv.dense_reduce`, `CudaTarget.dense_reduce`,
-#: RLX_DENSE_GEMV_REDUCE): a second kernel ("kernel", the default) or the tile's thread-block cluster ("cluster").
-DENSE_GEMV_REDUCES = ("kernel", "cluster")
 
 
 def dense_gemv_splits(d: DecodeGemv) -> int:
@@ -403,7 +400,7 @@ def dense_gemv_scratch(graph: Graph, d: DecodeGemv) -> int:
 
 def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense: DType | None = None,
                       grouped: frozenset[NodeId] = frozenset(), dense_tile: int = 0,
-                      dense_split: int = 0, dense_reduce: str = "kernel") -> list[DecodeGemv]:
+                      dense_split: int = 0) -> list[DecodeGemv]:
     """Quantized projections that run as one GEMV launch in decode steps (see `DecodeGemv`).
 
     Members are consecutive `dequant_matmul`s of one activation with one block format and K; the norm
@@ -414,8 +411,7 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense
     `dense` (an f16 / bf16 build's precision; None: none): float projections too, walk "dense" (rlx_dgemv over the
     weight as stored) in one-row steps: consecutive `matmul`s of one activation against 2-D params (not in a
     `GemmGroup`: `grouped`), or one `fused_swiglu` (its gate and up weights), with the same norm and residual;
-    `dense_tile` forces their tiles' width, `dense_split` their K splits over blocks (0: chosen per launch),
-    `dense_reduce` who adds the splits' partials ("kernel" or "cluster").
+    `dense_tile` forces their tiles' width, `dense_split` their K splits over blocks (0: chosen per launch).
     """
     graph = lir.graph
     users = graph.users()
@@ -506,7 +502,7 @@ def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense
         staged = lir.buffers[graph.node(taken[0][0]).inputs[0] if taken[0] else members[0].inputs[0]]
         if staged.storage == "input" or (staged.storage == "arena" and staged.offset % 16 == 0):
             found.append(DecodeGemv(tuple(m.id for m in members), 1, *taken, "dense", dense_tile=dense_tile,
-                                    dense_split=dense_split, dense_reduce=dense_reduce))
+                                    dense_split=dense_split))
     return found
 
 
@@ -840,7 +836,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
                 pool_norm: bool = False, decode_sms: int = DEFAULT_SMS, kv_decode: bool = True,
                 p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
                 dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
-                dense_tile: int = 0, dense_split: int = 0, dense_reduce: str = "kernel") -> tuple[Decision, ...]:
+                dense_tile: int = 0, dense_split: int = 0) -> tuple[Decision, ...]:
     """The QKV groups, the fused kernels' records and the device layout (the groups' weights and outputs are
     part of the layout); `decode_sms` sizes the split of decode attention (`DecodeSplitKv`), `kv_decode` lets
     its decode steps run the grouped kernel; `dequant_copies` is the byte budget of `DequantCopy` copies;
@@ -904,7 +900,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     # (its X must not share bytes with the sum it writes; C may: cuBLASLt accumulates in place)
     dense = precision if dense_gemv and precision in DENSE_GEMV_PRECISIONS else None
     gemvs = find_decode_gemvs(lir, gemv_walk, xr_groups, dense, frozenset(m for g in grouped for m in g), dense_tile,
-                              dense_split, dense_reduce)
+                              dense_split)
     mmas = find_quant_mmas(lir, precision)
     residual_of = {d.members[0]: (d.residual[0], d.max_rows) for d in gemvs
                    if d.residual and len(d.members) == 1
@@ -978,15 +974,13 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
                    pool_tail: bool = True, pool_norm: bool = False, decode_sms: int = DEFAULT_SMS,
                    kv_decode: bool = True, p2p_all_reduce: bool = True, gemv_walk: str = "auto",
                    xr_groups: int = 0, dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True,
-                   dense_tile: int = 0, dense_split: int = 0, dense_reduce: str = "kernel",
-                   **_target: object) -> tuple[Decision, ...]:
+                   dense_tile: int = 0, dense_split: int = 0, **_target: object) -> tuple[Decision, ...]:
     """The GEMM groups, decode GEMVs and device layout for this precision and GEMM provider (the memory half of
     `LOWERINGS["cuda"]`). `decode_sms`: the SM count decode attention's key splits are sized for; `kv_decode=False`
     keeps decode attention on rlx_kv_attend (no grouped kernel: comparisons); `p2p_all_reduce=False` leaves every
     all-reduce to NCCL (no `AllReduceP2P`); `gemv_walk` / `xr_groups` pick the one-row decode GEMV's walk
     (`decode_walk`); `dense_gemv` puts float projections on the dense one-row GEMV (`False`: RLX_DENSE_GEMV=0),
-    `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE), `dense_split` its K splits (RLX_DENSE_GEMV_SPLIT),
-    `dense_reduce` who adds the splits' partials ("kernel": rlx_dgemv_reduce; "cluster": RLX_DENSE_GEMV_REDUCE).
+    `dense_tile` forces its tiles' width (RLX_DENSE_GEMV_TILE), `dense_split` its K splits (RLX_DENSE_GEMV_SPLIT).
 
     `pool_tail=False` leaves pooling tails as separate kernels (no `PoolTail`); `pool_norm=True` lets a tail take
     the norm before it for short sentences (`PoolTail.norm`; off by default: no wall gain measured). Other target
@@ -1006,10 +1000,8 @@ def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str
     if isinstance(dense_split, bool) or not isinstance(dense_split, int) \
             or not 0 <= dense_split <= DENSE_GEMV_SPLIT_MAX:
         raise ValueError(f"dense_split must be 0 (chosen) .. {DENSE_GEMV_SPLIT_MAX}, got {dense_split!r}")
-    if dense_reduce not in DENSE_GEMV_REDUCES:
-        raise ValueError(f"dense_reduce must be one of {DENSE_GEMV_REDUCES}, got {dense_reduce!r}")
     return plan_device(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce, gemv_walk,
-                       xr_groups, dequant_copies, dense_gemv, dense_tile, dense_split, dense_reduce)
+                       xr_groups, dequant_copies, dense_gemv, dense_tile, dense_split)
 
 
 #: Bytes a one-shot all-reduce call may carry (a slot of the exchange buffer: RLX_AR_SLOT_BYTES in

@@ -583,14 +583,14 @@ def cuda_lowering(lir: LirModule, precision: DType | str = DType.F32, gemm: str 
                   scan_body: bool = False, decode_sms: int = 132, kv_decode: bool = True,
                   p2p_all_reduce: bool = True, gemv_walk: str = "auto", xr_groups: int = 0,
                   dequant_copies: int = DEQUANT_COPY_BYTES, dense_gemv: bool = True, dense_tile: int = 0,
-                  dense_split: int = 0, dense_reduce: str = "kernel", **_target: object) -> tuple[Decision, ...]:
+                  dense_split: int = 0, **_target: object) -> tuple[Decision, ...]:
     """`LOWERINGS["cuda"]`: the memory decisions (`cuda_decisions`), then the kernel choices for these options.
 
     The defaults are `CudaTarget()`'s; other target options (tile sizes, attention variants, profiling) change
     no decision and are ignored.
     """
     memory = cuda_decisions(lir, precision, gemm, pool_tail, pool_norm, decode_sms, kv_decode, p2p_all_reduce,
-                            gemv_walk, xr_groups, dequant_copies, dense_gemv, dense_tile, dense_split, dense_reduce)
+                            gemv_walk, xr_groups, dequant_copies, dense_gemv, dense_tile, dense_split)
     opt = _Options(DType.parse(precision), gemm, arch, cutlass_gemm, gather_region,
                    small_gemm, lt_gelu_epilogue, fused_act_gemm)
     return (*memory, *kernel_choices(lir, memory, opt, scan_body))

@@ -62,8 +62,7 @@ def decide_cuda(lir: LirModule, target: Any) -> LirModule:
                "decode_sms": target.decode_sms, "kv_decode": target.kv_decode,
                "p2p_all_reduce": target.p2p_all_reduce, "gemv_walk": target.gemv_walk, "xr_groups": target.xr_groups,
                "dequant_copies": target.dequant_copies, "dense_gemv": target.dense_gemv,
-               "dense_tile": target.dense_tile, "dense_split": target.dense_split,
-               "dense_reduce": target.dense_reduce}
+               "dense_tile": target.dense_tile, "dense_split": target.dense_split}
     # a scan body writes no graph output (no pooling tail of its own); its per-step pointers are the loop's
     return decide(lir, "cuda", {**options, "pool_tail": False, "scan_body": True}, **options)
 
@@ -112,8 +111,6 @@ class CudaStages:
                                **({} if config.cuda_dense_gemv else {"dense_gemv": False}),
                                **({"dense_tile": config.cuda_dense_tile} if config.cuda_dense_tile else {}),
                                **({"dense_split": config.cuda_dense_split} if config.cuda_dense_split else {}),
-                               **({"dense_reduce": config.cuda_dense_reduce}
-                                  if config.cuda_dense_reduce != "kernel" else {}),
                                **target_options}
         self._toolchain = toolchain
         self._target: Any = None

@@ -16,14 +16,13 @@ from rlx.templates_path import templates_dir
 EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"
 
 
-def build_emu(tmp_path_factory: pytest.TempPathFactory, cpp: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """Compile `cuda_emu/<cpp>` into a shared library and load it (the caller sets its argtypes); `defines`: macros
-    (`NAME=VALUE`) the kernels read, e.g. fewer threads a block."""
+def build_emu(tmp_path_factory: pytest.TempPathFactory, cpp: str) -> ctypes.CDLL:
+    """Compile `cuda_emu/<cpp>` into a shared library and load it (the caller sets its argtypes)."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("g++ is not installed")
     out = tmp_path_factory.mktemp("cuda_emu") / Path(cpp).with_suffix(".so").name
-    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", *(f"-D{d}" for d in defines), "-I", str(EMU_DIR),
+    cmd = [cxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-I", str(EMU_DIR),
            "-I", str(templates_dir() / "cuda" / "kernels"), str(EMU_DIR / cpp), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 and "c++20" in proc.stderr:

@@ -85,8 +85,8 @@ def test_float_decoder_records_the_dense_walk() -> None:
         CudaTarget(dense_gemv=True, precision=DType.F16, dense_tile=12)
     # K split over blocks: chosen per launch (the scratch region holds 16 splits' f32 partials), none, or forced
     # (RLX_DENSE_GEMV_SPLIT, through Config: the LIR records it and sizes the scratch region for it)
-    assert all(d.dense_split == 0 and "K split over blocks (as many as chosen per launch; partials added in split "
-               "order by a second kernel, rlx_dgemv_reduce)" in d.describe() for d in found)
+    assert all(d.dense_split == 0 and "K split over blocks (as many as chosen per launch)" in d.describe()
+               for d in found)
     assert _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16,
                                                 dense_tile=512)).inspect().count("tiles of 512 columns") == 5
     # (the widest partials: the gate's and the up's 512 columns x 16 splits, f32)
@@ -96,8 +96,7 @@ def test_float_decoder_records_the_dense_walk() -> None:
     assert none.inspect().count("K split over a block's threads only") == 5
     four = _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16, dense_split=4))
     assert {d.dense_split for d in four.decided(DecodeGemv)} == {4}
-    assert four.inspect().count("K split over 4 blocks (partials added in split order by a second kernel, "
-                                "rlx_dgemv_reduce)") == 5
+    assert four.inspect().count("K split over 4 blocks (partials added in split order)") == 5
     assert "dense_split=4" in CudaTarget(precision=DType.F16, dense_split=4).identity()
     assert "dense_split" not in default.identity()
     assert CudaStages(Config.from_env({"RLX_DENSE_GEMV_SPLIT": "8"})).target_options["dense_split"] == 8
@@ -105,22 +104,6 @@ def test_float_decoder_records_the_dense_walk() -> None:
     for bad in (-1, 65, True):
         with pytest.raises(BuildError, match="dense_split"):
             CudaTarget(dense_gemv=True, precision=DType.F16, dense_split=bad)
-    # who adds the partials: a second kernel (default) or the tile's thread-block cluster (RLX_DENSE_GEMV_REDUCE,
-    # through Config: the LIR records it, and the cache key through the target's identity)
-    assert {d.dense_reduce for d in found} == {"kernel"}
-    cluster = _decided(float_decoder(), CudaTarget(dense_gemv=True, precision=DType.F16, dense_reduce="cluster"))
-    assert {d.dense_reduce for d in cluster.decided(DecodeGemv)} == {"cluster"}
-    assert cluster.inspect().count("partials added in split order by the tile's thread-block cluster through "
-                                   "distributed shared memory, or by a second kernel, rlx_dgemv_reduce, where no "
-                                   "cluster fits)") == 5
-    assert cluster.inspect() != lir.inspect()
-    assert "dense_reduce=cluster" in CudaTarget(precision=DType.F16, dense_reduce="cluster").identity()
-    assert "dense_reduce" not in default.identity()
-    assert Config.from_env({"RLX_DENSE_GEMV_REDUCE": "cluster"}).cuda_dense_reduce == "cluster"
-    assert CudaStages(Config.from_env({"RLX_DENSE_GEMV_REDUCE": "cluster"})).target_options["dense_reduce"] == "cluster"
-    assert "dense_reduce" not in CudaStages(Config.from_env({"RLX_DENSE_GEMV_REDUCE": "kernel"})).target_options
-    with pytest.raises(BuildError, match="dense_reduce"):
-        CudaTarget(dense_gemv=True, precision=DType.F16, dense_reduce="last")
 
 
 def test_llama3_8b_shaped_float_decoder_takes_the_dense_walk_everywhere() -> None:
@@ -182,29 +165,7 @@ def test_float_decoder_with_the_dense_gemv_compiles(precision: str, arch: str, t
     split = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_split=4)
     ssrc = render_cuda(_decided(float_decoder(), split), split, {"name": "split"})
     assert ssrc.count("(mem, K, wave, 6, 1, 4, 4, &lg, &nsplit);") == 5
-    assert "rlx_launch_pdl_cluster(c->pdl" not in src + ssrc and "rlx_max_clusters(rlx_dgemv" not in src + ssrc
-    # RLX_DENSE_GEMV_REDUCE=cluster: the split launched in clusters of its splits where they fit (each split count's
-    # clusters queried, up to 16), rlx_dgemv_reduce after the split kernel where not; no split: no cluster
-    two = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_reduce="cluster")
-    csrc = render_cuda(_decided(float_decoder(), two), two, {"name": "cluster"})
-    clusters = {args: csrc.count(f"rlx_launch_pdl_cluster(c->pdl, (unsigned)nsplit, rlx_dgemv<{t}, {bf}, {args}>")
-                for args in ("true, 0, true, true, true", "false, 1, true, true, true", "true, 2, true, true, true")}
-    assert clusters == {"true, 0, true, true, true": 2, "false, 1, true, true, true": 2, "true, 2, true, true, true": 1}
-    assert csrc.count("(mem, K, wave, 6, 1, 1, 16, &lg, &nsplit, swave);") == 5
-    assert csrc.count("for (int s = 2; s <= 16; s++) {") == 5 and csrc.count("rlx_max_clusters(rlx_dgemv<") == 5
-    reduces = {epi: csrc.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv_reduce<{t}, {epi}>") for epi in (0, 1, 2)}
-    assert reduces == {0: 2, 1: 2, 2: 1}  # (the fallback)
-    # a forced 32-way split: no cluster of 32 (at most 16), so none is queried and the second kernel adds them
-    wide = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_reduce="cluster",
-                      dense_split=32)
-    wsrc = render_cuda(_decided(float_decoder(), wide), wide, {"name": "wide"})
-    assert "rlx_launch_pdl_cluster(c->pdl" not in wsrc and "rlx_max_clusters(rlx_dgemv" not in wsrc
-    assert wsrc.count("rlx_launch_pdl(c->pdl, rlx_dgemv_reduce<") == 5
-    none = CudaTarget(dense_gemv=True, precision=target.precision, gemm=target.gemm, arch=arch, dense_reduce="cluster",
-                      dense_split=1)
-    nsrc = render_cuda(_decided(float_decoder(), none), none, {"name": "nosplit"})
-    assert "rlx_launch_pdl_cluster(c->pdl" not in nsrc and "int64_t swave[" not in nsrc
-    for name, text in (("auto", src), ("split", ssrc), ("cluster", csrc)):
+    for name, text in (("auto", src), ("split", ssrc)):
         path = tmp_path / f"dense_{precision}_{arch}_{name}.cu"
         path.write_text(text)
         tc.compile(path, path.with_suffix(".o"), target.gemm, compile_only=True)

@@ -5,9 +5,7 @@ norm + SwiGLU (gate and up read together), and the residual add; N odd (2-byte l
 or a multiple of 8 (16-byte loads); K from 64 to 16384; every tile width the host picks (8 << lg columns); grids
 smaller than the tiles (several passes, each block's first tile loaded before the PDL wait); K split over blocks
 (SPLIT: 2..8 splits, tiles up to 512 columns, splits short or empty, f32 partials then rlx_dgemv_reduce with the
-epilogue); the split added by a thread-block cluster of its blocks (CLUSTER, RLX_DENSE_GEMV_REDUCE=cluster: 2..16
-splits, a cluster's blocks run together through the shim, most cases with 128 threads a block) against the reference
-and bit for bit against the split + rlx_dgemv_reduce path. Needs g++ with C++20.
+epilogue). Needs g++ with C++20.
 
 Bound, as the quantized GEMVs' (tests/codegen/test_cuda_qgemv_emulated.py): the kernel sums exact products x w in f32
 over K terms (per thread, then over the threads in a fixed order; split: then over the splits), |err| <= (K + 36) u32
@@ -32,26 +30,15 @@ KINDS = {"plain": 0, "norm_swiglu": 1, "residual": 2, "norm": 3}
 NARROW = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}
 
 
-def _load(tmp_path_factory: pytest.TempPathFactory, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
-    lib = build_emu(tmp_path_factory, "dense_emu.cpp", defines)
-    i32, i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    lib.emu_dgemv.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, i64, i32, i32, ctypes.c_uint,
-                              i32]
-    lib.emu_dgemv_unwritten.restype = i64
-    lib.emu_dgemv_plan.argtypes = [i32, i32, vp, i64, i64, i32, i32, i32, i32, vp, vp]
-    lib.emu_dgemv_plan.restype = i64
-    return lib
-
-
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    return _load(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def emu128(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """rlx_dgemv with 128 threads a block (RLX_DGEMV_THREADS): a cluster of 16 blocks is 2048 threads at once."""
-    return _load(tmp_path_factory, ("RLX_DGEMV_THREADS=128",))
+    lib = build_emu(tmp_path_factory, "dense_emu.cpp")
+    i32, i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.emu_dgemv.argtypes = [i32, i32, F32P, vp, ctypes.c_float, i32, vp, vp, vp, vp, i64, i32, i32, ctypes.c_uint]
+    lib.emu_dgemv_unwritten.restype = i64
+    lib.emu_dgemv_plan.argtypes = [i32, i32, vp, i64, i64, i32, i32, i32, i32, vp]
+    lib.emu_dgemv_plan.restype = i64
+    return lib
 
 
 def _weights(rng: np.random.Generator, k: int, n: int, dt: str) -> np.ndarray:
@@ -70,7 +57,7 @@ def _reference(h: np.ndarray, w: np.ndarray, dt: str) -> np.ndarray:
 
 
 def _run(emu: ctypes.CDLL, dt: str, kind: str, x: np.ndarray, gamma: np.ndarray | None, ws: list[np.ndarray],
-         res: np.ndarray | None, lg: int, max_grid: int, splits: int = 1, cluster: bool = False) -> list[np.ndarray]:
+         res: np.ndarray | None, lg: int, max_grid: int, splits: int = 1) -> list[np.ndarray]:
     k = x.shape[1]
     ys = [np.full((1, w.shape[1]), np.nan, np.float32) for w in ws]
     wp = (ctypes.c_void_p * 4)(*[w.ctypes.data for w in ws])
@@ -78,7 +65,7 @@ def _run(emu: ctypes.CDLL, dt: str, kind: str, x: np.ndarray, gamma: np.ndarray 
     ns = (ctypes.c_int64 * 4)(*[w.shape[1] for w in ws])
     emu.emu_dgemv(1 if dt == "bf16" else 0, KINDS[kind], x.ctypes.data_as(F32P),
                   None if gamma is None else gamma.ctypes.data, 1e-5, len(ws), wp, yp, ns,
-                  None if res is None else res.ctypes.data, k, lg, splits, max_grid, int(cluster))
+                  None if res is None else res.ctypes.data, k, lg, splits, max_grid)
     assert emu.emu_dgemv_unwritten() == 0, "a split's partial was never written"
     return ys
 
@@ -108,24 +95,22 @@ def test_dense_gemv_matches_reference(emu: ctypes.CDLL, dt: str, kind: str, n: i
 
 
 def _check_one_group(emu: ctypes.CDLL, dt: str, kind: str, n: int, k: int, lg: int, max_grid: int, splits: int,
-                     rng: np.random.Generator, cluster: bool = False) -> np.ndarray:
+                     rng: np.random.Generator) -> None:
     """One member (residual, norm) or the SwiGLU pair of random values, run through the shim and checked against
-    the reference within the products' bounds; returns the output."""
+    the reference within the products' bounds."""
     x = rng.standard_normal((1, k)).astype(np.float32)
     gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
     res = rng.standard_normal((1, n)).astype(np.float32)
     w0, w1 = _weights(rng, k, n, dt), _weights(rng, k, n, dt)
     norm = kind in ("norm_swiglu", "norm")
     ws = [w0, w1] if kind == "norm_swiglu" else [w0]
-    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, max_grid, splits,
-              cluster)
+    ys = _run(emu, dt, kind, x, gamma if norm else None, ws, res if kind == "residual" else None, lg, max_grid, splits)
     h = rms(x, gamma, 1e-5) if norm else x
     a, b = _reference(h, w0, dt), _reference(h, w1, dt)
     ba, bb = _bound(h, w0), _bound(h, w1)
     checks = [(ys[0], a, ba)] if kind == "norm" else fused_checks(kind, a, b, ba, bb, ys[0], ys[0], res)
     for got, want, bound in checks:
-        _check(f"{dt} {kind} n={n} k={k} lg={lg} splits={splits} cluster={cluster}", got, want, bound)
-    return ys[0]
+        _check(f"{dt} {kind} n={n} k={k} lg={lg} splits={splits}", got, want, bound)
 
 
 @pytest.mark.parametrize("dt", ["bf16", "f16"])
@@ -215,70 +200,12 @@ def test_dense_gemv_split_of_members_matches_reference(emu: ctypes.CDLL, dt: str
         np.testing.assert_array_equal(y, y2)
 
 
-@pytest.mark.parametrize("dt", ["bf16", "f16"])
-@pytest.mark.parametrize("kind", ["norm_swiglu", "residual", "norm"])
-@pytest.mark.parametrize(("n", "k", "lg", "splits"),
-                         [(64, 256, 4, 2), (200, 1000, 4, 3), (37, 520, 5, 4), (520, 2048, 6, 8), (96, 4096, 3, 16),
-                          (13, 64, 1, 3), (136, 16384, 5, 11), (40, 72, 6, 16), (48, 200, 2, 7), (24, 136, 0, 13),
-                          (1000, 512, 6, 5)])
-def test_dense_gemv_cluster_is_the_second_kernels_bits(emu128: ctypes.CDLL, dt: str, kind: str, n: int, k: int, lg: int,
-                                                       splits: int) -> None:
-    """The K split added by the tile's cluster (CLUSTER: each block's column sums in its shared memory, block s adding
-    its share of the columns over the cluster's blocks in split order, then the epilogue) gives the bits of the split
-    kernel's partials added by rlx_dgemv_reduce, and matches the reference: 2..16 splits, short and empty last splits
-    (K = 72 over 16: 9 with rows), N odd or a multiple of 8, tiles of 8..512 columns (a warp's or a thread's column
-    sums), shares of columns past N, the residual add and SwiGLU; 128 threads a block."""
-    seed = 5 * n + k + lg + splits + len(kind) + len(dt)
-    two = _check_one_group(emu128, dt, kind, n, k, lg, 1 << 30, splits, np.random.default_rng(seed))
-    one = _check_one_group(emu128, dt, kind, n, k, lg, 1 << 30, splits, np.random.default_rng(seed), cluster=True)
-    np.testing.assert_array_equal(one, two)
-
-
-@pytest.mark.parametrize("dt", ["bf16", "f16"])
-@pytest.mark.parametrize(("kind", "n", "k", "lg", "splits"),
-                         [("norm_swiglu", 520, 2048, 6, 4), ("residual", 37, 1000, 4, 3), ("norm", 96, 4096, 2, 2)])
-def test_dense_gemv_cluster_at_512_threads_is_the_second_kernels_bits(emu: ctypes.CDLL, dt: str, kind: str, n: int,
-                                                                      k: int, lg: int, splits: int) -> None:
-    """The cluster's sums at the device's 512 threads a block (a thread's or a warp's column sums as built)."""
-    seed = 7 * n + k + lg + splits + len(kind) + len(dt)
-    two = _check_one_group(emu, dt, kind, n, k, lg, 1 << 30, splits, np.random.default_rng(seed))
-    one = _check_one_group(emu, dt, kind, n, k, lg, 1 << 30, splits, np.random.default_rng(seed), cluster=True)
-    np.testing.assert_array_equal(one, two)
-
-
-@pytest.mark.parametrize("dt", ["bf16", "f16"])
-@pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize(("ns", "k", "lg", "splits"),
-                         [((136, 40, 40), 512, 4, 3), ((13, 5, 7), 2048, 5, 2), ((64, 24, 40, 8), 128, 6, 8),
-                          ((256, 64, 64), 1200, 4, 16), ((48, 16, 16), 4096, 1, 12)])
-def test_dense_gemv_cluster_of_members_is_the_second_kernels_bits(emu128: ctypes.CDLL, dt: str, norm: bool,
-                                                                  ns: tuple[int, ...], k: int, lg: int,
-                                                                  splits: int) -> None:
-    """Q / K / V shaped groups added by the cluster: each tile's member and columns (the reduce kernel's member
-    selects on the concatenated columns, here the tile's), with and without the norm; the bits of the second kernel,
-    within the reference's bounds."""
-    rng = np.random.default_rng(sum(ns) + k + lg + splits + norm + 3)
-    x = (4.0 * rng.standard_normal((1, k))).astype(np.float32)
-    gamma = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
-    ws = [_weights(rng, k, n, dt) for n in ns]
-    kind = "norm" if norm else "plain"
-    two = _run(emu128, dt, kind, x, gamma if norm else None, ws, None, lg, 1 << 30, splits)
-    one = _run(emu128, dt, kind, x, gamma if norm else None, ws, None, lg, 1 << 30, splits, cluster=True)
-    h = rms(x, gamma, 1e-5) if norm else x
-    for w, y, y2 in zip(ws, one, two):
-        _check(f"{dt} {kind} {ns} k={k} lg={lg} splits={splits} cluster", y, _reference(h, w, dt), _bound(h, w))
-        np.testing.assert_array_equal(y, y2)
-
-
 def _plan(emu: ctypes.CDLL, kind: str, ns: tuple[int, ...], k: int, wave: int, lgs: tuple[int, int],
-          splits: tuple[int, int], swave: dict[int, int] | None = None) -> tuple[int, int, int]:
-    """rlx_dgemv_plan: (tile columns, splits, tiles) for the members' widths, K and `wave` resident blocks (`swave`:
-    the resident blocks of s splits in clusters, `wave` for those it lacks)."""
+          splits: tuple[int, int]) -> tuple[int, int, int]:
+    """rlx_dgemv_plan: (tile columns, splits, tiles) for the members' widths, K and `wave` resident blocks."""
     choice = (ctypes.c_int * 2)()
     nsa = (ctypes.c_int64 * 4)(*ns)
-    sw = None if swave is None else (ctypes.c_int64 * (splits[1] + 1))(*(swave.get(s, wave)
-                                                                         for s in range(splits[1] + 1)))
-    tiles = emu.emu_dgemv_plan(KINDS[kind], len(ns), nsa, k, wave, *lgs, *splits, choice, sw)
+    tiles = emu.emu_dgemv_plan(KINDS[kind], len(ns), nsa, k, wave, *lgs, *splits, choice)
     return 8 << choice[0], choice[1], tiles
 
 
@@ -321,20 +248,3 @@ def test_dense_gemv_plan_at_an_h200_wave(emu: ctypes.CDLL) -> None:
     assert _plan(emu, "residual", (4096,), 14336, 264, (4, 4), (1, 16)) == (128, 8, 32)  # the tile forced
     assert _plan(emu, "residual", (4096,), 14336, 264, (6, 6), (32, 32)) == (512, 32, 8)  # both
     assert _plan(emu, "plain", (100, 37), 64, 264, (1, 1), (1, 16)) == (16, 1, 10)
-
-
-def test_dense_gemv_plan_with_cluster_waves(emu: ctypes.CDLL) -> None:
-    """The plan for clusters (RLX_DENSE_GEMV_REDUCE=cluster) fills each split count's own wave, the clusters of s
-    blocks resident at once times s: with every such wave the blocks' wave it chooses as without them; with fewer
-    clusters of 16 resident (16 x 16 = 256 blocks of an H200's 264) the output projection's 16 tiles x 16 splits
-    still fill that wave whole, and 8 resident (two waves of 128) too; with 7 (112 blocks) the plan takes 13 splits."""
-    for kind, ns, k in GEMVS_8B.values():
-        same = {s: 264 for s in range(17)}
-        assert _plan(emu, kind, ns, k, 264, (6, 1), (1, 16), same) == _plan(emu, kind, ns, k, 264, (6, 1), (1, 16))
-    waves = {s: 264 // s * s for s in range(2, 17)}  # as many whole clusters as the blocks' wave holds
-    assert _plan(emu, "residual", (4096,), 4096, 264, (6, 1), (1, 16), waves) == (256, 16, 16)
-    # 16-block clusters: 8 resident (128 blocks): 16 tiles x 16 splits = 2 waves of them, still whole
-    assert _plan(emu, "residual", (4096,), 4096, 264, (5, 5), (16, 16), {16: 128}) == (256, 16, 16)
-    # only 7 resident (112 blocks): 256 blocks fill 0.76 of 3 such waves; 13 splits fill 208 of 260 (15 and 14 leave
-    # a split without rows)
-    assert _plan(emu, "residual", (4096,), 4096, 264, (6, 1), (1, 16), {**waves, 16: 112}) == (256, 13, 16)

@@ -1,9 +1,7 @@
 """The one-row decode GEMV over dense f16 / bf16 weights (`DecodeGemv` walk "dense": rlx_dgemv, kernels/dense_gemv.cuh)
 on a real GPU: GEMVs against numpy (the RMS norm producing x, Q/K/V-shaped siblings with an odd width, the SwiGLU
 pair, the residual add; K from 64 to 14336), and a decoder with bf16 weights in f16 and bf16 builds against
-rlx.reference (f32) and against the same build with the GEMV off (RLX_DENSE_GEMV=0: its GEMMs in one-row steps); the K
-split's partials added by the tile's thread-block cluster (RLX_DENSE_GEMV_REDUCE=cluster) against the second kernel,
-bit for bit.
+rlx.reference (f32) and against the same build with the GEMV off (RLX_DENSE_GEMV=0: its GEMMs in one-row steps).
 
 Bound of a product against numpy in f64 on the device's inputs (x and the weights rounded to the build's type T, as
 the device stores them): the kernel sums exact f32 products in f32, (K + 36) u32 S with S = |h| @ |w|; the GEMM
@@ -116,81 +114,6 @@ def test_dense_gemvs_match_numpy(precision: str, k: int, tile: int, split: int,
             err = np.abs(have.astype(np.float64) - want)
             assert np.all(np.isfinite(have)), f"{precision} K={k} m={m} {name}"
             assert np.all(err <= bound), f"{precision} K={k} m={m} {name}: worst excess {np.max(err - bound):.3g}"
-
-
-@pytest.mark.parametrize("precision", ["f16", "bf16"])
-@pytest.mark.parametrize("k", [64, 4096, 14336])
-@pytest.mark.parametrize(("tile", "split"), [(128, 3), (512, 16), (16, 7), (256, 9), (64, 2)])
-def test_cluster_sums_are_the_second_kernels_bits(precision: str, k: int, tile: int, split: int,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The K split's partials added by the tile's thread-block cluster (RLX_DENSE_GEMV_REDUCE=cluster: distributed
-    shared memory, one kernel; sm_90+, else the second kernel) give the same bits as rlx_dgemv_reduce (=kernel) in
-    one-row steps, run after run, with larger steps (the GEMMs) in between, and are within numpy's bounds
-    (test_dense_gemvs_match_numpy's checks on the cluster build). 9 and 16 splits: clusters past the portable 8. The
-    tile and the splits forced: chosen per launch, the cluster build fills the waves of clusters, which may choose
-    another (tile, splits), other bits."""
-    monkeypatch.setenv("RLX_DENSE_GEMV", "1")
-    monkeypatch.setenv("RLX_DENSE_GEMV_TILE", str(tile))
-    monkeypatch.setenv("RLX_DENSE_GEMV_SPLIT", str(split))
-    g = gemv_graph(k)
-    rng = np.random.default_rng(11 + split + k)
-    params = {"gamma": 1.0 + 0.25 * rng.standard_normal(k), "gamma2": 1.0 + 0.25 * rng.standard_normal(k)}
-    for name, width in (("wq", 40), ("wk", 13), ("wv", 24), ("wg", 48), ("wu", 48), ("wo", 56)):
-        params[name] = rng.standard_normal((k, width)) / np.sqrt(k)
-    builds = {}
-    for reduce in ("kernel", "cluster"):
-        monkeypatch.setenv("RLX_DENSE_GEMV_REDUCE", reduce)
-        assert Config.from_env().cuda_dense_reduce == reduce
-        found = find_decode_gemvs(lower_to_lir(g, 2, backend="cuda"), dense=DType.parse(precision),
-                                  dense_reduce=reduce)
-        assert all(d.dense_reduce == reduce for d in found)
-        builds[reduce] = Session(Device.CUDA, precision=precision).compile(g)
-        for name, value in params.items():
-            builds[reduce].set_param(name, value.astype(np.float32))
-    for m in (1, 1, 2, 1, 4, 1, 1):
-        ins = {n: rng.standard_normal((m, w)).astype(np.float32) for n, w in (("x", k), ("x2", k), ("x3", k),
-                                                                              ("r", 56))}
-        cluster, kernel = builds["cluster"].run(ins), builds["kernel"].run(ins)
-        for name, a, b in zip(("q", "k", "v", "s", "y", "y2"), cluster, kernel):
-            assert np.all(np.isfinite(a)), f"{precision} K={k} m={m} {name}"
-            np.testing.assert_array_equal(a, b, err_msg=f"{precision} K={k} m={m} {name}")
-
-
-@pytest.mark.parametrize("precision", ["f16", "bf16"])
-@pytest.mark.parametrize("k", [4096, 14336])
-@pytest.mark.parametrize(("tile", "split"), [(0, 0), (512, 16)])
-def test_cluster_gemvs_match_numpy(precision: str, k: int, tile: int, split: int,
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """test_dense_gemvs_match_numpy with RLX_DENSE_GEMV_REDUCE=cluster."""
-    monkeypatch.setenv("RLX_DENSE_GEMV_REDUCE", "cluster")
-    test_dense_gemvs_match_numpy(precision, k, tile, split, monkeypatch)
-
-
-@pytest.mark.parametrize("precision", ["f16", "bf16"])
-def test_cluster_decoder_is_the_second_kernels_bits(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A decoder of bf16 weights: over a prompt and 10 one-row steps the logits of RLX_DENSE_GEMV_REDUCE=cluster are
-    the bits of =kernel (every projection's K split added in split order either way; tiles of 512 columns and 4
-    splits forced, so both builds launch the same shapes)."""
-    from rlx.models.causal_lm import CausalLM
-
-    config, tensors = _bf16_tensors(7)
-    kw = dict(max_context=64, prefill_chunk=8)
-    monkeypatch.setenv("RLX_DENSE_GEMV", "1")
-    monkeypatch.setenv("RLX_DENSE_GEMV_TILE", "512")
-    monkeypatch.setenv("RLX_DENSE_GEMV_SPLIT", "4")
-    lms = []
-    for reduce in ("cluster", "kernel"):
-        monkeypatch.setenv("RLX_DENSE_GEMV_REDUCE", reduce)
-        lms.append(CausalLM(config, tensors, device="cuda", precision=precision, **kw))
-    caches = [m.new_cache() for m in lms]
-    ids = [5, 9, 14, 3, 77, 41]
-    first = [m.step(np.array([ids]), c, [len(ids) - 1]) for m, c in zip(lms, caches)]
-    np.testing.assert_array_equal(first[0], first[1])
-    token = 7
-    for step in range(10):
-        a, b = (m.step(np.array([[token]]), c, [0])[0] for m, c in zip(lms, caches))
-        np.testing.assert_array_equal(a, b, err_msg=f"{precision} step {step}")
-        token = int(b.argmax())
 
 
 CONFIG_ARGS = dict(arch="llama", vocab_size=96, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2,

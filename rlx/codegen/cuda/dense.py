@@ -60,9 +60,6 @@ class DenseGemvLaunch(Launch):
     #: the K splits when forced (`DecodeGemv.dense_split`; 1: none); 0: chosen per launch, at most `max_split`
     split: int = 0
     max_split: int = DENSE_GEMV_SPLIT_AUTO
-    #: rlx_dgemv with SPLIT and CLUSTER when a split's partials are added by the tile's thread-block cluster
-    #: (`DecodeGemv.dense_reduce` "cluster"; rlx_dgemv_reduce where no cluster fits); "": by `reduce` only
-    cluster_kernel: str = ""
 
 
 def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
@@ -94,9 +91,7 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
     # (a split's x is KC <= K rows: the unsplit bound covers it)
     smem = max(dgemv_smem_floats(k, lg, nm) for lg in LGS) * 4
     splits = dense_gemv_splits(d)
-    # (the cluster variant's sums share its thread sums' shared memory: the split kernel's bound covers it)
-    cluster = f"rlx_dgemv<{targs}, true, true>" if d.dense_reduce == "cluster" and splits > 1 else ""
-    big = (kernel, split_kernel, *((cluster,) if cluster else ())) if splits > 1 else (kernel,)
+    big = (kernel, split_kernel) if splits > 1 else (kernel,)
     attrs = inner.args.smem_attrs + (tuple((kn, str(smem)) for kn in big) if smem > 48 * 1024 else ())
     what = ", ".join(f"%{m}" for m in d.members) + "".join(f" + %{n}" for n in (*d.norm, *d.residual))
     note = comment(f"{what}: one dense {'bf16' if bf else 'f16'} GEMV over the weights as stored ([{k}, N]) in "
@@ -108,6 +103,6 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
                            gamma=gamma, eps=eps, res=res, k=k, nm=nm,
                            ws=tuple(f"(const uint8_t *){e.ptr(w)}" for w in ws), ys=ys, ns=ns,
                            lg=d.dense_tile.bit_length() - 4 if d.dense_tile else -1, split=d.dense_split,
-                           max_split=splits, cluster_kernel=cluster)
+                           max_split=splits)
     return dataclasses.replace(inner, macro="block_dense_gemv", template=TEMPLATE, args=args,
                                headers=(*inner.headers, QUANT, DENSE))

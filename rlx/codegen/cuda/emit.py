@@ -62,7 +62,6 @@ from rlx.ir.view import View, collapse
 from rlx.opt.lowering_cuda import (
     ATTN_MAX_SPLITS,
     DECODE_OCC_WALKS,
-    DENSE_GEMV_REDUCES,
     DENSE_GEMV_SPLIT_MAX,
     DENSE_GEMV_TILES,
     DEQUANT_COPY_BYTES,
@@ -226,10 +225,6 @@ class CudaTarget:
     #: ... the blocks its K is split over (0: chosen per launch with the tile width; 1: no split; n: forced;
     #: RLX_DENSE_GEMV_SPLIT, comparisons)
     dense_split: int = 0
-    #: ... who adds the K splits' partials: "kernel" (a second kernel, rlx_dgemv_reduce) or "cluster" (the tile's
-    #: thread-block cluster through distributed shared memory, sm_90+; RLX_DENSE_GEMV_REDUCE=cluster, off until
-    #: measured on a GPU)
-    dense_reduce: str = "kernel"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", DType.parse(self.precision))
@@ -251,8 +246,6 @@ class CudaTarget:
         if isinstance(self.dense_split, bool) or not isinstance(self.dense_split, int) \
                 or not 0 <= self.dense_split <= DENSE_GEMV_SPLIT_MAX:
             raise BuildError(f"dense_split must be 0 (chosen) .. {DENSE_GEMV_SPLIT_MAX}, got {self.dense_split!r}")
-        if self.dense_reduce not in DENSE_GEMV_REDUCES:
-            raise BuildError(f"dense_reduce must be one of {', '.join(DENSE_GEMV_REDUCES)}, got {self.dense_reduce!r}")
         if isinstance(self.decode_sms, bool) or not isinstance(self.decode_sms, int) or self.decode_sms < 1:
             raise BuildError(f"decode_sms must be a positive int (the GPU's SM count), got {self.decode_sms!r}")
         if isinstance(self.dequant_copies, bool) or not isinstance(self.dequant_copies, int) or self.dequant_copies < 0:
@@ -279,8 +272,7 @@ class CudaTarget:
                 + ("" if self.dequant_copies == DEQUANT_COPY_BYTES else f" dequant_copies={self.dequant_copies}")
                 + ("" if self.dense_gemv else " dense_gemv=0")
                 + (f" dense_tile={self.dense_tile}" if self.dense_tile else "")
-                + (f" dense_split={self.dense_split}" if self.dense_split else "")
-                + ("" if self.dense_reduce == "kernel" else f" dense_reduce={self.dense_reduce}"))
+                + (f" dense_split={self.dense_split}" if self.dense_split else ""))
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,6 @@
  * applies the epilogue. The absorbed RMS norm needs all of x's squares: each block sums them over all of K (x is
  * L2-resident, 2 K bytes) and stages only its own rows. With S = 1 the host launches SPLIT = false: no partials, no
  * second kernel.
- * CLUSTER (RLX_DENSE_GEMV_REDUCE=cluster, sm_90+; off by default until measured): the SPLIT grid launched in thread-
- * block clusters of (1, S, 1), a tile's S blocks one cluster; each keeps its column sums in its shared memory, and
- * after a cluster barrier block s adds its share of the tile's columns over the S blocks' sums (distributed shared
- * memory) in split order, the same float additions as rlx_dgemv_reduce (the same bits), and applies the epilogue: no
- * partials, no second kernel. The host falls back to rlx_dgemv_reduce where no cluster of S fits (S > 16, none
- * resident, an older GPU).
  * VEC: every member's N is a multiple of 8 (16-byte loads); else 8 2-byte loads a lane, columns clamped into the
  * member. K a multiple of 8. Dynamic shared memory: rlx_dgemv_smem floats (SPLIT: of KC rows). lg 0..6 (8..512
  * columns); with SPLIT and lg >= 4 (KR <= 32 thread rows) one thread, not a warp, adds a column's thread sums. */
@@ -196,13 +190,10 @@ __host__ __device__ __forceinline__ int64_t rlx_dgemv_smem(int64_t K, int lg, in
  * down to lg_lo (widest first: 16 << lg contiguous bytes of a weight row a block's load takes), the splits s_lo..s_hi
  * (when chosen, s_lo < s_hi: none left without rows) whose tiles x splits fill the most of their waves (the fewest
  * among equals); the first width filling at least 4/5 of its waves, else the fullest. Returns the tiles; *lg and
- * *splits the choice. With s_lo = s_hi = 1 and lg 3..1 it is the choice of before the split. swave (CLUSTER; null:
- * `wave` for every S): swave[s] the resident blocks of s > 1 splits, the clusters of s blocks resident at once times s
- * (a cluster's blocks are co-scheduled on one GPC, so fewer may be resident than `wave`), `wave` where none fits. */
+ * *splits the choice. With s_lo = s_hi = 1 and lg 3..1 it is the choice of before the split. */
 template <int EPI>
 __host__ __device__ inline int64_t rlx_dgemv_plan(const RlxQMembers &mem, int64_t K, int64_t wave, int lg_hi,
-                                                  int lg_lo, int s_lo, int s_hi, int *lg, int *splits,
-                                                  const int64_t *swave = nullptr) {
+                                                  int lg_lo, int s_lo, int s_hi, int *lg, int *splits) {
     constexpr int NM = EPI == 2 ? 2 : 1;
     int64_t tiles = 0;
     double best = -1.0;
@@ -215,8 +206,8 @@ __host__ __device__ inline int64_t rlx_dgemv_plan(const RlxQMembers &mem, int64_
         for (int s = s_lo; s <= s_hi; s++) {
             if (s_lo < s_hi && (int64_t)(s - 1) * rlx_dgemv_kchunk(K, g, NM, s) >= K)
                 continue;
-            const int64_t items = nt * s, sw = swave != nullptr && s > 1 ? swave[s] : wave;
-            const double fill = (double)items / (double)((items + sw - 1) / sw * sw);
+            const int64_t items = nt * s;
+            const double fill = (double)items / (double)((items + wave - 1) / wave * wave);
             if (fill > gf + 1e-9) {
                 gf = fill;
                 gs = s;
@@ -253,25 +244,11 @@ __device__ __forceinline__ void rlx_dgemv_emit(const RlxQMembers &mem, const Rlx
     }
 }
 
-/* CLUSTER: column c of the tile's sums (a; SwiGLU's up b) kept in row 0 of the block's thread sums (part[c], part[C +
-   c]) for the cluster to add: only the thread (warp) that adds column c reads those two values, and it has read them
-   (warp: rlx_warp_sum's shuffles) before it writes them, so the row doubles as the block's sums and costs no shared
-   memory of its own */
-template <int EPI>
-__device__ __forceinline__ void rlx_dgemv_keep(float *part, int C, int c, float a, float b) {
-    part[c] = a;
-    if (EPI == 2)
-        part[C + c] = b;
-}
-
-/* SPLIT: gridDim.y = splits, the column sums into partials [splits][rlx_dgemv_pcols] (else the outputs); CLUSTER (with
-   SPLIT, launched in clusters of (1, splits, 1): a tile's blocks one cluster, cluster rank = blockIdx.y): the column
-   sums stay in shared memory and the cluster adds them (no partials) */
-template <typename T, bool BF, bool NORM, int EPI, bool VEC, bool SPLIT, bool CLUSTER = false>
+/* SPLIT: gridDim.y = splits, the column sums into partials [splits][rlx_dgemv_pcols] (else the outputs) */
+template <typename T, bool BF, bool NORM, int EPI, bool VEC, bool SPLIT>
 __global__ void __launch_bounds__(RLX_DGEMV_THREADS, RLX_DGEMV_MIN_BLOCKS)
 rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
           const T *res, int64_t K64, int lg, float *__restrict__ partials, int splits) {
-    static_assert(SPLIT || !CLUSTER, "a cluster adds the splits' sums");
     constexpr int NM = EPI == 2 ? 2 : 1;        /* matrices a tile reads: gate and up with SwiGLU */
     constexpr int U = RLX_DGEMV_LOADS / NM;     /* rows of each a thread reads a step */
     static_assert(U == 2 || U == 4, "a step's x is one float2 or float4");
@@ -285,8 +262,7 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
     const int tiles = rlx_dgemv_tiles<EPI>(mem, C);
     RLX_DYNAMIC_SHARED(float4, rlx_dgemv_smem4);
     float *xs = (float *)rlx_dgemv_smem4; /* x's rows kb.., kp floats (zero past kn) */
-    /* [KR][PW] thread sums (CLUSTER: at the same offset in every block, kc >= kp, for the cluster's reads) */
-    float *part = xs + (CLUSTER ? kc : kp);
+    float *part = xs + kp;                /* [KR][PW] thread sums */
     __shared__ float red[RLX_DGEMV_THREADS / 32];
     int t = (int)blockIdx.x;
     RlxDTile tl = rlx_dgemv_tile<EPI>(mem, t < tiles ? t : 0, C);
@@ -408,10 +384,7 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
                     if (EPI == 2)
                         b += part[r * PW + C + c];
                 }
-                if (CLUSTER)
-                    rlx_dgemv_keep<EPI>(part, C, c, a, b);
-                else
-                    rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, partials);
+                rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, partials);
             }
         } else {
             for (int c = warp; c < C; c += RLX_DGEMV_THREADS / 32) {
@@ -424,38 +397,11 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
                 a = rlx_warp_sum(a);
                 if (EPI == 2)
                     b = rlx_warp_sum(b);
-                if (lane == 0) {
-                    if (CLUSTER)
-                        rlx_dgemv_keep<EPI>(part, C, c, a, b);
-                    else
-                        rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, partials);
-                }
+                if (lane == 0)
+                    rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, partials);
             }
         }
         __syncthreads();
-    }
-    if constexpr (CLUSTER) {
-        /* the cluster's blocks are the tile's splits: block s adds columns [s share, s share + share) of every block's
-           sums (row 0 of its part, read through distributed shared memory) in split order, as rlx_dgemv_reduce adds
-           the partials (the same bits), then applies the epilogue. The first barrier makes every block's sums visible
-           (release / acquire at cluster scope), the second keeps each block's shared memory until all have read it. */
-        rlx_cluster_sync();
-        const int share = (C + splits - 1) / splits, c0 = (int)blockIdx.y * share;
-        const int c1 = c0 + share < C ? c0 + share : C;
-        for (int c = c0 + tid; c < c1; c += RLX_DGEMV_THREADS) {
-            const int64_t n = tl.c0 + c;
-            if (n < tl.n) {
-                float a = 0.0f, b = 0.0f;
-                for (int s = 0; s < splits; s++) {
-                    const float *p = rlx_cluster_map(part, s);
-                    a += p[c];
-                    if (EPI == 2)
-                        b += p[C + c];
-                }
-                rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? tl.j : 0), n, a, b, res, n);
-            }
-        }
-        rlx_cluster_sync();
     }
 }
 

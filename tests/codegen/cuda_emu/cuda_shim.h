@@ -1,14 +1,11 @@
 /* A CPU stand-in for the CUDA features the SSM and KV-attention kernels use (tests only): each block's threads run as
  * std::threads, __syncthreads is a barrier of the block, warp shuffles exchange through a per-warp slot
  * array between two barriers of the warp, __shared__ arrays are function statics (blocks run one at a
- * time), dynamic shared memory one buffer (a cluster's blocks one each: rlx_emu_launch_cluster), atomics
- * std::atomic_ref. Enough to check the index arithmetic and
+ * time), dynamic shared memory one buffer, atomics std::atomic_ref. Enough to check the index arithmetic and
  * synchronization of kernels/ssm.cuh, kernels/kv_attention.cuh and kernels/kv_decode.cuh without a GPU. */
 #pragma once
 #include <barrier>
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <cstdint>
 #include <atomic>
 #include <cstring>
@@ -35,9 +32,7 @@ inline thread_local float *rlx_emu_warp_slots = nullptr;
 #define __shared__ static
 
 inline std::vector<float> rlx_emu_dynamic_smem;
-/* the running block's dynamic shared memory (a cluster's blocks each have their own) */
-inline thread_local float *rlx_emu_smem = nullptr;
-#define RLX_DYNAMIC_SHARED(type, name) type *name = (type *)rlx_emu_smem
+#define RLX_DYNAMIC_SHARED(type, name) type *name = (type *)rlx_emu_dynamic_smem.data()
 
 inline void __syncthreads() { rlx_emu_block_bar->arrive_and_wait(); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -87,87 +82,10 @@ template <typename F> void rlx_emu_launch3(RlxDim3 grid, unsigned block, size_t 
                         rlx_emu_block_bar = &bar;
                         rlx_emu_warp_bar = warps[t / 32].get();
                         rlx_emu_warp_slots = slots.data() + (t / 32) * 32;
-                        rlx_emu_smem = rlx_emu_dynamic_smem.data();
                         kernel();
                     });
                 for (auto &th : threads) th.join();
             }
-}
-
-/* Thread-block clusters of (1, cluster_y, 1) blocks (prelude.cuh.j2's rlx_cluster_sync / rlx_cluster_map): a
- * cluster's blocks run concurrently, each with its own dynamic shared memory; the cluster barrier is one barrier of
- * all their threads. Up to its first cluster barrier a block runs alone, one after another in rank order (the
- * blocks before it waiting in the barrier), as blocks outside a cluster do here, so __shared__ statics (shared by
- * every block here) are never used by two blocks at once there; after it they run together (reading each other's
- * shared memory, which must not then use __shared__ statics). */
-struct RlxEmuCluster {
-    std::vector<std::vector<float>> smem;
-    std::unique_ptr<std::barrier<>> bar;
-    std::mutex mu;
-    std::condition_variable cv;
-    unsigned turn = 0;  /* the block that may run before the first cluster barrier */
-};
-inline thread_local RlxEmuCluster *rlx_emu_cluster = nullptr;
-inline thread_local unsigned rlx_emu_cluster_rank = 0, rlx_emu_cluster_syncs = 0;
-
-inline void rlx_cluster_sync() {
-    RlxEmuCluster &cl = *rlx_emu_cluster;
-    if (rlx_emu_cluster_syncs++ == 0) {  /* this block's turn ends: the next one starts */
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            std::lock_guard<std::mutex> lock(cl.mu);
-            cl.turn++;
-            cl.cv.notify_all();
-        }
-    }
-    cl.bar->arrive_and_wait();
-}
-
-template <typename V> inline const V *rlx_cluster_map(const V *p, int rank) {
-    RlxEmuCluster &cl = *rlx_emu_cluster;
-    const char *own = (const char *)cl.smem[rlx_emu_cluster_rank].data();
-    return (const V *)((const char *)cl.smem[(size_t)rank].data() + ((const char *)p - own));
-}
-
-/* Run kernel() over a grid of grid.y = cluster_y (one cluster a column of blocks, cluster rank blockIdx.y), one
- * cluster at a time in x order, each block with `smem_bytes` of dynamic shared memory of its own (zeros). */
-template <typename F> void rlx_emu_launch_cluster(RlxDim3 grid, unsigned block, size_t smem_bytes, F kernel) {
-    blockDim.x = block;
-    gridDim = grid;
-    const unsigned cy = grid.y;
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-        RlxEmuCluster cl;
-        cl.bar = std::make_unique<std::barrier<>>((std::ptrdiff_t)(block * cy));
-        cl.smem.assign(cy, std::vector<float>((smem_bytes + sizeof(float) - 1) / sizeof(float), 0.0f));
-        std::vector<std::unique_ptr<std::barrier<>>> bars, warps;
-        std::vector<float> slots((size_t)block * cy);
-        for (unsigned by = 0; by < cy; ++by) bars.push_back(std::make_unique<std::barrier<>>(block));
-        for (unsigned w = 0; w < block / 32 * cy; ++w) warps.push_back(std::make_unique<std::barrier<>>(32));
-        std::vector<std::thread> threads;
-        for (unsigned by = 0; by < cy; ++by)
-            for (unsigned t = 0; t < block; ++t)
-                threads.emplace_back([&, by, t] {
-                    threadIdx.x = t;
-                    blockIdx.x = bx;
-                    blockIdx.y = by;
-                    blockIdx.z = 0;
-                    rlx_emu_block_bar = bars[by].get();
-                    const unsigned w = by * (block / 32) + t / 32;
-                    rlx_emu_warp_bar = warps[w].get();
-                    rlx_emu_warp_slots = slots.data() + (size_t)w * 32;
-                    rlx_emu_smem = cl.smem[by].data();
-                    rlx_emu_cluster = &cl;
-                    rlx_emu_cluster_rank = by;
-                    rlx_emu_cluster_syncs = 0;
-                    {
-                        std::unique_lock<std::mutex> lock(cl.mu);
-                        cl.cv.wait(lock, [&] { return cl.turn == by; });
-                    }
-                    kernel();
-                    rlx_emu_cluster = nullptr;
-                });
-        for (auto &th : threads) th.join();
-    }
 }
 
 /* Run kernel(args...) over `grid` blocks of `block` threads (block a multiple of 32). */
