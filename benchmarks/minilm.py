@@ -26,7 +26,10 @@ that module is available. Each peer lives in its own worker process, so no
 idle thread pool of another engine (OpenMP, OpenBLAS, ORT spin-waiting)
 competes for the cores, and the peers take turns in interleaved blocks of runs
 (`--passes`), so load from other processes on the machine is spread over all
-of them; the median of all timed runs is reported. Nothing is installed: a peer whose package is missing
+of them; each block starts with `--warmup-ms` of untimed runs (the first runs
+after the pause are slow for every engine); the median of all timed runs is
+reported, and `paired`: the median over passes of the ratio of two peers'
+blocks in the same pass. Nothing is installed: a peer whose package is missing
 is listed as skipped. The BLAS sgemm peak is measured with the OpenBLAS that rlx links
 (scipy-openblas32), on the thread count used for every peer.
 """
@@ -85,6 +88,20 @@ def sgemm_peak(threads: int, seconds: float = 1.0) -> tuple[float, str]:
 PEERS = ("rlx", "rlx-bf16", "rlx-f16", "rlx-int8", "torch", "torch.compile", "onnxruntime", "onnxruntime-int8",
          "onnxruntime-fused")
 PRECISIONS = ("f32", "bf16", "f16", "int8")
+
+
+def paired_ratio(peer_blocks: list[list[float]], rlx_blocks: list[list[float]]) -> float:
+    """The median over passes of (the peer's median run / rlx's median run) within each pass: every ratio compares
+    blocks run seconds apart, so a stretch of load elsewhere on the machine (which the whole-run medians give to
+    whichever peer it fell on) moves numerator and denominator together.
+
+    >>> round(paired_ratio([[2.0, 2.2], [4.0, 4.4]], [[1.0, 1.0], [2.1, 2.1]]), 3)  # the second pass: a slow minute
+    2.05
+    >>> paired_ratio([[3.0]], [[1.5]])
+    2.0
+    """
+    ratios = [statistics.median(p) / statistics.median(r) for p, r in zip(peer_blocks, rlx_blocks, strict=True)]
+    return statistics.median(ratios)
 
 
 def _rlx(config: object, weights: dict, cases: list, precision: str = "f32") -> Runner:
@@ -204,9 +221,15 @@ def peer_worker(conn: object, name: str, model_dir: str, threads: int, cases: li
         return
     conn.send({"setup_s": time.perf_counter() - t0})
     while (msg := conn.recv()) is not None:
-        _, (batch, seq), n = msg
+        _, (batch, seq), n, warm_s = msg
         ids, mask = token_batch(batch, seq, vocab)
+        # Warm up for `warm_s` (at least one run) before the timed runs: after the pause between blocks the first
+        # runs of every engine are slow for some milliseconds (this 2-vCPU guest's second vCPU idle: the first run of
+        # rlx's 1x16 call ~15 ms instead of 1.6, the next three 2-3 ms), which a one-run warm-up left in the block.
+        t_warm = time.perf_counter()
         out = run(ids, mask)
+        while time.perf_counter() - t_warm < warm_s:
+            out = run(ids, mask)
         samples = []
         for _ in range(n):
             t = time.perf_counter()
@@ -237,8 +260,8 @@ class Peer:
         if self.error:
             self.close()
 
-    def time(self, case: object, n: int) -> tuple[list[float], np.ndarray]:
-        self.conn.send(("time", case, n))
+    def time(self, case: object, n: int, warm_s: float = 0.0) -> tuple[list[float], np.ndarray]:
+        self.conn.send(("time", case, n, warm_s))
         return self.conn.recv()
 
     def close(self) -> None:
@@ -252,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("RLX_NUM_THREADS") or os.cpu_count() or 1))
     ap.add_argument("--rounds", type=int, default=30, help="timed runs per case and peer (default 30)")
     ap.add_argument("--passes", type=int, default=5, help="interleaved passes the rounds are split into (default 5)")
+    ap.add_argument("--warmup-ms", type=float, default=50.0, help="untimed runs for this long (at least one) "
+                    "before each block's timed runs (default 50)")
     ap.add_argument("--cases", default="1x16,8x128,32x128", help="batch x seq list (default 1x16,8x128,32x128)")
     ap.add_argument("--peers", default=None, help=f"comma list of {', '.join(PEERS)} (default: rlx at each "
                     "--precision, torch, torch.compile, onnxruntime, onnxruntime-int8 with int8, onnxruntime-fused)")
@@ -284,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     peak, blas = sgemm_peak(args.threads)
     print(f"model: {model_dir}")
     print(f"threads: {args.threads} (of {os.cpu_count()} cores); each peer in its own process, "
-          f"{args.passes} interleaved passes")
+          f"{args.passes} interleaved passes, each block after {args.warmup_ms:g} ms of untimed runs")
     print(f"BLAS: {blas}" + (f" (OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']})"
                              if os.environ.get("OPENBLAS_CORETYPE") else ""))
 
@@ -300,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     # Interleaved blocks: every pass gives each peer a block of runs, so load from other processes on the
     # machine is spread over all peers; a pause lets the previous peer's spinning threads go to sleep.
     results: dict[str, dict] = {p.name: {c: ([], None) for c in cases} for p in live}
+    blocks: dict[str, dict] = {p.name: {c: [] for c in cases} for p in live}  # each pass's block of runs
     per_block = max(1, -(-args.rounds // args.passes))
     loads: dict[tuple[int, int], list[float]] = {}
     for case in cases:
@@ -307,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.passes):
             for peer in live:
                 time.sleep(0.3)
-                samples, out = peer.time(case, per_block)
+                samples, out = peer.time(case, per_block, args.warmup_ms / 1e3)
                 results[peer.name][case][0].extend(samples)
+                blocks[peer.name][case].append(samples)
                 results[peer.name][case] = (results[peer.name][case][0], out)
         loads[case].append(os.getloadavg()[0])
     for peer in live:
@@ -324,20 +351,26 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(f"batch {batch} x seq {seq}: {flops / 1e9:.2f} GFLOP per call (load average {loads[case][0]:.2f} "
               f"before, {loads[case][1]:.2f} after)")
-        head = ("peer", "median ms", "best ms", "runs", "vs rlx", "GFLOP/s", "% peak", "best %", "max|diff|")
-        print("  {:<18} {:>10} {:>8} {:>5} {:>8} {:>9} {:>7} {:>7} {:>10}".format(*head))
+        head = ("peer", "median ms", "best ms", "runs", "vs rlx", "paired", "GFLOP/s", "% peak", "best %",
+                "max|diff|")
+        print("  {:<18} {:>10} {:>8} {:>5} {:>8} {:>7} {:>9} {:>7} {:>7} {:>10}".format(*head))
         for name, r in results.items():
             ratio = f"{med[name] / med['rlx']:.2f}x" if "rlx" in med else "-"
+            paired = (f"{paired_ratio(blocks[name][case], blocks['rlx'][case]):.2f}x" if "rlx" in blocks
+                      else "-")
             gf = flops / med[name] / 1e9
             best = min(r[case][0])
             diff = float(np.abs(r[case][1] - results[base_name][case][1]).max())
             print(f"  {name:<18} {med[name] * 1e3:>10.2f} {best * 1e3:>8.2f} {len(r[case][0]):>5} {ratio:>8} "
-                  f"{gf:>9.1f} {100 * gf / peak:>6.1f}% {100 * flops / best / 1e9 / peak:>6.1f}% {diff:>10.2e}")
+                  f"{paired:>7} {gf:>9.1f} {100 * gf / peak:>6.1f}% {100 * flops / best / 1e9 / peak:>6.1f}% "
+                  f"{diff:>10.2e}")
         if "rlx-int8" in med and "onnxruntime-int8" in med:
             print(f"  rlx-int8 / onnxruntime-int8 = {med['rlx-int8'] / med['onnxruntime-int8']:.2f}x (< 1: rlx faster)")
     print()
     print(f"'vs rlx' = peer median / rlx median (> 1: rlx is faster); max|diff| = largest difference from "
           f"{base_name}'s embeddings")
+    print("'paired' = the median over passes of the peer's block median / rlx's block median in the same pass: each "
+          "ratio from runs seconds apart, so a slow minute of the machine moves both sides of it")
     print("'% peak' = the median run's GFLOP/s over the BLAS peak; 'best %' = the fastest run's: the peak is itself a "
           "best-of-runs figure, so on a machine whose speed varies from minute to minute 'best %' is the like-for-like "
           "ratio, '% peak' the typical one")
