@@ -224,8 +224,9 @@ def peer_worker(conn: object, name: str, model_dir: str, threads: int, cases: li
         _, (batch, seq), n, warm_s = msg
         ids, mask = token_batch(batch, seq, vocab)
         # Warm up for `warm_s` (at least one run) before the timed runs: after the pause between blocks the first
-        # runs of every engine are slow for some milliseconds (this 2-vCPU guest's second vCPU idle: the first run of
-        # rlx's 1x16 call ~15 ms instead of 1.6, the next three 2-3 ms), which a one-run warm-up left in the block.
+        # runs of every engine are slow (on this 2-vCPU guest the first 1x16 call after 0.3 s idle took 16-47 ms for
+        # rlx, 24 for onnxruntime, against 1.6 / 2.6 steady, the next four 2-5 ms; no page faults), which a one-run
+        # warm-up left in the block.
         t_warm = time.perf_counter()
         out = run(ids, mask)
         while time.perf_counter() - t_warm < warm_s:
@@ -275,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("RLX_NUM_THREADS") or os.cpu_count() or 1))
     ap.add_argument("--rounds", type=int, default=30, help="timed runs per case and peer (default 30)")
     ap.add_argument("--passes", type=int, default=5, help="interleaved passes the rounds are split into (default 5)")
-    ap.add_argument("--warmup-ms", type=float, default=50.0, help="untimed runs for this long (at least one) "
-                    "before each block's timed runs (default 50)")
+    ap.add_argument("--warmup-ms", type=float, default=100.0, help="untimed runs for this long (at least one) "
+                    "before each block's timed runs (default 100)")
     ap.add_argument("--cases", default="1x16,8x128,32x128", help="batch x seq list (default 1x16,8x128,32x128)")
     ap.add_argument("--peers", default=None, help=f"comma list of {', '.join(PEERS)} (default: rlx at each "
                     "--precision, torch, torch.compile, onnxruntime, onnxruntime-int8 with int8, onnxruntime-fused)")
