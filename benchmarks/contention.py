@@ -124,7 +124,7 @@ def _decoder(threads: int, random_weights: bool):  # -> CausalLM
 
 
 def decode_worker(conn: object, threads: int, random_weights: bool) -> None:
-    """SmolLM2 decode in its own process: load, prefill, then serve `("time", case, n)` with n step timings."""
+    """SmolLM2 decode in its own process: load, prefill, then serve `("time", case, n, warm_s)` with n step timings."""
     try:
         t0 = time.perf_counter()
         lm = _decoder(threads, random_weights)
@@ -138,7 +138,7 @@ def decode_worker(conn: object, threads: int, random_weights: bool) -> None:
         return
     conn.send({"setup_s": time.perf_counter() - t0})
     while (msg := conn.recv()) is not None:
-        _, _case, n = msg
+        _, _case, n, _warm_s = msg  # (minilm.Peer.time's message; steps need no warm-up past the 8 above)
         samples = []
         for _ in range(n):
             if int(cache.lengths[0]) >= 500:  # start again from the prompt before the context fills

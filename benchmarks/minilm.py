@@ -198,7 +198,7 @@ def _make_peer(name: str, model_dir: Path, threads: int, cases: list) -> Runner:
 
 
 def peer_worker(conn: object, name: str, model_dir: str, threads: int, cases: list) -> None:
-    """Worker process of one peer: build it, then serve `("time", case, n)` requests until `None`.
+    """Worker process of one peer: build it, then serve `("time", case, n, warm_s)` requests until `None`.
 
     Replies are `{"error": ...}` or `{"setup_s": ...}` once, then per request the
     `n` timings and the peer's output on that batch.
@@ -245,7 +245,7 @@ class Peer:
     def __init__(self, name: str, model_dir: Path, threads: int, cases: list, *,
                  worker: Callable[..., None] | None = None, args: tuple = ()) -> None:
         """`worker(conn, *args)` (default: `peer_worker(conn, name, model_dir, threads, cases)`) serves the
-        `("time", case, n)` requests in the new process."""
+        `("time", case, n, warm_s)` requests in the new process."""
         import multiprocessing
 
         ctx = multiprocessing.get_context("spawn")
