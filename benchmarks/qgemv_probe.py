@@ -215,7 +215,7 @@ def main() -> int:
             print(f"| {gemv} | {walk} | {us:.1f} | {gbs:.0f} | {gbs / 4800:.1%} | {rel:.1e} "
                   f"| {kernels[fns[walk]][gemv]} |")
     layer = sum(wbytes.values())
-    print("one layer's four GEMVs: " + "  ".join(
+    print(("one layer's four GEMVs and the head: " if dense else "one layer's four GEMVs: ") + "  ".join(
         f"{w} {t:.1f} µs ({layer / t / 1e3:.0f} GB/s)" for w, t in total.items()))
     if dense:
         mv_total = 0.0
