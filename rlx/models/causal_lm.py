@@ -143,6 +143,18 @@ class KvCache:
         self.lengths[rows] = np.minimum(self.lengths[rows], n)
 
 
+def _room_for_a_step(cache: KvCache, batch: int) -> bool:
+    """Whether rows 0..batch-1 of `cache` can each take one more token."""
+    return int(cache.lengths[:batch].max()) + 1 <= cache.capacity
+
+
+def _mark_context_end(done: list[bool], reasons: list[str]) -> None:
+    """Every row still going ends at the cache's capacity."""
+    for b in range(len(done)):
+        if not done[b]:
+            reasons[b] = "context"
+
+
 def _mark_stops(picked: np.ndarray, done: list[bool], reasons: list[str],
                 stop_ids: frozenset[int]) -> list[int | None]:
     """One decode step's entry per row: its token, or None once the row stopped (a stop token ends it here:
@@ -1086,10 +1098,8 @@ class CausalLM:
             yield _mark_stops(picked, done, reasons, stop_ids)
             if all(done) or produced == max_new:
                 return
-            if int(cache.lengths[:batch].max()) + 1 > cache.capacity:
-                for b in range(batch):
-                    if not done[b]:
-                        reasons[b] = "context"
+            if not _room_for_a_step(cache, batch):
+                _mark_context_end(done, reasons)
                 return
             if greedy:
                 last_ids = self.step_greedy(picked[:, None], cache, np.arange(batch))
@@ -1113,7 +1123,7 @@ class CausalLM:
 
         def launch(tokens: np.ndarray | None) -> PendingStep | None:
             """The next step, or None when the cache has no room for it."""
-            if int(cache.lengths[:batch].max()) + 1 > cache.capacity:
+            if not _room_for_a_step(cache, batch):
                 return None
             if tokens is None:
                 return self.launch_greedy(placeholder, cache, rows, token_src=slots, token_dst=slots)
@@ -1128,9 +1138,7 @@ class CausalLM:
                 if all(done) or produced == max_new:
                     return
                 if ahead is None:  # no room for the step that would have made the next tokens
-                    for b in range(batch):
-                        if not done[b]:
-                            reasons[b] = "context"
+                    _mark_context_end(done, reasons)
                     return
                 taking, ahead = ahead, launch(None) if produced + 1 < max_new else None
                 picked = taking.result()

@@ -297,8 +297,7 @@ static void rlx_bf16_amx_rows(int64_t rows, int64_t nr, int64_t Kp, const uint16
                               float *C, int64_t ldc, const float *bias, int act, int few)
 {
     float cb[32 * 32] __attribute__((aligned(64)));
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
-    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1u) : 0;
+    const __mmask16 m0 = rlx_panel_mask(nr, 0), m1 = rlx_panel_mask(nr, 1);
     const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
     const __m512 b1 = bias && m1 ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
     for (int64_t r0 = 0; r0 < rows; r0 += 32) {

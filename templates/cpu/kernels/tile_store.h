@@ -5,11 +5,17 @@
 #ifndef RLX_KERNELS_TILE_STORE_H
 #define RLX_KERNELS_TILE_STORE_H
 
+/* The lanes of a 32-column panel's half (0: columns 0-15, 1: 16-31) that hold its first nr columns. */
+static inline __attribute__((always_inline)) __mmask16 rlx_panel_mask(int64_t nr, int half)
+{
+    const int64_t w = nr - 16 * half;
+    return w >= 16 ? (__mmask16)0xFFFF : w <= 0 ? (__mmask16)0 : (__mmask16)((1u << w) - 1u);
+}
+
 static inline __attribute__((always_inline)) void rlx_tile_store_512(const int mr, const __m512 *c0, const __m512 *c1,
         float *restrict C, int64_t ldc, int64_t nr, const float *restrict bias, int accumulate)
 {
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
-    const __mmask16 m1 = nr >= 32 ? (__mmask16)0xFFFF : nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1u);
+    const __mmask16 m0 = rlx_panel_mask(nr, 0), m1 = rlx_panel_mask(nr, 1);
     __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
     if (bias) {
         bias0 = _mm512_maskz_loadu_ps(m0, bias);
