@@ -100,8 +100,7 @@ class DecodeGemv(Decision):
     #: tiles (times the K splits) fill the wave of resident blocks.
     dense_tile: int = 0
     #: "dense": the blocks K is split over (S; each sums whole steps of its K range into f32 partials in the scratch
-    #: region, each tile's last block to finish adds them in split order and applies the epilogue, a counter a tile
-    #: in the counters region telling it that it is last); 0: chosen per launch (at most
+    #: region, rlx_dgemv_reduce adds them in split order and applies the epilogue); 0: chosen per launch (at most
     #: `DENSE_GEMV_SPLIT_AUTO`), 1: no split (one kernel), n: forced.
     dense_split: int = 0
     #: The members' activations: "f32" or "q8" (int8 per block of 32, `quantize_act`: the "occ" walk quantizes each

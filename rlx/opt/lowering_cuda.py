@@ -398,16 +398,6 @@ def dense_gemv_scratch(graph: Graph, d: DecodeGemv) -> int:
     return splits * cols * 4
 
 
-def dense_gemv_counters(graph: Graph, d: DecodeGemv) -> int:
-    """Bytes of a dense `DecodeGemv`'s tile counters (int32, one a tile at the narrowest tile, 8 columns: the split
-    launch's last block of a tile adds its partials); 0 when it never splits."""
-    if d.walk != "dense" or dense_gemv_splits(d) == 1:
-        return 0
-    lead = graph.node(d.members[0])
-    members = (lead,) if isinstance(lead.op, O.FusedSwiGLU) else tuple(graph.node(m) for m in d.members)
-    return 4 * sum(-(-m.shape.dims[-1].value // 8) for m in members)
-
-
 def find_decode_gemvs(lir: LirModule, walk: str = "auto", groups: int = 0, dense: DType | None = None,
                       grouped: frozenset[NodeId] = frozenset(), dense_tile: int = 0,
                       dense_split: int = 0) -> list[DecodeGemv]:
@@ -832,16 +822,6 @@ def _dense_partials_bound(lir: LirModule, splits: int) -> int:
     return splits * cols * 4
 
 
-def _dense_counters_bound(lir: LirModule, splits: int) -> int:
-    """Bytes of tile counters a scan body's split dense GEMVs may use (as `_dense_partials_bound`: every float
-    projection's 8-column tiles, nested bodies included); 0 when they never split."""
-    if splits <= 1:
-        return 0
-    own = 4 * sum(-(-n.shape.dims[-1].max // 8) for n in (lir.graph.node(nid) for nid in lir.schedule)
-                  if isinstance(n.op, (O.MatMul, O.FusedSwiGLU)))
-    return max([own, *(_dense_counters_bound(body, splits) for _, body in scan_bodies(lir))])
-
-
 def _scratch(lir: LirModule, precision: DType, dense_splits: int = 0) -> int:
     """The largest scratch any kernel uses, scan bodies' kernels included (they share the region); `dense_splits`:
     the most K splits a dense GEMV of a body may launch (0: no dense GEMV)."""
@@ -976,9 +956,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
     workspace_bytes = LT_WORKSPACE if lt else 0
     workspace = mem.alloc("workspace", workspace_bytes)
     flag = mem.alloc("flag", ALIGN)
-    # (the split attentions' and the split dense GEMVs' counters: kernels that run one at a time, one set serves all)
-    counters_bytes = max([_counters(lir, precision), *(dense_gemv_counters(graph, d) for d in gemvs),
-                          *(_dense_counters_bound(body, body_splits) for _, body in bodies)])
+    counters_bytes = _counters(lir, precision)
     counters = mem.alloc("counters", counters_bytes) if counters_bytes else 0
     layout = DeviceLayout(precision=precision.value, gemm=gemm, total=mem.total, params_end=params_end,
                           regions=mem.regions(), params=tuple(params), constants=constants, inputs=tuple(inputs),

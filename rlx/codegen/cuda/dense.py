@@ -60,9 +60,6 @@ class DenseGemvLaunch(Launch):
     #: the K splits when forced (`DecodeGemv.dense_split`; 1: none); 0: chosen per launch, at most `max_split`
     split: int = 0
     max_split: int = DENSE_GEMV_SPLIT_AUTO
-    #: the tile counters of a split launch (its last block of a tile adds the partials: no rlx_dgemv_reduce); "":
-    #: none, the reduce kernel runs
-    counters: str = ""
 
 
 def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
@@ -106,6 +103,6 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
                            gamma=gamma, eps=eps, res=res, k=k, nm=nm,
                            ws=tuple(f"(const uint8_t *){e.ptr(w)}" for w in ws), ys=ys, ns=ns,
                            lg=d.dense_tile.bit_length() - 4 if d.dense_tile else -1, split=d.dense_split,
-                           max_split=splits, counters="RLX_P(int, RLX_OFF_COUNTERS)" if splits > 1 else "")
+                           max_split=splits)
     return dataclasses.replace(inner, macro="block_dense_gemv", template=TEMPLATE, args=args,
                                headers=(*inner.headers, QUANT, DENSE))

@@ -21,9 +21,8 @@
  * sums rows [s KC, s KC + KC) of tile t (KC = rlx_dgemv_kchunk: whole steps, so loads stay aligned and x's float4
  * reads too; the last split may be short or empty) and writes the column sums, not the outputs, to the partials
  * [S][NP] (f32, the scratch region; NP = rlx_dgemv_pcols: every member's columns, SwiGLU's gate then up);
- * the tile's last block to finish adds a column's S partials in split order (the same bits every run) and applies
- * the epilogue (rlx_dgemv_last_split, counters: one a tile, zero between launches), or, launched without counters,
- * rlx_dgemv_reduce right after does. The absorbed RMS norm needs all of x's squares: each block sums them over all of K (x is
+ * rlx_dgemv_reduce, launched right after, adds a column's S partials in split order (the same bits every run) and
+ * applies the epilogue. The absorbed RMS norm needs all of x's squares: each block sums them over all of K (x is
  * L2-resident, 2 K bytes) and stages only its own rows. With S = 1 the host launches SPLIT = false: no partials, no
  * second kernel.
  * VEC: every member's N is a multiple of 8 (16-byte loads); else 8 2-byte loads a lane, columns clamped into the
@@ -245,47 +244,11 @@ __device__ __forceinline__ void rlx_dgemv_emit(const RlxQMembers &mem, const Rlx
     }
 }
 
-/* SPLIT with counters: the block of a tile that finishes last adds the tile's partials (no second kernel). Each
- * block's threads make their partials visible device-wide, then one thread counts the block in the tile's counter;
- * the block that brings it to the split count reads every split's partials from L2 (ld.cg: other SMs wrote them)
- * and adds them in split order, as rlx_dgemv_reduce does (the same bits), applies the epilogue and sets the counter
- * back to zero for the next launch. Which split finishes last changes from run to run; the order of the sum does
- * not. */
-template <typename T, int EPI>
-__device__ __forceinline__ void rlx_dgemv_last_split(const RlxQMembers &mem, const RlxDTile &tl, int C, const T *res,
-                                                     const float *partials, int *counters) {
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        last = atomicAdd(&counters[blockIdx.x], 1) == (int)gridDim.y - 1;
-    __syncthreads();
-    if (!last)
-        return;
-    __threadfence();
-    const int64_t np = rlx_dgemv_pcols<EPI>(mem), cols = rlx_dgemv_cols<EPI>(mem);
-    const int64_t off = (tl.j > 0 ? mem.n[0] : 0) + (tl.j > 1 ? mem.n[1] : 0) + (tl.j > 2 ? mem.n[2] : 0);
-    for (int c = (int)threadIdx.x; c < C; c += RLX_DGEMV_THREADS) {
-        const int64_t n = tl.c0 + c;
-        if (n >= tl.n)
-            break;
-        float a = 0.0f, b = 0.0f;
-        for (int s = 0; s < (int)gridDim.y; s++) {
-            a += __ldcg(partials + s * np + off + n);
-            if (EPI == 2)
-                b += __ldcg(partials + s * np + cols + n);
-        }
-        rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? tl.j : 0), n, a, b, res, n);
-    }
-    if (threadIdx.x == 0)
-        counters[blockIdx.x] = 0;
-}
-
 /* SPLIT: gridDim.y = splits, the column sums into partials [splits][rlx_dgemv_pcols] (else the outputs) */
 template <typename T, bool BF, bool NORM, int EPI, bool VEC, bool SPLIT>
 __global__ void __launch_bounds__(RLX_DGEMV_THREADS, RLX_DGEMV_MIN_BLOCKS)
 rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
-          const T *res, int64_t K64, int lg, float *__restrict__ partials, int splits, int *counters) {
+          const T *res, int64_t K64, int lg, float *__restrict__ partials, int splits) {
     constexpr int NM = EPI == 2 ? 2 : 1;        /* matrices a tile reads: gate and up with SwiGLU */
     constexpr int U = RLX_DGEMV_LOADS / NM;     /* rows of each a thread reads a step */
     static_assert(U == 2 || U == 4, "a step's x is one float2 or float4");
@@ -440,8 +403,6 @@ rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const
         }
         __syncthreads();
     }
-    if (SPLIT && counters != nullptr)
-        rlx_dgemv_last_split<T, EPI>(mem, tl, C, res, partials, counters);
 }
 
 /* rlx_dgemv with SPLIT, then this: output column i of every member (SwiGLU: the gate's) is its splits' partials

@@ -2,8 +2,7 @@
  * CPU through cuda_shim.h / quant_shim.h (tests/codegen/test_cuda_dense_emulated.py), with f32 activations and
  * outputs, f16 or bf16 weights as their bits. The launch arithmetic of templates/cuda/dense.cu.j2, except that the
  * tile width (lg), the K splits and a cap on the unsplit grid are the caller's; a split launch's partials (NaN
- * before it: every one must be written) are a buffer of their own, added by each tile's last block (tile counters,
- * as programs launch it) or by rlx_dgemv_reduce after it (tail 0). */
+ * before it: every one must be written) are a buffer of their own, then rlx_dgemv_reduce adds them. */
 #include "quant_shim.h"
 
 #define RLX_DGEMV_LDG(p) (*(p))
@@ -11,13 +10,12 @@
 #include "quant.cuh"
 #include "dense_gemv.cuh"
 
-/* partials a split launch left unwritten (NaN), and tile counters it left non-zero, since the last
-   emu_dgemv_unwritten */
+/* partials a split launch left unwritten (NaN), since the last emu_dgemv_unwritten */
 static int64_t d_unwritten = 0;
 
 template <bool BF, bool NORM, int EPI, bool VEC>
 static void d_gemv(const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res, int64_t K,
-                   int lg, int splits, unsigned max_grid, int tail) {
+                   int lg, int splits, unsigned max_grid) {
     const int C = 8 << lg;
     int64_t tiles = (mem.n[0] + C - 1) / C;
     if (EPI == 0)
@@ -29,25 +27,18 @@ static void d_gemv(const float *X, const float *gamma, float eps, const RlxQMemb
         grid.x = (unsigned)(tiles < (int64_t)max_grid ? tiles : max_grid);
         const size_t smem = (size_t)rlx_dgemv_smem(K, lg, nm) * sizeof(float);
         rlx_emu_launch3(grid, RLX_DGEMV_THREADS, smem,
-                        [&] { rlx_dgemv<float, BF, NORM, EPI, VEC, false>(X, gamma, eps, mem, res, K, lg, nullptr, 1, nullptr); });
+                        [&] { rlx_dgemv<float, BF, NORM, EPI, VEC, false>(X, gamma, eps, mem, res, K, lg, nullptr, 1); });
         return;
     }
     std::vector<float> partials((size_t)(splits * rlx_dgemv_pcols<EPI>(mem)), NAN);
     grid.x = (unsigned)tiles;
     grid.y = (unsigned)splits;
     const size_t smem = (size_t)rlx_dgemv_smem(rlx_dgemv_kchunk(K, lg, nm, splits), lg, nm) * sizeof(float);
-    std::vector<int> counters((size_t)tiles, 0);
-    int *tile_counters = tail ? counters.data() : nullptr;
     rlx_emu_launch3(grid, RLX_DGEMV_THREADS, smem, [&] {
-        rlx_dgemv<float, BF, NORM, EPI, VEC, true>(X, gamma, eps, mem, res, K, lg, partials.data(), splits,
-                                                   tile_counters);
+        rlx_dgemv<float, BF, NORM, EPI, VEC, true>(X, gamma, eps, mem, res, K, lg, partials.data(), splits);
     });
     for (float p : partials)
         d_unwritten += std::isnan(p) ? 1 : 0;
-    for (int c : counters)
-        d_unwritten += c != 0 ? 1 : 0;
-    if (tail)
-        return;
     RlxDim3 rgrid;
     const int64_t cols = rlx_dgemv_cols<EPI>(mem);
     rgrid.x = (unsigned)((cols + RLX_DGEMV_REDUCE_THREADS - 1) / RLX_DGEMV_REDUCE_THREADS);
@@ -57,12 +48,12 @@ static void d_gemv(const float *X, const float *gamma, float eps, const RlxQMemb
 
 template <bool BF, bool VEC>
 static void d_kind(int kind, const float *X, const float *gamma, float eps, const RlxQMembers &mem, const float *res,
-                   int64_t K, int lg, int splits, unsigned max_grid, int tail) {
+                   int64_t K, int lg, int splits, unsigned max_grid) {
     switch (kind) {
-    case 0: d_gemv<BF, false, 0, VEC>(X, gamma, eps, mem, res, K, lg, splits, max_grid, tail); break;
-    case 1: d_gemv<BF, true, 2, VEC>(X, gamma, eps, mem, res, K, lg, splits, max_grid, tail); break;
-    case 2: d_gemv<BF, false, 1, VEC>(X, gamma, eps, mem, res, K, lg, splits, max_grid, tail); break;
-    default: d_gemv<BF, true, 0, VEC>(X, gamma, eps, mem, res, K, lg, splits, max_grid, tail); break;
+    case 0: d_gemv<BF, false, 0, VEC>(X, gamma, eps, mem, res, K, lg, splits, max_grid); break;
+    case 1: d_gemv<BF, true, 2, VEC>(X, gamma, eps, mem, res, K, lg, splits, max_grid); break;
+    case 2: d_gemv<BF, false, 1, VEC>(X, gamma, eps, mem, res, K, lg, splits, max_grid); break;
+    default: d_gemv<BF, true, 0, VEC>(X, gamma, eps, mem, res, K, lg, splits, max_grid); break;
     }
 }
 
@@ -70,11 +61,9 @@ extern "C" {
 /* rlx_dgemv over `count` (1..4) members [K, n_j] (16-bit bits, bf16 if `bf` else f16), outputs ys[j], one row of X.
    kind: 0 plain, 1 norm + SwiGLU (members 0 and 1 the gate and the up matrix, output ys[0]), 2 residual (one member),
    3 norm, plain outputs. lg: the tile width (8 << lg columns); splits: K's splits over blocks (1: none, at most
-   max_grid blocks; > 1: rlx_dgemv's SPLIT launch, one tile a block, its partials added by each tile's last block
-   (tail 1) or by rlx_dgemv_reduce after it (tail 0)). */
+   max_grid blocks; > 1: rlx_dgemv's SPLIT launch, one tile a block, then rlx_dgemv_reduce). */
 void emu_dgemv(int bf, int kind, const float *X, const float *gamma, float eps, int count, const uint16_t *const *ws,
-               float *const *ys, const int64_t *ns, const float *res, int64_t K, int lg, int splits, unsigned max_grid,
-               int tail) {
+               float *const *ys, const int64_t *ns, const float *res, int64_t K, int lg, int splits, unsigned max_grid) {
     RlxQMembers mem;
     std::memset(&mem, 0, sizeof(mem));
     bool vec = true;
@@ -86,13 +75,13 @@ void emu_dgemv(int bf, int kind, const float *X, const float *gamma, float eps, 
     }
     mem.count = count;
     if (bf && vec)
-        d_kind<true, true>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid, tail);
+        d_kind<true, true>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid);
     else if (bf)
-        d_kind<true, false>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid, tail);
+        d_kind<true, false>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid);
     else if (vec)
-        d_kind<false, true>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid, tail);
+        d_kind<false, true>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid);
     else
-        d_kind<false, false>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid, tail);
+        d_kind<false, false>(kind, X, gamma, eps, mem, res, K, lg, splits, max_grid);
 }
 
 /* rlx_dgemv_plan (the host's choice of tile width and K splits) for members as emu_dgemv's (kind: 1 SwiGLU), K and
@@ -108,8 +97,7 @@ int64_t emu_dgemv_plan(int kind, int count, const int64_t *ns, int64_t K, int64_
                      : rlx_dgemv_plan<0>(mem, K, wave, lg_hi, lg_lo, s_lo, s_hi, &choice[0], &choice[1]);
 }
 
-/* The partials split launches left unwritten and the tile counters they left non-zero since the last call (0: every
-   one written and every counter back at zero), and reset. */
+/* The partials split launches left unwritten since the last call (0: every one written), and reset. */
 int64_t emu_dgemv_unwritten() {
     const int64_t n = d_unwritten;
     d_unwritten = 0;
