@@ -90,9 +90,8 @@ rlx_all_reduce_p2p(const T *x, T *y, const T *res, int64_t n, const __grid_const
             ((T *)slot)[i] = x[i];
     }
     __syncthreads();
-    /* 2. raise this rank's flag of call e in every buffer (a release at system scope after the barrier: it orders
-       every thread's stores above before the flag, as a fence in each thread did, ~1.7 us an all-reduce slower on
-       two H200s), 3. wait for every rank's in this one */
+    /* 2. raise this rank's flag of call e in every buffer: a system-scope release after the barrier orders every
+       thread's stores above before the flag (no fence in each thread), 3. wait for every rank's in this one */
     if (threadIdx.x < world) {
         rlx_ar_release((uint32_t *)(peers.buf[threadIdx.x] + data) + par * RLX_AR_MAX_WORLD + rank, e);
         const uint32_t *f = flags + par * RLX_AR_MAX_WORLD + threadIdx.x;
