@@ -183,8 +183,8 @@ def report(steps: list[list[dict]], title: str, layer: int) -> list[str]:
 
 def _rank_report(rank, tp: int, shape: str, weights: str, precision: str, act: str, steps: int,
                  layer: int) -> list[str]:
-    """One tensor-parallel rank's table (`launch` runs it in rank `rank`'s process, on its GPU)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    """One tensor-parallel rank's table (`launch` runs it in rank `rank`'s process, on its GPU; the spawned process
+    runs this file's top level again, which puts benchmarks/ on the path for llm_cuda)."""
     config, lm = build_lm(shape, weights, precision, act, 32 + steps + 16, tp, rank)
     title = f"{shape}, {weights} weights, {precision}, tp={tp} rank {rank.rank}"
     return report(record_steps(lm, config, steps), title, layer)

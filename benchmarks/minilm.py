@@ -325,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # Interleaved blocks: every pass gives each peer a block of runs, so load from other processes on the
     # machine is spread over all peers; a pause lets the previous peer's spinning threads go to sleep.
-    results: dict[str, dict] = {p.name: {c: ([], None) for c in cases} for p in live}
     blocks: dict[str, dict] = {p.name: {c: [] for c in cases} for p in live}  # each pass's block of runs
+    outs: dict[str, dict] = {p.name: {} for p in live}  # each case's output (the last block's)
     per_block = max(1, -(-args.rounds // args.passes))
     loads: dict[tuple[int, int], list[float]] = {}
     for case in cases:
@@ -334,35 +334,34 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.passes):
             for peer in live:
                 time.sleep(0.3)
-                samples, out = peer.time(case, per_block, args.warmup_ms / 1e3)
-                results[peer.name][case][0].extend(samples)
+                samples, outs[peer.name][case] = peer.time(case, per_block, args.warmup_ms / 1e3)
                 blocks[peer.name][case].append(samples)
-                results[peer.name][case] = (results[peer.name][case][0], out)
         loads[case].append(os.getloadavg()[0])
     for peer in live:
         peer.close()
     # Measured again after the peers: the best of both is the peak (a burst of load elsewhere lowers one).
     peak = max(peak, sgemm_peak(args.threads)[0])
     print(f"BLAS sgemm peak (best of 1024^3, 4096x1536x384, 4096x384x1536, before and after): {peak:.1f} GFLOP/s")
-    base_name = "torch" if "torch" in results else next(iter(results))
+    runs = {name: {c: [t for block in by_case[c] for t in block] for c in cases} for name, by_case in blocks.items()}
+    base_name = "torch" if "torch" in runs else next(iter(runs))
     for case in cases:
         batch, seq = case
         flops = config.flops(batch, seq)
-        med = {name: statistics.median(r[case][0]) for name, r in results.items()}
+        med = {name: statistics.median(r[case]) for name, r in runs.items()}
         print()
         print(f"batch {batch} x seq {seq}: {flops / 1e9:.2f} GFLOP per call (load average {loads[case][0]:.2f} "
               f"before, {loads[case][1]:.2f} after)")
         head = ("peer", "median ms", "best ms", "runs", "vs rlx", "paired", "GFLOP/s", "% peak", "best %",
                 "max|diff|")
         print("  {:<18} {:>10} {:>8} {:>5} {:>8} {:>7} {:>9} {:>7} {:>7} {:>10}".format(*head))
-        for name, r in results.items():
+        for name, r in runs.items():
             ratio = f"{med[name] / med['rlx']:.2f}x" if "rlx" in med else "-"
             paired = (f"{paired_ratio(blocks[name][case], blocks['rlx'][case]):.2f}x" if "rlx" in blocks
                       else "-")
             gf = flops / med[name] / 1e9
-            best = min(r[case][0])
-            diff = float(np.abs(r[case][1] - results[base_name][case][1]).max())
-            print(f"  {name:<18} {med[name] * 1e3:>10.2f} {best * 1e3:>8.2f} {len(r[case][0]):>5} {ratio:>8} "
+            best = min(r[case])
+            diff = float(np.abs(outs[name][case] - outs[base_name][case]).max())
+            print(f"  {name:<18} {med[name] * 1e3:>10.2f} {best * 1e3:>8.2f} {len(r[case]):>5} {ratio:>8} "
                   f"{paired:>7} {gf:>9.1f} {100 * gf / peak:>6.1f}% {100 * flops / best / 1e9 / peak:>6.1f}% "
                   f"{diff:>10.2e}")
         if "rlx-int8" in med and "onnxruntime-int8" in med:

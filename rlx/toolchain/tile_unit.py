@@ -24,6 +24,9 @@ from rlx.toolchain.isa import machine
 
 #: Linux x86-64: the arch_prctl syscall, its "request permission" code and the tile data feature.
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+#: The tile unit's product kinds: the cpuinfo flag, its name, and the GEMMs of CPU builds that take it.
+_PRODUCTS = (("amx_bf16", "AMX-BF16", "bf16 GEMMs with K a multiple of 32"),
+             ("amx_int8", "AMX-INT8", "int8 GEMMs with K a multiple of 64 and 16+ rows"))
 
 
 def linux_grants_tiles() -> bool:
@@ -43,15 +46,12 @@ def linux_grants_tiles() -> bool:
 
 def tile_unit_report(flags: frozenset[str] | None, isa: str, granted: Callable[[], bool] = linux_grants_tiles) -> str:
     """What the tile unit does for builds of `isa` on a CPU with `flags` (None: no /proc/cpuinfo)."""
-    kinds = [name for flag, name in (("amx_bf16", "AMX-BF16"), ("amx_int8", "AMX-INT8")) if flag in (flags or ())]
-    if flags is None or "amx_tile" not in flags or not kinds:
+    products = [(name, use) for flag, name, use in _PRODUCTS if flag in (flags or ())]
+    if flags is None or "amx_tile" not in flags or not products:
         return "none on this CPU (the vector paths run)"
-    have = ", ".join(kinds)
+    have = ", ".join(name for name, _ in products)
     if not isa.startswith("native"):
         return f"{have} on this CPU, left out by the build ISA {isa} (RLX_CPU_TARGET=native takes it)"
     if not granted():
         return f"{have} on this CPU, refused by Linux (arch_prctl): the vector paths run"
-    uses = [use for flag, use in (("amx_bf16", "bf16 GEMMs with K a multiple of 32"),
-                                  ("amx_int8", "int8 GEMMs with K a multiple of 64 and 16+ rows"))
-            if flag in flags]
-    return f"{have}, granted: {' and '.join(uses)} multiply on it"
+    return f"{have}, granted: {' and '.join(use for _, use in products)} multiply on it"
