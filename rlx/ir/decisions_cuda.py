@@ -244,10 +244,17 @@ class AllReduceP2P(Decision):
     the ranks meet. Larger calls, and cliques whose GPUs cannot map each other's memory (every rank agrees when
     it joins), call NCCL. `residual` (0 or 1 node): the add of the sum and another value that is the sum's one
     reader (a row-parallel projection's residual): a one-shot call writes the add's output itself, and the add's
-    own kernel runs only when NCCL summed.
+    own kernel runs only when NCCL summed. `gemv` (0 or 1 node): the row-parallel projection whose one-row dense
+    GEMV (a `DecodeGemv` of walk "dense", one member, its output read by the sum only) makes the sum itself in
+    one-row steps: its K-split blocks store their f32 partials into every rank's exchange buffer while it runs and
+    the block arriving last raises the rank's flag, then rlx_dgemv_reduce_ar adds each rank's splits and the ranks
+    (kernels/dense_gemv_ar.cuh): the bits of the split GEMV's reduce then the one-shot sum, without the all-reduce's
+    own kernel or its round trip between the ranks after the GEMV.
 
     >>> AllReduceP2P(12, 2, 131072).describe()[:62]
     "%12 sums over 2 ranks through the peers' memory (one-shot, ran"
+    >>> AllReduceP2P(12, 2, 131072, gemv=(10,)).describe()[-53:]
+    "of %10 (its partials stored into every rank's buffer)"
     """
 
     kind: ClassVar[str] = "cuda_all_reduce_p2p"
@@ -255,15 +262,18 @@ class AllReduceP2P(Decision):
     world: int
     max_bytes: int
     residual: tuple[int, ...] = ()
+    gemv: tuple[int, ...] = ()
 
     def describe(self) -> str:
         add = (f", adding it to the other input of %{self.residual[0]} (whose own kernel then does not run)"
                if self.residual else "")
+        made = (f"; in one-row steps made by the dense GEMV of %{self.gemv[0]} (its partials stored into every "
+                "rank's buffer)" if self.gemv else "")
         return (f"%{self.node} sums over {self.world} ranks through the peers' memory (one-shot, rank order) when a "
-                f"call has <= {self.max_bytes} bytes{add}; NCCL otherwise")
+                f"call has <= {self.max_bytes} bytes{add}; NCCL otherwise{made}")
 
     def nodes(self) -> tuple[int, ...]:
-        return (self.node, *self.residual)
+        return (self.node, *self.residual, *self.gemv)
 
 
 @dataclass(frozen=True)
@@ -493,6 +503,6 @@ register_decision(SampleFromArgmax, ("sample", "argmax"))
 register_decision(QuantMma, ("node",))
 register_decision(DequantCopy, ("weight", "readers", "adds"))
 register_decision(DecodeSplitKv, ("attention",))
-register_decision(AllReduceP2P, ("node", "residual"))
+register_decision(AllReduceP2P, ("node", "residual", "gemv"))
 register_decision(PoolTail, ("hidden", "mask", "out", "absorbed", "norm"))
 register_decision(DeviceLayout, ())

@@ -29,7 +29,7 @@ only with cuBLASLt), so those are options of the lowering.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -967,7 +967,7 @@ def plan_device(lir: LirModule, precision: DType, gemm: str, pool_tail: bool = T
             *find_decode_ropes(lir), *find_samples_from_argmax(lir),
             *find_decode_splits(lir, precision, decode_sms, kv_decode),
             *(find_pool_tails(lir, pool_norm) if pool_tail else ()),
-            *(find_p2p_all_reduces(lir) if p2p_all_reduce else ()), layout)
+            *(sums_made_by_gemvs(lir, find_p2p_all_reduces(lir), gemvs) if p2p_all_reduce else ()), layout)
 
 
 def cuda_decisions(lir: LirModule, precision: DType | str = DType.F32, gemm: str = "cublaslt",
@@ -1039,6 +1039,34 @@ def find_p2p_all_reduces(lir: LirModule) -> list[AllReduceP2P]:
                 residual = (add.id,)
         found.append(AllReduceP2P(nid, op.world, P2P_ALL_REDUCE_BYTES, residual))
     return found
+
+
+#: Bytes of a rank's partials slot in the exchange buffer (RLX_AR_PART_BYTES in kernels/exchange.cuh): a dense GEMV
+#: that makes its sum over the clique stores [splits][N] f32 there.
+P2P_PART_BYTES = 512 << 10
+
+
+def sums_made_by_gemvs(lir: LirModule, sums: Sequence[AllReduceP2P],
+                       gemvs: Sequence[DecodeGemv]) -> list[AllReduceP2P]:
+    """`sums` with `gemv` set where the summed value is a row-parallel projection on the dense one-row GEMV (walk
+    "dense", one member, no residual or SwiGLU of its own) read by the sum alone, whose partials fit a slot at the
+    most splits it may launch: in one-row steps that GEMV stores them into every rank's buffer and its reduce makes
+    the sum (see `AllReduceP2P`)."""
+    graph = lir.graph
+    users = graph.users()
+    outputs = set(graph.outputs)
+    dense = {d.members[0]: d for d in gemvs
+             if d.walk == "dense" and len(d.members) == 1 and not d.residual and not d.swiglu}
+    made = []
+    for s in sums:
+        (x,) = graph.node(s.node).inputs
+        d = dense.get(x)
+        n = graph.node(s.node).shape.dims[-1].value
+        if (d is not None and x not in outputs and set(users[x]) == {s.node}
+                and dense_gemv_splits(d) * n * 4 <= P2P_PART_BYTES):
+            s = replace(s, gemv=(x,))
+        made.append(s)
+    return made
 
 
 def _capacity(graph: Graph, node: Node) -> int:

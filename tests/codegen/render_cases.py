@@ -189,9 +189,11 @@ def tiny_batch_decoder() -> Graph:
     return build_decoder(cfg, specs, max_batch=32, max_seq=1, capacity=32)
 
 
-def tiny_tp_decoder(**steps: int) -> Graph:
+def tiny_tp_decoder(quant: str | None = "q8_0", **steps: int) -> Graph:
     """Rank 0 of a tensor-parallel (tp=2) decoder step: its all-reduces (a one-shot `AllReduceP2P` with the residual
-    add) and the logits' all-gather. `steps`: `build_decoder`'s step shape (default: 2 rows of a token, capacity 32)."""
+    add) and the logits' all-gather. `quant`: the projections' block format (None: float weights, which an f16 / bf16
+    build reads with the dense GEMV). `steps`: `build_decoder`'s step shape (default: 2 rows of a token, capacity
+    32)."""
     from rlx.distributed.tp_decoder import shard_decoder
     from rlx.ir.quant import quantize
     from rlx.models.causal_lm import random_tensors
@@ -201,7 +203,7 @@ def tiny_tp_decoder(**steps: int) -> Graph:
     cfg = DecoderConfig(arch="llama", vocab_size=64, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2,
                         head_dim=16, ffn_size=128, rms_eps=1e-5, rope_base=10000.0, rope_variant="interleaved",
                         n_rot=16, context_length=64, tie_embeddings=True, bos_id=1, eos_id=2)
-    tensors = {n: (WeightSpec("q8_0", sp.shape), quantize(d, "q8_0")) if len(sp.shape) == 2 else (sp, d)
+    tensors = {n: (WeightSpec(quant, sp.shape), quantize(d, quant)) if quant and len(sp.shape) == 2 else (sp, d)
                for n, (sp, d) in random_tensors(random_specs(cfg)).items()}
     shard = shard_decoder(cfg, tensors, tp=2).tensors[0]
     shape = {"max_batch": 2, "max_seq": 1, "capacity": 32, **steps}

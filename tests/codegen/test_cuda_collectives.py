@@ -57,6 +57,7 @@ def test_tp_decoder_renders_and_compiles_for_cuda(tmp_path: Path):
     p2p = lir.decided(AllReduceP2P)  # the attention's and the FFN's sums; the logits' gather stays on NCCL
     assert [(d.world, d.max_bytes) for d in p2p] == [(2, P2P_ALL_REDUCE_BYTES)] * 2
     assert all(lir.graph.node(d.node).kind == "all_reduce" for d in p2p)
+    assert all(d.gemv == () for d in p2p)  # q8_0 projections: no dense GEMV makes the sums
     for d in p2p:  # each sum's one reader is the residual add, scheduled right after it: the one-shot call does it
         (add,) = d.residual
         assert lir.graph.node(add).kind == "binary" and d.node in lir.graph.node(add).inputs
@@ -77,6 +78,37 @@ def test_tp_decoder_renders_and_compiles_for_cuda(tmp_path: Path):
         path = tmp_path / f"{name}.cu"
         path.write_text(text)
         tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True, extra=nccl.flags)
+
+
+@pytest.mark.parametrize("precision", [DType.BF16, DType.F16])
+def test_tp_decoder_dense_gemvs_make_their_sums_over_the_clique(tmp_path: Path, precision: DType):
+    """Float projections of an f16 / bf16 tp decoder: the attention output's and FFN down's one-row dense GEMVs make
+    the sums themselves (AllReduceP2P.gemv): rlx_dgemv_ar + rlx_dgemv_reduce_ar under the one-shot condition (with
+    the residual), the all-reduce's own launches left to larger steps or NCCL; compiled with nvcc and NCCL's header."""
+    from render_cases import tiny_tp_decoder
+
+    g = tiny_tp_decoder(None, max_batch=1, max_seq=4, capacity=16)
+    target = CudaTarget(arch="sm_90", precision=precision, gemm="builtin")
+    lir = decide_cuda(plan(g), target)
+    p2p = lir.decided(AllReduceP2P)
+    assert len(p2p) == 2
+    for d in p2p:
+        (x,) = lir.graph.node(d.node).inputs
+        assert d.gemv == (x,) and lir.graph.node(x).kind == "matmul" and d.residual
+        assert "made by the dense GEMV of" in d.describe()
+    src = render_cuda(lir, target, {"name": "tp"})
+    t = "rlx_bf16" if precision is DType.BF16 else "__half"
+    assert src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv_ar<{t}, {str(precision is DType.BF16).lower()}, false, "
+                     "true, 2>,") == 2
+    assert src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv_reduce_ar<{t}, true, 2>,") == 2
+    assert src.count("summed by the dense GEMV of %") == 2
+    assert src.count(f"rlx_launch_pdl(c->pdl, rlx_all_reduce_p2p<{t}, true>,") == 2  # steps of more rows
+    nccl_only = CudaTarget(arch="sm_90", precision=precision, gemm="builtin", p2p_all_reduce=False)
+    assert "rlx_dgemv_ar" not in render_cuda(plan(g), nccl_only, {"name": "tp"})  # neither launched nor included
+    tc, nccl = _nvcc_and_nccl()
+    path = tmp_path / "tp_dense.cu"
+    path.write_text(src)
+    tc.compile(path, path.with_suffix(".o"), "builtin", compile_only=True, extra=nccl.flags)
 
 
 def _nvcc_and_nccl():

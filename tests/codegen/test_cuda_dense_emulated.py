@@ -5,7 +5,8 @@ norm + SwiGLU (gate and up read together), and the residual add; N odd (2-byte l
 or a multiple of 8 (16-byte loads); K from 64 to 16384; every tile width the host picks (8 << lg columns); grids
 smaller than the tiles (several passes, each block's first tile loaded before the PDL wait); K split over blocks
 (SPLIT: 2..8 splits, tiles up to 512 columns, splits short or empty, f32 partials then rlx_dgemv_reduce with the
-epilogue). Needs g++ with C++20.
+epilogue); the row-parallel form whose split partials go to every rank's exchange buffer and whose sums over the
+ranks are made by rlx_dgemv_reduce_ar (kernels/dense_gemv_ar.cuh). Needs g++ with C++20.
 
 Bound, as the quantized GEMVs' (tests/codegen/test_cuda_qgemv_emulated.py): the kernel sums exact products x w in f32
 over K terms (per thread, then over the threads in a fixed order; split: then over the splits), |err| <= (K + 36) u32
@@ -38,6 +39,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.emu_dgemv_unwritten.restype = i64
     lib.emu_dgemv_plan.argtypes = [i32, i32, vp, i64, i64, i32, i32, i32, i32, vp]
     lib.emu_dgemv_plan.restype = i64
+    lib.emu_dgemv_ar.argtypes = [i32, i32, i32, F32P, vp, vp, F32P, i64, i64, i32, vp, vp]
     return lib
 
 
@@ -248,3 +250,37 @@ def test_dense_gemv_plan_at_an_h200_wave(emu: ctypes.CDLL) -> None:
     assert _plan(emu, "residual", (4096,), 14336, 264, (4, 4), (1, 16)) == (128, 8, 32)  # the tile forced
     assert _plan(emu, "residual", (4096,), 14336, 264, (6, 6), (32, 32)) == (512, 32, 8)  # both
     assert _plan(emu, "plain", (100, 37), 64, 264, (1, 1), (1, 16)) == (16, 1, 10)
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+@pytest.mark.parametrize(("world", "n", "k", "lg", "splits", "residual"),
+                         [(2, 256, 1024, 4, (4, 4), True), (2, 40, 520, 3, (3, 5), False),
+                          (4, 136, 2048, 5, (2, 8, 6, 3), True), (2, 13, 64, 1, (3, 2), True)])
+def test_dense_gemv_summed_over_the_clique_equals_split_gemv_then_all_reduce(
+        emu: ctypes.CDLL, dt: str, world: int, n: int, k: int, lg: int, splits: tuple[int, ...],
+        residual: bool) -> None:
+    """rlx_dgemv_ar + rlx_dgemv_reduce_ar over `world` emulated ranks, three calls on the same exchange buffers (both
+    parities, the second reusing the first's slots): every rank's output is bit for bit rank 0 + rank 1 + ... of each
+    rank's split GEMV (rlx_dgemv + rlx_dgemv_reduce, its own split count), added in rank order in f32, then the
+    residual; every rank gets the same bits, and each rank's call counter ends at 3."""
+    rng = np.random.default_rng(world * n + k + lg + sum(splits) + residual + len(dt))
+    calls = 3
+    ws = [_weights(rng, k, n, dt) for _ in range(world)]
+    x = (4.0 * rng.standard_normal((calls, world, k))).astype(np.float32)
+    res = rng.standard_normal((calls, n)).astype(np.float32) if residual else None
+    ys = np.full((calls, world, n), np.nan, np.float32)
+    counters = (ctypes.c_uint32 * world)()
+    wp = (ctypes.c_void_p * world)(*[w.ctypes.data for w in ws])
+    emu.emu_dgemv_ar(1 if dt == "bf16" else 0, world, calls, x.ctypes.data_as(F32P), wp,
+                     None if res is None else res.ctypes.data, ys.ctypes.data_as(F32P), n, k, lg,
+                     (ctypes.c_int * world)(*splits), counters)
+    assert list(counters) == [calls] * world
+    for c in range(calls):
+        want = np.zeros((1, n), np.float32)
+        for r in range(world):  # rank r's own row, as the split GEMV and its reduce give it, added in rank order
+            (row,) = _run(emu, dt, "plain", x[c, r][None], None, [ws[r]], None, lg, 1 << 30, splits[r])
+            want = want + row
+        if res is not None:
+            want = want + res[c][None]
+        for r in range(world):
+            np.testing.assert_array_equal(ys[c, r], want[0], err_msg=f"call {c} rank {r}")

@@ -63,6 +63,14 @@ def cuda_decoder_rank_path(rank, sharded, config, options, prompt, n_new):
     return tokens, logits, all_reduce_path(lm._compiled)
 
 
+def cuda_decoder_rank_launches(rank, sharded, config, options, prompt, n_new):
+    """`cuda_decoder_rank_path`, with the launches of the dense GEMVs that make their sums over the clique
+    (rlx_dgemv_ar, AllReduceP2P.gemv) in the compiled source."""
+    tokens, logits, path = cuda_decoder_rank_path(rank, sharded, config, options, prompt, n_new)
+    lm = sharded.load(rank, device="cuda")
+    return tokens, logits, path, (lm._compiled.source() or "").count("rlx_launch_pdl(c->pdl, rlx_dgemv_ar<")
+
+
 def _greedy(lm, prompt, n_new):
     cache = lm.new_cache()
     logits = [lm.step(np.array([prompt]), cache, [len(prompt) - 1])[0]]

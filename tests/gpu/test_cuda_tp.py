@@ -72,3 +72,26 @@ def test_tp2_one_shot_all_reduce_equals_nccl(monkeypatch: pytest.MonkeyPatch, pr
             scale = float(np.abs(nccl[rank][1]).max())
             np.testing.assert_allclose(p2p[rank][1], nccl[rank][1], rtol=0, atol=2e-2 * scale)
     np.testing.assert_array_equal(p2p[0][1], p2p[1][1])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_tp2_dense_gemvs_summing_over_the_clique_equal_nccl(monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """Float weights of a 16-bit build: the attention output's and FFN down's one-row dense GEMVs store their partials
+    into both ranks' buffers and make the sums (AllReduceP2P.gemv, rlx_dgemv_ar + rlx_dgemv_reduce_ar); against the
+    same decoder whose sums go through NCCL: the same greedy tokens, logits equal to 16-bit rounding (a split of one
+    block sums a tile's thread rows in another order than the unsplit GEMV NCCL's path runs), both ranks bit for bit
+    alike, over a prompt (many rows: the one-shot kernel) and one-row steps (the GEMVs' own sums)."""
+    tensors = random_tensors(random_specs(CFG), seed=6)
+    options = {**OPTIONS, "precision": precision}
+    sharded = shard_decoder(CFG, tensors, tp=2, **options)
+    args = (sharded, CFG, options, PROMPT, N_NEW)
+    fused = launch(rank_fns.cuda_decoder_rank_launches, nprocs=2, device="cuda", args=args)
+    monkeypatch.setenv("RLX_CUDA_P2P", "0")
+    nccl = launch(rank_fns.cuda_decoder_rank_launches, nprocs=2, device="cuda", args=args)
+    assert [r[2:] for r in fused] == [("p2p", 2 * CFG.num_layers)] * 2
+    assert [r[2:] for r in nccl] == [("nccl", 0)] * 2
+    for rank in range(2):
+        assert fused[rank][0] == nccl[rank][0], f"rank {rank}: greedy tokens"
+        scale = float(np.abs(nccl[rank][1]).max())
+        np.testing.assert_allclose(fused[rank][1], nccl[rank][1], rtol=0, atol=2e-2 * scale)
+    np.testing.assert_array_equal(fused[0][1], fused[1][1])

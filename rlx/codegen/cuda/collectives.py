@@ -24,6 +24,8 @@ RULES = RuleSet("cuda")
 
 TEMPLATE = COLLECTIVES_TEMPLATE
 HEADER = "cuda/kernels/collectives.cuh"
+#: The exchange buffers' layout and flags (the one-shot sums and a dense GEMV's summed over the clique share them).
+EXCHANGE_HEADER = "cuda/kernels/exchange.cuh"
 #: Op kinds that give the CUDA context a communicator (`nccl` in the template context).
 COLLECTIVE_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter"})
 NCCL_TYPES = {"float": "ncclFloat32", "__half": "ncclFloat16", "rlx_bf16": "ncclBfloat16"}
@@ -40,11 +42,15 @@ class AllReduceLaunch(Launch):
     op: str
     reduce: str
     #: the element type; `p2p`: the C condition under which a call sums one-shot through the peers' memory
-    #: ("": NCCL only); `res`: the residual it then adds (AllReduceP2P.residual; "": none), `out` where that goes
+    #: ("": NCCL only); `res`: the residual it then adds (AllReduceP2P.residual; "": none), `out` where that goes;
+    #: `gemv_rows`: the rows of the dense GEMV that makes the one-shot sum itself when they are 1 (AllReduceP2P.gemv;
+    #: "": none), `gemv` its node
     ctype: str = "float"
     p2p: str = ""
     res: str = ""
     out: str = ""
+    gemv_rows: str = ""
+    gemv: int = -1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,21 +78,24 @@ class ReduceScatterLaunch(Launch):
 
 
 def _kernel(node: Node, macro: str, args: Launch) -> Kernel:
-    return Kernel(node.id, macro, TEMPLATE, args, headers=(HEADER,), header=args.comment, label=node.label)
+    return Kernel(node.id, macro, TEMPLATE, args, headers=(EXCHANGE_HEADER, HEADER), header=args.comment,
+                  label=node.label)
 
 
 def all_reduce(e: CudaEmitter, node: Node) -> Kernel:
     op: O.AllReduce = node.op  # type: ignore[assignment]
     (x,) = node.inputs
     d = e.all_reduce_p2p.get(node.id)
-    res = out = ""
+    res = out = gemv_rows = ""
     if d is not None and d.residual:
         add = e.node(d.residual[0])
         res, out = e.ptr(next(a for a in add.inputs if a != node.id)), e.ptr(add.id)
+    if d is not None and d.gemv:
+        gemv_rows = e.numel(e.node(e.node(d.gemv[0]).inputs[0]).shape.dims[:-1])
     args = AllReduceLaunch(**e.base(node), x=e.ptr(x), y=e.ptr(node.id), count=e.numel(node.shape.dims),
                            world=op.world, dtype=NCCL_TYPES[e.ctype(node.id)], op=NCCL_OPS[op.reduce],
                            reduce=op.reduce, ctype=e.ctype(node.id), p2p=e.p2p_condition(d) if d else "", res=res,
-                           out=out)
+                           out=out, gemv_rows=gemv_rows, gemv=d.gemv[0] if d is not None and d.gemv else -1)
     return _kernel(node, "block_all_reduce", args)
 
 

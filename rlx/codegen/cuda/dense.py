@@ -21,6 +21,8 @@ from rlx.opt.lowering_cuda import DENSE_GEMV_SPLIT_AUTO, dense_gemv_splits
 
 TEMPLATE = "cuda/dense.cu.j2"
 QUANT, DENSE = "cuda/kernels/quant.cuh", "cuda/kernels/dense_gemv.cuh"
+#: a GEMV that makes its sum over the clique (AllReduceP2P.gemv): the exchange buffers and its two kernels
+EXCHANGE, DENSE_AR = "cuda/kernels/exchange.cuh", "cuda/kernels/dense_gemv_ar.cuh"
 #: Threads of a block (RLX_DGEMV_THREADS), 16-byte loads a thread issues a step (RLX_DGEMV_LOADS) and the tile
 #: widths the host picks from (lg: 8 << lg columns, kernels/dense_gemv.cuh; lg 4..6 mostly with K split).
 THREADS, LOADS, LGS = 512, 4, (0, 1, 2, 3, 4, 5, 6)
@@ -60,6 +62,23 @@ class DenseGemvLaunch(Launch):
     #: the K splits when forced (`DecodeGemv.dense_split`; 1: none); 0: chosen per launch, at most `max_split`
     split: int = 0
     max_split: int = DENSE_GEMV_SPLIT_AUTO
+    #: the sum over the clique this GEMV makes in one-row steps (AllReduceP2P.gemv), else None
+    ar: SumOverClique | None = None
+
+
+@dataclass(frozen=True)
+class SumOverClique:
+    """A row-parallel GEMV's one-row launch that also sums over the clique (kernels/dense_gemv_ar.cuh): under `cond`
+    (the one-shot sum's condition) rlx_dgemv_ar stores its partials into every rank's buffer and `reduce` writes the
+    sum (plus `res` when set) into `out`, `n` columns."""
+
+    cond: str
+    kernel: str
+    reduce: str
+    res: str
+    out: str
+    n: int
+    node: int
 
 
 def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
@@ -92,6 +111,20 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
     smem = max(dgemv_smem_floats(k, lg, nm) for lg in LGS) * 4
     splits = dense_gemv_splits(d)
     big = (kernel, split_kernel) if splits > 1 else (kernel,)
+    ar = None
+    total = e.sum_by_gemv.get(lead.id)
+    if total is not None:
+        world = e.node(total.node).op.world
+        res, out = "nullptr", e.ptr(total.node)
+        if total.residual:
+            add = e.node(total.residual[0])
+            res, out = e.ptr(next(a for a in add.inputs if a != total.node)), e.ptr(add.id)
+        ar = SumOverClique(cond=e.p2p_condition(total), node=total.node,
+                           kernel=f"rlx_dgemv_ar<{t}, {str(bf).lower()}, {str(bool(d.norm)).lower()}, "
+                                  f"{str(vec).lower()}, {world}>",
+                           reduce=f"rlx_dgemv_reduce_ar<{t}, {str(bool(total.residual)).lower()}, {world}>",
+                           res=res, out=out, n=ns[0])
+        big = (*big, ar.kernel)
     attrs = inner.args.smem_attrs + (tuple((kn, str(smem)) for kn in big) if smem > 48 * 1024 else ())
     what = ", ".join(f"%{m}" for m in d.members) + "".join(f" + %{n}" for n in (*d.norm, *d.residual))
     note = comment(f"{what}: one dense {'bf16' if bf else 'f16'} GEMV over the weights as stored ([{k}, N]) in "
@@ -103,6 +136,7 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
                            gamma=gamma, eps=eps, res=res, k=k, nm=nm,
                            ws=tuple(f"(const uint8_t *){e.ptr(w)}" for w in ws), ys=ys, ns=ns,
                            lg=d.dense_tile.bit_length() - 4 if d.dense_tile else -1, split=d.dense_split,
-                           max_split=splits)
+                           max_split=splits, ar=ar)
+    headers = (EXCHANGE, DENSE_AR) if ar is not None else ()
     return dataclasses.replace(inner, macro="block_dense_gemv", template=TEMPLATE, args=args,
-                               headers=(*inner.headers, QUANT, DENSE))
+                               headers=(*inner.headers, QUANT, DENSE, *headers))

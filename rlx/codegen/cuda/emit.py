@@ -90,7 +90,8 @@ KERNEL_HEADERS = ("cuda/kernels/copy.cuh", "cuda/kernels/gather.cuh", "cuda/kern
                   "cuda/kernels/dense_gemv.cuh",
                   "cuda/kernels/moe.cuh", "cuda/kernels/ssm.cuh", "cuda/kernels/argmax.cuh", "cuda/kernels/sample.cuh",
                   "cuda/kernels/lora.cuh",
-                  "cuda/kernels/collectives.cuh", "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
+                  "cuda/kernels/exchange.cuh", "cuda/kernels/collectives.cuh", "cuda/kernels/dense_gemv_ar.cuh",
+                  "cuda/kernels/pool.cuh", "cuda/kernels/gemm_cutlass.cuh",
                   "cuda/kernels/user_op.cuh", "cuda/kernels/conv.cuh", "cuda/kernels/control.cuh",
                   "cuda/kernels/iota.cuh", "cuda/kernels/feedback.cuh")
 #: The NCCL header: its graphs' contexts hold a communicator (`nccl` below) and their build links NCCL.
@@ -424,7 +425,10 @@ class CudaEmitter:
         #: The DecodeSplitKv of each attention node whose decode queries split their keys.
         self.decode_split: dict[NodeId, DecodeSplitKv] = {d.attention: d for d in lir.decided(DecodeSplitKv)}
         #: The all-reduces that run one-shot through the peers' memory when small.
-        self.all_reduce_p2p: dict[NodeId, AllReduceP2P] = {n: d for d in lir.decided(AllReduceP2P) for n in d.nodes()}
+        self.all_reduce_p2p: dict[NodeId, AllReduceP2P] = {n: d for d in lir.decided(AllReduceP2P)
+                                                           for n in (d.node, *d.residual)}
+        #: a row-parallel projection's dense GEMV -> the sum it makes in one-row steps (AllReduceP2P.gemv)
+        self.sum_by_gemv: dict[NodeId, AllReduceP2P] = {d.gemv[0]: d for d in lir.decided(AllReduceP2P) if d.gemv}
         #: The PoolTail each node of a pooling tail belongs to (its last node launches the one kernel).
         self.pool_tail: dict[NodeId, PoolTail] = {n: d for d in lir.decided(PoolTail) for n in (d.out, *d.absorbed)}
         #: Readers of each node, and each scheduled node's position (fusion checks of neighbouring kernels).

@@ -29,39 +29,9 @@
  * projections: 8 KB at hidden 4096 in f16) NCCL's ring costs ~10 us of protocol; here every rank writes its values
  * straight into a slot of every rank's exchange buffer (NVLink / PCIe peer stores through CUDA IPC mappings made
  * by rlx_set_nccl), raises a flag there, waits for every rank's flag in its own buffer, and sums the slots in rank
- * order, so every rank computes bit-identical sums. One block of RLX_AR_THREADS threads.
- *
- * An exchange buffer: [2 parities][world slots of RLX_AR_SLOT_BYTES], then [2][RLX_AR_MAX_WORLD] flags, then this
- * rank's call counter. Call e (counted on the device, so replays of a captured CUDA graph count too) uses parity
- * e & 1 and flag value e: a rank can write call e + 2's values into a slot only after it has seen every rank's flag
- * of call e + 1, and each rank raises that flag only after its call e (which read the slot) has finished. */
-#define RLX_AR_MAX_WORLD 8
+ * order, so every rank computes bit-identical sums. One block of RLX_AR_THREADS threads. The buffers, their flags
+ * and the call counter: kernels/exchange.cuh. */
 #define RLX_AR_THREADS 512
-#ifndef RLX_AR_SLOT_BYTES
-#define RLX_AR_SLOT_BYTES (128 << 10)
-#endif
-#define RLX_AR_FLAGS_BYTES 256
-/* spins (~1 ns each) before a rank that never raises its flag fails the kernel (a trap: the run reports a CUDA
-   error) instead of hanging the GPU */
-#define RLX_AR_SPIN_LIMIT (1LL << 35)
-
-struct RlxArPeers {
-    char *buf[RLX_AR_MAX_WORLD];  /* every rank's exchange buffer, mapped into this process (own one at [rank]) */
-};
-
-static inline size_t rlx_ar_buffer_bytes(int world) {
-    return 2 * (size_t)world * RLX_AR_SLOT_BYTES + RLX_AR_FLAGS_BYTES;
-}
-
-__device__ __forceinline__ void rlx_ar_release(uint32_t *p, uint32_t v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint32_t rlx_ar_acquire(const uint32_t *p) {
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 /* y = the sum of every rank's x; with RES, y = res + that sum (the add the sum's one reader did: AllReduceP2P.residual;
    y may be res itself, element for element). */
@@ -73,8 +43,7 @@ rlx_all_reduce_p2p(const T *x, T *y, const T *res, int64_t n, const __grid_const
     __shared__ uint32_t epoch;
     rlx_pdl_wait();     /* x is the kernel before's output */
     rlx_pdl_trigger();  /* the next kernel may launch and fetch its weights while the ranks meet */
-    const size_t data = 2 * (size_t)world * RLX_AR_SLOT_BYTES;
-    uint32_t *flags = (uint32_t *)(peers.buf[rank] + data), *counter = flags + 2 * RLX_AR_MAX_WORLD;
+    uint32_t *flags = rlx_ar_flags(peers.buf[rank], world), *counter = flags + RLX_AR_COUNTER;
     if (threadIdx.x == 0)
         epoch = *counter + 1;
     __syncthreads();
@@ -93,11 +62,8 @@ rlx_all_reduce_p2p(const T *x, T *y, const T *res, int64_t n, const __grid_const
     /* 2. raise this rank's flag of call e in every buffer: a system-scope release after the barrier orders every
        thread's stores above before the flag (no fence in each thread), 3. wait for every rank's in this one */
     if (threadIdx.x < world) {
-        rlx_ar_release((uint32_t *)(peers.buf[threadIdx.x] + data) + par * RLX_AR_MAX_WORLD + rank, e);
-        const uint32_t *f = flags + par * RLX_AR_MAX_WORLD + threadIdx.x;
-        for (long long spins = 0; rlx_ar_acquire(f) != e; ++spins)
-            if (spins > RLX_AR_SPIN_LIMIT)
-                __trap();
+        rlx_ar_release(rlx_ar_flags(peers.buf[threadIdx.x], world) + par * RLX_AR_MAX_WORLD + rank, e);
+        rlx_ar_await(flags + par * RLX_AR_MAX_WORLD + threadIdx.x, e);
     }
     __syncthreads();
     /* 4. the sums, slots in rank order (the same order, so the same bits, on every rank) */

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -36,11 +37,14 @@ inline std::vector<float> rlx_emu_dynamic_smem;
 
 inline void __syncthreads() { rlx_emu_block_bar->arrive_and_wait(); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+[[noreturn]] inline void __trap() { std::abort(); }
 inline void rlx_pdl_wait() {}
 inline void rlx_pdl_trigger() {}
 #define RLX_KV_PREFETCH(p) ((void)(p))
 template <typename T> inline T __ldcg(const T *p) { return *p; }
 inline int atomicAdd(int32_t *p, int v) { return std::atomic_ref<int32_t>(*p).fetch_add(v); }
+inline uint32_t atomicAdd(uint32_t *p, uint32_t v) { return std::atomic_ref<uint32_t>(*p).fetch_add(v); }
 inline int atomicOr(int32_t *p, int v) { return std::atomic_ref<int32_t>(*p).fetch_or(v); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __shfl_xor_sync(unsigned, float v, int off) {

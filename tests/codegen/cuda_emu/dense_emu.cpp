@@ -2,13 +2,18 @@
  * CPU through cuda_shim.h / quant_shim.h (tests/codegen/test_cuda_dense_emulated.py), with f32 activations and
  * outputs, f16 or bf16 weights as their bits. The launch arithmetic of templates/cuda/dense.cu.j2, except that the
  * tile width (lg), the K splits and a cap on the unsplit grid are the caller's; a split launch's partials (NaN
- * before it: every one must be written) are a buffer of their own, then rlx_dgemv_reduce adds them. */
+ * before it: every one must be written) are a buffer of their own, then rlx_dgemv_reduce adds them. emu_dgemv_ar runs
+ * the row-parallel form summed over a clique (kernels/dense_gemv_ar.cuh) for every rank in turn: each rank's
+ * rlx_dgemv_ar, then each rank's rlx_dgemv_reduce_ar (every flag it waits for is up by then). */
 #include "quant_shim.h"
 
 #define RLX_DGEMV_LDG(p) (*(p))
+#define RLX_AR_EMU 1
 
 #include "quant.cuh"
 #include "dense_gemv.cuh"
+#include "exchange.cuh"
+#include "dense_gemv_ar.cuh"
 
 /* partials a split launch left unwritten (NaN), since the last emu_dgemv_unwritten */
 static int64_t d_unwritten = 0;
@@ -102,5 +107,59 @@ int64_t emu_dgemv_unwritten() {
     const int64_t n = d_unwritten;
     d_unwritten = 0;
     return n;
+}
+
+/* World 2 or 4 ranks of the exchange (kernels/dense_gemv_ar.cuh) over `calls` calls: call c's rank r multiplies its
+   row X[c][r] ([K] f32) by its weight ws[r] ([K, n] bits), K split over splits[r] blocks of tiles of 8 << lg columns,
+   and ys[c][r] ([n]) is what rank r's rlx_dgemv_reduce_ar wrote (res[c] [n] added when not NULL). The buffers persist
+   over the calls (parities alternate); `counters` gets each rank's call counter after the last call. */
+void emu_dgemv_ar(int bf, int world, int calls, const float *X, const uint16_t *const *ws, const float *res,
+                  float *ys, int64_t n, int64_t K, int lg, const int *splits, uint32_t *counters) {
+    std::vector<std::vector<char>> bufs(world, std::vector<char>(rlx_ar_buffer_bytes(world), 0));
+    RlxArPeers peers;
+    std::memset(&peers, 0, sizeof(peers));
+    for (int r = 0; r < world; r++)
+        peers.buf[r] = bufs[r].data();
+    const int64_t tiles = (n + (8 << lg) - 1) / (8 << lg);
+    for (int c = 0; c < calls; c++) {
+        for (int r = 0; r < world; r++) {
+            RlxQMembers mem;
+            std::memset(&mem, 0, sizeof(mem));
+            mem.w[0] = (const uint8_t *)ws[r];
+            mem.n[0] = n;
+            mem.count = 1;
+            const float *x = X + ((int64_t)c * world + r) * K;
+            RlxDim3 grid;
+            grid.x = (unsigned)tiles;
+            grid.y = (unsigned)splits[r];
+            const size_t smem = (size_t)rlx_dgemv_smem(rlx_dgemv_kchunk(K, lg, 1, splits[r]), lg, 1) * sizeof(float);
+            rlx_emu_launch3(grid, RLX_DGEMV_THREADS, smem, [&] {
+                const bool vec = n % 8 == 0;
+                if (bf && vec)
+                    world == 2 ? rlx_dgemv_ar<float, true, false, true, 2>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r)
+                               : rlx_dgemv_ar<float, true, false, true, 4>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r);
+                else if (bf)
+                    world == 2 ? rlx_dgemv_ar<float, true, false, false, 2>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r)
+                               : rlx_dgemv_ar<float, true, false, false, 4>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r);
+                else
+                    world == 2 ? rlx_dgemv_ar<float, false, false, true, 2>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r)
+                               : rlx_dgemv_ar<float, false, false, true, 4>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r);
+            });
+        }
+        for (int r = 0; r < world; r++) {
+            float *y = ys + ((int64_t)c * world + r) * n;
+            const float *rs = res ? res + (int64_t)c * n : nullptr;
+            RlxDim3 grid;
+            grid.x = (unsigned)((n + RLX_DGEMV_REDUCE_THREADS - 1) / RLX_DGEMV_REDUCE_THREADS);
+            rlx_emu_launch3(grid, RLX_DGEMV_REDUCE_THREADS, 0, [&] {
+                if (world == 2)
+                    rs ? rlx_dgemv_reduce_ar<float, true, 2>(rs, y, n, peers, r) : rlx_dgemv_reduce_ar<float, false, 2>(rs, y, n, peers, r);
+                else
+                    rs ? rlx_dgemv_reduce_ar<float, true, 4>(rs, y, n, peers, r) : rlx_dgemv_reduce_ar<float, false, 4>(rs, y, n, peers, r);
+            });
+        }
+    }
+    for (int r = 0; r < world; r++)
+        counters[r] = rlx_ar_flags(peers.buf[r], world)[RLX_AR_COUNTER];
 }
 }

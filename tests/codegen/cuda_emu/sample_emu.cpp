@@ -52,7 +52,6 @@ inline uint32_t __float_as_uint(float v) {
     std::memcpy(&b, &v, sizeof(b));
     return b;
 }
-inline uint32_t atomicAdd(uint32_t *p, uint32_t v) { return std::atomic_ref<uint32_t>(*p).fetch_add(v); }
 using std::isfinite;
 using std::isnan;
 
