@@ -245,16 +245,15 @@ class AllReduceP2P(Decision):
     it joins), call NCCL. `residual` (0 or 1 node): the add of the sum and another value that is the sum's one
     reader (a row-parallel projection's residual): a one-shot call writes the add's output itself, and the add's
     own kernel runs only when NCCL summed. `gemv` (0 or 1 node): the row-parallel projection whose one-row dense
-    GEMV (a `DecodeGemv` of walk "dense", one member, its output read by the sum only) makes the sum itself in
-    one-row steps: its K-split blocks store their f32 partials into every rank's exchange buffer while it runs and
-    the block arriving last raises the rank's flag, then rlx_dgemv_reduce_ar adds each rank's splits and the ranks
-    (kernels/dense_gemv_ar.cuh): the bits of the split GEMV's reduce then the one-shot sum, without the all-reduce's
-    own kernel or its round trip between the ranks after the GEMV.
+    GEMV (a `DecodeGemv` of walk "dense", one member that may split K, its output read by the sum only) makes the
+    sum in one-row steps: its split reduce, rlx_dgemv_reduce_ar (kernels/dense_gemv_ar.cuh), adds a column's splits,
+    exchanges the row with the other ranks block by block and adds the ranks: the bits of the split GEMV's reduce
+    then the one-shot sum, without the all-reduce's own kernel.
 
     >>> AllReduceP2P(12, 2, 131072).describe()[:62]
     "%12 sums over 2 ranks through the peers' memory (one-shot, ran"
-    >>> AllReduceP2P(12, 2, 131072, gemv=(10,)).describe()[-53:]
-    "of %10 (its partials stored into every rank's buffer)"
+    >>> AllReduceP2P(12, 2, 131072, gemv=(10,)).describe()[-43:]
+    'made by the reduce of the dense GEMV of %10'
     """
 
     kind: ClassVar[str] = "cuda_all_reduce_p2p"
@@ -267,8 +266,7 @@ class AllReduceP2P(Decision):
     def describe(self) -> str:
         add = (f", adding it to the other input of %{self.residual[0]} (whose own kernel then does not run)"
                if self.residual else "")
-        made = (f"; in one-row steps made by the dense GEMV of %{self.gemv[0]} (its partials stored into every "
-                "rank's buffer)" if self.gemv else "")
+        made = f"; in one-row steps made by the reduce of the dense GEMV of %{self.gemv[0]}" if self.gemv else ""
         return (f"%{self.node} sums over {self.world} ranks through the peers' memory (one-shot, rank order) when a "
                 f"call has <= {self.max_bytes} bytes{add}; NCCL otherwise{made}")
 

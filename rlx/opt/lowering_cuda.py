@@ -1041,29 +1041,28 @@ def find_p2p_all_reduces(lir: LirModule) -> list[AllReduceP2P]:
     return found
 
 
-#: Bytes of a rank's partials slot in the exchange buffer (RLX_AR_PART_BYTES in kernels/exchange.cuh): a dense GEMV
-#: that makes its sum over the clique stores [splits][N] f32 there.
-P2P_PART_BYTES = 512 << 10
+#: Most blocks of a call of rlx_dgemv_reduce_ar (RLX_AR_MAX_BLOCKS in kernels/exchange.cuh: per-block flags) and
+#: its columns a block (RLX_DGEMV_AR_THREADS in kernels/dense_gemv_ar.cuh).
+P2P_MAX_BLOCKS, P2P_BLOCK_COLUMNS = 64, 256
 
 
 def sums_made_by_gemvs(lir: LirModule, sums: Sequence[AllReduceP2P],
                        gemvs: Sequence[DecodeGemv]) -> list[AllReduceP2P]:
     """`sums` with `gemv` set where the summed value is a row-parallel projection on the dense one-row GEMV (walk
-    "dense", one member, no residual or SwiGLU of its own) read by the sum alone, whose partials fit a slot at the
-    most splits it may launch: in one-row steps that GEMV stores them into every rank's buffer and its reduce makes
-    the sum (see `AllReduceP2P`)."""
+    "dense", one member that may split K, no residual or SwiGLU of its own) read by the sum alone, whose row fits a
+    slot and the reduce's blocks: in one-row steps that GEMV's split reduce makes the sum (see `AllReduceP2P`)."""
     graph = lir.graph
     users = graph.users()
     outputs = set(graph.outputs)
-    dense = {d.members[0]: d for d in gemvs
-             if d.walk == "dense" and len(d.members) == 1 and not d.residual and not d.swiglu}
+    dense = {d.members[0]: d for d in gemvs if d.walk == "dense" and len(d.members) == 1 and not d.residual
+             and not d.swiglu and dense_gemv_splits(d) > 1}
     made = []
     for s in sums:
-        (x,) = graph.node(s.node).inputs
-        d = dense.get(x)
-        n = graph.node(s.node).shape.dims[-1].value
-        if (d is not None and x not in outputs and set(users[x]) == {s.node}
-                and dense_gemv_splits(d) * n * 4 <= P2P_PART_BYTES):
+        node = graph.node(s.node)
+        (x,) = node.inputs
+        n = node.shape.dims[-1].value
+        if (x in dense and x not in outputs and set(users[x]) == {s.node} and n * node.shape.dtype.itemsize
+                <= s.max_bytes and -(-n // P2P_BLOCK_COLUMNS) <= P2P_MAX_BLOCKS):
             s = replace(s, gemv=(x,))
         made.append(s)
     return made

@@ -83,8 +83,9 @@ def test_tp_decoder_renders_and_compiles_for_cuda(tmp_path: Path):
 @pytest.mark.parametrize("precision", [DType.BF16, DType.F16])
 def test_tp_decoder_dense_gemvs_make_their_sums_over_the_clique(tmp_path: Path, precision: DType):
     """Float projections of an f16 / bf16 tp decoder: the attention output's and FFN down's one-row dense GEMVs make
-    the sums themselves (AllReduceP2P.gemv): rlx_dgemv_ar + rlx_dgemv_reduce_ar under the one-shot condition (with
-    the residual), the all-reduce's own launches left to larger steps or NCCL; compiled with nvcc and NCCL's header."""
+    the sums in their split reduce (AllReduceP2P.gemv): the split rlx_dgemv + rlx_dgemv_reduce_ar under the one-shot
+    condition (with the residual), the all-reduce's own launches left to larger steps or NCCL; compiled with nvcc and
+    NCCL's header."""
     from render_cases import tiny_tp_decoder
 
     g = tiny_tp_decoder(None, max_batch=1, max_seq=4, capacity=16)
@@ -95,13 +96,11 @@ def test_tp_decoder_dense_gemvs_make_their_sums_over_the_clique(tmp_path: Path, 
     for d in p2p:
         (x,) = lir.graph.node(d.node).inputs
         assert d.gemv == (x,) and lir.graph.node(x).kind == "matmul" and d.residual
-        assert "made by the dense GEMV of" in d.describe()
+        assert "made by the reduce of the dense GEMV of" in d.describe()
     src = render_cuda(lir, target, {"name": "tp"})
     t = "rlx_bf16" if precision is DType.BF16 else "__half"
-    assert src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv_ar<{t}, {str(precision is DType.BF16).lower()}, false, "
-                     "true, 2>,") == 2
     assert src.count(f"rlx_launch_pdl(c->pdl, rlx_dgemv_reduce_ar<{t}, true, 2>,") == 2
-    assert src.count("summed by the dense GEMV of %") == 2
+    assert src.count("summed by the reduce of the dense GEMV of %") == 2
     assert src.count(f"rlx_launch_pdl(c->pdl, rlx_all_reduce_p2p<{t}, true>,") == 2  # steps of more rows
     nccl_only = CudaTarget(arch="sm_90", precision=precision, gemm="builtin", p2p_all_reduce=False)
     assert "rlx_dgemv_ar" not in render_cuda(plan(g), nccl_only, {"name": "tp"})  # neither launched nor included

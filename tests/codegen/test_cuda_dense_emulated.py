@@ -5,8 +5,8 @@ norm + SwiGLU (gate and up read together), and the residual add; N odd (2-byte l
 or a multiple of 8 (16-byte loads); K from 64 to 16384; every tile width the host picks (8 << lg columns); grids
 smaller than the tiles (several passes, each block's first tile loaded before the PDL wait); K split over blocks
 (SPLIT: 2..8 splits, tiles up to 512 columns, splits short or empty, f32 partials then rlx_dgemv_reduce with the
-epilogue); the row-parallel form whose split partials go to every rank's exchange buffer and whose sums over the
-ranks are made by rlx_dgemv_reduce_ar (kernels/dense_gemv_ar.cuh). Needs g++ with C++20.
+epilogue); the row-parallel form whose split reduce also sums over the ranks (rlx_dgemv_reduce_ar,
+kernels/dense_gemv_ar.cuh). Needs g++ with C++20.
 
 Bound, as the quantized GEMVs' (tests/codegen/test_cuda_qgemv_emulated.py): the kernel sums exact products x w in f32
 over K terms (per thread, then over the threads in a fixed order; split: then over the splits), |err| <= (K + 36) u32
@@ -254,15 +254,15 @@ def test_dense_gemv_plan_at_an_h200_wave(emu: ctypes.CDLL) -> None:
 
 @pytest.mark.parametrize("dt", ["bf16", "f16"])
 @pytest.mark.parametrize(("world", "n", "k", "lg", "splits", "residual"),
-                         [(2, 256, 1024, 4, (4, 4), True), (2, 40, 520, 3, (3, 5), False),
+                         [(2, 256, 1024, 4, (4, 4), True), (2, 600, 520, 3, (3, 5), False),
                           (4, 136, 2048, 5, (2, 8, 6, 3), True), (2, 13, 64, 1, (3, 2), True)])
 def test_dense_gemv_summed_over_the_clique_equals_split_gemv_then_all_reduce(
         emu: ctypes.CDLL, dt: str, world: int, n: int, k: int, lg: int, splits: tuple[int, ...],
         residual: bool) -> None:
-    """rlx_dgemv_ar + rlx_dgemv_reduce_ar over `world` emulated ranks, three calls on the same exchange buffers (both
-    parities, the second reusing the first's slots): every rank's output is bit for bit rank 0 + rank 1 + ... of each
-    rank's split GEMV (rlx_dgemv + rlx_dgemv_reduce, its own split count), added in rank order in f32, then the
-    residual; every rank gets the same bits, and each rank's call counter ends at 3."""
+    """The split rlx_dgemv then rlx_dgemv_reduce_ar over `world` emulated ranks, three calls on the same exchange
+    buffers (both parities, the third reusing the first's slots): every rank's output is bit for bit rank 0 + rank 1 +
+    ... of each rank's split GEMV (rlx_dgemv + rlx_dgemv_reduce, its own split count), added in rank order in f32,
+    then the residual; every rank gets the same bits, and each rank's call counter ends at 3."""
     rng = np.random.default_rng(world * n + k + lg + sum(splits) + residual + len(dt))
     calls = 3
     ws = [_weights(rng, k, n, dt) for _ in range(world)]

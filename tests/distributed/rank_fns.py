@@ -64,11 +64,14 @@ def cuda_decoder_rank_path(rank, sharded, config, options, prompt, n_new):
 
 
 def cuda_decoder_rank_launches(rank, sharded, config, options, prompt, n_new):
-    """`cuda_decoder_rank_path`, with the launches of the dense GEMVs that make their sums over the clique
-    (rlx_dgemv_ar, AllReduceP2P.gemv) in the compiled source."""
-    tokens, logits, path = cuda_decoder_rank_path(rank, sharded, config, options, prompt, n_new)
+    """`cuda_decoder_rank_path`, with the launches of the reduces that make the sums over the clique
+    (rlx_dgemv_reduce_ar, AllReduceP2P.gemv) in the compiled source."""
+    from rlx.runtime.nccl import all_reduce_path
+
     lm = sharded.load(rank, device="cuda")
-    return tokens, logits, path, (lm._compiled.source() or "").count("rlx_launch_pdl(c->pdl, rlx_dgemv_ar<")
+    tokens, logits = _greedy(lm, prompt, n_new)
+    source = lm._compiled.source() or ""
+    return tokens, logits, all_reduce_path(lm._compiled), source.count("rlx_launch_pdl(c->pdl, rlx_dgemv_reduce_ar<")
 
 
 def _greedy(lm, prompt, n_new):

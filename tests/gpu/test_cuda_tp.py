@@ -76,11 +76,11 @@ def test_tp2_one_shot_all_reduce_equals_nccl(monkeypatch: pytest.MonkeyPatch, pr
 
 @pytest.mark.parametrize("precision", ["bf16", "f16"])
 def test_tp2_dense_gemvs_summing_over_the_clique_equal_nccl(monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
-    """Float weights of a 16-bit build: the attention output's and FFN down's one-row dense GEMVs store their partials
-    into both ranks' buffers and make the sums (AllReduceP2P.gemv, rlx_dgemv_ar + rlx_dgemv_reduce_ar); against the
-    same decoder whose sums go through NCCL: the same greedy tokens, logits equal to 16-bit rounding (a split of one
-    block sums a tile's thread rows in another order than the unsplit GEMV NCCL's path runs), both ranks bit for bit
-    alike, over a prompt (many rows: the one-shot kernel) and one-row steps (the GEMVs' own sums)."""
+    """Float weights of a 16-bit build: the attention output's and FFN down's one-row dense GEMVs make the sums in
+    their split reduce (AllReduceP2P.gemv, rlx_dgemv_reduce_ar); against the same decoder whose sums go through
+    NCCL: the same greedy tokens, logits equal to 16-bit rounding (a split of one block sums a tile's thread rows in
+    another order than the unsplit GEMV NCCL's path may run), both ranks bit for bit alike, over a prompt (many rows:
+    the one-shot kernel) and one-row steps (the reduces' own sums)."""
     tensors = random_tensors(random_specs(CFG), seed=6)
     options = {**OPTIONS, "precision": precision}
     sharded = shard_decoder(CFG, tensors, tp=2, **options)

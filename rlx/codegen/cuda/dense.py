@@ -69,11 +69,10 @@ class DenseGemvLaunch(Launch):
 @dataclass(frozen=True)
 class SumOverClique:
     """A row-parallel GEMV's one-row launch that also sums over the clique (kernels/dense_gemv_ar.cuh): under `cond`
-    (the one-shot sum's condition) rlx_dgemv_ar stores its partials into every rank's buffer and `reduce` writes the
-    sum (plus `res` when set) into `out`, `n` columns."""
+    (the one-shot sum's condition) the split rlx_dgemv (even of one split) then `reduce`, which writes the sum of the
+    ranks' rows (plus `res` when set) into `out`, `n` columns, for the sum `node`."""
 
     cond: str
-    kernel: str
     reduce: str
     res: str
     out: str
@@ -114,17 +113,13 @@ def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
     ar = None
     total = e.sum_by_gemv.get(lead.id)
     if total is not None:
-        world = e.node(total.node).op.world
         res, out = "nullptr", e.ptr(total.node)
         if total.residual:
             add = e.node(total.residual[0])
             res, out = e.ptr(next(a for a in add.inputs if a != total.node)), e.ptr(add.id)
-        ar = SumOverClique(cond=e.p2p_condition(total), node=total.node,
-                           kernel=f"rlx_dgemv_ar<{t}, {str(bf).lower()}, {str(bool(d.norm)).lower()}, "
-                                  f"{str(vec).lower()}, {world}>",
-                           reduce=f"rlx_dgemv_reduce_ar<{t}, {str(bool(total.residual)).lower()}, {world}>",
-                           res=res, out=out, n=ns[0])
-        big = (*big, ar.kernel)
+        ar = SumOverClique(cond=e.p2p_condition(total), node=total.node, res=res, out=out, n=ns[0],
+                           reduce=f"rlx_dgemv_reduce_ar<{t}, {str(bool(total.residual)).lower()}, "
+                                  f"{e.node(total.node).op.world}>")
     attrs = inner.args.smem_attrs + (tuple((kn, str(smem)) for kn in big) if smem > 48 * 1024 else ())
     what = ", ".join(f"%{m}" for m in d.members) + "".join(f" + %{n}" for n in (*d.norm, *d.residual))
     note = comment(f"{what}: one dense {'bf16' if bf else 'f16'} GEMV over the weights as stored ([{k}, N]) in "

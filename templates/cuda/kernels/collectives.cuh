@@ -52,7 +52,7 @@ rlx_all_reduce_p2p(const T *x, T *y, const T *res, int64_t n, const __grid_const
     const int64_t nv = n / PER;
     /* 1. this rank's values into slot (par, rank) of every rank's buffer */
     for (int p = 0; p < world; ++p) {
-        char *slot = peers.buf[p] + ((size_t)par * world + rank) * RLX_AR_SLOT_BYTES;
+        char *slot = rlx_ar_slot(peers.buf[p], world, par, rank);
         for (int64_t i = threadIdx.x; i < nv; i += blockDim.x)
             ((uint4 *)slot)[i] = ((const uint4 *)x)[i];
         for (int64_t i = nv * PER + threadIdx.x; i < n; i += blockDim.x)
@@ -67,7 +67,7 @@ rlx_all_reduce_p2p(const T *x, T *y, const T *res, int64_t n, const __grid_const
     }
     __syncthreads();
     /* 4. the sums, slots in rank order (the same order, so the same bits, on every rank) */
-    const char *own = peers.buf[rank] + (size_t)par * world * RLX_AR_SLOT_BYTES;
+    const char *own = rlx_ar_slot(peers.buf[rank], world, par, 0);
     for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
         float acc[PER];
 #pragma unroll

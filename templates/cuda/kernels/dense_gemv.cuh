@@ -225,40 +225,30 @@ __host__ __device__ inline int64_t rlx_dgemv_plan(const RlxQMembers &mem, int64_
     return tiles;
 }
 
-/* Where a split block's column sums go: the partials [splits][rlx_dgemv_pcols] in the scratch region, which
-   rlx_dgemv_reduce adds. (kernels/dense_gemv_ar.cuh's sink stores them into every rank's exchange buffer instead.)
-   begin() runs after the kernel's wait, end() once the block has written all its sums (after a barrier). */
-struct RlxDgemvScratch {
-    float *partials;
-    __device__ __forceinline__ void begin() {}
-    __device__ __forceinline__ void put(int64_t i, float v) const { partials[i] = v; }
-    __device__ __forceinline__ void end() const {}
-};
-
 /* Column c of tile tl's sums (a; SwiGLU's up b): the output through the epilogue, or (SPLIT) the partials of split
    blockIdx.y */
-template <typename T, int EPI, bool SPLIT, class Out>
+template <typename T, int EPI, bool SPLIT>
 __device__ __forceinline__ void rlx_dgemv_emit(const RlxQMembers &mem, const RlxDTile &tl, int c, float a, float b,
-                                               const T *res, const Out &out) {
+                                               const T *res, float *partials) {
     const int64_t n = tl.c0 + c;
     if (n >= tl.n)
         return;
     if (SPLIT) {
         const int64_t off = (tl.j > 0 ? mem.n[0] : 0) + (tl.j > 1 ? mem.n[1] : 0) + (tl.j > 2 ? mem.n[2] : 0);
-        const int64_t p = blockIdx.y * rlx_dgemv_pcols<EPI>(mem);
-        out.put(p + off + n, a);
+        float *p = partials + blockIdx.y * rlx_dgemv_pcols<EPI>(mem);
+        p[off + n] = a;
         if (EPI == 2)
-            out.put(p + rlx_dgemv_cols<EPI>(mem) + n, b);
+            p[rlx_dgemv_cols<EPI>(mem) + n] = b;
     } else {
         rlx_qf_store<T, EPI>((T *)rlx_qf_out(mem, EPI == 0 ? tl.j : 0), n, a, b, res, n);
     }
 }
 
-/* A block of rlx_dgemv. SPLIT: gridDim.y = splits, the column sums to `out` (else the outputs) */
-template <typename T, bool BF, bool NORM, int EPI, bool VEC, bool SPLIT, class Out>
-__device__ __forceinline__ void rlx_dgemv_block(const T *__restrict__ X, const T *__restrict__ gamma, float eps,
-                                                const RlxQMembers &mem, const T *res, int64_t K64, int lg, Out &out,
-                                                int splits) {
+/* SPLIT: gridDim.y = splits, the column sums into partials [splits][rlx_dgemv_pcols] (else the outputs) */
+template <typename T, bool BF, bool NORM, int EPI, bool VEC, bool SPLIT>
+__global__ void __launch_bounds__(RLX_DGEMV_THREADS, RLX_DGEMV_MIN_BLOCKS)
+rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
+          const T *res, int64_t K64, int lg, float *__restrict__ partials, int splits) {
     constexpr int NM = EPI == 2 ? 2 : 1;        /* matrices a tile reads: gate and up with SwiGLU */
     constexpr int U = RLX_DGEMV_LOADS / NM;     /* rows of each a thread reads a step */
     static_assert(U == 2 || U == 4, "a step's x is one float2 or float4");
@@ -289,8 +279,6 @@ __device__ __forceinline__ void rlx_dgemv_block(const T *__restrict__ X, const T
     }
     rlx_pdl_wait();
     rlx_pdl_trigger(); /* the next kernel may launch and fetch its weights */
-    if (SPLIT)
-        out.begin();
     {
         float ss = 0.0f;
         if (SPLIT && NORM) {  /* the norm's squares over all of K; only the block's own rows staged below */
@@ -396,7 +384,7 @@ __device__ __forceinline__ void rlx_dgemv_block(const T *__restrict__ X, const T
                     if (EPI == 2)
                         b += part[r * PW + C + c];
                 }
-                rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, out);
+                rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, partials);
             }
         } else {
             for (int c = warp; c < C; c += RLX_DGEMV_THREADS / 32) {
@@ -410,22 +398,11 @@ __device__ __forceinline__ void rlx_dgemv_block(const T *__restrict__ X, const T
                 if (EPI == 2)
                     b = rlx_warp_sum(b);
                 if (lane == 0)
-                    rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, out);
+                    rlx_dgemv_emit<T, EPI, SPLIT>(mem, tl, c, a, b, res, partials);
             }
         }
         __syncthreads();
     }
-    if (SPLIT)
-        out.end();
-}
-
-/* SPLIT: gridDim.y = splits, the column sums into partials [splits][rlx_dgemv_pcols] (else the outputs) */
-template <typename T, bool BF, bool NORM, int EPI, bool VEC, bool SPLIT>
-__global__ void __launch_bounds__(RLX_DGEMV_THREADS, RLX_DGEMV_MIN_BLOCKS)
-rlx_dgemv(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
-          const T *res, int64_t K64, int lg, float *__restrict__ partials, int splits) {
-    RlxDgemvScratch out{partials};
-    rlx_dgemv_block<T, BF, NORM, EPI, VEC, SPLIT>(X, gamma, eps, mem, res, K64, lg, out, splits);
 }
 
 /* rlx_dgemv with SPLIT, then this: output column i of every member (SwiGLU: the gate's) is its splits' partials

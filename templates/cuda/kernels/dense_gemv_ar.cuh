@@ -1,95 +1,86 @@
-/* ── A row-parallel dense GEMV summed over the clique where it is made (an `AllReduceP2P` with `gemv`) ──────────────
- * In a tensor-parallel decode step the attention output and FFN down projections are row-parallel: each rank's GEMV
- * (kernels/dense_gemv.cuh, K split over blocks) gives a partial row that the one-shot all-reduce then sums over the
- * ranks (kernels/collectives.cuh), a kernel and a round trip between the ranks after the GEMV. Here the split GEMV's
- * blocks store their f32 partials straight into every rank's exchange buffer (kernels/exchange.cuh: NVLink / PCIe
- * stores while the GEMV still runs), the block arriving last raises this rank's flag of the call in every buffer,
- * and rlx_dgemv_reduce_ar, launched right after, waits for every rank's flag and adds: each rank's splits in split
- * order, rounded to T (the row that rank's rlx_dgemv_reduce would give), then the ranks in rank order in f32, rounded
- * to T, then the residual (RES): the bits of rlx_dgemv_reduce + rlx_all_reduce_p2p on every rank. The all-reduce's
- * own kernel does not run. Plain EPI only (one member, no norm in the epilogue: the residual add is the sum's). */
+/* ── A row-parallel dense GEMV's reduce that also sums over the clique (an `AllReduceP2P` with `gemv`) ──────────────
+ * In a tensor-parallel decode step the attention output and FFN down projections are row-parallel: each rank's split
+ * GEMV (kernels/dense_gemv.cuh) leaves f32 partials [splits][n], rlx_dgemv_reduce adds them into the rank's row, and
+ * the one-shot all-reduce (kernels/collectives.cuh, one block) sums the rows over the ranks: two kernels and the
+ * ranks' meeting after the GEMV. rlx_dgemv_reduce_ar is both, over as many blocks as the reduce: block b adds its
+ * columns' splits in split order and rounds them to T (the row rlx_dgemv_reduce gives), stores them into this rank's
+ * slot of every rank's exchange buffer (kernels/exchange.cuh), raises this rank's flag of block b there, waits for
+ * every rank's flag of block b in its own buffer, and adds the ranks' values in rank order in f32, rounded to T, then
+ * the residual (RES): the bits of rlx_dgemv_reduce + rlx_all_reduce_p2p, the same on every rank. Block b of a rank
+ * meets only block b of the others (the same columns), so the blocks need not be resident together. */
+#define RLX_DGEMV_AR_THREADS 256
 
-/* rlx_dgemv's sink for a split block's sums: every rank's partials slot of this call's parity (W ranks) */
-template <int W>
-struct RlxDgemvExchange {
-    const RlxArPeers *peers;
-    int rank;
-    uint32_t e;
-    float *dst[W];
-    /* after the kernel's wait: the call's number (the last one this rank finished + 1) and its slots */
-    __device__ __forceinline__ void begin() {
-        e = rlx_ar_flags(peers->buf[rank], W)[RLX_AR_COUNTER] + 1;
-#pragma unroll
-        for (int r = 0; r < W; r++)
-            dst[r] = rlx_ar_part(peers->buf[r], W, (int)(e & 1), rank);
-    }
-    __device__ __forceinline__ void put(int64_t i, float v) const {
-#pragma unroll
-        for (int r = 0; r < W; r++)
-            dst[r][i] = v;
-    }
-    /* after the block's barrier: its stores before its arrival; the last block to arrive raises the flag of call e
-       (with the split count) in every buffer and records e as this rank's last call */
-    __device__ __forceinline__ void end() const {
-        if (threadIdx.x != 0)
-            return;
-        uint32_t *own = rlx_ar_flags(peers->buf[rank], W);
-        __threadfence_system();
-        const unsigned blocks = gridDim.x * gridDim.y;
-        if (atomicAdd(own + RLX_AR_ARRIVALS, 1u) + 1u != blocks)
-            return;
-        own[RLX_AR_ARRIVALS] = 0u;  /* (the next call's blocks start after this kernel ends) */
-        __threadfence_system();      /* every block's stores, fenced before its arrival, before the flags */
-        const int par = (int)(e & 1);
-#pragma unroll
-        for (int r = 0; r < W; r++) {
-            uint32_t *fl = rlx_ar_flags(peers->buf[r], W);
-            fl[RLX_AR_SPLITS + par * RLX_AR_MAX_WORLD + rank] = gridDim.y;
-            rlx_ar_release(fl + par * RLX_AR_MAX_WORLD + rank, e);
-        }
-        own[RLX_AR_COUNTER] = e;
-    }
-};
-
-/* The split rlx_dgemv (EPI 0, one member) with its partials stored into every rank's exchange buffer */
-template <typename T, bool BF, bool NORM, bool VEC, int W>
-__global__ void __launch_bounds__(RLX_DGEMV_THREADS, RLX_DGEMV_MIN_BLOCKS)
-rlx_dgemv_ar(const T *__restrict__ X, const T *__restrict__ gamma, float eps, const __grid_constant__ RlxQMembers mem,
-             int64_t K64, int lg, int splits, const __grid_constant__ RlxArPeers peers, int rank) {
-    RlxDgemvExchange<W> out;
-    out.peers = &peers;
-    out.rank = rank;
-    rlx_dgemv_block<T, BF, NORM, 0, VEC, true>(X, gamma, eps, mem, (const T *)nullptr, K64, lg, out, splits);
+/* The call's number (the last one this rank finished + 1), read by every block before it signals anything */
+__device__ __forceinline__ uint32_t rlx_ar_call(const RlxArPeers &peers, int rank, int world) {
+    __shared__ uint32_t epoch;
+    if (threadIdx.x == 0)
+        epoch = rlx_ar_flags(peers.buf[rank], world)[RLX_AR_COUNTER] + 1;
+    __syncthreads();
+    return epoch;
 }
 
-/* After rlx_dgemv_ar: y[i] (n columns) = the ranks' rows summed as the file's comment says; with RES, res[i] added
-   (y may be res itself, element for element). One thread a column. */
-template <typename T, bool RES, int W>
-__global__ void __launch_bounds__(RLX_DGEMV_REDUCE_THREADS)
-rlx_dgemv_reduce_ar(const T *res, T *y, int64_t n, const __grid_constant__ RlxArPeers peers, int rank) {
-    __shared__ int splits[W];
-    rlx_pdl_wait();
-    rlx_pdl_trigger();
-    char *own = peers.buf[rank];
-    uint32_t *flags = rlx_ar_flags(own, W);
-    const uint32_t e = flags[RLX_AR_COUNTER];  /* this rank's GEMV (the kernel before) made call e */
+/* The block's columns of this rank's row (the splits added in split order, rounded to T) into this rank's slot of
+   every buffer, then this rank's flag of the block raised in every buffer */
+template <typename T, int W>
+__device__ __forceinline__ void rlx_dgemv_ar_publish(const float *__restrict__ partials, int splits, int64_t n,
+                                                     const RlxArPeers &peers, int rank, uint32_t e) {
     const int par = (int)(e & 1);
-    if (threadIdx.x < W) {
-        rlx_ar_await(flags + par * RLX_AR_MAX_WORLD + threadIdx.x, e);
-        splits[threadIdx.x] = (int)flags[RLX_AR_SPLITS + par * RLX_AR_MAX_WORLD + threadIdx.x];
+    const int64_t i = (int64_t)blockIdx.x * RLX_DGEMV_AR_THREADS + threadIdx.x;
+    if (i < n) {
+        float a = 0.0f;
+        for (int s = 0; s < splits; s++)
+            a += partials[s * n + i];
+        const T v = rlx_to<T>(a);
+#pragma unroll
+        for (int r = 0; r < W; r++)
+            ((T *)rlx_ar_slot(peers.buf[r], W, par, rank))[i] = v;
     }
+    __syncthreads();  /* the block's stores, then (system-scope release) its flag */
+    if (threadIdx.x < W)
+        rlx_ar_release(rlx_ar_block_flag(peers.buf[threadIdx.x], W, par, rank, (int)blockIdx.x), e);
+}
+
+/* Once every rank's flag of the block is up in this rank's buffer: y = the ranks' values added in rank order (+ res) */
+template <typename T, bool RES, int W>
+__device__ __forceinline__ void rlx_dgemv_ar_sum(const T *res, T *y, int64_t n, const RlxArPeers &peers, int rank,
+                                                 uint32_t e) {
+    const int par = (int)(e & 1);
+    char *own = peers.buf[rank];
+    if (threadIdx.x < W)
+        rlx_ar_await(rlx_ar_block_flag(own, W, par, (int)threadIdx.x, (int)blockIdx.x), e);
     __syncthreads();
-    for (int64_t i = (int64_t)blockIdx.x * RLX_DGEMV_REDUCE_THREADS + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * RLX_DGEMV_REDUCE_THREADS) {
+    const int64_t i = (int64_t)blockIdx.x * RLX_DGEMV_AR_THREADS + threadIdx.x;
+    if (i < n) {
         float acc = 0.0f;
 #pragma unroll
-        for (int r = 0; r < W; r++) {
-            const float *p = rlx_ar_part(own, W, par, r);
-            float a = 0.0f;
-            for (int s = 0; s < splits[r]; s++)
-                a += p[s * n + i];
-            acc += rlx_f(rlx_to<T>(a));
-        }
+        for (int r = 0; r < W; r++)
+            acc += rlx_f(((const T *)rlx_ar_slot(own, W, par, r))[i]);
         y[i] = RES ? rlx_to<T>(rlx_f(res[i]) + rlx_f(rlx_to<T>(acc))) : rlx_to<T>(acc);
     }
+}
+
+/* The last block of the call to finish records e as this rank's last call (every block read the counter first) */
+__device__ __forceinline__ void rlx_ar_call_done(const RlxArPeers &peers, int rank, int world, uint32_t e) {
+    if (threadIdx.x != 0)
+        return;
+    uint32_t *own = rlx_ar_flags(peers.buf[rank], world);
+    if (atomicAdd(own + RLX_AR_DONE, 1u) + 1u == gridDim.x) {
+        own[RLX_AR_DONE] = 0u;
+        own[RLX_AR_COUNTER] = e;
+    }
+}
+
+/* After the split rlx_dgemv (EPI 0, one member of n columns; its partials [splits][n]): y = the sum over the clique
+   (+ res with RES; y may be res itself, element for element). ceil(n / RLX_DGEMV_AR_THREADS) <= RLX_AR_MAX_BLOCKS
+   blocks, one column a thread; n T values fit a slot. */
+template <typename T, bool RES, int W>
+__global__ void __launch_bounds__(RLX_DGEMV_AR_THREADS)
+rlx_dgemv_reduce_ar(const float *__restrict__ partials, int splits, const T *res, T *y, int64_t n,
+                    const __grid_constant__ RlxArPeers peers, int rank) {
+    rlx_pdl_wait();
+    rlx_pdl_trigger();  /* the next kernel may launch and fetch its weights while the ranks meet */
+    const uint32_t e = rlx_ar_call(peers, rank, W);
+    rlx_dgemv_ar_publish<T, W>(partials, splits, n, peers, rank, e);
+    rlx_dgemv_ar_sum<T, RES, W>(res, y, n, peers, rank, e);
+    rlx_ar_call_done(peers, rank, W, e);
 }

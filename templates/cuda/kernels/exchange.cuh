@@ -1,26 +1,25 @@
 /* ── The exchange buffers of a CUDA clique (one per rank, mapped into every rank's process by rlx_set_nccl) ────────
- * What the one-shot all-reduce (kernels/collectives.cuh) and the dense GEMV whose sums go straight to the peers
+ * What the one-shot all-reduce (kernels/collectives.cuh) and the split dense GEMV's reduce that sums over the clique
  * (kernels/dense_gemv_ar.cuh) share: the buffer's layout, its flags and the call counter. A buffer is
- *   [2 parities][world slots of RLX_AR_SLOT_BYTES]   the one-shot all-reduce's values
- *   RLX_AR_FLAGS_BYTES of words:                      [2][RLX_AR_MAX_WORLD] flags, this rank's call counter, the
- *                                                     split counts [2][RLX_AR_MAX_WORLD], a block-arrival count
- *   [2 parities][world slots of RLX_AR_PART_BYTES]   a GEMV's f32 partial sums ([splits][columns] a rank)
+ *   [2 parities][world slots of RLX_AR_SLOT_BYTES]   each rank's values of a call
+ *   RLX_AR_FLAGS_BYTES of words:                      [2][RLX_AR_MAX_WORLD] flags, this rank's call counter, a
+ *                                                     count of the blocks of a call that are done
+ *   [2][RLX_AR_MAX_WORLD][RLX_AR_MAX_BLOCKS] words    per-block flags (a multi-block call: block b of every rank
+ *                                                     exchanges the same columns)
  * Call e (counted on the device, so replays of a captured CUDA graph count too) uses parity e & 1 and flag value e;
- * every call, of either kind, waits for every rank's flag of its parity before it reads a slot, so a rank writes call
- * e + 2's values into a slot only after every rank has finished call e, which read it. */
+ * every call, of either kind, waits for every rank's flags of its parity before it reads a slot, and a rank raises a
+ * flag of call e + 1 only after its call e (which read the slots) has finished, so a rank writes call e + 2's values
+ * into a slot only after every rank has finished call e. */
 #define RLX_AR_MAX_WORLD 8
 #ifndef RLX_AR_SLOT_BYTES
 #define RLX_AR_SLOT_BYTES (128 << 10)
 #endif
-/* a rank's partials: 16 splits of 8192 f32 columns */
-#ifndef RLX_AR_PART_BYTES
-#define RLX_AR_PART_BYTES (512 << 10)
-#endif
 #define RLX_AR_FLAGS_BYTES 256
-/* words of the flags region */
+#define RLX_AR_MAX_BLOCKS 64
+#define RLX_AR_BLOCK_FLAGS_BYTES (2 * RLX_AR_MAX_WORLD * RLX_AR_MAX_BLOCKS * 4)
+/* words of the flags region after the flags */
 #define RLX_AR_COUNTER (2 * RLX_AR_MAX_WORLD)
-#define RLX_AR_SPLITS (4 * RLX_AR_MAX_WORLD)
-#define RLX_AR_ARRIVALS (6 * RLX_AR_MAX_WORLD)
+#define RLX_AR_DONE (2 * RLX_AR_MAX_WORLD + 1)
 /* spins (~1 ns each) before a rank that never raises its flag fails the kernel (a trap: the run reports a CUDA
    error) instead of hanging the GPU */
 #define RLX_AR_SPIN_LIMIT (1LL << 35)
@@ -30,7 +29,12 @@ struct RlxArPeers {
 };
 
 static inline size_t rlx_ar_buffer_bytes(int world) {
-    return 2 * (size_t)world * (RLX_AR_SLOT_BYTES + RLX_AR_PART_BYTES) + RLX_AR_FLAGS_BYTES;
+    return 2 * (size_t)world * RLX_AR_SLOT_BYTES + RLX_AR_FLAGS_BYTES + RLX_AR_BLOCK_FLAGS_BYTES;
+}
+
+/* Rank `from`'s slot of parity `par` in a buffer */
+__host__ __device__ __forceinline__ char *rlx_ar_slot(char *buf, int world, int par, int from) {
+    return buf + ((size_t)par * world + from) * RLX_AR_SLOT_BYTES;
 }
 
 /* The flags region of a buffer */
@@ -38,10 +42,9 @@ __host__ __device__ __forceinline__ uint32_t *rlx_ar_flags(char *buf, int world)
     return (uint32_t *)(buf + 2 * (size_t)world * RLX_AR_SLOT_BYTES);
 }
 
-/* Rank `from`'s partials slot of parity `par` in a buffer */
-__host__ __device__ __forceinline__ float *rlx_ar_part(char *buf, int world, int par, int from) {
-    return (float *)(buf + 2 * (size_t)world * RLX_AR_SLOT_BYTES + RLX_AR_FLAGS_BYTES +
-                     ((size_t)par * world + from) * RLX_AR_PART_BYTES);
+/* Rank `from`'s flag of block b in parity `par` of a buffer */
+__host__ __device__ __forceinline__ uint32_t *rlx_ar_block_flag(char *buf, int world, int par, int from, int b) {
+    return rlx_ar_flags(buf, world) + RLX_AR_FLAGS_BYTES / 4 + ((size_t)par * RLX_AR_MAX_WORLD + from) * RLX_AR_MAX_BLOCKS + b;
 }
 
 /* A flag store every earlier store of this thread (and, after a barrier, of its block) is ordered before, at system

@@ -108,58 +108,75 @@ int64_t emu_dgemv_unwritten() {
     d_unwritten = 0;
     return n;
 }
+}
 
-/* World 2 or 4 ranks of the exchange (kernels/dense_gemv_ar.cuh) over `calls` calls: call c's rank r multiplies its
-   row X[c][r] ([K] f32) by its weight ws[r] ([K, n] bits), K split over splits[r] blocks of tiles of 8 << lg columns,
-   and ys[c][r] ([n]) is what rank r's rlx_dgemv_reduce_ar wrote (res[c] [n] added when not NULL). The buffers persist
+/* World 2 or 4 ranks (kernels/dense_gemv_ar.cuh) over `calls` calls: call c's rank r multiplies its row X[c][r] ([K]
+   f32) by its weight ws[r] ([K, n] bits), K split over splits[r] blocks of tiles of 8 << lg columns, and ys[c][r]
+   ([n]) is what rank r's rlx_dgemv_reduce_ar wrote (res[c] [n] added when not NULL). The exchange buffers persist
    over the calls (parities alternate); `counters` gets each rank's call counter after the last call. */
-void emu_dgemv_ar(int bf, int world, int calls, const float *X, const uint16_t *const *ws, const float *res,
-                  float *ys, int64_t n, int64_t K, int lg, const int *splits, uint32_t *counters) {
-    std::vector<std::vector<char>> bufs(world, std::vector<char>(rlx_ar_buffer_bytes(world), 0));
+template <int W>
+static void d_ar(int bf, int calls, const float *X, const uint16_t *const *ws, const float *res, float *ys, int64_t n,
+                 int64_t K, int lg, const int *splits, uint32_t *counters) {
+    std::vector<std::vector<char>> bufs(W, std::vector<char>(rlx_ar_buffer_bytes(W), 0));
     RlxArPeers peers;
     std::memset(&peers, 0, sizeof(peers));
-    for (int r = 0; r < world; r++)
+    for (int r = 0; r < W; r++)
         peers.buf[r] = bufs[r].data();
     const int64_t tiles = (n + (8 << lg) - 1) / (8 << lg);
+    std::vector<std::vector<float>> partials(W);
+    RlxDim3 rgrid;
+    rgrid.x = (unsigned)((n + RLX_DGEMV_AR_THREADS - 1) / RLX_DGEMV_AR_THREADS);
     for (int c = 0; c < calls; c++) {
-        for (int r = 0; r < world; r++) {
+        for (int r = 0; r < W; r++) {
             RlxQMembers mem;
             std::memset(&mem, 0, sizeof(mem));
             mem.w[0] = (const uint8_t *)ws[r];
             mem.n[0] = n;
             mem.count = 1;
-            const float *x = X + ((int64_t)c * world + r) * K;
+            const float *x = X + ((int64_t)c * W + r) * K;
+            partials[r].assign((size_t)(splits[r] * n), NAN);
+            float *pr = partials[r].data();
             RlxDim3 grid;
             grid.x = (unsigned)tiles;
             grid.y = (unsigned)splits[r];
             const size_t smem = (size_t)rlx_dgemv_smem(rlx_dgemv_kchunk(K, lg, 1, splits[r]), lg, 1) * sizeof(float);
+            const int sr = splits[r];
             rlx_emu_launch3(grid, RLX_DGEMV_THREADS, smem, [&] {
-                const bool vec = n % 8 == 0;
-                if (bf && vec)
-                    world == 2 ? rlx_dgemv_ar<float, true, false, true, 2>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r)
-                               : rlx_dgemv_ar<float, true, false, true, 4>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r);
+                if (bf && n % 8 == 0)
+                    rlx_dgemv<float, true, false, 0, true, true>(x, nullptr, 0.0f, mem, nullptr, K, lg, pr, sr);
                 else if (bf)
-                    world == 2 ? rlx_dgemv_ar<float, true, false, false, 2>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r)
-                               : rlx_dgemv_ar<float, true, false, false, 4>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r);
+                    rlx_dgemv<float, true, false, 0, false, true>(x, nullptr, 0.0f, mem, nullptr, K, lg, pr, sr);
                 else
-                    world == 2 ? rlx_dgemv_ar<float, false, false, true, 2>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r)
-                               : rlx_dgemv_ar<float, false, false, true, 4>(x, nullptr, 0.0f, mem, K, lg, splits[r], peers, r);
+                    rlx_dgemv<float, false, false, 0, true, true>(x, nullptr, 0.0f, mem, nullptr, K, lg, pr, sr);
             });
         }
-        for (int r = 0; r < world; r++) {
-            float *y = ys + ((int64_t)c * world + r) * n;
+        for (int r = 0; r < W; r++)
+            rlx_emu_launch3(rgrid, RLX_DGEMV_AR_THREADS, 0, [&] {
+                const uint32_t e = rlx_ar_call(peers, r, W);
+                rlx_dgemv_ar_publish<float, W>(partials[r].data(), splits[r], n, peers, r, e);
+            });
+        for (int r = 0; r < W; r++) {
+            float *y = ys + ((int64_t)c * W + r) * n;
             const float *rs = res ? res + (int64_t)c * n : nullptr;
-            RlxDim3 grid;
-            grid.x = (unsigned)((n + RLX_DGEMV_REDUCE_THREADS - 1) / RLX_DGEMV_REDUCE_THREADS);
-            rlx_emu_launch3(grid, RLX_DGEMV_REDUCE_THREADS, 0, [&] {
-                if (world == 2)
-                    rs ? rlx_dgemv_reduce_ar<float, true, 2>(rs, y, n, peers, r) : rlx_dgemv_reduce_ar<float, false, 2>(rs, y, n, peers, r);
+            rlx_emu_launch3(rgrid, RLX_DGEMV_AR_THREADS, 0, [&] {
+                const uint32_t e = rlx_ar_call(peers, r, W);
+                if (rs)
+                    rlx_dgemv_ar_sum<float, true, W>(rs, y, n, peers, r, e);
                 else
-                    rs ? rlx_dgemv_reduce_ar<float, true, 4>(rs, y, n, peers, r) : rlx_dgemv_reduce_ar<float, false, 4>(rs, y, n, peers, r);
+                    rlx_dgemv_ar_sum<float, false, W>(rs, y, n, peers, r, e);
+                rlx_ar_call_done(peers, r, W, e);
             });
         }
     }
-    for (int r = 0; r < world; r++)
-        counters[r] = rlx_ar_flags(peers.buf[r], world)[RLX_AR_COUNTER];
+    for (int r = 0; r < W; r++)
+        counters[r] = rlx_ar_flags(peers.buf[r], W)[RLX_AR_COUNTER];
 }
+
+extern "C" void emu_dgemv_ar(int bf, int world, int calls, const float *X, const uint16_t *const *ws,
+                             const float *res, float *ys, int64_t n, int64_t K, int lg, const int *splits,
+                             uint32_t *counters) {
+    if (world == 2)
+        d_ar<2>(bf, calls, X, ws, res, ys, n, K, lg, splits, counters);
+    else
+        d_ar<4>(bf, calls, X, ws, res, ys, n, K, lg, splits, counters);
 }
