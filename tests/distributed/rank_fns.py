@@ -70,7 +70,7 @@ def cuda_decoder_rank_launches(rank, sharded, config, options, prompt, n_new):
 
     lm = sharded.load(rank, device="cuda")
     tokens, logits = _greedy(lm, prompt, n_new)
-    source = lm._compiled.source() or ""
+    source = lm._compiled.source or ""
     return tokens, logits, all_reduce_path(lm._compiled), source.count("rlx_launch_pdl(c->pdl, rlx_dgemv_reduce_ar<")
 
 
