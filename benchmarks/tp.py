@@ -212,8 +212,10 @@ def _cuda_model(shape: str, weights: str, quick: bool):
 
 
 def _cuda_decode_rank(rank, tp: int, shape: str, weights: str, quick: bool, precision: str, rounds: int,
-                      steps: int) -> float:
-    """Median seconds per greedy decode step on this rank (the token's argmax computed on the GPU)."""
+                      steps: int) -> tuple[float, float]:
+    """Median seconds per greedy decode step on this rank (the token's argmax computed on the GPU): each step waited
+    for before the next is launched (host-fed), and each launched while the one before runs, its token fed on the
+    device (as `generate` does on CUDA: `launch_ahead`)."""
     import statistics
 
     from rlx.distributed.tp_decoder import shard_decoder
@@ -230,14 +232,24 @@ def _cuda_decode_rank(rank, tp: int, shape: str, weights: str, quick: bool, prec
     prompt = np.arange(1, PROMPT + 1)[None, :] % cfg.vocab_size
     lm.step_greedy(prompt, cache, [PROMPT - 1])
     token = np.array([[7]])
-    samples = []
-    for _ in range(rounds + 1):  # the first round captures the step's CUDA graph
+    slots, placeholder = np.zeros(1, np.int32), np.zeros((1, 1), np.int32)
+    fed, ahead = [], []
+    for _ in range(rounds + 1):  # the first round captures the steps' CUDA graphs
         t0 = time.perf_counter()
         for _ in range(steps):
             cache.lengths[:] = PROMPT
             lm.step_greedy(token, cache, [0])
-        samples.append((time.perf_counter() - t0) / steps)
-    return statistics.median(samples[1:])
+        fed.append((time.perf_counter() - t0) / steps)
+        t0 = time.perf_counter()
+        cache.lengths[:] = PROMPT
+        pending = lm.launch_greedy(token, cache, [0], token_dst=slots)
+        for _ in range(steps - 1):
+            cache.lengths[:] = PROMPT  # (the lengths grow at the launch: every step at the same position)
+            taking, pending = pending, lm.launch_greedy(placeholder, cache, [0], token_src=slots, token_dst=slots)
+            taking.result()
+        pending.result()
+        ahead.append((time.perf_counter() - t0) / steps)
+    return statistics.median(fed[1:]), statistics.median(ahead[1:])
 
 
 def bench_cuda(rounds: int, quick: bool, shape: str = "default", weights: str = "q4_k", tps: tuple[int, ...] = (2,),
@@ -257,15 +269,19 @@ def bench_cuda(rounds: int, quick: bool, shape: str = "default", weights: str = 
     for tp in runnable:
         for how in all_reduce:  # RLX_CUDA_P2P=0: every all-reduce through NCCL (the ranks inherit the variable)
             os.environ["RLX_CUDA_P2P"] = "1" if how == "p2p" else "0"
-            times[f"{tp} {how}"] = max(launch(_cuda_decode_rank, nprocs=tp, device="cuda", args=(tp, *args)))
+            ranks = launch(_cuda_decode_rank, nprocs=tp, device="cuda", args=(tp, *args))
+            times[f"{tp} {how}"] = (max(r[0] for r in ranks), max(r[1] for r in ranks))
     os.environ.pop("RLX_CUDA_P2P", None)
     what = "random q8_0 decoder" if shape == "default" else f"{shape}-shaped decoder, {weights} weights"
     print(f"CUDA {what}, {precision}, greedy decode at {PROMPT} tokens of context "
           "(each launch its own processes: not interleaved in one process); all-reduces: p2p = one-shot through "
           "the peers' memory (AllReduceP2P), nccl = RLX_CUDA_P2P=0")
-    print(f"  {'tp':<9} {'ms/token':>9} {'tok/s':>8} {'latency vs tp=1':>16}")
-    for tp, t in times.items():
-        print(f"  {tp:<9} {t * 1e3:9.3f} {1 / t:8.1f} {t / times['1']:16.2f}")
+    print("  host-fed: each step waited for before the next is launched; ahead: launched while the one before "
+          "runs, its token fed on the device (generate's loop on CUDA)")
+    print(f"  {'tp':<9} {'ms/token':>9} {'tok/s':>8} {'vs tp=1':>8}   {'ahead ms':>9} {'tok/s':>8} {'vs tp=1':>8}")
+    for tp, (fed, ahead) in times.items():
+        print(f"  {tp:<9} {fed * 1e3:9.3f} {1 / fed:8.1f} {fed / times['1'][0]:8.2f}   {ahead * 1e3:9.3f} "
+              f"{1 / ahead:8.1f} {ahead / times['1'][1]:8.2f}")
     skipped = [tp for tp in tps if tp > n]
     if skipped:
         print(f"  not run: tp={skipped} (only {n} GPUs visible)")

@@ -412,7 +412,7 @@ class CausalLM:
                            **({"embedding_rows_param": True} if llama_like and device == "cpu" else {}),
                            **({"kv_dtype": self.kv_dtype} if llama_like else {}), **paged,
                            # (token_feed / token_store have CPU and CUDA rules, no Metal one)
-                           **({"token_feedback": True} if llama_like and tp == 1 and device != "metal" else {}),
+                           **({"token_feedback": True} if llama_like and device != "metal" else {}),
                            **({"quant_act_formats": INT8_ACT_FORMATS} if llama_like and device == "cuda" else {}))
         if int8_matmuls:  # f32 weight params, quantized per output channel by the CPU when set
             from rlx.opt.quantize import quantize as int8_dynamic

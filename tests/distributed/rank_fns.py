@@ -41,6 +41,32 @@ def decoder_rank(rank, sharded, prompt, n_new):
     return lm.generate(prompt, n_new).token_ids, lm.logits(prompt)
 
 
+def decoder_rank_fed(rank, sharded, prompt, n_new):
+    """One rank of a tensor-parallel decoder stepping with device-side token feedback (each step's token taken from
+    the slot the step before stored it in): whether it has the feedback, and its greedy tokens."""
+    lm = sharded.load(rank, threads=1)
+    cache = lm.new_cache()
+    slots = np.zeros(1, np.int32)
+    chunk = lm.prefill_chunk
+    for start in range(0, len(prompt) - chunk, chunk):  # the prompt in chunks; the last one's token stored
+        lm.step(np.array([prompt[start:start + chunk]]), cache, [chunk - 1])
+    last = prompt[(len(prompt) - 1) // chunk * chunk:]
+    tokens = [int(lm.step_greedy(np.array([last]), cache, [len(last) - 1], token_dst=slots)[0])]
+    for _ in range(n_new - 1):
+        step = lm.launch_greedy(np.zeros((1, 1), np.int32), cache, [0], token_src=slots, token_dst=slots)
+        tokens.append(int(step.result()[0]))
+    return lm.token_feedback, tokens
+
+
+def cuda_decoder_rank_generate(rank, sharded, config, tensors, options, prompt, n_new):
+    """One GPU rank (tp=1 when `sharded` is None): `generate`'s greedy tokens (on CUDA each step launched before
+    the one before is taken: `launch_ahead`), and whether the model launches ahead."""
+    from rlx.models.causal_lm import CausalLM
+
+    lm = CausalLM(config, tensors, device="cuda", **options) if sharded is None else sharded.load(rank, device="cuda")
+    return lm.generate(prompt, n_new).token_ids, lm.launch_ahead and lm.token_feedback
+
+
 def encoder_rank(rank, sharded, feed):
     """One rank of a tensor-parallel BERT encoder: its (whole) output."""
     return sharded.load(rank, num_threads=1).run(feed)[0]

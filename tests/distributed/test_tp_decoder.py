@@ -46,6 +46,16 @@ def test_tp2_processes_equal_tp1_compiled():
     _check(tensors, launch(rank_fns.decoder_rank, nprocs=2, args=(sharded, PROMPT, N_NEW)))
 
 
+def test_tp2_steps_fed_on_the_device_equal_tp1():
+    """A tensor-parallel decoder has device-side token feedback too (every rank argmaxes the same gathered logits and
+    keeps its own slot): steps taking their token from the slot give tp=1's greedy tokens on both ranks."""
+    tensors = random_tensors(random_specs(CFG), seed=4)
+    sharded = shard_decoder(CFG, tensors, tp=2, **OPTIONS)
+    one = CausalLM(CFG, tensors, device="cpu", threads=1, **OPTIONS)
+    want = one.generate(PROMPT, N_NEW).token_ids
+    assert launch(rank_fns.decoder_rank_fed, nprocs=2, args=(sharded, PROMPT, N_NEW)) == [(True, want)] * 2
+
+
 def test_tp2_quantized_blocks_threads():
     tensors = _q8(random_tensors(random_specs(CFG), seed=2))
     sharded = shard_decoder(CFG, tensors, tp=2, **OPTIONS)

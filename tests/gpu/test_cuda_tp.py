@@ -48,6 +48,21 @@ def test_tp2_on_two_gpus_equals_one_gpu_f32() -> None:
     np.testing.assert_array_equal(ranks[0][1], ranks[1][1])  # the all-reduce gives both ranks the same sums
 
 
+def test_tp2_generate_launching_ahead_equals_one_gpu() -> None:
+    """`generate` on a tp=2 decoder launches each step before the one before is taken (token feedback on every
+    rank, as at tp=1): its greedy tokens are tp=1's, on both ranks."""
+    tensors = random_tensors(random_specs(CFG), seed=7)
+    q8 = {name: (WeightSpec("q8_0", spec.shape), quantize(data, "q8_0")) if len(spec.shape) == 2 else (spec, data)
+          for name, (spec, data) in tensors.items()}
+    one = launch(rank_fns.cuda_decoder_rank_generate, nprocs=1, device="cuda",
+                 args=(None, CFG, q8, OPTIONS, PROMPT, N_NEW))[0]
+    sharded = shard_decoder(CFG, q8, tp=2, **OPTIONS)
+    ranks = launch(rank_fns.cuda_decoder_rank_generate, nprocs=2, device="cuda",
+                   args=(sharded, CFG, None, None, PROMPT, N_NEW))
+    assert one[1] and len(one[0]) == N_NEW
+    assert ranks == [one] * 2
+
+
 @pytest.mark.parametrize("precision", ["f32", "f16"])
 def test_tp2_one_shot_all_reduce_equals_nccl(monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
     """The one-shot sums through the peers' memory (AllReduceP2P) give the logits NCCL's all-reduce gives: bit for
