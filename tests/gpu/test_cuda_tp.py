@@ -32,10 +32,22 @@ PROMPT = [3, 17, 5, 42, 8, 9, 60, 11, 2, 70, 512, 1000]
 N_NEW = 8
 
 
+def _q8(tensors: dict) -> dict:
+    """The same model with every matrix in q8_0 blocks."""
+    return {name: (WeightSpec("q8_0", spec.shape), quantize(data, "q8_0")) if len(spec.shape) == 2 else (spec, data)
+            for name, (spec, data) in tensors.items()}
+
+
+def _p2p_then_nccl(monkeypatch: pytest.MonkeyPatch, fn, args: tuple) -> tuple[list, list]:
+    """Both ranks' results of `fn` with the small sums through the peers' memory, then through NCCL
+    (RLX_CUDA_P2P=0)."""
+    p2p = launch(fn, nprocs=2, device="cuda", args=args)
+    monkeypatch.setenv("RLX_CUDA_P2P", "0")
+    return p2p, launch(fn, nprocs=2, device="cuda", args=args)
+
+
 def test_tp2_on_two_gpus_equals_one_gpu_f32() -> None:
-    tensors = random_tensors(random_specs(CFG), seed=4)
-    q8 = {name: (WeightSpec("q8_0", spec.shape), quantize(data, "q8_0")) if len(spec.shape) == 2 else (spec, data)
-          for name, (spec, data) in tensors.items()}
+    q8 = _q8(random_tensors(random_specs(CFG), seed=4))
     one_tokens, one_logits = launch(rank_fns.cuda_decoder_rank, nprocs=1, device="cuda",
                                     args=(None, CFG, q8, OPTIONS, PROMPT, N_NEW))[0]
     sharded = shard_decoder(CFG, q8, tp=2, **OPTIONS)
@@ -51,9 +63,7 @@ def test_tp2_on_two_gpus_equals_one_gpu_f32() -> None:
 def test_tp2_generate_launching_ahead_equals_one_gpu() -> None:
     """`generate` on a tp=2 decoder launches each step before the one before is taken (token feedback on every
     rank, as at tp=1): its greedy tokens are tp=1's, on both ranks."""
-    tensors = random_tensors(random_specs(CFG), seed=7)
-    q8 = {name: (WeightSpec("q8_0", spec.shape), quantize(data, "q8_0")) if len(spec.shape) == 2 else (spec, data)
-          for name, (spec, data) in tensors.items()}
+    q8 = _q8(random_tensors(random_specs(CFG), seed=7))
     one = launch(rank_fns.cuda_decoder_rank_generate, nprocs=1, device="cuda",
                  args=(None, CFG, q8, OPTIONS, PROMPT, N_NEW))[0]
     sharded = shard_decoder(CFG, q8, tp=2, **OPTIONS)
@@ -68,15 +78,10 @@ def test_tp2_one_shot_all_reduce_equals_nccl(monkeypatch: pytest.MonkeyPatch, pr
     """The one-shot sums through the peers' memory (AllReduceP2P) give the logits NCCL's all-reduce gives: bit for
     bit in f32 (a sum of two values is one rounding either way); in f16 the one-shot kernel adds in f32 and rounds
     once, so logits agree to f16 rounding and the greedy tokens are the same. Both ranks agree bit for bit."""
-    tensors = random_tensors(random_specs(CFG), seed=5)
-    q8 = {name: (WeightSpec("q8_0", spec.shape), quantize(data, "q8_0")) if len(spec.shape) == 2 else (spec, data)
-          for name, (spec, data) in tensors.items()}
+    q8 = _q8(random_tensors(random_specs(CFG), seed=5))
     options = {**OPTIONS, "precision": precision}
     sharded = shard_decoder(CFG, q8, tp=2, **options)
-    args = (sharded, CFG, options, PROMPT, N_NEW)
-    p2p = launch(rank_fns.cuda_decoder_rank_path, nprocs=2, device="cuda", args=args)
-    monkeypatch.setenv("RLX_CUDA_P2P", "0")
-    nccl = launch(rank_fns.cuda_decoder_rank_path, nprocs=2, device="cuda", args=args)
+    p2p, nccl = _p2p_then_nccl(monkeypatch, rank_fns.cuda_decoder_rank_path, (sharded, CFG, options, PROMPT, N_NEW))
     assert [r[2] for r in p2p] == ["p2p", "p2p"], "two GPUs of one host map each other's memory"
     assert [r[2] for r in nccl] == ["nccl", "nccl"]
     for rank in range(2):
@@ -99,10 +104,8 @@ def test_tp2_dense_gemvs_summing_over_the_clique_equal_nccl(monkeypatch: pytest.
     tensors = random_tensors(random_specs(CFG), seed=6)
     options = {**OPTIONS, "precision": precision}
     sharded = shard_decoder(CFG, tensors, tp=2, **options)
-    args = (sharded, CFG, options, PROMPT, N_NEW)
-    fused = launch(rank_fns.cuda_decoder_rank_launches, nprocs=2, device="cuda", args=args)
-    monkeypatch.setenv("RLX_CUDA_P2P", "0")
-    nccl = launch(rank_fns.cuda_decoder_rank_launches, nprocs=2, device="cuda", args=args)
+    fused, nccl = _p2p_then_nccl(monkeypatch, rank_fns.cuda_decoder_rank_launches,
+                                 (sharded, CFG, options, PROMPT, N_NEW))
     assert [r[2:] for r in fused] == [("p2p", 2 * CFG.num_layers)] * 2
     assert [r[2:] for r in nccl] == [("nccl", 0)] * 2
     for rank in range(2):

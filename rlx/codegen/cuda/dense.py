@@ -21,7 +21,7 @@ from rlx.opt.lowering_cuda import DENSE_GEMV_SPLIT_AUTO, dense_gemv_splits
 
 TEMPLATE = "cuda/dense.cu.j2"
 QUANT, DENSE = "cuda/kernels/quant.cuh", "cuda/kernels/dense_gemv.cuh"
-#: a GEMV that makes its sum over the clique (AllReduceP2P.gemv): the exchange buffers and its two kernels
+#: a GEMV whose reduce makes its sum over the clique (AllReduceP2P.gemv): the exchange buffers and that reduce
 EXCHANGE, DENSE_AR = "cuda/kernels/exchange.cuh", "cuda/kernels/dense_gemv_ar.cuh"
 #: Threads of a block (RLX_DGEMV_THREADS), 16-byte loads a thread issues a step (RLX_DGEMV_LOADS) and the tile
 #: widths the host picks from (lg: 8 << lg columns, kernels/dense_gemv.cuh; lg 4..6 mostly with K split).
@@ -33,6 +33,20 @@ def dgemv_smem_floats(k: int, lg: int, nm: int) -> int:
     kr = THREADS >> lg
     step = LOADS // nm * kr
     return -(-k // step) * step + kr * (nm * (8 << lg) + 1)
+
+
+@dataclass(frozen=True)
+class SumOverClique:
+    """A row-parallel GEMV's one-row launch that also sums over the clique (kernels/dense_gemv_ar.cuh): under `cond`
+    (the one-shot sum's condition) the split rlx_dgemv (even of one split) then `reduce`, which writes the sum of the
+    ranks' rows (plus `res` when set) into `out`, `n` columns, for the sum `node`."""
+
+    cond: str
+    reduce: str
+    res: str
+    out: str
+    n: int
+    node: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,20 +78,6 @@ class DenseGemvLaunch(Launch):
     max_split: int = DENSE_GEMV_SPLIT_AUTO
     #: the sum over the clique this GEMV makes in one-row steps (AllReduceP2P.gemv), else None
     ar: SumOverClique | None = None
-
-
-@dataclass(frozen=True)
-class SumOverClique:
-    """A row-parallel GEMV's one-row launch that also sums over the clique (kernels/dense_gemv_ar.cuh): under `cond`
-    (the one-shot sum's condition) the split rlx_dgemv (even of one split) then `reduce`, which writes the sum of the
-    ranks' rows (plus `res` when set) into `out`, `n` columns, for the sum `node`."""
-
-    cond: str
-    reduce: str
-    res: str
-    out: str
-    n: int
-    node: int
 
 
 def dense_decode_gemv(e: CudaEmitter, d: DecodeGemv, inner: Kernel) -> Kernel:
