@@ -16,7 +16,9 @@ why it is skipped. There tp=1 and tp=2 cannot share a process: each launch times
 loop (same rounds and step count) and the ratio is printed with that caveat. `--cuda-shape llama3-8b`
 decodes Llama-3-8B's shape (benchmarks/llm_cuda.py's random blocks, `--weights`) instead, at every tp of
 `--tp` that the visible GPUs allow; each rank makes the same random tensors itself (seeded) and keeps its
-shard, so no weights cross process boundaries.
+shard, so no weights cross process boundaries. Each decode loop is timed twice: host-fed (each step waited for
+before the next is launched) and launched ahead (each step launched while the one before runs, its token fed on
+the device: what `generate` does on CUDA at any tp).
 
 Models: a random LLaMA-style decoder (q8_0 weights; `--quick` shrinks it) and the MiniLM-L6
 architecture (hidden 384, 12 heads, 6 layers) with random weights — the speed of a shape does not
