@@ -81,23 +81,14 @@ def stuck_on_rank_one(rank) -> list[float]:
 
 
 def cuda_decoder_rank_path(rank, sharded, config, options, prompt, n_new):
-    """`cuda_decoder_rank` of a sharded decoder, with how its small all-reduces ran ("p2p" or "nccl")."""
+    """`cuda_decoder_rank` of a sharded decoder, with how its small all-reduces ran ("p2p" or "nccl") and the
+    launches of the reduces that make sums over the clique (rlx_dgemv_reduce_ar, AllReduceP2P.gemv) in its source."""
     from rlx.runtime.nccl import all_reduce_path
 
     lm = sharded.load(rank, device="cuda")
     tokens, logits = _greedy(lm, prompt, n_new)
-    return tokens, logits, all_reduce_path(lm._compiled)
-
-
-def cuda_decoder_rank_launches(rank, sharded, config, options, prompt, n_new):
-    """`cuda_decoder_rank_path`, with the launches of the reduces that make the sums over the clique
-    (rlx_dgemv_reduce_ar, AllReduceP2P.gemv) in the compiled source."""
-    from rlx.runtime.nccl import all_reduce_path
-
-    lm = sharded.load(rank, device="cuda")
-    tokens, logits = _greedy(lm, prompt, n_new)
-    source = lm._compiled.source or ""
-    return tokens, logits, all_reduce_path(lm._compiled), source.count("rlx_launch_pdl(c->pdl, rlx_dgemv_reduce_ar<")
+    launches = (lm._compiled.source or "").count("rlx_launch_pdl(c->pdl, rlx_dgemv_reduce_ar<")
+    return tokens, logits, all_reduce_path(lm._compiled), launches
 
 
 def _greedy(lm, prompt, n_new):

@@ -104,7 +104,7 @@ def test_tp2_dense_gemvs_summing_over_the_clique_equal_nccl(monkeypatch: pytest.
     tensors = random_tensors(random_specs(CFG), seed=6)
     options = {**OPTIONS, "precision": precision}
     sharded = shard_decoder(CFG, tensors, tp=2, **options)
-    fused, nccl = _p2p_then_nccl(monkeypatch, rank_fns.cuda_decoder_rank_launches,
+    fused, nccl = _p2p_then_nccl(monkeypatch, rank_fns.cuda_decoder_rank_path,
                                  (sharded, CFG, options, PROMPT, N_NEW))
     assert [r[2:] for r in fused] == [("p2p", 2 * CFG.num_layers)] * 2
     assert [r[2:] for r in nccl] == [("nccl", 0)] * 2

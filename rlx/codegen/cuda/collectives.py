@@ -24,7 +24,8 @@ RULES = RuleSet("cuda")
 
 TEMPLATE = COLLECTIVES_TEMPLATE
 HEADER = "cuda/kernels/collectives.cuh"
-#: The exchange buffers' layout and flags (the one-shot sums and a dense GEMV's summed over the clique share them).
+#: The exchange buffers' layout and flags (shared by the one-shot sums and the dense GEMV's reduce that sums over
+#: the clique).
 EXCHANGE_HEADER = "cuda/kernels/exchange.cuh"
 #: Op kinds that give the CUDA context a communicator (`nccl` in the template context).
 COLLECTIVE_KINDS = frozenset({"all_reduce", "all_gather", "reduce_scatter"})

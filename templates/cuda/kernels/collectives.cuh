@@ -40,14 +40,10 @@ __global__ void __launch_bounds__(RLX_AR_THREADS)
 rlx_all_reduce_p2p(const T *x, T *y, const T *res, int64_t n, const __grid_constant__ RlxArPeers peers, int rank,
                    int world) {
     constexpr int PER = 16 / (int)sizeof(T);  /* values per 16-byte vector */
-    __shared__ uint32_t epoch;
     rlx_pdl_wait();     /* x is the kernel before's output */
     rlx_pdl_trigger();  /* the next kernel may launch and fetch its weights while the ranks meet */
     uint32_t *flags = rlx_ar_flags(peers.buf[rank], world), *counter = flags + RLX_AR_COUNTER;
-    if (threadIdx.x == 0)
-        epoch = *counter + 1;
-    __syncthreads();
-    const uint32_t e = epoch;
+    const uint32_t e = rlx_ar_call(peers, rank, world);
     const int par = (int)(e & 1);
     const int64_t nv = n / PER;
     /* 1. this rank's values into slot (par, rank) of every rank's buffer */

@@ -10,15 +10,6 @@
  * meets only block b of the others (the same columns), so the blocks need not be resident together. */
 #define RLX_DGEMV_AR_THREADS 256
 
-/* The call's number (the last one this rank finished + 1), read by every block before it signals anything */
-__device__ __forceinline__ uint32_t rlx_ar_call(const RlxArPeers &peers, int rank, int world) {
-    __shared__ uint32_t epoch;
-    if (threadIdx.x == 0)
-        epoch = rlx_ar_flags(peers.buf[rank], world)[RLX_AR_COUNTER] + 1;
-    __syncthreads();
-    return epoch;
-}
-
 /* The block's columns of this rank's row (the splits added in split order, rounded to T) into this rank's slot of
    every buffer, then this rank's flag of the block raised in every buffer */
 template <typename T, int W>

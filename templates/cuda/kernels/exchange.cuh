@@ -67,6 +67,16 @@ __device__ __forceinline__ uint32_t rlx_ar_acquire(const uint32_t *p) {
 #endif
 }
 
+/* The call's number (the last one this rank finished + 1), read by every block before it signals anything (all
+   the block's threads call it) */
+__device__ __forceinline__ uint32_t rlx_ar_call(const RlxArPeers &peers, int rank, int world) {
+    __shared__ uint32_t epoch;
+    if (threadIdx.x == 0)
+        epoch = rlx_ar_flags(peers.buf[rank], world)[RLX_AR_COUNTER] + 1;
+    __syncthreads();
+    return epoch;
+}
+
 /* Spin until *f holds e (a rank's flag of call e) */
 __device__ __forceinline__ void rlx_ar_await(const uint32_t *f, uint32_t e) {
     for (long long spins = 0; rlx_ar_acquire(f) != e; ++spins)

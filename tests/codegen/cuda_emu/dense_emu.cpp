@@ -3,8 +3,9 @@
  * outputs, f16 or bf16 weights as their bits. The launch arithmetic of templates/cuda/dense.cu.j2, except that the
  * tile width (lg), the K splits and a cap on the unsplit grid are the caller's; a split launch's partials (NaN
  * before it: every one must be written) are a buffer of their own, then rlx_dgemv_reduce adds them. emu_dgemv_ar runs
- * the row-parallel form summed over a clique (kernels/dense_gemv_ar.cuh) for every rank in turn: each rank's
- * rlx_dgemv_ar, then each rank's rlx_dgemv_reduce_ar (every flag it waits for is up by then). */
+ * the row-parallel form summed over a clique (kernels/dense_gemv_ar.cuh) for every rank in turn: each rank's split
+ * rlx_dgemv, then rlx_dgemv_reduce_ar's two halves (every rank's publish, then every rank's sum: the flags a sum
+ * waits for are up by then; the kernel runs both in one launch on each GPU). */
 #include "quant_shim.h"
 
 #define RLX_DGEMV_LDG(p) (*(p))
